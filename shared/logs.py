@@ -1,0 +1,86 @@
+"""structlog setup: JSON lines for machines, a readable console for people.
+
+Context (node_id, job_id) is bound once with `structlog.contextvars` and rides
+along on every line logged inside that task.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Literal, TextIO
+
+import structlog
+
+LogFormat = Literal["auto", "json", "console"]
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+
+
+def configure_logging(
+    level: str = "info", log_format: LogFormat = "auto", stream: TextIO | None = None
+) -> None:
+    """Configure structlog and route stdlib logging (aiohttp, amqtt) through the same renderer."""
+    stream = stream or sys.stderr
+    use_json = log_format == "json" or (log_format == "auto" and not stream.isatty())
+    numeric_level = _LEVELS[level]
+    shared_processors: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer()
+        if use_json
+        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
+    )
+    structlog.configure(
+        processors=[
+            *shared_processors,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info if use_json else structlog.dev.set_exc_info,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        cache_logger_on_first_use=True,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared_processors, structlog.stdlib.ExtraAdder()],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+    )
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric_level)
+    # Third-party libraries are chatty at INFO; their warnings still come through.
+    for noisy in ("amqtt", "transitions", "aiohttp.access", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(numeric_level, logging.WARNING))
+
+
+class RateLimitedLog:
+    """Logs one line per key per interval and says how many were suppressed.
+
+    Used where an outside party controls the rate (malformed MQTT payloads), so a
+    flood of bad input cannot flood the log too.
+    """
+
+    def __init__(self, logger: structlog.stdlib.BoundLogger, interval_s: float) -> None:
+        self._logger = logger
+        self._interval_s = interval_s
+        self._last_logged_at: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, key: str, event: str, **fields: object) -> bool:
+        now = time.monotonic()
+        last = self._last_logged_at.get(key)
+        if last is not None and now - last < self._interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False
+        self._last_logged_at[key] = now
+        suppressed = self._suppressed.pop(key, 0)
+        self._logger.warning(event, suppressed_since_last=suppressed, **fields)
+        return True

@@ -1,0 +1,215 @@
+"""The MQTT v1 wire contract: one frozen msgspec Struct per topic payload.
+
+Third parties build on these types (docs/mqtt.md), so they evolve only by adding
+fields with defaults. Nothing is renamed or removed inside v1. Decoders ignore
+unknown fields on purpose: an older consumer must keep working when a newer
+agent adds a field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+# Bumped in its minor part whenever a defaulted field is added to any v1 payload;
+# the major part always equals the topic version.
+SCHEMA_VERSION = "1.0"
+
+# Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
+NodeId = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="Unique node id; a single MQTT topic level (no '/', '+', '#').",
+    ),
+]
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+Timestamp = Annotated[
+    float, msgspec.Meta(ge=0, description="Seconds since the Unix epoch, UTC.")
+]
+
+SchemaVersion = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^1\.[0-9]+$",
+        description="major.minor; the major part always equals the topic version (1).",
+    ),
+]
+
+Site = Literal["cloud", "edge"]
+AcceleratorKind = Literal["gpu", "npu", "cpu"]
+NodeState = Literal["online", "offline"]
+OfflineReason = Literal["connection-lost", "shutdown", "telemetry-stale"]
+
+
+class WireStruct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=False):
+    """Base of every payload: immutable, keyword-only, all fields always encoded."""
+
+
+class Accelerator(WireStruct, kw_only=True):
+    """One schedulable device of a node: a GPU (or MIG instance), an NPU, or the host CPU."""
+
+    id: Annotated[str, msgspec.Meta(description="Stable within the node, e.g. gpu0, gpu0-mig1.")]
+    kind: AcceleratorKind
+    vendor: str
+    model: str
+    memory_bytes: NonNegativeInt
+    compute_units: Annotated[
+        int, msgspec.Meta(ge=0, description="GPU: SMs; CPU: logical cores; NPU: engines/tiles.")
+    ]
+    idle_power_w: NonNegativeFloat | None = None
+    max_power_w: NonNegativeFloat | None = None
+    relative_speed: (
+        Annotated[
+            float,
+            msgspec.Meta(gt=0, description="Throughput relative to one NVIDIA A100 (1.0)."),
+        ]
+        | None
+    ) = None
+    onnx_providers: Annotated[
+        tuple[str, ...],
+        msgspec.Meta(description="ONNX Runtime execution providers usable on this device, best first."),
+    ] = ()
+    uuid: str | None = None
+    index: (
+        Annotated[int, msgspec.Meta(ge=0, description="Device index, e.g. CUDA_VISIBLE_DEVICES.")]
+        | None
+    ) = None
+    parent_id: Annotated[
+        str | None, msgspec.Meta(description="For a MIG instance: the id of its physical GPU.")
+    ] = None
+    features: Annotated[
+        tuple[str, ...], msgspec.Meta(description="Capability flags, e.g. CPU ISA extensions.")
+    ] = ()
+
+
+class HostInfo(WireStruct, kw_only=True):
+    hostname: str
+    os: str
+    arch: str
+    cpu_logical_cores: NonNegativeInt
+    memory_total_bytes: NonNegativeInt
+
+
+class NodeStatus(WireStruct, kw_only=True):
+    """`status` (retained, QoS 1): the birth message, and the will when the node drops."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    node_id: NodeId
+    state: NodeState
+    offline_reason: OfflineReason | None = None
+    instance_id: Annotated[str, msgspec.Meta(description="New on every agent start.")]
+    agent_version: str
+    site: Site
+    zone: Annotated[str, msgspec.Meta(description="Grid zone, e.g. CA-ON, DE, US-CAL-CISO.")]
+    region: Annotated[str, msgspec.Meta(description="Network region, e.g. europe-west3.")]
+    labels: dict[str, str] = {}
+    host: HostInfo
+    accelerators: tuple[Accelerator, ...]
+    telemetry_interval_s: Annotated[float, msgspec.Meta(gt=0)]
+    started_at: Timestamp
+    sent_at: Annotated[
+        float, msgspec.Meta(ge=0, description="UTC epoch seconds; a will carries its connect time.")
+    ]
+
+
+class AcceleratorSample(WireStruct, kw_only=True):
+    id: str
+    utilization_pct: Percent
+    memory_used_bytes: NonNegativeInt
+    power_w: NonNegativeFloat | None = None
+    temperature_c: float | None = None
+    energy_j: (
+        Annotated[
+            float, msgspec.Meta(ge=0, description="Cumulative energy since the agent started, J.")
+        ]
+        | None
+    ) = None
+
+
+class Telemetry(WireStruct, kw_only=True):
+    """`telemetry` (QoS 0, not retained): one periodic sample of a node."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    node_id: NodeId
+    instance_id: str
+    seq: Annotated[int, msgspec.Meta(ge=0, description="Increments by one per sample.")]
+    sampled_at: Timestamp
+    interval_s: Annotated[float, msgspec.Meta(gt=0)]
+    cpu_utilization_pct: Percent
+    memory_used_bytes: NonNegativeInt
+    memory_total_bytes: NonNegativeInt
+    accelerators: tuple[AcceleratorSample, ...] = ()
+
+
+class DesiredDeployment(WireStruct, kw_only=True):
+    deployment_id: str
+
+
+class DesiredTraining(WireStruct, kw_only=True):
+    job_id: str
+
+
+class DesiredState(WireStruct, kw_only=True):
+    """`desired` (retained, QoS 1, cloud to agent): everything the node should run."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    node_id: NodeId
+    generation: NonNegativeInt
+    deployments: tuple[DesiredDeployment, ...] = ()
+    training: tuple[DesiredTraining, ...] = ()
+    issued_at: Timestamp
+
+
+class ReportedState(WireStruct, kw_only=True):
+    """`reported` (retained, QoS 1): what the agent has applied."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    node_id: NodeId
+    instance_id: str
+    observed_generation: NonNegativeInt
+    reported_at: Timestamp
+
+
+EventKind = Literal[
+    "agent-started",
+    "agent-stopping",
+    "probe-failed",
+    "desired-rejected",
+    "started",
+    "ready",
+    "failed",
+    "exited",
+    "preempted",
+]
+
+
+class NodeEvent(WireStruct, kw_only=True):
+    """`events` (QoS 1, not retained): a lifecycle event, deduplicated by event_id."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    node_id: NodeId
+    event_id: Annotated[str, msgspec.Meta(description="Idempotency key, unique per event.")]
+    kind: EventKind
+    subject: Annotated[
+        str | None, msgspec.Meta(description="Job, deployment or probe the event is about.")
+    ] = None
+    detail: str = ""
+    occurred_at: Timestamp
+
+
+# One reused encoder for all payloads, one decoder per payload type (msgspec's
+# recommended pattern: building them per message costs more than decoding).
+ENCODER = msgspec.json.Encoder()
+STATUS_DECODER = msgspec.json.Decoder(NodeStatus)
+TELEMETRY_DECODER = msgspec.json.Decoder(Telemetry)
+DESIRED_DECODER = msgspec.json.Decoder(DesiredState)
+REPORTED_DECODER = msgspec.json.Decoder(ReportedState)
+EVENT_DECODER = msgspec.json.Decoder(NodeEvent)
+
+
+def encode(message: WireStruct) -> bytes:
+    return ENCODER.encode(message)

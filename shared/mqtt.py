@@ -1,0 +1,128 @@
+"""One MQTT session with a reconnect loop, shared by the agent and the cloud.
+
+`MqttSession.run(body)` connects, runs `body(client)` for as long as the connection
+lives, and reconnects with capped, jittered exponential backoff when it drops. The
+body subscribes again on every connect, so subscriptions are replayed. A refused
+login stops the loop with `MqttAuthError`: retrying a wrong password for ever only
+hides the problem.
+
+A fresh `aiomqtt.Client` is built for each connection attempt. aiomqtt 2.x
+documents reusing one client, but after an *unexpected* disconnect its reused
+client can report "connected" before the new CONNACK arrives (aiomqtt issues
+#288, #369), which would also hide a refused login; a new client per attempt
+costs microseconds and has none of that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiomqtt
+import structlog
+
+from shared.backoff import Backoff
+from shared.settings import MqttSettings, parse_mqtt_url
+
+# CONNACK codes that mean "your credentials are wrong", in MQTT 3.1.1 (4, 5) and
+# as paho 2.x reports them through MQTT 5 reason codes (134, 135).
+_AUTH_FAILURE_CODES = frozenset({4, 5, 134, 135})
+
+SessionBody = Callable[[aiomqtt.Client], Awaitable[None]]
+
+
+class MqttAuthError(RuntimeError):
+    """The broker refused our credentials; reconnecting will not help."""
+
+
+def build_tls_context(settings: MqttSettings) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=settings.tls_ca_file)
+    if settings.tls_cert_file:
+        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    if settings.tls_insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def is_auth_failure(error: aiomqtt.MqttError) -> bool:
+    if not isinstance(error, aiomqtt.MqttCodeError):
+        return False
+    code = getattr(error.rc, "value", error.rc)
+    return code in _AUTH_FAILURE_CODES
+
+
+class MqttSession:
+    """Owns connecting, reconnecting and credentials for one client identity."""
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        client_id: str,
+        will: aiomqtt.Will | None = None,
+        max_queued_incoming: int = 0,
+        logger: structlog.stdlib.BoundLogger | None = None,
+    ) -> None:
+        self._settings = settings
+        self._endpoint = parse_mqtt_url(settings.url)
+        self._client_id = client_id
+        self._will = will
+        self._max_queued_incoming = max_queued_incoming
+        self._log = logger or structlog.get_logger("greenfed.mqtt")
+        self._backoff = Backoff(settings.reconnect_initial_s, settings.reconnect_max_s)
+        self.connected = asyncio.Event()
+        self.connect_count = 0
+
+    @property
+    def url(self) -> str:
+        return f"{'mqtts' if self._endpoint.tls else 'mqtt'}://{self._endpoint.host}:{self._endpoint.port}"
+
+    def _new_client(self) -> aiomqtt.Client:
+        kwargs: dict[str, Any] = {}
+        if self._endpoint.tls or self._settings.tls_ca_file:
+            kwargs["tls_context"] = build_tls_context(self._settings)
+            kwargs["tls_insecure"] = self._settings.tls_insecure
+        return aiomqtt.Client(
+            self._endpoint.host,
+            self._endpoint.port,
+            identifier=self._client_id,
+            username=self._settings.username or self._endpoint.username,
+            password=self._settings.password or self._endpoint.password,
+            will=self._will,
+            clean_session=True,
+            keepalive=self._settings.keepalive_s,
+            timeout=self._settings.connect_timeout_s,
+            max_queued_incoming_messages=self._max_queued_incoming,
+            **kwargs,
+        )
+
+    async def run(self, body: SessionBody) -> None:
+        """Run `body` on every connection until it returns; reconnect when the link drops."""
+        while True:
+            client = self._new_client()
+            try:
+                async with client:
+                    self._backoff.reset()
+                    self.connect_count += 1
+                    self.connected.set()
+                    self._log.info("mqtt connected", url=self.url, connects=self.connect_count)
+                    await body(client)
+                    return
+            except aiomqtt.MqttError as error:
+                if is_auth_failure(error):
+                    raise MqttAuthError(
+                        f"the MQTT broker at {self.url} refused the credentials of "
+                        f"client {self._client_id!r}: {error}"
+                    ) from error
+                delay_s = self._backoff.next_delay_s()
+                self._log.warning(
+                    "mqtt connection lost" if self.connected.is_set() else "mqtt connect failed",
+                    url=self.url, error=str(error), retry_in_s=round(delay_s, 2),
+                    attempt=self._backoff.attempt,
+                )
+            finally:
+                self.connected.clear()
+            await asyncio.sleep(delay_s)

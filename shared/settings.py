@@ -1,0 +1,238 @@
+"""Typed settings: a TOML file plus `GREENFED_<SECTION>__<KEY>` environment overrides.
+
+Built once in `main()` and passed down. Every section forbids unknown keys so a
+typo is an error that names the key, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import msgspec
+
+from shared.messages import Site
+from shared.topics import DEFAULT_TOPIC_ROOT, TopicError, is_valid_node_id, validate_root
+
+ENV_PREFIX = "GREENFED_"
+# Double underscore separates section from key, so keys may contain single ones
+# and unrelated GREENFED_* variables (GREENFED_JOB_ID given to jobs) are left alone.
+ENV_SEPARATOR = "__"
+
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the key and where it came from."""
+
+
+class MqttEndpoint(msgspec.Struct, frozen=True, kw_only=True):
+    host: str
+    port: int
+    tls: bool
+    username: str | None = None
+    password: str | None = None
+
+
+def parse_mqtt_url(url: str) -> MqttEndpoint:
+    """`mqtt://[user[:password]@]host[:port]` or `mqtts://...` (TLS, default port 8883)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("mqtt", "mqtts"):
+        raise ValueError(f"MQTT url {url!r} must start with mqtt:// or mqtts://")
+    if not parts.hostname:
+        raise ValueError(f"MQTT url {url!r} has no host")
+    if parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"MQTT url {url!r} must not have a path or query")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"MQTT url {url!r} has an invalid port") from None
+    tls = parts.scheme == "mqtts"
+    return MqttEndpoint(
+        host=parts.hostname,
+        port=port or (8883 if tls else 1883),
+        tls=tls,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+    )
+
+
+class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class MqttSettings(Section, kw_only=True):
+    url: str = "mqtt://127.0.0.1:1883"
+    username: str | None = None
+    password: str | None = None
+    topic_root: str = DEFAULT_TOPIC_ROOT
+    keepalive_s: Annotated[int, msgspec.Meta(ge=5, le=3600)] = 30
+    connect_timeout_s: PositiveFloat = 10.0
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_insecure: bool = False
+    reconnect_initial_s: PositiveFloat = 0.5
+    reconnect_max_s: PositiveFloat = 30.0
+    max_payload_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
+
+    # Checks across a value's type raise "key: reason" so the error names the key.
+    def __post_init__(self) -> None:
+        try:
+            parse_mqtt_url(self.url)
+        except ValueError as error:
+            raise ValueError(f"url: {error}") from None
+        try:
+            validate_root(self.topic_root)
+        except TopicError as error:
+            raise ValueError(f"topic_root: {error}") from None
+        if self.reconnect_max_s < self.reconnect_initial_s:
+            raise ValueError("reconnect_max_s: must be >= reconnect_initial_s")
+
+
+class AgentSettings(Section, kw_only=True):
+    node_id: str = ""  # empty: the host name
+    site: Site = "edge"
+    zone: str = "unknown"
+    region: str = "unknown"
+    labels: dict[str, str] = {}
+    telemetry_interval_s: Annotated[float, msgspec.Meta(ge=0.05)] = 5.0
+    telemetry_jitter_ratio: Annotated[float, msgspec.Meta(ge=0, le=0.5)] = 0.1
+    probes: tuple[Literal["cpu", "nvidia", "npu"], ...] = ("cpu", "nvidia", "npu")
+
+    def __post_init__(self) -> None:
+        if self.node_id and not is_valid_node_id(self.node_id):
+            raise ValueError(
+                f"node_id: {self.node_id!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (one topic level)"
+            )
+
+    def resolved_node_id(self) -> str:
+        if self.node_id:
+            return self.node_id
+        host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip("._-")
+        return host[:128] or "node"
+
+
+class CloudSettings(Section, kw_only=True):
+    api_host: str = "127.0.0.1"
+    api_port: Port = 8700
+    # A node is offline after this many of its own telemetry intervals without a sample.
+    staleness_intervals: Annotated[float, msgspec.Meta(ge=1)] = 3.0
+    liveness_check_interval_s: PositiveFloat = 1.0
+    # Invalid-payload log lines per reason, at most one per this many seconds.
+    invalid_log_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+
+
+class LogSettings(Section, kw_only=True):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class Settings(Section, kw_only=True):
+    mqtt: MqttSettings = MqttSettings()
+    agent: AgentSettings = AgentSettings()
+    cloud: CloudSettings = CloudSettings()
+    log: LogSettings = LogSettings()
+
+
+_MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`")
+_KEYED_REASON = re.compile(r"^(?P<field>[a-z_]+): (?P<reason>.*)$", re.DOTALL)
+
+
+def _describe(error: msgspec.ValidationError) -> tuple[str, str]:
+    """(dotted key, reason) from msgspec's 'reason - at `$.a.b`' messages."""
+    message = str(error)
+    path = ""
+    match = _MSGSPEC_PATH.search(message)
+    if match:
+        path = match.group("path").lstrip(".")
+        message = message[: match.start()]
+    for pattern, reason in ((_UNKNOWN_FIELD, "unknown key"), (_KEYED_REASON, None)):
+        match = pattern.match(message)
+        if match:
+            field = match.group("field")
+            key = f"{path}.{field}" if path else field
+            return key, reason or match.group("reason")
+    return path, message
+
+
+def _section_field_type(section: str, key: str) -> Any:
+    section_fields = {f.name: f for f in msgspec.structs.fields(Settings)}
+    if section not in section_fields:
+        raise ConfigError(f"unknown settings section {section!r}")
+    section_type = section_fields[section].type
+    key_fields = {f.name: f.type for f in msgspec.structs.fields(section_type)}
+    if key not in key_fields:
+        raise ConfigError(f"unknown key {section}.{key}")
+    return key_fields[key]
+
+
+def _env_value(raw: str, field_type: Any) -> Any:
+    """Take the text as-is where the field accepts it, else read it as a TOML value."""
+    try:
+        msgspec.convert(raw, field_type)
+    except msgspec.ValidationError:
+        pass
+    else:
+        return raw
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or ENV_SEPARATOR not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition(ENV_SEPARATOR)
+        try:
+            field_type = _section_field_type(section, key)
+        except ConfigError as error:
+            raise ConfigError(f"environment variable {name}: {error}") from None
+        overrides.setdefault(section, {})[key] = _env_value(raw, field_type)
+    return overrides
+
+
+def load_settings(
+    path: Path | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Read the TOML file (if any), apply environment overrides, validate everything."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    overrides = env_overrides(environ)
+    for section, values in overrides.items():
+        current = raw.get(section, {})
+        if not isinstance(current, dict):
+            raise ConfigError(f"{source}: key {section} must be a table")
+        raw[section] = {**current, **values}
+    try:
+        return msgspec.convert(raw, Settings)
+    except msgspec.ValidationError as error:
+        key, reason = _describe(error)
+        origin = source
+        section, _, field = key.partition(".")
+        top_field = re.split(r"[.\[]", field)[0]
+        if top_field in overrides.get(section, {}):
+            origin = f"environment variable {ENV_PREFIX}{section.upper()}{ENV_SEPARATOR}"
+            origin += top_field.upper()
+        raise ConfigError(f"{origin}: {key or 'settings'}: {reason}") from None
