@@ -11,7 +11,10 @@ import random
 
 class Backoff:
     def __init__(
-        self, initial_s: float, max_s: float, multiplier: float = 2.0,
+        self,
+        initial_s: float,
+        max_s: float,
+        multiplier: float = 2.0,
         rng: random.Random | None = None,
     ) -> None:
         if initial_s <= 0 or max_s < initial_s or multiplier < 1:

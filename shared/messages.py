@@ -27,9 +27,7 @@ NodeId = Annotated[
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
-Timestamp = Annotated[
-    float, msgspec.Meta(ge=0, description="Seconds since the Unix epoch, UTC.")
-]
+Timestamp = Annotated[float, msgspec.Meta(ge=0, description="Seconds since the Unix epoch, UTC.")]
 
 SchemaVersion = Annotated[
     str,
@@ -49,7 +47,7 @@ class WireStruct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=False)
     """Base of every payload: immutable, keyword-only, all fields always encoded."""
 
 
-class Accelerator(WireStruct, kw_only=True):
+class Accelerator(WireStruct, frozen=True, kw_only=True):
     """One schedulable device of a node: a GPU (or MIG instance), an NPU, or the host CPU."""
 
     id: Annotated[str, msgspec.Meta(description="Stable within the node, e.g. gpu0, gpu0-mig1.")]
@@ -71,7 +69,9 @@ class Accelerator(WireStruct, kw_only=True):
     ) = None
     onnx_providers: Annotated[
         tuple[str, ...],
-        msgspec.Meta(description="ONNX Runtime execution providers usable on this device, best first."),
+        msgspec.Meta(
+            description="ONNX Runtime execution providers usable on this device, best first."
+        ),
     ] = ()
     uuid: str | None = None
     index: (
@@ -86,7 +86,7 @@ class Accelerator(WireStruct, kw_only=True):
     ] = ()
 
 
-class HostInfo(WireStruct, kw_only=True):
+class HostInfo(WireStruct, frozen=True, kw_only=True):
     hostname: str
     os: str
     arch: str
@@ -94,7 +94,7 @@ class HostInfo(WireStruct, kw_only=True):
     memory_total_bytes: NonNegativeInt
 
 
-class NodeStatus(WireStruct, kw_only=True):
+class NodeStatus(WireStruct, frozen=True, kw_only=True):
     """`status` (retained, QoS 1): the birth message, and the will when the node drops."""
 
     schema_version: SchemaVersion = SCHEMA_VERSION
@@ -116,7 +116,7 @@ class NodeStatus(WireStruct, kw_only=True):
     ]
 
 
-class AcceleratorSample(WireStruct, kw_only=True):
+class AcceleratorSample(WireStruct, frozen=True, kw_only=True):
     id: str
     utilization_pct: Percent
     memory_used_bytes: NonNegativeInt
@@ -130,7 +130,7 @@ class AcceleratorSample(WireStruct, kw_only=True):
     ) = None
 
 
-class Telemetry(WireStruct, kw_only=True):
+class Telemetry(WireStruct, frozen=True, kw_only=True):
     """`telemetry` (QoS 0, not retained): one periodic sample of a node."""
 
     schema_version: SchemaVersion = SCHEMA_VERSION
@@ -145,15 +145,15 @@ class Telemetry(WireStruct, kw_only=True):
     accelerators: tuple[AcceleratorSample, ...] = ()
 
 
-class DesiredDeployment(WireStruct, kw_only=True):
+class DesiredDeployment(WireStruct, frozen=True, kw_only=True):
     deployment_id: str
 
 
-class DesiredTraining(WireStruct, kw_only=True):
+class DesiredTraining(WireStruct, frozen=True, kw_only=True):
     job_id: str
 
 
-class DesiredState(WireStruct, kw_only=True):
+class DesiredState(WireStruct, frozen=True, kw_only=True):
     """`desired` (retained, QoS 1, cloud to agent): everything the node should run."""
 
     schema_version: SchemaVersion = SCHEMA_VERSION
@@ -164,7 +164,7 @@ class DesiredState(WireStruct, kw_only=True):
     issued_at: Timestamp
 
 
-class ReportedState(WireStruct, kw_only=True):
+class ReportedState(WireStruct, frozen=True, kw_only=True):
     """`reported` (retained, QoS 1): what the agent has applied."""
 
     schema_version: SchemaVersion = SCHEMA_VERSION
@@ -187,7 +187,7 @@ EventKind = Literal[
 ]
 
 
-class NodeEvent(WireStruct, kw_only=True):
+class NodeEvent(WireStruct, frozen=True, kw_only=True):
     """`events` (QoS 1, not retained): a lifecycle event, deduplicated by event_id."""
 
     schema_version: SchemaVersion = SCHEMA_VERSION

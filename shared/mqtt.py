@@ -22,19 +22,19 @@ from typing import Any
 
 import aiomqtt
 import structlog
+from aiomqtt.exceptions import MqttConnectError
 
 from shared.backoff import Backoff
+from shared.errors import MqttAuthError
 from shared.settings import MqttSettings, parse_mqtt_url
 
 # CONNACK codes that mean "your credentials are wrong", in MQTT 3.1.1 (4, 5) and
 # as paho 2.x reports them through MQTT 5 reason codes (134, 135).
 _AUTH_FAILURE_CODES = frozenset({4, 5, 134, 135})
 
+__all__ = ["MqttAuthError", "MqttSession", "build_tls_context", "is_auth_failure"]
+
 SessionBody = Callable[[aiomqtt.Client], Awaitable[None]]
-
-
-class MqttAuthError(RuntimeError):
-    """The broker refused our credentials; reconnecting will not help."""
 
 
 def build_tls_context(settings: MqttSettings) -> ssl.SSLContext:
@@ -48,7 +48,9 @@ def build_tls_context(settings: MqttSettings) -> ssl.SSLContext:
 
 
 def is_auth_failure(error: aiomqtt.MqttError) -> bool:
-    if not isinstance(error, aiomqtt.MqttCodeError):
+    # Only a refused CONNACK says anything about credentials; other errors carry paho's
+    # own return codes, whose numbers overlap (4 is also "not connected").
+    if not isinstance(error, MqttConnectError):
         return False
     code = getattr(error.rc, "value", error.rc)
     return code in _AUTH_FAILURE_CODES
@@ -120,7 +122,9 @@ class MqttSession:
                 delay_s = self._backoff.next_delay_s()
                 self._log.warning(
                     "mqtt connection lost" if self.connected.is_set() else "mqtt connect failed",
-                    url=self.url, error=str(error), retry_in_s=round(delay_s, 2),
+                    url=self.url,
+                    error=str(error),
+                    retry_in_s=round(delay_s, 2),
                     attempt=self._backoff.attempt,
                 )
             finally:

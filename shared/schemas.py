@@ -15,7 +15,7 @@ from shared.messages import (
     Telemetry,
     WireStruct,
 )
-from shared.topics import Channel
+from shared.topics import CHANNEL_SPECS, Channel, Topics
 
 PAYLOAD_TYPES: dict[Channel, type[WireStruct]] = {
     Channel.STATUS: NodeStatus,
@@ -39,3 +39,20 @@ def payload_schema(channel: Channel) -> dict[str, Any]:
 
 def all_payload_schemas() -> dict[str, dict[str, Any]]:
     return {channel.value: payload_schema(channel) for channel in PAYLOAD_TYPES}
+
+
+def schema_catalog(topics: Topics) -> dict[str, dict[str, Any]]:
+    """Every v1 payload schema with the topic, QoS and retain flag it travels with.
+
+    The same document is served at `GET /v1/schemas` and printed by `greenfed schema`.
+    """
+    return {
+        channel.value: {
+            "topic": f"{topics.nodes_prefix}{{node_id}}/{channel.value}",
+            "qos": CHANNEL_SPECS[channel].qos,
+            "retained": CHANNEL_SPECS[channel].retained,
+            "direction": CHANNEL_SPECS[channel].direction,
+            "schema": payload_schema(channel),
+        }
+        for channel in PAYLOAD_TYPES
+    }

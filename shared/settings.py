@@ -69,7 +69,7 @@ class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     pass
 
 
-class MqttSettings(Section, kw_only=True):
+class MqttSettings(Section, frozen=True, kw_only=True):
     url: str = "mqtt://127.0.0.1:1883"
     username: str | None = None
     password: str | None = None
@@ -98,7 +98,7 @@ class MqttSettings(Section, kw_only=True):
             raise ValueError("reconnect_max_s: must be >= reconnect_initial_s")
 
 
-class AgentSettings(Section, kw_only=True):
+class AgentSettings(Section, frozen=True, kw_only=True):
     node_id: str = ""  # empty: the host name
     site: Site = "edge"
     zone: str = "unknown"
@@ -121,7 +121,7 @@ class AgentSettings(Section, kw_only=True):
         return host[:128] or "node"
 
 
-class CloudSettings(Section, kw_only=True):
+class CloudSettings(Section, frozen=True, kw_only=True):
     api_host: str = "127.0.0.1"
     api_port: Port = 8700
     # A node is offline after this many of its own telemetry intervals without a sample.
@@ -131,12 +131,12 @@ class CloudSettings(Section, kw_only=True):
     invalid_log_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
 
 
-class LogSettings(Section, kw_only=True):
+class LogSettings(Section, frozen=True, kw_only=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
 
 
-class Settings(Section, kw_only=True):
+class Settings(Section, frozen=True, kw_only=True):
     mqtt: MqttSettings = MqttSettings()
     agent: AgentSettings = AgentSettings()
     cloud: CloudSettings = CloudSettings()
@@ -204,9 +204,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return overrides
 
 
-def load_settings(
-    path: Path | None = None, environ: Mapping[str, str] | None = None
-) -> Settings:
+def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """Read the TOML file (if any), apply environment overrides, validate everything."""
     environ = os.environ if environ is None else environ
     raw: dict[str, Any] = {}

@@ -1,0 +1,68 @@
+"""`/v1/nodes`: the fleet as the cloud sees it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.keys import REGISTRY
+from cloud.api.problems import Problem
+from cloud.api.query import parse_query
+from cloud.api.views import NodeList, node_detail, node_summary
+from cloud.registry import NodeFilter
+from shared.messages import AcceleratorKind, NodeState, Site
+
+MAX_PAGE_SIZE = 10_000
+
+
+class NodeListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    site: Site | None = None
+    zone: str | None = None
+    region: str | None = None
+    kind: AcceleratorKind | None = None
+    state: NodeState | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE_SIZE)] = 1000
+    cursor: str | None = None
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    query = parse_query(request, NodeListQuery)
+    records = request.app[REGISTRY].nodes(
+        NodeFilter(
+            site=query.site,
+            zone=query.zone,
+            region=query.region,
+            kind=query.kind,
+            state=query.state,
+        )
+    )
+    total = len(records)
+    if query.cursor is not None:
+        # Ids are sorted, so "after the cursor" is stable while nodes come and go.
+        records = [record for record in records if record.node_id > query.cursor]
+    page = records[: query.limit]
+    next_cursor = page[-1].node_id if len(records) > query.limit else None
+    body = NodeList(
+        items=tuple(node_summary(record) for record in page),
+        count=len(page),
+        total=total,
+        next_cursor=next_cursor,
+    )
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def get_node(request: web.Request) -> web.Response:
+    node_id = request.match_info["node_id"]
+    record = request.app[REGISTRY].get(node_id)
+    if record is None:
+        raise Problem(404, "node-not-found", "Node not found", f"no node {node_id!r}")
+    return web.Response(
+        body=msgspec.json.encode(node_detail(record)), content_type="application/json"
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/nodes", list_nodes)
+    app.router.add_get("/v1/nodes/{node_id}", get_node)

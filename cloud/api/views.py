@@ -1,0 +1,103 @@
+"""REST representations of nodes (what `/v1/nodes` returns), built from registry records."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import msgspec
+
+from cloud.registry import NodeRecord
+from shared.messages import (
+    Accelerator,
+    HostInfo,
+    NodeState,
+    OfflineReason,
+    Site,
+    Telemetry,
+)
+
+
+class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    state: NodeState
+    offline_reason: OfflineReason | None
+    site: Site
+    zone: str
+    region: str
+    labels: dict[str, str]
+    agent_version: str
+    instance_id: str
+    accelerators: tuple[Accelerator, ...]
+    accelerator_counts: dict[str, int]
+    power_w: float | None
+    accelerator_utilization_pct: float | None
+    last_seen_at: datetime
+    started_at: datetime
+    observed_generation: int | None
+
+
+class NodeDetail(NodeSummary, frozen=True, kw_only=True):
+    host: HostInfo
+    telemetry_interval_s: float
+    telemetry: Telemetry | None
+
+
+class NodeList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[NodeSummary, ...]
+    count: int
+    total: int
+    next_cursor: str | None
+
+
+def _utc(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, tz=UTC)
+
+
+def _summary_fields(record: NodeRecord) -> dict[str, object]:
+    status = record.status
+    counts: dict[str, int] = {}
+    for accelerator in status.accelerators:
+        counts[accelerator.kind] = counts.get(accelerator.kind, 0) + 1
+    power_w: float | None = None
+    utilization_pct: float | None = None
+    telemetry = record.telemetry
+    if telemetry is not None and telemetry.accelerators:
+        powers = [s.power_w for s in telemetry.accelerators if s.power_w is not None]
+        power_w = round(sum(powers), 2) if powers else None
+        # Average over accelerators other than the host CPU when there are any.
+        kinds = {a.id: a.kind for a in status.accelerators}
+        devices = [s for s in telemetry.accelerators if kinds.get(s.id) != "cpu"] or list(
+            telemetry.accelerators
+        )
+        utilization_pct = round(sum(s.utilization_pct for s in devices) / len(devices), 2)
+    return {
+        "node_id": status.node_id,
+        "state": record.state,
+        "offline_reason": record.offline_reason,
+        "site": status.site,
+        "zone": status.zone,
+        "region": status.region,
+        "labels": status.labels,
+        "agent_version": status.agent_version,
+        "instance_id": status.instance_id,
+        "accelerators": status.accelerators,
+        "accelerator_counts": counts,
+        "power_w": power_w,
+        "accelerator_utilization_pct": utilization_pct,
+        "last_seen_at": _utc(record.last_seen_at),
+        "started_at": _utc(status.started_at),
+        "observed_generation": record.reported.observed_generation if record.reported else None,
+    }
+
+
+def node_summary(record: NodeRecord) -> NodeSummary:
+    return NodeSummary(**_summary_fields(record))  # type: ignore[arg-type]
+
+
+def node_detail(record: NodeRecord) -> NodeDetail:
+    return NodeDetail(
+        **_summary_fields(record),  # type: ignore[arg-type]
+        host=record.status.host,
+        telemetry_interval_s=record.status.telemetry_interval_s,
+        telemetry=record.telemetry,
+    )

@@ -1,0 +1,70 @@
+"""Prometheus metrics of the control plane, read from live state at scrape time.
+
+A collector reads the ingestion counters and the registry when scraped, so the
+ingestion hot path only increments plain integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cloud.ingest import Ingestor
+
+
+class ControlPlaneCollector(Collector):
+    def __init__(self, ingestor: Ingestor) -> None:
+        self._ingestor = ingestor
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._ingestor.stats
+        ingested = CounterMetricFamily(
+            "greenfed_mqtt_messages_ingested",
+            "MQTT messages applied, by channel",
+            labels=["channel"],
+        )
+        for channel, count in sorted(stats.ingested.items()):
+            ingested.add_metric([channel], count)
+        yield ingested
+        invalid = CounterMetricFamily(
+            "greenfed_mqtt_messages_invalid",
+            "MQTT messages dropped, by channel and reason",
+            labels=["channel", "reason"],
+        )
+        for (channel, reason), count in sorted(stats.invalid.items()):
+            invalid.add_metric([channel, reason], count)
+        yield invalid
+
+        counts = self._ingestor.registry.counts()
+        nodes = GaugeMetricFamily(
+            "greenfed_nodes", "Known nodes, by state and site", labels=["state", "site"]
+        )
+        for state in ("online", "offline"):
+            for site in ("cloud", "edge"):
+                nodes.add_metric([state, site], counts.nodes_by_state_site.get((state, site), 0))
+        yield nodes
+        by_kind = GaugeMetricFamily(
+            "greenfed_nodes_with_accelerator",
+            "Nodes with at least one accelerator of a kind, by kind and state",
+            labels=["kind", "state"],
+        )
+        accelerators = GaugeMetricFamily(
+            "greenfed_accelerators", "Accelerators, by kind and state", labels=["kind", "state"]
+        )
+        for kind in ("gpu", "npu", "cpu"):
+            for state in ("online", "offline"):
+                by_kind.add_metric([kind, state], counts.nodes_by_kind_state.get((kind, state), 0))
+                accelerators.add_metric(
+                    [kind, state], counts.accelerators_by_kind_state.get((kind, state), 0)
+                )
+        yield by_kind
+        yield accelerators
+
+
+def build_metrics_registry(ingestor: Ingestor) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(ControlPlaneCollector(ingestor))
+    return registry

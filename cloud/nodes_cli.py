@@ -1,0 +1,106 @@
+"""`greenfed nodes`: the fleet table, read from a running control plane's REST API."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from typing import TextIO
+
+import aiohttp
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from cloud.api.views import NodeList, NodeSummary
+
+GIB = 1024**3
+
+
+class ApiUnavailable(RuntimeError):
+    pass
+
+
+async def fetch_nodes(api_url: str, params: dict[str, str], timeout_s: float = 10.0) -> NodeList:
+    url = api_url.rstrip("/") + "/v1/nodes"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
+            items: list[NodeSummary] = []
+            cursor: str | None = None
+            while True:
+                query = {**params, **({"cursor": cursor} if cursor else {})}
+                async with http.get(url, params=query) as response:
+                    body = await response.read()
+                    if response.status != 200:
+                        detail = body.decode(errors="replace")[:500]
+                        raise ApiUnavailable(f"{url} answered {response.status}: {detail}")
+                page = msgspec.json.decode(body, type=NodeList)
+                items.extend(page.items)
+                cursor = page.next_cursor
+                if cursor is None:
+                    return NodeList(
+                        items=tuple(items), count=len(items), total=page.total, next_cursor=None
+                    )
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise ApiUnavailable(f"cannot reach the greenfed API at {api_url}: {error}") from None
+
+
+def _accelerator_text(node: NodeSummary) -> str:
+    groups: dict[tuple[str, str, int], int] = {}
+    for accelerator in node.accelerators:
+        key = (accelerator.kind, accelerator.model, accelerator.memory_bytes)
+        groups[key] = groups.get(key, 0) + 1
+    parts = []
+    for (kind, model, memory_bytes), count in groups.items():
+        if kind == "cpu":
+            continue
+        memory = f" {memory_bytes / GIB:.0f}G" if memory_bytes else ""
+        parts.append(f"{count}× {model}{memory}")
+    return ", ".join(parts) or "cpu only"
+
+
+def _ago(moment: datetime) -> str:
+    seconds = max(0.0, (datetime.now(tz=UTC) - moment).total_seconds())
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.0f}h ago"
+
+
+def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
+    table = Table(title=f"greenfed fleet: {nodes.count} nodes", title_justify="left")
+    for column in (
+        "node",
+        "state",
+        "site",
+        "zone",
+        "region",
+        "accelerators",
+        "util %",
+        "power W",
+        "seen",
+    ):
+        table.add_column(column, justify="right" if column in ("util %", "power W") else "left")
+    for node in nodes.items:
+        state = (
+            "[green]online[/]"
+            if node.state == "online"
+            else f"[red]offline[/] ({node.offline_reason})"
+        )
+        table.add_row(
+            node.node_id,
+            state,
+            node.site,
+            node.zone,
+            node.region,
+            _accelerator_text(node),
+            ""
+            if node.accelerator_utilization_pct is None
+            else f"{node.accelerator_utilization_pct:.0f}",
+            "" if node.power_w is None else f"{node.power_w:.0f}",
+            _ago(node.last_seen_at),
+        )
+    console = Console(file=out, width=None if out.isatty() else 160)
+    console.print(table)
+    online = sum(1 for node in nodes.items if node.state == "online")
+    console.print(f"{online}/{nodes.count} online")

@@ -1,0 +1,214 @@
+"""The node registry: the cloud's live view of every node, built from MQTT.
+
+Liveness is decided here. A node is offline when its retained status says so
+(the will after a crash, or a goodbye on a clean stop), or when no telemetry
+arrived for `staleness_intervals` of its own telemetry intervals; fresh
+telemetry from the same agent instance brings it back online.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from shared.messages import (
+    AcceleratorKind,
+    NodeState,
+    NodeStatus,
+    OfflineReason,
+    ReportedState,
+    Site,
+    Telemetry,
+)
+
+
+class Rejection(StrEnum):
+    """Why a well-formed message was still not applied; counted by ingestion."""
+
+    UNKNOWN_NODE = "unknown_node"
+    INSTANCE_MISMATCH = "instance_mismatch"
+    OUT_OF_ORDER = "out_of_order"
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    status: NodeStatus
+    state: NodeState
+    offline_reason: OfflineReason | None
+    last_seen_monotonic: float
+    last_seen_at: float  # UTC epoch seconds
+    telemetry: Telemetry | None = None
+    reported: ReportedState | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.status.node_id
+
+    @property
+    def accelerator_kinds(self) -> frozenset[AcceleratorKind]:
+        return frozenset(accelerator.kind for accelerator in self.status.accelerators)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFilter:
+    site: Site | None = None
+    zone: str | None = None
+    region: str | None = None
+    kind: AcceleratorKind | None = None
+    state: NodeState | None = None
+
+    def matches(self, record: NodeRecord) -> bool:
+        status = record.status
+        return (
+            (self.site is None or status.site == self.site)
+            and (self.zone is None or status.zone == self.zone)
+            and (self.region is None or status.region == self.region)
+            and (self.kind is None or self.kind in record.accelerator_kinds)
+            and (self.state is None or record.state == self.state)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    node_id: str
+    state: NodeState
+    reason: OfflineReason | None
+
+
+class NodeRegistry:
+    def __init__(
+        self,
+        *,
+        staleness_intervals: float = 3.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._staleness_intervals = staleness_intervals
+        self._monotonic = monotonic
+        self._wall_clock = wall_clock
+        self._records: dict[str, NodeRecord] = {}
+        # Bumped on every change of membership or state, so readers can cache by it.
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def get(self, node_id: str) -> NodeRecord | None:
+        return self._records.get(node_id)
+
+    def nodes(self, node_filter: NodeFilter | None = None) -> list[NodeRecord]:
+        records = sorted(self._records.values(), key=lambda record: record.node_id)
+        if node_filter is None:
+            return records
+        return [record for record in records if node_filter.matches(record)]
+
+    def _touch(self, record: NodeRecord) -> None:
+        record.last_seen_monotonic = self._monotonic()
+        record.last_seen_at = self._wall_clock()
+
+    def apply_status(self, status: NodeStatus) -> StateChange | None:
+        """Birth, will or goodbye. Returns the state change it caused, if any."""
+        record = self._records.get(status.node_id)
+        reason = status.offline_reason if status.state == "offline" else None
+        if record is None:
+            record = NodeRecord(
+                status=status,
+                state=status.state,
+                offline_reason=reason,
+                last_seen_monotonic=0.0,
+                last_seen_at=0.0,
+            )
+            self._records[status.node_id] = record
+            self._touch(record)
+            self.version += 1
+            return StateChange(status.node_id, status.state, reason)
+        if status.state == "offline" and status.instance_id != record.status.instance_id:
+            # The will of an older agent instance, delivered after its successor's birth.
+            return None
+        previous = (record.state, record.offline_reason)
+        if status.instance_id != record.status.instance_id:
+            record.telemetry = None  # a new agent instance starts a new sequence
+        record.status = status
+        record.state = status.state
+        record.offline_reason = reason
+        if status.state == "online":
+            self._touch(record)
+        self.version += 1
+        if previous == (record.state, record.offline_reason):
+            return None
+        return StateChange(status.node_id, record.state, reason)
+
+    def forget(self, node_id: str) -> bool:
+        """Drop a node whose retained status was cleared (decommissioned)."""
+        removed = self._records.pop(node_id, None) is not None
+        if removed:
+            self.version += 1
+        return removed
+
+    def apply_telemetry(self, telemetry: Telemetry) -> Rejection | StateChange | None:
+        record = self._records.get(telemetry.node_id)
+        if record is None:
+            return Rejection.UNKNOWN_NODE
+        if telemetry.instance_id != record.status.instance_id:
+            return Rejection.INSTANCE_MISMATCH
+        if record.telemetry is not None and telemetry.seq <= record.telemetry.seq:
+            return Rejection.OUT_OF_ORDER
+        record.telemetry = telemetry
+        self._touch(record)
+        if record.state == "offline" and record.offline_reason == "telemetry-stale":
+            record.state = "online"
+            record.offline_reason = None
+            self.version += 1
+            return StateChange(record.node_id, "online", None)
+        return None
+
+    def apply_reported(self, reported: ReportedState) -> Rejection | None:
+        record = self._records.get(reported.node_id)
+        if record is None:
+            return Rejection.UNKNOWN_NODE
+        record.reported = reported
+        return None
+
+    def expire_stale(self) -> list[StateChange]:
+        """Mark online nodes without recent telemetry offline; call periodically."""
+        now = self._monotonic()
+        changes = []
+        for record in self._records.values():
+            if record.state != "online":
+                continue
+            deadline_s = self._staleness_intervals * record.status.telemetry_interval_s
+            if now - record.last_seen_monotonic > deadline_s:
+                record.state = "offline"
+                record.offline_reason = "telemetry-stale"
+                changes.append(StateChange(record.node_id, "offline", "telemetry-stale"))
+        if changes:
+            self.version += 1
+        return changes
+
+    def counts(self) -> FleetCounts:
+        return FleetCounts.of(self._records.values())
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounts:
+    """Aggregates for metrics and summaries."""
+
+    nodes_by_state_site: dict[tuple[str, str], int]
+    nodes_by_kind_state: dict[tuple[str, str], int]
+    accelerators_by_kind_state: dict[tuple[str, str], int]
+
+    @classmethod
+    def of(cls, records: Iterable[NodeRecord]) -> FleetCounts:
+        by_state_site: Counter[tuple[str, str]] = Counter()
+        nodes_by_kind: Counter[tuple[str, str]] = Counter()
+        accelerators_by_kind: Counter[tuple[str, str]] = Counter()
+        for record in records:
+            by_state_site[(record.state, record.status.site)] += 1
+            for kind in record.accelerator_kinds:
+                nodes_by_kind[(kind, record.state)] += 1
+            for accelerator in record.status.accelerators:
+                accelerators_by_kind[(accelerator.kind, record.state)] += 1
+        return cls(dict(by_state_site), dict(nodes_by_kind), dict(accelerators_by_kind))

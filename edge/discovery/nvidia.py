@@ -1,0 +1,430 @@
+"""NVIDIA GPUs and their MIG instances, through NVML (the nvidia-ml-py package).
+
+A machine without the driver, without libnvidia-ml or without permission is a
+machine without NVIDIA GPUs: discover() returns [] and logs that once. Every
+per-device NVML call is guarded, so one odd GPU (or one unsupported query on
+it) costs that field or that device, never the probe.
+
+MIG: when a GPU runs in MIG mode, each MIG instance is its own accelerator
+("gpu{i}-mig{j}", parent_id "gpu{i}", addressed by its MIG UUID) and the
+physical GPU is not listed. CUDA cannot run work on a MIG-enabled GPU outside
+its instances, and listing the parent too would count its memory and SMs twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Literal, TypeVar
+
+import structlog
+
+from edge.discovery.onnx_providers import providers_for
+from shared.messages import Accelerator, AcceleratorSample
+
+log = structlog.get_logger(__name__)
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuProfile:
+    sm_count: int
+    idle_power_w: float | None
+    relative_speed: float | None
+
+
+# Static facts NVML does not report. sm_count: NVIDIA architecture whitepapers
+# (nvmlDeviceGetAttributes reports SMs for MIG instances only on most drivers).
+# idle_power_w: typical draw of an idle GPU with the driver in persistence mode,
+# as nvidia-smi shows it; approximate (±30 %), varies with board, clocks and
+# memory, and is only the energy model's prior: measured power replaces it.
+# relative_speed: rough throughput on mixed training/inference work relative to
+# one A100 (MLPerf-style end-to-end ratios, not peak FLOPS); None when unknown.
+# First match on the NVML device name wins, so specific patterns come first.
+_KNOWN_GPUS: tuple[tuple[re.Pattern[str], _GpuProfile], ...] = (
+    (re.compile(r"\bH200\b"), _GpuProfile(sm_count=132, idle_power_w=None, relative_speed=2.5)),
+    (re.compile(r"\bH100\b.*\bPCIe\b"), _GpuProfile(114, 70.0, 2.0)),
+    (re.compile(r"\bH100\b"), _GpuProfile(sm_count=132, idle_power_w=70.0, relative_speed=2.5)),
+    (re.compile(r"\bA100\b"), _GpuProfile(sm_count=108, idle_power_w=50.0, relative_speed=1.0)),
+    (re.compile(r"\bV100"), _GpuProfile(sm_count=80, idle_power_w=40.0, relative_speed=0.45)),
+    (re.compile(r"\bL4\b"), _GpuProfile(sm_count=58, idle_power_w=16.0, relative_speed=0.35)),
+    (re.compile(r"\bT4\b"), _GpuProfile(sm_count=40, idle_power_w=10.0, relative_speed=0.2)),
+    (re.compile(r"\bA10G\b"), _GpuProfile(sm_count=80, idle_power_w=20.0, relative_speed=0.45)),
+    (re.compile(r"\bA10\b"), _GpuProfile(sm_count=72, idle_power_w=20.0, relative_speed=0.45)),
+    (re.compile(r"\bRTX\b"), _GpuProfile(sm_count=0, idle_power_w=20.0, relative_speed=None)),
+)
+
+
+def known_gpu_profile(model: str) -> _GpuProfile | None:
+    for pattern, profile in _KNOWN_GPUS:
+        if pattern.search(model):
+            return profile
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _TrackedDevice:
+    """An accelerator discover() returned and the NVML handles sample() reads it through."""
+
+    accelerator_id: str
+    handle: Any
+    # The physical GPU: itself, or a MIG instance's parent. Power, temperature and
+    # energy exist only per physical GPU.
+    physical_id: str
+    physical_handle: Any
+    is_mig: bool
+
+
+@dataclass(slots=True)
+class _EnergyCounter:
+    last_reading_mj: int
+    accumulated_mj: int = 0
+
+
+def _nvml_call(
+    nvml: ModuleType,
+    read: Callable[[], _T],
+    *,
+    what: str,
+    accelerator_id: str,
+    level: Literal["debug", "info"],
+) -> _T | None:
+    """`read()`, or None when NVML refuses (NotSupported on this GPU, GPU lost, ...)."""
+    try:
+        return read()
+    except nvml.NVMLError as error:
+        if isinstance(error, nvml.NVMLError_NotSupported):
+            level = "debug"  # expected on many boards (attributes, power limit on GeForce)
+        getattr(log, level)(
+            "NVML query failed", query=what, accelerator=accelerator_id, error=str(error)
+        )
+        return None
+
+
+def _scaled(value: float | None, share: float | None) -> float | None:
+    return None if value is None or share is None else value * share
+
+
+class NvidiaProbe:
+    """NVIDIA GPUs (and MIG instances) as accelerators "gpu{i}" / "gpu{i}-mig{j}".
+
+    `i` is the NVML index, which follows PCI bus order; CUDA numbers devices the
+    same way only with CUDA_DEVICE_ORDER=PCI_BUS_ID, so work is best addressed
+    by UUID. Not safe for concurrent calls: the agent calls one method at a time.
+    """
+
+    def __init__(self, *, available_providers: Sequence[str] | None = None) -> None:
+        self._available_providers = available_providers
+        self._nvml: ModuleType | None = None
+        self._unavailable_logged = False
+        self._devices: list[_TrackedDevice] = []
+        self._energy_by_gpu: dict[str, _EnergyCounter] = {}
+
+    @property
+    def name(self) -> str:
+        return "nvidia"
+
+    def _initialized_nvml(self) -> ModuleType | None:
+        if self._nvml is not None:
+            return self._nvml
+        try:
+            import pynvml
+        except ImportError as error:
+            self._log_unavailable(repr(error))
+            return None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as error:
+            # No library, no driver, no permission: all mean "no NVIDIA GPU here".
+            self._log_unavailable(str(error))
+            return None
+        self._nvml = pynvml
+        return self._nvml
+
+    def _log_unavailable(self, reason: str) -> None:
+        if not self._unavailable_logged:
+            log.info("NVML unavailable; no NVIDIA GPUs reported", reason=reason)
+            self._unavailable_logged = True
+
+    def discover(self) -> Sequence[Accelerator]:
+        self._devices = []
+        self._energy_by_gpu = {}
+        nvml = self._initialized_nvml()
+        if nvml is None:
+            return []
+        try:
+            gpu_count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError as error:
+            log.warning("NVML device count failed; no NVIDIA GPUs reported", error=str(error))
+            return []
+        providers = providers_for("nvidia", self._available_providers)
+        accelerators: list[Accelerator] = []
+        for index in range(gpu_count):
+            try:
+                found = self._discover_gpu(nvml, index, providers)
+            except Exception as error:  # one broken GPU must not hide the others
+                log.warning("skipping NVIDIA GPU", index=index, error=repr(error))
+                continue
+            for accelerator, device in found:
+                accelerators.append(accelerator)
+                self._devices.append(device)
+        # Zero point of the energy counters, so sampled energy starts near 0.
+        for device in self._devices:
+            self._energy_j(nvml, device)
+        return accelerators
+
+    def _discover_gpu(
+        self, nvml: ModuleType, index: int, providers: tuple[str, ...]
+    ) -> list[tuple[Accelerator, _TrackedDevice]]:
+        gpu_id = f"gpu{index}"
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        model = str(nvml.nvmlDeviceGetName(handle))
+        profile = known_gpu_profile(model)
+
+        def query(read: Callable[[], _T], what: str) -> _T | None:
+            return _nvml_call(nvml, read, what=what, accelerator_id=gpu_id, level="info")
+
+        sm_count = query(
+            lambda: int(nvml.nvmlDeviceGetAttributes(handle).multiprocessorCount), "attributes"
+        )
+        if not sm_count:
+            sm_count = profile.sm_count if profile else 0
+        power_limit_mw = query(
+            lambda: int(nvml.nvmlDeviceGetPowerManagementLimit(handle)), "power limit"
+        )
+        max_power_w = power_limit_mw / 1000 if power_limit_mw is not None else None
+        idle_power_w = profile.idle_power_w if profile else None
+        relative_speed = profile.relative_speed if profile else None
+
+        # Pre-Ampere GPUs answer NotSupported: no MIG.
+        mig_mode = query(lambda: list(nvml.nvmlDeviceGetMigMode(handle)), "MIG mode")
+        if mig_mode is not None and mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE:
+            return self._discover_mig_instances(
+                nvml,
+                parent_id=gpu_id,
+                parent_handle=handle,
+                parent_model=model,
+                parent_sm_count=sm_count,
+                parent_power_w=(idle_power_w, max_power_w),
+                parent_relative_speed=relative_speed,
+                providers=providers,
+            )
+
+        accelerator = Accelerator(
+            id=gpu_id,
+            kind="gpu",
+            vendor="nvidia",
+            model=model,
+            memory_bytes=query(lambda: int(nvml.nvmlDeviceGetMemoryInfo(handle).total), "memory")
+            or 0,
+            compute_units=sm_count,
+            idle_power_w=idle_power_w,
+            max_power_w=max_power_w,
+            relative_speed=relative_speed,
+            onnx_providers=providers,
+            uuid=query(lambda: str(nvml.nvmlDeviceGetUUID(handle)), "uuid"),
+            index=index,
+        )
+        device = _TrackedDevice(
+            accelerator_id=gpu_id,
+            handle=handle,
+            physical_id=gpu_id,
+            physical_handle=handle,
+            is_mig=False,
+        )
+        return [(accelerator, device)]
+
+    def _discover_mig_instances(
+        self,
+        nvml: ModuleType,
+        *,
+        parent_id: str,
+        parent_handle: Any,
+        parent_model: str,
+        parent_sm_count: int,
+        parent_power_w: tuple[float | None, float | None],
+        parent_relative_speed: float | None,
+        providers: tuple[str, ...],
+    ) -> list[tuple[Accelerator, _TrackedDevice]]:
+        max_instances = _nvml_call(
+            nvml,
+            lambda: int(nvml.nvmlDeviceGetMaxMigDeviceCount(parent_handle)),
+            what="MIG device count",
+            accelerator_id=parent_id,
+            level="info",
+        )
+        found: list[tuple[Accelerator, _TrackedDevice]] = []
+        for mig_index in range(max_instances or 0):
+            mig_id = f"{parent_id}-mig{mig_index}"
+            try:
+                mig_handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent_handle, mig_index)
+            except nvml.NVMLError_NotFound:
+                continue  # an empty slot: MIG instance slots need not be contiguous
+            except nvml.NVMLError as error:
+                log.warning("skipping MIG instance", accelerator=mig_id, error=str(error))
+                continue
+            try:
+                accelerator = self._mig_accelerator(
+                    nvml,
+                    mig_id,
+                    mig_handle,
+                    parent_id,
+                    parent_model,
+                    parent_sm_count,
+                    parent_power_w,
+                    parent_relative_speed,
+                    providers,
+                )
+            except Exception as error:
+                log.warning("skipping MIG instance", accelerator=mig_id, error=repr(error))
+                continue
+            device = _TrackedDevice(
+                accelerator_id=mig_id,
+                handle=mig_handle,
+                physical_id=parent_id,
+                physical_handle=parent_handle,
+                is_mig=True,
+            )
+            found.append((accelerator, device))
+        if not found:
+            log.info(
+                "GPU in MIG mode without MIG instances; nothing schedulable on it",
+                accelerator=parent_id,
+            )
+        return found
+
+    def _mig_accelerator(
+        self,
+        nvml: ModuleType,
+        mig_id: str,
+        mig_handle: Any,
+        parent_id: str,
+        parent_model: str,
+        parent_sm_count: int,
+        parent_power_w: tuple[float | None, float | None],
+        parent_relative_speed: float | None,
+        providers: tuple[str, ...],
+    ) -> Accelerator:
+        def query(read: Callable[[], _T], what: str) -> _T | None:
+            return _nvml_call(nvml, read, what=what, accelerator_id=mig_id, level="info")
+
+        sm_count = (
+            query(
+                lambda: int(nvml.nvmlDeviceGetAttributes(mig_handle).multiprocessorCount),
+                "attributes",
+            )
+            or 0
+        )
+        # The energy model's idle/max power and speed of an instance are its SM share
+        # of the physical GPU's; unknown when either SM count is.
+        sm_share = sm_count / parent_sm_count if sm_count and parent_sm_count else None
+        idle_power_w, max_power_w = parent_power_w
+        return Accelerator(
+            id=mig_id,
+            kind="gpu",
+            vendor="nvidia",
+            # Recent drivers name instances like "NVIDIA A100-SXM4-40GB MIG 3g.20gb".
+            model=query(lambda: str(nvml.nvmlDeviceGetName(mig_handle)), "name")
+            or f"{parent_model} MIG",
+            memory_bytes=query(
+                lambda: int(nvml.nvmlDeviceGetMemoryInfo(mig_handle).total), "memory"
+            )
+            or 0,
+            compute_units=sm_count,
+            idle_power_w=_scaled(idle_power_w, sm_share),
+            max_power_w=_scaled(max_power_w, sm_share),
+            relative_speed=_scaled(parent_relative_speed, sm_share),
+            onnx_providers=providers,
+            # CUDA addresses a MIG instance by its "MIG-..." UUID only, never by an index.
+            uuid=query(lambda: str(nvml.nvmlDeviceGetUUID(mig_handle)), "uuid"),
+            index=None,
+            parent_id=parent_id,
+        )
+
+    def sample(self) -> Sequence[AcceleratorSample]:
+        nvml = self._nvml
+        if nvml is None:
+            return []
+        samples: list[AcceleratorSample] = []
+        for device in self._devices:
+            try:
+                samples.append(self._sample_device(nvml, device))
+            except Exception as error:  # one GPU falling off the bus keeps the rest reported
+                log.warning(
+                    "NVIDIA GPU sample failed", accelerator=device.accelerator_id, error=repr(error)
+                )
+        return samples
+
+    def _sample_device(self, nvml: ModuleType, device: _TrackedDevice) -> AcceleratorSample:
+        def query(read: Callable[[], _T], what: str) -> _T | None:
+            return _nvml_call(
+                nvml, read, what=what, accelerator_id=device.accelerator_id, level="debug"
+            )
+
+        # NVML reports memory per MIG instance; utilisation usually not (NotSupported),
+        # and power, temperature and energy only for the physical GPU, so a MIG
+        # instance carries its parent's readings. Instances sharing a parent_id
+        # share those numbers: consumers must not add them up.
+        utilization_pct = query(
+            lambda: float(nvml.nvmlDeviceGetUtilizationRates(device.handle).gpu), "utilization"
+        )
+        if utilization_pct is None and device.is_mig:
+            utilization_pct = query(
+                lambda: float(nvml.nvmlDeviceGetUtilizationRates(device.physical_handle).gpu),
+                "parent utilization",
+            )
+        memory_used_bytes = query(
+            lambda: int(nvml.nvmlDeviceGetMemoryInfo(device.handle).used), "memory"
+        )
+        power_mw = query(lambda: int(nvml.nvmlDeviceGetPowerUsage(device.physical_handle)), "power")
+        temperature_c = query(
+            lambda: float(
+                nvml.nvmlDeviceGetTemperature(device.physical_handle, nvml.NVML_TEMPERATURE_GPU)
+            ),
+            "temperature",
+        )
+        return AcceleratorSample(
+            id=device.accelerator_id,
+            # The wire field is required; 0 stands for "no reading" as well as idle.
+            utilization_pct=min(100.0, max(0.0, utilization_pct or 0.0)),
+            memory_used_bytes=max(0, memory_used_bytes or 0),
+            power_w=max(0.0, power_mw / 1000) if power_mw is not None else None,
+            temperature_c=temperature_c,
+            energy_j=self._energy_j(nvml, device),
+        )
+
+    def _energy_j(self, nvml: ModuleType, device: _TrackedDevice) -> float | None:
+        """Energy of the physical GPU since discovery, J; None where NVML has no counter."""
+        reading_mj = _nvml_call(
+            nvml,
+            lambda: int(nvml.nvmlDeviceGetTotalEnergyConsumption(device.physical_handle)),
+            what="energy",
+            accelerator_id=device.accelerator_id,
+            level="debug",
+        )
+        if reading_mj is None:
+            return None
+        counter = self._energy_by_gpu.get(device.physical_id)
+        if counter is None:
+            self._energy_by_gpu[device.physical_id] = _EnergyCounter(last_reading_mj=reading_mj)
+            return 0.0
+        delta_mj = reading_mj - counter.last_reading_mj
+        if delta_mj < 0:
+            # The counter counts since the driver loaded; a reload restarts it at 0.
+            delta_mj = reading_mj
+        counter.accumulated_mj += delta_mj
+        counter.last_reading_mj = reading_mj
+        return counter.accumulated_mj / 1000
+
+    def close(self) -> None:
+        nvml, self._nvml = self._nvml, None
+        self._devices = []
+        if nvml is None:
+            return
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as error:
+            log.warning("nvmlShutdown failed", error=str(error))

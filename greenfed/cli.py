@@ -1,0 +1,315 @@
+"""The `greenfed` command line.
+
+Each command imports its implementation only when it runs, so `greenfed edge ...`
+works on a device that installed only the `edge` extra (no database stack, no
+numpy, no web server libraries beyond what the agent needs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from shared import __version__
+from shared.errors import MqttAuthError
+from shared.settings import ConfigError, Settings, load_settings, parse_mqtt_url
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_AUTH = 3
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def _mqtt_url(text: str) -> str:
+    try:
+        parse_mqtt_url(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _add_settings_options(parser: argparse.ArgumentParser, *, mqtt: bool = True) -> None:
+    parser.add_argument(
+        "--config", type=Path, help="TOML settings file (see docs/configuration.md)"
+    )
+    if mqtt:
+        parser.add_argument("--mqtt-url", type=_mqtt_url, help="mqtt://host:port or mqtts://...")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", choices=["auto", "json", "console"])
+
+
+def _add_api_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-host", help="address the REST API listens on")
+    parser.add_argument("--api-port", type=_port, help="REST API port (default 8700)")
+
+
+def _settings(args: argparse.Namespace, *, default_log_level: str | None = None) -> Settings:
+    """Settings from --config and GREENFED_* variables, then the command-line flags on top."""
+    settings = load_settings(args.config)
+    replace = msgspec.structs.replace
+    if getattr(args, "mqtt_url", None):
+        settings = replace(settings, mqtt=replace(settings.mqtt, url=args.mqtt_url))
+    cloud_changes = {
+        key: value
+        for key, value in (
+            ("api_host", getattr(args, "api_host", None)),
+            ("api_port", getattr(args, "api_port", None)),
+        )
+        if value is not None
+    }
+    if cloud_changes:
+        settings = replace(settings, cloud=replace(settings.cloud, **cloud_changes))
+    interval = getattr(args, "telemetry_interval", None)
+    if interval is not None:
+        settings = replace(settings, agent=replace(settings.agent, telemetry_interval_s=interval))
+    log_changes: dict[str, Any] = {}
+    if args.log_level or default_log_level:
+        log_changes["level"] = args.log_level or default_log_level
+    if args.log_format:
+        log_changes["format"] = args.log_format
+    if log_changes:
+        settings = replace(settings, log=replace(settings.log, **log_changes))
+    return settings
+
+
+def _configure_logging(settings: Settings) -> None:
+    from shared.logs import configure_logging
+
+    configure_logging(settings.log.level, settings.log.format)
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from greenfed.up import UpOptions, run_up
+    from shared.runtime import run_main
+
+    # People watch `greenfed up` in a terminal: the summary lines, not every agent's log.
+    settings = _settings(args, default_log_level=None if args.log_level else "warning")
+    _configure_logging(settings)
+    options = UpOptions(
+        sim_nodes=args.sim,
+        fleet_file=args.fleet,
+        external_mqtt_url=args.mqtt_url,
+        broker_port=args.broker_port,
+    )
+    return run_main(lambda stop: run_up(settings, options, stop))
+
+
+def cmd_cloud(args: argparse.Namespace) -> int:
+    from cloud.main import run_cloud
+    from shared.runtime import run_main
+
+    settings = _settings(args)
+    _configure_logging(settings)
+    return run_main(lambda stop: run_cloud(settings, stop))
+
+
+def cmd_edge_run(args: argparse.Namespace) -> int:
+    from edge.main import run_agent
+    from shared.runtime import run_main
+
+    settings = _settings(args)
+    _configure_logging(settings)
+    return run_main(lambda stop: run_agent(settings, stop))
+
+
+def cmd_edge_discover(args: argparse.Namespace) -> int:
+    from edge.main import print_discovery
+
+    settings = _settings(args, default_log_level=None if args.log_level else "warning")
+    _configure_logging(settings)
+    return print_discovery(settings, args.json)
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from shared.runtime import run_main
+    from sim_devices.fleet import load_fleet, scale_fleet
+    from sim_devices.main import run_sim
+
+    settings = _settings(args, default_log_level=None if args.log_level else "warning")
+    _configure_logging(settings)
+    fleet = load_fleet(args.fleet)
+    if args.sim is not None:
+        fleet = scale_fleet(fleet, args.sim)
+    return run_main(lambda stop: run_sim(settings, fleet, stop, connects_per_s=args.connect_rate))
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from cloud.nodes_cli import ApiUnavailable, fetch_nodes, render_table
+
+    params = {
+        key: value
+        for key in ("site", "zone", "kind", "state")
+        if (value := getattr(args, key)) is not None
+    }
+    try:
+        nodes = asyncio.run(fetch_nodes(args.api, params))
+    except ApiUnavailable as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(nodes)).decode() + "\n")
+    else:
+        render_table(nodes)
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from shared.schemas import payload_schema, schema_catalog
+    from shared.topics import Channel, Topics
+
+    if args.channel:
+        document: object = payload_schema(Channel(args.channel))
+    else:
+        document = schema_catalog(Topics(args.topic_root))
+    print(json.dumps(document, indent=2))
+    return EXIT_OK
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"greenfed {__version__}")
+    return EXIT_OK
+
+
+# -- parser ----------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="greenfed",
+        description=(
+            "Edge–cloud federated scheduler for AI work that weighs carbon, price and latency."
+        ),
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", help="embedded broker + control plane + simulated fleet")
+    _add_settings_options(up)
+    _add_api_options(up)
+    up.add_argument(
+        "--sim",
+        type=_non_negative_int,
+        metavar="N",
+        help="scale the simulated fleet to N nodes (default: the fleet file's 40)",
+    )
+    up.add_argument("--fleet", type=Path, help="fleet file (default: the built-in fleet)")
+    up.add_argument(
+        "--broker-port",
+        type=_port,
+        help="embedded broker port (default 1883, or a free one if taken)",
+    )
+    up.add_argument("--telemetry-interval", type=_positive_float, metavar="SECONDS")
+    up.set_defaults(handler=cmd_up)
+
+    cloud = commands.add_parser("cloud", help="run the control plane")
+    _add_settings_options(cloud)
+    _add_api_options(cloud)
+    cloud.set_defaults(handler=cmd_cloud)
+
+    edge = commands.add_parser("edge", help="the edge agent")
+    edge_commands = edge.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
+    edge_run = edge_commands.add_parser("run", help="run the agent on this machine")
+    _add_settings_options(edge_run)
+    edge_run.add_argument("--telemetry-interval", type=_positive_float, metavar="SECONDS")
+    edge_run.set_defaults(handler=cmd_edge_run)
+    discover = edge_commands.add_parser("discover", help="list this machine's accelerators")
+    _add_settings_options(discover, mqtt=False)
+    discover.add_argument("--json", action="store_true", help="machine-readable output")
+    discover.set_defaults(handler=cmd_edge_discover)
+
+    sim = commands.add_parser("sim", help="run a simulated fleet of real agents")
+    _add_settings_options(sim)
+    sim.add_argument("--fleet", type=Path, help="fleet file (default: the built-in fleet)")
+    sim.add_argument(
+        "--sim", type=_non_negative_int, metavar="N", help="scale the fleet to N nodes"
+    )
+    sim.add_argument("--telemetry-interval", type=_positive_float, metavar="SECONDS")
+    sim.add_argument(
+        "--connect-rate",
+        type=_positive_float,
+        default=200.0,
+        metavar="PER_S",
+        help="new MQTT connections per second while starting (default 200)",
+    )
+    sim.set_defaults(handler=cmd_sim)
+
+    nodes = commands.add_parser("nodes", help="show the fleet from a running control plane")
+    nodes.add_argument("--api", default="http://127.0.0.1:8700", help="control plane URL")
+    nodes.add_argument("--json", action="store_true", help="machine-readable output")
+    nodes.add_argument("--site", choices=["cloud", "edge"])
+    nodes.add_argument("--zone")
+    nodes.add_argument("--kind", choices=["gpu", "npu", "cpu"])
+    nodes.add_argument("--state", choices=["online", "offline"])
+    nodes.set_defaults(handler=cmd_nodes)
+
+    schema = commands.add_parser("schema", help="print the JSON Schemas of the MQTT payloads")
+    schema.add_argument(
+        "channel",
+        nargs="?",
+        choices=["status", "telemetry", "desired", "reported", "events"],
+        help="print only this payload's schema",
+    )
+    schema.add_argument("--topic-root", default="greenfed")
+    schema.set_defaults(handler=cmd_schema)
+
+    version = commands.add_parser("version", help="print the version")
+    version.set_defaults(handler=cmd_version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except ConfigError as error:
+        print(f"greenfed: configuration error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except MqttAuthError as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_AUTH
+    except OSError as error:  # e.g. the API port is already in use
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except ImportError as error:
+        print(
+            f"greenfed: {error.name or error} is not installed; install the extra this command "
+            "needs, e.g. pip install 'greenfed[all]'",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""Fleet files: which simulated nodes to run, where, and how many.
+
+```toml
+seed = 7                       # optional: same seed, same fleet
+[[group]]
+name = "orin-nano-toronto"     # node ids are "<name>-<n>", n from 1
+profile = "jetson-orin-nano"   # a key of sim_devices.profiles.PROFILES
+count = 4
+site = "edge"                  # cloud | edge
+zone = "CA-ON"                 # grid zone (carbon and price signals)
+region = "northamerica-northeast2"  # network region (latency matrix)
+labels = { city = "toronto" }
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from shared.messages import Site
+from shared.settings import ConfigError
+from shared.topics import is_valid_node_id
+from sim_devices.profiles import PROFILES, DeviceProfile
+
+
+class FleetGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    profile: str
+    count: Annotated[int, msgspec.Meta(ge=0)]
+    site: Site
+    zone: str
+    region: str
+    labels: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            known = ", ".join(sorted(PROFILES))
+            raise ValueError(f"profile: unknown device profile {self.profile!r}; known: {known}")
+        if not is_valid_node_id(f"{self.name}-1"):
+            raise ValueError(f"name: {self.name!r} cannot prefix a node id")
+
+
+class Fleet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    seed: int = 0
+    group: tuple[FleetGroup, ...]
+
+    def __post_init__(self) -> None:
+        names = [group.name for group in self.group]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"group: names must be unique, repeated: {', '.join(duplicates)}")
+
+    @property
+    def node_count(self) -> int:
+        return sum(group.count for group in self.group)
+
+
+@dataclass(frozen=True, slots=True)
+class SimNodeSpec:
+    node_id: str
+    profile: DeviceProfile
+    site: Site
+    zone: str
+    region: str
+    labels: dict[str, str]
+
+
+def load_fleet(path: Path | None = None) -> Fleet:
+    """Read a fleet file; None reads the default fleet shipped with greenfed."""
+    if path is None:
+        text = resources.files("sim_devices").joinpath("fleets/default.toml").read_text("utf-8")
+        source = "default fleet"
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"fleet file {path} does not exist") from None
+        source = str(path)
+    try:
+        return msgspec.convert(tomllib.loads(text), Fleet)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source} is not valid TOML: {error}") from None
+    except msgspec.ValidationError as error:
+        raise ConfigError(f"{source}: {error}") from None
+
+
+def scale_fleet(fleet: Fleet, node_count: int) -> Fleet:
+    """Resize every group in proportion (largest remainder) to `node_count` nodes in all.
+
+    Each group keeps at least one node while there are enough nodes to go round,
+    so a scaled fleet stays as heterogeneous as the original.
+    """
+    if node_count < 0:
+        raise ValueError("node_count must be >= 0")
+    groups = [group for group in fleet.group if group.count > 0]
+    total = sum(group.count for group in groups)
+    if total == 0:
+        raise ValueError("cannot scale an empty fleet")
+    shares = [node_count * group.count / total for group in groups]
+    counts = [int(share) for share in shares]
+    leftover = node_count - sum(counts)
+    by_remainder = sorted(range(len(groups)), key=lambda i: (-(shares[i] - int(shares[i])), i))
+    for index in by_remainder[:leftover]:
+        counts[index] += 1
+    if node_count >= len(groups):
+        for index in range(len(groups)):
+            if counts[index] == 0:
+                donor = max(range(len(groups)), key=lambda i: (counts[i], -i))
+                counts[donor] -= 1
+                counts[index] = 1
+    return msgspec.structs.replace(
+        fleet,
+        group=tuple(
+            msgspec.structs.replace(group, count=count)
+            for group, count in zip(groups, counts, strict=True)
+        ),
+    )
+
+
+def expand_fleet(fleet: Fleet) -> list[SimNodeSpec]:
+    return [
+        SimNodeSpec(
+            node_id=f"{group.name}-{number}",
+            profile=PROFILES[group.profile],
+            site=group.site,
+            zone=group.zone,
+            region=group.region,
+            labels={**group.labels, "profile": group.profile},
+        )
+        for group in fleet.group
+        for number in range(1, group.count + 1)
+    ]

@@ -1,0 +1,201 @@
+"""Simulated probes: the hardware seam of a simulated node.
+
+Utilisation follows a mean-reverting random walk around the profile's typical
+load; power is idle + utilisation x (max - idle); energy is power integrated
+over the time between samples (trapezoidal rule). Everything above this seam
+(the agent, MQTT, the cloud) is the real code.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from edge.probes import DeviceProbes, HostSample
+from shared.messages import Accelerator, AcceleratorSample, HostInfo
+from sim_devices.profiles import CPU_PROVIDERS, DeviceProfile
+
+# Random-walk parameters per sample: pull towards the mean, and step noise.
+MEAN_REVERSION = 0.2
+STEP_STDDEV = 0.08
+
+
+@dataclass(slots=True)
+class _SimulatedDevice:
+    accelerator: Accelerator
+    idle_power_w: float
+    max_power_w: float
+    utilization: float
+    energy_j: float = 0.0
+    last_power_w: float = 0.0
+
+
+def _power_w(device: _SimulatedDevice) -> float:
+    return device.idle_power_w + device.utilization * (device.max_power_w - device.idle_power_w)
+
+
+class SimulatedNode:
+    """All simulated hardware of one node; thread-safe because the agent samples in a thread."""
+
+    def __init__(
+        self,
+        node_id: str,
+        profile: DeviceProfile,
+        rng: random.Random,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node_id = node_id
+        self.profile = profile
+        self._rng = rng
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._last_sample_at: float | None = None
+        self._devices = [self._cpu_device(), *self._accelerator_devices()]
+        self._memory_used_fraction = 0.3
+
+    def _start_utilization(self) -> float:
+        return min(1.0, max(0.0, self._rng.gauss(self.profile.typical_utilization, 0.1)))
+
+    def _cpu_device(self) -> _SimulatedDevice:
+        profile = self.profile
+        cpu = Accelerator(
+            id="cpu0",
+            kind="cpu",
+            vendor=profile.cpu_vendor,
+            model=profile.cpu_model,
+            memory_bytes=profile.memory_bytes,
+            compute_units=profile.cpu_cores,
+            idle_power_w=profile.cpu_idle_power_w,
+            max_power_w=profile.cpu_max_power_w,
+            relative_speed=profile.cpu_relative_speed,
+            onnx_providers=CPU_PROVIDERS,
+        )
+        return _SimulatedDevice(
+            cpu, profile.cpu_idle_power_w, profile.cpu_max_power_w, self._start_utilization()
+        )
+
+    def _accelerator_devices(self) -> list[_SimulatedDevice]:
+        devices = []
+        for accelerator_profile in self.profile.accelerators:
+            for index in range(accelerator_profile.count):
+                uuid_hex = f"{self._rng.getrandbits(128):032x}"
+                prefix = "GPU" if accelerator_profile.kind == "gpu" else "NPU"
+                accelerator = Accelerator(
+                    id=f"{accelerator_profile.kind}{index}",
+                    kind=accelerator_profile.kind,
+                    vendor=accelerator_profile.vendor,
+                    model=accelerator_profile.model,
+                    memory_bytes=accelerator_profile.memory_bytes,
+                    compute_units=accelerator_profile.compute_units,
+                    idle_power_w=accelerator_profile.idle_power_w,
+                    max_power_w=accelerator_profile.max_power_w,
+                    relative_speed=accelerator_profile.relative_speed,
+                    onnx_providers=accelerator_profile.onnx_providers,
+                    uuid=f"{prefix}-{uuid_hex[:8]}-{uuid_hex[8:12]}-{uuid_hex[12:16]}-"
+                    f"{uuid_hex[16:20]}-{uuid_hex[20:]}",
+                    index=index,
+                )
+                devices.append(
+                    _SimulatedDevice(
+                        accelerator,
+                        accelerator_profile.idle_power_w,
+                        accelerator_profile.max_power_w,
+                        self._start_utilization(),
+                    )
+                )
+        return devices
+
+    @property
+    def accelerators(self) -> tuple[Accelerator, ...]:
+        return tuple(device.accelerator for device in self._devices)
+
+    def host_info(self) -> HostInfo:
+        return HostInfo(
+            hostname=self.node_id,
+            os="Linux (simulated)",
+            arch=self.profile.arch,
+            cpu_logical_cores=self.profile.cpu_cores,
+            memory_total_bytes=self.profile.memory_bytes,
+        )
+
+    def advance(self) -> None:
+        """Step every device's random walk and integrate energy up to now."""
+        with self._lock:
+            now = self._monotonic()
+            elapsed_s = 0.0 if self._last_sample_at is None else now - self._last_sample_at
+            self._last_sample_at = now
+            mean = self.profile.typical_utilization
+            for device in self._devices:
+                previous_power_w = device.last_power_w or _power_w(device)
+                step = MEAN_REVERSION * (mean - device.utilization)
+                step += self._rng.gauss(0.0, STEP_STDDEV)
+                device.utilization = min(1.0, max(0.0, device.utilization + step))
+                device.last_power_w = _power_w(device)
+                device.energy_j += 0.5 * (previous_power_w + device.last_power_w) * elapsed_s
+            self._memory_used_fraction = min(
+                0.95, max(0.05, self._memory_used_fraction + self._rng.gauss(0.0, 0.02))
+            )
+
+    def accelerator_samples(self) -> list[AcceleratorSample]:
+        with self._lock:
+            return [
+                AcceleratorSample(
+                    id=device.accelerator.id,
+                    utilization_pct=round(device.utilization * 100.0, 2),
+                    memory_used_bytes=int(
+                        device.accelerator.memory_bytes * device.utilization * 0.8
+                    ),
+                    power_w=round(device.last_power_w, 3),
+                    temperature_c=round(30.0 + 50.0 * device.utilization, 1)
+                    if device.accelerator.kind == "gpu"
+                    else None,
+                    energy_j=round(device.energy_j, 3),
+                )
+                for device in self._devices
+            ]
+
+    def host_sample(self) -> HostSample:
+        with self._lock:
+            cpu = self._devices[0]
+            return HostSample(
+                cpu_utilization_pct=round(cpu.utilization * 100.0, 2),
+                memory_used_bytes=int(self.profile.memory_bytes * self._memory_used_fraction),
+                memory_total_bytes=self.profile.memory_bytes,
+            )
+
+    def probes(self) -> DeviceProbes:
+        return DeviceProbes(
+            host=_SimHostProbe(self), accelerator_probes=(_SimAcceleratorProbe(self),)
+        )
+
+
+class _SimHostProbe:
+    def __init__(self, node: SimulatedNode) -> None:
+        self._node = node
+
+    def host_info(self) -> HostInfo:
+        return self._node.host_info()
+
+    def sample(self) -> HostSample:
+        return self._node.host_sample()
+
+
+class _SimAcceleratorProbe:
+    name = "simulated"
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self._node = node
+
+    def discover(self) -> Sequence[Accelerator]:
+        return self._node.accelerators
+
+    def sample(self) -> Sequence[AcceleratorSample]:
+        # The agent samples accelerators once per telemetry round, so this is the clock tick.
+        self._node.advance()
+        return self._node.accelerator_samples()
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,63 @@
+"""Runs a simulated fleet: many real agents, one process, one MQTT connection each."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from edge.agent import Agent, NodeIdentity
+from shared.settings import MqttSettings
+from sim_devices.fleet import Fleet, expand_fleet
+from sim_devices.probes import SimulatedNode
+
+
+class SimulatedFleet:
+    def __init__(
+        self,
+        fleet: Fleet,
+        mqtt_settings: MqttSettings,
+        *,
+        telemetry_interval_s: float = 5.0,
+        telemetry_jitter_ratio: float = 0.1,
+        connects_per_s: float = 200.0,
+    ) -> None:
+        """`connects_per_s` ramps the fleet up instead of opening every connection at once."""
+        self._connect_gap_s = 1.0 / connects_per_s if connects_per_s > 0 else 0.0
+        seed_source = random.Random(fleet.seed)
+        self.agents: list[Agent] = []
+        for spec in expand_fleet(fleet):
+            node = SimulatedNode(
+                spec.node_id, spec.profile, random.Random(seed_source.getrandbits(64))
+            )
+            identity = NodeIdentity(
+                node_id=spec.node_id,
+                site=spec.site,
+                zone=spec.zone,
+                region=spec.region,
+                labels=spec.labels,
+            )
+            self.agents.append(
+                Agent(
+                    identity,
+                    node.probes(),
+                    mqtt_settings,
+                    telemetry_interval_s=telemetry_interval_s,
+                    telemetry_jitter_ratio=telemetry_jitter_ratio,
+                    rng=random.Random(seed_source.getrandbits(64)),
+                )
+            )
+
+    async def all_announced(self) -> None:
+        """Return once every agent has published its first birth."""
+        await asyncio.gather(*(agent.announced.wait() for agent in self.agents))
+
+    def connected_count(self) -> int:
+        return sum(1 for agent in self.agents if agent.session and agent.session.connected.is_set())
+
+    async def run(self) -> None:
+        """Run every agent until cancelled; cancelling stops them all with a goodbye."""
+        async with asyncio.TaskGroup() as tasks:
+            for agent in self.agents:
+                tasks.create_task(agent.run(), name=f"agent-{agent.identity.node_id}")
+                if self._connect_gap_s:
+                    await asyncio.sleep(self._connect_gap_s)

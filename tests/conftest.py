@@ -1,0 +1,43 @@
+"""Shared fixtures: the brokers every integration test runs against, and isolation.
+
+Integration tests run against the embedded broker always and against the real
+Mosquitto (127.0.0.1:1883) when reachable; CI sets GREENFED_TEST_REQUIRE_SERVICES=1
+so an unreachable Mosquitto fails the run instead of being skipped.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from greenfed.broker import EmbeddedBroker
+from tests.support.brokers import (
+    MOSQUITTO_URL,
+    BrokerUnderTest,
+    clear_retained,
+    require_or_skip,
+    tcp_reachable,
+)
+
+
+@pytest.fixture(params=["embedded", "mosquitto"])
+async def broker(request: pytest.FixtureRequest) -> AsyncIterator[BrokerUnderTest]:
+    if request.param == "embedded":
+        async with EmbeddedBroker(port=0) as embedded:
+            yield BrokerUnderTest("embedded", embedded.url)
+        return
+    if not tcp_reachable(MOSQUITTO_URL):
+        require_or_skip(f"no MQTT broker at {MOSQUITTO_URL}")
+    yield BrokerUnderTest("mosquitto", MOSQUITTO_URL)
+
+
+@pytest.fixture
+async def topic_root(broker: BrokerUnderTest) -> AsyncIterator[str]:
+    """A topic root of its own per test, so retained messages never leak between tests;
+    on the persistent Mosquitto they are deleted afterwards."""
+    root = f"gftest-{uuid.uuid4().hex[:12]}"
+    yield root
+    if broker.kind == "mosquitto":
+        await clear_retained(broker.url, root)

@@ -1,0 +1,392 @@
+"""CPU and host probes: against this machine, and against fake cpuinfo and RAPL trees."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgspec
+import psutil  # type: ignore[import-untyped, unused-ignore]
+import pytest
+
+from edge.discovery import cpu as cpu_module
+from edge.discovery.cpu import (
+    CpuProbe,
+    CpuUtilizationMeter,
+    LocalHostProbe,
+    RaplEnergyMeter,
+    parse_cpuinfo,
+    read_cpu_identity,
+)
+from edge.discovery.onnx_providers import available_onnx_providers
+from shared.messages import Accelerator, AcceleratorSample, encode
+
+X86_CPUINFO = """\
+processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 106
+model name\t: Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz
+flags\t\t: fpu vme sse sse2 avx avx2 avx512f avx512_vnni avx2 amx_tile
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz
+flags\t\t: fpu vme sse sse2 avx avx2 avx512f avx512_vnni
+
+"""
+
+AMD_CPUINFO = """\
+processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7763 64-Core Processor
+flags\t\t: fpu sse2 avx2 sha_ni
+"""
+
+# A Raspberry Pi 4 under a 64-bit kernel: no `model name`, a board `Model` at the end.
+RASPBERRY_PI_CPUINFO = """\
+processor\t: 0
+BogoMIPS\t: 108.00
+Features\t: fp asimd evtstrm crc32 cpuid
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x0
+CPU part\t: 0xd08
+CPU revision\t: 3
+
+processor\t: 1
+BogoMIPS\t: 108.00
+Features\t: fp asimd evtstrm crc32 cpuid
+CPU implementer\t: 0x41
+CPU part\t: 0xd08
+
+Hardware\t: BCM2835
+Revision\t: c03114
+Serial\t\t: 10000000abcdef01
+Model\t\t: Raspberry Pi 4 Model B Rev 1.4
+"""
+
+# An Arm server (Ampere Altra, Neoverse-N1 cores): neither Model nor Hardware.
+ARM_SERVER_CPUINFO = """\
+processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+"""
+
+ARM_BOARD_HARDWARE_ONLY = """\
+processor\t: 0
+Features\t: half thumb fastmult vfp edsp neon
+CPU implementer\t: 0x51
+CPU part\t: 0x06f
+
+Hardware\t: Qualcomm Technologies, Inc SDM845
+"""
+
+
+def _validated(accelerator: Accelerator) -> Accelerator:
+    """Round-trip through the wire decoder, which enforces the schema's constraints."""
+    return msgspec.json.decode(encode(accelerator), type=Accelerator)
+
+
+# ---- this machine ---------------------------------------------------------------
+
+
+def test_discovers_this_machines_cpu() -> None:
+    probe = CpuProbe()
+    (accelerator,) = probe.discover()
+
+    assert _validated(accelerator) == accelerator
+    assert accelerator.id == "cpu0"
+    assert accelerator.kind == "cpu"
+    assert accelerator.model.strip()
+    assert accelerator.compute_units == psutil.cpu_count(logical=True)
+    assert accelerator.memory_bytes == psutil.virtual_memory().total > 0
+    assert list(accelerator.features) == sorted(set(accelerator.features))
+    assert accelerator.idle_power_w is None
+    assert accelerator.max_power_w is None
+    expected_providers = (
+        ("CPUExecutionProvider",) if "CPUExecutionProvider" in available_onnx_providers() else ()
+    )
+    assert accelerator.onnx_providers == expected_providers
+
+
+def test_this_machines_cpu_sample_is_in_range(tmp_path: Path) -> None:
+    # An empty powercap tree makes "no RAPL" certain whatever machine runs this.
+    probe = CpuProbe(powercap_dir=tmp_path)
+    probe.discover()
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # some busy time to measure
+        sum(range(10_000))
+
+    (sample,) = probe.sample()
+
+    assert msgspec.json.decode(encode(sample), type=AcceleratorSample) == sample
+    assert sample.id == "cpu0"
+    assert 0.0 <= sample.utilization_pct <= 100.0
+    assert 0 < sample.memory_used_bytes <= psutil.virtual_memory().total
+    assert sample.power_w is None
+    assert sample.energy_j is None
+
+
+def test_sample_before_discover_reports_nothing() -> None:
+    assert CpuProbe().sample() == []
+
+
+def test_host_probe_describes_this_machine() -> None:
+    probe = LocalHostProbe()
+    info = probe.host_info()
+
+    assert info.hostname == socket.gethostname()
+    assert info.os == platform.platform()
+    assert info.arch == platform.machine()
+    assert info.cpu_logical_cores == psutil.cpu_count(logical=True)
+    assert info.memory_total_bytes == psutil.virtual_memory().total
+
+    sample = probe.sample()
+    assert 0.0 <= sample.cpu_utilization_pct <= 100.0
+    assert sample.memory_total_bytes == info.memory_total_bytes
+    assert 0 < sample.memory_used_bytes <= sample.memory_total_bytes
+
+
+# ---- cpuinfo parsing ------------------------------------------------------------
+
+
+def test_parses_x86_cpuinfo() -> None:
+    identity = parse_cpuinfo(X86_CPUINFO)
+
+    assert identity.model == "Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz"
+    assert identity.vendor == "intel"
+    # Sorted, deduplicated, and only flags that every core has (amx_tile is on cpu0 only).
+    assert identity.features == (
+        "avx",
+        "avx2",
+        "avx512_vnni",
+        "avx512f",
+        "fpu",
+        "sse",
+        "sse2",
+        "vme",
+    )
+
+
+def test_parses_amd_vendor() -> None:
+    identity = parse_cpuinfo(AMD_CPUINFO)
+
+    assert identity.vendor == "amd"
+    assert identity.model == "AMD EPYC 7763 64-Core Processor"
+    assert identity.features == ("avx2", "fpu", "sha_ni", "sse2")
+
+
+def test_parses_arm_board_cpuinfo() -> None:
+    identity = parse_cpuinfo(RASPBERRY_PI_CPUINFO)
+
+    assert identity.model == "Raspberry Pi 4 Model B Rev 1.4"
+    assert identity.vendor == "arm"
+    assert identity.features == ("asimd", "cpuid", "crc32", "evtstrm", "fp")
+
+
+def test_arm_server_without_model_is_named_by_cpu_part() -> None:
+    identity = parse_cpuinfo(ARM_SERVER_CPUINFO)
+
+    assert identity.model == "Neoverse-N1"
+    assert identity.vendor == "arm"
+    assert "atomics" in identity.features
+
+
+def test_arm_hardware_line_and_other_implementers() -> None:
+    identity = parse_cpuinfo(ARM_BOARD_HARDWARE_ONLY)
+
+    assert identity.model == "Qualcomm Technologies, Inc SDM845"
+    assert identity.vendor == "qualcomm"
+
+
+def test_unknown_arm_part_keeps_its_code() -> None:
+    identity = parse_cpuinfo("CPU implementer\t: 0x41\nCPU part\t: 0xfff\n")
+
+    assert identity.model == "ARM CPU part 0xfff"
+
+
+def test_unrecognised_cpuinfo_has_unknown_vendor_and_no_model() -> None:
+    identity = parse_cpuinfo("processor\t: 0\nvendor_id\t: HygonGenuine\n")
+
+    assert identity.vendor == "unknown"
+    assert identity.model is None
+    assert identity.features == ()
+
+
+def test_missing_cpuinfo_falls_back_to_platform(tmp_path: Path) -> None:
+    identity = read_cpu_identity(tmp_path / "no-cpuinfo")
+
+    assert identity.model == (platform.processor() or platform.machine() or "unknown")
+    assert identity.vendor == "unknown"
+    assert identity.features == ()
+
+
+def test_probe_reads_injected_cpuinfo(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(ARM_SERVER_CPUINFO)
+
+    (accelerator,) = CpuProbe(
+        cpuinfo_path=cpuinfo, powercap_dir=tmp_path, available_providers=("CPUExecutionProvider",)
+    ).discover()
+
+    assert accelerator.model == "Neoverse-N1"
+    assert accelerator.vendor == "arm"
+    assert accelerator.onnx_providers == ("CPUExecutionProvider",)
+
+
+def test_no_onnx_runtime_means_no_providers(tmp_path: Path) -> None:
+    (accelerator,) = CpuProbe(powercap_dir=tmp_path, available_providers=()).discover()
+
+    assert accelerator.onnx_providers == ()
+
+
+# ---- utilisation ----------------------------------------------------------------
+
+
+def test_utilization_meter_measures_between_calls() -> None:
+    readings = iter([(10.0, 100.0), (15.0, 110.0), (15.0, 120.0), (15.0, 120.0)])
+    meter = CpuUtilizationMeter(lambda: next(readings))
+
+    assert meter.utilization_pct() == pytest.approx(50.0)
+    assert meter.utilization_pct() == pytest.approx(0.0)
+    assert meter.utilization_pct() == 0.0  # no time passed: no division by zero
+
+
+# ---- RAPL energy ----------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _rapl_zone(
+    powercap: Path, zone: str, name: str, energy_uj: int | None, max_range_uj: int = 262_143_328_850
+) -> Path:
+    directory = powercap / zone
+    directory.mkdir(parents=True)
+    (directory / "name").write_text(f"{name}\n")
+    (directory / "max_energy_range_uj").write_text(f"{max_range_uj}\n")
+    if energy_uj is not None:
+        (directory / "energy_uj").write_text(f"{energy_uj}\n")
+    return directory
+
+
+def test_rapl_energy_and_power_between_samples(tmp_path: Path) -> None:
+    package = _rapl_zone(tmp_path, "intel-rapl:0", "package-0", 5_000_000)
+    # Sub-zones and the platform zone would count the package twice: ignored.
+    _rapl_zone(tmp_path, "intel-rapl:0:0", "core", 1_000_000)
+    platform_zone = _rapl_zone(tmp_path, "intel-rapl:1", "psys", 9_000_000)
+    clock = FakeClock()
+    probe = CpuProbe(powercap_dir=tmp_path, clock=clock)
+    probe.discover()
+
+    (package / "energy_uj").write_text("65000000\n")  # +60 J
+    (platform_zone / "energy_uj").write_text("999000000\n")
+    clock.now_s += 2.0
+    (first,) = probe.sample()
+    assert first.energy_j == pytest.approx(60.0)
+    assert first.power_w == pytest.approx(30.0)
+
+    (package / "energy_uj").write_text("75000000\n")  # +10 J
+    clock.now_s += 1.0
+    (second,) = probe.sample()
+    assert second.energy_j == pytest.approx(70.0)
+    assert second.power_w == pytest.approx(10.0)
+
+
+def test_rapl_counter_wraparound(tmp_path: Path) -> None:
+    package = _rapl_zone(
+        tmp_path, "intel-rapl:0", "package-0", 999_000_000, max_range_uj=1_000_000_000
+    )
+    clock = FakeClock()
+    meter = RaplEnergyMeter(tmp_path, clock)
+    assert meter.start()
+
+    (package / "energy_uj").write_text("1000000\n")  # wrapped past 1e9 µJ
+    clock.now_s += 1.0
+
+    energy_j, power_w = meter.read()
+    assert energy_j == pytest.approx(2.0)
+    assert power_w == pytest.approx(2.0)
+
+
+def test_rapl_sums_sockets(tmp_path: Path) -> None:
+    socket0 = _rapl_zone(tmp_path, "intel-rapl:0", "package-0", 0)
+    socket1 = _rapl_zone(tmp_path, "intel-rapl:1", "package-1", 0)
+    clock = FakeClock()
+    meter = RaplEnergyMeter(tmp_path, clock)
+    meter.start()
+    (socket0 / "energy_uj").write_text("3000000\n")
+    (socket1 / "energy_uj").write_text("5000000\n")
+    clock.now_s += 4.0
+
+    energy_j, power_w = meter.read()
+    assert energy_j == pytest.approx(8.0)
+    assert power_w == pytest.approx(2.0)
+
+
+def test_unreadable_rapl_means_no_energy(tmp_path: Path) -> None:
+    # energy_uj missing stands for "root only" (Linux 5.10+ for unprivileged agents).
+    _rapl_zone(tmp_path, "intel-rapl:0", "package-0", None)
+    probe = CpuProbe(powercap_dir=tmp_path)
+    probe.discover()
+
+    (sample,) = probe.sample()
+
+    assert sample.energy_j is None
+    assert sample.power_w is None
+
+
+# ---- temperature ----------------------------------------------------------------
+
+
+def _sensor(label: str, current: float) -> SimpleNamespace:
+    return SimpleNamespace(label=label, current=current, high=None, critical=None)
+
+
+def test_temperature_prefers_the_package_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        psutil,
+        "sensors_temperatures",
+        lambda: {
+            "nvme": [_sensor("Composite", 70.0)],
+            "coretemp": [_sensor("Core 0", 60.0), _sensor("Package id 0", 55.0)],
+        },
+    )
+
+    assert cpu_module.read_cpu_temperature_c() == 55.0
+
+
+def test_temperature_of_a_chip_without_package_label_is_its_hottest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        psutil,
+        "sensors_temperatures",
+        lambda: {"cpu_thermal": [_sensor("", 48.5), _sensor("", 51.0)]},
+    )
+
+    assert cpu_module.read_cpu_temperature_c() == 51.0
+
+
+def test_no_cpu_sensor_means_no_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        psutil, "sensors_temperatures", lambda: {"nvme": [_sensor("Composite", 40.0)]}
+    )
+    assert cpu_module.read_cpu_temperature_c() is None
+
+    monkeypatch.delattr(psutil, "sensors_temperatures")
+    assert cpu_module.read_cpu_temperature_c() is None

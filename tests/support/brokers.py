@@ -1,0 +1,134 @@
+"""Brokers for tests: the real Mosquitto of the machine, the embedded one, and our own
+Mosquitto processes (for restarts and authentication)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from shared.settings import parse_mqtt_url
+
+MOSQUITTO_URL = os.environ.get("GREENFED_TEST_MOSQUITTO_URL", "mqtt://127.0.0.1:1883")
+# CI sets this: a service that is not reachable there is a failure, never a skip.
+REQUIRE_SERVICES = os.environ.get("GREENFED_TEST_REQUIRE_SERVICES") == "1"
+
+
+@dataclass(frozen=True)
+class BrokerUnderTest:
+    kind: str  # "embedded" | "mosquitto"
+    url: str
+
+
+def tcp_reachable(url: str, timeout_s: float = 0.5) -> bool:
+    endpoint = parse_mqtt_url(url)
+    try:
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def require_or_skip(reason: str) -> None:
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{reason} (GREENFED_TEST_REQUIRE_SERVICES=1 forbids skipping)")
+    pytest.skip(reason)
+
+
+def mosquitto_binary() -> str | None:
+    return shutil.which("mosquitto") or next(
+        (
+            path
+            for path in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
+            if Path(path).exists()
+        ),
+        None,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class MosquittoProcess:
+    """A private Mosquitto on a free port that tests may stop, restart and configure."""
+
+    def __init__(self, workdir: Path, *, password_file: Path | None = None) -> None:
+        binary = mosquitto_binary()
+        if binary is None:
+            require_or_skip("the mosquitto binary is not installed")
+        assert binary is not None
+        self.binary = binary
+        self.port = free_port()
+        self.config = workdir / "mosquitto.conf"
+        lines = [
+            f"listener {self.port} 127.0.0.1",
+            "persistence false",
+            f"log_dest file {workdir / 'mosquitto.log'}",
+        ]
+        if password_file is None:
+            lines.append("allow_anonymous true")
+        else:
+            lines += ["allow_anonymous false", f"password_file {password_file}"]
+        self.config.write_text("\n".join(lines) + "\n")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._process = await asyncio.to_thread(
+            subprocess.Popen,
+            [self.binary, "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not tcp_reachable(self.url, timeout_s=0.2):
+            if self._process.poll() is not None:
+                raise RuntimeError(f"mosquitto exited with {self._process.returncode}")
+            if loop.time() > deadline:
+                raise RuntimeError("mosquitto did not start listening")
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        if self._process is None:
+            return
+        process, self._process = self._process, None
+        process.terminate()
+        await asyncio.to_thread(process.wait, 10)
+
+
+async def clear_retained(url: str, topic_root: str) -> int:
+    """Delete every retained message under `topic_root`; return how many there were.
+
+    Retained messages arrive right after the subscription; a sentinel published on
+    the same connection afterwards marks the end of them, so no waiting is guessed.
+    """
+    endpoint = parse_mqtt_url(url)
+    sentinel = f"{topic_root}/_clear_retained_sentinel"
+    retained: list[str] = []
+    async with aiomqtt.Client(endpoint.host, endpoint.port) as client:
+        await client.subscribe(f"{topic_root}/#", qos=1)
+        await client.publish(sentinel, b"end", qos=1)
+        async with asyncio.timeout(10):
+            async for message in client.messages:
+                topic = message.topic.value
+                if topic == sentinel:
+                    break
+                if message.retain and message.payload:
+                    retained.append(topic)
+        for topic in retained:
+            await client.publish(topic, b"", qos=1, retain=True)
+    return len(retained)

@@ -1,0 +1,99 @@
+"""Building agents and a cloud ingestion pipeline for integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+
+from cloud.ingest import Ingestor
+from cloud.registry import NodeRegistry
+from edge.agent import Agent, NodeIdentity
+from shared.messages import Site
+from shared.mqtt import MqttSession
+from shared.settings import MqttSettings
+from shared.topics import Topics
+from sim_devices.probes import SimulatedNode
+from sim_devices.profiles import get_profile
+
+
+def mqtt_settings(url: str, topic_root: str, **changes: object) -> MqttSettings:
+    base = MqttSettings(
+        url=url, topic_root=topic_root, reconnect_initial_s=0.05, reconnect_max_s=0.5, keepalive_s=5
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
+def simulated_agent(
+    node_id: str,
+    settings: MqttSettings,
+    profile: str = "jetson-orin-nano",
+    *,
+    site: Site = "edge",
+    zone: str = "CA-ON",
+    region: str = "northamerica-northeast2",
+    telemetry_interval_s: float = 0.1,
+    seed: int = 1,
+) -> Agent:
+    node = SimulatedNode(node_id, get_profile(profile), random.Random(seed))
+    identity = NodeIdentity(
+        node_id=node_id,
+        site=site,
+        zone=zone,
+        region=region,
+        labels={"test": "yes"},
+    )
+    return Agent(
+        identity,
+        node.probes(),
+        settings,
+        telemetry_interval_s=telemetry_interval_s,
+        telemetry_jitter_ratio=0.0,
+        rng=random.Random(seed),
+    )
+
+
+@dataclass
+class RunningCloud:
+    registry: NodeRegistry
+    ingestor: Ingestor
+    session: MqttSession
+
+
+@contextlib.asynccontextmanager
+async def running_ingestion(
+    settings: MqttSettings, *, staleness_intervals: float = 3.0
+) -> AsyncIterator[RunningCloud]:
+    """Registry + ingestion subscribed to the broker, as the cloud runs them."""
+    registry = NodeRegistry(staleness_intervals=staleness_intervals)
+    ingestor = Ingestor(
+        registry,
+        Topics(settings.topic_root),
+        max_payload_bytes=settings.max_payload_bytes,
+        invalid_log_interval_s=0,
+    )
+    session = MqttSession(settings, client_id=f"test-cloud-{random.getrandbits(32):x}")
+    task = asyncio.create_task(ingestor.run(session))
+    try:
+        async with asyncio.timeout(10):
+            await ingestor.subscribed.wait()
+        yield RunningCloud(registry, ingestor, session)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def running(agent: Agent) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(agent.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
