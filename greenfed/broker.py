@@ -31,6 +31,8 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
 
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As asyncio's server does, so a port in TIME_WAIT after a restart counts as free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as error:

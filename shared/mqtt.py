@@ -77,6 +77,7 @@ class MqttSession:
         self._backoff = Backoff(settings.reconnect_initial_s, settings.reconnect_max_s)
         self.connected = asyncio.Event()
         self.connect_count = 0
+        self.failed_attempts = 0
 
     @property
     def url(self) -> str:
@@ -119,6 +120,7 @@ class MqttSession:
                         f"the MQTT broker at {self.url} refused the credentials of "
                         f"client {self._client_id!r}: {error}"
                     ) from error
+                self.failed_attempts += 1
                 delay_s = self._backoff.next_delay_s()
                 self._log.warning(
                     "mqtt connection lost" if self.connected.is_set() else "mqtt connect failed",

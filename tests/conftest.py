@@ -41,3 +41,14 @@ async def topic_root(broker: BrokerUnderTest) -> AsyncIterator[str]:
     yield root
     if broker.kind == "mosquitto":
         await clear_retained(broker.url, root)
+
+
+@pytest.fixture
+async def mosquitto_root() -> AsyncIterator[tuple[str, str]]:
+    """(url, topic root) on the real Mosquitto only, for what the embedded broker cannot show
+    (it dies with the process that runs it)."""
+    if not tcp_reachable(MOSQUITTO_URL):
+        require_or_skip(f"no MQTT broker at {MOSQUITTO_URL}")
+    root = f"gftest-{uuid.uuid4().hex[:12]}"
+    yield MOSQUITTO_URL, root
+    await clear_retained(MOSQUITTO_URL, root)

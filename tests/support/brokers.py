@@ -4,6 +4,7 @@ Mosquitto processes (for restarts and authentication)."""
 from __future__ import annotations
 
 import asyncio
+import getpass
 import os
 import shutil
 import socket
@@ -59,10 +60,93 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def make_tls_files(workdir: Path) -> TlsFiles:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with openssl."""
+    if shutil.which("openssl") is None:
+        require_or_skip("openssl is not installed")
+    ca_key, ca_cert = workdir / "ca.key", workdir / "ca.crt"
+    key, csr, cert = workdir / "server.key", workdir / "server.csr", workdir / "server.crt"
+    ext = workdir / "san.ext"
+    ext.write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
+    commands = [
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=greenfed test CA",
+            "-keyout",
+            ca_key,
+            "-out",
+            ca_cert,
+        ],
+        [
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            key,
+            "-out",
+            csr,
+        ],
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca_cert,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            ext,
+            "-out",
+            cert,
+        ],
+    ]
+    for command in commands:
+        subprocess.run([str(part) for part in command], check=True, capture_output=True)
+    return TlsFiles(ca_cert=ca_cert, server_cert=cert, server_key=key)
+
+
+def make_password_file(workdir: Path, username: str, password: str) -> Path:
+    binary = shutil.which("mosquitto_passwd")
+    if binary is None:
+        require_or_skip("mosquitto_passwd is not installed")
+    assert binary is not None
+    path = workdir / "passwords"
+    subprocess.run(
+        [binary, "-c", "-b", str(path), username, password], check=True, capture_output=True
+    )
+    return path
+
+
 class MosquittoProcess:
     """A private Mosquitto on a free port that tests may stop, restart and configure."""
 
-    def __init__(self, workdir: Path, *, password_file: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *, password_file: Path | None = None, tls: TlsFiles | None = None
+    ) -> None:
         binary = mosquitto_binary()
         if binary is None:
             require_or_skip("the mosquitto binary is not installed")
@@ -70,11 +154,21 @@ class MosquittoProcess:
         self.binary = binary
         self.port = free_port()
         self.config = workdir / "mosquitto.conf"
+        # Run as ourselves: as root, mosquitto would switch to its own user and then be
+        # unable to read files in the test's private temporary directory.
         lines = [
+            f"user {getpass.getuser()}",
             f"listener {self.port} 127.0.0.1",
             "persistence false",
             f"log_dest file {workdir / 'mosquitto.log'}",
         ]
+        if tls is not None:
+            lines += [
+                f"cafile {tls.ca_cert}",
+                f"certfile {tls.server_cert}",
+                f"keyfile {tls.server_key}",
+            ]
+        self.tls = tls
         if password_file is None:
             lines.append("allow_anonymous true")
         else:
@@ -84,7 +178,8 @@ class MosquittoProcess:
 
     @property
     def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
+        scheme = "mqtts" if self.tls else "mqtt"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
         self._process = await asyncio.to_thread(

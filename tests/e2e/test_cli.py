@@ -1,0 +1,105 @@
+"""The command line as a user runs it: separate processes, real exit codes and output."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support.brokers import BrokerUnderTest
+from tests.support.fleet import mqtt_settings, running_ingestion
+from tests.support.processes import GreenfedProcess, greenfed_env, run_greenfed
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_discover_works_on_a_machine_without_a_gpu() -> None:
+    code, stdout, stderr = await run_greenfed(["edge", "discover", "--json"])
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    kinds = [accelerator["kind"] for accelerator in report["accelerators"]]
+    assert kinds.count("cpu") == 1
+    cpu = next(a for a in report["accelerators"] if a["kind"] == "cpu")
+    assert cpu["compute_units"] >= 1
+    assert cpu["memory_bytes"] > 0
+    assert report["host"]["cpu_logical_cores"] >= 1
+    # No NVIDIA driver here: an empty GPU list, not a failed probe and not a traceback.
+    if shutil.which("nvidia-smi") is None:
+        assert "gpu" not in kinds
+        assert report["failed_probes"] == []
+    assert "Traceback" not in stderr
+    code, table, _ = await run_greenfed(["edge", "discover"])
+    assert code == 0
+    assert "cpu0" in table
+
+
+@pytest.mark.parametrize("command", [["edge", "run"], ["cloud"], ["up"]])
+async def test_a_config_with_an_unknown_key_fails_naming_the_key(
+    tmp_path: Path, command: list[str]
+) -> None:
+    config = tmp_path / "greenfed.toml"
+    config.write_text('[agent]\nsite = "edge"\ntelemetry_intervall_s = 2\n')
+    code, _, stderr = await run_greenfed([*command, "--config", str(config)])
+    assert code == 2
+    assert "agent.telemetry_intervall_s" in stderr
+    assert str(config) in stderr
+    assert "Traceback" not in stderr
+
+
+async def test_an_unknown_environment_override_fails_naming_the_variable() -> None:
+    env = greenfed_env(GREENFED_MQTT__HOSTNAME="broker.example")
+    code, _, stderr = await run_greenfed(["edge", "run"], env=env)
+    assert code == 2
+    assert "GREENFED_MQTT__HOSTNAME" in stderr
+    assert "mqtt.hostname" in stderr
+
+
+async def test_schema_prints_every_payload_schema() -> None:
+    code, stdout, _ = await run_greenfed(["schema"])
+    assert code == 0
+    catalog = json.loads(stdout)
+    assert set(catalog) == {"status", "telemetry", "desired", "reported", "events"}
+    assert catalog["desired"]["topic"] == "greenfed/v1/nodes/{node_id}/desired"
+
+
+async def test_nodes_without_a_control_plane_says_so_without_a_traceback() -> None:
+    from tests.support.brokers import free_port
+
+    code, _, stderr = await run_greenfed(["nodes", "--api", f"http://127.0.0.1:{free_port()}"])
+    assert code == 1
+    assert "cannot reach the greenfed API" in stderr
+    assert "Traceback" not in stderr
+
+
+async def test_the_agent_runs_from_a_config_file_and_stops_cleanly(
+    broker: BrokerUnderTest, topic_root: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[mqtt]\nurl = "{broker.url}"\ntopic_root = "{topic_root}"\n'
+        '[agent]\nnode_id = "edge-box-7"\nsite = "edge"\nzone = "DE"\nregion = "europe-west3"\n'
+        'labels = { line = "3" }\ntelemetry_interval_s = 0.2\n'
+    )
+    async with (
+        running_ingestion(mqtt_settings(broker.url, topic_root)) as cloud,
+        GreenfedProcess(["edge", "run", "--config", str(config)], tmp_path) as agent,
+    ):
+        await eventually(
+            lambda: (r := cloud.registry.get("edge-box-7")) is not None and r.telemetry is not None,
+            timeout_s=30,
+            message=lambda: agent.stderr[-2000:],
+        )
+        record = cloud.registry.get("edge-box-7")
+        assert record is not None
+        assert (record.status.zone, record.status.labels) == ("DE", {"line": "3"})
+        assert any(a.kind == "cpu" for a in record.status.accelerators)
+        code, elapsed_s = await agent.stop(signal.SIGTERM)
+        assert code == 0, agent.stderr
+        assert elapsed_s < 5
+        assert "Traceback" not in agent.stderr
+        await eventually(lambda: cloud.registry.get("edge-box-7").state == "offline")  # type: ignore[union-attr]
+        assert cloud.registry.get("edge-box-7").offline_reason == "shutdown"  # type: ignore[union-attr]
