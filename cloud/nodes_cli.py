@@ -44,6 +44,12 @@ async def fetch_nodes(api_url: str, params: dict[str, str], timeout_s: float = 1
         raise ApiUnavailable(f"cannot reach the greenfed API at {api_url}: {error}") from None
 
 
+def _bytes_text(size_bytes: int) -> str:
+    if size_bytes >= GIB:
+        return f"{size_bytes / GIB:.0f} GiB"
+    return f"{size_bytes / 1024**2:.0f} MiB"
+
+
 def _accelerator_text(node: NodeSummary) -> str:
     groups: dict[tuple[str, str, int], int] = {}
     for accelerator in node.accelerators:
@@ -53,7 +59,7 @@ def _accelerator_text(node: NodeSummary) -> str:
     for (kind, model, memory_bytes), count in groups.items():
         if kind == "cpu":
             continue
-        memory = f" {memory_bytes / GIB:.0f}G" if memory_bytes else ""
+        memory = f" {_bytes_text(memory_bytes)}" if memory_bytes else ""
         parts.append(f"{count}× {model}{memory}")
     return ", ".join(parts) or "cpu only"
 

@@ -103,6 +103,9 @@ class EmbeddedBroker:
         if self._broker is None:
             return
         broker, self._broker = self._broker, None
+        # Messages still queued when the broker stops are dropped by design; amqtt warns
+        # about each batch, which only alarms the person pressing Ctrl-C.
+        logging.getLogger("amqtt").setLevel(logging.ERROR)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SHUTDOWN_TIMEOUT_S):
                 await broker.shutdown()

@@ -164,9 +164,7 @@ async def test_schemas_are_published_with_topics_qos_and_retain(fleet_api: Clien
     assert catalog["status"]["schema"]["$schema"].endswith("2020-12/schema")
 
 
-async def test_health_readiness_and_metrics(
-    fleet_api: Client, embedded: EmbeddedBroker
-) -> None:
+async def test_health_readiness_and_metrics(fleet_api: Client, embedded: EmbeddedBroker) -> None:
     assert (await fleet_api.get("/healthz")).status == 200
     assert (await fleet_api.get("/readyz")).status == 200
     endpoint = parse_mqtt_url(embedded.url)
