@@ -23,7 +23,6 @@ from cloud.api.problems import problem_middleware
 from cloud.ingest import Ingestor
 from cloud.metrics import build_metrics_registry
 from cloud.registry import NodeRegistry
-from shared.mqtt import MqttSession
 from shared.settings import Settings
 from shared.topics import Topics
 
@@ -41,10 +40,8 @@ async def _liveness_loop(registry: NodeRegistry, interval_s: float) -> None:
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    session = MqttSession(
-        settings.mqtt,
-        client_id=f"greenfed-cloud-{socket.gethostname()}-{os.getpid()}",
-        logger=structlog.get_logger("greenfed.cloud.mqtt"),
+    session = app[INGESTOR].session(
+        settings.mqtt, client_id=f"greenfed-cloud-{socket.gethostname()}-{os.getpid()}"
     )
     ingestion = asyncio.create_task(app[INGESTOR].run(session), name="mqtt-ingestion")
     liveness = asyncio.create_task(

@@ -31,6 +31,7 @@ from shared.messages import (
     Telemetry,
 )
 from shared.mqtt import MqttSession
+from shared.settings import MqttSettings
 from shared.topics import CHANNEL_SPECS, Channel, TopicError, Topics
 
 IngestedMessage = NodeStatus | Telemetry | ReportedState | NodeEvent
@@ -166,6 +167,21 @@ class Ingestor:
         self.stats.ingested[channel] += 1
         self._changed(outcome)
 
+    def session(self, settings: MqttSettings, client_id: str) -> MqttSession:
+        """An MQTT session that delivers every message straight to `handle_message`."""
+        return MqttSession(
+            settings,
+            client_id=client_id,
+            message_sink=self.handle_message,
+            logger=structlog.get_logger("greenfed.cloud.mqtt"),
+        )
+
+    def handle_message(self, message: aiomqtt.Message) -> None:
+        try:
+            self.handle(message.topic.value, message.payload)  # type: ignore[arg-type]
+        except Exception:  # a bug here must not tear down the connection for everyone
+            self._log.exception("ingestion failed", topic=message.topic.value)
+
     async def run(self, session: MqttSession) -> None:
         """Subscribe on every (re)connect and ingest until cancelled."""
         await session.run(self._consume)
@@ -176,7 +192,9 @@ class Ingestor:
         self._log.info("ingestion subscribed", root=self.topics.root)
         self.subscribed.set()
         try:
+            # Messages arrive through handle_message (the session's sink); iterating
+            # only waits here and raises when the connection drops.
             async for message in client.messages:
-                self.handle(message.topic.value, message.payload)
+                self.handle_message(message)
         finally:
             self.subscribed.clear()

@@ -24,6 +24,7 @@ class Backoff:
         self._multiplier = multiplier
         self._rng = rng or random.Random()
         self._attempt = 0
+        self._exponent = 0
 
     @property
     def attempt(self) -> int:
@@ -31,13 +32,17 @@ class Backoff:
 
     def reset(self) -> None:
         self._attempt = 0
+        self._exponent = 0
 
     def ceiling_s(self) -> float:
         """The upper bound of the next delay."""
-        return min(self._max_s, self._initial_s * self._multiplier**self._attempt)
+        return min(self._max_s, self._initial_s * self._multiplier**self._exponent)
 
     def next_delay_s(self) -> float:
         """A delay drawn uniformly from [initial/2, ceiling]; the ceiling doubles up to the cap."""
         ceiling = self.ceiling_s()
+        # Stop growing the exponent once capped: a days-long outage must not overflow it.
+        if ceiling < self._max_s:
+            self._exponent += 1
         self._attempt += 1
         return self._rng.uniform(min(self._initial_s / 2, ceiling), ceiling)

@@ -78,7 +78,7 @@ class RateLimitedLog:
         self._last_logged_at: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def warning(self, key: str, event: str, **fields: object) -> bool:
+    def warning(self, key: str, event: str, /, **fields: object) -> bool:
         now = time.monotonic()
         last = self._last_logged_at.get(key)
         if last is not None and now - last < self._interval_s:

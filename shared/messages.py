@@ -20,7 +20,8 @@ SCHEMA_VERSION = "1.0"
 NodeId = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        # "(?!\n)": Python's $ also matches before a final newline; ECMA's never does.
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
         description="Unique node id; a single MQTT topic level (no '/', '+', '#').",
     ),
 ]
@@ -32,7 +33,7 @@ Timestamp = Annotated[float, msgspec.Meta(ge=0, description="Seconds since the U
 SchemaVersion = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^1\.[0-9]+$",
+        pattern=r"^1\.[0-9]+$(?!\n)",
         description="major.minor; the major part always equals the topic version (1).",
     ),
 ]

@@ -13,8 +13,8 @@ from enum import StrEnum
 TOPIC_VERSION = "v1"
 DEFAULT_TOPIC_ROOT = "greenfed"
 
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_ROOT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ROOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Channel(StrEnum):
@@ -48,11 +48,11 @@ class TopicError(ValueError):
 
 
 def is_valid_node_id(node_id: str) -> bool:
-    return bool(_NODE_ID.match(node_id))
+    return bool(_NODE_ID.fullmatch(node_id))
 
 
 def validate_root(root: str) -> str:
-    if not _ROOT.match(root):
+    if not _ROOT.fullmatch(root):
         raise TopicError(
             f"topic root {root!r} must be one topic level of letters, digits, '.', '_' or '-'"
         )

@@ -42,7 +42,7 @@ class FleetGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if self.profile not in PROFILES:
             known = ", ".join(sorted(PROFILES))
             raise ValueError(f"profile: unknown device profile {self.profile!r}; known: {known}")
-        if not is_valid_node_id(f"{self.name}-1"):
+        if not is_valid_node_id(f"{self.name}-{max(self.count, 1)}"):
             raise ValueError(f"name: {self.name!r} cannot prefix a node id")
 
 
@@ -124,7 +124,7 @@ def scale_fleet(fleet: Fleet, node_count: int) -> Fleet:
 
 
 def expand_fleet(fleet: Fleet) -> list[SimNodeSpec]:
-    return [
+    specs = [
         SimNodeSpec(
             node_id=f"{group.name}-{number}",
             profile=PROFILES[group.profile],
@@ -136,3 +136,8 @@ def expand_fleet(fleet: Fleet) -> list[SimNodeSpec]:
         for group in fleet.group
         for number in range(1, group.count + 1)
     ]
+    # Scaling can lengthen the numbers past what a group name leaves room for.
+    invalid = [spec.node_id for spec in specs if not is_valid_node_id(spec.node_id)]
+    if invalid:
+        raise ConfigError(f"fleet: node id {invalid[0]!r} is not valid; shorten the group name")
+    return specs

@@ -7,11 +7,18 @@ wheel has no OpenVINO provider, even if an Intel NPU sits in it.
 "Offers" means compiled into the build (`get_available_providers`). A provider
 may still fail at session creation (e.g. CUDA libraries missing); the inference
 server falls back then, discovery does not try to build sessions.
+
+The question is asked in a short-lived child process: importing ONNX Runtime
+costs an agent about 30 MB of resident memory, which an agent that serves no
+model should not carry for the rest of its life.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from typing import Literal
 
@@ -30,6 +37,9 @@ DeviceFamily = Literal[
     "coral",
     "hailo",
 ]
+
+PROBE_TIMEOUT_S = 30.0
+_PROBE_SCRIPT = "import json, onnxruntime; print(json.dumps(onnxruntime.get_available_providers()))"
 
 # Best first. CPUExecutionProvider belongs to the CPU alone: listing it on a GPU or
 # NPU would let the scheduler place work there that silently runs on the host.
@@ -56,11 +66,22 @@ def available_onnx_providers() -> tuple[str, ...]:
     its devices, they just cannot take ONNX inference work.
     """
     try:
-        import onnxruntime
-
-        providers = onnxruntime.get_available_providers()
-    except Exception as error:  # a broken wheel can raise anything at import
-        log.info("onnxruntime unavailable; no execution providers", error=repr(error))
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+        providers = json.loads(probe.stdout) if probe.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError) as error:
+        providers, reason = None, repr(error)
+    else:
+        reason = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "no output"
+    if not isinstance(providers, list):
+        # Missing or broken wheel: the agent still runs and reports its devices,
+        # they just cannot take ONNX inference work.
+        log.info("onnxruntime unavailable; no execution providers", error=reason)
         return ()
     return tuple(str(provider) for provider in providers)
 

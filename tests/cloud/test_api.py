@@ -68,6 +68,10 @@ async def fleet_api(embedded: EmbeddedBroker) -> AsyncIterator[Client]:
             body = await (await client.get("/v1/nodes?state=online")).json()
             return bool(body["count"] == 3)
 
+        async def ready() -> bool:
+            return (await client.get("/readyz")).status == 200
+
+        await eventually_async(ready)
         await eventually_async(all_online)
         yield client
 

@@ -76,7 +76,7 @@ async def running_ingestion(
         max_payload_bytes=settings.max_payload_bytes,
         invalid_log_interval_s=0,
     )
-    session = MqttSession(settings, client_id=f"test-cloud-{random.getrandbits(32):x}")
+    session = ingestor.session(settings, client_id=f"test-cloud-{random.getrandbits(32):x}")
     task = asyncio.create_task(ingestor.run(session))
     try:
         async with asyncio.timeout(10):

@@ -1,0 +1,517 @@
+"""The node registry: membership, liveness and filters, driven by fake clocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud.registry import NodeFilter, NodeRegistry, Rejection, StateChange
+from shared.messages import (
+    Accelerator,
+    AcceleratorKind,
+    HostInfo,
+    NodeState,
+    NodeStatus,
+    OfflineReason,
+    ReportedState,
+    Site,
+    Telemetry,
+)
+
+WALL_CLOCK_START_S = 1_700_000_000.0
+
+
+class FakeClock:
+    """A clock a test moves by hand; `monotonic` and `wall` advance together."""
+
+    def __init__(self) -> None:
+        self.elapsed_s = 0.0
+
+    def monotonic(self) -> float:
+        return 500.0 + self.elapsed_s
+
+    def wall(self) -> float:
+        return WALL_CLOCK_START_S + self.elapsed_s
+
+    def advance(self, seconds: float) -> None:
+        self.elapsed_s += seconds
+
+
+def accelerator(kind: AcceleratorKind, index: int = 0) -> Accelerator:
+    return Accelerator(
+        id=f"{kind}{index}",
+        kind=kind,
+        vendor="vendor",
+        model="model",
+        memory_bytes=1024,
+        compute_units=1,
+    )
+
+
+def status(
+    node_id: str = "n1",
+    *,
+    instance_id: str = "i1",
+    state: NodeState = "online",
+    offline_reason: OfflineReason | None = None,
+    site: Site = "edge",
+    zone: str = "CA-ON",
+    region: str = "northamerica-northeast2",
+    kinds: tuple[AcceleratorKind, ...] = ("cpu",),
+    telemetry_interval_s: float = 5.0,
+) -> NodeStatus:
+    return NodeStatus(
+        node_id=node_id,
+        state=state,
+        offline_reason=offline_reason,
+        instance_id=instance_id,
+        agent_version="0.1.0",
+        site=site,
+        zone=zone,
+        region=region,
+        host=HostInfo(
+            hostname=node_id, os="Linux", arch="x86_64", cpu_logical_cores=4, memory_total_bytes=1
+        ),
+        accelerators=tuple(accelerator(kind, index) for index, kind in enumerate(kinds)),
+        telemetry_interval_s=telemetry_interval_s,
+        started_at=WALL_CLOCK_START_S,
+        sent_at=WALL_CLOCK_START_S,
+    )
+
+
+def will(node_id: str = "n1", *, instance_id: str = "i1") -> NodeStatus:
+    return status(
+        node_id, instance_id=instance_id, state="offline", offline_reason="connection-lost"
+    )
+
+
+def telemetry(node_id: str = "n1", *, instance_id: str = "i1", seq: int = 0) -> Telemetry:
+    return Telemetry(
+        node_id=node_id,
+        instance_id=instance_id,
+        seq=seq,
+        sampled_at=WALL_CLOCK_START_S + seq,
+        interval_s=5.0,
+        cpu_utilization_pct=10.0,
+        memory_used_bytes=1,
+        memory_total_bytes=2,
+    )
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def registry(clock: FakeClock) -> NodeRegistry:
+    return NodeRegistry(staleness_intervals=3.0, monotonic=clock.monotonic, wall_clock=clock.wall)
+
+
+def state_of(registry: NodeRegistry, node_id: str = "n1") -> tuple[str, str | None]:
+    record = registry.get(node_id)
+    assert record is not None, f"{node_id} is not registered"
+    return record.state, record.offline_reason
+
+
+def test_a_birth_registers_an_online_node_seen_now(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    clock.advance(12.0)
+    change = registry.apply_status(status("n1"))
+
+    assert change == StateChange("n1", "online", None)
+    assert len(registry) == 1
+    record = registry.get("n1")
+    assert record is not None
+    assert (record.state, record.offline_reason) == ("online", None)
+    assert record.last_seen_at == WALL_CLOCK_START_S + 12.0
+    assert record.status.instance_id == "i1"
+
+
+def test_an_unknown_node_is_absent(registry: NodeRegistry) -> None:
+    assert registry.get("ghost") is None
+    assert len(registry) == 0
+
+
+def test_a_will_marks_the_node_offline_with_connection_lost(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1"))
+
+    change = registry.apply_status(will("n1"))
+
+    assert change == StateChange("n1", "offline", "connection-lost")
+    assert state_of(registry) == ("offline", "connection-lost")
+
+
+def test_a_goodbye_marks_the_node_offline_with_shutdown(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1"))
+    change = registry.apply_status(
+        status("n1", state="offline", offline_reason="shutdown"),
+    )
+    assert change == StateChange("n1", "offline", "shutdown")
+
+
+def test_a_retained_will_seen_first_registers_an_offline_node(registry: NodeRegistry) -> None:
+    assert registry.apply_status(will("n1")) == StateChange("n1", "offline", "connection-lost")
+    assert state_of(registry) == ("offline", "connection-lost")
+
+
+def test_the_will_of_an_older_instance_after_its_successors_birth_is_ignored(
+    registry: NodeRegistry,
+) -> None:
+    registry.apply_status(status("n1", instance_id="old"))
+    registry.apply_status(status("n1", instance_id="new"))
+    version = registry.version
+
+    change = registry.apply_status(will("n1", instance_id="old"))
+
+    assert change is None
+    assert state_of(registry) == ("online", None)
+    record = registry.get("n1")
+    assert record is not None
+    assert record.status.instance_id == "new"
+    assert registry.version == version
+
+
+def test_a_repeated_birth_changes_no_state(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1"))
+    assert registry.apply_status(status("n1")) is None
+    assert state_of(registry) == ("online", None)
+
+
+def test_a_birth_after_a_will_brings_the_node_back_online(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1", instance_id="i1"))
+    registry.apply_status(will("n1", instance_id="i1"))
+
+    change = registry.apply_status(status("n1", instance_id="i2"))
+
+    assert change == StateChange("n1", "online", None)
+
+
+def test_telemetry_is_stored_on_the_node(registry: NodeRegistry, clock: FakeClock) -> None:
+    registry.apply_status(status("n1"))
+    clock.advance(4.0)
+
+    assert registry.apply_telemetry(telemetry("n1", seq=1)) is None
+
+    record = registry.get("n1")
+    assert record is not None
+    assert record.telemetry == telemetry("n1", seq=1)
+    assert record.last_seen_at == WALL_CLOCK_START_S + 4.0
+
+
+def test_telemetry_for_an_unknown_node_is_rejected(registry: NodeRegistry) -> None:
+    assert registry.apply_telemetry(telemetry("ghost")) is Rejection.UNKNOWN_NODE
+    assert len(registry) == 0
+
+
+def test_telemetry_from_another_agent_instance_is_rejected(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1", instance_id="current"))
+
+    outcome = registry.apply_telemetry(telemetry("n1", instance_id="previous", seq=99))
+
+    assert outcome is Rejection.INSTANCE_MISMATCH
+    record = registry.get("n1")
+    assert record is not None
+    assert record.telemetry is None
+
+
+@pytest.mark.parametrize("late_seq", [7, 6, 0])
+def test_telemetry_whose_sequence_does_not_increase_is_rejected(
+    registry: NodeRegistry, late_seq: int
+) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_telemetry(telemetry("n1", seq=7))
+
+    assert registry.apply_telemetry(telemetry("n1", seq=late_seq)) is Rejection.OUT_OF_ORDER
+    record = registry.get("n1")
+    assert record is not None
+    assert record.telemetry is not None
+    assert record.telemetry.seq == 7
+
+
+def test_gaps_in_the_sequence_are_accepted_because_qos_0_may_lose_samples(
+    registry: NodeRegistry,
+) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_telemetry(telemetry("n1", seq=1))
+    assert registry.apply_telemetry(telemetry("n1", seq=5)) is None
+
+
+def test_a_new_birth_resets_the_telemetry_sequence(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1", instance_id="i1"))
+    registry.apply_telemetry(telemetry("n1", instance_id="i1", seq=500))
+
+    registry.apply_status(status("n1", instance_id="i2"))
+
+    assert registry.apply_telemetry(telemetry("n1", instance_id="i2", seq=0)) is None
+
+
+def test_a_rebirth_of_the_same_instance_after_a_reconnect_keeps_the_sequence(
+    registry: NodeRegistry,
+) -> None:
+    registry.apply_status(status("n1", instance_id="i1"))
+    registry.apply_telemetry(telemetry("n1", seq=10))
+    registry.apply_status(status("n1", instance_id="i1"))
+
+    assert registry.apply_telemetry(telemetry("n1", seq=9)) is Rejection.OUT_OF_ORDER
+    assert registry.apply_telemetry(telemetry("n1", seq=11)) is None
+
+
+def test_a_node_goes_stale_after_its_staleness_window_and_not_before(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    # 3 intervals of 5 s: offline once more than 15 s pass without telemetry.
+    registry.apply_status(status("n1", telemetry_interval_s=5.0))
+
+    clock.advance(14.99)
+    assert registry.expire_stale() == []
+    assert state_of(registry) == ("online", None)
+
+    clock.advance(0.02)
+    assert registry.expire_stale() == [StateChange("n1", "offline", "telemetry-stale")]
+    assert state_of(registry) == ("offline", "telemetry-stale")
+
+
+def test_telemetry_restarts_the_staleness_window(registry: NodeRegistry, clock: FakeClock) -> None:
+    registry.apply_status(status("n1", telemetry_interval_s=5.0))
+    for seq in range(1, 6):
+        clock.advance(10.0)
+        registry.apply_telemetry(telemetry("n1", seq=seq))
+        assert registry.expire_stale() == []
+    assert state_of(registry) == ("online", None)
+
+
+def test_each_node_goes_stale_on_its_own_telemetry_interval(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("fast", telemetry_interval_s=1.0))
+    registry.apply_status(status("slow", telemetry_interval_s=10.0))
+
+    clock.advance(5.0)
+
+    assert registry.expire_stale() == [StateChange("fast", "offline", "telemetry-stale")]
+    assert state_of(registry, "slow") == ("online", None)
+
+
+def test_the_staleness_multiple_is_configurable(clock: FakeClock) -> None:
+    registry = NodeRegistry(
+        staleness_intervals=1.5, monotonic=clock.monotonic, wall_clock=clock.wall
+    )
+    registry.apply_status(status("n1", telemetry_interval_s=2.0))
+    clock.advance(2.9)
+    assert registry.expire_stale() == []
+    clock.advance(0.2)
+    assert len(registry.expire_stale()) == 1
+
+
+def test_a_stale_node_is_reported_offline_only_once(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1"))
+    clock.advance(60.0)
+    assert len(registry.expire_stale()) == 1
+    clock.advance(60.0)
+    assert registry.expire_stale() == []
+
+
+def test_nodes_offline_by_will_are_not_expired_again(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_status(will("n1"))
+    clock.advance(3600.0)
+    assert registry.expire_stale() == []
+    assert state_of(registry) == ("offline", "connection-lost")
+
+
+def test_fresh_telemetry_from_the_same_instance_brings_a_stale_node_back_online(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_telemetry(telemetry("n1", seq=1))
+    clock.advance(60.0)
+    registry.expire_stale()
+
+    change = registry.apply_telemetry(telemetry("n1", seq=2))
+
+    assert change == StateChange("n1", "online", None)
+    assert state_of(registry) == ("online", None)
+    clock.advance(10.0)
+    assert registry.expire_stale() == []
+
+
+def test_telemetry_from_another_instance_does_not_revive_a_stale_node(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1", instance_id="i1"))
+    clock.advance(60.0)
+    registry.expire_stale()
+
+    assert registry.apply_telemetry(telemetry("n1", instance_id="i0", seq=1)) is (
+        Rejection.INSTANCE_MISMATCH
+    )
+    assert state_of(registry) == ("offline", "telemetry-stale")
+
+
+def test_a_straggling_sample_does_not_revive_a_node_whose_connection_was_lost(
+    registry: NodeRegistry,
+) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_status(will("n1"))
+
+    assert registry.apply_telemetry(telemetry("n1", seq=3)) is None
+    assert state_of(registry) == ("offline", "connection-lost")
+
+
+def test_forget_removes_a_node(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_status(status("n2"))
+
+    assert registry.forget("n1") is True
+
+    assert registry.get("n1") is None
+    assert [record.node_id for record in registry.nodes()] == ["n2"]
+    assert registry.forget("n1") is False
+
+
+def test_reported_state_is_kept_for_known_nodes_only(registry: NodeRegistry) -> None:
+    reported = ReportedState(
+        node_id="n1", instance_id="i1", observed_generation=4, reported_at=WALL_CLOCK_START_S
+    )
+    assert registry.apply_reported(reported) is Rejection.UNKNOWN_NODE
+
+    registry.apply_status(status("n1"))
+    assert registry.apply_reported(reported) is None
+    record = registry.get("n1")
+    assert record is not None
+    assert record.reported == reported
+
+
+@pytest.fixture
+def fleet(registry: NodeRegistry, clock: FakeClock) -> NodeRegistry:
+    registry.apply_status(
+        status("gpu-toronto", site="cloud", zone="CA-ON", region="na-ne2", kinds=("cpu", "gpu"))
+    )
+    registry.apply_status(
+        status("npu-frankfurt", site="edge", zone="DE", region="eu-w3", kinds=("cpu", "npu"))
+    )
+    registry.apply_status(status("rpi-frankfurt", site="edge", zone="DE", region="eu-w3"))
+    registry.apply_status(
+        status(
+            "gpu-joburg",
+            site="edge",
+            zone="ZA",
+            region="af-s1",
+            kinds=("cpu", "gpu", "gpu"),
+            telemetry_interval_s=1.0,
+        )
+    )
+    clock.advance(4.0)
+    registry.expire_stale()  # gpu-joburg (1 s interval) goes stale
+    return registry
+
+
+@pytest.mark.parametrize(
+    ("node_filter", "expected"),
+    [
+        (None, ["gpu-joburg", "gpu-toronto", "npu-frankfurt", "rpi-frankfurt"]),
+        (NodeFilter(), ["gpu-joburg", "gpu-toronto", "npu-frankfurt", "rpi-frankfurt"]),
+        (NodeFilter(site="cloud"), ["gpu-toronto"]),
+        (NodeFilter(site="edge"), ["gpu-joburg", "npu-frankfurt", "rpi-frankfurt"]),
+        (NodeFilter(zone="DE"), ["npu-frankfurt", "rpi-frankfurt"]),
+        (NodeFilter(region="af-s1"), ["gpu-joburg"]),
+        (NodeFilter(kind="gpu"), ["gpu-joburg", "gpu-toronto"]),
+        (NodeFilter(kind="npu"), ["npu-frankfurt"]),
+        (
+            NodeFilter(kind="cpu"),
+            ["gpu-joburg", "gpu-toronto", "npu-frankfurt", "rpi-frankfurt"],
+        ),
+        (NodeFilter(state="offline"), ["gpu-joburg"]),
+        (NodeFilter(state="online"), ["gpu-toronto", "npu-frankfurt", "rpi-frankfurt"]),
+        (NodeFilter(site="edge", kind="gpu"), ["gpu-joburg"]),
+        (NodeFilter(kind="gpu", state="online"), ["gpu-toronto"]),
+        (NodeFilter(zone="DE", kind="npu", state="online"), ["npu-frankfurt"]),
+        (NodeFilter(zone="DE", site="cloud"), []),
+        (NodeFilter(zone="XX"), []),
+    ],
+)
+def test_nodes_can_be_filtered_by_site_zone_region_kind_and_state(
+    fleet: NodeRegistry, node_filter: NodeFilter | None, expected: list[str]
+) -> None:
+    assert [record.node_id for record in fleet.nodes(node_filter)] == expected
+
+
+def test_counts_aggregate_nodes_by_state_and_site_and_by_accelerator_kind(
+    fleet: NodeRegistry,
+) -> None:
+    counts = fleet.counts()
+
+    assert counts.nodes_by_state_site == {
+        ("online", "cloud"): 1,
+        ("online", "edge"): 2,
+        ("offline", "edge"): 1,
+    }
+    # A node with two GPUs counts once among nodes with GPUs, twice among GPUs.
+    assert counts.nodes_by_kind_state == {
+        ("cpu", "online"): 3,
+        ("cpu", "offline"): 1,
+        ("gpu", "online"): 1,
+        ("gpu", "offline"): 1,
+        ("npu", "online"): 1,
+    }
+    assert counts.accelerators_by_kind_state == {
+        ("cpu", "online"): 3,
+        ("cpu", "offline"): 1,
+        ("gpu", "online"): 1,
+        ("gpu", "offline"): 2,
+        ("npu", "online"): 1,
+    }
+
+
+def test_counts_of_an_empty_registry_are_empty(registry: NodeRegistry) -> None:
+    counts = registry.counts()
+    assert counts.nodes_by_state_site == {}
+    assert counts.nodes_by_kind_state == {}
+    assert counts.accelerators_by_kind_state == {}
+
+
+def test_the_version_moves_on_every_membership_or_state_change(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    versions = [registry.version]
+
+    def changed() -> None:
+        assert registry.version > versions[-1]
+        versions.append(registry.version)
+
+    registry.apply_status(status("n1"))  # joins
+    changed()
+    registry.apply_status(will("n1"))  # connection lost
+    changed()
+    registry.apply_status(status("n1", instance_id="i2"))  # back
+    changed()
+    clock.advance(60.0)
+    registry.expire_stale()  # stale
+    changed()
+    registry.apply_telemetry(telemetry("n1", instance_id="i2", seq=1))  # revived
+    changed()
+    registry.forget("n1")  # leaves
+    changed()
+
+
+def test_the_version_stays_put_when_nothing_changes(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1", instance_id="new"))
+    registry.apply_telemetry(telemetry("n1", instance_id="new", seq=1))
+    version = registry.version
+
+    registry.apply_telemetry(telemetry("n1", instance_id="new", seq=1))  # out of order
+    registry.apply_telemetry(telemetry("n1", instance_id="old", seq=2))  # wrong instance
+    registry.apply_telemetry(telemetry("ghost", seq=2))  # unknown
+    registry.apply_status(will("n1", instance_id="old"))  # stale will
+    registry.forget("ghost")
+    clock.advance(1.0)
+    registry.expire_stale()  # nothing is stale yet
+
+    assert registry.version == version
