@@ -178,7 +178,7 @@ class Ingestor:
 
     def handle_message(self, message: aiomqtt.Message) -> None:
         try:
-            self.handle(message.topic.value, message.payload)  # type: ignore[arg-type]
+            self.handle(message.topic.value, message.payload)
         except Exception:  # a bug here must not tear down the connection for everyone
             self._log.exception("ingestion failed", topic=message.topic.value)
 
