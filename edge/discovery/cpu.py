@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil  # type: ignore[import-untyped, unused-ignore]
+import psutil
 import structlog
 
 from edge.discovery.onnx_providers import providers_for

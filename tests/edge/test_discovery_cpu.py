@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import msgspec
-import psutil  # type: ignore[import-untyped, unused-ignore]
+import psutil
 import pytest
 
 from edge.discovery import cpu as cpu_module
