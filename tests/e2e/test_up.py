@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 from collections import Counter
 from pathlib import Path
 
 import aiomqtt
+import jsonschema
 import pytest
 
 from shared.settings import parse_mqtt_url
@@ -42,16 +44,51 @@ async def _retained_statuses(url: str, topic_root: str, expected: int) -> list[d
     return statuses
 
 
-async def test_up_brings_a_heterogeneous_fleet_online_and_stops_within_five_seconds(
+async def _subscribe_telemetry(url: str, topic_root: str, count: int) -> list[object]:
+    """Ten telemetry payloads as `mosquitto_sub -C 10` prints them (the real tool when
+    installed, a plain client otherwise)."""
+    endpoint = parse_mqtt_url(url)
+    topic = f"{topic_root}/v1/nodes/+/telemetry"
+    tool = shutil.which("mosquitto_sub")
+    if tool:
+        process = await asyncio.create_subprocess_exec(
+            tool,
+            "-h",
+            endpoint.host,
+            "-p",
+            str(endpoint.port),
+            "-t",
+            topic,
+            "-C",
+            str(count),
+            "-W",
+            "15",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        stdout, _ = await process.communicate()
+        return [json.loads(line) for line in stdout.decode().splitlines()]
+    payloads: list[object] = []
+    async with aiomqtt.Client(endpoint.host, endpoint.port) as client, asyncio.timeout(15):
+        await client.subscribe(topic)
+        async for message in client.messages:
+            assert isinstance(message.payload, bytes)
+            payloads.append(json.loads(message.payload))
+            if len(payloads) == count:
+                break
+    return payloads
+
+
+async def test_up_brings_forty_heterogeneous_nodes_online_and_stops_within_five_seconds(
     broker: BrokerUnderTest, topic_root: str, tmp_path: Path
 ) -> None:
     api_port = free_port()
     api = f"http://127.0.0.1:{api_port}"
     env = greenfed_env(GREENFED_MQTT__TOPIC_ROOT=topic_root)
+    # The acceptance run: 40 nodes online within 15 s.
     args = [
         "up",
         "--sim",
-        "16",
+        "40",
         "--mqtt-url",
         broker.url,
         "--api-port",
@@ -61,7 +98,7 @@ async def test_up_brings_a_heterogeneous_fleet_online_and_stops_within_five_seco
     ]
     async with GreenfedProcess(args, tmp_path, env) as up:
         await eventually_async(
-            lambda: _all_online(api, 16), timeout_s=30, message=lambda: up.stderr[-2000:]
+            lambda: _all_online(api, 40), timeout_s=15, message=lambda: up.stderr[-2000:]
         )
         body = await get_json(f"{api}/v1/nodes")
         assert isinstance(body, dict)
@@ -70,10 +107,18 @@ async def test_up_brings_a_heterogeneous_fleet_online_and_stops_within_five_seco
         kinds = {a["kind"] for n in nodes for a in n["accelerators"]}
         assert kinds == {"gpu", "npu", "cpu"}
         assert {n["zone"] for n in nodes} == {"CA-ON", "US-CAL-CISO", "DE", "ZA"}
+        # Live telemetry validates against the schema the API publishes.
+        catalog = await get_json(f"{api}/v1/schemas")
+        assert isinstance(catalog, dict)
+        validator = jsonschema.Draft202012Validator(catalog["telemetry"]["schema"])
+        payloads = await _subscribe_telemetry(broker.url, topic_root, count=10)
+        assert len(payloads) == 10
+        for payload in payloads:
+            validator.validate(payload)
         # The fleet table and its JSON form, from a second process.
         code, table, stderr = await run_greenfed(["nodes", "--api", api])
         assert code == 0, stderr
-        assert "16/16 online" in table
+        assert "40/40 online" in table
         code, listing, _ = await run_greenfed(["nodes", "--api", api, "--json", "--kind", "npu"])
         assert code == 0
         assert {n["node_id"] for n in json.loads(listing)["items"]} == {
@@ -83,10 +128,10 @@ async def test_up_brings_a_heterogeneous_fleet_online_and_stops_within_five_seco
         assert code == 0, up.stderr
         assert elapsed_s < 5.0
         assert "Traceback" not in up.stderr
-        assert "fleet: 16/16 online" in up.stdout
+        assert "fleet: 40/40 online" in up.stdout
         assert f"{api}/v1/nodes" in up.stdout
     if broker.kind == "mosquitto":
-        statuses = await _retained_statuses(broker.url, topic_root, 16)
+        statuses = await _retained_statuses(broker.url, topic_root, 40)
         assert {(s["state"], s["offline_reason"]) for s in statuses} == {("offline", "shutdown")}
 
 
