@@ -196,6 +196,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_scheduler(args: argparse.Namespace) -> int:
+    from cloud.scheduler.bench import main as bench_main
+
+    argv = ["--nodes", str(args.nodes), "--jobs", str(args.jobs), "--seed", str(args.seed)]
+    argv += ["--json"] * args.json + ["--sweep"] * args.sweep
+    return bench_main(argv)
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"greenfed {__version__}")
     return EXIT_OK
@@ -281,6 +289,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     schema.add_argument("--topic-root", default="greenfed")
     schema.set_defaults(handler=cmd_schema)
+
+    bench = commands.add_parser("bench", help="performance benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="COMMAND")
+    bench_scheduler = bench_commands.add_parser(
+        "scheduler",
+        help="schedule a synthetic heterogeneous cluster and queue; print throughput and latency",
+    )
+    bench_scheduler.add_argument("--nodes", type=_non_negative_int, default=10_000)
+    bench_scheduler.add_argument("--jobs", type=_non_negative_int, default=20_000)
+    bench_scheduler.add_argument("--seed", type=int, default=0)
+    bench_scheduler.add_argument("--json", action="store_true", help="one compact JSON object")
+    bench_scheduler.add_argument(
+        "--sweep", action="store_true", help="1,000 to 50,000 nodes, twice as many jobs"
+    )
+    bench_scheduler.set_defaults(handler=cmd_bench_scheduler)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=cmd_version)

@@ -1,0 +1,94 @@
+"""greenfed scheduler core: a pure, deterministic, vectorised placement engine.
+
+``schedule(snapshot, policy) -> Plan``. No I/O, no asyncio, no wall clock: the
+control plane, the tests and the simulator all drive this same code.
+
+Where things are decided:
+
+==================  ==========================================================
+model.py            what work, tenants, allocations and constraints are
+snapshot.py         the immutable, columnar view of the nodes
+policy.py           weights, thresholds and switches
+extensions.py       ScoreTerm and LatencyEstimator hooks (carbon, price, latency)
+shape.py            what one worker/replica needs, and cache keys
+state.py            the working copy updated placement by placement
+statement.py        tentative changes that commit or roll back as one unit
+queue_order.py      which job goes next (priority, DRF share, submission)
+quota.py            whether a tenant may take more (nominal, borrow, reclaim)
+filters.py          which nodes are feasible, and why the others are not
+windows.py          start-time windows in node local time
+scoring.py          how feasible nodes are ranked (packing, load, speed, ...)
+candidates.py       cached, incrementally re-scored candidate sets (speed)
+gang.py             choosing nodes for gang workers and replicas
+preemption.py       which running work to evict
+backfill.py         reservations for blocked jobs; what may backfill
+explain.py          reasons worded for people
+plan.py             the output
+core.py             schedule(): the pass, job by job
+harness.py          simulated time driving the core (tests, simulator)
+==================  ==========================================================
+"""
+
+from .core import Scheduler, schedule
+from .extensions import Candidates, LatencyEstimator, RegionRttLatency, ScoreTerm, TermValues
+from .model import (
+    KINDS,
+    Allocation,
+    InferenceDeployment,
+    LabelRequirement,
+    PriorityClass,
+    StartWindow,
+    Taint,
+    Tenant,
+    Toleration,
+    TrainingJob,
+    Work,
+)
+from .plan import (
+    Pending,
+    PendingCode,
+    Placement,
+    Plan,
+    Preemption,
+    Reservation,
+    ScoreBreakdown,
+    TermScore,
+)
+from .policy import DEFAULT_POLICY, Policy
+from .quota import QuotaState
+from .snapshot import AcceleratorPool, Node, Snapshot
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "KINDS",
+    "AcceleratorPool",
+    "Allocation",
+    "Candidates",
+    "InferenceDeployment",
+    "LabelRequirement",
+    "LatencyEstimator",
+    "Node",
+    "Pending",
+    "PendingCode",
+    "Placement",
+    "Plan",
+    "Policy",
+    "Preemption",
+    "PriorityClass",
+    "QuotaState",
+    "RegionRttLatency",
+    "Reservation",
+    "Scheduler",
+    "ScoreBreakdown",
+    "ScoreTerm",
+    "Snapshot",
+    "StartWindow",
+    "Taint",
+    "Tenant",
+    "TermScore",
+    "TermValues",
+    "Toleration",
+    "TrainingJob",
+    "Work",
+    "schedule",
+]

@@ -1,0 +1,268 @@
+"""Why placement is fast: filter results cached per job shape, scores kept current.
+
+* ``KindCandidates``: the statically feasible nodes of one job shape and kind,
+  with the static score parts (speed, preference) computed once per pass.
+* ``DynamicScores``: the placement-dependent part of the score (packing, load,
+  and ``-inf`` where a member does not fit) for *every* node of one kind, shared
+  by all jobs with the same accelerator count, host memory and weights. After a
+  placement only the changed nodes (``ClusterState.kind_log``) are re-scored,
+  once, whichever job shapes they belong to.
+
+Choosing a node for a member is then a gather of the shared dynamic scores over
+the job's candidates, one add and an argmax, never a pass over the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from .arrays import CodeArray, FloatArray, IntArray, read_only
+from .filters import FILTERS, PASS, StaticResult, static_filters
+from .policy import Policy
+from .scoring import load, packing, preference, speed, traffic_weights, utilisation
+from .shape import WorkShape
+from .snapshot import Snapshot
+from .state import ClusterState
+
+_V = TypeVar("_V")
+
+_CACHE_LIMIT = 512
+_SCALAR_RESCORE = 4  # up to this many changed nodes, re-score them one by one
+_FULL_RESCORE_RATIO = 4  # re-score the whole column when over 1/4 of the nodes changed
+
+
+@dataclass(frozen=True, slots=True)
+class KindCandidates:
+    """Statically feasible nodes of one shape and accelerator kind, with static data."""
+
+    static: StaticResult
+    shape_id: int  # CandidateCache.shape_id of the shapes these candidates belong to
+    kind_rank: int  # position of this kind in the work's accepted kinds
+    nodes: IntArray
+    nodes_list: list[int]
+    speed: FloatArray
+    preference: FloatArray
+    speed_list: list[float]  # the same as Python floats, for cheap one-node reads
+    preference_list: list[float]
+    region: IntArray
+
+    @property
+    def k(self) -> int:
+        return self.static.kind_code
+
+
+class DynamicScores:
+    """packing and load of one member on every node of one kind; -inf where it does not fit."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        k: int,
+        accelerators: int,
+        host_memory: int,
+        w_packing: float,
+        w_load: float,
+        threshold: float,
+    ) -> None:
+        self.k = k
+        self.accelerators = accelerators
+        self.host_memory = host_memory
+        self.w_packing = w_packing
+        self.w_load = w_load
+        self.threshold = threshold
+        self._state = state
+        self.ceiling = w_packing + w_load  # both terms are at most 1
+        self.base_util = state.snapshot.nodes.kinds[k].utilisation
+        self.inv_capacity = state.inv_capacity[k]
+        # Host memory is shared by all kinds; otherwise only this kind's changes matter.
+        self.log = state.change_log if host_memory else state.kind_log[k]
+        self.seen = len(self.log)
+        self.value: FloatArray = np.empty(state.snapshot.node_count)
+        self._rescore(slice(None))
+        # Candidate sets (by static key) on which nothing fitted, and the release
+        # count then: until something is released there, nothing will fit.
+        self.exhausted: dict[int, int] = {}
+
+    def releases(self) -> int:
+        releases = self._state.releases
+        return sum(releases) if self.host_memory else releases[self.k]
+
+    def sync(self) -> FloatArray:
+        """Bring ``value`` up to date with the placements made since the last call."""
+        log = self.log
+        if self.seen != len(log):
+            changed = log[self.seen :]
+            self.seen = len(log)
+            if len(changed) <= _SCALAR_RESCORE:
+                for node in changed:
+                    self._rescore_one(node)
+            elif len(changed) * _FULL_RESCORE_RATIO > self.value.size:
+                self._rescore(slice(None))
+            else:
+                self._rescore(np.unique(np.array(changed, dtype=np.int64)))
+        return self.value
+
+    def _rescore(self, where: slice | IntArray) -> None:
+        state = self._state
+        k = self.k
+        free = state.free[k][where]
+        fits = free >= self.accelerators
+        if self.host_memory:
+            fits &= state.host_free[where] >= self.host_memory
+        inv_capacity = self.inv_capacity[where]
+        total = np.zeros(free.shape)
+        if self.w_packing:
+            total += self.w_packing * packing(free, self.accelerators, inv_capacity)
+        if self.w_load:
+            util = utilisation(self.base_util[where], state.util_delta[k][where], inv_capacity)
+            total += self.w_load * load(util, self.threshold)
+        self.value[where] = np.where(fits, total, -np.inf)
+
+    def _rescore_one(self, node: int) -> None:
+        # Scalar twin of _rescore (same operations in the same order, so the same bits).
+        state = self._state
+        k = self.k
+        free: int = state.free[k].item(node)
+        if free < self.accelerators or (
+            self.host_memory and state.host_free.item(node) < self.host_memory
+        ):
+            self.value[node] = -np.inf
+            return
+        inv_capacity: float = self.inv_capacity.item(node)
+        total = 0.0
+        if self.w_packing:
+            total += self.w_packing * (1.0 - (free - self.accelerators) * inv_capacity)
+        if self.w_load:
+            util = self.base_util.item(node) + state.util_delta[k].item(node) * inv_capacity
+            load = (1.0 - util) / (1.0 - self.threshold)
+            total += self.w_load * (0.0 if load < 0.0 else 1.0 if load > 1.0 else load)
+        self.value[node] = total
+
+
+class CandidateCache:
+    def __init__(self, snapshot: Snapshot, policy: Policy, state: ClusterState) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.state = state
+        self._ids: dict[Hashable, int] = {}
+        self._static: dict[Hashable, KindCandidates] = {}
+        self._static_codes: dict[Hashable, CodeArray] = {}
+        self._dynamic: dict[Hashable, DynamicScores] = {}
+        self._static_part: dict[Hashable, tuple[FloatArray, float]] = {}
+        self._traffic: dict[Hashable, FloatArray] = {}
+        self._runtime: dict[Hashable, FloatArray] = {}
+
+    def shape_id(self, shape: WorkShape) -> int:
+        """A small int for the shape's static key: hashed once per job, not per lookup."""
+        found = self._ids.get(shape.static_key)
+        if found is None:
+            found = self._ids[shape.static_key] = len(self._ids)
+        return found
+
+    def candidates(self, shape: WorkShape, shape_id: int) -> list[KindCandidates]:
+        result = []
+        for rank, k in enumerate(shape.kind_codes):
+            key = (shape_id, k)
+            found = self._static.get(key)
+            if found is None:
+                found = self._build(shape, shape_id, k, rank)
+                _remember(self._static, key, found)
+            result.append(found)
+        return result
+
+    def dynamic(self, shape: WorkShape, k: int) -> DynamicScores:
+        w_packing, w_load, _, _ = shape.builtin_weights
+        key = (k, shape.accelerators, shape.host_memory_bytes, w_packing, w_load)
+        found = self._dynamic.get(key)
+        if found is None:
+            found = DynamicScores(
+                self.state,
+                k,
+                shape.accelerators,
+                shape.host_memory_bytes,
+                w_packing,
+                w_load,
+                self.policy.load_threshold,
+            )
+            _remember(self._dynamic, key, found)
+        return found
+
+    def static_part(self, shape: WorkShape, cand: KindCandidates) -> tuple[FloatArray, float]:
+        """Weighted speed + preference of each candidate, and its maximum."""
+        _, _, w_speed, w_preference = shape.builtin_weights
+        key = (cand.shape_id, cand.k, w_speed, w_preference)
+        found = self._static_part.get(key)
+        if found is None:
+            values = read_only(w_speed * cand.speed + w_preference * cand.preference)
+            found = (values, float(values.max()) if values.size else 0.0)
+            _remember(self._static_part, key, found)
+        return found
+
+    def static_codes(self, shape: WorkShape, cands: list[KindCandidates]) -> CodeArray:
+        """Per node, over the accepted kinds, the furthest static filter reached;
+        nodes statically feasible for a kind count as ``len(FILTERS) + 1`` there,
+        so that dynamic codes can be merged in with a maximum."""
+        found = self._static_codes.get(cands[0].shape_id)
+        if found is None:
+            beyond = len(FILTERS) + 1
+            furthest = np.zeros(self.snapshot.node_count, dtype=np.int8)
+            for cand in cands:
+                codes = np.where(cand.static.codes == PASS, beyond, cand.static.codes)
+                furthest = np.maximum(furthest, codes.astype(np.int8))
+            found = read_only(furthest)
+            _remember(self._static_codes, cands[0].shape_id, found)
+        return found
+
+    def runtime(self, shape: WorkShape, cand: KindCandidates) -> FloatArray:
+        """Estimated run time of one member on each candidate (inf: long-running)."""
+        key = (cand.shape_id, cand.k, shape.duration_s)
+        found = self._runtime.get(key)
+        if found is None:
+            if shape.duration_s is None:
+                found = np.full(cand.nodes.size, np.inf)
+            else:
+                speeds = self.snapshot.nodes.kinds[cand.k].relative_speed[cand.nodes]
+                found = shape.duration_s / speeds
+            found = read_only(found)
+            _remember(self._runtime, key, found)
+        return found
+
+    def traffic_weights(self, traffic: Mapping[str, float]) -> FloatArray:
+        key = tuple(sorted(traffic.items()))
+        found = self._traffic.get(key)
+        if found is None:
+            found = read_only(traffic_weights(self.snapshot.nodes.regions, traffic))
+            _remember(self._traffic, key, found)
+        return found
+
+    def _build(self, shape: WorkShape, shape_id: int, k: int, rank: int) -> KindCandidates:
+        static = static_filters(self.snapshot, shape, k, self.policy.latency_estimator)
+        columns = self.snapshot.nodes.kinds[k]
+        nodes = static.nodes
+        providers = getattr(shape.work, "providers", ())
+        speed_values = speed(columns.relative_speed[nodes], columns.max_speed)
+        preference_values = preference(
+            rank, len(shape.kind_codes), static.provider_rank, len(providers)
+        )
+        return KindCandidates(
+            static=static,
+            shape_id=shape_id,
+            kind_rank=rank,
+            nodes=nodes,
+            nodes_list=nodes.tolist(),
+            speed=read_only(speed_values),
+            preference=read_only(preference_values),
+            speed_list=speed_values.tolist(),
+            preference_list=preference_values.tolist(),
+            region=read_only(self.snapshot.nodes.region_code[nodes]),
+        )
+
+
+def _remember(cache: dict[Hashable, _V], key: Hashable, value: _V) -> None:
+    if len(cache) >= _CACHE_LIMIT:
+        del cache[next(iter(cache))]
+    cache[key] = value

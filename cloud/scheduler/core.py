@@ -1,0 +1,344 @@
+"""``schedule(snapshot, policy) -> Plan``: one pure, deterministic scheduling pass.
+
+For each job in queue order (queue_order.py):
+
+1. candidates: static filters per accepted kind (filters.py, cached per shape);
+2. plain attempt: members one by one, each within quota (quota.py), on the best
+   valid node (gang.py, candidates.py), all inside one Statement;
+3. if incomplete and something could be evicted: the same with preemption
+   (preemption.py); borrowers reclaimed / own lower-priority work evicted when
+   quota is the obstacle;
+4. whole (or, for deployments, at least ``min_replicas``) -> commit; else discard,
+   explain why (explain.py) and, for a capacity problem, reserve the earliest
+   slot so later jobs cannot push it back (backfill.py).
+
+No I/O, no clock: time is ``snapshot.now``. Equal snapshots give equal plans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from . import explain
+from .backfill import Slot, earliest_slot, reserve
+from .candidates import CandidateCache
+from .filters import PASS, count_rejections, node_codes
+from .gang import Choice, JobContext, Option
+from .model import KINDS, InferenceDeployment, Work
+from .plan import Pending, PendingCode, Placement, Plan, Preemption, Reservation
+from .policy import DEFAULT_POLICY, Policy
+from .preemption import Preemptor, Victim
+from .queue_order import QueueOrder
+from .quota import Admission, QuotaBook
+from .shape import make_shape
+from .snapshot import Snapshot
+from .state import ClusterState
+from .statement import Statement
+
+_ATTEMPTS_PER_RESERVATION = 4
+
+
+@dataclass(slots=True)
+class _Attempt:
+    stmt: Statement
+    placements: list[Placement] = field(default_factory=list)
+    quota_block: Admission | None = None
+
+
+class Scheduler:
+    """One pass over a snapshot. ``step`` decides the next job in queue order, so a
+    caller (the benchmark, the simulator) can observe each decision; ``run`` does all."""
+
+    def __init__(self, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> None:
+        self.snapshot = snapshot
+        self.policy = policy
+        self.state = ClusterState(snapshot)
+        self.quota = QuotaBook(snapshot.tenants)
+        self.cache = CandidateCache(snapshot, policy, self.state)
+        self.preemptor = Preemptor(self.state, self.quota)
+        self.queue = QueueOrder(snapshot.queue, self.state, self.quota, policy.starvation_guard_s)
+        self._placements: list[Placement] = []
+        self._preemptions: list[Preemption] = []
+        self._pending: list[Pending] = []
+        self._reservations: list[Reservation] = []
+        self._order: list[str] = []
+        self._reservation_attempts = 0
+
+    def step(self) -> bool:
+        """Decide the next job; False when the queue is exhausted."""
+        work = self.queue.pop()
+        if work is None:
+            return False
+        self._order.append(work.work_id)
+        self._decide(work)
+        return True
+
+    def run(self) -> Plan:
+        while self.step():
+            pass
+        return self.plan()
+
+    def plan(self) -> Plan:
+        return Plan(
+            now=self.snapshot.now,
+            placements=tuple(self._placements),
+            preemptions=tuple(self._preemptions),
+            pending=tuple(self._pending),
+            reservations=tuple(self._reservations),
+            order=tuple(self._order),
+        )
+
+    # -- one job ----------------------------------------------------------------
+
+    def _decide(self, work: Work) -> None:
+        shape = make_shape(work, self.policy)
+        job = JobContext(shape, self.cache, self.policy, self.state)
+        if not job.has_candidates:
+            self._pend(job, None, 0, preempted_nothing=False)
+            return
+        attempt = self._attempt(job, preempt=False)
+        if len(attempt.placements) == shape.members:
+            self._commit(job, attempt)
+            return
+        best_fit = len(attempt.placements)
+        quota_block = attempt.quota_block
+        attempt.stmt.discard()
+        job.reset()
+        preempted_nothing = True
+        if self.policy.preemption and self.preemptor.can_help(job, self._admissions(job)):
+            preempted_nothing = False
+            attempt = self._attempt(job, preempt=True)
+            placed = len(attempt.placements)
+            if placed == shape.members or shape.min_members <= placed >= best_fit:
+                self._commit(job, attempt)
+                if placed < shape.members:
+                    self._pend(job, None, placed, preempted_nothing, placed=True)
+                return
+            quota_block = attempt.quota_block or quota_block
+            attempt.stmt.discard()
+            job.reset()
+        if best_fit >= shape.min_members:
+            # A deployment that accepts a partial placement: redo the plain attempt
+            # (the state is back to where it was, so it places the same replicas).
+            attempt = self._attempt(job, preempt=False)
+            self._commit(job, attempt)
+            self._pend(job, None, len(attempt.placements), preempted_nothing, placed=True)
+            return
+        self._pend(job, quota_block, best_fit, preempted_nothing)
+
+    def _admissions(self, job: JobContext) -> dict[int, Admission]:
+        tenant, need = job.shape.work.tenant, job.shape.accelerators
+        admit, state = self.quota.admit, self.state
+        return {o.k: admit(state, tenant, o.k, need) for o in job.options}
+
+    def _attempt(self, job: JobContext, *, preempt: bool) -> _Attempt:
+        attempt = _Attempt(Statement(self.state))
+        shape = job.shape
+        for _ in range(shape.members):
+            admissions = self._admissions(job)
+            admitted = [k for k, a in admissions.items() if a.admitted]
+            choice = job.pick(admitted) if admitted else None
+            if choice is None and preempt and len(admitted) < len(admissions):
+                choice = job.pick()  # fits physically; quota is fixed below by evicting
+            victims: tuple[Victim, ...] = ()
+            if choice is None and preempt:
+                found = self.preemptor.pick_with_victims(job, admissions)
+                if found is not None:
+                    victims = found.victims
+                    for alloc, reason in victims:
+                        attempt.stmt.evict(alloc.allocation_id, reason)
+                    score = float(job.scores(found.option)[0][found.position])
+                    choice = Choice(found.option, found.position, found.node, score, ())
+            if choice is None:
+                if not admitted:
+                    attempt.quota_block = next(iter(admissions.values()), None)
+                break
+            admission = admissions[choice.option.k]
+            placement = self._place_member(job, attempt.stmt, choice, admission)
+            if not admission.admitted and not self.preemptor.release_quota(
+                job, attempt.stmt, choice.option.k, admission.mode
+            ):
+                attempt.quota_block = admission
+                break
+            attempt.placements.append(placement)
+        return attempt
+
+    def _place_member(
+        self, job: JobContext, stmt: Statement, choice: Choice, admission: Admission
+    ) -> Placement:
+        state = self.state
+        shape = job.shape
+        work = shape.work
+        option = choice.option
+        chosen, *runners = job.breakdowns(choice)
+        member, allocation_id = job.next_member_id()
+        expected_end = (
+            state.now + option.runtime_s.item(choice.position)
+            if shape.duration_s is not None
+            else None
+        )
+        provider = None
+        if isinstance(work, InferenceDeployment) and work.providers:
+            rank = option.cand.static.provider_rank.item(choice.position)
+            provider = work.providers[rank] if rank < len(work.providers) else None
+        placement = Placement(
+            work_id=work.work_id,
+            work_kind=shape.work_kind,
+            member=member,
+            allocation_id=allocation_id,
+            node_id=state.snapshot.nodes.node_ids[choice.node],
+            accelerator_kind=KINDS[option.k],
+            accelerators=shape.accelerators,
+            host_memory_bytes=shape.host_memory_bytes,
+            provider=provider,
+            tenant=work.tenant,
+            priority=work.priority,
+            preemptible=work.preemptible,
+            borrowed=admission.mode == "borrow",
+            start_at=state.now,
+            expected_end=expected_end,
+            chosen=chosen,
+            runners_up=tuple(runners),
+            group=work.group,
+            anti_affinity_groups=work.anti_affinity_groups,
+        )
+        stmt.allocate(placement, choice.node)
+        job.record_member(choice.node)
+        return placement
+
+    def _commit(self, job: JobContext, attempt: _Attempt) -> None:
+        attempt.stmt.commit()
+        work = job.shape.work
+        self._placements.extend(attempt.placements)
+        touched = {work.tenant}
+        node_ids = self.state.snapshot.nodes.node_ids
+        for eviction in attempt.stmt.evicted:
+            victim = eviction.allocation
+            touched.add(victim.tenant)
+            self._preemptions.append(
+                Preemption(
+                    allocation_id=victim.allocation_id,
+                    work_id=victim.work_id,
+                    node_id=node_ids[eviction.node],
+                    tenant=victim.tenant,
+                    priority=victim.priority,
+                    reason=eviction.reason,
+                    preempted_by=work.work_id,
+                )
+            )
+        self.queue.shares_changed(touched)
+
+    # -- explaining and reserving -------------------------------------------------
+
+    def _pend(
+        self,
+        job: JobContext,
+        quota_block: Admission | None,
+        members_fit: int,
+        preempted_nothing: bool,
+        *,
+        placed: bool = False,
+    ) -> None:
+        shape = job.shape
+        work = shape.work
+        state = self.state
+        statics = [c.static for c in job.candidates]
+        codes = node_codes(
+            state,
+            shape,
+            self.cache.static_codes(shape, job.candidates),
+            [(o.cand.static, o.runtime_s) for o in job.options],
+        )
+        counts = count_rejections(codes)
+        fitting = int(np.count_nonzero(codes == PASS))
+        total = state.snapshot.node_count
+        summary = explain.summarise(counts, total, fitting, shape)
+        missing = shape.members - (members_fit if placed else 0)
+        reservation: Reservation | None = None
+        retry_at: float | None = None
+        code: PendingCode
+        if placed:
+            code, message = "partial", explain.partial(shape, members_fit, summary)
+        elif not job.has_candidates:
+            opens = [s.window_opens_at for s in statics if s.window_opens_at is not None]
+            if opens:
+                retry_at = min(opens)
+                code, message = "window", explain.window(shape, retry_at, summary)
+            else:
+                code, message = "unschedulable", explain.unschedulable(summary)
+        elif quota_block is not None:
+            code, message = "quota", explain.quota(quota_block.quota, summary)
+        else:
+            reservation = self._reserve(job, missing)
+            if counts.get("reserved", 0) >= missing:
+                code, message = "reserved", explain.reserved(summary, reservation)
+            else:
+                code = "capacity"
+                message = explain.capacity(
+                    shape, summary, members_fit, reservation, preempted_nothing
+                )
+        self._pending.append(
+            Pending(
+                work_id=work.work_id,
+                tenant=work.tenant,
+                priority=work.priority,
+                code=code,
+                message=message,
+                nodes_total=total,
+                rejections=MappingProxyType({str(name): count for name, count in counts.items()}),
+                fitting_nodes=fitting,
+                members_needed=missing,
+                members_placed=members_fit if placed else 0,
+                quota=quota_block.quota if quota_block is not None else None,
+                reservation=reservation,
+                retry_at=retry_at,
+            )
+        )
+
+    def _reserve(self, job: JobContext, members: int) -> Reservation | None:
+        # The first blocked jobs in queue order reserve. Jobs whose capacity never frees
+        # (held by long-running inference) find no slot; a few of them may not stop
+        # the search, a long run of them may not cost every later decision a sweep.
+        limit = self.policy.max_reservations
+        if (
+            not self.policy.backfill
+            or len(self._reservations) >= limit
+            or self._reservation_attempts >= _ATTEMPTS_PER_RESERVATION * limit
+        ):
+            return None
+        best: tuple[Slot, Option] | None = None
+        options = [o for o in job.options if _may_free_up(self.state, o)]
+        if options:
+            self._reservation_attempts += 1
+        for option in options:
+            slot = earliest_slot(self.state, job.shape, option.cand, option.runtime_s, members)
+            if slot is not None and (best is None or slot.start_at < best[0].start_at):
+                best = (slot, option)
+        if best is None:
+            return None
+        slot, option = best
+        reserve(self.state, option.k, slot)
+        node_ids = self.state.snapshot.nodes.node_ids
+        reservation = Reservation(
+            work_id=job.shape.work.work_id,
+            start_at=slot.start_at,
+            accelerator_kind=KINDS[option.k],
+            nodes=tuple(node_ids[n] for n in slot.nodes),
+            accelerators=slot.amounts,
+        )
+        self._reservations.append(reservation)
+        return reservation
+
+
+def _may_free_up(state: ClusterState, option: Option) -> bool:
+    """Is anything with an expected end running on the option's nodes?"""
+    nodes = option.cand.nodes
+    return bool(state.ending[option.k][nodes].any()) or bool(state.res_releases[option.k])
+
+
+def schedule(snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Plan:
+    """Decide placements, preemptions, reservations and reasons for the whole queue."""
+    return Scheduler(snapshot, policy).run()

@@ -1,0 +1,269 @@
+"""Feasibility: which nodes can take one worker or replica, and why the others cannot.
+
+A fixed chain of filters, each one vectorised over all nodes. A node rejected by
+several filters is counted under the first, so the counts add up to the node
+count ("0/120 nodes: 80 no NPU, 40 over latency SLO").
+
+Static filters depend only on the snapshot and the job, so their result is cached
+per job shape for the whole pass. Dynamic filters depend on what the pass has
+placed so far and are evaluated on the statically feasible nodes only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import numpy as np
+
+from .arrays import BoolArray, CodeArray, FloatArray, IntArray, read_only
+from .extensions import Candidates, LatencyEstimator
+from .model import KINDS, InferenceDeployment, TrainingJob
+from .shape import WorkShape
+from .snapshot import SITE_INDEX, NodeTable, Snapshot
+from .state import ClusterState
+from .windows import is_open, local_second_of_day, seconds_until_open
+
+FilterName = Literal[
+    "health",
+    "site",
+    "kind",
+    "count",
+    "model",
+    "memory",
+    "provider",
+    "selector",
+    "taint",
+    "window",
+    "deadline",
+    "latency-slo",
+    "anti-affinity",
+    "replica-limit",
+    "busy",
+    "host-memory",
+    "reserved",
+]
+FILTERS: Final[tuple[FilterName, ...]] = (
+    "health",
+    "site",
+    "kind",
+    "count",
+    "model",
+    "memory",
+    "provider",
+    "selector",
+    "taint",
+    "window",
+    "deadline",
+    "latency-slo",
+    "anti-affinity",
+    "replica-limit",
+    "busy",
+    "host-memory",
+    "reserved",
+)
+STATIC_FILTERS: Final = FILTERS[: FILTERS.index("latency-slo") + 1]
+CODE: Final[Mapping[FilterName, int]] = {name: i + 1 for i, name in enumerate(FILTERS)}
+PASS: Final = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StaticResult:
+    """Static filtering of all nodes for one job shape and one accelerator kind."""
+
+    kind_code: int
+    codes: CodeArray  # per node: PASS, or CODE of the first static filter that rejects it
+    nodes: IntArray  # the nodes that pass, ascending
+    provider_rank: IntArray  # per passing node: rank of its best accepted provider (0 = first)
+    window_opens_at: float | None  # earliest start among nodes held back only by the window
+
+
+def static_filters(
+    snapshot: Snapshot, shape: WorkShape, k: int, latency: LatencyEstimator | None
+) -> StaticResult:
+    nodes = snapshot.nodes
+    work = shape.work
+    columns = nodes.kinds[k]
+    n = len(nodes)
+    codes = np.zeros(n, dtype=np.int8)
+
+    def reject(name: FilterName, passes: BoolArray) -> None:
+        codes[(codes == PASS) & ~passes] = CODE[name]
+
+    reject("health", nodes.healthy)
+    reject("site", np.isin(nodes.site_code, [SITE_INDEX[s] for s in work.sites]))
+    reject("kind", columns.capacity > 0)
+    reject("count", columns.capacity >= shape.accelerators)
+    if work.accelerator_models:
+        accepted = [i for i, m in enumerate(columns.models) if m in work.accelerator_models]
+        reject("model", np.isin(columns.model_code, accepted))
+    if shape.memory_bytes:
+        reject("memory", columns.memory_bytes >= shape.memory_bytes)
+    provider_rank = np.zeros(n, dtype=np.int64)
+    if isinstance(work, InferenceDeployment) and work.providers:
+        provider_rank[:] = len(work.providers)
+        for rank, name in reversed(list(enumerate(work.providers))):
+            if name in columns.provider_names:
+                has = columns.providers[:, columns.provider_names.index(name)]
+                provider_rank[has] = rank
+        reject("provider", provider_rank < len(work.providers))
+    reject("selector", _selector_mask(nodes, shape))
+    reject("taint", _tolerated_mask(nodes, shape))
+    window_opens_at: float | None = None
+    runtime = _runtime_s(snapshot, shape, k)
+    if isinstance(work, TrainingJob) and work.start_window is not None:
+        second = local_second_of_day(snapshot.now, nodes.utc_offset_s)
+        wait = seconds_until_open(work.start_window, second)
+        open_now = is_open(work.start_window, second)
+        if work.deadline is not None:
+            # Waiting for the window must not make the job miss its deadline.
+            open_now = open_now | (snapshot.now + wait + runtime > work.deadline)
+        held = (codes == PASS) & ~open_now
+        if held.any():
+            window_opens_at = float(snapshot.now + wait[held].min())
+        reject("window", open_now)
+    if isinstance(work, TrainingJob) and work.deadline is not None:
+        reject("deadline", snapshot.now + runtime <= work.deadline)
+    if (
+        latency is not None
+        and isinstance(work, InferenceDeployment)
+        and work.latency_slo_ms is not None
+    ):
+        survivors = np.flatnonzero(codes == PASS)
+        if survivors.size:
+            estimate = latency.estimate_ms(
+                snapshot,
+                work,
+                Candidates(survivors, KINDS[k], shape.accelerators, runtime[survivors]),
+            )
+            over = survivors[np.asarray(estimate) > work.latency_slo_ms]
+            codes[over] = CODE["latency-slo"]
+    passing = np.flatnonzero(codes == PASS)
+    return StaticResult(
+        kind_code=k,
+        codes=read_only(codes),
+        nodes=read_only(passing.astype(np.int64)),
+        provider_rank=read_only(provider_rank[passing]),
+        window_opens_at=window_opens_at,
+    )
+
+
+def _runtime_s(snapshot: Snapshot, shape: WorkShape, k: int) -> FloatArray:
+    if shape.duration_s is None:
+        return np.full(len(snapshot.nodes), np.inf)
+    result: FloatArray = shape.duration_s / snapshot.nodes.kinds[k].relative_speed
+    return result
+
+
+def _selector_mask(nodes: NodeTable, shape: WorkShape) -> BoolArray:
+    work = shape.work
+    mask = np.ones(len(nodes), dtype=np.bool_)
+    for key, value in work.node_selector.items():
+        codes = nodes.label_codes.get(key)
+        values = nodes.label_values.get(key, ())
+        if codes is None or value not in values:
+            return np.zeros(len(nodes), dtype=np.bool_)
+        mask &= codes == values.index(value)
+    for req in work.affinity:
+        codes = nodes.label_codes.get(key := req.key)
+        if codes is None:
+            present = np.zeros(len(nodes), dtype=np.bool_)
+            matches = present
+        else:
+            present = codes >= 0
+            wanted = [i for i, v in enumerate(nodes.label_values[key]) if v in req.values]
+            matches = np.isin(codes, wanted)
+        if req.operator == "In":
+            mask &= matches
+        elif req.operator == "NotIn":
+            mask &= ~matches
+        elif req.operator == "Exists":
+            mask &= present
+        else:
+            mask &= ~present
+    return mask
+
+
+def _tolerated_mask(nodes: NodeTable, shape: WorkShape) -> BoolArray:
+    if not nodes.taints:
+        return np.ones(len(nodes), dtype=np.bool_)
+    tolerations = shape.work.tolerations
+    untolerated = [
+        i
+        for i, taint in enumerate(nodes.taints)
+        if not any(t.tolerates(taint) for t in tolerations)
+    ]
+    if not untolerated:
+        return np.ones(len(nodes), dtype=np.bool_)
+    result: BoolArray = np.logical_not(nodes.taint_matrix[:, untolerated].any(axis=1))
+    return result
+
+
+def dynamic_codes(
+    state: ClusterState, shape: WorkShape, static: StaticResult, runtime_s: FloatArray
+) -> CodeArray:
+    """First failing dynamic filter per statically feasible node (PASS if it fits now)."""
+    work = shape.work
+    k = static.kind_code
+    nodes = static.nodes
+    codes = np.zeros(nodes.size, dtype=np.int8)
+
+    def reject(name: FilterName, fails: BoolArray) -> None:
+        codes[(codes == PASS) & fails] = CODE[name]
+
+    if work.anti_affinity_groups or work.group is not None:
+        conflict = np.zeros(state.snapshot.node_count, dtype=np.bool_)
+        for group in work.anti_affinity_groups:
+            conflict[list(state.group_nodes.get(group, {}))] = True
+        if work.group is not None:
+            conflict[list(state.avoid_nodes.get(work.group, {}))] = True
+        reject("anti-affinity", conflict[nodes])
+    if shape.max_per_node is not None:
+        counts = np.zeros(state.snapshot.node_count, dtype=np.int64)
+        for node, count in state.work_node_count.get(work.work_id, {}).items():
+            counts[node] = count
+        reject("replica-limit", counts[nodes] >= shape.max_per_node)
+    reject("busy", state.free[k][nodes] < shape.accelerators)
+    if shape.host_memory_bytes:
+        reject("host-memory", state.host_free[nodes] < shape.host_memory_bytes)
+    if state.has_reservations:
+        ends = state.now + runtime_s
+        reject(
+            "reserved",
+            (ends > state.res_start[k][nodes]) & (state.res_slack[k][nodes] < shape.accelerators),
+        )
+    return codes
+
+
+def node_codes(
+    state: ClusterState,
+    shape: WorkShape,
+    static_furthest: CodeArray,
+    candidates: Sequence[tuple[StaticResult, FloatArray]],
+) -> CodeArray:
+    """Per node, over all accepted kinds, the furthest the node got in the chain.
+
+    ``static_furthest`` is the cached static part (statically feasible = beyond
+    every filter). PASS means the node could take a member right now.
+    """
+    beyond = len(FILTERS) + 1
+    furthest = static_furthest.copy()
+    # A node statically feasible for one kind is judged by its dynamic codes there.
+    for static, _ in candidates:
+        if static.nodes.size:
+            furthest[static.nodes] = 0
+    for static, runtime in candidates:
+        nodes = static.nodes
+        if nodes.size:
+            codes = dynamic_codes(state, shape, static, runtime)
+            ranked = np.where(codes == PASS, beyond, codes).astype(np.int8)
+            furthest[nodes] = np.maximum(furthest[nodes], ranked)
+    result: CodeArray = np.where(furthest == beyond, PASS, furthest).astype(np.int8)
+    return result
+
+
+def count_rejections(codes: CodeArray) -> dict[FilterName, int]:
+    """Nodes rejected per filter, in chain order, zeros omitted."""
+    counts = np.bincount(codes.astype(np.int64), minlength=len(FILTERS) + 1)
+    return {name: int(counts[CODE[name]]) for name in FILTERS if counts[CODE[name]]}

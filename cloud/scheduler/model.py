@@ -1,0 +1,295 @@
+"""What is scheduled and for whom: work, tenants, running allocations, constraints.
+
+Plain frozen value types with validation; no behaviour beyond parsing. The node
+side of the world lives in ``snapshot.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final, Literal, Protocol
+
+from shared.messages import AcceleratorKind, Site
+
+PriorityClass = Literal["p0", "p1", "p2"]
+WorkKind = Literal["training", "inference"]
+LabelOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+# p0 > p1 > p2; a lower rank is more important.
+PRIORITY_RANK: Final[Mapping[PriorityClass, int]] = MappingProxyType({"p0": 0, "p1": 1, "p2": 2})
+PRIORITY_LEVELS: Final = 3
+KINDS: Final[tuple[AcceleratorKind, ...]] = ("gpu", "npu", "cpu")
+KIND_INDEX: Final[Mapping[AcceleratorKind, int]] = MappingProxyType(
+    {kind: index for index, kind in enumerate(KINDS)}
+)
+
+
+def _frozen_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint: only work that tolerates it may land there (NoSchedule semantics)."""
+
+    key: str
+    value: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}" if self.value else self.key
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """Tolerates taints with this key; ``value=None`` tolerates every value."""
+
+    key: str
+    value: str | None = None
+
+    def tolerates(self, taint: Taint) -> bool:
+        return taint.key == self.key and (self.value is None or self.value == taint.value)
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRequirement:
+    """Node affinity (In, Exists) or anti-affinity (NotIn, DoesNotExist) on one label key."""
+
+    key: str
+    operator: LabelOperator
+    values: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        needs_values = self.operator in ("In", "NotIn")
+        if needs_values and not self.values:
+            raise ValueError(f"label requirement {self.key} {self.operator} needs values")
+        if not needs_values and self.values:
+            raise ValueError(f"label requirement {self.key} {self.operator} takes no values")
+
+
+_WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
+MINUTES_PER_DAY: Final = 24 * 60
+
+
+@dataclass(frozen=True, slots=True)
+class StartWindow:
+    """Minutes of the day (node local time) during which work may start; may wrap midnight."""
+
+    start_minute: int
+    end_minute: int
+
+    def __post_init__(self) -> None:
+        for minute in (self.start_minute, self.end_minute):
+            if not 0 <= minute < MINUTES_PER_DAY:
+                raise ValueError(f"window minute {minute} is outside 0..1439")
+        if self.start_minute == self.end_minute:
+            raise ValueError("an empty start window never opens; omit it to allow any time")
+
+    @classmethod
+    def parse(cls, text: str) -> StartWindow:
+        """Parse ``"HH:MM-HH:MM"``, e.g. ``"20:00-06:00"`` for nights."""
+        match = _WINDOW.match(text.strip())
+        if match is None:
+            raise ValueError(f"start window {text!r} is not HH:MM-HH:MM")
+        sh, sm, eh, em = (int(part) for part in match.groups())
+        return cls(start_minute=sh * 60 + sm, end_minute=eh * 60 + em)
+
+    def __str__(self) -> str:
+        s, e = self.start_minute, self.end_minute
+        return f"{s // 60:02d}:{s % 60:02d}-{e // 60:02d}:{e % 60:02d}"
+
+
+def _check_common(work_id: str, tenant: str, sites: tuple[Site, ...]) -> None:
+    if not work_id:
+        raise ValueError("work_id must not be empty")
+    if not tenant:
+        raise ValueError(f"{work_id}: tenant must not be empty")
+    if not sites:
+        raise ValueError(f"{work_id}: sites must name at least one site")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingJob:
+    """A gang of ``workers`` workers, each needing ``accelerators_per_worker`` devices.
+
+    ``duration_s`` is the estimate on a reference accelerator (relative speed 1.0,
+    an A100); a node twice as fast is expected to finish in half the time.
+    """
+
+    work_id: str
+    tenant: str
+    priority: PriorityClass = "p1"
+    submitted_at: float = 0.0
+    workers: int = 1
+    accelerators_per_worker: int = 1
+    accelerator_kind: AcceleratorKind = "gpu"
+    memory_bytes: int = 0  # per accelerator
+    host_memory_bytes: int = 0  # per worker
+    accelerator_models: tuple[str, ...] = ()  # accepted models; empty accepts any
+    duration_s: float = 3600.0
+    preemptible: bool = True
+    start_window: StartWindow | None = None
+    deadline: float | None = None  # UTC epoch seconds by which the job must finish
+    sites: tuple[Site, ...] = ("cloud",)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    affinity: tuple[LabelRequirement, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    group: str | None = None  # name other work can avoid with anti_affinity_groups
+    anti_affinity_groups: tuple[str, ...] = ()  # never share a node with these groups
+    score_weights: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_common(self.work_id, self.tenant, self.sites)
+        if self.workers < 1 or self.accelerators_per_worker < 1:
+            raise ValueError(f"{self.work_id}: workers and accelerators_per_worker must be >= 1")
+        if self.duration_s <= 0:
+            raise ValueError(f"{self.work_id}: duration_s must be positive")
+        if min(self.memory_bytes, self.host_memory_bytes) < 0:
+            raise ValueError(f"{self.work_id}: memory must not be negative")
+        object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
+        object.__setattr__(self, "score_weights", MappingProxyType(dict(self.score_weights)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InferenceDeployment:
+    """``replicas`` copies of an ONNX model server, each on its own accelerator(s).
+
+    ``accepted_kinds`` and ``providers`` are in order of preference. With
+    ``min_replicas`` below ``replicas`` a partial placement is accepted and the rest
+    stays pending; by default the deployment is placed whole or not at all.
+    """
+
+    work_id: str
+    tenant: str
+    priority: PriorityClass = "p0"
+    submitted_at: float = 0.0
+    replicas: int = 1
+    min_replicas: int | None = None
+    accelerators_per_replica: int = 1
+    accepted_kinds: tuple[AcceleratorKind, ...] = ("npu", "gpu", "cpu")
+    providers: tuple[str, ...] = ()  # ONNX Runtime execution providers; empty accepts any
+    memory_bytes: int = 0  # model memory per accelerator
+    host_memory_bytes: int = 0  # per replica
+    accelerator_models: tuple[str, ...] = ()
+    latency_slo_ms: float | None = None
+    traffic_by_region: Mapping[str, float] = field(default_factory=dict)
+    max_replicas_per_node: int = 1
+    preemptible: bool = True
+    sites: tuple[Site, ...] = ("edge",)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    affinity: tuple[LabelRequirement, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    group: str | None = None
+    anti_affinity_groups: tuple[str, ...] = ()
+    score_weights: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_common(self.work_id, self.tenant, self.sites)
+        if self.replicas < 1 or self.accelerators_per_replica < 1:
+            raise ValueError(f"{self.work_id}: replicas and accelerators_per_replica must be >= 1")
+        if self.min_replicas is not None and not 1 <= self.min_replicas <= self.replicas:
+            raise ValueError(f"{self.work_id}: min_replicas must be within 1..replicas")
+        if not self.accepted_kinds or len(set(self.accepted_kinds)) != len(self.accepted_kinds):
+            raise ValueError(f"{self.work_id}: accepted_kinds must be non-empty and unique")
+        if self.max_replicas_per_node < 1:
+            raise ValueError(f"{self.work_id}: max_replicas_per_node must be >= 1")
+        if any(weight < 0 for weight in self.traffic_by_region.values()):
+            raise ValueError(f"{self.work_id}: traffic must not be negative")
+        object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
+        object.__setattr__(
+            self, "traffic_by_region", MappingProxyType(dict(self.traffic_by_region))
+        )
+        object.__setattr__(self, "score_weights", MappingProxyType(dict(self.score_weights)))
+
+
+Work = TrainingJob | InferenceDeployment
+
+
+def work_kind(work: Work) -> WorkKind:
+    return "training" if isinstance(work, TrainingJob) else "inference"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tenant:
+    """Nominal quota per accelerator kind; a kind not listed has a nominal quota of 0.
+
+    Tenants of one cohort lend each other idle nominal quota. ``borrowing_limit``
+    caps what this tenant may borrow per kind; a kind not listed may borrow up to
+    whatever is idle in the cohort. Tenants that appear in no ``Tenant`` record are
+    unmanaged: no quota applies to them.
+    """
+
+    name: str
+    cohort: str | None = None
+    nominal: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+    borrowing_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if any(v < 0 for v in (*self.nominal.values(), *self.borrowing_limit.values())):
+            raise ValueError(f"tenant {self.name}: quotas must not be negative")
+        object.__setattr__(self, "nominal", MappingProxyType(dict(self.nominal)))
+        object.__setattr__(self, "borrowing_limit", MappingProxyType(dict(self.borrowing_limit)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Allocation:
+    """Work running on one node (one gang worker or one replica).
+
+    ``expected_end`` is None for long-running work such as inference replicas.
+    """
+
+    allocation_id: str
+    work_id: str
+    work_kind: WorkKind
+    tenant: str
+    priority: PriorityClass
+    preemptible: bool
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    accelerators: int
+    host_memory_bytes: int = 0
+    started_at: float = 0.0
+    expected_end: float | None = None
+    borrowed: bool = False
+    group: str | None = None
+    anti_affinity_groups: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.accelerators < 1:
+            raise ValueError(f"allocation {self.allocation_id}: accelerators must be >= 1")
+
+
+class Held(Protocol):
+    """Anything that holds accelerators on a node: a snapshot ``Allocation`` or a
+    ``Placement`` made in this pass (both have these fields)."""
+
+    @property
+    def allocation_id(self) -> str: ...
+    @property
+    def work_id(self) -> str: ...
+    @property
+    def work_kind(self) -> WorkKind: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def priority(self) -> PriorityClass: ...
+    @property
+    def preemptible(self) -> bool: ...
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def accelerator_kind(self) -> AcceleratorKind: ...
+    @property
+    def accelerators(self) -> int: ...
+    @property
+    def host_memory_bytes(self) -> int: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def expected_end(self) -> float | None: ...
+    @property
+    def group(self) -> str | None: ...
+    @property
+    def anti_affinity_groups(self) -> tuple[str, ...]: ...

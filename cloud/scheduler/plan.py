@@ -1,0 +1,171 @@
+"""What a pass decides: placements, preemptions, reservations and pending work.
+
+Every placement carries the score breakdown of the chosen node and of the
+runners-up; every pending job carries machine-readable reasons and one sentence
+for a person.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from shared.messages import AcceleratorKind
+
+from .model import Allocation, PriorityClass, WorkKind
+from .quota import QuotaState
+
+PendingCode = Literal["unschedulable", "window", "quota", "capacity", "reserved", "partial"]
+PreemptionReason = Literal["priority", "reclaim", "quota"]
+
+
+class TermScore(NamedTuple):
+    name: str
+    value: float  # normalised, 0..1
+    weight: float
+
+
+class ScoreBreakdown(NamedTuple):
+    """Why a node scored what it did: ``total`` is the sum of weight x value.
+
+    A named tuple: one is recorded for every candidate shown, so it must be cheap.
+    """
+
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    total: float
+    names: tuple[str, ...]
+    values: tuple[float, ...]
+    weights: tuple[float, ...]
+
+    @property
+    def terms(self) -> tuple[TermScore, ...]:
+        return tuple(map(TermScore, self.names, self.values, self.weights))
+
+    def term(self, name: str) -> TermScore:
+        return self.terms[self.names.index(name)]
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{t.name} {t.value:.2f}x{t.weight:g}" for t in self.terms if t.weight)
+        return f"{self.node_id} {self.total:.3f} ({parts})"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    work_id: str
+    work_kind: WorkKind
+    member: int  # worker or replica number
+    allocation_id: str
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    accelerators: int
+    host_memory_bytes: int
+    provider: str | None  # ONNX Runtime execution provider to use
+    tenant: str
+    priority: PriorityClass
+    preemptible: bool
+    borrowed: bool  # admitted on capacity borrowed from the tenant's cohort
+    start_at: float
+    expected_end: float | None
+    chosen: ScoreBreakdown
+    runners_up: tuple[ScoreBreakdown, ...]
+    group: str | None = None
+    anti_affinity_groups: tuple[str, ...] = ()
+
+    @property
+    def started_at(self) -> float:
+        return self.start_at
+
+    def to_allocation(self) -> Allocation:
+        return Allocation(
+            allocation_id=self.allocation_id,
+            work_id=self.work_id,
+            work_kind=self.work_kind,
+            tenant=self.tenant,
+            priority=self.priority,
+            preemptible=self.preemptible,
+            node_id=self.node_id,
+            accelerator_kind=self.accelerator_kind,
+            accelerators=self.accelerators,
+            host_memory_bytes=self.host_memory_bytes,
+            started_at=self.start_at,
+            expected_end=self.expected_end,
+            borrowed=self.borrowed,
+            group=self.group,
+            anti_affinity_groups=self.anti_affinity_groups,
+        )
+
+    def explain(self) -> str:
+        alternatives = "; ".join(r.describe() for r in self.runners_up) or "none"
+        return (
+            f"{self.allocation_id} on {self.chosen.describe()}"
+            f" {self.accelerator_kind}x{self.accelerators}; runners-up: {alternatives}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    allocation_id: str
+    work_id: str
+    node_id: str
+    tenant: str
+    priority: PriorityClass
+    reason: PreemptionReason
+    preempted_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Accelerators held for a blocked job from ``start_at``; backfill may not delay it."""
+
+    work_id: str
+    start_at: float
+    accelerator_kind: AcceleratorKind
+    nodes: tuple[str, ...]
+    accelerators: tuple[int, ...]  # per node in ``nodes``
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    work_id: str
+    tenant: str
+    priority: PriorityClass
+    code: PendingCode
+    message: str  # one line for a person
+    nodes_total: int
+    rejections: Mapping[str, int]  # nodes rejected per filter, in filter-chain order
+    fitting_nodes: int  # nodes that could take one member right now
+    members_needed: int
+    members_placed: int  # > 0 only for a partially placed deployment
+    quota: QuotaState | None = None
+    reservation: Reservation | None = None
+    retry_at: float | None = None  # when something is known to change (window opening)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    now: float
+    placements: tuple[Placement, ...]
+    preemptions: tuple[Preemption, ...]
+    pending: tuple[Pending, ...]
+    reservations: tuple[Reservation, ...]
+    order: tuple[str, ...]  # work ids in the order they were considered
+
+    @property
+    def deferrals(self) -> tuple[Pending, ...]:
+        """Work held back until its start window opens."""
+        return tuple(p for p in self.pending if p.code == "window")
+
+    def placements_for(self, work_id: str) -> tuple[Placement, ...]:
+        return tuple(p for p in self.placements if p.work_id == work_id)
+
+    def pending_for(self, work_id: str) -> Pending | None:
+        return next((p for p in self.pending if p.work_id == work_id), None)
+
+    def explain(self, work_id: str) -> list[str]:
+        lines = [p.explain() for p in self.placements_for(work_id)]
+        pending = self.pending_for(work_id)
+        if pending is not None:
+            lines.append(pending.message)
+        return lines

@@ -1,0 +1,69 @@
+"""Scheduling policy: score weights, thresholds and feature switches.
+
+Weights are per policy and may be overridden per job (``work.score_weights``), by
+term name: the built-in ``packing``, ``load``, ``speed``, ``preference`` and
+``spread`` plus the name of every extra ``ScoreTerm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+from .extensions import LatencyEstimator, ScoreTerm
+from .model import Work
+
+BUILTIN_TERMS: Final = ("packing", "load", "speed", "preference", "spread")
+
+DEFAULT_WEIGHTS: Final[Mapping[str, float]] = MappingProxyType(
+    {"packing": 1.0, "load": 0.5, "speed": 0.5, "preference": 1.0, "spread": 1.0}
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    load_threshold: float = 0.6  # the load term is 1 below this utilisation, then falls to 0
+    score_terms: tuple[ScoreTerm, ...] = ()
+    latency_estimator: LatencyEstimator | None = None
+    runners_up: int = 3  # alternatives recorded with each placement
+    preemption: bool = True
+    backfill: bool = True
+    max_reservations: int = 4  # blocked jobs (in queue order) that hold a reservation
+    # Jobs pending longer than this go first within their priority class, oldest first,
+    # so that no tenant's work waits forever behind lower-share tenants (None: off).
+    starvation_guard_s: float | None = 3600.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.load_threshold < 1.0:
+            raise ValueError("load_threshold must be within [0, 1)")
+        if any(w < 0 for w in self.weights.values()):
+            raise ValueError("score weights must not be negative")
+        if self.runners_up < 0 or self.max_reservations < 0:
+            raise ValueError("runners_up and max_reservations must not be negative")
+        names = [term.name for term in self.score_terms]
+        if len(set(names)) != len(names) or set(names) & set(BUILTIN_TERMS):
+            raise ValueError("score term names must be unique and not shadow built-in terms")
+        # A registered term without a weight counts as much as packing (1.0).
+        merged = {**DEFAULT_WEIGHTS, **dict.fromkeys(names, 1.0), **self.weights}
+        object.__setattr__(self, "weights", MappingProxyType(merged))
+
+    @property
+    def builtin_weights(self) -> tuple[float, float, float, float]:
+        """packing, load, speed, preference: the policy's, for jobs without overrides."""
+        w = self.weights
+        return (w["packing"], w["load"], w["speed"], w["preference"])
+
+    def weight(self, work: Work, name: str) -> float:
+        """The job's override if it has one, else the policy's weight (0 if unnamed)."""
+        override = work.score_weights.get(name)
+        if override is not None:
+            if override < 0:
+                raise ValueError(f"{work.work_id}: score weight {name} must not be negative")
+            return float(override)
+        return float(self.weights.get(name, 0.0))
+
+
+DEFAULT_POLICY: Final = Policy()

@@ -1,0 +1,110 @@
+"""The order in which pending work is considered.
+
+Priority class first (p0, p1, p2); within a class, the tenant with the smallest
+dominant resource share goes first (DRF: usage relative to nominal quota, the
+largest over accelerator kinds), then submission time, then work id. Shares are
+live: each placement or eviction re-ranks the tenants it touched, so a tenant
+that just got capacity yields to the others.
+
+Starvation guard (policy): work pending longer than ``starvation_guard_s`` goes
+before all non-aged work of its class, oldest first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from .model import KINDS, PRIORITY_RANK, Work
+from .quota import QuotaBook
+from .state import ClusterState
+
+_Entry = tuple[int, int, float, float, str, str, int]
+
+
+class QueueOrder:
+    def __init__(
+        self,
+        works: Sequence[Work],
+        state: ClusterState,
+        quota: QuotaBook,
+        starvation_guard_s: float | None,
+    ) -> None:
+        self._state = state
+        self._quota = quota
+        self._capacity = [max(int(kind.capacity.sum()), 1) for kind in state.snapshot.nodes.kinds]
+        aged_before = (
+            state.now - starvation_guard_s if starvation_guard_s is not None else float("-inf")
+        )
+        self._aged_before = aged_before
+        lanes: dict[tuple[int, str], list[Work]] = {}
+        for work in works:
+            lanes.setdefault((PRIORITY_RANK[work.priority], work.tenant), []).append(work)
+        self._lanes = {
+            key: deque(sorted(lane, key=lambda w: (w.submitted_at, w.work_id)))
+            for key, lane in sorted(lanes.items())
+        }
+        self._version = dict.fromkeys(self._lanes, 0)
+        self._heap: list[_Entry] = []
+        # Lanes whose heap entry is out of date; re-pushed (once) before the next pop.
+        self._dirty: set[tuple[int, str]] = set(self._lanes)
+
+    def dominant_share(self, tenant: str) -> float:
+        usage = self._state.tenant_usage.get(tenant)
+        if usage is None:
+            return 0.0
+        share = 0.0
+        for k in range(len(KINDS)):
+            used = usage[k]
+            if used <= 0:
+                continue
+            nominal = self._quota.nominal(tenant, k)
+            if nominal is None:
+                kind_share = used / self._capacity[k]
+            else:
+                # Using a kind with no nominal quota (all borrowed) ranks after any
+                # tenant still inside its quota.
+                kind_share = used / nominal if nominal > 0 else 1.0 + used / self._capacity[k]
+            share = max(share, kind_share)
+        return share
+
+    def _refresh(self) -> None:
+        shares: dict[str, float] = {}
+        for key in sorted(self._dirty):
+            self._version[key] += 1
+            lane = self._lanes[key]
+            if not lane:
+                continue
+            head = lane[0]
+            rank, tenant = key
+            version = self._version[key]
+            if head.submitted_at <= self._aged_before:
+                entry = (rank, 0, 0.0, head.submitted_at, head.work_id, tenant, version)
+            else:
+                share = shares.get(tenant)
+                if share is None:
+                    share = shares[tenant] = self.dominant_share(tenant)
+                entry = (rank, 1, share, head.submitted_at, head.work_id, tenant, version)
+            heapq.heappush(self._heap, entry)
+        self._dirty.clear()
+
+    def pop(self) -> Work | None:
+        if self._dirty:
+            self._refresh()
+        while self._heap:
+            rank, _, _, _, _, tenant, version = heapq.heappop(self._heap)
+            key = (rank, tenant)
+            if version != self._version[key] or not self._lanes[key]:
+                continue  # stale: the tenant's share or head changed since
+            work = self._lanes[key].popleft()
+            self._dirty.add(key)
+            return work
+        return None
+
+    def shares_changed(self, tenants: Iterable[str]) -> None:
+        for tenant in set(tenants):
+            for rank in range(len(PRIORITY_RANK)):
+                key = (rank, tenant)
+                if self._lanes.get(key):
+                    self._dirty.add(key)

@@ -1,0 +1,142 @@
+"""Admission against tenant quotas: nominal quota, cohort borrowing, reclaim.
+
+Rules (Kueue-like, per accelerator kind):
+
+* within its nominal quota a tenant is always admitted; if its cohort is
+  over-committed because others borrowed, the owner *reclaims*: borrowers'
+  work is evicted until the cohort fits its nominal total again;
+* beyond nominal it may *borrow* idle cohort capacity, up to its borrowing limit
+  and only while the cohort as a whole stays within its nominal total;
+* otherwise it is denied (the only remedy is to evict its own lower-priority
+  work, see preemption.py).
+
+Tenants without a ``Tenant`` record are unmanaged and always admitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from shared.messages import AcceleratorKind
+
+from .model import KINDS, Tenant
+from .state import ClusterState
+
+AdmissionMode = Literal["unmanaged", "nominal", "borrow", "reclaim", "denied"]
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaState:
+    """A tenant's quota position for one kind, for explanations."""
+
+    tenant: str
+    kind: AcceleratorKind
+    usage: int
+    requested: int
+    nominal: int
+    borrowing_limit: int | None  # None: may borrow whatever the cohort has idle
+    cohort: str | None
+    cohort_usage: int
+    cohort_nominal: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    mode: AdmissionMode
+    # Accelerators that must be released first: by borrowers (reclaim) or by the
+    # tenant's own lower-priority work (denied).
+    shortfall: int
+    quota: QuotaState | None
+
+    @property
+    def admitted(self) -> bool:
+        return self.mode in ("unmanaged", "nominal", "borrow")
+
+
+_UNMANAGED: Final = Admission("unmanaged", 0, None)
+_NOMINAL: Final = Admission("nominal", 0, None)
+_BORROW: Final = Admission("borrow", 0, None)
+
+
+class QuotaBook:
+    def __init__(self, tenants: Mapping[str, Tenant]) -> None:
+        self.tenants = tenants
+        cohort_nominal: dict[str, list[int]] = {}
+        for tenant in tenants.values():
+            if tenant.cohort is not None:
+                totals = cohort_nominal.setdefault(tenant.cohort, [0] * len(KINDS))
+                for k, kind in enumerate(KINDS):
+                    totals[k] += tenant.nominal.get(kind, 0)
+        self.cohort_nominal = cohort_nominal
+        # Per tenant, per kind index: plain lists, read on every member placed.
+        self._nominal = {
+            name: [t.nominal.get(kind, 0) for kind in KINDS] for name, t in tenants.items()
+        }
+        self._limit = {
+            name: [t.borrowing_limit.get(kind) for kind in KINDS] for name, t in tenants.items()
+        }
+
+    def nominal(self, tenant: str, k: int) -> int | None:
+        nominal = self._nominal.get(tenant)
+        return None if nominal is None else nominal[k]
+
+    def is_borrowing(self, state: ClusterState, tenant: str, k: int) -> bool:
+        nominal = self.nominal(tenant, k)
+        return nominal is not None and state.usage(tenant, k) > nominal
+
+    def admit(self, state: ClusterState, tenant: str, k: int, amount: int) -> Admission:
+        nominals = self._nominal.get(tenant)
+        if nominals is None:
+            return _UNMANAGED
+        kind = KINDS[k]
+        usage = state.usage(tenant, k)
+        nominal = nominals[k]
+        cohort = state.cohort_of.get(tenant)
+        cohort_usage = state.cohort_used(cohort, k) if cohort is not None else usage
+        cohort_nominal = self.cohort_nominal[cohort][k] if cohort is not None else nominal
+        cohort_excess = cohort_usage + amount - cohort_nominal
+        mode: AdmissionMode
+        shortfall = 0
+        if usage + amount <= nominal:
+            if cohort is None or cohort_excess <= 0:
+                return _NOMINAL
+            mode, shortfall = "reclaim", cohort_excess
+        elif cohort is None:
+            mode, shortfall = "denied", usage + amount - nominal
+        else:
+            limit = self._limit[tenant][k]
+            over_limit = usage + amount - (nominal + limit) if limit is not None else 0
+            if over_limit <= 0 and cohort_excess <= 0:
+                return _BORROW
+            mode, shortfall = "denied", max(over_limit, cohort_excess)
+        quota = QuotaState(
+            tenant=tenant,
+            kind=kind,
+            usage=usage,
+            requested=amount,
+            nominal=nominal,
+            borrowing_limit=self._limit[tenant][k] if cohort is not None else 0,
+            cohort=cohort,
+            cohort_usage=cohort_usage,
+            cohort_nominal=cohort_nominal,
+        )
+        return Admission(mode, shortfall, quota)
+
+    def violation(self, state: ClusterState, tenant: str, k: int, mode: AdmissionMode) -> int:
+        """Accelerators still to release after a tentative placement made under ``mode``."""
+        record = self.tenants.get(tenant)
+        if record is None or mode in ("unmanaged", "nominal", "borrow"):
+            return 0
+        usage = state.usage(tenant, k)
+        nominal = record.nominal.get(KINDS[k], 0)
+        cohort = record.cohort
+        if cohort is None:
+            return max(0, usage - nominal)
+        cohort_excess = state.cohort_used(cohort, k) - self.cohort_nominal[cohort][k]
+        if mode == "reclaim":
+            return max(0, cohort_excess)
+        limit = record.borrowing_limit.get(KINDS[k])
+        over_limit = usage - (nominal + limit) if limit is not None else 0
+        return max(0, over_limit, cohort_excess)

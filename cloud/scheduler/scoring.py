@@ -1,0 +1,71 @@
+"""The built-in score terms, each normalised to 0..1 where 1 is best.
+
+* packing: fill partly used nodes first. The score is the share of the node's
+  accelerators still free *after* the placement, inverted: a 1-GPU job scores
+  7/8 on an 8-GPU node with 2 free but only 1/8 on an empty one, so free 8-GPU
+  nodes stay whole for the jobs that need them.
+* load: 1 while the node's utilisation (measured, plus what this pass added) is
+  at or under the policy threshold (default 60%), then falling linearly to 0 at 100%.
+* speed: the node's relative speed over the fastest pool of that kind; the
+  estimated runtime scales with its inverse.
+* preference: the deployment's order of accepted kinds, then of ONNX providers.
+* spread: replicas go to the regions that have fewest of them relative to the
+  deployment's traffic from that region.
+
+The total is the weighted sum of all terms, extra ``ScoreTerm``s included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .arrays import FloatArray, IntArray
+
+
+def packing(free: IntArray, accelerators: int, inv_capacity: FloatArray) -> FloatArray:
+    result: FloatArray = 1.0 - (free - accelerators) * inv_capacity
+    return result
+
+
+def load(utilisation: FloatArray, threshold: float) -> FloatArray:
+    result: FloatArray = np.clip((1.0 - utilisation) / (1.0 - threshold), 0.0, 1.0)
+    return result
+
+
+def utilisation(base: FloatArray, delta: IntArray, inv_capacity: FloatArray) -> FloatArray:
+    result: FloatArray = base + delta * inv_capacity
+    return result
+
+
+def speed(relative_speed: FloatArray, max_speed: float) -> FloatArray:
+    result: FloatArray = relative_speed / max_speed
+    return result
+
+
+def preference(
+    kind_rank: int, kind_count: int, provider_rank: IntArray, provider_count: int
+) -> FloatArray:
+    """Kind order dominates; provider order refines within a kind."""
+    step = 1.0 / kind_count
+    penalty = provider_rank.astype(np.float64) * (step / max(provider_count, 1))
+    result: FloatArray = (1.0 - kind_rank * step) - penalty
+    return result
+
+
+def traffic_weights(regions: Sequence[str], traffic: Mapping[str, float]) -> FloatArray:
+    """Per region code: the deployment's traffic share (plus a little, so regions without
+    traffic still beat doubling up), or 1 everywhere without traffic data."""
+    total = sum(traffic.values())
+    if total <= 0:
+        return np.ones(len(regions))
+    return np.array([traffic.get(region, 0.0) / total + 0.05 for region in regions])
+
+
+def spread_by_region(weights: FloatArray, replicas: IntArray) -> FloatArray:
+    """Per region code: traffic weight over 1 + replicas already there, scaled to max 1."""
+    desire = weights / (1.0 + replicas)
+    peak = float(np.maximum.reduce(desire)) if desire.size else 0.0
+    result: FloatArray = desire / peak if peak > 0 else desire
+    return result

@@ -1,0 +1,116 @@
+"""What one worker or replica of a piece of work needs, whatever its type.
+
+Training jobs and inference deployments differ in vocabulary but not in what the
+placement machinery needs: ``WorkShape`` is that common denominator, plus the
+hashable keys under which filter and score results are cached and shared by all
+jobs that ask for the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from .model import (
+    KIND_INDEX,
+    PRIORITY_RANK,
+    InferenceDeployment,
+    TrainingJob,
+    Work,
+    WorkKind,
+)
+from .policy import Policy
+
+StaticKey = tuple[Hashable, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkShape:
+    work: Work
+    work_kind: WorkKind
+    rank: int  # priority rank, 0 = p0
+    members: int  # gang workers or replicas
+    min_members: int  # fewer than this placed = nothing placed
+    accelerators: int  # per member
+    kind_codes: tuple[int, ...]  # accepted kinds, best first
+    memory_bytes: int
+    host_memory_bytes: int
+    duration_s: float | None  # on the reference accelerator; None = long-running
+    max_per_node: int | None  # members of this work one node may hold
+    static_key: StaticKey  # everything the static filters depend on, except the kind
+    builtin_weights: tuple[float, float, float, float]  # packing, load, speed, preference
+    spread_weight: float
+
+    @property
+    def is_gang(self) -> bool:
+        return self.work_kind == "training" and self.members > 1
+
+
+def make_shape(work: Work, policy: Policy) -> WorkShape:
+    if work.score_weights:
+        weights = (
+            policy.weight(work, "packing"),
+            policy.weight(work, "load"),
+            policy.weight(work, "speed"),
+            policy.weight(work, "preference"),
+        )
+    else:
+        weights = policy.builtin_weights
+    common: tuple[Hashable, ...] = (
+        work.sites if len(work.sites) == 1 else tuple(sorted(work.sites)),
+        tuple(sorted(work.node_selector.items())) if work.node_selector else (),
+        work.affinity,
+        tuple(sorted(work.tolerations, key=lambda t: (t.key, t.value or "")))
+        if work.tolerations
+        else (),
+        work.accelerator_models,
+        work.memory_bytes,
+    )
+    if isinstance(work, TrainingJob):
+        # Window waiver and deadline depend on the duration only when a deadline exists.
+        timing = (work.start_window, work.deadline, work.duration_s if work.deadline else None)
+        return WorkShape(
+            work=work,
+            work_kind="training",
+            rank=PRIORITY_RANK[work.priority],
+            members=work.workers,
+            min_members=work.workers,
+            accelerators=work.accelerators_per_worker,
+            kind_codes=(KIND_INDEX[work.accelerator_kind],),
+            memory_bytes=work.memory_bytes,
+            host_memory_bytes=work.host_memory_bytes,
+            duration_s=work.duration_s,
+            max_per_node=None,
+            static_key=("training", work.accelerators_per_worker, *common, *timing),
+            builtin_weights=weights,
+            spread_weight=0.0,
+        )
+    assert isinstance(work, InferenceDeployment)
+    latency = (
+        (work.latency_slo_ms, tuple(sorted(work.traffic_by_region.items())))
+        if work.latency_slo_ms is not None
+        else None
+    )
+    return WorkShape(
+        work=work,
+        work_kind="inference",
+        rank=PRIORITY_RANK[work.priority],
+        members=work.replicas,
+        min_members=work.min_replicas if work.min_replicas is not None else work.replicas,
+        accelerators=work.accelerators_per_replica,
+        kind_codes=tuple(KIND_INDEX[k] for k in work.accepted_kinds),
+        memory_bytes=work.memory_bytes,
+        host_memory_bytes=work.host_memory_bytes,
+        duration_s=None,
+        max_per_node=work.max_replicas_per_node,
+        static_key=(
+            "inference",
+            work.accelerators_per_replica,
+            *common,
+            work.accepted_kinds,
+            work.providers,
+            latency,
+        ),
+        builtin_weights=weights,
+        spread_weight=policy.weight(work, "spread"),
+    )

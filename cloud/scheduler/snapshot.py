@@ -1,0 +1,294 @@
+"""The immutable view of the world one scheduling pass works on.
+
+Nodes are stored as numpy columns (one entry per node, nodes sorted by id) so that
+every filter and score is one vectorised expression over the whole cluster.
+Capacity and power are per accelerator kind: a node holds at most one pool of
+each kind, of one model (servers are homogeneous in practice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from itertools import pairwise
+from types import MappingProxyType
+from zoneinfo import ZoneInfo
+
+import numpy as np
+
+from shared.messages import AcceleratorKind, Site
+
+from .arrays import BoolArray, FloatArray, IntArray, read_only
+from .model import KIND_INDEX, KINDS, Allocation, Taint, Tenant, Work
+
+SITES: tuple[Site, ...] = ("cloud", "edge")
+SITE_INDEX: Mapping[Site, int] = MappingProxyType({site: i for i, site in enumerate(SITES)})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcceleratorPool:
+    """The ``count`` identical accelerators of one kind on a node.
+
+    ``utilisation`` is the recent measured average (0..1) from telemetry;
+    ``relative_speed`` is throughput relative to one A100 (1.0).
+    """
+
+    kind: AcceleratorKind
+    count: int
+    model: str = ""
+    memory_bytes: int = 0  # per accelerator; for CPUs the host memory
+    relative_speed: float = 1.0
+    idle_power_w: float = 0.0
+    max_power_w: float = 0.0
+    onnx_providers: tuple[str, ...] = ()
+    utilisation: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.count < 0 or self.memory_bytes < 0:
+            raise ValueError(f"{self.kind} pool: count and memory must not be negative")
+        if self.relative_speed <= 0:
+            raise ValueError(f"{self.kind} pool: relative_speed must be positive")
+        if not 0.0 <= self.utilisation <= 1.0:
+            raise ValueError(f"{self.kind} pool: utilisation must be within 0..1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """One node as the registry sees it. Local time: ``timezone`` (IANA) wins over
+    ``utc_offset_minutes``."""
+
+    node_id: str
+    site: Site
+    zone: str = ""
+    region: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    healthy: bool = True
+    host_memory_bytes: int = 0
+    utc_offset_minutes: int = 0
+    timezone: str | None = None
+    pools: tuple[AcceleratorPool, ...] = ()
+
+    def __post_init__(self) -> None:
+        kinds = [pool.kind for pool in self.pools]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"node {self.node_id}: at most one pool per accelerator kind")
+        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+
+
+@dataclass(frozen=True, slots=True)
+class KindColumns:
+    """All nodes' pools of one accelerator kind; zero capacity where a node has none."""
+
+    capacity: IntArray
+    free: IntArray  # capacity minus the accelerators of running allocations
+    memory_bytes: IntArray
+    model_code: IntArray  # index into ``models``; -1 where the node has no such pool
+    models: tuple[str, ...]
+    relative_speed: FloatArray
+    idle_power_w: FloatArray
+    max_power_w: FloatArray
+    providers: BoolArray  # shape (nodes, len(provider_names))
+    provider_names: tuple[str, ...]
+    utilisation: FloatArray
+    max_speed: float  # fastest pool of this kind in the cluster, for normalising speed
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTable:
+    node_ids: tuple[str, ...]
+    index: Mapping[str, int]
+    site_code: IntArray
+    zone_code: IntArray
+    zones: tuple[str, ...]
+    region_code: IntArray
+    regions: tuple[str, ...]
+    label_codes: Mapping[str, IntArray]  # per key: index into label_values[key], -1 if absent
+    label_values: Mapping[str, tuple[str, ...]]
+    taint_matrix: BoolArray  # shape (nodes, len(taints))
+    taints: tuple[Taint, ...]
+    healthy: BoolArray
+    utc_offset_s: IntArray
+    host_memory_total: IntArray
+    host_memory_free: IntArray
+    kinds: tuple[KindColumns, ...]  # indexed by KIND_INDEX
+
+    def __len__(self) -> int:
+        return len(self.node_ids)
+
+    def kind(self, kind: AcceleratorKind) -> KindColumns:
+        return self.kinds[KIND_INDEX[kind]]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one pass may look at: nodes, running work, the queue, tenants, the time."""
+
+    now: float
+    nodes: NodeTable
+    allocations: tuple[Allocation, ...]
+    queue: tuple[Work, ...]
+    tenants: Mapping[str, Tenant]
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        now: float,
+        nodes: Sequence[Node],
+        allocations: Sequence[Allocation] = (),
+        queue: Sequence[Work] = (),
+        tenants: Sequence[Tenant] = (),
+    ) -> Snapshot:
+        """Canonicalise (sort by id) and columnise the inputs.
+
+        Input order never matters: two callers listing the same things in a different
+        order get equal snapshots, and so equal plans.
+        """
+        ordered_nodes = sorted(nodes, key=lambda n: n.node_id)
+        ordered_allocations = tuple(sorted(allocations, key=lambda a: a.allocation_id))
+        ordered_queue = tuple(sorted(queue, key=lambda w: w.work_id))
+        _require_unique("node", [n.node_id for n in ordered_nodes])
+        _require_unique("allocation", [a.allocation_id for a in ordered_allocations])
+        _require_unique("queued work", [w.work_id for w in ordered_queue])
+        _require_unique("tenant", [t.name for t in tenants])
+        table = _build_table(ordered_nodes, ordered_allocations, now)
+        tenant_map = MappingProxyType({t.name: t for t in sorted(tenants, key=lambda t: t.name)})
+        return cls(
+            now=float(now),
+            nodes=table,
+            allocations=ordered_allocations,
+            queue=ordered_queue,
+            tenants=tenant_map,
+        )
+
+    @property
+    def node_count(self) -> int:
+        return len(self.nodes)
+
+
+def _require_unique(what: str, ids: Sequence[str]) -> None:
+    for previous, current in pairwise(ids):
+        if previous == current:
+            raise ValueError(f"duplicate {what} id {current!r}")
+
+
+@lru_cache(maxsize=256)
+def _zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)
+
+
+def _utc_offset_s(node: Node, now: float) -> int:
+    if node.timezone is None:
+        return node.utc_offset_minutes * 60
+    offset = datetime.fromtimestamp(now, UTC).astimezone(_zone(node.timezone)).utcoffset()
+    return int(offset.total_seconds()) if offset is not None else 0
+
+
+def _codes(values: Sequence[str]) -> tuple[IntArray, tuple[str, ...]]:
+    vocabulary = tuple(sorted(set(values)))
+    lookup = {value: i for i, value in enumerate(vocabulary)}
+    return np.array([lookup[v] for v in values], dtype=np.int64), vocabulary
+
+
+def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: float) -> NodeTable:
+    n = len(nodes)
+    index = {node.node_id: i for i, node in enumerate(nodes)}
+    zone_code, zones = _codes([node.zone for node in nodes])
+    region_code, regions = _codes([node.region for node in nodes])
+
+    label_keys = sorted({key for node in nodes for key in node.labels})
+    label_codes: dict[str, IntArray] = {}
+    label_values: dict[str, tuple[str, ...]] = {}
+    for key in label_keys:
+        vocabulary = tuple(sorted({node.labels[key] for node in nodes if key in node.labels}))
+        lookup = {value: i for i, value in enumerate(vocabulary)}
+        column = np.array(
+            [
+                lookup.get(node.labels.get(key, ""), -1) if key in node.labels else -1
+                for node in nodes
+            ],
+            dtype=np.int64,
+        )
+        label_codes[key] = read_only(column)
+        label_values[key] = vocabulary
+
+    taints = tuple(
+        sorted({t for node in nodes for t in node.taints}, key=lambda t: (t.key, t.value))
+    )
+    taint_index = {t: i for i, t in enumerate(taints)}
+    taint_matrix = np.zeros((n, len(taints)), dtype=np.bool_)
+    for i, node in enumerate(nodes):
+        for taint in node.taints:
+            taint_matrix[i, taint_index[taint]] = True
+
+    used = np.zeros((len(KINDS), n), dtype=np.int64)
+    host_used = np.zeros(n, dtype=np.int64)
+    for alloc in allocations:
+        where = index.get(alloc.node_id)
+        if where is None:
+            raise ValueError(
+                f"allocation {alloc.allocation_id} is on unknown node {alloc.node_id!r}"
+            )
+        used[KIND_INDEX[alloc.accelerator_kind], where] += alloc.accelerators
+        host_used[where] += alloc.host_memory_bytes
+
+    host_total = np.array([node.host_memory_bytes for node in nodes], dtype=np.int64)
+    kinds = tuple(_kind_columns(kind, nodes, used[k]) for k, kind in enumerate(KINDS))
+    return NodeTable(
+        node_ids=tuple(node.node_id for node in nodes),
+        index=MappingProxyType(index),
+        site_code=read_only(np.array([SITE_INDEX[node.site] for node in nodes], dtype=np.int64)),
+        zone_code=read_only(zone_code),
+        zones=zones,
+        region_code=read_only(region_code),
+        regions=regions,
+        label_codes=MappingProxyType(label_codes),
+        label_values=MappingProxyType(label_values),
+        taint_matrix=read_only(taint_matrix),
+        taints=taints,
+        healthy=read_only(np.array([node.healthy for node in nodes], dtype=np.bool_)),
+        utc_offset_s=read_only(
+            np.array([_utc_offset_s(node, now) for node in nodes], dtype=np.int64)
+        ),
+        host_memory_total=read_only(host_total),
+        host_memory_free=read_only(host_total - host_used),
+        kinds=kinds,
+    )
+
+
+def _kind_columns(kind: AcceleratorKind, nodes: Sequence[Node], used: IntArray) -> KindColumns:
+    n = len(nodes)
+    pools = [next((p for p in node.pools if p.kind == kind), None) for node in nodes]
+    capacity = np.array([p.count if p else 0 for p in pools], dtype=np.int64)
+    models = tuple(sorted({p.model for p in pools if p}))
+    model_lookup = {m: i for i, m in enumerate(models)}
+    provider_names = tuple(sorted({name for p in pools if p for name in p.onnx_providers}))
+    provider_lookup = {name: i for i, name in enumerate(provider_names)}
+    providers = np.zeros((n, len(provider_names)), dtype=np.bool_)
+    for i, pool in enumerate(pools):
+        if pool:
+            for name in pool.onnx_providers:
+                providers[i, provider_lookup[name]] = True
+    speed = np.array([p.relative_speed if p else 1.0 for p in pools], dtype=np.float64)
+    present = capacity > 0
+    return KindColumns(
+        capacity=read_only(capacity),
+        free=read_only(capacity - used),
+        memory_bytes=read_only(
+            np.array([p.memory_bytes if p else 0 for p in pools], dtype=np.int64)
+        ),
+        model_code=read_only(
+            np.array([model_lookup[p.model] if p else -1 for p in pools], dtype=np.int64)
+        ),
+        models=models,
+        relative_speed=read_only(speed),
+        idle_power_w=read_only(np.array([p.idle_power_w if p else 0.0 for p in pools])),
+        max_power_w=read_only(np.array([p.max_power_w if p else 0.0 for p in pools])),
+        providers=read_only(providers),
+        provider_names=provider_names,
+        utilisation=read_only(np.array([p.utilisation if p else 0.0 for p in pools])),
+        max_speed=float(speed[present].max()) if present.any() else 1.0,
+    )

@@ -1,0 +1,190 @@
+"""The mutable working copy of the cluster during one pass.
+
+Built once from the snapshot, then updated incrementally: placing or evicting one
+allocation touches one node's entries, never a whole column. Every change appends
+the node to ``change_log`` so cached scores (``candidates.py``) refresh only the
+nodes that changed. ``allocate`` and ``evict`` are exact inverses (integers only),
+which is what lets a ``Statement`` undo a tentative gang or preemption.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+from .arrays import FloatArray, IntArray
+from .model import KIND_INDEX, KINDS, PRIORITY_LEVELS, PRIORITY_RANK, Held
+from .snapshot import Snapshot
+
+NO_RESERVATION: Final = float("inf")
+UNLIMITED_SLACK: Final = 1 << 60
+
+
+class ClusterState:
+    def __init__(self, snapshot: Snapshot) -> None:
+        nodes = snapshot.nodes
+        n = len(nodes)
+        self.snapshot = snapshot
+        self.now = snapshot.now
+        self.free: list[IntArray] = [kind.free.copy() for kind in nodes.kinds]
+        self.inv_capacity: list[FloatArray] = [
+            np.divide(1.0, kind.capacity, out=np.zeros(n), where=kind.capacity > 0)
+            for kind in nodes.kinds
+        ]
+        # Accelerators added (+) or released (-) in this pass, on top of measured utilisation.
+        self.util_delta: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
+        self.host_free: IntArray = nodes.host_memory_free.copy()
+        # Accelerators held by preemptible work, per kind, per priority rank, per node.
+        self.evictable: list[IntArray] = [
+            np.zeros((PRIORITY_LEVELS, n), dtype=np.int64) for _ in KINDS
+        ]
+        self.evictable_total: list[list[int]] = [[0] * PRIORITY_LEVELS for _ in KINDS]
+        self.allocations: dict[str, Held] = {}
+        self.node_of: dict[str, int] = {}
+        self.node_allocs: dict[int, dict[str, Held]] = {}
+        self.work_allocs: dict[str, dict[str, Held]] = {}
+        self.work_node_count: dict[str, dict[int, int]] = {}
+        self.tenant_allocs: dict[str, dict[str, Held]] = {}
+        self.tenant_usage: dict[str, list[int]] = {}
+        self.cohort_of: dict[str, str] = {
+            t.name: t.cohort for t in snapshot.tenants.values() if t.cohort is not None
+        }
+        self.cohort_usage: dict[str, list[int]] = {}
+        self.group_nodes: dict[str, dict[int, int]] = {}
+        self.avoid_nodes: dict[str, dict[int, int]] = {}
+        self.new_ids: set[str] = set()
+        self.change_log: list[int] = []
+        # The same, per accelerator kind: scores of one kind only need that kind's changes.
+        self.kind_log: list[list[int]] = [[] for _ in KINDS]
+        # Evictions per kind: the only way capacity of a kind comes back in a pass.
+        self.releases: list[int] = [0] * len(KINDS)
+        # Preemptible work not placed in this pass, per (tenant, kind, rank, is p0
+        # inference): node -> accelerators. Lets reclaim size borrowers per node.
+        self.evictable_by_tenant: dict[tuple[str, int, int, bool], dict[int, int]] = {}
+        # Reservations (backfill.py): earliest reserved start, and how many accelerators
+        # may still go to work that runs past that start without delaying it.
+        self.res_start: list[FloatArray] = [np.full(n, NO_RESERVATION) for _ in KINDS]
+        self.res_slack: list[IntArray] = [
+            np.full(n, UNLIMITED_SLACK, dtype=np.int64) for _ in KINDS
+        ]
+        self.res_held: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
+        self.res_releases: list[list[tuple[int, float, int]]] = [[] for _ in KINDS]
+        # Allocations with an expected end, per kind and node: where capacity will free up.
+        self.ending: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
+        self.has_reservations = False
+        for alloc in snapshot.allocations:
+            self._index(alloc, nodes.index[alloc.node_id], +1, evictable=alloc.preemptible)
+
+    # -- mutation -----------------------------------------------------------------
+
+    def allocate(self, alloc: Held, node: int, *, new: bool = True) -> None:
+        """Place ``alloc``; ``new=False`` re-adds a snapshot allocation (undo of an eviction).
+
+        Work placed in this pass is never a preemption victim, so it is not indexed
+        as evictable.
+        """
+        k = KIND_INDEX[alloc.accelerator_kind]
+        self.free[k][node] -= alloc.accelerators
+        self.host_free[node] -= alloc.host_memory_bytes
+        self.util_delta[k][node] += alloc.accelerators
+        self._reservation_effect(alloc, k, node, -1)
+        self._index(alloc, node, +1, evictable=alloc.preemptible and not new)
+        if new:
+            self.new_ids.add(alloc.allocation_id)
+        self.change_log.append(node)
+        self.kind_log[k].append(node)
+
+    def evict(self, allocation_id: str) -> tuple[Held, int]:
+        alloc = self.allocations[allocation_id]
+        node = self.node_of[allocation_id]
+        k = KIND_INDEX[alloc.accelerator_kind]
+        self.free[k][node] += alloc.accelerators
+        self.host_free[node] += alloc.host_memory_bytes
+        self.util_delta[k][node] -= alloc.accelerators
+        self._reservation_effect(alloc, k, node, +1)
+        new = allocation_id in self.new_ids
+        self._index(alloc, node, -1, evictable=alloc.preemptible and not new)
+        self.new_ids.discard(allocation_id)
+        self.change_log.append(node)
+        self.kind_log[k].append(node)
+        self.releases[k] += 1
+        return alloc, node
+
+    def _reservation_effect(self, alloc: Held, k: int, node: int, sign: int) -> None:
+        """Work that runs past a reserved start uses up (or gives back) the slack."""
+        if not self.has_reservations:
+            return
+        start: float = self.res_start[k].item(node)
+        if start != NO_RESERVATION and (alloc.expected_end is None or alloc.expected_end > start):
+            self.res_slack[k][node] += sign * alloc.accelerators
+
+    def _index(self, alloc: Held, node: int, sign: int, *, evictable: bool) -> None:
+        k = KIND_INDEX[alloc.accelerator_kind]
+        aid = alloc.allocation_id
+        amount = sign * alloc.accelerators
+        if evictable:
+            level = PRIORITY_RANK[alloc.priority]
+            self.evictable[k][level, node] += amount
+            self.evictable_total[k][level] += amount
+            key = (alloc.tenant, k, level, alloc.work_kind == "inference")
+            _bump(self.evictable_by_tenant.setdefault(key, {}), node, amount)
+        if alloc.expected_end is not None:
+            self.ending[k][node] += sign
+        usage = self.tenant_usage.setdefault(alloc.tenant, [0] * len(KINDS))
+        usage[k] += amount
+        cohort = self.cohort_of.get(alloc.tenant)
+        if cohort is not None:
+            self.cohort_usage.setdefault(cohort, [0] * len(KINDS))[k] += amount
+        if sign > 0:
+            self.allocations[aid] = alloc
+            self.node_of[aid] = node
+            self.node_allocs.setdefault(node, {})[aid] = alloc
+            self.work_allocs.setdefault(alloc.work_id, {})[aid] = alloc
+            self.tenant_allocs.setdefault(alloc.tenant, {})[aid] = alloc
+        else:
+            del self.allocations[aid]
+            del self.node_of[aid]
+            del self.node_allocs[node][aid]
+            del self.work_allocs[alloc.work_id][aid]
+            del self.tenant_allocs[alloc.tenant][aid]
+        _bump(self.work_node_count.setdefault(alloc.work_id, {}), node, sign)
+        if alloc.group is not None:
+            _bump(self.group_nodes.setdefault(alloc.group, {}), node, sign)
+        for avoided in alloc.anti_affinity_groups:
+            _bump(self.avoid_nodes.setdefault(avoided, {}), node, sign)
+
+    # -- queries ----------------------------------------------------------------
+
+    def usage(self, tenant: str, k: int) -> int:
+        usage = self.tenant_usage.get(tenant)
+        return usage[k] if usage is not None else 0
+
+    def cohort_used(self, cohort: str, k: int) -> int:
+        usage = self.cohort_usage.get(cohort)
+        return usage[k] if usage is not None else 0
+
+    def anti_affinity_conflict(self, node: int, group: str | None, avoids: tuple[str, ...]) -> bool:
+        """Symmetric: neither side may share a node with a group it avoids."""
+        for avoided in avoids:
+            if self.group_nodes.get(avoided, {}).get(node, 0) > 0:
+                return True
+        return group is not None and self.avoid_nodes.get(group, {}).get(node, 0) > 0
+
+    def members_on(self, work_id: str, node: int) -> int:
+        return self.work_node_count.get(work_id, {}).get(node, 0)
+
+    def siblings(self, alloc: Held) -> list[Held]:
+        """What evicting ``alloc`` takes down: a training gang dies whole."""
+        if alloc.work_kind != "training":
+            return [alloc]
+        gang = self.work_allocs.get(alloc.work_id, {})
+        return [gang[aid] for aid in sorted(gang)]
+
+
+def _bump(counts: dict[int, int], node: int, delta: int) -> None:
+    value = counts.get(node, 0) + delta
+    if value:
+        counts[node] = value
+    else:
+        counts.pop(node, None)

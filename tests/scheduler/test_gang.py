@@ -1,0 +1,117 @@
+"""Behaviour 4: gangs all-or-nothing via a tentative Statement; replica spread."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cloud.scheduler import Scheduler
+from cloud.scheduler.state import ClusterState
+from cloud.scheduler.statement import Statement
+
+from .builders import deployment, edge_node, gpu_node, job, nodes_of, plan_for, running, snapshot
+
+
+def test_gang_spans_nodes_when_it_fits() -> None:
+    plan = plan_for([gpu_node(f"n{i}") for i in range(4)], [job("gang", 8, workers=3)])
+    assert sorted(nodes_of(plan, "gang")) == ["n0", "n1", "n2"]
+    assert [p.member for p in plan.placements] == [0, 1, 2]
+
+
+def test_gang_is_all_or_nothing() -> None:
+    nodes = [gpu_node(f"n{i}") for i in range(3)]
+    allocations = [running("r", "n2", 1, priority="p0", preemptible=False)]
+    plan = plan_for(
+        nodes, [job("gang", 8, workers=3), job("small", 1, submitted_at=1)], allocations
+    )
+    assert plan.placements_for("gang") == ()
+    pending = plan.pending_for("gang")
+    assert pending is not None
+    assert "only 2 of 3 workers fit" in pending.message
+    # The discarded tentative members left nothing behind: "small" saw all nodes free.
+    assert nodes_of(plan, "small") == ["n2"]
+
+
+def test_gang_workers_may_share_a_node() -> None:
+    plan = plan_for([gpu_node("n0")], [job("gang", 2, workers=4)])
+    assert nodes_of(plan, "gang") == ["n0"] * 4
+
+
+def test_statement_discard_restores_state_exactly() -> None:
+    snap = snapshot(
+        [gpu_node("n0"), gpu_node("n1")], allocations=[running("r", "n0", 3, priority="p2")]
+    )
+    state = ClusterState(snap)
+    free_before = [f.copy() for f in state.free]
+    usage_before = {t: list(u) for t, u in state.tenant_usage.items()}
+    stmt = Statement(state)
+    stmt.evict("r", "priority")
+    stmt.allocate(running("x", "n0", 8, tenant="t"), 0)
+    stmt.discard()
+    stmt.discard()  # idempotent
+    assert all(np.array_equal(a, b) for a, b in zip(free_before, state.free, strict=True))
+    assert {t: u for t, u in state.tenant_usage.items() if any(u)} == usage_before
+    assert set(state.allocations) == {"r"}
+    assert state.evictable_total[0][2] == 3
+
+
+def test_replicas_spread_across_nodes_and_regions() -> None:
+    nodes = [
+        edge_node("a1", region="a", count=4),
+        edge_node("a2", region="a", count=4),
+        edge_node("b1", region="b", count=4),
+        edge_node("c1", region="c", count=4),
+    ]
+    plan = plan_for(nodes, [deployment("d", replicas=3, kinds=("npu",))])
+    placed = nodes_of(plan, "d")
+    assert len(set(placed)) == 3  # one replica per node
+    regions = {n[0] for n in placed}
+    assert regions == {"a", "b", "c"}
+
+
+def test_spread_follows_traffic() -> None:
+    nodes = [edge_node(f"{r}{i}", region=r) for r in "ab" for i in range(3)]
+    plan = plan_for(
+        nodes, [deployment("d", replicas=3, kinds=("npu",), traffic_by_region={"a": 0.6, "b": 0.4})]
+    )
+    regions = sorted(n[0] for n in nodes_of(plan, "d"))
+    assert regions == ["a", "a", "b"]
+
+
+def test_existing_replicas_count_for_spread() -> None:
+    nodes = [edge_node("a1", region="a"), edge_node("a2", region="a"), edge_node("b1", region="b")]
+    existing = [
+        running(
+            "d/0",
+            "a1",
+            1,
+            kind="npu",
+            work_id="d",
+            work_kind="inference",
+            expected_end=None,
+            priority="p0",
+        )
+    ]
+    plan = plan_for(nodes, [deployment("d", replicas=1, kinds=("npu",))], existing)
+    assert nodes_of(plan, "d") == ["b1"]
+    assert plan.placements[0].allocation_id == "d/1"
+
+
+def test_partial_deployment_with_min_replicas() -> None:
+    plan = plan_for(
+        [edge_node("e1"), edge_node("e2")],
+        [deployment("d", replicas=3, min_replicas=2, kinds=("npu",))],
+    )
+    assert len(plan.placements_for("d")) == 2
+    pending = plan.pending_for("d")
+    assert pending is not None
+    assert pending.code == "partial"
+    assert (pending.members_placed, pending.members_needed) == (2, 1)
+
+
+def test_scheduler_steps_one_decision_at_a_time() -> None:
+    sched = Scheduler(snapshot([gpu_node("n0")], [job("a", 1), job("b", 1, submitted_at=1)]))
+    assert sched.step()
+    assert [p.work_id for p in sched.plan().placements] == ["a"]
+    assert sched.step()
+    assert not sched.step()
+    assert len(sched.plan().placements) == 2
