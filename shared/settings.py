@@ -136,11 +136,100 @@ class LogSettings(Section, frozen=True, kw_only=True):
     format: Literal["auto", "json", "console"] = "auto"
 
 
+SignalProviderName = Literal[
+    "static", "trace", "electricitymaps", "watttime", "uk-carbon-intensity", "carbon-aware-sdk"
+]
+LIVE_SIGNAL_PROVIDERS = ("electricitymaps", "watttime", "uk-carbon-intensity", "carbon-aware-sdk")
+# Must match cloud.signals.forecast.FORECASTERS (a test checks): shared/ never imports cloud/.
+ForecasterSetting = Literal[
+    "persistence", "seasonal-naive", "seasonal-naive-weekly", "seasonal-blend", "profile-level"
+]
+EmissionFactorSetting = Literal["lifecycle", "direct"]
+
+
+class StaticZoneSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One row of `[signals] static_table`: `{ carbon_g_per_kwh = 120, price_per_mwh = 45 }`."""
+
+    carbon_g_per_kwh: Annotated[float, msgspec.Meta(ge=0)]
+    price_per_mwh: float | None = None
+    currency: str = "USD"
+
+
+def _check_http_url(key: str, url: str | None) -> None:
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"{key}: {url!r} must start with http:// or https://")
+
+
+class SignalSettings(Section, frozen=True, kw_only=True):
+    """Grid carbon intensity and price sources (cloud/signals, docs/signals.md)."""
+
+    providers: tuple[SignalProviderName, ...] = ("trace",)
+    cache_ttl_s: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    staleness_limit_s: PositiveFloat = 3 * 3600.0
+    history_hours: Annotated[int, msgspec.Meta(ge=1, le=24 * 31)] = 24
+    forecast_horizon_hours: Annotated[int, msgspec.Meta(ge=1, le=24 * 14)] = 48
+    forecaster: ForecasterSetting = "profile-level"
+    rate_limit_backoff_s: PositiveFloat = 60.0
+    auth_backoff_s: PositiveFloat = 900.0
+    http_timeout_s: PositiveFloat = 10.0
+    static_table: dict[str, StaticZoneSettings] = {}
+    static_builtin: bool = True
+    trace_dir: str | None = None  # None: the 2023 data shipped with greenfed
+    trace_emission_factor: EmissionFactorSetting = "lifecycle"
+    trace_replay_year: Annotated[int, msgspec.Meta(ge=1970, le=2100)] = 2023
+    electricitymaps_token: str | None = None
+    electricitymaps_base_url: str = "https://api.electricitymaps.com/v3"
+    electricitymaps_emission_factor: EmissionFactorSetting = "lifecycle"
+    watttime_username: str | None = None
+    watttime_password: str | None = None
+    watttime_base_url: str = "https://api.watttime.org"
+    watttime_regions: dict[str, str] = msgspec.field(
+        default_factory=lambda: {"US-CAL-CISO": "CAISO_NORTH"}
+    )
+    uk_base_url: str = "https://api.carbonintensity.org.uk"
+    carbonaware_base_url: str | None = None
+    carbonaware_locations: dict[str, str] = {}
+    carbonaware_signal_type: Literal["average", "marginal"] = "marginal"
+
+    def __post_init__(self) -> None:
+        if not self.providers:
+            raise ValueError("providers: name at least one provider")
+        if len(set(self.providers)) != len(self.providers):
+            raise ValueError(f"providers: {list(self.providers)} names a provider twice")
+        live = [name for name in self.providers if name in LIVE_SIGNAL_PROVIDERS]
+        if "trace" in self.providers and live:
+            raise ValueError(
+                "providers: trace replays recorded time and cannot share a chain with live "
+                f"providers ({', '.join(live)})"
+            )
+        if "electricitymaps" in self.providers and not self.electricitymaps_token:
+            raise ValueError(
+                "electricitymaps_token: required when providers include electricitymaps"
+            )
+        if "watttime" in self.providers and not (self.watttime_username and self.watttime_password):
+            raise ValueError(
+                "watttime_username: watttime_username and watttime_password are required "
+                "when providers include watttime"
+            )
+        if "carbon-aware-sdk" in self.providers and not self.carbonaware_base_url:
+            raise ValueError(
+                "carbonaware_base_url: required when providers include carbon-aware-sdk"
+            )
+        for key in (
+            "electricitymaps_base_url",
+            "watttime_base_url",
+            "uk_base_url",
+            "carbonaware_base_url",
+        ):
+            _check_http_url(key, getattr(self, key))
+
+
 class Settings(Section, frozen=True, kw_only=True):
     mqtt: MqttSettings = MqttSettings()
     agent: AgentSettings = AgentSettings()
     cloud: CloudSettings = CloudSettings()
     log: LogSettings = LogSettings()
+    signals: SignalSettings = SignalSettings()
 
 
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

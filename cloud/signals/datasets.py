@@ -1,0 +1,273 @@
+"""The data greenfed ships (cloud/signals/data) and readers for its file formats.
+
+Shipped files are opened through `importlib.resources`, so an installed wheel and
+a fresh clone both work without the workspace's `../shared`. See
+`data/ATTRIBUTION.md` for sources and licences; `SHA256SUMS` pins every file.
+
+Carbon files follow the Electricity Maps export format
+(`<PREFIX>_<YEAR>_hourly.csv`); the zone id is read from their `Zone Id` column,
+so `DE-LU_2023_hourly.csv` serves zone `DE`. Price files
+(`<PREFIX>_electricity_prices_<YEAR>.csv`, USD/MWh) attach to the zone of the
+carbon file with the same prefix: DE's prices are those of the DE-LU bidding zone.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from cloud.signals.grid import FloatArray
+from cloud.signals.units import HOUR_S, parse_utc
+
+EmissionFactor = Literal["lifecycle", "direct"]
+
+SHIPPED_ZONES = ("CA-ON", "US-CAL-CISO", "DE", "ZA")
+SHIPPED_FILE_PREFIX = MappingProxyType(
+    {"CA-ON": "CA-ON", "US-CAL-CISO": "US-CAL-CISO", "DE": "DE-LU", "ZA": "ZA"}
+)
+LATENCY_FILE = "umassos_raw_gcp_latency.csv"
+ZONE_MAPPER_FILE = "umassos_gcp_dc_zonecode_mapper.json"
+MEAN_STATS_FILE = "umassos_mean_stats.csv"
+CHECKSUM_FILE = "SHA256SUMS"
+
+TIME_COLUMN = "Datetime (UTC)"
+ZONE_COLUMN = "Zone Id"
+DIRECT_COLUMN = "Carbon Intensity gCO₂eq/kWh (direct)"
+LCA_COLUMN = "Carbon Intensity gCO₂eq/kWh (LCA)"
+ESTIMATED_COLUMN = "Data Estimated"
+PRICE_COLUMN = "Price (USD/MWh)"
+
+_CARBON_FILE = re.compile(r"^(?P<prefix>.+)_(?P<year>\d{4})_hourly\.csv$")
+_PRICE_FILE = re.compile(r"^(?P<prefix>.+)_electricity_prices_(?P<year>\d{4})\.csv$")
+
+BoolArray = npt.NDArray[np.bool_]
+
+
+class DatasetError(ValueError):
+    """A trace directory or file that cannot be read; the message names the file."""
+
+
+def shipped_data() -> Traversable:
+    return resources.files("cloud.signals").joinpath("data")
+
+
+def shipped_file(name: str) -> Traversable:
+    return shipped_data().joinpath(name)
+
+
+def expected_checksums() -> dict[str, str]:
+    """File name → sha256 hex, from the shipped SHA256SUMS."""
+    checksums: dict[str, str] = {}
+    for line in shipped_file(CHECKSUM_FILE).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            checksums[name.lstrip("*")] = digest
+    return checksums
+
+
+def checksum_mismatches() -> list[str]:
+    """Names of shipped files whose content differs from SHA256SUMS (or that are missing)."""
+    bad: list[str] = []
+    for name, digest in expected_checksums().items():
+        entry = shipped_file(name)
+        if not entry.is_file() or hashlib.sha256(entry.read_bytes()).hexdigest() != digest:
+            bad.append(name)
+    return bad
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HourlyTrace:
+    """One zone's recorded hourly series; hour i starts at start_s + i·3600. NaN = no value."""
+
+    zone: str
+    start_s: float
+    carbon_lifecycle_g_per_kwh: FloatArray
+    carbon_direct_g_per_kwh: FloatArray
+    price_per_mwh: FloatArray
+    estimated: BoolArray
+    currency: str = "USD"
+    source: str = ""
+
+    @property
+    def hours(self) -> int:
+        return int(self.carbon_lifecycle_g_per_kwh.size)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.hours * HOUR_S
+
+    def carbon(self, emission_factor: EmissionFactor) -> FloatArray:
+        if emission_factor == "direct":
+            return self.carbon_direct_g_per_kwh
+        return self.carbon_lifecycle_g_per_kwh
+
+    def hour_index(self, at_s: float) -> int:
+        """Index of the hour containing at_s (may be outside 0..hours-1)."""
+        return math.floor((at_s - self.start_s) / HOUR_S)
+
+
+def _read_only(array: npt.NDArray[np.generic]) -> None:
+    array.setflags(write=False)
+
+
+def _rows(entry: Traversable) -> Iterator[dict[str, str]]:
+    # newline="" as the csv module wants: the shipped files end lines with CRLF.
+    with io.TextIOWrapper(entry.open("rb"), encoding="utf-8", newline="") as handle:
+        yield from csv.DictReader(handle)
+
+
+def _number(text: str | None) -> float:
+    if text is None or not text.strip():
+        return math.nan
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+@dataclass(slots=True)
+class _ZoneRows:
+    times: list[float]
+    lifecycle: list[float]
+    direct: list[float]
+    estimated: list[bool]
+    files: list[str]
+
+
+def _read_carbon_file(entry: Traversable, into: dict[str, _ZoneRows]) -> str:
+    """Read one carbon file; returns its zone id."""
+    zone = ""
+    try:
+        for row in _rows(entry):
+            zone = row[ZONE_COLUMN].strip()
+            rows = into.setdefault(zone, _ZoneRows([], [], [], [], []))
+            rows.times.append(parse_utc(row[TIME_COLUMN]).timestamp())
+            rows.lifecycle.append(_number(row.get(LCA_COLUMN)))
+            rows.direct.append(_number(row.get(DIRECT_COLUMN)))
+            rows.estimated.append(row.get(ESTIMATED_COLUMN, "").strip().lower() == "true")
+    except (KeyError, ValueError) as error:
+        raise DatasetError(f"{entry.name}: not in the Electricity Maps format ({error})") from None
+    if not zone:
+        raise DatasetError(f"{entry.name}: no rows")
+    into[zone].files.append(entry.name)
+    return zone
+
+
+def _dense(times: list[float], values: Iterable[float], start_s: float, hours: int) -> FloatArray:
+    array = np.full(hours, np.nan)
+    for at_s, value in zip(times, values, strict=True):
+        index = math.floor((at_s - start_s) / HOUR_S)
+        if 0 <= index < hours:
+            array[index] = value
+    return array
+
+
+def read_traces(directory: Traversable) -> dict[str, HourlyTrace]:
+    """Every zone in a directory of carbon (and optional price) files, one trace per zone."""
+    entries = sorted((e for e in directory.iterdir() if e.is_file()), key=lambda e: e.name)
+    zone_rows: dict[str, _ZoneRows] = {}
+    prefix_zone: dict[str, str] = {}
+    for entry in entries:
+        match = _CARBON_FILE.match(entry.name)
+        if match:
+            prefix_zone[match.group("prefix")] = _read_carbon_file(entry, zone_rows)
+    if not zone_rows:
+        raise DatasetError(f"{directory}: no <ZONE>_<YEAR>_hourly.csv carbon files")
+    price_rows: dict[str, tuple[list[float], list[float]]] = {}
+    for entry in entries:
+        match = _PRICE_FILE.match(entry.name)
+        if not match or match.group("prefix") not in prefix_zone:
+            continue
+        times, prices = price_rows.setdefault(prefix_zone[match.group("prefix")], ([], []))
+        try:
+            for row in _rows(entry):
+                times.append(parse_utc(row[TIME_COLUMN]).timestamp())
+                prices.append(_number(row[PRICE_COLUMN]))
+        except (KeyError, ValueError) as error:
+            raise DatasetError(f"{entry.name}: not a greenfed price file ({error})") from None
+    traces: dict[str, HourlyTrace] = {}
+    for zone, rows in zone_rows.items():
+        start_s = math.floor(min(rows.times) / HOUR_S) * HOUR_S
+        hours = math.floor((max(rows.times) - start_s) / HOUR_S) + 1
+        lifecycle = _dense(rows.times, rows.lifecycle, start_s, hours)
+        direct = _dense(rows.times, rows.direct, start_s, hours)
+        estimated = _dense(rows.times, (float(e) for e in rows.estimated), start_s, hours) == 1.0
+        price_times, prices = price_rows.get(zone, ([], []))
+        price = _dense(price_times, prices, start_s, hours)
+        for array in (lifecycle, direct, estimated, price):
+            _read_only(array)
+        traces[zone] = HourlyTrace(
+            zone=zone,
+            start_s=start_s,
+            carbon_lifecycle_g_per_kwh=lifecycle,
+            carbon_direct_g_per_kwh=direct,
+            price_per_mwh=price,
+            estimated=estimated,
+            source=", ".join(rows.files),
+        )
+    return traces
+
+
+@cache
+def shipped_traces() -> Mapping[str, HourlyTrace]:
+    """The four shipped 2023 zones (read once per process, ~0.2 s)."""
+    return MappingProxyType(read_traces(shipped_data()))
+
+
+@cache
+def _directory_traces(path: str) -> Mapping[str, HourlyTrace]:
+    directory = Path(path)
+    if not directory.is_dir():
+        raise DatasetError(f"trace directory {path} does not exist")
+    return MappingProxyType(read_traces(directory))
+
+
+def load_traces(directory: Path | str | None = None) -> Mapping[str, HourlyTrace]:
+    """Traces from `directory` (same format as the shipped files), or the shipped ones."""
+    if directory is None:
+        return shipped_traces()
+    return _directory_traces(str(Path(directory).resolve()))
+
+
+@cache
+def annual_mean_stats() -> Mapping[str, Mapping[str, float]]:
+    """umassos_mean_stats.csv: zone → {year: mean gCO2eq/kWh}."""
+    table: dict[str, Mapping[str, float]] = {}
+    for row in _rows(shipped_file(MEAN_STATS_FILE)):
+        zone = row.pop("zonecode").strip()
+        table[zone] = MappingProxyType(
+            {year: float(value) for year, value in row.items() if value and value.strip()}
+        )
+    return MappingProxyType(table)
+
+
+@cache
+def gcp_region_zones() -> Mapping[str, str]:
+    """umassos_gcp_dc_zonecode_mapper.json: GCP region → Electricity Maps zone."""
+    raw = json.loads(shipped_file(ZONE_MAPPER_FILE).read_text(encoding="utf-8"))
+    return MappingProxyType({str(region): str(zone) for region, zone in raw.items()})
+
+
+def latency_rows() -> Iterator[tuple[str, str, float]]:
+    """umassos_raw_gcp_latency.csv: (sending region, receiving region, milliseconds)."""
+    for row in _rows(shipped_file(LATENCY_FILE)):
+        yield (
+            row["sending_region"].strip(),
+            row["receiving_region"].strip(),
+            float(row["milliseconds"]),
+        )

@@ -1,0 +1,353 @@
+"""SignalService: cached, rate-limit-aware access to a chain of providers, frozen into GridSignals.
+
+Per zone, the service tries the providers in order. Each (provider, zone) answer
+is cached for `cache_ttl_s`; within that time the provider is not asked again.
+A provider that answered 429 is not asked again before its `Retry-After` (or
+`rate_limit_backoff_s` when it gave none); one that refused our credentials rests
+for `auth_backoff_s`. When no provider answers live, the freshest cached answer
+of any provider in the chain (the last good value) is used, however old; when
+there is none, the static table (`StaticProvider`). A value is flagged stale
+when its newest hour is older than `staleness_limit_s`, and every static
+fallback is stale; the flag is carried into `ZoneSeries.stale` and so
+`GridSignals.stale_zones`, where decisions can see it.
+
+A snapshot holds, per zone, the last `history_hours` recorded hours and
+`horizon_hours` ahead: the provider's own forecast where it has one, otherwise
+(and beyond its end) the configured forecaster applied to the recorded history.
+Gaps in recorded history are carried forward from the previous hour (never
+interpolated or back-filled). Hours without a price use the static table's price
+for the zone when it has one, otherwise NaN.
+
+All time comes from the injected clock: tests and the simulator never sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from cloud.signals.forecast import DEFAULT_FORECASTER, Forecaster, forecast_carbon, forecaster_named
+from cloud.signals.grid import FloatArray, GridSignals, ZoneSeries
+from cloud.signals.hourly import bin_forecast, bin_readings, fill_forward, first_finite
+from cloud.signals.model import (
+    Forecast,
+    GridReading,
+    SignalAuthError,
+    SignalError,
+    SignalProvider,
+    SignalRateLimited,
+    SignalType,
+    SignalUnavailable,
+)
+from cloud.signals.static import StaticProvider
+from cloud.signals.units import (
+    HOUR_S,
+    Clock,
+    epoch_s,
+    floor_hour_s,
+    system_clock,
+    utc_from_epoch,
+)
+
+DEFAULT_CACHE_TTL_S = 300.0
+DEFAULT_STALENESS_LIMIT_S = 3 * HOUR_S
+DEFAULT_HISTORY_HOURS = 24
+DEFAULT_HORIZON_HOURS = 48
+DEFAULT_RATE_LIMIT_BACKOFF_S = 60.0
+DEFAULT_AUTH_BACKOFF_S = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneAnswer:
+    """What one provider said about one zone, and when we asked."""
+
+    provider: str
+    zone: str
+    signal_type: SignalType
+    history: tuple[GridReading, ...]  # sorted by time, at least one
+    forecast: Forecast | None
+    fetched_at_s: float
+
+    @property
+    def newest_s(self) -> float:
+        return epoch_s(self.history[-1].at)
+
+
+class SignalService:
+    def __init__(
+        self,
+        providers: Sequence[SignalProvider],
+        *,
+        static: StaticProvider | None = None,
+        clock: Clock = system_clock,
+        cache_ttl_s: float = DEFAULT_CACHE_TTL_S,
+        staleness_limit_s: float = DEFAULT_STALENESS_LIMIT_S,
+        history_hours: int = DEFAULT_HISTORY_HOURS,
+        horizon_hours: int = DEFAULT_HORIZON_HOURS,
+        forecaster: Forecaster | str = DEFAULT_FORECASTER,
+        rate_limit_backoff_s: float = DEFAULT_RATE_LIMIT_BACKOFF_S,
+        auth_backoff_s: float = DEFAULT_AUTH_BACKOFF_S,
+    ) -> None:
+        names = [provider.name for provider in providers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"provider names must be unique: {names}")
+        if history_hours < 1 or horizon_hours < 0:
+            raise ValueError("need history_hours >= 1 and horizon_hours >= 0")
+        if cache_ttl_s < 0 or staleness_limit_s < 0:
+            raise ValueError("cache_ttl_s and staleness_limit_s must be >= 0")
+        self._providers = list(providers)
+        self._static = static
+        self._clock = clock
+        self._ttl_s = cache_ttl_s
+        self._staleness_limit_s = staleness_limit_s
+        self._history_hours = history_hours
+        self._horizon_hours = horizon_hours
+        self._forecaster = (
+            forecaster_named(forecaster) if isinstance(forecaster, str) else forecaster
+        )
+        self._rate_limit_backoff_s = rate_limit_backoff_s
+        self._auth_backoff_s = auth_backoff_s
+        self._answers: dict[tuple[str, str], ZoneAnswer] = {}
+        self._blocked_until_s: dict[str, float] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._log = structlog.get_logger("greenfed.signals")
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        return tuple(provider.name for provider in self._providers)
+
+    def blocked_until_s(self, provider: str) -> float | None:
+        """When a rate-limited or refused provider may be asked again (None: it may now)."""
+        until = self._blocked_until_s.get(provider)
+        return until if until is not None and until > self._clock() else None
+
+    # ---- asking providers -------------------------------------------------------
+
+    def _lookback_hours(self) -> int:
+        return max(self._history_hours, self._forecaster.lookback_hours)
+
+    async def _ask(self, provider: SignalProvider, zone: str, now_s: float) -> ZoneAnswer:
+        hour_s = floor_hour_s(now_s)
+        start = utc_from_epoch(hour_s - (self._lookback_hours() - 1) * HOUR_S)
+        end = utc_from_epoch(hour_s + HOUR_S)
+        history = sorted(await provider.history(zone, start, end), key=lambda r: r.at)
+        if not history:
+            history = [await provider.latest(zone)]
+        forecast: Forecast | None = None
+        try:
+            forecast = await provider.forecast(
+                zone, end, utc_from_epoch(hour_s + (self._horizon_hours + 1) * HOUR_S)
+            )
+        except SignalRateLimited as error:
+            self._block(provider.name, error)
+        except SignalError as error:
+            # History is what matters; without the provider's forecast we make our own.
+            self._log.info(
+                "signals.forecast_unavailable", provider=provider.name, zone=zone, error=str(error)
+            )
+        return ZoneAnswer(
+            provider=provider.name,
+            zone=zone,
+            signal_type=history[-1].signal_type,
+            history=tuple(history),
+            forecast=forecast,
+            fetched_at_s=now_s,
+        )
+
+    def _block(self, provider: str, error: SignalError) -> None:
+        now_s = self._clock()
+        if isinstance(error, SignalRateLimited):
+            wait_s = error.retry_after_s
+            if wait_s is None:
+                wait_s = self._rate_limit_backoff_s
+        else:
+            wait_s = self._auth_backoff_s
+        self._blocked_until_s[provider] = max(
+            self._blocked_until_s.get(provider, 0.0), now_s + wait_s
+        )
+        self._log.warning(
+            "signals.provider_backoff", provider=provider, wait_s=wait_s, error=str(error)
+        )
+
+    async def _answer(self, zone: str, now_s: float) -> tuple[ZoneAnswer | None, bool]:
+        """(answer, live): a fresh cached or live answer, else the last good one, else None."""
+        for provider in self._providers:
+            key = (provider.name, zone)
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = asyncio.Lock()
+            # One question per (provider, zone) at a time: concurrent snapshots share it.
+            async with lock:
+                cached = self._answers.get(key)
+                if cached is not None and now_s - cached.fetched_at_s < self._ttl_s:
+                    return cached, True
+                if self.blocked_until_s(provider.name) is not None:
+                    continue
+                try:
+                    answer = await self._ask(provider, zone, now_s)
+                except (SignalRateLimited, SignalAuthError) as error:
+                    self._block(provider.name, error)
+                    continue
+                except SignalError as error:
+                    self._log.info(
+                        "signals.provider_failed",
+                        provider=provider.name,
+                        zone=zone,
+                        error=str(error),
+                    )
+                    continue
+                except Exception:
+                    # A provider bug must not take every zone's signals down with it.
+                    self._log.exception(
+                        "signals.provider_crashed", provider=provider.name, zone=zone
+                    )
+                    continue
+                self._answers[key] = answer
+                return answer, True
+        cached_answers = (self._answers.get((provider.name, zone)) for provider in self._providers)
+        last_good = [cached for cached in cached_answers if cached is not None]
+        if last_good:
+            return max(last_good, key=lambda cached: cached.newest_s), False
+        return None, False
+
+    # ---- public API -----------------------------------------------------------------
+
+    async def latest(self, zone: str) -> GridReading:
+        """The newest value for a zone through the chain, flagged stale when it is old."""
+        now_s = self._clock()
+        answer, _ = await self._answer(zone, now_s)
+        if answer is not None:
+            reading = answer.history[-1]
+            stale = now_s - answer.newest_s > self._staleness_limit_s
+            return _with_stale(reading, stale, self._static, zone)
+        if self._static is not None and self._static.knows(zone):
+            reading = await self._static.latest(zone)
+            return _with_stale(reading, True, None, zone)
+        raise SignalUnavailable(f"no provider has a value for zone {zone!r}")
+
+    async def snapshot(self, zones: Iterable[str]) -> GridSignals:
+        """GridSignals at the clock's now; zones nobody knows (not even static) are left out."""
+        now_s = self._clock()
+        wanted = sorted(set(zones))
+        async with asyncio.TaskGroup() as group:
+            tasks = {zone: group.create_task(self._series(zone, now_s)) for zone in wanted}
+        series = {zone: task.result() for zone, task in tasks.items()}
+        return GridSignals(
+            now_s=now_s, zones={zone: s for zone, s in series.items() if s is not None}
+        )
+
+    async def _series(self, zone: str, now_s: float) -> ZoneSeries | None:
+        answer, live = await self._answer(zone, now_s)
+        if answer is not None:
+            stale = now_s - answer.newest_s > self._staleness_limit_s
+            source = answer.provider if live else f"{answer.provider} (last good)"
+            try:
+                return self._assemble(answer, now_s, stale=stale, source=source)
+            except SignalUnavailable as error:
+                self._log.warning("signals.unusable_answer", zone=zone, error=str(error))
+        if self._static is not None and self._static.knows(zone):
+            self._log.warning("signals.static_fallback", zone=zone)
+            return self._static_series(zone, now_s)
+        self._log.warning("signals.zone_unknown", zone=zone)
+        return None
+
+    # ---- assembling hourly series ---------------------------------------------------
+
+    def _static_price(self, zone: str) -> float:
+        if self._static is None or not self._static.knows(zone):
+            return math.nan
+        price = self._static.entry(zone).price_per_mwh
+        return math.nan if price is None else price
+
+    def _static_series(self, zone: str, now_s: float) -> ZoneSeries:
+        assert self._static is not None
+        entry = self._static.entry(zone)
+        hours = self._history_hours + self._horizon_hours
+        price = math.nan if entry.price_per_mwh is None else entry.price_per_mwh
+        return ZoneSeries(
+            zone=zone,
+            start_s=floor_hour_s(now_s) - (self._history_hours - 1) * HOUR_S,
+            carbon_g_per_kwh=np.full(hours, entry.carbon_g_per_kwh),
+            price_per_mwh=np.full(hours, price),
+            signal_type=entry.signal_type,
+            currency=entry.currency,
+            stale=True,
+            source=f"{self._static.name} (fallback)",
+        )
+
+    def _assemble(
+        self, answer: ZoneAnswer, now_s: float, *, stale: bool, source: str
+    ) -> ZoneSeries:
+        lookback = self._lookback_hours()
+        current_s = floor_hour_s(now_s)
+        newest_s = floor_hour_s(answer.newest_s)
+        # An answer may end before the current hour (a provider's lag, or a last good value).
+        last_s = min(current_s, newest_s)
+        first_s = last_s - (lookback - 1) * HOUR_S
+        carbon, price = bin_readings(answer.history, first_s, lookback)
+        begin = first_finite(carbon)
+        if begin is None:  # every reading lies after the current hour (a skewed clock)
+            raise SignalUnavailable(f"{answer.provider}: no value at or before now")
+        known_start_s = first_s + begin * HOUR_S
+        carbon = fill_forward(carbon[begin:])
+        price = fill_forward(price[begin:])
+        future = round((current_s - last_s) / HOUR_S) + self._horizon_hours
+        carbon_future = forecast_carbon(self._forecaster, carbon, future)
+        price_future = self._price_forecast(price, future, answer.zone)
+        if answer.forecast is not None and answer.forecast.points:
+            given_carbon, given_price = bin_forecast(
+                answer.forecast.points, last_s + HOUR_S, future
+            )
+            carbon_future = np.maximum(
+                np.where(np.isfinite(given_carbon), given_carbon, carbon_future), 0.0
+            )
+            price_future = np.where(np.isfinite(given_price), given_price, price_future)
+        if not np.any(np.isfinite(price)):
+            price = np.full(price.size, self._static_price(answer.zone))
+        window_start_s = current_s - (self._history_hours - 1) * HOUR_S
+        start_s = max(known_start_s, min(window_start_s, last_s))
+        keep = round((last_s - start_s) / HOUR_S) + 1
+        return ZoneSeries(
+            zone=answer.zone,
+            start_s=start_s,
+            carbon_g_per_kwh=np.concatenate((carbon[-keep:], carbon_future)),
+            price_per_mwh=np.concatenate((price[-keep:], price_future)),
+            signal_type=answer.signal_type,
+            currency=next((r.currency for r in reversed(answer.history) if r.currency), "USD"),
+            stale=stale,
+            source=source,
+        )
+
+    def _price_forecast(self, price: FloatArray, hours: int, zone: str) -> FloatArray:
+        begin = first_finite(price)
+        if begin is None:
+            return np.full(hours, self._static_price(zone))
+        return self._forecaster.forecast(price[begin:], hours)
+
+
+def _with_stale(
+    reading: GridReading, stale: bool, static: StaticProvider | None, zone: str
+) -> GridReading:
+    price, currency = reading.price_per_mwh, reading.currency
+    if price is None and static is not None and static.knows(zone):
+        entry = static.entry(zone)
+        price, currency = (
+            entry.price_per_mwh,
+            entry.currency if entry.price_per_mwh is not None else None,
+        )
+    return GridReading(
+        zone=reading.zone,
+        at=reading.at,
+        carbon_g_per_kwh=reading.carbon_g_per_kwh,
+        signal_type=reading.signal_type,
+        price_per_mwh=price,
+        currency=currency,
+        source=reading.source,
+        estimated=reading.estimated,
+        stale=stale or reading.stale,
+    )
