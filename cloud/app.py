@@ -14,16 +14,19 @@ import os
 import socket
 from collections.abc import AsyncIterator
 
+import aiohttp
 import structlog
 from aiohttp import web
 
-from cloud.api import nodes, system
-from cloud.api.keys import BACKGROUND_TASKS, INGESTOR, METRICS, REGISTRY, SETTINGS
+from cloud.api import nodes, signals, system
+from cloud.api.keys import BACKGROUND_TASKS, INGESTOR, METRICS, REGISTRY, SETTINGS, SIGNALS
 from cloud.api.problems import problem_middleware
 from cloud.ingest import Ingestor
 from cloud.metrics import build_metrics_registry
 from cloud.registry import NodeRegistry
+from cloud.signals.factory import build_signal_service
 from shared.settings import Settings
+from shared.tasks import stop_task
 from shared.topics import Topics
 
 # Requests bodies are small JSON documents; anything bigger is a mistake or abuse.
@@ -52,11 +55,15 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         for task in (ingestion, liveness):
-            task.cancel()
-        for task in (ingestion, liveness):
             # Cancellation is the expected end; any other failure surfaces here.
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
+
+
+async def _signal_service(app: web.Application) -> AsyncIterator[None]:
+    """The grid signal chain, with one HTTP session for every live provider."""
+    async with aiohttp.ClientSession() as http:
+        app[SIGNALS] = build_signal_service(app[SETTINGS].signals, session=http)
+        yield
 
 
 def create_app(settings: Settings, registry: NodeRegistry | None = None) -> web.Application:
@@ -73,7 +80,9 @@ def create_app(settings: Settings, registry: NodeRegistry | None = None) -> web.
     app[INGESTOR] = ingestor
     app[METRICS] = build_metrics_registry(ingestor)
     nodes.add_routes(app)
+    signals.add_routes(app)
     system.add_routes(app)
+    app.cleanup_ctx.append(_signal_service)
     app.cleanup_ctx.append(_background)
     return app
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import structlog
 
+from shared.tasks import cancel_and_wait
+
 SHUTDOWN_BUDGET_S = 4.0
 
 MainFunction = Callable[[asyncio.Event], Awaitable[int]]
@@ -46,15 +48,11 @@ async def run_until_stopped(stop: asyncio.Event, *work: Coroutine[Any, Any, None
         await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopper.cancel()
-        for task in tasks:
-            task.cancel()
-        done, pending = (
-            await asyncio.wait(tasks, timeout=SHUTDOWN_BUDGET_S) if tasks else (set(), set())
-        )
+        pending = await cancel_and_wait(tasks, SHUTDOWN_BUDGET_S)
         if pending:
             structlog.get_logger("greenfed").warning(
                 "shutdown budget exceeded", still_running=[t.get_name() for t in pending]
             )
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]

@@ -1,12 +1,13 @@
 """Reservations for blocked jobs, and the rule that backfill may not delay them.
 
 When a job cannot start now (even with preemption), it reserves the earliest slot
-at which enough accelerators will be free, computed from the expected end times
-of running work. Each reserved node then records the reserved start and its
-*slack*: accelerators that may still go to work running past that start. Work
-that ends before the reserved start may use the node freely (backfill); longer
-work only within the slack. Slack is kept exact by ``ClusterState`` as work is
-placed or evicted, so a reservation can never be pushed back by later jobs.
+at which enough accelerators (and, if it needs any, host memory) will be free,
+computed from the expected end times of running work. Each reserved node then
+records the reserved start and its *slack*: accelerators, and host memory, that
+may still go to work running past that start. Work that ends before the reserved
+start may use the node freely (backfill); longer work only within the slack.
+Slack is kept exact by ``ClusterState`` as work is placed or evicted, so a
+reservation can never be pushed back by later jobs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .arrays import FloatArray, IntArray
 from .candidates import KindCandidates
 from .model import KIND_INDEX
 from .shape import WorkShape
-from .state import NO_RESERVATION, ClusterState
+from .state import NO_RESERVATION, ClusterState, ReservedSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +28,27 @@ class Slot:
     start_at: float
     nodes: tuple[int, ...]
     amounts: tuple[int, ...]  # accelerators reserved per node
-    projected_free: tuple[int, ...]  # free per node at start_at, before this reservation
+    host_memory_bytes: tuple[int, ...]  # host memory reserved per node
+    projected_free: tuple[int, ...]  # accelerators free per node at start_at, before this
+    projected_host_free: tuple[int, ...]  # host memory bytes free then, likewise
     ends: tuple[float, ...]  # when the reserved job would finish on each node
+
+
+def may_free_up(state: ClusterState, shape: WorkShape, cand: KindCandidates) -> bool:
+    """Will anything the job needs come free on its candidate nodes: work with an
+    expected end (of its kind, or of any kind when host memory is needed too), or an
+    earlier reservation ending?"""
+    k = cand.k
+    nodes = cand.nodes
+    if state.ending_allocation_count[k][nodes].any() or state.reserved_spans[k]:
+        return True
+    if not shape.host_memory_bytes:
+        return False
+    return any(
+        state.ending_allocation_count[other][nodes].any() or state.reserved_spans[other]
+        for other in range(len(state.reserved_spans))
+        if other != k
+    )
 
 
 def earliest_slot(
@@ -43,64 +63,93 @@ def earliest_slot(
     k = cand.k
     nodes = cand.nodes
     need = shape.accelerators
+    host_need = shape.host_memory_bytes
     cap = shape.max_per_node
     if nodes.size == 0:
         return None
     n = state.snapshot.node_count
     position_of = np.full(n, -1, dtype=np.int64)
     position_of[nodes] = np.arange(nodes.size)
-    available = state.free[k][nodes] - state.res_held[k][nodes]
+    available = state.free[k][nodes] - state.reserved_accelerators[k][nodes]
+    host_available = state.host_free[nodes] - state.reserved_host_memory_bytes[nodes]
 
-    def slots(amount: IntArray) -> IntArray:
+    def slots(amount: IntArray, host: IntArray) -> IntArray:
         count: IntArray = np.maximum(amount, 0) // need
+        if host_need:
+            count = np.minimum(count, np.maximum(host, 0) // host_need)
         return np.minimum(count, cap) if cap is not None else count
 
-    if int(slots(available).sum()) >= members:
+    if int(slots(available, host_available).sum()) >= members:
         return None  # capacity is there: something else (affinity, limits) blocks it
-    if not state.ending[k][nodes].any() and not state.res_releases[k]:
+    if not may_free_up(state, shape, cand):
         return None  # only long-running work there: nothing will free up
-    event_pos, event_t, event_amount = [], [], []
-    kind = cand.static.kind_code
-    ending = np.flatnonzero(state.ending[k][nodes] > 0)
-    for position, node in zip(ending.tolist(), nodes[ending].tolist(), strict=True):
+    event_pos: list[int] = []
+    event_t: list[float] = []
+    event_amount: list[int] = []
+    event_host: list[int] = []
+    kinds = range(len(state.reserved_spans)) if host_need else (k,)
+    ending = np.zeros(nodes.size, dtype=np.bool_)
+    for kind in kinds:
+        ending |= state.ending_allocation_count[kind][nodes] > 0
+    where = np.flatnonzero(ending)
+    for position, node in zip(where.tolist(), nodes[where].tolist(), strict=True):
         for alloc in state.node_allocs.get(node, {}).values():
-            if alloc.expected_end is not None and KIND_INDEX[alloc.accelerator_kind] == kind:
+            if alloc.expected_end is None:
+                continue
+            same_kind = KIND_INDEX[alloc.accelerator_kind] == k
+            host = alloc.host_memory_bytes if host_need else 0
+            if same_kind or host:
                 event_pos.append(position)
                 event_t.append(max(alloc.expected_end, state.now))
-                event_amount.append(alloc.accelerators)
-    # Earlier reservations hold their accelerators from now (conservative) and give
-    # them back when their job would end, so reservations can queue behind each other.
-    for node, end, held in state.res_releases[kind]:
-        position = position_of[node]
-        if position >= 0 and end != float("inf"):
-            event_pos.append(int(position))
-            event_t.append(end)
-            event_amount.append(held)
+                event_amount.append(alloc.accelerators if same_kind else 0)
+                event_host.append(host)
+    # Earlier reservations hold their accelerators and host memory from now
+    # (conservative) and give them back when their job would end, so reservations
+    # can queue behind each other.
+    for kind in kinds:
+        span: ReservedSpan
+        for span in state.reserved_spans[kind]:
+            position = int(position_of[span.node])
+            if position >= 0 and span.end_s != float("inf"):
+                event_pos.append(position)
+                event_t.append(span.end_s)
+                event_amount.append(span.accelerators if kind == k else 0)
+                event_host.append(span.host_memory_bytes if host_need else 0)
     if not event_pos:
         return None
     pos = np.array(event_pos, dtype=np.int64)
     t = np.array(event_t, dtype=np.float64)
     amount = np.array(event_amount, dtype=np.int64)
+    host_amount = np.array(event_host, dtype=np.int64)
     order = np.lexsort((t, pos))  # by node, then time
-    pos, t, amount = pos[order], t[order], amount[order]
-    running = np.cumsum(amount)
+    pos, t, amount, host_amount = pos[order], t[order], amount[order], host_amount[order]
     first = np.r_[True, pos[1:] != pos[:-1]]
     group = np.cumsum(first) - 1
-    within = running - (running - amount)[first][group]
-    after = available[pos] + within
-    gained = slots(after) - slots(after - amount)
+
+    def freed_by_then(amounts: IntArray) -> IntArray:
+        """Per event: what its node has got back up to and including it."""
+        running = np.cumsum(amounts)
+        result: IntArray = running - (running - amounts)[first][group]
+        return result
+
+    after = available[pos] + freed_by_then(amount)
+    host_after = host_available[pos] + freed_by_then(host_amount)
+    gained = slots(after, host_after) - slots(after - amount, host_after - host_amount)
     by_time = np.argsort(t, kind="stable")
-    reached = int(slots(available).sum()) + np.cumsum(gained[by_time])
+    reached = int(slots(available, host_available).sum()) + np.cumsum(gained[by_time])
     hit = np.flatnonzero(reached >= members)
     if hit.size == 0:
         return None
     start = float(t[by_time][hit[0]])
-    released = np.bincount(pos[t <= start], weights=amount[t <= start], minlength=nodes.size)
+    due = t <= start
+    released = np.bincount(pos[due], weights=amount[due], minlength=nodes.size)
+    host_released = np.bincount(pos[due], weights=host_amount[due], minlength=nodes.size)
     at_start = available + released.astype(np.int64)
-    per_node = slots(at_start)
+    host_at_start = host_available + host_released.astype(np.int64)
+    per_node = slots(at_start, host_at_start)
     chosen = np.flatnonzero(per_node > 0)
     chosen = chosen[np.lexsort((chosen, -per_node[chosen]))]
-    picked, amounts, projected, ends = [], [], [], []
+    picked, amounts, hosts, projected, projected_host, ends = [], [], [], [], [], []
     remaining = members
     for position in chosen.tolist():
         if remaining <= 0:
@@ -109,21 +158,53 @@ def earliest_slot(
         remaining -= take
         picked.append(int(nodes[position]))
         amounts.append(take * need)
+        hosts.append(take * host_need)
         projected.append(int(at_start[position]))
+        projected_host.append(int(host_at_start[position]))
         ends.append(start + float(runtime_s[position]))
-    return Slot(start, tuple(picked), tuple(amounts), tuple(projected), tuple(ends))
+    return Slot(
+        start,
+        tuple(picked),
+        tuple(amounts),
+        tuple(hosts),
+        tuple(projected),
+        tuple(projected_host),
+        tuple(ends),
+    )
 
 
 def reserve(state: ClusterState, k: int, slot: Slot) -> None:
     state.has_reservations = True
-    for node, amount, projected, end in zip(
-        slot.nodes, slot.amounts, slot.projected_free, slot.ends, strict=True
+    for node, amount, host, projected, projected_host, end in zip(
+        slot.nodes,
+        slot.amounts,
+        slot.host_memory_bytes,
+        slot.projected_free,
+        slot.projected_host_free,
+        slot.ends,
+        strict=True,
     ):
-        state.res_releases[k].append((node, end, amount))
+        state.reserved_spans[k].append(ReservedSpan(node, end, amount, host))
         slack = projected - amount
-        if state.res_start[k][node] == NO_RESERVATION:
-            state.res_slack[k][node] = slack
+        if state.reservation_start_s[k][node] == NO_RESERVATION:
+            state.reservation_slack_accelerators[k][node] = slack
         else:
-            state.res_slack[k][node] = min(int(state.res_slack[k][node]) - amount, slack)
-        state.res_start[k][node] = min(float(state.res_start[k][node]), slot.start_at)
-        state.res_held[k][node] += amount
+            state.reservation_slack_accelerators[k][node] = min(
+                int(state.reservation_slack_accelerators[k][node]) - amount, slack
+            )
+        state.reservation_start_s[k][node] = min(
+            float(state.reservation_start_s[k][node]), slot.start_at
+        )
+        state.reserved_accelerators[k][node] += amount
+        if host:
+            host_slack = projected_host - host
+            if state.reservation_host_start_s[node] == NO_RESERVATION:
+                state.reservation_slack_host_memory_bytes[node] = host_slack
+            else:
+                state.reservation_slack_host_memory_bytes[node] = min(
+                    int(state.reservation_slack_host_memory_bytes[node]) - host, host_slack
+                )
+            state.reservation_host_start_s[node] = min(
+                float(state.reservation_host_start_s[node]), slot.start_at
+            )
+            state.reserved_host_memory_bytes[node] += host

@@ -23,7 +23,13 @@ import numpy as np
 from .arrays import CodeArray, FloatArray, IntArray, read_only
 from .filters import FILTERS, PASS, StaticResult, static_filters
 from .policy import Policy
-from .scoring import load, packing, preference, speed, traffic_weights, utilisation
+from .scoring import (
+    packing_and_load,
+    packing_and_load_one,
+    preference,
+    speed,
+    traffic_weights,
+)
 from .shape import WorkShape
 from .snapshot import Snapshot
 from .state import ClusterState
@@ -83,13 +89,15 @@ class DynamicScores:
         self.seen = len(self.log)
         self.value: FloatArray = np.empty(state.snapshot.node_count)
         self._rescore(slice(None))
-        # Candidate sets (by static key) on which nothing fitted, and the release
-        # count then: until something is released there, nothing will fit.
-        self.exhausted: dict[int, int] = {}
+        # Per candidate set (CandidateCache.shape_id) on which no member fitted: the
+        # eviction count then. Until something is evicted, nothing will fit there.
+        self.nothing_fits_at_evictions: dict[int, int] = {}
 
-    def releases(self) -> int:
-        releases = self._state.releases
-        return sum(releases) if self.host_memory else releases[self.k]
+    def evictions(self) -> int:
+        """Evictions so far that could have made room: of this kind, or of any kind
+        when host memory is needed too."""
+        evictions = self._state.evictions_by_kind
+        return sum(evictions) if self.host_memory else evictions[self.k]
 
     def sync(self) -> FloatArray:
         """Bring ``value`` up to date with the placements made since the last call."""
@@ -113,17 +121,19 @@ class DynamicScores:
         fits = free >= self.accelerators
         if self.host_memory:
             fits &= state.host_free[where] >= self.host_memory
-        inv_capacity = self.inv_capacity[where]
-        total = np.zeros(free.shape)
-        if self.w_packing:
-            total += self.w_packing * packing(free, self.accelerators, inv_capacity)
-        if self.w_load:
-            util = utilisation(self.base_util[where], state.util_delta[k][where], inv_capacity)
-            total += self.w_load * load(util, self.threshold)
+        packing, load = packing_and_load(
+            free,
+            self.accelerators,
+            self.inv_capacity[where],
+            self.base_util[where],
+            state.util_delta[k][where],
+            self.threshold,
+        )
+        total = self.w_packing * packing + self.w_load * load
         self.value[where] = np.where(fits, total, -np.inf)
 
     def _rescore_one(self, node: int) -> None:
-        # Scalar twin of _rescore (same operations in the same order, so the same bits).
+        # Scalar twin of _rescore: the same formula, so the same bits.
         state = self._state
         k = self.k
         free: int = state.free[k].item(node)
@@ -132,15 +142,15 @@ class DynamicScores:
         ):
             self.value[node] = -np.inf
             return
-        inv_capacity: float = self.inv_capacity.item(node)
-        total = 0.0
-        if self.w_packing:
-            total += self.w_packing * (1.0 - (free - self.accelerators) * inv_capacity)
-        if self.w_load:
-            util = self.base_util.item(node) + state.util_delta[k].item(node) * inv_capacity
-            load = (1.0 - util) / (1.0 - self.threshold)
-            total += self.w_load * (0.0 if load < 0.0 else 1.0 if load > 1.0 else load)
-        self.value[node] = total
+        packing, load = packing_and_load_one(
+            free,
+            self.accelerators,
+            self.inv_capacity.item(node),
+            self.base_util.item(node),
+            state.util_delta[k].item(node),
+            self.threshold,
+        )
+        self.value[node] = self.w_packing * packing + self.w_load * load
 
 
 class CandidateCache:

@@ -7,7 +7,8 @@ For each job in queue order (queue_order.py):
    valid node (gang.py, candidates.py), all inside one Statement;
 3. if incomplete and something could be evicted: the same with preemption
    (preemption.py); borrowers reclaimed / own lower-priority work evicted when
-   quota is the obstacle;
+   quota is the obstacle. A member that cannot be brought within quota is rolled
+   back to its savepoint, victims included, so nothing is evicted for it;
 4. whole (or, for deployments, at least ``min_replicas``) -> commit; else discard,
    explain why (explain.py) and, for a capacity problem, reserve the earliest
    slot so later jobs cannot push it back (backfill.py).
@@ -23,14 +24,15 @@ from types import MappingProxyType
 import numpy as np
 
 from . import explain
-from .backfill import Slot, earliest_slot, reserve
+from .backfill import Slot, earliest_slot, may_free_up, reserve
 from .candidates import CandidateCache
+from .explain import PreemptionOutcome
 from .filters import PASS, count_rejections, node_codes
 from .gang import Choice, JobContext, Option
-from .model import KINDS, InferenceDeployment, Work
+from .model import KINDS, InferenceDeployment, TrainingJob, Work
 from .plan import Pending, PendingCode, Placement, Plan, Preemption, Reservation
 from .policy import DEFAULT_POLICY, Policy
-from .preemption import Preemptor, Victim
+from .preemption import Preemptor
 from .queue_order import QueueOrder
 from .quota import Admission, QuotaBook
 from .shape import make_shape
@@ -97,7 +99,7 @@ class Scheduler:
         shape = make_shape(work, self.policy)
         job = JobContext(shape, self.cache, self.policy, self.state)
         if not job.has_candidates:
-            self._pend(job, None, 0, preempted_nothing=False)
+            self._pend(job, None, 0, "off")
             return
         attempt = self._attempt(job, preempt=False)
         if len(attempt.placements) == shape.members:
@@ -107,27 +109,30 @@ class Scheduler:
         quota_block = attempt.quota_block
         attempt.stmt.discard()
         job.reset()
-        preempted_nothing = True
-        if self.policy.preemption and self.preemptor.can_help(job, self._admissions(job)):
-            preempted_nothing = False
-            attempt = self._attempt(job, preempt=True)
-            placed = len(attempt.placements)
-            if placed == shape.members or shape.min_members <= placed >= best_fit:
-                self._commit(job, attempt)
-                if placed < shape.members:
-                    self._pend(job, None, placed, preempted_nothing, placed=True)
-                return
-            quota_block = attempt.quota_block or quota_block
-            attempt.stmt.discard()
-            job.reset()
+        preemption: PreemptionOutcome = "off"
+        if self.policy.preemption:
+            preemption = "nothing-evictable"
+            if self.preemptor.can_help(job, self._admissions(job)):
+                preemption = "tried"
+                attempt = self._attempt(job, preempt=True)
+                placed = len(attempt.placements)
+                if placed == shape.members or shape.min_members <= placed >= best_fit:
+                    self._commit(job, attempt)
+                    if placed < shape.members:
+                        self._pend(job, attempt.quota_block, placed, preemption, placed=True)
+                    return
+                # Its verdict wins: it records quota whenever quota was (also) in the way.
+                quota_block = attempt.quota_block
+                attempt.stmt.discard()
+                job.reset()
         if best_fit >= shape.min_members:
             # A deployment that accepts a partial placement: redo the plain attempt
             # (the state is back to where it was, so it places the same replicas).
             attempt = self._attempt(job, preempt=False)
             self._commit(job, attempt)
-            self._pend(job, None, len(attempt.placements), preempted_nothing, placed=True)
+            self._pend(job, attempt.quota_block, len(attempt.placements), preemption, placed=True)
             return
-        self._pend(job, quota_block, best_fit, preempted_nothing)
+        self._pend(job, quota_block, best_fit, preemption)
 
     def _admissions(self, job: JobContext) -> dict[int, Admission]:
         tenant, need = job.shape.work.tenant, job.shape.accelerators
@@ -136,33 +141,43 @@ class Scheduler:
 
     def _attempt(self, job: JobContext, *, preempt: bool) -> _Attempt:
         attempt = _Attempt(Statement(self.state))
+        stmt = attempt.stmt
         shape = job.shape
         for _ in range(shape.members):
+            # Everything this member changes (victims, its allocation) comes after this.
+            savepoint = stmt.mark()
             admissions = self._admissions(job)
             admitted = [k for k, a in admissions.items() if a.admitted]
             choice = job.pick(admitted) if admitted else None
-            if choice is None and preempt and len(admitted) < len(admissions):
-                choice = job.pick()  # fits physically; quota is fixed below by evicting
-            victims: tuple[Victim, ...] = ()
+            over_quota: Choice | None = None
+            if choice is None and len(admitted) < len(admissions):
+                # It fits physically on a kind quota denies: with preemption, quota is
+                # fixed below by evicting; without, that kind's quota is the reason.
+                over_quota = job.pick()
+                if preempt:
+                    choice = over_quota
             if choice is None and preempt:
                 found = self.preemptor.pick_with_victims(job, admissions)
                 if found is not None:
-                    victims = found.victims
-                    for alloc, reason in victims:
-                        attempt.stmt.evict(alloc.allocation_id, reason)
+                    for alloc, reason in found.victims:
+                        stmt.evict(alloc.allocation_id, reason)
                     score = float(job.scores(found.option)[0][found.position])
                     choice = Choice(found.option, found.position, found.node, score, ())
             if choice is None:
-                if not admitted:
-                    attempt.quota_block = next(iter(admissions.values()), None)
+                if over_quota is not None:
+                    attempt.quota_block = admissions[over_quota.option.k]
+                elif not admitted:
+                    attempt.quota_block = admissions[job.options[0].k]  # the preferred kind
                 break
             admission = admissions[choice.option.k]
-            placement = self._place_member(job, attempt.stmt, choice, admission)
+            placement = self._place_member(job, stmt, choice, admission)
             if not admission.admitted and not self.preemptor.release_quota(
-                job, attempt.stmt, choice.option.k, admission.mode
+                job, stmt, choice.option.k, admission.mode
             ):
+                stmt.rollback_to(savepoint)  # the member and its victims
                 attempt.quota_block = admission
                 break
+            job.record_member(choice.node)
             attempt.placements.append(placement)
         return attempt
 
@@ -184,6 +199,8 @@ class Scheduler:
         if isinstance(work, InferenceDeployment) and work.providers:
             rank = option.cand.static.provider_rank.item(choice.position)
             provider = work.providers[rank] if rank < len(work.providers) else None
+        waived = option.cand.static.window_waived
+        window = work.start_window if isinstance(work, TrainingJob) else None
         placement = Placement(
             work_id=work.work_id,
             work_kind=shape.work_kind,
@@ -204,9 +221,10 @@ class Scheduler:
             runners_up=tuple(runners),
             group=work.group,
             anti_affinity_groups=work.anti_affinity_groups,
+            window_waived=waived is not None and bool(waived[choice.position]),
+            start_window=str(window) if window is not None else None,
         )
         stmt.allocate(placement, choice.node)
-        job.record_member(choice.node)
         return placement
 
     def _commit(self, job: JobContext, attempt: _Attempt) -> None:
@@ -238,7 +256,7 @@ class Scheduler:
         job: JobContext,
         quota_block: Admission | None,
         members_fit: int,
-        preempted_nothing: bool,
+        preemption: PreemptionOutcome,
         *,
         placed: bool = False,
     ) -> None:
@@ -257,20 +275,22 @@ class Scheduler:
         total = state.snapshot.node_count
         summary = explain.summarise(counts, total, fitting, shape)
         missing = shape.members - (members_fit if placed else 0)
+        quota = quota_block.quota if quota_block is not None else None
         reservation: Reservation | None = None
         retry_at: float | None = None
         code: PendingCode
         if placed:
-            code, message = "partial", explain.partial(shape, members_fit, summary)
+            message = explain.partial(shape, members_fit, summary, quota, preemption)
+            code = "partial"
         elif not job.has_candidates:
             opens = [s.window_opens_at for s in statics if s.window_opens_at is not None]
             if opens:
                 retry_at = min(opens)
                 code, message = "window", explain.window(shape, retry_at, summary)
             else:
-                code, message = "unschedulable", explain.unschedulable(summary)
+                code, message = "unschedulable", explain.unschedulable(counts, summary)
         elif quota_block is not None:
-            code, message = "quota", explain.quota(quota_block.quota, summary)
+            code, message = "quota", explain.quota(quota, summary, preemption)
         else:
             reservation = self._reserve(job, missing)
             if counts.get("reserved", 0) >= missing:
@@ -278,7 +298,7 @@ class Scheduler:
             else:
                 code = "capacity"
                 message = explain.capacity(
-                    shape, summary, members_fit, reservation, preempted_nothing
+                    shape, summary, fitting, members_fit, reservation, preemption
                 )
         self._pending.append(
             Pending(
@@ -292,7 +312,7 @@ class Scheduler:
                 fitting_nodes=fitting,
                 members_needed=missing,
                 members_placed=members_fit if placed else 0,
-                quota=quota_block.quota if quota_block is not None else None,
+                quota=quota,
                 reservation=reservation,
                 retry_at=retry_at,
             )
@@ -310,7 +330,7 @@ class Scheduler:
         ):
             return None
         best: tuple[Slot, Option] | None = None
-        options = [o for o in job.options if _may_free_up(self.state, o)]
+        options = [o for o in job.options if may_free_up(self.state, job.shape, o.cand)]
         if options:
             self._reservation_attempts += 1
         for option in options:
@@ -328,15 +348,10 @@ class Scheduler:
             accelerator_kind=KINDS[option.k],
             nodes=tuple(node_ids[n] for n in slot.nodes),
             accelerators=slot.amounts,
+            host_memory_bytes=slot.host_memory_bytes if job.shape.host_memory_bytes else (),
         )
         self._reservations.append(reservation)
         return reservation
-
-
-def _may_free_up(state: ClusterState, option: Option) -> bool:
-    """Is anything with an expected end running on the option's nodes?"""
-    nodes = option.cand.nodes
-    return bool(state.ending[option.k][nodes].any()) or bool(state.res_releases[option.k])
 
 
 def schedule(snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Plan:

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Final, Literal
 
 from .filters import FilterName
 from .model import KINDS
 from .plan import Reservation
 from .quota import QuotaState
 from .shape import WorkShape
+
+# What preemption did for a job that still waits: switched off by the policy, found
+# nothing the job may evict, or evicted tentatively and still could not place it.
+PreemptionOutcome = Literal["off", "nothing-evictable", "tried"]
+
+SLO_UNVERIFIABLE: Final = "latency SLO cannot be checked: no latency estimator configured"
 
 
 def _kinds(shape: WorkShape) -> str:
@@ -35,6 +42,7 @@ def filter_label(name: FilterName, shape: WorkShape) -> str:
         "taint": "untolerated taint",
         "window": "outside start window",
         "deadline": "would miss deadline",
+        "slo-unverifiable": "latency SLO unverifiable",
         "latency-slo": "over latency SLO",
         "anti-affinity": "anti-affinity conflict",
         "replica-limit": "already hold a replica",
@@ -56,7 +64,9 @@ def utc(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def unschedulable(summary: str) -> str:
+def unschedulable(counts: Mapping[FilterName, int], summary: str) -> str:
+    if counts.get("slo-unverifiable"):
+        return f"No node can run it: {SLO_UNVERIFIABLE}; {summary}."
     return f"No node can run it: {summary}."
 
 
@@ -66,20 +76,40 @@ def window(shape: WorkShape, opens_at: float | None, summary: str) -> str:
     return f"Deferred: start window {window} (node local time) opens{when}; {summary}."
 
 
-def quota(state: QuotaState | None, summary: str) -> str:
+def quota_reason(state: QuotaState | None, preemption: PreemptionOutcome) -> str:
+    """Why quota stops the job, worded by how it was (not) admitted."""
     if state is None:
-        return f"Quota exhausted; {summary}."
+        return "Quota exhausted"
+    kind = state.kind.upper()
+    if state.mode == "reclaim":
+        # Within its own quota: the obstacle is what the cohort lent to others.
+        lent = (
+            "lent to other tenants and preemption is off, so it cannot be reclaimed"
+            if preemption == "off"
+            else "lent to non-preemptible work"
+        )
+        return (
+            f"Waiting to reclaim: tenant {state.tenant} is within its quota (uses "
+            f"{state.usage} {kind} of nominal {state.nominal}, asks for {state.requested} "
+            f"more), but cohort {state.cohort} is full ({state.cohort_usage}/"
+            f"{state.cohort_nominal}) and the cohort's capacity is {lent}"
+        )
     limit = "unlimited" if state.borrowing_limit is None else str(state.borrowing_limit)
     cohort = (
         f", cohort {state.cohort} {state.cohort_usage}/{state.cohort_nominal}"
         if state.cohort is not None
         else ""
     )
+    remedy = "preemption is off" if preemption == "off" else "nothing lower-priority to evict"
     return (
-        f"Over quota: tenant {state.tenant} uses {state.usage} {state.kind.upper()} "
+        f"Over quota: tenant {state.tenant} uses {state.usage} {kind} "
         f"(nominal {state.nominal}, borrowing limit {limit}{cohort}) and asks for "
-        f"{state.requested} more; nothing lower-priority to evict."
+        f"{state.requested} more; {remedy}"
     )
+
+
+def quota(state: QuotaState | None, summary: str, preemption: PreemptionOutcome) -> str:
+    return f"{quota_reason(state, preemption)}; {summary}."
 
 
 def _held(reservation: Reservation | None) -> str:
@@ -91,21 +121,28 @@ def _held(reservation: Reservation | None) -> str:
     )
 
 
+_EVICTION: Final[Mapping[PreemptionOutcome, str]] = {
+    "off": "; preemption is off",
+    "nothing-evictable": "; no lower-priority work to evict",
+    "tried": "; evicting lower-priority work would not make room",
+}
+
+
 def capacity(
     shape: WorkShape,
     summary: str,
+    fitting: int,
     members_fit: int,
     reservation: Reservation | None,
-    preempted_nothing: bool,
+    preemption: PreemptionOutcome,
 ) -> str:
     noun = "workers" if shape.work_kind == "training" else "replicas"
-    gang = (
-        f"only {members_fit} of {shape.members} {noun} fit; "
-        if shape.members > 1 and members_fit > 0
-        else ""
-    )
-    evict = "; no lower-priority work to evict" if preempted_nothing else ""
-    return f"Waiting for capacity: {gang}{summary}{evict}{_held(reservation)}."
+    # Nodes that fit one member while the job waits: say that the whole job does not.
+    gang = ""
+    if fitting or (shape.members > 1 and members_fit > 0):
+        limit = f" (at most {shape.max_per_node} per node)" if shape.max_per_node else ""
+        gang = f"only {members_fit} of {shape.members} {noun} fit{limit}; "
+    return f"Waiting for capacity: {gang}{summary}{_EVICTION[preemption]}{_held(reservation)}."
 
 
 def reserved(summary: str, reservation: Reservation | None) -> str:
@@ -114,5 +151,12 @@ def reserved(summary: str, reservation: Reservation | None) -> str:
     )
 
 
-def partial(shape: WorkShape, placed: int, summary: str) -> str:
-    return f"Placed {placed} of {shape.members} replicas; the rest wait: {summary}."
+def partial(
+    shape: WorkShape,
+    placed: int,
+    summary: str,
+    state: QuotaState | None,
+    preemption: PreemptionOutcome,
+) -> str:
+    why = f"{quota_reason(state, preemption)}; " if state is not None else ""
+    return f"Placed {placed} of {shape.members} replicas; the rest wait: {why}{summary}."

@@ -23,7 +23,7 @@ from .model import KINDS, InferenceDeployment, TrainingJob
 from .shape import WorkShape
 from .snapshot import SITE_INDEX, NodeTable, Snapshot
 from .state import ClusterState
-from .windows import is_open, local_second_of_day, seconds_until_open
+from .windows import is_open, local_second_of_day, seconds_until_open, seconds_until_open_in_zone
 
 FilterName = Literal[
     "health",
@@ -37,6 +37,7 @@ FilterName = Literal[
     "taint",
     "window",
     "deadline",
+    "slo-unverifiable",
     "latency-slo",
     "anti-affinity",
     "replica-limit",
@@ -56,6 +57,7 @@ FILTERS: Final[tuple[FilterName, ...]] = (
     "taint",
     "window",
     "deadline",
+    "slo-unverifiable",
     "latency-slo",
     "anti-affinity",
     "replica-limit",
@@ -63,7 +65,6 @@ FILTERS: Final[tuple[FilterName, ...]] = (
     "host-memory",
     "reserved",
 )
-STATIC_FILTERS: Final = FILTERS[: FILTERS.index("latency-slo") + 1]
 CODE: Final[Mapping[FilterName, int]] = {name: i + 1 for i, name in enumerate(FILTERS)}
 PASS: Final = 0
 
@@ -77,6 +78,9 @@ class StaticResult:
     nodes: IntArray  # the nodes that pass, ascending
     provider_rank: IntArray  # per passing node: rank of its best accepted provider (0 = first)
     window_opens_at: float | None  # earliest start among nodes held back only by the window
+    # per passing node: its start window is closed but waived to meet the deadline
+    # (None: waived nowhere)
+    window_waived: BoolArray | None = None
 
 
 def static_filters(
@@ -111,27 +115,36 @@ def static_filters(
     reject("selector", _selector_mask(nodes, shape))
     reject("taint", _tolerated_mask(nodes, shape))
     window_opens_at: float | None = None
+    waived: BoolArray | None = None
     runtime = _runtime_s(snapshot, shape, k)
     if isinstance(work, TrainingJob) and work.start_window is not None:
+        window = work.start_window
         second = local_second_of_day(snapshot.now, nodes.utc_offset_s)
-        wait = seconds_until_open(work.start_window, second)
-        open_now = is_open(work.start_window, second)
+        open_now = is_open(window, second)
+        wait = seconds_until_open(window, second)
+        # A node with an IANA time zone may change its UTC offset before the window
+        # opens (daylight saving): its opening is computed in that zone.
+        for code, zone in enumerate(nodes.timezones):
+            wait[nodes.timezone_code == code] = seconds_until_open_in_zone(
+                window, snapshot.now, zone
+            )
         if work.deadline is not None:
             # Waiting for the window must not make the job miss its deadline.
-            open_now = open_now | (snapshot.now + wait + runtime > work.deadline)
+            waived = ~open_now & (snapshot.now + wait + runtime > work.deadline)
+            open_now = open_now | waived
         held = (codes == PASS) & ~open_now
         if held.any():
             window_opens_at = float(snapshot.now + wait[held].min())
         reject("window", open_now)
     if isinstance(work, TrainingJob) and work.deadline is not None:
         reject("deadline", snapshot.now + runtime <= work.deadline)
-    if (
-        latency is not None
-        and isinstance(work, InferenceDeployment)
-        and work.latency_slo_ms is not None
-    ):
+    if isinstance(work, InferenceDeployment) and work.latency_slo_ms is not None:
         survivors = np.flatnonzero(codes == PASS)
-        if survivors.size:
+        if latency is None:
+            # An SLO is a hard constraint: without an estimator it cannot be met
+            # knowingly, so no node passes (never silently ignored).
+            codes[survivors] = CODE["slo-unverifiable"]
+        elif survivors.size:
             estimate = latency.estimate_ms(
                 snapshot,
                 work,
@@ -146,6 +159,9 @@ def static_filters(
         nodes=read_only(passing.astype(np.int64)),
         provider_rank=read_only(provider_rank[passing]),
         window_opens_at=window_opens_at,
+        window_waived=(
+            read_only(waived[passing]) if waived is not None and waived[passing].any() else None
+        ),
     )
 
 
@@ -200,6 +216,39 @@ def _tolerated_mask(nodes: NodeTable, shape: WorkShape) -> BoolArray:
     return result
 
 
+def _anti_affinity_conflicts(state: ClusterState, shape: WorkShape) -> BoolArray:
+    """Per node: does running or tentatively placed work conflict with the job's groups?"""
+    work = shape.work
+    conflict = np.zeros(state.snapshot.node_count, dtype=np.bool_)
+    for group in work.anti_affinity_groups:
+        conflict[list(state.group_nodes.get(group, {}))] = True
+    if work.group is not None:
+        conflict[list(state.avoid_nodes.get(work.group, {}))] = True
+    return conflict
+
+
+def _at_replica_limit(state: ClusterState, shape: WorkShape) -> BoolArray:
+    assert shape.max_per_node is not None
+    counts = np.zeros(state.snapshot.node_count, dtype=np.int64)
+    for node, count in state.work_node_count.get(shape.work.work_id, {}).items():
+        counts[node] = count
+    result: BoolArray = counts >= shape.max_per_node
+    return result
+
+
+def placement_conflicts(state: ClusterState, shape: WorkShape, nodes: IntArray) -> BoolArray | None:
+    """Per node of ``nodes``: rejected whatever is evicted (anti-affinity, replica
+    limit). None when the job has neither constraint."""
+    work = shape.work
+    conflict: BoolArray | None = None
+    if work.anti_affinity_groups or work.group is not None:
+        conflict = _anti_affinity_conflicts(state, shape)
+    if shape.max_per_node is not None and work.work_id in state.work_node_count:
+        limited = _at_replica_limit(state, shape)
+        conflict = limited if conflict is None else conflict | limited
+    return None if conflict is None else conflict[nodes]
+
+
 def dynamic_codes(
     state: ClusterState, shape: WorkShape, static: StaticResult, runtime_s: FloatArray
 ) -> CodeArray:
@@ -213,26 +262,23 @@ def dynamic_codes(
         codes[(codes == PASS) & fails] = CODE[name]
 
     if work.anti_affinity_groups or work.group is not None:
-        conflict = np.zeros(state.snapshot.node_count, dtype=np.bool_)
-        for group in work.anti_affinity_groups:
-            conflict[list(state.group_nodes.get(group, {}))] = True
-        if work.group is not None:
-            conflict[list(state.avoid_nodes.get(work.group, {}))] = True
-        reject("anti-affinity", conflict[nodes])
+        reject("anti-affinity", _anti_affinity_conflicts(state, shape)[nodes])
     if shape.max_per_node is not None:
-        counts = np.zeros(state.snapshot.node_count, dtype=np.int64)
-        for node, count in state.work_node_count.get(work.work_id, {}).items():
-            counts[node] = count
-        reject("replica-limit", counts[nodes] >= shape.max_per_node)
+        reject("replica-limit", _at_replica_limit(state, shape)[nodes])
     reject("busy", state.free[k][nodes] < shape.accelerators)
     if shape.host_memory_bytes:
         reject("host-memory", state.host_free[nodes] < shape.host_memory_bytes)
     if state.has_reservations:
+        # Work running past a reserved start may only use the reservation's slack.
         ends = state.now + runtime_s
-        reject(
-            "reserved",
-            (ends > state.res_start[k][nodes]) & (state.res_slack[k][nodes] < shape.accelerators),
+        blocked = (ends > state.reservation_start_s[k][nodes]) & (
+            state.reservation_slack_accelerators[k][nodes] < shape.accelerators
         )
+        if shape.host_memory_bytes:
+            blocked |= (ends > state.reservation_host_start_s[nodes]) & (
+                state.reservation_slack_host_memory_bytes[nodes] < shape.host_memory_bytes
+            )
+        reject("reserved", blocked)
     return codes
 
 

@@ -25,7 +25,7 @@ from .filters import PASS, dynamic_codes
 from .model import KINDS, InferenceDeployment
 from .plan import ScoreBreakdown
 from .policy import Policy
-from .scoring import spread_by_region
+from .scoring import packing_and_load_one, spread_by_region
 from .shape import WorkShape
 from .state import ClusterState
 
@@ -189,8 +189,12 @@ class JobContext:
         avoids = work.anti_affinity_groups
         group = work.group
         check_affinity = group is not None or bool(avoids)
-        res_start = state.res_start[k]
-        res_slack = state.res_slack[k]
+        reservations = state.has_reservations
+        accelerators, host_memory = shape.accelerators, shape.host_memory_bytes
+        start_s = state.reservation_start_s[k]
+        slack = state.reservation_slack_accelerators[k]
+        host_start_s = state.reservation_host_start_s
+        host_slack = state.reservation_slack_host_memory_bytes
 
         def valid(position: int) -> bool:
             node = nodes[position]
@@ -198,8 +202,12 @@ class JobContext:
                 return False
             if check_affinity and state.anti_affinity_conflict(node, group, avoids):
                 return False
-            if state.has_reservations and state.now + runtime[position] > res_start[node]:
-                return bool(res_slack[node] >= shape.accelerators)
+            if reservations:
+                end = state.now + runtime[position]
+                if end > start_s[node] and slack[node] < accelerators:
+                    return False
+                if host_memory and end > host_start_s[node] and host_slack[node] < host_memory:
+                    return False
             return True
 
         return valid
@@ -221,13 +229,18 @@ class JobContext:
                 continue
             if len(found) >= wanted and option.ceiling < found[wanted - 1][0]:
                 continue  # cannot reach the current top list (e.g. a less preferred kind)
-            exhausted = option.dynamic.exhausted.get(option.cand.shape_id)
-            if exhausted is not None and exhausted == option.dynamic.releases():
-                continue  # nothing fitted there and nothing has been released since
+            dynamic = option.dynamic
+            full_at = dynamic.nothing_fits_at_evictions.get(option.cand.shape_id)
+            if full_at is not None and full_at == dynamic.evictions():
+                continue  # nothing fitted there and nothing has been evicted since
             scores, kept = self.scores(option)
             top = self._top_valid(option, scores, kept, wanted)
-            if not top and scores.size and scores.max() == -np.inf:
-                option.dynamic.exhausted[option.cand.shape_id] = option.dynamic.releases()
+            # Judge from the shared scores alone (``partial``: -inf exactly where a member
+            # does not fit), never from ``scores``: this job's own checks (replica limit,
+            # anti-affinity, reservations) may have masked nodes other jobs can use.
+            partial = option.partial
+            if not top and partial is not None and partial.size and partial.max() == -np.inf:
+                dynamic.nothing_fits_at_evictions[option.cand.shape_id] = dynamic.evictions()
             nodes = option.cand.nodes_list
             for position, score in top:
                 found.append((score, order, nodes[position], option, position))
@@ -302,13 +315,17 @@ class JobContext:
             dynamic = option.dynamic
             node = cand.nodes_list[position]
             k = option.k
-            # packing and load exactly as DynamicScores computes them, unweighted
-            inv_capacity: float = dynamic.inv_capacity.item(node)
-            util = dynamic.base_util.item(node) + util_delta[k].item(node) * inv_capacity
-            load = (1.0 - util) / (1.0 - dynamic.threshold)
+            packing, load = packing_and_load_one(
+                free[k].item(node),
+                dynamic.accelerators,
+                dynamic.inv_capacity.item(node),
+                dynamic.base_util.item(node),
+                util_delta[k].item(node),
+                dynamic.threshold,
+            )
             values = (
-                1.0 - (free[k].item(node) - dynamic.accelerators) * inv_capacity,
-                0.0 if load < 0.0 else 1.0 if load > 1.0 else load,
+                packing,
+                load,
                 cand.speed_list[position],
                 cand.preference_list[position],
                 *[extra.item(position) for extra in option.extra_values],

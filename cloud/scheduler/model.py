@@ -238,6 +238,9 @@ class Allocation:
     """Work running on one node (one gang worker or one replica).
 
     ``expected_end`` is None for long-running work such as inference replicas.
+    ``borrowed`` is informational only (what the placement said when it started):
+    the scheduler never reads it, it recomputes who borrows from each tenant's
+    current usage against its nominal quota.
     """
 
     allocation_id: str
@@ -252,7 +255,7 @@ class Allocation:
     host_memory_bytes: int = 0
     started_at: float = 0.0
     expected_end: float | None = None
-    borrowed: bool = False
+    borrowed: bool = False  # ignored by the scheduler: borrowing is recomputed
     group: str | None = None
     anti_affinity_groups: tuple[str, ...] = ()
 

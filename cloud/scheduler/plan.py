@@ -65,13 +65,17 @@ class Placement:
     tenant: str
     priority: PriorityClass
     preemptible: bool
-    borrowed: bool  # admitted on capacity borrowed from the tenant's cohort
+    borrowed: bool  # admitted on capacity borrowed from the tenant's cohort (informational)
     start_at: float
     expected_end: float | None
     chosen: ScoreBreakdown
     runners_up: tuple[ScoreBreakdown, ...]
     group: str | None = None
     anti_affinity_groups: tuple[str, ...] = ()
+    # The job's start window was closed on this node and waived: waiting for it
+    # would have missed the deadline.
+    window_waived: bool = False
+    start_window: str | None = None  # the window, as written, for explanations
 
     @property
     def started_at(self) -> float:
@@ -98,9 +102,14 @@ class Placement:
 
     def explain(self) -> str:
         alternatives = "; ".join(r.describe() for r in self.runners_up) or "none"
+        waived = (
+            f"; start window {self.start_window} waived to meet the deadline"
+            if self.window_waived
+            else ""
+        )
         return (
             f"{self.allocation_id} on {self.chosen.describe()}"
-            f" {self.accelerator_kind}x{self.accelerators}; runners-up: {alternatives}"
+            f" {self.accelerator_kind}x{self.accelerators}{waived}; runners-up: {alternatives}"
         )
 
 
@@ -124,6 +133,7 @@ class Reservation:
     accelerator_kind: AcceleratorKind
     nodes: tuple[str, ...]
     accelerators: tuple[int, ...]  # per node in ``nodes``
+    host_memory_bytes: tuple[int, ...] = ()  # per node in ``nodes`` (empty: none needed)
 
 
 @dataclass(frozen=True, slots=True)

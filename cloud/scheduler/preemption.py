@@ -10,12 +10,14 @@ Who may be evicted for a job J:
   work (reason ``quota``).
 
 Training never evicts p0 inference, and nothing placed in this pass is evicted.
-Victims are taken in order (borrowers first, then lowest priority, then latest
-started) until the member fits; a reprieve pass then gives back every victim that
-turned out unnecessary, most valuable first, so the set is minimal. Among nodes,
-the one with the fewest victims (whole gangs count once), then the least
-important victims, then the fewest evicted accelerators wins. Evicting one worker
-of a training gang evicts the whole gang.
+What is short may be accelerators of J's kind, host memory, or both; host memory
+can also be freed by evicting lower-priority work of another kind on the node.
+Victims are taken in order (lowest priority, then latest started; when J
+reclaims, the borrowers' work first) until the member fits; a reprieve pass then
+gives back every victim that turned out unnecessary, most valuable first, so the
+set is minimal. Among nodes, the one with the fewest victims (whole gangs count
+once), then the least important victims, then the fewest evicted accelerators
+wins. Evicting one worker of a training gang evicts the whole gang.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import IntArray
+from .filters import placement_conflicts
 from .gang import JobContext, Option
 from .model import KIND_INDEX, PRIORITY_LEVELS, PRIORITY_RANK, Held
 from .plan import PreemptionReason
@@ -33,10 +36,14 @@ from .quota import Admission, AdmissionMode, QuotaBook
 from .state import ClusterState
 from .statement import Statement
 
-# Nodes examined exactly per member (the ones that need the fewest accelerators freed).
-_NODES_EXAMINED = 16
+# Victim sets compared per member: those on the nodes that need the least freed
+# among the nodes where evicting can make room at all.
+_VICTIM_SETS_COMPARED = 16
 
 Victim = tuple[Held, PreemptionReason]
+# A victim being considered, and whether it holds accelerators of the job's kind
+# (otherwise it is only evicted for its host memory).
+_Candidate = tuple[Held, PreemptionReason, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,20 +55,21 @@ class VictimSet:
     cost: tuple[int, int, int, int]
 
 
+def victim_key(alloc: Held, reason: PreemptionReason) -> tuple[int, int, float, str]:
+    """Eviction order: when reclaiming, the borrowers' work first; then the lowest
+    priority, then the latest started."""
+    return (
+        0 if reason == "reclaim" else 1,
+        -PRIORITY_RANK[alloc.priority],
+        -alloc.started_at,
+        alloc.allocation_id,
+    )
+
+
 class Preemptor:
     def __init__(self, state: ClusterState, quota: QuotaBook) -> None:
         self.state = state
         self.quota = quota
-
-    def victim_key(self, alloc: Held) -> tuple[int, int, float, str]:
-        k = _kind_index(alloc)
-        borrower = self.quota.is_borrowing(self.state, alloc.tenant, k)
-        return (
-            0 if borrower else 1,
-            -PRIORITY_RANK[alloc.priority],
-            -alloc.started_at,
-            alloc.allocation_id,
-        )
 
     def _protected(self, job: JobContext, alloc: Held) -> bool:
         return (
@@ -90,12 +98,15 @@ class Preemptor:
 
     def can_help(self, job: JobContext, admissions: dict[int, Admission]) -> bool:
         """Cheap test: is there anything at all this job could evict?"""
-        rank = job.shape.rank
+        state = self.state
+        lower = range(job.shape.rank + 1, PRIORITY_LEVELS)
+        if job.shape.host_memory_bytes and any(
+            state.evictable_host_memory_total_bytes[level] for level in lower
+        ):
+            return True
         for option in job.options:
             k = option.k
-            if any(
-                self.state.evictable_total[k][level] for level in range(rank + 1, PRIORITY_LEVELS)
-            ):
+            if any(state.evictable_accelerators_total[k][level] for level in lower):
                 return True
             if self._borrowers(job, k, admissions[k]):
                 return True
@@ -118,52 +129,94 @@ class Preemptor:
         shape = job.shape
         k = option.k
         nodes = option.cand.nodes
-        need = shape.accelerators
+        need, host_need = shape.accelerators, shape.host_memory_bytes
+        lower = shape.rank + 1
         free = state.free[k][nodes]
         releasable = free.copy()
-        if shape.rank + 1 < PRIORITY_LEVELS:
-            releasable += state.evictable[k][shape.rank + 1 :][:, nodes].sum(axis=0)
+        if lower < PRIORITY_LEVELS:
+            releasable += state.evictable_accelerators[k][lower:][:, nodes].sum(axis=0)
         borrowers = self._borrowers(job, k, admission)
-        if borrowers:
-            releasable += self._reclaimable(job, k, borrowers)[nodes]
-        positions = np.flatnonzero((releasable >= need) & (free < need))
+        reclaimable = self._reclaimable(job, k, borrowers) if borrowers else None
+        if reclaimable is not None:
+            releasable += reclaimable[0][nodes]
+        short = free < need
+        enough = releasable >= need
+        host_deficit: IntArray | None = None
+        if host_need:
+            host_free = state.host_free[nodes]
+            host_releasable = host_free.copy()
+            if lower < PRIORITY_LEVELS:
+                host_releasable += state.evictable_host_memory_bytes[lower:][:, nodes].sum(axis=0)
+            if reclaimable is not None:
+                host_releasable += reclaimable[1][nodes]
+            short |= host_free < host_need
+            enough &= host_releasable >= host_need
+            host_deficit = np.maximum(host_need - host_free, 0)
+        usable = short & enough
+        # Nodes no eviction makes usable (anti-affinity, replica limit) are dropped
+        # before any is examined, so they cannot crowd out the ones that work.
+        conflicts = placement_conflicts(state, shape, nodes)
+        if conflicts is not None:
+            usable &= ~conflicts
+        positions = np.flatnonzero(usable)
         if positions.size == 0:
             return None
-        deficit = need - free[positions]
-        order = np.lexsort((positions, deficit))[:_NODES_EXAMINED]
-        valid = job.validator(option)
-        eligible = self._eligible(job, borrowers)
+        deficit = np.maximum(need - free[positions], 0)
+        if host_deficit is None:
+            order = np.lexsort((positions, deficit))
+        else:
+            order = np.lexsort((positions, host_deficit[positions], deficit))
+        eligible = self._eligible(job, k, borrowers)
         best: VictimSet | None = None
+        compared = 0
+        # Walk on past nodes where no victim set works (reservations), until enough
+        # sets have been compared.
         for position in positions[order].tolist():
-            found = self._on_node(job, option, position, valid, eligible)
-            if found is not None and (best is None or found.cost < best.cost):
+            found = self._on_node(job, option, position, eligible)
+            if found is None:
+                continue
+            if best is None or found.cost < best.cost:
                 best = found
+            compared += 1
+            if compared >= _VICTIM_SETS_COMPARED:
+                break
         return best
 
-    def _reclaimable(self, job: JobContext, k: int, borrowers: set[str]) -> IntArray:
-        """Per node: borrowers' evictable accelerators not already counted as lower priority."""
-        extra = np.zeros(self.state.snapshot.node_count, dtype=np.int64)
+    def _reclaimable(
+        self, job: JobContext, k: int, borrowers: set[str]
+    ) -> tuple[IntArray, IntArray]:
+        """Per node: borrowers' evictable accelerators of kind ``k``, and their host
+        memory, not already counted as lower priority."""
+        n = self.state.snapshot.node_count
+        accelerators = np.zeros(n, dtype=np.int64)
+        host = np.zeros(n, dtype=np.int64)
         training = job.shape.work_kind == "training"
+        by_tenant = self.state.evictable_by_tenant
+        host_by_tenant = self.state.evictable_host_by_tenant
         for tenant in sorted(borrowers):
             for rank in range(job.shape.rank + 1):
                 for inference in (False, True):
                     if training and inference and rank == 0:
                         continue  # training never evicts p0 inference
-                    held = self.state.evictable_by_tenant.get((tenant, k, rank, inference))
-                    if held:
-                        where = np.fromiter(held.keys(), dtype=np.int64, count=len(held))
-                        extra[where] += np.fromiter(held.values(), dtype=np.int64, count=len(held))
-        return extra
+                    key = (tenant, k, rank, inference)
+                    found = ((by_tenant.get(key), accelerators), (host_by_tenant.get(key), host))
+                    for held, total in found:
+                        if held:
+                            where = np.fromiter(held.keys(), dtype=np.int64, count=len(held))
+                            total[where] += np.fromiter(
+                                held.values(), dtype=np.int64, count=len(held)
+                            )
+        return accelerators, host
 
     def _eligible(
-        self, job: JobContext, borrowers: set[str]
+        self, job: JobContext, k: int, borrowers: set[str]
     ) -> Callable[[Held], PreemptionReason | None]:
         rank = job.shape.rank
 
         def eligible(alloc: Held) -> PreemptionReason | None:
             if self._protected(job, alloc):
                 return None
-            if alloc.tenant in borrowers:
+            if alloc.tenant in borrowers and _kind_index(alloc) == k:
                 return "reclaim"
             if PRIORITY_RANK[alloc.priority] > rank:
                 return "priority"
@@ -176,68 +229,90 @@ class Preemptor:
         job: JobContext,
         option: Option,
         position: int,
-        valid: Callable[[int], bool] | None,
         eligible: Callable[[Held], PreemptionReason | None],
     ) -> VictimSet | None:
         state = self.state
         shape = job.shape
         k = option.k
         node = option.cand.nodes_list[position]
-        if (
-            shape.max_per_node is not None
-            and state.members_on(shape.work.work_id, node) >= shape.max_per_node
-        ):
-            return None
-        work = shape.work
-        if state.anti_affinity_conflict(node, work.group, work.anti_affinity_groups):
-            return None
         need, host_need = shape.accelerators, shape.host_memory_bytes
-        free, host_free = int(state.free[k][node]), int(state.host_free[node])
-        pool = []
+        free: int = state.free[k].item(node)
+        host_free: int = state.host_free.item(node)
+        pool: list[tuple[tuple[int, int, float, str], _Candidate]] = []
         for alloc in state.node_allocs.get(node, {}).values():
-            if _kind_index(alloc) != k:
+            same_kind = _kind_index(alloc) == k
+            if not same_kind and not (host_need and alloc.host_memory_bytes):
                 continue
             reason = eligible(alloc)
             if reason is not None:
-                pool.append((self.victim_key(alloc), alloc, reason))
+                pool.append((victim_key(alloc, reason), (alloc, reason, same_kind)))
         pool.sort(key=lambda entry: entry[0])
-        chosen: list[tuple[Held, PreemptionReason]] = []
+        chosen: list[_Candidate] = []
         freed = host_freed = 0
-        for _, alloc, reason in pool:
-            if free + freed >= need and host_free + host_freed >= host_need:
+        for _, candidate in pool:
+            alloc, _, same_kind = candidate
+            short = free + freed < need
+            host_short = host_free + host_freed < host_need
+            if not (short or host_short):
                 break
-            chosen.append((alloc, reason))
-            freed += alloc.accelerators
-            host_freed += alloc.host_memory_bytes
+            if (short and same_kind) or (host_short and alloc.host_memory_bytes):
+                chosen.append(candidate)
+                freed += alloc.accelerators if same_kind else 0
+                host_freed += alloc.host_memory_bytes
         if free + freed < need or host_free + host_freed < host_need:
             return None
-        for entry in reversed(list(chosen)):  # reprieve, most valuable first
-            alloc = entry[0]
+        for candidate in reversed(list(chosen)):  # reprieve, most valuable first
+            alloc, _, same_kind = candidate
+            accelerators = alloc.accelerators if same_kind else 0
             if (
-                free + freed - alloc.accelerators >= need
+                free + freed - accelerators >= need
                 and host_free + host_freed - alloc.host_memory_bytes >= host_need
             ):
-                chosen.remove(entry)
-                freed -= alloc.accelerators
+                chosen.remove(candidate)
+                freed -= accelerators
                 host_freed -= alloc.host_memory_bytes
-        if state.has_reservations:
-            start = float(state.res_start[k][node])
-            if state.now + option.runtime_s.item(position) > start:
-                gain = sum(
-                    a.accelerators
-                    for a, _ in chosen
-                    if a.expected_end is None or a.expected_end > start
-                )
-                if int(state.res_slack[k][node]) + gain < need:
-                    return None
+        if state.has_reservations and not self._keeps_reservations(
+            job, option, position, node, chosen
+        ):
+            return None
         victims: dict[str, Victim] = {}
-        for alloc, reason in chosen:
+        for alloc, reason, _ in chosen:
             for sibling in state.siblings(alloc):
                 victims.setdefault(sibling.allocation_id, (sibling, reason))
         units = len({a.work_id for a, _ in victims.values()})
         least_rank = min(PRIORITY_RANK[a.priority] for a, _ in victims.values())
         cost = (units, -least_rank, sum(a.accelerators for a, _ in victims.values()), node)
         return VictimSet(option, position, node, tuple(victims.values()), cost)
+
+    def _keeps_reservations(
+        self, job: JobContext, option: Option, position: int, node: int, chosen: list[_Candidate]
+    ) -> bool:
+        """Would the member, once its victims are gone, still leave every reservation
+        on the node its accelerators and host memory?"""
+        state = self.state
+        shape = job.shape
+        end = state.now + option.runtime_s.item(position)
+        start: float = state.reservation_start_s[option.k].item(node)
+        if end > start:
+            gain = sum(
+                a.accelerators
+                for a, _, same_kind in chosen
+                if same_kind and (a.expected_end is None or a.expected_end > start)
+            )
+            slack: int = state.reservation_slack_accelerators[option.k].item(node)
+            if slack + gain < shape.accelerators:
+                return False
+        host_start: float = state.reservation_host_start_s.item(node)
+        if shape.host_memory_bytes and end > host_start:
+            gain = sum(
+                a.host_memory_bytes
+                for a, _, _ in chosen
+                if a.expected_end is None or a.expected_end > host_start
+            )
+            host_slack: int = state.reservation_slack_host_memory_bytes.item(node)
+            if host_slack + gain < shape.host_memory_bytes:
+                return False
+        return True
 
     def _allocations_of(self, tenants: set[str]) -> list[Held]:
         found = self.state.tenant_allocs
@@ -250,6 +325,7 @@ class Preemptor:
         tenant = job.shape.work.tenant
         if self.quota.violation(state, tenant, k, mode) <= 0:
             return True
+        reason: PreemptionReason
         if mode == "reclaim":
             borrowers = self._borrowers(job, k, Admission("reclaim", 0, None))
             pool = [
@@ -257,7 +333,7 @@ class Preemptor:
                 for a in self._allocations_of(borrowers)
                 if _kind_index(a) == k and not self._protected(job, a)
             ]
-            reason: PreemptionReason = "reclaim"
+            reason = "reclaim"
         else:
             pool = [
                 a
@@ -267,7 +343,7 @@ class Preemptor:
                 and not self._protected(job, a)
             ]
             reason = "quota"
-        pool.sort(key=self.victim_key)
+        pool.sort(key=lambda alloc: victim_key(alloc, reason))
         for alloc in pool:
             if self.quota.violation(state, tenant, k, mode) <= 0:
                 break

@@ -31,6 +31,7 @@ AdmissionMode = Literal["unmanaged", "nominal", "borrow", "reclaim", "denied"]
 class QuotaState:
     """A tenant's quota position for one kind, for explanations."""
 
+    mode: AdmissionMode  # "reclaim": within nominal, the cohort lent it out; "denied"
     tenant: str
     kind: AcceleratorKind
     usage: int
@@ -112,6 +113,7 @@ class QuotaBook:
                 return _BORROW
             mode, shortfall = "denied", max(over_limit, cohort_excess)
         quota = QuotaState(
+            mode=mode,
             tenant=tenant,
             kind=kind,
             usage=usage,

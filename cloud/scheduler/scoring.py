@@ -24,19 +24,40 @@ import numpy as np
 from .arrays import FloatArray, IntArray
 
 
-def packing(free: IntArray, accelerators: int, inv_capacity: FloatArray) -> FloatArray:
-    result: FloatArray = 1.0 - (free - accelerators) * inv_capacity
-    return result
+def packing_and_load(
+    free: IntArray,
+    accelerators: int,
+    inv_capacity: FloatArray,
+    base_utilisation: FloatArray,
+    utilisation_delta: IntArray,
+    threshold: float,
+) -> tuple[FloatArray, FloatArray]:
+    """The placement-dependent terms, unweighted, for one member on many nodes.
+
+    ``free`` is before the placement; ``base_utilisation`` is the measured share
+    and ``utilisation_delta`` the accelerators this pass added (+) or released (-).
+    ``packing_and_load_one`` is the same formula for one node, operation for
+    operation, so both give the same bits: the scores placement uses, the scores
+    re-computed node by node and the breakdown an explanation shows never disagree.
+    """
+    packing: FloatArray = 1.0 - (free - accelerators) * inv_capacity
+    utilisation = base_utilisation + utilisation_delta * inv_capacity
+    load: FloatArray = np.clip((1.0 - utilisation) / (1.0 - threshold), 0.0, 1.0)
+    return packing, load
 
 
-def load(utilisation: FloatArray, threshold: float) -> FloatArray:
-    result: FloatArray = np.clip((1.0 - utilisation) / (1.0 - threshold), 0.0, 1.0)
-    return result
-
-
-def utilisation(base: FloatArray, delta: IntArray, inv_capacity: FloatArray) -> FloatArray:
-    result: FloatArray = base + delta * inv_capacity
-    return result
+def packing_and_load_one(
+    free: int,
+    accelerators: int,
+    inv_capacity: float,
+    base_utilisation: float,
+    utilisation_delta: int,
+    threshold: float,
+) -> tuple[float, float]:
+    """``packing_and_load`` for one node, with Python floats (cheap one-node updates)."""
+    packing = 1.0 - (free - accelerators) * inv_capacity
+    load = (1.0 - (base_utilisation + utilisation_delta * inv_capacity)) / (1.0 - threshold)
+    return packing, 0.0 if load < 0.0 else 1.0 if load > 1.0 else load
 
 
 def speed(relative_speed: FloatArray, max_speed: float) -> FloatArray:

@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import lru_cache
 from itertools import pairwise
 from types import MappingProxyType
-from zoneinfo import ZoneInfo
 
 import numpy as np
 
@@ -22,6 +20,7 @@ from shared.messages import AcceleratorKind, Site
 
 from .arrays import BoolArray, FloatArray, IntArray, read_only
 from .model import KIND_INDEX, KINDS, Allocation, Taint, Tenant, Work
+from .windows import zone
 
 SITES: tuple[Site, ...] = ("cloud", "edge")
 SITE_INDEX: Mapping[Site, int] = MappingProxyType({site: i for i, site in enumerate(SITES)})
@@ -110,7 +109,9 @@ class NodeTable:
     taint_matrix: BoolArray  # shape (nodes, len(taints))
     taints: tuple[Taint, ...]
     healthy: BoolArray
-    utc_offset_s: IntArray
+    utc_offset_s: IntArray  # at the snapshot's ``now``
+    timezone_code: IntArray  # index into ``timezones``; -1 for a fixed UTC offset
+    timezones: tuple[str, ...]  # IANA names, for offsets that change (windows.py)
     host_memory_total: IntArray
     host_memory_free: IntArray
     kinds: tuple[KindColumns, ...]  # indexed by KIND_INDEX
@@ -175,15 +176,10 @@ def _require_unique(what: str, ids: Sequence[str]) -> None:
             raise ValueError(f"duplicate {what} id {current!r}")
 
 
-@lru_cache(maxsize=256)
-def _zone(name: str) -> ZoneInfo:
-    return ZoneInfo(name)
-
-
 def _utc_offset_s(node: Node, now: float) -> int:
     if node.timezone is None:
         return node.utc_offset_minutes * 60
-    offset = datetime.fromtimestamp(now, UTC).astimezone(_zone(node.timezone)).utcoffset()
+    offset = datetime.fromtimestamp(now, UTC).astimezone(zone(node.timezone)).utcoffset()
     return int(offset.total_seconds()) if offset is not None else 0
 
 
@@ -236,6 +232,12 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         host_used[where] += alloc.host_memory_bytes
 
     host_total = np.array([node.host_memory_bytes for node in nodes], dtype=np.int64)
+    timezones = tuple(sorted({node.timezone for node in nodes if node.timezone is not None}))
+    timezone_lookup = {name: i for i, name in enumerate(timezones)}
+    timezone_code = np.array(
+        [timezone_lookup[n.timezone] if n.timezone is not None else -1 for n in nodes],
+        dtype=np.int64,
+    )
     kinds = tuple(_kind_columns(kind, nodes, used[k]) for k, kind in enumerate(KINDS))
     return NodeTable(
         node_ids=tuple(node.node_id for node in nodes),
@@ -253,6 +255,8 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         utc_offset_s=read_only(
             np.array([_utc_offset_s(node, now) for node in nodes], dtype=np.int64)
         ),
+        timezone_code=read_only(timezone_code),
+        timezones=timezones,
         host_memory_total=read_only(host_total),
         host_memory_free=read_only(host_total - host_used),
         kinds=kinds,

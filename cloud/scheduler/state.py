@@ -9,7 +9,7 @@ which is what lets a ``Statement`` undo a tentative gang or preemption.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 
@@ -19,6 +19,15 @@ from .snapshot import Snapshot
 
 NO_RESERVATION: Final = float("inf")
 UNLIMITED_SLACK: Final = 1 << 60
+
+
+class ReservedSpan(NamedTuple):
+    """What one reservation holds on one node until its job would end."""
+
+    node: int
+    end_s: float
+    accelerators: int
+    host_memory_bytes: int
 
 
 class ClusterState:
@@ -36,10 +45,13 @@ class ClusterState:
         self.util_delta: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
         self.host_free: IntArray = nodes.host_memory_free.copy()
         # Accelerators held by preemptible work, per kind, per priority rank, per node.
-        self.evictable: list[IntArray] = [
+        self.evictable_accelerators: list[IntArray] = [
             np.zeros((PRIORITY_LEVELS, n), dtype=np.int64) for _ in KINDS
         ]
-        self.evictable_total: list[list[int]] = [[0] * PRIORITY_LEVELS for _ in KINDS]
+        self.evictable_accelerators_total: list[list[int]] = [[0] * PRIORITY_LEVELS for _ in KINDS]
+        # Host memory held by preemptible work of any kind, per priority rank, per node.
+        self.evictable_host_memory_bytes: IntArray = np.zeros((PRIORITY_LEVELS, n), dtype=np.int64)
+        self.evictable_host_memory_total_bytes: list[int] = [0] * PRIORITY_LEVELS
         self.allocations: dict[str, Held] = {}
         self.node_of: dict[str, int] = {}
         self.node_allocs: dict[int, dict[str, Held]] = {}
@@ -58,20 +70,29 @@ class ClusterState:
         # The same, per accelerator kind: scores of one kind only need that kind's changes.
         self.kind_log: list[list[int]] = [[] for _ in KINDS]
         # Evictions per kind: the only way capacity of a kind comes back in a pass.
-        self.releases: list[int] = [0] * len(KINDS)
+        self.evictions_by_kind: list[int] = [0] * len(KINDS)
         # Preemptible work not placed in this pass, per (tenant, kind, rank, is p0
-        # inference): node -> accelerators. Lets reclaim size borrowers per node.
+        # inference): node -> accelerators, and node -> host memory bytes. Lets reclaim
+        # size borrowers per node.
         self.evictable_by_tenant: dict[tuple[str, int, int, bool], dict[int, int]] = {}
-        # Reservations (backfill.py): earliest reserved start, and how many accelerators
-        # may still go to work that runs past that start without delaying it.
-        self.res_start: list[FloatArray] = [np.full(n, NO_RESERVATION) for _ in KINDS]
-        self.res_slack: list[IntArray] = [
+        self.evictable_host_by_tenant: dict[tuple[str, int, int, bool], dict[int, int]] = {}
+        # Reservations (backfill.py), per kind and node: the earliest reserved start, how
+        # many accelerators may still go to work that runs past that start without
+        # delaying it, and how many the reservations hold.
+        self.reservation_start_s: list[FloatArray] = [np.full(n, NO_RESERVATION) for _ in KINDS]
+        self.reservation_slack_accelerators: list[IntArray] = [
             np.full(n, UNLIMITED_SLACK, dtype=np.int64) for _ in KINDS
         ]
-        self.res_held: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
-        self.res_releases: list[list[tuple[int, float, int]]] = [[] for _ in KINDS]
+        self.reserved_accelerators: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
+        # Host memory is shared by all kinds: one earliest start, slack and amount per node.
+        self.reservation_host_start_s: FloatArray = np.full(n, NO_RESERVATION)
+        self.reservation_slack_host_memory_bytes: IntArray = np.full(
+            n, UNLIMITED_SLACK, dtype=np.int64
+        )
+        self.reserved_host_memory_bytes: IntArray = np.zeros(n, dtype=np.int64)
+        self.reserved_spans: list[list[ReservedSpan]] = [[] for _ in KINDS]
         # Allocations with an expected end, per kind and node: where capacity will free up.
-        self.ending: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
+        self.ending_allocation_count: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
         self.has_reservations = False
         for alloc in snapshot.allocations:
             self._index(alloc, nodes.index[alloc.node_id], +1, evictable=alloc.preemptible)
@@ -108,16 +129,21 @@ class ClusterState:
         self.new_ids.discard(allocation_id)
         self.change_log.append(node)
         self.kind_log[k].append(node)
-        self.releases[k] += 1
+        self.evictions_by_kind[k] += 1
         return alloc, node
 
     def _reservation_effect(self, alloc: Held, k: int, node: int, sign: int) -> None:
         """Work that runs past a reserved start uses up (or gives back) the slack."""
         if not self.has_reservations:
             return
-        start: float = self.res_start[k].item(node)
-        if start != NO_RESERVATION and (alloc.expected_end is None or alloc.expected_end > start):
-            self.res_slack[k][node] += sign * alloc.accelerators
+        end = alloc.expected_end
+        start: float = self.reservation_start_s[k].item(node)
+        if start != NO_RESERVATION and (end is None or end > start):
+            self.reservation_slack_accelerators[k][node] += sign * alloc.accelerators
+        if alloc.host_memory_bytes:
+            host_start: float = self.reservation_host_start_s.item(node)
+            if host_start != NO_RESERVATION and (end is None or end > host_start):
+                self.reservation_slack_host_memory_bytes[node] += sign * alloc.host_memory_bytes
 
     def _index(self, alloc: Held, node: int, sign: int, *, evictable: bool) -> None:
         k = KIND_INDEX[alloc.accelerator_kind]
@@ -125,12 +151,17 @@ class ClusterState:
         amount = sign * alloc.accelerators
         if evictable:
             level = PRIORITY_RANK[alloc.priority]
-            self.evictable[k][level, node] += amount
-            self.evictable_total[k][level] += amount
+            self.evictable_accelerators[k][level, node] += amount
+            self.evictable_accelerators_total[k][level] += amount
             key = (alloc.tenant, k, level, alloc.work_kind == "inference")
             _bump(self.evictable_by_tenant.setdefault(key, {}), node, amount)
+            if alloc.host_memory_bytes:
+                host = sign * alloc.host_memory_bytes
+                self.evictable_host_memory_bytes[level, node] += host
+                self.evictable_host_memory_total_bytes[level] += host
+                _bump(self.evictable_host_by_tenant.setdefault(key, {}), node, host)
         if alloc.expected_end is not None:
-            self.ending[k][node] += sign
+            self.ending_allocation_count[k][node] += sign
         usage = self.tenant_usage.setdefault(alloc.tenant, [0] * len(KINDS))
         usage[k] += amount
         cohort = self.cohort_of.get(alloc.tenant)

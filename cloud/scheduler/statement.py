@@ -2,7 +2,9 @@
 
 Gang members and preemption victims are applied to the working state one by one,
 so later members see earlier ones; if any member cannot be placed the statement
-is discarded and the state is exactly what it was before.
+is discarded and the state is exactly what it was before. A ``mark`` taken before
+one member lets that member alone (its allocation and its victims) be rolled back
+while the members before it stay.
 """
 
 from __future__ import annotations
@@ -38,16 +40,24 @@ class Statement:
         self.evicted.append(Eviction(alloc, node, reason))
         self._undo.append((False, alloc, node))
 
-    def discard(self) -> None:
-        """Undo everything, newest first. Idempotent."""
-        for was_allocation, alloc, node in reversed(self._undo):
+    def mark(self) -> int:
+        """A savepoint: ``rollback_to`` it undoes only what was applied after it."""
+        return len(self._undo)
+
+    def rollback_to(self, mark: int) -> None:
+        """Undo the changes made since ``mark``, newest first."""
+        while len(self._undo) > mark:
+            was_allocation, alloc, node = self._undo.pop()
             if was_allocation:
                 self.state.evict(alloc.allocation_id)
+                self.allocated.pop()
             else:
                 self.state.allocate(alloc, node, new=False)
-        self._undo.clear()
-        self.allocated.clear()
-        self.evicted.clear()
+                self.evicted.pop()
+
+    def discard(self) -> None:
+        """Undo everything, newest first. Idempotent."""
+        self.rollback_to(0)
 
     def commit(self) -> None:
         """Keep the changes; the statement can no longer undo them. Idempotent."""

@@ -175,6 +175,7 @@ def running(
     group: str | None = None,
     anti_affinity_groups: tuple[str, ...] = (),
     borrowed: bool = False,
+    host_memory_bytes: int = 0,
 ) -> Allocation:
     return Allocation(
         allocation_id=allocation_id,
@@ -191,6 +192,7 @@ def running(
         group=group,
         anti_affinity_groups=anti_affinity_groups,
         borrowed=borrowed,
+        host_memory_bytes=host_memory_bytes,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cloud.scheduler import Policy
 
-from .builders import NOW, gpu_node, job, nodes_of, plan_for, running
+from .builders import GIB, NOW, gpu_node, job, nodes_of, plan_for, running
 
 # n0 has 4 of 8 GPUs busy until NOW+1000; nothing is preemptible.
 NODES = [gpu_node("n0")]
@@ -82,3 +82,42 @@ def test_reservations_are_capped_per_pass() -> None:
     assert [r.work_id for r in plan.reservations] == ["big0", "big1"]
     # The second waits for the first to finish on the only node.
     assert plan.reservations[1].start_at == NOW + 1000 + 3600
+
+
+def test_backfill_cannot_take_the_host_memory_a_reservation_needs() -> None:
+    # head needs 4 GPUs and 80 GiB at NOW+3600; a long job asking for 90 GiB would
+    # leave it without host memory then, however many GPUs are free.
+    nodes = [gpu_node("n1", 8, host_memory_gib=100)]
+    busy = [running("r", "n1", 6, priority="p1", preemptible=False, expected_end=NOW + 3600)]
+    queue = [
+        job("head", 4, submitted_at=0, host_memory_bytes=80 * GIB),
+        job("greedy", 1, submitted_at=10, duration_s=36000, host_memory_bytes=90 * GIB),
+        job("modest", 1, submitted_at=20, duration_s=36000, host_memory_bytes=20 * GIB),
+    ]
+    plan = plan_for(nodes, queue, busy, policy=Policy(max_reservations=1))
+    (reservation,) = plan.reservations
+    assert (reservation.work_id, reservation.start_at) == ("head", NOW + 3600)
+    assert reservation.host_memory_bytes == (80 * GIB,)
+    pending = plan.pending_for("greedy")
+    assert pending is not None
+    assert pending.code == "reserved"
+    assert nodes_of(plan, "modest") == ["n1"]  # within the host-memory slack
+
+
+def test_reservation_waits_for_host_memory_to_free_up() -> None:
+    # GPUs are free now, host memory only when "r" ends: that is the earliest slot.
+    nodes = [gpu_node("n1", 8, host_memory_gib=100)]
+    busy = [
+        running(
+            "r",
+            "n1",
+            1,
+            priority="p1",
+            preemptible=False,
+            expected_end=NOW + 1800,
+            host_memory_bytes=90 * GIB,
+        )
+    ]
+    plan = plan_for(nodes, [job("head", 4, host_memory_bytes=50 * GIB)], busy)
+    (reservation,) = plan.reservations
+    assert reservation.start_at == NOW + 1800

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cloud.scheduler import bench
+from cloud.scheduler import Plan, bench, schedule
 
 KEYS = {"placements_per_s", "decision_p50_us", "decision_p99_us", "nodes", "jobs", "placed"}
 
@@ -19,13 +19,31 @@ def test_run_benchmark_reports_the_required_fields() -> None:
     assert result["decision_p50_us"] <= result["decision_p99_us"]
 
 
-def test_same_seed_same_outcome() -> None:
-    first, second = bench.run_benchmark(200, 200, seed=1), bench.run_benchmark(200, 200, seed=1)
-    assert (first["placed"], first["pending"], first["preemptions"]) == (
-        second["placed"],
-        second["pending"],
-        second["preemptions"],
+def test_run_benchmark_reports_the_snapshot_build_time() -> None:
+    result = bench.run_benchmark(300, 400, seed=3)
+    assert result["snapshot_build_ms"] > 0
+    assert result["placements_per_s"] >= result["jobs_placed_per_s"] > 0
+
+
+def _outcome(plan: Plan) -> tuple[object, ...]:
+    return (
+        [(p.allocation_id, p.node_id, p.accelerator_kind, p.provider) for p in plan.placements],
+        [(p.allocation_id, p.reason, p.preempted_by) for p in plan.preemptions],
+        [(p.work_id, p.code, p.message) for p in plan.pending],
+        plan.reservations,
     )
+
+
+def test_same_seed_same_outcome() -> None:
+    first = schedule(bench.build_snapshot(300, 400, seed=1))
+    second = schedule(bench.build_snapshot(300, 400, seed=1))
+    assert first.placements
+    assert first.preemptions
+    assert first.pending
+    assert _outcome(first) == _outcome(second)
+    assert first == second
+    other = schedule(bench.build_snapshot(300, 400, seed=2))
+    assert _outcome(other) != _outcome(first)
 
 
 def test_main_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:

@@ -203,3 +203,55 @@ def test_replica_limit_and_reason() -> None:
     assert not plan.placements  # all-or-nothing by default
     assert reason.members_needed == 3
     assert "only 2 of 3 replicas fit" in reason.message
+
+
+def _utc(iso: str) -> float:
+    return datetime.fromisoformat(iso).replace(tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("now", "window", "zone", "opens"),
+    [
+        # 00:00 EST; the window opens at 08:00 local, which is EDT by then (12:00Z).
+        ("2024-03-10T05:00:00", "08:00-10:00", "America/New_York", "2024-03-10T12:00:00"),
+        # 00:00 EDT; 08:00 local is EST again by then (13:00Z).
+        ("2024-11-03T04:00:00", "08:00-10:00", "America/New_York", "2024-11-03T13:00:00"),
+        # 00:30 CET; Berlin springs forward at 02:00, so 10:00 local is CEST (08:00Z).
+        ("2024-03-30T23:30:00", "10:00-12:00", "Europe/Berlin", "2024-03-31T08:00:00"),
+        # No change in Tokyo.
+        ("2024-01-10T01:00:00", "20:00-06:00", "Asia/Tokyo", "2024-01-10T11:00:00"),
+    ],
+)
+def test_window_opening_is_exact_across_daylight_saving_changes(
+    now: str, window: str, zone: str, opens: str
+) -> None:
+    node = gpu_node("n", timezone=zone)
+    plan = plan_for([node], [job("j", start_window=StartWindow.parse(window))], now=_utc(now))
+    reason = pending(plan.pending_for("j"))
+    assert reason.code == "window"
+    assert reason.retry_at == _utc(opens)
+
+
+def test_a_latency_slo_without_an_estimator_is_never_silently_ignored() -> None:
+    d = deployment("d", kinds=("npu",), latency_slo_ms=20.0, traffic_by_region={"eu": 1.0})
+    plan = plan_for([edge_node("far", region="ap")], [d])
+    assert plan.placements == ()
+    reason = pending(plan.pending_for("d"))
+    assert reason.code == "unschedulable"
+    assert dict(reason.rejections) == {"slo-unverifiable": 1}
+    assert "latency SLO cannot be checked: no latency estimator configured" in reason.message
+    # Without an SLO nothing needs checking.
+    assert plan_for([edge_node("far", region="ap")], [deployment("d", kinds=("npu",))]).placements
+
+
+def test_a_waived_window_is_recorded_and_explained() -> None:
+    window = StartWindow.parse("02:00-05:00")
+    urgent = job("urgent", start_window=window, duration_s=3600, deadline=NOW + 4 * 3600)
+    (placement,) = plan_for([gpu_node("n")], [urgent]).placements
+    assert placement.window_waived
+    assert "start window 02:00-05:00 waived to meet the deadline" in placement.explain()
+    # Inside its window (22:13 UTC is within 20:00-06:00) nothing is waived.
+    relaxed = job("relaxed", start_window=StartWindow.parse("20:00-06:00"), deadline=NOW + 7200)
+    (placement,) = plan_for([gpu_node("n")], [relaxed]).placements
+    assert not placement.window_waived
+    assert "waived" not in placement.explain()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cloud.scheduler import Scheduler
+from cloud.scheduler import Scheduler, Tenant
 from cloud.scheduler.state import ClusterState
 from cloud.scheduler.statement import Statement
 
@@ -51,7 +51,7 @@ def test_statement_discard_restores_state_exactly() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(free_before, state.free, strict=True))
     assert {t: u for t, u in state.tenant_usage.items() if any(u)} == usage_before
     assert set(state.allocations) == {"r"}
-    assert state.evictable_total[0][2] == 3
+    assert state.evictable_accelerators_total[0][2] == 3
 
 
 def test_replicas_spread_across_nodes_and_regions() -> None:
@@ -115,3 +115,79 @@ def test_scheduler_steps_one_decision_at_a_time() -> None:
     assert sched.step()
     assert not sched.step()
     assert len(sched.plan().placements) == 2
+
+
+def _state_matches_plan(sched: Scheduler) -> None:
+    """Everything the scheduler's working state holds is in the plan, and nothing more."""
+    plan = sched.plan()
+    evicted = {p.allocation_id for p in plan.preemptions}
+    running_ids = {a.allocation_id for a in sched.snapshot.allocations}
+    expected = (running_ids - evicted) | {p.allocation_id for p in plan.placements}
+    assert set(sched.state.allocations) == expected
+
+
+def test_statement_rolls_back_to_a_mark_and_keeps_earlier_changes() -> None:
+    snap = snapshot(
+        [gpu_node("n0"), gpu_node("n1")],
+        allocations=[running("r0", "n0", 2), running("r1", "n1", 2)],
+    )
+    state = ClusterState(snap)
+    stmt = Statement(state)
+    stmt.allocate(running("keep", "n0", 1, tenant="t"), 0)
+    mark = stmt.mark()
+    stmt.evict("r1", "priority")
+    stmt.allocate(running("drop", "n1", 8, tenant="t"), 1)
+    stmt.rollback_to(mark)
+    assert set(state.allocations) == {"r0", "r1", "keep"}
+    assert [a.allocation_id for a, _ in stmt.allocated] == ["keep"]
+    assert stmt.evicted == []
+    assert int(state.free[0][1]) == 6
+    stmt.discard()
+    assert set(state.allocations) == {"r0", "r1"}
+
+
+def test_a_member_whose_quota_cannot_be_released_leaves_nothing_behind() -> None:
+    # T (nominal 2, no cohort) runs a p2 replica. D wants 3 replicas, accepts 1: the
+    # second fits by evicting T's own p2 work, the third cannot be brought within quota.
+    tenants = [Tenant(name="T", nominal={"gpu": 2})]
+    low = running(
+        "t-low", "n1", 1, tenant="T", priority="p2", work_kind="inference", expected_end=None
+    )
+    d = deployment(
+        "D", tenant="T", replicas=3, min_replicas=1, kinds=("gpu",), max_replicas_per_node=3
+    )
+    e = deployment("E", tenant="U", priority="p1", kinds=("gpu",), accelerators_per_replica=2)
+    sched = Scheduler(snapshot([gpu_node("n1", 4, site="edge")], [d, e], [low], tenants))
+    plan = sched.run()
+    assert [p.allocation_id for p in plan.placements_for("D")] == ["D/0", "D/1"]
+    _state_matches_plan(sched)
+    assert sched.state.usage("T", 0) == 2
+    # The GPUs the phantom third replica held are really free: E gets them.
+    assert nodes_of(plan, "E") == ["n1"]
+
+
+def test_victims_of_a_rolled_back_member_are_not_evicted() -> None:
+    # T may run one GPU only; D's second replica could evict U's work on n2, but could
+    # never be within quota, so nothing may be evicted for it.
+    nodes = [gpu_node("n1", 1, site="edge"), gpu_node("n2", 1, site="edge")]
+    u = running(
+        "u-low", "n2", 1, tenant="U", priority="p2", work_kind="inference", expected_end=None
+    )
+    d = deployment("D", tenant="T", replicas=2, min_replicas=1, kinds=("gpu",))
+    sched = Scheduler(snapshot(nodes, [d], [u], [Tenant(name="T", nominal={"gpu": 1})]))
+    plan = sched.run()
+    assert nodes_of(plan, "D") == ["n1"]
+    assert plan.preemptions == ()
+    _state_matches_plan(sched)
+
+
+def test_a_replica_limit_does_not_strand_later_jobs_of_the_same_shape() -> None:
+    # A fills both nodes (one replica each) and cannot place its third replica; B has
+    # the same shape and must still see the GPUs that are free on both nodes.
+    nodes = [gpu_node("n1", 4, site="edge"), gpu_node("n2", 4, site="edge")]
+    a = deployment("A", replicas=3, min_replicas=2, kinds=("gpu",), submitted_at=0)
+    b = deployment("B", replicas=1, kinds=("gpu",), submitted_at=1)
+    plan = plan_for(nodes, [a, b])
+    assert sorted(nodes_of(plan, "A")) == ["n1", "n2"]
+    assert len(nodes_of(plan, "B")) == 1
+    assert plan.pending_for("B") is None

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from cloud.scheduler import Plan, Policy, Tenant
+import dataclasses
 
-from .builders import NOW, deployment, edge_node, gpu_node, job, nodes_of, plan_for, running
+import pytest
+
+from cloud.scheduler import AcceleratorPool, Plan, Policy, Tenant
+
+from .builders import GIB, NOW, deployment, edge_node, gpu_node, job, nodes_of, plan_for, running
 
 
 def victims(plan: Plan) -> list[str]:
@@ -47,6 +51,28 @@ def test_victims_lowest_priority_then_latest_started() -> None:
     assert victims(plan) == ["p2-new"]
     plan = plan_for([gpu_node("n0")], [job("j", 6, priority="p0")], allocations)
     assert sorted(victims(plan)) == ["p1-latest", "p2-new", "p2-old"]
+
+
+def test_victim_order_ignores_borrowing_when_nothing_is_reclaimed() -> None:
+    # The same order with a borrower present: its p1 work is not taken before p2 work.
+    tenants = [
+        Tenant(name="lender", cohort="lab", nominal={"gpu": 8}),
+        Tenant(name="borrower", cohort="lab", nominal={"gpu": 0}),
+    ]
+    allocations = [
+        running("borrower-p1", "n0", 2, tenant="borrower", priority="p1", started_at=NOW - 10),
+        running("p2-old", "n0", 2, tenant="other", priority="p2", started_at=NOW - 900),
+        running("p2-new", "n0", 2, tenant="other", priority="p2", started_at=NOW - 100),
+        running("p1-old", "n0", 2, tenant="other", priority="p1", started_at=NOW - 800),
+    ]
+    plan = plan_for(
+        [gpu_node("n0")], [job("j", 2, tenant="other", priority="p0")], allocations, tenants
+    )
+    assert victims(plan) == ["p2-new"]
+    plan = plan_for(
+        [gpu_node("n0")], [job("j", 6, tenant="other", priority="p0")], allocations, tenants
+    )
+    assert sorted(victims(plan)) == ["borrower-p1", "p2-new", "p2-old"]
 
 
 def test_never_equal_or_higher_priority_nor_non_preemptible() -> None:
@@ -118,23 +144,115 @@ def test_reclaim_evicts_borrowers_of_any_priority() -> None:
 
 
 def test_borrowers_are_evicted_before_lower_priority_owners_work() -> None:
+    # Cohort lab: owner nominal 4, borrower nominal 2. n0 (6 GPUs) is full: the owner's
+    # own p2 work (2) and the borrower's p1 work (4, of which 2 borrowed from the owner).
     tenants = [
         Tenant(name="owner", cohort="lab", nominal={"gpu": 4}),
-        Tenant(name="borrower", cohort="lab", nominal={"gpu": 4}),
+        Tenant(name="borrower", cohort="lab", nominal={"gpu": 2}),
     ]
     allocations = [
-        running("borrowed", "n0", 2, tenant="borrower", priority="p1", started_at=NOW - 900),
-        running("borrowed-2", "n0", 4, tenant="borrower", priority="p1", started_at=NOW - 800),
-        running("outsider-p2", "n0", 2, tenant="outsider", priority="p2", started_at=NOW - 10),
+        running("owner-p2", "n0", 2, tenant="owner", priority="p2", started_at=NOW - 10),
+        running("borrowed", "n0", 4, tenant="borrower", priority="p1", started_at=NOW - 900),
     ]
+    # The owner asks for 2 within its nominal 4: the cohort (6) is over by the loan, so
+    # this is a reclaim, and the borrower goes first although the owner's work is p2.
     plan = plan_for(
-        [gpu_node("n0")],
+        [gpu_node("n0", 6)],
         [job("mine", 2, tenant="owner", priority="p1")],
         allocations,
         tenants=tenants,
     )
-    assert victims(plan) == ["borrowed-2"]
+    assert victims(plan) == ["borrowed"]
     assert plan.preemptions[0].reason == "reclaim"
+    assert nodes_of(plan, "mine") == ["n0"]
+
+
+def test_borrowing_does_not_make_work_a_victim_outside_reclaim() -> None:
+    # B borrows in cohort c; D is unmanaged p2 work. E (unmanaged, p0) is not reclaiming
+    # anything, so victims follow priority: the p2 work goes, the borrower's p1 stays.
+    tenants = [
+        Tenant(name="B", cohort="c", nominal={"gpu": 0}),
+        Tenant(name="F", cohort="c", nominal={"gpu": 4}),
+    ]
+    allocations = [
+        running("X", "n1", 1, tenant="B", priority="p1"),
+        running("Y", "n1", 1, tenant="D", priority="p2"),
+    ]
+    plan = plan_for(
+        [gpu_node("n1", 2)], [job("J", 1, tenant="E", priority="p0")], allocations, tenants
+    )
+    assert victims(plan) == ["Y"]
+    assert plan.preemptions[0].reason == "priority"
+
+
+def test_preemption_frees_host_memory_when_it_is_the_obstacle() -> None:
+    # 7 of 8 GPUs are free, but the p2 job holds all the host memory.
+    low = running("low", "n1", 1, priority="p2", host_memory_bytes=100 * GIB)
+    hi = job("hi", 1, priority="p0", host_memory_bytes=50 * GIB)
+    plan = plan_for([gpu_node("n1", 8, host_memory_gib=100)], [hi], [low])
+    assert victims(plan) == ["low"]
+    assert nodes_of(plan, "hi") == ["n1"]
+
+
+def test_host_memory_of_other_kinds_work_can_be_freed() -> None:
+    # The host memory is held by lower-priority CPU work on the same node.
+    node = gpu_node("n1", 8, host_memory_gib=64)
+    node = dataclasses.replace(
+        node, pools=(*node.pools, AcceleratorPool(kind="cpu", count=16, model="x86"))
+    )
+    cpu_low = running("cpu-low", "n1", 4, kind="cpu", priority="p2", host_memory_bytes=64 * GIB)
+    plan = plan_for([node], [job("hi", 1, priority="p1", host_memory_bytes=32 * GIB)], [cpu_low])
+    assert victims(plan) == ["cpu-low"]
+    assert nodes_of(plan, "hi") == ["n1"]
+
+
+@pytest.mark.parametrize("blocked", [15, 16, 40])
+def test_preemption_looks_past_nodes_it_cannot_use(blocked: int) -> None:
+    # The nodes that need the least freed all hold the group J avoids; only "z" is usable.
+    nodes, allocations = [], []
+    for i in range(blocked):
+        node_id = f"a{i:02d}"
+        nodes.append(gpu_node(node_id, 8))
+        allocations.append(
+            running(f"g{i}", node_id, 1, group="g", preemptible=False, priority="p1")
+        )
+        allocations.append(running(f"low{i}", node_id, 7, priority="p2"))
+    nodes.append(gpu_node("z", 8))
+    allocations.append(running("lowz", "z", 8, priority="p2"))
+    plan = plan_for(nodes, [job("J", 1, priority="p0", anti_affinity_groups=("g",))], allocations)
+    assert nodes_of(plan, "J") == ["z"]
+    assert victims(plan) == ["lowz"]
+
+
+def test_preemption_looks_past_nodes_at_their_replica_limit() -> None:
+    # d already has a replica on each of 20 nodes that need little freed; "z" needs more.
+    nodes, allocations = [], []
+    for i in range(20):
+        node_id = f"a{i:02d}"
+        nodes.append(edge_node(node_id, count=2))
+        allocations.append(
+            running(
+                f"d/{i}",
+                node_id,
+                1,
+                kind="npu",
+                work_id="d",
+                tenant="team-a",
+                priority="p0",
+                work_kind="inference",
+                expected_end=None,
+            )
+        )
+        allocations.append(
+            running(f"low{i}", node_id, 1, kind="npu", work_kind="inference", expected_end=None)
+        )
+    nodes.append(edge_node("z", count=2))
+    allocations.append(
+        running("lowz", "z", 2, kind="npu", work_kind="inference", expected_end=None)
+    )
+    plan = plan_for(nodes, [deployment("d", kinds=("npu",))], allocations)
+    assert nodes_of(plan, "d") == ["z"]
+    assert victims(plan) == ["lowz"]
 
 
 def test_training_never_evicts_p0_inference_even_to_reclaim() -> None:

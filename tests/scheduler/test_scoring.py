@@ -8,6 +8,7 @@ import numpy as np
 
 from cloud.scheduler import Candidates, Policy, Snapshot, TermValues, Work
 from cloud.scheduler.arrays import FloatArray
+from cloud.scheduler.scoring import packing_and_load, packing_and_load_one
 
 from .builders import deployment, edge_node, gpu_node, job, nodes_of, plan_for, running
 
@@ -121,3 +122,21 @@ def test_breakdown_total_is_the_weighted_sum() -> None:
     for breakdown in (plan.placements[0].chosen, *plan.placements[0].runners_up):
         total = sum(t.value * t.weight for t in breakdown.terms)
         assert abs(total - breakdown.total) < 1e-9
+
+
+def test_scalar_and_vectorised_packing_and_load_are_bit_identical() -> None:
+    # One formula for scoring (vectorised), re-scoring one node and explaining.
+    rng = np.random.default_rng(3)
+    capacity = rng.choice([1, 2, 4, 8, 16], size=500)
+    free = rng.integers(0, capacity + 1)
+    inv_capacity = 1.0 / capacity
+    base = rng.random(500)
+    delta = rng.integers(-4, 5, size=500)
+    packing, load = packing_and_load(free, 1, inv_capacity, base, delta, 0.6)
+    for i in range(500):
+        one = packing_and_load_one(
+            int(free[i]), 1, float(inv_capacity[i]), float(base[i]), int(delta[i]), 0.6
+        )
+        assert one == (float(packing[i]), float(load[i]))
+    assert load.min() >= 0.0
+    assert load.max() <= 1.0

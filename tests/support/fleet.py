@@ -16,6 +16,7 @@ from edge.agent import Agent, NodeIdentity
 from shared.messages import Site
 from shared.mqtt import MqttSession
 from shared.settings import MqttSettings
+from shared.tasks import stop_task
 from shared.topics import Topics
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
@@ -83,9 +84,7 @@ async def running_ingestion(
             await ingestor.subscribed.wait()
         yield RunningCloud(registry, ingestor, session)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(task)
 
 
 @contextlib.asynccontextmanager
@@ -94,6 +93,4 @@ async def running(agent: Agent) -> AsyncIterator[asyncio.Task[None]]:
     try:
         yield task
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(task)

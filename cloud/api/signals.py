@@ -1,0 +1,134 @@
+"""`/v1/signals`: the grid carbon intensity and price the scheduler sees, per zone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from cloud.api.keys import REGISTRY, SIGNALS
+from cloud.api.problems import Problem
+from cloud.api.query import parse_query
+from cloud.signals.grid import HOUR_S, ZoneSeries
+from cloud.signals.model import SignalType
+
+SUMMARY_HORIZON_H = 24
+
+
+class HourlyPoint(msgspec.Struct, frozen=True, kw_only=True):
+    at: datetime
+    carbon_g_per_kwh: float
+    price_per_mwh: float | None
+    forecast: bool  # after the current hour: a forecast, not a record
+
+
+class ZoneSignal(msgspec.Struct, frozen=True, kw_only=True):
+    zone: str
+    signal_type: SignalType
+    source: str
+    stale: bool
+    currency: str
+    carbon_g_per_kwh: float  # the current hour
+    price_per_mwh: float | None
+    next_24h_min_carbon_g_per_kwh: float
+    next_24h_max_carbon_g_per_kwh: float
+    next_24h_cleanest_hour: datetime
+    nodes: int  # nodes of the fleet in this zone
+
+
+class ZoneSignalDetail(ZoneSignal, frozen=True, kw_only=True):
+    hourly: tuple[HourlyPoint, ...]
+
+
+class SignalList(msgspec.Struct, frozen=True, kw_only=True):
+    now: datetime
+    zones: tuple[ZoneSignal, ...]
+
+
+class SignalListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    zone: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+
+
+def _utc(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, tz=UTC)
+
+
+def _price(value: float) -> float | None:
+    return None if np.isnan(value) else round(float(value), 3)
+
+
+def _summary_fields(series: ZoneSeries, now_s: float, nodes: int) -> dict[str, object]:
+    current_hour = int((now_s - series.start_s) // HOUR_S)
+    ahead = series.carbon_g_per_kwh[current_hour : current_hour + SUMMARY_HORIZON_H]
+    if ahead.size == 0:  # the series ends before now: persistence, as scoring assumes
+        ahead = series.carbon_g_per_kwh[-1:]
+        cleanest_s = now_s - now_s % HOUR_S
+    else:
+        cleanest_s = series.start_s + (current_hour + int(np.argmin(ahead))) * HOUR_S
+    index = min(max(current_hour, 0), series.carbon_g_per_kwh.size - 1)
+    return {
+        "zone": series.zone,
+        "signal_type": series.signal_type,
+        "source": series.source,
+        "stale": series.stale,
+        "currency": series.currency,
+        "carbon_g_per_kwh": round(float(series.carbon_g_per_kwh[index]), 2),
+        "price_per_mwh": _price(series.price_per_mwh[index]),
+        "next_24h_min_carbon_g_per_kwh": round(float(ahead.min()), 2),
+        "next_24h_max_carbon_g_per_kwh": round(float(ahead.max()), 2),
+        "next_24h_cleanest_hour": _utc(cleanest_s),
+        "nodes": nodes,
+    }
+
+
+def _zones_of_fleet(request: web.Request) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in request.app[REGISTRY].nodes():
+        counts[record.status.zone] = counts.get(record.status.zone, 0) + 1
+    return counts
+
+
+async def list_signals(request: web.Request) -> web.Response:
+    """Zones of the fleet's nodes (or the one asked for), current values and the day ahead."""
+    query = parse_query(request, SignalListQuery)
+    fleet_zones = _zones_of_fleet(request)
+    wanted = [query.zone] if query.zone else sorted(fleet_zones)
+    grid = await request.app[SIGNALS].snapshot(wanted)
+    zones = tuple(
+        ZoneSignal(**_summary_fields(series, grid.now_s, fleet_zones.get(zone, 0)))  # type: ignore[arg-type]
+        for zone, series in sorted(grid.zones.items())
+    )
+    body = SignalList(now=_utc(grid.now_s), zones=zones)
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def get_zone_signal(request: web.Request) -> web.Response:
+    """One zone hour by hour: the recorded history and the forecast the scheduler uses."""
+    zone = request.match_info["zone"]
+    grid = await request.app[SIGNALS].snapshot([zone])
+    series = grid.series(zone)
+    if series is None:
+        raise Problem(
+            404, "zone-not-found", "Zone not found", f"no signal provider knows zone {zone!r}"
+        )
+    current_hour_start = grid.now_s - grid.now_s % HOUR_S
+    hourly = tuple(
+        HourlyPoint(
+            at=_utc(series.start_s + hour * HOUR_S),
+            carbon_g_per_kwh=round(float(carbon), 2),
+            price_per_mwh=_price(series.price_per_mwh[hour]),
+            forecast=series.start_s + hour * HOUR_S > current_hour_start,
+        )
+        for hour, carbon in enumerate(series.carbon_g_per_kwh)
+    )
+    nodes = _zones_of_fleet(request).get(zone, 0)
+    body = ZoneSignalDetail(**_summary_fields(series, grid.now_s, nodes), hourly=hourly)  # type: ignore[arg-type]
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/signals", list_signals)
+    app.router.add_get("/v1/signals/{zone}", get_zone_signal)

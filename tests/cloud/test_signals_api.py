@@ -1,0 +1,115 @@
+"""`/v1/signals`: what the scheduler knows about the grid, served from the shipped 2023 trace."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from importlib import resources
+from itertools import pairwise
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from cloud.api.keys import REGISTRY
+from cloud.app import create_app
+from greenfed.broker import EmbeddedBroker
+from shared.messages import HostInfo, NodeStatus
+from shared.settings import Settings
+from tests.support.fleet import mqtt_settings
+
+Client = TestClient[web.Request, web.Application]
+PROBLEM = "application/problem+json"
+
+
+def recorded_intensity(zone_file: str, hour: datetime) -> float:
+    """The LCA intensity of one hour, read straight from the shipped CSV."""
+    text = resources.files("cloud.signals").joinpath(f"data/{zone_file}_2023_hourly.csv")
+    with text.open(encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            if row["Datetime (UTC)"] == hour.strftime("%Y-%m-%d %H:%M:%S"):
+                return float(row["Carbon Intensity gCO₂eq/kWh (LCA)"])
+    raise AssertionError(f"no {hour} in {zone_file}")
+
+
+def status(node_id: str, zone: str) -> NodeStatus:
+    return NodeStatus(
+        node_id=node_id,
+        state="online",
+        instance_id="i",
+        agent_version="t",
+        site="cloud",
+        zone=zone,
+        region="r",
+        host=HostInfo(
+            hostname=node_id, os="linux", arch="x86_64", cpu_logical_cores=8, memory_total_bytes=1
+        ),
+        accelerators=(),
+        telemetry_interval_s=5.0,
+        started_at=1.0,
+        sent_at=1.0,
+    )
+
+
+@contextlib.asynccontextmanager
+async def signals_api() -> AsyncIterator[Client]:
+    async with EmbeddedBroker(port=0) as broker:
+        app = create_app(Settings(mqtt=mqtt_settings(broker.url, "signals")))
+        registry = app[REGISTRY]
+        registry.apply_status(status("a100-1", "CA-ON"))
+        registry.apply_status(status("a100-2", "CA-ON"))
+        registry.apply_status(status("v100-1", "DE"))
+        async with TestClient(TestServer(app)) as client:
+            yield client
+
+
+async def test_the_fleets_zones_are_listed_with_current_values_and_the_day_ahead() -> None:
+    async with signals_api() as client:
+        response = await client.get("/v1/signals")
+        assert response.status == 200
+        body = await response.json()
+    zones = {zone["zone"]: zone for zone in body["zones"]}
+    assert set(zones) == {"CA-ON", "DE"}
+    assert (zones["CA-ON"]["nodes"], zones["DE"]["nodes"]) == (2, 1)
+    # The default chain replays 2023 at today's date and hour: the values are the recorded ones.
+    now = datetime.fromisoformat(body["now"])
+    assert now.year == 2023
+    hour = now.replace(minute=0, second=0, microsecond=0).astimezone(UTC).replace(tzinfo=None)
+    assert zones["DE"]["carbon_g_per_kwh"] == pytest.approx(
+        recorded_intensity("DE-LU", hour), abs=0.01
+    )
+    assert zones["CA-ON"]["carbon_g_per_kwh"] == pytest.approx(
+        recorded_intensity("CA-ON", hour), abs=0.01
+    )
+    for zone in zones.values():
+        assert zone["signal_type"] == "average"
+        assert zone["currency"] == "USD"
+        assert zone["price_per_mwh"] is not None
+        assert zone["next_24h_min_carbon_g_per_kwh"] <= zone["next_24h_max_carbon_g_per_kwh"]
+        assert zone["stale"] is False
+
+
+async def test_one_zone_is_served_hour_by_hour_with_its_forecast() -> None:
+    async with signals_api() as client:
+        response = await client.get("/v1/signals/ZA")
+        assert response.status == 200
+        body = await response.json()
+        missing = await client.get("/v1/signals/XX-NOWHERE")
+        assert (missing.status, missing.content_type) == (404, PROBLEM)
+        bad = await client.get("/v1/signals?zoen=DE")
+        assert (bad.status, bad.content_type) == (400, PROBLEM)
+    assert body["zone"] == "ZA"
+    assert body["nodes"] == 0
+    hourly = body["hourly"]
+    recorded = [point for point in hourly if not point["forecast"]]
+    ahead = [point for point in hourly if point["forecast"]]
+    assert len(recorded) >= 24
+    assert len(ahead) >= 24
+    times = [datetime.fromisoformat(point["at"]) for point in hourly]
+    assert all(later - earlier == times[1] - times[0] for earlier, later in pairwise(times))
+    # South Africa's grid is coal-heavy: every hour, recorded or forecast, is above 500 g/kWh.
+    assert min(point["carbon_g_per_kwh"] for point in hourly) > 500
+    cleanest = datetime.fromisoformat(body["next_24h_cleanest_hour"])
+    assert cleanest in times
