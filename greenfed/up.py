@@ -100,6 +100,7 @@ def _print_banner(
         f"greenfed up: {node_count} simulated nodes, "
         f"{'external' if external else 'embedded'} MQTT broker {mqtt_url}",
         f"  nodes      {api}/v1/nodes",
+        f"  signals    {api}/v1/signals",
         f"  schemas    {api}/v1/schemas",
         f"  metrics    {api}/metrics",
         f"  telemetry  mosquitto_sub -h {host} -p {port} "
