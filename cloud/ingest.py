@@ -22,9 +22,11 @@ from cloud.registry import NodeRegistry, Rejection, StateChange
 from shared.logs import RateLimitedLog
 from shared.messages import (
     EVENT_DECODER,
+    LOG_DECODER,
     REPORTED_DECODER,
     STATUS_DECODER,
     TELEMETRY_DECODER,
+    JobLogChunk,
     NodeEvent,
     NodeStatus,
     ReportedState,
@@ -34,7 +36,7 @@ from shared.mqtt import MqttSession
 from shared.settings import MqttSettings
 from shared.topics import CHANNEL_SPECS, Channel, TopicError, Topics
 
-IngestedMessage = NodeStatus | Telemetry | ReportedState | NodeEvent
+IngestedMessage = NodeStatus | Telemetry | ReportedState | NodeEvent | JobLogChunk
 
 # Status first, so that retained births are known before the first telemetry.
 DECODERS: dict[Channel, msgspec.json.Decoder[IngestedMessage]] = {
@@ -42,6 +44,7 @@ DECODERS: dict[Channel, msgspec.json.Decoder[IngestedMessage]] = {
     Channel.TELEMETRY: TELEMETRY_DECODER,  # type: ignore[dict-item]
     Channel.REPORTED: REPORTED_DECODER,  # type: ignore[dict-item]
     Channel.EVENTS: EVENT_DECODER,  # type: ignore[dict-item]
+    Channel.LOGS: LOG_DECODER,  # type: ignore[dict-item]
 }
 
 
@@ -78,6 +81,7 @@ class Ingestor:
         invalid_log_interval_s: float = 10.0,
         on_state_change: Callable[[StateChange], None] | None = None,
         on_event: Callable[[NodeEvent], None] | None = None,
+        on_log: Callable[[JobLogChunk], None] | None = None,
     ) -> None:
         self.registry = registry
         self.topics = topics
@@ -87,6 +91,7 @@ class Ingestor:
         self._invalid_log = RateLimitedLog(self._log, invalid_log_interval_s)
         self._on_state_change = on_state_change
         self._on_event = on_event
+        self._on_log = on_log
         # Set while subscribed to every channel: the cloud's readiness.
         self.subscribed = asyncio.Event()
 
@@ -159,6 +164,9 @@ class Ingestor:
             outcome = self.registry.apply_status(message)
         elif isinstance(message, ReportedState):
             outcome = self.registry.apply_reported(message)
+        elif isinstance(message, JobLogChunk):
+            if self._on_log is not None:
+                self._on_log(message)
         elif self._on_event is not None:
             self._on_event(message)
         if isinstance(outcome, Rejection):

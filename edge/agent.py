@@ -26,11 +26,14 @@ import structlog
 
 from edge.discovery import DiscoveryResult, discover_all, sample_all
 from edge.probes import DeviceProbes
+from edge.training.reconcile import TrainingReconciler
+from edge.training.runs import TrainingLauncher
 from shared import __version__
 from shared.messages import (
     DESIRED_DECODER,
     DesiredState,
     EventKind,
+    JobLogChunk,
     NodeEvent,
     NodeStatus,
     OfflineReason,
@@ -45,6 +48,8 @@ from shared.topics import CHANNEL_SPECS, Channel, Topics
 
 # Events raised while the broker is unreachable wait here, oldest dropped first.
 EVENT_OUTBOX_CAPACITY = 1000
+# Workers' output is shipped at most this often (per worker, SHIP_MAX_BYTES a round).
+LOG_SHIP_INTERVAL_S = 1.0
 # How long a stopping agent waits for the broker to take its goodbye.
 GOODBYE_TIMEOUT_S = 1.0
 
@@ -91,8 +96,12 @@ class Agent:
         telemetry_jitter_ratio: float = 0.1,
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] = time.time,
+        training_launcher: TrainingLauncher | None = None,
     ) -> None:
+        """`training_launcher` None: this node runs no training (edge devices)."""
         self.identity = identity
+        self._training_launcher = training_launcher
+        self.training: TrainingReconciler | None = None
         self._probes = probes
         self._mqtt_settings = mqtt_settings
         self._topics = Topics(mqtt_settings.topic_root)
@@ -112,6 +121,8 @@ class Agent:
         self._outbox_filled = asyncio.Event()
         # Set once the first birth has been published (and stays set).
         self.announced = asyncio.Event()
+        self._reported_changed = asyncio.Event()
+        self._output_waiting = asyncio.Event()
 
     # -- messages ---------------------------------------------------------------
 
@@ -185,8 +196,27 @@ class Agent:
             will=will,
             logger=self._log,
         )
+        self.training = TrainingReconciler(
+            self._training_launcher,
+            discovery.accelerators,
+            on_change=self._reported_changed.set,
+            on_event=self.raise_event,
+            on_output=self._output_waiting.set,
+        )
         try:
-            await self.session.run(self._connected)
+            # Training workers live in this task group: they outlive MQTT connections.
+            async with asyncio.TaskGroup() as work:
+                self.training.bind(work)
+                try:
+                    await self.session.run(self._connected)
+                except asyncio.CancelledError:
+                    await self.training.stop_all("the agent is stopping")
+                    raise
+        except BaseExceptionGroup as group:
+            # One failure (say, refused credentials) should reach the caller as itself.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         finally:
             await asyncio.to_thread(self._close_probes)
 
@@ -218,6 +248,8 @@ class Agent:
                 tasks.create_task(self._telemetry_loop(client))
                 tasks.create_task(self._desired_loop(client))
                 tasks.create_task(self._event_loop(client))
+                tasks.create_task(self._reported_loop(client))
+                tasks.create_task(self._logs_loop(client))
         except* aiomqtt.MqttError as group:
             # Re-raise the first MQTT error alone so the session's reconnect loop sees it.
             raise group.exceptions[0] from None
@@ -304,9 +336,13 @@ class Agent:
         if desired.generation < self.observed_generation:
             return  # an older document arriving late; the newer one already applied
         self.observed_generation = desired.generation
+        assert self.training is not None
+        self.training.apply(desired.training)
         await self._publish_reported(client)
 
     async def _publish_reported(self, client: aiomqtt.Client) -> None:
+        self._reported_changed.clear()
+        training = self.training.reported() if self.training is not None else ()
         await self._publish(
             client,
             Channel.REPORTED,
@@ -316,9 +352,41 @@ class Agent:
                     instance_id=self.instance_id,
                     observed_generation=self.observed_generation,
                     reported_at=self._wall_clock(),
+                    training=training,
                 )
             ),
         )
+
+    async def _reported_loop(self, client: aiomqtt.Client) -> None:
+        """Publish the reported state whenever a worker changed state."""
+        while True:
+            await self._reported_changed.wait()
+            await self._publish_reported(client)
+
+    async def _logs_loop(self, client: aiomqtt.Client) -> None:
+        """Ship workers' new output, one chunk per worker at most once a second."""
+        assert self.training is not None
+        while True:
+            await self._output_waiting.wait()
+            self._output_waiting.clear()
+            for run in self.training.runs_with_output():
+                chunk = run.output.take()
+                if chunk is None:
+                    continue
+                offset, data, dropped = chunk
+                message = JobLogChunk(
+                    node_id=self.identity.node_id,
+                    job_id=run.status.job_id,
+                    attempt=run.status.attempt,
+                    offset=offset,
+                    text=data.decode("utf-8", errors="replace"),
+                    dropped_bytes=dropped,
+                    sent_at=self._wall_clock(),
+                )
+                await self._publish(client, Channel.LOGS, encode(message))
+                if run.output.pending_bytes:
+                    self._output_waiting.set()
+            await asyncio.sleep(LOG_SHIP_INTERVAL_S)
 
     async def _event_loop(self, client: aiomqtt.Client) -> None:
         while True:

@@ -11,17 +11,25 @@ import structlog
 
 from edge.agent import Agent, NodeIdentity
 from edge.discovery import DiscoveryResult, build_device_probes, discover_all
+from edge.training.process import ProcessLauncher
 from shared.runtime import run_until_stopped
 from shared.settings import Settings
 
 
 async def run_agent(settings: Settings, stop: asyncio.Event) -> int:
+    launcher = None
+    if settings.agent.runs_training:
+        launcher = ProcessLauncher(
+            settings.agent.resolved_data_dir() / "jobs",
+            max_log_bytes=settings.agent.max_job_log_bytes,
+        )
     agent = Agent(
         NodeIdentity.from_settings(settings.agent),
         build_device_probes(settings.agent.probes),
         settings.mqtt,
         telemetry_interval_s=settings.agent.telemetry_interval_s,
         telemetry_jitter_ratio=settings.agent.telemetry_jitter_ratio,
+        training_launcher=launcher,
     )
     structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
     await run_until_stopped(stop, agent.run())

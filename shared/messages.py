@@ -14,7 +14,7 @@ import msgspec
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -151,7 +151,34 @@ class DesiredDeployment(WireStruct, frozen=True, kw_only=True):
 
 
 class DesiredTraining(WireStruct, frozen=True, kw_only=True):
+    """One worker of a training job assigned to this node (schema 1.1 adds all but job_id)."""
+
     job_id: str
+    attempt: Annotated[
+        int, msgspec.Meta(ge=0, description="Placement attempt; a new attempt is a fresh run.")
+    ] = 0
+    command: Annotated[tuple[str, ...], msgspec.Meta(description="argv; run without a shell.")] = ()
+    env: dict[str, str] = {}
+    working_dir: str | None = None
+    accelerator_ids: Annotated[
+        tuple[str, ...], msgspec.Meta(description="Accelerators of this node assigned to the job.")
+    ] = ()
+    rank: Annotated[int, msgspec.Meta(ge=0, description="This worker's rank in the gang.")] = 0
+    world_size: Annotated[int, msgspec.Meta(ge=1, description="Workers in the gang.")] = 1
+    master_addr: str = ""
+    master_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    grace_period_s: Annotated[
+        float, msgspec.Meta(ge=0, description="SIGTERM to SIGKILL on stop.")
+    ] = 30.0
+    reference_duration_s: (
+        Annotated[
+            float,
+            msgspec.Meta(
+                gt=0, description="Expected run time on one A100; simulated nodes use it."
+            ),
+        ]
+        | None
+    ) = None
 
 
 class DesiredState(WireStruct, frozen=True, kw_only=True):
@@ -165,6 +192,21 @@ class DesiredState(WireStruct, frozen=True, kw_only=True):
     issued_at: Timestamp
 
 
+TrainingRunState = Literal["starting", "running", "succeeded", "failed", "stopped"]
+
+
+class ReportedTraining(WireStruct, frozen=True, kw_only=True):
+    """What became of one desired training worker (schema 1.1)."""
+
+    job_id: str
+    attempt: NonNegativeInt = 0
+    state: TrainingRunState
+    exit_code: int | None = None
+    reason: Annotated[str, msgspec.Meta(description="Why it failed or stopped, for people.")] = ""
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
+
+
 class ReportedState(WireStruct, frozen=True, kw_only=True):
     """`reported` (retained, QoS 1): what the agent has applied."""
 
@@ -173,6 +215,7 @@ class ReportedState(WireStruct, frozen=True, kw_only=True):
     instance_id: str
     observed_generation: NonNegativeInt
     reported_at: Timestamp
+    training: tuple[ReportedTraining, ...] = ()
 
 
 EventKind = Literal[
@@ -202,6 +245,23 @@ class NodeEvent(WireStruct, frozen=True, kw_only=True):
     occurred_at: Timestamp
 
 
+class JobLogChunk(WireStruct, frozen=True, kw_only=True):
+    """`logs` (QoS 0, not retained; schema 1.1): new output of one training worker."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    node_id: NodeId
+    job_id: str
+    attempt: NonNegativeInt = 0
+    offset: Annotated[
+        int, msgspec.Meta(ge=0, description="Byte offset of `text` in the worker's output.")
+    ]
+    text: Annotated[str, msgspec.Meta(description="UTF-8; undecodable bytes replaced.")]
+    dropped_bytes: Annotated[
+        int, msgspec.Meta(ge=0, description="Output before this chunk that was not shipped.")
+    ] = 0
+    sent_at: Timestamp
+
+
 # One reused encoder for all payloads, one decoder per payload type (msgspec's
 # recommended pattern: building them per message costs more than decoding).
 ENCODER = msgspec.json.Encoder()
@@ -210,6 +270,7 @@ TELEMETRY_DECODER = msgspec.json.Decoder(Telemetry)
 DESIRED_DECODER = msgspec.json.Decoder(DesiredState)
 REPORTED_DECODER = msgspec.json.Decoder(ReportedState)
 EVENT_DECODER = msgspec.json.Decoder(NodeEvent)
+LOG_DECODER = msgspec.json.Decoder(JobLogChunk)
 
 
 def encode(message: WireStruct) -> bytes:

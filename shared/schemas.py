@@ -9,6 +9,7 @@ import msgspec
 from shared.messages import (
     SCHEMA_VERSION,
     DesiredState,
+    JobLogChunk,
     NodeEvent,
     NodeStatus,
     ReportedState,
@@ -23,6 +24,7 @@ PAYLOAD_TYPES: dict[Channel, type[WireStruct]] = {
     Channel.DESIRED: DesiredState,
     Channel.REPORTED: ReportedState,
     Channel.EVENTS: NodeEvent,
+    Channel.LOGS: JobLogChunk,
 }
 
 

@@ -107,12 +107,26 @@ class AgentSettings(Section, frozen=True, kw_only=True):
     telemetry_interval_s: Annotated[float, msgspec.Meta(ge=0.05)] = 5.0
     telemetry_jitter_ratio: Annotated[float, msgspec.Meta(ge=0, le=0.5)] = 0.1
     probes: tuple[Literal["cpu", "nvidia", "npu"], ...] = ("cpu", "nvidia", "npu")
+    data_dir: str = ""  # empty: $XDG_DATA_HOME/greenfed/agent, else ~/.local/share/greenfed/agent
+    training_enabled: bool | None = None  # None: nodes with site = "cloud" run training
+    max_job_log_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):
             raise ValueError(
                 f"node_id: {self.node_id!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (one topic level)"
             )
+
+    @property
+    def runs_training(self) -> bool:
+        return self.site == "cloud" if self.training_enabled is None else self.training_enabled
+
+    def resolved_data_dir(self, environ: Mapping[str, str] | None = None) -> Path:
+        if self.data_dir:
+            return Path(self.data_dir).expanduser()
+        environ = os.environ if environ is None else environ
+        base = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return Path(base) / "greenfed" / "agent"
 
     def resolved_node_id(self) -> str:
         if self.node_id:
@@ -224,12 +238,62 @@ class SignalSettings(Section, frozen=True, kw_only=True):
             _check_http_url(key, getattr(self, key))
 
 
+# Must match cloud.store.engine's accepted schemes (a test checks): shared/ never imports cloud/.
+DATABASE_URL_SCHEMES = (
+    "sqlite",
+    "sqlite+aiosqlite",
+    "postgresql",
+    "postgres",
+    "postgresql+asyncpg",
+)
+_SQL_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class StoreSettings(Section, frozen=True, kw_only=True):
+    """The control plane's durable store (cloud/store, docs/store.md)."""
+
+    data_dir: str = ""  # empty: $XDG_DATA_HOME/greenfed, else ~/.local/share/greenfed
+    database_url: str = ""  # empty: SQLite file greenfed.db in data_dir
+    database_schema: str = ""  # PostgreSQL only; empty: the server's search_path
+    sqlite_synchronous: Literal["normal", "full"] = "normal"
+    busy_timeout_s: PositiveFloat = 5.0
+    connect_timeout_s: PositiveFloat = 10.0
+    pool_size: Annotated[int, msgspec.Meta(ge=1, le=100)] = 5
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+    token_cache_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
+    leader_poll_interval_s: PositiveFloat = 2.0
+
+    def __post_init__(self) -> None:
+        if self.database_url:
+            scheme = self.database_url.partition("://")[0].lower()
+            if "://" not in self.database_url or scheme not in DATABASE_URL_SCHEMES:
+                raise ValueError(
+                    "database_url: must start with sqlite:/// or postgresql:// "
+                    f"(also {', '.join(DATABASE_URL_SCHEMES)})"
+                )
+        if self.database_schema:
+            if not _SQL_IDENTIFIER.match(self.database_schema):
+                raise ValueError(
+                    f"database_schema: {self.database_schema!r} must match [a-z_][a-z0-9_]*"
+                )
+            if not self.database_url.lower().startswith("postgres"):
+                raise ValueError("database_schema: only PostgreSQL databases have schemas")
+
+    def resolved_data_dir(self, environ: Mapping[str, str] | None = None) -> Path:
+        if self.data_dir:
+            return Path(self.data_dir).expanduser()
+        environ = os.environ if environ is None else environ
+        base = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return Path(base) / "greenfed"
+
+
 class Settings(Section, frozen=True, kw_only=True):
     mqtt: MqttSettings = MqttSettings()
     agent: AgentSettings = AgentSettings()
     cloud: CloudSettings = CloudSettings()
     log: LogSettings = LogSettings()
     signals: SignalSettings = SignalSettings()
+    store: StoreSettings = StoreSettings()
 
 
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

@@ -23,6 +23,7 @@ class Channel(StrEnum):
     DESIRED = "desired"
     REPORTED = "reported"
     EVENTS = "events"
+    LOGS = "logs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ CHANNEL_SPECS: dict[Channel, ChannelSpec] = {
     Channel.DESIRED: ChannelSpec(qos=1, retained=True, direction="cloud to agent"),
     Channel.REPORTED: ChannelSpec(qos=1, retained=True, direction="agent to cloud"),
     Channel.EVENTS: ChannelSpec(qos=1, retained=False, direction="agent to cloud"),
+    Channel.LOGS: ChannelSpec(qos=0, retained=False, direction="agent to cloud"),
 }
 
 

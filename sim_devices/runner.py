@@ -9,6 +9,7 @@ from edge.agent import Agent, NodeIdentity
 from shared.settings import MqttSettings
 from sim_devices.fleet import Fleet, expand_fleet
 from sim_devices.probes import SimulatedNode
+from sim_devices.training import SimulatedLauncher
 
 
 class SimulatedFleet:
@@ -36,6 +37,7 @@ class SimulatedFleet:
                 region=spec.region,
                 labels=spec.labels,
             )
+            launcher = SimulatedLauncher(node.accelerators) if spec.site == "cloud" else None
             self.agents.append(
                 Agent(
                     identity,
@@ -44,6 +46,7 @@ class SimulatedFleet:
                     telemetry_interval_s=telemetry_interval_s,
                     telemetry_jitter_ratio=telemetry_jitter_ratio,
                     rng=random.Random(seed_source.getrandbits(64)),
+                    training_launcher=launcher,
                 )
             )
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from greenfed.broker import EmbeddedBroker
+from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
 from tests.support.brokers import (
     MOSQUITTO_URL,
     BrokerUnderTest,
@@ -52,3 +54,17 @@ async def mosquitto_root() -> AsyncIterator[tuple[str, str]]:
     root = f"gftest-{uuid.uuid4().hex[:12]}"
     yield MOSQUITTO_URL, root
     await clear_retained(MOSQUITTO_URL, root)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def database(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[DatabaseUnderTest]:
+    """An empty store database per test: a SQLite file in tmp_path, or a schema of its own
+    on the real PostgreSQL (127.0.0.1:5432, database `test`), dropped afterwards. An
+    unreachable PostgreSQL is skipped, and fails the run under GREENFED_TEST_REQUIRE_SERVICES=1."""
+    if request.param == "sqlite":
+        yield sqlite_database(tmp_path)
+        return
+    async with postgres_database(tmp_path) as database:
+        yield database

@@ -9,7 +9,13 @@ import msgspec
 import pytest
 
 from cloud.ingest import InvalidReason
-from shared.messages import Accelerator, AcceleratorSample, HostInfo
+from shared.messages import (
+    Accelerator,
+    AcceleratorSample,
+    DesiredTraining,
+    HostInfo,
+    ReportedTraining,
+)
 from shared.schemas import PAYLOAD_TYPES
 from shared.settings import Settings, load_settings
 from sim_devices.profiles import PROFILES
@@ -22,7 +28,15 @@ def read(relative: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "struct", [*PAYLOAD_TYPES.values(), Accelerator, AcceleratorSample, HostInfo]
+    "struct",
+    [
+        *PAYLOAD_TYPES.values(),
+        Accelerator,
+        AcceleratorSample,
+        HostInfo,
+        DesiredTraining,
+        ReportedTraining,
+    ],
 )
 def test_the_mqtt_contract_documents_every_payload_field(struct: type[msgspec.Struct]) -> None:
     text = read("docs/mqtt.md")

@@ -161,7 +161,7 @@ async def test_unknown_nodes_routes_and_methods_are_problems(fleet_api: Client) 
 
 async def test_schemas_are_published_with_topics_qos_and_retain(fleet_api: Client) -> None:
     catalog = await (await fleet_api.get("/v1/schemas")).json()
-    assert set(catalog) == {"status", "telemetry", "desired", "reported", "events"}
+    assert set(catalog) == {"status", "telemetry", "desired", "reported", "events", "logs"}
     assert catalog["telemetry"]["topic"] == "apitest/v1/nodes/{node_id}/telemetry"
     assert (catalog["telemetry"]["qos"], catalog["telemetry"]["retained"]) == (0, False)
     assert (catalog["status"]["qos"], catalog["status"]["retained"]) == (1, True)

@@ -62,7 +62,7 @@ async def test_schema_prints_every_payload_schema() -> None:
     code, stdout, _ = await run_greenfed(["schema"])
     assert code == 0
     catalog = json.loads(stdout)
-    assert set(catalog) == {"status", "telemetry", "desired", "reported", "events"}
+    assert set(catalog) == {"status", "telemetry", "desired", "reported", "events", "logs"}
     assert catalog["desired"]["topic"] == "greenfed/v1/nodes/{node_id}/desired"
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from shared.messages import (
     DESIRED_DECODER,
     EVENT_DECODER,
+    LOG_DECODER,
     REPORTED_DECODER,
     SCHEMA_VERSION,
     STATUS_DECODER,
@@ -23,6 +24,7 @@ from shared.messages import (
     DesiredState,
     DesiredTraining,
     HostInfo,
+    JobLogChunk,
     NodeEvent,
     NodeStatus,
     ReportedState,
@@ -148,14 +150,27 @@ def full_event() -> NodeEvent:
     )
 
 
+def full_log() -> JobLogChunk:
+    return JobLogChunk(
+        node_id="h100-losangeles-1",
+        job_id="llm-ft",
+        attempt=2,
+        offset=65536,
+        text="step 1200 loss 1.83\nstep 1300 loss 1.79\n",
+        dropped_bytes=128,
+        sent_at=1_700_000_004.0,
+    )
+
+
 ROUND_TRIPS: list[tuple[WireStruct, msgspec.json.Decoder[Any]]] = [
     (full_status(), STATUS_DECODER),
     (full_telemetry(), TELEMETRY_DECODER),
     (full_desired(), DESIRED_DECODER),
     (full_reported(), REPORTED_DECODER),
     (full_event(), EVENT_DECODER),
+    (full_log(), LOG_DECODER),
 ]
-ROUND_TRIP_IDS = ["status", "telemetry", "desired", "reported", "events"]
+ROUND_TRIP_IDS = ["status", "telemetry", "desired", "reported", "events", "logs"]
 MESSAGES = [message for message, _ in ROUND_TRIPS]
 
 
@@ -381,7 +396,7 @@ def test_nested_structs_are_frozen() -> None:
 def test_schema_version_is_always_encoded_even_when_left_at_its_default(
     message: WireStruct,
 ) -> None:
-    assert as_json(message)["schema_version"] == SCHEMA_VERSION == "1.0"
+    assert as_json(message)["schema_version"] == SCHEMA_VERSION == "1.1"
 
 
 def test_fields_left_at_their_defaults_are_still_written_on_the_wire() -> None:

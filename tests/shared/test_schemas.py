@@ -13,6 +13,7 @@ from shared.messages import (
     DesiredDeployment,
     DesiredState,
     HostInfo,
+    JobLogChunk,
     NodeEvent,
     NodeStatus,
     ReportedState,
@@ -31,6 +32,8 @@ CONTRACT_TABLE: dict[str, tuple[int, bool, str]] = {
     "desired": (1, True, "cloud to agent"),
     "reported": (1, True, "agent to cloud"),
     "events": (1, False, "agent to cloud"),
+    # Added in schema 1.1 (docs/mqtt.md): training workers' output.
+    "logs": (0, False, "agent to cloud"),
 }
 
 SAMPLE_PAYLOADS: dict[Channel, WireStruct] = {
@@ -76,6 +79,15 @@ SAMPLE_PAYLOADS: dict[Channel, WireStruct] = {
     ),
     Channel.EVENTS: NodeEvent(
         node_id="t4-frankfurt-1", event_id="e1", kind="ready", subject="d1", occurred_at=2.0
+    ),
+    Channel.LOGS: JobLogChunk(
+        node_id="t4-frankfurt-1",
+        job_id="j1",
+        attempt=1,
+        offset=4096,
+        text="epoch 3\n",
+        dropped_bytes=10,
+        sent_at=3.0,
     ),
 }
 
@@ -167,7 +179,7 @@ def test_the_status_schema_rejects_values_outside_its_enumerations() -> None:
         assert not status_validator.is_valid(payload), field
 
 
-def test_the_catalog_lists_all_five_channels_with_the_contracts_qos_and_retain_flags() -> None:
+def test_the_catalog_lists_every_channel_with_the_contracts_qos_and_retain_flags() -> None:
     catalog = schema_catalog(Topics())
 
     assert set(catalog) == set(CONTRACT_TABLE)

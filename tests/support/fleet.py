@@ -13,13 +13,15 @@ import msgspec
 from cloud.ingest import Ingestor
 from cloud.registry import NodeRegistry
 from edge.agent import Agent, NodeIdentity
-from shared.messages import Site
+from edge.training.runs import TrainingLauncher
+from shared.messages import JobLogChunk, NodeEvent, Site
 from shared.mqtt import MqttSession
 from shared.settings import MqttSettings
 from shared.tasks import stop_task
 from shared.topics import Topics
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
+from sim_devices.training import SimulatedLauncher
 
 
 def mqtt_settings(url: str, topic_root: str, **changes: object) -> MqttSettings:
@@ -39,8 +41,13 @@ def simulated_agent(
     region: str = "northamerica-northeast2",
     telemetry_interval_s: float = 0.1,
     seed: int = 1,
+    training_launcher: TrainingLauncher | None = None,
+    trains: bool = False,
 ) -> Agent:
+    """A real agent on simulated hardware; `trains` gives it simulated training workers."""
     node = SimulatedNode(node_id, get_profile(profile), random.Random(seed))
+    if training_launcher is None and trains:
+        training_launcher = SimulatedLauncher(node.accelerators)
     identity = NodeIdentity(
         node_id=node_id,
         site=site,
@@ -55,6 +62,7 @@ def simulated_agent(
         telemetry_interval_s=telemetry_interval_s,
         telemetry_jitter_ratio=0.0,
         rng=random.Random(seed),
+        training_launcher=training_launcher,
     )
 
 
@@ -63,6 +71,8 @@ class RunningCloud:
     registry: NodeRegistry
     ingestor: Ingestor
     session: MqttSession
+    events: list[NodeEvent]
+    logs: list[JobLogChunk]
 
 
 @contextlib.asynccontextmanager
@@ -71,18 +81,22 @@ async def running_ingestion(
 ) -> AsyncIterator[RunningCloud]:
     """Registry + ingestion subscribed to the broker, as the cloud runs them."""
     registry = NodeRegistry(staleness_intervals=staleness_intervals)
+    events: list[NodeEvent] = []
+    logs: list[JobLogChunk] = []
     ingestor = Ingestor(
         registry,
         Topics(settings.topic_root),
         max_payload_bytes=settings.max_payload_bytes,
         invalid_log_interval_s=0,
+        on_event=events.append,
+        on_log=logs.append,
     )
     session = ingestor.session(settings, client_id=f"test-cloud-{random.getrandbits(32):x}")
     task = asyncio.create_task(ingestor.run(session))
     try:
         async with asyncio.timeout(10):
             await ingestor.subscribed.wait()
-        yield RunningCloud(registry, ingestor, session)
+        yield RunningCloud(registry, ingestor, session, events, logs)
     finally:
         await stop_task(task)
 

@@ -1,0 +1,313 @@
+"""Applying state changes, evictions and placements inside one transaction.
+
+Every change to work goes through `apply_changes`: it locks the rows, checks the
+expected versions, walks each item through the state machine in memory, and only
+then writes: work rows, allocations, the generations of every node whose
+allocations changed, and a `work.state` event for every state change. Any error
+raises before the transaction commits, so a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Literal
+
+import msgspec
+from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cloud.store.errors import (
+    IllegalTransitionError,
+    InvalidPlanError,
+    VersionConflictError,
+    WorkNotFoundError,
+)
+from cloud.store.records import (
+    CommitResult,
+    Eviction,
+    NewAllocation,
+    NewEvent,
+    Placement,
+    StateChange,
+    WorkKind,
+    WorkRecord,
+)
+from cloud.store.rows import check_json_object, encode_json, work_from_row
+from cloud.store.schema import allocations, events, work
+from cloud.store.sql import StoreContext, append_events, bump_generations, chunks
+from cloud.store.states import PLACED_STATES, WorkState, is_legal, requeue
+
+WORK_STATE_EVENT: Final = "work.state"
+
+
+class WorkStateChanged(msgspec.Struct, frozen=True, kw_only=True):
+    """Payload of a `work.state` event: what a tenant's event stream shows."""
+
+    work_id: str
+    kind: WorkKind
+    state: WorkState
+    previous_state: WorkState | None  # None: just submitted
+    reason: str | None
+    attempts: int
+    version: int
+
+
+def state_event_row(record: WorkRecord, previous: WorkState | None, at: float) -> dict[str, Any]:
+    payload = WorkStateChanged(
+        work_id=record.work_id,
+        kind=record.kind,
+        state=record.state,
+        previous_state=previous,
+        reason=record.state_reason,
+        attempts=record.attempts,
+        version=record.version,
+    )
+    return {
+        "tenant_id": record.tenant_id,
+        "work_id": record.work_id,
+        "kind": WORK_STATE_EVENT,
+        "payload": encode_json(payload),
+        "at": at,
+        "event_id": None,
+    }
+
+
+def event_row(event: NewEvent, at: float) -> dict[str, Any]:
+    check_json_object(event.payload, f"payload of event {event.kind!r}")
+    return {
+        "tenant_id": event.tenant_id,
+        "work_id": event.work_id,
+        "kind": event.kind,
+        "payload": event.payload,
+        "at": at,
+        "event_id": event.event_id,
+    }
+
+
+AllocationAction = Literal["keep", "clear", "replace"]
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A work row being changed in memory; written only when every item has passed."""
+
+    original: WorkRecord
+    state: WorkState
+    reason: str | None
+    attempts: int
+    steps: list[tuple[WorkState, WorkState, str | None]] = field(default_factory=list)
+    allocation_action: AllocationAction = "keep"
+    new_allocations: tuple[NewAllocation, ...] = ()
+
+    def move(self, to_state: WorkState, reason: str | None) -> None:
+        if not is_legal(self.state, to_state):
+            raise IllegalTransitionError(self.original.work_id, self.state, to_state)
+        if to_state == "scheduled":
+            self.attempts += 1
+        if to_state not in PLACED_STATES:
+            self.allocation_action, self.new_allocations = "clear", ()
+        self.steps.append((self.state, to_state, reason))
+        self.state, self.reason = to_state, reason
+
+    def place(self, placement: Placement) -> None:
+        if self.state == "pending":
+            self.move("scheduled", placement.reason)
+        elif self.state in PLACED_STATES:
+            if placement.reason is not None:
+                self.reason = placement.reason
+        else:
+            raise IllegalTransitionError(self.original.work_id, self.state, "scheduled")
+        self.allocation_action, self.new_allocations = "replace", placement.allocations
+
+    @property
+    def changed(self) -> bool:
+        return (
+            bool(self.steps)
+            or self.allocation_action != "keep"
+            or (self.reason != self.original.state_reason)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    evictions: Sequence[Eviction] = ()
+    state_changes: Sequence[StateChange] = ()
+    placements: Sequence[Placement] = ()
+    pending_reasons: Mapping[str, str] = field(default_factory=dict)
+    events: Sequence[NewEvent] = ()
+    tenant_id: str | None = None  # set: work of other tenants is "not found"
+    source_event_id: str | None = None  # an agent event: applied at most once
+
+
+async def _lock_work(
+    connection: AsyncConnection, work_ids: Sequence[str], tenant_id: str | None
+) -> dict[str, WorkRecord]:
+    found: dict[str, WorkRecord] = {}
+    for batch in chunks(sorted(work_ids)):
+        query = select(work).where(work.c.id.in_(batch)).order_by(work.c.id).with_for_update()
+        for row in await connection.execute(query):
+            record = work_from_row(row)
+            if tenant_id is None or record.tenant_id == tenant_id:
+                found[record.work_id] = record
+    return found
+
+
+async def _event_seen(connection: AsyncConnection, event_id: str) -> bool:
+    query = select(events.c.seq).where(events.c.event_id == event_id)
+    return (await connection.execute(query)).first() is not None
+
+
+async def _allocated_nodes(connection: AsyncConnection, work_ids: Sequence[str]) -> set[str]:
+    nodes: set[str] = set()
+    for batch in chunks(sorted(work_ids)):
+        query = select(allocations.c.node_id).where(allocations.c.work_id.in_(batch)).distinct()
+        nodes.update((await connection.execute(query)).scalars())
+    return nodes
+
+
+def _allocation_row(work_id: str, allocation: NewAllocation, now: float) -> dict[str, Any]:
+    return {
+        "work_id": work_id,
+        "member_index": allocation.member_index,
+        "node_id": allocation.node_id,
+        "accelerator_kind": allocation.accelerator_kind,
+        "accelerators": allocation.accelerators,
+        "accelerator_ids": encode_json(list(allocation.accelerator_ids)),
+        "host_memory_bytes": allocation.host_memory_bytes,
+        "started_at": now,
+        "expected_end": allocation.expected_end,
+        "borrowed": allocation.borrowed,
+        "state": "assigned",
+    }
+
+
+async def apply_changes(
+    connection: AsyncConnection, context: StoreContext, changes: Changes
+) -> CommitResult:
+    """Apply `changes` in the caller's transaction; raise (and write nothing) on any error."""
+    now = context.clock()
+    items: list[Eviction | StateChange | Placement] = [
+        *changes.evictions,
+        *changes.state_changes,
+        *changes.placements,
+    ]
+    ordered_ids = list(dict.fromkeys(item.work_id for item in items))
+    rows = await _lock_work(connection, ordered_ids, changes.tenant_id)
+    if changes.source_event_id is not None and await _event_seen(
+        connection, changes.source_event_id
+    ):
+        return CommitResult((), {}, duplicate=True)
+    missing = [work_id for work_id in ordered_ids if work_id not in rows]
+    if missing:
+        raise WorkNotFoundError(missing[0])
+    expected = {
+        item.work_id: item.expected_version for item in items if item.expected_version is not None
+    }
+    conflicts = [wid for wid, version in expected.items() if rows[wid].version != version]
+    if conflicts:
+        raise VersionConflictError(conflicts)
+
+    drafts = {
+        wid: _Draft(rows[wid], rows[wid].state, rows[wid].state_reason, rows[wid].attempts)
+        for wid in ordered_ids
+    }
+    for eviction in changes.evictions:
+        draft = drafts[eviction.work_id]
+        if draft.state not in PLACED_STATES:
+            raise IllegalTransitionError(eviction.work_id, draft.state, "pending")
+        outcome = requeue(draft.attempts, context.max_attempts, eviction.reason)
+        draft.move(outcome.to_state, outcome.reason)
+    for change in changes.state_changes:
+        if change.to_state == "scheduled":
+            raise InvalidPlanError(f"{change.work_id}: work is scheduled by a Placement")
+        drafts[change.work_id].move(change.to_state, change.reason)
+    for placement in changes.placements:
+        drafts[placement.work_id].place(placement)
+
+    changed = [draft for draft in drafts.values() if draft.changed]
+    reallocated = [d.original.work_id for d in changed if d.allocation_action != "keep"]
+    touched_nodes = await _allocated_nodes(connection, reallocated)
+    for batch in chunks(reallocated):
+        await connection.execute(delete(allocations).where(allocations.c.work_id.in_(batch)))
+    new_rows = [
+        _allocation_row(draft.original.work_id, allocation, now)
+        for draft in changed
+        if draft.allocation_action == "replace"
+        for allocation in draft.new_allocations
+    ]
+    touched_nodes.update(row["node_id"] for row in new_rows)
+    for row_batch in chunks(new_rows):
+        await connection.execute(insert(allocations), list(row_batch))
+
+    records: list[WorkRecord] = []
+    for draft in changed:
+        records.append(
+            replace(
+                draft.original,
+                state=draft.state,
+                state_reason=draft.reason,
+                attempts=draft.attempts,
+                updated_at=now,
+                version=draft.original.version + 1,
+            )
+        )
+    if records:
+        await connection.execute(
+            update(work)
+            .where(work.c.id == bindparam("b_id"))
+            .values(
+                state=bindparam("b_state"),
+                state_reason=bindparam("b_reason"),
+                attempts=bindparam("b_attempts"),
+                updated_at=bindparam("b_updated_at"),
+                version=bindparam("b_version"),
+            ),
+            [
+                {
+                    "b_id": record.work_id,
+                    "b_state": record.state,
+                    "b_reason": record.state_reason,
+                    "b_attempts": record.attempts,
+                    "b_updated_at": now,
+                    "b_version": record.version,
+                }
+                for record in records
+            ],
+        )
+    await _store_pending_reasons(connection, changes.pending_reasons, set(drafts))
+    generations = await bump_generations(connection, context, touched_nodes)
+
+    event_rows: list[dict[str, Any]] = []
+    for draft, record in zip(changed, records, strict=True):
+        for previous, to_state, reason in draft.steps:
+            step = replace(record, state=to_state, state_reason=reason)
+            event_rows.append(state_event_row(step, previous, now))
+    event_rows.extend(event_row(event, now) for event in changes.events)
+    if changes.source_event_id is not None and event_rows:
+        # The agent's event id marks the first change it caused: a resend finds it.
+        event_rows[0]["event_id"] = changes.source_event_id
+    await append_events(connection, context, event_rows, returning=False)
+    return CommitResult(tuple(records), generations)
+
+
+async def _store_pending_reasons(
+    connection: AsyncConnection, reasons: Mapping[str, str], skip: set[str]
+) -> None:
+    params = [
+        {"b_id": work_id, "b_reason": reason}
+        for work_id, reason in reasons.items()
+        if work_id not in skip
+    ]
+    if not params:
+        return
+    await connection.execute(
+        update(work)
+        .where(
+            work.c.id == bindparam("b_id"),
+            work.c.state == "pending",
+            work.c.state_reason.is_distinct_from(bindparam("b_reason")),
+        )
+        .values(state_reason=bindparam("b_reason")),
+        params,
+    )

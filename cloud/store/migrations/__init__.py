@@ -1,0 +1,32 @@
+"""The schema's history: an ordered list of migrations, applied by `cloud.store.migrate`.
+
+Append only. A migration, once released, never changes: it keeps a frozen copy of
+the tables it touches rather than importing `cloud.store.schema`, so that a fresh
+database walks exactly the steps an old one did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy.engine import Connection
+
+from cloud.store.migrations import v0001_initial
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    upgrade: Callable[[Connection], None]  # runs inside the migration's transaction
+
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (Migration(1, "initial", v0001_initial.upgrade),)
+
+
+def check_order(migrations: tuple[Migration, ...]) -> None:
+    versions = [migration.version for migration in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise ValueError(f"migration versions must be 1..n in order, got {versions}")

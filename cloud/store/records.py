@@ -1,0 +1,259 @@
+"""What the store takes and returns: frozen value types, never database rows.
+
+Specs and event payloads are JSON documents carried as `bytes`: the store keeps them
+opaque (it checks only that they are JSON objects) and the REST layer decodes them
+straight into its own msgspec types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final, Literal, get_args
+
+from cloud.store.states import WorkState
+from shared.messages import AcceleratorKind
+
+# The same literals as cloud.scheduler.model; the store does not import the scheduler.
+WorkKind = Literal["training", "inference"]
+PriorityClass = Literal["p0", "p1", "p2"]
+AllocationState = Literal["assigned", "running"]
+WORK_KINDS: Final[tuple[WorkKind, ...]] = get_args(WorkKind)
+PRIORITY_CLASSES: Final[tuple[PriorityClass, ...]] = get_args(PriorityClass)
+ALLOCATION_STATES: Final[tuple[AllocationState, ...]] = get_args(AllocationState)
+ACCELERATOR_KINDS: Final[tuple[AcceleratorKind, ...]] = ("gpu", "npu", "cpu")
+
+
+def _frozen(mapping: Mapping[AcceleratorKind, int]) -> Mapping[AcceleratorKind, int]:
+    return MappingProxyType(dict(mapping))
+
+
+# ---- tenants ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewTenant:
+    """What `Store.create_tenant` needs; quotas are accelerator counts per kind."""
+
+    name: str
+    quotas: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+    borrowing_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+    cohort: str | None = None
+    allowed_priorities: tuple[PriorityClass, ...] = PRIORITY_CLASSES
+    admin: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "quotas", _frozen(self.quotas))
+        object.__setattr__(self, "borrowing_limit", _frozen(self.borrowing_limit))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantRecord:
+    tenant_id: str
+    name: str
+    quotas: Mapping[AcceleratorKind, int]
+    borrowing_limit: Mapping[AcceleratorKind, int]
+    cohort: str | None
+    allowed_priorities: tuple[PriorityClass, ...]
+    admin: bool
+    created_at: float  # UTC epoch seconds
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "quotas", _frozen(self.quotas))
+        object.__setattr__(self, "borrowing_limit", _frozen(self.borrowing_limit))
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedTenant:
+    tenant: TenantRecord
+    token: str  # the only time the bearer token is visible; the store keeps its hash
+
+
+# ---- work ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkRecord:
+    work_id: str
+    tenant_id: str
+    kind: WorkKind
+    spec: bytes  # the JSON document exactly as submitted
+    priority: PriorityClass
+    state: WorkState
+    state_reason: str | None
+    attempts: int  # placements so far: each pending -> scheduled adds one
+    submitted_at: float  # UTC epoch seconds
+    updated_at: float
+    idempotency_key: str | None
+    version: int  # bumped by every change; pass it back as `expected_version`
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    work: WorkRecord
+    created: bool  # False: an earlier submission with the same idempotency key
+
+
+@dataclass(frozen=True, slots=True)
+class WorkPage:
+    items: tuple[WorkRecord, ...]
+    next_cursor: str | None  # pass as `cursor` for the next page; None: this was the last
+
+
+# ---- allocations and plans -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewAllocation:
+    """One gang member or replica of a placement, on one node."""
+
+    member_index: int
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    accelerators: int
+    accelerator_ids: tuple[str, ...] = ()  # device indices or UUIDs; empty: count only
+    host_memory_bytes: int = 0
+    expected_end: float | None = None  # None: long-running (inference replicas)
+    borrowed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.member_index < 0:
+            raise ValueError("member_index must be >= 0")
+        if self.accelerators < 1:
+            raise ValueError("accelerators must be >= 1")
+        if self.accelerator_ids and len(self.accelerator_ids) != self.accelerators:
+            raise ValueError(
+                f"{len(self.accelerator_ids)} accelerator ids for {self.accelerators} accelerators"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocationRecord:
+    work_id: str
+    member_index: int
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    accelerators: int
+    accelerator_ids: tuple[str, ...]
+    host_memory_bytes: int
+    started_at: float  # when the plan that made it committed
+    expected_end: float | None
+    borrowed: bool
+    state: AllocationState
+    # From the work it belongs to, so a snapshot needs no second lookup.
+    tenant_id: str
+    work_kind: WorkKind
+    priority: PriorityClass
+
+    @property
+    def allocation_id(self) -> str:
+        return f"{self.work_id}/{self.member_index}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Work's complete set of allocations; replaces whatever it held before.
+
+    Pending work becomes scheduled (one more attempt); scheduled or running work keeps
+    its state (a deployment that grows or moves replicas).
+    """
+
+    work_id: str
+    allocations: tuple[NewAllocation, ...]
+    reason: str | None = None
+    expected_version: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.allocations:
+            raise ValueError(f"placement of {self.work_id} has no allocations")
+        members = [allocation.member_index for allocation in self.allocations]
+        if len(set(members)) != len(members):
+            raise ValueError(f"placement of {self.work_id} repeats a member index")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Eviction:
+    """Preempted or lost work: back to pending, or failed once its attempts are used up."""
+
+    work_id: str
+    reason: str
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChange:
+    work_id: str
+    to_state: WorkState
+    reason: str | None = None
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewEvent:
+    kind: str  # e.g. "work.explained"; the store itself writes "work.state"
+    payload: bytes  # a JSON object
+    tenant_id: str | None = None
+    work_id: str | None = None
+    event_id: str | None = None  # an agent's event id: a second copy is dropped
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """One scheduling pass, committed by `Store.commit_plan` as one transaction.
+
+    Applied in this order: evictions, state changes, placements, pending reasons, events.
+    """
+
+    placements: tuple[Placement, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
+    state_changes: tuple[StateChange, ...] = ()
+    # Why work stays pending ("0/12 nodes: 8 no GPU, 4 over quota"); stored, no event.
+    pending_reasons: Mapping[str, str] = field(default_factory=dict)
+    events: tuple[NewEvent, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pending_reasons", MappingProxyType(dict(self.pending_reasons)))
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """What changed: the work whose state or allocations changed, and the nodes whose
+    desired state changed with their new generations (publish these)."""
+
+    work: tuple[WorkRecord, ...]
+    node_generations: Mapping[str, int]
+    duplicate: bool = False  # an agent event already applied: nothing was changed
+
+
+# ---- events and desired state ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRecord:
+    seq: int  # strictly increasing in commit order: the SSE id for Last-Event-ID
+    tenant_id: str | None
+    work_id: str | None
+    kind: str
+    payload: bytes
+    at: float
+    event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDesired:
+    """A node's desired state: everything allocated to it, and its generation."""
+
+    node_id: str
+    generation: int  # 0: never had anything allocated
+    allocations: tuple[AllocationRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSnapshot:
+    """One consistent read of what the scheduler needs, taken in a single transaction."""
+
+    tenants: tuple[TenantRecord, ...]
+    work: tuple[WorkRecord, ...]  # every non-terminal item, oldest first
+    allocations: tuple[AllocationRecord, ...]
+    node_generations: Mapping[str, int]

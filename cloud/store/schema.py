@@ -1,0 +1,107 @@
+"""The tables as the code reads and writes them today (the shape after the last migration).
+
+Migrations build the database; they never import this module (each keeps a frozen copy
+of what it created), and tests/store/test_migrations.py checks that the migrated
+database has exactly these tables and columns.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+from cloud.store.jsontype import JsonDocument
+
+metadata = MetaData()
+
+# One row per applied migration; the highest version is the schema's version.
+schema_version = Table(
+    "schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("name", Text, nullable=False),
+    Column("applied_at", Double, nullable=False),
+)
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("token_id", Text, nullable=False, unique=True),
+    Column("token_hash", Text, nullable=False),
+    Column("quotas", JsonDocument, nullable=False),
+    Column("borrowing_limit", JsonDocument, nullable=False),
+    Column("cohort", Text, nullable=True, index=True),
+    Column("allowed_priorities", JsonDocument, nullable=False),
+    Column("admin", Boolean, nullable=False),
+    Column("created_at", Double, nullable=False),
+)
+
+work = Table(
+    "work",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("tenant_id", Text, ForeignKey("tenants.id"), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("spec", JsonDocument, nullable=False),
+    Column("priority", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("state_reason", Text, nullable=True),
+    Column("attempts", Integer, nullable=False),
+    Column("submitted_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("idempotency_key", Text, nullable=True),
+    Column("version", BigInteger, nullable=False),
+    UniqueConstraint("tenant_id", "idempotency_key", name="uq_work_idempotency_key"),
+    Index("ix_work_tenant", "tenant_id", "id"),
+    Index("ix_work_state", "state", "priority", "id"),
+)
+
+allocations = Table(
+    "allocations",
+    metadata,
+    Column("work_id", Text, ForeignKey("work.id", ondelete="CASCADE"), primary_key=True),
+    Column("member_index", Integer, primary_key=True, autoincrement=False),
+    Column("node_id", Text, nullable=False, index=True),
+    Column("accelerator_kind", Text, nullable=False),
+    Column("accelerators", Integer, nullable=False),
+    Column("accelerator_ids", JsonDocument, nullable=False),
+    Column("host_memory_bytes", BigInteger, nullable=False),
+    Column("started_at", Double, nullable=False),
+    Column("expected_end", Double, nullable=True),
+    Column("borrowed", Boolean, nullable=False),
+    Column("state", Text, nullable=False),
+)
+
+node_generations = Table(
+    "node_generations",
+    metadata,
+    Column("node_id", Text, primary_key=True),
+    Column("generation", BigInteger, nullable=False),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("tenant_id", Text, nullable=True),
+    Column("work_id", Text, nullable=True),
+    Column("kind", Text, nullable=False),
+    Column("payload", JsonDocument, nullable=False),
+    Column("at", Double, nullable=False),
+    Column("event_id", Text, nullable=True, unique=True),
+    Index("ix_events_tenant", "tenant_id", "seq"),
+    sqlite_autoincrement=True,
+)

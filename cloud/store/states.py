@@ -1,0 +1,59 @@
+"""The work state machine, declared once; every state change in the store goes through it.
+
+    pending -> scheduled -> running -> succeeded | failed
+    scheduled | running -> pending      (requeue: preempted, node lost; bounded, see `requeue`)
+    pending | scheduled -> failed       (cannot ever run, failed to start)
+    any non-terminal    -> cancelled
+
+Terminal states (succeeded, failed, cancelled) have no way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal, get_args
+
+WorkState = Literal["pending", "scheduled", "running", "succeeded", "failed", "cancelled"]
+WORK_STATES: Final[tuple[WorkState, ...]] = get_args(WorkState)
+TERMINAL_STATES: Final[frozenset[WorkState]] = frozenset({"succeeded", "failed", "cancelled"})
+# States in which work holds (or is about to hold) allocations.
+PLACED_STATES: Final[frozenset[WorkState]] = frozenset({"scheduled", "running"})
+
+TRANSITIONS: Final[Mapping[WorkState, frozenset[WorkState]]] = MappingProxyType(
+    {
+        "pending": frozenset({"scheduled", "failed", "cancelled"}),
+        "scheduled": frozenset({"running", "pending", "failed", "cancelled"}),
+        "running": frozenset({"succeeded", "failed", "pending", "cancelled"}),
+        "succeeded": frozenset(),
+        "failed": frozenset(),
+        "cancelled": frozenset(),
+    }
+)
+
+
+def is_legal(from_state: WorkState, to_state: WorkState) -> bool:
+    return to_state in TRANSITIONS[from_state]
+
+
+def parse_state(text: str) -> WorkState:
+    for state in WORK_STATES:
+        if state == text:
+            return state
+    raise ValueError(f"unknown work state {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Where a requeue request lands: back to pending, or failed once attempts are used up."""
+
+    to_state: WorkState
+    reason: str
+
+
+def requeue(attempts: int, max_attempts: int, reason: str) -> Requeue:
+    """`attempts` counts placements so far (each pending -> scheduled adds one)."""
+    if attempts >= max_attempts:
+        return Requeue("failed", f"{reason} (gave up after {attempts} attempts)")
+    return Requeue("pending", reason)

@@ -1,0 +1,559 @@
+"""`Store`: the typed repository the REST layer and the scheduling loop call.
+
+Every method is one transaction; every write commits before it returns, so what a
+method returned is durable (a 201 may be sent). Records come back as frozen values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from types import TracebackType
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from cloud.store.changes import Changes, apply_changes, event_row
+from cloud.store.engine import (
+    WRITE_OPTION,
+    Backend,
+    DatabaseTarget,
+    build_engine,
+    enable_wal,
+    resolve_database,
+)
+from cloud.store.errors import (
+    LeadershipLostError,
+    StoreUnavailableError,
+    TenantExistsError,
+    WorkNotFoundError,
+)
+from cloud.store.ids import IdGenerator
+from cloud.store.leadership import (
+    LeadershipLease,
+    PostgresLease,
+    SqliteLease,
+    leader_lock_path,
+    try_acquire_postgres,
+    try_acquire_sqlite,
+)
+from cloud.store.locks import advisory_key, current_namespace
+from cloud.store.migrate import MigrationReport, migrate
+from cloud.store.records import (
+    AllocationRecord,
+    AllocationState,
+    CommitResult,
+    CreatedTenant,
+    EventRecord,
+    Eviction,
+    NewEvent,
+    NewTenant,
+    NodeDesired,
+    Plan,
+    PriorityClass,
+    StateChange,
+    StoreSnapshot,
+    SubmitResult,
+    TenantRecord,
+    WorkKind,
+    WorkPage,
+    WorkRecord,
+)
+from cloud.store.rows import check_json_object, event_from_row, tenant_from_row
+from cloud.store.schema import allocations, events, node_generations, tenants
+from cloud.store.sql import StoreContext, append_events
+from cloud.store.states import WorkState
+from cloud.store.tenants import (
+    TokenCache,
+    insert_tenant,
+    replace_token,
+    select_by_token_id,
+)
+from cloud.store.tokens import parse_token, verify_secret
+from cloud.store.work import (
+    insert_work,
+    list_work_page,
+    select_active_work,
+    select_allocations,
+    select_work,
+)
+from shared.settings import StoreSettings
+
+_IDEMPOTENCY_KEY_MAX = 255
+
+
+async def open_store(settings: StoreSettings, *, clock: Callable[[], float] = time.time) -> Store:
+    """Connect, migrate the schema to this code's version, and return the store.
+
+    Raises `StoreConfigError` / `StoreUnavailableError` (naming the setting) when the
+    database cannot be used, `SchemaTooNewError` when a newer greenfed migrated it.
+    """
+    target = resolve_database(settings)
+    engine = build_engine(target, settings)
+    setting = "store.database_url" if settings.database_url else "store.data_dir"
+    try:
+        if target.backend == "sqlite":
+            await enable_wal(engine, settings.busy_timeout_s)
+        report = await migrate(engine, target, clock=clock)
+        async with engine.connect() as connection:
+            namespace = (
+                (target.schema or await current_namespace(connection))
+                if target.backend == "postgresql"
+                else ""
+            )
+    except (DBAPIError, OSError, TimeoutError, sqlite3.Error) as error:
+        await engine.dispose()
+        if isinstance(error, DBAPIError) and error.orig is not None:
+            detail = str(error.orig)  # the driver's words, e.g. 'role "x" does not exist'
+        else:
+            detail = f"{type(error).__name__}: {error}"
+        raise StoreUnavailableError(
+            f"{setting}: cannot use the database {target.describe()}: {detail}"
+        ) from error
+    except BaseException:  # SchemaTooNewError and the like: refuse, leaving nothing open
+        await engine.dispose()
+        raise
+    return Store(engine, target, settings, namespace=namespace, report=report, clock=clock)
+
+
+class Store:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        target: DatabaseTarget,
+        settings: StoreSettings,
+        *,
+        namespace: str,
+        report: MigrationReport,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.target = target
+        self.migrations = report
+        self._engine = engine
+        self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        self._write_queue: contextlib.AbstractAsyncContextManager[object] = (
+            asyncio.Lock() if target.backend == "sqlite" else contextlib.nullcontext()
+        )
+        # PostgreSQL's default READ COMMITTED gives each statement its own snapshot;
+        # a scheduling snapshot must be one consistent view.
+        self._snapshot_reader = (
+            engine.execution_options(isolation_level="REPEATABLE READ")
+            if target.backend == "postgresql"
+            else engine
+        )
+        self._settings = settings
+        self._namespace = namespace
+        self._clock = clock
+        self._ids = IdGenerator()
+        self._tokens = TokenCache(settings.token_cache_s)
+        self._leader_key = advisory_key(namespace, "leader")
+        self._leases: set[LeadershipLease] = set()
+        self._context = StoreContext(
+            backend=target.backend,
+            events_lock_key=advisory_key(namespace, "events"),
+            max_attempts=settings.max_attempts,
+            clock=clock,
+        )
+
+    @property
+    def backend(self) -> Backend:
+        return self.target.backend
+
+    async def close(self) -> None:
+        """Release leadership still held (so a replica can take over) and disconnect."""
+        for lease in list(self._leases):
+            await lease.release()
+        self._leases.clear()
+        await self._engine.dispose()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        # SQLite has one writer at a time anyway; queueing this process's writers here
+        # (first come, first served) spares them SQLite's busy handler, which polls the
+        # lock with sleeps of up to 100 ms. Other processes still meet the busy timeout.
+        async with self._write_queue:
+            with self._connection_errors():
+                async with self._writer.begin() as connection:
+                    yield connection
+
+    @contextlib.asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        with self._connection_errors():
+            async with self._engine.connect() as connection:
+                yield connection
+
+    @contextlib.contextmanager
+    def _connection_errors(self) -> Iterator[None]:
+        """A lost connection is `StoreUnavailableError`; SQLAlchemy has already dropped
+        the pool's connections, so the next call connects afresh."""
+        try:
+            yield
+        except DBAPIError as error:
+            if not error.connection_invalidated:
+                raise
+            raise StoreUnavailableError(
+                f"lost the connection to {self.target.describe()}; retry (a commit in "
+                "flight may or may not have happened: retry submissions with their "
+                "idempotency key)"
+            ) from error
+
+    # ---- tenants -----------------------------------------------------------------------
+
+    async def create_tenant(self, tenant: NewTenant) -> CreatedTenant:
+        """Raises `TenantExistsError` when the name is taken, ValueError on bad quotas."""
+        async with self._write() as connection:
+            record, token = await insert_tenant(
+                connection, self._ids.new_id(), tenant, self._clock()
+            )
+        return CreatedTenant(record, token)
+
+    async def bootstrap_admin(self, name: str = "admin") -> CreatedTenant | None:
+        """Create the first admin tenant; None when one named `name` already exists."""
+        try:
+            return await self.create_tenant(NewTenant(name=name, admin=True))
+        except TenantExistsError:
+            return None
+
+    async def get_tenant(self, tenant_id: str) -> TenantRecord | None:
+        async with self._read() as connection:
+            query = select(tenants).where(tenants.c.id == tenant_id)
+            row = (await connection.execute(query)).first()
+        return None if row is None else tenant_from_row(row)
+
+    async def get_tenant_by_name(self, name: str) -> TenantRecord | None:
+        async with self._read() as connection:
+            row = (await connection.execute(select(tenants).where(tenants.c.name == name))).first()
+        return None if row is None else tenant_from_row(row)
+
+    async def list_tenants(self) -> tuple[TenantRecord, ...]:
+        async with self._read() as connection:
+            rows = await connection.execute(select(tenants).order_by(tenants.c.name))
+            return tuple(tenant_from_row(row) for row in rows)
+
+    async def authenticate(self, token: str) -> TenantRecord | None:
+        """The tenant a bearer token belongs to, or None (malformed, unknown, wrong secret).
+
+        One indexed lookup by the token id, then a constant-time scrypt check (off the
+        event loop); successes are cached for `store.token_cache_s`.
+        """
+        parsed = parse_token(token)
+        if parsed is None:
+            return None
+        token_id, secret = parsed
+        cached = self._tokens.get(token_id, token)
+        if cached is not None:
+            return cached
+        async with self._read() as connection:
+            found = await select_by_token_id(connection, token_id)
+        if found is None:
+            return None
+        secret_hash, tenant = found
+        if not await asyncio.to_thread(verify_secret, secret, secret_hash):
+            return None
+        self._tokens.put(token_id, token, tenant)
+        return tenant
+
+    async def rotate_token(self, tenant_id: str) -> str:
+        """A new bearer token for the tenant; the old one stops working."""
+        async with self._write() as connection:
+            issued = await replace_token(connection, tenant_id)
+        self._tokens.forget_tenant(tenant_id)
+        return issued.token
+
+    # ---- work: what the REST layer calls ----------------------------------------------
+
+    async def submit_work(
+        self,
+        tenant_id: str,
+        *,
+        kind: WorkKind,
+        spec: bytes,
+        priority: PriorityClass,
+        idempotency_key: str | None = None,
+    ) -> SubmitResult:
+        """Insert pending work and commit; returns only once it is durable.
+
+        With an `idempotency_key`, a retry returns the tenant's original work with
+        `created=False` (atomically, also when the retries race each other). `spec` is
+        the JSON object as the API received it. Raises `TenantNotFoundError`.
+        """
+        check_json_object(spec, "spec")
+        if idempotency_key is not None and not 0 < len(idempotency_key) <= _IDEMPOTENCY_KEY_MAX:
+            raise ValueError(f"idempotency key must be 1..{_IDEMPOTENCY_KEY_MAX} characters")
+        async with self._write() as connection:
+            return await insert_work(
+                connection,
+                self._context,
+                work_id=self._ids.new_id(),
+                tenant_id=tenant_id,
+                kind=kind,
+                spec=spec,
+                priority=priority,
+                idempotency_key=idempotency_key,
+            )
+
+    async def get_work(self, tenant_id: str, work_id: str) -> WorkRecord | None:
+        """The tenant's work; another tenant's id is simply not found."""
+        async with self._read() as connection:
+            return await select_work(connection, work_id, tenant_id)
+
+    async def list_work(
+        self,
+        tenant_id: str,
+        *,
+        states: Sequence[WorkState] = (),
+        kinds: Sequence[WorkKind] = (),
+        priorities: Sequence[PriorityClass] = (),
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> WorkPage:
+        """Newest first; empty filters match everything; `cursor` from the previous page."""
+        async with self._read() as connection:
+            return await list_work_page(
+                connection,
+                tenant_id,
+                states=states,
+                kinds=kinds,
+                priorities=priorities,
+                limit=limit,
+                cursor=cursor,
+            )
+
+    async def work_allocations(self, tenant_id: str, work_id: str) -> tuple[AllocationRecord, ...]:
+        """Where the tenant's work runs (empty for another tenant's id)."""
+        async with self._read() as connection:
+            if await select_work(connection, work_id, tenant_id) is None:
+                return ()
+            return await select_allocations(connection, work_id=work_id)
+
+    async def cancel_work(
+        self,
+        tenant_id: str,
+        work_id: str,
+        *,
+        reason: str = "cancelled by the tenant",
+        expected_version: int | None = None,
+    ) -> CommitResult:
+        """Cancel the tenant's non-terminal work; its allocations end with it.
+
+        Raises `WorkNotFoundError` (also for another tenant's id) and
+        `IllegalTransitionError` for work that already ended.
+        """
+        change = StateChange(
+            work_id=work_id,
+            to_state="cancelled",
+            reason=reason,
+            expected_version=expected_version,
+        )
+        async with self._write() as connection:
+            return await apply_changes(
+                connection,
+                self._context,
+                Changes(state_changes=(change,), tenant_id=tenant_id),
+            )
+
+    # ---- events ------------------------------------------------------------------------
+
+    async def list_events(
+        self, *, tenant_id: str | None, after_seq: int = 0, limit: int = 100
+    ) -> tuple[EventRecord, ...]:
+        """Events after `after_seq` (the SSE `Last-Event-ID`), oldest first.
+
+        `tenant_id=None` reads every tenant's events (the control plane itself).
+        """
+        query = select(events).where(events.c.seq > after_seq)
+        if tenant_id is not None:
+            query = query.where(events.c.tenant_id == tenant_id)
+        query = query.order_by(events.c.seq).limit(limit)
+        async with self._read() as connection:
+            return tuple(event_from_row(row) for row in await connection.execute(query))
+
+    async def last_event_seq(self) -> int:
+        """The newest sequence number (0 when the log is empty): where a new stream starts."""
+        async with self._read() as connection:
+            value = (await connection.execute(select(func.max(events.c.seq)))).scalar()
+        return int(value or 0)
+
+    async def record_event(self, event: NewEvent) -> EventRecord | None:
+        """Append one event; None when its `event_id` was recorded before (a resend)."""
+        now = self._clock()
+        row = event_row(event, now)
+        async with self._write() as connection:
+            seqs = await append_events(connection, self._context, [row])
+        if not seqs:
+            return None
+        return EventRecord(
+            seq=seqs[0],
+            tenant_id=event.tenant_id,
+            work_id=event.work_id,
+            kind=event.kind,
+            payload=event.payload,
+            at=now,
+            event_id=event.event_id,
+        )
+
+    # ---- the scheduling loop -----------------------------------------------------------
+
+    async def find_work(self, work_id: str) -> WorkRecord | None:
+        """Any tenant's work (the control plane's own view)."""
+        async with self._read() as connection:
+            return await select_work(connection, work_id, None)
+
+    async def load_snapshot(self) -> StoreSnapshot:
+        """Tenants, non-terminal work, allocations and generations in one consistent read."""
+        with self._connection_errors():
+            async with self._snapshot_reader.connect() as connection, connection.begin():
+                tenant_rows = await connection.execute(select(tenants).order_by(tenants.c.name))
+                tenant_records = tuple(tenant_from_row(row) for row in tenant_rows)
+                work_records = await select_active_work(connection)
+                allocation_records = await select_allocations(connection)
+                generation_rows = await connection.execute(select(node_generations))
+                generations = {row.node_id: int(row.generation) for row in generation_rows}
+        return StoreSnapshot(tenant_records, work_records, allocation_records, generations)
+
+    async def commit_plan(self, plan: Plan, *, lease: LeadershipLease) -> CommitResult:
+        """Apply a scheduling pass as one transaction: all of it, or (raising) none of it.
+
+        Evictions requeue (bounded by `store.max_attempts`, then failed), state changes
+        follow the state machine, placements replace each work's allocations, and every
+        node whose allocations changed gets its generation bumped. Raises
+        `VersionConflictError` when work changed since the snapshot (plan again),
+        `IllegalTransitionError`, `WorkNotFoundError`, `LeadershipLostError`.
+        """
+        changes = Changes(
+            evictions=plan.evictions,
+            state_changes=plan.state_changes,
+            placements=plan.placements,
+            pending_reasons=plan.pending_reasons,
+            events=plan.events,
+        )
+        self._check_lease_is_ours(lease)
+        if isinstance(lease, PostgresLease):
+            async with lease.transaction() as connection:
+                return await apply_changes(connection, self._context, changes)
+        await lease.check()
+        async with self._write() as connection:
+            return await apply_changes(connection, self._context, changes)
+
+    async def transition(
+        self,
+        work_id: str,
+        to_state: WorkState,
+        *,
+        reason: str | None = None,
+        expected_version: int | None = None,
+        event_id: str | None = None,
+    ) -> CommitResult:
+        """One state change (an agent's report, a failure); `event_id` applies it at most
+        once: a resent agent event returns `duplicate=True` and changes nothing."""
+        change = StateChange(
+            work_id=work_id, to_state=to_state, reason=reason, expected_version=expected_version
+        )
+        async with self._write() as connection:
+            return await apply_changes(
+                connection,
+                self._context,
+                Changes(state_changes=(change,), source_event_id=event_id),
+            )
+
+    async def requeue(
+        self,
+        work_id: str,
+        reason: str,
+        *,
+        expected_version: int | None = None,
+        event_id: str | None = None,
+    ) -> CommitResult:
+        """Preempted or node-lost work back to pending, or failed once its attempts
+        (`store.max_attempts`) are used up; its allocations end."""
+        eviction = Eviction(work_id=work_id, reason=reason, expected_version=expected_version)
+        async with self._write() as connection:
+            return await apply_changes(
+                connection,
+                self._context,
+                Changes(evictions=(eviction,), source_event_id=event_id),
+            )
+
+    async def set_allocation_state(
+        self, work_id: str, member_index: int, state: AllocationState
+    ) -> None:
+        """What the agent reports for one member; the desired state is unchanged."""
+        async with self._write() as connection:
+            result = await connection.execute(
+                update(allocations)
+                .where(allocations.c.work_id == work_id, allocations.c.member_index == member_index)
+                .values(state=state)
+            )
+        if result.rowcount != 1:
+            raise WorkNotFoundError(f"{work_id}/{member_index}")
+
+    async def desired_state(self, node_id: str) -> NodeDesired:
+        """What to publish as the node's `desired` document, with its generation."""
+        async with self._read() as connection, connection.begin():
+            records = await select_allocations(connection, node_id=node_id)
+            query = select(node_generations.c.generation).where(
+                node_generations.c.node_id == node_id
+            )
+            generation = (await connection.execute(query)).scalar()
+        return NodeDesired(node_id, int(generation or 0), records)
+
+    async def node_generations(self) -> Mapping[str, int]:
+        async with self._read() as connection:
+            rows = await connection.execute(select(node_generations))
+            return {row.node_id: int(row.generation) for row in rows}
+
+    # ---- leadership --------------------------------------------------------------------
+
+    async def try_acquire_leadership(self) -> LeadershipLease | None:
+        """Become the scheduling leader if nobody is; None when another process leads."""
+        lease: LeadershipLease | None
+        if self.target.backend == "postgresql":
+            lease = await try_acquire_postgres(self._engine, self._leader_key)
+        else:
+            assert self.target.sqlite_path is not None
+            lease = try_acquire_sqlite(self.target.sqlite_path)
+        self._leases = {held for held in self._leases if held.held}
+        if lease is not None:
+            self._leases.add(lease)
+        return lease
+
+    def _check_lease_is_ours(self, lease: LeadershipLease) -> None:
+        if isinstance(lease, PostgresLease) and lease.key == self._leader_key:
+            return
+        if (
+            isinstance(lease, SqliteLease)
+            and self.target.sqlite_path is not None
+            and lease.path == leader_lock_path(self.target.sqlite_path)
+        ):
+            return
+        raise LeadershipLostError("the lease given to commit_plan leads another database")
+
+    @contextlib.asynccontextmanager
+    async def leadership(
+        self, *, poll_interval_s: float | None = None
+    ) -> AsyncIterator[LeadershipLease]:
+        """Wait until this process leads (polling), hold it for the block, then hand it on."""
+        interval = poll_interval_s or self._settings.leader_poll_interval_s
+        while True:
+            lease = await self.try_acquire_leadership()
+            if lease is not None:
+                break
+            # Polling: the lock lives in the database or the kernel, nothing to wait on here.
+            await asyncio.sleep(interval)
+        async with lease:
+            yield lease

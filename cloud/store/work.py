@@ -1,0 +1,154 @@
+"""Work rows: submission with idempotency keys, scoped reads, keyset pagination."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, and_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cloud.store.changes import state_event_row
+from cloud.store.errors import TenantNotFoundError
+from cloud.store.records import (
+    AllocationRecord,
+    PriorityClass,
+    SubmitResult,
+    WorkKind,
+    WorkPage,
+    WorkRecord,
+)
+from cloud.store.rows import allocation_from_row, work_from_row
+from cloud.store.schema import allocations, work
+from cloud.store.sql import StoreContext, append_events, insert_ignoring
+from cloud.store.states import TERMINAL_STATES, WORK_STATES, WorkState
+
+MAX_PAGE = 1000
+
+
+async def insert_work(
+    connection: AsyncConnection,
+    context: StoreContext,
+    *,
+    work_id: str,
+    tenant_id: str,
+    kind: WorkKind,
+    spec: bytes,
+    priority: PriorityClass,
+    idempotency_key: str | None,
+) -> SubmitResult:
+    """Insert pending work, or return the tenant's earlier work with the same key.
+
+    `ON CONFLICT DO NOTHING` makes the pair atomic under concurrency: on PostgreSQL a
+    second insert with the key waits for the first transaction and then sees its row;
+    on SQLite writers are serialised by `BEGIN IMMEDIATE`.
+    """
+    now = context.clock()
+    record = WorkRecord(
+        work_id=work_id,
+        tenant_id=tenant_id,
+        kind=kind,
+        spec=spec,
+        priority=priority,
+        state="pending",
+        state_reason=None,
+        attempts=0,
+        submitted_at=now,
+        updated_at=now,
+        idempotency_key=idempotency_key,
+        version=1,
+    )
+    values: dict[str, Any] = {
+        "id": work_id,
+        "tenant_id": tenant_id,
+        "kind": kind,
+        "spec": spec,
+        "priority": priority,
+        "state": "pending",
+        "state_reason": None,
+        "attempts": 0,
+        "submitted_at": now,
+        "updated_at": now,
+        "idempotency_key": idempotency_key,
+        "version": 1,
+    }
+    statement = insert_ignoring(context.backend, work, ["tenant_id", "idempotency_key"])
+    try:
+        inserted = (await connection.execute(statement, values)).rowcount
+    except IntegrityError:
+        # The only other constraint a valid record can break: the tenant's foreign key.
+        raise TenantNotFoundError(tenant_id) from None
+    if inserted == 0:
+        query = select(work).where(
+            work.c.tenant_id == tenant_id, work.c.idempotency_key == idempotency_key
+        )
+        return SubmitResult(work_from_row((await connection.execute(query)).one()), False)
+    await append_events(connection, context, [state_event_row(record, None, now)], returning=False)
+    return SubmitResult(record, True)
+
+
+async def select_work(
+    connection: AsyncConnection, work_id: str, tenant_id: str | None
+) -> WorkRecord | None:
+    query = select(work).where(work.c.id == work_id)
+    if tenant_id is not None:
+        query = query.where(work.c.tenant_id == tenant_id)
+    row = (await connection.execute(query)).first()
+    return None if row is None else work_from_row(row)
+
+
+async def list_work_page(
+    connection: AsyncConnection,
+    tenant_id: str,
+    *,
+    states: Sequence[WorkState],
+    kinds: Sequence[WorkKind],
+    priorities: Sequence[PriorityClass],
+    limit: int,
+    cursor: str | None,
+) -> WorkPage:
+    """Newest first. The cursor is the last id of the previous page: ids only grow, so
+    work submitted meanwhile lands before the first page and never shifts later ones."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be within 1..{MAX_PAGE}")
+    conditions = [work.c.tenant_id == tenant_id]
+    if states:
+        conditions.append(work.c.state.in_(list(states)))
+    if kinds:
+        conditions.append(work.c.kind.in_(list(kinds)))
+    if priorities:
+        conditions.append(work.c.priority.in_(list(priorities)))
+    if cursor is not None:
+        conditions.append(work.c.id < cursor)
+    query = select(work).where(and_(*conditions)).order_by(work.c.id.desc()).limit(limit + 1)
+    rows = (await connection.execute(query)).all()
+    items = tuple(work_from_row(row) for row in rows[:limit])
+    return WorkPage(items, items[-1].work_id if len(rows) > limit else None)
+
+
+async def select_active_work(connection: AsyncConnection) -> tuple[WorkRecord, ...]:
+    active = [state for state in WORK_STATES if state not in TERMINAL_STATES]
+    query = select(work).where(work.c.state.in_(active)).order_by(work.c.id)
+    return tuple(work_from_row(row) for row in await connection.execute(query))
+
+
+def allocations_query() -> Select[Any]:
+    return select(
+        allocations,
+        work.c.tenant_id,
+        work.c.kind.label("work_kind"),
+        work.c.priority,
+    ).join(work, work.c.id == allocations.c.work_id)
+
+
+async def select_allocations(
+    connection: AsyncConnection, *, work_id: str | None = None, node_id: str | None = None
+) -> tuple[AllocationRecord, ...]:
+    query = allocations_query()
+    if work_id is not None:
+        query = query.where(allocations.c.work_id == work_id)
+    if node_id is not None:
+        query = query.where(allocations.c.node_id == node_id)
+    query = query.order_by(allocations.c.work_id, allocations.c.member_index)
+    return tuple(allocation_from_row(row) for row in await connection.execute(query))

@@ -1,0 +1,138 @@
+"""Desired training -> running workers -> reported states.
+
+The cloud's `desired` document lists the workers this node should run, each
+identified by (job id, attempt). The reconciler starts those it does not run
+yet, stops those no longer listed, and keeps each finished worker's outcome in
+the reported state for as long as the cloud still lists it, so the cloud always
+sees how an attempt ended. Workers belong to the reconciler's task group, not to
+an MQTT connection: they keep running while the broker is unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from edge.training.environment import UnknownAccelerator, worker_environment
+from edge.training.output import OutputBuffer
+from edge.training.runs import RunStatus, TrainingLauncher, TrainingRun
+from shared.messages import Accelerator, DesiredTraining, EventKind, ReportedTraining
+
+RunKey = tuple[str, int]
+EventSink = Callable[[EventKind, str, str], None]  # kind, subject (job id), detail
+
+
+class _Rejected:
+    """A desired worker this node cannot run at all (e.g. an accelerator it lacks)."""
+
+    def __init__(self, spec: DesiredTraining, reason: str) -> None:
+        self.status = RunStatus(spec.job_id, spec.attempt)
+        self.output = OutputBuffer()
+        self._reason = reason
+
+    async def run(self) -> None:
+        self.status.mark_finished("failed", None, self._reason)
+
+    async def stop(self, reason: str) -> None:
+        return None
+
+
+class TrainingReconciler:
+    def __init__(
+        self,
+        launcher: TrainingLauncher | None,
+        inventory: Sequence[Accelerator],
+        *,
+        on_change: Callable[[], None],
+        on_event: EventSink,
+        on_output: Callable[[], None] | None = None,
+    ) -> None:
+        """`launcher` None: this node does not train; every worker sent here fails with why."""
+        self._launcher = launcher
+        self._inventory = tuple(inventory)
+        self._on_change = on_change
+        self._on_event = on_event
+        self._on_output = on_output
+        # Withdrawn runs stay here until their last output has been shipped.
+        self._retired: list[TrainingRun] = []
+        self._runs: dict[RunKey, TrainingRun] = {}
+        self._tasks: asyncio.TaskGroup | None = None
+        self._log = structlog.get_logger("greenfed.training")
+
+    def bind(self, tasks: asyncio.TaskGroup) -> None:
+        """The task group that owns the workers' supervision (the agent's lifetime)."""
+        self._tasks = tasks
+
+    def reported(self) -> tuple[ReportedTraining, ...]:
+        return tuple(run.status.reported() for _, run in sorted(self._runs.items()))
+
+    def apply(self, desired: Sequence[DesiredTraining]) -> None:
+        """Start what is new, stop what was withdrawn. Returns at once; work happens in tasks."""
+        assert self._tasks is not None, "bind() the reconciler to a task group first"
+        wanted = {(spec.job_id, spec.attempt): spec for spec in desired}
+        for key, run in list(self._runs.items()):
+            if key not in wanted:
+                del self._runs[key]
+                self._retired.append(run)
+                if not run.status.finished:
+                    self._tasks.create_task(self._stop(run, "withdrawn by the cloud"))
+        for key, spec in wanted.items():
+            if key not in self._runs:
+                run = self._prepare(spec)
+                self._runs[key] = run
+                self._tasks.create_task(self._supervise(run))
+        self._on_change()
+
+    async def stop_all(self, reason: str, timeout_s: float = 3.0) -> None:
+        """Stop every running worker (agent shutdown), within `timeout_s` in all."""
+        running = [run for run in self._runs.values() if not run.status.finished]
+        if not running:
+            return
+        self._log.info("stopping training workers", count=len(running), reason=reason)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(run.stop(reason) for run in running))
+
+    def _prepare(self, spec: DesiredTraining) -> TrainingRun:
+        run: TrainingRun
+        if self._launcher is None:
+            run = _Rejected(spec, "this node does not run training")
+        else:
+            try:
+                environment = worker_environment(spec, self._inventory, os.environ)
+            except UnknownAccelerator as error:
+                run = _Rejected(spec, str(error))
+            else:
+                run = self._launcher.prepare(spec, environment)
+        run.status.on_change = self._status_changed
+        run.output.on_output = self._on_output
+        return run
+
+    def runs_with_output(self) -> list[TrainingRun]:
+        """Runs, current or withdrawn, whose output waits to be shipped."""
+        self._retired = [
+            run for run in self._retired if run.output.pending_bytes or not run.status.finished
+        ]
+        return [run for run in (*self._runs.values(), *self._retired) if run.output.pending_bytes]
+
+    def _status_changed(self, status: RunStatus) -> None:
+        if status.state == "running":
+            self._on_event("started", status.job_id, f"attempt {status.attempt}")
+        elif status.finished:
+            kind: EventKind = "exited" if status.state in ("succeeded", "stopped") else "failed"
+            exit_text = f"exit code {status.exit_code}" if status.exit_code is not None else ""
+            detail = status.reason or exit_text
+            self._on_event(
+                kind, status.job_id, f"{status.state}: {detail}" if detail else status.state
+            )
+        self._on_change()
+
+    async def _supervise(self, run: TrainingRun) -> None:
+        await run.run()
+
+    async def _stop(self, run: TrainingRun, reason: str) -> None:
+        await run.stop(reason)

@@ -1,0 +1,85 @@
+"""One training worker's life on this node, and what launches it.
+
+A run goes starting -> running -> succeeded | failed | stopped. It is *stopped*
+when the cloud withdrew it (cancel, preemption) or the agent shut down; the
+cloud decides what that means for the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from edge.training.output import OutputBuffer
+from shared.messages import DesiredTraining, ReportedTraining, TrainingRunState
+
+TERMINAL_STATES: frozenset[TrainingRunState] = frozenset({"succeeded", "failed", "stopped"})
+
+
+@dataclass
+class RunStatus:
+    """Mutable status of a run, turned into the wire form for `reported`."""
+
+    job_id: str
+    attempt: int
+    state: TrainingRunState = "starting"
+    exit_code: int | None = None
+    reason: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None
+    wall_clock: Callable[[], float] = field(default=time.time, repr=False)
+    # Called after every state change (the reconciler reports and raises events).
+    on_change: Callable[[RunStatus], None] | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def mark_running(self) -> None:
+        self.state = "running"
+        self.started_at = self.wall_clock()
+        self._changed()
+
+    def mark_finished(self, state: TrainingRunState, exit_code: int | None, reason: str) -> None:
+        self.state = state
+        self.exit_code = exit_code
+        self.reason = reason
+        self.finished_at = self.wall_clock()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def reported(self) -> ReportedTraining:
+        return ReportedTraining(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            state=self.state,
+            exit_code=self.exit_code,
+            reason=self.reason,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+        )
+
+
+class TrainingRun(Protocol):
+    status: RunStatus
+    output: OutputBuffer  # what the worker printed, waiting to be shipped to the cloud
+
+    async def run(self) -> None:
+        """Start the worker and supervise it until it has finished. A job that fails
+        (or cannot even start) ends in a terminal status; this never raises for it."""
+        ...
+
+    async def stop(self, reason: str) -> None:
+        """Ask the worker to end (SIGTERM, grace period, SIGKILL); return once it has."""
+        ...
+
+
+class TrainingLauncher(Protocol):
+    def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> TrainingRun:
+        """A run for one worker, not started yet (the caller owns the task that runs it)."""
+        ...

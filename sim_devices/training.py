@@ -1,0 +1,90 @@
+"""Simulated training workers: they take as long as the job's reference duration
+scaled by the speed of the accelerators they were given, then succeed.
+
+A job sent with `env = { GREENFED_SIM_EXIT_CODE = "3" }` fails with that code,
+so failure handling can be exercised end to end on a simulated fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from edge.training.output import OutputBuffer
+from edge.training.runs import RunStatus
+from shared.messages import Accelerator, DesiredTraining
+
+# Without a reference duration a simulated worker runs this long.
+DEFAULT_SIMULATED_DURATION_S = 60.0
+SIMULATED_EXIT_CODE_VARIABLE = "GREENFED_SIM_EXIT_CODE"
+
+
+def simulated_runtime_s(spec: DesiredTraining, inventory: Sequence[Accelerator]) -> float:
+    """Reference duration / relative speed of the slowest assigned accelerator."""
+    reference_s = spec.reference_duration_s or DEFAULT_SIMULATED_DURATION_S
+    speeds = [
+        a.relative_speed for a in inventory if a.id in spec.accelerator_ids and a.relative_speed
+    ]
+    return reference_s / min(speeds) if speeds else reference_s
+
+
+class SimulatedRun:
+    def __init__(
+        self, spec: DesiredTraining, runtime_s: float, wall_clock: Callable[[], float]
+    ) -> None:
+        self.status = RunStatus(spec.job_id, spec.attempt, wall_clock=wall_clock)
+        self.output = OutputBuffer()
+        self.spec = spec
+        self.runtime_s = runtime_s
+        self._exit_code = int(spec.env.get(SIMULATED_EXIT_CODE_VARIABLE, "0") or 0)
+        self._stop_reason: str | None = None
+        self._stop_requested = asyncio.Event()
+        self._finished = asyncio.Event()
+
+    async def run(self) -> None:
+        try:
+            self.status.mark_running()
+            devices = ",".join(self.spec.accelerator_ids) or "no accelerator"
+            self._print(
+                f"simulated worker {self.spec.rank}/{self.spec.world_size} of "
+                f"{self.spec.job_id} on {devices}: {self.runtime_s:.1f} s"
+            )
+            try:
+                async with asyncio.timeout(self.runtime_s):
+                    await self._stop_requested.wait()
+            except TimeoutError:
+                self._print(f"simulated worker finished with exit code {self._exit_code}")
+                if self._exit_code == 0:
+                    self.status.mark_finished("succeeded", 0, "")
+                else:
+                    self.status.mark_finished(
+                        "failed", self._exit_code, f"exit code {self._exit_code}"
+                    )
+            else:
+                self.status.mark_finished("stopped", None, self._stop_reason or "")
+        finally:
+            if not self.status.finished:
+                self.status.mark_finished("stopped", None, "agent stopped")
+            self._finished.set()
+
+    def _print(self, line: str) -> None:
+        self.output.append(f"{line}\n".encode())
+
+    async def stop(self, reason: str) -> None:
+        if self.status.finished:
+            return
+        self._stop_reason = reason
+        self._stop_requested.set()
+        await self._finished.wait()
+
+
+class SimulatedLauncher:
+    def __init__(
+        self, inventory: Sequence[Accelerator], wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        self._inventory = tuple(inventory)
+        self._wall_clock = wall_clock
+
+    def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun:
+        return SimulatedRun(spec, simulated_runtime_s(spec, self._inventory), self._wall_clock)

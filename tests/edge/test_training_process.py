@@ -1,0 +1,190 @@
+"""Training workers as real subprocesses: environment, outcomes, stopping, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edge.training.environment import worker_environment
+from edge.training.logs import BoundedLog, tail_lines
+from edge.training.process import ProcessLauncher, ProcessRun
+from shared.messages import Accelerator, DesiredTraining
+from tests.support.waiting import eventually
+
+GPUS = tuple(
+    Accelerator(
+        id=f"gpu{i}",
+        kind="gpu",
+        vendor="nvidia",
+        model="A100",
+        memory_bytes=1,
+        compute_units=108,
+        index=i,
+        uuid=f"GPU-{i}",
+    )
+    for i in range(4)
+)
+
+
+def spec(script: str, **changes: object) -> DesiredTraining:
+    fields: dict[str, object] = {
+        "job_id": "job-1",
+        "attempt": 2,
+        "command": (sys.executable, "-c", script),
+        "accelerator_ids": ("gpu1", "gpu3"),
+        "rank": 1,
+        "world_size": 2,
+        "master_addr": "10.0.0.5",
+        "master_port": 29500,
+        "grace_period_s": 0.5,
+    }
+    fields.update(changes)
+    return DesiredTraining(**fields)  # type: ignore[arg-type]
+
+
+def prepare(
+    tmp_path: Path, desired: DesiredTraining, max_log_bytes: int = 1024 * 1024
+) -> ProcessRun:
+    launcher = ProcessLauncher(tmp_path / "jobs", max_log_bytes=max_log_bytes)
+    return launcher.prepare(desired, worker_environment(desired, GPUS, os.environ))
+
+
+async def test_a_worker_sees_its_job_gpus_and_gang_and_succeeds(tmp_path: Path) -> None:
+    script = (
+        "import os\n"
+        "for name in ('GREENFED_JOB_ID', 'GREENFED_ATTEMPT', 'CUDA_VISIBLE_DEVICES', 'RANK',\n"
+        "             'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'EXTRA'):\n"
+        "    print(name, os.environ.get(name))\n"
+    )
+    run = prepare(tmp_path, spec(script, env={"EXTRA": "yes", "RANK": "overridden?"}))
+    await asyncio.wait_for(run.run(), 30)
+    assert (run.status.state, run.status.exit_code, run.status.reason) == ("succeeded", 0, "")
+    assert run.status.started_at is not None
+    assert run.status.finished_at is not None
+    assert run.status.finished_at >= run.status.started_at
+    printed = dict(line.split(" ", 1) for line in tail_lines(run.log_path, 100))
+    assert printed == {
+        "GREENFED_JOB_ID": "job-1",
+        "GREENFED_ATTEMPT": "2",
+        "CUDA_VISIBLE_DEVICES": "1,3",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": "29500",
+        "EXTRA": "yes",
+    }
+
+
+@pytest.mark.parametrize(
+    ("script", "state", "exit_code", "reason"),
+    [
+        ("raise SystemExit(3)", "failed", 3, "exit code 3"),
+        (
+            "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+            "failed",
+            -9,
+            "killed by SIGKILL (out of memory?)",
+        ),
+        (
+            "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+            "failed",
+            -11,
+            "killed by SIGSEGV",
+        ),
+    ],
+)
+async def test_failures_are_reported_with_their_reason(
+    tmp_path: Path, script: str, state: str, exit_code: int, reason: str
+) -> None:
+    run = prepare(tmp_path, spec(script))
+    await asyncio.wait_for(run.run(), 30)
+    assert (run.status.state, run.status.exit_code, run.status.reason) == (state, exit_code, reason)
+
+
+async def test_a_command_that_cannot_start_fails_with_why(tmp_path: Path) -> None:
+    run = prepare(tmp_path, spec("", command=("/nonexistent/train.sh", "--epochs", "3")))
+    await asyncio.wait_for(run.run(), 30)
+    assert run.status.state == "failed"
+    assert run.status.reason.startswith("cannot start:")
+    assert "No such file" in run.status.reason
+
+
+async def test_stopping_sends_sigterm_and_the_worker_may_clean_up(tmp_path: Path) -> None:
+    script = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n"
+        "    print('checkpoint saved', flush=True); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('training', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    run = prepare(tmp_path, spec(script, grace_period_s=10))
+    task = asyncio.create_task(run.run())
+    await eventually(lambda: "training" in tail_lines(run.log_path, 5))
+    started = time.monotonic()
+    await asyncio.wait_for(run.stop("cancelled by the tenant"), 30)
+    assert time.monotonic() - started < 5  # it left on SIGTERM, long before the grace period
+    await task
+    assert (run.status.state, run.status.reason) == ("stopped", "cancelled by the tenant")
+    assert tail_lines(run.log_path, 1) == ["checkpoint saved"]
+
+
+async def test_a_worker_ignoring_sigterm_is_killed_with_its_children_after_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    run = prepare(tmp_path, spec(script, grace_period_s=0.5))
+    task = asyncio.create_task(run.run())
+    await eventually(lambda: bool(tail_lines(run.log_path, 1)))
+    child_pid = int(tail_lines(run.log_path, 1)[0])
+    started = time.monotonic()
+    await asyncio.wait_for(run.stop("preempted"), 30)
+    elapsed = time.monotonic() - started
+    await task
+    assert 0.5 <= elapsed < 5
+    assert run.status.state == "stopped"
+    await eventually(lambda: not _alive(child_pid))  # the whole process group went
+
+
+async def test_the_log_is_bounded_and_keeps_the_newest_output(tmp_path: Path) -> None:
+    script = "import sys\nfor i in range(40000): print(f'line {i:06d} ' + 'x' * 60)\n"
+    run = prepare(tmp_path, spec(script), max_log_bytes=256 * 1024)
+    await asyncio.wait_for(run.run(), 30)
+    total = sum(p.stat().st_size for p in run.log_path.parent.iterdir())
+    assert total <= 2 * 256 * 1024 + 65536
+    assert tail_lines(run.log_path, 1)[0].startswith("line 039999 ")
+
+
+def test_bounded_log_rotates_and_tails_across_both_parts(tmp_path: Path) -> None:
+    path = tmp_path / "job.log"
+    with BoundedLog(path, max_bytes=1024) as log:
+        for i in range(100):
+            log.write(f"{i:04d} {'.' * 40}\n".encode())
+    tail = tail_lines(path, 30)
+    assert [line[:4] for line in tail] == [f"{i:04d}" for i in range(70, 100)]
+    assert path.stat().st_size < 1024
+    assert path.with_name("job.log.1").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still "exists"; it is dead for our purpose.
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

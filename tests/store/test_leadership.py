@@ -1,0 +1,141 @@
+"""Scheduling leadership: one leader per database; release or death hands it over."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from cloud.store import LeadershipLostError, Plan, open_store
+from cloud.store.locks import advisory_key
+from shared.settings import StoreSettings
+from tests.store.builders import make_tenant, placement, submit
+from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
+
+
+async def test_only_one_of_two_stores_leads_and_release_hands_over(
+    database: DatabaseUnderTest,
+) -> None:
+    first, second = [await open_store(database.settings) for _ in range(2)]
+    try:
+        lease = await first.try_acquire_leadership()
+        assert lease is not None
+        assert await second.try_acquire_leadership() is None
+        assert await first.try_acquire_leadership() is None  # not reentrant either
+        await lease.check()
+        await lease.release()
+        assert not lease.held
+        with pytest.raises(LeadershipLostError):
+            await lease.check()
+        taken_over = await second.try_acquire_leadership()
+        assert taken_over is not None
+        assert await first.try_acquire_leadership() is None
+        await taken_over.release()
+        await taken_over.release()  # idempotent
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_replica_waits_for_leadership_and_gets_it_on_release(
+    database: DatabaseUnderTest,
+) -> None:
+    leader, replica = [await open_store(database.settings) for _ in range(2)]
+    try:
+        lease = await leader.try_acquire_leadership()
+        assert lease is not None
+        became_leader = asyncio.Event()
+
+        async def wait_for_leadership() -> None:
+            async with replica.leadership(poll_interval_s=0.02) as acquired:
+                assert acquired.held
+                became_leader.set()
+
+        waiting = asyncio.create_task(wait_for_leadership())
+        await asyncio.sleep(0.2)
+        assert not became_leader.is_set()
+        await lease.release()
+        await asyncio.wait_for(waiting, 10)
+        assert became_leader.is_set()
+        # Leaving the block released it again.
+        again = await leader.try_acquire_leadership()
+        assert again is not None
+        await again.release()
+    finally:
+        await leader.close()
+        await replica.close()
+
+
+async def test_a_postgresql_leader_whose_session_dies_can_no_longer_commit(
+    tmp_path: Path,
+) -> None:
+    async with postgres_database(tmp_path) as database:
+        await _leader_session_dies(database)
+
+
+async def _leader_session_dies(database: DatabaseUnderTest) -> None:
+    leader, replica = [await open_store(database.settings) for _ in range(2)]
+    try:
+        tenant = (await make_tenant(leader, "acme")).tenant
+        work = (await submit(leader, tenant.tenant_id)).work
+        lease = await leader.try_acquire_leadership()
+        assert lease is not None
+        key = advisory_key(database.settings.database_schema, "leader")
+        async with replica._write() as connection:
+            killed = await connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND classid = :high AND objid = :low AND objsubid = 1 AND granted"
+                ),
+                {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
+            )
+            assert killed.scalars().all() == [True]
+        with pytest.raises(LeadershipLostError):
+            await leader.commit_plan(Plan(placements=(placement(work.work_id, "n1"),)), lease=lease)
+        assert not lease.held
+        assert (await leader.find_work(work.work_id)) == work
+        successor = await replica.try_acquire_leadership()
+        assert successor is not None
+        await replica.commit_plan(
+            Plan(placements=(placement(work.work_id, "n1"),)), lease=successor
+        )
+        await successor.release()
+    finally:
+        await leader.close()
+        await replica.close()
+
+
+async def test_the_sqlite_lock_file_lives_beside_the_database(tmp_path: Path) -> None:
+    async with await open_store(sqlite_database(tmp_path).settings) as store:
+        lease = await store.try_acquire_leadership()
+        assert lease is not None
+        lock_file = tmp_path / "data" / "greenfed.db.leader.lock"
+        assert lock_file.read_text().strip() == str(os.getpid())
+        await lease.release()
+
+
+async def test_closing_a_store_hands_its_leadership_on(database: DatabaseUnderTest) -> None:
+    leader, replica = [await open_store(database.settings) for _ in range(2)]
+    try:
+        assert await leader.try_acquire_leadership() is not None
+        assert await replica.try_acquire_leadership() is None
+        await leader.close()
+        lease = await replica.try_acquire_leadership()
+        assert lease is not None
+        await lease.release()
+    finally:
+        await replica.close()
+
+
+async def test_a_lease_leads_only_its_own_database(tmp_path: Path) -> None:
+    async with (
+        await open_store(StoreSettings(data_dir=str(tmp_path / "one"))) as one,
+        await open_store(StoreSettings(data_dir=str(tmp_path / "two"))) as two,
+    ):
+        lease = await one.try_acquire_leadership()
+        assert lease is not None
+        with pytest.raises(LeadershipLostError, match="another database"):
+            await two.commit_plan(Plan(), lease=lease)
