@@ -1,9 +1,10 @@
 """The control-plane application: REST API plus the background work it owns.
 
-`create_app` wires the registry, MQTT ingestion and the liveness checker into one
-aiohttp application. The background tasks start and stop with the app through
-`cleanup_ctx`, so whoever runs the app (`greenfed cloud`, `greenfed up`, tests)
-gets a bounded, complete shutdown for free.
+`create_app` wires the registry, MQTT ingestion, the liveness checker, the durable
+store (with the admin bootstrap and the event hub) and the job logs into one aiohttp
+application. The background tasks start and stop with the app through `cleanup_ctx`,
+so whoever runs the app (`greenfed cloud`, `greenfed up`, tests) gets a bounded,
+complete shutdown for free.
 """
 
 from __future__ import annotations
@@ -18,19 +19,41 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cloud.api import nodes, signals, system
-from cloud.api.keys import BACKGROUND_TASKS, INGESTOR, METRICS, REGISTRY, SETTINGS, SIGNALS
+from cloud.api import events, logs, nodes, openapi, signals, system, tenants, work
+from cloud.api.auth import auth_middleware, store_errors_middleware
+from cloud.api.bodies import MAX_REQUEST_BYTES
+from cloud.api.keys import (
+    ADMIN_TOKEN_FILE,
+    BACKGROUND_TASKS,
+    EVENT_HUB,
+    INGESTOR,
+    JOB_LOGS,
+    METRICS,
+    REGISTRY,
+    SETTINGS,
+    SIGNALS,
+    STOPPING,
+    STORE,
+    STREAMS,
+    TUNING,
+)
 from cloud.api.problems import problem_middleware
+from cloud.api.routes import add_routes
+from cloud.api.streams import StreamLimits
+from cloud.api.tuning import ApiTuning
 from cloud.ingest import Ingestor
+from cloud.jobs.admin import bootstrap_admin
+from cloud.jobs.events import EventHub
+from cloud.jobs.logs import JobLogStore
 from cloud.metrics import build_metrics_registry
 from cloud.registry import NodeRegistry
 from cloud.signals.factory import build_signal_service
-from shared.settings import Settings
+from cloud.store import StoreError, StoreUnavailableError, open_store
+from shared.settings import ConfigError, Settings
 from shared.tasks import stop_task
 from shared.topics import Topics
 
-# Requests bodies are small JSON documents; anything bigger is a mistake or abuse.
-MAX_REQUEST_BYTES = 1024 * 1024
+__all__ = ["MAX_REQUEST_BYTES", "create_app", "serving"]
 
 
 async def _liveness_loop(registry: NodeRegistry, interval_s: float) -> None:
@@ -50,7 +73,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     liveness = asyncio.create_task(
         _liveness_loop(app[REGISTRY], settings.cloud.liveness_check_interval_s), name="liveness"
     )
-    app[BACKGROUND_TASKS] = [ingestion, liveness]
+    app[BACKGROUND_TASKS].extend([ingestion, liveness])
     try:
         yield
     finally:
@@ -66,24 +89,91 @@ async def _signal_service(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def create_app(settings: Settings, registry: NodeRegistry | None = None) -> web.Application:
+async def _store(app: web.Application) -> AsyncIterator[None]:
+    """The store (migrated), the admin tenant, and the one reader of the event log."""
+    settings = app[SETTINGS].store
+    tuning = app[TUNING]
+    try:
+        store = await open_store(settings)
+    except StoreUnavailableError as error:  # the command line prints it, no traceback
+        raise ConnectionError(str(error)) from None
+    except StoreError as error:  # a setting to fix, or a database of another version
+        raise ConfigError(str(error)) from None
+    try:
+        app[STORE] = store
+        app[ADMIN_TOKEN_FILE] = await bootstrap_admin(store, settings)
+        hub = EventHub(
+            store,
+            poll_interval_s=tuning.event_poll_interval_s,
+            min_interval_s=tuning.event_min_interval_s,
+            page_size=tuning.event_page_size,
+            queue_limit=tuning.event_queue_limit,
+        )
+        await hub.start()
+        app[EVENT_HUB] = hub
+        stop_listening = store.add_commit_listener(hub.wake)
+        reader = asyncio.create_task(hub.run(), name="event-hub")
+        app[BACKGROUND_TASKS].append(reader)
+        try:
+            yield
+        finally:
+            hub.close()
+            stop_listening()
+            await stop_task(reader)
+    finally:
+        await store.close()
+
+
+async def _end_streams(app: web.Application) -> None:
+    """Shutting down: event streams and followed logs end now, not at the timeout."""
+    app[STOPPING].set()
+    app[JOB_LOGS].close()
+    if EVENT_HUB in app:
+        app[EVENT_HUB].close()
+
+
+def create_app(
+    settings: Settings,
+    registry: NodeRegistry | None = None,
+    *,
+    tuning: ApiTuning | None = None,
+) -> web.Application:
     registry = registry or NodeRegistry(staleness_intervals=settings.cloud.staleness_intervals)
+    tuning = tuning or ApiTuning()
+    job_logs = JobLogStore(
+        bytes_per_job=tuning.log_bytes_per_job,
+        total_bytes=tuning.log_total_bytes,
+        max_jobs=tuning.log_max_jobs,
+    )
     ingestor = Ingestor(
         registry,
         Topics(settings.mqtt.topic_root),
         max_payload_bytes=settings.mqtt.max_payload_bytes,
         invalid_log_interval_s=settings.cloud.invalid_log_interval_s,
+        on_log=job_logs.append,
     )
-    app = web.Application(middlewares=[problem_middleware], client_max_size=MAX_REQUEST_BYTES)
+    app = web.Application(
+        middlewares=[problem_middleware, store_errors_middleware, auth_middleware],
+        client_max_size=MAX_REQUEST_BYTES,
+    )
     app[SETTINGS] = settings
     app[REGISTRY] = registry
     app[INGESTOR] = ingestor
     app[METRICS] = build_metrics_registry(ingestor)
-    nodes.add_routes(app)
-    signals.add_routes(app)
-    system.add_routes(app)
+    app[JOB_LOGS] = job_logs
+    app[TUNING] = tuning
+    app[STREAMS] = StreamLimits(
+        max_streams=tuning.max_streams, max_per_tenant=tuning.max_streams_per_tenant
+    )
+    app[STOPPING] = asyncio.Event()
+    app[BACKGROUND_TASKS] = []
+    for module in (nodes, signals, system, work, logs, events, tenants, openapi):
+        add_routes(app, module.ROUTES)
+    openapi.publish(app)
     app.cleanup_ctx.append(_signal_service)
+    app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(_background)
+    app.on_shutdown.append(_end_streams)
     return app
 
 

@@ -20,16 +20,25 @@ class ApiUnavailable(RuntimeError):
     pass
 
 
-async def fetch_nodes(api_url: str, params: dict[str, str], timeout_s: float = 10.0) -> NodeList:
+async def fetch_nodes(
+    api_url: str, params: dict[str, str], timeout_s: float = 10.0, *, token: str | None = None
+) -> NodeList:
     url = api_url.rstrip("/") + "/v1/nodes"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
             items: list[NodeSummary] = []
             cursor: str | None = None
             while True:
                 query = {**params, **({"cursor": cursor} if cursor else {})}
                 async with http.get(url, params=query) as response:
                     body = await response.read()
+                    if response.status == 401:
+                        raise ApiUnavailable(
+                            f"{url} refused the token (401): pass --token, set GREENFED_TOKEN "
+                            "or use --token-file"
+                        )
                     if response.status != 200:
                         detail = body.decode(errors="replace")[:500]
                         raise ApiUnavailable(f"{url} answered {response.status}: {detail}")

@@ -12,11 +12,13 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable, Sequence
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from greenfed.work_cli import add_client_options, add_work_commands, client_target
 from shared import __version__
 from shared.errors import MqttAuthError
 from shared.settings import ConfigError, Settings, load_settings, parse_mqtt_url
@@ -172,8 +174,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         for key in ("site", "zone", "kind", "state")
         if (value := getattr(args, key)) is not None
     }
+    target = client_target(args)
     try:
-        nodes = asyncio.run(fetch_nodes(args.api, params))
+        nodes = asyncio.run(fetch_nodes(target.api, params, token=target.token))
     except ApiUnavailable as error:
         print(f"greenfed: {error}", file=sys.stderr)
         return EXIT_FAILURE
@@ -202,6 +205,68 @@ def cmd_bench_scheduler(args: argparse.Namespace) -> int:
     argv = ["--nodes", str(args.nodes), "--jobs", str(args.jobs), "--seed", str(args.seed)]
     argv += ["--json"] * args.json + ["--sweep"] * args.sweep
     return bench_main(argv)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from cloud.eval.report import as_json, describe, plot, table
+    from cloud.eval.runner import EvalOptions, build_scenario, run_eval
+    from cloud.eval.workload import dump_workload
+
+    try:
+        options = EvalOptions(
+            start=args.start,
+            days=args.days,
+            policies=tuple(args.policies),
+            seed=args.seed,
+            fleet=args.fleet,
+            workload=args.workload,
+            carbon_dir=args.carbon_dir,
+            forecaster=args.forecaster,
+            perfect_forecast=args.perfect_forecast,
+            target_load=args.load,
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if args.plot is not None:
+        from cloud.eval.report import pyplot
+
+        pyplot()  # fail before the simulation, not after it
+    try:
+        scenario = build_scenario(options)
+    except ValueError as error:  # e.g. a bad carbon directory
+        raise ConfigError(str(error)) from None
+    if args.dump_workload is not None:
+        args.dump_workload.write_text(dump_workload(scenario.workload), encoding="utf-8")
+    report = run_eval(options, scenario=scenario)
+    if args.json:
+        print(as_json(report.results))
+    else:
+        print(describe(report))
+        print(table(report.results))
+    if args.plot is not None:
+        plot(report, args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return EXIT_OK
+
+
+def _date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+
+
+def _policy_list(text: str) -> list[str]:
+    from cloud.green.policies import POLICY_NAMES
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in POLICY_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICY_NAMES)}"
+        )
+    return names
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -272,8 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(handler=cmd_sim)
 
     nodes = commands.add_parser("nodes", help="show the fleet from a running control plane")
-    nodes.add_argument("--api", default="http://127.0.0.1:8700", help="control plane URL")
-    nodes.add_argument("--json", action="store_true", help="machine-readable output")
+    add_client_options(nodes)
     nodes.add_argument("--site", choices=["cloud", "edge"])
     nodes.add_argument("--zone")
     nodes.add_argument("--kind", choices=["gpu", "npu", "cpu"])
@@ -304,6 +368,57 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep", action="store_true", help="1,000 to 50,000 nodes, twice as many jobs"
     )
     bench_scheduler.set_defaults(handler=cmd_bench_scheduler)
+
+    evaluate = commands.add_parser(
+        "eval",
+        help="trace-driven evaluation of scheduling policies on real 2023 grid data",
+        description=(
+            "Simulate the same fleet and workload under each policy, driving the real "
+            "scheduler over recorded carbon and price series (forecasts, never the "
+            "future), and compare energy, emissions, cost, waits, deadlines and SLOs."
+        ),
+    )
+    evaluate.add_argument("--days", type=_positive_float, default=14.0)
+    evaluate.add_argument(
+        "--start", type=_date, default=date(2023, 6, 1), help="UTC date (default 2023-06-01)"
+    )
+    evaluate.add_argument(
+        "--policies",
+        type=_policy_list,
+        default=["fifo-binpack", "spread", "green", "balanced"],
+        help="comma-separated: green, cost, latency, balanced, fifo-binpack, spread, "
+        "green-spatial, green-temporal (default fifo-binpack,spread,green,balanced)",
+    )
+    evaluate.add_argument("--seed", type=int, default=2023, help="workload seed (default 2023)")
+    evaluate.add_argument(
+        "--load",
+        type=_positive_float,
+        default=0.5,
+        help="generated training load, as a share of the cloud GPU throughput (default 0.5)",
+    )
+    evaluate.add_argument("--fleet", type=Path, help="fleet file (default: the built-in fleet)")
+    evaluate.add_argument(
+        "--workload", type=Path, help="workload file, TOML or .json (default: generated)"
+    )
+    evaluate.add_argument(
+        "--carbon-dir", type=Path, help="directory of carbon and price traces (default: shipped)"
+    )
+    evaluate.add_argument(
+        "--forecaster", default="profile-level", help="forecaster for the traces' future"
+    )
+    evaluate.add_argument(
+        "--perfect-forecast",
+        action="store_true",
+        help="use the recorded future as the forecast (an upper bound)",
+    )
+    evaluate.add_argument("--json", action="store_true", help="a JSON list, one object per policy")
+    evaluate.add_argument("--plot", type=Path, metavar="FILE.png", help="needs greenfed[plot]")
+    evaluate.add_argument(
+        "--dump-workload", type=Path, metavar="FILE.json", help="write the workload used"
+    )
+    evaluate.set_defaults(handler=cmd_eval)
+
+    add_work_commands(commands)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=cmd_version)

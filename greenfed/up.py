@@ -17,8 +17,9 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from cloud.api.keys import BACKGROUND_TASKS, INGESTOR, REGISTRY
+from cloud.api.keys import ADMIN_TOKEN_FILE, BACKGROUND_TASKS, INGESTOR, REGISTRY
 from cloud.app import create_app, serving
+from cloud.jobs.admin import read_token_file
 from cloud.main import watch_background
 from cloud.summary import fleet_summary_line
 from greenfed.broker import EmbeddedBroker, port_is_free
@@ -79,6 +80,7 @@ async def run_up(settings: Settings, options: UpOptions, stop: asyncio.Event) ->
                 api,
                 external=bool(options.external_mqtt_url),
                 node_count=len(simulated.agents),
+                admin_token_file=app[ADMIN_TOKEN_FILE],
             )
             await run_until_stopped(
                 stop,
@@ -91,7 +93,13 @@ async def run_up(settings: Settings, options: UpOptions, stop: asyncio.Event) ->
 
 
 def _print_banner(
-    settings: Settings, mqtt_url: str, api: str, *, external: bool, node_count: int
+    settings: Settings,
+    mqtt_url: str,
+    api: str,
+    *,
+    external: bool,
+    node_count: int,
+    admin_token_file: Path,
 ) -> None:
     topics = Topics(settings.mqtt.topic_root)
     host_port = mqtt_url.split("://", 1)[1]
@@ -105,10 +113,25 @@ def _print_banner(
         f"  metrics    {api}/metrics",
         f"  telemetry  mosquitto_sub -h {host} -p {port} "
         f"-t '{topics.all_nodes(Channel.TELEMETRY)}'",
+        f"  jobs       {api}/v1/jobs   (greenfed submit FILE, greenfed jobs)",
+        f"  openapi    {api}/openapi.json",
         f"  table      greenfed nodes --api {api}",
+        f"  admin token: {admin_token_file}",
+        # A single-machine demo: the value too, so that curl works right away.
+        f"             {_token_text(admin_token_file)}",
         "  stop       Ctrl-C",
     ]
     print("\n".join(lines), flush=True)
+
+
+def _token_text(path: Path) -> str:
+    try:
+        token = read_token_file(path)
+    except OSError as error:
+        return f"(cannot read it: {error.strerror})"
+    if token is None:
+        return "(not there: the admin was created earlier and its token file removed)"
+    return token
 
 
 async def _report_fleet(app: web.Application, expected_nodes: int) -> None:

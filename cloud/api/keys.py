@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from cloud.api.streams import StreamLimits
+from cloud.api.tuning import ApiTuning
 from cloud.ingest import Ingestor
+from cloud.jobs.events import EventHub
+from cloud.jobs.logs import JobLogStore
 from cloud.registry import NodeRegistry
 from cloud.signals.service import SignalService
+from cloud.store import Store, TenantRecord
 from shared.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -19,3 +25,16 @@ METRICS = web.AppKey("metrics", CollectorRegistry)
 SIGNALS = web.AppKey("signals", SignalService)
 # Tasks the app runs in the background; a runner watches them to fail fast (e.g. MQTT auth).
 BACKGROUND_TASKS: web.AppKey[list[asyncio.Task[None]]] = web.AppKey("background_tasks")
+# The durable store, opened (and migrated) when the app starts.
+STORE = web.AppKey("store", Store)
+# Where the admin token was written when this data directory's admin was created.
+ADMIN_TOKEN_FILE = web.AppKey("admin_token_file", Path)
+JOB_LOGS = web.AppKey("job_logs", JobLogStore)
+EVENT_HUB = web.AppKey("event_hub", EventHub)
+STREAMS = web.AppKey("streams", StreamLimits)
+TUNING = web.AppKey("tuning", ApiTuning)
+# Set when the app begins to shut down: long-lived streams end at once.
+STOPPING = web.AppKey("stopping", asyncio.Event)
+
+# The authenticated tenant of a request (set by the auth middleware).
+TENANT = web.RequestKey("tenant", TenantRecord)

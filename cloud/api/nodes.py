@@ -10,7 +10,8 @@ from aiohttp import web
 from cloud.api.keys import REGISTRY
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
-from cloud.api.views import NodeList, node_detail, node_summary
+from cloud.api.routes import Reply, Route
+from cloud.api.views import NodeDetail, NodeList, node_detail, node_summary
 from cloud.registry import NodeFilter
 from shared.messages import AcceleratorKind, NodeState, Site
 
@@ -63,6 +64,24 @@ async def get_node(request: web.Request) -> web.Response:
     )
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/nodes", list_nodes)
-    app.router.add_get("/v1/nodes/{node_id}", get_node)
+ROUTES = (
+    Route(
+        "GET",
+        "/v1/nodes",
+        list_nodes,
+        "The fleet, sorted by node id",
+        "tenant",
+        "nodes",
+        query=NodeListQuery,
+        replies=(Reply(200, "A page of nodes", NodeList),),
+    ),
+    Route(
+        "GET",
+        "/v1/nodes/{node_id}",
+        get_node,
+        "One node with its host and latest telemetry",
+        "tenant",
+        "nodes",
+        replies=(Reply(200, "The node", NodeDetail),),
+    ),
+)

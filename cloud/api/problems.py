@@ -7,7 +7,7 @@ a client never has to parse an HTML error page.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 import structlog
@@ -39,6 +39,7 @@ class Problem(Exception):
         title: str,
         detail: str = "",
         invalid_params: tuple[InvalidParam, ...] = (),
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(detail or title)
         self.status = status
@@ -46,6 +47,7 @@ class Problem(Exception):
         self.title = title
         self.detail = detail
         self.invalid_params = invalid_params
+        self.headers = dict(headers or {})  # e.g. WWW-Authenticate, Retry-After
 
 
 def problem_response(request: web.Request, problem: Problem) -> web.Response:
@@ -57,9 +59,11 @@ def problem_response(request: web.Request, problem: Problem) -> web.Response:
         instance=request.path,
         invalid_params=problem.invalid_params,
     )
-    return web.Response(
+    response = web.Response(
         status=problem.status, body=msgspec.json.encode(body), content_type=PROBLEM_CONTENT_TYPE
     )
+    response.headers.update(problem.headers)
+    return response
 
 
 def invalid_query(*params: InvalidParam) -> Problem:
@@ -72,7 +76,12 @@ def invalid_query(*params: InvalidParam) -> Problem:
     )
 
 
-_HTTP_SLUGS = {404: "not-found", 405: "method-not-allowed", 413: "payload-too-large"}
+_HTTP_SLUGS = {
+    404: "not-found",
+    405: "method-not-allowed",
+    413: "payload-too-large",
+    415: "unsupported-media-type",
+}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

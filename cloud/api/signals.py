@@ -12,6 +12,7 @@ from aiohttp import web
 from cloud.api.keys import REGISTRY, SIGNALS
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
+from cloud.api.routes import Reply, Route
 from cloud.signals.grid import HOUR_S, ZoneSeries
 from cloud.signals.model import SignalType
 
@@ -129,6 +130,24 @@ async def get_zone_signal(request: web.Request) -> web.Response:
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/signals", list_signals)
-    app.router.add_get("/v1/signals/{zone}", get_zone_signal)
+ROUTES = (
+    Route(
+        "GET",
+        "/v1/signals",
+        list_signals,
+        "Grid carbon intensity and price of the fleet's zones",
+        "tenant",
+        "signals",
+        query=SignalListQuery,
+        replies=(Reply(200, "Current values and the day ahead, per zone", SignalList),),
+    ),
+    Route(
+        "GET",
+        "/v1/signals/{zone}",
+        get_zone_signal,
+        "One zone hour by hour, recorded and forecast",
+        "tenant",
+        "signals",
+        replies=(Reply(200, "The zone's series", ZoneSignalDetail),),
+    ),
+)

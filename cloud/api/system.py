@@ -7,7 +7,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cloud.api.keys import INGESTOR, METRICS
-from cloud.api.problems import Problem
+from cloud.api.problems import Problem, ProblemBody
+from cloud.api.routes import JsonObject, Reply, Route
 from shared.schemas import schema_catalog
 
 
@@ -34,8 +35,48 @@ async def schemas(request: web.Request) -> web.Response:
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/schemas", schemas)
+class Status(msgspec.Struct, frozen=True):
+    status: str
+
+
+ROUTES = (
+    Route(
+        "GET",
+        "/healthz",
+        healthz,
+        "200 while the process runs",
+        "public",
+        "operations",
+        replies=(Reply(200, "Alive", Status),),
+    ),
+    Route(
+        "GET",
+        "/readyz",
+        readyz,
+        "200 once subscribed to the MQTT broker",
+        "public",
+        "operations",
+        replies=(
+            Reply(200, "Ready", Status),
+            Reply(503, "Not subscribed to the broker", ProblemBody, "application/problem+json"),
+        ),
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        metrics,
+        "Prometheus metrics",
+        "public",
+        "operations",
+        replies=(Reply(200, "Prometheus text exposition format", str, "text/plain"),),
+    ),
+    Route(
+        "GET",
+        "/v1/schemas",
+        schemas,
+        "JSON Schemas of the MQTT payloads, with topics, QoS and retain flags",
+        "public",
+        "operations",
+        replies=(Reply(200, "One entry per MQTT channel", JsonObject),),
+    ),
+)

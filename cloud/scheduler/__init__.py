@@ -9,7 +9,7 @@ Where things are decided:
 model.py            what work, tenants, allocations and constraints are
 snapshot.py         the immutable, columnar view of the nodes
 policy.py           weights, thresholds and switches
-extensions.py       ScoreTerm and LatencyEstimator hooks (carbon, price, latency)
+extensions.py       ScoreTerm, LatencyEstimator and StartAdvisor hooks (cloud.green)
 shape.py            what one worker/replica needs, and cache keys
 state.py            the working copy updated placement by placement
 statement.py        tentative changes that commit or roll back as one unit
@@ -30,7 +30,16 @@ harness.py          simulated time driving the core (tests, simulator)
 """
 
 from .core import Scheduler, schedule
-from .extensions import Candidates, LatencyEstimator, RegionRttLatency, ScoreTerm, TermValues
+from .extensions import (
+    Booking,
+    Candidates,
+    LatencyEstimator,
+    RegionRttLatency,
+    ScoreTerm,
+    StartAdvisor,
+    StartCandidates,
+    TermValues,
+)
 from .model import (
     KINDS,
     Allocation,
@@ -45,6 +54,7 @@ from .model import (
     Work,
 )
 from .plan import (
+    Deferral,
     Pending,
     PendingCode,
     Placement,
@@ -63,7 +73,9 @@ __all__ = [
     "KINDS",
     "AcceleratorPool",
     "Allocation",
+    "Booking",
     "Candidates",
+    "Deferral",
     "InferenceDeployment",
     "LabelRequirement",
     "LatencyEstimator",
@@ -82,6 +94,8 @@ __all__ = [
     "ScoreBreakdown",
     "ScoreTerm",
     "Snapshot",
+    "StartAdvisor",
+    "StartCandidates",
     "StartWindow",
     "Taint",
     "Tenant",

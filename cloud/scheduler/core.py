@@ -13,11 +13,18 @@ For each job in queue order (queue_order.py):
    explain why (explain.py) and, for a capacity problem, reserve the earliest
    slot so later jobs cannot push it back (backfill.py).
 
+Before step 2, a flexible training job (deadline or ``max_delay_s``) is offered to
+the policy's ``start_advisor`` (temporal shifting). A deferral keeps it pending
+(code ``deferred``) unless its target is not strictly after now or later than
+the latest start that meets the deadline and maximum delay on every candidate:
+shifting may never be the reason a deadline is missed.
+
 No I/O, no clock: time is ``snapshot.now``. Equal snapshots give equal plans.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -27,10 +34,11 @@ from . import explain
 from .backfill import Slot, earliest_slot, may_free_up, reserve
 from .candidates import CandidateCache
 from .explain import PreemptionOutcome
+from .extensions import Booking, Candidates, StartAdvisor, StartCandidates
 from .filters import PASS, count_rejections, node_codes
 from .gang import Choice, JobContext, Option
 from .model import KINDS, InferenceDeployment, TrainingJob, Work
-from .plan import Pending, PendingCode, Placement, Plan, Preemption, Reservation
+from .plan import Deferral, Pending, PendingCode, Placement, Plan, Preemption, Reservation
 from .policy import DEFAULT_POLICY, Policy
 from .preemption import Preemptor
 from .queue_order import QueueOrder
@@ -61,13 +69,21 @@ class Scheduler:
         self.quota = QuotaBook(snapshot.tenants)
         self.cache = CandidateCache(snapshot, policy, self.state)
         self.preemptor = Preemptor(self.state, self.quota)
-        self.queue = QueueOrder(snapshot.queue, self.state, self.quota, policy.starvation_guard_s)
+        self.queue = QueueOrder(
+            snapshot.queue,
+            self.state,
+            self.quota,
+            policy.starvation_guard_s,
+            fair=policy.queue_order == "fair",
+            deadline_guard_s=policy.deadline_guard_s,
+        )
         self._placements: list[Placement] = []
         self._preemptions: list[Preemption] = []
         self._pending: list[Pending] = []
         self._reservations: list[Reservation] = []
         self._order: list[str] = []
         self._reservation_attempts = 0
+        self._bookings: list[Booking] = []  # for the start advisor, if any
 
     def step(self) -> bool:
         """Decide the next job; False when the queue is exhausted."""
@@ -101,6 +117,22 @@ class Scheduler:
         if not job.has_candidates:
             self._pend(job, None, 0, "off")
             return
+        advisor = self.policy.start_advisor
+        if advisor is not None and isinstance(work, TrainingJob) and work.flexible:
+            deferral = self._advise(job, work, advisor)
+            if deferral is not None:
+                self._bookings.append(
+                    Booking(
+                        zone=deferral.zone,
+                        accelerator_kind=deferral.accelerator_kind,
+                        accelerators=deferral.accelerators,
+                        start_s=deferral.start_at,
+                        end_s=deferral.start_at + deferral.runtime_s,
+                        member_accelerators=work.accelerators_per_worker,
+                    )
+                )
+                self._pend(job, None, 0, "off", deferral=deferral)
+                return
         attempt = self._attempt(job, preempt=False)
         if len(attempt.placements) == shape.members:
             self._commit(job, attempt)
@@ -133,6 +165,25 @@ class Scheduler:
             self._pend(job, attempt.quota_block, len(attempt.placements), preemption, placed=True)
             return
         self._pend(job, quota_block, best_fit, preemption)
+
+    def _advise(self, job: JobContext, work: TrainingJob, advisor: StartAdvisor) -> Deferral | None:
+        state = self.state
+        shape = job.shape
+        options = []
+        latest = math.inf
+        for option in job.options:
+            nodes = option.cand.nodes
+            fits = state.free[option.k][nodes] >= shape.accelerators
+            if shape.host_memory_bytes:
+                fits &= state.host_free[nodes] >= shape.host_memory_bytes
+            candidates = Candidates(nodes, KINDS[option.k], shape.accelerators, option.runtime_s)
+            options.append(StartCandidates(candidates, fits))
+            # Safe on every candidate, whichever node it gets when it starts.
+            latest = min(latest, work.latest_start(float(option.runtime_s.max())))
+        deferral = advisor.advise(state.snapshot, work, options, self._bookings)
+        if deferral is None or not state.now < deferral.start_at <= latest:
+            return None
+        return deferral
 
     def _admissions(self, job: JobContext) -> dict[int, Admission]:
         tenant, need = job.shape.work.tenant, job.shape.accelerators
@@ -231,6 +282,19 @@ class Scheduler:
         attempt.stmt.commit()
         work = job.shape.work
         self._placements.extend(attempt.placements)
+        if self.policy.start_advisor is not None:
+            nodes = self.state.snapshot.nodes
+            self._bookings.extend(
+                Booking(
+                    zone=nodes.zones[nodes.zone_code[nodes.index[p.node_id]]],
+                    accelerator_kind=p.accelerator_kind,
+                    accelerators=p.accelerators,
+                    start_s=p.start_at,
+                    end_s=math.inf if p.expected_end is None else p.expected_end,
+                    node_id=p.node_id,
+                )
+                for p in attempt.placements
+            )
         touched = {work.tenant}
         node_ids = self.state.snapshot.nodes.node_ids
         for eviction in attempt.stmt.evicted:
@@ -259,6 +323,7 @@ class Scheduler:
         preemption: PreemptionOutcome,
         *,
         placed: bool = False,
+        deferral: Deferral | None = None,
     ) -> None:
         shape = job.shape
         work = shape.work
@@ -279,7 +344,10 @@ class Scheduler:
         reservation: Reservation | None = None
         retry_at: float | None = None
         code: PendingCode
-        if placed:
+        if deferral is not None:
+            code, message = "deferred", explain.deferred(deferral, summary)
+            retry_at = deferral.start_at
+        elif placed:
             message = explain.partial(shape, members_fit, summary, quota, preemption)
             code = "partial"
         elif not job.has_candidates:
@@ -315,6 +383,7 @@ class Scheduler:
                 quota=quota,
                 reservation=reservation,
                 retry_at=retry_at,
+                deferral=deferral,
             )
         )
 

@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 from .filters import FilterName
 from .model import KINDS
-from .plan import Reservation
+from .plan import Deferral, Reservation
 from .quota import QuotaState
 from .shape import WorkShape
 
@@ -74,6 +74,20 @@ def window(shape: WorkShape, opens_at: float | None, summary: str) -> str:
     window = getattr(shape.work, "start_window", None)
     when = f" at {utc(opens_at)}" if opens_at is not None else ""
     return f"Deferred: start window {window} (node local time) opens{when}; {summary}."
+
+
+def utc_minutes(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def deferred(deferral: Deferral, summary: str) -> str:
+    """E.g. ``Deferred to 2023-06-02 02:00 UTC for 38% less CO2 (...); latest safe start ...``."""
+    return (
+        f"Deferred to {utc_minutes(deferral.start_at)} for {deferral.saving_fraction:.0%} less "
+        f"{deferral.quantity} ({deferral.expected_then:,.0f} instead of "
+        f"{deferral.expected_now:,.0f} {deferral.unit} now, best window in {deferral.zone}); "
+        f"latest safe start {utc_minutes(deferral.latest_start)}; {summary}."
+    )
 
 
 def quota_reason(state: QuotaState | None, preemption: PreemptionOutcome) -> str:

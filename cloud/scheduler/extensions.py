@@ -6,14 +6,20 @@
   them when lower is better and multiplies by the term's weight.
 * ``LatencyEstimator``: estimated request latency per candidate node; the
   ``latency-slo`` filter rejects nodes above a deployment's SLO.
+* ``StartAdvisor``: temporal shifting. For a training job that may wait (a
+  ``deadline`` or ``max_delay_s``), it may answer "not now, at T" (a ``Deferral``);
+  the core then keeps the job pending with code ``deferred``. The core enforces
+  the safety rule itself: a deferral that would start after the latest start
+  still meeting the deadline (or the maximum delay) on every candidate is ignored.
 
-Both see only the immutable snapshot and the work, never the tentative state:
-their values stay valid for the whole pass and are computed once per job.
+All three see only the immutable snapshot and the work (plus, for the advisor,
+which candidates have room right now), never the tentative state: their values
+stay valid for the whole pass and are computed once per job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -22,8 +28,9 @@ import numpy as np
 
 from shared.messages import AcceleratorKind
 
-from .arrays import FloatArray, IntArray
-from .model import InferenceDeployment, Work
+from .arrays import BoolArray, FloatArray, IntArray
+from .model import InferenceDeployment, TrainingJob, Work
+from .plan import Deferral
 from .snapshot import Snapshot
 
 
@@ -65,24 +72,78 @@ class LatencyEstimator(Protocol):
     ) -> FloatArray: ...
 
 
-def normalise(values: TermValues) -> FloatArray:
-    """Map raw values to 0..1 where 1 is best. Equal values carry no preference (all 1)."""
+@dataclass(frozen=True, slots=True)
+class StartCandidates:
+    """One accepted kind's candidates for a training job, and where a member fits now.
+
+    ``fits_now`` is per candidate: the node has the free accelerators (and host
+    memory) for one member at this point of the pass.
+    """
+
+    candidates: Candidates
+    fits_now: BoolArray
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """Capacity an earlier decision of the same pass has taken or promised: a
+    placement on a node (from now), or a deferral to a zone (from its target start,
+    ``node_id`` None, ``member_accelerators`` per gang worker)."""
+
+    zone: str
+    accelerator_kind: AcceleratorKind
+    accelerators: int
+    start_s: float
+    end_s: float  # inf: long-running
+    node_id: str | None = None
+    member_accelerators: int = 0
+
+
+class StartAdvisor(Protocol):
+    """Temporal shifting: None starts the job now (where scoring puts it), a
+    ``Deferral`` keeps it pending until ``Deferral.start_at``. ``booked`` lists what
+    this pass has placed or deferred so far, in decision order."""
+
+    def advise(
+        self,
+        snapshot: Snapshot,
+        job: TrainingJob,
+        options: Sequence[StartCandidates],
+        booked: Sequence[Booking],
+    ) -> Deferral | None: ...
+
+
+def normalise(values: TermValues, size: int | None = None) -> FloatArray:
+    """Map raw values to 0..1 where 1 is best.
+
+    * ``size``: the number of candidates; a term returning another number of raw
+      values is a bug and raises ``ValueError`` naming the term.
+    * Equal values carry no preference: all 1, whichever direction is better.
+    * NaN (an unknown value) is the worst score, 0, whichever direction is better:
+      missing data must never make a node look good.
+    """
     raw = np.asarray(values.raw, dtype=np.float64)
+    if raw.ndim != 1 or (size is not None and raw.size != size):
+        count = raw.size if raw.ndim == 1 else f"an array of shape {raw.shape} of"
+        raise ValueError(
+            f"score term {values.name!r} returned {count} raw values for {size} candidates"
+        )
     if raw.size == 0:
         return raw
+    unknown = np.isnan(raw)
     if values.bounds is not None:
         low, high = values.bounds
     else:
         finite = raw[np.isfinite(raw)]
         if finite.size == 0:
-            return np.ones_like(raw)
+            return np.where(unknown, 0.0, 1.0)
         low, high = float(finite.min()), float(finite.max())
     if high <= low:
-        scaled = np.ones_like(raw)
+        score = np.ones_like(raw)
     else:
         scaled = np.clip((raw - low) / (high - low), 0.0, 1.0)
-        scaled = np.where(np.isnan(scaled), 0.0, scaled)
-    result: FloatArray = scaled if values.higher_is_better else 1.0 - scaled
+        score = scaled if values.higher_is_better else 1.0 - scaled
+    result: FloatArray = np.where(unknown, 0.0, score)
     return result
 
 

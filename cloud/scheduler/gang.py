@@ -88,7 +88,7 @@ class JobContext:
                     work,
                     Candidates(cand.nodes, KINDS[cand.k], shape.accelerators, runtime),
                 )
-                normalised = normalise(raw)
+                normalised = normalise(raw, cand.nodes.size)
                 values.append(normalised)
                 base = base + weight * normalised
                 base_max = float(base.max())

@@ -6,6 +6,7 @@ side of the world lives in ``snapshot.py``.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,8 +28,33 @@ KIND_INDEX: Final[Mapping[AcceleratorKind, int]] = MappingProxyType(
 )
 
 
+# Names a job's ``score_weights`` may use: the built-in terms, the green terms
+# (cloud.green) and, for other extension terms, any name starting with "x-".
+BUILTIN_TERM_NAMES: Final = ("packing", "load", "speed", "preference", "spread")
+GREEN_TERM_NAMES: Final = ("carbon", "price", "latency")
+KNOWN_TERM_NAMES: Final = BUILTIN_TERM_NAMES + GREEN_TERM_NAMES
+EXTENSION_TERM_PREFIX: Final = "x-"
+
+
 def _frozen_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
+
+
+def _checked_weights(work_id: str, weights: Mapping[str, float]) -> Mapping[str, float]:
+    """Per-job weight overrides, checked when the job is built so that a bad one is
+    rejected with the job instead of ending a scheduling pass."""
+    for name, weight in weights.items():
+        if name not in KNOWN_TERM_NAMES and not name.startswith(EXTENSION_TERM_PREFIX):
+            known = ", ".join(KNOWN_TERM_NAMES)
+            raise ValueError(
+                f"{work_id}: score_weights names unknown term {name!r} (known: {known}; "
+                f"other extension terms are named {EXTENSION_TERM_PREFIX}...)"
+            )
+        if not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0:
+            raise ValueError(
+                f"{work_id}: score weight {name} must be a finite number >= 0, got {weight!r}"
+            )
+    return MappingProxyType({name: float(weight) for name, weight in weights.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +158,8 @@ class TrainingJob:
     preemptible: bool = True
     start_window: StartWindow | None = None
     deadline: float | None = None  # UTC epoch seconds by which the job must finish
+    # The job may start up to this long after submission (temporal shifting may use it).
+    max_delay_s: float | None = None
     sites: tuple[Site, ...] = ("cloud",)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity: tuple[LabelRequirement, ...] = ()
@@ -148,8 +176,27 @@ class TrainingJob:
             raise ValueError(f"{self.work_id}: duration_s must be positive")
         if min(self.memory_bytes, self.host_memory_bytes) < 0:
             raise ValueError(f"{self.work_id}: memory must not be negative")
+        if self.max_delay_s is not None and not self.max_delay_s >= 0:
+            raise ValueError(f"{self.work_id}: max_delay_s must be >= 0")
         object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
-        object.__setattr__(self, "score_weights", MappingProxyType(dict(self.score_weights)))
+        object.__setattr__(
+            self, "score_weights", _checked_weights(self.work_id, self.score_weights)
+        )
+
+    @property
+    def flexible(self) -> bool:
+        """It may wait for a better start: it has a deadline or a maximum delay."""
+        return self.deadline is not None or self.max_delay_s is not None
+
+    def latest_start(self, runtime_s: float) -> float:
+        """The latest start that still finishes by the deadline after ``runtime_s`` and
+        keeps within the maximum delay (inf when neither is set)."""
+        latest = math.inf
+        if self.deadline is not None:
+            latest = self.deadline - runtime_s
+        if self.max_delay_s is not None:
+            latest = min(latest, self.submitted_at + self.max_delay_s)
+        return latest
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +222,11 @@ class InferenceDeployment:
     accelerator_models: tuple[str, ...] = ()
     latency_slo_ms: float | None = None
     traffic_by_region: Mapping[str, float] = field(default_factory=dict)
+    # Expected peak request rate over all replicas, and the compute time of one request
+    # on the reference accelerator (relative speed 1.0). Used by energy estimates and
+    # load-aware latency estimators (cloud.green); 0 / None: unknown.
+    requests_per_s: float = 0.0
+    reference_ms_per_request: float | None = None
     max_replicas_per_node: int = 1
     preemptible: bool = True
     sites: tuple[Site, ...] = ("edge",)
@@ -197,11 +249,17 @@ class InferenceDeployment:
             raise ValueError(f"{self.work_id}: max_replicas_per_node must be >= 1")
         if any(weight < 0 for weight in self.traffic_by_region.values()):
             raise ValueError(f"{self.work_id}: traffic must not be negative")
+        if not self.requests_per_s >= 0:
+            raise ValueError(f"{self.work_id}: requests_per_s must be >= 0")
+        if self.reference_ms_per_request is not None and not self.reference_ms_per_request > 0:
+            raise ValueError(f"{self.work_id}: reference_ms_per_request must be > 0")
         object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
         object.__setattr__(
             self, "traffic_by_region", MappingProxyType(dict(self.traffic_by_region))
         )
-        object.__setattr__(self, "score_weights", MappingProxyType(dict(self.score_weights)))
+        object.__setattr__(
+            self, "score_weights", _checked_weights(self.work_id, self.score_weights)
+        )
 
 
 Work = TrainingJob | InferenceDeployment

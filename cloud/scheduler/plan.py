@@ -16,7 +16,9 @@ from shared.messages import AcceleratorKind
 from .model import Allocation, PriorityClass, WorkKind
 from .quota import QuotaState
 
-PendingCode = Literal["unschedulable", "window", "quota", "capacity", "reserved", "partial"]
+PendingCode = Literal[
+    "unschedulable", "window", "deferred", "quota", "capacity", "reserved", "partial"
+]
 PreemptionReason = Literal["priority", "reclaim", "quota"]
 
 
@@ -136,6 +138,33 @@ class Reservation:
     host_memory_bytes: tuple[int, ...] = ()  # per node in ``nodes`` (empty: none needed)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deferral:
+    """A flexible training job held back for a cleaner (or cheaper) window.
+
+    ``expected_now`` and ``expected_then`` are what the advisor minimises (gCO2eq
+    for carbon shifting) for the best start now and at ``start_at``.
+    """
+
+    start_at: float  # target start, UTC epoch seconds
+    latest_start: float  # from then on the job starts regardless (latest safe start)
+    zone: str  # grid zone of the best window
+    saving_fraction: float  # 1 - expected_then / expected_now
+    expected_now: float
+    expected_then: float
+    quantity: str = "CO2"  # what is saved, as worded in explanations
+    unit: str = "gCO2eq"
+    # What the deferral will take when it starts, so that later decisions of the same
+    # pass see the capacity as booked: accelerators in all, for runtime_s.
+    accelerator_kind: AcceleratorKind = "gpu"
+    accelerators: int = 0
+    runtime_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.latest_start < self.start_at:
+            raise ValueError("a deferral must not target a start after its latest safe start")
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
     work_id: str
@@ -150,7 +179,8 @@ class Pending:
     members_placed: int  # > 0 only for a partially placed deployment
     quota: QuotaState | None = None
     reservation: Reservation | None = None
-    retry_at: float | None = None  # when something is known to change (window opening)
+    retry_at: float | None = None  # when something is known to change (window, deferral)
+    deferral: Deferral | None = None  # code "deferred": the target start and why
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +194,9 @@ class Plan:
 
     @property
     def deferrals(self) -> tuple[Pending, ...]:
-        """Work held back until its start window opens."""
-        return tuple(p for p in self.pending if p.code == "window")
+        """Work held back until its start window opens or, by temporal shifting, until
+        a cleaner window (``retry_at`` is when to look again in both cases)."""
+        return tuple(p for p in self.pending if p.code in ("window", "deferred"))
 
     def placements_for(self, work_id: str) -> tuple[Placement, ...]:
         return tuple(p for p in self.placements if p.work_id == work_id)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final
+from typing import Final, Literal
 
-from .extensions import LatencyEstimator, ScoreTerm
-from .model import Work
+from .extensions import LatencyEstimator, ScoreTerm, StartAdvisor
+from .model import BUILTIN_TERM_NAMES, Work
 
-BUILTIN_TERMS: Final = ("packing", "load", "speed", "preference", "spread")
+BUILTIN_TERMS: Final = BUILTIN_TERM_NAMES
+QueueDiscipline = Literal["fair", "fifo"]
 
 DEFAULT_WEIGHTS: Final[Mapping[str, float]] = MappingProxyType(
     {"packing": 1.0, "load": 0.5, "speed": 0.5, "preference": 1.0, "spread": 1.0}
@@ -28,6 +29,11 @@ class Policy:
     load_threshold: float = 0.6  # the load term is 1 below this utilisation, then falls to 0
     score_terms: tuple[ScoreTerm, ...] = ()
     latency_estimator: LatencyEstimator | None = None
+    # Temporal shifting of flexible training jobs (deadline or max_delay_s); None: off.
+    start_advisor: StartAdvisor | None = None
+    # "fair": priority, then DRF share, then submission; "fifo": priority, then
+    # submission only (the carbon-agnostic first-come-first-served baseline).
+    queue_order: QueueDiscipline = "fair"
     runners_up: int = 3  # alternatives recorded with each placement
     preemption: bool = True
     backfill: bool = True
@@ -35,12 +41,19 @@ class Policy:
     # Jobs pending longer than this go first within their priority class, oldest first,
     # so that no tenant's work waits forever behind lower-share tenants (None: off).
     starvation_guard_s: float | None = 3600.0
+    # Flexible training that must start within this long to meet its deadline (or
+    # maximum delay) goes first in its class, most urgent first (None: off).
+    deadline_guard_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.load_threshold < 1.0:
             raise ValueError("load_threshold must be within [0, 1)")
-        if any(w < 0 for w in self.weights.values()):
-            raise ValueError("score weights must not be negative")
+        if any(not w >= 0 or w == float("inf") for w in self.weights.values()):
+            raise ValueError("score weights must be finite and not negative")
+        if self.deadline_guard_s is not None and not self.deadline_guard_s >= 0:
+            raise ValueError("deadline_guard_s must be >= 0")
+        if self.queue_order not in ("fair", "fifo"):
+            raise ValueError(f"queue_order must be fair or fifo, not {self.queue_order!r}")
         if self.runners_up < 0 or self.max_reservations < 0:
             raise ValueError("runners_up and max_reservations must not be negative")
         names = [term.name for term in self.score_terms]
@@ -60,9 +73,7 @@ class Policy:
         """The job's override if it has one, else the policy's weight (0 if unnamed)."""
         override = work.score_weights.get(name)
         if override is not None:
-            if override < 0:
-                raise ValueError(f"{work.work_id}: score weight {name} must not be negative")
-            return float(override)
+            return override  # checked (finite, >= 0) when the job was built
         return float(self.weights.get(name, 0.0))
 
 

@@ -8,6 +8,15 @@ that just got capacity yields to the others.
 
 Starvation guard (policy): work pending longer than ``starvation_guard_s`` goes
 before all non-aged work of its class, oldest first.
+
+``fair=False`` (``Policy.queue_order="fifo"``) drops the DRF share: within a
+priority class, work goes strictly in submission order.
+
+Deadline guard (policy, off by default): a training job that must start within
+``deadline_guard_s`` to meet its deadline on the slowest accelerator of its kind
+(or to keep within its ``max_delay_s``) goes before everything else in its class,
+most urgent first; temporal shifting holds such jobs back until close to that
+point, so when it comes they must not queue behind others.
 """
 
 from __future__ import annotations
@@ -16,11 +25,15 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from .model import KINDS, PRIORITY_RANK, Work
+from .model import KIND_INDEX, KINDS, PRIORITY_RANK, TrainingJob, Work
 from .quota import QuotaBook
 from .state import ClusterState
 
 _Entry = tuple[int, int, float, float, str, str, int]
+
+
+def _by_submission(work: Work) -> tuple[float, str]:
+    return (work.submitted_at, work.work_id)
 
 
 class QueueOrder:
@@ -30,8 +43,17 @@ class QueueOrder:
         state: ClusterState,
         quota: QuotaBook,
         starvation_guard_s: float | None,
+        *,
+        fair: bool = True,
+        deadline_guard_s: float | None = None,
     ) -> None:
         self._state = state
+        self._fair = fair
+        self._urgent_before = state.now + deadline_guard_s if deadline_guard_s is not None else None
+        self._slowest = [
+            float(kind.relative_speed[kind.capacity > 0].min()) if kind.capacity.any() else 1.0
+            for kind in state.snapshot.nodes.kinds
+        ]
         self._quota = quota
         self._capacity = [max(int(kind.capacity.sum()), 1) for kind in state.snapshot.nodes.kinds]
         aged_before = (
@@ -41,10 +63,8 @@ class QueueOrder:
         lanes: dict[tuple[int, str], list[Work]] = {}
         for work in works:
             lanes.setdefault((PRIORITY_RANK[work.priority], work.tenant), []).append(work)
-        self._lanes = {
-            key: deque(sorted(lane, key=lambda w: (w.submitted_at, w.work_id)))
-            for key, lane in sorted(lanes.items())
-        }
+        order = self._lane_key if self._urgent_before is not None else _by_submission
+        self._lanes = {key: deque(sorted(lane, key=order)) for key, lane in sorted(lanes.items())}
         self._version = dict.fromkeys(self._lanes, 0)
         self._heap: list[_Entry] = []
         # Lanes whose heap entry is out of date; re-pushed (once) before the next pop.
@@ -79,7 +99,12 @@ class QueueOrder:
             head = lane[0]
             rank, tenant = key
             version = self._version[key]
-            if head.submitted_at <= self._aged_before:
+            urgent = self._latest_start(head) if self._urgent_before is not None else None
+            if urgent is not None:
+                entry = (rank, -1, urgent, head.submitted_at, head.work_id, tenant, version)
+            elif not self._fair:
+                entry = (rank, 1, 0.0, head.submitted_at, head.work_id, tenant, version)
+            elif head.submitted_at <= self._aged_before:
                 entry = (rank, 0, 0.0, head.submitted_at, head.work_id, tenant, version)
             else:
                 share = shares.get(tenant)
@@ -88,6 +113,21 @@ class QueueOrder:
                 entry = (rank, 1, share, head.submitted_at, head.work_id, tenant, version)
             heapq.heappush(self._heap, entry)
         self._dirty.clear()
+
+    def _lane_key(self, work: Work) -> tuple[int, float, float, str]:
+        """With the deadline guard: urgent jobs first, most urgent first, then FIFO."""
+        latest = self._latest_start(work)
+        if latest is not None:
+            return (0, latest, work.submitted_at, work.work_id)
+        return (1, 0.0, work.submitted_at, work.work_id)
+
+    def _latest_start(self, work: Work) -> float | None:
+        """The job's latest safe start if the deadline guard makes it urgent, else None."""
+        if self._urgent_before is None or not isinstance(work, TrainingJob) or not work.flexible:
+            return None
+        slowest = self._slowest[KIND_INDEX[work.accelerator_kind]]
+        latest = work.latest_start(work.duration_s / slowest)
+        return latest if latest <= self._urgent_before else None
 
     def pop(self) -> Work | None:
         if self._dirty:

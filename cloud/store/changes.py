@@ -34,7 +34,7 @@ from cloud.store.records import (
     WorkRecord,
 )
 from cloud.store.rows import check_json_object, encode_json, work_from_row
-from cloud.store.schema import allocations, events, work
+from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, events, work
 from cloud.store.sql import StoreContext, append_events, bump_generations, chunks
 from cloud.store.states import PLACED_STATES, WorkState, is_legal, requeue
 
@@ -136,6 +136,7 @@ class Changes:
     placements: Sequence[Placement] = ()
     pending_reasons: Mapping[str, str] = field(default_factory=dict)
     events: Sequence[NewEvent] = ()
+    explanations: Mapping[str, bytes] = field(default_factory=dict)
     tenant_id: str | None = None  # set: work of other tenants is "not found"
     source_event_id: str | None = None  # an agent event: applied at most once
 
@@ -145,7 +146,12 @@ async def _lock_work(
 ) -> dict[str, WorkRecord]:
     found: dict[str, WorkRecord] = {}
     for batch in chunks(sorted(work_ids)):
-        query = select(work).where(work.c.id.in_(batch)).order_by(work.c.id).with_for_update()
+        query = (
+            select(*WORK_RECORD_COLUMNS)
+            .where(work.c.id.in_(batch))
+            .order_by(work.c.id)
+            .with_for_update()
+        )
         for row in await connection.execute(query):
             record = work_from_row(row)
             if tenant_id is None or record.tenant_id == tenant_id:
@@ -276,6 +282,7 @@ async def apply_changes(
             ],
         )
     await _store_pending_reasons(connection, changes.pending_reasons, set(drafts))
+    await _store_explanations(connection, changes.explanations, now)
     generations = await bump_generations(connection, context, touched_nodes)
 
     event_rows: list[dict[str, Any]] = []
@@ -309,5 +316,24 @@ async def _store_pending_reasons(
             work.c.state_reason.is_distinct_from(bindparam("b_reason")),
         )
         .values(state_reason=bindparam("b_reason")),
+        params,
+    )
+
+
+async def _store_explanations(
+    connection: AsyncConnection, explanations: Mapping[str, bytes], now: float
+) -> None:
+    """Replace each work's explanation; work that no longer exists is skipped silently
+    (an explanation is advice, never a reason to fail a plan)."""
+    params = []
+    for work_id, document in explanations.items():
+        check_json_object(document, f"explanation of {work_id}")
+        params.append({"b_id": work_id, "b_explanation": document, "b_at": now})
+    if not params:
+        return
+    await connection.execute(
+        update(work)
+        .where(work.c.id == bindparam("b_id"))
+        .values(explanation=bindparam("b_explanation"), explained_at=bindparam("b_at")),
         params,
     )

@@ -90,6 +90,15 @@ class WorkRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkExplanation:
+    """The scheduler's latest explanation of one work item (`Plan.explanations`)."""
+
+    work: WorkRecord
+    explanation: bytes | None  # a JSON object; None: the scheduler has not looked at it yet
+    explained_at: float | None  # UTC epoch seconds
+
+
+@dataclass(frozen=True, slots=True)
 class SubmitResult:
     work: WorkRecord
     created: bool  # False: an earlier submission with the same idempotency key
@@ -211,9 +220,13 @@ class Plan:
     # Why work stays pending ("0/12 nodes: 8 no GPU, 4 over quota"); stored, no event.
     pending_reasons: Mapping[str, str] = field(default_factory=dict)
     events: tuple[NewEvent, ...] = ()
+    # The scheduler's latest explanation per work id (a JSON object: why pending, or the
+    # score breakdown of its placement); replaces the previous one, no event, no version.
+    explanations: Mapping[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pending_reasons", MappingProxyType(dict(self.pending_reasons)))
+        object.__setattr__(self, "explanations", MappingProxyType(dict(self.explanations)))
 
 
 @dataclass(frozen=True, slots=True)

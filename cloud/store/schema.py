@@ -64,9 +64,18 @@ work = Table(
     Column("updated_at", Double, nullable=False),
     Column("idempotency_key", Text, nullable=True),
     Column("version", BigInteger, nullable=False),
+    # The scheduler's latest explanation (JSON object) and when it was made (v0002).
+    Column("explanation", JsonDocument, nullable=True),
+    Column("explained_at", Double, nullable=True),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_work_idempotency_key"),
     Index("ix_work_tenant", "tenant_id", "id"),
     Index("ix_work_state", "state", "priority", "id"),
+)
+
+# What a `WorkRecord` is made of: every column but the explanation, which only the
+# explain route reads (snapshots of thousands of pending jobs should not carry it).
+WORK_RECORD_COLUMNS = tuple(
+    column for column in work.columns if column.name not in ("explanation", "explained_at")
 )
 
 allocations = Table(

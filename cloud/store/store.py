@@ -59,12 +59,19 @@ from cloud.store.records import (
     StoreSnapshot,
     SubmitResult,
     TenantRecord,
+    WorkExplanation,
     WorkKind,
     WorkPage,
     WorkRecord,
 )
-from cloud.store.rows import check_json_object, event_from_row, tenant_from_row
-from cloud.store.schema import allocations, events, node_generations, tenants
+from cloud.store.rows import check_json_object, event_from_row, tenant_from_row, work_from_row
+from cloud.store.schema import (
+    allocations,
+    events,
+    node_generations,
+    tenants,
+    work,
+)
 from cloud.store.sql import StoreContext, append_events
 from cloud.store.states import WorkState
 from cloud.store.tenants import (
@@ -158,6 +165,7 @@ class Store:
             max_attempts=settings.max_attempts,
             clock=clock,
         )
+        self._commit_listeners: list[Callable[[], None]] = []
 
     @property
     def backend(self) -> Backend:
@@ -181,6 +189,23 @@ class Store:
     ) -> None:
         await self.close()
 
+    def add_commit_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener()` after every write transaction this store commits; returns a
+        function that removes it. Listeners must be quick and must not raise: they wake
+        readers of the event log (SSE streams) instead of letting them poll. Commits made
+        by other processes are not seen here: readers still poll, only less often."""
+        self._commit_listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._commit_listeners.remove(listener)
+
+        return remove
+
+    def _committed(self) -> None:
+        for listener in tuple(self._commit_listeners):
+            listener()
+
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
         # SQLite has one writer at a time anyway; queueing this process's writers here
@@ -190,6 +215,7 @@ class Store:
             with self._connection_errors():
                 async with self._writer.begin() as connection:
                     yield connection
+        self._committed()  # reached only when the transaction committed
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
@@ -334,6 +360,17 @@ class Store:
                 cursor=cursor,
             )
 
+    async def work_explanation(self, tenant_id: str, work_id: str) -> WorkExplanation | None:
+        """The tenant's work with the scheduler's latest explanation of it (`Plan.explanations`);
+        None when the tenant has no such work."""
+        query = select(work).where(work.c.id == work_id, work.c.tenant_id == tenant_id)
+        async with self._read() as connection:
+            row = (await connection.execute(query)).first()
+        if row is None:
+            return None
+        explained_at = None if row.explained_at is None else float(row.explained_at)
+        return WorkExplanation(work_from_row(row), row.explanation, explained_at)
+
     async def work_allocations(self, tenant_id: str, work_id: str) -> tuple[AllocationRecord, ...]:
         """Where the tenant's work runs (empty for another tenant's id)."""
         async with self._read() as connection:
@@ -441,11 +478,14 @@ class Store:
             placements=plan.placements,
             pending_reasons=plan.pending_reasons,
             events=plan.events,
+            explanations=plan.explanations,
         )
         self._check_lease_is_ours(lease)
         if isinstance(lease, PostgresLease):
             async with lease.transaction() as connection:
-                return await apply_changes(connection, self._context, changes)
+                result = await apply_changes(connection, self._context, changes)
+            self._committed()
+            return result
         await lease.check()
         async with self._write() as connection:
             return await apply_changes(connection, self._context, changes)

@@ -20,7 +20,7 @@ from cloud.store.records import (
     WorkRecord,
 )
 from cloud.store.rows import allocation_from_row, work_from_row
-from cloud.store.schema import allocations, work
+from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, work
 from cloud.store.sql import StoreContext, append_events, insert_ignoring
 from cloud.store.states import TERMINAL_STATES, WORK_STATES, WorkState
 
@@ -80,7 +80,7 @@ async def insert_work(
         # The only other constraint a valid record can break: the tenant's foreign key.
         raise TenantNotFoundError(tenant_id) from None
     if inserted == 0:
-        query = select(work).where(
+        query = select(*WORK_RECORD_COLUMNS).where(
             work.c.tenant_id == tenant_id, work.c.idempotency_key == idempotency_key
         )
         return SubmitResult(work_from_row((await connection.execute(query)).one()), False)
@@ -91,7 +91,7 @@ async def insert_work(
 async def select_work(
     connection: AsyncConnection, work_id: str, tenant_id: str | None
 ) -> WorkRecord | None:
-    query = select(work).where(work.c.id == work_id)
+    query = select(*WORK_RECORD_COLUMNS).where(work.c.id == work_id)
     if tenant_id is not None:
         query = query.where(work.c.tenant_id == tenant_id)
     row = (await connection.execute(query)).first()
@@ -121,7 +121,12 @@ async def list_work_page(
         conditions.append(work.c.priority.in_(list(priorities)))
     if cursor is not None:
         conditions.append(work.c.id < cursor)
-    query = select(work).where(and_(*conditions)).order_by(work.c.id.desc()).limit(limit + 1)
+    query = (
+        select(*WORK_RECORD_COLUMNS)
+        .where(and_(*conditions))
+        .order_by(work.c.id.desc())
+        .limit(limit + 1)
+    )
     rows = (await connection.execute(query)).all()
     items = tuple(work_from_row(row) for row in rows[:limit])
     return WorkPage(items, items[-1].work_id if len(rows) > limit else None)
@@ -129,7 +134,7 @@ async def list_work_page(
 
 async def select_active_work(connection: AsyncConnection) -> tuple[WorkRecord, ...]:
     active = [state for state in WORK_STATES if state not in TERMINAL_STATES]
-    query = select(work).where(work.c.state.in_(active)).order_by(work.c.id)
+    query = select(*WORK_RECORD_COLUMNS).where(work.c.state.in_(active)).order_by(work.c.id)
     return tuple(work_from_row(row) for row in await connection.execute(query))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
 
 import aiomqtt
 import msgspec
@@ -12,9 +13,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from cloud.app import create_app
+from cloud.jobs.admin import admin_token_path, read_token_file
 from greenfed.broker import EmbeddedBroker
 from shared.messages import HostInfo, NodeStatus, encode
-from shared.settings import CloudSettings, MqttSettings, Settings, parse_mqtt_url
+from shared.settings import CloudSettings, MqttSettings, Settings, StoreSettings, parse_mqtt_url
 from shared.topics import Channel, Topics
 from tests.support.fleet import mqtt_settings, running, simulated_agent
 from tests.support.waiting import eventually_async
@@ -23,16 +25,20 @@ PROBLEM = "application/problem+json"
 Client = TestClient[web.Request, web.Application]
 
 
-def cloud_settings(mqtt: MqttSettings) -> Settings:
+def cloud_settings(mqtt: MqttSettings, data_dir: Path) -> Settings:
     return Settings(
         mqtt=mqtt,
         cloud=CloudSettings(liveness_check_interval_s=0.05, invalid_log_interval_s=0),
+        store=StoreSettings(data_dir=str(data_dir)),
     )
 
 
 @contextlib.asynccontextmanager
 async def api_client(settings: Settings) -> AsyncIterator[Client]:
+    """A client of the app that sends the admin token the app bootstrapped."""
     async with TestClient(TestServer(create_app(settings))) as client:
+        token = read_token_file(admin_token_path(settings.store))
+        client.session.headers["Authorization"] = f"Bearer {token}"
         yield client
 
 
@@ -43,7 +49,7 @@ async def embedded() -> AsyncIterator[EmbeddedBroker]:
 
 
 @pytest.fixture
-async def fleet_api(embedded: EmbeddedBroker) -> AsyncIterator[Client]:
+async def fleet_api(embedded: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Client]:
     """An API whose registry holds three live simulated nodes."""
     mqtt = mqtt_settings(embedded.url, "apitest")
     agents = [
@@ -60,7 +66,10 @@ async def fleet_api(embedded: EmbeddedBroker) -> AsyncIterator[Client]:
             "rpi-1", mqtt, "raspberry-pi-5", zone="US-CAL-CISO", region="us-west2", seed=3
         ),
     ]
-    async with api_client(cloud_settings(mqtt)) as client, contextlib.AsyncExitStack() as stack:
+    async with (
+        api_client(cloud_settings(mqtt, tmp_path)) as client,
+        contextlib.AsyncExitStack() as stack,
+    ):
         for agent in agents:
             await stack.enter_async_context(running(agent))
 
@@ -201,10 +210,12 @@ async def _contains(text: Awaitable[str], fragment: str) -> bool:
     return fragment in await text
 
 
-async def test_not_ready_while_the_broker_is_unreachable() -> None:
+async def test_not_ready_while_the_broker_is_unreachable(tmp_path: Path) -> None:
     from tests.support.brokers import free_port
 
-    settings = cloud_settings(mqtt_settings(f"mqtt://127.0.0.1:{free_port()}", "nobroker"))
+    settings = cloud_settings(
+        mqtt_settings(f"mqtt://127.0.0.1:{free_port()}", "nobroker"), tmp_path
+    )
     async with api_client(settings) as client:
         response = await client.get("/readyz")
         assert (response.status, response.content_type) == (503, PROBLEM)
@@ -212,7 +223,7 @@ async def test_not_ready_while_the_broker_is_unreachable() -> None:
 
 
 async def test_a_node_that_stops_sending_telemetry_goes_offline_then_recovers(
-    embedded: EmbeddedBroker,
+    embedded: EmbeddedBroker, tmp_path: Path
 ) -> None:
     mqtt = mqtt_settings(embedded.url, "stale")
     topics = Topics("stale")
@@ -234,7 +245,7 @@ async def test_a_node_that_stops_sending_telemetry_goes_offline_then_recovers(
     )
     endpoint = parse_mqtt_url(embedded.url)
     async with (
-        api_client(cloud_settings(mqtt)) as client,
+        api_client(cloud_settings(mqtt, tmp_path)) as client,
         aiomqtt.Client(endpoint.host, endpoint.port) as node,
     ):
 

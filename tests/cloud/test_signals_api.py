@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from importlib import resources
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -15,9 +16,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from cloud.api.keys import REGISTRY
 from cloud.app import create_app
+from cloud.jobs.admin import admin_token_path, read_token_file
 from greenfed.broker import EmbeddedBroker
 from shared.messages import HostInfo, NodeStatus
-from shared.settings import Settings
+from shared.settings import Settings, StoreSettings
 from tests.support.fleet import mqtt_settings
 
 Client = TestClient[web.Request, web.Application]
@@ -54,19 +56,26 @@ def status(node_id: str, zone: str) -> NodeStatus:
 
 
 @contextlib.asynccontextmanager
-async def signals_api() -> AsyncIterator[Client]:
+async def signals_api(data_dir: Path) -> AsyncIterator[Client]:
     async with EmbeddedBroker(port=0) as broker:
-        app = create_app(Settings(mqtt=mqtt_settings(broker.url, "signals")))
+        settings = Settings(
+            mqtt=mqtt_settings(broker.url, "signals"), store=StoreSettings(data_dir=str(data_dir))
+        )
+        app = create_app(settings)
         registry = app[REGISTRY]
         registry.apply_status(status("a100-1", "CA-ON"))
         registry.apply_status(status("a100-2", "CA-ON"))
         registry.apply_status(status("v100-1", "DE"))
         async with TestClient(TestServer(app)) as client:
+            token = read_token_file(admin_token_path(settings.store))
+            client.session.headers["Authorization"] = f"Bearer {token}"
             yield client
 
 
-async def test_the_fleets_zones_are_listed_with_current_values_and_the_day_ahead() -> None:
-    async with signals_api() as client:
+async def test_the_fleets_zones_are_listed_with_current_values_and_the_day_ahead(
+    tmp_path: Path,
+) -> None:
+    async with signals_api(tmp_path) as client:
         response = await client.get("/v1/signals")
         assert response.status == 200
         body = await response.json()
@@ -91,8 +100,8 @@ async def test_the_fleets_zones_are_listed_with_current_values_and_the_day_ahead
         assert zone["stale"] is False
 
 
-async def test_one_zone_is_served_hour_by_hour_with_its_forecast() -> None:
-    async with signals_api() as client:
+async def test_one_zone_is_served_hour_by_hour_with_its_forecast(tmp_path: Path) -> None:
+    async with signals_api(tmp_path) as client:
         response = await client.get("/v1/signals/ZA")
         assert response.status == 200
         body = await response.json()

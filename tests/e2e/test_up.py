@@ -21,9 +21,18 @@ from tests.support.waiting import eventually_async
 pytestmark = pytest.mark.e2e
 
 
-async def _all_online(api: str, expected: int) -> bool:
+def _admin_token(data_dir: Path) -> str | None:
+    """The token `greenfed up` wrote when it created the admin tenant of `data_dir`."""
+    path = data_dir / "admin-token"
+    return path.read_text().strip() if path.exists() else None
+
+
+async def _all_online(api: str, expected: int, data_dir: Path) -> bool:
+    token = _admin_token(data_dir)
+    if token is None:
+        return False
     try:
-        body = await get_json(f"{api}/v1/nodes?state=online")
+        body = await get_json(f"{api}/v1/nodes?state=online", token)
     except OSError:
         return False
     assert isinstance(body, dict)
@@ -83,7 +92,8 @@ async def test_up_brings_forty_heterogeneous_nodes_online_and_stops_within_five_
 ) -> None:
     api_port = free_port()
     api = f"http://127.0.0.1:{api_port}"
-    env = greenfed_env(GREENFED_MQTT__TOPIC_ROOT=topic_root)
+    data_dir = tmp_path / "data"
+    env = greenfed_env(GREENFED_MQTT__TOPIC_ROOT=topic_root, GREENFED_STORE__DATA_DIR=str(data_dir))
     # The acceptance run: 40 nodes online within 15 s.
     args = [
         "up",
@@ -98,9 +108,15 @@ async def test_up_brings_forty_heterogeneous_nodes_online_and_stops_within_five_
     ]
     async with GreenfedProcess(args, tmp_path, env) as up:
         await eventually_async(
-            lambda: _all_online(api, 40), timeout_s=15, message=lambda: up.stderr[-2000:]
+            lambda: _all_online(api, 40, data_dir),
+            timeout_s=15,
+            message=lambda: up.stderr[-2000:],
         )
-        body = await get_json(f"{api}/v1/nodes")
+        token = _admin_token(data_dir)
+        assert token is not None
+        assert f"admin token: {data_dir / 'admin-token'}" in up.stdout
+        assert token in up.stdout
+        body = await get_json(f"{api}/v1/nodes", token)
         assert isinstance(body, dict)
         nodes = body["items"]
         assert Counter(n["site"] for n in nodes).keys() == {"cloud", "edge"}
@@ -108,18 +124,21 @@ async def test_up_brings_forty_heterogeneous_nodes_online_and_stops_within_five_
         assert kinds == {"gpu", "npu", "cpu"}
         assert {n["zone"] for n in nodes} == {"CA-ON", "US-CAL-CISO", "DE", "ZA"}
         # Live telemetry validates against the schema the API publishes.
-        catalog = await get_json(f"{api}/v1/schemas")
+        catalog = await get_json(f"{api}/v1/schemas")  # public
         assert isinstance(catalog, dict)
         validator = jsonschema.Draft202012Validator(catalog["telemetry"]["schema"])
         payloads = await _subscribe_telemetry(broker.url, topic_root, count=10)
         assert len(payloads) == 10
         for payload in payloads:
             validator.validate(payload)
-        # The fleet table and its JSON form, from a second process.
-        code, table, stderr = await run_greenfed(["nodes", "--api", api])
+        # The fleet table and its JSON form, from a second process (the admin token found
+        # in the same data directory).
+        code, table, stderr = await run_greenfed(["nodes", "--api", api], env=env)
         assert code == 0, stderr
         assert "40/40 online" in table
-        code, listing, _ = await run_greenfed(["nodes", "--api", api, "--json", "--kind", "npu"])
+        code, listing, _ = await run_greenfed(
+            ["nodes", "--api", api, "--json", "--kind", "npu"], env=env
+        )
         assert code == 0
         assert {n["node_id"] for n in json.loads(listing)["items"]} == {
             n["node_id"] for n in nodes if any(a["kind"] == "npu" for a in n["accelerators"])
@@ -141,11 +160,14 @@ async def test_after_sigkill_every_retained_status_turns_offline(
     mqtt_url, topic_root = mosquitto_root
     api_port = free_port()
     api = f"http://127.0.0.1:{api_port}"
-    env = greenfed_env(GREENFED_MQTT__TOPIC_ROOT=topic_root)
+    data_dir = tmp_path / "data"
+    env = greenfed_env(GREENFED_MQTT__TOPIC_ROOT=topic_root, GREENFED_STORE__DATA_DIR=str(data_dir))
     args = ["up", "--sim", "10", "--mqtt-url", mqtt_url, "--api-port", str(api_port)]
     async with GreenfedProcess(args, tmp_path, env) as up:
         await eventually_async(
-            lambda: _all_online(api, 10), timeout_s=30, message=lambda: up.stderr[-2000:]
+            lambda: _all_online(api, 10, data_dir),
+            timeout_s=30,
+            message=lambda: up.stderr[-2000:],
         )
         code, _ = await up.stop(signal.SIGKILL)
         assert code == -signal.SIGKILL
@@ -169,9 +191,14 @@ async def test_up_with_its_embedded_broker_serves_third_party_subscribers(tmp_pa
         "--telemetry-interval",
         "0.2",
     ]
-    async with GreenfedProcess(args, tmp_path) as up:
+    data_dir = tmp_path / "data"
+    async with GreenfedProcess(
+        args, tmp_path, greenfed_env(GREENFED_STORE__DATA_DIR=str(data_dir))
+    ) as up:
         await eventually_async(
-            lambda: _all_online(api, 6), timeout_s=30, message=lambda: up.stderr[-2000:]
+            lambda: _all_online(api, 6, data_dir),
+            timeout_s=30,
+            message=lambda: up.stderr[-2000:],
         )
         assert f"embedded MQTT broker mqtt://127.0.0.1:{broker_port}" in up.stdout
         async with aiomqtt.Client("127.0.0.1", broker_port) as subscriber, asyncio.timeout(10):

@@ -88,7 +88,8 @@ async def run_greenfed(
     return process.returncode, stdout.decode(), stderr.decode()
 
 
-async def get_json(url: str) -> object:
-    async with aiohttp.ClientSession() as http, http.get(url) as response:
+async def get_json(url: str, token: str | None = None) -> object:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(headers=headers) as http, http.get(url) as response:
         response.raise_for_status()
         return await response.json()

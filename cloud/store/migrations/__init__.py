@@ -13,7 +13,7 @@ from typing import Final
 
 from sqlalchemy.engine import Connection
 
-from cloud.store.migrations import v0001_initial
+from cloud.store.migrations import v0001_initial, v0002_explanations
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,10 @@ class Migration:
     upgrade: Callable[[Connection], None]  # runs inside the migration's transaction
 
 
-MIGRATIONS: Final[tuple[Migration, ...]] = (Migration(1, "initial", v0001_initial.upgrade),)
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(1, "initial", v0001_initial.upgrade),
+    Migration(2, "explanations", v0002_explanations.upgrade),
+)
 
 
 def check_order(migrations: tuple[Migration, ...]) -> None:

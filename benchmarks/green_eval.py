@@ -1,0 +1,127 @@
+"""Reproduce the green-scheduling evaluation tables (benchmarks/RESULTS.md, docs/green.md).
+
+    python benchmarks/green_eval.py                 # everything, about 10 min on 2 cores
+    python benchmarks/green_eval.py --only default  # one table
+    python benchmarks/green_eval.py --jobs 2 --json results.json
+
+Every row is one ``greenfed eval`` simulation; the equivalent command is printed
+above each table. Tables:
+
+* ``default``: the default scenario, 14 days from 2023-06-01, all policies;
+* ``split``: how green's saving splits between spatial and temporal shifting;
+* ``periods``: four other two-week periods of 2023;
+* ``load``: the default period at a lighter and a heavier training load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cloud.eval.metrics import PolicyResult
+from cloud.eval.runner import EvalOptions, run_eval
+
+ALL_POLICIES = ("fifo-binpack", "spread", "green", "balanced", "cost", "latency")
+SPLIT = ("fifo-binpack", "green-spatial", "green-temporal", "green")
+PERIOD_POLICIES = ("fifo-binpack", "spread", "green", "balanced", "green-spatial", "green-temporal")
+PERIODS = (date(2023, 1, 9), date(2023, 4, 10), date(2023, 7, 10), date(2023, 10, 9))
+LOADS = (0.3, 0.5, 0.7)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    table: str
+    label: str
+    start: date
+    policies: tuple[str, ...]
+    load: float = 0.5
+
+    @property
+    def command(self) -> str:
+        load = f" --load {self.load:g}" if self.load != 0.5 else ""
+        return (
+            f"greenfed eval --days 14 --start {self.start.isoformat()} "
+            f"--policies {','.join(self.policies)}{load}"
+        )
+
+
+def plan(only: str | None) -> list[Run]:
+    runs = [
+        Run("default", "2023-06-01", date(2023, 6, 1), ALL_POLICIES),
+        Run("split", "2023-06-01", date(2023, 6, 1), SPLIT),
+        *(Run("periods", start.isoformat(), start, PERIOD_POLICIES) for start in PERIODS),
+        *(
+            Run("load", f"load {load:g}", date(2023, 6, 1), ("fifo-binpack", "green"), load)
+            for load in LOADS
+        ),
+    ]
+    return [run for run in runs if only is None or run.table == only]
+
+
+def execute(run: Run) -> list[PolicyResult]:
+    options = EvalOptions(start=run.start, days=14, policies=run.policies, target_load=run.load)
+    return run_eval(options).results
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
+
+
+def markdown(run: Run, results: Sequence[PolicyResult]) -> str:
+    baseline = next((r for r in results if r.policy == "fifo-binpack"), results[0])
+    lines = [
+        f"`{run.command}`",
+        "",
+        "| policy | kWh | tCO2eq | CO2 vs fifo-binpack | cost (USD) | wait mean | "
+        "queue wait mean | wait p95 | deadline misses | SLO violations | GPU util | "
+        "deferred | run time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        change = (r.gco2 - baseline.gco2) / baseline.gco2 if baseline.gco2 else 0.0
+        lines.append(
+            f"| {r.policy} | {r.kwh:,.0f} | {r.gco2 / 1e6:.3f} | {change:+.1%} | {r.cost:,.0f} | "
+            f"{_duration(r.wait_mean_s)} | {_duration(r.queue_wait_mean_s)} | "
+            f"{_duration(r.wait_p95_s)} | {r.deadline_misses} | {r.slo_violations} | "
+            f"{r.utilisation:.1%} | {r.deferred_jobs} | {r.runtime_s:.0f} s |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", choices=["default", "split", "periods", "load"])
+    parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel")
+    parser.add_argument("--json", type=Path, help="write every result here as JSON")
+    args = parser.parse_args(argv)
+    runs = plan(args.only)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        outcomes = list(pool.map(execute, runs))
+    table = None
+    collected: list[dict[str, object]] = []
+    for run, results in zip(runs, outcomes, strict=True):
+        if run.table != table:
+            table = run.table
+            print(f"\n## {table}\n")
+        print(f"### {run.label}\n")
+        print(markdown(run, results))
+        print()
+        collected.extend(
+            {"table": run.table, "label": run.label, "command": run.command, **r.as_json()}
+            for r in results
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(collected, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

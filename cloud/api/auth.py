@@ -1,0 +1,74 @@
+"""Bearer tokens to tenants: every route is for a valid token unless declared public.
+
+`Authorization: Bearer gf_<id>_<secret>` is checked by `Store.authenticate` (hashed
+tokens, a short cache). A missing or unknown token is a 401 with `WWW-Authenticate:
+Bearer`; an admin-only route asked by another tenant is a 403. The tenant is then
+available to handlers as `request[TENANT]`, and every handler scopes what it reads
+and writes to it.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from cloud.api.keys import STORE, TENANT
+from cloud.api.problems import Problem
+from cloud.api.routes import ROUTE_ACCESS, Handler
+from cloud.store import StoreUnavailableError, TenantRecord
+
+_REALM = 'Bearer realm="greenfed"'
+
+
+def bearer_token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    match_info = request.match_info
+    if match_info.http_exception is not None:
+        return await handler(request)  # unknown route or method: its own 404/405
+    access = request.app[ROUTE_ACCESS].get(match_info.handler, "tenant")
+    if access == "public":
+        return await handler(request)
+    token = bearer_token(request)
+    if token is None:
+        raise Problem(
+            401,
+            "unauthenticated",
+            "Authentication required",
+            "send the header Authorization: Bearer <token>",
+            headers={"WWW-Authenticate": _REALM},
+        )
+    tenant = await request.app[STORE].authenticate(token)
+    if tenant is None:
+        raise Problem(
+            401,
+            "invalid-token",
+            "Invalid token",
+            "the bearer token is unknown, malformed or was rotated",
+            headers={"WWW-Authenticate": f'{_REALM}, error="invalid_token"'},
+        )
+    if access == "admin" and not tenant.admin:
+        raise Problem(403, "admin-only", "Forbidden", "this operation needs an admin token")
+    request[TENANT] = tenant
+    return await handler(request)
+
+
+@web.middleware
+async def store_errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A database that is briefly unreachable is a 503 to retry, not a 500."""
+    try:
+        return await handler(request)
+    except StoreUnavailableError as error:
+        raise Problem(
+            503, "store-unavailable", "Store unavailable", str(error), headers={"Retry-After": "1"}
+        ) from None
+
+
+def tenant_of(request: web.Request) -> TenantRecord:
+    return request[TENANT]

@@ -1,0 +1,147 @@
+"""`GET /v1/events`: the caller's tenant's events as server-sent events, resumable.
+
+Each event's SSE `id` is its sequence number in the store's event log; a client that
+reconnects with `Last-Event-ID: <id>` (browsers' EventSource does so by itself), or
+`?after=<id>`, receives everything after it, in order, without loss or duplicates.
+Without either, the stream starts with the next event. Comments (`: keep-alive`) are
+sent every `heartbeat_s` so that idle connections survive proxies.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.auth import tenant_of
+from cloud.api.keys import EVENT_HUB, STORE, STREAMS, TUNING
+from cloud.api.problems import InvalidParam, Problem
+from cloud.api.query import parse_query
+from cloud.api.routes import Reply, Route
+from cloud.api.work_views import EventView, utc
+from cloud.store import EventRecord, Store
+
+_ENCODER: Final = msgspec.json.Encoder()
+RETRY_MS: Final = 2000
+
+
+class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    after: (
+        Annotated[
+            int,
+            msgspec.Meta(ge=0, description="Resume after this event id (like Last-Event-ID)."),
+        ]
+        | None
+    ) = None
+
+
+def sse_message(event: EventRecord) -> bytes:
+    data = _ENCODER.encode(
+        EventView(
+            seq=event.seq,
+            kind=event.kind,
+            work_id=event.work_id,
+            at=utc(event.at),
+            payload=msgspec.Raw(event.payload),
+        )
+    )
+    lines = [f"id: {event.seq}".encode(), f"event: {event.kind}".encode()]
+    # A stored payload might be pretty-printed: every line of it is a `data:` line.
+    lines.extend(b"data: " + line for line in data.split(b"\n"))
+    return b"\n".join(lines) + b"\n\n"
+
+
+def _last_event_id(request: web.Request, query: EventsQuery) -> int | None:
+    header = request.headers.get("Last-Event-ID")
+    if header is None or not header.strip():
+        return query.after
+    try:
+        value = int(header.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise Problem(
+            400,
+            "invalid-header",
+            "Invalid Last-Event-ID",
+            "Last-Event-ID must be the id of an event received earlier (an integer >= 0)",
+            (InvalidParam("Last-Event-ID", "an integer >= 0"),),
+        )
+    return value
+
+
+async def _catch_up(
+    store: Store, tenant_id: str, after: int, page_size: int, response: web.StreamResponse
+) -> int:
+    """Send the tenant's stored events after `after`; the last id sent."""
+    while True:
+        page = await store.list_events(tenant_id=tenant_id, after_seq=after, limit=page_size)
+        if page:
+            await response.write(b"".join(sse_message(event) for event in page))
+            after = page[-1].seq
+        if len(page) < page_size:
+            return after
+
+
+async def stream_events(request: web.Request) -> web.StreamResponse:
+    tenant = tenant_of(request)
+    query = parse_query(request, EventsQuery)
+    after = _last_event_id(request, query)
+    store = request.app[STORE]
+    hub = request.app[EVENT_HUB]
+    tuning = request.app[TUNING]
+    if after is None:
+        after = await store.last_event_seq()
+    with request.app[STREAMS].slot(tenant.tenant_id), hub.subscribe(tenant.tenant_id) as feed:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",  # nginx: do not buffer the stream
+            }
+        )
+        await response.prepare(request)
+        try:
+            await response.write(f"retry: {RETRY_MS}\n\n".encode())
+            # Subscribed first, then caught up: what commits meanwhile is queued, and
+            # what the catch-up also read is skipped below by its sequence number.
+            last = await _catch_up(store, tenant.tenant_id, after, tuning.event_page_size, response)
+            while not feed.closed:
+                batch = await feed.take(tuning.heartbeat_s)
+                if batch is None:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                if feed.overflowed:
+                    feed.reset()
+                    last = await _catch_up(
+                        store, tenant.tenant_id, last, tuning.event_page_size, response
+                    )
+                    continue
+                fresh = [event for event in batch if event.seq > last]
+                if fresh:
+                    await response.write(b"".join(sse_message(event) for event in fresh))
+                    last = fresh[-1].seq
+        except ConnectionResetError:  # the client went away
+            pass
+        return response
+
+
+ROUTES: Final = (
+    Route(
+        "GET",
+        "/v1/events",
+        stream_events,
+        "The tenant's work state changes as server-sent events",
+        "tenant",
+        "events",
+        query=EventsQuery,
+        headers=(("Last-Event-ID", "Resume after this event id (sent by EventSource)."),),
+        description=(
+            "Each message has `id` (the event's sequence number), `event` (its kind, e.g. "
+            "`work.state`) and `data` (an EventView as JSON)."
+        ),
+        replies=(Reply(200, "An endless text/event-stream", EventView, "text/event-stream"),),
+        head=False,
+    ),
+)

@@ -1,0 +1,227 @@
+"""`GET /openapi.json`: OpenAPI 3.1, generated from the registered routes and the very
+msgspec types their handlers decode and encode (never a hand-maintained copy).
+
+Schemas come from `msgspec.json.schema_components`; query parameters are the fields
+of each route's query Struct; the error answers every route can give (401, 403, 404,
+400/413/415/422 for bodies) are added from the route's access level, path and body.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.problems import PROBLEM_CONTENT_TYPE, ProblemBody
+from cloud.api.routes import REGISTERED_ROUTES, JsonObject, Reply, Route
+from cloud.store import WorkStateChanged
+from shared import __version__
+
+OPENAPI: web.AppKey[bytes] = web.AppKey("openapi", bytes)
+REF_TEMPLATE: Final = "#/components/schemas/{name}"
+_PATH_PARAMETER = re.compile(r"\{(?P<name>[^}:]+)\}")
+# Documented alongside the routes although no route's signature names them.
+EXTRA_TYPES: Final = (WorkStateChanged,)
+
+_ERRORS: Final = {
+    400: "Bad request: malformed JSON, a bad query parameter or header",
+    401: "Missing or invalid bearer token",
+    403: "Not allowed for this tenant",
+    404: "Not found (also another tenant's id)",
+    413: "Body larger than 1 MiB",
+    415: "Body is not application/json",
+    422: "Body does not match the schema; invalid_params names the field",
+    500: "Internal error",
+}
+
+
+def _types(routes: Iterable[Route]) -> list[Any]:
+    found: list[Any] = [ProblemBody, *EXTRA_TYPES]
+    for route in routes:
+        candidates = [route.body, route.query, *(reply.body for reply in route.replies)]
+        for candidate in candidates:
+            if candidate is not None and candidate not in found:
+                found.append(candidate)
+    return found
+
+
+def _problem(description: str) -> dict[str, object]:
+    return {
+        "description": description,
+        "content": {
+            PROBLEM_CONTENT_TYPE: {"schema": {"$ref": REF_TEMPLATE.format(name="ProblemBody")}}
+        },
+    }
+
+
+def _reply(reply: Reply, schema: dict[str, Any]) -> dict[str, object]:
+    answer: dict[str, object] = {"description": reply.description}
+    if reply.body is not None:
+        answer["content"] = {reply.content_type: {"schema": schema}}
+    if reply.headers:
+        answer["headers"] = {name: {"schema": {"type": "string"}} for name in reply.headers}
+    return answer
+
+
+def _query_parameters(
+    query: type, schema: dict[str, Any], components: dict[str, Any]
+) -> list[dict[str, object]]:
+    """One parameter per field of the query Struct, with the field's own schema."""
+    name = schema["$ref"].rsplit("/", 1)[-1]
+    component = components[name]
+    required = set(component.get("required", ()))
+    parameters: list[dict[str, object]] = []
+    for field in msgspec.structs.fields(query):
+        field_schema = dict(component["properties"][field.encode_name])
+        description = field_schema.pop("description", None)
+        parameter: dict[str, object] = {
+            "name": field.encode_name,
+            "in": "query",
+            "required": field.encode_name in required,
+            "schema": field_schema,
+        }
+        if description:
+            parameter["description"] = description
+        parameters.append(parameter)
+    return parameters
+
+
+def _operation(
+    route: Route, schemas: dict[Any, dict[str, Any]], components: dict[str, Any]
+) -> dict[str, object]:
+    parameters: list[dict[str, object]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PATH_PARAMETER.findall(route.path)
+    ]
+    if route.query is not None:
+        parameters += _query_parameters(route.query, schemas[route.query], components)
+    parameters += [
+        {"name": name, "in": "header", "required": False, "schema": {"type": "string"},
+         "description": description}
+        for name, description in route.headers
+    ]  # fmt: skip
+    responses: dict[str, object] = {
+        str(reply.status): _reply(reply, schemas.get(reply.body, {})) for reply in route.replies
+    }
+    errors: list[int] = [500]
+    if route.access != "public":
+        errors.append(401)
+    if route.access == "admin":
+        errors.append(403)
+    if "{" in route.path:
+        errors.append(404)
+    if route.body is not None:
+        errors += [400, 413, 415, 422]
+    if route.query is not None or route.headers:
+        errors.append(400)
+    for status in sorted(set(errors)):
+        responses.setdefault(str(status), _problem(_ERRORS[status]))
+    operation: dict[str, object] = {
+        "operationId": route.handler.__name__,
+        "summary": route.summary,
+        "tags": [route.tag],
+        "responses": responses,
+    }
+    if route.description:
+        operation["description"] = route.description
+    if parameters:
+        operation["parameters"] = parameters
+    if route.body is not None:
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schemas[route.body]}},
+        }
+    if route.access == "public":
+        operation["security"] = []
+    return operation
+
+
+def _refs(node: object) -> Iterable[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value.rsplit("/", 1)[-1]
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list | tuple):
+        for item in node:
+            yield from _refs(item)
+
+
+def _reachable(components: dict[str, Any], roots: Sequence[object]) -> dict[str, Any]:
+    """The components that something documented refers to (query Structs are inlined as
+    parameters, so theirs would otherwise linger), plus the extra types."""
+    kept: set[str] = set()
+    pending = [name for root in roots for name in _refs(root)]
+    pending += [getattr(extra, "__name__", "") for extra in EXTRA_TYPES]
+    while pending:
+        name = pending.pop()
+        if name in kept or name not in components:
+            continue
+        kept.add(name)
+        pending.extend(_refs(components[name]))
+    return {name: schema for name, schema in sorted(components.items()) if name in kept}
+
+
+def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
+    types = _types(routes)
+    refs, components = msgspec.json.schema_components(types, ref_template=REF_TEMPLATE)
+    schemas = dict(zip(types, refs, strict=True))
+    paths: dict[str, dict[str, object]] = {}
+    for route in routes:
+        path = _PATH_PARAMETER.sub(lambda m: "{" + m.group("name") + "}", route.path)
+        paths.setdefault(path, {})[route.method.lower()] = _operation(route, schemas, components)
+    tags = sorted({route.tag for route in routes})
+    components = _reachable(components, [paths])
+    return {
+        "openapi": "3.1.0",
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
+        "info": {
+            "title": "greenfed control plane",
+            "version": __version__,
+            "description": (
+                "Submit training jobs and inference deployments, follow them, and see why "
+                "they run where they do. Errors are application/problem+json (RFC 9457)."
+            ),
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
+        "tags": [{"name": tag} for tag in tags],
+        "paths": dict(sorted(paths.items())),
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A tenant token, gf_<token id>_<secret>.",
+                }
+            },
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def publish(app: web.Application) -> None:
+    """Generate the document from every route registered so far (call it last)."""
+    routes: list[Route] = app[REGISTERED_ROUTES]
+    app[OPENAPI] = msgspec.json.encode(openapi_document(routes))
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI], content_type="application/json")
+
+
+ROUTES: Final = (
+    Route(
+        "GET",
+        "/openapi.json",
+        openapi_json,
+        "This API's OpenAPI 3.1 document",
+        "public",
+        "operations",
+        replies=(Reply(200, "The OpenAPI document", JsonObject),),
+    ),
+)

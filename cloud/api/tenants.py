@@ -1,0 +1,81 @@
+"""`/v1/tenants` (admin): tenants with their quotas, cohort, borrowing limits and the
+priority classes they may submit; creating one returns its bearer token, once."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.bodies import invalid_body, read_json
+from cloud.api.keys import STORE
+from cloud.api.problems import Problem, ProblemBody
+from cloud.api.routes import Reply, Route
+from cloud.api.work_views import (
+    TenantCreate,
+    TenantCreated,
+    TenantList,
+    tenant_fields,
+    tenant_view,
+)
+from cloud.store import NewTenant, TenantExistsError
+
+_CREATE_DECODER: Final = msgspec.json.Decoder(TenantCreate)
+
+
+async def create_tenant(request: web.Request) -> web.Response:
+    body = await read_json(request, _CREATE_DECODER)
+    try:
+        created = await request.app[STORE].create_tenant(
+            NewTenant(
+                name=body.name,
+                quotas=body.quotas,
+                borrowing_limit=body.borrowing_limit,
+                cohort=body.cohort,
+                allowed_priorities=tuple(dict.fromkeys(body.allowed_priorities)),
+                admin=body.admin,
+            )
+        )
+    except TenantExistsError:
+        raise Problem(
+            409, "tenant-exists", "Tenant exists", f"a tenant named {body.name!r} already exists"
+        ) from None
+    except ValueError as error:
+        raise invalid_body("$", str(error)) from None
+    reply = TenantCreated(**tenant_fields(created.tenant), token=created.token)  # type: ignore[arg-type]
+    return web.Response(
+        status=201, body=msgspec.json.encode(reply), content_type="application/json"
+    )
+
+
+async def list_tenants(request: web.Request) -> web.Response:
+    records = await request.app[STORE].list_tenants()
+    body = TenantList(items=tuple(tenant_view(r) for r in records), count=len(records))
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+ROUTES: Final = (
+    Route(
+        "POST",
+        "/v1/tenants",
+        create_tenant,
+        "Create a tenant (admin); the reply holds its token, shown only this once",
+        "admin",
+        "tenants",
+        body=TenantCreate,
+        replies=(
+            Reply(201, "The tenant and its bearer token", TenantCreated),
+            Reply(409, "A tenant of that name exists", ProblemBody, "application/problem+json"),
+        ),
+    ),
+    Route(
+        "GET",
+        "/v1/tenants",
+        list_tenants,
+        "List the tenants (admin)",
+        "admin",
+        "tenants",
+        replies=(Reply(200, "Every tenant, by name", TenantList),),
+    ),
+)

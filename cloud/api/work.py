@@ -1,0 +1,542 @@
+"""`/v1/jobs` (training) and `/v1/deployments` (inference): submit, list, get, cancel, explain.
+
+Both collections share one implementation, parameterised by `Collection`. Every read
+and write is scoped to the caller's tenant: another tenant's id is not found (404), and
+an id of the other collection is not found either.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Final, Generic, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.auth import tenant_of
+from cloud.api.bodies import decode_body, invalid_body, read_body
+from cloud.api.keys import STORE
+from cloud.api.problems import InvalidParam, Problem, ProblemBody, invalid_query
+from cloud.api.query import parse_query
+from cloud.api.routes import Handler, Reply, Route
+from cloud.api.work_views import (
+    DeploymentList,
+    DeploymentSummary,
+    DeploymentView,
+    ExplainView,
+    JobList,
+    JobSummary,
+    JobView,
+    allocation_view,
+    utc,
+)
+from cloud.jobs.convert import check_convertible
+from cloud.jobs.explanation import decode_explanation
+from cloud.jobs.specs import (
+    DEPLOYMENT_DECODER,
+    TRAINING_DECODER,
+    DeploymentSpec,
+    SpecKind,
+    TrainingJobSpec,
+    WorkSpec,
+    encode_spec,
+)
+from cloud.store import (
+    TERMINAL_STATES,
+    AllocationRecord,
+    IllegalTransitionError,
+    PriorityClass,
+    TenantRecord,
+    VersionConflictError,
+    WorkKind,
+    WorkNotFoundError,
+    WorkRecord,
+    WorkState,
+)
+from cloud.store.records import PRIORITY_CLASSES
+from cloud.store.states import WORK_STATES
+
+MAX_PAGE_SIZE: Final = 1000
+IDEMPOTENCY_KEY_MAX: Final = 255
+_ID = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)")]
+_CANCEL_RETRIES: Final = 5
+
+SpecT = TypeVar("SpecT", TrainingJobSpec, DeploymentSpec)
+
+
+class WorkListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    state: Annotated[
+        str | None, msgspec.Meta(description="Comma-separated states, e.g. pending,running.")
+    ] = None
+    priority: Annotated[
+        str | None, msgspec.Meta(description="Comma-separated priority classes, e.g. p0,p1.")
+    ] = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE_SIZE)] = 50
+    cursor: Annotated[
+        _ID | None, msgspec.Meta(description="The next_cursor of the previous page.")
+    ] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Collection(Generic[SpecT]):
+    store_kind: WorkKind
+    spec_kind: SpecKind
+    noun: str
+    decoder: msgspec.json.Decoder[SpecT]
+    summary: Callable[[WorkRecord, SpecT, str], JobSummary | DeploymentSummary]
+    detail: Callable[
+        [WorkRecord, SpecT, str, tuple[AllocationRecord, ...]], JobView | DeploymentView
+    ]
+    listing: Callable[
+        [tuple[JobSummary | DeploymentSummary, ...], str | None], JobList | DeploymentList
+    ]
+
+    def path(self) -> str:
+        return f"/v1/{self.noun}s"
+
+
+def _common(record: WorkRecord, tenant: str) -> dict[str, object]:
+    return {
+        "id": record.work_id,
+        "tenant": tenant,
+        "priority": record.priority,
+        "state": record.state,
+        "reason": record.state_reason,
+        "attempts": record.attempts,
+        "version": record.version,
+        "submitted_at": utc(record.submitted_at),
+        "updated_at": utc(record.updated_at),
+    }
+
+
+def _job_fields(record: WorkRecord, spec: TrainingJobSpec, tenant: str) -> dict[str, object]:
+    return {
+        **_common(record, tenant),
+        "name": spec.name,
+        "workers": spec.workers,
+        "accelerators_per_worker": spec.accelerators_per_worker,
+        "accelerator_kind": spec.accelerator_kind,
+    }
+
+
+def _deployment_fields(record: WorkRecord, spec: DeploymentSpec, tenant: str) -> dict[str, object]:
+    return {
+        **_common(record, tenant),
+        "name": spec.name,
+        "model_id": spec.model_id,
+        "replicas": spec.replicas,
+        "accelerators_per_replica": spec.accelerators_per_replica,
+    }
+
+
+def _placed(allocations: tuple[AllocationRecord, ...]) -> dict[str, object]:
+    ordered = sorted(allocations, key=lambda a: a.member_index)
+    return {
+        "nodes": tuple(a.node_id for a in ordered),
+        "allocations": tuple(allocation_view(a) for a in ordered),
+    }
+
+
+JOBS: Final[Collection[TrainingJobSpec]] = Collection(
+    store_kind="training",
+    spec_kind="training",
+    noun="job",
+    decoder=TRAINING_DECODER,
+    summary=lambda record, spec, tenant: JobSummary(**_job_fields(record, spec, tenant)),  # type: ignore[arg-type]
+    detail=lambda record, spec, tenant, allocations: JobView(
+        **_job_fields(record, spec, tenant),  # type: ignore[arg-type]
+        **_placed(allocations),  # type: ignore[arg-type]
+        idempotency_key=record.idempotency_key,
+        spec=spec,
+    ),
+    listing=lambda items, cursor: JobList(
+        items=items,  # type: ignore[arg-type]
+        count=len(items),
+        next_cursor=cursor,
+    ),
+)
+DEPLOYMENTS: Final[Collection[DeploymentSpec]] = Collection(
+    store_kind="inference",
+    spec_kind="deployment",
+    noun="deployment",
+    decoder=DEPLOYMENT_DECODER,
+    summary=lambda record, spec, tenant: DeploymentSummary(
+        **_deployment_fields(record, spec, tenant)  # type: ignore[arg-type]
+    ),
+    detail=lambda record, spec, tenant, allocations: DeploymentView(
+        **_deployment_fields(record, spec, tenant),  # type: ignore[arg-type]
+        **_placed(allocations),  # type: ignore[arg-type]
+        idempotency_key=record.idempotency_key,
+        spec=spec,
+    ),
+    listing=lambda items, cursor: DeploymentList(
+        items=items,  # type: ignore[arg-type]
+        count=len(items),
+        next_cursor=cursor,
+    ),
+)
+
+
+def json_response(body: object, status: int = 200) -> web.Response:
+    return web.Response(
+        status=status, body=msgspec.json.encode(body), content_type="application/json"
+    )
+
+
+def not_found(collection: Collection[SpecT], work_id: str) -> Problem:
+    return Problem(
+        404, f"{collection.noun}-not-found", f"{collection.noun.capitalize()} not found",
+        f"no {collection.noun} {work_id!r}",
+    )  # fmt: skip
+
+
+def _spec(collection: Collection[SpecT], record: WorkRecord) -> SpecT:
+    return collection.decoder.decode(record.spec)
+
+
+async def find(
+    request: web.Request, collection: Collection[SpecT], work_id: str
+) -> tuple[TenantRecord, WorkRecord]:
+    """The caller's work of this collection, or a 404 problem."""
+    tenant = tenant_of(request)
+    record = await request.app[STORE].get_work(tenant.tenant_id, work_id)
+    if record is None or record.kind != collection.store_kind:
+        raise not_found(collection, work_id)
+    return tenant, record
+
+
+# ---- handlers ----------------------------------------------------------------------------
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX:
+        raise Problem(
+            400,
+            "invalid-header",
+            "Invalid Idempotency-Key",
+            f"Idempotency-Key must have 1 to {IDEMPOTENCY_KEY_MAX} characters",
+            (InvalidParam("Idempotency-Key", "1 to 255 characters"),),
+        )
+    return key
+
+
+# The scheduler's messages start with the field at fault ("score_weights names ...").
+_FIELD_IN_MESSAGE = re.compile(r"^(?P<field>[a-z_]+)\b")
+
+
+def _check_schedulable(spec: WorkSpec) -> None:
+    """What the scheduler itself would refuse (e.g. an unknown score term): a 422 now."""
+    reason = check_convertible(spec)
+    if reason is None:
+        return
+    match = _FIELD_IN_MESSAGE.match(reason)
+    field = match.group("field") if match else ""
+    name = f"$.{field}" if field in spec.__struct_fields__ else "$"
+    raise invalid_body(name, reason)
+
+
+def _check_priority(tenant: TenantRecord, priority: PriorityClass) -> None:
+    if priority not in tenant.allowed_priorities:
+        allowed = ", ".join(tenant.allowed_priorities)
+        reason = f"priority class {priority} is not allowed for this tenant (allowed: {allowed})"
+        raise Problem(
+            403,
+            "priority-not-allowed",
+            "Priority class not allowed",
+            f"$.priority: {reason}",
+            (InvalidParam("$.priority", reason),),
+        )
+
+
+async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+    tenant = tenant_of(request)
+    key = _idempotency_key(request)
+    raw = await read_body(request)
+    spec = decode_body(raw, collection.decoder)
+    _check_priority(tenant, spec.priority)
+    _check_schedulable(spec)
+    document = encode_spec(spec)
+    store = request.app[STORE]
+    result = await store.submit_work(
+        tenant.tenant_id,
+        kind=collection.store_kind,
+        spec=document,
+        priority=spec.priority,
+        idempotency_key=key,
+    )
+    record = result.work
+    allocations: tuple[AllocationRecord, ...] = ()
+    if not result.created:
+        if record.kind != collection.store_kind or record.spec != document:
+            raise Problem(
+                409,
+                "idempotency-key-reused",
+                "Idempotency-Key reused",
+                f"Idempotency-Key {key!r} was used for another request body ({record.work_id}); "
+                "use a new key for a different submission",
+            )
+        allocations = await store.work_allocations(tenant.tenant_id, record.work_id)
+    body = collection.detail(record, spec, tenant.name, allocations)
+    response = json_response(body, status=201 if result.created else 200)
+    response.headers["Location"] = f"{collection.path()}/{record.work_id}"
+    return response
+
+
+def _csv(query_name: str, text: str | None, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    values = tuple(value.strip() for value in text.split(",") if value.strip())
+    unknown = [value for value in values if value not in allowed]
+    if unknown or not values:
+        raise invalid_query(
+            InvalidParam(
+                query_name,
+                f"unknown value {', '.join(unknown) or '(empty)'}; one or more of "
+                f"{', '.join(allowed)}",
+            )
+        )
+    return values
+
+
+async def _list(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+    tenant = tenant_of(request)
+    query = parse_query(request, WorkListQuery)
+    states: tuple[WorkState, ...] = _csv("state", query.state, WORK_STATES)  # type: ignore[assignment]
+    priorities: tuple[PriorityClass, ...] = _csv("priority", query.priority, PRIORITY_CLASSES)  # type: ignore[assignment]
+    page = await request.app[STORE].list_work(
+        tenant.tenant_id,
+        states=states,
+        kinds=(collection.store_kind,),
+        priorities=priorities,
+        limit=query.limit,
+        cursor=query.cursor,
+    )
+    items = tuple(
+        collection.summary(record, _spec(collection, record), tenant.name) for record in page.items
+    )
+    return json_response(collection.listing(items, page.next_cursor))
+
+
+async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+    tenant, record = await find(request, collection, request.match_info["id"])
+    allocations = await request.app[STORE].work_allocations(tenant.tenant_id, record.work_id)
+    return json_response(
+        collection.detail(record, _spec(collection, record), tenant.name, allocations)
+    )
+
+
+async def _cancel(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+    work_id = request.match_info["id"]
+    store = request.app[STORE]
+    for _ in range(_CANCEL_RETRIES):
+        tenant, record = await find(request, collection, work_id)
+        if record.state in TERMINAL_STATES:
+            raise _finished(collection, record)
+        try:
+            result = await store.cancel_work(
+                tenant.tenant_id, work_id, expected_version=record.version
+            )
+        except VersionConflictError:
+            continue  # it changed meanwhile (placed, started): look again
+        except WorkNotFoundError:
+            raise not_found(collection, work_id) from None
+        except IllegalTransitionError:
+            continue  # it ended meanwhile: the next look says so
+        cancelled = result.work[0]
+        return json_response(
+            collection.detail(cancelled, _spec(collection, cancelled), tenant.name, ())
+        )
+    raise Problem(
+        409,
+        "changing",
+        "Changing too fast",
+        f"{collection.noun} {work_id} changed on every attempt to cancel it; retry",
+    )
+
+
+def _finished(collection: Collection[SpecT], record: WorkRecord) -> Problem:
+    return Problem(
+        409,
+        "already-finished",
+        f"{collection.noun.capitalize()} already finished",
+        f"{collection.noun} {record.work_id} is {record.state}; only pending, scheduled or "
+        "running work can be cancelled",
+    )
+
+
+_NOT_LOOKED_AT: Final = "The scheduler has not looked at it yet; it will on its next pass."
+
+
+async def _explain(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+    tenant = tenant_of(request)
+    work_id = request.match_info["id"]
+    found = await request.app[STORE].work_explanation(tenant.tenant_id, work_id)
+    if found is None or found.work.kind != collection.store_kind:
+        raise not_found(collection, work_id)
+    explanation = None
+    message = _NOT_LOOKED_AT
+    if found.explanation is not None:
+        try:
+            explanation = decode_explanation(found.explanation)
+            message = explanation.message
+        except msgspec.DecodeError:  # written by a newer, incompatible scheduler
+            message = "The stored explanation could not be read by this greenfed version."
+    elif found.work.state_reason:
+        message = found.work.state_reason
+    body = ExplainView(
+        id=found.work.work_id,
+        kind=collection.spec_kind,
+        state=found.work.state,
+        reason=found.work.state_reason,
+        explained_at=None if found.explained_at is None else utc(found.explained_at),
+        message=message,
+        explanation=explanation,
+    )
+    return json_response(body)
+
+
+# aiohttp handlers per collection (distinct functions: routes are declared per handler).
+
+
+async def submit_job(request: web.Request) -> web.Response:
+    return await _submit(request, JOBS)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    return await _list(request, JOBS)
+
+
+async def get_job(request: web.Request) -> web.Response:
+    return await _get(request, JOBS)
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    return await _cancel(request, JOBS)
+
+
+async def explain_job(request: web.Request) -> web.Response:
+    return await _explain(request, JOBS)
+
+
+async def submit_deployment(request: web.Request) -> web.Response:
+    return await _submit(request, DEPLOYMENTS)
+
+
+async def list_deployments(request: web.Request) -> web.Response:
+    return await _list(request, DEPLOYMENTS)
+
+
+async def get_deployment(request: web.Request) -> web.Response:
+    return await _get(request, DEPLOYMENTS)
+
+
+async def cancel_deployment(request: web.Request) -> web.Response:
+    return await _cancel(request, DEPLOYMENTS)
+
+
+async def explain_deployment(request: web.Request) -> web.Response:
+    return await _explain(request, DEPLOYMENTS)
+
+
+# ---- routes ------------------------------------------------------------------------------
+
+_IDEMPOTENCY_HEADER = (
+    "Idempotency-Key",
+    "Makes the submission safe to retry: a retry with the same key and body returns the "
+    "original (200); the same key with another body is a 409.",
+)
+_PROBLEM = "application/problem+json"
+
+
+@dataclass(frozen=True, slots=True)
+class _Handlers:
+    submit: Handler
+    list: Handler
+    get: Handler
+    cancel: Handler
+    explain: Handler
+
+
+def _routes(collection: Collection[SpecT], handlers: _Handlers) -> tuple[Route, ...]:
+    noun = collection.noun
+    base = collection.path()
+    spec_type = TrainingJobSpec if collection.store_kind == "training" else DeploymentSpec
+    view_type = JobView if collection.store_kind == "training" else DeploymentView
+    list_type = JobList if collection.store_kind == "training" else DeploymentList
+    tag = f"{noun}s"
+    return (
+        Route(
+            "POST",
+            base,
+            handlers.submit,
+            f"Submit a {noun}",
+            "tenant",
+            tag,
+            body=spec_type,
+            headers=(_IDEMPOTENCY_HEADER,),
+            replies=(
+                Reply(201, f"The {noun}, committed", view_type, headers=("Location",)),
+                Reply(200, "A retry with the same Idempotency-Key: the original", view_type),
+                Reply(
+                    403, "The priority class is not allowed for this tenant", ProblemBody, _PROBLEM
+                ),
+                Reply(409, "The Idempotency-Key was used with another body", ProblemBody, _PROBLEM),
+            ),
+        ),
+        Route(
+            "GET",
+            base,
+            handlers.list,
+            f"List the tenant's {noun}s, newest first",
+            "tenant",
+            tag,
+            query=WorkListQuery,
+            replies=(Reply(200, f"A page of {noun}s", list_type),),
+        ),
+        Route(
+            "GET",
+            base + "/{id}",
+            handlers.get,
+            f"One {noun}: state, reason, attempts, placement",
+            "tenant",
+            tag,
+            replies=(Reply(200, f"The {noun}", view_type),),
+        ),
+        Route(
+            "DELETE",
+            base + "/{id}",
+            handlers.cancel,
+            f"Cancel a {noun}",
+            "tenant",
+            tag,
+            description="Nodes stop it (SIGTERM, then SIGKILL after its grace period).",
+            replies=(
+                Reply(200, f"The {noun}, now cancelled", view_type),
+                Reply(409, f"The {noun} had already finished", ProblemBody, _PROBLEM),
+            ),
+        ),
+        Route(
+            "GET",
+            base + "/{id}/explain",
+            handlers.explain,
+            f"Why the {noun} waits, or why it runs where it does",
+            "tenant",
+            tag,
+            replies=(Reply(200, "The scheduler's latest explanation", ExplainView),),
+        ),
+    )
+
+
+ROUTES: Final = _routes(
+    JOBS, _Handlers(submit_job, list_jobs, get_job, cancel_job, explain_job)
+) + _routes(
+    DEPLOYMENTS,
+    _Handlers(
+        submit_deployment, list_deployments, get_deployment, cancel_deployment, explain_deployment
+    ),
+)

@@ -1,0 +1,190 @@
+"""REST representations of work (jobs and deployments), tenants and events.
+
+The CLI decodes them too, so this module imports nothing of the database stack."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import msgspec
+
+from cloud.jobs.explanation import Explanation
+from cloud.jobs.literals import AllocationState, PriorityClass, WorkState
+from cloud.jobs.specs import DeploymentSpec, Name, TrainingJobSpec
+from shared.messages import AcceleratorKind
+
+if TYPE_CHECKING:  # the CLI decodes these types without the database stack
+    from cloud.store import AllocationRecord, TenantRecord
+
+
+def utc(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, tz=UTC)
+
+
+class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
+    member: int  # worker rank (jobs) or replica number (deployments)
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    accelerators: int
+    accelerator_ids: tuple[str, ...]
+    host_memory_bytes: int
+    state: AllocationState  # assigned: sent to the node; running: the node reported it
+    started_at: datetime  # when the placement was committed
+    expected_end: datetime | None
+    borrowed: bool
+
+
+def allocation_view(record: AllocationRecord) -> AllocationView:
+    return AllocationView(
+        member=record.member_index,
+        node_id=record.node_id,
+        accelerator_kind=record.accelerator_kind,
+        accelerators=record.accelerators,
+        accelerator_ids=record.accelerator_ids,
+        host_memory_bytes=record.host_memory_bytes,
+        state=record.state,
+        started_at=utc(record.started_at),
+        expected_end=None if record.expected_end is None else utc(record.expected_end),
+        borrowed=record.borrowed,
+    )
+
+
+class WorkFields(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    tenant: str
+    priority: PriorityClass
+    state: WorkState
+    reason: str | None  # why it waits, failed or was cancelled
+    attempts: int  # placements so far
+    version: int  # grows with every change
+    submitted_at: datetime
+    updated_at: datetime
+
+
+class JobSummary(WorkFields, frozen=True, kw_only=True):
+    kind: Literal["training"] = "training"
+    workers: int
+    accelerators_per_worker: int
+    accelerator_kind: AcceleratorKind
+
+
+class DeploymentSummary(WorkFields, frozen=True, kw_only=True):
+    kind: Literal["deployment"] = "deployment"
+    model_id: str | None
+    replicas: int
+    accelerators_per_replica: int
+
+
+class JobView(JobSummary, frozen=True, kw_only=True):
+    idempotency_key: str | None
+    nodes: tuple[str, ...]  # where it runs, in member order (empty unless placed)
+    allocations: tuple[AllocationView, ...]
+    spec: TrainingJobSpec
+
+
+class DeploymentView(DeploymentSummary, frozen=True, kw_only=True):
+    idempotency_key: str | None
+    nodes: tuple[str, ...]
+    allocations: tuple[AllocationView, ...]
+    spec: DeploymentSpec
+
+
+class JobList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[JobSummary, ...]
+    count: int
+    next_cursor: str | None  # pass as ?cursor= for the next (older) page
+
+
+class DeploymentList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[DeploymentSummary, ...]
+    count: int
+    next_cursor: str | None
+
+
+class ExplainView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    kind: Literal["training", "deployment"]
+    state: WorkState
+    reason: str | None
+    explained_at: datetime | None  # when the scheduler last decided about it
+    message: str  # one line for a person, also when there is no explanation yet
+    explanation: Explanation | None
+
+
+# ---- tenants ---------------------------------------------------------------------------
+
+Quotas = Annotated[
+    dict[AcceleratorKind, Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]],
+    msgspec.Meta(description="Accelerator count per kind (gpu, npu, cpu)."),
+]
+
+
+class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$(?!\n)",
+            description="Lower-case letters, digits, '.', '_' and '-'.",
+        ),
+    ]
+    quotas: Quotas = {}
+    borrowing_limit: Annotated[
+        Quotas, msgspec.Meta(description="At most this many borrowed from the cohort, per kind.")
+    ] = {}
+    cohort: Name | None = None
+    allowed_priorities: Annotated[
+        tuple[PriorityClass, ...], msgspec.Meta(min_length=1, max_length=3)
+    ] = ("p0", "p1", "p2")
+    admin: bool = False
+
+
+class TenantView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    quotas: dict[AcceleratorKind, int]
+    borrowing_limit: dict[AcceleratorKind, int]
+    cohort: str | None
+    allowed_priorities: tuple[PriorityClass, ...]
+    admin: bool
+    created_at: datetime
+
+
+class TenantCreated(TenantView, frozen=True, kw_only=True):
+    token: str  # shown once: greenfed keeps only its hash
+
+
+class TenantList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[TenantView, ...]
+    count: int
+
+
+def tenant_fields(record: TenantRecord) -> dict[str, object]:
+    return {
+        "id": record.tenant_id,
+        "name": record.name,
+        "quotas": dict(record.quotas),
+        "borrowing_limit": dict(record.borrowing_limit),
+        "cohort": record.cohort,
+        "allowed_priorities": record.allowed_priorities,
+        "admin": record.admin,
+        "created_at": utc(record.created_at),
+    }
+
+
+def tenant_view(record: TenantRecord) -> TenantView:
+    return TenantView(**tenant_fields(record))  # type: ignore[arg-type]
+
+
+# ---- events ----------------------------------------------------------------------------
+
+
+class EventView(msgspec.Struct, frozen=True, kw_only=True):
+    """The `data` of one server-sent event; its SSE `id` is `seq`, its `event` is `kind`."""
+
+    seq: int
+    kind: str  # "work.state", or what the scheduler and agents record
+    work_id: str | None
+    at: datetime
+    payload: msgspec.Raw  # for work.state: cloud.store.WorkStateChanged

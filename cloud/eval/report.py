@@ -1,0 +1,161 @@
+"""How ``greenfed eval`` shows its results: a table, JSON, and an optional plot."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from shared.settings import ConfigError
+
+from .metrics import PolicyResult, hourly_gpu_load
+from .runner import EvalReport, zones_of
+
+REQUIRED_KEYS = (
+    "policy",
+    "kwh",
+    "gco2",
+    "cost",
+    "wait_mean_s",
+    "wait_p95_s",
+    "deadline_misses",
+    "slo_violations",
+    "utilisation",
+)
+
+_COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("kWh", "kwh", "{:,.0f}"),
+    ("tCO2eq", "gco2", "{:.3f}"),
+    ("cost", "cost", "{:,.0f}"),
+    ("wait mean", "wait_mean_s", "{}"),
+    ("wait p95", "wait_p95_s", "{}"),
+    ("deadline misses", "deadline_misses", "{}"),
+    ("SLO violations", "slo_violations", "{}"),
+    ("GPU util", "utilisation", "{:.1%}"),
+    ("CO2 vs first", "gco2", "{}"),
+    ("deferred", "deferred_jobs", "{}"),
+    ("runtime", "runtime_s", "{:.1f} s"),
+)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def table(results: Sequence[PolicyResult]) -> str:
+    """One row per policy; "CO2 vs first" compares with the first policy listed."""
+    first = results[0].gco2 if results else 0.0
+    rows = []
+    for result in results:
+        row = []
+        for header, attribute, pattern in _COLUMNS:
+            value = getattr(result, attribute)
+            if header == "tCO2eq":
+                text = pattern.format(value / 1e6)
+            elif header == "cost":
+                text = f"{pattern.format(value)} {result.currency}"
+            elif attribute in ("wait_mean_s", "wait_p95_s"):
+                text = _duration(value)
+            elif header == "CO2 vs first":
+                text = f"{(value - first) / first:+.1%}" if first else "-"
+            else:
+                text = pattern.format(value)
+            row.append(text)
+        rows.append(row)
+    headers = [header for header, _, _ in _COLUMNS]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [
+        "  ".join(
+            h.ljust(w) if i == 0 else h.rjust(w)
+            for i, (h, w) in enumerate(zip(headers, widths, strict=True))
+        ),
+        "  ".join("-" * w for w in widths),
+    ]
+    for row in rows:
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    return "\n".join(lines)
+
+
+def describe(report: EvalReport) -> str:
+    options = report.options
+    scenario = report.scenario
+    workload = scenario.workload
+    flexible = sum(
+        spec.deadline_offset_s is not None or spec.max_delay_s is not None
+        for spec in workload.training
+    )
+    source = (
+        str(options.workload)
+        if options.workload
+        else f"generated, seed {options.seed}, load {options.target_load:g}"
+    )
+    return (
+        f"{options.days:g} days from {options.start.isoformat()} UTC; "
+        f"{len(scenario.nodes)} nodes ({options.fleet or 'default fleet'}); "
+        f"workload {source}: {len(workload.training)} training jobs "
+        f"({flexible} flexible), {len(workload.inference)} inference deployments; "
+        f"carbon {options.carbon_dir or 'shipped 2023 traces'} "
+        f"({'recorded future' if options.perfect_forecast else options.forecaster} forecasts)"
+    )
+
+
+def as_json(results: Sequence[PolicyResult]) -> str:
+    return json.dumps([result.as_json() for result in results], indent=2)
+
+
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot (headless), or a clear error when the extra is missing."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        raise ConfigError(
+            "--plot needs matplotlib, which is not installed: pip install 'greenfed[plot]'"
+        ) from None
+    matplotlib.use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def plot(report: EvalReport, path: Path) -> None:
+    """Intensity per zone, and where the GPU load ran under each policy."""
+    plt = pyplot()
+    zones = zones_of(report.scenario.nodes)
+    outcomes = report.outcomes
+    figure, axes = plt.subplots(
+        1 + len(outcomes), 1, figsize=(12, 2.6 * (1 + len(outcomes))), sharex=True
+    )
+    axes = np.atleast_1d(axes)
+    start = report.options.start_s
+    recorded = report.scenario.recorded
+    hours = round(report.options.days * 24)
+    times = start + 3600.0 * np.arange(hours, dtype=np.float64)
+    days = (times - start) / 86400.0
+    for zone in zones:
+        series = recorded.series(zone)
+        if series is not None:
+            axes[0].plot(days, series.mean_carbon_g_per_kwh(times, times + 3600.0), label=zone)
+    axes[0].set_ylabel("gCO2eq/kWh")
+    axes[0].set_title("Grid carbon intensity (recorded)")
+    axes[0].legend(loc="upper right", ncol=len(zones), fontsize="small")
+    for axis, outcome, result in zip(axes[1:], outcomes, report.results, strict=True):
+        _, load = hourly_gpu_load(outcome, zones)
+        axis.stackplot(days, *[load[zone] for zone in zones], labels=zones)
+        axis.set_ylabel("busy GPUs (cloud + edge)")
+        axis.set_title(f"{result.policy}: {result.gco2 / 1e6:.3f} tCO2eq")
+    axes[-1].set_xlabel(f"days from {report.options.start.isoformat()}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

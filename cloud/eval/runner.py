@@ -1,0 +1,149 @@
+"""``greenfed eval``: the same scenario under each policy, one simulation per policy.
+
+The scenario is the fleet (default: ``sim_devices/fleets/default.toml``), the
+workload (default: ``generate.generate_workload`` with the seed) and the carbon
+and price traces (default: the shipped 2023 data). Each policy replays exactly
+the same workload on the same fleet and traces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+from cloud.green.energy import EnergyModel
+from cloud.green.latency import default_latency_estimator
+from cloud.green.policies import policy_spec
+from cloud.scheduler import Node
+from cloud.signals.forecast import DEFAULT_FORECASTER, forecaster_named
+from cloud.signals.grid import GridSignals
+from cloud.signals.trace import TraceProvider
+
+from .fleet import load_fleet_nodes
+from .generate import WorkloadParams, generate_workload
+from .metrics import PolicyResult, evaluate, hourly_gpu_load, recorded_signals
+from .simulation import SimConfig, SimOutcome, Simulation
+from .workload import Workload, load_workload
+
+DEFAULT_POLICIES = ("fifo-binpack", "spread", "green", "balanced")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalOptions:
+    start: date = date(2023, 6, 1)
+    days: float = 14.0
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    seed: int = 2023
+    fleet: Path | None = None
+    workload: Path | None = None
+    carbon_dir: Path | None = None
+    forecaster: str = DEFAULT_FORECASTER
+    perfect_forecast: bool = False
+    energy: EnergyModel = field(default_factory=EnergyModel)
+    min_saving: float = 0.1
+    target_load: float = WorkloadParams().target_load  # of the generated workload
+
+    def __post_init__(self) -> None:
+        if not self.days > 0:
+            raise ValueError("days must be > 0")
+        if not 0 < self.target_load <= 2:
+            raise ValueError("the target load must be within (0, 2]")
+        if not self.policies:
+            raise ValueError("name at least one policy")
+        for name in self.policies:
+            policy_spec(name)
+        forecaster_named(self.forecaster)
+
+    @property
+    def start_s(self) -> float:
+        return datetime(self.start.year, self.start.month, self.start.day, tzinfo=UTC).timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    nodes: tuple[Node, ...]
+    workload: Workload
+    provider: TraceProvider
+    recorded: GridSignals
+
+
+@dataclass(slots=True)
+class EvalReport:
+    options: EvalOptions
+    scenario: Scenario
+    results: list[PolicyResult]
+    outcomes: list[SimOutcome]
+
+
+def build_scenario(options: EvalOptions) -> Scenario:
+    nodes = tuple(load_fleet_nodes(options.fleet))
+    if options.workload is not None:
+        workload = load_workload(options.workload)
+    else:
+        workload = generate_workload(
+            nodes,
+            start_s=options.start_s,
+            days=options.days,
+            seed=options.seed,
+            params=WorkloadParams(target_load=options.target_load),
+        )
+    provider = TraceProvider(options.carbon_dir, perfect_forecast=options.perfect_forecast)
+    recorded = recorded_signals(provider, (node.zone for node in nodes))
+    return Scenario(nodes, workload, provider, recorded)
+
+
+def run_eval(
+    options: EvalOptions,
+    *,
+    scenario: Scenario | None = None,
+    progress: Callable[[PolicyResult], None] | None = None,
+) -> EvalReport:
+    scenario = scenario or build_scenario(options)
+    latency = default_latency_estimator(
+        {node.region for node in scenario.nodes}
+        | {
+            source.region
+            for inference in scenario.workload.inference
+            for source in inference.traffic
+        }
+    )
+    results: list[PolicyResult] = []
+    outcomes: list[SimOutcome] = []
+    for name in options.policies:
+        config = SimConfig(
+            start_s=options.start_s,
+            days=options.days,
+            policy=policy_spec(name),
+            energy=options.energy,
+            forecaster=options.forecaster,
+            min_saving=options.min_saving,
+        )
+        began = time.perf_counter()
+        outcome = Simulation(
+            config, scenario.nodes, scenario.workload, scenario.provider, latency
+        ).run()
+        result = evaluate(outcome, scenario.recorded, runtime_s=time.perf_counter() - began)
+        results.append(result)
+        outcomes.append(outcome)
+        if progress is not None:
+            progress(result)
+    return EvalReport(options, scenario, results, outcomes)
+
+
+def zones_of(nodes: Sequence[Node]) -> list[str]:
+    return sorted({node.zone for node in nodes})
+
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "EvalOptions",
+    "EvalReport",
+    "Scenario",
+    "build_scenario",
+    "hourly_gpu_load",
+    "run_eval",
+    "zones_of",
+]

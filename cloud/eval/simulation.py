@@ -1,0 +1,577 @@
+"""Discrete-event simulation that drives the real scheduler core in simulated time.
+
+Events: job submissions, training completions, deployment retirements and an
+hourly tick. After the events of one instant, one scheduling pass runs:
+``cloud.scheduler.schedule`` on a snapshot of the simulated cluster, with the
+policy built (once per hour) from the grid signals the trace provider gives at
+that time — recorded history and a *forecast* of the future, never the future
+itself. Deferred and windowed jobs get a pass at their retry time too, so every
+decision is revisited at least hourly as forecasts change.
+
+Placements start at once; a training gang runs for its expected run time on its
+slowest node (``duration_s / relative_speed``); preempted work stops and is
+queued again with its original submission time. Submissions stop after the
+evaluated period; the run then drains (passes continue) until every training
+job has finished, so every policy does the same work. Inference is counted
+within the evaluated period only.
+
+Measured per run: usage records (accounted by ``cloud.green.accounting`` against
+the *recorded* signals), queue waits, deadline misses, SLO violations per
+deployment-hour, deferrals and, per job, the ``fifo-binpack`` counterfactual at
+submission.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from cloud.green.accounting import Counterfactual, Usage, counterfactual
+from cloud.green.energy import EnergyModel
+from cloud.green.latency import ServingLatency
+from cloud.green.policies import GreenInputs, PolicySpec, build_policy, policy_spec
+from cloud.scheduler import (
+    AcceleratorPool,
+    Allocation,
+    InferenceDeployment,
+    Node,
+    Placement,
+    Plan,
+    Policy,
+    Snapshot,
+    TrainingJob,
+    Work,
+    schedule,
+)
+from cloud.signals.forecast import DEFAULT_FORECASTER
+from cloud.signals.grid import GridSignals
+from cloud.signals.trace import TraceProvider
+
+from .workload import (
+    InferenceSpec,
+    TrainingSpec,
+    Workload,
+    deployment,
+    requests_per_s,
+    traffic_weights,
+    training_job,
+)
+
+HOUR_S = 3600.0
+DAY_S = 24 * HOUR_S
+
+# Order of events at the same instant: work that ends frees capacity first.
+_FINISH, _RETIRE, _SUBMIT, _WAKE = 0, 1, 2, 3
+EventKind = Literal[0, 1, 2, 3]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    start_s: float
+    days: float
+    policy: PolicySpec
+    energy: EnergyModel = field(default_factory=EnergyModel)
+    history_hours: int = 24
+    horizon_hours: int = 48
+    forecaster: str = DEFAULT_FORECASTER
+    min_saving: float = 0.1
+    safety_margin_s: float = 3600.0
+    max_drain_s: float = 14 * DAY_S  # give up draining after this (a stuck job)
+    counterfactuals: bool = True
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.days * DAY_S
+
+
+@dataclass(slots=True)
+class JobRecord:
+    spec: TrainingSpec
+    submitted_s: float
+    deadline_s: float | None
+    latest_start_s: float | None  # from max_delay_s
+    first_start_s: float | None = None
+    finish_s: float | None = None
+    deferred: bool = False  # deferred by temporal shifting at least once
+    deferred_s: float = 0.0  # time spent held back by temporal shifting
+    deferred_since: float | None = None
+    nodes: tuple[str, ...] = ()
+    counterfactual: Counterfactual | None = None
+
+    @property
+    def missed(self) -> bool:
+        if self.deadline_s is not None and (
+            self.finish_s is None or self.finish_s > self.deadline_s + 1e-6
+        ):
+            return True
+        return self.latest_start_s is not None and (
+            self.first_start_s is None or self.first_start_s > self.latest_start_s + 1e-6
+        )
+
+
+@dataclass(slots=True)
+class ReplicaRun:
+    spec: InferenceSpec
+    node_id: str
+    accelerator_kind: str
+    accelerators: int
+    start_s: float
+    end_s: float | None = None
+
+
+@dataclass(slots=True)
+class DeploymentRecord:
+    spec: InferenceSpec
+    submitted_s: float
+    retire_s: float | None
+    counterfactual: Counterfactual | None = None
+    retired: bool = False
+
+
+@dataclass(slots=True)
+class SimOutcome:
+    config: SimConfig
+    nodes: tuple[Node, ...]
+    usages: list[Usage]
+    jobs: dict[str, JobRecord]
+    deployments: dict[str, DeploymentRecord]
+    replicas: list[ReplicaRun]
+    slo_violations: int
+    slo_hours: int
+    passes: int
+    stopped_s: float
+
+
+class Simulation:
+    def __init__(
+        self,
+        config: SimConfig,
+        nodes: Sequence[Node],
+        workload: Workload,
+        provider: TraceProvider,
+        latency: ServingLatency,
+    ) -> None:
+        self.config = config
+        self._base_nodes = {node.node_id: node for node in nodes}
+        self._zones = sorted({node.zone for node in nodes})
+        self._workload = workload
+        self._provider = provider
+        self._latency = latency
+        self._events: list[tuple[float, int, int, str]] = []
+        self._sequence = 0
+        self.now = config.start_s
+        self.running: dict[str, Allocation] = {}
+        self._busy: dict[tuple[str, str], int] = {}  # (node, kind) -> accelerators in use
+        self._node_view: dict[str, Node] = dict(self._base_nodes)
+        self.queue: dict[str, Work] = {}
+        self._training_specs = {spec.id: spec for spec in workload.training}
+        self._inference_specs = {spec.id: spec for spec in workload.inference}
+        self.jobs: dict[str, JobRecord] = {}
+        self.deployments: dict[str, DeploymentRecord] = {}
+        self._generation: dict[str, int] = {}
+        self._ends: dict[str, float] = {}
+        self._replicas: dict[str, ReplicaRun] = {}  # allocation id -> run (running)
+        self.replica_runs: list[ReplicaRun] = []
+        self.usages: list[Usage] = []
+        self._policy_hour: int | None = None
+        self._policy: Policy | None = None
+        self._baseline: Policy | None = None
+        self._wakes: set[float] = set()
+        self.slo_violations = 0
+        self.slo_hours = 0
+        self.passes = 0
+        self._outstanding_training = 0
+
+    # -- events -------------------------------------------------------------------
+
+    def _push(self, at_s: float, kind: int, key: str = "") -> None:
+        self._sequence += 1
+        heapq.heappush(self._events, (at_s, kind, self._sequence, key))
+
+    def _wake(self, at_s: float) -> None:
+        if at_s > self.now and at_s not in self._wakes:
+            self._wakes.add(at_s)
+            self._push(at_s, _WAKE)
+
+    def run(self) -> SimOutcome:
+        config = self.config
+        start, end = config.start_s, config.end_s
+        for spec in self._workload.training:
+            if spec.submit_offset_s < config.days * DAY_S:
+                self._push(start + spec.submit_offset_s, _SUBMIT, "t:" + spec.id)
+                self._outstanding_training += 1
+        for inference in self._workload.inference:
+            if inference.start_offset_s < config.days * DAY_S:
+                self._push(start + inference.start_offset_s, _SUBMIT, "i:" + inference.id)
+        hour = math.floor(start / HOUR_S) * HOUR_S + HOUR_S
+        self._push(start, _WAKE)
+        self._wakes.add(start)
+        while hour <= end:
+            self._push(hour, _WAKE)
+            self._wakes.add(hour)
+            hour += HOUR_S
+        give_up = end + config.max_drain_s
+        while self._events:
+            at = self._events[0][0]
+            if at >= end and self._outstanding_training == 0:
+                break
+            if at > give_up:
+                break
+            self.now = at
+            self._wakes.discard(at)
+            while self._events and self._events[0][0] == at:
+                _, kind, _, key = heapq.heappop(self._events)
+                self._handle(kind, key)
+            self._pass()
+            if start <= at < end and at % HOUR_S == 0:
+                self._check_slos(at)
+            if at >= end - HOUR_S and self._outstanding_training:
+                # Draining: keep revisiting hourly while training remains.
+                self._wake(math.floor(at / HOUR_S) * HOUR_S + HOUR_S)
+        stop = max(self.now, end)
+        self._close(stop)
+        return SimOutcome(
+            config=config,
+            nodes=tuple(self._base_nodes.values()),
+            usages=self.usages,
+            jobs=self.jobs,
+            deployments=self.deployments,
+            replicas=self.replica_runs,
+            slo_violations=self.slo_violations,
+            slo_hours=self.slo_hours,
+            passes=self.passes,
+            stopped_s=stop,
+        )
+
+    def _handle(self, kind: int, key: str) -> None:
+        if kind == _FINISH:
+            work_id, _, generation = key.rpartition("#")
+            if self._generation.get(work_id) == int(generation):
+                self._finish(work_id)
+        elif kind == _SUBMIT:
+            if key.startswith("t:"):
+                self._submit_training(self._training_specs[key[2:]])
+            else:
+                self._submit_inference(self._inference_specs[key[2:]])
+        elif kind == _RETIRE:
+            self._retire(key)
+
+    # -- work coming and going -------------------------------------------------------
+
+    def _submit_training(self, spec: TrainingSpec) -> None:
+        job = training_job(spec, self.now)
+        self.jobs[spec.id] = JobRecord(
+            spec=spec,
+            submitted_s=self.now,
+            deadline_s=job.deadline,
+            latest_start_s=(self.now + spec.max_delay_s if spec.max_delay_s is not None else None),
+        )
+        if self.config.counterfactuals:
+            self.jobs[spec.id].counterfactual = counterfactual(
+                self._snapshot(list(self.queue.values())), job, self._baseline_policy()
+            )
+        self.queue[spec.id] = job
+
+    def _submit_inference(self, spec: InferenceSpec) -> None:
+        work = deployment(spec, self.now)
+        retire = self.now + spec.lifetime_s if spec.lifetime_s is not None else None
+        record = DeploymentRecord(spec=spec, submitted_s=self.now, retire_s=retire)
+        if self.config.counterfactuals:
+            record.counterfactual = counterfactual(
+                self._snapshot(list(self.queue.values())), work, self._baseline_policy()
+            )
+        self.deployments[spec.id] = record
+        self.queue[spec.id] = work
+        if retire is not None:
+            self._push(retire, _RETIRE, spec.id)
+
+    def _retire(self, work_id: str) -> None:
+        self.deployments[work_id].retired = True
+        self.queue.pop(work_id, None)
+        for alloc in [a for a in self.running.values() if a.work_id == work_id]:
+            self._release(alloc)
+
+    def _finish(self, work_id: str) -> None:
+        for alloc in [a for a in self.running.values() if a.work_id == work_id]:
+            self._release(alloc)
+        self._ends.pop(work_id, None)
+        self.jobs[work_id].finish_s = self.now
+        self._outstanding_training -= 1
+
+    def _hold(self, alloc: Allocation) -> None:
+        self.running[alloc.allocation_id] = alloc
+        key = (alloc.node_id, alloc.accelerator_kind)
+        self._busy[key] = self._busy.get(key, 0) + alloc.accelerators
+        self._refresh_node(alloc.node_id)
+
+    def _release(self, alloc: Allocation) -> None:
+        del self.running[alloc.allocation_id]
+        key = (alloc.node_id, alloc.accelerator_kind)
+        self._busy[key] -= alloc.accelerators
+        self._refresh_node(alloc.node_id)
+        if alloc.work_kind == "training":
+            self.usages.append(
+                Usage(
+                    allocation_id=f"{alloc.allocation_id}@{alloc.started_at:.0f}",
+                    work_id=alloc.work_id,
+                    tenant=alloc.tenant,
+                    node_id=alloc.node_id,
+                    accelerator_kind=alloc.accelerator_kind,
+                    accelerators=alloc.accelerators,
+                    start_s=alloc.started_at,
+                    end_s=self.now,
+                    utilisation=self.config.energy.training_utilisation,
+                )
+            )
+        else:
+            run = self._replicas.pop(alloc.allocation_id)
+            run.end_s = self.now
+
+    def _refresh_node(self, node_id: str) -> None:
+        """Pool utilisation as telemetry would report it: the busy share of the pool
+        at the utilisation work drives it to."""
+        base = self._base_nodes[node_id]
+        drive = self.config.energy.training_utilisation
+        pools = tuple(
+            dataclasses.replace(
+                pool,
+                utilisation=min(1.0, self._busy.get((node_id, pool.kind), 0) / pool.count * drive),
+            )
+            if pool.count
+            else pool
+            for pool in base.pools
+        )
+        self._node_view[node_id] = dataclasses.replace(base, pools=pools)
+
+    # -- scheduling --------------------------------------------------------------------
+
+    def _snapshot(self, queue: Sequence[Work]) -> Snapshot:
+        return Snapshot.build(
+            now=self.now,
+            nodes=list(self._node_view.values()),
+            allocations=list(self.running.values()),
+            queue=list(queue),
+        )
+
+    def _signals(self) -> GridSignals:
+        return self._provider.grid_signals(
+            self._zones,
+            self.now,
+            history_hours=self.config.history_hours,
+            horizon_hours=self.config.horizon_hours,
+            forecaster=self.config.forecaster,
+        )
+
+    def _inputs(self, signals: GridSignals) -> GreenInputs:
+        return GreenInputs(
+            signals=signals,
+            latency=self._latency,
+            energy=self.config.energy,
+            min_saving=self.config.min_saving,
+            safety_margin_s=self.config.safety_margin_s,
+        )
+
+    def _current_policy(self) -> Policy:
+        hour = math.floor(self.now / HOUR_S)
+        if self._policy is None or self._policy_hour != hour:
+            self._policy = build_policy(self.config.policy, self._inputs(self._signals()))
+            self._policy_hour = hour
+        return self._policy
+
+    def _baseline_policy(self) -> Policy:
+        if self._baseline is None:
+            # fifo-binpack reads no signals: any snapshot of them will do.
+            self._baseline = build_policy(
+                policy_spec("fifo-binpack"), self._inputs(GridSignals(now_s=self.now))
+            )
+        return self._baseline
+
+    def _pass(self) -> None:
+        if not self.queue:
+            return
+        queued = dict(self.queue)
+        plan = schedule(self._snapshot(list(queued.values())), self._current_policy())
+        self.passes += 1
+        self._apply(plan, queued)
+
+    def _apply(self, plan: Plan, queued: dict[str, Work]) -> None:
+        for preemption in plan.preemptions:
+            victim = self.running.get(preemption.allocation_id)
+            if victim is not None:
+                self._preempt(victim)
+        by_work: dict[str, list[Placement]] = {}
+        for placement in plan.placements:
+            by_work.setdefault(placement.work_id, []).append(placement)
+        deferred = {p.work_id for p in plan.pending if p.code == "deferred"}
+        for work_id in queued:
+            record = self.jobs.get(work_id)
+            if record is None:
+                continue
+            if record.deferred_since is not None:
+                record.deferred_s += self.now - record.deferred_since
+            record.deferred_since = self.now if work_id in deferred else None
+            record.deferred = record.deferred or work_id in deferred
+        for work_id, placements in by_work.items():
+            self._start(queued[work_id], placements)
+        for pending in plan.pending:
+            if pending.retry_at is not None:
+                self._wake(pending.retry_at)
+
+    def _start(self, work: Work, placements: list[Placement]) -> None:
+        del self.queue[work.work_id]
+        for placement in placements:
+            alloc = placement.to_allocation()
+            self._hold(alloc)
+            if isinstance(work, InferenceDeployment):
+                run = ReplicaRun(
+                    spec=self._inference_specs[work.work_id],
+                    node_id=placement.node_id,
+                    accelerator_kind=placement.accelerator_kind,
+                    accelerators=placement.accelerators,
+                    start_s=self.now,
+                )
+                self._replicas[alloc.allocation_id] = run
+                self.replica_runs.append(run)
+        if isinstance(work, TrainingJob):
+            record = self.jobs[work.work_id]
+            if record.first_start_s is None:
+                record.first_start_s = self.now
+            record.nodes = tuple(sorted({p.node_id for p in placements}))
+            ends = [p.expected_end for p in placements if p.expected_end is not None]
+            end = max(ends)
+            generation = self._generation.get(work.work_id, 0) + 1
+            self._generation[work.work_id] = generation
+            self._ends[work.work_id] = end
+            self._push(end, _FINISH, f"{work.work_id}#{generation}")
+
+    def _preempt(self, victim: Allocation) -> None:
+        if victim.work_kind == "training":
+            for alloc in [a for a in self.running.values() if a.work_id == victim.work_id]:
+                self._release(alloc)
+            self._generation[victim.work_id] = self._generation.get(victim.work_id, 0) + 1
+            self._ends.pop(victim.work_id, None)
+            record = self.jobs[victim.work_id]
+            self.queue[victim.work_id] = training_job(record.spec, record.submitted_s)
+        else:
+            self._release(victim)
+            spec = self._inference_specs[victim.work_id]
+            record_d = self.deployments[victim.work_id]
+            queued = self.queue.get(victim.work_id)
+            missing = 1 + (queued.replicas if isinstance(queued, InferenceDeployment) else 0)
+            self.queue[victim.work_id] = deployment(spec, record_d.submitted_s, missing)
+
+    # -- service levels ----------------------------------------------------------------
+
+    def _check_slos(self, at_s: float) -> None:
+        """One deployment-hour each: violated when replicas are missing or any running
+        replica's latency at this hour's traffic exceeds the SLO."""
+        running: dict[str, list[Allocation]] = {}
+        for alloc in self.running.values():
+            if alloc.work_kind == "inference":
+                running.setdefault(alloc.work_id, []).append(alloc)
+        for work_id, record in self.deployments.items():
+            if record.retired:
+                continue
+            spec = record.spec
+            self.slo_hours += 1
+            replicas = running.get(work_id, [])
+            if len(replicas) < spec.replicas:
+                self.slo_violations += 1
+                continue
+            if spec.latency_slo_ms is None:
+                continue
+            if self._worst_latency_ms(spec, replicas, at_s + HOUR_S / 2) > spec.latency_slo_ms:
+                self.slo_violations += 1
+
+    def _worst_latency_ms(
+        self, spec: InferenceSpec, replicas: list[Allocation], at_s: float
+    ) -> float:
+        work = deployment(spec, at_s)
+        rate = requests_per_s(spec, at_s)
+        mix = traffic_weights(spec, at_s)
+        worst = 0.0
+        for alloc in replicas:
+            node = self._base_nodes[alloc.node_id]
+            pool = pool_of(node, alloc.accelerator_kind)
+            network = float(self._latency.network_ms((node.region,), mix)[0])
+            response = float(
+                self._latency.response_ms(
+                    work,
+                    pool.kind,
+                    np.array([pool.relative_speed]),
+                    requests_per_s=rate,
+                )[0]
+            )
+            worst = max(worst, network + response)
+        return worst
+
+    # -- the end -------------------------------------------------------------------------
+
+    def _close(self, stop_s: float) -> None:
+        """Stop what still runs (usage up to ``stop_s``) and cut inference into hours."""
+        for alloc in list(self.running.values()):
+            self.now = stop_s
+            self._release(alloc)
+        self.usages.extend(self._inference_usages())
+
+    def _inference_usages(self) -> list[Usage]:
+        config = self.config
+        usages = []
+        for number, run in enumerate(self.replica_runs):
+            node = self._base_nodes[run.node_id]
+            pool = pool_of(node, run.accelerator_kind)
+            usages.extend(
+                replica_usages(
+                    run.spec,
+                    f"{run.spec.id}/r{number}",
+                    run.node_id,
+                    pool,
+                    run.accelerators,
+                    max(run.start_s, config.start_s),
+                    min(run.end_s if run.end_s is not None else config.end_s, config.end_s),
+                )
+            )
+        return usages
+
+
+def pool_of(node: Node, kind: str) -> AcceleratorPool:
+    return next(pool for pool in node.pools if pool.kind == kind)
+
+
+def replica_usages(
+    spec: InferenceSpec,
+    allocation_id: str,
+    node_id: str,
+    pool: AcceleratorPool,
+    accelerators: int,
+    start_s: float,
+    end_s: float,
+) -> list[Usage]:
+    """One replica's use, cut at hour boundaries, each hour at that hour's load."""
+    usages = []
+    at = start_s
+    service_s = spec.reference_ms_per_request / pool.relative_speed / 1000.0
+    while at < end_s:
+        stop = min(end_s, math.floor(at / HOUR_S) * HOUR_S + HOUR_S)
+        rate = requests_per_s(spec, (at + stop) / 2)
+        usages.append(
+            Usage(
+                allocation_id=f"{allocation_id}@{at:.0f}",
+                work_id=spec.id,
+                tenant=spec.tenant,
+                node_id=node_id,
+                accelerator_kind=pool.kind,
+                accelerators=accelerators,
+                start_s=at,
+                end_s=stop,
+                utilisation=min(1.0, rate / spec.replicas * service_s),
+            )
+        )
+        at = stop
+    return usages

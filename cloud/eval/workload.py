@@ -1,0 +1,221 @@
+"""Workload files for ``greenfed eval --workload FILE`` (TOML, or JSON by extension).
+
+Times are offsets in seconds from the start of the run, so one file can be
+replayed over any period. Unknown keys are errors, and every error names the key
+and where it is (``$.training[3]``).
+
+```toml
+seed = 7                            # optional, informational
+
+[[training]]
+id = "train-00001"                  # unique across the file
+tenant = "vision"
+submit_offset_s = 5400.0            # submitted 1.5 h after the start
+workers = 2                         # gang size (default 1)
+gpus_per_worker = 4                 # default 1
+duration_s = 7200.0                 # run time on the reference GPU (an A100)
+deadline_offset_s = 43200.0         # optional: must finish 12 h after submission
+max_delay_s = 21600.0               # optional: may start up to 6 h after submission
+priority = "p1"                     # p0 | p1 | p2 (default p1)
+preemptible = true                  # default true
+score_weights = { carbon = 2.0 }    # optional per-job weight overrides
+
+[[inference]]
+id = "shop-cams-la"
+tenant = "retail"
+start_offset_s = 0.0                # default 0
+lifetime_s = 259200.0               # optional: stopped after 3 days (default: runs on)
+replicas = 3
+accepted_kinds = ["gpu", "npu"]     # in order of preference
+providers = ["TensorrtExecutionProvider", "CUDAExecutionProvider"]  # optional
+latency_slo_ms = 50.0               # optional hard SLO
+reference_ms_per_request = 0.5      # compute per request on an A100
+peak_requests_per_s = 60.0          # all origins at their daily peak
+priority = "p0"                     # default p0
+traffic = [{ region = "us-west2", share = 1.0, utc_offset_hours = -8.0 }]
+```
+
+Traffic follows a daily profile in each origin's local time,
+``profile(h) = 0.25 + 0.75 · (1 − cos(2π (h − 4) / 24)) / 2``: a quarter of the
+peak at 04:00, the peak at 16:00. The request rate at time t is
+``peak_requests_per_s · Σ_r share_r · profile(h_r(t)) / Σ_r share_r``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from cloud.scheduler import InferenceDeployment, PriorityClass, TrainingJob
+from shared.messages import AcceleratorKind
+from shared.settings import ConfigError
+
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+Count = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class TrafficSource(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    region: str
+    share: Positive
+    utc_offset_hours: Annotated[float, msgspec.Meta(ge=-14, le=14)] = 0.0
+
+
+class TrainingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    id: str
+    tenant: str
+    submit_offset_s: NonNegative
+    duration_s: Positive
+    workers: Count = 1
+    gpus_per_worker: Count = 1
+    deadline_offset_s: Positive | None = None
+    max_delay_s: NonNegative | None = None
+    priority: PriorityClass = "p1"
+    preemptible: bool = True
+    score_weights: dict[str, float] = {}
+
+
+class InferenceSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    id: str
+    tenant: str
+    reference_ms_per_request: Positive
+    peak_requests_per_s: NonNegative
+    start_offset_s: NonNegative = 0.0
+    lifetime_s: Positive | None = None
+    replicas: Count = 1
+    accepted_kinds: tuple[AcceleratorKind, ...] = ("npu", "gpu", "cpu")
+    providers: tuple[str, ...] = ()
+    latency_slo_ms: Positive | None = None
+    priority: PriorityClass = "p0"
+    traffic: tuple[TrafficSource, ...] = ()
+    score_weights: dict[str, float] = {}
+
+
+class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    seed: int | None = None
+    training: tuple[TrainingSpec, ...] = ()
+    inference: tuple[InferenceSpec, ...] = ()
+
+
+def traffic_profile(local_hour: float) -> float:
+    """Share of the daily peak at a local hour (0.25 at 04:00, 1.0 at 16:00)."""
+    return 0.25 + 0.75 * (1.0 - math.cos(2.0 * math.pi * (local_hour - 4.0) / 24.0)) / 2.0
+
+
+def traffic_weights(spec: InferenceSpec, at_s: float) -> dict[str, float]:
+    """Request rate (req/s) from each origin region at ``at_s``."""
+    total_share = sum(source.share for source in spec.traffic)
+    if total_share <= 0:
+        return {}
+    rates: dict[str, float] = {}
+    for source in spec.traffic:
+        local_hour = ((at_s / 3600.0) + source.utc_offset_hours) % 24.0
+        rate = spec.peak_requests_per_s * source.share / total_share * traffic_profile(local_hour)
+        rates[source.region] = rates.get(source.region, 0.0) + rate
+    return rates
+
+
+def requests_per_s(spec: InferenceSpec, at_s: float) -> float:
+    if not spec.traffic:
+        return spec.peak_requests_per_s
+    return sum(traffic_weights(spec, at_s).values())
+
+
+def training_job(spec: TrainingSpec, submitted_at: float) -> TrainingJob:
+    return TrainingJob(
+        work_id=spec.id,
+        tenant=spec.tenant,
+        priority=spec.priority,
+        submitted_at=submitted_at,
+        workers=spec.workers,
+        accelerators_per_worker=spec.gpus_per_worker,
+        accelerator_kind="gpu",
+        duration_s=spec.duration_s,
+        deadline=(
+            submitted_at + spec.deadline_offset_s if spec.deadline_offset_s is not None else None
+        ),
+        max_delay_s=spec.max_delay_s,
+        preemptible=spec.preemptible,
+        score_weights=spec.score_weights,
+    )
+
+
+def deployment(
+    spec: InferenceSpec, submitted_at: float, replicas: int | None = None
+) -> InferenceDeployment:
+    count = spec.replicas if replicas is None else replicas
+    traffic: dict[str, float] = {}
+    for source in spec.traffic:
+        traffic[source.region] = traffic.get(source.region, 0.0) + source.share
+    return InferenceDeployment(
+        work_id=spec.id,
+        tenant=spec.tenant,
+        priority=spec.priority,
+        submitted_at=submitted_at,
+        replicas=count,
+        accepted_kinds=spec.accepted_kinds,
+        providers=spec.providers,
+        latency_slo_ms=spec.latency_slo_ms,
+        traffic_by_region=traffic,
+        # The scheduler sizes for the peak, this share of it for ``count`` replicas.
+        requests_per_s=spec.peak_requests_per_s * count / spec.replicas,
+        reference_ms_per_request=spec.reference_ms_per_request,
+        max_replicas_per_node=1,
+        sites=("edge",),
+        score_weights=spec.score_weights,
+    )
+
+
+def check_workload(workload: Workload, source: str) -> Workload:
+    """Unique ids, and every job buildable (score weights are checked there)."""
+    seen: set[str] = set()
+    specs: list[tuple[str, TrainingSpec | InferenceSpec]] = [
+        *((f"training[{i}]", spec) for i, spec in enumerate(workload.training)),
+        *((f"inference[{i}]", spec) for i, spec in enumerate(workload.inference)),
+    ]
+    for where, spec in specs:
+        if spec.id in seen:
+            raise ConfigError(f"{source}: {where}.id: duplicate id {spec.id!r}")
+        seen.add(spec.id)
+        try:
+            if isinstance(spec, TrainingSpec):
+                training_job(spec, 0.0)
+            else:
+                deployment(spec, 0.0)
+        except ValueError as error:
+            raise ConfigError(f"{source}: {where}: {error}") from None
+    return workload
+
+
+def parse_workload(data: Mapping[str, object], source: str) -> Workload:
+    try:
+        workload = msgspec.convert(data, Workload)
+    except msgspec.ValidationError as error:
+        raise ConfigError(f"{source}: {error}") from None
+    return check_workload(workload, source)
+
+
+def load_workload(path: Path) -> Workload:
+    """Read a workload file: ``.json`` as JSON, anything else as TOML."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"workload file {path} does not exist") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path} is not valid {path.suffix[1:] or 'TOML'}: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table / object")
+    return parse_workload(data, str(path))
+
+
+def dump_workload(workload: Workload) -> str:
+    """As JSON (``greenfed eval --dump-workload``), loadable with ``--workload``."""
+    return msgspec.json.format(msgspec.json.encode(workload)).decode() + "\n"

@@ -1,0 +1,66 @@
+"""Green scheduling: energy, carbon, price and latency terms, policies, temporal
+shifting and accounting, built on the scheduler core's hooks.
+
+==============  ==========================================================
+energy.py       kWh of a job (or kW of a replica) on each candidate node
+window.py       mean intensity / price over a run window; unknown-zone fallback
+latency.py      ServingLatency: network RTT + compute (+ queueing) per node
+terms.py        CarbonTerm, PriceTerm, LatencyTerm (ScoreTerm hook)
+shifting.py     best_window and WindowShifter (StartAdvisor hook)
+policies.py     named policies (green, cost, latency, balanced, baselines)
+accounting.py   kWh, gCO2eq, cost per allocation, job, tenant; counterfactual
+==============  ==========================================================
+
+Guide: docs/green.md.
+"""
+
+from .accounting import (
+    Counterfactual,
+    Totals,
+    Usage,
+    UsageAccount,
+    account,
+    by_tenant,
+    by_work,
+    counterfactual,
+    counterfactual_usages,
+    total,
+)
+from .energy import EnergyModel, linear_power_w
+from .latency import ServingLatency, default_latency_estimator
+from .policies import POLICIES, POLICY_NAMES, GreenInputs, PolicySpec, build_policy, policy_spec
+from .shifting import Window, WindowShifter, best_window, candidate_starts
+from .terms import CarbonTerm, LatencyTerm, PriceTerm
+from .window import WindowMeans, window_means
+
+__all__ = [
+    "POLICIES",
+    "POLICY_NAMES",
+    "CarbonTerm",
+    "Counterfactual",
+    "EnergyModel",
+    "GreenInputs",
+    "LatencyTerm",
+    "PolicySpec",
+    "PriceTerm",
+    "ServingLatency",
+    "Totals",
+    "Usage",
+    "UsageAccount",
+    "Window",
+    "WindowMeans",
+    "WindowShifter",
+    "account",
+    "best_window",
+    "build_policy",
+    "by_tenant",
+    "by_work",
+    "candidate_starts",
+    "counterfactual",
+    "counterfactual_usages",
+    "default_latency_estimator",
+    "linear_power_w",
+    "policy_spec",
+    "total",
+    "window_means",
+]

@@ -1,0 +1,105 @@
+"""Request latency of an inference replica on each candidate node.
+
+    latency_ms = Σ_r w_r · RTT(r, node region)  +  response_ms
+
+* network: the deployment's ``traffic_by_region`` shares w_r (normalised to sum
+  to 1) times the round-trip time from each origin region to the node's region,
+  from the shipped GCP region matrix with distance-based estimates for regions it
+  lacks (``cloud.signals.latency``); a pair with an unknown region costs
+  ``default_rtt_ms``; no traffic data: no network term.
+* compute: service time s = ``reference_ms_per_request`` (the deployment's, on
+  the reference accelerator, relative speed 1.0) or ``compute_ms[kind]`` when the
+  deployment does not give one, divided by the node's relative speed. With a known
+  load λ = ``requests_per_s`` / replicas the response time is that of an M/M/1
+  queue, s / (1 − ρ) with ρ = λ·s; a replica that cannot keep up (ρ ≥ 1) has an
+  infinite latency and so fails any SLO.
+
+``ServingLatency`` is both the scheduler's ``LatencyEstimator`` (the SLO is a
+hard filter) and what the ``latency`` score term ranks by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from cloud.scheduler import Candidates, InferenceDeployment, Snapshot
+from cloud.scheduler.arrays import FloatArray
+from cloud.signals.latency import region_rtt_latency
+from shared.messages import AcceleratorKind
+
+DEFAULT_COMPUTE_MS: Mapping[AcceleratorKind, float] = MappingProxyType(
+    {"gpu": 5.0, "npu": 10.0, "cpu": 40.0}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLatency:
+    rtt_ms: Mapping[tuple[str, str], float]
+    default_rtt_ms: float = 100.0
+    compute_ms: Mapping[AcceleratorKind, float] = field(default_factory=lambda: DEFAULT_COMPUTE_MS)
+
+    def network_ms(self, regions: tuple[str, ...], traffic: Mapping[str, float]) -> FloatArray:
+        """Traffic-weighted RTT to each region (indexed like ``regions``)."""
+        weights = {origin: w for origin, w in traffic.items() if w > 0}
+        total = sum(weights.values())
+        result = np.zeros(len(regions))
+        if total <= 0:
+            return result
+        for code, region in enumerate(regions):
+            result[code] = sum(
+                weight / total * self.rtt(origin, region) for origin, weight in weights.items()
+            )
+        return result
+
+    def rtt(self, origin: str, region: str) -> float:
+        found = self.rtt_ms.get((origin, region))
+        if found is None:
+            found = self.rtt_ms.get((region, origin))
+        if found is None:
+            return 0.0 if origin == region else self.default_rtt_ms
+        return found
+
+    def service_ms(self, deployment: InferenceDeployment, kind: AcceleratorKind) -> float:
+        if deployment.reference_ms_per_request is not None:
+            return deployment.reference_ms_per_request
+        return self.compute_ms.get(kind, 0.0)
+
+    def response_ms(
+        self,
+        deployment: InferenceDeployment,
+        kind: AcceleratorKind,
+        relative_speed: FloatArray,
+        requests_per_s: float | None = None,
+    ) -> FloatArray:
+        """Compute (and queueing) time of one request per node."""
+        service = self.service_ms(deployment, kind) / relative_speed
+        rate = deployment.requests_per_s if requests_per_s is None else requests_per_s
+        if rate <= 0:
+            return service
+        busy = rate / deployment.replicas * service / 1000.0
+        with np.errstate(divide="ignore"):
+            result: FloatArray = np.where(busy < 1.0, service / (1.0 - busy), np.inf)
+        return result
+
+    def estimate_ms(
+        self, snapshot: Snapshot, deployment: InferenceDeployment, candidates: Candidates
+    ) -> FloatArray:
+        nodes = snapshot.nodes
+        network = self.network_ms(nodes.regions, deployment.traffic_by_region)
+        speed = nodes.kind(candidates.kind).relative_speed[candidates.nodes]
+        result: FloatArray = network[nodes.region_code[candidates.nodes]] + self.response_ms(
+            deployment, candidates.kind, speed
+        )
+        return result
+
+
+def default_latency_estimator(
+    regions: Iterable[str] | None = None, *, default_rtt_ms: float = 100.0
+) -> ServingLatency:
+    """Built from the shipped region matrix (and its estimates, e.g. africa-south1)."""
+    table = region_rtt_latency(regions, default_rtt_ms=default_rtt_ms)
+    return ServingLatency(rtt_ms=table.rtt_ms, default_rtt_ms=default_rtt_ms)

@@ -1,0 +1,235 @@
+"""Named scheduling policies: weights over the built-in and green terms, queue order
+and temporal shifting.
+
+===============  =======  ====  =====  ====  ======  ======  =====  =======  ====  =====  =======
+policy           packing  load  speed  pref  spread  carbon  price  latency  thr.  queue  shifts
+===============  =======  ====  =====  ====  ======  ======  =====  =======  ====  =====  =======
+green            0.5      0.25  0.25   1     1       4       0      0.5      0.6   fair   carbon
+cost             0.5      0.25  0.25   1     1       0       4      0.5      0.6   fair   price
+latency          0.5      0.25  0.5    1     1       0       0      4        0.6   fair   off
+balanced         1        0.5   0.5    1     1       1.5     1      1        0.6   fair   carbon
+fifo-binpack     1        0     0.5    1     1       0       0      0        0.6   fifo   off
+spread           0        1     0      1     1       0       0      0        0     fair   off
+green-spatial    as green                                                                 off
+green-temporal   as green, but carbon 0                                                   carbon
+===============  =======  ====  =====  ====  ======  ======  =====  =======  ====  =====  =======
+
+(pref: preference; thr.: ``load_threshold``; queue: ``Policy.queue_order``;
+shifts: the objective of temporal shifting.)
+
+* ``fifo-binpack`` is the carbon-agnostic baseline: first come, first served
+  within a priority class (no fair-share reordering), packing partly used nodes
+  first, faster accelerators breaking ties (a job finishes sooner there).
+* ``spread`` balances load: no packing, and the load term with threshold 0 scores
+  each node ``1 − utilisation``, so the least used node wins.
+* ``green-spatial`` and ``green-temporal`` split green's saving between choosing
+  the cleaner zone and waiting for the cleaner hour (evaluation ablations).
+
+Every policy gets the same latency estimator, so an inference SLO is a hard
+filter under all of them, and registers all three green terms; a term whose
+weight is 0 is not evaluated. Per-job ``score_weights`` override any of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from cloud.scheduler import Policy
+from cloud.scheduler.policy import QueueDiscipline
+from cloud.signals.grid import GridSignals
+
+from .energy import EnergyModel
+from .latency import ServingLatency
+from .shifting import Objective, WindowShifter
+from .terms import DEFAULT_INFERENCE_WINDOW_S, CarbonTerm, LatencyTerm, PriceTerm
+
+DEADLINE_GUARD_S = 7200.0
+
+
+def _weights(**values: float) -> Mapping[str, float]:
+    return MappingProxyType(values)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    name: str
+    description: str
+    weights: Mapping[str, float]
+    load_threshold: float = 0.6
+    queue_order: QueueDiscipline = "fair"
+    shifting: Objective | None = None
+    # With shifting, jobs this close to their latest safe start go first.
+    deadline_guard_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.shifting is not None and self.deadline_guard_s is None:
+            object.__setattr__(self, "deadline_guard_s", DEADLINE_GUARD_S)
+
+
+_GREEN = _weights(
+    packing=0.5,
+    load=0.25,
+    speed=0.25,
+    preference=1.0,
+    spread=1.0,
+    carbon=4.0,
+    price=0.0,
+    latency=0.5,
+)
+
+POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            PolicySpec(
+                "green",
+                "lowest emissions: cleanest zone now, or the cleanest forecast window",
+                _GREEN,
+                shifting="carbon",
+            ),
+            PolicySpec(
+                "cost",
+                "lowest electricity cost, in place and in time",
+                _weights(
+                    packing=0.5,
+                    load=0.25,
+                    speed=0.25,
+                    preference=1.0,
+                    spread=1.0,
+                    carbon=0.0,
+                    price=4.0,
+                    latency=0.5,
+                ),
+                shifting="price",
+            ),
+            PolicySpec(
+                "latency",
+                "lowest request latency for inference",
+                _weights(
+                    packing=0.5,
+                    load=0.25,
+                    speed=0.5,
+                    preference=1.0,
+                    spread=1.0,
+                    carbon=0.0,
+                    price=0.0,
+                    latency=4.0,
+                ),
+            ),
+            PolicySpec(
+                "balanced",
+                "carbon, cost, latency and packing weighed together",
+                _weights(
+                    packing=1.0,
+                    load=0.5,
+                    speed=0.5,
+                    preference=1.0,
+                    spread=1.0,
+                    carbon=1.5,
+                    price=1.0,
+                    latency=1.0,
+                ),
+                shifting="carbon",
+            ),
+            PolicySpec(
+                "fifo-binpack",
+                "carbon-agnostic baseline: first come first served, pack tightly",
+                _weights(
+                    packing=1.0,
+                    load=0.0,
+                    speed=0.5,
+                    preference=1.0,
+                    spread=1.0,
+                    carbon=0.0,
+                    price=0.0,
+                    latency=0.0,
+                ),
+                queue_order="fifo",
+            ),
+            PolicySpec(
+                "spread",
+                "carbon-agnostic baseline: balance load across nodes",
+                _weights(
+                    packing=0.0,
+                    load=1.0,
+                    speed=0.0,
+                    preference=1.0,
+                    spread=1.0,
+                    carbon=0.0,
+                    price=0.0,
+                    latency=0.0,
+                ),
+                load_threshold=0.0,
+            ),
+            PolicySpec(
+                "green-spatial",
+                "ablation: green's weights without temporal shifting",
+                _GREEN,
+            ),
+            PolicySpec(
+                "green-temporal",
+                "ablation: green's temporal shifting without the carbon term",
+                MappingProxyType({**_GREEN, "carbon": 0.0}),
+                shifting="carbon",
+            ),
+        )
+    }
+)
+
+POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
+
+
+def policy_spec(name: str) -> PolicySpec:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy {name!r}; known policies: {', '.join(POLICY_NAMES)}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GreenInputs:
+    """What a pass knows: the grid, the network and the energy model."""
+
+    signals: GridSignals
+    latency: ServingLatency
+    energy: EnergyModel = field(default_factory=EnergyModel)
+    inference_window_s: float = DEFAULT_INFERENCE_WINDOW_S
+    min_saving: float = 0.1  # temporal shifting: defer only for at least this much less
+    safety_margin_s: float = 3600.0  # temporal shifting: before the latest start
+    max_booked_share: float = 0.5  # temporal shifting: of a zone's capacity, ahead of time
+
+
+def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:
+    """A scheduler ``Policy`` for one pass (build a fresh one when the signals change)."""
+    if isinstance(spec, str):
+        spec = policy_spec(spec)
+    energy, signals = inputs.energy, inputs.signals
+    shifter = (
+        WindowShifter(
+            signals,
+            energy,
+            objective=spec.shifting,
+            min_saving=inputs.min_saving,
+            safety_margin_s=inputs.safety_margin_s,
+            max_booked_share=inputs.max_booked_share,
+        )
+        if spec.shifting is not None
+        else None
+    )
+    return Policy(
+        weights=spec.weights,
+        load_threshold=spec.load_threshold,
+        score_terms=(
+            CarbonTerm(signals, energy, inputs.inference_window_s),
+            PriceTerm(signals, energy, inputs.inference_window_s),
+            LatencyTerm(inputs.latency),
+        ),
+        latency_estimator=inputs.latency,
+        start_advisor=shifter,
+        queue_order=spec.queue_order,
+        deadline_guard_s=spec.deadline_guard_s,
+    )

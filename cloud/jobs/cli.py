@@ -1,0 +1,549 @@
+"""The work commands of the `greenfed` CLI: a REST client and its tables.
+
+`greenfed submit/jobs/job/cancel/deployments/deployment/logs/tenants` call a running
+control plane. People get rich tables; scripts pass `--json` and get the API's JSON.
+Whatever goes wrong (API unreachable, token refused, a spec file that does not match
+the spec) is one line on stderr and a non-zero exit status, never a traceback.
+
+The token comes from `--token`, then `GREENFED_TOKEN`, then `--token-file`, then the
+admin token file of this machine's data directory (written by the control plane when
+it created its admin tenant). The API is `--api`, then `GREENFED_API`, then
+http://127.0.0.1:8700.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final, TextIO, TypeVar
+
+import aiohttp
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from cloud.api.problems import ProblemBody
+from cloud.api.work_views import (
+    AllocationView,
+    DeploymentList,
+    DeploymentView,
+    ExplainView,
+    JobList,
+    JobView,
+    TenantCreated,
+    TenantList,
+)
+from cloud.jobs.admin import read_token_file
+from cloud.jobs.specs import DeploymentSpec, SpecKind, TrainingJobSpec, encode_spec
+from shared.messages import AcceleratorKind
+
+DEFAULT_API: Final = "http://127.0.0.1:8700"
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_AUTH: Final = 3
+TIMEOUT_S: Final = 30.0
+
+T = TypeVar("T")
+
+
+class CliError(Exception):
+    """One line for the person at the terminal, and the exit status."""
+
+    def __init__(
+        self, message: str, exit_code: int = EXIT_FAILURE, *, status: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.status = status  # the HTTP status, when the API answered
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    api: str
+    token: str | None
+    token_source: str  # for messages: where the token came from
+
+
+def resolve_target(
+    *,
+    api: str | None,
+    token: str | None,
+    token_file: Path | None,
+    default_token_file: Callable[[], Path],
+    environ: Mapping[str, str] | None = None,
+) -> Target:
+    environ = os.environ if environ is None else environ
+    url = (api or environ.get("GREENFED_API") or DEFAULT_API).rstrip("/")
+    if token:
+        return Target(url, token, "--token")
+    if environ.get("GREENFED_TOKEN"):
+        return Target(url, environ["GREENFED_TOKEN"].strip(), "GREENFED_TOKEN")
+    if token_file is not None:
+        try:
+            found = read_token_file(token_file)
+        except OSError as error:
+            raise CliError(f"cannot read --token-file {token_file}: {error.strerror}") from None
+        if found is None:
+            raise CliError(f"--token-file {token_file} does not exist or is empty", EXIT_USAGE)
+        return Target(url, found, str(token_file))
+    default = default_token_file()
+    try:
+        found = read_token_file(default)
+    except OSError:
+        found = None
+    if found is not None:
+        return Target(url, found, str(default))
+    return Target(url, None, "")
+
+
+def _problem_text(status: int, body: bytes) -> str:
+    try:
+        problem = msgspec.json.decode(body, type=ProblemBody)
+    except msgspec.MsgspecError:
+        return f"HTTP {status}: {body.decode(errors='replace')[:300]}"
+    detail = problem.detail or problem.title
+    return f"{problem.title} ({status}): {detail}" if detail != problem.title else detail
+
+
+class ApiClient:
+    """One HTTP session against the control plane; every failure becomes a `CliError`."""
+
+    def __init__(self, target: Target, *, timeout_s: float | None = TIMEOUT_S) -> None:
+        self.target = target
+        headers = {"Accept": "application/json"}
+        if target.token:
+            headers["Authorization"] = f"Bearer {target.token}"
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s or 10.0)),
+        )
+
+    async def __aenter__(self) -> ApiClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._session.close()
+
+    def _unreachable(self, error: BaseException) -> CliError:
+        reason = str(error) or type(error).__name__
+        return CliError(f"cannot reach the greenfed API at {self.target.api}: {reason}")
+
+    def _refused(self, status: int, body: bytes) -> CliError:
+        text = _problem_text(status, body)
+        if status == 401:
+            if self.target.token is None:
+                return CliError(
+                    "no token: pass --token, set GREENFED_TOKEN or use --token-file "
+                    f"(the API at {self.target.api} answered: {text})",
+                    EXIT_AUTH,
+                    status=status,
+                )
+            return CliError(
+                f"the API at {self.target.api} refused the token from "
+                f"{self.target.token_source}: {text}",
+                EXIT_AUTH,
+                status=status,
+            )
+        if status == 403:
+            return CliError(text, EXIT_AUTH, status=status)
+        return CliError(text, status=status)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        """(status, body) of a 2xx answer; any other answer raises `CliError`."""
+        request_headers = dict(headers or {})
+        if body is not None:
+            request_headers["Content-Type"] = "application/json"
+        try:
+            async with self._session.request(
+                method,
+                self.target.api + path,
+                params=params,
+                data=body,
+                headers=request_headers,
+            ) as response:
+                payload = await response.read()
+                if response.status >= 300:
+                    raise self._refused(response.status, payload)
+                return response.status, payload
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise self._unreachable(error) from None
+
+    async def get(self, path: str, decode: type[T], params: Mapping[str, str] | None = None) -> T:
+        _, payload = await self.call("GET", path, params=params)
+        return msgspec.json.decode(payload, type=decode)
+
+    async def stream(
+        self, path: str, params: Mapping[str, str] | None = None
+    ) -> AsyncIterator[bytes]:
+        try:
+            async with self._session.get(self.target.api + path, params=params) as response:
+                if response.status >= 300:
+                    raise self._refused(response.status, await response.read())
+                async for chunk in response.content.iter_any():
+                    yield chunk
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise self._unreachable(error) from None
+
+
+# ---- rendering -----------------------------------------------------------------------------
+
+
+def console(out: TextIO) -> Console:
+    return Console(file=out, width=None if out.isatty() else 160, highlight=False)
+
+
+def print_json(payload: bytes, out: TextIO) -> None:
+    out.write(msgspec.json.format(payload, indent=2).decode() + "\n")
+
+
+def ago(moment: datetime | None) -> str:
+    if moment is None:
+        return ""
+    seconds = max(0.0, (datetime.now(tz=UTC) - moment).total_seconds())
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h ago"
+    return f"{seconds / 86400:.0f}d ago"
+
+
+_STATE_STYLE: Final = {
+    "pending": "yellow",
+    "scheduled": "cyan",
+    "running": "green",
+    "succeeded": "bold green",
+    "failed": "red",
+    "cancelled": "dim",
+}
+
+
+def state_text(state: str) -> Text:
+    return Text(state, style=_STATE_STYLE.get(state, ""))
+
+
+def render_jobs(jobs: JobList, out: TextIO) -> None:
+    table = Table(title=f"jobs: {jobs.count}", title_justify="left")
+    for column in ("id", "name", "state", "prio", "workers", "attempts", "submitted", "reason"):
+        table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
+    for job in jobs.items:
+        table.add_row(
+            job.id,
+            job.name,
+            state_text(job.state),
+            job.priority,
+            f"{job.workers}×{job.accelerators_per_worker} {job.accelerator_kind}",
+            str(job.attempts),
+            ago(job.submitted_at),
+            job.reason or "",
+        )
+    console(out).print(table)
+    if jobs.next_cursor:
+        console(out).print(f"more: --cursor {jobs.next_cursor}")
+
+
+def render_deployments(deployments: DeploymentList, out: TextIO) -> None:
+    table = Table(title=f"deployments: {deployments.count}", title_justify="left")
+    for column in ("id", "name", "state", "prio", "replicas", "model", "submitted", "reason"):
+        table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
+    for item in deployments.items:
+        table.add_row(
+            item.id,
+            item.name,
+            state_text(item.state),
+            item.priority,
+            f"{item.replicas}×{item.accelerators_per_replica}",
+            item.model_id or "",
+            ago(item.submitted_at),
+            item.reason or "",
+        )
+    console(out).print(table)
+    if deployments.next_cursor:
+        console(out).print(f"more: --cursor {deployments.next_cursor}")
+
+
+def _allocations_table(allocations: tuple[AllocationView, ...]) -> Table:
+    table = Table(title="placement", title_justify="left")
+    for column in ("member", "node", "accelerators", "state", "since", "expected end"):
+        table.add_column(column)
+    for allocation in allocations:
+        ids = f" ({','.join(allocation.accelerator_ids)})" if allocation.accelerator_ids else ""
+        table.add_row(
+            str(allocation.member),
+            allocation.node_id,
+            f"{allocation.accelerators} {allocation.accelerator_kind}{ids}",
+            allocation.state,
+            ago(allocation.started_at),
+            allocation.expected_end.isoformat(timespec="seconds")
+            if allocation.expected_end
+            else "",
+        )
+    return table
+
+
+def render_explanation(explain: ExplainView, target: Console) -> None:
+    when = f" ({ago(explain.explained_at)})" if explain.explained_at else ""
+    target.print(Text.assemble(("why: ", "bold"), explain.message, when))
+    explanation = explain.explanation
+    if explanation is None:
+        return
+    if explanation.pending is not None and explanation.pending.rejections:
+        rejected = ", ".join(f"{n} {name}" for name, n in explanation.pending.rejections.items())
+        target.print(
+            f"nodes: {explanation.pending.fitting_nodes}/{explanation.pending.nodes_total} fit; "
+            f"rejected: {rejected}"
+        )
+    if explanation.placements:
+        table = Table(title="score breakdown (chosen node per member)", title_justify="left")
+        table.add_column("member")
+        table.add_column("node")
+        table.add_column("total", justify="right")
+        table.add_column("terms (value × weight)")
+        table.add_column("runners-up")
+        for member in explanation.placements:
+            terms = ", ".join(
+                f"{t.name} {t.value:.2f}×{t.weight:g}" for t in member.chosen.terms if t.weight
+            )
+            runners = ", ".join(f"{r.node_id} {r.total:.3f}" for r in member.runners_up)
+            table.add_row(
+                str(member.member), member.node_id, f"{member.chosen.total:.3f}", terms, runners
+            )
+        target.print(table)
+
+
+def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out: TextIO) -> None:
+    target = console(out)
+    noun = "job" if isinstance(work, JobView) else "deployment"
+    target.print(Text.assemble((f"{noun} {work.id}", "bold"), f"  {work.name}"))
+    shape = (
+        f"{work.workers} worker(s) × {work.accelerators_per_worker} {work.accelerator_kind}"
+        if isinstance(work, JobView)
+        else f"{work.replicas} replica(s) × {work.accelerators_per_replica}"
+        + (f", model {work.model_id}" if work.model_id else "")
+    )
+    target.print(Text.assemble("state: ", state_text(work.state), f"  ({work.priority}, {shape})"))
+    if work.reason:
+        target.print(f"reason: {work.reason}")
+    target.print(
+        f"attempts: {work.attempts}  submitted: {ago(work.submitted_at)}  "
+        f"updated: {ago(work.updated_at)}  tenant: {work.tenant}"
+    )
+    if work.allocations:
+        target.print(_allocations_table(work.allocations))
+    if explain is not None:
+        render_explanation(explain, target)
+
+
+def render_tenants(tenants: TenantList, out: TextIO) -> None:
+    table = Table(title=f"tenants: {tenants.count}", title_justify="left")
+    for column in ("name", "id", "quotas", "borrowing limit", "cohort", "priorities", "admin"):
+        table.add_column(column)
+
+    def counts(values: Mapping[AcceleratorKind, int]) -> str:
+        return ", ".join(f"{kind}={n}" for kind, n in sorted(values.items())) or "-"
+
+    for tenant in tenants.items:
+        table.add_row(
+            tenant.name,
+            tenant.id,
+            counts(tenant.quotas),
+            counts(tenant.borrowing_limit),
+            tenant.cohort or "",
+            ",".join(tenant.allowed_priorities),
+            "yes" if tenant.admin else "",
+        )
+    console(out).print(table)
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    json: bool
+    out: TextIO = sys.stdout
+
+
+async def submit(
+    client: ApiClient,
+    spec: TrainingJobSpec | DeploymentSpec,
+    *,
+    idempotency_key: str | None,
+    output: Output,
+) -> int:
+    training = isinstance(spec, TrainingJobSpec)
+    path = "/v1/jobs" if training else "/v1/deployments"
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    status, payload = await client.call("POST", path, body=encode_spec(spec), headers=headers)
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    work = msgspec.json.decode(payload, type=JobView if training else DeploymentView)
+    noun = "job" if training else "deployment"
+    verb = "submitted" if status == 201 else "already submitted (same Idempotency-Key)"
+    output.out.write(f"{noun} {work.id} {verb}: {work.name}, {work.state}\n")
+    return EXIT_OK
+
+
+def _list_params(
+    state: str | None, priority: str | None, limit: int | None, cursor: str | None
+) -> dict[str, str]:
+    params = {"state": state, "priority": priority, "cursor": cursor}
+    found = {key: value for key, value in params.items() if value}
+    if limit is not None:
+        found["limit"] = str(limit)
+    return found
+
+
+async def list_work(
+    client: ApiClient,
+    kind: SpecKind,
+    *,
+    state: str | None,
+    priority: str | None,
+    limit: int | None,
+    cursor: str | None,
+    output: Output,
+) -> int:
+    path = "/v1/jobs" if kind == "training" else "/v1/deployments"
+    _, payload = await client.call("GET", path, params=_list_params(state, priority, limit, cursor))
+    if output.json:
+        print_json(payload, output.out)
+    elif kind == "training":
+        render_jobs(msgspec.json.decode(payload, type=JobList), output.out)
+    else:
+        render_deployments(msgspec.json.decode(payload, type=DeploymentList), output.out)
+    return EXIT_OK
+
+
+async def show_work(client: ApiClient, kind: SpecKind, work_id: str, *, output: Output) -> int:
+    base = ("/v1/jobs/" if kind == "training" else "/v1/deployments/") + work_id
+    (_, payload), (_, explained) = await asyncio.gather(
+        client.call("GET", base), client.call("GET", base + "/explain")
+    )
+    if output.json:
+        combined = msgspec.json.decode(payload)
+        combined["explain"] = msgspec.json.decode(explained)
+        print_json(msgspec.json.encode(combined), output.out)
+        return EXIT_OK
+    work = msgspec.json.decode(payload, type=JobView if kind == "training" else DeploymentView)
+    render_work(work, msgspec.json.decode(explained, type=ExplainView), output.out)
+    return EXIT_OK
+
+
+async def cancel(client: ApiClient, work_id: str, *, output: Output) -> int:
+    """Cancel a job, or a deployment (the id says which only to the server)."""
+    for path in ("/v1/jobs/", "/v1/deployments/"):
+        try:
+            _, payload = await client.call("DELETE", path + work_id)
+        except CliError as error:
+            if error.status == 404 and path == "/v1/jobs/":
+                continue  # perhaps a deployment
+            raise
+        if output.json:
+            print_json(payload, output.out)
+        else:
+            noun = "job" if path == "/v1/jobs/" else "deployment"
+            state = msgspec.json.decode(payload)["state"]
+            output.out.write(f"{noun} {work_id} {state}\n")
+        return EXIT_OK
+    raise AssertionError("unreachable")
+
+
+async def logs(
+    client: ApiClient,
+    job_id: str,
+    *,
+    follow: bool,
+    tail: int | None,
+    attempt: int | None,
+    node: str | None,
+    out: TextIO = sys.stdout,
+) -> int:
+    params = {"follow": "true" if follow else "false"}
+    if tail is not None:
+        params["tail"] = str(tail)
+    if attempt is not None:
+        params["attempt"] = str(attempt)
+    if node is not None:
+        params["node"] = node
+    # A chunk may end inside a UTF-8 character: the decoder keeps it for the next one.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    async for chunk in client.stream(f"/v1/jobs/{job_id}/logs", params):
+        out.write(decoder.decode(chunk))
+        out.flush()
+    out.write(decoder.decode(b"", final=True))
+    out.flush()
+    return EXIT_OK
+
+
+async def list_tenants(client: ApiClient, *, output: Output) -> int:
+    _, payload = await client.call("GET", "/v1/tenants")
+    if output.json:
+        print_json(payload, output.out)
+    else:
+        render_tenants(msgspec.json.decode(payload, type=TenantList), output.out)
+    return EXIT_OK
+
+
+def parse_counts(option: str, values: list[str]) -> dict[str, int]:
+    """`gpu=8` (repeatable, or comma-separated) to {"gpu": 8}."""
+    counts: dict[str, int] = {}
+    for value in values:
+        for item in value.split(","):
+            kind, _, number = item.partition("=")
+            kind = kind.strip()
+            if kind not in ("gpu", "npu", "cpu") or not number.strip().isdigit():
+                raise CliError(f"{option} {item!r}: expected KIND=COUNT, KIND gpu, npu or cpu")
+            counts[kind] = int(number)
+    return counts
+
+
+async def create_tenant(
+    client: ApiClient,
+    *,
+    name: str,
+    quotas: dict[str, int],
+    borrowing_limit: dict[str, int],
+    cohort: str | None,
+    priorities: tuple[str, ...] | None,
+    admin: bool,
+    output: Output,
+) -> int:
+    body: dict[str, object] = {
+        "name": name,
+        "quotas": quotas,
+        "borrowing_limit": borrowing_limit,
+        "admin": admin,
+    }
+    if cohort:
+        body["cohort"] = cohort
+    if priorities:
+        body["allowed_priorities"] = list(priorities)
+    _, payload = await client.call("POST", "/v1/tenants", body=msgspec.json.encode(body))
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    created = msgspec.json.decode(payload, type=TenantCreated)
+    output.out.write(
+        f"tenant {created.name} created ({created.id})\n"
+        f"token (shown only now, keep it secret): {created.token}\n"
+    )
+    return EXIT_OK

@@ -1,0 +1,157 @@
+"""From the REST contract (and the store's records) to the scheduler's types.
+
+The scheduling loop calls `work_from_record` for every work item of a store snapshot
+and `allocation_from_record` for every allocation; the API calls `check_convertible`
+at submission, so a spec the scheduler would refuse is refused with a 422 instead of
+failing a scheduling pass later.
+
+Tenants: the scheduler identifies a tenant by a string. Pass the same string to every
+function here (the loop uses the tenant's name, unique and never renamed, so that
+explanations read "tenant acme uses 8 GPU"; `tenant_from_record` does the same).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cloud.jobs.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
+from cloud.scheduler.model import (
+    Allocation,
+    InferenceDeployment,
+    LabelRequirement,
+    StartWindow,
+    Tenant,
+    Toleration,
+    TrainingJob,
+    Work,
+)
+from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
+
+
+def _placement_fields(spec: WorkSpec) -> dict[str, object]:
+    """Constraints training jobs and deployments share."""
+    return {
+        "memory_bytes": spec.memory_bytes,
+        "host_memory_bytes": spec.host_memory_bytes,
+        "accelerator_models": spec.accelerator_models,
+        "preemptible": spec.preemptible,
+        "sites": spec.sites,
+        "node_selector": dict(spec.node_selector),
+        "affinity": tuple(
+            LabelRequirement(key=r.key, operator=r.operator, values=r.values) for r in spec.affinity
+        ),
+        "tolerations": tuple(Toleration(key=t.key, value=t.value) for t in spec.tolerations),
+        "group": spec.group,
+        "anti_affinity_groups": spec.anti_affinity_groups,
+        "score_weights": dict(spec.score_weights),
+    }
+
+
+def training_job(
+    spec: TrainingJobSpec, *, work_id: str, tenant: str, submitted_at: float
+) -> TrainingJob:
+    """Raises ValueError when the scheduler refuses the job (e.g. an unknown score term)."""
+    return TrainingJob(
+        work_id=work_id,
+        tenant=tenant,
+        priority=spec.priority,
+        submitted_at=submitted_at,
+        workers=spec.workers,
+        accelerators_per_worker=spec.accelerators_per_worker,
+        accelerator_kind=spec.accelerator_kind,
+        duration_s=spec.estimated_duration_s,
+        start_window=StartWindow.parse(spec.start_window) if spec.start_window else None,
+        deadline=spec.deadline.timestamp() if spec.deadline is not None else None,
+        max_delay_s=spec.max_delay_s,
+        **_placement_fields(spec),  # type: ignore[arg-type]
+    )
+
+
+def inference_deployment(
+    spec: DeploymentSpec, *, work_id: str, tenant: str, submitted_at: float
+) -> InferenceDeployment:
+    """Raises ValueError when the scheduler refuses the deployment."""
+    return InferenceDeployment(
+        work_id=work_id,
+        tenant=tenant,
+        priority=spec.priority,
+        submitted_at=submitted_at,
+        replicas=spec.replicas,
+        min_replicas=spec.min_replicas,
+        accelerators_per_replica=spec.accelerators_per_replica,
+        accepted_kinds=spec.accepted_kinds,
+        providers=spec.providers,
+        latency_slo_ms=spec.latency_slo_ms,
+        traffic_by_region=dict(spec.traffic_by_region),
+        requests_per_s=spec.requests_per_s,
+        reference_ms_per_request=spec.reference_ms_per_request,
+        max_replicas_per_node=spec.max_replicas_per_node,
+        **_placement_fields(spec),  # type: ignore[arg-type]
+    )
+
+
+def to_work(spec: WorkSpec, *, work_id: str, tenant: str, submitted_at: float) -> Work:
+    if isinstance(spec, TrainingJobSpec):
+        return training_job(spec, work_id=work_id, tenant=tenant, submitted_at=submitted_at)
+    return inference_deployment(spec, work_id=work_id, tenant=tenant, submitted_at=submitted_at)
+
+
+def spec_of(record: WorkRecord) -> WorkSpec:
+    """The record's spec as the API accepted it (raises msgspec errors for a corrupt one)."""
+    return decode_spec("training" if record.kind == "training" else "deployment", record.spec)
+
+
+def work_from_record(record: WorkRecord, *, tenant: str) -> Work:
+    """The scheduler's view of stored work; the record's priority is authoritative."""
+    spec = spec_of(record)
+    work = to_work(spec, work_id=record.work_id, tenant=tenant, submitted_at=record.submitted_at)
+    if work.priority != record.priority:
+        work = dataclasses.replace(work, priority=record.priority)
+    return work
+
+
+def allocation_from_record(record: AllocationRecord, work: Work) -> Allocation:
+    """A stored allocation as the scheduler sees it; `work` is its work, converted."""
+    return Allocation(
+        allocation_id=record.allocation_id,
+        work_id=record.work_id,
+        work_kind=record.work_kind,
+        tenant=work.tenant,
+        priority=record.priority,
+        preemptible=work.preemptible,
+        node_id=record.node_id,
+        accelerator_kind=record.accelerator_kind,
+        accelerators=record.accelerators,
+        host_memory_bytes=record.host_memory_bytes,
+        started_at=record.started_at,
+        expected_end=record.expected_end,
+        borrowed=record.borrowed,
+        group=work.group,
+        anti_affinity_groups=work.anti_affinity_groups,
+    )
+
+
+def tenant_from_record(record: TenantRecord) -> Tenant | None:
+    """The scheduler's tenant, named by the tenant's name (see the module docstring).
+
+    None for a tenant with neither quotas nor a cohort: the scheduler treats tenants it
+    has no record of as unmanaged (no quota applies), whereas a record with no quotas
+    would give it a nominal quota of zero for every kind.
+    """
+    if not record.quotas and record.cohort is None:
+        return None
+    return Tenant(
+        name=record.name,
+        cohort=record.cohort,
+        nominal=dict(record.quotas),
+        borrowing_limit=dict(record.borrowing_limit),
+    )
+
+
+def check_convertible(spec: WorkSpec) -> str | None:
+    """None when the scheduler accepts the spec, else its reason (for a 422)."""
+    try:
+        to_work(spec, work_id="submitted", tenant="tenant", submitted_at=0.0)
+    except ValueError as error:
+        return str(error).removeprefix("submitted: ")
+    return None

@@ -1,0 +1,182 @@
+"""Explanations from a scheduling pass: what the scheduling loop stores with each plan.
+
+`explanations_for_plan(plan)` makes one `Explanation` (cloud.jobs.explanation) per work
+item the pass decided something about; the loop passes the result as
+`cloud.store.Plan.explanations`, and `GET .../explain` shows the latest one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from cloud.jobs.explanation import (
+    DeferralView,
+    Explanation,
+    MemberPlacementView,
+    NodeScoreView,
+    Outcome,
+    PendingView,
+    PreemptionView,
+    QuotaView,
+    ReservationView,
+    TermScoreView,
+    encode_explanation,
+)
+from cloud.scheduler.plan import Pending, Placement, Plan, Preemption, Reservation, ScoreBreakdown
+
+
+def _utc(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, UTC)
+
+
+def _score(breakdown: ScoreBreakdown) -> NodeScoreView:
+    return NodeScoreView(
+        node_id=breakdown.node_id,
+        accelerator_kind=breakdown.accelerator_kind,
+        total=round(breakdown.total, 6),
+        terms=tuple(
+            TermScoreView(name=term.name, value=round(term.value, 6), weight=term.weight)
+            for term in breakdown.terms
+        ),
+    )
+
+
+def _placement(placement: Placement) -> MemberPlacementView:
+    return MemberPlacementView(
+        member=placement.member,
+        node_id=placement.node_id,
+        accelerator_kind=placement.accelerator_kind,
+        accelerators=placement.accelerators,
+        provider=placement.provider,
+        borrowed=placement.borrowed,
+        start_at=_utc(placement.start_at),
+        expected_end=None if placement.expected_end is None else _utc(placement.expected_end),
+        window_waived=placement.window_waived,
+        chosen=_score(placement.chosen),
+        runners_up=tuple(_score(runner) for runner in placement.runners_up),
+    )
+
+
+def _reservation(reservation: Reservation | None) -> ReservationView | None:
+    if reservation is None:
+        return None
+    return ReservationView(
+        start_at=_utc(reservation.start_at),
+        accelerator_kind=reservation.accelerator_kind,
+        nodes=reservation.nodes,
+        accelerators=reservation.accelerators,
+    )
+
+
+def _pending(pending: Pending) -> PendingView:
+    quota = pending.quota
+    deferral = pending.deferral
+    return PendingView(
+        code=pending.code,
+        nodes_total=pending.nodes_total,
+        fitting_nodes=pending.fitting_nodes,
+        rejections=dict(pending.rejections),
+        members_needed=pending.members_needed,
+        members_placed=pending.members_placed,
+        retry_at=None if pending.retry_at is None else _utc(pending.retry_at),
+        quota=None
+        if quota is None
+        else QuotaView(
+            mode=quota.mode,
+            kind=quota.kind,
+            usage=quota.usage,
+            requested=quota.requested,
+            nominal=quota.nominal,
+            borrowing_limit=quota.borrowing_limit,
+            cohort=quota.cohort,
+            cohort_usage=quota.cohort_usage,
+            cohort_nominal=quota.cohort_nominal,
+        ),
+        reservation=_reservation(pending.reservation),
+        deferral=None
+        if deferral is None
+        else DeferralView(
+            start_at=_utc(deferral.start_at),
+            latest_start=_utc(deferral.latest_start),
+            zone=deferral.zone,
+            saving_fraction=deferral.saving_fraction,
+            expected_now=deferral.expected_now,
+            expected_then=deferral.expected_then,
+            quantity=deferral.quantity,
+            unit=deferral.unit,
+        ),
+    )
+
+
+def _placed_message(placements: Sequence[Placement]) -> str:
+    nodes = ", ".join(f"{p.node_id} (score {p.chosen.total:.3f})" for p in placements)
+    noun = "worker" if placements[0].work_kind == "training" else "replica"
+    plural = "s" if len(placements) != 1 else ""
+    return f"Placed {len(placements)} {noun}{plural} on {nodes}."
+
+
+def explain_work(
+    now: float,
+    placements: Sequence[Placement],
+    pending: Pending | None,
+    preemptions: Sequence[Preemption] = (),
+) -> Explanation | None:
+    """The explanation of one work item's part of a pass; None when nothing was decided."""
+    decided_at = _utc(now)
+    members = tuple(_placement(p) for p in sorted(placements, key=lambda p: p.member))
+    evicted = tuple(
+        PreemptionView(node_id=p.node_id, reason=p.reason, preempted_by=p.preempted_by)
+        for p in preemptions
+    )
+    if pending is not None:
+        outcome: Outcome = "partial" if placements else "pending"
+        return Explanation(
+            outcome=outcome,
+            message=pending.message,
+            decided_at=decided_at,
+            placements=members,
+            pending=_pending(pending),
+            preemptions=evicted,
+        )
+    if placements:
+        return Explanation(
+            outcome="placed",
+            message=_placed_message(placements),
+            decided_at=decided_at,
+            placements=members,
+            preemptions=evicted,
+        )
+    if preemptions:
+        by = ", ".join(sorted({p.preempted_by for p in preemptions}))
+        reasons = ", ".join(sorted({p.reason for p in preemptions}))
+        return Explanation(
+            outcome="preempted",
+            message=f"Preempted ({reasons}) to make room for {by}.",
+            decided_at=decided_at,
+            preemptions=evicted,
+        )
+    return None
+
+
+def explanations_for_plan(plan: Plan) -> dict[str, bytes]:
+    """Work id -> encoded `Explanation` for every work item the pass decided about:
+    what the scheduling loop passes as `cloud.store.Plan.explanations`."""
+    placements: dict[str, list[Placement]] = {}
+    for placement in plan.placements:
+        placements.setdefault(placement.work_id, []).append(placement)
+    preemptions: dict[str, list[Preemption]] = {}
+    for preemption in plan.preemptions:
+        preemptions.setdefault(preemption.work_id, []).append(preemption)
+    pending = {item.work_id: item for item in plan.pending}
+    documents: dict[str, bytes] = {}
+    for work_id in {*placements, *preemptions, *pending}:
+        explanation = explain_work(
+            plan.now,
+            placements.get(work_id, ()),
+            pending.get(work_id),
+            preemptions.get(work_id, ()),
+        )
+        if explanation is not None:
+            documents[work_id] = encode_explanation(explanation)
+    return documents

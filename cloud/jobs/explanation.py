@@ -1,0 +1,118 @@
+"""The scheduler's explanation of a work item: the stored document and what
+`GET .../explain` shows (`cloud.jobs.explain` builds it from a scheduling pass).
+
+Why work waits (reason code, nodes rejected per filter, quota position, reservation,
+deferral), or where it was placed and why there (the score breakdown of the chosen
+node and of the runners-up). Fields are only ever added, with defaults, so that
+stored explanations stay readable.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final, Literal
+
+import msgspec
+
+from shared.messages import AcceleratorKind
+
+Outcome = Literal["placed", "partial", "pending", "preempted"]
+
+
+class TermScoreView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    value: float  # normalised, 0..1
+    weight: float
+
+
+class NodeScoreView(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    total: float  # sum of weight x value over the terms
+    terms: tuple[TermScoreView, ...]
+
+
+class MemberPlacementView(msgspec.Struct, frozen=True, kw_only=True):
+    member: int  # worker rank or replica number
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    accelerators: int
+    provider: str | None = None  # ONNX Runtime execution provider (deployments)
+    borrowed: bool = False  # admitted on capacity borrowed from the tenant's cohort
+    start_at: datetime
+    expected_end: datetime | None = None
+    window_waived: bool = False  # the start window was waived to meet the deadline
+    chosen: NodeScoreView
+    runners_up: tuple[NodeScoreView, ...] = ()
+
+
+class QuotaView(msgspec.Struct, frozen=True, kw_only=True):
+    mode: str  # "denied" (over quota) or "reclaim" (within quota, the cohort lent it out)
+    kind: AcceleratorKind
+    usage: int
+    requested: int
+    nominal: int
+    borrowing_limit: int | None
+    cohort: str | None
+    cohort_usage: int
+    cohort_nominal: int
+
+
+class ReservationView(msgspec.Struct, frozen=True, kw_only=True):
+    start_at: datetime
+    accelerator_kind: AcceleratorKind
+    nodes: tuple[str, ...]
+    accelerators: tuple[int, ...]  # per node
+
+
+class DeferralView(msgspec.Struct, frozen=True, kw_only=True):
+    start_at: datetime
+    latest_start: datetime
+    zone: str
+    saving_fraction: float
+    expected_now: float
+    expected_then: float
+    quantity: str
+    unit: str
+
+
+class PendingView(msgspec.Struct, frozen=True, kw_only=True):
+    code: str  # unschedulable, window, deferred, quota, capacity, reserved, partial
+    nodes_total: int
+    fitting_nodes: int
+    rejections: dict[str, int]  # nodes rejected per filter, in filter-chain order
+    members_needed: int
+    members_placed: int
+    retry_at: datetime | None = None
+    quota: QuotaView | None = None
+    reservation: ReservationView | None = None
+    deferral: DeferralView | None = None
+
+
+class PreemptionView(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    reason: str  # priority, reclaim, quota
+    preempted_by: str  # the work id that needed the room
+
+
+class Explanation(msgspec.Struct, frozen=True, kw_only=True):
+    """One scheduling decision about one work item."""
+
+    outcome: Outcome
+    message: str  # one line for a person
+    decided_at: datetime
+    placements: tuple[MemberPlacementView, ...] = ()
+    pending: PendingView | None = None
+    preemptions: tuple[PreemptionView, ...] = ()
+
+
+EXPLANATION_DECODER: Final = msgspec.json.Decoder(Explanation)
+EXPLANATION_ENCODER: Final = msgspec.json.Encoder()
+
+
+def encode_explanation(explanation: Explanation) -> bytes:
+    return EXPLANATION_ENCODER.encode(explanation)
+
+
+def decode_explanation(document: bytes) -> Explanation:
+    return EXPLANATION_DECODER.decode(document)

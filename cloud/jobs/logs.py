@@ -1,0 +1,277 @@
+"""Training output in the cloud: the latest output of each job, in memory, bounded.
+
+Agents ship each worker's new output on the `logs` MQTT channel (`JobLogChunk`, at most
+one chunk per worker per second, QoS 0). Ingestion hands every chunk to
+`JobLogStore.append`; `GET /v1/jobs/{id}/logs` reads and follows it. The full output
+stays in the worker's log file on its node: this is a tail for people, not an archive.
+
+Bounds: the newest `bytes_per_job` of each job (over all its attempts and nodes), at
+most `total_bytes` and `max_jobs` in all (the jobs that were quiet longest go first).
+
+Gaps: a chunk's `offset` is where its text starts in the worker's output. When it is
+past the end of what arrived before (lost chunks, output the agent dropped, or output
+from before this process started), a marker line says how many bytes are missing.
+Offsets count the worker's raw bytes and the text has undecodable bytes replaced, so
+the count is approximate when the output is not valid UTF-8.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+from shared.messages import JobLogChunk
+
+StreamKey = tuple[int, str]  # (attempt, node_id)
+
+
+@dataclass(frozen=True, slots=True)
+class LogPiece:
+    """Output of one worker stream as it arrived; `missing_bytes` > 0: a gap before it."""
+
+    seq: int  # increasing: the "after_seq" cursor of followed logs
+    attempt: int
+    node_id: str
+    text: str
+    missing_bytes: int = 0
+    size_bytes: int = 0
+
+
+@dataclass(slots=True)
+class _Stream:
+    next_offset: int = 0
+
+
+@dataclass(slots=True)
+class _JobLog:
+    pieces: deque[LogPiece] = field(default_factory=deque)
+    streams: dict[StreamKey, _Stream] = field(default_factory=dict)
+    size_bytes: int = 0
+    trimmed_bytes: int = 0  # older output let go to stay within the per-job budget
+    last_seq: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+@dataclass(frozen=True, slots=True)
+class LogSnapshot:
+    pieces: tuple[LogPiece, ...]
+    last_seq: int
+    trimmed_bytes: int
+    attempts: tuple[int, ...]  # attempts with output, ascending
+
+
+class JobLogStore:
+    def __init__(
+        self,
+        *,
+        bytes_per_job: int = 1024 * 1024,
+        total_bytes: int = 128 * 1024 * 1024,
+        max_jobs: int = 4096,
+    ) -> None:
+        self._bytes_per_job = bytes_per_job
+        self._total_bytes = total_bytes
+        self._max_jobs = max_jobs
+        self._jobs: OrderedDict[str, _JobLog] = OrderedDict()  # least recently written first
+        self._size_bytes = 0
+        self._seq = 0  # over all jobs, so a cursor stays valid if a job is evicted and returns
+        self._first_output = asyncio.Event()  # set (and replaced) when a job first appears
+        self.closed = False
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size_bytes
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def append(self, chunk: JobLogChunk) -> None:
+        """The ingestion `on_log` callback: keep the chunk, note a gap before it."""
+        job = self._jobs.get(chunk.job_id)
+        if job is None:
+            job = self._jobs[chunk.job_id] = _JobLog()
+            self._first_output.set()
+            self._first_output = asyncio.Event()
+        self._jobs.move_to_end(chunk.job_id)
+        key = (chunk.attempt, chunk.node_id)
+        stream = job.streams.setdefault(key, _Stream())
+        size = len(chunk.text.encode())
+        if chunk.offset + size <= stream.next_offset and size:
+            return  # a copy of output already here
+        missing = max(0, chunk.offset - stream.next_offset, chunk.dropped_bytes)
+        stream.next_offset = max(stream.next_offset, chunk.offset + size)
+        self._seq += 1
+        job.last_seq = self._seq
+        piece = LogPiece(
+            seq=self._seq,
+            attempt=chunk.attempt,
+            node_id=chunk.node_id,
+            text=chunk.text,
+            missing_bytes=missing,
+            size_bytes=size,
+        )
+        job.pieces.append(piece)
+        job.size_bytes += size
+        self._size_bytes += size
+        while job.size_bytes > self._bytes_per_job and len(job.pieces) > 1:
+            self._drop_oldest(job)
+        self._evict_jobs()
+        job.notify()
+
+    def _drop_oldest(self, job: _JobLog) -> None:
+        oldest = job.pieces.popleft()
+        job.size_bytes -= oldest.size_bytes
+        job.trimmed_bytes += oldest.size_bytes
+        self._size_bytes -= oldest.size_bytes
+
+    def _evict_jobs(self) -> None:
+        while len(self._jobs) > 1 and (
+            len(self._jobs) > self._max_jobs or self._size_bytes > self._total_bytes
+        ):
+            _, job = self._jobs.popitem(last=False)
+            self._size_bytes -= job.size_bytes
+            job.notify()
+
+    def snapshot(
+        self,
+        job_id: str,
+        *,
+        attempt: int | None = None,
+        node_id: str | None = None,
+        after_seq: int = 0,
+        min_attempt: int | None = None,
+    ) -> LogSnapshot:
+        """What is kept of the job's output: one `attempt` or all from `min_attempt` on,
+        one node or all, pieces after `after_seq`."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return LogSnapshot((), 0, 0, ())
+        attempts = tuple(sorted({a for a, _ in job.streams}))
+        pieces = tuple(
+            piece
+            for piece in job.pieces
+            if piece.seq > after_seq
+            and (attempt is None or piece.attempt == attempt)
+            and (min_attempt is None or piece.attempt >= min_attempt)
+            and (node_id is None or piece.node_id == node_id)
+        )
+        return LogSnapshot(pieces, job.last_seq, job.trimmed_bytes, attempts)
+
+    async def wait_for_output(self, job_id: str, after_seq: int, timeout_s: float) -> bool:
+        """Wait until the job has output after `after_seq`; False on timeout or `close`."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not self.closed:
+                    job = self._jobs.get(job_id)
+                    if job is not None and job.last_seq > after_seq:
+                        return True
+                    changed = self._first_output if job is None else job.changed
+                    await changed.wait()
+        except TimeoutError:
+            pass
+        return False
+
+    def close(self) -> None:
+        """The server is stopping: wake every follower (they see `closed` and end)."""
+        self.closed = True
+        self._first_output.set()
+        for job in self._jobs.values():
+            job.notify()
+
+
+MISSING_MARKER: Final = "[greenfed: {bytes} bytes of output missing here]\n"
+TRIMMED_MARKER: Final = "[greenfed: {bytes} earlier bytes are no longer kept in the cloud]\n"
+ATTEMPT_MARKER: Final = "[greenfed: attempt {attempt}]\n"
+
+
+class LogRenderer:
+    """Pieces to text. With `prefix`, each line is prefixed by its node (several workers),
+    so a partial line waits for its end; without, text passes through as it came."""
+
+    def __init__(self, *, prefix: bool) -> None:
+        self._prefix = prefix
+        self._partial: dict[StreamKey, str] = {}  # prefix: the unfinished line of a stream
+        self._mid_line: set[StreamKey] = set()  # no prefix: streams whose last line is open
+        self._attempt: int | None = None
+
+    def feed(self, pieces: Iterable[LogPiece]) -> str:
+        return "".join(self._render(piece) for piece in pieces)
+
+    def _render(self, piece: LogPiece) -> str:
+        out: list[str] = []
+        if self._attempt is not None and piece.attempt != self._attempt:
+            out.append(self.flush())
+            out.append(ATTEMPT_MARKER.format(attempt=piece.attempt))
+        self._attempt = piece.attempt
+        key = (piece.attempt, piece.node_id)
+        label = f"[{piece.node_id}] " if self._prefix else ""
+        if piece.missing_bytes:
+            out.append(self._end_line(key))
+            out.append(label + MISSING_MARKER.format(bytes=piece.missing_bytes))
+        if not self._prefix:
+            if piece.text:
+                if piece.text.endswith("\n"):
+                    self._mid_line.discard(key)
+                else:
+                    self._mid_line.add(key)
+            out.append(piece.text)
+            return "".join(out)
+        lines = (self._partial.pop(key, "") + piece.text).split("\n")
+        if lines[-1]:
+            self._partial[key] = lines[-1]
+        out.extend(f"{label}{line}\n" for line in lines[:-1])
+        return "".join(out)
+
+    def _end_line(self, key: StreamKey) -> str:
+        if self._prefix:
+            partial = self._partial.pop(key, "")
+            return f"[{key[1]}] {partial}\n" if partial else ""
+        if key in self._mid_line:
+            self._mid_line.discard(key)
+            return "\n"
+        return ""
+
+    def flush(self) -> str:
+        """End every open line (the output ends here, or another attempt starts)."""
+        keys = sorted({*self._partial, *self._mid_line})
+        return "".join(self._end_line(key) for key in keys)
+
+
+def last_lines(text: str, count: int) -> str:
+    """The last `count` lines of `text` (a final partial line counts as one)."""
+    if count <= 0:
+        return ""
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[-count:])
+
+
+def render_tail(
+    snapshot: LogSnapshot, *, prefix: bool, tail_lines: int | None, finish: bool = True
+) -> tuple[str, LogRenderer]:
+    """The kept output as text (its last `tail_lines` lines), and the renderer that made
+    it, to continue with when following."""
+    renderer = LogRenderer(prefix=prefix)
+    text = renderer.feed(snapshot.pieces)
+    if finish:
+        text += renderer.flush()
+    if tail_lines is not None:
+        text = last_lines(text, tail_lines)
+    kept = len(text.splitlines())
+    wanted_more = tail_lines is None or tail_lines > kept
+    if snapshot.trimmed_bytes and wanted_more:
+        text = TRIMMED_MARKER.format(bytes=snapshot.trimmed_bytes) + text
+    return text, renderer
+
+
+def iter_nodes(snapshot: LogSnapshot) -> Iterator[str]:
+    seen: set[str] = set()
+    for piece in snapshot.pieces:
+        if piece.node_id not in seen:
+            seen.add(piece.node_id)
+            yield piece.node_id

@@ -1,0 +1,83 @@
+"""Spec files for `greenfed submit`: JSON, TOML or YAML by extension, checked locally.
+
+The file holds one `TrainingJobSpec` or `DeploymentSpec` (the same fields as the REST
+body). Which one is said by its `kind` field (`training` or `deployment`) or by
+`--kind`. A file that does not match the spec fails here, naming the field, before
+anything is sent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from pathlib import Path
+from typing import Any, Final, get_args
+
+import msgspec
+
+from cloud.jobs.specs import SPEC_TYPES, SpecKind, WorkSpec, describe_error
+
+SPEC_KINDS: Final[tuple[SpecKind, ...]] = get_args(SpecKind)
+SUFFIXES: Final = (".json", ".toml", ".yaml", ".yml")
+
+
+class SpecFileError(ValueError):
+    """The file cannot be read or is not a valid spec; the message says where and why."""
+
+
+def _parse(path: Path, text: str) -> object:
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            return msgspec.json.decode(text.encode())
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        if suffix in (".yaml", ".yml"):
+            # Imported here: only YAML spec files need PyYAML (untyped, hence import_module).
+            yaml = importlib.import_module("yaml")
+            return yaml.safe_load(text)
+    except msgspec.DecodeError as error:
+        raise SpecFileError(f"{path}: not valid JSON: {error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SpecFileError(f"{path}: not valid TOML: {error}") from None
+    except ImportError:
+        raise
+    except Exception as error:  # yaml.YAMLError and its subclasses
+        raise SpecFileError(f"{path}: not valid YAML: {error}") from None
+    raise SpecFileError(
+        f"{path}: unknown file type {suffix or '(none)'}; use {', '.join(SUFFIXES)}"
+    )
+
+
+def parse_spec(document: object, kind: SpecKind | None, *, source: str) -> WorkSpec:
+    """A decoded document (a mapping) as the spec of its `kind` (or the one given)."""
+    if not isinstance(document, dict):
+        raise SpecFileError(
+            f"{source}: a spec is a mapping of fields, not {type(document).__name__}"
+        )
+    fields: dict[str, Any] = document
+    file_kind = fields.get("kind")
+    if file_kind is not None and file_kind not in SPEC_KINDS:
+        raise SpecFileError(f"{source}: $.kind: must be one of {', '.join(SPEC_KINDS)}")
+    if kind is not None and file_kind is not None and kind != file_kind:
+        raise SpecFileError(f"{source}: $.kind: the file says {file_kind}, --kind says {kind}")
+    chosen = kind or file_kind
+    if chosen is None:
+        raise SpecFileError(
+            f'{source}: say what it is: add kind = "training" or "deployment", or pass --kind'
+        )
+    try:
+        return msgspec.convert(fields, SPEC_TYPES[chosen])
+    except msgspec.ValidationError as error:
+        name, reason = describe_error(error)
+        raise SpecFileError(f"{source}: {name}: {reason}") from None
+
+
+def load_spec_file(path: Path, kind: SpecKind | None = None) -> WorkSpec:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SpecFileError(f"{path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise SpecFileError(f"{path}: not UTF-8 text") from None
+    return parse_spec(_parse(path, text), kind, source=str(path))

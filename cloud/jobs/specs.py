@@ -1,0 +1,315 @@
+"""The REST contract for work: what a tenant writes to submit a training job or a deployment.
+
+Frozen msgspec Structs with `forbid_unknown_fields`: a typo in a field name is an error
+that names it, never a silently ignored setting. The same types decode `POST /v1/jobs`
+and `POST /v1/deployments`, the CLI's JSON/TOML/YAML spec files, and the spec the store
+keeps; their JSON Schemas are published in `/openapi.json`. `cloud.jobs.convert` turns
+them into the scheduler's `TrainingJob` / `InferenceDeployment`.
+
+Cross-field rules live in `__post_init__` and raise ``ValueError("`field`: reason")``;
+`describe_error` turns that, and msgspec's own ``... - at `$.path``` messages, into the
+path of the field at fault (``$.workers``, ``$.affinity[0].values``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from cloud.jobs.literals import PriorityClass
+from shared.messages import AcceleratorKind, Site
+
+GIB: Final = 1024**3
+
+# "(?!\n)": Python's $ also matches before a final newline; JSON Schema's (ECMA) never does.
+Name = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
+        description="Letters, digits, '.', '_' and '-'; at most 128 characters.",
+    ),
+]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+LabelValue = Annotated[str, msgspec.Meta(max_length=253)]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$(?!\n)")]
+GroupName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+Gib = Annotated[float, msgspec.Meta(ge=0, le=1024 * 1024, description="Gibibytes (2**30 bytes).")]
+Weight = Annotated[float, msgspec.Meta(ge=0, le=1e6)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+StartWindowText = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-3]):[0-5][0-9]$(?!\n)",
+        description=(
+            "HH:MM-HH:MM in the node's local time, e.g. 20:00-06:00 (may wrap midnight); "
+            "the job starts only inside it."
+        ),
+        examples=["20:00-06:00"],
+    ),
+]
+Deadline = Annotated[
+    datetime,
+    msgspec.Meta(tz=True, description="RFC 3339 time by which the job must have finished."),
+]
+
+# What the training runner sets for every worker; a spec may not override them.
+RUNNER_ENV: Final = frozenset(
+    {"GREENFED_JOB_ID", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}
+)
+
+LabelOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+
+class SpecStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every spec type: immutable, keyword-only, unknown fields rejected."""
+
+
+class LabelRequirementSpec(SpecStruct, frozen=True, kw_only=True):
+    """Node affinity (`In`, `Exists`) or anti-affinity (`NotIn`, `DoesNotExist`) on a label."""
+
+    key: LabelKey
+    operator: LabelOperator
+    values: Annotated[tuple[LabelValue, ...], msgspec.Meta(max_length=64)] = ()
+
+    def __post_init__(self) -> None:
+        needs_values = self.operator in ("In", "NotIn")
+        if needs_values and not self.values:
+            raise ValueError(f"`values`: operator {self.operator} needs at least one value")
+        if not needs_values and self.values:
+            raise ValueError(f"`values`: operator {self.operator} takes no values")
+
+
+class TolerationSpec(SpecStruct, frozen=True, kw_only=True):
+    """Tolerates node taints with this key (and this value; none: any value)."""
+
+    key: LabelKey
+    value: LabelValue | None = None
+
+
+class BatchingSpec(SpecStruct, frozen=True, kw_only=True):
+    """Dynamic batching of the model server (used once edge serving reads it)."""
+
+    max_batch_size: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    max_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 0.0
+
+
+_PLACEMENT_DOC: Final = {
+    "node_selector": "Labels a node must carry, all of them (exact values).",
+    "score_weights": (
+        "Per-job weights of the scoring terms (carbon, price, latency, packing, load, speed, "
+        "preference, spread; extension terms x-...), overriding the policy's."
+    ),
+}
+
+
+class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
+    """A training job: a gang of `workers`, all placed at once on cloud nodes, or none."""
+
+    kind: Annotated[
+        Literal["training"], msgspec.Meta(description="Optional; spec files use it.")
+    ] = "training"
+    name: Name
+    priority: Annotated[PriorityClass, msgspec.Meta(description="p0 > p1 > p2.")] = "p1"
+    workers: Annotated[int, msgspec.Meta(ge=1, le=1024, description="Gang size.")] = 1
+    accelerators_per_worker: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    accelerator_kind: AcceleratorKind = "gpu"
+    memory_gib: Annotated[Gib, msgspec.Meta(description="Memory per accelerator, at least.")] = 0.0
+    host_memory_gib: Annotated[Gib, msgspec.Meta(description="Host memory per worker.")] = 0.0
+    accelerator_models: Annotated[
+        tuple[Annotated[str, msgspec.Meta(min_length=1)], ...],
+        msgspec.Meta(max_length=64, description="Accepted accelerator models; empty: any."),
+    ] = ()
+    estimated_duration_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0, le=365 * 86400.0, description="Expected run time on one A100 (speed 1.0)."
+        ),
+    ] = 3600.0
+    preemptible: bool = True
+    start_window: StartWindowText | None = None
+    deadline: Deadline | None = None
+    max_delay_s: Annotated[
+        Seconds | None,
+        msgspec.Meta(description="The job may start up to this long after submission."),
+    ] = None
+    command: Annotated[
+        tuple[Annotated[str, msgspec.Meta(max_length=65536)], ...],
+        msgspec.Meta(min_length=1, max_length=4096, description="argv; run without a shell."),
+    ]
+    env: Annotated[dict[EnvName, str], msgspec.Meta(max_length=1024)] = {}
+    working_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    grace_period_s: Annotated[
+        float, msgspec.Meta(ge=0, le=3600, description="From SIGTERM to SIGKILL on stop.")
+    ] = 30.0
+    sites: Annotated[tuple[Site, ...], msgspec.Meta(min_length=1, max_length=2)] = ("cloud",)
+    node_selector: Annotated[
+        dict[LabelKey, LabelValue],
+        msgspec.Meta(max_length=64, description=_PLACEMENT_DOC["node_selector"]),
+    ] = {}
+    affinity: Annotated[tuple[LabelRequirementSpec, ...], msgspec.Meta(max_length=64)] = ()
+    tolerations: Annotated[tuple[TolerationSpec, ...], msgspec.Meta(max_length=64)] = ()
+    group: Annotated[GroupName | None, msgspec.Meta(description="A name other work can avoid.")] = (
+        None
+    )
+    anti_affinity_groups: Annotated[
+        tuple[GroupName, ...],
+        msgspec.Meta(max_length=64, description="Never share a node with work of these groups."),
+    ] = ()
+    score_weights: Annotated[
+        dict[Annotated[str, msgspec.Meta(min_length=1, max_length=64)], Weight],
+        msgspec.Meta(max_length=64, description=_PLACEMENT_DOC["score_weights"]),
+    ] = {}
+
+    def __post_init__(self) -> None:
+        reserved = sorted(RUNNER_ENV.intersection(self.env))
+        if reserved:
+            raise ValueError(f"`env`: {', '.join(reserved)} is set by greenfed for each worker")
+        if len(set(self.sites)) != len(self.sites):
+            raise ValueError("`sites`: names a site twice")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    @property
+    def host_memory_bytes(self) -> int:
+        return int(self.host_memory_gib * GIB)
+
+
+class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
+    """An inference deployment: `replicas` ONNX model servers, on edge nodes by default."""
+
+    kind: Annotated[
+        Literal["deployment"], msgspec.Meta(description="Optional; spec files use it.")
+    ] = "deployment"
+    name: Name
+    model_id: Annotated[
+        str | None,
+        msgspec.Meta(description="Model registry id (optional until the registry exists)."),
+    ] = None
+    priority: Annotated[PriorityClass, msgspec.Meta(description="p0 > p1 > p2.")] = "p0"
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    min_replicas: Annotated[
+        int | None,
+        msgspec.Meta(description="Accept a partial placement of at least this many replicas."),
+    ] = None
+    accelerators_per_replica: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    accepted_kinds: Annotated[
+        tuple[AcceleratorKind, ...],
+        msgspec.Meta(min_length=1, max_length=3, description="In order of preference."),
+    ] = ("npu", "gpu", "cpu")
+    providers: Annotated[
+        tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=128)], ...],
+        msgspec.Meta(
+            max_length=16,
+            description="ONNX Runtime execution providers in order of preference; empty: any.",
+        ),
+    ] = ()
+    memory_gib: Annotated[Gib, msgspec.Meta(description="Model memory per accelerator.")] = 0.0
+    host_memory_gib: Annotated[Gib, msgspec.Meta(description="Host memory per replica.")] = 0.0
+    accelerator_models: Annotated[
+        tuple[Annotated[str, msgspec.Meta(min_length=1)], ...],
+        msgspec.Meta(max_length=64, description="Accepted accelerator models; empty: any."),
+    ] = ()
+    latency_slo_ms: Annotated[float, msgspec.Meta(gt=0, le=3_600_000)] | None = None
+    traffic_by_region: Annotated[
+        dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)], Weight],
+        msgspec.Meta(max_length=256, description="Share of requests per network region."),
+    ] = {}
+    requests_per_s: Annotated[
+        float, msgspec.Meta(ge=0, le=1e9, description="Expected peak over all replicas.")
+    ] = 0.0
+    reference_ms_per_request: (
+        Annotated[float, msgspec.Meta(gt=0, le=3_600_000, description="Compute time on one A100.")]
+        | None
+    ) = None
+    max_replicas_per_node: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    preemptible: bool = True
+    sites: Annotated[tuple[Site, ...], msgspec.Meta(min_length=1, max_length=2)] = ("edge",)
+    node_selector: Annotated[
+        dict[LabelKey, LabelValue],
+        msgspec.Meta(max_length=64, description=_PLACEMENT_DOC["node_selector"]),
+    ] = {}
+    affinity: Annotated[tuple[LabelRequirementSpec, ...], msgspec.Meta(max_length=64)] = ()
+    tolerations: Annotated[tuple[TolerationSpec, ...], msgspec.Meta(max_length=64)] = ()
+    group: Annotated[GroupName | None, msgspec.Meta(description="A name other work can avoid.")] = (
+        None
+    )
+    anti_affinity_groups: Annotated[
+        tuple[GroupName, ...],
+        msgspec.Meta(max_length=64, description="Never share a node with work of these groups."),
+    ] = ()
+    score_weights: Annotated[
+        dict[Annotated[str, msgspec.Meta(min_length=1, max_length=64)], Weight],
+        msgspec.Meta(max_length=64, description=_PLACEMENT_DOC["score_weights"]),
+    ] = {}
+    batching: BatchingSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_replicas is not None and not 1 <= self.min_replicas <= self.replicas:
+            raise ValueError(f"`min_replicas`: must be within 1..replicas ({self.replicas})")
+        if len(set(self.accepted_kinds)) != len(self.accepted_kinds):
+            raise ValueError("`accepted_kinds`: names a kind twice")
+        if len(set(self.sites)) != len(self.sites):
+            raise ValueError("`sites`: names a site twice")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    @property
+    def host_memory_bytes(self) -> int:
+        return int(self.host_memory_gib * GIB)
+
+
+WorkSpec = TrainingJobSpec | DeploymentSpec
+SpecKind = Literal["training", "deployment"]
+SPEC_TYPES: Final[dict[SpecKind, type[TrainingJobSpec] | type[DeploymentSpec]]] = {
+    "training": TrainingJobSpec,
+    "deployment": DeploymentSpec,
+}
+
+TRAINING_DECODER: Final = msgspec.json.Decoder(TrainingJobSpec)
+DEPLOYMENT_DECODER: Final = msgspec.json.Decoder(DeploymentSpec)
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def encode_spec(spec: WorkSpec) -> bytes:
+    """The canonical JSON of a spec (every field, defaults filled in, in declaration order):
+    what the store keeps, so equal specs have equal bytes whatever their original layout."""
+    return _ENCODER.encode(spec)
+
+
+def decode_spec(kind: SpecKind, document: bytes) -> WorkSpec:
+    decoder = TRAINING_DECODER if kind == "training" else DEPLOYMENT_DECODER
+    return decoder.decode(document)
+
+
+# ---- error paths -----------------------------------------------------------------------
+
+_AT_PATH = re.compile(r" - at `(?P<key>key` in `)?(?P<path>\$[^`]*)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+_KEYED = re.compile(r"^`(?P<field>[A-Za-z_][A-Za-z0-9_]*)`: (?P<reason>.*)$", re.DOTALL)
+
+
+def describe_error(error: msgspec.ValidationError) -> tuple[str, str]:
+    """(path of the field at fault, e.g. ``$.workers``; the reason) of a validation error."""
+    message = str(error)
+    path = "$"
+    match = _AT_PATH.search(message)
+    if match:
+        path = match.group("path")
+        message = message[: match.start()]
+        if match.group("key"):
+            message = f"{message} (a key)"
+    if match := _UNKNOWN.match(message):
+        return f"{path}.{match.group('field')}", "unknown field"
+    if match := _MISSING.match(message):
+        return f"{path}.{match.group('field')}", "required field is missing"
+    if match := _KEYED.match(message):
+        return f"{path}.{match.group('field')}", match.group("reason")
+    return path, message

@@ -1,0 +1,281 @@
+"""`greenfed submit/jobs/job/cancel/deployments/deployment/logs/tenants`: the tenant's CLI.
+
+Only argparse lives here; each command imports the client (`cloud.jobs.cli`, with
+aiohttp and rich) when it runs, like every other command of `greenfed`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cloud.jobs.cli import ApiClient, Output, Target
+
+EXIT_INTERRUPTED = 130
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def add_client_options(
+    parser: argparse.ArgumentParser, *, json: bool = True, nested: bool = False
+) -> None:
+    """--api, --token, --token-file (and --json): how a command reaches the control plane.
+
+    `nested`: a sub-command of a command that has them too; its unset options must not
+    overwrite what was given before the sub-command's name.
+    """
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if nested else {}
+    parser.add_argument(
+        "--api",
+        help="control plane URL (default $GREENFED_API or http://127.0.0.1:8700)",
+        **unset,
+    )
+    parser.add_argument("--token", help="bearer token (default $GREENFED_TOKEN)", **unset)
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help="file holding the token (default: the admin token file of this machine, if any)",
+        **unset,
+    )
+    if json:
+        parser.add_argument("--json", action="store_true", help="machine-readable output", **unset)
+
+
+def client_target(args: argparse.Namespace) -> Target:
+    from cloud.jobs.admin import admin_token_path
+    from cloud.jobs.cli import resolve_target
+    from shared.settings import load_settings
+
+    return resolve_target(
+        api=args.api,
+        token=args.token,
+        token_file=args.token_file,
+        default_token_file=lambda: admin_token_path(load_settings(None).store),
+    )
+
+
+def run_client(
+    args: argparse.Namespace,
+    action: Callable[[ApiClient], Awaitable[int]],
+    *,
+    timeout_s: float | None = 30.0,
+) -> int:
+    """Run `action` with a client; a `CliError` is one line on stderr and its exit code."""
+    from cloud.jobs.cli import ApiClient, CliError
+
+    async def main() -> int:
+        async with ApiClient(client_target(args), timeout_s=timeout_s) as client:
+            return await action(client)
+
+    try:
+        return asyncio.run(main())
+    except CliError as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _output(args: argparse.Namespace) -> Output:
+    from cloud.jobs.cli import Output
+
+    return Output(json=bool(getattr(args, "json", False)))
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from cloud.jobs import cli
+    from cloud.jobs.spec_files import SpecFileError, load_spec_file
+
+    try:
+        spec = load_spec_file(args.file, args.kind)
+    except SpecFileError as error:
+        print(f"greenfed: invalid spec: {error}", file=sys.stderr)
+        return cli.EXIT_USAGE
+    return run_client(
+        args,
+        lambda client: cli.submit(
+            client, spec, idempotency_key=args.idempotency_key, output=_output(args)
+        ),
+    )
+
+
+def _cmd_list(kind: Any) -> Callable[[argparse.Namespace], int]:
+    def command(args: argparse.Namespace) -> int:
+        from cloud.jobs import cli
+
+        return run_client(
+            args,
+            lambda client: cli.list_work(
+                client,
+                kind,
+                state=args.state,
+                priority=args.priority,
+                limit=args.limit,
+                cursor=args.cursor,
+                output=_output(args),
+            ),
+        )
+
+    return command
+
+
+def _cmd_show(kind: Any) -> Callable[[argparse.Namespace], int]:
+    def command(args: argparse.Namespace) -> int:
+        from cloud.jobs import cli
+
+        return run_client(
+            args, lambda client: cli.show_work(client, kind, args.id, output=_output(args))
+        )
+
+    return command
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from cloud.jobs import cli
+
+    return run_client(args, lambda client: cli.cancel(client, args.id, output=_output(args)))
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from cloud.jobs import cli
+
+    return run_client(
+        args,
+        lambda client: cli.logs(
+            client,
+            args.id,
+            follow=args.follow,
+            tail=args.tail,
+            attempt=args.attempt,
+            node=args.node,
+        ),
+        timeout_s=None if args.follow else 30.0,
+    )
+
+
+def cmd_tenants(args: argparse.Namespace) -> int:
+    from cloud.jobs import cli
+
+    if args.tenants_command != "create":
+        return run_client(args, lambda client: cli.list_tenants(client, output=_output(args)))
+    try:
+        quotas = cli.parse_counts("--quota", args.quota)
+        borrowing = cli.parse_counts("--borrow", args.borrow)
+    except cli.CliError as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return cli.EXIT_USAGE
+    priorities = tuple(p.strip() for p in args.priorities.split(",")) if args.priorities else None
+    return run_client(
+        args,
+        lambda client: cli.create_tenant(
+            client,
+            name=args.name,
+            quotas=quotas,
+            borrowing_limit=borrowing,
+            cohort=args.cohort,
+            priorities=priorities,
+            admin=args.admin,
+            output=_output(args),
+        ),
+    )
+
+
+# -- parser ----------------------------------------------------------------------
+
+
+def _list_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state", help="comma-separated: pending,scheduled,running,...")
+    parser.add_argument("--priority", help="comma-separated: p0,p1,p2")
+    parser.add_argument("--limit", type=_positive_int, help="page size (default 50)")
+    parser.add_argument("--cursor", help="the next page, as printed after a full page")
+
+
+def add_work_commands(commands: Any) -> None:
+    """Add the tenant's commands to `greenfed`'s subparsers."""
+    submit = commands.add_parser(
+        "submit", help="submit a training job or deployment from a JSON, TOML or YAML spec file"
+    )
+    submit.add_argument("file", type=Path, help="spec file: .json, .toml, .yaml or .yml")
+    submit.add_argument(
+        "--kind",
+        choices=["training", "deployment"],
+        help="what the file describes (default: its `kind` field)",
+    )
+    submit.add_argument("--idempotency-key", help="retrying with the same key never submits twice")
+    add_client_options(submit)
+    submit.set_defaults(handler=cmd_submit)
+
+    jobs = commands.add_parser("jobs", help="list your training jobs")
+    _list_options(jobs)
+    add_client_options(jobs)
+    jobs.set_defaults(handler=_cmd_list("training"))
+
+    job = commands.add_parser("job", help="one training job: state, placement, explanation")
+    job.add_argument("id")
+    add_client_options(job)
+    job.set_defaults(handler=_cmd_show("training"))
+
+    cancel = commands.add_parser("cancel", help="cancel a training job or a deployment")
+    cancel.add_argument("id")
+    add_client_options(cancel)
+    cancel.set_defaults(handler=cmd_cancel)
+
+    deployments = commands.add_parser("deployments", help="list your inference deployments")
+    _list_options(deployments)
+    add_client_options(deployments)
+    deployments.set_defaults(handler=_cmd_list("deployment"))
+
+    deployment = commands.add_parser(
+        "deployment", help="one deployment: state, placement, explanation"
+    )
+    deployment.add_argument("id")
+    add_client_options(deployment)
+    deployment.set_defaults(handler=_cmd_show("deployment"))
+
+    logs = commands.add_parser("logs", help="a training job's recent output")
+    logs.add_argument("id")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
+    logs.add_argument("--tail", type=_positive_int, metavar="N", help="only the last N lines")
+    logs.add_argument("--attempt", type=_positive_int, help="this attempt (default: latest)")
+    logs.add_argument("--node", help="this node's worker only")
+    add_client_options(logs, json=False)
+    logs.set_defaults(handler=cmd_logs)
+
+    tenants = commands.add_parser("tenants", help="list tenants, or create one (admin token)")
+    add_client_options(tenants)
+    tenants.set_defaults(handler=cmd_tenants, tenants_command=None)
+    tenant_commands = tenants.add_subparsers(dest="tenants_command", metavar="COMMAND")
+    create = tenant_commands.add_parser("create", help="create a tenant; prints its token once")
+    create.add_argument("name")
+    create.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="KIND=N",
+        help="nominal quota, e.g. --quota gpu=8 (repeatable)",
+    )
+    create.add_argument(
+        "--borrow",
+        action="append",
+        default=[],
+        metavar="KIND=N",
+        help="borrowing limit within the cohort, e.g. --borrow gpu=4 (repeatable)",
+    )
+    create.add_argument("--cohort", help="tenants of a cohort lend each other idle quota")
+    create.add_argument("--priorities", help="allowed priority classes, e.g. p1,p2 (default all)")
+    create.add_argument("--admin", action="store_true", help="an admin tenant")
+    add_client_options(create, nested=True)
+    create.set_defaults(handler=cmd_tenants)

@@ -1,0 +1,170 @@
+"""Job logs in the cloud: chunks from the `logs` MQTT channel, kept bounded, served by
+`GET /v1/jobs/{id}/logs` (and followed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiomqtt
+import pytest
+
+from cloud.api.keys import INGESTOR, SETTINGS
+from cloud.jobs.logs import JobLogStore, LogRenderer, render_tail
+from shared.messages import JobLogChunk, encode
+from shared.settings import parse_mqtt_url
+from shared.topics import Channel, Topics
+from tests.api.support import Api, bearer, deployment_spec, job_spec, problem
+from tests.support.waiting import eventually_async
+
+
+def chunk(
+    job_id: str,
+    text: str,
+    *,
+    node: str = "gpu-a",
+    attempt: int = 1,
+    offset: int = 0,
+    dropped: int = 0,
+) -> JobLogChunk:
+    return JobLogChunk(
+        node_id=node,
+        job_id=job_id,
+        attempt=attempt,
+        offset=offset,
+        text=text,
+        dropped_bytes=dropped,
+        sent_at=1.0,
+    )
+
+
+def ingest(api: Api, message: JobLogChunk) -> None:
+    """Through the ingestion callback, as an MQTT message would arrive."""
+    topics = Topics(api.app[SETTINGS].mqtt.topic_root)
+    api.app[INGESTOR].handle(topics.node(message.node_id, Channel.LOGS), encode(message))
+
+
+async def logs(api: Api, token: str, job_id: str, query: str = "") -> str:
+    response = await api.get(token, f"/v1/jobs/{job_id}/logs{query}")
+    assert response.status == 200, await response.text()
+    assert response.content_type == "text/plain"
+    return await response.text()
+
+
+async def test_a_gangs_output_is_served_per_line_with_gaps_marked(api: Api) -> None:
+    token = await api.tenant("acme")
+    job_id = await api.submitted(token, job_spec(workers=2))
+    assert await logs(api, token, job_id) == ""
+    ingest(api, chunk(job_id, "epoch 1 loss 0.9\nepo", node="gpu-a"))
+    ingest(api, chunk(job_id, "rank 1 ready\n", node="gpu-b"))
+    ingest(api, chunk(job_id, "ch 2 loss 0.7\n", node="gpu-a", offset=20))
+    # 100 bytes never arrived (a lost QoS 0 message), then the agent dropped 50 more.
+    ingest(api, chunk(job_id, "epoch 9 loss 0.2\n", node="gpu-a", offset=134))
+    ingest(api, chunk(job_id, "epoch 10\n", node="gpu-a", offset=201, dropped=50))
+    assert await logs(api, token, job_id) == (
+        "[gpu-a] epoch 1 loss 0.9\n"
+        "[gpu-b] rank 1 ready\n"
+        "[gpu-a] epoch 2 loss 0.7\n"
+        "[gpu-a] [greenfed: 100 bytes of output missing here]\n"
+        "[gpu-a] epoch 9 loss 0.2\n"
+        "[gpu-a] [greenfed: 50 bytes of output missing here]\n"
+        "[gpu-a] epoch 10\n"
+    )
+    assert await logs(api, token, job_id, "?tail=2") == (
+        "[gpu-a] [greenfed: 50 bytes of output missing here]\n[gpu-a] epoch 10\n"
+    )
+    # One worker: no prefix.
+    assert await logs(api, token, job_id, "?node=gpu-b") == "rank 1 ready\n"
+    # The latest attempt by default; earlier ones on request.
+    ingest(api, chunk(job_id, "retrying\n", node="gpu-c", attempt=2))
+    response = await api.get(token, f"/v1/jobs/{job_id}/logs")
+    assert response.headers["X-Greenfed-Attempt"] == "2"
+    assert await response.text() == "[gpu-c] retrying\n"
+    assert (await logs(api, token, job_id, "?attempt=1&tail=1")).endswith("epoch 10\n")
+    await problem(await api.get(token, f"/v1/jobs/{job_id}/logs?tail=-1"), 400)
+    deployment = await api.submitted(token, deployment_spec(), collection="deployments")
+    await problem(await api.get(token, f"/v1/jobs/{deployment}/logs"), 404)
+
+
+async def test_following_streams_new_output_until_the_job_ends(api: Api) -> None:
+    token = await api.tenant("acme")
+    job_id = await api.submitted(token, job_spec())
+    ingest(api, chunk(job_id, "starting\n"))
+    response = await api.get(token, f"/v1/jobs/{job_id}/logs?follow=true")
+    assert response.status == 200
+    assert response.headers["Transfer-Encoding"] == "chunked"
+    async with asyncio.timeout(5):
+        assert await response.content.readline() == b"starting\n"
+        ingest(api, chunk(job_id, "step 1\n", offset=9))
+        assert await response.content.readline() == b"step 1\n"
+        ingest(api, chunk(job_id, "step 2 (no newline yet)", offset=16))
+        assert await response.content.read(6) == b"step 2"
+        cancelled = await api.client.delete(f"/v1/jobs/{job_id}", headers=bearer(token))
+        assert cancelled.status == 200
+        # Output still arriving after the end is shown, then the stream closes.
+        ingest(api, chunk(job_id, "\nstopped by SIGTERM\n", offset=39))
+        rest = await response.content.read()
+    assert rest == b" (no newline yet)\nstopped by SIGTERM\n"
+
+
+async def test_output_published_over_mqtt_reaches_the_logs_route(api: Api) -> None:
+    token = await api.tenant("acme")
+    job_id = await api.submitted(token, job_spec())
+    settings = api.app[SETTINGS].mqtt
+    endpoint = parse_mqtt_url(settings.url)
+    message = chunk(job_id, "hello from the node\n", node="gpu-z")
+    topic = Topics(settings.topic_root).node("gpu-z", Channel.LOGS)
+    async with aiomqtt.Client(endpoint.host, endpoint.port) as client:
+        await client.publish(topic, encode(message), qos=1)
+
+    async def arrived() -> bool:
+        return await logs(api, token, job_id) == "hello from the node\n"
+
+    await eventually_async(arrived, timeout_s=10)
+
+
+def test_each_job_keeps_its_newest_output_within_its_budget() -> None:
+    store = JobLogStore(bytes_per_job=100, total_bytes=250, max_jobs=3)
+    for n in range(10):
+        store.append(chunk("big", f"line {n:02d} ".ljust(29, ".") + "\n", offset=n * 30))
+    snapshot = store.snapshot("big")
+    assert sum(piece.size_bytes for piece in snapshot.pieces) <= 100
+    assert snapshot.trimmed_bytes == 210
+    text, _ = render_tail(snapshot, prefix=False, tail_lines=None)
+    assert text.splitlines()[0] == "[greenfed: 210 earlier bytes are no longer kept in the cloud]"
+    assert text.splitlines()[-1].startswith("line 09")
+    # A tail within what is kept says nothing about what is not.
+    assert render_tail(snapshot, prefix=False, tail_lines=1)[0].startswith("line 09")
+    # A copy of output already kept (a resent chunk) is ignored.
+    before = store.snapshot("big").last_seq
+    store.append(chunk("big", "line 09 ".ljust(29, ".") + "\n", offset=270))
+    assert store.snapshot("big").last_seq == before
+    # Beyond the total, the jobs quiet longest go first.
+    for name in ("a", "b", "c"):
+        store.append(chunk(name, "x" * 90))
+    assert "big" not in store
+    assert store.size_bytes <= 250
+    store.append(chunk("d", "y"))
+    assert "a" not in store
+    assert all(name in store for name in ("b", "c", "d"))
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_open_lines_are_ended_when_the_output_stops_or_an_attempt_starts(prefix: bool) -> None:
+    store = JobLogStore()
+    store.append(chunk("j", "half a line"))
+    store.append(chunk("j", "new run\n", attempt=2))
+    renderer = LogRenderer(prefix=prefix)
+    text = renderer.feed(store.snapshot("j").pieces) + renderer.flush()
+    label = "[gpu-a] " if prefix else ""
+    assert text == f"{label}half a line\n[greenfed: attempt 2]\n{label}new run\n"
+
+
+async def test_waiting_for_output_wakes_on_the_first_chunk() -> None:
+    store = JobLogStore()
+
+    async def first_chunk() -> None:  # runs once the waiter waits (tasks start in order)
+        store.append(chunk("later", "hi\n"))
+
+    woke, _ = await asyncio.gather(store.wait_for_output("later", 0, timeout_s=5), first_chunk())
+    assert woke
+    assert not await store.wait_for_output("later", store.snapshot("later").last_seq, 0.01)

@@ -1,0 +1,107 @@
+"""``greenfed eval`` on the command line: the table, JSON with the required keys,
+the plot and errors."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from cloud.eval.report import REQUIRED_KEYS
+from greenfed.cli import main
+
+from .scenarios import write_scenario
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["eval", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def small_args(tmp_path: Path) -> list[str]:
+    fleet, workload = write_scenario(tmp_path)
+    return ["--days", "1", "--fleet", str(fleet), "--workload", str(workload)]
+
+
+def test_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, *small_args(tmp_path), "--policies", "fifo-binpack,green")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("1 days from 2023-06-01 UTC; 6 nodes")
+    header = lines[1]
+    for column in ("kWh", "tCO2eq", "cost", "wait mean", "wait p95", "deadline misses"):
+        assert column in header
+    assert "SLO violations" in header
+    assert "GPU util" in header
+    assert lines[3].startswith("fifo-binpack")
+    assert lines[4].startswith("green")
+
+
+def test_json_has_the_required_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, *small_args(tmp_path), "--policies", "fifo-binpack,spread", "--json")
+    assert code == 0
+    results = json.loads(out)
+    assert [r["policy"] for r in results] == ["fifo-binpack", "spread"]
+    for result in results:
+        assert set(REQUIRED_KEYS) <= set(result)
+        assert isinstance(result["deadline_misses"], int)
+        assert 0 <= result["utilisation"] <= 1
+
+
+def test_the_generated_workload_can_be_dumped_and_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet, _ = write_scenario(tmp_path)
+    dumped = tmp_path / "dumped.json"
+    args = ["--days", "0.5", "--fleet", str(fleet), "--policies", "fifo-binpack", "--json"]
+    code, first, _ = run(capsys, *args, "--dump-workload", str(dumped), "--seed", "9")
+    assert code == 0
+    assert dumped.exists()
+    code, again, _ = run(capsys, *args, "--workload", str(dumped))
+    strip = [{**r, "runtime_s": 0} for r in json.loads(first)]
+    assert strip == [{**r, "runtime_s": 0} for r in json.loads(again)]
+
+
+def test_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["eval", "--policies", "green,nope"])
+    assert "unknown policy nope" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[training]]\nid = "x"\ntenant = "t"\nsubmit_offset_s = 0\n', "utf-8")
+    code, _, err = run(capsys, "--days", "1", "--workload", str(bad))
+    assert code == 2
+    assert "missing required field `duration_s`" in err
+    code, _, err = run(capsys, "--days", "1", "--fleet", str(tmp_path / "none.toml"))
+    assert code == 2
+    assert "does not exist" in err
+
+
+def test_plot_without_matplotlib_fails_before_simulating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.import_module
+
+    def no_matplotlib(name: str, package: str | None = None) -> object:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", no_matplotlib)
+    code, out, err = run(capsys, *small_args(tmp_path), "--plot", str(tmp_path / "x.png"))
+    assert code == 2
+    assert "greenfed[plot]" in err
+    assert out == ""
+
+
+def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "eval.png"
+    code, out, _ = run(
+        capsys, *small_args(tmp_path), "--policies", "fifo-binpack,green", "--plot", str(target)
+    )
+    assert code == 0
+    assert target.read_bytes().startswith(b"\x89PNG")
+    assert f"plot written to {target}" in out
