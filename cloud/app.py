@@ -30,6 +30,7 @@ from cloud.api.keys import (
     JOB_LOGS,
     METRICS,
     REGISTRY,
+    SCHEDULER,
     SETTINGS,
     SIGNALS,
     STOPPING,
@@ -45,6 +46,8 @@ from cloud.ingest import Ingestor
 from cloud.jobs.admin import bootstrap_admin
 from cloud.jobs.events import EventHub
 from cloud.jobs.logs import JobLogStore
+from cloud.loop.loop import SchedulingLoop
+from cloud.loop.publisher import DesiredPublisher
 from cloud.metrics import build_metrics_registry
 from cloud.registry import NodeRegistry
 from cloud.signals.factory import build_signal_service
@@ -56,12 +59,15 @@ from shared.topics import Topics
 __all__ = ["MAX_REQUEST_BYTES", "create_app", "serving"]
 
 
-async def _liveness_loop(registry: NodeRegistry, interval_s: float) -> None:
+async def _liveness_loop(registry: NodeRegistry, ingestor: Ingestor, interval_s: float) -> None:
     log = structlog.get_logger("greenfed.liveness")
     while True:
         await asyncio.sleep(interval_s)
-        for change in registry.expire_stale():
+        changes = registry.expire_stale()
+        for change in changes:
             log.info("node state", node_id=change.node_id, state=change.state, reason=change.reason)
+        if changes:
+            ingestor.notify_change()
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -71,7 +77,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     )
     ingestion = asyncio.create_task(app[INGESTOR].run(session), name="mqtt-ingestion")
     liveness = asyncio.create_task(
-        _liveness_loop(app[REGISTRY], settings.cloud.liveness_check_interval_s), name="liveness"
+        _liveness_loop(app[REGISTRY], app[INGESTOR], settings.cloud.liveness_check_interval_s),
+        name="liveness",
     )
     app[BACKGROUND_TASKS].extend([ingestion, liveness])
     try:
@@ -124,6 +131,34 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
         await store.close()
 
 
+async def _scheduling(app: web.Application) -> AsyncIterator[None]:
+    """The scheduling loop and its `desired` publisher; triggered by this process's
+    store commits (submissions, cancellations) and by node changes and reports."""
+    settings = app[SETTINGS]
+    if not settings.scheduling.enabled:
+        yield
+        return
+    publisher = DesiredPublisher(settings.mqtt)
+    loop = SchedulingLoop(
+        app[STORE], app[REGISTRY], publisher, settings.scheduling, signals=app[SIGNALS]
+    )
+    app[SCHEDULER] = loop
+    stop_listening = app[STORE].add_commit_listener(loop.wake)
+    app[INGESTOR].change_listeners.append(loop.wake)
+    tasks = [
+        asyncio.create_task(publisher.run(), name="desired-publisher"),
+        asyncio.create_task(loop.run(), name="scheduling-loop"),
+    ]
+    app[BACKGROUND_TASKS].extend(tasks)
+    try:
+        yield
+    finally:
+        stop_listening()
+        app[INGESTOR].change_listeners.remove(loop.wake)
+        for task in reversed(tasks):
+            await stop_task(task)
+
+
 async def _end_streams(app: web.Application) -> None:
     """Shutting down: event streams and followed logs end now, not at the timeout."""
     app[STOPPING].set()
@@ -172,6 +207,7 @@ def create_app(
     openapi.publish(app)
     app.cleanup_ctx.append(_signal_service)
     app.cleanup_ctx.append(_store)
+    app.cleanup_ctx.append(_scheduling)
     app.cleanup_ctx.append(_background)
     app.on_shutdown.append(_end_streams)
     return app

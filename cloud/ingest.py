@@ -92,6 +92,9 @@ class Ingestor:
         self._on_state_change = on_state_change
         self._on_event = on_event
         self._on_log = on_log
+        # Called (with nothing) whenever a node's state changed or it reported: the
+        # scheduling loop's trigger. Must be quick and must not raise.
+        self.change_listeners: list[Callable[[], None]] = []
         # Set while subscribed to every channel: the cloud's readiness.
         self.subscribed = asyncio.Event()
 
@@ -113,6 +116,11 @@ class Ingestor:
         )
         if self._on_state_change is not None:
             self._on_state_change(change)
+        self.notify_change()
+
+    def notify_change(self) -> None:
+        for listener in self.change_listeners:
+            listener()
 
     def handle(self, topic: str, payload: bytes | bytearray) -> None:
         """Decode and apply one message. Never raises for anything a client can send."""
@@ -164,6 +172,8 @@ class Ingestor:
             outcome = self.registry.apply_status(message)
         elif isinstance(message, ReportedState):
             outcome = self.registry.apply_reported(message)
+            if outcome is None:
+                self.notify_change()
         elif isinstance(message, JobLogChunk):
             if self._on_log is not None:
                 self._on_log(message)

@@ -25,6 +25,7 @@ import msgspec
 import structlog
 
 from edge.discovery import DiscoveryResult, discover_all, sample_all
+from edge.inference.replicas import ReplicaReconciler
 from edge.probes import DeviceProbes
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import TrainingLauncher
@@ -102,6 +103,7 @@ class Agent:
         self.identity = identity
         self._training_launcher = training_launcher
         self.training: TrainingReconciler | None = None
+        self.replicas = ReplicaReconciler(())
         self._probes = probes
         self._mqtt_settings = mqtt_settings
         self._topics = Topics(mqtt_settings.topic_root)
@@ -196,6 +198,7 @@ class Agent:
             will=will,
             logger=self._log,
         )
+        self.replicas = ReplicaReconciler(discovery.accelerators)
         self.training = TrainingReconciler(
             self._training_launcher,
             discovery.accelerators,
@@ -338,6 +341,7 @@ class Agent:
         self.observed_generation = desired.generation
         assert self.training is not None
         self.training.apply(desired.training)
+        self.replicas.apply(desired.deployments)
         await self._publish_reported(client)
 
     async def _publish_reported(self, client: aiomqtt.Client) -> None:
@@ -353,6 +357,7 @@ class Agent:
                     observed_generation=self.observed_generation,
                     reported_at=self._wall_clock(),
                     training=training,
+                    deployments=self.replicas.reported(),
                 )
             ),
         )

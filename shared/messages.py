@@ -14,7 +14,7 @@ import msgspec
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -147,7 +147,24 @@ class Telemetry(WireStruct, frozen=True, kw_only=True):
 
 
 class DesiredDeployment(WireStruct, frozen=True, kw_only=True):
+    """One replica of an inference deployment assigned to this node (schema 1.2 adds
+    all but deployment_id)."""
+
     deployment_id: str
+    replica: Annotated[int, msgspec.Meta(ge=0, description="Replica number.")] = 0
+    model_id: Annotated[
+        str | None, msgspec.Meta(description="Model registry id of the ONNX model to serve.")
+    ] = None
+    accelerator_kind: AcceleratorKind = "cpu"
+    accelerator_ids: Annotated[
+        tuple[str, ...], msgspec.Meta(description="Accelerators of this node assigned to it.")
+    ] = ()
+    providers: Annotated[
+        tuple[str, ...],
+        msgspec.Meta(
+            description="ONNX Runtime execution providers accepted, best first; empty: any."
+        ),
+    ] = ()
 
 
 class DesiredTraining(WireStruct, frozen=True, kw_only=True):
@@ -207,6 +224,21 @@ class ReportedTraining(WireStruct, frozen=True, kw_only=True):
     finished_at: Timestamp | None = None
 
 
+ReplicaState = Literal["starting", "ready", "failed"]
+
+
+class ReportedDeployment(WireStruct, frozen=True, kw_only=True):
+    """What became of one desired inference replica (schema 1.2)."""
+
+    deployment_id: str
+    replica: NonNegativeInt = 0
+    state: ReplicaState
+    provider: Annotated[
+        str | None, msgspec.Meta(description="The execution provider it runs on.")
+    ] = None
+    reason: Annotated[str, msgspec.Meta(description="Why it failed, for people.")] = ""
+
+
 class ReportedState(WireStruct, frozen=True, kw_only=True):
     """`reported` (retained, QoS 1): what the agent has applied."""
 
@@ -216,6 +248,7 @@ class ReportedState(WireStruct, frozen=True, kw_only=True):
     observed_generation: NonNegativeInt
     reported_at: Timestamp
     training: tuple[ReportedTraining, ...] = ()
+    deployments: tuple[ReportedDeployment, ...] = ()
 
 
 EventKind = Literal[

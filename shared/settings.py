@@ -145,6 +145,41 @@ class CloudSettings(Section, frozen=True, kw_only=True):
     invalid_log_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
 
 
+# Must match cloud.green.policies.POLICY_NAMES (a test checks): shared/ never imports cloud/.
+PolicySetting = Literal[
+    "green",
+    "cost",
+    "latency",
+    "balanced",
+    "fifo-binpack",
+    "spread",
+    "green-spatial",
+    "green-temporal",
+]
+
+
+class SchedulingSettings(Section, frozen=True, kw_only=True):
+    """The scheduling loop (cloud/loop, docs/scheduling.md)."""
+
+    # false: this replica serves the API only and never takes scheduling leadership.
+    enabled: bool = True
+    # Named policy: weights over packing, load, speed, carbon, price and latency.
+    policy: PolicySetting = "green"
+    # A pass runs this long after the first trigger (submission, cancel, node change,
+    # agent report), so that a burst of triggers costs one pass.
+    debounce_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.02
+    # ... and at least this often, for what time alone changes (windows, deferrals).
+    interval_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
+    # Work on a node that went offline is requeued after this long unless it returns.
+    node_lost_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # After taking leadership, wait this long for retained node births before the
+    # first pass, so a restarted control plane does not see a fleet with holes.
+    startup_settle_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 2.0
+    # Gangs rendezvous on MASTER_PORT = base + a stable hash of (job, attempt) % span.
+    master_port_base: Annotated[int, msgspec.Meta(ge=1024, le=65535)] = 29500
+    master_port_span: Annotated[int, msgspec.Meta(ge=1, le=30000)] = 1000
+
+
 class LogSettings(Section, frozen=True, kw_only=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -294,6 +329,7 @@ class Settings(Section, frozen=True, kw_only=True):
     log: LogSettings = LogSettings()
     signals: SignalSettings = SignalSettings()
     store: StoreSettings = StoreSettings()
+    scheduling: SchedulingSettings = SchedulingSettings()
 
 
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

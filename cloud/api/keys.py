@@ -13,6 +13,7 @@ from cloud.api.tuning import ApiTuning
 from cloud.ingest import Ingestor
 from cloud.jobs.events import EventHub
 from cloud.jobs.logs import JobLogStore
+from cloud.loop.loop import SchedulingLoop
 from cloud.registry import NodeRegistry
 from cloud.signals.service import SignalService
 from cloud.store import Store, TenantRecord
@@ -33,6 +34,8 @@ JOB_LOGS = web.AppKey("job_logs", JobLogStore)
 EVENT_HUB = web.AppKey("event_hub", EventHub)
 STREAMS = web.AppKey("streams", StreamLimits)
 TUNING = web.AppKey("tuning", ApiTuning)
+# The scheduling loop (it runs passes only while this process leads).
+SCHEDULER = web.AppKey("scheduler", SchedulingLoop)
 # Set when the app begins to shut down: long-lived streams end at once.
 STOPPING = web.AppKey("stopping", asyncio.Event)
 

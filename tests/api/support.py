@@ -18,7 +18,7 @@ from cloud.app import create_app
 from cloud.jobs.admin import admin_token_path, read_token_file
 from cloud.store import Store
 from greenfed.broker import EmbeddedBroker
-from shared.settings import CloudSettings, Settings
+from shared.settings import CloudSettings, SchedulingSettings, Settings
 from tests.store.databases import DatabaseUnderTest
 from tests.support.fleet import mqtt_settings
 
@@ -112,6 +112,8 @@ async def running_api(database: DatabaseUnderTest, tuning: ApiTuning = FAST) -> 
             mqtt=mqtt_settings(broker.url, "apitest"),
             cloud=CloudSettings(invalid_log_interval_s=0),
             store=database.settings,
+            # These tests run scheduling passes themselves, step by step.
+            scheduling=SchedulingSettings(enabled=False),
         )
         app = create_app(settings, tuning=tuning)
         async with TestClient(TestServer(app)) as client:

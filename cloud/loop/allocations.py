@@ -1,0 +1,45 @@
+"""Small views of stored allocations shared by the loop's steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cloud.store import AllocationRecord, NewAllocation
+
+
+def as_new_allocation(record: AllocationRecord) -> NewAllocation:
+    """A stored allocation, to keep as it is in a `Placement` that replaces the set."""
+    return NewAllocation(
+        member_index=record.member_index,
+        node_id=record.node_id,
+        accelerator_kind=record.accelerator_kind,
+        accelerators=record.accelerators,
+        accelerator_ids=record.accelerator_ids,
+        host_memory_bytes=record.host_memory_bytes,
+        expected_end=record.expected_end,
+        borrowed=record.borrowed,
+    )
+
+
+def node_workers(members: Sequence[AllocationRecord]) -> dict[str, list[AllocationRecord]]:
+    """A gang's members grouped by node, nodes in the order of their lowest member.
+
+    A training job runs one worker process per node (the way `torchrun` runs one agent
+    per node): members the scheduler put on the same node become one worker with all
+    their accelerators, and a node's position here is its `RANK`.
+    """
+    workers: dict[str, list[AllocationRecord]] = {}
+    for member in sorted(members, key=lambda m: m.member_index):
+        workers.setdefault(member.node_id, []).append(member)
+    return workers
+
+
+def by_work(allocations: Sequence[AllocationRecord]) -> dict[str, tuple[AllocationRecord, ...]]:
+    """Every work item's allocations, in member order."""
+    grouped: dict[str, list[AllocationRecord]] = {}
+    for allocation in allocations:
+        grouped.setdefault(allocation.work_id, []).append(allocation)
+    return {
+        work_id: tuple(sorted(members, key=lambda m: m.member_index))
+        for work_id, members in grouped.items()
+    }

@@ -1,0 +1,110 @@
+"""A node's stored allocations -> its `desired` document.
+
+Training: one worker per node of a gang (`node_workers`): the node's position is its
+`RANK`, the number of nodes its `WORLD_SIZE`, and the first node is the rendezvous
+(`MASTER_ADDR`: its `greenfed.io/address` label, else its hostname). `MASTER_PORT`
+is a stable hash of (job, attempt) into a configured range, so every worker of an
+attempt, and a control plane restarted in between, computes the same one.
+
+Inference: one entry per replica, with the model and the accepted providers.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+
+from cloud.jobs.convert import spec_of
+from cloud.jobs.specs import DeploymentSpec, TrainingJobSpec
+from cloud.loop.allocations import node_workers
+from cloud.registry import NodeRecord
+from cloud.store import AllocationRecord, WorkRecord
+from shared.messages import DesiredDeployment, DesiredState, DesiredTraining
+from shared.settings import SchedulingSettings
+
+ADDRESS_LABEL = "greenfed.io/address"
+
+
+def node_address(record: NodeRecord | None) -> str:
+    if record is None:
+        return ""
+    status = record.status
+    return status.labels.get(ADDRESS_LABEL) or status.host.hostname
+
+
+def master_port(work_id: str, attempt: int, settings: SchedulingSettings) -> int:
+    digest = zlib.crc32(f"{work_id}:{attempt}".encode())
+    return settings.master_port_base + digest % settings.master_port_span
+
+
+def _training(
+    record: WorkRecord,
+    spec: TrainingJobSpec,
+    node_id: str,
+    members: Sequence[AllocationRecord],
+    nodes: Mapping[str, NodeRecord],
+    settings: SchedulingSettings,
+) -> DesiredTraining:
+    workers = node_workers(members)
+    ranks = list(workers)
+    master = ranks[0]
+    return DesiredTraining(
+        job_id=record.work_id,
+        attempt=record.attempts,
+        command=spec.command,
+        env=dict(spec.env),
+        working_dir=spec.working_dir,
+        accelerator_ids=tuple(
+            device for member in workers[node_id] for device in member.accelerator_ids
+        ),
+        rank=ranks.index(node_id),
+        world_size=len(ranks),
+        master_addr=node_address(nodes.get(master)),
+        master_port=master_port(record.work_id, record.attempts, settings),
+        grace_period_s=spec.grace_period_s,
+        reference_duration_s=spec.estimated_duration_s,
+    )
+
+
+def desired_document(
+    node_id: str,
+    generation: int,
+    *,
+    now: float,
+    records: Mapping[str, WorkRecord],
+    allocations: Mapping[str, tuple[AllocationRecord, ...]],
+    nodes: Mapping[str, NodeRecord],
+    settings: SchedulingSettings,
+) -> DesiredState:
+    """Everything stored for `node_id`; `allocations` maps every work id to all of its
+    allocations (a gang's other nodes decide this node's rank)."""
+    training: list[DesiredTraining] = []
+    deployments: list[DesiredDeployment] = []
+    for work_id, members in sorted(allocations.items()):
+        here = [member for member in members if member.node_id == node_id]
+        record = records.get(work_id)
+        if not here or record is None:
+            continue
+        spec = spec_of(record)
+        if isinstance(spec, TrainingJobSpec):
+            training.append(_training(record, spec, node_id, members, nodes, settings))
+            continue
+        assert isinstance(spec, DeploymentSpec)
+        deployments.extend(
+            DesiredDeployment(
+                deployment_id=work_id,
+                replica=member.member_index,
+                model_id=spec.model_id,
+                accelerator_kind=member.accelerator_kind,
+                accelerator_ids=member.accelerator_ids,
+                providers=spec.providers,
+            )
+            for member in here
+        )
+    return DesiredState(
+        node_id=node_id,
+        generation=generation,
+        deployments=tuple(deployments),
+        training=tuple(training),
+        issued_at=now,
+    )

@@ -1,0 +1,47 @@
+"""Which of a node's devices an allocation gets.
+
+The scheduler decides *how many* accelerators of a kind a worker gets on a node;
+the agent needs to know *which* (CUDA_VISIBLE_DEVICES). Devices are handed out in
+id order from those no live allocation holds, so the choice is deterministic and
+a restarted control plane makes the same one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from shared.messages import Accelerator, AcceleratorKind
+
+
+class NotEnoughDevices(RuntimeError):
+    pass
+
+
+def pick_devices(
+    inventory: Sequence[Accelerator],
+    kind: AcceleratorKind,
+    count: int,
+    held: Iterable[str],
+) -> tuple[str, ...]:
+    """`count` free device ids of `kind` on a node, lowest ids first."""
+    taken = set(held)
+    free = sorted(
+        (a.id for a in inventory if a.kind == kind and a.id not in taken),
+        key=_natural_key,
+    )
+    if len(free) < count:
+        raise NotEnoughDevices(
+            f"{count} {kind} wanted, {len(free)} free of "
+            f"{sum(1 for a in inventory if a.kind == kind)}"
+        )
+    return tuple(free[:count])
+
+
+def _natural_key(device_id: str) -> tuple[tuple[int, int | str], ...]:
+    """gpu2 before gpu10; gpu0-mig1 before gpu0-mig10."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part)
+        for part in re.split(r"(\d+)", device_id)
+        if part
+    )

@@ -1,0 +1,116 @@
+"""One scheduling pass's inputs: the registry's nodes and the store's snapshot, as the
+scheduler core's `Snapshot`.
+
+What is queued:
+- pending work, as submitted;
+- a deployment that is placed but short of replicas (some could not be placed, or a
+  replica was lost or preempted), for the missing replicas only, accepting any number
+  of them (`min_replicas=1`): the replicas it has keep serving.
+
+Work whose stored spec the scheduler can no longer read (written by a newer greenfed,
+or refused by a stricter scheduler) is set aside in `unschedulable` with the reason;
+the loop fails it instead of failing every pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import msgspec
+
+from cloud.jobs.convert import allocation_from_record, tenant_from_record, work_from_record
+from cloud.loop.allocations import by_work
+from cloud.loop.nodes import scheduler_nodes
+from cloud.registry import NodeRecord
+from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, Tenant, Work
+from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
+from cloud.store.states import PLACED_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class PassInputs:
+    snapshot: Snapshot
+    store: StoreSnapshot
+    records: Mapping[str, WorkRecord]  # every non-terminal work item, by id
+    works: Mapping[str, Work]  # the scheduler's view of each readable item, by id
+    allocations: Mapping[str, tuple[AllocationRecord, ...]]  # by work id, member order
+    unschedulable: Mapping[str, str]  # work id -> why its spec cannot be scheduled
+    nodes: Mapping[str, NodeRecord]  # the registry's records, by node id
+
+
+def _tenant_names(store: StoreSnapshot) -> dict[str, str]:
+    return {tenant.tenant_id: tenant.name for tenant in store.tenants}
+
+
+def _convert(
+    store: StoreSnapshot, names: Mapping[str, str]
+) -> tuple[dict[str, Work], dict[str, str]]:
+    works: dict[str, Work] = {}
+    unschedulable: dict[str, str] = {}
+    for record in store.work:
+        tenant = names.get(record.tenant_id, record.tenant_id)
+        try:
+            works[record.work_id] = work_from_record(record, tenant=tenant)
+        except (msgspec.DecodeError, ValueError) as error:  # ValidationError is a DecodeError
+            unschedulable[record.work_id] = f"its stored spec cannot be scheduled: {error}"
+    return works, unschedulable
+
+
+def _queued(
+    record: WorkRecord, work: Work, allocations: tuple[AllocationRecord, ...]
+) -> Work | None:
+    if record.state == "pending":
+        return work
+    if record.state in PLACED_STATES and isinstance(work, InferenceDeployment):
+        missing = work.replicas - len(allocations)
+        if missing > 0:
+            return dataclasses.replace(work, replicas=missing, min_replicas=1)
+    return None
+
+
+def build_inputs(
+    now: float, node_records: Iterable[NodeRecord], store: StoreSnapshot
+) -> PassInputs:
+    nodes = {record.node_id: record for record in node_records}
+    names = _tenant_names(store)
+    works, unschedulable = _convert(store, names)
+    allocations = by_work(store.allocations)
+    running: list[Allocation] = [
+        allocation_from_record(allocation, works[allocation.work_id])
+        for allocation in store.allocations
+        # On a node the registry does not know (yet, after a restart; or any more) it
+        # takes nothing the scheduler could give away; the loop decides when it is lost.
+        if allocation.node_id in nodes and allocation.work_id in works
+    ]
+    queue = []
+    for record in store.work:
+        work = works.get(record.work_id)
+        if work is None:
+            continue
+        queued = _queued(record, work, allocations.get(record.work_id, ()))
+        if queued is not None:
+            queue.append(queued)
+    tenants: list[Tenant] = [
+        tenant
+        for tenant in (tenant_from_record(record) for record in store.tenants)
+        if tenant is not None
+    ]
+    snapshot = Snapshot.build(
+        now=now,
+        nodes=scheduler_nodes(nodes.values()),
+        allocations=running,
+        queue=queue,
+        tenants=tenants,
+    )
+    return PassInputs(
+        snapshot=snapshot,
+        store=store,
+        records=MappingProxyType({record.work_id: record for record in store.work}),
+        works=MappingProxyType(works),
+        allocations=MappingProxyType(allocations),
+        unschedulable=MappingProxyType(unschedulable),
+        nodes=MappingProxyType(nodes),
+    )

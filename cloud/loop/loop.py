@@ -1,0 +1,303 @@
+"""The scheduling loop: store + registry -> scheduler core -> store -> `desired`.
+
+One pass:
+1. read the store (one consistent snapshot) and the registry;
+2. publish the `desired` document of every node whose generation moved (a tenant's
+   cancellation, another replica's commit);
+3. apply what agents reported and which nodes are lost (reports.py), commit;
+4. run the scheduler core on what is queued, commit the plan (placements with their
+   devices, preemptions, pending reasons, explanations), publish the changed nodes.
+
+Passes run when something happens (a commit by this process's API, a node state
+change, an agent report), debounced, and at least every `scheduling.interval_s`
+(or sooner when a start window opens or a deferral ends). Only the leader runs
+passes: the store's leadership (an advisory lock on PostgreSQL, a file lock on
+SQLite) decides, and every commit is checked against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from cloud.green.latency import default_latency_estimator
+from cloud.green.policies import GreenInputs, build_policy
+from cloud.jobs.explain import explanations_for_plan
+from cloud.loop.allocations import by_work
+from cloud.loop.desired import desired_document
+from cloud.loop.inputs import build_inputs
+from cloud.loop.plans import translate
+from cloud.loop.publisher import DesiredPublisher
+from cloud.loop.reports import agent_outcomes
+from cloud.registry import NodeRecord, NodeRegistry
+from cloud.scheduler import Plan as CorePlan
+from cloud.scheduler import Policy, schedule
+from cloud.signals.grid import GridSignals
+from cloud.signals.service import SignalService
+from cloud.store import (
+    LeadershipLease,
+    LeadershipLostError,
+    Plan,
+    Store,
+    StoreSnapshot,
+    StoreUnavailableError,
+    VersionConflictError,
+    WorkNotFoundError,
+)
+from shared.settings import SchedulingSettings
+
+_ERROR_BACKOFF_S = 1.0
+
+
+@dataclass(slots=True)
+class LoopStats:
+    passes: int = 0
+    commits: int = 0
+    placed: int = 0
+    evicted: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    last_pass_ms: float = 0.0
+
+
+class SchedulingLoop:
+    def __init__(
+        self,
+        store: Store,
+        registry: NodeRegistry,
+        publisher: DesiredPublisher,
+        settings: SchedulingSettings,
+        *,
+        signals: SignalService | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._publisher = publisher
+        self._settings = settings
+        self._signals = signals
+        self._clock = clock
+        self._monotonic = monotonic
+        self._latency = default_latency_estimator()
+        self._wake = asyncio.Event()
+        self._own_commit = False
+        self._unavailable_since: dict[str, float] = {}
+        self._explained: dict[str, tuple[str, str, int]] = {}
+        self._retry_at: float | None = None
+        self._log = structlog.get_logger("greenfed.loop")
+        self.stats = LoopStats()
+        self.leading = asyncio.Event()
+        # Set after every pass; tests and benchmarks wait on it instead of sleeping.
+        self.pass_done = asyncio.Condition()
+
+    # ---- triggers ----------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Something changed: run a pass soon. The loop's own commits do not count."""
+        if not self._own_commit:
+            self._wake.set()
+
+    async def wait_for_pass(self) -> None:
+        async with self.pass_done:
+            await self.pass_done.wait()
+
+    # ---- leadership --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            async with self._store.leadership() as lease:
+                self._log.info("scheduling leadership taken", policy=self._settings.policy)
+                self.leading.set()
+                try:
+                    await self._lead(lease)
+                except LeadershipLostError as error:
+                    self._log.warning("scheduling leadership lost", error=str(error))
+                finally:
+                    self.leading.clear()
+                    self._publisher.forget()
+                    self._unavailable_since.clear()
+                    self._explained.clear()
+
+    async def _lead(self, lease: LeadershipLease) -> None:
+        if self._settings.startup_settle_s:
+            # Retained births arrive within moments of subscribing; a first pass before
+            # them would see holes in the fleet (and count their nodes as lost sooner).
+            await asyncio.sleep(self._settings.startup_settle_s)
+        while True:
+            self._wake.clear()
+            try:
+                await self.run_pass(lease)
+            except VersionConflictError:
+                self.stats.conflicts += 1  # work changed under the pass: plan again now
+                self._wake.set()
+            except (LeadershipLostError, asyncio.CancelledError):
+                raise
+            except StoreUnavailableError as error:
+                self.stats.errors += 1
+                self._log.warning("scheduling pass failed: store unavailable", error=str(error))
+                await asyncio.sleep(_ERROR_BACKOFF_S)
+            except Exception:
+                self.stats.errors += 1
+                self._log.exception("scheduling pass failed")
+                await asyncio.sleep(_ERROR_BACKOFF_S)
+            await self._wait_for_trigger()
+
+    async def _wait_for_trigger(self) -> None:
+        timeout_s = self._settings.interval_s
+        if self._retry_at is not None:
+            timeout_s = max(0.0, min(timeout_s, self._retry_at - self._clock()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        if self._wake.is_set() and self._settings.debounce_s:
+            await asyncio.sleep(self._settings.debounce_s)  # let the burst finish
+
+    # ---- one pass ----------------------------------------------------------------------
+
+    async def run_pass(self, lease: LeadershipLease) -> CorePlan:
+        started = time.perf_counter()
+        now = self._clock()
+        store = await self._store.load_snapshot()
+        nodes = {record.node_id: record for record in self._registry.nodes()}
+        self._publish(store, nodes, now)
+
+        outcomes = agent_outcomes(
+            {record.work_id: record for record in store.work},
+            by_work(store.allocations),
+            nodes,
+            self._lost(store, nodes),
+        )
+        for change in outcomes.allocation_states:
+            with self._committing(), contextlib.suppress(WorkNotFoundError):
+                await self._store.set_allocation_state(
+                    change.work_id, change.member_index, change.state
+                )
+        if outcomes.changes_work:
+            await self._commit(
+                Plan(
+                    state_changes=outcomes.state_changes,
+                    evictions=outcomes.evictions,
+                    placements=outcomes.placements,
+                ),
+                lease,
+            )
+            store = await self._store.load_snapshot()
+
+        inputs = build_inputs(now, nodes.values(), store)
+        policy = await self._policy(nodes.values())
+        plan = await asyncio.to_thread(schedule, inputs.snapshot, policy)
+        translation = translate(plan, inputs, self._fresh_explanations(plan))
+        store_plan = translation.plan
+        if translation.changes_work or store_plan.pending_reasons or store_plan.explanations:
+            await self._commit(store_plan, lease)
+            self.stats.placed += translation.placed
+            self.stats.evicted += translation.evicted
+            if translation.changes_work:
+                store = await self._store.load_snapshot()
+                self._publish(store, nodes, now)
+        self._forget_explained(store)
+        retry = [p.retry_at for p in plan.pending if p.retry_at is not None]
+        self._retry_at = min(retry) if retry else None
+        self.stats.passes += 1
+        self.stats.last_pass_ms = (time.perf_counter() - started) * 1000.0
+        if translation.placed or translation.evicted:
+            self._log.info(
+                "scheduling pass",
+                placed=translation.placed,
+                preempted=translation.evicted,
+                pending=len(plan.pending),
+                ms=round(self.stats.last_pass_ms, 1),
+            )
+        async with self.pass_done:
+            self.pass_done.notify_all()
+        return plan
+
+    @contextlib.contextmanager
+    def _committing(self) -> Iterator[None]:
+        self._own_commit = True
+        try:
+            yield
+        finally:
+            self._own_commit = False
+
+    async def _commit(self, plan: Plan, lease: LeadershipLease) -> None:
+        with self._committing():
+            await self._store.commit_plan(plan, lease=lease)
+        self.stats.commits += 1
+
+    async def _policy(self, nodes: Iterable[NodeRecord]) -> Policy:
+        zones = {record.status.zone for record in nodes}
+        if self._signals is None:
+            signals = GridSignals(now_s=self._clock(), zones={})
+        else:
+            signals = await self._signals.snapshot(zones)
+        return build_policy(
+            self._settings.policy, GreenInputs(signals=signals, latency=self._latency)
+        )
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _lost(self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord]) -> dict[str, str]:
+        """Nodes holding allocations that have been unavailable beyond the grace period."""
+        now = self._monotonic()
+        lost: dict[str, str] = {}
+        holding = {allocation.node_id for allocation in store.allocations}
+        for node_id in holding:
+            record = nodes.get(node_id)
+            if record is not None and record.state == "online":
+                self._unavailable_since.pop(node_id, None)
+                continue
+            since = self._unavailable_since.setdefault(node_id, now)
+            if now - since >= self._settings.node_lost_grace_s:
+                if record is None:
+                    lost[node_id] = "not seen by this control plane"
+                else:
+                    lost[node_id] = f"offline: {record.offline_reason or 'unknown reason'}"
+        for node_id in set(self._unavailable_since) - holding:
+            del self._unavailable_since[node_id]
+        return lost
+
+    def _publish(self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float) -> None:
+        stale = [
+            (node_id, generation)
+            for node_id, generation in store.node_generations.items()
+            if not self._publisher.is_current(node_id, generation)
+        ]
+        if not stale:
+            return
+        records = {record.work_id: record for record in store.work}
+        allocations = by_work(store.allocations)
+        for node_id, generation in sorted(stale):
+            self._publisher.submit(
+                desired_document(
+                    node_id,
+                    generation,
+                    now=now,
+                    records=records,
+                    allocations=allocations,
+                    nodes=nodes,
+                    settings=self._settings,
+                )
+            )
+
+    def _fresh_explanations(self, plan: CorePlan) -> dict[str, bytes]:
+        """Explanations worth writing: every placement and preemption, and pending work
+        whose reason changed since the last one this leader wrote."""
+        documents = explanations_for_plan(plan)
+        placed = {placement.work_id for placement in plan.placements}
+        for pending in plan.pending:
+            key = (pending.code, pending.message, pending.members_placed)
+            if pending.work_id not in placed and self._explained.get(pending.work_id) == key:
+                documents.pop(pending.work_id, None)
+            self._explained[pending.work_id] = key
+        return documents
+
+    def _forget_explained(self, store: StoreSnapshot) -> None:
+        active = {record.work_id for record in store.work}
+        for work_id in set(self._explained) - active:
+            del self._explained[work_id]

@@ -1,0 +1,120 @@
+"""The registry's live nodes as the scheduler's immutable `Node`s.
+
+The scheduler models one pool per accelerator kind per node. Devices of a kind
+are folded into that pool conservatively: the smallest memory and the slowest
+speed (a job must fit and finish on whichever device it gets), the mean power,
+the providers every device offers, the mean measured utilisation.
+
+What an agent cannot tell (a CPU's power, an unknown GPU's speed) comes from the
+defaults below, which are deliberately middle-of-the-road figures; a node that
+reports real figures always wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cloud.registry import NodeRecord
+from cloud.scheduler import AcceleratorPool, Node
+from shared.messages import Accelerator, AcceleratorKind
+
+# Relative speed (A100 = 1.0) when a device reports none.
+DEFAULT_RELATIVE_SPEED: Mapping[AcceleratorKind, float] = MappingProxyType(
+    {"gpu": 1.0, "npu": 0.02, "cpu": 0.01}
+)
+# (idle, max) watts per device when unknown; CPUs per logical core.
+DEFAULT_POWER_W: Mapping[AcceleratorKind, tuple[float, float]] = MappingProxyType(
+    {"gpu": (50.0, 300.0), "npu": (0.5, 5.0), "cpu": (0.5, 3.0)}
+)
+# Grid zone -> local time, for start windows ("20:00-06:00 in the site's local time").
+# A node label greenfed.io/timezone overrides it.
+ZONE_TIMEZONES: Mapping[str, str] = MappingProxyType(
+    {
+        "CA-ON": "America/Toronto",
+        "US-CAL-CISO": "America/Los_Angeles",
+        "DE": "Europe/Berlin",
+        "ZA": "Africa/Johannesburg",
+        "GB": "Europe/London",
+        "FR": "Europe/Paris",
+    }
+)
+TIMEZONE_LABEL = "greenfed.io/timezone"
+
+
+def _power_w(accelerators: Sequence[Accelerator], kind: AcceleratorKind) -> tuple[float, float]:
+    idle_default, max_default = DEFAULT_POWER_W[kind]
+    idle, peak = [], []
+    for accelerator in accelerators:
+        scale = accelerator.compute_units if kind == "cpu" and accelerator.compute_units else 1
+        idle.append(
+            accelerator.idle_power_w
+            if accelerator.idle_power_w is not None
+            else idle_default * scale
+        )
+        peak.append(
+            accelerator.max_power_w if accelerator.max_power_w is not None else max_default * scale
+        )
+    return sum(idle) / len(idle), sum(peak) / len(peak)
+
+
+def _pool(
+    kind: AcceleratorKind, accelerators: Sequence[Accelerator], utilisation_pct: Mapping[str, float]
+) -> AcceleratorPool:
+    idle_w, max_w = _power_w(accelerators, kind)
+    speeds = [a.relative_speed or DEFAULT_RELATIVE_SPEED[kind] for a in accelerators]
+    providers = [set(a.onnx_providers) for a in accelerators]
+    common = providers[0].intersection(*providers[1:])
+    measured = [utilisation_pct[a.id] for a in accelerators if a.id in utilisation_pct]
+    return AcceleratorPool(
+        kind=kind,
+        count=len(accelerators),
+        model=accelerators[0].model,
+        memory_bytes=min(a.memory_bytes for a in accelerators),
+        relative_speed=min(speeds),
+        idle_power_w=idle_w,
+        max_power_w=max_w,
+        # Keep the first device's preference order for the providers all of them offer.
+        onnx_providers=tuple(p for p in accelerators[0].onnx_providers if p in common),
+        utilisation=min(1.0, max(0.0, sum(measured) / len(measured) / 100.0)) if measured else 0.0,
+    )
+
+
+def _valid_timezone(name: str | None) -> str | None:
+    """A node's own label must not break a scheduling pass: an unknown zone name is ignored."""
+    if not name:
+        return None
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
+    return name
+
+
+def scheduler_node(record: NodeRecord) -> Node:
+    status = record.status
+    utilisation = (
+        {sample.id: sample.utilization_pct for sample in record.telemetry.accelerators}
+        if record.telemetry is not None
+        else {}
+    )
+    by_kind: dict[AcceleratorKind, list[Accelerator]] = {}
+    for accelerator in status.accelerators:
+        by_kind.setdefault(accelerator.kind, []).append(accelerator)
+    timezone = _valid_timezone(status.labels.get(TIMEZONE_LABEL)) or ZONE_TIMEZONES.get(status.zone)
+    return Node(
+        node_id=status.node_id,
+        site=status.site,
+        zone=status.zone,
+        region=status.region,
+        labels=status.labels,
+        healthy=record.state == "online",
+        host_memory_bytes=status.host.memory_total_bytes,
+        timezone=timezone,
+        pools=tuple(_pool(kind, devices, utilisation) for kind, devices in sorted(by_kind.items())),
+    )
+
+
+def scheduler_nodes(records: Iterable[NodeRecord]) -> list[Node]:
+    return [scheduler_node(record) for record in records]

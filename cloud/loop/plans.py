@@ -1,0 +1,184 @@
+"""The scheduler core's plan -> the store's plan.
+
+The core decides counts ("2 GPUs on node a"); the store records which devices
+(`pick_devices`), whole sets of allocations per work item, and requeues:
+
+- a preempted training job is requeued whole (a gang never runs short);
+- a deployment that loses replicas to preemption keeps the others, and the lost
+  ones are queued again by the next pass;
+- a deployment topped up with more replicas keeps the ones it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from cloud.loop.allocations import as_new_allocation
+from cloud.loop.devices import NotEnoughDevices, pick_devices
+from cloud.loop.inputs import PassInputs
+from cloud.scheduler import Placement as CorePlacement
+from cloud.scheduler import Plan as CorePlan
+from cloud.scheduler import Preemption
+from cloud.store import (
+    Eviction,
+    NewAllocation,
+    Placement,
+    Plan,
+    StateChange,
+)
+
+_log = structlog.get_logger("greenfed.loop")
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    plan: Plan
+    placed: int  # work items that got allocations
+    evicted: int  # work items that lost allocations to preemption
+    skipped: Mapping[str, str]  # work id -> why its placement was dropped
+
+    @property
+    def changes_work(self) -> bool:
+        plan = self.plan
+        return bool(plan.placements or plan.evictions or plan.state_changes)
+
+
+def _preempted(
+    preemptions: tuple[Preemption, ...], inputs: PassInputs
+) -> tuple[list[Eviction], dict[str, list[NewAllocation]], set[str]]:
+    """Evictions, the replicas each shrunk deployment keeps, and the allocation ids
+    whose devices are free from now on."""
+    by_work: dict[str, list[Preemption]] = {}
+    for preemption in preemptions:
+        by_work.setdefault(preemption.work_id, []).append(preemption)
+    evictions: list[Eviction] = []
+    kept: dict[str, list[NewAllocation]] = {}
+    freed: set[str] = set()
+    for work_id, victims in sorted(by_work.items()):
+        record = inputs.records[work_id]
+        members = inputs.allocations.get(work_id, ())
+        victim_ids = {victim.allocation_id for victim in victims}
+        by = ", ".join(sorted({victim.preempted_by for victim in victims}))
+        why = ", ".join(sorted({victim.reason for victim in victims}))
+        reason = f"preempted by {by} ({why})"
+        remaining = [m for m in members if m.allocation_id not in victim_ids]
+        if record.kind == "training" or not remaining:
+            evictions.append(
+                Eviction(work_id=work_id, reason=reason, expected_version=record.version)
+            )
+            freed.update(m.allocation_id for m in members)
+        else:
+            kept[work_id] = [as_new_allocation(m) for m in remaining]
+            freed.update(victim_ids)
+    return evictions, kept, freed
+
+
+def translate(plan: CorePlan, inputs: PassInputs, explanations: Mapping[str, bytes]) -> Translation:
+    evictions, kept, freed = _preempted(plan.preemptions, inputs)
+    by_preempted = {preemption.work_id for preemption in plan.preemptions}
+    held: dict[str, set[str]] = {}
+    for allocation in inputs.store.allocations:
+        if allocation.allocation_id not in freed:
+            held.setdefault(allocation.node_id, set()).update(allocation.accelerator_ids)
+
+    by_work: dict[str, list[CorePlacement]] = {}
+    for placement in plan.placements:
+        by_work.setdefault(placement.work_id, []).append(placement)
+    placements: list[Placement] = []
+    skipped: dict[str, str] = {}
+    for work_id, members in sorted(by_work.items()):
+        record = inputs.records[work_id]
+        picked: dict[str, set[str]] = {}
+        new: list[NewAllocation] = []
+        try:
+            for member in sorted(members, key=lambda m: m.member):
+                node = inputs.nodes[member.node_id]
+                taken = held.get(member.node_id, set()) | picked.get(member.node_id, set())
+                ids = pick_devices(
+                    node.status.accelerators, member.accelerator_kind, member.accelerators, taken
+                )
+                picked.setdefault(member.node_id, set()).update(ids)
+                new.append(
+                    NewAllocation(
+                        member_index=member.member,
+                        node_id=member.node_id,
+                        accelerator_kind=member.accelerator_kind,
+                        accelerators=member.accelerators,
+                        accelerator_ids=ids,
+                        host_memory_bytes=member.host_memory_bytes,
+                        expected_end=member.expected_end,
+                        borrowed=member.borrowed,
+                    )
+                )
+        except NotEnoughDevices as error:
+            # The registry's inventory and the store disagree (a node re-registered with
+            # fewer devices): leave the work queued rather than double-book a device.
+            skipped[work_id] = f"{member.node_id}: {error}"
+            _log.warning(
+                "placement dropped", work_id=work_id, node_id=member.node_id, error=str(error)
+            )
+            continue
+        for node_id, node_ids in picked.items():
+            held.setdefault(node_id, set()).update(node_ids)
+        if record.kind == "inference" and record.state != "pending":
+            existing = kept.pop(work_id, None)
+            if existing is None:
+                existing = [
+                    as_new_allocation(m)
+                    for m in inputs.allocations.get(work_id, ())
+                    if m.allocation_id not in freed
+                ]
+            new = existing + new
+        nodes = ", ".join(dict.fromkeys(member.node_id for member in members))
+        placements.append(
+            Placement(
+                work_id=work_id,
+                allocations=tuple(new),
+                reason=f"placed on {nodes}",
+                expected_version=record.version,
+            )
+        )
+    for work_id, remaining in sorted(kept.items()):
+        record = inputs.records[work_id]
+        placements.append(
+            Placement(
+                work_id=work_id,
+                allocations=tuple(remaining),
+                reason="replicas preempted; the rest keep serving",
+                expected_version=record.version,
+            )
+        )
+
+    state_changes = [
+        StateChange(
+            work_id=work_id,
+            to_state="failed",
+            reason=reason,
+            expected_version=inputs.records[work_id].version,
+        )
+        for work_id, reason in sorted(inputs.unschedulable.items())
+        if inputs.records[work_id].state == "pending"
+    ]
+    # Only what changed: an unchanged reason is not worth a write on every tick.
+    pending_reasons = {
+        pending.work_id: pending.message
+        for pending in plan.pending
+        if pending.work_id not in by_work
+        and inputs.records[pending.work_id].state == "pending"
+        and inputs.records[pending.work_id].state_reason != pending.message
+    }
+    return Translation(
+        plan=Plan(
+            placements=tuple(placements),
+            evictions=tuple(evictions),
+            state_changes=tuple(state_changes),
+            pending_reasons=pending_reasons,
+            explanations=explanations,
+        ),
+        placed=len(by_work) - len(skipped),
+        evicted=len(by_preempted),
+        skipped=skipped,
+    )

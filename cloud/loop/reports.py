@@ -1,0 +1,224 @@
+"""What agents report -> state changes of work.
+
+Level-triggered: every pass compares each placed work item's allocations with the
+latest `reported` document of each node it is on (the registry keeps it), so a
+report is never lost to a missed message and a restarted control plane catches up
+by looking once.
+
+Training (one worker per node of a gang; see desired.py):
+- a worker `failed` -> the job failed, with that worker's reason;
+- every worker `succeeded` -> the job succeeded;
+- a worker `stopped` while still wanted (its agent shut down) -> requeued;
+- a worker running (or done) -> the job is running.
+Inference (one entry per replica):
+- a replica `failed` -> the deployment failed, with the reason;
+- every replica `ready` -> the deployment is running.
+A node that is lost (offline beyond the grace period, or unknown) takes its work
+with it: a gang is requeued whole; a deployment keeps its other replicas and the
+lost ones are placed again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cloud.loop.allocations import as_new_allocation, node_workers
+from cloud.registry import NodeRecord
+from cloud.store import (
+    AllocationRecord,
+    AllocationState,
+    Eviction,
+    Placement,
+    StateChange,
+    WorkRecord,
+)
+from cloud.store.states import PLACED_STATES
+from shared.messages import ReportedDeployment, ReportedTraining
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationStateChange:
+    work_id: str
+    member_index: int
+    state: AllocationState
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOutcomes:
+    state_changes: tuple[StateChange, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
+    placements: tuple[Placement, ...] = ()  # deployments that lost replicas
+    allocation_states: tuple[AllocationStateChange, ...] = ()
+
+    @property
+    def changes_work(self) -> bool:
+        return bool(self.state_changes or self.evictions or self.placements)
+
+
+def _training_entry(node: NodeRecord | None, work_id: str, attempt: int) -> ReportedTraining | None:
+    if node is None or node.reported is None:
+        return None
+    for entry in node.reported.training:
+        if entry.job_id == work_id and entry.attempt == attempt:
+            return entry
+    return None
+
+
+def _replica_entry(
+    node: NodeRecord | None, work_id: str, replica: int
+) -> ReportedDeployment | None:
+    if node is None or node.reported is None:
+        return None
+    for entry in node.reported.deployments:
+        if entry.deployment_id == work_id and entry.replica == replica:
+            return entry
+    return None
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.state_changes: list[StateChange] = []
+        self.evictions: list[Eviction] = []
+        self.placements: list[Placement] = []
+        self.allocation_states: list[AllocationStateChange] = []
+
+    def move(self, record: WorkRecord, *states: str, reason: str | None = None) -> None:
+        for state in states:
+            self.state_changes.append(
+                StateChange(
+                    work_id=record.work_id,
+                    to_state=state,  # type: ignore[arg-type]
+                    reason=reason,
+                    expected_version=record.version if state == states[0] else None,
+                )
+            )
+
+    def allocation(self, allocation: AllocationRecord, running: bool) -> None:
+        state: AllocationState = "running" if running else "assigned"
+        if allocation.state != state:
+            self.allocation_states.append(
+                AllocationStateChange(allocation.work_id, allocation.member_index, state)
+            )
+
+    def result(self) -> AgentOutcomes:
+        return AgentOutcomes(
+            tuple(self.state_changes),
+            tuple(self.evictions),
+            tuple(self.placements),
+            tuple(self.allocation_states),
+        )
+
+
+def _training(
+    out: _Collector,
+    record: WorkRecord,
+    members: tuple[AllocationRecord, ...],
+    nodes: Mapping[str, NodeRecord],
+    lost: Mapping[str, str],
+) -> None:
+    workers = node_workers(members)
+    gone = [node_id for node_id in workers if node_id in lost]
+    if gone:
+        reason = f"node {gone[0]} lost ({lost[gone[0]]})"
+        out.evictions.append(
+            Eviction(work_id=record.work_id, reason=reason, expected_version=record.version)
+        )
+        return
+    entries = {
+        node_id: _training_entry(nodes.get(node_id), record.work_id, record.attempts)
+        for node_id in workers
+    }
+    for node_id, entry in entries.items():
+        for allocation in workers[node_id]:
+            out.allocation(
+                allocation, entry is not None and entry.state in ("running", "succeeded")
+            )
+    states = {node_id: (entry.state if entry else None) for node_id, entry in entries.items()}
+    failed = [node_id for node_id, state in states.items() if state == "failed"]
+    if failed:
+        entry = entries[failed[0]]
+        assert entry is not None
+        out.move(record, "failed", reason=f"worker on {failed[0]} failed: {entry.reason}")
+        return
+    stopped = [node_id for node_id, state in states.items() if state == "stopped"]
+    if stopped:
+        entry = entries[stopped[0]]
+        assert entry is not None
+        reason = f"worker on {stopped[0]} stopped: {entry.reason or 'by its agent'}"
+        out.evictions.append(
+            Eviction(work_id=record.work_id, reason=reason, expected_version=record.version)
+        )
+        return
+    started = [s for s in states.values() if s in ("running", "succeeded")]
+    if len(started) == len(states) and all(s == "succeeded" for s in started):
+        moves = ("running", "succeeded") if record.state == "scheduled" else ("succeeded",)
+        out.move(record, *moves, reason="every worker exited 0")
+    elif started and record.state == "scheduled":
+        out.move(record, "running")
+
+
+def _inference(
+    out: _Collector,
+    record: WorkRecord,
+    members: tuple[AllocationRecord, ...],
+    nodes: Mapping[str, NodeRecord],
+    lost: Mapping[str, str],
+) -> None:
+    kept = [allocation for allocation in members if allocation.node_id not in lost]
+    if len(kept) < len(members):
+        dropped = sorted({a.node_id for a in members if a.node_id in lost})
+        reason = f"lost node {', '.join(dropped)} ({lost[dropped[0]]})"
+        if kept:
+            out.placements.append(
+                Placement(
+                    work_id=record.work_id,
+                    allocations=tuple(as_new_allocation(a) for a in kept),
+                    reason=reason,
+                    expected_version=record.version,
+                )
+            )
+        else:
+            out.evictions.append(
+                Eviction(work_id=record.work_id, reason=reason, expected_version=record.version)
+            )
+        return
+    entries = [
+        (allocation, _replica_entry(nodes.get(allocation.node_id), record.work_id, index))
+        for allocation in members
+        for index in (allocation.member_index,)
+    ]
+    for allocation, entry in entries:
+        out.allocation(allocation, entry is not None and entry.state == "ready")
+    for allocation, entry in entries:
+        if entry is not None and entry.state == "failed":
+            out.move(
+                record,
+                "failed",
+                reason=f"replica {allocation.member_index} on {allocation.node_id} failed: "
+                f"{entry.reason}",
+            )
+            return
+    if record.state == "scheduled" and all(
+        e is not None and e.state == "ready" for _, e in entries
+    ):
+        out.move(record, "running", reason=f"{len(entries)} replicas ready")
+
+
+def agent_outcomes(
+    records: Mapping[str, WorkRecord],
+    allocations: Mapping[str, tuple[AllocationRecord, ...]],
+    nodes: Mapping[str, NodeRecord],
+    lost: Mapping[str, str],
+) -> AgentOutcomes:
+    """`lost`: node id -> why it counts as lost (offline beyond the grace period)."""
+    out = _Collector()
+    for work_id, record in sorted(records.items()):
+        members = allocations.get(work_id, ())
+        if record.state not in PLACED_STATES or not members:
+            continue
+        if record.kind == "training":
+            _training(out, record, members, nodes, lost)
+        else:
+            _inference(out, record, members, nodes, lost)
+    return out.result()

@@ -1,0 +1,1 @@
+"""Inference replicas on the agent: what the `deployments` part of `desired` asks for."""
