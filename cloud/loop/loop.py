@@ -178,6 +178,15 @@ class SchedulingLoop:
                     change.work_id, change.member_index, change.state
                 )
         if outcomes.changes_work:
+            for change in outcomes.state_changes:
+                self._log.info(
+                    "work state",
+                    work_id=change.work_id,
+                    state=change.to_state,
+                    reason=change.reason,
+                )
+            for eviction in outcomes.evictions:
+                self._log.info("work requeued", work_id=eviction.work_id, reason=eviction.reason)
             await self._commit(
                 Plan(
                     state_changes=outcomes.state_changes,

@@ -18,7 +18,7 @@ from cloud.app import create_app
 from cloud.jobs.admin import admin_token_path, read_token_file
 from cloud.store import Store
 from greenfed.broker import EmbeddedBroker
-from shared.settings import CloudSettings, SchedulingSettings, Settings
+from shared.settings import CloudSettings, MqttSettings, SchedulingSettings, Settings
 from tests.store.databases import DatabaseUnderTest
 from tests.support.fleet import mqtt_settings
 
@@ -106,14 +106,24 @@ async def problem(response: ClientResponse, status: int) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def running_api(database: DatabaseUnderTest, tuning: ApiTuning = FAST) -> AsyncIterator[Api]:
-    async with EmbeddedBroker(port=0) as broker:
+async def running_api(
+    database: DatabaseUnderTest,
+    tuning: ApiTuning = FAST,
+    *,
+    mqtt: MqttSettings | None = None,
+    scheduling: SchedulingSettings | None = None,
+) -> AsyncIterator[Api]:
+    """The app on `mqtt` (default: an embedded broker of its own). Without `scheduling`
+    the loop is off: most API tests run scheduling passes themselves, step by step."""
+    async with contextlib.AsyncExitStack() as stack:
+        if mqtt is None:
+            broker = await stack.enter_async_context(EmbeddedBroker(port=0))
+            mqtt = mqtt_settings(broker.url, "apitest")
         settings = Settings(
-            mqtt=mqtt_settings(broker.url, "apitest"),
+            mqtt=mqtt,
             cloud=CloudSettings(invalid_log_interval_s=0),
             store=database.settings,
-            # These tests run scheduling passes themselves, step by step.
-            scheduling=SchedulingSettings(enabled=False),
+            scheduling=scheduling or SchedulingSettings(enabled=False),
         )
         app = create_app(settings, tuning=tuning)
         async with TestClient(TestServer(app)) as client:

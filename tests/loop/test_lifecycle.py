@@ -1,0 +1,279 @@
+"""Job lifecycle end to end: REST -> store -> scheduling loop -> `desired` over the real
+Mosquitto -> simulated agents -> `reported` -> work states, on SQLite and PostgreSQL.
+
+The agents are real (`edge.agent.Agent`) on simulated hardware; training workers are
+the simulated runner, whose run time follows the job's estimate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pytest
+
+from cloud.api.keys import SCHEDULER
+from edge.agent import Agent
+from shared.messages import DesiredTraining
+from shared.settings import SchedulingSettings
+from sim_devices.probes import SimulatedNode
+from sim_devices.profiles import get_profile
+from sim_devices.training import SimulatedLauncher, SimulatedRun
+from tests.api.support import Api, bearer, running_api
+from tests.store.databases import DatabaseUnderTest
+from tests.support.fleet import mqtt_settings, simulated_agent
+from tests.support.waiting import eventually_async
+
+pytestmark = pytest.mark.timeout(90)
+
+FAST_LOOP = SchedulingSettings(
+    debounce_s=0.01, interval_s=0.5, node_lost_grace_s=0.3, startup_settle_s=0.0
+)
+
+
+class RecordingLauncher(SimulatedLauncher):
+    """The simulated runner, keeping every worker it started (the seam a GPU would be)."""
+
+    def __init__(self, node_id: str, profile: str) -> None:
+        super().__init__(
+            SimulatedNode(node_id, get_profile(profile), random.Random(1)).accelerators
+        )
+        self.runs: list[tuple[DesiredTraining, dict[str, str], SimulatedRun]] = []
+
+    def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun:
+        run = super().prepare(spec, environment)
+        self.runs.append((spec, environment, run))
+        return run
+
+
+@dataclass
+class Fleet:
+    api: Api
+    agents: dict[str, Agent]
+    launchers: dict[str, RecordingLauncher]
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    async def stop_agent(self, node_id: str) -> None:
+        task = self.tasks.pop(node_id)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    database: DatabaseUnderTest,
+    mosquitto_root: tuple[str, str],
+    *,
+    cloud_nodes: int = 0,
+    edge_nodes: int = 0,
+) -> AsyncIterator[Fleet]:
+    url, root = mosquitto_root
+    settings = mqtt_settings(url, root)
+    agents: dict[str, Agent] = {}
+    launchers: dict[str, RecordingLauncher] = {}
+    for index in range(cloud_nodes):
+        node_id = f"a100-{index}"
+        launchers[node_id] = RecordingLauncher(node_id, "a100-4x")
+        agents[node_id] = simulated_agent(
+            node_id,
+            settings,
+            "a100-4x",
+            site="cloud",
+            zone="DE",
+            region="europe-west3",
+            telemetry_interval_s=0.2,
+            training_launcher=launchers[node_id],
+        )
+    for index in range(edge_nodes):
+        node_id = f"orin-{index}"
+        agents[node_id] = simulated_agent(node_id, settings, telemetry_interval_s=0.2)
+    async with running_api(database, mqtt=settings, scheduling=FAST_LOOP) as api:
+        running = Fleet(api, agents, launchers)
+        for node_id, agent in agents.items():
+            running.tasks[node_id] = asyncio.create_task(agent.run(), name=node_id)
+        try:
+            async with asyncio.timeout(15):
+                await asyncio.gather(*(agent.announced.wait() for agent in agents.values()))
+            yield running
+        finally:
+            for node_id in list(running.tasks):
+                await running.stop_agent(node_id)
+
+
+async def work(api: Api, token: str, work_id: str, collection: str = "jobs") -> dict[str, Any]:
+    response = await api.get(token, f"/v1/{collection}/{work_id}")
+    assert response.status == 200, await response.text()
+    body = await response.json()
+    assert isinstance(body, dict)
+    return body
+
+
+async def reaches(
+    api: Api,
+    token: str,
+    work_id: str,
+    state: str,
+    *,
+    collection: str = "jobs",
+    timeout_s: float = 20.0,
+) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def there() -> bool:
+        seen.update(await work(api, token, work_id, collection))
+        return seen["state"] == state
+
+    await eventually_async(
+        there,
+        timeout_s=timeout_s,
+        interval_s=0.05,
+        message=lambda: f"{work_id} is {seen.get('state')} ({seen.get('reason')}), not {state}",
+    )
+    return seen
+
+
+def job(name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "command": ["python", "train.py"], **fields}
+
+
+async def test_a_two_worker_gang_runs_on_two_cloud_nodes_and_succeeds(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, cloud_nodes=3) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        spec = job("gang", workers=2, accelerators_per_worker=4, estimated_duration_s=1.0)
+        job_id = await api.submitted(token, spec)
+
+        body = await reaches(api, token, job_id, "running")
+        assert len(set(body["nodes"])) == 2
+        explained = await (await api.get(token, f"/v1/jobs/{job_id}/explain")).json()
+        assert explained["explanation"]["outcome"] == "placed"
+        assert explained["message"].startswith("Placed 2 workers on")
+
+        started = [
+            (spec, env)
+            for launcher in running.launchers.values()
+            for spec, env, _ in launcher.runs
+            if spec.job_id == job_id
+        ]
+        assert sorted(spec.rank for spec, _ in started) == [0, 1]
+        assert {spec.world_size for spec, _ in started} == {2}
+        assert len({(spec.master_addr, spec.master_port) for spec, _ in started}) == 1
+        for spec, env in started:
+            assert env["RANK"] == str(spec.rank)
+            assert env["WORLD_SIZE"] == "2"
+            assert env["GREENFED_JOB_ID"] == job_id
+            assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+        done = await reaches(api, token, job_id, "succeeded")
+        assert done["attempts"] == 1
+
+
+async def test_a_deployment_with_three_replicas_runs_on_three_edge_nodes(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, edge_nodes=3) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        spec = {"name": "detector", "model_id": "yolo-v8n", "replicas": 3}
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+
+        body = await reaches(api, token, deployment_id, "running", collection="deployments")
+        assert sorted(body["nodes"]) == ["orin-0", "orin-1", "orin-2"]
+        for agent in running.agents.values():
+            (replica,) = agent.replicas.reported()
+            assert (replica.deployment_id, replica.state) == (deployment_id, "ready")
+
+
+async def test_a_p0_job_preempts_a_p2_job_which_is_requeued_and_finishes_later(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, cloud_nodes=1) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        low = await api.submitted(
+            token, job("batch", priority="p2", accelerators_per_worker=4, estimated_duration_s=2)
+        )
+        await reaches(api, token, low, "running")
+
+        urgent = await api.submitted(
+            token, job("urgent", priority="p0", accelerators_per_worker=4, estimated_duration_s=1)
+        )
+        await reaches(api, token, urgent, "running")
+        requeued = await work(api, token, low)
+        assert requeued["state"] in ("pending", "scheduled", "running")
+        history = await api.store.list_events(tenant_id=await api.tenant_id(token), limit=500)
+        reasons = [msgspec.json.decode(event.payload).get("reason") or "" for event in history]
+        assert any(reason.startswith(f"preempted by {urgent}") for reason in reasons), reasons
+
+        await reaches(api, token, urgent, "succeeded")
+        finished = await reaches(api, token, low, "succeeded")
+        assert finished["attempts"] == 2
+        attempts = [s.attempt for s, _, _ in running.launchers["a100-0"].runs if s.job_id == low]
+        assert attempts == [1, 2]
+
+
+async def test_cancelling_a_running_job_stops_its_worker(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, cloud_nodes=1) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        job_id = await api.submitted(token, job("long", estimated_duration_s=3600))
+        await reaches(api, token, job_id, "running")
+        (_, _, run), *_ = running.launchers["a100-0"].runs
+
+        response = await api.client.delete(f"/v1/jobs/{job_id}", headers=bearer(token))
+        assert response.status in (200, 202), await response.text()
+
+        async def stopped() -> bool:
+            return run.status.finished
+
+        await eventually_async(stopped, timeout_s=10, message="the worker kept running")
+        assert run.status.reported().state == "stopped"
+        assert (await work(api, token, job_id))["state"] == "cancelled"
+
+
+async def test_a_failing_worker_fails_the_job_with_its_exit_code(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, cloud_nodes=1) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        spec = job("crash", estimated_duration_s=0.2, env={"GREENFED_SIM_EXIT_CODE": "3"})
+        job_id = await api.submitted(token, spec)
+        failed = await reaches(api, token, job_id, "failed")
+        assert "exit code 3" in failed["reason"]
+
+
+async def test_work_on_a_lost_node_is_requeued_and_placed_elsewhere(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, cloud_nodes=2) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        job_id = await api.submitted(
+            token, job("survivor", accelerators_per_worker=4, estimated_duration_s=3600)
+        )
+        body = await reaches(api, token, job_id, "running")
+        (first_node,) = body["nodes"]
+
+        await running.stop_agent(first_node)
+
+        async def moved() -> bool:
+            now = await work(api, token, job_id)
+            return (
+                now["state"] == "running" and bool(now["nodes"]) and first_node not in now["nodes"]
+            )
+
+        await eventually_async(moved, timeout_s=20, message="the job was not moved")
+        again = await work(api, token, job_id)
+        assert again["attempts"] == 2
+        assert running.api.app[SCHEDULER].stats.passes > 0
