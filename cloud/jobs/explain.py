@@ -7,7 +7,7 @@ item the pass decided something about; the loop passes the result as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 
 from cloud.jobs.explanation import (
@@ -159,9 +159,10 @@ def explain_work(
     return None
 
 
-def explanations_for_plan(plan: Plan) -> dict[str, bytes]:
-    """Work id -> encoded `Explanation` for every work item the pass decided about:
-    what the scheduling loop passes as `cloud.store.Plan.explanations`."""
+def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -> dict[str, bytes]:
+    """Work id -> encoded `Explanation` for every work item the pass decided about (or
+    only those in `work_ids`): what the scheduling loop passes as
+    `cloud.store.Plan.explanations`."""
     placements: dict[str, list[Placement]] = {}
     for placement in plan.placements:
         placements.setdefault(placement.work_id, []).append(placement)
@@ -170,7 +171,8 @@ def explanations_for_plan(plan: Plan) -> dict[str, bytes]:
         preemptions.setdefault(preemption.work_id, []).append(preemption)
     pending = {item.work_id: item for item in plan.pending}
     documents: dict[str, bytes] = {}
-    for work_id in {*placements, *preemptions, *pending}:
+    decided = {*placements, *preemptions, *pending}
+    for work_id in decided if work_ids is None else decided.intersection(work_ids):
         explanation = explain_work(
             plan.now,
             placements.get(work_id, ()),

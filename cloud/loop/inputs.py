@@ -45,17 +45,43 @@ def _tenant_names(store: StoreSnapshot) -> dict[str, str]:
     return {tenant.tenant_id: tenant.name for tenant in store.tenants}
 
 
+class ConversionCache:
+    """Converted work by (work id, version): a record's version changes whenever the
+    record does, so an entry is valid for as long as its version is current."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[int, Work | str]] = {}
+
+    def convert(self, record: WorkRecord, tenant: str) -> Work | str:
+        """The scheduler's view of the record, or why it has none."""
+        cached = self._entries.get(record.work_id)
+        if cached is not None and cached[0] == record.version:
+            return cached[1]
+        result: Work | str
+        try:
+            result = work_from_record(record, tenant=tenant)
+        except (msgspec.DecodeError, ValueError) as error:  # ValidationError is a DecodeError
+            result = f"its stored spec cannot be scheduled: {error}"
+        self._entries[record.work_id] = (record.version, result)
+        return result
+
+    def retain(self, work_ids: set[str]) -> None:
+        for work_id in set(self._entries) - work_ids:
+            del self._entries[work_id]
+
+
 def _convert(
-    store: StoreSnapshot, names: Mapping[str, str]
+    store: StoreSnapshot, names: Mapping[str, str], cache: ConversionCache
 ) -> tuple[dict[str, Work], dict[str, str]]:
     works: dict[str, Work] = {}
     unschedulable: dict[str, str] = {}
     for record in store.work:
-        tenant = names.get(record.tenant_id, record.tenant_id)
-        try:
-            works[record.work_id] = work_from_record(record, tenant=tenant)
-        except (msgspec.DecodeError, ValueError) as error:  # ValidationError is a DecodeError
-            unschedulable[record.work_id] = f"its stored spec cannot be scheduled: {error}"
+        converted = cache.convert(record, names.get(record.tenant_id, record.tenant_id))
+        if isinstance(converted, str):
+            unschedulable[record.work_id] = converted
+        else:
+            works[record.work_id] = converted
+    cache.retain({record.work_id for record in store.work})
     return works, unschedulable
 
 
@@ -72,11 +98,14 @@ def _queued(
 
 
 def build_inputs(
-    now: float, node_records: Iterable[NodeRecord], store: StoreSnapshot
+    now: float,
+    node_records: Iterable[NodeRecord],
+    store: StoreSnapshot,
+    cache: ConversionCache | None = None,
 ) -> PassInputs:
     nodes = {record.node_id: record for record in node_records}
     names = _tenant_names(store)
-    works, unschedulable = _convert(store, names)
+    works, unschedulable = _convert(store, names, cache or ConversionCache())
     allocations = by_work(store.allocations)
     running: list[Allocation] = [
         allocation_from_record(allocation, works[allocation.work_id])

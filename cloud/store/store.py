@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -541,6 +541,27 @@ class Store:
             )
         if result.rowcount != 1:
             raise WorkNotFoundError(f"{work_id}/{member_index}")
+
+    async def set_allocation_states(
+        self, changes: Sequence[tuple[str, int, AllocationState]]
+    ) -> None:
+        """Several members' reported states in one transaction; members whose work ended
+        in the meantime are skipped (their allocations are gone)."""
+        if not changes:
+            return
+        async with self._write() as connection:
+            await connection.execute(
+                update(allocations)
+                .where(
+                    allocations.c.work_id == bindparam("b_work_id"),
+                    allocations.c.member_index == bindparam("b_member"),
+                )
+                .values(state=bindparam("b_state")),
+                [
+                    {"b_work_id": work_id, "b_member": member, "b_state": state}
+                    for work_id, member, state in changes
+                ],
+            )
 
     async def desired_state(self, node_id: str) -> NodeDesired:
         """What to publish as the node's `desired` document, with its generation."""
