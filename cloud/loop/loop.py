@@ -91,6 +91,7 @@ class SchedulingLoop:
         # The scheduler's view of each work item, by (id, version): decoding specs is
         # most of a pass's cost when thousands of jobs are queued.
         self._converted = ConversionCache()
+        self._last_snapshot: StoreSnapshot | None = None
         self._retry_at: float | None = None
         self._log = structlog.get_logger("greenfed.loop")
         self.stats = LoopStats()
@@ -125,6 +126,7 @@ class SchedulingLoop:
                     self._publisher.forget()
                     self._unavailable_since.clear()
                     self._explained.clear()
+                    self._last_snapshot = None
 
     async def _lead(self, lease: LeadershipLease) -> None:
         if self._settings.startup_settle_s:
@@ -169,7 +171,7 @@ class SchedulingLoop:
     async def run_pass(self, lease: LeadershipLease) -> CorePlan:
         started = time.perf_counter()
         now = self._clock()
-        store = await self._store.load_snapshot()
+        store = await self._store.load_snapshot(self._last_snapshot)
         nodes = {record.node_id: record for record in self._registry.nodes()}
         self._publish(store, nodes, now)
 
@@ -202,7 +204,7 @@ class SchedulingLoop:
                 ),
                 lease,
             )
-            store = await self._store.load_snapshot()
+            store = await self._store.load_snapshot(store)
 
         inputs = build_inputs(now, nodes.values(), store, self._converted)
         policy = await self._policy(nodes.values())
@@ -214,9 +216,10 @@ class SchedulingLoop:
             self.stats.placed += translation.placed
             self.stats.evicted += translation.evicted
             if translation.changes_work:
-                store = await self._store.load_snapshot()
+                store = await self._store.load_snapshot(store)
                 self._publish(store, nodes, now)
         self._forget_explained(store)
+        self._last_snapshot = store
         retry = [p.retry_at for p in plan.pending if p.retry_at is not None]
         self._retry_at = min(retry) if retry else None
         self.stats.passes += 1

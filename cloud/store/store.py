@@ -451,13 +451,19 @@ class Store:
         async with self._read() as connection:
             return await select_work(connection, work_id, None)
 
-    async def load_snapshot(self) -> StoreSnapshot:
-        """Tenants, non-terminal work, allocations and generations in one consistent read."""
+    async def load_snapshot(self, previous: StoreSnapshot | None = None) -> StoreSnapshot:
+        """Tenants, non-terminal work, allocations and generations in one consistent read.
+
+        With `previous` (the caller's last snapshot), work records whose version has not
+        moved are reused instead of read again: the same result, at a fraction of the
+        cost when thousands of items are queued.
+        """
+        known = None if previous is None else {record.work_id: record for record in previous.work}
         with self._connection_errors():
             async with self._snapshot_reader.connect() as connection, connection.begin():
                 tenant_rows = await connection.execute(select(tenants).order_by(tenants.c.name))
                 tenant_records = tuple(tenant_from_row(row) for row in tenant_rows)
-                work_records = await select_active_work(connection)
+                work_records = await select_active_work(connection, known)
                 allocation_records = await select_allocations(connection)
                 generation_rows = await connection.execute(select(node_generations))
                 generations = {row.node_id: int(row.generation) for row in generation_rows}

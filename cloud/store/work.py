@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Select, and_, select
@@ -21,7 +22,7 @@ from cloud.store.records import (
 )
 from cloud.store.rows import allocation_from_row, work_from_row
 from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, work
-from cloud.store.sql import StoreContext, append_events, insert_ignoring
+from cloud.store.sql import StoreContext, append_events, chunks, insert_ignoring
 from cloud.store.states import TERMINAL_STATES, WORK_STATES, WorkState
 
 MAX_PAGE = 1000
@@ -132,10 +133,36 @@ async def list_work_page(
     return WorkPage(items, items[-1].work_id if len(rows) > limit else None)
 
 
-async def select_active_work(connection: AsyncConnection) -> tuple[WorkRecord, ...]:
+async def select_active_work(
+    connection: AsyncConnection, previous: Mapping[str, WorkRecord] | None = None
+) -> tuple[WorkRecord, ...]:
+    """Every non-terminal item, oldest first.
+
+    With `previous` (the records of an earlier read), only items whose version moved
+    are read in full: a scheduling loop with thousands of queued jobs then reads ids,
+    versions and reasons (which change without a version) instead of every spec.
+    """
     active = [state for state in WORK_STATES if state not in TERMINAL_STATES]
-    query = select(*WORK_RECORD_COLUMNS).where(work.c.state.in_(active)).order_by(work.c.id)
-    return tuple(work_from_row(row) for row in await connection.execute(query))
+    if not previous:
+        query = select(*WORK_RECORD_COLUMNS).where(work.c.state.in_(active)).order_by(work.c.id)
+        return tuple(work_from_row(row) for row in await connection.execute(query))
+    light = select(work.c.id, work.c.version, work.c.state_reason).where(work.c.state.in_(active))
+    current: dict[str, WorkRecord] = {}
+    stale: list[str] = []
+    for work_id, version, reason in await connection.execute(light):
+        known = previous.get(work_id)
+        if known is None or known.version != int(version):
+            stale.append(work_id)
+        else:
+            current[work_id] = (
+                known if known.state_reason == reason else replace(known, state_reason=reason)
+            )
+    for batch in chunks(stale):
+        query = select(*WORK_RECORD_COLUMNS).where(work.c.id.in_(batch))
+        for row in await connection.execute(query):
+            record = work_from_row(row)
+            current[record.work_id] = record
+    return tuple(current[work_id] for work_id in sorted(current))
 
 
 def allocations_query() -> Select[Any]:

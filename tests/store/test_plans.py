@@ -253,3 +253,30 @@ def test_plans_refuse_malformed_placements() -> None:
             accelerators=2,
             accelerator_ids=("0",),
         )
+
+
+async def test_a_snapshot_built_on_the_previous_one_equals_a_fresh_read(
+    store: Store, tenant: TenantRecord, lease: LeadershipLease
+) -> None:
+    """`load_snapshot(previous)` reuses unchanged records; nothing it returns may differ
+    from a full read: new work, placed work, a new pending reason, ended work."""
+    first = (await submit(store, tenant.tenant_id)).work
+    second = (await submit(store, tenant.tenant_id)).work
+    ending = (await submit(store, tenant.tenant_id)).work
+    previous = await store.load_snapshot()
+    added = (await submit(store, tenant.tenant_id)).work
+    await store.commit_plan(
+        Plan(
+            placements=(placement(first.work_id, "node-a"),),
+            pending_reasons={second.work_id: "0/3 nodes: 3 no GPU"},
+        ),
+        lease=lease,
+    )
+    await store.cancel_work(tenant.tenant_id, ending.work_id)
+
+    incremental = await store.load_snapshot(previous)
+    assert incremental == await store.load_snapshot()
+    records = {record.work_id: record for record in incremental.work}
+    assert set(records) == {first.work_id, second.work_id, added.work_id}
+    assert records[first.work_id].state == "scheduled"
+    assert records[second.work_id].state_reason == "0/3 nodes: 3 no GPU"
