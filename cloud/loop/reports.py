@@ -94,6 +94,11 @@ class _Collector:
                 )
             )
 
+    def evict(self, record: WorkRecord, reason: str) -> None:
+        self.evictions.append(
+            Eviction(work_id=record.work_id, reason=reason, expected_version=record.version)
+        )
+
     def allocation(self, allocation: AllocationRecord, running: bool) -> None:
         state: AllocationState = "running" if running else "assigned"
         if allocation.state != state:
@@ -121,9 +126,7 @@ def _training(
     gone = [node_id for node_id in workers if node_id in lost]
     if gone:
         reason = f"node {gone[0]} lost ({lost[gone[0]]})"
-        out.evictions.append(
-            Eviction(work_id=record.work_id, reason=reason, expected_version=record.version)
-        )
+        out.evict(record, reason)
         return
     entries = {
         node_id: _training_entry(nodes.get(node_id), record.work_id, record.attempts)
@@ -146,9 +149,7 @@ def _training(
         entry = entries[stopped[0]]
         assert entry is not None
         reason = f"worker on {stopped[0]} stopped: {entry.reason or 'by its agent'}"
-        out.evictions.append(
-            Eviction(work_id=record.work_id, reason=reason, expected_version=record.version)
-        )
+        out.evict(record, reason)
         return
     started = [s for s in states.values() if s in ("running", "succeeded")]
     if len(started) == len(states) and all(s == "succeeded" for s in started):
@@ -179,9 +180,7 @@ def _inference(
                 )
             )
         else:
-            out.evictions.append(
-                Eviction(work_id=record.work_id, reason=reason, expected_version=record.version)
-            )
+            out.evict(record, reason)
         return
     entries = [
         (allocation, _replica_entry(nodes.get(allocation.node_id), record.work_id, index))

@@ -22,7 +22,7 @@ from greenfed.broker import EmbeddedBroker
 from tests.store.databases import DatabaseUnderTest
 from tests.support.brokers import free_port
 from tests.support.processes import GreenfedProcess, greenfed_env
-from tests.support.waiting import eventually_async
+from tests.support.waiting import eventually, eventually_async
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -41,9 +41,7 @@ def _store_env(database: DatabaseUnderTest) -> dict[str, str]:
     return env
 
 
-async def _ready(api: str, admin_token: Path) -> bool:
-    if not admin_token.exists():
-        return False
+async def _ready(api: str) -> bool:
     try:
         async with aiohttp.ClientSession() as http, http.get(f"{api}/healthz") as response:
             return response.status == 200
@@ -62,10 +60,9 @@ class Cloud:
         self.starts += 1
         process = self.process
         await eventually_async(
-            lambda: _ready(self.api, self.token_file),
-            timeout_s=30,
-            message=lambda: process.stderr[-2000:],
+            lambda: _ready(self.api), timeout_s=30, message=lambda: process.stderr[-2000:]
         )
+        await eventually(self.token_file.exists, timeout_s=10, message="no admin token")
 
     async def kill(self) -> None:
         assert self.process is not None
@@ -109,7 +106,7 @@ async def _submit_until_answered(
                 if response.status in (200, 201):
                     return response.status, (await response.json())["id"]
                 assert response.status >= 500, await response.text()
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientConnectionError):
             pass
         await asyncio.sleep(0.05)  # the server is down or restarting: try again
 

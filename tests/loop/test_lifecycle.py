@@ -127,7 +127,7 @@ async def reaches(
 
     async def there() -> bool:
         seen.update(await work(api, token, work_id, collection))
-        return seen["state"] == state
+        return bool(seen["state"] == state)
 
     await eventually_async(
         there,
@@ -158,16 +158,16 @@ async def test_a_two_worker_gang_runs_on_two_cloud_nodes_and_succeeds(
         assert explained["message"].startswith("Placed 2 workers on")
 
         started = [
-            (spec, env)
+            (worker, env)
             for launcher in running.launchers.values()
-            for spec, env, _ in launcher.runs
-            if spec.job_id == job_id
+            for worker, env, _ in launcher.runs
+            if worker.job_id == job_id
         ]
-        assert sorted(spec.rank for spec, _ in started) == [0, 1]
-        assert {spec.world_size for spec, _ in started} == {2}
-        assert len({(spec.master_addr, spec.master_port) for spec, _ in started}) == 1
-        for spec, env in started:
-            assert env["RANK"] == str(spec.rank)
+        assert sorted(worker.rank for worker, _ in started) == [0, 1]
+        assert {worker.world_size for worker, _ in started} == {2}
+        assert len({(worker.master_addr, worker.master_port) for worker, _ in started}) == 1
+        for worker, env in started:
+            assert env["RANK"] == str(worker.rank)
             assert env["WORLD_SIZE"] == "2"
             assert env["GREENFED_JOB_ID"] == job_id
             assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"

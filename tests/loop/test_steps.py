@@ -1,0 +1,280 @@
+"""The scheduling loop's steps, one at a time: devices, nodes, desired documents,
+agent reports, plan translation, and the agent's acceptance of replicas."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloud.loop.desired import desired_document, master_port
+from cloud.loop.devices import NotEnoughDevices, pick_devices
+from cloud.loop.inputs import build_inputs
+from cloud.loop.nodes import TIMEZONE_LABEL, scheduler_node
+from cloud.loop.plans import translate
+from cloud.loop.reports import agent_outcomes
+from cloud.scheduler import Plan as CorePlan
+from cloud.scheduler import Preemption
+from cloud.store import StoreSnapshot
+from edge.inference.replicas import ReplicaReconciler
+from shared.messages import DesiredDeployment, ReportedDeployment, ReportedTraining
+from shared.settings import SchedulingSettings
+from tests.loop.builders import allocation, device, node, work
+
+SETTINGS = SchedulingSettings()
+
+
+# ---- devices and nodes -----------------------------------------------------------------
+
+
+def test_devices_are_handed_out_lowest_free_id_first_in_natural_order() -> None:
+    inventory = [device("gpu", i) for i in (10, 2, 0, 1)] + [device("cpu", 0)]
+    assert pick_devices(inventory, "gpu", 2, held={"gpu0"}) == ("gpu1", "gpu2")
+    assert pick_devices(inventory, "gpu", 1, held={"gpu0", "gpu1", "gpu2"}) == ("gpu10",)
+    with pytest.raises(NotEnoughDevices, match="3 gpu wanted, 2 free of 4"):
+        pick_devices(inventory, "gpu", 3, held={"gpu0", "gpu1"})
+
+
+def test_a_node_folds_its_devices_conservatively_and_keeps_a_valid_timezone_label() -> None:
+    devices = (
+        device("gpu", 0, memory_bytes=80 * 2**30, relative_speed=2.5),
+        device("gpu", 1, memory_bytes=40 * 2**30, relative_speed=1.0),
+    )
+    folded = scheduler_node(node("n1", devices=devices, labels={TIMEZONE_LABEL: "Asia/Tokyo"}))
+    (pool,) = folded.pools
+    assert (pool.kind, pool.count, pool.memory_bytes) == ("gpu", 2, 40 * 2**30)
+    assert pool.relative_speed == 1.0  # a job must finish on the slower device too
+    assert folded.timezone == "Asia/Tokyo"
+    broken = scheduler_node(node("n2", labels={TIMEZONE_LABEL: "Mars/Olympus"}))
+    assert broken.timezone == "Europe/Berlin"  # the zone's, not a broken pass
+
+
+# ---- desired documents -----------------------------------------------------------------
+
+
+def test_a_gang_runs_one_worker_per_node_ranked_by_its_lowest_member() -> None:
+    job = work("job-1", attempts=3)
+    members = (
+        allocation("job-1", 0, "b", ("gpu0",)),
+        allocation("job-1", 1, "a", ("gpu2",)),
+        allocation("job-1", 2, "b", ("gpu1",)),
+    )
+    nodes = {"a": node("a"), "b": node("b", labels={"greenfed.io/address": "10.0.0.7"})}
+    documents = {
+        node_id: desired_document(
+            node_id,
+            5,
+            now=1.0,
+            records={"job-1": job},
+            allocations={"job-1": members},
+            nodes=nodes,
+            settings=SETTINGS,
+        )
+        for node_id in nodes
+    }
+    (on_b,) = documents["b"].training
+    (on_a,) = documents["a"].training
+    assert (on_b.rank, on_a.rank) == (0, 1)
+    assert on_b.world_size == on_a.world_size == 2
+    assert on_b.accelerator_ids == ("gpu0", "gpu1")
+    assert on_a.master_addr == on_b.master_addr == "10.0.0.7"
+    assert on_a.master_port == on_b.master_port == master_port("job-1", 3, SETTINGS)
+    assert SETTINGS.master_port_base <= on_a.master_port < 29500 + SETTINGS.master_port_span
+    assert on_a.attempt == 3
+    assert documents["a"].generation == 5
+
+
+def test_a_deployment_replica_carries_its_model_and_accepted_providers() -> None:
+    deployment = work("dep-1", kind="inference", providers=["OpenVINOExecutionProvider"])
+    document = desired_document(
+        "edge-1",
+        2,
+        now=1.0,
+        records={"dep-1": deployment},
+        allocations={"dep-1": (allocation("dep-1", 4, "edge-1", kind="inference"),)},
+        nodes={},
+        settings=SETTINGS,
+    )
+    (replica,) = document.deployments
+    assert (replica.replica, replica.model_id) == (4, "m1")
+    assert replica.providers == ("OpenVINOExecutionProvider",)
+    assert document.training == ()
+
+
+# ---- agent reports ---------------------------------------------------------------------
+
+
+def reported(job_id: str, attempt: int, state: str, reason: str = "") -> ReportedTraining:
+    return ReportedTraining(job_id=job_id, attempt=attempt, state=state, reason=reason)  # type: ignore[arg-type]
+
+
+def test_a_gang_succeeds_only_when_every_worker_has_and_fails_with_the_first_reason() -> None:
+    job = work("job-1", attempts=2)
+    members = {"job-1": (allocation("job-1", 0, "a"), allocation("job-1", 1, "b"))}
+    half = {
+        "a": node("a", training=(reported("job-1", 2, "succeeded"),)),
+        "b": node("b", training=(reported("job-1", 2, "running"),)),
+    }
+    outcome = agent_outcomes({"job-1": job}, members, half, {})
+    assert [c.to_state for c in outcome.state_changes] == ["running"]
+    assert {(c.member_index, c.state) for c in outcome.allocation_states} == {
+        (0, "running"),
+        (1, "running"),
+    }
+
+    done = {
+        "a": node("a", training=(reported("job-1", 2, "succeeded"),)),
+        "b": node("b", training=(reported("job-1", 2, "succeeded"),)),
+    }
+    outcome = agent_outcomes({"job-1": job}, members, done, {})
+    assert [c.to_state for c in outcome.state_changes] == ["running", "succeeded"]
+
+    crashed = {
+        "a": node("a", training=(reported("job-1", 2, "failed", "exit code 3"),)),
+        "b": node("b", training=(reported("job-1", 2, "running"),)),
+    }
+    (change,) = agent_outcomes({"job-1": job}, members, crashed, {}).state_changes
+    assert change.to_state == "failed"
+    assert change.reason == "worker on a failed: exit code 3"
+
+    stale = {"a": node("a", training=(reported("job-1", 1, "failed"),)), "b": node("b")}
+    assert not agent_outcomes({"job-1": job}, members, stale, {}).changes_work
+
+
+def test_a_lost_node_requeues_a_gang_but_only_shrinks_a_deployment() -> None:
+    job = work("job-1")
+    deployment = work("dep-1", kind="inference", state="running")
+    allocations = {
+        "job-1": (allocation("job-1", 0, "a"), allocation("job-1", 1, "lost")),
+        "dep-1": tuple(
+            allocation("dep-1", i, node_id, kind="inference")
+            for i, node_id in enumerate(("lost", "e1", "e2"))
+        ),
+    }
+    nodes = {"a": node("a"), "e1": node("e1"), "e2": node("e2")}
+    outcome = agent_outcomes(
+        {"job-1": job, "dep-1": deployment}, allocations, nodes, {"lost": "offline: shutdown"}
+    )
+    (eviction,) = outcome.evictions
+    assert eviction.work_id == "job-1"
+    assert eviction.reason == "node lost lost (offline: shutdown)"
+    (shrunk,) = outcome.placements
+    assert shrunk.work_id == "dep-1"
+    assert [a.member_index for a in shrunk.allocations] == [1, 2]
+
+
+def test_a_deployment_runs_when_every_replica_is_ready_and_fails_with_a_replica() -> None:
+    deployment = work("dep-1", kind="inference")
+    allocations = {
+        "dep-1": (
+            allocation("dep-1", 0, "e1", kind="inference"),
+            allocation("dep-1", 1, "e2", kind="inference"),
+        )
+    }
+
+    def replica(index: int, state: str, reason: str = "") -> ReportedDeployment:
+        return ReportedDeployment(deployment_id="dep-1", replica=index, state=state, reason=reason)  # type: ignore[arg-type]
+
+    ready = {"e1": node("e1", deployments=(replica(0, "ready"),)), "e2": node("e2")}
+    assert agent_outcomes({"dep-1": deployment}, allocations, ready, {}).state_changes == ()
+    ready["e2"] = node("e2", deployments=(replica(1, "ready"),))
+    (change,) = agent_outcomes({"dep-1": deployment}, allocations, ready, {}).state_changes
+    assert change.to_state == "running"
+    ready["e2"] = node("e2", deployments=(replica(1, "failed", "checksum mismatch"),))
+    (change,) = agent_outcomes({"dep-1": deployment}, allocations, ready, {}).state_changes
+    assert (change.to_state, change.reason) == (
+        "failed",
+        "replica 1 on e2 failed: checksum mismatch",
+    )
+
+
+# ---- plans -----------------------------------------------------------------------------
+
+
+def test_a_preempted_replica_leaves_the_others_serving_and_a_preempted_gang_goes_whole() -> None:
+    deployment = work("dep-1", kind="inference", state="running", replicas=2)
+    job = work("job-1", state="running")
+    store = StoreSnapshot(
+        tenants=(),
+        work=(deployment, job),
+        allocations=(
+            allocation("dep-1", 0, "a", ("gpu0",), kind="inference"),
+            allocation("dep-1", 1, "b", ("gpu0",), kind="inference"),
+            allocation("job-1", 0, "a", ("gpu1",)),
+            allocation("job-1", 1, "b", ("gpu1",)),
+        ),
+        node_generations={},
+    )
+    inputs = build_inputs(0.0, [node("a"), node("b")], store)
+
+    def preempt(work_id: str, member: int, node_id: str) -> Preemption:
+        return Preemption(
+            allocation_id=f"{work_id}/{member}",
+            work_id=work_id,
+            node_id=node_id,
+            tenant="t1",
+            priority="p1",
+            reason="priority",
+            preempted_by="urgent",
+        )
+
+    plan = CorePlan(
+        now=0.0,
+        placements=(),
+        preemptions=(preempt("dep-1", 1, "b"), preempt("job-1", 0, "a")),
+        pending=(),
+        reservations=(),
+        order=(),
+    )
+    translation = translate(plan, inputs, {})
+    (eviction,) = translation.plan.evictions
+    assert (eviction.work_id, eviction.reason) == ("job-1", "preempted by urgent (priority)")
+    (kept,) = translation.plan.placements
+    assert kept.work_id == "dep-1"
+    assert [(a.member_index, a.node_id) for a in kept.allocations] == [(0, "a")]
+    assert translation.evicted == 2
+
+
+def test_a_placed_deployment_short_of_replicas_is_queued_for_the_missing_ones() -> None:
+    deployment = work("dep-1", kind="inference", state="running", replicas=3)
+    store = StoreSnapshot(
+        tenants=(),
+        work=(deployment,),
+        allocations=(allocation("dep-1", 0, "a", kind="inference"),),
+        node_generations={},
+    )
+    inputs = build_inputs(0.0, [node("a", site="edge")], store)
+    (queued,) = inputs.snapshot.queue
+    assert (queued.work_id, queued.replicas, queued.min_replicas) == ("dep-1", 2, 1)  # type: ignore[union-attr]
+
+
+# ---- the agent's side ------------------------------------------------------------------
+
+
+def test_the_agent_accepts_a_replica_on_its_own_devices_with_the_first_usable_provider() -> None:
+    inventory = (device("cpu", 0), device("gpu", 0))
+    replicas = ReplicaReconciler(inventory)
+
+    def desired(index: int, ids: tuple[str, ...], providers: tuple[str, ...]) -> DesiredDeployment:
+        return DesiredDeployment(
+            deployment_id="dep-1",
+            replica=index,
+            accelerator_kind="gpu",
+            accelerator_ids=ids,
+            providers=providers,
+        )
+
+    assert replicas.apply(
+        [
+            desired(0, ("gpu0",), ("TensorrtExecutionProvider", "CUDAExecutionProvider")),
+            desired(1, ("gpu7",), ()),
+            desired(2, ("gpu0",), ("QNNExecutionProvider",)),
+        ]
+    )
+    ok, missing, unusable = replicas.reported()
+    assert (ok.state, ok.provider) == ("ready", "CUDAExecutionProvider")
+    assert (missing.state, missing.reason) == ("failed", "accelerator gpu7 is not on this node")
+    assert unusable.state == "failed"
+    assert "QNNExecutionProvider" in unusable.reason
+    remaining = [desired(0, ("gpu0",), ("CUDAExecutionProvider",))]
+    assert replicas.apply(remaining)  # two withdrawn, one changed
+    assert not replicas.apply(remaining)  # the same document again changes nothing
+    assert [r.replica for r in replicas.reported()] == [0]
