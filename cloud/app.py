@@ -19,7 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cloud.api import events, logs, nodes, openapi, signals, system, tenants, work
+from cloud.api import events, logs, models, nodes, openapi, signals, system, tenants, work
 from cloud.api.auth import auth_middleware, store_errors_middleware
 from cloud.api.bodies import MAX_REQUEST_BYTES
 from cloud.api.keys import (
@@ -29,6 +29,7 @@ from cloud.api.keys import (
     INGESTOR,
     JOB_LOGS,
     METRICS,
+    MODEL_BLOBS,
     REGISTRY,
     SCHEDULER,
     SETTINGS,
@@ -48,7 +49,8 @@ from cloud.jobs.events import EventHub
 from cloud.jobs.logs import JobLogStore
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.publisher import DesiredPublisher
-from cloud.metrics import build_metrics_registry
+from cloud.metrics import SchedulingCollector, build_metrics_registry
+from cloud.models.blobs import BlobStore
 from cloud.registry import NodeRegistry
 from cloud.signals.factory import build_signal_service
 from cloud.store import StoreError, StoreUnavailableError, open_store
@@ -108,6 +110,9 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
         raise ConfigError(str(error)) from None
     try:
         app[STORE] = store
+        app[MODEL_BLOBS] = BlobStore(
+            settings.resolved_data_dir() / "models", app[SETTINGS].cloud.max_model_bytes
+        )
         app[ADMIN_TOKEN_FILE] = await bootstrap_admin(store, settings)
         hub = EventHub(
             store,
@@ -143,6 +148,8 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         app[STORE], app[REGISTRY], publisher, settings.scheduling, signals=app[SIGNALS]
     )
     app[SCHEDULER] = loop
+    collector = SchedulingCollector(loop)
+    app[METRICS].register(collector)
     stop_listening = app[STORE].add_commit_listener(loop.wake)
     app[INGESTOR].change_listeners.append(loop.wake)
     tasks = [
@@ -155,6 +162,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
     finally:
         stop_listening()
         app[INGESTOR].change_listeners.remove(loop.wake)
+        app[METRICS].unregister(collector)
         for task in reversed(tasks):
             await stop_task(task)
 
@@ -202,7 +210,7 @@ def create_app(
     )
     app[STOPPING] = asyncio.Event()
     app[BACKGROUND_TASKS] = []
-    for module in (nodes, signals, system, work, logs, events, tenants, openapi):
+    for module in (nodes, signals, system, work, models, logs, events, tenants, openapi):
         add_routes(app, module.ROUTES)
     openapi.publish(app)
     app.cleanup_ctx.append(_signal_service)

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cloud.ingest import Ingestor
+from cloud.loop.loop import SchedulingLoop
 
 
 class ControlPlaneCollector(Collector):
@@ -62,6 +63,35 @@ class ControlPlaneCollector(Collector):
                 )
         yield by_kind
         yield accelerators
+
+
+class SchedulingCollector(Collector):
+    """The scheduling loop's counters (cloud.loop.loop.LoopStats)."""
+
+    def __init__(self, loop: SchedulingLoop) -> None:
+        self._loop = loop
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._loop.stats
+        yield GaugeMetricFamily(
+            "greenfed_scheduling_leader",
+            "1 while this process holds scheduling leadership",
+            value=1 if self._loop.leading.is_set() else 0,
+        )
+        for name, help_text, value in (
+            ("passes", "Scheduling passes run", stats.passes),
+            ("commits", "Plans committed to the store", stats.commits),
+            ("placements", "Work items placed", stats.placed),
+            ("preemptions", "Work items that lost allocations to preemption", stats.evicted),
+            ("conflicts", "Passes planned again because work changed under them", stats.conflicts),
+            ("errors", "Passes that failed (logged)", stats.errors),
+        ):
+            yield CounterMetricFamily(f"greenfed_scheduling_{name}", help_text, value=value)
+        yield GaugeMetricFamily(
+            "greenfed_scheduling_last_pass_seconds",
+            "Duration of the latest scheduling pass",
+            value=stats.last_pass_ms / 1000.0,
+        )
 
 
 def build_metrics_registry(ingestor: Ingestor) -> CollectorRegistry:

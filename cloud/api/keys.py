@@ -14,6 +14,7 @@ from cloud.ingest import Ingestor
 from cloud.jobs.events import EventHub
 from cloud.jobs.logs import JobLogStore
 from cloud.loop.loop import SchedulingLoop
+from cloud.models.blobs import BlobStore
 from cloud.registry import NodeRegistry
 from cloud.signals.service import SignalService
 from cloud.store import Store, TenantRecord
@@ -34,6 +35,8 @@ JOB_LOGS = web.AppKey("job_logs", JobLogStore)
 EVENT_HUB = web.AppKey("event_hub", EventHub)
 STREAMS = web.AppKey("streams", StreamLimits)
 TUNING = web.AppKey("tuning", ApiTuning)
+# Uploaded model files, stored by content in the data directory.
+MODEL_BLOBS = web.AppKey("model_blobs", BlobStore)
 # The scheduling loop (it runs passes only while this process leads).
 SCHEDULER = web.AppKey("scheduler", SchedulingLoop)
 # Set when the app begins to shut down: long-lived streams end at once.

@@ -16,7 +16,7 @@ import msgspec
 from aiohttp import web
 
 from cloud.api.problems import PROBLEM_CONTENT_TYPE, ProblemBody
-from cloud.api.routes import REGISTERED_ROUTES, JsonObject, Reply, Route
+from cloud.api.routes import JSON, REGISTERED_ROUTES, JsonObject, Reply, Route
 from cloud.store import WorkStateChanged
 from shared import __version__
 
@@ -41,7 +41,8 @@ _ERRORS: Final = {
 def _types(routes: Iterable[Route]) -> list[Any]:
     found: list[Any] = [ProblemBody, *EXTRA_TYPES]
     for route in routes:
-        candidates = [route.body, route.query, *(reply.body for reply in route.replies)]
+        body = route.body if route.body_media_type == JSON else None
+        candidates = [body, route.query, *(reply.body for reply in route.replies)]
         for candidate in candidates:
             if candidate is not None and candidate not in found:
                 found.append(candidate)
@@ -130,9 +131,14 @@ def _operation(
     if parameters:
         operation["parameters"] = parameters
     if route.body is not None:
+        schema = (
+            schemas[route.body]
+            if route.body_media_type == JSON
+            else {"type": "string", "format": "binary"}
+        )
         operation["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": schemas[route.body]}},
+            "content": {route.body_media_type: {"schema": schema}},
         }
     if route.access == "public":
         operation["security"] = []

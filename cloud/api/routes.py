@@ -46,6 +46,7 @@ class Route:
     replies: tuple[Reply, ...]
     query: type | None = None  # a msgspec Struct: its fields are the query parameters
     body: object = None  # the request body's type (JSON)
+    body_media_type: str = JSON  # anything else: a raw body (documented as binary)
     headers: tuple[tuple[str, str], ...] = ()  # (request header, description)
     description: str = ""
     # GET routes also answer HEAD, except streams (a HEAD would hold a stream open).

@@ -323,8 +323,12 @@ async def _list(request: web.Request, collection: Collection[SpecT]) -> web.Resp
 
 
 async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Response:
-    tenant, record = await find(request, collection, request.match_info["id"])
-    allocations = await request.app[STORE].work_allocations(tenant.tenant_id, record.work_id)
+    tenant = tenant_of(request)
+    work_id = request.match_info["id"]
+    found = await request.app[STORE].work_with_allocations(tenant.tenant_id, work_id)
+    if found is None or found[0].kind != collection.store_kind:
+        raise not_found(collection, work_id)
+    record, allocations = found
     return json_response(
         collection.detail(record, _spec(collection, record), tenant.name, allocations)
     )

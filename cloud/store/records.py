@@ -270,3 +270,44 @@ class StoreSnapshot:
     work: tuple[WorkRecord, ...]  # every non-terminal item, oldest first
     allocations: tuple[AllocationRecord, ...]
     node_generations: Mapping[str, int]
+
+
+# ---- models ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTensor:
+    """One input or output of an ONNX model: dims are sizes, symbolic names or None."""
+
+    name: str
+    dtype: str  # numpy's name: float32, int64, ...
+    shape: tuple[int | str | None, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewModel:
+    name: str
+    sha256: str
+    size_bytes: int
+    opset: int
+    inputs: tuple[ModelTensor, ...]
+    outputs: tuple[ModelTensor, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRecord:
+    model_id: str
+    tenant_id: str
+    name: str
+    sha256: str  # of the file; it is stored content-addressed under this
+    size_bytes: int
+    opset: int
+    inputs: tuple[ModelTensor, ...]
+    outputs: tuple[ModelTensor, ...]
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPage:
+    items: tuple[ModelRecord, ...]
+    next_cursor: str | None

@@ -114,3 +114,18 @@ events = Table(
     Index("ix_events_tenant", "tenant_id", "seq"),
     sqlite_autoincrement=True,
 )
+
+models = Table(
+    "models",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("tenant_id", Text, ForeignKey("tenants.id"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("sha256", Text, nullable=False, index=True),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("opset", Integer, nullable=False),
+    Column("inputs", JsonDocument, nullable=False),
+    Column("outputs", JsonDocument, nullable=False),
+    Column("created_at", Double, nullable=False),
+    Index("ix_models_tenant", "tenant_id", "id"),
+)

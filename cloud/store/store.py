@@ -43,6 +43,7 @@ from cloud.store.leadership import (
 )
 from cloud.store.locks import advisory_key, current_namespace
 from cloud.store.migrate import MigrationReport, migrate
+from cloud.store.models import insert_model, list_model_page, select_model
 from cloud.store.records import (
     AllocationRecord,
     AllocationState,
@@ -50,7 +51,10 @@ from cloud.store.records import (
     CreatedTenant,
     EventRecord,
     Eviction,
+    ModelPage,
+    ModelRecord,
     NewEvent,
+    NewModel,
     NewTenant,
     NodeDesired,
     Plan,
@@ -371,6 +375,18 @@ class Store:
         explained_at = None if row.explained_at is None else float(row.explained_at)
         return WorkExplanation(work_from_row(row), row.explanation, explained_at)
 
+    async def work_with_allocations(
+        self, tenant_id: str, work_id: str
+    ) -> tuple[WorkRecord, tuple[AllocationRecord, ...]] | None:
+        """The tenant's work and where it runs, as of one moment (a single read
+        transaction: never a running job with the allocations of its next attempt)."""
+        with self._connection_errors():
+            async with self._snapshot_reader.connect() as connection, connection.begin():
+                record = await select_work(connection, work_id, tenant_id)
+                if record is None:
+                    return None
+                return record, await select_allocations(connection, work_id=work_id)
+
     async def work_allocations(self, tenant_id: str, work_id: str) -> tuple[AllocationRecord, ...]:
         """Where the tenant's work runs (empty for another tenant's id)."""
         async with self._read() as connection:
@@ -403,6 +419,26 @@ class Store:
                 self._context,
                 Changes(state_changes=(change,), tenant_id=tenant_id),
             )
+
+    # ---- models ------------------------------------------------------------------------
+
+    async def create_model(self, tenant_id: str, model: NewModel) -> ModelRecord:
+        """Record an uploaded model (its file is already stored under its sha256)."""
+        async with self._write() as connection:
+            return await insert_model(
+                connection, self._ids.new_id(), tenant_id, model, self._clock()
+            )
+
+    async def get_model(self, tenant_id: str, model_id: str) -> ModelRecord | None:
+        """The tenant's model; another tenant's id is simply not found."""
+        async with self._read() as connection:
+            return await select_model(connection, model_id, tenant_id)
+
+    async def list_models(
+        self, tenant_id: str, *, limit: int = 50, cursor: str | None = None
+    ) -> ModelPage:
+        async with self._read() as connection:
+            return await list_model_page(connection, tenant_id, limit=limit, cursor=cursor)
 
     # ---- events ------------------------------------------------------------------------
 

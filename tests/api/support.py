@@ -112,6 +112,7 @@ async def running_api(
     *,
     mqtt: MqttSettings | None = None,
     scheduling: SchedulingSettings | None = None,
+    cloud: CloudSettings | None = None,
 ) -> AsyncIterator[Api]:
     """The app on `mqtt` (default: an embedded broker of its own). Without `scheduling`
     the loop is off: most API tests run scheduling passes themselves, step by step."""
@@ -121,7 +122,7 @@ async def running_api(
             mqtt = mqtt_settings(broker.url, "apitest")
         settings = Settings(
             mqtt=mqtt,
-            cloud=CloudSettings(invalid_log_interval_s=0),
+            cloud=cloud or CloudSettings(invalid_log_interval_s=0),
             store=database.settings,
             scheduling=scheduling or SchedulingSettings(enabled=False),
         )

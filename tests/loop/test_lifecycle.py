@@ -174,6 +174,14 @@ async def test_a_two_worker_gang_runs_on_two_cloud_nodes_and_succeeds(
 
         done = await reaches(api, token, job_id, "succeeded")
         assert done["attempts"] == 1
+        metrics = await (await api.client.get("/metrics")).text()
+        assert "greenfed_scheduling_leader 1.0" in metrics
+        placements = next(
+            line
+            for line in metrics.splitlines()
+            if line.startswith("greenfed_scheduling_placements_total ")
+        )
+        assert float(placements.split()[1]) >= 1
 
 
 async def test_a_deployment_with_three_replicas_runs_on_three_edge_nodes(

@@ -13,7 +13,7 @@ from typing import Final
 
 from sqlalchemy.engine import Connection
 
-from cloud.store.migrations import v0001_initial, v0002_explanations
+from cloud.store.migrations import v0001_initial, v0002_explanations, v0003_models
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,7 @@ class Migration:
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "initial", v0001_initial.upgrade),
     Migration(2, "explanations", v0002_explanations.upgrade),
+    Migration(3, "models", v0003_models.upgrade),
 )
 
 

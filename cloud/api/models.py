@@ -1,0 +1,253 @@
+"""`/v1/models`: upload ONNX models, list and describe them, download their files.
+
+`POST /v1/models?name=NAME` takes the raw `.onnx` file as the body
+(`application/octet-stream`), streamed to disk and refused past
+`cloud.max_model_bytes`; the file is checked with `onnx.checker`, described (opset,
+inputs, outputs) and stored by its sha256. A deployment names a model by its id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Annotated, Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.auth import tenant_of
+from cloud.api.keys import MODEL_BLOBS, STORE
+from cloud.api.problems import InvalidParam, Problem, ProblemBody
+from cloud.api.query import parse_query
+from cloud.api.routes import Reply, Route
+from cloud.models.blobs import ModelTooLargeError
+from cloud.models.inspect import InvalidModelError, inspect_model
+from cloud.store import ModelRecord, ModelTensor, NewModel
+
+PROBLEM = "application/problem+json"
+ONNX_MEDIA_TYPES: Final = ("application/octet-stream", "application/onnx")
+_CHUNK_BYTES = 1 << 16
+SHA256_HEADER: Final = "X-Greenfed-SHA256"  # hex sha256 of the whole file
+
+ModelId = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)")]
+ModelName = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
+        description="Letters, digits, '.', '_' and '-'; at most 128 characters.",
+    ),
+]
+
+
+class UploadQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: ModelName
+
+
+class ModelListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 50
+    cursor: Annotated[
+        ModelId | None, msgspec.Meta(description="The next_cursor of the previous page.")
+    ] = None
+
+
+class TensorView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    dtype: str  # numpy's name: float32, int64, ...
+    shape: tuple[int | str | None, ...]  # size, symbolic name ("batch"), or unknown
+
+
+class ModelView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    sha256: str
+    size_bytes: int
+    opset: int
+    inputs: tuple[TensorView, ...]
+    outputs: tuple[TensorView, ...]
+    created_at: datetime
+    blob_url: str  # GET it for the file (Range requests supported)
+
+
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[ModelView, ...]
+    count: int
+    next_cursor: str | None
+
+
+def _tensors(items: tuple[ModelTensor, ...]) -> tuple[TensorView, ...]:
+    return tuple(TensorView(name=t.name, dtype=t.dtype, shape=t.shape) for t in items)
+
+
+def _view(record: ModelRecord) -> ModelView:
+    return ModelView(
+        id=record.model_id,
+        name=record.name,
+        sha256=record.sha256,
+        size_bytes=record.size_bytes,
+        opset=record.opset,
+        inputs=_tensors(record.inputs),
+        outputs=_tensors(record.outputs),
+        created_at=datetime.fromtimestamp(record.created_at, UTC),
+        blob_url=f"/v1/models/{record.model_id}/blob",
+    )
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(body), status=status, content_type="application/json"
+    )
+
+
+def _not_found(model_id: str) -> Problem:
+    return Problem(404, "model-not-found", "Model not found", f"no model {model_id!r}")
+
+
+def _too_large(detail: str) -> Problem:
+    return Problem(413, "payload-too-large", "Payload Too Large", detail)
+
+
+async def upload_model(request: web.Request) -> web.Response:
+    tenant = tenant_of(request)
+    query = parse_query(request, UploadQuery)
+    if request.content_type not in ONNX_MEDIA_TYPES:
+        raise Problem(
+            415,
+            "unsupported-media-type",
+            "Unsupported Media Type",
+            f"send the .onnx file as application/octet-stream, not {request.content_type}",
+        )
+    blobs = request.app[MODEL_BLOBS]
+    if request.content_length is not None and request.content_length > blobs.max_bytes:
+        raise _too_large(
+            f"the body has {request.content_length} bytes; at most {blobs.max_bytes} are "
+            "accepted (cloud.max_model_bytes)"
+        )
+    try:
+        staged = await blobs.stage(request.content.iter_chunked(_CHUNK_BYTES))
+    except ModelTooLargeError as error:
+        raise _too_large(str(error)) from None
+    try:
+        if staged.size_bytes == 0:
+            raise InvalidModelError("the body is empty")
+        info = await asyncio.to_thread(inspect_model, staged.path)
+    except InvalidModelError as error:
+        await blobs.discard(staged.path)
+        raise Problem(
+            422,
+            "invalid-model",
+            "Not a valid ONNX model",
+            str(error),
+            (InvalidParam("$", str(error)),),
+        ) from None
+    except BaseException:
+        await blobs.discard(staged.path)
+        raise
+    await blobs.keep(staged)
+    record = await request.app[STORE].create_model(
+        tenant.tenant_id,
+        NewModel(
+            name=query.name,
+            sha256=staged.sha256,
+            size_bytes=staged.size_bytes,
+            opset=info.opset,
+            inputs=info.inputs,
+            outputs=info.outputs,
+        ),
+    )
+    response = _json(_view(record), status=201)
+    response.headers["Location"] = f"/v1/models/{record.model_id}"
+    return response
+
+
+async def list_models(request: web.Request) -> web.Response:
+    tenant = tenant_of(request)
+    query = parse_query(request, ModelListQuery)
+    page = await request.app[STORE].list_models(
+        tenant.tenant_id, limit=query.limit, cursor=query.cursor
+    )
+    items = tuple(_view(record) for record in page.items)
+    return _json(ModelList(items=items, count=len(items), next_cursor=page.next_cursor))
+
+
+async def _find(request: web.Request) -> ModelRecord:
+    model_id = request.match_info["id"]
+    record = await request.app[STORE].get_model(tenant_of(request).tenant_id, model_id)
+    if record is None:
+        raise _not_found(model_id)
+    return record
+
+
+async def get_model(request: web.Request) -> web.Response:
+    return _json(_view(await _find(request)))
+
+
+async def get_model_blob(request: web.Request) -> web.StreamResponse:
+    record = await _find(request)
+    path = request.app[MODEL_BLOBS].path(record.sha256)
+    if not await asyncio.to_thread(path.is_file):
+        raise Problem(
+            410,
+            "model-file-gone",
+            "Model file gone",
+            f"the file of model {record.model_id} (sha256 {record.sha256}) is not in this "
+            "control plane's data directory",
+        )
+    # aiohttp answers Range, If-Range and conditional requests itself (with its own ETag
+    # from the file's size and mtime); the digest lets a downloader verify what it got.
+    return web.FileResponse(
+        path,
+        headers={
+            "Content-Type": "application/octet-stream",
+            SHA256_HEADER: record.sha256,
+            "Content-Disposition": f'attachment; filename="{record.name}.onnx"',
+        },
+    )
+
+
+_PROBLEM_REPLY = Reply(422, "Not a valid ONNX model; detail says why", ProblemBody, PROBLEM)
+
+ROUTES: Final = (
+    Route(
+        "POST",
+        "/v1/models",
+        upload_model,
+        "Upload an ONNX model (the raw file as the body)",
+        "tenant",
+        "models",
+        query=UploadQuery,
+        body=bytes,
+        body_media_type="application/octet-stream",
+        replies=(Reply(201, "The model, checked and described", ModelView), _PROBLEM_REPLY),
+    ),
+    Route(
+        "GET",
+        "/v1/models",
+        list_models,
+        "List the tenant's models, newest first",
+        "tenant",
+        "models",
+        query=ModelListQuery,
+        replies=(Reply(200, "A page of models", ModelList),),
+    ),
+    Route(
+        "GET",
+        "/v1/models/{id}",
+        get_model,
+        "A model: its checksum, opset, inputs and outputs",
+        "tenant",
+        "models",
+        replies=(Reply(200, "The model", ModelView),),
+    ),
+    Route(
+        "GET",
+        "/v1/models/{id}/blob",
+        get_model_blob,
+        "Download the model file (Range requests supported)",
+        "tenant",
+        "models",
+        replies=(
+            Reply(200, "The .onnx file", None, "application/octet-stream", (SHA256_HEADER,)),
+            Reply(206, "Part of the file (Range)", None, "application/octet-stream"),
+        ),
+    ),
+)

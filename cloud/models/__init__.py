@@ -1,0 +1,1 @@
+"""The model registry: uploaded ONNX models, checked, described and stored by content."""

@@ -1,0 +1,42 @@
+"""Version 3: the model registry (ONNX models uploaded by tenants, `/v1/models`)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+)
+from sqlalchemy.engine import Connection
+
+from cloud.store.jsontype import JsonDocument
+
+_metadata = MetaData()
+
+# Frozen copy of the referenced table's key only (for the foreign key).
+Table("tenants", _metadata, Column("id", Text, primary_key=True))
+
+_models = Table(
+    "models",
+    _metadata,
+    Column("id", Text, primary_key=True),
+    Column("tenant_id", Text, ForeignKey("tenants.id"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("sha256", Text, nullable=False, index=True),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("opset", Integer, nullable=False),
+    Column("inputs", JsonDocument, nullable=False),
+    Column("outputs", JsonDocument, nullable=False),
+    Column("created_at", Double, nullable=False),
+    Index("ix_models_tenant", "tenant_id", "id"),
+)
+
+
+def upgrade(connection: Connection) -> None:
+    _models.create(connection, checkfirst=False)

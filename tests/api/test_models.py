@@ -1,0 +1,181 @@
+"""`/v1/models`: ONNX uploads checked with onnx.checker, described, stored by content,
+downloadable with Range; bad files refused with the reason; tenants kept apart."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from shared.settings import CloudSettings
+from tests.api.support import PROBLEM, Api, bearer, problem, running_api
+from tests.store.databases import DatabaseUnderTest
+
+OCTETS = {"Content-Type": "application/octet-stream"}
+
+
+def mlp(*, dynamic_batch: bool = True, opset: int = 17) -> bytes:
+    """x[batch, 4] -> Relu(x @ W + b) -> y[batch, 3]: a small real model."""
+    rng = np.random.default_rng(7)
+    batch: int | str = "batch" if dynamic_batch else 2
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"]),
+            helper.make_node("Add", ["h", "b"], ["z"]),
+            helper.make_node("Relu", ["z"], ["y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])],
+        initializer=[
+            numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W"),
+            numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def broken_graph() -> bytes:
+    """Parses as ONNX, but a node reads a tensor nothing produces."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["missing"], ["y"])],
+        "broken",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+async def upload(api: Api, token: str, body: bytes, name: str = "mlp") -> dict[str, object]:
+    response = await api.client.post(
+        f"/v1/models?name={name}", data=body, headers=bearer(token) | OCTETS
+    )
+    assert response.status == 201, await response.text()
+    assert response.headers["Location"].startswith("/v1/models/")
+    created = await response.json()
+    assert isinstance(created, dict)
+    return created
+
+
+async def test_an_uploaded_model_is_described_stored_by_content_and_downloadable(
+    api: Api,
+) -> None:
+    token = await api.tenant("vision")
+    body = mlp()
+    model = await upload(api, token, body)
+    assert model["sha256"] == hashlib.sha256(body).hexdigest()
+    assert model["size_bytes"] == len(body)
+    assert model["opset"] == 17
+    assert model["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 4]}]
+    assert model["outputs"] == [{"name": "y", "dtype": "float32", "shape": ["batch", 3]}]
+
+    fixed = await upload(api, token, mlp(dynamic_batch=False), name="mlp-fixed")
+    assert fixed["inputs"] == [{"name": "x", "dtype": "float32", "shape": [2, 4]}]
+
+    shown = await (await api.get(token, f"/v1/models/{model['id']}")).json()
+    assert shown == model
+    listed = await (await api.get(token, "/v1/models")).json()
+    assert [item["id"] for item in listed["items"]] == [fixed["id"], model["id"]]
+
+    blob = await api.get(token, str(model["blob_url"]))
+    assert blob.status == 200
+    assert await blob.read() == body
+    assert blob.headers["X-Greenfed-SHA256"] == model["sha256"]
+    part = await api.client.get(
+        str(model["blob_url"]), headers=bearer(token) | {"Range": "bytes=10-29"}
+    )
+    assert part.status == 206
+    assert await part.read() == body[10:30]
+    # The same bytes again: a second model, one stored file.
+    again = await upload(api, token, body, name="mlp-again")
+    assert again["id"] != model["id"]
+    assert again["sha256"] == model["sha256"]
+    data_dir = api.database.settings.resolved_data_dir()
+    stored = list((data_dir / "models" / "sha256").rglob("*.onnx"))
+    assert len(stored) == 2
+    assert (
+        data_dir / "models" / "sha256" / body_prefix(model) / f"{model['sha256']}.onnx"
+    ) in stored
+
+
+def body_prefix(model: dict[str, object]) -> str:
+    return str(model["sha256"])[:2]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"this is not a model at all", "not an ONNX model"),
+        (broken_graph(), "the ONNX checker rejected it"),
+        (b"", "the body is empty"),
+    ],
+)
+async def test_a_file_that_is_not_a_valid_model_is_refused_with_the_reason(
+    api: Api, body: bytes, reason: str
+) -> None:
+    token = await api.tenant("vision")
+    response = await api.client.post(
+        "/v1/models?name=bad", data=body, headers=bearer(token) | OCTETS
+    )
+    refused = await problem(response, 422)
+    assert refused["type"].endswith("/invalid-model")
+    assert reason in refused["detail"]
+    assert (await (await api.get(token, "/v1/models")).json())["items"] == []
+    staging = api.database.settings.resolved_data_dir() / "models" / "staging"
+    assert not any(staging.iterdir())
+
+
+async def test_uploads_need_a_name_the_octet_stream_type_and_stay_with_their_tenant(
+    api: Api,
+) -> None:
+    vision = await api.tenant("vision")
+    other = await api.tenant("other")
+    await problem(
+        await api.client.post("/v1/models", data=mlp(), headers=bearer(vision) | OCTETS), 400
+    )
+    await problem(
+        await api.client.post(
+            "/v1/models?name=m", data=mlp(), headers=bearer(vision) | {"Content-Type": "text/plain"}
+        ),
+        415,
+    )
+    model = await upload(api, vision, mlp())
+    for path in (f"/v1/models/{model['id']}", f"/v1/models/{model['id']}/blob"):
+        await problem(await api.get(other, path), 404)
+    assert (await (await api.get(other, "/v1/models")).json())["count"] == 0
+
+
+@pytest.fixture
+async def small_api(database: DatabaseUnderTest) -> AsyncIterator[Api]:
+    async with running_api(database, cloud=CloudSettings(max_model_bytes=1000)) as running:
+        yield running
+
+
+async def test_a_model_over_the_size_limit_is_refused_whether_or_not_its_length_is_announced(
+    small_api: Api,
+) -> None:
+    token = await small_api.tenant("vision")
+    body = mlp() + b"\0" * 1000
+    announced = await small_api.client.post(
+        "/v1/models?name=big", data=body, headers=bearer(token) | OCTETS
+    )
+    assert (await problem(announced, 413))["detail"].endswith("(cloud.max_model_bytes)")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 256):
+            yield body[start : start + 256]
+
+    streamed = await small_api.client.post(
+        "/v1/models?name=big", data=chunks(), headers=bearer(token) | OCTETS
+    )
+    assert streamed.status == 413
+    assert streamed.content_type == PROBLEM
+    onnx.checker.check_model(onnx.load_from_string(mlp()))  # the payload itself was fine
