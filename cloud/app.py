@@ -30,6 +30,7 @@ from cloud.api.keys import (
     JOB_LOGS,
     METRICS,
     MODEL_BLOBS,
+    MODEL_URL_SIGNER,
     REGISTRY,
     SCHEDULER,
     SETTINGS,
@@ -51,6 +52,8 @@ from cloud.loop.loop import SchedulingLoop
 from cloud.loop.publisher import DesiredPublisher
 from cloud.metrics import SchedulingCollector, build_metrics_registry
 from cloud.models.blobs import BlobStore
+from cloud.models.signing import SECRET_NAME as URL_KEY_NAME
+from cloud.models.signing import ModelUrlSigner, api_base_url
 from cloud.registry import NodeRegistry
 from cloud.signals.factory import build_signal_service
 from cloud.store import StoreError, StoreUnavailableError, open_store
@@ -113,6 +116,9 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
         app[MODEL_BLOBS] = BlobStore(
             settings.resolved_data_dir() / "models", app[SETTINGS].cloud.max_model_bytes
         )
+        app[MODEL_URL_SIGNER] = ModelUrlSigner(
+            await store.shared_secret(URL_KEY_NAME), api_base_url(app[SETTINGS].cloud)
+        )
         app[ADMIN_TOKEN_FILE] = await bootstrap_admin(store, settings)
         hub = EventHub(
             store,
@@ -145,7 +151,12 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         return
     publisher = DesiredPublisher(settings.mqtt)
     loop = SchedulingLoop(
-        app[STORE], app[REGISTRY], publisher, settings.scheduling, signals=app[SIGNALS]
+        app[STORE],
+        app[REGISTRY],
+        publisher,
+        settings.scheduling,
+        signals=app[SIGNALS],
+        model_urls=app[MODEL_URL_SIGNER],
     )
     app[SCHEDULER] = loop
     collector = SchedulingCollector(loop)

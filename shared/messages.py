@@ -131,6 +131,20 @@ class AcceleratorSample(WireStruct, frozen=True, kw_only=True):
     ) = None
 
 
+class DeploymentSample(WireStruct, frozen=True, kw_only=True):
+    """Serving figures of one deployment on this node since the previous sample (1.2)."""
+
+    deployment_id: str
+    requests: NonNegativeInt
+    errors: NonNegativeInt
+    rejected: Annotated[int, msgspec.Meta(ge=0, description="Refused with 429 (queue full).")]
+    requests_per_s: NonNegativeFloat
+    latency_p50_ms: NonNegativeFloat | None = None
+    latency_p95_ms: NonNegativeFloat | None = None
+    latency_p99_ms: NonNegativeFloat | None = None
+    mean_batch_size: NonNegativeFloat | None = None
+
+
 class Telemetry(WireStruct, frozen=True, kw_only=True):
     """`telemetry` (QoS 0, not retained): one periodic sample of a node."""
 
@@ -144,6 +158,7 @@ class Telemetry(WireStruct, frozen=True, kw_only=True):
     memory_used_bytes: NonNegativeInt
     memory_total_bytes: NonNegativeInt
     accelerators: tuple[AcceleratorSample, ...] = ()
+    deployments: tuple[DeploymentSample, ...] = ()
 
 
 class DesiredDeployment(WireStruct, frozen=True, kw_only=True):
@@ -155,6 +170,13 @@ class DesiredDeployment(WireStruct, frozen=True, kw_only=True):
     model_id: Annotated[
         str | None, msgspec.Meta(description="Model registry id of the ONNX model to serve.")
     ] = None
+    model_url: Annotated[
+        str | None, msgspec.Meta(description="Where to download the model (a signed URL).")
+    ] = None
+    model_sha256: Annotated[
+        str | None, msgspec.Meta(description="Hex sha256 the downloaded file must have.")
+    ] = None
+    model_size_bytes: NonNegativeInt | None = None
     accelerator_kind: AcceleratorKind = "cpu"
     accelerator_ids: Annotated[
         tuple[str, ...], msgspec.Meta(description="Accelerators of this node assigned to it.")
@@ -165,6 +187,13 @@ class DesiredDeployment(WireStruct, frozen=True, kw_only=True):
             description="ONNX Runtime execution providers accepted, best first; empty: any."
         ),
     ] = ()
+    max_batch_size: Annotated[
+        int, msgspec.Meta(ge=1, description="Dynamic batching: requests per model run, at most.")
+    ] = 1
+    max_queue_delay_ms: Annotated[
+        float,
+        msgspec.Meta(ge=0, description="Dynamic batching: how long a request may wait for more."),
+    ] = 0.0
 
 
 class DesiredTraining(WireStruct, frozen=True, kw_only=True):
@@ -236,7 +265,15 @@ class ReportedDeployment(WireStruct, frozen=True, kw_only=True):
     provider: Annotated[
         str | None, msgspec.Meta(description="The execution provider it runs on.")
     ] = None
-    reason: Annotated[str, msgspec.Meta(description="Why it failed, for people.")] = ""
+    reason: Annotated[
+        str, msgspec.Meta(description="Why it failed, or a provider fallback, for people.")
+    ] = ""
+    endpoint: Annotated[
+        str | None, msgspec.Meta(description="URL of the replica's inference endpoint.")
+    ] = None
+    model_sha256: Annotated[
+        str | None, msgspec.Meta(description="The model it serves (sha256 of the file).")
+    ] = None
 
 
 class ReportedState(WireStruct, frozen=True, kw_only=True):

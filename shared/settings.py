@@ -143,8 +143,14 @@ class CloudSettings(Section, frozen=True, kw_only=True):
     liveness_check_interval_s: PositiveFloat = 1.0
     # Invalid-payload log lines per reason, at most one per this many seconds.
     invalid_log_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    # How agents reach this API (model downloads); default: http://api_host:api_port.
+    public_url: str | None = None
     # Largest ONNX model `POST /v1/models` accepts (stored under store.data_dir/models).
     max_model_bytes: Annotated[int, msgspec.Meta(ge=1)] = 2 * 1024**3
+
+    def __post_init__(self) -> None:
+        if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
+            raise ValueError(f"public_url: {self.public_url!r} must start with http:// or https://")
 
 
 # Must match cloud.green.policies.POLICY_NAMES (a test checks): shared/ never imports cloud/.

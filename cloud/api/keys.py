@@ -15,6 +15,7 @@ from cloud.jobs.events import EventHub
 from cloud.jobs.logs import JobLogStore
 from cloud.loop.loop import SchedulingLoop
 from cloud.models.blobs import BlobStore
+from cloud.models.signing import ModelUrlSigner
 from cloud.registry import NodeRegistry
 from cloud.signals.service import SignalService
 from cloud.store import Store, TenantRecord
@@ -37,6 +38,8 @@ STREAMS = web.AppKey("streams", StreamLimits)
 TUNING = web.AppKey("tuning", ApiTuning)
 # Uploaded model files, stored by content in the data directory.
 MODEL_BLOBS = web.AppKey("model_blobs", BlobStore)
+# Signs the model URLs agents download from (a key shared through the store).
+MODEL_URL_SIGNER = web.AppKey("model_url_signer", ModelUrlSigner)
 # The scheduling loop (it runs passes only while this process leads).
 SCHEDULER = web.AppKey("scheduler", SchedulingLoop)
 # Set when the app begins to shut down: long-lived streams end at once.

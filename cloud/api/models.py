@@ -16,7 +16,7 @@ import msgspec
 from aiohttp import web
 
 from cloud.api.auth import tenant_of
-from cloud.api.keys import MODEL_BLOBS, STORE
+from cloud.api.keys import MODEL_BLOBS, MODEL_URL_SIGNER, STORE
 from cloud.api.problems import InvalidParam, Problem, ProblemBody
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
@@ -181,8 +181,18 @@ async def get_model(request: web.Request) -> web.Response:
     return _json(_view(await _find(request)))
 
 
+async def _find_signed(request: web.Request) -> ModelRecord:
+    """An agent's download: any tenant's model, if the signature is the one we made."""
+    model_id = request.match_info["id"]
+    record = (await request.app[STORE].models_by_id([model_id])).get(model_id)
+    signer = request.app[MODEL_URL_SIGNER]
+    if record is None or not signer.verify(record.model_id, record.sha256, request.query["sig"]):
+        raise Problem(403, "bad-signature", "Forbidden", "the download signature is not valid")
+    return record
+
+
 async def get_model_blob(request: web.Request) -> web.StreamResponse:
-    record = await _find(request)
+    record = await (_find_signed(request) if "sig" in request.query else _find(request))
     path = request.app[MODEL_BLOBS].path(record.sha256)
     if not await asyncio.to_thread(path.is_file):
         raise Problem(
@@ -242,8 +252,8 @@ ROUTES: Final = (
         "GET",
         "/v1/models/{id}/blob",
         get_model_blob,
-        "Download the model file (Range requests supported)",
-        "tenant",
+        "Download the model file (Range requests supported); agents use a signed URL",
+        "signed",
         "models",
         replies=(
             Reply(200, "The .onnx file", None, "application/octet-stream", (SHA256_HEADER,)),

@@ -16,8 +16,9 @@ from typing import Any, Literal
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# public: anyone; tenant: any valid bearer token; admin: an admin tenant's token.
-Access = Literal["public", "tenant", "admin"]
+# public: anyone; tenant: any valid bearer token; admin: an admin tenant's token;
+# signed: a tenant's token, or a `sig` query parameter the handler verifies.
+Access = Literal["public", "tenant", "admin", "signed"]
 
 JSON = "application/json"
 # A reply documented only as "a JSON object" (its shape is described elsewhere).

@@ -260,8 +260,14 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
     spec = decode_body(raw, collection.decoder)
     _check_priority(tenant, spec.priority)
     _check_schedulable(spec)
-    document = encode_spec(spec)
     store = request.app[STORE]
+    if isinstance(spec, DeploymentSpec) and (
+        await store.get_model(tenant.tenant_id, spec.model_id) is None
+    ):
+        raise invalid_body(
+            "$.model_id", f"no model {spec.model_id!r}: upload it first with POST /v1/models"
+        )
+    document = encode_spec(spec)
     result = await store.submit_work(
         tenant.tenant_id,
         kind=collection.store_kind,

@@ -187,9 +187,11 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
     ] = "deployment"
     name: Name
     model_id: Annotated[
-        str | None,
-        msgspec.Meta(description="Model registry id (optional until the registry exists)."),
-    ] = None
+        str,
+        msgspec.Meta(
+            min_length=1, max_length=64, description="The model to serve: an id from /v1/models."
+        ),
+    ]
     priority: Annotated[PriorityClass, msgspec.Meta(description="p0 > p1 > p2.")] = "p0"
     replicas: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
     min_replicas: Annotated[

@@ -6,7 +6,10 @@ Training: one worker per node of a gang (`node_workers`): the node's position is
 is a stable hash of (job, attempt) into a configured range, so every worker of an
 attempt, and a control plane restarted in between, computes the same one.
 
-Inference: one entry per replica, with the model and the accepted providers.
+Inference: one entry per replica, with the model (a signed download URL and the
+sha256 the file must have), the accepted providers and the batching settings. A
+model that is not in the registry (or is another tenant's) is sent without a URL:
+the agent reports the replica failed, saying so.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from collections.abc import Mapping, Sequence
 from cloud.jobs.convert import spec_of
 from cloud.jobs.specs import DeploymentSpec, TrainingJobSpec
 from cloud.loop.allocations import node_workers
+from cloud.models.signing import ModelUrlSigner
 from cloud.registry import NodeRecord
-from cloud.store import AllocationRecord, WorkRecord
+from cloud.store import AllocationRecord, ModelRecord, WorkRecord
 from shared.messages import DesiredDeployment, DesiredState, DesiredTraining
 from shared.settings import SchedulingSettings
 
@@ -66,6 +70,32 @@ def _training(
     )
 
 
+def _replica(
+    record: WorkRecord,
+    spec: DeploymentSpec,
+    member: AllocationRecord,
+    models: Mapping[str, ModelRecord],
+    signer: ModelUrlSigner | None,
+) -> DesiredDeployment:
+    model = models.get(spec.model_id)
+    if model is not None and model.tenant_id != record.tenant_id:
+        model = None  # another tenant's model is not there for this one
+    batching = spec.batching
+    return DesiredDeployment(
+        deployment_id=record.work_id,
+        replica=member.member_index,
+        model_id=spec.model_id,
+        model_url=signer.url(model.model_id, model.sha256) if model and signer else None,
+        model_sha256=model.sha256 if model else None,
+        model_size_bytes=model.size_bytes if model else None,
+        accelerator_kind=member.accelerator_kind,
+        accelerator_ids=member.accelerator_ids,
+        providers=spec.providers,
+        max_batch_size=batching.max_batch_size if batching else 1,
+        max_queue_delay_ms=batching.max_wait_ms if batching else 0.0,
+    )
+
+
 def desired_document(
     node_id: str,
     generation: int,
@@ -75,9 +105,12 @@ def desired_document(
     allocations: Mapping[str, tuple[AllocationRecord, ...]],
     nodes: Mapping[str, NodeRecord],
     settings: SchedulingSettings,
+    models: Mapping[str, ModelRecord] | None = None,
+    signer: ModelUrlSigner | None = None,
 ) -> DesiredState:
     """Everything stored for `node_id`; `allocations` maps every work id to all of its
-    allocations (a gang's other nodes decide this node's rank)."""
+    allocations (a gang's other nodes decide this node's rank); `models` the registry's
+    records of the deployments' models, `signer` makes their download URLs."""
     training: list[DesiredTraining] = []
     deployments: list[DesiredDeployment] = []
     for work_id, members in sorted(allocations.items()):
@@ -90,17 +123,7 @@ def desired_document(
             training.append(_training(record, spec, node_id, members, nodes, settings))
             continue
         assert isinstance(spec, DeploymentSpec)
-        deployments.extend(
-            DesiredDeployment(
-                deployment_id=work_id,
-                replica=member.member_index,
-                model_id=spec.model_id,
-                accelerator_kind=member.accelerator_kind,
-                accelerator_ids=member.accelerator_ids,
-                providers=spec.providers,
-            )
-            for member in here
-        )
+        deployments.extend(_replica(record, spec, member, models or {}, signer) for member in here)
     return DesiredState(
         node_id=node_id,
         generation=generation,

@@ -23,10 +23,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+import msgspec
 import structlog
 
 from cloud.green.latency import default_latency_estimator
 from cloud.green.policies import GreenInputs, build_policy
+from cloud.jobs.convert import spec_of
 from cloud.jobs.explain import explanations_for_plan
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
@@ -34,6 +36,7 @@ from cloud.loop.inputs import ConversionCache, build_inputs
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.reports import agent_outcomes
+from cloud.models.signing import ModelUrlSigner
 from cloud.registry import NodeRecord, NodeRegistry
 from cloud.scheduler import Plan as CorePlan
 from cloud.scheduler import Policy, schedule
@@ -42,11 +45,13 @@ from cloud.signals.service import SignalService
 from cloud.store import (
     LeadershipLease,
     LeadershipLostError,
+    ModelRecord,
     Plan,
     Store,
     StoreSnapshot,
     StoreUnavailableError,
     VersionConflictError,
+    WorkRecord,
 )
 from shared.settings import SchedulingSettings
 
@@ -73,6 +78,7 @@ class SchedulingLoop:
         settings: SchedulingSettings,
         *,
         signals: SignalService | None = None,
+        model_urls: ModelUrlSigner | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -81,6 +87,8 @@ class SchedulingLoop:
         self._publisher = publisher
         self._settings = settings
         self._signals = signals
+        self._model_urls = model_urls
+        self._models: dict[str, ModelRecord] = {}  # immutable records, by id
         self._clock = clock
         self._monotonic = monotonic
         self._latency = default_latency_estimator()
@@ -173,7 +181,7 @@ class SchedulingLoop:
         now = self._clock()
         store = await self._store.load_snapshot(self._last_snapshot)
         nodes = {record.node_id: record for record in self._registry.nodes()}
-        self._publish(store, nodes, now)
+        await self._publish(store, nodes, now)
 
         outcomes = agent_outcomes(
             {record.work_id: record for record in store.work},
@@ -217,7 +225,7 @@ class SchedulingLoop:
             self.stats.evicted += translation.evicted
             if translation.changes_work:
                 store = await self._store.load_snapshot(store)
-                self._publish(store, nodes, now)
+                await self._publish(store, nodes, now)
         self._forget_explained(store)
         self._last_snapshot = store
         retry = [p.retry_at for p in plan.pending if p.retry_at is not None]
@@ -281,7 +289,20 @@ class SchedulingLoop:
             del self._unavailable_since[node_id]
         return lost
 
-    def _publish(self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float) -> None:
+    async def _models_of(self, records: Iterable[WorkRecord]) -> None:
+        """Fetch the registry records of deployments' models not seen yet."""
+        wanted = set()
+        for record in records:
+            if record.kind == "inference":
+                with contextlib.suppress(msgspec.DecodeError, ValueError):
+                    wanted.add(spec_of(record).model_id)  # type: ignore[union-attr]
+        missing = wanted - set(self._models)
+        if missing:
+            self._models.update(await self._store.models_by_id(sorted(missing)))
+
+    async def _publish(
+        self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float
+    ) -> None:
         stale = [
             (node_id, generation)
             for node_id, generation in store.node_generations.items()
@@ -291,6 +312,7 @@ class SchedulingLoop:
             return
         records = {record.work_id: record for record in store.work}
         allocations = by_work(store.allocations)
+        await self._models_of(records.values())
         for node_id, generation in sorted(stale):
             self._publisher.submit(
                 desired_document(
@@ -301,6 +323,8 @@ class SchedulingLoop:
                     allocations=allocations,
                     nodes=nodes,
                     settings=self._settings,
+                    models=self._models,
+                    signer=self._model_urls,
                 )
             )
 

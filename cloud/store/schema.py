@@ -129,3 +129,12 @@ models = Table(
     Column("created_at", Double, nullable=False),
     Index("ix_models_tenant", "tenant_id", "id"),
 )
+
+# Secrets every replica must share (e.g. the key that signs model download URLs).
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+)

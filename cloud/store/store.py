@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets as secrets_module
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -43,7 +44,7 @@ from cloud.store.leadership import (
 )
 from cloud.store.locks import advisory_key, current_namespace
 from cloud.store.migrate import MigrationReport, migrate
-from cloud.store.models import insert_model, list_model_page, select_model
+from cloud.store.models import insert_model, list_model_page, model_from_row, select_model
 from cloud.store.records import (
     AllocationRecord,
     AllocationState,
@@ -72,11 +73,13 @@ from cloud.store.rows import check_json_object, event_from_row, tenant_from_row,
 from cloud.store.schema import (
     allocations,
     events,
+    models,
     node_generations,
+    secrets,
     tenants,
     work,
 )
-from cloud.store.sql import StoreContext, append_events
+from cloud.store.sql import StoreContext, append_events, chunks, insert_ignoring
 from cloud.store.states import WorkState
 from cloud.store.tenants import (
     TokenCache,
@@ -439,6 +442,25 @@ class Store:
     ) -> ModelPage:
         async with self._read() as connection:
             return await list_model_page(connection, tenant_id, limit=limit, cursor=cursor)
+
+    async def models_by_id(self, model_ids: Sequence[str]) -> dict[str, ModelRecord]:
+        """Any tenant's models by id (the control plane's own view; unknown ids are absent)."""
+        found: dict[str, ModelRecord] = {}
+        async with self._read() as connection:
+            for batch in chunks(sorted(set(model_ids))):
+                rows = await connection.execute(select(models).where(models.c.id.in_(batch)))
+                found.update((row.id, model_from_row(row)) for row in rows)
+        return found
+
+    async def shared_secret(self, name: str) -> str:
+        """A random secret every replica of this database shares, made on first use."""
+        async with self._write() as connection:
+            statement = insert_ignoring(self.backend, secrets, ["name"]).values(
+                name=name, value=secrets_module.token_urlsafe(32), created_at=self._clock()
+            )
+            await connection.execute(statement)
+            query = select(secrets.c.value).where(secrets.c.name == name)
+            return str((await connection.execute(query)).scalar_one())
 
     # ---- events ------------------------------------------------------------------------
 

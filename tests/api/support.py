@@ -21,6 +21,7 @@ from greenfed.broker import EmbeddedBroker
 from shared.settings import CloudSettings, MqttSettings, SchedulingSettings, Settings
 from tests.store.databases import DatabaseUnderTest
 from tests.support.fleet import mqtt_settings
+from tests.support.onnx_models import mlp
 
 PROBLEM = "application/problem+json"
 Client = TestClient[web.Request, web.Application]
@@ -38,8 +39,8 @@ def job_spec(**fields: Any) -> dict[str, Any]:
     return {"name": "train-resnet", "command": ["python", "train.py"], **fields}
 
 
-def deployment_spec(**fields: Any) -> dict[str, Any]:
-    return {"name": "detector", "model_id": "yolo-v8n", "replicas": 2, **fields}
+def deployment_spec(model_id: str, **fields: Any) -> dict[str, Any]:
+    return {"name": "detector", "model_id": model_id, "replicas": 2, **fields}
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -71,6 +72,18 @@ class Api:
         record = await self.store.authenticate(token)
         assert record is not None
         return record.tenant_id
+
+    async def model(self, token: str, body: bytes | None = None, name: str = "mlp") -> str:
+        """Upload a model (a small real MLP by default); its id."""
+        response = await self.client.post(
+            f"/v1/models?name={name}",
+            data=body if body is not None else mlp(),
+            headers=bearer(token) | {"Content-Type": "application/octet-stream"},
+        )
+        assert response.status == 201, await response.text()
+        model_id = (await response.json())["id"]
+        assert isinstance(model_id, str)
+        return model_id
 
     async def submit(
         self,

@@ -76,7 +76,9 @@ async def test_explain_says_when_the_scheduler_has_not_looked_yet_then_why(api: 
     token = await api.tenant("acme", quotas={"gpu": 8})
     gang = await api.submitted(token, job_spec(name="gang", workers=2, accelerators_per_worker=2))
     npu = await api.submitted(token, job_spec(name="needs-npu", accelerator_kind="npu"))
-    deployment = await api.submitted(token, deployment_spec(), collection="deployments")
+    deployment = await api.submitted(
+        token, deployment_spec(await api.model(token)), collection="deployments"
+    )
 
     before = await (await api.get(token, f"/v1/jobs/{gang}/explain")).json()
     assert before["explanation"] is None

@@ -99,7 +99,7 @@ async def test_a_retry_with_the_idempotency_key_returns_the_original(api: Api) -
     other_body = await problem(await api.submit(token, job_spec(workers=3), key="run-42"), 409)
     assert other_body["type"].endswith("/idempotency-key-reused")
     as_deployment = await api.submit(
-        token, deployment_spec(), collection="deployments", key="run-42"
+        token, deployment_spec(await api.model(token)), collection="deployments", key="run-42"
     )
     await problem(as_deployment, 409)
     # Keys are per tenant: another tenant's same key is a new job.
@@ -110,7 +110,10 @@ async def test_a_retry_with_the_idempotency_key_returns_the_original(api: Api) -
 
 async def test_deployments_have_their_own_collection(api: Api) -> None:
     token = await api.tenant("acme")
-    response = await api.submit(token, deployment_spec(min_replicas=1), collection="deployments")
+    model = await api.model(token)
+    response = await api.submit(
+        token, deployment_spec(model, min_replicas=1), collection="deployments"
+    )
     assert response.status == 201, await response.text()
     deployment = await response.json()
     assert (deployment["kind"], deployment["replicas"], deployment["priority"]) == (
@@ -132,15 +135,24 @@ async def test_deployments_have_their_own_collection(api: Api) -> None:
         f"/v1/deployments/{deployment['id']}", headers=bearer(token)
     )
     assert (await cancelled.json())["state"] == "cancelled"
-    bad = await api.submit(token, deployment_spec(min_replicas=3), collection="deployments")
+    bad = await api.submit(token, deployment_spec(model, min_replicas=3), collection="deployments")
     body = await problem(bad, 422)
     assert body["invalid_params"][0]["name"] == "$.min_replicas"
+    # The model must be one of the tenant's own.
+    others = await api.model(await api.tenant("globex"))
+    for missing in ("no-such-model", others):
+        unknown = await api.submit(token, deployment_spec(missing), collection="deployments")
+        body = await problem(unknown, 422)
+        assert body["invalid_params"][0]["name"] == "$.model_id"
+        assert "upload it first" in body["detail"]
 
 
 async def test_tenants_never_see_each_others_work(api: Api) -> None:
     acme, globex = await api.tenant("acme"), await api.tenant("globex")
     job = await api.submitted(acme, job_spec())
-    deployment = await api.submitted(acme, deployment_spec(), collection="deployments")
+    deployment = await api.submitted(
+        acme, deployment_spec(await api.model(acme)), collection="deployments"
+    )
     for path in (
         f"/v1/jobs/{job}",
         f"/v1/jobs/{job}/explain",
@@ -259,7 +271,9 @@ async def test_a_priority_class_the_tenant_may_not_use_is_forbidden(api: Api) ->
     assert body["invalid_params"][0]["name"] == "$.priority"
     assert "p2" in body["detail"]
     # The deployment default (p0) is named too.
-    body = await problem(await api.submit(token, deployment_spec(), collection="deployments"), 403)
+    body = await problem(
+        await api.submit(token, deployment_spec("any-model"), collection="deployments"), 403
+    )
     assert body["invalid_params"][0]["name"] == "$.priority"
     assert (await api.submit(token, job_spec(priority="p2"))).status == 201
 

@@ -81,7 +81,9 @@ async def test_a_gangs_output_is_served_per_line_with_gaps_marked(api: Api) -> N
     assert await response.text() == "[gpu-c] retrying\n"
     assert (await logs(api, token, job_id, "?attempt=1&tail=1")).endswith("epoch 10\n")
     await problem(await api.get(token, f"/v1/jobs/{job_id}/logs?tail=-1"), 400)
-    deployment = await api.submitted(token, deployment_spec(), collection="deployments")
+    deployment = await api.submitted(
+        token, deployment_spec(await api.model(token)), collection="deployments"
+    )
     await problem(await api.get(token, f"/v1/jobs/{deployment}/logs"), 404)
 
 

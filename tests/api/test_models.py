@@ -6,52 +6,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from shared.settings import CloudSettings
 from tests.api.support import PROBLEM, Api, bearer, problem, running_api
 from tests.store.databases import DatabaseUnderTest
+from tests.support.onnx_models import broken_graph, mlp
 
 OCTETS = {"Content-Type": "application/octet-stream"}
-
-
-def mlp(*, dynamic_batch: bool = True, opset: int = 17) -> bytes:
-    """x[batch, 4] -> Relu(x @ W + b) -> y[batch, 3]: a small real model."""
-    rng = np.random.default_rng(7)
-    batch: int | str = "batch" if dynamic_batch else 2
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "W"], ["h"]),
-            helper.make_node("Add", ["h", "b"], ["z"]),
-            helper.make_node("Relu", ["z"], ["y"]),
-        ],
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])],
-        initializer=[
-            numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W"),
-            numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "b"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return bytes(model.SerializeToString())
-
-
-def broken_graph() -> bytes:
-    """Parses as ONNX, but a node reads a tensor nothing produces."""
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["missing"], ["y"])],
-        "broken",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return bytes(model.SerializeToString())
 
 
 async def upload(api: Api, token: str, body: bytes, name: str = "mlp") -> dict[str, object]:
@@ -78,7 +41,7 @@ async def test_an_uploaded_model_is_described_stored_by_content_and_downloadable
     assert model["outputs"] == [{"name": "y", "dtype": "float32", "shape": ["batch", 3]}]
 
     fixed = await upload(api, token, mlp(dynamic_batch=False), name="mlp-fixed")
-    assert fixed["inputs"] == [{"name": "x", "dtype": "float32", "shape": [2, 4]}]
+    assert fixed["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 4]}]
 
     shown = await (await api.get(token, f"/v1/models/{model['id']}")).json()
     assert shown == model

@@ -102,7 +102,9 @@ async def test_the_published_schemas_accept_and_refuse_what_the_api_does(api: Ap
     deployment = validator(document, "DeploymentSpec")
     good_job = job_spec(workers=2, deadline="2030-01-01T00:00:00Z", start_window="20:00-06:00")
     training.validate(good_job)
-    deployment.validate(deployment_spec(providers=["QNNExecutionProvider"]))
+    deployment.validate(
+        deployment_spec("01JE0ABCDEFGHJKMNPQRSTVWXY", providers=["QNNExecutionProvider"])
+    )
     for bad in (
         job_spec(wokers=2),
         job_spec(workers=0),

@@ -164,7 +164,8 @@ def test_stored_work_converts_with_its_record_and_allocations() -> None:
     assert (allocation.group, allocation.anti_affinity_groups) == ("llm", ("batch",))
     assert (allocation.expected_end, allocation.borrowed) == (7210.0, True)
     deployment = work_from_record(
-        record("inference", encode_spec(DeploymentSpec(name="d")), priority="p0"), tenant="t"
+        record("inference", encode_spec(DeploymentSpec(name="d", model_id="m")), priority="p0"),
+        tenant="t",
     )
     assert isinstance(deployment, InferenceDeployment)
 
@@ -214,7 +215,7 @@ def test_specs_have_defaults_and_a_canonical_encoding() -> None:
     )
     assert encode_spec(spec) == encode_spec(same)
     assert decode_spec("training", encode_spec(spec)) == spec
-    deployment = decode_spec("deployment", b'{"name": "d"}')
+    deployment = decode_spec("deployment", b'{"name": "d", "model_id": "m"}')
     assert isinstance(deployment, DeploymentSpec)
     assert (deployment.priority, deployment.accepted_kinds) == ("p0", ("npu", "gpu", "cpu"))
 
@@ -263,7 +264,7 @@ def test_spec_files_in_json_toml_and_yaml(tmp_path: Path) -> None:
         '[[affinity]]\nkey = "zone"\noperator = "In"\nvalues = ["DE"]\n'
     )
     (tmp_path / "serve.yaml").write_text(
-        "kind: deployment\nname: detector\nreplicas: 3\naccepted_kinds: [npu, cpu]\n"
+        "kind: deployment\nname: detector\nmodel_id: m1\nreplicas: 3\naccepted_kinds: [npu, cpu]\n"
     )
     (tmp_path / "plain.yml").write_text("name: plain\ncommand: [run]\n")
     assert load_spec_file(tmp_path / "job.json") == msgspec.convert(FULL_JOB, TrainingJobSpec)

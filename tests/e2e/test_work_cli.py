@@ -15,6 +15,7 @@ import pytest
 
 from greenfed.broker import EmbeddedBroker
 from tests.support.brokers import free_port
+from tests.support.onnx_models import mlp
 from tests.support.processes import GreenfedProcess, greenfed_env, run_greenfed
 from tests.support.waiting import eventually_async
 
@@ -89,10 +90,23 @@ async def test_a_tenant_submits_follows_and_cancels_work(cloud: Cloud, tmp_path:
     assert submitted is not None, out
     job_id = submitted.group(1)
 
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{cloud.api}/v1/models?name=mlp",
+            data=mlp(),
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/octet-stream",
+            },
+        ) as uploaded,
+    ):
+        assert uploaded.status == 201, await uploaded.text()
+        model_id = (await uploaded.json())["id"]
     serve = tmp_path / "serve.yaml"
-    serve.write_text("kind: deployment\nname: detector\nreplicas: 2\n")
+    serve.write_text(f"kind: deployment\nname: detector\nmodel_id: {model_id}\nreplicas: 2\n")
     serve_p1 = tmp_path / "serve-p1.json"
-    serve_p1.write_text('{"name": "detector", "priority": "p1"}')
+    serve_p1.write_text(f'{{"name": "detector", "model_id": "{model_id}", "priority": "p1"}}')
     (retried, forbidden, created, jobs, jobs_json, shown, logs, tenants) = await asyncio.gather(
         cloud.run("submit", str(job_file), "--idempotency-key", "run-1", token=token),
         # The deployment default p0 is not allowed for acme: refused, naming the field.

@@ -190,7 +190,7 @@ async def test_a_deployment_with_three_replicas_runs_on_three_edge_nodes(
     async with fleet(database, mosquitto_root, edge_nodes=3) as running:
         api = running.api
         token = await api.tenant("acme")
-        spec = {"name": "detector", "model_id": "yolo-v8n", "replicas": 3}
+        spec = {"name": "detector", "model_id": await api.model(token), "replicas": 3}
         deployment_id = await api.submitted(token, spec, collection="deployments")
 
         body = await reaches(api, token, deployment_id, "running", collection="deployments")

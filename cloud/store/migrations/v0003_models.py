@@ -1,4 +1,5 @@
-"""Version 3: the model registry (ONNX models uploaded by tenants, `/v1/models`)."""
+"""Version 3: the model registry (ONNX models uploaded by tenants, `/v1/models`) and
+the control plane's shared secrets (the key that signs model download URLs)."""
 
 from __future__ import annotations
 
@@ -38,5 +39,15 @@ _models = Table(
 )
 
 
+_secrets = Table(
+    "secrets",
+    _metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+)
+
+
 def upgrade(connection: Connection) -> None:
     _models.create(connection, checkfirst=False)
+    _secrets.create(connection, checkfirst=False)
