@@ -23,9 +23,13 @@ from dataclasses import dataclass, field
 import aiomqtt
 import msgspec
 import structlog
+from aiohttp import web
 
 from edge.discovery import DiscoveryResult, discover_all, sample_all
-from edge.inference.replicas import ReplicaReconciler
+from edge.inference.cache import ModelCache
+from edge.inference.options import InferenceOptions
+from edge.inference.runtime import InferenceRuntime
+from edge.inference.server import inference_app
 from edge.probes import DeviceProbes
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import TrainingLauncher
@@ -98,12 +102,16 @@ class Agent:
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] = time.time,
         training_launcher: TrainingLauncher | None = None,
+        inference: InferenceOptions | None = None,
     ) -> None:
         """`training_launcher` None: this node runs no training (edge devices)."""
         self.identity = identity
         self._training_launcher = training_launcher
         self.training: TrainingReconciler | None = None
-        self.replicas = ReplicaReconciler(())
+        self._inference_options = inference or InferenceOptions()
+        self.inference: InferenceRuntime | None = None
+        self._inference_site: web.AppRunner | None = None
+        self.inference_port: int | None = None
         self._probes = probes
         self._mqtt_settings = mqtt_settings
         self._topics = Topics(mqtt_settings.topic_root)
@@ -198,7 +206,16 @@ class Agent:
             will=will,
             logger=self._log,
         )
-        self.replicas = ReplicaReconciler(discovery.accelerators)
+        options = self._inference_options
+        self.inference = InferenceRuntime(
+            discovery.accelerators,
+            ModelCache(options.resolved_cache_dir(self.identity.node_id), options.cache_max_bytes),
+            on_change=self._reported_changed.set,
+            endpoint_base=self._endpoint_base,
+            max_queue=options.max_queue,
+            latency_scale=options.latency_scale,
+            intra_op_threads=options.intra_op_threads,
+        )
         self.training = TrainingReconciler(
             self._training_launcher,
             discovery.accelerators,
@@ -210,10 +227,12 @@ class Agent:
             # Training workers live in this task group: they outlive MQTT connections.
             async with asyncio.TaskGroup() as work:
                 self.training.bind(work)
+                self.inference.bind(work)
                 try:
                     await self.session.run(self._connected)
                 except asyncio.CancelledError:
                     await self.training.stop_all("the agent is stopping")
+                    await self._stop_inference()
                     raise
         except BaseExceptionGroup as group:
             # One failure (say, refused credentials) should reach the caller as itself.
@@ -222,6 +241,34 @@ class Agent:
             raise
         finally:
             await asyncio.to_thread(self._close_probes)
+
+    def _endpoint_base(self) -> str | None:
+        if self.inference_port is None:
+            return None
+        return f"http://{self._inference_options.advertised()}:{self.inference_port}"
+
+    async def _serve_inference(self) -> None:
+        """Start the local inference endpoint the first time a deployment arrives (nodes
+        that never serve never load aiohttp's server or ONNX Runtime)."""
+        if self._inference_site is not None:
+            return
+        assert self.inference is not None
+        runner = web.AppRunner(inference_app(self.inference), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self._inference_options.host, self._inference_options.port)
+        await site.start()
+        server = site._server  # the bound socket: the port when 0 was asked for
+        sockets = getattr(server, "sockets", None) or []
+        self.inference_port = sockets[0].getsockname()[1] if sockets else None
+        self._inference_site = runner
+        self._log.info("inference endpoint listening", url=self._endpoint_base())
+
+    async def _stop_inference(self) -> None:
+        if self.inference is not None:
+            await self.inference.close()
+        if self._inference_site is not None:
+            await self._inference_site.cleanup()
+            self._inference_site = None
 
     def _close_probes(self) -> None:
         for probe in self._probes.accelerator_probes:
@@ -299,6 +346,7 @@ class Agent:
                     memory_used_bytes=host.memory_used_bytes,
                     memory_total_bytes=host.memory_total_bytes,
                     accelerators=tuple(samples),
+                    deployments=self.inference.samples() if self.inference else (),
                 )
             )
             if len(payload) > max_payload:
@@ -341,7 +389,10 @@ class Agent:
         self.observed_generation = desired.generation
         assert self.training is not None
         self.training.apply(desired.training)
-        self.replicas.apply(desired.deployments)
+        assert self.inference is not None
+        if desired.deployments:
+            await self._serve_inference()
+        self.inference.apply(desired.deployments)
         await self._publish_reported(client)
 
     async def _publish_reported(self, client: aiomqtt.Client) -> None:
@@ -357,7 +408,7 @@ class Agent:
                     observed_generation=self.observed_generation,
                     reported_at=self._wall_clock(),
                     training=training,
-                    deployments=self.replicas.reported(),
+                    deployments=self.inference.reported() if self.inference else (),
                 )
             ),
         )

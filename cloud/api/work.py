@@ -17,7 +17,7 @@ from aiohttp import web
 
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import decode_body, invalid_body, read_body
-from cloud.api.keys import STORE
+from cloud.api.keys import REGISTRY, STORE
 from cloud.api.problems import InvalidParam, Problem, ProblemBody, invalid_query
 from cloud.api.query import parse_query
 from cloud.api.routes import Handler, Reply, Route
@@ -30,6 +30,7 @@ from cloud.api.work_views import (
     JobSummary,
     JobView,
     allocation_view,
+    replica_views,
     utc,
 )
 from cloud.jobs.convert import check_convertible
@@ -335,9 +336,13 @@ async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Respo
     if found is None or found[0].kind != collection.store_kind:
         raise not_found(collection, work_id)
     record, allocations = found
-    return json_response(
-        collection.detail(record, _spec(collection, record), tenant.name, allocations)
-    )
+    body = collection.detail(record, _spec(collection, record), tenant.name, allocations)
+    if isinstance(body, DeploymentView):
+        body = msgspec.structs.replace(
+            body,
+            replica_states=replica_views(record.work_id, allocations, request.app[REGISTRY]),
+        )
+    return json_response(body)
 
 
 async def _cancel(request: web.Request, collection: Collection[SpecT]) -> web.Response:

@@ -4,6 +4,7 @@ The CLI decodes them too, so this module imports nothing of the database stack."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -15,6 +16,7 @@ from cloud.jobs.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.messages import AcceleratorKind
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
+    from cloud.registry import NodeRegistry
     from cloud.store import AllocationRecord, TenantRecord
 
 
@@ -84,10 +86,24 @@ class JobView(JobSummary, frozen=True, kw_only=True):
     spec: TrainingJobSpec
 
 
+class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica as its node last reported it."""
+
+    replica: int
+    node_id: str
+    # assigned: sent to the node, not reported yet; then the agent's word.
+    state: Literal["assigned", "starting", "ready", "failed"]
+    provider: str | None  # the ONNX Runtime execution provider it really runs on
+    endpoint: str | None  # POST inference requests here (ready replicas)
+    reason: str  # why it failed, or a provider fallback
+    model_sha256: str | None  # the model file it serves
+
+
 class DeploymentView(DeploymentSummary, frozen=True, kw_only=True):
     idempotency_key: str | None
     nodes: tuple[str, ...]
     allocations: tuple[AllocationView, ...]
+    replica_states: tuple[ReplicaView, ...] = ()
     spec: DeploymentSpec
 
 
@@ -188,3 +204,34 @@ class EventView(msgspec.Struct, frozen=True, kw_only=True):
     work_id: str | None
     at: datetime
     payload: msgspec.Raw  # for work.state: cloud.store.WorkStateChanged
+
+
+def replica_views(
+    deployment_id: str, allocations: Sequence[AllocationRecord], registry: NodeRegistry
+) -> tuple[ReplicaView, ...]:
+    """Each allocated replica with what its node last reported of it."""
+    views = []
+    for allocation in allocations:
+        node = registry.get(allocation.node_id)
+        entry = None
+        if node is not None and node.reported is not None:
+            entry = next(
+                (
+                    d
+                    for d in node.reported.deployments
+                    if d.deployment_id == deployment_id and d.replica == allocation.member_index
+                ),
+                None,
+            )
+        views.append(
+            ReplicaView(
+                replica=allocation.member_index,
+                node_id=allocation.node_id,
+                state="assigned" if entry is None else entry.state,
+                provider=None if entry is None else entry.provider,
+                endpoint=None if entry is None else entry.endpoint,
+                reason="" if entry is None else entry.reason,
+                model_sha256=None if entry is None else entry.model_sha256,
+            )
+        )
+    return tuple(views)

@@ -20,6 +20,7 @@ from cloud.store import Store
 from greenfed.broker import EmbeddedBroker
 from shared.settings import CloudSettings, MqttSettings, SchedulingSettings, Settings
 from tests.store.databases import DatabaseUnderTest
+from tests.support.brokers import free_port
 from tests.support.fleet import mqtt_settings
 from tests.support.onnx_models import mlp
 
@@ -133,14 +134,19 @@ async def running_api(
         if mqtt is None:
             broker = await stack.enter_async_context(EmbeddedBroker(port=0))
             mqtt = mqtt_settings(broker.url, "apitest")
+        port = free_port()
+        cloud = msgspec.structs.replace(
+            cloud or CloudSettings(invalid_log_interval_s=0),
+            public_url=f"http://127.0.0.1:{port}",  # agents download models from here
+        )
         settings = Settings(
             mqtt=mqtt,
-            cloud=cloud or CloudSettings(invalid_log_interval_s=0),
+            cloud=cloud,
             store=database.settings,
             scheduling=scheduling or SchedulingSettings(enabled=False),
         )
         app = create_app(settings, tuning=tuning)
-        async with TestClient(TestServer(app)) as client:
+        async with TestClient(TestServer(app, port=port)) as client:
             admin = read_token_file(admin_token_path(database.settings))
             assert admin is not None
             yield Api(client, app, admin, database)

@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import msgspec
+import numpy as np
 import pytest
 
 from cloud.api.keys import SCHEDULER
@@ -27,6 +29,7 @@ from sim_devices.training import SimulatedLauncher, SimulatedRun
 from tests.api.support import Api, bearer, running_api
 from tests.store.databases import DatabaseUnderTest
 from tests.support.fleet import mqtt_settings, simulated_agent
+from tests.support.onnx_models import mlp_reference
 from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(90)
@@ -195,9 +198,17 @@ async def test_a_deployment_with_three_replicas_runs_on_three_edge_nodes(
 
         body = await reaches(api, token, deployment_id, "running", collection="deployments")
         assert sorted(body["nodes"]) == ["orin-0", "orin-1", "orin-2"]
-        for agent in running.agents.values():
-            (replica,) = agent.replicas.reported()
-            assert (replica.deployment_id, replica.state) == (deployment_id, "ready")
+        replicas = (await work(api, token, deployment_id, "deployments"))["replica_states"]
+        assert [r["state"] for r in replicas] == ["ready"] * 3
+        x = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
+        async with aiohttp.ClientSession() as http:
+            for replica in replicas:
+                async with http.post(
+                    replica["endpoint"], json={"inputs": {"x": x.tolist()}}
+                ) as answer:
+                    assert answer.status == 200, await answer.text()
+                    outputs = (await answer.json())["outputs"]
+                np.testing.assert_allclose(outputs["y"], mlp_reference(x), rtol=1e-5)
 
 
 async def test_a_p0_job_preempts_a_p2_job_which_is_requeued_and_finishes_later(

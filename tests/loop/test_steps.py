@@ -14,7 +14,7 @@ from cloud.loop.reports import agent_outcomes
 from cloud.scheduler import Plan as CorePlan
 from cloud.scheduler import Preemption
 from cloud.store import StoreSnapshot
-from edge.inference.replicas import ReplicaReconciler
+from edge.inference.replicas import check_assignment
 from shared.messages import DesiredDeployment, ReportedDeployment, ReportedTraining
 from shared.settings import SchedulingSettings
 from tests.loop.builders import allocation, device, node, work
@@ -249,32 +249,28 @@ def test_a_placed_deployment_short_of_replicas_is_queued_for_the_missing_ones() 
 # ---- the agent's side ------------------------------------------------------------------
 
 
-def test_the_agent_accepts_a_replica_on_its_own_devices_with_the_first_usable_provider() -> None:
+def test_the_agent_takes_a_replica_on_its_own_devices_with_the_first_usable_provider() -> None:
     inventory = (device("cpu", 0), device("gpu", 0))
-    replicas = ReplicaReconciler(inventory)
 
-    def desired(index: int, ids: tuple[str, ...], providers: tuple[str, ...]) -> DesiredDeployment:
+    def desired(ids: tuple[str, ...], providers: tuple[str, ...]) -> DesiredDeployment:
         return DesiredDeployment(
-            deployment_id="dep-1",
-            replica=index,
-            accelerator_kind="gpu",
-            accelerator_ids=ids,
-            providers=providers,
+            deployment_id="dep-1", accelerator_kind="gpu", accelerator_ids=ids, providers=providers
         )
 
-    assert replicas.apply(
-        [
-            desired(0, ("gpu0",), ("TensorrtExecutionProvider", "CUDAExecutionProvider")),
-            desired(1, ("gpu7",), ()),
-            desired(2, ("gpu0",), ("QNNExecutionProvider",)),
-        ]
+    preferred = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+    assert check_assignment(desired(("gpu0",), preferred), inventory) == (
+        "CUDAExecutionProvider",
+        None,
     )
-    ok, missing, unusable = replicas.reported()
-    assert (ok.state, ok.provider) == ("ready", "CUDAExecutionProvider")
-    assert (missing.state, missing.reason) == ("failed", "accelerator gpu7 is not on this node")
-    assert unusable.state == "failed"
-    assert "QNNExecutionProvider" in unusable.reason
-    remaining = [desired(0, ("gpu0",), ("CUDAExecutionProvider",))]
-    assert replicas.apply(remaining)  # two withdrawn, one changed
-    assert not replicas.apply(remaining)  # the same document again changes nothing
-    assert [r.replica for r in replicas.reported()] == [0]
+    assert check_assignment(desired(("gpu7",), ()), inventory) == (
+        None,
+        "accelerator gpu7 is not on this node",
+    )
+    provider, refusal = check_assignment(desired(("gpu0",), ("QNNExecutionProvider",)), inventory)
+    assert provider is None
+    assert refusal is not None
+    assert "QNNExecutionProvider" in refusal
+    assert (
+        check_assignment(desired(("cpu0",), ()), inventory)[1]
+        == "accelerator cpu0 is a cpu, not a gpu"
+    )

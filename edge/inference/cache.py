@@ -1,0 +1,127 @@
+"""The agent's model cache: `<dir>/<sha256>.onnx`, bounded in bytes, least recently
+used first out.
+
+A download is streamed into `<sha256>.part`, resumed from where a broken transfer
+stopped (an HTTP Range request), retried with backoff, verified against the sha256
+the cloud announced, and only then renamed into place: a cached file is always a
+whole, verified model. Files a running deployment uses are pinned and never evicted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import aiohttp
+import structlog
+
+_CHUNK_BYTES = 1 << 20
+_ATTEMPTS = 4
+_RETRY_BASE_S = 0.2
+
+
+class ModelFetchError(RuntimeError):
+    """The model could not be fetched or is not the announced file; says why."""
+
+
+class ModelCache:
+    def __init__(self, directory: Path, max_bytes: int, *, timeout_s: float = 300.0) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=30.0)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._log = structlog.get_logger("greenfed.inference.cache")
+        self.downloads = 0
+        self.resumed = 0
+
+    def path(self, sha256: str) -> Path:
+        return self.directory / f"{sha256}.onnx"
+
+    async def fetch(
+        self, session: aiohttp.ClientSession, url: str, sha256: str, pinned: Iterable[str] = ()
+    ) -> Path:
+        """The verified file, downloading it unless cached; evicts others to stay in bounds."""
+        lock = self._locks.setdefault(sha256, asyncio.Lock())
+        async with lock:
+            path = self.path(sha256)
+            if await asyncio.to_thread(path.is_file):
+                await asyncio.to_thread(os.utime, path)  # most recently used
+                return path
+            await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
+            error: Exception | None = None
+            for attempt in range(_ATTEMPTS):
+                try:
+                    await self._download(session, url, sha256)
+                    break
+                except (aiohttp.ClientError, TimeoutError, OSError) as failure:
+                    error = failure
+                    self._log.warning(
+                        "model download failed", sha256=sha256[:12], attempt=attempt + 1,
+                        error=str(failure) or type(failure).__name__,
+                    )  # fmt: skip
+                    await asyncio.sleep(_RETRY_BASE_S * 2**attempt)
+            else:
+                raise ModelFetchError(
+                    f"could not download the model after {_ATTEMPTS} attempts: {error}"
+                )
+            await self._verify_and_keep(sha256)
+        await asyncio.to_thread(self._evict, {sha256, *pinned})
+        return self.path(sha256)
+
+    async def _download(self, session: aiohttp.ClientSession, url: str, sha256: str) -> None:
+        part = self.directory / f"{sha256}.part"
+        have = await asyncio.to_thread(lambda: part.stat().st_size if part.exists() else 0)
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        async with session.get(url, headers=headers, timeout=self._timeout) as response:
+            if response.status == 416:  # the part file is already whole (or longer)
+                return
+            if response.status not in (200, 206):
+                body = (await response.text())[:300]
+                raise ModelFetchError(f"the control plane answered {response.status}: {body}")
+            resume = response.status == 206
+            if resume:
+                self.resumed += 1
+            self.downloads += 1
+            with open(part, "ab" if resume else "wb") as file:  # noqa: ASYNC230 - writes are off-loop below
+                async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
+                    await asyncio.to_thread(file.write, chunk)
+
+    async def _verify_and_keep(self, sha256: str) -> None:
+        part = self.directory / f"{sha256}.part"
+
+        def digest() -> str:
+            hasher = hashlib.sha256()
+            with open(part, "rb") as file:
+                for block in iter(lambda: file.read(_CHUNK_BYTES), b""):
+                    hasher.update(block)
+            return hasher.hexdigest()
+
+        actual = await asyncio.to_thread(digest)
+        if actual != sha256:
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(part.unlink)
+            raise ModelFetchError(
+                f"checksum mismatch: the file has sha256 {actual[:16]}…, the registry "
+                f"says {sha256[:16]}…"
+            )
+        await asyncio.to_thread(os.replace, part, self.path(sha256))
+
+    def _evict(self, pinned: set[str]) -> None:
+        files = [
+            (entry.stat().st_mtime, entry)
+            for entry in self.directory.glob("*.onnx")
+            if entry.stem not in pinned
+        ]
+        total = sum(entry.stat().st_size for entry in self.directory.glob("*.onnx"))
+        for _, entry in sorted(files):
+            if total <= self.max_bytes:
+                break
+            size = entry.stat().st_size
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                total -= size
+                self._log.info("model evicted from the cache", sha256=entry.stem[:12])

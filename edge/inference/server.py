@@ -1,0 +1,130 @@
+"""The agent's local inference endpoint.
+
+- `POST /v1/infer/{deployment}` with JSON `{"inputs": {"x": [[...], ...]}}` answers
+  `{"outputs": {"y": [[...]]}, "model_sha256": ..., "provider": ...}`; with a raw
+  `.npy` body (`Content-Type: application/x-npy`, models with one input) and
+  `Accept: application/x-npy` it answers the first output as `.npy`.
+- Inputs are checked against the model (names, dtypes, shapes): a clear `400`.
+- A full queue is `429` with `Retry-After`; a deployment not (yet) served here is
+  `404`, one being removed `503`.
+- `GET /metrics` (Prometheus text) and `GET /healthz`.
+
+Errors are `application/problem+json`, like the control plane's.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from edge.inference.batching import QueueFull, Unavailable
+from edge.inference.runtime import InferenceRuntime
+from edge.inference.session import LoadedModel, check_feeds
+from edge.inference.stats import render_prometheus
+
+NPY: Final = "application/x-npy"
+PROBLEM: Final = "application/problem+json"
+MAX_REQUEST_BYTES: Final = 64 * 1024 * 1024
+RUNTIME = web.AppKey("runtime", InferenceRuntime)
+_JSON_BODY = msgspec.json.Decoder(dict[str, Any])
+
+
+def _problem(status: int, title: str, detail: str, **headers: str) -> web.Response:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    response = web.Response(status=status, body=msgspec.json.encode(body), content_type=PROBLEM)
+    response.headers.update(headers)
+    return response
+
+
+def _feeds_from_json(raw: bytes, model: LoadedModel) -> dict[str, np.ndarray]:
+    try:
+        document = _JSON_BODY.decode(raw)
+    except msgspec.DecodeError as error:
+        raise ValueError(f"the body is not a JSON object: {error}") from None
+    inputs = document.get("inputs")
+    if not isinstance(inputs, dict):
+        raise ValueError('the body must be {"inputs": {"<input name>": <nested list>}}')
+    dtypes = {spec.name: spec.dtype for spec in model.inputs}
+    feeds = {}
+    for name, value in inputs.items():
+        try:
+            feeds[name] = np.asarray(value, dtype=dtypes.get(name, np.float32))
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{name}: not a rectangular array of numbers ({error})") from None
+    return feeds
+
+
+def _feeds_from_npy(raw: bytes, model: LoadedModel) -> dict[str, np.ndarray]:
+    if len(model.inputs) != 1:
+        names = [spec.name for spec in model.inputs]
+        raise ValueError(f"a .npy body feeds a model with one input; this one takes {names}")
+    try:
+        array = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise ValueError(f"the body is not a .npy array: {error}") from None
+    return {model.inputs[0].name: array}
+
+
+async def infer(request: web.Request) -> web.StreamResponse:
+    deployment_id = request.match_info["deployment"]
+    serving = request.app[RUNTIME].serving(deployment_id)
+    if serving is None or serving.batcher is None:
+        state = "not served on this node" if serving is None else f"{serving.state}"
+        detail = f"deployment {deployment_id} is {state}"
+        if serving is not None and serving.reason:
+            detail += f": {serving.reason}"
+        return _problem(404, "Deployment not served here", detail)
+    batcher = serving.batcher
+    model = batcher.model
+    raw = await request.read()
+    try:
+        feeds = (
+            _feeds_from_npy(raw, model)
+            if request.content_type == NPY
+            else _feeds_from_json(raw, model)
+        )
+        rows = check_feeds(model, feeds)
+    except ValueError as error:
+        return _problem(400, "Invalid input", str(error))
+    try:
+        used, outputs = await batcher.infer(feeds, rows)
+    except QueueFull as error:
+        return _problem(429, "Too many requests", str(error), **{"Retry-After": "1"})
+    except Unavailable as error:
+        return _problem(503, "Deployment being removed", str(error), **{"Retry-After": "1"})
+    except Exception as error:  # the model failed on this input
+        return _problem(500, "Inference failed", f"{type(error).__name__}: {error}")
+    if NPY in request.headers.get("Accept", ""):
+        buffer = io.BytesIO()
+        np.save(buffer, outputs[0], allow_pickle=False)
+        return web.Response(body=buffer.getvalue(), content_type=NPY)
+    body = {
+        "outputs": {
+            name: value.tolist() for name, value in zip(used.output_names, outputs, strict=True)
+        },
+        "model_sha256": used.sha256,
+        "provider": used.provider,
+    }
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = render_prometheus(request.app[RUNTIME].stats())
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def inference_app(runtime: InferenceRuntime) -> web.Application:
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    app[RUNTIME] = runtime
+    app.router.add_post("/v1/infer/{deployment}", infer)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app

@@ -1,0 +1,154 @@
+"""One ONNX Runtime session for one model file, on the providers asked for.
+
+Which provider really runs is what `session.get_providers()` says afterwards, not
+what was asked: a build without CUDA silently falls back to the CPU, and the agent
+reports that fallback instead of pretending. Everything here blocks: call it off the
+event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# ONNX Runtime's type strings -> numpy dtypes (the ones a served model may take).
+ORT_DTYPES: Mapping[str, np.dtype[Any]] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(double)": np.dtype(np.float64),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(int16)": np.dtype(np.int16),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(uint16)": np.dtype(np.uint16),
+    "tensor(uint32)": np.dtype(np.uint32),
+    "tensor(uint64)": np.dtype(np.uint64),
+    "tensor(bool)": np.dtype(np.bool_),
+}
+CPU = "CPUExecutionProvider"
+# Providers that take a device index (`device_id`) from the assigned accelerator.
+_DEVICE_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
+
+
+class ModelLoadError(RuntimeError):
+    """ONNX Runtime refused the model (or the providers); says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int | None, ...]  # None: any size (a symbolic or unknown dimension)
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype.name}[{dims}]"
+
+
+class LoadedModel:
+    def __init__(
+        self,
+        path: Path,
+        sha256: str,
+        provider: str | None,
+        *,
+        device_index: int | None = None,
+        intra_op_threads: int = 0,
+    ) -> None:
+        import onnxruntime as ort  # the agent loads it only when it serves something
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        requested: list[Any] = []
+        if provider is not None and provider != CPU:
+            if provider in _DEVICE_PROVIDERS and device_index is not None:
+                requested.append((provider, {"device_id": device_index}))
+            else:
+                requested.append(provider)
+        requested.append(CPU)
+        available = set(ort.get_available_providers())
+        usable = [p for p in requested if (p[0] if isinstance(p, tuple) else p) in available]
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=usable)
+        except Exception as error:  # ORT raises its own exception types
+            raise ModelLoadError(f"ONNX Runtime cannot load the model: {error}") from None
+        self.sha256 = sha256
+        self.requested_provider = provider or CPU
+        self.provider = self.session.get_providers()[0]
+        self.inputs = tuple(self._spec(i) for i in self.session.get_inputs())
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+        # Requests can be stacked when every input's first axis is free.
+        self.batchable = all(spec.shape and spec.shape[0] is None for spec in self.inputs)
+
+    @staticmethod
+    def _spec(node: Any) -> TensorSpec:
+        dtype = ORT_DTYPES.get(node.type)
+        if dtype is None:
+            raise ModelLoadError(f"input {node.name!r} has type {node.type}, which is not served")
+        shape = tuple(d if isinstance(d, int) and d > 0 else None for d in node.shape)
+        return TensorSpec(node.name, dtype, shape)
+
+    @property
+    def fallback(self) -> str:
+        """Why the provider differs from the one asked for ('' when it does not)."""
+        if self.provider == self.requested_provider:
+            return ""
+        return (
+            f"runs on {self.provider}: {self.requested_provider} is not available in this "
+            "ONNX Runtime build or failed to initialise"
+        )
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = self.session.run(list(self.output_names), dict(feeds))
+        return [np.asarray(output) for output in outputs]
+
+    def warm_up(self, batch: int = 1) -> None:
+        """One run on zeros, so the first request does not pay for lazy initialisation."""
+        feeds = {
+            spec.name: np.zeros(
+                tuple(batch if d is None else d for d in spec.shape), dtype=spec.dtype
+            )
+            for spec in self.inputs
+        }
+        self.run(feeds)
+
+
+def check_feeds(model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> int:
+    """The batch size of a request (its first axis, or 1), or ValueError saying what
+    does not match the model's inputs."""
+    expected = {spec.name: spec for spec in model.inputs}
+    if set(feeds) != set(expected):
+        missing = sorted(set(expected) - set(feeds))
+        extra = sorted(set(feeds) - set(expected))
+        parts = [f"missing {missing}" if missing else "", f"unknown {extra}" if extra else ""]
+        wanted = "; ".join(spec.describe() for spec in model.inputs)
+        raise ValueError(f"inputs {' and '.join(p for p in parts if p)}; the model takes {wanted}")
+    batch: int | None = None
+    for name, value in feeds.items():
+        spec = expected[name]
+        if value.dtype != spec.dtype:
+            raise ValueError(f"{name}: dtype {value.dtype.name}, the model takes {spec.dtype.name}")
+        if value.ndim != len(spec.shape) or any(
+            want is not None and have != want
+            for have, want in zip(value.shape, spec.shape, strict=True)
+        ):
+            raise ValueError(
+                f"{name}: shape {list(value.shape)}, the model takes {spec.describe()}"
+            )
+        size = int(value.shape[0]) if value.ndim else 1
+        if batch is not None and size != batch:
+            raise ValueError("inputs disagree on the batch size (their first axis)")
+        batch = size
+    return batch or 1
+
+
+def split(outputs: Sequence[np.ndarray], sizes: Sequence[int]) -> list[list[np.ndarray]]:
+    """Per request, its rows of every output of a stacked batch."""
+    bounds = np.cumsum(sizes)[:-1]
+    per_output = [np.split(output, bounds) for output in outputs]
+    return [[parts[i] for parts in per_output] for i in range(len(sizes))]
