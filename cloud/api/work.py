@@ -38,6 +38,7 @@ from cloud.jobs.explanation import decode_explanation
 from cloud.jobs.specs import (
     DEPLOYMENT_DECODER,
     TRAINING_DECODER,
+    BatchingSpec,
     DeploymentSpec,
     SpecKind,
     TrainingJobSpec,
@@ -547,11 +548,88 @@ def _routes(collection: Collection[SpecT], handlers: _Handlers) -> tuple[Route, 
     )
 
 
-ROUTES: Final = _routes(
-    JOBS, _Handlers(submit_job, list_jobs, get_job, cancel_job, explain_job)
-) + _routes(
-    DEPLOYMENTS,
-    _Handlers(
-        submit_deployment, list_deployments, get_deployment, cancel_deployment, explain_deployment
-    ),
+class DeploymentUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What may change in a running deployment without placing it again."""
+
+    model_id: (
+        Annotated[
+            str,
+            msgspec.Meta(min_length=1, max_length=64, description="Serve this model from now on."),
+        ]
+        | None
+    ) = None
+    batching: BatchingSpec | None = None
+
+
+_UPDATE_DECODER: Final = msgspec.json.Decoder(DeploymentUpdate)
+
+
+async def update_deployment(request: web.Request) -> web.Response:
+    """Change the model or the batching: nodes load and warm the new model while the old
+    one keeps serving, then switch; no request fails during the switch."""
+    body = decode_body(await read_body(request), _UPDATE_DECODER)
+    store = request.app[STORE]
+    work_id = request.match_info["id"]
+    for _ in range(_CANCEL_RETRIES):
+        tenant, record = await find(request, DEPLOYMENTS, work_id)
+        if record.state in TERMINAL_STATES:
+            raise _finished(DEPLOYMENTS, record)
+        spec = _spec(DEPLOYMENTS, record)
+        if body.model_id is not None:
+            if await store.get_model(tenant.tenant_id, body.model_id) is None:
+                raise invalid_body(
+                    "$.model_id",
+                    f"no model {body.model_id!r}: upload it first with POST /v1/models",
+                )
+            spec = msgspec.structs.replace(spec, model_id=body.model_id)
+        if body.batching is not None:
+            spec = msgspec.structs.replace(spec, batching=body.batching)
+        try:
+            updated = await store.update_spec(
+                tenant.tenant_id, work_id, encode_spec(spec), expected_version=record.version
+            )
+        except VersionConflictError:
+            continue  # placed or started meanwhile: apply to the new version
+        except WorkNotFoundError:
+            raise not_found(DEPLOYMENTS, work_id) from None
+        except IllegalTransitionError:
+            continue  # it ended meanwhile: the next look says so
+        allocations = await store.work_allocations(tenant.tenant_id, work_id)
+        return json_response(DEPLOYMENTS.detail(updated, spec, tenant.name, allocations))
+    raise Problem(
+        409, "changing", "Changing too fast", f"deployment {work_id} changed on every attempt"
+    )
+
+
+ROUTES: Final = (
+    _routes(JOBS, _Handlers(submit_job, list_jobs, get_job, cancel_job, explain_job))
+    + _routes(
+        DEPLOYMENTS,
+        _Handlers(
+            submit_deployment,
+            list_deployments,
+            get_deployment,
+            cancel_deployment,
+            explain_deployment,
+        ),
+    )
+    + (
+        Route(
+            "PATCH",
+            DEPLOYMENTS.path() + "/{id}",
+            update_deployment,
+            "Change a deployment's model or batching in place",
+            "tenant",
+            "deployments",
+            body=DeploymentUpdate,
+            description=(
+                "Nodes load and warm the new model beside the old one, then switch between two "
+                "batches: no request fails during the update."
+            ),
+            replies=(
+                Reply(200, "The deployment with its new spec", DeploymentView),
+                Reply(409, "The deployment had already finished", ProblemBody, _PROBLEM),
+            ),
+        ),
+    )
 )

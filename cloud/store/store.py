@@ -12,6 +12,7 @@ import secrets as secrets_module
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from types import TracebackType
 
 from sqlalchemy import bindparam, func, select, update
@@ -28,9 +29,11 @@ from cloud.store.engine import (
     resolve_database,
 )
 from cloud.store.errors import (
+    IllegalTransitionError,
     LeadershipLostError,
     StoreUnavailableError,
     TenantExistsError,
+    VersionConflictError,
     WorkNotFoundError,
 )
 from cloud.store.ids import IdGenerator
@@ -69,8 +72,15 @@ from cloud.store.records import (
     WorkPage,
     WorkRecord,
 )
-from cloud.store.rows import check_json_object, event_from_row, tenant_from_row, work_from_row
+from cloud.store.rows import (
+    check_json_object,
+    encode_json,
+    event_from_row,
+    tenant_from_row,
+    work_from_row,
+)
 from cloud.store.schema import (
+    WORK_RECORD_COLUMNS,
     allocations,
     events,
     models,
@@ -79,8 +89,14 @@ from cloud.store.schema import (
     tenants,
     work,
 )
-from cloud.store.sql import StoreContext, append_events, chunks, insert_ignoring
-from cloud.store.states import WorkState
+from cloud.store.sql import (
+    StoreContext,
+    append_events,
+    bump_generations,
+    chunks,
+    insert_ignoring,
+)
+from cloud.store.states import TERMINAL_STATES, WorkState
 from cloud.store.tenants import (
     TokenCache,
     insert_tenant,
@@ -461,6 +477,66 @@ class Store:
             await connection.execute(statement)
             query = select(secrets.c.value).where(secrets.c.name == name)
             return str((await connection.execute(query)).scalar_one())
+
+    async def update_spec(
+        self,
+        tenant_id: str,
+        work_id: str,
+        spec: bytes,
+        *,
+        expected_version: int | None = None,
+    ) -> WorkRecord:
+        """Replace the spec of the tenant's non-terminal work in place (say, a deployment's
+        model): a new version, a `work.updated` event, and a generation bump of every
+        node it runs on so they get the new desired state. The caller decides which
+        changes are allowed without placing the work again.
+
+        Raises `WorkNotFoundError`, `IllegalTransitionError` (ended work) and
+        `VersionConflictError`.
+        """
+        check_json_object(spec, "spec")
+        async with self._write() as connection:
+            query = (
+                select(*WORK_RECORD_COLUMNS)
+                .where(work.c.id == work_id, work.c.tenant_id == tenant_id)
+                .with_for_update()
+            )
+            row = (await connection.execute(query)).first()
+            if row is None:
+                raise WorkNotFoundError(work_id)
+            record = work_from_row(row)
+            if record.state in TERMINAL_STATES:
+                raise IllegalTransitionError(work_id, record.state, record.state)
+            if expected_version is not None and record.version != expected_version:
+                raise VersionConflictError([work_id])
+            now = self._clock()
+            updated = replace(record, spec=spec, version=record.version + 1, updated_at=now)
+            await connection.execute(
+                update(work)
+                .where(work.c.id == work_id)
+                .values(spec=spec, version=updated.version, updated_at=now)
+            )
+            nodes = select(allocations.c.node_id).where(allocations.c.work_id == work_id)
+            touched = set((await connection.execute(nodes.distinct())).scalars())
+            await bump_generations(connection, self._context, touched)
+            payload = encode_json({"work_id": work_id, "version": updated.version})
+            await append_events(
+                connection,
+                self._context,
+                [
+                    event_row(
+                        NewEvent(
+                            kind="work.updated",
+                            payload=payload,
+                            tenant_id=tenant_id,
+                            work_id=work_id,
+                        ),
+                        now,
+                    )
+                ],
+                returning=False,
+            )
+        return updated
 
     # ---- events ------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 others to join them, up to `max_batch_size` requests (counted in rows) per model run.
 
 One run is in flight at a time per deployment; while it runs the next batch fills.
-The queue is bounded: past `max_queue` waiting rows a request is refused at once
+The queue is bounded: past `max_queue` waiting requests a new one is refused at once
 (`QueueFull`, the endpoint's 429) instead of waiting without bound. `swap` changes
 the model between two runs, so an update never fails a request; `drain` stops
 accepting and waits for what was accepted.
@@ -64,7 +64,7 @@ class Batcher:
 
     @property
     def queued(self) -> int:
-        return self._queued_rows
+        return len(self._queue)
 
     def swap(self, model: LoadedModel) -> LoadedModel:
         """Use `model` from the next run on; returns the one it replaces."""
@@ -80,9 +80,9 @@ class Batcher:
         """The model that ran the request, and the request's rows of every output."""
         if not self._accepting:
             raise Unavailable("the deployment is being removed from this node")
-        if self._queued_rows + rows > self.max_queue:
+        if len(self._queue) >= self.max_queue:
             self.stats.rejected()
-            raise QueueFull(f"{self._queued_rows} rows queued (at most {self.max_queue})")
+            raise QueueFull(f"{len(self._queue)} requests queued (at most {self.max_queue})")
         request = _Request(feeds, rows, time.perf_counter())
         self._queue.append(request)
         self._queued_rows += rows

@@ -15,7 +15,7 @@ class InferenceOptions:
     host: str = "127.0.0.1"  # where the endpoint listens
     port: int = 0  # 0: any free port (the reported endpoint says which)
     advertise_host: str | None = None  # the host in endpoint URLs; None: derived from host
-    max_queue: int = 256  # rows waiting per deployment before 429
+    max_queue: int = 256  # requests waiting per deployment before 429
     intra_op_threads: int = 0  # ONNX Runtime's intra-op threads per session; 0: its default
     latency_scale: float = 1.0  # simulated devices: reported latency x this
 

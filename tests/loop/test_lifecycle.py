@@ -7,11 +7,6 @@ the simulated runner, whose run time follows the job's estimate.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import random
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -20,125 +15,13 @@ import numpy as np
 import pytest
 
 from cloud.api.keys import SCHEDULER
-from edge.agent import Agent
-from shared.messages import DesiredTraining
-from shared.settings import SchedulingSettings
-from sim_devices.probes import SimulatedNode
-from sim_devices.profiles import get_profile
-from sim_devices.training import SimulatedLauncher, SimulatedRun
-from tests.api.support import Api, bearer, running_api
+from tests.api.support import bearer
 from tests.store.databases import DatabaseUnderTest
-from tests.support.fleet import mqtt_settings, simulated_agent
+from tests.support.control_plane import fleet, reaches, work
 from tests.support.onnx_models import mlp_reference
 from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(90)
-
-FAST_LOOP = SchedulingSettings(
-    debounce_s=0.01, interval_s=0.5, node_lost_grace_s=0.3, startup_settle_s=0.0
-)
-
-
-class RecordingLauncher(SimulatedLauncher):
-    """The simulated runner, keeping every worker it started (the seam a GPU would be)."""
-
-    def __init__(self, node_id: str, profile: str) -> None:
-        super().__init__(
-            SimulatedNode(node_id, get_profile(profile), random.Random(1)).accelerators
-        )
-        self.runs: list[tuple[DesiredTraining, dict[str, str], SimulatedRun]] = []
-
-    def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun:
-        run = super().prepare(spec, environment)
-        self.runs.append((spec, environment, run))
-        return run
-
-
-@dataclass
-class Fleet:
-    api: Api
-    agents: dict[str, Agent]
-    launchers: dict[str, RecordingLauncher]
-    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-
-    async def stop_agent(self, node_id: str) -> None:
-        task = self.tasks.pop(node_id)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-@contextlib.asynccontextmanager
-async def fleet(
-    database: DatabaseUnderTest,
-    mosquitto_root: tuple[str, str],
-    *,
-    cloud_nodes: int = 0,
-    edge_nodes: int = 0,
-) -> AsyncIterator[Fleet]:
-    url, root = mosquitto_root
-    settings = mqtt_settings(url, root)
-    agents: dict[str, Agent] = {}
-    launchers: dict[str, RecordingLauncher] = {}
-    for index in range(cloud_nodes):
-        node_id = f"a100-{index}"
-        launchers[node_id] = RecordingLauncher(node_id, "a100-4x")
-        agents[node_id] = simulated_agent(
-            node_id,
-            settings,
-            "a100-4x",
-            site="cloud",
-            zone="DE",
-            region="europe-west3",
-            telemetry_interval_s=0.2,
-            training_launcher=launchers[node_id],
-        )
-    for index in range(edge_nodes):
-        node_id = f"orin-{index}"
-        agents[node_id] = simulated_agent(node_id, settings, telemetry_interval_s=0.2)
-    async with running_api(database, mqtt=settings, scheduling=FAST_LOOP) as api:
-        running = Fleet(api, agents, launchers)
-        for node_id, agent in agents.items():
-            running.tasks[node_id] = asyncio.create_task(agent.run(), name=node_id)
-        try:
-            async with asyncio.timeout(15):
-                await asyncio.gather(*(agent.announced.wait() for agent in agents.values()))
-            yield running
-        finally:
-            for node_id in list(running.tasks):
-                await running.stop_agent(node_id)
-
-
-async def work(api: Api, token: str, work_id: str, collection: str = "jobs") -> dict[str, Any]:
-    response = await api.get(token, f"/v1/{collection}/{work_id}")
-    assert response.status == 200, await response.text()
-    body = await response.json()
-    assert isinstance(body, dict)
-    return body
-
-
-async def reaches(
-    api: Api,
-    token: str,
-    work_id: str,
-    state: str,
-    *,
-    collection: str = "jobs",
-    timeout_s: float = 20.0,
-) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    async def there() -> bool:
-        seen.update(await work(api, token, work_id, collection))
-        return bool(seen["state"] == state)
-
-    await eventually_async(
-        there,
-        timeout_s=timeout_s,
-        interval_s=0.05,
-        message=lambda: f"{work_id} is {seen.get('state')} ({seen.get('reason')}), not {state}",
-    )
-    return seen
 
 
 def job(name: str, **fields: Any) -> dict[str, Any]:

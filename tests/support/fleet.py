@@ -13,6 +13,7 @@ import msgspec
 from cloud.ingest import Ingestor
 from cloud.registry import NodeRegistry
 from edge.agent import Agent, NodeIdentity
+from edge.inference.options import InferenceOptions
 from edge.training.runs import TrainingLauncher
 from shared.messages import JobLogChunk, NodeEvent, Site
 from shared.mqtt import MqttSession
@@ -43,6 +44,7 @@ def simulated_agent(
     seed: int = 1,
     training_launcher: TrainingLauncher | None = None,
     trains: bool = False,
+    inference: InferenceOptions | None = None,
 ) -> Agent:
     """A real agent on simulated hardware; `trains` gives it simulated training workers."""
     node = SimulatedNode(node_id, get_profile(profile), random.Random(seed))
@@ -63,6 +65,7 @@ def simulated_agent(
         telemetry_jitter_ratio=0.0,
         rng=random.Random(seed),
         training_launcher=training_launcher,
+        inference=inference,
     )
 
 
