@@ -11,6 +11,7 @@ import structlog
 
 from edge.agent import Agent, NodeIdentity
 from edge.discovery import DiscoveryResult, build_device_probes, discover_all
+from edge.inference.options import InferenceOptions
 from edge.training.process import ProcessLauncher
 from shared.runtime import run_until_stopped
 from shared.settings import Settings
@@ -30,6 +31,14 @@ async def run_agent(settings: Settings, stop: asyncio.Event) -> int:
         telemetry_interval_s=settings.agent.telemetry_interval_s,
         telemetry_jitter_ratio=settings.agent.telemetry_jitter_ratio,
         training_launcher=launcher,
+        inference=InferenceOptions(
+            cache_dir=settings.agent.resolved_data_dir() / "models",
+            cache_max_bytes=settings.agent.model_cache_bytes,
+            host=settings.agent.inference_host,
+            port=settings.agent.inference_port,
+            advertise_host=settings.agent.inference_advertise_host or None,
+            max_queue=settings.agent.inference_queue_limit,
+        ),
     )
     structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
     await run_until_stopped(stop, agent.run())

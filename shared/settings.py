@@ -110,6 +110,16 @@ class AgentSettings(Section, frozen=True, kw_only=True):
     data_dir: str = ""  # empty: $XDG_DATA_HOME/greenfed/agent, else ~/.local/share/greenfed/agent
     training_enabled: bool | None = None  # None: nodes with site = "cloud" run training
     max_job_log_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
+    # The local inference endpoint (POST /v1/infer/{deployment}), started with the
+    # first deployment; port 0: any free port (the reported endpoint says which).
+    inference_host: str = "127.0.0.1"
+    inference_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8701
+    # The host in the endpoint URL the cloud shows; empty: derived from inference_host.
+    inference_advertise_host: str = ""
+    # Requests waiting per deployment before new ones get 429.
+    inference_queue_limit: Annotated[int, msgspec.Meta(ge=1)] = 256
+    # Downloaded models kept in data_dir/models, least recently used evicted first.
+    model_cache_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 * 1024**3
 
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):

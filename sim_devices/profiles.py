@@ -15,6 +15,8 @@ from shared.messages import AcceleratorKind
 GIB = 1024**3
 
 NVIDIA_GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+# What one core of the machine running the simulation counts as (A100 = 1.0).
+HOST_CORE_RELATIVE_SPEED = 0.01
 CPU_PROVIDERS = ("CPUExecutionProvider",)
 
 
@@ -48,6 +50,14 @@ class DeviceProfile:
     source: str
     # Mean accelerator utilisation the random walk drifts around (0..1).
     typical_utilization: float = 0.35
+
+    @property
+    def inference_latency_scale(self) -> float:
+        """Simulated devices serve on this machine's CPU; their reported latency is
+        scaled by how much slower (or faster) the profile's fastest device is than one
+        server core (relative speed 0.01 on the A100 = 1.0 scale)."""
+        fastest = max([self.cpu_relative_speed, *(a.relative_speed for a in self.accelerators)])
+        return HOST_CORE_RELATIVE_SPEED / fastest
 
 
 def _gpu(

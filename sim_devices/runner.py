@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import tempfile
+from pathlib import Path
 
 from edge.agent import Agent, NodeIdentity
+from edge.inference.options import InferenceOptions
 from shared.settings import MqttSettings
 from sim_devices.fleet import Fleet, expand_fleet
 from sim_devices.probes import SimulatedNode
@@ -21,11 +24,13 @@ class SimulatedFleet:
         telemetry_interval_s: float = 5.0,
         telemetry_jitter_ratio: float = 0.1,
         connects_per_s: float = 200.0,
+        model_cache_dir: Path | None = None,
     ) -> None:
         """`connects_per_s` ramps the fleet up instead of opening every connection at once."""
         self._connect_gap_s = 1.0 / connects_per_s if connects_per_s > 0 else 0.0
         seed_source = random.Random(fleet.seed)
         self.agents: list[Agent] = []
+        cache_root = model_cache_dir or Path(tempfile.gettempdir()) / "greenfed-sim-models"
         for spec in expand_fleet(fleet):
             node = SimulatedNode(
                 spec.node_id, spec.profile, random.Random(seed_source.getrandbits(64))
@@ -47,6 +52,12 @@ class SimulatedFleet:
                     telemetry_jitter_ratio=telemetry_jitter_ratio,
                     rng=random.Random(seed_source.getrandbits(64)),
                     training_launcher=launcher,
+                    inference=InferenceOptions(
+                        cache_dir=cache_root / spec.node_id,
+                        latency_scale=spec.profile.inference_latency_scale,
+                        # Forty agents share two cores: one thread per model each.
+                        intra_op_threads=1,
+                    ),
                 )
             )
 

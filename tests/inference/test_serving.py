@@ -55,9 +55,9 @@ async def test_a_deployment_on_two_edge_nodes_serves_the_models_output(
         # The simulated Jetson offers TensorRT and CUDA; this ONNX Runtime build has only
         # the CPU: the agent says so instead of pretending.
         assert {r["provider"] for r in replicas} == {"CPUExecutionProvider"}
-        assert all(
-            "TensorrtExecutionProvider is not available" in r["reason"] for r in replicas
-        ), replicas
+        assert all("TensorrtExecutionProvider is not available" in r["reason"] for r in replicas), (
+            replicas
+        )
 
         async with aiohttp.ClientSession() as http:
             for endpoint in endpoints:
