@@ -90,7 +90,7 @@ class TolerationSpec(SpecStruct, frozen=True, kw_only=True):
 
 
 class BatchingSpec(SpecStruct, frozen=True, kw_only=True):
-    """Dynamic batching of the model server (used once edge serving reads it)."""
+    """Dynamic batching on the serving agents (docs/inference.md)."""
 
     max_batch_size: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
     max_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 0.0

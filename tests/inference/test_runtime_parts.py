@@ -1,0 +1,192 @@
+"""The agent's serving parts on their own: the ONNX Runtime session and its input
+checks, dynamic batching (batch forming, swaps, draining, full queues), and the model
+cache (resumed downloads, checksums, LRU eviction) against a real local HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from edge.inference.batching import Batcher, QueueFull, Unavailable
+from edge.inference.cache import ModelCache, ModelFetchError
+from edge.inference.session import LoadedModel, ModelLoadError, check_feeds
+from edge.inference.stats import ServingStats, render_prometheus
+from tests.support.onnx_models import mlp, mlp_reference
+
+pytestmark = pytest.mark.timeout(30)
+
+X = np.arange(12, dtype=np.float32).reshape(3, 4) / 10.0
+
+
+def loaded(tmp_path: Path, body: bytes, name: str = "m.onnx") -> LoadedModel:
+    path = tmp_path / name
+    path.write_bytes(body)
+    return LoadedModel(path, hashlib.sha256(body).hexdigest(), "CUDAExecutionProvider")
+
+
+# ---- the session -----------------------------------------------------------------------
+
+
+def test_a_session_reports_the_provider_that_really_runs_and_checks_inputs(
+    tmp_path: Path,
+) -> None:
+    model = loaded(tmp_path, mlp())
+    assert model.provider == "CPUExecutionProvider"  # no CUDA in this build
+    assert "CUDAExecutionProvider is not available" in model.fallback
+    assert model.batchable
+    model.warm_up()
+    np.testing.assert_allclose(model.run({"x": X})[0], mlp_reference(X), rtol=1e-6)
+    assert check_feeds(model, {"x": X}) == 3
+    with pytest.raises(ValueError, match=r"x: shape \[3, 5\], the model takes x: float32\[\?, 4\]"):
+        check_feeds(model, {"x": np.zeros((3, 5), np.float32)})
+    with pytest.raises(ValueError, match="dtype float64, the model takes float32"):
+        check_feeds(model, {"x": X.astype(np.float64)})
+    fixed = loaded(tmp_path, mlp(dynamic_batch=False), "fixed.onnx")
+    assert not fixed.batchable
+    with pytest.raises(ModelLoadError, match="ONNX Runtime cannot load the model"):
+        loaded(tmp_path, b"\x08\x01garbage", "bad.onnx")
+
+
+# ---- batching --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def batcher(tmp_path: Path) -> AsyncIterator[Batcher]:
+    model = loaded(tmp_path, mlp())
+    running = Batcher(model, ServingStats("d"), max_batch_size=8, max_delay_s=0.05, max_queue=16)
+    task = asyncio.create_task(running.run())
+    yield running
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_concurrent_requests_share_a_run_and_each_gets_its_own_rows(
+    batcher: Batcher,
+) -> None:
+    rows = [X[i : i + 1] * (i + 1) for i in range(3)] + [X]
+    answers = await asyncio.gather(*(batcher.infer({"x": r}, len(r)) for r in rows))
+    for request, (_, outputs) in zip(rows, answers, strict=True):
+        np.testing.assert_allclose(outputs[0], mlp_reference(request), rtol=1e-6)
+    # 6 rows arrived within the 50 ms window: one run, not four.
+    assert dict(batcher.stats.batches_by_size) == {4: 1}
+    assert batcher.stats.requests_total == 4
+
+
+async def test_a_swap_takes_effect_between_runs_and_a_drain_refuses_new_requests(
+    batcher: Batcher, tmp_path: Path
+) -> None:
+    first_model = batcher.model
+    _, before = await batcher.infer({"x": X}, 3)
+    replacement = loaded(tmp_path, mlp(seed=8), "v2.onnx")
+    assert batcher.swap(replacement) is first_model
+    used, after = await batcher.infer({"x": X}, 3)
+    assert used is replacement
+    np.testing.assert_allclose(after[0], mlp_reference(X, seed=8), rtol=1e-6)
+    assert not np.allclose(before[0], after[0])
+
+    pending = asyncio.create_task(batcher.infer({"x": X}, 3))
+    await asyncio.sleep(0)  # accepted before the drain starts
+    await batcher.drain()
+    assert pending.done()
+    assert (await pending)[0] is replacement
+    with pytest.raises(Unavailable):
+        await batcher.infer({"x": X}, 3)
+
+
+async def test_a_full_queue_refuses_at_once(tmp_path: Path) -> None:
+    model = loaded(tmp_path, mlp())
+    stats = ServingStats("d")
+    idle = Batcher(model, stats, max_queue=2)  # not running: nothing leaves the queue
+    waiting = [asyncio.create_task(idle.infer({"x": X}, 3)) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull, match="2 requests queued"):
+        await idle.infer({"x": X}, 3)
+    assert stats.rejected_total == 1
+    for task in waiting:
+        task.cancel()
+    text = render_prometheus([stats])
+    assert 'greenfed_inference_rejected_total{deployment="d"} 1' in text
+
+
+# ---- the model cache -------------------------------------------------------------------
+
+
+class FlakyServer:
+    """Serves one file; the first answer breaks off half-way, like a dropped link."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.ranges: list[str | None] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.ranges.append(request.headers.get("Range"))
+        if len(self.ranges) == 1:
+            response = web.StreamResponse(headers={"Content-Length": str(len(self.body))})
+            await response.prepare(request)
+            await response.write(self.body[: len(self.body) // 2])
+            assert request.transport is not None
+            request.transport.close()  # the connection drops mid-transfer
+            return response
+        if "Range" not in request.headers:
+            return web.Response(body=self.body)
+        start = int(request.headers["Range"].split("=")[1].split("-")[0])
+        return web.Response(status=206, body=self.body[start:])
+
+
+@pytest.fixture
+async def served(unused_tcp_port: int) -> AsyncIterator[tuple[str, FlakyServer]]:
+    server = FlakyServer(mlp())
+    app = web.Application()
+    app.router.add_get("/model", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
+    yield f"http://127.0.0.1:{unused_tcp_port}/model", server
+    await runner.cleanup()
+
+
+async def test_a_broken_download_resumes_and_the_file_is_verified(
+    served: tuple[str, FlakyServer], tmp_path: Path
+) -> None:
+    url, server = served
+    cache = ModelCache(tmp_path, max_bytes=10**6)
+    sha = hashlib.sha256(server.body).hexdigest()
+    async with aiohttp.ClientSession() as http:
+        path = await cache.fetch(http, url, sha)
+        assert path.read_bytes() == server.body
+        assert server.ranges[0] is None
+        assert server.ranges[1] == f"bytes={len(server.body) // 2}-"
+        assert cache.resumed == 1
+        again = await cache.fetch(http, url, sha)  # cached: no request
+        assert again == path
+        assert len(server.ranges) == 2
+        with pytest.raises(ModelFetchError, match="checksum mismatch"):
+            await cache.fetch(http, url, "0" * 64)
+        assert not part_files(tmp_path)
+
+
+def part_files(directory: Path) -> list[Path]:
+    return list(directory.glob("*.part"))
+
+
+def test_the_cache_evicts_least_recently_used_files_but_never_pinned_ones(
+    tmp_path: Path,
+) -> None:
+    cache = ModelCache(tmp_path, max_bytes=250)
+    for age, name in enumerate(("old", "pinned", "new")):
+        path = tmp_path / f"{name}.onnx"
+        path.write_bytes(b"\0" * 100)
+        os.utime(path, (1000 + age, 1000 + age))
+    cache._evict({"new", "pinned"})
+    assert sorted(p.stem for p in tmp_path.glob("*.onnx")) == ["new", "pinned"]
+    cache.max_bytes = 50
+    cache._evict({"pinned"})
+    assert sorted(p.stem for p in tmp_path.glob("*.onnx")) == ["pinned"]
