@@ -15,6 +15,7 @@ Errors are `application/problem+json`, like the control plane's.
 from __future__ import annotations
 
 import io
+import re
 from typing import Any, Final
 
 import msgspec
@@ -62,11 +63,60 @@ def _feeds_from_npy(raw: bytes, model: LoadedModel) -> dict[str, np.ndarray]:
     if len(model.inputs) != 1:
         names = [spec.name for spec in model.inputs]
         raise ValueError(f"a .npy body feeds a model with one input; this one takes {names}")
+    return {model.inputs[0].name: read_npy(raw)}
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER = re.compile(
+    r"""\{'descr': '(?P<descr>[^']+)', 'fortran_order': (?P<fortran>True|False), """
+    r"""'shape': \((?P<shape>[0-9, ]*)\), \}"""
+)
+
+
+def read_npy(raw: bytes) -> np.ndarray:
+    """A .npy body as an array, never unpickling. The common header (format 1.0, as
+    numpy writes it) is parsed here directly: `np.load` evaluates it as a Python
+    literal, which costs more than the small arrays a request carries."""
+    if raw[:6] == _NPY_MAGIC and raw[6:8] == b"\x01\x00" and len(raw) >= 10:
+        header_length = int.from_bytes(raw[8:10], "little")
+        header = raw[10 : 10 + header_length].decode("latin1").strip()
+        match = _NPY_HEADER.fullmatch(header)
+        if match is not None:
+            try:
+                dtype = np.dtype(match["descr"])
+            except TypeError as error:
+                raise ValueError(f"the body is not a .npy array: {error}") from None
+            if dtype.hasobject:
+                raise ValueError("the body is not a .npy array: object arrays are refused")
+            shape = tuple(int(d) for d in match["shape"].replace(" ", "").split(",") if d)
+            count = int(np.prod(shape, dtype=np.int64))
+            offset = 10 + header_length
+            if len(raw) - offset != count * dtype.itemsize:
+                raise ValueError("the body is not a .npy array: its data has the wrong length")
+            if count == 0:
+                return np.empty(shape, dtype=dtype)
+            array = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)
+            return array.reshape(shape, order="F" if match["fortran"] == "True" else "C")
     try:
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
+        loaded: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
         raise ValueError(f"the body is not a .npy array: {error}") from None
-    return {model.inputs[0].name: array}
+    return loaded
+
+
+def write_npy(array: np.ndarray) -> bytes:
+    """Format 1.0 .npy bytes of a C-contiguous copy of `array` (what np.save writes)."""
+    array = np.ascontiguousarray(array)
+    header = f"{{'descr': '{array.dtype.str}', 'fortran_order': False, 'shape': {array.shape!r}, }}"
+    padding = 64 - (10 + len(header) + 1) % 64
+    header = header + " " * padding + "\n"
+    return (
+        _NPY_MAGIC
+        + b"\x01\x00"
+        + len(header).to_bytes(2, "little")
+        + header.encode("latin1")
+        + array.tobytes()
+    )
 
 
 async def infer(request: web.Request) -> web.StreamResponse:
@@ -99,9 +149,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
     except Exception as error:  # the model failed on this input
         return _problem(500, "Inference failed", f"{type(error).__name__}: {error}")
     if NPY in request.headers.get("Accept", ""):
-        buffer = io.BytesIO()
-        np.save(buffer, outputs[0], allow_pickle=False)
-        return web.Response(body=buffer.getvalue(), content_type=NPY)
+        return web.Response(body=write_npy(outputs[0]), content_type=NPY)
     body = {
         "outputs": {
             name: value.tolist() for name, value in zip(used.output_names, outputs, strict=True)

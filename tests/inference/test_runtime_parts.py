@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from edge.inference.batching import Batcher, QueueFull, Unavailable
 from edge.inference.cache import ModelCache, ModelFetchError
+from edge.inference.server import read_npy, write_npy
 from edge.inference.session import LoadedModel, ModelLoadError, check_feeds
 from edge.inference.stats import ServingStats, render_prometheus
 from tests.support.onnx_models import mlp, mlp_reference
@@ -190,3 +192,36 @@ def test_the_cache_evicts_least_recently_used_files_but_never_pinned_ones(
     cache.max_bytes = 50
     cache._evict({"pinned"})
     assert sorted(p.stem for p in tmp_path.glob("*.onnx")) == ["pinned"]
+
+
+# ---- .npy bodies -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.ones((1, 4), np.float32),
+        np.arange(6, dtype=np.int64).reshape(2, 3),
+        np.arange(5.0),
+        np.ones(()),
+        np.zeros((0, 4), np.float32),
+        np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+    ],
+)
+def test_npy_bodies_read_and_write_exactly_as_numpy_does(array: np.ndarray) -> None:
+    written = io.BytesIO()
+    np.save(written, array)
+    read = read_npy(written.getvalue())
+    assert (read.dtype, read.shape) == (array.dtype, array.shape)
+    assert np.array_equal(read, array)
+    expected = io.BytesIO()
+    np.save(expected, np.ascontiguousarray(array))
+    assert write_npy(array) == expected.getvalue()
+
+
+def test_npy_bodies_that_are_not_plain_arrays_are_refused() -> None:
+    objects = io.BytesIO()
+    np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    for raw in (objects.getvalue(), b"not npy at all", write_npy(np.ones(4))[:-3]):
+        with pytest.raises(ValueError, match=r"not a \.npy array"):
+            read_npy(raw)
