@@ -314,7 +314,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 # and off on the same deployment (PATCH) between measurements.
                 await cloud.cancel()
                 wide_id = await cloud.upload(wide_mlp(), "wide")
-                batched = {"max_batch_size": 32, "max_wait_ms": 2}
+                batched: dict[str, float] = {"max_batch_size": 32, "max_wait_ms": 2}
                 wide_url = await cloud.deploy(wide_id, "wide", batched)
                 ratios = []
                 for _ in range(args.runs):

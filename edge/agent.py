@@ -19,17 +19,19 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiomqtt
 import msgspec
 import structlog
-from aiohttp import web
+
+if TYPE_CHECKING:  # imported when the first deployment arrives (aiohttp, numpy, ORT)
+    from aiohttp import web
+
+    from edge.inference.runtime import InferenceRuntime
 
 from edge.discovery import DiscoveryResult, discover_all, sample_all
-from edge.inference.cache import ModelCache
 from edge.inference.options import InferenceOptions
-from edge.inference.runtime import InferenceRuntime
-from edge.inference.server import inference_app
 from edge.probes import DeviceProbes
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import TrainingLauncher
@@ -111,6 +113,7 @@ class Agent:
         self._inference_options = inference or InferenceOptions()
         self.inference: InferenceRuntime | None = None
         self._inference_site: web.AppRunner | None = None
+        self._work: asyncio.TaskGroup | None = None
         self.inference_port: int | None = None
         self._probes = probes
         self._mqtt_settings = mqtt_settings
@@ -206,16 +209,6 @@ class Agent:
             will=will,
             logger=self._log,
         )
-        options = self._inference_options
-        self.inference = InferenceRuntime(
-            discovery.accelerators,
-            ModelCache(options.resolved_cache_dir(self.identity.node_id), options.cache_max_bytes),
-            on_change=self._reported_changed.set,
-            endpoint_base=self._endpoint_base,
-            max_queue=options.max_queue,
-            latency_scale=options.latency_scale,
-            intra_op_threads=options.intra_op_threads,
-        )
         self.training = TrainingReconciler(
             self._training_launcher,
             discovery.accelerators,
@@ -227,7 +220,7 @@ class Agent:
             # Training workers live in this task group: they outlive MQTT connections.
             async with asyncio.TaskGroup() as work:
                 self.training.bind(work)
-                self.inference.bind(work)
+                self._work = work
                 try:
                     await self.session.run(self._connected)
                 except asyncio.CancelledError:
@@ -252,7 +245,25 @@ class Agent:
         that never serve never load aiohttp's server or ONNX Runtime)."""
         if self._inference_site is not None:
             return
-        assert self.inference is not None
+        from aiohttp import web
+
+        from edge.inference.cache import ModelCache
+        from edge.inference.runtime import InferenceRuntime
+        from edge.inference.server import inference_app
+
+        options = self._inference_options
+        assert self.discovery is not None
+        assert self._work is not None
+        self.inference = InferenceRuntime(
+            self.discovery.accelerators,
+            ModelCache(options.resolved_cache_dir(self.identity.node_id), options.cache_max_bytes),
+            on_change=self._reported_changed.set,
+            endpoint_base=self._endpoint_base,
+            max_queue=options.max_queue,
+            latency_scale=options.latency_scale,
+            intra_op_threads=options.intra_op_threads,
+        )
+        self.inference.bind(self._work)
         runner = web.AppRunner(inference_app(self.inference), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self._inference_options.host, self._inference_options.port)
@@ -389,10 +400,10 @@ class Agent:
         self.observed_generation = desired.generation
         assert self.training is not None
         self.training.apply(desired.training)
-        assert self.inference is not None
         if desired.deployments:
             await self._serve_inference()
-        self.inference.apply(desired.deployments)
+        if self.inference is not None:
+            self.inference.apply(desired.deployments)
         await self._publish_reported(client)
 
     async def _publish_reported(self, client: aiomqtt.Client) -> None:

@@ -1,5 +1,7 @@
-"""The agent runs with only the `edge` extra installed: no database stack, no web
-server, no numpy. A child interpreter that refuses to import those proves it."""
+"""The agent runs with only the `edge` extra installed: no database stack, ever; and
+until a node is given an inference deployment, no web server, numpy or ONNX Runtime
+either (they are loaded with the first deployment). A child interpreter that refuses
+to import those proves it."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ sys.meta_path.insert(0, Refuse())
 def test_the_edge_extra_does_not_pull_the_cloud_stack() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     edge = " ".join(project["optional-dependencies"]["edge"] + project["dependencies"]).lower()
-    for package in ("sqlalchemy", "asyncpg", "aiosqlite", "aiohttp", "numpy", "prometheus"):
+    for package in ("sqlalchemy", "asyncpg", "aiosqlite", "prometheus", "rich", "amqtt"):
         assert package not in edge
 
 
