@@ -166,6 +166,25 @@ def cmd_logs(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from cloud.jobs import cli
+
+    if args.models_command == "upload":
+        if not args.file.is_file():
+            print(f"greenfed: no such file: {args.file}", file=sys.stderr)
+            return cli.EXIT_USAGE
+        name = args.name or args.file.stem
+        return run_client(
+            args, lambda client: cli.upload_model(client, args.file, name, output=_output(args))
+        )
+    return run_client(
+        args,
+        lambda client: cli.list_models(
+            client, limit=args.limit, cursor=args.cursor, output=_output(args)
+        ),
+    )
+
+
 def cmd_tenants(args: argparse.Namespace) -> int:
     from cloud.jobs import cli
 
@@ -253,6 +272,17 @@ def add_work_commands(commands: Any) -> None:
     logs.add_argument("--node", help="this node's worker only")
     add_client_options(logs, json=False)
     logs.set_defaults(handler=cmd_logs)
+
+    models = commands.add_parser("models", help="list your ONNX models, or upload one")
+    models.add_argument("--limit", type=_positive_int, default=50)
+    models.add_argument("--cursor")
+    add_client_options(models)
+    models.set_defaults(handler=cmd_models, models_command=None)
+    model_commands = models.add_subparsers(dest="models_command", metavar="COMMAND")
+    upload = model_commands.add_parser("upload", help="upload an .onnx file; prints its id")
+    upload.add_argument("file", type=Path)
+    upload.add_argument("--name", help="the model's name (default: the file's name)")
+    add_client_options(upload, nested=True)
 
     tenants = commands.add_parser("tenants", help="list tenants, or create one (admin token)")
     add_client_options(tenants)

@@ -22,6 +22,7 @@ from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.models.blobs import ModelTooLargeError
 from cloud.models.inspect import InvalidModelError, inspect_model
+from cloud.models.views import ModelList, ModelView, TensorView
 from cloud.store import ModelRecord, ModelTensor, NewModel
 
 PROBLEM = "application/problem+json"
@@ -48,30 +49,6 @@ class ModelListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     cursor: Annotated[
         ModelId | None, msgspec.Meta(description="The next_cursor of the previous page.")
     ] = None
-
-
-class TensorView(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    dtype: str  # numpy's name: float32, int64, ...
-    shape: tuple[int | str | None, ...]  # size, symbolic name ("batch"), or unknown
-
-
-class ModelView(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    name: str
-    sha256: str
-    size_bytes: int
-    opset: int
-    inputs: tuple[TensorView, ...]
-    outputs: tuple[TensorView, ...]
-    created_at: datetime
-    blob_url: str  # GET it for the file (Range requests supported)
-
-
-class ModelList(msgspec.Struct, frozen=True, kw_only=True):
-    items: tuple[ModelView, ...]
-    count: int
-    next_cursor: str | None
 
 
 def _tensors(items: tuple[ModelTensor, ...]) -> tuple[TensorView, ...]:

@@ -42,6 +42,7 @@ from cloud.api.work_views import (
 )
 from cloud.jobs.admin import read_token_file
 from cloud.jobs.specs import DeploymentSpec, SpecKind, TrainingJobSpec, encode_spec
+from cloud.models.views import ModelList, ModelView, TensorView
 from shared.messages import AcceleratorKind
 
 DEFAULT_API: Final = "http://127.0.0.1:8700"
@@ -168,7 +169,7 @@ class ApiClient:
         """(status, body) of a 2xx answer; any other answer raises `CliError`."""
         request_headers = dict(headers or {})
         if body is not None:
-            request_headers["Content-Type"] = "application/json"
+            request_headers.setdefault("Content-Type", "application/json")
         try:
             async with self._session.request(
                 method,
@@ -182,6 +183,24 @@ class ApiClient:
                     raise self._refused(response.status, payload)
                 return response.status, payload
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise self._unreachable(error) from None
+
+    async def upload(self, path: str, file: Path, params: Mapping[str, str]) -> bytes:
+        """POST a file as the raw body, streamed from disk, with no overall time limit."""
+        try:
+            with file.open("rb") as stream:
+                async with self._session.post(
+                    self.target.api + path,
+                    params=params,
+                    data=stream,
+                    headers={"Content-Type": "application/octet-stream"},
+                    timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
+                ) as response:
+                    payload = await response.read()
+                    if response.status >= 300:
+                        raise self._refused(response.status, payload)
+                    return payload
+        except (aiohttp.ClientError, TimeoutError) as error:
             raise self._unreachable(error) from None
 
     async def get(self, path: str, decode: type[T], params: Mapping[str, str] | None = None) -> T:
@@ -298,6 +317,49 @@ def _allocations_table(allocations: tuple[AllocationView, ...]) -> Table:
     return table
 
 
+def _replicas_table(work: DeploymentView) -> Table:
+    table = Table(title="replicas", title_justify="left")
+    for column in ("replica", "node", "state", "provider", "endpoint", "note"):
+        table.add_column(column)
+    for replica in work.replica_states:
+        table.add_row(
+            str(replica.replica),
+            replica.node_id,
+            state_text(replica.state),
+            replica.provider or "",
+            replica.endpoint or "",
+            replica.reason,
+        )
+    return table
+
+
+def render_models(models: ModelList, out: TextIO) -> None:
+    table = Table(title=f"models: {models.count}", title_justify="left")
+    for column in ("id", "name", "opset", "inputs", "outputs", "size", "sha256", "uploaded"):
+        table.add_column(column)
+
+    def tensors(items: tuple[TensorView, ...]) -> str:
+        return ", ".join(
+            f"{t.name} {t.dtype}[{', '.join('?' if d is None else str(d) for d in t.shape)}]"
+            for t in items
+        )
+
+    for model in models.items:
+        table.add_row(
+            model.id,
+            model.name,
+            str(model.opset),
+            tensors(model.inputs),
+            tensors(model.outputs),
+            f"{model.size_bytes / 2**20:.1f} MiB",
+            model.sha256[:12],
+            ago(model.created_at),
+        )
+    console(out).print(table)
+    if models.next_cursor:
+        console(out).print(f"more: --cursor {models.next_cursor}")
+
+
 def render_explanation(explain: ExplainView, target: Console) -> None:
     when = f" ({ago(explain.explained_at)})" if explain.explained_at else ""
     target.print(Text.assemble(("why: ", "bold"), explain.message, when))
@@ -347,6 +409,8 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
     )
     if work.allocations:
         target.print(_allocations_table(work.allocations))
+    if isinstance(work, DeploymentView) and work.replica_states:
+        target.print(_replicas_table(work))
     if explain is not None:
         render_explanation(explain, target)
 
@@ -491,6 +555,29 @@ async def logs(
         out.flush()
     out.write(decoder.decode(b"", final=True))
     out.flush()
+    return EXIT_OK
+
+
+async def list_models(client: ApiClient, *, limit: int, cursor: str | None, output: Output) -> int:
+    params = {"limit": str(limit)} | ({"cursor": cursor} if cursor else {})
+    _, payload = await client.call("GET", "/v1/models", params=params)
+    if output.json:
+        print_json(payload, output.out)
+    else:
+        render_models(msgspec.json.decode(payload, type=ModelList), output.out)
+    return EXIT_OK
+
+
+async def upload_model(client: ApiClient, file: Path, name: str, *, output: Output) -> int:
+    payload = await client.upload("/v1/models", file, {"name": name})
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    model = msgspec.json.decode(payload, type=ModelView)
+    output.out.write(
+        f"model {model.id} uploaded: {model.name}, opset {model.opset}, "
+        f"{model.size_bytes} bytes, sha256 {model.sha256[:16]}…\n"
+    )
     return EXIT_OK
 
 

@@ -90,19 +90,27 @@ async def test_a_tenant_submits_follows_and_cancels_work(cloud: Cloud, tmp_path:
     assert submitted is not None, out
     job_id = submitted.group(1)
 
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(
-            f"{cloud.api}/v1/models?name=mlp",
-            data=mlp(),
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Type": "application/octet-stream",
-            },
-        ) as uploaded,
-    ):
-        assert uploaded.status == 201, await uploaded.text()
-        model_id = (await uploaded.json())["id"]
+    model_file = tmp_path / "detector.onnx"
+    model_file.write_bytes(mlp())
+    code, out, err = await cloud.run("models", "upload", str(model_file), token=token)
+    assert code == 0, err
+    uploaded = re.match(r"model (\S+) uploaded: detector, opset 17", out)
+    assert uploaded is not None, out
+    model_id = uploaded.group(1)
+    code, out, err = await cloud.run("models", token=token)
+    assert code == 0, err
+    assert model_id in out
+    assert "x float32" in out
+    code, out, err = await cloud.run("models", "--json", token=token)
+    assert code == 0, err
+    (listed,) = json.loads(out)["items"]
+    assert listed["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 4]}]
+    bad_file = tmp_path / "bad.onnx"
+    bad_file.write_bytes(b"garbage")
+    code, _, err = await cloud.run("models", "upload", str(bad_file), token=token)
+    assert code == 1
+    assert "Not a valid ONNX model (422): not an ONNX model" in err
+    assert err.count("\n") == 1
     serve = tmp_path / "serve.yaml"
     serve.write_text(f"kind: deployment\nname: detector\nmodel_id: {model_id}\nreplicas: 2\n")
     serve_p1 = tmp_path / "serve-p1.json"
