@@ -224,6 +224,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             forecaster=args.forecaster,
             perfect_forecast=args.perfect_forecast,
             target_load=args.load,
+            min_saving=args.min_saving,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -410,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--perfect-forecast",
         action="store_true",
         help="use the recorded future as the forecast (an upper bound)",
+    )
+    evaluate.add_argument(
+        "--min-saving",
+        type=float,
+        default=0.1,
+        help="temporal shifting defers a job only for at least this share less (default 0.1)",
     )
     evaluate.add_argument("--json", action="store_true", help="a JSON list, one object per policy")
     evaluate.add_argument("--plot", type=Path, metavar="FILE.png", help="needs greenfed[plot]")

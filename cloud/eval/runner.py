@@ -53,6 +53,8 @@ class EvalOptions:
             raise ValueError("the target load must be within (0, 2]")
         if not self.policies:
             raise ValueError("name at least one policy")
+        if not 0 <= self.min_saving < 1:
+            raise ValueError("--min-saving must be within [0, 1)")
         for name in self.policies:
             policy_spec(name)
         forecaster_named(self.forecaster)
