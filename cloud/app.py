@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -57,6 +55,7 @@ from cloud.models.signing import ModelUrlSigner, api_base_url
 from cloud.registry import NodeRegistry
 from cloud.signals.factory import build_signal_service
 from cloud.store import StoreError, StoreUnavailableError, open_store
+from shared.mqtt import instance_client_id
 from shared.settings import ConfigError, Settings
 from shared.tasks import stop_task
 from shared.topics import Topics
@@ -77,9 +76,7 @@ async def _liveness_loop(registry: NodeRegistry, ingestor: Ingestor, interval_s:
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    session = app[INGESTOR].session(
-        settings.mqtt, client_id=f"greenfed-cloud-{socket.gethostname()}-{os.getpid()}"
-    )
+    session = app[INGESTOR].session(settings.mqtt, client_id=instance_client_id("greenfed-cloud"))
     ingestion = asyncio.create_task(app[INGESTOR].run(session), name="mqtt-ingestion")
     liveness = asyncio.create_task(
         _liveness_loop(app[REGISTRY], app[INGESTOR], settings.cloud.liveness_check_interval_s),

@@ -16,7 +16,10 @@ costs microseconds and has none of that.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -73,6 +76,12 @@ def is_auth_failure(error: aiomqtt.MqttError) -> bool:
         return False
     code = getattr(error.rc, "value", error.rc)
     return code in _AUTH_FAILURE_CODES
+
+
+def instance_client_id(prefix: str) -> str:
+    """A client id unique to this process and this use: a broker disconnects the older
+    of two connections with one id, so two apps in one process must not share one."""
+    return f"{prefix}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"[:128]
 
 
 class MqttSession:

@@ -10,14 +10,12 @@ subscribes.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 
 import aiomqtt
 import structlog
 
 from shared.messages import DesiredState, encode
-from shared.mqtt import MqttSession
+from shared.mqtt import MqttSession, instance_client_id
 from shared.settings import MqttSettings
 from shared.topics import CHANNEL_SPECS, Channel, Topics
 
@@ -27,7 +25,7 @@ class DesiredPublisher:
         self._topics = Topics(settings.topic_root)
         self._session = MqttSession(
             settings,
-            client_id=client_id or f"greenfed-scheduler-{socket.gethostname()}-{os.getpid()}",
+            client_id=client_id or instance_client_id("greenfed-scheduler"),
             logger=structlog.get_logger("greenfed.loop.mqtt"),
         )
         self._queue: dict[str, DesiredState] = {}

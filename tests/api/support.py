@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from cloud.api.keys import STORE
+from cloud.api.keys import BACKGROUND_TASKS, STORE
 from cloud.api.tuning import ApiTuning
 from cloud.app import create_app
 from cloud.jobs.admin import admin_token_path, read_token_file
@@ -58,6 +58,11 @@ class Api:
     @property
     def store(self) -> Store:
         return self.app[STORE]
+
+    def app_tasks(self) -> list[asyncio.Task[None]]:
+        """The app's background tasks (ingestion, scheduling loop, publisher, ...)."""
+        tasks: list[asyncio.Task[None]] = self.app[BACKGROUND_TASKS]
+        return tasks.copy()
 
     async def tenant(self, name: str, **fields: Any) -> str:
         """A new tenant's token."""
