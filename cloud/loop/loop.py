@@ -101,6 +101,7 @@ class SchedulingLoop:
         self._converted = ConversionCache()
         self._last_snapshot: StoreSnapshot | None = None
         self._retry_at: float | None = None
+        self._last_pass_end = 0.0  # monotonic
         self._log = structlog.get_logger("greenfed.loop")
         self.stats = LoopStats()
         self.leading = asyncio.Event()
@@ -167,10 +168,14 @@ class SchedulingLoop:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout_s)
         if self._wake.is_set():
-            # Let the burst finish; under a steady stream of triggers (a client submitting
-            # hundreds of jobs a second) passes take at most about a third of the time,
-            # so the API keeps the rest and each pass takes a bigger batch.
-            gap_s = max(self._settings.debounce_s, 2 * self.stats.last_pass_ms / 1000.0)
+            # Let the burst finish. Under a steady stream of triggers (a client submitting
+            # hundreds of jobs a second) a pass starts no sooner than twice the last
+            # one's duration after it ended: passes take at most about a third of the
+            # time, the API keeps the rest, and each pass takes a bigger batch. A lone
+            # trigger waits only the debounce.
+            since_pass_s = self._monotonic() - self._last_pass_end
+            busy_s = 2 * self.stats.last_pass_ms / 1000.0 - since_pass_s
+            gap_s = max(self._settings.debounce_s, busy_s)
             if gap_s:
                 await asyncio.sleep(gap_s)
 
@@ -232,6 +237,7 @@ class SchedulingLoop:
         self._retry_at = min(retry) if retry else None
         self.stats.passes += 1
         self.stats.last_pass_ms = (time.perf_counter() - started) * 1000.0
+        self._last_pass_end = self._monotonic()
         if translation.placed or translation.evicted:
             self._log.info(
                 "scheduling pass",
