@@ -86,6 +86,19 @@ class JobView(JobSummary, frozen=True, kw_only=True):
     spec: TrainingJobSpec
 
 
+class ServingView(msgspec.Struct, frozen=True, kw_only=True):
+    """The node's latest serving figures for the deployment (one telemetry interval)."""
+
+    interval_s: float
+    requests_per_s: float
+    errors: int
+    rejected: int  # refused with 429: the queue was full
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    latency_p99_ms: float | None
+    mean_batch_size: float | None
+
+
 class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     """One replica as its node last reported it."""
 
@@ -97,6 +110,7 @@ class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str | None  # POST inference requests here (ready replicas)
     reason: str  # why it failed, or a provider fallback
     model_sha256: str | None  # the model file it serves
+    serving: ServingView | None = None  # None: no telemetry from the node yet
 
 
 class DeploymentView(DeploymentSummary, frozen=True, kw_only=True):
@@ -223,6 +237,27 @@ def replica_views(
                 ),
                 None,
             )
+        serving = None
+        telemetry = node.telemetry if node is not None else None
+        sample = next(
+            (
+                s
+                for s in (telemetry.deployments if telemetry is not None else ())
+                if s.deployment_id == deployment_id
+            ),
+            None,
+        )
+        if telemetry is not None and sample is not None:
+            serving = ServingView(
+                interval_s=telemetry.interval_s,
+                requests_per_s=sample.requests_per_s,
+                errors=sample.errors,
+                rejected=sample.rejected,
+                latency_p50_ms=sample.latency_p50_ms,
+                latency_p95_ms=sample.latency_p95_ms,
+                latency_p99_ms=sample.latency_p99_ms,
+                mean_batch_size=sample.mean_batch_size,
+            )
         views.append(
             ReplicaView(
                 replica=allocation.member_index,
@@ -232,6 +267,7 @@ def replica_views(
                 endpoint=None if entry is None else entry.endpoint,
                 reason="" if entry is None else entry.reason,
                 model_sha256=None if entry is None else entry.model_sha256,
+                serving=serving,
             )
         )
     return tuple(views)

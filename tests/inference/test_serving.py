@@ -20,7 +20,7 @@ from tests.api.support import Api, bearer
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import fleet, reaches, work
 from tests.support.onnx_models import mlp, mlp_reference
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,8 +97,16 @@ async def test_a_deployment_on_two_edge_nodes_serves_the_models_output(
             telemetry = record.telemetry if record else None
             return bool(telemetry and any(s.requests for s in telemetry.deployments))
 
-        # Serving figures reach the cloud in telemetry.
+        # Serving figures reach the cloud in telemetry, and the tenant sees them.
         await eventually(sampled, timeout_s=10, message="no serving figures in telemetry")
+        shown: list[dict[str, Any]] = []
+
+        async def every_replica_has_figures() -> bool:
+            shown[:] = (await work(api, token, deployment_id, "deployments"))["replica_states"]
+            return all(r["serving"] is not None for r in shown)
+
+        await eventually_async(every_replica_has_figures, timeout_s=10, message=lambda: str(shown))
+        assert {"requests_per_s", "latency_p99_ms", "mean_batch_size"} <= set(shown[0]["serving"])
 
 
 async def test_updating_the_model_under_load_fails_no_request(
