@@ -114,6 +114,7 @@ def _print_banner(
         f"  telemetry  mosquitto_sub -h {host} -p {port} "
         f"-t '{topics.all_nodes(Channel.TELEMETRY)}'",
         f"  jobs       {api}/v1/jobs   (greenfed submit FILE, greenfed jobs)",
+        f"  models     {api}/v1/models   (greenfed models upload FILE.onnx)",
         f"  openapi    {api}/openapi.json",
         f"  table      greenfed nodes --api {api}",
         f"  admin token: {admin_token_file}",
