@@ -51,6 +51,23 @@ class DesiredPublisher:
         await self._session.run(self._drain)
 
     async def _drain(self, client: aiomqtt.Client) -> None:
+        """Publish until the connection drops; noticing the drop at once (not at the next
+        publish) lets the session reconnect while nothing is waiting to go out."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._watch(client))
+                tasks.create_task(self._publish(client))
+        except* aiomqtt.MqttError as group:
+            raise group.exceptions[0] from None
+
+    @staticmethod
+    async def _watch(client: aiomqtt.Client) -> None:
+        # Nothing is subscribed: the iteration only ends, raising, when the link drops.
+        async for _ in client.messages:
+            pass
+        raise aiomqtt.MqttError("the connection to the broker ended")
+
+    async def _publish(self, client: aiomqtt.Client) -> None:
         qos = CHANNEL_SPECS[Channel.DESIRED].qos
         retain = CHANNEL_SPECS[Channel.DESIRED].retained
         while True:
