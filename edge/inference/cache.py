@@ -13,25 +13,42 @@ import asyncio
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import aiohttp
 import structlog
 
 _CHUNK_BYTES = 1 << 20
-_ATTEMPTS = 4
-_RETRY_BASE_S = 0.2
+# A control plane that restarts or a link that drops is waited out (about two
+# minutes in all); a refusal (bad signature, unknown model) or a wrong file is not.
+ATTEMPTS = 8
+RETRY_BASE_S = 0.5
+RETRY_MAX_S = 30.0
 
 
 class ModelFetchError(RuntimeError):
     """The model could not be fetched or is not the announced file; says why."""
 
 
+class _Retryable(Exception):
+    """A failure worth another attempt (the control plane answered 5xx)."""
+
+
 class ModelCache:
-    def __init__(self, directory: Path, max_bytes: int, *, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_bytes: int,
+        *,
+        timeout_s: float = 300.0,
+        attempts: int = ATTEMPTS,
+        retry_base_s: float = RETRY_BASE_S,
+    ) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
+        self._attempts = attempts
+        self._retry_base_s = retry_base_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=30.0)
         self._locks: dict[str, asyncio.Lock] = {}
         self._log = structlog.get_logger("greenfed.inference.cache")
@@ -42,9 +59,15 @@ class ModelCache:
         return self.directory / f"{sha256}.onnx"
 
     async def fetch(
-        self, session: aiohttp.ClientSession, url: str, sha256: str, pinned: Iterable[str] = ()
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        sha256: str,
+        pinned: Iterable[str] = (),
+        on_retry: Callable[[str], None] | None = None,
     ) -> Path:
-        """The verified file, downloading it unless cached; evicts others to stay in bounds."""
+        """The verified file, downloading it unless cached; evicts others to stay in bounds.
+        `on_retry(why)` is told about each failed attempt that will be retried."""
         lock = self._locks.setdefault(sha256, asyncio.Lock())
         async with lock:
             path = self.path(sha256)
@@ -52,21 +75,24 @@ class ModelCache:
                 await asyncio.to_thread(os.utime, path)  # most recently used
                 return path
             await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
-            error: Exception | None = None
-            for attempt in range(_ATTEMPTS):
+            why = ""
+            for attempt in range(self._attempts):
                 try:
                     await self._download(session, url, sha256)
                     break
-                except (aiohttp.ClientError, TimeoutError, OSError) as failure:
-                    error = failure
+                except (aiohttp.ClientError, TimeoutError, OSError, _Retryable) as failure:
+                    why = str(failure) or type(failure).__name__
                     self._log.warning(
                         "model download failed", sha256=sha256[:12], attempt=attempt + 1,
-                        error=str(failure) or type(failure).__name__,
+                        error=why,
                     )  # fmt: skip
-                    await asyncio.sleep(_RETRY_BASE_S * 2**attempt)
+                    if attempt + 1 < self._attempts:
+                        if on_retry is not None:
+                            on_retry(f"download attempt {attempt + 1} failed ({why}); retrying")
+                        await asyncio.sleep(min(RETRY_MAX_S, self._retry_base_s * 2**attempt))
             else:
                 raise ModelFetchError(
-                    f"could not download the model after {_ATTEMPTS} attempts: {error}"
+                    f"could not download the model after {self._attempts} attempts: {why}"
                 )
             await self._verify_and_keep(sha256)
         await asyncio.to_thread(self._evict, {sha256, *pinned})
@@ -81,7 +107,10 @@ class ModelCache:
                 return
             if response.status not in (200, 206):
                 body = (await response.text())[:300]
-                raise ModelFetchError(f"the control plane answered {response.status}: {body}")
+                answer = f"the control plane answered {response.status}: {body}"
+                if response.status >= 500 or response.status in (408, 410, 429):
+                    raise _Retryable(answer)  # busy, restarting, or this replica lacks it
+                raise ModelFetchError(answer)
             resume = response.status == 206
             if resume:
                 self.resumed += 1

@@ -220,8 +220,19 @@ class InferenceRuntime:
         if self._http is None:
             self._http = aiohttp.ClientSession()
         pinned = [s.loaded_sha256 for s in self._serving.values() if s.loaded_sha256]
+        serving = self._serving.get(desired.deployment_id)
+
+        def retrying(why: str) -> None:
+            if serving is not None and serving.state == "starting":
+                serving.reason = why
+                self._on_change()
+
         path = await self._cache.fetch(
-            self._http, desired.model_url, desired.model_sha256, [p for p in pinned if p]
+            self._http,
+            desired.model_url,
+            desired.model_sha256,
+            [p for p in pinned if p],
+            on_retry=retrying,
         )
         device_index = next(
             (

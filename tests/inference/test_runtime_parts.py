@@ -225,3 +225,39 @@ def test_npy_bodies_that_are_not_plain_arrays_are_refused() -> None:
     for raw in (objects.getvalue(), b"not npy at all", write_npy(np.ones(4))[:-3]):
         with pytest.raises(ValueError, match=r"not a \.npy array"):
             read_npy(raw)
+
+
+async def test_a_busy_control_plane_is_waited_out_but_a_refusal_is_final(
+    unused_tcp_port: int, tmp_path: Path
+) -> None:
+    body = mlp()
+    answers = [503, 503, 200]  # then, for the second model: 403
+    seen: list[int] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        status = answers.pop(0) if answers else 403
+        seen.append(status)
+        return web.Response(status=status, body=body if status == 200 else b"no")
+
+    app = web.Application()
+    app.router.add_get("/model", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
+    retries: list[str] = []
+    cache = ModelCache(tmp_path, max_bytes=10**6, retry_base_s=0.01)
+    url = f"http://127.0.0.1:{unused_tcp_port}/model"
+    try:
+        async with aiohttp.ClientSession() as http:
+            path = await cache.fetch(
+                http, url, hashlib.sha256(body).hexdigest(), on_retry=retries.append
+            )
+            assert path.read_bytes() == body
+            assert seen == [503, 503, 200]
+            assert len(retries) == 2
+            assert "503" in retries[0]
+            with pytest.raises(ModelFetchError, match="answered 403"):
+                await cache.fetch(http, url, "1" * 64)
+            assert seen == [503, 503, 200, 403]  # no second try after a refusal
+    finally:
+        await runner.cleanup()
