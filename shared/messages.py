@@ -178,8 +178,12 @@ class DesiredDeployment(WireStruct, frozen=True, kw_only=True):
     ] = None
     model_size_bytes: NonNegativeInt | None = None
     accelerator_kind: AcceleratorKind = "cpu"
+    accelerators: Annotated[
+        int, msgspec.Meta(ge=1, description="How many: for a CPU, cores (threads to use).")
+    ] = 1
     accelerator_ids: Annotated[
-        tuple[str, ...], msgspec.Meta(description="Accelerators of this node assigned to it.")
+        tuple[str, ...],
+        msgspec.Meta(description="Accelerators of this node assigned to it (none for CPU cores)."),
     ] = ()
     providers: Annotated[
         tuple[str, ...],

@@ -89,6 +89,7 @@ def _replica(
         model_sha256=model.sha256 if model else None,
         model_size_bytes=model.size_bytes if model else None,
         accelerator_kind=member.accelerator_kind,
+        accelerators=member.accelerators,
         accelerator_ids=member.accelerator_ids,
         providers=spec.providers,
         max_batch_size=batching.max_batch_size if batching else 1,

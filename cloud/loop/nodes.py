@@ -5,6 +5,12 @@ are folded into that pool conservatively: the smallest memory and the slowest
 speed (a job must fit and finish on whichever device it gets), the mean power,
 the providers every device offers, the mean measured utilisation.
 
+A CPU is divisible: its pool counts logical cores, with the CPU's power shared out
+per core, so that a small edge device can serve several CPU models side by side
+(one core each by default) and the energy model's host share (cores × power per
+core) is the whole CPU's. The speed stays the CPU's: a request to a small model
+takes about as long on one core as on all of them.
+
 What an agent cannot tell (a CPU's power, an unknown GPU's speed) comes from the
 defaults below, which are deliberately middle-of-the-road figures; a node that
 reports real figures always wins.
@@ -64,12 +70,17 @@ def _pool(
 ) -> AcceleratorPool:
     idle_w, max_w = _power_w(accelerators, kind)
     speeds = [a.relative_speed or DEFAULT_RELATIVE_SPEED[kind] for a in accelerators]
+    count = len(accelerators)
+    if kind == "cpu":
+        cores = sum(max(1, a.compute_units) for a in accelerators)
+        idle_w, max_w = idle_w * count / cores, max_w * count / cores
+        count = cores
     providers = [set(a.onnx_providers) for a in accelerators]
     common = providers[0].intersection(*providers[1:])
     measured = [utilisation_pct[a.id] for a in accelerators if a.id in utilisation_pct]
     return AcceleratorPool(
         kind=kind,
-        count=len(accelerators),
+        count=count,
         model=accelerators[0].model,
         memory_bytes=min(a.memory_bytes for a in accelerators),
         relative_speed=min(speeds),

@@ -243,13 +243,17 @@ class InferenceRuntime:
             None,
         )
 
+        threads = self._threads
+        if not threads and desired.accelerator_kind == "cpu":
+            threads = desired.accelerators  # the cores the scheduler set aside for it
+
         def load() -> LoadedModel:
             model = LoadedModel(
                 path,
                 desired.model_sha256 or "",
                 provider,
                 device_index=device_index,
-                intra_op_threads=self._threads,
+                intra_op_threads=threads,
             )
             model.warm_up()
             return model

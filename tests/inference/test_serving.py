@@ -217,3 +217,28 @@ async def test_a_full_queue_answers_429_with_retry_after(
         assert statuses.count(429) > 0
         assert statuses.count(200) > 0
         assert all(retry == "1" for status, retry in results if status == 429)
+
+
+async def test_a_cpu_only_device_serves_several_models_side_by_side(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    """A Raspberry Pi's CPU is four cores: two CPU deployments fit on it at once."""
+    async with fleet(
+        database, mosquitto_root, edge_nodes=1, edge_profile="raspberry-pi-5"
+    ) as running:
+        api = running.api
+        token = await api.tenant("vision")
+        first = await deploy(api, token, await api.model(token, mlp(seed=7), name="a"))
+        second = await deploy(api, token, await api.model(token, mlp(seed=8), name="b"))
+        for deployment_id, seed in ((first, 7), (second, 8)):
+            (endpoint,) = await ready_endpoints(api, token, deployment_id)
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(endpoint, json={"inputs": {"x": X.tolist()}}) as answer,
+            ):
+                assert answer.status == 200, await answer.text()
+                outputs = (await answer.json())["outputs"]["y"]
+            np.testing.assert_allclose(outputs, mlp_reference(X, seed=seed), rtol=1e-5)
+        placed = (await work(api, token, first, "deployments"))["allocations"]
+        assert placed[0]["accelerator_kind"] == "cpu"
+        assert placed[0]["accelerator_ids"] == []  # cores are counted, not pinned

@@ -47,6 +47,15 @@ def test_a_node_folds_its_devices_conservatively_and_keeps_a_valid_timezone_labe
     assert broken.timezone == "Europe/Berlin"  # the zone's, not a broken pass
 
 
+def test_a_cpu_pool_counts_cores_with_the_power_shared_out_per_core() -> None:
+    cpu = device("cpu", 0, compute_units=4, idle_power_w=2.0, max_power_w=8.0, relative_speed=0.02)
+    (pool,) = scheduler_node(node("pi", devices=(cpu,))).pools
+    assert (pool.kind, pool.count) == ("cpu", 4)
+    assert (pool.idle_power_w, pool.max_power_w) == (0.5, 2.0)
+    assert pool.relative_speed == 0.02
+    assert pick_devices((cpu,), "cpu", 3, held=()) == ()
+
+
 # ---- desired documents -----------------------------------------------------------------
 
 

@@ -67,6 +67,7 @@ async def fleet(
     *,
     cloud_nodes: int = 0,
     edge_nodes: int = 0,
+    edge_profile: str = "jetson-orin-nano",
     inference: InferenceOptions | None = None,
 ) -> AsyncIterator[Fleet]:
     url, root = mosquitto_root
@@ -93,7 +94,7 @@ async def fleet(
             inference or InferenceOptions(), cache_dir=cache_root / node_id
         )
         agents[node_id] = simulated_agent(
-            node_id, settings, telemetry_interval_s=0.2, inference=options
+            node_id, settings, edge_profile, telemetry_interval_s=0.2, inference=options
         )
     async with running_api(database, mqtt=settings, scheduling=FAST_LOOP) as api:
         running = Fleet(api, agents, launchers)
