@@ -129,7 +129,8 @@ def make_tls_files(workdir: Path) -> TlsFiles:
     return TlsFiles(ca_cert=ca_cert, server_cert=cert, server_key=key)
 
 
-def make_password_file(workdir: Path, username: str, password: str) -> Path:
+def make_password_file(workdir: Path, username: str, password: str, *more: tuple[str, str]) -> Path:
+    """A Mosquitto password file with `username` and any `more` (user, password) pairs."""
     binary = shutil.which("mosquitto_passwd")
     if binary is None:
         require_or_skip("mosquitto_passwd is not installed")
@@ -138,6 +139,8 @@ def make_password_file(workdir: Path, username: str, password: str) -> Path:
     subprocess.run(
         [binary, "-c", "-b", str(path), username, password], check=True, capture_output=True
     )
+    for user, secret in more:
+        subprocess.run([binary, "-b", str(path), user, secret], check=True, capture_output=True)
     return path
 
 
@@ -145,7 +148,12 @@ class MosquittoProcess:
     """A private Mosquitto on a free port that tests may stop, restart and configure."""
 
     def __init__(
-        self, workdir: Path, *, password_file: Path | None = None, tls: TlsFiles | None = None
+        self,
+        workdir: Path,
+        *,
+        password_file: Path | None = None,
+        tls: TlsFiles | None = None,
+        acl_file: Path | None = None,
     ) -> None:
         binary = mosquitto_binary()
         if binary is None:
@@ -173,6 +181,8 @@ class MosquittoProcess:
             lines.append("allow_anonymous true")
         else:
             lines += ["allow_anonymous false", f"password_file {password_file}"]
+        if acl_file is not None:
+            lines.append(f"acl_file {acl_file}")
         self.config.write_text("\n".join(lines) + "\n")
         self._process: subprocess.Popen[bytes] | None = None
 
