@@ -8,7 +8,7 @@ an id of the other collection is not found either.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Final, Generic, TypeVar
 
@@ -63,7 +63,7 @@ from cloud.store.states import WORK_STATES
 MAX_PAGE_SIZE: Final = 1000
 IDEMPOTENCY_KEY_MAX: Final = 255
 _ID = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)")]
-_CANCEL_RETRIES: Final = 5
+_CHANGE_RETRIES: Final = 5
 
 SpecT = TypeVar("SpecT", TrainingJobSpec, DeploymentSpec)
 
@@ -346,42 +346,56 @@ async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Respo
     return json_response(body)
 
 
-async def _cancel(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+async def _change_live_work(
+    request: web.Request,
+    collection: Collection[SpecT],
+    done: str,
+    change: Callable[[TenantRecord, WorkRecord], Awaitable[web.Response]],
+) -> web.Response:
+    """Apply `change` to the caller's work at the version just read, unless it has ended
+    (409, saying it cannot be `done`). Work that moved meanwhile (placed, started, ended)
+    is looked at again, a few times."""
     work_id = request.match_info["id"]
-    store = request.app[STORE]
-    for _ in range(_CANCEL_RETRIES):
+    for _ in range(_CHANGE_RETRIES):
         tenant, record = await find(request, collection, work_id)
         if record.state in TERMINAL_STATES:
-            raise _finished(collection, record)
+            raise _finished(collection, record, done)
         try:
-            result = await store.cancel_work(
-                tenant.tenant_id, work_id, expected_version=record.version
-            )
-        except VersionConflictError:
-            continue  # it changed meanwhile (placed, started): look again
+            return await change(tenant, record)
+        except (VersionConflictError, IllegalTransitionError):
+            continue  # it changed meanwhile: the next look says how
         except WorkNotFoundError:
             raise not_found(collection, work_id) from None
-        except IllegalTransitionError:
-            continue  # it ended meanwhile: the next look says so
-        cancelled = result.work[0]
-        return json_response(
-            collection.detail(cancelled, _spec(collection, cancelled), tenant.name, ())
-        )
     raise Problem(
         409,
         "changing",
         "Changing too fast",
-        f"{collection.noun} {work_id} changed on every attempt to cancel it; retry",
+        f"{collection.noun} {work_id} changed on every attempt to have it {done}; retry",
     )
 
 
-def _finished(collection: Collection[SpecT], record: WorkRecord) -> Problem:
+async def _cancel(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+    store = request.app[STORE]
+
+    async def cancel(tenant: TenantRecord, record: WorkRecord) -> web.Response:
+        result = await store.cancel_work(
+            tenant.tenant_id, record.work_id, expected_version=record.version
+        )
+        cancelled = result.work[0]
+        return json_response(
+            collection.detail(cancelled, _spec(collection, cancelled), tenant.name, ())
+        )
+
+    return await _change_live_work(request, collection, "cancelled", cancel)
+
+
+def _finished(collection: Collection[SpecT], record: WorkRecord, done: str) -> Problem:
     return Problem(
         409,
         "already-finished",
         f"{collection.noun.capitalize()} already finished",
         f"{collection.noun} {record.work_id} is {record.state}; only pending, scheduled or "
-        "running work can be cancelled",
+        f"running work can be {done}",
     )
 
 
@@ -569,11 +583,8 @@ async def update_deployment(request: web.Request) -> web.Response:
     one keeps serving, then switch; no request fails during the switch."""
     body = decode_body(await read_body(request), _UPDATE_DECODER)
     store = request.app[STORE]
-    work_id = request.match_info["id"]
-    for _ in range(_CANCEL_RETRIES):
-        tenant, record = await find(request, DEPLOYMENTS, work_id)
-        if record.state in TERMINAL_STATES:
-            raise _finished(DEPLOYMENTS, record)
+
+    async def update(tenant: TenantRecord, record: WorkRecord) -> web.Response:
         spec = _spec(DEPLOYMENTS, record)
         if body.model_id is not None:
             if await store.get_model(tenant.tenant_id, body.model_id) is None:
@@ -584,21 +595,13 @@ async def update_deployment(request: web.Request) -> web.Response:
             spec = msgspec.structs.replace(spec, model_id=body.model_id)
         if body.batching is not None:
             spec = msgspec.structs.replace(spec, batching=body.batching)
-        try:
-            updated = await store.update_spec(
-                tenant.tenant_id, work_id, encode_spec(spec), expected_version=record.version
-            )
-        except VersionConflictError:
-            continue  # placed or started meanwhile: apply to the new version
-        except WorkNotFoundError:
-            raise not_found(DEPLOYMENTS, work_id) from None
-        except IllegalTransitionError:
-            continue  # it ended meanwhile: the next look says so
-        allocations = await store.work_allocations(tenant.tenant_id, work_id)
+        updated = await store.update_spec(
+            tenant.tenant_id, record.work_id, encode_spec(spec), expected_version=record.version
+        )
+        allocations = await store.work_allocations(tenant.tenant_id, record.work_id)
         return json_response(DEPLOYMENTS.detail(updated, spec, tenant.name, allocations))
-    raise Problem(
-        409, "changing", "Changing too fast", f"deployment {work_id} changed on every attempt"
-    )
+
+    return await _change_live_work(request, DEPLOYMENTS, "updated", update)
 
 
 ROUTES: Final = (
