@@ -1,4 +1,5 @@
 """JSON request bodies decoded straight into msgspec types; every failure a problem.
+And the other way: `json_response` encodes a msgspec type as the answer.
 
 415 for a body that is not JSON by its Content-Type, 413 beyond the app's body limit
 (aiohttp's `client_max_size`), 400 for malformed JSON, 422 naming the field at fault
@@ -27,6 +28,16 @@ def is_json_media_type(content_type: str) -> bool:
     )
 
 
+def json_response(body: object, status: int = 200) -> web.Response:
+    return web.Response(
+        status=status, body=msgspec.json.encode(body), content_type="application/json"
+    )
+
+
+def payload_too_large(detail: str) -> Problem:
+    return Problem(413, "payload-too-large", "Payload Too Large", detail)
+
+
 def invalid_body(name: str, reason: str, *, status: int = 422) -> Problem:
     return Problem(
         status,
@@ -48,21 +59,13 @@ async def read_body(request: web.Request) -> bytes:
         )
     limit = MAX_REQUEST_BYTES  # the app's client_max_size (cloud.app)
     if request.content_length is not None and request.content_length > limit:
-        raise Problem(
-            413,
-            "payload-too-large",
-            "Payload Too Large",
-            f"the body has {request.content_length} bytes; at most {limit} are accepted",
+        raise payload_too_large(
+            f"the body has {request.content_length} bytes; at most {limit} are accepted"
         )
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise Problem(
-            413,
-            "payload-too-large",
-            "Payload Too Large",
-            f"the body exceeds {limit} bytes",
-        ) from None
+        raise payload_too_large(f"the body exceeds {limit} bytes") from None
 
 
 def decode_body(raw: bytes, decoder: msgspec.json.Decoder[T]) -> T:

@@ -16,6 +16,7 @@ import msgspec
 from aiohttp import web
 
 from cloud.api.auth import tenant_of
+from cloud.api.bodies import json_response, payload_too_large
 from cloud.api.keys import MODEL_BLOBS, MODEL_URL_SIGNER, STORE
 from cloud.api.problems import InvalidParam, Problem, ProblemBody
 from cloud.api.query import parse_query
@@ -69,18 +70,8 @@ def _view(record: ModelRecord) -> ModelView:
     )
 
 
-def _json(body: object, status: int = 200) -> web.Response:
-    return web.Response(
-        body=msgspec.json.encode(body), status=status, content_type="application/json"
-    )
-
-
 def _not_found(model_id: str) -> Problem:
     return Problem(404, "model-not-found", "Model not found", f"no model {model_id!r}")
-
-
-def _too_large(detail: str) -> Problem:
-    return Problem(413, "payload-too-large", "Payload Too Large", detail)
 
 
 async def upload_model(request: web.Request) -> web.Response:
@@ -95,14 +86,14 @@ async def upload_model(request: web.Request) -> web.Response:
         )
     blobs = request.app[MODEL_BLOBS]
     if request.content_length is not None and request.content_length > blobs.max_bytes:
-        raise _too_large(
+        raise payload_too_large(
             f"the body has {request.content_length} bytes; at most {blobs.max_bytes} are "
             "accepted (cloud.max_model_bytes)"
         )
     try:
         staged = await blobs.stage(request.content.iter_chunked(_CHUNK_BYTES))
     except ModelTooLargeError as error:
-        raise _too_large(str(error)) from None
+        raise payload_too_large(str(error)) from None
     try:
         if staged.size_bytes == 0:
             raise InvalidModelError("the body is empty")
@@ -131,7 +122,7 @@ async def upload_model(request: web.Request) -> web.Response:
             outputs=info.outputs,
         ),
     )
-    response = _json(_view(record), status=201)
+    response = json_response(_view(record), status=201)
     response.headers["Location"] = f"/v1/models/{record.model_id}"
     return response
 
@@ -143,7 +134,7 @@ async def list_models(request: web.Request) -> web.Response:
         tenant.tenant_id, limit=query.limit, cursor=query.cursor
     )
     items = tuple(_view(record) for record in page.items)
-    return _json(ModelList(items=items, count=len(items), next_cursor=page.next_cursor))
+    return json_response(ModelList(items=items, count=len(items), next_cursor=page.next_cursor))
 
 
 async def _find(request: web.Request) -> ModelRecord:
@@ -155,7 +146,7 @@ async def _find(request: web.Request) -> ModelRecord:
 
 
 async def get_model(request: web.Request) -> web.Response:
-    return _json(_view(await _find(request)))
+    return json_response(_view(await _find(request)))
 
 
 async def _find_signed(request: web.Request) -> ModelRecord:

@@ -7,6 +7,7 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
+from cloud.api.bodies import json_response
 from cloud.api.keys import REGISTRY
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
@@ -51,7 +52,7 @@ async def list_nodes(request: web.Request) -> web.Response:
         total=total,
         next_cursor=next_cursor,
     )
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    return json_response(body)
 
 
 async def get_node(request: web.Request) -> web.Response:
@@ -59,9 +60,7 @@ async def get_node(request: web.Request) -> web.Response:
     record = request.app[REGISTRY].get(node_id)
     if record is None:
         raise Problem(404, "node-not-found", "Node not found", f"no node {node_id!r}")
-    return web.Response(
-        body=msgspec.json.encode(node_detail(record)), content_type="application/json"
-    )
+    return json_response(node_detail(record))
 
 
 ROUTES = (

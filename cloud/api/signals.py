@@ -9,6 +9,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from cloud.api.bodies import json_response
 from cloud.api.keys import REGISTRY, SIGNALS
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
@@ -103,7 +104,7 @@ async def list_signals(request: web.Request) -> web.Response:
         for zone, series in sorted(grid.zones.items())
     )
     body = SignalList(now=_utc(grid.now_s), zones=zones)
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    return json_response(body)
 
 
 async def get_zone_signal(request: web.Request) -> web.Response:
@@ -127,7 +128,7 @@ async def get_zone_signal(request: web.Request) -> web.Response:
     )
     nodes = _zones_of_fleet(request).get(zone, 0)
     body = ZoneSignalDetail(**_summary_fields(series, grid.now_s, nodes), hourly=hourly)  # type: ignore[arg-type]
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    return json_response(body)
 
 
 ROUTES = (

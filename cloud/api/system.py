@@ -6,6 +6,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from cloud.api.bodies import json_response
 from cloud.api.keys import INGESTOR, METRICS
 from cloud.api.problems import Problem, ProblemBody
 from cloud.api.routes import JsonObject, Reply, Route
@@ -32,7 +33,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def schemas(request: web.Request) -> web.Response:
     body = schema_catalog(request.app[INGESTOR].topics)
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    return json_response(body)
 
 
 class Status(msgspec.Struct, frozen=True):

@@ -8,7 +8,7 @@ from typing import Final
 import msgspec
 from aiohttp import web
 
-from cloud.api.bodies import invalid_body, read_json
+from cloud.api.bodies import invalid_body, json_response, read_json
 from cloud.api.keys import STORE
 from cloud.api.problems import Problem, ProblemBody
 from cloud.api.routes import Reply, Route
@@ -44,15 +44,13 @@ async def create_tenant(request: web.Request) -> web.Response:
     except ValueError as error:
         raise invalid_body("$", str(error)) from None
     reply = TenantCreated(**tenant_fields(created.tenant), token=created.token)  # type: ignore[arg-type]
-    return web.Response(
-        status=201, body=msgspec.json.encode(reply), content_type="application/json"
-    )
+    return json_response(reply, status=201)
 
 
 async def list_tenants(request: web.Request) -> web.Response:
     records = await request.app[STORE].list_tenants()
     body = TenantList(items=tuple(tenant_view(r) for r in records), count=len(records))
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    return json_response(body)
 
 
 ROUTES: Final = (

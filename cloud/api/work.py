@@ -16,7 +16,7 @@ import msgspec
 from aiohttp import web
 
 from cloud.api.auth import tenant_of
-from cloud.api.bodies import decode_body, invalid_body, read_body
+from cloud.api.bodies import decode_body, invalid_body, json_response, read_body
 from cloud.api.keys import REGISTRY, STORE
 from cloud.api.problems import InvalidParam, Problem, ProblemBody, invalid_query
 from cloud.api.query import parse_query
@@ -179,12 +179,6 @@ DEPLOYMENTS: Final[Collection[DeploymentSpec]] = Collection(
         next_cursor=cursor,
     ),
 )
-
-
-def json_response(body: object, status: int = 200) -> web.Response:
-    return web.Response(
-        status=status, body=msgspec.json.encode(body), content_type="application/json"
-    )
 
 
 def not_found(collection: Collection[SpecT], work_id: str) -> Problem:
