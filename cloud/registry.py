@@ -16,10 +16,13 @@ from enum import StrEnum
 
 from shared.messages import (
     AcceleratorKind,
+    DeploymentSample,
     NodeState,
     NodeStatus,
     OfflineReason,
+    ReportedDeployment,
     ReportedState,
+    ReportedTraining,
     Site,
     Telemetry,
 )
@@ -50,6 +53,23 @@ class NodeRecord:
     @property
     def accelerator_kinds(self) -> frozenset[AcceleratorKind]:
         return frozenset(accelerator.kind for accelerator in self.status.accelerators)
+
+    # What the node last said of one piece of work (None: nothing yet).
+
+    def training_report(self, job_id: str, attempt: int) -> ReportedTraining | None:
+        entries = self.reported.training if self.reported is not None else ()
+        return next((e for e in entries if e.job_id == job_id and e.attempt == attempt), None)
+
+    def replica_report(self, deployment_id: str, replica: int) -> ReportedDeployment | None:
+        entries = self.reported.deployments if self.reported is not None else ()
+        return next(
+            (e for e in entries if e.deployment_id == deployment_id and e.replica == replica),
+            None,
+        )
+
+    def serving_sample(self, deployment_id: str) -> DeploymentSample | None:
+        samples = self.telemetry.deployments if self.telemetry is not None else ()
+        return next((s for s in samples if s.deployment_id == deployment_id), None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -227,26 +227,10 @@ def replica_views(
     views = []
     for allocation in allocations:
         node = registry.get(allocation.node_id)
-        entry = None
-        if node is not None and node.reported is not None:
-            entry = next(
-                (
-                    d
-                    for d in node.reported.deployments
-                    if d.deployment_id == deployment_id and d.replica == allocation.member_index
-                ),
-                None,
-            )
-        serving = None
+        entry = node.replica_report(deployment_id, allocation.member_index) if node else None
+        sample = node.serving_sample(deployment_id) if node else None
         telemetry = node.telemetry if node is not None else None
-        sample = next(
-            (
-                s
-                for s in (telemetry.deployments if telemetry is not None else ())
-                if s.deployment_id == deployment_id
-            ),
-            None,
-        )
+        serving = None
         if telemetry is not None and sample is not None:
             serving = ServingView(
                 interval_s=telemetry.interval_s,

@@ -56,26 +56,6 @@ class AgentOutcomes:
         return bool(self.state_changes or self.evictions or self.placements)
 
 
-def _training_entry(node: NodeRecord | None, work_id: str, attempt: int) -> ReportedTraining | None:
-    if node is None or node.reported is None:
-        return None
-    for entry in node.reported.training:
-        if entry.job_id == work_id and entry.attempt == attempt:
-            return entry
-    return None
-
-
-def _replica_entry(
-    node: NodeRecord | None, work_id: str, replica: int
-) -> ReportedDeployment | None:
-    if node is None or node.reported is None:
-        return None
-    for entry in node.reported.deployments:
-        if entry.deployment_id == work_id and entry.replica == replica:
-            return entry
-    return None
-
-
 class _Collector:
     def __init__(self) -> None:
         self.state_changes: list[StateChange] = []
@@ -128,10 +108,10 @@ def _training(
         reason = f"node {gone[0]} lost ({lost[gone[0]]})"
         out.evict(record, reason)
         return
-    entries = {
-        node_id: _training_entry(nodes.get(node_id), record.work_id, record.attempts)
-        for node_id in workers
-    }
+    entries: dict[str, ReportedTraining | None] = {}
+    for node_id in workers:
+        node = nodes.get(node_id)
+        entries[node_id] = node.training_report(record.work_id, record.attempts) if node else None
     for node_id, entry in entries.items():
         for allocation in workers[node_id]:
             out.allocation(
@@ -182,11 +162,11 @@ def _inference(
         else:
             out.evict(record, reason)
         return
-    entries = [
-        (allocation, _replica_entry(nodes.get(allocation.node_id), record.work_id, index))
-        for allocation in members
-        for index in (allocation.member_index,)
-    ]
+    entries: list[tuple[AllocationRecord, ReportedDeployment | None]] = []
+    for allocation in members:
+        node = nodes.get(allocation.node_id)
+        report = node.replica_report(record.work_id, allocation.member_index) if node else None
+        entries.append((allocation, report))
     for allocation, entry in entries:
         out.allocation(allocation, entry is not None and entry.state == "ready")
     for allocation, entry in entries:
