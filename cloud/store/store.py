@@ -669,19 +669,6 @@ class Store:
                 Changes(evictions=(eviction,), source_event_id=event_id),
             )
 
-    async def set_allocation_state(
-        self, work_id: str, member_index: int, state: AllocationState
-    ) -> None:
-        """What the agent reports for one member; the desired state is unchanged."""
-        async with self._write() as connection:
-            result = await connection.execute(
-                update(allocations)
-                .where(allocations.c.work_id == work_id, allocations.c.member_index == member_index)
-                .values(state=state)
-            )
-        if result.rowcount != 1:
-            raise WorkNotFoundError(f"{work_id}/{member_index}")
-
     async def set_allocation_states(
         self, changes: Sequence[tuple[str, int, AllocationState]]
     ) -> None:
