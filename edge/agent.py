@@ -268,9 +268,8 @@ class Agent:
         await runner.setup()
         site = web.TCPSite(runner, self._inference_options.host, self._inference_options.port)
         await site.start()
-        server = site._server  # the bound socket: the port when 0 was asked for
-        sockets = getattr(server, "sockets", None) or []
-        self.inference_port = sockets[0].getsockname()[1] if sockets else None
+        # The bound address says the port when 0 (any free port) was asked for.
+        self.inference_port = int(runner.addresses[0][1])
         self._inference_site = runner
         self._log.info("inference endpoint listening", url=self._endpoint_base())
 
