@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, TextIO, TypeVar
+from typing import BinaryIO, Final, TextIO, TypeVar
 
 import aiohttp
 import msgspec
@@ -122,10 +122,8 @@ class ApiClient:
         headers = {"Accept": "application/json"}
         if target.token:
             headers["Authorization"] = f"Bearer {target.token}"
-        self._session = aiohttp.ClientSession(
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s or 10.0)),
-        )
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s or 10.0))
+        self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout)
 
     async def __aenter__(self) -> ApiClient:
         return self
@@ -163,10 +161,12 @@ class ApiClient:
         path: str,
         *,
         params: Mapping[str, str] | None = None,
-        body: bytes | None = None,
+        body: bytes | BinaryIO | None = None,
         headers: Mapping[str, str] | None = None,
+        client_timeout: aiohttp.ClientTimeout | None = None,
     ) -> tuple[int, bytes]:
-        """(status, body) of a 2xx answer; any other answer raises `CliError`."""
+        """(status, body) of a 2xx answer; any other answer raises `CliError`.
+        `client_timeout` replaces the session's (an upload may take longer than any answer)."""
         request_headers = dict(headers or {})
         if body is not None:
             request_headers.setdefault("Content-Type", "application/json")
@@ -177,6 +177,7 @@ class ApiClient:
                 params=params,
                 data=body,
                 headers=request_headers,
+                timeout=client_timeout or self._timeout,
             ) as response:
                 payload = await response.read()
                 if response.status >= 300:
@@ -187,21 +188,16 @@ class ApiClient:
 
     async def upload(self, path: str, file: Path, params: Mapping[str, str]) -> bytes:
         """POST a file as the raw body, streamed from disk, with no overall time limit."""
-        try:
-            with file.open("rb") as stream:
-                async with self._session.post(
-                    self.target.api + path,
-                    params=params,
-                    data=stream,
-                    headers={"Content-Type": "application/octet-stream"},
-                    timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
-                ) as response:
-                    payload = await response.read()
-                    if response.status >= 300:
-                        raise self._refused(response.status, payload)
-                    return payload
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise self._unreachable(error) from None
+        with file.open("rb") as stream:
+            _, payload = await self.call(
+                "POST",
+                path,
+                params=params,
+                body=stream,
+                headers={"Content-Type": "application/octet-stream"},
+                client_timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
+            )
+        return payload
 
     async def get(self, path: str, decode: type[T], params: Mapping[str, str] | None = None) -> T:
         _, payload = await self.call("GET", path, params=params)
