@@ -8,6 +8,7 @@ agent adds a field.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import msgspec
@@ -85,6 +86,15 @@ class Accelerator(WireStruct, frozen=True, kw_only=True):
     features: Annotated[
         tuple[str, ...], msgspec.Meta(description="Capability flags, e.g. CPU ISA extensions.")
     ] = ()
+
+
+def common_providers(devices: Sequence[Accelerator]) -> tuple[str, ...]:
+    """The ONNX Runtime providers every one of `devices` offers, in the first's order of
+    preference (what work spread over them can count on)."""
+    if not devices:
+        return ()
+    rest = [set(device.onnx_providers) for device in devices[1:]]
+    return tuple(p for p in devices[0].onnx_providers if all(p in offered for offered in rest))
 
 
 class HostInfo(WireStruct, frozen=True, kw_only=True):

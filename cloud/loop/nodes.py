@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cloud.registry import NodeRecord
 from cloud.scheduler import AcceleratorPool, Node
-from shared.messages import Accelerator, AcceleratorKind
+from shared.messages import Accelerator, AcceleratorKind, common_providers
 
 # Relative speed (A100 = 1.0) when a device reports none.
 DEFAULT_RELATIVE_SPEED: Mapping[AcceleratorKind, float] = MappingProxyType(
@@ -75,8 +75,6 @@ def _pool(
         cores = sum(max(1, a.compute_units) for a in accelerators)
         idle_w, max_w = idle_w * count / cores, max_w * count / cores
         count = cores
-    providers = [set(a.onnx_providers) for a in accelerators]
-    common = providers[0].intersection(*providers[1:])
     measured = [utilisation_pct[a.id] for a in accelerators if a.id in utilisation_pct]
     return AcceleratorPool(
         kind=kind,
@@ -86,8 +84,7 @@ def _pool(
         relative_speed=min(speeds),
         idle_power_w=idle_w,
         max_power_w=max_w,
-        # Keep the first device's preference order for the providers all of them offer.
-        onnx_providers=tuple(p for p in accelerators[0].onnx_providers if p in common),
+        onnx_providers=common_providers(accelerators),
         utilisation=min(1.0, max(0.0, sum(measured) / len(measured) / 100.0)) if measured else 0.0,
     )
 

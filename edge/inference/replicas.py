@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.messages import Accelerator, DesiredDeployment
+from shared.messages import Accelerator, DesiredDeployment, common_providers
 
 
 def check_assignment(
@@ -31,8 +31,7 @@ def check_assignment(
         devices = [a for a in inventory if a.kind == replica.accelerator_kind][:1]
         if not devices:
             return None, f"this node has no {replica.accelerator_kind}"
-    offered = [set(device.onnx_providers) for device in devices]
-    common = offered[0].intersection(*offered[1:])
+    common = common_providers(devices)
     if replica.providers:
         usable = [p for p in replica.providers if p in common]
         if not usable:
@@ -41,4 +40,4 @@ def check_assignment(
                 f"(offered: {sorted(common)})"
             )
         return usable[0], None
-    return next((p for p in devices[0].onnx_providers if p in common), None), None
+    return (common[0] if common else None), None
