@@ -83,6 +83,7 @@ class SchedulingCollector(Collector):
             ("commits", "Plans committed to the store", stats.commits),
             ("placements", "Work items placed", stats.placed),
             ("preemptions", "Work items that lost allocations to preemption", stats.evicted),
+            ("migrations", "Running jobs moved to cleaner capacity", stats.migrated),
             ("conflicts", "Passes planned again because work changed under them", stats.conflicts),
             ("errors", "Passes that failed (logged)", stats.errors),
         ):

@@ -225,6 +225,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             perfect_forecast=args.perfect_forecast,
             target_load=args.load,
             min_saving=args.min_saving,
+            migration=args.migration,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -417,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.1,
         help="temporal shifting defers a job only for at least this share less (default 0.1)",
+    )
+    evaluate.add_argument(
+        "--no-migration",
+        dest="migration",
+        action="store_false",
+        help="never move running jobs to cleaner capacity (an ablation)",
     )
     evaluate.add_argument("--json", action="store_true", help="a JSON list, one object per policy")
     evaluate.add_argument("--plot", type=Path, metavar="FILE.png", help="needs greenfed[plot]")

@@ -196,6 +196,13 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     # Gangs rendezvous on MASTER_PORT = base + a stable hash of (job, attempt) % span.
     master_port_base: Annotated[int, msgspec.Meta(ge=1024, le=65535)] = 29500
     master_port_span: Annotated[int, msgspec.Meta(ge=1, le=30000)] = 1000
+    # Policies that migrate (green, balanced, cost) may move running training that
+    # declares checkpoint_interval_s to cleaner capacity as it frees (false: never) ...
+    migration: bool = True
+    # ... when that saves at least this share of the rest of its run's CO2 (or cost),
+    migration_min_saving: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.2
+    # ... and its current run has lasted at least this long.
+    migration_cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
 
 
 class LogSettings(Section, frozen=True, kw_only=True):

@@ -172,6 +172,9 @@ class WorkloadParams:
     min_duration_s: float = 300.0
     max_duration_s: float = 36 * HOUR_S
     slack_h: tuple[float, float] = (4.0, 24.0)
+    # Jobs at least this long on an A100 save a checkpoint every checkpoint_interval_s.
+    checkpoint_min_duration_s: float = HOUR_S
+    checkpoint_interval_s: float = 1800.0
 
 
 def arrival_factor(at_s: float) -> float:
@@ -270,4 +273,7 @@ def _training(
         gpus_per_worker=gpus,
         deadline_offset_s=deadline,
         max_delay_s=max_delay,
+        checkpoint_interval_s=(
+            params.checkpoint_interval_s if duration >= params.checkpoint_min_duration_s else None
+        ),
     )

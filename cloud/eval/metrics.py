@@ -60,6 +60,8 @@ class PolicyResult:
     unfinished_jobs: int = 0
     flexible_jobs: int = 0
     deferred_jobs: int = 0
+    migrations: int = 0  # running jobs moved to cleaner capacity
+    migrated_jobs: int = 0
     deferral_wait_mean_s: float = 0.0  # mean wait of the jobs shifting deferred
     wait_mean_inflexible_s: float = 0.0
     # Waiting for capacity only: the waits less the time temporal shifting held jobs back.
@@ -189,6 +191,8 @@ def evaluate(
             r.deadline_s is not None or r.latest_start_s is not None for r in outcome.jobs.values()
         ),
         deferred_jobs=len(deferred_waits),
+        migrations=sum(r.migrations for r in outcome.jobs.values()),
+        migrated_jobs=sum(r.migrations > 0 for r in outcome.jobs.values()),
         deferral_wait_mean_s=_mean(deferred_waits),
         wait_mean_inflexible_s=_mean(inflexible),
         queue_wait_mean_s=_mean(queue_waits),

@@ -39,6 +39,7 @@ _COLUMNS = (
     ("GPU util", "utilisation", "{:.1%}"),
     ("CO2 vs first", "gco2", "{}"),
     ("deferred", "deferred_jobs", "{}"),
+    ("moved", "migrations", "{}"),
     ("runtime", "runtime_s", "{:.1f} s"),
 )
 

@@ -44,6 +44,7 @@ class EvalOptions:
     perfect_forecast: bool = False
     energy: EnergyModel = field(default_factory=EnergyModel)
     min_saving: float = 0.1
+    migration: bool = True  # False: no policy moves running work (an ablation)
     target_load: float = WorkloadParams().target_load  # of the generated workload
 
     def __post_init__(self) -> None:
@@ -122,6 +123,7 @@ def run_eval(
             energy=options.energy,
             forecaster=options.forecaster,
             min_saving=options.min_saving,
+            migration=options.migration,
         )
         began = time.perf_counter()
         outcome = Simulation(

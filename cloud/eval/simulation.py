@@ -35,7 +35,14 @@ import numpy as np
 from cloud.green.accounting import Counterfactual, Usage, counterfactual
 from cloud.green.energy import EnergyModel
 from cloud.green.latency import ServingLatency
-from cloud.green.policies import GreenInputs, PolicySpec, build_policy, policy_spec
+from cloud.green.migration import Migrator, RunningJob
+from cloud.green.policies import (
+    GreenInputs,
+    PolicySpec,
+    build_migrator,
+    build_policy,
+    policy_spec,
+)
 from cloud.scheduler import (
     AcceleratorPool,
     Allocation,
@@ -82,6 +89,9 @@ class SimConfig:
     forecaster: str = DEFAULT_FORECASTER
     min_saving: float = 0.1
     safety_margin_s: float = 3600.0
+    migration: bool = True  # policies that migrate may (False: an ablation)
+    migration_min_saving: float = 0.2
+    restart_s: float = 300.0  # reference seconds to resume from a checkpoint
     max_drain_s: float = 14 * DAY_S  # give up draining after this (a stuck job)
     counterfactuals: bool = True
 
@@ -103,6 +113,9 @@ class JobRecord:
     deferred_since: float | None = None
     nodes: tuple[str, ...] = ()
     counterfactual: Counterfactual | None = None
+    left_s: float = 0.0  # reference seconds of work left when the current run started
+    run: RunningJob | None = None  # the current run
+    migrations: int = 0
 
     @property
     def missed(self) -> bool:
@@ -181,6 +194,7 @@ class Simulation:
         self.usages: list[Usage] = []
         self._policy_hour: int | None = None
         self._policy: Policy | None = None
+        self._migrator: Migrator | None = None
         self._baseline: Policy | None = None
         self._wakes: set[float] = set()
         self.slo_violations = 0
@@ -271,6 +285,7 @@ class Simulation:
             submitted_s=self.now,
             deadline_s=job.deadline,
             latest_start_s=(self.now + spec.max_delay_s if spec.max_delay_s is not None else None),
+            left_s=spec.duration_s,
         )
         if self.config.counterfactuals:
             self.jobs[spec.id].counterfactual = counterfactual(
@@ -301,7 +316,10 @@ class Simulation:
         for alloc in [a for a in self.running.values() if a.work_id == work_id]:
             self._release(alloc)
         self._ends.pop(work_id, None)
-        self.jobs[work_id].finish_s = self.now
+        record = self.jobs[work_id]
+        record.finish_s = self.now
+        record.run = None
+        record.left_s = 0.0
         self._outstanding_training -= 1
 
     def _hold(self, alloc: Allocation) -> None:
@@ -375,12 +393,18 @@ class Simulation:
             energy=self.config.energy,
             min_saving=self.config.min_saving,
             safety_margin_s=self.config.safety_margin_s,
+            migration_min_saving=self.config.migration_min_saving,
+            restart_s=self.config.restart_s,
         )
 
     def _current_policy(self) -> Policy:
         hour = math.floor(self.now / HOUR_S)
         if self._policy is None or self._policy_hour != hour:
-            self._policy = build_policy(self.config.policy, self._inputs(self._signals()))
+            inputs = self._inputs(self._signals())
+            self._policy = build_policy(self.config.policy, inputs)
+            self._migrator = (
+                build_migrator(self.config.policy, inputs) if self.config.migration else None
+            )
             self._policy_hour = hour
         return self._policy
 
@@ -393,12 +417,49 @@ class Simulation:
         return self._baseline
 
     def _pass(self) -> None:
-        if not self.queue:
+        if self.queue:
+            queued = dict(self.queue)
+            plan = schedule(self._snapshot(list(queued.values())), self._current_policy())
+            self.passes += 1
+            self._apply(plan, queued)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Move running training the policy's migrator finds a cleaner place for."""
+        policy = self._current_policy()
+        migrator = self._migrator
+        if migrator is None or not self._ends:
             return
-        queued = dict(self.queue)
-        plan = schedule(self._snapshot(list(queued.values())), self._current_policy())
-        self.passes += 1
-        self._apply(plan, queued)
+        running = [
+            run
+            for work_id in self._ends
+            if (run := self.jobs[work_id].run) is not None and run.job.checkpoint_interval_s
+        ]
+        if not running:
+            return
+        for migration in migrator.propose(self._snapshot(()), running, policy):
+            record = self.jobs[migration.work_id]
+            self._stop_run(migration.work_id)
+            record.migrations += 1
+            self._start(migration.resumed, list(migration.placements))
+
+    def _stop_run(self, work_id: str) -> None:
+        """Stop a running gang; its progress up to the newest checkpoint is kept."""
+        record = self.jobs[work_id]
+        if record.run is not None:
+            record.left_s -= record.run.saved_s(self.now)
+        for alloc in [a for a in self.running.values() if a.work_id == work_id]:
+            self._release(alloc)
+        self._generation[work_id] = self._generation.get(work_id, 0) + 1
+        self._ends.pop(work_id, None)
+        record.run = None
+
+    def _resumed(self, record: JobRecord) -> TrainingJob:
+        """The job to queue again: all of it, or what is left plus the restart."""
+        spec = record.spec
+        if record.left_s >= spec.duration_s:
+            return training_job(spec, record.submitted_s)
+        return training_job(spec, record.submitted_s, record.left_s + self.config.restart_s)
 
     def _apply(self, plan: Plan, queued: dict[str, Work]) -> None:
         for preemption in plan.preemptions:
@@ -424,7 +485,7 @@ class Simulation:
                 self._wake(pending.retry_at)
 
     def _start(self, work: Work, placements: list[Placement]) -> None:
-        del self.queue[work.work_id]
+        self.queue.pop(work.work_id, None)
         for placement in placements:
             alloc = placement.to_allocation()
             self._hold(alloc)
@@ -443,6 +504,15 @@ class Simulation:
             if record.first_start_s is None:
                 record.first_start_s = self.now
             record.nodes = tuple(sorted({p.node_id for p in placements}))
+            record.run = RunningJob(
+                job=work,
+                started_s=self.now,
+                speed=min(
+                    pool_of(self._base_nodes[p.node_id], p.accelerator_kind).relative_speed
+                    for p in placements
+                ),
+                restart_s=max(0.0, work.duration_s - record.left_s),
+            )
             ends = [p.expected_end for p in placements if p.expected_end is not None]
             end = max(ends)
             generation = self._generation.get(work.work_id, 0) + 1
@@ -452,12 +522,8 @@ class Simulation:
 
     def _preempt(self, victim: Allocation) -> None:
         if victim.work_kind == "training":
-            for alloc in [a for a in self.running.values() if a.work_id == victim.work_id]:
-                self._release(alloc)
-            self._generation[victim.work_id] = self._generation.get(victim.work_id, 0) + 1
-            self._ends.pop(victim.work_id, None)
-            record = self.jobs[victim.work_id]
-            self.queue[victim.work_id] = training_job(record.spec, record.submitted_s)
+            self._stop_run(victim.work_id)
+            self.queue[victim.work_id] = self._resumed(self.jobs[victim.work_id])
         else:
             self._release(victim)
             spec = self._inference_specs[victim.work_id]

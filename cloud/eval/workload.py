@@ -18,6 +18,7 @@ deadline_offset_s = 43200.0         # optional: must finish 12 h after submissio
 max_delay_s = 21600.0               # optional: may start up to 6 h after submission
 priority = "p1"                     # p0 | p1 | p2 (default p1)
 preemptible = true                  # default true
+checkpoint_interval_s = 1800.0      # optional: resumes from a checkpoint this often
 score_weights = { carbon = 2.0 }    # optional per-job weight overrides
 
 [[inference]]
@@ -78,6 +79,9 @@ class TrainingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_delay_s: NonNegative | None = None
     priority: PriorityClass = "p1"
     preemptible: bool = True
+    # Saves a checkpoint every this many seconds of its run and resumes from the
+    # newest one when stopped (preempted or migrated); None: starts over.
+    checkpoint_interval_s: Positive | None = None
     score_weights: dict[str, float] = {}
 
 
@@ -127,7 +131,10 @@ def requests_per_s(spec: InferenceSpec, at_s: float) -> float:
     return sum(traffic_weights(spec, at_s).values())
 
 
-def training_job(spec: TrainingSpec, submitted_at: float) -> TrainingJob:
+def training_job(
+    spec: TrainingSpec, submitted_at: float, duration_s: float | None = None
+) -> TrainingJob:
+    """The job as submitted, or, with ``duration_s``, as resumed with that much left."""
     return TrainingJob(
         work_id=spec.id,
         tenant=spec.tenant,
@@ -136,11 +143,12 @@ def training_job(spec: TrainingSpec, submitted_at: float) -> TrainingJob:
         workers=spec.workers,
         accelerators_per_worker=spec.gpus_per_worker,
         accelerator_kind="gpu",
-        duration_s=spec.duration_s,
+        duration_s=spec.duration_s if duration_s is None else duration_s,
         deadline=(
             submitted_at + spec.deadline_offset_s if spec.deadline_offset_s is not None else None
         ),
         max_delay_s=spec.max_delay_s,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
         preemptible=spec.preemptible,
         score_weights=spec.score_weights,
     )

@@ -7,6 +7,7 @@ window.py       mean intensity / price over a run window; unknown-zone fallback
 latency.py      ServingLatency: network RTT + compute (+ queueing) per node
 terms.py        CarbonTerm, PriceTerm, LatencyTerm (ScoreTerm hook)
 shifting.py     best_window and WindowShifter (StartAdvisor hook)
+migration.py    Migrator: running, checkpointing training to cleaner capacity
 policies.py     named policies (green, cost, latency, balanced, baselines)
 accounting.py   kWh, gCO2eq, cost per allocation, job, tenant; counterfactual
 ==============  ==========================================================
@@ -28,7 +29,16 @@ from .accounting import (
 )
 from .energy import EnergyModel, linear_power_w
 from .latency import ServingLatency, default_latency_estimator
-from .policies import POLICIES, POLICY_NAMES, GreenInputs, PolicySpec, build_policy, policy_spec
+from .migration import Migration, Migrator, RunningJob
+from .policies import (
+    POLICIES,
+    POLICY_NAMES,
+    GreenInputs,
+    PolicySpec,
+    build_migrator,
+    build_policy,
+    policy_spec,
+)
 from .shifting import Window, WindowShifter, best_window, candidate_starts
 from .terms import CarbonTerm, LatencyTerm, PriceTerm
 from .window import WindowMeans, window_means
@@ -41,8 +51,11 @@ __all__ = [
     "EnergyModel",
     "GreenInputs",
     "LatencyTerm",
+    "Migration",
+    "Migrator",
     "PolicySpec",
     "PriceTerm",
+    "RunningJob",
     "ServingLatency",
     "Totals",
     "Usage",
@@ -52,6 +65,7 @@ __all__ = [
     "WindowShifter",
     "account",
     "best_window",
+    "build_migrator",
     "build_policy",
     "by_tenant",
     "by_work",

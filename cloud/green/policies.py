@@ -1,21 +1,22 @@
-"""Named scheduling policies: weights over the built-in and green terms, queue order
-and temporal shifting.
+"""Named scheduling policies: weights over the built-in and green terms, queue order,
+temporal shifting and migration.
 
-===============  =======  ====  =====  ====  ======  ======  =====  =======  ====  =====  =======
-policy           packing  load  speed  pref  spread  carbon  price  latency  thr.  queue  shifts
-===============  =======  ====  =====  ====  ======  ======  =====  =======  ====  =====  =======
-green            0.5      0.25  0.25   1     1       4       0      0.5      0.6   fair   carbon
-cost             0.5      0.25  0.25   1     1       0       4      0.5      0.6   fair   price
-latency          0.5      0.25  0.5    1     1       0       0      4        0.6   fair   off
-balanced         1        0.5   0.5    1     1       1.5     1      1        0.6   fair   carbon
-fifo-binpack     1        0     0.5    1     1       0       0      0        0.6   fifo   off
-spread           0        1     0      1     1       0       0      0        0     fair   off
-green-spatial    as green                                                                 off
-green-temporal   as green, but carbon 0                                                   carbon
-===============  =======  ====  =====  ====  ======  ======  =====  =======  ====  =====  =======
+==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======
+policy          packing  load  speed  carbon  price  latency  thr.  queue  shifts  moves
+==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======
+green           0.5      0.25  0.25   4       0      0.5      0.6   fair   carbon  carbon
+cost            0.5      0.25  0.25   0       4      0.5      0.6   fair   price   price
+latency         0.5      0.25  0.5    0       0      4        0.6   fair   off     off
+balanced        1        0.5   0.5    1.5     1      1        0.6   fair   carbon  carbon
+fifo-binpack    1        0     0.5    0       0      0        0.6   fifo   off     off
+spread          0        1     0      0       0      0        0     fair   off     off
+green-spatial   as green                                              off     carbon
+green-temporal  as green, but carbon 0                                carbon  off
+==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======
 
-(pref: preference; thr.: ``load_threshold``; queue: ``Policy.queue_order``;
-shifts: the objective of temporal shifting.)
+(preference and spread weigh 1 in every policy; thr.: ``load_threshold``; queue:
+``Policy.queue_order``; shifts: the objective of temporal shifting; moves: of
+migration, ``build_migrator``.)
 
 * ``fifo-binpack`` is the carbon-agnostic baseline: first come, first served
   within a priority class (no fair-share reordering), packing partly used nodes
@@ -23,7 +24,8 @@ shifts: the objective of temporal shifting.)
 * ``spread`` balances load: no packing, and the load term with threshold 0 scores
   each node ``1 − utilisation``, so the least used node wins.
 * ``green-spatial`` and ``green-temporal`` split green's saving between choosing
-  the cleaner zone and waiting for the cleaner hour (evaluation ablations).
+  the cleaner zone (at the start, and by moving running work) and waiting for the
+  cleaner hour (evaluation ablations).
 
 Every policy gets the same latency estimator, so an inference SLO is a hard
 filter under all of them, and registers all three green terms; a term whose
@@ -42,6 +44,7 @@ from cloud.signals.grid import GridSignals
 
 from .energy import EnergyModel
 from .latency import ServingLatency
+from .migration import Migrator
 from .shifting import Objective, WindowShifter
 from .terms import DEFAULT_INFERENCE_WINDOW_S, CarbonTerm, LatencyTerm, PriceTerm
 
@@ -62,6 +65,9 @@ class PolicySpec:
     shifting: Objective | None = None
     # With shifting, jobs this close to their latest safe start go first.
     deadline_guard_s: float | None = None
+    # Move running, checkpointing training to cleaner (or cheaper) capacity as it
+    # frees (migration.py); None: never.
+    migration: Objective | None = None
 
     def __post_init__(self) -> None:
         if self.shifting is not None and self.deadline_guard_s is None:
@@ -88,6 +94,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                 "lowest emissions: cleanest zone now, or the cleanest forecast window",
                 _GREEN,
                 shifting="carbon",
+                migration="carbon",
             ),
             PolicySpec(
                 "cost",
@@ -103,6 +110,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                     latency=0.5,
                 ),
                 shifting="price",
+                migration="price",
             ),
             PolicySpec(
                 "latency",
@@ -132,6 +140,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                     latency=1.0,
                 ),
                 shifting="carbon",
+                migration="carbon",
             ),
             PolicySpec(
                 "fifo-binpack",
@@ -165,8 +174,9 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
             ),
             PolicySpec(
                 "green-spatial",
-                "ablation: green's weights without temporal shifting",
+                "ablation: green's placement and migration without temporal shifting",
                 _GREEN,
+                migration="carbon",
             ),
             PolicySpec(
                 "green-temporal",
@@ -201,6 +211,25 @@ class GreenInputs:
     min_saving: float = 0.1  # temporal shifting: defer only for at least this much less
     safety_margin_s: float = 3600.0  # temporal shifting: before the latest start
     max_booked_share: float = 0.5  # temporal shifting: of a zone's capacity, ahead of time
+    migration_min_saving: float = 0.2  # migration: move only for at least this much less
+    restart_s: float = 300.0  # migration: reference seconds to resume from a checkpoint
+    migration_cooldown_s: float = 600.0  # migration: runs younger than this stay put
+
+
+def build_migrator(spec: PolicySpec | str, inputs: GreenInputs) -> Migrator | None:
+    """The policy's migrator, or None when it never moves running work."""
+    if isinstance(spec, str):
+        spec = policy_spec(spec)
+    if spec.migration is None:
+        return None
+    return Migrator(
+        inputs.signals,
+        inputs.energy,
+        objective=spec.migration,
+        min_saving=inputs.migration_min_saving,
+        restart_s=inputs.restart_s,
+        cooldown_s=inputs.migration_cooldown_s,
+    )
 
 
 def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:

@@ -63,6 +63,7 @@ def training_job(
         start_window=StartWindow.parse(spec.start_window) if spec.start_window else None,
         deadline=spec.deadline.timestamp() if spec.deadline is not None else None,
         max_delay_s=spec.max_delay_s,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
         **_placement_fields(spec),  # type: ignore[arg-type]
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 
+from cloud.green.migration import Migration
 from cloud.jobs.explanation import (
     DeferralView,
     Explanation,
@@ -182,3 +183,20 @@ def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -
         if explanation is not None:
             documents[work_id] = encode_explanation(explanation)
     return documents
+
+
+def explanations_for_moves(now: float, moves: Sequence[Migration]) -> dict[str, bytes]:
+    """Work id -> encoded `Explanation` (outcome "moved") for each migrated job."""
+    return {
+        move.work_id: encode_explanation(
+            Explanation(
+                outcome="moved",
+                message=move.explain(),
+                decided_at=_utc(now),
+                placements=tuple(
+                    _placement(p) for p in sorted(move.placements, key=lambda p: p.member)
+                ),
+            )
+        )
+        for move in moves
+    }

@@ -16,7 +16,7 @@ import msgspec
 
 from shared.messages import AcceleratorKind
 
-Outcome = Literal["placed", "partial", "pending", "preempted"]
+Outcome = Literal["placed", "partial", "pending", "preempted", "moved"]
 
 
 class TermScoreView(msgspec.Struct, frozen=True, kw_only=True):

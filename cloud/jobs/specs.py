@@ -135,6 +135,16 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
         Seconds | None,
         msgspec.Meta(description="The job may start up to this long after submission."),
     ] = None
+    checkpoint_interval_s: Annotated[
+        Annotated[float, msgspec.Meta(gt=0, le=86400.0)] | None,
+        msgspec.Meta(
+            description=(
+                "The job saves a checkpoint at least this often (seconds) and a restarted "
+                "worker (GREENFED_ATTEMPT > 1) resumes from the newest one, so greenfed may "
+                "move it to cleaner capacity while it runs. Omit if it starts over."
+            ),
+        ),
+    ] = None
     command: Annotated[
         tuple[Annotated[str, msgspec.Meta(max_length=65536)], ...],
         msgspec.Meta(min_length=1, max_length=4096, description="argv; run without a shell."),

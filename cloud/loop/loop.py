@@ -5,8 +5,10 @@ One pass:
 2. publish the `desired` document of every node whose generation moved (a tenant's
    cancellation, another replica's commit);
 3. apply what agents reported and which nodes are lost (reports.py), commit;
-4. run the scheduler core on what is queued, commit the plan (placements with their
-   devices, preemptions, pending reasons, explanations), publish the changed nodes.
+4. run the scheduler core on what is queued; with a policy that migrates, ask its
+   migrator which running, checkpointing training to move to cleaner capacity
+   (migrations.py); commit the plan (placements with their devices, preemptions,
+   moves, pending reasons, explanations), publish the changed nodes.
 
 Passes run when something happens (a commit by this process's API, a node state
 change, an agent report), debounced, and at least every `scheduling.interval_s`
@@ -27,19 +29,20 @@ import msgspec
 import structlog
 
 from cloud.green.latency import default_latency_estimator
-from cloud.green.policies import GreenInputs, build_policy
+from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.jobs.convert import spec_of
-from cloud.jobs.explain import explanations_for_plan
+from cloud.jobs.explain import explanations_for_moves, explanations_for_plan
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
 from cloud.loop.inputs import ConversionCache, build_inputs
+from cloud.loop.migrations import plan_moves
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.reports import agent_outcomes
 from cloud.models.signing import ModelUrlSigner
 from cloud.registry import NodeRecord, NodeRegistry
 from cloud.scheduler import Plan as CorePlan
-from cloud.scheduler import Policy, schedule
+from cloud.scheduler import schedule
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
 from cloud.store import (
@@ -64,6 +67,7 @@ class LoopStats:
     commits: int = 0
     placed: int = 0
     evicted: int = 0
+    migrated: int = 0
     conflicts: int = 0
     errors: int = 0
     last_pass_ms: float = 0.0
@@ -220,14 +224,32 @@ class SchedulingLoop:
             store = await self._store.load_snapshot(store)
 
         inputs = build_inputs(now, nodes.values(), store, self._converted)
-        policy = await self._policy(nodes.values())
+        green = await self._green_inputs(nodes.values())
+        policy = build_policy(self._settings.policy, green)
         plan = await asyncio.to_thread(schedule, inputs.snapshot, policy)
-        translation = translate(plan, inputs, self._fresh_explanations(plan))
+        migrator = (
+            build_migrator(self._settings.policy, green) if self._settings.migration else None
+        )
+        moves = (
+            await asyncio.to_thread(
+                plan_moves, plan, inputs, migrator, policy, self._store.max_attempts
+            )
+            if migrator is not None
+            else []
+        )
+        for move in moves:
+            self._log.info("work moved", work_id=move.work_id, reason=move.explain())
+        explanations = {
+            **self._fresh_explanations(plan),
+            **explanations_for_moves(plan.now, moves),
+        }
+        translation = translate(plan, inputs, explanations, moves)
         store_plan = translation.plan
         if translation.changes_work or store_plan.pending_reasons or store_plan.explanations:
             await self._commit(store_plan, lease)
             self.stats.placed += translation.placed
             self.stats.evicted += translation.evicted
+            self.stats.migrated += translation.migrated
             if translation.changes_work:
                 store = await self._store.load_snapshot(store)
                 await self._publish(store, nodes, now)
@@ -263,14 +285,17 @@ class SchedulingLoop:
             await self._store.commit_plan(plan, lease=lease)
         self.stats.commits += 1
 
-    async def _policy(self, nodes: Iterable[NodeRecord]) -> Policy:
+    async def _green_inputs(self, nodes: Iterable[NodeRecord]) -> GreenInputs:
         zones = {record.status.zone for record in nodes}
         if self._signals is None:
             signals = GridSignals(now_s=self._clock(), zones={})
         else:
             signals = await self._signals.snapshot(zones)
-        return build_policy(
-            self._settings.policy, GreenInputs(signals=signals, latency=self._latency)
+        return GreenInputs(
+            signals=signals,
+            latency=self._latency,
+            migration_min_saving=self._settings.migration_min_saving,
+            migration_cooldown_s=self._settings.migration_cooldown_s,
         )
 
     # ---- helpers -----------------------------------------------------------------------

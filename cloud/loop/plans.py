@@ -6,16 +6,20 @@ The core decides counts ("2 GPUs on node a"); the store records which devices
 - a preempted training job is requeued whole (a gang never runs short);
 - a deployment that loses replicas to preemption keeps the others, and the lost
   ones are queued again by the next pass;
-- a deployment topped up with more replicas keeps the ones it has.
+- a deployment topped up with more replicas keeps the ones it has;
+- a migrated training job (migrations.py) is evicted and placed again in the same
+  transaction: the store applies evictions first, so it goes straight back to
+  `scheduled` on its new nodes with the next attempt number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
 
+from cloud.green.migration import Migration
 from cloud.loop.allocations import as_new_allocation
 from cloud.loop.devices import NotEnoughDevices, pick_devices
 from cloud.loop.inputs import PassInputs
@@ -38,6 +42,7 @@ class Translation:
     plan: Plan
     placed: int  # work items that got allocations
     evicted: int  # work items that lost allocations to preemption
+    migrated: int  # running training moved to cleaner capacity
     skipped: Mapping[str, str]  # work id -> why its placement was dropped
 
     @property
@@ -76,16 +81,31 @@ def _preempted(
     return evictions, kept, freed
 
 
-def translate(plan: CorePlan, inputs: PassInputs, explanations: Mapping[str, bytes]) -> Translation:
+def translate(
+    plan: CorePlan,
+    inputs: PassInputs,
+    explanations: Mapping[str, bytes],
+    moves: Sequence[Migration] = (),
+) -> Translation:
     evictions, kept, freed = _preempted(plan.preemptions, inputs)
     by_preempted = {preemption.work_id for preemption in plan.preemptions}
+    moved = {move.work_id: move.explain() for move in moves}
+    for move in moves:
+        evictions.append(
+            Eviction(
+                work_id=move.work_id,
+                reason=moved[move.work_id],
+                expected_version=inputs.records[move.work_id].version,
+            )
+        )
+        freed.update(move.stop)
     held: dict[str, set[str]] = {}
     for allocation in inputs.store.allocations:
         if allocation.allocation_id not in freed:
             held.setdefault(allocation.node_id, set()).update(allocation.accelerator_ids)
 
     by_work: dict[str, list[CorePlacement]] = {}
-    for placement in plan.placements:
+    for placement in (*plan.placements, *(p for move in moves for p in move.placements)):
         by_work.setdefault(placement.work_id, []).append(placement)
     placements: list[Placement] = []
     skipped: dict[str, str] = {}
@@ -137,7 +157,7 @@ def translate(plan: CorePlan, inputs: PassInputs, explanations: Mapping[str, byt
             Placement(
                 work_id=work_id,
                 allocations=tuple(new),
-                reason=f"placed on {nodes}",
+                reason=moved.get(work_id, f"placed on {nodes}"),
                 expected_version=record.version,
             )
         )
@@ -152,6 +172,8 @@ def translate(plan: CorePlan, inputs: PassInputs, explanations: Mapping[str, byt
             )
         )
 
+    # A move whose new devices could not be picked is not made: the job keeps running.
+    evictions = [e for e in evictions if not (e.work_id in moved and e.work_id in skipped)]
     state_changes = [
         StateChange(
             work_id=work_id,
@@ -178,7 +200,8 @@ def translate(plan: CorePlan, inputs: PassInputs, explanations: Mapping[str, byt
             pending_reasons=pending_reasons,
             explanations=explanations,
         ),
-        placed=len(by_work) - len(skipped),
+        placed=len(set(by_work) - set(moved)) - len(set(skipped) - set(moved)),
         evicted=len(by_preempted),
+        migrated=len(set(moved) - set(skipped)),
         skipped=skipped,
     )

@@ -160,6 +160,9 @@ class TrainingJob:
     deadline: float | None = None  # UTC epoch seconds by which the job must finish
     # The job may start up to this long after submission (temporal shifting may use it).
     max_delay_s: float | None = None
+    # It saves a checkpoint at least this often (seconds of its run) and a restarted run
+    # resumes from the newest one, so it may be moved while running (None: starts over).
+    checkpoint_interval_s: float | None = None
     sites: tuple[Site, ...] = ("cloud",)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity: tuple[LabelRequirement, ...] = ()
@@ -178,6 +181,8 @@ class TrainingJob:
             raise ValueError(f"{self.work_id}: memory must not be negative")
         if self.max_delay_s is not None and not self.max_delay_s >= 0:
             raise ValueError(f"{self.work_id}: max_delay_s must be >= 0")
+        if self.checkpoint_interval_s is not None and not self.checkpoint_interval_s > 0:
+            raise ValueError(f"{self.work_id}: checkpoint_interval_s must be positive")
         object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
         object.__setattr__(
             self, "score_weights", _checked_weights(self.work_id, self.score_weights)

@@ -8,6 +8,7 @@ each kind, of one model (servers are homogeneous in practice).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -168,6 +169,40 @@ class Snapshot:
     @property
     def node_count(self) -> int:
         return len(self.nodes)
+
+    def with_work(
+        self, *, allocations: Sequence[Allocation], queue: Sequence[Work] = ()
+    ) -> Snapshot:
+        """The same nodes, tenants and time with other running work and queue: free
+        capacity is recounted, telemetry (utilisation) is kept as it was. For
+        what-if passes (the migrator asks where one job would go now)."""
+        table = self.nodes
+        used = np.zeros((len(KINDS), len(table)), dtype=np.int64)
+        host_used = np.zeros(len(table), dtype=np.int64)
+        for alloc in allocations:
+            where = table.index[alloc.node_id]
+            used[KIND_INDEX[alloc.accelerator_kind], where] += alloc.accelerators
+            host_used[where] += alloc.host_memory_bytes
+        kinds = tuple(
+            dataclasses.replace(columns, free=read_only(columns.capacity - used[k]))
+            for k, columns in enumerate(table.kinds)
+        )
+        nodes = dataclasses.replace(
+            table,
+            kinds=kinds,
+            host_memory_free=read_only(table.host_memory_total - host_used),
+        )
+        ordered_allocations = tuple(sorted(allocations, key=lambda a: a.allocation_id))
+        ordered_queue = tuple(sorted(queue, key=lambda w: w.work_id))
+        _require_unique("allocation", [a.allocation_id for a in ordered_allocations])
+        _require_unique("queued work", [w.work_id for w in ordered_queue])
+        return Snapshot(
+            now=self.now,
+            nodes=nodes,
+            allocations=ordered_allocations,
+            queue=ordered_queue,
+            tenants=self.tenants,
+        )
 
 
 def _require_unique(what: str, ids: Sequence[str]) -> None:

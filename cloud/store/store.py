@@ -194,6 +194,11 @@ class Store:
     def backend(self) -> Backend:
         return self.target.backend
 
+    @property
+    def max_attempts(self) -> int:
+        """Placements a work item gets before an eviction fails it (`store.max_attempts`)."""
+        return self._context.max_attempts
+
     async def close(self) -> None:
         """Release leadership still held (so a replica can take over) and disconnect."""
         for lease in list(self._leases):

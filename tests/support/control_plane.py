@@ -9,7 +9,7 @@ import dataclasses
 import random
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,11 @@ async def fleet(
     edge_nodes: int = 0,
     edge_profile: str = "jetson-orin-nano",
     inference: InferenceOptions | None = None,
+    cloud_zones: Sequence[tuple[str, str]] = (),
+    scheduling: SchedulingSettings = FAST_LOOP,
 ) -> AsyncIterator[Fleet]:
+    """``cloud_zones``: (grid zone, region) of each cloud node in turn (default: all in
+    DE, europe-west3)."""
     url, root = mosquitto_root
     settings = mqtt_settings(url, root)
     agents: dict[str, Agent] = {}
@@ -78,13 +82,14 @@ async def fleet(
     for index in range(cloud_nodes):
         node_id = f"a100-{index}"
         launchers[node_id] = RecordingLauncher(node_id, "a100-4x")
+        zone, region = cloud_zones[index] if index < len(cloud_zones) else ("DE", "europe-west3")
         agents[node_id] = simulated_agent(
             node_id,
             settings,
             "a100-4x",
             site="cloud",
-            zone="DE",
-            region="europe-west3",
+            zone=zone,
+            region=region,
             telemetry_interval_s=0.2,
             training_launcher=launchers[node_id],
         )
@@ -96,7 +101,7 @@ async def fleet(
         agents[node_id] = simulated_agent(
             node_id, settings, edge_profile, telemetry_interval_s=0.2, inference=options
         )
-    async with running_api(database, mqtt=settings, scheduling=FAST_LOOP) as api:
+    async with running_api(database, mqtt=settings, scheduling=scheduling) as api:
         running = Fleet(api, agents, launchers)
         for node_id, agent in agents.items():
             running.tasks[node_id] = asyncio.create_task(agent.run(), name=node_id)

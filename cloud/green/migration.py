@@ -1,0 +1,290 @@
+"""Migration: move running, checkpointing training to cleaner capacity as it frees.
+
+Spatial shifting decides once, at the start. Under load the clean zones fill
+during the afternoon peak and the overflow starts on dirtier (and often slower)
+nodes, where it stays for its whole run although the clean nodes empty a few
+hours later. A job that saves checkpoints can instead stop and resume from its
+newest checkpoint elsewhere (CarbonScaler and the "suspend-resume" policies of
+Let's Wait Awhile use the same property).
+
+``Migrator.propose`` runs after a pass has placed the queue, so a migration only
+ever takes capacity no queued work wanted. For each running job that may move
+(preemptible, declares ``checkpoint_interval_s``), dirtiest first:
+
+1. **stay**: the expected emissions (or cost) of the work it has left on the nodes
+   it holds: energy of the remaining run × mean intensity of each node's zone over
+   it, on the same energy model and forecast as the carbon term;
+2. **move**: the scheduler core places the job, resumed, on the cluster without it
+   (its own policy, no preemption, no shifting): the work left at its newest
+   checkpoint, plus ``restart_s`` to reload it. Progress since that checkpoint is
+   lost and paid again;
+3. moves when *move* is at least ``min_saving`` (default 20 %, more than
+   forecast error and the lost work) below *stay*, the job still ends before its
+   deadline, and it lands on other nodes.
+
+At most ``max_per_pass`` jobs move in one pass; each accepted move is applied to
+the working cluster before the next job is considered, so two jobs never claim
+the same free accelerators. A run younger than ``cooldown_s`` (default 10 min)
+is left alone, so a job is not moved back and forth by forecast noise.
+
+A cheap test comes first: a job is only tried where some node with room for one
+of its workers would run it at least ``min_saving`` cleaner per unit of work
+(power / speed × intensity over the job's remaining run), which keeps a pass
+over thousands of running jobs cheap.
+
+The migrator is pure: snapshot and running jobs in, ``Migration`` records out. The
+caller stops the old workers and starts the new ones (the evaluation's simulator;
+the workers resume from their checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cloud.scheduler import Allocation, Placement, Policy, Snapshot, TrainingJob, schedule
+from cloud.scheduler.arrays import FloatArray, IntArray
+from cloud.signals.grid import GridSignals
+from shared.messages import AcceleratorKind
+
+from .energy import J_PER_KWH, EnergyModel
+from .shifting import Objective
+from .window import GridWindows, window_means
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunningJob:
+    """A running training job and its current run.
+
+    ``job`` is the job as this run started: its ``duration_s`` is the work the run
+    has to do (reference seconds), of which ``restart_s`` resumes from a checkpoint
+    rather than works; it must declare ``checkpoint_interval_s``. ``speed`` is the
+    relative speed of the run's slowest node. Checkpoints are taken every interval
+    of the run's wall time.
+    """
+
+    job: TrainingJob
+    started_s: float
+    speed: float
+    restart_s: float = 0.0
+
+    def remaining_s(self, now_s: float) -> float:
+        """Reference seconds of this run still to do."""
+        return max(0.0, self.job.duration_s - (now_s - self.started_s) * self.speed)
+
+    def saved_s(self, now_s: float) -> float:
+        """Work of this run kept by its newest checkpoint (reference seconds)."""
+        interval = self.job.checkpoint_interval_s
+        if interval is None:
+            return 0.0
+        checkpoints = math.floor((now_s - self.started_s) / interval)
+        return min(
+            self.job.duration_s - self.restart_s,
+            max(0.0, checkpoints * interval * self.speed - self.restart_s),
+        )
+
+    def resume_remaining_s(self, now_s: float) -> float:
+        """Work left for a run resumed from the newest checkpoint, restart excluded."""
+        return self.job.duration_s - self.restart_s - self.saved_s(now_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Migration:
+    work_id: str
+    stop: tuple[str, ...]  # allocation ids to stop
+    from_nodes: tuple[str, ...]  # the nodes they are on
+    resumed: TrainingJob  # the job as it resumes: ``duration_s`` is the work left
+    placements: tuple[Placement, ...]  # where it resumes, starting now
+    expected_stay: float  # gCO2eq (or cost) of the rest of the run where it is
+    expected_move: float  # the same after moving, lost work and restart included
+    quantity: str = "CO2"
+    unit: str = "gCO2eq"
+
+    @property
+    def saving_fraction(self) -> float:
+        return 1.0 - self.expected_move / self.expected_stay if self.expected_stay else 0.0
+
+    def explain(self) -> str:
+        to_nodes = sorted({p.node_id for p in self.placements})
+        return (
+            f"Moved from {', '.join(self.from_nodes)} to {', '.join(to_nodes)}"
+            f" for {self.saving_fraction:.0%} less {self.quantity}"
+            f" ({self.expected_move:.0f} instead of {self.expected_stay:.0f} {self.unit}"
+            f" for the rest of the run); resumes from its newest checkpoint."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Migrator:
+    signals: GridSignals
+    energy: EnergyModel = field(default_factory=EnergyModel)
+    objective: Objective = "carbon"
+    min_saving: float = 0.2
+    restart_s: float = 300.0  # reference seconds to reload a checkpoint and warm up
+    max_per_pass: int = 4
+    cooldown_s: float = 600.0  # runs younger than this stay where they are
+    currency: str = "USD"
+    _grid: GridWindows = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_grid", GridWindows(self.signals))
+        if not 0.0 <= self.min_saving < 1.0:
+            raise ValueError("min_saving must be within [0, 1)")
+        if not self.restart_s >= 0:
+            raise ValueError("restart_s must be >= 0")
+        if self.max_per_pass < 0:
+            raise ValueError("max_per_pass must not be negative")
+
+    @property
+    def _quantity(self) -> tuple[str, str]:
+        return ("CO2", "gCO2eq") if self.objective == "carbon" else ("cost", self.currency)
+
+    def propose(
+        self, snapshot: Snapshot, running: Sequence[RunningJob], policy: Policy
+    ) -> list[Migration]:
+        """Migrations worth making now, in the order they were decided."""
+        if not self.max_per_pass or not running:
+            return []
+        trial_policy = dataclasses.replace(
+            policy, start_advisor=None, preemption=False, backfill=False, runners_up=0
+        )
+        allocations = {a.allocation_id: a for a in snapshot.allocations}
+        by_work: dict[str, list[Allocation]] = {}
+        for alloc in allocations.values():
+            by_work.setdefault(alloc.work_id, []).append(alloc)
+        now = snapshot.now
+        ranked: list[tuple[float, RunningJob, float]] = []
+        for entry in running:
+            held = by_work.get(entry.job.work_id)
+            interval = entry.job.checkpoint_interval_s
+            if interval is None or not held or not entry.job.preemptible:
+                continue
+            remaining = entry.remaining_s(now)
+            if now - entry.started_s < self.cooldown_s or remaining <= 0:
+                continue
+            if not self._may_gain(snapshot, entry.job, held, remaining):
+                continue
+            stay = self._expected(snapshot, held, remaining)
+            if math.isfinite(stay) and stay > 0:
+                ranked.append((stay / remaining, entry, stay))
+        ranked.sort(key=lambda item: (-item[0], item[1].job.work_id))
+        migrations: list[Migration] = []
+        for _, entry, stay in ranked:
+            if len(migrations) >= self.max_per_pass:
+                break
+            work_id = entry.job.work_id
+            held = by_work[work_id]
+            resumed = dataclasses.replace(
+                entry.job,
+                duration_s=entry.resume_remaining_s(now) + self.restart_s,
+                submitted_at=entry.job.submitted_at,
+                max_delay_s=None,  # it has started: only the deadline still binds
+                start_window=None,
+            )
+            others = [a for a in allocations.values() if a.work_id != work_id]
+            trial = snapshot.with_work(allocations=others, queue=[resumed])
+            plan = schedule(trial, trial_policy)
+            placements = plan.placements_for(work_id)
+            if len(placements) != resumed.workers:
+                continue
+            if {p.node_id for p in placements} == {a.node_id for a in held}:
+                continue
+            end = max(p.expected_end or math.inf for p in placements)
+            if resumed.deadline is not None and end > resumed.deadline:
+                continue
+            move = self._expected(trial, [p.to_allocation() for p in placements], None)
+            if not move <= (1.0 - self.min_saving) * stay:
+                continue
+            quantity, unit = self._quantity
+            migrations.append(
+                Migration(
+                    work_id=work_id,
+                    stop=tuple(sorted(a.allocation_id for a in held)),
+                    from_nodes=tuple(sorted({a.node_id for a in held})),
+                    resumed=resumed,
+                    placements=placements,
+                    expected_stay=stay,
+                    expected_move=move,
+                    quantity=quantity,
+                    unit=unit,
+                )
+            )
+            for alloc in held:
+                del allocations[alloc.allocation_id]
+            for placement in placements:
+                allocation = placement.to_allocation()
+                allocations[allocation.allocation_id] = allocation
+        return migrations
+
+    def _rate(
+        self,
+        snapshot: Snapshot,
+        kind: AcceleratorKind,
+        nodes: IntArray,
+        runtime_s: FloatArray | float,
+    ) -> FloatArray:
+        """Emissions (or cost) per reference second of one accelerator's work on each
+        node over the next ``runtime_s`` (per node, or one for all): energy per second /
+        speed × mean intensity (or price per kWh)."""
+        power_w = self.energy.member_power_w(
+            snapshot, kind, nodes, 1, self.energy.training_utilisation
+        )
+        speed = snapshot.nodes.kind(kind).relative_speed[nodes]
+        now = snapshot.now
+        means = window_means(
+            self._grid,
+            snapshot,
+            nodes,
+            np.full(nodes.size, now),
+            now + np.broadcast_to(np.asarray(runtime_s, dtype=np.float64), (nodes.size,)),
+            self.objective,
+            currency=self.currency,
+        ).values
+        scale = 1.0 if self.objective == "carbon" else 1.0 / 1000.0  # price is per MWh
+        result: FloatArray = power_w / J_PER_KWH / speed * means * scale
+        return result
+
+    def _may_gain(
+        self, snapshot: Snapshot, job: TrainingJob, held: Sequence[Allocation], remaining_s: float
+    ) -> bool:
+        """Some node with room for one worker is at least ``min_saving`` cleaner per
+        unit of work than the dirtiest node the job holds, each over the time the rest
+        of the job would take there (a necessary condition, so only a filter)."""
+        table = snapshot.nodes
+        kind = held[0].accelerator_kind
+        columns = table.kind(kind)
+        held_nodes = np.array([table.index[a.node_id] for a in held])
+        runtime = remaining_s / float(columns.relative_speed[held_nodes].min())
+        current = self._rate(snapshot, kind, held_nodes, runtime)
+        room = np.flatnonzero((columns.free >= job.accelerators_per_worker) & table.healthy)
+        if room.size == 0 or not np.isfinite(current).all():
+            return False  # nothing free, or no signal where it runs: no basis for a move
+        rates = self._rate(snapshot, kind, room, remaining_s / columns.relative_speed[room])
+        rates = rates[np.isfinite(rates)]
+        return bool(rates.size) and float(rates.min()) <= (1.0 - self.min_saving) * float(
+            current.max()
+        )
+
+    def _expected(
+        self, snapshot: Snapshot, held: Sequence[Allocation], remaining_s: float | None
+    ) -> float:
+        """Emissions (or cost) of a gang's run from now: ``remaining_s`` reference
+        seconds at the speed of its slowest node, or, when None, until the
+        allocations' expected end. Power is linear in the accelerators held."""
+        table = snapshot.nodes
+        kind = held[0].accelerator_kind  # a gang's workers share one kind
+        index = np.array([table.index[a.node_id] for a in held])
+        speed = table.kind(kind).relative_speed[index]
+        if remaining_s is None:
+            runtime = max((a.expected_end or math.inf) for a in held) - snapshot.now
+        else:
+            runtime = remaining_s / float(speed.min())
+        if not math.isfinite(runtime):
+            return math.inf
+        accelerators = np.array([a.accelerators for a in held], dtype=np.float64)
+        rate = self._rate(snapshot, kind, index, runtime)
+        return float((accelerators * rate * speed).sum() * runtime)

@@ -1,0 +1,67 @@
+"""Moving running training to cleaner capacity in the live loop.
+
+The decision is `cloud.green.migration.Migrator`'s (the evaluation uses the same
+one); this module gives it what the control plane knows and turns its moves into
+the pass's plan (plans.py: an eviction and a placement of the same job in one
+transaction, so the old workers are stopped and new ones started with
+`GREENFED_ATTEMPT` one higher; they resume from their newest checkpoint).
+
+What the control plane knows of a run: when it was placed (its allocations'
+`started_at`) and on which nodes, not how far earlier runs got. A run is assumed
+to have the job's whole `estimated_duration_s` to do, which overestimates what is
+left after a move and so only makes the deadline check stricter.
+
+Moves are skipped:
+- in a pass that preempted anything (the next pass looks again);
+- for jobs not yet reported `running` (their workers may still be starting);
+- for a job whose next attempt would be its last (`store.max_attempts`): a move
+  must never be what fails a job.
+"""
+
+from __future__ import annotations
+
+from cloud.green.migration import Migration, Migrator, RunningJob
+from cloud.loop.inputs import PassInputs
+from cloud.scheduler import Plan as CorePlan
+from cloud.scheduler import Policy, TrainingJob
+
+
+def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
+    """The running training jobs that could move: they checkpoint, have attempts to
+    spare and run only on nodes the registry knows."""
+    table = inputs.snapshot.nodes
+    result = []
+    for work_id, members in sorted(inputs.allocations.items()):
+        record = inputs.records.get(work_id)
+        work = inputs.works.get(work_id)
+        if (
+            record is None
+            or record.state != "running"
+            or not isinstance(work, TrainingJob)
+            or work.checkpoint_interval_s is None
+            or record.attempts + 1 >= max_attempts
+            or not members
+            or any(member.node_id not in table.index for member in members)
+        ):
+            continue
+        columns = table.kind(members[0].accelerator_kind)
+        speed = min(float(columns.relative_speed[table.index[m.node_id]]) for m in members)
+        result.append(
+            RunningJob(job=work, started_s=max(m.started_at for m in members), speed=speed)
+        )
+    return result
+
+
+def plan_moves(
+    plan: CorePlan, inputs: PassInputs, migrator: Migrator, policy: Policy, max_attempts: int
+) -> list[Migration]:
+    """The moves to make after ``plan``, on the cluster as the plan leaves it."""
+    if plan.preemptions:
+        return []
+    running = running_jobs(inputs, max_attempts)
+    if not running:
+        return []
+    after = inputs.snapshot.with_work(
+        allocations=[*inputs.snapshot.allocations, *(p.to_allocation() for p in plan.placements)]
+    )
+    return migrator.propose(after, running, policy)
