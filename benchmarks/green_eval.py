@@ -8,9 +8,11 @@ Every row is one ``greenfed eval`` simulation; the equivalent command is printed
 above each table. Tables:
 
 * ``default``: the default scenario, 14 days from 2023-06-01, all policies;
-* ``split``: how green's saving splits between spatial and temporal shifting;
+* ``split``: how green's saving splits between spatial shifting (at the start and
+  by migration) and temporal shifting, with and without migration;
 * ``periods``: four other two-week periods of 2023;
-* ``load``: the default period at a lighter and a heavier training load.
+* ``load``: the default period at a lighter and a heavier training load;
+* ``min-saving``: how eagerly temporal shifting defers, saving against waiting.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ SPLIT = ("fifo-binpack", "green-spatial", "green-temporal", "green")
 PERIOD_POLICIES = ("fifo-binpack", "spread", "green", "balanced", "green-spatial", "green-temporal")
 PERIODS = (date(2023, 1, 9), date(2023, 4, 10), date(2023, 7, 10), date(2023, 10, 9))
 LOADS = (0.3, 0.5, 0.7)
+MIN_SAVINGS = (0.1, 0.25, 0.4, 0.6)
+DEFAULT_MIN_SAVING = EvalOptions().min_saving
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +47,19 @@ class Run:
     start: date
     policies: tuple[str, ...]
     load: float = 0.5
+    migration: bool = True
+    min_saving: float = DEFAULT_MIN_SAVING
 
     @property
     def command(self) -> str:
         load = f" --load {self.load:g}" if self.load != 0.5 else ""
+        migration = "" if self.migration else " --no-migration"
+        saving = (
+            f" --min-saving {self.min_saving:g}" if self.min_saving != DEFAULT_MIN_SAVING else ""
+        )
         return (
             f"greenfed eval --days 14 --start {self.start.isoformat()} "
-            f"--policies {','.join(self.policies)}{load}"
+            f"--policies {','.join(self.policies)}{load}{migration}{saving}"
         )
 
 
@@ -57,17 +67,35 @@ def plan(only: str | None) -> list[Run]:
     runs = [
         Run("default", "2023-06-01", date(2023, 6, 1), ALL_POLICIES),
         Run("split", "2023-06-01", date(2023, 6, 1), SPLIT),
+        Run("split", "2023-06-01, no migration", date(2023, 6, 1), SPLIT, migration=False),
         *(Run("periods", start.isoformat(), start, PERIOD_POLICIES) for start in PERIODS),
         *(
             Run("load", f"load {load:g}", date(2023, 6, 1), ("fifo-binpack", "green"), load)
             for load in LOADS
+        ),
+        *(
+            Run(
+                "min-saving",
+                f"min-saving {saving:g}",
+                date(2023, 6, 1),
+                ("fifo-binpack", "green"),
+                min_saving=saving,
+            )
+            for saving in MIN_SAVINGS
         ),
     ]
     return [run for run in runs if only is None or run.table == only]
 
 
 def execute(run: Run) -> list[PolicyResult]:
-    options = EvalOptions(start=run.start, days=14, policies=run.policies, target_load=run.load)
+    options = EvalOptions(
+        start=run.start,
+        days=14,
+        policies=run.policies,
+        target_load=run.load,
+        migration=run.migration,
+        min_saving=run.min_saving,
+    )
     return run_eval(options).results
 
 
@@ -82,8 +110,8 @@ def markdown(run: Run, results: Sequence[PolicyResult]) -> str:
         "",
         "| policy | kWh | tCO2eq | CO2 vs fifo-binpack | cost (USD) | wait mean | "
         "queue wait mean | wait p95 | deadline misses | SLO violations | GPU util | "
-        "deferred | run time |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "deferred | moved | run time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         change = (r.gco2 - baseline.gco2) / baseline.gco2 if baseline.gco2 else 0.0
@@ -91,14 +119,14 @@ def markdown(run: Run, results: Sequence[PolicyResult]) -> str:
             f"| {r.policy} | {r.kwh:,.0f} | {r.gco2 / 1e6:.3f} | {change:+.1%} | {r.cost:,.0f} | "
             f"{_duration(r.wait_mean_s)} | {_duration(r.queue_wait_mean_s)} | "
             f"{_duration(r.wait_p95_s)} | {r.deadline_misses} | {r.slo_violations} | "
-            f"{r.utilisation:.1%} | {r.deferred_jobs} | {r.runtime_s:.0f} s |"
+            f"{r.utilisation:.1%} | {r.deferred_jobs} | {r.migrations} | {r.runtime_s:.0f} s |"
         )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--only", choices=["default", "split", "periods", "load"])
+    parser.add_argument("--only", choices=["default", "split", "periods", "load", "min-saving"])
     parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel")
     parser.add_argument("--json", type=Path, help="write every result here as JSON")
     args = parser.parse_args(argv)

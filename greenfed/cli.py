@@ -224,8 +224,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             forecaster=args.forecaster,
             perfect_forecast=args.perfect_forecast,
             target_load=args.load,
-            min_saving=args.min_saving,
             migration=args.migration,
+            **({} if args.min_saving is None else {"min_saving": args.min_saving}),
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -416,8 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--min-saving",
         type=float,
-        default=0.1,
-        help="temporal shifting defers a job only for at least this share less (default 0.1)",
+        help="temporal shifting defers a job only for at least this share less (default 0.5)",
     )
     evaluate.add_argument(
         "--no-migration",

@@ -17,6 +17,7 @@ from pathlib import Path
 from cloud.green.energy import EnergyModel
 from cloud.green.latency import default_latency_estimator
 from cloud.green.policies import policy_spec
+from cloud.green.shifting import DEFAULT_MIN_SAVING
 from cloud.scheduler import Node
 from cloud.signals.forecast import DEFAULT_FORECASTER, forecaster_named
 from cloud.signals.grid import GridSignals
@@ -43,7 +44,7 @@ class EvalOptions:
     forecaster: str = DEFAULT_FORECASTER
     perfect_forecast: bool = False
     energy: EnergyModel = field(default_factory=EnergyModel)
-    min_saving: float = 0.1
+    min_saving: float = DEFAULT_MIN_SAVING
     migration: bool = True  # False: no policy moves running work (an ablation)
     target_load: float = WorkloadParams().target_load  # of the generated workload
 

@@ -43,6 +43,7 @@ from cloud.green.policies import (
     build_policy,
     policy_spec,
 )
+from cloud.green.shifting import DEFAULT_MIN_SAVING
 from cloud.scheduler import (
     AcceleratorPool,
     Allocation,
@@ -87,7 +88,7 @@ class SimConfig:
     history_hours: int = 24
     horizon_hours: int = 48
     forecaster: str = DEFAULT_FORECASTER
-    min_saving: float = 0.1
+    min_saving: float = DEFAULT_MIN_SAVING
     safety_margin_s: float = 3600.0
     migration: bool = True  # policies that migrate may (False: an ablation)
     migration_min_saving: float = 0.2

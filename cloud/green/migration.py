@@ -22,15 +22,16 @@ ever takes capacity no queued work wanted. For each running job that may move
    forecast error and the lost work) below *stay*, the job still ends before its
    deadline, and it lands on other nodes.
 
-At most ``max_per_pass`` jobs move in one pass; each accepted move is applied to
-the working cluster before the next job is considered, so two jobs never claim
-the same free accelerators. A run younger than ``cooldown_s`` (default 10 min)
+At most ``max_per_pass`` jobs move in one pass, out of at most
+``max_trials_per_pass`` trial placements; each accepted move is applied to the
+working cluster before the next job is considered, so two jobs never claim the
+same free accelerators. A run younger than ``cooldown_s`` (default 10 min)
 is left alone, so a job is not moved back and forth by forecast noise.
 
-A cheap test comes first: a job is only tried where some node with room for one
-of its workers would run it at least ``min_saving`` cleaner per unit of work
-(power / speed × intensity over the job's remaining run), which keeps a pass
-over thousands of running jobs cheap.
+A cheap filter comes first: a job is only tried where some node with room for
+one of its workers would run it at least ``min_saving`` cleaner per unit of work
+(power / speed × intensity over about the job's remaining run), which keeps a
+pass over thousands of running jobs cheap.
 
 The migrator is pure: snapshot and running jobs in, ``Migration`` records out. The
 caller stops the old workers and starts the new ones (the evaluation's simulator;
@@ -54,6 +55,8 @@ from shared.messages import AcceleratorKind
 from .energy import J_PER_KWH, EnergyModel
 from .shifting import Objective
 from .window import GridWindows, window_means
+
+HOUR_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +129,7 @@ class Migrator:
     min_saving: float = 0.2
     restart_s: float = 300.0  # reference seconds to reload a checkpoint and warm up
     max_per_pass: int = 4
+    max_trials_per_pass: int = 16  # trial placements (core passes) at most, per pass
     cooldown_s: float = 600.0  # runs younger than this stay where they are
     currency: str = "USD"
     _grid: GridWindows = field(init=False, repr=False, compare=False)
@@ -158,6 +162,7 @@ class Migrator:
             by_work.setdefault(alloc.work_id, []).append(alloc)
         now = snapshot.now
         ranked: list[tuple[float, RunningJob, float]] = []
+        best_rates: dict[tuple[AcceleratorKind, int, int], float] = {}
         for entry in running:
             held = by_work.get(entry.job.work_id)
             interval = entry.job.checkpoint_interval_s
@@ -166,14 +171,14 @@ class Migrator:
             remaining = entry.remaining_s(now)
             if now - entry.started_s < self.cooldown_s or remaining <= 0:
                 continue
-            if not self._may_gain(snapshot, entry.job, held, remaining):
+            if not self._may_gain(snapshot, entry.job, held, remaining, best_rates):
                 continue
             stay = self._expected(snapshot, held, remaining)
             if math.isfinite(stay) and stay > 0:
                 ranked.append((stay / remaining, entry, stay))
         ranked.sort(key=lambda item: (-item[0], item[1].job.work_id))
         migrations: list[Migration] = []
-        for _, entry, stay in ranked:
+        for _, entry, stay in ranked[: self.max_trials_per_pass]:
             if len(migrations) >= self.max_per_pass:
                 break
             work_id = entry.job.work_id
@@ -249,25 +254,35 @@ class Migrator:
         return result
 
     def _may_gain(
-        self, snapshot: Snapshot, job: TrainingJob, held: Sequence[Allocation], remaining_s: float
+        self,
+        snapshot: Snapshot,
+        job: TrainingJob,
+        held: Sequence[Allocation],
+        remaining_s: float,
+        best_rates: dict[tuple[AcceleratorKind, int, int], float],
     ) -> bool:
         """Some node with room for one worker is at least ``min_saving`` cleaner per
-        unit of work than the dirtiest node the job holds, each over the time the rest
-        of the job would take there (a necessary condition, so only a filter)."""
+        unit of work than the dirtiest node the job holds. The free nodes' best rate is
+        computed once per pass for each (kind, worker size, whole hours of work left),
+        so this costs a few numpy operations per running job, not a pass over the
+        cluster: a filter, the decision itself is exact."""
         table = snapshot.nodes
         kind = held[0].accelerator_kind
         columns = table.kind(kind)
         held_nodes = np.array([table.index[a.node_id] for a in held])
         runtime = remaining_s / float(columns.relative_speed[held_nodes].min())
         current = self._rate(snapshot, kind, held_nodes, runtime)
-        room = np.flatnonzero((columns.free >= job.accelerators_per_worker) & table.healthy)
-        if room.size == 0 or not np.isfinite(current).all():
-            return False  # nothing free, or no signal where it runs: no basis for a move
-        rates = self._rate(snapshot, kind, room, remaining_s / columns.relative_speed[room])
-        rates = rates[np.isfinite(rates)]
-        return bool(rates.size) and float(rates.min()) <= (1.0 - self.min_saving) * float(
-            current.max()
-        )
+        if not np.isfinite(current).all():
+            return False  # no signal where it runs: no basis for a move
+        hours = max(1, math.ceil(remaining_s / HOUR_S))
+        key = (kind, job.accelerators_per_worker, hours)
+        best = best_rates.get(key)
+        if best is None:
+            room = np.flatnonzero((columns.free >= job.accelerators_per_worker) & table.healthy)
+            rates = self._rate(snapshot, kind, room, hours * HOUR_S / columns.relative_speed[room])
+            rates = rates[np.isfinite(rates)]
+            best = best_rates[key] = float(rates.min()) if rates.size else math.inf
+        return best <= (1.0 - self.min_saving) * float(current.max())
 
     def _expected(
         self, snapshot: Snapshot, held: Sequence[Allocation], remaining_s: float | None

@@ -45,7 +45,7 @@ from cloud.signals.grid import GridSignals
 from .energy import EnergyModel
 from .latency import ServingLatency
 from .migration import Migrator
-from .shifting import Objective, WindowShifter
+from .shifting import DEFAULT_MIN_SAVING, Objective, WindowShifter
 from .terms import DEFAULT_INFERENCE_WINDOW_S, CarbonTerm, LatencyTerm, PriceTerm
 
 DEADLINE_GUARD_S = 7200.0
@@ -208,7 +208,7 @@ class GreenInputs:
     latency: ServingLatency
     energy: EnergyModel = field(default_factory=EnergyModel)
     inference_window_s: float = DEFAULT_INFERENCE_WINDOW_S
-    min_saving: float = 0.1  # temporal shifting: defer only for at least this much less
+    min_saving: float = DEFAULT_MIN_SAVING  # temporal shifting: defer only for this much less
     safety_margin_s: float = 3600.0  # temporal shifting: before the latest start
     max_booked_share: float = 0.5  # temporal shifting: of a zone's capacity, ahead of time
     migration_min_saving: float = 0.2  # migration: move only for at least this much less

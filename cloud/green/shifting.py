@@ -52,6 +52,11 @@ from .window import GridWindows, ZoneWindows, window_means
 
 HOUR_S = 3600.0
 Objective = Literal["carbon", "price"]
+# Defer only for at least half the emissions (or cost) of starting now: waiting
+# crowds the clean hours, and migration (migration.py) already moves work that
+# started on dirty capacity once clean capacity frees (docs/green.md, the
+# min-saving table).
+DEFAULT_MIN_SAVING = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +111,7 @@ class WindowShifter:
     signals: GridSignals
     energy: EnergyModel = field(default_factory=EnergyModel)
     objective: Objective = "carbon"
-    min_saving: float = 0.1
+    min_saving: float = DEFAULT_MIN_SAVING
     safety_margin_s: float = 3600.0
     currency: str = "USD"
     _grid: GridWindows = field(init=False, repr=False, compare=False)

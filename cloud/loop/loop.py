@@ -29,12 +29,13 @@ import msgspec
 import structlog
 
 from cloud.green.latency import default_latency_estimator
+from cloud.green.migration import Migration
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.jobs.convert import spec_of
 from cloud.jobs.explain import explanations_for_moves, explanations_for_plan
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
-from cloud.loop.inputs import ConversionCache, build_inputs
+from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
 from cloud.loop.migrations import plan_moves
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
@@ -42,7 +43,7 @@ from cloud.loop.reports import agent_outcomes
 from cloud.models.signing import ModelUrlSigner
 from cloud.registry import NodeRecord, NodeRegistry
 from cloud.scheduler import Plan as CorePlan
-from cloud.scheduler import schedule
+from cloud.scheduler import Policy, schedule
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
 from cloud.store import (
@@ -106,6 +107,7 @@ class SchedulingLoop:
         self._last_snapshot: StoreSnapshot | None = None
         self._retry_at: float | None = None
         self._last_pass_end = 0.0  # monotonic
+        self._last_move_check: float | None = None  # monotonic
         self._log = structlog.get_logger("greenfed.loop")
         self.stats = LoopStats()
         self.leading = asyncio.Event()
@@ -227,16 +229,7 @@ class SchedulingLoop:
         green = await self._green_inputs(nodes.values())
         policy = build_policy(self._settings.policy, green)
         plan = await asyncio.to_thread(schedule, inputs.snapshot, policy)
-        migrator = (
-            build_migrator(self._settings.policy, green) if self._settings.migration else None
-        )
-        moves = (
-            await asyncio.to_thread(
-                plan_moves, plan, inputs, migrator, policy, self._store.max_attempts
-            )
-            if migrator is not None
-            else []
-        )
+        moves = await self._moves(plan, inputs, green, policy)
         for move in moves:
             self._log.info("work moved", work_id=move.work_id, reason=move.explain())
         explanations = {
@@ -271,6 +264,25 @@ class SchedulingLoop:
         async with self.pass_done:
             self.pass_done.notify_all()
         return plan
+
+    async def _moves(
+        self, plan: CorePlan, inputs: PassInputs, green: GreenInputs, policy: Policy
+    ) -> list[Migration]:
+        """Running jobs to move to cleaner capacity, looked for at most every
+        `migration_interval_s`."""
+        settings = self._settings
+        migrator = build_migrator(settings.policy, green) if settings.migration else None
+        if migrator is None:
+            return []
+        now = self._monotonic()
+        if self._last_move_check is not None and (
+            now - self._last_move_check < settings.migration_interval_s
+        ):
+            return []
+        self._last_move_check = now
+        return await asyncio.to_thread(
+            plan_moves, plan, inputs, migrator, policy, self._store.max_attempts
+        )
 
     @contextlib.contextmanager
     def _committing(self) -> Iterator[None]:

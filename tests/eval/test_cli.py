@@ -105,3 +105,13 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert code == 0
     assert target.read_bytes().startswith(b"\x89PNG")
     assert f"plot written to {target}" in out
+
+
+def test_the_help_states_the_default_min_saving(capsys: pytest.CaptureFixture[str]) -> None:
+    from cloud.green.shifting import DEFAULT_MIN_SAVING
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {DEFAULT_MIN_SAVING:g})" in help_text
+    assert "--no-migration" in help_text

@@ -45,6 +45,7 @@ def node(
     devices: tuple[Accelerator, ...] | None = None,
     training: tuple[ReportedTraining, ...] = (),
     deployments: tuple[ReportedDeployment, ...] = (),
+    zone: str = "DE",
 ) -> NodeRecord:
     accelerators = devices or (device("cpu", 0), *(device("gpu", i) for i in range(gpus)))
     status = NodeStatus(
@@ -53,7 +54,7 @@ def node(
         instance_id="i1",
         agent_version="test",
         site=site,
-        zone="DE",
+        zone=zone,
         region="europe-west3",
         labels=labels or {},
         host=HostInfo(

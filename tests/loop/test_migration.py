@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(90)
 
 DIRTY, CLEAN = "a100-0", "a100-1"
 ZONES = [("ZA", "africa-south1"), ("CA-ON", "northamerica-northeast2")]
-MIGRATING = msgspec.structs.replace(FAST_LOOP, migration_cooldown_s=0.0)
+MIGRATING = msgspec.structs.replace(FAST_LOOP, migration_cooldown_s=0.0, migration_interval_s=0.0)
 
 
 def job(name: str, **fields: Any) -> dict[str, Any]:

@@ -96,3 +96,18 @@ def test_plan_does_not_depend_on_the_hash_seed() -> None:
         )
         digests.add(result.stdout.strip())
     assert len(digests) == 1
+
+
+def test_a_what_if_snapshot_plans_like_one_built_from_scratch() -> None:
+    # Snapshot.with_work (the migrator's trial passes) recounts free capacity: a plan on
+    # it equals the plan on a snapshot built from the same inputs.
+    nodes, allocations, queue, tenants = mixed_inputs()
+    base = Snapshot.build(now=NOW, nodes=nodes, allocations=[], queue=[], tenants=tenants)
+    derived = base.with_work(allocations=allocations, queue=queue)
+    built = Snapshot.build(
+        now=NOW, nodes=nodes, allocations=allocations, queue=queue, tenants=tenants
+    )
+    for kind in ("gpu", "npu", "cpu"):
+        assert (derived.nodes.kind(kind).free == built.nodes.kind(kind).free).all()
+    assert (derived.nodes.host_memory_free == built.nodes.host_memory_free).all()
+    assert schedule(derived) == schedule(built)

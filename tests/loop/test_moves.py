@@ -1,0 +1,112 @@
+"""The loop's migration step (cloud/loop/migrations.py, plans.py): which running jobs
+may move, and a move as an eviction plus a placement of the same job in one plan."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cloud.green.latency import default_latency_estimator
+from cloud.green.policies import GreenInputs, build_migrator, build_policy
+from cloud.loop.inputs import build_inputs
+from cloud.loop.migrations import plan_moves, running_jobs
+from cloud.loop.plans import translate
+from cloud.scheduler import Preemption, schedule
+from cloud.store import AllocationRecord, StoreSnapshot
+from tests.green.builders import HOUR, T0, flat, grid
+from tests.loop.builders import allocation, node, work
+
+NOW = T0 + 2 * HOUR
+GPUS = ("gpu0", "gpu1", "gpu2", "gpu3")
+
+
+def started(record: AllocationRecord) -> AllocationRecord:
+    return dataclasses.replace(record, started_at=T0)
+
+
+def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None:
+    long: dict[str, Any] = {"estimated_duration_s": 36000.0, "accelerators_per_worker": 4}
+    store = StoreSnapshot(
+        tenants=(),
+        work=(
+            work("mover", state="running", checkpoint_interval_s=600.0, **long),
+            work("last-try", state="running", attempts=2, checkpoint_interval_s=600.0, **long),
+            work("plain", state="running", **long),
+            work("starting", state="scheduled", checkpoint_interval_s=600.0, **long),
+        ),
+        allocations=tuple(
+            started(allocation(work_id, 0, f"dirty-{n}", GPUS))
+            for n, work_id in enumerate(("mover", "last-try", "plain", "starting"))
+        ),
+        node_generations={},
+    )
+    nodes = [node(f"dirty-{n}", zone="ZA") for n in range(4)] + [node("clean", zone="CA-ON")]
+    inputs = build_inputs(NOW, nodes, store)
+    assert [r.job.work_id for r in running_jobs(inputs, max_attempts=3)] == ["mover"]
+    # With more attempts allowed, the job on its second one may move too.
+    assert [r.job.work_id for r in running_jobs(inputs, max_attempts=4)] == ["last-try", "mover"]
+
+    green = GreenInputs(
+        signals=grid(flat("ZA", 700.0), flat("CA-ON", 50.0), now=NOW),
+        latency=default_latency_estimator(),
+        migration_cooldown_s=0.0,
+    )
+    policy = build_policy("green", green)
+    migrator = build_migrator("green", green)
+    assert migrator is not None
+    plan = schedule(inputs.snapshot, policy)
+    [move] = plan_moves(plan, inputs, migrator, policy, max_attempts=3)
+    assert move.work_id == "mover"
+
+    translation = translate(plan, inputs, {}, [move])
+    [eviction] = translation.plan.evictions
+    [placement] = translation.plan.placements
+    assert eviction.work_id == placement.work_id == "mover"
+    assert eviction.expected_version == placement.expected_version == 2
+    assert eviction.reason.startswith("Moved from dirty-0 to clean for ")
+    assert placement.reason == eviction.reason
+    [moved] = placement.allocations
+    assert (moved.node_id, moved.accelerator_ids) == ("clean", GPUS)
+    assert (translation.migrated, translation.placed, translation.evicted) == (1, 0, 0)
+
+
+def test_a_pass_that_preempts_moves_nothing() -> None:
+    store = StoreSnapshot(
+        tenants=(),
+        work=(
+            work(
+                "mover",
+                state="running",
+                checkpoint_interval_s=600.0,
+                estimated_duration_s=36000.0,
+            ),
+        ),
+        allocations=(started(allocation("mover", 0, "dirty", GPUS)),),
+        node_generations={},
+    )
+    inputs = build_inputs(NOW, [node("dirty", zone="ZA"), node("clean", zone="CA-ON")], store)
+    green = GreenInputs(
+        signals=grid(flat("ZA", 700.0), flat("CA-ON", 50.0), now=NOW),
+        latency=default_latency_estimator(),
+        migration_cooldown_s=0.0,
+    )
+    policy = build_policy("green", green)
+    migrator = build_migrator("green", green)
+    assert migrator is not None
+    plan = schedule(inputs.snapshot, policy)
+    assert len(plan_moves(plan, inputs, migrator, policy, max_attempts=3)) == 1
+    preempting = dataclasses.replace(
+        plan,
+        preemptions=(
+            Preemption(
+                allocation_id="other/0",
+                work_id="other",
+                node_id="clean",
+                tenant="t1",
+                priority="p2",
+                reason="priority",
+                preempted_by="urgent",
+            ),
+        ),
+    )
+    assert plan_moves(preempting, inputs, migrator, policy, max_attempts=3) == []
