@@ -394,6 +394,7 @@ class Simulation:
             energy=self.config.energy,
             min_saving=self.config.min_saving,
             safety_margin_s=self.config.safety_margin_s,
+            migration=self.config.migration,
             migration_min_saving=self.config.migration_min_saving,
             restart_s=self.config.restart_s,
         )
@@ -403,9 +404,7 @@ class Simulation:
         if self._policy is None or self._policy_hour != hour:
             inputs = self._inputs(self._signals())
             self._policy = build_policy(self.config.policy, inputs)
-            self._migrator = (
-                build_migrator(self.config.policy, inputs) if self.config.migration else None
-            )
+            self._migrator = build_migrator(self.config.policy, inputs)
             self._policy_hour = hour
         return self._policy
 

@@ -211,6 +211,7 @@ class GreenInputs:
     min_saving: float = DEFAULT_MIN_SAVING  # temporal shifting: defer only for this much less
     safety_margin_s: float = 3600.0  # temporal shifting: before the latest start
     max_booked_share: float = 0.5  # temporal shifting: of a zone's capacity, ahead of time
+    migration: bool = True  # policies that migrate may (False: none does)
     migration_min_saving: float = 0.2  # migration: move only for at least this much less
     restart_s: float = 300.0  # migration: reference seconds to resume from a checkpoint
     migration_cooldown_s: float = 600.0  # migration: runs younger than this stay put
@@ -220,7 +221,7 @@ def build_migrator(spec: PolicySpec | str, inputs: GreenInputs) -> Migrator | No
     """The policy's migrator, or None when it never moves running work."""
     if isinstance(spec, str):
         spec = policy_spec(spec)
-    if spec.migration is None:
+    if spec.migration is None or not inputs.migration:
         return None
     return Migrator(
         inputs.signals,
@@ -245,6 +246,7 @@ def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:
             min_saving=inputs.min_saving,
             safety_margin_s=inputs.safety_margin_s,
             max_booked_share=inputs.max_booked_share,
+            migrating=spec.migration is not None and inputs.migration,
         )
         if spec.shifting is not None
         else None

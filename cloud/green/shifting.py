@@ -116,6 +116,9 @@ class WindowShifter:
     currency: str = "USD"
     _grid: GridWindows = field(init=False, repr=False, compare=False)
     max_booked_share: float = 0.5
+    # The policy also migrates (migration.py): a job that checkpoints is not held back;
+    # it starts now and is moved once cleaner capacity frees (docs/green.md shows why).
+    migrating: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_grid", GridWindows(self.signals))
@@ -137,7 +140,7 @@ class WindowShifter:
         booked: Sequence[Booking] = (),
     ) -> Deferral | None:
         now = snapshot.now
-        if not options:
+        if not options or (self.migrating and job.checkpoint_interval_s is not None):
             return None
         slowest = max(
             (float(o.candidates.runtime_s.max()) for o in options if o.candidates.nodes.size),

@@ -271,7 +271,7 @@ class SchedulingLoop:
         """Running jobs to move to cleaner capacity, looked for at most every
         `migration_interval_s`."""
         settings = self._settings
-        migrator = build_migrator(settings.policy, green) if settings.migration else None
+        migrator = build_migrator(settings.policy, green)
         if migrator is None:
             return []
         now = self._monotonic()
@@ -306,6 +306,7 @@ class SchedulingLoop:
         return GreenInputs(
             signals=signals,
             latency=self._latency,
+            migration=self._settings.migration,
             migration_min_saving=self._settings.migration_min_saving,
             migration_cooldown_s=self._settings.migration_cooldown_s,
         )

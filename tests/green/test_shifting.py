@@ -3,6 +3,7 @@ forecast horizon, composition with spatial choice, and never a missed deadline."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -80,6 +81,29 @@ def test_a_flexible_job_is_deferred_to_the_cleanest_window_with_an_explanation()
     assert pending.message.startswith("Deferred to 2023-06-15 06:00 UTC for 90% less CO2")
     assert "latest safe start 2023-06-15 22:00 UTC" in pending.message
     assert plan.deferrals == (pending,)
+
+
+def test_with_migration_a_job_that_checkpoints_starts_now_and_others_still_wait() -> None:
+    # A migrating policy moves a checkpointing job once cleaner capacity frees, so it
+    # does not hold it back; a job that cannot resume still waits for the valley.
+    signals = grid(series("X", VALLEY))
+    migrating = Policy(start_advisor=WindowShifter(signals, EnergyModel(), migrating=True))
+    movable = dataclasses.replace(
+        job(deadline=T0 + 24 * HOUR), work_id="movable", checkpoint_interval_s=1800.0
+    )
+    plan = schedule(
+        snapshot(
+            [gpu_server("a", "X"), gpu_server("b", "X")], [movable, job(deadline=T0 + 24 * HOUR)]
+        ),
+        migrating,
+    )
+    assert [p.work_id for p in plan.placements] == ["movable"]
+    assert [(p.work_id, p.code) for p in plan.pending] == [("flex", "deferred")]
+    # Without migration the same job waits like any other.
+    alone = Policy(start_advisor=WindowShifter(signals, EnergyModel()))
+    assert schedule(snapshot([gpu_server("a", "X")], [movable]), alone).pending[0].code == (
+        "deferred"
+    )
 
 
 def test_a_max_delay_bounds_the_window() -> None:

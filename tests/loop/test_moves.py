@@ -7,17 +7,30 @@ import dataclasses
 from typing import Any
 
 from cloud.green.latency import default_latency_estimator
+from cloud.green.migration import Migrator
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.inputs import build_inputs
 from cloud.loop.migrations import plan_moves, running_jobs
 from cloud.loop.plans import translate
-from cloud.scheduler import Preemption, schedule
+from cloud.scheduler import Policy, Preemption, schedule
 from cloud.store import AllocationRecord, StoreSnapshot
 from tests.green.builders import HOUR, T0, flat, grid
 from tests.loop.builders import allocation, node, work
 
 NOW = T0 + 2 * HOUR
 GPUS = ("gpu0", "gpu1", "gpu2", "gpu3")
+
+
+def green_policy() -> tuple[Policy, Migrator]:
+    """The green policy and its migrator, on Johannesburg (dirty) and Toronto (clean)."""
+    green = GreenInputs(
+        signals=grid(flat("ZA", 700.0), flat("CA-ON", 50.0), now=NOW),
+        latency=default_latency_estimator(),
+        migration_cooldown_s=0.0,
+    )
+    migrator = build_migrator("green", green)
+    assert migrator is not None
+    return build_policy("green", green), migrator
 
 
 def started(record: AllocationRecord) -> AllocationRecord:
@@ -46,14 +59,7 @@ def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None
     # With more attempts allowed, the job on its second one may move too.
     assert [r.job.work_id for r in running_jobs(inputs, max_attempts=4)] == ["last-try", "mover"]
 
-    green = GreenInputs(
-        signals=grid(flat("ZA", 700.0), flat("CA-ON", 50.0), now=NOW),
-        latency=default_latency_estimator(),
-        migration_cooldown_s=0.0,
-    )
-    policy = build_policy("green", green)
-    migrator = build_migrator("green", green)
-    assert migrator is not None
+    policy, migrator = green_policy()
     plan = schedule(inputs.snapshot, policy)
     [move] = plan_moves(plan, inputs, migrator, policy, max_attempts=3)
     assert move.work_id == "mover"
@@ -85,14 +91,7 @@ def test_a_pass_that_preempts_moves_nothing() -> None:
         node_generations={},
     )
     inputs = build_inputs(NOW, [node("dirty", zone="ZA"), node("clean", zone="CA-ON")], store)
-    green = GreenInputs(
-        signals=grid(flat("ZA", 700.0), flat("CA-ON", 50.0), now=NOW),
-        latency=default_latency_estimator(),
-        migration_cooldown_s=0.0,
-    )
-    policy = build_policy("green", green)
-    migrator = build_migrator("green", green)
-    assert migrator is not None
+    policy, migrator = green_policy()
     plan = schedule(inputs.snapshot, policy)
     assert len(plan_moves(plan, inputs, migrator, policy, max_attempts=3)) == 1
     preempting = dataclasses.replace(
