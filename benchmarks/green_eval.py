@@ -12,7 +12,8 @@ above each table. Tables:
   by migration) and temporal shifting, with and without migration;
 * ``periods``: four other two-week periods of 2023;
 * ``load``: the default period at a lighter and a heavier training load;
-* ``min-saving``: how eagerly temporal shifting defers, saving against waiting.
+* ``min-saving``: how eagerly temporal shifting defers, saving against waiting;
+* ``seeds``: the default period with other generated workloads (seeds 1-6).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ PERIOD_POLICIES = ("fifo-binpack", "spread", "green", "balanced", "green-spatial
 PERIODS = (date(2023, 1, 9), date(2023, 4, 10), date(2023, 7, 10), date(2023, 10, 9))
 LOADS = (0.3, 0.5, 0.7)
 MIN_SAVINGS = (0.1, 0.25, 0.4, 0.6)
+SEEDS = (1, 2, 3, 4, 5, 6)
+DEFAULT_SEED = EvalOptions().seed
 DEFAULT_MIN_SAVING = EvalOptions().min_saving
 
 
@@ -49,6 +52,7 @@ class Run:
     load: float = 0.5
     migration: bool = True
     min_saving: float = DEFAULT_MIN_SAVING
+    seed: int = DEFAULT_SEED
 
     @property
     def command(self) -> str:
@@ -57,9 +61,10 @@ class Run:
         saving = (
             f" --min-saving {self.min_saving:g}" if self.min_saving != DEFAULT_MIN_SAVING else ""
         )
+        seed = f" --seed {self.seed}" if self.seed != DEFAULT_SEED else ""
         return (
             f"greenfed eval --days 14 --start {self.start.isoformat()} "
-            f"--policies {','.join(self.policies)}{load}{migration}{saving}"
+            f"--policies {','.join(self.policies)}{load}{migration}{saving}{seed}"
         )
 
 
@@ -83,6 +88,10 @@ def plan(only: str | None) -> list[Run]:
             )
             for saving in MIN_SAVINGS
         ),
+        *(
+            Run("seeds", f"seed {seed}", date(2023, 6, 1), ("fifo-binpack", "green"), seed=seed)
+            for seed in SEEDS
+        ),
     ]
     return [run for run in runs if only is None or run.table == only]
 
@@ -95,6 +104,7 @@ def execute(run: Run) -> list[PolicyResult]:
         target_load=run.load,
         migration=run.migration,
         min_saving=run.min_saving,
+        seed=run.seed,
     )
     return run_eval(options).results
 
@@ -126,7 +136,9 @@ def markdown(run: Run, results: Sequence[PolicyResult]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--only", choices=["default", "split", "periods", "load", "min-saving"])
+    parser.add_argument(
+        "--only", choices=["default", "split", "periods", "load", "min-saving", "seeds"]
+    )
     parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel")
     parser.add_argument("--json", type=Path, help="write every result here as JSON")
     args = parser.parse_args(argv)
