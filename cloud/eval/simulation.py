@@ -10,7 +10,11 @@ decision is revisited at least hourly as forecasts change.
 
 Placements start at once; a training gang runs for its expected run time on its
 slowest node (``duration_s / relative_speed``); preempted work stops and is
-queued again with its original submission time. Submissions stop after the
+queued again with its original submission time. A job that saves checkpoints
+keeps its progress up to the newest one and resumes with what is left (plus
+``restart_s``); under a policy that migrates, the policy's ``Migrator`` looks
+after every pass for running jobs to move to cleaner capacity, which stop and
+resume at once on their new nodes. Submissions stop after the
 evaluated period; the run then drains (passes continue) until every training
 job has finished, so every policy does the same work. Inference is counted
 within the evaluated period only.

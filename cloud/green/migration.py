@@ -140,8 +140,10 @@ class Migrator:
             raise ValueError("min_saving must be within [0, 1)")
         if not self.restart_s >= 0:
             raise ValueError("restart_s must be >= 0")
-        if self.max_per_pass < 0:
-            raise ValueError("max_per_pass must not be negative")
+        if min(self.max_per_pass, self.max_trials_per_pass) < 0:
+            raise ValueError("max_per_pass and max_trials_per_pass must not be negative")
+        if not self.cooldown_s >= 0:
+            raise ValueError("cooldown_s must be >= 0")
 
     @property
     def _quantity(self) -> tuple[str, str]:
@@ -186,7 +188,6 @@ class Migrator:
             resumed = dataclasses.replace(
                 entry.job,
                 duration_s=entry.resume_remaining_s(now) + self.restart_s,
-                submitted_at=entry.job.submitted_at,
                 max_delay_s=None,  # it has started: only the deadline still binds
                 start_window=None,
             )

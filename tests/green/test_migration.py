@@ -200,3 +200,17 @@ def test_the_cost_objective_moves_to_cheaper_power() -> None:
     [move] = cost.propose(snap, running, green(*zones, name="cost"))
     assert move.quantity == "cost"
     assert "less cost" in move.explain()
+
+
+def test_bad_settings_are_refused() -> None:
+    signals = grid(now=NOW)
+    for bad in (
+        {"min_saving": 1.0},
+        {"min_saving": -0.1},
+        {"restart_s": -1.0},
+        {"max_per_pass": -1},
+        {"max_trials_per_pass": -1},
+        {"cooldown_s": float("nan")},
+    ):
+        with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
+            Migrator(signals, **bad)
