@@ -33,7 +33,7 @@ from cloud.api.work_views import (
     replica_views,
     utc,
 )
-from cloud.jobs.convert import check_convertible
+from cloud.jobs.convert import check_convertible, spec_of
 from cloud.jobs.explanation import decode_explanation
 from cloud.jobs.specs import (
     DEPLOYMENT_DECODER,
@@ -274,7 +274,7 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
     record = result.work
     allocations: tuple[AllocationRecord, ...] = ()
     if not result.created:
-        if record.kind != collection.store_kind or record.spec != document:
+        if not _same_submission(record, collection.store_kind, spec, document):
             raise Problem(
                 409,
                 "idempotency-key-reused",
@@ -287,6 +287,20 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
     response = json_response(body, status=201 if result.created else 200)
     response.headers["Location"] = f"{collection.path()}/{record.work_id}"
     return response
+
+
+def _same_submission(record: WorkRecord, kind: WorkKind, spec: WorkSpec, document: bytes) -> bool:
+    """A retry carries the same spec. Compared decoded when the bytes differ, so a spec
+    stored by an older greenfed (without fields added since, which decode to their
+    defaults) still matches its retry after an upgrade."""
+    if record.kind != kind:
+        return False
+    if record.spec == document:
+        return True
+    try:
+        return bool(spec_of(record) == spec)
+    except (msgspec.DecodeError, ValueError):
+        return False
 
 
 def _csv(query_name: str, text: str | None, allowed: tuple[str, ...]) -> tuple[str, ...]:

@@ -102,6 +102,19 @@ async def test_a_retry_with_the_idempotency_key_returns_the_original(api: Api) -
         token, deployment_spec(await api.model(token)), collection="deployments", key="run-42"
     )
     await problem(as_deployment, 409)
+    # A spec stored by an older greenfed lacks fields added since (they decode to their
+    # defaults): its retry after an upgrade still finds it.
+    old_document = encode({"kind": "training", "priority": "p1", **job_spec(workers=5)})
+    stored = await api.store.submit_work(
+        await api.tenant_id(token),
+        kind="training",
+        spec=old_document,
+        priority="p1",
+        idempotency_key="before-upgrade",
+    )
+    upgraded = await api.submit(token, job_spec(workers=5), key="before-upgrade")
+    assert upgraded.status == 200
+    assert (await upgraded.json())["id"] == stored.work.work_id
     # Keys are per tenant: another tenant's same key is a new job.
     other = await api.tenant("globex")
     assert (await api.submit(other, spec, key="run-42")).status == 201
