@@ -205,6 +205,9 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     # most this often (a look: 0.7 s for 2,000 movable jobs on 10,000 nodes).
     migration_cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
     migration_interval_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
+    # Temporal shifting holds a flexible job back only for at least this share less
+    # CO2 (or cost) than starting now.
+    shifting_min_saving: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.5
 
 
 class LogSettings(Section, frozen=True, kw_only=True):

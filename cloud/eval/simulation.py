@@ -421,12 +421,15 @@ class Simulation:
         return self._baseline
 
     def _pass(self) -> None:
+        preempted = False
         if self.queue:
             queued = dict(self.queue)
             plan = schedule(self._snapshot(list(queued.values())), self._current_policy())
             self.passes += 1
             self._apply(plan, queued)
-        self._migrate()
+            preempted = bool(plan.preemptions)
+        if not preempted:  # as the live loop: a pass that preempted moves nothing
+            self._migrate()
 
     def _migrate(self) -> None:
         """Move running training the policy's migrator finds a cleaner place for."""

@@ -7,8 +7,10 @@ hours later. A job that saves checkpoints can instead stop and resume from its
 newest checkpoint elsewhere (CarbonScaler and the "suspend-resume" policies of
 Let's Wait Awhile use the same property).
 
-``Migrator.propose`` runs after a pass has placed the queue, so a migration only
-ever takes capacity no queued work wanted. For each running job that may move
+``Migrator.propose`` runs after a pass has placed the queue, on the capacity that
+pass left free, so a move never takes what queued work could start on now (work
+that temporal shifting holds back for later is not protected: it is placed when
+it starts, like any arrival). For each running job that may move
 (preemptible, declares ``checkpoint_interval_s``), dirtiest first:
 
 1. **stay**: the expected emissions (or cost) of the work it has left on the nodes
@@ -20,7 +22,9 @@ ever takes capacity no queued work wanted. For each running job that may move
    lost and paid again;
 3. moves when *move* is at least ``min_saving`` (default 20 %, more than
    forecast error and the lost work) below *stay*, the job still ends before its
-   deadline, and it lands on other nodes.
+   deadline, and it lands on other nodes. Both sides need a real signal: a zone
+   the signals do not cover (which placement scores pessimistically) never takes
+   part in a move.
 
 At most ``max_per_pass`` jobs move in one pass, out of at most
 ``max_trials_per_pass`` trial placements; each accepted move is applied to the
@@ -235,13 +239,13 @@ class Migrator:
     ) -> FloatArray:
         """Emissions (or cost) per reference second of one accelerator's work on each
         node over the next ``runtime_s`` (per node, or one for all): energy per second /
-        speed × mean intensity (or price per kWh)."""
+        speed × mean intensity (or price per kWh); NaN where the zone has no signal."""
         power_w = self.energy.member_power_w(
             snapshot, kind, nodes, 1, self.energy.training_utilisation
         )
         speed = snapshot.nodes.kind(kind).relative_speed[nodes]
         now = snapshot.now
-        means = window_means(
+        windows = window_means(
             self._grid,
             snapshot,
             nodes,
@@ -249,7 +253,10 @@ class Migrator:
             now + np.broadcast_to(np.asarray(runtime_s, dtype=np.float64), (nodes.size,)),
             self.objective,
             currency=self.currency,
-        ).values
+        )
+        # A zone without a usable series gets a deliberately pessimistic stand-in for
+        # placement; stopping running work needs a real signal on both sides: NaN.
+        means = np.where(windows.fallback, np.nan, windows.values)
         scale = 1.0 if self.objective == "carbon" else 1.0 / 1000.0  # price is per MWh
         result: FloatArray = power_w / J_PER_KWH / speed * means * scale
         return result
@@ -266,7 +273,8 @@ class Migrator:
         unit of work than the dirtiest node the job holds. The free nodes' best rate is
         computed once per pass for each (kind, worker size, whole hours of work left),
         so this costs a few numpy operations per running job, not a pass over the
-        cluster: a filter, the decision itself is exact."""
+        cluster. A filter: with the time left rounded up to whole hours for the free
+        nodes it may, rarely, turn away a move the full comparison would make."""
         table = snapshot.nodes
         kind = held[0].accelerator_kind
         columns = table.kind(kind)

@@ -116,8 +116,9 @@ class WindowShifter:
     currency: str = "USD"
     _grid: GridWindows = field(init=False, repr=False, compare=False)
     max_booked_share: float = 0.5
-    # The policy also migrates (migration.py): a job that checkpoints is not held back;
-    # it starts now and is moved once cleaner capacity frees (docs/green.md shows why).
+    # The policy also migrates (migration.py): a job it may move (checkpoints, may be
+    # stopped) is not held back; it starts now and is moved once cleaner capacity frees
+    # (docs/green.md shows why).
     migrating: bool = False
 
     def __post_init__(self) -> None:
@@ -140,7 +141,9 @@ class WindowShifter:
         booked: Sequence[Booking] = (),
     ) -> Deferral | None:
         now = snapshot.now
-        if not options or (self.migrating and job.checkpoint_interval_s is not None):
+        if not options or (
+            self.migrating and job.checkpoint_interval_s is not None and job.preemptible
+        ):
             return None
         slowest = max(
             (float(o.candidates.runtime_s.max()) for o in options if o.candidates.nodes.size),

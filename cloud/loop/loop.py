@@ -32,7 +32,7 @@ from cloud.green.latency import default_latency_estimator
 from cloud.green.migration import Migration
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.jobs.convert import spec_of
-from cloud.jobs.explain import explanations_for_moves, explanations_for_plan
+from cloud.jobs.explain import explanations_for_plan
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
 from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
@@ -230,19 +230,15 @@ class SchedulingLoop:
         policy = build_policy(self._settings.policy, green)
         plan = await asyncio.to_thread(schedule, inputs.snapshot, policy)
         moves = await self._moves(plan, inputs, green, policy)
-        for move in moves:
+        translation = translate(plan, inputs, self._fresh_explanations(plan), moves)
+        for move in translation.moves:
             self._log.info("work moved", work_id=move.work_id, reason=move.explain())
-        explanations = {
-            **self._fresh_explanations(plan),
-            **explanations_for_moves(plan.now, moves),
-        }
-        translation = translate(plan, inputs, explanations, moves)
         store_plan = translation.plan
         if translation.changes_work or store_plan.pending_reasons or store_plan.explanations:
             await self._commit(store_plan, lease)
             self.stats.placed += translation.placed
             self.stats.evicted += translation.evicted
-            self.stats.migrated += translation.migrated
+            self.stats.migrated += len(translation.moves)
             if translation.changes_work:
                 store = await self._store.load_snapshot(store)
                 await self._publish(store, nodes, now)
@@ -306,6 +302,7 @@ class SchedulingLoop:
         return GreenInputs(
             signals=signals,
             latency=self._latency,
+            min_saving=self._settings.shifting_min_saving,
             migration=self._settings.migration,
             migration_min_saving=self._settings.migration_min_saving,
             migration_cooldown_s=self._settings.migration_cooldown_s,

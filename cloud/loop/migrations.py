@@ -8,14 +8,17 @@ transaction, so the old workers are stopped and new ones started with
 
 What the control plane knows of a run: when it was placed (its allocations'
 `started_at`) and on which nodes, not how far earlier runs got. A run is assumed
-to have the job's whole `estimated_duration_s` to do, which overestimates what is
-left after a move and so only makes the deadline check stricter.
+to have the job's whole `estimated_duration_s` to do. For a job that moved or was
+preempted before, that overestimates what is left: the deadline check gets
+stricter, and both sides of the comparison grow alike, so the restart and the
+lost work weigh a little less than they should.
 
 Moves are skipped:
 - in a pass that preempted anything (the next pass looks again);
 - for jobs not yet reported `running` (their workers may still be starting);
 - for a job whose next attempt would be its last (`store.max_attempts`): a move
-  must never be what fails a job.
+  must never be what fails a job. A move does use one of its attempts, so a moved
+  job has one fewer left for later evictions (node loss, preemption).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import structlog
 
 from cloud.green.migration import Migration
+from cloud.jobs.explain import explanations_for_moves
 from cloud.loop.allocations import as_new_allocation
 from cloud.loop.devices import NotEnoughDevices, pick_devices
 from cloud.loop.inputs import PassInputs
@@ -42,7 +43,7 @@ class Translation:
     plan: Plan
     placed: int  # work items that got allocations
     evicted: int  # work items that lost allocations to preemption
-    migrated: int  # running training moved to cleaner capacity
+    moves: tuple[Migration, ...]  # the moves made (a move whose devices ran out is not)
     skipped: Mapping[str, str]  # work id -> why its placement was dropped
 
     @property
@@ -90,33 +91,38 @@ def translate(
     evictions, kept, freed = _preempted(plan.preemptions, inputs)
     by_preempted = {preemption.work_id for preemption in plan.preemptions}
     moved = {move.work_id: move.explain() for move in moves}
-    for move in moves:
-        evictions.append(
-            Eviction(
-                work_id=move.work_id,
-                reason=moved[move.work_id],
-                expected_version=inputs.records[move.work_id].version,
-            )
-        )
-        freed.update(move.stop)
     held: dict[str, set[str]] = {}
     for allocation in inputs.store.allocations:
         if allocation.allocation_id not in freed:
             held.setdefault(allocation.node_id, set()).update(allocation.accelerator_ids)
+    # A moving job keeps its devices until its own new ones are picked: the pass's
+    # other placements never get them, and a move that cannot be made leaves it as is.
+    own: dict[str, dict[str, set[str]]] = {}
+    for move in moves:
+        for held_now in inputs.allocations.get(move.work_id, ()):
+            own.setdefault(move.work_id, {}).setdefault(held_now.node_id, set()).update(
+                held_now.accelerator_ids
+            )
 
     by_work: dict[str, list[CorePlacement]] = {}
-    for placement in (*plan.placements, *(p for move in moves for p in move.placements)):
+    for placement in plan.placements:
         by_work.setdefault(placement.work_id, []).append(placement)
+    for move in moves:  # after the queue's placements (dict order), see above
+        by_work[move.work_id] = list(move.placements)
     placements: list[Placement] = []
     skipped: dict[str, str] = {}
-    for work_id, members in sorted(by_work.items()):
+    made: list[Migration] = []
+    for work_id, members in sorted(by_work.items(), key=lambda item: item[0] in moved):
         record = inputs.records[work_id]
+        mine = own.get(work_id, {})
         picked: dict[str, set[str]] = {}
         new: list[NewAllocation] = []
         try:
             for member in sorted(members, key=lambda m: m.member):
                 node = inputs.nodes[member.node_id]
-                taken = held.get(member.node_id, set()) | picked.get(member.node_id, set())
+                taken = (
+                    held.get(member.node_id, set()) - mine.get(member.node_id, set())
+                ) | picked.get(member.node_id, set())
                 ids = pick_devices(
                     node.status.accelerators, member.accelerator_kind, member.accelerators, taken
                 )
@@ -141,8 +147,15 @@ def translate(
                 "placement dropped", work_id=work_id, node_id=member.node_id, error=str(error)
             )
             continue
+        for node_id, node_ids in mine.items():
+            held[node_id] -= node_ids
         for node_id, node_ids in picked.items():
             held.setdefault(node_id, set()).update(node_ids)
+        if work_id in moved:
+            made.append(next(move for move in moves if move.work_id == work_id))
+            evictions.append(
+                Eviction(work_id=work_id, reason=moved[work_id], expected_version=record.version)
+            )
         if record.kind == "inference" and record.state != "pending":
             existing = kept.pop(work_id, None)
             if existing is None:
@@ -172,8 +185,6 @@ def translate(
             )
         )
 
-    # A move whose new devices could not be picked is not made: the job keeps running.
-    evictions = [e for e in evictions if not (e.work_id in moved and e.work_id in skipped)]
     state_changes = [
         StateChange(
             work_id=work_id,
@@ -198,10 +209,10 @@ def translate(
             evictions=tuple(evictions),
             state_changes=tuple(state_changes),
             pending_reasons=pending_reasons,
-            explanations=explanations,
+            explanations={**explanations, **explanations_for_moves(plan.now, made)},
         ),
         placed=len(set(by_work) - set(moved)) - len(set(skipped) - set(moved)),
         evicted=len(by_preempted),
-        migrated=len(set(moved) - set(skipped)),
+        moves=tuple(made),
         skipped=skipped,
     )

@@ -188,9 +188,21 @@ def test_the_forecast_decides_not_the_current_hour() -> None:
     assert migrator(*zones).propose(snap, running, green(*zones)) == []
 
 
-def test_without_signals_nothing_moves() -> None:
-    snap, running = cluster([("dirty", training())])
+def test_without_a_real_signal_on_both_sides_nothing_moves() -> None:
+    # Real zone codes: placement would score them on the static 2022 table (ZA dirty,
+    # CA-ON clean), but stopping running work on a stand-in is not worth the risk.
+    nodes = [gpu_server("dirty", "ZA"), gpu_server("clean", "CA-ON")]
+    snap, running = cluster([("dirty", training())], nodes)
     assert Migrator(grid(now=NOW)).propose(snap, running, green()) == []
+    # Only the job's own zone unknown: it would get the dirtiest known value (700).
+    known = (flat("CA-ON", 300.0), flat("DE", 700.0))
+    assert migrator(*known).propose(snap, running, green(*known)) == []
+    # Only the target unknown.
+    target_unknown = (flat("ZA", 700.0),)
+    assert migrator(*target_unknown).propose(snap, running, green(*target_unknown)) == []
+    # Both known: it moves.
+    both = (flat("ZA", 700.0), flat("CA-ON", 50.0))
+    assert len(migrator(*both).propose(snap, running, green(*both))) == 1
 
 
 def test_the_cost_objective_moves_to_cheaper_power() -> None:

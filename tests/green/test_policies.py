@@ -6,8 +6,9 @@ import pytest
 
 from cloud.green.latency import ServingLatency
 from cloud.green.policies import POLICIES, POLICY_NAMES, GreenInputs, build_policy, policy_spec
-from cloud.green.shifting import WindowShifter
+from cloud.green.shifting import DEFAULT_MIN_SAVING, WindowShifter
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, TrainingJob, schedule
+from shared.settings import SchedulingSettings
 
 from .builders import HOUR, T0, flat, gpu_server, grid, series, snapshot
 
@@ -166,3 +167,9 @@ def test_green_defers_flexible_work_the_baseline_runs_at_once() -> None:
     assert green.pending[0].code == "deferred"
     baseline = schedule(snapshot(NODES, [flexible]), build_policy("fifo-binpack", inputs))
     assert baseline.placements
+
+
+def test_the_live_default_threshold_is_the_shifters() -> None:
+    # shared/ may not import cloud/, so the setting repeats the value: keep them equal.
+    assert SchedulingSettings().shifting_min_saving == DEFAULT_MIN_SAVING
+    assert GreenInputs.__dataclass_fields__["min_saving"].default == DEFAULT_MIN_SAVING

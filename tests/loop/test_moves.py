@@ -73,7 +73,9 @@ def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None
     assert placement.reason == eviction.reason
     [moved] = placement.allocations
     assert (moved.node_id, moved.accelerator_ids) == ("clean", GPUS)
-    assert (translation.migrated, translation.placed, translation.evicted) == (1, 0, 0)
+    assert [m.work_id for m in translation.moves] == ["mover"]
+    assert (translation.placed, translation.evicted) == (0, 0)
+    assert "mover" in translation.plan.explanations
 
 
 def test_a_pass_that_preempts_moves_nothing() -> None:
@@ -109,3 +111,46 @@ def test_a_pass_that_preempts_moves_nothing() -> None:
         ),
     )
     assert plan_moves(preempting, inputs, migrator, policy, max_attempts=3) == []
+
+
+def test_a_move_that_cannot_get_its_devices_is_not_made_and_its_devices_stay_its_own() -> None:
+    eight = tuple(f"gpu{i}" for i in range(8))
+    store = StoreSnapshot(
+        tenants=(),
+        work=(
+            work(
+                "mover",
+                state="running",
+                checkpoint_interval_s=600.0,
+                estimated_duration_s=36000.0,
+                accelerators_per_worker=4,
+            ),
+            work(
+                "newcomer",
+                state="pending",
+                accelerators_per_worker=4,
+                node_selector={"pool": "dirty"},
+            ),
+        ),
+        allocations=(started(allocation("mover", 0, "dirty", GPUS)),),
+        node_generations={},
+    )
+    dirty = node("dirty", gpus=8, zone="ZA", labels={"pool": "dirty"})
+    inputs = build_inputs(NOW, [dirty, node("clean", gpus=8, zone="CA-ON")], store)
+    policy, migrator = green_policy()
+    plan = schedule(inputs.snapshot, policy)
+    assert [(p.work_id, p.node_id) for p in plan.placements] == [("newcomer", "dirty")]
+    [move] = plan_moves(plan, inputs, migrator, policy, max_attempts=3)
+    # Between planning and committing, the clean node re-registered with 2 GPUs.
+    shrunk = dataclasses.replace(
+        inputs, nodes={**inputs.nodes, "clean": node("clean", gpus=2, zone="CA-ON")}
+    )
+    translation = translate(plan, shrunk, {}, [move])
+    assert translation.moves == ()
+    assert "mover" in translation.skipped
+    assert translation.plan.evictions == ()
+    [placed] = translation.plan.placements
+    assert placed.work_id == "newcomer"
+    # The newcomer gets the free devices, not the ones the mover still runs on.
+    assert placed.allocations[0].accelerator_ids == eight[4:]
+    assert "mover" not in translation.plan.explanations
