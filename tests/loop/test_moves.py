@@ -13,7 +13,7 @@ from cloud.loop.inputs import build_inputs
 from cloud.loop.migrations import plan_moves, running_jobs
 from cloud.loop.plans import translate
 from cloud.scheduler import Policy, Preemption, schedule
-from cloud.store import AllocationRecord, StoreSnapshot
+from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord, WorkState
 from tests.green.builders import HOUR, T0, flat, grid
 from tests.loop.builders import allocation, node, work
 
@@ -33,19 +33,30 @@ def green_policy() -> tuple[Policy, Migrator]:
     return build_policy("green", green), migrator
 
 
+def movable(
+    work_id: str, *, state: WorkState = "running", attempts: int = 1, **spec: Any
+) -> WorkRecord:
+    """A 4-GPU job of 10 h that checkpoints every 10 min (``spec`` overrides)."""
+    fields: dict[str, Any] = {
+        "checkpoint_interval_s": 600.0,
+        "estimated_duration_s": 36000.0,
+        "accelerators_per_worker": 4,
+    }
+    return work(work_id, state=state, attempts=attempts, **(fields | spec))
+
+
 def started(record: AllocationRecord) -> AllocationRecord:
     return dataclasses.replace(record, started_at=T0)
 
 
 def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None:
-    long: dict[str, Any] = {"estimated_duration_s": 36000.0, "accelerators_per_worker": 4}
     store = StoreSnapshot(
         tenants=(),
         work=(
-            work("mover", state="running", checkpoint_interval_s=600.0, **long),
-            work("last-try", state="running", attempts=2, checkpoint_interval_s=600.0, **long),
-            work("plain", state="running", **long),
-            work("starting", state="scheduled", checkpoint_interval_s=600.0, **long),
+            movable("mover"),
+            movable("last-try", attempts=2),
+            movable("plain", checkpoint_interval_s=None),
+            movable("starting", state="scheduled"),
         ),
         allocations=tuple(
             started(allocation(work_id, 0, f"dirty-{n}", GPUS))
@@ -81,14 +92,7 @@ def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None
 def test_a_pass_that_preempts_moves_nothing() -> None:
     store = StoreSnapshot(
         tenants=(),
-        work=(
-            work(
-                "mover",
-                state="running",
-                checkpoint_interval_s=600.0,
-                estimated_duration_s=36000.0,
-            ),
-        ),
+        work=(movable("mover"),),
         allocations=(started(allocation("mover", 0, "dirty", GPUS)),),
         node_generations={},
     )
@@ -118,13 +122,7 @@ def test_a_move_that_cannot_get_its_devices_is_not_made_and_its_devices_stay_its
     store = StoreSnapshot(
         tenants=(),
         work=(
-            work(
-                "mover",
-                state="running",
-                checkpoint_interval_s=600.0,
-                estimated_duration_s=36000.0,
-                accelerators_per_worker=4,
-            ),
+            movable("mover"),
             work(
                 "newcomer",
                 state="pending",
