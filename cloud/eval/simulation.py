@@ -440,7 +440,7 @@ class Simulation:
         running = [
             run
             for work_id in self._ends
-            if (run := self.jobs[work_id].run) is not None and run.job.checkpoint_interval_s
+            if (run := self.jobs[work_id].run) is not None and run.job.movable
         ]
         if not running:
             return

@@ -11,7 +11,7 @@ Let's Wait Awhile use the same property).
 pass left free, so a move never takes what queued work could start on now (work
 that temporal shifting holds back for later is not protected: it is placed when
 it starts, like any arrival). For each running job that may move
-(preemptible, declares ``checkpoint_interval_s``), dirtiest first:
+(``TrainingJob.movable``: it checkpoints and may be stopped), dirtiest first:
 
 1. **stay**: the expected emissions (or cost) of the work it has left on the nodes
    it holds: energy of the remaining run × mean intensity of each node's zone over
@@ -48,6 +48,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -171,15 +172,20 @@ class Migrator:
         best_rates: dict[tuple[AcceleratorKind, int, int], float] = {}
         for entry in running:
             held = by_work.get(entry.job.work_id)
-            interval = entry.job.checkpoint_interval_s
-            if interval is None or not held or not entry.job.preemptible:
+            if not held or not entry.job.movable:
                 continue
             remaining = entry.remaining_s(now)
             if now - entry.started_s < self.cooldown_s or remaining <= 0:
                 continue
-            if not self._may_gain(snapshot, entry.job, held, remaining, best_rates):
+            run = self._run(snapshot, held, remaining)
+            if not np.isfinite(run.rates).all():
+                continue  # no signal where it runs: no basis for a move
+            current = float(run.rates.max())
+            if not self._may_gain(
+                snapshot, entry.job, held[0].accelerator_kind, current, remaining, best_rates
+            ):
                 continue
-            stay = self._expected(snapshot, held, remaining)
+            stay = run.total
             if math.isfinite(stay) and stay > 0:
                 ranked.append((stay / remaining, entry, stay))
         ranked.sort(key=lambda item: (-item[0], item[1].job.work_id))
@@ -206,7 +212,7 @@ class Migrator:
             end = max(p.expected_end or math.inf for p in placements)
             if resumed.deadline is not None and end > resumed.deadline:
                 continue
-            move = self._expected(trial, [p.to_allocation() for p in placements], None)
+            move = self._run(trial, [p.to_allocation() for p in placements], None).total
             if not move <= (1.0 - self.min_saving) * stay:
                 continue
             quantity, unit = self._quantity
@@ -265,24 +271,20 @@ class Migrator:
         self,
         snapshot: Snapshot,
         job: TrainingJob,
-        held: Sequence[Allocation],
+        kind: AcceleratorKind,
+        current_rate: float,
         remaining_s: float,
         best_rates: dict[tuple[AcceleratorKind, int, int], float],
     ) -> bool:
         """Some node with room for one worker is at least ``min_saving`` cleaner per
-        unit of work than the dirtiest node the job holds. The free nodes' best rate is
-        computed once per pass for each (kind, worker size, whole hours of work left),
-        so this costs a few numpy operations per running job, not a pass over the
-        cluster. A filter: with the time left rounded up to whole hours for the free
-        nodes it may, rarely, turn away a move the full comparison would make."""
+        unit of work (``_rate``) than ``current_rate``, that of the dirtiest node the
+        job holds. The free nodes' best rate is computed once per pass for each (kind,
+        worker size, whole hours of work left), so this costs a dictionary lookup per
+        running job, not a pass over the cluster. A filter: with the time left rounded
+        up to whole hours for the free nodes it may, rarely, turn away a move the full
+        comparison would make."""
         table = snapshot.nodes
-        kind = held[0].accelerator_kind
         columns = table.kind(kind)
-        held_nodes = np.array([table.index[a.node_id] for a in held])
-        runtime = remaining_s / float(columns.relative_speed[held_nodes].min())
-        current = self._rate(snapshot, kind, held_nodes, runtime)
-        if not np.isfinite(current).all():
-            return False  # no signal where it runs: no basis for a move
         hours = max(1, math.ceil(remaining_s / HOUR_S))
         key = (kind, job.accelerators_per_worker, hours)
         best = best_rates.get(key)
@@ -291,14 +293,13 @@ class Migrator:
             rates = self._rate(snapshot, kind, room, hours * HOUR_S / columns.relative_speed[room])
             rates = rates[np.isfinite(rates)]
             best = best_rates[key] = float(rates.min()) if rates.size else math.inf
-        return best <= (1.0 - self.min_saving) * float(current.max())
+        return best <= (1.0 - self.min_saving) * current_rate
 
-    def _expected(
+    def _run(
         self, snapshot: Snapshot, held: Sequence[Allocation], remaining_s: float | None
-    ) -> float:
-        """Emissions (or cost) of a gang's run from now: ``remaining_s`` reference
-        seconds at the speed of its slowest node, or, when None, until the
-        allocations' expected end. Power is linear in the accelerators held."""
+    ) -> _GangRun:
+        """A gang's run from now: ``remaining_s`` reference seconds at the speed of its
+        slowest node, or, when None, until the allocations' expected end."""
         table = snapshot.nodes
         kind = held[0].accelerator_kind  # a gang's workers share one kind
         index = np.array([table.index[a.node_id] for a in held])
@@ -308,7 +309,21 @@ class Migrator:
         else:
             runtime = remaining_s / float(speed.min())
         if not math.isfinite(runtime):
-            return math.inf
+            return _GangRun(np.full(index.size, np.nan), speed, runtime)
         accelerators = np.array([a.accelerators for a in held], dtype=np.float64)
-        rate = self._rate(snapshot, kind, index, runtime)
-        return float((accelerators * rate * speed).sum() * runtime)
+        return _GangRun(self._rate(snapshot, kind, index, runtime), accelerators * speed, runtime)
+
+
+class _GangRun(NamedTuple):
+    """Per member: emissions (or cost) per reference second of one accelerator's work
+    (``Migrator._rate``) and reference seconds of work per second of wall time
+    (accelerators × speed); and how long the run lasts."""
+
+    rates: FloatArray
+    work_per_s: FloatArray
+    runtime_s: float
+
+    @property
+    def total(self) -> float:
+        """Emissions (or cost) of the whole run (power is linear in the accelerators)."""
+        return float((self.rates * self.work_per_s).sum() * self.runtime_s)

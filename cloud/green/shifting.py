@@ -141,9 +141,7 @@ class WindowShifter:
         booked: Sequence[Booking] = (),
     ) -> Deferral | None:
         now = snapshot.now
-        if not options or (
-            self.migrating and job.checkpoint_interval_s is not None and job.preemptible
-        ):
+        if not options or (self.migrating and job.movable):
             return None
         slowest = max(
             (float(o.candidates.runtime_s.max()) for o in options if o.candidates.nodes.size),

@@ -30,7 +30,7 @@ from cloud.scheduler import Policy, TrainingJob
 
 
 def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
-    """The running training jobs that could move: they checkpoint, have attempts to
+    """The running training jobs that could move (`TrainingJob.movable`), have attempts to
     spare and run only on nodes the registry knows."""
     table = inputs.snapshot.nodes
     result = []
@@ -41,7 +41,7 @@ def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
             record is None
             or record.state != "running"
             or not isinstance(work, TrainingJob)
-            or work.checkpoint_interval_s is None
+            or not work.movable
             or record.attempts + 1 >= max_attempts
             or not members
             or any(member.node_id not in table.index for member in members)

@@ -193,6 +193,11 @@ class TrainingJob:
         """It may wait for a better start: it has a deadline or a maximum delay."""
         return self.deadline is not None or self.max_delay_s is not None
 
+    @property
+    def movable(self) -> bool:
+        """It may be stopped and resumes from a checkpoint: it can move while running."""
+        return self.checkpoint_interval_s is not None and self.preemptible
+
     def latest_start(self, runtime_s: float) -> float:
         """The latest start that still finishes by the deadline after ``runtime_s`` and
         keeps within the maximum delay (inf when neither is set)."""

@@ -177,12 +177,7 @@ class Snapshot:
         capacity is recounted, telemetry (utilisation) is kept as it was. For
         what-if passes (the migrator asks where one job would go now)."""
         table = self.nodes
-        used = np.zeros((len(KINDS), len(table)), dtype=np.int64)
-        host_used = np.zeros(len(table), dtype=np.int64)
-        for alloc in allocations:
-            where = table.index[alloc.node_id]
-            used[KIND_INDEX[alloc.accelerator_kind], where] += alloc.accelerators
-            host_used[where] += alloc.host_memory_bytes
+        used, host_used = _usage(table.index, allocations)
         kinds = tuple(
             dataclasses.replace(columns, free=read_only(columns.capacity - used[k]))
             for k, columns in enumerate(table.kinds)
@@ -224,6 +219,23 @@ def _codes(values: Sequence[str]) -> tuple[IntArray, tuple[str, ...]]:
     return np.array([lookup[v] for v in values], dtype=np.int64), vocabulary
 
 
+def _usage(
+    index: Mapping[str, int], allocations: Sequence[Allocation]
+) -> tuple[IntArray, IntArray]:
+    """Accelerators in use per (kind, node) and host memory in use per node."""
+    used = np.zeros((len(KINDS), len(index)), dtype=np.int64)
+    host_used = np.zeros(len(index), dtype=np.int64)
+    for alloc in allocations:
+        where = index.get(alloc.node_id)
+        if where is None:
+            raise ValueError(
+                f"allocation {alloc.allocation_id} is on unknown node {alloc.node_id!r}"
+            )
+        used[KIND_INDEX[alloc.accelerator_kind], where] += alloc.accelerators
+        host_used[where] += alloc.host_memory_bytes
+    return used, host_used
+
+
 def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: float) -> NodeTable:
     n = len(nodes)
     index = {node.node_id: i for i, node in enumerate(nodes)}
@@ -255,16 +267,7 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         for taint in node.taints:
             taint_matrix[i, taint_index[taint]] = True
 
-    used = np.zeros((len(KINDS), n), dtype=np.int64)
-    host_used = np.zeros(n, dtype=np.int64)
-    for alloc in allocations:
-        where = index.get(alloc.node_id)
-        if where is None:
-            raise ValueError(
-                f"allocation {alloc.allocation_id} is on unknown node {alloc.node_id!r}"
-            )
-        used[KIND_INDEX[alloc.accelerator_kind], where] += alloc.accelerators
-        host_used[where] += alloc.host_memory_bytes
+    used, host_used = _usage(index, allocations)
 
     host_total = np.array([node.host_memory_bytes for node in nodes], dtype=np.int64)
     timezones = tuple(sorted({node.timezone for node in nodes if node.timezone is not None}))
