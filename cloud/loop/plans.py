@@ -90,7 +90,7 @@ def translate(
 ) -> Translation:
     evictions, kept, freed = _preempted(plan.preemptions, inputs)
     by_preempted = {preemption.work_id for preemption in plan.preemptions}
-    moved = {move.work_id: move.explain() for move in moves}
+    moved = {move.work_id: move for move in moves}
     held: dict[str, set[str]] = {}
     for allocation in inputs.store.allocations:
         if allocation.allocation_id not in freed:
@@ -107,12 +107,13 @@ def translate(
     by_work: dict[str, list[CorePlacement]] = {}
     for placement in plan.placements:
         by_work.setdefault(placement.work_id, []).append(placement)
-    for move in moves:  # after the queue's placements (dict order), see above
+    for move in moves:
         by_work[move.work_id] = list(move.placements)
     placements: list[Placement] = []
     skipped: dict[str, str] = {}
     made: list[Migration] = []
-    for work_id, members in sorted(by_work.items(), key=lambda item: item[0] in moved):
+    # Moves get their devices after the queue's placements, in work id order each.
+    for work_id, members in sorted(by_work.items(), key=lambda item: (item[0] in moved, item[0])):
         record = inputs.records[work_id]
         mine = own.get(work_id, {})
         picked: dict[str, set[str]] = {}
@@ -151,11 +152,6 @@ def translate(
             held[node_id] -= node_ids
         for node_id, node_ids in picked.items():
             held.setdefault(node_id, set()).update(node_ids)
-        if work_id in moved:
-            made.append(next(move for move in moves if move.work_id == work_id))
-            evictions.append(
-                Eviction(work_id=work_id, reason=moved[work_id], expected_version=record.version)
-            )
         if record.kind == "inference" and record.state != "pending":
             existing = kept.pop(work_id, None)
             if existing is None:
@@ -166,11 +162,19 @@ def translate(
                 ]
             new = existing + new
         nodes = ", ".join(dict.fromkeys(member.node_id for member in members))
+        reason = f"placed on {nodes}"
+        moving = moved.get(work_id)
+        if moving is not None:
+            reason = moving.explain()
+            made.append(moving)
+            evictions.append(
+                Eviction(work_id=work_id, reason=reason, expected_version=record.version)
+            )
         placements.append(
             Placement(
                 work_id=work_id,
                 allocations=tuple(new),
-                reason=moved.get(work_id, f"placed on {nodes}"),
+                reason=reason,
                 expected_version=record.version,
             )
         )
