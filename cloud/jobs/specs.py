@@ -96,13 +96,31 @@ class BatchingSpec(SpecStruct, frozen=True, kw_only=True):
     max_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 0.0
 
 
-_PLACEMENT_DOC: Final = {
-    "node_selector": "Labels a node must carry, all of them (exact values).",
-    "score_weights": (
-        "Per-job weights of the scoring terms (carbon, price, latency, packing, load, speed, "
-        "preference, spread; extension terms x-...), overriding the policy's."
+# Placement fields training jobs and deployments share (each with its own default).
+Sites = Annotated[tuple[Site, ...], msgspec.Meta(min_length=1, max_length=2)]
+NodeSelector = Annotated[
+    dict[LabelKey, LabelValue],
+    msgspec.Meta(
+        max_length=64, description="Labels a node must carry, all of them (exact values)."
     ),
-}
+]
+Affinity = Annotated[tuple[LabelRequirementSpec, ...], msgspec.Meta(max_length=64)]
+Tolerations = Annotated[tuple[TolerationSpec, ...], msgspec.Meta(max_length=64)]
+Group = Annotated[GroupName | None, msgspec.Meta(description="A name other work can avoid.")]
+AntiAffinityGroups = Annotated[
+    tuple[GroupName, ...],
+    msgspec.Meta(max_length=64, description="Never share a node with work of these groups."),
+]
+ScoreWeights = Annotated[
+    dict[Annotated[str, msgspec.Meta(min_length=1, max_length=64)], Weight],
+    msgspec.Meta(
+        max_length=64,
+        description=(
+            "Per-job weights of the scoring terms (carbon, price, latency, packing, load, "
+            "speed, preference, spread; extension terms x-...), overriding the policy's."
+        ),
+    ),
+]
 
 
 class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
@@ -154,24 +172,13 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     grace_period_s: Annotated[
         float, msgspec.Meta(ge=0, le=3600, description="From SIGTERM to SIGKILL on stop.")
     ] = 30.0
-    sites: Annotated[tuple[Site, ...], msgspec.Meta(min_length=1, max_length=2)] = ("cloud",)
-    node_selector: Annotated[
-        dict[LabelKey, LabelValue],
-        msgspec.Meta(max_length=64, description=_PLACEMENT_DOC["node_selector"]),
-    ] = {}
-    affinity: Annotated[tuple[LabelRequirementSpec, ...], msgspec.Meta(max_length=64)] = ()
-    tolerations: Annotated[tuple[TolerationSpec, ...], msgspec.Meta(max_length=64)] = ()
-    group: Annotated[GroupName | None, msgspec.Meta(description="A name other work can avoid.")] = (
-        None
-    )
-    anti_affinity_groups: Annotated[
-        tuple[GroupName, ...],
-        msgspec.Meta(max_length=64, description="Never share a node with work of these groups."),
-    ] = ()
-    score_weights: Annotated[
-        dict[Annotated[str, msgspec.Meta(min_length=1, max_length=64)], Weight],
-        msgspec.Meta(max_length=64, description=_PLACEMENT_DOC["score_weights"]),
-    ] = {}
+    sites: Sites = ("cloud",)
+    node_selector: NodeSelector = {}
+    affinity: Affinity = ()
+    tolerations: Tolerations = ()
+    group: Group = None
+    anti_affinity_groups: AntiAffinityGroups = ()
+    score_weights: ScoreWeights = {}
 
     def __post_init__(self) -> None:
         reserved = sorted(RUNNER_ENV.intersection(self.env))
@@ -240,24 +247,13 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
     ) = None
     max_replicas_per_node: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
     preemptible: bool = True
-    sites: Annotated[tuple[Site, ...], msgspec.Meta(min_length=1, max_length=2)] = ("edge",)
-    node_selector: Annotated[
-        dict[LabelKey, LabelValue],
-        msgspec.Meta(max_length=64, description=_PLACEMENT_DOC["node_selector"]),
-    ] = {}
-    affinity: Annotated[tuple[LabelRequirementSpec, ...], msgspec.Meta(max_length=64)] = ()
-    tolerations: Annotated[tuple[TolerationSpec, ...], msgspec.Meta(max_length=64)] = ()
-    group: Annotated[GroupName | None, msgspec.Meta(description="A name other work can avoid.")] = (
-        None
-    )
-    anti_affinity_groups: Annotated[
-        tuple[GroupName, ...],
-        msgspec.Meta(max_length=64, description="Never share a node with work of these groups."),
-    ] = ()
-    score_weights: Annotated[
-        dict[Annotated[str, msgspec.Meta(min_length=1, max_length=64)], Weight],
-        msgspec.Meta(max_length=64, description=_PLACEMENT_DOC["score_weights"]),
-    ] = {}
+    sites: Sites = ("edge",)
+    node_selector: NodeSelector = {}
+    affinity: Affinity = ()
+    tolerations: Tolerations = ()
+    group: Group = None
+    anti_affinity_groups: AntiAffinityGroups = ()
+    score_weights: ScoreWeights = {}
     batching: BatchingSpec | None = None
 
     def __post_init__(self) -> None:
