@@ -267,13 +267,13 @@ class SchedulingLoop:
         """Running jobs to move to cleaner capacity, looked for at most every
         `migration_interval_s`."""
         settings = self._settings
-        migrator = build_migrator(settings.policy, green)
-        if migrator is None:
-            return []
         now = self._monotonic()
         if self._last_move_check is not None and (
             now - self._last_move_check < settings.migration_interval_s
         ):
+            return []  # before building the migrator: its grid windows cost something
+        migrator = build_migrator(settings.policy, green)
+        if migrator is None:
             return []
         self._last_move_check = now
         return await asyncio.to_thread(
