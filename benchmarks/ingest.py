@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud.ingest import Ingestor
-from cloud.registry import NodeRegistry
+from cloud.fleet.ingest import Ingestor
+from cloud.fleet.registry import NodeRegistry
 from shared.messages import AcceleratorSample, NodeStatus, Telemetry, encode
 from shared.settings import MqttSettings, parse_mqtt_url
 from shared.topics import Channel, Topics

@@ -17,10 +17,15 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from cloud.admin import bootstrap_admin
 from cloud.api import events, logs, models, nodes, openapi, signals, system, tenants, work
 from cloud.api.auth import auth_middleware, store_errors_middleware
 from cloud.api.bodies import MAX_REQUEST_BYTES
-from cloud.api.keys import (
+from cloud.api.problems import problem_middleware
+from cloud.api.routes import add_routes
+from cloud.api.streams import StreamLimits
+from cloud.api.tuning import ApiTuning
+from cloud.app_keys import (
     ADMIN_TOKEN_FILE,
     BACKGROUND_TASKS,
     EVENT_HUB,
@@ -38,23 +43,18 @@ from cloud.api.keys import (
     STREAMS,
     TUNING,
 )
-from cloud.api.problems import problem_middleware
-from cloud.api.routes import add_routes
-from cloud.api.streams import StreamLimits
-from cloud.api.tuning import ApiTuning
-from cloud.ingest import Ingestor
-from cloud.jobs.admin import bootstrap_admin
-from cloud.jobs.events import EventHub
-from cloud.jobs.logs import JobLogStore
+from cloud.fleet.ingest import Ingestor
+from cloud.fleet.registry import NodeRegistry
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.publisher import DesiredPublisher
 from cloud.metrics import SchedulingCollector, build_metrics_registry
 from cloud.models.blobs import BlobStore
 from cloud.models.signing import SECRET_NAME as URL_KEY_NAME
 from cloud.models.signing import ModelUrlSigner, api_base_url
-from cloud.registry import NodeRegistry
 from cloud.signals.factory import build_signal_service
 from cloud.store import StoreError, StoreUnavailableError, open_store
+from cloud.streams.events import EventHub
+from cloud.streams.logs import JobLogStore
 from shared.mqtt import instance_client_id
 from shared.settings import ConfigError, Settings
 from shared.tasks import stop_task

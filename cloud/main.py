@@ -6,8 +6,8 @@ import asyncio
 
 import structlog
 
-from cloud.api.keys import BACKGROUND_TASKS
 from cloud.app import create_app, serving
+from cloud.app_keys import BACKGROUND_TASKS
 from shared.runtime import run_until_stopped
 from shared.settings import Settings
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cloud.ingest import Ingestor
+from cloud.fleet.ingest import Ingestor
 from cloud.loop.loop import SchedulingLoop
 
 

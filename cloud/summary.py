@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from cloud.registry import NodeRegistry
+from cloud.fleet.registry import NodeRegistry
 
 
 def fleet_summary_line(registry: NodeRegistry) -> str:

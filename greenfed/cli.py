@@ -8,7 +8,6 @@ numpy, no web server libraries beyond what the agent needs).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -18,44 +17,20 @@ from typing import Any
 
 import msgspec
 
-from greenfed.work_cli import add_client_options, add_work_commands, client_target
+from greenfed.arguments import (
+    EXIT_AUTH,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    mqtt_url,
+    non_negative_int,
+    port,
+    positive_float,
+)
+from greenfed.work_cli import add_client_options, add_work_commands, run_client
 from shared import __version__
 from shared.errors import MqttAuthError
-from shared.settings import ConfigError, Settings, load_settings, parse_mqtt_url
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_AUTH = 3
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
-def _mqtt_url(text: str) -> str:
-    try:
-        parse_mqtt_url(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+from shared.settings import ConfigError, Settings, load_settings
 
 
 def _add_settings_options(parser: argparse.ArgumentParser, *, mqtt: bool = True) -> None:
@@ -63,14 +38,14 @@ def _add_settings_options(parser: argparse.ArgumentParser, *, mqtt: bool = True)
         "--config", type=Path, help="TOML settings file (see docs/configuration.md)"
     )
     if mqtt:
-        parser.add_argument("--mqtt-url", type=_mqtt_url, help="mqtt://host:port or mqtts://...")
+        parser.add_argument("--mqtt-url", type=mqtt_url, help="mqtt://host:port or mqtts://...")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", choices=["auto", "json", "console"])
 
 
 def _add_api_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-host", help="address the REST API listens on")
-    parser.add_argument("--api-port", type=_port, help="REST API port (default 8700)")
+    parser.add_argument("--api-port", type=port, help="REST API port (default 8700)")
 
 
 def _settings(args: argparse.Namespace, *, default_log_level: str | None = None) -> Settings:
@@ -167,24 +142,24 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    from cloud.nodes_cli import ApiUnavailable, fetch_nodes, render_table
+    from greenfed.api_client import ApiClient
+    from greenfed.nodes_cli import fetch_nodes, render_table
 
     params = {
         key: value
         for key in ("site", "zone", "kind", "state")
         if (value := getattr(args, key)) is not None
     }
-    target = client_target(args)
-    try:
-        nodes = asyncio.run(fetch_nodes(target.api, params, token=target.token))
-    except ApiUnavailable as error:
-        print(f"greenfed: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(nodes)).decode() + "\n")
-    else:
-        render_table(nodes)
-    return EXIT_OK
+
+    async def show(client: ApiClient) -> int:
+        nodes = await fetch_nodes(client, params)
+        if args.json:
+            sys.stdout.write(msgspec.json.format(msgspec.json.encode(nodes)).decode() + "\n")
+        else:
+            render_table(nodes)
+        return EXIT_OK
+
+    return run_client(args, show, timeout_s=10.0)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -200,7 +175,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_scheduler(args: argparse.Namespace) -> int:
-    from cloud.scheduler.bench import main as bench_main
+    from cloud.eval.scheduler_bench import main as bench_main
 
     argv = ["--nodes", str(args.nodes), "--jobs", str(args.jobs), "--seed", str(args.seed)]
     argv += ["--json"] * args.json + ["--sweep"] * args.sweep
@@ -293,17 +268,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_api_options(up)
     up.add_argument(
         "--sim",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="scale the simulated fleet to N nodes (default: the fleet file's 40)",
     )
     up.add_argument("--fleet", type=Path, help="fleet file (default: the built-in fleet)")
     up.add_argument(
         "--broker-port",
-        type=_port,
+        type=port,
         help="embedded broker port (default 1883, or a free one if taken)",
     )
-    up.add_argument("--telemetry-interval", type=_positive_float, metavar="SECONDS")
+    up.add_argument("--telemetry-interval", type=positive_float, metavar="SECONDS")
     up.set_defaults(handler=cmd_up)
 
     cloud = commands.add_parser("cloud", help="run the control plane")
@@ -315,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge_commands = edge.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
     edge_run = edge_commands.add_parser("run", help="run the agent on this machine")
     _add_settings_options(edge_run)
-    edge_run.add_argument("--telemetry-interval", type=_positive_float, metavar="SECONDS")
+    edge_run.add_argument("--telemetry-interval", type=positive_float, metavar="SECONDS")
     edge_run.set_defaults(handler=cmd_edge_run)
     discover = edge_commands.add_parser("discover", help="list this machine's accelerators")
     _add_settings_options(discover, mqtt=False)
@@ -325,13 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("sim", help="run a simulated fleet of real agents")
     _add_settings_options(sim)
     sim.add_argument("--fleet", type=Path, help="fleet file (default: the built-in fleet)")
-    sim.add_argument(
-        "--sim", type=_non_negative_int, metavar="N", help="scale the fleet to N nodes"
-    )
-    sim.add_argument("--telemetry-interval", type=_positive_float, metavar="SECONDS")
+    sim.add_argument("--sim", type=non_negative_int, metavar="N", help="scale the fleet to N nodes")
+    sim.add_argument("--telemetry-interval", type=positive_float, metavar="SECONDS")
     sim.add_argument(
         "--connect-rate",
-        type=_positive_float,
+        type=positive_float,
         default=200.0,
         metavar="PER_S",
         help="new MQTT connections per second while starting (default 200)",
@@ -362,8 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
         "scheduler",
         help="schedule a synthetic heterogeneous cluster and queue; print throughput and latency",
     )
-    bench_scheduler.add_argument("--nodes", type=_non_negative_int, default=10_000)
-    bench_scheduler.add_argument("--jobs", type=_non_negative_int, default=20_000)
+    bench_scheduler.add_argument("--nodes", type=non_negative_int, default=10_000)
+    bench_scheduler.add_argument("--jobs", type=non_negative_int, default=20_000)
     bench_scheduler.add_argument("--seed", type=int, default=0)
     bench_scheduler.add_argument("--json", action="store_true", help="one compact JSON object")
     bench_scheduler.add_argument(
@@ -380,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
             "future), and compare energy, emissions, cost, waits, deadlines and SLOs."
         ),
     )
-    evaluate.add_argument("--days", type=_positive_float, default=14.0)
+    evaluate.add_argument("--days", type=positive_float, default=14.0)
     evaluate.add_argument(
         "--start", type=_date, default=date(2023, 6, 1), help="UTC date (default 2023-06-01)"
     )
@@ -394,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=2023, help="workload seed (default 2023)")
     evaluate.add_argument(
         "--load",
-        type=_positive_float,
+        type=positive_float,
         default=0.5,
         help="generated training load, as a share of the cloud GPU throughput (default 0.5)",
     )

@@ -17,14 +17,14 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from cloud.api.keys import ADMIN_TOKEN_FILE, BACKGROUND_TASKS, INGESTOR, REGISTRY
 from cloud.app import create_app, serving
-from cloud.jobs.admin import read_token_file
+from cloud.app_keys import ADMIN_TOKEN_FILE, BACKGROUND_TASKS, INGESTOR, REGISTRY
 from cloud.main import watch_background
 from cloud.summary import fleet_summary_line
 from greenfed.broker import EmbeddedBroker, port_is_free
 from shared.runtime import run_until_stopped
 from shared.settings import Settings
+from shared.token_files import read_token_file
 from shared.topics import Channel, Topics
 from sim_devices.fleet import load_fleet, scale_fleet
 from sim_devices.runner import SimulatedFleet

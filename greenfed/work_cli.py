@@ -1,7 +1,8 @@
 """`greenfed submit/jobs/job/cancel/deployments/deployment/logs/tenants`: the tenant's CLI.
 
-Only argparse lives here; each command imports the client (`cloud.jobs.cli`, with
-aiohttp and rich) when it runs, like every other command of `greenfed`.
+Only argparse lives here; each command imports the client (`greenfed.api_client`, with
+aiohttp) and its tables (`greenfed.work_commands`, with rich) when it runs, like every
+other command of `greenfed`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from greenfed.arguments import EXIT_INTERRUPTED, EXIT_USAGE, non_negative_int
+
 if TYPE_CHECKING:
-    from cloud.jobs.cli import ApiClient, Output, Target
-
-EXIT_INTERRUPTED = 130
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+    from greenfed.api_client import ApiClient, Target
+    from greenfed.work_commands import Output
 
 
 def add_client_options(
@@ -52,9 +47,9 @@ def add_client_options(
 
 
 def client_target(args: argparse.Namespace) -> Target:
-    from cloud.jobs.admin import admin_token_path
-    from cloud.jobs.cli import resolve_target
+    from greenfed.api_client import resolve_target
     from shared.settings import load_settings
+    from shared.token_files import admin_token_path
 
     return resolve_target(
         api=args.api,
@@ -71,7 +66,7 @@ def run_client(
     timeout_s: float | None = 30.0,
 ) -> int:
     """Run `action` with a client; a `CliError` is one line on stderr and its exit code."""
-    from cloud.jobs.cli import ApiClient, CliError
+    from greenfed.api_client import ApiClient, CliError
 
     async def main() -> int:
         async with ApiClient(client_target(args), timeout_s=timeout_s) as client:
@@ -87,7 +82,7 @@ def run_client(
 
 
 def _output(args: argparse.Namespace) -> Output:
-    from cloud.jobs.cli import Output
+    from greenfed.work_commands import Output
 
     return Output(json=bool(getattr(args, "json", False)))
 
@@ -96,17 +91,17 @@ def _output(args: argparse.Namespace) -> Output:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from cloud.jobs import cli
-    from cloud.jobs.spec_files import SpecFileError, load_spec_file
+    from greenfed import work_commands
+    from greenfed.spec_files import SpecFileError, load_spec_file
 
     try:
         spec = load_spec_file(args.file, args.kind)
     except SpecFileError as error:
         print(f"greenfed: invalid spec: {error}", file=sys.stderr)
-        return cli.EXIT_USAGE
+        return EXIT_USAGE
     return run_client(
         args,
-        lambda client: cli.submit(
+        lambda client: work_commands.submit(
             client, spec, idempotency_key=args.idempotency_key, output=_output(args)
         ),
     )
@@ -114,11 +109,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def _cmd_list(kind: Any) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
-        from cloud.jobs import cli
+        from greenfed import work_commands
 
         return run_client(
             args,
-            lambda client: cli.list_work(
+            lambda client: work_commands.list_work(
                 client,
                 kind,
                 state=args.state,
@@ -134,27 +129,30 @@ def _cmd_list(kind: Any) -> Callable[[argparse.Namespace], int]:
 
 def _cmd_show(kind: Any) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
-        from cloud.jobs import cli
+        from greenfed import work_commands
 
         return run_client(
-            args, lambda client: cli.show_work(client, kind, args.id, output=_output(args))
+            args,
+            lambda client: work_commands.show_work(client, kind, args.id, output=_output(args)),
         )
 
     return command
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from cloud.jobs import cli
+    from greenfed import work_commands
 
-    return run_client(args, lambda client: cli.cancel(client, args.id, output=_output(args)))
+    return run_client(
+        args, lambda client: work_commands.cancel(client, args.id, output=_output(args))
+    )
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from cloud.jobs import cli
+    from greenfed import work_commands
 
     return run_client(
         args,
-        lambda client: cli.logs(
+        lambda client: work_commands.logs(
             client,
             args.id,
             follow=args.follow,
@@ -167,39 +165,45 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from cloud.jobs import cli
+    from greenfed import work_commands
 
     if args.models_command == "upload":
         if not args.file.is_file():
             print(f"greenfed: no such file: {args.file}", file=sys.stderr)
-            return cli.EXIT_USAGE
+            return EXIT_USAGE
         name = args.name or args.file.stem
         return run_client(
-            args, lambda client: cli.upload_model(client, args.file, name, output=_output(args))
+            args,
+            lambda client: work_commands.upload_model(
+                client, args.file, name, output=_output(args)
+            ),
         )
     return run_client(
         args,
-        lambda client: cli.list_models(
+        lambda client: work_commands.list_models(
             client, limit=args.limit, cursor=args.cursor, output=_output(args)
         ),
     )
 
 
 def cmd_tenants(args: argparse.Namespace) -> int:
-    from cloud.jobs import cli
+    from greenfed import work_commands
+    from greenfed.api_client import CliError
 
     if args.tenants_command != "create":
-        return run_client(args, lambda client: cli.list_tenants(client, output=_output(args)))
+        return run_client(
+            args, lambda client: work_commands.list_tenants(client, output=_output(args))
+        )
     try:
-        quotas = cli.parse_counts("--quota", args.quota)
-        borrowing = cli.parse_counts("--borrow", args.borrow)
-    except cli.CliError as error:
+        quotas = work_commands.parse_counts("--quota", args.quota)
+        borrowing = work_commands.parse_counts("--borrow", args.borrow)
+    except CliError as error:
         print(f"greenfed: {error}", file=sys.stderr)
-        return cli.EXIT_USAGE
+        return EXIT_USAGE
     priorities = tuple(p.strip() for p in args.priorities.split(",")) if args.priorities else None
     return run_client(
         args,
-        lambda client: cli.create_tenant(
+        lambda client: work_commands.create_tenant(
             client,
             name=args.name,
             quotas=quotas,
@@ -218,7 +222,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
 def _list_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", help="comma-separated: pending,scheduled,running,...")
     parser.add_argument("--priority", help="comma-separated: p0,p1,p2")
-    parser.add_argument("--limit", type=_positive_int, help="page size (default 50)")
+    parser.add_argument("--limit", type=non_negative_int, help="page size (default 50)")
     parser.add_argument("--cursor", help="the next page, as printed after a full page")
 
 
@@ -267,14 +271,14 @@ def add_work_commands(commands: Any) -> None:
     logs = commands.add_parser("logs", help="a training job's recent output")
     logs.add_argument("id")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
-    logs.add_argument("--tail", type=_positive_int, metavar="N", help="only the last N lines")
-    logs.add_argument("--attempt", type=_positive_int, help="this attempt (default: latest)")
+    logs.add_argument("--tail", type=non_negative_int, metavar="N", help="only the last N lines")
+    logs.add_argument("--attempt", type=non_negative_int, help="this attempt (default: latest)")
     logs.add_argument("--node", help="this node's worker only")
     add_client_options(logs, json=False)
     logs.set_defaults(handler=cmd_logs)
 
     models = commands.add_parser("models", help="list your ONNX models, or upload one")
-    models.add_argument("--limit", type=_positive_int, default=50)
+    models.add_argument("--limit", type=non_negative_int, default=50)
     models.add_argument("--cursor")
     add_client_options(models)
     models.set_defaults(handler=cmd_models, models_command=None)

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from cloud.ingest import InvalidReason
+from cloud.fleet.ingest import InvalidReason
 from shared.messages import (
     Accelerator,
     AcceleratorSample,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from cloud.api.keys import STORE, TENANT
 from cloud.api.problems import Problem
 from cloud.api.routes import ROUTE_ACCESS, Handler
+from cloud.app_keys import STORE, TENANT
 from cloud.store import StoreUnavailableError, TenantRecord
 
 _REALM = 'Bearer realm="greenfed"'

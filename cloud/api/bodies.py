@@ -13,8 +13,9 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
-from cloud.api.problems import InvalidParam, Problem
-from cloud.jobs.specs import describe_error
+from cloud.api.problems import Problem
+from cloud.work.specs import describe_error
+from shared.problems import InvalidParam
 
 T = TypeVar("T")
 

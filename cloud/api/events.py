@@ -15,12 +15,13 @@ import msgspec
 from aiohttp import web
 
 from cloud.api.auth import tenant_of
-from cloud.api.keys import EVENT_HUB, STORE, STREAMS, TUNING
-from cloud.api.problems import InvalidParam, Problem
+from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
-from cloud.api.work_views import EventView, utc
+from cloud.app_keys import EVENT_HUB, STORE, STREAMS, TUNING
 from cloud.store import EventRecord, Store
+from cloud.work.views import EventView, utc
+from shared.problems import InvalidParam
 
 _ENCODER: Final = msgspec.json.Encoder()
 RETRY_MS: Final = 2000

@@ -16,12 +16,12 @@ from typing import Annotated, Final
 import msgspec
 from aiohttp import web
 
-from cloud.api.keys import JOB_LOGS, STOPPING, STORE, STREAMS, TUNING
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.api.work import JOBS, find
-from cloud.jobs.logs import JobLogStore, LogSnapshot, render_tail
+from cloud.app_keys import JOB_LOGS, STOPPING, STORE, STREAMS, TUNING
 from cloud.store import TERMINAL_STATES
+from cloud.streams.logs import JobLogStore, LogSnapshot, render_tail
 
 TEXT: Final = "text/plain; charset=utf-8"
 

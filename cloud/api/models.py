@@ -17,14 +17,15 @@ from aiohttp import web
 
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response, payload_too_large
-from cloud.api.keys import MODEL_BLOBS, MODEL_URL_SIGNER, STORE
-from cloud.api.problems import InvalidParam, Problem, ProblemBody
+from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
+from cloud.app_keys import MODEL_BLOBS, MODEL_URL_SIGNER, STORE
 from cloud.models.blobs import ModelTooLargeError
 from cloud.models.inspect import InvalidModelError, inspect_model
 from cloud.models.views import ModelList, ModelView, TensorView
 from cloud.store import ModelRecord, ModelTensor, NewModel
+from shared.problems import InvalidParam, ProblemBody
 
 PROBLEM = "application/problem+json"
 ONNX_MEDIA_TYPES: Final = ("application/octet-stream", "application/onnx")

@@ -8,12 +8,12 @@ import msgspec
 from aiohttp import web
 
 from cloud.api.bodies import json_response
-from cloud.api.keys import REGISTRY
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
-from cloud.api.views import NodeDetail, NodeList, node_detail, node_summary
-from cloud.registry import NodeFilter
+from cloud.app_keys import REGISTRY
+from cloud.fleet.registry import NodeFilter
+from cloud.fleet.views import NodeDetail, NodeList, node_detail, node_summary
 from shared.messages import AcceleratorKind, NodeState, Site
 
 MAX_PAGE_SIZE = 10_000

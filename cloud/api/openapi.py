@@ -15,10 +15,11 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from cloud.api.problems import PROBLEM_CONTENT_TYPE, ProblemBody
+from cloud.api.problems import PROBLEM_CONTENT_TYPE
 from cloud.api.routes import JSON, REGISTERED_ROUTES, JsonObject, Reply, Route
 from cloud.store import WorkStateChanged
 from shared import __version__
+from shared.problems import ProblemBody
 
 OPENAPI: web.AppKey[bytes] = web.AppKey("openapi", bytes)
 REF_TEMPLATE: Final = "#/components/schemas/{name}"

@@ -13,22 +13,10 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from shared.problems import InvalidParam, ProblemBody
+
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://greenfed.dev/problems/"
-
-
-class InvalidParam(msgspec.Struct, frozen=True):
-    name: str
-    reason: str
-
-
-class ProblemBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    type: str
-    title: str
-    status: int
-    detail: str = ""
-    instance: str = ""
-    invalid_params: tuple[InvalidParam, ...] = ()
 
 
 class Problem(Exception):

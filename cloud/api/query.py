@@ -8,7 +8,8 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
-from cloud.api.problems import InvalidParam, invalid_query
+from cloud.api.problems import invalid_query
+from shared.problems import InvalidParam
 
 QueryT = TypeVar("QueryT", bound=msgspec.Struct)
 

@@ -10,10 +10,10 @@ import numpy as np
 from aiohttp import web
 
 from cloud.api.bodies import json_response
-from cloud.api.keys import REGISTRY, SIGNALS
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
+from cloud.app_keys import REGISTRY, SIGNALS
 from cloud.signals.grid import HOUR_S, ZoneSeries
 from cloud.signals.model import SignalType
 

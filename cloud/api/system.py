@@ -7,9 +7,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cloud.api.bodies import json_response
-from cloud.api.keys import INGESTOR, METRICS
-from cloud.api.problems import Problem, ProblemBody
+from cloud.api.problems import Problem
 from cloud.api.routes import JsonObject, Reply, Route
+from cloud.app_keys import INGESTOR, METRICS
+from shared.problems import ProblemBody
 from shared.schemas import schema_catalog
 
 

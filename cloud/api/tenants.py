@@ -9,17 +9,18 @@ import msgspec
 from aiohttp import web
 
 from cloud.api.bodies import invalid_body, json_response, read_json
-from cloud.api.keys import STORE
-from cloud.api.problems import Problem, ProblemBody
+from cloud.api.problems import Problem
 from cloud.api.routes import Reply, Route
-from cloud.api.work_views import (
+from cloud.app_keys import STORE
+from cloud.store import NewTenant, TenantExistsError
+from cloud.work.views import (
     TenantCreate,
     TenantCreated,
     TenantList,
     tenant_fields,
     tenant_view,
 )
-from cloud.store import NewTenant, TenantExistsError
+from shared.problems import ProblemBody
 
 _CREATE_DECODER: Final = msgspec.json.Decoder(TenantCreate)
 

@@ -17,34 +17,10 @@ from aiohttp import web
 
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import decode_body, invalid_body, json_response, read_body
-from cloud.api.keys import REGISTRY, STORE
-from cloud.api.problems import InvalidParam, Problem, ProblemBody, invalid_query
+from cloud.api.problems import Problem, invalid_query
 from cloud.api.query import parse_query
 from cloud.api.routes import Handler, Reply, Route
-from cloud.api.work_views import (
-    DeploymentList,
-    DeploymentSummary,
-    DeploymentView,
-    ExplainView,
-    JobList,
-    JobSummary,
-    JobView,
-    allocation_view,
-    replica_views,
-    utc,
-)
-from cloud.jobs.convert import check_convertible, spec_of
-from cloud.jobs.explanation import decode_explanation
-from cloud.jobs.specs import (
-    DEPLOYMENT_DECODER,
-    TRAINING_DECODER,
-    BatchingSpec,
-    DeploymentSpec,
-    SpecKind,
-    TrainingJobSpec,
-    WorkSpec,
-    encode_spec,
-)
+from cloud.app_keys import REGISTRY, STORE
 from cloud.store import (
     TERMINAL_STATES,
     AllocationRecord,
@@ -59,6 +35,31 @@ from cloud.store import (
 )
 from cloud.store.records import PRIORITY_CLASSES
 from cloud.store.states import WORK_STATES
+from cloud.work.convert import check_convertible, spec_of
+from cloud.work.explanation import decode_explanation
+from cloud.work.specs import (
+    DEPLOYMENT_DECODER,
+    TRAINING_DECODER,
+    BatchingSpec,
+    DeploymentSpec,
+    SpecKind,
+    TrainingJobSpec,
+    WorkSpec,
+    encode_spec,
+)
+from cloud.work.views import (
+    DeploymentList,
+    DeploymentSummary,
+    DeploymentView,
+    ExplainView,
+    JobList,
+    JobSummary,
+    JobView,
+    allocation_view,
+    replica_views,
+    utc,
+)
+from shared.problems import InvalidParam, ProblemBody
 
 MAX_PAGE_SIZE: Final = 1000
 IDEMPOTENCY_KEY_MAX: Final = 255

@@ -17,12 +17,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 
-from cloud.jobs.convert import spec_of
-from cloud.jobs.specs import DeploymentSpec, TrainingJobSpec
+from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import node_workers
 from cloud.models.signing import ModelUrlSigner
-from cloud.registry import NodeRecord
 from cloud.store import AllocationRecord, ModelRecord, WorkRecord
+from cloud.work.convert import spec_of
+from cloud.work.specs import DeploymentSpec, TrainingJobSpec
 from shared.messages import DesiredDeployment, DesiredState, DesiredTraining
 from shared.settings import SchedulingSettings
 

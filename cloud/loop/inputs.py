@@ -21,13 +21,13 @@ from types import MappingProxyType
 
 import msgspec
 
-from cloud.jobs.convert import allocation_from_record, tenant_from_record, work_from_record
+from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import by_work
 from cloud.loop.nodes import scheduler_nodes
-from cloud.registry import NodeRecord
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, Tenant, Work
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.store.states import PLACED_STATES
+from cloud.work.convert import allocation_from_record, tenant_from_record, work_from_record
 
 
 @dataclass(frozen=True, slots=True)

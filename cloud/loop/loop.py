@@ -28,11 +28,10 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 
+from cloud.fleet.registry import NodeRecord, NodeRegistry
 from cloud.green.latency import default_latency_estimator
 from cloud.green.migration import Migration
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
-from cloud.jobs.convert import spec_of
-from cloud.jobs.explain import explanations_for_plan
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
 from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
@@ -41,7 +40,6 @@ from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.reports import agent_outcomes
 from cloud.models.signing import ModelUrlSigner
-from cloud.registry import NodeRecord, NodeRegistry
 from cloud.scheduler import Plan as CorePlan
 from cloud.scheduler import Policy, schedule
 from cloud.signals.grid import GridSignals
@@ -57,6 +55,8 @@ from cloud.store import (
     VersionConflictError,
     WorkRecord,
 )
+from cloud.work.convert import spec_of
+from cloud.work.explain import explanations_for_plan
 from shared.settings import SchedulingSettings
 
 _ERROR_BACKOFF_S = 1.0

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from cloud.registry import NodeRecord
+from cloud.fleet.registry import NodeRecord
 from cloud.scheduler import AcceleratorPool, Node
 from shared.messages import Accelerator, AcceleratorKind, common_providers
 

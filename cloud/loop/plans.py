@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import structlog
 
 from cloud.green.migration import Migration
-from cloud.jobs.explain import explanations_for_moves
 from cloud.loop.allocations import as_new_allocation
 from cloud.loop.devices import NotEnoughDevices, pick_devices
 from cloud.loop.inputs import PassInputs
@@ -34,6 +33,7 @@ from cloud.store import (
     Plan,
     StateChange,
 )
+from cloud.work.explain import explanations_for_moves
 
 _log = structlog.get_logger("greenfed.loop")
 

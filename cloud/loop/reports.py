@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import as_new_allocation, node_workers
-from cloud.registry import NodeRecord
 from cloud.store import (
     AllocationRecord,
     AllocationState,

@@ -12,13 +12,13 @@ import msgspec
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from cloud.api.keys import BACKGROUND_TASKS, STORE
 from cloud.api.tuning import ApiTuning
 from cloud.app import create_app
-from cloud.jobs.admin import admin_token_path, read_token_file
+from cloud.app_keys import BACKGROUND_TASKS, STORE
 from cloud.store import Store
 from greenfed.broker import EmbeddedBroker
 from shared.settings import CloudSettings, MqttSettings, SchedulingSettings, Settings
+from shared.token_files import admin_token_path, read_token_file
 from tests.store.databases import DatabaseUnderTest
 from tests.support.brokers import free_port
 from tests.support.fleet import mqtt_settings

@@ -7,10 +7,10 @@ import dataclasses
 
 import aiohttp
 
-from cloud.api.keys import EVENT_HUB
 from cloud.app import create_app, serving
-from cloud.jobs.admin import admin_token_path, read_token_file
+from cloud.app_keys import EVENT_HUB
 from shared.settings import Settings
+from shared.token_files import admin_token_path, read_token_file
 from tests.api.support import (
     FAST,
     Api,

@@ -1,8 +1,8 @@
 """`GET .../explain`: the scheduler's latest explanation, stored with its plan.
 
 The pass here is the real scheduler, fed the way the scheduling loop feeds it: the
-store's snapshot converted with cloud.jobs.convert, the plan's explanations encoded
-with cloud.jobs.explain and committed with `Store.commit_plan`.
+store's snapshot converted with cloud.work.convert, the plan's explanations encoded
+with cloud.work.explain and committed with `Store.commit_plan`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from cloud.api.work_views import ExplainView, JobView
-from cloud.jobs.cli import render_work
-from cloud.jobs.convert import tenant_from_record, work_from_record
-from cloud.jobs.explain import explanations_for_plan
-from cloud.jobs.explanation import Explanation, decode_explanation, encode_explanation
 from cloud.scheduler import Snapshot, schedule
 from cloud.scheduler.plan import Plan as SchedulerPlan
 from cloud.store import NewAllocation, Placement, Plan, Store, open_store
+from cloud.work.convert import tenant_from_record, work_from_record
+from cloud.work.explain import explanations_for_plan
+from cloud.work.explanation import Explanation, decode_explanation, encode_explanation
+from cloud.work.views import ExplainView, JobView
+from greenfed.work_commands import render_work
 from tests.api.support import Api, bearer, deployment_spec, job_spec, problem
 from tests.scheduler.builders import gpu_node
 from tests.store.builders import make_tenant, submit

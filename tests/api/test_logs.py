@@ -8,8 +8,8 @@ import asyncio
 import aiomqtt
 import pytest
 
-from cloud.api.keys import INGESTOR, SETTINGS
-from cloud.jobs.logs import JobLogStore, LogRenderer, render_tail
+from cloud.app_keys import INGESTOR, SETTINGS
+from cloud.streams.logs import JobLogStore, LogRenderer, render_tail
 from shared.messages import JobLogChunk, encode
 from shared.settings import parse_mqtt_url
 from shared.topics import Channel, Topics

@@ -11,9 +11,9 @@ import jsonschema
 import msgspec
 
 from cloud.api.routes import REGISTERED_ROUTES
-from cloud.api.work_views import TenantCreate
 from cloud.app import create_app
-from cloud.jobs.specs import DeploymentSpec, TrainingJobSpec
+from cloud.work.specs import DeploymentSpec, TrainingJobSpec
+from cloud.work.views import TenantCreate
 from shared.settings import Settings
 from tests.api.support import Api, deployment_spec, job_spec
 

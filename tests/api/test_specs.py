@@ -9,8 +9,10 @@ from typing import get_args
 import msgspec
 import pytest
 
-from cloud.jobs import literals
-from cloud.jobs.convert import (
+from cloud.scheduler.model import InferenceDeployment, LabelRequirement, Toleration, TrainingJob
+from cloud.store import AllocationRecord, TenantRecord, WorkRecord, records, states
+from cloud.work import literals
+from cloud.work.convert import (
     allocation_from_record,
     check_convertible,
     inference_deployment,
@@ -18,8 +20,7 @@ from cloud.jobs.convert import (
     training_job,
     work_from_record,
 )
-from cloud.jobs.spec_files import SpecFileError, load_spec_file
-from cloud.jobs.specs import (
+from cloud.work.specs import (
     GIB,
     DeploymentSpec,
     TrainingJobSpec,
@@ -27,8 +28,7 @@ from cloud.jobs.specs import (
     describe_error,
     encode_spec,
 )
-from cloud.scheduler.model import InferenceDeployment, LabelRequirement, Toleration, TrainingJob
-from cloud.store import AllocationRecord, TenantRecord, WorkRecord, records, states
+from greenfed.spec_files import SpecFileError, load_spec_file
 
 FULL_JOB = {
     "kind": "training",

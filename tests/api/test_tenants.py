@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import stat
 
-from cloud.jobs.admin import admin_token_path
+from shared.token_files import admin_token_path
 from tests.api.support import Api, bearer, job_spec, problem, running_api
 from tests.store.databases import DatabaseUnderTest
 

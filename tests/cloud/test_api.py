@@ -13,10 +13,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from cloud.app import create_app
-from cloud.jobs.admin import admin_token_path, read_token_file
 from greenfed.broker import EmbeddedBroker
 from shared.messages import HostInfo, NodeStatus, encode
 from shared.settings import CloudSettings, MqttSettings, Settings, StoreSettings, parse_mqtt_url
+from shared.token_files import admin_token_path, read_token_file
 from shared.topics import Channel, Topics
 from tests.support.fleet import mqtt_settings, running, simulated_agent
 from tests.support.waiting import eventually_async

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud.ingest import Ingestor, InvalidReason
-from cloud.registry import NodeRegistry, StateChange
+from cloud.fleet.ingest import Ingestor, InvalidReason
+from cloud.fleet.registry import NodeRegistry, StateChange
 from shared.messages import (
     Accelerator,
     AcceleratorSample,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud.registry import NodeFilter, NodeRegistry, Rejection, StateChange
+from cloud.fleet.registry import NodeFilter, NodeRegistry, Rejection, StateChange
 from shared.messages import (
     Accelerator,
     AcceleratorKind,

@@ -14,12 +14,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from cloud.api.keys import REGISTRY
 from cloud.app import create_app
-from cloud.jobs.admin import admin_token_path, read_token_file
+from cloud.app_keys import REGISTRY
 from greenfed.broker import EmbeddedBroker
 from shared.messages import HostInfo, NodeStatus
 from shared.settings import Settings, StoreSettings
+from shared.token_files import admin_token_path, read_token_file
 from tests.support.fleet import mqtt_settings
 
 Client = TestClient[web.Request, web.Application]

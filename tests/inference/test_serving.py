@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from cloud.api.keys import REGISTRY
+from cloud.app_keys import REGISTRY
 from edge.inference.options import InferenceOptions
 from tests.api.support import Api, bearer
 from tests.store.databases import DatabaseUnderTest

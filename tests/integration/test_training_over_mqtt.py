@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aiomqtt
 
-from cloud.registry import NodeRecord
+from cloud.fleet.registry import NodeRecord
 from edge.training.process import ProcessLauncher
 from shared.messages import DesiredState, DesiredTraining, encode
 from shared.settings import parse_mqtt_url

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from cloud.registry import NodeRecord
+from cloud.fleet.registry import NodeRecord
 from cloud.store import AllocationRecord, WorkRecord
 from cloud.store.states import WorkState
 from shared.messages import (

@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from cloud.api.keys import SCHEDULER
+from cloud.app_keys import SCHEDULER
 from tests.api.support import bearer
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import fleet, reaches, work

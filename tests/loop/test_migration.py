@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from cloud.api.keys import SCHEDULER
+from cloud.app_keys import SCHEDULER
 from tests.api.support import bearer
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import FAST_LOOP, fleet, reaches, work

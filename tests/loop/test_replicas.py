@@ -8,7 +8,7 @@ import dataclasses
 import msgspec
 import pytest
 
-from cloud.api.keys import SCHEDULER
+from cloud.app_keys import SCHEDULER
 from tests.api.support import running_api
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import FAST_LOOP, fleet, reaches

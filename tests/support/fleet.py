@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from cloud.ingest import Ingestor
-from cloud.registry import NodeRegistry
+from cloud.fleet.ingest import Ingestor
+from cloud.fleet.registry import NodeRegistry
 from edge.agent import Agent, NodeIdentity
 from edge.inference.options import InferenceOptions
 from edge.training.runs import TrainingLauncher

@@ -9,37 +9,16 @@ this file is the only copy. The CLI uses that file when no other token is given.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import structlog
 
 from shared.settings import StoreSettings
+from shared.token_files import admin_token_path, write_secret
 
-if TYPE_CHECKING:  # the CLI reads token files without the database stack
+if TYPE_CHECKING:  # loaded by the app, which has the store anyway
     from cloud.store import Store
-
-ADMIN_TOKEN_FILE_NAME: Final = "admin-token"
-
-
-def admin_token_path(settings: StoreSettings) -> Path:
-    return settings.resolved_data_dir() / ADMIN_TOKEN_FILE_NAME
-
-
-def write_secret(path: Path, secret: str) -> None:
-    """Write `secret` to `path` readable by its owner only, replacing it atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        temporary.unlink()
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(secret + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 async def bootstrap_admin(store: Store, settings: StoreSettings) -> Path:
@@ -63,12 +42,3 @@ async def bootstrap_admin(store: Store, settings: StoreSettings) -> Path:
         return path
     log.info("admin tenant created", admin_token_file=str(path))
     return path
-
-
-def read_token_file(path: Path) -> str | None:
-    """The token in a token file, or None when there is no such file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    return text.strip() or None

@@ -1,5 +1,5 @@
 """The scheduler's explanation of a work item: the stored document and what
-`GET .../explain` shows (`cloud.jobs.explain` builds it from a scheduling pass).
+`GET .../explain` shows (`cloud.work.explain` builds it from a scheduling pass).
 
 Why work waits (reason code, nodes rejected per filter, quota position, reservation,
 deferral), or where it was placed and why there (the score breakdown of the chosen

@@ -1,36 +1,31 @@
-"""The work commands of the `greenfed` CLI: a REST client and its tables.
+"""The work commands of the `greenfed` CLI and their tables.
 
-`greenfed submit/jobs/job/cancel/deployments/deployment/logs/tenants` call a running
-control plane. People get rich tables; scripts pass `--json` and get the API's JSON.
-Whatever goes wrong (API unreachable, token refused, a spec file that does not match
-the spec) is one line on stderr and a non-zero exit status, never a traceback.
-
-The token comes from `--token`, then `GREENFED_TOKEN`, then `--token-file`, then the
-admin token file of this machine's data directory (written by the control plane when
-it created its admin tenant). The API is `--api`, then `GREENFED_API`, then
-http://127.0.0.1:8700.
+`greenfed submit/jobs/job/cancel/deployments/deployment/logs/models/tenants` call a
+running control plane through `greenfed.api_client`. People get rich tables; scripts
+pass `--json` and get the API's JSON. Whatever goes wrong (API unreachable, token
+refused, a spec file that does not match the spec) is one line on stderr and a
+non-zero exit status, never a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-import os
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO, Final, TextIO, TypeVar
+from typing import Final, TextIO
 
-import aiohttp
 import msgspec
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cloud.api.problems import ProblemBody
-from cloud.api.work_views import (
+from cloud.models.views import ModelList, ModelView, TensorView
+from cloud.work.specs import DeploymentSpec, SpecKind, TrainingJobSpec, encode_spec
+from cloud.work.views import (
     AllocationView,
     DeploymentList,
     DeploymentView,
@@ -40,181 +35,9 @@ from cloud.api.work_views import (
     TenantCreated,
     TenantList,
 )
-from cloud.jobs.admin import read_token_file
-from cloud.jobs.specs import DeploymentSpec, SpecKind, TrainingJobSpec, encode_spec
-from cloud.models.views import ModelList, ModelView, TensorView
+from greenfed.api_client import ApiClient, CliError
+from greenfed.arguments import EXIT_OK
 from shared.messages import AcceleratorKind
-
-DEFAULT_API: Final = "http://127.0.0.1:8700"
-EXIT_OK: Final = 0
-EXIT_FAILURE: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_AUTH: Final = 3
-TIMEOUT_S: Final = 30.0
-
-T = TypeVar("T")
-
-
-class CliError(Exception):
-    """One line for the person at the terminal, and the exit status."""
-
-    def __init__(
-        self, message: str, exit_code: int = EXIT_FAILURE, *, status: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.status = status  # the HTTP status, when the API answered
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    api: str
-    token: str | None
-    token_source: str  # for messages: where the token came from
-
-
-def resolve_target(
-    *,
-    api: str | None,
-    token: str | None,
-    token_file: Path | None,
-    default_token_file: Callable[[], Path],
-    environ: Mapping[str, str] | None = None,
-) -> Target:
-    environ = os.environ if environ is None else environ
-    url = (api or environ.get("GREENFED_API") or DEFAULT_API).rstrip("/")
-    if token:
-        return Target(url, token, "--token")
-    if environ.get("GREENFED_TOKEN"):
-        return Target(url, environ["GREENFED_TOKEN"].strip(), "GREENFED_TOKEN")
-    if token_file is not None:
-        try:
-            found = read_token_file(token_file)
-        except OSError as error:
-            raise CliError(f"cannot read --token-file {token_file}: {error.strerror}") from None
-        if found is None:
-            raise CliError(f"--token-file {token_file} does not exist or is empty", EXIT_USAGE)
-        return Target(url, found, str(token_file))
-    default = default_token_file()
-    try:
-        found = read_token_file(default)
-    except OSError:
-        found = None
-    if found is not None:
-        return Target(url, found, str(default))
-    return Target(url, None, "")
-
-
-def _problem_text(status: int, body: bytes) -> str:
-    try:
-        problem = msgspec.json.decode(body, type=ProblemBody)
-    except msgspec.MsgspecError:
-        return f"HTTP {status}: {body.decode(errors='replace')[:300]}"
-    detail = problem.detail or problem.title
-    return f"{problem.title} ({status}): {detail}" if detail != problem.title else detail
-
-
-class ApiClient:
-    """One HTTP session against the control plane; every failure becomes a `CliError`."""
-
-    def __init__(self, target: Target, *, timeout_s: float | None = TIMEOUT_S) -> None:
-        self.target = target
-        headers = {"Accept": "application/json"}
-        if target.token:
-            headers["Authorization"] = f"Bearer {target.token}"
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s or 10.0))
-        self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout)
-
-    async def __aenter__(self) -> ApiClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._session.close()
-
-    def _unreachable(self, error: BaseException) -> CliError:
-        reason = str(error) or type(error).__name__
-        return CliError(f"cannot reach the greenfed API at {self.target.api}: {reason}")
-
-    def _refused(self, status: int, body: bytes) -> CliError:
-        text = _problem_text(status, body)
-        if status == 401:
-            if self.target.token is None:
-                return CliError(
-                    "no token: pass --token, set GREENFED_TOKEN or use --token-file "
-                    f"(the API at {self.target.api} answered: {text})",
-                    EXIT_AUTH,
-                    status=status,
-                )
-            return CliError(
-                f"the API at {self.target.api} refused the token from "
-                f"{self.target.token_source}: {text}",
-                EXIT_AUTH,
-                status=status,
-            )
-        if status == 403:
-            return CliError(text, EXIT_AUTH, status=status)
-        return CliError(text, status=status)
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: bytes | BinaryIO | None = None,
-        headers: Mapping[str, str] | None = None,
-        client_timeout: aiohttp.ClientTimeout | None = None,
-    ) -> tuple[int, bytes]:
-        """(status, body) of a 2xx answer; any other answer raises `CliError`.
-        `client_timeout` replaces the session's (an upload may take longer than any answer)."""
-        request_headers = dict(headers or {})
-        if body is not None:
-            request_headers.setdefault("Content-Type", "application/json")
-        try:
-            async with self._session.request(
-                method,
-                self.target.api + path,
-                params=params,
-                data=body,
-                headers=request_headers,
-                timeout=client_timeout or self._timeout,
-            ) as response:
-                payload = await response.read()
-                if response.status >= 300:
-                    raise self._refused(response.status, payload)
-                return response.status, payload
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise self._unreachable(error) from None
-
-    async def upload(self, path: str, file: Path, params: Mapping[str, str]) -> bytes:
-        """POST a file as the raw body, streamed from disk, with no overall time limit."""
-        with file.open("rb") as stream:
-            _, payload = await self.call(
-                "POST",
-                path,
-                params=params,
-                body=stream,
-                headers={"Content-Type": "application/octet-stream"},
-                client_timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
-            )
-        return payload
-
-    async def get(self, path: str, decode: type[T], params: Mapping[str, str] | None = None) -> T:
-        _, payload = await self.call("GET", path, params=params)
-        return msgspec.json.decode(payload, type=decode)
-
-    async def stream(
-        self, path: str, params: Mapping[str, str] | None = None
-    ) -> AsyncIterator[bytes]:
-        try:
-            async with self._session.get(self.target.api + path, params=params) as response:
-                if response.status >= 300:
-                    raise self._refused(response.status, await response.read())
-                async for chunk in response.content.iter_any():
-                    yield chunk
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise self._unreachable(error) from None
-
 
 # ---- rendering -----------------------------------------------------------------------------
 

@@ -6,51 +6,28 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
-import aiohttp
-import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from cloud.api.views import NodeList, NodeSummary
+from cloud.fleet.views import NodeList, NodeSummary
+from greenfed.api_client import ApiClient
 
 GIB = 1024**3
 
 
-class ApiUnavailable(RuntimeError):
-    pass
-
-
-async def fetch_nodes(
-    api_url: str, params: dict[str, str], timeout_s: float = 10.0, *, token: str | None = None
-) -> NodeList:
-    url = api_url.rstrip("/") + "/v1/nodes"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
-            items: list[NodeSummary] = []
-            cursor: str | None = None
-            while True:
-                query = {**params, **({"cursor": cursor} if cursor else {})}
-                async with http.get(url, params=query) as response:
-                    body = await response.read()
-                    if response.status == 401:
-                        raise ApiUnavailable(
-                            f"{url} refused the token (401): pass --token, set GREENFED_TOKEN "
-                            "or use --token-file"
-                        )
-                    if response.status != 200:
-                        detail = body.decode(errors="replace")[:500]
-                        raise ApiUnavailable(f"{url} answered {response.status}: {detail}")
-                page = msgspec.json.decode(body, type=NodeList)
-                items.extend(page.items)
-                cursor = page.next_cursor
-                if cursor is None:
-                    return NodeList(
-                        items=tuple(items), count=len(items), total=page.total, next_cursor=None
-                    )
-    except (aiohttp.ClientError, TimeoutError) as error:
-        raise ApiUnavailable(f"cannot reach the greenfed API at {api_url}: {error}") from None
+async def fetch_nodes(client: ApiClient, params: dict[str, str]) -> NodeList:
+    """Every page of `/v1/nodes` matching `params`, as one list."""
+    items: list[NodeSummary] = []
+    cursor: str | None = None
+    while True:
+        query = {**params, **({"cursor": cursor} if cursor else {})}
+        page = await client.get("/v1/nodes", NodeList, params=query)
+        items.extend(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return NodeList(
+                items=tuple(items), count=len(items), total=page.total, next_cursor=None
+            )
 
 
 def _bytes_text(size_bytes: int) -> str:

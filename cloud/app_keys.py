@@ -10,15 +10,15 @@ from prometheus_client import CollectorRegistry
 
 from cloud.api.streams import StreamLimits
 from cloud.api.tuning import ApiTuning
-from cloud.ingest import Ingestor
-from cloud.jobs.events import EventHub
-from cloud.jobs.logs import JobLogStore
+from cloud.fleet.ingest import Ingestor
+from cloud.fleet.registry import NodeRegistry
 from cloud.loop.loop import SchedulingLoop
 from cloud.models.blobs import BlobStore
 from cloud.models.signing import ModelUrlSigner
-from cloud.registry import NodeRegistry
 from cloud.signals.service import SignalService
 from cloud.store import Store, TenantRecord
+from cloud.streams.events import EventHub
+from cloud.streams.logs import JobLogStore
 from shared.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)

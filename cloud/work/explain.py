@@ -1,6 +1,6 @@
 """Explanations from a scheduling pass: what the scheduling loop stores with each plan.
 
-`explanations_for_plan(plan)` makes one `Explanation` (cloud.jobs.explanation) per work
+`explanations_for_plan(plan)` makes one `Explanation` (cloud.work.explanation) per work
 item the pass decided something about; the loop passes the result as
 `cloud.store.Plan.explanations`, and `GET .../explain` shows the latest one.
 """
@@ -11,7 +11,8 @@ from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 
 from cloud.green.migration import Migration
-from cloud.jobs.explanation import (
+from cloud.scheduler.plan import Pending, Placement, Plan, Preemption, Reservation, ScoreBreakdown
+from cloud.work.explanation import (
     DeferralView,
     Explanation,
     MemberPlacementView,
@@ -24,7 +25,6 @@ from cloud.jobs.explanation import (
     TermScoreView,
     encode_explanation,
 )
-from cloud.scheduler.plan import Pending, Placement, Plan, Preemption, Reservation, ScoreBreakdown
 
 
 def _utc(timestamp: float) -> datetime:

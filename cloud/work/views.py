@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
-from cloud.jobs.explanation import Explanation
-from cloud.jobs.literals import AllocationState, PriorityClass, WorkState
-from cloud.jobs.specs import DeploymentSpec, Name, TrainingJobSpec
+from cloud.work.explanation import Explanation
+from cloud.work.literals import AllocationState, PriorityClass, WorkState
+from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.messages import AcceleratorKind
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
-    from cloud.registry import NodeRegistry
+    from cloud.fleet.registry import NodeRegistry
     from cloud.store import AllocationRecord, TenantRecord
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from cloud.jobs.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
 from cloud.scheduler.model import (
     Allocation,
     InferenceDeployment,
@@ -26,6 +25,7 @@ from cloud.scheduler.model import (
     Work,
 )
 from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
+from cloud.work.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
 
 
 def _placement_fields(spec: WorkSpec) -> dict[str, object]:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from cloud.registry import NodeRecord
+from cloud.fleet.registry import NodeRecord
 from shared.messages import (
     Accelerator,
     HostInfo,

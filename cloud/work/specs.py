@@ -3,7 +3,7 @@
 Frozen msgspec Structs with `forbid_unknown_fields`: a typo in a field name is an error
 that names it, never a silently ignored setting. The same types decode `POST /v1/jobs`
 and `POST /v1/deployments`, the CLI's JSON/TOML/YAML spec files, and the spec the store
-keeps; their JSON Schemas are published in `/openapi.json`. `cloud.jobs.convert` turns
+keeps; their JSON Schemas are published in `/openapi.json`. `cloud.work.convert` turns
 them into the scheduler's `TrainingJob` / `InferenceDeployment`.
 
 Cross-field rules live in `__post_init__` and raise ``ValueError("`field`: reason")``;
@@ -19,7 +19,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from cloud.jobs.literals import PriorityClass
+from cloud.work.literals import PriorityClass
 from shared.messages import AcceleratorKind, Site
 
 GIB: Final = 1024**3

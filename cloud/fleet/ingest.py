@@ -18,7 +18,7 @@ import aiomqtt
 import msgspec
 import structlog
 
-from cloud.registry import NodeRegistry, Rejection, StateChange
+from cloud.fleet.registry import NodeRegistry, Rejection, StateChange
 from shared.logs import RateLimitedLog
 from shared.messages import (
     EVENT_DECODER,

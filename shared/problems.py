@@ -1,0 +1,21 @@
+"""RFC 9457 problem details: the body of every REST API error
+(`application/problem+json`). The API builds it (cloud/api/problems.py); the CLI
+decodes it."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class InvalidParam(msgspec.Struct, frozen=True):
+    name: str
+    reason: str
+
+
+class ProblemBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    type: str
+    title: str
+    status: int
+    detail: str = ""
+    instance: str = ""
+    invalid_params: tuple[InvalidParam, ...] = ()
