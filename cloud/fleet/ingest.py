@@ -18,7 +18,7 @@ import aiomqtt
 import msgspec
 import structlog
 
-from cloud.fleet.registry import NodeRegistry, Rejection, StateChange
+from cloud.fleet.registry import NodeRegistry, NodeStateChange, Rejection
 from shared.logs import RateLimitedLog
 from shared.messages import (
     EVENT_DECODER,
@@ -79,7 +79,7 @@ class Ingestor:
         *,
         max_payload_bytes: int,
         invalid_log_interval_s: float = 10.0,
-        on_state_change: Callable[[StateChange], None] | None = None,
+        on_state_change: Callable[[NodeStateChange], None] | None = None,
         on_event: Callable[[NodeEvent], None] | None = None,
         on_log: Callable[[JobLogChunk], None] | None = None,
     ) -> None:
@@ -108,7 +108,7 @@ class Ingestor:
             error=error[:300],
         )
 
-    def _changed(self, change: StateChange | None) -> None:
+    def _changed(self, change: NodeStateChange | None) -> None:
         if change is None:
             return
         self._log.info(
@@ -165,7 +165,7 @@ class Ingestor:
         self._apply(channel, message, topic)
 
     def _apply(self, channel: Channel, message: IngestedMessage, topic: str) -> None:
-        outcome: Rejection | StateChange | None = None
+        outcome: Rejection | NodeStateChange | None = None
         if isinstance(message, Telemetry):
             outcome = self.registry.apply_telemetry(message)
         elif isinstance(message, NodeStatus):

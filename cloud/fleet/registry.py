@@ -92,7 +92,7 @@ class NodeFilter:
 
 
 @dataclass(frozen=True, slots=True)
-class StateChange:
+class NodeStateChange:
     node_id: str
     state: NodeState
     reason: OfflineReason | None
@@ -129,7 +129,7 @@ class NodeRegistry:
         record.last_seen_monotonic = self._monotonic()
         record.last_seen_at = self._wall_clock()
 
-    def apply_status(self, status: NodeStatus) -> StateChange | None:
+    def apply_status(self, status: NodeStatus) -> NodeStateChange | None:
         """Birth, will or goodbye. Returns the state change it caused, if any."""
         record = self._records.get(status.node_id)
         reason = status.offline_reason if status.state == "offline" else None
@@ -144,7 +144,7 @@ class NodeRegistry:
             self._records[status.node_id] = record
             self._touch(record)
             self.version += 1
-            return StateChange(status.node_id, status.state, reason)
+            return NodeStateChange(status.node_id, status.state, reason)
         if status.state == "offline" and status.instance_id != record.status.instance_id:
             # The will of an older agent instance, delivered after its successor's birth.
             return None
@@ -159,7 +159,7 @@ class NodeRegistry:
         self.version += 1
         if previous == (record.state, record.offline_reason):
             return None
-        return StateChange(status.node_id, record.state, reason)
+        return NodeStateChange(status.node_id, record.state, reason)
 
     def forget(self, node_id: str) -> bool:
         """Drop a node whose retained status was cleared (decommissioned)."""
@@ -168,7 +168,7 @@ class NodeRegistry:
             self.version += 1
         return removed
 
-    def apply_telemetry(self, telemetry: Telemetry) -> Rejection | StateChange | None:
+    def apply_telemetry(self, telemetry: Telemetry) -> Rejection | NodeStateChange | None:
         record = self._records.get(telemetry.node_id)
         if record is None:
             return Rejection.UNKNOWN_NODE
@@ -182,7 +182,7 @@ class NodeRegistry:
             record.state = "online"
             record.offline_reason = None
             self.version += 1
-            return StateChange(record.node_id, "online", None)
+            return NodeStateChange(record.node_id, "online", None)
         return None
 
     def apply_reported(self, reported: ReportedState) -> Rejection | None:
@@ -192,7 +192,7 @@ class NodeRegistry:
         record.reported = reported
         return None
 
-    def expire_stale(self) -> list[StateChange]:
+    def expire_stale(self) -> list[NodeStateChange]:
         """Mark online nodes without recent telemetry offline; call periodically."""
         now = self._monotonic()
         changes = []
@@ -203,7 +203,7 @@ class NodeRegistry:
             if now - record.last_seen_monotonic > deadline_s:
                 record.state = "offline"
                 record.offline_reason = "telemetry-stale"
-                changes.append(StateChange(record.node_id, "offline", "telemetry-stale"))
+                changes.append(NodeStateChange(record.node_id, "offline", "telemetry-stale"))
         if changes:
             self.version += 1
         return changes

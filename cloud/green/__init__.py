@@ -29,7 +29,7 @@ from .accounting import (
 )
 from .energy import EnergyModel, linear_power_w
 from .latency import ServingLatency, default_latency_estimator
-from .migration import Migration, Migrator, RunningJob
+from .migration import JobMove, Migrator, RunningJob
 from .policies import (
     POLICIES,
     POLICY_NAMES,
@@ -50,8 +50,8 @@ __all__ = [
     "Counterfactual",
     "EnergyModel",
     "GreenInputs",
+    "JobMove",
     "LatencyTerm",
-    "Migration",
     "Migrator",
     "PolicySpec",
     "PriceTerm",

@@ -1,4 +1,4 @@
-"""Migration: move running, checkpointing training to cleaner capacity as it frees.
+"""JobMove: move running, checkpointing training to cleaner capacity as it frees.
 
 Spatial shifting decides once, at the start. Under load the clean zones fill
 during the afternoon peak and the overflow starts on dirtier (and often slower)
@@ -37,7 +37,7 @@ one of its workers would run it at least ``min_saving`` cleaner per unit of work
 (power / speed × intensity over about the job's remaining run), which keeps a
 pass over thousands of running jobs cheap.
 
-The migrator is pure: snapshot and running jobs in, ``Migration`` records out. The
+The migrator is pure: snapshot and running jobs in, ``JobMove`` records out. The
 caller stops the old workers and starts the new ones (the evaluation's simulator;
 the workers resume from their checkpoint).
 """
@@ -101,7 +101,7 @@ class RunningJob:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Migration:
+class JobMove:
     work_id: str
     stop: tuple[str, ...]  # allocation ids to stop
     from_nodes: tuple[str, ...]  # the nodes they are on
@@ -156,7 +156,7 @@ class Migrator:
 
     def propose(
         self, snapshot: Snapshot, running: Sequence[RunningJob], policy: Policy
-    ) -> list[Migration]:
+    ) -> list[JobMove]:
         """Migrations worth making now, in the order they were decided."""
         if not self.max_per_pass or not running:
             return []
@@ -189,7 +189,7 @@ class Migrator:
             if math.isfinite(stay) and stay > 0:
                 ranked.append((stay / remaining, entry, stay))
         ranked.sort(key=lambda item: (-item[0], item[1].job.work_id))
-        migrations: list[Migration] = []
+        migrations: list[JobMove] = []
         for _, entry, stay in ranked[: self.max_trials_per_pass]:
             if len(migrations) >= self.max_per_pass:
                 break
@@ -217,7 +217,7 @@ class Migrator:
                 continue
             quantity, unit = self._quantity
             migrations.append(
-                Migration(
+                JobMove(
                     work_id=work_id,
                     stop=tuple(sorted(a.allocation_id for a in held)),
                     from_nodes=tuple(sorted({a.node_id for a in held})),

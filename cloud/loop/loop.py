@@ -30,25 +30,24 @@ import structlog
 
 from cloud.fleet.registry import NodeRecord, NodeRegistry
 from cloud.green.latency import default_latency_estimator
-from cloud.green.migration import Migration
+from cloud.green.migration import JobMove
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
 from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
-from cloud.loop.migrations import plan_moves
+from cloud.loop.moves import plan_moves
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.reports import agent_outcomes
 from cloud.models.signing import ModelUrlSigner
-from cloud.scheduler import Plan as CorePlan
-from cloud.scheduler import Policy, schedule
+from cloud.scheduler import Plan, Policy, schedule
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
 from cloud.store import (
     LeadershipLease,
     LeadershipLostError,
     ModelRecord,
-    Plan,
+    PassWrite,
     Store,
     StoreSnapshot,
     StoreUnavailableError,
@@ -187,7 +186,7 @@ class SchedulingLoop:
 
     # ---- one pass ----------------------------------------------------------------------
 
-    async def run_pass(self, lease: LeadershipLease) -> CorePlan:
+    async def run_pass(self, lease: LeadershipLease) -> Plan:
         started = time.perf_counter()
         now = self._clock()
         store = await self._store.load_snapshot(self._last_snapshot)
@@ -216,7 +215,7 @@ class SchedulingLoop:
             for eviction in outcomes.evictions:
                 self._log.info("work requeued", work_id=eviction.work_id, reason=eviction.reason)
             await self._commit(
-                Plan(
+                PassWrite(
                     state_changes=outcomes.state_changes,
                     evictions=outcomes.evictions,
                     placements=outcomes.placements,
@@ -262,8 +261,8 @@ class SchedulingLoop:
         return plan
 
     async def _moves(
-        self, plan: CorePlan, inputs: PassInputs, green: GreenInputs, policy: Policy
-    ) -> list[Migration]:
+        self, plan: Plan, inputs: PassInputs, green: GreenInputs, policy: Policy
+    ) -> list[JobMove]:
         """Running jobs to move to cleaner capacity, looked for at most every
         `migration_interval_s`."""
         settings = self._settings
@@ -288,9 +287,9 @@ class SchedulingLoop:
         finally:
             self._own_commit = False
 
-    async def _commit(self, plan: Plan, lease: LeadershipLease) -> None:
+    async def _commit(self, plan: PassWrite, lease: LeadershipLease) -> None:
         with self._committing():
-            await self._store.commit_plan(plan, lease=lease)
+            await self._store.commit_pass(plan, lease=lease)
         self.stats.commits += 1
 
     async def _green_inputs(self, nodes: Iterable[NodeRecord]) -> GreenInputs:
@@ -369,7 +368,7 @@ class SchedulingLoop:
                 )
             )
 
-    def _fresh_explanations(self, plan: CorePlan) -> dict[str, bytes]:
+    def _fresh_explanations(self, plan: Plan) -> dict[str, bytes]:
         """Explanations worth writing: every placement and preemption, and pending work
         whose reason changed since the last one this leader wrote."""
         wanted = {placement.work_id for placement in plan.placements}

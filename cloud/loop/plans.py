@@ -19,19 +19,17 @@ from dataclasses import dataclass
 
 import structlog
 
-from cloud.green.migration import Migration
+from cloud.green.migration import JobMove
 from cloud.loop.allocations import as_new_allocation
 from cloud.loop.devices import NotEnoughDevices, pick_devices
 from cloud.loop.inputs import PassInputs
-from cloud.scheduler import Placement as CorePlacement
-from cloud.scheduler import Plan as CorePlan
-from cloud.scheduler import Preemption
+from cloud.scheduler import Placement, Plan, Preemption
 from cloud.store import (
-    Eviction,
+    EvictionWrite,
     NewAllocation,
-    Placement,
-    Plan,
-    StateChange,
+    PassWrite,
+    PlacementWrite,
+    StateWrite,
 )
 from cloud.work.explain import explanations_for_moves
 
@@ -40,10 +38,10 @@ _log = structlog.get_logger("greenfed.loop")
 
 @dataclass(frozen=True, slots=True)
 class Translation:
-    plan: Plan
+    plan: PassWrite
     placed: int  # work items that got allocations
     evicted: int  # work items that lost allocations to preemption
-    moves: tuple[Migration, ...]  # the moves made (a move whose devices ran out is not)
+    moves: tuple[JobMove, ...]  # the moves made (a move whose devices ran out is not)
     skipped: Mapping[str, str]  # work id -> why its placement was dropped
 
     @property
@@ -54,13 +52,13 @@ class Translation:
 
 def _preempted(
     preemptions: tuple[Preemption, ...], inputs: PassInputs
-) -> tuple[list[Eviction], dict[str, list[NewAllocation]], set[str]]:
+) -> tuple[list[EvictionWrite], dict[str, list[NewAllocation]], set[str]]:
     """Evictions, the replicas each shrunk deployment keeps, and the allocation ids
     whose devices are free from now on."""
     by_work: dict[str, list[Preemption]] = {}
     for preemption in preemptions:
         by_work.setdefault(preemption.work_id, []).append(preemption)
-    evictions: list[Eviction] = []
+    evictions: list[EvictionWrite] = []
     kept: dict[str, list[NewAllocation]] = {}
     freed: set[str] = set()
     for work_id, victims in sorted(by_work.items()):
@@ -73,7 +71,7 @@ def _preempted(
         remaining = [m for m in members if m.allocation_id not in victim_ids]
         if record.kind == "training" or not remaining:
             evictions.append(
-                Eviction(work_id=work_id, reason=reason, expected_version=record.version)
+                EvictionWrite(work_id=work_id, reason=reason, expected_version=record.version)
             )
             freed.update(m.allocation_id for m in members)
         else:
@@ -83,10 +81,10 @@ def _preempted(
 
 
 def translate(
-    plan: CorePlan,
+    plan: Plan,
     inputs: PassInputs,
     explanations: Mapping[str, bytes],
-    moves: Sequence[Migration] = (),
+    moves: Sequence[JobMove] = (),
 ) -> Translation:
     evictions, kept, freed = _preempted(plan.preemptions, inputs)
     by_preempted = {preemption.work_id for preemption in plan.preemptions}
@@ -104,14 +102,14 @@ def translate(
                 held_now.accelerator_ids
             )
 
-    by_work: dict[str, list[CorePlacement]] = {}
+    by_work: dict[str, list[Placement]] = {}
     for placement in plan.placements:
         by_work.setdefault(placement.work_id, []).append(placement)
     for move in moves:
         by_work[move.work_id] = list(move.placements)
-    placements: list[Placement] = []
+    placements: list[PlacementWrite] = []
     skipped: dict[str, str] = {}
-    made: list[Migration] = []
+    made: list[JobMove] = []
     # Moves get their devices after the queue's placements, in work id order each.
     for work_id, members in sorted(by_work.items(), key=lambda item: (item[0] in moved, item[0])):
         record = inputs.records[work_id]
@@ -168,10 +166,10 @@ def translate(
             reason = moving.explain()
             made.append(moving)
             evictions.append(
-                Eviction(work_id=work_id, reason=reason, expected_version=record.version)
+                EvictionWrite(work_id=work_id, reason=reason, expected_version=record.version)
             )
         placements.append(
-            Placement(
+            PlacementWrite(
                 work_id=work_id,
                 allocations=tuple(new),
                 reason=reason,
@@ -181,7 +179,7 @@ def translate(
     for work_id, remaining in sorted(kept.items()):
         record = inputs.records[work_id]
         placements.append(
-            Placement(
+            PlacementWrite(
                 work_id=work_id,
                 allocations=tuple(remaining),
                 reason="replicas preempted; the rest keep serving",
@@ -190,7 +188,7 @@ def translate(
         )
 
     state_changes = [
-        StateChange(
+        StateWrite(
             work_id=work_id,
             to_state="failed",
             reason=reason,
@@ -208,7 +206,7 @@ def translate(
         and inputs.records[pending.work_id].state_reason != pending.message
     }
     return Translation(
-        plan=Plan(
+        plan=PassWrite(
             placements=tuple(placements),
             evictions=tuple(evictions),
             state_changes=tuple(state_changes),

@@ -28,9 +28,9 @@ from cloud.loop.allocations import as_new_allocation, node_workers
 from cloud.store import (
     AllocationRecord,
     AllocationState,
-    Eviction,
-    Placement,
-    StateChange,
+    EvictionWrite,
+    PlacementWrite,
+    StateWrite,
     WorkRecord,
 )
 from cloud.store.states import PLACED_STATES
@@ -46,9 +46,9 @@ class AllocationStateChange:
 
 @dataclass(frozen=True, slots=True)
 class AgentOutcomes:
-    state_changes: tuple[StateChange, ...] = ()
-    evictions: tuple[Eviction, ...] = ()
-    placements: tuple[Placement, ...] = ()  # deployments that lost replicas
+    state_changes: tuple[StateWrite, ...] = ()
+    evictions: tuple[EvictionWrite, ...] = ()
+    placements: tuple[PlacementWrite, ...] = ()  # deployments that lost replicas
     allocation_states: tuple[AllocationStateChange, ...] = ()
 
     @property
@@ -58,15 +58,15 @@ class AgentOutcomes:
 
 class _Collector:
     def __init__(self) -> None:
-        self.state_changes: list[StateChange] = []
-        self.evictions: list[Eviction] = []
-        self.placements: list[Placement] = []
+        self.state_changes: list[StateWrite] = []
+        self.evictions: list[EvictionWrite] = []
+        self.placements: list[PlacementWrite] = []
         self.allocation_states: list[AllocationStateChange] = []
 
     def move(self, record: WorkRecord, *states: str, reason: str | None = None) -> None:
         for state in states:
             self.state_changes.append(
-                StateChange(
+                StateWrite(
                     work_id=record.work_id,
                     to_state=state,  # type: ignore[arg-type]
                     reason=reason,
@@ -76,7 +76,7 @@ class _Collector:
 
     def evict(self, record: WorkRecord, reason: str) -> None:
         self.evictions.append(
-            Eviction(work_id=record.work_id, reason=reason, expected_version=record.version)
+            EvictionWrite(work_id=record.work_id, reason=reason, expected_version=record.version)
         )
 
     def allocation(self, allocation: AllocationRecord, running: bool) -> None:
@@ -152,7 +152,7 @@ def _inference(
         reason = f"lost node {', '.join(dropped)} ({lost[dropped[0]]})"
         if kept:
             out.placements.append(
-                Placement(
+                PlacementWrite(
                     work_id=record.work_id,
                     allocations=tuple(as_new_allocation(a) for a in kept),
                     reason=reason,

@@ -17,7 +17,7 @@ from .state import ClusterState
 
 
 @dataclass(frozen=True, slots=True)
-class Eviction:
+class TentativeEviction:
     allocation: Held
     node: int
     reason: Literal["priority", "reclaim", "quota"]
@@ -27,7 +27,7 @@ class Eviction:
 class Statement:
     state: ClusterState
     allocated: list[tuple[Held, int]] = field(default_factory=list)
-    evicted: list[Eviction] = field(default_factory=list)
+    evicted: list[TentativeEviction] = field(default_factory=list)
     _undo: list[tuple[bool, Held, int]] = field(default_factory=list)
 
     def allocate(self, alloc: Held, node: int) -> None:
@@ -37,7 +37,7 @@ class Statement:
 
     def evict(self, allocation_id: str, reason: Literal["priority", "reclaim", "quota"]) -> None:
         alloc, node = self.state.evict(allocation_id)
-        self.evicted.append(Eviction(alloc, node, reason))
+        self.evicted.append(TentativeEviction(alloc, node, reason))
         self._undo.append((False, alloc, node))
 
     def mark(self) -> int:

@@ -25,11 +25,11 @@ from cloud.store.errors import (
 )
 from cloud.store.records import (
     CommitResult,
-    Eviction,
+    EvictionWrite,
     NewAllocation,
     NewEvent,
-    Placement,
-    StateChange,
+    PlacementWrite,
+    StateWrite,
     WorkKind,
     WorkRecord,
 )
@@ -110,7 +110,7 @@ class _Draft:
         self.steps.append((self.state, to_state, reason))
         self.state, self.reason = to_state, reason
 
-    def place(self, placement: Placement) -> None:
+    def place(self, placement: PlacementWrite) -> None:
         if self.state == "pending":
             self.move("scheduled", placement.reason)
         elif self.state in PLACED_STATES:
@@ -131,9 +131,9 @@ class _Draft:
 
 @dataclass(frozen=True, slots=True)
 class Changes:
-    evictions: Sequence[Eviction] = ()
-    state_changes: Sequence[StateChange] = ()
-    placements: Sequence[Placement] = ()
+    evictions: Sequence[EvictionWrite] = ()
+    state_changes: Sequence[StateWrite] = ()
+    placements: Sequence[PlacementWrite] = ()
     pending_reasons: Mapping[str, str] = field(default_factory=dict)
     events: Sequence[NewEvent] = ()
     explanations: Mapping[str, bytes] = field(default_factory=dict)
@@ -193,7 +193,7 @@ async def apply_changes(
 ) -> CommitResult:
     """Apply `changes` in the caller's transaction; raise (and write nothing) on any error."""
     now = context.clock()
-    items: list[Eviction | StateChange | Placement] = [
+    items: list[EvictionWrite | StateWrite | PlacementWrite] = [
         *changes.evictions,
         *changes.state_changes,
         *changes.placements,
@@ -226,7 +226,7 @@ async def apply_changes(
         draft.move(outcome.to_state, outcome.reason)
     for change in changes.state_changes:
         if change.to_state == "scheduled":
-            raise InvalidPlanError(f"{change.work_id}: work is scheduled by a Placement")
+            raise InvalidPlanError(f"{change.work_id}: work is scheduled by a PlacementWrite")
         drafts[change.work_id].move(change.to_state, change.reason)
     for placement in changes.placements:
         drafts[placement.work_id].place(placement)

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from cloud.store.engine import WRITE_OPTION, DatabaseTarget
 from cloud.store.errors import SchemaMismatchError, SchemaTooNewError
 from cloud.store.locks import advisory_key, current_namespace
-from cloud.store.migrations import MIGRATIONS, Migration, check_order
+from cloud.store.migrations import MIGRATIONS, SchemaMigration, check_order
 from cloud.store.schema import schema_version
 
 
@@ -39,7 +39,7 @@ async def migrate(
     engine: AsyncEngine,
     target: DatabaseTarget,
     *,
-    migrations: tuple[Migration, ...] = MIGRATIONS,
+    migrations: tuple[SchemaMigration, ...] = MIGRATIONS,
     clock: Callable[[], float] = time.time,
 ) -> MigrationReport:
     check_order(migrations)
@@ -48,7 +48,7 @@ async def migrate(
     return await _migrate_sqlite(engine, migrations, clock)
 
 
-async def _applied(connection: AsyncConnection, migrations: tuple[Migration, ...]) -> int:
+async def _applied(connection: AsyncConnection, migrations: tuple[SchemaMigration, ...]) -> int:
     """The database's version; raises if it is newer than the code or disagrees with it."""
     rows = (
         await connection.execute(
@@ -78,7 +78,7 @@ async def _applied(connection: AsyncConnection, migrations: tuple[Migration, ...
 
 
 async def _apply(
-    connection: AsyncConnection, migration: Migration, clock: Callable[[], float]
+    connection: AsyncConnection, migration: SchemaMigration, clock: Callable[[], float]
 ) -> None:
     await connection.run_sync(migration.upgrade)
     await connection.execute(
@@ -88,12 +88,12 @@ async def _apply(
     )
 
 
-def _label(migration: Migration) -> str:
+def _label(migration: SchemaMigration) -> str:
     return f"{migration.version:04d}_{migration.name}"
 
 
 async def _migrate_sqlite(
-    engine: AsyncEngine, migrations: tuple[Migration, ...], clock: Callable[[], float]
+    engine: AsyncEngine, migrations: tuple[SchemaMigration, ...], clock: Callable[[], float]
 ) -> MigrationReport:
     writer = engine.execution_options(**{WRITE_OPTION: True})
     async with writer.begin() as connection:
@@ -113,7 +113,7 @@ async def _migrate_sqlite(
 async def _migrate_postgres(
     engine: AsyncEngine,
     target: DatabaseTarget,
-    migrations: tuple[Migration, ...],
+    migrations: tuple[SchemaMigration, ...],
     clock: Callable[[], float],
 ) -> MigrationReport:
     async with engine.connect() as connection:

@@ -91,7 +91,7 @@ class WorkRecord:
 
 @dataclass(frozen=True, slots=True)
 class WorkExplanation:
-    """The scheduler's latest explanation of one work item (`Plan.explanations`)."""
+    """The scheduler's latest explanation of one work item (`PassWrite.explanations`)."""
 
     work: WorkRecord
     explanation: bytes | None  # a JSON object; None: the scheduler has not looked at it yet
@@ -161,7 +161,7 @@ class AllocationRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Placement:
+class PlacementWrite:
     """Work's complete set of allocations; replaces whatever it held before.
 
     Pending work becomes scheduled (one more attempt); scheduled or running work keeps
@@ -182,7 +182,7 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Eviction:
+class EvictionWrite:
     """Preempted or lost work: back to pending, or failed once its attempts are used up."""
 
     work_id: str
@@ -191,7 +191,7 @@ class Eviction:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StateChange:
+class StateWrite:
     work_id: str
     to_state: WorkState
     reason: str | None = None
@@ -208,15 +208,15 @@ class NewEvent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Plan:
-    """One scheduling pass, committed by `Store.commit_plan` as one transaction.
+class PassWrite:
+    """One scheduling pass, committed by `Store.commit_pass` as one transaction.
 
     Applied in this order: evictions, state changes, placements, pending reasons, events.
     """
 
-    placements: tuple[Placement, ...] = ()
-    evictions: tuple[Eviction, ...] = ()
-    state_changes: tuple[StateChange, ...] = ()
+    placements: tuple[PlacementWrite, ...] = ()
+    evictions: tuple[EvictionWrite, ...] = ()
+    state_changes: tuple[StateWrite, ...] = ()
     # Why work stays pending ("0/12 nodes: 8 no GPU, 4 over quota"); stored, no event.
     pending_reasons: Mapping[str, str] = field(default_factory=dict)
     events: tuple[NewEvent, ...] = ()

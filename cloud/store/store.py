@@ -54,16 +54,16 @@ from cloud.store.records import (
     CommitResult,
     CreatedTenant,
     EventRecord,
-    Eviction,
+    EvictionWrite,
     ModelPage,
     ModelRecord,
     NewEvent,
     NewModel,
     NewTenant,
     NodeDesired,
-    Plan,
+    PassWrite,
     PriorityClass,
-    StateChange,
+    StateWrite,
     StoreSnapshot,
     SubmitResult,
     TenantRecord,
@@ -389,8 +389,8 @@ class Store:
             )
 
     async def work_explanation(self, tenant_id: str, work_id: str) -> WorkExplanation | None:
-        """The tenant's work with the scheduler's latest explanation of it (`Plan.explanations`);
-        None when the tenant has no such work."""
+        """The tenant's work with the scheduler's latest explanation of it
+        (`PassWrite.explanations`); None when the tenant has no such work."""
         query = select(work).where(work.c.id == work_id, work.c.tenant_id == tenant_id)
         async with self._read() as connection:
             row = (await connection.execute(query)).first()
@@ -431,7 +431,7 @@ class Store:
         Raises `WorkNotFoundError` (also for another tenant's id) and
         `IllegalTransitionError` for work that already ended.
         """
-        change = StateChange(
+        change = StateWrite(
             work_id=work_id,
             to_state="cancelled",
             reason=reason,
@@ -608,7 +608,7 @@ class Store:
                 generations = {row.node_id: int(row.generation) for row in generation_rows}
         return StoreSnapshot(tenant_records, work_records, allocation_records, generations)
 
-    async def commit_plan(self, plan: Plan, *, lease: LeadershipLease) -> CommitResult:
+    async def commit_pass(self, plan: PassWrite, *, lease: LeadershipLease) -> CommitResult:
         """Apply a scheduling pass as one transaction: all of it, or (raising) none of it.
 
         Evictions requeue (bounded by `store.max_attempts`, then failed), state changes
@@ -646,7 +646,7 @@ class Store:
     ) -> CommitResult:
         """One state change (an agent's report, a failure); `event_id` applies it at most
         once: a resent agent event returns `duplicate=True` and changes nothing."""
-        change = StateChange(
+        change = StateWrite(
             work_id=work_id, to_state=to_state, reason=reason, expected_version=expected_version
         )
         async with self._write() as connection:
@@ -666,7 +666,7 @@ class Store:
     ) -> CommitResult:
         """Preempted or node-lost work back to pending, or failed once its attempts
         (`store.max_attempts`) are used up; its allocations end."""
-        eviction = Eviction(work_id=work_id, reason=reason, expected_version=expected_version)
+        eviction = EvictionWrite(work_id=work_id, reason=reason, expected_version=expected_version)
         async with self._write() as connection:
             return await apply_changes(
                 connection,
@@ -734,7 +734,7 @@ class Store:
             and lease.path == leader_lock_path(self.target.sqlite_path)
         ):
             return
-        raise LeadershipLostError("the lease given to commit_plan leads another database")
+        raise LeadershipLostError("the lease given to commit_pass leads another database")
 
     @contextlib.asynccontextmanager
     async def leadership(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 
-from cloud.green.migration import Migration
+from cloud.green.migration import JobMove
 from cloud.scheduler.plan import Pending, Placement, Plan, Preemption, Reservation, ScoreBreakdown
 from cloud.work.explanation import (
     DeferralView,
@@ -185,7 +185,7 @@ def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -
     return documents
 
 
-def explanations_for_moves(now: float, moves: Sequence[Migration]) -> dict[str, bytes]:
+def explanations_for_moves(now: float, moves: Sequence[JobMove]) -> dict[str, bytes]:
     """Work id -> encoded `Explanation` (outcome "moved") for each migrated job."""
     return {
         move.work_id: encode_explanation(

@@ -2,7 +2,7 @@
 
 The pass here is the real scheduler, fed the way the scheduling loop feeds it: the
 store's snapshot converted with cloud.work.convert, the plan's explanations encoded
-with cloud.work.explain and committed with `Store.commit_plan`.
+with cloud.work.explain and committed with `Store.commit_pass`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import msgspec
 import pytest
 
 from cloud.scheduler import Snapshot, schedule
-from cloud.scheduler.plan import Plan as SchedulerPlan
-from cloud.store import NewAllocation, Placement, Plan, Store, open_store
+from cloud.scheduler.plan import Plan
+from cloud.store import NewAllocation, PassWrite, PlacementWrite, Store, open_store
 from cloud.work.convert import tenant_from_record, work_from_record
 from cloud.work.explain import explanations_for_plan
 from cloud.work.explanation import Explanation, decode_explanation, encode_explanation
@@ -29,7 +29,7 @@ from tests.store.builders import make_tenant, submit
 from tests.store.databases import DatabaseUnderTest
 
 
-def store_plan(plan: SchedulerPlan) -> Plan:
+def store_plan(plan: Plan) -> PassWrite:
     """What the scheduling loop commits for a scheduler plan (placements, reasons, why)."""
     members: dict[str, list[NewAllocation]] = defaultdict(list)
     for placement in plan.placements:
@@ -43,9 +43,9 @@ def store_plan(plan: SchedulerPlan) -> Plan:
                 expected_end=placement.expected_end,
             )
         )
-    return Plan(
+    return PassWrite(
         placements=tuple(
-            Placement(work_id=work_id, allocations=tuple(allocations))
+            PlacementWrite(work_id=work_id, allocations=tuple(allocations))
             for work_id, allocations in members.items()
         ),
         pending_reasons={pending.work_id: pending.message for pending in plan.pending},
@@ -53,7 +53,7 @@ def store_plan(plan: SchedulerPlan) -> Plan:
     )
 
 
-async def schedule_once(store: Store) -> SchedulerPlan:
+async def schedule_once(store: Store) -> Plan:
     snapshot = await store.load_snapshot()
     names = {tenant.tenant_id: tenant.name for tenant in snapshot.tenants}
     tenants = [t for t in map(tenant_from_record, snapshot.tenants) if t is not None]
@@ -68,7 +68,7 @@ async def schedule_once(store: Store) -> SchedulerPlan:
     lease = await store.try_acquire_leadership()
     assert lease is not None
     async with lease:
-        await store.commit_plan(store_plan(plan), lease=lease)
+        await store.commit_pass(store_plan(plan), lease=lease)
     return plan
 
 
@@ -154,8 +154,8 @@ async def test_the_store_keeps_the_latest_explanation_per_work(
                 document = encode_explanation(
                     Explanation(outcome="pending", message=message, decided_at=datetime.now(UTC))
                 )
-                await store.commit_plan(
-                    Plan(
+                await store.commit_pass(
+                    PassWrite(
                         explanations={
                             work.work_id: document,
                             "01ARZ3NDEKTSV4RRFFQ69G5FAV": document,
@@ -164,7 +164,7 @@ async def test_the_store_keeps_the_latest_explanation_per_work(
                     lease=lease,
                 )
             with pytest.raises(ValueError, match="explanation of"):
-                await store.commit_plan(Plan(explanations={work.work_id: b"[]"}), lease=lease)
+                await store.commit_pass(PassWrite(explanations={work.work_id: b"[]"}), lease=lease)
         stop()
         await submit(store, tenant.tenant_id)
         assert commits == [1, 1]  # two plans committed; nothing after the listener left

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cloud.store import NewAllocation, Placement, Plan
+from cloud.store import NewAllocation, PassWrite, PlacementWrite
 from tests.api.support import (
     Api,
     bearer,
@@ -299,10 +299,10 @@ async def test_cancelling_ends_work_once_and_frees_its_nodes(api: Api) -> None:
     lease = await api.store.try_acquire_leadership()
     assert lease is not None
     async with lease:
-        await api.store.commit_plan(
-            Plan(
+        await api.store.commit_pass(
+            PassWrite(
                 placements=(
-                    Placement(
+                    PlacementWrite(
                         work_id=placed,
                         allocations=tuple(
                             NewAllocation(

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud.fleet.ingest import Ingestor, InvalidReason
-from cloud.fleet.registry import NodeRegistry, StateChange
+from cloud.fleet.registry import NodeRegistry, NodeStateChange
 from shared.messages import (
     Accelerator,
     AcceleratorSample,
@@ -377,7 +377,7 @@ def test_one_nodes_bad_messages_do_not_disturb_another_node(known_node: Ingestor
 
 
 def test_state_changes_are_reported_to_the_callback(registry: NodeRegistry) -> None:
-    changes: list[StateChange] = []
+    changes: list[NodeStateChange] = []
     ingestor = Ingestor(
         registry, TOPICS, max_payload_bytes=MAX_PAYLOAD_BYTES, on_state_change=changes.append
     )
@@ -387,15 +387,15 @@ def test_state_changes_are_reported_to_the_callback(registry: NodeRegistry) -> N
     ingestor.handle(topic("n1", Channel.STATUS), encode(will()))
 
     assert changes == [
-        StateChange("n1", "online", None),
-        StateChange("n1", "offline", "connection-lost"),
+        NodeStateChange("n1", "online", None),
+        NodeStateChange("n1", "offline", "connection-lost"),
     ]
 
 
 def test_a_stale_will_from_an_older_instance_reports_no_state_change(
     registry: NodeRegistry,
 ) -> None:
-    changes: list[StateChange] = []
+    changes: list[NodeStateChange] = []
     ingestor = Ingestor(
         registry, TOPICS, max_payload_bytes=MAX_PAYLOAD_BYTES, on_state_change=changes.append
     )
@@ -403,7 +403,7 @@ def test_a_stale_will_from_an_older_instance_reports_no_state_change(
     ingestor.handle(topic("n1", Channel.STATUS), encode(birth(instance_id="new")))
     ingestor.handle(topic("n1", Channel.STATUS), encode(will(instance_id="old")))
 
-    assert changes == [StateChange("n1", "online", None)]
+    assert changes == [NodeStateChange("n1", "online", None)]
     record = registry.get("n1")
     assert record is not None
     assert record.state == "online"

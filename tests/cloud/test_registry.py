@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud.fleet.registry import NodeFilter, NodeRegistry, Rejection, StateChange
+from cloud.fleet.registry import NodeFilter, NodeRegistry, NodeStateChange, Rejection
 from shared.messages import (
     Accelerator,
     AcceleratorKind,
@@ -119,7 +119,7 @@ def test_a_birth_registers_an_online_node_seen_now(
     clock.advance(12.0)
     change = registry.apply_status(status("n1"))
 
-    assert change == StateChange("n1", "online", None)
+    assert change == NodeStateChange("n1", "online", None)
     assert len(registry) == 1
     record = registry.get("n1")
     assert record is not None
@@ -138,7 +138,7 @@ def test_a_will_marks_the_node_offline_with_connection_lost(registry: NodeRegist
 
     change = registry.apply_status(will("n1"))
 
-    assert change == StateChange("n1", "offline", "connection-lost")
+    assert change == NodeStateChange("n1", "offline", "connection-lost")
     assert state_of(registry) == ("offline", "connection-lost")
 
 
@@ -147,11 +147,11 @@ def test_a_goodbye_marks_the_node_offline_with_shutdown(registry: NodeRegistry) 
     change = registry.apply_status(
         status("n1", state="offline", offline_reason="shutdown"),
     )
-    assert change == StateChange("n1", "offline", "shutdown")
+    assert change == NodeStateChange("n1", "offline", "shutdown")
 
 
 def test_a_retained_will_seen_first_registers_an_offline_node(registry: NodeRegistry) -> None:
-    assert registry.apply_status(will("n1")) == StateChange("n1", "offline", "connection-lost")
+    assert registry.apply_status(will("n1")) == NodeStateChange("n1", "offline", "connection-lost")
     assert state_of(registry) == ("offline", "connection-lost")
 
 
@@ -184,7 +184,7 @@ def test_a_birth_after_a_will_brings_the_node_back_online(registry: NodeRegistry
 
     change = registry.apply_status(status("n1", instance_id="i2"))
 
-    assert change == StateChange("n1", "online", None)
+    assert change == NodeStateChange("n1", "online", None)
 
 
 def test_telemetry_is_stored_on_the_node(registry: NodeRegistry, clock: FakeClock) -> None:
@@ -268,7 +268,7 @@ def test_a_node_goes_stale_after_its_staleness_window_and_not_before(
     assert state_of(registry) == ("online", None)
 
     clock.advance(0.02)
-    assert registry.expire_stale() == [StateChange("n1", "offline", "telemetry-stale")]
+    assert registry.expire_stale() == [NodeStateChange("n1", "offline", "telemetry-stale")]
     assert state_of(registry) == ("offline", "telemetry-stale")
 
 
@@ -289,7 +289,7 @@ def test_each_node_goes_stale_on_its_own_telemetry_interval(
 
     clock.advance(5.0)
 
-    assert registry.expire_stale() == [StateChange("fast", "offline", "telemetry-stale")]
+    assert registry.expire_stale() == [NodeStateChange("fast", "offline", "telemetry-stale")]
     assert state_of(registry, "slow") == ("online", None)
 
 
@@ -334,7 +334,7 @@ def test_fresh_telemetry_from_the_same_instance_brings_a_stale_node_back_online(
 
     change = registry.apply_telemetry(telemetry("n1", seq=2))
 
-    assert change == StateChange("n1", "online", None)
+    assert change == NodeStateChange("n1", "online", None)
     assert state_of(registry) == ("online", None)
     clock.advance(10.0)
     assert registry.expire_stale() == []

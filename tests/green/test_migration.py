@@ -1,4 +1,4 @@
-"""Migration: running, checkpointing training moves to cleaner capacity when it frees,
+"""JobMove: running, checkpointing training moves to cleaner capacity when it frees,
 only when the move pays for the work it loses, and never past a deadline."""
 
 from __future__ import annotations

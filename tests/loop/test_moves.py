@@ -1,4 +1,4 @@
-"""The loop's migration step (cloud/loop/migrations.py, plans.py): which running jobs
+"""The loop's migration step (cloud/loop/moves.py, plans.py): which running jobs
 may move, and a move as an eviction plus a placement of the same job in one plan."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from cloud.green.latency import default_latency_estimator
 from cloud.green.migration import Migrator
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.inputs import build_inputs
-from cloud.loop.migrations import plan_moves, running_jobs
+from cloud.loop.moves import plan_moves, running_jobs
 from cloud.loop.plans import translate
 from cloud.scheduler import Policy, Preemption, schedule
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord, WorkState

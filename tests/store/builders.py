@@ -10,7 +10,7 @@ from cloud.store import (
     CreatedTenant,
     NewAllocation,
     NewTenant,
-    Placement,
+    PlacementWrite,
     PriorityClass,
     Store,
     SubmitResult,
@@ -50,9 +50,9 @@ async def submit(
     )
 
 
-def placement(work_id: str, *nodes: str, accelerators: int = 1) -> Placement:
+def placement(work_id: str, *nodes: str, accelerators: int = 1) -> PlacementWrite:
     """One member per node, `accelerators` GPUs each."""
-    return Placement(
+    return PlacementWrite(
         work_id=work_id,
         allocations=tuple(
             NewAllocation(

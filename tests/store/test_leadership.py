@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from cloud.store import LeadershipLostError, Plan, open_store
+from cloud.store import LeadershipLostError, PassWrite, open_store
 from cloud.store.locks import advisory_key
 from shared.settings import StoreSettings
 from tests.store.builders import make_tenant, placement, submit
@@ -94,13 +94,15 @@ async def _leader_session_dies(database: DatabaseUnderTest) -> None:
             )
             assert killed.scalars().all() == [True]
         with pytest.raises(LeadershipLostError):
-            await leader.commit_plan(Plan(placements=(placement(work.work_id, "n1"),)), lease=lease)
+            await leader.commit_pass(
+                PassWrite(placements=(placement(work.work_id, "n1"),)), lease=lease
+            )
         assert not lease.held
         assert (await leader.find_work(work.work_id)) == work
         successor = await replica.try_acquire_leadership()
         assert successor is not None
-        await replica.commit_plan(
-            Plan(placements=(placement(work.work_id, "n1"),)), lease=successor
+        await replica.commit_pass(
+            PassWrite(placements=(placement(work.work_id, "n1"),)), lease=successor
         )
         await successor.release()
     finally:
@@ -138,4 +140,4 @@ async def test_a_lease_leads_only_its_own_database(tmp_path: Path) -> None:
         lease = await one.try_acquire_leadership()
         assert lease is not None
         with pytest.raises(LeadershipLostError, match="another database"):
-            await two.commit_plan(Plan(), lease=lease)
+            await two.commit_pass(PassWrite(), lease=lease)

@@ -1,4 +1,4 @@
-"""commit_plan: a scheduling pass applied as one transaction, all or nothing."""
+"""commit_pass: a scheduling pass applied as one transaction, all or nothing."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from cloud.store import (
     WORK_STATE_EVENT,
-    Eviction,
+    EvictionWrite,
     IllegalTransitionError,
     LeadershipLease,
     LeadershipLostError,
     NewAllocation,
     NewEvent,
-    Placement,
-    Plan,
-    StateChange,
+    PassWrite,
+    PlacementWrite,
+    StateWrite,
     Store,
     TenantRecord,
     VersionConflictError,
@@ -49,8 +49,8 @@ async def test_a_plan_places_gangs_and_bumps_generations(
 ) -> None:
     gang = (await submit(store, tenant.tenant_id, workers=2)).work
     single = (await submit(store, tenant.tenant_id)).work
-    result = await store.commit_plan(
-        Plan(
+    result = await store.commit_pass(
+        PassWrite(
             placements=(
                 placement(gang.work_id, "gpu-1", "gpu-2", accelerators=4),
                 placement(single.work_id, "gpu-2"),
@@ -93,11 +93,15 @@ async def test_evictions_requeue_and_free_the_node(
 ) -> None:
     victim = (await submit(store, tenant.tenant_id, priority="p2")).work
     urgent = (await submit(store, tenant.tenant_id, priority="p0")).work
-    await store.commit_plan(Plan(placements=(placement(victim.work_id, "gpu-1"),)), lease=lease)
+    await store.commit_pass(
+        PassWrite(placements=(placement(victim.work_id, "gpu-1"),)), lease=lease
+    )
     await store.transition(victim.work_id, "running")
-    result = await store.commit_plan(
-        Plan(
-            evictions=(Eviction(work_id=victim.work_id, reason=f"preempted by {urgent.work_id}"),),
+    result = await store.commit_pass(
+        PassWrite(
+            evictions=(
+                EvictionWrite(work_id=victim.work_id, reason=f"preempted by {urgent.work_id}"),
+            ),
             placements=(placement(urgent.work_id, "gpu-1"),),
             pending_reasons={victim.work_id: "ignored: evicted in this plan"},
         ),
@@ -120,12 +124,12 @@ async def test_a_placement_replaces_all_allocations_of_running_work(
     store: Store, tenant: TenantRecord, lease: LeadershipLease
 ) -> None:
     deployment = (await submit(store, tenant.tenant_id, kind="inference", replicas=2)).work
-    await store.commit_plan(
-        Plan(placements=(placement(deployment.work_id, "edge-1"),)), lease=lease
+    await store.commit_pass(
+        PassWrite(placements=(placement(deployment.work_id, "edge-1"),)), lease=lease
     )
     await store.transition(deployment.work_id, "running")
-    grown = await store.commit_plan(
-        Plan(placements=(placement(deployment.work_id, "edge-2", "edge-3"),)), lease=lease
+    grown = await store.commit_pass(
+        PassWrite(placements=(placement(deployment.work_id, "edge-2", "edge-3"),)), lease=lease
     )
     assert grown.work[0].state == "running"
     assert grown.work[0].attempts == 1
@@ -139,7 +143,7 @@ async def test_pending_reasons_are_stored_without_a_new_version(
 ) -> None:
     work = (await submit(store, tenant.tenant_id)).work
     reason = "0/12 nodes: 8 no GPU, 4 over quota"
-    result = await store.commit_plan(Plan(pending_reasons={work.work_id: reason}), lease=lease)
+    result = await store.commit_pass(PassWrite(pending_reasons={work.work_id: reason}), lease=lease)
     assert result.work == ()
     assert dict(result.node_generations) == {}
     stored = await store.find_work(work.work_id)
@@ -154,43 +158,45 @@ async def test_a_failure_mid_plan_leaves_nothing_behind(
     running = (await submit(store, tenant.tenant_id)).work
     waiting = (await submit(store, tenant.tenant_id)).work
     done = (await submit(store, tenant.tenant_id)).work
-    await store.commit_plan(Plan(placements=(placement(running.work_id, "gpu-9"),)), lease=lease)
+    await store.commit_pass(
+        PassWrite(placements=(placement(running.work_id, "gpu-9"),)), lease=lease
+    )
     await store.transition(running.work_id, "running")
     await store.cancel_work(tenant.tenant_id, done.work_id)
     before = await _everything(store, tenant)
 
-    good = Plan(
+    good = PassWrite(
         placements=(placement(placed.work_id, "gpu-1"),),
-        evictions=(Eviction(work_id=running.work_id, reason="preempted"),),
+        evictions=(EvictionWrite(work_id=running.work_id, reason="preempted"),),
         pending_reasons={waiting.work_id: "no capacity"},
         events=(NewEvent(kind="work.explained", payload=b"{}", tenant_id=tenant.tenant_id),),
     )
-    failures: list[tuple[Plan, type[Exception]]] = [
+    failures: list[tuple[PassWrite, type[Exception]]] = [
         # The last item is illegal: everything before it must roll back.
         (
-            Plan(
+            PassWrite(
                 placements=good.placements,
                 evictions=good.evictions,
                 pending_reasons=good.pending_reasons,
                 events=good.events,
-                state_changes=(StateChange(work_id=done.work_id, to_state="running"),),
+                state_changes=(StateWrite(work_id=done.work_id, to_state="running"),),
             ),
             IllegalTransitionError,
         ),
         (
-            Plan(placements=(*good.placements, placement("no-such-work", "gpu-2"))),
+            PassWrite(placements=(*good.placements, placement("no-such-work", "gpu-2"))),
             WorkNotFoundError,
         ),
         (
-            Plan(
+            PassWrite(
                 placements=good.placements,
-                evictions=(Eviction(work_id=running.work_id, reason="x", expected_version=1),),
+                evictions=(EvictionWrite(work_id=running.work_id, reason="x", expected_version=1),),
             ),
             VersionConflictError,
         ),
         # Fails after the work rows and allocations were written.
         (
-            Plan(
+            PassWrite(
                 placements=good.placements,
                 events=(NewEvent(kind="bad", payload=b"[]", tenant_id=tenant.tenant_id),),
             ),
@@ -199,10 +205,10 @@ async def test_a_failure_mid_plan_leaves_nothing_behind(
     ]
     for plan, error in failures:
         with pytest.raises(error):
-            await store.commit_plan(plan, lease=lease)
+            await store.commit_pass(plan, lease=lease)
         assert await _everything(store, tenant) == before, error.__name__
 
-    await store.commit_plan(good, lease=lease)
+    await store.commit_pass(good, lease=lease)
     assert await _everything(store, tenant) != before
 
 
@@ -219,14 +225,14 @@ async def test_an_allocation_the_database_rejects_rolls_the_plan_back(
         accelerators=1,
         host_memory_bytes=2**70,  # beyond BIGINT: the INSERT itself fails
     )
-    plan = Plan(
+    plan = PassWrite(
         placements=(
             placement(first.work_id, "gpu-1"),
-            Placement(work_id=second.work_id, allocations=(overflowing,)),
+            PlacementWrite(work_id=second.work_id, allocations=(overflowing,)),
         )
     )
     with pytest.raises((DBAPIError, StatementError, OverflowError)):
-        await store.commit_plan(plan, lease=lease)
+        await store.commit_pass(plan, lease=lease)
     assert await _everything(store, tenant) == before
 
 
@@ -236,15 +242,17 @@ async def test_only_a_held_lease_commits(
     work = (await submit(store, tenant.tenant_id)).work
     await lease.release()
     with pytest.raises(LeadershipLostError):
-        await store.commit_plan(Plan(placements=(placement(work.work_id, "gpu-1"),)), lease=lease)
+        await store.commit_pass(
+            PassWrite(placements=(placement(work.work_id, "gpu-1"),)), lease=lease
+        )
     assert (await store.find_work(work.work_id)) == work
 
 
 def test_plans_refuse_malformed_placements() -> None:
     with pytest.raises(ValueError, match="no allocations"):
-        Placement(work_id="w", allocations=())
+        PlacementWrite(work_id="w", allocations=())
     with pytest.raises(ValueError, match="repeats a member index"):
-        Placement(work_id="w", allocations=(*placement("w", "a").allocations,) * 2)
+        PlacementWrite(work_id="w", allocations=(*placement("w", "a").allocations,) * 2)
     with pytest.raises(ValueError, match="accelerator ids"):
         NewAllocation(
             member_index=0,
@@ -265,8 +273,8 @@ async def test_a_snapshot_built_on_the_previous_one_equals_a_fresh_read(
     ending = (await submit(store, tenant.tenant_id)).work
     previous = await store.load_snapshot()
     added = (await submit(store, tenant.tenant_id)).work
-    await store.commit_plan(
-        Plan(
+    await store.commit_pass(
+        PassWrite(
             placements=(placement(first.work_id, "node-a"),),
             pending_reasons={second.work_id: "0/3 nodes: 3 no GPU"},
         ),

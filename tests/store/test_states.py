@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cloud.store import (
     IllegalTransitionError,
     InvalidPlanError,
-    Plan,
+    PassWrite,
     Store,
     TenantRecord,
     VersionConflictError,
@@ -95,8 +95,8 @@ async def _apply(store: Store, work: WorkRecord, step: Step) -> WorkRecord:
         lease = await store.try_acquire_leadership()
         assert lease is not None
         async with lease:
-            result = await store.commit_plan(
-                Plan(placements=(placement(work.work_id, "node-a"),)), lease=lease
+            result = await store.commit_pass(
+                PassWrite(placements=(placement(work.work_id, "node-a"),)), lease=lease
             )
     elif action == "requeue":
         result = await store.requeue(work.work_id, "lost")
@@ -144,7 +144,7 @@ async def test_requeued_work_fails_with_the_reason_after_max_attempts(
     assert lease is not None
     reasons = []
     for _ in range(3):
-        await store.commit_plan(Plan(placements=(placement(work.work_id, "n1"),)), lease=lease)
+        await store.commit_pass(PassWrite(placements=(placement(work.work_id, "n1"),)), lease=lease)
         requeued = (await store.requeue(work.work_id, "preempted by p0 job j9")).work[0]
         reasons.append((requeued.state, requeued.state_reason, requeued.attempts))
     await lease.release()
@@ -178,7 +178,7 @@ async def test_an_agent_event_is_applied_once(store: Store, tenant: TenantRecord
     work = (await submit(store, tenant.tenant_id)).work
     lease = await store.try_acquire_leadership()
     assert lease is not None
-    await store.commit_plan(Plan(placements=(placement(work.work_id, "n1"),)), lease=lease)
+    await store.commit_pass(PassWrite(placements=(placement(work.work_id, "n1"),)), lease=lease)
     await lease.release()
     first = await store.transition(work.work_id, "running", event_id="agent-n1-000042")
     again = await store.transition(work.work_id, "running", event_id="agent-n1-000042")

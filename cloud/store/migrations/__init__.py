@@ -17,20 +17,20 @@ from cloud.store.migrations import v0001_initial, v0002_explanations, v0003_mode
 
 
 @dataclass(frozen=True, slots=True)
-class Migration:
+class SchemaMigration:
     version: int
     name: str
     upgrade: Callable[[Connection], None]  # runs inside the migration's transaction
 
 
-MIGRATIONS: Final[tuple[Migration, ...]] = (
-    Migration(1, "initial", v0001_initial.upgrade),
-    Migration(2, "explanations", v0002_explanations.upgrade),
-    Migration(3, "models", v0003_models.upgrade),
+MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
+    SchemaMigration(1, "initial", v0001_initial.upgrade),
+    SchemaMigration(2, "explanations", v0002_explanations.upgrade),
+    SchemaMigration(3, "models", v0003_models.upgrade),
 )
 
 
-def check_order(migrations: tuple[Migration, ...]) -> None:
+def check_order(migrations: tuple[SchemaMigration, ...]) -> None:
     versions = [migration.version for migration in migrations]
     if versions != list(range(1, len(versions) + 1)):
         raise ValueError(f"migration versions must be 1..n in order, got {versions}")

@@ -23,7 +23,7 @@ Moves are skipped:
 
 from __future__ import annotations
 
-from cloud.green.migration import Migration, Migrator, RunningJob
+from cloud.green.migration import JobMove, Migrator, RunningJob
 from cloud.loop.inputs import PassInputs
 from cloud.scheduler import Plan as CorePlan
 from cloud.scheduler import Policy, TrainingJob
@@ -57,7 +57,7 @@ def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
 
 def plan_moves(
     plan: CorePlan, inputs: PassInputs, migrator: Migrator, policy: Policy, max_attempts: int
-) -> list[Migration]:
+) -> list[JobMove]:
     """The moves to make after ``plan``, on the cluster as the plan leaves it."""
     if plan.preemptions:
         return []
