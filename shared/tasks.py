@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Iterable
 from typing import Any
 
-# Longer than a stopping agent's goodbye (edge.agent.GOODBYE_TIMEOUT_S), so a second
+# Longer than a stopping agent's goodbye (edge.agent.module.GOODBYE_TIMEOUT_S), so a second
 # cancellation never cuts a clean goodbye short.
 RECANCEL_INTERVAL_S = 1.5
 

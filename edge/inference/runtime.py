@@ -25,7 +25,7 @@ import aiohttp
 import structlog
 
 from edge.inference.batching import Batcher
-from edge.inference.cache import ModelCache, ModelFetchError
+from edge.inference.model_fetch import ModelCache, ModelFetchError
 from edge.inference.replicas import check_assignment
 from edge.inference.session import LoadedModel, ModelLoadError
 from edge.inference.stats import ServingStats

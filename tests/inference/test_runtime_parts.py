@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from edge.inference.batching import Batcher, QueueFull, Unavailable
-from edge.inference.cache import ModelCache, ModelFetchError
+from edge.inference.model_fetch import ModelCache, ModelFetchError
 from edge.inference.server import read_npy, write_npy
 from edge.inference.session import LoadedModel, ModelLoadError, check_feeds
 from edge.inference.stats import ServingStats, render_prometheus

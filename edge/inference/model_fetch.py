@@ -1,5 +1,5 @@
-"""The agent's model cache: `<dir>/<sha256>.onnx`, bounded in bytes, least recently
-used first out.
+"""Where a model is fetched at the edge, into the agent's model cache:
+`<dir>/<sha256>.onnx`, bounded in bytes, least recently used first out.
 
 A download is streamed into `<sha256>.part`, resumed from where a broken transfer
 stopped (an HTTP Range request), retried with backoff, verified against the sha256

@@ -1,0 +1,77 @@
+"""Where the birth is published: the node's retained `status`.
+
+Online with the full inventory on every connection; offline/shutdown as the
+last word of a clean stop; offline/connection-lost as the will the broker
+publishes when the connection drops without a goodbye.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiomqtt
+
+from edge.agent.context import AgentContext
+from edge.agent.module import AgentModule
+from edge.discovery import DiscoveryResult
+from shared import __version__
+from shared.messages import NodeStatus, OfflineReason, encode
+from shared.topics import Channel
+
+
+class Birth(AgentModule):
+    name = "birth"
+
+    def __init__(
+        self,
+        context: AgentContext,
+        discovery: DiscoveryResult,
+        *,
+        telemetry_interval_s: float,
+        started_at: float,
+        announced: asyncio.Event,
+    ) -> None:
+        """`announced` is set once the first birth has been published (and stays set)."""
+        self._context = context
+        self._discovery = discovery
+        self._telemetry_interval_s = telemetry_interval_s
+        self._started_at = started_at
+        self._announced = announced
+
+    def will(self) -> aiomqtt.Will:
+        return aiomqtt.Will(
+            self._context.topic(Channel.STATUS),
+            self._status(offline_reason="connection-lost"),
+            qos=1,
+            retain=True,
+        )
+
+    async def on_connect(self, client: aiomqtt.Client) -> None:
+        await self._context.publish(client, Channel.STATUS, self._status(offline_reason=None))
+        self._context.counters.births += 1
+        self._announced.set()
+
+    async def goodbye(self, client: aiomqtt.Client) -> None:
+        """A clean stop publishes offline/shutdown itself; the will is only for crashes."""
+        await self._context.publish(client, Channel.STATUS, self._status(offline_reason="shutdown"))
+
+    def _status(self, *, offline_reason: OfflineReason | None) -> bytes:
+        identity = self._context.identity
+        return encode(
+            NodeStatus(
+                node_id=identity.node_id,
+                state="offline" if offline_reason else "online",
+                offline_reason=offline_reason,
+                instance_id=self._context.instance_id,
+                agent_version=__version__,
+                site=identity.site,
+                zone=identity.zone,
+                region=identity.region,
+                labels=identity.labels,
+                host=self._discovery.host,
+                accelerators=self._discovery.accelerators,
+                telemetry_interval_s=self._telemetry_interval_s,
+                started_at=self._started_at,
+                sent_at=self._context.wall_clock(),
+            )
+        )

@@ -1,0 +1,65 @@
+"""What every agent module shares: who the node is, what the agent has done, and how a
+module publishes on one of the node's channels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiomqtt
+import structlog
+
+from shared.messages import Site
+from shared.settings import AgentSettings
+from shared.topics import CHANNEL_SPECS, Channel, Topics
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIdentity:
+    node_id: str
+    site: Site
+    zone: str
+    region: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: AgentSettings) -> NodeIdentity:
+        return cls(
+            node_id=settings.resolved_node_id(),
+            site=settings.site,
+            zone=settings.zone,
+            region=settings.region,
+            labels=dict(settings.labels),
+        )
+
+
+@dataclass(slots=True)
+class AgentCounters:
+    """What the agent has done; read by tests, benchmarks and the agent's metrics."""
+
+    telemetry_sent: int = 0
+    telemetry_skipped_oversized: int = 0
+    births: int = 0
+    desired_received: int = 0
+    desired_rejected: int = 0
+    events_dropped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentContext:
+    """One per agent, handed to every module it builds."""
+
+    identity: NodeIdentity
+    instance_id: str  # new on every start: tells a restarted agent from a reconnected one
+    topics: Topics
+    counters: AgentCounters
+    wall_clock: Callable[[], float]
+    log: structlog.stdlib.BoundLogger
+
+    def topic(self, channel: Channel) -> str:
+        return self.topics.node(self.identity.node_id, channel)
+
+    async def publish(self, client: aiomqtt.Client, channel: Channel, payload: bytes) -> None:
+        """Publish with the channel's contracted QoS and retain flag (shared/topics.py)."""
+        spec = CHANNEL_SPECS[channel]
+        await client.publish(self.topic(channel), payload, qos=spec.qos, retain=spec.retained)

@@ -1,0 +1,110 @@
+"""The one place that lists the agent's modules, builds them and wires them together.
+
+Order matters and is the tuple in `AgentModules.in_order`: modules start and
+connect in that order (the birth goes out before the `desired` subscription,
+which comes before the first reported state) and say goodbye and stop in reverse
+(queued events are flushed before the offline status; training workers stop
+before the inference server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+from edge.agent.birth import Birth
+from edge.agent.context import AgentContext
+from edge.agent.desired import DesiredStateApplier
+from edge.agent.inference_server import InferenceServer
+from edge.agent.job_logs import JobLogShipper
+from edge.agent.module import AgentModule
+from edge.agent.outbox import Outbox
+from edge.agent.reported import ReportedStatePublisher
+from edge.agent.telemetry import TelemetrySampler
+from edge.agent.training_workers import TrainingWorkers
+from edge.discovery import DiscoveryResult
+from edge.inference.options import InferenceOptions
+from edge.probes import DeviceProbes
+from edge.training.reconcile import TrainingReconciler
+from edge.training.runs import TrainingLauncher
+
+
+@dataclass(frozen=True, slots=True)
+class AgentModules:
+    birth: Birth
+    desired: DesiredStateApplier
+    reported: ReportedStatePublisher
+    inference: InferenceServer
+    training: TrainingWorkers
+    telemetry: TelemetrySampler
+    job_logs: JobLogShipper
+    outbox: Outbox
+
+    def in_order(self) -> tuple[AgentModule, ...]:
+        return (
+            self.birth,
+            self.desired,
+            self.reported,
+            self.inference,
+            self.training,
+            self.telemetry,
+            self.job_logs,
+            self.outbox,
+        )
+
+
+def build_agent_modules(
+    context: AgentContext,
+    probes: DeviceProbes,
+    discovery: DiscoveryResult,
+    outbox: Outbox,
+    *,
+    telemetry_interval_s: float,
+    telemetry_jitter_ratio: float,
+    rng: random.Random,
+    max_payload_bytes: int,
+    training_launcher: TrainingLauncher | None,
+    inference_options: InferenceOptions,
+    started_at: float,
+    announced: asyncio.Event,
+) -> AgentModules:
+    """`outbox` is built before discovery (discovery raises events); the rest need it."""
+    reported_changed = asyncio.Event()
+    output_waiting = asyncio.Event()
+    reconciler = TrainingReconciler(
+        training_launcher,
+        discovery.accelerators,
+        on_change=reported_changed.set,
+        on_event=outbox.raise_event,
+        on_output=output_waiting.set,
+    )
+    inference = InferenceServer(
+        context, inference_options, discovery.accelerators, on_change=reported_changed.set
+    )
+    reported = ReportedStatePublisher(context, reconciler, inference, reported_changed)
+    return AgentModules(
+        birth=Birth(
+            context,
+            discovery,
+            telemetry_interval_s=telemetry_interval_s,
+            started_at=started_at,
+            announced=announced,
+        ),
+        desired=DesiredStateApplier(context, reconciler, inference, reported, outbox),
+        reported=reported,
+        inference=inference,
+        training=TrainingWorkers(reconciler),
+        telemetry=TelemetrySampler(
+            context,
+            probes,
+            discovery,
+            inference,
+            interval_s=telemetry_interval_s,
+            jitter_ratio=telemetry_jitter_ratio,
+            rng=rng,
+            max_payload_bytes=max_payload_bytes,
+        ),
+        job_logs=JobLogShipper(context, reconciler, output_waiting),
+        outbox=outbox,
+    )

@@ -1,0 +1,61 @@
+"""Where the reported state is published: the generation of `desired` this node has
+observed and the actual state of every training worker and inference replica. Sent
+on every connection and again whenever a worker or replica changes state."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiomqtt
+
+from edge.agent.context import AgentContext
+from edge.agent.inference_server import InferenceServer
+from edge.agent.module import AgentModule
+from edge.training.reconcile import TrainingReconciler
+from shared.messages import ReportedState, encode
+from shared.topics import Channel
+
+
+class ReportedStatePublisher(AgentModule):
+    name = "reported"
+
+    def __init__(
+        self,
+        context: AgentContext,
+        training: TrainingReconciler,
+        inference: InferenceServer,
+        changed: asyncio.Event,
+    ) -> None:
+        """`changed` is set by whatever changed state (workers, replicas)."""
+        self._context = context
+        self._training = training
+        self._inference = inference
+        self._changed = changed
+        # The newest desired generation applied; desired.py advances it.
+        self.observed_generation = 0
+
+    async def on_connect(self, client: aiomqtt.Client) -> None:
+        await self.publish(client)
+
+    async def run(self, client: aiomqtt.Client) -> None:
+        while True:
+            await self._changed.wait()
+            await self.publish(client)
+
+    async def publish(self, client: aiomqtt.Client) -> None:
+        self._changed.clear()
+        context = self._context
+        await context.publish(
+            client,
+            Channel.REPORTED,
+            encode(
+                ReportedState(
+                    node_id=context.identity.node_id,
+                    instance_id=context.instance_id,
+                    observed_generation=self.observed_generation,
+                    reported_at=context.wall_clock(),
+                    training=self._training.reported(),
+                    deployments=self._inference.reported(),
+                )
+            ),
+        )
