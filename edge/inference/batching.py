@@ -1,4 +1,4 @@
-"""Dynamic batching, the way Triton does it: requests wait at most `max_delay_s` for
+"""Dynamic batching, the way Triton does it: requests wait at most `max_queue_delay_s` for
 others to join them, up to `max_batch_size` requests (counted in rows) per model run.
 
 One run is in flight at a time per deployment; while it runs the next batch fills.
@@ -52,13 +52,13 @@ class Batcher:
         stats: ServingStats,
         *,
         max_batch_size: int = 1,
-        max_delay_s: float = 0.0,
+        max_queue_delay_s: float = 0.0,
         max_queue: int = 256,
     ) -> None:
         self.model = model
         self.stats = stats
         self.max_batch_size = max_batch_size
-        self.max_delay_s = max_delay_s
+        self.max_queue_delay_s = max_queue_delay_s
         self.max_queue = max_queue
         self._queue: deque[_Request] = deque()
         self._queued_rows = 0
@@ -78,8 +78,8 @@ class Batcher:
         self._run_s = 1.0  # measure the new model afresh
         return previous
 
-    def configure(self, *, max_batch_size: int, max_delay_s: float) -> None:
-        self.max_batch_size, self.max_delay_s = max_batch_size, max_delay_s
+    def configure(self, *, max_batch_size: int, max_queue_delay_s: float) -> None:
+        self.max_batch_size, self.max_queue_delay_s = max_batch_size, max_queue_delay_s
 
     async def infer(
         self, feeds: Mapping[str, np.ndarray], rows: int
@@ -116,7 +116,7 @@ class Batcher:
         first = self._queue[0]
         model = self.model
         limit = self.max_batch_size if model.batchable else 1
-        deadline = first.enqueued_at + self.max_delay_s
+        deadline = first.enqueued_at + self.max_queue_delay_s
         while self._rows_ready(limit) < limit and limit > 1:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:

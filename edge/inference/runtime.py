@@ -129,7 +129,7 @@ class InferenceRuntime:
                 if current.batcher is not None:
                     current.batcher.configure(
                         max_batch_size=first.max_batch_size,
-                        max_delay_s=first.max_queue_delay_ms / 1000.0,
+                        max_queue_delay_s=first.max_queue_delay_ms / 1000.0,
                     )
         self._on_change()
 
@@ -176,7 +176,7 @@ class InferenceRuntime:
                 model,
                 serving.stats,
                 max_batch_size=desired.max_batch_size,
-                max_delay_s=desired.max_queue_delay_ms / 1000.0,
+                max_queue_delay_s=desired.max_queue_delay_ms / 1000.0,
                 max_queue=self._max_queue,
             )
             assert self._tasks is not None
@@ -187,7 +187,7 @@ class InferenceRuntime:
             serving.batcher.swap(model)
             serving.batcher.configure(
                 max_batch_size=desired.max_batch_size,
-                max_delay_s=desired.max_queue_delay_ms / 1000.0,
+                max_queue_delay_s=desired.max_queue_delay_ms / 1000.0,
             )
             self.swaps += 1
         serving.loaded_sha256 = model.sha256

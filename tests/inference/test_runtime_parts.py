@@ -63,7 +63,9 @@ def test_a_session_reports_the_provider_that_really_runs_and_checks_inputs(
 @pytest.fixture
 async def batcher(tmp_path: Path) -> AsyncIterator[Batcher]:
     model = loaded(tmp_path, mlp())
-    running = Batcher(model, ServingStats("d"), max_batch_size=8, max_delay_s=0.05, max_queue=16)
+    running = Batcher(
+        model, ServingStats("d"), max_batch_size=8, max_queue_delay_s=0.05, max_queue=16
+    )
     task = asyncio.create_task(running.run())
     yield running
     task.cancel()
