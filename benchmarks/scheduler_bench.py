@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud.scheduler.bench import main
+from cloud.eval.scheduler_bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

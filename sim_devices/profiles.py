@@ -3,13 +3,16 @@
 relative_speed is throughput relative to one NVIDIA A100 (1.0) on mixed
 training/inference work; it is a planning figure, not a benchmark. Power is per
 accelerator: idle is what an idle, powered device draws, max its board power
-(TDP / configurable power mode ceiling). Sources, per profile, in `source`.
+(TDP / configurable power mode ceiling). The GPUs' figures are those of
+shared.accelerators, the table discovery and the scheduler benchmark read too;
+the host CPUs' are each machine's own. Sources, per profile, in `source`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.accelerators import ACCELERATORS, required
 from shared.messages import AcceleratorKind
 
 GIB = 1024**3
@@ -60,19 +63,19 @@ class DeviceProfile:
         return HOST_CORE_RELATIVE_SPEED / fastest
 
 
-def _gpu(
-    model: str, count: int, memory_gib: float, sms: int, idle_w: float, max_w: float, speed: float
-) -> AcceleratorProfile:
+def _gpu(name: str, count: int) -> AcceleratorProfile:
+    """`count` of the NVIDIA GPU filed under `name` in shared.accelerators."""
+    facts = ACCELERATORS[name]
     return AcceleratorProfile(
-        kind="gpu",
-        vendor="nvidia",
-        model=model,
+        kind=facts.kind,
+        vendor=facts.vendor,
+        model=facts.name,
         count=count,
-        memory_bytes=int(memory_gib * GIB),
-        compute_units=sms,
-        idle_power_w=idle_w,
-        max_power_w=max_w,
-        relative_speed=speed,
+        memory_bytes=required(facts.memory_bytes, facts, "memory"),
+        compute_units=required(facts.compute_units, facts, "compute units"),
+        idle_power_w=required(facts.idle_power_w, facts, "idle power"),
+        max_power_w=required(facts.max_power_w, facts, "maximum power"),
+        relative_speed=required(facts.relative_speed, facts, "relative speed"),
         onnx_providers=NVIDIA_GPU_PROVIDERS,
     )
 
@@ -91,7 +94,7 @@ PROFILES: dict[str, DeviceProfile] = {
             cpu_relative_speed=0.004,
             memory_bytes=8 * GIB,
             arch="aarch64",
-            accelerators=(_gpu("Jetson Orin Nano (Ampere, 1024 cores)", 1, 8, 8, 2.0, 15.0, 0.03),),
+            accelerators=(_gpu("Jetson Orin Nano (Ampere, 1024 cores)", 1),),
             source="NVIDIA Jetson Orin Nano data sheet: 8 GB LPDDR5 shared, 7-15 W modes, 40 TOPS",
         ),
         DeviceProfile(
@@ -105,9 +108,7 @@ PROFILES: dict[str, DeviceProfile] = {
             cpu_relative_speed=0.008,
             memory_bytes=64 * GIB,
             arch="aarch64",
-            accelerators=(
-                _gpu("Jetson AGX Orin (Ampere, 2048 cores)", 1, 64, 16, 5.0, 60.0, 0.15),
-            ),
+            accelerators=(_gpu("Jetson AGX Orin (Ampere, 2048 cores)", 1),),
             source="NVIDIA Jetson AGX Orin data sheet: 64 GB shared, 15-60 W modes, 275 TOPS",
         ),
         DeviceProfile(
@@ -136,6 +137,9 @@ PROFILES: dict[str, DeviceProfile] = {
             memory_bytes=32 * GIB,
             arch="x86_64",
             accelerators=(
+                # Figures of its own: shared.accelerators' "Intel Meteor Lake NPU" has
+                # speed 11/624 = 0.018 and no power (it is part of the SoC package's),
+                # and taking those would change the simulated fleet.
                 AcceleratorProfile(
                     kind="npu",
                     vendor="intel",
@@ -165,6 +169,8 @@ PROFILES: dict[str, DeviceProfile] = {
             accelerators=(
                 # No ONNX Runtime execution provider exists for the Edge TPU (it runs TFLite),
                 # so it advertises none: ONNX work can only use this node's CPU.
+                # Figures of its own: shared.accelerators' "Coral Edge TPU" agrees but
+                # for its speed, 4/624 = 0.0064, and taking that would change the fleet.
                 AcceleratorProfile(
                     kind="npu",
                     vendor="google",
@@ -191,7 +197,7 @@ PROFILES: dict[str, DeviceProfile] = {
             cpu_relative_speed=0.03,
             memory_bytes=128 * GIB,
             arch="x86_64",
-            accelerators=(_gpu("Tesla T4", 1, 16, 40, 10.0, 70.0, 0.2),),
+            accelerators=(_gpu("Tesla T4", 1),),
             source="NVIDIA T4 data sheet: 16 GB GDDR6, 70 W, 40 SMs; Xeon Silver 4314 135 W TDP",
         ),
         DeviceProfile(
@@ -205,7 +211,7 @@ PROFILES: dict[str, DeviceProfile] = {
             cpu_relative_speed=0.1,
             memory_bytes=2048 * GIB,
             arch="x86_64",
-            accelerators=(_gpu("NVIDIA H100 80GB HBM3", 8, 80, 132, 70.0, 700.0, 2.5),),
+            accelerators=(_gpu("NVIDIA H100 80GB HBM3", 8),),
             source="NVIDIA H100 SXM5 data sheet: 80 GB HBM3, up to 700 W, 132 SMs",
             typical_utilization=0.6,
         ),
@@ -220,7 +226,7 @@ PROFILES: dict[str, DeviceProfile] = {
             cpu_relative_speed=0.08,
             memory_bytes=1024 * GIB,
             arch="x86_64",
-            accelerators=(_gpu("NVIDIA A100-SXM4-80GB", 4, 80, 108, 50.0, 400.0, 1.0),),
+            accelerators=(_gpu("NVIDIA A100-SXM4-80GB", 4),),
             source="NVIDIA A100 data sheet: 80 GB HBM2e, 400 W SXM4, 108 SMs",
             typical_utilization=0.55,
         ),
@@ -235,7 +241,7 @@ PROFILES: dict[str, DeviceProfile] = {
             cpu_relative_speed=0.04,
             memory_bytes=512 * GIB,
             arch="x86_64",
-            accelerators=(_gpu("Tesla V100-SXM2-32GB", 8, 32, 80, 40.0, 300.0, 0.45),),
+            accelerators=(_gpu("Tesla V100-SXM2-32GB", 8),),
             source="NVIDIA V100 data sheet: 32 GB HBM2, 300 W SXM2, 80 SMs",
             typical_utilization=0.5,
         ),

@@ -29,52 +29,34 @@ from pathlib import Path
 import structlog
 
 from edge.discovery.onnx_providers import DeviceFamily, providers_for
+from shared.accelerators import ACCELERATORS, AcceleratorFacts
 from shared.messages import Accelerator, AcceleratorSample
 
 log = structlog.get_logger(__name__)
 
-# relative_speed below is peak INT8 TOPS divided by an A100's 624 dense INT8 TOPS:
-# a crude, optimistic prior (NPUs rarely reach peak on real models) that only
-# orders devices for the scheduler until measured latency is known.
-_A100_INT8_TOPS = 624.0
-
 
 @dataclass(frozen=True, slots=True)
 class NpuModel:
-    vendor: str
-    model: str
+    """What an identified NPU is: its facts and its ONNX Runtime device family."""
+
+    facts: AcceleratorFacts
     family: DeviceFamily | None
-    compute_units: int = 0
-    idle_power_w: float | None = None
-    max_power_w: float | None = None
-    relative_speed: float | None = None
 
 
-def _tops(int8_tops: float) -> float:
-    return int8_tops / _A100_INT8_TOPS
+def _known(name: str, family: DeviceFamily) -> NpuModel:
+    return NpuModel(ACCELERATORS[name], family)
 
 
 # (PCI vendor, PCI device) of accel-subsystem devices. Device ids from the
-# upstream drivers' PCI tables; TOPS and engine/tile counts from the vendors'
-# product pages. Their power is part of the SoC package and not published apart.
+# upstream drivers' PCI tables; speed, power and engine counts in shared.accelerators.
 _PCI_NPUS: dict[tuple[int, int], NpuModel] = {
-    (0x8086, 0x7D1D): NpuModel(
-        "intel", "Intel Meteor Lake NPU", "intel-npu", compute_units=2, relative_speed=_tops(11)
-    ),
-    (0x8086, 0xAD1D): NpuModel(
-        "intel", "Intel Arrow Lake NPU", "intel-npu", compute_units=2, relative_speed=_tops(13)
-    ),
-    (0x8086, 0x643E): NpuModel(
-        "intel", "Intel Lunar Lake NPU", "intel-npu", compute_units=6, relative_speed=_tops(48)
-    ),
+    (0x8086, 0x7D1D): _known("Intel Meteor Lake NPU", "intel-npu"),
+    (0x8086, 0xAD1D): _known("Intel Arrow Lake NPU", "intel-npu"),
+    (0x8086, 0x643E): _known("Intel Lunar Lake NPU", "intel-npu"),
     # 0x1502 also covers Hawk Point (16 TOPS); the Phoenix figure is the safe one.
-    (0x1022, 0x1502): NpuModel(
-        "amd", "AMD XDNA NPU (Phoenix)", "amd-npu", compute_units=20, relative_speed=_tops(10)
-    ),
-    (0x1022, 0x17F0): NpuModel(
-        "amd", "AMD XDNA 2 NPU (Strix)", "amd-npu", compute_units=32, relative_speed=_tops(50)
-    ),
-    (0x17CB, 0xA100): NpuModel("qualcomm", "Qualcomm Cloud AI 100", "qualcomm-npu"),
+    (0x1022, 0x1502): _known("AMD XDNA NPU (Phoenix)", "amd-npu"),
+    (0x1022, 0x17F0): _known("AMD XDNA 2 NPU (Strix)", "amd-npu"),
+    (0x17CB, 0xA100): _known("Qualcomm Cloud AI 100", "qualcomm-npu"),
 }
 
 # A known PCI vendor with a device id not in the table above: (vendor, display name, family).
@@ -85,30 +67,14 @@ _PCI_VENDORS: dict[int, tuple[str, str, DeviceFamily]] = {
 }
 
 # Vendor device nodes under /dev: name pattern (group 1, if any, is the index).
-# Coral: 4 TOPS at ~2 W, ~0.5 W idle (Coral datasheet). Hailo-8: 26 TOPS at ~2.5 W
-# typical (Hailo datasheet); a Hailo-8L (13 TOPS) has the same node and is
-# reported as a Hailo-8 because only HailoRT can tell them apart. Rockchip and
-# Ascend nodes exist on SoCs/cards of very different sizes: no numbers.
+# A Hailo-8L (13 TOPS) has the same node as a Hailo-8 and is reported as one,
+# because only HailoRT can tell them apart.
 _VENDOR_NODES: tuple[tuple[re.Pattern[str], NpuModel], ...] = (
-    (
-        re.compile(r"^apex_(\d+)$"),
-        NpuModel(
-            "google",
-            "Coral Edge TPU",
-            "coral",
-            compute_units=1,
-            idle_power_w=0.5,
-            max_power_w=2.0,
-            relative_speed=_tops(4),
-        ),
-    ),
-    (
-        re.compile(r"^hailo(\d+)$"),
-        NpuModel("hailo", "Hailo-8", "hailo", max_power_w=2.5, relative_speed=_tops(26)),
-    ),
-    (re.compile(r"^rknpu$"), NpuModel("rockchip", "Rockchip NPU", "rockchip-npu")),
-    (re.compile(r"^davinci(\d+)$"), NpuModel("huawei", "Huawei Ascend NPU", "huawei-npu")),
-    (re.compile(r"^qaic_\D*(\d+)?$"), NpuModel("qualcomm", "Qualcomm Cloud AI", "qualcomm-npu")),
+    (re.compile(r"^apex_(\d+)$"), _known("Coral Edge TPU", "coral")),
+    (re.compile(r"^hailo(\d+)$"), _known("Hailo-8", "hailo")),
+    (re.compile(r"^rknpu$"), _known("Rockchip NPU", "rockchip-npu")),
+    (re.compile(r"^davinci(\d+)$"), _known("Huawei Ascend NPU", "huawei-npu")),
+    (re.compile(r"^qaic_\D*(\d+)?$"), _known("Qualcomm Cloud AI", "qualcomm-npu")),
 )
 
 _ACCEL_NAME = re.compile(r"^accel(\d+)$")
@@ -144,13 +110,17 @@ def _pci_model(vendor_id: int | None, device_id: int | None, driver: str | None)
         pci_ids = f"PCI {vendor_id:#06x}:{device_id:#06x}"
         if vendor_id in _PCI_VENDORS:
             vendor, display_name, family = _PCI_VENDORS[vendor_id]
-            return NpuModel(vendor, f"{display_name} NPU ({pci_ids})", family)
+            facts = AcceleratorFacts(
+                name=f"{display_name} NPU ({pci_ids})", kind="npu", vendor=vendor
+            )
+            return NpuModel(facts, family)
         description = pci_ids
     else:
         description = "no PCI ids"
     if driver:
         description = f"{description}, driver {driver}"
-    return NpuModel("unknown", f"accel device ({description})", None)
+    facts = AcceleratorFacts(name=f"accel device ({description})", kind="npu", vendor="unknown")
+    return NpuModel(facts, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,26 +170,24 @@ class NpuProbe:
         self._busy_counters = {}
         for number, npu in enumerate(found):
             accelerator_id = f"npu{number}"
-            model = npu.model
-            providers = (
-                providers_for(model.family, self._available_providers) if model.family else ()
-            )
+            family, facts = npu.model.family, npu.model.facts
+            providers = providers_for(family, self._available_providers) if family else ()
             accelerators.append(
                 Accelerator(
                     id=accelerator_id,
                     kind="npu",
-                    vendor=model.vendor,
-                    model=model.model,
+                    vendor=facts.vendor,
+                    model=facts.name,
                     memory_bytes=0,
-                    compute_units=model.compute_units,
-                    idle_power_w=model.idle_power_w,
-                    max_power_w=model.max_power_w,
-                    relative_speed=model.relative_speed,
+                    compute_units=facts.compute_units or 0,
+                    idle_power_w=facts.idle_power_w,
+                    max_power_w=facts.max_power_w,
+                    relative_speed=facts.relative_speed,
                     onnx_providers=providers,
                     index=npu.index,
                 )
             )
-            log.debug("NPU found", accelerator=accelerator_id, model=model.model, source=npu.source)
+            log.debug("NPU found", accelerator=accelerator_id, model=facts.name, source=npu.source)
             if npu.busy_time_path is not None:
                 self._busy_time_paths[accelerator_id] = npu.busy_time_path
                 self._busy_utilization_pct(accelerator_id)  # zero point

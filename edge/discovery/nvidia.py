@@ -13,7 +13,6 @@ its instances, and listing the parent too would count its memory and SMs twice.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -22,47 +21,12 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from edge.discovery.onnx_providers import providers_for
+from shared.accelerators import nvidia_gpu_facts
 from shared.messages import Accelerator, AcceleratorSample
 
 log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class _GpuProfile:
-    sm_count: int
-    idle_power_w: float | None
-    relative_speed: float | None
-
-
-# Static facts NVML does not report. sm_count: NVIDIA architecture whitepapers
-# (nvmlDeviceGetAttributes reports SMs for MIG instances only on most drivers).
-# idle_power_w: typical draw of an idle GPU with the driver in persistence mode,
-# as nvidia-smi shows it; approximate (±30 %), varies with board, clocks and
-# memory, and is only the energy model's prior: measured power replaces it.
-# relative_speed: rough throughput on mixed training/inference work relative to
-# one A100 (MLPerf-style end-to-end ratios, not peak FLOPS); None when unknown.
-# First match on the NVML device name wins, so specific patterns come first.
-_KNOWN_GPUS: tuple[tuple[re.Pattern[str], _GpuProfile], ...] = (
-    (re.compile(r"\bH200\b"), _GpuProfile(sm_count=132, idle_power_w=None, relative_speed=2.5)),
-    (re.compile(r"\bH100\b.*\bPCIe\b"), _GpuProfile(114, 70.0, 2.0)),
-    (re.compile(r"\bH100\b"), _GpuProfile(sm_count=132, idle_power_w=70.0, relative_speed=2.5)),
-    (re.compile(r"\bA100\b"), _GpuProfile(sm_count=108, idle_power_w=50.0, relative_speed=1.0)),
-    (re.compile(r"\bV100"), _GpuProfile(sm_count=80, idle_power_w=40.0, relative_speed=0.45)),
-    (re.compile(r"\bL4\b"), _GpuProfile(sm_count=58, idle_power_w=16.0, relative_speed=0.35)),
-    (re.compile(r"\bT4\b"), _GpuProfile(sm_count=40, idle_power_w=10.0, relative_speed=0.2)),
-    (re.compile(r"\bA10G\b"), _GpuProfile(sm_count=80, idle_power_w=20.0, relative_speed=0.45)),
-    (re.compile(r"\bA10\b"), _GpuProfile(sm_count=72, idle_power_w=20.0, relative_speed=0.45)),
-    (re.compile(r"\bRTX\b"), _GpuProfile(sm_count=0, idle_power_w=20.0, relative_speed=None)),
-)
-
-
-def known_gpu_profile(model: str) -> _GpuProfile | None:
-    for pattern, profile in _KNOWN_GPUS:
-        if pattern.search(model):
-            return profile
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +146,9 @@ class NvidiaProbe:
         gpu_id = f"gpu{index}"
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         model = str(nvml.nvmlDeviceGetName(handle))
-        profile = known_gpu_profile(model)
+        # What NVML does not report (SMs on most drivers, idle power, speed) comes
+        # from the shared table; power limit and memory are NVML's alone.
+        facts = nvidia_gpu_facts(model)
 
         def query(read: Callable[[], _T], what: str) -> _T | None:
             return _nvml_call(nvml, read, what=what, accelerator_id=gpu_id, level="info")
@@ -191,13 +157,13 @@ class NvidiaProbe:
             lambda: int(nvml.nvmlDeviceGetAttributes(handle).multiprocessorCount), "attributes"
         )
         if not sm_count:
-            sm_count = profile.sm_count if profile else 0
+            sm_count = (facts.compute_units or 0) if facts else 0
         power_limit_mw = query(
             lambda: int(nvml.nvmlDeviceGetPowerManagementLimit(handle)), "power limit"
         )
         max_power_w = power_limit_mw / 1000 if power_limit_mw is not None else None
-        idle_power_w = profile.idle_power_w if profile else None
-        relative_speed = profile.relative_speed if profile else None
+        idle_power_w = facts.idle_power_w if facts else None
+        relative_speed = facts.relative_speed if facts else None
 
         # Pre-Ampere GPUs answer NotSupported: no MIG.
         mig_mode = query(lambda: list(nvml.nvmlDeviceGetMigMode(handle)), "MIG mode")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.accelerators import ACCELERATORS
 from sim_devices.profiles import GIB, PROFILES, DeviceProfile, get_profile
 
 TIB = 1024 * GIB
@@ -78,3 +79,23 @@ def test_an_unknown_profile_name_lists_the_known_ones() -> None:
     with pytest.raises(KeyError, match="jetson-orin-nano") as caught:
         get_profile("jetson-nano-9000")
     assert "jetson-nano-9000" in str(caught.value)
+
+
+def test_simulated_gpus_carry_the_table_figures() -> None:
+    gpus = [a for profile in PROFILES.values() for a in profile.accelerators if a.kind == "gpu"]
+    assert gpus
+    for gpu in gpus:
+        facts = ACCELERATORS[gpu.model]
+        assert (
+            gpu.memory_bytes,
+            gpu.compute_units,
+            gpu.idle_power_w,
+            gpu.max_power_w,
+            gpu.relative_speed,
+        ) == (
+            facts.memory_bytes,
+            facts.compute_units,
+            facts.idle_power_w,
+            facts.max_power_w,
+            facts.relative_speed,
+        ), gpu.model

@@ -8,7 +8,8 @@ The cluster mixes 8xH100, 4xA100 and 8xV100 servers, T4 boxes and edge devices
 (NPUs, small GPUs, CPU-only), about a fifth of it already busy with running
 work of mixed priority; the queue mixes single-GPU to multi-node gang training with
 multi-replica inference deployments from 20 tenants in 4 cohorts, with quotas.
-The clock used for timing stays here: the core itself never reads one.
+The GPUs' figures come from shared.accelerators. The clock used for timing stays
+here: the core itself never reads one.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from cloud.scheduler import (
     TrainingJob,
     Work,
 )
+from shared.accelerators import ACCELERATORS, AcceleratorFacts, required
 from shared.messages import AcceleratorKind
 
 GIB = 1 << 30
@@ -61,61 +63,40 @@ _SERVER_TYPES = (
 )
 
 
+_H100 = ACCELERATORS["NVIDIA H100 80GB HBM3"]
+_A100 = ACCELERATORS["NVIDIA A100-SXM4-40GB"]
+_V100 = ACCELERATORS["Tesla V100-SXM2-32GB"]
+_T4 = ACCELERATORS["Tesla T4"]
+
+
+def _gpu_pool(
+    facts: AcceleratorFacts, count: int, utilisation: float, providers: tuple[str, ...] = ()
+) -> AcceleratorPool:
+    return AcceleratorPool(
+        kind=facts.kind,
+        count=count,
+        model=facts.name,
+        memory_bytes=required(facts.memory_bytes, facts, "memory"),
+        relative_speed=required(facts.relative_speed, facts, "relative speed"),
+        idle_power_w=required(facts.idle_power_w, facts, "idle power"),
+        max_power_w=required(facts.max_power_w, facts, "maximum power"),
+        onnx_providers=providers,
+        utilisation=utilisation,
+    )
+
+
 def _pools(kind: str, rng: random.Random) -> tuple[AcceleratorPool, ...]:
     util = round(rng.random() * 0.9, 3)
     if kind == "h100":
-        return (
-            AcceleratorPool(
-                kind="gpu",
-                count=8,
-                model="H100",
-                memory_bytes=80 * GIB,
-                relative_speed=2.5,
-                idle_power_w=70,
-                max_power_w=700,
-                utilisation=util,
-            ),
-        )
+        return (_gpu_pool(_H100, 8, util),)
     if kind == "a100":
-        return (
-            AcceleratorPool(
-                kind="gpu",
-                count=4,
-                model="A100",
-                memory_bytes=40 * GIB,
-                relative_speed=1.0,
-                idle_power_w=50,
-                max_power_w=400,
-                utilisation=util,
-            ),
-        )
+        return (_gpu_pool(_A100, 4, util),)
     if kind == "v100":
-        return (
-            AcceleratorPool(
-                kind="gpu",
-                count=8,
-                model="V100",
-                memory_bytes=32 * GIB,
-                relative_speed=0.6,
-                idle_power_w=40,
-                max_power_w=300,
-                utilisation=util,
-            ),
-        )
+        return (_gpu_pool(_V100, 8, util),)
     if kind == "t4":
-        return (
-            AcceleratorPool(
-                kind="gpu",
-                count=rng.choice((1, 2, 4)),
-                model="T4",
-                memory_bytes=16 * GIB,
-                relative_speed=0.3,
-                idle_power_w=10,
-                max_power_w=70,
-                onnx_providers=PROVIDERS_GPU,
-                utilisation=util,
-            ),
-        )
+        return (_gpu_pool(_T4, rng.choice((1, 2, 4)), util, PROVIDERS_GPU),)
+    # The edge devices and CPUs below are synthetic classes rather than models:
+    # their figures are the benchmark's own.
     if kind == "edge-npu":
         return (
             AcceleratorPool(
@@ -294,7 +275,7 @@ def build_queue(job_count: int, seed: int = 0) -> list[Work]:
                     workers=workers,
                     accelerators_per_worker=per_worker,
                     memory_bytes=rng.choice((0, 16 * GIB, 32 * GIB)),
-                    accelerator_models=("H100", "A100") if rng.random() < 0.1 else (),
+                    accelerator_models=(_H100.name, _A100.name) if rng.random() < 0.1 else (),
                     duration_s=rng.uniform(600, 36000),
                     start_window=StartWindow.parse("20:00-06:00") if rng.random() < 0.03 else None,
                     tolerations=(Toleration("dedicated"),) if rng.random() < 0.05 else (),
