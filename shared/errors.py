@@ -1,4 +1,115 @@
-"""Errors that end a command with a clear message instead of a traceback."""
+"""Errors that cross a seam as data, and errors that end a command with a clear message.
+
+`FieldError` is what greenfed's validation raises (spec and settings `__post_init__`
+checks, the scheduler's model): the path of the value at fault and the reason, so the
+API maps it to `invalid_params` and settings name the key without reading either back
+out of a message.
+
+msgspec reports its own refusals (an unknown, missing or mistyped field) and where in
+the document a `__post_init__` error happened only as text, so `FieldError.from_msgspec`
+reads that text, here and nowhere else. An error our `__post_init__` raised keeps its
+typed path and reason; only the location msgspec adds in front of it is read from text.
+"""
+
+from __future__ import annotations
+
+import re
+from types import EllipsisType
+from typing import Final, TypeAlias
+
+import msgspec
+
+PathSegment: TypeAlias = str | int | EllipsisType
+"""A field (or key) name, a list index, or `...`: a value of a mapping whose key msgspec
+does not report (it writes `$.score_weights[...]`)."""
+FieldPath: TypeAlias = tuple[PathSegment, ...]
+
+
+def _step(segment: PathSegment) -> str:
+    if segment is ...:
+        return "[...]"
+    if isinstance(segment, int):
+        return f"[{segment}]"
+    return f".{segment}"
+
+
+def json_path(path: FieldPath) -> str:
+    """`$.affinity[0].values`; `$` for the document itself (the REST `invalid_params` names)."""
+    return "$" + "".join(_step(segment) for segment in path)
+
+
+def dotted_path(path: FieldPath) -> str:
+    """`mqtt.url`, `agent.probes[1]`; empty for the document itself (settings keys)."""
+    return "".join(_step(segment) for segment in path).removeprefix(".")
+
+
+class FieldError(ValueError):
+    """A value refused: `path` says which (relative to whatever is being validated),
+    `reason` why. `str()` is for people: `message` when given, else "path: reason"."""
+
+    def __init__(self, path: str | FieldPath, reason: str, *, message: str | None = None) -> None:
+        self.path: FieldPath = (path,) if isinstance(path, str) else tuple(path)
+        self.reason = reason
+        if message is None:
+            message = f"{dotted_path(self.path)}: {reason}" if self.path else reason
+        super().__init__(message)
+
+    def within(self, outer: FieldPath) -> FieldError:
+        """The same refusal as seen from the value that holds this one at `outer`."""
+        return FieldError(outer + self.path, self.reason)
+
+    @staticmethod
+    def from_msgspec(error: msgspec.ValidationError) -> FieldError:
+        """The field at fault in a decode or convert error, with the whole path."""
+        message = str(error)
+        location: FieldPath = ()
+        in_key = False
+        match = _LOCATION.search(message)
+        if match:
+            location = tuple(_segment(step) for step in _STEP.finditer(match.group("path")))
+            in_key = match.group("key") is not None
+            message = message[: match.start()]
+        cause = error.__cause__
+        if isinstance(cause, FieldError):  # raised by a __post_init__ at `location`
+            return cause.within(location)
+        if match := _UNKNOWN.match(message):
+            return UnknownFieldError((*location, match.group("field")), message)
+        if match := _MISSING.match(message):
+            return MissingFieldError((*location, match.group("field")), message)
+        return FieldError(location, f"{message} (a key)" if in_key else message)
+
+
+class UnknownFieldError(FieldError):
+    """msgspec met a field the type does not have (`forbid_unknown_fields`); `path` ends
+    with its name. `str()` is msgspec's wording."""
+
+    def __init__(self, path: FieldPath, msgspec_message: str) -> None:
+        super().__init__(path, "unknown field", message=msgspec_message)
+
+
+class MissingFieldError(FieldError):
+    """msgspec found no value for a required field; `path` ends with its name. `str()` is
+    msgspec's wording."""
+
+    def __init__(self, path: FieldPath, msgspec_message: str) -> None:
+        super().__init__(path, "required field is missing", message=msgspec_message)
+
+
+# msgspec's message format (as of msgspec 0.23; tests/shared/test_errors.py pins it):
+# "<reason>", "<reason> - at `$<path>`" or, for a mapping key, "<reason> - at `key` in
+# `$<path>`"; <path> is made of `.field`, `[index]` and `[...]` (a mapping's value) steps.
+# Its own reasons for unknown and missing fields:
+_LOCATION: Final = re.compile(r" - at `(?P<key>key` in `)?\$(?P<path>[^`]*)`$")
+_STEP: Final = re.compile(r"\.(?P<field>[^.\[`]+)|\[(?P<index>\d+|\.\.\.)\]")
+_UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
+_MISSING: Final = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+
+
+def _segment(step: re.Match[str]) -> PathSegment:
+    index = step.group("index")
+    if index is None:
+        return step.group("field")
+    return ... if index == "..." else int(index)
 
 
 class MqttAuthError(RuntimeError):

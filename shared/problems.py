@@ -4,7 +4,11 @@ decodes it."""
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
+
+PROBLEM_CONTENT_TYPE: Final = "application/problem+json"
 
 
 class InvalidParam(msgspec.Struct, frozen=True):

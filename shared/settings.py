@@ -17,6 +17,13 @@ from urllib.parse import unquote, urlsplit
 
 import msgspec
 
+from shared.errors import (
+    FieldError,
+    FieldPath,
+    MissingFieldError,
+    UnknownFieldError,
+    dotted_path,
+)
 from shared.messages import Site
 from shared.topics import DEFAULT_TOPIC_ROOT, TopicError, is_valid_node_id, validate_root
 
@@ -31,7 +38,12 @@ Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 
 class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the key and where it came from."""
+    """A setting that cannot be used; the message names the key and where it came from.
+    `key` is that key (`mqtt.url`) where one is at fault."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class MqttEndpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,18 +96,18 @@ class MqttSettings(Section, frozen=True, kw_only=True):
     reconnect_max_s: PositiveFloat = 30.0
     max_payload_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
 
-    # Checks across a value's type raise "key: reason" so the error names the key.
+    # Checks across a value's type raise a FieldError naming the key.
     def __post_init__(self) -> None:
         try:
             parse_mqtt_url(self.url)
         except ValueError as error:
-            raise ValueError(f"url: {error}") from None
+            raise FieldError("url", str(error)) from None
         try:
             validate_root(self.topic_root)
         except TopicError as error:
-            raise ValueError(f"topic_root: {error}") from None
+            raise FieldError("topic_root", str(error)) from None
         if self.reconnect_max_s < self.reconnect_initial_s:
-            raise ValueError("reconnect_max_s: must be >= reconnect_initial_s")
+            raise FieldError("reconnect_max_s", "must be >= reconnect_initial_s")
 
 
 class AgentSettings(Section, frozen=True, kw_only=True):
@@ -123,8 +135,9 @@ class AgentSettings(Section, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):
-            raise ValueError(
-                f"node_id: {self.node_id!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (one topic level)"
+            raise FieldError(
+                "node_id",
+                f"{self.node_id!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (one topic level)",
             )
 
     @property
@@ -148,7 +161,8 @@ class AgentSettings(Section, frozen=True, kw_only=True):
 class CloudSettings(Section, frozen=True, kw_only=True):
     api_host: str = "127.0.0.1"
     api_port: Port = 8700
-    # A node is offline after this many of its own telemetry intervals without a sample.
+    # A node is offline after this many of its own telemetry intervals without a sample
+    # (this and the next: cloud/fleet/liveness.py, which also reads node_lost_grace_s).
     staleness_intervals: Annotated[float, msgspec.Meta(ge=1)] = 3.0
     liveness_check_interval_s: PositiveFloat = 1.0
     # Invalid-payload log lines per reason, at most one per this many seconds.
@@ -160,7 +174,9 @@ class CloudSettings(Section, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
-            raise ValueError(f"public_url: {self.public_url!r} must start with http:// or https://")
+            raise FieldError(
+                "public_url", f"{self.public_url!r} must start with http:// or https://"
+            )
 
 
 # Must match cloud.green.policies.POLICY_NAMES (a test checks): shared/ never imports cloud/.
@@ -188,7 +204,8 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     debounce_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.02
     # ... and at least this often, for what time alone changes (windows, deferrals).
     interval_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
-    # Work on a node that went offline is requeued after this long unless it returns.
+    # Work on a node that went offline is requeued after this long unless it returns
+    # (cloud/fleet/liveness.py).
     node_lost_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     # After taking leadership, wait this long for retained node births before the
     # first pass, so a restarted control plane does not see a fleet with holes.
@@ -236,7 +253,7 @@ class StaticZoneSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
 
 def _check_http_url(key: str, url: str | None) -> None:
     if url is not None and not url.startswith(("http://", "https://")):
-        raise ValueError(f"{key}: {url!r} must start with http:// or https://")
+        raise FieldError(key, f"{url!r} must start with http:// or https://")
 
 
 class SignalSettings(Section, frozen=True, kw_only=True):
@@ -272,27 +289,29 @@ class SignalSettings(Section, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if not self.providers:
-            raise ValueError("providers: name at least one provider")
+            raise FieldError("providers", "name at least one provider")
         if len(set(self.providers)) != len(self.providers):
-            raise ValueError(f"providers: {list(self.providers)} names a provider twice")
+            raise FieldError("providers", f"{list(self.providers)} names a provider twice")
         live = [name for name in self.providers if name in LIVE_SIGNAL_PROVIDERS]
         if "trace" in self.providers and live:
-            raise ValueError(
-                "providers: trace replays recorded time and cannot share a chain with live "
-                f"providers ({', '.join(live)})"
+            raise FieldError(
+                "providers",
+                "trace replays recorded time and cannot share a chain with live providers "
+                f"({', '.join(live)})",
             )
         if "electricitymaps" in self.providers and not self.electricitymaps_token:
-            raise ValueError(
-                "electricitymaps_token: required when providers include electricitymaps"
+            raise FieldError(
+                "electricitymaps_token", "required when providers include electricitymaps"
             )
         if "watttime" in self.providers and not (self.watttime_username and self.watttime_password):
-            raise ValueError(
-                "watttime_username: watttime_username and watttime_password are required "
-                "when providers include watttime"
+            raise FieldError(
+                "watttime_username",
+                "watttime_username and watttime_password are required when providers include "
+                "watttime",
             )
         if "carbon-aware-sdk" in self.providers and not self.carbonaware_base_url:
-            raise ValueError(
-                "carbonaware_base_url: required when providers include carbon-aware-sdk"
+            raise FieldError(
+                "carbonaware_base_url", "required when providers include carbon-aware-sdk"
             )
         for key in (
             "electricitymaps_base_url",
@@ -332,17 +351,18 @@ class StoreSettings(Section, frozen=True, kw_only=True):
         if self.database_url:
             scheme = self.database_url.partition("://")[0].lower()
             if "://" not in self.database_url or scheme not in DATABASE_URL_SCHEMES:
-                raise ValueError(
-                    "database_url: must start with sqlite:/// or postgresql:// "
-                    f"(also {', '.join(DATABASE_URL_SCHEMES)})"
+                raise FieldError(
+                    "database_url",
+                    "must start with sqlite:/// or postgresql:// "
+                    f"(also {', '.join(DATABASE_URL_SCHEMES)})",
                 )
         if self.database_schema:
             if not _SQL_IDENTIFIER.match(self.database_schema):
-                raise ValueError(
-                    f"database_schema: {self.database_schema!r} must match [a-z_][a-z0-9_]*"
+                raise FieldError(
+                    "database_schema", f"{self.database_schema!r} must match [a-z_][a-z0-9_]*"
                 )
             if not self.database_url.lower().startswith("postgres"):
-                raise ValueError("database_schema: only PostgreSQL databases have schemas")
+                raise FieldError("database_schema", "only PostgreSQL databases have schemas")
 
     def resolved_data_dir(self, environ: Mapping[str, str] | None = None) -> Path:
         if self.data_dir:
@@ -362,36 +382,24 @@ class Settings(Section, frozen=True, kw_only=True):
     scheduling: SchedulingSettings = SchedulingSettings()
 
 
-_MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
-_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`")
-_KEYED_REASON = re.compile(r"^(?P<field>[a-z_]+): (?P<reason>.*)$", re.DOTALL)
-
-
-def _describe(error: msgspec.ValidationError) -> tuple[str, str]:
-    """(dotted key, reason) from msgspec's 'reason - at `$.a.b`' messages."""
-    message = str(error)
-    path = ""
-    match = _MSGSPEC_PATH.search(message)
-    if match:
-        path = match.group("path").lstrip(".")
-        message = message[: match.start()]
-    for pattern, reason in ((_UNKNOWN_FIELD, "unknown key"), (_KEYED_REASON, None)):
-        match = pattern.match(message)
-        if match:
-            field = match.group("field")
-            key = f"{path}.{field}" if path else field
-            return key, reason or match.group("reason")
-    return path, message
+def _describe(error: msgspec.ValidationError) -> tuple[FieldPath, str]:
+    """(path of the key at fault, from the section down; the reason) of a validation error."""
+    refused = FieldError.from_msgspec(error)
+    if isinstance(refused, UnknownFieldError):
+        return refused.path, "unknown key"
+    if isinstance(refused, MissingFieldError):  # said of the table, in msgspec's words
+        return refused.path[:-1], str(refused)
+    return refused.path, refused.reason
 
 
 def _section_field_type(section: str, key: str) -> Any:
     section_fields = {f.name: f for f in msgspec.structs.fields(Settings)}
     if section not in section_fields:
-        raise ConfigError(f"unknown settings section {section!r}")
+        raise ConfigError(f"unknown settings section {section!r}", key=section)
     section_type = section_fields[section].type
     key_fields = {f.name: f.type for f in msgspec.structs.fields(section_type)}
     if key not in key_fields:
-        raise ConfigError(f"unknown key {section}.{key}")
+        raise ConfigError(f"unknown key {section}.{key}", key=f"{section}.{key}")
     return key_fields[key]
 
 
@@ -418,7 +426,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         try:
             field_type = _section_field_type(section, key)
         except ConfigError as error:
-            raise ConfigError(f"environment variable {name}: {error}") from None
+            raise ConfigError(f"environment variable {name}: {error}", key=error.key) from None
         overrides.setdefault(section, {})[key] = _env_value(raw, field_type)
     return overrides
 
@@ -440,16 +448,17 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
     for section, values in overrides.items():
         current = raw.get(section, {})
         if not isinstance(current, dict):
-            raise ConfigError(f"{source}: key {section} must be a table")
+            raise ConfigError(f"{source}: key {section} must be a table", key=section)
         raw[section] = {**current, **values}
     try:
         return msgspec.convert(raw, Settings)
     except msgspec.ValidationError as error:
-        key, reason = _describe(error)
+        key_path, reason = _describe(error)
         origin = source
-        section, _, field = key.partition(".")
-        top_field = re.split(r"[.\[]", field)[0]
+        section = str(key_path[0]) if key_path else ""
+        top_field = str(key_path[1]) if len(key_path) > 1 else ""
         if top_field in overrides.get(section, {}):
             origin = f"environment variable {ENV_PREFIX}{section.upper()}{ENV_SEPARATOR}"
             origin += top_field.upper()
-        raise ConfigError(f"{origin}: {key or 'settings'}: {reason}") from None
+        key = dotted_path(key_path)
+        raise ConfigError(f"{origin}: {key or 'settings'}: {reason}", key=key or None) from None

@@ -20,7 +20,8 @@ from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import EVENT_HUB, STORE, STREAMS, TUNING
 from cloud.store import EventRecord, Store
-from cloud.work.views import EventView, utc
+from cloud.work.views import EventView
+from shared.clock import utc_from_epoch
 from shared.problems import InvalidParam
 
 _ENCODER: Final = msgspec.json.Encoder()
@@ -43,7 +44,7 @@ def sse_message(event: EventRecord) -> bytes:
             seq=event.seq,
             kind=event.kind,
             work_id=event.work_id,
-            at=utc(event.at),
+            at=utc_from_epoch(event.at),
             payload=msgspec.Raw(event.payload),
         )
     )

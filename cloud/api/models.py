@@ -9,7 +9,6 @@ inputs, outputs) and stored by its sha256. A deployment names a model by its id.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import Annotated, Final
 
 import msgspec
@@ -17,7 +16,7 @@ from aiohttp import web
 
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response, payload_too_large
-from cloud.api.problems import Problem
+from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import MODEL_BLOBS, MODEL_URL_SIGNER, STORE
@@ -25,9 +24,9 @@ from cloud.models.blobs import ModelTooLargeError
 from cloud.models.inspect import InvalidModelError, inspect_model
 from cloud.models.views import ModelList, ModelView, TensorView
 from cloud.store import ModelRecord, ModelTensor, NewModel
-from shared.problems import InvalidParam, ProblemBody
+from shared.clock import utc_from_epoch
+from shared.problems import InvalidParam
 
-PROBLEM = "application/problem+json"
 ONNX_MEDIA_TYPES: Final = ("application/octet-stream", "application/onnx")
 _CHUNK_BYTES = 1 << 16
 SHA256_HEADER: Final = "X-Greenfed-SHA256"  # hex sha256 of the whole file
@@ -66,7 +65,7 @@ def _view(record: ModelRecord) -> ModelView:
         opset=record.opset,
         inputs=_tensors(record.inputs),
         outputs=_tensors(record.outputs),
-        created_at=datetime.fromtimestamp(record.created_at, UTC),
+        created_at=utc_from_epoch(record.created_at),
         blob_url=f"/v1/models/{record.model_id}/blob",
     )
 
@@ -183,7 +182,7 @@ async def get_model_blob(request: web.Request) -> web.StreamResponse:
     )
 
 
-_PROBLEM_REPLY = Reply(422, "Not a valid ONNX model; detail says why", ProblemBody, PROBLEM)
+_PROBLEM_REPLY = problem_reply(422, "Not a valid ONNX model; detail says why")
 
 ROUTES: Final = (
     Route(

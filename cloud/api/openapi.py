@@ -15,7 +15,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from cloud.api.problems import PROBLEM_CONTENT_TYPE
+from cloud.api.problems import problem_reply
 from cloud.api.routes import JSON, REGISTERED_ROUTES, JsonObject, Reply, Route
 from cloud.store import WorkStateChanged
 from shared import __version__
@@ -48,15 +48,6 @@ def _types(routes: Iterable[Route]) -> list[Any]:
             if candidate is not None and candidate not in found:
                 found.append(candidate)
     return found
-
-
-def _problem(description: str) -> dict[str, object]:
-    return {
-        "description": description,
-        "content": {
-            PROBLEM_CONTENT_TYPE: {"schema": {"$ref": REF_TEMPLATE.format(name="ProblemBody")}}
-        },
-    }
 
 
 def _reply(reply: Reply, schema: dict[str, Any]) -> dict[str, object]:
@@ -120,7 +111,8 @@ def _operation(
     if route.query is not None or route.headers:
         errors.append(400)
     for status in sorted(set(errors)):
-        responses.setdefault(str(status), _problem(_ERRORS[status]))
+        error = problem_reply(status, _ERRORS[status])
+        responses.setdefault(str(status), _reply(error, schemas[ProblemBody]))
     operation: dict[str, object] = {
         "operationId": route.handler.__name__,
         "summary": route.summary,

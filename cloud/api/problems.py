@@ -2,7 +2,9 @@
 
 Handlers raise `Problem`; the middleware also turns aiohttp's own HTTP errors
 (unknown route, wrong method) and unexpected exceptions into problem bodies, so
-a client never has to parse an HTML error page.
+a client never has to parse an HTML error page. `problem_response` is the one builder of
+such a response; `problem_reply` the one way a route (or the OpenAPI generator, for the
+errors every route can give) documents one.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from shared.problems import InvalidParam, ProblemBody
+from cloud.api.routes import Reply
+from shared.problems import PROBLEM_CONTENT_TYPE, InvalidParam, ProblemBody
 
-PROBLEM_CONTENT_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://greenfed.dev/problems/"
 
 
@@ -52,6 +54,11 @@ def problem_response(request: web.Request, problem: Problem) -> web.Response:
     )
     response.headers.update(problem.headers)
     return response
+
+
+def problem_reply(status: int, description: str) -> Reply:
+    """A documented error answer of a route: a problem+json body."""
+    return Reply(status, description, ProblemBody, PROBLEM_CONTENT_TYPE)
 
 
 def invalid_query(*params: InvalidParam) -> Problem:

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-import re
 from typing import TypeVar
 
 import msgspec
 from aiohttp import web
 
 from cloud.api.problems import invalid_query
+from shared.errors import FieldError, MissingFieldError, UnknownFieldError, dotted_path
 from shared.problems import InvalidParam
 
 QueryT = TypeVar("QueryT", bound=msgspec.Struct)
 
-_AT_PATH = re.compile(r" - at `\$\.?(?P<name>[^`]*)`$")
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
+
+def _invalid_param(refused: FieldError) -> InvalidParam:
+    if isinstance(refused, UnknownFieldError):
+        return InvalidParam(dotted_path(refused.path), "unknown parameter")
+    if isinstance(refused, MissingFieldError):
+        # As this API has always said it: of the query as a whole, in msgspec's words.
+        return InvalidParam(dotted_path(refused.path[:-1]), str(refused))
+    return InvalidParam(dotted_path(refused.path), refused.reason)
 
 
 def parse_query(request: web.Request, query_type: type[QueryT]) -> QueryT:
@@ -22,13 +28,4 @@ def parse_query(request: web.Request, query_type: type[QueryT]) -> QueryT:
     try:
         return msgspec.convert(raw, query_type, strict=False)
     except msgspec.ValidationError as error:
-        message = str(error)
-        name = ""
-        match = _AT_PATH.search(message)
-        if match:
-            name = match.group("name")
-            message = message[: match.start()]
-        unknown = _UNKNOWN.match(message)
-        if unknown:
-            raise invalid_query(InvalidParam(unknown.group("name"), "unknown parameter")) from None
-        raise invalid_query(InvalidParam(name, message)) from None
+        raise invalid_query(_invalid_param(FieldError.from_msgspec(error))) from None

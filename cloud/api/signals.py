@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
 import msgspec
@@ -16,6 +16,7 @@ from cloud.api.routes import Reply, Route
 from cloud.app_keys import REGISTRY, SIGNALS
 from cloud.signals.grid import HOUR_S, ZoneSeries
 from cloud.signals.model import SignalType
+from shared.clock import utc_from_epoch
 
 SUMMARY_HORIZON_H = 24
 
@@ -54,10 +55,6 @@ class SignalListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     zone: Annotated[str, msgspec.Meta(min_length=1)] | None = None
 
 
-def _utc(epoch_s: float) -> datetime:
-    return datetime.fromtimestamp(epoch_s, tz=UTC)
-
-
 def _price(value: float) -> float | None:
     return None if np.isnan(value) else round(float(value), 3)
 
@@ -81,7 +78,7 @@ def _summary_fields(series: ZoneSeries, now_s: float, nodes: int) -> dict[str, o
         "price_per_mwh": _price(series.price_per_mwh[index]),
         "next_24h_min_carbon_g_per_kwh": round(float(ahead.min()), 2),
         "next_24h_max_carbon_g_per_kwh": round(float(ahead.max()), 2),
-        "next_24h_cleanest_hour": _utc(cleanest_s),
+        "next_24h_cleanest_hour": utc_from_epoch(cleanest_s),
         "nodes": nodes,
     }
 
@@ -103,7 +100,7 @@ async def list_signals(request: web.Request) -> web.Response:
         ZoneSignal(**_summary_fields(series, grid.now_s, fleet_zones.get(zone, 0)))  # type: ignore[arg-type]
         for zone, series in sorted(grid.zones.items())
     )
-    body = SignalList(now=_utc(grid.now_s), zones=zones)
+    body = SignalList(now=utc_from_epoch(grid.now_s), zones=zones)
     return json_response(body)
 
 
@@ -119,7 +116,7 @@ async def get_zone_signal(request: web.Request) -> web.Response:
     current_hour_start = grid.now_s - grid.now_s % HOUR_S
     hourly = tuple(
         HourlyPoint(
-            at=_utc(series.start_s + hour * HOUR_S),
+            at=utc_from_epoch(series.start_s + hour * HOUR_S),
             carbon_g_per_kwh=round(float(carbon), 2),
             price_per_mwh=_price(series.price_per_mwh[hour]),
             forecast=series.start_s + hour * HOUR_S > current_hour_start,

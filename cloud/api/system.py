@@ -7,10 +7,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cloud.api.bodies import json_response
-from cloud.api.problems import Problem
+from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import JsonObject, Reply, Route
 from cloud.app_keys import INGESTOR, METRICS
-from shared.problems import ProblemBody
 from shared.schemas import schema_catalog
 
 
@@ -60,7 +59,7 @@ ROUTES = (
         "operations",
         replies=(
             Reply(200, "Ready", Status),
-            Reply(503, "Not subscribed to the broker", ProblemBody, "application/problem+json"),
+            problem_reply(503, "Not subscribed to the broker"),
         ),
     ),
     Route(

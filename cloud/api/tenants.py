@@ -9,7 +9,7 @@ import msgspec
 from aiohttp import web
 
 from cloud.api.bodies import invalid_body, json_response, read_json
-from cloud.api.problems import Problem
+from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import STORE
 from cloud.store import NewTenant, TenantExistsError
@@ -20,7 +20,6 @@ from cloud.work.views import (
     tenant_fields,
     tenant_view,
 )
-from shared.problems import ProblemBody
 
 _CREATE_DECODER: Final = msgspec.json.Decoder(TenantCreate)
 
@@ -65,7 +64,7 @@ ROUTES: Final = (
         body=TenantCreate,
         replies=(
             Reply(201, "The tenant and its bearer token", TenantCreated),
-            Reply(409, "A tenant of that name exists", ProblemBody, "application/problem+json"),
+            problem_reply(409, "A tenant of that name exists"),
         ),
     ),
     Route(

@@ -7,7 +7,6 @@ an id of the other collection is not found either.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Final, Generic, TypeVar
@@ -17,7 +16,7 @@ from aiohttp import web
 
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import decode_body, invalid_body, json_response, read_body
-from cloud.api.problems import Problem, invalid_query
+from cloud.api.problems import Problem, invalid_query, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.routes import Handler, Reply, Route
 from cloud.app_keys import REGISTRY, STORE
@@ -57,9 +56,10 @@ from cloud.work.views import (
     JobView,
     allocation_view,
     replica_views,
-    utc,
 )
-from shared.problems import InvalidParam, ProblemBody
+from shared.clock import utc_from_epoch
+from shared.errors import json_path
+from shared.problems import InvalidParam
 
 MAX_PAGE_SIZE: Final = 1000
 IDEMPOTENCY_KEY_MAX: Final = 255
@@ -109,8 +109,8 @@ def _common(record: WorkRecord, tenant: str) -> dict[str, object]:
         "reason": record.state_reason,
         "attempts": record.attempts,
         "version": record.version,
-        "submitted_at": utc(record.submitted_at),
-        "updated_at": utc(record.updated_at),
+        "submitted_at": utc_from_epoch(record.submitted_at),
+        "updated_at": utc_from_epoch(record.updated_at),
     }
 
 
@@ -222,19 +222,14 @@ def _idempotency_key(request: web.Request) -> str | None:
     return key
 
 
-# The scheduler's messages start with the field at fault ("score_weights names ...").
-_FIELD_IN_MESSAGE = re.compile(r"^(?P<field>[a-z_]+)\b")
-
-
 def _check_schedulable(spec: WorkSpec) -> None:
-    """What the scheduler itself would refuse (e.g. an unknown score term): a 422 now."""
-    reason = check_convertible(spec)
-    if reason is None:
+    """What the scheduler itself would refuse (e.g. an unknown score term): a 422 now,
+    on the spec's field where the scheduler's field is one (`$.score_weights`), else `$`."""
+    refused = check_convertible(spec)
+    if refused is None:
         return
-    match = _FIELD_IN_MESSAGE.match(reason)
-    field = match.group("field") if match else ""
-    name = f"$.{field}" if field in spec.__struct_fields__ else "$"
-    raise invalid_body(name, reason)
+    on_spec_field = bool(refused.path) and refused.path[0] in spec.__struct_fields__
+    raise invalid_body(json_path(refused.path) if on_spec_field else "$", refused.reason)
 
 
 def _check_priority(tenant: TenantRecord, priority: PriorityClass) -> None:
@@ -432,7 +427,7 @@ async def _explain(request: web.Request, collection: Collection[SpecT]) -> web.R
         kind=collection.spec_kind,
         state=found.work.state,
         reason=found.work.state_reason,
-        explained_at=None if found.explained_at is None else utc(found.explained_at),
+        explained_at=None if found.explained_at is None else utc_from_epoch(found.explained_at),
         message=message,
         explanation=explanation,
     )
@@ -489,7 +484,6 @@ _IDEMPOTENCY_HEADER = (
     "Makes the submission safe to retry: a retry with the same key and body returns the "
     "original (200); the same key with another body is a 409.",
 )
-_PROBLEM = "application/problem+json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,10 +515,8 @@ def _routes(collection: Collection[SpecT], handlers: _Handlers) -> tuple[Route, 
             replies=(
                 Reply(201, f"The {noun}, committed", view_type, headers=("Location",)),
                 Reply(200, "A retry with the same Idempotency-Key: the original", view_type),
-                Reply(
-                    403, "The priority class is not allowed for this tenant", ProblemBody, _PROBLEM
-                ),
-                Reply(409, "The Idempotency-Key was used with another body", ProblemBody, _PROBLEM),
+                problem_reply(403, "The priority class is not allowed for this tenant"),
+                problem_reply(409, "The Idempotency-Key was used with another body"),
             ),
         ),
         Route(
@@ -556,7 +548,7 @@ def _routes(collection: Collection[SpecT], handlers: _Handlers) -> tuple[Route, 
             description="Nodes stop it (SIGTERM, then SIGKILL after its grace period).",
             replies=(
                 Reply(200, f"The {noun}, now cancelled", view_type),
-                Reply(409, f"The {noun} had already finished", ProblemBody, _PROBLEM),
+                problem_reply(409, f"The {noun} had already finished"),
             ),
         ),
         Route(
@@ -640,7 +632,7 @@ ROUTES: Final = (
             ),
             replies=(
                 Reply(200, "The deployment with its new spec", DeploymentView),
-                Reply(409, "The deployment had already finished", ProblemBody, _PROBLEM),
+                problem_reply(409, "The deployment had already finished"),
             ),
         ),
     )

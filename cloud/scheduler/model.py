@@ -1,6 +1,8 @@
 """What is scheduled and for whom: work, tenants, running allocations, constraints.
 
-Plain frozen value types with validation; no behaviour beyond parsing. The node
+Plain frozen value types with validation; no behaviour beyond parsing. A refused value
+raises `shared.errors.FieldError` naming the field (a `ValueError`), so the API maps a
+job the scheduler would refuse to `invalid_params` without reading the message. The node
 side of the world lives in ``snapshot.py``.
 """
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal, Protocol
 
+from shared.errors import FieldError
 from shared.messages import AcceleratorKind, Site
 
 PriorityClass = Literal["p0", "p1", "p2"]
@@ -40,19 +43,30 @@ def _frozen_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
 
 
+def _refused(subject: str, name: str, reason: str) -> FieldError:
+    """Field `name` of `subject` (a work id, "tenant acme"; empty: none) refused; its
+    text "subject: reason". Reasons name the field in words ("sites must name at least
+    one site"): the API shows them as they are."""
+    return FieldError(name, reason, message=f"{subject}: {reason}" if subject else reason)
+
+
 def _checked_weights(work_id: str, weights: Mapping[str, float]) -> Mapping[str, float]:
     """Per-job weight overrides, checked when the job is built so that a bad one is
     rejected with the job instead of ending a scheduling pass."""
     for name, weight in weights.items():
         if name not in KNOWN_TERM_NAMES and not name.startswith(EXTENSION_TERM_PREFIX):
             known = ", ".join(KNOWN_TERM_NAMES)
-            raise ValueError(
-                f"{work_id}: score_weights names unknown term {name!r} (known: {known}; "
-                f"other extension terms are named {EXTENSION_TERM_PREFIX}...)"
+            raise _refused(
+                work_id,
+                "score_weights",
+                f"score_weights names unknown term {name!r} (known: {known}; "
+                f"other extension terms are named {EXTENSION_TERM_PREFIX}...)",
             )
         if not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0:
-            raise ValueError(
-                f"{work_id}: score weight {name} must be a finite number >= 0, got {weight!r}"
+            raise _refused(
+                work_id,
+                "score_weights",
+                f"score weight {name} must be a finite number >= 0, got {weight!r}",
             )
     return MappingProxyType({name: float(weight) for name, weight in weights.items()})
 
@@ -89,10 +103,11 @@ class LabelRequirement:
 
     def __post_init__(self) -> None:
         needs_values = self.operator in ("In", "NotIn")
+        requirement = f"label requirement {self.key} {self.operator}"
         if needs_values and not self.values:
-            raise ValueError(f"label requirement {self.key} {self.operator} needs values")
+            raise _refused("", "values", f"{requirement} needs values")
         if not needs_values and self.values:
-            raise ValueError(f"label requirement {self.key} {self.operator} takes no values")
+            raise _refused("", "values", f"{requirement} takes no values")
 
 
 _WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
@@ -109,16 +124,16 @@ class StartWindow:
     def __post_init__(self) -> None:
         for minute in (self.start_minute, self.end_minute):
             if not 0 <= minute < MINUTES_PER_DAY:
-                raise ValueError(f"window minute {minute} is outside 0..1439")
+                raise FieldError((), f"window minute {minute} is outside 0..1439")
         if self.start_minute == self.end_minute:
-            raise ValueError("an empty start window never opens; omit it to allow any time")
+            raise FieldError((), "an empty start window never opens; omit it to allow any time")
 
     @classmethod
     def parse(cls, text: str) -> StartWindow:
         """Parse ``"HH:MM-HH:MM"``, e.g. ``"20:00-06:00"`` for nights."""
         match = _WINDOW.match(text.strip())
         if match is None:
-            raise ValueError(f"start window {text!r} is not HH:MM-HH:MM")
+            raise FieldError((), f"start window {text!r} is not HH:MM-HH:MM")
         sh, sm, eh, em = (int(part) for part in match.groups())
         return cls(start_minute=sh * 60 + sm, end_minute=eh * 60 + em)
 
@@ -129,11 +144,11 @@ class StartWindow:
 
 def _check_common(work_id: str, tenant: str, sites: tuple[Site, ...]) -> None:
     if not work_id:
-        raise ValueError("work_id must not be empty")
+        raise _refused("", "work_id", "work_id must not be empty")
     if not tenant:
-        raise ValueError(f"{work_id}: tenant must not be empty")
+        raise _refused(work_id, "tenant", "tenant must not be empty")
     if not sites:
-        raise ValueError(f"{work_id}: sites must name at least one site")
+        raise _refused(work_id, "sites", "sites must name at least one site")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,16 +188,21 @@ class TrainingJob:
 
     def __post_init__(self) -> None:
         _check_common(self.work_id, self.tenant, self.sites)
+        work_id = self.work_id
         if self.workers < 1 or self.accelerators_per_worker < 1:
-            raise ValueError(f"{self.work_id}: workers and accelerators_per_worker must be >= 1")
+            at_fault = "workers" if self.workers < 1 else "accelerators_per_worker"
+            raise _refused(work_id, at_fault, "workers and accelerators_per_worker must be >= 1")
         if self.duration_s <= 0:
-            raise ValueError(f"{self.work_id}: duration_s must be positive")
+            raise _refused(work_id, "duration_s", "duration_s must be positive")
         if min(self.memory_bytes, self.host_memory_bytes) < 0:
-            raise ValueError(f"{self.work_id}: memory must not be negative")
+            at_fault = "memory_bytes" if self.memory_bytes < 0 else "host_memory_bytes"
+            raise _refused(work_id, at_fault, "memory must not be negative")
         if self.max_delay_s is not None and not self.max_delay_s >= 0:
-            raise ValueError(f"{self.work_id}: max_delay_s must be >= 0")
+            raise _refused(work_id, "max_delay_s", "max_delay_s must be >= 0")
         if self.checkpoint_interval_s is not None and not self.checkpoint_interval_s > 0:
-            raise ValueError(f"{self.work_id}: checkpoint_interval_s must be positive")
+            raise _refused(
+                work_id, "checkpoint_interval_s", "checkpoint_interval_s must be positive"
+            )
         object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
         object.__setattr__(
             self, "score_weights", _checked_weights(self.work_id, self.score_weights)
@@ -249,20 +269,24 @@ class InferenceDeployment:
 
     def __post_init__(self) -> None:
         _check_common(self.work_id, self.tenant, self.sites)
+        work_id = self.work_id
         if self.replicas < 1 or self.accelerators_per_replica < 1:
-            raise ValueError(f"{self.work_id}: replicas and accelerators_per_replica must be >= 1")
+            at_fault = "replicas" if self.replicas < 1 else "accelerators_per_replica"
+            raise _refused(work_id, at_fault, "replicas and accelerators_per_replica must be >= 1")
         if self.min_replicas is not None and not 1 <= self.min_replicas <= self.replicas:
-            raise ValueError(f"{self.work_id}: min_replicas must be within 1..replicas")
+            raise _refused(work_id, "min_replicas", "min_replicas must be within 1..replicas")
         if not self.accepted_kinds or len(set(self.accepted_kinds)) != len(self.accepted_kinds):
-            raise ValueError(f"{self.work_id}: accepted_kinds must be non-empty and unique")
+            raise _refused(work_id, "accepted_kinds", "accepted_kinds must be non-empty and unique")
         if self.max_replicas_per_node < 1:
-            raise ValueError(f"{self.work_id}: max_replicas_per_node must be >= 1")
+            raise _refused(work_id, "max_replicas_per_node", "max_replicas_per_node must be >= 1")
         if any(weight < 0 for weight in self.traffic_by_region.values()):
-            raise ValueError(f"{self.work_id}: traffic must not be negative")
+            raise _refused(work_id, "traffic_by_region", "traffic must not be negative")
         if not self.requests_per_s >= 0:
-            raise ValueError(f"{self.work_id}: requests_per_s must be >= 0")
+            raise _refused(work_id, "requests_per_s", "requests_per_s must be >= 0")
         if self.reference_ms_per_request is not None and not self.reference_ms_per_request > 0:
-            raise ValueError(f"{self.work_id}: reference_ms_per_request must be > 0")
+            raise _refused(
+                work_id, "reference_ms_per_request", "reference_ms_per_request must be > 0"
+            )
         object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
         object.__setattr__(
             self, "traffic_by_region", MappingProxyType(dict(self.traffic_by_region))
@@ -295,8 +319,9 @@ class Tenant:
     borrowing_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if any(v < 0 for v in (*self.nominal.values(), *self.borrowing_limit.values())):
-            raise ValueError(f"tenant {self.name}: quotas must not be negative")
+        for name, quotas in (("nominal", self.nominal), ("borrowing_limit", self.borrowing_limit)):
+            if any(v < 0 for v in quotas.values()):
+                raise _refused(f"tenant {self.name}", name, "quotas must not be negative")
         object.__setattr__(self, "nominal", MappingProxyType(dict(self.nominal)))
         object.__setattr__(self, "borrowing_limit", MappingProxyType(dict(self.borrowing_limit)))
 
@@ -329,7 +354,9 @@ class Allocation:
 
     def __post_init__(self) -> None:
         if self.accelerators < 1:
-            raise ValueError(f"allocation {self.allocation_id}: accelerators must be >= 1")
+            raise _refused(
+                f"allocation {self.allocation_id}", "accelerators", "accelerators must be >= 1"
+            )
 
 
 class Held(Protocol):

@@ -39,7 +39,8 @@ from cloud.signals.model import (
     SignalType,
     SignalUnavailable,
 )
-from cloud.signals.units import Clock, as_utc, iso_z, parse_utc, system_clock, utc_from_epoch
+from cloud.signals.units import Clock, as_utc, iso_z, parse_utc, system_clock
+from shared.clock import utc_from_epoch
 
 LATEST_WINDOW = timedelta(hours=2)
 

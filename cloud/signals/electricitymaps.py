@@ -40,7 +40,8 @@ from cloud.signals.model import (
     SignalAuthError,
     SignalUnavailable,
 )
-from cloud.signals.units import Clock, as_utc, iso_z, parse_utc, system_clock, utc_from_epoch
+from cloud.signals.units import Clock, as_utc, iso_z, parse_utc, system_clock
+from shared.clock import utc_from_epoch
 
 DEFAULT_BASE_URL = "https://api.electricitymaps.com/v3"
 HISTORY_WINDOW = timedelta(hours=24)

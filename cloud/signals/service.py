@@ -51,8 +51,8 @@ from cloud.signals.units import (
     epoch_s,
     floor_hour_s,
     system_clock,
-    utc_from_epoch,
 )
+from shared.clock import utc_from_epoch
 
 DEFAULT_CACHE_TTL_S = 300.0
 DEFAULT_STALENESS_LIMIT_S = 3 * HOUR_S

@@ -30,7 +30,8 @@ from cloud.signals.model import (
     SignalType,
     SignalUnavailable,
 )
-from cloud.signals.units import Clock, floor_hour, system_clock, utc_from_epoch
+from cloud.signals.units import Clock, floor_hour, system_clock
+from shared.clock import utc_from_epoch
 
 BUILTIN_CARBON_YEAR = "2022"
 

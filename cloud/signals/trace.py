@@ -36,8 +36,8 @@ from cloud.signals.units import (
     Clock,
     epoch_s,
     replay_clock,
-    utc_from_epoch,
 )
+from shared.clock import utc_from_epoch
 
 TRACE_YEAR = 2023
 DEFAULT_HISTORY_HOURS = 24

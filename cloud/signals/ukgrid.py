@@ -40,7 +40,8 @@ import msgspec
 from cloud.signals.hourly import hourly_means
 from cloud.signals.http_client import HttpSource
 from cloud.signals.model import Forecast, ForecastPoint, GridReading, SignalUnavailable
-from cloud.signals.units import Clock, as_utc, parse_utc, system_clock, utc_from_epoch
+from cloud.signals.units import Clock, as_utc, parse_utc, system_clock
+from shared.clock import utc_from_epoch
 
 DEFAULT_BASE_URL = "https://api.carbonintensity.org.uk"
 NATIONAL_ZONE = "GB"

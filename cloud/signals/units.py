@@ -1,7 +1,8 @@
 """Unit conversions and UTC time helpers shared by every provider.
 
 All times inside greenfed are UTC: epoch seconds in arrays and scores, aware
-`datetime`s in readings. Providers' timestamps are parsed here, once.
+`datetime`s in readings (`shared.clock.utc_from_epoch` turns one into the other).
+Providers' timestamps are parsed here, once.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+
+from shared.clock import utc_from_epoch
 
 HOUR_S = 3600.0
 
@@ -26,10 +29,6 @@ def system_clock() -> float:
 
 def lb_per_mwh_to_g_per_kwh(value_lb_per_mwh: float) -> float:
     return value_lb_per_mwh * G_PER_KWH_PER_LB_PER_MWH
-
-
-def utc_from_epoch(epoch_s: float) -> datetime:
-    return datetime.fromtimestamp(epoch_s, tz=UTC)
 
 
 def epoch_s(at: datetime) -> float:

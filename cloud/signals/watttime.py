@@ -52,8 +52,8 @@ from cloud.signals.units import (
     as_utc,
     parse_utc,
     system_clock,
-    utc_from_epoch,
 )
+from shared.clock import utc_from_epoch
 
 DEFAULT_BASE_URL = "https://api.watttime.org"
 SIGNAL_TYPE = "co2_moer"

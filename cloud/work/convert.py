@@ -26,6 +26,7 @@ from cloud.scheduler.model import (
 )
 from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
+from shared.errors import FieldError
 
 
 def _placement_fields(spec: WorkSpec) -> dict[str, object]:
@@ -50,7 +51,7 @@ def _placement_fields(spec: WorkSpec) -> dict[str, object]:
 def training_job(
     spec: TrainingJobSpec, *, work_id: str, tenant: str, submitted_at: float
 ) -> TrainingJob:
-    """Raises ValueError when the scheduler refuses the job (e.g. an unknown score term)."""
+    """Raises FieldError when the scheduler refuses the job (e.g. an unknown score term)."""
     return TrainingJob(
         work_id=work_id,
         tenant=tenant,
@@ -71,7 +72,7 @@ def training_job(
 def inference_deployment(
     spec: DeploymentSpec, *, work_id: str, tenant: str, submitted_at: float
 ) -> InferenceDeployment:
-    """Raises ValueError when the scheduler refuses the deployment."""
+    """Raises FieldError when the scheduler refuses the deployment."""
     return InferenceDeployment(
         work_id=work_id,
         tenant=tenant,
@@ -149,10 +150,13 @@ def tenant_from_record(record: TenantRecord) -> Tenant | None:
     )
 
 
-def check_convertible(spec: WorkSpec) -> str | None:
-    """None when the scheduler accepts the spec, else its reason (for a 422)."""
+def check_convertible(spec: WorkSpec) -> FieldError | None:
+    """None when the scheduler accepts the spec, else why not (for a 422). The error's
+    path names a field of the scheduler's type (`score_weights`, `duration_s`), which is
+    often, not always, the spec's field of that name; an empty path: the value as a whole
+    (e.g. a start window that never opens)."""
     try:
         to_work(spec, work_id="submitted", tenant="tenant", submitted_at=0.0)
-    except ValueError as error:
-        return str(error).removeprefix("submitted: ")
+    except FieldError as error:
+        return error
     return None

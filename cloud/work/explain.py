@@ -8,7 +8,6 @@ item the pass decided something about; the loop passes the result as
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime
 
 from cloud.green.migration import JobMove
 from cloud.scheduler.plan import Pending, Placement, Plan, Preemption, Reservation, ScoreBreakdown
@@ -25,10 +24,7 @@ from cloud.work.explanation import (
     TermScoreView,
     encode_explanation,
 )
-
-
-def _utc(timestamp: float) -> datetime:
-    return datetime.fromtimestamp(timestamp, UTC)
+from shared.clock import utc_from_epoch
 
 
 def _score(breakdown: ScoreBreakdown) -> NodeScoreView:
@@ -51,8 +47,10 @@ def _placement(placement: Placement) -> MemberPlacementView:
         accelerators=placement.accelerators,
         provider=placement.provider,
         borrowed=placement.borrowed,
-        start_at=_utc(placement.start_at),
-        expected_end=None if placement.expected_end is None else _utc(placement.expected_end),
+        start_at=utc_from_epoch(placement.start_at),
+        expected_end=(
+            None if placement.expected_end is None else utc_from_epoch(placement.expected_end)
+        ),
         window_waived=placement.window_waived,
         chosen=_score(placement.chosen),
         runners_up=tuple(_score(runner) for runner in placement.runners_up),
@@ -63,7 +61,7 @@ def _reservation(reservation: Reservation | None) -> ReservationView | None:
     if reservation is None:
         return None
     return ReservationView(
-        start_at=_utc(reservation.start_at),
+        start_at=utc_from_epoch(reservation.start_at),
         accelerator_kind=reservation.accelerator_kind,
         nodes=reservation.nodes,
         accelerators=reservation.accelerators,
@@ -80,7 +78,7 @@ def _pending(pending: Pending) -> PendingView:
         rejections=dict(pending.rejections),
         members_needed=pending.members_needed,
         members_placed=pending.members_placed,
-        retry_at=None if pending.retry_at is None else _utc(pending.retry_at),
+        retry_at=None if pending.retry_at is None else utc_from_epoch(pending.retry_at),
         quota=None
         if quota is None
         else QuotaView(
@@ -98,8 +96,8 @@ def _pending(pending: Pending) -> PendingView:
         deferral=None
         if deferral is None
         else DeferralView(
-            start_at=_utc(deferral.start_at),
-            latest_start=_utc(deferral.latest_start),
+            start_at=utc_from_epoch(deferral.start_at),
+            latest_start=utc_from_epoch(deferral.latest_start),
             zone=deferral.zone,
             saving_fraction=deferral.saving_fraction,
             expected_now=deferral.expected_now,
@@ -124,7 +122,7 @@ def explain_work(
     preemptions: Sequence[Preemption] = (),
 ) -> Explanation | None:
     """The explanation of one work item's part of a pass; None when nothing was decided."""
-    decided_at = _utc(now)
+    decided_at = utc_from_epoch(now)
     members = tuple(_placement(p) for p in sorted(placements, key=lambda p: p.member))
     evicted = tuple(
         PreemptionView(node_id=p.node_id, reason=p.reason, preempted_by=p.preempted_by)
@@ -192,7 +190,7 @@ def explanations_for_moves(now: float, moves: Sequence[JobMove]) -> dict[str, by
             Explanation(
                 outcome="moved",
                 message=move.explain(),
-                decided_at=_utc(now),
+                decided_at=utc_from_epoch(now),
                 placements=tuple(
                     _placement(p) for p in sorted(move.placements, key=lambda p: p.member)
                 ),

@@ -6,20 +6,20 @@ and `POST /v1/deployments`, the CLI's JSON/TOML/YAML spec files, and the spec th
 keeps; their JSON Schemas are published in `/openapi.json`. `cloud.work.convert` turns
 them into the scheduler's `TrainingJob` / `InferenceDeployment`.
 
-Cross-field rules live in `__post_init__` and raise ``ValueError("`field`: reason")``;
-`describe_error` turns that, and msgspec's own ``... - at `$.path``` messages, into the
-path of the field at fault (``$.workers``, ``$.affinity[0].values``).
+Cross-field rules live in `__post_init__` and raise `shared.errors.FieldError` (the field
+and the reason, as data); `describe_error` turns a decode error, ours or msgspec's own,
+into the path of the field at fault (``$.workers``, ``$.affinity[0].values``) and why.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
 import msgspec
 
 from cloud.work.literals import PriorityClass
+from shared.errors import FieldError, json_path
 from shared.messages import AcceleratorKind, Site
 
 GIB: Final = 1024**3
@@ -77,9 +77,9 @@ class LabelRequirementSpec(SpecStruct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         needs_values = self.operator in ("In", "NotIn")
         if needs_values and not self.values:
-            raise ValueError(f"`values`: operator {self.operator} needs at least one value")
+            raise FieldError("values", f"operator {self.operator} needs at least one value")
         if not needs_values and self.values:
-            raise ValueError(f"`values`: operator {self.operator} takes no values")
+            raise FieldError("values", f"operator {self.operator} takes no values")
 
 
 class TolerationSpec(SpecStruct, frozen=True, kw_only=True):
@@ -183,9 +183,9 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         reserved = sorted(RUNNER_ENV.intersection(self.env))
         if reserved:
-            raise ValueError(f"`env`: {', '.join(reserved)} is set by greenfed for each worker")
+            raise FieldError("env", f"{', '.join(reserved)} is set by greenfed for each worker")
         if len(set(self.sites)) != len(self.sites):
-            raise ValueError("`sites`: names a site twice")
+            raise FieldError("sites", "names a site twice")
 
     @property
     def memory_bytes(self) -> int:
@@ -258,11 +258,11 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if self.min_replicas is not None and not 1 <= self.min_replicas <= self.replicas:
-            raise ValueError(f"`min_replicas`: must be within 1..replicas ({self.replicas})")
+            raise FieldError("min_replicas", f"must be within 1..replicas ({self.replicas})")
         if len(set(self.accepted_kinds)) != len(self.accepted_kinds):
-            raise ValueError("`accepted_kinds`: names a kind twice")
+            raise FieldError("accepted_kinds", "names a kind twice")
         if len(set(self.sites)) != len(self.sites):
-            raise ValueError("`sites`: names a site twice")
+            raise FieldError("sites", "names a site twice")
 
     @property
     def memory_bytes(self) -> int:
@@ -298,26 +298,9 @@ def decode_spec(kind: SpecKind, document: bytes) -> WorkSpec:
 
 # ---- error paths -----------------------------------------------------------------------
 
-_AT_PATH = re.compile(r" - at `(?P<key>key` in `)?(?P<path>\$[^`]*)`$")
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
-_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
-_KEYED = re.compile(r"^`(?P<field>[A-Za-z_][A-Za-z0-9_]*)`: (?P<reason>.*)$", re.DOTALL)
-
 
 def describe_error(error: msgspec.ValidationError) -> tuple[str, str]:
-    """(path of the field at fault, e.g. ``$.workers``; the reason) of a validation error."""
-    message = str(error)
-    path = "$"
-    match = _AT_PATH.search(message)
-    if match:
-        path = match.group("path")
-        message = message[: match.start()]
-        if match.group("key"):
-            message = f"{message} (a key)"
-    if match := _UNKNOWN.match(message):
-        return f"{path}.{match.group('field')}", "unknown field"
-    if match := _MISSING.match(message):
-        return f"{path}.{match.group('field')}", "required field is missing"
-    if match := _KEYED.match(message):
-        return f"{path}.{match.group('field')}", match.group("reason")
-    return path, message
+    """(path of the field at fault, e.g. ``$.workers``; the reason) of a validation error:
+    what `invalid_params` and the CLI show."""
+    refused = FieldError.from_msgspec(error)
+    return json_path(refused.path), refused.reason

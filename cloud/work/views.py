@@ -5,7 +5,7 @@ The CLI decodes them too, so this module imports nothing of the database stack."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
@@ -13,15 +13,12 @@ import msgspec
 from cloud.work.explanation import Explanation
 from cloud.work.literals import AllocationState, PriorityClass, WorkState
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
+from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
     from cloud.fleet.registry import NodeRegistry
     from cloud.store import AllocationRecord, TenantRecord
-
-
-def utc(epoch_s: float) -> datetime:
-    return datetime.fromtimestamp(epoch_s, tz=UTC)
 
 
 class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,8 +43,8 @@ def allocation_view(record: AllocationRecord) -> AllocationView:
         accelerator_ids=record.accelerator_ids,
         host_memory_bytes=record.host_memory_bytes,
         state=record.state,
-        started_at=utc(record.started_at),
-        expected_end=None if record.expected_end is None else utc(record.expected_end),
+        started_at=utc_from_epoch(record.started_at),
+        expected_end=None if record.expected_end is None else utc_from_epoch(record.expected_end),
         borrowed=record.borrowed,
     )
 
@@ -199,7 +196,7 @@ def tenant_fields(record: TenantRecord) -> dict[str, object]:
         "cohort": record.cohort,
         "allowed_priorities": record.allowed_priorities,
         "admin": record.admin,
-        "created_at": utc(record.created_at),
+        "created_at": utc_from_epoch(record.created_at),
     }
 
 

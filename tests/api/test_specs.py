@@ -23,12 +23,14 @@ from cloud.work.convert import (
 from cloud.work.specs import (
     GIB,
     DeploymentSpec,
+    LabelRequirementSpec,
     TrainingJobSpec,
     decode_spec,
     describe_error,
     encode_spec,
 )
 from greenfed.spec_files import SpecFileError, load_spec_file
+from shared.errors import FieldError
 
 FULL_JOB = {
     "kind": "training",
@@ -194,11 +196,20 @@ def test_tenants_without_quota_or_cohort_are_unmanaged() -> None:
 
 def test_the_scheduler_refusing_a_spec_is_caught_at_submission() -> None:
     assert check_convertible(TrainingJobSpec(name="a", command=("x",))) is None
-    reason = check_convertible(
+    refused = check_convertible(
         TrainingJobSpec(name="a", command=("x",), score_weights={"carbn": 1.0})
     )
-    assert reason is not None
-    assert reason.startswith("score_weights names unknown term 'carbn'")
+    assert refused is not None
+    assert refused.path == ("score_weights",)
+    assert refused.reason.startswith("score_weights names unknown term 'carbn'")
+    never_opens = check_convertible(
+        TrainingJobSpec(name="a", command=("x",), start_window="20:00-20:00")
+    )
+    assert never_opens is not None
+    assert (never_opens.path, never_opens.reason) == (
+        (),
+        "an empty start window never opens; omit it to allow any time",
+    )
 
 
 def test_specs_have_defaults_and_a_canonical_encoding() -> None:
@@ -248,6 +259,25 @@ def test_errors_name_the_path_of_the_field(document: dict[str, object], path: st
     name, reason = describe_error(error.value)
     assert name == path
     assert reason
+
+
+def test_spec_checks_raise_a_typed_field_error() -> None:
+    with pytest.raises(FieldError) as refused:
+        LabelRequirementSpec(key="zone", operator="In")
+    assert (refused.value.path, refused.value.reason) == (
+        ("values",),
+        "operator In needs at least one value",
+    )
+    with pytest.raises(msgspec.ValidationError) as wrapped:
+        msgspec.convert(
+            {"name": "d", "model_id": "m", "affinity": [{"key": "k", "operator": "NotIn"}]},
+            DeploymentSpec,
+        )
+    assert isinstance(wrapped.value.__cause__, FieldError)
+    assert describe_error(wrapped.value) == (
+        "$.affinity[0].values",
+        "operator NotIn needs at least one value",
+    )
 
 
 def test_the_rest_literals_match_the_stores() -> None:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from shared.errors import FieldError
 from shared.settings import (
     ConfigError,
     MqttEndpoint,
+    MqttSettings,
     Settings,
     load_settings,
     parse_mqtt_url,
@@ -238,6 +240,44 @@ def test_a_node_id_that_cannot_be_a_topic_level_is_rejected_naming_the_key(node_
         load_settings(None, {"GREENFED_AGENT__NODE_ID": node_id})
     assert "agent.node_id" in str(caught.value)
     assert "GREENFED_AGENT__NODE_ID" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "message"),
+    [
+        ('[mqtt]\nurll = "x"\n', "mqtt.urll", "mqtt.urll: unknown key"),
+        ('[mqtt]\nurl = "http://x"\n', "mqtt.url", "mqtt.url: MQTT url 'http://x' must start"),
+        ('[agent]\nprobes = ["cpu", "tpu"]\n', "agent.probes[1]", "Invalid enum value 'tpu'"),
+        (
+            "[signals.static_table.X]\ncarbon_g_per_kwh = -1\n",
+            "signals.static_table[...].carbon_g_per_kwh",
+            "Expected `float` >= 0.0",
+        ),
+        (
+            '[signals]\nproviders = ["trace", "trace"]\n',
+            "signals.providers",
+            "names a provider twice",
+        ),
+    ],
+)
+def test_a_config_error_carries_the_key_at_fault(
+    tmp_path: Path, text: str, key: str, message: str
+) -> None:
+    path = write_config(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, NO_ENV)
+    assert caught.value.key == key
+    assert str(caught.value).startswith(f"{path}: {key}: ")
+    assert message in str(caught.value)
+
+
+def test_a_settings_check_raises_a_typed_field_error() -> None:
+    with pytest.raises(FieldError) as refused:
+        MqttSettings(reconnect_initial_s=5.0, reconnect_max_s=1.0)
+    assert (refused.value.path, refused.value.reason) == (
+        ("reconnect_max_s",),
+        "must be >= reconnect_initial_s",
+    )
 
 
 def test_a_label_value_of_the_wrong_type_names_the_labels_key() -> None:

@@ -22,7 +22,8 @@ from cloud.signals.model import (
 )
 from cloud.signals.service import SignalService
 from cloud.signals.static import StaticEntry, StaticProvider
-from cloud.signals.units import HOUR_S, epoch_s, utc_from_epoch
+from cloud.signals.units import HOUR_S, epoch_s
+from shared.clock import utc_from_epoch
 
 from .support import FakeClock, epoch
 
