@@ -43,6 +43,7 @@ class Target:
     api: str
     token: str | None
     token_source: str  # for messages: where the token came from
+    api_source: str = "the default"  # for messages: "--api", "GREENFED_API" or "the default"
 
 
 def resolve_target(
@@ -54,11 +55,21 @@ def resolve_target(
     environ: Mapping[str, str] | None = None,
 ) -> Target:
     environ = os.environ if environ is None else environ
-    url = (api or environ.get("GREENFED_API") or DEFAULT_API).rstrip("/")
+    if api:
+        url, api_source = api, "--api"
+    elif environ.get("GREENFED_API"):
+        url, api_source = environ["GREENFED_API"].strip(), "GREENFED_API"
+    else:
+        url, api_source = DEFAULT_API, "the default"
+    url = url.rstrip("/")
+
+    def target(token: str | None, token_source: str) -> Target:
+        return Target(url, token, token_source, api_source)
+
     if token:
-        return Target(url, token, "--token")
+        return target(token, "--token")
     if environ.get("GREENFED_TOKEN"):
-        return Target(url, environ["GREENFED_TOKEN"].strip(), "GREENFED_TOKEN")
+        return target(environ["GREENFED_TOKEN"].strip(), "GREENFED_TOKEN")
     if token_file is not None:
         try:
             found = read_token_file(token_file)
@@ -66,15 +77,15 @@ def resolve_target(
             raise CliError(f"cannot read --token-file {token_file}: {error.strerror}") from None
         if found is None:
             raise CliError(f"--token-file {token_file} does not exist or is empty", EXIT_USAGE)
-        return Target(url, found, str(token_file))
+        return target(found, str(token_file))
     default = default_token_file()
     try:
         found = read_token_file(default)
     except OSError:
         found = None
     if found is not None:
-        return Target(url, found, str(default))
-    return Target(url, None, "")
+        return target(found, str(default))
+    return target(None, "")
 
 
 def _problem_text(status: int, body: bytes) -> str:
@@ -84,6 +95,32 @@ def _problem_text(status: int, body: bytes) -> str:
         return f"HTTP {status}: {body.decode(errors='replace')[:300]}"
     detail = problem.detail or problem.title
     return f"{problem.title} ({status}): {detail}" if detail != problem.title else detail
+
+
+def _from(target: Target) -> str:
+    return "the default" if target.api_source == "the default" else f"from {target.api_source}"
+
+
+def _reason(error: BaseException) -> str:
+    """The OS's word for a failed connection, without aiohttp's wrapping around it."""
+    if isinstance(error, aiohttp.ClientConnectorError):
+        if isinstance(error.os_error, ConnectionRefusedError):
+            return "connection refused"
+        return error.os_error.strerror or str(error)
+    if isinstance(error, TimeoutError):
+        return "no answer in time"
+    return str(error) or type(error).__name__
+
+
+def _hint(target: Target) -> str:
+    if target.api_source == "--api":
+        return "is greenfed up or greenfed cloud running there?"
+    if target.api_source == "GREENFED_API":
+        return "is greenfed up or greenfed cloud running there? If not, fix GREENFED_API"
+    return (
+        "is greenfed up or greenfed cloud running? If it serves elsewhere, "
+        "set GREENFED_API to its URL (greenfed up prints the export line) or pass --api"
+    )
 
 
 class ApiClient:
@@ -104,8 +141,10 @@ class ApiClient:
         await self._session.close()
 
     def _unreachable(self, error: BaseException) -> CliError:
-        reason = str(error) or type(error).__name__
-        return CliError(f"cannot reach the greenfed API at {self.target.api}: {reason}")
+        return CliError(
+            f"cannot reach the greenfed API at {self.target.api} ({_from(self.target)}): "
+            f"{_reason(error)}; {_hint(self.target)}"
+        )
 
     def _refused(self, status: int, body: bytes) -> CliError:
         text = _problem_text(status, body)

@@ -8,38 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import socket
 from types import TracebackType
 from typing import Any
 
 from amqtt.broker import Broker
 
+from greenfed.ports import PortInUse, free_tcp_port, port_is_free
+
 SHUTDOWN_TIMEOUT_S = 3.0
 
 
-class BrokerPortInUse(OSError):
+class BrokerPortInUse(PortInUse):
     pass
-
-
-def free_tcp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # As asyncio's server does, so a port in TIME_WAIT after a restart counts as free.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                return False
-            raise
-    return True
 
 
 class _Amqtt(Broker):  # type: ignore[misc]
@@ -90,7 +71,6 @@ class EmbeddedBroker:
     async def start(self) -> None:
         if not port_is_free(self.host, self.port):
             raise BrokerPortInUse(
-                errno.EADDRINUSE,
                 f"cannot start the embedded MQTT broker: {self.host}:{self.port} "
                 "is in use (another broker? use --mqtt-url to connect to it instead)",
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import date
@@ -27,6 +28,8 @@ from greenfed.arguments import (
     port,
     positive_float,
 )
+from greenfed.data_dir_lock import DataDirInUse, data_dir_lock
+from greenfed.ports import check_api_port
 from greenfed.work_cli import add_client_options, add_work_commands, run_client
 from shared import __version__
 from shared.errors import MqttAuthError
@@ -87,28 +90,33 @@ def _configure_logging(settings: Settings) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from greenfed.up import UpOptions, run_up
-    from shared.runtime import run_main
-
     # People watch `greenfed up` in a terminal: the summary lines, not every agent's log.
     settings = _settings(args, default_log_level=None if args.log_level else "warning")
     _configure_logging(settings)
-    options = UpOptions(
-        sim_nodes=args.sim,
-        fleet_file=args.fleet,
-        external_mqtt_url=args.mqtt_url,
-        broker_port=args.broker_port,
-    )
-    return run_main(lambda stop: run_up(settings, options, stop))
+    # Refused at once, before the control plane's imports take their seconds.
+    with data_dir_lock(settings.store.resolved_data_dir(), "up"):
+        check_api_port(settings.cloud.api_host, settings.cloud.api_port)
+        from greenfed.up import UpOptions, run_up
+        from shared.runtime import run_main
+
+        options = UpOptions(
+            sim_nodes=args.sim,
+            fleet_file=args.fleet,
+            external_mqtt_url=args.mqtt_url,
+            broker_port=args.broker_port,
+        )
+        return run_main(lambda stop: run_up(settings, options, stop))
 
 
 def cmd_cloud(args: argparse.Namespace) -> int:
-    from cloud.main import run_cloud
-    from shared.runtime import run_main
-
     settings = _settings(args)
     _configure_logging(settings)
-    return run_main(lambda stop: run_cloud(settings, stop))
+    with data_dir_lock(settings.store.resolved_data_dir(), "cloud"):
+        check_api_port(settings.cloud.api_host, settings.cloud.api_port)
+        from cloud.main import run_cloud
+        from shared.runtime import run_main
+
+        return run_main(lambda stop: run_cloud(settings, stop))
 
 
 def cmd_edge_run(args: argparse.Namespace) -> int:
@@ -261,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Edge–cloud federated scheduler for AI work that weighs carbon, price and latency."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"greenfed {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = commands.add_parser("up", help="embedded broker + control plane + simulated fleet")
@@ -412,17 +421,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a reader that left (`| head -1`) shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # Nobody reads any more: no message, no traceback, and nothing more to write at
+        # exit (https://docs.python.org/3/library/signal.html#note-on-sigpipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILURE
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
+    except BrokenPipeError:
+        raise  # main() handles it, wherever it happens
     except ConfigError as error:
         print(f"greenfed: configuration error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except MqttAuthError as error:
         print(f"greenfed: {error}", file=sys.stderr)
         return EXIT_AUTH
+    except DataDirInUse as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_FAILURE
     except OSError as error:  # e.g. the API port is already in use
         print(f"greenfed: {error}", file=sys.stderr)
         return EXIT_FAILURE

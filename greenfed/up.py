@@ -21,7 +21,9 @@ from cloud.app import create_app, serving
 from cloud.app_keys import ADMIN_TOKEN_FILE, BACKGROUND_TASKS, INGESTOR, REGISTRY
 from cloud.main import watch_background
 from cloud.summary import fleet_summary_line
-from greenfed.broker import EmbeddedBroker, port_is_free
+from greenfed.api_client import DEFAULT_API
+from greenfed.broker import EmbeddedBroker
+from greenfed.ports import port_is_free
 from shared.runtime import run_until_stopped
 from shared.settings import Settings
 from shared.token_files import read_token_file
@@ -116,13 +118,24 @@ def _print_banner(
         f"  jobs       {api}/v1/jobs   (greenfed submit FILE, greenfed jobs)",
         f"  models     {api}/v1/models   (greenfed models upload FILE.onnx)",
         f"  openapi    {api}/openapi.json",
-        f"  table      greenfed nodes --api {api}",
+        *_cli_lines(api),
         f"  admin token: {admin_token_file}",
         # A single-machine demo: the value too, so that curl works right away.
         f"             {_token_text(admin_token_file)}",
         "  stop       Ctrl-C",
     ]
     print("\n".join(lines), flush=True)
+
+
+def _cli_lines(api: str) -> list[str]:
+    """How the other `greenfed` commands find this API: by themselves at the default
+    address, else once the `export` line printed here is pasted into their terminal."""
+    if api == DEFAULT_API:
+        return ["  table      greenfed nodes"]
+    return [
+        f"  cli        export GREENFED_API={api}   (for greenfed nodes, jobs, submit, ...)",
+        "  table      greenfed nodes",
+    ]
 
 
 def _token_text(path: Path) -> str:

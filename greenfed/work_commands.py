@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ from shared.messages import AcceleratorKind
 
 
 def console(out: TextIO) -> Console:
-    return Console(file=out, width=None if out.isatty() else 160, highlight=False)
+    """The terminal's width; 160 columns into a file or pipe unless $COLUMNS says."""
+    sized = out.isatty() or os.environ.get("COLUMNS", "").isdigit()
+    return Console(file=out, width=None if sized else 160, highlight=False)
 
 
 def print_json(payload: bytes, out: TextIO) -> None:
@@ -138,18 +141,32 @@ def _allocations_table(allocations: tuple[AllocationView, ...]) -> Table:
 
 def _replicas_table(work: DeploymentView) -> Table:
     table = Table(title="replicas", title_justify="left")
-    for column in ("replica", "node", "state", "provider", "endpoint", "note"):
-        table.add_column(column)
+    for column in ("replica", "node", "state", "provider", "note"):
+        # Names stay whole (a person copies them); the note wraps into what is left.
+        if column == "note":
+            table.add_column(column, overflow="fold")
+        else:
+            table.add_column(column, no_wrap=True)
     for replica in work.replica_states:
         table.add_row(
             str(replica.replica),
             replica.node_id,
             state_text(replica.state),
             replica.provider or "",
-            replica.endpoint or "",
             replica.reason,
         )
     return table
+
+
+def _print_endpoints(work: DeploymentView, target: Console) -> None:
+    """One line per ready replica, outside any table: a URL cut short or folded over two
+    lines cannot be copied."""
+    ready = [replica for replica in work.replica_states if replica.endpoint]
+    if not ready:
+        return
+    target.print("endpoints (POST inference requests here):")
+    for replica in ready:
+        target.print(Text(f"  replica {replica.replica}  {replica.endpoint}"), soft_wrap=True)
 
 
 def render_models(models: ModelList, out: TextIO) -> None:
@@ -230,6 +247,7 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
         target.print(_allocations_table(work.allocations))
     if isinstance(work, DeploymentView) and work.replica_states:
         target.print(_replicas_table(work))
+        _print_endpoints(work, target)
     if explain is not None:
         render_explanation(explain, target)
 

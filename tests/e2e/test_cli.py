@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
+from shared import __version__
 from tests.support.brokers import BrokerUnderTest
 from tests.support.fleet import mqtt_settings, running_ingestion
 from tests.support.processes import GreenfedProcess, greenfed_env, run_greenfed
@@ -73,6 +77,68 @@ async def test_nodes_without_a_control_plane_says_so_without_a_traceback() -> No
     assert code == 1
     assert "cannot reach the greenfed API" in stderr
     assert "Traceback" not in stderr
+
+
+async def test_an_unreachable_api_says_where_its_url_came_from() -> None:
+    from greenfed.api_client import DEFAULT_API
+    from greenfed.ports import port_is_free
+    from tests.support.brokers import free_port
+
+    given, from_env = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    runs = [
+        run_greenfed(["jobs", "--api", given]),
+        run_greenfed(["jobs"], env=greenfed_env(GREENFED_API=from_env)),
+    ]
+    default_free = port_is_free("127.0.0.1", 8700)  # a real control plane on this machine?
+    if default_free:
+        runs.append(run_greenfed(["jobs"]))
+    results = await asyncio.gather(*runs)
+    for code, _, stderr in results:
+        assert code == 1
+        assert stderr.count("\n") == 1, stderr
+        assert "Traceback" not in stderr
+    assert (
+        f"cannot reach the greenfed API at {given} (from --api): connection refused"
+        in (results[0][2])
+    )
+    assert f"at {from_env} (from GREENFED_API): connection refused" in results[1][2]
+    if default_free:
+        stderr = results[2][2]
+        assert f"at {DEFAULT_API} (the default): connection refused" in stderr
+        assert "set GREENFED_API" in stderr
+
+
+@pytest.mark.parametrize("flag", [["--version"], ["version"]])
+async def test_the_version_is_printed(flag: list[str]) -> None:
+    code, stdout, stderr = await run_greenfed(flag)
+    assert (code, stdout, stderr) == (0, f"greenfed {__version__}\n", "")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["schema"], ["edge", "discover", "--json"], ["edge", "discover"]],
+    ids=["schema", "json", "table"],
+)
+async def test_a_reader_that_left_ends_the_command_quietly(command: list[str]) -> None:
+    """`greenfed ... | head -1`: head exits after one line. Here the reading end is closed
+    before greenfed writes at all, so every write meets the broken pipe."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "greenfed.cli",
+            *command,
+            stdout=write_end,
+            stderr=asyncio.subprocess.PIPE,
+            env=greenfed_env(),
+        )
+    finally:
+        os.close(write_end)
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert stderr.decode() == ""  # no "Broken pipe", no "Exception ignored", no traceback
+    assert process.returncode == 1
 
 
 async def test_the_agent_runs_from_a_config_file_and_stops_cleanly(

@@ -13,8 +13,10 @@ import aiomqtt
 import jsonschema
 import pytest
 
+from greenfed.data_dir_lock import data_dir_lock
 from shared.settings import parse_mqtt_url
 from tests.support.brokers import BrokerUnderTest, free_port
+from tests.support.onnx_models import mlp
 from tests.support.processes import GreenfedProcess, get_json, greenfed_env, run_greenfed
 from tests.support.waiting import eventually_async
 
@@ -212,3 +214,112 @@ async def test_up_with_its_embedded_broker_serves_third_party_subscribers(tmp_pa
         assert code == 0, up.stderr
         assert elapsed_s < 5.0
         assert "Traceback" not in up.stderr
+
+
+async def _ready_endpoints(api: str, token: str, deployment_id: str) -> list[str] | None:
+    """The endpoints of the deployment once every replica is ready, else None."""
+    try:
+        body = await get_json(f"{api}/v1/deployments/{deployment_id}", token)
+    except OSError:
+        return None
+    assert isinstance(body, dict)
+    replicas = body["replica_states"]
+    if not replicas or any(r["state"] != "ready" or not r["endpoint"] for r in replicas):
+        return None
+    return [r["endpoint"] for r in replicas]
+
+
+@pytest.mark.timeout(120)
+async def test_a_person_follows_the_banner_of_up_on_another_api_port(tmp_path: Path) -> None:
+    """`--api-port` moves the API: the banner's `export GREENFED_API=...` line is all the
+    other commands need, and `greenfed deployment ID` shows each endpoint whole."""
+    broker_port, api_port = free_port(), free_port()
+    api = f"http://127.0.0.1:{api_port}"
+    data_dir = tmp_path / "data"
+    args = ["up", "--sim", "4", "--broker-port", str(broker_port), "--api-port", str(api_port)]
+    env = greenfed_env(GREENFED_STORE__DATA_DIR=str(data_dir))
+    async with GreenfedProcess(args, tmp_path, env) as up:
+        await eventually_async(
+            lambda: _all_online(api, 4, data_dir), timeout_s=30, message=lambda: up.stderr[-2000:]
+        )
+        assert f"  cli        export GREENFED_API={api}   " in up.stdout
+        # Pasted into another terminal: no --api anywhere from here on.
+        cli_env = {**env, "GREENFED_API": api}
+        code, table, stderr = await run_greenfed(["nodes"], env=cli_env)
+        assert (code, stderr) == (0, "")
+        assert "4/4 online" in table
+
+        model_file = tmp_path / "detector.onnx"
+        model_file.write_bytes(mlp())
+        code, out, stderr = await run_greenfed(
+            ["models", "upload", str(model_file), "--json"], cli_env
+        )
+        assert code == 0, stderr
+        model_id = json.loads(out)["id"]
+        serve = tmp_path / "serve.yaml"
+        serve.write_text(f"kind: deployment\nname: detector\nmodel_id: {model_id}\n")
+        code, out, stderr = await run_greenfed(["submit", str(serve), "--json"], cli_env)
+        assert code == 0, stderr
+        deployment_id = json.loads(out)["id"]
+        token = _admin_token(data_dir)
+        assert token is not None
+        endpoints: list[str] = []
+
+        async def ready() -> bool:
+            found = await _ready_endpoints(api, token, deployment_id)
+            endpoints[:] = found or []
+            return found is not None
+
+        await eventually_async(ready, timeout_s=30, message=lambda: up.stderr[-2000:])
+        for columns in (80, 160):
+            code, shown, stderr = await run_greenfed(
+                ["deployment", deployment_id], env={**cli_env, "COLUMNS": str(columns)}
+            )
+            assert code == 0, stderr
+            lines = shown.splitlines()
+            for endpoint in endpoints:
+                # Whole, on a line of its own: copied with a triple click.
+                assert [line.split()[-1] for line in lines if endpoint in line] == [endpoint]
+            assert all(len(line) <= columns for line in lines if "/v1/infer/" not in line)
+        code, _ = await up.stop(signal.SIGINT)
+        assert code == 0, up.stderr
+
+
+@pytest.mark.timeout(120)
+async def test_a_second_up_on_a_busy_port_or_data_directory_fails_in_one_line(
+    tmp_path: Path,
+) -> None:
+    broker_port, api_port = free_port(), free_port()
+    data_dir = tmp_path / "data"
+    args = ["up", "--sim", "2", "--broker-port", str(broker_port), "--api-port", str(api_port)]
+    env = greenfed_env(GREENFED_STORE__DATA_DIR=str(data_dir))
+    async with GreenfedProcess(args, tmp_path, env) as up:
+        await eventually_async(
+            lambda: _all_online(f"http://127.0.0.1:{api_port}", 2, data_dir),
+            timeout_s=30,
+            message=lambda: up.stderr[-2000:],
+        )
+        elsewhere = greenfed_env(GREENFED_STORE__DATA_DIR=str(tmp_path / "elsewhere"))
+        same_dir, same_dir_cloud, same_port = await asyncio.gather(
+            run_greenfed(["up", "--sim", "2", "--api-port", str(free_port())], env=env),
+            run_greenfed(["cloud", "--api-port", str(free_port())], env=env),
+            run_greenfed(["up", "--sim", "2", "--api-port", str(api_port)], env=elsewhere),
+        )
+        for code, stdout, stderr in (same_dir, same_dir_cloud, same_port):
+            assert code == 1
+            assert stdout == ""  # no banner, no log lines
+            assert stderr.startswith("greenfed: ")
+            assert stderr.count("\n") == 1, stderr
+        assert f"the data directory {data_dir} is in use" in same_dir[2]
+        assert "greenfed up" in same_dir[2]  # who holds it
+        assert f"the data directory {data_dir} is in use" in same_dir_cloud[2]
+        assert (
+            f"cannot serve the REST API on 127.0.0.1:{api_port}: the port is in use"
+            in (same_port[2])
+        )
+        assert not (tmp_path / "elsewhere" / "admin-token").exists()  # refused before anything
+        # The first one is unharmed, and its lock goes with it.
+        code, _ = await up.stop(signal.SIGTERM)
+        assert code == 0, up.stderr
+    with data_dir_lock(data_dir, "test"):
+        pass

@@ -1,0 +1,64 @@
+"""One control plane per data directory: `greenfed up` and `greenfed cloud` hold an
+exclusive `flock` on `greenfed.lock` in it for as long as they run.
+
+Two processes on one data directory would share its admin token file, its SQLite
+database and its model files without knowing of each other. The kernel drops the
+lock when its holder exits or dies, so a crash never leaves a stale lock behind;
+the file itself stays (deleting a lock file races with the next process opening it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+LOCK_FILE_NAME: Final = "greenfed.lock"
+
+
+class DataDirInUse(Exception):
+    """Another process holds the lock; the message is one line for the terminal."""
+
+    def __init__(self, data_dir: Path, holder: str) -> None:
+        held_by = f" ({holder})" if holder else ""
+        super().__init__(
+            f"the data directory {data_dir} is in use by another greenfed up or greenfed "
+            f"cloud{held_by}; stop it, or give this one its own directory with "
+            "GREENFED_STORE__DATA_DIR (or [store] data_dir)"
+        )
+        self.data_dir = data_dir
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def data_dir_lock(data_dir: Path, command: str) -> Iterator[Path]:
+    """Hold the lock of `data_dir` for the block, or raise `DataDirInUse` at once.
+
+    `command` ("up", "cloud") is written into the lock file with the process id, so the
+    next process's message can say who holds it.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # as the store creates it
+    path = data_dir / LOCK_FILE_NAME
+    # os.open's descriptors are not inherited: a worker process never keeps the lock.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataDirInUse(data_dir, _holder(fd)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, greenfed {command}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def _holder(fd: int) -> str:
+    """What the holder wrote; empty in the instant between its truncate and its write."""
+    try:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        return ""
