@@ -26,17 +26,19 @@ from edge.inference.batching import QueueFull, Unavailable
 from edge.inference.runtime import InferenceRuntime
 from edge.inference.session import LoadedModel, check_feeds
 from edge.inference.stats import render_prometheus
+from shared.problems import PROBLEM_CONTENT_TYPE, ProblemBody
 
 NPY: Final = "application/x-npy"
-PROBLEM: Final = "application/problem+json"
 MAX_REQUEST_BYTES: Final = 64 * 1024 * 1024
 RUNTIME = web.AppKey("runtime", InferenceRuntime)
 _JSON_BODY = msgspec.json.Decoder(dict[str, Any])
 
 
 def _problem(status: int, title: str, detail: str, **headers: str) -> web.Response:
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    response = web.Response(status=status, body=msgspec.json.encode(body), content_type=PROBLEM)
+    body = ProblemBody(type="about:blank", title=title, status=status, detail=detail)
+    response = web.Response(
+        status=status, body=msgspec.json.encode(body), content_type=PROBLEM_CONTENT_TYPE
+    )
     response.headers.update(headers)
     return response
 
