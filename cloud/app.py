@@ -1,6 +1,6 @@
 """The control-plane application: REST API plus the background work it owns.
 
-`create_app` wires the registry, MQTT ingestion, the liveness checker, the durable
+`create_app` wires the registry, MQTT ingestion, node liveness, the durable
 store (with the admin bootstrap and the event hub) and the job logs into one aiohttp
 application. The background tasks start and stop with the app through `cleanup_ctx`,
 so whoever runs the app (`greenfed cloud`, `greenfed up`, tests) gets a bounded,
@@ -14,7 +14,6 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import aiohttp
-import structlog
 from aiohttp import web
 
 from cloud.admin import bootstrap_admin
@@ -31,6 +30,7 @@ from cloud.app_keys import (
     EVENT_HUB,
     INGESTOR,
     JOB_LOGS,
+    LIVENESS,
     METRICS,
     MODEL_BLOBS,
     MODEL_URL_SIGNER,
@@ -44,6 +44,7 @@ from cloud.app_keys import (
     TUNING,
 )
 from cloud.fleet.ingest import Ingestor
+from cloud.fleet.liveness import Liveness, LivenessSettings
 from cloud.fleet.registry import NodeRegistry
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.publisher import DesiredPublisher
@@ -63,25 +64,11 @@ from shared.topics import Topics
 __all__ = ["MAX_REQUEST_BYTES", "create_app", "serving"]
 
 
-async def _liveness_loop(registry: NodeRegistry, ingestor: Ingestor, interval_s: float) -> None:
-    log = structlog.get_logger("greenfed.liveness")
-    while True:
-        await asyncio.sleep(interval_s)
-        changes = registry.expire_stale()
-        for change in changes:
-            log.info("node state", node_id=change.node_id, state=change.state, reason=change.reason)
-        if changes:
-            ingestor.notify_change()
-
-
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     session = app[INGESTOR].session(settings.mqtt, client_id=instance_client_id("greenfed-cloud"))
     ingestion = asyncio.create_task(app[INGESTOR].run(session), name="mqtt-ingestion")
-    liveness = asyncio.create_task(
-        _liveness_loop(app[REGISTRY], app[INGESTOR], settings.cloud.liveness_check_interval_s),
-        name="liveness",
-    )
+    liveness = asyncio.create_task(app[LIVENESS].run(app[INGESTOR].notify_change), name="liveness")
     app[BACKGROUND_TASKS].extend([ingestion, liveness])
     try:
         yield
@@ -152,6 +139,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         app[REGISTRY],
         publisher,
         settings.scheduling,
+        liveness=app[LIVENESS],
         signals=app[SIGNALS],
         model_urls=app[MODEL_URL_SIGNER],
     )
@@ -189,7 +177,7 @@ def create_app(
     *,
     tuning: ApiTuning | None = None,
 ) -> web.Application:
-    registry = registry or NodeRegistry(staleness_intervals=settings.cloud.staleness_intervals)
+    registry = registry or NodeRegistry()
     tuning = tuning or ApiTuning()
     job_logs = JobLogStore(
         bytes_per_job=tuning.log_bytes_per_job,
@@ -209,6 +197,7 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[REGISTRY] = registry
+    app[LIVENESS] = Liveness(registry, LivenessSettings.of(settings))
     app[INGESTOR] = ingestor
     app[METRICS] = build_metrics_registry(ingestor)
     app[JOB_LOGS] = job_logs

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from cloud.api.streams import StreamLimits
 from cloud.api.tuning import ApiTuning
 from cloud.fleet.ingest import Ingestor
+from cloud.fleet.liveness import Liveness
 from cloud.fleet.registry import NodeRegistry
 from cloud.loop.loop import SchedulingLoop
 from cloud.models.blobs import BlobStore
@@ -24,6 +25,8 @@ from shared.settings import Settings
 SETTINGS = web.AppKey("settings", Settings)
 REGISTRY = web.AppKey("registry", NodeRegistry)
 INGESTOR = web.AppKey("ingestor", Ingestor)
+# Decides when a silent node is offline and when its work is lost.
+LIVENESS = web.AppKey("liveness", Liveness)
 METRICS = web.AppKey("metrics", CollectorRegistry)
 SIGNALS = web.AppKey("signals", SignalService)
 # Tasks the app runs in the background; a runner watches them to fail fast (e.g. MQTT auth).

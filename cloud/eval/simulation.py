@@ -13,8 +13,9 @@ slowest node (``duration_s / relative_speed``); preempted work stops and is
 queued again with its original submission time. A job that saves checkpoints
 keeps its progress up to the newest one and resumes with what is left (plus
 ``restart_s``); under a policy that migrates, the policy's ``Migrator`` looks
-after every pass for running jobs to move to cleaner capacity, which stop and
-resume at once on their new nodes. Submissions stop after the
+after every pass that preempted nothing for running jobs to move to cleaner
+capacity, which stop and resume at once on their new nodes. A pass is the live
+loop's: ``cloud.green.pass_rule.schedule_then_move``. Submissions stop after the
 evaluated period; the run then drains (passes continue) until every training
 job has finished, so every policy does the same work. Inference is counted
 within the evaluated period only.
@@ -40,6 +41,7 @@ from cloud.green.accounting import Counterfactual, Usage, counterfactual
 from cloud.green.energy import EnergyModel
 from cloud.green.latency import ServingLatency
 from cloud.green.migration import Migrator, RunningJob
+from cloud.green.pass_rule import schedule_then_move
 from cloud.green.policies import (
     GreenInputs,
     PolicySpec,
@@ -59,7 +61,6 @@ from cloud.scheduler import (
     Snapshot,
     TrainingJob,
     Work,
-    schedule,
 )
 from cloud.signals.forecast import DEFAULT_FORECASTER
 from cloud.signals.grid import GridSignals
@@ -357,6 +358,9 @@ class Simulation:
             run.end_s = self.now
 
     def _refresh_node(self, node_id: str) -> None:
+        self._node_view[node_id] = self._view_of(node_id, self._busy)
+
+    def _view_of(self, node_id: str, busy: dict[tuple[str, str], int]) -> Node:
         """Pool utilisation as telemetry would report it: the busy share of the pool
         at the utilisation work drives it to."""
         base = self._base_nodes[node_id]
@@ -364,13 +368,13 @@ class Simulation:
         pools = tuple(
             dataclasses.replace(
                 pool,
-                utilisation=min(1.0, self._busy.get((node_id, pool.kind), 0) / pool.count * drive),
+                utilisation=min(1.0, busy.get((node_id, pool.kind), 0) / pool.count * drive),
             )
             if pool.count
             else pool
             for pool in base.pools
         )
-        self._node_view[node_id] = dataclasses.replace(base, pools=pools)
+        return dataclasses.replace(base, pools=pools)
 
     # -- scheduling --------------------------------------------------------------------
 
@@ -421,34 +425,56 @@ class Simulation:
         return self._baseline
 
     def _pass(self) -> None:
-        preempted = False
-        if self.queue:
-            queued = dict(self.queue)
-            plan = schedule(self._snapshot(list(queued.values())), self._current_policy())
-            self.passes += 1
-            self._apply(plan, queued)
-            preempted = bool(plan.preemptions)
-        if not preempted:  # as the live loop: a pass that preempted moves nothing
-            self._migrate()
-
-    def _migrate(self) -> None:
-        """Move running training the policy's migrator finds a cleaner place for."""
+        """One pass by the live loop's rule: schedule the queue, then, unless that
+        preempted anything, move running training the policy's migrator finds a
+        cleaner place for."""
+        queued = dict(self.queue)
         policy = self._current_policy()
-        migrator = self._migrator
-        if migrator is None or not self._ends:
+        running = self._movable_runs()
+        if not queued and not running:
             return
-        running = [
+        decision = schedule_then_move(
+            self._snapshot(list(queued.values())),
+            policy,
+            self._migrator,
+            running,
+            cluster_after=self._cluster_after,
+        )
+        if queued:
+            self.passes += 1
+            self._apply(decision.plan, queued)
+        for move in decision.moves:
+            record = self.jobs[move.work_id]
+            self._stop_run(move.work_id)
+            record.migrations += 1
+            self._start(move.resumed, list(move.placements))
+
+    def _movable_runs(self) -> list[RunningJob]:
+        """The current runs that may move, when the policy migrates."""
+        if self._migrator is None:
+            return []
+        return [
             run
             for work_id in self._ends
             if (run := self.jobs[work_id].run) is not None and run.job.movable
         ]
-        if not running:
-            return
-        for migration in migrator.propose(self._snapshot(()), running, policy):
-            record = self.jobs[migration.work_id]
-            self._stop_run(migration.work_id)
-            record.migrations += 1
-            self._start(migration.resumed, list(migration.placements))
+
+    def _cluster_after(self, snapshot: Snapshot, plan: Plan) -> Snapshot:
+        """The cluster once ``plan``'s placements run, as ``_hold`` will leave it:
+        simulated telemetry (utilisation) is up to date at once. Changes nothing."""
+        if not plan.placements:
+            return snapshot  # the queue it carries is not looked at by the migrator
+        busy = dict(self._busy)
+        views = dict(self._node_view)
+        allocations = list(self.running.values())
+        for placement in plan.placements:
+            allocation = placement.to_allocation()
+            allocations.append(allocation)
+            key = (allocation.node_id, allocation.accelerator_kind)
+            busy[key] = busy.get(key, 0) + allocation.accelerators
+        for node_id in {placement.node_id for placement in plan.placements}:
+            views[node_id] = self._view_of(node_id, busy)
+        return Snapshot.build(now=self.now, nodes=list(views.values()), allocations=allocations)
 
     def _stop_run(self, work_id: str) -> None:
         """Stop a running gang; its progress up to the newest checkpoint is kept."""

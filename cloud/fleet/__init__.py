@@ -1,2 +1,9 @@
-"""The fleet as the control plane sees it: MQTT ingestion, the node registry and the
-REST representation of nodes."""
+"""The fleet as the control plane sees it.
+
+===========  ============================================================
+ingest.py    MQTT ingestion: node messages checked, then applied to the registry
+registry.py  NodeRegistry: the live view of every node, from what nodes say
+liveness.py  Liveness: when a silent node is offline, when its work is lost
+views.py     the REST representation of nodes
+===========  ============================================================
+"""

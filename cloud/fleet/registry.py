@@ -1,16 +1,17 @@
 """The node registry: the cloud's live view of every node, built from MQTT.
 
-Liveness is decided here. A node is offline when its retained status says so
-(the will after a crash, or a goodbye on a clean stop), or when no telemetry
-arrived for `staleness_intervals` of its own telemetry intervals; fresh
-telemetry from the same agent instance brings it back online.
+It applies what nodes say of themselves: a node is offline when its retained
+status says so (the will after a crash, or a goodbye on a clean stop), and fresh
+telemetry from the same agent instance brings a node that went stale back online.
+What silence means (when a node is stale, when its work is lost) is decided in
+cloud/fleet/liveness.py, which records its verdicts here (`mark_offline`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -102,11 +103,9 @@ class NodeRegistry:
     def __init__(
         self,
         *,
-        staleness_intervals: float = 3.0,
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._staleness_intervals = staleness_intervals
         self._monotonic = monotonic
         self._wall_clock = wall_clock
         self._records: dict[str, NodeRecord] = {}
@@ -115,6 +114,15 @@ class NodeRegistry:
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def __iter__(self) -> Iterator[NodeRecord]:
+        """Every record, in no particular order (`nodes` sorts)."""
+        return iter(self._records.values())
+
+    @property
+    def monotonic(self) -> Callable[[], float]:
+        """The clock `NodeRecord.last_seen_monotonic` is read from."""
+        return self._monotonic
 
     def get(self, node_id: str) -> NodeRecord | None:
         return self._records.get(node_id)
@@ -192,18 +200,17 @@ class NodeRegistry:
         record.reported = reported
         return None
 
-    def expire_stale(self) -> list[NodeStateChange]:
-        """Mark online nodes without recent telemetry offline; call periodically."""
-        now = self._monotonic()
+    def mark_offline(self, node_ids: Iterable[str], reason: OfflineReason) -> list[NodeStateChange]:
+        """Record that these nodes went offline for ``reason``, as cloud/fleet/liveness.py
+        judged; a node that is not online (or not known) is left as it is."""
         changes = []
-        for record in self._records.values():
-            if record.state != "online":
+        for node_id in node_ids:
+            record = self._records.get(node_id)
+            if record is None or record.state != "online":
                 continue
-            deadline_s = self._staleness_intervals * record.status.telemetry_interval_s
-            if now - record.last_seen_monotonic > deadline_s:
-                record.state = "offline"
-                record.offline_reason = "telemetry-stale"
-                changes.append(NodeStateChange(record.node_id, "offline", "telemetry-stale"))
+            record.state = "offline"
+            record.offline_reason = reason
+            changes.append(NodeStateChange(node_id, "offline", reason))
         if changes:
             self.version += 1
         return changes

@@ -4,11 +4,14 @@ One pass:
 1. read the store (one consistent snapshot) and the registry;
 2. publish the `desired` document of every node whose generation moved (a tenant's
    cancellation, another replica's commit);
-3. apply what agents reported and which nodes are lost (reports.py), commit;
-4. run the scheduler core on what is queued; with a policy that migrates, ask its
-   migrator which running, checkpointing training to move to cleaner capacity
-   (migrations.py); commit the plan (placements with their devices, preemptions,
-   moves, pending reasons, explanations), publish the changed nodes.
+3. apply what agents reported and which nodes are lost (reports.py; lost is
+   cloud/fleet/liveness.py's verdict), commit;
+4. run the scheduler core on what is queued and, with a policy that migrates and
+   unless the plan preempted, its migrator on the running, checkpointing training
+   (moves.py): one pass rule the simulation shares
+   (`cloud.green.pass_rule.schedule_then_move`); commit the plan (placements with
+   their devices, preemptions, moves, pending reasons, explanations), publish the
+   changed nodes.
 
 Passes run when something happens (a commit by this process's API, a node state
 change, an agent report), debounced, and at least every `scheduling.interval_s`
@@ -28,19 +31,21 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 
+from cloud.fleet.liveness import Liveness
 from cloud.fleet.registry import NodeRecord, NodeRegistry
 from cloud.green.latency import default_latency_estimator
-from cloud.green.migration import JobMove
+from cloud.green.migration import Migrator
+from cloud.green.pass_rule import PassDecision, schedule_then_move
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
-from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
-from cloud.loop.moves import plan_moves
+from cloud.loop.inputs import ConversionCache, build_inputs
+from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.reports import agent_outcomes
 from cloud.models.signing import ModelUrlSigner
-from cloud.scheduler import Plan, Policy, schedule
+from cloud.scheduler import Plan
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
 from cloud.store import (
@@ -81,6 +86,7 @@ class SchedulingLoop:
         publisher: DesiredPublisher,
         settings: SchedulingSettings,
         *,
+        liveness: Liveness,
         signals: SignalService | None = None,
         model_urls: ModelUrlSigner | None = None,
         clock: Callable[[], float] = time.time,
@@ -90,6 +96,7 @@ class SchedulingLoop:
         self._registry = registry
         self._publisher = publisher
         self._settings = settings
+        self._liveness = liveness
         self._signals = signals
         self._model_urls = model_urls
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
@@ -98,7 +105,6 @@ class SchedulingLoop:
         self._latency = default_latency_estimator()
         self._wake = asyncio.Event()
         self._own_commit = False
-        self._unavailable_since: dict[str, float] = {}
         self._explained: dict[str, tuple[str, str, int]] = {}
         # The scheduler's view of each work item, by (id, version): decoding specs is
         # most of a pass's cost when thousands of jobs are queued.
@@ -138,7 +144,7 @@ class SchedulingLoop:
                 finally:
                     self.leading.clear()
                     self._publisher.forget()
-                    self._unavailable_since.clear()
+                    self._liveness.reset_grace()
                     self._explained.clear()
                     self._last_snapshot = None
 
@@ -197,7 +203,7 @@ class SchedulingLoop:
             {record.work_id: record for record in store.work},
             by_work(store.allocations),
             nodes,
-            self._lost(store, nodes),
+            self._liveness.lost_nodes({a.node_id for a in store.allocations}, nodes),
         )
         if outcomes.allocation_states:
             with self._committing():
@@ -227,9 +233,19 @@ class SchedulingLoop:
         inputs = build_inputs(now, nodes.values(), store, self._converted)
         green = await self._green_inputs(nodes.values())
         policy = build_policy(self._settings.policy, green)
-        plan = await asyncio.to_thread(schedule, inputs.snapshot, policy)
-        moves = await self._moves(plan, inputs, green, policy)
-        translation = translate(plan, inputs, self._fresh_explanations(plan), moves)
+        move_check = self._monotonic()
+        migrator = self._migrator(green, move_check)
+        max_attempts = self._store.max_attempts
+
+        def decide() -> PassDecision:  # off the event loop: thousands of jobs cost
+            running = running_jobs(inputs, max_attempts) if migrator else []
+            return schedule_then_move(inputs.snapshot, policy, migrator, running)
+
+        decision = await asyncio.to_thread(decide)
+        if migrator is not None:
+            self._last_move_check = move_check
+        plan = decision.plan
+        translation = translate(plan, inputs, self._fresh_explanations(plan), decision.moves)
         for move in translation.moves:
             self._log.info("work moved", work_id=move.work_id, reason=move.explain())
         store_plan = translation.plan
@@ -260,24 +276,14 @@ class SchedulingLoop:
             self.pass_done.notify_all()
         return plan
 
-    async def _moves(
-        self, plan: Plan, inputs: PassInputs, green: GreenInputs, policy: Policy
-    ) -> list[JobMove]:
-        """Running jobs to move to cleaner capacity, looked for at most every
-        `migration_interval_s`."""
-        settings = self._settings
-        now = self._monotonic()
+    def _migrator(self, green: GreenInputs, now: float) -> Migrator | None:
+        """The policy's migrator when it is time to look for moves (at most every
+        `migration_interval_s`), else None."""
         if self._last_move_check is not None and (
-            now - self._last_move_check < settings.migration_interval_s
+            now - self._last_move_check < self._settings.migration_interval_s
         ):
-            return []  # before building the migrator: its grid windows cost something
-        migrator = build_migrator(settings.policy, green)
-        if migrator is None:
-            return []
-        self._last_move_check = now
-        return await asyncio.to_thread(
-            plan_moves, plan, inputs, migrator, policy, self._store.max_attempts
-        )
+            return None  # before building the migrator: its grid windows cost something
+        return build_migrator(self._settings.policy, green)
 
     @contextlib.contextmanager
     def _committing(self) -> Iterator[None]:
@@ -308,26 +314,6 @@ class SchedulingLoop:
         )
 
     # ---- helpers -----------------------------------------------------------------------
-
-    def _lost(self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord]) -> dict[str, str]:
-        """Nodes holding allocations that have been unavailable beyond the grace period."""
-        now = self._monotonic()
-        lost: dict[str, str] = {}
-        holding = {allocation.node_id for allocation in store.allocations}
-        for node_id in holding:
-            record = nodes.get(node_id)
-            if record is not None and record.state == "online":
-                self._unavailable_since.pop(node_id, None)
-                continue
-            since = self._unavailable_since.setdefault(node_id, now)
-            if now - since >= self._settings.node_lost_grace_s:
-                if record is None:
-                    lost[node_id] = "not seen by this control plane"
-                else:
-                    lost[node_id] = f"offline: {record.offline_reason or 'unknown reason'}"
-        for node_id in set(self._unavailable_since) - holding:
-            del self._unavailable_since[node_id]
-        return lost
 
     async def _models_of(self, records: Iterable[WorkRecord]) -> None:
         """Fetch the registry records of deployments' models not seen yet."""

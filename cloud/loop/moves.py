@@ -1,9 +1,10 @@
-"""Moving running training to cleaner capacity in the live loop.
+"""Moving running training to cleaner capacity in the live loop: which runs may move.
 
-The decision is `cloud.green.migration.Migrator`'s (the evaluation uses the same
-one); this module gives it what the control plane knows and turns its moves into
-the pass's plan (plans.py: an eviction and a placement of the same job in one
-transaction, so the old workers are stopped and new ones started with
+The decision is `cloud.green.migration.Migrator`'s, made in the pass that
+`cloud.green.pass_rule.schedule_then_move` runs (the evaluation runs the same);
+this module gives it what the control plane knows of the running jobs, and plans.py
+turns its moves into the pass's plan (an eviction and a placement of the same job
+in one transaction, so the old workers are stopped and new ones started with
 `GREENFED_ATTEMPT` one higher; they resume from their newest checkpoint).
 
 What the control plane knows of a run: when it was placed (its allocations'
@@ -14,7 +15,7 @@ stricter, and both sides of the comparison grow alike, so the restart and the
 lost work weigh a little less than they should.
 
 Moves are skipped:
-- in a pass that preempted anything (the next pass looks again);
+- in a pass that preempted anything (the pass rule's; the next pass looks again);
 - for jobs not yet reported `running` (their workers may still be starting);
 - for a job whose next attempt would be its last (`store.max_attempts`): a move
   must never be what fails a job. A move does use one of its attempts, so a moved
@@ -23,10 +24,9 @@ Moves are skipped:
 
 from __future__ import annotations
 
-from cloud.green.migration import JobMove, Migrator, RunningJob
+from cloud.green.migration import RunningJob
 from cloud.loop.inputs import PassInputs
-from cloud.scheduler import Plan as CorePlan
-from cloud.scheduler import Policy, TrainingJob
+from cloud.scheduler import TrainingJob
 
 
 def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
@@ -53,18 +53,3 @@ def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
             RunningJob(job=work, started_s=max(m.started_at for m in members), speed=speed)
         )
     return result
-
-
-def plan_moves(
-    plan: CorePlan, inputs: PassInputs, migrator: Migrator, policy: Policy, max_attempts: int
-) -> list[JobMove]:
-    """The moves to make after ``plan``, on the cluster as the plan leaves it."""
-    if plan.preemptions:
-        return []
-    running = running_jobs(inputs, max_attempts)
-    if not running:
-        return []
-    after = inputs.snapshot.with_work(
-        allocations=[*inputs.snapshot.allocations, *(p.to_allocation() for p in plan.placements)]
-    )
-    return migrator.propose(after, running, policy)

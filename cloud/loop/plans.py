@@ -7,7 +7,7 @@ The core decides counts ("2 GPUs on node a"); the store records which devices
 - a deployment that loses replicas to preemption keeps the others, and the lost
   ones are queued again by the next pass;
 - a deployment topped up with more replicas keeps the ones it has;
-- a migrated training job (migrations.py) is evicted and placed again in the same
+- a migrated training job (moves.py) is evicted and placed again in the same
   transaction: the store applies evictions first, so it goes straight back to
   `scheduled` on its new nodes with the next attempt number.
 """

@@ -13,9 +13,10 @@ Training (one worker per node of a gang; see desired.py):
 Inference (one entry per replica):
 - a replica `failed` -> the deployment failed, with the reason;
 - every replica `ready` -> the deployment is running.
-A node that is lost (offline beyond the grace period, or unknown) takes its work
-with it: a gang is requeued whole; a deployment keeps its other replicas and the
-lost ones are placed again.
+A node that is lost takes its work with it: a gang is requeued whole; a deployment
+keeps its other replicas and the lost ones are placed again. Which nodes are lost
+(offline beyond the grace period, or unknown) is not decided here but in
+cloud/fleet/liveness.py (`Liveness.lost_nodes`); the pass hands its verdict in.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def agent_outcomes(
     nodes: Mapping[str, NodeRecord],
     lost: Mapping[str, str],
 ) -> AgentOutcomes:
-    """`lost`: node id -> why it counts as lost (offline beyond the grace period)."""
+    """`lost`: node id -> why it counts as lost (`Liveness.lost_nodes`)."""
     out = _Collector()
     for work_id, record in sorted(records.items()):
         members = allocations.get(work_id, ())

@@ -1,10 +1,14 @@
-"""The node registry: membership, liveness and filters, driven by fake clocks."""
+"""The node registry (membership, filters) and node liveness (cloud/fleet/liveness.py:
+staleness, the grace before work is lost, the timer), driven by fake clocks."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from cloud.fleet.registry import NodeFilter, NodeRegistry, NodeStateChange, Rejection
+from cloud.fleet.liveness import Liveness, LivenessSettings
+from cloud.fleet.registry import NodeFilter, NodeRecord, NodeRegistry, NodeStateChange, Rejection
 from shared.messages import (
     Accelerator,
     AcceleratorKind,
@@ -16,6 +20,8 @@ from shared.messages import (
     Site,
     Telemetry,
 )
+from shared.settings import CloudSettings, SchedulingSettings, Settings
+from shared.tasks import stop_task
 
 WALL_CLOCK_START_S = 1_700_000_000.0
 
@@ -104,7 +110,12 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def registry(clock: FakeClock) -> NodeRegistry:
-    return NodeRegistry(staleness_intervals=3.0, monotonic=clock.monotonic, wall_clock=clock.wall)
+    return NodeRegistry(monotonic=clock.monotonic, wall_clock=clock.wall)
+
+
+@pytest.fixture
+def liveness(registry: NodeRegistry) -> Liveness:
+    return Liveness(registry, LivenessSettings(staleness_intervals=3.0))
 
 
 def state_of(registry: NodeRegistry, node_id: str = "n1") -> tuple[str, str | None]:
@@ -258,94 +269,94 @@ def test_a_rebirth_of_the_same_instance_after_a_reconnect_keeps_the_sequence(
 
 
 def test_a_node_goes_stale_after_its_staleness_window_and_not_before(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
 ) -> None:
     # 3 intervals of 5 s: offline once more than 15 s pass without telemetry.
     registry.apply_status(status("n1", telemetry_interval_s=5.0))
 
     clock.advance(14.99)
-    assert registry.expire_stale() == []
+    assert liveness.expire_stale() == []
     assert state_of(registry) == ("online", None)
 
     clock.advance(0.02)
-    assert registry.expire_stale() == [NodeStateChange("n1", "offline", "telemetry-stale")]
+    assert liveness.expire_stale() == [NodeStateChange("n1", "offline", "telemetry-stale")]
     assert state_of(registry) == ("offline", "telemetry-stale")
 
 
-def test_telemetry_restarts_the_staleness_window(registry: NodeRegistry, clock: FakeClock) -> None:
+def test_telemetry_restarts_the_staleness_window(
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
+) -> None:
     registry.apply_status(status("n1", telemetry_interval_s=5.0))
     for seq in range(1, 6):
         clock.advance(10.0)
         registry.apply_telemetry(telemetry("n1", seq=seq))
-        assert registry.expire_stale() == []
+        assert liveness.expire_stale() == []
     assert state_of(registry) == ("online", None)
 
 
 def test_each_node_goes_stale_on_its_own_telemetry_interval(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
 ) -> None:
     registry.apply_status(status("fast", telemetry_interval_s=1.0))
     registry.apply_status(status("slow", telemetry_interval_s=10.0))
 
     clock.advance(5.0)
 
-    assert registry.expire_stale() == [NodeStateChange("fast", "offline", "telemetry-stale")]
+    assert liveness.expire_stale() == [NodeStateChange("fast", "offline", "telemetry-stale")]
     assert state_of(registry, "slow") == ("online", None)
 
 
-def test_the_staleness_multiple_is_configurable(clock: FakeClock) -> None:
-    registry = NodeRegistry(
-        staleness_intervals=1.5, monotonic=clock.monotonic, wall_clock=clock.wall
-    )
+def test_the_staleness_multiple_is_configurable(registry: NodeRegistry, clock: FakeClock) -> None:
+    liveness = Liveness(registry, LivenessSettings(staleness_intervals=1.5))
     registry.apply_status(status("n1", telemetry_interval_s=2.0))
     clock.advance(2.9)
-    assert registry.expire_stale() == []
+    assert liveness.expire_stale() == []
     clock.advance(0.2)
-    assert len(registry.expire_stale()) == 1
+    assert len(liveness.expire_stale()) == 1
 
 
 def test_a_stale_node_is_reported_offline_only_once(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
 ) -> None:
     registry.apply_status(status("n1"))
     clock.advance(60.0)
-    assert len(registry.expire_stale()) == 1
+    assert len(liveness.expire_stale()) == 1
     clock.advance(60.0)
-    assert registry.expire_stale() == []
+    assert liveness.expire_stale() == []
 
 
 def test_nodes_offline_by_will_are_not_expired_again(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
 ) -> None:
     registry.apply_status(status("n1"))
     registry.apply_status(will("n1"))
     clock.advance(3600.0)
-    assert registry.expire_stale() == []
+    assert liveness.expire_stale() == []
     assert state_of(registry) == ("offline", "connection-lost")
 
 
 def test_fresh_telemetry_from_the_same_instance_brings_a_stale_node_back_online(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
 ) -> None:
     registry.apply_status(status("n1"))
     registry.apply_telemetry(telemetry("n1", seq=1))
     clock.advance(60.0)
-    registry.expire_stale()
+    liveness.expire_stale()
 
     change = registry.apply_telemetry(telemetry("n1", seq=2))
 
     assert change == NodeStateChange("n1", "online", None)
     assert state_of(registry) == ("online", None)
     clock.advance(10.0)
-    assert registry.expire_stale() == []
+    assert liveness.expire_stale() == []
 
 
 def test_telemetry_from_another_instance_does_not_revive_a_stale_node(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
 ) -> None:
     registry.apply_status(status("n1", instance_id="i1"))
     clock.advance(60.0)
-    registry.expire_stale()
+    liveness.expire_stale()
 
     assert registry.apply_telemetry(telemetry("n1", instance_id="i0", seq=1)) is (
         Rejection.INSTANCE_MISMATCH
@@ -388,7 +399,7 @@ def test_reported_state_is_kept_for_known_nodes_only(registry: NodeRegistry) -> 
 
 
 @pytest.fixture
-def fleet(registry: NodeRegistry, clock: FakeClock) -> NodeRegistry:
+def fleet(registry: NodeRegistry, liveness: Liveness, clock: FakeClock) -> NodeRegistry:
     registry.apply_status(
         status("gpu-toronto", site="cloud", zone="CA-ON", region="na-ne2", kinds=("cpu", "gpu"))
     )
@@ -407,7 +418,7 @@ def fleet(registry: NodeRegistry, clock: FakeClock) -> NodeRegistry:
         )
     )
     clock.advance(4.0)
-    registry.expire_stale()  # gpu-joburg (1 s interval) goes stale
+    liveness.expire_stale()  # gpu-joburg (1 s interval) goes stale
     return registry
 
 
@@ -476,7 +487,7 @@ def test_counts_of_an_empty_registry_are_empty(registry: NodeRegistry) -> None:
 
 
 def test_the_version_moves_on_every_membership_or_state_change(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
 ) -> None:
     versions = [registry.version]
 
@@ -491,7 +502,7 @@ def test_the_version_moves_on_every_membership_or_state_change(
     registry.apply_status(status("n1", instance_id="i2"))  # back
     changed()
     clock.advance(60.0)
-    registry.expire_stale()  # stale
+    liveness.expire_stale()  # stale
     changed()
     registry.apply_telemetry(telemetry("n1", instance_id="i2", seq=1))  # revived
     changed()
@@ -500,7 +511,7 @@ def test_the_version_moves_on_every_membership_or_state_change(
 
 
 def test_the_version_stays_put_when_nothing_changes(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
 ) -> None:
     registry.apply_status(status("n1", instance_id="new"))
     registry.apply_telemetry(telemetry("n1", instance_id="new", seq=1))
@@ -512,6 +523,134 @@ def test_the_version_stays_put_when_nothing_changes(
     registry.apply_status(will("n1", instance_id="old"))  # stale will
     registry.forget("ghost")
     clock.advance(1.0)
-    registry.expire_stale()  # nothing is stale yet
+    liveness.expire_stale()  # nothing is stale yet
 
     assert registry.version == version
+
+
+# ---- liveness: settings, the grace before work is lost, the timer -------------------
+
+
+def test_liveness_settings_gather_the_cloud_and_scheduling_keys() -> None:
+    settings = Settings(
+        cloud=CloudSettings(staleness_intervals=2.5, liveness_check_interval_s=0.5),
+        scheduling=SchedulingSettings(node_lost_grace_s=12.0),
+    )
+    assert LivenessSettings.of(settings) == LivenessSettings(
+        staleness_intervals=2.5, liveness_check_interval_s=0.5, node_lost_grace_s=12.0
+    )
+    assert LivenessSettings.of(Settings()) == LivenessSettings()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"staleness_intervals": 0.5}, {"liveness_check_interval_s": 0.0}, {"node_lost_grace_s": -1}],
+)
+def test_liveness_settings_refuse_values_the_settings_file_refuses(
+    fields: dict[str, float],
+) -> None:
+    with pytest.raises(ValueError, match=next(iter(fields))):
+        LivenessSettings(**fields)
+
+
+def test_marking_offline_leaves_nodes_that_are_not_online_alone(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_status(status("n2"))
+    registry.apply_status(will("n2"))
+    version = registry.version
+
+    changes = registry.mark_offline(["n1", "n2", "ghost"], "telemetry-stale")
+
+    assert changes == [NodeStateChange("n1", "offline", "telemetry-stale")]
+    assert state_of(registry, "n2") == ("offline", "connection-lost")
+    assert registry.version == version + 1
+    assert registry.mark_offline(["n1"], "telemetry-stale") == []
+    assert registry.version == version + 1
+
+
+def graced(registry: NodeRegistry, grace_s: float = 30.0) -> Liveness:
+    return Liveness(registry, LivenessSettings(node_lost_grace_s=grace_s))
+
+
+def by_id(registry: NodeRegistry) -> dict[str, NodeRecord]:
+    return {record.node_id: record for record in registry.nodes()}
+
+
+def test_an_offline_node_is_lost_after_the_grace_period_and_not_before(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    liveness = graced(registry)
+    registry.apply_status(status("n1"))
+    registry.apply_status(status("n2"))
+    registry.apply_status(will("n1"))
+
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {}  # the clock starts
+    clock.advance(29.9)
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {}
+    clock.advance(0.1)
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {"n1": "offline: connection-lost"}
+
+
+def test_an_unknown_node_holding_work_is_lost_after_the_grace_period(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    liveness = graced(registry, grace_s=5.0)
+    assert liveness.lost_nodes(["ghost"], {}) == {}
+    clock.advance(5.0)
+    assert liveness.lost_nodes(["ghost"], {}) == {"ghost": "not seen by this control plane"}
+
+
+def test_a_node_back_online_within_the_grace_period_starts_it_afresh(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    liveness = graced(registry, grace_s=10.0)
+    registry.apply_status(status("n1"))
+    registry.apply_status(will("n1"))
+    liveness.lost_nodes(["n1"], by_id(registry))
+    clock.advance(8.0)
+    registry.apply_status(status("n1", instance_id="i2"))  # back
+    assert liveness.lost_nodes(["n1"], by_id(registry)) == {}
+    registry.apply_status(will("n1", instance_id="i2"))  # gone again
+    liveness.lost_nodes(["n1"], by_id(registry))
+    clock.advance(8.0)
+    assert liveness.lost_nodes(["n1"], by_id(registry)) == {}
+    clock.advance(2.0)
+    assert liveness.lost_nodes(["n1"], by_id(registry)) == {"n1": "offline: connection-lost"}
+
+
+def test_grace_clocks_are_forgotten_when_a_node_holds_nothing_or_leadership_ends(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    liveness = graced(registry, grace_s=10.0)
+    liveness.lost_nodes(["a", "b"], {})
+    clock.advance(6.0)
+    liveness.lost_nodes(["b"], {})  # a holds nothing now
+    liveness.reset_grace()  # and b's clock goes with leadership
+    assert liveness.lost_nodes(["a", "b"], {}) == {}
+    clock.advance(6.0)
+    assert liveness.lost_nodes(["a", "b"], {}) == {}
+    clock.advance(4.0)
+    assert liveness.lost_nodes(["a", "b"], {}) == {
+        "a": "not seen by this control plane",
+        "b": "not seen by this control plane",
+    }
+
+
+async def test_the_timer_expires_stale_nodes_and_reports_the_change(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    liveness = Liveness(registry, LivenessSettings(liveness_check_interval_s=0.01))
+    registry.apply_status(status("n1", telemetry_interval_s=1.0))
+    registry.apply_status(status("n2", telemetry_interval_s=60.0))
+    changed = asyncio.Event()
+    timer = asyncio.create_task(liveness.run(changed.set))
+    try:
+        await asyncio.sleep(0.05)
+        assert not changed.is_set()  # nothing stale: no trigger
+        clock.advance(3.5)
+        async with asyncio.timeout(5):
+            await changed.wait()
+    finally:
+        await stop_task(timer)
+    assert state_of(registry, "n1") == ("offline", "telemetry-stale")
+    assert state_of(registry, "n2") == ("online", None)

@@ -1,5 +1,7 @@
 """The loop's migration step (cloud/loop/moves.py, plans.py): which running jobs
-may move, and a move as an eviction plus a placement of the same job in one plan."""
+may move, and a move as an eviction plus a placement of the same job in one plan.
+The pass rule itself (schedule, then move unless preempted) is tested directly in
+test_pass_rule.py; here it runs on what the control plane knows."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ from typing import Any
 
 from cloud.green.latency import default_latency_estimator
 from cloud.green.migration import Migrator
+from cloud.green.pass_rule import PassDecision, schedule_then_move
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
-from cloud.loop.inputs import build_inputs
-from cloud.loop.moves import plan_moves, running_jobs
+from cloud.loop.inputs import PassInputs, build_inputs
+from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
-from cloud.scheduler import Policy, Preemption, schedule
+from cloud.scheduler import Policy
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord, WorkState
 from tests.green.builders import HOUR, T0, flat, grid
 from tests.loop.builders import allocation, node, work
@@ -49,6 +52,13 @@ def started(record: AllocationRecord) -> AllocationRecord:
     return dataclasses.replace(record, started_at=T0)
 
 
+def live_pass(inputs: PassInputs, migrator: Migrator | None, policy: Policy) -> PassDecision:
+    """The pass as loop.py runs it."""
+    return schedule_then_move(
+        inputs.snapshot, policy, migrator, running_jobs(inputs, max_attempts=3)
+    )
+
+
 def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None:
     store = StoreSnapshot(
         tenants=(),
@@ -71,8 +81,9 @@ def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None
     assert [r.job.work_id for r in running_jobs(inputs, max_attempts=4)] == ["last-try", "mover"]
 
     policy, migrator = green_policy()
-    plan = schedule(inputs.snapshot, policy)
-    [move] = plan_moves(plan, inputs, migrator, policy, max_attempts=3)
+    decision = live_pass(inputs, migrator, policy)
+    plan = decision.plan
+    [move] = decision.moves
     assert move.work_id == "mover"
 
     translation = translate(plan, inputs, {}, [move])
@@ -90,31 +101,33 @@ def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None
 
 
 def test_a_pass_that_preempts_moves_nothing() -> None:
-    store = StoreSnapshot(
-        tenants=(),
-        work=(movable("mover"),),
-        allocations=(started(allocation("mover", 0, "dirty", GPUS)),),
-        node_generations={},
-    )
-    inputs = build_inputs(NOW, [node("dirty", zone="ZA"), node("clean", zone="CA-ON")], store)
+    def store(*extra_work: WorkRecord, squatting: bool = False) -> StoreSnapshot:
+        squatter = (started(allocation("squatter", 0, "other", GPUS)),) if squatting else ()
+        return StoreSnapshot(
+            tenants=(),
+            work=(movable("mover"), *extra_work),
+            allocations=(started(allocation("mover", 0, "dirty", GPUS)), *squatter),
+            node_generations={},
+        )
+
+    nodes = [
+        node("dirty", zone="ZA"),
+        node("clean", zone="CA-ON"),
+        node("other", zone="ZA", labels={"pool": "other"}),
+    ]
     policy, migrator = green_policy()
-    plan = schedule(inputs.snapshot, policy)
-    assert len(plan_moves(plan, inputs, migrator, policy, max_attempts=3)) == 1
-    preempting = dataclasses.replace(
-        plan,
-        preemptions=(
-            Preemption(
-                allocation_id="other/0",
-                work_id="other",
-                node_id="clean",
-                tenant="t1",
-                priority="p2",
-                reason="priority",
-                preempted_by="urgent",
-            ),
-        ),
+    assert len(live_pass(build_inputs(NOW, nodes, store()), migrator, policy).moves) == 1
+    squatter = dataclasses.replace(
+        work("squatter", state="running", accelerators_per_worker=4), priority="p2"
     )
-    assert plan_moves(preempting, inputs, migrator, policy, max_attempts=3) == []
+    urgent = dataclasses.replace(
+        work("urgent", state="pending", accelerators_per_worker=4, node_selector={"pool": "other"}),
+        priority="p0",
+    )
+    inputs = build_inputs(NOW, nodes, store(squatter, urgent, squatting=True))
+    decision = live_pass(inputs, migrator, policy)
+    assert [p.work_id for p in decision.plan.preemptions] == ["squatter"]
+    assert decision.moves == ()
 
 
 def test_a_move_that_cannot_get_its_devices_is_not_made_and_its_devices_stay_its_own() -> None:
@@ -136,9 +149,10 @@ def test_a_move_that_cannot_get_its_devices_is_not_made_and_its_devices_stay_its
     dirty = node("dirty", gpus=8, zone="ZA", labels={"pool": "dirty"})
     inputs = build_inputs(NOW, [dirty, node("clean", gpus=8, zone="CA-ON")], store)
     policy, migrator = green_policy()
-    plan = schedule(inputs.snapshot, policy)
+    decision = live_pass(inputs, migrator, policy)
+    plan = decision.plan
     assert [(p.work_id, p.node_id) for p in plan.placements] == [("newcomer", "dirty")]
-    [move] = plan_moves(plan, inputs, migrator, policy, max_attempts=3)
+    [move] = decision.moves
     # Between planning and committing, the clean node re-registered with 2 GPUs.
     shrunk = dataclasses.replace(
         inputs, nodes={**inputs.nodes, "clean": node("clean", gpus=2, zone="CA-ON")}

@@ -79,11 +79,9 @@ class RunningCloud:
 
 
 @contextlib.asynccontextmanager
-async def running_ingestion(
-    settings: MqttSettings, *, staleness_intervals: float = 3.0
-) -> AsyncIterator[RunningCloud]:
+async def running_ingestion(settings: MqttSettings) -> AsyncIterator[RunningCloud]:
     """Registry + ingestion subscribed to the broker, as the cloud runs them."""
-    registry = NodeRegistry(staleness_intervals=staleness_intervals)
+    registry = NodeRegistry()
     events: list[NodeEvent] = []
     logs: list[JobLogChunk] = []
     ingestor = Ingestor(

@@ -1,0 +1,142 @@
+"""Node liveness: where the control plane declares a node offline, and lost.
+
+Two judgments of silence, each one rule, with their settings in `LivenessSettings`:
+
+- **offline** (stale): an online node from which no telemetry arrived for
+  `staleness_intervals` of its own telemetry intervals goes offline with reason
+  `telemetry-stale`. `Liveness.run` is the timer that looks every
+  `liveness_check_interval_s`.
+- **lost**: a node that holds work and has been unavailable (offline for any
+  reason, or unknown to this control plane) for `node_lost_grace_s` is lost; the
+  scheduling pass asks `Liveness.lost_nodes` and requeues what ran there
+  (cloud/loop/reports.py). The grace clock of a node starts at the first pass of
+  the current leader that sees it unavailable, so a control plane that just took
+  over does not count a node lost sooner than one that watched it go.
+
+What a node says of itself is the registry's to apply (cloud/fleet/registry.py):
+its birth, its will (`connection-lost`), its goodbye (`shutdown`), and the
+telemetry that brings a stale node back online. This module only judges what the
+absence of messages means, and every such judgment is made here: a condition under
+which none may be made (the control plane itself cut off from the broker, when
+every node falls silent at once) belongs in this class and nowhere else.
+
+Settings keep their keys for users: `[cloud] staleness_intervals`,
+`[cloud] liveness_check_interval_s` and `[scheduling] node_lost_grace_s`
+(docs/configuration.md); `LivenessSettings.of` gathers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from cloud.fleet.registry import NodeRecord, NodeRegistry, NodeStateChange
+from shared.settings import Settings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LivenessSettings:
+    """When a silent node is offline, and when its work is lost."""
+
+    # A node is offline after this many of its own telemetry intervals without a sample.
+    staleness_intervals: float = 3.0
+    # How often the timer looks for stale nodes.
+    liveness_check_interval_s: float = 1.0
+    # Work on a node unavailable this long is requeued elsewhere.
+    node_lost_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.staleness_intervals >= 1:
+            raise ValueError("staleness_intervals must be >= 1")
+        if not self.liveness_check_interval_s > 0:
+            raise ValueError("liveness_check_interval_s must be > 0")
+        if not self.node_lost_grace_s >= 0:
+            raise ValueError("node_lost_grace_s must be >= 0")
+
+    @classmethod
+    def of(cls, settings: Settings) -> LivenessSettings:
+        return cls(
+            staleness_intervals=settings.cloud.staleness_intervals,
+            liveness_check_interval_s=settings.cloud.liveness_check_interval_s,
+            node_lost_grace_s=settings.scheduling.node_lost_grace_s,
+        )
+
+
+class Liveness:
+    """Judges the registry's nodes; ``monotonic`` defaults to the registry's clock,
+    which stamps when each node was last heard from."""
+
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        settings: LivenessSettings | None = None,
+        *,
+        monotonic: Callable[[], float] | None = None,
+    ) -> None:
+        self._registry = registry
+        self.settings = settings or LivenessSettings()
+        self._monotonic = monotonic or registry.monotonic
+        # Node id -> when the leader's passes first saw it unavailable (monotonic).
+        self._unavailable_since: dict[str, float] = {}
+        self._log = structlog.get_logger("greenfed.liveness")
+
+    # ---- offline -------------------------------------------------------------------
+
+    def is_stale(self, record: NodeRecord, now_s: float) -> bool:
+        """No telemetry for longer than `staleness_intervals` of the node's interval."""
+        deadline_s = self.settings.staleness_intervals * record.status.telemetry_interval_s
+        return now_s - record.last_seen_monotonic > deadline_s
+
+    def expire_stale(self) -> list[NodeStateChange]:
+        """Mark online nodes without recent telemetry offline (`telemetry-stale`)."""
+        now_s = self._monotonic()
+        stale = [
+            record.node_id
+            for record in self._registry
+            if record.state == "online" and self.is_stale(record, now_s)
+        ]
+        return self._registry.mark_offline(stale, "telemetry-stale")
+
+    async def run(self, on_change: Callable[[], None]) -> None:
+        """The timer: expire stale nodes every `liveness_check_interval_s`; after any
+        change, call ``on_change`` (ingestion's listeners: the scheduling loop)."""
+        while True:
+            await asyncio.sleep(self.settings.liveness_check_interval_s)
+            changes = self.expire_stale()
+            for change in changes:
+                self._log.info(
+                    "node state", node_id=change.node_id, state=change.state, reason=change.reason
+                )
+            if changes:
+                on_change()
+
+    # ---- lost ----------------------------------------------------------------------
+
+    def lost_nodes(self, holding: Iterable[str], nodes: Mapping[str, NodeRecord]) -> dict[str, str]:
+        """Of the nodes ``holding`` work, those lost: unavailable in the pass's view of
+        the fleet (``nodes``) for `node_lost_grace_s`. Node id -> why. Called once
+        per pass by the leader, whose calls start and stop the grace clocks."""
+        now_s = self._monotonic()
+        held = set(holding)
+        lost: dict[str, str] = {}
+        for node_id in sorted(held):
+            record = nodes.get(node_id)
+            if record is not None and record.state == "online":
+                self._unavailable_since.pop(node_id, None)
+                continue
+            since_s = self._unavailable_since.setdefault(node_id, now_s)
+            if now_s - since_s >= self.settings.node_lost_grace_s:
+                if record is None:
+                    lost[node_id] = "not seen by this control plane"
+                else:
+                    lost[node_id] = f"offline: {record.offline_reason or 'unknown reason'}"
+        for node_id in set(self._unavailable_since) - held:
+            del self._unavailable_since[node_id]
+        return lost
+
+    def reset_grace(self) -> None:
+        """Forget every grace clock (leadership ended: the next leader starts its own)."""
+        self._unavailable_since.clear()

@@ -1,0 +1,69 @@
+"""One scheduling pass with migration: schedule the queue, then move running training
+to cleaner capacity, unless the pass preempted anything.
+
+The live loop (cloud/loop/loop.py) and the evaluation's simulation
+(cloud/eval/simulation.py) both run a pass through `schedule_then_move`, so what
+the evaluation measures is the rule the control plane follows:
+
+1. the scheduler core places the queue (nothing queued: an empty plan);
+2. a pass that preempted anything moves nothing: its victims are queued again and
+   the next pass looks at a settled cluster;
+3. otherwise the migrator (`Migrator.propose`) looks for moves on the cluster as
+   the plan leaves it, so a move only takes capacity no queued work could start on
+   now.
+
+Pure: snapshot, policy, migrator and running jobs in; the plan and the moves out.
+The caller applies both (the loop commits them in one transaction; the simulator
+starts the placements, then stops and resumes the moved jobs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cloud.scheduler import Plan, Policy, Snapshot, schedule
+
+from .migration import JobMove, Migrator, RunningJob
+
+# The cluster as a plan without preemptions leaves it: (snapshot before, plan) -> after.
+ClusterAfter = Callable[[Snapshot, Plan], Snapshot]
+
+
+def with_placements(snapshot: Snapshot, plan: Plan) -> Snapshot:
+    """The snapshot with the plan's placements running too and telemetry (utilisation)
+    as it was: what the control plane knows until agents report again."""
+    return snapshot.with_work(
+        allocations=[*snapshot.allocations, *(p.to_allocation() for p in plan.placements)]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PassDecision:
+    plan: Plan
+    moves: tuple[JobMove, ...] = ()
+
+
+def schedule_then_move(
+    snapshot: Snapshot,
+    policy: Policy,
+    migrator: Migrator | None,
+    running: Sequence[RunningJob],
+    *,
+    cluster_after: ClusterAfter = with_placements,
+) -> PassDecision:
+    """Schedule ``snapshot``'s queue under ``policy``; then, unless the plan preempts,
+    the moves ``migrator`` proposes among the ``running`` jobs (None: the policy does
+    not migrate, or it is not time to look). ``cluster_after`` is where moves are
+    looked for (the simulation also updates utilisation, as telemetry would)."""
+    if snapshot.queue:
+        plan = schedule(snapshot, policy)
+    else:
+        plan = Plan(
+            now=snapshot.now, placements=(), preemptions=(), pending=(), reservations=(), order=()
+        )
+    if plan.preemptions or migrator is None or not running:
+        return PassDecision(plan)
+    return PassDecision(
+        plan, tuple(migrator.propose(cluster_after(snapshot, plan), running, policy))
+    )
