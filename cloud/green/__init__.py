@@ -8,6 +8,7 @@ latency.py      ServingLatency: network RTT + compute (+ queueing) per node
 terms.py        CarbonTerm, PriceTerm, LatencyTerm (ScoreTerm hook)
 shifting.py     best_window and WindowShifter (StartAdvisor hook)
 migration.py    Migrator: running, checkpointing training to cleaner capacity
+pass_rule.py    schedule_then_move: schedule, then move unless the pass preempted
 policies.py     named policies (green, cost, latency, balanced, baselines)
 accounting.py   kWh, gCO2eq, cost per allocation, job, tenant; counterfactual
 ==============  ==========================================================

@@ -1,12 +1,13 @@
-"""Request latency of an inference replica on each candidate node.
+"""Where latency is estimated: the request latency of an inference replica on each
+candidate node.
 
     latency_ms = Σ_r w_r · RTT(r, node region)  +  response_ms
 
 * network: the deployment's ``traffic_by_region`` shares w_r (normalised to sum
   to 1) times the round-trip time from each origin region to the node's region,
-  from the shipped GCP region matrix with distance-based estimates for regions it
-  lacks (``cloud.signals.latency``); a pair with an unknown region costs
-  ``default_rtt_ms``; no traffic data: no network term.
+  from the shipped GCP region matrix with distance-based values for regions it
+  lacks (data: ``cloud.signals.latency_matrix``); a pair with an unknown region
+  costs ``default_rtt_ms``; no traffic data: no network term.
 * compute: service time s = ``reference_ms_per_request`` (the deployment's, on
   the reference accelerator, relative speed 1.0) or ``compute_ms[kind]`` when the
   deployment does not give one, divided by the node's relative speed. With a known
@@ -14,8 +15,9 @@
   queue, s / (1 − ρ) with ρ = λ·s; a replica that cannot keep up (ρ ≥ 1) has an
   infinite latency and so fails any SLO.
 
-``ServingLatency`` is both the scheduler's ``LatencyEstimator`` (the SLO is a
-hard filter) and what the ``latency`` score term ranks by.
+``ServingLatency`` is the scheduler's ``LatencyEstimator`` (the SLO is a hard
+filter), what the ``latency`` score term ranks by and what the simulator checks
+SLOs with; ``default_latency_estimator`` builds it from the shipped matrix.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 
 from cloud.scheduler import Candidates, InferenceDeployment, Snapshot
 from cloud.scheduler.arrays import FloatArray
-from cloud.signals.latency import region_rtt_latency
+from cloud.signals.latency_matrix import region_rtt_table
 from shared.messages import AcceleratorKind
 
 DEFAULT_COMPUTE_MS: Mapping[AcceleratorKind, float] = MappingProxyType(
@@ -38,6 +40,12 @@ DEFAULT_COMPUTE_MS: Mapping[AcceleratorKind, float] = MappingProxyType(
 
 @dataclass(frozen=True, slots=True)
 class ServingLatency:
+    """Traffic-weighted RTT plus compute (and queueing) time per candidate node.
+
+    ``rtt_ms`` holds region pairs in either order; a missing pair costs
+    ``default_rtt_ms`` (0 within a region).
+    """
+
     rtt_ms: Mapping[tuple[str, str], float]
     default_rtt_ms: float = 100.0
     compute_ms: Mapping[AcceleratorKind, float] = field(default_factory=lambda: DEFAULT_COMPUTE_MS)
@@ -100,6 +108,7 @@ class ServingLatency:
 def default_latency_estimator(
     regions: Iterable[str] | None = None, *, default_rtt_ms: float = 100.0
 ) -> ServingLatency:
-    """Built from the shipped region matrix (and its estimates, e.g. africa-south1)."""
-    table = region_rtt_latency(regions, default_rtt_ms=default_rtt_ms)
-    return ServingLatency(rtt_ms=table.rtt_ms, default_rtt_ms=default_rtt_ms)
+    """Built from the shipped region matrix (and its distance-based values, e.g. for
+    africa-south1). `regions` limits the table to those a fleet and its traffic use;
+    pairs with a region the matrix does not know cost `default_rtt_ms`."""
+    return ServingLatency(rtt_ms=region_rtt_table(regions), default_rtt_ms=default_rtt_ms)

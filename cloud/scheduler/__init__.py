@@ -9,7 +9,7 @@ Where things are decided:
 model.py            what work, tenants, allocations and constraints are
 snapshot.py         the immutable, columnar view of the nodes
 policy.py           weights, thresholds and switches
-extensions.py       ScoreTerm, LatencyEstimator and StartAdvisor hooks (cloud.green)
+extensions.py       ScoreTerm, LatencyEstimator, StartAdvisor; hook errors
 shape.py            what one worker/replica needs, and cache keys
 state.py            the working copy updated placement by placement
 statement.py        tentative changes that commit or roll back as one unit
@@ -34,7 +34,6 @@ from .extensions import (
     Booking,
     Candidates,
     LatencyEstimator,
-    RegionRttLatency,
     ScoreTerm,
     StartAdvisor,
     StartCandidates,
@@ -55,6 +54,7 @@ from .model import (
 )
 from .plan import (
     Deferral,
+    HookFailure,
     Pending,
     PendingCode,
     Placement,
@@ -76,6 +76,7 @@ __all__ = [
     "Booking",
     "Candidates",
     "Deferral",
+    "HookFailure",
     "InferenceDeployment",
     "LabelRequirement",
     "LatencyEstimator",
@@ -88,7 +89,6 @@ __all__ = [
     "Preemption",
     "PriorityClass",
     "QuotaState",
-    "RegionRttLatency",
     "Reservation",
     "Scheduler",
     "ScoreBreakdown",

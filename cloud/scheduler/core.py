@@ -19,6 +19,11 @@ the policy's ``start_advisor`` (temporal shifting). A deferral keeps it pending
 the latest start that meets the deadline and maximum delay on every candidate:
 shifting may never be the reason a deadline is missed.
 
+Hooks (score terms, latency estimator, start advisor) run while the job's
+candidates are built and while the advisor is asked, before anything is placed. A
+hook that fails for the job makes it pending with code ``hook-failed`` and the
+pass goes on with the next job (extensions.py).
+
 No I/O, no clock: time is ``snapshot.now``. Equal snapshots give equal plans.
 """
 
@@ -34,16 +39,31 @@ from . import explain
 from .backfill import Slot, earliest_slot, may_free_up, reserve
 from .candidates import CandidateCache
 from .explain import PreemptionOutcome
-from .extensions import Booking, Candidates, StartAdvisor, StartCandidates
+from .extensions import (
+    Booking,
+    Candidates,
+    HookFailed,
+    StartCandidates,
+    advise_start,
+)
 from .filters import PASS, count_rejections, node_codes
 from .gang import Choice, JobContext, Option
 from .model import KINDS, InferenceDeployment, TrainingJob, Work
-from .plan import Deferral, Pending, PendingCode, Placement, Plan, Preemption, Reservation
+from .plan import (
+    Deferral,
+    HookFailure,
+    Pending,
+    PendingCode,
+    Placement,
+    Plan,
+    Preemption,
+    Reservation,
+)
 from .policy import DEFAULT_POLICY, Policy
 from .preemption import Preemptor
 from .queue_order import QueueOrder
 from .quota import Admission, QuotaBook
-from .shape import make_shape
+from .shape import WorkShape, make_shape
 from .snapshot import Snapshot
 from .state import ClusterState
 from .statement import Statement
@@ -113,26 +133,30 @@ class Scheduler:
 
     def _decide(self, work: Work) -> None:
         shape = make_shape(work, self.policy)
-        job = JobContext(shape, self.cache, self.policy, self.state)
+        # Every hook runs here, before anything is placed: a failure leaves nothing
+        # to undo, and only this job waits.
+        try:
+            job = JobContext(shape, self.cache, self.policy, self.state)
+            deferral = self._advise(job) if job.has_candidates else None
+        except HookFailed as failed:
+            self._pend_hook_failure(shape, failed.failure)
+            return
         if not job.has_candidates:
             self._pend(job, None, 0, "off")
             return
-        advisor = self.policy.start_advisor
-        if advisor is not None and isinstance(work, TrainingJob) and work.flexible:
-            deferral = self._advise(job, work, advisor)
-            if deferral is not None:
-                self._bookings.append(
-                    Booking(
-                        zone=deferral.zone,
-                        accelerator_kind=deferral.accelerator_kind,
-                        accelerators=deferral.accelerators,
-                        start_s=deferral.start_at,
-                        end_s=deferral.start_at + deferral.runtime_s,
-                        member_accelerators=work.accelerators_per_worker,
-                    )
+        if deferral is not None:
+            self._bookings.append(
+                Booking(
+                    zone=deferral.zone,
+                    accelerator_kind=deferral.accelerator_kind,
+                    accelerators=deferral.accelerators,
+                    start_s=deferral.start_at,
+                    end_s=deferral.start_at + deferral.runtime_s,
+                    member_accelerators=shape.accelerators,
                 )
-                self._pend(job, None, 0, "off", deferral=deferral)
-                return
+            )
+            self._pend(job, None, 0, "off", deferral=deferral)
+            return
         attempt = self._attempt(job, preempt=False)
         if len(attempt.placements) == shape.members:
             self._commit(job, attempt)
@@ -166,9 +190,14 @@ class Scheduler:
             return
         self._pend(job, quota_block, best_fit, preemption)
 
-    def _advise(self, job: JobContext, work: TrainingJob, advisor: StartAdvisor) -> Deferral | None:
-        state = self.state
+    def _advise(self, job: JobContext) -> Deferral | None:
+        """The start advisor's deferral for a flexible training job, if it is safe."""
+        advisor = self.policy.start_advisor
         shape = job.shape
+        work = shape.work
+        if advisor is None or not isinstance(work, TrainingJob) or not work.flexible:
+            return None
+        state = self.state
         options = []
         latest = math.inf
         for option in job.options:
@@ -180,7 +209,7 @@ class Scheduler:
             options.append(StartCandidates(candidates, fits))
             # Safe on every candidate, whichever node it gets when it starts.
             latest = min(latest, work.latest_start(float(option.runtime_s.max())))
-        deferral = advisor.advise(state.snapshot, work, options, self._bookings)
+        deferral = advise_start(advisor, state.snapshot, work, options, self._bookings)
         if deferral is None or not state.now < deferral.start_at <= latest:
             return None
         return deferral
@@ -384,6 +413,25 @@ class Scheduler:
                 reservation=reservation,
                 retry_at=retry_at,
                 deferral=deferral,
+            )
+        )
+
+    def _pend_hook_failure(self, shape: WorkShape, failure: HookFailure) -> None:
+        # The filters did not finish, so there are no rejection counts to show.
+        work = shape.work
+        self._pending.append(
+            Pending(
+                work_id=work.work_id,
+                tenant=work.tenant,
+                priority=work.priority,
+                code="hook-failed",
+                message=explain.hook_failed(failure),
+                nodes_total=self.state.snapshot.node_count,
+                rejections=MappingProxyType({}),
+                fitting_nodes=0,
+                members_needed=shape.members,
+                members_placed=0,
+                hook_failure=failure,
             )
         )
 

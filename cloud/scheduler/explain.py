@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 from .filters import FilterName
 from .model import KINDS
-from .plan import Deferral, Reservation
+from .plan import Deferral, HookFailure, HookKind, Reservation
 from .quota import QuotaState
 from .shape import WorkShape
 
@@ -21,6 +21,13 @@ from .shape import WorkShape
 PreemptionOutcome = Literal["off", "nothing-evictable", "tried"]
 
 SLO_UNVERIFIABLE: Final = "latency SLO cannot be checked: no latency estimator configured"
+
+_HOOK_LABELS: Final[Mapping[HookKind, str]] = {
+    "score-term": "score term",
+    "latency-estimator": "latency estimator",
+    "start-advisor": "start advisor",
+}
+_DETAIL_CHARS: Final = 200  # of the error's text, so that the sentence stays one line
 
 
 def _kinds(shape: WorkShape) -> str:
@@ -174,3 +181,16 @@ def partial(
 ) -> str:
     why = f"{quota_reason(state, preemption)}; " if state is not None else ""
     return f"Placed {placed} of {shape.members} replicas; the rest wait: {why}{summary}."
+
+
+def hook_failed(failure: HookFailure) -> str:
+    """E.g. ``Not scheduled in this pass: score term 'carbon' failed for it (KeyError:
+    'DE'); other work is unaffected ...``. One line, the error's text cut short."""
+    detail = " ".join(failure.detail.split())
+    if len(detail) > _DETAIL_CHARS:
+        detail = detail[: _DETAIL_CHARS - 1] + "…"
+    error = f"{failure.error}: {detail}" if detail else failure.error
+    return (
+        f"Not scheduled in this pass: {_HOOK_LABELS[failure.hook]} {failure.name!r} failed "
+        f"for it ({error}); other work is unaffected and the next pass tries again."
+    )

@@ -1,11 +1,13 @@
-"""The two typed hooks other parts of greenfed plug into the scheduler.
+"""The typed hooks other parts of greenfed plug into the scheduler, and how the core
+calls them.
 
 * ``ScoreTerm``: an extra score (the green issue adds carbon, price and latency).
   A term returns raw values per candidate node; the framework normalises them to
   0..1 (min-max over the job's candidate nodes, or over fixed ``bounds``), flips
   them when lower is better and multiplies by the term's weight.
 * ``LatencyEstimator``: estimated request latency per candidate node; the
-  ``latency-slo`` filter rejects nodes above a deployment's SLO.
+  ``latency-slo`` filter rejects nodes above a deployment's SLO. The core only
+  calls it: latency is estimated in ``cloud.green.latency`` (``ServingLatency``).
 * ``StartAdvisor``: temporal shifting. For a training job that may wait (a
   ``deadline`` or ``max_delay_s``), it may answer "not now, at T" (a ``Deferral``);
   the core then keeps the job pending with code ``deferred``. The core enforces
@@ -15,13 +17,20 @@
 All three see only the immutable snapshot and the work (plus, for the advisor,
 which candidates have room right now), never the tentative state: their values
 stay valid for the whole pass and are computed once per job.
+
+The core calls hooks only through ``evaluate_term``, ``estimate_latency`` and
+``advise_start``. A hook that raises, or returns values that do not line up with
+the candidates, fails for the work item being decided and nothing else: the call
+raises ``HookFailed`` with a ``HookFailure`` (which hook, its name, the error), and
+the core makes that the item's pending reason (code ``hook-failed``) and goes on
+with the next item. Exceptions that are not ``Exception`` (``KeyboardInterrupt``,
+``CancelledError``) are not caught.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -30,7 +39,7 @@ from shared.messages import AcceleratorKind
 
 from .arrays import BoolArray, FloatArray, IntArray
 from .model import InferenceDeployment, TrainingJob, Work
-from .plan import Deferral
+from .plan import Deferral, HookFailure, HookKind
 from .snapshot import Snapshot
 
 
@@ -147,44 +156,65 @@ def normalise(values: TermValues, size: int | None = None) -> FloatArray:
     return result
 
 
-@dataclass(frozen=True, slots=True)
-class RegionRttLatency:
-    """Traffic-weighted network RTT from origin regions plus compute time per kind.
+class HookFailed(Exception):
+    """A hook failed for the work item being decided; the core turns ``failure`` into
+    that item's pending reason. Raised only by the calls below."""
 
-    A simple table-driven estimator; the green issue may replace it with measured
-    RTTs. Pairs missing from ``rtt_ms`` cost ``default_rtt_ms`` (0 within a region).
-    """
+    def __init__(self, failure: HookFailure) -> None:
+        super().__init__(
+            f"{failure.hook} {failure.name!r} failed: {failure.error}: {failure.detail}"
+        )
+        self.failure = failure
 
-    rtt_ms: Mapping[tuple[str, str], float]
-    default_rtt_ms: float = 100.0
-    compute_ms: Mapping[AcceleratorKind, float] = field(
-        default_factory=lambda: MappingProxyType({"gpu": 5.0, "npu": 10.0, "cpu": 40.0})
+
+def _failed(hook: HookKind, name: str, error: Exception) -> HookFailed:
+    return HookFailed(
+        HookFailure(hook=hook, name=name, error=type(error).__name__, detail=str(error))
     )
 
-    def estimate_ms(
-        self, snapshot: Snapshot, deployment: InferenceDeployment, candidates: Candidates
-    ) -> FloatArray:
-        regions = snapshot.nodes.regions
-        traffic = {r: w for r, w in deployment.traffic_by_region.items() if w > 0}
-        total = sum(traffic.values())
-        per_region = np.zeros(len(regions), dtype=np.float64)
-        for code, region in enumerate(regions):
-            if total <= 0:
-                continue
-            per_region[code] = sum(
-                weight / total * self._rtt(origin, region) for origin, weight in traffic.items()
-            )
-        kind_columns = snapshot.nodes.kind(candidates.kind)
-        compute = (
-            self.compute_ms.get(candidates.kind, 0.0)
-            / kind_columns.relative_speed[candidates.nodes]
-        )
-        result: FloatArray = per_region[snapshot.nodes.region_code[candidates.nodes]] + compute
-        return result
 
-    def _rtt(self, origin: str, region: str) -> float:
-        if origin == region:
-            return self.rtt_ms.get((origin, region), 0.0)
-        return self.rtt_ms.get(
-            (origin, region), self.rtt_ms.get((region, origin), self.default_rtt_ms)
+def evaluate_term(
+    term: ScoreTerm, snapshot: Snapshot, work: Work, candidates: Candidates
+) -> FloatArray:
+    """The term's values for ``candidates``, normalised (``normalise``)."""
+    try:
+        return normalise(term.evaluate(snapshot, work, candidates), candidates.nodes.size)
+    except Exception as error:
+        raise _failed("score-term", term.name, error) from error
+
+
+def estimate_latency(
+    estimator: LatencyEstimator,
+    snapshot: Snapshot,
+    deployment: InferenceDeployment,
+    candidates: Candidates,
+) -> FloatArray:
+    """The estimator's milliseconds per candidate, one value for each."""
+    try:
+        estimate = np.asarray(
+            estimator.estimate_ms(snapshot, deployment, candidates), dtype=np.float64
         )
+    except Exception as error:
+        raise _failed("latency-estimator", type(estimator).__name__, error) from error
+    if estimate.shape != candidates.nodes.shape:
+        count = estimate.size if estimate.ndim == 1 else f"an array of shape {estimate.shape} of"
+        raise _failed(
+            "latency-estimator",
+            type(estimator).__name__,
+            ValueError(f"returned {count} estimates for {candidates.nodes.size} candidates"),
+        )
+    return estimate
+
+
+def advise_start(
+    advisor: StartAdvisor,
+    snapshot: Snapshot,
+    job: TrainingJob,
+    options: Sequence[StartCandidates],
+    booked: Sequence[Booking],
+) -> Deferral | None:
+    """The advisor's answer for ``job``: None (start now) or a ``Deferral``."""
+    try:
+        return advisor.advise(snapshot, job, options, booked)
+    except Exception as error:
+        raise _failed("start-advisor", type(advisor).__name__, error) from error

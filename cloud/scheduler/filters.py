@@ -18,7 +18,7 @@ from typing import Final, Literal
 import numpy as np
 
 from .arrays import BoolArray, CodeArray, FloatArray, IntArray, read_only
-from .extensions import Candidates, LatencyEstimator
+from .extensions import Candidates, LatencyEstimator, estimate_latency
 from .model import KINDS, InferenceDeployment, TrainingJob
 from .shape import WorkShape
 from .snapshot import SITE_INDEX, NodeTable, Snapshot
@@ -145,12 +145,13 @@ def static_filters(
             # knowingly, so no node passes (never silently ignored).
             codes[survivors] = CODE["slo-unverifiable"]
         elif survivors.size:
-            estimate = latency.estimate_ms(
+            estimate = estimate_latency(
+                latency,
                 snapshot,
                 work,
                 Candidates(survivors, KINDS[k], shape.accelerators, runtime[survivors]),
             )
-            over = survivors[np.asarray(estimate) > work.latency_slo_ms]
+            over = survivors[estimate > work.latency_slo_ms]
             codes[over] = CODE["latency-slo"]
     passing = np.flatnonzero(codes == PASS)
     return StaticResult(

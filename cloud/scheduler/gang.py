@@ -20,7 +20,7 @@ import numpy as np
 
 from .arrays import BoolArray, FloatArray, IntArray
 from .candidates import CandidateCache, DynamicScores, KindCandidates
-from .extensions import Candidates, normalise
+from .extensions import Candidates, evaluate_term
 from .filters import PASS, dynamic_codes
 from .model import KINDS, InferenceDeployment
 from .plan import ScoreBreakdown
@@ -83,12 +83,12 @@ class JobContext:
             runtime = cache.runtime(shape, cand)
             values = []
             for term, weight in extra_terms:
-                raw = term.evaluate(
+                normalised = evaluate_term(
+                    term,
                     state.snapshot,
                     work,
                     Candidates(cand.nodes, KINDS[cand.k], shape.accelerators, runtime),
                 )
-                normalised = normalise(raw, cand.nodes.size)
                 values.append(normalised)
                 base = base + weight * normalised
                 base_max = float(base.max())

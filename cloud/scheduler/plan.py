@@ -17,9 +17,17 @@ from .model import Allocation, PriorityClass, WorkKind
 from .quota import QuotaState
 
 PendingCode = Literal[
-    "unschedulable", "window", "deferred", "quota", "capacity", "reserved", "partial"
+    "unschedulable",
+    "window",
+    "deferred",
+    "quota",
+    "capacity",
+    "reserved",
+    "partial",
+    "hook-failed",
 ]
 PreemptionReason = Literal["priority", "reclaim", "quota"]
+HookKind = Literal["score-term", "latency-estimator", "start-advisor"]
 
 
 class TermScore(NamedTuple):
@@ -165,6 +173,18 @@ class Deferral:
             raise ValueError("a deferral must not target a start after its latest safe start")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HookFailure:
+    """An extension hook failed for one work item: it raised, or returned values that do
+    not match the item's candidates. The item waits (code ``hook-failed``); the rest of
+    the pass is decided as if the item were not queued."""
+
+    hook: HookKind
+    name: str  # a score term's name; the class name of an estimator or advisor
+    error: str  # the exception's type, e.g. "KeyError"
+    detail: str  # the exception's text
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
     work_id: str
@@ -181,6 +201,7 @@ class Pending:
     reservation: Reservation | None = None
     retry_at: float | None = None  # when something is known to change (window, deferral)
     deferral: Deferral | None = None  # code "deferred": the target start and why
+    hook_failure: HookFailure | None = None  # code "hook-failed": which hook, what error
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Green signals: grid carbon intensity, electricity price and network latency.
+"""Green signals: grid carbon intensity, electricity price and network round-trip times.
 
 ==================  ==========================================================
 model.py            readings, forecasts and the provider interface
@@ -16,7 +16,7 @@ ukgrid.py           UK Carbon Intensity API client (national and regional)
 carbonaware.py      Green Software Foundation Carbon Aware SDK Web API client
 service.py          SignalService: TTL cache, fallback chain, staleness, snapshots
 factory.py          the provider chain and service from `[signals]` settings
-latency.py          GCP region RTT matrix, estimates, RegionRttLatency
+latency_matrix.py   RTT between GCP regions: measured, gaps from distance
 ==================  ==========================================================
 
 Data sources and licences: data/ATTRIBUTION.md. Guide: docs/signals.md.

@@ -77,7 +77,7 @@ class DeferralView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PendingView(msgspec.Struct, frozen=True, kw_only=True):
-    code: str  # unschedulable, window, deferred, quota, capacity, reserved, partial
+    code: str  # unschedulable, window, deferred, quota, capacity, reserved, partial, hook-failed
     nodes_total: int
     fitting_nodes: int
     rejections: dict[str, int]  # nodes rejected per filter, in filter-chain order

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from cloud.scheduler import (
     AcceleratorPool,
     Allocation,
+    Candidates,
     InferenceDeployment,
     Node,
     Plan,
@@ -20,6 +24,7 @@ from cloud.scheduler import (
     Work,
     schedule,
 )
+from cloud.scheduler.arrays import FloatArray
 from shared.messages import AcceleratorKind, Site
 
 GIB = 1 << 30
@@ -221,3 +226,18 @@ def plan_for(
 
 def nodes_of(plan: Plan, work_id: str) -> list[str]:
     return [p.node_id for p in plan.placements_for(work_id)]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyByRegion:
+    """A fake ``LatencyEstimator``: a fixed latency per node region, 0 where not listed."""
+
+    ms: Mapping[str, float]
+
+    def estimate_ms(
+        self, snapshot: Snapshot, deployment: InferenceDeployment, candidates: Candidates
+    ) -> FloatArray:
+        nodes = snapshot.nodes
+        per_region = np.array([self.ms.get(region, 0.0) for region in nodes.regions])
+        result: FloatArray = per_region[nodes.region_code[candidates.nodes]]
+        return result

@@ -12,13 +12,21 @@ from cloud.scheduler import (
     Node,
     Pending,
     Policy,
-    RegionRttLatency,
     StartWindow,
     Taint,
     Toleration,
 )
 
-from .builders import NOW, deployment, edge_node, gpu_node, job, plan_for, running
+from .builders import (
+    NOW,
+    LatencyByRegion,
+    deployment,
+    edge_node,
+    gpu_node,
+    job,
+    plan_for,
+    running,
+)
 
 
 def pending(plan_pending: Pending | None) -> Pending:
@@ -33,7 +41,7 @@ def test_reason_counts_add_up_and_read_well() -> None:
         edge_node("far-npu", region="edge-far"),
         edge_node("near-npu", region="edge-near", healthy=False),
     ]
-    latency = RegionRttLatency(rtt_ms={("edge-near", "edge-far"): 80.0})
+    latency = LatencyByRegion({"edge-far": 80.0})
     plan = plan_for(
         nodes,
         [

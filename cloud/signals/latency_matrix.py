@@ -1,4 +1,6 @@
-"""Round-trip times between Google Cloud regions: the measured matrix plus estimates.
+"""Round-trip times between Google Cloud regions: the measured matrix, with distance-based
+values for the regions it lacks. This is data (a signal); request latency per node is
+estimated from it in ``cloud.green.latency``.
 
 Measured: `umassos_raw_gcp_latency.csv` (34 GCP regions, every ordered pair; the
 "Google Latency" dataset of the AT&T Center for Virtualization, SMU, via
@@ -15,9 +17,9 @@ cities, at the speed of light in fibre (v = 204.19 km/ms, refractive index
 
 f and a are fitted on the matrix itself (least squares on relative error over
 all 561 measured pairs) each time the matrix is loaded; `fit()` reports them with
-the fit's error, and `python -m cloud.signals.latency` prints it. On the shipped
-matrix f ≈ 1.58 and a ≈ 2.3 ms, mean absolute error ≈ 27 ms, median absolute
-error ≈ 14 % of the measured RTT. Caveat: routes from southern Africa often
+the fit's error, and `python -m cloud.signals.latency_matrix` prints it. On the
+shipped matrix f ≈ 1.58 and a ≈ 2.3 ms, mean absolute error ≈ 27 ms, median
+absolute error ≈ 14 % of the measured RTT. Caveat: routes from southern Africa often
 detour through Europe, so estimates for africa-south1 to Asia and the Americas
 are probably optimistic.
 """
@@ -30,14 +32,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cloud.signals.datasets import latency_rows
-
-if TYPE_CHECKING:
-    from cloud.scheduler.extensions import RegionRttLatency
 
 FIBRE_KM_PER_MS = 204.19  # c / 1.468
 EARTH_RADIUS_KM = 6371.0088
@@ -240,25 +238,15 @@ def shipped_latency_matrix() -> LatencyMatrix:
     return LatencyMatrix({(a, b): ms for a, b, ms in latency_rows()})
 
 
-def region_rtt_latency(
-    regions: Iterable[str] | None = None,
-    *,
-    matrix: LatencyMatrix | None = None,
-    default_rtt_ms: float = 100.0,
-) -> RegionRttLatency:
-    """The scheduler's table-driven latency estimator, filled from the matrix and estimates.
-
-    `regions` limits the table to the regions a fleet and its traffic use (all known
-    regions otherwise, about 1,800 pairs). Pairs with a region not known at all cost
-    `default_rtt_ms`, as RegionRttLatency documents.
-    """
-    # Imported here so the matrix stays usable without the scheduler package loaded.
-    from cloud.scheduler.extensions import RegionRttLatency
-
+def region_rtt_table(
+    regions: Iterable[str] | None = None, *, matrix: LatencyMatrix | None = None
+) -> Mapping[tuple[str, str], float]:
+    """Read-only RTT table among `regions` (all known regions otherwise, about 1,800
+    pairs): both orderings of every pair, 0 within a region. Regions the matrix does
+    not know at all are left out, for the estimator's default RTT to cover."""
     source = matrix or shipped_latency_matrix()
     known = None if regions is None else [region for region in regions if region in source.regions]
-    table = source.rtt_table(known)
-    return RegionRttLatency(rtt_ms=MappingProxyType(table), default_rtt_ms=default_rtt_ms)
+    return MappingProxyType(source.rtt_table(known))
 
 
 def main() -> None:

@@ -7,13 +7,13 @@ import itertools
 import pytest
 
 from cloud.signals.datasets import latency_rows
-from cloud.signals.latency import (
+from cloud.signals.latency_matrix import (
     REGION_LOCATIONS,
     LatencyMatrix,
     UnknownRegion,
     fibre_rtt_ms,
     great_circle_km,
-    region_rtt_latency,
+    region_rtt_table,
     shipped_latency_matrix,
 )
 
@@ -78,13 +78,12 @@ def test_missing_regions_get_distance_estimates() -> None:
         matrix.rtt_ms("africa-south1", "mars-north1")
 
 
-def test_the_schedulers_estimator_is_built_for_the_fleet() -> None:
-    latency = region_rtt_latency([*FLEET_REGIONS, "mars-north1"], default_rtt_ms=250.0)
+def test_the_rtt_table_is_built_for_the_fleet() -> None:
+    table = region_rtt_table([*FLEET_REGIONS, "mars-north1"])
     matrix = shipped_latency_matrix()
-    assert latency.default_rtt_ms == 250.0
-    assert len(latency.rtt_ms) == 16  # 4 × 4, the unknown region left to the default
+    assert len(table) == 16  # 4 × 4, the unknown region left to the estimator's default
     for a, b in itertools.product(FLEET_REGIONS, repeat=2):
-        assert latency.rtt_ms[(a, b)] == matrix.rtt_ms(a, b)
-    assert latency.rtt_ms[("africa-south1", "africa-south1")] == 0.0
-    every = region_rtt_latency()
-    assert ("africa-south1", "asia-south1") in every.rtt_ms
+        assert table[(a, b)] == matrix.rtt_ms(a, b)
+    assert table[("africa-south1", "africa-south1")] == 0.0
+    every = region_rtt_table()
+    assert ("africa-south1", "asia-south1") in every

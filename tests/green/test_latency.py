@@ -1,0 +1,49 @@
+"""ServingLatency, the one latency estimator: the scheduler's SLO filter, the latency term
+and the simulator all use it; default_latency_estimator builds it from the shipped matrix."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from cloud.green.latency import ServingLatency, default_latency_estimator
+from cloud.scheduler import Candidates, InferenceDeployment
+from cloud.signals.latency_matrix import shipped_latency_matrix
+
+from .builders import gpu_server, snapshot
+
+FLEET_REGIONS = ["us-west2", "northamerica-northeast2", "europe-west3", "africa-south1"]
+
+
+def test_the_default_estimator_is_built_for_the_fleet() -> None:
+    latency = default_latency_estimator([*FLEET_REGIONS, "mars-north1"], default_rtt_ms=250.0)
+    matrix = shipped_latency_matrix()
+    assert latency.default_rtt_ms == 250.0
+    assert len(latency.rtt_ms) == 16  # 4 × 4, the unknown region left to the default
+    for a, b in itertools.product(FLEET_REGIONS, repeat=2):
+        assert latency.rtt(a, b) == matrix.rtt_ms(a, b)
+    assert latency.rtt("africa-south1", "africa-south1") == 0.0
+    assert latency.rtt("mars-north1", "us-west2") == 250.0
+    assert latency.rtt("mars-north1", "mars-north1") == 0.0
+    assert ("africa-south1", "asia-south1") in default_latency_estimator().rtt_ms
+
+
+def test_the_estimate_is_weighted_rtt_plus_compute_per_kind() -> None:
+    nodes = [
+        gpu_server("a-home-slow", "X", region="r1", speed=0.5),
+        gpu_server("b-near", "X", region="r2"),
+        gpu_server("c-unknown", "X", region="r3"),
+    ]  # the snapshot orders nodes by id
+    # One ordering of a pair is enough; a pair not in the table costs the default.
+    estimator = ServingLatency(rtt_ms={("r2", "r1"): 40.0}, default_rtt_ms=100.0)
+    candidates = Candidates(np.arange(3), "gpu", 1, np.full(3, np.inf))
+    with_traffic = InferenceDeployment(work_id="d", tenant="t", traffic_by_region={"r1": 1.0})
+    estimate = estimator.estimate_ms(snapshot(nodes), with_traffic, candidates)
+    # GPU compute without a reference_ms_per_request: 5 ms at relative speed 1.
+    assert estimate.tolist() == pytest.approx([0.0 + 10.0, 40.0 + 5.0, 100.0 + 5.0])
+    no_traffic = InferenceDeployment(work_id="d", tenant="t")
+    assert estimator.estimate_ms(snapshot(nodes), no_traffic, candidates).tolist() == (
+        pytest.approx([10.0, 5.0, 5.0])
+    )
