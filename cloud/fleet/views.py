@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import msgspec
 
 from cloud.fleet.registry import NodeRecord
+from shared.clock import utc_from_epoch
 from shared.messages import (
     Accelerator,
     HostInfo,
@@ -49,10 +50,6 @@ class NodeList(msgspec.Struct, frozen=True, kw_only=True):
     next_cursor: str | None
 
 
-def _utc(epoch_s: float) -> datetime:
-    return datetime.fromtimestamp(epoch_s, tz=UTC)
-
-
 def _summary_fields(record: NodeRecord) -> dict[str, object]:
     status = record.status
     counts: dict[str, int] = {}
@@ -84,8 +81,8 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "accelerator_counts": counts,
         "power_w": power_w,
         "accelerator_utilization_pct": utilization_pct,
-        "last_seen_at": _utc(record.last_seen_at),
-        "started_at": _utc(status.started_at),
+        "last_seen_at": utc_from_epoch(record.last_seen_at),
+        "started_at": utc_from_epoch(status.started_at),
         "observed_generation": record.reported.observed_generation if record.reported else None,
     }
 
