@@ -86,8 +86,16 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
             spread_weight=0.0,
         )
     assert isinstance(work, InferenceDeployment)
+    # Everything a latency estimate may depend on (ServingLatency's compute time and
+    # queueing use the reference time, the request rate and the replica count).
     latency = (
-        (work.latency_slo_ms, tuple(sorted(work.traffic_by_region.items())))
+        (
+            work.latency_slo_ms,
+            tuple(sorted(work.traffic_by_region.items())),
+            work.reference_ms_per_request,
+            work.requests_per_s,
+            work.replicas,
+        )
         if work.latency_slo_ms is not None
         else None
     )

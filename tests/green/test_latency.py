@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cloud.green.latency import ServingLatency, default_latency_estimator
-from cloud.scheduler import Candidates, InferenceDeployment
+from cloud.scheduler import Candidates, InferenceDeployment, Policy, schedule
 from cloud.signals.latency_matrix import shipped_latency_matrix
 
 from .builders import gpu_server, snapshot
@@ -47,3 +47,24 @@ def test_the_estimate_is_weighted_rtt_plus_compute_per_kind() -> None:
     assert estimator.estimate_ms(snapshot(nodes), no_traffic, candidates).tolist() == (
         pytest.approx([10.0, 5.0, 5.0])
     )
+
+
+def test_a_slow_deployment_is_judged_on_its_own_latency_not_a_faster_twins() -> None:
+    """The SLO filter's results are shared between deployments of one shape: the shape
+    must hold everything the estimate depends on, or a slow model rides on a fast one's
+    verdict."""
+    nodes = [gpu_server("edge-1", "X", site="edge"), gpu_server("edge-2", "X", site="edge")]
+    common = {"tenant": "t", "latency_slo_ms": 50.0, "traffic_by_region": {"r": 1.0}}
+    fast = InferenceDeployment(work_id="a-fast", submitted_at=1.0, **common)  # type: ignore[arg-type]
+    slow = InferenceDeployment(
+        work_id="b-slow",
+        submitted_at=2.0,
+        reference_ms_per_request=500.0,
+        **common,  # type: ignore[arg-type]
+    )
+    policy = Policy(latency_estimator=ServingLatency(rtt_ms={}, default_rtt_ms=0.0))
+    together = schedule(snapshot(nodes, [fast, slow]), policy)
+    alone = schedule(snapshot(nodes, [slow]), policy)
+    assert [p.work_id for p in together.placements] == ["a-fast"]
+    assert together.pending_for("b-slow") is not None
+    assert alone.placements == ()
