@@ -66,7 +66,7 @@ def _power_w(accelerators: Sequence[Accelerator], kind: AcceleratorKind) -> tupl
 
 
 def _pool(
-    kind: AcceleratorKind, accelerators: Sequence[Accelerator], utilisation_pct: Mapping[str, float]
+    kind: AcceleratorKind, accelerators: Sequence[Accelerator], utilisation: Mapping[str, float]
 ) -> AcceleratorPool:
     idle_w, max_w = _power_w(accelerators, kind)
     speeds = [a.relative_speed or DEFAULT_RELATIVE_SPEED[kind] for a in accelerators]
@@ -75,7 +75,7 @@ def _pool(
         cores = sum(max(1, a.compute_units) for a in accelerators)
         idle_w, max_w = idle_w * count / cores, max_w * count / cores
         count = cores
-    measured = [utilisation_pct[a.id] for a in accelerators if a.id in utilisation_pct]
+    measured = [utilisation[a.id] for a in accelerators if a.id in utilisation]
     return AcceleratorPool(
         kind=kind,
         count=count,
@@ -85,7 +85,7 @@ def _pool(
         idle_power_w=idle_w,
         max_power_w=max_w,
         onnx_providers=common_providers(accelerators),
-        utilisation=min(1.0, max(0.0, sum(measured) / len(measured) / 100.0)) if measured else 0.0,
+        utilisation=min(1.0, max(0.0, sum(measured) / len(measured))) if measured else 0.0,
     )
 
 
@@ -102,8 +102,9 @@ def _valid_timezone(name: str | None) -> str | None:
 
 def scheduler_node(record: NodeRecord) -> Node:
     status = record.status
+    # The wire reports percent; inside the cloud utilisation is a share, 0..1.
     utilisation = (
-        {sample.id: sample.utilization_pct for sample in record.telemetry.accelerators}
+        {sample.id: sample.utilization_pct / 100.0 for sample in record.telemetry.accelerators}
         if record.telemetry is not None
         else {}
     )
