@@ -93,7 +93,7 @@ def _replica(
         accelerator_ids=member.accelerator_ids,
         providers=spec.providers,
         max_batch_size=batching.max_batch_size if batching else 1,
-        max_queue_delay_ms=batching.max_wait_ms if batching else 0.0,
+        max_queue_delay_ms=batching.max_queue_delay_ms if batching else 0.0,
     )
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from cloud.work.literals import PriorityClass
+from cloud.work.literals import LabelOperator, PriorityClass, SpecKind
 from shared.errors import FieldError, json_path
 from shared.messages import AcceleratorKind, Site
 
@@ -60,8 +60,6 @@ RUNNER_ENV: Final = frozenset(
     {"GREENFED_JOB_ID", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}
 )
 
-LabelOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
-
 
 class SpecStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Base of every spec type: immutable, keyword-only, unknown fields rejected."""
@@ -93,7 +91,11 @@ class BatchingSpec(SpecStruct, frozen=True, kw_only=True):
     """Dynamic batching on the serving agents (docs/inference.md)."""
 
     max_batch_size: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
-    max_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 0.0
+    # The longest a request waits for others to batch with: the wire's and the agent's
+    # max_queue_delay; REST and spec files spell it max_wait_ms.
+    max_queue_delay_ms: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = msgspec.field(
+        default=0.0, name="max_wait_ms"
+    )
 
 
 # Placement fields training jobs and deployments share (each with its own default).
@@ -274,7 +276,6 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
 
 
 WorkSpec = TrainingJobSpec | DeploymentSpec
-SpecKind = Literal["training", "deployment"]
 SPEC_TYPES: Final[dict[SpecKind, type[TrainingJobSpec] | type[DeploymentSpec]]] = {
     "training": TrainingJobSpec,
     "deployment": DeploymentSpec,
