@@ -15,7 +15,8 @@ from typing import Any, Final, get_args
 
 import msgspec
 
-from cloud.work.specs import SPEC_TYPES, SpecKind, WorkSpec, describe_error
+from cloud.work.literals import SpecKind
+from cloud.work.specs import SPEC_TYPES, WorkSpec, describe_error
 
 SPEC_KINDS: Final[tuple[SpecKind, ...]] = get_args(SpecKind)
 SUFFIXES: Final = (".json", ".toml", ".yaml", ".yml")

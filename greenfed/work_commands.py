@@ -25,7 +25,8 @@ from rich.table import Table
 from rich.text import Text
 
 from cloud.models.views import ModelList, ModelView, TensorView
-from cloud.work.specs import DeploymentSpec, SpecKind, TrainingJobSpec, encode_spec
+from cloud.work.literals import SpecKind
+from cloud.work.specs import DeploymentSpec, TrainingJobSpec, encode_spec
 from cloud.work.views import (
     AllocationView,
     DeploymentList,

@@ -24,24 +24,27 @@ from cloud.store import (
     TERMINAL_STATES,
     AllocationRecord,
     IllegalTransitionError,
-    PriorityClass,
     TenantRecord,
     VersionConflictError,
-    WorkKind,
     WorkNotFoundError,
     WorkRecord,
-    WorkState,
 )
-from cloud.store.records import PRIORITY_CLASSES
-from cloud.store.states import WORK_STATES
 from cloud.work.convert import check_convertible, spec_of
 from cloud.work.explanation import decode_explanation
+from cloud.work.literals import (
+    PRIORITY_CLASSES,
+    WORK_STATES,
+    PriorityClass,
+    SpecKind,
+    WorkKind,
+    WorkState,
+    work_kind_of,
+)
 from cloud.work.specs import (
     DEPLOYMENT_DECODER,
     TRAINING_DECODER,
     BatchingSpec,
     DeploymentSpec,
-    SpecKind,
     TrainingJobSpec,
     WorkSpec,
     encode_spec,
@@ -84,7 +87,6 @@ class WorkListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 @dataclass(frozen=True, slots=True)
 class Collection(Generic[SpecT]):
-    store_kind: WorkKind
     spec_kind: SpecKind
     noun: str
     decoder: msgspec.json.Decoder[SpecT]
@@ -95,6 +97,10 @@ class Collection(Generic[SpecT]):
     listing: Callable[
         [tuple[JobSummary | DeploymentSummary, ...], str | None], JobList | DeploymentList
     ]
+
+    @property
+    def store_kind(self) -> WorkKind:
+        return work_kind_of(self.spec_kind)
 
     def path(self) -> str:
         return f"/v1/{self.noun}s"
@@ -143,7 +149,6 @@ def _placed(allocations: tuple[AllocationRecord, ...]) -> dict[str, object]:
 
 
 JOBS: Final[Collection[TrainingJobSpec]] = Collection(
-    store_kind="training",
     spec_kind="training",
     noun="job",
     decoder=TRAINING_DECODER,
@@ -161,7 +166,6 @@ JOBS: Final[Collection[TrainingJobSpec]] = Collection(
     ),
 )
 DEPLOYMENTS: Final[Collection[DeploymentSpec]] = Collection(
-    store_kind="inference",
     spec_kind="deployment",
     noun="deployment",
     decoder=DEPLOYMENT_DECODER,

@@ -28,7 +28,6 @@ from cloud.scheduler import (
     InferenceDeployment,
     Node,
     Policy,
-    PriorityClass,
     Scheduler,
     Snapshot,
     StartWindow,
@@ -38,6 +37,7 @@ from cloud.scheduler import (
     TrainingJob,
     Work,
 )
+from cloud.work.literals import PriorityClass
 from shared.accelerators import ACCELERATORS, AcceleratorFacts, required
 from shared.messages import AcceleratorKind
 

@@ -53,7 +53,8 @@ from typing import Annotated
 
 import msgspec
 
-from cloud.scheduler import InferenceDeployment, PriorityClass, TrainingJob
+from cloud.scheduler import InferenceDeployment, TrainingJob
+from cloud.work.literals import PriorityClass
 from shared.messages import AcceleratorKind
 from shared.settings import ConfigError
 

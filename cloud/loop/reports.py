@@ -26,15 +26,9 @@ from dataclasses import dataclass
 
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import as_new_allocation, node_workers
-from cloud.store import (
-    AllocationRecord,
-    AllocationState,
-    EvictionWrite,
-    PlacementWrite,
-    StateWrite,
-    WorkRecord,
-)
+from cloud.store import AllocationRecord, EvictionWrite, PlacementWrite, StateWrite, WorkRecord
 from cloud.store.states import PLACED_STATES
+from cloud.work.literals import AllocationState
 from shared.messages import ReportedDeployment, ReportedTraining
 
 

@@ -13,14 +13,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final, Literal, Protocol
+from typing import Final, Protocol
 
+from cloud.work.literals import LabelOperator, PriorityClass, WorkKind
 from shared.errors import FieldError
 from shared.messages import AcceleratorKind, Site
-
-PriorityClass = Literal["p0", "p1", "p2"]
-WorkKind = Literal["training", "inference"]
-LabelOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 
 # p0 > p1 > p2; a lower rank is more important.
 PRIORITY_RANK: Final[Mapping[PriorityClass, int]] = MappingProxyType({"p0": 0, "p1": 1, "p2": 2})

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from cloud.work.literals import PriorityClass, WorkKind
 from shared.messages import AcceleratorKind
 
-from .model import Allocation, PriorityClass, WorkKind
+from .model import Allocation
 from .quota import QuotaState
 
 PendingCode = Literal[

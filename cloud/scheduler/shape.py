@@ -11,14 +11,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from .model import (
-    KIND_INDEX,
-    PRIORITY_RANK,
-    InferenceDeployment,
-    TrainingJob,
-    Work,
-    WorkKind,
-)
+from cloud.work.literals import WorkKind
+
+from .model import KIND_INDEX, PRIORITY_RANK, InferenceDeployment, TrainingJob, Work
 from .policy import Policy
 
 StaticKey = tuple[Hashable, ...]

@@ -24,7 +24,6 @@ from cloud.store.errors import (
 from cloud.store.leadership import LeadershipLease
 from cloud.store.records import (
     AllocationRecord,
-    AllocationState,
     CommitResult,
     CreatedTenant,
     EventRecord,
@@ -39,17 +38,15 @@ from cloud.store.records import (
     NodeDesired,
     PassWrite,
     PlacementWrite,
-    PriorityClass,
     StateWrite,
     StoreSnapshot,
     SubmitResult,
     TenantRecord,
     WorkExplanation,
-    WorkKind,
     WorkPage,
     WorkRecord,
 )
-from cloud.store.states import TERMINAL_STATES, TRANSITIONS, WorkState, is_legal
+from cloud.store.states import TERMINAL_STATES, TRANSITIONS, is_legal
 from cloud.store.store import Store, open_store
 
 __all__ = [
@@ -57,7 +54,6 @@ __all__ = [
     "TRANSITIONS",
     "WORK_STATE_EVENT",
     "AllocationRecord",
-    "AllocationState",
     "CommitResult",
     "CreatedTenant",
     "DatabaseTarget",
@@ -77,7 +73,6 @@ __all__ = [
     "NodeDesired",
     "PassWrite",
     "PlacementWrite",
-    "PriorityClass",
     "SchemaMismatchError",
     "SchemaTooNewError",
     "StateWrite",
@@ -92,11 +87,9 @@ __all__ = [
     "TenantRecord",
     "VersionConflictError",
     "WorkExplanation",
-    "WorkKind",
     "WorkNotFoundError",
     "WorkPage",
     "WorkRecord",
-    "WorkState",
     "WorkStateChanged",
     "create_store_engine",
     "is_legal",

@@ -30,13 +30,13 @@ from cloud.store.records import (
     NewEvent,
     PlacementWrite,
     StateWrite,
-    WorkKind,
     WorkRecord,
 )
 from cloud.store.rows import check_json_object, encode_json, work_from_row
 from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, events, work
 from cloud.store.sql import StoreContext, append_events, bump_generations, chunks
-from cloud.store.states import PLACED_STATES, WorkState, is_legal, requeue
+from cloud.store.states import PLACED_STATES, is_legal, requeue
+from cloud.work.literals import WorkKind, WorkState
 
 WORK_STATE_EVENT: Final = "work.state"
 

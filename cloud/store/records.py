@@ -10,18 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final, Literal, get_args
+from typing import Final
 
-from cloud.store.states import WorkState
+from cloud.work.literals import (
+    PRIORITY_CLASSES,
+    AllocationState,
+    PriorityClass,
+    WorkKind,
+    WorkState,
+)
 from shared.messages import AcceleratorKind
 
-# The same literals as cloud.scheduler.model; the store does not import the scheduler.
-WorkKind = Literal["training", "inference"]
-PriorityClass = Literal["p0", "p1", "p2"]
-AllocationState = Literal["assigned", "running"]
-WORK_KINDS: Final[tuple[WorkKind, ...]] = get_args(WorkKind)
-PRIORITY_CLASSES: Final[tuple[PriorityClass, ...]] = get_args(PriorityClass)
-ALLOCATION_STATES: Final[tuple[AllocationState, ...]] = get_args(AllocationState)
 ACCELERATOR_KINDS: Final[tuple[AcceleratorKind, ...]] = ("gpu", "npu", "cpu")
 
 

@@ -10,18 +10,20 @@ from sqlalchemy import Row
 
 from cloud.store.records import (
     ACCELERATOR_KINDS,
-    ALLOCATION_STATES,
-    PRIORITY_CLASSES,
-    WORK_KINDS,
     AllocationRecord,
-    AllocationState,
     EventRecord,
-    PriorityClass,
     TenantRecord,
-    WorkKind,
     WorkRecord,
 )
 from cloud.store.states import parse_state
+from cloud.work.literals import (
+    ALLOCATION_STATES,
+    PRIORITY_CLASSES,
+    WORK_KINDS,
+    AllocationState,
+    PriorityClass,
+    WorkKind,
+)
 from shared.messages import AcceleratorKind
 
 _QUOTAS: Final = msgspec.json.Decoder(dict[AcceleratorKind, int])

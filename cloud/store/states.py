@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Literal, get_args
+from typing import Final
 
-WorkState = Literal["pending", "scheduled", "running", "succeeded", "failed", "cancelled"]
-WORK_STATES: Final[tuple[WorkState, ...]] = get_args(WorkState)
+from cloud.work.literals import WORK_STATES, WorkState
+
 TERMINAL_STATES: Final[frozenset[WorkState]] = frozenset({"succeeded", "failed", "cancelled"})
 # States in which work holds (or is about to hold) allocations.
 PLACED_STATES: Final[frozenset[WorkState]] = frozenset({"scheduled", "running"})

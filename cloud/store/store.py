@@ -50,7 +50,6 @@ from cloud.store.migrate import MigrationReport, migrate
 from cloud.store.models import insert_model, list_model_page, model_from_row, select_model
 from cloud.store.records import (
     AllocationRecord,
-    AllocationState,
     CommitResult,
     CreatedTenant,
     EventRecord,
@@ -62,13 +61,11 @@ from cloud.store.records import (
     NewTenant,
     NodeDesired,
     PassWrite,
-    PriorityClass,
     StateWrite,
     StoreSnapshot,
     SubmitResult,
     TenantRecord,
     WorkExplanation,
-    WorkKind,
     WorkPage,
     WorkRecord,
 )
@@ -96,7 +93,7 @@ from cloud.store.sql import (
     chunks,
     insert_ignoring,
 )
-from cloud.store.states import TERMINAL_STATES, WorkState
+from cloud.store.states import TERMINAL_STATES
 from cloud.store.tenants import (
     TokenCache,
     insert_tenant,
@@ -111,6 +108,7 @@ from cloud.store.work import (
     select_allocations,
     select_work,
 )
+from cloud.work.literals import AllocationState, PriorityClass, WorkKind, WorkState
 from shared.settings import StoreSettings
 
 _IDEMPOTENCY_KEY_MAX = 255

@@ -12,18 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.changes import state_event_row
 from cloud.store.errors import TenantNotFoundError
-from cloud.store.records import (
-    AllocationRecord,
-    PriorityClass,
-    SubmitResult,
-    WorkKind,
-    WorkPage,
-    WorkRecord,
-)
+from cloud.store.records import AllocationRecord, SubmitResult, WorkPage, WorkRecord
 from cloud.store.rows import allocation_from_row, work_from_row
 from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, work
 from cloud.store.sql import StoreContext, append_events, chunks, insert_ignoring
-from cloud.store.states import TERMINAL_STATES, WORK_STATES, WorkState
+from cloud.store.states import TERMINAL_STATES
+from cloud.work.literals import WORK_STATES, PriorityClass, WorkKind, WorkState
 
 MAX_PAGE = 1000
 

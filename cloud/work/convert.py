@@ -25,6 +25,7 @@ from cloud.scheduler.model import (
     Work,
 )
 from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
+from cloud.work.literals import spec_kind_of
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
 from shared.errors import FieldError
 
@@ -100,7 +101,7 @@ def to_work(spec: WorkSpec, *, work_id: str, tenant: str, submitted_at: float) -
 
 def spec_of(record: WorkRecord) -> WorkSpec:
     """The record's spec as the API accepted it (raises msgspec errors for a corrupt one)."""
-    return decode_spec("training" if record.kind == "training" else "deployment", record.spec)
+    return decode_spec(spec_kind_of(record.kind), record.spec)
 
 
 def work_from_record(record: WorkRecord, *, tenant: str) -> Work:

@@ -1,11 +1,33 @@
-"""The store's literal types, repeated here so that the REST types (and the CLI that
-decodes them) load without the database stack. A test checks they stay equal to
-`cloud.store`'s."""
+"""The vocabularies of work, defined once: the scheduler core, the store, the REST
+views and the CLI all import them from here (this module imports nothing, so the
+CLI loads it without the database stack and the core stays pure).
+
+Work kinds have one word per layer. Below the REST API (the scheduler, the store's
+`kind` column, `work.state` events) a model server is `inference` work; the REST API
+and spec files call the same work a `deployment` (`SpecKind`). `spec_kind_of` and
+`work_kind_of` are the one mapping between the two.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal, get_args
 
+WorkKind = Literal["training", "inference"]
+SpecKind = Literal["training", "deployment"]
 PriorityClass = Literal["p0", "p1", "p2"]
 WorkState = Literal["pending", "scheduled", "running", "succeeded", "failed", "cancelled"]
 AllocationState = Literal["assigned", "running"]
+LabelOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+WORK_KINDS: Final[tuple[WorkKind, ...]] = get_args(WorkKind)
+PRIORITY_CLASSES: Final[tuple[PriorityClass, ...]] = get_args(PriorityClass)
+WORK_STATES: Final[tuple[WorkState, ...]] = get_args(WorkState)
+ALLOCATION_STATES: Final[tuple[AllocationState, ...]] = get_args(AllocationState)
+
+
+def spec_kind_of(kind: WorkKind) -> SpecKind:
+    return "training" if kind == "training" else "deployment"
+
+
+def work_kind_of(kind: SpecKind) -> WorkKind:
+    return "training" if kind == "training" else "inference"

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from cloud.scheduler.model import InferenceDeployment, LabelRequirement, Toleration, TrainingJob
-from cloud.store import AllocationRecord, TenantRecord, WorkRecord, records, states
+from cloud.store import AllocationRecord, TenantRecord, WorkRecord
 from cloud.work import literals
 from cloud.work.convert import (
     allocation_from_record,
@@ -22,6 +22,7 @@ from cloud.work.convert import (
 )
 from cloud.work.specs import (
     GIB,
+    SPEC_TYPES,
     DeploymentSpec,
     LabelRequirementSpec,
     TrainingJobSpec,
@@ -280,10 +281,12 @@ def test_spec_checks_raise_a_typed_field_error() -> None:
     )
 
 
-def test_the_rest_literals_match_the_stores() -> None:
-    assert get_args(literals.PriorityClass) == records.PRIORITY_CLASSES
-    assert get_args(literals.WorkState) == states.WORK_STATES
-    assert get_args(literals.AllocationState) == records.ALLOCATION_STATES
+def test_a_deployment_is_inference_work_below_the_rest_api() -> None:
+    assert literals.spec_kind_of("inference") == "deployment"
+    assert literals.work_kind_of("deployment") == "inference"
+    for kind in literals.WORK_KINDS:
+        assert literals.work_kind_of(literals.spec_kind_of(kind)) == kind
+    assert set(get_args(literals.SpecKind)) == set(SPEC_TYPES)
 
 
 def test_spec_files_in_json_toml_and_yaml(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import msgspec
 
 from cloud.fleet.registry import NodeRecord
 from cloud.store import AllocationRecord, WorkRecord
-from cloud.store.states import WorkState
+from cloud.work.literals import WorkState
 from shared.messages import (
     Accelerator,
     AcceleratorKind,

@@ -16,7 +16,8 @@ from cloud.loop.inputs import PassInputs, build_inputs
 from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
 from cloud.scheduler import Policy
-from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord, WorkState
+from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
+from cloud.work.literals import WorkState
 from tests.green.builders import HOUR, T0, flat, grid
 from tests.loop.builders import allocation, node, work
 

@@ -16,7 +16,6 @@ from cloud.scheduler import (
     Node,
     Plan,
     Policy,
-    PriorityClass,
     Snapshot,
     Taint,
     Tenant,
@@ -25,6 +24,7 @@ from cloud.scheduler import (
     schedule,
 )
 from cloud.scheduler.arrays import FloatArray
+from cloud.work.literals import PriorityClass
 from shared.messages import AcceleratorKind, Site
 
 GIB = 1 << 30

@@ -16,7 +16,6 @@ from cloud.scheduler import (
     Node,
     Plan,
     Policy,
-    PriorityClass,
     Scheduler,
     Snapshot,
     Tenant,
@@ -28,6 +27,7 @@ from cloud.scheduler.filters import static_filters
 from cloud.scheduler.harness import FakeClock, SimulatedCluster
 from cloud.scheduler.model import KIND_INDEX, PRIORITY_RANK
 from cloud.scheduler.shape import make_shape
+from cloud.work.literals import PriorityClass
 from shared.messages import AcceleratorKind
 
 from .builders import GIB, NOW, deployment, edge_node, gpu_node, job, running

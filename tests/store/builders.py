@@ -6,16 +6,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from cloud.store import (
-    CreatedTenant,
-    NewAllocation,
-    NewTenant,
-    PlacementWrite,
-    PriorityClass,
-    Store,
-    SubmitResult,
-    WorkKind,
-)
+from cloud.store import CreatedTenant, NewAllocation, NewTenant, PlacementWrite, Store, SubmitResult
+from cloud.work.literals import PriorityClass, WorkKind
 from shared.messages import AcceleratorKind
 
 

@@ -17,14 +17,8 @@ from cloud.store import (
     VersionConflictError,
     WorkRecord,
 )
-from cloud.store.states import (
-    TERMINAL_STATES,
-    TRANSITIONS,
-    WORK_STATES,
-    WorkState,
-    is_legal,
-    requeue,
-)
+from cloud.store.states import TERMINAL_STATES, TRANSITIONS, is_legal, requeue
+from cloud.work.literals import WORK_STATES, WorkState
 from tests.store.builders import placement, submit
 
 NON_TERMINAL = [state for state in WORK_STATES if state not in TERMINAL_STATES]
