@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from cloud.scheduler import AcceleratorPool, Node, Snapshot, Work
+from cloud.scheduler import AcceleratorPool, Allocation, Node, Snapshot, TrainingJob, Work
 from cloud.signals.grid import GridSignals, ZoneSeries
 
 T0 = 1_686_787_200.0  # 2023-06-15T00:00:00Z, an hour boundary
@@ -90,3 +90,20 @@ def snapshot(nodes: Sequence[Node], queue: Sequence[Work] = (), *, now: float = 
 
 def by_node(snap: Snapshot, values: np.ndarray, nodes: np.ndarray) -> Mapping[str, float]:
     return {snap.nodes.node_ids[n]: float(v) for n, v in zip(nodes, values, strict=True)}
+
+
+def running_on(node_id: str, job: TrainingJob, *, started: float = T0) -> Allocation:
+    """`job`'s one worker, running on `node_id` since `started`."""
+    return Allocation(
+        allocation_id=f"{job.work_id}/0",
+        work_id=job.work_id,
+        work_kind="training",
+        tenant=job.tenant,
+        priority=job.priority,
+        preemptible=job.preemptible,
+        node_id=node_id,
+        accelerator_kind="gpu",
+        accelerators=job.accelerators_per_worker,
+        started_at=started,
+        expected_end=started + job.duration_s,
+    )

@@ -11,10 +11,10 @@ from cloud.green.energy import EnergyModel
 from cloud.green.latency import default_latency_estimator
 from cloud.green.migration import Migrator, RunningJob
 from cloud.green.policies import GreenInputs, build_policy
-from cloud.scheduler import Allocation, Node, Policy, Snapshot, TrainingJob
+from cloud.scheduler import Node, Policy, Snapshot, TrainingJob
 from cloud.signals.grid import ZoneSeries
 
-from .builders import HOUR, T0, flat, gpu_server, grid, series
+from .builders import HOUR, T0, flat, gpu_server, grid, running_on, series
 
 NOW = T0 + 2 * HOUR
 
@@ -37,22 +37,6 @@ def training(
         checkpoint_interval_s=checkpoint_s,
         deadline=deadline,
         preemptible=preemptible,
-    )
-
-
-def running_on(node_id: str, job: TrainingJob, *, started: float = T0) -> Allocation:
-    return Allocation(
-        allocation_id=f"{job.work_id}/0",
-        work_id=job.work_id,
-        work_kind="training",
-        tenant=job.tenant,
-        priority=job.priority,
-        preemptible=job.preemptible,
-        node_id=node_id,
-        accelerator_kind="gpu",
-        accelerators=job.accelerators_per_worker,
-        started_at=started,
-        expected_end=started + job.duration_s,
     )
 
 

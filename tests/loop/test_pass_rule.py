@@ -12,7 +12,7 @@ from cloud.green.migration import Migrator, RunningJob
 from cloud.green.pass_rule import schedule_then_move, with_placements
 from cloud.green.policies import GreenInputs, build_policy
 from cloud.scheduler import Allocation, Node, Plan, Policy, Snapshot, TrainingJob, schedule
-from tests.green.builders import HOUR, T0, flat, gpu_server, grid
+from tests.green.builders import HOUR, T0, flat, gpu_server, grid, running_on
 
 NOW = T0 + 2 * HOUR
 SIGNALS = grid(flat("DIRTY", 600.0), flat("CLEAN", 60.0), now=NOW)
@@ -32,22 +32,6 @@ def training(work_id: str, **fields: object) -> TrainingJob:
         "priority": "p2",
     }
     return TrainingJob(work_id=work_id, **(defaults | fields))  # type: ignore[arg-type]
-
-
-def running_on(node_id: str, job: TrainingJob) -> Allocation:
-    return Allocation(
-        allocation_id=f"{job.work_id}/0",
-        work_id=job.work_id,
-        work_kind="training",
-        tenant=job.tenant,
-        priority=job.priority,
-        preemptible=job.preemptible,
-        node_id=node_id,
-        accelerator_kind="gpu",
-        accelerators=job.accelerators_per_worker,
-        started_at=T0,
-        expected_end=T0 + job.duration_s,
-    )
 
 
 MOVER = training("mover")
