@@ -86,6 +86,11 @@ class SchedulingCollector(Collector):
             ("migrations", "Running jobs moved to cleaner capacity", stats.migrated),
             ("conflicts", "Passes planned again because work changed under them", stats.conflicts),
             ("errors", "Passes that failed (logged)", stats.errors),
+            (
+                "hook_failures",
+                "Work items left pending because an extension hook failed for them (logged)",
+                self._loop.hook_failures.total,
+            ),
         ):
             yield CounterMetricFamily(f"greenfed_scheduling_{name}", help_text, value=value)
         yield GaugeMetricFamily(

@@ -84,6 +84,10 @@ _FINISH, _RETIRE, _SUBMIT, _WAKE = 0, 1, 2, 3
 EventKind = Literal[0, 1, 2, 3]
 
 
+class HookFailedInEvaluation(RuntimeError):
+    """A policy's hook failed during a simulated pass: the evaluation stops, naming it."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     start_s: float
@@ -440,6 +444,11 @@ class Simulation:
             running,
             cluster_after=self._cluster_after,
         )
+        failed = next((p for p in decision.plan.pending if p.hook_failure is not None), None)
+        if failed is not None:
+            # Live, a failing hook leaves one job waiting; in an evaluation it would
+            # quietly turn into waits and misses that measure the bug, not the policy.
+            raise HookFailedInEvaluation(failed.message)
         if queued:
             self.passes += 1
             self._apply(decision.plan, queued)

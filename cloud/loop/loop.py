@@ -39,6 +39,7 @@ from cloud.green.pass_rule import PassDecision, schedule_then_move
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
+from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, build_inputs
 from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
@@ -113,6 +114,7 @@ class SchedulingLoop:
         self._retry_at: float | None = None
         self._last_pass_end = 0.0  # monotonic
         self._last_move_check: float | None = None  # monotonic
+        self.hook_failures = HookFailureLog(monotonic)
         self._log = structlog.get_logger("greenfed.loop")
         self.stats = LoopStats()
         self.leading = asyncio.Event()
@@ -245,12 +247,13 @@ class SchedulingLoop:
         if migrator is not None:
             self._last_move_check = move_check
         plan = decision.plan
+        self.hook_failures.note(plan)
         translation = translate(plan, inputs, self._fresh_explanations(plan), decision.moves)
         for move in translation.moves:
             self._log.info("work moved", work_id=move.work_id, reason=move.explain())
-        store_plan = translation.plan
-        if translation.changes_work or store_plan.pending_reasons or store_plan.explanations:
-            await self._commit(store_plan, lease)
+        pass_write = translation.write
+        if translation.changes_work or pass_write.pending_reasons or pass_write.explanations:
+            await self._commit(pass_write, lease)
             self.stats.placed += translation.placed
             self.stats.evicted += translation.evicted
             self.stats.migrated += len(translation.moves)
@@ -293,9 +296,9 @@ class SchedulingLoop:
         finally:
             self._own_commit = False
 
-    async def _commit(self, plan: PassWrite, lease: LeadershipLease) -> None:
+    async def _commit(self, write: PassWrite, lease: LeadershipLease) -> None:
         with self._committing():
-            await self._store.commit_pass(plan, lease=lease)
+            await self._store.commit_pass(write, lease=lease)
         self.stats.commits += 1
 
     async def _green_inputs(self, nodes: Iterable[NodeRecord]) -> GreenInputs:

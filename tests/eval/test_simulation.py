@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from cloud.eval.runner import EvalOptions, build_scenario, run_eval
+from cloud.eval.simulation import HookFailedInEvaluation
+from cloud.green.latency import ServingLatency
 
 from .scenarios import write_scenario
 
@@ -72,3 +74,17 @@ def test_options_are_checked() -> None:
         EvalOptions(days=0)
     with pytest.raises(ValueError, match="unknown forecaster"):
         EvalOptions(forecaster="crystal-ball")
+
+
+def test_a_failing_hook_stops_the_evaluation_naming_it(
+    small: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live, a failing hook leaves one job pending; an evaluation that carried on would
+    report the bug's waits and misses as the policy's."""
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("no RTT for this region")
+
+    monkeypatch.setattr(ServingLatency, "estimate_ms", broken)
+    with pytest.raises(HookFailedInEvaluation, match="latency estimator 'ServingLatency'"):
+        run_eval(options(small, "green"))
