@@ -7,6 +7,8 @@ discovery, time limits, problem+json errors); ``work_cli.py`` and
 fleet table; ``spec_files.py`` JSON/TOML/YAML spec files; ``up.py`` ``greenfed
 up`` (embedded broker, control plane and simulated fleet in one process);
 ``broker.py`` the embedded broker; ``ports.py`` and ``data_dir_lock.py`` what a
-second control plane on the same port or data directory runs into. No command
-but ``greenfed up`` imports the control plane's server code.
+second control plane on the same port or data directory runs into. The commands
+that talk to a running control plane import none of its server code
+(``cloud.api``, the store); ``up``, ``cloud``, ``eval`` and ``bench`` run parts of
+it in-process.
 """

@@ -111,7 +111,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_cloud(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _configure_logging(settings)
-    with data_dir_lock(settings.store.resolved_data_dir(), "cloud"):
+    # Replicas may share a data directory; a `greenfed up` on it may not (and v.v.).
+    with data_dir_lock(settings.store.resolved_data_dir(), "cloud", exclusive=False):
         check_api_port(settings.cloud.api_host, settings.cloud.api_port)
         from cloud.main import run_cloud
         from shared.runtime import run_main
@@ -193,6 +194,7 @@ def cmd_bench_scheduler(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from cloud.eval.report import as_json, describe, plot, table
     from cloud.eval.runner import EvalOptions, build_scenario, run_eval
+    from cloud.eval.simulation import HookFailedInEvaluation
     from cloud.eval.workload import dump_workload
 
     try:
@@ -222,7 +224,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(str(error)) from None
     if args.dump_workload is not None:
         args.dump_workload.write_text(dump_workload(scenario.workload), encoding="utf-8")
-    report = run_eval(options, scenario=scenario)
+    try:
+        report = run_eval(options, scenario=scenario)
+    except HookFailedInEvaluation as error:
+        print(f"greenfed: the evaluation stopped: {error}", file=sys.stderr)
+        return EXIT_FAILURE
     if args.json:
         print(as_json(report.results))
     else:

@@ -1,8 +1,11 @@
-"""One control plane per data directory: `greenfed up` and `greenfed cloud` hold an
-exclusive `flock` on `greenfed.lock` in it for as long as they run.
+"""`greenfed up` owns its data directory; `greenfed cloud` replicas may share one.
 
-Two processes on one data directory would share its admin token file, its SQLite
-database and its model files without knowing of each other. The kernel drops the
+`greenfed up` holds an exclusive `flock` on `greenfed.lock` in the data directory
+for as long as it runs, and each `greenfed cloud` a shared one: several control
+plane replicas may serve one data directory (one SQLite file, one set of model
+files, as docs/scheduling.md describes), but a `greenfed up` (which also runs its
+own broker and simulated fleet on that directory) neither joins nor is joined by
+another process. The kernel drops the
 lock when its holder exits or dies, so a crash never leaves a stale lock behind;
 the file itself stays (deleting a lock file races with the next process opening it).
 """
@@ -34,8 +37,9 @@ class DataDirInUse(Exception):
 
 
 @contextlib.contextmanager
-def data_dir_lock(data_dir: Path, command: str) -> Iterator[Path]:
-    """Hold the lock of `data_dir` for the block, or raise `DataDirInUse` at once.
+def data_dir_lock(data_dir: Path, command: str, *, exclusive: bool = True) -> Iterator[Path]:
+    """Hold the lock of `data_dir` for the block (``exclusive``, or shared with other
+    shared holders), or raise `DataDirInUse` at once.
 
     `command` ("up", "cloud") is written into the lock file with the process id, so the
     next process's message can say who holds it.
@@ -46,7 +50,7 @@ def data_dir_lock(data_dir: Path, command: str) -> Iterator[Path]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:
             raise DataDirInUse(data_dir, _holder(fd)) from None
         os.ftruncate(fd, 0)

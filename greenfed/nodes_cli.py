@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
 from typing import TextIO
 
-from rich.console import Console
 from rich.table import Table
 
 from cloud.fleet.views import NodeList, NodeSummary
 from greenfed.api_client import ApiClient
+from greenfed.work_commands import ago, console
 
 GIB = 1024**3
 
@@ -50,15 +49,6 @@ def _accelerator_text(node: NodeSummary) -> str:
     return ", ".join(parts) or "cpu only"
 
 
-def _ago(moment: datetime) -> str:
-    seconds = max(0.0, (datetime.now(tz=UTC) - moment).total_seconds())
-    if seconds < 120:
-        return f"{seconds:.0f}s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.0f}h ago"
-
-
 def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
     table = Table(title=f"greenfed fleet: {nodes.count} nodes", title_justify="left")
     for column in (
@@ -90,9 +80,9 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
             if node.accelerator_utilization_pct is None
             else f"{node.accelerator_utilization_pct:.0f}",
             "" if node.power_w is None else f"{node.power_w:.0f}",
-            _ago(node.last_seen_at),
+            ago(node.last_seen_at),
         )
-    console = Console(file=out, width=None if out.isatty() else 160)
-    console.print(table)
+    screen = console(out)
+    screen.print(table)
     online = sum(1 for node in nodes.items if node.state == "online")
-    console.print(f"{online}/{nodes.count} online")
+    screen.print(f"{online}/{nodes.count} online")

@@ -15,8 +15,8 @@ from typing import Any, Final, get_args
 
 import msgspec
 
-from cloud.work.literals import SpecKind
 from cloud.work.specs import SPEC_TYPES, WorkSpec, describe_error
+from shared.work_literals import SpecKind
 
 SPEC_KINDS: Final[tuple[SpecKind, ...]] = get_args(SpecKind)
 SUFFIXES: Final = (".json", ".toml", ".yaml", ".yml")

@@ -67,8 +67,10 @@ async def run_up(settings: Settings, options: UpOptions, stop: asyncio.Event) ->
             settings, mqtt=msgspec.structs.replace(settings.mqtt, url=mqtt_url)
         )
         app = create_app(settings)
-        api = f"http://{settings.cloud.api_host}:{settings.cloud.api_port}"
-        async with serving(app, settings.cloud.api_host, settings.cloud.api_port):
+        async with serving(app, settings.cloud.api_host, settings.cloud.api_port) as runner:
+            # The port the API really bound (`--api-port 0` picks a free one).
+            bound_port = runner.addresses[0][1]
+            api = f"http://{settings.cloud.api_host}:{bound_port}"
             simulated = SimulatedFleet(
                 fleet,
                 settings.mqtt,

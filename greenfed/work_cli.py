@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from greenfed.arguments import EXIT_INTERRUPTED, EXIT_USAGE, non_negative_int
+from greenfed.arguments import EXIT_INTERRUPTED, EXIT_USAGE, non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from greenfed.api_client import ApiClient, Target
@@ -222,7 +222,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
 def _list_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", help="comma-separated: pending,scheduled,running,...")
     parser.add_argument("--priority", help="comma-separated: p0,p1,p2")
-    parser.add_argument("--limit", type=non_negative_int, help="page size (default 50)")
+    parser.add_argument("--limit", type=positive_int, help="page size (default 50)")
     parser.add_argument("--cursor", help="the next page, as printed after a full page")
 
 
@@ -278,7 +278,7 @@ def add_work_commands(commands: Any) -> None:
     logs.set_defaults(handler=cmd_logs)
 
     models = commands.add_parser("models", help="list your ONNX models, or upload one")
-    models.add_argument("--limit", type=non_negative_int, default=50)
+    models.add_argument("--limit", type=positive_int, default=50)
     models.add_argument("--cursor")
     add_client_options(models)
     models.set_defaults(handler=cmd_models, models_command=None)

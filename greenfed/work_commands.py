@@ -25,7 +25,6 @@ from rich.table import Table
 from rich.text import Text
 
 from cloud.models.views import ModelList, ModelView, TensorView
-from cloud.work.literals import SpecKind
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec, encode_spec
 from cloud.work.views import (
     AllocationView,
@@ -40,6 +39,7 @@ from cloud.work.views import (
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_OK
 from shared.messages import AcceleratorKind
+from shared.work_literals import SpecKind
 
 # ---- rendering -----------------------------------------------------------------------------
 
