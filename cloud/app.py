@@ -50,8 +50,7 @@ from cloud.loop.loop import SchedulingLoop
 from cloud.loop.publisher import DesiredPublisher
 from cloud.metrics import SchedulingCollector, build_metrics_registry
 from cloud.models.blobs import BlobStore
-from cloud.models.signing import SECRET_NAME as URL_KEY_NAME
-from cloud.models.signing import ModelUrlSigner, api_base_url
+from cloud.models.signing import SECRET_NAME, ModelUrlSigner, api_base_url
 from cloud.signals.factory import build_signal_service
 from cloud.store import StoreError, StoreUnavailableError, open_store
 from cloud.streams.events import EventHub
@@ -101,7 +100,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
             settings.resolved_data_dir() / "models", app[SETTINGS].cloud.max_model_bytes
         )
         app[MODEL_URL_SIGNER] = ModelUrlSigner(
-            await store.shared_secret(URL_KEY_NAME), api_base_url(app[SETTINGS].cloud)
+            await store.shared_secret(SECRET_NAME), api_base_url(app[SETTINGS].cloud)
         )
         app[ADMIN_TOKEN_FILE] = await bootstrap_admin(store, settings)
         hub = EventHub(

@@ -1,6 +1,6 @@
 """The vocabularies of work, defined once: the scheduler core, the store, the REST
-views and the CLI all import them from here (this module imports nothing, so the
-CLI loads it without the database stack and the core stays pure).
+views, the event payloads and the CLI all import them from here (a leaf that imports
+nothing, so none of them depends on another for a word).
 
 Work kinds have one word per layer. Below the REST API (the scheduler, the store's
 `kind` column, `work.state` events) a model server is `inference` work; the REST API

@@ -1,4 +1,5 @@
-"""Imports run in the intended direction only (ARCHITECTURE.md's layout).
+"""Imports run in the intended direction only (the layout of the handbook's
+architecture map and the package docstrings).
 
 Read from the source with `ast`, so a lazy import inside a function counts as much
 as one at the top of a module; only `if TYPE_CHECKING:` blocks are left out, since
@@ -62,6 +63,8 @@ RULES = [
         ("cloud.api", "cloud.store", "cloud.loop", "cloud.green", "cloud.signals", "cloud.fleet"),
         "the scheduler core is pure: extensions reach it through its hooks",
     ),
+    ("cloud/scheduler", ("cloud.work",), "work converts to the core's types, not the reverse"),
+    ("cloud/store", ("cloud.work", "cloud.scheduler"), "the store keeps records, not decisions"),
     ("cloud/signals", ("cloud.scheduler.extensions",), "signals feed hooks, not the reverse"),
 ]
 

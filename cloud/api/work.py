@@ -31,15 +31,6 @@ from cloud.store import (
 )
 from cloud.work.convert import check_convertible, spec_of
 from cloud.work.explanation import decode_explanation
-from cloud.work.literals import (
-    PRIORITY_CLASSES,
-    WORK_STATES,
-    PriorityClass,
-    SpecKind,
-    WorkKind,
-    WorkState,
-    work_kind_of,
-)
 from cloud.work.specs import (
     DEPLOYMENT_DECODER,
     TRAINING_DECODER,
@@ -63,6 +54,15 @@ from cloud.work.views import (
 from shared.clock import utc_from_epoch
 from shared.errors import json_path
 from shared.problems import InvalidParam
+from shared.work_literals import (
+    PRIORITY_CLASSES,
+    WORK_STATES,
+    PriorityClass,
+    SpecKind,
+    WorkKind,
+    WorkState,
+    work_kind_of,
+)
 
 MAX_PAGE_SIZE: Final = 1000
 IDEMPOTENCY_KEY_MAX: Final = 255

@@ -37,9 +37,9 @@ from cloud.scheduler import (
     TrainingJob,
     Work,
 )
-from cloud.work.literals import PriorityClass
 from shared.accelerators import ACCELERATORS, AcceleratorFacts, required
 from shared.messages import AcceleratorKind
+from shared.work_literals import PriorityClass
 
 GIB = 1 << 30
 NOW = 1_700_000_000.0

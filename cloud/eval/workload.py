@@ -54,9 +54,9 @@ from typing import Annotated
 import msgspec
 
 from cloud.scheduler import InferenceDeployment, TrainingJob
-from cloud.work.literals import PriorityClass
 from shared.messages import AcceleratorKind
 from shared.settings import ConfigError
+from shared.work_literals import PriorityClass
 
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Positive = Annotated[float, msgspec.Meta(gt=0)]

@@ -8,7 +8,7 @@ from cloud.store import AllocationRecord, NewAllocation
 
 
 def as_new_allocation(record: AllocationRecord) -> NewAllocation:
-    """A stored allocation, to keep as it is in a `Placement` that replaces the set."""
+    """A stored allocation, to keep as it is in a `PlacementWrite` that replaces the set."""
     return NewAllocation(
         member_index=record.member_index,
         node_id=record.node_id,

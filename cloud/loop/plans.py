@@ -38,7 +38,7 @@ _log = structlog.get_logger("greenfed.loop")
 
 @dataclass(frozen=True, slots=True)
 class Translation:
-    plan: PassWrite
+    write: PassWrite
     placed: int  # work items that got allocations
     evicted: int  # work items that lost allocations to preemption
     moves: tuple[JobMove, ...]  # the moves made (a move whose devices ran out is not)
@@ -46,8 +46,8 @@ class Translation:
 
     @property
     def changes_work(self) -> bool:
-        plan = self.plan
-        return bool(plan.placements or plan.evictions or plan.state_changes)
+        write = self.write
+        return bool(write.placements or write.evictions or write.state_changes)
 
 
 def _preempted(
@@ -206,7 +206,7 @@ def translate(
         and inputs.records[pending.work_id].state_reason != pending.message
     }
     return Translation(
-        plan=PassWrite(
+        write=PassWrite(
             placements=tuple(placements),
             evictions=tuple(evictions),
             state_changes=tuple(state_changes),

@@ -28,8 +28,8 @@ from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import as_new_allocation, node_workers
 from cloud.store import AllocationRecord, EvictionWrite, PlacementWrite, StateWrite, WorkRecord
 from cloud.store.states import PLACED_STATES
-from cloud.work.literals import AllocationState
 from shared.messages import ReportedDeployment, ReportedTraining
+from shared.work_literals import AllocationState
 
 
 @dataclass(frozen=True, slots=True)

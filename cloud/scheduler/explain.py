@@ -7,8 +7,9 @@ reservation, retry time) are built by the core; this module only words them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Final, Literal
+
+from shared.clock import utc_from_epoch
 
 from .filters import FilterName
 from .model import KINDS
@@ -68,7 +69,7 @@ def summarise(counts: Mapping[FilterName, int], total: int, fitting: int, shape:
 
 
 def utc(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%MZ")
+    return utc_from_epoch(timestamp).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def unschedulable(counts: Mapping[FilterName, int], summary: str) -> str:
@@ -84,7 +85,7 @@ def window(shape: WorkShape, opens_at: float | None, summary: str) -> str:
 
 
 def utc_minutes(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return utc_from_epoch(timestamp).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def deferred(deferral: Deferral, summary: str) -> str:

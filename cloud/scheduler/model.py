@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Protocol
 
-from cloud.work.literals import LabelOperator, PriorityClass, WorkKind
 from shared.errors import FieldError
 from shared.messages import AcceleratorKind, Site
+from shared.work_literals import LabelOperator, PriorityClass, WorkKind
 
 # p0 > p1 > p2; a lower rank is more important.
 PRIORITY_RANK: Final[Mapping[PriorityClass, int]] = MappingProxyType({"p0": 0, "p1": 1, "p2": 2})

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from cloud.work.literals import PriorityClass, WorkKind
 from shared.messages import AcceleratorKind
+from shared.work_literals import PriorityClass, WorkKind
 
 from .model import Allocation
 from .quota import QuotaState

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from cloud.work.literals import WorkKind
+from shared.work_literals import WorkKind
 
 from .model import KIND_INDEX, PRIORITY_RANK, InferenceDeployment, TrainingJob, Work
 from .policy import Policy

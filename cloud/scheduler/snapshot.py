@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from itertools import pairwise
 from types import MappingProxyType
 
 import numpy as np
 
+from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind, Site
 
 from .arrays import BoolArray, FloatArray, IntArray, read_only
@@ -209,7 +209,7 @@ def _require_unique(what: str, ids: Sequence[str]) -> None:
 def _utc_offset_s(node: Node, now: float) -> int:
     if node.timezone is None:
         return node.utc_offset_minutes * 60
-    offset = datetime.fromtimestamp(now, UTC).astimezone(zone(node.timezone)).utcoffset()
+    offset = utc_from_epoch(now).astimezone(zone(node.timezone)).utcoffset()
     return int(offset.total_seconds()) if offset is not None else 0
 
 

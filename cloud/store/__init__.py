@@ -9,7 +9,7 @@ from cloud.store.changes import WORK_STATE_EVENT, WorkStateChanged
 from cloud.store.engine import DatabaseTarget, create_store_engine, resolve_database
 from cloud.store.errors import (
     IllegalTransitionError,
-    InvalidPlanError,
+    InvalidPassWriteError,
     LeadershipLostError,
     SchemaMismatchError,
     SchemaTooNewError,
@@ -60,7 +60,7 @@ __all__ = [
     "EventRecord",
     "EvictionWrite",
     "IllegalTransitionError",
-    "InvalidPlanError",
+    "InvalidPassWriteError",
     "LeadershipLease",
     "LeadershipLostError",
     "ModelPage",

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.errors import (
     IllegalTransitionError,
-    InvalidPlanError,
+    InvalidPassWriteError,
     VersionConflictError,
     WorkNotFoundError,
 )
@@ -36,7 +36,7 @@ from cloud.store.rows import check_json_object, encode_json, work_from_row
 from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, events, work
 from cloud.store.sql import StoreContext, append_events, bump_generations, chunks
 from cloud.store.states import PLACED_STATES, is_legal, requeue
-from cloud.work.literals import WorkKind, WorkState
+from shared.work_literals import WorkKind, WorkState
 
 WORK_STATE_EVENT: Final = "work.state"
 
@@ -226,7 +226,7 @@ async def apply_changes(
         draft.move(outcome.to_state, outcome.reason)
     for change in changes.state_changes:
         if change.to_state == "scheduled":
-            raise InvalidPlanError(f"{change.work_id}: work is scheduled by a PlacementWrite")
+            raise InvalidPassWriteError(f"{change.work_id}: work is scheduled by a PlacementWrite")
         drafts[change.work_id].move(change.to_state, change.reason)
     for placement in changes.placements:
         drafts[placement.work_id].place(placement)

@@ -66,8 +66,8 @@ class VersionConflictError(StoreError):
         super().__init__(f"work changed since it was read: {', '.join(self.work_ids)}")
 
 
-class InvalidPlanError(StoreError):
-    """A plan or allocation that cannot be stored as given; nothing was changed."""
+class InvalidPassWriteError(StoreError):
+    """A pass's write or an allocation that cannot be stored as given; nothing changed."""
 
 
 class LeadershipLostError(StoreError):

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from cloud.work.literals import (
+from shared.messages import AcceleratorKind
+from shared.work_literals import (
     PRIORITY_CLASSES,
     AllocationState,
     PriorityClass,
     WorkKind,
     WorkState,
 )
-from shared.messages import AcceleratorKind
 
 ACCELERATOR_KINDS: Final[tuple[AcceleratorKind, ...]] = ("gpu", "npu", "cpu")
 

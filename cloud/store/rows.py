@@ -16,7 +16,8 @@ from cloud.store.records import (
     WorkRecord,
 )
 from cloud.store.states import parse_state
-from cloud.work.literals import (
+from shared.messages import AcceleratorKind
+from shared.work_literals import (
     ALLOCATION_STATES,
     PRIORITY_CLASSES,
     WORK_KINDS,
@@ -24,7 +25,6 @@ from cloud.work.literals import (
     PriorityClass,
     WorkKind,
 )
-from shared.messages import AcceleratorKind
 
 _QUOTAS: Final = msgspec.json.Decoder(dict[AcceleratorKind, int])
 _PRIORITIES: Final = msgspec.json.Decoder(tuple[PriorityClass, ...])

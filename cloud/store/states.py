@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from cloud.work.literals import WORK_STATES, WorkState
+from shared.work_literals import WORK_STATES, WorkState
 
 TERMINAL_STATES: Final[frozenset[WorkState]] = frozenset({"succeeded", "failed", "cancelled"})
 # States in which work holds (or is about to hold) allocations.

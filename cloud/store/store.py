@@ -108,8 +108,8 @@ from cloud.store.work import (
     select_allocations,
     select_work,
 )
-from cloud.work.literals import AllocationState, PriorityClass, WorkKind, WorkState
 from shared.settings import StoreSettings
+from shared.work_literals import AllocationState, PriorityClass, WorkKind, WorkState
 
 _IDEMPOTENCY_KEY_MAX = 255
 
@@ -606,7 +606,7 @@ class Store:
                 generations = {row.node_id: int(row.generation) for row in generation_rows}
         return StoreSnapshot(tenant_records, work_records, allocation_records, generations)
 
-    async def commit_pass(self, plan: PassWrite, *, lease: LeadershipLease) -> CommitResult:
+    async def commit_pass(self, write: PassWrite, *, lease: LeadershipLease) -> CommitResult:
         """Apply a scheduling pass as one transaction: all of it, or (raising) none of it.
 
         Evictions requeue (bounded by `store.max_attempts`, then failed), state changes
@@ -616,12 +616,12 @@ class Store:
         `IllegalTransitionError`, `WorkNotFoundError`, `LeadershipLostError`.
         """
         changes = Changes(
-            evictions=plan.evictions,
-            state_changes=plan.state_changes,
-            placements=plan.placements,
-            pending_reasons=plan.pending_reasons,
-            events=plan.events,
-            explanations=plan.explanations,
+            evictions=write.evictions,
+            state_changes=write.state_changes,
+            placements=write.placements,
+            pending_reasons=write.pending_reasons,
+            events=write.events,
+            explanations=write.explanations,
         )
         self._check_lease_is_ours(lease)
         if isinstance(lease, PostgresLease):

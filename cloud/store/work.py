@@ -17,7 +17,7 @@ from cloud.store.rows import allocation_from_row, work_from_row
 from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, work
 from cloud.store.sql import StoreContext, append_events, chunks, insert_ignoring
 from cloud.store.states import TERMINAL_STATES
-from cloud.work.literals import WORK_STATES, PriorityClass, WorkKind, WorkState
+from shared.work_literals import WORK_STATES, PriorityClass, WorkKind, WorkState
 
 MAX_PAGE = 1000
 

@@ -25,9 +25,9 @@ from cloud.scheduler.model import (
     Work,
 )
 from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
-from cloud.work.literals import spec_kind_of
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
 from shared.errors import FieldError
+from shared.work_literals import spec_kind_of
 
 
 def _placement_fields(spec: WorkSpec) -> dict[str, object]:
@@ -160,4 +160,6 @@ def check_convertible(spec: WorkSpec) -> FieldError | None:
         to_work(spec, work_id="submitted", tenant="tenant", submitted_at=0.0)
     except FieldError as error:
         return error
+    except ValueError as error:  # a check not yet typed still answers 422, never 500
+        return FieldError((), str(error))
     return None

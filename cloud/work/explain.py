@@ -2,7 +2,7 @@
 
 `explanations_for_plan(plan)` makes one `Explanation` (cloud.work.explanation) per work
 item the pass decided something about; the loop passes the result as
-`cloud.store.Plan.explanations`, and `GET .../explain` shows the latest one.
+`cloud.store.PassWrite.explanations`, and `GET .../explain` shows the latest one.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def explain_work(
 def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -> dict[str, bytes]:
     """Work id -> encoded `Explanation` for every work item the pass decided about (or
     only those in `work_ids`): what the scheduling loop passes as
-    `cloud.store.Plan.explanations`."""
+    `cloud.store.PassWrite.explanations`."""
     placements: dict[str, list[Placement]] = {}
     for placement in plan.placements:
         placements.setdefault(placement.work_id, []).append(placement)

@@ -18,9 +18,9 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from cloud.work.literals import LabelOperator, PriorityClass, SpecKind
 from shared.errors import FieldError, json_path
 from shared.messages import AcceleratorKind, Site
+from shared.work_literals import LabelOperator, PriorityClass, SpecKind
 
 GIB: Final = 1024**3
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import msgspec
 
 from cloud.work.explanation import Explanation
-from cloud.work.literals import AllocationState, PriorityClass, WorkState
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind
+from shared.work_literals import AllocationState, PriorityClass, WorkState
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
     from cloud.fleet.registry import NodeRegistry

@@ -11,7 +11,6 @@ import pytest
 
 from cloud.scheduler.model import InferenceDeployment, LabelRequirement, Toleration, TrainingJob
 from cloud.store import AllocationRecord, TenantRecord, WorkRecord
-from cloud.work import literals
 from cloud.work.convert import (
     allocation_from_record,
     check_convertible,
@@ -31,6 +30,7 @@ from cloud.work.specs import (
     encode_spec,
 )
 from greenfed.spec_files import SpecFileError, load_spec_file
+from shared import work_literals
 from shared.errors import FieldError
 
 FULL_JOB = {
@@ -282,11 +282,11 @@ def test_spec_checks_raise_a_typed_field_error() -> None:
 
 
 def test_a_deployment_is_inference_work_below_the_rest_api() -> None:
-    assert literals.spec_kind_of("inference") == "deployment"
-    assert literals.work_kind_of("deployment") == "inference"
-    for kind in literals.WORK_KINDS:
-        assert literals.work_kind_of(literals.spec_kind_of(kind)) == kind
-    assert set(get_args(literals.SpecKind)) == set(SPEC_TYPES)
+    assert work_literals.spec_kind_of("inference") == "deployment"
+    assert work_literals.work_kind_of("deployment") == "inference"
+    for kind in work_literals.WORK_KINDS:
+        assert work_literals.work_kind_of(work_literals.spec_kind_of(kind)) == kind
+    assert set(get_args(work_literals.SpecKind)) == set(SPEC_TYPES)
 
 
 def test_spec_files_in_json_toml_and_yaml(tmp_path: Path) -> None:

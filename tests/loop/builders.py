@@ -8,7 +8,6 @@ import msgspec
 
 from cloud.fleet.registry import NodeRecord
 from cloud.store import AllocationRecord, WorkRecord
-from cloud.work.literals import WorkState
 from shared.messages import (
     Accelerator,
     AcceleratorKind,
@@ -20,6 +19,7 @@ from shared.messages import (
     ReportedTraining,
     Site,
 )
+from shared.work_literals import WorkState
 
 
 def device(kind: AcceleratorKind, index: int, **fields: Any) -> Accelerator:

@@ -17,7 +17,7 @@ from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
 from cloud.scheduler import Policy
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
-from cloud.work.literals import WorkState
+from shared.work_literals import WorkState
 from tests.green.builders import HOUR, T0, flat, grid
 from tests.loop.builders import allocation, node, work
 
@@ -88,8 +88,8 @@ def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None
     assert move.work_id == "mover"
 
     translation = translate(plan, inputs, {}, [move])
-    [eviction] = translation.plan.evictions
-    [placement] = translation.plan.placements
+    [eviction] = translation.write.evictions
+    [placement] = translation.write.placements
     assert eviction.work_id == placement.work_id == "mover"
     assert eviction.expected_version == placement.expected_version == 2
     assert eviction.reason.startswith("Moved from dirty-0 to clean for ")
@@ -98,7 +98,7 @@ def test_only_a_running_checkpointing_job_with_attempts_to_spare_moves() -> None
     assert (moved.node_id, moved.accelerator_ids) == ("clean", GPUS)
     assert [m.work_id for m in translation.moves] == ["mover"]
     assert (translation.placed, translation.evicted) == (0, 0)
-    assert "mover" in translation.plan.explanations
+    assert "mover" in translation.write.explanations
 
 
 def test_a_pass_that_preempts_moves_nothing() -> None:
@@ -161,9 +161,9 @@ def test_a_move_that_cannot_get_its_devices_is_not_made_and_its_devices_stay_its
     translation = translate(plan, shrunk, {}, [move])
     assert translation.moves == ()
     assert "mover" in translation.skipped
-    assert translation.plan.evictions == ()
-    [placed] = translation.plan.placements
+    assert translation.write.evictions == ()
+    [placed] = translation.write.placements
     assert placed.work_id == "newcomer"
     # The newcomer gets the free devices, not the ones the mover still runs on.
     assert placed.allocations[0].accelerator_ids == eight[4:]
-    assert "mover" not in translation.plan.explanations
+    assert "mover" not in translation.write.explanations

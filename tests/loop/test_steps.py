@@ -11,8 +11,7 @@ from cloud.loop.inputs import build_inputs
 from cloud.loop.nodes import TIMEZONE_LABEL, scheduler_node
 from cloud.loop.plans import translate
 from cloud.loop.reports import agent_outcomes
-from cloud.scheduler import Plan as CorePlan
-from cloud.scheduler import Preemption
+from cloud.scheduler import Plan, Preemption
 from cloud.store import StoreSnapshot
 from edge.inference.replicas import check_assignment
 from shared.messages import DesiredDeployment, ReportedDeployment, ReportedTraining
@@ -225,7 +224,7 @@ def test_a_preempted_replica_leaves_the_others_serving_and_a_preempted_gang_goes
             preempted_by="urgent",
         )
 
-    plan = CorePlan(
+    plan = Plan(
         now=0.0,
         placements=(),
         preemptions=(preempt("dep-1", 1, "b"), preempt("job-1", 0, "a")),
@@ -234,9 +233,9 @@ def test_a_preempted_replica_leaves_the_others_serving_and_a_preempted_gang_goes
         order=(),
     )
     translation = translate(plan, inputs, {})
-    (eviction,) = translation.plan.evictions
+    (eviction,) = translation.write.evictions
     assert (eviction.work_id, eviction.reason) == ("job-1", "preempted by urgent (priority)")
-    (kept,) = translation.plan.placements
+    (kept,) = translation.write.placements
     assert kept.work_id == "dep-1"
     assert [(a.member_index, a.node_id) for a in kept.allocations] == [(0, "a")]
     assert translation.evicted == 2

@@ -24,8 +24,8 @@ from cloud.scheduler import (
     schedule,
 )
 from cloud.scheduler.arrays import FloatArray
-from cloud.work.literals import PriorityClass
 from shared.messages import AcceleratorKind, Site
+from shared.work_literals import PriorityClass
 
 GIB = 1 << 30
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z

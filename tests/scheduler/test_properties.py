@@ -27,8 +27,8 @@ from cloud.scheduler.filters import static_filters
 from cloud.scheduler.harness import FakeClock, SimulatedCluster
 from cloud.scheduler.model import KIND_INDEX, PRIORITY_RANK
 from cloud.scheduler.shape import make_shape
-from cloud.work.literals import PriorityClass
 from shared.messages import AcceleratorKind
+from shared.work_literals import PriorityClass
 
 from .builders import GIB, NOW, deployment, edge_node, gpu_node, job, running
 from .profiles import PROPERTIES

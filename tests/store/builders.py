@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import msgspec
 
 from cloud.store import CreatedTenant, NewAllocation, NewTenant, PlacementWrite, Store, SubmitResult
-from cloud.work.literals import PriorityClass, WorkKind
 from shared.messages import AcceleratorKind
+from shared.work_literals import PriorityClass, WorkKind
 
 
 async def make_tenant(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cloud.store import (
     IllegalTransitionError,
-    InvalidPlanError,
+    InvalidPassWriteError,
     PassWrite,
     Store,
     TenantRecord,
@@ -18,7 +18,7 @@ from cloud.store import (
     WorkRecord,
 )
 from cloud.store.states import TERMINAL_STATES, TRANSITIONS, is_legal, requeue
-from cloud.work.literals import WORK_STATES, WorkState
+from shared.work_literals import WORK_STATES, WorkState
 from tests.store.builders import placement, submit
 
 NON_TERMINAL = [state for state in WORK_STATES if state not in TERMINAL_STATES]
@@ -114,7 +114,7 @@ async def test_random_histories_never_reach_an_illegal_state(
     for step in steps:
         expected = _model(state, attempts, step, max_attempts=3)
         if expected is None:
-            with pytest.raises((IllegalTransitionError, InvalidPlanError)):
+            with pytest.raises((IllegalTransitionError, InvalidPassWriteError)):
                 await _apply(store, work, step)
         else:
             work = await _apply(store, work, step)
