@@ -218,6 +218,10 @@ _SOC_NPUS = (
         kind="npu",
         vendor="intel",
         compute_units=2,
+        # An estimate, not a published figure: the NPU's share of the Core Ultra's
+        # 28 W package, about 0.3 W idle and 5 W flat out.
+        idle_power_w=0.3,
+        max_power_w=5.0,
         relative_speed=_tops(11),
     ),
     AcceleratorFacts(

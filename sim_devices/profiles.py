@@ -80,6 +80,24 @@ def _gpu(name: str, count: int) -> AcceleratorProfile:
     )
 
 
+def _npu(name: str, *, onnx_providers: tuple[str, ...], model: str = "") -> AcceleratorProfile:
+    """One NPU filed under `name` in shared.accelerators (shown as `model`, when the
+    device reports itself under another name than the table files it by)."""
+    facts = ACCELERATORS[name]
+    return AcceleratorProfile(
+        kind=facts.kind,
+        vendor=facts.vendor,
+        model=model or facts.name,
+        count=1,
+        memory_bytes=facts.memory_bytes or 0,  # 0: shares host memory
+        compute_units=required(facts.compute_units, facts, "compute units"),
+        idle_power_w=required(facts.idle_power_w, facts, "idle power"),
+        max_power_w=required(facts.max_power_w, facts, "maximum power"),
+        relative_speed=required(facts.relative_speed, facts, "relative speed"),
+        onnx_providers=onnx_providers,
+    )
+
+
 PROFILES: dict[str, DeviceProfile] = {
     profile.name: profile
     for profile in (
@@ -137,19 +155,9 @@ PROFILES: dict[str, DeviceProfile] = {
             memory_bytes=32 * GIB,
             arch="x86_64",
             accelerators=(
-                # Figures of its own: shared.accelerators' "Intel Meteor Lake NPU" has
-                # speed 11/624 = 0.018 and no power (it is part of the SoC package's),
-                # and taking those would change the simulated fleet.
-                AcceleratorProfile(
-                    kind="npu",
-                    vendor="intel",
+                _npu(
+                    "Intel Meteor Lake NPU",
                     model="Intel AI Boost NPU (Meteor Lake)",
-                    count=1,
-                    memory_bytes=0,
-                    compute_units=2,
-                    idle_power_w=0.3,
-                    max_power_w=5.0,
-                    relative_speed=0.02,
                     onnx_providers=("OpenVINOExecutionProvider",),
                 ),
             ),
@@ -169,20 +177,7 @@ PROFILES: dict[str, DeviceProfile] = {
             accelerators=(
                 # No ONNX Runtime execution provider exists for the Edge TPU (it runs TFLite),
                 # so it advertises none: ONNX work can only use this node's CPU.
-                # Figures of its own: shared.accelerators' "Coral Edge TPU" agrees but
-                # for its speed, 4/624 = 0.0064, and taking that would change the fleet.
-                AcceleratorProfile(
-                    kind="npu",
-                    vendor="google",
-                    model="Coral Edge TPU",
-                    count=1,
-                    memory_bytes=8 * 1024**2,
-                    compute_units=1,
-                    idle_power_w=0.5,
-                    max_power_w=2.0,
-                    relative_speed=0.008,
-                    onnx_providers=(),
-                ),
+                _npu("Coral Edge TPU", onnx_providers=()),
             ),
             source="Coral M.2 Accelerator data sheet: 4 TOPS at 2 W; Celeron N5105 10 W TDP",
         ),

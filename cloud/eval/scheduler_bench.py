@@ -102,7 +102,7 @@ def _pools(kind: str, rng: random.Random) -> tuple[AcceleratorPool, ...]:
             AcceleratorPool(
                 kind="npu",
                 count=rng.choice((1, 2)),
-                model="Hexagon",
+                model="synthetic edge NPU",
                 memory_bytes=8 * GIB,
                 relative_speed=0.2,
                 idle_power_w=1,
@@ -127,7 +127,7 @@ def _pools(kind: str, rng: random.Random) -> tuple[AcceleratorPool, ...]:
             AcceleratorPool(
                 kind="gpu",
                 count=1,
-                model="Orin",
+                model="synthetic edge GPU",
                 memory_bytes=16 * GIB,
                 relative_speed=0.15,
                 idle_power_w=5,
