@@ -196,7 +196,9 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[REGISTRY] = registry
-    app[LIVENESS] = Liveness(registry, LivenessSettings.of(settings))
+    app[LIVENESS] = Liveness(
+        registry, LivenessSettings.of(settings), link_up=ingestor.subscribed.is_set
+    )
     app[INGESTOR] = ingestor
     app[METRICS] = build_metrics_registry(ingestor)
     app[JOB_LOGS] = job_logs

@@ -16,9 +16,15 @@ Two judgments of silence, each one rule, with their settings in `LivenessSetting
 What a node says of itself is the registry's to apply (cloud/fleet/registry.py):
 its birth, its will (`connection-lost`), its goodbye (`shutdown`), and the
 telemetry that brings a stale node back online. This module only judges what the
-absence of messages means, and every such judgment is made here: a condition under
-which none may be made (the control plane itself cut off from the broker, when
-every node falls silent at once) belongs in this class and nowhere else.
+absence of messages means, and every such judgment is made here.
+
+**Nodes are judged on their own silence, not the control plane's.** While the
+control plane is itself cut off from the broker (``link_up`` false: ingestion is
+not subscribed), every node falls silent at once, and that is no evidence about any
+of them: no node is declared offline or lost. When the link comes back, every
+node's silence is counted from that moment (a fresh staleness deadline and a fresh
+grace period), so the agents that kept working through a broker outage are not
+restarted because of it.
 
 Settings keep their keys for users: `[cloud] staleness_intervals`,
 `[cloud] liveness_check_interval_s` and `[scheduling] node_lost_grace_s`
@@ -75,24 +81,53 @@ class Liveness:
         settings: LivenessSettings | None = None,
         *,
         monotonic: Callable[[], float] | None = None,
+        link_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self._registry = registry
         self.settings = settings or LivenessSettings()
         self._monotonic = monotonic or registry.monotonic
+        # Whether the control plane hears the broker now (ingestion subscribed).
+        self._link_up = link_up
+        self._was_up = True
+        self._ever_heard = False
+        # When the link last came back (monotonic): silence before it does not count.
+        self._heard_since_s = float("-inf")
         # Node id -> when the leader's passes first saw it unavailable (monotonic).
         self._unavailable_since: dict[str, float] = {}
         self._log = structlog.get_logger("greenfed.liveness")
 
     # ---- offline -------------------------------------------------------------------
 
+    def listening(self, now_s: float) -> bool:
+        """Whether silence means anything now. False while the link is down; on the
+        first call after it came back, every silence and grace clock starts again."""
+        if not self._link_up():
+            if self._was_up and self._ever_heard:  # not at start-up, before the first
+                self._log.warning("broker link down: no node is judged until it returns")
+            self._was_up = False
+            return False
+        if not self._was_up:
+            self._was_up = True
+            self._heard_since_s = now_s
+            self._unavailable_since.clear()
+            if self._ever_heard:
+                self._log.info("broker link back: every node gets a fresh grace period")
+        self._ever_heard = True
+        return True
+
     def is_stale(self, record: NodeRecord, now_s: float) -> bool:
-        """No telemetry for longer than `staleness_intervals` of the node's interval."""
+        """No telemetry for longer than `staleness_intervals` of the node's interval,
+        counted from when this control plane could last hear it."""
         deadline_s = self.settings.staleness_intervals * record.status.telemetry_interval_s
-        return now_s - record.last_seen_monotonic > deadline_s
+        heard_s = max(record.last_seen_monotonic, self._heard_since_s)
+        return now_s - heard_s > deadline_s
 
     def expire_stale(self) -> list[NodeStateChange]:
-        """Mark online nodes without recent telemetry offline (`telemetry-stale`)."""
+        """Mark online nodes without recent telemetry offline (`telemetry-stale`);
+        nothing while the broker link is down."""
         now_s = self._monotonic()
+        if not self.listening(now_s):
+            return []
         stale = [
             record.node_id
             for record in self._registry
@@ -118,8 +153,11 @@ class Liveness:
     def lost_nodes(self, holding: Iterable[str], nodes: Mapping[str, NodeRecord]) -> dict[str, str]:
         """Of the nodes ``holding`` work, those lost: unavailable in the pass's view of
         the fleet (``nodes``) for `node_lost_grace_s`. Node id -> why. Called once
-        per pass by the leader, whose calls start and stop the grace clocks."""
+        per pass by the leader, whose calls start and stop the grace clocks. None while
+        the broker link is down."""
         now_s = self._monotonic()
+        if not self.listening(now_s):
+            return {}
         held = set(holding)
         lost: dict[str, str] = {}
         for node_id in sorted(held):

@@ -654,3 +654,59 @@ async def test_the_timer_expires_stale_nodes_and_reports_the_change(
         await stop_task(timer)
     assert state_of(registry, "n1") == ("offline", "telemetry-stale")
     assert state_of(registry, "n2") == ("online", None)
+
+
+class Link:
+    """Whether the control plane hears the broker, as a test sets it."""
+
+    def __init__(self) -> None:
+        self.up = True
+
+    def __call__(self) -> bool:
+        return self.up
+
+
+def test_no_node_is_judged_while_the_control_plane_is_off_the_broker(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    link = Link()
+    liveness = Liveness(
+        registry, LivenessSettings(staleness_intervals=3.0, node_lost_grace_s=30.0), link_up=link
+    )
+    registry.apply_status(status("n1"))  # telemetry every 5 s: stale after 15 s
+    registry.apply_status(status("n2"))
+    registry.apply_status(will("n2"))  # offline before the outage
+    assert liveness.lost_nodes(["n2"], by_id(registry)) == {}  # its grace clock starts
+    link.up = False
+    clock.advance(120.0)  # far past staleness and grace
+    assert liveness.expire_stale() == []
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {}
+    assert state_of(registry, "n1") == ("online", None)
+    link.up = True
+    # Back: each node's silence counts from now, not from before the outage.
+    assert liveness.expire_stale() == []
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {}
+    clock.advance(14.0)
+    assert liveness.expire_stale() == []
+    clock.advance(1.5)
+    assert liveness.expire_stale() == [NodeStateChange("n1", "offline", "telemetry-stale")]
+    clock.advance(14.5)  # 30 s since the link came back
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {"n2": "offline: connection-lost"}
+
+
+def test_a_node_that_speaks_after_the_outage_stays_online(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    link = Link()
+    liveness = Liveness(registry, LivenessSettings(staleness_intervals=3.0), link_up=link)
+    registry.apply_status(status("n1"))
+    link.up = False
+    clock.advance(60.0)
+    assert liveness.expire_stale() == []
+    link.up = True
+    assert liveness.expire_stale() == []
+    clock.advance(10.0)
+    registry.apply_telemetry(telemetry("n1", seq=1))
+    clock.advance(10.0)
+    assert liveness.expire_stale() == []
+    assert state_of(registry, "n1") == ("online", None)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
 
+from cloud.fleet.liveness import Liveness, LivenessSettings
 from greenfed.broker import EmbeddedBroker
 from shared.errors import MqttAuthError
 from tests.support.brokers import (
@@ -47,6 +49,60 @@ async def test_agent_and_cloud_reconnect_and_reannounce_after_mosquitto_restarts
                 lambda: record.telemetry is not None and record.telemetry.seq > seq_after_restart
             )
             assert record.state == "online"
+    finally:
+        await mosquitto.stop()
+
+
+async def test_a_broker_outage_declares_no_node_offline_and_grants_a_fresh_grace(
+    tmp_path: Path,
+) -> None:
+    """The control plane's own loss of the broker is no evidence about any node: through
+    an outage (the broker killed: no wills) of many staleness deadlines the node stays
+    online, and it is judged again only once the link is back (telemetry every 0.1 s:
+    stale after 0.3 s)."""
+    mosquitto = MosquittoProcess(tmp_path)
+    await mosquitto.start()
+    try:
+        settings = mqtt_settings(mosquitto.url, "outage")
+        agent = simulated_agent("a100-out", settings, "a100-4x", site="cloud")
+        async with running_ingestion(settings) as cloud, running(agent):
+            liveness = Liveness(
+                cloud.registry,
+                LivenessSettings(staleness_intervals=3.0, liveness_check_interval_s=0.05),
+                link_up=cloud.ingestor.subscribed.is_set,
+            )
+            judged = asyncio.create_task(liveness.run(lambda: None))
+            try:
+                await eventually(
+                    lambda: (
+                        (r := cloud.registry.get("a100-out")) is not None
+                        and r.telemetry is not None
+                    )
+                )
+                await mosquitto.kill()
+                await eventually(lambda: not cloud.ingestor.subscribed.is_set())
+                outage_started = asyncio.get_running_loop().time()
+                # Ten staleness deadlines with nothing heard from anyone.
+                await eventually(
+                    lambda: asyncio.get_running_loop().time() - outage_started > 3.0,
+                    timeout_s=10,
+                )
+                record = cloud.registry.get("a100-out")
+                assert record is not None
+                assert (record.state, record.offline_reason) == ("online", None)
+                assert liveness.lost_nodes(["a100-out"], {}) == {}  # not even unknown ones
+                await mosquitto.start()
+                await eventually(lambda: cloud.ingestor.subscribed.is_set(), timeout_s=15)
+                seq = record.telemetry.seq if record.telemetry else -1
+                await eventually(
+                    lambda: record.telemetry is not None and record.telemetry.seq > seq,
+                    timeout_s=15,
+                )
+                assert record.state == "online"
+            finally:
+                judged.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await judged
     finally:
         await mosquitto.stop()
 

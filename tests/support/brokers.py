@@ -208,10 +208,19 @@ class MosquittoProcess:
             await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
+        """A clean shutdown (SIGTERM): Mosquitto publishes its clients' wills first."""
         if self._process is None:
             return
         process, self._process = self._process, None
         process.terminate()
+        await asyncio.to_thread(process.wait, 10)
+
+    async def kill(self) -> None:
+        """SIGKILL: the broker vanishes mid-flight, publishing nothing."""
+        if self._process is None:
+            return
+        process, self._process = self._process, None
+        process.kill()
         await asyncio.to_thread(process.wait, 10)
 
 
