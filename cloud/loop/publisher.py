@@ -5,6 +5,12 @@ not stall while MQTT reconnects. Documents that could not be published stay queu
 (a newer one for the same node replaces them) and go out on the next connection;
 retained delivery means an agent that was offline gets its latest document when it
 subscribes.
+
+On every (re)connection the newest document of every node goes out again: a broker
+that restarted without persistence (or lost its retained messages any other way)
+would otherwise hold no `desired` at all, and an agent restarting then would get
+nothing. Republishing a document the broker still holds is harmless: agents apply
+a generation once.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ class DesiredPublisher:
             logger=structlog.get_logger("greenfed.loop.mqtt"),
         )
         self._queue: dict[str, DesiredState] = {}
+        # The newest document handed over per node: republished on every connection.
+        self._latest: dict[str, DesiredState] = {}
         self._queued = asyncio.Event()
         # The generation last handed over per node: what the loop need not send again.
         self._generations: dict[str, int] = {}
@@ -41,9 +49,11 @@ class DesiredPublisher:
     def forget(self) -> None:
         """Leadership changed hands: the next leader republishes everything it has."""
         self._generations.clear()
+        self._latest.clear()
 
     def submit(self, document: DesiredState) -> None:
         self._queue[document.node_id] = document
+        self._latest[document.node_id] = document
         self._generations[document.node_id] = document.generation
         self._queued.set()
 
@@ -53,6 +63,9 @@ class DesiredPublisher:
     async def _drain(self, client: aiomqtt.Client) -> None:
         """Publish until the connection drops; noticing the drop at once (not at the next
         publish) lets the session reconnect while nothing is waiting to go out."""
+        self._queue.update(self._latest)  # retained state may be gone: all of it again
+        if self._queue:
+            self._queued.set()
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._watch(client))

@@ -4,6 +4,8 @@ it was down goes out when it returns, newest document per node, retained."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from pathlib import Path
 
 import aiomqtt
 import pytest
@@ -13,7 +15,7 @@ from greenfed.broker import EmbeddedBroker
 from shared.messages import DESIRED_DECODER, DesiredState
 from shared.tasks import stop_task
 from shared.topics import Channel, Topics
-from tests.support.brokers import free_port
+from tests.support.brokers import MosquittoProcess, free_port
 from tests.support.fleet import mqtt_settings
 from tests.support.waiting import eventually
 
@@ -24,19 +26,21 @@ def document(node_id: str, generation: int) -> DesiredState:
     return DesiredState(node_id=node_id, generation=generation, issued_at=1.0)
 
 
-async def retained(url: str, root: str, expected: int) -> dict[str, int]:
-    """Generation per node from the broker's retained `desired` documents."""
+async def retained(url: str, root: str, expected: int, *, wait_s: float = 10.0) -> dict[str, int]:
+    """Generation per node from the broker's retained `desired` documents: as soon as
+    `expected` nodes are found, else what arrived within `wait_s`."""
     host, port = url.removeprefix("mqtt://").split(":")
     found: dict[str, int] = {}
     async with aiomqtt.Client(host, int(port), identifier="test-reader") as client:
         await client.subscribe(Topics(root).all_nodes(Channel.DESIRED), qos=1)
-        async with asyncio.timeout(10):
-            async for message in client.messages:
-                assert isinstance(message.payload, bytes)
-                desired = DESIRED_DECODER.decode(message.payload)
-                found[desired.node_id] = desired.generation
-                if len(found) == expected:
-                    return found
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                async for message in client.messages:
+                    assert isinstance(message.payload, bytes)
+                    desired = DESIRED_DECODER.decode(message.payload)
+                    found[desired.node_id] = desired.generation
+                    if len(found) == expected:
+                        return found
     return found
 
 
@@ -68,3 +72,35 @@ async def test_documents_handed_over_while_the_broker_is_down_go_out_when_it_ret
     finally:
         await stop_task(task)
         await broker.stop()
+
+
+async def test_every_node_s_newest_document_is_back_after_a_broker_restart_that_lost_it(
+    tmp_path: Path,
+) -> None:
+    """A broker restarted without persistence holds no retained `desired`: the publisher
+    puts every node's newest document back on its own, with nothing new handed over."""
+    mosquitto = MosquittoProcess(tmp_path)
+    await mosquitto.start()
+    settings = mqtt_settings(mosquitto.url, "republish")
+    publisher = DesiredPublisher(settings)
+    task = asyncio.create_task(publisher.run())
+    try:
+        await eventually(publisher.connected.is_set, timeout_s=10)
+        for node_id, generation in (("n1", 1), ("n2", 4), ("n1", 2)):
+            publisher.submit(document(node_id, generation))
+        assert await retained(mosquitto.url, "republish", expected=2) == {"n1": 2, "n2": 4}
+
+        await mosquitto.kill()
+        await eventually(lambda: not publisher.connected.is_set(), timeout_s=10)
+        await mosquitto.start()  # empty: no persistence
+        assert await retained(mosquitto.url, "republish", expected=2) == {"n1": 2, "n2": 4}
+
+        publisher.forget()  # leadership lost: nothing of this leader's goes out again
+        await mosquitto.kill()
+        await eventually(lambda: not publisher.connected.is_set(), timeout_s=10)
+        await mosquitto.start()
+        await eventually(publisher.connected.is_set, timeout_s=15)
+        assert await retained(mosquitto.url, "republish", expected=0, wait_s=1.0) == {}
+    finally:
+        await stop_task(task)
+        await mosquitto.stop()
