@@ -26,13 +26,20 @@ from shared.problems import InvalidParam
 
 _ENCODER: Final = msgspec.json.Encoder()
 RETRY_MS: Final = 2000
+# Event ids are the store's 64-bit sequence: a larger cursor names no event (and would
+# overflow the database's BIGINT), so it is refused as the bad input it is.
+MAX_EVENT_ID: Final = 2**63 - 1
 
 
 class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     after: (
         Annotated[
             int,
-            msgspec.Meta(ge=0, description="Resume after this event id (like Last-Event-ID)."),
+            msgspec.Meta(
+                ge=0,
+                le=MAX_EVENT_ID,
+                description="Resume after this event id (like Last-Event-ID).",
+            ),
         ]
         | None
     ) = None
@@ -62,7 +69,7 @@ def _last_event_id(request: web.Request, query: EventsQuery) -> int | None:
         value = int(header.strip())
     except ValueError:
         value = -1
-    if value < 0:
+    if not 0 <= value <= MAX_EVENT_ID:
         raise Problem(
             400,
             "invalid-header",

@@ -122,13 +122,17 @@ async def test_events_committed_by_another_replica_arrive_by_polling(
 
 async def test_a_bad_last_event_id_is_a_problem(api: Api) -> None:
     token = await api.tenant("acme")
-    for value in ("abc", "-4"):
+    for value in ("abc", "-4", str(2**63)):
         response = await api.client.get(
             "/v1/events", headers={**bearer(token), "Last-Event-ID": value}
         )
         body = await problem(response, 400)
         assert body["invalid_params"][0]["name"] == "Last-Event-ID"
-    await problem(await api.client.get("/v1/events?after=x", headers=bearer(token)), 400)
+    for after in ("x", str(2**63), str(10**30)):
+        body = await problem(
+            await api.client.get(f"/v1/events?after={after}", headers=bearer(token)), 400
+        )
+        assert body["invalid_params"][0]["name"] == "after"
 
 
 async def test_open_streams_end_when_the_server_stops(database: DatabaseUnderTest) -> None:
