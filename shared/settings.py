@@ -132,6 +132,10 @@ class AgentSettings(Section, frozen=True, kw_only=True):
     inference_queue_limit: Annotated[int, msgspec.Meta(ge=1)] = 256
     # Downloaded models kept in data_dir/models, least recently used evicted first.
     model_cache_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 * 1024**3
+    # The control plane's Ed25519 public key (base64 of the 32 raw bytes), written by
+    # `greenfed edge enrol`: every `desired` document must carry its valid signature.
+    # Empty: no document is trusted and none is applied (edge/agent/desired.py).
+    control_plane_public_key: str = ""
 
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):
@@ -171,12 +175,37 @@ class CloudSettings(Section, frozen=True, kw_only=True):
     public_url: str | None = None
     # Largest ONNX model `POST /v1/models` accepts (stored under store.data_dir/models).
     max_model_bytes: Annotated[int, msgspec.Meta(ge=1)] = 2 * 1024**3
+    # The Ed25519 key `desired` documents are signed with (PEM, mode 0600; made on first
+    # start). Every replica must use the same file. Empty: store.data_dir/desired-signing.key.
+    signing_key_file: str = ""
+    # Node credentials: "none" leaves the broker's accounts to the operator (enrolment
+    # then hands out no MQTT password); "dynamic-security" provisions each enrolled node
+    # over `$CONTROL/dynamic-security/v1` (Mosquitto's plugin, or the embedded broker).
+    broker_accounts: Literal["none", "dynamic-security"] = "none"
+    # true: only enrolled, unrevoked node ids enter the registry.
+    require_enrolment: bool = False
+    # Join tokens live this long unless `--ttl` says otherwise.
+    join_token_ttl_s: Annotated[float, msgspec.Meta(gt=0, le=366 * 86400)] = 3600.0
+    # The registry holds at most this many nodes; births beyond are rejected.
+    max_nodes: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    # Plausibility limits on births and telemetry (cloud/fleet/plausibility.py).
+    max_accelerators_per_node: Annotated[int, msgspec.Meta(ge=1)] = 256
+    max_accelerator_memory_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024**4
+    max_accelerator_power_w: PositiveFloat = 10_000.0
+    max_clock_skew_s: PositiveFloat = 300.0
+    min_telemetry_interval_s: PositiveFloat = 0.05
+    max_telemetry_interval_s: PositiveFloat = 3600.0
+    # HTTP: a request's headers must arrive within this long, its body within the next.
+    http_header_timeout_s: PositiveFloat = 10.0
+    http_body_timeout_s: PositiveFloat = 60.0
 
     def __post_init__(self) -> None:
         if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
             raise FieldError(
                 "public_url", f"{self.public_url!r} must start with http:// or https://"
             )
+        if self.max_telemetry_interval_s < self.min_telemetry_interval_s:
+            raise FieldError("max_telemetry_interval_s", "must be >= min_telemetry_interval_s")
 
 
 # Must match cloud.green.policies.POLICY_NAMES (a test checks): shared/ never imports cloud/.
@@ -210,6 +239,10 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     # After taking leadership, wait this long for retained node births before the
     # first pass, so a restarted control plane does not see a fleet with holes.
     startup_settle_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 2.0
+    # An allocation `assigned` to a node that has not reported it after this long gets
+    # its desired document republished; after twice this long it is requeued
+    # (cloud/loop/allocations.py).
+    assignment_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # Gangs rendezvous on MASTER_PORT = base + a stable hash of (job, attempt) % span.
     master_port_base: Annotated[int, msgspec.Meta(ge=1024, le=65535)] = 29500
     master_port_span: Annotated[int, msgspec.Meta(ge=1, le=30000)] = 1000

@@ -1,0 +1,49 @@
+"""What enrolment and revocation ask of the broker, whichever broker it is.
+
+A node's account may publish only under `{root}/v1/nodes/{node_id}/` and read only its
+own `desired` topic. The control plane's own account (the one in `[mqtt]`) must be
+allowed to administer accounts when `cloud.broker_accounts = "dynamic-security"`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+class BrokerAccountError(RuntimeError):
+    """The broker refused or did not answer an account change; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCredentials:
+    """What a node connects with. `password` is None where accounts are managed by hand."""
+
+    username: str
+    password: str | None
+
+
+class BrokerAccounts(ABC):
+    @abstractmethod
+    async def provision(self, node_id: str) -> NodeCredentials:
+        """Create (or reset the password of, and re-enable) the node's account, with a
+        role that confines it to its own topics. Raises `BrokerAccountError`."""
+
+    @abstractmethod
+    async def revoke(self, node_id: str) -> None:
+        """Disable the node's account at once (its connection is dropped). Idempotent;
+        raises `BrokerAccountError`."""
+
+    async def close(self) -> None:
+        """Release whatever connection the implementation holds."""
+
+
+class ManualAccounts(BrokerAccounts):
+    """`cloud.broker_accounts = "none"`: the operator runs the broker's accounts; nodes
+    keep the MQTT credentials already in their settings."""
+
+    async def provision(self, node_id: str) -> NodeCredentials:
+        return NodeCredentials(username=node_id, password=None)
+
+    async def revoke(self, node_id: str) -> None:
+        return None
