@@ -18,6 +18,7 @@ from edge.agent import Agent
 from edge.inference.options import InferenceOptions
 from shared.messages import DesiredTraining
 from shared.settings import SchedulingSettings
+from shared.tasks import stop_task
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
 from sim_devices.training import SimulatedLauncher, SimulatedRun
@@ -54,10 +55,9 @@ class Fleet:
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     async def stop_agent(self, node_id: str) -> None:
-        task = self.tasks.pop(node_id)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Cancelled again until it ends: on Python 3.11 a cancellation can be swallowed
+        # (shared/tasks.py), and one plain `await task` then waits for ever.
+        await stop_task(self.tasks.pop(node_id), timeout_s=10.0)
 
 
 @contextlib.asynccontextmanager
