@@ -61,8 +61,10 @@ def birth(node_id: str) -> NodeStatus:
         host=node.host_info(),
         accelerators=node.accelerators,
         telemetry_interval_s=3600.0,
-        started_at=1.0,
-        sent_at=1.0,
+        # Real clock times: ingestion refuses timestamps beyond cloud.max_clock_skew_s,
+        # and sequence numbers that outrun the time since the agent started.
+        started_at=time.time() - 3600.0,
+        sent_at=time.time(),
     )
 
 
@@ -86,8 +88,8 @@ def telemetry(node_id: str, seq: int) -> bytes:
             node_id=node_id,
             instance_id="bench",
             seq=seq,
-            sampled_at=2.0,
-            interval_s=1.0,
+            sampled_at=time.time(),  # encoded just before the run: well within the skew
+            interval_s=0.1,
             cpu_utilization_pct=41.5,
             memory_used_bytes=2**34,
             memory_total_bytes=2**37,
@@ -120,6 +122,8 @@ def publish(
     ][:total]
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)  # type: ignore[attr-defined]
     client.max_queued_messages_set(0)
+    if endpoint.username:  # a broker that requires a login: mqtt://user:password@host
+        client.username_pw_set(endpoint.username, endpoint.password)
     client.connect(endpoint.host, endpoint.port)
     client.loop_start()
     go.wait()

@@ -6,6 +6,7 @@ Where things are decided (each answered by a file name):
 =====================================  ============================================
 a node is declared offline or lost     fleet/liveness.py
 a report or birth is accepted          fleet/ingest.py
+a node's claim is plausible            fleet/plausibility.py
 which nodes can run a job              scheduler/filters.py
 a placement is scored                  scheduler/scoring.py (+ green/terms.py)
 quotas are checked                     scheduler/quota.py

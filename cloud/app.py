@@ -17,9 +17,21 @@ import aiohttp
 from aiohttp import web
 
 from cloud.admin import bootstrap_admin
-from cloud.api import events, logs, models, nodes, openapi, signals, system, tenants, work
+from cloud.api import (
+    enrolment,
+    events,
+    logs,
+    models,
+    nodes,
+    openapi,
+    signals,
+    system,
+    tenants,
+    work,
+)
 from cloud.api.auth import auth_middleware, store_errors_middleware
 from cloud.api.bodies import MAX_REQUEST_BYTES
+from cloud.api.http_timeouts import TimedAppRunner, body_timeout_middleware
 from cloud.api.problems import problem_middleware
 from cloud.api.routes import add_routes
 from cloud.api.streams import StreamLimits
@@ -27,6 +39,7 @@ from cloud.api.tuning import ApiTuning
 from cloud.app_keys import (
     ADMIN_TOKEN_FILE,
     BACKGROUND_TASKS,
+    BROKER_ACCOUNTS,
     EVENT_HUB,
     INGESTOR,
     JOB_LOGS,
@@ -43,11 +56,15 @@ from cloud.app_keys import (
     STREAMS,
     TUNING,
 )
+from cloud.broker_accounts import broker_accounts_from
+from cloud.fleet.assignments import AssignmentIndex, refresh_forever
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.liveness import Liveness, LivenessSettings
+from cloud.fleet.plausibility import PlausibilityLimits
 from cloud.fleet.registry import NodeRegistry
 from cloud.loop.loop import SchedulingLoop
-from cloud.loop.publisher import DesiredPublisher
+from cloud.loop.publisher import CLUSTER_ID_SECRET, DesiredPublisher
+from cloud.loop.signing import load_or_create_signing_key
 from cloud.metrics import SchedulingCollector, build_metrics_registry
 from cloud.models.blobs import BlobStore
 from cloud.models.signing import SECRET_NAME, ModelUrlSigner, api_base_url
@@ -68,11 +85,15 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     session = app[INGESTOR].session(settings.mqtt, client_id=instance_client_id("greenfed-cloud"))
     ingestion = asyncio.create_task(app[INGESTOR].run(session), name="mqtt-ingestion")
     liveness = asyncio.create_task(app[LIVENESS].run(app[INGESTOR].notify_change), name="liveness")
-    app[BACKGROUND_TASKS].extend([ingestion, liveness])
+    # Who runs what, for ingestion; the scheduling loop also updates it after each pass.
+    index = app[INGESTOR].assignments
+    assert index is not None
+    assignments = asyncio.create_task(refresh_forever(index, app[STORE]), name="assignments")
+    app[BACKGROUND_TASKS].extend([ingestion, liveness, assignments])
     try:
         yield
     finally:
-        for task in (ingestion, liveness):
+        for task in (ingestion, liveness, assignments):
             # Cancellation is the expected end; any other failure surfaces here.
             await stop_task(task)
 
@@ -132,13 +153,18 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
     if not settings.scheduling.enabled:
         yield
         return
-    publisher = DesiredPublisher(settings.mqtt)
+    publisher = DesiredPublisher(
+        settings.mqtt,
+        signing_key=await asyncio.to_thread(load_or_create_signing_key, settings),
+        cluster_id=await app[STORE].shared_secret(CLUSTER_ID_SECRET),
+    )
     loop = SchedulingLoop(
         app[STORE],
         app[REGISTRY],
         publisher,
         settings.scheduling,
         liveness=app[LIVENESS],
+        assignments=app[INGESTOR].assignments,
         signals=app[SIGNALS],
         model_urls=app[MODEL_URL_SIGNER],
     )
@@ -162,6 +188,10 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
             await stop_task(task)
 
 
+async def _close_broker_accounts(app: web.Application) -> None:
+    await app[BROKER_ACCOUNTS].close()
+
+
 async def _end_streams(app: web.Application) -> None:
     """Shutting down: event streams and followed logs end now, not at the timeout."""
     app[STOPPING].set()
@@ -176,7 +206,9 @@ def create_app(
     *,
     tuning: ApiTuning | None = None,
 ) -> web.Application:
-    registry = registry or NodeRegistry()
+    registry = registry or NodeRegistry(
+        max_nodes=settings.cloud.max_nodes, max_clock_skew_s=settings.cloud.max_clock_skew_s
+    )
     tuning = tuning or ApiTuning()
     job_logs = JobLogStore(
         bytes_per_job=tuning.log_bytes_per_job,
@@ -189,9 +221,16 @@ def create_app(
         max_payload_bytes=settings.mqtt.max_payload_bytes,
         invalid_log_interval_s=settings.cloud.invalid_log_interval_s,
         on_log=job_logs.append,
+        limits=PlausibilityLimits.of(settings.cloud),
+        assignments=AssignmentIndex(),
     )
     app = web.Application(
-        middlewares=[problem_middleware, store_errors_middleware, auth_middleware],
+        middlewares=[
+            problem_middleware,
+            body_timeout_middleware,
+            store_errors_middleware,
+            auth_middleware,
+        ],
         client_max_size=MAX_REQUEST_BYTES,
     )
     app[SETTINGS] = settings
@@ -208,21 +247,33 @@ def create_app(
     )
     app[STOPPING] = asyncio.Event()
     app[BACKGROUND_TASKS] = []
-    for module in (nodes, signals, system, work, models, logs, events, tenants, openapi):
+    app[BROKER_ACCOUNTS] = broker_accounts_from(settings)
+    enrolment.install(app)
+    # enrolment first: its /v1/nodes/enrolled and /v1/nodes/join-tokens before /v1/nodes/{node_id}
+    for module in (enrolment, nodes, signals, system, work, models, logs, events, tenants, openapi):
         add_routes(app, module.ROUTES)
     openapi.publish(app)
     app.cleanup_ctx.append(_signal_service)
     app.cleanup_ctx.append(_store)
+    app.cleanup_ctx.append(enrolment.enrolled_nodes_context)  # before ingestion starts
     app.cleanup_ctx.append(_scheduling)
     app.cleanup_ctx.append(_background)
     app.on_shutdown.append(_end_streams)
+    app.on_cleanup.append(_close_broker_accounts)
     return app
 
 
 @contextlib.asynccontextmanager
 async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[web.AppRunner]:
     """Serve `app` on host:port for the duration of the block."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    cloud = app[SETTINGS].cloud
+    runner = TimedAppRunner(
+        app,
+        header_timeout_s=cloud.http_header_timeout_s,
+        body_timeout_s=cloud.http_body_timeout_s,
+        access_log=None,
+        shutdown_timeout=2.0,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from cloud.api.streams import StreamLimits
 from cloud.api.tuning import ApiTuning
+from cloud.broker_accounts.accounts import BrokerAccounts
+from cloud.fleet.enrolled import EnrolledNodes
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.liveness import Liveness
 from cloud.fleet.registry import NodeRegistry
@@ -47,6 +49,11 @@ MODEL_URL_SIGNER = web.AppKey("model_url_signer", ModelUrlSigner)
 SCHEDULER = web.AppKey("scheduler", SchedulingLoop)
 # Set when the app begins to shut down: long-lived streams end at once.
 STOPPING = web.AppKey("stopping", asyncio.Event)
+# Creates and disables nodes' broker accounts (`cloud.broker_accounts`); closed at cleanup.
+BROKER_ACCOUNTS = web.AppKey("broker_accounts", BrokerAccounts)
+
+# The node ids ingestion admits (enrolled and unrevoked; cloud/fleet/enrolled.py).
+ENROLLED_NODES = web.AppKey("enrolled_nodes", EnrolledNodes)
 
 # The authenticated tenant of a request (set by the auth middleware).
 TENANT = web.RequestKey("tenant", TenantRecord)

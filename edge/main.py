@@ -39,6 +39,7 @@ async def run_agent(settings: Settings, stop: asyncio.Event) -> int:
             advertise_host=settings.agent.inference_advertise_host or None,
             max_queue=settings.agent.inference_queue_limit,
         ),
+        control_plane_public_key=settings.agent.control_plane_public_key,
     )
     structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
     await run_until_stopped(stop, agent.run())

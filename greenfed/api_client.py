@@ -9,6 +9,7 @@ limits, and turning problem+json errors and unreachable APIs into one `CliError`
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,13 +127,22 @@ def _hint(target: Target) -> str:
 class ApiClient:
     """One HTTP session against the control plane; every failure becomes a `CliError`."""
 
-    def __init__(self, target: Target, *, timeout_s: float | None = TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        timeout_s: float | None = TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,  # verify https against this CA (--ca)
+    ) -> None:
         self.target = target
         headers = {"Accept": "application/json"}
         if target.token:
             headers["Authorization"] = f"Bearer {target.token}"
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s or 10.0))
-        self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout)
+        connector = None if ssl_context is None else aiohttp.TCPConnector(ssl=ssl_context)
+        self._session = aiohttp.ClientSession(
+            headers=headers, timeout=self._timeout, connector=connector
+        )
 
     async def __aenter__(self) -> ApiClient:
         return self
@@ -194,6 +204,11 @@ class ApiClient:
                 if response.status >= 300:
                     raise self._refused(response.status, payload)
                 return response.status, payload
+        except aiohttp.ClientConnectorCertificateError as error:
+            raise CliError(
+                f"TLS: the certificate of the API at {self.target.api} is not trusted "
+                f"({error.certificate_error})"
+            ) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise self._unreachable(error) from None
 

@@ -2,6 +2,10 @@
 
 Production fleets use Mosquitto, EMQX or HiveMQ (deploy/mosquitto/); this exists
 so `greenfed up` works on a laptop with nothing installed.
+
+With `accounts_file` (what `greenfed up` uses) it requires a login and enforces
+per-node ACLs, and speaks the dynamic-security control API of Mosquitto
+(greenfed/embedded_accounts.py). Without it, it is anonymous: in-process tests only.
 """
 
 from __future__ import annotations
@@ -9,14 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import structlog
 from amqtt.broker import Broker
+from amqtt.contexts import Action
 
+from cloud.broker_accounts.dynsec_protocol import CONTROL_TOPIC, RESPONSE_TOPIC
+from greenfed.embedded_accounts import AccountsAuthPlugin, EmbeddedAccounts
 from greenfed.ports import PortInUse, free_tcp_port, port_is_free
 
 SHUTDOWN_TIMEOUT_S = 3.0
+# The control plane's account on an embedded broker with accounts.
+DEFAULT_ADMIN_USERNAME = "greenfed-cloud"
+
+_log = structlog.get_logger("greenfed.broker")
 
 
 class BrokerPortInUse(PortInUse):
@@ -24,7 +37,8 @@ class BrokerPortInUse(PortInUse):
 
 
 class _Amqtt(Broker):  # type: ignore[misc]
-    """amqtt's broker with its retained-message replay fixed.
+    """amqtt's broker with its retained-message replay fixed, our ACLs, and the
+    dynamic-security control topic.
 
     On every connect, amqtt 0.12 replays the retained messages matching *every*
     subscription in the broker, other clients' included, to the new client, while
@@ -32,7 +46,47 @@ class _Amqtt(Broker):  # type: ignore[misc]
     during iteration" when clients come and go). A client must only get retained
     messages for its own subscriptions; skipping the others also means no await
     happens inside that loop for a clean session.
+
+    Topic checks run for every publish and every delivery. amqtt's plugin manager
+    would spawn a task and a gather per check; `_topic_filtering` asks the accounts
+    table directly instead (a cached dictionary lookup).
     """
+
+    def __init__(self, config: dict[str, Any], accounts: EmbeddedAccounts | None) -> None:
+        super().__init__(config)
+        self._accounts = accounts
+
+    async def _topic_filtering(self, session: Any, topic: str, action: Action) -> bool:
+        if self._accounts is None:
+            return True
+        return self._accounts.allows(session.username, topic, action)
+
+    async def _handle_message_delivery(
+        self, client_session: Any, handler: Any, wait_deliver: asyncio.Future[Any]
+    ) -> bool:
+        message = wait_deliver.result()
+        # amqtt refuses (and disconnects) any publish to a `$` topic: answer ours first.
+        if self._accounts is not None and message is not None and message.topic == CONTROL_TOPIC:
+            await self._control(client_session, message.data)
+            return True
+        return bool(await super()._handle_message_delivery(client_session, handler, wait_deliver))
+
+    async def _control(self, session: Any, payload: bytes | bytearray | None) -> None:
+        assert self._accounts is not None
+        if session.username != self._accounts.admin_username:
+            # As Mosquitto does for a client without the admin role: no answer at all.
+            _log.warning("dynamic-security command refused", username=session.username)
+            return
+        outcome = await self._accounts.handle_commands(payload or b"")
+        await self._broadcast_message(None, RESPONSE_TOPIC, outcome.reply)
+        for username in outcome.disabled_usernames:
+            await self._disconnect_user(username)
+
+    async def _disconnect_user(self, username: str) -> None:
+        """Drop every connection of a disabled account, as Mosquitto does."""
+        for session, handler in list(self._sessions.values()):
+            if session.username == username and session.transitions.is_connected():
+                await handler.handle_connection_closed()
 
     async def _publish_retained_messages_for_subscription(
         self, subscription: tuple[str, int], session: Any
@@ -44,12 +98,26 @@ class _Amqtt(Broker):  # type: ignore[misc]
 
 class EmbeddedBroker:
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 1883, max_connections: int = -1
+        self,
+        host: str = "127.0.0.1",
+        port: int = 1883,
+        max_connections: int = -1,
+        *,
+        accounts_file: Path | None = None,
+        admin_username: str = DEFAULT_ADMIN_USERNAME,
+        admin_password: str | None = None,
     ) -> None:
-        """`port=0` picks a free port."""
+        """`port=0` picks a free port. With `accounts_file` every client must log in;
+        `admin_username`/`admin_password` is the control plane's account, which may do
+        everything (`admin_password` is required then)."""
         self.host = host
         self.port = port or free_tcp_port(host)
-        self._config = {
+        self.accounts: EmbeddedAccounts | None = None
+        self._accounts_file = accounts_file
+        self._admin = (admin_username, admin_password)
+        if accounts_file is not None and not admin_password:
+            raise ValueError("an embedded broker with accounts needs an admin_password")
+        self._config: dict[str, Any] = {
             "listeners": {
                 "default": {
                     "type": "tcp",
@@ -65,6 +133,10 @@ class EmbeddedBroker:
         self._broker: _Amqtt | None = None
 
     @property
+    def requires_login(self) -> bool:
+        return self._accounts_file is not None
+
+    @property
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
@@ -76,7 +148,17 @@ class EmbeddedBroker:
             )
         # amqtt logs every connection at INFO; keep only its warnings.
         logging.getLogger("amqtt").setLevel(logging.WARNING)
-        self._broker = _Amqtt(self._config)
+        config = self._config
+        if self._accounts_file is not None:
+            username, password = self._admin
+            assert password is not None
+            # Read again at every start: a restarted broker keeps every node's account.
+            self.accounts = EmbeddedAccounts(
+                self._accounts_file, admin_username=username, admin_password=password
+            )
+            plugin = f"{AccountsAuthPlugin.__module__}.{AccountsAuthPlugin.__qualname__}"
+            config = {**config, "plugins": {plugin: {"accounts": self.accounts}}}
+        self._broker = _Amqtt(config, self.accounts)
         await self._broker.start()
 
     async def stop(self) -> None:

@@ -171,6 +171,101 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return run_client(args, show, timeout_s=10.0)
 
 
+def _join_token_body(args: argparse.Namespace) -> Any:
+    from cloud.fleet.enrolment_views import JoinTokenCreate
+
+    return JoinTokenCreate(
+        ttl_s=args.ttl,
+        uses=args.uses,
+        site=args.site,
+        zone=args.zone,
+        region=args.region,
+        labels=args.labels or {},
+    )
+
+
+def cmd_join_token_create(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    body = _join_token_body(args)
+    return run_client(
+        args, lambda client: nodes_cli.create_join_token(client, body, json=args.json)
+    )
+
+
+def cmd_join_token_list(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    return run_client(args, lambda client: nodes_cli.list_join_tokens(client, json=args.json))
+
+
+def cmd_join_token_revoke(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    return run_client(
+        args, lambda client: nodes_cli.revoke_join_token(client, args.token_id, json=args.json)
+    )
+
+
+def cmd_nodes_revoke(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    return run_client(
+        args, lambda client: nodes_cli.revoke_node(client, args.node_id, json=args.json)
+    )
+
+
+def cmd_nodes_enrolled(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    return run_client(args, lambda client: nodes_cli.list_enrolled(client, json=args.json))
+
+
+def cmd_edge_enrol(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from greenfed.api_client import CliError
+    from greenfed.enrol_cli import default_config_path, enrol
+
+    try:
+        return asyncio.run(
+            enrol(
+                api=args.api,
+                token=args.token,
+                config=args.config or default_config_path(),
+                node_id=args.node_id,
+                ca=args.ca,
+            )
+        )
+    except CliError as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+def duration_s(text: str) -> float:
+    """`90`, `90s`, `30m`, `1h`, `2d`: seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (90s, 30m, 1h, 2d)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def labels_argument(text: str) -> dict[str, str]:
+    """`k=v,k2=v2`."""
+    labels: dict[str, str] = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{pair!r} is not key=value")
+        labels[key] = value
+    return labels
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from shared.schemas import payload_schema, schema_catalog
     from shared.topics import Channel, Topics
@@ -311,6 +406,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_options(discover, mqtt=False)
     discover.add_argument("--json", action="store_true", help="machine-readable output")
     discover.set_defaults(handler=cmd_edge_discover)
+    edge_enrol = edge_commands.add_parser(
+        "enrol", help="trade a join token for this node's credentials (writes its settings)"
+    )
+    edge_enrol.add_argument("--api", required=True, help="the control plane's URL")
+    edge_enrol.add_argument(
+        "--token", required=True, help="a join token (greenfed nodes join-token create)"
+    )
+    edge_enrol.add_argument("--ca", type=Path, help="CA certificate (PEM) to verify an https API")
+    edge_enrol.add_argument(
+        "--config", type=Path, help="settings file to write (default ~/.config/greenfed/agent.toml)"
+    )
+    edge_enrol.add_argument(
+        "--node-id", help="this node's id (default: the file's, else the host name)"
+    )
+    edge_enrol.set_defaults(handler=cmd_edge_enrol)
 
     sim = commands.add_parser("sim", help="run a simulated fleet of real agents")
     _add_settings_options(sim)
@@ -333,6 +443,40 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--kind", choices=["gpu", "npu", "cpu"])
     nodes.add_argument("--state", choices=["online", "offline"])
     nodes.set_defaults(handler=cmd_nodes)
+    nodes_commands = nodes.add_subparsers(dest="nodes_command", metavar="COMMAND")
+    join_token = nodes_commands.add_parser("join-token", help="join tokens for new nodes (admin)")
+    join_token_commands = join_token.add_subparsers(
+        dest="join_token_command", required=True, metavar="COMMAND"
+    )
+    token_create = join_token_commands.add_parser("create", help="a new join token, shown once")
+    add_client_options(token_create, nested=True)
+    token_create.add_argument(
+        "--ttl", type=duration_s, help="lifetime: 90s, 30m, 1h, 2d (default cloud.join_token_ttl_s)"
+    )
+    token_create.add_argument(
+        "--uses", type=non_negative_int, default=1, help="nodes it may enrol (default 1)"
+    )
+    token_create.add_argument("--site", choices=["cloud", "edge"], default=None)
+    token_create.add_argument("--zone", default=None)
+    token_create.add_argument("--region", default=None)
+    token_create.add_argument("--labels", type=labels_argument, metavar="K=V,...", default=None)
+    token_create.set_defaults(handler=cmd_join_token_create)
+    token_list = join_token_commands.add_parser("list", help="every join token (no secrets)")
+    add_client_options(token_list, nested=True)
+    token_list.set_defaults(handler=cmd_join_token_list)
+    token_revoke = join_token_commands.add_parser("revoke", help="revoke a join token")
+    add_client_options(token_revoke, nested=True)
+    token_revoke.add_argument("token_id", metavar="ID")
+    token_revoke.set_defaults(handler=cmd_join_token_revoke)
+    nodes_revoke = nodes_commands.add_parser(
+        "revoke", help="refuse a node at once and disable its broker account (admin)"
+    )
+    add_client_options(nodes_revoke, nested=True)
+    nodes_revoke.add_argument("node_id", metavar="NODE")
+    nodes_revoke.set_defaults(handler=cmd_nodes_revoke)
+    nodes_enrolled = nodes_commands.add_parser("enrolled", help="enrolled node identities (admin)")
+    add_client_options(nodes_enrolled, nested=True)
+    nodes_enrolled.set_defaults(handler=cmd_nodes_enrolled)
 
     schema = commands.add_parser("schema", help="print the JSON Schemas of the MQTT payloads")
     schema.add_argument(

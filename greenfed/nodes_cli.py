@@ -1,14 +1,27 @@
-"""`greenfed nodes`: the fleet table, read from a running control plane's REST API."""
+"""`greenfed nodes`: the fleet table, read from a running control plane's REST API, and
+node enrolment (`join-token create/list/revoke`, `enrolled`, `revoke NODE`, admin)."""
 
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from typing import TextIO
+from urllib.parse import quote
 
+import msgspec
 from rich.table import Table
 
+from cloud.fleet.enrolment_views import (
+    EnrolledNodeList,
+    EnrolledNodeView,
+    JoinTokenCreate,
+    JoinTokenCreated,
+    JoinTokenList,
+    JoinTokenView,
+)
 from cloud.fleet.views import NodeList, NodeSummary
 from greenfed.api_client import ApiClient
+from greenfed.arguments import EXIT_OK
 from greenfed.work_commands import ago, console
 
 GIB = 1024**3
@@ -86,3 +99,108 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
     screen.print(table)
     online = sum(1 for node in nodes.items if node.state == "online")
     screen.print(f"{online}/{nodes.count} online")
+
+
+# -- enrolment: join tokens, enrolled identities, revocation --------------------------
+
+
+def _when(moment: datetime | None) -> str:
+    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _print_json(value: object, out: TextIO) -> None:
+    out.write(msgspec.json.format(msgspec.json.encode(value)).decode() + "\n")
+
+
+async def create_join_token(
+    client: ApiClient, body: JoinTokenCreate, *, json: bool, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    _, payload = await client.call("POST", "/v1/nodes/join-tokens", body=msgspec.json.encode(body))
+    created = msgspec.json.decode(payload, type=JoinTokenCreated)
+    if json:
+        _print_json(created, out)
+        return EXIT_OK
+    out.write(
+        f"join token {created.id} (shown only now; {created.max_uses} use"
+        f"{'s' if created.max_uses != 1 else ''}, expires {_when(created.expires_at)}):\n"
+        f"  {created.token}\n"
+        "enrol a node with:\n"
+        f"  greenfed edge enrol --api {client.target.api} --token {created.token}\n"
+    )
+    return EXIT_OK
+
+
+async def list_join_tokens(client: ApiClient, *, json: bool, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    tokens = await client.get("/v1/nodes/join-tokens", JoinTokenList)
+    if json:
+        _print_json(tokens, out)
+        return EXIT_OK
+    table = Table(title=f"join tokens: {tokens.count}", title_justify="left")
+    for column in ("id", "state", "uses", "expires", "site", "zone", "region", "labels"):
+        table.add_column(column)
+    for token in tokens.items:
+        table.add_row(
+            token.id,
+            token.state,
+            f"{token.uses}/{token.max_uses}",
+            _when(token.expires_at),
+            token.site or "",
+            token.zone or "",
+            token.region or "",
+            ",".join(f"{k}={v}" for k, v in token.labels.items()),
+        )
+    console(out).print(table)
+    return EXIT_OK
+
+
+async def revoke_join_token(
+    client: ApiClient, token_id: str, *, json: bool, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    _, payload = await client.call("DELETE", f"/v1/nodes/join-tokens/{quote(token_id, safe='')}")
+    token = msgspec.json.decode(payload, type=JoinTokenView)
+    if json:
+        _print_json(token, out)
+    else:
+        out.write(f"join token {token.id} revoked ({token.uses} node(s) enrolled with it stay)\n")
+    return EXIT_OK
+
+
+async def revoke_node(
+    client: ApiClient, node_id: str, *, json: bool, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    _, payload = await client.call("POST", f"/v1/nodes/{quote(node_id, safe='')}/revoke")
+    node = msgspec.json.decode(payload, type=EnrolledNodeView)
+    if json:
+        _print_json(node, out)
+    else:
+        out.write(
+            f"node {node.node_id} revoked: refused from now on, its broker account disabled; "
+            "to admit it again, enrol it with a new join token\n"
+        )
+    return EXIT_OK
+
+
+async def list_enrolled(client: ApiClient, *, json: bool, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    nodes = await client.get("/v1/nodes/enrolled", EnrolledNodeList)
+    if json:
+        _print_json(nodes, out)
+        return EXIT_OK
+    table = Table(title=f"enrolled nodes: {nodes.count}", title_justify="left")
+    for column in ("node", "state", "enrolled", "join token", "broker user", "revoked"):
+        table.add_column(column)
+    for node in nodes.items:
+        table.add_row(
+            node.node_id,
+            "[green]enrolled[/]" if node.state == "enrolled" else "[red]revoked[/]",
+            _when(node.enrolled_at),
+            node.join_token_id or "",
+            node.username or "",
+            _when(node.revoked_at),
+        )
+    console(out).print(table)
+    return EXIT_OK

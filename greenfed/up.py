@@ -9,29 +9,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 
+import aiohttp
 import msgspec
 from aiohttp import web
 
 from cloud.app import create_app, serving
-from cloud.app_keys import ADMIN_TOKEN_FILE, BACKGROUND_TASKS, INGESTOR, REGISTRY
+from cloud.app_keys import (
+    ADMIN_TOKEN_FILE,
+    BACKGROUND_TASKS,
+    BROKER_ACCOUNTS,
+    INGESTOR,
+    REGISTRY,
+    SETTINGS,
+    STORE,
+)
+from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from cloud.main import watch_background
+from cloud.store.enrolment import NewJoinToken
 from cloud.summary import fleet_summary_line
 from greenfed.api_client import DEFAULT_API
-from greenfed.broker import EmbeddedBroker
+from greenfed.broker import DEFAULT_ADMIN_USERNAME, EmbeddedBroker
 from greenfed.ports import port_is_free
+from shared.redact import redact_url
 from shared.runtime import run_until_stopped
-from shared.settings import Settings
+from shared.settings import MqttSettings, Settings, parse_mqtt_url
 from shared.token_files import read_token_file
 from shared.topics import Channel, Topics
-from sim_devices.fleet import load_fleet, scale_fleet
+from sim_devices.fleet import Fleet, SimNodeSpec, expand_fleet, load_fleet, scale_fleet
 from sim_devices.runner import SimulatedFleet
 
 DEFAULT_BROKER_PORT = 1883
+# The embedded broker's accounts, in the data directory (mode 0600).
+BROKER_ACCOUNTS_FILE = "broker-accounts.json"
+# The simulated fleet's join token: long enough for a large fleet's enrolment.
+ENROLMENT_TOKEN_TTL_S = 600.0
+ENROLMENT_CONCURRENCY = 16
 # While the fleet is coming up, and then as nodes change, at most this often.
 SUMMARY_INTERVAL_S = 30.0
 
@@ -46,37 +65,104 @@ class UpOptions:
 
 
 @contextlib.asynccontextmanager
-async def _broker(options: UpOptions, host: str) -> AsyncIterator[str]:
-    """Yield the MQTT url to use, starting the embedded broker if none was given."""
+async def _broker(options: UpOptions, host: str, settings: Settings) -> AsyncIterator[Settings]:
+    """Yield the settings to run with, starting the embedded broker if no broker was
+    given: then it requires logins, the control plane holds its admin account (a fresh
+    password each start) and enrols every node (`cloud.require_enrolment`)."""
     if options.external_mqtt_url:
-        yield options.external_mqtt_url
+        yield msgspec.structs.replace(
+            settings, mqtt=msgspec.structs.replace(settings.mqtt, url=options.external_mqtt_url)
+        )
         return
     port = options.broker_port or DEFAULT_BROKER_PORT
     if options.broker_port is None and not port_is_free(host, port):
         port = 0  # 1883 is taken (a local Mosquitto?): any free port will do
-    async with EmbeddedBroker(host, port) as broker:
-        yield broker.url
+    admin_password = secrets.token_urlsafe(32)
+    broker = EmbeddedBroker(
+        host,
+        port,
+        accounts_file=settings.store.resolved_data_dir() / BROKER_ACCOUNTS_FILE,
+        admin_username=DEFAULT_ADMIN_USERNAME,
+        admin_password=admin_password,
+    )
+    async with broker:
+        yield msgspec.structs.replace(
+            settings,
+            mqtt=msgspec.structs.replace(
+                settings.mqtt,
+                url=broker.url,
+                username=DEFAULT_ADMIN_USERNAME,
+                password=admin_password,
+            ),
+            cloud=msgspec.structs.replace(
+                settings.cloud, broker_accounts="dynamic-security", require_enrolment=True
+            ),
+        )
+
+
+async def _enrol_fleet(app: web.Application, api: str, fleet: Fleet) -> dict[str, MqttSettings]:
+    """Each simulated node enrols as a real one does (`POST /v1/nodes/enrol` with a join
+    token); a node enrolled by an earlier run gets a fresh password instead."""
+    specs = expand_fleet(fleet)
+    settings = app[SETTINGS]
+    created = await app[STORE].create_join_token(
+        NewJoinToken(ttl_s=ENROLMENT_TOKEN_TTL_S, max_uses=max(1, len(specs)))
+    )
+    limit = asyncio.Semaphore(ENROLMENT_CONCURRENCY)
+
+    async def enrol(http: aiohttp.ClientSession, spec: SimNodeSpec) -> tuple[str, MqttSettings]:
+        body = {
+            "token": created.token,
+            "node_id": spec.node_id,
+            "site": spec.site,
+            "zone": spec.zone,
+            "region": spec.region,
+            "labels": spec.labels,
+        }
+        async with limit, http.post(f"{api}/v1/nodes/enrol", json=body) as reply:
+            if reply.status == HTTPStatus.CONFLICT:  # enrolled by an earlier `greenfed up`
+                credentials = await app[BROKER_ACCOUNTS].provision(spec.node_id)
+                username, password = credentials.username, credentials.password
+            else:
+                if reply.status != HTTPStatus.OK:
+                    raise RuntimeError(
+                        f"enrolling simulated node {spec.node_id} failed: "
+                        f"{reply.status} {await reply.text()}"
+                    )
+                mqtt = (await reply.json())["mqtt"]
+                username, password = mqtt["username"], mqtt["password"]
+        return spec.node_id, msgspec.structs.replace(
+            settings.mqtt, username=username, password=password
+        )
+
+    async with aiohttp.ClientSession() as http:
+        enrolled = await asyncio.gather(*(enrol(http, spec) for spec in specs))
+    return dict(enrolled)
 
 
 async def run_up(settings: Settings, options: UpOptions, stop: asyncio.Event) -> int:
     fleet = load_fleet(options.fleet_file)
     if options.sim_nodes is not None:
         fleet = scale_fleet(fleet, options.sim_nodes)
-    async with _broker(options, "127.0.0.1") as mqtt_url:
-        settings = msgspec.structs.replace(
-            settings, mqtt=msgspec.structs.replace(settings.mqtt, url=mqtt_url)
-        )
+    async with _broker(options, "127.0.0.1", settings) as settings:
+        mqtt_url = settings.mqtt.url
         app = create_app(settings)
         async with serving(app, settings.cloud.api_host, settings.cloud.api_port) as runner:
             # The port the API really bound (`--api-port 0` picks a free one).
             bound_port = runner.addresses[0][1]
             api = f"http://{settings.cloud.api_host}:{bound_port}"
+            mqtt_by_node = (
+                await _enrol_fleet(app, api, fleet) if settings.cloud.require_enrolment else None
+            )
             simulated = SimulatedFleet(
                 fleet,
                 settings.mqtt,
                 telemetry_interval_s=settings.agent.telemetry_interval_s,
                 telemetry_jitter_ratio=settings.agent.telemetry_jitter_ratio,
                 connects_per_s=options.connects_per_s,
+                mqtt_by_node=mqtt_by_node,
+                # The app made the key on starting: the simulated fleet trusts it.
+                control_plane_public_key=public_key_base64(load_or_create_signing_key(settings)),
             )
             _print_banner(
                 settings,
@@ -106,16 +192,22 @@ def _print_banner(
     admin_token_file: Path,
 ) -> None:
     topics = Topics(settings.mqtt.topic_root)
-    host_port = mqtt_url.split("://", 1)[1]
-    host, _, port = host_port.rpartition(":")
+    endpoint = parse_mqtt_url(mqtt_url)
+    host, port = endpoint.host, endpoint.port
+    # The embedded broker requires a login: a single-machine demo shows its admin's.
+    login = (
+        f"-u {settings.mqtt.username} -P {settings.mqtt.password} "
+        if not external and settings.mqtt.password
+        else ""
+    )
     lines = [
         f"greenfed up: {node_count} simulated nodes, "
-        f"{'external' if external else 'embedded'} MQTT broker {mqtt_url}",
+        f"{'external' if external else 'embedded'} MQTT broker {redact_url(mqtt_url)}",
         f"  nodes      {api}/v1/nodes",
         f"  signals    {api}/v1/signals",
         f"  schemas    {api}/v1/schemas",
         f"  metrics    {api}/metrics",
-        f"  telemetry  mosquitto_sub -h {host} -p {port} "
+        f"  telemetry  mosquitto_sub -h {host} -p {port} {login}"
         f"-t '{topics.all_nodes(Channel.TELEMETRY)}'",
         f"  jobs       {api}/v1/jobs   (greenfed submit FILE, greenfed jobs)",
         f"  models     {api}/v1/models   (greenfed models upload FILE.onnx)",

@@ -1,17 +1,22 @@
 """structlog setup: JSON lines for machines, a readable console for people.
 
 Context (node_id, job_id) is bound once with `structlog.contextvars` and rides
-along on every line logged inside that task.
+along on every line logged inside that task. Every line, ours and the libraries',
+passes `redact_secrets` last before it is rendered: URL passwords and the values of
+secret-named keys (shared/redact.py) never reach the output.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 import time
 from typing import Literal, TextIO
 
 import structlog
+
+from shared.redact import redact, redact_text
 
 LogFormat = Literal["auto", "json", "console"]
 
@@ -21,6 +26,23 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+
+
+def redact_secrets(
+    _logger: object, _method: str, event_dict: structlog.types.EventDict
+) -> structlog.types.EventDict:
+    """structlog processor: mask secrets anywhere in the event (shared/redact.py)."""
+    redacted = redact(event_dict)
+    assert isinstance(redacted, dict)
+    return redacted
+
+
+def _redacted_traceback(sio: TextIO, exc_info: structlog.typing.ExcInfo) -> None:
+    """The console's traceback, with what `redact_text` masks masked (an exception's
+    message may carry a URL with its password)."""
+    plain = io.StringIO()
+    structlog.dev.plain_traceback(plain, exc_info)
+    sio.write(redact_text(plain.getvalue()))
 
 
 def configure_logging(
@@ -38,7 +60,9 @@ def configure_logging(
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
         if use_json
-        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        else structlog.dev.ConsoleRenderer(
+            colors=stream.isatty(), exception_formatter=_redacted_traceback
+        )
     )
     structlog.configure(
         processors=[
@@ -53,7 +77,11 @@ def configure_logging(
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared_processors, structlog.stdlib.ExtraAdder()],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            redact_secrets,
+            renderer,
+        ],
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)

@@ -15,7 +15,7 @@ import msgspec
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -125,6 +125,15 @@ class NodeStatus(WireStruct, frozen=True, kw_only=True):
     sent_at: Annotated[
         float, msgspec.Meta(ge=0, description="UTC epoch seconds; a will carries its connect time.")
     ]
+    runs_training: Annotated[
+        bool | None,
+        msgspec.Meta(
+            description=(
+                "Whether this agent runs training jobs (1.3); absent from older agents, "
+                "which run training exactly when their site is cloud."
+            )
+        ),
+    ] = None
 
 
 class AcceleratorSample(WireStruct, frozen=True, kw_only=True):
@@ -250,6 +259,20 @@ class DesiredState(WireStruct, frozen=True, kw_only=True):
     deployments: tuple[DesiredDeployment, ...] = ()
     training: tuple[DesiredTraining, ...] = ()
     issued_at: Timestamp
+    cluster_id: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="The control plane's store (1.3): generations count within one cluster."
+        ),
+    ] = None
+    # `signature` stays the LAST field: the signing rule (shared/desired_signature.py)
+    # splices it at the end of the encoded document. New fields go before it.
+    signature: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="Base64 Ed25519 signature of the document with signature null (1.3)."
+        ),
+    ] = None
 
 
 TrainingRunState = Literal["starting", "running", "succeeded", "failed", "stopped"]
@@ -300,6 +323,10 @@ class ReportedState(WireStruct, frozen=True, kw_only=True):
     reported_at: Timestamp
     training: tuple[ReportedTraining, ...] = ()
     deployments: tuple[ReportedDeployment, ...] = ()
+    cluster_id: Annotated[
+        str | None,
+        msgspec.Meta(description="The cluster whose generation observed_generation counts (1.3)."),
+    ] = None
 
 
 EventKind = Literal[

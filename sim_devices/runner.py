@@ -25,8 +25,12 @@ class SimulatedFleet:
         telemetry_jitter_ratio: float = 0.1,
         connects_per_s: float = 200.0,
         model_cache_dir: Path | None = None,
+        control_plane_public_key: str = "",
+        mqtt_by_node: dict[str, MqttSettings] | None = None,
     ) -> None:
-        """`connects_per_s` ramps the fleet up instead of opening every connection at once."""
+        """`connects_per_s` ramps the fleet up instead of opening every connection at once;
+        `control_plane_public_key` (base64) is the key every agent's `desired` documents
+        must be signed with (empty: the agents apply none)."""
         self._connect_gap_s = 1.0 / connects_per_s if connects_per_s > 0 else 0.0
         seed_source = random.Random(fleet.seed)
         self.agents: list[Agent] = []
@@ -47,7 +51,8 @@ class SimulatedFleet:
                 Agent(
                     identity,
                     node.probes(),
-                    mqtt_settings,
+                    # An enrolled node logs in with its own account.
+                    (mqtt_by_node or {}).get(spec.node_id, mqtt_settings),
                     telemetry_interval_s=telemetry_interval_s,
                     telemetry_jitter_ratio=telemetry_jitter_ratio,
                     rng=random.Random(seed_source.getrandbits(64)),
@@ -58,6 +63,7 @@ class SimulatedFleet:
                         # Forty agents share two cores: one thread per model each.
                         intra_op_threads=1,
                     ),
+                    control_plane_public_key=control_plane_public_key,
                 )
             )
 

@@ -9,6 +9,7 @@ inputs, outputs) and stored by its sha256. A deployment names a model by its id.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Annotated, Final
 
 import msgspec
@@ -31,7 +32,9 @@ ONNX_MEDIA_TYPES: Final = ("application/octet-stream", "application/onnx")
 _CHUNK_BYTES = 1 << 16
 SHA256_HEADER: Final = "X-Greenfed-SHA256"  # hex sha256 of the whole file
 
-ModelId = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)")]
+MODEL_ID_PATTERN: Final = r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)"
+ModelId = Annotated[str, msgspec.Meta(pattern=MODEL_ID_PATTERN)]
+_MODEL_ID = re.compile(MODEL_ID_PATTERN)
 ModelName = Annotated[
     str,
     msgspec.Meta(
@@ -139,7 +142,13 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def _find(request: web.Request) -> ModelRecord:
     model_id = request.match_info["id"]
-    record = await request.app[STORE].get_model(tenant_of(request).tenant_id, model_id)
+    tenant_id = tenant_of(request).tenant_id
+    # An id that is not a ULID names no model; it never reaches the store's SQL.
+    record = (
+        await request.app[STORE].get_model(tenant_id, model_id)
+        if _MODEL_ID.match(model_id)
+        else None
+    )
     if record is None:
         raise _not_found(model_id)
     return record
@@ -150,11 +159,20 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def _find_signed(request: web.Request) -> ModelRecord:
-    """An agent's download: any tenant's model, if the signature is the one we made."""
+    """An agent's download: any tenant's model, if the signature is the one we made.
+
+    Every refusal is the same 403 (an unknown id, a malformed, undecodable or empty
+    `sig`, a signature for another file): an anonymous caller learns nothing about
+    which model ids exist."""
     model_id = request.match_info["id"]
-    record = (await request.app[STORE].models_by_id([model_id])).get(model_id)
+    signature = request.query.get("sig", "")
+    record = (
+        (await request.app[STORE].models_by_id([model_id])).get(model_id)
+        if _MODEL_ID.match(model_id)
+        else None
+    )
     signer = request.app[MODEL_URL_SIGNER]
-    if record is None or not signer.verify(record.model_id, record.sha256, request.query["sig"]):
+    if record is None or not signer.verify(record.model_id, record.sha256, signature):
         raise Problem(403, "bad-signature", "Forbidden", "the download signature is not valid")
     return record
 

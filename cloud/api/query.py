@@ -1,7 +1,14 @@
-"""Query strings parsed into typed Structs; a bad or unknown parameter is a 400 naming it."""
+"""Query strings parsed into typed Structs; a bad or unknown parameter is a 400 naming it.
+
+Values are checked as text before they are typed: percent-encoded bytes that are not
+UTF-8 (yarl decodes them to U+FFFD) and control characters (NUL, which PostgreSQL
+refuses in text, among them) are a 400 naming the parameter, so no such value
+reaches a handler, a log line or the store.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import TypeVar
 
 import msgspec
@@ -12,6 +19,14 @@ from shared.errors import FieldError, MissingFieldError, UnknownFieldError, dott
 from shared.problems import InvalidParam
 
 QueryT = TypeVar("QueryT", bound=msgspec.Struct)
+
+_NOT_TEXT = re.compile("[\x00-\x1f\x7f\ufffd]")
+UNDECODABLE_REASON = "not UTF-8 text (control characters and invalid percent-encoding refused)"
+
+
+def is_clean_text(value: str) -> bool:
+    """True for text without control characters or undecodable bytes (U+FFFD)."""
+    return _NOT_TEXT.search(value) is None
 
 
 def _invalid_param(refused: FieldError) -> InvalidParam:
@@ -25,6 +40,10 @@ def _invalid_param(refused: FieldError) -> InvalidParam:
 
 def parse_query(request: web.Request, query_type: type[QueryT]) -> QueryT:
     raw = {name: request.query.getone(name) for name in request.query}
+    for name, value in raw.items():
+        if not (is_clean_text(name) and is_clean_text(value)):
+            shown = name if is_clean_text(name) else name.encode("unicode_escape").decode()
+            raise invalid_query(InvalidParam(shown, UNDECODABLE_REASON))
     try:
         return msgspec.convert(raw, query_type, strict=False)
     except msgspec.ValidationError as error:

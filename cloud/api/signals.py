@@ -1,4 +1,9 @@
-"""`/v1/signals`: the grid carbon intensity and price the scheduler sees, per zone."""
+"""`/v1/signals`: the grid carbon intensity and price the scheduler sees, per zone.
+
+A zone asked for by name is looked up only if it is one of the fleet's, one the static
+table lists or one a provider has answered for; any other is a 404 at once, without a
+provider request or per-zone state (a caller controls the string).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,20 @@ from cloud.signals.model import SignalType
 from shared.clock import utc_from_epoch
 
 SUMMARY_HORIZON_H = 24
+MAX_ZONE_CHARS = 64  # Electricity Maps' longest zone names have about 15
+
+
+def _zone_not_found(zone: str) -> Problem:
+    shown = zone if len(zone) <= MAX_ZONE_CHARS else zone[:MAX_ZONE_CHARS] + "..."
+    return Problem(
+        404, "zone-not-found", "Zone not found", f"no signal provider knows zone {shown!r}"
+    )
+
+
+def _may_ask(request: web.Request, zone: str, fleet_zones: dict[str, int]) -> bool:
+    return len(zone) <= MAX_ZONE_CHARS and (
+        zone in fleet_zones or request.app[SIGNALS].knows_zone(zone)
+    )
 
 
 class HourlyPoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,7 +71,7 @@ class SignalList(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SignalListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    zone: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    zone: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ZONE_CHARS)] | None = None
 
 
 def _price(value: float) -> float | None:
@@ -94,7 +113,10 @@ async def list_signals(request: web.Request) -> web.Response:
     """Zones of the fleet's nodes (or the one asked for), current values and the day ahead."""
     query = parse_query(request, SignalListQuery)
     fleet_zones = _zones_of_fleet(request)
-    wanted = [query.zone] if query.zone else sorted(fleet_zones)
+    if query.zone:
+        wanted = [query.zone] if _may_ask(request, query.zone, fleet_zones) else []
+    else:
+        wanted = sorted(fleet_zones)
     grid = await request.app[SIGNALS].snapshot(wanted)
     zones = tuple(
         ZoneSignal(**_summary_fields(series, grid.now_s, fleet_zones.get(zone, 0)))  # type: ignore[arg-type]
@@ -107,12 +129,13 @@ async def list_signals(request: web.Request) -> web.Response:
 async def get_zone_signal(request: web.Request) -> web.Response:
     """One zone hour by hour: the recorded history and the forecast the scheduler uses."""
     zone = request.match_info["zone"]
+    fleet_zones = _zones_of_fleet(request)
+    if not _may_ask(request, zone, fleet_zones):
+        raise _zone_not_found(zone)
     grid = await request.app[SIGNALS].snapshot([zone])
     series = grid.series(zone)
     if series is None:
-        raise Problem(
-            404, "zone-not-found", "Zone not found", f"no signal provider knows zone {zone!r}"
-        )
+        raise _zone_not_found(zone)
     current_hour_start = grid.now_s - grid.now_s % HOUR_S
     hourly = tuple(
         HourlyPoint(
@@ -123,7 +146,7 @@ async def get_zone_signal(request: web.Request) -> web.Response:
         )
         for hour, carbon in enumerate(series.carbon_g_per_kwh)
     )
-    nodes = _zones_of_fleet(request).get(zone, 0)
+    nodes = fleet_zones.get(zone, 0)
     body = ZoneSignalDetail(**_summary_fields(series, grid.now_s, nodes), hourly=hourly)  # type: ignore[arg-type]
     return json_response(body)
 

@@ -7,6 +7,8 @@ an id of the other collection is not found either.
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Final, Generic, TypeVar
@@ -20,6 +22,7 @@ from cloud.api.problems import Problem, invalid_query, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.routes import Handler, Reply, Route
 from cloud.app_keys import REGISTRY, STORE
+from cloud.loop.nodes import node_runs_training
 from cloud.store import (
     TERMINAL_STATES,
     AllocationRecord,
@@ -66,6 +69,7 @@ from shared.work_literals import (
 
 MAX_PAGE_SIZE: Final = 1000
 IDEMPOTENCY_KEY_MAX: Final = 255
+_IDEMPOTENCY_KEY: Final = re.compile("[\x20-\x7e]+")
 _ID = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)")]
 _CHANGE_RETRIES: Final = 5
 
@@ -212,16 +216,19 @@ async def find(
 
 
 def _idempotency_key(request: web.Request) -> str | None:
+    """1 to 255 printable ASCII characters (space to '~'): aiohttp hands other header
+    bytes on as surrogate escapes, which no database column would take."""
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX:
+    if not (0 < len(key) <= IDEMPOTENCY_KEY_MAX and _IDEMPOTENCY_KEY.fullmatch(key)):
+        reason = f"1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters"
         raise Problem(
             400,
             "invalid-header",
             "Invalid Idempotency-Key",
-            f"Idempotency-Key must have 1 to {IDEMPOTENCY_KEY_MAX} characters",
-            (InvalidParam("Idempotency-Key", "1 to 255 characters"),),
+            f"Idempotency-Key must have {reason}",
+            (InvalidParam("Idempotency-Key", reason),),
         )
     return key
 
@@ -249,6 +256,32 @@ def _check_priority(tenant: TenantRecord, priority: PriorityClass) -> None:
         )
 
 
+def _refused_now(request: web.Request, spec: WorkSpec, now_s: float) -> Problem | None:
+    """What new work may not ask for at this moment (a retry still gets its original):
+
+    - a deadline that has passed: it could only wait for ever;
+    - training only at sites where no agent runs training. `cloud` always may (cloud
+      agents run training unless told otherwise); another site only once a node there
+      advertises `runs_training` in its birth, else the job would wait or fail for ever.
+    """
+    deadline = getattr(spec, "deadline", None)
+    if deadline is not None and deadline.timestamp() <= now_s:
+        return invalid_body("$.deadline", f"{deadline.isoformat()} has passed")
+    if isinstance(spec, TrainingJobSpec) and "cloud" not in spec.sites:
+        training_sites = {
+            record.status.site
+            for record in request.app[REGISTRY].nodes()
+            if node_runs_training(record.status)
+        }
+        if not training_sites.intersection(spec.sites):
+            return invalid_body(
+                "$.sites",
+                f"no node at {', '.join(spec.sites)} runs training (an edge agent runs it "
+                "with agent.training_enabled = true); name cloud, or enable training there",
+            )
+    return None
+
+
 async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     tenant = tenant_of(request)
     key = _idempotency_key(request)
@@ -257,6 +290,16 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
     _check_priority(tenant, spec.priority)
     _check_schedulable(spec)
     store = request.app[STORE]
+    refused = _refused_now(request, spec, time.time())
+    if refused is not None:
+        # A retry of a submission accepted earlier (before its deadline passed, say)
+        # still gets the original: the replay is looked up first; new work is refused.
+        earlier = (
+            None if key is None else await store.work_by_idempotency_key(tenant.tenant_id, key)
+        )
+        if earlier is None:
+            raise refused
+        return await _replay(request, collection, tenant, earlier, spec, encode_spec(spec), key)
     if isinstance(spec, DeploymentSpec) and (
         await store.get_model(tenant.tenant_id, spec.model_id) is None
     ):
@@ -272,19 +315,35 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
         idempotency_key=key,
     )
     record = result.work
-    allocations: tuple[AllocationRecord, ...] = ()
     if not result.created:
-        if not _same_submission(record, collection.store_kind, spec, document):
-            raise Problem(
-                409,
-                "idempotency-key-reused",
-                "Idempotency-Key reused",
-                f"Idempotency-Key {key!r} was used for another request body ({record.work_id}); "
-                "use a new key for a different submission",
-            )
-        allocations = await store.work_allocations(tenant.tenant_id, record.work_id)
+        return await _replay(request, collection, tenant, record, spec, document, key)
+    body = collection.detail(record, spec, tenant.name, ())
+    response = json_response(body, status=201)
+    response.headers["Location"] = f"{collection.path()}/{record.work_id}"
+    return response
+
+
+async def _replay(
+    request: web.Request,
+    collection: Collection[SpecT],
+    tenant: TenantRecord,
+    record: WorkRecord,
+    spec: SpecT,
+    document: bytes,
+    key: str | None,
+) -> web.Response:
+    """A retry with the same Idempotency-Key: the original (200), or 409 for another body."""
+    if not _same_submission(record, collection.store_kind, spec, document):
+        raise Problem(
+            409,
+            "idempotency-key-reused",
+            "Idempotency-Key reused",
+            f"Idempotency-Key {key!r} was used for another request body ({record.work_id}); "
+            "use a new key for a different submission",
+        )
+    allocations = await request.app[STORE].work_allocations(tenant.tenant_id, record.work_id)
     body = collection.detail(record, spec, tenant.name, allocations)
-    response = json_response(body, status=201 if result.created else 200)
+    response = json_response(body, status=200)
     response.headers["Location"] = f"{collection.path()}/{record.work_id}"
     return response
 

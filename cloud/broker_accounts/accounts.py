@@ -34,7 +34,7 @@ class BrokerAccounts(ABC):
         """Disable the node's account at once (its connection is dropped). Idempotent;
         raises `BrokerAccountError`."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional: most hold nothing)
         """Release whatever connection the implementation holds."""
 
 

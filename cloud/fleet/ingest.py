@@ -1,10 +1,20 @@
 """MQTT ingestion: node messages in, registry updates out.
 
 Every message is checked in order: topic shape, size, JSON/schema, that the
-node id in the payload is the one in the topic, then registry rules (known node,
-same agent instance, increasing sequence). Each failure is counted under its
-reason, logged at most once per interval per reason, and dropped; nothing one
-node sends can disturb another node's ingestion.
+node id in the payload is the one in the topic, plausibility (cloud/fleet/
+plausibility.py: inventory, figures, timestamps, intervals, lengths), then registry
+rules (known node, same agent instance, increasing and plausible sequence, room in
+the registry). Each failure is counted under its reason, logged at most once per
+interval per reason, and dropped; nothing one node sends can disturb another node's
+ingestion.
+
+Who may say what about work (with an `AssignmentIndex`, cloud/fleet/assignments.py):
+a log chunk is kept only if its node runs that attempt of the job (held a few seconds
+when the index does not know it yet, then dropped as `not_assigned` or
+`wrong_attempt`); a `reported` entry about work not assigned to its node is counted
+the same way (the scheduling loop reads only entries of the node's own allocations,
+cloud/loop/reports.py), and one that goes backwards within an agent instance
+(`illegal_transition`) is replaced by what that instance said before.
 """
 
 from __future__ import annotations
@@ -18,6 +28,23 @@ import aiomqtt
 import msgspec
 import structlog
 
+from cloud.fleet.assignments import (
+    Assignment,
+    AssignmentIndex,
+    AssignmentKey,
+    HeldForConfirmation,
+)
+from cloud.fleet.plausibility import (
+    Implausible,
+    PlausibilityLimits,
+    Violation,
+    check_event,
+    check_log_chunk,
+    check_reported,
+    check_status,
+    check_telemetry,
+    without_illegal_transitions,
+)
 from cloud.fleet.registry import NodeRegistry, NodeStateChange, Rejection
 from shared.logs import RateLimitedLog
 from shared.messages import (
@@ -57,6 +84,20 @@ class InvalidReason(StrEnum):
     UNKNOWN_NODE = Rejection.UNKNOWN_NODE.value
     INSTANCE_MISMATCH = Rejection.INSTANCE_MISMATCH.value
     OUT_OF_ORDER = Rejection.OUT_OF_ORDER.value
+    SEQ_JUMP = Rejection.SEQ_JUMP.value
+    REGISTRY_FULL = Rejection.REGISTRY_FULL.value
+    IMPLAUSIBLE_INVENTORY = Implausible.INVENTORY.value
+    IMPLAUSIBLE_SAMPLE = Implausible.SAMPLE.value
+    CLOCK_SKEW = Implausible.CLOCK_SKEW.value
+    BAD_INTERVAL = Implausible.BAD_INTERVAL.value
+    FIELD_TOO_LONG = Implausible.FIELD_TOO_LONG.value
+    # Log chunks and `reported` entries about work their node does not run.
+    NOT_ASSIGNED = Assignment.NOT_ASSIGNED.value
+    WRONG_ATTEMPT = Assignment.WRONG_ATTEMPT.value
+    # A `reported` entry going backwards (e.g. succeeded -> running) within one instance.
+    ILLEGAL_TRANSITION = "illegal_transition"
+    # A node id that is not enrolled (cloud.require_enrolment) or was revoked.
+    NOT_ENROLLED = "not_enrolled"
 
 
 class IngestStats:
@@ -65,6 +106,9 @@ class IngestStats:
     def __init__(self) -> None:
         self.ingested: Counter[str] = Counter()
         self.invalid: Counter[tuple[str, str]] = Counter()
+        # Messages whose handling raised: a bug, never a client's fault (the fuzz test
+        # asserts it stays 0).
+        self.failures = 0
 
     @property
     def invalid_total(self) -> int:
@@ -82,7 +126,13 @@ class Ingestor:
         on_state_change: Callable[[NodeStateChange], None] | None = None,
         on_event: Callable[[NodeEvent], None] | None = None,
         on_log: Callable[[JobLogChunk], None] | None = None,
+        limits: PlausibilityLimits | None = None,
+        assignments: AssignmentIndex | None = None,
     ) -> None:
+        """`limits`: plausibility bounds (`PlausibilityLimits.of(settings.cloud)`);
+        timestamps are judged by the registry's wall clock. `assignments`: who runs
+        what, to gate log chunks and audit reports; None trusts every node about any
+        work (tests of ingestion alone)."""
         self.registry = registry
         self.topics = topics
         self.stats = IngestStats()
@@ -92,11 +142,16 @@ class Ingestor:
         self._on_state_change = on_state_change
         self._on_event = on_event
         self._on_log = on_log
+        self._limits = limits or PlausibilityLimits()
+        self.assignments = assignments
+        self._held = HeldForConfirmation(assignments) if assignments is not None else None
         # Called (with nothing) whenever a node's state changed or it reported: the
         # scheduling loop's trigger. Must be quick and must not raise.
         self.change_listeners: list[Callable[[], None]] = []
         # Set while subscribed to every channel: the cloud's readiness.
         self.subscribed = asyncio.Event()
+        # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all.
+        self.admits_node: Callable[[str], bool] | None = None
 
     def _reject(self, channel: str, reason: InvalidReason, topic: str, error: str = "") -> None:
         self.stats.invalid[(channel, reason.value)] += 1
@@ -138,6 +193,13 @@ class Ingestor:
                 f"{len(payload)} bytes > {self._max_payload_bytes}",
             )
             return
+        if (
+            self.admits_node is not None
+            and channel in DECODERS
+            and not self.admits_node(parsed.node_id)
+        ):
+            self._reject(channel, InvalidReason.NOT_ENROLLED, topic, parsed.node_id)
+            return
         if not payload:
             # An empty retained message clears the topic; for status, the node is gone.
             if channel is Channel.STATUS and self.registry.forget(parsed.node_id):
@@ -162,7 +224,76 @@ class Ingestor:
                 f"payload node_id {message.node_id!r}",
             )
             return
+        violation = self._implausible(message)
+        if violation is not None:
+            self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
+            return
         self._apply(channel, message, topic)
+
+    def _implausible(self, message: IngestedMessage) -> Violation | None:
+        now_s = self.registry.wall_clock()
+        if isinstance(message, Telemetry):
+            return check_telemetry(message, self._limits, now_s)
+        if isinstance(message, NodeStatus):
+            return check_status(message, self._limits, now_s)
+        if isinstance(message, ReportedState):
+            return check_reported(message, self._limits, now_s)
+        if isinstance(message, JobLogChunk):
+            return check_log_chunk(message, self._limits, now_s)
+        return check_event(message, self._limits, now_s)
+
+    def _reported(self, reported: ReportedState, topic: str) -> Rejection | None:
+        """Apply a report with backward transitions undone; count what it says of work
+        its node does not run."""
+        record = self.registry.get(reported.node_id)
+        previous = record.reported if record is not None else None
+        reported, undone = without_illegal_transitions(previous, reported)
+        outcome = self.registry.apply_reported(reported)
+        if outcome is not None:
+            return outcome
+        for entry in undone:
+            self._reject(Channel.REPORTED, InvalidReason.ILLEGAL_TRANSITION, topic, entry)
+        if self._held is not None:
+            node_id = reported.node_id
+            keys: list[AssignmentKey] = [
+                ("training", node_id, t.job_id, t.attempt) for t in reported.training
+            ]
+            keys += [("replica", node_id, d.deployment_id, d.replica) for d in reported.deployments]
+            for key in keys:
+                self._held.offer(key, confirmed=_nothing, refused=self._refuser(key, topic))
+        return None
+
+    def _refuser(self, key: AssignmentKey, topic: str) -> Callable[[Assignment], None]:
+        """What counts a `reported` entry about work its node does not run."""
+        kind, _, work_id, number = key
+        what = f"{work_id} {'attempt' if kind == 'training' else 'replica'} {number}"
+
+        def refused(verdict: Assignment) -> None:
+            self._reject(Channel.REPORTED, InvalidReason(verdict.value), topic, what)
+
+        return refused
+
+    def _log_chunk(self, chunk: JobLogChunk, topic: str) -> None:
+        """Keep a chunk only from a node that runs that attempt of the job (counted as
+        ingested once kept)."""
+        if self._held is None:
+            self._keep_log(chunk)
+            return
+        self._held.offer(
+            ("training", chunk.node_id, chunk.job_id, chunk.attempt),
+            confirmed=lambda: self._keep_log(chunk),
+            refused=lambda verdict: self._reject(
+                Channel.LOGS,
+                InvalidReason(verdict.value),
+                topic,
+                f"{chunk.job_id} attempt {chunk.attempt}",
+            ),
+        )
+
+    def _keep_log(self, chunk: JobLogChunk) -> None:
+        self.stats.ingested[Channel.LOGS] += 1
+        if self._on_log is not None:
+            self._on_log(chunk)
 
     def _apply(self, channel: Channel, message: IngestedMessage, topic: str) -> None:
         outcome: Rejection | NodeStateChange | None = None
@@ -171,12 +302,12 @@ class Ingestor:
         elif isinstance(message, NodeStatus):
             outcome = self.registry.apply_status(message)
         elif isinstance(message, ReportedState):
-            outcome = self.registry.apply_reported(message)
+            outcome = self._reported(message, topic)
             if outcome is None:
                 self.notify_change()
         elif isinstance(message, JobLogChunk):
-            if self._on_log is not None:
-                self._on_log(message)
+            self._log_chunk(message, topic)
+            return
         elif self._on_event is not None:
             self._on_event(message)
         if isinstance(outcome, Rejection):
@@ -198,6 +329,7 @@ class Ingestor:
         try:
             self.handle(message.topic.value, message.payload)
         except Exception:  # a bug here must not tear down the connection for everyone
+            self.stats.failures += 1
             self._log.exception("ingestion failed", topic=message.topic.value)
 
     async def run(self, session: MqttSession) -> None:
@@ -216,3 +348,7 @@ class Ingestor:
                 self.handle_message(message)
         finally:
             self.subscribed.clear()
+
+
+def _nothing() -> None:
+    return None

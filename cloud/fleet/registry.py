@@ -5,6 +5,13 @@ status says so (the will after a crash, or a goodbye on a clean stop), and fresh
 telemetry from the same agent instance brings a node that went stale back online.
 What silence means (when a node is stale, when its work is lost) is decided in
 cloud/fleet/liveness.py, which records its verdicts here (`mark_offline`).
+
+What it refuses (a message is checked for plausibility first, cloud/fleet/
+plausibility.py): telemetry or a report from an agent instance other than the one of
+the node's current birth; a sample whose sequence number does not increase (it may
+start again only with a new instance) or runs further ahead than elapsed time allows,
+so that one forged `seq` cannot make every later real sample "out of order"; and the
+birth of a new node once `max_nodes` are known.
 """
 
 from __future__ import annotations
@@ -35,6 +42,15 @@ class Rejection(StrEnum):
     UNKNOWN_NODE = "unknown_node"
     INSTANCE_MISMATCH = "instance_mismatch"
     OUT_OF_ORDER = "out_of_order"
+    SEQ_JUMP = "seq_jump"
+    REGISTRY_FULL = "registry_full"
+
+
+# A sample's `seq` counts one per interval. It may run ahead of the count elapsed time
+# allows by this factor, plus this many samples (jitter, a reconnect's burst, the agent's
+# clock), and no further.
+SEQ_RATE_TOLERANCE = 2.0
+SEQ_SLACK = 100
 
 
 @dataclass(slots=True)
@@ -46,6 +62,7 @@ class NodeRecord:
     last_seen_at: float  # UTC epoch seconds
     telemetry: Telemetry | None = None
     reported: ReportedState | None = None
+    telemetry_received_monotonic: float = 0.0  # when `telemetry` arrived
 
     @property
     def node_id(self) -> str:
@@ -105,9 +122,16 @@ class NodeRegistry:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        max_nodes: int = 10_000,
+        max_clock_skew_s: float = 300.0,
     ) -> None:
+        """`max_nodes`: births of new nodes beyond it are refused (`cloud.max_nodes`);
+        `max_clock_skew_s`: how far an agent's clock may be ahead (`cloud.max_clock_skew_s`),
+        which the sequence bound of a first sample allows for."""
         self._monotonic = monotonic
         self._wall_clock = wall_clock
+        self.max_nodes = max_nodes
+        self._max_clock_skew_s = max_clock_skew_s
         self._records: dict[str, NodeRecord] = {}
         # Bumped on every change of membership or state, so readers can cache by it.
         self.version = 0
@@ -124,6 +148,11 @@ class NodeRegistry:
         """The clock `NodeRecord.last_seen_monotonic` is read from."""
         return self._monotonic
 
+    @property
+    def wall_clock(self) -> Callable[[], float]:
+        """The control plane's UTC clock (epoch seconds), that timestamps are judged by."""
+        return self._wall_clock
+
     def get(self, node_id: str) -> NodeRecord | None:
         return self._records.get(node_id)
 
@@ -137,11 +166,14 @@ class NodeRegistry:
         record.last_seen_monotonic = self._monotonic()
         record.last_seen_at = self._wall_clock()
 
-    def apply_status(self, status: NodeStatus) -> NodeStateChange | None:
-        """Birth, will or goodbye. Returns the state change it caused, if any."""
+    def apply_status(self, status: NodeStatus) -> Rejection | NodeStateChange | None:
+        """Birth, will or goodbye. Returns the state change it caused, if any, or
+        `REGISTRY_FULL` for a node not known yet when `max_nodes` are."""
         record = self._records.get(status.node_id)
         reason = status.offline_reason if status.state == "offline" else None
         if record is None:
+            if len(self._records) >= self.max_nodes:
+                return Rejection.REGISTRY_FULL
             record = NodeRecord(
                 status=status,
                 state=status.state,
@@ -184,8 +216,11 @@ class NodeRegistry:
             return Rejection.INSTANCE_MISMATCH
         if record.telemetry is not None and telemetry.seq <= record.telemetry.seq:
             return Rejection.OUT_OF_ORDER
+        if not self._plausible_seq(record, telemetry.seq):
+            return Rejection.SEQ_JUMP
         record.telemetry = telemetry
         self._touch(record)
+        record.telemetry_received_monotonic = record.last_seen_monotonic
         if record.state == "offline" and record.offline_reason == "telemetry-stale":
             record.state = "online"
             record.offline_reason = None
@@ -193,10 +228,27 @@ class NodeRegistry:
             return NodeStateChange(record.node_id, "online", None)
         return None
 
+    def _plausible_seq(self, record: NodeRecord, seq: int) -> bool:
+        """Whether `seq` is no further along than this agent instance can have counted:
+        since it started (a first sample, or a burst of forged ones) and since the last
+        sample accepted."""
+        interval_s = record.status.telemetry_interval_s
+        since_start_s = self._wall_clock() - record.status.started_at + self._max_clock_skew_s
+        if seq > SEQ_RATE_TOLERANCE * max(0.0, since_start_s) / interval_s + SEQ_SLACK:
+            return False
+        if record.telemetry is None:
+            return True
+        since_last_s = self._monotonic() - record.telemetry_received_monotonic
+        allowed = SEQ_RATE_TOLERANCE * max(0.0, since_last_s) / interval_s + SEQ_SLACK
+        return seq - record.telemetry.seq <= allowed
+
     def apply_reported(self, reported: ReportedState) -> Rejection | None:
         record = self._records.get(reported.node_id)
         if record is None:
             return Rejection.UNKNOWN_NODE
+        if reported.instance_id != record.status.instance_id:
+            # A straggler from the agent before a restart: it speaks for runs now gone.
+            return Rejection.INSTANCE_MISMATCH
         record.reported = reported
         return None
 

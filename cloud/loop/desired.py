@@ -108,10 +108,12 @@ def desired_document(
     settings: SchedulingSettings,
     models: Mapping[str, ModelRecord] | None = None,
     signer: ModelUrlSigner | None = None,
+    cluster_id: str | None = None,
 ) -> DesiredState:
     """Everything stored for `node_id`; `allocations` maps every work id to all of its
     allocations (a gang's other nodes decide this node's rank); `models` the registry's
-    records of the deployments' models, `signer` makes their download URLs."""
+    records of the deployments' models, `signer` makes their download URLs; `cluster_id`
+    the store's (generations count within it: an agent adopts a new one's sequence)."""
     training: list[DesiredTraining] = []
     deployments: list[DesiredDeployment] = []
     for work_id, members in sorted(allocations.items()):
@@ -131,4 +133,5 @@ def desired_document(
         deployments=tuple(deployments),
         training=tuple(training),
         issued_at=now,
+        cluster_id=cluster_id,
     )

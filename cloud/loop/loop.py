@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 
+from cloud.fleet.assignments import AssignmentIndex
 from cloud.fleet.liveness import Liveness
 from cloud.fleet.registry import NodeRecord, NodeRegistry
 from cloud.green.latency import default_latency_estimator
@@ -45,6 +47,7 @@ from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.reports import agent_outcomes
+from cloud.loop.unacknowledged import AssignmentWatch
 from cloud.models.signing import ModelUrlSigner
 from cloud.scheduler import Plan
 from cloud.signals.grid import GridSignals
@@ -65,6 +68,19 @@ from cloud.work.explain import explanations_for_plan
 from shared.settings import SchedulingSettings
 
 _ERROR_BACKOFF_S = 1.0
+
+
+def of_this_cluster(nodes: Mapping[str, NodeRecord], cluster_id: str) -> dict[str, NodeRecord]:
+    """`nodes` with every `reported` of another cluster (an agent still on documents from
+    before a store reset) taken as observing nothing: its entries name that cluster's
+    work, never ours. A report without a cluster id (schema < 1.3) still counts."""
+    current: dict[str, NodeRecord] = {}
+    for node_id, record in nodes.items():
+        reported = record.reported
+        if reported is not None and reported.cluster_id not in (None, cluster_id):
+            record = dataclasses.replace(record, reported=None)
+        current[node_id] = record
+    return current
 
 
 @dataclass(slots=True)
@@ -88,6 +104,7 @@ class SchedulingLoop:
         settings: SchedulingSettings,
         *,
         liveness: Liveness,
+        assignments: AssignmentIndex | None = None,
         signals: SignalService | None = None,
         model_urls: ModelUrlSigner | None = None,
         clock: Callable[[], float] = time.time,
@@ -98,6 +115,8 @@ class SchedulingLoop:
         self._publisher = publisher
         self._settings = settings
         self._liveness = liveness
+        self._assignments = assignments  # ingestion's view of who runs what
+        self._unacknowledged = AssignmentWatch(settings.assignment_timeout_s, monotonic)
         self._signals = signals
         self._model_urls = model_urls
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
@@ -147,6 +166,7 @@ class SchedulingLoop:
                     self.leading.clear()
                     self._publisher.forget()
                     self._liveness.reset_grace()
+                    self._unacknowledged.reset()
                     self._explained.clear()
                     self._last_snapshot = None
 
@@ -201,18 +221,31 @@ class SchedulingLoop:
         nodes = {record.node_id: record for record in self._registry.nodes()}
         await self._publish(store, nodes, now)
 
+        records = {record.work_id: record for record in store.work}
+        allocations = by_work(store.allocations)
+        reporting = of_this_cluster(nodes, self._publisher.cluster_id)
         outcomes = agent_outcomes(
-            {record.work_id: record for record in store.work},
-            by_work(store.allocations),
-            nodes,
+            records,
+            allocations,
+            reporting,
             self._liveness.lost_nodes({a.node_id for a in store.allocations}, nodes),
         )
+        unacknowledged = self._unacknowledged.check(
+            records,
+            allocations,
+            reporting,
+            listening=self._liveness.listening(self._monotonic()),
+            settled=outcomes.work_ids,
+        )
+        for node_id in sorted(unacknowledged.republish):
+            if self._publisher.republish(node_id):
+                self._log.info("desired republished", node_id=node_id, reason="unacknowledged")
         if outcomes.allocation_states:
             with self._committing():
                 await self._store.set_allocation_states(
                     [(c.work_id, c.member_index, c.state) for c in outcomes.allocation_states]
                 )
-        if outcomes.changes_work:
+        if outcomes.changes_work or unacknowledged.changes_work:
             for state_change in outcomes.state_changes:
                 self._log.info(
                     "work state",
@@ -220,13 +253,14 @@ class SchedulingLoop:
                     state=state_change.to_state,
                     reason=state_change.reason,
                 )
-            for eviction in outcomes.evictions:
+            evictions = outcomes.evictions + unacknowledged.evictions
+            for eviction in evictions:
                 self._log.info("work requeued", work_id=eviction.work_id, reason=eviction.reason)
             await self._commit(
                 PassWrite(
                     state_changes=outcomes.state_changes,
-                    evictions=outcomes.evictions,
-                    placements=outcomes.placements,
+                    evictions=evictions,
+                    placements=outcomes.placements + unacknowledged.placements,
                 ),
                 lease,
             )
@@ -262,6 +296,10 @@ class SchedulingLoop:
                 await self._publish(store, nodes, now)
         self._forget_explained(store)
         self._last_snapshot = store
+        if self._assignments is not None:
+            # Before the publisher sends what this pass placed: agents' first log chunks
+            # and reports of new work find it known.
+            self._assignments.replace_from(store)
         retry = [p.retry_at for p in plan.pending if p.retry_at is not None]
         self._retry_at = min(retry) if retry else None
         self.stats.passes += 1
@@ -354,6 +392,7 @@ class SchedulingLoop:
                     settings=self._settings,
                     models=self._models,
                     signer=self._model_urls,
+                    cluster_id=self._publisher.cluster_id,
                 )
             )
 

@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cloud.fleet.registry import NodeRecord
 from cloud.scheduler import AcceleratorPool, Node
-from shared.messages import Accelerator, AcceleratorKind, common_providers
+from shared.messages import Accelerator, AcceleratorKind, NodeStatus, common_providers
 
 # Relative speed (A100 = 1.0) when a device reports none.
 DEFAULT_RELATIVE_SPEED: Mapping[AcceleratorKind, float] = MappingProxyType(
@@ -100,6 +100,12 @@ def _valid_timezone(name: str | None) -> str | None:
     return name
 
 
+def node_runs_training(status: NodeStatus) -> bool:
+    """What the agent advertises; an agent older than schema 1.3 runs training exactly
+    when its site is cloud (the agent's own default, `AgentSettings.runs_training`)."""
+    return status.site == "cloud" if status.runs_training is None else status.runs_training
+
+
 def scheduler_node(record: NodeRecord) -> Node:
     status = record.status
     # The wire reports percent; inside the cloud utilisation is a share, 0..1.
@@ -122,6 +128,7 @@ def scheduler_node(record: NodeRecord) -> Node:
         host_memory_bytes=status.host.memory_total_bytes,
         timezone=timezone,
         pools=tuple(_pool(kind, devices, utilisation) for kind, devices in sorted(by_kind.items())),
+        runs_training=node_runs_training(status),
     )
 
 

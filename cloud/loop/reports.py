@@ -17,6 +17,15 @@ A node that is lost takes its work with it: a gang is requeued whole; a deployme
 keeps its other replicas and the lost ones are placed again. Which nodes are lost
 (offline beyond the grace period, or unknown) is not decided here but in
 cloud/fleet/liveness.py (`Liveness.lost_nodes`); the pass hands its verdict in.
+
+Whose word counts: an entry is read only from the node an allocation is on and only
+for the work's current attempt (training: `training_report(work_id, attempts)` of each
+worker's node; inference: `replica_report(work_id, member_index)` of each replica's
+node). What a node says of another node's work, of work not placed on it, of an
+earlier attempt or of a replica it does not hold is never read, so it changes nothing;
+ingestion counts such entries (`not_assigned`, `wrong_attempt`) and undoes entries
+that go backwards within one agent instance (cloud/fleet/ingest.py). A reason a node
+gives is cut to `MAX_REASON_CHARS` before it becomes the work's reason.
 """
 
 from __future__ import annotations
@@ -30,6 +39,13 @@ from cloud.store import AllocationRecord, EvictionWrite, PlacementWrite, StateWr
 from cloud.store.states import PLACED_STATES
 from shared.messages import ReportedDeployment, ReportedTraining
 from shared.work_literals import AllocationState
+
+MAX_REASON_CHARS = 1000
+
+
+def _reason(text: str) -> str:
+    """A node's words for people, bounded (they are stored and streamed as events)."""
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +65,15 @@ class AgentOutcomes:
     @property
     def changes_work(self) -> bool:
         return bool(self.state_changes or self.evictions or self.placements)
+
+    @property
+    def work_ids(self) -> frozenset[str]:
+        """The work these outcomes change."""
+        return frozenset(
+            [w.work_id for w in self.state_changes]
+            + [w.work_id for w in self.evictions]
+            + [w.work_id for w in self.placements]
+        )
 
 
 class _Collector:
@@ -117,13 +142,14 @@ def _training(
     if failed:
         entry = entries[failed[0]]
         assert entry is not None
-        out.move(record, "failed", reason=f"worker on {failed[0]} failed: {entry.reason}")
+        reason = f"worker on {failed[0]} failed: {_reason(entry.reason)}"
+        out.move(record, "failed", reason=reason)
         return
     stopped = [node_id for node_id, state in states.items() if state == "stopped"]
     if stopped:
         entry = entries[stopped[0]]
         assert entry is not None
-        reason = f"worker on {stopped[0]} stopped: {entry.reason or 'by its agent'}"
+        reason = f"worker on {stopped[0]} stopped: {_reason(entry.reason) or 'by its agent'}"
         out.evict(record, reason)
         return
     started = [s for s in states.values() if s in ("running", "succeeded")]
@@ -170,7 +196,7 @@ def _inference(
                 record,
                 "failed",
                 reason=f"replica {allocation.member_index} on {allocation.node_id} failed: "
-                f"{entry.reason}",
+                f"{_reason(entry.reason)}",
             )
             return
     if record.state == "scheduled" and all(

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import socket
 from urllib.parse import quote
 
 from shared.settings import CloudSettings
 
 SECRET_NAME = "model-url-key"
+# What `signature` makes: lower-case hex sha256. Anything else cannot be one of ours,
+# and is refused before it reaches `hmac.compare_digest` (which raises on non-ASCII).
+_SIGNATURE = re.compile(r"[0-9a-f]{64}")
 
 
 class ModelUrlSigner:
@@ -30,6 +34,9 @@ class ModelUrlSigner:
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
     def verify(self, model_id: str, sha256: str, signature: str) -> bool:
+        """False for any signature we did not make, however malformed."""
+        if _SIGNATURE.fullmatch(signature) is None:
+            return False
         return hmac.compare_digest(self.signature(model_id, sha256), signature)
 
     def url(self, model_id: str, sha256: str) -> str:

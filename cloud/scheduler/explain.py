@@ -41,6 +41,7 @@ def filter_label(name: FilterName, shape: WorkShape) -> str:
     labels: dict[FilterName, str] = {
         "health": "not ready",
         "site": "not " + "/".join(work.sites),
+        "training": "runs no training",
         "kind": f"no {kinds}",
         "count": f"fewer than {shape.accelerators} {kinds}",
         "model": "wrong accelerator model",

@@ -28,6 +28,7 @@ from .windows import is_open, local_second_of_day, seconds_until_open, seconds_u
 FilterName = Literal[
     "health",
     "site",
+    "training",
     "kind",
     "count",
     "model",
@@ -48,6 +49,7 @@ FilterName = Literal[
 FILTERS: Final[tuple[FilterName, ...]] = (
     "health",
     "site",
+    "training",
     "kind",
     "count",
     "model",
@@ -97,6 +99,8 @@ def static_filters(
 
     reject("health", nodes.healthy)
     reject("site", np.isin(nodes.site_code, [SITE_INDEX[s] for s in work.sites]))
+    if isinstance(work, TrainingJob):
+        reject("training", nodes.runs_training)
     reject("kind", columns.capacity > 0)
     reject("count", columns.capacity >= shape.accelerators)
     if work.accelerator_models:

@@ -70,6 +70,7 @@ class Node:
     utc_offset_minutes: int = 0
     timezone: str | None = None
     pools: tuple[AcceleratorPool, ...] = ()
+    runs_training: bool = True  # False: the agent refuses training; only serving goes there
 
     def __post_init__(self) -> None:
         kinds = [pool.kind for pool in self.pools]
@@ -101,6 +102,7 @@ class NodeTable:
     node_ids: tuple[str, ...]
     index: Mapping[str, int]
     site_code: IntArray
+    runs_training: BoolArray
     zone_code: IntArray
     zones: tuple[str, ...]
     region_code: IntArray
@@ -281,6 +283,7 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         node_ids=tuple(node.node_id for node in nodes),
         index=MappingProxyType(index),
         site_code=read_only(np.array([SITE_INDEX[node.site] for node in nodes], dtype=np.int64)),
+        runs_training=read_only(np.array([node.runs_training for node in nodes], dtype=np.bool_)),
         zone_code=read_only(zone_code),
         zones=zones,
         region_code=read_only(region_code),

@@ -19,13 +19,22 @@ interpolated or back-filled). Hours without a price use the static table's price
 for the zone when it has one, otherwise NaN.
 
 All time comes from the injected clock: tests and the simulator never sleep.
+
+Zones come from callers (`GET /v1/signals/{zone}` takes any string), so per-zone
+state is bounded: a (provider, zone) lock exists only while a question is in
+flight, answers are kept for at most `max_cached_answers` (provider, zone) pairs
+(least recently used dropped first) and only when a provider answered, and the
+warnings about unknown zones and failing providers are rate-limited (one line per
+interval, with the count of the ones left out).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +62,7 @@ from cloud.signals.units import (
     system_clock,
 )
 from shared.clock import utc_from_epoch
+from shared.logs import RateLimitedLog
 
 DEFAULT_CACHE_TTL_S = 300.0
 DEFAULT_STALENESS_LIMIT_S = 3 * HOUR_S
@@ -60,6 +70,8 @@ DEFAULT_HISTORY_HOURS = 24
 DEFAULT_HORIZON_HOURS = 48
 DEFAULT_RATE_LIMIT_BACKOFF_S = 60.0
 DEFAULT_AUTH_BACKOFF_S = 900.0
+DEFAULT_MAX_CACHED_ANSWERS = 4096  # (provider, zone) pairs; a real fleet has far fewer
+DEFAULT_LOG_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +104,8 @@ class SignalService:
         forecaster: Forecaster | str = DEFAULT_FORECASTER,
         rate_limit_backoff_s: float = DEFAULT_RATE_LIMIT_BACKOFF_S,
         auth_backoff_s: float = DEFAULT_AUTH_BACKOFF_S,
+        max_cached_answers: int = DEFAULT_MAX_CACHED_ANSWERS,
+        log_interval_s: float = DEFAULT_LOG_INTERVAL_S,
     ) -> None:
         names = [provider.name for provider in providers]
         if len(set(names)) != len(names):
@@ -100,6 +114,8 @@ class SignalService:
             raise ValueError("need history_hours >= 1 and horizon_hours >= 0")
         if cache_ttl_s < 0 or staleness_limit_s < 0:
             raise ValueError("cache_ttl_s and staleness_limit_s must be >= 0")
+        if max_cached_answers < 1:
+            raise ValueError("max_cached_answers must be >= 1")
         self._providers = list(providers)
         self._static = static
         self._clock = clock
@@ -112,14 +128,52 @@ class SignalService:
         )
         self._rate_limit_backoff_s = rate_limit_backoff_s
         self._auth_backoff_s = auth_backoff_s
-        self._answers: dict[tuple[str, str], ZoneAnswer] = {}
+        self._answers: OrderedDict[tuple[str, str], ZoneAnswer] = OrderedDict()
+        self._max_cached_answers = max_cached_answers
         self._blocked_until_s: dict[str, float] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # (provider, zone) -> [lock, holders and waiters]; removed when the count is 0
+        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}
         self._log = structlog.get_logger("greenfed.signals")
+        self._limited_log = RateLimitedLog(self._log, log_interval_s)
+
+    @property
+    def state_entries(self) -> int:
+        """Per-(provider, zone) entries held: locks in flight plus cached answers."""
+        return len(self._locks) + len(self._answers)
+
+    @asynccontextmanager
+    async def _asking(self, key: tuple[str, str]) -> AsyncIterator[None]:
+        """One question per (provider, zone) at a time; the lock lives only while used."""
+        entry = self._locks.get(key)
+        if entry is None:
+            entry = self._locks[key] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._locks[key]
+
+    def _remember(self, key: tuple[str, str], answer: ZoneAnswer) -> None:
+        self._answers[key] = answer
+        self._answers.move_to_end(key)
+        while len(self._answers) > self._max_cached_answers:
+            self._answers.popitem(last=False)
 
     @property
     def providers(self) -> tuple[str, ...]:
         return tuple(provider.name for provider in self._providers)
+
+    def knows_zone(self, zone: str) -> bool:
+        """A zone the static table lists or a provider has answered for. The API asks
+        the chain only about these and the fleet's zones, so a caller's made-up zone
+        costs no provider request and no state."""
+        if self._static is not None and self._static.knows(zone):
+            return True
+        return any((provider.name, zone) in self._answers for provider in self._providers)
 
     def blocked_until_s(self, provider: str) -> float | None:
         """When a rate-limited or refused provider may be asked again (None: it may now)."""
@@ -178,13 +232,11 @@ class SignalService:
         """(answer, live): a fresh cached or live answer, else the last good one, else None."""
         for provider in self._providers:
             key = (provider.name, zone)
-            lock = self._locks.get(key)
-            if lock is None:
-                lock = self._locks[key] = asyncio.Lock()
             # One question per (provider, zone) at a time: concurrent snapshots share it.
-            async with lock:
+            async with self._asking(key):
                 cached = self._answers.get(key)
                 if cached is not None and now_s - cached.fetched_at_s < self._ttl_s:
+                    self._answers.move_to_end(key)
                     return cached, True
                 if self.blocked_until_s(provider.name) is not None:
                     continue
@@ -194,11 +246,13 @@ class SignalService:
                     self._block(provider.name, error)
                     continue
                 except SignalError as error:
-                    self._log.info(
+                    # Per provider, not per zone: any string a caller sends is a "zone".
+                    self._limited_log.warning(
+                        f"provider_failed:{provider.name}",
                         "signals.provider_failed",
                         provider=provider.name,
                         zone=zone,
-                        error=str(error),
+                        error=str(error)[:500],
                     )
                     continue
                 except Exception:
@@ -207,7 +261,7 @@ class SignalService:
                         "signals.provider_crashed", provider=provider.name, zone=zone
                     )
                     continue
-                self._answers[key] = answer
+                self._remember(key, answer)
                 return answer, True
         cached_answers = (self._answers.get((provider.name, zone)) for provider in self._providers)
         last_good = [cached for cached in cached_answers if cached is not None]
@@ -253,7 +307,7 @@ class SignalService:
         if self._static is not None and self._static.knows(zone):
             self._log.warning("signals.static_fallback", zone=zone)
             return self._static_series(zone, now_s)
-        self._log.warning("signals.zone_unknown", zone=zone)
+        self._limited_log.warning("zone_unknown", "signals.zone_unknown", zone=zone[:100])
         return None
 
     # ---- assembling hourly series ---------------------------------------------------

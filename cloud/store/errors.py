@@ -72,3 +72,41 @@ class InvalidPassWriteError(StoreError):
 
 class LeadershipLostError(StoreError):
     """This process no longer holds scheduling leadership; it must not commit plans."""
+
+
+class JoinTokenError(StoreError):
+    """A join token that cannot be redeemed. The subclass says why; the REST layer logs
+    it and tells an anonymous caller only that the token was refused."""
+
+    reason = "refused"
+
+    def __init__(self, token_id: str | None) -> None:
+        super().__init__(f"join token {token_id or '(unknown)'}: {self.reason}")
+        self.token_id = token_id
+
+
+class JoinTokenUnknownError(JoinTokenError):
+    """No such token (never issued, mistyped, or an id no token has)."""
+
+    reason = "unknown"
+
+
+class JoinTokenExpiredError(JoinTokenError):
+    reason = "expired"
+
+
+class JoinTokenUsedUpError(JoinTokenError):
+    reason = "used up"
+
+
+class JoinTokenRevokedError(JoinTokenError):
+    reason = "revoked"
+
+
+class NodeAlreadyEnrolledError(StoreError):
+    """The node id belongs to an enrolled, unrevoked node: revoke it before enrolling
+    that id again (a token must not take over another node's identity)."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"node {node_id} is already enrolled; revoke it first to enrol it again")
+        self.node_id = node_id

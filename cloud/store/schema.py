@@ -138,3 +138,35 @@ secrets = Table(
     Column("value", Text, nullable=False),
     Column("created_at", Double, nullable=False),
 )
+
+# Join tokens an admin hands to new nodes (v0004): only the token's SHA-256 is kept
+# (the token is 256 random bits, so a fast hash is enough; it is shown once). `site`,
+# `zone`, `region` and `labels` are what an enrolling node gets where it names none.
+join_tokens = Table(
+    "join_tokens",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("token_sha256", Text, nullable=False, unique=True),
+    Column("created_at", Double, nullable=False),
+    Column("expires_at", Double, nullable=False),
+    Column("max_uses", Integer, nullable=False),
+    Column("uses", Integer, nullable=False),
+    Column("revoked_at", Double, nullable=True),
+    Column("site", Text, nullable=True),
+    Column("zone", Text, nullable=True),
+    Column("region", Text, nullable=True),
+    Column("labels", JsonDocument, nullable=False),
+    Column("created_by", Text, nullable=True),
+)
+
+# Node identities that traded a join token for credentials (v0004). A revoked node
+# keeps its row (revoked_at set) and is refused until it enrols again with a new token.
+enrolled_nodes = Table(
+    "enrolled_nodes",
+    metadata,
+    Column("node_id", Text, primary_key=True),
+    Column("enrolled_at", Double, nullable=False),
+    Column("join_token_id", Text, nullable=True),
+    Column("revoked_at", Double, nullable=True),
+    Column("username", Text, nullable=True),
+)

@@ -19,6 +19,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from cloud.store import enrolment
 from cloud.store.changes import Changes, apply_changes, event_row
 from cloud.store.engine import (
     WRITE_OPTION,
@@ -27,6 +28,13 @@ from cloud.store.engine import (
     build_engine,
     enable_wal,
     resolve_database,
+)
+from cloud.store.enrolment import (
+    CreatedJoinToken,
+    EnrolledNodeRecord,
+    JoinTokenRecord,
+    NewJoinToken,
+    Redemption,
 )
 from cloud.store.errors import (
     IllegalTransitionError,
@@ -107,6 +115,7 @@ from cloud.store.work import (
     select_active_work,
     select_allocations,
     select_work,
+    select_work_by_idempotency_key,
 )
 from shared.settings import StoreSettings
 from shared.work_literals import AllocationState, PriorityClass, WorkKind, WorkState
@@ -364,6 +373,13 @@ class Store:
         async with self._read() as connection:
             return await select_work(connection, work_id, tenant_id)
 
+    async def work_by_idempotency_key(
+        self, tenant_id: str, idempotency_key: str
+    ) -> WorkRecord | None:
+        """The tenant's work submitted with this key, if any (a retry's original)."""
+        async with self._read() as connection:
+            return await select_work_by_idempotency_key(connection, tenant_id, idempotency_key)
+
     async def list_work(
         self,
         tenant_id: str,
@@ -540,6 +556,60 @@ class Store:
                 returning=False,
             )
         return updated
+
+    # ---- node enrolment (cloud/store/enrolment.py) --------------------------------------
+
+    async def create_join_token(self, new: NewJoinToken) -> CreatedJoinToken:
+        """A new join token; the reply holds the token itself, which is never stored."""
+        async with self._write() as connection:
+            return await enrolment.insert_join_token(
+                connection, self._ids.new_id(), new, self._clock()
+            )
+
+    async def list_join_tokens(self) -> tuple[JoinTokenRecord, ...]:
+        async with self._read() as connection:
+            return await enrolment.select_join_tokens(connection)
+
+    async def revoke_join_token(self, token_id: str) -> JoinTokenRecord:
+        """Raises `JoinTokenUnknownError`; revoking twice keeps the first time."""
+        async with self._write() as connection:
+            return await enrolment.mark_join_token_revoked(connection, token_id, self._clock())
+
+    async def redeem_join_token(self, token: str, node_id: str) -> Redemption:
+        """Count one use of the token and enrol the node, atomically; raises a
+        `JoinTokenError` subclass (why it was refused) or `NodeAlreadyEnrolledError`."""
+        async with self._write() as connection:
+            return await enrolment.redeem(connection, token, node_id, self._clock())
+
+    async def release_redemption(self, redemption: Redemption) -> None:
+        """Undo `redeem_join_token` (the node's credentials could not be provisioned)."""
+        async with self._write() as connection:
+            await enrolment.release(connection, redemption)
+
+    async def set_enrolled_username(self, node_id: str, username: str) -> None:
+        async with self._write() as connection:
+            await enrolment.set_username(connection, node_id, username)
+
+    async def list_enrolled_nodes(self) -> tuple[EnrolledNodeRecord, ...]:
+        """Every enrolled node id, revoked ones included (`revoked_at` set), by id."""
+        async with self._read() as connection:
+            return await enrolment.select_enrolled_nodes(connection)
+
+    async def get_enrolled_node(self, node_id: str) -> EnrolledNodeRecord | None:
+        async with self._read() as connection:
+            return await enrolment.select_enrolled_node(connection, node_id)
+
+    async def revoke_node(self, node_id: str) -> EnrolledNodeRecord:
+        """Refuse the node id from now on, until it enrols again with a new token."""
+        async with self._write() as connection:
+            return await enrolment.mark_node_revoked(
+                connection, self.backend, node_id, self._clock()
+            )
+
+    async def is_enrolled(self, node_id: str) -> bool:
+        """Enrolled and not revoked."""
+        node = await self.get_enrolled_node(node_id)
+        return node is not None and node.active
 
     # ---- events ------------------------------------------------------------------------
 

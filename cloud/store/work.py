@@ -93,6 +93,16 @@ async def select_work(
     return None if row is None else work_from_row(row)
 
 
+async def select_work_by_idempotency_key(
+    connection: AsyncConnection, tenant_id: str, idempotency_key: str
+) -> WorkRecord | None:
+    query = select(*WORK_RECORD_COLUMNS).where(
+        work.c.tenant_id == tenant_id, work.c.idempotency_key == idempotency_key
+    )
+    row = (await connection.execute(query)).first()
+    return None if row is None else work_from_row(row)
+
+
 async def list_work_page(
     connection: AsyncConnection,
     tenant_id: str,

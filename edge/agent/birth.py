@@ -30,9 +30,12 @@ class Birth(AgentModule):
         telemetry_interval_s: float,
         started_at: float,
         announced: asyncio.Event,
+        runs_training: bool,
     ) -> None:
-        """`announced` is set once the first birth has been published (and stays set)."""
+        """`announced` is set once the first birth has been published (and stays set);
+        `runs_training` is advertised so the scheduler never sends training here in vain."""
         self._context = context
+        self._runs_training = runs_training
         self._discovery = discovery
         self._telemetry_interval_s = telemetry_interval_s
         self._started_at = started_at
@@ -73,5 +76,6 @@ class Birth(AgentModule):
                 telemetry_interval_s=self._telemetry_interval_s,
                 started_at=self._started_at,
                 sent_at=self._context.wall_clock(),
+                runs_training=self._runs_training,
             )
         )

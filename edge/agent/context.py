@@ -40,7 +40,9 @@ class AgentCounters:
     telemetry_sent: int = 0
     telemetry_skipped_oversized: int = 0
     births: int = 0
-    desired_received: int = 0
+    desired_received: int = 0  # verified documents (applied, or older and ignored)
+    # Unsigned, forged, malformed or misaddressed documents, and any while no public
+    # key is configured: none of them applied (edge/agent/desired.py).
     desired_rejected: int = 0
     events_dropped: int = 0
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import aiomqtt
 import structlog
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge.agent.context import AgentContext, AgentCounters, NodeIdentity
 from edge.agent.module import GOODBYE_TIMEOUT_S, AgentModule
@@ -28,13 +29,25 @@ from edge.probes import DeviceProbes
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import TrainingLauncher
 from shared import __version__
+from shared.desired_signature import PublicKeyError, load_public_key
 from shared.messages import EventKind
 from shared.mqtt import MqttSession
-from shared.settings import MqttSettings
+from shared.settings import ConfigError, MqttSettings
 from shared.topics import Topics
 
 if TYPE_CHECKING:
     from edge.inference.runtime import InferenceRuntime
+
+PUBLIC_KEY_SETTING = "agent.control_plane_public_key"
+
+
+def _public_key(text: str) -> Ed25519PublicKey | None:
+    if not text:
+        return None
+    try:
+        return load_public_key(text)
+    except PublicKeyError as error:
+        raise ConfigError(f"{PUBLIC_KEY_SETTING}: {error}", key=PUBLIC_KEY_SETTING) from None
 
 
 class Agent:
@@ -50,8 +63,11 @@ class Agent:
         wall_clock: Callable[[], float] = time.time,
         training_launcher: TrainingLauncher | None = None,
         inference: InferenceOptions | None = None,
+        control_plane_public_key: str = "",
     ) -> None:
-        """`training_launcher` None: this node runs no training (edge devices)."""
+        """`training_launcher` None: this node runs no training (edge devices);
+        `control_plane_public_key`: base64 of the key `desired` documents must be signed
+        with (`agent.control_plane_public_key`); empty: none is applied."""
         self.identity = identity
         self._probes = probes
         self._mqtt_settings = mqtt_settings
@@ -60,6 +76,7 @@ class Agent:
         self._rng = rng or random.Random()
         self._training_launcher = training_launcher
         self._inference_options = inference or InferenceOptions()
+        self._control_plane_public_key = _public_key(control_plane_public_key)
         self._context = AgentContext(
             identity=identity,
             instance_id=uuid.uuid4().hex,
@@ -131,6 +148,7 @@ class Agent:
             inference_options=self._inference_options,
             started_at=started_at,
             announced=self.announced,
+            control_plane_public_key=self._control_plane_public_key,
         )
         self._modules = modules
         self.session = MqttSession(

@@ -1,12 +1,27 @@
 """Where desired state is applied: the node's retained `desired` document, replayed by
-the broker on every subscription, is checked (decodes, addressed to this node, not
-older than what was applied) and handed to the training workers and the inference
-server; the reported state follows at once."""
+the broker on every subscription, is checked and handed to the training workers and
+the inference server; the reported state follows at once.
+
+This is the agent's boundary with whoever can publish on the broker. In order:
+
+1. the signature, on the raw payload, with the control plane's public key
+   (shared/desired_signature.py) before anything is decoded: unsigned, forged or
+   malformed documents are rejected (counted, logged at most once per reason every
+   `REJECTION_LOG_INTERVAL_S`, raised as a `desired-rejected` event with the reason)
+   and nothing in them is applied. Without a key (a node not enrolled) nothing is
+   applied at all;
+2. the addressee: a document for another node is rejected;
+3. (cluster id, generation): within one cluster an older generation is ignored (it
+   arrived late); a document of another cluster that was issued later than the one
+   applied is adopted with its generation sequence, however low, so a control plane
+   whose store was reset is not locked out. An older cluster's document (a stale
+   retained one, a replay) is ignored.
+"""
 
 from __future__ import annotations
 
 import aiomqtt
-import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge.agent.context import AgentContext
 from edge.agent.inference_server import InferenceServer
@@ -14,8 +29,18 @@ from edge.agent.module import AgentModule
 from edge.agent.outbox import Outbox
 from edge.agent.reported import ReportedStatePublisher
 from edge.training.reconcile import TrainingReconciler
-from shared.messages import DESIRED_DECODER, DesiredState
+from shared.desired_signature import DesiredSignatureError, verify_desired
+from shared.logs import RateLimitedLog
+from shared.messages import DesiredState
 from shared.topics import Channel
+
+# Whoever floods the topic with forgeries must not flood the log and the events too.
+REJECTION_LOG_INTERVAL_S = 10.0
+
+NOT_ENROLLED = (
+    "no control-plane public key (agent.control_plane_public_key): desired state is "
+    "not applied until this node is enrolled (greenfed edge enrol)"
+)
 
 
 class DesiredStateApplier(AgentModule):
@@ -28,14 +53,27 @@ class DesiredStateApplier(AgentModule):
         inference: InferenceServer,
         reported: ReportedStatePublisher,
         outbox: Outbox,
+        *,
+        public_key: Ed25519PublicKey | None,
     ) -> None:
+        """`public_key` None: the node is not enrolled and applies nothing."""
         self._context = context
         self._training = training
         self._inference = inference
         self._reported = reported
         self._outbox = outbox
+        self._public_key = public_key
+        self._rejections = RateLimitedLog(context.log, REJECTION_LOG_INTERVAL_S)
+        self._said_not_enrolled = False
+        # When the applied document was issued: a document of another cluster is adopted
+        # only if it is newer.
+        self._applied_issued_at: float | None = None
 
     async def on_connect(self, client: aiomqtt.Client) -> None:
+        if self._public_key is None and not self._said_not_enrolled:
+            self._said_not_enrolled = True
+            self._context.log.error("node not enrolled", detail=NOT_ENROLLED)
+            self._outbox.raise_event("desired-rejected", detail=NOT_ENROLLED)
         await client.subscribe(self._context.topic(Channel.DESIRED), qos=1)
 
     async def run(self, client: aiomqtt.Client) -> None:
@@ -46,25 +84,44 @@ class DesiredStateApplier(AgentModule):
             payload = message.payload
             if not isinstance(payload, bytes) or not payload:
                 continue  # a cleared retained desired state: nothing to apply
-            try:
-                desired = DESIRED_DECODER.decode(payload)
-            except msgspec.DecodeError as error:
+            if self._public_key is None:
                 self._context.counters.desired_rejected += 1
-                self._context.log.warning("desired state rejected", error=str(error))
-                self._outbox.raise_event("desired-rejected", detail=str(error))
+                continue  # said once, on connecting
+            try:
+                desired = verify_desired(payload, self._public_key)
+            except DesiredSignatureError as error:
+                self._reject(error.reason, str(error))
                 continue
             await self._apply(client, desired)
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self._context.counters.desired_rejected += 1
+        if self._rejections.warning(reason, "desired state rejected", reason=detail):
+            self._outbox.raise_event("desired-rejected", detail=detail)
 
     async def _apply(self, client: aiomqtt.Client, desired: DesiredState) -> None:
         counters = self._context.counters
         counters.desired_received += 1
         if desired.node_id != self._context.identity.node_id:
-            counters.desired_rejected += 1
-            self._outbox.raise_event("desired-rejected", detail=f"addressed to {desired.node_id}")
+            self._reject("addressee", f"addressed to {desired.node_id}")
             return
-        if desired.generation < self._reported.observed_generation:
-            return  # an older document arriving late; the newer one already applied
-        self._reported.observed_generation = desired.generation
+        reported = self._reported
+        if desired.cluster_id == reported.observed_cluster_id:
+            if desired.generation < reported.observed_generation:
+                return  # an older document arriving late; the newer one already applied
+        elif self._applied_issued_at is not None and desired.issued_at <= self._applied_issued_at:
+            return  # an older cluster's document: retained from before a store reset
+        else:
+            if reported.observed_cluster_id is not None:
+                self._context.log.info(
+                    "desired state of a new cluster adopted",
+                    cluster_id=desired.cluster_id,
+                    previous_cluster_id=reported.observed_cluster_id,
+                    generation=desired.generation,
+                )
+            reported.observed_cluster_id = desired.cluster_id
+        reported.observed_generation = desired.generation
+        self._applied_issued_at = desired.issued_at
         self._training.apply(desired.training)
         await self._inference.apply(desired.deployments)
-        await self._reported.publish(client)
+        await reported.publish(client)

@@ -13,6 +13,8 @@ import asyncio
 import random
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from edge.agent.birth import Birth
 from edge.agent.context import AgentContext
 from edge.agent.desired import DesiredStateApplier
@@ -68,6 +70,7 @@ def build_agent_modules(
     inference_options: InferenceOptions,
     started_at: float,
     announced: asyncio.Event,
+    control_plane_public_key: Ed25519PublicKey | None,
 ) -> AgentModules:
     """`outbox` is built before discovery (discovery raises events); the rest need it."""
     reported_changed = asyncio.Event()
@@ -90,8 +93,11 @@ def build_agent_modules(
             telemetry_interval_s=telemetry_interval_s,
             started_at=started_at,
             announced=announced,
+            runs_training=training_launcher is not None,
         ),
-        desired=DesiredStateApplier(context, reconciler, inference, reported, outbox),
+        desired=DesiredStateApplier(
+            context, reconciler, inference, reported, outbox, public_key=control_plane_public_key
+        ),
         reported=reported,
         inference=inference,
         training=TrainingWorkers(reconciler),

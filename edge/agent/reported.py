@@ -1,6 +1,7 @@
 """Where the reported state is published: the generation of `desired` this node has
-observed and the actual state of every training worker and inference replica. Sent
-on every connection and again whenever a worker or replica changes state."""
+observed (and the cluster id it counts in) and the actual state of every training
+worker and inference replica. Sent on every connection and again whenever a worker or
+replica changes state."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ class ReportedStatePublisher(AgentModule):
         self._training = training
         self._inference = inference
         self._changed = changed
-        # The newest desired generation applied; desired.py advances it.
+        # The newest desired generation applied and the cluster it counts in (None:
+        # nothing applied yet); desired.py advances them.
         self.observed_generation = 0
+        self.observed_cluster_id: str | None = None
 
     async def on_connect(self, client: aiomqtt.Client) -> None:
         await self.publish(client)
@@ -56,6 +59,7 @@ class ReportedStatePublisher(AgentModule):
                     reported_at=context.wall_clock(),
                     training=self._training.reported(),
                     deployments=self._inference.reported(),
+                    cluster_id=self.observed_cluster_id,
                 )
             ),
         )

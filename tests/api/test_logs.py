@@ -37,8 +37,17 @@ def chunk(
     )
 
 
+def assigned(api: Api, message: JobLogChunk) -> None:
+    """Tell the assignment index the chunk's node runs that attempt: only such chunks
+    are kept (cloud/fleet/assignments.py)."""
+    index = api.app[INGESTOR].assignments
+    assert index is not None
+    index.replace({*index.current, ("training", message.node_id, message.job_id, message.attempt)})
+
+
 def ingest(api: Api, message: JobLogChunk) -> None:
     """Through the ingestion callback, as an MQTT message would arrive."""
+    assigned(api, message)
     topics = Topics(api.app[SETTINGS].mqtt.topic_root)
     api.app[INGESTOR].handle(topics.node(message.node_id, Channel.LOGS), encode(message))
 
@@ -115,6 +124,7 @@ async def test_output_published_over_mqtt_reaches_the_logs_route(api: Api) -> No
     endpoint = parse_mqtt_url(settings.url)
     message = chunk(job_id, "hello from the node\n", node="gpu-z")
     topic = Topics(settings.topic_root).node("gpu-z", Channel.LOGS)
+    assigned(api, message)
     async with aiomqtt.Client(endpoint.host, endpoint.port) as client:
         await client.publish(topic, encode(message), qos=1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from cloud.app import create_app
+from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from greenfed.broker import EmbeddedBroker
 from shared.messages import HostInfo, NodeStatus, encode
 from shared.settings import CloudSettings, MqttSettings, Settings, StoreSettings, parse_mqtt_url
@@ -52,8 +54,18 @@ async def embedded() -> AsyncIterator[EmbeddedBroker]:
 async def fleet_api(embedded: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[Client]:
     """An API whose registry holds three live simulated nodes."""
     mqtt = mqtt_settings(embedded.url, "apitest")
+    settings = cloud_settings(mqtt, tmp_path)
+    key = public_key_base64(load_or_create_signing_key(settings))
     agents = [
-        simulated_agent("a100-1", mqtt, "a100-4x", site="cloud", zone="CA-ON", seed=1),
+        simulated_agent(
+            "a100-1",
+            mqtt,
+            "a100-4x",
+            site="cloud",
+            zone="CA-ON",
+            seed=1,
+            control_plane_public_key=key,
+        ),
         simulated_agent(
             "npu-gw-1",
             mqtt,
@@ -61,13 +73,20 @@ async def fleet_api(embedded: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[C
             zone="DE",
             region="europe-west3",
             seed=2,
+            control_plane_public_key=key,
         ),
         simulated_agent(
-            "rpi-1", mqtt, "raspberry-pi-5", zone="US-CAL-CISO", region="us-west2", seed=3
+            "rpi-1",
+            mqtt,
+            "raspberry-pi-5",
+            zone="US-CAL-CISO",
+            region="us-west2",
+            seed=3,
+            control_plane_public_key=key,
         ),
     ]
     async with (
-        api_client(cloud_settings(mqtt, tmp_path)) as client,
+        api_client(settings) as client,
         contextlib.AsyncExitStack() as stack,
     ):
         for agent in agents:
@@ -265,7 +284,7 @@ async def test_a_node_that_stops_sending_telemetry_goes_offline_then_recovers(
                 "node_id": "quiet-1",
                 "instance_id": "i1",
                 "seq": 1,
-                "sampled_at": 2.0,
+                "sampled_at": time.time(),  # a sample is taken just now (plausibility.py)
                 "interval_s": 0.05,
                 "cpu_utilization_pct": 1.0,
                 "memory_used_bytes": 1,

@@ -10,16 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cloud.fleet.assignments import AssignmentIndex
 from cloud.fleet.ingest import Ingestor, InvalidReason
 from cloud.fleet.registry import NodeRegistry, NodeStateChange
 from shared.messages import (
     Accelerator,
     AcceleratorSample,
     HostInfo,
+    JobLogChunk,
     NodeEvent,
     NodeStatus,
     ReportedState,
+    ReportedTraining,
     Telemetry,
+    TrainingRunState,
     encode,
 )
 from shared.topics import Channel, Topics
@@ -169,6 +173,17 @@ def test_telemetry_from_a_newer_agent_with_extra_fields_is_ingested(known_node: 
     assert record.telemetry.seq == 6
 
 
+def _absurd_accelerator() -> bytes:
+    # 4 EiB on one device, far beyond cloud.max_accelerator_memory_bytes (64 TiB).
+    gpu = msgspec.structs.replace(birth().accelerators[0], memory_bytes=2**62)
+    return encode(msgspec.structs.replace(birth(), accelerators=(gpu,)))
+
+
+def _absurd_power() -> bytes:
+    device = AcceleratorSample(id="gpu0", utilization_pct=50.0, memory_used_bytes=4, power_w=1e300)
+    return encode(msgspec.structs.replace(sample(seq=6), accelerators=(device,)))
+
+
 def _oversized() -> bytes:
     # Valid JSON that is too big: whitespace after a real sample.
     return encode(sample(seq=6)) + b" " * MAX_PAYLOAD_BYTES
@@ -274,6 +289,54 @@ INVALID_CASES = [
         ("reported", "unknown_node"),
         id="reported by an unknown node",
     ),
+    pytest.param(
+        topic("n1", Channel.REPORTED),
+        encode(ReportedState(node_id="n1", instance_id="i0", observed_generation=1, reported_at=1)),
+        ("reported", "instance_mismatch"),
+        id="reported by a previous agent instance",
+    ),
+    pytest.param(
+        topic("n1", Channel.TELEMETRY),
+        encode(sample(seq=2**62)),
+        ("telemetry", "seq_jump"),
+        id="sequence number far ahead of time",
+    ),
+    pytest.param(
+        topic("n1", Channel.STATUS),
+        _absurd_accelerator(),
+        ("status", "implausible_inventory"),
+        id="4 EiB accelerator",
+    ),
+    pytest.param(
+        topic("n1", Channel.TELEMETRY),
+        _absurd_power(),
+        ("telemetry", "implausible_sample"),
+        id="1e300 W",
+    ),
+    pytest.param(
+        topic("n1", Channel.STATUS),
+        encode(msgspec.structs.replace(birth(), started_at=1e300)),
+        ("status", "clock_skew"),
+        id="started in the far future",
+    ),
+    pytest.param(
+        topic("n1", Channel.TELEMETRY),
+        encode(msgspec.structs.replace(sample(seq=6), sampled_at=1_699_000_000.0)),
+        ("telemetry", "clock_skew"),
+        id="sample taken long ago",
+    ),
+    pytest.param(
+        topic("n1", Channel.TELEMETRY),
+        encode(msgspec.structs.replace(sample(seq=6), interval_s=0.001)),
+        ("telemetry", "bad_interval"),
+        id="interval below the minimum",
+    ),
+    pytest.param(
+        topic("n1", Channel.STATUS),
+        encode(msgspec.structs.replace(birth(), labels={f"k{i}": "v" for i in range(65)})),
+        ("status", "field_too_long"),
+        id="65 labels",
+    ),
 ]
 
 
@@ -298,8 +361,21 @@ def test_each_invalid_message_is_dropped_and_counted_under_its_reason(
     assert record.telemetry == sample(seq=5)
 
 
+def test_a_node_the_enrolment_gate_refuses_is_dropped_and_counted(known_node: Ingestor) -> None:
+    version = known_node.registry.version
+    known_node.admits_node = lambda node_id: node_id != "n1"  # cloud/fleet/enrolled.py
+
+    known_node.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=6)))
+
+    assert known_node.stats.invalid == Counter({("telemetry", "not_enrolled"): 1})
+    assert known_node.registry.version == version
+
+
 def test_every_invalid_reason_is_exercised() -> None:
     reasons = {case.values[2][1] for case in INVALID_CASES}  # type: ignore[index]
+    reasons.add(InvalidReason.NOT_ENROLLED.value)  # the test above
+    # Below: they need more than one message.
+    reasons |= {"registry_full", "not_assigned", "wrong_attempt", "illegal_transition"}
     assert reasons == {reason.value for reason in InvalidReason}
 
 
@@ -470,3 +546,191 @@ def test_handle_never_raises_for_anything_a_client_can_send(bad_topic: str, payl
     ingestor.handle(bad_topic, payload)
 
     assert sum(ingestor.stats.ingested.values()) + ingestor.stats.invalid_total <= 2
+
+
+# ---- the registry's bound, and who may speak of which work ------------------------------
+
+
+def test_a_birth_beyond_max_nodes_is_refused_while_known_nodes_keep_updating(
+    clock: FakeClock,
+) -> None:
+    registry = NodeRegistry(monotonic=clock.monotonic, wall_clock=clock.wall, max_nodes=2)
+    ingestor = Ingestor(registry, TOPICS, max_payload_bytes=MAX_PAYLOAD_BYTES)
+    for node_id in ("n1", "n2", "n3"):
+        ingestor.handle(topic(node_id, Channel.STATUS), encode(birth(node_id, f"i-{node_id}")))
+
+    assert [record.node_id for record in registry.nodes()] == ["n1", "n2"]
+    assert ingestor.stats.invalid == Counter({("status", "registry_full"): 1})
+    ingestor.handle(topic("n2", Channel.TELEMETRY), encode(sample("n2", "i-n2", seq=1)))
+    ingestor.handle(topic("n1", Channel.STATUS), encode(will("n1", "i-n1")))
+    assert registry.get("n2").telemetry == sample("n2", "i-n2", seq=1)  # type: ignore[union-attr]
+    assert registry.get("n1").state == "offline"  # type: ignore[union-attr]
+    # A node that leaves makes room.
+    ingestor.handle(topic("n1", Channel.STATUS), b"")
+    ingestor.handle(topic("n3", Channel.STATUS), encode(birth("n3", "i-n3")))
+    assert registry.get("n3") is not None
+
+
+class Clock:
+    """A monotonic clock a test moves by hand (the hold of unconfirmed messages)."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def log_chunk(node_id: str, job_id: str, attempt: int, text: str) -> JobLogChunk:
+    return JobLogChunk(
+        node_id=node_id, job_id=job_id, attempt=attempt, offset=0, text=text, sent_at=1.0
+    )
+
+
+@pytest.fixture
+def hold_clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def gated(registry: NodeRegistry, hold_clock: Clock) -> tuple[Ingestor, list[JobLogChunk]]:
+    """An ingestor with an assignment index: n1 runs attempt 2 of job-a."""
+    index = AssignmentIndex(monotonic=hold_clock, linger_s=60.0)
+    kept: list[JobLogChunk] = []
+    ingestor = Ingestor(
+        registry, TOPICS, max_payload_bytes=MAX_PAYLOAD_BYTES, on_log=kept.append, assignments=index
+    )
+    index.replace({("training", "n1", "job-a", 2)})
+    ingestor.handle(topic("n1", Channel.STATUS), encode(birth()))
+    return ingestor, kept
+
+
+def test_log_chunks_are_kept_only_from_the_node_that_runs_that_attempt(
+    gated: tuple[Ingestor, list[JobLogChunk]], hold_clock: Clock
+) -> None:
+    ingestor, kept = gated
+    mine = log_chunk("n1", "job-a", 2, "epoch 1\n")
+    for chunk in (
+        mine,
+        log_chunk("n2", "job-a", 2, "forged by another node\n"),
+        log_chunk("n1", "job-a", 1, "an earlier attempt\n"),
+        log_chunk("n1", "no-such-job", 0, "a job that does not exist\n"),
+        log_chunk("ghost", "job-a", 2, "a node that does not exist\n"),
+    ):
+        ingestor.handle(topic(chunk.node_id, Channel.LOGS), encode(chunk))
+    assert kept == [mine]
+
+    hold_clock.now_s = 5.1
+    ingestor.assignments.replace({("training", "n1", "job-a", 2)})  # type: ignore[union-attr]
+
+    assert kept == [mine]
+    assert ingestor.stats.invalid == Counter(
+        {("logs", "not_assigned"): 3, ("logs", "wrong_attempt"): 1}
+    )
+    assert ingestor.stats.ingested["logs"] == 1
+
+
+def test_a_chunk_for_work_the_index_learns_of_soon_is_held_then_kept_in_order(
+    gated: tuple[Ingestor, list[JobLogChunk]], hold_clock: Clock
+) -> None:
+    ingestor, kept = gated
+    first, second = log_chunk("n1", "job-b", 1, "one\n"), log_chunk("n1", "job-b", 1, "two\n")
+    ingestor.handle(topic("n1", Channel.LOGS), encode(first))
+    ingestor.handle(topic("n1", Channel.LOGS), encode(second))
+    assert kept == []
+
+    hold_clock.now_s = 2.0  # another replica's pass placed it; the refresh tells us
+    ingestor.assignments.replace(  # type: ignore[union-attr]
+        {("training", "n1", "job-a", 2), ("training", "n1", "job-b", 1)}
+    )
+
+    assert kept == [first, second]
+    assert ingestor.stats.invalid_total == 0
+
+
+def test_a_withdrawn_workers_last_output_is_still_kept_for_a_while(
+    gated: tuple[Ingestor, list[JobLogChunk]], hold_clock: Clock
+) -> None:
+    ingestor, kept = gated
+    ingestor.assignments.replace(set())  # type: ignore[union-attr]  # job-a finished
+    last = log_chunk("n1", "job-a", 2, "done\n")
+    ingestor.handle(topic("n1", Channel.LOGS), encode(last))
+    assert kept == [last]
+
+    hold_clock.now_s = 61.0
+    ingestor.assignments.replace(set())  # type: ignore[union-attr]  # linger over
+    ingestor.handle(topic("n1", Channel.LOGS), encode(log_chunk("n1", "job-a", 2, "late\n")))
+    hold_clock.now_s = 67.0
+    ingestor.assignments.replace(set())  # type: ignore[union-attr]
+    assert kept == [last]
+    assert ingestor.stats.invalid == Counter({("logs", "not_assigned"): 1})
+
+
+def test_a_flood_of_unassigned_chunks_is_held_within_bounds(
+    gated: tuple[Ingestor, list[JobLogChunk]],
+) -> None:
+    ingestor, kept = gated
+    for index in range(1000):
+        chunk = log_chunk("n1", f"job-{index}", 1, "x")
+        ingestor.handle(topic("n1", Channel.LOGS), encode(chunk))
+
+    # 32 wait for the index (5 s); the rest are refused at once.
+    assert ingestor.stats.invalid[("logs", "not_assigned")] == 1000 - 32
+    assert kept == []
+
+
+def reported(*training: ReportedTraining, instance_id: str = "i1") -> ReportedState:
+    return ReportedState(
+        node_id="n1",
+        instance_id=instance_id,
+        observed_generation=1,
+        reported_at=1_700_000_000.0,
+        training=training,
+    )
+
+
+def run(job_id: str, attempt: int, state: TrainingRunState) -> ReportedTraining:
+    return ReportedTraining(job_id=job_id, attempt=attempt, state=state)
+
+
+def test_reported_entries_about_work_not_on_the_node_are_counted(
+    gated: tuple[Ingestor, list[JobLogChunk]], hold_clock: Clock
+) -> None:
+    ingestor, _ = gated
+    document = reported(
+        run("job-a", 2, "running"),
+        run("job-a", 1, "succeeded"),
+        run("someone-elses-job", 1, "succeeded"),
+    )
+    ingestor.handle(topic("n1", Channel.REPORTED), encode(document))
+    hold_clock.now_s = 6.0
+    ingestor.assignments.replace({("training", "n1", "job-a", 2)})  # type: ignore[union-attr]
+
+    # Kept as sent: the loop reads only the entries of n1's own allocations.
+    assert ingestor.registry.get("n1").reported == document  # type: ignore[union-attr]
+    assert ingestor.stats.invalid == Counter(
+        {("reported", "wrong_attempt"): 1, ("reported", "not_assigned"): 1}
+    )
+
+
+def test_an_entry_that_goes_backwards_within_an_instance_is_undone_and_counted(
+    gated: tuple[Ingestor, list[JobLogChunk]],
+) -> None:
+    ingestor, _ = gated
+    handle = ingestor.handle
+    handle(topic("n1", Channel.REPORTED), encode(reported(run("job-a", 2, "succeeded"))))
+
+    handle(topic("n1", Channel.REPORTED), encode(reported(run("job-a", 2, "starting"))))
+
+    record = ingestor.registry.get("n1")
+    assert record is not None
+    assert record.reported is not None
+    assert record.reported.training == (run("job-a", 2, "succeeded"),)
+    assert ingestor.stats.invalid == Counter({("reported", "illegal_transition"): 1})
+    # A new agent instance runs it afresh: starting again is its word.
+    handle(topic("n1", Channel.STATUS), encode(birth(instance_id="i2")))
+    handle(
+        topic("n1", Channel.REPORTED),
+        encode(reported(run("job-a", 2, "starting"), instance_id="i2")),
+    )
+    assert record.reported.training == (run("job-a", 2, "starting"),)

@@ -248,9 +248,12 @@ def test_gaps_in_the_sequence_are_accepted_because_qos_0_may_lose_samples(
     assert registry.apply_telemetry(telemetry("n1", seq=5)) is None
 
 
-def test_a_new_birth_resets_the_telemetry_sequence(registry: NodeRegistry) -> None:
+def test_a_new_birth_resets_the_telemetry_sequence(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
     registry.apply_status(status("n1", instance_id="i1"))
-    registry.apply_telemetry(telemetry("n1", instance_id="i1", seq=500))
+    clock.advance(2500.0)  # 500 samples of 5 s
+    assert registry.apply_telemetry(telemetry("n1", instance_id="i1", seq=500)) is None
 
     registry.apply_status(status("n1", instance_id="i2"))
 
@@ -266,6 +269,72 @@ def test_a_rebirth_of_the_same_instance_after_a_reconnect_keeps_the_sequence(
 
     assert registry.apply_telemetry(telemetry("n1", seq=9)) is Rejection.OUT_OF_ORDER
     assert registry.apply_telemetry(telemetry("n1", seq=11)) is None
+
+
+def test_a_sequence_number_far_ahead_of_elapsed_time_is_refused_and_the_node_stays_online(
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1", telemetry_interval_s=5.0))
+    clock.advance(5.0)
+    registry.apply_telemetry(telemetry("n1", seq=1))
+
+    assert registry.apply_telemetry(telemetry("n1", seq=2**62)) is Rejection.SEQ_JUMP
+    # Within what elapsed time allows (twice the rate, plus 100): still believed.
+    assert registry.apply_telemetry(telemetry("n1", seq=101)) is None
+    assert registry.apply_telemetry(telemetry("n1", seq=300)) is Rejection.SEQ_JUMP
+    for seq in range(102, 110):  # the real node's samples follow
+        clock.advance(5.0)
+        assert registry.apply_telemetry(telemetry("n1", seq=seq)) is None
+        assert liveness.expire_stale() == []
+    assert state_of(registry) == ("online", None)
+
+
+def test_a_burst_of_forged_jumps_cannot_ratchet_past_the_agents_age(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    # Started 1000 s ago at 5 s: at most 2 * (1000 + 300 s of clock skew) / 5 + 100 = 620.
+    registry.apply_status(status("n1", telemetry_interval_s=5.0))
+    clock.advance(1000.0)
+    registry.apply_telemetry(telemetry("n1", seq=200))
+    accepted = [
+        seq
+        for seq in range(300, 2000, 100)
+        if registry.apply_telemetry(telemetry("n1", seq=seq)) is None
+    ]
+    assert accepted == [300, 400, 500, 600]
+
+
+def test_the_first_sample_of_an_agent_that_started_long_ago_is_believed(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1", telemetry_interval_s=5.0))
+    clock.advance(365 * 86400.0)  # a control plane restarted after a year
+
+    assert registry.apply_telemetry(telemetry("n1", seq=6_000_000)) is None
+
+
+def test_a_birth_beyond_max_nodes_is_refused(clock: FakeClock) -> None:
+    registry = NodeRegistry(monotonic=clock.monotonic, wall_clock=clock.wall, max_nodes=2)
+    registry.apply_status(status("n1"))
+    registry.apply_status(status("n2"))
+
+    assert registry.apply_status(status("n3")) is Rejection.REGISTRY_FULL
+    assert registry.get("n3") is None
+    # Known nodes keep updating: a will, a new instance.
+    assert registry.apply_status(will("n1")) == NodeStateChange("n1", "offline", "connection-lost")
+    assert registry.apply_status(status("n2", instance_id="i2")) is None
+    registry.forget("n1")
+    assert registry.apply_status(status("n3")) == NodeStateChange("n3", "online", None)
+
+
+def test_a_report_from_another_agent_instance_is_refused(registry: NodeRegistry) -> None:
+    registry.apply_status(status("n1", instance_id="current"))
+    stale = ReportedState(
+        node_id="n1", instance_id="previous", observed_generation=4, reported_at=1.0
+    )
+
+    assert registry.apply_reported(stale) is Rejection.INSTANCE_MISMATCH
+    assert registry.get("n1").reported is None  # type: ignore[union-attr]
 
 
 def test_a_node_goes_stale_after_its_staleness_window_and_not_before(

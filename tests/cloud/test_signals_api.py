@@ -11,11 +11,14 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import structlog
+import structlog.testing
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from cloud.app import create_app
-from cloud.app_keys import REGISTRY
+from cloud.app_keys import REGISTRY, SIGNALS
+from cloud.signals.model import SignalUnavailable
 from greenfed.broker import EmbeddedBroker
 from shared.messages import HostInfo, NodeStatus
 from shared.settings import Settings, StoreSettings
@@ -122,3 +125,54 @@ async def test_one_zone_is_served_hour_by_hour_with_its_forecast(tmp_path: Path)
     assert min(point["carbon_g_per_kwh"] for point in hourly) > 500
     cleanest = datetime.fromisoformat(body["next_24h_cleanest_hour"])
     assert cleanest in times
+
+
+async def test_thousands_of_unknown_zones_leave_no_state_behind_and_log_a_few_lines(
+    tmp_path: Path,
+) -> None:
+    """Every distinct made-up zone used to leave a lock and a 4 KB warning behind."""
+    async with signals_api(tmp_path) as client:
+        service = client.app[SIGNALS]
+        before = service.state_entries
+        with structlog.testing.capture_logs() as logged:
+            for i in range(2000):
+                response = await client.get(f"/v1/signals/NO-SUCH-ZONE-{i}")
+                assert response.status == 404
+                assert response.content_type == PROBLEM
+            listed = await client.get("/v1/signals?zone=NO-SUCH-ZONE-x")
+            assert listed.status == 200
+            assert (await listed.json())["zones"] == []
+        assert service.state_entries <= before + 2
+        assert len(logged) <= 3, logged[:5]
+        # and the real zones still answer
+        assert (await client.get("/v1/signals/DE")).status == 200
+
+
+async def test_the_service_itself_bounds_per_zone_state_for_zones_nobody_knows() -> None:
+    """Asked directly (the scheduler's own zones, a bad config): locks live only while a
+    question is in flight, answers are bounded, the warning is one line per interval."""
+    from cloud.signals.service import SignalService
+    from cloud.signals.static import StaticProvider
+
+    class Failing:
+        name = "failing"
+
+        async def latest(self, zone: str) -> object:
+            raise SignalUnavailable(f"no zone {zone} " + "x" * 4000)
+
+        async def history(self, zone: str, start: object, end: object) -> list[object]:
+            raise SignalUnavailable(f"no zone {zone} " + "x" * 4000)
+
+        async def forecast(self, zone: str, start: object, end: object) -> None:
+            return None
+
+    service = SignalService(
+        [Failing()],  # type: ignore[list-item]
+        static=StaticProvider({}, use_builtin=False),
+        max_cached_answers=16,
+    )
+    with structlog.testing.capture_logs() as logged:
+        grid = await service.snapshot(f"ZZ-{i}" for i in range(2000))
+    assert grid.zones == {}
+    assert service.state_entries == 0
+    assert len(logged) <= 3, logged[:5]

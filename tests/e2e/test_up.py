@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import signal
 from collections import Counter
@@ -12,6 +13,7 @@ from pathlib import Path
 import aiomqtt
 import jsonschema
 import pytest
+from aiomqtt.exceptions import MqttConnectError
 
 from greenfed.data_dir_lock import data_dir_lock
 from shared.settings import parse_mqtt_url
@@ -203,7 +205,19 @@ async def test_up_with_its_embedded_broker_serves_third_party_subscribers(tmp_pa
             message=lambda: up.stderr[-2000:],
         )
         assert f"embedded MQTT broker mqtt://127.0.0.1:{broker_port}" in up.stdout
-        async with aiomqtt.Client("127.0.0.1", broker_port) as subscriber, asyncio.timeout(10):
+        # The embedded broker requires a login: the banner's mosquitto_sub line shows one.
+        with pytest.raises(MqttConnectError):
+            async with aiomqtt.Client("127.0.0.1", broker_port):
+                pass
+        login = re.search(r"mosquitto_sub .* -u (\S+) -P (\S+) -t", up.stdout)
+        assert login is not None, up.stdout
+        username, password = login.groups()
+        async with (
+            aiomqtt.Client(
+                "127.0.0.1", broker_port, username=username, password=password
+            ) as subscriber,
+            asyncio.timeout(10),
+        ):
             await subscriber.subscribe("greenfed/v1/nodes/+/telemetry")
             received = set()
             async for message in subscriber.messages:

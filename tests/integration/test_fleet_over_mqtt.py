@@ -11,11 +11,17 @@ import aiomqtt
 import jsonschema
 import msgspec
 
-from shared.messages import DesiredState, encode
+from shared.messages import DesiredState
 from shared.settings import parse_mqtt_url
 from shared.topics import Channel, Topics
 from tests.support.brokers import BrokerUnderTest
-from tests.support.fleet import mqtt_settings, running, running_ingestion, simulated_agent
+from tests.support.fleet import (
+    mqtt_settings,
+    running,
+    running_ingestion,
+    signed,
+    simulated_agent,
+)
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import eventually
 
@@ -106,7 +112,7 @@ async def test_desired_state_is_answered_with_reported_and_replayed_after_reconn
             await eventually(lambda: cloud.registry.get("rpi-1") is not None)
             desired = DesiredState(node_id="rpi-1", generation=7, issued_at=1.0)
             await controller.publish(
-                topics.node("rpi-1", Channel.DESIRED), encode(desired), qos=1, retain=True
+                topics.node("rpi-1", Channel.DESIRED), signed(desired), qos=1, retain=True
             )
             await eventually(
                 lambda: (
@@ -124,7 +130,7 @@ async def test_desired_state_is_answered_with_reported_and_replayed_after_reconn
             )
             newer = DesiredState(node_id="rpi-1", generation=8, issued_at=2.0)
             await controller.publish(
-                topics.node("rpi-1", Channel.DESIRED), encode(newer), qos=1, retain=True
+                topics.node("rpi-1", Channel.DESIRED), signed(newer), qos=1, retain=True
             )
             proxy.refuse = False
             await eventually(lambda: agent.observed_generation == 8, timeout_s=15)

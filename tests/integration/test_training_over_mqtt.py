@@ -9,11 +9,17 @@ import aiomqtt
 
 from cloud.fleet.registry import NodeRecord
 from edge.training.process import ProcessLauncher
-from shared.messages import DesiredState, DesiredTraining, encode
+from shared.messages import DesiredState, DesiredTraining
 from shared.settings import parse_mqtt_url
 from shared.topics import Channel, Topics
 from tests.support.brokers import BrokerUnderTest
-from tests.support.fleet import mqtt_settings, running, running_ingestion, simulated_agent
+from tests.support.fleet import (
+    mqtt_settings,
+    running,
+    running_ingestion,
+    signed,
+    simulated_agent,
+)
 from tests.support.waiting import eventually
 
 
@@ -28,7 +34,7 @@ async def publish_desired(url: str, topic_root: str, desired: DesiredState) -> N
     async with aiomqtt.Client(endpoint.host, endpoint.port) as controller:
         await controller.publish(
             Topics(topic_root).node(desired.node_id, Channel.DESIRED),
-            encode(desired),
+            signed(desired),
             qos=1,
             retain=True,
         )

@@ -16,7 +16,7 @@ from shared.messages import DESIRED_DECODER, DesiredState
 from shared.tasks import stop_task
 from shared.topics import Channel, Topics
 from tests.support.brokers import MosquittoProcess, free_port
-from tests.support.fleet import mqtt_settings
+from tests.support.fleet import TEST_SIGNING_KEY, mqtt_settings
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,7 +49,7 @@ async def test_documents_handed_over_while_the_broker_is_down_go_out_when_it_ret
     broker = EmbeddedBroker(port=port)
     await broker.start()
     settings = mqtt_settings(broker.url, "publisher")
-    publisher = DesiredPublisher(settings)
+    publisher = DesiredPublisher(settings, signing_key=TEST_SIGNING_KEY, cluster_id="c1")
     task = asyncio.create_task(publisher.run())
     try:
         await eventually(publisher.connected.is_set, timeout_s=10)
@@ -82,7 +82,7 @@ async def test_every_node_s_newest_document_is_back_after_a_broker_restart_that_
     mosquitto = MosquittoProcess(tmp_path)
     await mosquitto.start()
     settings = mqtt_settings(mosquitto.url, "republish")
-    publisher = DesiredPublisher(settings)
+    publisher = DesiredPublisher(settings, signing_key=TEST_SIGNING_KEY, cluster_id="c1")
     task = asyncio.create_task(publisher.run())
     try:
         await eventually(publisher.connected.is_set, timeout_s=10)

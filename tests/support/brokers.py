@@ -144,6 +144,29 @@ def make_password_file(workdir: Path, username: str, password: str, *more: tuple
     return path
 
 
+DYNSEC_PLUGIN_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so",
+    "/usr/lib/aarch64-linux-gnu/mosquitto_dynamic_security.so",
+    "/usr/lib64/mosquitto_dynamic_security.so",
+    "/usr/local/lib/mosquitto_dynamic_security.so",
+)
+DYNSEC_BOOTSTRAP = Path(__file__).resolve().parents[2] / "deploy/mosquitto/dynsec-bootstrap.sh"
+
+
+@dataclass(frozen=True)
+class DynamicSecurity:
+    """Run Mosquitto with its dynamic security plugin: `admin` is the account that
+    `mosquitto_ctrl dynsec init` creates; `bootstrap_control_plane` then makes the
+    control plane's account as deploy/mosquitto/dynsec-bootstrap.sh documents."""
+
+    admin_username: str = "admin"
+    admin_password: str = "admin-password"
+
+
+def dynsec_plugin() -> str | None:
+    return next((path for path in DYNSEC_PLUGIN_PATHS if Path(path).exists()), None)
+
+
 class MosquittoProcess:
     """A private Mosquitto on a free port that tests may stop, restart and configure."""
 
@@ -154,6 +177,7 @@ class MosquittoProcess:
         password_file: Path | None = None,
         tls: TlsFiles | None = None,
         acl_file: Path | None = None,
+        dynamic_security: DynamicSecurity | None = None,
     ) -> None:
         binary = mosquitto_binary()
         if binary is None:
@@ -177,7 +201,10 @@ class MosquittoProcess:
                 f"keyfile {tls.server_key}",
             ]
         self.tls = tls
-        if password_file is None:
+        self.dynamic_security = dynamic_security
+        if dynamic_security is not None:
+            lines += self._init_dynamic_security(workdir, dynamic_security)
+        elif password_file is None:
             lines.append("allow_anonymous true")
         else:
             lines += ["allow_anonymous false", f"password_file {password_file}"]
@@ -185,6 +212,62 @@ class MosquittoProcess:
             lines.append(f"acl_file {acl_file}")
         self.config.write_text("\n".join(lines) + "\n")
         self._process: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def _init_dynamic_security(workdir: Path, dynamic_security: DynamicSecurity) -> list[str]:
+        plugin, ctrl = dynsec_plugin(), shutil.which("mosquitto_ctrl")
+        if plugin is None or ctrl is None:
+            require_or_skip("mosquitto's dynamic security plugin or mosquitto_ctrl is missing")
+        assert plugin is not None
+        assert ctrl is not None
+        accounts = workdir / "dynamic-security.json"
+        subprocess.run(
+            [
+                ctrl,
+                "dynsec",
+                "init",
+                str(accounts),
+                dynamic_security.admin_username,
+                dynamic_security.admin_password,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        return [
+            "per_listener_settings false",
+            "allow_anonymous false",
+            f"plugin {plugin}",
+            f"plugin_opt_config_file {accounts}",
+        ]
+
+    async def bootstrap_control_plane(self, username: str, password: str, topic_root: str) -> None:
+        """The documented one-time bootstrap (deploy/mosquitto/dynsec-bootstrap.sh)."""
+        assert self.dynamic_security is not None, "started without dynamic_security"
+        admin = self.dynamic_security
+        process = await asyncio.create_subprocess_exec(
+            "sh",
+            str(DYNSEC_BOOTSTRAP),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-u",
+            admin.admin_username,
+            "-P",
+            admin.admin_password,
+            env={
+                **os.environ,
+                "GREENFED_CLOUD_USER": username,
+                "GREENFED_CLOUD_PASSWORD": password,
+                "GREENFED_TOPIC_ROOT": topic_root,
+            },
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await process.communicate()
+        # mosquitto_ctrl exits 0 even when the broker refused; its output says so.
+        assert process.returncode == 0, output.decode()
+        assert b"Error" not in output, output.decode()
 
     @property
     def url(self) -> str:

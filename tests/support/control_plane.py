@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from edge.agent import Agent
 from edge.inference.options import InferenceOptions
 from shared.messages import DesiredTraining
-from shared.settings import SchedulingSettings
+from shared.settings import CloudSettings, SchedulingSettings, Settings
 from shared.tasks import stop_task
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
@@ -71,11 +72,14 @@ async def fleet(
     inference: InferenceOptions | None = None,
     cloud_zones: Sequence[tuple[str, str]] = (),
     scheduling: SchedulingSettings = FAST_LOOP,
+    cloud: CloudSettings | None = None,
 ) -> AsyncIterator[Fleet]:
     """``cloud_zones``: (grid zone, region) of each cloud node in turn (default: all in
-    DE, europe-west3)."""
+    DE, europe-west3). The agents trust the control plane's signing key, read (or made)
+    before it starts, as `greenfed up` does."""
     url, root = mosquitto_root
     settings = mqtt_settings(url, root)
+    public_key = control_plane_public_key(database, cloud)
     agents: dict[str, Agent] = {}
     launchers: dict[str, RecordingLauncher] = {}
     cache_root = Path(tempfile.mkdtemp(prefix="greenfed-test-models-"))
@@ -92,6 +96,7 @@ async def fleet(
             region=region,
             telemetry_interval_s=0.2,
             training_launcher=launchers[node_id],
+            control_plane_public_key=public_key,
         )
     for index in range(edge_nodes):
         node_id = f"orin-{index}"
@@ -99,9 +104,14 @@ async def fleet(
             inference or InferenceOptions(), cache_dir=cache_root / node_id
         )
         agents[node_id] = simulated_agent(
-            node_id, settings, edge_profile, telemetry_interval_s=0.2, inference=options
+            node_id,
+            settings,
+            edge_profile,
+            telemetry_interval_s=0.2,
+            inference=options,
+            control_plane_public_key=public_key,
         )
-    async with running_api(database, mqtt=settings, scheduling=scheduling) as api:
+    async with running_api(database, mqtt=settings, scheduling=scheduling, cloud=cloud) as api:
         running = Fleet(api, agents, launchers)
         for node_id, agent in agents.items():
             running.tasks[node_id] = asyncio.create_task(agent.run(), name=node_id)
@@ -113,6 +123,14 @@ async def fleet(
             for node_id in list(running.tasks):
                 await running.stop_agent(node_id)
             shutil.rmtree(cache_root, ignore_errors=True)
+
+
+def control_plane_public_key(
+    database: DatabaseUnderTest, cloud: CloudSettings | None = None
+) -> str:
+    """The public key of the control plane `running_api(database, cloud=cloud)` runs."""
+    settings = Settings(store=database.settings, cloud=cloud or CloudSettings())
+    return public_key_base64(load_or_create_signing_key(settings))
 
 
 async def work(api: Api, token: str, work_id: str, collection: str = "jobs") -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""Building agents and a cloud ingestion pipeline for integration tests."""
+"""Building agents and a cloud ingestion pipeline for integration tests.
+
+Agents trust `TEST_SIGNING_KEY` unless told otherwise: a test that plays the control
+plane publishes `signed(document)`; one with a real control plane hands its agents
+that control plane's key (tests/support/control_plane.py).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
 from edge.agent import Agent, NodeIdentity
 from edge.inference.options import InferenceOptions
 from edge.training.runs import TrainingLauncher
-from shared.messages import JobLogChunk, NodeEvent, Site
+from shared.desired_signature import public_key_base64, sign_desired
+from shared.messages import DesiredState, JobLogChunk, NodeEvent, Site
 from shared.mqtt import MqttSession
 from shared.settings import MqttSettings
 from shared.tasks import stop_task
@@ -23,6 +30,15 @@ from shared.topics import Topics
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
 from sim_devices.training import SimulatedLauncher
+
+# The control plane's key as far as tests without a control plane are concerned.
+TEST_SIGNING_KEY = Ed25519PrivateKey.generate()
+TEST_PUBLIC_KEY = public_key_base64(TEST_SIGNING_KEY)
+
+
+def signed(document: DesiredState, key: Ed25519PrivateKey = TEST_SIGNING_KEY) -> bytes:
+    """The payload a control plane holding `key` would publish for `document`."""
+    return sign_desired(document, key)
 
 
 def mqtt_settings(url: str, topic_root: str, **changes: object) -> MqttSettings:
@@ -45,8 +61,10 @@ def simulated_agent(
     training_launcher: TrainingLauncher | None = None,
     trains: bool = False,
     inference: InferenceOptions | None = None,
+    control_plane_public_key: str = TEST_PUBLIC_KEY,
 ) -> Agent:
-    """A real agent on simulated hardware; `trains` gives it simulated training workers."""
+    """A real agent on simulated hardware; `trains` gives it simulated training workers;
+    it applies `desired` documents signed with the key whose public half is given."""
     node = SimulatedNode(node_id, get_profile(profile), random.Random(seed))
     if training_launcher is None and trains:
         training_launcher = SimulatedLauncher(node.accelerators)
@@ -66,6 +84,7 @@ def simulated_agent(
         rng=random.Random(seed),
         training_launcher=training_launcher,
         inference=inference,
+        control_plane_public_key=control_plane_public_key,
     )
 
 

@@ -13,7 +13,12 @@ from typing import Final
 
 from sqlalchemy.engine import Connection
 
-from cloud.store.migrations import v0001_initial, v0002_explanations, v0003_models
+from cloud.store.migrations import (
+    v0001_initial,
+    v0002_explanations,
+    v0003_models,
+    v0004_enrolment,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(1, "initial", v0001_initial.upgrade),
     SchemaMigration(2, "explanations", v0002_explanations.upgrade),
     SchemaMigration(3, "models", v0003_models.upgrade),
+    SchemaMigration(4, "enrolment", v0004_enrolment.upgrade),
 )
 
 

@@ -1,0 +1,439 @@
+"""Node enrolment: join tokens (admin), `POST /v1/nodes/enrol` (a node trades a token
+for its own MQTT credentials, the cluster id and the control plane's public key), and
+node revocation (admin).
+
+What an anonymous caller can learn here: only that a token was refused (401), never
+whether it was unknown, expired, used up or revoked (the log says which). Failed
+redemptions are rate-limited per remote address (`FailureLimiter`), so guessing tokens
+costs time even before their 256 random bits make it hopeless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from cloud.api.auth import tenant_of
+from cloud.api.bodies import json_response, read_json
+from cloud.api.problems import Problem, problem_reply
+from cloud.api.routes import Reply, Route
+from cloud.app_keys import (
+    BACKGROUND_TASKS,
+    BROKER_ACCOUNTS,
+    ENROLLED_NODES,
+    INGESTOR,
+    REGISTRY,
+    SETTINGS,
+    STORE,
+)
+from cloud.broker_accounts import BrokerAccountError
+from cloud.fleet.enrolled import EnrolledIds, EnrolledNodes
+from cloud.fleet.enrolment_views import (
+    EnrolledMqtt,
+    EnrolledNodeList,
+    EnrolledNodeView,
+    Enrolment,
+    EnrolRequest,
+    JoinTokenCreate,
+    JoinTokenCreated,
+    JoinTokenList,
+    JoinTokenView,
+)
+from cloud.loop.publisher import CLUSTER_ID_SECRET
+from cloud.loop.signing import load_or_create_signing_key, public_key_base64
+from cloud.store import Store
+from cloud.store.enrolment import (
+    EnrolledNodeRecord,
+    JoinTokenRecord,
+    NewJoinToken,
+    NodeDefaults,
+)
+from cloud.store.errors import JoinTokenError, JoinTokenUnknownError, NodeAlreadyEnrolledError
+from shared.clock import utc_from_epoch
+from shared.logs import RateLimitedLog
+from shared.settings import parse_mqtt_url
+from shared.tasks import stop_task
+from shared.topics import is_valid_node_id
+
+_CREATE_DECODER: Final = msgspec.json.Decoder(JoinTokenCreate)
+_ENROL_DECODER: Final = msgspec.json.Decoder(EnrolRequest)
+_log = structlog.get_logger("greenfed.enrolment")
+
+
+class FailureLimiter:
+    """A token bucket per remote address for failed attempts: `burst` at once, then one
+    per `1 / refill_per_s` seconds. At most `max_addresses` are remembered (the least
+    recently seen is forgotten), so a flood of addresses cannot grow memory."""
+
+    def __init__(
+        self,
+        *,
+        burst: int = 10,
+        refill_per_s: float = 0.2,
+        max_addresses: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._burst = burst
+        self._refill_per_s = refill_per_s
+        self._max_addresses = max_addresses
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+
+    def _tokens(self, address: str) -> float:
+        entry = self._buckets.get(address)
+        if entry is None:
+            return float(self._burst)
+        tokens, at = entry
+        return min(float(self._burst), tokens + (self._clock() - at) * self._refill_per_s)
+
+    def retry_after_s(self, address: str) -> float:
+        """0 when the address may try now, else how long until it may."""
+        tokens = self._tokens(address)
+        return 0.0 if tokens >= 1 else (1 - tokens) / self._refill_per_s
+
+    def failed(self, address: str) -> None:
+        self._buckets[address] = (max(0.0, self._tokens(address) - 1), self._clock())
+        self._buckets.move_to_end(address)
+        while len(self._buckets) > self._max_addresses:
+            self._buckets.popitem(last=False)
+
+
+@dataclass
+class EnrolmentState:
+    failures: FailureLimiter = field(default_factory=FailureLimiter)
+    refused_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(_log, 10.0))
+    public_key: str | None = None  # base64, read from the signing key on first enrolment
+
+
+ENROLMENT_STATE = web.AppKey("enrolment_state", EnrolmentState)
+
+
+def install(app: web.Application) -> None:
+    """The enrolled-node gate of ingestion and what the handlers share (call it in
+    `create_app`; `enrolled_nodes_context` loads the gate once the store is open)."""
+    settings = app[SETTINGS]
+    enrolled = EnrolledNodes(required=settings.cloud.require_enrolment)
+    app[ENROLLED_NODES] = enrolled
+    app[ENROLMENT_STATE] = EnrolmentState()
+    app[INGESTOR].admits_node = enrolled.admits
+
+
+async def _load_ids(store: Store) -> EnrolledIds:
+    records = await store.list_enrolled_nodes()
+    return EnrolledIds(
+        active=frozenset(r.node_id for r in records if r.active),
+        revoked=frozenset(r.node_id for r in records if not r.active),
+    )
+
+
+async def enrolled_nodes_context(app: web.Application) -> AsyncIterator[None]:
+    """Load the enrolled node ids before ingestion starts, then keep them current (other
+    replicas enrol and revoke too); nodes no longer admitted leave the registry."""
+    store = app[STORE]
+    enrolled = app[ENROLLED_NODES]
+    enrolled.replace(await _load_ids(store))
+
+    def refused(node_ids: Iterable[str]) -> None:
+        for node_id in node_ids:
+            if app[REGISTRY].forget(node_id):
+                _log.info("node refused: no longer enrolled", node_id=node_id)
+        app[INGESTOR].notify_change()
+
+    task = asyncio.create_task(
+        enrolled.refresh_forever(lambda: _load_ids(store), refused), name="enrolled-nodes"
+    )
+    app[BACKGROUND_TASKS].append(task)
+    try:
+        yield
+    finally:
+        await stop_task(task)
+
+
+def _token_fields(record: JoinTokenRecord) -> dict[str, object]:
+    defaults = record.defaults
+    return {
+        "id": record.token_id,
+        "state": record.state(time.time()),
+        "created_at": utc_from_epoch(record.created_at),
+        "expires_at": utc_from_epoch(record.expires_at),
+        "uses": record.uses,
+        "max_uses": record.max_uses,
+        "revoked_at": None if record.revoked_at is None else utc_from_epoch(record.revoked_at),
+        "site": defaults.site,
+        "zone": defaults.zone,
+        "region": defaults.region,
+        "labels": dict(defaults.labels),
+        "created_by": record.created_by,
+    }
+
+
+def _node_view(record: EnrolledNodeRecord) -> EnrolledNodeView:
+    return EnrolledNodeView(
+        node_id=record.node_id,
+        state="enrolled" if record.active else "revoked",
+        enrolled_at=utc_from_epoch(record.enrolled_at),
+        join_token_id=record.join_token_id,
+        revoked_at=None if record.revoked_at is None else utc_from_epoch(record.revoked_at),
+        username=record.username,
+    )
+
+
+async def create_join_token(request: web.Request) -> web.Response:
+    body = await read_json(request, _CREATE_DECODER)
+    settings = request.app[SETTINGS]
+    created = await request.app[STORE].create_join_token(
+        NewJoinToken(
+            ttl_s=body.ttl_s if body.ttl_s is not None else settings.cloud.join_token_ttl_s,
+            max_uses=body.uses,
+            defaults=NodeDefaults(
+                site=body.site, zone=body.zone, region=body.region, labels=body.labels
+            ),
+            created_by=tenant_of(request).tenant_id,
+        )
+    )
+    _log.info(
+        "join token created",
+        token_id=created.record.token_id,
+        max_uses=created.record.max_uses,
+        expires_at=created.record.expires_at,
+        tenant_id=created.record.created_by,
+    )
+    reply = JoinTokenCreated(**_token_fields(created.record), token=created.token)  # type: ignore[arg-type]
+    return json_response(reply, status=201)
+
+
+async def list_join_tokens(request: web.Request) -> web.Response:
+    records = await request.app[STORE].list_join_tokens()
+    views = tuple(JoinTokenView(**_token_fields(r)) for r in records)  # type: ignore[arg-type]
+    return json_response(JoinTokenList(items=views, count=len(views)))
+
+
+async def revoke_join_token(request: web.Request) -> web.Response:
+    token_id = request.match_info["token_id"]
+    try:
+        record = await request.app[STORE].revoke_join_token(token_id)
+    except JoinTokenUnknownError:
+        raise Problem(
+            404, "join-token-not-found", "Join token not found", f"no join token {token_id!r}"
+        ) from None
+    _log.info("join token revoked", token_id=token_id)
+    return json_response(JoinTokenView(**_token_fields(record)))  # type: ignore[arg-type]
+
+
+def public_mqtt_url(url: str) -> str:
+    """The broker's URL as a node should use it: scheme, host and port, no credentials."""
+    endpoint = parse_mqtt_url(url)
+    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+    return f"{'mqtts' if endpoint.tls else 'mqtt'}://{host}:{endpoint.port}"
+
+
+async def _public_key(app: web.Application) -> str:
+    state = app[ENROLMENT_STATE]
+    if state.public_key is None:
+        key = await asyncio.to_thread(load_or_create_signing_key, app[SETTINGS])
+        state.public_key = public_key_base64(key)
+    return state.public_key
+
+
+def _refused(request: web.Request, address: str, error: JoinTokenError, node_id: str) -> Problem:
+    state = request.app[ENROLMENT_STATE]
+    state.failures.failed(address)
+    state.refused_log.warning(
+        f"join-token/{error.reason}",
+        "enrolment refused",
+        reason=error.reason,
+        token_id=error.token_id,
+        node_id=node_id,
+        remote=address,
+    )
+    return Problem(
+        401,
+        "join-token-refused",
+        "Join token refused",
+        "the join token is not valid (unknown, expired, used up or revoked): ask an admin "
+        "for a new one (greenfed nodes join-token create)",
+    )
+
+
+async def enrol(request: web.Request) -> web.Response:
+    app = request.app
+    state = app[ENROLMENT_STATE]
+    address = request.remote or "unknown"
+    wait_s = state.failures.retry_after_s(address)
+    if wait_s > 0:
+        raise Problem(
+            429,
+            "too-many-attempts",
+            "Too many failed enrolments",
+            f"too many refused join tokens from {address}; retry in {wait_s:.0f} s",
+            headers={"Retry-After": str(max(1, round(wait_s)))},
+        )
+    body = await read_json(request, _ENROL_DECODER)
+    store = app[STORE]
+    try:
+        redemption = await store.redeem_join_token(body.token, body.node_id)
+    except JoinTokenError as error:
+        raise _refused(request, address, error, body.node_id) from None
+    except NodeAlreadyEnrolledError:
+        raise Problem(
+            409,
+            "node-already-enrolled",
+            "Node already enrolled",
+            f"node {body.node_id!r} is enrolled already; an admin revokes it first "
+            f"(greenfed nodes revoke {body.node_id}) to enrol it again",
+        ) from None
+    try:
+        credentials = await app[BROKER_ACCOUNTS].provision(body.node_id)
+    except BrokerAccountError as error:
+        await store.release_redemption(redemption)
+        _log.warning("enrolment failed: broker account", node_id=body.node_id, error=str(error))
+        raise Problem(
+            503,
+            "broker-accounts-unavailable",
+            "Broker accounts unavailable",
+            f"the MQTT broker did not create the node's account ({error}); the join token "
+            "was not used: retry",
+            headers={"Retry-After": "5"},
+        ) from None
+    await store.set_enrolled_username(body.node_id, credentials.username)
+    app[ENROLLED_NODES].enrolled(body.node_id)
+    settings = app[SETTINGS]
+    defaults = redemption.token.defaults
+    _log.info(
+        "node enrolled",
+        node_id=body.node_id,
+        token_id=redemption.token.token_id,
+        username=credentials.username,
+    )
+    reply = Enrolment(
+        node_id=body.node_id,
+        cluster_id=await store.shared_secret(CLUSTER_ID_SECRET),
+        control_plane_public_key=await _public_key(app),
+        mqtt=EnrolledMqtt(
+            url=public_mqtt_url(settings.mqtt.url),
+            topic_root=settings.mqtt.topic_root,
+            username=credentials.username,
+            password=credentials.password,
+        ),
+        site=defaults.site or body.site or "edge",  # type: ignore[arg-type]
+        zone=defaults.zone or body.zone or "unknown",
+        region=defaults.region or body.region or "unknown",
+        labels={**body.labels, **defaults.labels},
+    )
+    return json_response(reply)
+
+
+async def list_enrolled_nodes(request: web.Request) -> web.Response:
+    records = await request.app[STORE].list_enrolled_nodes()
+    views = tuple(_node_view(r) for r in records)
+    return json_response(EnrolledNodeList(items=views, count=len(views)))
+
+
+async def revoke_node(request: web.Request) -> web.Response:
+    app = request.app
+    node_id = request.match_info["node_id"]
+    store = app[STORE]
+    known = is_valid_node_id(node_id) and (
+        await store.get_enrolled_node(node_id) is not None or app[REGISTRY].get(node_id) is not None
+    )
+    if not known:
+        raise Problem(404, "node-not-found", "Node not found", f"no node {node_id!r}")
+    # Refused here first: whatever the broker says, this control plane ingests nothing more.
+    record = await store.revoke_node(node_id)
+    app[ENROLLED_NODES].revoked(node_id)
+    if app[REGISTRY].forget(node_id):
+        app[INGESTOR].notify_change()
+    try:
+        await app[BROKER_ACCOUNTS].revoke(node_id)
+    except BrokerAccountError as error:
+        raise Problem(
+            503,
+            "broker-accounts-unavailable",
+            "Broker accounts unavailable",
+            f"node {node_id!r} is revoked in the control plane, but the MQTT broker did not "
+            f"disable its account ({error}): retry",
+            headers={"Retry-After": "5"},
+        ) from None
+    _log.info("node revoked", node_id=node_id)
+    return json_response(_node_view(record))
+
+
+ROUTES: Final = (
+    Route(
+        "POST",
+        "/v1/nodes/join-tokens",
+        create_join_token,
+        "Create a join token (admin); the reply holds the token, shown only this once",
+        "admin",
+        "enrolment",
+        body=JoinTokenCreate,
+        replies=(Reply(201, "The token and its limits", JoinTokenCreated),),
+    ),
+    Route(
+        "GET",
+        "/v1/nodes/join-tokens",
+        list_join_tokens,
+        "List the join tokens (admin; no secrets)",
+        "admin",
+        "enrolment",
+        replies=(Reply(200, "Every join token, oldest first", JoinTokenList),),
+    ),
+    Route(
+        "DELETE",
+        "/v1/nodes/join-tokens/{token_id}",
+        revoke_join_token,
+        "Revoke a join token (admin): nodes enrolled with it stay enrolled",
+        "admin",
+        "enrolment",
+        replies=(Reply(200, "The revoked token", JoinTokenView),),
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/enrol",
+        enrol,
+        "Trade a join token for the node's MQTT credentials and the control plane's key",
+        "public",
+        "enrolment",
+        body=EnrolRequest,
+        description=(
+            "No bearer token: the join token in the body is the credential. Every refused "
+            "token is the same 401; refusals are rate-limited per remote address (429)."
+        ),
+        replies=(
+            Reply(200, "What the agent's settings need", Enrolment),
+            problem_reply(401, "The join token is not valid"),
+            problem_reply(409, "The node id is enrolled already"),
+            problem_reply(429, "Too many refused tokens from this address"),
+            problem_reply(503, "The broker did not create the account; the token was not used"),
+        ),
+    ),
+    Route(
+        "GET",
+        "/v1/nodes/enrolled",
+        list_enrolled_nodes,
+        "List the enrolled node identities (admin), revoked ones included",
+        "admin",
+        "enrolment",
+        replies=(Reply(200, "Every enrolled node id", EnrolledNodeList),),
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node_id}/revoke",
+        revoke_node,
+        "Revoke a node (admin): refused at once, its broker account disabled",
+        "admin",
+        "enrolment",
+        replies=(
+            Reply(200, "The node's revoked identity", EnrolledNodeView),
+            problem_reply(503, "Revoked here, but the broker did not disable the account"),
+        ),
+    ),
+)

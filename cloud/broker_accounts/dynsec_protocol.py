@@ -1,0 +1,144 @@
+"""The subset of Mosquitto's dynamic-security control API that greenfed speaks.
+
+The control plane publishes a `CommandBatch` as JSON to `CONTROL_TOPIC`; the broker
+answers with a `ResponseBatch` on `RESPONSE_TOPIC`, one response per command, in
+order, each echoing the command's `correlationData`. Mosquitto's plugin
+(plugins/dynamic-security/README.md in eclipse/mosquitto) and the embedded broker
+(greenfed/embedded_accounts.py) both read these types, so the control plane has one
+code path for either broker.
+
+What a node's role allows is decided here (`node_role_acls`), once for both brokers.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared.topics import Channel, Topics
+
+CONTROL_TOPIC = "$CONTROL/dynamic-security/v1"
+RESPONSE_TOPIC = f"{CONTROL_TOPIC}/response"
+
+AclType = Literal[
+    "publishClientSend",
+    "publishClientReceive",
+    "subscribeLiteral",
+    "subscribePattern",
+    "unsubscribeLiteral",
+    "unsubscribePattern",
+]
+
+# The commands the embedded broker implements; Mosquitto knows many more.
+SUPPORTED_COMMANDS = frozenset(
+    {
+        "createClient",
+        "deleteClient",
+        "setClientPassword",
+        "enableClient",
+        "disableClient",
+        "modifyClient",
+        "addClientRole",
+        "removeClientRole",
+        "getClient",
+        "createRole",
+        "modifyRole",
+        "deleteRole",
+        "addRoleACL",
+    }
+)
+
+# Mosquitto's answers that mean "it is there already": re-provisioning tolerates them.
+ALREADY_EXISTS_ERRORS = frozenset({"Client already exists", "Role already exists"})
+NOT_FOUND_CLIENT_ERROR = "Client not found"
+NOT_FOUND_ROLE_ERROR = "Role not found"
+
+
+class Acl(msgspec.Struct, frozen=True, omit_defaults=True):
+    acltype: AclType
+    topic: str
+    allow: bool
+    # Higher first, as in Mosquitto.
+    priority: int = 0
+
+
+class RoleRef(msgspec.Struct, frozen=True, omit_defaults=True):
+    rolename: str
+    priority: int = -1
+
+
+class Command(
+    msgspec.Struct,
+    frozen=True,
+    omit_defaults=True,
+    rename={"correlation_data": "correlationData"},
+):
+    """One command; which fields it needs depends on `command` (see the README above)."""
+
+    command: str
+    username: str | None = None
+    password: str | None = None
+    rolename: str | None = None
+    roles: tuple[RoleRef, ...] | None = None
+    acls: tuple[Acl, ...] | None = None
+    # addRoleACL carries one ACL inline.
+    acltype: AclType | None = None
+    topic: str | None = None
+    allow: bool | None = None
+    priority: int | None = None
+    correlation_data: str | None = None
+
+
+class CommandBatch(msgspec.Struct, frozen=True):
+    commands: tuple[Command, ...]
+
+
+class ClientInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    username: str
+    roles: tuple[RoleRef, ...] = ()
+    disabled: bool = False
+
+
+class ClientData(msgspec.Struct, frozen=True):
+    client: ClientInfo
+
+
+class Response(
+    msgspec.Struct,
+    frozen=True,
+    omit_defaults=True,
+    rename={"correlation_data": "correlationData"},
+):
+    command: str
+    error: str | None = None
+    data: ClientData | None = None
+    correlation_data: str | None = None
+
+
+class ResponseBatch(msgspec.Struct, frozen=True):
+    responses: tuple[Response, ...]
+
+
+COMMANDS_ENCODER = msgspec.json.Encoder()
+COMMANDS_DECODER = msgspec.json.Decoder(CommandBatch)
+RESPONSES_DECODER = msgspec.json.Decoder(ResponseBatch)
+
+
+def node_role_name(node_id: str) -> str:
+    return f"greenfed-node-{node_id}"
+
+
+def node_role_acls(topics: Topics, node_id: str) -> tuple[Acl, ...]:
+    """A node publishes under its own subtree (never its own `desired`: only the
+    control plane writes that) and subscribes to and receives only its own `desired`."""
+    own_desired = topics.node(node_id, Channel.DESIRED)
+    own_subtree = f"{topics.nodes_prefix}{node_id}/#"
+    return (
+        Acl(acltype="publishClientSend", topic=own_desired, allow=False, priority=10),
+        Acl(acltype="publishClientSend", topic=own_subtree, allow=True, priority=0),
+        Acl(acltype="subscribeLiteral", topic=own_desired, allow=True, priority=0),
+        Acl(acltype="publishClientReceive", topic=own_desired, allow=True, priority=10),
+        # Mosquitto lets anyone receive by default; a node's role says no to the rest.
+        Acl(acltype="publishClientReceive", topic="#", allow=False, priority=-10),
+    )

@@ -1,0 +1,86 @@
+"""Which node ids ingestion admits: enrolled and unrevoked ones (when
+`cloud.require_enrolment`), never a revoked one.
+
+Ingestion is synchronous and runs for every message, so the answer comes from two
+in-memory sets, never from the database: loaded at start, changed at once by this
+process's enrolments and revocations, and reloaded every few seconds so that the API
+replicas agree with each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import structlog
+
+REFRESH_INTERVAL_S: Final = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class EnrolledIds:
+    """One reading of the store: active (enrolled, unrevoked) and revoked node ids."""
+
+    active: frozenset[str]
+    revoked: frozenset[str]
+
+
+class EnrolledNodes:
+    def __init__(self, *, required: bool) -> None:
+        self.required = required
+        self._active: set[str] = set()
+        self._revoked: set[str] = set()
+        self._local_changes = 0  # bumped by enrolled()/revoked(): a reload in flight is stale
+        self._log = structlog.get_logger("greenfed.enrolment")
+
+    def admits(self, node_id: str) -> bool:
+        """May a message from this node id be ingested? (Cheap: two set lookups.)"""
+        if node_id in self._revoked:
+            return False
+        return not self.required or node_id in self._active
+
+    def enrolled(self, node_id: str) -> None:
+        self._local_changes += 1
+        self._active.add(node_id)
+        self._revoked.discard(node_id)
+
+    def revoked(self, node_id: str) -> None:
+        self._local_changes += 1
+        self._active.discard(node_id)
+        self._revoked.add(node_id)
+
+    def replace(self, ids: EnrolledIds) -> set[str]:
+        """Adopt a reading of the store; returns the ids admitted before and not now."""
+        before = {node_id for node_id in self._active | self._revoked if self.admits(node_id)}
+        self._active = set(ids.active)
+        self._revoked = set(ids.revoked)
+        return {node_id for node_id in before if not self.admits(node_id)}
+
+    async def reload(self, load: Callable[[], Awaitable[EnrolledIds]]) -> set[str] | None:
+        """Load and adopt; None (nothing adopted) when this process enrolled or revoked
+        a node while the reading was in flight: the next reload is current."""
+        changes = self._local_changes
+        ids = await load()
+        if changes != self._local_changes:
+            return None
+        return self.replace(ids)
+
+    async def refresh_forever(
+        self,
+        load: Callable[[], Awaitable[EnrolledIds]],
+        on_refused: Callable[[Iterable[str]], None],
+        interval_s: float = REFRESH_INTERVAL_S,
+    ) -> None:
+        """Reload every `interval_s` (another replica may have enrolled or revoked);
+        `on_refused` gets the ids no longer admitted (to drop them from the registry)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                refused = await self.reload(load)
+            except Exception as error:  # the store is briefly away: keep the last reading
+                self._log.warning("enrolled nodes not reloaded", error=str(error)[:300])
+                continue
+            if refused:
+                on_refused(refused)

@@ -1,0 +1,108 @@
+"""The REST shapes of node enrolment (`/v1/nodes/join-tokens`, `/v1/nodes/enrol`,
+`/v1/nodes/{node_id}/revoke`, `/v1/nodes/enrolled`), shared by the API and the CLI.
+
+Times are UTC datetimes. No shape but `JoinTokenCreated` ever carries a token, and it
+is sent once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Final
+
+import msgspec
+
+from shared.messages import Site
+
+JOIN_TOKEN_MAX_USES: Final = 10_000
+_ZONE = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+_LABEL_KEY = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._/-]+$")
+]
+_LABEL_VALUE = Annotated[str, msgspec.Meta(max_length=255)]
+Labels = Annotated[dict[_LABEL_KEY, _LABEL_VALUE], msgspec.Meta(max_length=64)]
+NodeId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+
+
+class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class JoinTokenCreate(_Body, frozen=True, kw_only=True):
+    # Default: cloud.join_token_ttl_s. At most a year.
+    ttl_s: Annotated[float, msgspec.Meta(gt=0, le=366 * 86400)] | None = None
+    uses: Annotated[int, msgspec.Meta(ge=1, le=JOIN_TOKEN_MAX_USES)] = 1
+    site: Site | None = None
+    zone: _ZONE | None = None
+    region: _ZONE | None = None
+    labels: Labels = {}
+
+
+class JoinTokenView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    state: str  # active, expired, used-up, revoked
+    created_at: datetime
+    expires_at: datetime
+    uses: int  # how many nodes enrolled with it
+    max_uses: int
+    revoked_at: datetime | None
+    site: Site | None
+    zone: str | None
+    region: str | None
+    labels: dict[str, str]
+    created_by: str | None  # the admin tenant's id
+
+
+class JoinTokenCreated(JoinTokenView, frozen=True, kw_only=True):
+    token: str  # shown this once; the control plane keeps only its hash
+
+
+class JoinTokenList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[JoinTokenView, ...]
+    count: int
+
+
+class EnrolRequest(_Body, frozen=True, kw_only=True):
+    token: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    node_id: NodeId
+    # Used only where the token names none (the admin's choice wins).
+    site: Site | None = None
+    zone: _ZONE | None = None
+    region: _ZONE | None = None
+    labels: Labels = {}
+
+
+class EnrolledMqtt(msgspec.Struct, frozen=True, kw_only=True):
+    url: str  # the broker, without credentials
+    topic_root: str
+    username: str
+    password: str | None  # None: accounts are managed by hand (cloud.broker_accounts = "none")
+
+
+class Enrolment(msgspec.Struct, frozen=True, kw_only=True):
+    """What `POST /v1/nodes/enrol` answers: everything the agent's settings need."""
+
+    node_id: str
+    cluster_id: str
+    control_plane_public_key: str  # base64 of the raw 32-byte Ed25519 public key
+    mqtt: EnrolledMqtt
+    site: Site
+    zone: str
+    region: str
+    labels: dict[str, str]
+
+
+class EnrolledNodeView(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    state: str  # enrolled, revoked
+    enrolled_at: datetime
+    join_token_id: str | None
+    revoked_at: datetime | None
+    username: str | None
+
+
+class EnrolledNodeList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[EnrolledNodeView, ...]
+    count: int

@@ -1,0 +1,36 @@
+#!/bin/sh
+# Give greenfed's control plane its broker account, once, on a Mosquitto that runs
+# the dynamic security plugin (mosquitto-dynsec.conf). Afterwards the control plane
+# creates, resets and disables every node's account itself.
+#
+#   mosquitto_ctrl dynsec init /etc/mosquitto/dynamic-security.json admin   # once, broker stopped
+#   systemctl restart mosquitto
+#   GREENFED_CLOUD_PASSWORD=... deploy/mosquitto/dynsec-bootstrap.sh -h 127.0.0.1 -p 1883 -u admin
+#
+# Arguments are mosquitto_ctrl's connect options (-h, -p, -u, -P, --cafile, ...), for
+# the admin account made by `dynsec init`. Environment:
+#   GREENFED_CLOUD_USER      the control plane's [mqtt] username (default greenfed-cloud)
+#   GREENFED_CLOUD_PASSWORD  its password (unset: mosquitto_ctrl asks for it)
+#   GREENFED_TOPIC_ROOT      [mqtt] topic_root (default greenfed)
+set -eu
+
+user="${GREENFED_CLOUD_USER:-greenfed-cloud}"
+root="${GREENFED_TOPIC_ROOT:-greenfed}"
+role=greenfed-control-plane
+
+ctrl() {
+    mosquitto_ctrl "$@"
+}
+
+# The control plane writes every node's desired state; the `admin` role of
+# `dynsec init` already lets it subscribe to and receive everything, and administer
+# accounts on $CONTROL/dynamic-security/v1.
+ctrl "$@" dynsec createRole "$role"
+ctrl "$@" dynsec addRoleACL "$role" publishClientSend "$root/#" allow
+if [ -n "${GREENFED_CLOUD_PASSWORD:-}" ]; then
+    ctrl "$@" dynsec createClient "$user" -p "$GREENFED_CLOUD_PASSWORD"
+else
+    ctrl "$@" dynsec createClient "$user"
+fi
+ctrl "$@" dynsec addClientRole "$user" admin
+ctrl "$@" dynsec addClientRole "$user" "$role"

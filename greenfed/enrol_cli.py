@@ -1,0 +1,231 @@
+"""`greenfed edge enrol`: trade a join token for this node's MQTT credentials and the
+control plane's public key, written into the agent's settings file.
+
+The file is written whole, atomically, created with mode 0600 (it holds the broker
+password); keys already in it that enrolment does not set are kept (comments are not).
+Its first line records the enrolment (API URL, cluster id, node id), so that running
+the same command again changes nothing: a join token is spent once, and an install
+script may be re-run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+import msgspec
+
+from cloud.fleet.enrolment_views import Enrolment
+from greenfed.api_client import ApiClient, CliError, Target
+from greenfed.arguments import EXIT_OK, EXIT_USAGE
+from shared.settings import ConfigError, load_settings
+from shared.token_files import write_secret
+
+MARKER_PREFIX: Final = "# greenfed enrolment:"
+_MARKER: Final = re.compile(
+    r"^# greenfed enrolment: api=(?P<api>\S+) cluster_id=(?P<cluster>\S+) node_id=(?P<node>\S+)$"
+)
+_BARE_KEY: Final = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "greenfed" / "agent.toml"
+
+
+@dataclass(frozen=True, slots=True)
+class EnrolmentMarker:
+    api: str
+    cluster_id: str
+    node_id: str
+
+    def line(self) -> str:
+        return f"{MARKER_PREFIX} api={self.api} cluster_id={self.cluster_id} node_id={self.node_id}"
+
+
+def read_marker(text: str) -> EnrolmentMarker | None:
+    first = text.split("\n", 1)[0]
+    match = _MARKER.match(first)
+    if match is None:
+        return None
+    return EnrolmentMarker(match.group("api"), match.group("cluster"), match.group("node"))
+
+
+# -- a small TOML writer for settings documents (tables of scalars, lists, tables) ----
+
+
+def _key(name: str) -> str:
+    return name if _BARE_KEY.match(name) else _string(name)
+
+
+def _string(text: str) -> str:
+    escaped: list[str] = []
+    for char in text:
+        if char in ('"', "\\"):
+            escaped.append("\\" + char)
+        elif char < " " or char == "\x7f":
+            escaped.append(f"\\u{ord(char):04x}")
+        else:
+            escaped.append(char)
+    return '"' + "".join(escaped) + '"'
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
+
+
+def _is_table_array(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _table(lines: list[str], path: tuple[str, ...], table: Mapping[str, Any]) -> None:
+    nested = {k: v for k, v in table.items() if isinstance(v, dict) or _is_table_array(v)}
+    for key, value in table.items():
+        if key not in nested:
+            lines.append(f"{_key(key)} = {_value(value)}")
+    for key, value in nested.items():
+        inner = (*path, _key(key))
+        if isinstance(value, dict):
+            lines.extend(["", f"[{'.'.join(inner)}]"])
+            _table(lines, inner, value)
+        else:
+            for item in value:
+                lines.extend(["", f"[[{'.'.join(inner)}]]"])
+                _table(lines, inner, item)
+
+
+def toml_document(document: Mapping[str, Any]) -> str:
+    lines: list[str] = []
+    _table(lines, (), document)
+    return "\n".join(line for index, line in enumerate(lines) if index or line)
+
+
+# -- enrolment ------------------------------------------------------------------------
+
+
+def merged_settings(
+    existing: Mapping[str, Any], enrolment: Enrolment, ca: Path | None = None
+) -> dict[str, Any]:
+    """The settings document with what enrolment decides written over what was there.
+    An mqtts broker is verified against `ca` too unless the file names its own CA."""
+    document = {section: dict(values) for section, values in existing.items()}
+    mqtt = document.setdefault("mqtt", {})
+    mqtt.update(
+        url=enrolment.mqtt.url,
+        username=enrolment.mqtt.username,
+        topic_root=enrolment.mqtt.topic_root,
+    )
+    if enrolment.mqtt.password is not None:
+        mqtt["password"] = enrolment.mqtt.password
+    if ca is not None and enrolment.mqtt.url.startswith("mqtts://"):
+        mqtt.setdefault("tls_ca_file", str(ca.resolve()))
+    agent = document.setdefault("agent", {})
+    agent.update(
+        node_id=enrolment.node_id,
+        site=enrolment.site,
+        zone=enrolment.zone,
+        region=enrolment.region,
+        labels=dict(enrolment.labels),
+        control_plane_public_key=enrolment.control_plane_public_key,
+    )
+    return document
+
+
+def _read_existing(config: Path) -> tuple[str, dict[str, Any]]:
+    try:
+        text = config.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "", {}
+    except OSError as error:
+        raise CliError(f"cannot read {config}: {error.strerror}") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise CliError(
+            f"{config} is not valid TOML ({error}); fix or remove it", EXIT_USAGE
+        ) from None
+
+
+def _tls_context(ca: Path | None) -> ssl.SSLContext | None:
+    if ca is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as error:
+        raise CliError(
+            f"--ca {ca}: not a readable PEM CA certificate ({error})", EXIT_USAGE
+        ) from None
+
+
+async def enrol(
+    *,
+    api: str,
+    token: str,
+    config: Path,
+    node_id: str | None,
+    ca: Path | None,
+    out: TextIO | None = None,
+) -> int:
+    out = out or sys.stdout
+    api = api.rstrip("/")
+    text, existing = _read_existing(config)
+    wanted_node = node_id or existing.get("agent", {}).get("node_id") or None
+    marker = read_marker(text)
+    if marker is not None and marker.api == api and wanted_node in (None, marker.node_id):
+        out.write(
+            f"{config} already holds the enrolment of node {marker.node_id} with {api} "
+            f"(cluster {marker.cluster_id}); nothing changed\n"
+        )
+        return EXIT_OK
+    if wanted_node is None:
+        # The agent's own default: the host name, as its settings resolve it.
+        wanted_node = load_settings(None, environ={}).agent.resolved_node_id()
+    body = msgspec.json.encode({"token": token, "node_id": wanted_node})
+    target = Target(api, None, "", "--api")
+    async with ApiClient(target, ssl_context=_tls_context(ca)) as client:
+        _, payload = await client.call("POST", "/v1/nodes/enrol", body=body)
+    enrolment = msgspec.json.decode(payload, type=Enrolment)
+    document = merged_settings(existing, enrolment, ca)
+    marker = EnrolmentMarker(api, enrolment.cluster_id, enrolment.node_id)
+    new_text = marker.line() + "\n" + toml_document(document)
+    # The agent must accept what we write: check it before it replaces anything.
+    check = config.with_name(f".{config.name}.check")
+    try:
+        write_secret(check, new_text)
+        load_settings(check, environ={})
+    except ConfigError as error:
+        raise CliError(f"the enrolled settings would not load: {error}") from None
+    finally:
+        check.unlink(missing_ok=True)
+    try:
+        write_secret(config, new_text)  # created 0600, replaced atomically
+    except OSError as error:
+        raise CliError(f"cannot write {config}: {error.strerror}") from None
+    password = "a password of its own" if enrolment.mqtt.password else "no password (manual)"
+    out.write(
+        f"enrolled node {enrolment.node_id} with {api} (cluster {enrolment.cluster_id}); "
+        f"MQTT user {enrolment.mqtt.username}, {password}; settings in {config} (mode 0600)\n"
+        f"run the agent: greenfed edge run --config {config}\n"
+    )
+    return EXIT_OK

@@ -1,0 +1,336 @@
+"""Node enrolment over real HTTP, on SQLite and PostgreSQL: join tokens (admin only),
+redemption for credentials, cluster id and public key; expiry, reuse, revocation,
+concurrency, rate limiting; revoked nodes refused by ingestion."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from cloud.app import create_app
+from cloud.app_keys import BROKER_ACCOUNTS, ENROLLED_NODES, INGESTOR, REGISTRY, SETTINGS, STORE
+from cloud.broker_accounts import BrokerAccountError, BrokerAccounts, NodeCredentials
+from cloud.fleet.ingest import InvalidReason
+from cloud.loop.publisher import CLUSTER_ID_SECRET
+from cloud.loop.signing import load_or_create_signing_key, public_key_base64
+from shared.messages import Accelerator, HostInfo, NodeStatus, encode
+from shared.settings import CloudSettings, SchedulingSettings, Settings
+from shared.token_files import admin_token_path, read_token_file
+from shared.topics import Channel, Topics
+from tests.api.support import FAST, Api, bearer, problem
+from tests.store.databases import DatabaseUnderTest
+from tests.support.brokers import free_port
+from tests.support.fleet import mqtt_settings
+from tests.support.waiting import eventually
+
+
+class RecordingAccounts(BrokerAccounts):
+    """The broker-account seam, recording what enrolment asked of it."""
+
+    def __init__(self) -> None:
+        self.provisioned: list[str] = []
+        self.revoked: list[str] = []
+        self.fail = False
+
+    async def provision(self, node_id: str) -> NodeCredentials:
+        if self.fail:
+            raise BrokerAccountError("broker away")
+        self.provisioned.append(node_id)
+        return NodeCredentials(username=f"node-{node_id}", password=f"pw-{node_id}")
+
+    async def revoke(self, node_id: str) -> None:
+        self.revoked.append(node_id)
+
+
+@contextlib.asynccontextmanager
+async def enrolment_api(
+    database: DatabaseUnderTest, accounts: BrokerAccounts, **cloud: Any
+) -> AsyncIterator[Api]:
+    """`running_api`, with the broker-account seam replaced and no broker needed (the
+    MQTT session retries in the background; ingestion is fed through `Ingestor.handle`)."""
+    port = free_port()
+    settings = Settings(
+        mqtt=mqtt_settings(f"mqtt://user:secret@127.0.0.1:{free_port()}", "enroltest"),
+        cloud=CloudSettings(
+            invalid_log_interval_s=0, public_url=f"http://127.0.0.1:{port}", **cloud
+        ),
+        store=database.settings,
+        scheduling=SchedulingSettings(enabled=False),
+    )
+    app = create_app(settings, tuning=FAST)
+    app[BROKER_ACCOUNTS] = accounts
+    async with TestClient(TestServer(app, port=port)) as client:
+        admin = read_token_file(admin_token_path(database.settings))
+        assert admin is not None
+        yield Api(client, app, admin, database)
+
+
+@pytest.fixture
+def accounts() -> RecordingAccounts:
+    return RecordingAccounts()
+
+
+@pytest.fixture
+async def api(database: DatabaseUnderTest, accounts: RecordingAccounts) -> AsyncIterator[Api]:
+    async with enrolment_api(database, accounts) as running:
+        yield running
+
+
+async def create_token(api: Api, **body: Any) -> dict[str, Any]:
+    response = await api.client.post(
+        "/v1/nodes/join-tokens", json=body, headers=bearer(api.admin_token)
+    )
+    assert response.status == 201, await response.text()
+    created: dict[str, Any] = await response.json()
+    return created
+
+
+async def enrol(api: Api, token: str, node_id: str, **body: Any) -> Any:
+    return await api.client.post(
+        "/v1/nodes/enrol", json={"token": token, "node_id": node_id, **body}
+    )
+
+
+async def test_only_an_admin_creates_lists_and_revokes_join_tokens(api: Api) -> None:
+    tenant = await api.tenant("acme")
+    for method, path in (
+        ("POST", "/v1/nodes/join-tokens"),
+        ("GET", "/v1/nodes/join-tokens"),
+        ("DELETE", "/v1/nodes/join-tokens/x"),
+        ("GET", "/v1/nodes/enrolled"),
+        ("POST", "/v1/nodes/n1/revoke"),
+    ):
+        await problem(await api.client.request(method, path, json={}), 401)
+        await problem(await api.client.request(method, path, json={}, headers=bearer(tenant)), 403)
+    created = await create_token(api, uses=2, zone="DE", labels={"rack": "r1"})
+    assert created["token"].startswith("gfj_")
+    assert (created["uses"], created["max_uses"], created["state"]) == (0, 2, "active")
+    listed = await (await api.get(api.admin_token, "/v1/nodes/join-tokens")).json()
+    assert [item["id"] for item in listed["items"]] == [created["id"]]
+    assert created["token"] not in str(listed)  # shown once, never again
+
+
+async def test_the_default_ttl_is_the_setting(api: Api) -> None:
+    created = await create_token(api)
+    lifetime = datetime.fromisoformat(created["expires_at"]) - datetime.fromisoformat(
+        created["created_at"]
+    )
+    assert lifetime.total_seconds() == pytest.approx(CloudSettings().join_token_ttl_s)
+
+
+async def test_redemption_gives_credentials_cluster_id_and_public_key(
+    api: Api, accounts: RecordingAccounts
+) -> None:
+    created = await create_token(api, site="edge", zone="DE", labels={"rack": "r1"})
+    response = await enrol(
+        api, created["token"], "edge-1", zone="FR", region="eu", labels={"rack": "x", "gpu": "t4"}
+    )
+    assert response.status == 200, await response.text()
+    body = await response.json()
+    assert body["node_id"] == "edge-1"
+    assert body["cluster_id"] == await api.store.shared_secret(CLUSTER_ID_SECRET)
+    key = public_key_base64(load_or_create_signing_key(api.app[SETTINGS]))
+    assert body["control_plane_public_key"] == key
+    assert len(base64.b64decode(body["control_plane_public_key"])) == 32
+    assert body["mqtt"] == {
+        "url": api.app[SETTINGS].mqtt.url.replace("user:secret@", ""),
+        "topic_root": "enroltest",
+        "username": "node-edge-1",
+        "password": "pw-edge-1",
+    }
+    # The token's defaults win; the node fills in only what the token leaves open.
+    assert (body["site"], body["zone"], body["region"]) == ("edge", "DE", "eu")
+    assert body["labels"] == {"rack": "r1", "gpu": "t4"}
+    assert accounts.provisioned == ["edge-1"]
+    enrolled = await (await api.get(api.admin_token, "/v1/nodes/enrolled")).json()
+    assert [(n["node_id"], n["state"], n["username"]) for n in enrolled["items"]] == [
+        ("edge-1", "enrolled", "node-edge-1")
+    ]
+
+
+async def test_every_refused_token_is_the_same_401(api: Api) -> None:
+    one_use = await create_token(api)
+    assert (await enrol(api, one_use["token"], "edge-1")).status == 200
+    revoked = await create_token(api, uses=5)
+    response = await api.client.delete(
+        f"/v1/nodes/join-tokens/{revoked['id']}", headers=bearer(api.admin_token)
+    )
+    assert response.status == 200
+    assert (await response.json())["state"] == "revoked"
+    expired = await create_token(api, ttl_s=0.001)
+    await asyncio.sleep(0.01)  # outlive a one-millisecond token (no event to await)
+    bodies = []
+    for token in (one_use["token"], revoked["token"], expired["token"], "gfj_guess"):
+        body = await problem(await enrol(api, token, "edge-2"), 401)
+        bodies.append((body["type"], body["detail"]))
+    assert len(set(bodies)) == 1  # used up, revoked, expired, unknown: indistinguishable
+    assert not await api.store.is_enrolled("edge-2")
+    await problem(
+        await api.client.delete("/v1/nodes/join-tokens/nope", headers=bearer(api.admin_token)),
+        404,
+    )
+
+
+@pytest.mark.parametrize("uses", [1, 4])
+async def test_an_n_use_token_enrols_exactly_n_nodes_concurrently(api: Api, uses: int) -> None:
+    created = await create_token(api, uses=uses)
+    responses = await asyncio.gather(
+        *(enrol(api, created["token"], f"edge-{index}") for index in range(10))
+    )
+    statuses = sorted(response.status for response in responses)
+    assert statuses == [200] * uses + [401] * (10 - uses)
+    enrolled = await (await api.get(api.admin_token, "/v1/nodes/enrolled")).json()
+    assert enrolled["count"] == uses
+
+
+async def test_an_enrolled_id_is_not_taken_over(api: Api) -> None:
+    created = await create_token(api, uses=2)
+    assert (await enrol(api, created["token"], "edge-1")).status == 200
+    body = await problem(await enrol(api, created["token"], "edge-1"), 409)
+    assert "greenfed nodes revoke edge-1" in body["detail"]
+
+
+async def test_a_broker_failure_leaves_the_token_unused(
+    api: Api, accounts: RecordingAccounts
+) -> None:
+    created = await create_token(api)
+    accounts.fail = True
+    await problem(await enrol(api, created["token"], "edge-1"), 503)
+    assert not await api.store.is_enrolled("edge-1")
+    accounts.fail = False
+    assert (await enrol(api, created["token"], "edge-1")).status == 200
+
+
+async def test_failed_redemptions_are_rate_limited_per_address(api: Api) -> None:
+    created = await create_token(api)
+    for _ in range(10):
+        await problem(await enrol(api, "gfj_guess", "edge-1"), 401)
+    response = await enrol(api, created["token"], "edge-1")  # even a good token waits now
+    body = await problem(response, 429)
+    assert int(response.headers["Retry-After"]) >= 1
+    assert "retry in" in body["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"node_id": "edge-1"}, "$.token"),
+        ({"token": "t", "node_id": "no/slashes"}, "$.node_id"),
+        ({"token": "t", "node_id": "edge-1", "site": "moon"}, "$.site"),
+        ({"token": "t", "node_id": "edge-1", "labels": {"k": 1}}, "$.labels"),
+        ({"token": "t", "node_id": "edge-1", "extra": 1}, "$.extra"),
+    ],
+)
+async def test_bad_enrol_bodies_name_the_field(api: Api, body: dict[str, Any], field: str) -> None:
+    problem_body = await problem(await api.client.post("/v1/nodes/enrol", json=body), 422)
+    assert problem_body["invalid_params"][0]["name"].startswith(field)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"uses": 0}, "$.uses"),
+        ({"ttl_s": -1}, "$.ttl_s"),
+        ({"labels": {"bad key!": "v"}}, "$.labels"),
+        ({"zone": ""}, "$.zone"),
+    ],
+)
+async def test_bad_join_token_bodies_name_the_field(
+    api: Api, body: dict[str, Any], field: str
+) -> None:
+    response = await api.client.post(
+        "/v1/nodes/join-tokens", json=body, headers=bearer(api.admin_token)
+    )
+    problem_body = await problem(response, 422)
+    assert problem_body["invalid_params"][0]["name"].startswith(field)
+
+
+def _birth_payload(node_id: str) -> tuple[str, bytes]:
+    now = time.time()
+    status = NodeStatus(
+        node_id=node_id,
+        state="online",
+        instance_id="i1",
+        agent_version="0.1.0",
+        site="edge",
+        zone="DE",
+        region="europe-west3",
+        host=HostInfo(
+            hostname=node_id, os="Linux", arch="x86_64", cpu_logical_cores=8, memory_total_bytes=8
+        ),
+        accelerators=(
+            Accelerator(
+                id="gpu0",
+                kind="gpu",
+                vendor="nvidia",
+                model="T4",
+                memory_bytes=16 * 1024**3,
+                compute_units=40,
+            ),
+        ),
+        telemetry_interval_s=5.0,
+        started_at=now,
+        sent_at=now,
+    )
+    return Topics("enroltest").node(node_id, Channel.STATUS), encode(status)
+
+
+async def test_revoked_and_unenrolled_nodes_are_refused_by_ingestion(
+    database: DatabaseUnderTest, accounts: RecordingAccounts
+) -> None:
+    async with enrolment_api(database, accounts, require_enrolment=True) as api:
+        ingestor = api.app[INGESTOR]
+        registry = api.app[REGISTRY]
+        created = await create_token(api)
+        assert (await enrol(api, created["token"], "edge-1")).status == 200
+        ingestor.handle(*_birth_payload("edge-1"))
+        ingestor.handle(*_birth_payload("stranger"))
+        assert registry.get("edge-1") is not None
+        assert registry.get("stranger") is None
+        assert ingestor.stats.invalid[("status", InvalidReason.NOT_ENROLLED.value)] == 1
+
+        response = await api.client.post("/v1/nodes/edge-1/revoke", headers=bearer(api.admin_token))
+        assert response.status == 200, await response.text()
+        assert (await response.json())["state"] == "revoked"
+        assert accounts.revoked == ["edge-1"]
+        assert registry.get("edge-1") is None
+        ingestor.handle(*_birth_payload("edge-1"))
+        assert registry.get("edge-1") is None
+        assert ingestor.stats.invalid[("status", InvalidReason.NOT_ENROLLED.value)] == 2
+        await problem(
+            await api.client.post("/v1/nodes/never-seen/revoke", headers=bearer(api.admin_token)),
+            404,
+        )
+
+        # Enrolled again with a new token, the node is admitted again.
+        fresh = await create_token(api)
+        assert (await enrol(api, fresh["token"], "edge-1")).status == 200
+        ingestor.handle(*_birth_payload("edge-1"))
+        assert registry.get("edge-1") is not None
+
+
+async def test_a_revocation_reaches_every_replica(
+    database: DatabaseUnderTest, accounts: RecordingAccounts
+) -> None:
+    """Two control planes on one store: a node revoked through one is refused by the
+    other once it reloads the enrolled ids (a few seconds)."""
+    async with (
+        enrolment_api(database, accounts, require_enrolment=True) as first,
+        enrolment_api(database, accounts, require_enrolment=True) as second,
+    ):
+        created = await create_token(first)
+        assert (await enrol(first, created["token"], "edge-1")).status == 200
+        await eventually(lambda: second.app[ENROLLED_NODES].admits("edge-1"), timeout_s=10)
+        second.app[INGESTOR].handle(*_birth_payload("edge-1"))
+        assert second.app[REGISTRY].get("edge-1") is not None
+        await first.client.post("/v1/nodes/edge-1/revoke", headers=bearer(first.admin_token))
+        await eventually(lambda: second.app[REGISTRY].get("edge-1") is None, timeout_s=10)
+        assert not await second.app[STORE].is_enrolled("edge-1")

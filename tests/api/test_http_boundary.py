@@ -1,0 +1,166 @@
+"""Bad bytes at the HTTP boundary are a 4xx naming what is wrong, never a 500 (issue 12):
+download signatures, query values, Idempotency-Key; and work that could only wait for
+ever (a past deadline, training where no agent trains) is refused on submission."""
+
+from __future__ import annotations
+
+import socket
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from cloud.app_keys import REGISTRY
+from shared.messages import HostInfo, NodeStatus, Site
+from tests.api.support import Api, job_spec, problem
+
+
+def node_status(node_id: str, site: Site, *, runs_training: bool | None) -> NodeStatus:
+    return NodeStatus(
+        node_id=node_id,
+        state="online",
+        instance_id="i",
+        agent_version="t",
+        site=site,
+        zone="DE",
+        region="r",
+        host=HostInfo(
+            hostname=node_id, os="linux", arch="x86_64", cpu_logical_cores=8, memory_total_bytes=1
+        ),
+        accelerators=(),
+        telemetry_interval_s=5.0,
+        started_at=1.0,
+        sent_at=1.0,
+        runs_training=runs_training,
+    )
+
+
+# ---- signed model downloads ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sig",
+    ["%FF", "%C3%A9" * 32, "", "0" * 64, "zz", "%00", "A" * 64, "f" * 1000],
+)
+async def test_every_bad_signature_is_the_same_403_whether_or_not_the_model_exists(
+    api: Api, sig: str
+) -> None:
+    token = await api.tenant("vision")
+    model_id = await api.model(token)
+    answers = []
+    for target in (model_id, "01HZZZZZZZZZZZZZZZZZZZZZZZ", "nope", "%FF"):
+        response = await api.client.get(f"/v1/models/{target}/blob?sig={sig}")  # anonymous
+        body = await problem(response, 403)
+        answers.append((body["type"], body["title"], body["detail"]))
+    assert len(set(answers)) == 1, answers
+
+
+async def test_the_signed_url_still_downloads_and_an_undecodable_id_is_a_404_to_its_tenant(
+    api: Api,
+) -> None:
+    token = await api.tenant("vision")
+    model_id = await api.model(token)
+    listed = await (await api.get(token, f"/v1/models/{model_id}")).json()
+    assert listed["id"] == model_id
+    for bad in ("%FF", "%00", "x" * 300):
+        await problem(await api.get(token, f"/v1/models/{bad}"), 404)
+        await problem(await api.get(token, f"/v1/models/{bad}/blob"), 404)
+
+
+# ---- query values -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/models?cursor=%FF", "/v1/jobs?cursor=%00", "/v1/jobs?%FF=1"])
+async def test_undecodable_or_control_bytes_in_a_query_are_a_400_naming_the_parameter(
+    api: Api, path: str
+) -> None:
+    token = await api.tenant("vision")
+    body = await problem(await api.get(token, path), 400)
+    (param,) = body["invalid_params"]
+    assert param["reason"].startswith("not UTF-8 text")
+    assert param["name"] in ("cursor", "\\ufffd")
+
+
+# ---- Idempotency-Key ---------------------------------------------------------------
+
+
+def raw_post(port: int, key: bytes, token: str) -> bytes:
+    """A submission whose Idempotency-Key carries bytes no HTTP client library would send."""
+    body = b'{"name": "t", "command": ["true"]}'
+    request = (
+        b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\n"
+        + f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n".encode()
+        + b"Idempotency-Key: "
+        + key
+        + b"\r\n\r\n"
+        + body
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("key", [b"\xff\xfe", "caf\u00e9".encode(), b"a\xc2\xa0b", b"k" * 256])
+async def test_an_idempotency_key_that_is_not_printable_ascii_is_a_400_naming_the_header(
+    api: Api, key: bytes
+) -> None:
+    token = await api.tenant("vision")
+    port = api.client.port
+    assert port is not None
+    import asyncio
+
+    answer = await asyncio.to_thread(raw_post, port, key, token)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer[:500]
+    assert b"application/problem+json" in head
+    assert b'"name":"Idempotency-Key"' in body
+    assert b"printable ASCII" in body
+    # ... and the submission path still works with a good key afterwards.
+    created = await api.submit(token, job_spec(), key="retry-1 ~ok")
+    assert created.status == 201, await created.text()
+
+
+# ---- submissions that could only wait for ever -------------------------------------
+
+
+async def test_a_deadline_in_the_past_is_refused_but_a_retry_of_an_accepted_one_replays(
+    api: Api,
+) -> None:
+    token = await api.tenant("vision")
+    past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    body = await problem(await api.submit(token, job_spec(deadline=past)), 422)
+    assert [p["name"] for p in body["invalid_params"]] == ["$.deadline"]
+    assert "has passed" in body["invalid_params"][0]["reason"]
+    refused_again = await api.submit(token, job_spec(deadline=past), key="never-accepted")
+    await problem(refused_again, 422)
+
+    # Accepted while its deadline lay ahead; the deadline passes; the client retries.
+    soon = datetime.now(UTC) + timedelta(seconds=2)
+    spec = job_spec(deadline=soon.isoformat())
+    work_id = await api.submitted(token, spec, key="k-1")
+    import asyncio
+
+    await asyncio.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.05)
+    retried = await api.submit(token, spec, key="k-1")
+    assert retried.status == 200, await retried.text()
+    assert (await retried.json())["id"] == work_id
+    other = await api.submit(token, job_spec(name="other", deadline=soon.isoformat()), key="k-1")
+    await problem(other, 409)
+
+
+async def test_training_at_the_edge_needs_an_edge_agent_that_runs_training(api: Api) -> None:
+    token = await api.tenant("vision")
+    registry = api.app[REGISTRY]
+    registry.apply_status(node_status("edge-1", "edge", runs_training=False))
+    registry.apply_status(node_status("old-edge", "edge", runs_training=None))  # pre-1.3 agent
+    body = await problem(await api.submit(token, job_spec(sites=["edge"])), 422)
+    assert [p["name"] for p in body["invalid_params"]] == ["$.sites"]
+    assert "runs training" in body["invalid_params"][0]["reason"]
+    # cloud may always be named: its agents train unless told otherwise
+    assert (await api.submit(token, job_spec(sites=["edge", "cloud"]))).status == 201
+
+    registry.apply_status(node_status("edge-2", "edge", runs_training=True))
+    assert (await api.submit(token, job_spec(name="at-edge", sites=["edge"]))).status == 201

@@ -1,0 +1,169 @@
+"""`greenfed edge enrol` (and `greenfed nodes join-token create`) against a running
+control plane over real HTTP and HTTPS: a 0600 settings file the agent loads,
+idempotent re-runs, TLS verified against --ca."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp.test_utils import TestServer
+
+from cloud.app import create_app
+from cloud.store import tokens
+from greenfed.cli import main
+from shared.settings import CloudSettings, SchedulingSettings, Settings, load_settings
+from shared.token_files import admin_token_path, read_token_file
+from tests.store.databases import sqlite_database
+from tests.support.brokers import free_port, make_tls_files
+from tests.support.fleet import mqtt_settings
+
+
+@pytest.fixture(autouse=True)
+def cheap_token_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokens, "SCRYPT_LOG2_N", 10)
+
+
+@contextlib.asynccontextmanager
+async def control_plane(tmp_path: Path, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    """The real app on a free port (https with `tls`); yields its URL. No broker is
+    needed for enrolment (the MQTT session retries in the background)."""
+    database = sqlite_database(tmp_path)
+    port = free_port()
+    scheme = "https" if tls else "http"
+    settings = Settings(
+        mqtt=mqtt_settings(f"mqtt://cloud:secret@127.0.0.1:{free_port()}", "enrolcli"),
+        cloud=CloudSettings(public_url=f"{scheme}://127.0.0.1:{port}"),
+        store=database.settings,
+        scheduling=SchedulingSettings(enabled=False),
+    )
+    server = TestServer(create_app(settings), host="127.0.0.1", port=port)
+    await server.start_server(ssl=tls)
+    try:
+        yield f"{scheme}://127.0.0.1:{port}"
+    finally:
+        await server.close()
+
+
+def admin_token(tmp_path: Path) -> str:
+    token = read_token_file(admin_token_path(sqlite_database(tmp_path).settings))
+    assert token is not None
+    return token
+
+
+async def greenfed(*argv: str) -> int:
+    """The real command line, in a thread (it runs its own event loop)."""
+    return await asyncio.to_thread(main, list(argv))
+
+
+async def join_token(api: str, admin: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    code = await greenfed(
+        "nodes", "join-token", "create", "--api", api, "--token", admin, "--json", *extra
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()  # the app logs to the same stdout: take the JSON document
+    document = lines[lines.index("{") : lines.index("}") + 1]
+    created: dict[str, Any] = msgspec.json.decode("\n".join(document))
+    return str(created["token"])
+
+
+async def test_enrol_writes_a_private_settings_file_the_agent_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "etc" / "agent.toml"
+    config.parent.mkdir()
+    # Keys enrolment does not set stay as they were.
+    config.write_text('[log]\nformat = "json"\n\n[agent]\ntelemetry_interval_s = 2.5\n')
+    async with control_plane(tmp_path) as api:
+        token = await join_token(
+            api, admin_token(tmp_path), capsys, "--zone", "DE", "--labels", "rack=r1,row=2"
+        )
+        code = await greenfed(
+            "edge", "enrol", "--api", api, "--token", token, "--config", str(config),
+            "--node-id", "orin-1",
+        )  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "enrolled node orin-1" in out
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        settings = load_settings(config, environ={})
+        assert settings.agent.node_id == "orin-1"
+        assert settings.agent.zone == "DE"
+        assert settings.agent.labels == {"rack": "r1", "row": "2"}
+        assert len(settings.agent.control_plane_public_key) == 44  # base64 of 32 bytes
+        assert settings.mqtt.url.startswith("mqtt://127.0.0.1:")
+        assert "secret" not in settings.mqtt.url  # the cloud's own credentials stay home
+        assert settings.mqtt.topic_root == "enrolcli"
+        assert settings.mqtt.username == "orin-1"
+        assert settings.agent.telemetry_interval_s == 2.5
+        assert settings.log.format == "json"
+
+        # A re-run (an install script run twice) changes nothing, not even the mtime.
+        before = (config.read_bytes(), config.stat().st_mtime_ns)
+        code = await greenfed(
+            "edge", "enrol", "--api", api, "--token", token, "--config", str(config)
+        )
+        assert code == 0
+        assert "nothing changed" in capsys.readouterr().out
+        assert (config.read_bytes(), config.stat().st_mtime_ns) == before
+
+
+async def test_a_spent_token_fails_clearly_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with control_plane(tmp_path) as api:
+        token = await join_token(api, admin_token(tmp_path), capsys)
+        first = tmp_path / "first.toml"
+        assert await greenfed("edge", "enrol", "--api", api, "--token", token,
+                              "--config", str(first), "--node-id", "a") == 0  # fmt: skip
+        capsys.readouterr()
+        second = tmp_path / "second.toml"
+        code = await greenfed(
+            "edge", "enrol", "--api", api, "--token", token, "--config", str(second),
+            "--node-id", "b",
+        )  # fmt: skip
+        assert code != 0
+        assert "join token" in capsys.readouterr().err.lower()
+        assert not second.exists()
+
+
+async def test_https_is_verified_against_the_ca_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    right = make_tls_files(_directory(tmp_path / "right-ca"))
+    wrong = make_tls_files(_directory(tmp_path / "wrong-ca"))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(right.server_cert, right.server_key)
+    config = tmp_path / "agent.toml"
+    async with control_plane(tmp_path) as plain:  # the same store, served over http first
+        token = await join_token(plain, admin_token(tmp_path), capsys)
+    async with control_plane(tmp_path, tls) as api:
+        code = await greenfed(
+            "edge", "enrol", "--api", api, "--token", token, "--config", str(config),
+            "--ca", str(wrong.ca_cert),
+        )  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 1
+        assert "TLS: the certificate of the API" in err
+        assert "certificate verify failed" in err
+        assert not config.exists()
+
+        code = await greenfed(
+            "edge", "enrol", "--api", api, "--token", token, "--config", str(config),
+            "--node-id", "tls-1", "--ca", str(right.ca_cert),
+        )  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+        assert load_settings(config, environ={}).agent.node_id == "tls-1"
+
+
+def _directory(path: Path) -> Path:
+    path.mkdir()
+    return path

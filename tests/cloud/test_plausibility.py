@@ -1,0 +1,296 @@
+"""Plausibility limits (cloud/fleet/plausibility.py): what a node may claim in a birth,
+a sample, a report, an event or a log chunk, and which report transitions are legal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from cloud.fleet.plausibility import (
+    Implausible,
+    PlausibilityLimits,
+    check_event,
+    check_log_chunk,
+    check_reported,
+    check_status,
+    check_telemetry,
+    without_illegal_transitions,
+)
+from shared.messages import (
+    Accelerator,
+    AcceleratorSample,
+    DeploymentSample,
+    HostInfo,
+    JobLogChunk,
+    NodeEvent,
+    NodeStatus,
+    ReportedState,
+    ReportedTraining,
+    Telemetry,
+    TrainingRunState,
+)
+from shared.settings import CloudSettings
+
+NOW_S = 1_800_000_000.0
+LIMITS = PlausibilityLimits.of(CloudSettings())
+
+
+def gpu(index: int = 0, **changes: Any) -> Accelerator:
+    base = Accelerator(
+        id=f"gpu{index}",
+        kind="gpu",
+        vendor="nvidia",
+        model="A100",
+        memory_bytes=80 * 1024**3,
+        compute_units=108,
+        idle_power_w=50.0,
+        max_power_w=400.0,
+        relative_speed=1.0,
+        onnx_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
+def birth(**changes: Any) -> NodeStatus:
+    base = NodeStatus(
+        node_id="n1",
+        state="online",
+        instance_id="i1",
+        agent_version="0.1.0",
+        site="cloud",
+        zone="DE",
+        region="europe-west3",
+        labels={"rack": "r7"},
+        host=HostInfo(
+            hostname="n1", os="Linux", arch="x86_64", cpu_logical_cores=64, memory_total_bytes=2**39
+        ),
+        accelerators=tuple(gpu(i) for i in range(8)),
+        telemetry_interval_s=5.0,
+        started_at=NOW_S - 30 * 86400.0,  # up for a month
+        sent_at=NOW_S,
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
+def sample(**changes: Any) -> Telemetry:
+    base = Telemetry(
+        node_id="n1",
+        instance_id="i1",
+        seq=10,
+        sampled_at=NOW_S - 1.0,
+        interval_s=5.0,
+        cpu_utilization_pct=30.0,
+        memory_used_bytes=2**30,
+        memory_total_bytes=2**39,
+        accelerators=(
+            AcceleratorSample(
+                id="gpu0", utilization_pct=90.0, memory_used_bytes=2**34, power_w=380.0
+            ),
+        ),
+        deployments=(
+            DeploymentSample(
+                deployment_id="d1", requests=10, errors=0, rejected=0, requests_per_s=2.0
+            ),
+        ),
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
+def test_a_real_birth_is_plausible() -> None:
+    assert check_status(birth(), LIMITS, NOW_S) is None
+
+
+def test_a_will_sent_at_connect_time_long_ago_is_plausible() -> None:
+    will = birth(state="offline", offline_reason="connection-lost", sent_at=NOW_S - 86400.0)
+    assert check_status(will, LIMITS, NOW_S) is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason", "field"),
+    [
+        (
+            {"accelerators": tuple(gpu(i) for i in range(689))},
+            Implausible.INVENTORY,
+            "$.accelerators",
+        ),
+        (
+            {"accelerators": (gpu(0, memory_bytes=2**50),)},
+            Implausible.INVENTORY,
+            "$.accelerators[0].memory_bytes",
+        ),
+        (
+            {"accelerators": (gpu(0, max_power_w=1e300),)},
+            Implausible.INVENTORY,
+            "$.accelerators[0].max_power_w",
+        ),
+        (
+            {"accelerators": (gpu(0, relative_speed=1e9),)},
+            Implausible.INVENTORY,
+            "$.accelerators[0].relative_speed",
+        ),
+        ({"accelerators": (gpu(0), gpu(0))}, Implausible.INVENTORY, "$.accelerators[1].id"),
+        ({"started_at": 1e300}, Implausible.CLOCK_SKEW, "$.started_at"),
+        ({"sent_at": NOW_S + 301.0}, Implausible.CLOCK_SKEW, "$.sent_at"),
+        ({"telemetry_interval_s": 0.001}, Implausible.BAD_INTERVAL, "$.telemetry_interval_s"),
+        ({"telemetry_interval_s": 86400.0}, Implausible.BAD_INTERVAL, "$.telemetry_interval_s"),
+        ({"labels": {f"k{i}": "v" for i in range(65)}}, Implausible.FIELD_TOO_LONG, "$.labels"),
+        ({"labels": {"k": "v" * 257}}, Implausible.FIELD_TOO_LONG, "$.labels.k"),
+        ({"zone": "Z" * 257}, Implausible.FIELD_TOO_LONG, "$.zone"),
+        (
+            {"accelerators": (gpu(0, features=tuple(f"f{i}" for i in range(513))),)},
+            Implausible.FIELD_TOO_LONG,
+            "$.accelerators[0].features",
+        ),
+    ],
+)
+def test_an_implausible_birth_is_refused_naming_the_field(
+    changes: dict[str, Any], reason: Implausible, field: str
+) -> None:
+    violation = check_status(birth(**changes), LIMITS, NOW_S)
+
+    assert violation is not None
+    assert (violation.reason, violation.field) == (reason, field)
+
+
+def test_the_limits_come_from_the_settings() -> None:
+    limits = PlausibilityLimits.of(CloudSettings(max_accelerators_per_node=4))
+    violation = check_status(birth(), limits, NOW_S)
+    assert violation is not None
+    assert violation.reason is Implausible.INVENTORY
+    assert "max_accelerators_per_node (4)" in violation.detail
+
+
+def test_a_real_sample_is_plausible() -> None:
+    assert check_telemetry(sample(), LIMITS, NOW_S) is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason", "field"),
+    [
+        ({"sampled_at": 1e300}, Implausible.CLOCK_SKEW, "$.sampled_at"),
+        ({"sampled_at": NOW_S - 3600.0}, Implausible.CLOCK_SKEW, "$.sampled_at"),
+        ({"interval_s": 0.0001}, Implausible.BAD_INTERVAL, "$.interval_s"),
+        (
+            {
+                "accelerators": (
+                    AcceleratorSample(
+                        id="gpu0", utilization_pct=1.0, memory_used_bytes=1, power_w=1e300
+                    ),
+                )
+            },
+            Implausible.SAMPLE,
+            "$.accelerators[0].power_w",
+        ),
+        (
+            {
+                "accelerators": (
+                    AcceleratorSample(
+                        id="gpu0", utilization_pct=1.0, memory_used_bytes=1, temperature_c=-1e300
+                    ),
+                )
+            },
+            Implausible.SAMPLE,
+            "$.accelerators[0].temperature_c",
+        ),
+        (
+            {
+                "deployments": (
+                    DeploymentSample(
+                        deployment_id="d1", requests=1, errors=0, rejected=0, requests_per_s=1e300
+                    ),
+                )
+            },
+            Implausible.SAMPLE,
+            "$.deployments[0].requests_per_s",
+        ),
+    ],
+)
+def test_an_implausible_sample_is_refused_naming_the_field(
+    changes: dict[str, Any], reason: Implausible, field: str
+) -> None:
+    violation = check_telemetry(sample(**changes), LIMITS, NOW_S)
+
+    assert violation is not None
+    assert (violation.reason, violation.field) == (reason, field)
+
+
+def test_a_clock_within_the_skew_is_believed_either_way() -> None:
+    assert check_telemetry(sample(sampled_at=NOW_S + 299.0), LIMITS, NOW_S) is None
+    assert check_telemetry(sample(sampled_at=NOW_S - 299.0), LIMITS, NOW_S) is None
+
+
+def report(*training: ReportedTraining, instance_id: str = "i1", **changes: Any) -> ReportedState:
+    base = ReportedState(
+        node_id="n1",
+        instance_id=instance_id,
+        observed_generation=3,
+        reported_at=NOW_S - 86400.0,  # retained: a day old when a control plane restarts
+        training=training,
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
+def run(state: TrainingRunState, job_id: str = "job-a", **changes: Any) -> ReportedTraining:
+    return ReportedTraining(job_id=job_id, attempt=1, state=state, **changes)
+
+
+def test_reports_events_and_chunks_may_be_old_but_not_from_the_future() -> None:
+    assert check_reported(report(run("succeeded", finished_at=NOW_S - 10)), LIMITS, NOW_S) is None
+    violation = check_reported(report(run("succeeded", finished_at=1e300)), LIMITS, NOW_S)
+    assert violation is not None
+    assert (violation.reason, violation.field) == (
+        Implausible.CLOCK_SKEW,
+        "$.training[0].finished_at",
+    )
+    late = NodeEvent(node_id="n1", event_id="e1", kind="started", occurred_at=NOW_S - 3600.0)
+    assert check_event(late, LIMITS, NOW_S) is None
+    future = msgspec.structs.replace(late, occurred_at=1e300)
+    assert check_event(future, LIMITS, NOW_S) is not None
+    chunk = JobLogChunk(node_id="n1", job_id="j", offset=0, text="x", sent_at=1e300)
+    assert check_log_chunk(chunk, LIMITS, NOW_S) is not None
+    assert check_log_chunk(msgspec.structs.replace(chunk, sent_at=NOW_S), LIMITS, NOW_S) is None
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("running", "starting"),
+        ("succeeded", "running"),
+        ("succeeded", "starting"),
+        ("failed", "succeeded"),
+        ("stopped", "succeeded"),
+    ],
+)
+def test_a_run_that_goes_backwards_within_an_instance_keeps_its_earlier_word(
+    before: TrainingRunState, after: TrainingRunState
+) -> None:
+    previous = report(run(before), run("running", job_id="job-b"))
+    new = report(run(after), run("succeeded", job_id="job-b"))
+
+    kept, undone = without_illegal_transitions(previous, new)
+
+    assert kept.training == (run(before), run("succeeded", job_id="job-b"))
+    assert undone == [f"job-a attempt 1: {before} -> {after}"]
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("starting", "running"),
+        ("starting", "succeeded"),
+        ("running", "failed"),
+        ("running", "running"),
+        ("succeeded", "succeeded"),
+    ],
+)
+def test_forward_transitions_pass(before: TrainingRunState, after: TrainingRunState) -> None:
+    new = report(run(after))
+    assert without_illegal_transitions(report(run(before)), new) == (new, [])
+
+
+def test_a_new_agent_instance_may_start_a_run_again() -> None:
+    new = report(run("starting"), instance_id="i2")
+    assert without_illegal_transitions(report(run("succeeded")), new) == (new, [])
+    assert without_illegal_transitions(None, new) == (new, [])

@@ -1,0 +1,132 @@
+"""What node accounts must guarantee, checked the same way on any broker that has them
+(Mosquitto with its dynamic security plugin, the embedded broker with accounts)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiomqtt
+import pytest
+from aiomqtt.exceptions import MqttConnectError
+
+from cloud.broker_accounts import BrokerAccounts, NodeCredentials
+from shared.mqtt import is_auth_failure
+from shared.settings import MqttSettings, parse_mqtt_url
+from shared.topics import Channel, Topics
+
+REFUSED_SUBSCRIPTION = 0x80
+
+
+@dataclass(frozen=True)
+class AccountsBroker:
+    """A broker with accounts, and the control plane's own (admin) account on it."""
+
+    admin: MqttSettings
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.admin.topic_root)
+
+    def client(self, username: str | None, password: str | None) -> aiomqtt.Client:
+        endpoint = parse_mqtt_url(self.admin.url)
+        return aiomqtt.Client(
+            endpoint.host, endpoint.port, username=username, password=password, timeout=10
+        )
+
+    def admin_client(self) -> aiomqtt.Client:
+        return self.client(self.admin.username, self.admin.password)
+
+    def node_client(self, credentials: NodeCredentials) -> aiomqtt.Client:
+        return self.client(credentials.username, credentials.password)
+
+
+def _codes(granted: object) -> list[int]:
+    assert isinstance(granted, tuple | list)
+    return [int(code.value if hasattr(code, "value") else code) for code in granted]
+
+
+async def collect_until(subscriber: aiomqtt.Client, sentinel_topic: str) -> list[str]:
+    """Topics received up to and including `sentinel_topic`: a publisher's later message
+    shows that everything it published earlier was delivered or dropped."""
+    seen: list[str] = []
+    async with asyncio.timeout(10):
+        async for message in subscriber.messages:
+            seen.append(message.topic.value)
+            if message.topic.value == sentinel_topic:
+                return seen
+    return seen
+
+
+async def assert_refused_login(
+    broker: AccountsBroker, username: str | None, password: str | None
+) -> None:
+    with pytest.raises(MqttConnectError) as refused:
+        async with broker.client(username, password):
+            pass
+    assert is_auth_failure(refused.value), refused.value
+
+
+async def check_nodes_are_confined_to_their_own_topics(
+    broker: AccountsBroker, accounts: BrokerAccounts
+) -> None:
+    topics = broker.topics
+    node_a = await accounts.provision("node-a")
+    node_b = await accounts.provision("node-b")
+    assert node_a.username == "node-a"
+    assert node_a.password
+    assert node_a.password != node_b.password
+    async with (
+        broker.admin_client() as cloud,
+        broker.node_client(node_a) as agent_a,
+        broker.node_client(node_b) as agent_b,
+    ):
+        await cloud.subscribe(f"{topics.nodes_prefix}#", qos=1)
+        await agent_b.subscribe(topics.node("node-b", Channel.DESIRED), qos=1)
+
+        # Node a may not read b's desired, nor everything's.
+        for topic_filter in (topics.node("node-b", Channel.DESIRED), f"{topics.nodes_prefix}#"):
+            assert _codes(await agent_a.subscribe(topic_filter, qos=1)) == [REFUSED_SUBSCRIPTION]
+        assert _codes(await agent_a.subscribe(topics.node("node-a", Channel.DESIRED), qos=1)) == [1]
+
+        # Node a may not speak for b, nor write desired state (its own included).
+        await agent_a.publish(topics.node("node-b", Channel.STATUS), b"forged", qos=1)
+        await agent_a.publish(topics.node("node-b", Channel.DESIRED), b"forged", qos=1)
+        await agent_a.publish(topics.node("node-a", Channel.DESIRED), b"forged", qos=1)
+        own_status = topics.node("node-a", Channel.STATUS)
+        await agent_a.publish(own_status, b"real", qos=1)
+        assert await collect_until(cloud, own_status) == [own_status]
+
+        # The control plane writes both desired documents; each node gets only its own.
+        await cloud.publish(topics.node("node-b", Channel.DESIRED), b"for-b", qos=1)
+        own_desired = topics.node("node-a", Channel.DESIRED)
+        await cloud.publish(own_desired, b"for-a", qos=1)
+        assert await collect_until(agent_a, own_desired) == [own_desired]
+        assert await collect_until(agent_b, topics.node("node-b", Channel.DESIRED))
+
+
+async def _drain(client: aiomqtt.Client) -> None:
+    async with asyncio.timeout(10):
+        async for _ in client.messages:
+            pass
+
+
+async def check_revoke_drops_the_node_and_reprovision_restores_it(
+    broker: AccountsBroker, accounts: BrokerAccounts
+) -> None:
+    first = await accounts.provision("node-r")
+    async with broker.node_client(first) as agent:
+        await agent.subscribe(broker.topics.node("node-r", Channel.DESIRED), qos=1)
+        await accounts.revoke("node-r")
+        with pytest.raises(aiomqtt.MqttError):  # the broker drops the connection at once
+            await _drain(agent)
+    await assert_refused_login(broker, first.username, first.password)
+    await accounts.revoke("node-r")  # idempotent
+    await accounts.revoke("never-provisioned")
+
+    second = await accounts.provision("node-r")
+    assert second.password != first.password
+    async with broker.node_client(second) as agent:
+        status = broker.topics.node("node-r", Channel.STATUS)
+        await agent.publish(status, b"back", qos=1)
+    await assert_refused_login(broker, first.username, first.password)
