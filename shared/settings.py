@@ -242,7 +242,7 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     # An allocation `assigned` to a node that has not reported it after this long gets
     # its desired document republished; after twice this long it is requeued
     # (cloud/loop/allocations.py).
-    assignment_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    assignment_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     # Gangs rendezvous on MASTER_PORT = base + a stable hash of (job, attempt) % span.
     master_port_base: Annotated[int, msgspec.Meta(ge=1024, le=65535)] = 29500
     master_port_span: Annotated[int, msgspec.Meta(ge=1, le=30000)] = 1000

@@ -43,6 +43,10 @@ class Unacknowledged:
 
 
 def acknowledged(allocation: AllocationRecord, record: WorkRecord, node: NodeRecord) -> bool:
+    """Listed in the report of the node's current agent: a report the previous instance
+    left (an agent killed and restarted) says nothing of what runs now."""
+    if node.reported is None or node.reported.instance_id != node.status.instance_id:
+        return False
     if record.kind == "training":
         return node.training_report(record.work_id, record.attempts) is not None
     return node.replica_report(record.work_id, allocation.member_index) is not None

@@ -8,6 +8,7 @@ runs, memory stays bounded."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import aiomqtt
@@ -116,3 +117,10 @@ async def test_fuzzing_every_channel_crashes_nothing_and_disturbs_no_real_node(
                 response.release()
         rss_growth = psutil.Process(os.getpid()).memory_info().rss - rss_before
         assert rss_growth < RSS_GROWTH_LIMIT_BYTES, f"RSS grew {rss_growth / 2**20:.0f} MiB"
+        reasons: Counter[str] = Counter()
+        for (_, reason), count in ingestor.stats.invalid.items():
+            reasons[reason] += count
+        # The figures benchmarks/RESULTS.md records (pytest -rA shows them).
+        print(f"fuzz: {FUZZ_MESSAGES} sent, {own_topics} past the broker ACL")
+        print(f"fuzz: refused by reason {dict(reasons.most_common())}")
+        print(f"fuzz: RSS growth {rss_growth / 2**20:.1f} MiB")

@@ -3,6 +3,10 @@ twice it; acknowledged, offline or unheard-while-disconnected ones are left alon
 
 from __future__ import annotations
 
+import dataclasses
+
+import msgspec
+
 from cloud.loop.unacknowledged import AssignmentWatch
 from shared.messages import ReportedDeployment, ReportedTraining
 from tests.loop.builders import allocation, node, work
@@ -120,3 +124,18 @@ def test_work_settled_by_its_reports_is_left_alone() -> None:
     verdict = watcher.check(records, allocations, nodes, listening=True, settled={"j1"})
     assert not verdict.changes_work
     assert not verdict.republish
+
+
+def test_a_report_left_by_the_previous_agent_is_no_acknowledgement() -> None:
+    clock = Clock()
+    watcher = watch(clock)
+    records = {"j1": work("j1")}
+    allocations = {"j1": (allocation("j1", 0, "a"),)}
+    running = ReportedTraining(job_id="j1", attempt=1, state="running")
+    restarted = node("a", training=(running,))
+    restarted = dataclasses.replace(
+        restarted, status=msgspec.structs.replace(restarted.status, instance_id="i2")
+    )
+    watcher.check(records, allocations, {"a": restarted}, listening=True)
+    clock.now_s += 20.0
+    assert watcher.check(records, allocations, {"a": restarted}, listening=True).evictions
