@@ -42,6 +42,7 @@ from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
 
 TICK_S = 0.01
+SAMPLE_INTERVAL_S = 0.05
 
 
 def node_ids(count: int) -> list[str]:
@@ -60,7 +61,9 @@ def birth(node_id: str) -> NodeStatus:
         region="europe-west3",
         host=node.host_info(),
         accelerators=node.accelerators,
-        telemetry_interval_s=3600.0,
+        # The interval the nodes really keep at the sweep's top rate (20 samples/s per
+        # node): ingestion bounds each node's sequence numbers by its announced interval.
+        telemetry_interval_s=SAMPLE_INTERVAL_S,
         # Real clock times: ingestion refuses timestamps beyond cloud.max_clock_skew_s,
         # and sequence numbers that outrun the time since the agent started.
         started_at=time.time() - 3600.0,
@@ -89,7 +92,7 @@ def telemetry(node_id: str, seq: int) -> bytes:
             instance_id="bench",
             seq=seq,
             sampled_at=time.time(),  # encoded just before the run: well within the skew
-            interval_s=0.1,
+            interval_s=SAMPLE_INTERVAL_S,
             cpu_utilization_pct=41.5,
             memory_used_bytes=2**34,
             memory_total_bytes=2**37,
