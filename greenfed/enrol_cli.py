@@ -205,7 +205,10 @@ async def enrol(
     target = Target(api, None, "", "--api")
     async with ApiClient(target, ssl_context=_tls_context(ca)) as client:
         _, payload = await client.call("POST", "/v1/nodes/enrol", body=body)
-    enrolment = msgspec.json.decode(payload, type=Enrolment)
+    try:
+        enrolment = msgspec.json.decode(payload, type=Enrolment)
+    except msgspec.DecodeError as error:  # ValidationError included
+        raise CliError(f"{api} answered the enrolment with something else: {error}") from None
     document = merged_settings(existing, enrolment, ca)
     marker = EnrolmentMarker(api, enrolment.cluster_id, enrolment.node_id)
     new_text = marker.line() + "\n" + toml_document(document)
@@ -216,6 +219,8 @@ async def enrol(
         load_settings(check, environ={})
     except ConfigError as error:
         raise CliError(f"the enrolled settings would not load: {error}") from None
+    except OSError as error:
+        raise CliError(f"cannot write next to {config}: {error.strerror}") from None
     finally:
         check.unlink(missing_ok=True)
     try:

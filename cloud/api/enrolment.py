@@ -34,7 +34,7 @@ from cloud.app_keys import (
     SETTINGS,
     STORE,
 )
-from cloud.broker_accounts import BrokerAccountError
+from cloud.broker_accounts import BrokerAccountError, ForeignAccountError
 from cloud.fleet.enrolled import EnrolledIds, EnrolledNodes
 from cloud.fleet.enrolment_views import (
     EnrolledMqtt,
@@ -278,6 +278,10 @@ async def enrol(request: web.Request) -> web.Response:
         )
     body = await read_json(request, _ENROL_DECODER)
     store = app[STORE]
+    # What can fail without side effects first: once the token is spent and the
+    # account made, nothing may fail before the answer carries the password.
+    cluster_id = await store.shared_secret(CLUSTER_ID_SECRET)
+    public_key = await _public_key(app)
     try:
         redemption = await store.redeem_join_token(body.token, body.node_id)
     except JoinTokenError as error:
@@ -292,6 +296,16 @@ async def enrol(request: web.Request) -> web.Response:
         ) from None
     try:
         credentials = await app[BROKER_ACCOUNTS].provision(body.node_id)
+    except ForeignAccountError as error:
+        await store.release_redemption(redemption)
+        _log.warning("enrolment refused: foreign account", node_id=body.node_id, error=str(error))
+        raise Problem(
+            409,
+            "node-id-taken",
+            "Node id taken",
+            f"the MQTT broker has an account {body.node_id!r} that is not a greenfed node's; "
+            "choose another node id (the join token was not used)",
+        ) from None
     except BrokerAccountError as error:
         await store.release_redemption(redemption)
         _log.warning("enrolment failed: broker account", node_id=body.node_id, error=str(error))
@@ -315,8 +329,8 @@ async def enrol(request: web.Request) -> web.Response:
     )
     reply = Enrolment(
         node_id=body.node_id,
-        cluster_id=await store.shared_secret(CLUSTER_ID_SECRET),
-        control_plane_public_key=await _public_key(app),
+        cluster_id=cluster_id,
+        control_plane_public_key=public_key,
         mqtt=EnrolledMqtt(
             url=public_mqtt_url(settings.mqtt.url),
             topic_root=settings.mqtt.topic_root,

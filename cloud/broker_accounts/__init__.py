@@ -14,6 +14,7 @@ from __future__ import annotations
 from cloud.broker_accounts.accounts import (
     BrokerAccountError,
     BrokerAccounts,
+    ForeignAccountError,
     ManualAccounts,
     NodeCredentials,
 )
@@ -22,6 +23,7 @@ from shared.settings import Settings
 __all__ = [
     "BrokerAccountError",
     "BrokerAccounts",
+    "ForeignAccountError",
     "ManualAccounts",
     "NodeCredentials",
     "broker_accounts_from",

@@ -15,6 +15,11 @@ class BrokerAccountError(RuntimeError):
     """The broker refused or did not answer an account change; the message says which."""
 
 
+class ForeignAccountError(BrokerAccountError):
+    """The broker has an account of that name that greenfed did not make for the node
+    (the control plane's own, an operator's): it is never taken over."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeCredentials:
     """What a node connects with. `password` is None where accounts are managed by hand."""

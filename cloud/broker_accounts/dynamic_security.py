@@ -22,7 +22,12 @@ import aiomqtt
 import msgspec
 import structlog
 
-from cloud.broker_accounts.accounts import BrokerAccountError, BrokerAccounts, NodeCredentials
+from cloud.broker_accounts.accounts import (
+    BrokerAccountError,
+    BrokerAccounts,
+    ForeignAccountError,
+    NodeCredentials,
+)
 from cloud.broker_accounts.dynsec_protocol import (
     ALREADY_EXISTS_ERRORS,
     COMMANDS_ENCODER,
@@ -64,8 +69,29 @@ class DynamicSecurityAccounts(BrokerAccounts):
         # Batches waiting for their reply, by correlation id.
         self._pending: dict[str, asyncio.Future[tuple[Response, ...]]] = {}
 
+    async def _refuse_foreign_account(self, node_id: str, purpose: str) -> None:
+        """A node id is its broker username, so a join token must never reach an account
+        greenfed did not make for that node (the control plane's own, an operator's
+        `admin`): any account of that name holding other roles is refused."""
+        if node_id == self._settings.username:
+            raise ForeignAccountError(f"{purpose}: {node_id!r} is the control plane's account")
+        (found,) = await self._run(
+            purpose,
+            (Command(command="getClient", username=node_id),),
+            tolerated=frozenset({NOT_FOUND_CLIENT_ERROR}),
+        )
+        if found.data is None:
+            return
+        roles = {ref.rolename for ref in found.data.client.roles}
+        if roles - {node_role_name(node_id)}:
+            raise ForeignAccountError(
+                f"{purpose}: the broker's account {node_id!r} is not a greenfed node's "
+                f"(roles {', '.join(sorted(roles))})"
+            )
+
     async def provision(self, node_id: str) -> NodeCredentials:
         _check_node_id(node_id)
+        await self._refuse_foreign_account(node_id, f"provisioning node {node_id!r}")
         role = node_role_name(node_id)
         password = secrets.token_urlsafe(PASSWORD_BYTES)
         role_ref = (RoleRef(rolename=role),)
@@ -90,6 +116,7 @@ class DynamicSecurityAccounts(BrokerAccounts):
 
     async def revoke(self, node_id: str) -> None:
         _check_node_id(node_id)
+        await self._refuse_foreign_account(node_id, f"revoking node {node_id!r}")
         # The broker drops the node's connections at once and refuses its next login.
         await self._run(
             f"revoking node {node_id!r}",

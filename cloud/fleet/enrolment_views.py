@@ -12,18 +12,16 @@ from typing import Annotated, Final
 
 import msgspec
 
-from shared.messages import Site
+# The wire contract's node id (one topic level; no trailing newline either).
+from shared.messages import NodeId, Site
 
 JOIN_TOKEN_MAX_USES: Final = 10_000
 _ZONE = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 _LABEL_KEY = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._/-]+$")
+    str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._/-]+$(?!\n)")
 ]
 _LABEL_VALUE = Annotated[str, msgspec.Meta(max_length=255)]
 Labels = Annotated[dict[_LABEL_KEY, _LABEL_VALUE], msgspec.Meta(max_length=64)]
-NodeId = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-]
 
 
 class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

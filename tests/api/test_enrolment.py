@@ -17,7 +17,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from cloud.app import create_app
 from cloud.app_keys import BROKER_ACCOUNTS, ENROLLED_NODES, INGESTOR, REGISTRY, SETTINGS, STORE
-from cloud.broker_accounts import BrokerAccountError, BrokerAccounts, NodeCredentials
+from cloud.broker_accounts import (
+    BrokerAccountError,
+    BrokerAccounts,
+    ForeignAccountError,
+    NodeCredentials,
+)
 from cloud.fleet.ingest import InvalidReason
 from cloud.loop.publisher import CLUSTER_ID_SECRET
 from cloud.loop.signing import load_or_create_signing_key, public_key_base64
@@ -39,10 +44,13 @@ class RecordingAccounts(BrokerAccounts):
         self.provisioned: list[str] = []
         self.revoked: list[str] = []
         self.fail = False
+        self.foreign: set[str] = set()
 
     async def provision(self, node_id: str) -> NodeCredentials:
         if self.fail:
             raise BrokerAccountError("broker away")
+        if node_id in self.foreign:
+            raise ForeignAccountError(f"the broker's account {node_id!r} is not a node's")
         self.provisioned.append(node_id)
         return NodeCredentials(username=f"node-{node_id}", password=f"pw-{node_id}")
 
@@ -209,6 +217,17 @@ async def test_a_broker_failure_leaves_the_token_unused(
     assert (await enrol(api, created["token"], "edge-1")).status == 200
 
 
+async def test_a_node_id_naming_a_foreign_broker_account_is_a_409_and_spends_nothing(
+    api: Api, accounts: RecordingAccounts
+) -> None:
+    created = await create_token(api)
+    accounts.foreign.add("admin")
+    body = await problem(await enrol(api, created["token"], "admin"), 409)
+    assert body["type"].endswith("/node-id-taken")
+    assert not await api.store.is_enrolled("admin")
+    assert (await enrol(api, created["token"], "edge-1")).status == 200  # still one use
+
+
 async def test_failed_redemptions_are_rate_limited_per_address(api: Api) -> None:
     created = await create_token(api)
     for _ in range(10):
@@ -224,6 +243,8 @@ async def test_failed_redemptions_are_rate_limited_per_address(api: Api) -> None
     [
         ({"node_id": "edge-1"}, "$.token"),
         ({"token": "t", "node_id": "no/slashes"}, "$.node_id"),
+        ({"token": "t", "node_id": "edge-1\n"}, "$.node_id"),  # Python's $ matches before \n
+        ({"token": "t", "node_id": "edge-1", "labels": {"k\n": "v"}}, "$.labels"),
         ({"token": "t", "node_id": "edge-1", "site": "moon"}, "$.site"),
         ({"token": "t", "node_id": "edge-1", "labels": {"k": 1}}, "$.labels"),
         ({"token": "t", "node_id": "edge-1", "extra": 1}, "$.extra"),

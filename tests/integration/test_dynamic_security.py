@@ -134,3 +134,25 @@ def test_the_setting_chooses_the_implementation() -> None:
     settings = Settings(cloud=CloudSettings(broker_accounts="dynamic-security"))
     assert isinstance(broker_accounts_from(settings), DynamicSecurityAccounts)
     assert not isinstance(broker_accounts_from(Settings()), DynamicSecurityAccounts)
+
+
+async def test_a_node_id_naming_an_account_greenfed_did_not_make_is_refused(
+    mosquitto: tuple[MosquittoProcess, AccountsBroker], accounts: DynamicSecurityAccounts
+) -> None:
+    """A join token must not buy the operator's `admin` or the control plane's own
+    account: their passwords and roles stay as they were."""
+    broker = mosquitto[1]
+    admin = DynamicSecurity()
+    for username in ("admin", CLOUD_USER):
+        with pytest.raises(BrokerAccountError, match=r"not a greenfed node's|control plane's"):
+            await accounts.provision(username)
+        with pytest.raises(BrokerAccountError, match=r"not a greenfed node's|control plane's"):
+            await accounts.revoke(username)
+    async with broker.client(admin.admin_username, admin.admin_password):
+        pass
+    async with broker.admin_client():
+        pass
+    # The control plane still administers accounts.
+    credentials = await accounts.provision("node-after")
+    async with broker.node_client(credentials):
+        pass
