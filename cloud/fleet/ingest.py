@@ -253,25 +253,22 @@ class Ingestor:
             return outcome
         for entry in undone:
             self._reject(Channel.REPORTED, InvalidReason.ILLEGAL_TRANSITION, topic, entry)
-        if self._held is not None:
+        if self.assignments is not None:
+            # Counted only, judged at once (the scheduling loop already acts on nothing
+            # but allocated entries): holding them would spend the per-node budget that
+            # log chunks need (cloud/fleet/assignments.py HeldForConfirmation).
             node_id = reported.node_id
             keys: list[AssignmentKey] = [
                 ("training", node_id, t.job_id, t.attempt) for t in reported.training
             ]
             keys += [("replica", node_id, d.deployment_id, d.replica) for d in reported.deployments]
             for key in keys:
-                self._held.offer(key, confirmed=_nothing, refused=self._refuser(key, topic))
+                verdict = self.assignments.assignment(key)
+                if verdict is not Assignment.ASSIGNED:
+                    kind, _, work_id, number = key
+                    what = f"{work_id} {'attempt' if kind == 'training' else 'replica'} {number}"
+                    self._reject(Channel.REPORTED, InvalidReason(verdict.value), topic, what)
         return None
-
-    def _refuser(self, key: AssignmentKey, topic: str) -> Callable[[Assignment], None]:
-        """What counts a `reported` entry about work its node does not run."""
-        kind, _, work_id, number = key
-        what = f"{work_id} {'attempt' if kind == 'training' else 'replica'} {number}"
-
-        def refused(verdict: Assignment) -> None:
-            self._reject(Channel.REPORTED, InvalidReason(verdict.value), topic, what)
-
-        return refused
 
     def _log_chunk(self, chunk: JobLogChunk, topic: str) -> None:
         """Keep a chunk only from a node that runs that attempt of the job (counted as
@@ -348,7 +345,3 @@ class Ingestor:
                 self.handle_message(message)
         finally:
             self.subscribed.clear()
-
-
-def _nothing() -> None:
-    return None

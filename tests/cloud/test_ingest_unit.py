@@ -713,6 +713,28 @@ def test_reported_entries_about_work_not_on_the_node_are_counted(
     )
 
 
+def test_a_report_full_of_unknown_entries_does_not_crowd_out_the_nodes_real_logs(
+    registry: NodeRegistry, hold_clock: Clock
+) -> None:
+    index = AssignmentIndex(monotonic=hold_clock, linger_s=60.0)
+    kept: list[JobLogChunk] = []
+    ingestor = Ingestor(
+        registry, TOPICS, max_payload_bytes=64 * 1024, on_log=kept.append, assignments=index
+    )
+    index.replace({("training", "n1", "job-a", 2)})
+    ingestor.handle(topic("n1", Channel.STATUS), encode(birth()))
+    finished = [run(f"old-{index}", 1, "succeeded") for index in range(40)]
+    ingestor.handle(topic("n1", Channel.REPORTED), encode(reported(*finished)))
+    assert ingestor.stats.invalid[("reported", "not_assigned")] == 40  # counted at once
+    fresh = log_chunk("n1", "job-new", 1, "first line\n")  # placed a moment ago
+    ingestor.handle(topic("n1", Channel.LOGS), encode(fresh))
+    hold_clock.now_s = 1.0
+    ingestor.assignments.replace(  # type: ignore[union-attr]
+        {("training", "n1", "job-a", 2), ("training", "n1", "job-new", 1)}
+    )
+    assert kept == [fresh]
+
+
 def test_an_entry_that_goes_backwards_within_an_instance_is_undone_and_counted(
     gated: tuple[Ingestor, list[JobLogChunk]],
 ) -> None:
