@@ -133,10 +133,6 @@ class EmbeddedBroker:
         self._broker: _Amqtt | None = None
 
     @property
-    def requires_login(self) -> bool:
-        return self._accounts_file is not None
-
-    @property
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 

@@ -27,6 +27,7 @@ from greenfed.arguments import (
     non_negative_int,
     port,
     positive_float,
+    positive_int,
 )
 from greenfed.data_dir_lock import DataDirInUse, data_dir_lock
 from greenfed.ports import check_api_port
@@ -454,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ttl", type=duration_s, help="lifetime: 90s, 30m, 1h, 2d (default cloud.join_token_ttl_s)"
     )
     token_create.add_argument(
-        "--uses", type=non_negative_int, default=1, help="nodes it may enrol (default 1)"
+        "--uses", type=positive_int, default=1, help="nodes it may enrol (default 1)"
     )
     token_create.add_argument("--site", choices=["cloud", "edge"], default=None)
     token_create.add_argument("--zone", default=None)

@@ -20,11 +20,6 @@ verification still runs off the event loop.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
-import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,9 +41,9 @@ from cloud.broker_accounts.dynsec_protocol import (
     ResponseBatch,
     RoleRef,
 )
+from shared.secret_hashes import hash_secret, verify_secret
+from shared.token_files import write_secret
 
-PASSWORD_ITERATIONS = 10_000
-SALT_BYTES = 16
 # ACL decisions remembered per (username, topic, action); forgotten on any change.
 MAX_CACHED_DECISIONS = 100_000
 # A batch longer than this is refused whole: commands come from one control plane.
@@ -77,33 +72,6 @@ class AccountsDocument(msgspec.Struct, kw_only=True):
 
 _DOCUMENT_ENCODER = msgspec.json.Encoder()
 _DOCUMENT_DECODER = msgspec.json.Decoder(AccountsDocument)
-
-
-def hash_password(password: str) -> str:
-    salt = secrets.token_bytes(SALT_BYTES)
-    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, PASSWORD_ITERATIONS)
-    return "$".join(
-        (
-            "pbkdf2-sha256",
-            str(PASSWORD_ITERATIONS),
-            base64.b64encode(salt).decode(),
-            base64.b64encode(digest).decode(),
-        )
-    )
-
-
-def verify_password(password: str, stored: str) -> bool:
-    try:
-        scheme, iterations, salt, digest = stored.split("$")
-        if scheme != "pbkdf2-sha256":
-            return False
-        expected = base64.b64decode(digest)
-        actual = hashlib.pbkdf2_hmac(
-            "sha256", password.encode(), base64.b64decode(salt), int(iterations)
-        )
-    except ValueError:  # a damaged entry never logs anyone in
-        return False
-    return hmac.compare_digest(actual, expected)
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
@@ -153,7 +121,7 @@ class EmbeddedAccounts:
     def __init__(self, path: Path | None, *, admin_username: str, admin_password: str) -> None:
         self.path = path
         self.admin_username = admin_username
-        self._admin_hash = hash_password(admin_password)
+        self._admin_hash = hash_secret(admin_password)
         self._document = self._load()
         # The admin is not one of the document's clients: it is whoever started the broker.
         self._document.clients.pop(admin_username, None)
@@ -171,17 +139,16 @@ class EmbeddedAccounts:
             ) from error
 
     def save(self) -> None:
-        """Write the file atomically, readable by this user only."""
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        descriptor = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(_DOCUMENT_ENCODER.encode(self._document))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(staging, self.path)
+        """Write the file atomically, readable by this user only. Blocking: callers
+        encode on the event loop (`_encoded`) and write off it."""
+        self._write(self._encoded())
+
+    def _encoded(self) -> str:
+        return _DOCUMENT_ENCODER.encode(self._document).decode()
+
+    def _write(self, document: str) -> None:
+        if self.path is not None:
+            write_secret(self.path, document)
 
     # -- who may connect -----------------------------------------------------------
 
@@ -195,13 +162,7 @@ class EmbeddedAccounts:
             if account is None or not account.enabled:
                 return False
             stored = account.password_hash
-        return await asyncio.to_thread(verify_password, password, stored)
-
-    def is_enabled(self, username: str | None) -> bool:
-        if username == self.admin_username:
-            return True
-        account = self._document.clients.get(username or "")
-        return account is not None and account.enabled
+        return await asyncio.to_thread(verify_secret, password, stored)
 
     # -- what a connected client may do (runs per message: cached) -------------------
 
@@ -251,7 +212,7 @@ class EmbeddedAccounts:
         for command in batch.commands:
             # Hashing is the slow part; do it before touching the table.
             password_hash = (
-                await asyncio.to_thread(hash_password, command.password)
+                await asyncio.to_thread(hash_secret, command.password)
                 if command.password is not None
                 else None
             )
@@ -266,7 +227,8 @@ class EmbeddedAccounts:
             )
         if outcome.changed:
             self._decisions.clear()
-            await asyncio.to_thread(self.save)
+            # Encoded here, on the loop: the document may change while the thread writes.
+            await asyncio.to_thread(self._write, self._encoded())
         outcome.reply = _RESPONSES_ENCODER.encode(ResponseBatch(tuple(responses)))
         return outcome
 

@@ -118,12 +118,6 @@ class AssignmentIndex:
             return Assignment.WRONG_ATTEMPT
         return Assignment.NOT_ASSIGNED
 
-    def training(self, node_id: str, job_id: str, attempt: int) -> Assignment:
-        return self.assignment(("training", node_id, job_id, attempt))
-
-    def replica(self, node_id: str, deployment_id: str, replica: int) -> Assignment:
-        return self.assignment(("replica", node_id, deployment_id, replica))
-
 
 async def refresh_forever(
     index: AssignmentIndex,

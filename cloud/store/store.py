@@ -108,7 +108,7 @@ from cloud.store.tenants import (
     replace_token,
     select_by_token_id,
 )
-from cloud.store.tokens import parse_token, verify_secret
+from cloud.store.tokens import parse_token
 from cloud.store.work import (
     insert_work,
     list_work_page,
@@ -117,6 +117,7 @@ from cloud.store.work import (
     select_work,
     select_work_by_idempotency_key,
 )
+from shared.secret_hashes import verify_secret
 from shared.settings import StoreSettings
 from shared.work_literals import AllocationState, PriorityClass, WorkKind, WorkState
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cloud.store import tokens
+from shared import secret_hashes
 from tests.api.support import Api, running_api
 from tests.store.databases import DatabaseUnderTest
 
@@ -14,7 +14,7 @@ from tests.store.databases import DatabaseUnderTest
 @pytest.fixture(autouse=True)
 def cheap_token_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     """scrypt at 2**10 instead of 2**14 (parameters travel with each hash)."""
-    monkeypatch.setattr(tokens, "SCRYPT_LOG2_N", 10)
+    monkeypatch.setattr(secret_hashes, "SCRYPT_LOG2_N", 10)
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from cloud.app import create_app
-from cloud.store import tokens
 from greenfed.cli import main
+from shared import secret_hashes
 from shared.settings import CloudSettings, SchedulingSettings, Settings, load_settings
 from shared.token_files import admin_token_path, read_token_file
 from tests.store.databases import sqlite_database
@@ -28,7 +28,7 @@ from tests.support.fleet import mqtt_settings
 
 @pytest.fixture(autouse=True)
 def cheap_token_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tokens, "SCRYPT_LOG2_N", 10)
+    monkeypatch.setattr(secret_hashes, "SCRYPT_LOG2_N", 10)
 
 
 @contextlib.asynccontextmanager

@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cloud.store import Store, TenantRecord, open_store, tokens
+from cloud.store import Store, TenantRecord, open_store
+from shared import secret_hashes
 from tests.store.builders import make_tenant
 from tests.store.databases import DatabaseUnderTest
 
@@ -15,7 +16,7 @@ from tests.store.databases import DatabaseUnderTest
 def cheap_token_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     """scrypt at 2**10 instead of 2**14: tokens are made in most tests, and the cost
     parameters travel with each hash, so verification is unchanged."""
-    monkeypatch.setattr(tokens, "SCRYPT_LOG2_N", 10)
+    monkeypatch.setattr(secret_hashes, "SCRYPT_LOG2_N", 10)
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from sqlalchemy import select
 
 from cloud.store import NewTenant, Store, TenantExistsError, TenantNotFoundError, tokens
 from cloud.store.schema import tenants
-from cloud.store.tokens import parse_token, verify_secret
+from cloud.store.tokens import parse_token
+from shared.secret_hashes import verify_secret
 from tests.store.builders import make_tenant
 
 
