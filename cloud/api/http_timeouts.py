@@ -31,7 +31,13 @@ class BodyReadTimeoutError(Exception):
 
 
 class TimedRequestHandler(RequestHandler):
-    __slots__ = ("_body_timeout_s", "_body_timer", "_header_timeout_s", "_header_timer")
+    __slots__ = (
+        "_body_data_at",
+        "_body_timeout_s",
+        "_body_timer",
+        "_header_timeout_s",
+        "_header_timer",
+    )
 
     def __init__(
         self, manager: Server, *, header_timeout_s: float, body_timeout_s: float, **kwargs: Any
@@ -41,6 +47,7 @@ class TimedRequestHandler(RequestHandler):
         self._body_timeout_s = body_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        self._body_data_at = 0.0  # loop time of the last bytes received
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -90,9 +97,11 @@ class TimedRequestHandler(RequestHandler):
         return None
 
     def _arm_body_timer(self) -> None:
+        """Note the bytes' arrival; one timer per pause, not one per chunk (a 2 GiB
+        upload arrives in tens of thousands of chunks)."""
+        self._body_data_at = self._loop.time()
         if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+            return
         payload = self._pending_body()
         if payload is not None and not payload.is_eof():
             self._body_timer = self._loop.call_later(self._body_timeout_s, self._body_late)
@@ -100,11 +109,18 @@ class TimedRequestHandler(RequestHandler):
     def _body_late(self) -> None:
         self._body_timer = None
         payload = self._pending_body()
-        if payload is not None and not payload.is_eof():
-            payload.set_exception(
-                BodyReadTimeoutError(f"no request body data for {self._body_timeout_s:g} s")
+        if payload is None or payload.is_eof():
+            return
+        paused_s = self._loop.time() - self._body_data_at
+        if paused_s < self._body_timeout_s:  # data came since: wait out the rest
+            self._body_timer = self._loop.call_later(
+                self._body_timeout_s - paused_s, self._body_late
             )
-            self.close()  # after the 408: the rest of the body could not be read in step
+            return
+        payload.set_exception(
+            BodyReadTimeoutError(f"no request body data for {self._body_timeout_s:g} s")
+        )
+        self.close()  # after the 408: the rest of the body could not be read in step
 
 
 class _TimedServer:
