@@ -239,7 +239,9 @@ def create_app(
         registry, LivenessSettings.of(settings), link_up=ingestor.subscribed.is_set
     )
     app[INGESTOR] = ingestor
-    app[METRICS] = build_metrics_registry(ingestor)
+    app[METRICS] = build_metrics_registry(
+        ingestor, accelerator_metrics=settings.cloud.accelerator_metrics
+    )
     app[JOB_LOGS] = job_logs
     app[TUNING] = tuning
     app[STREAMS] = StreamLimits(

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cloud.fleet.accelerator_metrics import AcceleratorCollector
 from cloud.fleet.ingest import Ingestor
 from cloud.loop.loop import SchedulingLoop
 
@@ -100,7 +101,13 @@ class SchedulingCollector(Collector):
         )
 
 
-def build_metrics_registry(ingestor: Ingestor) -> CollectorRegistry:
+def build_metrics_registry(
+    ingestor: Ingestor, *, accelerator_metrics: bool = True
+) -> CollectorRegistry:
+    """`accelerator_metrics`: whether per-accelerator series are exported
+    (`cloud.accelerator_metrics`)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(ControlPlaneCollector(ingestor))
+    if accelerator_metrics:
+        registry.register(AcceleratorCollector(ingestor.registry))
     return registry

@@ -188,6 +188,9 @@ class CloudSettings(Section, frozen=True, kw_only=True):
     join_token_ttl_s: Annotated[float, msgspec.Meta(gt=0, le=366 * 86400)] = 3600.0
     # The registry holds at most this many nodes; births beyond are rejected.
     max_nodes: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    # false: `/metrics` leaves out the per-accelerator series (DCGM_FI_DEV_*,
+    # greenfed_accelerator_*; cloud/fleet/accelerator_metrics.py), for very large fleets.
+    accelerator_metrics: bool = True
     # Plausibility limits on births and telemetry (cloud/fleet/plausibility.py).
     max_accelerators_per_node: Annotated[int, msgspec.Meta(ge=1)] = 256
     max_accelerator_memory_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024**4
