@@ -9,12 +9,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from cloud.fleet.accelerator_metrics import AcceleratorCollector
 from cloud.fleet.ingest import Ingestor
 from cloud.loop.loop import SchedulingLoop
+from cloud.loop.queue_metrics import WaitHistogram
+from shared.work_literals import PriorityClass
 
 
 class ControlPlaneCollector(Collector):
@@ -99,6 +106,39 @@ class SchedulingCollector(Collector):
             "Duration of the latest scheduling pass",
             value=stats.last_pass_ms / 1000.0,
         )
+        yield from self._queue()
+
+    def _queue(self) -> Iterator[Metric]:
+        queue = self._loop.queue
+        pending = GaugeMetricFamily(
+            "greenfed_work_pending",
+            "Work the leader's latest pass left waiting, by priority class, kind and the "
+            "scheduler's reason code (no series on a replica that does not lead)",
+            labels=["priority", "kind", "reason"],
+        )
+        if queue.pending is not None:
+            for (priority, kind, reason), count in queue.pending.items():
+                pending.add_metric([priority, kind, reason], count)
+        yield pending
+        yield _histogram(
+            "greenfed_queue_wait_seconds",
+            "Time from submission, or the requeue, to placement, by priority class",
+            queue.queue_wait,
+        )
+        yield _histogram(
+            "greenfed_submission_to_running_seconds",
+            "Time from submission to running (first placement), by priority class",
+            queue.submission_to_running,
+        )
+
+
+def _histogram(
+    name: str, help_text: str, by_priority: dict[PriorityClass, WaitHistogram]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, help_text, labels=["priority"])
+    for priority, histogram in by_priority.items():
+        family.add_metric([priority], histogram.cumulative(), histogram.sum_s)
+    return family
 
 
 def build_metrics_registry(

@@ -46,6 +46,7 @@ from cloud.loop.inputs import ConversionCache, build_inputs
 from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
+from cloud.loop.queue_metrics import QueueMetrics
 from cloud.loop.reports import agent_outcomes
 from cloud.loop.unacknowledged import AssignmentWatch
 from cloud.models.signing import ModelUrlSigner
@@ -136,6 +137,7 @@ class SchedulingLoop:
         self.hook_failures = HookFailureLog(monotonic)
         self._log = structlog.get_logger("greenfed.loop")
         self.stats = LoopStats()
+        self.queue = QueueMetrics()
         self.leading = asyncio.Event()
         # Set after every pass; tests and benchmarks wait on it instead of sleeping.
         self.pass_done = asyncio.Condition()
@@ -169,6 +171,7 @@ class SchedulingLoop:
                     self._unacknowledged.reset()
                     self._explained.clear()
                     self._last_snapshot = None
+                    self.queue.forget_pending()
 
     async def _lead(self, lease: LeadershipLease) -> None:
         if self._settings.startup_settle_s:
@@ -263,6 +266,7 @@ class SchedulingLoop:
                     placements=outcomes.placements + unacknowledged.placements,
                 ),
                 lease,
+                records,
             )
             store = await self._store.load_snapshot(store)
 
@@ -287,13 +291,14 @@ class SchedulingLoop:
             self._log.info("work moved", work_id=move.work_id, reason=move.explain())
         pass_write = translation.write
         if translation.changes_work or pass_write.pending_reasons or pass_write.explanations:
-            await self._commit(pass_write, lease)
+            await self._commit(pass_write, lease, inputs.records)
             self.stats.placed += translation.placed
             self.stats.evicted += translation.evicted
             self.stats.migrated += len(translation.moves)
             if translation.changes_work:
                 store = await self._store.load_snapshot(store)
                 await self._publish(store, nodes, now)
+        self.queue.note_pass(plan, inputs.records)
         self._forget_explained(store)
         self._last_snapshot = store
         if self._assignments is not None:
@@ -334,10 +339,15 @@ class SchedulingLoop:
         finally:
             self._own_commit = False
 
-    async def _commit(self, write: PassWrite, lease: LeadershipLease) -> None:
+    async def _commit(
+        self, write: PassWrite, lease: LeadershipLease, before: Mapping[str, WorkRecord]
+    ) -> None:
+        """`before`: the work as the pass read it, against which the queue metrics
+        measure what the commit changed."""
         with self._committing():
-            await self._store.commit_pass(write, lease=lease)
+            result = await self._store.commit_pass(write, lease=lease)
         self.stats.commits += 1
+        self.queue.note_commit(before, result.work)
 
     async def _green_inputs(self, nodes: Iterable[NodeRecord]) -> GreenInputs:
         zones = {record.status.zone for record in nodes}
