@@ -16,6 +16,7 @@ from shared.settings import CloudSettings, MqttSettings, Settings
 from tests.support.broker_accounts import (
     AccountsBroker,
     assert_refused_login,
+    check_a_node_cannot_send_account_commands,
     check_nodes_are_confined_to_their_own_topics,
     check_revoke_drops_the_node_and_reprovision_restores_it,
 )
@@ -106,22 +107,7 @@ async def test_a_wrong_admin_password_is_a_clear_error(
 async def test_an_account_without_the_admin_role_gets_a_timeout_that_says_why(
     mosquitto: tuple[MosquittoProcess, AccountsBroker], accounts: DynamicSecurityAccounts
 ) -> None:
-    broker = mosquitto[1]
-    node = await accounts.provision("node-n")
-    as_node = DynamicSecurityAccounts(
-        MqttSettings(
-            url=broker.admin.url,
-            username=node.username,
-            password=node.password,
-            topic_root=broker.admin.topic_root,
-        ),
-        timeout_s=2,
-    )
-    try:
-        with pytest.raises(BrokerAccountError, match=r"did not answer.*admin role"):
-            await as_node.provision("node-y")
-    finally:
-        await as_node.close()
+    await check_a_node_cannot_send_account_commands(mosquitto[1], accounts)
 
 
 async def test_invalid_node_ids_never_reach_the_broker(accounts: DynamicSecurityAccounts) -> None:

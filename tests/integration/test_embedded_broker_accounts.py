@@ -18,6 +18,7 @@ from shared.settings import AgentSettings, CloudSettings, MqttSettings, Settings
 from tests.support.broker_accounts import (
     AccountsBroker,
     assert_refused_login,
+    check_a_node_cannot_send_account_commands,
     check_nodes_are_confined_to_their_own_topics,
     check_revoke_drops_the_node_and_reprovision_restores_it,
 )
@@ -83,23 +84,7 @@ async def test_revoke_drops_the_node_and_reprovisioning_gives_it_a_new_password(
 async def test_only_the_admin_may_send_account_commands(
     embedded: tuple[EmbeddedBroker, AccountsBroker], accounts: DynamicSecurityAccounts
 ) -> None:
-    broker = embedded[1]
-    node = await accounts.provision("node-n")
-    as_node = DynamicSecurityAccounts(
-        MqttSettings(
-            url=broker.admin.url,
-            username=node.username,
-            password=node.password,
-            topic_root=broker.admin.topic_root,
-        ),
-        timeout_s=2,
-    )
-    try:
-        with pytest.raises(Exception, match=r"did not answer.*admin role"):
-            await as_node.provision("node-y")
-    finally:
-        await as_node.close()
-    await assert_refused_login(broker, "node-y", "anything")
+    await check_a_node_cannot_send_account_commands(embedded[1], accounts)
 
 
 async def test_accounts_survive_a_restart_in_a_private_file(tmp_path: Path) -> None:

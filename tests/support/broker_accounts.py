@@ -10,7 +10,8 @@ import aiomqtt
 import pytest
 from aiomqtt.exceptions import MqttConnectError
 
-from cloud.broker_accounts import BrokerAccounts, NodeCredentials
+from cloud.broker_accounts import BrokerAccountError, BrokerAccounts, NodeCredentials
+from cloud.broker_accounts.dynamic_security import DynamicSecurityAccounts
 from shared.mqtt import is_auth_failure
 from shared.settings import MqttSettings, parse_mqtt_url
 from shared.topics import Channel, Topics
@@ -130,3 +131,26 @@ async def check_revoke_drops_the_node_and_reprovision_restores_it(
         status = broker.topics.node("node-r", Channel.STATUS)
         await agent.publish(status, b"back", qos=1)
     await assert_refused_login(broker, first.username, first.password)
+
+
+async def check_a_node_cannot_send_account_commands(
+    broker: AccountsBroker, accounts: BrokerAccounts
+) -> None:
+    """A node's own login may not administer accounts: its commands go unanswered (the
+    broker never says so), with a timeout that says which role is missing."""
+    node = await accounts.provision("node-n")
+    as_node = DynamicSecurityAccounts(
+        MqttSettings(
+            url=broker.admin.url,
+            username=node.username,
+            password=node.password,
+            topic_root=broker.admin.topic_root,
+        ),
+        timeout_s=2,
+    )
+    try:
+        with pytest.raises(BrokerAccountError, match=r"did not answer.*admin role"):
+            await as_node.provision("node-y")
+    finally:
+        await as_node.close()
+    await assert_refused_login(broker, "node-y", "anything")
