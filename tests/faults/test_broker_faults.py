@@ -62,6 +62,15 @@ async def all_back(running: EnrolledFleet, timeout_s: float) -> float:
     return registry.monotonic() - since_s
 
 
+def starts_of(running: EnrolledFleet, job_id: str) -> int:
+    """How many workers of the job the fleet's nodes started (one: never restarted)."""
+    return sum(
+        spec.job_id == job_id
+        for node in running.nodes.values()
+        for spec, _, _ in node.launcher.runs
+    )
+
+
 async def running_job(running: EnrolledFleet, token: str) -> dict[str, object]:
     job_id = await running.api.submitted(token, long_job("survivor"))
     return await reaches(running.api, token, job_id, "running")
@@ -90,13 +99,7 @@ async def test_a_killed_broker_without_persistence_loses_no_node_no_work_and_no_
         assert after["state"] == "running"
         assert after["attempts"] == survivor["attempts"]  # not restarted
         # The worker kept running on its node: one start, no stop.
-        starts = [
-            spec
-            for node in running.nodes.values()
-            for spec, _, _ in node.launcher.runs
-            if spec.job_id == survivor["id"]
-        ]
-        assert len(starts) == 1
+        assert starts_of(running, str(survivor["id"])) == 1
         print(f"broker kill -9: nodes back in {recovery_s:.2f} s")
 
 
@@ -124,11 +127,5 @@ async def test_a_long_broker_outage_loses_no_node_restarts_nothing_and_loses_not
         after = await work(api, token, str(survivor["id"]))
         assert after["state"] == "running"
         assert after["attempts"] == survivor["attempts"]
-        starts = [
-            spec
-            for node in running.nodes.values()
-            for spec, _, _ in node.launcher.runs
-            if spec.job_id == survivor["id"]
-        ]
-        assert len(starts) == 1
+        assert starts_of(running, str(survivor["id"])) == 1
         print(f"broker outage {OUTAGE_S:.0f} s: nodes back in {recovery_s:.2f} s")

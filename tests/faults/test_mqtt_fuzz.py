@@ -63,7 +63,12 @@ async def test_fuzzing_every_channel_crashes_nothing_and_disturbs_no_real_node(
         real_nodes = ("a100-0", "a100-1")
         intruder = running.nodes[INTRUDER].mqtt
         rss_before = psutil.Process(os.getpid()).memory_info().rss
-        counted_before = sum(ingestor.stats.ingested.values()) + ingestor.stats.invalid_total
+
+        def counted() -> int:
+            """Messages ingestion has applied or refused so far."""
+            return sum(ingestor.stats.ingested.values()) + ingestor.stats.invalid_total
+
+        counted_before = counted()
         own_topics = 0  # what the broker lets through: the intruder's own subtree
         async with aiomqtt.Client(
             endpoint.host,
@@ -83,9 +88,6 @@ async def test_fuzzing_every_channel_crashes_nothing_and_disturbs_no_real_node(
                     own_topics += parsed.channel in DECODERS
                 # Every 50th at QoS 1: the broker has each batch before the next one.
                 await attacker.publish(topic, payload, qos=1 if index % 50 == 0 else 0)
-
-        def counted() -> int:
-            return sum(ingestor.stats.ingested.values()) + ingestor.stats.invalid_total
 
         await eventually(
             lambda: counted() - counted_before >= own_topics,
