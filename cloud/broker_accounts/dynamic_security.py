@@ -51,6 +51,8 @@ from shared.topics import Topics, is_valid_node_id
 DEFAULT_TIMEOUT_S = 10.0
 # 32 random bytes, URL-safe: fine in a TOML file, a URL and a shell.
 PASSWORD_BYTES = 32
+# Below aiomqtt's warning threshold of 10 unacknowledged publishes per client.
+MAX_BATCHES_IN_FLIGHT = 8
 
 _log = structlog.get_logger("greenfed.broker_accounts")
 
@@ -68,6 +70,10 @@ class DynamicSecurityAccounts(BrokerAccounts):
         self._connection: asyncio.Task[None] | None = None
         # Batches waiting for their reply, by correlation id.
         self._pending: dict[str, asyncio.Future[tuple[Response, ...]]] = {}
+        # Command batches in flight to the broker at once: many enrolments together (a
+        # fleet enrolling, `greenfed up` starting) queue here rather than piling up
+        # unacknowledged publishes (aiomqtt warns past 10).
+        self._in_flight = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
 
     async def _refuse_foreign_account(self, node_id: str, purpose: str) -> None:
         """A node id is its broker username, so a join token must never reach an account
@@ -152,8 +158,8 @@ class DynamicSecurityAccounts(BrokerAccounts):
         reply: asyncio.Future[tuple[Response, ...]] = loop.create_future()
         self._pending[correlation] = reply
         try:
-            await client.publish(CONTROL_TOPIC, COMMANDS_ENCODER.encode(batch), qos=1)
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(deadline), self._in_flight:
+                await client.publish(CONTROL_TOPIC, COMMANDS_ENCODER.encode(batch), qos=1)
                 responses = await reply
         except TimeoutError:
             raise BrokerAccountError(
