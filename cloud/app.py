@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.registry import Collector
 
 from cloud.admin import bootstrap_admin
 from cloud.api import (
@@ -27,6 +28,7 @@ from cloud.api import (
     signals,
     system,
     tenants,
+    usage,
     work,
 )
 from cloud.api.auth import auth_middleware, store_errors_middleware
@@ -37,6 +39,7 @@ from cloud.api.routes import add_routes
 from cloud.api.streams import StreamLimits
 from cloud.api.tuning import ApiTuning
 from cloud.app_keys import (
+    ACCOUNTANT,
     ADMIN_TOKEN_FILE,
     BACKGROUND_TASKS,
     BROKER_ACCOUNTS,
@@ -58,6 +61,7 @@ from cloud.app_keys import (
 )
 from cloud.broker_accounts import broker_accounts_from
 from cloud.fleet.assignments import AssignmentIndex, refresh_forever
+from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.liveness import Liveness, LivenessSettings
 from cloud.fleet.plausibility import PlausibilityLimits
@@ -72,6 +76,9 @@ from cloud.signals.factory import build_signal_service
 from cloud.store import StoreError, StoreUnavailableError, open_store
 from cloud.streams.events import EventHub
 from cloud.streams.logs import JobLogStore
+from cloud.ui import routes as ui
+from cloud.usage.accountant import Accountant
+from cloud.usage.metrics import UsageCollector
 from shared.mqtt import instance_client_id
 from shared.settings import ConfigError, Settings
 from shared.tasks import stop_task
@@ -158,6 +165,9 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         signing_key=await asyncio.to_thread(load_or_create_signing_key, settings),
         cluster_id=await app[STORE].shared_secret(CLUSTER_ID_SECRET),
     )
+    accountant = (
+        Accountant(app[STORE], app[REGISTRY], settings.usage) if settings.usage.enabled else None
+    )
     loop = SchedulingLoop(
         app[STORE],
         app[REGISTRY],
@@ -167,10 +177,16 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         assignments=app[INGESTOR].assignments,
         signals=app[SIGNALS],
         model_urls=app[MODEL_URL_SIGNER],
+        accountant=accountant,
     )
     app[SCHEDULER] = loop
-    collector = SchedulingCollector(loop)
-    app[METRICS].register(collector)
+    collectors: list[Collector] = [SchedulingCollector(loop)]
+    if accountant is not None:
+        app[ACCOUNTANT] = accountant
+        app[INGESTOR].telemetry_listeners.append(accountant.observe)
+        collectors.append(UsageCollector(accountant, app[REGISTRY], app[SIGNALS].newest_reading_s))
+    for collector in collectors:
+        app[METRICS].register(collector)
     stop_listening = app[STORE].add_commit_listener(loop.wake)
     app[INGESTOR].change_listeners.append(loop.wake)
     tasks = [
@@ -183,7 +199,10 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
     finally:
         stop_listening()
         app[INGESTOR].change_listeners.remove(loop.wake)
-        app[METRICS].unregister(collector)
+        if accountant is not None:
+            app[INGESTOR].telemetry_listeners.remove(accountant.observe)
+        for collector in collectors:
+            app[METRICS].unregister(collector)
         for task in reversed(tasks):
             await stop_task(task)
 
@@ -242,6 +261,15 @@ def create_app(
     app[METRICS] = build_metrics_registry(
         ingestor, accelerator_metrics=settings.cloud.accelerator_metrics
     )
+    serving_counters = InferenceCounters()
+    ingestor.telemetry_listeners.append(serving_counters.observe)
+    app[METRICS].register(
+        InferenceCollector(
+            serving_counters,
+            registry,
+            lambda work_id: app[ACCOUNTANT].tenant_of(work_id) if ACCOUNTANT in app else "",
+        )
+    )
     app[JOB_LOGS] = job_logs
     app[TUNING] = tuning
     app[STREAMS] = StreamLimits(
@@ -252,8 +280,10 @@ def create_app(
     app[BROKER_ACCOUNTS] = broker_accounts_from(settings)
     enrolment.install(app)
     # enrolment first: its /v1/nodes/enrolled and /v1/nodes/join-tokens before /v1/nodes/{node_id}
-    for module in (enrolment, nodes, signals, system, work, models, logs, events, tenants, openapi):
+    for module in (enrolment, nodes, signals, system, work, models, logs, events, tenants, usage):
         add_routes(app, module.ROUTES)
+    add_routes(app, openapi.ROUTES)
+    add_routes(app, ui.ROUTES)
     openapi.publish(app)
     app.cleanup_ctx.append(_signal_service)
     app.cleanup_ctx.append(_store)

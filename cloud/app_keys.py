@@ -22,6 +22,7 @@ from cloud.signals.service import SignalService
 from cloud.store import Store, TenantRecord
 from cloud.streams.events import EventHub
 from cloud.streams.logs import JobLogStore
+from cloud.usage.accountant import Accountant
 from shared.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -51,6 +52,9 @@ SCHEDULER = web.AppKey("scheduler", SchedulingLoop)
 STOPPING = web.AppKey("stopping", asyncio.Event)
 # Creates and disables nodes' broker accounts (`cloud.broker_accounts`); closed at cleanup.
 BROKER_ACCOUNTS = web.AppKey("broker_accounts", BrokerAccounts)
+
+# Live usage accounting (present when scheduling and `usage.enabled` are on).
+ACCOUNTANT = web.AppKey("accountant", Accountant)
 
 # The node ids ingestion admits (enrolled and unrevoked; cloud/fleet/enrolled.py).
 ENROLLED_NODES = web.AppKey("enrolled_nodes", EnrolledNodes)

@@ -71,6 +71,18 @@ class ControlPlaneCollector(Collector):
                 )
         yield by_kind
         yield accelerators
+        up = GaugeMetricFamily(
+            "greenfed_node_up",
+            "1 while a node is online, 0 while it is offline",
+            labels=["node", "site", "zone", "region"],
+        )
+        for record in self._ingestor.registry.nodes():
+            status = record.status
+            up.add_metric(
+                [status.node_id, status.site, status.zone, status.region],
+                1 if record.state == "online" else 0,
+            )
+        yield up
 
 
 class SchedulingCollector(Collector):

@@ -204,6 +204,7 @@ def _print_banner(
         f"greenfed up: {node_count} simulated nodes, "
         f"{'external' if external else 'embedded'} MQTT broker {redact_url(mqtt_url)}",
         f"  nodes      {api}/v1/nodes",
+        f"  dashboard  {api}/ui   (sign in with the admin token below)",
         f"  signals    {api}/v1/signals",
         f"  schemas    {api}/v1/schemas",
         f"  metrics    {api}/metrics",

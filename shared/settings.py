@@ -408,6 +408,19 @@ class StoreSettings(Section, frozen=True, kw_only=True):
         return Path(base) / "greenfed"
 
 
+class UsageSettings(Section, frozen=True, kw_only=True):
+    """Live accounting (cloud/usage/): energy, emissions and cost of every allocation."""
+
+    enabled: bool = True
+    # Metered usage is written to the store at most this often (one transaction).
+    flush_interval_s: PositiveFloat = 10.0
+    # A work item's final figures (its `work.usage` event) wait this long after it
+    # ended, for its node's last telemetry.
+    final_delay_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # A telemetry gap longer than this is not filled by the model (the node was gone).
+    max_gap_s: PositiveFloat = 6 * 3600.0
+
+
 class Settings(Section, frozen=True, kw_only=True):
     mqtt: MqttSettings = MqttSettings()
     agent: AgentSettings = AgentSettings()
@@ -416,6 +429,7 @@ class Settings(Section, frozen=True, kw_only=True):
     signals: SignalSettings = SignalSettings()
     store: StoreSettings = StoreSettings()
     scheduling: SchedulingSettings = SchedulingSettings()
+    usage: UsageSettings = UsageSettings()
 
 
 def _describe(error: msgspec.ValidationError) -> tuple[FieldPath, str]:

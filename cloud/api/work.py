@@ -28,10 +28,12 @@ from cloud.store import (
     AllocationRecord,
     IllegalTransitionError,
     TenantRecord,
+    UsageQuery,
     VersionConflictError,
     WorkNotFoundError,
     WorkRecord,
 )
+from cloud.usage.views import usage_summary
 from cloud.work.convert import check_convertible, spec_of
 from cloud.work.explanation import decode_explanation
 from cloud.work.specs import (
@@ -410,6 +412,11 @@ async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Respo
             body,
             replica_states=replica_views(record.work_id, allocations, request.app[REGISTRY]),
         )
+    metered = await request.app[STORE].usage(
+        UsageQuery(tenant_id=record.tenant_id, work_ids=[record.work_id])
+    )
+    if metered:
+        body = msgspec.structs.replace(body, usage=usage_summary(metered))
     return json_response(body)
 
 

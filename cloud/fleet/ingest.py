@@ -148,6 +148,9 @@ class Ingestor:
         # Called (with nothing) whenever a node's state changed or it reported: the
         # scheduling loop's trigger. Must be quick and must not raise.
         self.change_listeners: list[Callable[[], None]] = []
+        # Called with every telemetry sample the registry accepted (accounting, serving
+        # counters). On the hot path: must be quick and must not raise.
+        self.telemetry_listeners: list[Callable[[Telemetry], None]] = []
         # Set while subscribed to every channel: the cloud's readiness.
         self.subscribed = asyncio.Event()
         # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all.
@@ -311,6 +314,9 @@ class Ingestor:
             self._reject(channel, InvalidReason(outcome.value), topic)
             return
         self.stats.ingested[channel] += 1
+        if isinstance(message, Telemetry):
+            for listener in self.telemetry_listeners:
+                listener(message)
         self._changed(outcome)
 
     def session(self, settings: MqttSettings, client_id: str) -> MqttSession:

@@ -31,12 +31,14 @@ import numpy as np
 
 from cloud.scheduler import (
     InferenceDeployment,
+    Plan,
     Policy,
     Snapshot,
     TrainingJob,
     Work,
     schedule,
 )
+from cloud.scheduler.arrays import FloatArray, IntArray
 from cloud.signals.grid import GridSignals
 from shared.messages import AcceleratorKind
 
@@ -102,25 +104,10 @@ def account(
     if not usages:
         return []
     table = fleet.nodes
-    try:
-        nodes = np.array([table.index[u.node_id] for u in usages], dtype=np.int64)
-    except KeyError as error:
-        raise ValueError(f"usage on unknown node {error.args[0]!r}") from None
+    nodes = _node_rows(usages, fleet)
     start = np.array([u.start_s for u in usages])
     end = np.array([u.end_s for u in usages])
-    kwh = np.zeros(len(usages))
-    for kind in ("gpu", "npu", "cpu"):
-        rows = np.array([i for i, u in enumerate(usages) if u.accelerator_kind == kind])
-        if rows.size == 0:
-            continue
-        power_w = energy.member_power_w(
-            fleet,
-            kind,
-            nodes[rows],
-            np.array([usages[i].accelerators for i in rows]),
-            np.array([usages[i].utilisation for i in rows]),
-        )
-        kwh[rows] = power_w * (end[rows] - start[rows]) / J_PER_KWH
+    kwh = modelled_kwh(usages, fleet, energy)
     measured = np.array([u.measured_energy_j is not None for u in usages])
     if measured.any():
         joules = np.array([u.measured_energy_j or 0.0 for u in usages])
@@ -141,6 +128,33 @@ def account(
         )
         for i, usage in enumerate(usages)
     ]
+
+
+def _node_rows(usages: Sequence[Usage], fleet: Snapshot) -> IntArray:
+    try:
+        return np.array([fleet.nodes.index[u.node_id] for u in usages], dtype=np.int64)
+    except KeyError as error:
+        raise ValueError(f"usage on unknown node {error.args[0]!r}") from None
+
+
+def modelled_kwh(usages: Sequence[Usage], fleet: Snapshot, energy: EnergyModel) -> FloatArray:
+    """The energy model's kWh of each usage (measured energy ignored)."""
+    nodes = _node_rows(usages, fleet)
+    span_s = np.array([u.end_s - u.start_s for u in usages], dtype=np.float64)
+    kwh = np.zeros(len(usages))
+    for kind in ("gpu", "npu", "cpu"):
+        rows = np.array([i for i, u in enumerate(usages) if u.accelerator_kind == kind])
+        if rows.size == 0:
+            continue
+        power_w = energy.member_power_w(
+            fleet,
+            kind,
+            nodes[rows],
+            np.array([usages[i].accelerators for i in rows]),
+            np.array([usages[i].utilisation for i in rows]),
+        )
+        kwh[rows] = power_w * span_s[rows] / J_PER_KWH
+    return kwh
 
 
 def total(accounts: Iterable[UsageAccount]) -> Totals:
@@ -190,11 +204,24 @@ def counterfactual(snapshot: Snapshot, work: Work, baseline: Policy) -> Counterf
     submission with the work already queued ahead of it (added if not there): placed
     now, or at its reservation's start. None when the baseline would not have run it
     then nor reserved for it (no node, or queued behind other reservations)."""
+    return counterfactuals(snapshot, (work,), baseline)[work.work_id]
+
+
+def counterfactuals(
+    snapshot: Snapshot, works: Sequence[Work], baseline: Policy
+) -> dict[str, Counterfactual | None]:
+    """``counterfactual`` of several works decided together on one cluster state (the
+    control plane's pass that placed them): one baseline plan, in which they compete
+    for capacity as they would have under the baseline."""
     queued = {w.work_id: w for w in snapshot.queue}
-    queued[work.work_id] = work
+    queued.update((w.work_id, w) for w in works)
     plan = schedule(
         dataclasses.replace(snapshot, queue=tuple(queued[k] for k in sorted(queued))), baseline
     )
+    return {work.work_id: _choice(snapshot, plan, work) for work in works}
+
+
+def _choice(snapshot: Snapshot, plan: Plan, work: Work) -> Counterfactual | None:
     placements = plan.placements_for(work.work_id)
     if placements:
         return Counterfactual(

@@ -15,7 +15,7 @@ currency is not the one asked for (prices in different currencies do not compare
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Literal
@@ -148,14 +148,38 @@ def window_means(
 ) -> WindowMeans:
     """Mean of ``quantity`` over [start_s, end_s) for each candidate node (arrays
     aligned with ``nodes``)."""
+    table = snapshot.nodes
+    return zone_window_means(
+        grid,
+        table.zones,
+        table.zone_code[nodes],
+        start_s,
+        end_s,
+        quantity,
+        currency=currency,
+        static_fallback=static_fallback,
+    )
+
+
+def zone_window_means(
+    grid: GridWindows | GridSignals,
+    zones: Sequence[str],
+    zone_codes: IntArray,
+    start_s: FloatArray,
+    end_s: FloatArray,
+    quantity: Quantity,
+    *,
+    currency: str = "USD",
+    static_fallback: Mapping[str, float] | None = None,
+) -> WindowMeans:
+    """Mean of ``quantity`` over [start_s, end_s) for each row, whose zone is
+    ``zones[zone_codes[row]]``."""
     if isinstance(grid, GridSignals):
         grid = GridWindows(grid)
-    table = snapshot.nodes
-    zone_codes = table.zone_code[nodes]
-    values = np.full(nodes.size, np.nan)
-    fallback = np.zeros(nodes.size, dtype=np.bool_)
+    values = np.full(zone_codes.size, np.nan)
+    fallback = np.zeros(zone_codes.size, dtype=np.bool_)
     for code in np.unique(zone_codes).tolist():
-        windows = grid.usable(table.zones[code], quantity, currency)
+        windows = grid.usable(zones[code], quantity, currency)
         if windows is None:
             fallback |= zone_codes == code
         elif code == zone_codes[0] and (zone_codes == code).all():
@@ -166,7 +190,7 @@ def window_means(
     if fallback.any():
         values[fallback] = _fallback(
             grid,
-            [table.zones[c] for c in zone_codes[fallback].tolist()],
+            [zones[c] for c in zone_codes[fallback].tolist()],
             start_s[fallback],
             end_s[fallback],
             quantity,

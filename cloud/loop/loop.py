@@ -42,7 +42,7 @@ from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
 from cloud.loop.hook_failures import HookFailureLog
-from cloud.loop.inputs import ConversionCache, build_inputs
+from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
 from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
@@ -54,6 +54,7 @@ from cloud.scheduler import Plan
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
 from cloud.store import (
+    CounterfactualRecord,
     LeadershipLease,
     LeadershipLostError,
     ModelRecord,
@@ -64,9 +65,12 @@ from cloud.store import (
     VersionConflictError,
     WorkRecord,
 )
+from cloud.usage.accountant import Accountant
+from cloud.usage.counterfactual import BASELINE, live_counterfactuals
 from cloud.work.convert import spec_of
 from cloud.work.explain import explanations_for_plan
 from shared.settings import SchedulingSettings
+from shared.tasks import stop_task
 
 _ERROR_BACKOFF_S = 1.0
 
@@ -108,6 +112,7 @@ class SchedulingLoop:
         assignments: AssignmentIndex | None = None,
         signals: SignalService | None = None,
         model_urls: ModelUrlSigner | None = None,
+        accountant: Accountant | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -120,6 +125,7 @@ class SchedulingLoop:
         self._unacknowledged = AssignmentWatch(settings.assignment_timeout_s, monotonic)
         self._signals = signals
         self._model_urls = model_urls
+        self._accountant = accountant  # live usage accounting (cloud/usage/)
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
         self._clock = clock
         self._monotonic = monotonic
@@ -178,6 +184,17 @@ class SchedulingLoop:
             # Retained births arrive within moments of subscribing; a first pass before
             # them would see holes in the fleet (and count their nodes as lost sooner).
             await asyncio.sleep(self._settings.startup_settle_s)
+        if self._accountant is None:
+            await self._passes(lease)
+            return
+        await self._accountant.begin(lease)
+        metering = asyncio.create_task(self._accountant.run(lease), name="usage-flush")
+        try:
+            await self._passes(lease)
+        finally:
+            await stop_task(metering)
+
+    async def _passes(self, lease: LeadershipLease) -> None:
         while True:
             self._wake.clear()
             try:
@@ -277,11 +294,13 @@ class SchedulingLoop:
         migrator = self._migrator(green, move_check)
         max_attempts = self._store.max_attempts
 
-        def decide() -> PassDecision:  # off the event loop: thousands of jobs cost
+        def decide() -> tuple[PassDecision, list[CounterfactualRecord]]:
+            # Off the event loop: thousands of jobs cost.
             running = running_jobs(inputs, max_attempts) if migrator else []
-            return schedule_then_move(inputs.snapshot, policy, migrator, running)
+            decision = schedule_then_move(inputs.snapshot, policy, migrator, running)
+            return decision, self._counterfactuals(inputs, decision.plan, green)
 
-        decision = await asyncio.to_thread(decide)
+        decision, counterfactuals = await asyncio.to_thread(decide)
         if migrator is not None:
             self._last_move_check = move_check
         plan = decision.plan
@@ -299,6 +318,8 @@ class SchedulingLoop:
                 store = await self._store.load_snapshot(store)
                 await self._publish(store, nodes, now)
         self.queue.note_pass(plan, inputs.records)
+        if self._accountant is not None:
+            self._accountant.note_pass(store, green.signals, counterfactuals)
         self._forget_explained(store)
         self._last_snapshot = store
         if self._assignments is not None:
@@ -321,6 +342,29 @@ class SchedulingLoop:
         async with self.pass_done:
             self.pass_done.notify_all()
         return plan
+
+    def _counterfactuals(
+        self, inputs: PassInputs, plan: Plan, green: GreenInputs
+    ) -> list[CounterfactualRecord]:
+        """The carbon-agnostic baseline's choice for work this plan places for the first
+        time (cloud/usage/counterfactual.py)."""
+        accountant = self._accountant
+        if accountant is None:
+            return []
+        placed = sorted(
+            {
+                p.work_id
+                for p in plan.placements
+                if p.work_id in inputs.works
+                and inputs.records[p.work_id].state == "pending"
+                and accountant.needs_counterfactual(p.work_id)
+            }
+        )
+        if not placed:
+            return []
+        works = [(inputs.works[w], inputs.records[w].tenant_id) for w in placed]
+        baseline = build_policy(BASELINE, green)
+        return live_counterfactuals(inputs.snapshot, works, plan, baseline, green.energy)
 
     def _migrator(self, green: GreenInputs, now: float) -> Migrator | None:
         """The policy's migrator when it is time to look for moves (at most every

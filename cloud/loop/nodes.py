@@ -49,20 +49,22 @@ ZONE_TIMEZONES: Mapping[str, str] = MappingProxyType(
 TIMEZONE_LABEL = "greenfed.io/timezone"
 
 
+def device_power_w(accelerator: Accelerator) -> tuple[float, float]:
+    """(idle, max) watts of one device: its own figures, else the defaults (a CPU's
+    per core, times its cores)."""
+    idle_default, max_default = DEFAULT_POWER_W[accelerator.kind]
+    scale = (
+        accelerator.compute_units if accelerator.kind == "cpu" and accelerator.compute_units else 1
+    )
+    return (
+        accelerator.idle_power_w if accelerator.idle_power_w is not None else idle_default * scale,
+        accelerator.max_power_w if accelerator.max_power_w is not None else max_default * scale,
+    )
+
+
 def _power_w(accelerators: Sequence[Accelerator], kind: AcceleratorKind) -> tuple[float, float]:
-    idle_default, max_default = DEFAULT_POWER_W[kind]
-    idle, peak = [], []
-    for accelerator in accelerators:
-        scale = accelerator.compute_units if kind == "cpu" and accelerator.compute_units else 1
-        idle.append(
-            accelerator.idle_power_w
-            if accelerator.idle_power_w is not None
-            else idle_default * scale
-        )
-        peak.append(
-            accelerator.max_power_w if accelerator.max_power_w is not None else max_default * scale
-        )
-    return sum(idle) / len(idle), sum(peak) / len(peak)
+    powers = [device_power_w(accelerator) for accelerator in accelerators]
+    return sum(p[0] for p in powers) / len(powers), sum(p[1] for p in powers) / len(powers)
 
 
 def _pool(

@@ -271,6 +271,12 @@ class SignalService:
 
     # ---- public API -----------------------------------------------------------------
 
+    def newest_reading_s(self, zone: str) -> float | None:
+        """When the newest reading any provider gave for `zone` begins (None: none did;
+        the zone is on the static table, or unknown)."""
+        times = [a.newest_s for (_, z), a in self._answers.items() if z == zone]
+        return max(times) if times else None
+
     async def latest(self, zone: str) -> GridReading:
         """The newest value for a zone through the chain, flagged stale when it is old."""
         now_s = self._clock()

@@ -48,6 +48,14 @@ from cloud.store.records import (
 )
 from cloud.store.states import TERMINAL_STATES, TRANSITIONS, is_legal
 from cloud.store.store import Store, open_store
+from cloud.store.usage import (
+    CounterfactualRecord,
+    UsageHour,
+    UsageMark,
+    UsageQuery,
+    UsageTotal,
+    UsageWrite,
+)
 
 __all__ = [
     "TERMINAL_STATES",
@@ -55,6 +63,7 @@ __all__ = [
     "WORK_STATE_EVENT",
     "AllocationRecord",
     "CommitResult",
+    "CounterfactualRecord",
     "CreatedTenant",
     "DatabaseTarget",
     "EventRecord",
@@ -85,6 +94,11 @@ __all__ = [
     "TenantExistsError",
     "TenantNotFoundError",
     "TenantRecord",
+    "UsageHour",
+    "UsageMark",
+    "UsageQuery",
+    "UsageTotal",
+    "UsageWrite",
     "VersionConflictError",
     "WorkExplanation",
     "WorkNotFoundError",

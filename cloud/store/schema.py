@@ -170,3 +170,57 @@ enrolled_nodes = Table(
     Column("revoked_at", Double, nullable=True),
     Column("username", Text, nullable=True),
 )
+
+# Live accounting (v0005, cloud/usage/): one row per allocation (work, member, node)
+# and UTC hour, added to by each flush. `counterfactual_gco2_g` is what the carbon-
+# agnostic baseline's placement would have emitted for the same energy (NULL: no
+# counterfactual); `fallback`: some of it used a fallback grid value.
+usage_hours = Table(
+    "usage_hours",
+    metadata,
+    Column("work_id", Text, primary_key=True),
+    Column("member_index", Integer, primary_key=True),
+    Column("node_id", Text, primary_key=True),
+    Column("hour_start", Double, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("work_kind", Text, nullable=False),
+    Column("zone", Text, nullable=False),
+    Column("accelerator_kind", Text, nullable=False),
+    Column("energy_j", Double, nullable=False),
+    Column("measured_j", Double, nullable=False),
+    Column("gap_s", Double, nullable=False),
+    Column("gco2_g", Double, nullable=False),
+    Column("cost", Double, nullable=False),
+    Column("currency", Text, nullable=False),
+    Column("counterfactual_gco2_g", Double, nullable=True),
+    Column("fallback", Boolean, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Index("ix_usage_hours_tenant_hour", "tenant_id", "hour_start"),
+    Index("ix_usage_hours_hour", "hour_start"),
+)
+
+# How far each node's telemetry has been counted (v0005), written in the same
+# transaction as the usage it produced: a restart resumes from here, and the energy
+# counters' differences cover the time it was down.
+usage_marks = Table(
+    "usage_marks",
+    metadata,
+    Column("node_id", Text, primary_key=True),
+    Column("instance_id", Text, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("sampled_at", Double, nullable=False),
+    Column("energy_j", JsonDocument, nullable=False),
+)
+
+# The carbon-agnostic baseline's choice for each work item at its first placement
+# (v0005): its kWh per zone relative to the work's own (`zone_factors`; NULL: the
+# baseline would not have run it then).
+usage_counterfactuals = Table(
+    "usage_counterfactuals",
+    metadata,
+    Column("work_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("decided_at", Double, nullable=False),
+    Column("baseline", Text, nullable=False),
+    Column("zone_factors", JsonDocument, nullable=True),
+)

@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from cloud.store import enrolment
+from cloud.store import enrolment, usage
 from cloud.store.changes import Changes, apply_changes, event_row
 from cloud.store.engine import (
     WRITE_OPTION,
@@ -109,6 +109,14 @@ from cloud.store.tenants import (
     select_by_token_id,
 )
 from cloud.store.tokens import parse_token
+from cloud.store.usage import (
+    CounterfactualRecord,
+    UsageHour,
+    UsageMark,
+    UsageQuery,
+    UsageTotal,
+    UsageWrite,
+)
 from cloud.store.work import (
     insert_work,
     list_work_page,
@@ -243,7 +251,9 @@ class Store:
             listener()
 
     @contextlib.asynccontextmanager
-    async def _write(self) -> AsyncIterator[AsyncConnection]:
+    async def _write(self, *, notify: bool = True) -> AsyncIterator[AsyncConnection]:
+        """`notify`: tell the commit listeners (the scheduling loop, the event streams);
+        accounting's own writes change nothing they watch."""
         # SQLite has one writer at a time anyway; queueing this process's writers here
         # (first come, first served) spares them SQLite's busy handler, which polls the
         # lock with sleeps of up to 100 ms. Other processes still meet the busy timeout.
@@ -251,7 +261,8 @@ class Store:
             with self._connection_errors():
                 async with self._writer.begin() as connection:
                     yield connection
-        self._committed()  # reached only when the transaction committed
+        if notify:
+            self._committed()  # reached only when the transaction committed
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
@@ -611,6 +622,49 @@ class Store:
         """Enrolled and not revoked."""
         node = await self.get_enrolled_node(node_id)
         return node is not None and node.active
+
+    # ---- live accounting (cloud/store/usage.py) -----------------------------------------
+
+    async def write_usage(self, write: UsageWrite, *, lease: LeadershipLease) -> None:
+        """One accounting flush as one transaction, under the scheduling lease (raises
+        `LeadershipLostError`): usage added, marks moved, counterfactuals and events
+        recorded together."""
+        self._check_lease_is_ours(lease)
+        if isinstance(lease, PostgresLease):
+            async with lease.transaction() as connection:
+                await self._apply_usage(connection, write)
+        else:
+            await lease.check()
+            async with self._write(notify=False) as connection:
+                await self._apply_usage(connection, write)
+        if write.events:
+            self._committed()
+
+    async def _apply_usage(self, connection: AsyncConnection, write: UsageWrite) -> None:
+        now = self._clock()
+        backend = self.backend
+        await usage.add_usage(connection, backend, write.rows, now)
+        await usage.put_marks(connection, backend, write.marks)
+        await usage.put_counterfactuals(connection, backend, write.counterfactuals)
+        if write.events:
+            rows = [event_row(event, now) for event in write.events]
+            await append_events(connection, self._context, rows, returning=False)
+
+    async def usage_marks(self) -> dict[str, UsageMark]:
+        async with self._read() as connection:
+            return await usage.select_marks(connection)
+
+    async def counterfactuals(self, work_ids: Sequence[str]) -> dict[str, CounterfactualRecord]:
+        async with self._read() as connection:
+            return await usage.select_counterfactuals(connection, work_ids)
+
+    async def usage(self, query: UsageQuery) -> list[UsageHour]:
+        async with self._read() as connection:
+            return await usage.select_usage(connection, query)
+
+    async def usage_totals(self) -> list[UsageTotal]:
+        async with self._read() as connection:
+            return await usage.select_totals(connection)
 
     # ---- events ------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
+from cloud.usage.views import WorkUsage
 from cloud.work.explanation import Explanation
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.clock import utc_from_epoch
@@ -80,6 +81,8 @@ class JobView(JobSummary, frozen=True, kw_only=True):
     idempotency_key: str | None
     nodes: tuple[str, ...]  # where it runs, in member order (empty unless placed)
     allocations: tuple[AllocationView, ...]
+    # Energy, emissions, cost and emissions avoided so far (None: nothing metered yet).
+    usage: WorkUsage | None = None
     spec: TrainingJobSpec
 
 
@@ -116,6 +119,8 @@ class DeploymentView(DeploymentSummary, frozen=True, kw_only=True):
     allocations: tuple[AllocationView, ...]
     replica_states: tuple[ReplicaView, ...] = ()
     spec: DeploymentSpec
+    # Energy, emissions, cost and emissions avoided so far (None: nothing metered yet).
+    usage: WorkUsage | None = None
 
 
 class JobList(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,6 +18,7 @@ from cloud.store.migrations import (
     v0002_explanations,
     v0003_models,
     v0004_enrolment,
+    v0005_usage,
 )
 
 
@@ -33,6 +34,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(2, "explanations", v0002_explanations.upgrade),
     SchemaMigration(3, "models", v0003_models.upgrade),
     SchemaMigration(4, "enrolment", v0004_enrolment.upgrade),
+    SchemaMigration(5, "usage", v0005_usage.upgrade),
 )
 
 

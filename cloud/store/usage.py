@@ -1,0 +1,320 @@
+"""Live accounting's tables: usage per allocation and hour, how far each node's telemetry
+has been counted, and each work item's counterfactual.
+
+A flush adds to the hour rows (`INSERT ... ON CONFLICT DO UPDATE SET x = x + new`) and
+moves the nodes' marks in the same transaction, under the scheduling lease: what was
+counted and the record of having counted it never part, and a replica that lost
+leadership cannot add what the new leader counts again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from sqlalchemy import ColumnElement, and_, func, select, true
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cloud.store.engine import Backend
+from cloud.store.records import NewEvent
+from cloud.store.schema import usage_counterfactuals, usage_hours, usage_marks
+from cloud.store.sql import chunks
+
+_COUNTERS = msgspec.json.Decoder(dict[str, float])
+_FACTORS = msgspec.json.Decoder(dict[str, float])
+
+
+@dataclass(frozen=True, slots=True)
+class UsageHour:
+    """One allocation's usage within one UTC hour (or what a flush adds to it)."""
+
+    work_id: str
+    member_index: int
+    node_id: str
+    hour_start: float
+    tenant_id: str
+    work_kind: str
+    zone: str
+    accelerator_kind: str
+    energy_j: float  # PUE applied
+    measured_j: float
+    gap_s: float
+    gco2_g: float
+    cost: float
+    currency: str
+    counterfactual_gco2_g: float | None
+    fallback: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UsageMark:
+    node_id: str
+    instance_id: str
+    seq: int
+    sampled_at: float
+    energy_j: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class CounterfactualRecord:
+    work_id: str
+    tenant_id: str
+    decided_at: float
+    baseline: str
+    # The baseline's kWh per zone for each kWh the work uses; None: it would not have
+    # run the work then.
+    zone_factors: Mapping[str, float] | None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageWrite:
+    rows: Sequence[UsageHour] = ()
+    marks: Sequence[UsageMark] = ()
+    counterfactuals: Sequence[CounterfactualRecord] = ()
+    events: Sequence[NewEvent] = ()  # e.g. the final figures of work that ended
+
+
+def _insert(backend: Backend, table: Any) -> Any:
+    return postgresql_insert(table) if backend == "postgresql" else sqlite_insert(table)
+
+
+async def add_usage(
+    connection: AsyncConnection, backend: Backend, rows: Sequence[UsageHour], at: float
+) -> None:
+    ordered = sorted(rows, key=lambda r: (r.work_id, r.member_index, r.node_id, r.hour_start))
+    for batch in chunks(ordered):
+        statement = _insert(backend, usage_hours).values(
+            [{**_usage_values(row), "updated_at": at} for row in batch]
+        )
+        excluded = statement.excluded
+        current = usage_hours.c
+        statement = statement.on_conflict_do_update(
+            index_elements=["work_id", "member_index", "node_id", "hour_start"],
+            set_={
+                "energy_j": current.energy_j + excluded.energy_j,
+                "measured_j": current.measured_j + excluded.measured_j,
+                "gap_s": current.gap_s + excluded.gap_s,
+                "gco2_g": current.gco2_g + excluded.gco2_g,
+                "cost": current.cost + excluded.cost,
+                # NULL + x stays NULL: a row with no counterfactual keeps none.
+                "counterfactual_gco2_g": current.counterfactual_gco2_g
+                + excluded.counterfactual_gco2_g,
+                "fallback": current.fallback | excluded.fallback,
+                "updated_at": excluded.updated_at,
+            },
+        )
+        await connection.execute(statement)
+
+
+def _usage_values(row: UsageHour) -> dict[str, Any]:
+    return {
+        "work_id": row.work_id,
+        "member_index": row.member_index,
+        "node_id": row.node_id,
+        "hour_start": row.hour_start,
+        "tenant_id": row.tenant_id,
+        "work_kind": row.work_kind,
+        "zone": row.zone,
+        "accelerator_kind": row.accelerator_kind,
+        "energy_j": row.energy_j,
+        "measured_j": row.measured_j,
+        "gap_s": row.gap_s,
+        "gco2_g": row.gco2_g,
+        "cost": row.cost,
+        "currency": row.currency,
+        "counterfactual_gco2_g": row.counterfactual_gco2_g,
+        "fallback": row.fallback,
+    }
+
+
+async def put_marks(
+    connection: AsyncConnection, backend: Backend, marks: Sequence[UsageMark]
+) -> None:
+    for batch in chunks(sorted(marks, key=lambda m: m.node_id)):
+        statement = _insert(backend, usage_marks).values(
+            [
+                {
+                    "node_id": mark.node_id,
+                    "instance_id": mark.instance_id,
+                    "seq": mark.seq,
+                    "sampled_at": mark.sampled_at,
+                    "energy_j": msgspec.json.encode(
+                        {k: float(v) for k, v in mark.energy_j.items()}
+                    ),
+                }
+                for mark in batch
+            ]
+        )
+        excluded = statement.excluded
+        await connection.execute(
+            statement.on_conflict_do_update(
+                index_elements=["node_id"],
+                set_={
+                    "instance_id": excluded.instance_id,
+                    "seq": excluded.seq,
+                    "sampled_at": excluded.sampled_at,
+                    "energy_j": excluded.energy_j,
+                },
+            )
+        )
+
+
+async def select_marks(connection: AsyncConnection) -> dict[str, UsageMark]:
+    rows = await connection.execute(select(usage_marks))
+    return {
+        row.node_id: UsageMark(
+            node_id=row.node_id,
+            instance_id=row.instance_id,
+            seq=int(row.seq),
+            sampled_at=float(row.sampled_at),
+            energy_j=_COUNTERS.decode(row.energy_j),
+        )
+        for row in rows
+    }
+
+
+async def put_counterfactuals(
+    connection: AsyncConnection, backend: Backend, records: Sequence[CounterfactualRecord]
+) -> None:
+    """The first decision for a work item stands: a later one is ignored."""
+    for batch in chunks(sorted(records, key=lambda r: r.work_id)):
+        statement = _insert(backend, usage_counterfactuals).values(
+            [
+                {
+                    "work_id": record.work_id,
+                    "tenant_id": record.tenant_id,
+                    "decided_at": record.decided_at,
+                    "baseline": record.baseline,
+                    "zone_factors": None
+                    if record.zone_factors is None
+                    else msgspec.json.encode(dict(record.zone_factors)),
+                }
+                for record in batch
+            ]
+        )
+        await connection.execute(statement.on_conflict_do_nothing(index_elements=["work_id"]))
+
+
+async def select_counterfactuals(
+    connection: AsyncConnection, work_ids: Sequence[str]
+) -> dict[str, CounterfactualRecord]:
+    result: dict[str, CounterfactualRecord] = {}
+    for batch in chunks(sorted(set(work_ids))):
+        rows = await connection.execute(
+            select(usage_counterfactuals).where(usage_counterfactuals.c.work_id.in_(batch))
+        )
+        for row in rows:
+            result[row.work_id] = CounterfactualRecord(
+                work_id=row.work_id,
+                tenant_id=row.tenant_id,
+                decided_at=float(row.decided_at),
+                baseline=row.baseline,
+                zone_factors=None
+                if row.zone_factors is None
+                else _FACTORS.decode(row.zone_factors),
+            )
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class UsageQuery:
+    tenant_id: str | None = None  # None: every tenant (the admin)
+    work_ids: Sequence[str] | None = None
+    from_s: float | None = None  # hour rows starting at or after
+    until_s: float | None = None  # hour rows starting before
+
+
+def _where(query: UsageQuery) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if query.tenant_id is not None:
+        conditions.append(usage_hours.c.tenant_id == query.tenant_id)
+    if query.from_s is not None:
+        conditions.append(usage_hours.c.hour_start >= query.from_s)
+    if query.until_s is not None:
+        conditions.append(usage_hours.c.hour_start < query.until_s)
+    return conditions
+
+
+async def select_usage(connection: AsyncConnection, query: UsageQuery) -> list[UsageHour]:
+    conditions = _where(query)
+    if query.work_ids is not None:
+        result: list[UsageHour] = []
+        for batch in chunks(sorted(set(query.work_ids))):
+            rows = await connection.execute(
+                select(usage_hours).where(and_(usage_hours.c.work_id.in_(batch), *conditions))
+            )
+            result.extend(_usage_hour(row) for row in rows)
+        return sorted(result, key=_order)
+    rows = await connection.execute(select(usage_hours).where(and_(true(), *conditions)))
+    return sorted((_usage_hour(row) for row in rows), key=_order)
+
+
+def _order(row: UsageHour) -> tuple[float, str, int, str]:
+    return (row.hour_start, row.work_id, row.member_index, row.node_id)
+
+
+def _usage_hour(row: Any) -> UsageHour:
+    return UsageHour(
+        work_id=row.work_id,
+        member_index=int(row.member_index),
+        node_id=row.node_id,
+        hour_start=float(row.hour_start),
+        tenant_id=row.tenant_id,
+        work_kind=row.work_kind,
+        zone=row.zone,
+        accelerator_kind=row.accelerator_kind,
+        energy_j=float(row.energy_j),
+        measured_j=float(row.measured_j),
+        gap_s=float(row.gap_s),
+        gco2_g=float(row.gco2_g),
+        cost=float(row.cost),
+        currency=row.currency,
+        counterfactual_gco2_g=None
+        if row.counterfactual_gco2_g is None
+        else float(row.counterfactual_gco2_g),
+        fallback=bool(row.fallback),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotal:
+    tenant_id: str
+    zone: str
+    currency: str
+    energy_j: float
+    gco2_g: float
+    cost: float
+    avoided_gco2_g: float  # over the rows that have a counterfactual
+
+
+async def select_totals(connection: AsyncConnection) -> list[UsageTotal]:
+    """Everything ever counted, per tenant, zone and currency (the metrics' start)."""
+    c = usage_hours.c
+    avoided = func.sum(c.counterfactual_gco2_g - c.gco2_g)
+    rows = await connection.execute(
+        select(
+            c.tenant_id,
+            c.zone,
+            c.currency,
+            func.sum(c.energy_j),
+            func.sum(c.gco2_g),
+            func.sum(c.cost),
+            avoided,
+        ).group_by(c.tenant_id, c.zone, c.currency)
+    )
+    return [
+        UsageTotal(
+            tenant_id=row[0],
+            zone=row[1],
+            currency=row[2],
+            energy_j=float(row[3] or 0.0),
+            gco2_g=float(row[4] or 0.0),
+            cost=float(row[5] or 0.0),
+            avoided_gco2_g=float(row[6] or 0.0),
+        )
+        for row in rows
+    ]

@@ -1,0 +1,562 @@
+// The greenfed dashboard: reads the REST API with the tenant's bearer token and redraws
+// every few seconds. Whatever the API returns enters the DOM as text (Text nodes,
+// textContent, attribute values), never as markup.
+
+const TOKEN_KEY = "greenfed.token";
+const REFRESH_MS = 5000;
+const NODE_PAGE_SIZE = 1000;
+const MAX_NODE_PAGES = 10;
+const MAX_NODE_ROWS = 500;
+const WORK_PAGE_SIZE = 50;
+const TERMINAL_STATES = new Set(["succeeded", "failed", "cancelled"]);
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+class ApiError extends Error {
+  constructor(status, detail) {
+    super(detail);
+    this.status = status;
+  }
+}
+
+// ---- the token: from the URL fragment (never sent to a server) into this tab's storage
+
+function takeTokenFromFragment() {
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  const token = fragment.get("token");
+  if (token === null) return;
+  fragment.delete("token");
+  const rest = fragment.toString();
+  // Out of the address bar and the history entry too.
+  history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+  if (token.trim()) sessionStorage.setItem(TOKEN_KEY, token.trim());
+}
+
+const storedToken = () => sessionStorage.getItem(TOKEN_KEY);
+
+async function api(path) {
+  const token = storedToken();
+  if (!token) throw new ApiError(401, "no token");
+  const response = await fetch(path, {
+    headers: { Authorization: `Bearer ${token}`, Accept: "application/json" },
+    cache: "no-store",
+    credentials: "omit",
+  });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try {
+      const problem = await response.json();
+      detail = problem.detail || problem.title || detail;
+    } catch {
+      // not a problem+json body: the status text will do
+    }
+    throw new ApiError(response.status, detail);
+  }
+  return response.json();
+}
+
+// ---- loading
+
+async function loadNodes() {
+  const items = [];
+  let cursor = null;
+  let total = 0;
+  for (let page = 0; page < MAX_NODE_PAGES; page += 1) {
+    const query = new URLSearchParams({ limit: String(NODE_PAGE_SIZE) });
+    if (cursor) query.set("cursor", cursor);
+    const body = await api(`/v1/nodes?${query}`);
+    items.push(...body.items);
+    total = body.total;
+    cursor = body.next_cursor;
+    if (!cursor) break;
+  }
+  return { items, total };
+}
+
+// Views of finished work do not change: kept while their version stays the same.
+const workDetails = new Map();
+
+async function loadWork(collection) {
+  const list = await api(`/v1/${collection}?limit=${WORK_PAGE_SIZE}`);
+  return Promise.all(
+    list.items.map(async (summary) => {
+      const cached = workDetails.get(summary.id);
+      if (cached && cached.version === summary.version && TERMINAL_STATES.has(summary.state)) {
+        return cached;
+      }
+      try {
+        const detail = await api(`/v1/${collection}/${encodeURIComponent(summary.id)}`);
+        workDetails.set(summary.id, detail);
+        return detail;
+      } catch (error) {
+        if (error instanceof ApiError && error.status === 404) return summary;
+        throw error;
+      }
+    }),
+  );
+}
+
+// ---- formatting
+
+const numberFormat = new Intl.NumberFormat(undefined, { maximumFractionDigits: 1 });
+const integerFormat = new Intl.NumberFormat(undefined, { maximumFractionDigits: 0 });
+
+const isNumber = (value) => typeof value === "number" && Number.isFinite(value);
+
+function formatPower(watts) {
+  if (!isNumber(watts)) return "–";
+  return watts >= 1000 ? `${numberFormat.format(watts / 1000)} kW` : `${integerFormat.format(watts)} W`;
+}
+
+function formatGrams(grams) {
+  if (!isNumber(grams)) return "–";
+  const size = Math.abs(grams);
+  if (size >= 1e6) return `${numberFormat.format(grams / 1e6)} t`;
+  if (size >= 1e3) return `${numberFormat.format(grams / 1e3)} kg`;
+  return `${numberFormat.format(grams)} g`;
+}
+
+function formatEnergy(kwh) {
+  if (!isNumber(kwh)) return "–";
+  return Math.abs(kwh) < 1 ? `${integerFormat.format(kwh * 1000)} Wh` : `${numberFormat.format(kwh)} kWh`;
+}
+
+function formatMoney(amount, currency) {
+  if (!isNumber(amount)) return "–";
+  try {
+    return new Intl.NumberFormat(undefined, { style: "currency", currency }).format(amount);
+  } catch {
+    return `${amount.toFixed(2)} ${currency ?? ""}`.trim();
+  }
+}
+
+function formatAgo(iso) {
+  const at = Date.parse(iso);
+  if (Number.isNaN(at)) return "–";
+  const seconds = Math.max(0, Math.round((Date.now() - at) / 1000));
+  if (seconds < 60) return `${seconds} s ago`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`;
+  if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ago`;
+  return new Date(at).toLocaleDateString();
+}
+
+const plural = (count, noun) => `${count} ${noun}${count === 1 ? "" : "s"}`;
+
+const counted = (counts) =>
+  Object.entries(counts)
+    .filter(([, count]) => count > 0)
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([key, count]) => `${key} ${count}`)
+    .join(" · ");
+
+function carbonLevel(gramsPerKwh) {
+  if (gramsPerKwh < 150) return "low";
+  if (gramsPerKwh < 400) return "mid";
+  return "high";
+}
+
+// ---- DOM helpers (text only)
+
+function h(tag, attributes = {}, ...children) {
+  const element = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value !== null && value !== undefined) element.setAttribute(name, String(value));
+  }
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    element.append(child instanceof Node ? child : String(child));
+  }
+  return element;
+}
+
+function bar(fraction, level) {
+  const svg = document.createElementNS(SVG_NS, "svg");
+  svg.setAttribute("class", "bar");
+  svg.setAttribute("viewBox", "0 0 100 8");
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("aria-hidden", "true");
+  const shown = Math.min(1, Math.max(0, isNumber(fraction) ? fraction : 0));
+  for (const [width, className] of [[100, "track"], [shown * 100, `fill ${level}`]]) {
+    const rect = document.createElementNS(SVG_NS, "rect");
+    rect.setAttribute("width", String(width));
+    rect.setAttribute("height", "8");
+    rect.setAttribute("rx", "2");
+    rect.setAttribute("class", className);
+    svg.append(rect);
+  }
+  return svg;
+}
+
+const badge = (text, kind, title) => h("span", { class: `badge ${kind}`, title }, text);
+
+function notice(section, text) {
+  const element = section.querySelector(".notice");
+  element.textContent = text ?? "";
+  element.hidden = !text;
+}
+
+function emptyRow(columns, text) {
+  return h("tr", { class: "empty" }, h("td", { colspan: columns }, text));
+}
+
+// ---- what the page shows
+
+function nodeZones(nodes) {
+  return new Map(nodes.map((node) => [node.node_id, node.zone]));
+}
+
+// Where each live piece of work holds accelerators: zone -> {accelerators, work ids}.
+function tenantLoadByZone(work, zoneOf) {
+  const load = new Map();
+  for (const item of work) {
+    if (TERMINAL_STATES.has(item.state)) continue;
+    for (const allocation of item.allocations ?? []) {
+      const zone = zoneOf.get(allocation.node_id);
+      if (zone === undefined) continue;
+      const entry = load.get(zone) ?? { accelerators: 0, work: new Set() };
+      entry.accelerators += allocation.accelerators;
+      entry.work.add(item.id);
+      load.set(zone, entry);
+    }
+  }
+  return load;
+}
+
+function usageTotals(work) {
+  const totals = { avoided: 0, emitted: 0, energy: 0, reported: 0, costs: new Map() };
+  for (const item of work) {
+    const usage = item.usage;
+    if (!usage || typeof usage !== "object") continue;
+    totals.reported += 1;
+    if (isNumber(usage.avoided_gco2eq_g)) totals.avoided += usage.avoided_gco2eq_g;
+    if (isNumber(usage.gco2eq_g)) totals.emitted += usage.gco2eq_g;
+    if (isNumber(usage.energy_kwh)) totals.energy += usage.energy_kwh;
+    if (isNumber(usage.cost) && usage.currency) {
+      totals.costs.set(usage.currency, (totals.costs.get(usage.currency) ?? 0) + usage.cost);
+    }
+  }
+  return totals;
+}
+
+function setCard(id, value, detail) {
+  document.getElementById(`card-${id}`).textContent = value;
+  document.getElementById(`card-${id}-detail`).textContent = detail ?? "";
+}
+
+function renderCards(nodes, work) {
+  if (nodes) {
+    const online = nodes.items.filter((node) => node.state === "online");
+    const sites = {};
+    const kinds = {};
+    let accelerators = 0;
+    let powerW = 0;
+    const utilisations = [];
+    for (const node of nodes.items) {
+      sites[node.site] = (sites[node.site] ?? 0) + 1;
+      for (const [kind, count] of Object.entries(node.accelerator_counts)) {
+        kinds[kind] = (kinds[kind] ?? 0) + count;
+        accelerators += count;
+      }
+    }
+    for (const node of online) {
+      if (isNumber(node.power_w)) powerW += node.power_w;
+      if (isNumber(node.accelerator_utilization_pct)) utilisations.push(node.accelerator_utilization_pct);
+    }
+    const meanUtilisation = utilisations.length
+      ? utilisations.reduce((sum, value) => sum + value, 0) / utilisations.length
+      : null;
+    setCard("nodes", `${online.length}/${nodes.total}`, counted(sites));
+    setCard("accelerators", integerFormat.format(accelerators), counted(kinds));
+    setCard(
+      "power",
+      formatPower(powerW),
+      meanUtilisation === null ? "" : `mean utilisation ${integerFormat.format(meanUtilisation)} %`,
+    );
+  } else {
+    for (const id of ["nodes", "accelerators", "power"]) setCard(id, "–", "");
+  }
+  if (work) {
+    const states = {};
+    for (const item of work) states[item.state] = (states[item.state] ?? 0) + 1;
+    const jobs = work.filter((item) => item.kind === "training").length;
+    const waiting = (states.pending ?? 0) + (states.scheduled ?? 0);
+    setCard(
+      "work",
+      `${states.running ?? 0} running`,
+      `${waiting} waiting · ${plural(jobs, "job")} · ${plural(work.length - jobs, "deployment")}`,
+    );
+    const totals = usageTotals(work);
+    const costs = [...totals.costs].map(([currency, cost]) => formatMoney(cost, currency)).join(" + ");
+    setCard(
+      "avoided",
+      totals.reported ? formatGrams(totals.avoided) : "–",
+      totals.reported
+        ? `CO₂eq · emitted ${formatGrams(totals.emitted)} · ${formatEnergy(totals.energy)}${costs ? ` · ${costs}` : ""}`
+        : "no usage reported yet",
+    );
+  } else {
+    setCard("work", "–", "");
+    setCard("avoided", "–", "");
+  }
+}
+
+function renderZones(section, signals, nodes, work) {
+  const body = section.querySelector("tbody");
+  const zoneOf = nodeZones(nodes?.items ?? []);
+  const load = tenantLoadByZone(work ?? [], zoneOf);
+  const byZone = new Map();
+  const entry = (zone) => {
+    if (!byZone.has(zone)) byZone.set(zone, { zone, signal: null, nodes: 0, online: 0, powerW: 0 });
+    return byZone.get(zone);
+  };
+  for (const signal of signals?.zones ?? []) entry(signal.zone).signal = signal;
+  for (const node of nodes?.items ?? []) {
+    const zone = entry(node.zone);
+    zone.nodes += 1;
+    if (node.state === "online") {
+      zone.online += 1;
+      if (isNumber(node.power_w)) zone.powerW += node.power_w;
+    }
+  }
+  // Cleanest first; zones without a signal last.
+  const zones = [...byZone.values()].sort(
+    (a, b) =>
+      (a.signal?.carbon_g_per_kwh ?? Infinity) - (b.signal?.carbon_g_per_kwh ?? Infinity) ||
+      a.zone.localeCompare(b.zone),
+  );
+  const scale = Math.max(1, ...zones.map((zone) => zone.signal?.next_24h_max_carbon_g_per_kwh ?? 0));
+  const rows = zones.map((zone) => {
+    const signal = zone.signal;
+    const mine = load.get(zone.zone);
+    const carbon = signal?.carbon_g_per_kwh;
+    const level = isNumber(carbon) ? carbonLevel(carbon) : "none";
+    return h(
+      "tr",
+      { "data-zone": zone.zone },
+      h("td", {}, h("span", { class: "zone-name" }, zone.zone),
+        signal?.stale ? badge("stale", "warn", "the newest reading is old") : null),
+      h("td", { class: "bar-col" }, bar(isNumber(carbon) ? carbon / scale : 0, level)),
+      h("td", { class: `num carbon ${level}`, "data-carbon": isNumber(carbon) ? carbon : null },
+        isNumber(carbon) ? integerFormat.format(carbon) : "–"),
+      h("td", { class: "num muted", title: signal ? `cleanest hour ${signal.next_24h_cleanest_hour}` : null },
+        signal
+          ? `${integerFormat.format(signal.next_24h_min_carbon_g_per_kwh)}–${integerFormat.format(signal.next_24h_max_carbon_g_per_kwh)}`
+          : "–"),
+      h("td", { class: "num" }, signal && isNumber(signal.price_per_mwh) ? formatMoney(signal.price_per_mwh, signal.currency) : "–"),
+      h("td", { class: "num" }, `${zone.online}/${zone.nodes}`),
+      h("td", { class: "num" }, formatPower(zone.powerW)),
+      h("td", { class: `num${mine ? " mine" : " muted"}`, "data-allocated": mine?.accelerators ?? 0 }, mine ? mine.accelerators : "0"),
+      h("td", { class: `num${mine ? " mine" : " muted"}` }, mine ? mine.work.size : "0"),
+    );
+  });
+  body.replaceChildren(...(rows.length ? rows : [emptyRow(9, "No zones yet.")]));
+}
+
+function placement(item, zoneOf) {
+  const nodeIds = [...new Set(item.nodes ?? (item.allocations ?? []).map((a) => a.node_id))];
+  if (!nodeIds.length) {
+    const why = item.reason ?? (TERMINAL_STATES.has(item.state) ? "–" : "waiting to be placed");
+    return h("span", { class: "reason", title: item.reason }, why);
+  }
+  const zones = [...new Set(nodeIds.map((id) => zoneOf.get(id)).filter(Boolean))];
+  const shown = nodeIds.slice(0, 3).join(", ") + (nodeIds.length > 3 ? ` +${nodeIds.length - 3}` : "");
+  return h(
+    "span",
+    { class: "placement", title: nodeIds.join(", ") },
+    h("span", { class: "nodes-list" }, shown),
+    zones.length ? h("span", { class: "zones-list" }, zones.join(", ")) : null,
+  );
+}
+
+function shape(item) {
+  if (item.kind === "training") {
+    return [item.kind, `${item.workers}×${item.accelerators_per_worker} ${item.accelerator_kind}`];
+  }
+  const ready = (item.replica_states ?? []).filter((replica) => replica.state === "ready").length;
+  return [item.kind, `${ready}/${item.replicas} replicas ready`];
+}
+
+function renderWork(section, work, nodes) {
+  const body = section.querySelector("tbody");
+  const zoneOf = nodeZones(nodes?.items ?? []);
+  const sorted = [...work].sort((a, b) => b.submitted_at.localeCompare(a.submitted_at));
+  const rows = sorted.map((item) => {
+    const usage = item.usage && typeof item.usage === "object" ? item.usage : null;
+    const measured = usage && isNumber(usage.measured_share)
+      ? `${integerFormat.format(usage.measured_share * 100)} % measured${usage.fallback ? ", rest estimated" : ""}`
+      : null;
+    return h(
+      "tr",
+      { "data-work-id": item.id, "data-state": item.state },
+      h("td", { class: "name" }, h("span", {}, item.name), h("span", { class: "id" }, item.id)),
+      h("td", { class: "kind" }, ...shape(item).map((line) => h("span", {}, line))),
+      h("td", { class: "state" }, badge(item.state, `state-${item.state}`, item.reason)),
+      h("td", {}, item.priority),
+      h("td", {}, placement(item, zoneOf)),
+      h("td", { class: "num", title: measured }, usage ? formatEnergy(usage.energy_kwh) : "–"),
+      h("td", { class: "num" }, usage ? formatGrams(usage.gco2eq_g) : "–"),
+      h("td", { class: "num" }, usage ? formatMoney(usage.cost, usage.currency) : "–"),
+      h("td", { class: "num good" }, usage ? formatGrams(usage.avoided_gco2eq_g) : "–"),
+      h("td", { class: "num muted", title: item.submitted_at }, formatAgo(item.submitted_at)),
+    );
+  });
+  body.replaceChildren(...(rows.length ? rows : [emptyRow(10, "No jobs or deployments yet.")]));
+}
+
+function acceleratorText(node) {
+  const devices = node.accelerators.filter((a) => a.kind !== "cpu");
+  const shown = devices.length ? devices : node.accelerators;
+  const models = new Map();
+  for (const accelerator of shown) models.set(accelerator.model, (models.get(accelerator.model) ?? 0) + 1);
+  return [...models].map(([model, count]) => `${count}× ${model}`).join(", ");
+}
+
+function renderNodes(section, nodes) {
+  const body = section.querySelector("tbody");
+  const shown = nodes.items.slice(0, MAX_NODE_ROWS);
+  const rows = shown.map((node) => {
+    const utilisation = node.accelerator_utilization_pct;
+    return h(
+      "tr",
+      { "data-node-id": node.node_id, "data-state": node.state },
+      h("td", { class: "name" }, node.node_id),
+      h("td", {}, badge(node.state, `state-${node.state}`, node.offline_reason)),
+      h("td", {}, node.site),
+      h("td", { class: "zone" }, node.zone),
+      h("td", { class: "accelerators" },
+        ...Object.keys(node.accelerator_counts).sort().map((kind) => badge(kind, "kind")),
+        acceleratorText(node)),
+      h("td", { class: "bar-col" }, bar(isNumber(utilisation) ? utilisation / 100 : 0, "util"),
+        h("span", { class: "bar-label" }, isNumber(utilisation) ? `${integerFormat.format(utilisation)} %` : "–")),
+      h("td", { class: "num" }, formatPower(node.power_w)),
+      h("td", { class: "num muted", title: node.last_seen_at }, formatAgo(node.last_seen_at)),
+    );
+  });
+  body.replaceChildren(...(rows.length ? rows : [emptyRow(8, "No nodes have reported yet.")]));
+  const hidden = nodes.items.length - shown.length;
+  const unread = nodes.total - nodes.items.length;
+  notice(section, hidden + unread > 0 ? `Showing ${shown.length} of ${plural(nodes.total, "node")}.` : null);
+}
+
+// ---- the refresh loop
+
+const sections = {
+  zones: () => document.getElementById("zones"),
+  work: () => document.getElementById("work"),
+  nodes: () => document.getElementById("nodes"),
+};
+
+function failure(result) {
+  if (result.status === "fulfilled") return null;
+  const error = result.reason;
+  if (error instanceof ApiError && error.status === 403) return "Not visible with this token.";
+  return `Could not load: ${error?.message ?? error}`;
+}
+
+function setStatus(text, isError = false) {
+  const status = document.getElementById("status");
+  status.textContent = text;
+  status.classList.toggle("error", isError);
+}
+
+let timer = null;
+let generation = 0;
+
+function schedule() {
+  clearTimeout(timer);
+  timer = setTimeout(refresh, REFRESH_MS);
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  if (!storedToken()) {
+    showSignIn();
+    return;
+  }
+  if (document.hidden) return; // picked up again on visibilitychange
+  const started = (generation += 1);
+  const results = await Promise.allSettled([
+    loadNodes(),
+    api("/v1/signals"),
+    loadWork("jobs"),
+    loadWork("deployments"),
+  ]);
+  if (started !== generation) return; // a newer refresh (or a new token) took over
+  const rejected = results.find(
+    (result) => result.status === "rejected" && result.reason instanceof ApiError && result.reason.status === 401,
+  );
+  if (rejected) {
+    forgetToken("That token was rejected: it is unknown or was rotated.");
+    return;
+  }
+  const [nodes, signals, jobs, deployments] = results.map((r) => (r.status === "fulfilled" ? r.value : null));
+  const work = jobs || deployments ? [...(jobs ?? []), ...(deployments ?? [])] : null;
+  const known = new Set((work ?? []).map((item) => item.id));
+  for (const id of workDetails.keys()) if (!known.has(id)) workDetails.delete(id);
+
+  showDashboard();
+  renderCards(nodes, work);
+  renderZones(sections.zones(), signals, nodes, work);
+  notice(sections.zones(), failure(results[1]));
+  renderWork(sections.work(), work ?? [], nodes);
+  notice(sections.work(), failure(results[2]) ?? failure(results[3]));
+  if (nodes) renderNodes(sections.nodes(), nodes);
+  else {
+    sections.nodes().querySelector("tbody").replaceChildren();
+    notice(sections.nodes(), failure(results[0]));
+  }
+  const failed = results.filter((result) => result.status === "rejected").length;
+  if (failed === results.length) setStatus("Cannot reach the control plane, retrying…", true);
+  else setStatus(`Updated ${new Date().toLocaleTimeString()}`);
+  schedule();
+}
+
+function showDashboard() {
+  document.getElementById("signin").hidden = true;
+  document.getElementById("dashboard").hidden = false;
+  document.getElementById("forget-token").hidden = false;
+}
+
+function showSignIn(message) {
+  clearTimeout(timer);
+  document.getElementById("dashboard").hidden = true;
+  document.getElementById("forget-token").hidden = true;
+  document.getElementById("signin").hidden = false;
+  const error = document.getElementById("signin-error");
+  error.textContent = message ?? "";
+  error.hidden = !message;
+  setStatus("");
+  document.getElementById("token-input").focus();
+}
+
+function forgetToken(message) {
+  generation += 1;
+  sessionStorage.removeItem(TOKEN_KEY);
+  workDetails.clear();
+  showSignIn(message);
+}
+
+function start() {
+  takeTokenFromFragment();
+  document.getElementById("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = document.getElementById("token-input");
+    const token = input.value.trim();
+    input.value = "";
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    setStatus("Loading…");
+    refresh();
+  });
+  document.getElementById("forget-token").addEventListener("click", () => forgetToken());
+  window.addEventListener("hashchange", () => {
+    takeTokenFromFragment();
+    refresh();
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) refresh();
+  });
+  if (storedToken()) setStatus("Loading…");
+  refresh();
+}
+
+start();

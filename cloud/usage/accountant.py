@@ -1,0 +1,384 @@
+"""The live accountant: meters every allocation from its node's telemetry and writes the
+usage, batched, while this process leads scheduling.
+
+- Ingestion hands it each accepted telemetry sample (`observe`, on the hot path: a
+  dictionary lookup for a node that runs nothing, `cloud.usage.meter` for one that
+  does); the increments wait in memory.
+- After every pass the scheduling loop hands it the allocations, the tenants, the
+  grid and the counterfactuals of work it placed (`note_pass`).
+- Every `usage.flush_interval_s` one transaction, under the scheduling lease, adds
+  the priced increments to the hourly rows and moves the nodes' marks
+  (`Store.write_usage`). Telemetry is counted only past a node's stored mark, so a
+  restart, a leader change, a replayed or retained sample never counts twice; what
+  was in memory when a process died is counted again by the next leader from the
+  marks (the energy counters' differences span the outage; without counters the
+  model fills it, flagged as a gap).
+- Work that ended gets its final figures as a `work.usage` event once its node's
+  last telemetry had time to arrive (`usage.final_delay_s`).
+
+Only the leader meters; another replica's `observe` returns at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import structlog
+
+from cloud.fleet.registry import NodeRegistry
+from cloud.green.energy import EnergyModel
+from cloud.signals.grid import GridSignals
+from cloud.store import (
+    CounterfactualRecord,
+    LeadershipLease,
+    LeadershipLostError,
+    NewEvent,
+    Store,
+    StoreSnapshot,
+    StoreUnavailableError,
+    UsageHour,
+    UsageMark,
+    UsageQuery,
+    UsageWrite,
+)
+from cloud.usage.meter import MeteredAllocation, NodeMark, is_replay, meter
+from cloud.usage.pricing import Priced, price
+from cloud.usage.views import usage_summary
+from shared.messages import Telemetry
+from shared.settings import UsageSettings
+
+USAGE_EVENT = "work.usage"
+
+
+@dataclass(slots=True)
+class AccountingStats:
+    flushes: int = 0
+    rows_written: int = 0
+    failed_flushes: int = 0
+    replays: int = 0  # samples already counted (replayed, retained, duplicated)
+    last_flush_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class TenantTotals:
+    """What has been counted for one (tenant id, zone, currency), for /metrics."""
+
+    energy_j: float = 0.0
+    gco2_g: float = 0.0
+    cost: float = 0.0
+    avoided_gco2_g: float = 0.0
+
+    def add(self, row: UsageHour) -> None:
+        self.energy_j += row.energy_j
+        self.gco2_g += row.gco2_g
+        self.cost += row.cost
+        if row.counterfactual_gco2_g is not None:
+            self.avoided_gco2_g += row.counterfactual_gco2_g - row.gco2_g
+
+
+@dataclass(slots=True)
+class _Ending:
+    tenant_id: str
+    ended_at_s: float
+
+
+@dataclass(slots=True)
+class _LeaderState:
+    marks: dict[str, NodeMark]
+    counterfactuals: dict[str, CounterfactualRecord]
+    dirty: set[str] = field(default_factory=set)
+    pending: list[Priced] = field(default_factory=list)
+    new_counterfactuals: list[CounterfactualRecord] = field(default_factory=list)
+
+
+class Accountant:
+    def __init__(
+        self,
+        store: Store,
+        registry: NodeRegistry,
+        settings: UsageSettings,
+        *,
+        energy: EnergyModel | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._settings = settings
+        self._energy = energy or EnergyModel()
+        self._clock = clock
+        self._state: _LeaderState | None = None  # set while leading, marks loaded
+        self._by_node: dict[str, list[MeteredAllocation]] = {}
+        self._ended: dict[tuple[str, int, str], MeteredAllocation] = {}
+        self._work_kinds: dict[str, str] = {}
+        self._work_tenants: dict[str, str] = {}  # work id -> tenant id, active work
+        self._active_work: set[str] = set()
+        self._ending: dict[str, _Ending] = {}
+        self._grid = GridSignals(now_s=0.0, zones={})
+        # The signals' clock minus ours: a replayed trace runs in its own year, and an
+        # interval is priced at the grid's hour that corresponds to it.
+        self._grid_offset_s = 0.0
+        self.tenant_names: dict[str, str] = {}
+        self.totals: dict[tuple[str, str, str], TenantTotals] = {}
+        self.stats = AccountingStats()
+        self.flushed = asyncio.Condition()  # notified after every flush; tests wait on it
+        self._log = structlog.get_logger("greenfed.usage")
+
+    @property
+    def grid(self) -> GridSignals:
+        """The latest pass's grid (empty before the first)."""
+        return self._grid
+
+    def grid_now_s(self) -> float:
+        """Now on the signals' clock."""
+        return self._clock() + self._grid_offset_s
+
+    def tenant_of(self, work_id: str) -> str:
+        """A work item's tenant name, "" when this process has not seen it."""
+        return self.tenant_names.get(self._work_tenants.get(work_id, ""), "")
+
+    @property
+    def metering(self) -> bool:
+        return self._state is not None
+
+    # ---- from ingestion (hot path) -------------------------------------------------------
+
+    def observe(self, telemetry: Telemetry) -> None:
+        state = self._state
+        if state is None:
+            return
+        node_id = telemetry.node_id
+        mark = state.marks.get(node_id)
+        allocations = self._by_node.get(node_id)
+        if not allocations and mark is not None and not is_replay(telemetry, mark):
+            # Nothing runs there: only move the mark (its counters are the next
+            # step's start).
+            state.marks[node_id] = NodeMark(
+                instance_id=telemetry.instance_id,
+                seq=telemetry.seq,
+                sampled_at_s=telemetry.sampled_at,
+                energy_j={
+                    s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None
+                },
+            )
+            state.dirty.add(node_id)
+            return
+        record = self._registry.get(node_id)
+        if record is None:
+            return
+        increments, new_mark = meter(
+            record.status,
+            telemetry,
+            mark,
+            allocations or (),
+            host_overhead_ratio=self._energy.host_overhead_ratio,
+            max_gap_s=self._settings.max_gap_s,
+        )
+        if new_mark is mark:
+            self.stats.replays += 1
+            return
+        assert new_mark is not None
+        state.marks[node_id] = new_mark
+        state.dirty.add(node_id)
+        zone = record.status.zone
+        state.pending.extend(
+            Priced(i, zone, self._work_kinds.get(i.allocation.work_id, "training"))
+            for i in increments
+        )
+        self._retire_ended(node_id, new_mark.sampled_at_s)
+
+    def _retire_ended(self, node_id: str, counted_until_s: float) -> None:
+        """Drop ended allocations of the node that its samples have now covered."""
+        current = self._by_node.get(node_id)
+        if not current:
+            return
+        keep = [a for a in current if a.ended_at_s is None or a.ended_at_s > counted_until_s]
+        if len(keep) != len(current):
+            self._by_node[node_id] = keep
+
+    # ---- from the scheduling loop -----------------------------------------------------------
+
+    def needs_counterfactual(self, work_id: str) -> bool:
+        state = self._state
+        return state is not None and work_id not in state.counterfactuals
+
+    def note_pass(
+        self,
+        store: StoreSnapshot,
+        grid: GridSignals,
+        counterfactuals: Sequence[CounterfactualRecord] = (),
+    ) -> None:
+        """The allocations, tenants, grid and new counterfactuals after a pass."""
+        now = self._clock()
+        self._grid = grid
+        if grid.zones:
+            self._grid_offset_s = grid.now_s - now
+        self.tenant_names = {t.tenant_id: t.name for t in store.tenants}
+        state = self._state
+        if state is not None:
+            for decided in counterfactuals:
+                if decided.work_id not in state.counterfactuals:
+                    state.counterfactuals[decided.work_id] = decided
+                    state.new_counterfactuals.append(decided)
+        live: dict[tuple[str, int, str], MeteredAllocation] = {}
+        previous = {
+            (a.work_id, a.member_index, a.node_id): a
+            for allocations in self._by_node.values()
+            for a in allocations
+            if a.ended_at_s is None
+        }
+        for allocation in store.allocations:
+            key = (allocation.work_id, allocation.member_index, allocation.node_id)
+            known = previous.get(key)
+            live[key] = (
+                known
+                if known is not None and known.started_at_s == allocation.started_at
+                else MeteredAllocation(
+                    work_id=allocation.work_id,
+                    member_index=allocation.member_index,
+                    tenant_id=allocation.tenant_id,
+                    node_id=allocation.node_id,
+                    accelerator_kind=allocation.accelerator_kind,
+                    accelerators=allocation.accelerators,
+                    accelerator_ids=allocation.accelerator_ids,
+                    started_at_s=allocation.started_at,
+                )
+            )
+            self._work_kinds[allocation.work_id] = allocation.work_kind
+        by_node: dict[str, list[MeteredAllocation]] = {}
+        for current in live.values():
+            by_node.setdefault(current.node_id, []).append(current)
+        for node_id, metered in self._by_node.items():
+            for one in metered:
+                if (one.work_id, one.member_index, one.node_id) in live:
+                    continue
+                ended = one
+                if one.ended_at_s is None:
+                    ended = dataclasses.replace(one, ended_at_s=max(now, one.started_at_s))
+                by_node.setdefault(node_id, []).append(ended)
+        self._by_node = by_node
+        active = {record.work_id for record in store.work}
+        self._work_tenants = {record.work_id: record.tenant_id for record in store.work}
+        for work_id in self._active_work - active:
+            tenant = next((a.tenant_id for a in previous.values() if a.work_id == work_id), None)
+            if tenant is not None:
+                self._ending[work_id] = _Ending(tenant, now)
+        self._active_work = active
+
+    # ---- leading and flushing --------------------------------------------------------------
+
+    async def begin(self, lease: LeadershipLease) -> None:
+        """Start metering as the leader: read the marks, the totals and the active
+        work's counterfactuals (before the first pass, so that it can add new ones)."""
+        del lease  # reads need none; it is checked by every flush
+        marks = await self._store.usage_marks()
+        self.totals = {}
+        for total in await self._store.usage_totals():
+            self.totals[(total.tenant_id, total.zone, total.currency)] = TenantTotals(
+                total.energy_j, total.gco2_g, total.cost, total.avoided_gco2_g
+            )
+        known = await self._store.counterfactuals(sorted(self._active_work))
+        self._state = _LeaderState(
+            marks={
+                node_id: NodeMark(m.instance_id, m.seq, m.sampled_at, m.energy_j)
+                for node_id, m in marks.items()
+            },
+            counterfactuals=known,
+        )
+        self._log.info("usage metering started", nodes_marked=len(marks))
+
+    async def run(self, lease: LeadershipLease) -> None:
+        """Flush every `flush_interval_s` while `lease` is held (after `begin`); cancel to
+        stop: a last flush is tried first."""
+        try:
+            while True:
+                await asyncio.sleep(self._settings.flush_interval_s)
+                await self.flush(lease)
+        finally:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(5.0):
+                    await self.flush(lease)
+            self._state = None
+
+    async def flush(self, lease: LeadershipLease) -> None:
+        state = self._state
+        if state is None:
+            return
+        started = time.perf_counter()
+        pending, state.pending = state.pending, []
+        dirty, state.dirty = state.dirty, set()
+        new_counterfactuals, state.new_counterfactuals = state.new_counterfactuals, []
+        rows = price(
+            pending,
+            self._grid,
+            state.counterfactuals,
+            pue=self._energy.pue,
+            grid_offset_s=self._grid_offset_s,
+        )
+        marks = [
+            UsageMark(node_id, m.instance_id, m.seq, m.sampled_at_s, dict(m.energy_j))
+            for node_id in sorted(dirty)
+            if (m := state.marks.get(node_id)) is not None
+        ]
+        finals = await self._final_events(rows)
+        write = UsageWrite(
+            rows=rows, marks=marks, counterfactuals=new_counterfactuals, events=finals
+        )
+        try:
+            await self._store.write_usage(write, lease=lease)
+        except LeadershipLostError:
+            raise
+        except StoreUnavailableError as error:
+            # Keep it for the next flush: nothing is lost while the process lives.
+            state.pending = pending + state.pending
+            state.dirty |= dirty
+            state.new_counterfactuals = new_counterfactuals + state.new_counterfactuals
+            self.stats.failed_flushes += 1
+            self._log.warning("usage flush failed: store unavailable", error=str(error))
+            return
+        for event in finals:
+            if event.work_id is not None:
+                self._ending.pop(event.work_id, None)
+                state.counterfactuals.pop(event.work_id, None)
+        for row in rows:
+            key = (row.tenant_id, row.zone, row.currency)
+            self.totals.setdefault(key, TenantTotals()).add(row)
+        self.stats.flushes += 1
+        self.stats.rows_written += len(rows)
+        self.stats.last_flush_ms = (time.perf_counter() - started) * 1000.0
+        async with self.flushed:
+            self.flushed.notify_all()
+
+    async def _final_events(self, rows: Sequence[UsageHour]) -> list[NewEvent]:
+        now = self._clock()
+        due = [
+            (work_id, ending)
+            for work_id, ending in self._ending.items()
+            if now - ending.ended_at_s >= self._settings.final_delay_s
+        ]
+        if not due:
+            return []
+        stored = await self._store.usage(UsageQuery(work_ids=[work_id for work_id, _ in due]))
+        events = []
+        for work_id, ending in due:
+            mine = [r for r in stored if r.work_id == work_id]
+            mine.extend(r for r in rows if r.work_id == work_id)
+            summary = usage_summary(mine)
+            events.append(
+                NewEvent(
+                    kind=USAGE_EVENT,
+                    payload=msgspec.json.encode({"work_id": work_id, "usage": summary}),
+                    tenant_id=ending.tenant_id,
+                    work_id=work_id,
+                    event_id=f"{USAGE_EVENT}:{work_id}",
+                )
+            )
+        return events
+
+    def allocations_on(self, node_id: str) -> Iterable[MeteredAllocation]:
+        return tuple(self._by_node.get(node_id, ()))

@@ -1,0 +1,267 @@
+"""Energy of each allocation from one telemetry sample of its node (pure).
+
+A node's sample covers [previous sample, this sample) of the same agent instance.
+Per device, the energy over that step comes from, best first:
+
+1. the difference of its cumulative energy counter (NVML total energy, RAPL), which
+   also covers exactly any samples lost on the way (a broker outage, a control-plane
+   restart: the counter kept counting);
+2. its power sample times the step: a sample's power describes its own interval, so
+   beyond ``2 × interval_s`` the rest of the step is a *gap*;
+3. the energy model at the sample's utilisation (linear between the device's idle
+   and maximum power, `cloud.loop.nodes.device_power_w`).
+
+Steps 1 and 2 are *measured*; the model's share is not. A gap (a step longer than
+the sample's own interval without a counter, or the time between the last sample
+of an agent instance and the first of the next one) is filled by the model at the
+new sample's utilisation and counted in ``gap_s``.
+
+An allocation gets its own devices' energy, prorated by how much of the step it
+held them, plus a host share the way the energy model (`cloud.green.energy`) adds
+one: the node's CPU energy × a / (devices of its kind on the node), or, on a node
+that reports no CPU, ``host_overhead_ratio`` of the devices' energy. CPU work gets
+the CPU's energy × its cores / the CPU's cores.
+
+A sample older than the mark (a replay, a retained or duplicated copy, a restarted
+control plane seeing what it already counted) yields nothing and keeps the mark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cloud.loop.nodes import device_power_w
+from shared.messages import Accelerator, AcceleratorKind, AcceleratorSample, NodeStatus, Telemetry
+
+# A step up to this many sample intervals is one sample's (scheduling jitter, a
+# dropped QoS-0 sample); beyond, the power sample no longer describes it.
+POWER_SAMPLE_REACH = 2.0
+DEFAULT_MAX_GAP_S = 6 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMark:
+    """What has been counted of a node: up to `sampled_at_s` of one agent instance."""
+
+    instance_id: str
+    seq: int
+    sampled_at_s: float
+    energy_j: Mapping[str, float]  # each device's cumulative counter at that sample
+
+
+@dataclass(frozen=True, slots=True)
+class MeteredAllocation:
+    work_id: str
+    member_index: int
+    tenant_id: str
+    node_id: str
+    accelerator_kind: AcceleratorKind
+    accelerators: int  # devices, or cores of a CPU
+    accelerator_ids: tuple[str, ...]  # () for CPU work: its cores are not pinned
+    started_at_s: float
+    ended_at_s: float | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.work_id, self.member_index)
+
+
+@dataclass(frozen=True, slots=True)
+class Increment:
+    allocation: MeteredAllocation
+    start_s: float
+    end_s: float
+    energy_j: float  # facility overhead (PUE) not applied
+    measured_j: float  # of which from counters or power samples
+    gap_s: float  # seconds of [start, end) filled by the model for lack of telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class _DeviceEnergy:
+    energy_j: float
+    measured_j: float
+
+
+def _modelled_w(accelerator: Accelerator, sample: AcceleratorSample | None) -> float:
+    idle_w, max_w = device_power_w(accelerator)
+    busy = sample.utilization_pct / 100.0 if sample is not None else 0.0
+    return idle_w + (max_w - idle_w) * busy
+
+
+def _step_energy(
+    accelerator: Accelerator,
+    sample: AcceleratorSample | None,
+    previous_counter_j: float | None,
+    step_s: float,
+    interval_s: float,
+) -> tuple[_DeviceEnergy, float]:
+    """(energy over the step, seconds of it that are a gap)."""
+    if (
+        sample is not None
+        and sample.energy_j is not None
+        and previous_counter_j is not None
+        and sample.energy_j >= previous_counter_j
+    ):
+        delta = sample.energy_j - previous_counter_j
+        return _DeviceEnergy(delta, delta), 0.0
+    reach_s = POWER_SAMPLE_REACH * interval_s
+    if sample is not None and sample.power_w is not None:
+        if step_s <= reach_s:
+            joules = sample.power_w * step_s
+            return _DeviceEnergy(joules, joules), 0.0
+        measured = sample.power_w * interval_s
+        gap_s = step_s - interval_s
+        return _DeviceEnergy(measured + _modelled_w(accelerator, sample) * gap_s, measured), gap_s
+    gap_s = max(0.0, step_s - reach_s)
+    return _DeviceEnergy(_modelled_w(accelerator, sample) * step_s, 0.0), gap_s
+
+
+def _held(allocation: MeteredAllocation, start_s: float, end_s: float) -> tuple[float, float]:
+    """The part of [start, end) the allocation held its devices (empty: start >= end)."""
+    ended = allocation.ended_at_s if allocation.ended_at_s is not None else end_s
+    return max(start_s, allocation.started_at_s), min(end_s, ended)
+
+
+def _share(
+    allocation: MeteredAllocation,
+    inventory: Sequence[Accelerator],
+    energies: Mapping[str, _DeviceEnergy],
+    host_overhead_ratio: float,
+) -> _DeviceEnergy:
+    """The allocation's energy over the whole step, had it held its devices throughout."""
+    cpus = [a for a in inventory if a.kind == "cpu"]
+    cpu_j = sum(energies[a.id].energy_j for a in cpus)
+    cpu_measured_j = sum(energies[a.id].measured_j for a in cpus)
+    if allocation.accelerator_kind == "cpu":
+        cores = sum(max(1, a.compute_units) for a in cpus)
+        part = min(1.0, allocation.accelerators / cores) if cores else 0.0
+        return _DeviceEnergy(cpu_j * part, cpu_measured_j * part)
+    own = [energies[i] for i in allocation.accelerator_ids if i in energies]
+    device_j = sum(e.energy_j for e in own)
+    device_measured_j = sum(e.measured_j for e in own)
+    if not cpus:
+        return _DeviceEnergy(
+            device_j * (1.0 + host_overhead_ratio), device_measured_j * (1.0 + host_overhead_ratio)
+        )
+    pool = sum(1 for a in inventory if a.kind == allocation.accelerator_kind)
+    part = allocation.accelerators / pool if pool else 0.0
+    return _DeviceEnergy(device_j + cpu_j * part, device_measured_j + cpu_measured_j * part)
+
+
+def is_replay(telemetry: Telemetry, mark: NodeMark | None) -> bool:
+    """Whether the sample was counted already (or is older than what was)."""
+    if mark is None:
+        return False
+    sampled_at_s = telemetry.sampled_at
+    if sampled_at_s <= mark.sampled_at_s:
+        return True
+    return telemetry.instance_id == mark.instance_id and telemetry.seq <= mark.seq
+
+
+def meter(
+    inventory: NodeStatus,
+    telemetry: Telemetry,
+    mark: NodeMark | None,
+    allocations: Sequence[MeteredAllocation],
+    *,
+    host_overhead_ratio: float = 0.1,
+    max_gap_s: float = DEFAULT_MAX_GAP_S,
+) -> tuple[list[Increment], NodeMark | None]:
+    """The increments of the node's allocations since `mark`, and the new mark (the old
+    one for a replay)."""
+    if is_replay(telemetry, mark):
+        return [], mark
+    end_s = telemetry.sampled_at
+    interval_s = telemetry.interval_s
+    samples = {sample.id: sample for sample in telemetry.accelerators}
+    same_instance = mark is not None and mark.instance_id == telemetry.instance_id
+    new_mark = NodeMark(
+        instance_id=telemetry.instance_id,
+        seq=telemetry.seq,
+        sampled_at_s=end_s,
+        energy_j={s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None},
+    )
+    if same_instance:
+        assert mark is not None
+        start_s = mark.sampled_at_s
+        counters: Mapping[str, float] = mark.energy_j
+    else:
+        start_s = end_s - interval_s
+        counters = {}
+    # Between the last sample of a previous instance and this one's first interval.
+    gap_start_s = None
+    if mark is not None and not same_instance and mark.sampled_at_s < start_s:
+        gap_start_s = max(mark.sampled_at_s, start_s - max_gap_s)
+    start_s = max(start_s, end_s - max_gap_s)
+    step_s = end_s - start_s
+    if step_s <= 0 or not allocations:
+        return [], new_mark
+    energies: dict[str, _DeviceEnergy] = {}
+    step_gap_s = 0.0
+    for accelerator in inventory.accelerators:
+        energy, gap_s = _step_energy(
+            accelerator,
+            samples.get(accelerator.id),
+            counters.get(accelerator.id),
+            step_s,
+            interval_s,
+        )
+        energies[accelerator.id] = energy
+        step_gap_s = max(step_gap_s, gap_s)
+    increments: list[Increment] = []
+    for allocation in allocations:
+        held_start_s, held_end_s = _held(allocation, start_s, end_s)
+        if held_end_s > held_start_s:
+            whole = _share(allocation, inventory.accelerators, energies, host_overhead_ratio)
+            part = (held_end_s - held_start_s) / step_s
+            increments.append(
+                Increment(
+                    allocation=allocation,
+                    start_s=held_start_s,
+                    end_s=held_end_s,
+                    energy_j=whole.energy_j * part,
+                    measured_j=whole.measured_j * part,
+                    gap_s=step_gap_s * part,
+                )
+            )
+    if gap_start_s is not None:
+        increments.extend(
+            _gap_increments(
+                inventory, samples, allocations, gap_start_s, start_s, host_overhead_ratio
+            )
+        )
+    return increments, new_mark
+
+
+def _gap_increments(
+    inventory: NodeStatus,
+    samples: Mapping[str, AcceleratorSample],
+    allocations: Sequence[MeteredAllocation],
+    start_s: float,
+    end_s: float,
+    host_overhead_ratio: float,
+) -> list[Increment]:
+    """The model's energy over [start, end), a time no sample of any instance covers."""
+    span_s = end_s - start_s
+    energies = {
+        a.id: _DeviceEnergy(_modelled_w(a, samples.get(a.id)) * span_s, 0.0)
+        for a in inventory.accelerators
+    }
+    result = []
+    for allocation in allocations:
+        held_start_s, held_end_s = _held(allocation, start_s, end_s)
+        if held_end_s > held_start_s:
+            whole = _share(allocation, inventory.accelerators, energies, host_overhead_ratio)
+            held_s = held_end_s - held_start_s
+            result.append(
+                Increment(
+                    allocation=allocation,
+                    start_s=held_start_s,
+                    end_s=held_end_s,
+                    energy_j=whole.energy_j * held_s / span_s,
+                    measured_j=0.0,
+                    gap_s=held_s,
+                )
+            )
+    return result

@@ -1,0 +1,146 @@
+"""Usage and grid series on /metrics: what tenants used, emitted, paid and avoided; the
+grid each zone is on; where the load runs.
+
+Usage counters are the store's totals (read when this process began to lead) plus
+every flush since, per tenant, zone and currency; a replica that does not lead
+exports none. The grid is the leader's latest pass's: the recorded value of the
+current hour, never a forecast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cloud.fleet.registry import NodeRegistry
+from cloud.usage.accountant import Accountant
+
+J_PER_KWH = 3.6e6
+HOUR_S = 3600.0
+
+
+class UsageCollector(Collector):
+    def __init__(
+        self,
+        accountant: Accountant,
+        registry: NodeRegistry,
+        newest_reading_s: Callable[[str], float | None],
+    ) -> None:
+        """`newest_reading_s`: on the signals' clock (`SignalService.newest_reading_s`)."""
+        self._accountant = accountant
+        self._registry = registry
+        self._newest_reading_s = newest_reading_s
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._usage()
+        yield from self._grid()
+        yield from self._load()
+
+    def _usage(self) -> Iterator[Metric]:
+        names = self._accountant.tenant_names
+        labels = ["tenant", "zone"]
+        energy = CounterMetricFamily(
+            "greenfed_usage_energy_kwh", "Energy used by tenants' work, kWh", labels=labels
+        )
+        emissions = CounterMetricFamily(
+            "greenfed_usage_emissions_grams",
+            "Emissions of tenants' work at the recorded grid intensity, gCO2eq",
+            labels=labels,
+        )
+        avoided = CounterMetricFamily(
+            "greenfed_usage_avoided_emissions_grams",
+            "Emissions the carbon-agnostic baseline's placement would have added, gCO2eq",
+            labels=labels,
+        )
+        cost = CounterMetricFamily(
+            "greenfed_usage_cost",
+            "Electricity cost of tenants' work, in the zone's currency",
+            labels=[*labels, "currency"],
+        )
+        by_tenant_zone: dict[tuple[str, str], list[float]] = {}
+        for (tenant_id, zone, currency), totals in sorted(self._accountant.totals.items()):
+            tenant = names.get(tenant_id, tenant_id)
+            sums = by_tenant_zone.setdefault((tenant, zone), [0.0, 0.0, 0.0])
+            sums[0] += totals.energy_j / J_PER_KWH
+            sums[1] += totals.gco2_g
+            sums[2] += totals.avoided_gco2_g
+            cost.add_metric([tenant, zone, currency], totals.cost)
+        for (tenant, zone), (kwh, gco2, saved) in sorted(by_tenant_zone.items()):
+            energy.add_metric([tenant, zone], kwh)
+            emissions.add_metric([tenant, zone], gco2)
+            avoided.add_metric([tenant, zone], saved)
+        yield energy
+        yield emissions
+        yield avoided
+        yield cost
+
+    def _grid(self) -> Iterator[Metric]:
+        grid = self._accountant.grid
+        now = self._accountant.grid_now_s()
+        carbon = GaugeMetricFamily(
+            "greenfed_grid_carbon_intensity_grams_per_kwh",
+            "Recorded carbon intensity of the current hour, gCO2eq/kWh",
+            labels=["zone", "signal_type"],
+        )
+        price = GaugeMetricFamily(
+            "greenfed_grid_price_per_mwh",
+            "Recorded electricity price of the current hour, per MWh",
+            labels=["zone", "currency"],
+        )
+        stale = GaugeMetricFamily(
+            "greenfed_grid_signal_stale",
+            "1 while a zone's signal is old or a fallback",
+            labels=["zone"],
+        )
+        age = GaugeMetricFamily(
+            "greenfed_grid_signal_age_seconds",
+            "Time since the start of a zone's newest reading from a provider",
+            labels=["zone"],
+        )
+        for zone, series in sorted(grid.zones.items()):
+            hour = int((now - series.start_s) // HOUR_S)
+            hour = min(max(hour, 0), series.carbon_g_per_kwh.size - 1)
+            carbon.add_metric([zone, series.signal_type], float(series.carbon_g_per_kwh[hour]))
+            value = float(series.price_per_mwh[hour])
+            if value == value:  # not NaN
+                price.add_metric([zone, series.currency], value)
+            stale.add_metric([zone], 1.0 if series.stale else 0.0)
+            newest = self._newest_reading_s(zone)
+            if newest is not None:
+                age.add_metric([zone], max(0.0, now - newest))
+        yield carbon
+        yield price
+        yield stale
+        yield age
+
+    def _load(self) -> Iterator[Metric]:
+        allocated = GaugeMetricFamily(
+            "greenfed_zone_accelerators_allocated",
+            "Accelerators (CPU: cores) allocated to work, by zone and kind",
+            labels=["zone", "kind"],
+        )
+        power = GaugeMetricFamily(
+            "greenfed_zone_power_watts",
+            "Power of online nodes' accelerators in their latest samples, by zone",
+            labels=["zone"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        watts: dict[str, float] = {}
+        for record in self._registry.nodes():
+            zone = record.status.zone
+            for allocation in self._accountant.allocations_on(record.node_id):
+                if allocation.ended_at_s is None:
+                    key = (zone, allocation.accelerator_kind)
+                    counts[key] = counts.get(key, 0) + allocation.accelerators
+            if record.state == "online" and record.telemetry is not None:
+                watts[zone] = watts.get(zone, 0.0) + sum(
+                    s.power_w for s in record.telemetry.accelerators if s.power_w is not None
+                )
+        for (zone, kind), count in sorted(counts.items()):
+            allocated.add_metric([zone, kind], count)
+        for zone, total in sorted(watts.items()):
+            power.add_metric([zone], total)
+        yield allocated
+        yield power

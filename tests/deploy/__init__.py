@@ -1,0 +1,1 @@
+"""Tests of the files under deploy/: Prometheus rules, Grafana dashboards."""

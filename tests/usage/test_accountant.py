@@ -1,0 +1,192 @@
+"""The live accountant against the real store: a node with a known power profile, its
+job's energy and emissions, a telemetry gap, replays and a control-plane restart."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from cloud.fleet.registry import NodeRegistry
+from cloud.signals.grid import GridSignals, ZoneSeries
+from cloud.store import AllocationRecord, StoreSnapshot, UsageQuery, open_store
+from cloud.usage.accountant import Accountant
+from cloud.usage.views import usage_summary
+from shared.messages import Accelerator, AcceleratorSample, HostInfo, NodeStatus, Telemetry
+from shared.settings import UsageSettings
+from tests.store.databases import DatabaseUnderTest
+
+pytestmark = pytest.mark.timeout(60)
+
+GIB = 1024**3
+HOUR_S = 3600.0
+T0 = 1_800_000_000.0 - 1_800_000_000.0 % HOUR_S + 600.0  # ten minutes into an hour
+POWER_W = 300.0  # the GPU's constant draw; the node reports no CPU (10 % host overhead)
+INTERVAL_S = 10.0
+CARBON = [420.0, 180.0, 90.0]  # DE's recorded intensity, hour by hour from the hour of T0
+GPU = Accelerator(
+    id="gpu0", kind="gpu", vendor="nvidia", model="A100", memory_bytes=80 * GIB,
+    compute_units=108, idle_power_w=50.0, max_power_w=400.0,
+)  # fmt: skip
+
+
+def birth(now: float) -> NodeStatus:
+    return NodeStatus(
+        node_id="n1", state="online", instance_id="i1", agent_version="test", site="cloud",
+        zone="DE", region="europe-west3",
+        host=HostInfo(hostname="h", os="Linux", arch="x86_64", cpu_logical_cores=32,
+                      memory_total_bytes=64 * GIB),
+        accelerators=(GPU,), telemetry_interval_s=INTERVAL_S, started_at=T0 - 100, sent_at=now,
+    )  # fmt: skip
+
+
+def reading(at: float, *, counter: bool = True) -> Telemetry:
+    seq = round((at - T0) / INTERVAL_S) + 10
+    return Telemetry(
+        node_id="n1", instance_id="i1", seq=seq, sampled_at=at, interval_s=INTERVAL_S,
+        cpu_utilization_pct=5.0, memory_used_bytes=GIB, memory_total_bytes=64 * GIB,
+        accelerators=(AcceleratorSample(
+            id="gpu0", utilization_pct=71.4, memory_used_bytes=GIB, power_w=POWER_W,
+            energy_j=POWER_W * (at - T0 + 1000.0) if counter else None,
+        ),),
+    )  # fmt: skip
+
+
+def snapshot() -> StoreSnapshot:
+    allocation = AllocationRecord(
+        work_id="job-1", member_index=0, node_id="n1", accelerator_kind="gpu", accelerators=1,
+        accelerator_ids=("gpu0",), host_memory_bytes=0, started_at=T0, expected_end=None,
+        borrowed=False, state="running", tenant_id="t1", work_kind="training", priority="p1",
+    )  # fmt: skip
+    return StoreSnapshot(tenants=(), work=(), allocations=(allocation,), node_generations={})
+
+
+def grid(now: float) -> GridSignals:
+    """On the same clock as the samples (`now`: when the pass read it)."""
+    start = T0 - T0 % HOUR_S
+    series = ZoneSeries(
+        zone="DE", start_s=start, carbon_g_per_kwh=np.array(CARBON),
+        price_per_mwh=np.array([100.0, 80.0, 60.0]), currency="EUR",
+    )  # fmt: skip
+    return GridSignals(now_s=now, zones={"DE": series})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def start(database: DatabaseUnderTest, clock: Clock) -> tuple[Accountant, object, object]:
+    store = await open_store(database.settings, clock=clock)
+    lease = None
+    async with asyncio.timeout(10):
+        while lease is None:
+            lease = await store.try_acquire_leadership()
+    registry = NodeRegistry(wall_clock=clock)
+    registry.apply_status(birth(clock.now))
+    accountant = Accountant(store, registry, UsageSettings(), clock=clock)
+    accountant.note_pass(snapshot(), grid(clock.now))
+    await accountant.begin(lease)
+    accountant.note_pass(snapshot(), grid(clock.now))
+    return accountant, store, lease
+
+
+def feed(accountant: Accountant, times: list[float], clock: Clock, *, counter: bool = True) -> None:
+    for at in times:
+        clock.now = at
+        accountant.observe(reading(at, counter=counter))
+
+
+async def totals(store: object) -> tuple[float, float, float, float]:
+    rows = await store.usage(UsageQuery(work_ids=["job-1"]))  # type: ignore[attr-defined]
+    summary = usage_summary(rows)
+    return summary.energy_kwh, summary.gco2eq_g, summary.gap_filled_s, summary.measured_share or 0.0
+
+
+def expected_kwh(start_s: float, end_s: float) -> float:
+    return POWER_W * 1.1 * (end_s - start_s) / 3.6e6
+
+
+def expected_gco2(start_s: float, end_s: float) -> float:
+    """∫ P(t)·I(t) dt over the hours the interval crosses."""
+    grams, hour0 = 0.0, T0 - T0 % HOUR_S
+    for number, intensity in enumerate(CARBON):
+        lo, hi = max(start_s, hour0 + number * HOUR_S), min(end_s, hour0 + (number + 1) * HOUR_S)
+        if hi > lo:
+            grams += POWER_W * 1.1 * (hi - lo) / 3.6e6 * intensity
+    return grams
+
+
+async def test_a_known_power_profile_is_metered_and_priced_on_the_recorded_grid(
+    database: DatabaseUnderTest,
+) -> None:
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        # 70 minutes of samples: the job crosses into the next hour.
+        end = T0 + 4200.0
+        feed(accountant, [float(t) for t in np.arange(T0, end + 1, INTERVAL_S)], clock)
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, gco2, gap_s, measured = await totals(store)
+        assert kwh == pytest.approx(expected_kwh(T0, end), rel=0.02)
+        assert gco2 == pytest.approx(expected_gco2(T0, end), rel=0.02)
+        assert gap_s == 0.0
+        assert measured == pytest.approx(1.0)
+        # The per-tenant counters of /metrics say the same.
+        (total,) = accountant.totals.values()
+        assert total.energy_j / 3.6e6 == pytest.approx(kwh)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+async def test_a_restart_mid_job_and_replayed_telemetry_leave_the_totals_unchanged(
+    database: DatabaseUnderTest,
+) -> None:
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    feed(accountant, [T0 + 10 * i for i in range(31)], clock)  # 0..300 s
+    await accountant.flush(lease)  # type: ignore[arg-type]
+    # Counted after the flush, then the process dies: lost from memory, not from the marks.
+    feed(accountant, [T0 + 310, T0 + 320], clock)
+    await lease.release()  # type: ignore[attr-defined]
+    await store.close()  # type: ignore[attr-defined]
+
+    clock.now = T0 + 900
+    accountant, store, lease = await start(database, clock)
+    try:
+        # Retained or replayed copies of what was counted count nothing...
+        feed(accountant, [T0 + 200, T0 + 300], clock)
+        assert accountant.stats.replays == 2
+        # ... and the first sample after the outage spans it with the counter's difference.
+        feed(accountant, [T0 + 900 + 10 * i for i in range(31)], clock)  # to 1200 s
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, gco2, gap_s, _ = await totals(store)
+        assert kwh == pytest.approx(expected_kwh(T0, T0 + 1200), rel=0.02)
+        assert gco2 == pytest.approx(expected_gco2(T0, T0 + 1200), rel=0.02)
+        assert gap_s == 0.0
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+async def test_a_gap_without_counters_is_filled_by_the_model_and_flagged(
+    database: DatabaseUnderTest,
+) -> None:
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        feed(accountant, [T0 + 10 * i for i in range(7)], clock, counter=False)  # to 60 s
+        feed(accountant, [T0 + 660], clock, counter=False)  # ten minutes without a sample
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        rows = await store.usage(UsageQuery(work_ids=["job-1"]))  # type: ignore[attr-defined]
+        summary = usage_summary(rows)
+        assert summary.gap_filled_s == pytest.approx(590.0)
+        assert summary.measured_share is not None
+        assert summary.measured_share < 0.2
+        # The model at the sample's utilisation: 50 + 350 × 0.714 ≈ 300 W, so close.
+        assert summary.energy_kwh == pytest.approx(expected_kwh(T0, T0 + 660), rel=0.02)
+    finally:
+        await store.close()  # type: ignore[attr-defined]

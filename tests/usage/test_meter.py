@@ -1,0 +1,200 @@
+"""Energy of each allocation from telemetry (cloud/usage/meter.py) and its pricing on the
+recorded grid (cloud/usage/pricing.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cloud.signals.grid import GridSignals, ZoneSeries
+from cloud.store import CounterfactualRecord
+from cloud.usage.meter import MeteredAllocation, NodeMark, meter
+from cloud.usage.pricing import Priced, price
+from shared.messages import Accelerator, AcceleratorSample, HostInfo, NodeStatus, Telemetry
+
+GIB = 1024**3
+T0 = 1_700_000_000.0 - 1_700_000_000.0 % 3600  # on an hour
+GPU = Accelerator(
+    id="gpu0", kind="gpu", vendor="nvidia", model="A100", memory_bytes=80 * GIB,
+    compute_units=108, idle_power_w=50.0, max_power_w=400.0,
+)  # fmt: skip
+GPU1 = Accelerator(
+    id="gpu1", kind="gpu", vendor="nvidia", model="A100", memory_bytes=80 * GIB,
+    compute_units=108, idle_power_w=50.0, max_power_w=400.0,
+)  # fmt: skip
+CPU = Accelerator(
+    id="cpu0", kind="cpu", vendor="intel", model="Xeon", memory_bytes=64 * GIB,
+    compute_units=32, idle_power_w=60.0, max_power_w=220.0,
+)  # fmt: skip
+
+
+def birth(*accelerators: Accelerator) -> NodeStatus:
+    return NodeStatus(
+        node_id="n1", state="online", instance_id="i1", agent_version="test", site="cloud",
+        zone="DE", region="europe-west3",
+        host=HostInfo(hostname="h", os="Linux", arch="x86_64", cpu_logical_cores=32,
+                      memory_total_bytes=64 * GIB),
+        accelerators=accelerators, telemetry_interval_s=10.0, started_at=T0, sent_at=T0,
+    )  # fmt: skip
+
+
+def sample(
+    at: float, seq: int, *, energy: dict[str, float] | None = None,
+    power: dict[str, float] | None = None, util: float = 80.0, instance: str = "i1",
+) -> Telemetry:  # fmt: skip
+    ids = sorted(set(energy or {}) | set(power or {})) or ["gpu0"]
+    return Telemetry(
+        node_id="n1", instance_id=instance, seq=seq, sampled_at=at, interval_s=10.0,
+        cpu_utilization_pct=10.0, memory_used_bytes=GIB, memory_total_bytes=64 * GIB,
+        accelerators=tuple(
+            AcceleratorSample(
+                id=i, utilization_pct=util, memory_used_bytes=0,
+                power_w=(power or {}).get(i), energy_j=(energy or {}).get(i),
+            )
+            for i in ids
+        ),
+    )  # fmt: skip
+
+
+def job(
+    start: float = T0, end: float | None = None, ids: tuple[str, ...] = ("gpu0",)
+) -> MeteredAllocation:
+    return MeteredAllocation(
+        work_id="job-1", member_index=0, tenant_id="t1", node_id="n1", accelerator_kind="gpu",
+        accelerators=len(ids), accelerator_ids=ids, started_at_s=start, ended_at_s=end,
+    )  # fmt: skip
+
+
+def test_counter_differences_are_the_energy_and_span_lost_samples() -> None:
+    node = birth(GPU)
+    _, mark = meter(node, sample(T0, 1, energy={"gpu0": 1000.0}), None, [job()])
+    # Samples 2..9 never arrived: the counter still says what was used.
+    increments, mark2 = meter(node, sample(T0 + 90, 10, energy={"gpu0": 28_000.0}), mark, [job()])
+    (one,) = increments
+    assert (one.start_s, one.end_s) == (T0, T0 + 90)
+    # No CPU on the node: the energy model's 10 % host overhead.
+    assert one.energy_j == pytest.approx(27_000.0 * 1.1)
+    assert one.measured_j == pytest.approx(one.energy_j)
+    assert one.gap_s == 0.0
+    assert mark2 is not None
+    assert mark2.seq == 10
+
+
+def test_a_replayed_or_old_sample_counts_nothing_and_keeps_the_mark() -> None:
+    node = birth(GPU)
+    mark = NodeMark("i1", 5, T0 + 50, {"gpu0": 5000.0})
+    for old in (sample(T0 + 50, 5, energy={"gpu0": 5000.0}), sample(T0 + 40, 4)):
+        increments, kept = meter(node, old, mark, [job()])
+        assert increments == []
+        assert kept is mark
+
+
+def test_power_samples_then_the_model_fill_a_gap_and_flag_it() -> None:
+    node = birth(GPU)
+    mark = NodeMark("i1", 1, T0, {})
+    # 10 s interval, next sample after 100 s and no counter: 10 s measured, 90 s modelled.
+    (one,), _ = meter(node, sample(T0 + 100, 2, power={"gpu0": 300.0}, util=50.0), mark, [job()])
+    modelled_w = 50.0 + (400.0 - 50.0) * 0.5
+    assert one.measured_j == pytest.approx(300.0 * 10 * 1.1)
+    assert one.energy_j == pytest.approx((300.0 * 10 + modelled_w * 90) * 1.1)
+    assert one.gap_s == pytest.approx(90.0)
+
+
+def test_an_agent_restart_fills_the_time_between_instances_with_the_model() -> None:
+    node = birth(GPU)
+    mark = NodeMark("i1", 7, T0, {"gpu0": 99_999.0})
+    increments, new = meter(
+        node, sample(T0 + 60, 0, energy={"gpu0": 10.0}, power={"gpu0": 200.0}, instance="i2"),
+        mark, [job()],
+    )  # fmt: skip
+    assert new is not None
+    assert new.instance_id == "i2"
+    measured = next(i for i in increments if i.measured_j > 0)
+    gap = next(i for i in increments if i.measured_j == 0)
+    assert (measured.start_s, measured.end_s) == (T0 + 50, T0 + 60)  # its own interval
+    assert (gap.start_s, gap.end_s, gap.gap_s) == (T0, T0 + 50, 50.0)
+
+
+def test_allocations_get_their_own_devices_their_share_of_the_host_and_of_the_step() -> None:
+    node = birth(CPU, GPU, GPU1)
+    mark = NodeMark("i1", 1, T0, {"gpu0": 0.0, "gpu1": 0.0, "cpu0": 0.0})
+    reading = sample(T0 + 100, 2, energy={"gpu0": 30_000.0, "gpu1": 10_000.0, "cpu0": 8_000.0})
+    first = job(ids=("gpu0",))
+    # Placed half-way through the step, on the other GPU.
+    second = MeteredAllocation(
+        work_id="job-2", member_index=0, tenant_id="t1", node_id="n1", accelerator_kind="gpu",
+        accelerators=1, accelerator_ids=("gpu1",), started_at_s=T0 + 50,
+    )  # fmt: skip
+    cpu_work = MeteredAllocation(
+        work_id="job-3", member_index=0, tenant_id="t1", node_id="n1", accelerator_kind="cpu",
+        accelerators=8, accelerator_ids=(), started_at_s=T0, ended_at_s=T0 + 25,
+    )  # fmt: skip
+    got = {
+        i.allocation.work_id: i for i in meter(node, reading, mark, [first, second, cpu_work])[0]
+    }
+    assert got["job-1"].energy_j == pytest.approx(30_000.0 + 8_000.0 / 2)
+    assert got["job-2"].energy_j == pytest.approx((10_000.0 + 8_000.0 / 2) / 2)
+    assert (got["job-2"].start_s, got["job-2"].end_s) == (T0 + 50, T0 + 100)
+    assert got["job-3"].energy_j == pytest.approx(8_000.0 * 8 / 32 / 4)
+
+
+def grid(carbon: list[float], price_per_mwh: list[float], currency: str = "EUR") -> GridSignals:
+    series = ZoneSeries(
+        zone="DE", start_s=T0, carbon_g_per_kwh=np.array(carbon),
+        price_per_mwh=np.array(price_per_mwh), currency=currency,
+    )  # fmt: skip
+    other = ZoneSeries(
+        zone="FR", start_s=T0, carbon_g_per_kwh=np.full(len(carbon), 50.0),
+        price_per_mwh=np.full(len(carbon), 80.0), currency="EUR",
+    )  # fmt: skip
+    return GridSignals(now_s=T0 + 2 * 3600, zones={"DE": series, "FR": other})
+
+
+def test_pricing_splits_at_hours_and_uses_each_hours_recorded_intensity() -> None:
+    node = birth(GPU)
+    (increment,), _ = meter(
+        node, sample(T0 + 5400, 2, energy={"gpu0": 3.6e6}),
+        NodeMark("i1", 1, T0 + 1800, {"gpu0": 0.0}), [job()], host_overhead_ratio=0.0,
+    )  # fmt: skip
+    rows = price(
+        [Priced(increment, "DE", "training")], grid([400.0, 100.0, 0.0], [100.0, 50.0, 0.0]), {}
+    )
+    assert [r.hour_start for r in rows] == [T0, T0 + 3600]
+    assert [r.energy_j for r in rows] == pytest.approx([1.8e6, 1.8e6])  # 1 kWh, half each
+    assert sum(r.gco2_g for r in rows) == pytest.approx(0.5 * 400.0 + 0.5 * 100.0)
+    assert sum(r.cost for r in rows) == pytest.approx(0.5 * 100.0 / 1000 + 0.5 * 50.0 / 1000)
+    assert {r.currency for r in rows} == {"EUR"}
+    assert not any(r.fallback for r in rows)
+    assert all(r.counterfactual_gco2_g is None for r in rows)
+
+
+def test_the_counterfactual_prices_the_same_energy_on_the_baselines_zones() -> None:
+    node = birth(GPU)
+    (increment,), _ = meter(
+        node, sample(T0 + 3600, 2, energy={"gpu0": 3.6e6}), NodeMark("i1", 1, T0, {"gpu0": 0.0}),
+        [job()], host_overhead_ratio=0.0,
+    )  # fmt: skip
+    # The baseline would have used 20 % more energy, half of it in FR.
+    baseline = CounterfactualRecord(
+        work_id="job-1", tenant_id="t1", decided_at=T0, baseline="fifo-binpack",
+        zone_factors={"DE": 0.6, "FR": 0.6},
+    )  # fmt: skip
+    (row,) = price(
+        [Priced(increment, "FR", "training")], grid([400.0] * 3, [1.0] * 3), {"job-1": baseline}
+    )
+    assert row.gco2_g == pytest.approx(50.0)
+    assert row.counterfactual_gco2_g == pytest.approx(0.6 * 400.0 + 0.6 * 50.0)
+
+
+def test_a_zone_without_a_signal_is_priced_conservatively_and_flagged() -> None:
+    node = birth(GPU)
+    (increment,), _ = meter(
+        node, sample(T0 + 3600, 2, energy={"gpu0": 3.6e6}), NodeMark("i1", 1, T0, {"gpu0": 0.0}),
+        [job()], host_overhead_ratio=0.0,
+    )  # fmt: skip
+    (row,) = price([Priced(increment, "XX-UNKNOWN", "training")], grid([400.0] * 3, [1.0] * 3), {})
+    assert row.fallback
+    assert row.gco2_g >= 400.0  # never cleaner than the dirtiest known zone
+    assert math.isfinite(row.cost)
