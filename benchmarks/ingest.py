@@ -14,20 +14,28 @@ Per rate:
 - `consumer_cpu_pct`: CPU of the ingesting process, percent of one core;
 - `ingested_per_cpu_s`: messages per CPU second, the rate one busy core sustains.
 
+With `--accounting` the live accountant (cloud/usage/) meters every sample as the
+leader does: every node runs a job on its GPU, and usage is flushed to a SQLite store
+every `usage.flush_interval_s` (`usage_rows_written`, `usage_flush_ms` report it).
+
     python benchmarks/ingest.py --mqtt-url mqtt://127.0.0.1:1883 --rates 5000,10000,15000,20000
+    python benchmarks/ingest.py --accounting --rates 10000,15000
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import multiprocessing.synchronize
 import random
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from multiprocessing.queues import Queue
 from pathlib import Path
 
@@ -35,8 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
+from cloud.signals.grid import GridSignals
+from cloud.store import AllocationRecord, StoreSnapshot, open_store
+from cloud.usage.accountant import Accountant
 from shared.messages import AcceleratorSample, NodeStatus, Telemetry, encode
-from shared.settings import MqttSettings, parse_mqtt_url
+from shared.settings import MqttSettings, StoreSettings, UsageSettings, parse_mqtt_url
 from shared.topics import Channel, Topics
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
@@ -75,7 +86,11 @@ def telemetry(node_id: str, seq: int) -> bytes:
     """A realistic 2-accelerator sample (about 500 bytes)."""
     samples = (
         AcceleratorSample(
-            id="cpu0", utilization_pct=41.5, memory_used_bytes=2**34, power_w=88.1, energy_j=1234.5
+            id="cpu0",
+            utilization_pct=41.5,
+            memory_used_bytes=2**34,
+            power_w=88.1,
+            energy_j=88.1 * SAMPLE_INTERVAL_S * seq,
         ),
         AcceleratorSample(
             id="gpu0",
@@ -83,7 +98,7 @@ def telemetry(node_id: str, seq: int) -> bytes:
             memory_used_bytes=2**33,
             power_w=51.7,
             temperature_c=61.0,
-            energy_j=4321.0,
+            energy_j=51.7 * SAMPLE_INTERVAL_S * seq,
         ),
     )
     return encode(
@@ -150,7 +165,71 @@ def publish(
     report.put(sent)
 
 
-async def run_rate(url: str, nodes: int, rate: int, seconds: float) -> dict[str, float | int]:
+@contextlib.asynccontextmanager
+async def metering(
+    ingestor: Ingestor, registry: NodeRegistry, nodes: int
+) -> AsyncIterator[Accountant]:
+    """The live accountant as the leader runs it, every node running one job on gpu0."""
+    with tempfile.TemporaryDirectory(prefix="greenfed-bench-") as data_dir:
+        store = await open_store(StoreSettings(data_dir=data_dir))
+        lease = await store.try_acquire_leadership()
+        assert lease is not None
+        accountant = Accountant(store, registry, UsageSettings())
+        now = time.time()
+        allocations = tuple(
+            AllocationRecord(
+                work_id=f"job-{node_id}",
+                member_index=0,
+                node_id=node_id,
+                accelerator_kind="gpu",
+                accelerators=1,
+                accelerator_ids=("gpu0",),
+                host_memory_bytes=0,
+                started_at=now,
+                expected_end=None,
+                borrowed=False,
+                state="running",
+                tenant_id="bench",
+                work_kind="training",
+                priority="p1",
+            )
+            for node_id in node_ids(nodes)
+        )
+        snapshot = StoreSnapshot(tenants=(), work=(), allocations=allocations, node_generations={})
+        accountant.note_pass(snapshot, GridSignals(now_s=now, zones={}))
+        await accountant.begin(lease)
+        accountant.note_pass(snapshot, GridSignals(now_s=now, zones={}))
+        ingestor.telemetry_listeners.append(accountant.observe)
+        flushing = asyncio.create_task(accountant.run(lease))
+        try:
+            yield accountant
+        finally:
+            flushing.cancel()
+            await asyncio.gather(flushing, return_exceptions=True)
+            await lease.release()
+            await store.close()
+
+
+async def run_rate(
+    url: str, nodes: int, rate: int, seconds: float, *, accounting: bool = False
+) -> dict[str, float | int]:
+    async with contextlib.AsyncExitStack() as stack:
+        result, accountant = await _run_rate(url, nodes, rate, seconds, accounting, stack)
+    if accountant is not None:  # after its last flush
+        result["usage_flushes"] = accountant.stats.flushes
+        result["usage_rows_written"] = accountant.stats.rows_written
+        result["usage_last_flush_ms"] = round(accountant.stats.last_flush_ms, 1)
+    return result
+
+
+async def _run_rate(
+    url: str,
+    nodes: int,
+    rate: int,
+    seconds: float,
+    accounting: bool,
+    stack: contextlib.AsyncExitStack,
+) -> tuple[dict[str, float | int], Accountant | None]:
     root = f"gfbench-{uuid.uuid4().hex[:8]}"
     settings = MqttSettings(url=url, topic_root=root)
     registry = NodeRegistry()
@@ -162,6 +241,9 @@ async def run_rate(url: str, nodes: int, rate: int, seconds: float) -> dict[str,
     )
     for node_id in node_ids(nodes):  # births straight into the registry: only telemetry is timed
         registry.apply_status(birth(node_id))
+    accountant = (
+        await stack.enter_async_context(metering(ingestor, registry, nodes)) if accounting else None
+    )
     received = 0
     apply = ingestor.handle
 
@@ -204,7 +286,7 @@ async def run_rate(url: str, nodes: int, rate: int, seconds: float) -> dict[str,
         "broker_losses": sent - received,
         "consumer_cpu_pct": round(100 * cpu_s / wall_s, 1),
         "ingested_per_cpu_s": round(ingested / cpu_s) if cpu_s > 0 else 0,
-    }
+    }, accountant
 
 
 def main() -> None:
@@ -215,9 +297,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--rates", default="5000,10000,15000,20000")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--accounting", action="store_true", help="meter every sample (cloud/usage/)"
+    )
     args = parser.parse_args()
     results = [
-        asyncio.run(run_rate(args.mqtt_url, args.nodes, int(rate), args.seconds))
+        asyncio.run(
+            run_rate(args.mqtt_url, args.nodes, int(rate), args.seconds, accounting=args.accounting)
+        )
         for rate in args.rates.split(",")
     ]
     lossless = [
@@ -228,6 +315,7 @@ def main() -> None:
     summary = {
         "broker": args.mqtt_url,
         "nodes": args.nodes,
+        "accounting": args.accounting,
         "seconds_per_rate": args.seconds,
         "results": results,
         "highest_lossless_rate_msgs_per_s": max(lossless, default=0),

@@ -219,6 +219,23 @@ def cmd_tenants(args: argparse.Namespace) -> int:
 # -- parser ----------------------------------------------------------------------
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    from greenfed import usage_commands
+
+    try:
+        request = usage_commands.UsageRequest(
+            since=usage_commands.parse_when(args.since) if args.since else None,
+            until=usage_commands.parse_when(args.until) if args.until else None,
+            by=args.by,
+            tenant=args.tenant,
+            form="json" if args.json else "csv" if args.csv else "table",
+        )
+    except ValueError as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_client(args, lambda client: usage_commands.usage(client, request))
+
+
 def _list_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", help="comma-separated: pending,scheduled,running,...")
     parser.add_argument("--priority", help="comma-separated: p0,p1,p2")
@@ -250,6 +267,21 @@ def add_work_commands(commands: Any) -> None:
     job.add_argument("id")
     add_client_options(job)
     job.set_defaults(handler=_cmd_show("training"))
+
+    usage = commands.add_parser(
+        "usage", help="energy, emissions, cost and emissions avoided, with totals (like sacct)"
+    )
+    usage.add_argument("--since", help="ISO 8601 time or a time ago (24h, 7d); default: all")
+    usage.add_argument("--until", help="ISO 8601 time or a time ago; default: now")
+    usage.add_argument(
+        "--by",
+        default="tenant",
+        help="group by a comma-separated list of tenant, zone, job, day (default tenant)",
+    )
+    usage.add_argument("--tenant", help="the admin: one tenant's usage")
+    usage.add_argument("--csv", action="store_true", help="CSV, for spreadsheets")
+    add_client_options(usage)
+    usage.set_defaults(handler=cmd_usage)
 
     cancel = commands.add_parser("cancel", help="cancel a training job or a deployment")
     cancel.add_argument("id")

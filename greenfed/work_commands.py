@@ -38,6 +38,7 @@ from cloud.work.views import (
 )
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_OK
+from greenfed.usage_commands import usage_line
 from shared.messages import AcceleratorKind
 from shared.work_literals import SpecKind
 
@@ -246,6 +247,8 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
     )
     if work.allocations:
         target.print(_allocations_table(work.allocations))
+    if work.usage is not None:
+        target.print(usage_line(work.usage))
     if isinstance(work, DeploymentView) and work.replica_states:
         target.print(_replicas_table(work))
         _print_endpoints(work, target)

@@ -73,6 +73,7 @@ from shared.settings import SchedulingSettings
 from shared.tasks import stop_task
 
 _ERROR_BACKOFF_S = 1.0
+_METERING_START_S = 5.0
 
 
 def of_this_cluster(nodes: Mapping[str, NodeRecord], cluster_id: str) -> dict[str, NodeRecord]:
@@ -187,8 +188,11 @@ class SchedulingLoop:
         if self._accountant is None:
             await self._passes(lease)
             return
-        await self._accountant.begin(lease)
-        metering = asyncio.create_task(self._accountant.run(lease), name="usage-flush")
+        metering = asyncio.create_task(self._accountant.run(lease), name="usage-metering")
+        # Before the first pass if the store lets it: that pass's placements then get
+        # their counterfactuals.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._accountant.started.wait(), _METERING_START_S)
         try:
             await self._passes(lease)
         finally:

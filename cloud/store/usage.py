@@ -82,32 +82,36 @@ def _insert(backend: Backend, table: Any) -> Any:
     return postgresql_insert(table) if backend == "postgresql" else sqlite_insert(table)
 
 
+def _upsert_usage(backend: Backend) -> Any:
+    statement = _insert(backend, usage_hours)
+    excluded = statement.excluded
+    current = usage_hours.c
+    return statement.on_conflict_do_update(
+        index_elements=["work_id", "member_index", "node_id", "hour_start"],
+        set_={
+            "energy_j": current.energy_j + excluded.energy_j,
+            "measured_j": current.measured_j + excluded.measured_j,
+            "gap_s": current.gap_s + excluded.gap_s,
+            "gco2_g": current.gco2_g + excluded.gco2_g,
+            "cost": current.cost + excluded.cost,
+            # NULL + x stays NULL: a row with no counterfactual keeps none.
+            "counterfactual_gco2_g": current.counterfactual_gco2_g + excluded.counterfactual_gco2_g,
+            "fallback": current.fallback | excluded.fallback,
+            "updated_at": excluded.updated_at,
+        },
+    )
+
+
 async def add_usage(
     connection: AsyncConnection, backend: Backend, rows: Sequence[UsageHour], at: float
 ) -> None:
+    """One statement, executed for every row (compiled once, whatever the batch)."""
+    if not rows:
+        return
     ordered = sorted(rows, key=lambda r: (r.work_id, r.member_index, r.node_id, r.hour_start))
-    for batch in chunks(ordered):
-        statement = _insert(backend, usage_hours).values(
-            [{**_usage_values(row), "updated_at": at} for row in batch]
-        )
-        excluded = statement.excluded
-        current = usage_hours.c
-        statement = statement.on_conflict_do_update(
-            index_elements=["work_id", "member_index", "node_id", "hour_start"],
-            set_={
-                "energy_j": current.energy_j + excluded.energy_j,
-                "measured_j": current.measured_j + excluded.measured_j,
-                "gap_s": current.gap_s + excluded.gap_s,
-                "gco2_g": current.gco2_g + excluded.gco2_g,
-                "cost": current.cost + excluded.cost,
-                # NULL + x stays NULL: a row with no counterfactual keeps none.
-                "counterfactual_gco2_g": current.counterfactual_gco2_g
-                + excluded.counterfactual_gco2_g,
-                "fallback": current.fallback | excluded.fallback,
-                "updated_at": excluded.updated_at,
-            },
-        )
-        await connection.execute(statement)
+    await connection.execute(
+        _upsert_usage(backend), [{**_usage_values(row), "updated_at": at} for row in ordered]
+    )
 
 
 def _usage_values(row: UsageHour) -> dict[str, Any]:
@@ -134,33 +138,32 @@ def _usage_values(row: UsageHour) -> dict[str, Any]:
 async def put_marks(
     connection: AsyncConnection, backend: Backend, marks: Sequence[UsageMark]
 ) -> None:
-    for batch in chunks(sorted(marks, key=lambda m: m.node_id)):
-        statement = _insert(backend, usage_marks).values(
-            [
-                {
-                    "node_id": mark.node_id,
-                    "instance_id": mark.instance_id,
-                    "seq": mark.seq,
-                    "sampled_at": mark.sampled_at,
-                    "energy_j": msgspec.json.encode(
-                        {k: float(v) for k, v in mark.energy_j.items()}
-                    ),
-                }
-                for mark in batch
-            ]
-        )
-        excluded = statement.excluded
-        await connection.execute(
-            statement.on_conflict_do_update(
-                index_elements=["node_id"],
-                set_={
-                    "instance_id": excluded.instance_id,
-                    "seq": excluded.seq,
-                    "sampled_at": excluded.sampled_at,
-                    "energy_j": excluded.energy_j,
-                },
-            )
-        )
+    if not marks:
+        return
+    statement = _insert(backend, usage_marks)
+    excluded = statement.excluded
+    statement = statement.on_conflict_do_update(
+        index_elements=["node_id"],
+        set_={
+            "instance_id": excluded.instance_id,
+            "seq": excluded.seq,
+            "sampled_at": excluded.sampled_at,
+            "energy_j": excluded.energy_j,
+        },
+    )
+    await connection.execute(
+        statement,
+        [
+            {
+                "node_id": mark.node_id,
+                "instance_id": mark.instance_id,
+                "seq": mark.seq,
+                "sampled_at": mark.sampled_at,
+                "energy_j": msgspec.json.encode({k: float(v) for k, v in mark.energy_j.items()}),
+            }
+            for mark in sorted(marks, key=lambda m: m.node_id)
+        ],
+    )
 
 
 async def select_marks(connection: AsyncConnection) -> dict[str, UsageMark]:

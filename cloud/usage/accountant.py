@@ -127,6 +127,7 @@ class Accountant:
         self.totals: dict[tuple[str, str, str], TenantTotals] = {}
         self.stats = AccountingStats()
         self.flushed = asyncio.Condition()  # notified after every flush; tests wait on it
+        self.started = asyncio.Event()  # set while metering (marks loaded)
         self._log = structlog.get_logger("greenfed.usage")
 
     @property
@@ -260,6 +261,8 @@ class Accountant:
                 ended = one
                 if one.ended_at_s is None:
                     ended = dataclasses.replace(one, ended_at_s=max(now, one.started_at_s))
+                elif now - one.ended_at_s > self._settings.max_gap_s:
+                    continue  # its node never reported again: nothing more to count
                 by_node.setdefault(node_id, []).append(ended)
         self._by_node = by_node
         active = {record.work_id for record in store.work}
@@ -293,17 +296,32 @@ class Accountant:
         self._log.info("usage metering started", nodes_marked=len(marks))
 
     async def run(self, lease: LeadershipLease) -> None:
-        """Flush every `flush_interval_s` while `lease` is held (after `begin`); cancel to
-        stop: a last flush is tried first."""
+        """Meter while `lease` is held: `begin` (retried while the store is unavailable),
+        then a flush every `flush_interval_s`; cancel to stop: a last flush is tried
+        first. A flush that fails keeps its usage for the next one."""
         try:
+            while self._state is None:
+                try:
+                    await self.begin(lease)
+                except StoreUnavailableError as error:
+                    self._log.warning("usage metering waits for the store", error=str(error))
+                    await asyncio.sleep(self._settings.flush_interval_s)
+            self.started.set()
             while True:
                 await asyncio.sleep(self._settings.flush_interval_s)
-                await self.flush(lease)
+                try:
+                    await self.flush(lease)
+                except LeadershipLostError:
+                    raise
+                except Exception:
+                    self.stats.failed_flushes += 1
+                    self._log.exception("usage flush failed")
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 async with asyncio.timeout(5.0):
                     await self.flush(lease)
             self._state = None
+            self.started.clear()
 
     async def flush(self, lease: LeadershipLease) -> None:
         state = self._state
@@ -333,11 +351,13 @@ class Accountant:
             await self._store.write_usage(write, lease=lease)
         except LeadershipLostError:
             raise
-        except StoreUnavailableError as error:
+        except Exception as error:
             # Keep it for the next flush: nothing is lost while the process lives.
             state.pending = pending + state.pending
             state.dirty |= dirty
             state.new_counterfactuals = new_counterfactuals + state.new_counterfactuals
+            if not isinstance(error, StoreUnavailableError):
+                raise
             self.stats.failed_flushes += 1
             self._log.warning("usage flush failed: store unavailable", error=str(error))
             return

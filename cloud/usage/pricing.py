@@ -13,6 +13,7 @@ interval.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,21 +37,69 @@ class Priced:
     work_kind: str
 
 
-def _pieces(increments: Sequence[Priced]) -> list[tuple[Priced, float, float, float]]:
-    """(increment, start, end, share of its energy) per UTC hour it touches."""
-    result = []
+@dataclass(slots=True)
+class _Piece:
+    """What one allocation used within one UTC hour and one hour of the grid's clock."""
+
+    item: Priced
+    start_s: float
+    end_s: float
+    energy_j: float
+    measured_j: float
+    gap_s: float
+
+
+def _boundaries(start: float, end: float, offset_s: float) -> list[float]:
+    """Hour starts within (start, end), of our clock and of the grid's (a replayed trace
+    runs `offset_s` ahead): within a piece both hours are constant."""
+    cuts = set()
+    for shift in (0.0, offset_s % HOUR_S):
+        hour = math.floor((start - shift) / HOUR_S) * HOUR_S + shift + HOUR_S
+        while hour < end:
+            cuts.add(hour)
+            hour += HOUR_S
+    return sorted(cuts)
+
+
+def _pieces(increments: Sequence[Priced], offset_s: float) -> list[_Piece]:
+    """The increments split at hour boundaries and summed per allocation, node and hour:
+    the grid's series are hourly steps, so within an hour every interval has the same
+    mean and summing first changes nothing but the cost of pricing."""
+    pieces: dict[tuple[str, int, str, int, int], _Piece] = {}
     for item in increments:
-        start, end = item.increment.start_s, item.increment.end_s
+        increment = item.increment
+        allocation = increment.allocation
+        start, end = increment.start_s, increment.end_s
         span = end - start
         if span <= 0:
             continue
-        hour = math.floor(start / HOUR_S) * HOUR_S
-        while hour < end:
-            piece_start, piece_end = max(start, hour), min(end, hour + HOUR_S)
-            if piece_end > piece_start:
-                result.append((item, piece_start, piece_end, (piece_end - piece_start) / span))
-            hour += HOUR_S
-    return result
+        edges = [start, *_boundaries(start, end, offset_s), end]
+        for piece_start, piece_end in itertools.pairwise(edges):
+            part = (piece_end - piece_start) / span
+            key = (
+                allocation.work_id,
+                allocation.member_index,
+                allocation.node_id,
+                math.floor(piece_start / HOUR_S),
+                math.floor((piece_start + offset_s) / HOUR_S),
+            )
+            found = pieces.get(key)
+            if found is None:
+                pieces[key] = _Piece(
+                    item,
+                    piece_start,
+                    piece_end,
+                    increment.energy_j * part,
+                    increment.measured_j * part,
+                    increment.gap_s * part,
+                )
+            else:
+                found.start_s = min(found.start_s, piece_start)
+                found.end_s = max(found.end_s, piece_end)
+                found.energy_j += increment.energy_j * part
+                found.measured_j += increment.measured_j * part
+                found.gap_s += increment.gap_s * part
+    return list(pieces.values())
 
 
 def price(
@@ -63,17 +112,16 @@ def price(
 ) -> list[UsageHour]:
     """The usage rows of `increments`, summed per allocation, node and hour.
     `grid_offset_s`: the grid's clock minus the increments' (a replayed trace)."""
-    pieces = _pieces(increments)
+    pieces = _pieces(increments, grid_offset_s)
     if not pieces:
         return []
     windows = GridWindows(grid)
-    zones = sorted({item.zone for item, *_ in pieces} | _cf_zones(counterfactuals))
+    zones = sorted({p.item.zone for p in pieces} | _cf_zones(counterfactuals))
     code = {zone: number for number, zone in enumerate(zones)}
-    codes = np.array([code[item.zone] for item, *_ in pieces], dtype=np.int64)
-    start = np.array([p[1] for p in pieces]) + grid_offset_s
-    end = np.array([p[2] for p in pieces]) + grid_offset_s
-    share = np.array([p[3] for p in pieces])
-    joules = np.array([p[0].increment.energy_j for p in pieces]) * share * pue
+    codes = np.array([code[p.item.zone] for p in pieces], dtype=np.int64)
+    start = np.array([p.start_s for p in pieces]) + grid_offset_s
+    end = np.array([p.end_s for p in pieces]) + grid_offset_s
+    joules = np.array([p.energy_j for p in pieces]) * pue
     kwh = joules / J_PER_KWH
     carbon = zone_window_means(windows, zones, codes, start, end, "carbon")
     stale = np.array([_stale(grid, zones[c]) for c in codes.tolist()], dtype=np.bool_)
@@ -95,21 +143,21 @@ def price(
     baseline = _counterfactual_gco2(pieces, kwh, start, end, windows, zones, counterfactuals)
 
     rows_by_key: dict[tuple[str, int, str, float], UsageHour] = {}
-    for i, (item, piece_start, _, part) in enumerate(pieces):
-        allocation = item.increment.allocation
-        hour = math.floor(piece_start / HOUR_S) * HOUR_S
+    for i, piece in enumerate(pieces):
+        allocation = piece.item.increment.allocation
+        hour = math.floor(piece.start_s / HOUR_S) * HOUR_S
         row = UsageHour(
             work_id=allocation.work_id,
             member_index=allocation.member_index,
             node_id=allocation.node_id,
             hour_start=hour,
             tenant_id=allocation.tenant_id,
-            work_kind=item.work_kind,
-            zone=item.zone,
+            work_kind=piece.item.work_kind,
+            zone=piece.item.zone,
             accelerator_kind=allocation.accelerator_kind,
             energy_j=float(joules[i]),
-            measured_j=item.increment.measured_j * part * pue,
-            gap_s=item.increment.gap_s * part,
+            measured_j=piece.measured_j * pue,
+            gap_s=piece.gap_s,
             gco2_g=float(gco2[i]),
             cost=float(cost[i]),
             currency=currencies[i],
@@ -158,7 +206,7 @@ def _cf_zones(counterfactuals: Mapping[str, CounterfactualRecord]) -> set[str]:
 
 
 def _counterfactual_gco2(
-    pieces: Sequence[tuple[Priced, float, float, float]],
+    pieces: Sequence[_Piece],
     kwh: np.ndarray,
     start: np.ndarray,
     end: np.ndarray,
@@ -170,8 +218,8 @@ def _counterfactual_gco2(
     result = np.full(len(pieces), np.nan)
     code = {zone: number for number, zone in enumerate(zones)}
     factors_by_zone: dict[str, list[tuple[int, float]]] = {}
-    for i, (item, *_) in enumerate(pieces):
-        record = counterfactuals.get(item.increment.allocation.work_id)
+    for i, piece in enumerate(pieces):
+        record = counterfactuals.get(piece.item.increment.allocation.work_id)
         if record is None or record.zone_factors is None:
             continue
         result[i] = 0.0

@@ -17,7 +17,13 @@ from cloud.app import create_app
 from cloud.app_keys import BACKGROUND_TASKS, STORE
 from cloud.store import Store
 from greenfed.broker import EmbeddedBroker
-from shared.settings import CloudSettings, MqttSettings, SchedulingSettings, Settings
+from shared.settings import (
+    CloudSettings,
+    MqttSettings,
+    SchedulingSettings,
+    Settings,
+    UsageSettings,
+)
 from shared.token_files import admin_token_path, read_token_file
 from tests.store.databases import DatabaseUnderTest
 from tests.support.brokers import free_port
@@ -132,6 +138,7 @@ async def running_api(
     mqtt: MqttSettings | None = None,
     scheduling: SchedulingSettings | None = None,
     cloud: CloudSettings | None = None,
+    usage: UsageSettings | None = None,
 ) -> AsyncIterator[Api]:
     """The app on `mqtt` (default: an embedded broker of its own). Without `scheduling`
     the loop is off: most API tests run scheduling passes themselves, step by step."""
@@ -149,6 +156,7 @@ async def running_api(
             cloud=cloud,
             store=database.settings,
             scheduling=scheduling or SchedulingSettings(enabled=False),
+            usage=usage or UsageSettings(),
         )
         app = create_app(settings, tuning=tuning)
         async with TestClient(TestServer(app, port=port)) as client:

@@ -18,7 +18,7 @@ from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from edge.agent import Agent
 from edge.inference.options import InferenceOptions
 from shared.messages import DesiredTraining
-from shared.settings import CloudSettings, SchedulingSettings, Settings
+from shared.settings import CloudSettings, SchedulingSettings, Settings, UsageSettings
 from shared.tasks import stop_task
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
@@ -73,6 +73,7 @@ async def fleet(
     cloud_zones: Sequence[tuple[str, str]] = (),
     scheduling: SchedulingSettings = FAST_LOOP,
     cloud: CloudSettings | None = None,
+    usage: UsageSettings | None = None,
 ) -> AsyncIterator[Fleet]:
     """``cloud_zones``: (grid zone, region) of each cloud node in turn (default: all in
     DE, europe-west3). The agents trust the control plane's signing key, read (or made)
@@ -111,7 +112,9 @@ async def fleet(
             inference=options,
             control_plane_public_key=public_key,
         )
-    async with running_api(database, mqtt=settings, scheduling=scheduling, cloud=cloud) as api:
+    async with running_api(
+        database, mqtt=settings, scheduling=scheduling, cloud=cloud, usage=usage
+    ) as api:
         running = Fleet(api, agents, launchers)
         for node_id, agent in agents.items():
             running.tasks[node_id] = asyncio.create_task(agent.run(), name=node_id)
