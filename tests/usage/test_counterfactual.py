@@ -10,7 +10,8 @@ import pytest
 from cloud.green.energy import EnergyModel
 from cloud.green.latency import ServingLatency
 from cloud.green.policies import GreenInputs, build_policy
-from cloud.scheduler import TrainingJob, schedule
+from cloud.scheduler import Node, Plan, TrainingJob, schedule
+from cloud.store import CounterfactualRecord
 from cloud.usage.counterfactual import BASELINE, live_counterfactuals
 from tests.green.builders import HOUR, T0, flat, gpu_server, grid, snapshot
 
@@ -19,22 +20,22 @@ INPUTS = GreenInputs(signals=RECORDED, latency=ServingLatency(rtt_ms={}))
 JOB = TrainingJob(work_id="j", tenant="t", submitted_at=T0, duration_s=2 * HOUR)
 
 
-def placed(nodes: list[object]) -> list[object]:
-    fleet = dataclasses.replace(snapshot(nodes), queue=(JOB,))  # type: ignore[arg-type]
+def placed(nodes: list[Node]) -> tuple[Plan, list[CounterfactualRecord]]:
+    fleet = dataclasses.replace(snapshot(nodes), queue=(JOB,))
     plan = schedule(fleet, build_policy("green", INPUTS))
     assert plan.placements_for("j")
     records = live_counterfactuals(
         fleet, [(JOB, "tenant-1")], plan, build_policy(BASELINE, INPUTS), EnergyModel()
     )
-    return [plan, records]
+    return plan, records
 
 
 def test_the_baseline_would_have_used_the_first_node_on_the_dirty_grid() -> None:
     plan, (record,) = placed([gpu_server("a", "DIRTY"), gpu_server("b", "CLEAN")])
-    assert [p.node_id for p in plan.placements_for("j")] == ["b"]  # type: ignore[attr-defined]
+    assert [p.node_id for p in plan.placements_for("j")] == ["b"]
     assert record.work_id == "j"
     assert record.tenant_id == "tenant-1"
-    assert record.zone_factors == {"DIRTY": pytest.approx(1.0)}  # the same hardware
+    assert record.zone_factors == pytest.approx({"DIRTY": 1.0})  # the same hardware
 
 
 def test_a_hungrier_baseline_node_needs_more_energy_for_the_same_work() -> None:
@@ -42,9 +43,9 @@ def test_a_hungrier_baseline_node_needs_more_energy_for_the_same_work() -> None:
     # At the model's 80 % training utilisation, plus a quarter of the host CPU's power.
     host_w = (100.0 + 400.0 * 0.8) / 4
     hungry_w, frugal_w = 50.0 + 750.0 * 0.8 + host_w, 50.0 + 350.0 * 0.8 + host_w
-    assert record.zone_factors == {"DIRTY": pytest.approx(hungry_w / frugal_w)}
+    assert record.zone_factors == pytest.approx({"DIRTY": hungry_w / frugal_w})
 
 
 def test_when_the_baseline_chooses_the_same_node_nothing_is_avoided() -> None:
     _, (record,) = placed([gpu_server("b", "CLEAN")])
-    assert record.zone_factors == {"CLEAN": pytest.approx(1.0)}
+    assert record.zone_factors == pytest.approx({"CLEAN": 1.0})
