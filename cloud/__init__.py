@@ -19,6 +19,8 @@ a job's desired state is built         loop/desired.py
 a pass is committed                    loop/plans.py → store/store.py
 a request is authenticated             api/auth.py
 a spec is valid                        work/specs.py
+an allocation's energy is measured     usage/meter.py
+usage is priced and its avoided CO2    usage/pricing.py, usage/counterfactual.py
 =====================================  ============================================
 
 Packages: ``api/`` REST handlers; ``fleet/`` ingestion, registry, liveness;
@@ -26,6 +28,8 @@ Packages: ``api/`` REST handlers; ``fleet/`` ingestion, registry, liveness;
 on its hooks; ``signals/`` grid and latency data; ``loop/`` the scheduling loop;
 ``store/`` the database; ``work/`` spec types, conversion, explanations and
 REST views of work; ``streams/`` the event hub and job logs; ``models/`` the ONNX
-model registry; ``eval/`` the trace-driven evaluation and the scheduler benchmark.
+model registry; ``eval/`` the trace-driven evaluation and the scheduler benchmark;
+``usage/`` live accounting of energy, emissions, cost and emissions avoided; ``ui/``
+the dashboard page.
 ``app.py`` wires them into one aiohttp application (keys in ``app_keys.py``).
 """
