@@ -48,7 +48,7 @@ from cloud.store import (
     UsageWrite,
 )
 from cloud.usage.meter import MeteredAllocation, NodeMark, is_replay, meter
-from cloud.usage.pricing import Priced, price
+from cloud.usage.pricing import Pieces, Priced, accumulate, merge, price_pieces
 from cloud.usage.views import usage_summary
 from shared.messages import Telemetry
 from shared.settings import UsageSettings
@@ -93,7 +93,7 @@ class _LeaderState:
     marks: dict[str, NodeMark]
     counterfactuals: dict[str, CounterfactualRecord]
     dirty: set[str] = field(default_factory=set)
-    pending: list[Priced] = field(default_factory=list)
+    pending: Pieces = field(default_factory=dict)  # metered since the last flush
     new_counterfactuals: list[CounterfactualRecord] = field(default_factory=list)
 
 
@@ -187,10 +187,9 @@ class Accountant:
         state.marks[node_id] = new_mark
         state.dirty.add(node_id)
         zone = record.status.zone
-        state.pending.extend(
-            Priced(i, zone, self._work_kinds.get(i.allocation.work_id, "training"))
-            for i in increments
-        )
+        for increment in increments:
+            kind = self._work_kinds.get(increment.allocation.work_id, "training")
+            accumulate(state.pending, Priced(increment, zone, kind), self._grid_offset_s)
         self._retire_ended(node_id, new_mark.sampled_at_s)
 
     def _retire_ended(self, node_id: str, counted_until_s: float) -> None:
@@ -328,10 +327,10 @@ class Accountant:
         if state is None:
             return
         started = time.perf_counter()
-        pending, state.pending = state.pending, []
+        pending, state.pending = state.pending, {}
         dirty, state.dirty = state.dirty, set()
         new_counterfactuals, state.new_counterfactuals = state.new_counterfactuals, []
-        rows = price(
+        rows = price_pieces(
             pending,
             self._grid,
             state.counterfactuals,
@@ -353,7 +352,8 @@ class Accountant:
             raise
         except Exception as error:
             # Keep it for the next flush: nothing is lost while the process lives.
-            state.pending = pending + state.pending
+            merge(pending, state.pending)
+            state.pending = pending
             state.dirty |= dirty
             state.new_counterfactuals = new_counterfactuals + state.new_counterfactuals
             if not isinstance(error, StoreUnavailableError):

@@ -38,7 +38,7 @@ class Priced:
 
 
 @dataclass(slots=True)
-class _Piece:
+class Piece:
     """What one allocation used within one UTC hour and one hour of the grid's clock."""
 
     item: Priced
@@ -61,45 +61,64 @@ def _boundaries(start: float, end: float, offset_s: float) -> list[float]:
     return sorted(cuts)
 
 
-def _pieces(increments: Sequence[Priced], offset_s: float) -> list[_Piece]:
-    """The increments split at hour boundaries and summed per allocation, node and hour:
-    the grid's series are hourly steps, so within an hour every interval has the same
-    mean and summing first changes nothing but the cost of pricing."""
-    pieces: dict[tuple[str, int, str, int, int], _Piece] = {}
-    for item in increments:
-        increment = item.increment
-        allocation = increment.allocation
-        start, end = increment.start_s, increment.end_s
-        span = end - start
-        if span <= 0:
-            continue
-        edges = [start, *_boundaries(start, end, offset_s), end]
-        for piece_start, piece_end in itertools.pairwise(edges):
-            part = (piece_end - piece_start) / span
-            key = (
-                allocation.work_id,
-                allocation.member_index,
-                allocation.node_id,
-                math.floor(piece_start / HOUR_S),
-                math.floor((piece_start + offset_s) / HOUR_S),
+PieceKey = tuple[str, int, str, int, int]  # work, member, node, our hour, the grid's hour
+Pieces = dict[PieceKey, Piece]
+
+
+def accumulate(pieces: Pieces, item: Priced, offset_s: float) -> None:
+    """Add an increment to `pieces`, split at hour boundaries and summed per allocation,
+    node and hour: the grid's series are hourly steps, so within an hour every interval
+    has the same mean, and summing first changes nothing but the cost of pricing (and
+    bounds what waits for a flush by allocations × hours, not samples)."""
+    increment = item.increment
+    allocation = increment.allocation
+    start, end = increment.start_s, increment.end_s
+    span = end - start
+    if span <= 0:
+        return
+    edges = [start, *_boundaries(start, end, offset_s), end]
+    for piece_start, piece_end in itertools.pairwise(edges):
+        part = (piece_end - piece_start) / span
+        key = (
+            allocation.work_id,
+            allocation.member_index,
+            allocation.node_id,
+            math.floor(piece_start / HOUR_S),
+            math.floor((piece_start + offset_s) / HOUR_S),
+        )
+        found = pieces.get(key)
+        if found is None:
+            pieces[key] = Piece(
+                item,
+                piece_start,
+                piece_end,
+                increment.energy_j * part,
+                increment.measured_j * part,
+                increment.gap_s * part,
             )
-            found = pieces.get(key)
-            if found is None:
-                pieces[key] = _Piece(
-                    item,
-                    piece_start,
-                    piece_end,
-                    increment.energy_j * part,
-                    increment.measured_j * part,
-                    increment.gap_s * part,
-                )
-            else:
-                found.start_s = min(found.start_s, piece_start)
-                found.end_s = max(found.end_s, piece_end)
-                found.energy_j += increment.energy_j * part
-                found.measured_j += increment.measured_j * part
-                found.gap_s += increment.gap_s * part
-    return list(pieces.values())
+        else:
+            _add(found, piece_start, piece_end, increment.energy_j * part,
+                 increment.measured_j * part, increment.gap_s * part)  # fmt: skip
+
+
+def _add(
+    piece: Piece, start_s: float, end_s: float, energy_j: float, measured_j: float, gap_s: float
+) -> None:
+    piece.start_s = min(piece.start_s, start_s)
+    piece.end_s = max(piece.end_s, end_s)
+    piece.energy_j += energy_j
+    piece.measured_j += measured_j
+    piece.gap_s += gap_s
+
+
+def merge(into: Pieces, other: Pieces) -> None:
+    """Add `other`'s pieces to `into` (a flush that failed, back in front of new ones)."""
+    for key, piece in other.items():
+        found = into.get(key)
+        if found is None:
+            into[key] = piece
+        else:
+            _add(found, piece.start_s, piece.end_s, piece.energy_j, piece.measured_j, piece.gap_s)
 
 
 def price(
@@ -110,9 +129,24 @@ def price(
     pue: float = 1.0,
     grid_offset_s: float = 0.0,
 ) -> list[UsageHour]:
-    """The usage rows of `increments`, summed per allocation, node and hour.
+    """The usage rows of `increments` (`accumulate`, then `price_pieces`)."""
+    pieces: Pieces = {}
+    for item in increments:
+        accumulate(pieces, item, grid_offset_s)
+    return price_pieces(pieces, grid, counterfactuals, pue=pue, grid_offset_s=grid_offset_s)
+
+
+def price_pieces(
+    pieces_by_key: Pieces,
+    grid: GridSignals,
+    counterfactuals: Mapping[str, CounterfactualRecord],
+    *,
+    pue: float = 1.0,
+    grid_offset_s: float = 0.0,
+) -> list[UsageHour]:
+    """The usage rows of `pieces_by_key` (`accumulate`), one per allocation, node and hour.
     `grid_offset_s`: the grid's clock minus the increments' (a replayed trace)."""
-    pieces = _pieces(increments, grid_offset_s)
+    pieces = list(pieces_by_key.values())
     if not pieces:
         return []
     windows = GridWindows(grid)
@@ -206,7 +240,7 @@ def _cf_zones(counterfactuals: Mapping[str, CounterfactualRecord]) -> set[str]:
 
 
 def _counterfactual_gco2(
-    pieces: Sequence[_Piece],
+    pieces: Sequence[Piece],
     kwh: np.ndarray,
     start: np.ndarray,
     end: np.ndarray,
