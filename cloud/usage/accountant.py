@@ -47,7 +47,7 @@ from cloud.store import (
     UsageQuery,
     UsageWrite,
 )
-from cloud.usage.meter import MeteredAllocation, NodeMark, is_replay, meter
+from cloud.usage.meter import MeteredAllocation, NodeMark, is_replay, mark_of, meter
 from cloud.usage.pricing import Pieces, Priced, accumulate, merge, price_pieces
 from cloud.usage.views import usage_summary
 from shared.messages import Telemetry
@@ -159,14 +159,7 @@ class Accountant:
         if not allocations and mark is not None and not is_replay(telemetry, mark):
             # Nothing runs there: only move the mark (its counters are the next
             # step's start).
-            state.marks[node_id] = NodeMark(
-                instance_id=telemetry.instance_id,
-                seq=telemetry.seq,
-                sampled_at_s=telemetry.sampled_at,
-                energy_j={
-                    s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None
-                },
-            )
+            state.marks[node_id] = mark_of(telemetry)
             state.dirty.add(node_id)
             return
         record = self._registry.get(node_id)

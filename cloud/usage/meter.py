@@ -149,6 +149,16 @@ def _share(
     return _DeviceEnergy(device_j + cpu_j * part, device_measured_j + cpu_measured_j * part)
 
 
+def mark_of(telemetry: Telemetry) -> NodeMark:
+    """What has been counted once `telemetry` is."""
+    return NodeMark(
+        instance_id=telemetry.instance_id,
+        seq=telemetry.seq,
+        sampled_at_s=telemetry.sampled_at,
+        energy_j={s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None},
+    )
+
+
 def is_replay(telemetry: Telemetry, mark: NodeMark | None) -> bool:
     """Whether the sample was counted already (or is older than what was)."""
     if mark is None:
@@ -176,12 +186,7 @@ def meter(
     interval_s = telemetry.interval_s
     samples = {sample.id: sample for sample in telemetry.accelerators}
     same_instance = mark is not None and mark.instance_id == telemetry.instance_id
-    new_mark = NodeMark(
-        instance_id=telemetry.instance_id,
-        seq=telemetry.seq,
-        sampled_at_s=end_s,
-        energy_j={s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None},
-    )
+    new_mark = mark_of(telemetry)
     if same_instance:
         assert mark is not None
         start_s = mark.sampled_at_s

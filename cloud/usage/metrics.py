@@ -15,10 +15,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cloud.fleet.registry import NodeRegistry
+from cloud.green.energy import J_PER_KWH
+from cloud.signals.grid import HOUR_S
 from cloud.usage.accountant import Accountant
-
-J_PER_KWH = 3.6e6
-HOUR_S = 3600.0
 
 
 class UsageCollector(Collector):

@@ -22,11 +22,10 @@ import numpy as np
 
 from cloud.green.energy import J_PER_KWH
 from cloud.green.window import GridWindows, zone_window_means
-from cloud.signals.grid import GridSignals
+from cloud.signals.grid import HOUR_S, GridSignals
 from cloud.store import CounterfactualRecord, UsageHour
 from cloud.usage.meter import Increment
 
-HOUR_S = 3600.0
 FALLBACK_CURRENCY = "USD"  # the static table's prices
 
 

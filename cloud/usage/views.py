@@ -17,8 +17,8 @@ import msgspec
 if TYPE_CHECKING:
     from cloud.store import UsageHour
 
+# cloud.green.energy.J_PER_KWH; not imported: the CLI decodes these types without numpy.
 J_PER_KWH = 3.6e6
-HOUR_S = 3600.0
 UsageGroup = Literal["tenant", "zone", "job", "day"]
 USAGE_GROUPS: tuple[UsageGroup, ...] = ("tenant", "zone", "job", "day")
 
