@@ -39,6 +39,7 @@ from cloud.work.explanation import decode_explanation
 from cloud.work.specs import (
     DEPLOYMENT_DECODER,
     TRAINING_DECODER,
+    AutoscaleSpec,
     BatchingSpec,
     DeploymentSpec,
     TrainingJobSpec,
@@ -644,9 +645,44 @@ class DeploymentUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
         | None
     ) = None
     batching: BatchingSpec | None = None
+    replicas: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1,
+                le=4096,
+                description="Scale to this many replicas (within autoscale's bounds, if set).",
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    # An object turns autoscaling on or changes it; null turns it off.
+    autoscale: AutoscaleSpec | msgspec.UnsetType | None = msgspec.UNSET
 
 
 _UPDATE_DECODER: Final = msgspec.json.Decoder(DeploymentUpdate)
+
+
+def _scaled(spec: DeploymentSpec, body: DeploymentUpdate) -> DeploymentSpec:
+    """`spec` with the update's replicas and autoscale, checked together (a 422 names
+    the field at fault)."""
+    autoscale = spec.autoscale if body.autoscale is msgspec.UNSET else body.autoscale
+    replicas = spec.replicas if body.replicas is msgspec.UNSET else body.replicas
+    if autoscale is not None and body.replicas is msgspec.UNSET:
+        # Turning autoscaling on (or moving its bounds) brings the count inside them.
+        replicas = max(autoscale.min_replicas, min(autoscale.max_replicas, replicas))
+    if autoscale is not None and not autoscale.min_replicas <= replicas <= autoscale.max_replicas:
+        raise invalid_body(
+            "$.replicas",
+            f"must be within autoscale's {autoscale.min_replicas}..{autoscale.max_replicas}",
+        )
+    floor = spec.min_replicas
+    return msgspec.structs.replace(
+        spec,
+        replicas=replicas,
+        autoscale=autoscale,
+        min_replicas=None if floor is None else min(floor, replicas),
+    )
 
 
 async def update_deployment(request: web.Request) -> web.Response:
@@ -666,6 +702,7 @@ async def update_deployment(request: web.Request) -> web.Response:
             spec = msgspec.structs.replace(spec, model_id=body.model_id)
         if body.batching is not None:
             spec = msgspec.structs.replace(spec, batching=body.batching)
+        spec = _scaled(spec, body)
         updated = await store.update_spec(
             tenant.tenant_id, record.work_id, encode_spec(spec), expected_version=record.version
         )
@@ -692,13 +729,15 @@ ROUTES: Final = (
             "PATCH",
             DEPLOYMENTS.path() + "/{id}",
             update_deployment,
-            "Change a deployment's model or batching in place",
+            "Change a deployment's model, batching, replicas or autoscaling in place",
             "tenant",
             "deployments",
             body=DeploymentUpdate,
             description=(
                 "Nodes load and warm the new model beside the old one, then switch between two "
-                "batches: no request fails during the update."
+                "batches: no request fails during the update. `replicas` scales the "
+                "deployment now; `autoscale` lets the scheduler scale it on its load "
+                "(null turns that off)."
             ),
             replies=(
                 Reply(200, "The deployment with its new spec", DeploymentView),

@@ -40,6 +40,7 @@ from cloud.green.migration import Migrator
 from cloud.green.pass_rule import PassDecision, schedule_then_move
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.allocations import by_work
+from cloud.loop.autoscale import Autoscaler
 from cloud.loop.desired import desired_document
 from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
@@ -48,13 +49,16 @@ from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.queue_metrics import QueueMetrics
 from cloud.loop.reports import agent_outcomes
+from cloud.loop.scaling import scaled_event, scaled_spec, serving_load, surplus_write
 from cloud.loop.unacknowledged import AssignmentWatch
 from cloud.models.signing import ModelUrlSigner
 from cloud.scheduler import Plan
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
 from cloud.store import (
+    AllocationRecord,
     CounterfactualRecord,
+    IllegalTransitionError,
     LeadershipLease,
     LeadershipLostError,
     ModelRecord,
@@ -63,17 +67,33 @@ from cloud.store import (
     StoreSnapshot,
     StoreUnavailableError,
     VersionConflictError,
+    WorkNotFoundError,
     WorkRecord,
 )
+from cloud.store.states import PLACED_STATES
 from cloud.usage.accountant import Accountant
 from cloud.usage.counterfactual import BASELINE, live_counterfactuals
 from cloud.work.convert import spec_of
 from cloud.work.explain import explanations_for_plan
+from cloud.work.specs import DeploymentSpec, encode_spec
 from shared.settings import SchedulingSettings
 from shared.tasks import stop_task
 
 _ERROR_BACKOFF_S = 1.0
 _METERING_START_S = 5.0
+
+
+def _deployments(store: StoreSnapshot) -> Iterator[tuple[WorkRecord, DeploymentSpec]]:
+    """Placed deployments with their specs (an unreadable one is the pass's to set aside)."""
+    for record in store.work:
+        if record.kind != "inference" or record.state not in PLACED_STATES:
+            continue
+        try:
+            spec = spec_of(record)
+        except (msgspec.DecodeError, ValueError):
+            continue
+        if isinstance(spec, DeploymentSpec):
+            yield record, spec
 
 
 def of_this_cluster(nodes: Mapping[str, NodeRecord], cluster_id: str) -> dict[str, NodeRecord]:
@@ -127,6 +147,8 @@ class SchedulingLoop:
         self._signals = signals
         self._model_urls = model_urls
         self._accountant = accountant  # live usage accounting (cloud/usage/)
+        self._autoscaler = Autoscaler()
+        self._last_grid = GridSignals(now_s=0.0, zones={})  # the latest pass's
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
         self._clock = clock
         self._monotonic = monotonic
@@ -176,6 +198,7 @@ class SchedulingLoop:
                     self._publisher.forget()
                     self._liveness.reset_grace()
                     self._unacknowledged.reset()
+                    self._autoscaler.reset()
                     self._explained.clear()
                     self._last_snapshot = None
                     self.queue.forget_pending()
@@ -291,6 +314,7 @@ class SchedulingLoop:
             )
             store = await self._store.load_snapshot(store)
 
+        store = await self._scale(store, nodes, lease, now)
         inputs = build_inputs(now, nodes.values(), store, self._converted)
         green = await self._green_inputs(nodes.values())
         policy = build_policy(self._settings.policy, green)
@@ -346,6 +370,84 @@ class SchedulingLoop:
         async with self.pass_done:
             self.pass_done.notify_all()
         return plan
+
+    async def _scale(
+        self,
+        store: StoreSnapshot,
+        nodes: Mapping[str, NodeRecord],
+        lease: LeadershipLease,
+        now: float,
+    ) -> StoreSnapshot:
+        """Autoscaled deployments' new replica counts, then every deployment's surplus
+        replicas given back (cloud/loop/scaling.py); the snapshot after them."""
+        if await self._autoscale(store, nodes, now):
+            store = await self._store.load_snapshot(store)
+        allocations = by_work(store.allocations)
+        surplus = []
+        for record, spec in _deployments(store):
+            write = surplus_write(record, spec.replicas, allocations.get(record.work_id, ()))
+            if write is not None:
+                surplus.append(write)
+        if not surplus:
+            return store
+        await self._commit(PassWrite(placements=tuple(surplus)), lease, {})
+        return await self._store.load_snapshot(store)
+
+    async def _autoscale(
+        self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float
+    ) -> bool:
+        """Whether an autoscaled deployment's spec changed."""
+        allocations = by_work(store.allocations)
+        autoscaled: list[str] = []
+        changed = False
+        for record, spec in _deployments(store):
+            if spec.autoscale is None:
+                continue
+            autoscaled.append(record.work_id)
+            members = allocations.get(record.work_id, ())
+            decision = self._autoscaler.decide(
+                record.work_id,
+                spec.autoscale,
+                spec.replicas,
+                serving_load(record.work_id, members, nodes),
+                now_s=now,
+                intensity_g_per_kwh=self._intensity_where(members, nodes),
+                latency_slo_ms=spec.latency_slo_ms,
+            )
+            if decision is None:
+                continue
+            try:
+                await self._store.update_spec(
+                    record.tenant_id,
+                    record.work_id,
+                    encode_spec(scaled_spec(spec, decision.to_replicas)),
+                    expected_version=record.version,
+                )
+            except (VersionConflictError, WorkNotFoundError, IllegalTransitionError):
+                continue  # changed under us: the next pass looks again
+            await self._store.record_event(scaled_event(record, decision))
+            self._log.info(
+                "deployment scaled",
+                work_id=record.work_id,
+                replicas=decision.to_replicas,
+                reason=decision.reason,
+            )
+            changed = True
+        self._autoscaler.forget(autoscaled)
+        return changed
+
+    def _intensity_where(
+        self, members: Iterable[AllocationRecord], nodes: Mapping[str, NodeRecord]
+    ) -> float | None:
+        """The mean recorded carbon intensity of the zones the replicas run in (the
+        latest pass's grid)."""
+        values = []
+        for member in members:
+            record = nodes.get(member.node_id)
+            series = self._last_grid.series(record.status.zone) if record is not None else None
+            if series is not None:
+                values.append(series.carbon_at(self._last_grid.now_s))
+        return sum(values) / len(values) if values else None
 
     def _counterfactuals(
         self, inputs: PassInputs, plan: Plan, green: GreenInputs
@@ -403,6 +505,7 @@ class SchedulingLoop:
             signals = GridSignals(now_s=self._clock(), zones={})
         else:
             signals = await self._signals.snapshot(zones)
+        self._last_grid = signals
         return GreenInputs(
             signals=signals,
             latency=self._latency,

@@ -198,6 +198,52 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
         return int(self.host_memory_gib * GIB)
 
 
+class CarbonCapSpec(SpecStruct, frozen=True, kw_only=True):
+    """At or above this grid intensity, at most this many replicas (carbon-aware KEDA)."""
+
+    above_g_per_kwh: Annotated[float, msgspec.Meta(ge=0, le=10_000)]
+    max_replicas: Annotated[int, msgspec.Meta(ge=1, le=4096)]
+
+
+class AutoscaleSpec(SpecStruct, frozen=True, kw_only=True):
+    """Replicas that follow the load, with the Kubernetes HPA's rule (docs/inference.md):
+    desired = ceil(current × observed per replica / target), unchanged within
+    `tolerance`; scaling up takes the lowest recommendation of the last
+    `scale_up_stabilization_s`, scaling down the highest of the last
+    `scale_down_stabilization_s`; at most `max_step` replicas per decision."""
+
+    min_replicas: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    max_replicas: Annotated[int, msgspec.Meta(ge=1, le=4096)]
+    target_requests_per_s: (
+        Annotated[float, msgspec.Meta(gt=0, le=1e9, description="Per replica.")] | None
+    ) = None
+    target_p95_latency_ms: (
+        Annotated[float, msgspec.Meta(gt=0, le=3_600_000, description="Per replica.")] | None
+    ) = None
+    scale_up_stabilization_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 0.0
+    scale_down_stabilization_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 300.0
+    tolerance: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    max_step: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 4
+    max_replicas_by_carbon: Annotated[
+        tuple[CarbonCapSpec, ...],
+        msgspec.Meta(
+            max_length=16,
+            description=(
+                "Caps while the grid where the replicas run is dirty; never below "
+                "min_replicas, and lifted while p95 latency breaks latency_slo_ms."
+            ),
+        ),
+    ] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_replicas < self.min_replicas:
+            raise FieldError("max_replicas", f"must be >= min_replicas ({self.min_replicas})")
+        if (self.target_requests_per_s is None) == (self.target_p95_latency_ms is None):
+            raise FieldError(
+                "target_requests_per_s", "give exactly one of it and target_p95_latency_ms"
+            )
+
+
 class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
     """An inference deployment: `replicas` ONNX model servers, on edge nodes by default."""
 
@@ -257,8 +303,15 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
     anti_affinity_groups: AntiAffinityGroups = ()
     score_weights: ScoreWeights = {}
     batching: BatchingSpec | None = None
+    autoscale: AutoscaleSpec | None = None
 
     def __post_init__(self) -> None:
+        scale = self.autoscale
+        if scale is not None and not scale.min_replicas <= self.replicas <= scale.max_replicas:
+            raise FieldError(
+                "replicas",
+                f"must be within autoscale's {scale.min_replicas}..{scale.max_replicas}",
+            )
         if self.min_replicas is not None and not 1 <= self.min_replicas <= self.replicas:
             raise FieldError("min_replicas", f"must be within 1..replicas ({self.replicas})")
         if len(set(self.accepted_kinds)) != len(self.accepted_kinds):

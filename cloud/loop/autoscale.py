@@ -1,0 +1,163 @@
+"""How many replicas an autoscaled deployment should have (the Kubernetes HPA's rule).
+
+From the serving figures its nodes send in telemetry (`DeploymentSample`), per
+decision:
+
+1. the observed value per ready replica (requests per second, or the worst p95
+   latency) against the target gives a recommendation, ``ceil(ready × observed /
+   target)``; within ``tolerance`` of the target it is the current desired count;
+2. stabilisation, as the HPA does it: scaling up takes the *lowest* recommendation of
+   the last ``scale_up_stabilization_s`` (0: the newest), scaling down the *highest*
+   of the last ``scale_down_stabilization_s``, and only once recommendations have been
+   seen for that long (a new leader does not scale down on its first look);
+3. at most ``max_step`` replicas per decision, within ``min_replicas..max_replicas``;
+4. the carbon ladder (``max_replicas_by_carbon``, as Azure's carbon-aware KEDA
+   operator): at or above a threshold of the grid intensity where the replicas run,
+   at most its cap, never below ``min_replicas`` and lifted while the p95 latency
+   breaks the deployment's ``latency_slo_ms``.
+
+No figures (no replica reports serving yet): no decision. The history lives in the
+leader's memory, as the HPA's lives in its controller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cloud.work.specs import AutoscaleSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLoad:
+    ready_replicas: int  # replicas whose node reports serving figures
+    requests_per_s: float  # over all of them
+    p95_latency_ms: float | None  # the worst replica's
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDecision:
+    work_id: str
+    from_replicas: int
+    to_replicas: int
+    metric: str  # requests_per_s | p95_latency_ms
+    observed: float  # per ready replica
+    target: float
+    recommendation: int
+    carbon_cap: int | None
+    reason: str
+
+
+@dataclass(slots=True)
+class _History:
+    first_seen_s: float
+    recommendations: deque[tuple[float, int]]
+
+
+def _observed(spec: AutoscaleSpec, load: ServingLoad) -> tuple[str, float, float] | None:
+    if spec.target_requests_per_s is not None:
+        per_replica = load.requests_per_s / load.ready_replicas
+        return "requests_per_s", per_replica, spec.target_requests_per_s
+    if load.p95_latency_ms is None or spec.target_p95_latency_ms is None:
+        return None
+    return "p95_latency_ms", load.p95_latency_ms, spec.target_p95_latency_ms
+
+
+def carbon_cap(spec: AutoscaleSpec, intensity_g_per_kwh: float | None) -> int | None:
+    """The ladder's cap at this intensity (None: no step applies)."""
+    if intensity_g_per_kwh is None:
+        return None
+    caps = [
+        step.max_replicas
+        for step in spec.max_replicas_by_carbon
+        if intensity_g_per_kwh >= step.above_g_per_kwh
+    ]
+    return max(min(caps), spec.min_replicas) if caps else None
+
+
+class Autoscaler:
+    def __init__(self) -> None:
+        self._history: dict[str, _History] = {}
+
+    def forget(self, active: Iterable[str]) -> None:
+        """Drop the history of deployments no longer autoscaled."""
+        keep = set(active)
+        for work_id in set(self._history) - keep:
+            del self._history[work_id]
+
+    def reset(self) -> None:
+        self._history.clear()
+
+    def decide(
+        self,
+        work_id: str,
+        spec: AutoscaleSpec,
+        desired: int,
+        load: ServingLoad | None,
+        *,
+        now_s: float,
+        intensity_g_per_kwh: float | None = None,
+        latency_slo_ms: float | None = None,
+    ) -> ScaleDecision | None:
+        """A change of `desired` (the spec's replicas now), or None."""
+        if load is None or load.ready_replicas == 0:
+            return None
+        observed = _observed(spec, load)
+        if observed is None:
+            return None
+        metric, value, target = observed
+        ratio = value / target
+        if abs(ratio - 1.0) <= spec.tolerance:
+            recommendation = desired
+        else:
+            recommendation = math.ceil(load.ready_replicas * ratio)
+        history = self._history.get(work_id)
+        if history is None:
+            history = self._history[work_id] = _History(now_s, deque())
+        history.recommendations.append((now_s, recommendation))
+        horizon_s = max(spec.scale_up_stabilization_s, spec.scale_down_stabilization_s)
+        while history.recommendations and now_s - history.recommendations[0][0] > horizon_s:
+            history.recommendations.popleft()
+
+        def within(window_s: float) -> list[int]:
+            return [r for t, r in history.recommendations if now_s - t <= window_s]
+
+        wanted = desired
+        if recommendation > desired:
+            wanted = max(desired, min(within(spec.scale_up_stabilization_s)))
+        elif recommendation < desired and (
+            now_s - history.first_seen_s >= spec.scale_down_stabilization_s
+        ):
+            wanted = min(desired, max(within(spec.scale_down_stabilization_s)))
+        wanted = max(desired - spec.max_step, min(desired + spec.max_step, wanted))
+        wanted = max(spec.min_replicas, min(spec.max_replicas, wanted))
+        breaching = (
+            latency_slo_ms is not None
+            and load.p95_latency_ms is not None
+            and load.p95_latency_ms > latency_slo_ms
+        )
+        cap = None if breaching else carbon_cap(spec, intensity_g_per_kwh)
+        if cap is not None:
+            wanted = min(wanted, cap)
+        if wanted == desired:
+            return None
+        unit = "requests/s" if metric == "requests_per_s" else "ms p95"
+        reason = (
+            f"{value:.3g} {unit} per replica against a target of {target:.3g}: "
+            f"{recommendation} recommended"
+        )
+        if cap is not None and cap < recommendation:
+            reason += f", capped at {cap} while the grid is at {intensity_g_per_kwh:.0f} gCO2/kWh"
+        return ScaleDecision(
+            work_id=work_id,
+            from_replicas=desired,
+            to_replicas=wanted,
+            metric=metric,
+            observed=value,
+            target=target,
+            recommendation=recommendation,
+            carbon_cap=cap,
+            reason=reason,
+        )

@@ -1,0 +1,86 @@
+"""A pass's scaling step: autoscaled deployments get their new replica count, and a
+deployment with more replicas than its spec asks for gives the surplus back.
+
+Scaling up needs nothing more: a placed deployment short of replicas is queued for
+the missing ones (cloud/loop/inputs.py). Scaling down keeps the replicas that serve:
+those not yet running go first, then the highest replica numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from cloud.fleet.registry import NodeRecord
+from cloud.loop.allocations import as_new_allocation
+from cloud.loop.autoscale import ScaleDecision, ServingLoad
+from cloud.store import AllocationRecord, NewEvent, PlacementWrite, WorkRecord
+from cloud.work.specs import DeploymentSpec
+
+SCALED_EVENT = "work.scaled"
+
+
+def serving_load(
+    deployment_id: str,
+    allocations: Sequence[AllocationRecord],
+    nodes: Mapping[str, NodeRecord],
+) -> ServingLoad | None:
+    """What the deployment's online nodes last said of its serving (None: nothing yet)."""
+    rate, worst_p95, ready = 0.0, None, 0
+    for node_id in sorted({a.node_id for a in allocations}):
+        record = nodes.get(node_id)
+        if record is None or record.state != "online":
+            continue
+        sample = record.serving_sample(deployment_id)
+        if sample is None:
+            continue
+        ready += sum(1 for a in allocations if a.node_id == node_id)
+        rate += sample.requests_per_s
+        if sample.latency_p95_ms is not None:
+            worst_p95 = max(worst_p95 or 0.0, sample.latency_p95_ms)
+    return ServingLoad(ready, rate, worst_p95) if ready else None
+
+
+def scaled_spec(spec: DeploymentSpec, replicas: int) -> DeploymentSpec:
+    """The spec with `replicas`; a partial-placement floor above it comes down with it."""
+    floor = spec.min_replicas
+    return msgspec.structs.replace(
+        spec, replicas=replicas, min_replicas=None if floor is None else min(floor, replicas)
+    )
+
+
+def scaled_event(record: WorkRecord, decision: ScaleDecision) -> NewEvent:
+    payload = {
+        "work_id": record.work_id,
+        "from_replicas": decision.from_replicas,
+        "to_replicas": decision.to_replicas,
+        "metric": decision.metric,
+        "observed": decision.observed,
+        "target": decision.target,
+        "recommendation": decision.recommendation,
+        "carbon_cap": decision.carbon_cap,
+        "reason": decision.reason,
+    }
+    return NewEvent(
+        kind=SCALED_EVENT,
+        payload=msgspec.json.encode(payload),
+        tenant_id=record.tenant_id,
+        work_id=record.work_id,
+    )
+
+
+def surplus_write(
+    record: WorkRecord, replicas: int, allocations: Sequence[AllocationRecord]
+) -> PlacementWrite | None:
+    """The allocations a deployment keeps when it holds more than `replicas`."""
+    if len(allocations) <= replicas:
+        return None
+    ordered = sorted(allocations, key=lambda a: (a.state != "running", a.member_index))
+    kept = sorted(ordered[:replicas], key=lambda a: a.member_index)
+    return PlacementWrite(
+        work_id=record.work_id,
+        allocations=tuple(as_new_allocation(a) for a in kept),
+        reason=f"scaled down to {replicas} replica(s)",
+        expected_version=record.version,
+    )

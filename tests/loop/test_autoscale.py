@@ -1,0 +1,118 @@
+"""The HPA rule of autoscaled deployments (cloud/loop/autoscale.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from cloud.loop.autoscale import Autoscaler, ServingLoad, carbon_cap
+from cloud.work.specs import AutoscaleSpec, CarbonCapSpec, DeploymentSpec
+from shared.errors import FieldError
+
+
+def rule(**fields: Any) -> AutoscaleSpec:
+    return AutoscaleSpec(
+        **{"min_replicas": 2, "max_replicas": 8, "target_requests_per_s": 100.0, **fields}
+    )
+
+
+def rps(total: float, ready: int = 2, p95: float | None = None) -> ServingLoad:
+    return ServingLoad(ready_replicas=ready, requests_per_s=total, p95_latency_ms=p95)
+
+
+def test_load_above_the_target_scales_up_at_once_by_the_hpa_formula() -> None:
+    scaler = Autoscaler()
+    decision = scaler.decide("d", rule(), 2, rps(500.0), now_s=0.0)
+    assert decision is not None
+    assert (decision.from_replicas, decision.to_replicas) == (2, 5)  # ceil(500 / 100)
+    assert decision.recommendation == 5
+    assert decision.observed == 250.0
+    assert "250 requests/s per replica against a target of 100" in decision.reason
+
+
+def test_within_the_tolerance_nothing_changes_and_without_figures_nothing_is_decided() -> None:
+    scaler = Autoscaler()
+    assert scaler.decide("d", rule(), 2, rps(218.0), now_s=0.0) is None  # 9 % over
+    assert scaler.decide("d", rule(), 2, None, now_s=1.0) is None
+
+
+def test_a_step_and_the_bounds_limit_each_decision() -> None:
+    scaler = Autoscaler()
+    up = scaler.decide("d", rule(max_step=2), 2, rps(2_000.0), now_s=0.0)
+    assert up is not None
+    assert up.to_replicas == 4  # 20 recommended, 2 per step
+    capped = Autoscaler().decide("d", rule(max_step=100), 2, rps(2_000.0), now_s=0.0)
+    assert capped is not None
+    assert capped.to_replicas == 8  # max_replicas
+
+
+def test_scaling_down_waits_for_the_window_and_takes_its_highest_recommendation() -> None:
+    scaler = Autoscaler()
+    spec = rule(scale_down_stabilization_s=60.0)
+    assert scaler.decide("d", spec, 6, rps(600.0, ready=6), now_s=0.0) is None
+    # The load halves: not yet, a minute of history is needed.
+    assert scaler.decide("d", spec, 6, rps(300.0, ready=6), now_s=30.0) is None
+    # After the window the highest recommendation in it (6 at t=0 has left it; 3 stays).
+    decision = scaler.decide("d", spec, 6, rps(200.0, ready=6), now_s=75.0)
+    assert decision is not None
+    assert decision.to_replicas == 3
+    # Never below min_replicas.
+    later = scaler.decide("d", spec, 3, rps(0.0, ready=3), now_s=200.0)
+    assert later is not None
+    assert later.to_replicas == 2
+
+
+def test_scaling_up_with_a_window_takes_its_lowest_recommendation() -> None:
+    scaler = Autoscaler()
+    spec = rule(scale_up_stabilization_s=30.0, max_step=10)
+    first = scaler.decide("d", spec, 2, rps(400.0), now_s=0.0)
+    assert first is not None
+    assert first.to_replicas == 4
+    # A spike to 800: the window still holds 4, so 4 it stays.
+    assert scaler.decide("d", spec, 4, rps(800.0, ready=4), now_s=10.0) is None
+
+
+def test_a_latency_target_scales_on_the_worst_replicas_p95() -> None:
+    spec = rule(target_requests_per_s=None, target_p95_latency_ms=20.0)
+    decision = Autoscaler().decide("d", spec, 2, rps(10.0, p95=45.0), now_s=0.0)
+    assert decision is not None
+    assert decision.to_replicas == 5  # ceil(2 × 45 / 20)
+    assert decision.metric == "p95_latency_ms"
+
+
+def test_the_carbon_ladder_caps_replicas_unless_latency_breaks_its_slo() -> None:
+    spec = rule(
+        max_step=10,
+        max_replicas_by_carbon=(
+            CarbonCapSpec(above_g_per_kwh=300.0, max_replicas=5),
+            CarbonCapSpec(above_g_per_kwh=500.0, max_replicas=1),
+        ),
+    )
+    assert carbon_cap(spec, 100.0) is None
+    assert carbon_cap(spec, 350.0) == 5
+    assert carbon_cap(spec, 600.0) == 2  # never below min_replicas
+    capped = Autoscaler().decide("d", spec, 2, rps(800.0), now_s=0.0, intensity_g_per_kwh=350.0)
+    assert capped is not None
+    assert capped.to_replicas == 5
+    assert "capped at 5 while the grid is at 350 gCO2/kWh" in capped.reason
+    breaking = Autoscaler().decide(
+        "d", spec, 2, rps(800.0, p95=90.0), now_s=0.0, intensity_g_per_kwh=350.0,
+        latency_slo_ms=50.0,
+    )  # fmt: skip
+    assert breaking is not None
+    assert breaking.to_replicas == 8
+
+
+def test_the_spec_names_the_field_at_fault() -> None:
+    with pytest.raises(FieldError, match="max_replicas"):
+        rule(min_replicas=5, max_replicas=3)
+    with pytest.raises(FieldError, match="exactly one"):
+        rule(target_p95_latency_ms=20.0)
+    with pytest.raises(msgspec.ValidationError, match="replicas"):
+        msgspec.convert(
+            {"name": "d", "model_id": "m", "replicas": 1, "autoscale": {"min_replicas": 2,
+             "max_replicas": 4, "target_requests_per_s": 10}},
+            DeploymentSpec,
+        )  # fmt: skip

@@ -1,0 +1,149 @@
+"""Deployments that scale, live on the real Mosquitto: by PATCH, and on their load."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from tests.store.databases import DatabaseUnderTest
+from tests.support.control_plane import fleet, reaches, work
+from tests.support.waiting import eventually_async
+
+pytestmark = pytest.mark.timeout(120)
+
+X = [[1.0, -2.0, 0.5, 3.0]]
+
+
+async def ready_endpoints(api: Any, token: str, deployment_id: str) -> list[str]:
+    body = await work(api, token, deployment_id, "deployments")
+    return [r["endpoint"] for r in body["replica_states"] if r["state"] == "ready"]
+
+
+async def replicas_become(api: Any, token: str, deployment_id: str, count: int) -> None:
+    seen: dict[str, Any] = {}
+
+    async def there() -> bool:
+        seen.update(await work(api, token, deployment_id, "deployments"))
+        states = [r["state"] for r in seen["replica_states"]]
+        return bool(seen["replicas"] == count and states == ["ready"] * count)
+
+    await eventually_async(
+        there,
+        timeout_s=40,
+        interval_s=0.1,
+        message=lambda: (
+            f"wanted {count} ready, have {seen.get('replicas')}: "
+            f"{[r['state'] for r in seen.get('replica_states', [])]}"
+        ),
+    )
+
+
+@contextlib.asynccontextmanager
+async def load(api: Any, token: str, deployment_id: str, per_s: float) -> AsyncIterator[list[int]]:
+    """Requests at `per_s` spread over the ready replicas; yields the statuses seen."""
+    statuses: list[int] = []
+
+    async def drive() -> None:
+        async with aiohttp.ClientSession() as http:
+            endpoints: list[str] = []
+            sent = 0
+            while True:
+                if sent % 20 == 0:
+                    endpoints = await ready_endpoints(api, token, deployment_id) or endpoints
+                if endpoints:
+                    url = endpoints[sent % len(endpoints)]
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with http.post(url, json={"inputs": {"x": X}}) as answer:
+                            statuses.append(answer.status)
+                sent += 1
+                await asyncio.sleep(1.0 / per_s)
+
+    task = asyncio.create_task(drive())
+    try:
+        yield statuses
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def events_of(api: Any, deployment_id: str, kind: str) -> list[dict[str, Any]]:
+    records = await api.store.list_events(tenant_id=None, limit=1000)
+    return [
+        msgspec.json.decode(e.payload)
+        for e in records
+        if e.kind == kind and e.work_id == deployment_id
+    ]
+
+
+async def test_a_patch_scales_a_deployment_up_and_down(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, edge_nodes=3) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        spec = {"name": "detector", "model_id": await api.model(token), "replicas": 1}
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+        await reaches(api, token, deployment_id, "running", collection="deployments")
+        path = f"/v1/deployments/{deployment_id}"
+        headers = {"Authorization": f"Bearer {token}"}
+
+        response = await api.client.patch(path, json={"replicas": 3}, headers=headers)
+        assert response.status == 200, await response.text()
+        await replicas_become(api, token, deployment_id, 3)
+        response = await api.client.patch(path, json={"replicas": 1}, headers=headers)
+        assert response.status == 200, await response.text()
+        await replicas_become(api, token, deployment_id, 1)
+
+        bounds = {"min_replicas": 2, "max_replicas": 3, "target_requests_per_s": 50}
+        refused = await api.client.patch(
+            path, json={"replicas": 5, "autoscale": bounds}, headers=headers
+        )
+        assert refused.status == 422
+        assert (await refused.json())["invalid_params"][0]["name"] == "$.replicas"
+        unknown = await api.client.patch(path, json={"replica": 2}, headers=headers)
+        assert unknown.status == 422
+
+
+async def test_replicas_follow_the_load_up_and_back_down(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, edge_nodes=4) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        spec = {
+            "name": "risk",
+            "model_id": await api.model(token),
+            "replicas": 1,
+            "autoscale": {
+                "min_replicas": 1,
+                "max_replicas": 4,
+                "target_requests_per_s": 4.0,
+                "scale_down_stabilization_s": 2.0,
+            },
+        }
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+        await replicas_become(api, token, deployment_id, 1)
+
+        async with load(api, token, deployment_id, per_s=30.0) as statuses:
+            await replicas_become(api, token, deployment_id, 4)
+        assert statuses
+        assert set(statuses) == {200}  # scaling up failed no request
+
+        # The load is gone: back to one replica after the down-window.
+        await replicas_become(api, token, deployment_id, 1)
+        scaled = await events_of(api, deployment_id, "work.scaled")
+        ups = [e for e in scaled if e["to_replicas"] > e["from_replicas"]]
+        downs = [e for e in scaled if e["to_replicas"] < e["from_replicas"]]
+        assert ups
+        assert downs
+        assert ups[0]["metric"] == "requests_per_s"
+        assert ups[0]["target"] == 4.0
+        assert ups[0]["observed"] > 4.0 * 1.1
+        assert downs[-1]["to_replicas"] == 1
