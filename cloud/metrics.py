@@ -119,6 +119,18 @@ class SchedulingCollector(Collector):
             value=stats.last_pass_ms / 1000.0,
         )
         yield from self._queue()
+        replicas = GaugeMetricFamily(
+            "greenfed_deployment_replicas",
+            "Placed deployments' replicas: desired (the spec, or the autoscaler's count) and "
+            "serving (on nodes that report serving figures); the leader's only",
+            labels=["deployment", "tenant", "state"],
+        )
+        for deployment_id, (tenant, desired, serving) in sorted(
+            self._loop.deployment_replicas.items()
+        ):
+            replicas.add_metric([deployment_id, tenant, "desired"], desired)
+            replicas.add_metric([deployment_id, tenant, "serving"], serving)
+        yield replicas
 
     def _queue(self) -> Iterator[Metric]:
         queue = self._loop.queue

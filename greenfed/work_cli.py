@@ -219,6 +219,15 @@ def cmd_tenants(args: argparse.Namespace) -> int:
 # -- parser ----------------------------------------------------------------------
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    from greenfed import work_commands
+
+    return run_client(
+        args,
+        lambda client: work_commands.scale(client, args.id, args.replicas, output=_output(args)),
+    )
+
+
 def cmd_usage(args: argparse.Namespace) -> int:
     from greenfed import usage_commands
 
@@ -267,6 +276,14 @@ def add_work_commands(commands: Any) -> None:
     job.add_argument("id")
     add_client_options(job)
     job.set_defaults(handler=_cmd_show("training"))
+
+    scale = commands.add_parser(
+        "scale", help="set a deployment's replicas (an autoscaled one within its bounds)"
+    )
+    scale.add_argument("id")
+    scale.add_argument("replicas", type=positive_int)
+    add_client_options(scale)
+    scale.set_defaults(handler=cmd_scale)
 
     usage = commands.add_parser(
         "usage", help="energy, emissions, cost and emissions avoided, with totals (like sacct)"

@@ -141,6 +141,27 @@ def _allocations_table(allocations: tuple[AllocationView, ...]) -> Table:
     return table
 
 
+def replicas_line(work: DeploymentView) -> str:
+    """Desired against ready replicas, the autoscaling rule and its latest decision."""
+    ready = sum(1 for replica in work.replica_states if replica.state == "ready")
+    line = f"replicas: {work.replicas} desired, {ready} ready"
+    scale = work.spec.autoscale
+    if scale is not None:
+        target = (
+            f"{scale.target_requests_per_s:g} requests/s"
+            if scale.target_requests_per_s is not None
+            else f"{scale.target_p95_latency_ms:g} ms p95"
+        )
+        line += f"  (autoscaled {scale.min_replicas}..{scale.max_replicas} on {target} per replica)"
+    if work.last_scaling is not None:
+        last = work.last_scaling
+        line += (
+            f"\nlast scaled {ago(last.at)}: {last.from_replicas} → {last.to_replicas}, "
+            f"{last.reason}"
+        )
+    return line
+
+
 def _replicas_table(work: DeploymentView) -> Table:
     table = Table(title="replicas", title_justify="left")
     for column in ("replica", "node", "state", "provider", "note"):
@@ -249,6 +270,8 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
         target.print(_allocations_table(work.allocations))
     if work.usage is not None:
         target.print(usage_line(work.usage))
+    if isinstance(work, DeploymentView):
+        target.print(replicas_line(work))
     if isinstance(work, DeploymentView) and work.replica_states:
         target.print(_replicas_table(work))
         _print_endpoints(work, target)
@@ -350,6 +373,21 @@ async def show_work(client: ApiClient, kind: SpecKind, work_id: str, *, output: 
         return EXIT_OK
     work = msgspec.json.decode(payload, type=JobView if kind == "training" else DeploymentView)
     render_work(work, msgspec.json.decode(explained, type=ExplainView), output.out)
+    return EXIT_OK
+
+
+async def scale(client: ApiClient, deployment_id: str, replicas: int, *, output: Output) -> int:
+    """`PATCH {"replicas": N}`: more are placed by the next pass, fewer given back."""
+    _, payload = await client.call(
+        "PATCH",
+        f"/v1/deployments/{deployment_id}",
+        body=msgspec.json.encode({"replicas": replicas}),
+    )
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    work = msgspec.json.decode(payload, type=DeploymentView)
+    output.out.write(f"deployment {work.id} scaled to {work.replicas} replica(s)\n")
     return EXIT_OK
 
 

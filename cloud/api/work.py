@@ -47,6 +47,7 @@ from cloud.work.specs import (
     encode_spec,
 )
 from cloud.work.views import (
+    SCALED_EVENT,
     DeploymentList,
     DeploymentSummary,
     DeploymentView,
@@ -56,6 +57,7 @@ from cloud.work.views import (
     JobView,
     allocation_view,
     replica_views,
+    scaling_view,
 )
 from shared.clock import utc_from_epoch
 from shared.errors import json_path
@@ -409,9 +411,11 @@ async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Respo
     record, allocations = found
     body = collection.detail(record, _spec(collection, record), tenant.name, allocations)
     if isinstance(body, DeploymentView):
+        scaled = await request.app[STORE].latest_event(record.work_id, SCALED_EVENT)
         body = msgspec.structs.replace(
             body,
             replica_states=replica_views(record.work_id, allocations, request.app[REGISTRY]),
+            last_scaling=None if scaled is None else scaling_view(scaled),
         )
     metered = await request.app[STORE].usage(
         UsageQuery(tenant_id=record.tenant_id, work_ids=[record.work_id])

@@ -148,6 +148,8 @@ class SchedulingLoop:
         self._model_urls = model_urls
         self._accountant = accountant  # live usage accounting (cloud/usage/)
         self._autoscaler = Autoscaler()
+        # Placed deployments after the latest pass: id -> (tenant, desired, serving).
+        self.deployment_replicas: dict[str, tuple[str, int, int]] = {}
         self._last_grid = GridSignals(now_s=0.0, zones={})  # the latest pass's
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
         self._clock = clock
@@ -199,6 +201,7 @@ class SchedulingLoop:
                     self._liveness.reset_grace()
                     self._unacknowledged.reset()
                     self._autoscaler.reset()
+                    self.deployment_replicas = {}
                     self._explained.clear()
                     self._last_snapshot = None
                     self.queue.forget_pending()
@@ -383,11 +386,21 @@ class SchedulingLoop:
         if await self._autoscale(store, nodes, now):
             store = await self._store.load_snapshot(store)
         allocations = by_work(store.allocations)
+        names = {tenant.tenant_id: tenant.name for tenant in store.tenants}
         surplus = []
+        replicas: dict[str, tuple[str, int, int]] = {}
         for record, spec in _deployments(store):
-            write = surplus_write(record, spec.replicas, allocations.get(record.work_id, ()))
+            members = allocations.get(record.work_id, ())
+            load = serving_load(record.work_id, members, nodes)
+            replicas[record.work_id] = (
+                names.get(record.tenant_id, record.tenant_id),
+                spec.replicas,
+                load.ready_replicas if load is not None else 0,
+            )
+            write = surplus_write(record, spec.replicas, members)
             if write is not None:
                 surplus.append(write)
+        self.deployment_replicas = replicas
         if not surplus:
             return store
         await self._commit(PassWrite(placements=tuple(surplus)), lease, {})

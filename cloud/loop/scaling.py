@@ -17,8 +17,7 @@ from cloud.loop.allocations import as_new_allocation
 from cloud.loop.autoscale import ScaleDecision, ServingLoad
 from cloud.store import AllocationRecord, NewEvent, PlacementWrite, WorkRecord
 from cloud.work.specs import DeploymentSpec
-
-SCALED_EVENT = "work.scaled"
+from cloud.work.views import SCALED_EVENT
 
 
 def serving_load(

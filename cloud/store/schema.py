@@ -112,6 +112,7 @@ events = Table(
     Column("at", Double, nullable=False),
     Column("event_id", Text, nullable=True, unique=True),
     Index("ix_events_tenant", "tenant_id", "seq"),
+    Index("ix_events_work", "work_id", "seq"),
     sqlite_autoincrement=True,
 )
 

@@ -682,6 +682,18 @@ class Store:
         async with self._read() as connection:
             return tuple(event_from_row(row) for row in await connection.execute(query))
 
+    async def latest_event(self, work_id: str, kind: str) -> EventRecord | None:
+        """The newest event of `kind` about one work item (say, its last scaling)."""
+        query = (
+            select(events)
+            .where(events.c.work_id == work_id, events.c.kind == kind)
+            .order_by(events.c.seq.desc())
+            .limit(1)
+        )
+        async with self._read() as connection:
+            row = (await connection.execute(query)).first()
+        return None if row is None else event_from_row(row)
+
     async def last_event_seq(self) -> int:
         """The newest sequence number (0 when the log is empty): where a new stream starts."""
         async with self._read() as connection:

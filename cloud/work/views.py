@@ -19,7 +19,7 @@ from shared.work_literals import AllocationState, PriorityClass, WorkState
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
     from cloud.fleet.registry import NodeRegistry
-    from cloud.store import AllocationRecord, TenantRecord
+    from cloud.store import AllocationRecord, EventRecord, TenantRecord
 
 
 class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +113,19 @@ class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     serving: ServingView | None = None  # None: no telemetry from the node yet
 
 
+# The event a scaling decision writes (cloud/loop/scaling.py).
+SCALED_EVENT = "work.scaled"
+
+
+class ScalingView(msgspec.Struct, frozen=True, kw_only=True):
+    """A deployment's latest scaling decision (its `work.scaled` event)."""
+
+    at: datetime
+    from_replicas: int
+    to_replicas: int
+    reason: str
+
+
 class DeploymentView(DeploymentSummary, frozen=True, kw_only=True):
     idempotency_key: str | None
     nodes: tuple[str, ...]
@@ -121,6 +134,7 @@ class DeploymentView(DeploymentSummary, frozen=True, kw_only=True):
     spec: DeploymentSpec
     # Energy, emissions, cost and emissions avoided so far (None: nothing metered yet).
     usage: WorkUsage | None = None
+    last_scaling: ScalingView | None = None  # autoscaled deployments
 
 
 class JobList(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,6 +234,26 @@ class EventView(msgspec.Struct, frozen=True, kw_only=True):
     work_id: str | None
     at: datetime
     payload: msgspec.Raw  # for work.state: cloud.store.WorkStateChanged
+
+
+class _ScaledPayload(msgspec.Struct, frozen=True):
+    from_replicas: int
+    to_replicas: int
+    reason: str
+
+
+def scaling_view(event: EventRecord) -> ScalingView | None:
+    """A `work.scaled` event as the deployment shows it (None: not readable)."""
+    try:
+        payload = msgspec.json.decode(event.payload, type=_ScaledPayload)
+    except msgspec.DecodeError:
+        return None
+    return ScalingView(
+        at=utc_from_epoch(event.at),
+        from_replicas=payload.from_replicas,
+        to_replicas=payload.to_replicas,
+        reason=payload.reason,
+    )
 
 
 def replica_views(

@@ -11,8 +11,12 @@ import aiohttp
 import msgspec
 import pytest
 
+from cloud.app_keys import SETTINGS
+from cloud.work.views import DeploymentView
+from greenfed.work_commands import replicas_line
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import fleet, reaches, work
+from tests.support.processes import run_greenfed
 from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(120)
@@ -97,8 +101,13 @@ async def test_a_patch_scales_a_deployment_up_and_down(
         response = await api.client.patch(path, json={"replicas": 3}, headers=headers)
         assert response.status == 200, await response.text()
         await replicas_become(api, token, deployment_id, 3)
-        response = await api.client.patch(path, json={"replicas": 1}, headers=headers)
-        assert response.status == 200, await response.text()
+        base = api.app[SETTINGS].cloud.public_url
+        assert base is not None
+        code, printed, errors = await run_greenfed(
+            ["scale", deployment_id, "1", "--api", base, "--token", token]
+        )
+        assert code == 0, errors
+        assert printed.strip() == f"deployment {deployment_id} scaled to 1 replica(s)"
         await replicas_become(api, token, deployment_id, 1)
 
         bounds = {"min_replicas": 2, "max_replicas": 3, "target_requests_per_s": 50}
@@ -133,6 +142,18 @@ async def test_replicas_follow_the_load_up_and_back_down(
 
         async with load(api, token, deployment_id, per_s=30.0) as statuses:
             await replicas_become(api, token, deployment_id, 4)
+            text = await (await api.client.get("/metrics")).text()
+            assert (
+                f'greenfed_deployment_replicas{{deployment="{deployment_id}",'
+                f'state="desired",tenant="acme"}} 4.0' in text
+            )
+            body = await work(api, token, deployment_id, "deployments")
+            view = msgspec.convert(body, DeploymentView)
+            assert view.last_scaling is not None
+            assert view.last_scaling.to_replicas > view.last_scaling.from_replicas
+            line = replicas_line(view)
+            assert line.startswith("replicas: 4 desired, 4 ready  (autoscaled 1..4 on 4 ")
+            assert "requests/s per replica against a target of 4" in line
         assert statuses
         assert set(statuses) == {200}  # scaling up failed no request
 

@@ -19,6 +19,7 @@ from cloud.store.migrations import (
     v0003_models,
     v0004_enrolment,
     v0005_usage,
+    v0006_event_work_index,
 )
 
 
@@ -35,6 +36,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(3, "models", v0003_models.upgrade),
     SchemaMigration(4, "enrolment", v0004_enrolment.upgrade),
     SchemaMigration(5, "usage", v0005_usage.upgrade),
+    SchemaMigration(6, "event_work_index", v0006_event_work_index.upgrade),
 )
 
 
