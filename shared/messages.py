@@ -13,9 +13,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS, TaintEffect
+
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -105,6 +107,15 @@ class HostInfo(WireStruct, frozen=True, kw_only=True):
     memory_total_bytes: NonNegativeInt
 
 
+class NodeTaint(WireStruct, frozen=True, kw_only=True):
+    """A taint the node declares (1.4): only work that tolerates it is placed there
+    (`NoSchedule`), or other work avoids it (`PreferNoSchedule`)."""
+
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TAINT_KEY_CHARS)]
+    value: Annotated[str, msgspec.Meta(max_length=MAX_TAINT_VALUE_CHARS)] = ""
+    effect: TaintEffect = "NoSchedule"
+
+
 class NodeStatus(WireStruct, frozen=True, kw_only=True):
     """`status` (retained, QoS 1): the birth message, and the will when the node drops."""
 
@@ -134,6 +145,10 @@ class NodeStatus(WireStruct, frozen=True, kw_only=True):
             )
         ),
     ] = None
+    taints: Annotated[
+        tuple[NodeTaint, ...],
+        msgspec.Meta(max_length=MAX_TAINTS, description="Taints from the agent's settings (1.4)."),
+    ] = ()
 
 
 class AcceleratorSample(WireStruct, frozen=True, kw_only=True):

@@ -24,7 +24,8 @@ from shared.errors import (
     UnknownFieldError,
     dotted_path,
 )
-from shared.messages import Site
+from shared.messages import NodeTaint, Site
+from shared.taints import MAX_TAINTS, parse_taint
 from shared.topics import DEFAULT_TOPIC_ROOT, TopicError, is_valid_node_id, validate_root
 
 ENV_PREFIX = "GREENFED_"
@@ -116,6 +117,9 @@ class AgentSettings(Section, frozen=True, kw_only=True):
     zone: str = "unknown"
     region: str = "unknown"
     labels: dict[str, str] = {}
+    # Kubernetes-style `key=value:NoSchedule` / `:PreferNoSchedule` (shared/taints.py):
+    # only work that tolerates them is placed here, or other work avoids it.
+    taints: Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_TAINTS)] = ()
     telemetry_interval_s: Annotated[float, msgspec.Meta(ge=0.05)] = 5.0
     telemetry_jitter_ratio: Annotated[float, msgspec.Meta(ge=0, le=0.5)] = 0.1
     probes: tuple[Literal["cpu", "nvidia", "npu"], ...] = ("cpu", "nvidia", "npu")
@@ -143,6 +147,18 @@ class AgentSettings(Section, frozen=True, kw_only=True):
                 "node_id",
                 f"{self.node_id!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (one topic level)",
             )
+        for text in self.taints:
+            try:
+                parse_taint(text)
+            except ValueError as error:
+                raise FieldError("taints", str(error)) from None
+
+    def node_taints(self) -> tuple[NodeTaint, ...]:
+        result = []
+        for text in self.taints:
+            key, value, effect = parse_taint(text)
+            result.append(NodeTaint(key=key, value=value, effect=effect))
+        return tuple(result)
 
     @property
     def runs_training(self) -> bool:

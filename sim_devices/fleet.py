@@ -23,8 +23,9 @@ from typing import Annotated
 
 import msgspec
 
-from shared.messages import Site
+from shared.messages import NodeTaint, Site
 from shared.settings import ConfigError
+from shared.taints import parse_taint
 from shared.topics import is_valid_node_id
 from sim_devices.profiles import PROFILES, DeviceProfile
 
@@ -37,8 +38,11 @@ class FleetGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     zone: str
     region: str
     labels: dict[str, str] = {}
+    taints: tuple[str, ...] = ()  # `key=value:Effect` (shared/taints.py)
 
     def __post_init__(self) -> None:
+        for taint in self.taints:
+            parse_taint(taint)  # a ValueError names the taint and what is wrong
         if self.profile not in PROFILES:
             known = ", ".join(sorted(PROFILES))
             raise ValueError(f"profile: unknown device profile {self.profile!r}; known: {known}")
@@ -69,6 +73,7 @@ class SimNodeSpec:
     zone: str
     region: str
     labels: dict[str, str]
+    taints: tuple[NodeTaint, ...] = ()
 
 
 def load_fleet(path: Path | None = None) -> Fleet:
@@ -132,6 +137,10 @@ def expand_fleet(fleet: Fleet) -> list[SimNodeSpec]:
             zone=group.zone,
             region=group.region,
             labels={**group.labels, "profile": group.profile},
+            taints=tuple(
+                NodeTaint(key=key, value=value, effect=effect)
+                for key, value, effect in map(parse_taint, group.taints)
+            ),
         )
         for group in fleet.group
         for number in range(1, group.count + 1)

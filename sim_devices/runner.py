@@ -45,6 +45,7 @@ class SimulatedFleet:
                 zone=spec.zone,
                 region=spec.region,
                 labels=spec.labels,
+                taints=spec.taints,
             )
             launcher = SimulatedLauncher(node.accelerators) if spec.site == "cloud" else None
             self.agents.append(

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cloud.fleet.registry import NodeRecord
-from cloud.scheduler import AcceleratorPool, Node
+from cloud.scheduler import AcceleratorPool, Node, Taint
 from shared.messages import Accelerator, AcceleratorKind, NodeStatus, common_providers
 
 # Relative speed (A100 = 1.0) when a device reports none.
@@ -131,6 +131,7 @@ def scheduler_node(record: NodeRecord) -> Node:
         timezone=timezone,
         pools=tuple(_pool(kind, devices, utilisation) for kind, devices in sorted(by_kind.items())),
         runs_training=node_runs_training(status),
+        taints=tuple(Taint(t.key, t.value, t.effect) for t in status.taints),
     )
 
 

@@ -21,7 +21,7 @@ from typing import TypeVar
 import numpy as np
 
 from .arrays import CodeArray, FloatArray, IntArray, read_only
-from .filters import FILTERS, PASS, StaticResult, static_filters
+from .filters import FILTERS, PASS, StaticResult, static_filters, untolerated_mask
 from .policy import Policy
 from .scoring import (
     packing_and_load,
@@ -33,6 +33,10 @@ from .scoring import (
 from .shape import WorkShape
 from .snapshot import Snapshot
 from .state import ClusterState
+
+# What an untolerated PreferNoSchedule taint takes off a node's preference term (0..1):
+# enough that an untainted node of the same kind wins, short of a filter.
+PREFER_NO_SCHEDULE_PENALTY = 0.5
 
 _V = TypeVar("_V")
 
@@ -258,6 +262,11 @@ class CandidateCache:
         preference_values = preference(
             rank, len(shape.kind_codes), static.provider_rank, len(providers)
         )
+        if self.snapshot.nodes.taints:
+            avoid = untolerated_mask(self.snapshot.nodes, shape, "PreferNoSchedule")[nodes]
+            preference_values = np.where(
+                avoid, preference_values - PREFER_NO_SCHEDULE_PENALTY, preference_values
+            )
         return KindCandidates(
             static=static,
             shape_id=shape_id,

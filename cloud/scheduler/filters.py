@@ -17,6 +17,8 @@ from typing import Final, Literal
 
 import numpy as np
 
+from shared.taints import TaintEffect
+
 from .arrays import BoolArray, CodeArray, FloatArray, IntArray, read_only
 from .extensions import Candidates, LatencyEstimator, estimate_latency
 from .model import KINDS, InferenceDeployment, TrainingJob
@@ -206,18 +208,22 @@ def _selector_mask(nodes: NodeTable, shape: WorkShape) -> BoolArray:
     return mask
 
 
-def _tolerated_mask(nodes: NodeTable, shape: WorkShape) -> BoolArray:
-    if not nodes.taints:
-        return np.ones(len(nodes), dtype=np.bool_)
+def untolerated_mask(nodes: NodeTable, shape: WorkShape, effect: TaintEffect) -> BoolArray:
+    """Per node: does it carry a taint of `effect` the work does not tolerate?"""
     tolerations = shape.work.tolerations
     untolerated = [
         i
         for i, taint in enumerate(nodes.taints)
-        if not any(t.tolerates(taint) for t in tolerations)
+        if taint.effect == effect and not any(t.tolerates(taint) for t in tolerations)
     ]
     if not untolerated:
-        return np.ones(len(nodes), dtype=np.bool_)
-    result: BoolArray = np.logical_not(nodes.taint_matrix[:, untolerated].any(axis=1))
+        return np.zeros(len(nodes), dtype=np.bool_)
+    result: BoolArray = np.asarray(nodes.taint_matrix[:, untolerated].any(axis=1))
+    return result
+
+
+def _tolerated_mask(nodes: NodeTable, shape: WorkShape) -> BoolArray:
+    result: BoolArray = np.logical_not(untolerated_mask(nodes, shape, "NoSchedule"))
     return result
 
 

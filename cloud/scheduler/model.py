@@ -17,6 +17,7 @@ from typing import Final, Protocol
 
 from shared.errors import FieldError
 from shared.messages import AcceleratorKind, Site
+from shared.taints import TaintEffect
 from shared.work_literals import LabelOperator, PriorityClass, WorkKind
 
 # p0 > p1 > p2; a lower rank is more important.
@@ -70,13 +71,17 @@ def _checked_weights(work_id: str, weights: Mapping[str, float]) -> Mapping[str,
 
 @dataclass(frozen=True, slots=True)
 class Taint:
-    """A node taint: only work that tolerates it may land there (NoSchedule semantics)."""
+    """A node taint. ``NoSchedule``: only work that tolerates it may land there;
+    ``PreferNoSchedule``: other work lands there only when nothing better fits (its
+    preference term is lowered)."""
 
     key: str
     value: str = ""
+    effect: TaintEffect = "NoSchedule"
 
     def __str__(self) -> str:
-        return f"{self.key}={self.value}" if self.value else self.key
+        text = f"{self.key}={self.value}" if self.value else self.key
+        return text if self.effect == "NoSchedule" else f"{text}:{self.effect}"
 
 
 @dataclass(frozen=True, slots=True)

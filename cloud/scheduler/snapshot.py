@@ -261,7 +261,7 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         label_values[key] = vocabulary
 
     taints = tuple(
-        sorted({t for node in nodes for t in node.taints}, key=lambda t: (t.key, t.value))
+        sorted({t for node in nodes for t in node.taints}, key=lambda t: (t.key, t.value, t.effect))
     )
     taint_index = {t: i for i, t in enumerate(taints)}
     taint_matrix = np.zeros((n, len(taints)), dtype=np.bool_)

@@ -77,5 +77,6 @@ class Birth(AgentModule):
                 started_at=self._started_at,
                 sent_at=self._context.wall_clock(),
                 runs_training=self._runs_training,
+                taints=identity.taints,
             )
         )

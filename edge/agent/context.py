@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import aiomqtt
 import structlog
 
-from shared.messages import Site
+from shared.messages import NodeTaint, Site
 from shared.settings import AgentSettings
 from shared.topics import CHANNEL_SPECS, Channel, Topics
 
@@ -21,6 +21,7 @@ class NodeIdentity:
     zone: str
     region: str
     labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[NodeTaint, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: AgentSettings) -> NodeIdentity:
@@ -30,6 +31,7 @@ class NodeIdentity:
             zone=settings.zone,
             region=settings.region,
             labels=dict(settings.labels),
+            taints=settings.node_taints(),
         )
 
 

@@ -11,7 +11,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from cloud.app_keys import SETTINGS
+from cloud.app_keys import REGISTRY, SETTINGS
 from cloud.work.views import DeploymentView
 from greenfed.work_commands import replicas_line
 from tests.store.databases import DatabaseUnderTest
@@ -168,3 +168,34 @@ async def test_replicas_follow_the_load_up_and_back_down(
         assert ups[0]["target"] == 4.0
         assert ups[0]["observed"] > 4.0 * 1.1
         assert downs[-1]["to_replicas"] == 1
+
+
+async def test_a_tainted_node_receives_only_work_that_tolerates_its_taint(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    taints = {"orin-0": ("dedicated=risk:NoSchedule",)}
+    async with fleet(database, mosquitto_root, edge_nodes=2, taints=taints) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        model = await api.model(token)
+        record = running.api.app[REGISTRY].get("orin-0")
+        assert record is not None
+        assert [(t.key, t.value, t.effect) for t in record.status.taints] == [
+            ("dedicated", "risk", "NoSchedule")
+        ]
+        both = {"replicas": 2, "max_replicas_per_node": 1, "model_id": model}
+        general = await api.submitted(token, {"name": "general", **both}, collection="deployments")
+        risk = await api.submitted(
+            token,
+            {"name": "risk", **both, "tolerations": [{"key": "dedicated", "value": "risk"}]},
+            collection="deployments",
+        )
+        placed = await reaches(api, token, risk, "running", collection="deployments")
+        assert sorted(placed["nodes"]) == ["orin-0", "orin-1"]
+
+        async def refused_for_the_taint() -> bool:
+            explained = await (await api.get(token, f"/v1/deployments/{general}/explain")).json()
+            return "untolerated taint" in explained["message"]
+
+        await eventually_async(refused_for_the_taint, timeout_s=20, message="no taint reason")
+        assert (await work(api, token, general, "deployments"))["state"] == "pending"

@@ -131,6 +131,19 @@ def test_toleration_lets_work_onto_a_tainted_node() -> None:
     assert not plan_for([node], [job("j", tolerations=(Toleration("dedicated", "db"),))]).placements
 
 
+def test_a_prefer_no_schedule_taint_is_avoided_while_anything_else_fits() -> None:
+    soft = (Taint("dedicated", "camera", effect="PreferNoSchedule"),)
+    nodes = [gpu_node("fenced", taints=soft), gpu_node("open")]
+    plan = plan_for(nodes, [job("j", 8)])
+    assert [p.node_id for p in plan.placements] == ["open"]
+    # Tolerated, it is an ordinary node again; alone, it still takes the work.
+    tolerated = plan_for(nodes, [job("j", 8, tolerations=(Toleration("dedicated"),))])
+    assert {p.node_id for p in tolerated.placements} <= {"fenced", "open"}
+    assert plan_for([gpu_node("fenced", taints=soft)], [job("j", 8)]).placements
+    both = plan_for(nodes, [job("a", 8), job("b", 8)])
+    assert {p.node_id for p in both.placements} == {"fenced", "open"}
+
+
 def test_provider_filter_and_preference() -> None:
     nodes = [
         edge_node("qnn", providers=("QNNExecutionProvider",)),

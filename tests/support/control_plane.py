@@ -9,7 +9,7 @@ import dataclasses
 import random
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,7 @@ async def fleet(
     scheduling: SchedulingSettings = FAST_LOOP,
     cloud: CloudSettings | None = None,
     usage: UsageSettings | None = None,
+    taints: Mapping[str, tuple[str, ...]] | None = None,
 ) -> AsyncIterator[Fleet]:
     """``cloud_zones``: (grid zone, region) of each cloud node in turn (default: all in
     DE, europe-west3). The agents trust the control plane's signing key, read (or made)
@@ -111,6 +112,7 @@ async def fleet(
             telemetry_interval_s=0.2,
             inference=options,
             control_plane_public_key=public_key,
+            taints=(taints or {}).get(node_id, ()),
         )
     async with running_api(
         database, mqtt=settings, scheduling=scheduling, cloud=cloud, usage=usage

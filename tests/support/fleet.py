@@ -24,7 +24,7 @@ from edge.training.runs import TrainingLauncher
 from shared.desired_signature import public_key_base64, sign_desired
 from shared.messages import DesiredState, JobLogChunk, NodeEvent, Site
 from shared.mqtt import MqttSession
-from shared.settings import MqttSettings
+from shared.settings import AgentSettings, MqttSettings
 from shared.tasks import stop_task
 from shared.topics import Topics
 from sim_devices.probes import SimulatedNode
@@ -62,6 +62,7 @@ def simulated_agent(
     trains: bool = False,
     inference: InferenceOptions | None = None,
     control_plane_public_key: str = TEST_PUBLIC_KEY,
+    taints: tuple[str, ...] = (),
 ) -> Agent:
     """A real agent on simulated hardware; `trains` gives it simulated training workers;
     it applies `desired` documents signed with the key whose public half is given."""
@@ -74,6 +75,7 @@ def simulated_agent(
         zone=zone,
         region=region,
         labels={"test": "yes"},
+        taints=AgentSettings(taints=taints).node_taints(),
     )
     return Agent(
         identity,
