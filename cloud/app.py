@@ -60,6 +60,7 @@ from cloud.app_keys import (
     TUNING,
 )
 from cloud.broker_accounts import broker_accounts_from
+from cloud.fleet import node_admin
 from cloud.fleet.assignments import AssignmentIndex, refresh_forever
 from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
 from cloud.fleet.ingest import Ingestor
@@ -96,11 +97,15 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     index = app[INGESTOR].assignments
     assert index is not None
     assignments = asyncio.create_task(refresh_forever(index, app[STORE]), name="assignments")
-    app[BACKGROUND_TASKS].extend([ingestion, liveness, assignments])
+    # What admins set on nodes (cordons, taints, labels), from whichever replica set it.
+    node_settings = asyncio.create_task(
+        node_admin.refresh_forever(app[REGISTRY], app[STORE]), name="node-admin"
+    )
+    app[BACKGROUND_TASKS].extend([ingestion, liveness, assignments, node_settings])
     try:
         yield
     finally:
-        for task in (ingestion, liveness, assignments):
+        for task in (ingestion, liveness, assignments, node_settings):
             # Cancellation is the expected end; any other failure surfaces here.
             await stop_task(task)
 

@@ -216,6 +216,24 @@ def cmd_nodes_revoke(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_nodes_admin(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    body: dict[str, object] | None = None
+    if args.nodes_command == "set":
+        body = {}
+        if args.taint is not None:
+            body["taints"] = [] if args.taint == [""] else args.taint
+        if args.label is not None:
+            body["labels"] = dict(item for labels in args.label for item in labels.items())
+    return run_client(
+        args,
+        lambda client: nodes_cli.set_node(
+            client, args.node_id, args.nodes_command, body=body, json=args.json
+        ),
+    )
+
+
 def cmd_nodes_enrolled(args: argparse.Namespace) -> int:
     from greenfed import nodes_cli
 
@@ -475,6 +493,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_options(nodes_revoke, nested=True)
     nodes_revoke.add_argument("node_id", metavar="NODE")
     nodes_revoke.set_defaults(handler=cmd_nodes_revoke)
+    for action, text in (
+        ("cordon", "no new work lands on the node; what runs stays (admin)"),
+        ("uncordon", "the node takes new work again (admin)"),
+    ):
+        command = nodes_commands.add_parser(action, help=text)
+        add_client_options(command, nested=True)
+        command.add_argument("node_id", metavar="NODE")
+        command.set_defaults(handler=cmd_nodes_admin)
+    node_set = nodes_commands.add_parser(
+        "set", help="a node's admin taints and labels, beside its agent's (admin)"
+    )
+    add_client_options(node_set, nested=True)
+    node_set.add_argument("node_id", metavar="NODE")
+    node_set.add_argument(
+        "--taint",
+        action="append",
+        metavar="KEY=VALUE:EFFECT",
+        help="repeat for several; --taint '' clears them",
+    )
+    node_set.add_argument(
+        "--label", action="append", type=labels_argument, metavar="K=V,...", help="replaces"
+    )
+    node_set.set_defaults(handler=cmd_nodes_admin)
     nodes_enrolled = nodes_commands.add_parser("enrolled", help="enrolled node identities (admin)")
     add_client_options(nodes_enrolled, nested=True)
     nodes_enrolled.set_defaults(handler=cmd_nodes_enrolled)

@@ -19,10 +19,11 @@ from cloud.fleet.enrolment_views import (
     JoinTokenList,
     JoinTokenView,
 )
-from cloud.fleet.views import NodeList, NodeSummary
+from cloud.fleet.views import NodeDetail, NodeList, NodeSummary
 from greenfed.api_client import ApiClient
 from greenfed.arguments import EXIT_OK
 from greenfed.work_commands import ago, console
+from shared.taints import CORDON_TAINT_KEY
 
 GIB = 1024**3
 
@@ -71,6 +72,7 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
         "zone",
         "region",
         "accelerators",
+        "taints",
         "util %",
         "power W",
         "seen",
@@ -82,6 +84,8 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
             if node.state == "online"
             else f"[red]offline[/] ({node.offline_reason})"
         )
+        if node.cordoned:
+            state += " [yellow]cordoned[/]"
         table.add_row(
             node.node_id,
             state,
@@ -89,6 +93,7 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
             node.zone,
             node.region,
             _accelerator_text(node),
+            ", ".join(t for t in node.taints if not t.startswith(CORDON_TAINT_KEY)),
             ""
             if node.accelerator_utilization_pct is None
             else f"{node.accelerator_utilization_pct:.0f}",
@@ -181,6 +186,32 @@ async def revoke_node(
             f"node {node.node_id} revoked: refused from now on, its broker account disabled; "
             "to admit it again, enrol it with a new join token\n"
         )
+    return EXIT_OK
+
+
+async def set_node(
+    client: ApiClient,
+    node_id: str,
+    action: str,
+    *,
+    body: dict[str, object] | None = None,
+    json: bool,
+    out: TextIO | None = None,
+) -> int:
+    """`cordon`, `uncordon` (POST) or `set` (PATCH taints and labels) on one node."""
+    out = out or sys.stdout
+    path = f"/v1/nodes/{quote(node_id, safe='')}"
+    if action == "set":
+        _, payload = await client.call("PATCH", path, body=msgspec.json.encode(body or {}))
+    else:
+        _, payload = await client.call("POST", f"{path}/{action}")
+    node = msgspec.json.decode(payload, type=NodeDetail)
+    if json:
+        _print_json(node, out)
+        return EXIT_OK
+    state = "cordoned: no new work lands there" if node.cordoned else "schedulable"
+    taints = ", ".join(node.taints) or "none"
+    out.write(f"node {node.node_id} {state}; taints: {taints}\n")
     return EXIT_OK
 
 

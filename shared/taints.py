@@ -16,6 +16,8 @@ TAINT_EFFECTS: Final[tuple[TaintEffect, ...]] = get_args(TaintEffect)
 MAX_TAINT_KEY_CHARS: Final = 253
 MAX_TAINT_VALUE_CHARS: Final = 253
 MAX_TAINTS: Final = 64
+# The taint of a cordoned node (cloud/fleet/node_overlay.py); no work may tolerate it.
+CORDON_TAINT_KEY: Final = "greenfed.io/unschedulable"
 
 _KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?")
 

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 import msgspec
 from aiohttp import web
 
-from cloud.api.bodies import json_response
+from cloud.api.bodies import decode_body, invalid_body, json_response, read_body
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
-from cloud.app_keys import REGISTRY
+from cloud.app_keys import INGESTOR, REGISTRY, STORE
+from cloud.fleet.node_admin import apply_one
 from cloud.fleet.registry import NodeFilter
 from cloud.fleet.views import NodeDetail, NodeList, node_detail, node_summary
+from cloud.store import NodeAdminRecord
 from shared.messages import AcceleratorKind, NodeState, Site
+from shared.taints import MAX_TAINTS, parse_taint
 
 MAX_PAGE_SIZE = 10_000
 
@@ -63,6 +67,81 @@ async def get_node(request: web.Request) -> web.Response:
     return json_response(node_detail(record))
 
 
+class NodeAdminUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What an admin sets on a node, beside what its agent declares (each replaces the
+    admin's previous list or map; absent: unchanged)."""
+
+    taints: (
+        Annotated[
+            tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=600)], ...],
+            msgspec.Meta(max_length=MAX_TAINTS, description="`key=value:Effect` each."),
+        ]
+        | None
+    ) = None
+    labels: (
+        Annotated[
+            dict[
+                Annotated[str, msgspec.Meta(min_length=1, max_length=253)],
+                Annotated[str, msgspec.Meta(max_length=253)],
+            ],
+            msgspec.Meta(max_length=64),
+        ]
+        | None
+    ) = None
+
+
+_ADMIN_UPDATE = msgspec.json.Decoder(NodeAdminUpdate)
+
+
+def _known(request: web.Request) -> str:
+    node_id = request.match_info["node_id"]
+    if request.app[REGISTRY].get(node_id) is None:
+        raise Problem(404, "node-not-found", "Node not found", f"no node {node_id[:128]!r}")
+    return node_id
+
+
+async def _store_admin(request: web.Request, record: NodeAdminRecord) -> web.Response:
+    stored = await request.app[STORE].put_node_admin(record)
+    registry = request.app[REGISTRY]
+    if apply_one(registry, stored):
+        request.app[INGESTOR].notify_change()  # the next pass sees it now
+    found = registry.get(record.node_id)
+    assert found is not None
+    return json_response(node_detail(found))
+
+
+def _current(request: web.Request, node_id: str) -> NodeAdminRecord:
+    return request.app[REGISTRY].admin.get(node_id) or NodeAdminRecord(node_id=node_id)
+
+
+async def cordon_node(request: web.Request) -> web.Response:
+    node_id = _known(request)
+    return await _store_admin(request, replace(_current(request, node_id), cordoned=True))
+
+
+async def uncordon_node(request: web.Request) -> web.Response:
+    node_id = _known(request)
+    return await _store_admin(request, replace(_current(request, node_id), cordoned=False))
+
+
+async def update_node(request: web.Request) -> web.Response:
+    node_id = _known(request)
+    body = decode_body(await read_body(request), _ADMIN_UPDATE)
+    record = _current(request, node_id)
+    if body.taints is not None:
+        for number, text in enumerate(body.taints):
+            try:
+                parse_taint(text)
+            except ValueError as error:
+                raise invalid_body(f"$.taints[{number}]", str(error)) from None
+        record = replace(record, taints=body.taints)
+    if body.labels is not None:
+        record = replace(record, labels=body.labels)
+    return await _store_admin(request, record)
+
+
+_ADMIN_REPLIES = (Reply(200, "The node, with what the admin set", NodeDetail),)
+
 ROUTES = (
     Route(
         "GET",
@@ -82,5 +161,33 @@ ROUTES = (
         "tenant",
         "nodes",
         replies=(Reply(200, "The node", NodeDetail),),
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node_id}/cordon",
+        cordon_node,
+        "Cordon a node: no new work lands there; what runs stays",
+        "admin",
+        "nodes",
+        replies=_ADMIN_REPLIES,
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node_id}/uncordon",
+        uncordon_node,
+        "Uncordon a node: it takes new work again",
+        "admin",
+        "nodes",
+        replies=_ADMIN_REPLIES,
+    ),
+    Route(
+        "PATCH",
+        "/v1/nodes/{node_id}",
+        update_node,
+        "Set a node's admin taints and labels, beside its agent's",
+        "admin",
+        "nodes",
+        body=NodeAdminUpdate,
+        replies=_ADMIN_REPLIES,
     ),
 )

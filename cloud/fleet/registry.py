@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI reads node views without the database stack
+    from cloud.store import NodeAdminRecord
 
 from shared.messages import (
     AcceleratorKind,
@@ -63,6 +67,7 @@ class NodeRecord:
     telemetry: Telemetry | None = None
     reported: ReportedState | None = None
     telemetry_received_monotonic: float = 0.0  # when `telemetry` arrived
+    admin: NodeAdminRecord | None = None  # what an admin set (cloud/fleet/node_admin.py)
 
     @property
     def node_id(self) -> str:
@@ -133,6 +138,8 @@ class NodeRegistry:
         self.max_nodes = max_nodes
         self._max_clock_skew_s = max_clock_skew_s
         self._records: dict[str, NodeRecord] = {}
+        # What an admin set, by node id, nodes not born yet included.
+        self.admin: Mapping[str, NodeAdminRecord] = {}
         # Bumped on every change of membership or state, so readers can cache by it.
         self.version = 0
 
@@ -180,6 +187,7 @@ class NodeRegistry:
                 offline_reason=reason,
                 last_seen_monotonic=0.0,
                 last_seen_at=0.0,
+                admin=self.admin.get(status.node_id),
             )
             self._records[status.node_id] = record
             self._touch(record)
@@ -200,6 +208,19 @@ class NodeRegistry:
         if previous == (record.state, record.offline_reason):
             return None
         return NodeStateChange(status.node_id, record.state, reason)
+
+    def set_admin(self, admin: Mapping[str, NodeAdminRecord]) -> bool:
+        """Replace what admins set on nodes; whether any known node's changed."""
+        changed = False
+        for node_id, record in self._records.items():
+            new = admin.get(node_id)
+            if new != record.admin:
+                record.admin = new
+                changed = True
+        self.admin = dict(admin)
+        if changed:
+            self.version += 1
+        return changed
 
     def forget(self, node_id: str) -> bool:
         """Drop a node whose retained status was cleared (decommissioned)."""

@@ -6,6 +6,7 @@ from datetime import datetime
 
 import msgspec
 
+from cloud.fleet.node_overlay import effective_labels, effective_taints, taint_text
 from cloud.fleet.registry import NodeRecord
 from shared.clock import utc_from_epoch
 from shared.messages import (
@@ -25,7 +26,9 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     site: Site
     zone: str
     region: str
-    labels: dict[str, str]
+    labels: dict[str, str]  # the agent's, with an admin's laid over
+    taints: tuple[str, ...] = ()  # `key=value:Effect`, the agent's and an admin's
+    cordoned: bool = False  # an admin stopped new work from landing here
     agent_version: str
     instance_id: str
     accelerators: tuple[Accelerator, ...]
@@ -74,7 +77,9 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "site": status.site,
         "zone": status.zone,
         "region": status.region,
-        "labels": status.labels,
+        "labels": effective_labels(record),
+        "taints": tuple(taint_text(t) for t in effective_taints(record)),
+        "cordoned": record.admin is not None and record.admin.cordoned,
         "agent_version": status.agent_version,
         "instance_id": status.instance_id,
         "accelerators": status.accelerators,

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cloud.fleet.node_overlay import effective_labels, effective_taints
 from cloud.fleet.registry import NodeRecord
 from cloud.scheduler import AcceleratorPool, Node, Taint
 from shared.messages import Accelerator, AcceleratorKind, NodeStatus, common_providers
@@ -125,13 +126,13 @@ def scheduler_node(record: NodeRecord) -> Node:
         site=status.site,
         zone=status.zone,
         region=status.region,
-        labels=status.labels,
+        labels=effective_labels(record),
         healthy=record.state == "online",
         host_memory_bytes=status.host.memory_total_bytes,
         timezone=timezone,
         pools=tuple(_pool(kind, devices, utilisation) for kind, devices in sorted(by_kind.items())),
         runs_training=node_runs_training(status),
-        taints=tuple(Taint(t.key, t.value, t.effect) for t in status.taints),
+        taints=tuple(Taint(t.key, t.value, t.effect) for t in effective_taints(record)),
     )
 
 

@@ -22,6 +22,7 @@ from cloud.store.errors import (
     WorkNotFoundError,
 )
 from cloud.store.leadership import LeadershipLease
+from cloud.store.node_admin import NodeAdminRecord
 from cloud.store.records import (
     AllocationRecord,
     CommitResult,
@@ -79,6 +80,7 @@ __all__ = [
     "NewEvent",
     "NewModel",
     "NewTenant",
+    "NodeAdminRecord",
     "NodeDesired",
     "PassWrite",
     "PlacementWrite",

@@ -42,6 +42,19 @@ def insert_ignoring(backend: Backend, table: Table, conflict_columns: Sequence[s
     return sqlite_insert(table).on_conflict_do_nothing(index_elements=conflict_columns)
 
 
+def upsert(
+    backend: Backend, table: Table, values: Mapping[str, Any], conflict_columns: Sequence[str]
+) -> Insert:
+    """INSERT ... ON CONFLICT (columns) DO UPDATE SET every other column to `values`."""
+    statement = (postgresql_insert if backend == "postgresql" else sqlite_insert)(table).values(
+        dict(values)
+    )
+    return statement.on_conflict_do_update(
+        index_elements=conflict_columns,
+        set_={k: v for k, v in values.items() if k not in conflict_columns},
+    )
+
+
 async def bump_generations(
     connection: AsyncConnection, context: StoreContext, node_ids: set[str]
 ) -> dict[str, int]:

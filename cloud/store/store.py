@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from cloud.store import enrolment, usage
+from cloud.store import enrolment, node_admin, usage
 from cloud.store.changes import Changes, apply_changes, event_row
 from cloud.store.engine import (
     WRITE_OPTION,
@@ -56,6 +56,7 @@ from cloud.store.leadership import (
 from cloud.store.locks import advisory_key, current_namespace
 from cloud.store.migrate import MigrationReport, migrate
 from cloud.store.models import insert_model, list_model_page, model_from_row, select_model
+from cloud.store.node_admin import NodeAdminRecord
 from cloud.store.records import (
     AllocationRecord,
     CommitResult,
@@ -622,6 +623,19 @@ class Store:
         """Enrolled and not revoked."""
         node = await self.get_enrolled_node(node_id)
         return node is not None and node.active
+
+    # ---- node administration (cloud/store/node_admin.py) ----------------------------------
+
+    async def put_node_admin(self, record: NodeAdminRecord) -> NodeAdminRecord:
+        """Replace what an admin set on one node; the record as stored (its time set)."""
+        stored = replace(record, updated_at=self._clock())
+        async with self._write() as connection:
+            await node_admin.put_node_admin(connection, self.backend, stored)
+        return stored
+
+    async def node_admin(self) -> dict[str, NodeAdminRecord]:
+        async with self._read() as connection:
+            return await node_admin.select_node_admin(connection)
 
     # ---- live accounting (cloud/store/usage.py) -----------------------------------------
 

@@ -20,6 +20,7 @@ import msgspec
 
 from shared.errors import FieldError, json_path
 from shared.messages import AcceleratorKind, Site
+from shared.taints import CORDON_TAINT_KEY
 from shared.work_literals import LabelOperator, PriorityClass, SpecKind
 
 GIB: Final = 1024**3
@@ -85,6 +86,12 @@ class TolerationSpec(SpecStruct, frozen=True, kw_only=True):
 
     key: LabelKey
     value: LabelValue | None = None
+
+    def __post_init__(self) -> None:
+        if self.key == CORDON_TAINT_KEY:
+            raise FieldError(
+                "key", f"{CORDON_TAINT_KEY} marks a cordoned node: no work tolerates it"
+            )
 
 
 class BatchingSpec(SpecStruct, frozen=True, kw_only=True):

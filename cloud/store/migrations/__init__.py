@@ -20,6 +20,7 @@ from cloud.store.migrations import (
     v0004_enrolment,
     v0005_usage,
     v0006_event_work_index,
+    v0007_node_admin,
 )
 
 
@@ -37,6 +38,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(4, "enrolment", v0004_enrolment.upgrade),
     SchemaMigration(5, "usage", v0005_usage.upgrade),
     SchemaMigration(6, "event_work_index", v0006_event_work_index.upgrade),
+    SchemaMigration(7, "node_admin", v0007_node_admin.upgrade),
 )
 
 

@@ -1,0 +1,30 @@
+"""Keeping what admins set on nodes (cloud/fleet/node_overlay.py) fresh on every replica
+of the control plane: reloaded from the store every few seconds, and applied at once by
+the replica that changed it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from cloud.fleet.registry import NodeRegistry
+from cloud.store import NodeAdminRecord, Store, StoreUnavailableError
+
+
+async def refresh_forever(registry: NodeRegistry, store: Store, *, interval_s: float = 2.0) -> None:
+    """Reload the admins' settings into `registry` every `interval_s`."""
+    log = structlog.get_logger("greenfed.node_admin")
+    while True:
+        try:
+            registry.set_admin(await store.node_admin())
+        except StoreUnavailableError as error:
+            log.warning("node settings not refreshed: store unavailable", error=str(error))
+        await asyncio.sleep(interval_s)
+
+
+def apply_one(registry: NodeRegistry, record: NodeAdminRecord) -> bool:
+    """Apply one node's new settings now; whether a known node changed."""
+    current = dict(registry.admin)
+    current[record.node_id] = record
+    return registry.set_admin(current)
