@@ -496,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     for action, text in (
         ("cordon", "no new work lands on the node; what runs stays (admin)"),
         ("uncordon", "the node takes new work again (admin)"),
+        ("drain", "cordon the node and move its work elsewhere (admin)"),
     ):
         command = nodes_commands.add_parser(action, help=text)
         add_client_options(command, nested=True)

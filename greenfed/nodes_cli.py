@@ -85,7 +85,7 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
             else f"[red]offline[/] ({node.offline_reason})"
         )
         if node.cordoned:
-            state += " [yellow]cordoned[/]"
+            state += " [yellow]draining[/]" if node.draining else " [yellow]cordoned[/]"
         table.add_row(
             node.node_id,
             state,
@@ -198,7 +198,7 @@ async def set_node(
     json: bool,
     out: TextIO | None = None,
 ) -> int:
-    """`cordon`, `uncordon` (POST) or `set` (PATCH taints and labels) on one node."""
+    """`cordon`, `uncordon`, `drain` (POST) or `set` (PATCH taints and labels)."""
     out = out or sys.stdout
     path = f"/v1/nodes/{quote(node_id, safe='')}"
     if action == "set":
@@ -210,6 +210,8 @@ async def set_node(
         _print_json(node, out)
         return EXIT_OK
     state = "cordoned: no new work lands there" if node.cordoned else "schedulable"
+    if node.draining:
+        state = "draining: cordoned, its work moving elsewhere"
     taints = ", ".join(node.taints) or "none"
     out.write(f"node {node.node_id} {state}; taints: {taints}\n")
     return EXIT_OK

@@ -121,7 +121,16 @@ async def cordon_node(request: web.Request) -> web.Response:
 
 async def uncordon_node(request: web.Request) -> web.Response:
     node_id = _known(request)
-    return await _store_admin(request, replace(_current(request, node_id), cordoned=False))
+    return await _store_admin(
+        request, replace(_current(request, node_id), cordoned=False, draining=False)
+    )
+
+
+async def drain_node(request: web.Request) -> web.Response:
+    node_id = _known(request)
+    return await _store_admin(
+        request, replace(_current(request, node_id), cordoned=True, draining=True)
+    )
 
 
 async def update_node(request: web.Request) -> web.Response:
@@ -178,6 +187,20 @@ ROUTES = (
         "Uncordon a node: it takes new work again",
         "admin",
         "nodes",
+        replies=_ADMIN_REPLIES,
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node_id}/drain",
+        drain_node,
+        "Drain a node: cordon it and move its work elsewhere",
+        "admin",
+        "nodes",
+        description=(
+            "Training is requeued (a checkpointing job resumes from its checkpoint); an "
+            "inference replica is started elsewhere first and stops once the new one "
+            "serves. Uncordon ends the drain."
+        ),
         replies=_ADMIN_REPLIES,
     ),
     Route(

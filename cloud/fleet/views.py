@@ -29,6 +29,7 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     labels: dict[str, str]  # the agent's, with an admin's laid over
     taints: tuple[str, ...] = ()  # `key=value:Effect`, the agent's and an admin's
     cordoned: bool = False  # an admin stopped new work from landing here
+    draining: bool = False  # ... and is moving its work elsewhere
     agent_version: str
     instance_id: str
     accelerators: tuple[Accelerator, ...]
@@ -80,6 +81,7 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "labels": effective_labels(record),
         "taints": tuple(taint_text(t) for t in effective_taints(record)),
         "cordoned": record.admin is not None and record.admin.cordoned,
+        "draining": record.admin is not None and record.admin.draining,
         "agent_version": status.agent_version,
         "instance_id": status.instance_id,
         "accelerators": status.accelerators,

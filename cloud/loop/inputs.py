@@ -86,12 +86,14 @@ def _convert(
 
 
 def _queued(
-    record: WorkRecord, work: Work, allocations: tuple[AllocationRecord, ...]
+    record: WorkRecord, work: Work, allocations: tuple[AllocationRecord, ...], surge: int = 0
 ) -> Work | None:
+    """`surge`: replicas a deployment may hold beyond its count while some of them are
+    on draining nodes (their replacements, cloud/loop/drain.py)."""
     if record.state == "pending":
         return work
     if record.state in PLACED_STATES and isinstance(work, InferenceDeployment):
-        missing = work.replicas - len(allocations)
+        missing = work.replicas + surge - len(allocations)
         if missing > 0:
             return dataclasses.replace(work, replicas=missing, min_replicas=1)
     return None
@@ -102,6 +104,7 @@ def build_inputs(
     node_records: Iterable[NodeRecord],
     store: StoreSnapshot,
     cache: ConversionCache | None = None,
+    surge: Mapping[str, int] | None = None,
 ) -> PassInputs:
     nodes = {record.node_id: record for record in node_records}
     names = _tenant_names(store)
@@ -119,7 +122,9 @@ def build_inputs(
         work = works.get(record.work_id)
         if work is None:
             continue
-        queued = _queued(record, work, allocations.get(record.work_id, ()))
+        queued = _queued(
+            record, work, allocations.get(record.work_id, ()), (surge or {}).get(record.work_id, 0)
+        )
         if queued is not None:
             queue.append(queued)
     tenants: list[Tenant] = [

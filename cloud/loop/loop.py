@@ -42,6 +42,7 @@ from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.allocations import by_work
 from cloud.loop.autoscale import Autoscaler
 from cloud.loop.desired import desired_document
+from cloud.loop.drain import draining_nodes, plan_drain
 from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
 from cloud.loop.moves import running_jobs
@@ -317,8 +318,8 @@ class SchedulingLoop:
             )
             store = await self._store.load_snapshot(store)
 
-        store = await self._scale(store, nodes, lease, now)
-        inputs = build_inputs(now, nodes.values(), store, self._converted)
+        store, surge = await self._scale(store, nodes, lease, now)
+        inputs = build_inputs(now, nodes.values(), store, self._converted, surge)
         green = await self._green_inputs(nodes.values())
         policy = build_policy(self._settings.policy, green)
         move_check = self._monotonic()
@@ -380,10 +381,26 @@ class SchedulingLoop:
         nodes: Mapping[str, NodeRecord],
         lease: LeadershipLease,
         now: float,
-    ) -> StoreSnapshot:
-        """Autoscaled deployments' new replica counts, then every deployment's surplus
-        replicas given back (cloud/loop/scaling.py); the snapshot after them."""
+    ) -> tuple[StoreSnapshot, Mapping[str, int]]:
+        """Autoscaled deployments' new replica counts, draining nodes' work moved
+        (cloud/loop/drain.py), then every deployment's surplus replicas given back
+        (cloud/loop/scaling.py). The snapshot after them, and the replacements draining
+        deployments may hold beyond their count (for `build_inputs`)."""
         if await self._autoscale(store, nodes, now):
+            store = await self._store.load_snapshot(store)
+        records = {record.work_id: record for record in store.work}
+        deployments = {record.work_id: spec for record, spec in _deployments(store)}
+        drain = plan_drain(
+            records, by_work(store.allocations), deployments, nodes, draining_nodes(nodes)
+        )
+        if drain.writes:
+            for eviction in drain.evictions:
+                self._log.info("work requeued", work_id=eviction.work_id, reason=eviction.reason)
+            await self._commit(
+                PassWrite(evictions=tuple(drain.evictions), placements=tuple(drain.releases)),
+                lease,
+                records,
+            )
             store = await self._store.load_snapshot(store)
         allocations = by_work(store.allocations)
         names = {tenant.tenant_id: tenant.name for tenant in store.tenants}
@@ -397,14 +414,16 @@ class SchedulingLoop:
                 spec.replicas,
                 load.ready_replicas if load is not None else 0,
             )
+            if record.work_id in drain.held:
+                continue  # the drain decides (its replacements are wanted)
             write = surplus_write(record, spec.replicas, members)
             if write is not None:
                 surplus.append(write)
         self.deployment_replicas = replicas
         if not surplus:
-            return store
+            return store, drain.surge
         await self._commit(PassWrite(placements=tuple(surplus)), lease, {})
-        return await self._store.load_snapshot(store)
+        return await self._store.load_snapshot(store), drain.surge
 
     async def _autoscale(
         self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float

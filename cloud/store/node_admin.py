@@ -21,6 +21,7 @@ _LABELS = msgspec.json.Decoder(dict[str, str])
 class NodeAdminRecord:
     node_id: str
     cordoned: bool = False
+    draining: bool = False  # cordoned, and its work moved elsewhere (cloud/loop/drain.py)
     taints: tuple[str, ...] = ()  # `key=value:Effect` (shared/taints.py)
     labels: Mapping[str, str] = field(default_factory=dict)
     updated_at: float = 0.0
@@ -36,6 +37,7 @@ async def put_node_admin(
             {
                 "node_id": record.node_id,
                 "cordoned": record.cordoned,
+                "draining": record.draining,
                 "taints": msgspec.json.encode(record.taints),
                 "labels": msgspec.json.encode(dict(record.labels)),
                 "updated_at": record.updated_at,
@@ -51,6 +53,7 @@ async def select_node_admin(connection: AsyncConnection) -> dict[str, NodeAdminR
         row.node_id: NodeAdminRecord(
             node_id=row.node_id,
             cordoned=bool(row.cordoned),
+            draining=bool(row.draining),
             taints=_TAINTS.decode(row.taints),
             labels=_LABELS.decode(row.labels),
             updated_at=float(row.updated_at),

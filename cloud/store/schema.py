@@ -226,13 +226,15 @@ usage_counterfactuals = Table(
     Column("zone_factors", JsonDocument, nullable=True),
 )
 
-# What an admin set on a node (v0007): cordoned (no new work), and taints and labels
+# What an admin set on a node (v0007): cordoned (no new work), draining (its work moved
+# off), and taints and labels
 # added to those its agent declares. `taints` is a list of `key=value:Effect` strings.
 node_admin = Table(
     "node_admin",
     metadata,
     Column("node_id", Text, primary_key=True),
     Column("cordoned", Boolean, nullable=False),
+    Column("draining", Boolean, nullable=False),
     Column("taints", JsonDocument, nullable=False),
     Column("labels", JsonDocument, nullable=False),
     Column("updated_at", Double, nullable=False),

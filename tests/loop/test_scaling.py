@@ -49,8 +49,11 @@ async def replicas_become(api: Any, token: str, deployment_id: str, count: int) 
 
 
 @contextlib.asynccontextmanager
-async def load(api: Any, token: str, deployment_id: str, per_s: float) -> AsyncIterator[list[int]]:
-    """Requests at `per_s` spread over the ready replicas; yields the statuses seen."""
+async def load(
+    api: Any, token: str, deployment_id: str, per_s: float, *, refresh_every: int = 20
+) -> AsyncIterator[list[int]]:
+    """Requests at `per_s` spread over the ready replicas, the list of them read from the
+    API every `refresh_every` requests; yields the statuses seen (0: no answer)."""
     statuses: list[int] = []
 
     async def drive() -> None:
@@ -58,13 +61,15 @@ async def load(api: Any, token: str, deployment_id: str, per_s: float) -> AsyncI
             endpoints: list[str] = []
             sent = 0
             while True:
-                if sent % 20 == 0:
+                if sent % refresh_every == 0:
                     endpoints = await ready_endpoints(api, token, deployment_id) or endpoints
                 if endpoints:
                     url = endpoints[sent % len(endpoints)]
-                    with contextlib.suppress(aiohttp.ClientError):
+                    try:
                         async with http.post(url, json={"inputs": {"x": X}}) as answer:
                             statuses.append(answer.status)
+                    except aiohttp.ClientError:
+                        statuses.append(0)
                 sent += 1
                 await asyncio.sleep(1.0 / per_s)
 
@@ -199,3 +204,45 @@ async def test_a_tainted_node_receives_only_work_that_tolerates_its_taint(
 
         await eventually_async(refused_for_the_taint, timeout_s=20, message="no taint reason")
         assert (await work(api, token, general, "deployments"))["state"] == "pending"
+
+
+async def test_draining_a_node_moves_its_replica_first_and_answers_every_request(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, edge_nodes=2, cloud_nodes=1) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        spec = {"name": "risk", "model_id": await api.model(token), "replicas": 1}
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+        await replicas_become(api, token, deployment_id, 1)
+        (old,) = (await work(api, token, deployment_id, "deployments"))["nodes"]
+        trainer = await api.submitted(
+            token,
+            {"name": "ft", "command": ["python", "train.py"], "accelerators_per_worker": 4,
+             "estimated_duration_s": 3600, "checkpoint_interval_s": 60},
+        )  # fmt: skip
+        await reaches(api, token, trainer, "running")
+
+        headers = {"Authorization": f"Bearer {api.admin_token}"}
+        async with load(api, token, deployment_id, per_s=20.0, refresh_every=1) as statuses:
+            await eventually_async(lambda: asyncio.sleep(0, bool(statuses)), timeout_s=10)
+            for node_id in (old, "a100-0"):
+                drained = await api.client.post(f"/v1/nodes/{node_id}/drain", headers=headers)
+                assert drained.status == 200, await drained.text()
+                assert (await drained.json())["draining"] is True
+
+            async def moved() -> bool:
+                body = await work(api, token, deployment_id, "deployments")
+                ready = [r for r in body["replica_states"] if r["state"] == "ready"]
+                return body["nodes"] != [old] and old not in body["nodes"] and len(ready) == 1
+
+            await eventually_async(moved, timeout_s=40, message="the replica did not move")
+            answered = len(statuses)
+            await eventually_async(
+                lambda: asyncio.sleep(0, len(statuses) > answered + 10), timeout_s=10
+            )
+        assert set(statuses) == {200}, sorted(set(statuses))
+        # The training job was requeued off its drained node, and has nowhere else to go.
+        job = await work(api, token, trainer)
+        assert job["state"] == "pending"
+        assert job["attempts"] == 1

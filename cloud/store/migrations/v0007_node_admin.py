@@ -15,6 +15,7 @@ _node_admin = Table(
     _metadata,
     Column("node_id", Text, primary_key=True),
     Column("cordoned", Boolean, nullable=False),
+    Column("draining", Boolean, nullable=False),
     Column("taints", JsonDocument, nullable=False),
     Column("labels", JsonDocument, nullable=False),
     Column("updated_at", Double, nullable=False),

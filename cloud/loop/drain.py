@@ -1,0 +1,88 @@
+"""Draining nodes: what a pass does with the work on a node an admin is draining.
+
+The node is cordoned, so nothing new lands there. Training on it is requeued (a job
+that checkpoints resumes from its checkpoint, like any requeue). An inference replica
+is replaced before it stops: its deployment may hold that many replicas more (the
+surge) until as many replicas as it wants serve on other nodes; then the replicas on
+the draining node are given back. A deployment with nowhere else to go keeps its
+replica there (the drain waits, as a Kubernetes drain waits on a disruption budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field
+
+from cloud.fleet.registry import NodeRecord
+from cloud.loop.allocations import as_new_allocation
+from cloud.loop.scaling import serving_load
+from cloud.store import AllocationRecord, EvictionWrite, PlacementWrite, WorkRecord
+from cloud.work.specs import DeploymentSpec
+
+
+@dataclass(slots=True)
+class DrainPlan:
+    evictions: list[EvictionWrite] = field(default_factory=list)
+    releases: list[PlacementWrite] = field(default_factory=list)
+    surge: dict[str, int] = field(default_factory=dict)  # deployment -> replacements wanted
+    held: set[str] = field(default_factory=set)  # deployments the drain is handling
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.evictions or self.releases)
+
+
+def draining_nodes(nodes: Mapping[str, NodeRecord]) -> frozenset[str]:
+    return frozenset(
+        node_id
+        for node_id, record in nodes.items()
+        if record.admin is not None and record.admin.draining
+    )
+
+
+def plan_drain(
+    records: Mapping[str, WorkRecord],
+    allocations: Mapping[str, tuple[AllocationRecord, ...]],
+    deployments: Mapping[str, DeploymentSpec],
+    nodes: Mapping[str, NodeRecord],
+    draining: Set[str],
+) -> DrainPlan:
+    plan = DrainPlan()
+    if not draining:
+        return plan
+    for work_id, members in allocations.items():
+        on_drain = [m for m in members if m.node_id in draining]
+        record = records.get(work_id)
+        if not on_drain or record is None:
+            continue
+        spec = deployments.get(work_id)
+        if spec is None:
+            names = ", ".join(sorted({m.node_id for m in on_drain}))
+            plan.evictions.append(
+                EvictionWrite(
+                    work_id=work_id,
+                    reason=f"node {names} drained",
+                    expected_version=record.version,
+                )
+            )
+            continue
+        plan.held.add(work_id)
+        elsewhere = [m for m in members if m.node_id not in draining]
+        load = serving_load(work_id, elsewhere, nodes)
+        serving = load.ready_replicas if load is not None else 0
+        if serving >= spec.replicas:
+            kept = sorted(elsewhere, key=lambda m: (m.state != "running", m.member_index))
+            plan.releases.append(
+                PlacementWrite(
+                    work_id=work_id,
+                    allocations=tuple(
+                        as_new_allocation(m)
+                        for m in sorted(kept[: spec.replicas], key=lambda m: m.member_index)
+                    ),
+                    reason="replicas moved off a drained node",
+                    expected_version=record.version,
+                )
+            )
+        else:
+            plan.surge[work_id] = len(on_drain)
+    return plan
