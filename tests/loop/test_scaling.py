@@ -246,3 +246,44 @@ async def test_draining_a_node_moves_its_replica_first_and_answers_every_request
         job = await work(api, token, trainer)
         assert job["state"] == "pending"
         assert job["attempts"] == 1
+
+
+async def test_inference_takes_training_gpus_at_its_peak_and_gives_them_back(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    """Tidal sharing: a scaling deployment preempts p2 training that checkpoints, which
+    resumes once the load has gone."""
+    async with fleet(database, mosquitto_root, cloud_nodes=1) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        trainer = await api.submitted(
+            token,
+            {"name": "nightly", "command": ["python", "train.py"], "priority": "p2",
+             "accelerators_per_worker": 3, "estimated_duration_s": 3600,
+             "checkpoint_interval_s": 60},
+        )  # fmt: skip
+        await reaches(api, token, trainer, "running")
+        spec = {
+            "name": "risk",
+            "model_id": await api.model(token),
+            "sites": ["cloud"],
+            "accepted_kinds": ["gpu"],
+            "max_replicas_per_node": 2,
+            "replicas": 1,
+            "autoscale": {
+                "min_replicas": 1,
+                "max_replicas": 2,
+                "target_requests_per_s": 4.0,
+                "scale_down_stabilization_s": 2.0,
+            },
+        }
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+        await replicas_become(api, token, deployment_id, 1)
+
+        async with load(api, token, deployment_id, per_s=30.0):
+            await replicas_become(api, token, deployment_id, 2)
+            job = await work(api, token, trainer)
+            assert job["state"] == "pending"  # preempted for the peak, requeued
+        resumed = await reaches(api, token, trainer, "running", timeout_s=40)
+        assert resumed["attempts"] == 2
+        assert (await work(api, token, deployment_id, "deployments"))["replicas"] == 1

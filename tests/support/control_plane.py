@@ -98,6 +98,10 @@ async def fleet(
             region=region,
             telemetry_interval_s=0.2,
             training_launcher=launchers[node_id],
+            # Cloud GPUs serve too: inference may share them with training (tidal).
+            inference=dataclasses.replace(
+                inference or InferenceOptions(), cache_dir=cache_root / node_id
+            ),
             control_plane_public_key=public_key,
         )
     for index in range(edge_nodes):
