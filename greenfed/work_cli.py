@@ -14,7 +14,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from greenfed.arguments import EXIT_INTERRUPTED, EXIT_USAGE, non_negative_int, positive_int
+from greenfed.arguments import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 if TYPE_CHECKING:
     from greenfed.api_client import ApiClient, Target
@@ -228,6 +234,21 @@ def cmd_scale(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_load(args: argparse.Namespace) -> int:
+    from greenfed import load_commands
+
+    try:
+        curve = load_commands.parse_curve(args.qps, args.duration, args.period)
+    except ValueError as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_client(
+        args,
+        lambda client: load_commands.drive_load(client, args.deployment, curve, args.duration),
+        timeout_s=None,
+    )
+
+
 def cmd_usage(args: argparse.Namespace) -> int:
     from greenfed import usage_commands
 
@@ -284,6 +305,18 @@ def add_work_commands(commands: Any) -> None:
     scale.add_argument("replicas", type=positive_int)
     add_client_options(scale)
     scale.set_defaults(handler=cmd_scale)
+
+    load = commands.add_parser(
+        "load", help="send requests to a deployment's endpoints at a rate that follows a curve"
+    )
+    load.add_argument("--deployment", required=True, metavar="ID")
+    load.add_argument(
+        "--qps", required=True, metavar="CURVE", help="200, ramp:50-400 or diurnal:500-2000"
+    )
+    load.add_argument("--duration", type=positive_float, default=60.0, help="seconds (60)")
+    load.add_argument("--period", type=positive_float, default=None, help="a diurnal day, seconds")
+    add_client_options(load, json=False)
+    load.set_defaults(handler=cmd_load)
 
     usage = commands.add_parser(
         "usage", help="energy, emissions, cost and emissions avoided, with totals (like sacct)"

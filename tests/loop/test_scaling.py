@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -287,3 +288,32 @@ async def test_inference_takes_training_gpus_at_its_peak_and_gives_them_back(
         resumed = await reaches(api, token, trainer, "running", timeout_s=40)
         assert resumed["attempts"] == 2
         assert (await work(api, token, deployment_id, "deployments"))["replicas"] == 1
+
+
+async def test_greenfed_load_drives_the_endpoints_and_the_deployment_scales(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, edge_nodes=3) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        spec = {
+            "name": "risk",
+            "model_id": await api.model(token),
+            "autoscale": {"min_replicas": 1, "max_replicas": 3, "target_requests_per_s": 5.0},
+        }
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+        await replicas_become(api, token, deployment_id, 1)
+        base = api.app[SETTINGS].cloud.public_url
+        assert base is not None
+        code, printed, errors = await run_greenfed(
+            ["load", "--deployment", deployment_id, "--qps", "ramp:10-40", "--duration", "8",
+             "--api", base, "--token", token],
+            timeout_s=60,
+        )  # fmt: skip
+        assert code == 0, errors
+        lines = printed.splitlines()
+        assert len(lines) == 9  # a line a second, then the totals
+        sent, ok = (int(n) for n in re.findall(r"sent (\d+), ok (\d+)", lines[-1])[0])
+        assert sent == ok > 100
+        assert "failed 0" in lines[-1]
+        assert "replicas 3" in printed  # it grew while the load rose
