@@ -7,6 +7,7 @@ an id of the other collection is not found either.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from cloud.api.query import parse_query
 from cloud.api.routes import Handler, Reply, Route
 from cloud.app_keys import REGISTRY, STORE
 from cloud.loop.nodes import node_runs_training
+from cloud.loop.scaling import rollout_event
 from cloud.store import (
     TERMINAL_STATES,
     AllocationRecord,
@@ -41,6 +43,7 @@ from cloud.work.specs import (
     TRAINING_DECODER,
     AutoscaleSpec,
     BatchingSpec,
+    CanarySpec,
     DeploymentSpec,
     TrainingJobSpec,
     WorkSpec,
@@ -638,6 +641,40 @@ def _routes(collection: Collection[SpecT], handlers: _Handlers) -> tuple[Route, 
     )
 
 
+class RolloutRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Serve a new model on canary replicas first (docs/inference.md#canary-rollouts)."""
+
+    canary_replicas: Annotated[int, msgspec.Meta(ge=1, le=4096)] | None = None
+    canary_share: Annotated[float, msgspec.Meta(gt=0, lt=1)] | None = None
+    hold_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 60.0
+    max_error_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.01
+    max_p95_ratio: Annotated[float, msgspec.Meta(ge=1, le=100)] = 1.5
+    min_requests: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 20
+
+
+def _canary(spec: DeploymentSpec, model_id: str, rollout: RolloutRequest) -> CanarySpec:
+    if spec.replicas < 2:
+        raise invalid_body("$.rollout", "a canary needs at least 2 replicas (one keeps the model)")
+    if rollout.canary_replicas is not None and rollout.canary_share is not None:
+        raise invalid_body("$.rollout", "give canary_replicas or canary_share, not both")
+    if rollout.canary_replicas is not None:
+        count = rollout.canary_replicas
+    else:
+        count = max(1, math.floor(spec.replicas * (rollout.canary_share or 0.0)))
+    if count >= spec.replicas:
+        raise invalid_body(
+            "$.rollout.canary_replicas", f"must be below the deployment's {spec.replicas} replicas"
+        )
+    return CanarySpec(
+        model_id=model_id,
+        replicas=count,
+        hold_s=rollout.hold_s,
+        max_error_rate=rollout.max_error_rate,
+        max_p95_ratio=rollout.max_p95_ratio,
+        min_requests=rollout.min_requests,
+    )
+
+
 class DeploymentUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What may change in a running deployment without placing it again."""
 
@@ -662,6 +699,7 @@ class DeploymentUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     ) = msgspec.UNSET
     # An object turns autoscaling on or changes it; null turns it off.
     autoscale: AutoscaleSpec | msgspec.UnsetType | None = msgspec.UNSET
+    rollout: RolloutRequest | None = None  # with model_id: a canary first
 
 
 _UPDATE_DECODER: Final = msgspec.json.Decoder(DeploymentUpdate)
@@ -703,7 +741,14 @@ async def update_deployment(request: web.Request) -> web.Response:
                     "$.model_id",
                     f"no model {body.model_id!r}: upload it first with POST /v1/models",
                 )
-            spec = msgspec.structs.replace(spec, model_id=body.model_id)
+            if body.rollout is not None:
+                spec = msgspec.structs.replace(
+                    spec, canary=_canary(spec, body.model_id, body.rollout)
+                )
+            else:
+                spec = msgspec.structs.replace(spec, model_id=body.model_id, canary=None)
+        elif body.rollout is not None:
+            raise invalid_body("$.rollout", "a rollout needs the new model_id")
         if body.batching is not None:
             spec = msgspec.structs.replace(spec, batching=body.batching)
         spec = _scaled(spec, body)
@@ -714,6 +759,42 @@ async def update_deployment(request: web.Request) -> web.Response:
         return json_response(DEPLOYMENTS.detail(updated, spec, tenant.name, allocations))
 
     return await _change_live_work(request, DEPLOYMENTS, "updated", update)
+
+
+async def _end_rollout(request: web.Request, outcome: str) -> web.Response:
+    store = request.app[STORE]
+
+    async def end(tenant: TenantRecord, record: WorkRecord) -> web.Response:
+        spec = _spec(DEPLOYMENTS, record)
+        canary = spec.canary
+        if canary is None:
+            raise Problem(
+                409, "no-rollout", "No rollout", f"deployment {record.work_id} has no rollout"
+            )
+        promoted = outcome == "promoted"
+        settled = msgspec.structs.replace(
+            spec, model_id=canary.model_id if promoted else spec.model_id, canary=None
+        )
+        updated = await store.update_spec(
+            tenant.tenant_id, record.work_id, encode_spec(settled), expected_version=record.version
+        )
+        await store.record_event(
+            rollout_event(record, spec, outcome, f"{outcome} by {tenant.name}")
+        )
+        allocations = await store.work_allocations(tenant.tenant_id, record.work_id)
+        return json_response(DEPLOYMENTS.detail(updated, settled, tenant.name, allocations))
+
+    return await _change_live_work(request, DEPLOYMENTS, outcome, end)
+
+
+async def promote_rollout(request: web.Request) -> web.Response:
+    """Promote the canary's model to every replica now."""
+    return await _end_rollout(request, "promoted")
+
+
+async def abort_rollout(request: web.Request) -> web.Response:
+    """Roll the canary back now."""
+    return await _end_rollout(request, "aborted")
 
 
 ROUTES: Final = (
@@ -741,12 +822,31 @@ ROUTES: Final = (
                 "Nodes load and warm the new model beside the old one, then switch between two "
                 "batches: no request fails during the update. `replicas` scales the "
                 "deployment now; `autoscale` lets the scheduler scale it on its load "
-                "(null turns that off)."
+                "(null turns that off). `model_id` with `rollout` serves the new model on "
+                "canary replicas first: promoted when healthy, rolled back on a breach."
             ),
             replies=(
                 Reply(200, "The deployment with its new spec", DeploymentView),
                 problem_reply(409, "The deployment had already finished"),
             ),
         ),
+    )
+    + tuple(
+        Route(
+            "POST",
+            DEPLOYMENTS.path() + "/{id}/rollout/" + action,
+            handler,
+            summary,
+            "tenant",
+            "deployments",
+            replies=(
+                Reply(200, "The deployment with its settled spec", DeploymentView),
+                problem_reply(409, "No rollout in progress, or the deployment had ended"),
+            ),
+        )
+        for action, handler, summary in (
+            ("promote", promote_rollout, "Promote a canary's model to every replica now"),
+            ("abort", abort_rollout, "Roll a canary back now"),
+        )
     )
 )

@@ -70,21 +70,32 @@ def _training(
     )
 
 
+def canary_members(spec: DeploymentSpec, members: Sequence[AllocationRecord]) -> frozenset[int]:
+    """The replicas that serve a rollout's new model: the lowest replica numbers, at
+    least one replica always keeping the deployment's model."""
+    if spec.canary is None or len(members) < 2:
+        return frozenset()
+    count = min(spec.canary.replicas, len(members) - 1)
+    return frozenset(sorted(m.member_index for m in members)[:count])
+
+
 def _replica(
     record: WorkRecord,
     spec: DeploymentSpec,
     member: AllocationRecord,
     models: Mapping[str, ModelRecord],
     signer: ModelUrlSigner | None,
+    canary: bool = False,
 ) -> DesiredDeployment:
-    model = models.get(spec.model_id)
+    model_id = spec.canary.model_id if canary and spec.canary is not None else spec.model_id
+    model = models.get(model_id)
     if model is not None and model.tenant_id != record.tenant_id:
         model = None  # another tenant's model is not there for this one
     batching = spec.batching
     return DesiredDeployment(
         deployment_id=record.work_id,
         replica=member.member_index,
-        model_id=spec.model_id,
+        model_id=model_id,
         model_url=signer.url(model.model_id, model.sha256) if model and signer else None,
         model_sha256=model.sha256 if model else None,
         model_size_bytes=model.size_bytes if model else None,
@@ -126,7 +137,11 @@ def desired_document(
             training.append(_training(record, spec, node_id, members, nodes, settings))
             continue
         assert isinstance(spec, DeploymentSpec)
-        deployments.extend(_replica(record, spec, member, models or {}, signer) for member in here)
+        canary = canary_members(spec, members)
+        deployments.extend(
+            _replica(record, spec, member, models or {}, signer, member.member_index in canary)
+            for member in here
+        )
     return DesiredState(
         node_id=node_id,
         generation=generation,

@@ -50,7 +50,14 @@ from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.queue_metrics import QueueMetrics
 from cloud.loop.reports import agent_outcomes
-from cloud.loop.scaling import scaled_event, scaled_spec, serving_load, surplus_write
+from cloud.loop.rollout import RolloutWatch
+from cloud.loop.scaling import (
+    rollout_event,
+    scaled_event,
+    scaled_spec,
+    serving_load,
+    surplus_write,
+)
 from cloud.loop.unacknowledged import AssignmentWatch
 from cloud.models.signing import ModelUrlSigner
 from cloud.scheduler import Plan
@@ -149,6 +156,7 @@ class SchedulingLoop:
         self._model_urls = model_urls
         self._accountant = accountant  # live usage accounting (cloud/usage/)
         self._autoscaler = Autoscaler()
+        self._rollout_watch = RolloutWatch()
         # Placed deployments after the latest pass: id -> (tenant, desired, serving).
         self.deployment_replicas: dict[str, tuple[str, int, int]] = {}
         self._last_grid = GridSignals(now_s=0.0, zones={})  # the latest pass's
@@ -202,6 +210,7 @@ class SchedulingLoop:
                     self._liveness.reset_grace()
                     self._unacknowledged.reset()
                     self._autoscaler.reset()
+                    self._rollout_watch.reset()
                     self.deployment_replicas = {}
                     self._explained.clear()
                     self._last_snapshot = None
@@ -386,7 +395,7 @@ class SchedulingLoop:
         (cloud/loop/drain.py), then every deployment's surplus replicas given back
         (cloud/loop/scaling.py). The snapshot after them, and the replacements draining
         deployments may hold beyond their count (for `build_inputs`)."""
-        if await self._autoscale(store, nodes, now):
+        if await self._autoscale(store, nodes, now) | await self._rollouts(store, nodes, now):
             store = await self._store.load_snapshot(store)
         records = {record.work_id: record for record in store.work}
         deployments = {record.work_id: spec for record, spec in _deployments(store)}
@@ -424,6 +433,49 @@ class SchedulingLoop:
             return store, drain.surge
         await self._commit(PassWrite(placements=tuple(surplus)), lease, {})
         return await self._store.load_snapshot(store), drain.surge
+
+    async def _rollouts(
+        self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float
+    ) -> bool:
+        """Canary rollouts promoted or rolled back (cloud/loop/rollout.py); whether any."""
+        allocations = by_work(store.allocations)
+        watched: list[str] = []
+        changed = False
+        for record, spec in _deployments(store):
+            if spec.canary is None:
+                continue
+            watched.append(record.work_id)
+            verdict = self._rollout_watch.judge(
+                record.work_id, spec, allocations.get(record.work_id, ()), nodes, now
+            )
+            if verdict is None:
+                continue
+            if await self._settle_rollout(record, spec, verdict.outcome, verdict.reason):
+                changed = True
+        self._rollout_watch.forget(watched)
+        return changed
+
+    async def _settle_rollout(
+        self, record: WorkRecord, spec: DeploymentSpec, outcome: str, reason: str
+    ) -> bool:
+        canary = spec.canary
+        assert canary is not None
+        promoted = outcome == "promoted"
+        settled = msgspec.structs.replace(
+            spec, model_id=canary.model_id if promoted else spec.model_id, canary=None
+        )
+        try:
+            await self._store.update_spec(
+                record.tenant_id,
+                record.work_id,
+                encode_spec(settled),
+                expected_version=record.version,
+            )
+        except (VersionConflictError, WorkNotFoundError, IllegalTransitionError):
+            return False  # changed under us: the next pass looks again
+        await self._store.record_event(rollout_event(record, spec, outcome, reason))
+        self._log.info("model rollout", work_id=record.work_id, outcome=outcome, reason=reason)
+        return True
 
     async def _autoscale(
         self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float
@@ -555,7 +607,11 @@ class SchedulingLoop:
         for record in records:
             if record.kind == "inference":
                 with contextlib.suppress(msgspec.DecodeError, ValueError):
-                    wanted.add(spec_of(record).model_id)  # type: ignore[union-attr]
+                    spec = spec_of(record)
+                    assert isinstance(spec, DeploymentSpec)
+                    wanted.add(spec.model_id)
+                    if spec.canary is not None:
+                        wanted.add(spec.canary.model_id)
         missing = wanted - set(self._models)
         if missing:
             self._models.update(await self._store.models_by_id(sorted(missing)))

@@ -17,7 +17,7 @@ from cloud.loop.allocations import as_new_allocation
 from cloud.loop.autoscale import ScaleDecision, ServingLoad
 from cloud.store import AllocationRecord, NewEvent, PlacementWrite, WorkRecord
 from cloud.work.specs import DeploymentSpec
-from cloud.work.views import SCALED_EVENT
+from cloud.work.views import ROLLOUT_EVENT, SCALED_EVENT
 
 
 def serving_load(
@@ -63,6 +63,24 @@ def scaled_event(record: WorkRecord, decision: ScaleDecision) -> NewEvent:
     }
     return NewEvent(
         kind=SCALED_EVENT,
+        payload=msgspec.json.encode(payload),
+        tenant_id=record.tenant_id,
+        work_id=record.work_id,
+    )
+
+
+def rollout_event(record: WorkRecord, spec: DeploymentSpec, outcome: str, reason: str) -> NewEvent:
+    """A rollout that started, was promoted, rolled back or aborted (`work.rollout`)."""
+    canary = spec.canary
+    payload = {
+        "work_id": record.work_id,
+        "outcome": outcome,
+        "model_id": canary.model_id if canary is not None else spec.model_id,
+        "previous_model_id": spec.model_id,
+        "reason": reason,
+    }
+    return NewEvent(
+        kind=ROLLOUT_EVENT,
         payload=msgspec.json.encode(payload),
         tenant_id=record.tenant_id,
         work_id=record.work_id,

@@ -251,6 +251,21 @@ class AutoscaleSpec(SpecStruct, frozen=True, kw_only=True):
             )
 
 
+class CanarySpec(SpecStruct, frozen=True, kw_only=True):
+    """A model rollout in progress (docs/inference.md#canary-rollouts): `model_id` serves
+    on `replicas` canary replicas while the rest keep the deployment's model; promoted
+    when healthy for `hold_s`, rolled back when a gate is breached."""
+
+    model_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    hold_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 60.0
+    max_error_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.01
+    # The canary's p95 latency against the other replicas'.
+    max_p95_ratio: Annotated[float, msgspec.Meta(ge=1, le=100)] = 1.5
+    # Requests the canary must have answered before its error rate is judged.
+    min_requests: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 20
+
+
 class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
     """An inference deployment: `replicas` ONNX model servers, on edge nodes by default."""
 
@@ -311,6 +326,7 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
     score_weights: ScoreWeights = {}
     batching: BatchingSpec | None = None
     autoscale: AutoscaleSpec | None = None
+    canary: CanarySpec | None = None  # set by a model update with a rollout
 
     def __post_init__(self) -> None:
         scale = self.autoscale

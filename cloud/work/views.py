@@ -113,8 +113,9 @@ class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     serving: ServingView | None = None  # None: no telemetry from the node yet
 
 
-# The event a scaling decision writes (cloud/loop/scaling.py).
+# The events a scaling decision and a model rollout write (cloud/loop/scaling.py).
 SCALED_EVENT = "work.scaled"
+ROLLOUT_EVENT = "work.rollout"
 
 
 class ScalingView(msgspec.Struct, frozen=True, kw_only=True):

@@ -53,3 +53,18 @@ def broken_graph() -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return bytes(model.SerializeToString())
+
+
+def failing_at_run() -> bytes:
+    """x[batch, 4] -> y[batch, 3], like `mlp`, but every run fails: a Gather reads a column
+    x does not have (ONNX Runtime checks indices when it runs, not when it loads)."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "columns"], ["y"], axis=1)],
+        "failing",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(np.array([0, 1, 9], dtype=np.int64), "columns")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())

@@ -1,0 +1,146 @@
+"""Canary model rollouts: whether a rollout's canary replicas are healthy, promoted or
+rolled back.
+
+Each pass reads the deployment's nodes' latest serving samples (each counted once,
+by node and telemetry sequence number). Canary figures come from nodes that serve a
+canary replica, the baseline's from nodes that serve only the deployment's model.
+Gates, breached means rolled back at once:
+
+- a canary replica failed, or its update to the new model did (its node reported it,
+  e.g. the model would not load);
+- once the canary answered `min_requests`, its error rate above `max_error_rate`;
+- its p95 latency above `max_p95_ratio` × the baseline's (taken as at least 5 ms: a
+  ratio of sub-millisecond latencies is noise).
+
+Promoted when every canary replica has served, without a breach, for `hold_s`. The
+watch lives in the leader's memory; a new leader starts the hold again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cloud.fleet.registry import NodeRecord
+from cloud.loop.desired import canary_members
+from cloud.store import AllocationRecord
+from cloud.work.specs import DeploymentSpec
+
+Outcome = Literal["promoted", "rolled-back"]
+P95_FLOOR_MS = 5.0  # the baseline p95 a canary's is compared with is at least this
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutVerdict:
+    outcome: Outcome
+    reason: str
+
+
+@dataclass(slots=True)
+class _Watch:
+    model_id: str
+    serving_since_s: float | None = None
+    requests: int = 0
+    errors: int = 0
+    seen: set[tuple[str, int]] = field(default_factory=set)  # (node, telemetry seq)
+
+
+def _update_failed(reason: str) -> bool:
+    return reason.startswith("update to ") and " failed: " in reason
+
+
+class RolloutWatch:
+    def __init__(self) -> None:
+        self._watches: dict[str, _Watch] = {}
+
+    def reset(self) -> None:
+        self._watches.clear()
+
+    def forget(self, active: Iterable[str]) -> None:
+        keep = set(active)
+        for work_id in set(self._watches) - keep:
+            del self._watches[work_id]
+
+    def judge(
+        self,
+        work_id: str,
+        spec: DeploymentSpec,
+        members: Sequence[AllocationRecord],
+        nodes: Mapping[str, NodeRecord],
+        now_s: float,
+    ) -> RolloutVerdict | None:
+        canary = spec.canary
+        if canary is None:
+            return None
+        watch = self._watches.get(work_id)
+        if watch is None or watch.model_id != canary.model_id:
+            watch = self._watches[work_id] = _Watch(canary.model_id)
+        chosen = canary_members(spec, members)
+        canary_nodes = {m.node_id for m in members if m.member_index in chosen}
+        baseline_nodes = {m.node_id for m in members} - canary_nodes
+        for member in members:
+            if member.member_index not in chosen:
+                continue
+            record = nodes.get(member.node_id)
+            report = record.replica_report(work_id, member.member_index) if record else None
+            if report is None:
+                continue
+            if report.state == "failed" or _update_failed(report.reason):
+                # An update that failed keeps the old model serving (edge/inference/runtime.py)
+                # and says so: the canary never ran.
+                return RolloutVerdict(
+                    "rolled-back",
+                    f"canary replica {member.member_index} failed: {report.reason or 'no reason'}",
+                )
+        serving = 0
+        canary_p95: float | None = None
+        for node_id in sorted(canary_nodes):
+            record = nodes.get(node_id)
+            sample = record.serving_sample(work_id) if record is not None else None
+            if record is None or sample is None or record.telemetry is None:
+                continue
+            serving += 1
+            if sample.latency_p95_ms is not None:
+                canary_p95 = max(canary_p95 or 0.0, sample.latency_p95_ms)
+            key = (node_id, record.telemetry.seq)
+            if key not in watch.seen:
+                watch.seen.add(key)
+                watch.requests += sample.requests
+                watch.errors += sample.errors
+        if watch.requests >= canary.min_requests:
+            rate = watch.errors / watch.requests
+            if rate > canary.max_error_rate:
+                return RolloutVerdict(
+                    "rolled-back",
+                    f"canary error rate {rate:.1%} over {watch.requests} requests > "
+                    f"{canary.max_error_rate:.1%}",
+                )
+        baseline = [
+            sample.latency_p95_ms
+            for node_id in sorted(baseline_nodes)
+            if (record := nodes.get(node_id)) is not None
+            and (sample := record.serving_sample(work_id)) is not None
+            and sample.latency_p95_ms is not None
+        ]
+        if canary_p95 is not None and baseline:
+            # Below a few milliseconds a ratio is noise: a 0.2 ms p95 may double freely.
+            ratio = canary_p95 / max(max(baseline), P95_FLOOR_MS)
+            if ratio > canary.max_p95_ratio:
+                return RolloutVerdict(
+                    "rolled-back",
+                    f"canary p95 {canary_p95:.1f} ms is {ratio:.1f}× the other replicas' "
+                    f"(> {canary.max_p95_ratio:g}×)",
+                )
+        if serving < len(canary_nodes) or not canary_nodes:
+            watch.serving_since_s = None
+            return None
+        if watch.serving_since_s is None:
+            watch.serving_since_s = now_s
+        if now_s - watch.serving_since_s >= canary.hold_s:
+            return RolloutVerdict(
+                "promoted",
+                f"healthy on {len(chosen)} canary replica(s) for {canary.hold_s:g} s "
+                f"({watch.errors} errors in {watch.requests} requests)",
+            )
+        return None

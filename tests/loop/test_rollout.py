@@ -1,0 +1,168 @@
+"""Canary model rollouts, live on the real Mosquitto: a model that fails is rolled back
+with every request to the other replicas answered; a healthy one is promoted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from tests.store.databases import DatabaseUnderTest
+from tests.support.control_plane import fleet, work
+from tests.support.onnx_models import failing_at_run, mlp
+from tests.support.waiting import eventually_async
+
+pytestmark = pytest.mark.timeout(120)
+
+X = [[1.0, -2.0, 0.5, 3.0]]
+
+
+async def rollout_events(api: Any, deployment_id: str) -> list[dict[str, Any]]:
+    records = await api.store.list_events(tenant_id=None, limit=1000)
+    return [
+        msgspec.json.decode(e.payload)
+        for e in records
+        if e.kind == "work.rollout" and e.work_id == deployment_id
+    ]
+
+
+async def serving(api: Any, token: str, deployment_id: str, count: int) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def ready() -> bool:
+        seen.update(await work(api, token, deployment_id, "deployments"))
+        return [r["state"] for r in seen["replica_states"]] == ["ready"] * count
+
+    await eventually_async(ready, timeout_s=40, message=lambda: str(seen.get("replica_states")))
+    return seen
+
+
+@contextlib.asynccontextmanager
+async def traffic(endpoints: dict[int, str], per_s: float) -> AsyncIterator[dict[int, list[int]]]:
+    """Requests round-robin to each replica's endpoint; statuses by replica (0: none)."""
+    statuses: dict[int, list[int]] = {replica: [] for replica in endpoints}
+
+    async def drive() -> None:
+        async with aiohttp.ClientSession() as http:
+            sent = 0
+            while True:
+                replica = sorted(endpoints)[sent % len(endpoints)]
+                try:
+                    async with http.post(endpoints[replica], json={"inputs": {"x": X}}) as answer:
+                        statuses[replica].append(answer.status)
+                except aiohttp.ClientError:
+                    statuses[replica].append(0)
+                sent += 1
+                await asyncio.sleep(1.0 / per_s)
+
+    task = asyncio.create_task(drive())
+    try:
+        yield statuses
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_canary_that_fails_is_rolled_back_and_the_other_replicas_answer_everything(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, edge_nodes=3) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        good = await api.model(token)
+        bad = await api.model(token, failing_at_run(), name="failing")
+        spec = {"name": "risk", "model_id": good, "replicas": 3}
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+        body = await serving(api, token, deployment_id, 3)
+        endpoints = {r["replica"]: r["endpoint"] for r in body["replica_states"]}
+        headers = {"Authorization": f"Bearer {token}"}
+
+        one = await api.client.patch(
+            f"/v1/deployments/{deployment_id}",
+            json={"model_id": bad, "rollout": {"canary_replicas": 3}},
+            headers=headers,
+        )
+        assert one.status == 422  # at least one replica keeps the model
+        async with traffic(endpoints, per_s=30.0) as statuses:
+            started = await api.client.patch(
+                f"/v1/deployments/{deployment_id}",
+                json={
+                    "model_id": bad,
+                    "rollout": {"canary_replicas": 1, "hold_s": 60, "min_requests": 5},
+                },
+                headers=headers,
+            )
+            assert started.status == 200, await started.text()
+            assert (await started.json())["spec"]["canary"]["model_id"] == bad
+
+            async def rolled_back() -> bool:
+                return any(
+                    e["outcome"] == "rolled-back" for e in await rollout_events(api, deployment_id)
+                )
+
+            await eventually_async(rolled_back, timeout_s=40, message="no rollback")
+            after = await serving(api, token, deployment_id, 3)
+        assert after["spec"]["model_id"] == good
+        assert after["spec"]["canary"] is None
+        (event,) = [
+            e for e in await rollout_events(api, deployment_id) if e["outcome"] == "rolled-back"
+        ]
+        assert event["model_id"] == bad
+        assert "canary" in event["reason"]
+        # Replica 0 was the canary; the others answered every request.
+        for replica in (1, 2):
+            assert statuses[replica]
+            assert set(statuses[replica]) == {200}, (replica, sorted(set(statuses[replica])))
+
+
+async def test_a_healthy_canary_is_promoted_to_every_replica_after_its_hold(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, edge_nodes=2) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        first = await api.model(token)
+        second = await api.model(token, mlp(seed=11), name="mlp-v2")
+        spec = {"name": "risk", "model_id": first, "replicas": 2}
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+        body = await serving(api, token, deployment_id, 2)
+        endpoints = {r["replica"]: r["endpoint"] for r in body["replica_states"]}
+        headers = {"Authorization": f"Bearer {token}"}
+        async with traffic(endpoints, per_s=20.0) as statuses:
+            started = await api.client.patch(
+                f"/v1/deployments/{deployment_id}",
+                json={"model_id": second, "rollout": {"canary_share": 0.5, "hold_s": 1.0}},
+                headers=headers,
+            )
+            assert started.status == 200, await started.text()
+
+            async def promoted() -> bool:
+                return any(
+                    e["outcome"] == "promoted" for e in await rollout_events(api, deployment_id)
+                )
+
+            await eventually_async(promoted, timeout_s=40, message="not promoted")
+            model = await (await api.get(token, f"/v1/models/{second}")).json()
+
+            async def all_on_the_new_model() -> bool:
+                after = await serving(api, token, deployment_id, 2)
+                shas = {r["model_sha256"] for r in after["replica_states"]}
+                return bool(shas == {model["sha256"]})
+
+            # The other replica swaps too, without a failed request.
+            await eventually_async(all_on_the_new_model, timeout_s=30, message="not swapped")
+        after = await work(api, token, deployment_id, "deployments")
+        assert after["spec"]["model_id"] == second
+        assert after["spec"]["canary"] is None
+        assert all(set(s) == {200} for s in statuses.values())
+        # Nothing left to decide by hand.
+        late = await api.client.post(
+            f"/v1/deployments/{deployment_id}/rollout/promote", headers=headers
+        )
+        assert late.status == 409
