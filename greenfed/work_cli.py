@@ -234,6 +234,17 @@ def cmd_scale(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from greenfed import work_commands
+
+    return run_client(
+        args,
+        lambda client: work_commands.end_rollout(
+            client, args.id, args.action, output=_output(args)
+        ),
+    )
+
+
 def cmd_load(args: argparse.Namespace) -> int:
     from greenfed import load_commands
 
@@ -305,6 +316,14 @@ def add_work_commands(commands: Any) -> None:
     scale.add_argument("replicas", type=positive_int)
     add_client_options(scale)
     scale.set_defaults(handler=cmd_scale)
+
+    rollout = commands.add_parser(
+        "rollout", help="promote or abort a deployment's canary model rollout now"
+    )
+    rollout.add_argument("action", choices=["promote", "abort"])
+    rollout.add_argument("id")
+    add_client_options(rollout)
+    rollout.set_defaults(handler=cmd_rollout)
 
     load = commands.add_parser(
         "load", help="send requests to a deployment's endpoints at a rate that follows a curve"

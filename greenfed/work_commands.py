@@ -153,6 +153,13 @@ def replicas_line(work: DeploymentView) -> str:
             else f"{scale.target_p95_latency_ms:g} ms p95"
         )
         line += f"  (autoscaled {scale.min_replicas}..{scale.max_replicas} on {target} per replica)"
+    canary = work.spec.canary
+    if canary is not None:
+        line += (
+            f"\nrollout: model {canary.model_id} on {canary.replicas} canary replica(s), "
+            f"promoted after {canary.hold_s:g} s healthy (errors ≤ {canary.max_error_rate:.1%}, "
+            f"p95 ≤ {canary.max_p95_ratio:g}× the others')"
+        )
     if work.last_scaling is not None:
         last = work.last_scaling
         line += (
@@ -388,6 +395,18 @@ async def scale(client: ApiClient, deployment_id: str, replicas: int, *, output:
         return EXIT_OK
     work = msgspec.json.decode(payload, type=DeploymentView)
     output.out.write(f"deployment {work.id} scaled to {work.replicas} replica(s)\n")
+    return EXIT_OK
+
+
+async def end_rollout(client: ApiClient, deployment_id: str, action: str, *, output: Output) -> int:
+    """`promote` or `abort` a deployment's canary rollout."""
+    _, payload = await client.call("POST", f"/v1/deployments/{deployment_id}/rollout/{action}")
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    work = msgspec.json.decode(payload, type=DeploymentView)
+    done = "promoted" if action == "promote" else "rolled back"
+    output.out.write(f"deployment {work.id}: rollout {done}, serving {work.model_id}\n")
     return EXIT_OK
 
 

@@ -12,9 +12,11 @@ import aiohttp
 import msgspec
 import pytest
 
+from cloud.app_keys import SETTINGS
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import fleet, work
 from tests.support.onnx_models import failing_at_run, mlp
+from tests.support.processes import run_greenfed
 from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(120)
@@ -115,6 +117,13 @@ async def test_a_canary_that_fails_is_rolled_back_and_the_other_replicas_answer_
         ]
         assert event["model_id"] == bad
         assert "canary" in event["reason"]
+        base = api.app[SETTINGS].cloud.public_url
+        assert base is not None
+        code, _, errors = await run_greenfed(
+            ["rollout", "abort", deployment_id, "--api", base, "--token", token]
+        )
+        assert code == 1
+        assert "has no rollout" in errors
         # Replica 0 was the canary; the others answered every request.
         for replica in (1, 2):
             assert statuses[replica]
