@@ -126,7 +126,7 @@ class SchedulingCollector(Collector):
             labels=["deployment", "tenant", "state"],
         )
         for deployment_id, (tenant, desired, serving) in sorted(
-            self._loop.deployment_replicas.items()
+            self._loop.deployments.replicas.items()
         ):
             replicas.add_metric([deployment_id, tenant, "desired"], desired)
             replicas.add_metric([deployment_id, tenant, "serving"], serving)

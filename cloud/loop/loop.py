@@ -6,6 +6,8 @@ One pass:
    cancellation, another replica's commit);
 3. apply what agents reported and which nodes are lost (reports.py; lost is
    cloud/fleet/liveness.py's verdict), commit;
+   then the deployment step (deployment_control.py): autoscaling, canary rollouts,
+   draining nodes, surplus replicas given back;
 4. run the scheduler core on what is queued and, with a policy that migrates and
    unless the plan preempted, its migrator on the running, checkpointing training
    (moves.py): one pass rule the simulation shares
@@ -40,9 +42,8 @@ from cloud.green.migration import Migrator
 from cloud.green.pass_rule import PassDecision, schedule_then_move
 from cloud.green.policies import GreenInputs, build_migrator, build_policy
 from cloud.loop.allocations import by_work
-from cloud.loop.autoscale import Autoscaler
+from cloud.loop.deployment_control import DeploymentControl
 from cloud.loop.desired import desired_document
-from cloud.loop.drain import draining_nodes, plan_drain
 from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
 from cloud.loop.moves import running_jobs
@@ -50,23 +51,13 @@ from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.queue_metrics import QueueMetrics
 from cloud.loop.reports import agent_outcomes
-from cloud.loop.rollout import RolloutWatch
-from cloud.loop.scaling import (
-    rollout_event,
-    scaled_event,
-    scaled_spec,
-    serving_load,
-    surplus_write,
-)
 from cloud.loop.unacknowledged import AssignmentWatch
 from cloud.models.signing import ModelUrlSigner
 from cloud.scheduler import Plan
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
 from cloud.store import (
-    AllocationRecord,
     CounterfactualRecord,
-    IllegalTransitionError,
     LeadershipLease,
     LeadershipLostError,
     ModelRecord,
@@ -75,33 +66,18 @@ from cloud.store import (
     StoreSnapshot,
     StoreUnavailableError,
     VersionConflictError,
-    WorkNotFoundError,
     WorkRecord,
 )
-from cloud.store.states import PLACED_STATES
 from cloud.usage.accountant import Accountant
 from cloud.usage.counterfactual import BASELINE, live_counterfactuals
 from cloud.work.convert import spec_of
 from cloud.work.explain import explanations_for_plan
-from cloud.work.specs import DeploymentSpec, encode_spec
+from cloud.work.specs import DeploymentSpec
 from shared.settings import SchedulingSettings
 from shared.tasks import stop_task
 
 _ERROR_BACKOFF_S = 1.0
 _METERING_START_S = 5.0
-
-
-def _deployments(store: StoreSnapshot) -> Iterator[tuple[WorkRecord, DeploymentSpec]]:
-    """Placed deployments with their specs (an unreadable one is the pass's to set aside)."""
-    for record in store.work:
-        if record.kind != "inference" or record.state not in PLACED_STATES:
-            continue
-        try:
-            spec = spec_of(record)
-        except (msgspec.DecodeError, ValueError):
-            continue
-        if isinstance(spec, DeploymentSpec):
-            yield record, spec
 
 
 def of_this_cluster(nodes: Mapping[str, NodeRecord], cluster_id: str) -> dict[str, NodeRecord]:
@@ -155,11 +131,7 @@ class SchedulingLoop:
         self._signals = signals
         self._model_urls = model_urls
         self._accountant = accountant  # live usage accounting (cloud/usage/)
-        self._autoscaler = Autoscaler()
-        self._rollout_watch = RolloutWatch()
-        # Placed deployments after the latest pass: id -> (tenant, desired, serving).
-        self.deployment_replicas: dict[str, tuple[str, int, int]] = {}
-        self._last_grid = GridSignals(now_s=0.0, zones={})  # the latest pass's
+        self.deployments = DeploymentControl(store, self._commit)
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
         self._clock = clock
         self._monotonic = monotonic
@@ -209,9 +181,7 @@ class SchedulingLoop:
                     self._publisher.forget()
                     self._liveness.reset_grace()
                     self._unacknowledged.reset()
-                    self._autoscaler.reset()
-                    self._rollout_watch.reset()
-                    self.deployment_replicas = {}
+                    self.deployments.reset()
                     self._explained.clear()
                     self._last_snapshot = None
                     self.queue.forget_pending()
@@ -327,7 +297,7 @@ class SchedulingLoop:
             )
             store = await self._store.load_snapshot(store)
 
-        store, surge = await self._scale(store, nodes, lease, now)
+        store, surge = await self.deployments.run(store, nodes, lease, now)
         inputs = build_inputs(now, nodes.values(), store, self._converted, surge)
         green = await self._green_inputs(nodes.values())
         policy = build_policy(self._settings.policy, green)
@@ -383,155 +353,6 @@ class SchedulingLoop:
         async with self.pass_done:
             self.pass_done.notify_all()
         return plan
-
-    async def _scale(
-        self,
-        store: StoreSnapshot,
-        nodes: Mapping[str, NodeRecord],
-        lease: LeadershipLease,
-        now: float,
-    ) -> tuple[StoreSnapshot, Mapping[str, int]]:
-        """Autoscaled deployments' new replica counts, draining nodes' work moved
-        (cloud/loop/drain.py), then every deployment's surplus replicas given back
-        (cloud/loop/scaling.py). The snapshot after them, and the replacements draining
-        deployments may hold beyond their count (for `build_inputs`)."""
-        if await self._autoscale(store, nodes, now) | await self._rollouts(store, nodes, now):
-            store = await self._store.load_snapshot(store)
-        records = {record.work_id: record for record in store.work}
-        deployments = {record.work_id: spec for record, spec in _deployments(store)}
-        drain = plan_drain(
-            records, by_work(store.allocations), deployments, nodes, draining_nodes(nodes)
-        )
-        if drain.writes:
-            for eviction in drain.evictions:
-                self._log.info("work requeued", work_id=eviction.work_id, reason=eviction.reason)
-            await self._commit(
-                PassWrite(evictions=tuple(drain.evictions), placements=tuple(drain.releases)),
-                lease,
-                records,
-            )
-            store = await self._store.load_snapshot(store)
-        allocations = by_work(store.allocations)
-        names = {tenant.tenant_id: tenant.name for tenant in store.tenants}
-        surplus = []
-        replicas: dict[str, tuple[str, int, int]] = {}
-        for record, spec in _deployments(store):
-            members = allocations.get(record.work_id, ())
-            load = serving_load(record.work_id, members, nodes)
-            replicas[record.work_id] = (
-                names.get(record.tenant_id, record.tenant_id),
-                spec.replicas,
-                load.ready_replicas if load is not None else 0,
-            )
-            if record.work_id in drain.held:
-                continue  # the drain decides (its replacements are wanted)
-            write = surplus_write(record, spec.replicas, members)
-            if write is not None:
-                surplus.append(write)
-        self.deployment_replicas = replicas
-        if not surplus:
-            return store, drain.surge
-        await self._commit(PassWrite(placements=tuple(surplus)), lease, {})
-        return await self._store.load_snapshot(store), drain.surge
-
-    async def _rollouts(
-        self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float
-    ) -> bool:
-        """Canary rollouts promoted or rolled back (cloud/loop/rollout.py); whether any."""
-        allocations = by_work(store.allocations)
-        watched: list[str] = []
-        changed = False
-        for record, spec in _deployments(store):
-            if spec.canary is None:
-                continue
-            watched.append(record.work_id)
-            verdict = self._rollout_watch.judge(
-                record.work_id, spec, allocations.get(record.work_id, ()), nodes, now
-            )
-            if verdict is None:
-                continue
-            if await self._settle_rollout(record, spec, verdict.outcome, verdict.reason):
-                changed = True
-        self._rollout_watch.forget(watched)
-        return changed
-
-    async def _settle_rollout(
-        self, record: WorkRecord, spec: DeploymentSpec, outcome: str, reason: str
-    ) -> bool:
-        canary = spec.canary
-        assert canary is not None
-        promoted = outcome == "promoted"
-        settled = msgspec.structs.replace(
-            spec, model_id=canary.model_id if promoted else spec.model_id, canary=None
-        )
-        try:
-            await self._store.update_spec(
-                record.tenant_id,
-                record.work_id,
-                encode_spec(settled),
-                expected_version=record.version,
-            )
-        except (VersionConflictError, WorkNotFoundError, IllegalTransitionError):
-            return False  # changed under us: the next pass looks again
-        await self._store.record_event(rollout_event(record, spec, outcome, reason))
-        self._log.info("model rollout", work_id=record.work_id, outcome=outcome, reason=reason)
-        return True
-
-    async def _autoscale(
-        self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float
-    ) -> bool:
-        """Whether an autoscaled deployment's spec changed."""
-        allocations = by_work(store.allocations)
-        autoscaled: list[str] = []
-        changed = False
-        for record, spec in _deployments(store):
-            if spec.autoscale is None:
-                continue
-            autoscaled.append(record.work_id)
-            members = allocations.get(record.work_id, ())
-            decision = self._autoscaler.decide(
-                record.work_id,
-                spec.autoscale,
-                spec.replicas,
-                serving_load(record.work_id, members, nodes),
-                now_s=now,
-                intensity_g_per_kwh=self._intensity_where(members, nodes),
-                latency_slo_ms=spec.latency_slo_ms,
-            )
-            if decision is None:
-                continue
-            try:
-                await self._store.update_spec(
-                    record.tenant_id,
-                    record.work_id,
-                    encode_spec(scaled_spec(spec, decision.to_replicas)),
-                    expected_version=record.version,
-                )
-            except (VersionConflictError, WorkNotFoundError, IllegalTransitionError):
-                continue  # changed under us: the next pass looks again
-            await self._store.record_event(scaled_event(record, decision))
-            self._log.info(
-                "deployment scaled",
-                work_id=record.work_id,
-                replicas=decision.to_replicas,
-                reason=decision.reason,
-            )
-            changed = True
-        self._autoscaler.forget(autoscaled)
-        return changed
-
-    def _intensity_where(
-        self, members: Iterable[AllocationRecord], nodes: Mapping[str, NodeRecord]
-    ) -> float | None:
-        """The mean recorded carbon intensity of the zones the replicas run in (the
-        latest pass's grid)."""
-        values = []
-        for member in members:
-            record = nodes.get(member.node_id)
-            series = self._last_grid.series(record.status.zone) if record is not None else None
-            if series is not None:
-                values.append(series.carbon_at(self._last_grid.now_s))
-        return sum(values) / len(values) if values else None
 
     def _counterfactuals(
         self, inputs: PassInputs, plan: Plan, green: GreenInputs
@@ -589,7 +410,7 @@ class SchedulingLoop:
             signals = GridSignals(now_s=self._clock(), zones={})
         else:
             signals = await self._signals.snapshot(zones)
-        self._last_grid = signals
+        self.deployments.grid = signals
         return GreenInputs(
             signals=signals,
             latency=self._latency,
