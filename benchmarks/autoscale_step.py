@@ -33,11 +33,10 @@ from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inference_bench import small_mlp
-from lifecycle_bench import free_port, greenfed, new_tenant
+from benchmarks.inference_bench import small_mlp
+from benchmarks.lifecycle_bench import free_port, greenfed, new_tenant
 
 X = [[1.0, -2.0, 0.5, 3.0]]
 
