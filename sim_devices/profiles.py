@@ -240,6 +240,37 @@ PROFILES: dict[str, DeviceProfile] = {
             source="NVIDIA V100 data sheet: 32 GB HBM2, 300 W SXM2, 80 SMs",
             typical_utilization=0.5,
         ),
+        # One-GPU servers, as the design article's bank counts them (its "20 GPU servers").
+        DeviceProfile(
+            name="h100-1x",
+            description="1-GPU H100 server (PCIe, 80 GB)",
+            cpu_model="AMD EPYC 9334",
+            cpu_vendor="amd",
+            cpu_cores=64,
+            cpu_idle_power_w=80.0,
+            cpu_max_power_w=210.0,
+            cpu_relative_speed=0.05,
+            memory_bytes=256 * GIB,
+            arch="x86_64",
+            accelerators=(_gpu("NVIDIA H100 80GB HBM3", 1),),
+            source="NVIDIA H100 data sheet (as the 8-GPU server's GPU); EPYC 9334 210 W TDP",
+            typical_utilization=0.6,
+        ),
+        DeviceProfile(
+            name="v100-1x",
+            description="1-GPU V100 server (32 GB)",
+            cpu_model="Intel Xeon Silver 4216",
+            cpu_vendor="intel",
+            cpu_cores=32,
+            cpu_idle_power_w=40.0,
+            cpu_max_power_w=100.0,
+            cpu_relative_speed=0.02,
+            memory_bytes=192 * GIB,
+            arch="x86_64",
+            accelerators=(_gpu("Tesla V100-SXM2-32GB", 1),),
+            source="NVIDIA V100 data sheet (as the 8-GPU server's GPU); Xeon Silver 4216 100 W TDP",
+            typical_utilization=0.5,
+        ),
     )
 }
 

@@ -3,14 +3,14 @@
 Each node gets one pool per accelerator of its device profile and a ``cpu`` pool
 for its host CPU, as a greenfed agent reports them (the CPU is one device whose
 power profile also gives the host share in the energy model). Sites, zones,
-regions and labels come from the fleet file.
+regions, labels and taints come from the fleet file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from cloud.scheduler import AcceleratorPool, Node
+from cloud.scheduler import AcceleratorPool, Node, Taint
 from sim_devices.fleet import Fleet, SimNodeSpec, expand_fleet, load_fleet
 from sim_devices.profiles import CPU_PROVIDERS, DeviceProfile
 
@@ -52,6 +52,7 @@ def node_from_spec(spec: SimNodeSpec) -> Node:
         labels=spec.labels,
         host_memory_bytes=spec.profile.memory_bytes,
         pools=pools(spec.profile),
+        taints=tuple(Taint(t.key, t.value, t.effect) for t in spec.taints),
     )
 
 

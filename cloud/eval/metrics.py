@@ -13,6 +13,7 @@
   than their ``max_delay_s`` allows (or never finishing / starting).
 * ``slo_violations``: deployment-hours with fewer replicas running than asked
   for, or a running replica over the SLO at that hour's traffic and load.
+* ``completion_mean_s``: training jobs that finished, submission to finish.
 * ``utilisation``: GPU-seconds allocated within the period over all the fleet's
   GPUs (cloud and edge) times the period.
 * ``gco2_avoided``: Σ over jobs of (fifo-binpack's choice at submission −
@@ -67,6 +68,8 @@ class PolicyResult:
     # Waiting for capacity only: the waits less the time temporal shifting held jobs back.
     queue_wait_mean_s: float = 0.0
     queue_wait_p95_s: float = 0.0
+    # Submission to finish, over the jobs that finished.
+    completion_mean_s: float = 0.0
     training_kwh: float = 0.0
     training_gco2: float = 0.0
     inference_kwh: float = 0.0
@@ -197,6 +200,9 @@ def evaluate(
         wait_mean_inflexible_s=_mean(inflexible),
         queue_wait_mean_s=_mean(queue_waits),
         queue_wait_p95_s=_percentile(queue_waits, 95),
+        completion_mean_s=_mean(
+            [r.finish_s - r.submitted_s for r in outcome.jobs.values() if r.finish_s is not None]
+        ),
         training_kwh=total(training).kwh,
         training_gco2=total(training).gco2,
         inference_kwh=total(inference).kwh,

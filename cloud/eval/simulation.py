@@ -50,6 +50,7 @@ from cloud.green.policies import (
     policy_spec,
 )
 from cloud.green.shifting import DEFAULT_MIN_SAVING
+from cloud.loop.autoscale import Autoscaler, ServingLoad
 from cloud.scheduler import (
     AcceleratorPool,
     Allocation,
@@ -155,6 +156,7 @@ class DeploymentRecord:
     retire_s: float | None
     counterfactual: Counterfactual | None = None
     retired: bool = False
+    desired: int = 0  # replicas wanted now: the spec's, or its autoscaler's
 
 
 @dataclass(slots=True)
@@ -207,6 +209,7 @@ class Simulation:
         self._migrator: Migrator | None = None
         self._baseline: Policy | None = None
         self._wakes: set[float] = set()
+        self._autoscaler = Autoscaler()
         self.slo_violations = 0
         self.slo_hours = 0
         self.passes = 0
@@ -252,6 +255,8 @@ class Simulation:
             while self._events and self._events[0][0] == at:
                 _, kind, _, key = heapq.heappop(self._events)
                 self._handle(kind, key)
+            if at % HOUR_S == 0:
+                self._autoscale(at)
             self._pass()
             if start <= at < end and at % HOUR_S == 0:
                 self._check_slos(at)
@@ -306,7 +311,9 @@ class Simulation:
     def _submit_inference(self, spec: InferenceSpec) -> None:
         work = deployment(spec, self.now)
         retire = self.now + spec.lifetime_s if spec.lifetime_s is not None else None
-        record = DeploymentRecord(spec=spec, submitted_s=self.now, retire_s=retire)
+        record = DeploymentRecord(
+            spec=spec, submitted_s=self.now, retire_s=retire, desired=spec.replicas
+        )
         if self.config.counterfactuals:
             record.counterfactual = counterfactual(
                 self._snapshot(list(self.queue.values())), work, self._baseline_policy()
@@ -574,6 +581,37 @@ class Simulation:
             missing = 1 + (queued.replicas if isinstance(queued, InferenceDeployment) else 0)
             self.queue[victim.work_id] = deployment(spec, record_d.submitted_s, missing)
 
+    # -- autoscaling ---------------------------------------------------------------------
+
+    def _autoscale(self, at_s: float) -> None:
+        """The live autoscaler's rule (cloud/loop/autoscale.py), once an hour, on the
+        highest load of the coming hour: a live autoscaler follows the load within
+        seconds, which an hourly step can only stand for by sizing for the hour's peak.
+        Growing queues the missing replicas (placed, or preempting, by the next pass);
+        shrinking drops queued ones first, then stops the newest running ones."""
+        for work_id, record in self.deployments.items():
+            spec = record.spec
+            if spec.autoscale is None or record.retired:
+                continue
+            running = [a for a in self.running.values() if a.work_id == work_id]
+            rate = max(requests_per_s(spec, at_s), requests_per_s(spec, at_s + HOUR_S))
+            load = ServingLoad(len(running), rate, None) if running else None
+            decision = self._autoscaler.decide(
+                work_id, spec.autoscale, record.desired, load, now_s=at_s
+            )
+            if decision is not None:
+                record.desired = decision.to_replicas
+            queued = self.queue.get(work_id)
+            waiting = queued.replicas if isinstance(queued, InferenceDeployment) else 0
+            missing = record.desired - len(running)
+            if missing > 0 and missing != waiting:
+                self.queue[work_id] = deployment(spec, record.submitted_s, missing)
+            elif missing <= 0:
+                self.queue.pop(work_id, None)
+                newest = sorted(running, key=lambda a: a.started_at, reverse=True)
+                for alloc in newest[:-missing]:  # the surplus
+                    self._release(alloc)
+
     # -- service levels ----------------------------------------------------------------
 
     def _check_slos(self, at_s: float) -> None:
@@ -589,7 +627,7 @@ class Simulation:
             spec = record.spec
             self.slo_hours += 1
             replicas = running.get(work_id, [])
-            if len(replicas) < spec.replicas:
+            if len(replicas) < record.desired:
                 self.slo_violations += 1
                 continue
             if spec.latency_slo_ms is None:
@@ -600,7 +638,7 @@ class Simulation:
     def _worst_latency_ms(
         self, spec: InferenceSpec, replicas: list[Allocation], at_s: float
     ) -> float:
-        work = deployment(spec, at_s)
+        work = deployment(spec, at_s, len(replicas))
         rate = requests_per_s(spec, at_s)
         mix = traffic_weights(spec, at_s)
         worst = 0.0
@@ -652,6 +690,16 @@ def pool_of(node: Node, kind: str) -> AcceleratorPool:
     return next(pool for pool in node.pools if pool.kind == kind)
 
 
+def serving_replicas(spec: InferenceSpec, rate: float) -> int:
+    """Over how many replicas a deployment's requests spread: its count, or, autoscaled
+    on a request rate, what its autoscaler keeps for that rate."""
+    scale = spec.autoscale
+    if scale is None or scale.target_requests_per_s is None:
+        return spec.replicas
+    wanted = math.ceil(rate / scale.target_requests_per_s)
+    return max(scale.min_replicas, min(scale.max_replicas, wanted))
+
+
 def replica_usages(
     spec: InferenceSpec,
     allocation_id: str,
@@ -678,7 +726,7 @@ def replica_usages(
                 accelerators=accelerators,
                 start_s=at,
                 end_s=stop,
-                utilisation=min(1.0, rate / spec.replicas * service_s),
+                utilisation=min(1.0, rate / serving_replicas(spec, rate) * service_s),
             )
         )
         at = stop

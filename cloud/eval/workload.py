@@ -53,8 +53,9 @@ from typing import Annotated
 
 import msgspec
 
-from cloud.scheduler import InferenceDeployment, TrainingJob
-from shared.messages import AcceleratorKind
+from cloud.scheduler import InferenceDeployment, Toleration, TrainingJob
+from cloud.work.specs import AutoscaleSpec
+from shared.messages import AcceleratorKind, Site
 from shared.settings import ConfigError
 from shared.work_literals import PriorityClass
 
@@ -84,6 +85,7 @@ class TrainingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # newest one when stopped (preempted or migrated); None: starts over.
     checkpoint_interval_s: Positive | None = None
     score_weights: dict[str, float] = {}
+    tolerations: tuple[str, ...] = ()  # `key` (any value) or `key=value` (node groups)
 
 
 class InferenceSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -100,6 +102,12 @@ class InferenceSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     priority: PriorityClass = "p0"
     traffic: tuple[TrafficSource, ...] = ()
     score_weights: dict[str, float] = {}
+    sites: tuple[Site, ...] = ("edge",)
+    max_replicas_per_node: Count = 1
+    tolerations: tuple[str, ...] = ()  # `key` (any value) or `key=value` (node groups)
+    # The live autoscaler's rule on the simulated load (cloud/loop/autoscale.py);
+    # None: `replicas` throughout.
+    autoscale: AutoscaleSpec | None = None
 
 
 class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -132,6 +140,14 @@ def requests_per_s(spec: InferenceSpec, at_s: float) -> float:
     return sum(traffic_weights(spec, at_s).values())
 
 
+def _tolerations(texts: tuple[str, ...]) -> tuple[Toleration, ...]:
+    result = []
+    for text in texts:
+        key, _, value = text.partition("=")
+        result.append(Toleration(key, value or None))
+    return tuple(result)
+
+
 def training_job(
     spec: TrainingSpec, submitted_at: float, duration_s: float | None = None
 ) -> TrainingJob:
@@ -152,6 +168,7 @@ def training_job(
         checkpoint_interval_s=spec.checkpoint_interval_s,
         preemptible=spec.preemptible,
         score_weights=spec.score_weights,
+        tolerations=_tolerations(spec.tolerations),
     )
 
 
@@ -172,12 +189,18 @@ def deployment(
         providers=spec.providers,
         latency_slo_ms=spec.latency_slo_ms,
         traffic_by_region=traffic,
-        # The scheduler sizes for the peak, this share of it for ``count`` replicas.
-        requests_per_s=spec.peak_requests_per_s * count / spec.replicas,
+        # The scheduler sizes for the peak, this share of it for ``count`` replicas; an
+        # autoscaled deployment for its target per replica (as the live control plane).
+        requests_per_s=(
+            spec.autoscale.target_requests_per_s * count
+            if spec.autoscale is not None and spec.autoscale.target_requests_per_s is not None
+            else spec.peak_requests_per_s * count / spec.replicas
+        ),
         reference_ms_per_request=spec.reference_ms_per_request,
-        max_replicas_per_node=1,
-        sites=("edge",),
+        max_replicas_per_node=spec.max_replicas_per_node,
+        sites=spec.sites,
         score_weights=spec.score_weights,
+        tolerations=_tolerations(spec.tolerations),
     )
 
 

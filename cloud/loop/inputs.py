@@ -95,7 +95,11 @@ def _queued(
     if record.state in PLACED_STATES and isinstance(work, InferenceDeployment):
         missing = work.replicas + surge - len(allocations)
         if missing > 0:
-            return dataclasses.replace(work, replicas=missing, min_replicas=1)
+            # Each missing replica takes its share of the load, not all of it.
+            share = work.requests_per_s * missing / work.replicas
+            return dataclasses.replace(
+                work, replicas=missing, min_replicas=1, requests_per_s=share
+            )
     return None
 
 

@@ -86,7 +86,7 @@ def inference_deployment(
         providers=spec.providers,
         latency_slo_ms=spec.latency_slo_ms,
         traffic_by_region=dict(spec.traffic_by_region),
-        requests_per_s=spec.requests_per_s,
+        requests_per_s=expected_requests_per_s(spec),
         reference_ms_per_request=spec.reference_ms_per_request,
         max_replicas_per_node=spec.max_replicas_per_node,
         **_placement_fields(spec),  # type: ignore[arg-type]
@@ -97,6 +97,15 @@ def to_work(spec: WorkSpec, *, work_id: str, tenant: str, submitted_at: float) -
     if isinstance(spec, TrainingJobSpec):
         return training_job(spec, work_id=work_id, tenant=tenant, submitted_at=submitted_at)
     return inference_deployment(spec, work_id=work_id, tenant=tenant, submitted_at=submitted_at)
+
+
+def expected_requests_per_s(spec: DeploymentSpec) -> float:
+    """The load the scheduler sizes a deployment's replicas for: an autoscaler on a
+    request-rate target keeps each replica near its target, whatever the peak."""
+    scale = spec.autoscale
+    if scale is not None and scale.target_requests_per_s is not None:
+        return scale.target_requests_per_s * spec.replicas
+    return spec.requests_per_s
 
 
 def spec_of(record: WorkRecord) -> WorkSpec:
