@@ -97,9 +97,7 @@ def _queued(
         if missing > 0:
             # Each missing replica takes its share of the load, not all of it.
             share = work.requests_per_s * missing / work.replicas
-            return dataclasses.replace(
-                work, replicas=missing, min_replicas=1, requests_per_s=share
-            )
+            return dataclasses.replace(work, replicas=missing, min_replicas=1, requests_per_s=share)
     return None
 
 
