@@ -115,7 +115,6 @@ class Accountant:
         self._state: _LeaderState | None = None  # set while leading, marks loaded
         self._by_node: dict[str, list[MeteredAllocation]] = {}
         self._ended: dict[tuple[str, int, str], MeteredAllocation] = {}
-        self._work_kinds: dict[str, str] = {}
         self._work_tenants: dict[str, str] = {}  # work id -> tenant id, active work
         self._active_work: set[str] = set()
         self._ending: dict[str, _Ending] = {}
@@ -126,7 +125,6 @@ class Accountant:
         self.tenant_names: dict[str, str] = {}
         self.totals: dict[tuple[str, str, str], TenantTotals] = {}
         self.stats = AccountingStats()
-        self.flushed = asyncio.Condition()  # notified after every flush; tests wait on it
         self.started = asyncio.Event()  # set while metering (marks loaded)
         self._log = structlog.get_logger("greenfed.usage")
 
@@ -142,10 +140,6 @@ class Accountant:
     def tenant_of(self, work_id: str) -> str:
         """A work item's tenant name, "" when this process has not seen it."""
         return self.tenant_names.get(self._work_tenants.get(work_id, ""), "")
-
-    @property
-    def metering(self) -> bool:
-        return self._state is not None
 
     # ---- from ingestion (hot path) -------------------------------------------------------
 
@@ -181,8 +175,7 @@ class Accountant:
         state.dirty.add(node_id)
         zone = record.status.zone
         for increment in increments:
-            kind = self._work_kinds.get(increment.allocation.work_id, "training")
-            accumulate(state.pending, Priced(increment, zone, kind), self._grid_offset_s)
+            accumulate(state.pending, Priced(increment, zone), self._grid_offset_s)
         self._retire_ended(node_id, new_mark.sampled_at_s)
 
     def _retire_ended(self, node_id: str, counted_until_s: float) -> None:
@@ -239,10 +232,10 @@ class Accountant:
                     accelerator_kind=allocation.accelerator_kind,
                     accelerators=allocation.accelerators,
                     accelerator_ids=allocation.accelerator_ids,
+                    work_kind=allocation.work_kind,
                     started_at_s=allocation.started_at,
                 )
             )
-            self._work_kinds[allocation.work_id] = allocation.work_kind
         by_node: dict[str, list[MeteredAllocation]] = {}
         for current in live.values():
             by_node.setdefault(current.node_id, []).append(current)
@@ -364,8 +357,6 @@ class Accountant:
         self.stats.flushes += 1
         self.stats.rows_written += len(rows)
         self.stats.last_flush_ms = (time.perf_counter() - started) * 1000.0
-        async with self.flushed:
-            self.flushed.notify_all()
 
     async def _final_events(self, rows: Sequence[UsageHour]) -> list[NewEvent]:
         now = self._clock()

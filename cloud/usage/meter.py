@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from cloud.loop.nodes import device_power_w
 from shared.messages import Accelerator, AcceleratorKind, AcceleratorSample, NodeStatus, Telemetry
+from shared.work_literals import WorkKind
 
 # A step up to this many sample intervals is one sample's (scheduling jitter, a
 # dropped QoS-0 sample); beyond, the power sample no longer describes it.
@@ -59,6 +60,7 @@ class MeteredAllocation:
     accelerator_kind: AcceleratorKind
     accelerators: int  # devices, or cores of a CPU
     accelerator_ids: tuple[str, ...]  # () for CPU work: its cores are not pinned
+    work_kind: WorkKind
     started_at_s: float
     ended_at_s: float | None = None
 

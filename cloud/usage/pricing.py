@@ -33,7 +33,6 @@ FALLBACK_CURRENCY = "USD"  # the static table's prices
 class Priced:
     increment: Increment
     zone: str
-    work_kind: str
 
 
 @dataclass(slots=True)
@@ -185,7 +184,7 @@ def price_pieces(
             node_id=allocation.node_id,
             hour_start=hour,
             tenant_id=allocation.tenant_id,
-            work_kind=piece.item.work_kind,
+            work_kind=allocation.work_kind,
             zone=piece.item.zone,
             accelerator_kind=allocation.accelerator_kind,
             energy_j=float(joules[i]),

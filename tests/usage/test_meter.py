@@ -63,7 +63,8 @@ def job(
 ) -> MeteredAllocation:
     return MeteredAllocation(
         work_id="job-1", member_index=0, tenant_id="t1", node_id="n1", accelerator_kind="gpu",
-        accelerators=len(ids), accelerator_ids=ids, started_at_s=start, ended_at_s=end,
+        accelerators=len(ids), accelerator_ids=ids, work_kind="training", started_at_s=start,
+        ended_at_s=end,
     )  # fmt: skip
 
 
@@ -125,11 +126,12 @@ def test_allocations_get_their_own_devices_their_share_of_the_host_and_of_the_st
     # Placed half-way through the step, on the other GPU.
     second = MeteredAllocation(
         work_id="job-2", member_index=0, tenant_id="t1", node_id="n1", accelerator_kind="gpu",
-        accelerators=1, accelerator_ids=("gpu1",), started_at_s=T0 + 50,
+        accelerators=1, accelerator_ids=("gpu1",), work_kind="training", started_at_s=T0 + 50,
     )  # fmt: skip
     cpu_work = MeteredAllocation(
         work_id="job-3", member_index=0, tenant_id="t1", node_id="n1", accelerator_kind="cpu",
-        accelerators=8, accelerator_ids=(), started_at_s=T0, ended_at_s=T0 + 25,
+        accelerators=8, accelerator_ids=(), work_kind="training", started_at_s=T0,
+        ended_at_s=T0 + 25,
     )  # fmt: skip
     got = {
         i.allocation.work_id: i for i in meter(node, reading, mark, [first, second, cpu_work])[0]
@@ -158,9 +160,7 @@ def test_pricing_splits_at_hours_and_uses_each_hours_recorded_intensity() -> Non
         node, sample(T0 + 5400, 2, energy={"gpu0": 3.6e6}),
         NodeMark("i1", 1, T0 + 1800, {"gpu0": 0.0}), [job()], host_overhead_ratio=0.0,
     )  # fmt: skip
-    rows = price(
-        [Priced(increment, "DE", "training")], grid([400.0, 100.0, 0.0], [100.0, 50.0, 0.0]), {}
-    )
+    rows = price([Priced(increment, "DE")], grid([400.0, 100.0, 0.0], [100.0, 50.0, 0.0]), {})
     assert [r.hour_start for r in rows] == [T0, T0 + 3600]
     assert [r.energy_j for r in rows] == pytest.approx([1.8e6, 1.8e6])  # 1 kWh, half each
     assert sum(r.gco2_g for r in rows) == pytest.approx(0.5 * 400.0 + 0.5 * 100.0)
@@ -181,9 +181,7 @@ def test_the_counterfactual_prices_the_same_energy_on_the_baselines_zones() -> N
         work_id="job-1", tenant_id="t1", decided_at=T0, baseline="fifo-binpack",
         zone_factors={"DE": 0.6, "FR": 0.6},
     )  # fmt: skip
-    (row,) = price(
-        [Priced(increment, "FR", "training")], grid([400.0] * 3, [1.0] * 3), {"job-1": baseline}
-    )
+    (row,) = price([Priced(increment, "FR")], grid([400.0] * 3, [1.0] * 3), {"job-1": baseline})
     assert row.gco2_g == pytest.approx(50.0)
     assert row.counterfactual_gco2_g == pytest.approx(0.6 * 400.0 + 0.6 * 50.0)
 
@@ -194,7 +192,7 @@ def test_a_zone_without_a_signal_is_priced_conservatively_and_flagged() -> None:
         node, sample(T0 + 3600, 2, energy={"gpu0": 3.6e6}), NodeMark("i1", 1, T0, {"gpu0": 0.0}),
         [job()], host_overhead_ratio=0.0,
     )  # fmt: skip
-    (row,) = price([Priced(increment, "XX-UNKNOWN", "training")], grid([400.0] * 3, [1.0] * 3), {})
+    (row,) = price([Priced(increment, "XX-UNKNOWN")], grid([400.0] * 3, [1.0] * 3), {})
     assert row.fallback
     assert row.gco2_g >= 400.0  # never cleaner than the dirtiest known zone
     assert math.isfinite(row.cost)
