@@ -24,7 +24,8 @@ from cloud.api.query import parse_query
 from cloud.api.routes import Handler, Reply, Route
 from cloud.app_keys import REGISTRY, STORE
 from cloud.loop.nodes import node_runs_training
-from cloud.loop.scaling import rollout_event
+from cloud.loop.rollout import rollout_event, settled_spec
+from cloud.loop.scaling import scaled_spec
 from cloud.store import (
     TERMINAL_STATES,
     AllocationRecord,
@@ -718,13 +719,7 @@ def _scaled(spec: DeploymentSpec, body: DeploymentUpdate) -> DeploymentSpec:
             "$.replicas",
             f"must be within autoscale's {autoscale.min_replicas}..{autoscale.max_replicas}",
         )
-    floor = spec.min_replicas
-    return msgspec.structs.replace(
-        spec,
-        replicas=replicas,
-        autoscale=autoscale,
-        min_replicas=None if floor is None else min(floor, replicas),
-    )
+    return scaled_spec(msgspec.structs.replace(spec, autoscale=autoscale), replicas)
 
 
 async def update_deployment(request: web.Request) -> web.Response:
@@ -766,15 +761,11 @@ async def _end_rollout(request: web.Request, outcome: str) -> web.Response:
 
     async def end(tenant: TenantRecord, record: WorkRecord) -> web.Response:
         spec = _spec(DEPLOYMENTS, record)
-        canary = spec.canary
-        if canary is None:
+        if spec.canary is None:
             raise Problem(
                 409, "no-rollout", "No rollout", f"deployment {record.work_id} has no rollout"
             )
-        promoted = outcome == "promoted"
-        settled = msgspec.structs.replace(
-            spec, model_id=canary.model_id if promoted else spec.model_id, canary=None
-        )
+        settled = settled_spec(spec, outcome)
         updated = await store.update_spec(
             tenant.tenant_id, record.work_id, encode_spec(settled), expected_version=record.version
         )

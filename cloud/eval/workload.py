@@ -176,6 +176,8 @@ def deployment(
     spec: InferenceSpec, submitted_at: float, replicas: int | None = None
 ) -> InferenceDeployment:
     count = spec.replicas if replicas is None else replicas
+    scale = spec.autoscale
+    expected = scale.expected_requests_per_s(count) if scale is not None else None
     traffic: dict[str, float] = {}
     for source in spec.traffic:
         traffic[source.region] = traffic.get(source.region, 0.0) + source.share
@@ -192,9 +194,7 @@ def deployment(
         # The scheduler sizes for the peak, this share of it for ``count`` replicas; an
         # autoscaled deployment for its target per replica (as the live control plane).
         requests_per_s=(
-            spec.autoscale.target_requests_per_s * count
-            if spec.autoscale is not None and spec.autoscale.target_requests_per_s is not None
-            else spec.peak_requests_per_s * count / spec.replicas
+            spec.peak_requests_per_s * count / spec.replicas if expected is None else expected
         ),
         reference_ms_per_request=spec.reference_ms_per_request,
         max_replicas_per_node=spec.max_replicas_per_node,

@@ -16,9 +16,8 @@ from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import by_work
 from cloud.loop.autoscale import Autoscaler
 from cloud.loop.drain import draining_nodes, plan_drain
-from cloud.loop.rollout import RolloutWatch
+from cloud.loop.rollout import RolloutWatch, rollout_event, settled_spec
 from cloud.loop.scaling import (
-    rollout_event,
     scaled_event,
     scaled_spec,
     serving_load,
@@ -158,12 +157,7 @@ class DeploymentControl:
     async def _settle_rollout(
         self, record: WorkRecord, spec: DeploymentSpec, outcome: str, reason: str
     ) -> bool:
-        canary = spec.canary
-        assert canary is not None
-        promoted = outcome == "promoted"
-        settled = msgspec.structs.replace(
-            spec, model_id=canary.model_id if promoted else spec.model_id, canary=None
-        )
+        settled = settled_spec(spec, outcome)
         try:
             await self._store.update_spec(
                 record.tenant_id,

@@ -14,8 +14,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 from cloud.fleet.registry import NodeRecord
-from cloud.loop.allocations import as_new_allocation
-from cloud.loop.scaling import serving_load
+from cloud.loop.scaling import keep_replicas, serving_load
 from cloud.store import AllocationRecord, EvictionWrite, PlacementWrite, WorkRecord
 from cloud.work.specs import DeploymentSpec
 
@@ -71,17 +70,8 @@ def plan_drain(
         load = serving_load(work_id, elsewhere, nodes)
         serving = load.ready_replicas if load is not None else 0
         if serving >= spec.replicas:
-            kept = sorted(elsewhere, key=lambda m: (m.state != "running", m.member_index))
             plan.releases.append(
-                PlacementWrite(
-                    work_id=work_id,
-                    allocations=tuple(
-                        as_new_allocation(m)
-                        for m in sorted(kept[: spec.replicas], key=lambda m: m.member_index)
-                    ),
-                    reason="replicas moved off a drained node",
-                    expected_version=record.version,
-                )
+                keep_replicas(record, spec.replicas, elsewhere, "replicas moved off a drained node")
             )
         else:
             plan.surge[work_id] = len(on_drain)

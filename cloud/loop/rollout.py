@@ -22,10 +22,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import msgspec
+
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.desired import canary_members
-from cloud.store import AllocationRecord
+from cloud.store import AllocationRecord, NewEvent, WorkRecord
 from cloud.work.specs import DeploymentSpec
+from cloud.work.views import ROLLOUT_EVENT
 
 Outcome = Literal["promoted", "rolled-back"]
 P95_FLOOR_MS = 5.0  # the baseline p95 a canary's is compared with is at least this
@@ -144,3 +147,30 @@ class RolloutWatch:
                 f"({watch.errors} errors in {watch.requests} requests)",
             )
         return None
+
+
+def settled_spec(spec: DeploymentSpec, outcome: str) -> DeploymentSpec:
+    """The spec once its rollout ends: the canary's model everywhere when promoted, the
+    deployment's own otherwise."""
+    canary = spec.canary
+    assert canary is not None
+    model_id = canary.model_id if outcome == "promoted" else spec.model_id
+    return msgspec.structs.replace(spec, model_id=model_id, canary=None)
+
+
+def rollout_event(record: WorkRecord, spec: DeploymentSpec, outcome: str, reason: str) -> NewEvent:
+    """A rollout that started, was promoted, rolled back or aborted (`work.rollout`)."""
+    canary = spec.canary
+    payload = {
+        "work_id": record.work_id,
+        "outcome": outcome,
+        "model_id": canary.model_id if canary is not None else spec.model_id,
+        "previous_model_id": spec.model_id,
+        "reason": reason,
+    }
+    return NewEvent(
+        kind=ROLLOUT_EVENT,
+        payload=msgspec.json.encode(payload),
+        tenant_id=record.tenant_id,
+        work_id=record.work_id,
+    )

@@ -17,7 +17,7 @@ from cloud.loop.allocations import as_new_allocation
 from cloud.loop.autoscale import ScaleDecision, ServingLoad
 from cloud.store import AllocationRecord, NewEvent, PlacementWrite, WorkRecord
 from cloud.work.specs import DeploymentSpec
-from cloud.work.views import ROLLOUT_EVENT, SCALED_EVENT
+from cloud.work.views import SCALED_EVENT
 
 
 def serving_load(
@@ -69,21 +69,18 @@ def scaled_event(record: WorkRecord, decision: ScaleDecision) -> NewEvent:
     )
 
 
-def rollout_event(record: WorkRecord, spec: DeploymentSpec, outcome: str, reason: str) -> NewEvent:
-    """A rollout that started, was promoted, rolled back or aborted (`work.rollout`)."""
-    canary = spec.canary
-    payload = {
-        "work_id": record.work_id,
-        "outcome": outcome,
-        "model_id": canary.model_id if canary is not None else spec.model_id,
-        "previous_model_id": spec.model_id,
-        "reason": reason,
-    }
-    return NewEvent(
-        kind=ROLLOUT_EVENT,
-        payload=msgspec.json.encode(payload),
-        tenant_id=record.tenant_id,
+def keep_replicas(
+    record: WorkRecord, replicas: int, allocations: Sequence[AllocationRecord], reason: str
+) -> PlacementWrite:
+    """The deployment down to at most `replicas` of `allocations`: those running first,
+    then the lowest replica numbers."""
+    ordered = sorted(allocations, key=lambda a: (a.state != "running", a.member_index))
+    kept = sorted(ordered[:replicas], key=lambda a: a.member_index)
+    return PlacementWrite(
         work_id=record.work_id,
+        allocations=tuple(as_new_allocation(a) for a in kept),
+        reason=reason,
+        expected_version=record.version,
     )
 
 
@@ -93,11 +90,4 @@ def surplus_write(
     """The allocations a deployment keeps when it holds more than `replicas`."""
     if len(allocations) <= replicas:
         return None
-    ordered = sorted(allocations, key=lambda a: (a.state != "running", a.member_index))
-    kept = sorted(ordered[:replicas], key=lambda a: a.member_index)
-    return PlacementWrite(
-        work_id=record.work_id,
-        allocations=tuple(as_new_allocation(a) for a in kept),
-        reason=f"scaled down to {replicas} replica(s)",
-        expected_version=record.version,
-    )
+    return keep_replicas(record, replicas, allocations, f"scaled down to {replicas} replica(s)")

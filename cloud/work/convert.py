@@ -103,9 +103,8 @@ def expected_requests_per_s(spec: DeploymentSpec) -> float:
     """The load the scheduler sizes a deployment's replicas for: an autoscaler on a
     request-rate target keeps each replica near its target, whatever the peak."""
     scale = spec.autoscale
-    if scale is not None and scale.target_requests_per_s is not None:
-        return scale.target_requests_per_s * spec.replicas
-    return spec.requests_per_s
+    expected = scale.expected_requests_per_s(spec.replicas) if scale is not None else None
+    return spec.requests_per_s if expected is None else expected
 
 
 def spec_of(record: WorkRecord) -> WorkSpec:

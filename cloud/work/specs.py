@@ -250,6 +250,13 @@ class AutoscaleSpec(SpecStruct, frozen=True, kw_only=True):
                 "target_requests_per_s", "give exactly one of it and target_p95_latency_ms"
             )
 
+    def expected_requests_per_s(self, replicas: int) -> float | None:
+        """The load `replicas` carry when the autoscaler keeps each near its request-rate
+        target (None: it scales on latency, which says nothing of the rate)."""
+        if self.target_requests_per_s is None:
+            return None
+        return self.target_requests_per_s * replicas
+
 
 class CanarySpec(SpecStruct, frozen=True, kw_only=True):
     """A model rollout in progress (docs/inference.md#canary-rollouts): `model_id` serves
