@@ -19,6 +19,7 @@ from tests.support.exported_metrics import (
     exported_scrape,
     metric_label_names,
 )
+from tests.support.promql import matched_labels, metric_names
 from tests.support.system_tools import require_tool
 
 # No type stubs for PyYAML here; greenfed/spec_files.py loads it the same way.
@@ -41,36 +42,6 @@ PROMETHEUS_SERIES = frozenset(
         "ALERTS_FOR_STATE",
     }
 )
-_PROMQL_WORDS = frozenset(
-    {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right"}
-    | {"bool", "offset", "inf", "nan", "atan2"}
-)
-_STRING = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`""")
-_MATCHERS = re.compile(r"([A-Za-z_:][\w:]*)?\s*\{([^}]*)\}")
-_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
-# An identifier that is not a function call (`rate(`, `sum (`) nor part of a number.
-_IDENTIFIER = re.compile(r"(?<![\w.:])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()")
-_LABEL = re.compile(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)")
-
-
-def promql_metric_names(expression: str) -> set[str]:
-    """The metric names a PromQL expression selects."""
-    text = _STRING.sub('""', expression)
-    named = {m.group(1) for m in _MATCHERS.finditer(text) if m.group(1)}
-    text = _MATCHERS.sub(lambda m: f" {m.group(1) or ''} ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)  # ranges and subquery steps
-    text = _GROUPING.sub(" ", text)
-    bare = {m.group(1) for m in _IDENTIFIER.finditer(text)} - _PROMQL_WORDS
-    return named | bare
-
-
-def promql_matched_labels(expression: str) -> dict[str, set[str]]:
-    """Metric name -> the label names its selectors match on (`name{label="..."}`)."""
-    labels: dict[str, set[str]] = {}
-    for match in _MATCHERS.finditer(_STRING.sub('""', expression)):
-        if match.group(1):
-            labels.setdefault(match.group(1), set()).update(_LABEL.findall(match.group(2)))
-    return labels
 
 
 def load_yaml(path: Path) -> Any:
@@ -153,8 +124,8 @@ def test_the_metric_name_reader_finds_selected_metrics_only() -> None:
         ' > 3600 and on () max(b_total offset 5m) == 1 or c{x="rate(d)"} > 1e3'
         " unless sum without (instance) (e) / ignoring (zone) group_left f"
     )
-    assert promql_metric_names(expression) == {"a_bucket", "b_total", "c", "e", "f"}
-    assert promql_matched_labels(expression) == {"a_bucket": {"priority"}, "c": {"x"}}
+    assert metric_names(expression) == {"a_bucket", "b_total", "c", "e", "f"}
+    assert matched_labels(expression) == {"a_bucket": {"priority"}, "c": {"x"}}
 
 
 async def test_every_metric_an_alert_reads_is_exported_with_the_labels_it_matches() -> None:
@@ -164,11 +135,11 @@ async def test_every_metric_an_alert_reads_is_exported_with_the_labels_it_matche
     unlabelled: dict[str, set[str]] = {}
     for rule in alert_rules():
         expression = rule["expr"]
-        names = promql_metric_names(expression)
+        names = metric_names(expression)
         assert names, f"{rule['alert']} reads no metric"
         for name in names - PROMETHEUS_SERIES - exported:
             unknown.setdefault(name, set()).add(rule["alert"])
-        for name, matched in promql_matched_labels(expression).items():
+        for name, matched in matched_labels(expression).items():
             # Only where this scrape has samples to show the labels.
             missing = matched - labels[name] if name in labels else set()
             if missing:
