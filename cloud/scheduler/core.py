@@ -9,6 +9,10 @@ For each job in queue order (queue_order.py):
    (preemption.py); borrowers reclaimed / own lower-priority work evicted when
    quota is the obstacle. A member that cannot be brought within quota is rolled
    back to its savepoint, victims included, so nothing is evicted for it;
+   A whole gang whose members would run at different speeds is tried again on each
+   single speed class that could hold it and finish no later (gang.speed_classes):
+   the best-scoring such placement wins, so fast accelerators are not held at a
+   slow member's pace while a placement of one class would do;
 4. whole (or, for deployments, at least ``min_replicas``) -> commit; else discard,
    explain why (explain.py) and, for a capacity problem, reserve the earliest
    slot so later jobs cannot push it back (backfill.py).
@@ -47,7 +51,7 @@ from .extensions import (
     advise_start,
 )
 from .filters import PASS, count_rejections, node_codes
-from .gang import Choice, JobContext, Option
+from .gang import Choice, JobContext, Option, speed_classes
 from .model import KINDS, InferenceDeployment, TrainingJob, Work
 from .plan import (
     Deferral,
@@ -159,7 +163,7 @@ class Scheduler:
             return
         attempt = self._attempt(job, preempt=False)
         if len(attempt.placements) == shape.members:
-            self._commit(job, attempt)
+            self._commit(job, self._one_speed(job, attempt))
             return
         best_fit = len(attempt.placements)
         quota_block = attempt.quota_block
@@ -213,6 +217,30 @@ class Scheduler:
         if deferral is None or not state.now < deferral.start_at <= latest:
             return None
         return deferral
+
+    def _one_speed(self, job: JobContext, attempt: _Attempt) -> _Attempt:
+        """``attempt`` (a whole placement), or, for a gang it spreads over speed classes,
+        the best-scoring whole placement on one class that finishes no later."""
+        ends = {p.expected_end for p in attempt.placements if p.expected_end is not None}
+        if job.shape.members < 2 or len(ends) < 2:
+            return attempt
+        attempt.stmt.discard()  # the classes are judged on the capacity before it
+        job.reset()
+        best: tuple[float, float] | None = None  # (summed score, run time)
+        for runtime_s in speed_classes(job, max(ends) - self.state.now):
+            job.keep_to(runtime_s)
+            trial = self._attempt(job, preempt=False)
+            if len(trial.placements) == job.shape.members:
+                score = sum(p.chosen.total for p in trial.placements)
+                if best is None or score > best[0]:
+                    best = (score, runtime_s)
+            trial.stmt.discard()
+            job.reset()
+        # Redo the winner (or the mixed placement): the state is back where it was.
+        job.keep_to(None if best is None else best[1])
+        chosen = self._attempt(job, preempt=False)
+        job.keep_to(None)
+        return chosen
 
     def _admissions(self, job: JobContext) -> dict[int, Admission]:
         tenant, need = job.shape.work.tenant, job.shape.accelerators

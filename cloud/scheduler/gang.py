@@ -7,6 +7,10 @@ next member with the runners-up; the caller applies it to a ``Statement`` so the
 next member sees it. Replica spread is re-weighted after every replica. Whether
 the job is placed whole (gang) or partly (deployments with ``min_replicas``) is
 decided by the caller.
+
+A gang runs at its slowest member's pace, so the caller may keep one on a single
+speed class (``speed_classes``, ``JobContext.keep_to``): nodes whose accelerators
+would run a member in the same time.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from .state import ClusterState
 _MAX_SCALAR_REJECTS = 16
 # Re-gather a job's scores when more nodes changed than this since its last member.
 _INCREMENTAL_LIMIT = 32
+# At most this many speed classes are tried for one gang (the fastest that could hold it).
+MAX_SPEED_CLASSES = 4
 
 
 @dataclass(slots=True)
@@ -114,6 +120,7 @@ class JobContext:
         self._first_member = len(state.work_allocs.get(work.work_id, {}))
         self._next_member = self._first_member
         self._affinity = work.group is not None or bool(work.anti_affinity_groups)
+        self.runtime_class_s: float | None = None  # see keep_to
         w_packing, w_load, w_speed, w_preference = shape.builtin_weights
         names = ["packing", "load", "speed", "preference"]
         weights = [w_packing, w_load, w_speed, w_preference]
@@ -129,6 +136,21 @@ class JobContext:
     @property
     def has_candidates(self) -> bool:
         return bool(self.options)
+
+    def keep_to(self, runtime_s: float | None) -> None:
+        """From now on pick only nodes whose estimated run time is ``runtime_s`` (one
+        speed class); None: any node."""
+        self.runtime_class_s = runtime_s
+        for option in self.options:
+            option.valid = None  # built for the previous restriction
+
+    def _restricted(self) -> bool:
+        return (
+            self._affinity
+            or self.state.has_reservations
+            or shape_limited(self)
+            or self.runtime_class_s is not None
+        )
 
     def reset(self) -> None:
         """Forget the members of a discarded attempt."""
@@ -178,7 +200,7 @@ class JobContext:
         """Checks for what the shared scores cannot know: this job's own replicas,
         anti-affinity, reservations. None when nothing needs checking."""
         state = self.state
-        if not (self._affinity or shape_limited(self) or state.has_reservations):
+        if not self._restricted():
             return None
         shape = self.shape
         work = shape.work
@@ -195,8 +217,11 @@ class JobContext:
         slack = state.reservation_slack_accelerators[k]
         host_start_s = state.reservation_host_start_s
         host_slack = state.reservation_slack_host_memory_bytes
+        runtime_class_s = self.runtime_class_s
 
         def valid(position: int) -> bool:
+            if runtime_class_s is not None and runtime[position] != runtime_class_s:
+                return False
             node = nodes[position]
             if limit is not None and state.members_on(work.work_id, node) >= limit:
                 return False
@@ -215,6 +240,8 @@ class JobContext:
     def valid_mask(self, option: Option) -> BoolArray:
         codes = dynamic_codes(self.state, self.shape, option.cand.static, option.runtime_s)
         result: BoolArray = codes == PASS
+        if self.runtime_class_s is not None:
+            result &= option.runtime_s == self.runtime_class_s
         return result
 
     def pick(self, kinds: Collection[int] | None = None) -> Choice | None:
@@ -257,7 +284,7 @@ class JobContext:
     ) -> list[tuple[int, float]]:
         """Up to ``wanted`` valid positions, best first (ties: lowest node)."""
         valid = None
-        if self._affinity or self.state.has_reservations or shape_limited(self):
+        if self._restricted():
             if option.valid is None:
                 option.valid = self.validator(option)
             valid = option.valid
@@ -333,6 +360,29 @@ class JobContext:
             )
             result.append(ScoreBreakdown(node_ids[node], KINDS[k], total, names, values, weights))
         return result
+
+
+def speed_classes(job: JobContext, slowest_s: float) -> list[float]:
+    """Run times of the speed classes that might hold the whole gang and finish no
+    later than ``slowest_s``, fastest first, at most ``MAX_SPEED_CLASSES``.
+
+    "Might": enough members fit the free accelerators of the class's candidates; quota,
+    host memory and reservations are left to the attempt itself.
+    """
+    shape = job.shape
+    free = job.state.free
+    limit_s = slowest_s + 1e-6  # it came from an end time: now + run time - now
+    room: dict[float, int] = {}
+    for option in job.options:
+        runtime = option.runtime_s
+        members = free[option.k][option.cand.nodes] // shape.accelerators
+        if shape.max_per_node is not None:
+            members = np.minimum(members, shape.max_per_node)
+        for runtime_s in np.unique(runtime[runtime <= limit_s]):
+            value = float(runtime_s)
+            room[value] = room.get(value, 0) + int(members[runtime == runtime_s].sum())
+    fitting = sorted(value for value, count in room.items() if count >= shape.members)
+    return fitting[:MAX_SPEED_CLASSES]
 
 
 def _best_first(entry: tuple[float, int, int, Option, int]) -> tuple[float, int, int]:

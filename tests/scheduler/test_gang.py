@@ -8,7 +8,17 @@ from cloud.scheduler import Scheduler, Tenant
 from cloud.scheduler.state import ClusterState
 from cloud.scheduler.statement import Statement
 
-from .builders import deployment, edge_node, gpu_node, job, nodes_of, plan_for, running, snapshot
+from .builders import (
+    NOW,
+    deployment,
+    edge_node,
+    gpu_node,
+    job,
+    nodes_of,
+    plan_for,
+    running,
+    snapshot,
+)
 
 
 def test_gang_spans_nodes_when_it_fits() -> None:
@@ -191,3 +201,38 @@ def test_a_replica_limit_does_not_strand_later_jobs_of_the_same_shape() -> None:
     assert sorted(nodes_of(plan, "A")) == ["n1", "n2"]
     assert len(nodes_of(plan, "B")) == 1
     assert plan.pending_for("B") is None
+
+
+def test_gang_keeps_to_one_speed_class_when_one_holds_it_as_fast() -> None:
+    # Mixed, the gang would run at the V100s' pace and hold the H100s that long.
+    nodes = [
+        gpu_node("h100", 2, model="H100", speed=2.5),
+        gpu_node("v100", 4, model="V100", speed=0.45),
+    ]
+    plan = plan_for(nodes, [job("gang", 1, workers=4)])
+    assert nodes_of(plan, "gang") == ["v100"] * 4
+    assert len({p.expected_end for p in plan.placements}) == 1
+    # The H100s stay free for the next job.
+    plan = plan_for(nodes, [job("gang", 1, workers=4), job("next", 2, submitted_at=1)])
+    assert nodes_of(plan, "next") == ["h100"]
+
+
+def test_gang_mixes_classes_rather_than_run_slower() -> None:
+    nodes = [
+        gpu_node("h100", 4, model="H100", speed=2.5),
+        gpu_node("a100", 2, model="A100", speed=1.0),
+        gpu_node("v100", 8, model="V100", speed=0.45),
+    ]
+    # No class as fast as the mixed placement (A100 pace) holds five workers; the
+    # V100s could, at less than half the pace.
+    plan = plan_for(nodes, [job("gang", 1, workers=5)])
+    assert sorted(nodes_of(plan, "gang")) == ["a100"] + ["h100"] * 4
+    assert {p.expected_end for p in plan.placements} == {NOW + 3600.0 / 2.5, NOW + 3600.0}
+
+
+def test_one_speed_class_among_many_faster_nodes() -> None:
+    # More faster nodes than the scheduler rejects one by one before it filters them all.
+    nodes = [gpu_node(f"h{i:02}", 1, model="H100", speed=2.5) for i in range(17)]
+    nodes += [gpu_node(f"v{i:02}", 1, model="V100", speed=0.45) for i in range(18)]
+    plan = plan_for(nodes, [job("gang", 1, workers=18)])
+    assert sorted(nodes_of(plan, "gang")) == [f"v{i:02}" for i in range(18)]
