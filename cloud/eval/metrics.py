@@ -15,7 +15,8 @@
   for, or a running replica over the SLO at that hour's traffic and load.
 * ``completion_mean_s``: training jobs that finished, submission to finish.
 * ``utilisation``: GPU-seconds allocated within the period over all the fleet's
-  GPUs (cloud and edge) times the period.
+  GPUs (cloud and edge) times the period; ``busy_utilisation`` weights each
+  allocation by how busy its work keeps it (a replica at 10 % load counts 10 %).
 * ``gco2_avoided``: Σ over jobs of (fifo-binpack's choice at submission −
   what actually ran), from ``cloud.green.accounting``.
 """
@@ -56,6 +57,9 @@ class PolicyResult:
     deadline_misses: int
     slo_violations: int
     utilisation: float
+    # The same, each allocation weighted by how busy its work keeps it (training at the
+    # energy model's utilisation, a replica at its load): what GPU telemetry averages.
+    busy_utilisation: float = 0.0
     currency: str = "USD"
     jobs: int = 0
     unfinished_jobs: int = 0
@@ -63,6 +67,8 @@ class PolicyResult:
     deferred_jobs: int = 0
     migrations: int = 0  # running jobs moved to cleaner capacity
     migrated_jobs: int = 0
+    # Training runs stopped to make room, by the scheduler's reason (priority, reclaim, quota).
+    preemptions: dict[str, int] = field(default_factory=dict)
     deferral_wait_mean_s: float = 0.0  # mean wait of the jobs shifting deferred
     wait_mean_inflexible_s: float = 0.0
     # Waiting for capacity only: the waits less the time temporal shifting held jobs back.
@@ -125,6 +131,14 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
 
+def _summed(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    result: dict[str, int] = {}
+    for count in counts:
+        for key, value in count.items():
+            result[key] = result.get(key, 0) + value
+    return dict(sorted(result.items()))
+
+
 def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if values else 0.0
 
@@ -168,11 +182,13 @@ def evaluate(
     )
 
     gpus = sum(pool.count for node in outcome.nodes for pool in node.pools if pool.kind == "gpu")
-    gpu_seconds = sum(
-        _clip(a.usage, start, end) * a.usage.accelerators
-        for a in accounts
-        if a.usage.accelerator_kind == "gpu"
+    gpu_accounts = [a for a in accounts if a.usage.accelerator_kind == "gpu"]
+    gpu_seconds = sum(_clip(a.usage, start, end) * a.usage.accelerators for a in gpu_accounts)
+    busy_gpu_seconds = sum(
+        _clip(a.usage, start, end) * a.usage.accelerators * a.usage.utilisation
+        for a in gpu_accounts
     )
+    fleet_gpu_seconds = gpus * (end - start)
     by_zone: dict[str, float] = {}
     for item in training:
         hours = (item.usage.end_s - item.usage.start_s) / HOUR_S * item.usage.accelerators
@@ -187,7 +203,8 @@ def evaluate(
         wait_p95_s=_percentile(waits, 95),
         deadline_misses=sum(record.missed for record in outcome.jobs.values()),
         slo_violations=outcome.slo_violations,
-        utilisation=gpu_seconds / (gpus * (end - start)) if gpus and end > start else 0.0,
+        utilisation=gpu_seconds / fleet_gpu_seconds if fleet_gpu_seconds > 0 else 0.0,
+        busy_utilisation=busy_gpu_seconds / fleet_gpu_seconds if fleet_gpu_seconds > 0 else 0.0,
         jobs=len(outcome.jobs),
         unfinished_jobs=sum(r.finish_s is None for r in outcome.jobs.values()),
         flexible_jobs=sum(
@@ -196,6 +213,7 @@ def evaluate(
         deferred_jobs=len(deferred_waits),
         migrations=sum(r.migrations for r in outcome.jobs.values()),
         migrated_jobs=sum(r.migrations > 0 for r in outcome.jobs.values()),
+        preemptions=_summed(r.preemptions for r in outcome.jobs.values()),
         deferral_wait_mean_s=_mean(deferred_waits),
         wait_mean_inflexible_s=_mean(inflexible),
         queue_wait_mean_s=_mean(queue_waits),

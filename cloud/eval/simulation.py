@@ -127,6 +127,7 @@ class JobRecord:
     left_s: float = 0.0  # reference seconds of work left when the current run started
     run: RunningJob | None = None  # the current run
     migrations: int = 0
+    preemptions: dict[str, int] = field(default_factory=dict)  # by reason, once per stop
 
     @property
     def missed(self) -> bool:
@@ -186,6 +187,7 @@ class Simulation:
         self._base_nodes = {node.node_id: node for node in nodes}
         self._zones = sorted({node.zone for node in nodes})
         self._workload = workload
+        self._tenants = tuple(spec.to_tenant() for spec in workload.tenants)
         self._provider = provider
         self._latency = latency
         self._events: list[tuple[float, int, int, str]] = []
@@ -395,6 +397,7 @@ class Simulation:
             nodes=list(self._node_view.values()),
             allocations=list(self.running.values()),
             queue=list(queue),
+            tenants=self._tenants,
         )
 
     def _signals(self) -> GridSignals:
@@ -490,7 +493,12 @@ class Simulation:
             busy[key] = busy.get(key, 0) + allocation.accelerators
         for node_id in {placement.node_id for placement in plan.placements}:
             views[node_id] = self._view_of(node_id, busy)
-        return Snapshot.build(now=self.now, nodes=list(views.values()), allocations=allocations)
+        return Snapshot.build(
+            now=self.now,
+            nodes=list(views.values()),
+            allocations=allocations,
+            tenants=self._tenants,
+        )
 
     def _stop_run(self, work_id: str) -> None:
         """Stop a running gang; its progress up to the newest checkpoint is kept."""
@@ -514,6 +522,9 @@ class Simulation:
         for preemption in plan.preemptions:
             victim = self.running.get(preemption.allocation_id)
             if victim is not None:
+                if victim.work_kind == "training":
+                    counts = self.jobs[victim.work_id].preemptions
+                    counts[preemption.reason] = counts.get(preemption.reason, 0) + 1
                 self._preempt(victim)
         by_work: dict[str, list[Placement]] = {}
         for placement in plan.placements:

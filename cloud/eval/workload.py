@@ -34,7 +34,15 @@ reference_ms_per_request = 0.5      # compute per request on an A100
 peak_requests_per_s = 60.0          # all origins at their daily peak
 priority = "p0"                     # default p0
 traffic = [{ region = "us-west2", share = 1.0, utc_offset_hours = -8.0 }]
+
+[[tenants]]                         # optional: quotas, as `greenfed tenants create` sets them
+name = "vision"
+quotas = { gpu = 8 }                # nominal accelerators per kind (a kind not named: 0)
+cohort = "research"                 # optional: tenants of a cohort lend idle quota
+borrowing_limit = { gpu = 4 }       # optional: at most this many borrowed, per kind
 ```
+
+Tenants without a ``[[tenants]]`` entry are unmanaged: no quota applies to them.
 
 Traffic follows a daily profile in each origin's local time,
 ``profile(h) = 0.25 + 0.75 · (1 − cos(2π (h − 4) / 24)) / 2``: a quarter of the
@@ -53,7 +61,7 @@ from typing import Annotated
 
 import msgspec
 
-from cloud.scheduler import InferenceDeployment, Toleration, TrainingJob
+from cloud.scheduler import InferenceDeployment, Tenant, Toleration, TrainingJob
 from cloud.work.specs import AutoscaleSpec
 from shared.messages import AcceleratorKind, Site
 from shared.settings import ConfigError
@@ -110,10 +118,31 @@ class InferenceSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     autoscale: AutoscaleSpec | None = None
 
 
+Quotas = dict[AcceleratorKind, Annotated[int, msgspec.Meta(ge=0)]]
+
+
+class TenantSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A tenant's quotas, with the field names of the REST API's tenant."""
+
+    name: str
+    quotas: Quotas = {}
+    cohort: str | None = None
+    borrowing_limit: Quotas = {}
+
+    def to_tenant(self) -> Tenant:
+        return Tenant(
+            name=self.name,
+            cohort=self.cohort,
+            nominal=self.quotas,
+            borrowing_limit=self.borrowing_limit,
+        )
+
+
 class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     seed: int | None = None
     training: tuple[TrainingSpec, ...] = ()
     inference: tuple[InferenceSpec, ...] = ()
+    tenants: tuple[TenantSpec, ...] = ()
 
 
 def traffic_profile(local_hour: float) -> float:
@@ -222,6 +251,11 @@ def check_workload(workload: Workload, source: str) -> Workload:
                 deployment(spec, 0.0)
         except ValueError as error:
             raise ConfigError(f"{source}: {where}: {error}") from None
+    names: set[str] = set()
+    for i, tenant in enumerate(workload.tenants):
+        if tenant.name in names:
+            raise ConfigError(f"{source}: tenants[{i}].name: duplicate tenant {tenant.name!r}")
+        names.add(tenant.name)
     return workload
 
 

@@ -4,12 +4,19 @@ diurnal load within their bounds, and training fills the capacity inference leav
 from __future__ import annotations
 
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 from cloud.eval.fleet import load_fleet_nodes
 from cloud.eval.metrics import recorded_signals
 from cloud.eval.runner import EvalOptions, Scenario, run_eval
-from cloud.eval.workload import InferenceSpec, TrafficSource, TrainingSpec, Workload
+from cloud.eval.workload import (
+    InferenceSpec,
+    TenantSpec,
+    TrafficSource,
+    TrainingSpec,
+    Workload,
+)
 from cloud.signals.trace import TraceProvider
 from cloud.work.specs import AutoscaleSpec
 
@@ -26,7 +33,15 @@ taints = ["dedicated=inference:NoSchedule"]
 """
 
 
-def run(tmp_path: Path, *, autoscale: bool) -> tuple[object, object]:
+def run(
+    tmp_path: Path,
+    *,
+    autoscale: bool,
+    tenants: tuple[TenantSpec, ...] = (),
+    team: str = "bank",
+    days: float = 1.0,
+    duration_s: float = 3600.0,
+) -> tuple[object, object]:
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET)
     inference = InferenceSpec(
@@ -45,15 +60,15 @@ def run(tmp_path: Path, *, autoscale: bool) -> tuple[object, object]:
         else None,
     )
     nightly = TrainingSpec(
-        id="nightly", tenant="bank", submit_offset_s=19 * 3600.0, duration_s=3600.0,
+        id="nightly", tenant=team, submit_offset_s=19 * 3600.0, duration_s=duration_s,
         workers=4, gpus_per_worker=1, priority="p2", checkpoint_interval_s=600.0,
         tolerations=("dedicated",),
     )  # fmt: skip
-    options = EvalOptions(start=date(2023, 6, 5), days=1.0, policies=("green",), fleet=fleet)
+    options = EvalOptions(start=date(2023, 6, 5), days=days, policies=("green",), fleet=fleet)
     provider = TraceProvider(None)
     scenario = Scenario(
         tuple(load_fleet_nodes(fleet)),
-        Workload(training=(nightly,), inference=(inference,)),
+        Workload(training=(nightly,), inference=(inference,), tenants=tenants),
         provider,
         recorded_signals(provider, ("DE",)),
     )
@@ -88,3 +103,25 @@ def test_peak_provisioning_leaves_no_room_for_the_nightly_job(tmp_path: Path) ->
     assert outcome.jobs["nightly"].first_start_s is None  # type: ignore[attr-defined]
     assert static.unfinished_jobs == 1  # type: ignore[attr-defined]
     assert tidal.unfinished_jobs == 0  # type: ignore[attr-defined]
+
+
+def test_quotas_apply_and_the_owner_reclaims_what_was_borrowed(tmp_path: Path) -> None:
+    # The inference's tenant owns the whole pool; the training team owns none of it and
+    # borrows it at night. 12 h on an H100 from 20:00 local meets the morning growth.
+    owner = TenantSpec(name="bank", quotas={"gpu": 6}, cohort="c")
+    cohort = (owner, TenantSpec(name="research", quotas={"gpu": 0}, cohort="c"))
+    long = partial(run, tmp_path, autoscale=True, team="research", days=2.0, duration_s=30 * 3600.0)
+    result, outcome = long(tenants=cohort)
+    assert result.slo_violations == 0  # type: ignore[attr-defined]
+    job = outcome.jobs["nightly"]  # type: ignore[attr-defined]
+    assert job.finish_s is not None
+    assert result.preemptions.get("reclaim", 0) >= 1  # type: ignore[attr-defined]
+    # Unmanaged, the same growth preempts it for priority instead.
+    result, _ = long()
+    assert "reclaim" not in result.preemptions  # type: ignore[attr-defined]
+    assert result.preemptions.get("priority", 0) >= 1  # type: ignore[attr-defined]
+    # Alone, with no cohort to borrow from, a tenant without quota never starts.
+    alone = (owner, TenantSpec(name="research", quotas={"gpu": 0}))
+    result, outcome = run(tmp_path, autoscale=True, tenants=alone, team="research")
+    assert outcome.jobs["nightly"].first_start_s is None  # type: ignore[attr-defined]
+    assert result.unfinished_jobs == 1  # type: ignore[attr-defined]

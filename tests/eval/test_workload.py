@@ -119,3 +119,32 @@ def test_arrivals_follow_the_working_day_and_week() -> None:
     assert arrival_factor(monday + 15 * 3600) == 1.5
     assert arrival_factor(monday + 3 * 3600) == 0.5
     assert math.isclose(arrival_factor(monday - 86400 + 15 * 3600), 0.9)  # Sunday
+
+
+def test_tenants_carry_quotas_and_bad_ones_are_named(tmp_path: Path) -> None:
+    tenants = """
+[[tenants]]
+name = "vision"
+quotas = { gpu = 8 }
+cohort = "research"
+borrowing_limit = { gpu = 4 }
+
+[[tenants]]
+name = "speech"
+"""
+    workload = load_workload(write(tmp_path, SMALL_WORKLOAD + tenants))
+    vision, speech = (spec.to_tenant() for spec in workload.tenants)
+    assert vision.nominal == {"gpu": 8}
+    assert vision.borrowing_limit == {"gpu": 4}
+    assert vision.cohort == "research"
+    assert speech.nominal == {}
+    assert speech.cohort is None
+    duplicate = tenants.replace('"speech"', '"vision"')
+    with pytest.raises(ConfigError, match=r"tenants\[1\]\.name: duplicate tenant 'vision'"):
+        load_workload(write(tmp_path, SMALL_WORKLOAD + duplicate))
+    negative = tenants.replace("gpu = 8", "gpu = -1")
+    with pytest.raises(ConfigError, match=r"\$\.tenants\[0\]\.quotas"):
+        load_workload(write(tmp_path, SMALL_WORKLOAD + negative))
+    unknown_kind = tenants.replace("gpu = 8", "tpu = 8")
+    with pytest.raises(ConfigError, match=r"\$\.tenants\[0\]\.quotas"):
+        load_workload(write(tmp_path, SMALL_WORKLOAD + unknown_kind))
