@@ -40,6 +40,9 @@ async def run_agent(settings: Settings, stop: asyncio.Event) -> int:
             max_queue=settings.agent.inference_queue_limit,
         ),
         control_plane_public_key=settings.agent.control_plane_public_key,
+        state_dir=settings.agent.resolved_data_dir() / "state",
+        outbox_max_bytes=settings.agent.outbox_max_bytes,
+        outbox_max_age_s=settings.agent.outbox_max_age_s,
     )
     structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
     await run_until_stopped(stop, agent.run())

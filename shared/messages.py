@@ -372,7 +372,7 @@ class NodeEvent(WireStruct, frozen=True, kw_only=True):
 
 
 class JobLogChunk(WireStruct, frozen=True, kw_only=True):
-    """`logs` (QoS 0, not retained; schema 1.1): new output of one training worker."""
+    """`logs` (QoS 1, not retained; schema 1.1): new output of one training worker."""
 
     schema_version: SchemaVersion = SCHEMA_VERSION
     node_id: NodeId

@@ -111,6 +111,10 @@ class MqttSettings(Section, frozen=True, kw_only=True):
             raise FieldError("reconnect_max_s", "must be >= reconnect_initial_s")
 
 
+OUTBOX_MAX_BYTES = 64 * 1024 * 1024
+OUTBOX_MAX_AGE_S = 7 * 86_400.0
+
+
 class AgentSettings(Section, frozen=True, kw_only=True):
     node_id: str = ""  # empty: the host name
     site: Site = "edge"
@@ -140,6 +144,11 @@ class AgentSettings(Section, frozen=True, kw_only=True):
     # `greenfed edge enrol`: every `desired` document must carry its valid signature.
     # Empty: no document is trusted and none is applied (edge/agent/desired.py).
     control_plane_public_key: str = ""
+    # Events and job-log chunks waiting for the broker (edge/agent/outbox.py), kept on
+    # disk under data_dir/state/outbox: past this many bytes the oldest are dropped,
+    # and one older than this when its turn comes is dropped unsent (both counted).
+    outbox_max_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = OUTBOX_MAX_BYTES
+    outbox_max_age_s: Annotated[float, msgspec.Meta(gt=0)] = OUTBOX_MAX_AGE_S
 
     def __post_init__(self) -> None:
         if self.node_id and not is_valid_node_id(self.node_id):

@@ -41,7 +41,8 @@ CHANNEL_SPECS: dict[Channel, ChannelSpec] = {
     Channel.DESIRED: ChannelSpec(qos=1, retained=True, direction="cloud to agent"),
     Channel.REPORTED: ChannelSpec(qos=1, retained=True, direction="agent to cloud"),
     Channel.EVENTS: ChannelSpec(qos=1, retained=False, direction="agent to cloud"),
-    Channel.LOGS: ChannelSpec(qos=0, retained=False, direction="agent to cloud"),
+    # QoS 1 (was 0): spooled chunks are resent until acknowledged, deduplicated by offset.
+    Channel.LOGS: ChannelSpec(qos=1, retained=False, direction="agent to cloud"),
 }
 
 

@@ -46,7 +46,12 @@ class AgentCounters:
     # Unsigned, forged, malformed or misaddressed documents, and any while no public
     # key is configured: none of them applied (edge/agent/desired.py).
     desired_rejected: int = 0
-    events_dropped: int = 0
+    desired_restored: int = 0  # applied from the state directory at start
+    # Events and log chunks (edge/agent/outbox.py): published, dropped to stay within
+    # agent.outbox_max_bytes, or older than agent.outbox_max_age_s when their turn came.
+    outbox_sent: int = 0
+    outbox_dropped: int = 0
+    outbox_expired: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiomqtt
@@ -23,6 +24,8 @@ from edge.agent.context import AgentContext, AgentCounters, NodeIdentity
 from edge.agent.module import GOODBYE_TIMEOUT_S, AgentModule
 from edge.agent.modules import AgentModules, build_agent_modules
 from edge.agent.outbox import Outbox
+from edge.agent.spool import DiskSpool, MemorySpool, Spool
+from edge.agent.state_files import AgentStateFiles
 from edge.discovery import DiscoveryResult, discover_all
 from edge.inference.options import InferenceOptions
 from edge.probes import DeviceProbes
@@ -32,7 +35,7 @@ from shared import __version__
 from shared.desired_signature import PublicKeyError, load_public_key
 from shared.messages import EventKind
 from shared.mqtt import MqttSession
-from shared.settings import ConfigError, MqttSettings
+from shared.settings import OUTBOX_MAX_AGE_S, OUTBOX_MAX_BYTES, ConfigError, MqttSettings
 from shared.topics import Topics
 
 if TYPE_CHECKING:
@@ -64,10 +67,15 @@ class Agent:
         training_launcher: TrainingLauncher | None = None,
         inference: InferenceOptions | None = None,
         control_plane_public_key: str = "",
+        state_dir: Path | None = None,
+        outbox_max_bytes: int = OUTBOX_MAX_BYTES,
+        outbox_max_age_s: float = OUTBOX_MAX_AGE_S,
     ) -> None:
         """`training_launcher` None: this node runs no training (edge devices);
         `control_plane_public_key`: base64 of the key `desired` documents must be signed
-        with (`agent.control_plane_public_key`); empty: none is applied."""
+        with (`agent.control_plane_public_key`); empty: none is applied; `state_dir`:
+        where the applied desired state, the reported state and the outbox are kept
+        (edge/agent/state_files.py); None: in memory only, nothing survives a restart."""
         self.identity = identity
         self._probes = probes
         self._mqtt_settings = mqtt_settings
@@ -85,7 +93,21 @@ class Agent:
             wall_clock=wall_clock,
             log=structlog.get_logger("greenfed.agent").bind(node_id=identity.node_id),
         )
-        self._outbox = Outbox(self._context)
+        self._state = AgentStateFiles(state_dir) if state_dir is not None else None
+        spool: Spool
+        if self._state is not None:
+            spool = DiskSpool(
+                self._state.outbox_dir,
+                max_bytes=outbox_max_bytes,
+                max_age_s=outbox_max_age_s,
+                clock=wall_clock,
+            )
+        else:
+            spool = MemorySpool(
+                max_bytes=outbox_max_bytes, max_age_s=outbox_max_age_s, clock=wall_clock
+            )
+        self._spool = spool
+        self._outbox = Outbox(self._context, spool)
         self._modules: AgentModules | None = None  # built once discovery is done
         self.discovery: DiscoveryResult | None = None
         self.session: MqttSession | None = None
@@ -149,6 +171,7 @@ class Agent:
             started_at=started_at,
             announced=self.announced,
             control_plane_public_key=self._control_plane_public_key,
+            state=self._state,
         )
         self._modules = modules
         self.session = MqttSession(
@@ -164,6 +187,8 @@ class Agent:
                 try:
                     for module in ordered:
                         await module.start(work)
+                    # What this node ran before it stopped, without waiting for the broker.
+                    await modules.desired.restore()
                     await self.session.run(self._connected)
                 except asyncio.CancelledError:
                     for module in reversed(ordered):
@@ -175,6 +200,7 @@ class Agent:
                 raise group.exceptions[0] from None
             raise
         finally:
+            self._spool.close()
             await asyncio.to_thread(self._close_probes)
 
     def _close_probes(self) -> None:

@@ -16,6 +16,13 @@ This is the agent's boundary with whoever can publish on the broker. In order:
    applied is adopted with its generation sequence, however low, so a control plane
    whose store was reset is not locked out. An older cluster's document (a stale
    retained one, a replay) is ignored.
+
+An applied document is kept, as it arrived, in the agent's state directory
+(edge/agent/state_files.py). An agent that starts applies it from there (`restore`,
+through the same checks: signature with today's key, addressee) before it connects,
+so its deployments serve again without the broker; the retained document the broker
+sends on connecting then reconciles by generation: the same generation changes
+nothing, a newer one applies the changes only.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from edge.agent.inference_server import InferenceServer
 from edge.agent.module import AgentModule
 from edge.agent.outbox import Outbox
 from edge.agent.reported import ReportedStatePublisher
+from edge.agent.state_files import AgentStateFiles
 from edge.training.reconcile import TrainingReconciler
 from shared.desired_signature import DesiredSignatureError, verify_desired
 from shared.logs import RateLimitedLog
@@ -55,8 +63,10 @@ class DesiredStateApplier(AgentModule):
         outbox: Outbox,
         *,
         public_key: Ed25519PublicKey | None,
+        state: AgentStateFiles | None = None,
     ) -> None:
-        """`public_key` None: the node is not enrolled and applies nothing."""
+        """`public_key` None: the node is not enrolled and applies nothing; `state`: where
+        the applied document is kept (None: nowhere, nothing is restored)."""
         self._context = context
         self._training = training
         self._inference = inference
@@ -68,6 +78,8 @@ class DesiredStateApplier(AgentModule):
         # When the applied document was issued: a document of another cluster is adopted
         # only if it is newer.
         self._applied_issued_at: float | None = None
+        self._state = state
+        self._saved: bytes | None = None  # the document on disk, as written
 
     async def on_connect(self, client: aiomqtt.Client) -> None:
         if self._public_key is None and not self._said_not_enrolled:
@@ -92,25 +104,55 @@ class DesiredStateApplier(AgentModule):
             except DesiredSignatureError as error:
                 self._reject(error.reason, str(error))
                 continue
-            await self._apply(client, desired)
+            await self._apply(client, desired, payload)
 
     def _reject(self, reason: str, detail: str) -> None:
         self._context.counters.desired_rejected += 1
         if self._rejections.warning(reason, "desired state rejected", reason=detail):
             self._outbox.raise_event("desired-rejected", detail=detail)
 
-    async def _apply(self, client: aiomqtt.Client, desired: DesiredState) -> None:
-        counters = self._context.counters
-        counters.desired_received += 1
+    async def restore(self) -> bool:
+        """Apply the document kept on disk, if any and still valid; before connecting."""
+        if self._state is None or self._public_key is None:
+            return False
+        payload = self._state.load_desired()
+        if not payload:
+            return False
+        try:
+            desired = verify_desired(payload, self._public_key)
+        except DesiredSignatureError as error:
+            # Say, the node was enrolled again with another key: wait for the broker's.
+            self._reject(error.reason, f"the desired state kept on disk: {error}")
+            return False
+        self._saved = payload
+        if not await self._adopt(desired, payload):
+            return False
+        self._context.counters.desired_restored += 1
+        self._context.log.info(
+            "desired state restored from disk",
+            cluster_id=desired.cluster_id,
+            generation=desired.generation,
+            deployments=len(desired.deployments),
+            training=len(desired.training),
+        )
+        return True
+
+    async def _apply(self, client: aiomqtt.Client, desired: DesiredState, payload: bytes) -> None:
+        self._context.counters.desired_received += 1
+        if await self._adopt(desired, payload):
+            await self._reported.publish(client)
+
+    async def _adopt(self, desired: DesiredState, payload: bytes) -> bool:
+        """Apply `desired` unless it is misaddressed or older than what was applied."""
         if desired.node_id != self._context.identity.node_id:
             self._reject("addressee", f"addressed to {desired.node_id}")
-            return
+            return False
         reported = self._reported
         if desired.cluster_id == reported.observed_cluster_id:
             if desired.generation < reported.observed_generation:
-                return  # an older document arriving late; the newer one already applied
+                return False  # an older document arriving late; the newer one already applied
         elif self._applied_issued_at is not None and desired.issued_at <= self._applied_issued_at:
-            return  # an older cluster's document: retained from before a store reset
+            return False  # an older cluster's document: retained from before a store reset
         else:
             if reported.observed_cluster_id is not None:
                 self._context.log.info(
@@ -124,4 +166,7 @@ class DesiredStateApplier(AgentModule):
         self._applied_issued_at = desired.issued_at
         self._training.apply(desired.training)
         await self._inference.apply(desired.deployments)
-        await reported.publish(client)
+        if self._state is not None and payload != self._saved:
+            await self._state.save_desired(payload)
+            self._saved = payload
+        return True

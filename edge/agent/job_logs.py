@@ -1,17 +1,17 @@
-"""Where training workers' output is shipped on the `logs` channel: one chunk per
-worker at most once a second (a chunk is bounded by the output buffer)."""
+"""Where training workers' output is handed to the outbox as `logs` chunks: one chunk
+per worker at most once a second (a chunk is bounded by the output buffer). This runs
+for the agent's lifetime, connected or not: the outbox spools the chunks until the
+broker has them."""
 
 from __future__ import annotations
 
 import asyncio
 
-import aiomqtt
-
 from edge.agent.context import AgentContext
 from edge.agent.module import AgentModule
+from edge.agent.outbox import Outbox
 from edge.training.reconcile import TrainingReconciler
-from shared.messages import JobLogChunk, encode
-from shared.topics import Channel
+from shared.messages import JobLogChunk
 
 LOG_SHIP_INTERVAL_S = 1.0
 
@@ -24,13 +24,18 @@ class JobLogShipper(AgentModule):
         context: AgentContext,
         reconciler: TrainingReconciler,
         output_waiting: asyncio.Event,
+        outbox: Outbox,
     ) -> None:
         """`output_waiting` is set by the reconciler when a worker wrote something."""
         self._context = context
         self._reconciler = reconciler
         self._output_waiting = output_waiting
+        self._outbox = outbox
 
-    async def run(self, client: aiomqtt.Client) -> None:
+    async def start(self, work: asyncio.TaskGroup) -> None:
+        work.create_task(self._ship_forever(), name="job-logs")
+
+    async def _ship_forever(self) -> None:
         context = self._context
         while True:
             await self._output_waiting.wait()
@@ -40,16 +45,17 @@ class JobLogShipper(AgentModule):
                 if chunk is None:
                     continue
                 offset, data, dropped = chunk
-                message = JobLogChunk(
-                    node_id=context.identity.node_id,
-                    job_id=run.status.job_id,
-                    attempt=run.status.attempt,
-                    offset=offset,
-                    text=data.decode("utf-8", errors="replace"),
-                    dropped_bytes=dropped,
-                    sent_at=context.wall_clock(),
+                self._outbox.ship_log(
+                    JobLogChunk(
+                        node_id=context.identity.node_id,
+                        job_id=run.status.job_id,
+                        attempt=run.status.attempt,
+                        offset=offset,
+                        text=data.decode("utf-8", errors="replace"),
+                        dropped_bytes=dropped,
+                        sent_at=context.wall_clock(),
+                    )
                 )
-                await context.publish(client, Channel.LOGS, encode(message))
                 if run.output.pending_bytes:
                     self._output_waiting.set()
             await asyncio.sleep(LOG_SHIP_INTERVAL_S)

@@ -23,6 +23,7 @@ from edge.agent.job_logs import JobLogShipper
 from edge.agent.module import AgentModule
 from edge.agent.outbox import Outbox
 from edge.agent.reported import ReportedStatePublisher
+from edge.agent.state_files import AgentStateFiles
 from edge.agent.telemetry import TelemetrySampler
 from edge.agent.training_workers import TrainingWorkers
 from edge.discovery import DiscoveryResult
@@ -71,8 +72,10 @@ def build_agent_modules(
     started_at: float,
     announced: asyncio.Event,
     control_plane_public_key: Ed25519PublicKey | None,
+    state: AgentStateFiles | None,
 ) -> AgentModules:
-    """`outbox` is built before discovery (discovery raises events); the rest need it."""
+    """`outbox` is built before discovery (discovery raises events); the rest need it.
+    `state` None: nothing is kept on disk (simulated fleets, tests)."""
     reported_changed = asyncio.Event()
     output_waiting = asyncio.Event()
     reconciler = TrainingReconciler(
@@ -85,7 +88,7 @@ def build_agent_modules(
     inference = InferenceServer(
         context, inference_options, discovery.accelerators, on_change=reported_changed.set
     )
-    reported = ReportedStatePublisher(context, reconciler, inference, reported_changed)
+    reported = ReportedStatePublisher(context, reconciler, inference, reported_changed, state)
     return AgentModules(
         birth=Birth(
             context,
@@ -96,7 +99,13 @@ def build_agent_modules(
             runs_training=training_launcher is not None,
         ),
         desired=DesiredStateApplier(
-            context, reconciler, inference, reported, outbox, public_key=control_plane_public_key
+            context,
+            reconciler,
+            inference,
+            reported,
+            outbox,
+            public_key=control_plane_public_key,
+            state=state,
         ),
         reported=reported,
         inference=inference,
@@ -111,6 +120,6 @@ def build_agent_modules(
             rng=rng,
             max_payload_bytes=max_payload_bytes,
         ),
-        job_logs=JobLogShipper(context, reconciler, output_waiting),
+        job_logs=JobLogShipper(context, reconciler, output_waiting, outbox),
         outbox=outbox,
     )

@@ -1,49 +1,59 @@
-"""Where events are queued (the outbox) until the broker has them.
+"""Where events and job-log chunks wait (the outbox) until the broker has them.
 
-`raise_event` may be called at any time, connected or not. Events raised while
-the broker is unreachable wait here, oldest dropped first when it is full, and
-are published once connected. Held in memory for now; a disk outbox replaces
-the deque without changing this interface.
+`raise_event` and `ship_log` may be called at any time, connected or not. Each
+message is spooled first (edge/agent/spool.py: on disk under the agent's state
+directory, else in memory), then published in the order spooled, and leaves the
+spool only once the broker has acknowledged it (QoS 1). Messages wait out an outage
+or an agent restart; past the spool's bounds (`agent.outbox_max_bytes`,
+`agent.outbox_max_age_s`) the oldest are dropped and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import deque
 
 import aiomqtt
 
 from edge.agent.context import AgentContext
 from edge.agent.module import AgentModule
-from shared.messages import EventKind, NodeEvent, encode
+from edge.agent.spool import Spool
+from shared.messages import EventKind, JobLogChunk, NodeEvent, encode
 from shared.topics import Channel
-
-EVENT_OUTBOX_CAPACITY = 1000
 
 
 class Outbox(AgentModule):
     name = "outbox"
 
-    def __init__(self, context: AgentContext) -> None:
+    def __init__(self, context: AgentContext, spool: Spool) -> None:
         self._context = context
-        self._events: deque[NodeEvent] = deque(maxlen=EVENT_OUTBOX_CAPACITY)
+        self._spool = spool
         self._filled = asyncio.Event()
+        self._filled.set()  # whatever a previous run left in the spool goes first
+        self._said_goodbye = False
 
     def raise_event(self, kind: EventKind, subject: str | None = None, detail: str = "") -> None:
-        """Queue an event; it is published now if connected, else on the next connect."""
-        if len(self._events) == self._events.maxlen:
-            self._context.counters.events_dropped += 1
-        self._events.append(
-            NodeEvent(
-                node_id=self._context.identity.node_id,
-                event_id=uuid.uuid4().hex,
-                kind=kind,
-                subject=subject,
-                detail=detail,
-                occurred_at=self._context.wall_clock(),
-            )
+        """Queue an event; it is published now if connected, else once connected."""
+        event = NodeEvent(
+            node_id=self._context.identity.node_id,
+            event_id=uuid.uuid4().hex,
+            kind=kind,
+            subject=subject,
+            detail=detail,
+            occurred_at=self._context.wall_clock(),
         )
+        self._append(Channel.EVENTS, encode(event))
+
+    def ship_log(self, chunk: JobLogChunk) -> None:
+        self._append(Channel.LOGS, encode(chunk))
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._spool.pending_bytes
+
+    def _append(self, channel: Channel, payload: bytes) -> None:
+        self._spool.append(channel, payload)
+        self._context.counters.outbox_dropped = self._spool.dropped
         self._filled.set()
 
     async def run(self, client: aiomqtt.Client) -> None:
@@ -53,11 +63,23 @@ class Outbox(AgentModule):
             await self._flush(client)
 
     async def goodbye(self, client: aiomqtt.Client) -> None:
+        self._said_goodbye = True
         self.raise_event("agent-stopping")
         await self._flush(client)
 
+    async def stop(self) -> None:
+        if not self._said_goodbye:  # stopped while the broker was unreachable
+            self.raise_event("agent-stopping", detail="stopped while the broker was unreachable")
+        self._spool.save()
+
     async def _flush(self, client: aiomqtt.Client) -> None:
-        while self._events:
-            # Publish before removing: an event leaves the outbox only once the broker has it.
-            await self._context.publish(client, Channel.EVENTS, encode(self._events[0]))
-            self._events.popleft()
+        spool, counters = self._spool, self._context.counters
+        try:
+            while (record := spool.peek()) is not None:
+                # Publish before taking: a record leaves the spool once the broker has it.
+                await self._context.publish(client, record.channel, record.payload)
+                spool.take(record)
+                counters.outbox_sent += 1
+        finally:
+            spool.save()
+            counters.outbox_expired = spool.expired

@@ -12,6 +12,7 @@ import aiomqtt
 from edge.agent.context import AgentContext
 from edge.agent.inference_server import InferenceServer
 from edge.agent.module import AgentModule
+from edge.agent.state_files import AgentStateFiles
 from edge.training.reconcile import TrainingReconciler
 from shared.messages import ReportedState, encode
 from shared.topics import Channel
@@ -26,9 +27,12 @@ class ReportedStatePublisher(AgentModule):
         training: TrainingReconciler,
         inference: InferenceServer,
         changed: asyncio.Event,
+        state: AgentStateFiles | None = None,
     ) -> None:
-        """`changed` is set by whatever changed state (workers, replicas)."""
+        """`changed` is set by whatever changed state (workers, replicas); `state`: where
+        the last published state is kept on disk (None: nowhere)."""
         self._context = context
+        self._state = state
         self._training = training
         self._inference = inference
         self._changed = changed
@@ -48,18 +52,17 @@ class ReportedStatePublisher(AgentModule):
     async def publish(self, client: aiomqtt.Client) -> None:
         self._changed.clear()
         context = self._context
-        await context.publish(
-            client,
-            Channel.REPORTED,
-            encode(
-                ReportedState(
-                    node_id=context.identity.node_id,
-                    instance_id=context.instance_id,
-                    observed_generation=self.observed_generation,
-                    reported_at=context.wall_clock(),
-                    training=self._training.reported(),
-                    deployments=self._inference.reported(),
-                    cluster_id=self.observed_cluster_id,
-                )
-            ),
+        payload = encode(
+            ReportedState(
+                node_id=context.identity.node_id,
+                instance_id=context.instance_id,
+                observed_generation=self.observed_generation,
+                reported_at=context.wall_clock(),
+                training=self._training.reported(),
+                deployments=self._inference.reported(),
+                cluster_id=self.observed_cluster_id,
+            )
         )
+        await context.publish(client, Channel.REPORTED, payload)
+        if self._state is not None:
+            await self._state.save_reported(payload)

@@ -5,19 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import aiomqtt
-
 from cloud.fleet.registry import NodeRecord
 from edge.training.process import ProcessLauncher
 from shared.messages import DesiredState, DesiredTraining
-from shared.settings import parse_mqtt_url
-from shared.topics import Channel, Topics
 from tests.support.brokers import BrokerUnderTest
 from tests.support.fleet import (
     mqtt_settings,
+    publish_desired,
     running,
     running_ingestion,
-    signed,
     simulated_agent,
 )
 from tests.support.waiting import eventually
@@ -27,17 +23,6 @@ def training_states(record: NodeRecord | None) -> dict[tuple[str, int], str]:
     if record is None or record.reported is None:
         return {}
     return {(t.job_id, t.attempt): t.state for t in record.reported.training}
-
-
-async def publish_desired(url: str, topic_root: str, desired: DesiredState) -> None:
-    endpoint = parse_mqtt_url(url)
-    async with aiomqtt.Client(endpoint.host, endpoint.port) as controller:
-        await controller.publish(
-            Topics(topic_root).node(desired.node_id, Channel.DESIRED),
-            signed(desired),
-            qos=1,
-            retain=True,
-        )
 
 
 async def test_a_simulated_cloud_node_runs_a_gang_worker_to_success(

@@ -32,8 +32,9 @@ CONTRACT_TABLE: dict[str, tuple[int, bool, str]] = {
     "desired": (1, True, "cloud to agent"),
     "reported": (1, True, "agent to cloud"),
     "events": (1, False, "agent to cloud"),
-    # Added in schema 1.1 (docs/mqtt.md): training workers' output.
-    "logs": (0, False, "agent to cloud"),
+    # Added in schema 1.1 (docs/mqtt.md): training workers' output. QoS 1 (was 0) once
+    # agents spool chunks on disk and resend them until acknowledged.
+    "logs": (1, False, "agent to cloud"),
 }
 
 SAMPLE_PAYLOADS: dict[Channel, WireStruct] = {

@@ -54,6 +54,8 @@ class Fleet:
     agents: dict[str, Agent]
     launchers: dict[str, RecordingLauncher]
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    cache_root: Path | None = None  # models, per node: <cache_root>/<node id>
+    public_key: str = ""  # the control plane's, as the agents trust it
 
     async def stop_agent(self, node_id: str) -> None:
         # Cancelled again until it ends: on Python 3.11 a cancellation can be swallowed
@@ -75,10 +77,12 @@ async def fleet(
     cloud: CloudSettings | None = None,
     usage: UsageSettings | None = None,
     taints: Mapping[str, tuple[str, ...]] | None = None,
+    state_root: Path | None = None,
 ) -> AsyncIterator[Fleet]:
     """``cloud_zones``: (grid zone, region) of each cloud node in turn (default: all in
     DE, europe-west3). The agents trust the control plane's signing key, read (or made)
-    before it starts, as `greenfed up` does."""
+    before it starts, as `greenfed up` does. ``state_root``: each agent keeps its state
+    in ``state_root/<node id>`` (default: in memory)."""
     url, root = mosquitto_root
     settings = mqtt_settings(url, root)
     public_key = control_plane_public_key(database, cloud)
@@ -103,6 +107,7 @@ async def fleet(
                 inference or InferenceOptions(), cache_dir=cache_root / node_id
             ),
             control_plane_public_key=public_key,
+            state_dir=state_root / node_id if state_root is not None else None,
         )
     for index in range(edge_nodes):
         node_id = f"orin-{index}"
@@ -117,11 +122,12 @@ async def fleet(
             inference=options,
             control_plane_public_key=public_key,
             taints=(taints or {}).get(node_id, ()),
+            state_dir=state_root / node_id if state_root is not None else None,
         )
     async with running_api(
         database, mqtt=settings, scheduling=scheduling, cloud=cloud, usage=usage
     ) as api:
-        running = Fleet(api, agents, launchers)
+        running = Fleet(api, agents, launchers, cache_root=cache_root, public_key=public_key)
         for node_id, agent in agents.items():
             running.tasks[node_id] = asyncio.create_task(agent.run(), name=node_id)
         try:

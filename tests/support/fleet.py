@@ -12,7 +12,9 @@ import contextlib
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
+import aiomqtt
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -24,9 +26,9 @@ from edge.training.runs import TrainingLauncher
 from shared.desired_signature import public_key_base64, sign_desired
 from shared.messages import DesiredState, JobLogChunk, NodeEvent, Site
 from shared.mqtt import MqttSession
-from shared.settings import AgentSettings, MqttSettings
+from shared.settings import AgentSettings, MqttSettings, parse_mqtt_url
 from shared.tasks import stop_task
-from shared.topics import Topics
+from shared.topics import Channel, Topics
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
 from sim_devices.training import SimulatedLauncher
@@ -39,6 +41,18 @@ TEST_PUBLIC_KEY = public_key_base64(TEST_SIGNING_KEY)
 def signed(document: DesiredState, key: Ed25519PrivateKey = TEST_SIGNING_KEY) -> bytes:
     """The payload a control plane holding `key` would publish for `document`."""
     return sign_desired(document, key)
+
+
+async def publish_desired(url: str, topic_root: str, desired: DesiredState) -> None:
+    """Publish `desired`, signed with the test key, as the control plane would (retained)."""
+    endpoint = parse_mqtt_url(url)
+    async with aiomqtt.Client(endpoint.host, endpoint.port) as controller:
+        await controller.publish(
+            Topics(topic_root).node(desired.node_id, Channel.DESIRED),
+            signed(desired),
+            qos=1,
+            retain=True,
+        )
 
 
 def mqtt_settings(url: str, topic_root: str, **changes: object) -> MqttSettings:
@@ -63,9 +77,11 @@ def simulated_agent(
     inference: InferenceOptions | None = None,
     control_plane_public_key: str = TEST_PUBLIC_KEY,
     taints: tuple[str, ...] = (),
+    state_dir: Path | None = None,
 ) -> Agent:
     """A real agent on simulated hardware; `trains` gives it simulated training workers;
-    it applies `desired` documents signed with the key whose public half is given."""
+    it applies `desired` documents signed with the key whose public half is given;
+    `state_dir`: where it keeps its state (None: in memory only)."""
     node = SimulatedNode(node_id, get_profile(profile), random.Random(seed))
     if training_launcher is None and trains:
         training_launcher = SimulatedLauncher(node.accelerators)
@@ -87,6 +103,7 @@ def simulated_agent(
         training_launcher=training_launcher,
         inference=inference,
         control_plane_public_key=control_plane_public_key,
+        state_dir=state_dir,
     )
 
 

@@ -19,9 +19,24 @@ class TcpProxy:
     def url(self) -> str:
         return f"mqtt://127.0.0.1:{self.port}"
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+    async def start(self, port: int = 0) -> None:
+        """Listen on `port` (0: any free one; `port` says which)."""
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port or self.port)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    async def unplug(self) -> None:
+        """Cut every connection and stop listening: new connections are refused, as
+        when the broker's host is down (`refuse` instead accepts and drops them, which
+        a client notices only when its connect times out)."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        self.cut()
+
+    async def plug(self) -> None:
+        """Listen again on the same port."""
+        await self.start(self.port)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.refuse:

@@ -1,0 +1,280 @@
+"""Where the outbox keeps what the broker has not acknowledged yet: in order, bounded
+in bytes and in age, on disk when the agent has a state directory.
+
+`DiskSpool` is an append-only log of segment files (`<n>.seg`, at most
+`SEGMENT_BYTES` each) read from a cursor (`cursor`: segment number and byte offset,
+written atomically). A record is a header (payload length, channel code, the time it
+was spooled) and the payload. Appends are flushed to the file at once, so a crashed
+agent loses nothing it had spooled (a power cut may lose the last moments: records
+are not fsynced one by one). A half-written record at the end of the newest segment
+(the agent died mid-write) is cut off when the spool is opened.
+
+The cursor is saved every `CURSOR_SAVE_EVERY` records and when a flush ends, so an
+agent that dies between a publish and the save sends a few records again: every
+record is idempotent for the cloud (events by `event_id`, log chunks by offset).
+
+Bounds: past `max_bytes` the oldest records are dropped (whole segments on disk),
+and a record older than `max_age_s` when its turn comes is dropped unsent; both
+are counted (`dropped`, `expired`). `MemorySpool` keeps the same rules in memory
+for agents without a state directory (simulated fleets, tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from shared.topics import Channel
+
+SEGMENT_BYTES = 1 << 20
+CURSOR_SAVE_EVERY = 64
+_HEADER = struct.Struct("<IBd")  # payload bytes, channel code, spooled at (unix s)
+_CODES = {Channel.EVENTS: 1, Channel.LOGS: 2}
+_CHANNELS = {code: channel for channel, code in _CODES.items()}
+_SUFFIX = ".seg"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    channel: Channel
+    payload: bytes
+    spooled_at: float
+
+    @property
+    def size(self) -> int:
+        return _HEADER.size + len(self.payload)
+
+
+class Spool(Protocol):
+    dropped: int  # records dropped to stay within max_bytes
+    expired: int  # records older than max_age_s when their turn came
+
+    @property
+    def pending_bytes(self) -> int: ...
+
+    def append(self, channel: Channel, payload: bytes) -> None: ...
+
+    def peek(self) -> Record | None:
+        """The oldest record not yet taken, skipping (and counting) expired ones."""
+        ...
+
+    def take(self, record: Record) -> None:
+        """`record`, returned by `peek`, is acknowledged: move past it (unless appends
+        dropped it meanwhile, to stay within bounds)."""
+        ...
+
+    def save(self) -> None:
+        """Make what was taken durable (the disk spool's cursor)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MemorySpool:
+    def __init__(self, *, max_bytes: int, max_age_s: float, clock: Callable[[], float]) -> None:
+        self._records: deque[Record] = deque()
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self.dropped = 0
+        self.expired = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._bytes
+
+    def append(self, channel: Channel, payload: bytes) -> None:
+        record = Record(channel, payload, self._clock())
+        self._records.append(record)
+        self._bytes += record.size
+        while self._bytes > self._max_bytes and len(self._records) > 1:
+            self._bytes -= self._records.popleft().size
+            self.dropped += 1
+
+    def peek(self) -> Record | None:
+        oldest_s = self._clock() - self._max_age_s
+        while self._records and self._records[0].spooled_at < oldest_s:
+            self._bytes -= self._records.popleft().size
+            self.expired += 1
+        return self._records[0] if self._records else None
+
+    def take(self, record: Record) -> None:
+        if self._records and self._records[0] is record:
+            self._bytes -= self._records.popleft().size
+
+    def save(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class DiskSpool:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int,
+        max_age_s: float,
+        clock: Callable[[], float],
+        segment_bytes: int = SEGMENT_BYTES,
+    ) -> None:
+        self._directory = directory
+        self._max_bytes = max_bytes
+        self._max_age_s = max_age_s
+        self._clock = clock
+        # Bytes are bounded by dropping whole segments: keep several within the bound.
+        self._segment_bytes = max(4096, min(segment_bytes, max_bytes // 4))
+        self.dropped = 0
+        self.expired = 0
+        directory.mkdir(parents=True, exist_ok=True)
+        segments = sorted(
+            int(path.stem) for path in directory.glob(f"*{_SUFFIX}") if path.stem.isdigit()
+        )
+        self._sizes: dict[int, int] = {n: self._path(n).stat().st_size for n in segments}
+        if segments:
+            self._sizes[segments[-1]] = self._cut_partial(segments[-1])
+        read_segment, read_offset = self._load_cursor()
+        if segments and read_segment < segments[0]:
+            read_segment, read_offset = segments[0], 0  # its segment was dropped
+        self._read_segment = read_segment if segments else 0
+        self._read_offset = read_offset if segments else 0
+        self._write_segment = segments[-1] if segments else 0
+        self._sizes.setdefault(self._write_segment, 0)
+        self._writer = open(self._path(self._write_segment), "ab")  # noqa: SIM115 - kept open
+        self._peeked: Record | None = None
+        self._taken_since_save = 0
+
+    # -- appending -----------------------------------------------------------------
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(self._sizes.values()) - self._read_offset
+
+    def append(self, channel: Channel, payload: bytes) -> None:
+        record = _HEADER.pack(len(payload), _CODES[channel], self._clock()) + payload
+        if self._sizes[self._write_segment] and (
+            self._sizes[self._write_segment] + len(record) > self._segment_bytes
+        ):
+            self._writer.close()
+            self._write_segment += 1
+            self._sizes[self._write_segment] = 0
+            self._writer = open(self._path(self._write_segment), "ab")  # noqa: SIM115
+        self._writer.write(record)
+        self._writer.flush()
+        self._sizes[self._write_segment] += len(record)
+        while self.pending_bytes > self._max_bytes and self._read_segment < self._write_segment:
+            self._drop_read_segment()
+
+    # -- reading -------------------------------------------------------------------
+
+    def peek(self) -> Record | None:
+        oldest_s = self._clock() - self._max_age_s
+        while True:
+            if self._peeked is None:
+                self._peeked = self._read()
+                if self._peeked is None:
+                    return None
+            if self._peeked.spooled_at >= oldest_s:
+                return self._peeked
+            self.expired += 1
+            self.take(self._peeked)
+
+    def take(self, record: Record) -> None:
+        if record is not self._peeked:
+            return  # dropped (with its segment) while it was being sent
+        self._peeked = None
+        self._read_offset += record.size
+        self._taken_since_save += 1
+        if self._taken_since_save >= CURSOR_SAVE_EVERY:
+            self.save()
+
+    def save(self) -> None:
+        if not self._taken_since_save:
+            return
+        self._taken_since_save = 0
+        temporary = self._directory / "cursor.tmp"
+        temporary.write_text(f"{self._read_segment} {self._read_offset}\n", encoding="ascii")
+        os.replace(temporary, self._directory / "cursor")
+
+    def close(self) -> None:
+        self.save()
+        self._writer.close()
+
+    def _read(self) -> Record | None:
+        while True:
+            size = self._sizes.get(self._read_segment, 0)
+            if self._read_offset < size:
+                with open(self._path(self._read_segment), "rb") as file:
+                    file.seek(self._read_offset)
+                    header = file.read(_HEADER.size)
+                    length, code, spooled_at = _HEADER.unpack(header)
+                    payload = file.read(length)
+                return Record(_CHANNELS[code], payload, spooled_at)
+            if self._read_segment >= self._write_segment:
+                return None
+            # Every record of this segment was taken: delete it, read the next.
+            self._drop_read_segment(counted=False)
+
+    def _drop_read_segment(self, *, counted: bool = True) -> None:
+        segment = self._read_segment
+        if counted:
+            self.dropped += self._records_in(segment, self._read_offset)
+        with contextlib.suppress(FileNotFoundError):
+            self._path(segment).unlink()
+        del self._sizes[segment]
+        self._read_segment = segment + 1
+        self._read_offset = 0
+        self._peeked = None
+        self._taken_since_save += 1  # the cursor moved
+        self.save()
+
+    # -- files ---------------------------------------------------------------------
+
+    def _path(self, segment: int) -> Path:
+        return self._directory / f"{segment:012d}{_SUFFIX}"
+
+    def _load_cursor(self) -> tuple[int, int]:
+        try:
+            segment, offset = (self._directory / "cursor").read_text(encoding="ascii").split()
+            return int(segment), int(offset)
+        except (FileNotFoundError, ValueError):
+            return 0, 0
+
+    def _records_in(self, segment: int, offset: int) -> int:
+        count = 0
+        with open(self._path(segment), "rb") as file:
+            file.seek(offset)
+            while header := file.read(_HEADER.size):
+                if len(header) < _HEADER.size:
+                    break
+                length = _HEADER.unpack(header)[0]
+                file.seek(length, os.SEEK_CUR)
+                count += 1
+        return count
+
+    def _cut_partial(self, segment: int) -> int:
+        """Truncate a half-written last record; the segment's whole-record size."""
+        path = self._path(segment)
+        end = 0
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            while header := file.read(_HEADER.size):
+                if len(header) < _HEADER.size:
+                    break
+                length, code, _ = _HEADER.unpack(header)
+                if code not in _CHANNELS or end + _HEADER.size + length > size:
+                    break
+                file.seek(length, os.SEEK_CUR)
+                end += _HEADER.size + length
+        if end < size:
+            with open(path, "r+b") as file:
+                file.truncate(end)
+        return end

@@ -1,0 +1,76 @@
+"""Where the agent keeps its state on disk, under `<data_dir>/state`: the last applied
+`desired` document exactly as it arrived (signed, so it is verified again when it is
+read back) and the last reported state. Each file is replaced atomically (written
+beside, flushed to disk, renamed), so a crash leaves the old file or the new one,
+never half of either. The outbox's spool lives beside them (edge/agent/spool.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+DESIRED_FILE = "desired.json"
+REPORTED_FILE = "reported.json"
+OUTBOX_DIR = "outbox"
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    # The rename itself is durable only once the directory is.
+    with contextlib.suppress(OSError):
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+class AgentStateFiles:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        # Saves run in threads: the newest payload of each file is written, whichever
+        # thread gets there last, one write at a time.
+        self._newest: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def outbox_dir(self) -> Path:
+        return self.directory / OUTBOX_DIR
+
+    async def save_desired(self, payload: bytes) -> None:
+        await self._save(DESIRED_FILE, payload)
+
+    def load_desired(self) -> bytes | None:
+        return self._read(DESIRED_FILE)
+
+    async def save_reported(self, payload: bytes) -> None:
+        await self._save(REPORTED_FILE, payload)
+
+    def load_reported(self) -> bytes | None:
+        return self._read(REPORTED_FILE)
+
+    async def _save(self, name: str, payload: bytes) -> None:
+        self._newest[name] = payload
+        await asyncio.to_thread(self._write_newest, name)
+
+    def _write_newest(self, name: str) -> None:
+        with self._lock:
+            payload = self._newest.pop(name, None)
+            if payload is not None:  # else a later thread already wrote it
+                write_atomically(self.directory / name, payload)
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            return (self.directory / name).read_bytes()
+        except FileNotFoundError:
+            return None
