@@ -30,6 +30,8 @@ def simulated_runtime_s(spec: DesiredTraining, inventory: Sequence[Accelerator])
 
 
 class SimulatedRun:
+    outlives_agent = False  # it runs in the agent's process
+
     def __init__(
         self, spec: DesiredTraining, runtime_s: float, wall_clock: Callable[[], float]
     ) -> None:
@@ -85,6 +87,9 @@ class SimulatedLauncher:
     ) -> None:
         self._inventory = tuple(inventory)
         self._wall_clock = wall_clock
+
+    def adopt(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun | None:
+        return None  # simulated workers end with their agent
 
     def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun:
         return SimulatedRun(spec, simulated_runtime_s(spec, self._inventory), self._wall_clock)

@@ -16,11 +16,16 @@ SHIP_MAX_BYTES = 64 * 1024
 
 class OutputBuffer:
     def __init__(
-        self, on_output: Callable[[], None] | None = None, max_bytes: int = BUFFER_MAX_BYTES
+        self,
+        on_output: Callable[[], None] | None = None,
+        max_bytes: int = BUFFER_MAX_BYTES,
+        offset: int = 0,
     ) -> None:
+        """`offset`: where in the worker's output the next byte appended is (a worker
+        taken over from an earlier agent has shipped that much already)."""
         self._pending = bytearray()
         self._max_bytes = max_bytes
-        self._offset = 0  # worker-output offset of the first pending byte
+        self._offset = offset  # worker-output offset of the first pending byte
         self._dropped = 0
         self.on_output = on_output
 
@@ -37,6 +42,11 @@ class OutputBuffer:
     @property
     def pending_bytes(self) -> int:
         return len(self._pending)
+
+    @property
+    def shipped_offset(self) -> int:
+        """Offset in the worker's output of the first byte not taken yet."""
+        return self._offset
 
     def take(self, max_bytes: int = SHIP_MAX_BYTES) -> tuple[int, bytes, int] | None:
         """(offset, data, dropped bytes before it) of the next chunk, or None if nothing waits.

@@ -29,6 +29,8 @@ EventSink = Callable[[EventKind, str, str], None]  # kind, subject (job id), det
 class _Rejected:
     """A desired worker this node cannot run at all (e.g. an accelerator it lacks)."""
 
+    outlives_agent = False
+
     def __init__(self, spec: DesiredTraining, reason: str) -> None:
         self.status = RunStatus(spec.job_id, spec.attempt)
         self.output = OutputBuffer()
@@ -88,8 +90,13 @@ class TrainingReconciler:
         self._on_change()
 
     async def stop_all(self, reason: str, timeout_s: float = 3.0) -> None:
-        """Stop every running worker (agent shutdown), within `timeout_s` in all."""
-        running = [run for run in self._runs.values() if not run.status.finished]
+        """Agent shutdown: stop every running worker that does not outlive the agent
+        (real processes do: the next agent takes them back), within `timeout_s` in all."""
+        running = [
+            run
+            for run in self._runs.values()
+            if not run.status.finished and not run.outlives_agent
+        ]
         if not running:
             return
         self._log.info("stopping training workers", count=len(running), reason=reason)
@@ -107,7 +114,8 @@ class TrainingReconciler:
             except UnknownAccelerator as error:
                 run = _Rejected(spec, str(error))
             else:
-                run = self._launcher.prepare(spec, environment)
+                adopted = self._launcher.adopt(spec, environment)
+                run = adopted or self._launcher.prepare(spec, environment)
         run.status.on_change = self._status_changed
         run.output.on_output = self._on_output
         return run

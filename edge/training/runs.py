@@ -68,6 +68,9 @@ class RunStatus:
 class TrainingRun(Protocol):
     status: RunStatus
     output: OutputBuffer  # what the worker printed, waiting to be shipped to the cloud
+    # Left running when the agent stops, to be taken back by the next one (`adopt`);
+    # else stopped with the agent.
+    outlives_agent: bool
 
     async def run(self) -> None:
         """Start the worker and supervise it until it has finished. A job that fails
@@ -82,4 +85,9 @@ class TrainingRun(Protocol):
 class TrainingLauncher(Protocol):
     def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> TrainingRun:
         """A run for one worker, not started yet (the caller owns the task that runs it)."""
+        ...
+
+    def adopt(self, spec: DesiredTraining, environment: dict[str, str]) -> TrainingRun | None:
+        """The run of this worker an earlier agent started and left (running, or ended
+        meanwhile, or lost), to be supervised from where it is; None: there is none."""
         ...

@@ -8,6 +8,8 @@ partition arrive in order, none lost, none twice once deduplicated as the cloud 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,7 +20,8 @@ import pytest
 
 from edge.agent import Agent
 from edge.inference.options import InferenceOptions
-from edge.training.process import ProcessLauncher
+from edge.training.process import LOST_REASON, ProcessLauncher
+from edge.training.worker_record import WorkerRecord, is_alive, load_record
 from shared.messages import DesiredState, DesiredTraining
 from shared.settings import parse_mqtt_url
 from tests.api.support import Api, bearer
@@ -308,3 +311,93 @@ async def test_events_spooled_by_an_agent_that_stopped_offline_arrive_after_its_
                 assert [e.detail for e in stopping] == ["stopped while the broker was unreachable"]
     finally:
         await proxy.stop()
+
+
+async def test_training_outlives_an_agent_restart_and_a_reboot_is_reported_at_once(
+    broker: BrokerUnderTest, topic_root: str, tmp_path: Path
+) -> None:
+    settings = mqtt_settings(broker.url, topic_root)
+    release = tmp_path / "release"
+    # Prints its pid once, then waits for the test to let it finish.
+    command = (
+        sys.executable,
+        "-c",
+        f"import os, pathlib, time\nprint('worker', os.getpid(), flush=True)\n"
+        f"while not pathlib.Path({str(release)!r}).exists():\n time.sleep(0.05)\n"
+        "print('done', flush=True)\n",
+    )
+    jobs = tmp_path / "jobs"
+
+    def agent() -> Agent:
+        return simulated_agent(
+            "v100-5",
+            settings,
+            "v100-8x",
+            site="cloud",
+            training_launcher=ProcessLauncher(jobs),
+            state_dir=tmp_path / "state",
+        )
+
+    def reported(instance: Agent, job_id: str) -> tuple[str, int | None, str] | None:
+        record = cloud.registry.get("v100-5")
+        if record is None or record.reported is None:
+            return None
+        if record.reported.instance_id != instance.instance_id:
+            return None
+        found = [t for t in record.reported.training if t.job_id == job_id]
+        return (found[0].state, found[0].exit_code, found[0].reason) if found else None
+
+    def worker(job_id: str) -> WorkerRecord:
+        found = load_record(jobs / f"{job_id}-0.run")
+        assert found is not None
+        return found
+
+    async with running_ingestion(settings) as cloud:
+        first = agent()
+        async with running(first):
+            await eventually(lambda: cloud.registry.get("v100-5") is not None)
+            job = DesiredTraining(job_id="resnet", command=command, accelerator_ids=("gpu0",))
+            await publish_desired(
+                broker.url,
+                topic_root,
+                DesiredState(node_id="v100-5", generation=1, issued_at=1.0, training=(job,)),
+            )
+            await eventually(lambda: reported(first, "resnet") == ("running", None, ""))
+            started = worker("resnet")
+        # The agent stopped (as `systemctl restart` with KillMode=process would stop it):
+        # the worker did not.
+        assert is_alive(started.pid, started.process_started)
+        second = agent()
+        async with running(second):
+            await eventually(lambda: reported(second, "resnet") == ("running", None, ""))
+            assert worker("resnet").pid == started.pid  # taken back, not started again
+            release.touch()
+            await eventually(
+                lambda: reported(second, "resnet") == ("succeeded", 0, ""), timeout_s=15
+            )
+            await eventually(lambda: "done" in "".join(_unique_text(cloud.logs, "resnet")))
+            output = "".join(_unique_text(cloud.logs, "resnet"))
+            assert output.count("worker ") == 1  # one run of the job, its output once
+            # Once deduplicated by event_id as the store does (a record in flight when its
+            # agent stopped is sent again by the next one).
+            starts = [e for e in _unique_events(cloud.events, "started") if e.subject == "resnet"]
+            assert len(starts) == 1
+
+            # A worker that is gone when its agent starts (the node rebooted) is reported
+            # lost as soon as the agent is up, not after a timeout.
+            release.unlink()
+            lost = DesiredTraining(job_id="bert", command=command, accelerator_ids=("gpu1",))
+            await publish_desired(
+                broker.url,
+                topic_root,
+                DesiredState(node_id="v100-5", generation=2, issued_at=2.0, training=(lost,)),
+            )
+            await eventually(lambda: reported(second, "bert") == ("running", None, ""))
+            doomed = worker("bert")
+        os.killpg(doomed.pid, signal.SIGKILL)  # the reboot: every worker gone
+        await eventually(lambda: not is_alive(doomed.pid, doomed.process_started))
+        third = agent()
+        async with running(third):
+            await eventually(
+                lambda: reported(third, "bert") == ("stopped", None, LOST_REASON), timeout_s=5
+            )
