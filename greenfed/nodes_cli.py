@@ -4,7 +4,7 @@ node enrolment (`join-token create/list/revoke`, `enrolled`, `revoke NODE`, admi
 from __future__ import annotations
 
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TextIO
 from urllib.parse import quote
 
@@ -82,8 +82,13 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
         state = (
             "[green]online[/]"
             if node.state == "online"
-            else f"[red]offline[/] ({node.offline_reason})"
+            else f"[red]offline[/] ({node.offline_cause or node.offline_reason})"
         )
+        outage = node.last_outage
+        if node.state == "online" and outage is not None and _within_hour(outage.ended_at):
+            # The same agent came back: it was cut off; a new one: it restarted.
+            came_back = "partitioned" if outage.ended_by == "partition" else "restarted"
+            state += f" ({came_back} {outage.offline_s:.0f} s, {ago(outage.ended_at)})"
         if node.cordoned:
             state += " [yellow]draining[/]" if node.draining else " [yellow]cordoned[/]"
         table.add_row(
@@ -107,6 +112,10 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
 
 
 # -- enrolment: join tokens, enrolled identities, revocation --------------------------
+
+
+def _within_hour(moment: datetime) -> bool:
+    return (datetime.now(UTC) - moment).total_seconds() < 3600
 
 
 def _when(moment: datetime | None) -> str:

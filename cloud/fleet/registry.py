@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the CLI reads node views without the database stack
     from cloud.store import NodeAdminRecord
 
+from cloud.fleet.outage import Outage, OutageCause, ended_by, offline_cause
 from shared.messages import (
     AcceleratorKind,
     DeploymentSample,
@@ -68,6 +69,10 @@ class NodeRecord:
     reported: ReportedState | None = None
     telemetry_received_monotonic: float = 0.0  # when `telemetry` arrived
     admin: NodeAdminRecord | None = None  # what an admin set (cloud/fleet/node_admin.py)
+    # While offline: its likely cause, and when it went offline (cloud/fleet/outage.py).
+    offline_cause: OutageCause | None = None
+    offline_since: float = 0.0  # UTC epoch seconds
+    last_outage: Outage | None = None  # the latest one that ended
 
     @property
     def node_id(self) -> str:
@@ -197,6 +202,10 @@ class NodeRegistry:
             # The will of an older agent instance, delivered after its successor's birth.
             return None
         previous = (record.state, record.offline_reason)
+        if status.state == "offline" and record.state == "online":
+            self._went_offline(record, reason or "connection-lost")
+        elif status.state == "online" and record.state == "offline":
+            self._came_back(record, status.instance_id)
         if status.instance_id != record.status.instance_id:
             record.telemetry = None  # a new agent instance starts a new sequence
         record.status = status
@@ -243,11 +252,30 @@ class NodeRegistry:
         self._touch(record)
         record.telemetry_received_monotonic = record.last_seen_monotonic
         if record.state == "offline" and record.offline_reason == "telemetry-stale":
+            self._came_back(record, telemetry.instance_id)
             record.state = "online"
             record.offline_reason = None
             self.version += 1
             return NodeStateChange(record.node_id, "online", None)
         return None
+
+    def _went_offline(self, record: NodeRecord, reason: OfflineReason) -> None:
+        silent_for_s = self._monotonic() - record.last_seen_monotonic
+        record.offline_cause = offline_cause(
+            reason, silent_for_s, record.status.telemetry_interval_s
+        )
+        record.offline_since = self._wall_clock()
+
+    def _came_back(self, record: NodeRecord, instance_id: str) -> None:
+        if record.offline_cause is not None:
+            now = self._wall_clock()
+            record.last_outage = Outage(
+                cause=record.offline_cause,
+                ended_by=ended_by(record.status.instance_id, instance_id),
+                offline_s=max(0.0, now - record.offline_since),
+                ended_at=now,
+            )
+        record.offline_cause = None
 
     def _plausible_seq(self, record: NodeRecord, seq: int) -> bool:
         """Whether `seq` is no further along than this agent instance can have counted:
@@ -281,6 +309,7 @@ class NodeRegistry:
             record = self._records.get(node_id)
             if record is None or record.state != "online":
                 continue
+            self._went_offline(record, reason)
             record.state = "offline"
             record.offline_reason = reason
             changes.append(NodeStateChange(node_id, "offline", reason))

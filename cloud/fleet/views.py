@@ -7,6 +7,7 @@ from datetime import datetime
 import msgspec
 
 from cloud.fleet.node_overlay import effective_labels, effective_taints, taint_text
+from cloud.fleet.outage import Outage, OutageCause, OutageEnd
 from cloud.fleet.registry import NodeRecord
 from shared.clock import utc_from_epoch
 from shared.messages import (
@@ -19,10 +20,21 @@ from shared.messages import (
 )
 
 
+class OutageView(msgspec.Struct, frozen=True, kw_only=True):
+    cause: OutageCause  # as judged while it lasted (cloud/fleet/outage.py)
+    ended_by: OutageEnd  # "partition": the same agent came back; "restart": a new one
+    offline_s: float
+    ended_at: datetime
+
+
 class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     state: NodeState
     offline_reason: OfflineReason | None
+    # While offline: stopped, crashed (its connection closed while it was talking) or
+    # partitioned (it went silent: unreachable, its agent may be working alone).
+    offline_cause: OutageCause | None = None
+    last_outage: OutageView | None = None  # the latest outage that ended
     site: Site
     zone: str
     region: str
@@ -75,6 +87,8 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "node_id": status.node_id,
         "state": record.state,
         "offline_reason": record.offline_reason,
+        "offline_cause": record.offline_cause if record.state == "offline" else None,
+        "last_outage": _outage_view(record.last_outage),
         "site": status.site,
         "zone": status.zone,
         "region": status.region,
@@ -92,6 +106,17 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "started_at": utc_from_epoch(status.started_at),
         "observed_generation": record.reported.observed_generation if record.reported else None,
     }
+
+
+def _outage_view(outage: Outage | None) -> OutageView | None:
+    if outage is None:
+        return None
+    return OutageView(
+        cause=outage.cause,
+        ended_by=outage.ended_by,
+        offline_s=round(outage.offline_s, 1),
+        ended_at=utc_from_epoch(outage.ended_at),
+    )
 
 
 def node_summary(record: NodeRecord) -> NodeSummary:

@@ -779,3 +779,65 @@ def test_a_node_that_speaks_after_the_outage_stays_online(
     clock.advance(10.0)
     assert liveness.expire_stale() == []
     assert state_of(registry, "n1") == ("online", None)
+
+
+def cause_of(registry: NodeRegistry, node_id: str = "n1") -> str | None:
+    record = registry.get(node_id)
+    assert record is not None
+    return record.offline_cause
+
+
+def test_a_will_while_the_node_was_talking_is_a_crash(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_telemetry(telemetry("n1", seq=1))
+    clock.advance(2.0)  # within two of its 5 s intervals: the connection was closed
+    registry.apply_status(will("n1"))
+    assert cause_of(registry) == "crashed"
+
+
+def test_a_will_after_the_keepalive_ran_out_is_a_partition(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1"))
+    clock.advance(45.0)  # the broker waited out 1.5 x a 30 s keep-alive
+    registry.apply_status(will("n1"))
+    assert cause_of(registry) == "partitioned"
+
+
+def test_stale_telemetry_is_a_partition_and_a_goodbye_a_stop(
+    registry: NodeRegistry, liveness: Liveness, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1"))
+    registry.apply_status(status("n2"))
+    clock.advance(16.0)
+    liveness.expire_stale()
+    assert cause_of(registry, "n1") == "partitioned"
+    registry.apply_status(status("n3"))
+    registry.apply_status(status("n3", state="offline", offline_reason="shutdown"))
+    assert cause_of(registry, "n3") == "stopped"
+
+
+def test_the_outage_is_settled_when_the_node_is_back(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    registry.apply_status(status("n1", instance_id="i1"))
+    clock.advance(45.0)
+    registry.apply_status(will("n1", instance_id="i1"))
+    clock.advance(30.0)
+    # The same agent instance reconnects: it was cut off and kept running.
+    registry.apply_status(status("n1", instance_id="i1"))
+    record = registry.get("n1")
+    assert record is not None
+    assert record.offline_cause is None
+    assert record.last_outage is not None
+    assert (record.last_outage.cause, record.last_outage.ended_by) == ("partitioned", "partition")
+    assert record.last_outage.offline_s == pytest.approx(30.0)
+    # A crash, and a new agent instance comes back: it restarted.
+    registry.apply_telemetry(telemetry("n1", instance_id="i1", seq=1))
+    registry.apply_status(will("n1", instance_id="i1"))
+    clock.advance(5.0)
+    registry.apply_status(status("n1", instance_id="i2"))
+    assert record.last_outage is not None
+    assert (record.last_outage.cause, record.last_outage.ended_by) == ("crashed", "restart")
