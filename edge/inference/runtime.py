@@ -254,6 +254,7 @@ class InferenceRuntime:
                 provider,
                 device_index=device_index,
                 intra_op_threads=threads,
+                accelerator_kind=desired.accelerator_kind,
             )
             model.warm_up()
             return model

@@ -31,8 +31,30 @@ ORT_DTYPES: Mapping[str, np.dtype[Any]] = {
     "tensor(bool)": np.dtype(np.bool_),
 }
 CPU = "CPUExecutionProvider"
+OPENVINO = "OpenVINOExecutionProvider"
+QNN = "QNNExecutionProvider"
 # Providers that take a device index (`device_id`) from the assigned accelerator.
 _DEVICE_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
+# OpenVINO runs on the CPU unless `device_type` says otherwise; QNN on the HTP (its NPU)
+# or the Adreno GPU by the backend library it is given.
+_OPENVINO_DEVICES = {"npu": "NPU", "gpu": "GPU", "cpu": "CPU"}
+_QNN_BACKENDS = {"npu": "libQnnHtp.so", "gpu": "libQnnGpu.so", "cpu": "libQnnCpu.so"}
+
+
+def provider_options(
+    provider: str, accelerator_kind: str, device_index: int | None
+) -> dict[str, str | int]:
+    """What `provider` needs to run on the assigned accelerator, not just anywhere."""
+    if provider in _DEVICE_PROVIDERS:
+        return {"device_id": device_index} if device_index is not None else {}
+    if provider == OPENVINO and accelerator_kind in _OPENVINO_DEVICES:
+        device = _OPENVINO_DEVICES[accelerator_kind]
+        if device == "GPU" and device_index is not None:
+            device = f"GPU.{device_index}"
+        return {"device_type": device}
+    if provider == QNN and accelerator_kind in _QNN_BACKENDS:
+        return {"backend_path": _QNN_BACKENDS[accelerator_kind]}
+    return {}
 
 
 class ModelLoadError(RuntimeError):
@@ -59,27 +81,36 @@ class LoadedModel:
         *,
         device_index: int | None = None,
         intra_op_threads: int = 0,
+        accelerator_kind: str = "cpu",
     ) -> None:
         import onnxruntime as ort  # the agent loads it only when it serves something
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
-        requested: list[Any] = []
+        self.requested_provider = provider or CPU
+        self._failure = ""  # why the requested provider could not be used, if it failed
+        wanted: list[Any] = []
         if provider is not None and provider != CPU:
-            if provider in _DEVICE_PROVIDERS and device_index is not None:
-                requested.append((provider, {"device_id": device_index}))
-            else:
-                requested.append(provider)
-        requested.append(CPU)
+            extra = provider_options(provider, accelerator_kind, device_index)
+            wanted.append((provider, extra) if extra else provider)
         available = set(ort.get_available_providers())
-        usable = [p for p in requested if (p[0] if isinstance(p, tuple) else p) in available]
+        usable = [p for p in wanted if (p[0] if isinstance(p, tuple) else p) in available]
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=usable)
-        except Exception as error:  # ORT raises its own exception types
+            try:
+                self.session = ort.InferenceSession(str(path), options, providers=[*usable, CPU])
+            except Exception as error:  # ORT raises its own exception types
+                if not usable:
+                    raise
+                # The accelerator's provider failed to start (an NPU driver missing, say):
+                # serve on the CPU, and say so.
+                self._failure = f"{provider} failed on the {accelerator_kind}: {error}"
+                self.session = ort.InferenceSession(str(path), options, providers=[CPU])
+        except Exception as error:
             raise ModelLoadError(f"ONNX Runtime cannot load the model: {error}") from None
         self.sha256 = sha256
-        self.requested_provider = provider or CPU
         self.provider = self.session.get_providers()[0]
+        if not self._failure and usable and isinstance(usable[0], tuple):
+            self._failure = _runs_elsewhere(self.session, *usable[0])
         self.inputs = tuple(self._spec(i) for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         # Requests can be stacked when every input's first axis is free.
@@ -95,7 +126,10 @@ class LoadedModel:
 
     @property
     def fallback(self) -> str:
-        """Why the provider differs from the one asked for ('' when it does not)."""
+        """Why the provider differs from the one asked for, or runs on another device
+        ('' when it runs as asked)."""
+        if self._failure:
+            return f"runs on {self.provider}: {self._failure}"
         if self.provider == self.requested_provider:
             return ""
         return (
@@ -116,6 +150,18 @@ class LoadedModel:
             for spec in self.inputs
         }
         self.run(feeds)
+
+
+def _runs_elsewhere(session: Any, provider: str, asked: Mapping[str, object]) -> str:
+    """'' if `provider` runs with the options asked for (say, OpenVINO on the NPU), else
+    what it runs with instead."""
+    if session.get_providers()[0] != provider:
+        return ""  # another provider altogether: `fallback` says so by name
+    applied = session.get_provider_options().get(provider, {})
+    for key, value in asked.items():
+        if key in applied and str(applied[key]) != str(value):
+            return f"{provider} runs with {key}={applied[key]}, not {value}"
+    return ""
 
 
 def check_feeds(model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> int:

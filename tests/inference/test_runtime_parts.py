@@ -19,7 +19,13 @@ from aiohttp import web
 from edge.inference.batching import Batcher, QueueFull, Unavailable
 from edge.inference.model_fetch import ModelCache, ModelFetchError
 from edge.inference.server import read_npy, write_npy
-from edge.inference.session import LoadedModel, ModelLoadError, check_feeds
+from edge.inference.session import (
+    OPENVINO,
+    LoadedModel,
+    ModelLoadError,
+    check_feeds,
+    provider_options,
+)
 from edge.inference.stats import ServingStats, render_prometheus
 from tests.support.onnx_models import mlp, mlp_reference
 
@@ -55,6 +61,93 @@ def test_a_session_reports_the_provider_that_really_runs_and_checks_inputs(
     assert not fixed.batchable
     with pytest.raises(ModelLoadError, match="ONNX Runtime cannot load the model"):
         loaded(tmp_path, b"\x08\x01garbage", "bad.onnx")
+
+
+def test_each_provider_is_told_which_accelerator_to_run_on() -> None:
+    assert provider_options(OPENVINO, "npu", None) == {"device_type": "NPU"}
+    assert provider_options(OPENVINO, "gpu", 1) == {"device_type": "GPU.1"}
+    assert provider_options(OPENVINO, "cpu", None) == {"device_type": "CPU"}
+    assert provider_options("QNNExecutionProvider", "npu", 0) == {"backend_path": "libQnnHtp.so"}
+    assert provider_options("CUDAExecutionProvider", "gpu", 2) == {"device_id": 2}
+    assert provider_options("CoreMLExecutionProvider", "npu", None) == {}
+
+
+class OpenVinoBuild:
+    """ONNX Runtime as its OpenVINO build behaves, at the seam of hardware this machine
+    lacks: the session really runs on the CPU provider, and says it is OpenVINO on the
+    device it was given (`runs_on`), or fails to start when that device is missing."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, runs_on: str | None) -> None:
+        import onnxruntime as ort
+
+        self.asked: list[object] = []
+        real = ort.InferenceSession
+        runs = runs_on
+
+        class Session:
+            def __init__(self, path: str, options: object, providers: list[object]) -> None:
+                first = providers[0]
+                self._openvino = isinstance(first, tuple) and first[0] == OPENVINO
+                if self._openvino and runs is None:
+                    raise RuntimeError("[OpenVINO-EP] No NPU device found")
+                self._real = real(path, options, providers=["CPUExecutionProvider"])
+
+            def get_providers(self) -> list[str]:
+                return (
+                    [OPENVINO, "CPUExecutionProvider"]
+                    if self._openvino
+                    else ["CPUExecutionProvider"]
+                )
+
+            def get_provider_options(self) -> dict[str, dict[str, str]]:
+                return {OPENVINO: {"device_type": runs or ""}} if self._openvino else {}
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(self._real, name)
+
+        def session(path: str, options: object, providers: list[object]) -> Session:
+            self.asked.append(providers[0])
+            return Session(path, options, providers)
+
+        monkeypatch.setattr(ort, "InferenceSession", session)
+        monkeypatch.setattr(
+            ort, "get_available_providers", lambda: [OPENVINO, "CPUExecutionProvider"]
+        )
+
+
+def openvino_model(tmp_path: Path, kind: str) -> LoadedModel:
+    path = tmp_path / "m.onnx"
+    path.write_bytes(mlp())
+    return LoadedModel(path, "sha", OPENVINO, accelerator_kind=kind)
+
+
+def test_an_npu_replica_asks_openvino_for_the_npu_and_runs_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build = OpenVinoBuild(monkeypatch, runs_on="NPU")
+    model = openvino_model(tmp_path, "npu")
+    assert build.asked == [(OPENVINO, {"device_type": "NPU"})]
+    assert (model.provider, model.fallback) == (OPENVINO, "")
+    np.testing.assert_allclose(model.run({"x": X})[0], mlp_reference(X), rtol=1e-6)
+
+
+def test_an_npu_replica_openvino_serves_on_the_cpu_is_reported_as_a_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    OpenVinoBuild(monkeypatch, runs_on="CPU")
+    model = openvino_model(tmp_path, "npu")
+    assert model.fallback == (f"runs on {OPENVINO}: {OPENVINO} runs with device_type=CPU, not NPU")
+
+
+def test_a_missing_npu_falls_back_to_the_cpu_provider_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    OpenVinoBuild(monkeypatch, runs_on=None)
+    model = openvino_model(tmp_path, "npu")
+    assert model.provider == "CPUExecutionProvider"
+    assert model.fallback.startswith(f"runs on CPUExecutionProvider: {OPENVINO} failed on the npu")
+    assert "No NPU device found" in model.fallback
+    np.testing.assert_allclose(model.run({"x": X})[0], mlp_reference(X), rtol=1e-6)
 
 
 # ---- batching --------------------------------------------------------------------------
