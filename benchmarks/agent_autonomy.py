@@ -39,13 +39,13 @@ import json
 import multiprocessing
 import multiprocessing.queues
 import multiprocessing.synchronize
-import queue
 import random
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,14 @@ def simulated_agent(
         control_plane_public_key=control_plane_public_key,
         state_dir=state_dir,
     )
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError("timed out")
+        await asyncio.sleep(0.01)
 
 
 def spool_bytes(state_dir: Path) -> tuple[int, int]:
@@ -352,18 +360,23 @@ async def one_replay(args: argparse.Namespace, context: Any) -> dict[str, Any]:
             raise RuntimeError("the subscriber did not subscribe")
         with tempfile.TemporaryDirectory(prefix="greenfed-autonomy-") as workdir:
             state_dir = Path(workdir) / "state"
-            agent = simulated_agent(mqtt_settings(proxy.url, topic_root), state_dir)
+            agent = simulated_agent(
+                mqtt_settings(proxy.url, topic_root),
+                state_dir,
+                # Enrolled, as a deployed node is (else it raises `desired-rejected`).
+                control_plane_public_key=public_key_base64(Ed25519PrivateKey.generate()),
+            )
             task = asyncio.create_task(agent.run(), name="offline-agent")
             try:
-                while agent.session is None:  # discovered, modules built, trying to connect
-                    await asyncio.sleep(0.01)
-                await asyncio.sleep(0.2)
+                # Discovered, modules built, trying to connect (and refused).
+                await until(lambda: agent.session is not None and agent.session.failed_attempts > 0)
                 begun = time.monotonic()
                 for number in range(args.events):
                     agent.raise_event("ready", subject=TAG, detail=str(number))
                 append_s = time.monotonic() - begun
                 on_disk_bytes, segments = spool_bytes(state_dir)
                 session = agent.session
+                assert session is not None
                 if session.connect_count:
                     raise RuntimeError("the agent reached the broker before the proxy listened")
                 reachable_at = time.monotonic()

@@ -17,7 +17,7 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -88,6 +88,14 @@ class Accelerator(WireStruct, frozen=True, kw_only=True):
     features: Annotated[
         tuple[str, ...], msgspec.Meta(description="Capability flags, e.g. CPU ISA extensions.")
     ] = ()
+    healthy: Annotated[
+        bool,
+        msgspec.Meta(
+            description="False while the device fails (1.5): nothing is placed on it and "
+            "what ran there is moved."
+        ),
+    ] = True
+    health: Annotated[str, msgspec.Meta(description="Why it is unhealthy (1.5).")] = ""
 
 
 def common_providers(devices: Sequence[Accelerator]) -> tuple[str, ...]:

@@ -54,6 +54,7 @@ class SimulatedNode:
         self._lock = threading.Lock()
         self._last_sample_at: float | None = None
         self._devices = [self._cpu_device(), *self._accelerator_devices()]
+        self._failed: set[str] = set()  # devices that stopped answering (`fail`)
         self._memory_used_fraction = 0.3
 
     def _start_utilization(self) -> float:
@@ -139,6 +140,14 @@ class SimulatedNode:
                 0.95, max(0.05, self._memory_used_fraction + self._rng.gauss(0.0, 0.02))
             )
 
+    def fail(self, accelerator_id: str, failed: bool = True) -> None:
+        """Make a device stop answering (as a GPU that fell off the bus), or answer again."""
+        with self._lock:
+            if failed:
+                self._failed.add(accelerator_id)
+            else:
+                self._failed.discard(accelerator_id)
+
     def accelerator_samples(self) -> list[AcceleratorSample]:
         with self._lock:
             return [
@@ -155,6 +164,7 @@ class SimulatedNode:
                     energy_j=round(device.energy_j, 3),
                 )
                 for device in self._devices
+                if device.accelerator.id not in self._failed
             ]
 
     def host_sample(self) -> HostSample:

@@ -24,13 +24,13 @@ def pick_devices(
     count: int,
     held: Iterable[str],
 ) -> tuple[str, ...]:
-    """`count` free device ids of `kind` on a node, lowest ids first. CPU cores are not
-    pinned (the pool counts cores; the operating system places the threads): ()."""
+    """`count` free, healthy device ids of `kind` on a node, lowest ids first. CPU cores
+    are not pinned (the pool counts cores; the operating system places the threads): ()."""
     if kind == "cpu":
         return ()
     taken = set(held)
     free = sorted(
-        (a.id for a in inventory if a.kind == kind and a.id not in taken),
+        (a.id for a in inventory if a.kind == kind and a.healthy and a.id not in taken),
         key=_natural_key,
     )
     if len(free) < count:

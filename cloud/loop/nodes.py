@@ -1,6 +1,7 @@
 """The registry's live nodes as the scheduler's immutable `Node`s.
 
 The scheduler models one pool per accelerator kind per node. Devices of a kind
+(healthy ones: a device its agent reports failing is left out until it recovers)
 are folded into that pool conservatively: the smallest memory and the slowest
 speed (a job must fit and finish on whichever device it gets), the mean power,
 the providers every device offers, the mean measured utilisation.
@@ -119,7 +120,8 @@ def scheduler_node(record: NodeRecord) -> Node:
     )
     by_kind: dict[AcceleratorKind, list[Accelerator]] = {}
     for accelerator in status.accelerators:
-        by_kind.setdefault(accelerator.kind, []).append(accelerator)
+        if accelerator.healthy:  # an unhealthy device takes no work until it recovers
+            by_kind.setdefault(accelerator.kind, []).append(accelerator)
     timezone = _valid_timezone(status.labels.get(TIMEZONE_LABEL)) or ZONE_TIMEZONES.get(status.zone)
     return Node(
         node_id=status.node_id,

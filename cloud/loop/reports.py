@@ -14,7 +14,8 @@ Inference (one entry per replica):
 - a replica `failed` -> the deployment failed, with the reason;
 - every replica `ready` -> the deployment is running.
 A node that is lost takes its work with it: a gang is requeued whole; a deployment
-keeps its other replicas and the lost ones are placed again. Which nodes are lost
+keeps its other replicas and the lost ones are placed again. A device its node reports
+unhealthy (edge/agent/device_health.py) does the same to the work placed on it. Which nodes are lost
 (offline beyond the grace period, or unknown) is not decided here but in
 cloud/fleet/liveness.py (`Liveness.lost_nodes`); the pass hands its verdict in.
 
@@ -128,6 +129,10 @@ def _training(
         reason = f"node {gone[0]} lost ({lost[gone[0]]})"
         out.evict(record, reason)
         return
+    faults = [fault for allocation in members if (fault := _device_fault(allocation, nodes))]
+    if faults:
+        out.evict(record, faults[0])
+        return
     entries: dict[str, ReportedTraining | None] = {}
     for node_id in workers:
         node = nodes.get(node_id)
@@ -160,6 +165,19 @@ def _training(
         out.move(record, "running")
 
 
+def _device_fault(allocation: AllocationRecord, nodes: Mapping[str, NodeRecord]) -> str | None:
+    """Why `allocation` cannot go on where it is: a device of it its node reports unhealthy."""
+    node = nodes.get(allocation.node_id)
+    if node is None or not allocation.accelerator_ids:
+        return None
+    held = set(allocation.accelerator_ids)
+    for accelerator in node.status.accelerators:
+        if accelerator.id in held and not accelerator.healthy:
+            health = _reason(accelerator.health) or "reported unhealthy"
+            return f"{accelerator.id} on {allocation.node_id} failed: {health}"
+    return None
+
+
 def _inference(
     out: _Collector,
     record: WorkRecord,
@@ -167,10 +185,19 @@ def _inference(
     nodes: Mapping[str, NodeRecord],
     lost: Mapping[str, str],
 ) -> None:
-    kept = [allocation for allocation in members if allocation.node_id not in lost]
+    faults = {a.allocation_id: fault for a in members if (fault := _device_fault(a, nodes))}
+    kept = [
+        allocation
+        for allocation in members
+        if allocation.node_id not in lost and allocation.allocation_id not in faults
+    ]
     if len(kept) < len(members):
         dropped = sorted({a.node_id for a in members if a.node_id in lost})
-        reason = f"lost node {', '.join(dropped)} ({lost[dropped[0]]})"
+        reason = (
+            f"lost node {', '.join(dropped)} ({lost[dropped[0]]})"
+            if dropped
+            else next(iter(faults.values()))
+        )
         if kept:
             out.placements.append(
                 PlacementWrite(

@@ -12,6 +12,7 @@ import asyncio
 import aiomqtt
 
 from edge.agent.context import AgentContext
+from edge.agent.device_health import DeviceHealth
 from edge.agent.module import AgentModule
 from edge.discovery import DiscoveryResult
 from shared import __version__
@@ -31,10 +32,15 @@ class Birth(AgentModule):
         started_at: float,
         announced: asyncio.Event,
         runs_training: bool,
+        health: DeviceHealth | None = None,
+        health_changed: asyncio.Event | None = None,
     ) -> None:
         """`announced` is set once the first birth has been published (and stays set);
-        `runs_training` is advertised so the scheduler never sends training here in vain."""
+        `runs_training` is advertised so the scheduler never sends training here in vain;
+        the inventory carries `health`, and a new birth goes out when `health_changed`."""
         self._context = context
+        self._health = health or DeviceHealth(())
+        self._health_changed = health_changed or asyncio.Event()
         self._runs_training = runs_training
         self._discovery = discovery
         self._telemetry_interval_s = telemetry_interval_s
@@ -54,6 +60,13 @@ class Birth(AgentModule):
         self._context.counters.births += 1
         self._announced.set()
 
+    async def run(self, client: aiomqtt.Client) -> None:
+        while True:
+            await self._health_changed.wait()
+            self._health_changed.clear()
+            await self._context.publish(client, Channel.STATUS, self._status(offline_reason=None))
+            self._context.counters.births += 1
+
     async def goodbye(self, client: aiomqtt.Client) -> None:
         """A clean stop publishes offline/shutdown itself; the will is only for crashes."""
         await self._context.publish(client, Channel.STATUS, self._status(offline_reason="shutdown"))
@@ -72,7 +85,7 @@ class Birth(AgentModule):
                 region=identity.region,
                 labels=identity.labels,
                 host=self._discovery.host,
-                accelerators=self._discovery.accelerators,
+                accelerators=self._health.inventory(self._discovery.accelerators),
                 telemetry_interval_s=self._telemetry_interval_s,
                 started_at=self._started_at,
                 sent_at=self._context.wall_clock(),

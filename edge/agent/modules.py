@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from edge.agent.birth import Birth
 from edge.agent.context import AgentContext
 from edge.agent.desired import DesiredStateApplier
+from edge.agent.device_health import DeviceHealth
 from edge.agent.inference_server import InferenceServer
 from edge.agent.job_logs import JobLogShipper
 from edge.agent.module import AgentModule
@@ -89,6 +90,8 @@ def build_agent_modules(
         context, inference_options, discovery.accelerators, on_change=reported_changed.set
     )
     reported = ReportedStatePublisher(context, reconciler, inference, reported_changed, state)
+    health = DeviceHealth(discovery.accelerators)
+    health_changed = asyncio.Event()
     return AgentModules(
         birth=Birth(
             context,
@@ -97,6 +100,8 @@ def build_agent_modules(
             started_at=started_at,
             announced=announced,
             runs_training=training_launcher is not None,
+            health=health,
+            health_changed=health_changed,
         ),
         desired=DesiredStateApplier(
             context,
@@ -119,6 +124,8 @@ def build_agent_modules(
             jitter_ratio=telemetry_jitter_ratio,
             rng=rng,
             max_payload_bytes=max_payload_bytes,
+            health=health,
+            health_changed=health_changed,
         ),
         job_logs=JobLogShipper(context, reconciler, output_waiting, outbox),
         outbox=outbox,

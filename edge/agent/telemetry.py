@@ -10,6 +10,7 @@ import random
 import aiomqtt
 
 from edge.agent.context import AgentContext
+from edge.agent.device_health import DeviceHealth
 from edge.agent.inference_server import InferenceServer
 from edge.agent.module import AgentModule
 from edge.discovery import DiscoveryResult, sample_all
@@ -32,8 +33,14 @@ class TelemetrySampler(AgentModule):
         jitter_ratio: float,
         rng: random.Random,
         max_payload_bytes: int,
+        health: DeviceHealth | None = None,
+        health_changed: asyncio.Event | None = None,
     ) -> None:
+        """Each round's readings go to `health`, which sets `health_changed` (the birth
+        is published again) when a GPU fails or recovers."""
         self._context = context
+        self._health = health
+        self._health_changed = health_changed
         self._probes = probes
         failed = {name for name, _ in discovery.failed_probes}
         # A probe that failed discovery is not sampled again.
@@ -57,6 +64,10 @@ class TelemetrySampler(AgentModule):
             )
             for probe_name, error in failures:
                 context.log.warning("probe sample failed", probe=probe_name, error=error)
+            if self._health is not None and self._health.observe({s.id for s in samples}):
+                context.log.warning("device health changed", unhealthy=self._health.unhealthy)
+                if self._health_changed is not None:
+                    self._health_changed.set()
             self._seq += 1
             payload = encode(
                 Telemetry(

@@ -342,9 +342,13 @@ class NvidiaProbe:
                 lambda: float(nvml.nvmlDeviceGetUtilizationRates(device.physical_handle).gpu),
                 "parent utilization",
             )
-        memory_used_bytes = query(
-            lambda: int(nvml.nvmlDeviceGetMemoryInfo(device.handle).used), "memory"
-        )
+        try:
+            memory_used_bytes: int | None = int(nvml.nvmlDeviceGetMemoryInfo(device.handle).used)
+        except nvml.NVMLError_NotSupported:
+            memory_used_bytes = None
+        # Any other NVML error here (the GPU is lost, an unknown error) leaves this GPU
+        # without a reading this round: the agent judges it unhealthy if that lasts
+        # (edge/agent/device_health.py).
         power_mw = query(lambda: int(nvml.nvmlDeviceGetPowerUsage(device.physical_handle)), "power")
         temperature_c = query(
             lambda: float(

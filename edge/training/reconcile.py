@@ -93,9 +93,7 @@ class TrainingReconciler:
         """Agent shutdown: stop every running worker that does not outlive the agent
         (real processes do: the next agent takes them back), within `timeout_s` in all."""
         running = [
-            run
-            for run in self._runs.values()
-            if not run.status.finished and not run.outlives_agent
+            run for run in self._runs.values() if not run.status.finished and not run.outlives_agent
         ]
         if not running:
             return

@@ -473,3 +473,12 @@ def test_real_nvml_on_this_machine() -> None:
     else:
         assert accelerators == []
         assert samples == []
+
+
+def test_a_gpu_lost_at_sample_time_gives_no_reading(fake_nvml: FakeNvml) -> None:
+    probe = NvidiaProbe(available_providers=())
+    probe.discover()
+    fake_nvml.gpus[0].failing["nvmlDeviceGetMemoryInfo"] = pynvml.NVMLError_GpuIsLost
+
+    # No made-up zeros for it: the agent counts the missing reading (device_health.py).
+    assert [s.id for s in probe.sample()] == ["gpu1-mig0", "gpu1-mig2", "gpu2"]

@@ -55,6 +55,32 @@ def test_a_cpu_pool_counts_cores_with_the_power_shared_out_per_core() -> None:
     assert pick_devices((cpu,), "cpu", 3, held=()) == ()
 
 
+def test_an_unhealthy_device_takes_no_work_and_moves_what_ran_on_it() -> None:
+    failed = device("gpu", 1, healthy=False, health="GPU is lost")
+    devices = (device("cpu", 0), device("gpu", 0), failed, device("gpu", 2))
+    (_, pool) = scheduler_node(node("n1", devices=devices)).pools
+    assert (pool.kind, pool.count) == ("gpu", 2)
+    assert pick_devices(devices, "gpu", 2, held=()) == ("gpu0", "gpu2")
+    with pytest.raises(NotEnoughDevices):
+        pick_devices(devices, "gpu", 3, held=())
+    job = work("job-1")
+    deployment = work("dep-1", kind="inference", state="running")
+    allocations = {
+        "job-1": (allocation("job-1", 0, "n1", ("gpu1",)),),
+        "dep-1": (
+            allocation("dep-1", 0, "n1", ("gpu1",), kind="inference"),
+            allocation("dep-1", 1, "n1", ("gpu2",), kind="inference"),
+        ),
+    }
+    nodes = {"n1": node("n1", devices=devices)}
+    outcome = agent_outcomes({"job-1": job, "dep-1": deployment}, allocations, nodes, {})
+    (eviction,) = outcome.evictions
+    assert (eviction.work_id, eviction.reason) == ("job-1", "gpu1 on n1 failed: GPU is lost")
+    (shrunk,) = outcome.placements
+    assert [a.member_index for a in shrunk.allocations] == [1]  # the replica on gpu2 stays
+    assert shrunk.reason == "gpu1 on n1 failed: GPU is lost"
+
+
 # ---- desired documents -----------------------------------------------------------------
 
 

@@ -55,6 +55,7 @@ class Fleet:
     launchers: dict[str, RecordingLauncher]
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     cache_root: Path | None = None  # models, per node: <cache_root>/<node id>
+    simulated: dict[str, SimulatedNode] = field(default_factory=dict)  # by node id
     public_key: str = ""  # the control plane's, as the agents trust it
 
     async def stop_agent(self, node_id: str) -> None:
@@ -88,6 +89,7 @@ async def fleet(
     public_key = control_plane_public_key(database, cloud)
     agents: dict[str, Agent] = {}
     launchers: dict[str, RecordingLauncher] = {}
+    simulated: dict[str, SimulatedNode] = {}
     cache_root = Path(tempfile.mkdtemp(prefix="greenfed-test-models-"))
     for index in range(cloud_nodes):
         node_id = f"a100-{index}"
@@ -108,6 +110,7 @@ async def fleet(
             ),
             control_plane_public_key=public_key,
             state_dir=state_root / node_id if state_root is not None else None,
+            simulated_nodes=simulated,
         )
     for index in range(edge_nodes):
         node_id = f"orin-{index}"
@@ -123,11 +126,19 @@ async def fleet(
             control_plane_public_key=public_key,
             taints=(taints or {}).get(node_id, ()),
             state_dir=state_root / node_id if state_root is not None else None,
+            simulated_nodes=simulated,
         )
     async with running_api(
         database, mqtt=settings, scheduling=scheduling, cloud=cloud, usage=usage
     ) as api:
-        running = Fleet(api, agents, launchers, cache_root=cache_root, public_key=public_key)
+        running = Fleet(
+            api,
+            agents,
+            launchers,
+            cache_root=cache_root,
+            public_key=public_key,
+            simulated=simulated,
+        )
         for node_id, agent in agents.items():
             running.tasks[node_id] = asyncio.create_task(agent.run(), name=node_id)
         try:

@@ -78,11 +78,14 @@ def simulated_agent(
     control_plane_public_key: str = TEST_PUBLIC_KEY,
     taints: tuple[str, ...] = (),
     state_dir: Path | None = None,
+    simulated_nodes: dict[str, SimulatedNode] | None = None,
 ) -> Agent:
     """A real agent on simulated hardware; `trains` gives it simulated training workers;
     it applies `desired` documents signed with the key whose public half is given;
     `state_dir`: where it keeps its state (None: in memory only)."""
     node = SimulatedNode(node_id, get_profile(profile), random.Random(seed))
+    if simulated_nodes is not None:
+        simulated_nodes[node_id] = node  # so a test can make its devices fail
     if training_launcher is None and trains:
         training_launcher = SimulatedLauncher(node.accelerators)
     identity = NodeIdentity(
