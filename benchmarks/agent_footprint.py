@@ -33,6 +33,8 @@ def measure(
         config.write_text(
             f'[mqtt]\nurl = "{mqtt_url}"\ntopic_root = "gfbench-{uuid.uuid4().hex[:8]}"\n'
             f'[agent]\nnode_id = "footprint"\ntelemetry_interval_s = {interval_s}\n'
+            # Its own state directory (spool, desired and reported state), like a device's.
+            f'data_dir = "{workdir}/data"\n'
             '[log]\nlevel = "warning"\n'
         )
         process = subprocess.Popen(

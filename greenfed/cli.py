@@ -130,6 +130,20 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
     return run_main(lambda stop: run_agent(settings, stop))
 
 
+def cmd_edge_doctor(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from edge.doctor import enrolled_api_url, print_checks, run_checks
+    from greenfed.enrol_cli import default_config_path
+
+    config = args.config or default_config_path()
+    args.config = config if config.exists() else args.config
+    settings = _settings(args, default_log_level=None if args.log_level else "error")
+    _configure_logging(settings)
+    checks = asyncio.run(run_checks(settings, enrolled_api_url(args.config)))
+    return print_checks(checks)
+
+
 def cmd_edge_discover(args: argparse.Namespace) -> int:
     from edge.main import print_discovery
 
@@ -440,6 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-id", help="this node's id (default: the file's, else the host name)"
     )
     edge_enrol.set_defaults(handler=cmd_edge_enrol)
+    doctor = edge_commands.add_parser(
+        "doctor",
+        help="check what a failed install usually is: broker, key, drivers, disk, clock",
+    )
+    _add_settings_options(doctor)
+    doctor.set_defaults(handler=cmd_edge_doctor)
 
     sim = commands.add_parser("sim", help="run a simulated fleet of real agents")
     _add_settings_options(sim)

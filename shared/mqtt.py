@@ -115,7 +115,9 @@ class MqttSession:
     def url(self) -> str:
         return f"{'mqtts' if self._endpoint.tls else 'mqtt'}://{self._endpoint.host}:{self._endpoint.port}"
 
-    def _new_client(self) -> aiomqtt.Client:
+    def new_client(self) -> aiomqtt.Client:
+        """A client with this session's endpoint, credentials and TLS, not connected yet
+        (`run` makes one per connection; `greenfed edge doctor` one to try)."""
         kwargs: dict[str, Any] = {}
         if self._endpoint.tls or self._settings.tls_ca_file:
             kwargs["tls_context"] = build_tls_context(self._settings)
@@ -138,7 +140,7 @@ class MqttSession:
     async def run(self, body: SessionBody) -> None:
         """Run `body` on every connection until it returns; reconnect when the link drops."""
         while True:
-            client = self._new_client()
+            client = self.new_client()
             try:
                 async with client:
                     self._backoff.reset()

@@ -1,0 +1,222 @@
+"""`greenfed edge doctor`: the checks that find what a failed install usually is, one
+line each with the fix.
+
+    ok    data-dir     /var/lib/greenfed writable
+    FAIL  broker       mqtts://broker:8883: credentials refused
+          fix: enrol the node again (greenfed edge enrol --api URL --token TOKEN)
+
+`warn` is for what may be fine (no NVIDIA driver on a device without NVIDIA GPUs), `skip`
+for a check that cannot run here (no API URL to read the time from). The exit status
+is 1 when any check failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TextIO
+
+import aiohttp
+import aiomqtt
+import msgspec
+
+from shared.desired_signature import PublicKeyError, load_public_key
+from shared.mqtt import MqttSession, is_auth_failure
+from shared.settings import Settings
+
+Verdict = Literal["ok", "warn", "skip", "FAIL"]
+TIMEOUT_S = 5.0
+MAX_CLOCK_SKEW_S = 5.0  # signed documents and telemetry are judged by wall clocks
+ENROL_FIX = "enrol the node (greenfed edge enrol --api URL --token TOKEN)"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    verdict: Verdict
+    detail: str
+    fix: str = ""
+
+
+def check_data_dir(settings: Settings) -> Check:
+    directory = settings.agent.resolved_data_dir()
+    try:
+        (directory / "state").mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory / "state", prefix=".doctor-"):
+            pass
+    except OSError as error:
+        return Check(
+            "data-dir",
+            "FAIL",
+            f"{directory} is not writable: {error.strerror or error}",
+            f"give the agent's user the directory (chown -R greenfed: {directory}) "
+            "or set agent.data_dir",
+        )
+    return Check("data-dir", "ok", f"{directory} writable")
+
+
+def check_enrolment(settings: Settings) -> Check:
+    key = settings.agent.control_plane_public_key
+    if not key:
+        return Check(
+            "desired-key",
+            "FAIL",
+            "no control-plane public key: no desired state will be applied",
+            ENROL_FIX,
+        )
+    try:
+        load_public_key(key)
+    except PublicKeyError as error:
+        return Check("desired-key", "FAIL", f"agent.control_plane_public_key: {error}", ENROL_FIX)
+    return Check("desired-key", "ok", "the control plane's public key is set")
+
+
+async def check_broker(settings: Settings) -> Check:
+    mqtt = settings.mqtt
+    session = MqttSession(
+        msgspec.structs.replace(mqtt, connect_timeout_s=TIMEOUT_S),
+        client_id=f"greenfed-doctor-{settings.agent.resolved_node_id()}",
+    )
+    try:
+        async with asyncio.timeout(TIMEOUT_S + 1.0), session.new_client():
+            pass
+    except aiomqtt.MqttError as error:
+        if is_auth_failure(error):
+            return Check(
+                "broker",
+                "FAIL",
+                f"{mqtt.url}: credentials refused ({error})",
+                "enrol the node again (greenfed edge enrol), or check mqtt.username and "
+                "mqtt.password",
+            )
+        return Check(
+            "broker",
+            "FAIL",
+            f"{mqtt.url}: not reachable ({error})",
+            "check mqtt.url, that the broker runs and that the firewall lets this port "
+            "through (mqtts: mqtt.tls_ca_file must hold its CA)",
+        )
+    except (TimeoutError, OSError, ssl.SSLError) as error:
+        return Check(
+            "broker",
+            "FAIL",
+            f"{mqtt.url}: not reachable ({error or 'timed out'})",
+            "check mqtt.url, that the broker runs and that the firewall lets this port through",
+        )
+    return Check("broker", "ok", f"{mqtt.url} reachable, credentials accepted")
+
+
+def check_nvml(settings: Settings) -> Check:
+    if "nvidia" not in settings.agent.probes:
+        return Check("nvml", "skip", "the nvidia probe is off (agent.probes)")
+    try:
+        import pynvml
+    except ImportError:
+        return Check(
+            "nvml", "FAIL", "nvidia-ml-py is not installed", "pip install 'greenfed[edge]'"
+        )
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return Check(
+            "nvml",
+            "warn",
+            f"no NVIDIA driver ({error}): fine on a device without NVIDIA GPUs",
+            "on a device with them, install the NVIDIA driver",
+        )
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        version = pynvml.nvmlSystemGetDriverVersion()
+    finally:
+        pynvml.nvmlShutdown()
+    return Check("nvml", "ok", f"{count} NVIDIA GPU(s), driver {version}")
+
+
+def check_onnxruntime(gpus: int | None) -> Check:
+    """`gpus`: NVIDIA GPUs NVML sees (None: unknown)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return Check(
+            "onnxruntime", "FAIL", "ONNX Runtime is not installed", "pip install 'greenfed[edge]'"
+        )
+    providers = onnxruntime.get_available_providers()
+    detail = f"{onnxruntime.__version__}: {', '.join(providers)}"
+    if gpus and "CUDAExecutionProvider" not in providers:
+        return Check(
+            "onnxruntime",
+            "warn",
+            f"{detail}; this machine has NVIDIA GPUs but this build cannot use them",
+            "pip install onnxruntime-gpu (in place of onnxruntime)",
+        )
+    return Check("onnxruntime", "ok", detail)
+
+
+async def check_clock(api_url: str | None) -> Check:
+    if not api_url:
+        return Check("clock", "skip", "no control-plane URL to compare with (not enrolled)")
+    try:
+        timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            asked = time.time()
+            async with http.get(f"{api_url.rstrip('/')}/healthz") as response:
+                answered = time.time()
+                date = response.headers.get("Date")
+    except (aiohttp.ClientError, TimeoutError, OSError) as error:
+        return Check("clock", "warn", f"could not ask {api_url} for its time ({error})")
+    if not date:
+        return Check("clock", "warn", f"{api_url} sent no Date header")
+    theirs = email.utils.parsedate_to_datetime(date).timestamp()
+    # The header has whole seconds: count the skew beyond the round trip and rounding.
+    skew_s = theirs - (asked + answered) / 2
+    if abs(skew_s) > MAX_CLOCK_SKEW_S + (answered - asked) + 1.0:
+        return Check(
+            "clock",
+            "FAIL",
+            f"{skew_s:+.0f} s off the control plane's clock",
+            "synchronise the clock (timedatectl set-ntp true)",
+        )
+    return Check("clock", "ok", f"within {MAX_CLOCK_SKEW_S:.0f} s of the control plane's")
+
+
+async def run_checks(settings: Settings, api_url: str | None) -> list[Check]:
+    nvml = await asyncio.to_thread(check_nvml, settings)
+    gpus = int(nvml.detail.split()[0]) if nvml.verdict == "ok" else None
+    return [
+        await asyncio.to_thread(check_data_dir, settings),
+        check_enrolment(settings),
+        await check_broker(settings),
+        nvml,
+        await asyncio.to_thread(check_onnxruntime, gpus),
+        await check_clock(api_url),
+    ]
+
+
+def print_checks(checks: Sequence[Check], out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    width = max(len(check.name) for check in checks)
+    for check in checks:
+        out.write(f"{check.verdict:<5} {check.name:<{width}}  {check.detail}\n")
+        if check.fix and check.verdict in ("FAIL", "warn"):
+            out.write(f"{'':<5} {'':<{width}}  fix: {check.fix}\n")
+    return 1 if any(check.verdict == "FAIL" for check in checks) else 0
+
+
+def enrolled_api_url(config: Path | None) -> str | None:
+    """The control plane's URL `greenfed edge enrol` recorded in the settings file."""
+    if config is None:
+        return None
+    from greenfed.enrol_cli import read_marker
+
+    try:
+        marker = read_marker(config.read_text(encoding="utf-8"))
+    except OSError:
+        return None
+    return marker.api if marker else None
