@@ -1,52 +1,118 @@
 #!/usr/bin/env bash
-# Install and enrol a greenfed edge agent on a Debian/Ubuntu device.
+# Install (or uninstall) the greenfed edge agent on a Debian/Ubuntu device.
 #
 #   sudo deploy/edge/install.sh --api https://cloud.example.com:8700 --token gfj_... \
-#        [--ca ca.crt] [--node-id orin-1]
+#        [--ca ca.crt] [--node-id orin-1] [--source SPEC] [--upgrade]
+#   sudo deploy/edge/install.sh --uninstall [--purge]
 #
 # The token comes from an admin: `greenfed nodes join-token create` (see docs/cli.md).
-# Installs greenfed[edge] into /opt/greenfed/venv, enrols the node (`greenfed edge
-# enrol` writes /etc/greenfed/agent.toml, mode 0600, owned by the greenfed user: its
-# MQTT credentials, the control plane's public key, site/zone/region from the token),
-# and enables the systemd service so the agent survives reboots. Re-running it on an
-# enrolled node changes nothing.
+# Installs only greenfed's edge extra into /opt/greenfed/venv, enrols the node
+# (`greenfed edge enrol` writes /etc/greenfed/agent.toml, mode 0600, owned by the
+# greenfed user: its MQTT credentials, the control plane's public key, site, zone and
+# region from the token), checks the hardware probes, and enables the systemd unit so
+# the agent survives reboots. Idempotent: re-running it on an installed, enrolled node
+# changes nothing (`--upgrade` reinstalls the package; an enrolled node needs no
+# --api/--token). `--uninstall` stops and removes the unit and the venv and keeps the
+# settings and the agent's state (/etc/greenfed, /var/lib/greenfed) unless `--purge`.
+#
+# `--root DIR` installs into DIR instead of / (an image being built, or a test): no
+# user is created, files belong to whoever runs it, and systemd is not touched.
 set -euo pipefail
 
-api="" token="" ca_file="" node_id=""
-source_spec="${GREENFED_SOURCE:-greenfed[edge]}"
+api="" token="" ca_file="" node_id="" root="" upgrade=0 uninstall=0 purge=0
+source_spec="${GREENFED_SOURCE:-greenfed}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --api) api="$2"; shift 2 ;;
     --token) token="$2"; shift 2 ;;
     --ca) ca_file="$2"; shift 2 ;;
     --node-id) node_id="$2"; shift 2 ;;
+    --source) source_spec="$2"; shift 2 ;;
+    --root) root="${2%/}"; shift 2 ;;
+    --upgrade) upgrade=1; shift ;;
+    --uninstall) uninstall=1; shift ;;
+    --purge) purge=1; shift ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
-for required in api token; do
-  if [ -z "${!required}" ]; then echo "missing --${required}" >&2; exit 2; fi
-done
-[ "$(id -u)" -eq 0 ] || { echo "run as root (sudo)" >&2; exit 2; }
 
-id greenfed >/dev/null 2>&1 || useradd --system --home /var/lib/greenfed --shell /usr/sbin/nologin greenfed
-[ -x /opt/greenfed/venv/bin/greenfed ] || python3 -m venv /opt/greenfed/venv
-/opt/greenfed/venv/bin/pip install --quiet --upgrade "$source_spec"
+venv="$root/opt/greenfed/venv"
+etc="$root/etc/greenfed"
+config="$etc/agent.toml"
+state="$root/var/lib/greenfed"
+unit="$root/etc/systemd/system/greenfed-agent.service"
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -z "$root" ]; then
+  [ "$(id -u)" -eq 0 ] || { echo "run as root (sudo)" >&2; exit 2; }
+  owner=(-o greenfed -g greenfed)
+  as_agent=(sudo -u greenfed)
+else
+  owner=()
+  as_agent=()
+fi
+say() { echo "greenfed install: $*"; }
+
+if [ "$uninstall" -eq 1 ]; then
+  if [ -z "$root" ] && systemctl list-unit-files greenfed-agent.service >/dev/null 2>&1; then
+    systemctl disable --now greenfed-agent.service 2>/dev/null || true
+  fi
+  rm -f "$unit"
+  [ -n "$root" ] || systemctl daemon-reload 2>/dev/null || true
+  rm -rf "$root/opt/greenfed"
+  if [ "$purge" -eq 1 ]; then
+    rm -rf "$etc" "$state"
+    [ -n "$root" ] || ! id greenfed >/dev/null 2>&1 || userdel greenfed
+    say "removed, settings and state included"
+  else
+    say "removed; kept $etc and $state (--purge removes them)"
+  fi
+  exit 0
+fi
+
+enrolled=0
+[ -f "$config" ] && head -n1 "$config" | grep -q '^# greenfed enrolment:' && enrolled=1
+if [ "$enrolled" -eq 0 ]; then
+  for required in api token; do
+    if [ -z "${!required}" ]; then echo "missing --${required} (the node is not enrolled)" >&2; exit 2; fi
+  done
+fi
+
+if [ -z "$root" ] && ! id greenfed >/dev/null 2>&1; then
+  useradd --system --home /var/lib/greenfed --shell /usr/sbin/nologin greenfed
+  say "created the greenfed user"
+fi
+if [ ! -x "$venv/bin/greenfed" ] || [ "$upgrade" -eq 1 ]; then
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  # Only the edge extra: no database stack or control plane on a device.
+  spec="$source_spec"
+  case "$spec" in *\[*) ;; *) spec="$spec[edge]" ;; esac
+  "$venv/bin/pip" install --quiet --upgrade "$spec"
+  say "installed $spec into $venv"
+fi
 
 # The agent's user owns its settings: the file holds its broker password (mode 0600).
-install -d -m 0700 -o greenfed -g greenfed /etc/greenfed
-enrol=(/opt/greenfed/venv/bin/greenfed edge enrol --api "$api" --token "$token"
-       --config /etc/greenfed/agent.toml)
-if [ -n "$ca_file" ]; then
-  install -m 0644 "$ca_file" /etc/greenfed/ca.crt
-  enrol+=(--ca /etc/greenfed/ca.crt)
+[ -d "$etc" ] || install -d -m 0700 "${owner[@]}" "$etc"
+[ -d "$state" ] || install -d -m 0750 "${owner[@]}" "$state"
+if [ "$enrolled" -eq 0 ]; then
+  enrol=("$venv/bin/greenfed" edge enrol --api "$api" --token "$token" --config "$config")
+  if [ -n "$ca_file" ]; then
+    install -m 0644 "$ca_file" "$etc/ca.crt"
+    enrol+=(--ca "$etc/ca.crt")
+  fi
+  [ -z "$node_id" ] || enrol+=(--node-id "$node_id")
+  "${as_agent[@]}" "${enrol[@]}"
 fi
-[ -z "$node_id" ] || enrol+=(--node-id "$node_id")
-sudo -u greenfed "${enrol[@]}"  # a node enrolled before: "nothing changed"
 
 # Fail here, not in a restart loop, if the file or the hardware probes are broken.
-sudo -u greenfed /opt/greenfed/venv/bin/greenfed edge discover --config /etc/greenfed/agent.toml
+"${as_agent[@]}" "$venv/bin/greenfed" edge discover --config "$config" >/dev/null
 
-install -m 0644 "$(dirname "$0")/greenfed-agent.service" /etc/systemd/system/greenfed-agent.service
-systemctl daemon-reload
-systemctl enable --now greenfed-agent.service
-echo "greenfed agent installed and enrolled; logs: journalctl -u greenfed-agent -f"
+if ! cmp -s "$here/greenfed-agent.service" "$unit"; then
+  install -D -m 0644 "$here/greenfed-agent.service" "$unit"
+  say "installed $unit"
+  [ -n "$root" ] || systemctl daemon-reload
+fi
+if [ -z "$root" ]; then
+  systemctl is-enabled --quiet greenfed-agent.service || systemctl enable greenfed-agent.service
+  systemctl is-active --quiet greenfed-agent.service || systemctl start greenfed-agent.service
+fi
+say "done; check the node with: $venv/bin/greenfed edge doctor --config $config"
