@@ -6,12 +6,13 @@ unit accepted by systemd-analyze where it can judge it, and an uninstall that ke
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support.system_tools import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "deploy" / "edge" / "install.sh"
@@ -113,9 +114,7 @@ def test_the_unit_is_hardened_and_stops_only_the_agent() -> None:
 
 
 def test_systemd_accepts_the_unit_where_it_can_judge_it(tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
+    analyze = require_tool("systemd-analyze", "systemd")
     # The unit as installed, its command pointing at an executable that exists here.
     program = tmp_path / "greenfed"
     program.write_text("#!/bin/sh\n")
