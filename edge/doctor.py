@@ -28,6 +28,7 @@ import aiomqtt
 import msgspec
 
 from shared.desired_signature import PublicKeyError, load_public_key
+from shared.enrolment_marker import read_marker
 from shared.mqtt import MqttSession, is_auth_failure
 from shared.settings import Settings
 
@@ -213,8 +214,6 @@ def enrolled_api_url(config: Path | None) -> str | None:
     """The control plane's URL `greenfed edge enrol` recorded in the settings file."""
     if config is None:
         return None
-    from greenfed.enrol_cli import read_marker
-
     try:
         marker = read_marker(config.read_text(encoding="utf-8"))
     except OSError:

@@ -16,7 +16,6 @@ import ssl
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -26,13 +25,10 @@ import msgspec
 from cloud.fleet.enrolment_views import Enrolment
 from greenfed.api_client import ApiClient, CliError, Target
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
+from shared.enrolment_marker import EnrolmentMarker, read_marker
 from shared.settings import ConfigError, load_settings
 from shared.token_files import write_secret
 
-MARKER_PREFIX: Final = "# greenfed enrolment:"
-_MARKER: Final = re.compile(
-    r"^# greenfed enrolment: api=(?P<api>\S+) cluster_id=(?P<cluster>\S+) node_id=(?P<node>\S+)$"
-)
 _BARE_KEY: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -40,24 +36,6 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
     environ = os.environ if environ is None else environ
     base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "greenfed" / "agent.toml"
-
-
-@dataclass(frozen=True, slots=True)
-class EnrolmentMarker:
-    api: str
-    cluster_id: str
-    node_id: str
-
-    def line(self) -> str:
-        return f"{MARKER_PREFIX} api={self.api} cluster_id={self.cluster_id} node_id={self.node_id}"
-
-
-def read_marker(text: str) -> EnrolmentMarker | None:
-    first = text.split("\n", 1)[0]
-    match = _MARKER.match(first)
-    if match is None:
-        return None
-    return EnrolmentMarker(match.group("api"), match.group("cluster"), match.group("node"))
 
 
 # -- a small TOML writer for settings documents (tables of scalars, lists, tables) ----
