@@ -69,6 +69,7 @@ from shared.tasks import stop_task
 from shared.topics import Channel, Topics
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
+from tests.support.tcp_proxy import TcpProxy  # the tests' proxy, which can cut the network
 
 # The issue's bound: a restarted agent serves its deployments again within this long.
 RESTORE_BOUND_S = 5.0
@@ -224,52 +225,6 @@ async def restores(args: argparse.Namespace) -> dict[str, Any]:
 # -- outbox replay -----------------------------------------------------------------
 
 
-class ClosedThenForwarding:
-    """A local port that refuses connections (nothing listens) until `plug`, then
-    forwards each connection to the broker, as tests/support/tcp_proxy.py does."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self._target = (target_host, target_port)
-        self.port = free_port()
-        self._server: asyncio.Server | None = None
-        self._pumps: set[asyncio.Task[None]] = set()
-
-    @property
-    def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
-
-    async def plug(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._pumps):
-            task.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            upstream_reader, upstream_writer = await asyncio.open_connection(*self._target)
-        except OSError:
-            writer.transport.abort()
-            return
-        for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
-            task = asyncio.create_task(self._pump(source, sink))
-            self._pumps.add(task)
-            task.add_done_callback(self._pumps.discard)
-
-    @staticmethod
-    async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while data := await source.read(65536):
-                sink.write(data)
-                await sink.drain()
-        sink.transport.abort()
-
-
 def subscriber_process(
     mqtt_url: str,
     topic: str,
@@ -354,7 +309,11 @@ async def one_replay(args: argparse.Namespace, context: Any) -> dict[str, Any]:
         daemon=True,
     )
     cloud.start()
-    proxy = ClosedThenForwarding(broker.host, broker.port)
+    # A local port that refuses connections (nothing listens) until plugged, then
+    # forwards each connection to the broker.
+    proxy = TcpProxy(broker.host, broker.port)
+    await proxy.start()
+    await proxy.unplug()
     try:
         if not await asyncio.to_thread(subscribed.wait, 30):
             raise RuntimeError("the subscriber did not subscribe")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import structlog
 
+from edge.training import wrapper
 from edge.training.log_tail import LogTail
 from edge.training.output import OutputBuffer
 from edge.training.runs import RunStatus
@@ -37,6 +38,7 @@ from edge.training.worker_record import (
 from edge.training.wrapper import read_exit_status
 from shared.messages import DesiredTraining, TrainingRunState
 
+WRAPPER_SCRIPT = wrapper.__file__
 POLL_S = 0.25  # how often the log is read and the worker's liveness checked
 RECORD_EVERY_POLLS = 20  # the record's read position is saved this often (5 s)
 LOST_REASON = "lost: the worker was not running when the agent started (the node restarted?)"
@@ -138,8 +140,9 @@ class ProcessRun:
         try:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable,
-                "-m",
-                "edge.training.wrapper",
+                # By path, not `-m`: with -m the job's working directory would come first
+                # on the wrapper's import path, and a folder there could shadow ours.
+                WRAPPER_SCRIPT,
                 "--log",
                 str(files.log_path),
                 "--max-log-bytes",

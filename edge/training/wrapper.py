@@ -1,6 +1,6 @@
 """The process a training worker runs under, so that it outlives the agent:
 
-    python -m edge.training.wrapper --log PATH --max-log-bytes N --exit-file PATH -- CMD...
+    python .../edge/training/wrapper.py --log PATH --max-log-bytes N --exit-file PATH -- CMD...
 
 The agent starts it in a session (process group) of its own, with no pipe to itself:
 the wrapper runs the command in that group, writes its output (stdout and stderr
@@ -47,7 +47,7 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.training.wrapper")
+    parser = argparse.ArgumentParser(prog="edge/training/wrapper.py")
     parser.add_argument("--log", type=Path, required=True)
     parser.add_argument("--max-log-bytes", type=int, required=True)
     parser.add_argument("--exit-file", type=Path, required=True)
