@@ -240,6 +240,10 @@ class Scheduler:
         job.keep_to(None if best is None else best[1])
         chosen = self._attempt(job, preempt=False)
         job.keep_to(None)
+        if len(chosen.placements) < job.shape.members:  # never a part of a gang
+            chosen.stmt.discard()
+            job.reset()
+            chosen = self._attempt(job, preempt=False)
         return chosen
 
     def _admissions(self, job: JobContext) -> dict[int, Admission]:

@@ -11,12 +11,13 @@ or an agent restart; past the spool's bounds (`agent.outbox_max_bytes`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 import aiomqtt
 
 from edge.agent.context import AgentContext
-from edge.agent.module import AgentModule
+from edge.agent.module import GOODBYE_TIMEOUT_S, AgentModule
 from edge.agent.spool import Spool
 from shared.messages import EventKind, JobLogChunk, NodeEvent, encode
 from shared.topics import Channel
@@ -65,7 +66,11 @@ class Outbox(AgentModule):
     async def goodbye(self, client: aiomqtt.Client) -> None:
         self._said_goodbye = True
         self.raise_event("agent-stopping")
-        await self._flush(client)
+        # What is left stays spooled for the next start: the birth's own goodbye (after
+        # this one) must get its share of the time, or the node would look crashed.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(GOODBYE_TIMEOUT_S / 2):
+                await self._flush(client)
 
     async def stop(self) -> None:
         if not self._said_goodbye:  # stopped while the broker was unreachable

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import structlog
+
 from shared.topics import Channel
 
 SEGMENT_BYTES = 1 << 20
@@ -38,6 +40,7 @@ _HEADER = struct.Struct("<IBd")  # payload bytes, channel code, spooled at (unix
 _CODES = {Channel.EVENTS: 1, Channel.LOGS: 2}
 _CHANNELS = {code: channel for channel, code in _CODES.items()}
 _SUFFIX = ".seg"
+_log = structlog.get_logger("greenfed.outbox")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,7 @@ class DiskSpool:
         self._segment_bytes = max(4096, min(segment_bytes, max_bytes // 4))
         self.dropped = 0
         self.expired = 0
+        self.write_errors = 0
         directory.mkdir(parents=True, exist_ok=True)
         segments = sorted(
             int(path.stem) for path in directory.glob(f"*{_SUFFIX}") if path.stem.isdigit()
@@ -144,6 +148,10 @@ class DiskSpool:
         read_segment, read_offset = self._load_cursor()
         if segments and read_segment < segments[0]:
             read_segment, read_offset = segments[0], 0  # its segment was dropped
+        if read_segment in self._sizes:
+            # A cursor past what is on disk (a power cut took the segment's unsynced tail)
+            # or off a record boundary: back to the last whole record before it.
+            read_offset = self._boundary_at_or_below(read_segment, read_offset)
         self._read_segment = read_segment if segments else 0
         self._read_offset = read_offset if segments else 0
         self._write_segment = segments[-1] if segments else 0
@@ -167,8 +175,16 @@ class DiskSpool:
             self._write_segment += 1
             self._sizes[self._write_segment] = 0
             self._writer = open(self._path(self._write_segment), "ab")  # noqa: SIM115
-        self._writer.write(record)
-        self._writer.flush()
+        try:
+            self._writer.write(record)
+            self._writer.flush()
+        except OSError as error:
+            # A full or read-only disk: this record is lost (counted), the agent goes on.
+            self.dropped += 1
+            self.write_errors += 1
+            _log.warning("outbox spool write failed", error=str(error))
+            self._reopen_writer()
+            return
         self._sizes[self._write_segment] += len(record)
         while self.pending_bytes > self._max_bytes and self._read_segment < self._write_segment:
             self._drop_read_segment()
@@ -201,12 +217,28 @@ class DiskSpool:
             return
         self._taken_since_save = 0
         temporary = self._directory / "cursor.tmp"
-        temporary.write_text(f"{self._read_segment} {self._read_offset}\n", encoding="ascii")
-        os.replace(temporary, self._directory / "cursor")
+        try:
+            temporary.write_text(f"{self._read_segment} {self._read_offset}\n", encoding="ascii")
+            os.replace(temporary, self._directory / "cursor")
+        except OSError as error:  # the records are resent after a restart: no loss
+            self.write_errors += 1
+            _log.warning("outbox cursor not saved", error=str(error))
 
     def close(self) -> None:
-        self.save()
-        self._writer.close()
+        with contextlib.suppress(OSError):
+            self.save()
+        with contextlib.suppress(OSError):
+            self._writer.close()
+
+    def _reopen_writer(self) -> None:
+        """After a failed write: the segment back to its last whole record, and a new
+        file object (the old one may still hold the bytes it could not write)."""
+        path = self._path(self._write_segment)
+        with contextlib.suppress(OSError):
+            self._writer.close()
+        with contextlib.suppress(OSError):
+            os.truncate(path, self._sizes[self._write_segment])
+        self._writer = open(path, "ab")  # noqa: SIM115 - kept open
 
     def _read(self) -> Record | None:
         while True:
@@ -215,9 +247,16 @@ class DiskSpool:
                 with open(self._path(self._read_segment), "rb") as file:
                     file.seek(self._read_offset)
                     header = file.read(_HEADER.size)
-                    length, code, spooled_at = _HEADER.unpack(header)
-                    payload = file.read(length)
-                return Record(_CHANNELS[code], payload, spooled_at)
+                    if len(header) == _HEADER.size:
+                        length, code, spooled_at = _HEADER.unpack(header)
+                        end = self._read_offset + _HEADER.size + length
+                        if code in _CHANNELS and end <= size:
+                            return Record(_CHANNELS[code], file.read(length), spooled_at)
+                # Not a record (the file was damaged): the rest of the segment is given up.
+                _log.warning("outbox spool damaged", segment=self._read_segment)
+                self.dropped += 1
+                self._read_offset = size
+                continue
             if self._read_segment >= self._write_segment:
                 return None
             # Every record of this segment was taken: delete it, read the next.
@@ -248,6 +287,20 @@ class DiskSpool:
         except (FileNotFoundError, ValueError):
             return 0, 0
 
+    def _boundary_at_or_below(self, segment: int, offset: int) -> int:
+        boundary = 0
+        size = self._sizes[segment]
+        with open(self._path(segment), "rb") as file:
+            while header := file.read(_HEADER.size):
+                if len(header) < _HEADER.size:
+                    break
+                end = boundary + _HEADER.size + _HEADER.unpack(header)[0]
+                if end > min(offset, size):
+                    break
+                boundary = end
+                file.seek(end)
+        return boundary
+
     def _records_in(self, segment: int, offset: int) -> int:
         count = 0
         with open(self._path(segment), "rb") as file:
@@ -270,7 +323,11 @@ class DiskSpool:
                 if len(header) < _HEADER.size:
                     break
                 length, code, _ = _HEADER.unpack(header)
-                if code not in _CHANNELS or end + _HEADER.size + length > size:
+                if code not in _CHANNELS:
+                    self.dropped += 1  # damage, not a half-written record: counted
+                    _log.warning("outbox spool damaged", segment=segment)
+                    break
+                if end + _HEADER.size + length > size:
                     break
                 file.seek(length, os.SEEK_CUR)
                 end += _HEADER.size + length

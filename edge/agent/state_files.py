@@ -13,6 +13,9 @@ import os
 import threading
 from pathlib import Path
 
+import structlog
+
+_log = structlog.get_logger("greenfed.agent.state")
 DESIRED_FILE = "desired.json"
 REPORTED_FILE = "reported.json"
 OUTBOX_DIR = "outbox"
@@ -42,6 +45,7 @@ class AgentStateFiles:
         # thread gets there last, one write at a time.
         self._newest: dict[str, bytes] = {}
         self._lock = threading.Lock()
+        self.write_errors = 0
 
     @property
     def outbox_dir(self) -> Path:
@@ -66,8 +70,15 @@ class AgentStateFiles:
     def _write_newest(self, name: str) -> None:
         with self._lock:
             payload = self._newest.pop(name, None)
-            if payload is not None:  # else a later thread already wrote it
+            if payload is None:
+                return  # a later thread already wrote it
+            try:
                 write_atomically(self.directory / name, payload)
+            except OSError as error:
+                # A full or read-only disk must not stop a node that serves from memory:
+                # the old file stays (whole), and the next save tries again.
+                self.write_errors += 1
+                _log.warning("agent state not saved", file=name, error=str(error))
 
     def _read(self, name: str) -> bytes | None:
         try:

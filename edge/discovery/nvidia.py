@@ -344,11 +344,16 @@ class NvidiaProbe:
             )
         try:
             memory_used_bytes: int | None = int(nvml.nvmlDeviceGetMemoryInfo(device.handle).used)
-        except nvml.NVMLError_NotSupported:
+        except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_Unknown):
+            # The device itself failed: no reading for it this round; the agent judges
+            # it unhealthy if that lasts (edge/agent/device_health.py).
+            raise
+        except nvml.NVMLError as error:  # not supported, no permission, a timeout
+            log.debug(
+                "NVML query failed", query="memory", accelerator=device.accelerator_id,
+                error=str(error),
+            )  # fmt: skip
             memory_used_bytes = None
-        # Any other NVML error here (the GPU is lost, an unknown error) leaves this GPU
-        # without a reading this round: the agent judges it unhealthy if that lasts
-        # (edge/agent/device_health.py).
         power_mw = query(lambda: int(nvml.nvmlDeviceGetPowerUsage(device.physical_handle)), "power")
         temperature_c = query(
             lambda: float(

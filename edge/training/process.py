@@ -30,6 +30,7 @@ from edge.training.output import OutputBuffer
 from edge.training.runs import RunStatus
 from edge.training.worker_record import (
     WorkerRecord,
+    boot_id,
     is_alive,
     load_record,
     process_started,
@@ -140,8 +141,10 @@ class ProcessRun:
         try:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable,
-                # By path, not `-m`: with -m the job's working directory would come first
-                # on the wrapper's import path, and a folder there could shadow ours.
+                # Isolated (-I) and by path: the job's PYTHONPATH and working directory
+                # reach the command (which inherits the environment), never the wrapper's
+                # own imports, where a package of the same name would shadow ours.
+                "-I",
                 WRAPPER_SCRIPT,
                 "--log",
                 str(files.log_path),
@@ -168,6 +171,7 @@ class ProcessRun:
             attempt=self.spec.attempt,
             pid=pid,
             process_started=process_started(pid) or 0.0,
+            boot_id=boot_id(),
             started_at=self.status.wall_clock(),
         )
         self._save_record()
@@ -179,7 +183,7 @@ class ProcessRun:
         if self._process is not None:
             return self._process.returncode is None
         record = self._record
-        return record is not None and is_alive(record.pid, record.process_started)
+        return record is not None and is_alive(record.pid, record.process_started, record.boot_id)
 
     async def _pause(self) -> None:
         if self._exited is not None:

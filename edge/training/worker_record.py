@@ -2,10 +2,14 @@
 worker's log, written when the worker starts and whenever the agent lets go of it.
 
 A worker is taken back only if a process with its pid is alive *and* started when
-the record says (psutil's create time), so a pid the kernel gave to another process
-after a reboot is never adopted. The record also says where the agent's reading of
-the log had got to, so the output is shipped on from there, and its wrapper writes
-`<name>.exit` when the worker ends (edge/training/wrapper.py).
+the record says, in this boot: its start in clock ticks since boot (from /proc, which
+a stepped wall clock does not move, unlike a create time derived from it) and the
+kernel's boot id. A pid the kernel gave to another process, after a reboot or not, is
+never adopted; where there is no /proc, psutil's create time stands in.
+
+The record also says where the agent's reading of the log had got to, so the output is
+shipped on from there, and its wrapper writes `<name>.exit` when the worker ends
+(edge/training/wrapper.py).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
     job_id: str
     attempt: int
     pid: int  # the wrapper's, which leads the worker's process group
-    process_started: float  # psutil create time of that process
+    process_started: float  # when that process started (`process_started`)
+    boot_id: str = ""  # the kernel's boot id then ("": unknown)
     started_at: float  # wall clock, for the reported state
     tail_inode: int | None = None
     tail_position: int = 0
@@ -47,17 +52,44 @@ def load_record(path: Path) -> WorkerRecord | None:
         return None
 
 
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:
+        return ""
+
+
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat from the state on (None: no such process here)."""
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        data = file.read()
+    # The command name is in parentheses and may hold anything: read after the last ')'.
+    return data[data.rindex(b")") + 2 :].split()
+
+
 def process_started(pid: int) -> float | None:
+    """When `pid` started: clock ticks since boot on Linux, else psutil's create time;
+    None when there is no such process."""
     try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
+        fields = _proc_stat(pid)
+        return float(fields[19]) if fields is not None else None  # stat's field 22
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, IndexError):
+        try:
+            return psutil.Process(pid).create_time()
+        except psutil.Error:
+            return None
 
 
-def is_alive(pid: int, started: float) -> bool:
-    """The process `pid` is the one that started at `started` and has not exited."""
+def is_alive(pid: int, started: float, started_boot_id: str = "") -> bool:
+    """The process `pid` is the one that started at `started` (in the boot
+    `started_boot_id`, when known) and has not exited."""
+    if started_boot_id and boot_id() and started_boot_id != boot_id():
+        return False
+    if process_started(pid) != started:
+        return False
     try:
-        process = psutil.Process(pid)
-        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False

@@ -13,17 +13,21 @@ waits for it, so that the status is always written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from edge.training.logs import BoundedLog
 
 READ_CHUNK_BYTES = 64 * 1024
+# After the command exits, what it printed last is read for at most this long.
+OUTPUT_GRACE_S = 2.0
 
 
 def write_exit_status(path: Path, returncode: int | None, error: str = "") -> None:
@@ -68,13 +72,22 @@ def main(argv: list[str] | None = None) -> int:
             write_exit_status(args.exit_file, None, reason)
             return 0
         assert child.stdout is not None
-        output = child.stdout.fileno()
-        while chunk := os.read(output, READ_CHUNK_BYTES):  # whatever is there, at once
-            log.write(chunk)
-            log.flush()
+        reader = threading.Thread(target=_copy, args=(child.stdout.fileno(), log), daemon=True)
+        reader.start()
+        # The command's exit is the end, not the pipe's: something it left running in the
+        # background (`cmd &`, a metrics daemon) may hold the pipe open for ever.
         returncode = child.wait()
+        reader.join(timeout=OUTPUT_GRACE_S)
     write_exit_status(args.exit_file, returncode)
     return 0
+
+
+def _copy(output: int, log: BoundedLog) -> None:
+    while chunk := os.read(output, READ_CHUNK_BYTES):  # whatever is there, at once
+        # A full disk loses output, never the job: the pipe is always drained.
+        with contextlib.suppress(OSError):
+            log.write(chunk)
+            log.flush()
 
 
 if __name__ == "__main__":

@@ -181,3 +181,64 @@ def test_whatever_happens_every_record_is_taken_once_in_order(
     taken += drain(spool)
     spool.close()
     assert taken == appended
+
+
+def test_a_cursor_past_what_is_on_disk_resumes_at_the_last_whole_record(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    spool = DiskSpool(tmp_path, max_bytes=1 << 20, max_age_s=3600, clock=clock)
+    for number in range(10):
+        spool.append(Channel.EVENTS, f"event {number}".encode())
+    spool.close()
+    # A power cut kept the renamed cursor but not the segment's unsynced tail.
+    (segment,) = tmp_path.glob("*.seg")
+    (tmp_path / "cursor").write_text(f"0 {segment.stat().st_size + 100}\n")
+    with open(segment, "r+b") as file:
+        file.truncate(segment.stat().st_size - 7)  # half of the last record
+    again = DiskSpool(tmp_path, max_bytes=1 << 20, max_age_s=3600, clock=clock)
+    again.append(Channel.EVENTS, b"after")
+    assert drain(again) == [b"after"]  # nothing read from the middle of a record
+    # A cursor off a record boundary goes back to the one before it.
+    again.close()
+    (tmp_path / "cursor").write_text("0 3\n")
+    third = DiskSpool(tmp_path, max_bytes=1 << 20, max_age_s=3600, clock=clock)
+    assert drain(third)[:2] == [b"event 0", b"event 1"]
+
+
+def test_a_damaged_segment_is_skipped_and_counted_not_fatal(tmp_path: Path) -> None:
+    clock = Clock()
+    spool = DiskSpool(tmp_path, max_bytes=1 << 20, max_age_s=3600, clock=clock)
+    spool.append(Channel.EVENTS, b"first")
+    spool.close()
+    (segment,) = tmp_path.glob("*.seg")
+    data = bytearray(segment.read_bytes())
+    data[4] = 99  # its channel code is no channel
+    segment.write_bytes(bytes(data))
+    again = DiskSpool(tmp_path, max_bytes=1 << 20, max_age_s=3600, clock=clock)
+    again.append(Channel.EVENTS, b"second")
+    assert drain(again) == [b"second"]
+    assert again.dropped == 1
+
+
+class FullDisk:
+    """A segment file object on a disk that has filled up (the seam: the file system)."""
+
+    def write(self, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_write_that_fails_loses_that_record_only(tmp_path: Path) -> None:
+    spool = DiskSpool(tmp_path, max_bytes=1 << 20, max_age_s=3600, clock=Clock())
+    spool.append(Channel.EVENTS, b"before")
+    spool._writer = FullDisk()  # type: ignore[assignment]
+    spool.append(Channel.EVENTS, b"lost")  # counted, not raised
+    assert (spool.dropped, spool.write_errors) == (1, 1)
+    spool.append(Channel.EVENTS, b"after")  # the disk has room again
+    assert drain(spool) == [b"before", b"after"]

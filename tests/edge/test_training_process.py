@@ -188,3 +188,31 @@ def _alive(pid: int) -> bool:
             return handle.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_a_worker_is_done_when_its_command_exits_not_when_the_pipe_closes(
+    tmp_path: Path,
+) -> None:
+    # Something it leaves running in the background keeps its output pipe open.
+    script = (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "print('trained', flush=True)\n"
+    )
+    run = prepare(tmp_path, spec(script))
+    started = time.monotonic()
+    await asyncio.wait_for(run.run(), 30)
+    assert time.monotonic() - started < 10
+    assert (run.status.state, run.status.exit_code) == ("succeeded", 0)
+    assert tail_lines(run.log_path, 1) == ["trained"]
+
+
+def test_a_process_is_known_by_its_start_in_this_boot_not_by_the_wall_clock() -> None:
+    from edge.training.worker_record import boot_id, is_alive, process_started
+
+    started = process_started(os.getpid())
+    assert started is not None
+    assert started < 1e9  # clock ticks since boot, not a wall-clock time a step would move
+    assert is_alive(os.getpid(), started, boot_id())
+    assert not is_alive(os.getpid(), started + 1, boot_id())  # another process on this pid
+    assert not is_alive(os.getpid(), started, "another-boot")
