@@ -113,6 +113,11 @@ if ! cmp -s "$here/greenfed-agent.service" "$unit"; then
 fi
 if [ -z "$root" ]; then
   systemctl is-enabled --quiet greenfed-agent.service || systemctl enable greenfed-agent.service
-  systemctl is-active --quiet greenfed-agent.service || systemctl start greenfed-agent.service
+  if systemctl is-active --quiet greenfed-agent.service; then
+    # A new package or unit takes effect now; training workers outlive the restart.
+    [ "$upgrade" -eq 0 ] || systemctl try-restart greenfed-agent.service
+  else
+    systemctl start greenfed-agent.service
+  fi
 fi
-say "done; check the node with: $venv/bin/greenfed edge doctor --config $config"
+say "done; check the node with: ${as_agent[*]} $venv/bin/greenfed edge doctor --config $config"

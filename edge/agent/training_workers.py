@@ -1,7 +1,8 @@
-"""Training workers on this node, tied to the agent's lifetime: supervised in the
-agent's task group (they keep running while the broker is unreachable) and stopped,
-with a grace period, when the agent stops. What runs is decided by
-edge/training/reconcile.py."""
+"""Training workers on this node: supervised in the agent's task group (they keep
+running while the broker is unreachable). When the agent stops, real worker processes
+go on and the next agent takes them back (edge/training/process.py); workers that live
+in the agent's own process (simulated ones) are stopped with a grace period. What runs
+is decided by edge/training/reconcile.py."""
 
 from __future__ import annotations
 

@@ -216,3 +216,25 @@ def test_a_process_is_known_by_its_start_in_this_boot_not_by_the_wall_clock() ->
     assert is_alive(os.getpid(), started, boot_id())
     assert not is_alive(os.getpid(), started + 1, boot_id())  # another process on this pid
     assert not is_alive(os.getpid(), started, "another-boot")
+
+
+def test_the_log_is_read_on_across_its_rotation_without_a_gap(tmp_path: Path) -> None:
+    from edge.training.log_tail import LogTail
+
+    path = tmp_path / "job.log"
+    written = b""
+    read = b""
+    with BoundedLog(path, max_bytes=1024) as log:
+        tail = LogTail(path)
+        for number in range(60):  # several rotations, read in small pieces meanwhile
+            line = f"{number:04d} {'.' * 40}\n".encode()
+            log.write(line)
+            log.flush()
+            written += line
+            if number % 7 == 0:  # a poll: what is there, in pieces smaller than a file
+                while chunk := tail.read(max_bytes=128):
+                    read += chunk
+        while chunk := tail.read(max_bytes=128):
+            read += chunk
+    assert read == written
+    assert tail.lost_rotations == 0
