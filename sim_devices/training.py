@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from edge.training.output import OutputBuffer
 from edge.training.runs import RunStatus
@@ -90,6 +90,9 @@ class SimulatedLauncher:
 
     def adopt(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun | None:
         return None  # simulated workers end with their agent
+
+    def leftovers(self, claimed: Collection[tuple[str, int]]) -> list[SimulatedRun]:
+        return []
 
     def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun:
         return SimulatedRun(spec, simulated_runtime_s(spec, self._inventory), self._wall_clock)

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +173,7 @@ class ProcessRun:
             process_started=process_started(pid) or 0.0,
             boot_id=boot_id(),
             started_at=self.status.wall_clock(),
+            grace_period_s=self.spec.grace_period_s,
         )
         self._save_record()
         self.status.mark_running()
@@ -303,6 +304,27 @@ class ProcessLauncher:
             self._max_log_bytes,
             self._wall_clock,
         )
+
+    def leftovers(self, claimed: Collection[tuple[str, int]]) -> list[ProcessRun]:
+        """Live workers an earlier agent started that nothing here claims (withdrawn
+        while no agent ran, say): runs to stop, taken back from their records."""
+        found = []
+        for path in sorted(self.log_dir.glob("*.run")):
+            record = load_record(path)
+            if record is None or (record.job_id, record.attempt) in claimed:
+                continue
+            if not is_alive(record.pid, record.process_started, record.boot_id):
+                continue
+            spec = DesiredTraining(
+                job_id=record.job_id,
+                attempt=record.attempt,
+                grace_period_s=record.grace_period_s,
+            )
+            files = self.files(record.job_id, record.attempt)
+            found.append(
+                ProcessRun(spec, {}, files, self._max_log_bytes, self._wall_clock, adopted=record)
+            )
+        return found
 
     def adopt(self, spec: DesiredTraining, environment: dict[str, str]) -> ProcessRun | None:
         """The run of this worker an earlier agent started, if it left a record."""

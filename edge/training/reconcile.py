@@ -23,6 +23,7 @@ from edge.training.runs import RunStatus, TrainingLauncher, TrainingRun
 from shared.messages import Accelerator, DesiredTraining, EventKind, ReportedTraining
 
 RunKey = tuple[str, int]
+LEFTOVER_REASON = "not wanted: an earlier agent's worker its successor was not given"
 EventSink = Callable[[EventKind, str, str], None]  # kind, subject (job id), detail
 
 
@@ -63,6 +64,7 @@ class TrainingReconciler:
         self._retired: list[TrainingRun] = []
         self._runs: dict[RunKey, TrainingRun] = {}
         self._tasks: asyncio.TaskGroup | None = None
+        self._swept = False  # earlier agents' unclaimed workers were looked for
         self._log = structlog.get_logger("greenfed.training")
 
     def bind(self, tasks: asyncio.TaskGroup) -> None:
@@ -87,6 +89,17 @@ class TrainingReconciler:
                 run = self._prepare(spec)
                 self._runs[key] = run
                 self._tasks.create_task(self._supervise(run))
+        if not self._swept and self._launcher is not None:
+            # The first document applied says what this node should run: a worker an
+            # earlier agent left that it does not list (withdrawn while no agent ran)
+            # would hold its GPUs unseen, so it is stopped.
+            self._swept = True
+            for run in self._launcher.leftovers(set(self._runs)):
+                run.status.on_change = self._status_changed
+                run.output.on_output = self._on_output
+                self._retired.append(run)
+                self._tasks.create_task(self._supervise(run))
+                self._tasks.create_task(self._stop(run, LEFTOVER_REASON))
         self._on_change()
 
     async def stop_all(self, reason: str, timeout_s: float = 3.0) -> None:

@@ -8,7 +8,7 @@ cloud decides what that means for the job.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -90,4 +90,9 @@ class TrainingLauncher(Protocol):
     def adopt(self, spec: DesiredTraining, environment: dict[str, str]) -> TrainingRun | None:
         """The run of this worker an earlier agent started and left (running, or ended
         meanwhile, or lost), to be supervised from where it is; None: there is none."""
+        ...
+
+    def leftovers(self, claimed: Collection[tuple[str, int]]) -> Sequence[TrainingRun]:
+        """Live workers an earlier agent left that none of `claimed` (job id, attempt)
+        is: the reconciler stops them."""
         ...

@@ -30,6 +30,7 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
     process_started: float  # when that process started (`process_started`)
     boot_id: str = ""  # the kernel's boot id then ("": unknown)
     started_at: float  # wall clock, for the reported state
+    grace_period_s: float = 30.0  # SIGTERM to SIGKILL, should it have to be stopped
     tail_inode: int | None = None
     tail_position: int = 0
     output_offset: int = 0  # offset in the worker's output of the first byte not shipped

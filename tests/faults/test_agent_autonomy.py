@@ -401,3 +401,59 @@ async def test_training_outlives_an_agent_restart_and_a_reboot_is_reported_at_on
             await eventually(
                 lambda: reported(third, "bert") == ("stopped", None, LOST_REASON), timeout_s=5
             )
+
+
+async def test_a_worker_withdrawn_while_no_agent_ran_is_stopped_by_the_next_one(
+    broker: BrokerUnderTest, topic_root: str, tmp_path: Path
+) -> None:
+    settings = mqtt_settings(broker.url, topic_root)
+    jobs = tmp_path / "jobs"
+    # It ignores SIGTERM, so its withdrawal takes the whole grace period.
+    command = (
+        sys.executable,
+        "-c",
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', flush=True)\ntime.sleep(120)\n",
+    )
+
+    def agent() -> Agent:
+        return simulated_agent(
+            "v100-6",
+            settings,
+            "v100-8x",
+            site="cloud",
+            training_launcher=ProcessLauncher(jobs),
+            state_dir=tmp_path / "state",
+        )
+
+    async with running_ingestion(settings) as cloud:
+        first = agent()
+        async with running(first):
+            await eventually(lambda: cloud.registry.get("v100-6") is not None)
+            job = DesiredTraining(
+                job_id="stray", command=command, accelerator_ids=("gpu0",), grace_period_s=3.0
+            )
+            await publish_desired(
+                broker.url,
+                topic_root,
+                DesiredState(node_id="v100-6", generation=1, issued_at=1.0, training=(job,)),
+            )
+            await eventually(lambda: load_record(jobs / "stray-0.run") is not None)
+            stray = load_record(jobs / "stray-0.run")
+            assert stray is not None
+            await eventually(lambda: "up" in _read(jobs / "stray-0.log"))
+            # Withdrawn; the agent stops before the grace period is over.
+            await publish_desired(
+                broker.url,
+                topic_root,
+                DesiredState(node_id="v100-6", generation=2, issued_at=2.0),
+            )
+            await eventually(lambda: first.counters.desired_received >= 2)
+        assert is_alive(stray.pid, stray.process_started, stray.boot_id)  # left behind
+        second = agent()  # its document (from disk, then the broker's) does not list it
+        async with running(second):
+            await eventually(
+                lambda: not is_alive(stray.pid, stray.process_started, stray.boot_id),
+                timeout_s=15,
+                message="the left-behind worker still runs",
+            )
