@@ -25,7 +25,7 @@ import contextlib
 import os
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -287,50 +287,43 @@ class DiskSpool:
         except (FileNotFoundError, ValueError):
             return 0, 0
 
+    @staticmethod
+    def _headers(path: Path, start: int = 0) -> Iterator[tuple[int, int]]:
+        """(channel code, end offset) of each record header from `start`, in order; the
+        record may run past the end of the file (a half-written one): callers decide."""
+        with open(path, "rb") as file:
+            file.seek(start)
+            while len(header := file.read(_HEADER.size)) == _HEADER.size:
+                length, code, _ = _HEADER.unpack(header)
+                start += _HEADER.size + length
+                yield code, start
+                file.seek(start)
+
     def _boundary_at_or_below(self, segment: int, offset: int) -> int:
         boundary = 0
-        size = self._sizes[segment]
-        with open(self._path(segment), "rb") as file:
-            while header := file.read(_HEADER.size):
-                if len(header) < _HEADER.size:
-                    break
-                end = boundary + _HEADER.size + _HEADER.unpack(header)[0]
-                if end > min(offset, size):
-                    break
-                boundary = end
-                file.seek(end)
+        limit = min(offset, self._sizes[segment])
+        for _, end in self._headers(self._path(segment)):
+            if end > limit:
+                break
+            boundary = end
         return boundary
 
     def _records_in(self, segment: int, offset: int) -> int:
-        count = 0
-        with open(self._path(segment), "rb") as file:
-            file.seek(offset)
-            while header := file.read(_HEADER.size):
-                if len(header) < _HEADER.size:
-                    break
-                length = _HEADER.unpack(header)[0]
-                file.seek(length, os.SEEK_CUR)
-                count += 1
-        return count
+        return sum(1 for _ in self._headers(self._path(segment), offset))
 
     def _cut_partial(self, segment: int) -> int:
         """Truncate a half-written last record; the segment's whole-record size."""
         path = self._path(segment)
         end = 0
         size = path.stat().st_size
-        with open(path, "rb") as file:
-            while header := file.read(_HEADER.size):
-                if len(header) < _HEADER.size:
-                    break
-                length, code, _ = _HEADER.unpack(header)
-                if code not in _CHANNELS:
-                    self.dropped += 1  # damage, not a half-written record: counted
-                    _log.warning("outbox spool damaged", segment=segment)
-                    break
-                if end + _HEADER.size + length > size:
-                    break
-                file.seek(length, os.SEEK_CUR)
-                end += _HEADER.size + length
+        for code, record_end in self._headers(path):
+            if code not in _CHANNELS:
+                self.dropped += 1  # damage, not a half-written record: counted
+                _log.warning("outbox spool damaged", segment=segment)
+                break
+            if record_end > size:
+                break
+            end = record_end
         if end < size:
             with open(path, "r+b") as file:
                 file.truncate(end)
