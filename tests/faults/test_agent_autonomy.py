@@ -23,7 +23,7 @@ from edge.inference.options import InferenceOptions
 from edge.training.process import LOST_REASON, ProcessLauncher
 from edge.training.worker_record import WorkerRecord, is_alive, load_record
 from shared.messages import DesiredState, DesiredTraining
-from shared.settings import parse_mqtt_url
+from shared.settings import MqttSettings, parse_mqtt_url
 from tests.api.support import Api, bearer
 from tests.store.databases import DatabaseUnderTest
 from tests.support.brokers import BrokerUnderTest
@@ -177,14 +177,7 @@ async def test_events_and_job_logs_raised_during_a_partition_arrive_in_order(
         f"import time\nfor i in range({lines}):\n print(f'line {{i}}', flush=True)\n"
         " time.sleep(0.02)",
     )
-    agent = simulated_agent(
-        "v100-9",
-        mqtt_settings(proxy.url, topic_root),
-        "v100-8x",
-        site="cloud",
-        training_launcher=ProcessLauncher(tmp_path / "jobs"),
-        state_dir=tmp_path / "state",
-    )
+    agent = trainer("v100-9", mqtt_settings(proxy.url, topic_root), tmp_path)
     raised: list[str] = []
     try:
         async with (
@@ -226,6 +219,19 @@ async def test_events_and_job_logs_raised_during_a_partition_arrive_in_order(
         await proxy.stop()
     assert agent.counters.outbox_dropped == 0
     assert agent.counters.outbox_expired == 0
+
+
+def trainer(node_id: str, settings: MqttSettings, tmp_path: Path) -> Agent:
+    """A cloud node whose workers are real processes (tmp_path/jobs) and whose state is
+    kept in tmp_path/state: each call is the same node's agent started again."""
+    return simulated_agent(
+        node_id,
+        settings,
+        "v100-8x",
+        site="cloud",
+        training_launcher=ProcessLauncher(tmp_path / "jobs"),
+        state_dir=tmp_path / "state",
+    )
 
 
 async def _serves(agent: Agent, deployment_id: str) -> bool:
@@ -329,14 +335,7 @@ async def test_training_outlives_an_agent_restart_and_a_reboot_is_reported_at_on
     jobs = tmp_path / "jobs"
 
     def agent() -> Agent:
-        return simulated_agent(
-            "v100-5",
-            settings,
-            "v100-8x",
-            site="cloud",
-            training_launcher=ProcessLauncher(jobs),
-            state_dir=tmp_path / "state",
-        )
+        return trainer("v100-5", settings, tmp_path)
 
     def reported(instance: Agent, job_id: str) -> tuple[str, int | None, str] | None:
         record = cloud.registry.get("v100-5")
@@ -417,14 +416,7 @@ async def test_a_worker_withdrawn_while_no_agent_ran_is_stopped_by_the_next_one(
     )
 
     def agent() -> Agent:
-        return simulated_agent(
-            "v100-6",
-            settings,
-            "v100-8x",
-            site="cloud",
-            training_launcher=ProcessLauncher(jobs),
-            state_dir=tmp_path / "state",
-        )
+        return trainer("v100-6", settings, tmp_path)
 
     async with running_ingestion(settings) as cloud:
         first = agent()
