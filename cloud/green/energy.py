@@ -87,10 +87,13 @@ class EnergyModel:
         nodes: IntArray,
         accelerators: int | IntArray,
         utilisation: float | FloatArray,
+        *,
+        column: int | None = None,
     ) -> FloatArray:
         """Power (W) of ``accelerators`` devices of ``kind`` on each node, host share
-        and PUE included."""
-        columns = snapshot.nodes.kind(kind)
+        and PUE included; from pool ``column`` (snapshot.py), default the kind's first."""
+        table = snapshot.nodes
+        columns = table.kind(kind) if column is None else table.kinds[column]
         count = np.asarray(accelerators, dtype=np.float64)
         device_w = count * linear_power_w(
             columns.idle_power_w[nodes], columns.max_power_w[nodes], utilisation
@@ -98,9 +101,10 @@ class EnergyModel:
         if kind == "cpu":
             host_w = np.zeros_like(device_w)
         else:
-            cpu = snapshot.nodes.kind("cpu")
+            cpu = table.kind("cpu")
             cpu_count = cpu.capacity[nodes].astype(np.float64)
-            pool_count = np.maximum(columns.capacity[nodes], 1).astype(np.float64)
+            # The host is shared by all the node's devices of the kind, in every pool.
+            pool_count = np.maximum(table.kind_capacity(kind)[nodes], 1).astype(np.float64)
             measured_host_w = (
                 cpu_count
                 * linear_power_w(cpu.idle_power_w[nodes], cpu.max_power_w[nodes], utilisation)
@@ -123,6 +127,7 @@ class EnergyModel:
             candidates.nodes,
             job.accelerators_per_worker,
             self.training_utilisation,
+            column=candidates.column,
         )
         result: FloatArray = job.workers * power_w * candidates.runtime_s / J_PER_KWH
         return result
@@ -136,13 +141,16 @@ class EnergyModel:
         kind: AcceleratorKind,
         nodes: IntArray,
         requests_per_s: float | None = None,
+        *,
+        column: int | None = None,
     ) -> FloatArray:
         """Busy share of one replica on each node at ``requests_per_s`` over all replicas
         (default: the deployment's expected rate)."""
         rate = deployment.requests_per_s if requests_per_s is None else requests_per_s
         if deployment.reference_ms_per_request is None or (requests_per_s is None and rate <= 0):
             return np.full(nodes.size, self.inference_utilisation)
-        speed = snapshot.nodes.kind(kind).relative_speed[nodes]
+        table = snapshot.nodes
+        speed = (table.kind(kind) if column is None else table.kinds[column]).relative_speed[nodes]
         service_s = deployment.reference_ms_per_request / speed / 1000.0
         result: FloatArray = np.clip(rate / deployment.replicas * service_s, 0.0, 1.0)
         return result
@@ -152,11 +160,17 @@ class EnergyModel:
     ) -> FloatArray:
         """Power (kW) of one replica on each candidate at the deployment's expected load:
         its energy per hour in kWh."""
+        column = candidates.column
         utilisation = self.replica_utilisation(
-            snapshot, deployment, candidates.kind, candidates.nodes
+            snapshot, deployment, candidates.kind, candidates.nodes, column=column
         )
         power_w = self.member_power_w(
-            snapshot, candidates.kind, candidates.nodes, candidates.accelerators, utilisation
+            snapshot,
+            candidates.kind,
+            candidates.nodes,
+            candidates.accelerators,
+            utilisation,
+            column=column,
         )
         result: FloatArray = power_w / 1000.0
         return result

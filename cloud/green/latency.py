@@ -98,7 +98,7 @@ class ServingLatency:
     ) -> FloatArray:
         nodes = snapshot.nodes
         network = self.network_ms(nodes.regions, deployment.traffic_by_region)
-        speed = nodes.kind(candidates.kind).relative_speed[candidates.nodes]
+        speed = candidates.pools(snapshot).relative_speed[candidates.nodes]
         result: FloatArray = network[nodes.region_code[candidates.nodes]] + self.response_ms(
             deployment, candidates.kind, speed
         )

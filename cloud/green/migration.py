@@ -301,7 +301,9 @@ class Migrator:
         """A gang's run from now: ``remaining_s`` reference seconds at the speed of its
         slowest node, or, when None, until the allocations' expected end."""
         table = snapshot.nodes
-        kind = held[0].accelerator_kind  # a gang's workers share one kind
+        # A gang's workers share one kind; its main pool's figures stand for all of them
+        # (migration judges training, which runs on whole GPUs).
+        kind = held[0].accelerator_kind
         index = np.array([table.index[a.node_id] for a in held])
         speed = table.kind(kind).relative_speed[index]
         if remaining_s is None:

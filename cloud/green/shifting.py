@@ -222,7 +222,7 @@ class WindowShifter:
         nodes = snapshot.nodes
         kind = candidates.kind
         per_member = job.accelerators_per_worker
-        columns = nodes.kind(kind)
+        columns = candidates.pools(snapshot)
         in_zone = candidates.nodes[nodes.zone_code[candidates.nodes] == zone_code]
         free = columns.free[in_zone].astype(np.float64)
         position = {nodes.node_ids[n]: i for i, n in enumerate(in_zone.tolist())}

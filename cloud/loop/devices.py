@@ -23,21 +23,19 @@ def pick_devices(
     kind: AcceleratorKind,
     count: int,
     held: Iterable[str],
+    model: str = "",
 ) -> tuple[str, ...]:
-    """`count` free, healthy device ids of `kind` on a node, lowest ids first. CPU cores
-    are not pinned (the pool counts cores; the operating system places the threads): ()."""
+    """`count` free, healthy device ids of `kind` (and `model`, the scheduler's pool,
+    when given) on a node, lowest ids first. CPU cores are not pinned (the pool counts
+    cores; the operating system places the threads): ()."""
     if kind == "cpu":
         return ()
     taken = set(held)
-    free = sorted(
-        (a.id for a in inventory if a.kind == kind and a.healthy and a.id not in taken),
-        key=_natural_key,
-    )
+    pool = [a for a in inventory if a.kind == kind and (not model or a.model == model)]
+    free = sorted((a.id for a in pool if a.healthy and a.id not in taken), key=_natural_key)
     if len(free) < count:
-        raise NotEnoughDevices(
-            f"{count} {kind} wanted, {len(free)} free of "
-            f"{sum(1 for a in inventory if a.kind == kind)}"
-        )
+        what = f"{kind} {model}" if model else kind
+        raise NotEnoughDevices(f"{count} {what} wanted, {len(free)} free of {len(pool)}")
     return tuple(free[:count])
 
 

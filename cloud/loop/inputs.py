@@ -23,7 +23,7 @@ import msgspec
 
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import by_work
-from cloud.loop.nodes import scheduler_nodes
+from cloud.loop.nodes import pool_model, scheduler_nodes
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, Tenant, Work
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.store.states import PLACED_STATES
@@ -113,7 +113,11 @@ def build_inputs(
     works, unschedulable = _convert(store, names, cache or ConversionCache())
     allocations = by_work(store.allocations)
     running: list[Allocation] = [
-        allocation_from_record(allocation, works[allocation.work_id])
+        allocation_from_record(
+            allocation,
+            works[allocation.work_id],
+            accelerator_model=pool_model(nodes[allocation.node_id], allocation.accelerator_ids),
+        )
         for allocation in store.allocations
         # On a node the registry does not know (yet, after a restart; or any more) it
         # takes nothing the scheduler could give away; the loop decides when it is lost.

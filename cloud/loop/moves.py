@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from cloud.green.migration import RunningJob
 from cloud.loop.inputs import PassInputs
+from cloud.loop.nodes import pool_model
 from cloud.scheduler import TrainingJob
+from cloud.scheduler.snapshot import pool_speed
 
 
 def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
@@ -47,8 +49,15 @@ def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
             or any(member.node_id not in table.index for member in members)
         ):
             continue
-        columns = table.kind(members[0].accelerator_kind)
-        speed = min(float(columns.relative_speed[table.index[m.node_id]]) for m in members)
+        speed = min(
+            pool_speed(
+                table,
+                m.node_id,
+                m.accelerator_kind,
+                pool_model(inputs.nodes[m.node_id], m.accelerator_ids),
+            )
+            for m in members
+        )
         result.append(
             RunningJob(job=work, started_s=max(m.started_at for m in members), speed=speed)
         )

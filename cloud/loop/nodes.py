@@ -1,10 +1,14 @@
 """The registry's live nodes as the scheduler's immutable `Node`s.
 
-The scheduler models one pool per accelerator kind per node. Devices of a kind
-(healthy ones: a device its agent reports failing is left out until it recovers)
-are folded into that pool conservatively: the smallest memory and the slowest
-speed (a job must fit and finish on whichever device it gets), the mean power,
-the providers every device offers, the mean measured utilisation.
+Devices of a kind (healthy ones: a device its agent reports failing is left out
+until it recovers) form one pool per model: a GPU split into MIG slices beside
+whole GPUs gives a pool of each slice profile (NVML names them "A100-SXM4-40GB MIG
+3g.20gb") and one of the whole GPUs, each with its own memory, speed and count,
+the largest first (the node's main pool). Devices of one model are folded into
+their pool conservatively: the smallest memory and the slowest speed (a job must
+fit and finish on whichever device it gets), the mean power, the providers every
+device offers, the mean measured utilisation. An allocation holds devices of one
+pool; which one is read from the model of the devices it was given (`pool_model`).
 
 A CPU is divisible: its pool counts logical cores, with the CPU's power shared out
 per core, so that a small edge device can serve several CPU models side by side
@@ -118,10 +122,16 @@ def scheduler_node(record: NodeRecord) -> Node:
         if record.telemetry is not None
         else {}
     )
-    by_kind: dict[AcceleratorKind, list[Accelerator]] = {}
+    by_pool: dict[tuple[AcceleratorKind, str], list[Accelerator]] = {}
     for accelerator in status.accelerators:
         if accelerator.healthy:  # an unhealthy device takes no work until it recovers
-            by_kind.setdefault(accelerator.kind, []).append(accelerator)
+            # A CPU is one pool of cores whatever its sockets report.
+            model = "" if accelerator.kind == "cpu" else accelerator.model
+            by_pool.setdefault((accelerator.kind, model), []).append(accelerator)
+    pools = sorted(
+        (_pool(kind, devices, utilisation) for (kind, _), devices in by_pool.items()),
+        key=lambda pool: (pool.kind, -pool.memory_bytes, -pool.relative_speed, pool.model),
+    )
     timezone = _valid_timezone(status.labels.get(TIMEZONE_LABEL)) or ZONE_TIMEZONES.get(status.zone)
     return Node(
         node_id=status.node_id,
@@ -132,10 +142,22 @@ def scheduler_node(record: NodeRecord) -> Node:
         healthy=record.state == "online",
         host_memory_bytes=status.host.memory_total_bytes,
         timezone=timezone,
-        pools=tuple(_pool(kind, devices, utilisation) for kind, devices in sorted(by_kind.items())),
+        pools=tuple(pools),
         runs_training=node_runs_training(status),
         taints=tuple(Taint(t.key, t.value, t.effect) for t in effective_taints(record)),
     )
+
+
+def pool_model(record: NodeRecord | None, accelerator_ids: Sequence[str]) -> str:
+    """The model of the pool an allocation's devices belong to ("" when unknown: the
+    scheduler then counts it in the node's main pool of the kind)."""
+    if record is None or not accelerator_ids:
+        return ""
+    first = accelerator_ids[0]
+    for accelerator in record.status.accelerators:
+        if accelerator.id == first:
+            return accelerator.model
+    return ""
 
 
 def scheduler_nodes(records: Iterable[NodeRecord]) -> list[Node]:

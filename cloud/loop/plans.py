@@ -123,7 +123,11 @@ def translate(
                     held.get(member.node_id, set()) - mine.get(member.node_id, set())
                 ) | picked.get(member.node_id, set())
                 ids = pick_devices(
-                    node.status.accelerators, member.accelerator_kind, member.accelerators, taken
+                    node.status.accelerators,
+                    member.accelerator_kind,
+                    member.accelerators,
+                    taken,
+                    member.accelerator_model,
                 )
                 picked.setdefault(member.node_id, set()).update(ids)
                 new.append(

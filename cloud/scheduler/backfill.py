@@ -18,7 +18,6 @@ import numpy as np
 
 from .arrays import FloatArray, IntArray
 from .candidates import KindCandidates
-from .model import KIND_INDEX
 from .shape import WorkShape
 from .state import NO_RESERVATION, ClusterState, ReservedSpan
 
@@ -96,7 +95,7 @@ def earliest_slot(
         for alloc in state.node_allocs.get(node, {}).values():
             if alloc.expected_end is None:
                 continue
-            same_kind = KIND_INDEX[alloc.accelerator_kind] == k
+            same_kind = state.column_of(alloc, node) == k
             host = alloc.host_memory_bytes if host_need else 0
             if same_kind or host:
                 event_pos.append(position)

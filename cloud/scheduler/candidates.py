@@ -47,11 +47,11 @@ _FULL_RESCORE_RATIO = 4  # re-score the whole column when over 1/4 of the nodes 
 
 @dataclass(frozen=True, slots=True)
 class KindCandidates:
-    """Statically feasible nodes of one shape and accelerator kind, with static data."""
+    """Statically feasible nodes of one shape and pool column, with static data."""
 
     static: StaticResult
     shape_id: int  # CandidateCache.shape_id of the shapes these candidates belong to
-    kind_rank: int  # position of this kind in the work's accepted kinds
+    kind_rank: int  # position of this column's kind in the work's accepted kinds
     nodes: IntArray
     nodes_list: list[int]
     speed: FloatArray
@@ -178,14 +178,18 @@ class CandidateCache:
         return found
 
     def candidates(self, shape: WorkShape, shape_id: int) -> list[KindCandidates]:
+        """Per accepted kind, best first, per pool column of the kind (a node with MIG
+        slices beside whole GPUs is a candidate in each): the feasible nodes."""
         result = []
-        for rank, k in enumerate(shape.kind_codes):
-            key = (shape_id, k)
-            found = self._static.get(key)
-            if found is None:
-                found = self._build(shape, shape_id, k, rank)
-                _remember(self._static, key, found)
-            result.append(found)
+        kind_columns = self.snapshot.nodes.kind_columns
+        for rank, kind_code in enumerate(shape.kind_codes):
+            for k in kind_columns[kind_code]:
+                key = (shape_id, k)
+                found = self._static.get(key)
+                if found is None:
+                    found = self._build(shape, shape_id, k, rank)
+                    _remember(self._static, key, found)
+                result.append(found)
         return result
 
     def dynamic(self, shape: WorkShape, k: int) -> DynamicScores:

@@ -209,7 +209,13 @@ class Scheduler:
             fits = state.free[option.k][nodes] >= shape.accelerators
             if shape.host_memory_bytes:
                 fits &= state.host_free[nodes] >= shape.host_memory_bytes
-            candidates = Candidates(nodes, KINDS[option.k], shape.accelerators, option.runtime_s)
+            candidates = Candidates(
+                nodes,
+                KINDS[state.column_kinds[option.k]],
+                shape.accelerators,
+                option.runtime_s,
+                column=option.k,
+            )
             options.append(StartCandidates(candidates, fits))
             # Safe on every candidate, whichever node it gets when it starts.
             latest = min(latest, work.latest_start(float(option.runtime_s.max())))
@@ -319,7 +325,8 @@ class Scheduler:
             member=member,
             allocation_id=allocation_id,
             node_id=state.snapshot.nodes.node_ids[choice.node],
-            accelerator_kind=KINDS[option.k],
+            accelerator_kind=state.snapshot.nodes.kinds[option.k].kind,
+            accelerator_model=state.snapshot.nodes.model_at(option.k, choice.node),
             accelerators=shape.accelerators,
             host_memory_bytes=shape.host_memory_bytes,
             provider=provider,
@@ -494,7 +501,7 @@ class Scheduler:
         reservation = Reservation(
             work_id=job.shape.work.work_id,
             start_at=slot.start_at,
-            accelerator_kind=KINDS[option.k],
+            accelerator_kind=KINDS[self.state.column_kinds[option.k]],
             nodes=tuple(node_ids[n] for n in slot.nodes),
             accelerators=slot.amounts,
             host_memory_bytes=slot.host_memory_bytes if job.shape.host_memory_bytes else (),

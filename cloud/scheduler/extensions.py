@@ -40,7 +40,7 @@ from shared.messages import AcceleratorKind
 from .arrays import BoolArray, FloatArray, IntArray
 from .model import InferenceDeployment, TrainingJob, Work
 from .plan import Deferral, HookFailure, HookKind
-from .snapshot import Snapshot
+from .snapshot import KindColumns, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +49,21 @@ class Candidates:
 
     ``runtime_s`` is the estimated run time on each node (duration on the reference
     accelerator divided by the node's relative speed; ``inf`` for long-running
-    inference).
+    inference). ``column`` is the pool column (``Snapshot.nodes.kinds``) the nodes
+    were found in: a node with several pools of the kind (MIG slices beside whole
+    GPUs) is a candidate once per pool; None: the kind's first pool.
     """
 
     nodes: IntArray
     kind: AcceleratorKind
     accelerators: int  # per worker or replica
     runtime_s: FloatArray
+    column: int | None = None
+
+    def pools(self, snapshot: Snapshot) -> KindColumns:
+        """The pool column the candidates' speed, power and memory are read from."""
+        table = snapshot.nodes
+        return table.kind(self.kind) if self.column is None else table.kinds[self.column]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from shared.taints import TaintEffect
 
 from .arrays import BoolArray, CodeArray, FloatArray, IntArray, read_only
 from .extensions import Candidates, LatencyEstimator, estimate_latency
-from .model import KINDS, InferenceDeployment, TrainingJob
+from .model import InferenceDeployment, TrainingJob
 from .shape import WorkShape
 from .snapshot import SITE_INDEX, NodeTable, Snapshot
 from .state import ClusterState
@@ -155,7 +155,9 @@ def static_filters(
                 latency,
                 snapshot,
                 work,
-                Candidates(survivors, KINDS[k], shape.accelerators, runtime[survivors]),
+                Candidates(
+                    survivors, columns.kind, shape.accelerators, runtime[survivors], column=k
+                ),
             )
             over = survivors[estimate > work.latency_slo_ms]
             codes[over] = CODE["latency-slo"]

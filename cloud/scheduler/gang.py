@@ -26,7 +26,7 @@ from .arrays import BoolArray, FloatArray, IntArray
 from .candidates import CandidateCache, DynamicScores, KindCandidates
 from .extensions import Candidates, evaluate_term
 from .filters import PASS, dynamic_codes
-from .model import KINDS, InferenceDeployment
+from .model import InferenceDeployment
 from .plan import ScoreBreakdown
 from .policy import Policy
 from .scoring import packing_and_load_one, spread_by_region
@@ -82,6 +82,7 @@ class JobContext:
             if (weight := policy.weight(work, term.name)) > 0
         ]
         self.options: list[Option] = []
+        kinds = state.snapshot.nodes.kinds
         for cand in self.candidates:
             if not cand.nodes_list:
                 continue
@@ -93,7 +94,9 @@ class JobContext:
                     term,
                     state.snapshot,
                     work,
-                    Candidates(cand.nodes, KINDS[cand.k], shape.accelerators, runtime),
+                    Candidates(
+                        cand.nodes, kinds[cand.k].kind, shape.accelerators, runtime, column=cand.k
+                    ),
                 )
                 values.append(normalised)
                 base = base + weight * normalised
@@ -358,7 +361,8 @@ class JobContext:
                 *[extra.item(position) for extra in option.extra_values],
                 *(() if spread is None else (spread.item(cand.region.item(position)),)),
             )
-            result.append(ScoreBreakdown(node_ids[node], KINDS[k], total, names, values, weights))
+            kind = self.state.snapshot.nodes.kinds[k].kind
+            result.append(ScoreBreakdown(node_ids[node], kind, total, names, values, weights))
         return result
 
 

@@ -353,6 +353,9 @@ class Allocation:
     borrowed: bool = False  # ignored by the scheduler: borrowing is recomputed
     group: str | None = None
     anti_affinity_groups: tuple[str, ...] = ()
+    # The model of the node's pool it holds, for a node with several pools of the kind
+    # (MIG slices beside whole GPUs); "" for its first pool.
+    accelerator_model: str = ""
 
     def __post_init__(self) -> None:
         if self.accelerators < 1:
@@ -381,6 +384,8 @@ class Held(Protocol):
     def node_id(self) -> str: ...
     @property
     def accelerator_kind(self) -> AcceleratorKind: ...
+    @property
+    def accelerator_model(self) -> str: ...
     @property
     def accelerators(self) -> int: ...
     @property

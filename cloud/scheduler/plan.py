@@ -87,6 +87,9 @@ class Placement:
     # would have missed the deadline.
     window_waived: bool = False
     start_window: str | None = None  # the window, as written, for explanations
+    # The model of the node's pool it takes: which devices to hand out where a node has
+    # several pools of the kind (MIG slices beside whole GPUs).
+    accelerator_model: str = ""
 
     @property
     def started_at(self) -> float:
@@ -109,6 +112,7 @@ class Placement:
             borrowed=self.borrowed,
             group=self.group,
             anti_affinity_groups=self.anti_affinity_groups,
+            accelerator_model=self.accelerator_model,
         )
 
     def explain(self) -> str:

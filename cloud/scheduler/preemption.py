@@ -30,7 +30,7 @@ import numpy as np
 from .arrays import IntArray
 from .filters import placement_conflicts
 from .gang import JobContext, Option
-from .model import KIND_INDEX, PRIORITY_LEVELS, PRIORITY_RANK, Held
+from .model import PRIORITY_LEVELS, PRIORITY_RANK, Held
 from .plan import PreemptionReason
 from .quota import Admission, AdmissionMode, QuotaBook
 from .state import ClusterState
@@ -216,7 +216,7 @@ class Preemptor:
         def eligible(alloc: Held) -> PreemptionReason | None:
             if self._protected(job, alloc):
                 return None
-            if alloc.tenant in borrowers and _kind_index(alloc) == k:
+            if alloc.tenant in borrowers and self._column(alloc) == k:
                 return "reclaim"
             if PRIORITY_RANK[alloc.priority] > rank:
                 return "priority"
@@ -240,7 +240,7 @@ class Preemptor:
         host_free: int = state.host_free.item(node)
         pool: list[tuple[tuple[int, int, float, str], _Candidate]] = []
         for alloc in state.node_allocs.get(node, {}).values():
-            same_kind = _kind_index(alloc) == k
+            same_kind = self._column(alloc) == k
             if not same_kind and not (host_need and alloc.host_memory_bytes):
                 continue
             reason = eligible(alloc)
@@ -331,14 +331,14 @@ class Preemptor:
             pool = [
                 a
                 for a in self._allocations_of(borrowers)
-                if _kind_index(a) == k and not self._protected(job, a)
+                if self._same_kind(a, k) and not self._protected(job, a)
             ]
             reason = "reclaim"
         else:
             pool = [
                 a
                 for a in self._allocations_of({tenant})
-                if _kind_index(a) == k
+                if self._same_kind(a, k)
                 and PRIORITY_RANK[a.priority] > job.shape.rank
                 and not self._protected(job, a)
             ]
@@ -355,6 +355,12 @@ class Preemptor:
                 stmt.evict(sibling.allocation_id, reason)
         return self.quota.violation(state, tenant, k, mode) <= 0
 
+    def _column(self, alloc: Held) -> int:
+        """The pool column ``alloc`` holds: what evicting it frees."""
+        return self.state.column_of(alloc, self.state.node_of[alloc.allocation_id])
 
-def _kind_index(alloc: Held) -> int:
-    return KIND_INDEX[alloc.accelerator_kind]
+    def _same_kind(self, alloc: Held, column: int) -> bool:
+        """``alloc`` holds accelerators of ``column``'s kind: evicting it releases quota
+        there, whichever pool of the kind it is in."""
+        kinds = self.state.column_kinds
+        return kinds[self._column(alloc)] == kinds[column]

@@ -50,12 +50,24 @@ class QueueOrder:
         self._state = state
         self._fair = fair
         self._urgent_before = state.now + deadline_guard_s if deadline_guard_s is not None else None
+        # Per kind, over all its pool columns.
+        nodes = state.snapshot.nodes
         self._slowest = [
-            float(kind.relative_speed[kind.capacity > 0].min()) if kind.capacity.any() else 1.0
-            for kind in state.snapshot.nodes.kinds
+            min(
+                (
+                    float(pools.relative_speed[pools.capacity > 0].min())
+                    for pools in (nodes.kinds[c] for c in columns)
+                    if pools.capacity.any()
+                ),
+                default=1.0,
+            )
+            for columns in nodes.kind_columns
         ]
         self._quota = quota
-        self._capacity = [max(int(kind.capacity.sum()), 1) for kind in state.snapshot.nodes.kinds]
+        self._capacity = [
+            max(sum(int(nodes.kinds[c].capacity.sum()) for c in columns), 1)
+            for columns in nodes.kind_columns
+        ]
         aged_before = (
             state.now - starvation_guard_s if starvation_guard_s is not None else float("-inf")
         )

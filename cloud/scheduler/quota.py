@@ -79,23 +79,27 @@ class QuotaBook:
             name: [t.borrowing_limit.get(kind) for kind in KINDS] for name, t in tenants.items()
         }
 
-    def nominal(self, tenant: str, k: int) -> int | None:
+    # ``column`` below is a pool column of the snapshot (snapshot.py): quota is per
+    # kind, whichever of the kind's pools the accelerators are in.
+
+    def nominal(self, tenant: str, kind_code: int) -> int | None:
         nominal = self._nominal.get(tenant)
-        return None if nominal is None else nominal[k]
+        return None if nominal is None else nominal[kind_code]
 
-    def is_borrowing(self, state: ClusterState, tenant: str, k: int) -> bool:
-        nominal = self.nominal(tenant, k)
-        return nominal is not None and state.usage(tenant, k) > nominal
+    def is_borrowing(self, state: ClusterState, tenant: str, column: int) -> bool:
+        nominal = self.nominal(tenant, state.column_kinds[column])
+        return nominal is not None and state.usage(tenant, column) > nominal
 
-    def admit(self, state: ClusterState, tenant: str, k: int, amount: int) -> Admission:
+    def admit(self, state: ClusterState, tenant: str, column: int, amount: int) -> Admission:
         nominals = self._nominal.get(tenant)
         if nominals is None:
             return _UNMANAGED
+        k = state.column_kinds[column]
         kind = KINDS[k]
-        usage = state.usage(tenant, k)
+        usage = state.usage(tenant, column)
         nominal = nominals[k]
         cohort = state.cohort_of.get(tenant)
-        cohort_usage = state.cohort_used(cohort, k) if cohort is not None else usage
+        cohort_usage = state.cohort_used(cohort, column) if cohort is not None else usage
         cohort_nominal = self.cohort_nominal[cohort][k] if cohort is not None else nominal
         cohort_excess = cohort_usage + amount - cohort_nominal
         mode: AdmissionMode
@@ -126,17 +130,18 @@ class QuotaBook:
         )
         return Admission(mode, shortfall, quota)
 
-    def violation(self, state: ClusterState, tenant: str, k: int, mode: AdmissionMode) -> int:
+    def violation(self, state: ClusterState, tenant: str, column: int, mode: AdmissionMode) -> int:
         """Accelerators still to release after a tentative placement made under ``mode``."""
         record = self.tenants.get(tenant)
         if record is None or mode in ("unmanaged", "nominal", "borrow"):
             return 0
-        usage = state.usage(tenant, k)
+        k = state.column_kinds[column]
+        usage = state.usage(tenant, column)
         nominal = record.nominal.get(KINDS[k], 0)
         cohort = record.cohort
         if cohort is None:
             return max(0, usage - nominal)
-        cohort_excess = state.cohort_used(cohort, k) - self.cohort_nominal[cohort][k]
+        cohort_excess = state.cohort_used(cohort, column) - self.cohort_nominal[cohort][k]
         if mode == "reclaim":
             return max(0, cohort_excess)
         limit = record.borrowing_limit.get(KINDS[k])

@@ -2,8 +2,12 @@
 
 Nodes are stored as numpy columns (one entry per node, nodes sorted by id) so that
 every filter and score is one vectorised expression over the whole cluster.
-Capacity and power are per accelerator kind: a node holds at most one pool of
-each kind, of one model (servers are homogeneous in practice).
+Capacity and power are per *pool column*: each column holds, for every node, one
+pool of one accelerator kind. Columns 0..2 are the first pool of each kind (the
+order of ``KINDS``); a node with several pools of one kind (MIG slices beside whole
+GPUs: one pool per profile) puts the others in extra columns of that kind, appended
+after them. A cluster without such nodes has exactly one column per kind, so the
+column index is the kind index.
 """
 
 from __future__ import annotations
@@ -73,16 +77,25 @@ class Node:
     runs_training: bool = True  # False: the agent refuses training; only serving goes there
 
     def __post_init__(self) -> None:
-        kinds = [pool.kind for pool in self.pools]
-        if len(set(kinds)) != len(kinds):
-            raise ValueError(f"node {self.node_id}: at most one pool per accelerator kind")
+        profiles = [(pool.kind, pool.model) for pool in self.pools]
+        if len(set(profiles)) != len(profiles):
+            raise ValueError(
+                f"node {self.node_id}: at most one pool per accelerator kind and model"
+            )
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+
+    def kind_pools(self, kind: AcceleratorKind) -> list[AcceleratorPool]:
+        """This node's pools of ``kind`` in column order (the first is its main pool)."""
+        return [pool for pool in self.pools if pool.kind == kind]
 
 
 @dataclass(frozen=True, slots=True)
 class KindColumns:
-    """All nodes' pools of one accelerator kind; zero capacity where a node has none."""
+    """One pool column: a pool of one accelerator kind on every node, zero capacity
+    where a node has none (in that slot)."""
 
+    kind: AcceleratorKind
+    slot: int  # 0: each node's first pool of the kind; 1, 2...: its further pools
     capacity: IntArray
     free: IntArray  # capacity minus the accelerators of running allocations
     memory_bytes: IntArray
@@ -117,13 +130,45 @@ class NodeTable:
     timezones: tuple[str, ...]  # IANA names, for offsets that change (windows.py)
     host_memory_total: IntArray
     host_memory_free: IntArray
-    kinds: tuple[KindColumns, ...]  # indexed by KIND_INDEX
+    # Pool columns: the first len(KINDS) indexed by KIND_INDEX, then further pools.
+    kinds: tuple[KindColumns, ...]
+    column_kinds: tuple[int, ...]  # per column: its kind's KIND_INDEX
+    kind_columns: tuple[tuple[int, ...], ...]  # per KIND_INDEX: its columns, first pool first
 
     def __len__(self) -> int:
         return len(self.node_ids)
 
     def kind(self, kind: AcceleratorKind) -> KindColumns:
+        """The column of every node's first (main) pool of ``kind``."""
         return self.kinds[KIND_INDEX[kind]]
+
+    def kind_capacity(self, kind: AcceleratorKind) -> IntArray:
+        """Per node, its accelerators of ``kind`` in all its pools."""
+        columns = self.kind_columns[KIND_INDEX[kind]]
+        if len(columns) == 1:
+            return self.kinds[columns[0]].capacity
+        total: IntArray = np.sum([self.kinds[c].capacity for c in columns], axis=0)
+        return total
+
+    def column_of(self, node: int, kind: AcceleratorKind, model: str) -> int:
+        """The column of the pool of ``kind`` and ``model`` on node index ``node``; its
+        first pool of the kind when the model is empty or no longer there."""
+        k = KIND_INDEX[kind]
+        columns = self.kind_columns[k]
+        if len(columns) == 1 or not model:
+            return k
+        for c in columns:
+            column = self.kinds[c]
+            code: int = column.model_code.item(node)
+            if code >= 0 and column.models[code] == model:
+                return c
+        return k
+
+    def model_at(self, column: int, node: int) -> str:
+        """The model of ``column``'s pool on node index ``node`` ("" where it has none)."""
+        pools = self.kinds[column]
+        code: int = pools.model_code.item(node)
+        return pools.models[code] if code >= 0 else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +224,7 @@ class Snapshot:
         capacity is recounted, telemetry (utilisation) is kept as it was. For
         what-if passes (the migrator asks where one job would go now)."""
         table = self.nodes
-        used, host_used = _usage(table.index, allocations)
+        used, host_used = _usage(table, allocations)
         kinds = tuple(
             dataclasses.replace(columns, free=read_only(columns.capacity - used[k]))
             for k, columns in enumerate(table.kinds)
@@ -202,6 +247,14 @@ class Snapshot:
         )
 
 
+def pool_speed(table: NodeTable, node_id: str, kind: AcceleratorKind, model: str) -> float:
+    """The relative speed of the pool of ``kind`` and ``model`` on node ``node_id`` (its
+    first pool of the kind for an unknown model)."""
+    node = table.index[node_id]
+    speed: float = table.kinds[table.column_of(node, kind, model)].relative_speed.item(node)
+    return speed
+
+
 def _require_unique(what: str, ids: Sequence[str]) -> None:
     for previous, current in pairwise(ids):
         if previous == current:
@@ -221,11 +274,10 @@ def _codes(values: Sequence[str]) -> tuple[IntArray, tuple[str, ...]]:
     return np.array([lookup[v] for v in values], dtype=np.int64), vocabulary
 
 
-def _usage(
-    index: Mapping[str, int], allocations: Sequence[Allocation]
-) -> tuple[IntArray, IntArray]:
-    """Accelerators in use per (kind, node) and host memory in use per node."""
-    used = np.zeros((len(KINDS), len(index)), dtype=np.int64)
+def _usage(table: NodeTable, allocations: Sequence[Allocation]) -> tuple[IntArray, IntArray]:
+    """Accelerators in use per (column, node) and host memory in use per node."""
+    index = table.index
+    used = np.zeros((len(table.kinds), len(index)), dtype=np.int64)
     host_used = np.zeros(len(index), dtype=np.int64)
     for alloc in allocations:
         where = index.get(alloc.node_id)
@@ -233,7 +285,8 @@ def _usage(
             raise ValueError(
                 f"allocation {alloc.allocation_id} is on unknown node {alloc.node_id!r}"
             )
-        used[KIND_INDEX[alloc.accelerator_kind], where] += alloc.accelerators
+        column = table.column_of(where, alloc.accelerator_kind, alloc.accelerator_model)
+        used[column, where] += alloc.accelerators
         host_used[where] += alloc.host_memory_bytes
     return used, host_used
 
@@ -269,8 +322,6 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         for taint in node.taints:
             taint_matrix[i, taint_index[taint]] = True
 
-    used, host_used = _usage(index, allocations)
-
     host_total = np.array([node.host_memory_bytes for node in nodes], dtype=np.int64)
     timezones = tuple(sorted({node.timezone for node in nodes if node.timezone is not None}))
     timezone_lookup = {name: i for i, name in enumerate(timezones)}
@@ -278,8 +329,13 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         [timezone_lookup[n.timezone] if n.timezone is not None else -1 for n in nodes],
         dtype=np.int64,
     )
-    kinds = tuple(_kind_columns(kind, nodes, used[k]) for k, kind in enumerate(KINDS))
-    return NodeTable(
+    slots = [(kind, 0) for kind in KINDS] + [
+        (kind, slot)
+        for kind in KINDS
+        for slot in range(1, max((len(node.kind_pools(kind)) for node in nodes), default=0))
+    ]
+    column_kinds = tuple(KIND_INDEX[kind] for kind, _ in slots)
+    table = NodeTable(
         node_ids=tuple(node.node_id for node in nodes),
         index=MappingProxyType(index),
         site_code=read_only(np.array([SITE_INDEX[node.site] for node in nodes], dtype=np.int64)),
@@ -299,14 +355,28 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         timezone_code=read_only(timezone_code),
         timezones=timezones,
         host_memory_total=read_only(host_total),
+        host_memory_free=read_only(host_total),
+        kinds=tuple(_kind_columns(kind, slot, nodes) for kind, slot in slots),
+        column_kinds=column_kinds,
+        kind_columns=tuple(
+            tuple(c for c, code in enumerate(column_kinds) if code == k) for k in range(len(KINDS))
+        ),
+    )
+    used, host_used = _usage(table, allocations)
+    return dataclasses.replace(
+        table,
         host_memory_free=read_only(host_total - host_used),
-        kinds=kinds,
+        kinds=tuple(
+            dataclasses.replace(columns, free=read_only(columns.capacity - used[c]))
+            for c, columns in enumerate(table.kinds)
+        ),
     )
 
 
-def _kind_columns(kind: AcceleratorKind, nodes: Sequence[Node], used: IntArray) -> KindColumns:
+def _kind_columns(kind: AcceleratorKind, slot: int, nodes: Sequence[Node]) -> KindColumns:
+    """Column ``slot`` of ``kind``; ``free`` is the capacity until usage is counted."""
     n = len(nodes)
-    pools = [next((p for p in node.pools if p.kind == kind), None) for node in nodes]
+    pools = [_nth(node.kind_pools(kind), slot) for node in nodes]
     capacity = np.array([p.count if p else 0 for p in pools], dtype=np.int64)
     models = tuple(sorted({p.model for p in pools if p}))
     model_lookup = {m: i for i, m in enumerate(models)}
@@ -320,8 +390,10 @@ def _kind_columns(kind: AcceleratorKind, nodes: Sequence[Node], used: IntArray) 
     speed = np.array([p.relative_speed if p else 1.0 for p in pools], dtype=np.float64)
     present = capacity > 0
     return KindColumns(
+        kind=kind,
+        slot=slot,
         capacity=read_only(capacity),
-        free=read_only(capacity - used),
+        free=read_only(capacity),
         memory_bytes=read_only(
             np.array([p.memory_bytes if p else 0 for p in pools], dtype=np.int64)
         ),
@@ -337,3 +409,7 @@ def _kind_columns(kind: AcceleratorKind, nodes: Sequence[Node], used: IntArray) 
         utilisation=read_only(np.array([p.utilisation if p else 0.0 for p in pools])),
         max_speed=float(speed[present].max()) if present.any() else 1.0,
     )
+
+
+def _nth(pools: Sequence[AcceleratorPool], slot: int) -> AcceleratorPool | None:
+    return pools[slot] if slot < len(pools) else None

@@ -14,7 +14,7 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from .arrays import FloatArray, IntArray
-from .model import KIND_INDEX, KINDS, PRIORITY_LEVELS, PRIORITY_RANK, Held
+from .model import KINDS, PRIORITY_LEVELS, PRIORITY_RANK, Held
 from .snapshot import Snapshot
 
 NO_RESERVATION: Final = float("inf")
@@ -34,6 +34,9 @@ class ClusterState:
     def __init__(self, snapshot: Snapshot) -> None:
         nodes = snapshot.nodes
         n = len(nodes)
+        columns = range(len(nodes.kinds))  # pool columns (snapshot.py); per kind in clusters
+        # without MIG slices beside whole GPUs. Quota usage is counted per kind.
+        self.column_kinds = nodes.column_kinds
         self.snapshot = snapshot
         self.now = snapshot.now
         self.free: list[IntArray] = [kind.free.copy() for kind in nodes.kinds]
@@ -42,13 +45,15 @@ class ClusterState:
             for kind in nodes.kinds
         ]
         # Accelerators added (+) or released (-) in this pass, on top of measured utilisation.
-        self.util_delta: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
+        self.util_delta: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in columns]
         self.host_free: IntArray = nodes.host_memory_free.copy()
         # Accelerators held by preemptible work, per kind, per priority rank, per node.
         self.evictable_accelerators: list[IntArray] = [
-            np.zeros((PRIORITY_LEVELS, n), dtype=np.int64) for _ in KINDS
+            np.zeros((PRIORITY_LEVELS, n), dtype=np.int64) for _ in columns
         ]
-        self.evictable_accelerators_total: list[list[int]] = [[0] * PRIORITY_LEVELS for _ in KINDS]
+        self.evictable_accelerators_total: list[list[int]] = [
+            [0] * PRIORITY_LEVELS for _ in columns
+        ]
         # Host memory held by preemptible work of any kind, per priority rank, per node.
         self.evictable_host_memory_bytes: IntArray = np.zeros((PRIORITY_LEVELS, n), dtype=np.int64)
         self.evictable_host_memory_total_bytes: list[int] = [0] * PRIORITY_LEVELS
@@ -68,9 +73,9 @@ class ClusterState:
         self.new_ids: set[str] = set()
         self.change_log: list[int] = []
         # The same, per accelerator kind: scores of one kind only need that kind's changes.
-        self.kind_log: list[list[int]] = [[] for _ in KINDS]
+        self.kind_log: list[list[int]] = [[] for _ in columns]
         # Evictions per kind: the only way capacity of a kind comes back in a pass.
-        self.evictions_by_kind: list[int] = [0] * len(KINDS)
+        self.evictions_by_kind: list[int] = [0] * len(columns)
         # Preemptible work not placed in this pass, per (tenant, kind, rank, is p0
         # inference): node -> accelerators, and node -> host memory bytes. Lets reclaim
         # size borrowers per node.
@@ -79,20 +84,22 @@ class ClusterState:
         # Reservations (backfill.py), per kind and node: the earliest reserved start, how
         # many accelerators may still go to work that runs past that start without
         # delaying it, and how many the reservations hold.
-        self.reservation_start_s: list[FloatArray] = [np.full(n, NO_RESERVATION) for _ in KINDS]
+        self.reservation_start_s: list[FloatArray] = [np.full(n, NO_RESERVATION) for _ in columns]
         self.reservation_slack_accelerators: list[IntArray] = [
-            np.full(n, UNLIMITED_SLACK, dtype=np.int64) for _ in KINDS
+            np.full(n, UNLIMITED_SLACK, dtype=np.int64) for _ in columns
         ]
-        self.reserved_accelerators: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
+        self.reserved_accelerators: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in columns]
         # Host memory is shared by all kinds: one earliest start, slack and amount per node.
         self.reservation_host_start_s: FloatArray = np.full(n, NO_RESERVATION)
         self.reservation_slack_host_memory_bytes: IntArray = np.full(
             n, UNLIMITED_SLACK, dtype=np.int64
         )
         self.reserved_host_memory_bytes: IntArray = np.zeros(n, dtype=np.int64)
-        self.reserved_spans: list[list[ReservedSpan]] = [[] for _ in KINDS]
+        self.reserved_spans: list[list[ReservedSpan]] = [[] for _ in columns]
         # Allocations with an expected end, per kind and node: where capacity will free up.
-        self.ending_allocation_count: list[IntArray] = [np.zeros(n, dtype=np.int64) for _ in KINDS]
+        self.ending_allocation_count: list[IntArray] = [
+            np.zeros(n, dtype=np.int64) for _ in columns
+        ]
         self.has_reservations = False
         for alloc in snapshot.allocations:
             self._index(alloc, nodes.index[alloc.node_id], +1, evictable=alloc.preemptible)
@@ -105,7 +112,7 @@ class ClusterState:
         Work placed in this pass is never a preemption victim, so it is not indexed
         as evictable.
         """
-        k = KIND_INDEX[alloc.accelerator_kind]
+        k = self.column_of(alloc, node)
         self.free[k][node] -= alloc.accelerators
         self.host_free[node] -= alloc.host_memory_bytes
         self.util_delta[k][node] += alloc.accelerators
@@ -119,7 +126,7 @@ class ClusterState:
     def evict(self, allocation_id: str) -> tuple[Held, int]:
         alloc = self.allocations[allocation_id]
         node = self.node_of[allocation_id]
-        k = KIND_INDEX[alloc.accelerator_kind]
+        k = self.column_of(alloc, node)
         self.free[k][node] += alloc.accelerators
         self.host_free[node] += alloc.host_memory_bytes
         self.util_delta[k][node] -= alloc.accelerators
@@ -145,8 +152,12 @@ class ClusterState:
             if host_start != NO_RESERVATION and (end is None or end > host_start):
                 self.reservation_slack_host_memory_bytes[node] += sign * alloc.host_memory_bytes
 
+    def column_of(self, alloc: Held, node: int) -> int:
+        """The pool column ``alloc`` holds on node index ``node``."""
+        return self.snapshot.nodes.column_of(node, alloc.accelerator_kind, alloc.accelerator_model)
+
     def _index(self, alloc: Held, node: int, sign: int, *, evictable: bool) -> None:
-        k = KIND_INDEX[alloc.accelerator_kind]
+        k = self.column_of(alloc, node)
         aid = alloc.allocation_id
         amount = sign * alloc.accelerators
         if evictable:
@@ -162,11 +173,12 @@ class ClusterState:
                 _bump(self.evictable_host_by_tenant.setdefault(key, {}), node, host)
         if alloc.expected_end is not None:
             self.ending_allocation_count[k][node] += sign
+        kind_code = self.column_kinds[k]
         usage = self.tenant_usage.setdefault(alloc.tenant, [0] * len(KINDS))
-        usage[k] += amount
+        usage[kind_code] += amount
         cohort = self.cohort_of.get(alloc.tenant)
         if cohort is not None:
-            self.cohort_usage.setdefault(cohort, [0] * len(KINDS))[k] += amount
+            self.cohort_usage.setdefault(cohort, [0] * len(KINDS))[kind_code] += amount
         if sign > 0:
             self.allocations[aid] = alloc
             self.node_of[aid] = node
@@ -188,12 +200,13 @@ class ClusterState:
     # -- queries ----------------------------------------------------------------
 
     def usage(self, tenant: str, k: int) -> int:
+        """Accelerators of column ``k``'s kind (all its pools) the tenant holds."""
         usage = self.tenant_usage.get(tenant)
-        return usage[k] if usage is not None else 0
+        return usage[self.column_kinds[k]] if usage is not None else 0
 
     def cohort_used(self, cohort: str, k: int) -> int:
         usage = self.cohort_usage.get(cohort)
-        return usage[k] if usage is not None else 0
+        return usage[self.column_kinds[k]] if usage is not None else 0
 
     def anti_affinity_conflict(self, node: int, group: str | None, avoids: tuple[str, ...]) -> bool:
         """Symmetric: neither side may share a node with a group it avoids."""

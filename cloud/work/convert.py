@@ -121,8 +121,11 @@ def work_from_record(record: WorkRecord, *, tenant: str) -> Work:
     return work
 
 
-def allocation_from_record(record: AllocationRecord, work: Work) -> Allocation:
-    """A stored allocation as the scheduler sees it; `work` is its work, converted."""
+def allocation_from_record(
+    record: AllocationRecord, work: Work, *, accelerator_model: str = ""
+) -> Allocation:
+    """A stored allocation as the scheduler sees it; `work` is its work, converted;
+    `accelerator_model` the model of the node's devices it holds (which pool)."""
     return Allocation(
         allocation_id=record.allocation_id,
         work_id=record.work_id,
@@ -139,6 +142,7 @@ def allocation_from_record(record: AllocationRecord, work: Work) -> Allocation:
         borrowed=record.borrowed,
         group=work.group,
         anti_affinity_groups=work.anti_affinity_groups,
+        accelerator_model=accelerator_model,
     )
 
 

@@ -3,6 +3,7 @@ agent reports, plan translation, and the agent's acceptance of replicas."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from cloud.loop.desired import desired_document, master_port
@@ -11,10 +12,11 @@ from cloud.loop.inputs import build_inputs
 from cloud.loop.nodes import TIMEZONE_LABEL, scheduler_node
 from cloud.loop.plans import translate
 from cloud.loop.reports import agent_outcomes
-from cloud.scheduler import Plan, Preemption
+from cloud.scheduler import Plan, Preemption, schedule
+from cloud.scheduler.model import KIND_INDEX
 from cloud.store import StoreSnapshot
 from edge.inference.replicas import check_assignment
-from shared.messages import DesiredDeployment, ReportedDeployment, ReportedTraining
+from shared.messages import Accelerator, DesiredDeployment, ReportedDeployment, ReportedTraining
 from shared.settings import SchedulingSettings
 from tests.loop.builders import allocation, device, node, work
 
@@ -44,6 +46,75 @@ def test_a_node_folds_its_devices_conservatively_and_keeps_a_valid_timezone_labe
     assert folded.timezone == "Asia/Tokyo"
     broken = scheduler_node(node("n2", labels={TIMEZONE_LABEL: "Mars/Olympus"}))
     assert broken.timezone == "Europe/Berlin"  # the zone's, not a broken pass
+
+
+def mixed_mig_node() -> tuple[Accelerator, ...]:
+    """An A100 node: gpu0 and gpu1 whole (80 GiB), gpu2 split into seven 1g.10gb slices."""
+    whole = tuple(
+        device("gpu", i, model="A100-SXM4-80GB", memory_bytes=80 * 2**30, relative_speed=1.0)
+        for i in range(2)
+    )
+    slices = tuple(
+        msgspec.structs.replace(
+            device("gpu", 0, model="A100-SXM4-80GB MIG 1g.10gb", memory_bytes=10 * 2**30),
+            id=f"gpu2-mig{j}",
+            parent_id="gpu2",
+            relative_speed=1 / 7,
+        )
+        for j in range(7)
+    )
+    return (device("cpu", 0), *whole, *slices)
+
+
+def test_a_node_mixing_mig_slices_with_whole_gpus_forms_one_pool_per_profile() -> None:
+    pools = scheduler_node(node("n1", devices=mixed_mig_node())).pools
+    gpu_pools = [(p.model, p.count, p.memory_bytes // 2**30, p.relative_speed) for p in pools]
+    assert gpu_pools[1:] == [
+        ("A100-SXM4-80GB", 2, 80, 1.0),  # the main pool: whole GPUs, not their smallest slice
+        ("A100-SXM4-80GB MIG 1g.10gb", 7, 10, 1 / 7),
+    ]
+    inventory = mixed_mig_node()
+    assert pick_devices(inventory, "gpu", 2, held=(), model="A100-SXM4-80GB") == ("gpu0", "gpu1")
+    assert pick_devices(inventory, "gpu", 2, held={"gpu2-mig0"}, model=pools[2].model) == (
+        "gpu2-mig1",
+        "gpu2-mig2",
+    )
+    with pytest.raises(NotEnoughDevices, match="3 gpu A100-SXM4-80GB wanted, 2 free of 2"):
+        pick_devices(inventory, "gpu", 3, held=(), model="A100-SXM4-80GB")
+
+
+def test_work_on_a_mixed_mig_node_gets_devices_of_the_pool_it_was_placed_in() -> None:
+    """A 40 GiB job goes to the whole GPUs, small replicas fill the slices, and a replica
+    already on a slice counts against the slices only."""
+    big = work("big", state="pending", workers=1, accelerators_per_worker=2, memory_gib=40)
+    small = work(
+        "small",
+        kind="inference",
+        state="pending",
+        replicas=6,
+        max_replicas_per_node=8,
+        memory_gib=4,
+        sites=["cloud"],
+    )
+    running = work("running", kind="inference", state="running", memory_gib=4, sites=["cloud"])
+    store = StoreSnapshot(
+        tenants=(),
+        work=(big, small, running),
+        allocations=(allocation("running", 0, "n1", ("gpu2-mig0",), kind="inference"),),
+        node_generations={},
+    )
+    inputs = build_inputs(0.0, [node("n1", devices=mixed_mig_node())], store)
+    gpu_columns = inputs.snapshot.nodes.kind_columns[KIND_INDEX["gpu"]]
+    assert [int(inputs.snapshot.nodes.kinds[c].free[0]) for c in gpu_columns] == [2, 6]
+    plan = schedule(inputs.snapshot)
+    assert not plan.pending, [p.message for p in plan.pending]
+    devices = {
+        placement.work_id: sorted(i for a in placement.allocations for i in a.accelerator_ids)
+        for placement in translate(plan, inputs, {}).write.placements
+    }
+    assert devices["big"] == ["gpu0", "gpu1"]
+    assert devices["small"] == [f"gpu2-mig{j}" for j in range(1, 7)]
+    # Before pools per profile every device was a 10 GiB slice and "big" never ran.
 
 
 def test_a_cpu_pool_counts_cores_with_the_power_shared_out_per_core() -> None:
