@@ -273,6 +273,13 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
         f"attempts: {work.attempts}  submitted: {ago(work.submitted_at)}  "
         f"updated: {ago(work.updated_at)}  tenant: {work.tenant}"
     )
+    if isinstance(work, JobView) and (work.failures or work.retry_at):
+        retry = (
+            f"  retried after {work.retry_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+            if work.retry_at
+            else ""
+        )
+        target.print(f"failures: {work.failures}{retry}")
     if work.allocations:
         target.print(_allocations_table(work.allocations))
     if work.usage is not None:

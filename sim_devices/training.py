@@ -2,7 +2,9 @@
 scaled by the speed of the accelerators they were given, then succeed.
 
 A job sent with `env = { GREENFED_SIM_EXIT_CODE = "3" }` fails with that code,
-so failure handling can be exercised end to end on a simulated fleet.
+so failure handling can be exercised end to end on a simulated fleet; with
+`GREENFED_SIM_FAILING_ATTEMPTS = "2"` as well, only its first two attempts fail (a
+flaky job its retry policy gets through).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from shared.messages import Accelerator, DesiredTraining
 # Without a reference duration a simulated worker runs this long.
 DEFAULT_SIMULATED_DURATION_S = 60.0
 SIMULATED_EXIT_CODE_VARIABLE = "GREENFED_SIM_EXIT_CODE"
+SIMULATED_FAILING_ATTEMPTS_VARIABLE = "GREENFED_SIM_FAILING_ATTEMPTS"
 
 
 def simulated_runtime_s(spec: DesiredTraining, inventory: Sequence[Accelerator]) -> float:
@@ -40,6 +43,9 @@ class SimulatedRun:
         self.spec = spec
         self.runtime_s = runtime_s
         self._exit_code = int(spec.env.get(SIMULATED_EXIT_CODE_VARIABLE, "0") or 0)
+        failing = spec.env.get(SIMULATED_FAILING_ATTEMPTS_VARIABLE)
+        if failing and spec.attempt > int(failing):
+            self._exit_code = 0
         self._stop_reason: str | None = None
         self._stop_requested = asyncio.Event()
         self._finished = asyncio.Event()

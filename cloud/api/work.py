@@ -134,8 +134,11 @@ def _common(record: WorkRecord, tenant: str) -> dict[str, object]:
 
 
 def _job_fields(record: WorkRecord, spec: TrainingJobSpec, tenant: str) -> dict[str, object]:
+    waiting = record.state == "pending" and record.not_before is not None
     return {
         **_common(record, tenant),
+        "failures": record.failures,
+        "retry_at": utc_from_epoch(record.not_before) if waiting and record.not_before else None,
         "name": spec.name,
         "workers": spec.workers,
         "accelerators_per_worker": spec.accelerators_per_worker,

@@ -86,12 +86,17 @@ def _convert(
 
 
 def _queued(
-    record: WorkRecord, work: Work, allocations: tuple[AllocationRecord, ...], surge: int = 0
+    record: WorkRecord,
+    work: Work,
+    allocations: tuple[AllocationRecord, ...],
+    now: float,
+    surge: int = 0,
 ) -> Work | None:
     """`surge`: replicas a deployment may hold beyond its count while some of them are
-    on draining nodes (their replacements, cloud/loop/drain.py)."""
+    on draining nodes (their replacements, cloud/loop/drain.py). A job waiting out its
+    retry backoff (cloud/work/retries.py) is not queued until then."""
     if record.state == "pending":
-        return work
+        return None if backing_off(record, now) else work
     if record.state in PLACED_STATES and isinstance(work, InferenceDeployment):
         missing = work.replicas + surge - len(allocations)
         if missing > 0:
@@ -99,6 +104,11 @@ def _queued(
             share = work.requests_per_s * missing / work.replicas
             return dataclasses.replace(work, replicas=missing, min_replicas=1, requests_per_s=share)
     return None
+
+
+def backing_off(record: WorkRecord, now: float) -> bool:
+    """Pending after a failure, before its retry may be placed."""
+    return record.state == "pending" and record.not_before is not None and record.not_before > now
 
 
 def build_inputs(
@@ -129,7 +139,11 @@ def build_inputs(
         if work is None:
             continue
         queued = _queued(
-            record, work, allocations.get(record.work_id, ()), (surge or {}).get(record.work_id, 0)
+            record,
+            work,
+            allocations.get(record.work_id, ()),
+            now,
+            (surge or {}).get(record.work_id, 0),
         )
         if queued is not None:
             queue.append(queued)

@@ -45,7 +45,7 @@ from cloud.loop.allocations import by_work
 from cloud.loop.deployment_control import DeploymentControl
 from cloud.loop.desired import desired_document
 from cloud.loop.hook_failures import HookFailureLog
-from cloud.loop.inputs import ConversionCache, PassInputs, build_inputs
+from cloud.loop.inputs import ConversionCache, PassInputs, backing_off, build_inputs
 from cloud.loop.moves import running_jobs
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
@@ -259,6 +259,7 @@ class SchedulingLoop:
             allocations,
             reporting,
             self._liveness.lost_nodes({a.node_id for a in store.allocations}, nodes),
+            now=now,
         )
         unacknowledged = self._unacknowledged.check(
             records,
@@ -338,6 +339,8 @@ class SchedulingLoop:
             # and reports of new work find it known.
             self._assignments.replace_from(store)
         retry = [p.retry_at for p in plan.pending if p.retry_at is not None]
+        # Failed jobs whose retry backoff ends: a pass then places them.
+        retry.extend(r.not_before for r in store.work if r.not_before and backing_off(r, now))
         self._retry_at = min(retry) if retry else None
         self.stats.passes += 1
         self.stats.last_pass_ms = (time.perf_counter() - started) * 1000.0

@@ -44,7 +44,7 @@ def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
             or record.state != "running"
             or not isinstance(work, TrainingJob)
             or not work.movable
-            or record.attempts + 1 >= max_attempts
+            or record.attempts - record.failures + 1 >= max_attempts
             or not members
             or any(member.node_id not in table.index for member in members)
         ):

@@ -6,7 +6,8 @@ report is never lost to a missed message and a restarted control plane catches u
 by looking once.
 
 Training (one worker per node of a gang; see desired.py):
-- a worker `failed` -> the job failed, with that worker's reason;
+- a worker `failed` -> the job failed, with that worker's reason, unless its retry
+  policy (cloud/work/retries.py) queues it again after a backoff;
 - every worker `succeeded` -> the job succeeded;
 - a worker `stopped` while still wanted (its agent shut down) -> requeued;
 - a worker running (or done) -> the job is running.
@@ -38,6 +39,7 @@ from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import as_new_allocation, node_workers
 from cloud.store import AllocationRecord, EvictionWrite, PlacementWrite, StateWrite, WorkRecord
 from cloud.store.states import PLACED_STATES
+from cloud.work.retries import Retry, after_failure
 from shared.messages import ReportedDeployment, ReportedTraining
 from shared.work_literals import AllocationState
 
@@ -95,9 +97,16 @@ class _Collector:
                 )
             )
 
-    def evict(self, record: WorkRecord, reason: str) -> None:
+    def evict(
+        self, record: WorkRecord, reason: str, *, retry_not_before: float | None = None
+    ) -> None:
         self.evictions.append(
-            EvictionWrite(work_id=record.work_id, reason=reason, expected_version=record.version)
+            EvictionWrite(
+                work_id=record.work_id,
+                reason=reason,
+                expected_version=record.version,
+                retry_not_before=retry_not_before,
+            )
         )
 
     def allocation(self, allocation: AllocationRecord, running: bool) -> None:
@@ -122,6 +131,7 @@ def _training(
     members: tuple[AllocationRecord, ...],
     nodes: Mapping[str, NodeRecord],
     lost: Mapping[str, str],
+    now: float,
 ) -> None:
     workers = node_workers(members)
     gone = [node_id for node_id in workers if node_id in lost]
@@ -148,7 +158,11 @@ def _training(
         entry = entries[failed[0]]
         assert entry is not None
         reason = f"worker on {failed[0]} failed: {_reason(entry.reason)}"
-        out.move(record, "failed", reason=reason)
+        outcome = after_failure(record, reason, now)
+        if isinstance(outcome, Retry):  # the job's retry policy runs it again
+            out.evict(record, outcome.reason, retry_not_before=outcome.not_before)
+        else:
+            out.move(record, "failed", reason=outcome)
         return
     stopped = [node_id for node_id, state in states.items() if state == "stopped"]
     if stopped:
@@ -237,15 +251,18 @@ def agent_outcomes(
     allocations: Mapping[str, tuple[AllocationRecord, ...]],
     nodes: Mapping[str, NodeRecord],
     lost: Mapping[str, str],
+    *,
+    now: float,
 ) -> AgentOutcomes:
-    """`lost`: node id -> why it counts as lost (`Liveness.lost_nodes`)."""
+    """`lost`: node id -> why it counts as lost (`Liveness.lost_nodes`); `now`: UTC epoch
+    seconds, from which a failed job's retry backoff runs."""
     out = _Collector()
     for work_id, record in sorted(records.items()):
         members = allocations.get(work_id, ())
         if record.state not in PLACED_STATES or not members:
             continue
         if record.kind == "training":
-            _training(out, record, members, nodes, lost)
+            _training(out, record, members, nodes, lost, now)
         else:
             _inference(out, record, members, nodes, lost)
     return out.result()

@@ -51,6 +51,8 @@ class WorkStateChanged(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None
     attempts: int
     version: int
+    failures: int = 0  # the job's own failures so far, each retried by its policy
+    retry_at: float | None = None  # pending after a failure: not placed before then
 
 
 def state_event_row(record: WorkRecord, previous: WorkState | None, at: float) -> dict[str, Any]:
@@ -62,6 +64,8 @@ def state_event_row(record: WorkRecord, previous: WorkState | None, at: float) -
         reason=record.state_reason,
         attempts=record.attempts,
         version=record.version,
+        failures=record.failures,
+        retry_at=record.not_before if record.state == "pending" else None,
     )
     return {
         "tenant_id": record.tenant_id,
@@ -96,6 +100,8 @@ class _Draft:
     state: WorkState
     reason: str | None
     attempts: int
+    failures: int = 0
+    not_before: float | None = None
     steps: list[tuple[WorkState, WorkState, str | None]] = field(default_factory=list)
     allocation_action: AllocationAction = "keep"
     new_allocations: tuple[NewAllocation, ...] = ()
@@ -105,6 +111,7 @@ class _Draft:
             raise IllegalTransitionError(self.original.work_id, self.state, to_state)
         if to_state == "scheduled":
             self.attempts += 1
+            self.not_before = None
         if to_state not in PLACED_STATES:
             self.allocation_action, self.new_allocations = "clear", ()
         self.steps.append((self.state, to_state, reason))
@@ -215,14 +222,29 @@ async def apply_changes(
         raise VersionConflictError(conflicts)
 
     drafts = {
-        wid: _Draft(rows[wid], rows[wid].state, rows[wid].state_reason, rows[wid].attempts)
+        wid: _Draft(
+            rows[wid],
+            rows[wid].state,
+            rows[wid].state_reason,
+            rows[wid].attempts,
+            rows[wid].failures,
+            rows[wid].not_before,
+        )
         for wid in ordered_ids
     }
     for eviction in changes.evictions:
         draft = drafts[eviction.work_id]
         if draft.state not in PLACED_STATES:
             raise IllegalTransitionError(eviction.work_id, draft.state, "pending")
-        outcome = requeue(draft.attempts, context.max_attempts, eviction.reason)
+        if eviction.retry_not_before is not None:
+            # The job's own failure, retried by its policy: not an infrastructure loss.
+            draft.failures += 1
+            draft.move("pending", eviction.reason)
+            draft.not_before = eviction.retry_not_before
+            continue
+        # Placements its own failures ended do not count against infrastructure losses.
+        lost = draft.attempts - draft.failures
+        outcome = requeue(lost, context.max_attempts, eviction.reason)
         draft.move(outcome.to_state, outcome.reason)
     for change in changes.state_changes:
         if change.to_state == "scheduled":
@@ -256,6 +278,8 @@ async def apply_changes(
                 attempts=draft.attempts,
                 updated_at=now,
                 version=draft.original.version + 1,
+                failures=draft.failures,
+                not_before=draft.not_before,
             )
         )
     if records:
@@ -266,6 +290,8 @@ async def apply_changes(
                 state=bindparam("b_state"),
                 state_reason=bindparam("b_reason"),
                 attempts=bindparam("b_attempts"),
+                failures=bindparam("b_failures"),
+                not_before=bindparam("b_not_before"),
                 updated_at=bindparam("b_updated_at"),
                 version=bindparam("b_version"),
             ),
@@ -275,6 +301,8 @@ async def apply_changes(
                     "b_state": record.state,
                     "b_reason": record.state_reason,
                     "b_attempts": record.attempts,
+                    "b_failures": record.failures,
+                    "b_not_before": record.not_before,
                     "b_updated_at": now,
                     "b_version": record.version,
                 }

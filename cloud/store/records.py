@@ -86,6 +86,8 @@ class WorkRecord:
     updated_at: float
     idempotency_key: str | None
     version: int  # bumped by every change; pass it back as `expected_version`
+    failures: int = 0  # the job's own failures retried so far (its `max_retries` policy)
+    not_before: float | None = None  # pending: not placed before this (a retry's backoff)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +184,16 @@ class PlacementWrite:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EvictionWrite:
-    """Preempted or lost work: back to pending, or failed once its attempts are used up."""
+    """Preempted or lost work: back to pending, or failed once its attempts are used up.
+
+    ``retry_not_before`` set: the job failed by itself and its retry policy runs it
+    again, not before then; counted in `WorkRecord.failures`, not in the attempts
+    that bound infrastructure losses."""
 
     work_id: str
     reason: str
     expected_version: int | None = None
+    retry_not_before: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

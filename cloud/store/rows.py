@@ -106,6 +106,8 @@ def work_from_row(row: Row[Any]) -> WorkRecord:
         updated_at=float(row.updated_at),
         idempotency_key=row.idempotency_key,
         version=int(row.version),
+        failures=int(row.failures),
+        not_before=None if row.not_before is None else float(row.not_before),
     )
 
 

@@ -67,6 +67,10 @@ work = Table(
     # The scheduler's latest explanation (JSON object) and when it was made (v0002).
     Column("explanation", JsonDocument, nullable=True),
     Column("explained_at", Double, nullable=True),
+    # Failures of the job's own (non-zero exits) so far, retried by its max_retries, and
+    # the earliest time its next attempt may be placed (v0008).
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("not_before", Double, nullable=True),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_work_idempotency_key"),
     Index("ix_work_tenant", "tenant_id", "id"),
     Index("ix_work_state", "state", "priority", "id"),

@@ -63,6 +63,8 @@ async def insert_work(
         "state": "pending",
         "state_reason": None,
         "attempts": 0,
+        "failures": 0,
+        "not_before": None,
         "submitted_at": now,
         "updated_at": now,
         "idempotency_key": idempotency_key,

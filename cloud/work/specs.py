@@ -181,6 +181,25 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     grace_period_s: Annotated[
         float, msgspec.Meta(ge=0, le=3600, description="From SIGTERM to SIGKILL on stop.")
     ] = 30.0
+    max_retries: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=100,
+            description=(
+                "Times a failed job (a worker that exits non-zero or cannot start) is run "
+                "again before it fails; counted apart from lost nodes and preemptions."
+            ),
+        ),
+    ] = 0
+    retry_backoff_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=86400,
+            description="Wait before the first retry; doubled for each further one, to 1 h.",
+        ),
+    ] = 30.0
     sites: Sites = ("cloud",)
     node_selector: NodeSelector = {}
     affinity: Affinity = ()

@@ -68,6 +68,8 @@ class JobSummary(WorkFields, frozen=True, kw_only=True):
     workers: int
     accelerators_per_worker: int
     accelerator_kind: AcceleratorKind
+    failures: int = 0  # its own failures so far, each retried by its max_retries
+    retry_at: datetime | None = None  # queued after a failure: not placed before then
 
 
 class DeploymentSummary(WorkFields, frozen=True, kw_only=True):

@@ -1,9 +1,11 @@
 """Where the agent judges whether its GPUs work: a GPU that gives no reading for
 `FAILED_ROUNDS` telemetry rounds in a row is unhealthy (its driver no longer answers
 for it: NVML errors, a GPU lost from the bus; the probe's log line says which), and
-one reading makes it healthy again. Each change is announced in a new birth (the
-inventory's `healthy` and `health`), so the control plane stops placing work on it
-and moves what ran there, or uses it again.
+one reading makes it healthy again. A GPU its probe reports faulted (a critical XID
+event, edge/discovery/nvidia.py) is unhealthy for as long as the probe says so.
+Each change is announced in a new birth (the inventory's `healthy` and `health`),
+so the control plane stops placing work on it and moves what ran there, or uses it
+again.
 
 Only GPUs are judged: other probes (CPU, NPUs) may legitimately have no reading for
 a device they found.
@@ -11,7 +13,7 @@ a device they found.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import msgspec
 
@@ -27,10 +29,18 @@ class DeviceHealth:
         self._misses: dict[str, int] = {}
         self.unhealthy: dict[str, str] = {}  # accelerator id -> why
 
-    def observe(self, sampled_ids: Collection[str]) -> bool:
-        """One telemetry round's readings; whether any GPU's health changed."""
+    def observe(
+        self, sampled_ids: Collection[str], faults: Mapping[str, str] | None = None
+    ) -> bool:
+        """One telemetry round's readings and the probes' faults (id -> why); whether
+        any GPU's health changed."""
         changed = False
         for accelerator_id in self._judged:
+            fault = faults.get(accelerator_id) if faults else None
+            if fault is not None:
+                changed |= self.unhealthy.get(accelerator_id) != fault
+                self.unhealthy[accelerator_id] = fault
+                continue
             if accelerator_id in sampled_ids:
                 self._misses.pop(accelerator_id, None)
                 changed |= self.unhealthy.pop(accelerator_id, None) is not None

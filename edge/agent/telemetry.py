@@ -13,7 +13,7 @@ from edge.agent.context import AgentContext
 from edge.agent.device_health import DeviceHealth
 from edge.agent.inference_server import InferenceServer
 from edge.agent.module import AgentModule
-from edge.discovery import DiscoveryResult, sample_all
+from edge.discovery import DiscoveryResult, device_faults, sample_all
 from edge.probes import DeviceProbes
 from shared.messages import Telemetry, encode
 from shared.topics import Channel
@@ -62,9 +62,14 @@ class TelemetrySampler(AgentModule):
             host, samples, failures = await asyncio.to_thread(
                 sample_all, self._probes, self._working
             )
+            faults = (
+                await asyncio.to_thread(device_faults, self._probes, self._working)
+                if self._health is not None
+                else {}
+            )
             for probe_name, error in failures:
                 context.log.warning("probe sample failed", probe=probe_name, error=error)
-            if self._health is not None and self._health.observe({s.id for s in samples}):
+            if self._health is not None and self._health.observe({s.id for s in samples}, faults):
                 context.log.warning("device health changed", unhealthy=self._health.unhealthy)
                 if self._health_changed is not None:
                     self._health_changed.set()

@@ -24,6 +24,7 @@ __all__ = [
     "PROBE_NAMES",
     "DiscoveryResult",
     "build_device_probes",
+    "device_faults",
     "discover_all",
     "sample_all",
 ]
@@ -121,3 +122,18 @@ def sample_all(
             )
             failures.append((probe.name, _describe(error)))
     return probes.host.sample(), tuple(samples), tuple(failures)
+
+
+def device_faults(probes: DeviceProbes, working_probe_names: Collection[str]) -> dict[str, str]:
+    """Accelerator id -> why its driver says it failed, from the probes that can tell
+    (NVIDIA's critical XID events); a probe that cannot has no such method."""
+    faults: dict[str, str] = {}
+    for probe in probes.accelerator_probes:
+        read = getattr(probe, "device_faults", None)
+        if probe.name not in working_probe_names or read is None:
+            continue
+        try:
+            faults.update(read())
+        except Exception as error:
+            log.warning("device probe faults failed", probe=probe.name, error=_describe(error))
+    return faults

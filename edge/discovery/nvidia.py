@@ -28,6 +28,14 @@ log = structlog.get_logger(__name__)
 
 _T = TypeVar("_T")
 
+# XIDs an application causes (a bad kernel, a page fault, a timeout it hit): they say
+# nothing about the GPU, so they do not make it unhealthy. The same list as NVIDIA's
+# Kubernetes device plugin; every other critical XID (ECC errors 48/94/95, fallen off
+# the bus 79, GSP errors 119/120, ...) does.
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+XID_REASON = "XID {xid} reported by the driver (a GPU error; reset the GPU, then restart the agent)"
+_MAX_EVENTS_PER_ROUND = 64  # a storm of events cannot hold up a telemetry round
+
 
 @dataclass(frozen=True, slots=True)
 class _TrackedDevice:
@@ -86,6 +94,12 @@ class NvidiaProbe:
         self._unavailable_logged = False
         self._devices: list[_TrackedDevice] = []
         self._energy_by_gpu: dict[str, _EnergyCounter] = {}
+        # Critical XID events, where NVML reports them: the event set, the physical
+        # GPUs by UUID (how an event names its GPU), and the faults seen (sticky: an
+        # XID GPU needs a reset, after which the agent is restarted).
+        self._events: Any | None = None
+        self._physical_by_uuid: dict[str, str] = {}
+        self._xid_faults: dict[str, str] = {}  # physical GPU id -> why
 
     @property
     def name(self) -> str:
@@ -116,6 +130,8 @@ class NvidiaProbe:
     def discover(self) -> Sequence[Accelerator]:
         self._devices = []
         self._energy_by_gpu = {}
+        self._free_events()
+        self._xid_faults = {}  # a fresh look at the hardware (the agent's start)
         nvml = self._initialized_nvml()
         if nvml is None:
             return []
@@ -138,7 +154,70 @@ class NvidiaProbe:
         # Zero point of the energy counters, so sampled energy starts near 0.
         for device in self._devices:
             self._energy_j(nvml, device)
+        self._watch_xid(nvml)
         return accelerators
+
+    # -- XID events -----------------------------------------------------------------
+
+    def _watch_xid(self, nvml: ModuleType) -> None:
+        """Register every physical GPU for critical XID events where NVML supports it
+        (not on every board or driver: then only lost readings judge its health)."""
+        physical = {d.physical_id: d.physical_handle for d in self._devices}
+        if not physical:
+            return
+        try:
+            events = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as error:
+            log.info("NVML events unavailable; XID errors not watched", error=str(error))
+            return
+        for physical_id, handle in physical.items():
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+                self._physical_by_uuid[str(nvml.nvmlDeviceGetUUID(handle))] = physical_id
+            except nvml.NVMLError as error:
+                log.info("XID events not watched", accelerator=physical_id, error=str(error))
+        self._events = events
+
+    def _drain_xid(self, nvml: ModuleType) -> None:
+        """Read the XID events raised since the last round, without waiting."""
+        if self._events is None:
+            return
+        for _ in range(_MAX_EVENTS_PER_ROUND):
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except nvml.NVMLError_Timeout:
+                return  # none pending
+            except nvml.NVMLError as error:
+                log.warning("NVML event wait failed", error=str(error))
+                return
+            xid = int(data.eventData)
+            if not int(data.eventType) & nvml.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                physical_id = self._physical_by_uuid.get(str(nvml.nvmlDeviceGetUUID(data.device)))
+            except nvml.NVMLError:
+                physical_id = None
+            log.warning("NVIDIA XID event", xid=xid, accelerator=physical_id)
+            if physical_id is not None and xid not in APPLICATION_XIDS:
+                self._xid_faults.setdefault(physical_id, XID_REASON.format(xid=xid))
+
+    def device_faults(self) -> dict[str, str]:
+        """Accelerator id -> why it failed, from critical XID events: a MIG instance
+        fails with its physical GPU."""
+        return {
+            d.accelerator_id: self._xid_faults[d.physical_id]
+            for d in self._devices
+            if d.physical_id in self._xid_faults
+        }
+
+    def _free_events(self) -> None:
+        events, self._events = self._events, None
+        self._physical_by_uuid = {}
+        if events is not None and self._nvml is not None:
+            try:
+                self._nvml.nvmlEventSetFree(events)
+            except self._nvml.NVMLError as error:
+                log.debug("nvmlEventSetFree failed", error=str(error))
 
     def _discover_gpu(
         self, nvml: ModuleType, index: int, providers: tuple[str, ...]
@@ -314,6 +393,7 @@ class NvidiaProbe:
         nvml = self._nvml
         if nvml is None:
             return []
+        self._drain_xid(nvml)
         samples: list[AcceleratorSample] = []
         for device in self._devices:
             try:
@@ -395,6 +475,7 @@ class NvidiaProbe:
         return counter.accumulated_mj / 1000
 
     def close(self) -> None:
+        self._free_events()
         nvml, self._nvml = self._nvml, None
         self._devices = []
         if nvml is None:

@@ -6,7 +6,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from edge.discovery import DiscoveryResult, build_device_probes, discover_all, sample_all
+from edge.discovery import (
+    DiscoveryResult,
+    build_device_probes,
+    device_faults,
+    discover_all,
+    sample_all,
+)
 from edge.discovery.cpu import CpuProbe, LocalHostProbe
 from edge.discovery.npu import NpuProbe
 from edge.discovery.nvidia import NvidiaProbe
@@ -173,3 +179,28 @@ def test_real_probes_on_this_machine() -> None:
     assert {s.id for s in samples} == set(ids)
     assert failures == ()
     assert host.memory_total_bytes == result.host.memory_total_bytes
+
+
+class FaultingProbe(FakeProbe):
+    """A probe that can tell which of its devices failed (as NVIDIA's XID events do)."""
+
+    def __init__(self, name: str, faults: dict[str, str] | None = None) -> None:
+        super().__init__(name)
+        self.faults = faults
+
+    def device_faults(self) -> dict[str, str]:
+        if self.faults is None:
+            raise RuntimeError("event set gone")
+        return self.faults
+
+
+def test_device_faults_come_from_working_probes_that_can_tell_and_a_failing_one_is_isolated() -> (
+    None
+):
+    probes = _probes(
+        FaultingProbe("xid", {"xid0": "XID 79"}),
+        FaultingProbe("broken"),
+        FaultingProbe("not-working", {"nw0": "XID 48"}),
+        FakeProbe("plain"),
+    )
+    assert device_faults(probes, {"xid", "broken", "plain"}) == {"xid0": "XID 79"}

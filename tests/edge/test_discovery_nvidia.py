@@ -11,8 +11,9 @@ import pynvml
 import pytest
 from structlog.testing import CapturingLogger
 
+from edge.agent.device_health import DeviceHealth
 from edge.discovery import nvidia as nvidia_module
-from edge.discovery.nvidia import NvidiaProbe
+from edge.discovery.nvidia import XID_REASON, NvidiaProbe
 from shared.messages import Accelerator, AcceleratorSample, encode
 
 GIB = 1024**3
@@ -59,6 +60,10 @@ class FakeNvml:
         self.init_calls = 0
         self.shutdown_calls = 0
         self.init_error: type[Exception] | None = None
+        # XID events the driver has raised and not yet handed out: (GPU, XID number).
+        self.pending_events: list[tuple[FakeGpu, int]] = []
+        self.registered: list[str] = []  # UUIDs of the GPUs registered for XID events
+        self.event_sets_freed = 0
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for name in dir(self):
@@ -146,6 +151,30 @@ class FakeNvml:
         if gpu.energy_mj is None:
             raise pynvml.NVMLError_NotSupported()
         return gpu.energy_mj
+
+    def nvmlEventSetCreate(self) -> object:
+        return self
+
+    def nvmlDeviceRegisterEvents(self, handle: FakeGpu, types: int, events: object) -> None:
+        assert types == pynvml.nvmlEventTypeXidCriticalError
+        assert events is self
+        self.registered.append(self._parent_only(handle, "nvmlDeviceRegisterEvents").uuid)
+
+    def nvmlEventSetWait_v2(self, events: object, timeout_ms: int) -> SimpleNamespace:
+        assert timeout_ms == 0  # a telemetry round never waits for events
+        if not self.pending_events:
+            raise pynvml.NVMLError_Timeout()
+        gpu, xid = self.pending_events.pop(0)
+        return SimpleNamespace(
+            device=gpu,
+            eventType=pynvml.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
+
+    def nvmlEventSetFree(self, events: object) -> None:
+        self.event_sets_freed += 1
 
 
 def _fleet() -> list[FakeGpu]:
@@ -482,3 +511,42 @@ def test_a_gpu_lost_at_sample_time_gives_no_reading(fake_nvml: FakeNvml) -> None
 
     # No made-up zeros for it: the agent counts the missing reading (device_health.py).
     assert [s.id for s in probe.sample()] == ["gpu1-mig0", "gpu1-mig2", "gpu2"]
+
+
+def test_a_critical_xid_fails_its_gpu_and_its_mig_instances_but_an_application_xid_does_not(
+    fake_nvml: FakeNvml,
+) -> None:
+    probe = NvidiaProbe(available_providers=())
+    probe.discover()
+    assert fake_nvml.registered == ["GPU-a100-0", "GPU-a100-1", "GPU-h100-2"]
+    gpu0, mig_parent, _ = fake_nvml.gpus
+    fake_nvml.pending_events = [(gpu0, 13), (gpu0, 43)]  # the application's own faults
+    probe.sample()
+    assert probe.device_faults() == {}
+    fake_nvml.pending_events = [(mig_parent, 79), (gpu0, 48)]
+    assert len(probe.sample()) == 4  # readings still come: the XID alone says it failed
+    faults = probe.device_faults()
+    assert set(faults) == {"gpu0", "gpu1-mig0", "gpu1-mig2"}
+    assert faults["gpu1-mig0"].startswith("XID 79 reported by the driver")
+    assert faults["gpu0"].startswith("XID 48")
+    probe.sample()  # no new events: an XID fault stays until the GPU is reset
+    assert set(probe.device_faults()) == set(faults)
+
+    health = DeviceHealth(probe.discover())  # rediscovery (a restarted agent) starts clean
+    assert fake_nvml.event_sets_freed == 1
+    samples = {s.id for s in probe.sample()}
+    assert not health.observe(samples, probe.device_faults())
+    fake_nvml.pending_events = [(gpu0, 94)]
+    probe.sample()
+    assert health.observe(samples, probe.device_faults())
+    assert health.unhealthy == {"gpu0": XID_REASON.format(xid=94)}
+    probe.close()
+    assert fake_nvml.event_sets_freed == 2
+
+
+def test_a_driver_without_xid_events_still_discovers_and_samples(fake_nvml: FakeNvml) -> None:
+    fake_nvml.gpus[2].failing["nvmlDeviceRegisterEvents"] = pynvml.NVMLError_NotSupported
+    probe = NvidiaProbe(available_providers=())
+    assert len(probe.discover()) == 4
+    assert fake_nvml.registered == ["GPU-a100-0", "GPU-a100-1"]
+    assert len(probe.sample()) == 4

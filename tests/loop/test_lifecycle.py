@@ -155,6 +155,39 @@ async def test_a_failing_worker_fails_the_job_with_its_exit_code(
         assert "exit code 3" in failed["reason"]
 
 
+async def test_a_failing_job_is_retried_by_its_policy_after_a_backoff_and_then_succeeds(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    """Two failed attempts, each queued again after the job's backoff (0.2 s, then
+    0.4 s); the third succeeds. Its failures are counted apart from its attempts."""
+    async with fleet(database, mosquitto_root, cloud_nodes=1) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        flaky = {"GREENFED_SIM_EXIT_CODE": "3", "GREENFED_SIM_FAILING_ATTEMPTS": "2"}
+        spec = job("flaky", estimated_duration_s=0.1, env=flaky, max_retries=2, retry_backoff_s=0.2)
+        job_id = await api.submitted(token, spec)
+        done = await reaches(api, token, job_id, "succeeded")
+        assert (done["attempts"], done["failures"], done["retry_at"]) == (3, 2, None)
+        history = await api.store.list_events(tenant_id=await api.tenant_id(token), limit=500)
+        states = [
+            msgspec.json.decode(event.payload)
+            for event in history
+            if event.work_id == job_id and event.kind == "work.state"
+        ]
+        retries = [s for s in states if s["state"] == "pending" and s["previous_state"]]
+        assert [r["failures"] for r in retries] == [1, 2]
+        assert "exit code 3; retry 1 of 2 in 0.2 s" in retries[0]["reason"]
+        assert "retry 2 of 2 in 0.4 s" in retries[1]["reason"]
+        assert all(r["retry_at"] is not None for r in retries)
+
+        # With its retries used up, the next failure is final.
+        spec = job("broken", estimated_duration_s=0.1, env={"GREENFED_SIM_EXIT_CODE": "3"})
+        broken_id = await api.submitted(token, {**spec, "max_retries": 1, "retry_backoff_s": 0})
+        failed = await reaches(api, token, broken_id, "failed")
+        assert failed["failures"] == 1
+        assert "(failed 2 times, 1 retries used)" in failed["reason"]
+
+
 async def test_work_on_a_lost_node_is_requeued_and_placed_elsewhere(
     database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
 ) -> None:

@@ -3,6 +3,8 @@ agent reports, plan translation, and the agent's acceptance of replicas."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
 
@@ -15,6 +17,7 @@ from cloud.loop.reports import agent_outcomes
 from cloud.scheduler import Plan, Preemption, schedule
 from cloud.scheduler.model import KIND_INDEX
 from cloud.store import StoreSnapshot
+from cloud.work.retries import MAX_BACKOFF_S, Retry, after_failure
 from edge.inference.replicas import check_assignment
 from shared.messages import Accelerator, DesiredDeployment, ReportedDeployment, ReportedTraining
 from shared.settings import SchedulingSettings
@@ -144,7 +147,7 @@ def test_an_unhealthy_device_takes_no_work_and_moves_what_ran_on_it() -> None:
         ),
     }
     nodes = {"n1": node("n1", devices=devices)}
-    outcome = agent_outcomes({"job-1": job, "dep-1": deployment}, allocations, nodes, {})
+    outcome = agent_outcomes({"job-1": job, "dep-1": deployment}, allocations, nodes, {}, now=0.0)
     (eviction,) = outcome.evictions
     assert (eviction.work_id, eviction.reason) == ("job-1", "gpu1 on n1 failed: GPU is lost")
     (shrunk,) = outcome.placements
@@ -218,7 +221,7 @@ def test_a_gang_succeeds_only_when_every_worker_has_and_fails_with_the_first_rea
         "a": node("a", training=(reported("job-1", 2, "succeeded"),)),
         "b": node("b", training=(reported("job-1", 2, "running"),)),
     }
-    outcome = agent_outcomes({"job-1": job}, members, half, {})
+    outcome = agent_outcomes({"job-1": job}, members, half, {}, now=0.0)
     assert [c.to_state for c in outcome.state_changes] == ["running"]
     assert {(c.member_index, c.state) for c in outcome.allocation_states} == {
         (0, "running"),
@@ -229,19 +232,19 @@ def test_a_gang_succeeds_only_when_every_worker_has_and_fails_with_the_first_rea
         "a": node("a", training=(reported("job-1", 2, "succeeded"),)),
         "b": node("b", training=(reported("job-1", 2, "succeeded"),)),
     }
-    outcome = agent_outcomes({"job-1": job}, members, done, {})
+    outcome = agent_outcomes({"job-1": job}, members, done, {}, now=0.0)
     assert [c.to_state for c in outcome.state_changes] == ["running", "succeeded"]
 
     crashed = {
         "a": node("a", training=(reported("job-1", 2, "failed", "exit code 3"),)),
         "b": node("b", training=(reported("job-1", 2, "running"),)),
     }
-    (change,) = agent_outcomes({"job-1": job}, members, crashed, {}).state_changes
+    (change,) = agent_outcomes({"job-1": job}, members, crashed, {}, now=0.0).state_changes
     assert change.to_state == "failed"
     assert change.reason == "worker on a failed: exit code 3"
 
     stale = {"a": node("a", training=(reported("job-1", 1, "failed"),)), "b": node("b")}
-    assert not agent_outcomes({"job-1": job}, members, stale, {}).changes_work
+    assert not agent_outcomes({"job-1": job}, members, stale, {}, now=0.0).changes_work
 
 
 def test_a_lost_node_requeues_a_gang_but_only_shrinks_a_deployment() -> None:
@@ -256,7 +259,11 @@ def test_a_lost_node_requeues_a_gang_but_only_shrinks_a_deployment() -> None:
     }
     nodes = {"a": node("a"), "e1": node("e1"), "e2": node("e2")}
     outcome = agent_outcomes(
-        {"job-1": job, "dep-1": deployment}, allocations, nodes, {"lost": "offline: shutdown"}
+        {"job-1": job, "dep-1": deployment},
+        allocations,
+        nodes,
+        {"lost": "offline: shutdown"},
+        now=0.0,
     )
     (eviction,) = outcome.evictions
     assert eviction.work_id == "job-1"
@@ -279,12 +286,13 @@ def test_a_deployment_runs_when_every_replica_is_ready_and_fails_with_a_replica(
         return ReportedDeployment(deployment_id="dep-1", replica=index, state=state, reason=reason)  # type: ignore[arg-type]
 
     ready = {"e1": node("e1", deployments=(replica(0, "ready"),)), "e2": node("e2")}
-    assert agent_outcomes({"dep-1": deployment}, allocations, ready, {}).state_changes == ()
+    outcome = agent_outcomes({"dep-1": deployment}, allocations, ready, {}, now=0.0)
+    assert outcome.state_changes == ()
     ready["e2"] = node("e2", deployments=(replica(1, "ready"),))
-    (change,) = agent_outcomes({"dep-1": deployment}, allocations, ready, {}).state_changes
+    (change,) = agent_outcomes({"dep-1": deployment}, allocations, ready, {}, now=0.0).state_changes
     assert change.to_state == "running"
     ready["e2"] = node("e2", deployments=(replica(1, "failed", "checksum mismatch"),))
-    (change,) = agent_outcomes({"dep-1": deployment}, allocations, ready, {}).state_changes
+    (change,) = agent_outcomes({"dep-1": deployment}, allocations, ready, {}, now=0.0).state_changes
     assert (change.to_state, change.reason) == (
         "failed",
         "replica 1 on e2 failed: checksum mismatch",
@@ -379,3 +387,23 @@ def test_the_agent_takes_a_replica_on_its_own_devices_with_the_first_usable_prov
         check_assignment(desired(("cpu0",), ()), inventory)[1]
         == "accelerator cpu0 is a cpu, not a gpu"
     )
+
+
+def test_a_failed_jobs_retry_backs_off_doubling_to_the_cap_and_waits_out_of_the_queue() -> None:
+    flaky = work("job-1", state="running", max_retries=12, retry_backoff_s=60)
+    waits = []
+    for failures in range(12):
+        failed = dataclasses.replace(flaky, failures=failures)
+        outcome = after_failure(failed, "exit code 3", 1000.0)
+        assert isinstance(outcome, Retry)
+        waits.append(outcome.not_before - 1000.0)
+    assert waits[:6] == [60, 120, 240, 480, 960, 1920]
+    assert set(waits[6:]) == {MAX_BACKOFF_S}
+    used_up = after_failure(dataclasses.replace(flaky, failures=12), "exit code 3", 1000.0)
+    assert used_up == "exit code 3 (failed 13 times, 12 retries used)"
+    assert after_failure(work("job-2"), "exit code 3", 0.0) == "exit code 3"  # no policy
+
+    waiting = dataclasses.replace(flaky, state="pending", failures=1, not_before=1060.0)
+    store = StoreSnapshot(tenants=(), work=(waiting,), allocations=(), node_generations={})
+    assert build_inputs(1059.0, [node("a")], store).snapshot.queue == ()
+    assert [w.work_id for w in build_inputs(1060.0, [node("a")], store).snapshot.queue] == ["job-1"]

@@ -11,7 +11,8 @@ import dataclasses
 
 import pytest
 
-from cloud.scheduler import AcceleratorPool, Node, Tenant
+from cloud.scheduler import AcceleratorPool, Allocation, Node, Tenant
+from shared.work_literals import PriorityClass
 from tests.scheduler.builders import GIB, deployment, job, plan_for, running, snapshot
 
 WHOLE = "A100-SXM4-80GB"
@@ -33,11 +34,18 @@ def mixed_node(node_id: str = "n1", whole: int = 2, slices: int = 7) -> Node:
     )
 
 
-def on_slice(allocation_id: str, **fields: object) -> object:
-    return dataclasses.replace(
-        running(allocation_id, "n1", work_kind="inference", expected_end=None, **fields),  # type: ignore[arg-type]
-        accelerator_model=SLICE,
+def on_slice(
+    allocation_id: str, *, tenant: str = "team-b", priority: PriorityClass = "p2"
+) -> Allocation:
+    replica = running(
+        allocation_id,
+        "n1",
+        tenant=tenant,
+        priority=priority,
+        work_kind="inference",
+        expected_end=None,
     )
+    return dataclasses.replace(replica, accelerator_model=SLICE)
 
 
 def test_running_work_counts_against_the_pool_it_holds() -> None:
@@ -91,7 +99,7 @@ def test_an_eviction_frees_the_pool_its_victim_held() -> None:
     plan = plan_for(
         [mixed_node()],
         [job("urgent", 1, priority="p0", memory_bytes=40 * GIB)],
-        allocations=[whole_job, *replicas],  # type: ignore[list-item]
+        allocations=[whole_job, *replicas],
     )
     (placement,) = plan.placements
     assert placement.accelerator_model == WHOLE
@@ -104,7 +112,7 @@ def test_quota_counts_every_pool_of_the_kind() -> None:
     plan = plan_for(
         [mixed_node()],
         [job("two-whole", 2, memory_bytes=40 * GIB, tenant="team-a")],
-        allocations=slices_held,  # type: ignore[arg-type]
+        allocations=slices_held,
         tenants=tenants,
     )
     (pending,) = plan.pending

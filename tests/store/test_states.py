@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cloud.store import (
+    EvictionWrite,
     IllegalTransitionError,
     InvalidPassWriteError,
     PassWrite,
@@ -182,3 +183,35 @@ async def test_an_agent_event_is_applied_once(store: Store, tenant: TenantRecord
     assert done.work[0].state == "succeeded"
     resent = await store.transition(work.work_id, "succeeded", event_id="agent-n1-000043")
     assert resent.duplicate
+
+
+async def test_a_retried_failure_counts_apart_from_infrastructure_losses(
+    store: Store, tenant: TenantRecord
+) -> None:
+    """Three failures retried by the job's policy leave all of `store.max_attempts` (3)
+    for lost nodes and preemptions: the job is still requeued after two of those."""
+    work = (await submit(store, tenant.tenant_id)).work
+    lease = await store.try_acquire_leadership()
+    assert lease is not None
+
+    async def place_then(eviction: EvictionWrite) -> WorkRecord:
+        await store.commit_pass(PassWrite(placements=(placement(work.work_id, "n1"),)), lease=lease)
+        placed = await store.find_work(work.work_id)
+        assert placed is not None
+        assert placed.not_before is None  # placing it ends its backoff
+        return (await store.commit_pass(PassWrite(evictions=(eviction,)), lease=lease)).work[0]
+
+    for failure in range(1, 4):
+        retried = await place_then(
+            EvictionWrite(
+                work_id=work.work_id, reason=f"exit code 3; retry {failure}", retry_not_before=50.0
+            )
+        )
+        assert (retried.state, retried.failures, retried.not_before) == ("pending", failure, 50.0)
+    for _ in range(2):
+        lost = await place_then(EvictionWrite(work_id=work.work_id, reason="node n1 lost"))
+        assert (lost.state, lost.failures, lost.not_before) == ("pending", 3, None)
+    final = await place_then(EvictionWrite(work_id=work.work_id, reason="node n1 lost"))
+    await lease.release()
+    assert (final.state, final.attempts) == ("failed", 6)
+    assert final.state_reason == "node n1 lost (gave up after 3 attempts)"

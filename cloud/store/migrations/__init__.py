@@ -21,6 +21,7 @@ from cloud.store.migrations import (
     v0005_usage,
     v0006_event_work_index,
     v0007_node_admin,
+    v0008_retries,
 )
 
 
@@ -39,6 +40,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(5, "usage", v0005_usage.upgrade),
     SchemaMigration(6, "event_work_index", v0006_event_work_index.upgrade),
     SchemaMigration(7, "node_admin", v0007_node_admin.upgrade),
+    SchemaMigration(8, "retries", v0008_retries.upgrade),
 )
 
 
