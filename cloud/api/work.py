@@ -271,7 +271,9 @@ def _check_priority(tenant: TenantRecord, priority: PriorityClass) -> None:
 def _refused_now(request: web.Request, spec: WorkSpec, now_s: float) -> Problem | None:
     """What new work may not ask for at this moment (a retry still gets its original):
 
-    - a deadline that has passed: it could only wait for ever;
+    - a deadline that has passed: it could only wait for ever; or a training job's
+      deadline sooner than its estimate on the fastest registered accelerator it may
+      use allows (it would be late whatever the scheduler did);
     - training only at sites where no agent runs training. `cloud` always may (cloud
       agents run training unless told otherwise); another site only once a node there
       advertises `runs_training` in its birth, else the job would wait or fail for ever.
@@ -279,6 +281,18 @@ def _refused_now(request: web.Request, spec: WorkSpec, now_s: float) -> Problem 
     deadline = getattr(spec, "deadline", None)
     if deadline is not None and deadline.timestamp() <= now_s:
         return invalid_body("$.deadline", f"{deadline.isoformat()} has passed")
+    if isinstance(spec, TrainingJobSpec) and spec.deadline is not None:
+        fastest = _fastest_speed(request, spec)
+        if fastest is not None and now_s + spec.estimated_duration_s / fastest > (
+            spec.deadline.timestamp()
+        ):
+            needed_s = spec.estimated_duration_s / fastest
+            return invalid_body(
+                "$.deadline",
+                f"{spec.deadline.isoformat()} is too soon: the job needs {needed_s:,.0f} s "
+                f"on the fastest registered {spec.accelerator_kind} (relative speed "
+                f"{fastest:g}), so it would be late wherever it ran",
+            )
     if isinstance(spec, TrainingJobSpec) and "cloud" not in spec.sites:
         training_sites = {
             record.status.site
@@ -292,6 +306,20 @@ def _refused_now(request: web.Request, spec: WorkSpec, now_s: float) -> Problem 
                 "with agent.training_enabled = true); name cloud, or enable training there",
             )
     return None
+
+
+def _fastest_speed(request: web.Request, spec: TrainingJobSpec) -> float | None:
+    """The fastest relative speed of a registered device the job may run on (its kind,
+    at its sites, on a node that runs training); None when no such node is known yet
+    (one may register: nothing to judge by)."""
+    speeds = [
+        accelerator.relative_speed
+        for record in request.app[REGISTRY].nodes()
+        if record.status.site in spec.sites and node_runs_training(record.status)
+        for accelerator in record.status.accelerators
+        if accelerator.kind == spec.accelerator_kind and accelerator.relative_speed
+    ]
+    return max(speeds) if speeds else None
 
 
 async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Response:

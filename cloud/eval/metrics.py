@@ -4,8 +4,11 @@
   period, so every policy does the same work) plus inference within the period;
   energy attributed to work (accelerators used plus their host share), not idle
   nodes; intensity and price are the *recorded* series, not forecasts.
-* ``wait_mean_s``, ``wait_p95_s``: training jobs, submission to first start,
-  *including* deliberate deferral by temporal shifting. ``queue_wait_mean_s`` /
+* ``wait_mean_s``, ``wait_p95_s``: training jobs that started, submission to
+  first start, *including* deliberate deferral by temporal shifting. Work that
+  never starts (a gang no node can hold, a deadline nothing can meet) has no wait:
+  it is ``unfinished_jobs``, reported beside the waits, so a policy that gives up on
+  work cannot look quicker for it. ``queue_wait_mean_s`` /
   ``queue_wait_p95_s`` leave out the time shifting held jobs back (waiting for
   capacity only); ``wait_mean_inflexible_s`` is the mean over jobs that cannot
   wait (no deadline, no maximum delay).
@@ -62,7 +65,8 @@ class PolicyResult:
     busy_utilisation: float = 0.0
     currency: str = "USD"
     jobs: int = 0
-    unfinished_jobs: int = 0
+    unfinished_jobs: int = 0  # never finished (most never started), by the end of the drain
+    never_started_jobs: int = 0
     flexible_jobs: int = 0
     deferred_jobs: int = 0
     migrations: int = 0  # running jobs moved to cleaner capacity
@@ -168,8 +172,9 @@ def evaluate(
     inflexible: list[float] = []
     deferred_waits: list[float] = []
     for record in outcome.jobs.values():
-        began = record.first_start_s if record.first_start_s is not None else outcome.stopped_s
-        wait = began - record.submitted_s
+        if record.first_start_s is None:
+            continue  # never started: counted in unfinished_jobs, not in any wait
+        wait = record.first_start_s - record.submitted_s
         waits.append(wait)
         queue_waits.append(max(0.0, wait - record.deferred_s))
         if record.deadline_s is None and record.latest_start_s is None:
@@ -207,6 +212,7 @@ def evaluate(
         busy_utilisation=busy_gpu_seconds / fleet_gpu_seconds if fleet_gpu_seconds > 0 else 0.0,
         jobs=len(outcome.jobs),
         unfinished_jobs=sum(r.finish_s is None for r in outcome.jobs.values()),
+        never_started_jobs=sum(r.first_start_s is None for r in outcome.jobs.values()),
         flexible_jobs=sum(
             r.deadline_s is not None or r.latest_start_s is not None for r in outcome.jobs.values()
         ),

@@ -34,6 +34,7 @@ _COLUMNS = (
     ("cost", "cost", "{:,.0f}"),
     ("wait mean", "wait_mean_s", "{}"),
     ("wait p95", "wait_p95_s", "{}"),
+    ("unfinished", "unfinished_jobs", "{}"),
     ("deadline misses", "deadline_misses", "{}"),
     ("SLO violations", "slo_violations", "{}"),
     ("GPU util", "utilisation", "{:.1%}"),
@@ -42,6 +43,10 @@ _COLUMNS = (
     ("moved", "migrations", "{}"),
     ("runtime", "runtime_s", "{:.1f} s"),
 )
+
+
+# Usage records accounted with the conservative stand-in for a zone without a series.
+_FALLBACK = ("fallback", "fallback_records", "{}")
 
 
 def _duration(seconds: float) -> str:
@@ -53,12 +58,17 @@ def _duration(seconds: float) -> str:
 
 
 def table(results: Sequence[PolicyResult]) -> str:
-    """One row per policy; "CO2 vs first" compares with the first policy listed."""
+    """One row per policy; "CO2 vs first" compares with the first policy listed. Waits
+    are over started work (never-started work is in "unfinished"); a "fallback"
+    column appears when any usage was accounted without a recorded series."""
     first = results[0].gco2 if results else 0.0
+    columns = list(_COLUMNS)
+    if any(result.fallback_records for result in results):
+        columns.insert(columns.index(("GPU util", "utilisation", "{:.1%}")), _FALLBACK)
     rows = []
     for result in results:
         row = []
-        for header, attribute, pattern in _COLUMNS:
+        for header, attribute, pattern in columns:
             value = getattr(result, attribute)
             if header == "tCO2eq":
                 text = pattern.format(value / 1e6)
@@ -72,7 +82,7 @@ def table(results: Sequence[PolicyResult]) -> str:
                 text = pattern.format(value)
             row.append(text)
         rows.append(row)
-    headers = [header for header, _, _ in _COLUMNS]
+    headers = [header for header, _, _ in columns]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     lines = [
         "  ".join(
@@ -110,8 +120,14 @@ def describe(report: EvalReport) -> str:
         f"workload {source}: {len(workload.training)} training jobs "
         f"({flexible} flexible), {len(workload.inference)} inference deployments; "
         f"carbon {options.carbon_dir or 'shipped 2023 traces'} "
-        f"({'recorded future' if options.perfect_forecast else options.forecaster} forecasts)"
+        f"({_forecasts(options.perfect_forecast, options.forecaster)})"
     )
+
+
+def _forecasts(perfect: bool, forecaster: str) -> str:
+    # The recorded future as the forecast: an oracle input, not an upper bound on what
+    # a policy saves (a policy tuned for forecast error can do worse with it).
+    return "oracle forecasts: the recorded future" if perfect else f"{forecaster} forecasts"
 
 
 def as_json(results: Sequence[PolicyResult]) -> str:

@@ -47,6 +47,9 @@ class EvalOptions:
     min_saving: float = DEFAULT_MIN_SAVING
     migration: bool = True  # False: no policy moves running work (an ablation)
     target_load: float = WorkloadParams().target_load  # of the generated workload
+    # A fleet zone without a series in the carbon directory is an error unless this
+    # is set; then its work is accounted with the conservative fallback, and counted.
+    allow_missing_zones: bool = False
 
     def __post_init__(self) -> None:
         if not self.days > 0:
@@ -95,8 +98,42 @@ def build_scenario(options: EvalOptions) -> Scenario:
             params=WorkloadParams(target_load=options.target_load),
         )
     provider = TraceProvider(options.carbon_dir, perfect_forecast=options.perfect_forecast)
+    check_traces(provider, zones_of(nodes), options)
     recorded = recorded_signals(provider, (node.zone for node in nodes))
     return Scenario(nodes, workload, provider, recorded)
+
+
+def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOptions) -> None:
+    """Refuse a scenario the traces cannot account: a fleet zone without a series
+    (unless `allow_missing_zones`), or an evaluated period the series do not cover."""
+    where = options.carbon_dir or "the shipped traces"
+    missing = [zone for zone in zones if zone not in provider.zones]
+    if missing and not options.allow_missing_zones:
+        raise ValueError(
+            f"fleet zone {missing[0]} has no carbon series in {where} "
+            f"(have {', '.join(provider.zones)}); add one, or allow missing zones to "
+            "account their work with the conservative fallback"
+        )
+    start_s = options.start_s
+    end_s = start_s + options.days * 86400.0
+    for zone in zones:
+        if zone in missing:
+            continue
+        trace = provider.trace(zone)
+        if start_s < trace.start_s or start_s >= trace.end_s:
+            raise ValueError(
+                f"the evaluated period {options.start.isoformat()} + {options.days:g} days "
+                f"is outside the {zone} series ({_day(trace.start_s)} to {_day(trace.end_s)})"
+            )
+        if end_s > trace.end_s:
+            raise ValueError(
+                f"the evaluated period runs past the end of the {zone} series "
+                f"({_day(trace.end_s)}): shorten --days or start earlier"
+            )
+
+
+def _day(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, tz=UTC).date().isoformat()
 
 
 def run_eval(

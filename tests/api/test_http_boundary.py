@@ -10,11 +10,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cloud.app_keys import REGISTRY
-from shared.messages import HostInfo, NodeStatus, Site
+from shared.messages import Accelerator, HostInfo, NodeStatus, Site
 from tests.api.support import Api, job_spec, problem
 
 
-def node_status(node_id: str, site: Site, *, runs_training: bool | None) -> NodeStatus:
+def node_status(
+    node_id: str,
+    site: Site,
+    *,
+    runs_training: bool | None,
+    accelerators: tuple[Accelerator, ...] = (),
+) -> NodeStatus:
     return NodeStatus(
         node_id=node_id,
         state="online",
@@ -26,7 +32,7 @@ def node_status(node_id: str, site: Site, *, runs_training: bool | None) -> Node
         host=HostInfo(
             hostname=node_id, os="linux", arch="x86_64", cpu_logical_cores=8, memory_total_bytes=1
         ),
-        accelerators=(),
+        accelerators=accelerators,
         telemetry_interval_s=5.0,
         started_at=1.0,
         sent_at=1.0,
@@ -149,6 +155,26 @@ async def test_a_deadline_in_the_past_is_refused_but_a_retry_of_an_accepted_one_
     assert (await retried.json())["id"] == work_id
     other = await api.submit(token, job_spec(name="other", deadline=soon.isoformat()), key="k-1")
     await problem(other, 409)
+
+
+async def test_a_deadline_no_registered_gpu_can_meet_is_refused(api: Api) -> None:
+    token = await api.tenant("vision")
+    in_an_hour = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    four_hours = job_spec(deadline=in_an_hour, estimated_duration_s=4 * 3600.0)
+    # No node known yet: nothing to judge by, so it is accepted (one may register).
+    assert (await api.submit(token, four_hours)).status == 201
+    h100 = Accelerator(
+        id="gpu0", kind="gpu", vendor="nvidia", model="H100", memory_bytes=1, compute_units=1,
+        relative_speed=2.5,
+    )  # fmt: skip
+    api.app[REGISTRY].apply_status(
+        node_status("h100-1", "cloud", runs_training=True, accelerators=(h100,))
+    )
+    body = await problem(await api.submit(token, four_hours), 422)
+    assert [p["name"] for p in body["invalid_params"]] == ["$.deadline"]
+    assert "needs 5,760 s on the fastest registered gpu" in body["invalid_params"][0]["reason"]
+    two_hours = job_spec(deadline=in_an_hour, estimated_duration_s=2 * 3600.0)
+    assert (await api.submit(token, two_hours)).status == 201  # 2,880 s on the H100: it fits
 
 
 async def test_training_at_the_edge_needs_an_edge_agent_that_runs_training(api: Api) -> None:

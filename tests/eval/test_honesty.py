@@ -1,0 +1,97 @@
+"""An evaluation that cannot flatter itself: zones without a series, periods the
+traces do not cover, and work that never starts are errors or reported, never hidden."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from cloud.eval.report import table
+from cloud.eval.runner import EvalOptions, build_scenario, run_eval
+from cloud.signals.datasets import shipped_data
+
+from .scenarios import write_scenario
+
+NEVER_FITS = """
+[[training]]
+id = "too-big"
+tenant = "vision"
+submit_offset_s = 0
+duration_s = 600
+gpus_per_worker = 16
+"""
+
+
+def carbon_dir_without_california(tmp_path: Path) -> Path:
+    directory = tmp_path / "carbon"
+    directory.mkdir()
+    for name in ("CA-ON_2023_hourly.csv", "DE-LU_2023_hourly.csv"):
+        with (shipped_data() / name).open("rb") as source:
+            (directory / name).write_bytes(source.read())
+    return directory
+
+
+def test_a_fleet_zone_without_a_series_is_an_error_unless_allowed_and_then_counted(
+    tmp_path: Path,
+) -> None:
+    fleet, workload = write_scenario(tmp_path)
+    carbon = carbon_dir_without_california(tmp_path)
+    options = EvalOptions(
+        days=1, fleet=fleet, workload=workload, carbon_dir=carbon, policies=("fifo-binpack",)
+    )
+    with pytest.raises(ValueError, match="fleet zone US-CAL-CISO has no carbon series in"):
+        build_scenario(options)
+    allowed = EvalOptions(
+        days=1,
+        fleet=fleet,
+        workload=workload,
+        carbon_dir=carbon,
+        policies=("fifo-binpack",),
+        allow_missing_zones=True,
+    )
+    report = run_eval(allowed)
+    (result,) = report.results
+    assert result.fallback_records > 0
+    header, _, row = table(report.results).splitlines()
+    assert "fallback" in header.split()
+    assert str(result.fallback_records) in row.split()
+    shutil.rmtree(carbon)
+
+
+@pytest.mark.parametrize(
+    ("start", "days", "message"),
+    [
+        (date(2024, 1, 5), 3.0, "is outside the CA-ON series"),
+        (date(2022, 12, 30), 3.0, "is outside the CA-ON series"),
+        (date(2023, 12, 25), 14.0, "runs past the end of the CA-ON series"),
+    ],
+)
+def test_a_period_the_traces_do_not_cover_is_an_error(
+    tmp_path: Path, start: date, days: float, message: str
+) -> None:
+    fleet, workload = write_scenario(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        build_scenario(EvalOptions(start=start, days=days, fleet=fleet, workload=workload))
+
+
+def test_work_that_never_starts_is_unfinished_and_outside_the_waits(tmp_path: Path) -> None:
+    fleet, workload = write_scenario(tmp_path)
+    workload.write_text(workload.read_text(encoding="utf-8") + NEVER_FITS, encoding="utf-8")
+    report = run_eval(
+        EvalOptions(days=1, fleet=fleet, workload=workload, policies=("fifo-binpack", "green"))
+    )
+    for result, outcome in zip(report.results, report.outcomes, strict=True):
+        assert (result.unfinished_jobs, result.never_started_jobs) == (1, 1)
+        started = [
+            r.first_start_s - r.submitted_s
+            for r in outcome.jobs.values()
+            if r.first_start_s is not None
+        ]
+        assert len(started) == result.jobs - 1
+        assert result.wait_mean_s == pytest.approx(sum(started) / len(started))
+    header, _, *rows = table(report.results).splitlines()
+    end = header.index("unfinished") + len("unfinished")  # cells are right-aligned
+    assert [row[:end].split()[-1] for row in rows] == ["1", "1"]
