@@ -12,6 +12,7 @@ import numpy as np
 
 from shared.settings import ConfigError
 
+from .bound import Bound, share_of_optimum
 from .metrics import PolicyResult, hourly_gpu_load
 from .runner import EvalReport, zones_of
 
@@ -47,6 +48,7 @@ _COLUMNS = (
 
 # Usage records accounted with the conservative stand-in for a zone without a series.
 _FALLBACK = ("fallback", "fallback_records", "{}")
+_OF_OPTIMUM = ("of optimum", "training_gco2", "{}")
 
 
 def _duration(seconds: float) -> str:
@@ -57,20 +59,28 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
-def table(results: Sequence[PolicyResult]) -> str:
+def table(results: Sequence[PolicyResult], bound: Bound | None = None) -> str:
     """One row per policy; "CO2 vs first" compares with the first policy listed. Waits
     are over started work (never-started work is in "unfinished"); a "fallback"
-    column appears when any usage was accounted without a recorded series."""
+    column appears when any usage was accounted without a recorded series; with the
+    optimum, "of optimum" is the share of its training CO2 saving over the first
+    policy that each policy achieved, and a last row shows the optimum itself."""
     first = results[0].gco2 if results else 0.0
     columns = list(_COLUMNS)
     if any(result.fallback_records for result in results):
         columns.insert(columns.index(("GPU util", "utilisation", "{:.1%}")), _FALLBACK)
+    if bound is not None:
+        columns.insert(columns.index(("deferred", "deferred_jobs", "{}")), _OF_OPTIMUM)
     rows = []
     for result in results:
         row = []
         for header, attribute, pattern in columns:
             value = getattr(result, attribute)
-            if header == "tCO2eq":
+            if header == "of optimum":
+                assert bound is not None
+                share = share_of_optimum(results[0].training_gco2, value, bound)
+                text = "-" if share is None else f"{share:.0%}"
+            elif header == "tCO2eq":
                 text = pattern.format(value / 1e6)
             elif header == "cost":
                 text = f"{pattern.format(value)} {result.currency}"
@@ -130,8 +140,29 @@ def _forecasts(perfect: bool, forecaster: str) -> str:
     return "oracle forecasts: the recorded future" if perfect else f"{forecaster} forecasts"
 
 
-def as_json(results: Sequence[PolicyResult]) -> str:
-    return json.dumps([result.as_json() for result in results], indent=2)
+def optimum_line(results: Sequence[PolicyResult], bound: Bound) -> str:
+    baseline = results[0]
+    return (
+        f"offline optimum (a relaxation; cloud/eval/bound.py): training "
+        f"{bound.gco2 / 1e6:.3f} tCO2eq, {bound.kwh:,.0f} kWh, against "
+        f"{baseline.training_gco2 / 1e6:.3f} tCO2eq for {baseline.policy}'s training "
+        f"({bound.jobs} jobs, {bound.variables:,} variables, solved in {bound.solve_s:.1f} s)"
+    )
+
+
+def as_json(results: Sequence[PolicyResult], bound: Bound | None = None) -> str:
+    """A list, one object per policy; with the optimum, each also carries it and the
+    share of its training saving the policy achieved (`of_optimum`)."""
+    items = []
+    for result in results:
+        item = result.as_json()
+        if bound is not None:
+            item["optimum_training_gco2"] = bound.gco2
+            item["of_optimum"] = share_of_optimum(
+                results[0].training_gco2, result.training_gco2, bound
+            )
+        items.append(item)
+    return json.dumps(items, indent=2)
 
 
 def pyplot() -> ModuleType:

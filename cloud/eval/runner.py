@@ -23,6 +23,7 @@ from cloud.signals.forecast import DEFAULT_FORECASTER, forecaster_named
 from cloud.signals.grid import GridSignals
 from cloud.signals.trace import TraceProvider
 
+from .bound import Bound, optimum
 from .fleet import load_fleet_nodes
 from .generate import WorkloadParams, generate_workload
 from .metrics import PolicyResult, evaluate, hourly_gpu_load, recorded_signals
@@ -50,6 +51,9 @@ class EvalOptions:
     # A fleet zone without a series in the carbon directory is an error unless this
     # is set; then its work is accounted with the conservative fallback, and counted.
     allow_missing_zones: bool = False
+    # Also solve the offline optimum (cloud/eval/bound.py) and report each policy's
+    # saving as a share of the optimum's.
+    bound: bool = False
 
     def __post_init__(self) -> None:
         if not self.days > 0:
@@ -83,6 +87,7 @@ class EvalReport:
     scenario: Scenario
     results: list[PolicyResult]
     outcomes: list[SimOutcome]
+    bound: Bound | None = None
 
 
 def build_scenario(options: EvalOptions) -> Scenario:
@@ -172,7 +177,12 @@ def run_eval(
         outcomes.append(outcome)
         if progress is not None:
             progress(result)
-    return EvalReport(options, scenario, results, outcomes)
+    bound = (
+        optimum(scenario.workload, scenario.nodes, outcomes, scenario.recorded, options.energy)
+        if options.bound
+        else None
+    )
+    return EvalReport(options, scenario, results, outcomes, bound)
 
 
 def zones_of(nodes: Sequence[Node]) -> list[str]:

@@ -7,10 +7,12 @@ import shutil
 from datetime import date
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cloud.eval.report import table
 from cloud.eval.runner import EvalOptions, build_scenario, run_eval
+from cloud.scheduler import Snapshot
 from cloud.signals.datasets import shipped_data
 
 from .scenarios import write_scenario
@@ -95,3 +97,85 @@ def test_work_that_never_starts_is_unfinished_and_outside_the_waits(tmp_path: Pa
     header, _, *rows = table(report.results).splitlines()
     end = header.index("unfinished") + len("unfinished")  # cells are right-aligned
     assert [row[:end].split()[-1] for row in rows] == ["1", "1"]
+
+
+TWO_ZONES = """
+[[group]]
+name = "a100-toronto"
+profile = "a100-4x"
+count = 1
+site = "cloud"
+zone = "CA-ON"
+region = "northamerica-northeast2"
+
+[[group]]
+name = "a100-johannesburg"
+profile = "a100-4x"
+count = 1
+site = "cloud"
+zone = "ZA"
+region = "africa-south1"
+"""
+
+ONE_FLEXIBLE_JOB = """
+seed = 1
+
+[[training]]
+id = "flexible"
+tenant = "vision"
+submit_offset_s = 0
+duration_s = 3600
+deadline_offset_s = 21600
+"""
+
+
+def test_the_optimum_runs_a_flexible_hour_in_the_cleanest_hour_it_may(tmp_path: Path) -> None:
+    """One 1-GPU hour with a 6-hour deadline on two zones: the optimum is that GPU's
+    power times the least recorded intensity of any whole hour in its window."""
+    fleet, workload = tmp_path / "fleet.toml", tmp_path / "workload.toml"
+    fleet.write_text(TWO_ZONES, encoding="utf-8")
+    workload.write_text(ONE_FLEXIBLE_JOB, encoding="utf-8")
+    report = run_eval(
+        EvalOptions(days=1, fleet=fleet, workload=workload, policies=("fifo-binpack",), bound=True)
+    )
+    bound = report.bound
+    assert bound is not None
+    snapshot = Snapshot.build(now=report.options.start_s, nodes=report.scenario.nodes)
+    energy = report.options.energy
+    kw = (
+        energy.member_power_w(snapshot, "gpu", np.array([0, 1]), 1, energy.training_utilisation)
+        / 1000.0
+    )
+    hours = report.options.start_s + 3600.0 * np.arange(6, dtype=np.float64)
+    least = []
+    for row in (0, 1):
+        zone = snapshot.nodes.zones[snapshot.nodes.zone_code[row]]
+        series = report.scenario.recorded.series(zone)
+        assert series is not None
+        hourly = series.mean_carbon_g_per_kwh(hours, hours + 3600)
+        least.append(float(kw[row]) * float(hourly.min()))
+    cleanest = min(least)
+    assert bound.gco2 == pytest.approx(cleanest, rel=1e-6)
+    assert bound.kwh == pytest.approx(float(kw.min()), rel=1e-6)
+    assert report.results[0].training_gco2 >= bound.gco2
+
+
+def test_no_evaluated_policy_emits_less_training_co2_than_the_optimum(tmp_path: Path) -> None:
+    fleet, workload = write_scenario(tmp_path)
+    report = run_eval(
+        EvalOptions(
+            days=1,
+            fleet=fleet,
+            workload=workload,
+            policies=("fifo-binpack", "spread", "green", "green-temporal"),
+            bound=True,
+        )
+    )
+    bound = report.bound
+    assert bound is not None
+    assert bound.jobs == len(report.scenario.workload.training)
+    for result in report.results:
+        assert result.training_gco2 >= bound.gco2 * (1 - 1e-9), result.policy
+    rows = table(report.results, bound).splitlines()
+    assert "of optimum" in rows[0]
+    assert rows[2].split()[0] == "fifo-binpack"

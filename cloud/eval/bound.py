@@ -1,0 +1,285 @@
+"""The offline optimum ``greenfed eval`` measures policies against: the least
+training CO2 a schedule with perfect knowledge could emit for the same scenario.
+
+A linear program over job × node pool × hour, solved by HiGHS (``scipy.optimize.
+linprog``). ``x[j, p, h]`` is the accelerator-hours job ``j`` runs on pool ``p`` (the
+fleet's training nodes grouped by zone, model, speed, power, taints and labels) in
+hour ``h``:
+
+    minimise   Σ x[j,p,h] · kW[p] · I[zone(p), h]                 (gCO2eq)
+    such that  Σ_{p,h} x[j,p,h] · speed[p] = work[j]              every job is done
+               Σ_j x[j,p,h] ≤ accelerators[p] − inference[p,h]    capacity
+               0 ≤ x[j,p,h] ≤ accelerators[j] · in_window[j,h]
+
+``kW[p]`` is one accelerator's power at the energy model's training utilisation,
+host share and PUE included, as the policies' usage is accounted; ``I`` is the
+*recorded* hourly intensity (the accounting's, fallbacks included); ``work[j]`` is
+the job's reference accelerator-hours (duration × workers × GPUs per worker);
+``inference[p, h]`` is the least any evaluated policy's deployments held there.
+
+A job's window runs from its submission to the latest of: its own slack (its
+deadline; its latest start plus its run on the slowest pool it may use) and the
+latest finish of the job under any evaluated policy. Every evaluated policy's
+schedule is therefore a feasible point, so no policy can emit less than the bound,
+and the bound is the optimum *over the same service*, not an unreachable one that
+would hold every job for the cleanest week.
+
+Relaxed (each makes the bound lower, never higher): work is divisible (a job may run
+on any number of its accelerators, split across pools and hours, preempted and moved
+for free: no checkpoint loss, no restart time), gang members need not share a pool
+or a speed, and jobs have no minimum run length. Inference is not optimised: its
+emissions are the policies' own, so the bound speaks for training only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cloud.green.energy import EnergyModel
+from cloud.green.window import window_means
+from cloud.scheduler import Node, Snapshot
+from cloud.scheduler.arrays import FloatArray
+from cloud.scheduler.filters import PASS, static_filters
+from cloud.scheduler.model import KIND_INDEX
+from cloud.scheduler.policy import Policy
+from cloud.scheduler.shape import make_shape
+from cloud.signals.grid import GridSignals
+
+from .simulation import HOUR_S, SimOutcome
+from .workload import TrainingSpec, Workload, training_job
+
+KWH_PER_WH = 1.0 / 1000.0
+
+
+class BoundUnavailable(RuntimeError):
+    """The program could not be solved (SciPy missing, or HiGHS gave up)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bound:
+    gco2: float  # training emissions of the optimum
+    kwh: float
+    jobs: int
+    variables: int
+    constraints: int
+    solve_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    nodes: tuple[int, ...]  # snapshot rows
+    accelerators: int
+    speed: float
+    kw: float  # one accelerator, host share and PUE included
+    representative: int
+
+
+def _pools(snapshot: Snapshot, energy: EnergyModel) -> list[_Pool]:
+    """The training nodes' GPU pools grouped by everything placement and energy see."""
+    table = snapshot.nodes
+    gpus = table.kind("gpu")
+    rows = np.flatnonzero((gpus.capacity > 0) & table.runs_training)
+    kw = energy.member_power_w(snapshot, "gpu", rows, 1, energy.training_utilisation) / 1000.0
+    groups: dict[Hashable, list[tuple[int, float]]] = {}
+    for row, power_kw in zip(rows.tolist(), kw.tolist(), strict=True):
+        key = (
+            int(table.site_code[row]),
+            int(table.zone_code[row]),
+            int(gpus.model_code[row]),
+            int(gpus.capacity[row]),
+            float(gpus.relative_speed[row]),
+            round(power_kw, 9),
+            tuple(table.taint_matrix[row].tolist()),
+            tuple(int(codes[row]) for codes in table.label_codes.values()),
+        )
+        groups.setdefault(key, []).append((row, power_kw))
+    return [
+        _Pool(
+            nodes=tuple(row for row, _ in members),
+            accelerators=int(gpus.capacity[members[0][0]]) * len(members),
+            speed=float(gpus.relative_speed[members[0][0]]),
+            kw=members[0][1],
+            representative=members[0][0],
+        )
+        for _, members in sorted(groups.items(), key=lambda item: item[1][0][0])
+    ]
+
+
+def _eligible(snapshot: Snapshot, spec: TrainingSpec, pools: Sequence[_Pool]) -> list[int]:
+    """The pools the job may use: the scheduler's own static filters, without the
+    deadline and windows (which only say when, and a late run is still a run)."""
+    job = dataclasses.replace(training_job(spec, snapshot.now), deadline=None, max_delay_s=None)
+    shape = make_shape(job, Policy())
+    static = static_filters(snapshot, shape, KIND_INDEX["gpu"], None)
+    return [i for i, pool in enumerate(pools) if static.codes[pool.representative] == PASS]
+
+
+def _windows(
+    workload: Workload,
+    outcomes: Sequence[SimOutcome],
+    pools: Sequence[_Pool],
+    eligible: Mapping[str, list[int]],
+) -> dict[str, tuple[float, float]]:
+    """Per job: (submission, latest end), as the module docstring says."""
+    windows: dict[str, tuple[float, float]] = {}
+    first = outcomes[0]
+    for spec in workload.training:
+        record = first.jobs[spec.id]
+        start = record.submitted_s
+        end = start
+        for outcome in outcomes:
+            done = outcome.jobs[spec.id].finish_s
+            end = max(end, done if done is not None else outcome.stopped_s)
+        slowest = min((pools[i].speed for i in eligible[spec.id]), default=1.0)
+        run_s = spec.duration_s / slowest
+        if record.deadline_s is not None:
+            end = max(end, record.deadline_s)
+        if record.latest_start_s is not None:
+            end = max(end, record.latest_start_s + run_s)
+        windows[spec.id] = (start, max(end, start + run_s))
+    return windows
+
+
+def _inference_load(
+    outcomes: Sequence[SimOutcome],
+    snapshot: Snapshot,
+    pools: Sequence[_Pool],
+    origin_s: float,
+    hours: int,
+) -> FloatArray:
+    """Per pool and hour: the accelerator-hours the evaluated policies' deployments
+    held there, the least over the policies (what training could have had at most)."""
+    pool_of_row = {row: i for i, pool in enumerate(pools) for row in pool.nodes}
+    least = np.full((len(pools), hours), np.inf)
+    for outcome in outcomes:
+        held = np.zeros((len(pools), hours))
+        for usage in outcome.usages:
+            if usage.work_id in outcome.jobs or usage.accelerator_kind != "gpu":
+                continue
+            pool = pool_of_row.get(snapshot.nodes.index.get(usage.node_id, -1))
+            if pool is None:
+                continue
+            first = max(0, math.floor((usage.start_s - origin_s) / HOUR_S))
+            last = min(hours, math.ceil((usage.end_s - origin_s) / HOUR_S))
+            for hour in range(first, last):
+                begin = origin_s + hour * HOUR_S
+                overlap = min(usage.end_s, begin + HOUR_S) - max(usage.start_s, begin)
+                held[pool, hour] += max(0.0, overlap) / HOUR_S * usage.accelerators
+        least = np.minimum(least, held)
+    return np.where(np.isfinite(least), least, 0.0)
+
+
+def optimum(
+    workload: Workload,
+    nodes: Sequence[Node],
+    outcomes: Sequence[SimOutcome],
+    recorded: GridSignals,
+    energy: EnergyModel,
+) -> Bound:
+    """The least training CO2 over the evaluated policies' service (module docstring)."""
+    try:
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+    except ImportError as error:  # pragma: no cover - scipy is in the cloud extra
+        raise BoundUnavailable(f"the optimum needs SciPy: {error}") from None
+    began = time.perf_counter()
+    origin_s = outcomes[0].config.start_s
+    snapshot = Snapshot.build(now=origin_s, nodes=nodes)
+    pools = _pools(snapshot, energy)
+    eligible = {spec.id: _eligible(snapshot, spec, pools) for spec in workload.training}
+    windows = _windows(workload, outcomes, pools, eligible)
+    hours = max(1, math.ceil((max(end for _, end in windows.values()) - origin_s) / HOUR_S))
+    hour_starts = origin_s + HOUR_S * np.arange(hours, dtype=np.float64)
+    intensity = (
+        np.vstack(
+            [
+                window_means(
+                    recorded,
+                    snapshot,
+                    np.full(hours, pool.representative),
+                    hour_starts,
+                    hour_starts + HOUR_S,
+                    "carbon",
+                ).values
+                for pool in pools
+            ]
+        )
+        if pools
+        else np.zeros((0, hours))
+    )
+    capacity = np.array([[pool.accelerators] for pool in pools], dtype=np.float64) - (
+        _inference_load(outcomes, snapshot, pools, origin_s, hours)
+    )
+
+    cost: list[np.ndarray] = []
+    upper: list[np.ndarray] = []
+    speed: list[np.ndarray] = []
+    job_of: list[np.ndarray] = []
+    pool_hour: list[np.ndarray] = []
+    kw: list[np.ndarray] = []
+    work: list[float] = []
+    solvable = [spec for spec in workload.training if eligible[spec.id]]
+    for j, spec in enumerate(solvable):
+        start, end = windows[spec.id]
+        first = math.floor((start - origin_s) / HOUR_S)
+        last = math.ceil((end - origin_s) / HOUR_S)
+        span = np.arange(first, last)
+        begin = origin_s + span * HOUR_S
+        share = (np.minimum(end, begin + HOUR_S) - np.maximum(start, begin)) / HOUR_S
+        accelerators = spec.workers * spec.gpus_per_worker
+        work.append(spec.duration_s / HOUR_S * accelerators)
+        for p in eligible[spec.id]:
+            pool = pools[p]
+            cost.append(pool.kw * intensity[p, span])
+            upper.append(accelerators * np.clip(share, 0.0, 1.0))
+            speed.append(np.full(span.size, pool.speed))
+            job_of.append(np.full(span.size, j))
+            pool_hour.append(p * hours + span)
+            kw.append(np.full(span.size, pool.kw))
+    if not cost:
+        return Bound(gco2=0.0, kwh=0.0, jobs=0, variables=0, constraints=0, solve_s=0.0)
+    c = np.concatenate(cost)
+    n = c.size
+    columns = np.arange(n)
+    a_eq = coo_matrix(
+        (np.concatenate(speed), (np.concatenate(job_of), columns)), shape=(len(solvable), n)
+    )
+    a_ub = coo_matrix(
+        (np.ones(n), (np.concatenate(pool_hour), columns)), shape=(len(pools) * hours, n)
+    )
+    bounds = np.column_stack([np.zeros(n), np.concatenate(upper)])
+    result = linprog(
+        c,
+        A_ub=a_ub.tocsr(),
+        b_ub=np.maximum(capacity, 0.0).ravel(),
+        A_eq=a_eq.tocsr(),
+        b_eq=np.array(work),
+        bounds=bounds,
+        method="highs",
+    )
+    if result.status != 0:
+        raise BoundUnavailable(f"HiGHS found no optimum: {result.message}")
+    x = result.x
+    return Bound(
+        gco2=float(result.fun),
+        kwh=float(np.concatenate(kw) @ x),
+        jobs=len(solvable),
+        variables=n,
+        constraints=len(solvable) + len(pools) * hours,
+        solve_s=time.perf_counter() - began,
+    )
+
+
+def share_of_optimum(baseline_gco2: float, policy_gco2: float, bound: Bound) -> float | None:
+    """How much of the optimum's training saving over the baseline a policy achieved
+    (1.0: all of it); None when the optimum saves nothing."""
+    possible = baseline_gco2 - bound.gco2
+    if possible <= 0:
+        return None
+    return (baseline_gco2 - policy_gco2) / possible
