@@ -320,7 +320,7 @@ def cmd_bench_scheduler(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from cloud.eval.report import as_json, describe, plot, table
+    from cloud.eval.report import as_json, describe, optimum_line, plot, table
     from cloud.eval.runner import EvalOptions, build_scenario, run_eval
     from cloud.eval.simulation import HookFailedInEvaluation
     from cloud.eval.workload import dump_workload
@@ -338,6 +338,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             perfect_forecast=args.perfect_forecast,
             target_load=args.load,
             migration=args.migration,
+            allow_missing_zones=args.allow_missing_zones,
+            bound=args.optimum,
             **({} if args.min_saving is None else {"min_saving": args.min_saving}),
         )
     except ValueError as error:
@@ -358,10 +360,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"greenfed: the evaluation stopped: {error}", file=sys.stderr)
         return EXIT_FAILURE
     if args.json:
-        print(as_json(report.results))
+        print(as_json(report.results, report.bound))
     else:
         print(describe(report))
-        print(table(report.results))
+        print(table(report.results, report.bound))
+        if report.bound is not None:
+            print(optimum_line(report.results, report.bound))
     if args.plot is not None:
         plot(report, args.plot)
         if not args.json:
@@ -606,7 +610,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--perfect-forecast",
         action="store_true",
-        help="use the recorded future as the forecast (an upper bound)",
+        help="use the recorded future as the forecast: an oracle input, not an upper bound "
+        "(a policy can do worse with it); --optimum gives the bound",
+    )
+    evaluate.add_argument(
+        "--optimum",
+        action="store_true",
+        help="also solve the offline optimum (a linear program, HiGHS) and show each "
+        "policy's share of its training CO2 saving",
+    )
+    evaluate.add_argument(
+        "--allow-missing-zones",
+        action="store_true",
+        help="account work in fleet zones without a carbon series with the conservative "
+        "fallback (counted in the table) instead of refusing the scenario",
     )
     evaluate.add_argument(
         "--min-saving",

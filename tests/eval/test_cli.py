@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cloud.eval.report import REQUIRED_KEYS
+from cloud.signals.datasets import shipped_data
 from greenfed.cli import main
 
 from .scenarios import write_scenario
@@ -115,3 +116,28 @@ def test_the_help_states_the_default_min_saving(capsys: pytest.CaptureFixture[st
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"(default {DEFAULT_MIN_SAVING:g})" in help_text
     assert "--no-migration" in help_text
+
+
+def test_the_optimum_and_missing_zones_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policies = ["--policies", "fifo-binpack,green"]
+    code, out, _ = run(capsys, *small_args(tmp_path), *policies, "--optimum")
+    assert code == 0
+    assert "of optimum" in out.splitlines()[1]
+    assert out.splitlines()[-1].startswith("offline optimum (a relaxation")
+    code, out, _ = run(capsys, *small_args(tmp_path), "--policies", "green", "--optimum", "--json")
+    (result,) = json.loads(out)
+    assert result["optimum_training_gco2"] <= result["training_gco2"]
+    carbon = tmp_path / "carbon"
+    carbon.mkdir()
+    (carbon / "CA-ON_2023_hourly.csv").write_bytes(
+        (shipped_data() / "CA-ON_2023_hourly.csv").read_bytes()
+    )
+    args = [*small_args(tmp_path), "--policies", "fifo-binpack", "--carbon-dir", str(carbon)]
+    code, _, err = run(capsys, *args)
+    assert code == 2
+    assert "fleet zone DE has no carbon series" in err
+    code, out, _ = run(capsys, *args, "--allow-missing-zones")
+    assert code == 0
+    assert "fallback" in out.splitlines()[1]
