@@ -18,7 +18,8 @@ default fleet).
 
 **Inference** (edge devices): eight deployments with diurnal traffic from one to
 four of the fleet's regions and latency SLOs from 40 to 300 ms, submitted a
-minute apart at the start and running throughout (``INFERENCE``). Replicas per
+minute apart at the start and running throughout (``INFERENCE``; on a fleet
+with other edge regions, from those: ``inference_for``). Replicas per
 deployment 2–3, one per node.
 
 The same seed gives the same workload, whatever the policy.
@@ -30,9 +31,12 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import msgspec
 
+from cloud.loop.nodes import ZONE_TIMEZONES
 from cloud.scheduler import Node
 
 from .workload import InferenceSpec, TrafficSource, TrainingSpec, Workload
@@ -240,7 +244,52 @@ def generate_workload(
         if rng.random() * 1.5 > arrival_factor(start_s + offset):
             continue
         training.append(_training(rng, len(training) + 1, offset, params))
-    return Workload(seed=seed, training=tuple(training), inference=INFERENCE)
+    return Workload(seed=seed, training=tuple(training), inference=inference_for(nodes, start_s))
+
+
+# The edge regions of the default fleet, in the order its groups first name them: the
+# ``INFERENCE`` set's traffic comes from these.
+DEFAULT_EDGE_REGIONS = ("northamerica-northeast2", "europe-west3", "us-west2", "africa-south1")
+
+
+def inference_for(nodes: Sequence[Node], start_s: float) -> tuple[InferenceSpec, ...]:
+    """``INFERENCE``, its traffic coming from the fleet's own edge regions: unchanged on
+    a fleet that has the default's, else the default's regions in turn mapped onto a
+    fleet with as many (`sim_devices/fleets/other-zones.toml`), at their local time."""
+    regions: dict[str, str] = {}  # edge region -> a zone in it, in first-named order
+    for node in nodes:
+        if node.site == "edge":
+            regions.setdefault(node.region, node.zone)
+    if set(DEFAULT_EDGE_REGIONS) <= set(regions) or len(regions) != len(DEFAULT_EDGE_REGIONS):
+        return INFERENCE
+    mapped = {
+        old: (new, _utc_offset_hours(regions[new], start_s))
+        for old, new in zip(DEFAULT_EDGE_REGIONS, regions, strict=True)
+    }
+    return tuple(
+        msgspec.structs.replace(
+            spec,
+            traffic=tuple(
+                msgspec.structs.replace(
+                    source,
+                    region=mapped[source.region][0],
+                    utc_offset_hours=mapped[source.region][1],
+                )
+                if source.region in mapped
+                else source
+                for source in spec.traffic
+            ),
+        )
+        for spec in INFERENCE
+    )
+
+
+def _utc_offset_hours(zone: str, at_s: float) -> float:
+    name = ZONE_TIMEZONES.get(zone)
+    if name is None:
+        return 0.0
+    offset = datetime.fromtimestamp(at_s, tz=ZoneInfo(name)).utcoffset()
+    return offset.total_seconds() / HOUR_S if offset is not None else 0.0
 
 
 def _training(

@@ -50,6 +50,10 @@ ZONE_TIMEZONES: Mapping[str, str] = MappingProxyType(
         "ZA": "Africa/Johannesburg",
         "GB": "Europe/London",
         "FR": "Europe/Paris",
+        "JP-TK": "Asia/Tokyo",
+        "SG": "Asia/Singapore",
+        "US-NY-NYIS": "America/New_York",
+        "US-MIDA-PJM": "America/New_York",
     }
 )
 TIMEZONE_LABEL = "greenfed.io/timezone"

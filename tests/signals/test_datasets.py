@@ -93,7 +93,16 @@ def test_known_values_land_in_their_hour(
 
 def test_estimated_rows_are_flagged_as_the_data_readme_counts_them() -> None:
     counts = {zone: int(trace.estimated.sum()) for zone, trace in shipped_traces().items()}
-    assert counts == {"CA-ON": 13, "US-CAL-CISO": 2, "DE": 30, "ZA": 153}
+    assert counts == {
+        "CA-ON": 13,
+        "US-CAL-CISO": 2,
+        "DE": 30,
+        "ZA": 153,
+        "JP-TK": 8760,
+        "SG": 736,
+        "US-NY-NYIS": 49,
+        "US-MIDA-PJM": 16,
+    }
 
 
 def test_annual_means_match_the_data_readme() -> None:
