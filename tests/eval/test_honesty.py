@@ -179,3 +179,14 @@ def test_no_evaluated_policy_emits_less_training_co2_than_the_optimum(tmp_path: 
     rows = table(report.results, bound).splitlines()
     assert "of optimum" in rows[0]
     assert rows[2].split()[0] == "fifo-binpack"
+
+
+def test_green_on_grids_it_was_not_tuned_on_meets_every_slo() -> None:
+    """On the other-zones fleet a deployment with traffic from Virginia and Singapore
+    once got a Singapore replica that met its SLO at the shares and broke it every
+    Virginia afternoon; placement now allows for each region's daily swing."""
+    fleet = Path(__file__).resolve().parents[2] / "sim_devices/fleets/other-zones.toml"
+    report = run_eval(EvalOptions(days=2, fleet=fleet, policies=("green",)))
+    (result,) = report.results
+    assert result.slo_hours > 0
+    assert result.slo_violations == 0

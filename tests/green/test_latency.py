@@ -68,3 +68,20 @@ def test_a_slow_deployment_is_judged_on_its_own_latency_not_a_faster_twins() -> 
     assert [p.work_id for p in together.placements] == ["a-fast"]
     assert together.pending_for("b-slow") is not None
     assert alone.placements == ()
+
+
+def test_with_a_traffic_trough_the_estimate_is_the_worst_daily_mix_for_each_node() -> None:
+    """70 % of the traffic 220 ms from a replica, 30 % next to it: at the shares the
+    network costs 154 ms; when the near region falls to a quarter of its share it costs
+    0.7 × 220 / (0.7 + 0.075) = 198.7 ms, which is what an SLO must allow for."""
+    rtt = {("far", "here"): 220.0}
+    traffic = {"far": 0.7, "here": 0.3}
+    steady = ServingLatency(rtt_ms=rtt)
+    swinging = ServingLatency(rtt_ms=rtt, traffic_trough=0.25)
+    assert steady.network_ms(("here",), traffic).tolist() == pytest.approx([154.0])
+    assert swinging.network_ms(("here",), traffic).tolist() == pytest.approx([0.7 * 220 / 0.775])
+    # A replica in the far region: there the near region is the far one.
+    assert swinging.network_ms(("far",), traffic).tolist() == pytest.approx([0.3 * 220 / 0.475])
+    # One region, or none: the trough changes nothing.
+    assert swinging.network_ms(("here",), {"far": 1.0}).tolist() == [220.0]
+    assert swinging.network_ms(("here",), {}).tolist() == [0.0]
