@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
 
+import numpy as np
+
 from cloud.green.energy import EnergyModel
 from cloud.green.latency import default_latency_estimator
 from cloud.green.policies import policy_spec
@@ -27,8 +29,8 @@ from .bound import Bound, optimum
 from .fleet import load_fleet_nodes
 from .generate import WorkloadParams, generate_workload
 from .metrics import PolicyResult, evaluate, hourly_gpu_load, recorded_signals
-from .simulation import SimConfig, SimOutcome, Simulation
-from .workload import TRAFFIC_TROUGH, Workload, load_workload
+from .simulation import HOUR_S, SimConfig, SimOutcome, Simulation
+from .workload import Workload, load_workload, traffic_weights
 
 DEFAULT_POLICIES = ("fifo-binpack", "spread", "green", "balanced")
 
@@ -148,8 +150,9 @@ def run_eval(
     progress: Callable[[PolicyResult], None] | None = None,
 ) -> EvalReport:
     scenario = scenario or build_scenario(options)
-    # Placement meets each SLO at every hour's traffic mix the workload's daily swing
-    # allows (regions' traffic peaks at different UTC hours), not only at the shares.
+    # Placement meets each SLO at every hour's traffic mix (regions' traffic peaks at
+    # different UTC hours), not only at the shares: a deployment's day is known here.
+    day = options.start_s + HOUR_S * np.arange(24)
     latency = default_latency_estimator(
         {node.region for node in scenario.nodes}
         | {
@@ -157,7 +160,11 @@ def run_eval(
             for inference in scenario.workload.inference
             for source in inference.traffic
         },
-        traffic_trough=TRAFFIC_TROUGH,
+        daily_mixes={
+            spec.id: tuple(traffic_weights(spec, float(at_s)) for at_s in day)
+            for spec in scenario.workload.inference
+            if len(spec.traffic) > 1
+        },
     )
     results: list[PolicyResult] = []
     outcomes: list[SimOutcome] = []

@@ -190,9 +190,6 @@ class Simulation:
         self._tenants = tuple(spec.to_tenant() for spec in workload.tenants)
         self._provider = provider
         self._latency = latency
-        # SLOs are checked at each hour's actual traffic mix, not the scheduler's
-        # worst-case one.
-        self._actual_latency = dataclasses.replace(latency, traffic_trough=1.0)
         self._events: list[tuple[float, int, int, str]] = []
         self._sequence = 0
         self.now = config.start_s
@@ -659,7 +656,7 @@ class Simulation:
         for alloc in replicas:
             node = self._base_nodes[alloc.node_id]
             pool = pool_of(node, alloc.accelerator_kind)
-            network = float(self._actual_latency.network_ms((node.region,), mix)[0])
+            network = float(self._latency.network_ms((node.region,), mix)[0])
             response = float(
                 self._latency.response_ms(
                     work,

@@ -145,14 +145,9 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     tenants: tuple[TenantSpec, ...] = ()
 
 
-# The quietest hour's share of the daily peak (04:00 local).
-TRAFFIC_TROUGH = 0.25
-
-
 def traffic_profile(local_hour: float) -> float:
     """Share of the daily peak at a local hour (0.25 at 04:00, 1.0 at 16:00)."""
-    rise = (1.0 - math.cos(2.0 * math.pi * (local_hour - 4.0) / 24.0)) / 2.0  # 0..1
-    return TRAFFIC_TROUGH + (1.0 - TRAFFIC_TROUGH) * rise
+    return 0.25 + 0.75 * (1.0 - math.cos(2.0 * math.pi * (local_hour - 4.0) / 24.0)) / 2.0
 
 
 def traffic_weights(spec: InferenceSpec, at_s: float) -> dict[str, float]:

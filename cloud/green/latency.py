@@ -5,11 +5,10 @@ candidate node.
 
 * network: the deployment's ``traffic_by_region`` shares w_r (normalised to sum
   to 1) times the round-trip time from each origin region to the node's region.
-  Traffic swings over the day, and not in step where its regions' clocks differ:
-  with ``traffic_trough`` below 1 each region's share may fall to that fraction of
-  itself while the others stay, and the estimate is the worst such mix for the node
-  (a replica far from one region passes an SLO only if it does at that region's
-  busiest hour);
+  Traffic swings over the day, and not in step where its regions' clocks differ: a
+  deployment with known ``daily_mixes`` (the shares at each hour of a day) is judged
+  by the worst of them for each node (a replica far from one region passes an SLO
+  only if it does at that region's busiest hour);
   from the shipped GCP region matrix with distance-based values for regions it
   lacks (data: ``cloud.signals.latency_matrix``); a pair with an unknown region
   costs ``default_rtt_ms``; no traffic data: no network term.
@@ -54,36 +53,32 @@ class ServingLatency:
     rtt_ms: Mapping[tuple[str, str], float]
     default_rtt_ms: float = 100.0
     compute_ms: Mapping[AcceleratorKind, float] = field(default_factory=lambda: DEFAULT_COMPUTE_MS)
-    # Each region's traffic may fall to this share of itself (1.0: the shares as given).
-    traffic_trough: float = 1.0
+    # Work id -> its traffic shares at each hour of a day, where known: placement then
+    # meets the SLO at the worst of them, not only at `traffic_by_region`.
+    daily_mixes: Mapping[str, tuple[Mapping[str, float], ...]] = field(default_factory=dict)
 
     def network_ms(self, regions: tuple[str, ...], traffic: Mapping[str, float]) -> FloatArray:
-        """Traffic-weighted RTT to each region (indexed like ``regions``): the worst mix
-        within ``traffic_trough`` of the shares."""
+        """Traffic-weighted RTT to each region (indexed like ``regions``)."""
         weights = {origin: w for origin, w in traffic.items() if w > 0}
+        total = sum(weights.values())
         result = np.zeros(len(regions))
-        if not weights:
+        if total <= 0:
             return result
         for code, region in enumerate(regions):
-            result[code] = self._worst_mix_ms(
-                [(weight, self.rtt(origin, region)) for origin, weight in weights.items()]
+            result[code] = sum(
+                weight / total * self.rtt(origin, region) for origin, weight in weights.items()
             )
         return result
 
-    def _worst_mix_ms(self, origins: list[tuple[float, float]]) -> float:
-        """max Σ w·rtt / Σ w over w_r in [trough·share_r, share_r]: the farthest regions
-        at their share, the rest at their trough, for the best cut (a handful of
-        regions, so every cut is tried)."""
-        by_distance = sorted(origins, key=lambda origin: -origin[1])
-        worst = 0.0
-        for busy in range(1, len(by_distance) + 1):
-            weighted = total = 0.0
-            for position, (share, rtt) in enumerate(by_distance):
-                weight = share if position < busy else share * self.traffic_trough
-                weighted += weight * rtt
-                total += weight
-            worst = max(worst, weighted / total)
-        return worst
+    def worst_network_ms(
+        self, regions: tuple[str, ...], deployment: InferenceDeployment
+    ) -> FloatArray:
+        """``network_ms`` at the deployment's worst hour of the day for each region."""
+        mixes = self.daily_mixes.get(deployment.work_id)
+        if not mixes:
+            return self.network_ms(regions, deployment.traffic_by_region)
+        result: FloatArray = np.max([self.network_ms(regions, mix) for mix in mixes], axis=0)
+        return result
 
     def rtt(self, origin: str, region: str) -> float:
         found = self.rtt_ms.get((origin, region))
@@ -119,7 +114,7 @@ class ServingLatency:
         self, snapshot: Snapshot, deployment: InferenceDeployment, candidates: Candidates
     ) -> FloatArray:
         nodes = snapshot.nodes
-        network = self.network_ms(nodes.regions, deployment.traffic_by_region)
+        network = self.worst_network_ms(nodes.regions, deployment)
         speed = candidates.pools(snapshot).relative_speed[candidates.nodes]
         result: FloatArray = network[nodes.region_code[candidates.nodes]] + self.response_ms(
             deployment, candidates.kind, speed
@@ -131,7 +126,7 @@ def default_latency_estimator(
     regions: Iterable[str] | None = None,
     *,
     default_rtt_ms: float = 100.0,
-    traffic_trough: float = 1.0,
+    daily_mixes: Mapping[str, tuple[Mapping[str, float], ...]] | None = None,
 ) -> ServingLatency:
     """Built from the shipped region matrix (and its distance-based values, e.g. for
     africa-south1). `regions` limits the table to those a fleet and its traffic use;
@@ -139,5 +134,5 @@ def default_latency_estimator(
     return ServingLatency(
         rtt_ms=region_rtt_table(regions),
         default_rtt_ms=default_rtt_ms,
-        traffic_trough=traffic_trough,
+        daily_mixes=dict(daily_mixes or {}),
     )

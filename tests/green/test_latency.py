@@ -70,18 +70,21 @@ def test_a_slow_deployment_is_judged_on_its_own_latency_not_a_faster_twins() -> 
     assert alone.placements == ()
 
 
-def test_with_a_traffic_trough_the_estimate_is_the_worst_daily_mix_for_each_node() -> None:
-    """70 % of the traffic 220 ms from a replica, 30 % next to it: at the shares the
-    network costs 154 ms; when the near region falls to a quarter of its share it costs
-    0.7 × 220 / (0.7 + 0.075) = 198.7 ms, which is what an SLO must allow for."""
+def test_with_its_daily_mixes_a_deployment_is_judged_at_its_worst_hour_per_node() -> None:
+    """70 % of the traffic 220 ms from the node at its shares (154 ms), but at the near
+    region's night 90 % of it (198 ms): an SLO must allow for the worst hour."""
+    nodes = [gpu_server("a-here", "X", region="here"), gpu_server("b-far", "X", region="far")]
+    mixes = ({"far": 0.7, "here": 0.3}, {"far": 0.9, "here": 0.1}, {"far": 0.2, "here": 0.8})
     rtt = {("far", "here"): 220.0}
-    traffic = {"far": 0.7, "here": 0.3}
-    steady = ServingLatency(rtt_ms=rtt)
-    swinging = ServingLatency(rtt_ms=rtt, traffic_trough=0.25)
-    assert steady.network_ms(("here",), traffic).tolist() == pytest.approx([154.0])
-    assert swinging.network_ms(("here",), traffic).tolist() == pytest.approx([0.7 * 220 / 0.775])
-    # A replica in the far region: there the near region is the far one.
-    assert swinging.network_ms(("far",), traffic).tolist() == pytest.approx([0.3 * 220 / 0.475])
-    # One region, or none: the trough changes nothing.
-    assert swinging.network_ms(("here",), {"far": 1.0}).tolist() == [220.0]
-    assert swinging.network_ms(("here",), {}).tolist() == [0.0]
+    deployment = InferenceDeployment(
+        work_id="d", tenant="t", traffic_by_region={"far": 0.7, "here": 0.3},
+        reference_ms_per_request=1.0,
+    )  # fmt: skip
+    candidates = Candidates(np.arange(2), "gpu", 1, np.full(2, np.inf))
+    at_shares = ServingLatency(rtt_ms=rtt).estimate_ms(snapshot(nodes), deployment, candidates)
+    daily = ServingLatency(rtt_ms=rtt, daily_mixes={"d": mixes})
+    worst = daily.estimate_ms(snapshot(nodes), deployment, candidates)
+    assert at_shares.tolist() == pytest.approx([154.0 + 1.0, 66.0 + 1.0])
+    assert worst.tolist() == pytest.approx([198.0 + 1.0, 176.0 + 1.0])
+    other = InferenceDeployment(work_id="e", tenant="t", traffic_by_region={"far": 1.0})
+    assert daily.worst_network_ms(("here",), other).tolist() == [220.0]  # no mixes: shares
