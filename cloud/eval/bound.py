@@ -37,7 +37,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -69,6 +69,7 @@ class Bound:
     variables: int
     constraints: int
     solve_s: float
+    gpu_hours_by_zone: dict[str, float] = field(default_factory=dict)  # where it ran the work
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +224,7 @@ def optimum(
     job_of: list[np.ndarray] = []
     pool_hour: list[np.ndarray] = []
     kw: list[np.ndarray] = []
+    zone_of: list[np.ndarray] = []
     work: list[float] = []
     solvable = [spec for spec in workload.training if eligible[spec.id]]
     for j, spec in enumerate(solvable):
@@ -242,6 +244,7 @@ def optimum(
             job_of.append(np.full(span.size, j))
             pool_hour.append(p * hours + span)
             kw.append(np.full(span.size, pool.kw))
+            zone_of.append(np.full(span.size, int(snapshot.nodes.zone_code[pool.representative])))
     if not cost:
         return Bound(gco2=0.0, kwh=0.0, jobs=0, variables=0, constraints=0, solve_s=0.0)
     c = np.concatenate(cost)
@@ -266,6 +269,10 @@ def optimum(
     if result.status != 0:
         raise BoundUnavailable(f"HiGHS found no optimum: {result.message}")
     x = result.x
+    zones = np.concatenate(zone_of)
+    by_zone = {
+        snapshot.nodes.zones[code]: float(x[zones == code].sum()) for code in np.unique(zones)
+    }
     return Bound(
         gco2=float(result.fun),
         kwh=float(np.concatenate(kw) @ x),
@@ -273,6 +280,7 @@ def optimum(
         variables=n,
         constraints=len(solvable) + len(pools) * hours,
         solve_s=time.perf_counter() - began,
+        gpu_hours_by_zone=by_zone,
     )
 
 

@@ -20,6 +20,7 @@ from cloud.green.energy import EnergyModel
 from cloud.green.latency import default_latency_estimator
 from cloud.green.policies import policy_spec
 from cloud.green.shifting import DEFAULT_MIN_SAVING
+from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.scheduler import Node
 from cloud.signals.forecast import DEFAULT_FORECASTER, forecaster_named
 from cloud.signals.grid import GridSignals
@@ -56,6 +57,7 @@ class EvalOptions:
     # Also solve the offline optimum (cloud/eval/bound.py) and report each policy's
     # saving as a share of the optimum's.
     bound: bool = False
+    patience_s: float = DEFAULT_PATIENCE_S  # shifting policies' wait for cleaner capacity
 
     def __post_init__(self) -> None:
         if not self.days > 0:
@@ -177,6 +179,7 @@ def run_eval(
             forecaster=options.forecaster,
             min_saving=options.min_saving,
             migration=options.migration,
+            patience_s=options.patience_s,
         )
         began = time.perf_counter()
         outcome = Simulation(

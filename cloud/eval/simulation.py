@@ -50,6 +50,7 @@ from cloud.green.policies import (
     policy_spec,
 )
 from cloud.green.shifting import DEFAULT_MIN_SAVING
+from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.loop.autoscale import Autoscaler, ServingLoad
 from cloud.scheduler import (
     AcceleratorPool,
@@ -103,6 +104,7 @@ class SimConfig:
     migration: bool = True  # policies that migrate may (False: an ablation)
     migration_min_saving: float = 0.2
     restart_s: float = 300.0  # reference seconds to resume from a checkpoint
+    patience_s: float = DEFAULT_PATIENCE_S  # waiting for cleaner capacity (waiting.py)
     max_drain_s: float = 14 * DAY_S  # give up draining after this (a stuck job)
     counterfactuals: bool = True
 
@@ -419,6 +421,7 @@ class Simulation:
             migration=self.config.migration,
             migration_min_saving=self.config.migration_min_saving,
             restart_s=self.config.restart_s,
+            patience_s=self.config.patience_s,
         )
 
     def _current_policy(self) -> Policy:

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from cloud.scheduler import Policy
+from cloud.scheduler import Policy, StartAdvisor
 from cloud.scheduler.policy import QueueDiscipline
 from cloud.signals.grid import GridSignals
 
@@ -47,6 +47,7 @@ from .latency import ServingLatency
 from .migration import Migrator
 from .shifting import DEFAULT_MIN_SAVING, Objective, WindowShifter
 from .terms import DEFAULT_INFERENCE_WINDOW_S, CarbonTerm, LatencyTerm, PriceTerm
+from .waiting import DEFAULT_PATIENCE_S, DEFAULT_WAIT_MIN_SAVING, CapacityWaiter
 
 DEADLINE_GUARD_S = 7200.0
 
@@ -215,6 +216,10 @@ class GreenInputs:
     migration_min_saving: float = 0.2  # migration: move only for at least this much less
     restart_s: float = 300.0  # migration: reference seconds to resume from a checkpoint
     migration_cooldown_s: float = 600.0  # migration: runs younger than this stay put
+    # Policies that shift in time also hold any training job up to this long for
+    # cleaner capacity that frees by then (waiting.py); 0: never.
+    patience_s: float = DEFAULT_PATIENCE_S
+    wait_min_saving: float = DEFAULT_WAIT_MIN_SAVING
 
 
 def build_migrator(spec: PolicySpec | str, inputs: GreenInputs) -> Migrator | None:
@@ -251,6 +256,17 @@ def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:
         if spec.shifting is not None
         else None
     )
+    advisor: StartAdvisor | None = shifter
+    patience_s = inputs.patience_s if spec.shifting is not None else 0.0
+    if patience_s > 0 and spec.shifting is not None:
+        advisor = CapacityWaiter(
+            signals,
+            energy,
+            patience_s,
+            min_saving=inputs.wait_min_saving,
+            objective=spec.shifting,
+            then=shifter,
+        )
     return Policy(
         weights=spec.weights,
         load_threshold=spec.load_threshold,
@@ -260,7 +276,8 @@ def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:
             LatencyTerm(inputs.latency),
         ),
         latency_estimator=inputs.latency,
-        start_advisor=shifter,
+        start_advisor=advisor,
+        patience_s=patience_s,
         queue_order=spec.queue_order,
         deadline_guard_s=spec.deadline_guard_s,
     )

@@ -21,7 +21,9 @@ Before step 2, a flexible training job (deadline or ``max_delay_s``) is offered 
 the policy's ``start_advisor`` (temporal shifting). A deferral keeps it pending
 (code ``deferred``) unless its target is not strictly after now or later than
 the latest start that meets the deadline and maximum delay on every candidate:
-shifting may never be the reason a deadline is missed.
+shifting may never be the reason a deadline is missed. With ``Policy.patience_s``
+every other training job is offered too, and may be held no later than that long
+after its submission.
 
 Hooks (score terms, latency estimator, start advisor) run while the job's
 candidates are built and while the advisor is asked, before anything is placed. A
@@ -199,7 +201,10 @@ class Scheduler:
         advisor = self.policy.start_advisor
         shape = job.shape
         work = shape.work
-        if advisor is None or not isinstance(work, TrainingJob) or not work.flexible:
+        patience_s = self.policy.patience_s
+        if advisor is None or not isinstance(work, TrainingJob):
+            return None
+        if not work.flexible and patience_s <= 0:
             return None
         state = self.state
         options = []
@@ -219,6 +224,8 @@ class Scheduler:
             options.append(StartCandidates(candidates, fits))
             # Safe on every candidate, whichever node it gets when it starts.
             latest = min(latest, work.latest_start(float(option.runtime_s.max())))
+        if not work.flexible:
+            latest = work.submitted_at + patience_s  # it may only wait that long
         deferral = advise_start(advisor, state.snapshot, work, options, self._bookings)
         if deferral is None or not state.now < deferral.start_at <= latest:
             return None

@@ -31,6 +31,10 @@ class Policy:
     latency_estimator: LatencyEstimator | None = None
     # Temporal shifting of flexible training jobs (deadline or max_delay_s); None: off.
     start_advisor: StartAdvisor | None = None
+    # Any training job may also be held up to this long after its submission when the
+    # start advisor expects cleaner capacity to free by then (0: only flexible jobs are
+    # offered to it). The wait is the job's only cost: it starts at the latest then.
+    patience_s: float = 0.0
     # "fair": priority, then DRF share, then submission; "fifo": priority, then
     # submission only (the carbon-agnostic first-come-first-served baseline).
     queue_order: QueueDiscipline = "fair"
@@ -52,6 +56,8 @@ class Policy:
             raise ValueError("score weights must be finite and not negative")
         if self.deadline_guard_s is not None and not self.deadline_guard_s >= 0:
             raise ValueError("deadline_guard_s must be >= 0")
+        if not 0.0 <= self.patience_s < float("inf"):
+            raise ValueError("patience_s must be finite and >= 0")
         if self.queue_order not in ("fair", "fifo"):
             raise ValueError(f"queue_order must be fair or fifo, not {self.queue_order!r}")
         if self.runners_up < 0 or self.max_reservations < 0:

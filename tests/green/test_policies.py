@@ -7,6 +7,7 @@ import pytest
 from cloud.green.latency import ServingLatency
 from cloud.green.policies import POLICIES, POLICY_NAMES, GreenInputs, build_policy, policy_spec
 from cloud.green.shifting import DEFAULT_MIN_SAVING, WindowShifter
+from cloud.green.waiting import CapacityWaiter
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, TrainingJob, schedule
 from shared.settings import SchedulingSettings
 
@@ -150,7 +151,10 @@ def test_fifo_order_ignores_fair_share() -> None:
 
 def test_shifting_policies_get_an_advisor_and_a_deadline_guard() -> None:
     green = build_policy("green", INPUTS)
-    assert isinstance(green.start_advisor, WindowShifter)
+    # Waiting for cleaner capacity first, wrapping temporal shifting for flexible jobs.
+    assert isinstance(green.start_advisor, CapacityWaiter)
+    assert isinstance(green.start_advisor.then, WindowShifter)
+    assert green.patience_s == INPUTS.patience_s
     assert green.deadline_guard_s is not None
     assert build_policy("green-spatial", INPUTS).start_advisor is None
     temporal = build_policy("green-temporal", INPUTS)

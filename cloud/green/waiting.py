@@ -1,0 +1,237 @@
+"""Waiting for cleaner capacity: a training job may be held a little while when clean
+nodes that are full now will free up soon.
+
+Under load the clean pools fill first and the overflow starts on dirty (and often
+slow) nodes, although the clean ones free within minutes as their jobs end. The
+offline optimum (cloud/eval/bound.py) keeps the clean pools full all the time; a
+scheduler that starts every job at once leaves them idle between a job's end and the
+next arrival. ``CapacityWaiter`` is a ``StartAdvisor`` that holds any training job
+up to ``patience_s`` after its submission (``Policy.patience_s``; the scheduler core
+never lets it hold one longer) when:
+
+* the best place it could start now emits E_now (energy of the whole job there ×
+  the zone's mean intensity over the run, the carbon term's figures), and
+* a group of its candidates (one zone, one run time) will have room for the whole
+  gang at some t ≤ the patience, counted from the expected ends of the training
+  running there (inference never ends) and this pass's own placements and
+  deferrals, where it would emit E_then ≤ (1 − ``min_saving``) · E_now.
+
+It then defers to the earliest such t with the least E_then. At t the scheduler asks
+again: the freed node now fits, so the job starts there (or, if another job took
+it, it may wait again within its patience, then starts wherever it can). Flexible
+jobs are first offered to the temporal shifter it wraps (``then``); only when that
+keeps them running now are they judged here too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cloud.scheduler import (
+    Booking,
+    Deferral,
+    Snapshot,
+    StartAdvisor,
+    StartCandidates,
+    TrainingJob,
+)
+from cloud.scheduler.arrays import IntArray
+from cloud.scheduler.model import KIND_INDEX
+from cloud.signals.grid import GridSignals
+
+from .energy import EnergyModel
+from .shifting import Objective
+from .window import GridWindows, ZoneWindows
+
+# Wait only for at least this much less CO2 (or cost) than starting now: a wait is
+# paid in queueing time, and the freed node may go to someone else.
+DEFAULT_WAIT_MIN_SAVING = 0.3
+# How long after its submission a training job may be held for cleaner capacity.
+DEFAULT_PATIENCE_S = 1800.0
+
+
+@dataclass(slots=True)
+class _Ends:
+    """Per (node row, pool column): the training running there, as (end, accelerators),
+    for the snapshot it was built from."""
+
+    snapshot: Snapshot | None = None
+    by_pool: dict[tuple[int, int], list[tuple[float, int]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityWaiter:
+    signals: GridSignals
+    energy: EnergyModel
+    patience_s: float
+    min_saving: float = DEFAULT_WAIT_MIN_SAVING
+    objective: Objective = "carbon"
+    currency: str = "USD"
+    then: StartAdvisor | None = None  # asked first for flexible jobs
+    _grid: GridWindows = field(init=False, repr=False, compare=False)
+    _ends: _Ends = field(default_factory=_Ends, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_grid", GridWindows(self.signals))
+        if not 0.0 <= self.min_saving < 1.0:
+            raise ValueError("min_saving must be within [0, 1)")
+        if not self.patience_s >= 0:
+            raise ValueError("patience_s must be >= 0")
+
+    def advise(
+        self,
+        snapshot: Snapshot,
+        job: TrainingJob,
+        options: Sequence[StartCandidates],
+        booked: Sequence[Booking] = (),
+    ) -> Deferral | None:
+        if self.then is not None and job.flexible:
+            deferral = self.then.advise(snapshot, job, options, booked)
+            if deferral is not None:
+                return deferral
+        now = snapshot.now
+        latest = job.submitted_at + self.patience_s
+        for option in options:
+            if option.candidates.nodes.size:
+                latest = min(latest, job.latest_start(float(option.candidates.runtime_s.max())))
+        if latest <= now or not options:
+            return None
+        best_now = math.inf
+        best: tuple[float, float, str, StartCandidates, float] | None = None
+        for option in options:
+            for value_now, then in self._groups(snapshot, job, option, booked, now, latest):
+                best_now = min(best_now, value_now)
+                if then is not None and (best is None or then[1] < best[1]):
+                    best = (then[0], then[1], then[2], option, then[3])
+        if best is None or not math.isfinite(best_now):
+            return None  # nothing fits now (the job waits anyway), or nothing to wait for
+        start, expected_then, zone, option, runtime = best
+        saving = best_now - expected_then
+        if start <= now or saving < self.min_saving * best_now or saving <= 0:
+            return None
+        return Deferral(
+            start_at=start,
+            latest_start=latest,
+            zone=zone,
+            saving_fraction=saving / best_now,
+            expected_now=best_now,
+            expected_then=expected_then,
+            quantity="CO2" if self.objective == "carbon" else "cost",
+            unit="gCO2eq" if self.objective == "carbon" else self.currency,
+            accelerator_kind=option.candidates.kind,
+            accelerators=job.workers * job.accelerators_per_worker,
+            runtime_s=runtime,
+        )
+
+    def _groups(
+        self,
+        snapshot: Snapshot,
+        job: TrainingJob,
+        option: StartCandidates,
+        booked: Sequence[Booking],
+        now: float,
+        latest: float,
+    ) -> list[tuple[float, tuple[float, float, str, float] | None]]:
+        """Per (zone, run time) of the option's candidates: the best value if started now
+        where a member fits (inf where none does), and the earliest best wait, if any:
+        (start, value then, zone, run time)."""
+        candidates = option.candidates
+        if not candidates.nodes.size:
+            return []
+        table = snapshot.nodes
+        scale = self.energy.training_kwh(snapshot, job, candidates)
+        if self.objective == "price":
+            scale = scale / 1000.0  # kWh × currency/MWh
+        zone_codes = table.zone_code[candidates.nodes]
+        runtimes = candidates.runtime_s
+        pools = candidates.pools(snapshot)
+        column = KIND_INDEX[candidates.kind] if candidates.column is None else candidates.column
+        results: list[tuple[float, tuple[float, float, str, float] | None]] = []
+        for code, runtime in sorted(set(zip(zone_codes.tolist(), runtimes.tolist(), strict=True))):
+            zone = table.zones[code]
+            windows = self._grid.usable(zone, self.objective, self.currency)
+            if windows is None:
+                continue  # a zone without a signal is never a reason to wait
+            group = (zone_codes == code) & (runtimes == runtime)
+            least = float(scale[group].min())
+            value_now = (
+                least * self._mean(windows, now, runtime)
+                if bool(option.fits_now[group].any())
+                else math.inf
+            )
+            start = self._room_at(
+                snapshot, job, candidates.nodes[group], column, pools.free, booked, zone, latest
+            )
+            then = None
+            if start is not None and start > now:
+                then = (start, least * self._mean(windows, start, runtime), zone, runtime)
+            results.append((value_now, then))
+        return results
+
+    def _mean(self, windows: ZoneWindows, start_s: float, runtime_s: float) -> float:
+        means = windows.mean(self.objective, np.array([start_s]), np.array([start_s + runtime_s]))
+        return float(means[0])
+
+    def _room_at(
+        self,
+        snapshot: Snapshot,
+        job: TrainingJob,
+        nodes: IntArray,
+        column: int,
+        free_now: IntArray,
+        booked: Sequence[Booking],
+        zone: str,
+        latest: float,
+    ) -> float | None:
+        """The earliest time in (now, latest] at which these nodes hold the whole gang,
+        counting the training that ends there by then; None if not before latest."""
+        now = snapshot.now
+        per_member = job.accelerators_per_worker
+        ends = self._pool_ends(snapshot)
+        index = snapshot.nodes.index
+        free = {int(n): float(free_now[n]) for n in nodes.tolist()}
+        events: list[tuple[float, int, int]] = []  # (end, node, accelerators)
+        for node in free:
+            for end, accelerators in ends.get((node, column), ()):
+                if now < end <= latest:
+                    events.append((end, node, accelerators))
+        promised: list[tuple[float, float, int]] = []  # deferrals into this zone
+        for booking in booked:
+            if booking.node_id is None:
+                if booking.zone == zone:
+                    promised.append((booking.start_s, booking.end_s, booking.accelerators))
+                continue
+            placed = index.get(booking.node_id)
+            if placed is not None and placed in free:
+                free[placed] -= booking.accelerators
+                if now < booking.end_s <= latest:
+                    events.append((booking.end_s, placed, booking.accelerators))
+        for end, node, accelerators in sorted(events):
+            free[node] += accelerators
+            members = sum(math.floor(max(0.0, f) / per_member) for f in free.values())
+            held = sum(a for s, e, a in promised if s <= end < e)
+            if members - math.ceil(held / per_member) >= job.workers:
+                return end
+        return None
+
+    def _pool_ends(self, snapshot: Snapshot) -> dict[tuple[int, int], list[tuple[float, int]]]:
+        """The snapshot's training with an expected end, per (node row, pool column);
+        built once per snapshot (one pass asks for every job)."""
+        cache = self._ends
+        if cache.snapshot is not snapshot:
+            table = snapshot.nodes
+            by_pool: dict[tuple[int, int], list[tuple[float, int]]] = {}
+            for alloc in snapshot.allocations:
+                if alloc.expected_end is None:
+                    continue
+                node = table.index[alloc.node_id]
+                column = table.column_of(node, alloc.accelerator_kind, alloc.accelerator_model)
+                by_pool.setdefault((node, column), []).append(
+                    (alloc.expected_end, alloc.accelerators)
+                )
+            cache.snapshot, cache.by_pool = snapshot, by_pool
+        return cache.by_pool
