@@ -6,7 +6,9 @@ then samples its RSS and CPU time over a window.
     python benchmarks/agent_footprint.py --greenfed .venv/bin/greenfed --window 60
 
 Pass the `greenfed` of a venv that installed only the `edge` extra to measure an
-agent as deployed on a device (`pip install '.[edge]'`).
+agent as deployed on a device (`pip install '.[edge]'`). `--enrolled` gives the agent a
+control-plane key and a signed retained `desired` document without work, which it
+verifies: an enrolled node with nothing to run. Without it the node is not enrolled.
 """
 
 from __future__ import annotations
@@ -24,15 +26,81 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # shared/, for --enrolled
+NODE_ID = "footprint"
+
+
+def publish_retained(mqtt_url: str, topic: str, payload: bytes) -> None:
+    """Publish `payload` retained on `topic` (empty: clear what is retained there)."""
+    import asyncio
+
+    import aiomqtt
+
+    from shared.settings import parse_mqtt_url
+
+    endpoint = parse_mqtt_url(mqtt_url)
+
+    async def publish() -> None:
+        async with aiomqtt.Client(endpoint.host, endpoint.port) as client:
+            await client.publish(topic, payload, qos=1, retain=True)
+
+    asyncio.run(publish())
+
+
+def signed_empty_desired() -> tuple[bytes, str]:
+    """A signed `desired` document without work for the benchmark's node, and the public
+    key (base64) the agent is configured with to verify it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from shared.desired_signature import public_key_base64, sign_desired
+    from shared.messages import DesiredState
+
+    key = Ed25519PrivateKey.generate()
+    document = DesiredState(
+        node_id=NODE_ID, generation=1, issued_at=time.time(), cluster_id="footprint"
+    )
+    return sign_desired(document, key), public_key_base64(key)
+
 
 def measure(
-    greenfed: str, mqtt_url: str, interval_s: float, settle_s: float, window_s: float
+    greenfed: str,
+    mqtt_url: str,
+    interval_s: float,
+    settle_s: float,
+    window_s: float,
+    *,
+    enrolled: bool = False,
+) -> dict[str, float]:
+    topic_root = f"gfbench-{uuid.uuid4().hex[:8]}"
+    key = ""
+    if enrolled:
+        from shared.topics import Channel, Topics
+
+        desired_topic = Topics(topic_root).node(NODE_ID, Channel.DESIRED)
+        document, key = signed_empty_desired()
+        publish_retained(mqtt_url, desired_topic, document)
+    try:
+        return _measure(greenfed, mqtt_url, topic_root, key, interval_s, settle_s, window_s)
+    finally:
+        if enrolled:
+            publish_retained(mqtt_url, desired_topic, b"")
+
+
+def _measure(
+    greenfed: str,
+    mqtt_url: str,
+    topic_root: str,
+    key: str,
+    interval_s: float,
+    settle_s: float,
+    window_s: float,
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as workdir:
         config = Path(workdir) / "agent.toml"
         config.write_text(
-            f'[mqtt]\nurl = "{mqtt_url}"\ntopic_root = "gfbench-{uuid.uuid4().hex[:8]}"\n'
-            f'[agent]\nnode_id = "footprint"\ntelemetry_interval_s = {interval_s}\n'
+            f'[mqtt]\nurl = "{mqtt_url}"\ntopic_root = "{topic_root}"\n'
+            f'[agent]\nnode_id = "{NODE_ID}"\ntelemetry_interval_s = {interval_s}\n'
+            f'control_plane_public_key = "{key}"\n'
             # Its own state directory (spool, desired and reported state), like a device's.
             f'data_dir = "{workdir}/data"\n'
             '[log]\nlevel = "warning"\n'
@@ -48,6 +116,9 @@ def measure(
                 raise RuntimeError(
                     f"agent exited: {process.stderr.read().decode() if process.stderr else ''}"
                 )
+            # An enrolled agent keeps the document it verified and applied.
+            if key and not (Path(workdir) / "data" / "state" / "desired.json").exists():
+                raise RuntimeError("the agent did not apply the signed desired document")
             agent = psutil.Process(process.pid)
             cpu_before = agent.cpu_times()
             started = time.monotonic()
@@ -80,16 +151,30 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=10.0)
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--enrolled",
+        action="store_true",
+        help="a control-plane key and a signed desired document without work",
+    )
     args = parser.parse_args()
     runs = [
-        measure(args.greenfed, args.mqtt_url, args.interval, args.settle, args.window)
+        measure(
+            args.greenfed,
+            args.mqtt_url,
+            args.interval,
+            args.settle,
+            args.window,
+            enrolled=args.enrolled,
+        )
         for _ in range(args.runs)
     ]
     summary = {
         "greenfed": args.greenfed,
         "telemetry_interval_s": args.interval,
+        "enrolled": args.enrolled,
         "runs": runs,
         "median_rss_mb": statistics.median(r["rss_mb_median"] for r in runs),
+        "median_uss_mb": statistics.median(r["uss_mb"] for r in runs),
         "median_cpu_pct_of_one_core": statistics.median(r["cpu_pct_of_one_core"] for r in runs),
     }
     json.dump(summary, sys.stdout, indent=2)

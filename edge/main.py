@@ -12,7 +12,6 @@ import structlog
 from edge.agent import Agent, NodeIdentity
 from edge.discovery import DiscoveryResult, build_device_probes, discover_all
 from edge.inference.options import InferenceOptions
-from edge.training.process import ProcessLauncher
 from shared.runtime import run_until_stopped
 from shared.settings import Settings
 
@@ -20,6 +19,9 @@ from shared.settings import Settings
 async def run_agent(settings: Settings, stop: asyncio.Event) -> int:
     launcher = None
     if settings.agent.runs_training:
+        # Only nodes that run training workers load their launcher (edge devices do not).
+        from edge.training.process import ProcessLauncher
+
         launcher = ProcessLauncher(
             settings.agent.resolved_data_dir() / "jobs",
             max_log_bytes=settings.agent.max_job_log_bytes,

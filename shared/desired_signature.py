@@ -21,14 +21,20 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from shared.messages import DESIRED_DECODER, DesiredState, encode
+
+# cryptography is imported when a key is loaded or used: about 8 MB resident that an agent
+# not enrolled never needs; and only what each function uses (verifying needs no
+# serialization module, which alone pulls RSA, EC, DSA, DH and SSH in: about 1 MB).
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 SignatureFailure = Literal["unsigned", "malformed", "bad-signature"]
 
@@ -60,11 +66,16 @@ def load_public_key(text: str) -> Ed25519PublicKey:
         raise PublicKeyError("not valid base64") from None
     if len(raw) != 32:
         raise PublicKeyError(f"an Ed25519 public key is 32 bytes, this one is {len(raw)}")
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
 def public_key_base64(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
     """Base64 of the 32 raw public-key bytes: what agents are configured with."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
     return base64.b64encode(public.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode("ascii")
 
@@ -88,6 +99,8 @@ def verify_desired(payload: bytes, public_key: Ed25519PublicKey) -> DesiredState
         raise DesiredSignatureError(
             "malformed", 'the document does not end with ,"signature":"<base64>"}'
         )
+    from cryptography.exceptions import InvalidSignature
+
     signed = payload[: tail.start()] + _UNSIGNED_TAIL
     try:
         public_key.verify(base64.b64decode(tail.group(1)), signed)

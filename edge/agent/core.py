@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import aiomqtt
 import structlog
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge.agent.context import AgentContext, AgentCounters, NodeIdentity
 from edge.agent.module import GOODBYE_TIMEOUT_S, AgentModule
@@ -39,6 +38,8 @@ from shared.settings import OUTBOX_MAX_AGE_S, OUTBOX_MAX_BYTES, ConfigError, Mqt
 from shared.topics import Topics
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     from edge.inference.runtime import InferenceRuntime
 
 PUBLIC_KEY_SETTING = "agent.control_plane_public_key"

@@ -27,8 +27,9 @@ nothing, a newer one applies the changes only.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import aiomqtt
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge.agent.context import AgentContext
 from edge.agent.inference_server import InferenceServer
@@ -41,6 +42,9 @@ from shared.desired_signature import DesiredSignatureError, verify_desired
 from shared.logs import RateLimitedLog
 from shared.messages import DesiredState
 from shared.topics import Channel
+
+if TYPE_CHECKING:  # cryptography is loaded with the key (shared/desired_signature.py)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 # Whoever floods the topic with forgeries must not flood the log and the events too.
 REJECTION_LOG_INTERVAL_S = 10.0

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from edge.agent.birth import Birth
 from edge.agent.context import AgentContext
@@ -32,6 +31,9 @@ from edge.inference.options import InferenceOptions
 from edge.probes import DeviceProbes
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import TrainingLauncher
+
+if TYPE_CHECKING:  # cryptography is loaded with the key (shared/desired_signature.py)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ its instances, and listing the parent too would count its memory and SMs twice.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -35,6 +36,8 @@ _T = TypeVar("_T")
 APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 XID_REASON = "XID {xid} reported by the driver (a GPU error; reset the GPU, then restart the agent)"
 _MAX_EVENTS_PER_ROUND = 64  # a storm of events cannot hold up a telemetry round
+# The library pynvml loads outside Windows (its `_LoadNvmlLibrary`).
+_NVML_LIBRARY = "libnvidia-ml.so.1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,22 @@ def _nvml_call(
         return None
 
 
+def _missing_nvml_library() -> str | None:
+    """Why NVML cannot load when its library is missing, else None (let pynvml try).
+
+    pynvml costs about 2 MB resident once imported, and most edge devices (Jetsons,
+    CPU-only boxes) have no NVML: look for the library pynvml would load first."""
+    if sys.platform.startswith("win") or "pynvml" in sys.modules:
+        return None  # pynvml's own search on Windows; already loaded: nothing to save
+    import ctypes
+
+    try:
+        ctypes.CDLL(_NVML_LIBRARY)
+    except OSError as error:
+        return f"NVML Shared Library Not Found ({error})"
+    return None
+
+
 def _scaled(value: float | None, share: float | None) -> float | None:
     return None if value is None or share is None else value * share
 
@@ -108,6 +127,10 @@ class NvidiaProbe:
     def _initialized_nvml(self) -> ModuleType | None:
         if self._nvml is not None:
             return self._nvml
+        missing = _missing_nvml_library()
+        if missing is not None:
+            self._log_unavailable(missing)
+            return None
         try:
             import pynvml
         except ImportError as error:
