@@ -340,6 +340,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             migration=args.migration,
             allow_missing_zones=args.allow_missing_zones,
             bound=args.optimum,
+            **({} if args.patience is None else {"patience_s": args.patience}),
             **({} if args.min_saving is None else {"min_saving": args.min_saving}),
         )
     except ValueError as error:
@@ -612,6 +613,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="use the recorded future as the forecast: an oracle input, not an upper bound "
         "(a policy can do worse with it); --optimum gives the bound",
+    )
+    evaluate.add_argument(
+        "--patience",
+        type=float,
+        metavar="SECONDS",
+        help="how long policies that shift in time may hold a training job for cleaner "
+        "capacity that frees by then (default 1800; 0: never)",
     )
     evaluate.add_argument(
         "--optimum",

@@ -66,6 +66,8 @@ class EvalOptions:
             raise ValueError("the target load must be within (0, 2]")
         if not self.policies:
             raise ValueError("name at least one policy")
+        if not 0 <= self.patience_s < float("inf"):
+            raise ValueError("--patience must be finite and >= 0")
         if not 0 <= self.min_saving < 1:
             raise ValueError("--min-saving must be within [0, 1)")
         for name in self.policies:
