@@ -1,0 +1,42 @@
+"""The short form of the green robustness matrix (benchmarks/green_matrix.py --short):
+both fleets, two periods, three days each, green against fifo-binpack and the optimum."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_the_short_matrix_holds_the_bound_the_slos_and_the_deadlines(tmp_path: Path) -> None:
+    out = tmp_path / "matrix.json"
+    command = [sys.executable, "benchmarks/green_matrix.py", "--short", "--jobs", "2"]
+    done = subprocess.run(
+        [*command, "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads(out.read_text(encoding="utf-8"))
+    rows, summary = document["rows"], document["summary"]
+    assert {row["scenario"]["fleet"] for row in rows} == {"default", "other-zones"}
+    assert summary["scenarios"] == len(rows) == 4
+    for row in rows:
+        # No policy can beat the optimum: a share above 1 would mean a broken bound.
+        assert row["of_optimum"] is None or row["of_optimum"] <= 1.0 + 1e-9, row
+        assert row["co2_cut"] > 0, row  # green emits less than the carbon-blind baseline
+        assert row["slo_violations"] == 0, row
+        assert row["unfinished"] == 0, row
+    assert summary["new_deadline_misses"] == 0
+    assert "| fleet | start |" in done.stdout
+    assert "median_co2_cut" in done.stdout
