@@ -6,8 +6,9 @@ slow) nodes, although the clean ones free within minutes as their jobs end. The
 offline optimum (cloud/eval/bound.py) keeps the clean pools full all the time; a
 scheduler that starts every job at once leaves them idle between a job's end and the
 next arrival. ``CapacityWaiter`` is a ``StartAdvisor`` that holds any training job
-up to ``patience_s`` after its submission (``Policy.patience_s``; the scheduler core
-never lets it hold one longer) when:
+up to ``patience_s`` after its submission, and no longer than ``patience_share`` of
+its own run (``Policy.patience_s``; the scheduler core never lets it hold one longer)
+when:
 
 * the best place it could start now emits E_now (energy of the whole job there ×
   the zone's mean intensity over the run, the carbon term's figures), and
@@ -50,8 +51,11 @@ from .window import GridWindows, ZoneWindows
 # Wait only for at least this much less CO2 (or cost) than starting now: a wait is
 # paid in queueing time, and the freed node may go to someone else.
 DEFAULT_WAIT_MIN_SAVING = 0.3
-# How long after its submission a training job may be held for cleaner capacity.
+# How long after its submission a training job may be held for cleaner capacity, and
+# at most what share of its own run: short jobs, most of the count and little of the
+# energy, barely wait (a 20-minute job 5 minutes; a 2-hour one the full 30).
 DEFAULT_PATIENCE_S = 1800.0
+DEFAULT_PATIENCE_SHARE = 0.25
 
 
 @dataclass(slots=True)
@@ -72,6 +76,7 @@ class CapacityWaiter:
     objective: Objective = "carbon"
     currency: str = "USD"
     then: StartAdvisor | None = None  # asked first for flexible jobs
+    patience_share: float = DEFAULT_PATIENCE_SHARE  # of the job's reference run time
     _grid: GridWindows = field(init=False, repr=False, compare=False)
     _ends: _Ends = field(default_factory=_Ends, compare=False, repr=False)
 
@@ -94,7 +99,7 @@ class CapacityWaiter:
             if deferral is not None:
                 return deferral
         now = snapshot.now
-        latest = job.submitted_at + self.patience_s
+        latest = job.submitted_at + min(self.patience_s, self.patience_share * job.duration_s)
         for option in options:
             if option.candidates.nodes.size:
                 latest = min(latest, job.latest_start(float(option.candidates.runtime_s.max())))
