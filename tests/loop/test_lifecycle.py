@@ -34,7 +34,9 @@ async def test_a_two_worker_gang_runs_on_two_cloud_nodes_and_succeeds(
     async with fleet(database, mosquitto_root, cloud_nodes=3) as running:
         api = running.api
         token = await api.tenant("acme")
-        spec = job("gang", workers=2, accelerators_per_worker=4, estimated_duration_s=1.0)
+        # Long enough to be seen running on a loaded machine (a pass that finds both
+        # workers done already moves the job to succeeded in one step).
+        spec = job("gang", workers=2, accelerators_per_worker=4, estimated_duration_s=3.0)
         job_id = await api.submitted(token, spec)
 
         body = await reaches(api, token, job_id, "running")
