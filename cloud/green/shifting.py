@@ -59,6 +59,24 @@ Objective = Literal["carbon", "price"]
 DEFAULT_MIN_SAVING = 0.5
 
 
+def job_emission_scale(
+    energy: EnergyModel,
+    snapshot: Snapshot,
+    job: TrainingJob,
+    candidates: Candidates,
+    objective: Objective,
+) -> FloatArray:
+    """Per candidate: what one unit of the zone's mean signal costs the whole job there
+    (its kWh for gCO2eq/kWh; kWh / 1000 for currency/MWh)."""
+    scale = energy.training_kwh(snapshot, job, candidates)
+    return scale / 1000.0 if objective == "price" else scale
+
+
+def saving_words(objective: Objective, currency: str) -> tuple[str, str]:
+    """(quantity, unit) a deferral's explanation names."""
+    return ("CO2", "gCO2eq") if objective == "carbon" else ("cost", currency)
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     start_s: float
@@ -160,9 +178,7 @@ class WindowShifter:
             candidates = option.candidates
             if not candidates.nodes.size:
                 continue
-            scale = self.energy.training_kwh(snapshot, job, candidates)
-            if self.objective == "price":
-                scale = scale / 1000.0  # kWh x currency/MWh
+            scale = job_emission_scale(self.energy, snapshot, job, candidates, self.objective)
             zone_codes = snapshot.nodes.zone_code[candidates.nodes]
             runtimes = candidates.runtime_s
             for code, runtime in sorted(
@@ -187,6 +203,7 @@ class WindowShifter:
         saving = reference - best_then
         if saving <= self.min_saving * abs(reference) or saving <= 0:
             return None
+        quantity, unit = saving_words(self.objective, self.currency)
         return Deferral(
             start_at=start,
             latest_start=latest,
@@ -194,8 +211,8 @@ class WindowShifter:
             saving_fraction=saving / abs(reference),
             expected_now=reference,
             expected_then=best_then,
-            quantity="CO2" if self.objective == "carbon" else "cost",
-            unit="gCO2eq" if self.objective == "carbon" else self.currency,
+            quantity=quantity,
+            unit=unit,
             accelerator_kind=option.candidates.kind,
             accelerators=need,
             runtime_s=runtime,

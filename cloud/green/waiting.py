@@ -45,7 +45,7 @@ from cloud.scheduler.model import KIND_INDEX
 from cloud.signals.grid import GridSignals
 
 from .energy import EnergyModel
-from .shifting import Objective
+from .shifting import Objective, job_emission_scale, saving_words
 from .window import GridWindows, ZoneWindows
 
 # Wait only for at least this much less CO2 (or cost) than starting now: a wait is
@@ -118,6 +118,7 @@ class CapacityWaiter:
         saving = best_now - expected_then
         if start <= now or saving < self.min_saving * best_now or saving <= 0:
             return None
+        quantity, unit = saving_words(self.objective, self.currency)
         return Deferral(
             start_at=start,
             latest_start=latest,
@@ -125,8 +126,8 @@ class CapacityWaiter:
             saving_fraction=saving / best_now,
             expected_now=best_now,
             expected_then=expected_then,
-            quantity="CO2" if self.objective == "carbon" else "cost",
-            unit="gCO2eq" if self.objective == "carbon" else self.currency,
+            quantity=quantity,
+            unit=unit,
             accelerator_kind=option.candidates.kind,
             accelerators=job.workers * job.accelerators_per_worker,
             runtime_s=runtime,
@@ -148,9 +149,7 @@ class CapacityWaiter:
         if not candidates.nodes.size:
             return []
         table = snapshot.nodes
-        scale = self.energy.training_kwh(snapshot, job, candidates)
-        if self.objective == "price":
-            scale = scale / 1000.0  # kWh × currency/MWh
+        scale = job_emission_scale(self.energy, snapshot, job, candidates, self.objective)
         zone_codes = table.zone_code[candidates.nodes]
         runtimes = candidates.runtime_s
         pools = candidates.pools(snapshot)
