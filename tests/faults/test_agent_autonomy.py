@@ -423,7 +423,9 @@ async def test_a_worker_withdrawn_while_no_agent_ran_is_stopped_by_the_next_one(
         async with running(first):
             await eventually(lambda: cloud.registry.get("v100-6") is not None)
             job = DesiredTraining(
-                job_id="stray", command=command, accelerator_ids=("gpu0",), grace_period_s=3.0
+                # Longer than a loaded machine takes to shut the first agent down after the
+                # withdrawal, so the worker is still there when the second one starts.
+                job_id="stray", command=command, accelerator_ids=("gpu0",), grace_period_s=8.0
             )
             await publish_desired(
                 broker.url,
@@ -446,6 +448,6 @@ async def test_a_worker_withdrawn_while_no_agent_ran_is_stopped_by_the_next_one(
         async with running(second):
             await eventually(
                 lambda: not is_alive(stray.pid, stray.process_started, stray.boot_id),
-                timeout_s=15,
+                timeout_s=30,
                 message="the left-behind worker still runs",
             )
