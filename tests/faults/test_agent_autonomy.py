@@ -425,7 +425,10 @@ async def test_a_worker_withdrawn_while_no_agent_ran_is_stopped_by_the_next_one(
             job = DesiredTraining(
                 # Longer than a loaded machine takes to shut the first agent down after the
                 # withdrawal, so the worker is still there when the second one starts.
-                job_id="stray", command=command, accelerator_ids=("gpu0",), grace_period_s=8.0
+                job_id="stray",
+                command=command,
+                accelerator_ids=("gpu0",),
+                grace_period_s=8.0,
             )
             await publish_desired(
                 broker.url,
