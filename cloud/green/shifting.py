@@ -72,6 +72,21 @@ def job_emission_scale(
     return scale / 1000.0 if objective == "price" else scale
 
 
+def zone_runtime_groups(
+    snapshot: Snapshot, candidates: Candidates, scale: FloatArray
+) -> list[tuple[int, float, BoolArray, float]]:
+    """The candidates by (zone, run time), in order: (zone code, run time, which
+    candidates, the least ``scale`` among them). Within a group only the zone's signal
+    over the run tells starts apart."""
+    zone_codes = snapshot.nodes.zone_code[candidates.nodes]
+    runtimes = candidates.runtime_s
+    groups = []
+    for code, runtime in sorted(set(zip(zone_codes.tolist(), runtimes.tolist(), strict=True))):
+        group = (zone_codes == code) & (runtimes == runtime)
+        groups.append((code, runtime, group, float(scale[group].min())))
+    return groups
+
+
 def saving_words(objective: Objective, currency: str) -> tuple[str, str]:
     """(quantity, unit) a deferral's explanation names."""
     return ("CO2", "gCO2eq") if objective == "carbon" else ("cost", currency)
@@ -179,13 +194,7 @@ class WindowShifter:
             if not candidates.nodes.size:
                 continue
             scale = job_emission_scale(self.energy, snapshot, job, candidates, self.objective)
-            zone_codes = snapshot.nodes.zone_code[candidates.nodes]
-            runtimes = candidates.runtime_s
-            for code, runtime in sorted(
-                set(zip(zone_codes.tolist(), runtimes.tolist(), strict=True))
-            ):
-                group = (zone_codes == code) & (runtimes == runtime)
-                least = float(scale[group].min())
+            for code, runtime, group, least in zone_runtime_groups(snapshot, candidates, scale):
                 room = self._room(snapshot, booked, code, candidates, job)
                 window = self._zone_window(snapshot, zones[code], runtime, latest, room)
                 now_value = least * window.mean_now

@@ -45,7 +45,7 @@ from cloud.scheduler.model import KIND_INDEX
 from cloud.signals.grid import GridSignals
 
 from .energy import EnergyModel
-from .shifting import Objective, job_emission_scale, saving_words
+from .shifting import Objective, job_emission_scale, saving_words, zone_runtime_groups
 from .window import GridWindows, ZoneWindows
 
 # Wait only for at least this much less CO2 (or cost) than starting now: a wait is
@@ -150,18 +150,14 @@ class CapacityWaiter:
             return []
         table = snapshot.nodes
         scale = job_emission_scale(self.energy, snapshot, job, candidates, self.objective)
-        zone_codes = table.zone_code[candidates.nodes]
-        runtimes = candidates.runtime_s
         pools = candidates.pools(snapshot)
         column = KIND_INDEX[candidates.kind] if candidates.column is None else candidates.column
         results: list[tuple[float, tuple[float, float, str, float] | None]] = []
-        for code, runtime in sorted(set(zip(zone_codes.tolist(), runtimes.tolist(), strict=True))):
+        for code, runtime, group, least in zone_runtime_groups(snapshot, candidates, scale):
             zone = table.zones[code]
             windows = self._grid.usable(zone, self.objective, self.currency)
             if windows is None:
                 continue  # a zone without a signal is never a reason to wait
-            group = (zone_codes == code) & (runtimes == runtime)
-            least = float(scale[group].min())
             value_now = (
                 least * self._mean(windows, now, runtime)
                 if bool(option.fits_now[group].any())
