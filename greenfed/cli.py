@@ -338,6 +338,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             perfect_forecast=args.perfect_forecast,
             target_load=args.load,
             migration=args.migration,
+            power_capping=args.power_capping,
             allow_missing_zones=args.allow_missing_zones,
             bound=args.optimum,
             **({} if args.patience is None else {"patience_s": args.patience}),
@@ -643,6 +644,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="migration",
         action="store_false",
         help="never move running jobs to cleaner capacity (an ablation)",
+    )
+    evaluate.add_argument(
+        "--no-power-capping",
+        dest="power_capping",
+        action="store_false",
+        help="never hold training GPUs to a lower power limit (an ablation)",
     )
     evaluate.add_argument("--json", action="store_true", help="a JSON list, one object per policy")
     evaluate.add_argument("--plot", type=Path, metavar="FILE.png", help="needs greenfed[plot]")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -43,6 +44,10 @@ class AcceleratorFacts:
     idle_power_w: float | None = None
     max_power_w: float | None = None
     relative_speed: float | None = None
+    # The lowest power limit the driver accepts (NVML's power management limit
+    # constraints, `nvidia-smi -q -d POWER` "Min Power Limit"); None: not known, and
+    # greenfed caps no lower than MIN_POWER_LIMIT_SHARE of max_power_w.
+    min_power_limit_w: float | None = None
     # Matched against NVML device names by nvidia_gpu_facts; None: never matched.
     nvml_name_pattern: re.Pattern[str] | None = None
 
@@ -68,6 +73,7 @@ _A100_SXM4_40GB = AcceleratorFacts(
     memory_bytes=40 * _GIB,
     idle_power_w=50.0,
     max_power_w=400.0,
+    min_power_limit_w=100.0,
     relative_speed=1.0,
     nvml_name_pattern=re.compile(r"\bA100\b"),
 )
@@ -99,6 +105,7 @@ _NVIDIA_GPUS = (
         memory_bytes=80 * _GIB,
         idle_power_w=70.0,
         max_power_w=700.0,
+        min_power_limit_w=200.0,
         relative_speed=2.5,
         nvml_name_pattern=re.compile(r"\bH100\b"),
     ),
@@ -122,6 +129,7 @@ _NVIDIA_GPUS = (
         memory_bytes=32 * _GIB,
         idle_power_w=40.0,
         max_power_w=300.0,
+        min_power_limit_w=150.0,
         relative_speed=0.45,
         nvml_name_pattern=re.compile(r"\bV100"),
     ),
@@ -143,6 +151,7 @@ _NVIDIA_GPUS = (
         memory_bytes=16 * _GIB,
         idle_power_w=10.0,
         max_power_w=70.0,
+        min_power_limit_w=60.0,
         relative_speed=0.2,
         nvml_name_pattern=re.compile(r"\bT4\b"),
     ),
@@ -276,6 +285,57 @@ _OTHER_NPUS = (
     AcceleratorFacts(name="Rockchip NPU", kind="npu", vendor="rockchip"),
     AcceleratorFacts(name="Huawei Ascend NPU", kind="npu", vendor="huawei"),
 )
+
+
+# Power capping: training throughput of a data-center GPU held to a share of its
+# default power limit, relative to the default (1.0), as (limit share, throughput)
+# points, linear between them. The shape of the published power-limit sweeps of
+# DNN training: Zeus (You, Chung, Chowdhury, NSDI '23) on V100 and A100, where
+# energy per epoch falls as the limit drops until the slowdown outweighs the lower
+# draw; McDonald et al., "Great Power, Great Responsibility" (2022): a V100 capped
+# at 60 % of its 250 W trains BERT for about 15 % less energy at a few percent more
+# time; Zhao et al., "Sustainable Supercomputing for AI" (2024): a 60 % cap across
+# a research centre cut energy at small job slowdowns. One curve for every GPU: a
+# prior, as relative_speed is; measured power (telemetry) replaces the energy side.
+POWER_CAP_THROUGHPUT: tuple[tuple[float, float], ...] = (
+    (0.4, 0.66),
+    (0.5, 0.80),
+    (0.6, 0.90),
+    (0.7, 0.95),
+    (0.8, 0.98),
+    (1.0, 1.0),
+)
+# The lowest share greenfed asks for where a model's driver minimum is not known.
+MIN_POWER_LIMIT_SHARE = 0.5
+
+
+def capped_throughput(limit_share: float) -> float:
+    """Training throughput at ``limit_share`` of the default power limit (0..1], from
+    POWER_CAP_THROUGHPUT; 1.0 at or above the default."""
+    if limit_share >= 1.0:
+        return 1.0
+    points = POWER_CAP_THROUGHPUT
+    if limit_share <= points[0][0]:
+        return points[0][1] * limit_share / points[0][0]
+    for (low_share, low), (high_share, high) in pairwise(points):
+        if limit_share <= high_share:
+            return low + (high - low) * (limit_share - low_share) / (high_share - low_share)
+    return 1.0
+
+
+def capped_speed(speed: float, power_limit_w: float | None, max_power_w: float) -> float:
+    """The relative speed of a device of ``speed`` held to ``power_limit_w`` (None: its
+    default limit, or no power figure to compare with: ``speed``)."""
+    if power_limit_w is None or not max_power_w > 0:
+        return speed
+    return speed * capped_throughput(power_limit_w / max_power_w)
+
+
+def lowest_power_share(facts: AcceleratorFacts | None) -> float:
+    """The lowest share of its default limit a device of ``facts`` may be capped at."""
+    if facts is None or facts.min_power_limit_w is None or not facts.max_power_w:
+        return MIN_POWER_LIMIT_SHARE
+    return min(1.0, facts.min_power_limit_w / facts.max_power_w)
 
 
 def _by_name(entries: Iterable[AcceleratorFacts]) -> Mapping[str, AcceleratorFacts]:

@@ -17,7 +17,7 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -271,6 +271,21 @@ class DesiredTraining(WireStruct, frozen=True, kw_only=True):
         ]
         | None
     ) = None
+    power_limit_w: (
+        Annotated[
+            float,
+            msgspec.Meta(
+                gt=0,
+                le=100_000,
+                description=(
+                    "Carbon-aware power capping (1.6): hold each assigned GPU to this "
+                    "power limit for the run, clamped to the device's allowed range, and "
+                    "restore the device's default when the run ends. Null: the default."
+                ),
+            ),
+        ]
+        | None
+    ) = None
 
 
 class DesiredState(WireStruct, frozen=True, kw_only=True):
@@ -311,6 +326,19 @@ class ReportedTraining(WireStruct, frozen=True, kw_only=True):
     reason: Annotated[str, msgspec.Meta(description="Why it failed or stopped, for people.")] = ""
     started_at: Timestamp | None = None
     finished_at: Timestamp | None = None
+    power_limit_w: Annotated[
+        float | None,
+        msgspec.Meta(
+            description=(
+                "The power limit the agent holds the worker's GPUs to (1.6): the asked "
+                "one clamped to the devices' range; null: the devices' default."
+            )
+        ),
+    ] = None
+    power_limit_note: Annotated[
+        str,
+        msgspec.Meta(description="Why an asked power limit is not applied (1.6), for people."),
+    ] = ""
 
 
 ReplicaState = Literal["starting", "ready", "failed"]

@@ -286,6 +286,12 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     # Temporal shifting holds a flexible job back only for at least this share less
     # CO2 (or cost) than starting now.
     shifting_min_saving: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.5
+    # Policies that cap power (green, balanced, cost) may hold new training's GPUs to
+    # a lower power limit where the energy saved outweighs the longer run, deadlines
+    # kept (cloud/green/power_capping.py; false: never) ...
+    power_capping: bool = True
+    # ... when that saves at least this share of the run's CO2 (or cost).
+    power_capping_min_saving: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.03
 
 
 class LogSettings(Section, frozen=True, kw_only=True):

@@ -6,13 +6,17 @@ linprog``). ``x[j, p, h]`` is the accelerator-hours job ``j`` runs on pool ``p``
 fleet's training nodes grouped by zone, model, speed, power, taints and labels) in
 hour ``h``:
 
-    minimise   Σ x[j,p,h] · kW[p] · I[zone(p), h]                 (gCO2eq)
-    such that  Σ_{p,h} x[j,p,h] · speed[p] = work[j]              every job is done
-               Σ_j x[j,p,h] ≤ accelerators[p] − inference[p,h]    capacity
-               0 ≤ x[j,p,h] ≤ accelerators[j] · in_window[j,h]
+    minimise   Σ x[j,p,m,h] · kW[p,m] · I[zone(p), h]                 (gCO2eq)
+    such that  Σ_{p,m,h} x[j,p,m,h] · speed[p,m] = work[j]            every job is done
+               Σ_{j,m} x[j,p,m,h] ≤ accelerators[p] − inference[p,h]  capacity
+               0 ≤ x[j,p,m,h] ≤ accelerators[j] · in_window[j,h]
 
-``kW[p]`` is one accelerator's power at the energy model's training utilisation,
-host share and PUE included, as the policies' usage is accounted; ``I`` is the
+``m`` is a power mode of the pool: its devices at their default power limit, or
+held to one of the power-capping shares the policies may use
+(``cloud.green.power_capping``), each at its own pace ``speed[p, m]`` (the pool's
+speed × ``capped_throughput``) and draw ``kW[p, m]``: one accelerator's power at
+the energy model's training utilisation under that cap, host share and PUE
+included, as the policies' usage is accounted; ``I`` is the
 *recorded* hourly intensity (the accounting's, fallbacks included); ``work[j]`` is
 the job's reference accelerator-hours (duration × workers × GPUs per worker);
 ``inference[p, h]`` is the least any evaluated policy's deployments held there.
@@ -27,7 +31,8 @@ would hold every job for the cleanest week.
 Relaxed (each makes the bound lower, never higher): work is divisible (a job may run
 on any number of its accelerators, split across pools and hours, preempted and moved
 for free: no checkpoint loss, no restart time), gang members need not share a pool
-or a speed, and jobs have no minimum run length. Inference is not optimised: its
+or a speed or a power mode, a job's hours may mix power modes, and jobs have no
+minimum run length. Inference is not optimised: its
 emissions are the policies' own, so the bound speaks for training only.
 """
 
@@ -42,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cloud.green.energy import EnergyModel
+from cloud.green.power_capping import DEFAULT_POWER_SHARES, lowest_share_of
 from cloud.green.window import window_means
 from cloud.scheduler import Node, Snapshot
 from cloud.scheduler.arrays import FloatArray
@@ -50,6 +56,7 @@ from cloud.scheduler.model import KIND_INDEX
 from cloud.scheduler.policy import Policy
 from cloud.scheduler.shape import make_shape
 from cloud.signals.grid import GridSignals
+from shared.accelerators import capped_throughput
 
 from .simulation import HOUR_S, SimOutcome
 from .workload import TrainingSpec, Workload, training_job
@@ -79,6 +86,8 @@ class _Pool:
     speed: float
     kw: float  # one accelerator, host share and PUE included
     representative: int
+    # (speed, kW) at the default power limit and at each power-capping share allowed
+    modes: tuple[tuple[float, float], ...] = ()
 
 
 def _pools(snapshot: Snapshot, energy: EnergyModel) -> list[_Pool]:
@@ -107,9 +116,36 @@ def _pools(snapshot: Snapshot, energy: EnergyModel) -> list[_Pool]:
             speed=float(gpus.relative_speed[members[0][0]]),
             kw=members[0][1],
             representative=members[0][0],
+            modes=_power_modes(snapshot, energy, members[0][0]),
         )
         for _, members in sorted(groups.items(), key=lambda item: item[1][0][0])
     ]
+
+
+def _power_modes(
+    snapshot: Snapshot, energy: EnergyModel, row: int
+) -> tuple[tuple[float, float], ...]:
+    """(speed, kW of one accelerator) of node ``row``'s GPUs at their default power
+    limit and held to each power-capping share its model allows."""
+    gpus = snapshot.nodes.kind("gpu")
+    speed = float(gpus.relative_speed[row])
+    max_power_w = float(gpus.max_power_w[row])
+    lowest = lowest_share_of(snapshot.nodes.model_at(KIND_INDEX["gpu"], row))
+    shares = [1.0]
+    if max_power_w > 0:
+        shares += [share for share in DEFAULT_POWER_SHARES if share >= lowest]
+    modes = []
+    for share in shares:
+        power_w = energy.member_power_w(
+            snapshot,
+            "gpu",
+            np.array([row]),
+            1,
+            energy.training_utilisation,
+            power_limit_w=None if share == 1.0 else share * max_power_w,
+        )
+        modes.append((speed * capped_throughput(share), float(power_w[0]) / 1000.0))
+    return tuple(modes)
 
 
 def _eligible(snapshot: Snapshot, spec: TrainingSpec, pools: Sequence[_Pool]) -> list[int]:
@@ -137,7 +173,9 @@ def _windows(
         for outcome in outcomes:
             done = outcome.jobs[spec.id].finish_s
             end = max(end, done if done is not None else outcome.stopped_s)
-        slowest = min((pools[i].speed for i in eligible[spec.id]), default=1.0)
+        slowest = min(
+            (speed for i in eligible[spec.id] for speed, _ in pools[i].modes), default=1.0
+        )
         run_s = spec.duration_s / slowest
         if record.deadline_s is not None:
             end = max(end, record.deadline_s)
@@ -238,13 +276,16 @@ def optimum(
         work.append(spec.duration_s / HOUR_S * accelerators)
         for p in eligible[spec.id]:
             pool = pools[p]
-            cost.append(pool.kw * intensity[p, span])
-            upper.append(accelerators * np.clip(share, 0.0, 1.0))
-            speed.append(np.full(span.size, pool.speed))
-            job_of.append(np.full(span.size, j))
-            pool_hour.append(p * hours + span)
-            kw.append(np.full(span.size, pool.kw))
-            zone_of.append(np.full(span.size, int(snapshot.nodes.zone_code[pool.representative])))
+            for mode_speed, mode_kw in pool.modes:
+                cost.append(mode_kw * intensity[p, span])
+                upper.append(accelerators * np.clip(share, 0.0, 1.0))
+                speed.append(np.full(span.size, mode_speed))
+                job_of.append(np.full(span.size, j))
+                pool_hour.append(p * hours + span)
+                kw.append(np.full(span.size, mode_kw))
+                zone_of.append(
+                    np.full(span.size, int(snapshot.nodes.zone_code[pool.representative]))
+                )
     if not cost:
         return Bound(gco2=0.0, kwh=0.0, jobs=0, variables=0, constraints=0, solve_s=0.0)
     c = np.concatenate(cost)

@@ -50,6 +50,7 @@ class EvalOptions:
     energy: EnergyModel = field(default_factory=EnergyModel)
     min_saving: float = DEFAULT_MIN_SAVING
     migration: bool = True  # False: no policy moves running work (an ablation)
+    power_capping: bool = True  # False: no policy caps GPU power (an ablation)
     target_load: float = WorkloadParams().target_load  # of the generated workload
     # A fleet zone without a series in the carbon directory is an error unless this
     # is set; then its work is accounted with the conservative fallback, and counted.
@@ -181,6 +182,7 @@ def run_eval(
             forecaster=options.forecaster,
             min_saving=options.min_saving,
             migration=options.migration,
+            power_capping=options.power_capping,
             patience_s=options.patience_s,
         )
         began = time.perf_counter()

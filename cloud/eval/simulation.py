@@ -9,7 +9,8 @@ itself. Deferred and windowed jobs get a pass at their retry time too, so every
 decision is revisited at least hourly as forecasts change.
 
 Placements start at once; a training gang runs for its expected run time on its
-slowest node (``duration_s / relative_speed``); preempted work stops and is
+slowest node (``duration_s / relative_speed``, longer where the policy caps its GPUs' power:
+``cloud.green.power_capping``); preempted work stops and is
 queued again with its original submission time. A job that saves checkpoints
 keeps its progress up to the newest one and resumes with what is left (plus
 ``restart_s``); under a policy that migrates, the policy's ``Migrator`` looks
@@ -47,8 +48,10 @@ from cloud.green.policies import (
     PolicySpec,
     build_migrator,
     build_policy,
+    build_power_capper,
     policy_spec,
 )
+from cloud.green.power_capping import PowerCapper
 from cloud.green.shifting import DEFAULT_MIN_SAVING
 from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.loop.autoscale import Autoscaler, ServingLoad
@@ -67,6 +70,7 @@ from cloud.scheduler import (
 from cloud.signals.forecast import DEFAULT_FORECASTER
 from cloud.signals.grid import GridSignals
 from cloud.signals.trace import TraceProvider
+from shared.accelerators import capped_speed
 
 from .workload import (
     InferenceSpec,
@@ -105,6 +109,7 @@ class SimConfig:
     migration_min_saving: float = 0.2
     restart_s: float = 300.0  # reference seconds to resume from a checkpoint
     patience_s: float = DEFAULT_PATIENCE_S  # waiting for cleaner capacity (waiting.py)
+    power_capping: bool = True  # policies that cap GPU power may (False: an ablation)
     max_drain_s: float = 14 * DAY_S  # give up draining after this (a stuck job)
     counterfactuals: bool = True
 
@@ -211,6 +216,7 @@ class Simulation:
         self._policy_hour: int | None = None
         self._policy: Policy | None = None
         self._migrator: Migrator | None = None
+        self._capper: PowerCapper | None = None
         self._baseline: Policy | None = None
         self._wakes: set[float] = set()
         self._autoscaler = Autoscaler()
@@ -366,6 +372,7 @@ class Simulation:
                     start_s=alloc.started_at,
                     end_s=self.now,
                     utilisation=self.config.energy.training_utilisation,
+                    power_limit_w=alloc.power_limit_w,
                 )
             )
         else:
@@ -422,6 +429,7 @@ class Simulation:
             migration_min_saving=self.config.migration_min_saving,
             restart_s=self.config.restart_s,
             patience_s=self.config.patience_s,
+            power_capping=self.config.power_capping,
         )
 
     def _current_policy(self) -> Policy:
@@ -430,6 +438,7 @@ class Simulation:
             inputs = self._inputs(self._signals())
             self._policy = build_policy(self.config.policy, inputs)
             self._migrator = build_migrator(self.config.policy, inputs)
+            self._capper = build_power_capper(self.config.policy, inputs)
             self._policy_hour = hour
         return self._policy
 
@@ -456,6 +465,7 @@ class Simulation:
             self._migrator,
             running,
             cluster_after=self._cluster_after,
+            capper=self._capper,
         )
         failed = next((p for p in decision.plan.pending if p.hook_failure is not None), None)
         if failed is not None:
@@ -570,10 +580,7 @@ class Simulation:
             record.run = RunningJob(
                 job=work,
                 started_s=self.now,
-                speed=min(
-                    pool_of(self._base_nodes[p.node_id], p.accelerator_kind).relative_speed
-                    for p in placements
-                ),
+                speed=min(self._pace(p) for p in placements),
                 restart_s=max(0.0, work.duration_s - record.left_s),
             )
             ends = [p.expected_end for p in placements if p.expected_end is not None]
@@ -582,6 +589,11 @@ class Simulation:
             self._generation[work.work_id] = generation
             self._ends[work.work_id] = end
             self._push(end, _FINISH, f"{work.work_id}#{generation}")
+
+    def _pace(self, placement: Placement) -> float:
+        """The relative speed a placement runs at: its pool's, slower under a power cap."""
+        pool = pool_of(self._base_nodes[placement.node_id], placement.accelerator_kind)
+        return capped_speed(pool.relative_speed, placement.power_limit_w, pool.max_power_w)
 
     def _preempt(self, victim: Allocation) -> None:
         if victim.work_kind == "training":

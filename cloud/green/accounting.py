@@ -58,6 +58,7 @@ class Usage:
     end_s: float
     utilisation: float  # mean busy share of its accelerators over the interval, 0..1
     measured_energy_j: float | None = None  # from telemetry; replaces the model
+    power_limit_w: float | None = None  # each device's power cap (power capping); None: none
 
     def __post_init__(self) -> None:
         if self.end_s < self.start_s:
@@ -152,6 +153,12 @@ def modelled_kwh(usages: Sequence[Usage], fleet: Snapshot, energy: EnergyModel) 
             nodes[rows],
             np.array([usages[i].accelerators for i in rows]),
             np.array([usages[i].utilisation for i in rows]),
+            power_limit_w=np.array(
+                [
+                    np.nan if usages[i].power_limit_w is None else usages[i].power_limit_w
+                    for i in rows
+                ]
+            ),
         )
         kwh[rows] = power_w * span_s[rows] / J_PER_KWH
     return kwh

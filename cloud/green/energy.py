@@ -29,6 +29,11 @@ relative_speed`` ms is busy u = λ·s/1000 of the time (at most 1); λ is the
 deployment's ``requests_per_s`` split evenly over its replicas. Without a known
 load, u = ``inference_utilisation`` (default 0.3).
 
+**Power capping** (``power_capping.py``): a device held to a power limit draws at
+most that limit, ``min(P(u), limit)``, while its work runs slower
+(``shared.accelerators.capped_throughput``); the host share is unchanged, so a
+capped run also pays the host for its longer run time.
+
 **Measured energy**: where telemetry gives energy per allocation (NVML energy
 counters, RAPL), accounting uses it instead of this model (``accounting.Usage``).
 
@@ -89,15 +94,20 @@ class EnergyModel:
         utilisation: float | FloatArray,
         *,
         column: int | None = None,
+        power_limit_w: float | FloatArray | None = None,
     ) -> FloatArray:
         """Power (W) of ``accelerators`` devices of ``kind`` on each node, host share
-        and PUE included; from pool ``column`` (snapshot.py), default the kind's first."""
+        and PUE included; from pool ``column`` (snapshot.py), default the kind's first.
+        ``power_limit_w`` caps each device's draw (NaN or None: no cap)."""
         table = snapshot.nodes
         columns = table.kind(kind) if column is None else table.kinds[column]
         count = np.asarray(accelerators, dtype=np.float64)
-        device_w = count * linear_power_w(
+        per_device_w = linear_power_w(
             columns.idle_power_w[nodes], columns.max_power_w[nodes], utilisation
         )
+        if power_limit_w is not None:
+            per_device_w = np.fmin(per_device_w, power_limit_w)  # fmin: NaN is no cap
+        device_w = count * per_device_w
         if kind == "cpu":
             host_w = np.zeros_like(device_w)
         else:

@@ -8,6 +8,8 @@ the evaluation measures is the rule the control plane follows:
 1. the scheduler core places the queue (nothing queued: an empty plan);
 2. a pass that preempted anything moves nothing: its victims are queued again and
    the next pass looks at a settled cluster;
+2a. the power capper (`PowerCapper.cap`, where the policy caps) holds new training
+   to a lower GPU power limit where the energy saved is worth the longer run;
 3. otherwise the migrator (`Migrator.propose`) looks for moves on the cluster as
    the plan leaves it, so a move only takes capacity no queued work could start on
    now.
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from cloud.scheduler import Plan, Policy, Snapshot, schedule
 
 from .migration import JobMove, Migrator, RunningJob
+from .power_capping import PowerCapper
 
 # The cluster as a plan without preemptions leaves it: (snapshot before, plan) -> after.
 ClusterAfter = Callable[[Snapshot, Plan], Snapshot]
@@ -51,13 +54,17 @@ def schedule_then_move(
     running: Sequence[RunningJob],
     *,
     cluster_after: ClusterAfter = with_placements,
+    capper: PowerCapper | None = None,
 ) -> PassDecision:
     """Schedule ``snapshot``'s queue under ``policy``; then, unless the plan preempts,
     the moves ``migrator`` proposes among the ``running`` jobs (None: the policy does
     not migrate, or it is not time to look). ``cluster_after`` is where moves are
-    looked for (the simulation also updates utilisation, as telemetry would)."""
+    looked for (the simulation also updates utilisation, as telemetry would);
+    ``capper`` caps the plan's new training where the policy caps power."""
     if snapshot.queue:
         plan = schedule(snapshot, policy)
+        if capper is not None and plan.placements:
+            plan = capper.cap(snapshot, plan)
     else:
         plan = Plan(
             now=snapshot.now, placements=(), preemptions=(), pending=(), reservations=(), order=()

@@ -1,22 +1,22 @@
 """Named scheduling policies: weights over the built-in and green terms, queue order,
 temporal shifting and migration.
 
-==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======
-policy          packing  load  speed  carbon  price  latency  thr.  queue  shifts  moves
-==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======
-green           0.5      0.25  0.25   4       0      0.5      0.6   fair   carbon  carbon
-cost            0.5      0.25  0.25   0       4      0.5      0.6   fair   price   price
-latency         0.5      0.25  0.5    0       0      4        0.6   fair   off     off
-balanced        1        0.5   0.5    1.5     1      1        0.6   fair   carbon  carbon
-fifo-binpack    1        0     0.5    0       0      0        0.6   fifo   off     off
-spread          0        1     0      0       0      0        0     fair   off     off
-green-spatial   as green                                              off     carbon
-green-temporal  as green, but carbon 0                                carbon  off
-==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======
+==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======  ======
+policy          packing  load  speed  carbon  price  latency  thr.  queue  shifts  moves   caps
+==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======  ======
+green           0.5      0.25  0.25   4       0      0.5      0.6   fair   carbon  carbon  carbon
+cost            0.5      0.25  0.25   0       4      0.5      0.6   fair   price   price   price
+latency         0.5      0.25  0.5    0       0      4        0.6   fair   off     off     off
+balanced        1        0.5   0.5    1.5     1      1        0.6   fair   carbon  carbon  carbon
+fifo-binpack    1        0     0.5    0       0      0        0.6   fifo   off     off     off
+spread          0        1     0      0       0      0        0     fair   off     off     off
+green-spatial   as green                                              off     carbon  off
+green-temporal  as green, but carbon 0                                carbon  off     off
+==============  =======  ====  =====  ======  =====  =======  ====  =====  ======  ======  ======
 
 (preference and spread weigh 1 in every policy; thr.: ``load_threshold``; queue:
 ``Policy.queue_order``; shifts: the objective of temporal shifting; moves: of
-migration, ``build_migrator``.)
+migration, ``build_migrator``; caps: of power capping, ``build_power_capper``.)
 
 * ``fifo-binpack`` is the carbon-agnostic baseline: first come, first served
   within a priority class (no fair-share reordering), packing partly used nodes
@@ -45,6 +45,7 @@ from cloud.signals.grid import GridSignals
 from .energy import EnergyModel
 from .latency import ServingLatency
 from .migration import Migrator
+from .power_capping import PowerCapper
 from .shifting import DEFAULT_MIN_SAVING, Objective, WindowShifter
 from .terms import DEFAULT_INFERENCE_WINDOW_S, CarbonTerm, LatencyTerm, PriceTerm
 from .waiting import DEFAULT_PATIENCE_S, DEFAULT_WAIT_MIN_SAVING, CapacityWaiter
@@ -69,6 +70,9 @@ class PolicySpec:
     # Move running, checkpointing training to cleaner (or cheaper) capacity as it
     # frees (migration.py); None: never.
     migration: Objective | None = None
+    # Hold new training's GPUs to a lower power limit where the energy saved is worth
+    # the longer run (power_capping.py); None: never.
+    power_capping: Objective | None = None
 
     def __post_init__(self) -> None:
         if self.shifting is not None and self.deadline_guard_s is None:
@@ -96,6 +100,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                 _GREEN,
                 shifting="carbon",
                 migration="carbon",
+                power_capping="carbon",
             ),
             PolicySpec(
                 "cost",
@@ -112,6 +117,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                 ),
                 shifting="price",
                 migration="price",
+                power_capping="price",
             ),
             PolicySpec(
                 "latency",
@@ -142,6 +148,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                 ),
                 shifting="carbon",
                 migration="carbon",
+                power_capping="carbon",
             ),
             PolicySpec(
                 "fifo-binpack",
@@ -220,6 +227,8 @@ class GreenInputs:
     # cleaner capacity that frees by then (waiting.py); 0: never.
     patience_s: float = DEFAULT_PATIENCE_S
     wait_min_saving: float = DEFAULT_WAIT_MIN_SAVING
+    power_capping: bool = True  # policies that cap power may (False: none does)
+    power_cap_min_saving: float = 0.03  # power capping: cap only for at least this much less
 
 
 def build_migrator(spec: PolicySpec | str, inputs: GreenInputs) -> Migrator | None:
@@ -235,6 +244,21 @@ def build_migrator(spec: PolicySpec | str, inputs: GreenInputs) -> Migrator | No
         min_saving=inputs.migration_min_saving,
         restart_s=inputs.restart_s,
         cooldown_s=inputs.migration_cooldown_s,
+    )
+
+
+def build_power_capper(spec: PolicySpec | str, inputs: GreenInputs) -> PowerCapper | None:
+    """The policy's power capper, or None when it never caps."""
+    if isinstance(spec, str):
+        spec = policy_spec(spec)
+    if spec.power_capping is None or not inputs.power_capping:
+        return None
+    return PowerCapper(
+        signals=inputs.signals,
+        energy=inputs.energy,
+        objective=spec.power_capping,
+        min_saving=inputs.power_cap_min_saving,
+        safety_margin_s=inputs.safety_margin_s,
     )
 
 

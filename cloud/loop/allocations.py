@@ -18,6 +18,7 @@ def as_new_allocation(record: AllocationRecord) -> NewAllocation:
         host_memory_bytes=record.host_memory_bytes,
         expected_end=record.expected_end,
         borrowed=record.borrowed,
+        power_limit_w=record.power_limit_w,
     )
 
 

@@ -67,6 +67,11 @@ def _training(
         master_port=master_port(record.work_id, record.attempts, settings),
         grace_period_s=spec.grace_period_s,
         reference_duration_s=spec.estimated_duration_s,
+        # A gang is capped whole (power_capping.py): every member on a node has one limit.
+        power_limit_w=min(
+            (m.power_limit_w for m in workers[node_id] if m.power_limit_w is not None),
+            default=None,
+        ),
     )
 
 

@@ -40,7 +40,12 @@ from cloud.fleet.registry import NodeRecord, NodeRegistry
 from cloud.green.latency import default_latency_estimator
 from cloud.green.migration import Migrator
 from cloud.green.pass_rule import PassDecision, schedule_then_move
-from cloud.green.policies import GreenInputs, build_migrator, build_policy
+from cloud.green.policies import (
+    GreenInputs,
+    build_migrator,
+    build_policy,
+    build_power_capper,
+)
 from cloud.loop.allocations import by_work
 from cloud.loop.deployment_control import DeploymentControl
 from cloud.loop.desired import desired_document
@@ -304,12 +309,13 @@ class SchedulingLoop:
         policy = build_policy(self._settings.policy, green)
         move_check = self._monotonic()
         migrator = self._migrator(green, move_check)
+        capper = build_power_capper(self._settings.policy, green)
         max_attempts = self._store.max_attempts
 
         def decide() -> tuple[PassDecision, list[CounterfactualRecord]]:
             # Off the event loop: thousands of jobs cost.
             running = running_jobs(inputs, max_attempts) if migrator else []
-            decision = schedule_then_move(inputs.snapshot, policy, migrator, running)
+            decision = schedule_then_move(inputs.snapshot, policy, migrator, running, capper=capper)
             return decision, self._counterfactuals(inputs, decision.plan, green)
 
         decision, counterfactuals = await asyncio.to_thread(decide)
@@ -421,6 +427,8 @@ class SchedulingLoop:
             migration=self._settings.migration,
             migration_min_saving=self._settings.migration_min_saving,
             migration_cooldown_s=self._settings.migration_cooldown_s,
+            power_capping=self._settings.power_capping,
+            power_cap_min_saving=self._settings.power_capping_min_saving,
         )
 
     # ---- helpers -----------------------------------------------------------------------

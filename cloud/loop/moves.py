@@ -55,6 +55,7 @@ def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
                 m.node_id,
                 m.accelerator_kind,
                 pool_model(inputs.nodes[m.node_id], m.accelerator_ids),
+                power_limit_w=m.power_limit_w,
             )
             for m in members
         )

@@ -140,6 +140,7 @@ def translate(
                         host_memory_bytes=member.host_memory_bytes,
                         expected_end=member.expected_end,
                         borrowed=member.borrowed,
+                        power_limit_w=member.power_limit_w,
                     )
                 )
         except NotEnoughDevices as error:

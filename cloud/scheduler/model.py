@@ -356,6 +356,7 @@ class Allocation:
     # The model of the node's pool it holds, for a node with several pools of the kind
     # (MIG slices beside whole GPUs); "" for its first pool.
     accelerator_model: str = ""
+    power_limit_w: float | None = None  # each device's power cap; None: the default
 
     def __post_init__(self) -> None:
         if self.accelerators < 1:

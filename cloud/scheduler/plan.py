@@ -90,6 +90,10 @@ class Placement:
     # The model of the node's pool it takes: which devices to hand out where a node has
     # several pools of the kind (MIG slices beside whole GPUs).
     accelerator_model: str = ""
+    # Carbon-aware power capping (cloud/green/power_capping.py): each of its devices
+    # held to this power limit for the run, ``expected_end`` already stretched for
+    # the slower pace; None: the devices' default limit.
+    power_limit_w: float | None = None
 
     @property
     def started_at(self) -> float:
@@ -113,6 +117,7 @@ class Placement:
             group=self.group,
             anti_affinity_groups=self.anti_affinity_groups,
             accelerator_model=self.accelerator_model,
+            power_limit_w=self.power_limit_w,
         )
 
     def explain(self) -> str:
@@ -122,9 +127,15 @@ class Placement:
             if self.window_waived
             else ""
         )
+        capped = (
+            f"; each device held to {self.power_limit_w:.0f} W (power capping)"
+            if self.power_limit_w is not None
+            else ""
+        )
         return (
             f"{self.allocation_id} on {self.chosen.describe()}"
-            f" {self.accelerator_kind}x{self.accelerators}{waived}; runners-up: {alternatives}"
+            f" {self.accelerator_kind}x{self.accelerators}{waived}{capped};"
+            f" runners-up: {alternatives}"
         )
 
 

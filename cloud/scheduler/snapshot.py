@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from shared.accelerators import capped_speed
 from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind, Site
 
@@ -247,12 +248,22 @@ class Snapshot:
         )
 
 
-def pool_speed(table: NodeTable, node_id: str, kind: AcceleratorKind, model: str) -> float:
+def pool_speed(
+    table: NodeTable,
+    node_id: str,
+    kind: AcceleratorKind,
+    model: str,
+    *,
+    power_limit_w: float | None = None,
+) -> float:
     """The relative speed of the pool of ``kind`` and ``model`` on node ``node_id`` (its
-    first pool of the kind for an unknown model)."""
+    first pool of the kind for an unknown model), its devices held to ``power_limit_w``
+    (power capping: slower, ``shared.accelerators.capped_throughput``; None: default)."""
     node = table.index[node_id]
-    speed: float = table.kinds[table.column_of(node, kind, model)].relative_speed.item(node)
-    return speed
+    pools = table.kinds[table.column_of(node, kind, model)]
+    return capped_speed(
+        pools.relative_speed.item(node), power_limit_w, pools.max_power_w.item(node)
+    )
 
 
 def _require_unique(what: str, ids: Sequence[str]) -> None:

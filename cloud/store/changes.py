@@ -192,6 +192,7 @@ def _allocation_row(work_id: str, allocation: NewAllocation, now: float) -> dict
         "expected_end": allocation.expected_end,
         "borrowed": allocation.borrowed,
         "state": "assigned",
+        "power_limit_w": allocation.power_limit_w,
     }
 
 

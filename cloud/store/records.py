@@ -126,6 +126,7 @@ class NewAllocation:
     host_memory_bytes: int = 0
     expected_end: float | None = None  # None: long-running (inference replicas)
     borrowed: bool = False
+    power_limit_w: float | None = None  # each device held to this (power capping); None: default
 
     def __post_init__(self) -> None:
         if self.member_index < 0:
@@ -155,6 +156,7 @@ class AllocationRecord:
     tenant_id: str
     work_kind: WorkKind
     priority: PriorityClass
+    power_limit_w: float | None = None  # each device held to this (power capping); None: default
 
     @property
     def allocation_id(self) -> str:

@@ -128,6 +128,7 @@ def allocation_from_row(row: Row[Any]) -> AllocationRecord:
         tenant_id=row.tenant_id,
         work_kind=parse_kind(row.work_kind),
         priority=parse_priority(row.priority),
+        power_limit_w=None if row.power_limit_w is None else float(row.power_limit_w),
     )
 
 

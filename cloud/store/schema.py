@@ -96,6 +96,7 @@ allocations = Table(
     Column("expected_end", Double, nullable=True),
     Column("borrowed", Boolean, nullable=False),
     Column("state", Text, nullable=False),
+    Column("power_limit_w", Double, nullable=True),  # v0009: per device; NULL: default
 )
 
 node_generations = Table(

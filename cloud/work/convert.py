@@ -143,6 +143,7 @@ def allocation_from_record(
         group=work.group,
         anti_affinity_groups=work.anti_affinity_groups,
         accelerator_model=accelerator_model,
+        power_limit_w=record.power_limit_w,
     )
 
 

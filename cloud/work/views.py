@@ -33,6 +33,9 @@ class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime  # when the placement was committed
     expected_end: datetime | None
     borrowed: bool
+    # Carbon-aware power capping: each of its devices held to this many watts for the
+    # run (the run is slower and uses less energy); null: the devices' default limit.
+    power_limit_w: float | None = None
 
 
 def allocation_view(record: AllocationRecord) -> AllocationView:
@@ -47,6 +50,7 @@ def allocation_view(record: AllocationRecord) -> AllocationView:
         started_at=utc_from_epoch(record.started_at),
         expected_end=None if record.expected_end is None else utc_from_epoch(record.expected_end),
         borrowed=record.borrowed,
+        power_limit_w=record.power_limit_w,
     )
 
 

@@ -5,6 +5,7 @@ body gets 408 after cloud.http_body_timeout_s, and a slow upload that keeps movi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -23,10 +24,27 @@ from tests.support.onnx_models import mlp
 
 HEADER_TIMEOUT_S = 0.5
 BODY_TIMEOUT_S = 0.5
+# The slow upload's own server: long enough that a loaded CI machine's pauses between
+# two of its pieces never reach it, while the whole upload still outlasts it.
+SLOW_UPLOAD_BODY_TIMEOUT_S = 2.0
 
 
 @pytest.fixture
 async def server(database: DatabaseUnderTest) -> AsyncIterator[tuple[int, str]]:
+    async with _serving(database, BODY_TIMEOUT_S) as served:
+        yield served
+
+
+@pytest.fixture
+async def patient_server(database: DatabaseUnderTest) -> AsyncIterator[tuple[int, str]]:
+    async with _serving(database, SLOW_UPLOAD_BODY_TIMEOUT_S) as served:
+        yield served
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    database: DatabaseUnderTest, body_timeout_s: float
+) -> AsyncIterator[tuple[int, str]]:
     async with EmbeddedBroker(port=0) as broker:
         port = free_port()
         settings = Settings(
@@ -34,7 +52,7 @@ async def server(database: DatabaseUnderTest) -> AsyncIterator[tuple[int, str]]:
             cloud=msgspec.structs.replace(
                 CloudSettings(),
                 http_header_timeout_s=HEADER_TIMEOUT_S,
-                http_body_timeout_s=BODY_TIMEOUT_S,
+                http_body_timeout_s=body_timeout_s,
             ),
             store=database.settings,
             scheduling=SchedulingSettings(enabled=False),
@@ -86,14 +104,18 @@ async def test_a_client_that_stalls_in_its_body_gets_408(server: tuple[int, str]
     writer.close()
 
 
-async def test_a_slow_upload_that_keeps_moving_is_not_cut_off(server: tuple[int, str]) -> None:
-    port, token = server
+async def test_a_slow_upload_that_keeps_moving_is_not_cut_off(
+    patient_server: tuple[int, str],
+) -> None:
+    port, token = patient_server
     body = mlp()
     pieces = [body[i : i + len(body) // 6 + 1] for i in range(0, len(body), len(body) // 6 + 1)]
+    gap_s = SLOW_UPLOAD_BODY_TIMEOUT_S / 5
+    assert len(pieces) * gap_s > SLOW_UPLOAD_BODY_TIMEOUT_S  # longer in all than the timeout
 
     async def trickle() -> AsyncIterator[bytes]:
-        for piece in pieces:  # longer in all than the body timeout, never a long pause
-            await asyncio.sleep(BODY_TIMEOUT_S / 3)
+        for piece in pieces:  # never a long pause
+            await asyncio.sleep(gap_s)
             yield piece
 
     async with (

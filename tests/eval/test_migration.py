@@ -11,6 +11,7 @@ import pytest
 
 from cloud.eval.runner import EvalOptions, EvalReport, run_eval
 from cloud.eval.simulation import SimOutcome
+from shared.accelerators import capped_speed
 
 from .scenarios import SMALL_FLEET
 
@@ -99,14 +100,20 @@ def run(tmp_path: Path, workload: str, *policies: str, migration: bool = True) -
 
 
 def reference_work_s(outcome: SimOutcome, work_id: str) -> float:
-    """Reference seconds of work the job's runs were given (time × slowest speed)."""
-    speeds = {
-        node.node_id: next(p.relative_speed for p in node.pools if p.kind == "gpu")
+    """Reference seconds of work the job's runs were given (time × slowest speed, slower
+    where its GPUs were held to a power limit)."""
+    pools = {
+        node.node_id: next(p for p in node.pools if p.kind == "gpu")
         for node in outcome.nodes
         if any(p.kind == "gpu" for p in node.pools)
     }
     return sum(
-        (usage.end_s - usage.start_s) * speeds[usage.node_id]
+        (usage.end_s - usage.start_s)
+        * capped_speed(
+            pools[usage.node_id].relative_speed,
+            usage.power_limit_w,
+            pools[usage.node_id].max_power_w,
+        )
         for usage in outcome.usages
         if usage.work_id == work_id
     )

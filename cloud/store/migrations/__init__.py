@@ -22,6 +22,7 @@ from cloud.store.migrations import (
     v0006_event_work_index,
     v0007_node_admin,
     v0008_retries,
+    v0009_power_limits,
 )
 
 
@@ -41,6 +42,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(6, "event_work_index", v0006_event_work_index.upgrade),
     SchemaMigration(7, "node_admin", v0007_node_admin.upgrade),
     SchemaMigration(8, "retries", v0008_retries.upgrade),
+    SchemaMigration(9, "power_limits", v0009_power_limits.upgrade),
 )
 
 

@@ -1,0 +1,243 @@
+"""Carbon-aware power capping: which training the pass starts runs its GPUs under a
+lower power limit, and how low.
+
+A GPU held below its default power limit trains slower but, down to a point, for
+less energy: its draw falls faster than its pace (the published power-limit sweeps
+behind ``shared.accelerators.POWER_CAP_THROUGHPUT``). So a cap trades time for
+energy, and whether the trade is worth it depends on where the job runs:
+
+* **energy**: for each share ``s`` of the devices' default limit, a member draws
+  ``EnergyModel.member_power_w`` with each device capped at ``s · max_power_w`` (host
+  share unchanged) for ``run_s / capped_throughput(s)``; priced at its zone's
+  forecast mean over that longer window (gCO2eq, or the currency with ``price``);
+* **time**: a GPU held longer is a GPU other work cannot use. Holding the *margin*
+  (the dirtiest capacity training occupies right now) longer costs nothing more:
+  displaced work would have gone there anyway. Holding a cleaner GPU longer pushes
+  work from it to the margin, so each extra second costs the uncapped draw times
+  ``max(0, margin − the node's signal)``.
+
+The share with the lowest energy-plus-time cost wins when it saves at least
+``min_saving`` of the uncapped cost. A gang gets one share for all its members (it
+runs at its slowest member's pace). A cap is never chosen where the longer run would
+miss the job's deadline (less ``safety_margin_s``) or run into a reservation held on
+one of its nodes (backfill promised to end before it), nor below a device's lowest
+allowed limit (``shared.accelerators.lowest_power_share``).
+
+At low load the margin is clean capacity itself, so most training is capped; on a
+full cluster only the dirty overflow is. Only new placements are capped: a moved or
+resumed job is decided again where it lands.
+
+Pure: snapshot and plan in, the plan with capped placements (``power_limit_w`` set,
+``expected_end`` stretched) out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cloud.scheduler import Placement, Plan, Snapshot, TrainingJob
+from cloud.scheduler.arrays import FloatArray
+from cloud.signals.grid import GridSignals
+from shared.accelerators import (
+    ACCELERATORS,
+    capped_throughput,
+    lowest_power_share,
+    nvidia_gpu_facts,
+)
+
+from .energy import J_PER_KWH, EnergyModel
+from .shifting import Objective
+from .window import GridWindows, Quantity, window_means
+
+HOUR_S = 3600.0
+DEFAULT_POWER_SHARES: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8)
+
+
+def lowest_share_of(model: str) -> float:
+    """The lowest share of its default power limit a device of ``model`` may be held to."""
+    return lowest_power_share(ACCELERATORS.get(model) or nvidia_gpu_facts(model))
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    placement: Placement
+    row: int  # snapshot node index
+    column: int  # pool column
+    max_power_w: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PowerCapper:
+    signals: GridSignals
+    energy: EnergyModel = field(default_factory=EnergyModel)
+    objective: Objective = "carbon"
+    shares: tuple[float, ...] = DEFAULT_POWER_SHARES
+    min_saving: float = 0.03  # of the uncapped cost, or no cap
+    safety_margin_s: float = 3600.0  # a capped run still ends this long before the deadline
+    currency: str = "USD"
+    _grid: GridWindows = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_grid", GridWindows(self.signals))
+        if not all(0.0 < share < 1.0 for share in self.shares):
+            raise ValueError("power capping shares must be within (0, 1)")
+        if not 0.0 <= self.min_saving < 1.0:
+            raise ValueError("min_saving must be within [0, 1)")
+        if not self.safety_margin_s >= 0:
+            raise ValueError("safety_margin_s must be >= 0")
+
+    def cap(self, snapshot: Snapshot, plan: Plan) -> Plan:
+        """``plan`` with each new GPU training placement capped where it pays."""
+        jobs = {work.work_id: work for work in snapshot.queue if isinstance(work, TrainingJob)}
+        gangs: dict[str, list[Placement]] = {}
+        for placement in plan.placements:
+            if (
+                placement.work_kind == "training"
+                and placement.accelerator_kind == "gpu"
+                and placement.work_id in jobs
+                and placement.expected_end is not None
+            ):
+                gangs.setdefault(placement.work_id, []).append(placement)
+        if not gangs:
+            return plan
+        margin = self._margin(snapshot, plan)
+        capped: dict[str, Placement] = {}
+        for work_id, placements in gangs.items():
+            for placement in self._cap_gang(snapshot, plan, jobs[work_id], placements, margin):
+                capped[placement.allocation_id] = placement
+        if not capped:
+            return plan
+        return dataclasses.replace(
+            plan,
+            placements=tuple(capped.get(p.allocation_id, p) for p in plan.placements),
+        )
+
+    # -- the pass's margin ------------------------------------------------------------
+
+    def _margin(self, snapshot: Snapshot, plan: Plan) -> float:
+        """The signal of the dirtiest GPU capacity training holds this hour, placements
+        of this pass included (NaN: none)."""
+        index = snapshot.nodes.index
+        node_ids = {
+            a.node_id
+            for a in snapshot.allocations
+            if a.work_kind == "training" and a.accelerator_kind == "gpu"
+        }
+        node_ids.update(
+            p.node_id
+            for p in plan.placements
+            if p.work_kind == "training" and p.accelerator_kind == "gpu"
+        )
+        rows = np.array(sorted(index[n] for n in node_ids if n in index), dtype=np.int64)
+        if rows.size == 0:
+            return float("nan")
+        now = np.full(rows.size, snapshot.now)
+        values = self._means(snapshot, rows, now, now + HOUR_S)
+        return float(np.nanmax(values)) if np.isfinite(values).any() else float("nan")
+
+    def _means(
+        self, snapshot: Snapshot, rows: np.ndarray, start: FloatArray, end: FloatArray
+    ) -> FloatArray:
+        quantity: Quantity = "carbon" if self.objective == "carbon" else "price"
+        values = window_means(
+            self._grid, snapshot, rows, start, end, quantity, currency=self.currency
+        ).values
+        result: FloatArray = values if self.objective == "carbon" else values / 1000.0
+        return result  # per kWh: gCO2eq/kWh, or currency/kWh
+
+    # -- one gang -----------------------------------------------------------------------
+
+    def _cap_gang(
+        self,
+        snapshot: Snapshot,
+        plan: Plan,
+        job: TrainingJob,
+        placements: Sequence[Placement],
+        margin: float,
+    ) -> list[Placement]:
+        table = snapshot.nodes
+        members: list[_Member] = []
+        for placement in placements:
+            row = table.index.get(placement.node_id)
+            if row is None:
+                return []
+            column = table.column_of(row, "gpu", placement.accelerator_model)
+            max_power_w = float(table.kinds[column].max_power_w[row])
+            if not max_power_w > 0:
+                return []  # no power figure: nothing to cap against
+            members.append(_Member(placement, row, column, max_power_w))
+        start = min(p.start_at for p in placements)
+        end = max(p.expected_end for p in placements if p.expected_end is not None)
+        run_s = end - start
+        if not run_s > 0:
+            return []
+        lowest = max(lowest_share_of(table.model_at(m.column, m.row)) for m in members)
+        latest_end = (
+            job.deadline - self.safety_margin_s if job.deadline is not None else float("inf")
+        )
+        member_nodes = {m.placement.node_id for m in members}
+        reserved_from = min(
+            (
+                r.start_at
+                for r in plan.reservations
+                if r.work_id != job.work_id and member_nodes.intersection(r.nodes)
+            ),
+            default=float("inf"),
+        )
+        rows = np.array([m.row for m in members], dtype=np.int64)
+        uncapped_w = self._member_power_w(snapshot, members, None)
+        best_share, best_cost, uncapped_cost = 1.0, float("nan"), float("nan")
+        for share in (1.0, *sorted(s for s in self.shares if s >= lowest)):
+            capped_run_s = run_s / capped_throughput(share)
+            if share < 1.0 and start + capped_run_s > min(latest_end, reserved_from):
+                continue
+            power_w = self._member_power_w(snapshot, members, share)
+            signal = self._means(
+                snapshot,
+                rows,
+                np.full(rows.size, start),
+                np.full(rows.size, start + capped_run_s),
+            )
+            if not np.isfinite(signal).all():
+                return []  # no basis to trade time for energy
+            cost = float(np.sum(power_w * capped_run_s / J_PER_KWH * signal))
+            if np.isfinite(margin):
+                extra_kwh = uncapped_w * (capped_run_s - run_s) / J_PER_KWH
+                cost += float(np.sum(extra_kwh * np.maximum(0.0, margin - signal)))
+            if share == 1.0:
+                uncapped_cost = best_cost = cost
+            elif cost < best_cost:
+                best_share, best_cost = share, cost
+        if best_share == 1.0 or not best_cost <= (1.0 - self.min_saving) * uncapped_cost:
+            return []
+        capped_end = start + run_s / capped_throughput(best_share)
+        return [
+            dataclasses.replace(
+                m.placement,
+                power_limit_w=round(best_share * m.max_power_w, 1),
+                expected_end=capped_end,
+            )
+            for m in members
+        ]
+
+    def _member_power_w(
+        self, snapshot: Snapshot, members: Sequence[_Member], share: float | None
+    ) -> FloatArray:
+        """Each member's draw at training utilisation, its devices held to ``share`` of
+        their default limit (None: uncapped)."""
+        power = np.empty(len(members))
+        for i, m in enumerate(members):
+            power[i] = self.energy.member_power_w(
+                snapshot,
+                "gpu",
+                np.array([m.row]),
+                m.placement.accelerators,
+                self.energy.training_utilisation,
+                column=m.column,
+                power_limit_w=None if share is None else share * m.max_power_w,
+            )[0]
+        return power
