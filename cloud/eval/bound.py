@@ -12,13 +12,14 @@ hour ``h``:
                0 ≤ x[j,p,m,h] ≤ accelerators[j] · in_window[j,h]
 
 ``m`` is a power mode of the pool: its devices at their default power limit, or
-held to one of the power-capping shares the policies may use
-(``cloud.green.power_capping``), each at its own pace ``speed[p, m]`` (the pool's
-speed × ``capped_throughput``) and draw ``kW[p, m]``: one accelerator's power at
-the energy model's training utilisation under that cap, host share and PUE
-included, as the policies' usage is accounted; ``I`` is the
-*recorded* hourly intensity (the accounting's, fallbacks included); ``work[j]`` is
-the job's reference accelerator-hours (duration × workers × GPUs per worker);
+held to any share of it on the power-capping curve the device allows (0.4 to 0.8,
+``cloud.green.power_capping.ALL_POWER_SHARES``: more than the policies use), each
+at its own pace ``speed[p, m]`` (the pool's speed × ``capped_throughput``) and draw
+``kW[p, m]``: one accelerator's power at the energy model's training utilisation
+under that cap, host share and PUE included, as the policies' usage is accounted;
+``I`` is the *recorded* hourly intensity (the accounting's, fallbacks included);
+``work[j]`` is the job's reference accelerator-hours (duration × workers × GPUs
+per worker);
 ``inference[p, h]`` is the least any evaluated policy's deployments held there.
 
 A job's window runs from its submission to the latest of: its own slack (its
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cloud.green.energy import EnergyModel
-from cloud.green.power_capping import DEFAULT_POWER_SHARES, lowest_share_of
+from cloud.green.power_capping import ALL_POWER_SHARES, lowest_share_of
 from cloud.green.window import window_means
 from cloud.scheduler import Node, Snapshot
 from cloud.scheduler.arrays import FloatArray
@@ -133,7 +134,7 @@ def _power_modes(
     lowest = lowest_share_of(snapshot.nodes.model_at(KIND_INDEX["gpu"], row))
     shares = [1.0]
     if max_power_w > 0:
-        shares += [share for share in DEFAULT_POWER_SHARES if share >= lowest]
+        shares += [share for share in ALL_POWER_SHARES if share >= lowest]
     modes = []
     for share in shares:
         power_w = energy.member_power_w(

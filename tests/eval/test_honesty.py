@@ -12,7 +12,7 @@ import pytest
 
 from cloud.eval.report import table
 from cloud.eval.runner import EvalOptions, build_scenario, run_eval
-from cloud.green.power_capping import DEFAULT_POWER_SHARES
+from cloud.green.power_capping import ALL_POWER_SHARES
 from cloud.scheduler import Snapshot
 from cloud.signals.datasets import shipped_data
 from shared.accelerators import capped_throughput
@@ -155,7 +155,7 @@ def test_the_optimum_runs_a_flexible_hour_in_the_cleanest_hour_it_may(tmp_path: 
         assert series is not None
         hourly = series.mean_carbon_g_per_kwh(hours, hours + 3600)
         max_w = float(gpus.max_power_w[row])
-        for share in (1.0, *DEFAULT_POWER_SHARES):
+        for share in (1.0, *ALL_POWER_SHARES):
             kw = float(
                 energy.member_power_w(
                     snapshot,
