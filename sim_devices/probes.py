@@ -1,9 +1,10 @@
 """Simulated probes: the hardware seam of a simulated node.
 
 Utilisation follows a mean-reverting random walk around the profile's typical
-load; power is idle + utilisation x (max - idle); energy is power integrated
-over the time between samples (trapezoidal rule). Everything above this seam
-(the agent, MQTT, the cloud) is the real code.
+load; power is idle + utilisation x (max - idle), never above the power limit a
+GPU is held to (carbon-aware power capping of training); energy is power
+integrated over the time between samples (trapezoidal rule). Everything above
+this seam (the agent, MQTT, the cloud) is the real code.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from edge.probes import DeviceProbes, HostSample
+from edge.probes import DeviceProbes, HostSample, PowerLimitUnavailable
 from shared.messages import Accelerator, AcceleratorSample, HostInfo
-from sim_devices.profiles import CPU_PROVIDERS, DeviceProfile
+from sim_devices.profiles import CPU_PROVIDERS, DeviceProfile, clamped_power_limit_w
 
 # Random-walk parameters per sample: pull towards the mean, and step noise.
 MEAN_REVERSION = 0.2
@@ -31,10 +32,12 @@ class _SimulatedDevice:
     utilization: float
     energy_j: float = 0.0
     last_power_w: float = 0.0
+    power_limit_w: float | None = None  # None: the default (max_power_w)
 
 
 def _power_w(device: _SimulatedDevice) -> float:
-    return device.idle_power_w + device.utilization * (device.max_power_w - device.idle_power_w)
+    power_w = device.idle_power_w + device.utilization * (device.max_power_w - device.idle_power_w)
+    return power_w if device.power_limit_w is None else min(power_w, device.power_limit_w)
 
 
 class SimulatedNode:
@@ -148,6 +151,30 @@ class SimulatedNode:
             else:
                 self._failed.discard(accelerator_id)
 
+    def set_power_limit_w(self, gpu: Accelerator, limit_w: float) -> float:
+        """Hold a simulated GPU to `limit_w`, clamped as its driver would; the limit held."""
+        with self._lock:
+            device = self._power_limited_device(gpu)
+            held_w = clamped_power_limit_w(device.accelerator, limit_w)
+            if held_w is None:
+                raise PowerLimitUnavailable(f"{gpu.id} does not support power limits")
+            device.power_limit_w = held_w
+            # The board obeys at once, not at the next telemetry round.
+            device.last_power_w = min(device.last_power_w, held_w)
+            return held_w
+
+    def restore_default_power_limit(self, gpu: Accelerator) -> None:
+        with self._lock:
+            self._power_limited_device(gpu).power_limit_w = None
+
+    def _power_limited_device(self, gpu: Accelerator) -> _SimulatedDevice:
+        for device in self._devices:
+            if device.accelerator.id == gpu.id:
+                if gpu.id in self._failed:
+                    raise PowerLimitUnavailable(f"{gpu.id} is not answering")
+                return device
+        raise PowerLimitUnavailable(f"{gpu.id} is not on this node")
+
     def accelerator_samples(self) -> list[AcceleratorSample]:
         with self._lock:
             return [
@@ -178,7 +205,9 @@ class SimulatedNode:
 
     def probes(self) -> DeviceProbes:
         return DeviceProbes(
-            host=_SimHostProbe(self), accelerator_probes=(_SimAcceleratorProbe(self),)
+            host=_SimHostProbe(self),
+            accelerator_probes=(_SimAcceleratorProbe(self),),
+            gpu_power=_SimGpuPower(self),
         )
 
 
@@ -206,6 +235,23 @@ class _SimAcceleratorProbe:
         # The agent samples accelerators once per telemetry round, so this is the clock tick.
         self._node.advance()
         return self._node.accelerator_samples()
+
+    def close(self) -> None:
+        return None
+
+
+class _SimGpuPower:
+    """GpuPowerControl (edge/probes.py) over the simulated GPUs: simulated GPUs have no
+    MIG instances, so each is its own physical GPU."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self._node = node
+
+    def set_power_limit_w(self, gpu: Accelerator, limit_w: float) -> float:
+        return self._node.set_power_limit_w(gpu, limit_w)
+
+    def restore_default_power_limit(self, gpu: Accelerator) -> None:
+        self._node.restore_default_power_limit(gpu)
 
     def close(self) -> None:
         return None

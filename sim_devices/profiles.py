@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.accelerators import ACCELERATORS, required
-from shared.messages import AcceleratorKind
+from shared.accelerators import ACCELERATORS, lowest_power_share, nvidia_gpu_facts, required
+from shared.messages import Accelerator, AcceleratorKind
 
 GIB = 1024**3
 
@@ -273,6 +273,17 @@ PROFILES: dict[str, DeviceProfile] = {
         ),
     )
 }
+
+
+def clamped_power_limit_w(accelerator: Accelerator, limit_w: float) -> float | None:
+    """The power limit a simulated GPU holds when asked for `limit_w`: clamped, as a
+    driver's constraints clamp it, between the model's lowest limit (shared.accelerators)
+    and its default (`max_power_w`). None: the device has no power limit to set."""
+    default_w = accelerator.max_power_w
+    if accelerator.kind != "gpu" or not default_w:
+        return None
+    facts = ACCELERATORS.get(accelerator.model) or nvidia_gpu_facts(accelerator.model)
+    return min(default_w, max(lowest_power_share(facts) * default_w, limit_w))
 
 
 def get_profile(name: str) -> DeviceProfile:

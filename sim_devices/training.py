@@ -1,5 +1,7 @@
 """Simulated training workers: they take as long as the job's reference duration
-scaled by the speed of the accelerators they were given, then succeed.
+scaled by the speed of the accelerators they were given, then succeed. A worker
+whose GPUs are held to a power limit runs slower, as capped hardware trains
+(shared.accelerators.capped_throughput at the limit's share of the default).
 
 A job sent with `env = { GREENFED_SIM_EXIT_CODE = "3" }` fails with that code,
 so failure handling can be exercised end to end on a simulated fleet; with
@@ -15,7 +17,9 @@ from collections.abc import Callable, Collection, Sequence
 
 from edge.training.output import OutputBuffer
 from edge.training.runs import RunStatus
+from shared.accelerators import capped_throughput
 from shared.messages import Accelerator, DesiredTraining
+from sim_devices.profiles import clamped_power_limit_w
 
 # Without a reference duration a simulated worker runs this long.
 DEFAULT_SIMULATED_DURATION_S = 60.0
@@ -24,12 +28,23 @@ SIMULATED_FAILING_ATTEMPTS_VARIABLE = "GREENFED_SIM_FAILING_ATTEMPTS"
 
 
 def simulated_runtime_s(spec: DesiredTraining, inventory: Sequence[Accelerator]) -> float:
-    """Reference duration / relative speed of the slowest assigned accelerator."""
+    """Reference duration / relative speed of the slowest assigned accelerator, each
+    held to the worker's power limit (clamped as the simulated GPU clamps it)."""
     reference_s = spec.reference_duration_s or DEFAULT_SIMULATED_DURATION_S
     speeds = [
-        a.relative_speed for a in inventory if a.id in spec.accelerator_ids and a.relative_speed
+        _capped_speed(a, spec.power_limit_w)
+        for a in inventory
+        if a.id in spec.accelerator_ids and a.relative_speed
     ]
     return reference_s / min(speeds) if speeds else reference_s
+
+
+def _capped_speed(accelerator: Accelerator, power_limit_w: float | None) -> float:
+    speed = accelerator.relative_speed or 0.0
+    held_w = None if power_limit_w is None else clamped_power_limit_w(accelerator, power_limit_w)
+    if held_w is None or not accelerator.max_power_w:
+        return speed
+    return speed * capped_throughput(held_w / accelerator.max_power_w)
 
 
 class SimulatedRun:

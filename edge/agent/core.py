@@ -210,6 +210,11 @@ class Agent:
                 probe.close()
             except Exception as error:  # a driver failing at shutdown must not mask the real exit
                 self._context.log.warning("probe close failed", probe=probe.name, error=str(error))
+        if self._probes.gpu_power is not None:
+            try:
+                self._probes.gpu_power.close()
+            except Exception as error:
+                self._context.log.warning("GPU power control close failed", error=str(error))
 
     async def _connected(self, client: aiomqtt.Client) -> None:
         assert self._modules is not None

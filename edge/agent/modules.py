@@ -29,6 +29,7 @@ from edge.agent.training_workers import TrainingWorkers
 from edge.discovery import DiscoveryResult
 from edge.inference.options import InferenceOptions
 from edge.probes import DeviceProbes
+from edge.training.power_limits import PowerLimits
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import TrainingLauncher
 
@@ -87,6 +88,11 @@ def build_agent_modules(
         on_change=reported_changed.set,
         on_event=outbox.raise_event,
         on_output=output_waiting.set,
+        power_limits=PowerLimits(
+            probes.gpu_power,
+            discovery.accelerators,
+            state_path=state.power_limits_path if state is not None else None,
+        ),
     )
     inference = InferenceServer(
         context, inference_options, discovery.accelerators, on_change=reported_changed.set

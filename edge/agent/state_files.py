@@ -2,7 +2,8 @@
 `desired` document exactly as it arrived (signed, so it is verified again when it is
 read back) and the last reported state. Each file is replaced atomically (written
 beside, flushed to disk, renamed), so a crash leaves the old file or the new one,
-never half of either. The outbox's spool lives beside them (edge/agent/spool.py).
+never half of either. The outbox's spool lives beside them (edge/agent/spool.py), and
+so do the GPUs held to a power limit (edge/training/power_limits.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _log = structlog.get_logger("greenfed.agent.state")
 DESIRED_FILE = "desired.json"
 REPORTED_FILE = "reported.json"
 OUTBOX_DIR = "outbox"
+POWER_LIMITS_FILE = "power_limits.json"
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -50,6 +52,10 @@ class AgentStateFiles:
     @property
     def outbox_dir(self) -> Path:
         return self.directory / OUTBOX_DIR
+
+    @property
+    def power_limits_path(self) -> Path:
+        return self.directory / POWER_LIMITS_FILE
 
     async def save_desired(self, payload: bytes) -> None:
         await self._save(DESIRED_FILE, payload)

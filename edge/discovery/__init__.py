@@ -1,6 +1,7 @@
 """Accelerator discovery plugins and the one place that runs them.
 
-`build_device_probes` turns the configured probe names into real probes;
+`build_device_probes` turns the configured probe names into real probes (and, with
+the NVIDIA probe, NVML's GPU power control: edge/discovery/nvidia_power.py);
 `discover_all` and `sample_all` call every probe with failures isolated: a
 probe that raises is logged and reported as failed, the others carry on.
 All functions here block (NVML, psutil, sysfs); the agent calls them in a thread.
@@ -17,6 +18,7 @@ import structlog
 from edge.discovery.cpu import CpuProbe, LocalHostProbe
 from edge.discovery.npu import NpuProbe
 from edge.discovery.nvidia import NvidiaProbe
+from edge.discovery.nvidia_power import NvmlPowerControl
 from edge.probes import AcceleratorProbe, DeviceProbes, HostSample
 from shared.messages import Accelerator, AcceleratorSample, HostInfo
 
@@ -63,6 +65,8 @@ def build_device_probes(enabled: Sequence[str]) -> DeviceProbes:
     return DeviceProbes(
         host=LocalHostProbe(),
         accelerator_probes=tuple(_PROBE_FACTORIES[name]() for name in names),
+        # Loads NVML only when a training worker asks for a power limit.
+        gpu_power=NvmlPowerControl() if "nvidia" in names else None,
     )
 
 

@@ -79,7 +79,7 @@ def _nvml_call(
         return None
 
 
-def _missing_nvml_library() -> str | None:
+def missing_nvml_library() -> str | None:
     """Why NVML cannot load when its library is missing, else None (let pynvml try).
 
     pynvml costs about 2 MB resident once imported, and most edge devices (Jetsons,
@@ -127,7 +127,7 @@ class NvidiaProbe:
     def _initialized_nvml(self) -> ModuleType | None:
         if self._nvml is not None:
             return self._nvml
-        missing = _missing_nvml_library()
+        missing = missing_nvml_library()
         if missing is not None:
             self._log_unavailable(missing)
             return None
@@ -260,9 +260,16 @@ class NvidiaProbe:
         )
         if not sm_count:
             sm_count = (facts.compute_units or 0) if facts else 0
+        # The default limit, not the current one: a GPU greenfed holds to a lower limit
+        # for a capped worker (edge/training/power_limits.py) keeps its full power.
         power_limit_mw = query(
-            lambda: int(nvml.nvmlDeviceGetPowerManagementLimit(handle)), "power limit"
+            lambda: int(nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)),
+            "default power limit",
         )
+        if power_limit_mw is None:
+            power_limit_mw = query(
+                lambda: int(nvml.nvmlDeviceGetPowerManagementLimit(handle)), "power limit"
+            )
         max_power_w = power_limit_mw / 1000 if power_limit_mw is not None else None
         idle_power_w = facts.idle_power_w if facts else None
         relative_speed = facts.relative_speed if facts else None

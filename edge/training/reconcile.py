@@ -5,7 +5,9 @@ identified by (job id, attempt). The reconciler starts those it does not run
 yet, stops those no longer listed, and keeps each finished worker's outcome in
 the reported state for as long as the cloud still lists it, so the cloud always
 sees how an attempt ended. Workers belong to the reconciler's task group, not to
-an MQTT connection: they keep running while the broker is unreachable.
+an MQTT connection: they keep running while the broker is unreachable. A worker's
+GPUs are held to the power limit it asks for from before it starts until it ends
+(edge/training/power_limits.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import structlog
 
 from edge.training.environment import UnknownAccelerator, worker_environment
 from edge.training.output import OutputBuffer
+from edge.training.power_limits import PowerLimits
 from edge.training.runs import RunStatus, TrainingLauncher, TrainingRun
 from shared.messages import Accelerator, DesiredTraining, EventKind, ReportedTraining
 
@@ -53,10 +56,13 @@ class TrainingReconciler:
         on_change: Callable[[], None],
         on_event: EventSink,
         on_output: Callable[[], None] | None = None,
+        power_limits: PowerLimits | None = None,
     ) -> None:
-        """`launcher` None: this node does not train; every worker sent here fails with why."""
+        """`launcher` None: this node does not train; every worker sent here fails with why.
+        `power_limits` None: no GPU power limit can be set here (each asked one says so)."""
         self._launcher = launcher
         self._inventory = tuple(inventory)
+        self._power = power_limits or PowerLimits(None, inventory)
         self._on_change = on_change
         self._on_event = on_event
         self._on_output = on_output
@@ -100,6 +106,9 @@ class TrainingReconciler:
                 self._retired.append(run)
                 self._tasks.create_task(self._supervise(run))
                 self._tasks.create_task(self._stop(run, LEFTOVER_REASON))
+            # GPUs an earlier agent capped for workers that ended while no agent ran get
+            # their default back, whether or not a worker starts now.
+            self._tasks.create_task(self._settle_power_limits())
         self._on_change()
 
     async def stop_all(self, reason: str, timeout_s: float = 3.0) -> None:
@@ -114,6 +123,10 @@ class TrainingReconciler:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await asyncio.gather(*(run.stop(reason) for run in running))
+                # Here, not in their supervision, which the agent cancels as it stops.
+                for run in running:
+                    self._power.release(run.status)
+                await self._settle_power_limits()
 
     def _prepare(self, spec: DesiredTraining) -> TrainingRun:
         run: TrainingRun
@@ -127,6 +140,8 @@ class TrainingReconciler:
             else:
                 adopted = self._launcher.adopt(spec, environment)
                 run = adopted or self._launcher.prepare(spec, environment)
+                # A worker taken back holds its limit again: this agent has set none yet.
+                self._power.hold(spec, run.status)
         run.status.on_change = self._status_changed
         run.output.on_output = self._on_output
         return run
@@ -151,7 +166,15 @@ class TrainingReconciler:
         self._on_change()
 
     async def _supervise(self, run: TrainingRun) -> None:
+        await self._settle_power_limits()  # the worker starts under its limit
         await run.run()
+        if run.status.finished:  # else it is left running for the next agent, capped
+            self._power.release(run.status)
+            await self._settle_power_limits()
+
+    async def _settle_power_limits(self) -> None:
+        if await self._power.settle():
+            self._on_change()
 
     async def _stop(self, run: TrainingRun, reason: str) -> None:
         await run.stop(reason)

@@ -29,6 +29,10 @@ class RunStatus:
     reason: str = ""
     started_at: float | None = None
     finished_at: float | None = None
+    # The limit its GPUs are held to (None: the default) and why an asked one is not
+    # applied: set by edge/training/power_limits.py.
+    power_limit_w: float | None = None
+    power_limit_note: str = ""
     wall_clock: Callable[[], float] = field(default=time.time, repr=False)
     # Called after every state change (the reconciler reports and raises events).
     on_change: Callable[[RunStatus], None] | None = field(default=None, repr=False)
@@ -49,6 +53,14 @@ class RunStatus:
         self.finished_at = self.wall_clock()
         self._changed()
 
+    def set_power_limit(self, limit_w: float | None, note: str) -> bool:
+        """Whether that changed anything. Not a state change: no `on_change` (which
+        raises events), the caller reports it."""
+        if (self.power_limit_w, self.power_limit_note) == (limit_w, note):
+            return False
+        self.power_limit_w, self.power_limit_note = limit_w, note
+        return True
+
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change(self)
@@ -62,6 +74,8 @@ class RunStatus:
             reason=self.reason,
             started_at=self.started_at,
             finished_at=self.finished_at,
+            power_limit_w=self.power_limit_w,
+            power_limit_note=self.power_limit_note,
         )
 
 

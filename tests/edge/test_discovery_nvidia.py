@@ -1,9 +1,8 @@
-"""NVIDIA probe against a fake NVML installed at the pynvml seam, and the real one."""
+"""NVIDIA probe against a fake NVML installed at the pynvml seam (tests/support/fake_nvml.py),
+and the real one."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -15,166 +14,10 @@ from edge.agent.device_health import DeviceHealth
 from edge.discovery import nvidia as nvidia_module
 from edge.discovery.nvidia import XID_REASON, NvidiaProbe
 from shared.messages import Accelerator, AcceleratorSample, encode
+from tests.support.fake_nvml import FakeGpu, FakeMig, FakeNvml
 
 GIB = 1024**3
 ALL_PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
-
-
-@dataclass
-class FakeMig:
-    name: str
-    uuid: str
-    memory_total_bytes: int
-    memory_used_bytes: int
-    sm_count: int
-    failing: dict[str, type[Exception]] = field(default_factory=dict)
-
-
-@dataclass
-class FakeGpu:
-    name: str
-    uuid: str
-    memory_total_bytes: int
-    memory_used_bytes: int = 0
-    power_limit_mw: int = 400_000
-    power_usage_mw: int = 60_000
-    temperature_c: int = 40
-    utilization_pct: int = 0
-    energy_mj: int | None = 1_000_000
-    # None: nvmlDeviceGetAttributes is NotSupported (full GPUs on most drivers).
-    sm_count: int | None = None
-    mig_enabled: bool = False
-    # MIG slot index -> instance; empty slots answer NotFound.
-    migs: dict[int, FakeMig] = field(default_factory=dict)
-    # NVML function name -> error that call raises for this GPU.
-    failing: dict[str, type[Exception]] = field(default_factory=dict)
-
-
-class FakeNvml:
-    """The subset of pynvml the probe uses, over a fixed set of fake GPUs."""
-
-    MAX_MIG_SLOTS = 7
-
-    def __init__(self, gpus: list[FakeGpu]) -> None:
-        self.gpus = gpus
-        self.init_calls = 0
-        self.shutdown_calls = 0
-        self.init_error: type[Exception] | None = None
-        # XID events the driver has raised and not yet handed out: (GPU, XID number).
-        self.pending_events: list[tuple[FakeGpu, int]] = []
-        self.registered: list[str] = []  # UUIDs of the GPUs registered for XID events
-        self.event_sets_freed = 0
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name in dir(self):
-            if name.startswith("nvml"):
-                monkeypatch.setattr(pynvml, name, getattr(self, name))
-
-    def _gpu(self, handle: FakeGpu | FakeMig, call: str) -> FakeGpu | FakeMig:
-        if call in handle.failing:
-            raise handle.failing[call]()
-        return handle
-
-    def _parent_only(self, handle: FakeGpu | FakeMig, call: str) -> FakeGpu:
-        gpu = self._gpu(handle, call)
-        if not isinstance(gpu, FakeGpu):
-            raise pynvml.NVMLError_NotSupported()
-        return gpu
-
-    def nvmlInit(self) -> None:
-        self.init_calls += 1
-        if self.init_error is not None:
-            raise self.init_error()
-
-    def nvmlShutdown(self) -> None:
-        self.shutdown_calls += 1
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
-        gpu = self.gpus[index]
-        self._gpu(gpu, "nvmlDeviceGetHandleByIndex")
-        return gpu
-
-    def nvmlDeviceGetName(self, handle: FakeGpu | FakeMig) -> str:
-        return self._gpu(handle, "nvmlDeviceGetName").name
-
-    def nvmlDeviceGetUUID(self, handle: FakeGpu | FakeMig) -> str:
-        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
-
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu | FakeMig) -> SimpleNamespace:
-        device = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
-        return SimpleNamespace(
-            total=device.memory_total_bytes,
-            used=device.memory_used_bytes,
-            free=device.memory_total_bytes - device.memory_used_bytes,
-        )
-
-    def nvmlDeviceGetPowerManagementLimit(self, handle: FakeGpu | FakeMig) -> int:
-        return self._parent_only(handle, "nvmlDeviceGetPowerManagementLimit").power_limit_mw
-
-    def nvmlDeviceGetAttributes(self, handle: FakeGpu | FakeMig) -> SimpleNamespace:
-        device = self._gpu(handle, "nvmlDeviceGetAttributes")
-        if device.sm_count is None:
-            raise pynvml.NVMLError_NotSupported()
-        return SimpleNamespace(multiprocessorCount=device.sm_count)
-
-    def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> list[int]:
-        gpu = self._parent_only(handle, "nvmlDeviceGetMigMode")
-        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE
-        return [mode, mode]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeGpu) -> int:
-        self._parent_only(handle, "nvmlDeviceGetMaxMigDeviceCount")
-        return self.MAX_MIG_SLOTS
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeGpu, index: int) -> FakeMig:
-        gpu = self._parent_only(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
-        if index not in gpu.migs:
-            raise pynvml.NVMLError_NotFound()
-        return gpu.migs[index]
-
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu | FakeMig) -> SimpleNamespace:
-        gpu = self._parent_only(handle, "nvmlDeviceGetUtilizationRates")
-        return SimpleNamespace(gpu=gpu.utilization_pct, memory=0)
-
-    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu | FakeMig) -> int:
-        return self._parent_only(handle, "nvmlDeviceGetPowerUsage").power_usage_mw
-
-    def nvmlDeviceGetTemperature(self, handle: FakeGpu | FakeMig, sensor: int) -> int:
-        assert sensor == pynvml.NVML_TEMPERATURE_GPU
-        return self._parent_only(handle, "nvmlDeviceGetTemperature").temperature_c
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeGpu | FakeMig) -> int:
-        gpu = self._parent_only(handle, "nvmlDeviceGetTotalEnergyConsumption")
-        if gpu.energy_mj is None:
-            raise pynvml.NVMLError_NotSupported()
-        return gpu.energy_mj
-
-    def nvmlEventSetCreate(self) -> object:
-        return self
-
-    def nvmlDeviceRegisterEvents(self, handle: FakeGpu, types: int, events: object) -> None:
-        assert types == pynvml.nvmlEventTypeXidCriticalError
-        assert events is self
-        self.registered.append(self._parent_only(handle, "nvmlDeviceRegisterEvents").uuid)
-
-    def nvmlEventSetWait_v2(self, events: object, timeout_ms: int) -> SimpleNamespace:
-        assert timeout_ms == 0  # a telemetry round never waits for events
-        if not self.pending_events:
-            raise pynvml.NVMLError_Timeout()
-        gpu, xid = self.pending_events.pop(0)
-        return SimpleNamespace(
-            device=gpu,
-            eventType=pynvml.nvmlEventTypeXidCriticalError,
-            eventData=xid,
-            gpuInstanceId=0xFFFFFFFF,
-            computeInstanceId=0xFFFFFFFF,
-        )
-
-    def nvmlEventSetFree(self, events: object) -> None:
-        self.event_sets_freed += 1
 
 
 def _fleet() -> list[FakeGpu]:
@@ -301,6 +144,7 @@ def test_a_failing_field_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
         uuid="GPU-t4",
         memory_total_bytes=16 * GIB,
         failing={
+            "nvmlDeviceGetPowerManagementDefaultLimit": pynvml.NVMLError_NotSupported,
             "nvmlDeviceGetPowerManagementLimit": pynvml.NVMLError_NotSupported,
             "nvmlDeviceGetUUID": pynvml.NVMLError_Unknown,
             "nvmlDeviceGetMemoryInfo": pynvml.NVMLError_Unknown,
@@ -316,6 +160,22 @@ def test_a_failing_field_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     assert t4.uuid is None
     assert t4.memory_bytes == 0
     assert (t4.idle_power_w, t4.relative_speed, t4.compute_units) == (10.0, 0.2, 40)
+
+
+def test_max_power_is_the_default_limit_while_a_lower_limit_is_held(fake_nvml: FakeNvml) -> None:
+    a100, mig_parent, h100 = fake_nvml.gpus
+    # Held to lower limits (a capped worker's, or an administrator's nvidia-smi -pl).
+    a100.power_limit_mw = 200_000
+    mig_parent.power_limit_mw = 250_000
+    h100.power_limit_mw = 350_000
+    # A driver without the default limit query: the current limit stands in.
+    h100.failing["nvmlDeviceGetPowerManagementDefaultLimit"] = pynvml.NVMLError_NotSupported
+
+    gpus = _by_id(NvidiaProbe(available_providers=()).discover())
+
+    assert gpus["gpu0"].max_power_w == 400.0
+    assert gpus["gpu1-mig0"].max_power_w == pytest.approx(400.0 * 42 / 108)
+    assert gpus["gpu2"].max_power_w == 350.0
 
 
 @pytest.mark.parametrize(

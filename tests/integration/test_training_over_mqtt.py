@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cloud.fleet.registry import NodeRecord
 from edge.training.process import ProcessLauncher
-from shared.messages import DesiredState, DesiredTraining
+from shared.messages import DesiredState, DesiredTraining, ReportedTraining
 from tests.support.brokers import BrokerUnderTest
 from tests.support.fleet import (
     mqtt_settings,
@@ -67,6 +67,54 @@ async def test_a_simulated_cloud_node_runs_a_gang_worker_to_success(
                 in "".join(c.text for c in cloud.logs if c.job_id == "llm-ft")
             )
         )
+
+
+async def test_a_capped_worker_reports_its_power_limit_and_its_gpu_draws_no_more(
+    broker: BrokerUnderTest, topic_root: str
+) -> None:
+    settings = mqtt_settings(broker.url, topic_root)
+    agent = simulated_agent("a100-8", settings, "a100-4x", site="cloud", trains=True)
+    async with running_ingestion(settings) as cloud, running(agent):
+        await eventually(lambda: cloud.registry.get("a100-8") is not None)
+        worker = DesiredTraining(
+            job_id="capped",
+            accelerator_ids=("gpu0",),
+            reference_duration_s=60.0,
+            power_limit_w=120.0,
+        )
+        await publish_desired(
+            broker.url,
+            topic_root,
+            DesiredState(node_id="a100-8", generation=1, issued_at=1.0, training=(worker,)),
+        )
+
+        def report() -> ReportedTraining | None:
+            record = cloud.registry.get("a100-8")
+            return record.training_report("capped", 0) if record is not None else None
+
+        await eventually(lambda: (r := report()) is not None and r.power_limit_w == 120.0)
+        assert (r := report()) is not None
+        assert (r.state, r.power_limit_note) == ("running", "")
+        # Telemetry sampled after the limit took hold shows the GPU under it (one round
+        # more than the last one here, which may have been under way as it was set).
+        record = cloud.registry.get("a100-8")
+        assert record is not None
+        seen_seq = record.telemetry.seq + 1 if record.telemetry is not None else 0
+        gpu0_power_w: list[float] = []
+
+        def sampled() -> bool:
+            nonlocal seen_seq
+            record = cloud.registry.get("a100-8")
+            telemetry = record.telemetry if record is not None else None
+            if telemetry is not None and telemetry.seq > seen_seq:
+                seen_seq = telemetry.seq
+                gpu0_power_w.extend(
+                    a.power_w for a in telemetry.accelerators if a.id == "gpu0" and a.power_w
+                )
+            return len(gpu0_power_w) >= 3
+
+        await eventually(sampled)
+        assert max(gpu0_power_w) <= 120.0 + 0.001
 
 
 async def test_a_real_worker_process_is_stopped_when_the_cloud_withdraws_it(
