@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import os
 import ssl
 import sys
 import tempfile
@@ -140,6 +141,27 @@ def check_nvml(settings: Settings) -> Check:
     return Check("nvml", "ok", f"{count} NVIDIA GPU(s), driver {version}")
 
 
+def check_power_limits(settings: Settings, gpus: int | None, *, euid: int | None = None) -> Check:
+    """Whether the agent may hold GPUs to the power limits carbon-aware power capping
+    asks for (NVML lets only root set them). `gpus`: NVIDIA GPUs NVML sees; `euid`:
+    the user to judge (default: this process's)."""
+    if not gpus:
+        return Check("power-limits", "skip", "no NVIDIA GPUs to cap")
+    if not settings.agent.runs_training:
+        return Check("power-limits", "skip", "this node runs no training (agent.training_enabled)")
+    user = os.geteuid() if euid is None else euid
+    if user != 0:
+        return Check(
+            "power-limits",
+            "warn",
+            "the agent is not root, so NVML will refuse the GPU power limits power capping "
+            "asks for: training runs at the default limit and reports why",
+            "run the agent as root (a systemd drop-in with User=root), or turn capping off "
+            "on the control plane ([scheduling] power_capping = false)",
+        )
+    return Check("power-limits", "ok", "root: GPU power limits can be set")
+
+
 def check_onnxruntime(gpus: int | None) -> Check:
     """`gpus`: NVIDIA GPUs NVML sees (None: unknown)."""
     try:
@@ -195,6 +217,7 @@ async def run_checks(settings: Settings, api_url: str | None) -> list[Check]:
         check_enrolment(settings),
         await check_broker(settings),
         nvml,
+        check_power_limits(settings, gpus),
         await asyncio.to_thread(check_onnxruntime, gpus),
         await check_clock(api_url),
     ]

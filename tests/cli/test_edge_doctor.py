@@ -19,6 +19,7 @@ from edge.doctor import (
     check_clock,
     check_data_dir,
     check_enrolment,
+    check_power_limits,
     print_checks,
     run_checks,
 )
@@ -74,6 +75,7 @@ async def test_a_healthy_node_passes_every_check(
         "desired-key": "ok",
         "broker": "ok",
         "nvml": "skip",  # the nvidia probe is off
+        "power-limits": "skip",  # so no GPUs to cap
         "onnxruntime": "ok",
         "clock": "ok",
     }
@@ -145,6 +147,7 @@ def test_the_command_prints_one_line_per_check_and_fails_on_a_failure(
         "FAIL",
         "FAIL",
         "skip",
+        "skip",
         "ok",
         "skip",
     ]
@@ -156,3 +159,15 @@ def test_warnings_print_their_fix_but_do_not_fail() -> None:
     checks = [Check("nvml", "warn", "no NVIDIA driver", "install the NVIDIA driver")]
     assert print_checks(checks, out) == 0
     assert out.getvalue().splitlines()[1].strip() == "fix: install the NVIDIA driver"
+
+
+def test_power_capping_needs_root_to_hold_gpu_power_limits(tmp_path: Path) -> None:
+    cloud = settings(tmp_path, "mqtt://127.0.0.1:1", site="cloud")
+    refused = check_power_limits(cloud, gpus=4, euid=1000)
+    assert refused.verdict == "warn"
+    assert "not root" in refused.detail
+    assert "power_capping = false" in refused.fix
+    assert check_power_limits(cloud, gpus=4, euid=0).verdict == "ok"
+    assert check_power_limits(cloud, gpus=None, euid=1000).verdict == "skip"
+    edge = settings(tmp_path, "mqtt://127.0.0.1:1", site="edge")
+    assert check_power_limits(edge, gpus=1, euid=1000).verdict == "skip"
