@@ -8,8 +8,10 @@ Every row is one ``greenfed eval`` simulation; the equivalent command is printed
 above each table. Tables:
 
 * ``default``: the default scenario, 14 days from 2023-06-01, all policies;
-* ``split``: how green's saving splits between spatial shifting (at the start and
-  by migration) and temporal shifting, with and without migration;
+* ``split``: how green's saving splits between placement, migration, temporal
+  shifting and power capping, on the default fleet and on the other zones
+  (``green-spatial`` without migration: placement; ``green-spatial``: + migration;
+  ``green`` without power capping: + shifting; ``green``: + power capping);
 * ``periods``: four other two-week periods of 2023;
 * ``load``: the default period at a lighter and a heavier training load;
 * ``min-saving``: how eagerly temporal shifting defers, saving against waiting;
@@ -40,6 +42,8 @@ LOADS = (0.3, 0.5, 0.7)
 MIN_SAVINGS = (0.1, 0.25, 0.4, 0.6)
 SEEDS = (1, 2, 3, 4, 5, 6)
 DEFAULT_SEED = EvalOptions().seed
+ROOT = Path(__file__).resolve().parent.parent
+OTHER_ZONES = "sim_devices/fleets/other-zones.toml"
 DEFAULT_MIN_SAVING = EvalOptions().min_saving
 
 
@@ -53,6 +57,8 @@ class Run:
     migration: bool = True
     min_saving: float = DEFAULT_MIN_SAVING
     seed: int = DEFAULT_SEED
+    power_capping: bool = True
+    fleet: str | None = None  # a fleet file under the repository; None: the default fleet
 
     @property
     def command(self) -> str:
@@ -62,17 +68,34 @@ class Run:
             f" --min-saving {self.min_saving:g}" if self.min_saving != DEFAULT_MIN_SAVING else ""
         )
         seed = f" --seed {self.seed}" if self.seed != DEFAULT_SEED else ""
+        capping = "" if self.power_capping else " --no-power-capping"
+        fleet = f" --fleet {self.fleet}" if self.fleet is not None else ""
         return (
             f"greenfed eval --days 14 --start {self.start.isoformat()} "
-            f"--policies {','.join(self.policies)}{load}{migration}{saving}{seed}"
+            f"--policies {','.join(self.policies)}{load}{migration}{saving}{seed}{capping}{fleet}"
         )
 
 
 def plan(only: str | None) -> list[Run]:
     runs = [
         Run("default", "2023-06-01", date(2023, 6, 1), ALL_POLICIES),
-        Run("split", "2023-06-01", date(2023, 6, 1), SPLIT),
-        Run("split", "2023-06-01, no migration", date(2023, 6, 1), SPLIT, migration=False),
+        *(
+            Run(
+                "split",
+                f"{label}2023-06-01{variant}",
+                date(2023, 6, 1),
+                SPLIT,
+                fleet=fleet,
+                migration=migration,
+                power_capping=capping,
+            )
+            for label, fleet in (("", None), ("other zones, ", OTHER_ZONES))
+            for variant, migration, capping in (
+                ("", True, True),
+                (", no migration", False, True),
+                (", no power capping", True, False),
+            )
+        ),
         *(Run("periods", start.isoformat(), start, PERIOD_POLICIES) for start in PERIODS),
         *(
             Run("load", f"load {load:g}", date(2023, 6, 1), ("fifo-binpack", "green"), load)
@@ -105,6 +128,8 @@ def execute(run: Run) -> list[PolicyResult]:
         migration=run.migration,
         min_saving=run.min_saving,
         seed=run.seed,
+        power_capping=run.power_capping,
+        fleet=ROOT / run.fleet if run.fleet is not None else None,
     )
     return run_eval(options).results
 

@@ -79,6 +79,16 @@ def _nvml_call(
         return None
 
 
+def shutdown_nvml(nvml: ModuleType | None) -> None:
+    """End one NVML session (NVML counts its initialisations); None: none was open."""
+    if nvml is None:
+        return
+    try:
+        nvml.nvmlShutdown()
+    except nvml.NVMLError as error:
+        log.warning("nvmlShutdown failed", error=str(error))
+
+
 def missing_nvml_library() -> str | None:
     """Why NVML cannot load when its library is missing, else None (let pynvml try).
 
@@ -508,9 +518,4 @@ class NvidiaProbe:
         self._free_events()
         nvml, self._nvml = self._nvml, None
         self._devices = []
-        if nvml is None:
-            return
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as error:
-            log.warning("nvmlShutdown failed", error=str(error))
+        shutdown_nvml(nvml)

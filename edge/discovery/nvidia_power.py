@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from edge.discovery.nvidia import missing_nvml_library
+from edge.discovery.nvidia import missing_nvml_library, shutdown_nvml
 from edge.probes import PowerLimitUnavailable, physical_gpu_id
 from shared.messages import Accelerator
 
@@ -116,9 +116,4 @@ class NvmlPowerControl:
 
     def close(self) -> None:
         nvml, self._nvml = self._nvml, None
-        if nvml is None:
-            return
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as error:
-            log.warning("nvmlShutdown failed", error=str(error))
+        shutdown_nvml(nvml)
