@@ -11,10 +11,12 @@ energy, and whether the trade is worth it depends on where the job runs:
   share unchanged) for ``run_s / capped_throughput(s)``; priced at its zone's
   forecast mean over that longer window (gCO2eq, or the currency with ``price``);
 * **time**: a GPU held longer is a GPU other work cannot use. Holding the *margin*
-  (the dirtiest capacity training occupies right now) longer costs nothing more:
-  displaced work would have gone there anyway. Holding a cleaner GPU longer pushes
-  work from it to the margin, so each extra second costs the uncapped draw times
-  ``max(0, margin − the node's signal)``.
+  longer costs nothing more: displaced work would have gone there anyway. Holding a
+  cleaner GPU longer pushes work from it to the margin, so each extra second costs
+  the uncapped draw times ``max(0, margin − the node's signal)``. The margin is the
+  dirtiest capacity training holds this hour, and at least the capacity-weighted
+  mean of the fleet's training GPUs (more work arrives during a run, and on average
+  it lands there).
 
 The share with the lowest energy-plus-time cost wins when it saves at least
 ``min_saving`` of the uncapped cost. A gang gets one share for all its members (it
@@ -23,8 +25,8 @@ miss the job's deadline (less ``safety_margin_s``) or run into a reservation hel
 one of its nodes (backfill promised to end before it), nor below a device's lowest
 allowed limit (``shared.accelerators.lowest_power_share``).
 
-At low load the margin is clean capacity itself, so most training is capped; on a
-full cluster only the dirty overflow is. Only new placements are capped: a moved or
+So the cleanest capacity, which work competes for, is rarely capped, and the dirty
+overflow almost always is. Only new placements are capped: a moved or
 resumed job is decided again where it lands.
 
 Pure: snapshot and plan in, the plan with capped placements (``power_limit_w`` set,
@@ -129,7 +131,9 @@ class PowerCapper:
 
     def _margin(self, snapshot: Snapshot, plan: Plan) -> float:
         """The signal of the dirtiest GPU capacity training holds this hour, placements
-        of this pass included (NaN: none)."""
+        of this pass included, and at least the capacity-weighted mean of the fleet's
+        training GPUs: over a run more work arrives, and on average it lands there
+        (NaN: no signal at all)."""
         index = snapshot.nodes.index
         node_ids = {
             a.node_id
@@ -141,12 +145,23 @@ class PowerCapper:
             for p in plan.placements
             if p.work_kind == "training" and p.accelerator_kind == "gpu"
         )
-        rows = np.array(sorted(index[n] for n in node_ids if n in index), dtype=np.int64)
-        if rows.size == 0:
-            return float("nan")
+        held = np.array(sorted(index[n] for n in node_ids if n in index), dtype=np.int64)
+        table = snapshot.nodes
+        capacity = table.kind_capacity("gpu").astype(np.float64) * table.runs_training
+        fleet = np.flatnonzero(capacity > 0)
+        levels = []
+        held_now = self._hour_means(snapshot, held)
+        if np.isfinite(held_now).any():
+            levels.append(float(np.nanmax(held_now)))
+        fleet_now = self._hour_means(snapshot, fleet)
+        known = np.isfinite(fleet_now)
+        if known.any():
+            levels.append(float(np.average(fleet_now[known], weights=capacity[fleet][known])))
+        return max(levels, default=float("nan"))
+
+    def _hour_means(self, snapshot: Snapshot, rows: np.ndarray) -> FloatArray:
         now = np.full(rows.size, snapshot.now)
-        values = self._means(snapshot, rows, now, now + HOUR_S)
-        return float(np.nanmax(values)) if np.isfinite(values).any() else float("nan")
+        return self._means(snapshot, rows, now, now + HOUR_S)
 
     def _means(
         self, snapshot: Snapshot, rows: np.ndarray, start: FloatArray, end: FloatArray

@@ -89,10 +89,17 @@ def test_clean_capacity_stays_uncapped_while_training_holds_the_dirty_margin() -
     assert placement.node_id == "clean"
     assert PowerCapper(signals=signals).cap(snap, plan).placements[0].power_limit_w is None
 
-    # The same job with nothing on the dirty node: clean capacity is the margin itself.
+    # Even with nothing on the dirty node: more work will arrive during the run, and
+    # on average it would land on the fleet's mean capacity, dirtier than this node.
     alone, alone_plan = placed(nodes, [job()])
     assert alone_plan.placements[0].node_id == "clean"
-    assert PowerCapper(signals=signals).cap(alone, alone_plan).placements[0].power_limit_w
+    assert PowerCapper(signals=signals).cap(alone, alone_plan).placements[0].power_limit_w is None
+
+    # In a fleet that is all this clean, the node is the margin itself: capped.
+    clean_fleet = [gpu_server("clean", "CLEAN"), gpu_server("clean-2", "CLEAN")]
+    only_clean, only_clean_plan = placed(clean_fleet, [job()])
+    capped = PowerCapper(signals=signals).cap(only_clean, only_clean_plan)
+    assert capped.placements[0].power_limit_w is not None
 
 
 def test_a_cap_never_costs_a_deadline() -> None:
