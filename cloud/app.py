@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from cloud.admin import bootstrap_admin
 from cloud.api import (
+    audit,
     enrolment,
     events,
     logs,
@@ -28,6 +29,7 @@ from cloud.api import (
     signals,
     system,
     tenants,
+    tokens,
     usage,
     work,
 )
@@ -286,6 +288,8 @@ def create_app(
     enrolment.install(app)
     # enrolment first: its /v1/nodes/enrolled and /v1/nodes/join-tokens before /v1/nodes/{node_id}
     for module in (enrolment, nodes, signals, system, work, models, logs, events, tenants, usage):
+        add_routes(app, module.ROUTES)
+    for module in (tokens, audit):
         add_routes(app, module.ROUTES)
     add_routes(app, openapi.ROUTES)
     add_routes(app, ui.ROUTES)

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from greenfed.access_cli import add_access_commands
 from greenfed.arguments import (
     EXIT_AUTH,
     EXIT_FAILURE,
@@ -659,6 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(handler=cmd_eval)
 
     add_work_commands(commands)
+    add_access_commands(commands)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=cmd_version)

@@ -1,4 +1,5 @@
-"""`greenfed submit/jobs/job/cancel/deployments/deployment/logs/tenants`: the tenant's CLI.
+"""`greenfed submit/jobs/job/cancel/deployments/deployment/logs/tenants`: the tenant's CLI
+(`jobs`/`deployments` with `--tenant`/`--all-tenants` and `tenants create|set`: the admin's).
 
 Only argparse lives here; each command imports the client (`greenfed.api_client`, with
 aiohttp) and its tables (`greenfed.work_commands`, with rich) when it runs, like every
@@ -127,6 +128,7 @@ def _cmd_list(kind: Any) -> Callable[[argparse.Namespace], int]:
                 limit=args.limit,
                 cursor=args.cursor,
                 output=_output(args),
+                tenant="*" if args.all_tenants else args.tenant,
             ),
         )
 
@@ -196,7 +198,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
     from greenfed import work_commands
     from greenfed.api_client import CliError
 
-    if args.tenants_command != "create":
+    if args.tenants_command is None:
         return run_client(
             args, lambda client: work_commands.list_tenants(client, output=_output(args))
         )
@@ -207,6 +209,14 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         print(f"greenfed: {error}", file=sys.stderr)
         return EXIT_USAGE
     priorities = tuple(p.strip() for p in args.priorities.split(",")) if args.priorities else None
+    if args.tenants_command == "set":
+        changes = _tenant_changes(args, quotas, borrowing, priorities)
+        return run_client(
+            args,
+            lambda client: work_commands.set_tenant(
+                client, args.name, changes, output=_output(args)
+            ),
+        )
     return run_client(
         args,
         lambda client: work_commands.create_tenant(
@@ -218,8 +228,43 @@ def cmd_tenants(args: argparse.Namespace) -> int:
             priorities=priorities,
             admin=args.admin,
             output=_output(args),
+            max_running=args.max_running,
+            max_queued=args.max_queued,
         ),
     )
+
+
+def _tenant_changes(
+    args: argparse.Namespace,
+    quotas: dict[str, int],
+    borrowing: dict[str, int],
+    priorities: tuple[str, ...] | None,
+) -> dict[str, object]:
+    """What `tenants set` changes: only what was given (`PATCH /v1/tenants/{name}`)."""
+    changes: dict[str, object] = {}
+    if args.quota or args.no_quotas:
+        changes["quotas"] = quotas
+    if args.borrow or args.no_borrowing_limit:
+        changes["borrowing_limit"] = borrowing
+    if args.cohort is not None or args.no_cohort:
+        changes["cohort"] = args.cohort
+    if priorities:
+        changes["allowed_priorities"] = list(priorities)
+    for option in ("max_running", "max_queued"):
+        value = getattr(args, option)
+        if value is not _UNCHANGED:
+            changes[option] = value
+    return changes
+
+
+_UNCHANGED: Any = object()
+
+
+def cap(text: str) -> int | None:
+    """A count >= 0, or `unlimited` (no cap)."""
+    if text.strip().lower() in ("unlimited", "none"):
+        return None
+    return non_negative_int(text)
 
 
 # -- parser ----------------------------------------------------------------------
@@ -282,6 +327,11 @@ def _list_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority", help="comma-separated: p0,p1,p2")
     parser.add_argument("--limit", type=positive_int, help="page size (default 50)")
     parser.add_argument("--cursor", help="the next page, as printed after a full page")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--tenant", help="the admin: this tenant's work only")
+    scope.add_argument(
+        "--all-tenants", action="store_true", help="the admin: every tenant's work, by tenant"
+    )
 
 
 def add_work_commands(commands: Any) -> None:
@@ -299,7 +349,7 @@ def add_work_commands(commands: Any) -> None:
     add_client_options(submit)
     submit.set_defaults(handler=cmd_submit)
 
-    jobs = commands.add_parser("jobs", help="list your training jobs")
+    jobs = commands.add_parser("jobs", help="list your training jobs (the admin: everyone's)")
     _list_options(jobs)
     add_client_options(jobs)
     jobs.set_defaults(handler=_cmd_list("training"))
@@ -357,7 +407,9 @@ def add_work_commands(commands: Any) -> None:
     add_client_options(cancel)
     cancel.set_defaults(handler=cmd_cancel)
 
-    deployments = commands.add_parser("deployments", help="list your inference deployments")
+    deployments = commands.add_parser(
+        "deployments", help="list your inference deployments (the admin: everyone's)"
+    )
     _list_options(deployments)
     add_client_options(deployments)
     deployments.set_defaults(handler=_cmd_list("deployment"))
@@ -412,5 +464,45 @@ def add_work_commands(commands: Any) -> None:
     create.add_argument("--cohort", help="tenants of a cohort lend each other idle quota")
     create.add_argument("--priorities", help="allowed priority classes, e.g. p1,p2 (default all)")
     create.add_argument("--admin", action="store_true", help="an admin tenant")
+    _cap_options(create, default=None)
     add_client_options(create, nested=True)
     create.set_defaults(handler=cmd_tenants)
+
+    change = tenant_commands.add_parser(
+        "set", help="change a tenant's quotas, caps, cohort or priorities (the next pass applies)"
+    )
+    change.add_argument("name")
+    change.add_argument(
+        "--quota", action="append", default=[], metavar="KIND=N", help="replaces its quotas"
+    )
+    change.add_argument("--no-quotas", action="store_true", help="no accelerator quotas")
+    change.add_argument(
+        "--borrow", action="append", default=[], metavar="KIND=N", help="replaces its limits"
+    )
+    change.add_argument(
+        "--no-borrowing-limit", action="store_true", help="borrow whatever the cohort has idle"
+    )
+    cohort = change.add_mutually_exclusive_group()
+    cohort.add_argument("--cohort", help="join this cohort")
+    cohort.add_argument("--no-cohort", action="store_true", help="leave its cohort")
+    change.add_argument("--priorities", help="allowed priority classes, e.g. p1,p2")
+    _cap_options(change, default=_UNCHANGED)
+    add_client_options(change, nested=True)
+    change.set_defaults(handler=cmd_tenants)
+
+
+def _cap_options(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    parser.add_argument(
+        "--max-running",
+        type=cap,
+        default=default,
+        metavar="N",
+        help="at most N of its jobs and deployments placed at once, or unlimited",
+    )
+    parser.add_argument(
+        "--max-queued",
+        type=cap,
+        default=default,
+        metavar="N",
+        help="at most N pending; a submission beyond is refused (429), or unlimited",
+    )

@@ -14,7 +14,7 @@ import codecs
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TextIO
@@ -29,12 +29,15 @@ from cloud.work.specs import DeploymentSpec, TrainingJobSpec, encode_spec
 from cloud.work.views import (
     AllocationView,
     DeploymentList,
+    DeploymentSummary,
     DeploymentView,
     ExplainView,
     JobList,
+    JobSummary,
     JobView,
     TenantCreated,
     TenantList,
+    TenantView,
 )
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_OK
@@ -82,13 +85,24 @@ def state_text(state: str) -> Text:
     return Text(state, style=_STATE_STYLE.get(state, ""))
 
 
-def render_jobs(jobs: JobList, out: TextIO) -> None:
+def _with_tenants(
+    items: tuple[JobSummary, ...] | tuple[DeploymentSummary, ...], asked: bool
+) -> bool:
+    """Show whose work each row is: when asked for another tenant's or everyone's, or
+    when the rows come from more than one tenant (the admin's default view)."""
+    return asked or len({item.tenant for item in items}) > 1
+
+
+def render_jobs(jobs: JobList, out: TextIO, *, tenants: bool = False) -> None:
     table = Table(title=f"jobs: {jobs.count}", title_justify="left")
-    for column in ("id", "name", "state", "prio", "workers", "attempts", "submitted", "reason"):
+    tenants = _with_tenants(jobs.items, tenants)
+    columns = ("id", "name", "state", "prio", "workers", "attempts", "submitted", "reason")
+    for column in ("id", "tenant", *columns[1:]) if tenants else columns:
         table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
     for job in jobs.items:
         table.add_row(
             job.id,
+            *((job.tenant,) if tenants else ()),
             job.name,
             state_text(job.state),
             job.priority,
@@ -102,13 +116,16 @@ def render_jobs(jobs: JobList, out: TextIO) -> None:
         console(out).print(f"more: --cursor {jobs.next_cursor}")
 
 
-def render_deployments(deployments: DeploymentList, out: TextIO) -> None:
+def render_deployments(deployments: DeploymentList, out: TextIO, *, tenants: bool = False) -> None:
     table = Table(title=f"deployments: {deployments.count}", title_justify="left")
-    for column in ("id", "name", "state", "prio", "replicas", "model", "submitted", "reason"):
+    tenants = _with_tenants(deployments.items, tenants)
+    columns = ("id", "name", "state", "prio", "replicas", "model", "submitted", "reason")
+    for column in ("id", "tenant", *columns[1:]) if tenants else columns:
         table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
     for item in deployments.items:
         table.add_row(
             item.id,
+            *((item.tenant,) if tenants else ()),
             item.name,
             state_text(item.state),
             item.priority,
@@ -256,6 +273,26 @@ def render_explanation(explain: ExplainView, target: Console) -> None:
         target.print(table)
 
 
+_VERB: Final = {"succeeded": "succeed", "failed": "fail", "ended": "end"}
+_VERDICT: Final = {"holds": "holds", "waits": "waiting", "never": "can never hold"}
+
+
+def dependency_lines(work: JobView | DeploymentView) -> list[str]:
+    """The work's place in its dependency chain: what it waits for, what waits for it."""
+    lines = [
+        f"waits for: job {d.id} {d.name} to {_VERB[d.condition]} "
+        f"(it is {d.state}: {_VERDICT[d.verdict]})"
+        for d in work.waits_for
+    ]
+    if isinstance(work, JobView):
+        lines.extend(
+            f"needed by: {'job' if d.kind == 'training' else d.kind} {d.id} {d.name} "
+            f"(it is {d.state}), once this job has {d.condition}"
+            for d in work.needed_by
+        )
+    return lines
+
+
 def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out: TextIO) -> None:
     target = console(out)
     noun = "job" if isinstance(work, JobView) else "deployment"
@@ -269,6 +306,8 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
     target.print(Text.assemble("state: ", state_text(work.state), f"  ({work.priority}, {shape})"))
     if work.reason:
         target.print(f"reason: {work.reason}")
+    for line in dependency_lines(work):
+        target.print(line)
     target.print(
         f"attempts: {work.attempts}  submitted: {ago(work.submitted_at)}  "
         f"updated: {ago(work.updated_at)}  tenant: {work.tenant}"
@@ -293,21 +332,40 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
         render_explanation(explain, target)
 
 
+def _counts(values: Mapping[AcceleratorKind, int]) -> str:
+    return ", ".join(f"{kind}={n}" for kind, n in sorted(values.items()))
+
+
+def quota_text(tenant: TenantView) -> str:
+    """Accelerator quotas as a person reads them: `unlimited` where none applies (no
+    quotas and no cohort); with a cohort, a kind not listed has a quota of 0."""
+    if not tenant.quotas and tenant.cohort is None:
+        return "unlimited"
+    return _counts(tenant.quotas) or "0 (borrows only)"
+
+
+def borrowing_text(tenant: TenantView) -> str:
+    if tenant.cohort is None:
+        return ""
+    return _counts(tenant.borrowing_limit) or "what is idle"
+
+
 def render_tenants(tenants: TenantList, out: TextIO) -> None:
     table = Table(title=f"tenants: {tenants.count}", title_justify="left")
-    for column in ("name", "id", "quotas", "borrowing limit", "cohort", "priorities", "admin"):
+    for column in (
+        "name", "id", "quotas", "borrowing limit", "cohort", "max running", "max queued",
+        "priorities", "admin",
+    ):  # fmt: skip
         table.add_column(column)
-
-    def counts(values: Mapping[AcceleratorKind, int]) -> str:
-        return ", ".join(f"{kind}={n}" for kind, n in sorted(values.items())) or "-"
-
     for tenant in tenants.items:
         table.add_row(
             tenant.name,
             tenant.id,
-            counts(tenant.quotas),
-            counts(tenant.borrowing_limit),
+            quota_text(tenant),
+            borrowing_text(tenant),
             tenant.cohort or "",
+            "unlimited" if tenant.max_running is None else str(tenant.max_running),
+            "unlimited" if tenant.max_queued is None else str(tenant.max_queued),
             ",".join(tenant.allowed_priorities),
             "yes" if tenant.admin else "",
         )
@@ -320,7 +378,7 @@ def render_tenants(tenants: TenantList, out: TextIO) -> None:
 @dataclass(frozen=True, slots=True)
 class Output:
     json: bool
-    out: TextIO = sys.stdout
+    out: TextIO = field(default_factory=lambda: sys.stdout)  # the stdout of the moment
 
 
 async def submit(
@@ -345,9 +403,13 @@ async def submit(
 
 
 def _list_params(
-    state: str | None, priority: str | None, limit: int | None, cursor: str | None
+    state: str | None,
+    priority: str | None,
+    limit: int | None,
+    cursor: str | None,
+    tenant: str | None = None,
 ) -> dict[str, str]:
-    params = {"state": state, "priority": priority, "cursor": cursor}
+    params = {"state": state, "priority": priority, "cursor": cursor, "tenant": tenant}
     found = {key: value for key, value in params.items() if value}
     if limit is not None:
         found["limit"] = str(limit)
@@ -363,15 +425,19 @@ async def list_work(
     limit: int | None,
     cursor: str | None,
     output: Output,
+    tenant: str | None = None,
 ) -> int:
+    """`tenant`: the admin's pick, a tenant's name or `*` for every tenant's."""
     path = "/v1/jobs" if kind == "training" else "/v1/deployments"
-    _, payload = await client.call("GET", path, params=_list_params(state, priority, limit, cursor))
+    params = _list_params(state, priority, limit, cursor, tenant)
+    _, payload = await client.call("GET", path, params=params)
     if output.json:
         print_json(payload, output.out)
     elif kind == "training":
-        render_jobs(msgspec.json.decode(payload, type=JobList), output.out)
+        render_jobs(msgspec.json.decode(payload, type=JobList), output.out, tenants=bool(tenant))
     else:
-        render_deployments(msgspec.json.decode(payload, type=DeploymentList), output.out)
+        listing = msgspec.json.decode(payload, type=DeploymentList)
+        render_deployments(listing, output.out, tenants=bool(tenant))
     return EXIT_OK
 
 
@@ -518,12 +584,16 @@ async def create_tenant(
     priorities: tuple[str, ...] | None,
     admin: bool,
     output: Output,
+    max_running: int | None = None,
+    max_queued: int | None = None,
 ) -> int:
     body: dict[str, object] = {
         "name": name,
         "quotas": quotas,
         "borrowing_limit": borrowing_limit,
         "admin": admin,
+        "max_running": max_running,
+        "max_queued": max_queued,
     }
     if cohort:
         body["cohort"] = cohort
@@ -537,5 +607,29 @@ async def create_tenant(
     output.out.write(
         f"tenant {created.name} created ({created.id})\n"
         f"token (shown only now, keep it secret): {created.token}\n"
+    )
+    return EXIT_OK
+
+
+async def set_tenant(
+    client: ApiClient, name: str, changes: dict[str, object], *, output: Output
+) -> int:
+    """`PATCH /v1/tenants/{name}` with what was given; the tenant as it is now."""
+    _, payload = await client.call(
+        "PATCH", f"/v1/tenants/{name}", body=msgspec.json.encode(changes)
+    )
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    tenant = msgspec.json.decode(payload, type=TenantView)
+    caps = ", ".join(
+        f"{what} {'unlimited' if value is None else value}"
+        for what, value in (("max running", tenant.max_running), ("max queued", tenant.max_queued))
+    )
+    cohort = f", cohort {tenant.cohort}" if tenant.cohort else ""
+    output.out.write(
+        f"tenant {tenant.name} changed: quotas {quota_text(tenant)}{cohort}, {caps}, "
+        f"priorities {','.join(tenant.allowed_priorities)}; the scheduler applies it from its "
+        "next pass\n"
     )
     return EXIT_OK

@@ -18,11 +18,16 @@ PriorityClass = Literal["p0", "p1", "p2"]
 WorkState = Literal["pending", "scheduled", "running", "succeeded", "failed", "cancelled"]
 AllocationState = Literal["assigned", "running"]
 LabelOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+# How a job must have ended for the work that depends on it to start (cloud/work/dependencies.py).
+DependencyCondition = Literal["succeeded", "failed", "ended"]
+# What becomes of a waiting job whose deadline can no longer be met.
+DeadlinePolicy = Literal["fail", "keep"]
 
 WORK_KINDS: Final[tuple[WorkKind, ...]] = get_args(WorkKind)
 PRIORITY_CLASSES: Final[tuple[PriorityClass, ...]] = get_args(PriorityClass)
 WORK_STATES: Final[tuple[WorkState, ...]] = get_args(WorkState)
 ALLOCATION_STATES: Final[tuple[AllocationState, ...]] = get_args(AllocationState)
+DEPENDENCY_CONDITIONS: Final[tuple[DependencyCondition, ...]] = get_args(DependencyCondition)
 
 
 def spec_kind_of(kind: WorkKind) -> SpecKind:

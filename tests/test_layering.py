@@ -99,6 +99,7 @@ def test_the_cli_loads_without_the_database_stack_or_the_server() -> None:
         "import sys\n"
         "import greenfed.api_client, greenfed.nodes_cli, greenfed.spec_files\n"
         "import greenfed.work_cli, greenfed.work_commands\n"
+        "import greenfed.access_cli, greenfed.access_commands\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'asyncpg',"
         " 'aiosqlite') or m.startswith(('cloud.api', 'cloud.store', 'cloud.loop'))))\n"
     )

@@ -1,8 +1,9 @@
 """Bearer tokens to tenants: every route is for a valid token unless declared public.
 
-`Authorization: Bearer gf_<id>_<secret>` is checked by `Store.authenticate` (hashed
+`Authorization: Bearer gf_<id>_<secret>` is checked by `Store.check_token` (hashed
 tokens, a short cache). A missing or unknown token is a 401 with `WWW-Authenticate:
-Bearer`; an admin-only route asked by another tenant is a 403. The tenant is then
+Bearer`; a revoked token, or one rotated out (its overlap over), is a 401 that says
+so; an admin-only route asked by another tenant is a 403. The tenant is then
 available to handlers as `request[TENANT]`, and every handler scopes what it reads
 and writes to it.
 """
@@ -14,7 +15,8 @@ from aiohttp import web
 from cloud.api.problems import Problem
 from cloud.api.routes import ROUTE_ACCESS, Handler
 from cloud.app_keys import STORE, TENANT
-from cloud.store import StoreUnavailableError, TenantRecord
+from cloud.store import Authenticated, StoreUnavailableError, TenantRecord, TokenRefused
+from shared.clock import utc_from_epoch
 
 _REALM = 'Bearer realm="greenfed"'
 
@@ -44,19 +46,46 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             "send the header Authorization: Bearer <token>",
             headers={"WWW-Authenticate": _REALM},
         )
-    tenant = await request.app[STORE].authenticate(token)
-    if tenant is None:
+    verdict = await request.app[STORE].check_token(token)
+    if isinstance(verdict, TokenRefused):
+        raise _refused(verdict)
+    if not isinstance(verdict, Authenticated):
         raise Problem(
             401,
             "invalid-token",
             "Invalid token",
-            "the bearer token is unknown, malformed or was rotated",
+            "the bearer token is unknown or malformed",
             headers={"WWW-Authenticate": f'{_REALM}, error="invalid_token"'},
         )
+    tenant = verdict.tenant
     if access == "admin" and not tenant.admin:
         raise Problem(403, "admin-only", "Forbidden", "this operation needs an admin token")
     request[TENANT] = tenant
     return await handler(request)
+
+
+def _refused(verdict: TokenRefused) -> Problem:
+    """A token of ours that no longer works: revoked, or rotated and past its overlap."""
+    token = verdict.token
+    if token.revoked_at is not None:
+        why = f"was revoked at {utc_from_epoch(token.revoked_at).isoformat()}"
+    else:
+        ended = utc_from_epoch(token.expires_at or 0.0).isoformat()
+        why = (
+            f"was rotated (replaced by token {token.replaced_by}) and revoked when its "
+            f"overlap ended at {ended}"
+        )
+    return Problem(
+        401,
+        "token-revoked",
+        "Token revoked",
+        f"the bearer token {token.token_id} ({token.name!r}) {why}; use another token",
+        headers={
+            "WWW-Authenticate": (
+                f'{_REALM}, error="invalid_token", error_description="the token was revoked"'
+            )
+        },
+    )
 
 
 @web.middleware

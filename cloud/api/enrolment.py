@@ -21,6 +21,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response, read_json
 from cloud.api.problems import Problem, problem_reply
@@ -189,15 +190,17 @@ def _node_view(record: EnrolledNodeRecord) -> EnrolledNodeView:
 async def create_join_token(request: web.Request) -> web.Response:
     body = await read_json(request, _CREATE_DECODER)
     settings = request.app[SETTINGS]
+    ttl_s = body.ttl_s if body.ttl_s is not None else settings.cloud.join_token_ttl_s
     created = await request.app[STORE].create_join_token(
         NewJoinToken(
-            ttl_s=body.ttl_s if body.ttl_s is not None else settings.cloud.join_token_ttl_s,
+            ttl_s=ttl_s,
             max_uses=body.uses,
             defaults=NodeDefaults(
                 site=body.site, zone=body.zone, region=body.region, labels=body.labels
             ),
             created_by=tenant_of(request).tenant_id,
-        )
+        ),
+        audit=audit_entry(request, "join-token.create", "", ttl_s=ttl_s, uses=body.uses),
     )
     _log.info(
         "join token created",
@@ -219,7 +222,9 @@ async def list_join_tokens(request: web.Request) -> web.Response:
 async def revoke_join_token(request: web.Request) -> web.Response:
     token_id = request.match_info["token_id"]
     try:
-        record = await request.app[STORE].revoke_join_token(token_id)
+        record = await request.app[STORE].revoke_join_token(
+            token_id, audit=audit_entry(request, "join-token.revoke", token_id)
+        )
     except JoinTokenUnknownError:
         raise Problem(
             404, "join-token-not-found", "Join token not found", f"no join token {token_id!r}"
@@ -361,7 +366,7 @@ async def revoke_node(request: web.Request) -> web.Response:
     if not known:
         raise Problem(404, "node-not-found", "Node not found", f"no node {node_id!r}")
     # Refused here first: whatever the broker says, this control plane ingests nothing more.
-    record = await store.revoke_node(node_id)
+    record = await store.revoke_node(node_id, audit=audit_entry(request, "node.revoke", node_id))
     app[ENROLLED_NODES].revoked(node_id)
     if app[REGISTRY].forget(node_id):
         app[INGESTOR].notify_change()

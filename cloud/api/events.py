@@ -1,4 +1,5 @@
-"""`GET /v1/events`: the caller's tenant's events as server-sent events, resumable.
+"""`GET /v1/events`: the caller's tenant's events as server-sent events, resumable;
+the admin's stream carries every tenant's (or one tenant's, `?tenant=NAME`).
 
 Each event's SSE `id` is its sequence number in the store's event log; a client that
 reconnects with `Last-Event-ID: <id>` (browsers' EventSource does so by itself), or
@@ -9,6 +10,7 @@ sent every `heartbeat_s` so that idle connections survive proxies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Final
 
 import msgspec
@@ -18,6 +20,7 @@ from cloud.api.auth import tenant_of
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
+from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
 from cloud.app_keys import EVENT_HUB, STORE, STREAMS, TUNING
 from cloud.store import EventRecord, Store
 from cloud.work.views import EventView
@@ -43,9 +46,10 @@ class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         ]
         | None
     ) = None
+    tenant: TenantParameter = None  # the admin sees every tenant's without it
 
 
-def sse_message(event: EventRecord) -> bytes:
+def sse_message(event: EventRecord, names: Mapping[str, str]) -> bytes:
     data = _ENCODER.encode(
         EventView(
             seq=event.seq,
@@ -53,6 +57,7 @@ def sse_message(event: EventRecord) -> bytes:
             work_id=event.work_id,
             at=utc_from_epoch(event.at),
             payload=msgspec.Raw(event.payload),
+            tenant=None if event.tenant_id is None else names.get(event.tenant_id),
         )
     )
     lines = [f"id: {event.seq}".encode(), f"event: {event.kind}".encode()]
@@ -80,14 +85,35 @@ def _last_event_id(request: web.Request, query: EventsQuery) -> int | None:
     return value
 
 
+class _Names:
+    """Tenant names for the events sent; a tenant created while an admin's stream of
+    every tenant is open is looked up when its first event comes."""
+
+    def __init__(self, request: web.Request, names: dict[str, str], every: bool) -> None:
+        self._request = request
+        self.names = names
+        self._every = every
+
+    async def messages(self, events: Sequence[EventRecord]) -> bytes:
+        if self._every and any(e.tenant_id not in self.names for e in events if e.tenant_id):
+            self.names = await tenant_names(self._request, None)
+        return b"".join(sse_message(event, self.names) for event in events)
+
+
 async def _catch_up(
-    store: Store, tenant_id: str, after: int, page_size: int, response: web.StreamResponse
+    store: Store,
+    tenant_id: str | None,
+    after: int,
+    page_size: int,
+    response: web.StreamResponse,
+    names: _Names,
 ) -> int:
-    """Send the tenant's stored events after `after`; the last id sent."""
+    """Send the tenant's (every tenant's, for None) stored events after `after`; the
+    last id sent."""
     while True:
         page = await store.list_events(tenant_id=tenant_id, after_seq=after, limit=page_size)
         if page:
-            await response.write(b"".join(sse_message(event) for event in page))
+            await response.write(await names.messages(page))
             after = page[-1].seq
         if len(page) < page_size:
             return after
@@ -97,12 +123,15 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     tenant = tenant_of(request)
     query = parse_query(request, EventsQuery)
     after = _last_event_id(request, query)
+    scope = await scoped_tenant(request, query.tenant, admin_sees_all=True)
+    scope_id = None if scope is None else scope.tenant_id
+    names = _Names(request, await tenant_names(request, scope), every=scope is None)
     store = request.app[STORE]
     hub = request.app[EVENT_HUB]
     tuning = request.app[TUNING]
     if after is None:
         after = await store.last_event_seq()
-    with request.app[STREAMS].slot(tenant.tenant_id), hub.subscribe(tenant.tenant_id) as feed:
+    with request.app[STREAMS].slot(tenant.tenant_id), hub.subscribe(scope_id) as feed:
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -115,7 +144,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             await response.write(f"retry: {RETRY_MS}\n\n".encode())
             # Subscribed first, then caught up: what commits meanwhile is queued, and
             # what the catch-up also read is skipped below by its sequence number.
-            last = await _catch_up(store, tenant.tenant_id, after, tuning.event_page_size, response)
+            last = await _catch_up(store, scope_id, after, tuning.event_page_size, response, names)
             while not feed.closed:
                 batch = await feed.take(tuning.heartbeat_s)
                 if batch is None:
@@ -124,12 +153,12 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
                 if feed.overflowed:
                     feed.reset()
                     last = await _catch_up(
-                        store, tenant.tenant_id, last, tuning.event_page_size, response
+                        store, scope_id, last, tuning.event_page_size, response, names
                     )
                     continue
                 fresh = [event for event in batch if event.seq > last]
                 if fresh:
-                    await response.write(b"".join(sse_message(event) for event in fresh))
+                    await response.write(await names.messages(fresh))
                     last = fresh[-1].seq
         except ConnectionResetError:  # the client went away
             pass
@@ -141,14 +170,15 @@ ROUTES: Final = (
         "GET",
         "/v1/events",
         stream_events,
-        "The tenant's work state changes as server-sent events",
+        "The tenant's work state changes (the admin: every tenant's) as server-sent events",
         "tenant",
         "events",
         query=EventsQuery,
         headers=(("Last-Event-ID", "Resume after this event id (sent by EventSource)."),),
         description=(
             "Each message has `id` (the event's sequence number), `event` (its kind, e.g. "
-            "`work.state`) and `data` (an EventView as JSON)."
+            "`work.state`) and `data` (an EventView as JSON). The admin's stream carries "
+            "every tenant's events, or one tenant's with `?tenant=NAME`."
         ),
         replies=(Reply(200, "An endless text/event-stream", EventView, "text/event-stream"),),
         head=False,

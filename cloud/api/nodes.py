@@ -8,6 +8,8 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
+from cloud.access.views import AuditAction
+from cloud.api.audit import audit_entry
 from cloud.api.bodies import decode_body, invalid_body, json_response, read_body
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
@@ -100,8 +102,11 @@ def _known(request: web.Request) -> str:
     return node_id
 
 
-async def _store_admin(request: web.Request, record: NodeAdminRecord) -> web.Response:
-    stored = await request.app[STORE].put_node_admin(record)
+async def _store_admin(
+    request: web.Request, record: NodeAdminRecord, action: AuditAction, **detail: object
+) -> web.Response:
+    audit = audit_entry(request, action, record.node_id, **detail)
+    stored = await request.app[STORE].put_node_admin(record, audit=audit)
     registry = request.app[REGISTRY]
     if apply_one(registry, stored):
         request.app[INGESTOR].notify_change()  # the next pass sees it now
@@ -116,20 +121,24 @@ def _current(request: web.Request, node_id: str) -> NodeAdminRecord:
 
 async def cordon_node(request: web.Request) -> web.Response:
     node_id = _known(request)
-    return await _store_admin(request, replace(_current(request, node_id), cordoned=True))
+    return await _store_admin(
+        request, replace(_current(request, node_id), cordoned=True), "node.cordon"
+    )
 
 
 async def uncordon_node(request: web.Request) -> web.Response:
     node_id = _known(request)
     return await _store_admin(
-        request, replace(_current(request, node_id), cordoned=False, draining=False)
+        request,
+        replace(_current(request, node_id), cordoned=False, draining=False),
+        "node.uncordon",
     )
 
 
 async def drain_node(request: web.Request) -> web.Response:
     node_id = _known(request)
     return await _store_admin(
-        request, replace(_current(request, node_id), cordoned=True, draining=True)
+        request, replace(_current(request, node_id), cordoned=True, draining=True), "node.drain"
     )
 
 
@@ -146,7 +155,9 @@ async def update_node(request: web.Request) -> web.Response:
         record = replace(record, taints=body.taints)
     if body.labels is not None:
         record = replace(record, labels=body.labels)
-    return await _store_admin(request, record)
+    return await _store_admin(
+        request, record, "node.update", taints=list(record.taints), labels=dict(record.labels)
+    )
 
 
 _ADMIN_REPLIES = (Reply(200, "The node, with what the admin set", NodeDetail),)

@@ -1,5 +1,7 @@
-"""`/v1/tenants` (admin): tenants with their quotas, cohort, borrowing limits and the
-priority classes they may submit; creating one returns its bearer token, once."""
+"""`/v1/tenants` (admin): tenants with their quotas, caps on running and queued work,
+cohort, borrowing limits and the priority classes they may submit; creating one returns
+its first bearer token, once; `PATCH` changes a tenant, for the scheduler's next pass.
+Both are in the audit log."""
 
 from __future__ import annotations
 
@@ -8,35 +10,52 @@ from typing import Final
 import msgspec
 from aiohttp import web
 
+from cloud.api.audit import audit_entry
 from cloud.api.bodies import invalid_body, json_response, read_json
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
+from cloud.api.scope import tenant_not_found
 from cloud.app_keys import STORE
-from cloud.store import NewTenant, TenantExistsError
+from cloud.store import (
+    KEEP,
+    NewTenant,
+    TenantChanges,
+    TenantExistsError,
+    TenantNotFoundError,
+    TenantRecord,
+)
+from cloud.store.ids import is_valid_id
 from cloud.work.views import (
     TenantCreate,
     TenantCreated,
     TenantList,
+    TenantUpdate,
+    TenantView,
     tenant_fields,
     tenant_view,
 )
 
 _CREATE_DECODER: Final = msgspec.json.Decoder(TenantCreate)
+_UPDATE_DECODER: Final = msgspec.json.Decoder(TenantUpdate)
 
 
 async def create_tenant(request: web.Request) -> web.Response:
     body = await read_json(request, _CREATE_DECODER)
+    new = NewTenant(
+        name=body.name,
+        quotas=body.quotas,
+        borrowing_limit=body.borrowing_limit,
+        cohort=body.cohort,
+        allowed_priorities=tuple(dict.fromkeys(body.allowed_priorities)),
+        admin=body.admin,
+        max_running=body.max_running,
+        max_queued=body.max_queued,
+    )
+    audit = audit_entry(
+        request, "tenant.create", body.name, **tenant_fields_of(new), admin=body.admin
+    )
     try:
-        created = await request.app[STORE].create_tenant(
-            NewTenant(
-                name=body.name,
-                quotas=body.quotas,
-                borrowing_limit=body.borrowing_limit,
-                cohort=body.cohort,
-                allowed_priorities=tuple(dict.fromkeys(body.allowed_priorities)),
-                admin=body.admin,
-            )
-        )
+        created = await request.app[STORE].create_tenant(new, audit=audit)
     except TenantExistsError:
         raise Problem(
             409, "tenant-exists", "Tenant exists", f"a tenant named {body.name!r} already exists"
@@ -45,6 +64,57 @@ async def create_tenant(request: web.Request) -> web.Response:
         raise invalid_body("$", str(error)) from None
     reply = TenantCreated(**tenant_fields(created.tenant), token=created.token)  # type: ignore[arg-type]
     return json_response(reply, status=201)
+
+
+def tenant_fields_of(tenant: NewTenant | TenantRecord) -> dict[str, object]:
+    return {
+        "quotas": dict(tenant.quotas),
+        "borrowing_limit": dict(tenant.borrowing_limit),
+        "cohort": tenant.cohort,
+        "allowed_priorities": list(tenant.allowed_priorities),
+        "max_running": tenant.max_running,
+        "max_queued": tenant.max_queued,
+    }
+
+
+async def _named(request: web.Request) -> TenantRecord:
+    """The tenant of the path: `{tenant}` is its name or its id."""
+    key = request.match_info["tenant"]
+    store = request.app[STORE]
+    found = await store.get_tenant_by_name(key)
+    if found is None and is_valid_id(key):
+        found = await store.get_tenant(key)
+    if found is None:
+        raise tenant_not_found(key)
+    return found
+
+
+async def update_tenant(request: web.Request) -> web.Response:
+    body = await read_json(request, _UPDATE_DECODER)
+    before = await _named(request)
+    changes = TenantChanges(
+        quotas=KEEP if body.quotas is msgspec.UNSET else body.quotas,
+        borrowing_limit=KEEP if body.borrowing_limit is msgspec.UNSET else body.borrowing_limit,
+        cohort=KEEP if body.cohort is msgspec.UNSET else body.cohort,
+        allowed_priorities=(
+            KEEP
+            if body.allowed_priorities is msgspec.UNSET
+            else tuple(dict.fromkeys(body.allowed_priorities))
+        ),
+        max_running=KEEP if body.max_running is msgspec.UNSET else body.max_running,
+        max_queued=KEEP if body.max_queued is msgspec.UNSET else body.max_queued,
+    )
+    old = tenant_fields_of(before)
+    new = tenant_fields_of(changes.applied_to(before))
+    changed = {name: {"from": old[name], "to": new[name]} for name in old if old[name] != new[name]}
+    audit = audit_entry(request, "tenant.update", before.name, **changed)
+    try:
+        after = await request.app[STORE].update_tenant(before.tenant_id, changes, audit=audit)
+    except TenantNotFoundError:
+        raise tenant_not_found(before.name) from None
+    except ValueError as error:
+        raise invalid_body("$", str(error)) from None
+    return json_response(tenant_view(after))
 
 
 async def list_tenants(request: web.Request) -> web.Response:
@@ -75,5 +145,20 @@ ROUTES: Final = (
         "admin",
         "tenants",
         replies=(Reply(200, "Every tenant, by name", TenantList),),
+    ),
+    Route(
+        "PATCH",
+        "/v1/tenants/{tenant}",
+        update_tenant,
+        "Change a tenant's quotas, caps, cohort or priority classes (admin)",
+        "admin",
+        "tenants",
+        body=TenantUpdate,
+        description=(
+            "`{tenant}` is its name or id. A field left out stays as it is; null removes a "
+            "cohort or a cap. The scheduler applies the change from its next pass; work "
+            "that runs is never evicted because a quota went down."
+        ),
+        replies=(Reply(200, "The tenant as it is now", TenantView),),
     ),
 )

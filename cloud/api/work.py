@@ -2,7 +2,9 @@
 
 Both collections share one implementation, parameterised by `Collection`. Every read
 and write is scoped to the caller's tenant: another tenant's id is not found (404), and
-an id of the other collection is not found either.
+an id of the other collection is not found either. The admin sees every tenant's work
+(lists, one item, its explanation) and may cancel it; such a cancellation names the
+admin in the work's reason and event, and is in the audit log.
 """
 
 from __future__ import annotations
@@ -17,19 +19,27 @@ from typing import Annotated, Final, Generic, TypeVar
 import msgspec
 from aiohttp import web
 
+from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import decode_body, invalid_body, json_response, read_body
 from cloud.api.problems import Problem, invalid_query, problem_reply
 from cloud.api.query import parse_query
+from cloud.api.refusals import (
+    dependency_views,
+    new_dependencies,
+    refused_dependencies,
+    refused_now,
+)
 from cloud.api.routes import Handler, Reply, Route
+from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
 from cloud.app_keys import REGISTRY, STORE
-from cloud.loop.nodes import node_runs_training
 from cloud.loop.rollout import rollout_event, settled_spec
 from cloud.loop.scaling import scaled_spec
 from cloud.store import (
     TERMINAL_STATES,
     AllocationRecord,
     IllegalTransitionError,
+    QueueFullError,
     TenantRecord,
     UsageQuery,
     VersionConflictError,
@@ -96,6 +106,7 @@ class WorkListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     cursor: Annotated[
         _ID | None, msgspec.Meta(description="The next_cursor of the previous page.")
     ] = None
+    tenant: TenantParameter = None  # the admin sees every tenant's without it
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,11 +224,25 @@ def _spec(collection: Collection[SpecT], record: WorkRecord) -> SpecT:
     return collection.decoder.decode(record.spec)
 
 
+async def owner_of(request: web.Request, work_id: str) -> TenantRecord:
+    """The tenant whose work the caller reaches by this id: its own; for the admin,
+    whichever tenant's the work is (the admin itself when there is no such work)."""
+    caller = tenant_of(request)
+    if not caller.admin:
+        return caller
+    store = request.app[STORE]
+    record = await store.find_work(work_id)
+    if record is None or record.tenant_id == caller.tenant_id:
+        return caller
+    return await store.get_tenant(record.tenant_id) or caller
+
+
 async def find(
-    request: web.Request, collection: Collection[SpecT], work_id: str
+    request: web.Request, collection: Collection[SpecT], work_id: str, *, any_tenant: bool = False
 ) -> tuple[TenantRecord, WorkRecord]:
-    """The caller's work of this collection, or a 404 problem."""
-    tenant = tenant_of(request)
+    """The caller's work of this collection (with `any_tenant`, the admin's reach: any
+    tenant's) and the tenant it belongs to, or a 404 problem."""
+    tenant = await owner_of(request, work_id) if any_tenant else tenant_of(request)
     record = await request.app[STORE].get_work(tenant.tenant_id, work_id)
     if record is None or record.kind != collection.store_kind:
         raise not_found(collection, work_id)
@@ -268,60 +293,6 @@ def _check_priority(tenant: TenantRecord, priority: PriorityClass) -> None:
         )
 
 
-def _refused_now(request: web.Request, spec: WorkSpec, now_s: float) -> Problem | None:
-    """What new work may not ask for at this moment (a retry still gets its original):
-
-    - a deadline that has passed: it could only wait for ever; or a training job's
-      deadline sooner than its estimate on the fastest registered accelerator it may
-      use allows (it would be late whatever the scheduler did);
-    - training only at sites where no agent runs training. `cloud` always may (cloud
-      agents run training unless told otherwise); another site only once a node there
-      advertises `runs_training` in its birth, else the job would wait or fail for ever.
-    """
-    deadline = getattr(spec, "deadline", None)
-    if deadline is not None and deadline.timestamp() <= now_s:
-        return invalid_body("$.deadline", f"{deadline.isoformat()} has passed")
-    if isinstance(spec, TrainingJobSpec) and spec.deadline is not None:
-        fastest = _fastest_speed(request, spec)
-        if fastest is not None and now_s + spec.estimated_duration_s / fastest > (
-            spec.deadline.timestamp()
-        ):
-            needed_s = spec.estimated_duration_s / fastest
-            return invalid_body(
-                "$.deadline",
-                f"{spec.deadline.isoformat()} is too soon: the job needs {needed_s:,.0f} s "
-                f"on the fastest registered {spec.accelerator_kind} (relative speed "
-                f"{fastest:g}), so it would be late wherever it ran",
-            )
-    if isinstance(spec, TrainingJobSpec) and "cloud" not in spec.sites:
-        training_sites = {
-            record.status.site
-            for record in request.app[REGISTRY].nodes()
-            if node_runs_training(record.status)
-        }
-        if not training_sites.intersection(spec.sites):
-            return invalid_body(
-                "$.sites",
-                f"no node at {', '.join(spec.sites)} runs training (an edge agent runs it "
-                "with agent.training_enabled = true); name cloud, or enable training there",
-            )
-    return None
-
-
-def _fastest_speed(request: web.Request, spec: TrainingJobSpec) -> float | None:
-    """The fastest relative speed of a registered device the job may run on (its kind,
-    at its sites, on a node that runs training); None when no such node is known yet
-    (one may register: nothing to judge by)."""
-    speeds = [
-        accelerator.relative_speed
-        for record in request.app[REGISTRY].nodes()
-        if record.status.site in spec.sites and node_runs_training(record.status)
-        for accelerator in record.status.accelerators
-        if accelerator.kind == spec.accelerator_kind and accelerator.relative_speed
-    ]
-    return max(speeds) if speeds else None
-
-
 async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     tenant = tenant_of(request)
     key = _idempotency_key(request)
@@ -330,7 +301,8 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
     _check_priority(tenant, spec.priority)
     _check_schedulable(spec)
     store = request.app[STORE]
-    refused = _refused_now(request, spec, time.time())
+    refused = await refused_now(request, spec, tenant, time.time())
+    refused = refused or await refused_dependencies(request, spec, tenant)
     if refused is not None:
         # A retry of a submission accepted earlier (before its deadline passed, say)
         # still gets the original: the replay is looked up first; new work is refused.
@@ -347,13 +319,24 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
             "$.model_id", f"no model {spec.model_id!r}: upload it first with POST /v1/models"
         )
     document = encode_spec(spec)
-    result = await store.submit_work(
-        tenant.tenant_id,
-        kind=collection.store_kind,
-        spec=document,
-        priority=spec.priority,
-        idempotency_key=key,
-    )
+    try:
+        result = await store.submit_work(
+            tenant.tenant_id,
+            kind=collection.store_kind,
+            spec=document,
+            priority=spec.priority,
+            idempotency_key=key,
+            dependencies=new_dependencies(spec),
+        )
+    except QueueFullError as error:
+        raise Problem(
+            429,
+            "queue-full",
+            "Too much work queued",
+            f"tenant {tenant.name} has {error.queued} pending jobs and deployments, its "
+            f"max_queued of {error.max_queued}: submit again once some have started, or "
+            "cancel some",
+        ) from None
     record = result.work
     if not result.created:
         return await _replay(request, collection, tenant, record, spec, document, key)
@@ -419,12 +402,13 @@ def _csv(query_name: str, text: str | None, allowed: tuple[str, ...]) -> tuple[s
 
 
 async def _list(request: web.Request, collection: Collection[SpecT]) -> web.Response:
-    tenant = tenant_of(request)
     query = parse_query(request, WorkListQuery)
     states: tuple[WorkState, ...] = _csv("state", query.state, WORK_STATES)  # type: ignore[assignment]
     priorities: tuple[PriorityClass, ...] = _csv("priority", query.priority, PRIORITY_CLASSES)  # type: ignore[assignment]
+    scope = await scoped_tenant(request, query.tenant, admin_sees_all=True)
+    names = await tenant_names(request, scope)
     page = await request.app[STORE].list_work(
-        tenant.tenant_id,
+        None if scope is None else scope.tenant_id,
         states=states,
         kinds=(collection.store_kind,),
         priorities=priorities,
@@ -432,14 +416,17 @@ async def _list(request: web.Request, collection: Collection[SpecT]) -> web.Resp
         cursor=query.cursor,
     )
     items = tuple(
-        collection.summary(record, _spec(collection, record), tenant.name) for record in page.items
+        collection.summary(
+            record, _spec(collection, record), names.get(record.tenant_id, record.tenant_id)
+        )
+        for record in page.items
     )
     return json_response(collection.listing(items, page.next_cursor))
 
 
 async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Response:
-    tenant = tenant_of(request)
     work_id = request.match_info["id"]
+    tenant = await owner_of(request, work_id)
     found = await request.app[STORE].work_with_allocations(tenant.tenant_id, work_id)
     if found is None or found[0].kind != collection.store_kind:
         raise not_found(collection, work_id)
@@ -452,6 +439,11 @@ async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Respo
             replica_states=replica_views(record.work_id, allocations, request.app[REGISTRY]),
             last_scaling=None if scaled is None else scaling_view(scaled),
         )
+    waits_for, needed_by = await dependency_views(request, tenant, record)
+    if isinstance(body, JobView):
+        body = msgspec.structs.replace(body, waits_for=waits_for, needed_by=needed_by)
+    else:
+        body = msgspec.structs.replace(body, waits_for=waits_for)
     metered = await request.app[STORE].usage(
         UsageQuery(tenant_id=record.tenant_id, work_ids=[record.work_id])
     )
@@ -465,13 +457,16 @@ async def _change_live_work(
     collection: Collection[SpecT],
     done: str,
     change: Callable[[TenantRecord, WorkRecord], Awaitable[web.Response]],
+    *,
+    any_tenant: bool = False,
 ) -> web.Response:
-    """Apply `change` to the caller's work at the version just read, unless it has ended
-    (409, saying it cannot be `done`). Work that moved meanwhile (placed, started, ended)
-    is looked at again, a few times."""
+    """Apply `change` to the caller's work (with `any_tenant`, the admin's reach: any
+    tenant's) at the version just read, unless it has ended (409, saying it cannot be
+    `done`). Work that moved meanwhile (placed, started, ended) is looked at again, a few
+    times."""
     work_id = request.match_info["id"]
     for _ in range(_CHANGE_RETRIES):
-        tenant, record = await find(request, collection, work_id)
+        tenant, record = await find(request, collection, work_id, any_tenant=any_tenant)
         if record.state in TERMINAL_STATES:
             raise _finished(collection, record, done)
         try:
@@ -490,17 +485,35 @@ async def _change_live_work(
 
 async def _cancel(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     store = request.app[STORE]
+    caller = tenant_of(request)
 
     async def cancel(tenant: TenantRecord, record: WorkRecord) -> web.Response:
+        by_admin = tenant.tenant_id != caller.tenant_id
         result = await store.cancel_work(
-            tenant.tenant_id, record.work_id, expected_version=record.version
+            tenant.tenant_id,
+            record.work_id,
+            reason=f"cancelled by admin {caller.name}" if by_admin else "cancelled by the tenant",
+            expected_version=record.version,
+            actor=caller.name,
+            audit=(
+                audit_entry(
+                    request,
+                    "work.cancel",
+                    record.work_id,
+                    tenant=tenant.name,
+                    kind=collection.noun,
+                    state=record.state,
+                )
+                if caller.admin
+                else None
+            ),
         )
         cancelled = result.work[0]
         return json_response(
             collection.detail(cancelled, _spec(collection, cancelled), tenant.name, ())
         )
 
-    return await _change_live_work(request, collection, "cancelled", cancel)
+    return await _change_live_work(request, collection, "cancelled", cancel, any_tenant=True)
 
 
 def _finished(collection: Collection[SpecT], record: WorkRecord, done: str) -> Problem:
@@ -517,8 +530,8 @@ _NOT_LOOKED_AT: Final = "The scheduler has not looked at it yet; it will on its 
 
 
 async def _explain(request: web.Request, collection: Collection[SpecT]) -> web.Response:
-    tenant = tenant_of(request)
     work_id = request.match_info["id"]
+    tenant = await owner_of(request, work_id)
     found = await request.app[STORE].work_explanation(tenant.tenant_id, work_id)
     if found is None or found.work.kind != collection.store_kind:
         raise not_found(collection, work_id)
@@ -627,13 +640,14 @@ def _routes(collection: Collection[SpecT], handlers: _Handlers) -> tuple[Route, 
                 Reply(200, "A retry with the same Idempotency-Key: the original", view_type),
                 problem_reply(403, "The priority class is not allowed for this tenant"),
                 problem_reply(409, "The Idempotency-Key was used with another body"),
+                problem_reply(429, "The tenant's pending work is at its max_queued"),
             ),
         ),
         Route(
             "GET",
             base,
             handlers.list,
-            f"List the tenant's {noun}s, newest first",
+            f"List the tenant's {noun}s (the admin: every tenant's), newest first",
             "tenant",
             tag,
             query=WorkListQuery,
@@ -643,7 +657,7 @@ def _routes(collection: Collection[SpecT], handlers: _Handlers) -> tuple[Route, 
             "GET",
             base + "/{id}",
             handlers.get,
-            f"One {noun}: state, reason, attempts, placement",
+            f"One {noun}: state, reason, attempts, placement (the admin: any tenant's)",
             "tenant",
             tag,
             replies=(Reply(200, f"The {noun}", view_type),),
@@ -652,10 +666,14 @@ def _routes(collection: Collection[SpecT], handlers: _Handlers) -> tuple[Route, 
             "DELETE",
             base + "/{id}",
             handlers.cancel,
-            f"Cancel a {noun}",
+            f"Cancel a {noun} (the admin: any tenant's)",
             "tenant",
             tag,
-            description="Nodes stop it (SIGTERM, then SIGKILL after its grace period).",
+            description=(
+                "Nodes stop it (SIGTERM, then SIGKILL after its grace period). The admin's "
+                "cancellation of another tenant's work names the admin in its reason and "
+                "`work.state` event (`actor`) and is in the audit log."
+            ),
             replies=(
                 Reply(200, f"The {noun}, now cancelled", view_type),
                 problem_reply(409, f"The {noun} had already finished"),

@@ -19,6 +19,7 @@ def as_new_allocation(record: AllocationRecord) -> NewAllocation:
         expected_end=record.expected_end,
         borrowed=record.borrowed,
         power_limit_w=record.power_limit_w,
+        cpu_cores=record.cpu_cores,
     )
 
 

@@ -10,6 +10,10 @@ What is queued:
 Work whose stored spec the scheduler can no longer read (written by a newer greenfed,
 or refused by a stricter scheduler) is set aside in `unschedulable` with the reason;
 the loop fails it instead of failing every pass.
+
+Pending work with dependencies (`depends_on`) is queued only once every one holds; work
+still waiting for its jobs, or whose dependency can no longer hold (the loop cancels
+it), is held back (`dependencies`, decided by cloud/work/dependencies.py).
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from cloud.loop.nodes import pool_model, scheduler_nodes
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, Tenant, Work
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.store.states import PLACED_STATES
-from cloud.work.convert import allocation_from_record, tenant_from_record, work_from_record
+from cloud.work.convert import (
+    allocation_from_record,
+    running_limits,
+    tenant_from_record,
+    work_from_record,
+)
+from cloud.work.dependencies import NOTHING_WAITS, Resolution, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +49,8 @@ class PassInputs:
     allocations: Mapping[str, tuple[AllocationRecord, ...]]  # by work id, member order
     unschedulable: Mapping[str, str]  # work id -> why its spec cannot be scheduled
     nodes: Mapping[str, NodeRecord]  # the registry's records, by node id
+    # Pending work held back by its dependencies: still waiting, or to be cancelled.
+    dependencies: Resolution = NOTHING_WAITS
 
 
 def _tenant_names(store: StoreSnapshot) -> dict[str, str]:
@@ -133,10 +145,11 @@ def build_inputs(
         # takes nothing the scheduler could give away; the loop decides when it is lost.
         if allocation.node_id in nodes and allocation.work_id in works
     ]
+    dependencies = resolve(store.dependencies)
     queue = []
     for record in store.work:
         work = works.get(record.work_id)
-        if work is None:
+        if work is None or (record.state == "pending" and dependencies.holds_back(record.work_id)):
             continue
         queued = _queued(
             record,
@@ -158,6 +171,7 @@ def build_inputs(
         allocations=running,
         queue=queue,
         tenants=tenants,
+        running_limits=running_limits(store.tenants),
     )
     return PassInputs(
         snapshot=snapshot,
@@ -167,4 +181,5 @@ def build_inputs(
         allocations=MappingProxyType(allocations),
         unschedulable=MappingProxyType(unschedulable),
         nodes=MappingProxyType(nodes),
+        dependencies=dependencies,
     )

@@ -76,7 +76,8 @@ from cloud.store import (
 from cloud.usage.accountant import Accountant
 from cloud.usage.counterfactual import BASELINE, live_counterfactuals
 from cloud.work.convert import spec_of
-from cloud.work.explain import explanations_for_plan
+from cloud.work.dependencies import Resolution
+from cloud.work.explain import explanation_for_waiting, explanations_for_plan
 from cloud.work.specs import DeploymentSpec
 from shared.settings import SchedulingSettings
 from shared.tasks import stop_task
@@ -323,7 +324,8 @@ class SchedulingLoop:
             self._last_move_check = move_check
         plan = decision.plan
         self.hook_failures.note(plan)
-        translation = translate(plan, inputs, self._fresh_explanations(plan), decision.moves)
+        explanations = self._fresh_explanations(plan, inputs.dependencies)
+        translation = translate(plan, inputs, explanations, decision.moves)
         for move in translation.moves:
             self._log.info("work moved", work_id=move.work_id, reason=move.explain())
         pass_write = translation.write
@@ -335,7 +337,7 @@ class SchedulingLoop:
             if translation.changes_work:
                 store = await self._store.load_snapshot(store)
                 await self._publish(store, nodes, now)
-        self.queue.note_pass(plan, inputs.records)
+        self.queue.note_pass(plan, inputs.records, inputs.dependencies)
         if self._accountant is not None:
             self._accountant.note_pass(store, green.signals, counterfactuals)
         self._forget_explained(store)
@@ -477,9 +479,10 @@ class SchedulingLoop:
                 )
             )
 
-    def _fresh_explanations(self, plan: Plan) -> dict[str, bytes]:
+    def _fresh_explanations(self, plan: Plan, dependencies: Resolution) -> dict[str, bytes]:
         """Explanations worth writing: every placement and preemption, and pending work
-        whose reason changed since the last one this leader wrote."""
+        whose reason changed since the last one this leader wrote (work waiting for its
+        dependencies included)."""
         wanted = {placement.work_id for placement in plan.placements}
         wanted.update(preemption.work_id for preemption in plan.preemptions)
         for pending in plan.pending:
@@ -487,7 +490,13 @@ class SchedulingLoop:
             if self._explained.get(pending.work_id) != key:
                 wanted.add(pending.work_id)
             self._explained[pending.work_id] = key
-        return explanations_for_plan(plan, wanted)
+        explanations = explanations_for_plan(plan, wanted)
+        for work_id, waiting in dependencies.waiting.items():
+            key = ("dependency", waiting.message, 0)
+            if self._explained.get(work_id) != key:
+                explanations[work_id] = explanation_for_waiting(plan.now, waiting)
+            self._explained[work_id] = key
+        return explanations
 
     def _forget_explained(self, store: StoreSnapshot) -> None:
         active = {record.work_id for record in store.work}

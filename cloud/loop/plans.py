@@ -9,7 +9,11 @@ The core decides counts ("2 GPUs on node a"); the store records which devices
 - a deployment topped up with more replicas keeps the ones it has;
 - a migrated training job (moves.py) is evicted and placed again in the same
   transaction: the store applies evictions first, so it goes straight back to
-  `scheduled` on its new nodes with the next attempt number.
+  `scheduled` on its new nodes with the next attempt number;
+- pending work ends: failed when its spec can no longer be read or its deadline can
+  no longer be met on any registered node (unless its spec says `on_deadline_missed:
+  keep`), cancelled when a dependency can no longer hold; work waiting for its
+  dependencies gets their sentence as its pending reason.
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ from cloud.store import (
     PlacementWrite,
     StateWrite,
 )
+from cloud.work.convert import spec_of
 from cloud.work.explain import explanations_for_moves
+from cloud.work.specs import TrainingJobSpec
+from shared.work_literals import WorkState
 
 _log = structlog.get_logger("greenfed.loop")
 
@@ -78,6 +85,24 @@ def _preempted(
             kept[work_id] = [as_new_allocation(m) for m in remaining]
             freed.update(victim_ids)
     return evictions, kept, freed
+
+
+def _missed_deadlines(plan: Plan, inputs: PassInputs) -> dict[str, str]:
+    """Pending jobs whose deadline no registered node could meet any more (the core's
+    `NeverFits` on `deadline`), to fail unless their spec says `on_deadline_missed:
+    keep`: they would wait for ever."""
+    missed: dict[str, str] = {}
+    for pending in plan.pending:
+        never = pending.never_fits
+        record = inputs.records.get(pending.work_id)
+        if never is None or never.field != "deadline" or record is None:
+            continue
+        if record.state != "pending" or record.kind != "training":
+            continue
+        spec = spec_of(record)  # readable: the scheduler got it from this record
+        if isinstance(spec, TrainingJobSpec) and spec.on_deadline_missed == "fail":
+            missed[pending.work_id] = f"deadline missed: {never.reason}"
+    return missed
 
 
 def translate(
@@ -141,6 +166,7 @@ def translate(
                         expected_end=member.expected_end,
                         borrowed=member.borrowed,
                         power_limit_w=member.power_limit_w,
+                        cpu_cores=member.cpu_cores,
                     )
                 )
         except NotEnoughDevices as error:
@@ -192,24 +218,45 @@ def translate(
             )
         )
 
+    failing = {
+        **_missed_deadlines(plan, inputs),
+        **{
+            work_id: reason
+            for work_id, reason in inputs.unschedulable.items()
+            if inputs.records[work_id].state == "pending"
+        },
+    }
+    ending: list[tuple[str, WorkState, str]] = [
+        (work_id, "failed", reason) for work_id, reason in sorted(failing.items())
+    ]
+    ending.extend(
+        (work_id, "cancelled", reason)
+        for work_id, reason in sorted(inputs.dependencies.cancelled.items())
+        if work_id not in failing and work_id in inputs.records
+    )
     state_changes = [
         StateWrite(
             work_id=work_id,
-            to_state="failed",
+            to_state=to_state,
             reason=reason,
             expected_version=inputs.records[work_id].version,
         )
-        for work_id, reason in sorted(inputs.unschedulable.items())
-        if inputs.records[work_id].state == "pending"
+        for work_id, to_state, reason in ending
     ]
     # Only what changed: an unchanged reason is not worth a write on every tick.
     pending_reasons = {
         pending.work_id: pending.message
         for pending in plan.pending
         if pending.work_id not in by_work
+        and pending.work_id not in failing
         and inputs.records[pending.work_id].state == "pending"
         and inputs.records[pending.work_id].state_reason != pending.message
     }
+    pending_reasons.update(
+        (work_id, waiting.message)
+        for work_id, waiting in inputs.dependencies.waiting.items()
+        if work_id in inputs.records and inputs.records[work_id].state_reason != waiting.message
+    )
     return Translation(
         write=PassWrite(
             placements=tuple(placements),

@@ -1,8 +1,9 @@
 """The queue as the scheduling leader sees it, for `/metrics` (cloud/metrics.py).
 
 - Pending work by priority class, kind and the scheduler's reason code
-  (`cloud.scheduler.plan.PendingCode`, the `code` of a pending explanation), from the
-  leader's latest pass: no query per scrape. A replica that does not lead has no
+  (`cloud.scheduler.plan.PendingCode`, the `code` of a pending explanation; `dependency`
+  for work the loop holds back for its dependencies), from the leader's latest pass:
+  no query per scrape. A replica that does not lead has no
   figures (its view would be stale), and losing leadership forgets them, so a sum
   over replicas counts the queue once.
 - Queue wait (submission or requeue -> placed) and submission -> running, observed
@@ -21,6 +22,7 @@ from typing import Final, get_args
 
 from cloud.scheduler import PendingCode, Plan
 from cloud.store import WorkRecord
+from cloud.work.dependencies import NOTHING_WAITS, Resolution
 from shared.work_literals import PRIORITY_CLASSES, WORK_KINDS, PriorityClass, WorkKind
 
 PENDING_CODES: Final[tuple[PendingCode, ...]] = get_args(PendingCode)
@@ -67,7 +69,14 @@ class QueueMetrics:
         self.queue_wait = _by_priority()
         self.submission_to_running = _by_priority()
 
-    def note_pass(self, plan: Plan, records: Mapping[str, WorkRecord]) -> None:
+    def note_pass(
+        self,
+        plan: Plan,
+        records: Mapping[str, WorkRecord],
+        dependencies: Resolution = NOTHING_WAITS,
+    ) -> None:
+        """`dependencies`: work the loop held back for its dependencies (code
+        `dependency`), which the core never saw."""
         counts = dict.fromkeys(
             (
                 (priority, kind, code)
@@ -81,6 +90,10 @@ class QueueMetrics:
             record = records.get(pending.work_id)
             if record is not None:
                 counts[(pending.priority, record.kind, pending.code)] += 1
+        for work_id in dependencies.waiting:
+            record = records.get(work_id)
+            if record is not None:
+                counts[(record.priority, record.kind, "dependency")] += 1
         self.pending = counts
 
     def forget_pending(self) -> None:

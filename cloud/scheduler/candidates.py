@@ -31,7 +31,7 @@ from .scoring import (
     traffic_weights,
 )
 from .shape import WorkShape
-from .snapshot import Snapshot
+from .snapshot import CPU_COLUMN, Snapshot
 from .state import ClusterState
 
 # What an untolerated PreferNoSchedule taint takes off a node's preference term (0..1):
@@ -74,6 +74,7 @@ class DynamicScores:
         k: int,
         accelerators: int,
         host_memory: int,
+        cpu_cores: int,
         w_packing: float,
         w_load: float,
         threshold: float,
@@ -81,6 +82,7 @@ class DynamicScores:
         self.k = k
         self.accelerators = accelerators
         self.host_memory = host_memory
+        self.cpu_cores = cpu_cores
         self.w_packing = w_packing
         self.w_load = w_load
         self.threshold = threshold
@@ -88,8 +90,9 @@ class DynamicScores:
         self.ceiling = w_packing + w_load  # both terms are at most 1
         self.base_util = state.snapshot.nodes.kinds[k].utilisation
         self.inv_capacity = state.inv_capacity[k]
-        # Host memory is shared by all kinds; otherwise only this kind's changes matter.
-        self.log = state.change_log if host_memory else state.kind_log[k]
+        # Host memory (and the CPU pool's cores, which GPU work takes too) is shared by
+        # all kinds; otherwise only this kind's changes matter.
+        self.log = state.change_log if host_memory or cpu_cores else state.kind_log[k]
         self.seen = len(self.log)
         self.value: FloatArray = np.empty(state.snapshot.node_count)
         self._rescore(slice(None))
@@ -99,9 +102,9 @@ class DynamicScores:
 
     def evictions(self) -> int:
         """Evictions so far that could have made room: of this kind, or of any kind
-        when host memory is needed too."""
+        when host memory or CPU cores are needed too."""
         evictions = self._state.evictions_by_kind
-        return sum(evictions) if self.host_memory else evictions[self.k]
+        return sum(evictions) if self.host_memory or self.cpu_cores else evictions[self.k]
 
     def sync(self) -> FloatArray:
         """Bring ``value`` up to date with the placements made since the last call."""
@@ -125,6 +128,8 @@ class DynamicScores:
         fits = free >= self.accelerators
         if self.host_memory:
             fits &= state.host_free[where] >= self.host_memory
+        if self.cpu_cores:
+            fits &= state.free[CPU_COLUMN][where] >= self.cpu_cores
         packing, load = packing_and_load(
             free,
             self.accelerators,
@@ -141,8 +146,10 @@ class DynamicScores:
         state = self._state
         k = self.k
         free: int = state.free[k].item(node)
-        if free < self.accelerators or (
-            self.host_memory and state.host_free.item(node) < self.host_memory
+        if (
+            free < self.accelerators
+            or (self.host_memory and state.host_free.item(node) < self.host_memory)
+            or (self.cpu_cores and state.free[CPU_COLUMN].item(node) < self.cpu_cores)
         ):
             self.value[node] = -np.inf
             return
@@ -194,7 +201,7 @@ class CandidateCache:
 
     def dynamic(self, shape: WorkShape, k: int) -> DynamicScores:
         w_packing, w_load, _, _ = shape.builtin_weights
-        key = (k, shape.accelerators, shape.host_memory_bytes, w_packing, w_load)
+        key = (k, shape.accelerators, shape.host_memory_bytes, shape.cpu_cores, w_packing, w_load)
         found = self._dynamic.get(key)
         if found is None:
             found = DynamicScores(
@@ -202,6 +209,7 @@ class CandidateCache:
                 k,
                 shape.accelerators,
                 shape.host_memory_bytes,
+                shape.cpu_cores,
                 w_packing,
                 w_load,
                 self.policy.load_threshold,

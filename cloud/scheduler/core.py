@@ -35,6 +35,7 @@ No I/O, no clock: time is ``snapshot.now``. Equal snapshots give equal plans.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -58,6 +59,7 @@ from .model import KINDS, InferenceDeployment, TrainingJob, Work
 from .plan import (
     Deferral,
     HookFailure,
+    NeverFits,
     Pending,
     PendingCode,
     Placement,
@@ -70,9 +72,10 @@ from .preemption import Preemptor
 from .queue_order import QueueOrder
 from .quota import Admission, QuotaBook
 from .shape import WorkShape, make_shape
-from .snapshot import Snapshot
+from .snapshot import CPU_COLUMN, Snapshot
 from .state import ClusterState
 from .statement import Statement
+from .unschedulable import FleetFit
 
 _ATTEMPTS_PER_RESERVATION = 4
 
@@ -92,9 +95,10 @@ class Scheduler:
         self.snapshot = snapshot
         self.policy = policy
         self.state = ClusterState(snapshot)
-        self.quota = QuotaBook(snapshot.tenants)
+        self.quota = QuotaBook(snapshot.tenants, self.state)
         self.cache = CandidateCache(snapshot, policy, self.state)
         self.preemptor = Preemptor(self.state, self.quota)
+        self.fleet = FleetFit(snapshot)  # whether work could ever run here
         self.queue = QueueOrder(
             snapshot.queue,
             self.state,
@@ -138,17 +142,21 @@ class Scheduler:
     # -- one job ----------------------------------------------------------------
 
     def _decide(self, work: Work) -> None:
+        if self._over_running_limit(work):
+            return
         shape = make_shape(work, self.policy)
+        never = self.fleet.never_fits(work)
         # Every hook runs here, before anything is placed: a failure leaves nothing
         # to undo, and only this job waits.
         try:
             job = JobContext(shape, self.cache, self.policy, self.state)
-            deferral = self._advise(job) if job.has_candidates else None
+            deferral = self._advise(job) if job.has_candidates and never is None else None
         except HookFailed as failed:
             self._pend_hook_failure(shape, failed.failure)
             return
-        if not job.has_candidates:
-            self._pend(job, None, 0, "off")
+        if never is not None or not job.has_candidates:
+            # Nothing to try: no node could ever hold it, or none passes the static filters.
+            self._pend(job, None, 0, "off", never=never)
             return
         if deferral is not None:
             self._bookings.append(
@@ -214,6 +222,8 @@ class Scheduler:
             fits = state.free[option.k][nodes] >= shape.accelerators
             if shape.host_memory_bytes:
                 fits &= state.host_free[nodes] >= shape.host_memory_bytes
+            if shape.cpu_cores:
+                fits &= state.free[CPU_COLUMN][nodes] >= shape.cpu_cores
             candidates = Candidates(
                 nodes,
                 KINDS[state.column_kinds[option.k]],
@@ -304,7 +314,26 @@ class Scheduler:
                 break
             job.record_member(choice.node)
             attempt.placements.append(placement)
+        if attempt.quota_block is not None:
+            attempt.quota_block = self._as_asked(job, attempt, attempt.quota_block)
         return attempt
+
+    @staticmethod
+    def _as_asked(job: JobContext, attempt: _Attempt, block: Admission) -> Admission:
+        """The blocking admission as a person should read it: what the tenant (and its
+        cohort) holds apart from this work's members placed earlier in the attempt
+        (undone unless it commits), against all the work asks for."""
+        quota = block.quota
+        if quota is None:
+            return block
+        own = sum(p.accelerators for p in attempt.placements if p.accelerator_kind == quota.kind)
+        asked = dataclasses.replace(
+            quota,
+            usage=quota.usage - own,
+            cohort_usage=quota.cohort_usage - own,
+            requested=job.shape.members * job.shape.accelerators,
+        )
+        return dataclasses.replace(block, quota=asked)
 
     def _place_member(
         self, job: JobContext, stmt: Statement, choice: Choice, admission: Admission
@@ -336,6 +365,7 @@ class Scheduler:
             accelerator_model=state.snapshot.nodes.model_at(option.k, choice.node),
             accelerators=shape.accelerators,
             host_memory_bytes=shape.host_memory_bytes,
+            cpu_cores=shape.cpu_cores,
             provider=provider,
             tenant=work.tenant,
             priority=work.priority,
@@ -399,6 +429,7 @@ class Scheduler:
         *,
         placed: bool = False,
         deferral: Deferral | None = None,
+        never: NeverFits | None = None,
     ) -> None:
         shape = job.shape
         work = shape.work
@@ -425,6 +456,8 @@ class Scheduler:
         elif placed:
             message = explain.partial(shape, members_fit, summary, quota, preemption)
             code = "partial"
+        elif never is not None:
+            code, message = "unschedulable", explain.unschedulable(counts, summary, never)
         elif not job.has_candidates:
             opens = [s.window_opens_at for s in statics if s.window_opens_at is not None]
             if opens:
@@ -459,6 +492,7 @@ class Scheduler:
                 reservation=reservation,
                 retry_at=retry_at,
                 deferral=deferral,
+                never_fits=never,
             )
         )
 
@@ -480,6 +514,32 @@ class Scheduler:
                 hook_failure=failure,
             )
         )
+
+    def _over_running_limit(self, work: Work) -> bool:
+        """Work not yet placed of a tenant already running as many work items as its
+        running limit allows waits (code ``quota``); nothing is evicted to make room."""
+        limit = self.snapshot.running_limits.get(work.tenant)
+        if limit is None:
+            return False
+        state = self.state
+        running = state.running_work(work.tenant)
+        if running < limit or state.holds(work.tenant, work.work_id):
+            return False
+        self._pending.append(
+            Pending(
+                work_id=work.work_id,
+                tenant=work.tenant,
+                priority=work.priority,
+                code="quota",
+                message=explain.running_limit(work.tenant, running, limit),
+                nodes_total=state.snapshot.node_count,
+                rejections=MappingProxyType({}),
+                fitting_nodes=0,
+                members_needed=make_shape(work, self.policy).members,
+                members_placed=0,
+            )
+        )
+        return True
 
     def _reserve(self, job: JobContext, members: int) -> Reservation | None:
         # The first blocked jobs in queue order reserve. Jobs whose capacity never frees

@@ -13,7 +13,7 @@ from shared.clock import utc_from_epoch
 
 from .filters import FilterName
 from .model import KINDS
-from .plan import Deferral, HookFailure, HookKind, Reservation
+from .plan import Deferral, HookFailure, HookKind, NeverFits, Reservation
 from .quota import QuotaState
 from .shape import WorkShape
 
@@ -57,6 +57,7 @@ def filter_label(name: FilterName, shape: WorkShape) -> str:
         "replica-limit": "already hold a replica",
         "busy": f"{kinds} busy",
         "host-memory": "host memory full",
+        "cpus": f"fewer than {shape.cpu_cores} CPU cores free",
         "reserved": "reserved for an earlier job",
     }
     return labels[name]
@@ -73,7 +74,11 @@ def utc(timestamp: float) -> str:
     return utc_from_epoch(timestamp).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def unschedulable(counts: Mapping[FilterName, int], summary: str) -> str:
+def unschedulable(
+    counts: Mapping[FilterName, int], summary: str, never: NeverFits | None = None
+) -> str:
+    if never is not None:
+        return f"No node can run it: {never.reason}; {summary}."
     if counts.get("slo-unverifiable"):
         return f"No node can run it: {SLO_UNVERIFIABLE}; {summary}."
     return f"No node can run it: {summary}."
@@ -133,6 +138,16 @@ def quota_reason(state: QuotaState | None, preemption: PreemptionOutcome) -> str
 
 def quota(state: QuotaState | None, summary: str, preemption: PreemptionOutcome) -> str:
     return f"{quota_reason(state, preemption)}; {summary}."
+
+
+def running_limit(tenant: str, running: int, limit: int) -> str:
+    """E.g. ``Over quota: tenant acme runs 3 jobs and deployments, its max_running of 3;
+    this waits until one of them ends.``"""
+    items = "job or deployment" if running == 1 else "jobs and deployments"
+    return (
+        f"Over quota: tenant {tenant} runs {running} {items}, its max_running of {limit}; "
+        "this waits until one of them ends."
+    )
 
 
 def _held(reservation: Reservation | None) -> str:

@@ -23,7 +23,7 @@ from .arrays import BoolArray, CodeArray, FloatArray, IntArray, read_only
 from .extensions import Candidates, LatencyEstimator, estimate_latency
 from .model import InferenceDeployment, TrainingJob
 from .shape import WorkShape
-from .snapshot import SITE_INDEX, NodeTable, Snapshot
+from .snapshot import CPU_COLUMN, SITE_INDEX, NodeTable, Snapshot
 from .state import ClusterState
 from .windows import is_open, local_second_of_day, seconds_until_open, seconds_until_open_in_zone
 
@@ -46,6 +46,7 @@ FilterName = Literal[
     "replica-limit",
     "busy",
     "host-memory",
+    "cpus",
     "reserved",
 ]
 FILTERS: Final[tuple[FilterName, ...]] = (
@@ -67,6 +68,7 @@ FILTERS: Final[tuple[FilterName, ...]] = (
     "replica-limit",
     "busy",
     "host-memory",
+    "cpus",
     "reserved",
 )
 CODE: Final[Mapping[FilterName, int]] = {name: i + 1 for i, name in enumerate(FILTERS)}
@@ -281,6 +283,8 @@ def dynamic_codes(
     reject("busy", state.free[k][nodes] < shape.accelerators)
     if shape.host_memory_bytes:
         reject("host-memory", state.host_free[nodes] < shape.host_memory_bytes)
+    if shape.cpu_cores:
+        reject("cpus", state.free[CPU_COLUMN][nodes] < shape.cpu_cores)
     if state.has_reservations:
         # Work running past a reserved start may only use the reservation's slack.
         ends = state.now + runtime_s

@@ -170,6 +170,9 @@ class TrainingJob:
     accelerator_kind: AcceleratorKind = "gpu"
     memory_bytes: int = 0  # per accelerator
     host_memory_bytes: int = 0  # per worker
+    # CPU cores per worker of a GPU or NPU job, taken from the node's CPU pool (its
+    # cores) beside the accelerators; a CPU job's cores are its accelerators.
+    cpus_per_worker: int = 0
     accelerator_models: tuple[str, ...] = ()  # accepted models; empty accepts any
     duration_s: float = 3600.0
     preemptible: bool = True
@@ -199,6 +202,15 @@ class TrainingJob:
         if min(self.memory_bytes, self.host_memory_bytes) < 0:
             at_fault = "memory_bytes" if self.memory_bytes < 0 else "host_memory_bytes"
             raise _refused(work_id, at_fault, "memory must not be negative")
+        if self.cpus_per_worker < 0:
+            raise _refused(work_id, "cpus_per_worker", "cpus_per_worker must be >= 0")
+        if self.cpus_per_worker and self.accelerator_kind == "cpu":
+            raise _refused(
+                work_id,
+                "cpus_per_worker",
+                "a CPU job's cores are its accelerators_per_worker; cpus_per_worker is for "
+                "GPU and NPU jobs",
+            )
         if self.max_delay_s is not None and not self.max_delay_s >= 0:
             raise _refused(work_id, "max_delay_s", "max_delay_s must be >= 0")
         if self.checkpoint_interval_s is not None and not self.checkpoint_interval_s > 0:
@@ -357,6 +369,9 @@ class Allocation:
     # (MIG slices beside whole GPUs); "" for its first pool.
     accelerator_model: str = ""
     power_limit_w: float | None = None  # each device's power cap; None: the default
+    # CPU cores it holds in the node's CPU pool beside its accelerators (a GPU or NPU
+    # job's cpus_per_worker); 0 for a CPU allocation, whose cores are its accelerators.
+    cpu_cores: int = 0
 
     def __post_init__(self) -> None:
         if self.accelerators < 1:
@@ -391,6 +406,8 @@ class Held(Protocol):
     def accelerators(self) -> int: ...
     @property
     def host_memory_bytes(self) -> int: ...
+    @property
+    def cpu_cores(self) -> int: ...
     @property
     def started_at(self) -> float: ...
     @property

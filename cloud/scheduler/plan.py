@@ -26,6 +26,9 @@ PendingCode = Literal[
     "reserved",
     "partial",
     "hook-failed",
+    # Waits for other jobs to end (its depends_on): decided by the scheduling loop
+    # before the core sees the queue (cloud/work/dependencies.py), never by the core.
+    "dependency",
 ]
 PreemptionReason = Literal["priority", "reclaim", "quota"]
 HookKind = Literal["score-term", "latency-estimator", "start-advisor"]
@@ -94,6 +97,7 @@ class Placement:
     # held to this power limit for the run, ``expected_end`` already stretched for
     # the slower pace; None: the devices' default limit.
     power_limit_w: float | None = None
+    cpu_cores: int = 0  # from the node's CPU pool beside the accelerators
 
     @property
     def started_at(self) -> float:
@@ -118,6 +122,7 @@ class Placement:
             anti_affinity_groups=self.anti_affinity_groups,
             accelerator_model=self.accelerator_model,
             power_limit_w=self.power_limit_w,
+            cpu_cores=self.cpu_cores,
         )
 
     def explain(self) -> str:
@@ -202,6 +207,17 @@ class HookFailure:
 
 
 @dataclass(frozen=True, slots=True)
+class NeverFits:
+    """Why no node of the fleet could ever run the work, whatever else ran or waited
+    (unschedulable.py): the work's field at fault, by its name in the model
+    (``accelerators_per_worker``, ``host_memory_bytes``, ``workers``, ``deadline``),
+    and the reason, e.g. "no node has 64 GPU; the largest has 8"."""
+
+    field: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Pending:
     work_id: str
     tenant: str
@@ -218,6 +234,8 @@ class Pending:
     retry_at: float | None = None  # when something is known to change (window, deferral)
     deferral: Deferral | None = None  # code "deferred": the target start and why
     hook_failure: HookFailure | None = None  # code "hook-failed": which hook, what error
+    # code "unschedulable" where the fleet could never hold it: the exact cause
+    never_fits: NeverFits | None = None
 
 
 @dataclass(frozen=True, slots=True)

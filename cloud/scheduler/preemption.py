@@ -10,8 +10,10 @@ Who may be evicted for a job J:
   work (reason ``quota``).
 
 Training never evicts p0 inference, and nothing placed in this pass is evicted.
-What is short may be accelerators of J's kind, host memory, or both; host memory
-can also be freed by evicting lower-priority work of another kind on the node.
+What is short may be accelerators of J's kind, host memory, the CPU cores a GPU job
+asks for beside its accelerators, or several; host memory and cores can also be freed
+by evicting lower-priority work of another kind on the node (borrowers are reclaimed
+for accelerators and host memory only).
 Victims are taken in order (lowest priority, then latest started; when J
 reclaims, the borrowers' work first) until the member fits; a reprieve pass then
 gives back every victim that turned out unnecessary, most valuable first, so the
@@ -33,6 +35,7 @@ from .gang import JobContext, Option
 from .model import PRIORITY_LEVELS, PRIORITY_RANK, Held
 from .plan import PreemptionReason
 from .quota import Admission, AdmissionMode, QuotaBook
+from .snapshot import CPU_COLUMN
 from .state import ClusterState
 from .statement import Statement
 
@@ -104,6 +107,12 @@ class Preemptor:
             state.evictable_host_memory_total_bytes[level] for level in lower
         ):
             return True
+        if job.shape.cpu_cores and any(
+            state.evictable_cpu_cores_total[level]
+            or state.evictable_accelerators_total[CPU_COLUMN][level]
+            for level in lower
+        ):
+            return True
         for option in job.options:
             k = option.k
             if any(state.evictable_accelerators_total[k][level] for level in lower):
@@ -152,6 +161,17 @@ class Preemptor:
             short |= host_free < host_need
             enough &= host_releasable >= host_need
             host_deficit = np.maximum(host_need - host_free, 0)
+        if shape.cpu_cores:
+            # Cores of the node's CPU pool: held by CPU work and beside other members.
+            cpu_free = state.free[CPU_COLUMN][nodes]
+            cpu_releasable = cpu_free.copy()
+            if lower < PRIORITY_LEVELS:
+                cpu_releasable += state.evictable_cpu_cores[lower:][:, nodes].sum(axis=0)
+                cpu_releasable += state.evictable_accelerators[CPU_COLUMN][lower:][:, nodes].sum(
+                    axis=0
+                )
+            short |= cpu_free < shape.cpu_cores
+            enough &= cpu_releasable >= shape.cpu_cores
         usable = short & enough
         # Nodes no eviction makes usable (anti-affinity, replica limit) are dropped
         # before any is examined, so they cannot crowd out the ones that work.
@@ -235,42 +255,59 @@ class Preemptor:
         shape = job.shape
         k = option.k
         node = option.cand.nodes_list[position]
-        need, host_need = shape.accelerators, shape.host_memory_bytes
+        need, host_need, cpu_need = shape.accelerators, shape.host_memory_bytes, shape.cpu_cores
         free: int = state.free[k].item(node)
         host_free: int = state.host_free.item(node)
+        cpu_free: int = state.free[CPU_COLUMN].item(node) if cpu_need else 0
         pool: list[tuple[tuple[int, int, float, str], _Candidate]] = []
         for alloc in state.node_allocs.get(node, {}).values():
             same_kind = self._column(alloc) == k
-            if not same_kind and not (host_need and alloc.host_memory_bytes):
+            if (
+                not same_kind
+                and not (host_need and alloc.host_memory_bytes)
+                and not (cpu_need and self._cores(alloc))
+            ):
                 continue
             reason = eligible(alloc)
             if reason is not None:
                 pool.append((victim_key(alloc, reason), (alloc, reason, same_kind)))
         pool.sort(key=lambda entry: entry[0])
         chosen: list[_Candidate] = []
-        freed = host_freed = 0
+        freed = host_freed = cpu_freed = 0
         for _, candidate in pool:
             alloc, _, same_kind = candidate
             short = free + freed < need
             host_short = host_free + host_freed < host_need
-            if not (short or host_short):
+            cpu_short = cpu_free + cpu_freed < cpu_need
+            if not (short or host_short or cpu_short):
                 break
-            if (short and same_kind) or (host_short and alloc.host_memory_bytes):
+            cores = self._cores(alloc) if cpu_need else 0
+            if (
+                (short and same_kind)
+                or (host_short and alloc.host_memory_bytes)
+                or (cpu_short and cores)
+            ):
                 chosen.append(candidate)
                 freed += alloc.accelerators if same_kind else 0
                 host_freed += alloc.host_memory_bytes
+                cpu_freed += cores
         if free + freed < need or host_free + host_freed < host_need:
+            return None
+        if cpu_free + cpu_freed < cpu_need:
             return None
         for candidate in reversed(list(chosen)):  # reprieve, most valuable first
             alloc, _, same_kind = candidate
             accelerators = alloc.accelerators if same_kind else 0
+            cores = self._cores(alloc) if cpu_need else 0
             if (
                 free + freed - accelerators >= need
                 and host_free + host_freed - alloc.host_memory_bytes >= host_need
+                and cpu_free + cpu_freed - cores >= cpu_need
             ):
                 chosen.remove(candidate)
                 freed -= accelerators
                 host_freed -= alloc.host_memory_bytes
+                cpu_freed -= cores
         if state.has_reservations and not self._keeps_reservations(
             job, option, position, node, chosen
         ):
@@ -354,6 +391,12 @@ class Preemptor:
             for sibling in state.siblings(alloc):
                 stmt.evict(sibling.allocation_id, reason)
         return self.quota.violation(state, tenant, k, mode) <= 0
+
+    def _cores(self, alloc: Held) -> int:
+        """CPU cores evicting ``alloc`` gives back: those it holds beside its
+        accelerators, or its accelerators when they are the CPU pool's."""
+        held = alloc.accelerators if self._column(alloc) == CPU_COLUMN else 0
+        return held + alloc.cpu_cores
 
     def _column(self, alloc: Held) -> int:
         """The pool column ``alloc`` holds: what evicting it frees."""

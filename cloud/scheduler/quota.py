@@ -8,7 +8,10 @@ Rules (Kueue-like, per accelerator kind):
 * beyond nominal it may *borrow* idle cohort capacity, up to its borrowing limit
   and only while the cohort as a whole stays within its nominal total;
 * otherwise it is denied (the only remedy is to evict its own lower-priority
-  work, see preemption.py).
+  work, see preemption.py), and never more of it than the job takes: a tenant that
+  holds more than its quota when the pass starts (its quota was lowered) is brought
+  back to what it held then, not below. Lowering a quota evicts nothing by itself;
+  only reclaim by the cohort's owners may.
 
 Tenants without a ``Tenant`` record are unmanaged and always admitted.
 """
@@ -62,7 +65,9 @@ _BORROW: Final = Admission("borrow", 0, None)
 
 
 class QuotaBook:
-    def __init__(self, tenants: Mapping[str, Tenant]) -> None:
+    def __init__(self, tenants: Mapping[str, Tenant], start: ClusterState | None = None) -> None:
+        """``start``: the state before anything of this pass, whose usage is what a
+        denied tenant's own evictions never have to go below."""
         self.tenants = tenants
         cohort_nominal: dict[str, list[int]] = {}
         for tenant in tenants.values():
@@ -78,6 +83,16 @@ class QuotaBook:
         self._limit = {
             name: [t.borrowing_limit.get(kind) for kind in KINDS] for name, t in tenants.items()
         }
+        self._start_usage = (
+            {}
+            if start is None
+            else {name: list(usage) for name, usage in start.tenant_usage.items()}
+        )
+        self._start_cohort_usage = (
+            {}
+            if start is None
+            else {name: list(usage) for name, usage in start.cohort_usage.items()}
+        )
 
     # ``column`` below is a pool column of the snapshot (snapshot.py): quota is per
     # kind, whichever of the kind's pools the accelerators are in.
@@ -131,19 +146,25 @@ class QuotaBook:
         return Admission(mode, shortfall, quota)
 
     def violation(self, state: ClusterState, tenant: str, column: int, mode: AdmissionMode) -> int:
-        """Accelerators still to release after a tentative placement made under ``mode``."""
+        """Accelerators still to release after a tentative placement made under ``mode``.
+
+        Denied: down to the quota, or to what the tenant (and its cohort) held when the
+        pass started if that was more: a lowered quota is no reason to evict."""
         record = self.tenants.get(tenant)
         if record is None or mode in ("unmanaged", "nominal", "borrow"):
             return 0
         k = state.column_kinds[column]
         usage = state.usage(tenant, column)
-        nominal = record.nominal.get(KINDS[k], 0)
+        nominal = self._nominal[tenant][k]
+        held = self._start_usage.get(tenant, [0] * len(KINDS))[k]
         cohort = record.cohort
         if cohort is None:
-            return max(0, usage - nominal)
-        cohort_excess = state.cohort_used(cohort, column) - self.cohort_nominal[cohort][k]
+            return max(0, usage - max(nominal, held))
+        cohort_nominal = self.cohort_nominal[cohort][k]
         if mode == "reclaim":
-            return max(0, cohort_excess)
+            return max(0, state.cohort_used(cohort, column) - cohort_nominal)
+        cohort_held = self._start_cohort_usage.get(cohort, [0] * len(KINDS))[k]
+        cohort_excess = state.cohort_used(cohort, column) - max(cohort_nominal, cohort_held)
         limit = record.borrowing_limit.get(KINDS[k])
-        over_limit = usage - (nominal + limit) if limit is not None else 0
+        over_limit = usage - max(nominal + limit, held) if limit is not None else 0
         return max(0, over_limit, cohort_excess)

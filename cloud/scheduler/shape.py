@@ -30,6 +30,7 @@ class WorkShape:
     kind_codes: tuple[int, ...]  # accepted kinds, best first
     memory_bytes: int
     host_memory_bytes: int
+    cpu_cores: int  # from the node's CPU pool beside the accelerators (GPU/NPU training)
     duration_s: float | None  # on the reference accelerator; None = long-running
     max_per_node: int | None  # members of this work one node may hold
     static_key: StaticKey  # everything the static filters depend on, except the kind
@@ -74,6 +75,7 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
             kind_codes=(KIND_INDEX[work.accelerator_kind],),
             memory_bytes=work.memory_bytes,
             host_memory_bytes=work.host_memory_bytes,
+            cpu_cores=work.cpus_per_worker,
             duration_s=work.duration_s,
             max_per_node=None,
             static_key=("training", work.accelerators_per_worker, *common, *timing),
@@ -104,6 +106,7 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
         kind_codes=tuple(KIND_INDEX[k] for k in work.accepted_kinds),
         memory_bytes=work.memory_bytes,
         host_memory_bytes=work.host_memory_bytes,
+        cpu_cores=0,
         duration_s=None,
         max_per_node=work.max_replicas_per_node,
         static_key=(

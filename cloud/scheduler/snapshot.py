@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from types import MappingProxyType
+from typing import Final
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from .windows import zone
 
 SITES: tuple[Site, ...] = ("cloud", "edge")
 SITE_INDEX: Mapping[Site, int] = MappingProxyType({site: i for i, site in enumerate(SITES)})
+# Every node's CPU pool, its cores: what CPU work holds as accelerators and what a GPU or
+# NPU job's cpus_per_worker takes beside its accelerators (one budget, never counted twice).
+CPU_COLUMN: Final = KIND_INDEX["cpu"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +185,10 @@ class Snapshot:
     allocations: tuple[Allocation, ...]
     queue: tuple[Work, ...]
     tenants: Mapping[str, Tenant]
+    # Tenant name -> at most this many of its work items hold placements at once; the
+    # next waits (code ``quota``) and nothing is evicted for it. Apart from ``tenants``
+    # (accelerator quotas): a tenant may have either, both or neither.
+    running_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def build(
@@ -191,6 +199,7 @@ class Snapshot:
         allocations: Sequence[Allocation] = (),
         queue: Sequence[Work] = (),
         tenants: Sequence[Tenant] = (),
+        running_limits: Mapping[str, int] | None = None,
     ) -> Snapshot:
         """Canonicalise (sort by id) and columnise the inputs.
 
@@ -212,6 +221,7 @@ class Snapshot:
             allocations=ordered_allocations,
             queue=ordered_queue,
             tenants=tenant_map,
+            running_limits=MappingProxyType(dict(sorted((running_limits or {}).items()))),
         )
 
     @property
@@ -245,6 +255,7 @@ class Snapshot:
             allocations=ordered_allocations,
             queue=ordered_queue,
             tenants=self.tenants,
+            running_limits=self.running_limits,
         )
 
 
@@ -286,7 +297,8 @@ def _codes(values: Sequence[str]) -> tuple[IntArray, tuple[str, ...]]:
 
 
 def _usage(table: NodeTable, allocations: Sequence[Allocation]) -> tuple[IntArray, IntArray]:
-    """Accelerators in use per (column, node) and host memory in use per node."""
+    """Accelerators in use per (column, node), CPU cores held beside accelerators
+    included, and host memory in use per node."""
     index = table.index
     used = np.zeros((len(table.kinds), len(index)), dtype=np.int64)
     host_used = np.zeros(len(index), dtype=np.int64)
@@ -298,6 +310,7 @@ def _usage(table: NodeTable, allocations: Sequence[Allocation]) -> tuple[IntArra
             )
         column = table.column_of(where, alloc.accelerator_kind, alloc.accelerator_model)
         used[column, where] += alloc.accelerators
+        used[CPU_COLUMN, where] += alloc.cpu_cores
         host_used[where] += alloc.host_memory_bytes
     return used, host_used
 

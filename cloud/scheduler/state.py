@@ -15,7 +15,7 @@ import numpy as np
 
 from .arrays import FloatArray, IntArray
 from .model import KINDS, PRIORITY_LEVELS, PRIORITY_RANK, Held
-from .snapshot import Snapshot
+from .snapshot import CPU_COLUMN, Snapshot
 
 NO_RESERVATION: Final = float("inf")
 UNLIMITED_SLACK: Final = 1 << 60
@@ -57,6 +57,10 @@ class ClusterState:
         # Host memory held by preemptible work of any kind, per priority rank, per node.
         self.evictable_host_memory_bytes: IntArray = np.zeros((PRIORITY_LEVELS, n), dtype=np.int64)
         self.evictable_host_memory_total_bytes: list[int] = [0] * PRIORITY_LEVELS
+        # CPU cores preemptible GPU/NPU work holds beside its accelerators, per priority
+        # rank, per node (CPU work's cores are in evictable_accelerators[CPU_COLUMN]).
+        self.evictable_cpu_cores: IntArray = np.zeros((PRIORITY_LEVELS, n), dtype=np.int64)
+        self.evictable_cpu_cores_total: list[int] = [0] * PRIORITY_LEVELS
         self.allocations: dict[str, Held] = {}
         self.node_of: dict[str, int] = {}
         self.node_allocs: dict[int, dict[str, Held]] = {}
@@ -64,6 +68,8 @@ class ClusterState:
         self.work_node_count: dict[str, dict[int, int]] = {}
         self.tenant_allocs: dict[str, dict[str, Held]] = {}
         self.tenant_usage: dict[str, list[int]] = {}
+        # Per tenant, its work items holding allocations (and how many): ``max_running``.
+        self.tenant_work: dict[str, dict[str, int]] = {}
         self.cohort_of: dict[str, str] = {
             t.name: t.cohort for t in snapshot.tenants.values() if t.cohort is not None
         }
@@ -116,6 +122,8 @@ class ClusterState:
         self.free[k][node] -= alloc.accelerators
         self.host_free[node] -= alloc.host_memory_bytes
         self.util_delta[k][node] += alloc.accelerators
+        if alloc.cpu_cores:
+            self._hold_cpu_cores(alloc.cpu_cores, node)
         self._reservation_effect(alloc, k, node, -1)
         self._index(alloc, node, +1, evictable=alloc.preemptible and not new)
         if new:
@@ -130,6 +138,9 @@ class ClusterState:
         self.free[k][node] += alloc.accelerators
         self.host_free[node] += alloc.host_memory_bytes
         self.util_delta[k][node] -= alloc.accelerators
+        if alloc.cpu_cores:
+            self._hold_cpu_cores(-alloc.cpu_cores, node)
+            self.evictions_by_kind[CPU_COLUMN] += 1
         self._reservation_effect(alloc, k, node, +1)
         new = allocation_id in self.new_ids
         self._index(alloc, node, -1, evictable=alloc.preemptible and not new)
@@ -138,6 +149,13 @@ class ClusterState:
         self.kind_log[k].append(node)
         self.evictions_by_kind[k] += 1
         return alloc, node
+
+    def _hold_cpu_cores(self, cores: int, node: int) -> None:
+        """A GPU/NPU member takes (or, negative, gives back) cores of the node's CPU pool:
+        CPU work and other members' cores see them gone."""
+        self.free[CPU_COLUMN][node] -= cores
+        self.util_delta[CPU_COLUMN][node] += cores
+        self.kind_log[CPU_COLUMN].append(node)
 
     def _reservation_effect(self, alloc: Held, k: int, node: int, sign: int) -> None:
         """Work that runs past a reserved start uses up (or gives back) the slack."""
@@ -171,6 +189,9 @@ class ClusterState:
                 self.evictable_host_memory_bytes[level, node] += host
                 self.evictable_host_memory_total_bytes[level] += host
                 _bump(self.evictable_host_by_tenant.setdefault(key, {}), node, host)
+            if alloc.cpu_cores:
+                self.evictable_cpu_cores[level, node] += sign * alloc.cpu_cores
+                self.evictable_cpu_cores_total[level] += sign * alloc.cpu_cores
         if alloc.expected_end is not None:
             self.ending_allocation_count[k][node] += sign
         kind_code = self.column_kinds[k]
@@ -192,12 +213,23 @@ class ClusterState:
             del self.work_allocs[alloc.work_id][aid]
             del self.tenant_allocs[alloc.tenant][aid]
         _bump(self.work_node_count.setdefault(alloc.work_id, {}), node, sign)
+        held = self.tenant_work.setdefault(alloc.tenant, {})
+        held[alloc.work_id] = held.get(alloc.work_id, 0) + sign
+        if not held[alloc.work_id]:
+            del held[alloc.work_id]
         if alloc.group is not None:
             _bump(self.group_nodes.setdefault(alloc.group, {}), node, sign)
         for avoided in alloc.anti_affinity_groups:
             _bump(self.avoid_nodes.setdefault(avoided, {}), node, sign)
 
     # -- queries ----------------------------------------------------------------
+
+    def running_work(self, tenant: str) -> int:
+        """The tenant's work items (jobs, deployments) that hold allocations."""
+        return len(self.tenant_work.get(tenant, ()))
+
+    def holds(self, tenant: str, work_id: str) -> bool:
+        return work_id in self.tenant_work.get(tenant, ())
 
     def usage(self, tenant: str, k: int) -> int:
         """Accelerators of column ``k``'s kind (all its pools) the tenant holds."""

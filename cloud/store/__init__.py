@@ -5,12 +5,15 @@ PostgreSQL. `open_store(settings.store)` connects and migrates; the `Store` it
 returns is the whole API.
 """
 
+from cloud.store.audit import Actor, AuditPage, AuditQuery, AuditRecord, NewAudit
 from cloud.store.changes import WORK_STATE_EVENT, WorkStateChanged
 from cloud.store.engine import DatabaseTarget, create_store_engine, resolve_database
 from cloud.store.errors import (
     IllegalTransitionError,
     InvalidPassWriteError,
+    LastAdminTokenError,
     LeadershipLostError,
+    QueueFullError,
     SchemaMismatchError,
     SchemaTooNewError,
     StoreConfigError,
@@ -18,21 +21,26 @@ from cloud.store.errors import (
     StoreUnavailableError,
     TenantExistsError,
     TenantNotFoundError,
+    TokenNotActiveError,
+    TokenNotFoundError,
     VersionConflictError,
     WorkNotFoundError,
 )
 from cloud.store.leadership import LeadershipLease
 from cloud.store.node_admin import NodeAdminRecord
 from cloud.store.records import (
+    KEEP,
     AllocationRecord,
     CommitResult,
     CreatedTenant,
+    DependencyRecord,
     EventRecord,
     EvictionWrite,
     ModelPage,
     ModelRecord,
     ModelTensor,
     NewAllocation,
+    NewDependency,
     NewEvent,
     NewModel,
     NewTenant,
@@ -42,13 +50,24 @@ from cloud.store.records import (
     StateWrite,
     StoreSnapshot,
     SubmitResult,
+    TenantChanges,
     TenantRecord,
     WorkExplanation,
+    WorkLinks,
     WorkPage,
     WorkRecord,
 )
 from cloud.store.states import TERMINAL_STATES, TRANSITIONS, is_legal
 from cloud.store.store import Store, open_store
+from cloud.store.tenant_tokens import (
+    Authenticated,
+    CreatedToken,
+    RotatedToken,
+    TokenCheck,
+    TokenRecord,
+    TokenRefused,
+    TokenState,
+)
 from cloud.store.usage import (
     CounterfactualRecord,
     UsageHour,
@@ -59,24 +78,35 @@ from cloud.store.usage import (
 )
 
 __all__ = [
+    "KEEP",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "WORK_STATE_EVENT",
+    "Actor",
     "AllocationRecord",
+    "AuditPage",
+    "AuditQuery",
+    "AuditRecord",
+    "Authenticated",
     "CommitResult",
     "CounterfactualRecord",
     "CreatedTenant",
+    "CreatedToken",
     "DatabaseTarget",
+    "DependencyRecord",
     "EventRecord",
     "EvictionWrite",
     "IllegalTransitionError",
     "InvalidPassWriteError",
+    "LastAdminTokenError",
     "LeadershipLease",
     "LeadershipLostError",
     "ModelPage",
     "ModelRecord",
     "ModelTensor",
     "NewAllocation",
+    "NewAudit",
+    "NewDependency",
     "NewEvent",
     "NewModel",
     "NewTenant",
@@ -84,6 +114,8 @@ __all__ = [
     "NodeDesired",
     "PassWrite",
     "PlacementWrite",
+    "QueueFullError",
+    "RotatedToken",
     "SchemaMismatchError",
     "SchemaTooNewError",
     "StateWrite",
@@ -93,9 +125,16 @@ __all__ = [
     "StoreSnapshot",
     "StoreUnavailableError",
     "SubmitResult",
+    "TenantChanges",
     "TenantExistsError",
     "TenantNotFoundError",
     "TenantRecord",
+    "TokenCheck",
+    "TokenNotActiveError",
+    "TokenNotFoundError",
+    "TokenRecord",
+    "TokenRefused",
+    "TokenState",
     "UsageHour",
     "UsageMark",
     "UsageQuery",
@@ -103,6 +142,7 @@ __all__ = [
     "UsageWrite",
     "VersionConflictError",
     "WorkExplanation",
+    "WorkLinks",
     "WorkNotFoundError",
     "WorkPage",
     "WorkRecord",

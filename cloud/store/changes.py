@@ -53,9 +53,12 @@ class WorkStateChanged(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     failures: int = 0  # the job's own failures so far, each retried by its policy
     retry_at: float | None = None  # pending after a failure: not placed before then
+    actor: str | None = None  # the tenant who caused it (a cancellation); None: the system
 
 
-def state_event_row(record: WorkRecord, previous: WorkState | None, at: float) -> dict[str, Any]:
+def state_event_row(
+    record: WorkRecord, previous: WorkState | None, at: float, actor: str | None = None
+) -> dict[str, Any]:
     payload = WorkStateChanged(
         work_id=record.work_id,
         kind=record.kind,
@@ -66,6 +69,7 @@ def state_event_row(record: WorkRecord, previous: WorkState | None, at: float) -
         version=record.version,
         failures=record.failures,
         retry_at=record.not_before if record.state == "pending" else None,
+        actor=actor,
     )
     return {
         "tenant_id": record.tenant_id,
@@ -193,6 +197,7 @@ def _allocation_row(work_id: str, allocation: NewAllocation, now: float) -> dict
         "borrowed": allocation.borrowed,
         "state": "assigned",
         "power_limit_w": allocation.power_limit_w,
+        "cpu_cores": allocation.cpu_cores,
     }
 
 
@@ -314,11 +319,12 @@ async def apply_changes(
     await _store_explanations(connection, changes.explanations, now)
     generations = await bump_generations(connection, context, touched_nodes)
 
+    actors = {change.work_id: change.actor for change in changes.state_changes if change.actor}
     event_rows: list[dict[str, Any]] = []
     for draft, record in zip(changed, records, strict=True):
         for previous, to_state, reason in draft.steps:
             step = replace(record, state=to_state, state_reason=reason)
-            event_rows.append(state_event_row(step, previous, now))
+            event_rows.append(state_event_row(step, previous, now, actors.get(record.work_id)))
     event_rows.extend(event_row(event, now) for event in changes.events)
     if changes.source_event_id is not None and event_rows:
         # The agent's event id marks the first change it caused: a resend finds it.

@@ -110,3 +110,44 @@ class NodeAlreadyEnrolledError(StoreError):
     def __init__(self, node_id: str) -> None:
         super().__init__(f"node {node_id} is already enrolled; revoke it first to enrol it again")
         self.node_id = node_id
+
+
+class TokenNotFoundError(StoreError):
+    """No bearer token of that id (the REST layer says the same of another tenant's)."""
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(f"token {token_id} not found")
+        self.token_id = token_id
+
+
+class TokenNotActiveError(StoreError):
+    """Rotating a token that was already rotated or revoked: rotate its replacement."""
+
+    def __init__(self, token_id: str, state: str) -> None:
+        super().__init__(f"token {token_id} is {state}; only an active token can be rotated")
+        self.token_id = token_id
+        self.state = state
+
+
+class LastAdminTokenError(StoreError):
+    """Revoking an admin tenant's last working token would lock the admin out."""
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(
+            f"token {token_id} is the admin's last working token: rotate it instead, or "
+            "create another first"
+        )
+        self.token_id = token_id
+
+
+class QueueFullError(StoreError):
+    """A new submission beyond the tenant's `max_queued` pending work; nothing stored."""
+
+    def __init__(self, tenant_id: str, max_queued: int, queued: int) -> None:
+        super().__init__(
+            f"tenant {tenant_id} has {queued} pending jobs and deployments, its max_queued "
+            f"of {max_queued}"
+        )
+        self.tenant_id = tenant_id
+        self.max_queued = max_queued
+        self.queued = queued

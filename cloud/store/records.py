@@ -7,8 +7,9 @@ straight into its own msgspec types.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final
 
@@ -16,6 +17,7 @@ from shared.messages import AcceleratorKind
 from shared.work_literals import (
     PRIORITY_CLASSES,
     AllocationState,
+    DependencyCondition,
     PriorityClass,
     WorkKind,
     WorkState,
@@ -41,6 +43,8 @@ class NewTenant:
     cohort: str | None = None
     allowed_priorities: tuple[PriorityClass, ...] = PRIORITY_CLASSES
     admin: bool = False
+    max_running: int | None = None  # work items placed at once; None: no cap
+    max_queued: int | None = None  # work items pending at once; None: no cap
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quotas", _frozen(self.quotas))
@@ -57,10 +61,62 @@ class TenantRecord:
     allowed_priorities: tuple[PriorityClass, ...]
     admin: bool
     created_at: float  # UTC epoch seconds
+    max_running: int | None = None  # at most this many of its work items placed at once
+    max_queued: int | None = None  # at most this many pending; a submission beyond is refused
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quotas", _frozen(self.quotas))
         object.__setattr__(self, "borrowing_limit", _frozen(self.borrowing_limit))
+
+    @property
+    def accelerators_managed(self) -> bool:
+        """Accelerator quotas apply: some are set, or it borrows within a cohort (a kind
+        not listed then has a quota of 0). Otherwise it may use any accelerators."""
+        return bool(self.quotas) or self.cohort is not None
+
+    @property
+    def unlimited(self) -> bool:
+        """No quota of any kind applies to it."""
+        return (
+            not self.accelerators_managed and self.max_running is None and (self.max_queued is None)
+        )
+
+
+class Keep(enum.Enum):
+    """The value of a `TenantChanges` field that leaves the tenant's as it is."""
+
+    KEEP = "keep"
+
+
+KEEP: Final = Keep.KEEP
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantChanges:
+    """What `Store.update_tenant` changes; `KEEP` leaves a field as it is (None, where a
+    field takes it, removes a cohort or a cap)."""
+
+    quotas: Mapping[AcceleratorKind, int] | Keep = KEEP
+    borrowing_limit: Mapping[AcceleratorKind, int] | Keep = KEEP
+    cohort: str | Keep | None = KEEP
+    allowed_priorities: tuple[PriorityClass, ...] | Keep = KEEP
+    max_running: int | Keep | None = KEEP
+    max_queued: int | Keep | None = KEEP
+
+    def applied_to(self, record: TenantRecord) -> TenantRecord:
+        changed = {
+            name: value
+            for name in (
+                "quotas",
+                "borrowing_limit",
+                "cohort",
+                "allowed_priorities",
+                "max_running",
+                "max_queued",
+            )
+            if (value := getattr(self, name)) is not KEEP
+        }
+        return replace(record, **changed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +183,7 @@ class NewAllocation:
     expected_end: float | None = None  # None: long-running (inference replicas)
     borrowed: bool = False
     power_limit_w: float | None = None  # each device held to this (power capping); None: default
+    cpu_cores: int = 0  # CPU cores held beside a GPU/NPU member's devices (cpus_per_worker)
 
     def __post_init__(self) -> None:
         if self.member_index < 0:
@@ -157,6 +214,7 @@ class AllocationRecord:
     work_kind: WorkKind
     priority: PriorityClass
     power_limit_w: float | None = None  # each device held to this (power capping); None: default
+    cpu_cores: int = 0  # CPU cores held beside a GPU/NPU member's devices (cpus_per_worker)
 
     @property
     def allocation_id(self) -> str:
@@ -204,6 +262,7 @@ class StateWrite:
     to_state: WorkState
     reason: str | None = None
     expected_version: int | None = None
+    actor: str | None = None  # the tenant who asked for it (a cancellation), by name
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -278,6 +337,41 @@ class StoreSnapshot:
     work: tuple[WorkRecord, ...]  # every non-terminal item, oldest first
     allocations: tuple[AllocationRecord, ...]
     node_generations: Mapping[str, int]
+    # What pending work waits for (its depends_on), with each job's state as of this read.
+    dependencies: tuple[DependencyRecord, ...] = ()
+
+
+# ---- dependencies between work ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewDependency:
+    """Work being submitted waits for `job_id` (the tenant's training job) to have ended
+    as `condition` says."""
+
+    job_id: str
+    condition: DependencyCondition
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DependencyRecord:
+    """`work_id` waits for `job_id`; `job_state` is that job's state when read."""
+
+    work_id: str
+    position: int  # its index in the dependent's depends_on
+    job_id: str
+    condition: DependencyCondition
+    job_state: WorkState
+    job_reason: str | None  # why the job is in that state (failed: its error)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkLinks:
+    """One work item's dependencies both ways: what it waits for, with those jobs, and
+    what waits for it, with that work."""
+
+    needs: tuple[tuple[DependencyRecord, WorkRecord], ...]
+    needed_by: tuple[tuple[DependencyRecord, WorkRecord], ...]
 
 
 # ---- models ----------------------------------------------------------------------------

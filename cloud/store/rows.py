@@ -89,6 +89,8 @@ def tenant_from_row(row: Row[Any]) -> TenantRecord:
         allowed_priorities=_PRIORITIES.decode(row.allowed_priorities),
         admin=bool(row.admin),
         created_at=float(row.created_at),
+        max_running=None if row.max_running is None else int(row.max_running),
+        max_queued=None if row.max_queued is None else int(row.max_queued),
     )
 
 
@@ -129,6 +131,7 @@ def allocation_from_row(row: Row[Any]) -> AllocationRecord:
         work_kind=parse_kind(row.work_kind),
         priority=parse_priority(row.priority),
         power_limit_w=None if row.power_limit_w is None else float(row.power_limit_w),
+        cpu_cores=int(row.cpu_cores),
     )
 
 

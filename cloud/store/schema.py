@@ -39,6 +39,8 @@ tenants = Table(
     metadata,
     Column("id", Text, primary_key=True),
     Column("name", Text, nullable=False, unique=True),
+    # The token the tenant was created with (before v0010 its only one). Authentication
+    # reads `tenant_tokens` only, which holds this token too, with its state.
     Column("token_id", Text, nullable=False, unique=True),
     Column("token_hash", Text, nullable=False),
     Column("quotas", JsonDocument, nullable=False),
@@ -47,6 +49,47 @@ tenants = Table(
     Column("allowed_priorities", JsonDocument, nullable=False),
     Column("admin", Boolean, nullable=False),
     Column("created_at", Double, nullable=False),
+    # At most this many of its work items placed at once, and pending (v0010); NULL: no cap.
+    Column("max_running", Integer, nullable=True),
+    Column("max_queued", Integer, nullable=True),
+)
+
+# Every bearer token of a tenant (v0010): the id in clear, the secret's salted scrypt
+# hash. A rotated token has `replaced_by` and works until `expires_at` (the end of its
+# overlap); a revoked one is refused from `revoked_at` on. Rows are never deleted, so
+# a refused token is told why.
+tenant_tokens = Table(
+    "tenant_tokens",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("tenant_id", Text, ForeignKey("tenants.id"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("secret_hash", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("created_by", Text, nullable=True),
+    Column("expires_at", Double, nullable=True),
+    Column("rotated_at", Double, nullable=True),
+    Column("replaced_by", Text, nullable=True),
+    Column("revoked_at", Double, nullable=True),
+    Column("last_used_at", Double, nullable=True),
+    Index("ix_tenant_tokens_tenant", "tenant_id", "id"),
+)
+
+# What admins (and tenants managing their own tokens) did (v0010), append-only.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    Column("at", Double, nullable=False),
+    Column("actor_id", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("detail", JsonDocument, nullable=False),
+    Index("ix_audit_log_at", "at"),
+    Index("ix_audit_log_actor", "actor", "seq"),
+    Index("ix_audit_log_action", "action", "seq"),
+    sqlite_autoincrement=True,
 )
 
 work = Table(
@@ -97,6 +140,23 @@ allocations = Table(
     Column("borrowed", Boolean, nullable=False),
     Column("state", Text, nullable=False),
     Column("power_limit_w", Double, nullable=True),  # v0009: per device; NULL: default
+    # v0011: CPU cores held beside a GPU/NPU member's devices (its cpus_per_worker)
+    Column("cpu_cores", Integer, nullable=False, server_default="0"),
+)
+
+# What work waits for (v0011): `work_id` starts once the tenant's training job `job_id`
+# has ended as `condition` says (succeeded, failed, ended); `position` is the entry's
+# index in the dependent's depends_on. Written with the work, never changed.
+work_dependencies = Table(
+    "work_dependencies",
+    metadata,
+    Column("work_id", Text, ForeignKey("work.id", ondelete="CASCADE"), primary_key=True),
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    # Not a foreign key: it would take a share lock on the job's row in the submitting
+    # transaction, which the scheduling loop locks to update (jobs are never deleted).
+    Column("job_id", Text, nullable=False),
+    Column("condition", Text, nullable=False),
+    Index("ix_work_dependencies_job", "job_id"),
 )
 
 node_generations = Table(

@@ -19,7 +19,9 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from cloud.store import enrolment, node_admin, usage
+from cloud.store import dependencies as dependencies_rows
+from cloud.store import enrolment, node_admin, tenant_tokens, usage
+from cloud.store.audit import AuditPage, AuditQuery, NewAudit, insert_audit, select_audit_page
 from cloud.store.changes import Changes, apply_changes, event_row
 from cloud.store.engine import (
     WRITE_OPTION,
@@ -38,9 +40,13 @@ from cloud.store.enrolment import (
 )
 from cloud.store.errors import (
     IllegalTransitionError,
+    LastAdminTokenError,
     LeadershipLostError,
     StoreUnavailableError,
     TenantExistsError,
+    TenantNotFoundError,
+    TokenNotActiveError,
+    TokenNotFoundError,
     VersionConflictError,
     WorkNotFoundError,
 )
@@ -65,6 +71,7 @@ from cloud.store.records import (
     EvictionWrite,
     ModelPage,
     ModelRecord,
+    NewDependency,
     NewEvent,
     NewModel,
     NewTenant,
@@ -73,8 +80,10 @@ from cloud.store.records import (
     StateWrite,
     StoreSnapshot,
     SubmitResult,
+    TenantChanges,
     TenantRecord,
     WorkExplanation,
+    WorkLinks,
     WorkPage,
     WorkRecord,
 )
@@ -103,13 +112,16 @@ from cloud.store.sql import (
     insert_ignoring,
 )
 from cloud.store.states import TERMINAL_STATES
-from cloud.store.tenants import (
-    TokenCache,
-    insert_tenant,
-    replace_token,
-    select_by_token_id,
+from cloud.store.tenant_tokens import (
+    Authenticated,
+    CreatedToken,
+    RotatedToken,
+    TokenCheck,
+    TokenRecord,
+    TokenRefused,
 )
-from cloud.store.tokens import parse_token
+from cloud.store.tenants import TokenCache, change_tenant, insert_tenant
+from cloud.store.tokens import issue_token, parse_token
 from cloud.store.usage import (
     CounterfactualRecord,
     UsageHour,
@@ -288,13 +300,32 @@ class Store:
 
     # ---- tenants -----------------------------------------------------------------------
 
-    async def create_tenant(self, tenant: NewTenant) -> CreatedTenant:
+    async def create_tenant(
+        self, tenant: NewTenant, *, audit: NewAudit | None = None
+    ) -> CreatedTenant:
         """Raises `TenantExistsError` when the name is taken, ValueError on bad quotas."""
+        now = self._clock()
+        created_by = None if audit is None else audit.actor.name
         async with self._write() as connection:
             record, token = await insert_tenant(
-                connection, self._ids.new_id(), tenant, self._clock()
+                connection, self._ids.new_id(), tenant, now, created_by
             )
+            if audit is not None:
+                await insert_audit(connection, audit, now)
         return CreatedTenant(record, token)
+
+    async def update_tenant(
+        self, tenant_id: str, changes: TenantChanges, *, audit: NewAudit | None = None
+    ) -> TenantRecord:
+        """Change a tenant's quotas, caps, cohort or priority classes; the scheduling
+        loop applies them from its next pass. Raises `TenantNotFoundError`, ValueError."""
+        now = self._clock()
+        async with self._write() as connection:
+            _, after = await change_tenant(connection, tenant_id, changes)
+            if audit is not None:
+                await insert_audit(connection, audit, now)
+        self._tokens.forget_tenant(tenant_id)  # its cached record is stale
+        return after
 
     async def bootstrap_admin(self, name: str = "admin") -> CreatedTenant | None:
         """Create the first admin tenant; None when one named `name` already exists."""
@@ -319,35 +350,139 @@ class Store:
             rows = await connection.execute(select(tenants).order_by(tenants.c.name))
             return tuple(tenant_from_row(row) for row in rows)
 
-    async def authenticate(self, token: str) -> TenantRecord | None:
-        """The tenant a bearer token belongs to, or None (malformed, unknown, wrong secret).
+    # ---- bearer tokens (cloud/store/tenant_tokens.py) -----------------------------------
+
+    async def check_token(self, token: str) -> TokenCheck:
+        """What a bearer token is worth: `Authenticated` (its tenant), `TokenRefused`
+        (ours and its secret right, but revoked or past its rotation overlap), or None
+        (malformed, unknown, wrong secret).
 
         One indexed lookup by the token id, then a constant-time scrypt check (off the
-        event loop); successes are cached for `store.token_cache_s`.
+        event loop); verdicts are cached for `store.token_cache_s`, and a token's use
+        is recorded (`last_used_at`) when it is verified afresh.
         """
         parsed = parse_token(token)
         if parsed is None:
             return None
         token_id, secret = parsed
-        cached = self._tokens.get(token_id, token)
-        if cached is not None:
-            return cached
-        async with self._read() as connection:
-            found = await select_by_token_id(connection, token_id)
-        if found is None:
-            return None
-        secret_hash, tenant = found
-        if not await asyncio.to_thread(verify_secret, secret, secret_hash):
-            return None
-        self._tokens.put(token_id, token, tenant)
-        return tenant
+        now = self._clock()
+        verdict = self._tokens.get(token_id, token)
+        if verdict is None:
+            async with self._read() as connection:
+                found = await tenant_tokens.select_for_authentication(connection, token_id)
+            if found is None:
+                return None
+            secret_hash, record, tenant = found
+            if not await asyncio.to_thread(verify_secret, secret, secret_hash):
+                return None
+            if record.works(now):
+                async with self._write(notify=False) as connection:
+                    await tenant_tokens.mark_used(connection, token_id, now)
+                record = replace(record, last_used_at=now)
+                verdict = Authenticated(tenant, record)
+            else:
+                verdict = TokenRefused(record)
+            self._tokens.put(token_id, token, verdict)
+        if isinstance(verdict, Authenticated) and not verdict.token.works(now):
+            return TokenRefused(verdict.token)  # its overlap ended while it was cached
+        return verdict
 
-    async def rotate_token(self, tenant_id: str) -> str:
-        """A new bearer token for the tenant; the old one stops working."""
+    async def authenticate(self, token: str) -> TenantRecord | None:
+        """The tenant of a token that works now, or None (see `check_token`)."""
+        verdict = await self.check_token(token)
+        return verdict.tenant if isinstance(verdict, Authenticated) else None
+
+    async def create_token(
+        self,
+        tenant_id: str,
+        name: str,
+        *,
+        created_by: str | None = None,
+        audit: NewAudit | None = None,
+    ) -> CreatedToken:
+        """Another bearer token for the tenant; the reply holds the token itself, which
+        is never stored. Raises `TenantNotFoundError`."""
+        issued = await asyncio.to_thread(issue_token)
+        now = self._clock()
         async with self._write() as connection:
-            issued = await replace_token(connection, tenant_id)
-        self._tokens.forget_tenant(tenant_id)
-        return issued.token
+            owner = select(tenants.c.id).where(tenants.c.id == tenant_id)
+            if (await connection.execute(owner)).first() is None:
+                raise TenantNotFoundError(tenant_id)
+            record = await tenant_tokens.insert_token(
+                connection, tenant_id, name, issued, now, created_by
+            )
+            if audit is not None:
+                await insert_audit(connection, audit.created(record.token_id), now)
+        return CreatedToken(record, issued.token)
+
+    async def list_tokens(self, tenant_id: str | None) -> tuple[TokenRecord, ...]:
+        """A tenant's tokens (every tenant's with None), oldest first; never a secret."""
+        async with self._read() as connection:
+            return await tenant_tokens.select_tokens(connection, tenant_id)
+
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        async with self._read() as connection:
+            try:
+                return await tenant_tokens.select_token(connection, token_id)
+            except TokenNotFoundError:
+                return None
+
+    async def rotate_token(
+        self,
+        token_id: str,
+        overlap_s: float,
+        *,
+        created_by: str | None = None,
+        audit: NewAudit | None = None,
+    ) -> RotatedToken:
+        """A new token in place of an active one, under the same name; the old one
+        works for `overlap_s` more seconds (0: refused at once), then is refused as
+        rotated. Raises `TokenNotFoundError`, `TokenNotActiveError`."""
+        if not overlap_s >= 0:
+            raise ValueError("overlap_s must be >= 0")
+        issued = await asyncio.to_thread(issue_token)
+        now = self._clock()
+        async with self._write() as connection:
+            old = await tenant_tokens.select_token(connection, token_id, for_update=True)
+            state = old.state(now)
+            if state != "active":
+                raise TokenNotActiveError(token_id, state)
+            new = await tenant_tokens.insert_token(
+                connection, old.tenant_id, old.name, issued, now, created_by
+            )
+            expires_at = now + overlap_s
+            await tenant_tokens.mark_rotated(connection, token_id, new.token_id, now, expires_at)
+            if audit is not None:
+                await insert_audit(connection, audit, now)
+        self._tokens.forget(token_id)
+        rotated = replace(old, rotated_at=now, replaced_by=new.token_id, expires_at=expires_at)
+        return RotatedToken(rotated, CreatedToken(new, issued.token))
+
+    async def revoke_token(self, token_id: str, *, audit: NewAudit | None = None) -> TokenRecord:
+        """Refuse the token from now on (in this process at once, in others within
+        `store.token_cache_s`); revoking twice keeps the first time. Raises
+        `TokenNotFoundError`, and `LastAdminTokenError` for an admin's last working token."""
+        now = self._clock()
+        async with self._write() as connection:
+            record = await tenant_tokens.select_token(connection, token_id, for_update=True)
+            if record.revoked_at is not None:
+                return record
+            query = select(tenants.c.admin).where(tenants.c.id == record.tenant_id)
+            if (await connection.execute(query)).scalar_one() and record.works(now):
+                others = await tenant_tokens.select_tokens(connection, record.tenant_id)
+                if not any(t.works(now) for t in others if t.token_id != token_id):
+                    raise LastAdminTokenError(token_id)
+            await tenant_tokens.mark_revoked(connection, token_id, now)
+            if audit is not None:
+                await insert_audit(connection, audit, now)
+        self._tokens.forget(token_id)
+        return replace(record, revoked_at=now)
+
+    # ---- the audit log (cloud/store/audit.py) ---------------------------------------------
+
+    async def list_audit(self, query: AuditQuery) -> AuditPage:
+        async with self._read() as connection:
+            return await select_audit_page(connection, query)
 
     # ---- work: what the REST layer calls ----------------------------------------------
 
@@ -359,18 +494,20 @@ class Store:
         spec: bytes,
         priority: PriorityClass,
         idempotency_key: str | None = None,
+        dependencies: Sequence[NewDependency] = (),
     ) -> SubmitResult:
         """Insert pending work and commit; returns only once it is durable.
 
         With an `idempotency_key`, a retry returns the tenant's original work with
         `created=False` (atomically, also when the retries race each other). `spec` is
-        the JSON object as the API received it. Raises `TenantNotFoundError`.
+        the JSON object as the API received it; `dependencies` the jobs it waits for
+        (the caller has checked they are the tenant's). Raises `TenantNotFoundError`.
         """
         check_json_object(spec, "spec")
         if idempotency_key is not None and not 0 < len(idempotency_key) <= _IDEMPOTENCY_KEY_MAX:
             raise ValueError(f"idempotency key must be 1..{_IDEMPOTENCY_KEY_MAX} characters")
         async with self._write() as connection:
-            return await insert_work(
+            result = await insert_work(
                 connection,
                 self._context,
                 work_id=self._ids.new_id(),
@@ -380,6 +517,30 @@ class Store:
                 priority=priority,
                 idempotency_key=idempotency_key,
             )
+            if result.created:
+                await dependencies_rows.insert_dependencies(
+                    connection, result.work.work_id, dependencies
+                )
+            return result
+
+    async def work_links(self, tenant_id: str, work_id: str) -> WorkLinks:
+        """What the tenant's work waits for, and what waits for it."""
+        async with self._read() as connection:
+            return await dependencies_rows.select_links(connection, tenant_id, work_id)
+
+    async def dependency_edges(
+        self, tenant_id: str, work_ids: Sequence[str]
+    ) -> dict[str, tuple[str, ...]]:
+        """Per given id of the tenant's work: the job ids it waits for, in order."""
+        async with self._read() as connection:
+            return await dependencies_rows.select_edges(connection, tenant_id, work_ids)
+
+    async def tenant_work(
+        self, tenant_id: str, work_ids: Sequence[str]
+    ) -> Mapping[str, WorkRecord]:
+        """The tenant's work among `work_ids`, by id (another tenant's ids are absent)."""
+        async with self._read() as connection:
+            return await dependencies_rows.select_tenant_work(connection, tenant_id, work_ids)
 
     async def get_work(self, tenant_id: str, work_id: str) -> WorkRecord | None:
         """The tenant's work; another tenant's id is simply not found."""
@@ -395,7 +556,7 @@ class Store:
 
     async def list_work(
         self,
-        tenant_id: str,
+        tenant_id: str | None,
         *,
         states: Sequence[WorkState] = (),
         kinds: Sequence[WorkKind] = (),
@@ -403,7 +564,8 @@ class Store:
         limit: int = 50,
         cursor: str | None = None,
     ) -> WorkPage:
-        """Newest first; empty filters match everything; `cursor` from the previous page."""
+        """Newest first; empty filters match everything; `cursor` from the previous page.
+        `tenant_id=None`: every tenant's work (the admin's view)."""
         async with self._read() as connection:
             return await list_work_page(
                 connection,
@@ -452,8 +614,11 @@ class Store:
         *,
         reason: str = "cancelled by the tenant",
         expected_version: int | None = None,
+        actor: str | None = None,
+        audit: NewAudit | None = None,
     ) -> CommitResult:
-        """Cancel the tenant's non-terminal work; its allocations end with it.
+        """Cancel the tenant's non-terminal work; its allocations end with it. `actor`
+        (who asked, by name) is in the `work.state` event; `audit` is recorded with it.
 
         Raises `WorkNotFoundError` (also for another tenant's id) and
         `IllegalTransitionError` for work that already ended.
@@ -463,8 +628,12 @@ class Store:
             to_state="cancelled",
             reason=reason,
             expected_version=expected_version,
+            actor=actor,
         )
         async with self._write() as connection:
+            if audit is not None:
+                # Before the change: its events must be the transaction's last statement.
+                await insert_audit(connection, audit, self._clock())
             return await apply_changes(
                 connection,
                 self._context,
@@ -572,21 +741,31 @@ class Store:
 
     # ---- node enrolment (cloud/store/enrolment.py) --------------------------------------
 
-    async def create_join_token(self, new: NewJoinToken) -> CreatedJoinToken:
+    async def create_join_token(
+        self, new: NewJoinToken, *, audit: NewAudit | None = None
+    ) -> CreatedJoinToken:
         """A new join token; the reply holds the token itself, which is never stored."""
+        now = self._clock()
         async with self._write() as connection:
-            return await enrolment.insert_join_token(
-                connection, self._ids.new_id(), new, self._clock()
-            )
+            created = await enrolment.insert_join_token(connection, self._ids.new_id(), new, now)
+            if audit is not None:
+                await insert_audit(connection, audit.created(created.record.token_id), now)
+        return created
 
     async def list_join_tokens(self) -> tuple[JoinTokenRecord, ...]:
         async with self._read() as connection:
             return await enrolment.select_join_tokens(connection)
 
-    async def revoke_join_token(self, token_id: str) -> JoinTokenRecord:
+    async def revoke_join_token(
+        self, token_id: str, *, audit: NewAudit | None = None
+    ) -> JoinTokenRecord:
         """Raises `JoinTokenUnknownError`; revoking twice keeps the first time."""
+        now = self._clock()
         async with self._write() as connection:
-            return await enrolment.mark_join_token_revoked(connection, token_id, self._clock())
+            record = await enrolment.mark_join_token_revoked(connection, token_id, now)
+            if audit is not None:
+                await insert_audit(connection, audit, now)
+        return record
 
     async def redeem_join_token(self, token: str, node_id: str) -> Redemption:
         """Count one use of the token and enrol the node, atomically; raises a
@@ -612,12 +791,16 @@ class Store:
         async with self._read() as connection:
             return await enrolment.select_enrolled_node(connection, node_id)
 
-    async def revoke_node(self, node_id: str) -> EnrolledNodeRecord:
+    async def revoke_node(
+        self, node_id: str, *, audit: NewAudit | None = None
+    ) -> EnrolledNodeRecord:
         """Refuse the node id from now on, until it enrols again with a new token."""
+        now = self._clock()
         async with self._write() as connection:
-            return await enrolment.mark_node_revoked(
-                connection, self.backend, node_id, self._clock()
-            )
+            record = await enrolment.mark_node_revoked(connection, self.backend, node_id, now)
+            if audit is not None:
+                await insert_audit(connection, audit, now)
+        return record
 
     async def is_enrolled(self, node_id: str) -> bool:
         """Enrolled and not revoked."""
@@ -626,11 +809,15 @@ class Store:
 
     # ---- node administration (cloud/store/node_admin.py) ----------------------------------
 
-    async def put_node_admin(self, record: NodeAdminRecord) -> NodeAdminRecord:
+    async def put_node_admin(
+        self, record: NodeAdminRecord, *, audit: NewAudit | None = None
+    ) -> NodeAdminRecord:
         """Replace what an admin set on one node; the record as stored (its time set)."""
         stored = replace(record, updated_at=self._clock())
         async with self._write() as connection:
             await node_admin.put_node_admin(connection, self.backend, stored)
+            if audit is not None:
+                await insert_audit(connection, audit, stored.updated_at)
         return stored
 
     async def node_admin(self) -> dict[str, NodeAdminRecord]:
@@ -755,7 +942,10 @@ class Store:
                 allocation_records = await select_allocations(connection)
                 generation_rows = await connection.execute(select(node_generations))
                 generations = {row.node_id: int(row.generation) for row in generation_rows}
-        return StoreSnapshot(tenant_records, work_records, allocation_records, generations)
+                waiting = await dependencies_rows.select_waiting(connection)
+        return StoreSnapshot(
+            tenant_records, work_records, allocation_records, generations, dependencies=waiting
+        )
 
     async def commit_pass(self, write: PassWrite, *, lease: LeadershipLease) -> CommitResult:
         """Apply a scheduling pass as one transaction: all of it, or (raising) none of it.

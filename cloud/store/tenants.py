@@ -1,4 +1,4 @@
-"""Tenant rows and bearer-token authentication."""
+"""Tenant rows (quotas, caps, cohort) and the cache of verified bearer tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import hmac
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -17,32 +17,60 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.errors import TenantExistsError, TenantNotFoundError
-from cloud.store.records import ACCELERATOR_KINDS, NewTenant, TenantRecord
+from cloud.store.records import ACCELERATOR_KINDS, NewTenant, TenantChanges, TenantRecord
 from cloud.store.rows import encode_json, quotas_json, tenant_from_row
 from cloud.store.schema import tenants
-from cloud.store.tokens import IssuedToken, issue_token
+from cloud.store.tenant_tokens import Authenticated, TokenCheck, TokenRefused, insert_token
+from cloud.store.tokens import issue_token
+from shared.messages import AcceleratorKind
+from shared.work_literals import PriorityClass
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 CACHE_ENTRIES: Final = 4096
+FIRST_TOKEN_NAME: Final = "initial"
+
+
+def check_limits(
+    *,
+    quotas: Mapping[AcceleratorKind, int],
+    borrowing_limit: Mapping[AcceleratorKind, int],
+    allowed_priorities: tuple[PriorityClass, ...],
+    max_running: int | None,
+    max_queued: int | None,
+) -> None:
+    for what, counts in (("quotas", quotas), ("borrowing_limit", borrowing_limit)):
+        for kind, count in counts.items():
+            if kind not in ACCELERATOR_KINDS:
+                raise ValueError(f"{what}: unknown accelerator kind {kind!r}")
+            if count < 0:
+                raise ValueError(f"{what}: {kind} must not be negative")
+    if not allowed_priorities:
+        raise ValueError("allowed_priorities must name at least one priority class")
+    for what, cap in (("max_running", max_running), ("max_queued", max_queued)):
+        if cap is not None and cap < 0:
+            raise ValueError(f"{what} must not be negative")
 
 
 def check_new_tenant(tenant: NewTenant) -> None:
     if not _NAME.match(tenant.name):
         raise ValueError(f"tenant name {tenant.name!r} must match [a-z0-9][a-z0-9._-]{{0,62}}")
-    for what, quotas in (("quotas", tenant.quotas), ("borrowing_limit", tenant.borrowing_limit)):
-        for kind, count in quotas.items():
-            if kind not in ACCELERATOR_KINDS:
-                raise ValueError(f"{what}: unknown accelerator kind {kind!r}")
-            if count < 0:
-                raise ValueError(f"{what}: {kind} must not be negative")
-    if not tenant.allowed_priorities:
-        raise ValueError("allowed_priorities must name at least one priority class")
+    check_limits(
+        quotas=tenant.quotas,
+        borrowing_limit=tenant.borrowing_limit,
+        allowed_priorities=tenant.allowed_priorities,
+        max_running=tenant.max_running,
+        max_queued=tenant.max_queued,
+    )
 
 
 async def insert_tenant(
-    connection: AsyncConnection, tenant_id: str, tenant: NewTenant, now: float
+    connection: AsyncConnection,
+    tenant_id: str,
+    tenant: NewTenant,
+    now: float,
+    created_by: str | None = None,
 ) -> tuple[TenantRecord, str]:
-    """The new record and its bearer token (issued here, only its hash is stored)."""
+    """The new record and its first bearer token (issued here, only its hash is stored)."""
     check_new_tenant(tenant)
     issued = await asyncio.to_thread(issue_token)  # scrypt: off the event loop
     try:
@@ -58,10 +86,13 @@ async def insert_tenant(
                 allowed_priorities=encode_json(list(tenant.allowed_priorities)),
                 admin=tenant.admin,
                 created_at=now,
+                max_running=tenant.max_running,
+                max_queued=tenant.max_queued,
             )
         )
     except IntegrityError:
         raise TenantExistsError(tenant.name) from None
+    await insert_token(connection, tenant_id, FIRST_TOKEN_NAME, issued, now, created_by)
     record = TenantRecord(
         tenant_id=tenant_id,
         name=tenant.name,
@@ -71,33 +102,58 @@ async def insert_tenant(
         allowed_priorities=tenant.allowed_priorities,
         admin=tenant.admin,
         created_at=now,
+        max_running=tenant.max_running,
+        max_queued=tenant.max_queued,
     )
     return record, issued.token
 
 
-async def replace_token(connection: AsyncConnection, tenant_id: str) -> IssuedToken:
-    issued = await asyncio.to_thread(issue_token)
-    result = await connection.execute(
+async def change_tenant(
+    connection: AsyncConnection, tenant_id: str, changes: TenantChanges
+) -> tuple[TenantRecord, TenantRecord]:
+    """(before, after): the tenant's row changed under a row lock; raises
+    `TenantNotFoundError`, ValueError for values that cannot be stored."""
+    query = select(tenants).where(tenants.c.id == tenant_id).with_for_update()
+    row = (await connection.execute(query)).first()
+    if row is None:
+        raise TenantNotFoundError(tenant_id)
+    before = tenant_from_row(row)
+    after = changes.applied_to(before)
+    check_limits(
+        quotas=after.quotas,
+        borrowing_limit=after.borrowing_limit,
+        allowed_priorities=after.allowed_priorities,
+        max_running=after.max_running,
+        max_queued=after.max_queued,
+    )
+    await connection.execute(
         update(tenants)
         .where(tenants.c.id == tenant_id)
-        .values(token_id=issued.token_id, token_hash=issued.secret_hash)
+        .values(
+            quotas=quotas_json(after.quotas),
+            borrowing_limit=quotas_json(after.borrowing_limit),
+            cohort=after.cohort,
+            allowed_priorities=encode_json(list(after.allowed_priorities)),
+            max_running=after.max_running,
+            max_queued=after.max_queued,
+        )
     )
-    if result.rowcount != 1:
-        raise TenantNotFoundError(tenant_id)
-    return issued
+    return before, after
 
 
 @dataclass(frozen=True, slots=True)
 class _Verified:
     token_digest: bytes
-    tenant: TenantRecord
+    verdict: Authenticated | TokenRefused
     expires_at: float  # monotonic
 
 
 class TokenCache:
-    """Tokens verified recently, so that a request costs a SHA-256 rather than a scrypt.
+    """Verdicts on tokens verified recently (accepted, or refused with a reason), so that
+    a request costs a SHA-256 rather than a scrypt.
 
-    A rotated token stops working at once in this process and within `ttl_s` in others.
+    A token revoked or rotated here, or a tenant changed here, is forgotten at once;
+    other processes see the change within `ttl_s`.
     """
 
     def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -105,7 +161,7 @@ class TokenCache:
         self._clock = clock
         self._entries: OrderedDict[str, _Verified] = OrderedDict()
 
-    def get(self, token_id: str, token: str) -> TenantRecord | None:
+    def get(self, token_id: str, token: str) -> TokenCheck:
         entry = self._entries.get(token_id)
         if entry is None:
             return None
@@ -115,25 +171,24 @@ class TokenCache:
         if not hmac.compare_digest(entry.token_digest, hashlib.sha256(token.encode()).digest()):
             return None
         self._entries.move_to_end(token_id)
-        return entry.tenant
+        return entry.verdict
 
-    def put(self, token_id: str, token: str, tenant: TenantRecord) -> None:
+    def put(self, token_id: str, token: str, verdict: Authenticated | TokenRefused) -> None:
         if self._ttl_s <= 0:
             return
         digest = hashlib.sha256(token.encode()).digest()
-        self._entries[token_id] = _Verified(digest, tenant, self._clock() + self._ttl_s)
+        self._entries[token_id] = _Verified(digest, verdict, self._clock() + self._ttl_s)
         self._entries.move_to_end(token_id)
         while len(self._entries) > CACHE_ENTRIES:
             self._entries.popitem(last=False)
 
+    def forget(self, token_id: str) -> None:
+        self._entries.pop(token_id, None)
+
     def forget_tenant(self, tenant_id: str) -> None:
-        for token_id in [k for k, v in self._entries.items() if v.tenant.tenant_id == tenant_id]:
+        for token_id in [
+            key
+            for key, entry in self._entries.items()
+            if entry.verdict.token.tenant_id == tenant_id
+        ]:
             del self._entries[token_id]
-
-
-async def select_by_token_id(
-    connection: AsyncConnection, token_id: str
-) -> tuple[str, TenantRecord] | None:
-    """(stored secret hash, tenant) for a token id; the caller verifies the secret."""
-    row = (await connection.execute(select(tenants).where(tenants.c.token_id == token_id))).first()
-    return None if row is None else (row.token_hash, tenant_from_row(row))

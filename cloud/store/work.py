@@ -6,15 +6,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Select, and_, select
+from sqlalchemy import Select, and_, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.changes import state_event_row
-from cloud.store.errors import TenantNotFoundError
+from cloud.store.errors import QueueFullError, TenantNotFoundError
 from cloud.store.records import AllocationRecord, SubmitResult, WorkPage, WorkRecord
 from cloud.store.rows import allocation_from_row, work_from_row
-from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, work
+from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, tenants, work
 from cloud.store.sql import StoreContext, append_events, chunks, insert_ignoring
 from cloud.store.states import TERMINAL_STATES
 from shared.work_literals import WORK_STATES, PriorityClass, WorkKind, WorkState
@@ -37,8 +37,14 @@ async def insert_work(
 
     `ON CONFLICT DO NOTHING` makes the pair atomic under concurrency: on PostgreSQL a
     second insert with the key waits for the first transaction and then sees its row;
-    on SQLite writers are serialised by `BEGIN IMMEDIATE`.
+    on SQLite writers are serialised by `BEGIN IMMEDIATE`. New work beyond the
+    tenant's `max_queued` raises `QueueFullError` (a retry still gets its original).
     """
+    if idempotency_key is not None:
+        earlier = await select_work_by_idempotency_key(connection, tenant_id, idempotency_key)
+        if earlier is not None:
+            return SubmitResult(earlier, False)
+    await _check_queue(connection, tenant_id)
     now = context.clock()
     record = WorkRecord(
         work_id=work_id,
@@ -85,6 +91,22 @@ async def insert_work(
     return SubmitResult(record, True)
 
 
+async def _check_queue(connection: AsyncConnection, tenant_id: str) -> None:
+    """Raise `QueueFullError` when the tenant's pending work is at its `max_queued`.
+    The tenant's row is locked first (PostgreSQL), so concurrent submissions of one
+    tenant count one after the other and never pass the cap together."""
+    cap_query = select(tenants.c.max_queued).where(tenants.c.id == tenant_id)
+    if (await connection.execute(cap_query)).scalar() is None:
+        return  # no cap (or no such tenant: the insert says so)
+    cap = (await connection.execute(cap_query.with_for_update())).scalar()
+    if cap is None:
+        return
+    pending = select(func.count()).where(work.c.tenant_id == tenant_id, work.c.state == "pending")
+    queued = int((await connection.execute(pending)).scalar_one())
+    if queued >= cap:
+        raise QueueFullError(tenant_id, int(cap), queued)
+
+
 async def select_work(
     connection: AsyncConnection, work_id: str, tenant_id: str | None
 ) -> WorkRecord | None:
@@ -107,7 +129,7 @@ async def select_work_by_idempotency_key(
 
 async def list_work_page(
     connection: AsyncConnection,
-    tenant_id: str,
+    tenant_id: str | None,
     *,
     states: Sequence[WorkState],
     kinds: Sequence[WorkKind],
@@ -119,7 +141,7 @@ async def list_work_page(
     work submitted meanwhile lands before the first page and never shifts later ones."""
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be within 1..{MAX_PAGE}")
-    conditions = [work.c.tenant_id == tenant_id]
+    conditions = [] if tenant_id is None else [work.c.tenant_id == tenant_id]
     if states:
         conditions.append(work.c.state.in_(list(states)))
     if kinds:
@@ -130,7 +152,7 @@ async def list_work_page(
         conditions.append(work.c.id < cursor)
     query = (
         select(*WORK_RECORD_COLUMNS)
-        .where(and_(*conditions))
+        .where(and_(True, *conditions))
         .order_by(work.c.id.desc())
         .limit(limit + 1)
     )

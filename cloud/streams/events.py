@@ -24,6 +24,9 @@ import structlog
 
 from cloud.store import EventRecord, Store, StoreError
 
+# The subscription key of a stream of every tenant's events (the admin's).
+EVERY_TENANT = "*"
+
 
 class Subscription:
     """What the hub dispatched to one stream since it subscribed (bounded)."""
@@ -124,15 +127,20 @@ class EventHub:
             page = await self._store.list_events(
                 tenant_id=None, after_seq=self.position, limit=self._page_size
             )
+            every = self._subscriptions.get(EVERY_TENANT, ())
             for event in page:
                 for subscription in self._subscriptions.get(event.tenant_id or "", ()):
+                    subscription._put(event)
+                for subscription in every:
                     subscription._put(event)
                 self.position = event.seq
             if len(page) < self._page_size:
                 return
 
     @contextlib.contextmanager
-    def subscribe(self, tenant_id: str) -> Iterator[Subscription]:
+    def subscribe(self, tenant_id: str | None) -> Iterator[Subscription]:
+        """A tenant's events; None: every tenant's (and the control plane's own)."""
+        tenant_id = EVERY_TENANT if tenant_id is None else tenant_id
         subscription = Subscription(tenant_id, self._queue_limit, self._count_overflow)
         if self.closed:
             subscription._close()

@@ -13,6 +13,9 @@ explanations read "tenant acme uses 8 GPU"; `tenant_from_record` does the same).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Final
 
 from cloud.scheduler.model import (
     Allocation,
@@ -26,7 +29,7 @@ from cloud.scheduler.model import (
 )
 from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
-from shared.errors import FieldError
+from shared.errors import FieldError, FieldPath
 from shared.work_literals import spec_kind_of
 
 
@@ -61,6 +64,7 @@ def training_job(
         workers=spec.workers,
         accelerators_per_worker=spec.accelerators_per_worker,
         accelerator_kind=spec.accelerator_kind,
+        cpus_per_worker=spec.cpus_per_worker,
         duration_s=spec.estimated_duration_s,
         start_window=StartWindow.parse(spec.start_window) if spec.start_window else None,
         deadline=spec.deadline.timestamp() if spec.deadline is not None else None,
@@ -144,6 +148,7 @@ def allocation_from_record(
         anti_affinity_groups=work.anti_affinity_groups,
         accelerator_model=accelerator_model,
         power_limit_w=record.power_limit_w,
+        cpu_cores=record.cpu_cores,
     )
 
 
@@ -154,7 +159,7 @@ def tenant_from_record(record: TenantRecord) -> Tenant | None:
     has no record of as unmanaged (no quota applies), whereas a record with no quotas
     would give it a nominal quota of zero for every kind.
     """
-    if not record.quotas and record.cohort is None:
+    if not record.accelerators_managed:
         return None
     return Tenant(
         name=record.name,
@@ -162,6 +167,34 @@ def tenant_from_record(record: TenantRecord) -> Tenant | None:
         nominal=dict(record.quotas),
         borrowing_limit=dict(record.borrowing_limit),
     )
+
+
+def running_limits(records: Iterable[TenantRecord]) -> dict[str, int]:
+    """Tenant name -> its `max_running`, for the tenants that have one (the snapshot's
+    `running_limits`: a cap on work items, apart from accelerator quotas)."""
+    return {r.name: r.max_running for r in records if r.max_running is not None}
+
+
+# The scheduler's fields that the spec spells otherwise (in its units); the rest match.
+_SPEC_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "memory_bytes": "memory_gib",
+        "host_memory_bytes": "host_memory_gib",
+        "duration_s": "estimated_duration_s",
+    }
+)
+
+
+def spec_field_name(scheduler_field: str) -> str:
+    """The spec's name of a field of the scheduler's types (refusals name those)."""
+    return _SPEC_FIELDS.get(scheduler_field, scheduler_field)
+
+
+def spec_field(spec: WorkSpec, scheduler_field: str) -> FieldPath:
+    """The path of the spec's field for a field of the scheduler's type; empty (the
+    spec as a whole) where the spec has none."""
+    name = spec_field_name(scheduler_field)
+    return (name,) if name in spec.__struct_fields__ else ()
 
 
 def check_convertible(spec: WorkSpec) -> FieldError | None:

@@ -11,6 +11,8 @@ from collections.abc import Collection, Sequence
 
 from cloud.green.migration import JobMove
 from cloud.scheduler.plan import Pending, Placement, Plan, Preemption, Reservation, ScoreBreakdown
+from cloud.work.convert import spec_field_name
+from cloud.work.dependencies import Waiting
 from cloud.work.explanation import (
     DeferralView,
     Explanation,
@@ -22,9 +24,11 @@ from cloud.work.explanation import (
     QuotaView,
     ReservationView,
     TermScoreView,
+    WaitingForView,
     encode_explanation,
 )
 from shared.clock import utc_from_epoch
+from shared.errors import json_path
 
 
 def _score(breakdown: ScoreBreakdown) -> NodeScoreView:
@@ -71,7 +75,9 @@ def _reservation(reservation: Reservation | None) -> ReservationView | None:
 def _pending(pending: Pending) -> PendingView:
     quota = pending.quota
     deferral = pending.deferral
+    never = pending.never_fits
     return PendingView(
+        field=None if never is None else json_path((spec_field_name(never.field),)),
         code=pending.code,
         nodes_total=pending.nodes_total,
         fitting_nodes=pending.fitting_nodes,
@@ -181,6 +187,30 @@ def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -
         if explanation is not None:
             documents[work_id] = encode_explanation(explanation)
     return documents
+
+
+def explanation_for_waiting(now: float, waiting: Waiting) -> bytes:
+    """The encoded `Explanation` of pending work waiting for its dependencies (code
+    `dependency`): the scheduler did not look at it."""
+    return encode_explanation(
+        Explanation(
+            outcome="pending",
+            message=waiting.message,
+            decided_at=utc_from_epoch(now),
+            pending=PendingView(
+                code="dependency",
+                nodes_total=0,
+                fitting_nodes=0,
+                rejections={},
+                members_needed=0,
+                members_placed=0,
+                waiting_for=tuple(
+                    WaitingForView(job=d.job_id, condition=d.condition, job_state=d.job_state)
+                    for d in waiting.waiting_for
+                ),
+            ),
+        )
+    )
 
 
 def explanations_for_moves(now: float, moves: Sequence[JobMove]) -> dict[str, bytes]:

@@ -15,6 +15,7 @@ from typing import Final, Literal
 import msgspec
 
 from shared.messages import AcceleratorKind
+from shared.work_literals import DependencyCondition, WorkState
 
 Outcome = Literal["placed", "partial", "pending", "preempted", "moved"]
 
@@ -76,8 +77,18 @@ class DeferralView(msgspec.Struct, frozen=True, kw_only=True):
     unit: str
 
 
+class WaitingForView(msgspec.Struct, frozen=True, kw_only=True):
+    """A dependency that does not hold yet (pending code `dependency`)."""
+
+    job: str  # the job's id
+    condition: DependencyCondition
+    job_state: WorkState  # as the scheduler last saw it
+
+
 class PendingView(msgspec.Struct, frozen=True, kw_only=True):
-    code: str  # unschedulable, window, deferred, quota, capacity, reserved, partial, hook-failed
+    # unschedulable, window, deferred, quota, capacity, reserved, partial, hook-failed,
+    # dependency
+    code: str
     nodes_total: int
     fitting_nodes: int
     rejections: dict[str, int]  # nodes rejected per filter, in filter-chain order
@@ -87,6 +98,10 @@ class PendingView(msgspec.Struct, frozen=True, kw_only=True):
     quota: QuotaView | None = None
     reservation: ReservationView | None = None
     deferral: DeferralView | None = None
+    # unschedulable, where no node of the fleet could ever run it: the spec's field at
+    # fault, e.g. "$.accelerators_per_worker" (the message says why)
+    field: str | None = None
+    waiting_for: tuple[WaitingForView, ...] = ()  # dependency: what it waits for
 
 
 class PreemptionView(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,7 +21,13 @@ import msgspec
 from shared.errors import FieldError, json_path
 from shared.messages import AcceleratorKind, Site
 from shared.taints import CORDON_TAINT_KEY
-from shared.work_literals import LabelOperator, PriorityClass, SpecKind
+from shared.work_literals import (
+    DeadlinePolicy,
+    DependencyCondition,
+    LabelOperator,
+    PriorityClass,
+    SpecKind,
+)
 
 GIB: Final = 1024**3
 
@@ -56,6 +62,14 @@ Deadline = Annotated[
     msgspec.Meta(tz=True, description="RFC 3339 time by which the job must have finished."),
 ]
 
+WorkId = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
+        description="A job's id (a ULID), as POST /v1/jobs returned it.",
+    ),
+]
+
 # What the training runner sets for every worker; a spec may not override them.
 RUNNER_ENV: Final = frozenset(
     {"GREENFED_JOB_ID", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}
@@ -64,6 +78,44 @@ RUNNER_ENV: Final = frozenset(
 
 class SpecStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Base of every spec type: immutable, keyword-only, unknown fields rejected."""
+
+
+class DependencySpec(SpecStruct, frozen=True, kw_only=True):
+    """Start only once another of the tenant's training jobs has ended this way
+    (docs/rest.md#dependencies): `succeeded`, `failed`, or `ended` (either, or cancelled).
+    A dependency that can no longer hold cancels the dependent."""
+
+    job: WorkId
+    condition: DependencyCondition = "succeeded"
+
+
+def _check_dependencies(depends_on: tuple[DependencySpec, ...]) -> None:
+    seen: set[str] = set()
+    for index, dependency in enumerate(depends_on):
+        if dependency.job in seen:
+            raise FieldError(("depends_on", index, "job"), f"names job {dependency.job} twice")
+        seen.add(dependency.job)
+
+
+DependsOn = Annotated[
+    tuple[DependencySpec, ...],
+    msgspec.Meta(
+        max_length=64,
+        description=(
+            "Training jobs that must have ended (each as its condition says) before this "
+            "starts; it waits with pending reason `dependency` until then."
+        ),
+    ),
+]
+AllowUnschedulable = Annotated[
+    bool,
+    msgspec.Meta(
+        description=(
+            "Accept it although no node registered now could ever run it (a fleet that "
+            "will grow): it waits with pending reason `unschedulable` naming the cause."
+        ),
+    ),
+]
 
 
 class LabelRequirementSpec(SpecStruct, frozen=True, kw_only=True):
@@ -145,6 +197,17 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     accelerator_kind: AcceleratorKind = "gpu"
     memory_gib: Annotated[Gib, msgspec.Meta(description="Memory per accelerator, at least.")] = 0.0
     host_memory_gib: Annotated[Gib, msgspec.Meta(description="Host memory per worker.")] = 0.0
+    cpus_per_worker: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=4096,
+            description=(
+                "CPU cores per worker beside its GPUs or NPUs (data loaders), held on the "
+                "node while it runs; a cpu job asks for cores with accelerators_per_worker."
+            ),
+        ),
+    ] = 0
     accelerator_models: Annotated[
         tuple[Annotated[str, msgspec.Meta(min_length=1)], ...],
         msgspec.Meta(max_length=64, description="Accepted accelerator models; empty: any."),
@@ -158,6 +221,15 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     preemptible: bool = True
     start_window: StartWindowText | None = None
     deadline: Deadline | None = None
+    on_deadline_missed: Annotated[
+        DeadlinePolicy,
+        msgspec.Meta(
+            description=(
+                "While it waits and the deadline can no longer be met on any registered "
+                "node: fail it (fail), or let it wait, pending as unschedulable (keep)."
+            ),
+        ),
+    ] = "fail"
     max_delay_s: Annotated[
         Seconds | None,
         msgspec.Meta(description="The job may start up to this long after submission."),
@@ -207,6 +279,8 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     group: Group = None
     anti_affinity_groups: AntiAffinityGroups = ()
     score_weights: ScoreWeights = {}
+    depends_on: DependsOn = ()
+    allow_unschedulable: AllowUnschedulable = False
 
     def __post_init__(self) -> None:
         reserved = sorted(RUNNER_ENV.intersection(self.env))
@@ -214,6 +288,13 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
             raise FieldError("env", f"{', '.join(reserved)} is set by greenfed for each worker")
         if len(set(self.sites)) != len(self.sites):
             raise FieldError("sites", "names a site twice")
+        if self.cpus_per_worker and self.accelerator_kind == "cpu":
+            raise FieldError(
+                "cpus_per_worker",
+                "a cpu job's cores are its accelerators_per_worker; cpus_per_worker is for "
+                "gpu and npu jobs",
+            )
+        _check_dependencies(self.depends_on)
 
     @property
     def memory_bytes(self) -> int:
@@ -353,6 +434,8 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
     batching: BatchingSpec | None = None
     autoscale: AutoscaleSpec | None = None
     canary: CanarySpec | None = None  # set by a model update with a rollout
+    depends_on: DependsOn = ()
+    allow_unschedulable: AllowUnschedulable = False
 
     def __post_init__(self) -> None:
         scale = self.autoscale
@@ -367,6 +450,7 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
             raise FieldError("accepted_kinds", "names a kind twice")
         if len(set(self.sites)) != len(self.sites):
             raise FieldError("sites", "names a site twice")
+        _check_dependencies(self.depends_on)
 
     @property
     def memory_bytes(self) -> int:

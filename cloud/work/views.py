@@ -15,7 +15,7 @@ from cloud.work.explanation import Explanation
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind
-from shared.work_literals import AllocationState, PriorityClass, WorkState
+from shared.work_literals import AllocationState, DependencyCondition, PriorityClass, WorkState
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
     from cloud.fleet.registry import NodeRegistry
@@ -36,6 +36,7 @@ class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
     # Carbon-aware power capping: each of its devices held to this many watts for the
     # run (the run is slower and uses less energy); null: the devices' default limit.
     power_limit_w: float | None = None
+    cpu_cores: int = 0  # CPU cores it holds on the node beside its devices (cpus_per_worker)
 
 
 def allocation_view(record: AllocationRecord) -> AllocationView:
@@ -51,6 +52,7 @@ def allocation_view(record: AllocationRecord) -> AllocationView:
         expected_end=None if record.expected_end is None else utc_from_epoch(record.expected_end),
         borrowed=record.borrowed,
         power_limit_w=record.power_limit_w,
+        cpu_cores=record.cpu_cores,
     )
 
 
@@ -83,6 +85,20 @@ class DeploymentSummary(WorkFields, frozen=True, kw_only=True):
     accelerators_per_replica: int
 
 
+class DependencyView(msgspec.Struct, frozen=True, kw_only=True):
+    """One link of a dependency chain, seen from the work shown: a job it waits for
+    (`waits_for`), or work that waits for it (`needed_by`)."""
+
+    id: str  # the other work's id
+    kind: Literal["training", "deployment"]
+    name: str
+    state: WorkState  # the other work's state
+    condition: DependencyCondition  # how the job waited for must end
+    # holds: that job ended so; waits: not yet; never: it ended otherwise (the work
+    # that waited was cancelled)
+    verdict: Literal["holds", "waits", "never"]
+
+
 class JobView(JobSummary, frozen=True, kw_only=True):
     idempotency_key: str | None
     nodes: tuple[str, ...]  # where it runs, in member order (empty unless placed)
@@ -90,6 +106,8 @@ class JobView(JobSummary, frozen=True, kw_only=True):
     # Energy, emissions, cost and emissions avoided so far (None: nothing metered yet).
     usage: WorkUsage | None = None
     spec: TrainingJobSpec
+    waits_for: tuple[DependencyView, ...] = ()  # its depends_on, with those jobs' states
+    needed_by: tuple[DependencyView, ...] = ()  # work whose depends_on names this job
 
 
 class ServingView(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +160,7 @@ class DeploymentView(DeploymentSummary, frozen=True, kw_only=True):
     # Energy, emissions, cost and emissions avoided so far (None: nothing metered yet).
     usage: WorkUsage | None = None
     last_scaling: ScalingView | None = None  # autoscaled deployments
+    waits_for: tuple[DependencyView, ...] = ()  # its depends_on, with those jobs' states
 
 
 class JobList(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,6 +191,18 @@ Quotas = Annotated[
     dict[AcceleratorKind, Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]],
     msgspec.Meta(description="Accelerator count per kind (gpu, npu, cpu)."),
 ]
+Cap = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+Priorities = Annotated[tuple[PriorityClass, ...], msgspec.Meta(min_length=1, max_length=3)]
+BorrowingLimit = Annotated[
+    Quotas, msgspec.Meta(description="At most this many borrowed from the cohort, per kind.")
+]
+MaxRunning = Annotated[
+    Cap,
+    msgspec.Meta(description="At most this many of its jobs and deployments placed at once."),
+]
+MaxQueued = Annotated[
+    Cap, msgspec.Meta(description="At most this many pending; a submission beyond is a 429.")
+]
 
 
 class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -183,14 +214,24 @@ class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         ),
     ]
     quotas: Quotas = {}
-    borrowing_limit: Annotated[
-        Quotas, msgspec.Meta(description="At most this many borrowed from the cohort, per kind.")
-    ] = {}
+    borrowing_limit: BorrowingLimit = {}
     cohort: Name | None = None
-    allowed_priorities: Annotated[
-        tuple[PriorityClass, ...], msgspec.Meta(min_length=1, max_length=3)
-    ] = ("p0", "p1", "p2")
+    allowed_priorities: Priorities = ("p0", "p1", "p2")
     admin: bool = False
+    max_running: MaxRunning | None = None
+    max_queued: MaxQueued | None = None
+
+
+class TenantUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`PATCH /v1/tenants/{tenant}`: a field left out stays as it is; null removes a
+    cohort or a cap. The scheduler applies the change from its next pass."""
+
+    quotas: Quotas | msgspec.UnsetType = msgspec.UNSET
+    borrowing_limit: BorrowingLimit | msgspec.UnsetType = msgspec.UNSET
+    cohort: Name | msgspec.UnsetType | None = msgspec.UNSET
+    allowed_priorities: Priorities | msgspec.UnsetType = msgspec.UNSET
+    max_running: MaxRunning | msgspec.UnsetType | None = msgspec.UNSET
+    max_queued: MaxQueued | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class TenantView(msgspec.Struct, frozen=True, kw_only=True):
@@ -202,6 +243,11 @@ class TenantView(msgspec.Struct, frozen=True, kw_only=True):
     allowed_priorities: tuple[PriorityClass, ...]
     admin: bool
     created_at: datetime
+    max_running: int | None = None  # null: no cap
+    max_queued: int | None = None  # null: no cap
+    # No quota of any kind applies: no accelerator quotas (none set, no cohort), no
+    # max_running, no max_queued.
+    unlimited: bool = False
 
 
 class TenantCreated(TenantView, frozen=True, kw_only=True):
@@ -223,6 +269,9 @@ def tenant_fields(record: TenantRecord) -> dict[str, object]:
         "allowed_priorities": record.allowed_priorities,
         "admin": record.admin,
         "created_at": utc_from_epoch(record.created_at),
+        "max_running": record.max_running,
+        "max_queued": record.max_queued,
+        "unlimited": record.unlimited,
     }
 
 
@@ -241,6 +290,7 @@ class EventView(msgspec.Struct, frozen=True, kw_only=True):
     work_id: str | None
     at: datetime
     payload: msgspec.Raw  # for work.state: cloud.store.WorkStateChanged
+    tenant: str | None = None  # whose work it is, by name (the admin sees every tenant's)
 
 
 class _ScaledPayload(msgspec.Struct, frozen=True):

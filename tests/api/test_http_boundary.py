@@ -188,5 +188,8 @@ async def test_training_at_the_edge_needs_an_edge_agent_that_runs_training(api: 
     # cloud may always be named: its agents train unless told otherwise
     assert (await api.submit(token, job_spec(sites=["edge", "cloud"]))).status == 201
 
-    registry.apply_status(node_status("edge-2", "edge", runs_training=True))
+    orin = Accelerator(
+        id="gpu0", kind="gpu", vendor="nvidia", model="Orin", memory_bytes=1, compute_units=1
+    )
+    registry.apply_status(node_status("edge-2", "edge", runs_training=True, accelerators=(orin,)))
     assert (await api.submit(token, job_spec(name="at-edge", sites=["edge"]))).status == 201

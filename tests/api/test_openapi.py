@@ -97,7 +97,7 @@ async def test_the_document_is_openapi_3_1_and_covers_every_route(api: Api) -> N
     headers = {p["name"] for p in submit["parameters"] if p["in"] == "header"}
     assert headers == {"Idempotency-Key"}
     listing = {p["name"] for p in document["paths"]["/v1/jobs"]["get"]["parameters"]}
-    assert listing == {"state", "priority", "limit", "cursor"}
+    assert listing == {"state", "priority", "limit", "cursor", "tenant"}
 
 
 async def test_the_published_schemas_accept_and_refuse_what_the_api_does(api: Api) -> None:

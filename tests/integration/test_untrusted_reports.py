@@ -93,7 +93,8 @@ async def test_a_lying_node_changes_nothing_and_every_lie_is_counted(
     async with fleet(database, private_mosquitto, cloud_nodes=2) as running:
         api = running.api
         token = await api.tenant("acme")
-        # A long job on one node; a gang too big for the fleet, never placed.
+        # A long job on one node; a gang too big for the fleet, never placed (accepted
+        # only because it says the fleet may grow).
         placed = await api.submitted(
             token,
             {"name": "long", "command": ["train"], "accelerators_per_worker": 4,
@@ -102,7 +103,8 @@ async def test_a_lying_node_changes_nothing_and_every_lie_is_counted(
         unplaced = await api.submitted(
             token,
             {"name": "too-big", "command": ["train"], "workers": 3,
-             "accelerators_per_worker": 4, "estimated_duration_s": 60.0},
+             "accelerators_per_worker": 4, "estimated_duration_s": 60.0,
+             "allow_unschedulable": True},
         )  # fmt: skip
         body = await reaches(api, token, placed, "running")
         (runner,) = body["nodes"]

@@ -45,7 +45,8 @@ async def test_pending_work_and_the_waits_of_work_that_ran_are_exported_once(
         api = running.api
         token = await api.tenant("acme")
         # Eight GPUs on one worker: no node of the fleet (4 GPUs) can ever take it.
-        await api.submitted(token, job("too-big", priority="p1", accelerators_per_worker=8))
+        too_big = job("too-big", priority="p1", accelerators_per_worker=8, allow_unschedulable=True)
+        await api.submitted(token, too_big)
         quick = await api.submitted(
             token, job("quick", priority="p0", accelerators_per_worker=4, estimated_duration_s=0.5)
         )

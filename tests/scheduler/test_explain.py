@@ -28,7 +28,10 @@ def test_every_job_is_placed_or_explained() -> None:
     too_big = plan.pending_for("too-big")
     assert too_big is not None
     assert too_big.code == "unschedulable"
-    assert too_big.message == "No node can run it: 0/2 nodes fit: 1 not cloud, 1 fewer than 16 GPU."
+    assert too_big.message == (
+        "No node can run it: no node has 16 GPU; the largest has 4; "
+        "0/2 nodes fit: 1 not cloud, 1 fewer than 16 GPU."
+    )
 
 
 def test_placement_explains_choice_and_runners_up() -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from cloud.scheduler import Tenant
+from cloud.scheduler import Allocation, Policy, Snapshot, Tenant, Work, schedule
+from cloud.scheduler.plan import Plan
 
-from .builders import gpu_node, job, plan_for, running
+from .builders import NOW, deployment, gpu_node, job, plan_for, running
 
 NODES = [gpu_node(f"n{i}") for i in range(4)]  # 32 GPUs
 
@@ -57,3 +58,78 @@ def test_unmanaged_tenants_have_no_quota() -> None:
     tenants = [Tenant(name="a", nominal={"gpu": 4})]
     plan = plan_for(NODES, [job("j", 8, workers=4, tenant="someone-else")], tenants=tenants)
     assert len(plan.placements) == 4
+
+
+def test_a_gangs_quota_reason_counts_only_what_the_tenant_holds() -> None:
+    # Two workers of 8, nominal 8 in a cohort whose other 8 are in use: the first worker
+    # is admitted, the second cannot borrow, and the first is undone. Nothing of the
+    # tenant runs, and the job asks for 16.
+    tenants = [
+        Tenant(name="research", cohort="lab", nominal={"gpu": 8}),
+        Tenant(name="other", cohort="lab", nominal={"gpu": 8}),
+    ]
+    held = [running("o1", "n0", 8, tenant="other", priority="p0", preemptible=False)]
+    plan = plan_for(NODES, [job("gang", 8, workers=2, tenant="research")], held, tenants)
+    assert plan.placements == ()
+    (pending,) = plan.pending
+    assert pending.code == "quota"
+    assert pending.quota is not None
+    assert (pending.quota.usage, pending.quota.requested, pending.quota.cohort_usage) == (
+        0,
+        16,
+        8,
+    )
+    assert "Over quota: tenant research uses 0 GPU (nominal 8" in pending.message
+    assert "cohort lab 8/16) and asks for 16 more" in pending.message
+
+
+def test_a_lowered_quota_evicts_no_more_than_the_new_job_takes() -> None:
+    # The tenant's quota went from 4 to 2 while it ran 2 jobs of 2 GPUs. Nothing is
+    # evicted for the lowering; a higher-priority job of its own takes the place of one
+    # of them (what it would have done at its quota), never of both.
+    tenants = [Tenant(name="a", nominal={"gpu": 2})]
+    held = [running(f"r{i}", f"n{i}", 2, tenant="a", priority="p2") for i in range(2)]
+    assert plan_for(NODES, [], held, tenants).preemptions == ()
+    plan = plan_for(NODES, [job("urgent", 1, tenant="a", priority="p0")], held, tenants)
+    assert [p.work_id for p in plan.placements] == ["urgent"]
+    assert len(plan.preemptions) == 1
+    assert {p.reason for p in plan.preemptions} == {"quota"}
+
+
+def _with_running_limits(
+    queue: list[Work], allocations: list[Allocation], limits: dict[str, int]
+) -> Plan:
+    snapshot = Snapshot.build(
+        now=NOW, nodes=NODES, allocations=allocations, queue=queue, running_limits=limits
+    )
+    return schedule(snapshot, Policy())
+
+
+def test_max_running_lets_no_more_work_items_hold_placements() -> None:
+    held = [running("r1", "n0", 1, tenant="a", priority="p1")]
+    queue: list[Work] = [job(f"j{i}", 1, tenant="a", submitted_at=i) for i in range(3)]
+    queue.append(job("other", 1, tenant="b", submitted_at=9))
+    plan = _with_running_limits(queue, held, {"a": 2})
+    assert sorted(p.work_id for p in plan.placements) == ["j0", "other"]
+    waiting = {p.work_id: p for p in plan.pending}
+    assert set(waiting) == {"j1", "j2"}
+    for pending in waiting.values():
+        assert pending.code == "quota"
+        assert pending.message == (
+            "Over quota: tenant a runs 2 jobs and deployments, its max_running of 2; this "
+            "waits until one of them ends."
+        )
+    assert plan.preemptions == ()  # a higher priority is no reason either
+    urgent = _with_running_limits([job("p0", 1, tenant="a", priority="p0")], held, {"a": 1})
+    assert (urgent.placements, urgent.preemptions) == ((), ())
+
+
+def test_max_running_still_places_the_missing_replicas_of_a_running_deployment() -> None:
+    nodes = [gpu_node("n0"), gpu_node("n1")]  # a replica per node
+    held = [running("d/0", "n0", 1, tenant="a", work_id="d", work_kind="inference", priority="p0")]
+    missing = deployment("d", replicas=1, tenant="a", kinds=("gpu",), sites=("cloud",))
+    snapshot = Snapshot.build(
+        now=NOW, nodes=nodes, allocations=held, queue=[missing], running_limits={"a": 1}
+    )
+    plan = schedule(snapshot, Policy())
+    assert [p.work_id for p in plan.placements] == ["d"]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from cloud.store import NewTenant, Store, TenantExistsError, TenantNotFoundError, tokens
+from cloud.store import (
+    NewTenant,
+    Store,
+    TenantExistsError,
+    TenantNotFoundError,
+    TokenNotFoundError,
+    tokens,
+)
 from cloud.store.schema import tenants
 from cloud.store.tokens import parse_token
 from shared.secret_hashes import verify_secret
@@ -93,11 +100,14 @@ async def test_authenticate_finds_the_tenant_of_a_token(store: Store) -> None:
 async def test_a_rotated_token_replaces_the_old_one(store: Store) -> None:
     acme = await make_tenant(store, "acme")
     assert await store.authenticate(acme.token) == acme.tenant
-    new_token = await store.rotate_token(acme.tenant.tenant_id)
+    (first,) = await store.list_tokens(acme.tenant.tenant_id)
+    rotated = await store.rotate_token(first.token_id, overlap_s=0)
     assert await store.authenticate(acme.token) is None
-    assert await store.authenticate(new_token) == acme.tenant
+    assert await store.authenticate(rotated.new.token) == acme.tenant
+    with pytest.raises(TokenNotFoundError):
+        await store.rotate_token("0" * 16, overlap_s=0)
     with pytest.raises(TenantNotFoundError):
-        await store.rotate_token("nobody")
+        await store.create_token("nobody", "ci")
 
 
 async def test_bootstrap_admin_creates_one_admin_once(store: Store) -> None:

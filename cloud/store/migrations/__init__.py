@@ -23,6 +23,8 @@ from cloud.store.migrations import (
     v0007_node_admin,
     v0008_retries,
     v0009_power_limits,
+    v0010_tokens_limits_audit,
+    v0011_dependencies_cpu_cores,
 )
 
 
@@ -43,6 +45,8 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(7, "node_admin", v0007_node_admin.upgrade),
     SchemaMigration(8, "retries", v0008_retries.upgrade),
     SchemaMigration(9, "power_limits", v0009_power_limits.upgrade),
+    SchemaMigration(10, "tokens_limits_audit", v0010_tokens_limits_audit.upgrade),
+    SchemaMigration(11, "dependencies_cpu_cores", v0011_dependencies_cpu_cores.upgrade),
 )
 
 

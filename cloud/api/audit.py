@@ -1,0 +1,112 @@
+"""`GET /v1/audit` (admin): the audit log, newest first; and `audit_entry`, with which
+handlers describe what they do so that the store records it with the action itself.
+
+Recorded: tenants created and changed, bearer tokens created, rotated and revoked
+(by their owner or the admin), work cancelled by the admin, and node operations
+(cordon, uncordon, drain, taints and labels, revocation, join tokens).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.access.views import AUDIT_ACTIONS, AuditAction, AuditList, audit_entry_view
+from cloud.api.auth import tenant_of
+from cloud.api.bodies import json_response
+from cloud.api.problems import invalid_query
+from cloud.api.query import parse_query
+from cloud.api.routes import Reply, Route
+from cloud.app_keys import STORE
+from cloud.store import Actor, AuditQuery, NewAudit
+from cloud.store.audit import MAX_PAGE
+from shared.problems import InvalidParam
+
+_DETAIL: Final = msgspec.json.Encoder()
+
+
+def audit_entry(
+    request: web.Request, action: AuditAction, target: str, **detail: object
+) -> NewAudit:
+    """What the caller is about to do, for the store to record with it. An empty
+    `target`: the id of what the action creates (the store fills it in)."""
+    caller = tenant_of(request)
+    return NewAudit(
+        actor=Actor(caller.tenant_id, caller.name),
+        action=action,
+        target=target,
+        detail=_DETAIL.encode(detail),
+    )
+
+
+class AuditListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    since: Annotated[
+        datetime | None,
+        msgspec.Meta(description="Entries at or after this time (ISO 8601 with an offset)."),
+    ] = None
+    actor: (
+        Annotated[str, msgspec.Meta(max_length=64, description="The acting tenant's name.")] | None
+    ) = None
+    action: Annotated[
+        str | None,
+        msgspec.Meta(description="Comma-separated actions, e.g. token.revoke,work.cancel."),
+    ] = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE)] = 50
+    cursor: (
+        Annotated[
+            str,
+            msgspec.Meta(pattern=r"^[0-9]{1,18}$", description="The previous page's next_cursor."),
+        ]
+        | None
+    ) = None
+
+
+def _actions(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in AUDIT_ACTIONS]
+    if unknown or not names:
+        raise invalid_query(
+            InvalidParam(
+                "action",
+                f"unknown action {', '.join(unknown)[:200] or '(empty)'}; one or more of "
+                f"{', '.join(AUDIT_ACTIONS)}",
+            )
+        )
+    return names
+
+
+async def list_audit(request: web.Request) -> web.Response:
+    query = parse_query(request, AuditListQuery)
+    if query.since is not None and query.since.tzinfo is None:
+        raise invalid_query(InvalidParam("since", "needs a UTC offset, e.g. 2026-12-01T00:00:00Z"))
+    page = await request.app[STORE].list_audit(
+        AuditQuery(
+            since=None if query.since is None else query.since.timestamp(),
+            actor=query.actor,
+            actions=_actions(query.action),
+            limit=query.limit,
+            cursor=None if query.cursor is None else int(query.cursor),
+        )
+    )
+    items = tuple(audit_entry_view(record) for record in page.items)
+    cursor = None if page.next_cursor is None else str(page.next_cursor)
+    return json_response(AuditList(items=items, count=len(items), next_cursor=cursor))
+
+
+ROUTES: Final = (
+    Route(
+        "GET",
+        "/v1/audit",
+        list_audit,
+        "The audit log of admin actions, newest first (admin)",
+        "admin",
+        "audit",
+        query=AuditListQuery,
+        replies=(Reply(200, "A page of audit entries", AuditList),),
+    ),
+)

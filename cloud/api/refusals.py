@@ -1,0 +1,151 @@
+"""New work that could never run is refused at submission, with the field at fault.
+
+- A deadline that has passed.
+- Work that no node of the fleet as registered could ever hold: the rule is the
+  scheduler's (`cloud.scheduler.unschedulable.never_fits`: kind, accelerators per
+  member, model, memory, host memory, CPU cores, a deadline no registered accelerator
+  can meet, a gang larger than the fleet or than the tenant's quota and its cohort
+  could ever give it, training at sites where no agent trains). A spec with
+  `allow_unschedulable` is accepted anyway (a fleet that will grow) and waits, pending
+  as `unschedulable` with the same cause, until a node that can run it registers.
+- Dependencies (`depends_on`) on a job the tenant does not have (another tenant's id is
+  unknown too), on a deployment, on a job that has already ended so that the condition
+  can never hold, or into a dependency loop.
+
+Each is a 422 naming the field: `$.accelerators_per_worker`, `$.host_memory_gib`,
+`$.workers`, `$.deadline`, `$.depends_on[0].job`. A retry of a submission accepted
+earlier still gets its original (the caller looks the replay up first).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.bodies import invalid_body
+from cloud.api.problems import Problem
+from cloud.app_keys import REGISTRY, STORE
+from cloud.loop.nodes import scheduler_nodes
+from cloud.scheduler import Snapshot
+from cloud.scheduler.unschedulable import never_fits
+from cloud.store import NewDependency, TenantRecord, WorkRecord
+from cloud.work.convert import spec_field, spec_of, tenant_from_record, to_work
+from cloud.work.dependencies import Verdict, loop_from, verdict
+from cloud.work.specs import WorkSpec
+from cloud.work.views import DependencyView
+from shared.errors import json_path
+from shared.work_literals import DependencyCondition, spec_kind_of
+
+# Work ids a loop search reads at most: a chain longer than this is not searched further.
+_MAX_CHAIN: Final = 10_000
+
+
+async def refused_now(
+    request: web.Request, spec: WorkSpec, tenant: TenantRecord, now_s: float
+) -> Problem | None:
+    """Why the fleet as registered could never run `spec` (a 422), or None."""
+    deadline = getattr(spec, "deadline", None)
+    if deadline is not None and deadline.timestamp() <= now_s:
+        return invalid_body("$.deadline", f"{deadline.isoformat()} has passed")
+    if spec.allow_unschedulable:
+        return None
+    tenants = await request.app[STORE].list_tenants()
+    fleet = Snapshot.build(
+        now=now_s,
+        nodes=scheduler_nodes(request.app[REGISTRY].nodes()),
+        tenants=[t for t in map(tenant_from_record, tenants) if t is not None],
+    )
+    work = to_work(spec, work_id="submitted", tenant=tenant.name, submitted_at=now_s)
+    never = never_fits(fleet, work)
+    if never is None:
+        return None
+    path = spec_field(spec, never.field)
+    hint = "; set allow_unschedulable to queue it for a fleet that will grow"
+    return invalid_body(json_path(path), never.reason + ("" if path == ("deadline",) else hint))
+
+
+async def refused_dependencies(
+    request: web.Request, spec: WorkSpec, tenant: TenantRecord
+) -> Problem | None:
+    """Why `spec`'s `depends_on` could never be met (a 422 on `$.depends_on[i].job`)."""
+    if not spec.depends_on:
+        return None
+    store = request.app[STORE]
+    jobs = await store.tenant_work(tenant.tenant_id, [d.job for d in spec.depends_on])
+    for index, dependency in enumerate(spec.depends_on):
+        name = f"$.depends_on[{index}].job"
+        record = jobs.get(dependency.job)
+        if record is None:
+            return invalid_body(name, f"no job {dependency.job!r}: name one of your training jobs")
+        if record.kind != "training":
+            return invalid_body(
+                name, f"{dependency.job} is a deployment, which never ends: name a training job"
+            )
+        if verdict(dependency.condition, record.state) == "never":
+            return invalid_body(
+                name,
+                f"job {dependency.job} already {record.state}: it can never have "
+                f"{dependency.condition}",
+            )
+    edges = await _chain(request, tenant, [d.job for d in spec.depends_on])
+    for index, dependency in enumerate(spec.depends_on):
+        loop = loop_from(dependency.job, edges)
+        if loop is not None:
+            return invalid_body(
+                f"$.depends_on[{index}].job",
+                f"job {dependency.job} leads into a dependency loop: {' -> '.join(loop)}",
+            )
+    return None
+
+
+async def _chain(
+    request: web.Request, tenant: TenantRecord, start: list[str]
+) -> dict[str, tuple[str, ...]]:
+    """The dependency edges of everything `start` leads to (breadth first, bounded)."""
+    store = request.app[STORE]
+    edges: dict[str, tuple[str, ...]] = {}
+    seen = set(start)
+    frontier = start
+    while frontier and len(seen) <= _MAX_CHAIN:
+        found = await store.dependency_edges(tenant.tenant_id, frontier)
+        edges.update(found)
+        frontier = [job for jobs in found.values() for job in jobs if job not in seen]
+        seen.update(frontier)
+    return edges
+
+
+def new_dependencies(spec: WorkSpec) -> tuple[NewDependency, ...]:
+    return tuple(NewDependency(d.job, d.condition) for d in spec.depends_on)
+
+
+async def dependency_views(
+    request: web.Request, tenant: TenantRecord, record: WorkRecord
+) -> tuple[tuple[DependencyView, ...], tuple[DependencyView, ...]]:
+    """(what the work waits for, what waits for it), for its view."""
+    links = await request.app[STORE].work_links(tenant.tenant_id, record.work_id)
+    waits_for = tuple(
+        _view(other, dependency.condition, verdict(dependency.condition, other.state))
+        for dependency, other in links.needs
+    )
+    needed_by = tuple(
+        _view(other, dependency.condition, verdict(dependency.condition, record.state))
+        for dependency, other in links.needed_by
+    )
+    return waits_for, needed_by
+
+
+def _view(other: WorkRecord, condition: DependencyCondition, holds: Verdict) -> DependencyView:
+    try:
+        name = spec_of(other).name
+    except (msgspec.DecodeError, ValueError):  # a spec this version cannot read
+        name = ""
+    return DependencyView(
+        id=other.work_id,
+        kind=spec_kind_of(other.kind),
+        name=name,
+        state=other.state,
+        condition=condition,
+        verdict=holds,
+    )

@@ -1,0 +1,314 @@
+"""Whether work could ever run on this fleet, whatever else ran or waited.
+
+The filters (filters.py) say where a member fits *now*; this says whether the fleet as
+it is could ever hold the work and, if not, which of the work's fields asks for more
+than any node has: "no node has 64 GPU; the largest has 8". The API refuses such work
+at submission (a 422 naming the field) unless the spec opts out for a fleet that will
+grow; the core gives work that is queued anyway (opted out, or the fleet shrank) the
+pending code ``unschedulable`` with this exact cause, never "waiting for capacity".
+
+Judged against every node of the snapshot at the work's sites, healthy or not (a node
+that is down may come back), on what does not change while work runs, in this order:
+a pool of an accepted kind, with enough accelerators for one member, of an accepted
+model, with enough memory each; host memory and CPU cores for one member on such a
+node; a training job's deadline on the fastest such pool; the whole gang on all such
+nodes together; the gang within what the tenant's quota and its cohort could ever give
+it. Labels, taints and start windows are not judged: an operator changes them without
+the fleet changing.
+
+Nothing registered at one of the work's sites is nothing to judge by (a node may
+register there), with the one exception the API has always made: training only at
+sites other than cloud needs a node there whose agent runs training (edge agents do
+not by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shared.clock import utc_from_epoch
+from shared.messages import AcceleratorKind
+
+from .arrays import BoolArray, IntArray
+from .model import KIND_INDEX, KINDS, Tenant, TrainingJob, Work
+from .plan import NeverFits
+from .snapshot import CPU_COLUMN, SITE_INDEX, Snapshot
+
+_GIB = 1 << 30
+
+
+def never_fits(snapshot: Snapshot, work: Work) -> NeverFits | None:
+    """Why no node of ``snapshot`` could ever run ``work`` (the first field at fault, in
+    the order above), or None when some could, or when nothing tells."""
+    return FleetFit(snapshot).never_fits(work)
+
+
+@dataclass(frozen=True, slots=True)
+class _Members:
+    """Where one member of a shape fits on an empty fleet (shared by all work asking
+    for the same member): per usable pool column its nodes, and per node how many."""
+
+    kinds: str  # e.g. "GPU", "NPU/GPU"
+    need: int  # accelerators per member
+    usable: dict[int, BoolArray]
+    per_node: IntArray
+    total: int  # members the whole fleet could hold at once
+    fastest: float  # relative speed of the fastest usable pool
+    slowest: float  # and of the slowest
+
+
+class FleetFit:
+    """`never_fits` over one snapshot, remembering per member shape what the fleet
+    could hold: a pass judges thousands of jobs, most of them alike."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._members: dict[Hashable, _Members | NeverFits | None] = {}
+
+    def never_fits(self, work: Work) -> NeverFits | None:
+        snapshot = self.snapshot
+        if (
+            isinstance(work, TrainingJob)
+            and work.deadline is not None
+            and (work.deadline <= snapshot.now)
+        ):
+            return NeverFits("deadline", f"{_iso(work.deadline)} has passed")
+        key = _member_key(work)
+        if key not in self._members:
+            self._members[key] = _members(snapshot, work)
+        members = self._members[key]
+        if not isinstance(members, _Members):
+            return members
+        if isinstance(work, TrainingJob):
+            found = _deadline_or_gang(snapshot, work, members)
+            if found is not None:
+                return found
+            wanted = work.workers
+        else:
+            wanted = work.replicas if work.min_replicas is None else work.min_replicas
+        tenant = snapshot.tenants.get(work.tenant)
+        if tenant is None:
+            return None
+        return _beyond_quota(snapshot, work, tenant, members.need * wanted)
+
+
+def _member_key(work: Work) -> Hashable:
+    """Everything `_members` reads of the work."""
+    common = (work.sites, work.accelerator_models, work.memory_bytes, work.host_memory_bytes)
+    if isinstance(work, TrainingJob):
+        return (
+            "training",
+            *common,
+            work.accelerator_kind,
+            work.accelerators_per_worker,
+            work.cpus_per_worker,
+        )
+    return ("inference", *common, work.accepted_kinds, work.accelerators_per_replica)
+
+
+def _members(snapshot: Snapshot, work: Work) -> _Members | NeverFits | None:
+    """Where one member could ever fit, or why nowhere (None: nothing to judge by)."""
+    training = isinstance(work, TrainingJob)
+    table = snapshot.nodes
+    eligible = table.runs_training if training else np.ones(len(table), dtype=np.bool_)
+    by_site = {site: eligible & (table.site_code == SITE_INDEX[site]) for site in work.sites}
+    if not any(mask.any() for mask in by_site.values()):
+        if training and "cloud" not in work.sites:
+            return NeverFits(
+                "sites",
+                f"no node at {', '.join(work.sites)} runs training (an edge agent runs it "
+                "with agent.training_enabled = true); name cloud, or enable training there",
+            )
+        return None
+    if not all(mask.any() for mask in by_site.values()):
+        return None  # a node may yet register at a site that has none
+    at_sites: BoolArray = np.logical_or.reduce(list(by_site.values()))
+
+    if isinstance(work, TrainingJob):
+        kind_field, count_field = "accelerator_kind", "accelerators_per_worker"
+        need = work.accelerators_per_worker
+        kind_codes: tuple[int, ...] = (KIND_INDEX[work.accelerator_kind],)
+        cores = work.cpus_per_worker
+    else:
+        kind_field, count_field = "accepted_kinds", "accelerators_per_replica"
+        need = work.accelerators_per_replica
+        kind_codes = tuple(KIND_INDEX[kind] for kind in work.accepted_kinds)
+        cores = 0
+    kinds = "/".join(KINDS[k].upper() for k in kind_codes)
+    columns = [c for k in kind_codes for c in table.kind_columns[k]]
+
+    # Per pool column of an accepted kind: the nodes where one member's devices fit.
+    usable = {c: at_sites & (table.kinds[c].capacity > 0) for c in columns}
+    if not _any(usable):
+        return NeverFits(kind_field, f"no node at {', '.join(work.sites)} has a {kinds}")
+    largest = int(_most(usable, lambda c: table.kinds[c].capacity))
+    usable = {c: mask & (table.kinds[c].capacity >= need) for c, mask in usable.items()}
+    if not _any(usable):
+        return NeverFits(count_field, f"no node has {need} {kinds}; the largest has {largest}")
+    if work.accelerator_models:
+        for c, mask in usable.items():
+            pools = table.kinds[c]
+            accepted = [i for i, m in enumerate(pools.models) if m in work.accelerator_models]
+            usable[c] = mask & np.isin(pools.model_code, accepted)
+        if not _any(usable):
+            models = ", ".join(work.accelerator_models)
+            return NeverFits("accelerator_models", f"no node has {need} {kinds} of model {models}")
+    if work.memory_bytes:
+        most = int(_most(usable, lambda c: table.kinds[c].memory_bytes))
+        usable = {
+            c: mask & (table.kinds[c].memory_bytes >= work.memory_bytes)
+            for c, mask in usable.items()
+        }
+        if not _any(usable):
+            return NeverFits(
+                "memory_bytes",
+                f"no node has {kinds} with {_gib(work.memory_bytes)} of memory each; "
+                f"the most is {_gib(most)}",
+            )
+
+    # The nodes that could hold one member's devices, then what else a member needs.
+    holders = np.zeros(len(table), dtype=np.bool_)
+    for mask in usable.values():
+        holders |= mask
+    holder = f"no node with {need} {kinds}"
+    if work.host_memory_bytes:
+        most = int(table.host_memory_total[holders].max())
+        holders &= table.host_memory_total >= work.host_memory_bytes
+        if not holders.any():
+            return NeverFits(
+                "host_memory_bytes",
+                f"{holder} has {_gib(work.host_memory_bytes)} of host memory; the most is "
+                f"{_gib(most)}",
+            )
+    if cores:
+        node_cores = table.kinds[CPU_COLUMN].capacity
+        most = int(node_cores[holders].max())
+        holders &= node_cores >= cores
+        if not holders.any():
+            return NeverFits(
+                "cpus_per_worker", f"{holder} has {cores} CPU cores; the most is {most}"
+            )
+    usable = {c: mask & holders for c, mask in usable.items()}
+    per_node = _per_node(snapshot, work, usable, need, cores)
+    return _Members(
+        kinds=kinds,
+        need=need,
+        usable=usable,
+        per_node=per_node,
+        total=int(per_node.sum()),
+        fastest=float(_most(usable, lambda c: table.kinds[c].relative_speed)),
+        slowest=-float(_most(usable, lambda c: -table.kinds[c].relative_speed)),
+    )
+
+
+def _per_node(
+    snapshot: Snapshot, work: Work, usable: dict[int, BoolArray], need: int, cores: int
+) -> IntArray:
+    """Members each node could hold at once: its usable pools, its host memory, its cores."""
+    table = snapshot.nodes
+    per_node: IntArray = np.zeros(len(table), dtype=np.int64)
+    for c, mask in usable.items():
+        per_node += np.where(mask, table.kinds[c].capacity // need, 0)
+    if work.host_memory_bytes:
+        per_node = np.minimum(per_node, table.host_memory_total // work.host_memory_bytes)
+    if cores:
+        per_node = np.minimum(per_node, table.kinds[CPU_COLUMN].capacity // cores)
+    return per_node
+
+
+def _deadline_or_gang(snapshot: Snapshot, work: TrainingJob, members: _Members) -> NeverFits | None:
+    """A deadline the fastest usable pool cannot meet; a gang larger than the fleet (in
+    time for its deadline: a slow pool holds none of its members)."""
+    per_node, total = members.per_node, members.total
+    if work.deadline is not None:
+        needed_s = work.duration_s / members.fastest
+        if snapshot.now + needed_s > work.deadline:
+            return NeverFits(
+                "deadline",
+                f"{_iso(work.deadline)} is too soon: the job needs {needed_s:,.0f} s on the "
+                f"fastest registered {work.accelerator_kind} (relative speed "
+                f"{members.fastest:g}), so it would be late wherever it ran",
+            )
+        slowest_late = snapshot.now + work.duration_s / members.slowest > work.deadline
+        if slowest_late and 1 < work.workers <= total:  # enough nodes: enough in time?
+            table = snapshot.nodes
+            in_time = {
+                c: mask
+                & (snapshot.now + work.duration_s / table.kinds[c].relative_speed <= work.deadline)
+                for c, mask in members.usable.items()
+            }
+            per_node = _per_node(snapshot, work, in_time, members.need, work.cpus_per_worker)
+            total = int(per_node.sum())
+    if work.workers > 1 and total < work.workers:
+        return NeverFits(
+            "workers",
+            f"the fleet could hold at most {total} workers of {members.need} {members.kinds} "
+            f"at once (on {int(np.count_nonzero(per_node))} nodes); the gang has {work.workers}",
+        )
+    return None
+
+
+def _beyond_quota(snapshot: Snapshot, work: Work, tenant: Tenant, total: int) -> NeverFits | None:
+    """The whole job (a deployment: its minimum) asks for more of every accepted kind
+    than the tenant could ever hold: its nominal quota, plus what its cohort could lend
+    within its borrowing limit (quota.py's rules, with nothing else running)."""
+    kinds = (work.accelerator_kind,) if isinstance(work, TrainingJob) else work.accepted_kinds
+    ceilings = [(KIND_INDEX[kind], _ceiling(snapshot, tenant, kind)) for kind in kinds]
+    if any(total <= ceiling for _, ceiling in ceilings):
+        return None
+    k, ceiling = max(ceilings, key=lambda item: item[1])
+    kind = KINDS[k]
+    nominal = tenant.nominal.get(kind, 0)
+    if tenant.cohort is None:
+        source = "its nominal quota; no cohort to borrow from"
+    else:
+        source = f"nominal {nominal} plus what cohort {tenant.cohort} could lend"
+        limit = tenant.borrowing_limit.get(kind)
+        if limit is not None:
+            source += f", borrowing limit {limit}"
+    if isinstance(work, TrainingJob):
+        field = "workers" if work.workers > 1 else "accelerators_per_worker"
+        asks = f"the job needs {total}"
+    else:
+        field = "replicas" if work.min_replicas is None else "min_replicas"
+        asks = f"its replicas need {total}"
+    return NeverFits(
+        field,
+        f"tenant {tenant.name} may hold at most {ceiling} {kind.upper()} ({source}); {asks}",
+    )
+
+
+def _ceiling(snapshot: Snapshot, tenant: Tenant, kind: AcceleratorKind) -> int:
+    """The most of ``kind`` the tenant could ever hold at once."""
+    nominal = tenant.nominal.get(kind, 0)
+    if tenant.cohort is None:
+        return nominal
+    cohort_total = sum(
+        other.nominal.get(kind, 0)
+        for other in snapshot.tenants.values()
+        if other.cohort == tenant.cohort
+    )
+    limit = tenant.borrowing_limit.get(kind)
+    return cohort_total if limit is None else min(cohort_total, nominal + limit)
+
+
+def _any(usable: dict[int, BoolArray]) -> bool:
+    return any(bool(mask.any()) for mask in usable.values())
+
+
+def _most(usable: dict[int, BoolArray], values: Callable[[int], NDArray[Any]]) -> Any:
+    """The largest of ``values(column)`` (one per node) over the usable pools."""
+    return max(values(c)[mask].max().item() for c, mask in usable.items() if mask.any())
+
+
+def _gib(amount_bytes: int) -> str:
+    return f"{amount_bytes / _GIB:,.4g} GiB"
+
+
+def _iso(timestamp: float) -> str:
+    return utc_from_epoch(timestamp).isoformat()

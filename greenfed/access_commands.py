@@ -1,0 +1,180 @@
+"""`greenfed tokens` and `greenfed audit`: bearer tokens (a tenant's own; the admin's
+anyone's, `--tenant`) and the admin's audit log, through `greenfed.api_client`.
+
+People get tables; `--json` prints the API's JSON. A token's secret is printed once,
+when it is made, with a line saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Final
+
+import msgspec
+from rich.table import Table
+
+from cloud.access.views import AuditList, TokenCreated, TokenList, TokenRotated, TokenView
+from greenfed.api_client import ApiClient
+from greenfed.arguments import EXIT_OK
+from greenfed.work_commands import Output, ago, console, print_json
+
+_SHOWN_ONCE: Final = "token (shown only now, keep it secret)"
+_STATE_STYLE: Final = {"active": "green", "rotated": "yellow", "expired": "dim", "revoked": "red"}
+
+
+def _when(moment: datetime | None) -> str:
+    return "" if moment is None else f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+
+
+def _tenant_params(tenant: str | None) -> dict[str, str]:
+    return {} if tenant is None else {"tenant": tenant}
+
+
+def render_tokens(tokens: TokenList, output: Output) -> None:
+    table = Table(title=f"tokens: {tokens.count}", title_justify="left")
+    for column in ("id", "tenant", "name", "state", "created", "by", "last used", "until"):
+        table.add_column(column, no_wrap=column in ("id", "state"))
+    for token in tokens.items:
+        until = _when(token.revoked_at or token.expires_at)
+        table.add_row(
+            token.id,
+            token.tenant,
+            token.name,
+            f"[{_STATE_STYLE.get(token.state, '')}]{token.state}[/]",
+            ago(token.created_at),
+            token.created_by or "",
+            ago(token.last_used_at),
+            until,
+        )
+    console(output.out).print(table)
+
+
+async def list_tokens(client: ApiClient, *, tenant: str | None, output: Output) -> int:
+    _, payload = await client.call("GET", "/v1/tokens", params=_tenant_params(tenant))
+    if output.json:
+        print_json(payload, output.out)
+    else:
+        render_tokens(msgspec.json.decode(payload, type=TokenList), output)
+    return EXIT_OK
+
+
+def _made(token: TokenView, secret: str) -> str:
+    return (
+        f"token {token.id} ({token.name}) of tenant {token.tenant} created\n"
+        f"{_SHOWN_ONCE}: {secret}\n"
+    )
+
+
+async def create_token(client: ApiClient, name: str, *, tenant: str | None, output: Output) -> int:
+    _, payload = await client.call(
+        "POST",
+        "/v1/tokens",
+        params=_tenant_params(tenant),
+        body=msgspec.json.encode({"name": name}),
+    )
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    created = msgspec.json.decode(payload, type=TokenCreated)
+    output.out.write(_made(created, created.token))
+    return EXIT_OK
+
+
+async def rotate_token(
+    client: ApiClient, token_id: str, *, overlap_s: float | None, output: Output
+) -> int:
+    body = None if overlap_s is None else msgspec.json.encode({"overlap_s": overlap_s})
+    _, payload = await client.call("POST", f"/v1/tokens/{token_id}/rotate", body=body)
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    rotated = msgspec.json.decode(payload, type=TokenRotated)
+    old = rotated.replaced
+    until = (
+        f"until {_when(old.expires_at)} UTC" if old.state == "rotated" else "no more (overlap 0)"
+    )
+    output.out.write(
+        f"token {old.id} ({old.name}) of tenant {old.tenant} rotated: it works {until}\n"
+        f"replacement {rotated.token.id}\n{_SHOWN_ONCE}: {rotated.token.token}\n"
+    )
+    return EXIT_OK
+
+
+async def revoke_token(client: ApiClient, token_id: str, *, output: Output) -> int:
+    _, payload = await client.call("DELETE", f"/v1/tokens/{token_id}")
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    token = msgspec.json.decode(payload, type=TokenView)
+    output.out.write(
+        f"token {token.id} ({token.name}) of tenant {token.tenant} revoked at "
+        f"{_when(token.revoked_at)} UTC\n"
+    )
+    return EXIT_OK
+
+
+def _detail(detail: object) -> str:
+    if not isinstance(detail, Mapping) or not detail:
+        return ""
+    return ", ".join(f"{key} {_change(value)}" for key, value in detail.items())
+
+
+def _change(value: object) -> str:
+    if isinstance(value, Mapping) and set(value) == {"from", "to"}:
+        return f"{_value(value['from'])} → {_value(value['to'])}"
+    return _value(value)
+
+
+def _value(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "{}"
+    if isinstance(value, list):
+        return ",".join(str(item) for item in value) or "[]"
+    return str(value)
+
+
+async def list_audit(
+    client: ApiClient,
+    *,
+    since: datetime | None,
+    actor: str | None,
+    action: str | None,
+    limit: int | None,
+    cursor: str | None,
+    output: Output,
+) -> int:
+    params = {
+        key: value
+        for key, value in (
+            ("since", since.isoformat() if since else None),
+            ("actor", actor),
+            ("action", action),
+            ("limit", None if limit is None else str(limit)),
+            ("cursor", cursor),
+        )
+        if value is not None
+    }
+    _, payload = await client.call("GET", "/v1/audit", params=params)
+    if output.json:
+        print_json(payload, output.out)
+        return EXIT_OK
+    entries = msgspec.json.decode(payload, type=AuditList)
+    table = Table(title=f"audit: {entries.count}", title_justify="left")
+    for column in ("at (UTC)", "actor", "action", "target", "detail"):
+        table.add_column(column, overflow="fold" if column == "detail" else "ellipsis")
+    for entry in entries.items:
+        table.add_row(
+            _when(entry.at),
+            entry.actor,
+            entry.action,
+            entry.target,
+            _detail(msgspec.json.decode(entry.detail)),
+        )
+    target = console(output.out)
+    target.print(table)
+    if entries.next_cursor:
+        target.print(f"more: --cursor {entries.next_cursor}")
+    return EXIT_OK
