@@ -145,10 +145,15 @@ def _allocations_table(allocations: tuple[AllocationView, ...]) -> Table:
         table.add_column(column)
     for allocation in allocations:
         ids = f" ({','.join(allocation.accelerator_ids)})" if allocation.accelerator_ids else ""
+        capped = (
+            f", held to {allocation.power_limit_w:.0f} W"
+            if allocation.power_limit_w is not None
+            else ""
+        )
         table.add_row(
             str(allocation.member),
             allocation.node_id,
-            f"{allocation.accelerators} {allocation.accelerator_kind}{ids}",
+            f"{allocation.accelerators} {allocation.accelerator_kind}{ids}{capped}",
             allocation.state,
             ago(allocation.started_at),
             allocation.expected_end.isoformat(timespec="seconds")

@@ -118,7 +118,14 @@ def _placed_message(placements: Sequence[Placement]) -> str:
     nodes = ", ".join(f"{p.node_id} (score {p.chosen.total:.3f})" for p in placements)
     noun = "worker" if placements[0].work_kind == "training" else "replica"
     plural = "s" if len(placements) != 1 else ""
-    return f"Placed {len(placements)} {noun}{plural} on {nodes}."
+    limits = sorted({p.power_limit_w for p in placements if p.power_limit_w is not None})
+    capped = (
+        f" Its GPUs are held to {'/'.join(f'{w:.0f}' for w in limits)} W for the run"
+        " (power capping: less energy, a slower run; the expected end allows for it)."
+        if limits
+        else ""
+    )
+    return f"Placed {len(placements)} {noun}{plural} on {nodes}.{capped}"
 
 
 def explain_work(

@@ -11,11 +11,14 @@ margin).
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import msgspec
 import pytest
 
+from cloud.work.views import JobView
+from greenfed.work_commands import render_work
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import FAST_LOOP, fleet, reaches, work
 
@@ -51,6 +54,15 @@ async def test_training_on_a_dirty_grid_runs_under_a_power_limit_the_node_is_tol
         [(spec, _, _)] = [r for r in running.launchers[NODE].runs if r[0].job_id == job_id]
         assert spec.power_limit_w == limit_w
         assert body["nodes"] == [NODE]
+        # Why, for a person: the explanation and `greenfed job ID` say so.
+        explained = await (await api.get(token, f"/v1/jobs/{job_id}/explain")).json()
+        assert f"held to {limit_w:.0f} W" in explained["message"]
+        shown = io.StringIO()
+        view = msgspec.json.decode(
+            msgspec.json.encode(await work(api, token, job_id)), type=JobView
+        )
+        render_work(view, None, shown)
+        assert f"held to {limit_w:.0f} W" in " ".join(shown.getvalue().split())
 
 
 async def test_the_carbon_blind_baseline_never_caps(
