@@ -17,7 +17,7 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -281,6 +281,22 @@ class DesiredTraining(WireStruct, frozen=True, kw_only=True):
                     "Carbon-aware power capping (1.6): hold each assigned GPU to this "
                     "power limit for the run, clamped to the device's allowed range, and "
                     "restore the device's default when the run ends. Null: the default."
+                ),
+            ),
+        ]
+        | None
+    ) = None
+    cpu_cores: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1,
+                le=1_000_000,
+                description=(
+                    "CPU cores the scheduler holds for this worker on the node (1.7): a "
+                    "GPU/NPU job's cpus_per_worker, a CPU job's cores, summed over its "
+                    "members here. Exported as GREENFED_CPU_CORES and, unless the job's "
+                    "env sets it, OMP_NUM_THREADS. Null: none held."
                 ),
             ),
         ]

@@ -100,6 +100,7 @@ AuditAction = Literal[
     "token.rotate",
     "token.revoke",
     "work.cancel",
+    "work.update",
     "node.cordon",
     "node.uncordon",
     "node.drain",

@@ -2,8 +2,9 @@
 handlers describe what they do so that the store records it with the action itself.
 
 Recorded: tenants created and changed, bearer tokens created, rotated and revoked
-(by their owner or the admin), work cancelled by the admin, and node operations
-(cordon, uncordon, drain, taints and labels, revocation, join tokens).
+(by their owner or the admin), work cancelled and deployments changed by the admin,
+and node operations (cordon, uncordon, drain, taints and labels, revocation, join
+tokens).
 """
 
 from __future__ import annotations

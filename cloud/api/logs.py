@@ -1,4 +1,5 @@
-"""`GET /v1/jobs/{id}/logs`: a training job's recent output, as text, optionally followed.
+"""`GET /v1/jobs/{id}/logs`: a training job's recent output, as text, optionally followed
+(the caller's job; the admin's: any tenant's).
 
 Output comes from the in-memory `JobLogStore` (fed by the `logs` MQTT channel). By
 default the latest attempt that has output, all its workers; a gang's lines are
@@ -16,6 +17,7 @@ from typing import Annotated, Final
 import msgspec
 from aiohttp import web
 
+from cloud.api.auth import tenant_of
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.api.work import JOBS, find
@@ -51,7 +53,9 @@ def _selection(
 
 async def job_logs(request: web.Request) -> web.StreamResponse:
     query = parse_query(request, LogQuery)
-    tenant, record = await find(request, JOBS, request.match_info["id"])
+    caller = tenant_of(request)
+    # The admin reads any tenant's job; its streams count against its own slots.
+    tenant, record = await find(request, JOBS, request.match_info["id"], any_tenant=True)
     spec = JOBS.decoder.decode(record.spec)
     logs = request.app[JOB_LOGS]
     prefix = spec.workers > 1 and query.node is None
@@ -64,7 +68,7 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
         return web.Response(text=text, content_type="text/plain", headers=headers)
 
     tuning = request.app[TUNING]
-    with request.app[STREAMS].slot(tenant.tenant_id):
+    with request.app[STREAMS].slot(caller.tenant_id):
         response = web.StreamResponse(headers={**headers, "Content-Type": TEXT})
         response.enable_chunked_encoding()
         await response.prepare(request)
@@ -113,7 +117,7 @@ ROUTES: Final = (
         "GET",
         "/v1/jobs/{id}/logs",
         job_logs,
-        "A training job's recent output (follow=true streams it)",
+        "A training job's recent output (follow=true streams it; the admin: any tenant's)",
         "tenant",
         "jobs",
         query=LogQuery,

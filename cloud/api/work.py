@@ -3,8 +3,9 @@
 Both collections share one implementation, parameterised by `Collection`. Every read
 and write is scoped to the caller's tenant: another tenant's id is not found (404), and
 an id of the other collection is not found either. The admin sees every tenant's work
-(lists, one item, its explanation) and may cancel it; such a cancellation names the
-admin in the work's reason and event, and is in the audit log.
+(lists, one item, its explanation) and may cancel it or change a deployment (PATCH);
+such a cancellation names the admin in the work's reason and event, and both are in
+the audit log.
 """
 
 from __future__ import annotations
@@ -776,6 +777,7 @@ async def update_deployment(request: web.Request) -> web.Response:
     one keeps serving, then switch; no request fails during the switch."""
     body = decode_body(await read_body(request), _UPDATE_DECODER)
     store = request.app[STORE]
+    caller = tenant_of(request)
 
     async def update(tenant: TenantRecord, record: WorkRecord) -> web.Response:
         spec = _spec(DEPLOYMENTS, record)
@@ -797,12 +799,36 @@ async def update_deployment(request: web.Request) -> web.Response:
             spec = msgspec.structs.replace(spec, batching=body.batching)
         spec = _scaled(spec, body)
         updated = await store.update_spec(
-            tenant.tenant_id, record.work_id, encode_spec(spec), expected_version=record.version
+            tenant.tenant_id,
+            record.work_id,
+            encode_spec(spec),
+            expected_version=record.version,
+            audit=(
+                audit_entry(
+                    request,
+                    "work.update",
+                    record.work_id,
+                    tenant=tenant.name,
+                    kind=DEPLOYMENTS.noun,
+                    changes=_given(body),
+                )
+                if caller.admin
+                else None
+            ),
         )
         allocations = await store.work_allocations(tenant.tenant_id, record.work_id)
         return json_response(DEPLOYMENTS.detail(updated, spec, tenant.name, allocations))
 
-    return await _change_live_work(request, DEPLOYMENTS, "updated", update)
+    return await _change_live_work(request, DEPLOYMENTS, "updated", update, any_tenant=True)
+
+
+def _given(body: DeploymentUpdate) -> dict[str, object]:
+    """The fields the update sets, as asked (an explicit null included)."""
+    return {
+        field.name: getattr(body, field.name)
+        for field in msgspec.structs.fields(body)
+        if getattr(body, field.name) is not field.default
+    }
 
 
 async def _end_rollout(request: web.Request, outcome: str) -> web.Response:
@@ -854,7 +880,8 @@ ROUTES: Final = (
             "PATCH",
             DEPLOYMENTS.path() + "/{id}",
             update_deployment,
-            "Change a deployment's model, batching, replicas or autoscaling in place",
+            "Change a deployment's model, batching, replicas or autoscaling in place "
+            "(the admin: any tenant's)",
             "tenant",
             "deployments",
             body=DeploymentUpdate,
@@ -863,7 +890,9 @@ ROUTES: Final = (
                 "batches: no request fails during the update. `replicas` scales the "
                 "deployment now; `autoscale` lets the scheduler scale it on its load "
                 "(null turns that off). `model_id` with `rollout` serves the new model on "
-                "canary replicas first: promoted when healthy, rolled back on a breach."
+                "canary replicas first: promoted when healthy, rolled back on a breach. The "
+                "admin may change any tenant's deployment (`model_id` then names a model of "
+                "that tenant); the change is in the audit log (`work.update`)."
             ),
             replies=(
                 Reply(200, "The deployment with its new spec", DeploymentView),

@@ -4,7 +4,8 @@ Training: one worker per node of a gang (`node_workers`): the node's position is
 `RANK`, the number of nodes its `WORLD_SIZE`, and the first node is the rendezvous
 (`MASTER_ADDR`: its `greenfed.io/address` label, else its hostname). `MASTER_PORT`
 is a stable hash of (job, attempt) into a configured range, so every worker of an
-attempt, and a control plane restarted in between, computes the same one.
+attempt, and a control plane restarted in between, computes the same one. The
+worker's `cpu_cores` are the CPU cores its members hold on the node.
 
 Inference: one entry per replica, with the model (a signed download URL and the
 sha256 the file must have), the accepted providers and the batching settings. A
@@ -72,7 +73,15 @@ def _training(
             (m.power_limit_w for m in workers[node_id] if m.power_limit_w is not None),
             default=None,
         ),
+        cpu_cores=_cores(workers[node_id]),
     )
+
+
+def _cores(members: Sequence[AllocationRecord]) -> int | None:
+    """The CPU cores a node's worker may use: held beside GPU/NPU devices, or a CPU job's
+    accelerators; None where the scheduler holds none."""
+    cores = sum(m.accelerators if m.accelerator_kind == "cpu" else m.cpu_cores for m in members)
+    return cores or None
 
 
 def canary_members(spec: DeploymentSpec, members: Sequence[AllocationRecord]) -> frozenset[int]:

@@ -274,6 +274,16 @@ class Scheduler:
         admit, state = self.quota.admit, self.state
         return {o.k: admit(state, tenant, o.k, need) for o in job.options}
 
+    def _cores_admission(self, job: JobContext) -> Admission | None:
+        """The CPU cores a GPU/NPU member holds beside its accelerators, against its
+        tenant's ``cpu`` quota; None where the tenant has none (the cores are then
+        capacity only, see ``ClusterState.cores_charged``)."""
+        shape = job.shape
+        tenant = shape.work.tenant
+        if not shape.cpu_cores or tenant not in self.state.cores_charged:
+            return None
+        return self.quota.admit(self.state, tenant, CPU_COLUMN, shape.cpu_cores)
+
     def _attempt(self, job: JobContext, *, preempt: bool) -> _Attempt:
         attempt = _Attempt(Statement(self.state))
         stmt = attempt.stmt
@@ -282,7 +292,10 @@ class Scheduler:
             # Everything this member changes (victims, its allocation) comes after this.
             savepoint = stmt.mark()
             admissions = self._admissions(job)
-            admitted = [k for k, a in admissions.items() if a.admitted]
+            cores = self._cores_admission(job)
+            cores_over = cores is not None and not cores.admitted
+            # Cores over the cpu quota deny the member whichever kind it would take.
+            admitted = [] if cores_over else [k for k, a in admissions.items() if a.admitted]
             choice = job.pick(admitted) if admitted else None
             over_quota: Choice | None = None
             if choice is None and len(admitted) < len(admissions):
@@ -300,17 +313,26 @@ class Scheduler:
                     choice = Choice(found.option, found.position, found.node, score, ())
             if choice is None:
                 if over_quota is not None:
-                    attempt.quota_block = admissions[over_quota.option.k]
-                elif not admitted:
-                    attempt.quota_block = admissions[job.options[0].k]  # the preferred kind
+                    attempt.quota_block = _blocking(admissions[over_quota.option.k], cores)
+                elif not admitted:  # the preferred kind's
+                    attempt.quota_block = _blocking(admissions[job.options[0].k], cores)
                 break
             admission = admissions[choice.option.k]
-            placement = self._place_member(job, stmt, choice, admission)
+            borrowed = admission.mode == "borrow" or (cores is not None and cores.mode == "borrow")
+            placement = self._place_member(job, stmt, choice, borrowed=borrowed)
             if not admission.admitted and not self.preemptor.release_quota(
                 job, stmt, choice.option.k, admission.mode
             ):
                 stmt.rollback_to(savepoint)  # the member and its victims
                 attempt.quota_block = admission
+                break
+            if (
+                cores_over
+                and cores is not None
+                and not self.preemptor.release_quota(job, stmt, CPU_COLUMN, cores.mode)
+            ):
+                stmt.rollback_to(savepoint)
+                attempt.quota_block = cores
                 break
             job.record_member(choice.node)
             attempt.placements.append(placement)
@@ -326,17 +348,24 @@ class Scheduler:
         quota = block.quota
         if quota is None:
             return block
-        own = sum(p.accelerators for p in attempt.placements if p.accelerator_kind == quota.kind)
+        shape = job.shape
+        if quota.kind == "cpu" and shape.cpu_cores:  # the cores beside its devices
+            per_member, own = shape.cpu_cores, sum(p.cpu_cores for p in attempt.placements)
+        else:
+            per_member = shape.accelerators
+            own = sum(
+                p.accelerators for p in attempt.placements if p.accelerator_kind == quota.kind
+            )
         asked = dataclasses.replace(
             quota,
             usage=quota.usage - own,
             cohort_usage=quota.cohort_usage - own,
-            requested=job.shape.members * job.shape.accelerators,
+            requested=shape.members * per_member,
         )
         return dataclasses.replace(block, quota=asked)
 
     def _place_member(
-        self, job: JobContext, stmt: Statement, choice: Choice, admission: Admission
+        self, job: JobContext, stmt: Statement, choice: Choice, *, borrowed: bool
     ) -> Placement:
         state = self.state
         shape = job.shape
@@ -370,7 +399,7 @@ class Scheduler:
             tenant=work.tenant,
             priority=work.priority,
             preemptible=work.preemptible,
-            borrowed=admission.mode == "borrow",
+            borrowed=borrowed,
             start_at=state.now,
             expected_end=expected_end,
             chosen=chosen,
@@ -572,9 +601,17 @@ class Scheduler:
             nodes=tuple(node_ids[n] for n in slot.nodes),
             accelerators=slot.amounts,
             host_memory_bytes=slot.host_memory_bytes if job.shape.host_memory_bytes else (),
+            cpu_cores=slot.cpu_cores if job.shape.cpu_cores else (),
         )
         self._reservations.append(reservation)
         return reservation
+
+
+def _blocking(accelerators: Admission, cores: Admission | None) -> Admission:
+    """What stops a member: its accelerators' quota, or else its cores' (``cpu``) one."""
+    if cores is None or not accelerators.admitted:
+        return accelerators
+    return cores
 
 
 def schedule(snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Plan:

@@ -153,9 +153,10 @@ def running_limit(tenant: str, running: int, limit: int) -> str:
 def _held(reservation: Reservation | None) -> str:
     if reservation is None:
         return "; no reservation"
+    cores = f" and {sum(reservation.cpu_cores)} CPU cores" if reservation.cpu_cores else ""
     return (
-        f"; reserved {sum(reservation.accelerators)} {reservation.accelerator_kind.upper()} "
-        f"on {len(reservation.nodes)} node(s) from {utc(reservation.start_at)}"
+        f"; reserved {sum(reservation.accelerators)} {reservation.accelerator_kind.upper()}"
+        f"{cores} on {len(reservation.nodes)} node(s) from {utc(reservation.start_at)}"
     )
 
 

@@ -295,6 +295,11 @@ def dynamic_codes(
             blocked |= (ends > state.reservation_host_start_s[nodes]) & (
                 state.reservation_slack_host_memory_bytes[nodes] < shape.host_memory_bytes
             )
+        if shape.cpu_cores:
+            # Cores beside the accelerators keep to the CPU pool's reservations.
+            blocked |= (ends > state.reservation_start_s[CPU_COLUMN][nodes]) & (
+                state.reservation_slack_accelerators[CPU_COLUMN][nodes] < shape.cpu_cores
+            )
         reject("reserved", blocked)
     return codes
 

@@ -31,6 +31,7 @@ from .plan import ScoreBreakdown
 from .policy import Policy
 from .scoring import packing_and_load_one, spread_by_region
 from .shape import WorkShape
+from .snapshot import CPU_COLUMN
 from .state import ClusterState
 
 # After this many rejected argmax picks, validate all candidates at once instead.
@@ -220,6 +221,9 @@ class JobContext:
         slack = state.reservation_slack_accelerators[k]
         host_start_s = state.reservation_host_start_s
         host_slack = state.reservation_slack_host_memory_bytes
+        cpu_cores = shape.cpu_cores
+        cpu_start_s = state.reservation_start_s[CPU_COLUMN]
+        cpu_slack = state.reservation_slack_accelerators[CPU_COLUMN]
         runtime_class_s = self.runtime_class_s
 
         def valid(position: int) -> bool:
@@ -235,6 +239,8 @@ class JobContext:
                 if end > start_s[node] and slack[node] < accelerators:
                     return False
                 if host_memory and end > host_start_s[node] and host_slack[node] < host_memory:
+                    return False
+                if cpu_cores and end > cpu_start_s[node] and cpu_slack[node] < cpu_cores:
                     return False
             return True
 

@@ -157,7 +157,8 @@ class Preemption:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """Accelerators held for a blocked job from ``start_at``; backfill may not delay it."""
+    """Accelerators (and host memory, CPU cores) held for a blocked job from
+    ``start_at``; backfill may not delay it."""
 
     work_id: str
     start_at: float
@@ -165,6 +166,8 @@ class Reservation:
     nodes: tuple[str, ...]
     accelerators: tuple[int, ...]  # per node in ``nodes``
     host_memory_bytes: tuple[int, ...] = ()  # per node in ``nodes`` (empty: none needed)
+    # CPU cores beside the accelerators, per node in ``nodes`` (empty: none needed)
+    cpu_cores: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

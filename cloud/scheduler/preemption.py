@@ -12,8 +12,9 @@ Who may be evicted for a job J:
 Training never evicts p0 inference, and nothing placed in this pass is evicted.
 What is short may be accelerators of J's kind, host memory, the CPU cores a GPU job
 asks for beside its accelerators, or several; host memory and cores can also be freed
-by evicting lower-priority work of another kind on the node (borrowers are reclaimed
-for accelerators and host memory only).
+by evicting lower-priority work of another kind on the node. Reclaiming a borrower's
+work frees its accelerators, host memory and cores alike. A reservation keeps its
+accelerators, host memory and cores from victims' replacements.
 Victims are taken in order (lowest priority, then latest started; when J
 reclaims, the borrowers' work first) until the member fits; a reprieve pass then
 gives back every victim that turned out unnecessary, most valuable first, so the
@@ -170,6 +171,8 @@ class Preemptor:
                 cpu_releasable += state.evictable_accelerators[CPU_COLUMN][lower:][:, nodes].sum(
                     axis=0
                 )
+            if reclaimable is not None:
+                cpu_releasable += reclaimable[2][nodes]
             short |= cpu_free < shape.cpu_cores
             enough &= cpu_releasable >= shape.cpu_cores
         usable = short & enough
@@ -204,29 +207,35 @@ class Preemptor:
 
     def _reclaimable(
         self, job: JobContext, k: int, borrowers: set[str]
-    ) -> tuple[IntArray, IntArray]:
+    ) -> tuple[IntArray, IntArray, IntArray]:
         """Per node: borrowers' evictable accelerators of kind ``k``, and their host
-        memory, not already counted as lower priority."""
+        memory and CPU cores beside them, not already counted as lower priority."""
         n = self.state.snapshot.node_count
         accelerators = np.zeros(n, dtype=np.int64)
         host = np.zeros(n, dtype=np.int64)
+        cores = np.zeros(n, dtype=np.int64)
         training = job.shape.work_kind == "training"
         by_tenant = self.state.evictable_by_tenant
         host_by_tenant = self.state.evictable_host_by_tenant
+        cores_by_tenant = self.state.evictable_cores_by_tenant
         for tenant in sorted(borrowers):
             for rank in range(job.shape.rank + 1):
                 for inference in (False, True):
                     if training and inference and rank == 0:
                         continue  # training never evicts p0 inference
                     key = (tenant, k, rank, inference)
-                    found = ((by_tenant.get(key), accelerators), (host_by_tenant.get(key), host))
+                    found = (
+                        (by_tenant.get(key), accelerators),
+                        (host_by_tenant.get(key), host),
+                        (cores_by_tenant.get(key), cores),
+                    )
                     for held, total in found:
                         if held:
                             where = np.fromiter(held.keys(), dtype=np.int64, count=len(held))
                             total[where] += np.fromiter(
                                 held.values(), dtype=np.int64, count=len(held)
                             )
-        return accelerators, host
+        return accelerators, host, cores
 
     def _eligible(
         self, job: JobContext, k: int, borrowers: set[str]
@@ -325,7 +334,7 @@ class Preemptor:
         self, job: JobContext, option: Option, position: int, node: int, chosen: list[_Candidate]
     ) -> bool:
         """Would the member, once its victims are gone, still leave every reservation
-        on the node its accelerators and host memory?"""
+        on the node its accelerators, host memory and CPU cores?"""
         state = self.state
         shape = job.shape
         end = state.now + option.runtime_s.item(position)
@@ -349,6 +358,16 @@ class Preemptor:
             host_slack: int = state.reservation_slack_host_memory_bytes.item(node)
             if host_slack + gain < shape.host_memory_bytes:
                 return False
+        cpu_start: float = state.reservation_start_s[CPU_COLUMN].item(node)
+        if shape.cpu_cores and end > cpu_start:
+            gain = sum(
+                self._cores(a)
+                for a, _, _ in chosen
+                if a.expected_end is None or a.expected_end > cpu_start
+            )
+            cpu_slack: int = state.reservation_slack_accelerators[CPU_COLUMN].item(node)
+            if cpu_slack + gain < shape.cpu_cores:
+                return False
         return True
 
     def _allocations_of(self, tenants: set[str]) -> list[Held]:
@@ -368,14 +387,14 @@ class Preemptor:
             pool = [
                 a
                 for a in self._allocations_of(borrowers)
-                if self._same_kind(a, k) and not self._protected(job, a)
+                if self._holds_quota(a, k) and not self._protected(job, a)
             ]
             reason = "reclaim"
         else:
             pool = [
                 a
                 for a in self._allocations_of({tenant})
-                if self._same_kind(a, k)
+                if self._holds_quota(a, k)
                 and PRIORITY_RANK[a.priority] > job.shape.rank
                 and not self._protected(job, a)
             ]
@@ -402,8 +421,16 @@ class Preemptor:
         """The pool column ``alloc`` holds: what evicting it frees."""
         return self.state.column_of(alloc, self.state.node_of[alloc.allocation_id])
 
-    def _same_kind(self, alloc: Held, column: int) -> bool:
-        """``alloc`` holds accelerators of ``column``'s kind: evicting it releases quota
-        there, whichever pool of the kind it is in."""
-        kinds = self.state.column_kinds
-        return kinds[self._column(alloc)] == kinds[column]
+    def _holds_quota(self, alloc: Held, column: int) -> bool:
+        """Evicting ``alloc`` releases quota of ``column``'s kind: it holds accelerators of
+        the kind, whichever pool of the kind they are in, or, for the ``cpu`` kind, cores
+        beside its devices that its tenant's ``cpu`` quota is charged for."""
+        state = self.state
+        kinds = state.column_kinds
+        if kinds[self._column(alloc)] == kinds[column]:
+            return True
+        return (
+            kinds[column] == kinds[CPU_COLUMN]
+            and alloc.cpu_cores > 0
+            and alloc.tenant in state.cores_charged
+        )

@@ -14,10 +14,11 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from .arrays import FloatArray, IntArray
-from .model import KINDS, PRIORITY_LEVELS, PRIORITY_RANK, Held
+from .model import KIND_INDEX, KINDS, PRIORITY_LEVELS, PRIORITY_RANK, Held
 from .snapshot import CPU_COLUMN, Snapshot
 
 NO_RESERVATION: Final = float("inf")
+CPU_KIND: Final = KIND_INDEX["cpu"]  # quota usage is per kind, indexed like KINDS
 UNLIMITED_SLACK: Final = 1 << 60
 
 
@@ -74,6 +75,12 @@ class ClusterState:
             t.name: t.cohort for t in snapshot.tenants.values() if t.cohort is not None
         }
         self.cohort_usage: dict[str, list[int]] = {}
+        # Tenants whose quota lists ``cpu``: the cores their GPU/NPU work holds beside
+        # its accelerators count as their (and their cohort's) CPU usage. Without a
+        # ``cpu`` quota such cores are capacity only, as for an unmanaged tenant.
+        self.cores_charged: frozenset[str] = frozenset(
+            t.name for t in snapshot.tenants.values() if "cpu" in t.nominal
+        )
         self.group_nodes: dict[str, dict[int, int]] = {}
         self.avoid_nodes: dict[str, dict[int, int]] = {}
         self.new_ids: set[str] = set()
@@ -87,9 +94,11 @@ class ClusterState:
         # size borrowers per node.
         self.evictable_by_tenant: dict[tuple[str, int, int, bool], dict[int, int]] = {}
         self.evictable_host_by_tenant: dict[tuple[str, int, int, bool], dict[int, int]] = {}
+        self.evictable_cores_by_tenant: dict[tuple[str, int, int, bool], dict[int, int]] = {}
         # Reservations (backfill.py), per kind and node: the earliest reserved start, how
         # many accelerators may still go to work that runs past that start without
-        # delaying it, and how many the reservations hold.
+        # delaying it, and how many the reservations hold. The CPU column's entries also
+        # hold the cores a GPU/NPU job reserves beside its accelerators (one pool).
         self.reservation_start_s: list[FloatArray] = [np.full(n, NO_RESERVATION) for _ in columns]
         self.reservation_slack_accelerators: list[IntArray] = [
             np.full(n, UNLIMITED_SLACK, dtype=np.int64) for _ in columns
@@ -169,6 +178,10 @@ class ClusterState:
             host_start: float = self.reservation_host_start_s.item(node)
             if host_start != NO_RESERVATION and (end is None or end > host_start):
                 self.reservation_slack_host_memory_bytes[node] += sign * alloc.host_memory_bytes
+        if alloc.cpu_cores:
+            cpu_start: float = self.reservation_start_s[CPU_COLUMN].item(node)
+            if cpu_start != NO_RESERVATION and (end is None or end > cpu_start):
+                self.reservation_slack_accelerators[CPU_COLUMN][node] += sign * alloc.cpu_cores
 
     def column_of(self, alloc: Held, node: int) -> int:
         """The pool column ``alloc`` holds on node index ``node``."""
@@ -190,16 +203,22 @@ class ClusterState:
                 self.evictable_host_memory_total_bytes[level] += host
                 _bump(self.evictable_host_by_tenant.setdefault(key, {}), node, host)
             if alloc.cpu_cores:
-                self.evictable_cpu_cores[level, node] += sign * alloc.cpu_cores
-                self.evictable_cpu_cores_total[level] += sign * alloc.cpu_cores
+                cores = sign * alloc.cpu_cores
+                self.evictable_cpu_cores[level, node] += cores
+                self.evictable_cpu_cores_total[level] += cores
+                _bump(self.evictable_cores_by_tenant.setdefault(key, {}), node, cores)
         if alloc.expected_end is not None:
             self.ending_allocation_count[k][node] += sign
         kind_code = self.column_kinds[k]
         usage = self.tenant_usage.setdefault(alloc.tenant, [0] * len(KINDS))
         usage[kind_code] += amount
+        charged = sign * alloc.cpu_cores if alloc.tenant in self.cores_charged else 0
+        usage[CPU_KIND] += charged
         cohort = self.cohort_of.get(alloc.tenant)
         if cohort is not None:
-            self.cohort_usage.setdefault(cohort, [0] * len(KINDS))[kind_code] += amount
+            cohort_usage = self.cohort_usage.setdefault(cohort, [0] * len(KINDS))
+            cohort_usage[kind_code] += amount
+            cohort_usage[CPU_KIND] += charged
         if sign > 0:
             self.allocations[aid] = alloc
             self.node_of[aid] = node

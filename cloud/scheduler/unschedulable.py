@@ -94,7 +94,10 @@ class FleetFit:
         tenant = snapshot.tenants.get(work.tenant)
         if tenant is None:
             return None
-        return _beyond_quota(snapshot, work, tenant, members.need * wanted)
+        found = _beyond_quota(snapshot, work, tenant, members.need * wanted)
+        if found is None and isinstance(work, TrainingJob):
+            found = _cores_beyond_quota(snapshot, work, tenant)
+        return found
 
 
 def _member_key(work: Work) -> Hashable:
@@ -263,14 +266,7 @@ def _beyond_quota(snapshot: Snapshot, work: Work, tenant: Tenant, total: int) ->
         return None
     k, ceiling = max(ceilings, key=lambda item: item[1])
     kind = KINDS[k]
-    nominal = tenant.nominal.get(kind, 0)
-    if tenant.cohort is None:
-        source = "its nominal quota; no cohort to borrow from"
-    else:
-        source = f"nominal {nominal} plus what cohort {tenant.cohort} could lend"
-        limit = tenant.borrowing_limit.get(kind)
-        if limit is not None:
-            source += f", borrowing limit {limit}"
+    source = _quota_source(tenant, kind)
     if isinstance(work, TrainingJob):
         field = "workers" if work.workers > 1 else "accelerators_per_worker"
         asks = f"the job needs {total}"
@@ -281,6 +277,33 @@ def _beyond_quota(snapshot: Snapshot, work: Work, tenant: Tenant, total: int) ->
         field,
         f"tenant {tenant.name} may hold at most {ceiling} {kind.upper()} ({source}); {asks}",
     )
+
+
+def _cores_beyond_quota(snapshot: Snapshot, work: TrainingJob, tenant: Tenant) -> NeverFits | None:
+    """The gang's CPU cores beside its devices, against the tenant's ``cpu`` quota where
+    it has one (quota.py charges them there; without one they are capacity only)."""
+    if not work.cpus_per_worker or "cpu" not in tenant.nominal:
+        return None
+    total = work.cpus_per_worker * work.workers
+    ceiling = _ceiling(snapshot, tenant, "cpu")
+    if total <= ceiling:
+        return None
+    return NeverFits(
+        "cpus_per_worker",
+        f"tenant {tenant.name} may hold at most {ceiling} CPU ({_quota_source(tenant, 'cpu')});"
+        f" the job's cpus_per_worker need {total}",
+    )
+
+
+def _quota_source(tenant: Tenant, kind: AcceleratorKind) -> str:
+    """Where a tenant's ceiling of ``kind`` comes from, for a person."""
+    if tenant.cohort is None:
+        return "its nominal quota; no cohort to borrow from"
+    source = f"nominal {tenant.nominal.get(kind, 0)} plus what cohort {tenant.cohort} could lend"
+    limit = tenant.borrowing_limit.get(kind)
+    if limit is not None:
+        source += f", borrowing limit {limit}"
+    return source
 
 
 def _ceiling(snapshot: Snapshot, tenant: Tenant, kind: AcceleratorKind) -> int:

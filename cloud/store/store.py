@@ -686,11 +686,12 @@ class Store:
         spec: bytes,
         *,
         expected_version: int | None = None,
+        audit: NewAudit | None = None,
     ) -> WorkRecord:
         """Replace the spec of the tenant's non-terminal work in place (say, a deployment's
         model): a new version, a `work.updated` event, and a generation bump of every
         node it runs on so they get the new desired state. The caller decides which
-        changes are allowed without placing the work again.
+        changes are allowed without placing the work again. `audit` is recorded with it.
 
         Raises `WorkNotFoundError`, `IllegalTransitionError` (ended work) and
         `VersionConflictError`.
@@ -710,6 +711,8 @@ class Store:
                 raise IllegalTransitionError(work_id, record.state, record.state)
             if expected_version is not None and record.version != expected_version:
                 raise VersionConflictError([work_id])
+            if audit is not None:
+                await insert_audit(connection, audit, self._clock())
             now = self._clock()
             updated = replace(record, spec=spec, version=record.version + 1, updated_at=now)
             await connection.execute(

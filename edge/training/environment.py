@@ -34,7 +34,8 @@ def visible_devices(assigned_ids: Sequence[str], inventory: Sequence[Accelerator
 def worker_environment(
     spec: DesiredTraining, inventory: Sequence[Accelerator], base: Mapping[str, str]
 ) -> dict[str, str]:
-    """`base` (the agent's own environment) + the job's variables + greenfed's, which win."""
+    """`base` (the agent's own environment) + the job's variables + greenfed's, which win
+    (but ``OMP_NUM_THREADS`` from the job's variables is kept over its cores)."""
     environment = {**base, **spec.env}
     environment.update(
         {
@@ -52,4 +53,11 @@ def worker_environment(
         environment["MASTER_ADDR"] = spec.master_addr
     if spec.master_port:
         environment["MASTER_PORT"] = str(spec.master_port)
+    if spec.cpu_cores is not None:
+        # The cores the scheduler holds for it: thread pools sized to them, not to the
+        # whole machine (other jobs' cores). The job's own OMP_NUM_THREADS is its choice.
+        cores = str(spec.cpu_cores)
+        environment["GREENFED_CPU_CORES"] = cores
+        if "OMP_NUM_THREADS" not in spec.env:
+            environment["OMP_NUM_THREADS"] = cores
     return environment

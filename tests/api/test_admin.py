@@ -229,3 +229,42 @@ async def test_a_submission_beyond_max_queued_is_a_429_naming_the_limit(api: Api
     # Another tenant's queue is its own.
     other = await api.tenant("globex")
     assert (await api.submit(other, job_spec())).status == 201
+
+
+async def test_the_admin_changes_another_tenants_deployment_and_the_audit_says_so(
+    api: Api,
+) -> None:
+    acme = await api.tenant("acme")
+    globex = await api.tenant("globex")
+    model = await api.model(globex)
+    theirs = await api.submitted(globex, deployment_spec(model), collection="deployments")
+    admin = bearer(api.admin_token)
+    path = f"/v1/deployments/{theirs}"
+
+    response = await api.client.patch(path, json={"replicas": 3}, headers=admin)
+    assert response.status == 200, await response.text()
+    changed = await response.json()
+    assert (changed["tenant"], changed["replicas"]) == ("globex", 3)
+    seen = await (await api.get(globex, path)).json()
+    assert seen["replicas"] == 3
+    # A model_id names a model of the deployment's tenant, not the admin's.
+    newer = await api.model(globex, name="mlp-2")
+    switched = await api.client.patch(path, json={"model_id": newer}, headers=admin)
+    assert switched.status == 200, await switched.text()
+    own_model = await api.model(api.admin_token)
+    refused = await api.client.patch(path, json={"model_id": own_model}, headers=admin)
+    assert (await problem(refused, 422))["invalid_params"][0]["name"] == "$.model_id"
+
+    # Another tenant does not find it; its owner's own change is no admin action.
+    await problem(await api.client.patch(path, json={"replicas": 1}, headers=bearer(acme)), 404)
+    mine = await api.client.patch(path, json={"replicas": 2}, headers=bearer(globex))
+    assert mine.status == 200, await mine.text()
+    entries = await audit(api, "?action=work.update")
+    assert [(e["actor"], e["target"], e["detail"]) for e in entries] == [
+        (
+            "admin",
+            theirs,
+            {"tenant": "globex", "kind": "deployment", "changes": {"model_id": newer}},
+        ),
+        ("admin", theirs, {"tenant": "globex", "kind": "deployment", "changes": {"replicas": 3}}),
+    ]

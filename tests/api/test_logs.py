@@ -96,6 +96,19 @@ async def test_a_gangs_output_is_served_per_line_with_gaps_marked(api: Api) -> N
     await problem(await api.get(token, f"/v1/jobs/{deployment}/logs"), 404)
 
 
+async def test_the_admin_reads_another_tenants_job_logs_and_a_tenant_does_not(
+    api: Api,
+) -> None:
+    globex = await api.tenant("globex")
+    acme = await api.tenant("acme")
+    job_id = await api.submitted(globex, job_spec())
+    ingest(api, chunk(job_id, "epoch 1 loss 0.9\n"))
+    assert await logs(api, api.admin_token, job_id) == "epoch 1 loss 0.9\n"
+    assert await logs(api, api.admin_token, job_id, "?tail=1") == "epoch 1 loss 0.9\n"
+    await problem(await api.get(acme, f"/v1/jobs/{job_id}/logs"), 404)
+    await problem(await api.get(api.admin_token, "/v1/jobs/no-such-job/logs"), 404)
+
+
 async def test_following_streams_new_output_until_the_job_ends(api: Api) -> None:
     token = await api.tenant("acme")
     job_id = await api.submitted(token, job_spec())

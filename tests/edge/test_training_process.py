@@ -54,6 +54,25 @@ def prepare(
     return launcher.prepare(desired, worker_environment(desired, GPUS, os.environ))
 
 
+def test_a_worker_is_told_its_cpu_cores_and_sizes_its_threads_to_them() -> None:
+    base = {"OMP_NUM_THREADS": "64", "PATH": "/bin"}
+    environment = worker_environment(spec("", cpu_cores=6), GPUS, base)
+    assert environment["GREENFED_CPU_CORES"] == "6"
+    assert environment["OMP_NUM_THREADS"] == "6"  # not the agent's own 64
+
+
+def test_a_jobs_own_omp_num_threads_is_kept() -> None:
+    desired = spec("", cpu_cores=6, env={"OMP_NUM_THREADS": "2"})
+    environment = worker_environment(desired, GPUS, {})
+    assert (environment["GREENFED_CPU_CORES"], environment["OMP_NUM_THREADS"]) == ("6", "2")
+
+
+def test_without_cores_held_nothing_about_cores_is_exported() -> None:
+    environment = worker_environment(spec(""), GPUS, {"OMP_NUM_THREADS": "64"})
+    assert "GREENFED_CPU_CORES" not in environment
+    assert environment["OMP_NUM_THREADS"] == "64"  # the agent's own, untouched
+
+
 async def test_a_worker_sees_its_job_gpus_and_gang_and_succeeds(tmp_path: Path) -> None:
     script = (
         "import os\n"

@@ -188,6 +188,36 @@ def test_a_gang_runs_one_worker_per_node_ranked_by_its_lowest_member() -> None:
     assert SETTINGS.master_port_base <= on_a.master_port < 29500 + SETTINGS.master_port_span
     assert on_a.attempt == 3
     assert documents["a"].generation == 5
+    assert on_a.cpu_cores is None  # no cores held beside the GPUs
+
+
+def test_a_worker_is_told_the_cpu_cores_its_members_hold_on_its_node() -> None:
+    job = work("job-1")
+    gpu_members = (
+        dataclasses.replace(allocation("job-1", 0, "a", ("gpu0",)), cpu_cores=4),
+        dataclasses.replace(allocation("job-1", 1, "a", ("gpu1",)), cpu_cores=4),
+        dataclasses.replace(allocation("job-1", 2, "b", ("gpu0",)), cpu_cores=4),
+    )
+    cpu_job = work("cpu-1")
+    cpu_member = dataclasses.replace(
+        allocation("cpu-1", 0, "b", ("cpu0", "cpu1", "cpu2")), accelerator_kind="cpu"
+    )
+    nodes = {"a": node("a"), "b": node("b")}
+
+    def cores_on(node_id: str) -> dict[str, int | None]:
+        document = desired_document(
+            node_id,
+            1,
+            now=1.0,
+            records={"job-1": job, "cpu-1": cpu_job},
+            allocations={"job-1": gpu_members, "cpu-1": (cpu_member,)},
+            nodes=nodes,
+            settings=SETTINGS,
+        )
+        return {worker.job_id: worker.cpu_cores for worker in document.training}
+
+    assert cores_on("a") == {"job-1": 8}
+    assert cores_on("b") == {"job-1": 4, "cpu-1": 3}  # a CPU job's cores are its devices
 
 
 def test_a_deployment_replica_carries_its_model_and_accepted_providers() -> None:

@@ -49,7 +49,25 @@ def gpu_node(
     timezone: str | None = None,
     host_memory_gib: int = 0,
     providers: tuple[str, ...] = ("CUDAExecutionProvider",),
+    cpu_cores: int = 0,
 ) -> Node:
+    gpus = AcceleratorPool(
+        kind="gpu",
+        count=count,
+        model=model,
+        memory_bytes=memory_gib * GIB,
+        relative_speed=speed,
+        onnx_providers=providers,
+        utilisation=utilisation,
+    )
+    cpus = AcceleratorPool(
+        kind="cpu",
+        count=cpu_cores,
+        model="x86",
+        memory_bytes=host_memory_gib * GIB,
+        relative_speed=0.02,
+        onnx_providers=("CPUExecutionProvider",),
+    )
     return Node(
         node_id=node_id,
         site=site,
@@ -61,17 +79,7 @@ def gpu_node(
         utc_offset_minutes=utc_offset_minutes,
         timezone=timezone,
         host_memory_bytes=host_memory_gib * GIB,
-        pools=(
-            AcceleratorPool(
-                kind="gpu",
-                count=count,
-                model=model,
-                memory_bytes=memory_gib * GIB,
-                relative_speed=speed,
-                onnx_providers=providers,
-                utilisation=utilisation,
-            ),
-        ),
+        pools=(gpus, cpus) if cpu_cores else (gpus,),
     )
 
 
@@ -181,6 +189,7 @@ def running(
     anti_affinity_groups: tuple[str, ...] = (),
     borrowed: bool = False,
     host_memory_bytes: int = 0,
+    cpu_cores: int = 0,
 ) -> Allocation:
     return Allocation(
         allocation_id=allocation_id,
@@ -198,6 +207,7 @@ def running(
         anti_affinity_groups=anti_affinity_groups,
         borrowed=borrowed,
         host_memory_bytes=host_memory_bytes,
+        cpu_cores=cpu_cores,
     )
 
 
