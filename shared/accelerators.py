@@ -331,8 +331,10 @@ def capped_speed(speed: float, power_limit_w: float | None, max_power_w: float) 
     return speed * capped_throughput(power_limit_w / max_power_w)
 
 
-def lowest_power_share(facts: AcceleratorFacts | None) -> float:
-    """The lowest share of its default limit a device of ``facts`` may be capped at."""
+def lowest_power_share(model: str) -> float:
+    """The lowest share of its default limit a device of ``model`` (its table name or
+    its NVML name) may be capped at."""
+    facts = ACCELERATORS.get(model) or nvidia_gpu_facts(model)
     if facts is None or facts.min_power_limit_w is None or not facts.max_power_w:
         return MIN_POWER_LIMIT_SHARE
     return min(1.0, facts.min_power_limit_w / facts.max_power_w)

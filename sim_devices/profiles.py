@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.accelerators import ACCELERATORS, lowest_power_share, nvidia_gpu_facts, required
+from shared.accelerators import ACCELERATORS, lowest_power_share, required
 from shared.messages import Accelerator, AcceleratorKind
 
 GIB = 1024**3
@@ -282,8 +282,7 @@ def clamped_power_limit_w(accelerator: Accelerator, limit_w: float) -> float | N
     default_w = accelerator.max_power_w
     if accelerator.kind != "gpu" or not default_w:
         return None
-    facts = ACCELERATORS.get(accelerator.model) or nvidia_gpu_facts(accelerator.model)
-    return min(default_w, max(lowest_power_share(facts) * default_w, limit_w))
+    return min(default_w, max(lowest_power_share(accelerator.model) * default_w, limit_w))
 
 
 def get_profile(name: str) -> DeviceProfile:

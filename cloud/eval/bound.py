@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cloud.green.energy import EnergyModel
-from cloud.green.power_capping import ALL_POWER_SHARES, lowest_share_of
+from cloud.green.power_capping import ALL_POWER_SHARES
 from cloud.green.window import window_means
 from cloud.scheduler import Node, Snapshot
 from cloud.scheduler.arrays import FloatArray
@@ -57,7 +57,7 @@ from cloud.scheduler.model import KIND_INDEX
 from cloud.scheduler.policy import Policy
 from cloud.scheduler.shape import make_shape
 from cloud.signals.grid import GridSignals
-from shared.accelerators import capped_throughput
+from shared.accelerators import capped_throughput, lowest_power_share
 
 from .simulation import HOUR_S, SimOutcome
 from .workload import TrainingSpec, Workload, training_job
@@ -131,7 +131,7 @@ def _power_modes(
     gpus = snapshot.nodes.kind("gpu")
     speed = float(gpus.relative_speed[row])
     max_power_w = float(gpus.max_power_w[row])
-    lowest = lowest_share_of(snapshot.nodes.model_at(KIND_INDEX["gpu"], row))
+    lowest = lowest_power_share(snapshot.nodes.model_at(KIND_INDEX["gpu"], row))
     shares = [1.0]
     if max_power_w > 0:
         shares += [share for share in ALL_POWER_SHARES if share >= lowest]

@@ -45,11 +45,9 @@ from cloud.scheduler import Placement, Plan, Snapshot, TrainingJob
 from cloud.scheduler.arrays import FloatArray
 from cloud.signals.grid import GridSignals
 from shared.accelerators import (
-    ACCELERATORS,
     POWER_CAP_THROUGHPUT,
     capped_throughput,
     lowest_power_share,
-    nvidia_gpu_facts,
 )
 
 from .energy import J_PER_KWH, EnergyModel
@@ -66,11 +64,6 @@ DEFAULT_POWER_SHARES: tuple[float, ...] = (0.6, 0.7, 0.8)
 ALL_POWER_SHARES: tuple[float, ...] = tuple(
     share for share, _ in POWER_CAP_THROUGHPUT if share < 1.0
 )
-
-
-def lowest_share_of(model: str) -> float:
-    """The lowest share of its default power limit a device of ``model`` may be held to."""
-    return lowest_power_share(ACCELERATORS.get(model) or nvidia_gpu_facts(model))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +192,7 @@ class PowerCapper:
         run_s = end - start
         if not run_s > 0:
             return []
-        lowest = max(lowest_share_of(table.model_at(m.column, m.row)) for m in members)
+        lowest = max(lowest_power_share(table.model_at(m.column, m.row)) for m in members)
         latest_end = (
             job.deadline - self.safety_margin_s if job.deadline is not None else float("inf")
         )
@@ -213,13 +206,13 @@ class PowerCapper:
             default=float("inf"),
         )
         rows = np.array([m.row for m in members], dtype=np.int64)
-        uncapped_w = self._member_power_w(snapshot, members, None)
+        uncapped_w = self._member_power_w(snapshot, members, 1.0)
         best_share, best_cost, uncapped_cost = 1.0, float("nan"), float("nan")
         for share in (1.0, *sorted(s for s in self.shares if s >= lowest)):
             capped_run_s = run_s / capped_throughput(share)
             if share < 1.0 and start + capped_run_s > min(latest_end, reserved_from):
                 continue
-            power_w = self._member_power_w(snapshot, members, share)
+            power_w = uncapped_w if share == 1.0 else self._member_power_w(snapshot, members, share)
             signal = self._means(
                 snapshot,
                 rows,
@@ -249,10 +242,10 @@ class PowerCapper:
         ]
 
     def _member_power_w(
-        self, snapshot: Snapshot, members: Sequence[_Member], share: float | None
+        self, snapshot: Snapshot, members: Sequence[_Member], share: float
     ) -> FloatArray:
         """Each member's draw at training utilisation, its devices held to ``share`` of
-        their default limit (None: uncapped)."""
+        their default limit (1.0: the default itself, uncapped)."""
         power = np.empty(len(members))
         for i, m in enumerate(members):
             power[i] = self.energy.member_power_w(
@@ -262,6 +255,6 @@ class PowerCapper:
                 m.placement.accelerators,
                 self.energy.training_utilisation,
                 column=m.column,
-                power_limit_w=None if share is None else share * m.max_power_w,
+                power_limit_w=None if share >= 1.0 else share * m.max_power_w,
             )[0]
         return power
