@@ -9,34 +9,18 @@ so do the GPUs held to a power limit (edge/training/power_limits.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import threading
 from pathlib import Path
 
 import structlog
+
+from edge.atomic_files import write_atomically
 
 _log = structlog.get_logger("greenfed.agent.state")
 DESIRED_FILE = "desired.json"
 REPORTED_FILE = "reported.json"
 OUTBOX_DIR = "outbox"
 POWER_LIMITS_FILE = "power_limits.json"
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    # The rename itself is durable only once the directory is.
-    with contextlib.suppress(OSError):
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
 
 
 class AgentStateFiles:

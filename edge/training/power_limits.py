@@ -23,8 +23,6 @@ default back to a GPU whose worker ended, or was withdrawn, while no agent ran.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from edge.atomic_files import write_atomically
 from edge.probes import GpuPowerControl, PowerLimitUnavailable, physical_gpu_id
 from edge.training.runs import RunStatus
 from shared.messages import Accelerator, DesiredTraining
@@ -232,16 +231,12 @@ class PowerLimits:
         path = self._state_path
         if path is None or capped == self._saved_capped:
             return
-        temporary = path.with_name(f".{path.name}.tmp")
         try:
-            temporary.write_bytes(msgspec.json.encode(sorted(capped)))
-            os.replace(temporary, path)
+            write_atomically(path, msgspec.json.encode(sorted(capped)))
             self._saved_capped = set(capped)
         except OSError as error:
             # A full disk costs only the restart case: the limits themselves are set.
             log.warning("GPU power limits file not written", path=str(path), error=str(error))
-            with contextlib.suppress(OSError):
-                temporary.unlink()
 
 
 def _why(error: Exception) -> str:
