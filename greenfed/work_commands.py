@@ -139,17 +139,27 @@ def render_deployments(deployments: DeploymentList, out: TextIO, *, tenants: boo
         console(out).print(f"more: --cursor {deployments.next_cursor}")
 
 
+def _power_limit_words(allocation: AllocationView) -> str:
+    """The GPU power limit asked for a worker, and whether its node holds it."""
+    asked = allocation.power_limit_w
+    if asked is None:
+        return ""
+    if not allocation.power_limit_reported:
+        return f", asked {asked:.0f} W (not yet confirmed by the node)"
+    held = allocation.power_limit_held_w
+    if held is None:
+        why = allocation.power_limit_note or "the node holds its default limit"
+        return f", asked {asked:.0f} W ({why})"
+    return f", held to {held:.0f} W"
+
+
 def _allocations_table(allocations: tuple[AllocationView, ...]) -> Table:
     table = Table(title="placement", title_justify="left")
     for column in ("member", "node", "accelerators", "state", "since", "expected end"):
         table.add_column(column)
     for allocation in allocations:
         ids = f" ({','.join(allocation.accelerator_ids)})" if allocation.accelerator_ids else ""
-        capped = (
-            f", held to {allocation.power_limit_w:.0f} W"
-            if allocation.power_limit_w is not None
-            else ""
-        )
+        capped = _power_limit_words(allocation)
         table.add_row(
             str(allocation.member),
             allocation.node_id,

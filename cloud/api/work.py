@@ -73,6 +73,7 @@ from cloud.work.views import (
     allocation_view,
     replica_views,
     scaling_view,
+    worker_views,
 )
 from shared.clock import utc_from_epoch
 from shared.errors import json_path
@@ -442,7 +443,14 @@ async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Respo
         )
     waits_for, needed_by = await dependency_views(request, tenant, record)
     if isinstance(body, JobView):
-        body = msgspec.structs.replace(body, waits_for=waits_for, needed_by=needed_by)
+        body = msgspec.structs.replace(
+            body,
+            waits_for=waits_for,
+            needed_by=needed_by,
+            allocations=worker_views(
+                record.work_id, record.attempts, body.allocations, request.app[REGISTRY]
+            ),
+        )
     else:
         body = msgspec.structs.replace(body, waits_for=waits_for)
     metered = await request.app[STORE].usage(

@@ -47,7 +47,14 @@ from cloud.store import (
     UsageQuery,
     UsageWrite,
 )
-from cloud.usage.meter import MeteredAllocation, NodeMark, is_replay, mark_of, meter
+from cloud.usage.meter import (
+    MeteredAllocation,
+    NodeMark,
+    held_power_limits_w,
+    is_replay,
+    mark_of,
+    meter,
+)
 from cloud.usage.pricing import Pieces, Priced, accumulate, merge, price_pieces
 from cloud.usage.views import usage_summary
 from shared.messages import Telemetry
@@ -166,6 +173,7 @@ class Accountant:
             allocations or (),
             host_overhead_ratio=self._energy.host_overhead_ratio,
             max_gap_s=self._settings.max_gap_s,
+            power_limits_w=held_power_limits_w(record.reported, allocations or ()),
         )
         if new_mark is mark:
             self.stats.replays += 1

@@ -9,7 +9,10 @@ Per device, the energy over that step comes from, best first:
 2. its power sample times the step: a sample's power describes its own interval, so
    beyond ``2 × interval_s`` the rest of the step is a *gap*;
 3. the energy model at the sample's utilisation (linear between the device's idle
-   and maximum power, `cloud.loop.nodes.device_power_w`).
+   and maximum power, `cloud.loop.nodes.device_power_w`), never above the power
+   limit its node reports holding the device to for a capped training run
+   (`held_power_limits_w`: what the node holds, not what the cloud asked, since a
+   node without the permission to set limits runs at its default).
 
 Steps 1 and 2 are *measured*; the model's share is not. A gap (a step longer than
 the sample's own interval without a counter, or the time between the last sample
@@ -32,7 +35,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cloud.loop.nodes import device_power_w
-from shared.messages import Accelerator, AcceleratorKind, AcceleratorSample, NodeStatus, Telemetry
+from shared.messages import (
+    Accelerator,
+    AcceleratorKind,
+    AcceleratorSample,
+    NodeStatus,
+    ReportedState,
+    Telemetry,
+)
 from shared.work_literals import WorkKind
 
 # A step up to this many sample intervals is one sample's (scheduling jitter, a
@@ -85,10 +95,36 @@ class _DeviceEnergy:
     measured_j: float
 
 
-def _modelled_w(accelerator: Accelerator, sample: AcceleratorSample | None) -> float:
+def held_power_limits_w(
+    reported: ReportedState | None, allocations: Sequence[MeteredAllocation]
+) -> dict[str, float]:
+    """Device id -> the power limit (W) the node reports holding it to, for the
+    training among ``allocations`` (the newest attempt's entry of each job)."""
+    if reported is None:
+        return {}
+    held: dict[str, tuple[int, float]] = {}  # job id -> (attempt, limit)
+    for entry in reported.training:
+        if entry.power_limit_w is None or entry.state not in ("starting", "running"):
+            continue
+        known = held.get(entry.job_id)
+        if known is None or entry.attempt > known[0]:
+            held[entry.job_id] = (entry.attempt, entry.power_limit_w)
+    limits: dict[str, float] = {}
+    for allocation in allocations:
+        if allocation.work_kind != "training" or allocation.work_id not in held:
+            continue
+        for device_id in allocation.accelerator_ids:
+            limits[device_id] = held[allocation.work_id][1]
+    return limits
+
+
+def _modelled_w(
+    accelerator: Accelerator, sample: AcceleratorSample | None, limit_w: float | None = None
+) -> float:
     idle_w, max_w = device_power_w(accelerator)
     busy = sample.utilization_pct / 100.0 if sample is not None else 0.0
-    return idle_w + (max_w - idle_w) * busy
+    modelled_w = idle_w + (max_w - idle_w) * busy
+    return modelled_w if limit_w is None else min(modelled_w, limit_w)
 
 
 def _step_energy(
@@ -97,6 +133,7 @@ def _step_energy(
     previous_counter_j: float | None,
     step_s: float,
     interval_s: float,
+    limit_w: float | None = None,
 ) -> tuple[_DeviceEnergy, float]:
     """(energy over the step, seconds of it that are a gap)."""
     if (
@@ -114,9 +151,11 @@ def _step_energy(
             return _DeviceEnergy(joules, joules), 0.0
         measured = sample.power_w * interval_s
         gap_s = step_s - interval_s
-        return _DeviceEnergy(measured + _modelled_w(accelerator, sample) * gap_s, measured), gap_s
+        return _DeviceEnergy(
+            measured + _modelled_w(accelerator, sample, limit_w) * gap_s, measured
+        ), gap_s
     gap_s = max(0.0, step_s - reach_s)
-    return _DeviceEnergy(_modelled_w(accelerator, sample) * step_s, 0.0), gap_s
+    return _DeviceEnergy(_modelled_w(accelerator, sample, limit_w) * step_s, 0.0), gap_s
 
 
 def _held(allocation: MeteredAllocation, start_s: float, end_s: float) -> tuple[float, float]:
@@ -179,9 +218,12 @@ def meter(
     *,
     host_overhead_ratio: float = 0.1,
     max_gap_s: float = DEFAULT_MAX_GAP_S,
+    power_limits_w: Mapping[str, float] | None = None,
 ) -> tuple[list[Increment], NodeMark | None]:
     """The increments of the node's allocations since `mark`, and the new mark (the old
-    one for a replay)."""
+    one for a replay). ``power_limits_w``: device id -> the limit its node holds it to
+    (`held_power_limits_w`), which bounds the model's figure."""
+    power_limits_w = power_limits_w or {}
     if is_replay(telemetry, mark):
         return [], mark
     end_s = telemetry.sampled_at
@@ -213,6 +255,7 @@ def meter(
             counters.get(accelerator.id),
             step_s,
             interval_s,
+            power_limits_w.get(accelerator.id),
         )
         energies[accelerator.id] = energy
         step_gap_s = max(step_gap_s, gap_s)
@@ -235,7 +278,13 @@ def meter(
     if gap_start_s is not None:
         increments.extend(
             _gap_increments(
-                inventory, samples, allocations, gap_start_s, start_s, host_overhead_ratio
+                inventory,
+                samples,
+                allocations,
+                gap_start_s,
+                start_s,
+                host_overhead_ratio,
+                power_limits_w,
             )
         )
     return increments, new_mark
@@ -248,11 +297,14 @@ def _gap_increments(
     start_s: float,
     end_s: float,
     host_overhead_ratio: float,
+    power_limits_w: Mapping[str, float],
 ) -> list[Increment]:
     """The model's energy over [start, end), a time no sample of any instance covers."""
     span_s = end_s - start_s
     energies = {
-        a.id: _DeviceEnergy(_modelled_w(a, samples.get(a.id)) * span_s, 0.0)
+        a.id: _DeviceEnergy(
+            _modelled_w(a, samples.get(a.id), power_limits_w.get(a.id)) * span_s, 0.0
+        )
         for a in inventory.accelerators
     }
     result = []

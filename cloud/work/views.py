@@ -37,6 +37,13 @@ class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
     # run (the run is slower and uses less energy); null: the devices' default limit.
     power_limit_w: float | None = None
     cpu_cores: int = 0  # CPU cores it holds on the node beside its devices (cpus_per_worker)
+    # What its node last reported of that limit (training): the limit it holds the
+    # devices to (null: their default, or nothing reported yet), and why it does not
+    # hold the asked one ("": it does, or nothing was asked). NVML lets only root set
+    # power limits, so an asked limit is not always a held one.
+    power_limit_held_w: float | None = None
+    power_limit_note: str = ""
+    power_limit_reported: bool = False  # the node has reported this worker's limit
 
 
 def allocation_view(record: AllocationRecord) -> AllocationView:
@@ -311,6 +318,33 @@ def scaling_view(event: EventRecord) -> ScalingView | None:
         to_replicas=payload.to_replicas,
         reason=payload.reason,
     )
+
+
+def worker_views(
+    job_id: str,
+    attempt: int,
+    allocations: Sequence[AllocationView],
+    registry: NodeRegistry,
+) -> tuple[AllocationView, ...]:
+    """Each training worker with the power limit its node reports holding its GPUs
+    to for the job's current attempt (what a node says of another attempt is not
+    read, as in cloud/loop/reports.py)."""
+    views = []
+    for view in allocations:
+        node = registry.get(view.node_id)
+        entry = node.training_report(job_id, attempt) if node is not None else None
+        if entry is None or entry.state not in ("starting", "running"):
+            views.append(view)
+            continue
+        views.append(
+            msgspec.structs.replace(
+                view,
+                power_limit_held_w=entry.power_limit_w,
+                power_limit_note=entry.power_limit_note,
+                power_limit_reported=True,
+            )
+        )
+    return tuple(views)
 
 
 def replica_views(

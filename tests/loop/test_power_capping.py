@@ -21,6 +21,7 @@ from cloud.work.views import JobView
 from greenfed.work_commands import render_work
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import FAST_LOOP, fleet, reaches, work
+from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -54,6 +55,16 @@ async def test_training_on_a_dirty_grid_runs_under_a_power_limit_the_node_is_tol
         [(spec, _, _)] = [r for r in running.launchers[NODE].runs if r[0].job_id == job_id]
         assert spec.power_limit_w == limit_w
         assert body["nodes"] == [NODE]
+        # The node's word that it holds the limit: asked is not held (NVML needs root).
+        held: dict[str, Any] = {}
+
+        async def confirmed() -> bool:
+            held.update((await work(api, token, job_id))["allocations"][0])
+            return bool(held["power_limit_reported"])
+
+        await eventually_async(confirmed, timeout_s=20.0, interval_s=0.05)
+        assert held["power_limit_held_w"] == limit_w
+        assert held["power_limit_note"] == ""
         # Why, for a person: the explanation and `greenfed job ID` say so.
         explained = await (await api.get(token, f"/v1/jobs/{job_id}/explain")).json()
         assert f"held to {limit_w:.0f} W" in explained["message"]

@@ -10,9 +10,17 @@ import pytest
 
 from cloud.signals.grid import GridSignals, ZoneSeries
 from cloud.store import CounterfactualRecord
-from cloud.usage.meter import MeteredAllocation, NodeMark, meter
+from cloud.usage.meter import MeteredAllocation, NodeMark, held_power_limits_w, meter
 from cloud.usage.pricing import Priced, price
-from shared.messages import Accelerator, AcceleratorSample, HostInfo, NodeStatus, Telemetry
+from shared.messages import (
+    Accelerator,
+    AcceleratorSample,
+    HostInfo,
+    NodeStatus,
+    ReportedState,
+    ReportedTraining,
+    Telemetry,
+)
 
 GIB = 1024**3
 T0 = 1_700_000_000.0 - 1_700_000_000.0 % 3600  # on an hour
@@ -101,6 +109,46 @@ def test_power_samples_then_the_model_fill_a_gap_and_flag_it() -> None:
     assert one.measured_j == pytest.approx(300.0 * 10 * 1.1)
     assert one.energy_j == pytest.approx((300.0 * 10 + modelled_w * 90) * 1.1)
     assert one.gap_s == pytest.approx(90.0)
+
+
+def reported(*entries: ReportedTraining) -> ReportedState:
+    return ReportedState(
+        node_id="n1", instance_id="i1", observed_generation=1, reported_at=T0, training=entries
+    )
+
+
+def test_the_model_never_fills_a_gap_above_the_power_limit_the_node_holds() -> None:
+    # A capped run's GPU draws at most its limit: a gap the model fills says so too,
+    # or a capped job would be charged the uncapped draw whenever telemetry is lost.
+    node = birth(GPU)
+    mark = NodeMark("i1", 1, T0, {})
+    reading = sample(T0 + 100, 2, power={"gpu0": 240.0}, util=100.0)
+    held = held_power_limits_w(
+        reported(ReportedTraining(job_id="job-1", state="running", power_limit_w=240.0)), [job()]
+    )
+    assert held == {"gpu0": 240.0}
+    (capped,), _ = meter(node, reading, mark, [job()], power_limits_w=held)
+    assert capped.energy_j == pytest.approx(240.0 * 100 * 1.1)  # 10 s measured, 90 s model
+    (uncapped,), _ = meter(node, reading, mark, [job()])
+    assert uncapped.energy_j == pytest.approx((240.0 * 10 + 400.0 * 90) * 1.1)
+
+
+def test_only_a_limit_the_node_reports_holding_for_running_work_counts() -> None:
+    allocation = job(ids=("gpu0", "gpu1"))
+    # Asked but not applied (no permission): the node holds the default; nothing bounds it.
+    refused = ReportedTraining(
+        job_id="job-1", state="running", power_limit_note="power limit not applied: no permission"
+    )
+    assert held_power_limits_w(reported(refused), [allocation]) == {}
+    # An ended run gave its limit back; another job's limit is not this one's.
+    ended = ReportedTraining(job_id="job-1", state="succeeded", power_limit_w=200.0)
+    other = ReportedTraining(job_id="job-9", state="running", power_limit_w=200.0)
+    assert held_power_limits_w(reported(ended, other), [allocation]) == {}
+    # The newest attempt's entry wins, for each of the worker's devices.
+    old = ReportedTraining(job_id="job-1", attempt=0, state="running", power_limit_w=200.0)
+    new = ReportedTraining(job_id="job-1", attempt=1, state="starting", power_limit_w=280.0)
+    assert held_power_limits_w(reported(new, old), [allocation]) == {"gpu0": 280.0, "gpu1": 280.0}
+    assert held_power_limits_w(None, [allocation]) == {}
 
 
 def test_an_agent_restart_fills_the_time_between_instances_with_the_model() -> None:
