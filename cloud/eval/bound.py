@@ -221,8 +221,17 @@ def optimum(
     outcomes: Sequence[SimOutcome],
     recorded: GridSignals,
     energy: EnergyModel,
+    *,
+    start_by: Mapping[str, float] | None = None,
 ) -> Bound:
-    """The least training CO2 over the evaluated policies' service (module docstring)."""
+    """The least training CO2 over the evaluated policies' service (module docstring).
+
+    ``start_by`` (job id -> a time) makes it a reference, not a bound: each job named
+    runs no later than from that time at the pace of the pool and power mode it runs
+    on (``start_by + work / pace``), so it is not held back beyond it. With the
+    baseline's start of each job that cannot wait, it says what the least CO2 is
+    without making any such job wait longer than the baseline did (see
+    ``baseline_start_by``). A policy that waits longer can emit less than it."""
     try:
         from scipy.optimize import linprog
         from scipy.sparse import coo_matrix
@@ -267,17 +276,21 @@ def optimum(
     work: list[float] = []
     solvable = [spec for spec in workload.training if eligible[spec.id]]
     for j, spec in enumerate(solvable):
-        start, end = windows[spec.id]
-        first = math.floor((start - origin_s) / HOUR_S)
-        last = math.ceil((end - origin_s) / HOUR_S)
-        span = np.arange(first, last)
-        begin = origin_s + span * HOUR_S
-        share = (np.minimum(end, begin + HOUR_S) - np.maximum(start, begin)) / HOUR_S
+        start, window_end = windows[spec.id]
         accelerators = spec.workers * spec.gpus_per_worker
         work.append(spec.duration_s / HOUR_S * accelerators)
+        latest_start = start_by.get(spec.id) if start_by is not None else None
         for p in eligible[spec.id]:
             pool = pools[p]
             for mode_speed, mode_kw in pool.modes:
+                end = window_end
+                if latest_start is not None:
+                    end = max(start, latest_start) + spec.duration_s / mode_speed
+                first = math.floor((start - origin_s) / HOUR_S)
+                last = min(hours, math.ceil((end - origin_s) / HOUR_S))
+                span = np.arange(first, last)
+                begin = origin_s + span * HOUR_S
+                share = (np.minimum(end, begin + HOUR_S) - np.maximum(start, begin)) / HOUR_S
                 cost.append(mode_kw * intensity[p, span])
                 upper.append(accelerators * np.clip(share, 0.0, 1.0))
                 speed.append(np.full(span.size, mode_speed))
@@ -324,6 +337,18 @@ def optimum(
         solve_s=time.perf_counter() - began,
         gpu_hours_by_zone=by_zone,
     )
+
+
+def baseline_start_by(outcome: SimOutcome) -> dict[str, float]:
+    """Each job that cannot wait (no deadline, no maximum delay): when ``outcome`` (the
+    baseline) started it. For ``optimum(start_by=...)``."""
+    return {
+        job_id: record.first_start_s
+        for job_id, record in outcome.jobs.items()
+        if record.first_start_s is not None
+        and record.deadline_s is None
+        and record.latest_start_s is None
+    }
 
 
 def share_of_optimum(baseline_gco2: float, policy_gco2: float, bound: Bound) -> float | None:
