@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from datetime import date
 from pathlib import Path
@@ -88,7 +88,7 @@ def decompose(fleet: str, start: date, seed: int) -> str:
     return "\n".join(lines)
 
 
-def _hours(by_zone: dict[str, float]) -> str:
+def _hours(by_zone: Mapping[str, float]) -> str:
     return ", ".join(f"{zone} {hours:,.0f}" for zone, hours in sorted(by_zone.items()))
 
 
