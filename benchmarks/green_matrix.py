@@ -11,7 +11,9 @@ Scenarios: the default fleet on its four zones and `sim_devices/fleets/other-zon
 period, first seed). Each scenario is one `greenfed eval --policies fifo-binpack,green
 --optimum` (the command is printed per row). The summary gives the median and worst CO2
 cut, deadline misses where the baseline has none, SLO violations, the mean wait of
-started work as a ratio, and the share of the optimum's training saving.
+started work as a ratio, and the share of the optimum's training saving; each row also
+splits its cut between training and inference (carbon-aware replica placement within
+each deployment's SLO).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class Scenario:
 class Row:
     scenario: Scenario
     co2_cut: float  # green against fifo-binpack, all emissions (training and inference)
+    training_cut: float  # the same, training only
+    inference_cut: float | None  # the same, inference only (None: no inference emissions)
     of_optimum: float | None  # share of the optimum's training saving green achieved
     baseline_misses: int
     green_misses: int
@@ -110,6 +114,12 @@ def run(scenario: Scenario) -> Row:
     return Row(
         scenario=scenario,
         co2_cut=1.0 - green.gco2 / baseline.gco2,
+        training_cut=1.0 - green.training_gco2 / baseline.training_gco2,
+        inference_cut=(
+            1.0 - green.inference_gco2 / baseline.inference_gco2
+            if baseline.inference_gco2 > 0
+            else None
+        ),
         of_optimum=share_of_optimum(baseline.training_gco2, green.training_gco2, report.bound),
         baseline_misses=baseline.deadline_misses,
         green_misses=green.deadline_misses,
@@ -126,15 +136,16 @@ def _percent(value: float | None) -> str:
 
 def print_rows(rows: Sequence[Row]) -> None:
     print(
-        "| fleet | start | seed | load | CO2 cut | of optimum | misses (base/green) "
-        "| SLO | wait × | unfinished |"
+        "| fleet | start | seed | load | CO2 cut | training | inference | of optimum "
+        "| misses (base/green) | SLO | wait × | unfinished |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         s = row.scenario
         wait = "-" if row.wait_ratio is None else f"{row.wait_ratio:.2f}"
         print(
             f"| {s.fleet} | {s.start.isoformat()} | {s.seed} | {s.load:g} | {row.co2_cut:.1%} "
+            f"| {row.training_cut:.1%} | {_percent(row.inference_cut)} "
             f"| {_percent(row.of_optimum)} | {row.baseline_misses}/{row.green_misses} "
             f"| {row.slo_violations} | {wait} | {row.unfinished} |"
         )
@@ -144,10 +155,14 @@ def summary(rows: Sequence[Row]) -> dict[str, object]:
     cuts = [row.co2_cut for row in rows]
     shares = [row.of_optimum for row in rows if row.of_optimum is not None]
     waits = [row.wait_ratio for row in rows if row.wait_ratio is not None]
+    inference = [row.inference_cut for row in rows if row.inference_cut is not None]
     return {
         "scenarios": len(rows),
         "median_co2_cut": statistics.median(cuts),
         "worst_co2_cut": min(cuts),
+        "median_training_cut": statistics.median(row.training_cut for row in rows),
+        "median_inference_cut": statistics.median(inference) if inference else None,
+        "worst_inference_cut": min(inference) if inference else None,
         "new_deadline_misses": sum(row.green_misses for row in rows if row.baseline_misses == 0),
         "slo_violations": sum(row.slo_violations for row in rows),
         "median_wait_ratio": statistics.median(waits) if waits else None,

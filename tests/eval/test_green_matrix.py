@@ -37,6 +37,9 @@ def test_the_short_matrix_holds_the_bound_the_slos_and_the_deadlines(tmp_path: P
         assert row["co2_cut"] > 0, row  # green emits less than the carbon-blind baseline
         assert row["slo_violations"] == 0, row
         assert row["unfinished"] == 0, row
+        # Inference too: replicas with latency headroom go to cleaner zones (its SLO held).
+        assert row["inference_cut"] is not None, row
+        assert row["inference_cut"] >= 0, row
     assert summary["new_deadline_misses"] == 0
     assert "| fleet | start |" in done.stdout
     assert "median_co2_cut" in done.stdout
