@@ -8,7 +8,7 @@ when it is made, with a line saying so.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Final
 
 import msgspec
@@ -17,14 +17,10 @@ from rich.table import Table
 from cloud.access.views import AuditList, TokenCreated, TokenList, TokenRotated, TokenView
 from greenfed.api_client import ApiClient
 from greenfed.arguments import EXIT_OK
-from greenfed.work_commands import Output, ago, console, print_json
+from greenfed.work_commands import Output, ago, at_utc, console, print_json
 
 _SHOWN_ONCE: Final = "token (shown only now, keep it secret)"
 _STATE_STYLE: Final = {"active": "green", "rotated": "yellow", "expired": "dim", "revoked": "red"}
-
-
-def _when(moment: datetime | None) -> str:
-    return "" if moment is None else f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
 
 
 def _tenant_params(tenant: str | None) -> dict[str, str]:
@@ -36,7 +32,7 @@ def render_tokens(tokens: TokenList, output: Output) -> None:
     for column in ("id", "tenant", "name", "state", "created", "by", "last used", "until"):
         table.add_column(column, no_wrap=column in ("id", "state"))
     for token in tokens.items:
-        until = _when(token.revoked_at or token.expires_at)
+        until = at_utc(token.revoked_at or token.expires_at)
         table.add_row(
             token.id,
             token.tenant,
@@ -92,7 +88,7 @@ async def rotate_token(
     rotated = msgspec.json.decode(payload, type=TokenRotated)
     old = rotated.replaced
     until = (
-        f"until {_when(old.expires_at)} UTC" if old.state == "rotated" else "no more (overlap 0)"
+        f"until {at_utc(old.expires_at)} UTC" if old.state == "rotated" else "no more (overlap 0)"
     )
     output.out.write(
         f"token {old.id} ({old.name}) of tenant {old.tenant} rotated: it works {until}\n"
@@ -109,7 +105,7 @@ async def revoke_token(client: ApiClient, token_id: str, *, output: Output) -> i
     token = msgspec.json.decode(payload, type=TokenView)
     output.out.write(
         f"token {token.id} ({token.name}) of tenant {token.tenant} revoked at "
-        f"{_when(token.revoked_at)} UTC\n"
+        f"{at_utc(token.revoked_at)} UTC\n"
     )
     return EXIT_OK
 
@@ -167,7 +163,7 @@ async def list_audit(
         table.add_column(column, overflow="fold" if column == "detail" else "ellipsis")
     for entry in entries.items:
         table.add_row(
-            _when(entry.at),
+            at_utc(entry.at),
             entry.actor,
             entry.action,
             entry.target,

@@ -22,7 +22,7 @@ from cloud.fleet.enrolment_views import (
 from cloud.fleet.views import NodeDetail, NodeList, NodeSummary
 from greenfed.api_client import ApiClient
 from greenfed.arguments import EXIT_OK
-from greenfed.work_commands import ago, console
+from greenfed.work_commands import ago, at_utc, console
 from shared.taints import CORDON_TAINT_KEY
 
 GIB = 1024**3
@@ -118,10 +118,6 @@ def _within_hour(moment: datetime) -> bool:
     return (datetime.now(UTC) - moment).total_seconds() < 3600
 
 
-def _when(moment: datetime | None) -> str:
-    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
-
-
 def _print_json(value: object, out: TextIO) -> None:
     out.write(msgspec.json.format(msgspec.json.encode(value)).decode() + "\n")
 
@@ -137,7 +133,7 @@ async def create_join_token(
         return EXIT_OK
     out.write(
         f"join token {created.id} (shown only now; {created.max_uses} use"
-        f"{'s' if created.max_uses != 1 else ''}, expires {_when(created.expires_at)}):\n"
+        f"{'s' if created.max_uses != 1 else ''}, expires {at_utc(created.expires_at)}):\n"
         f"  {created.token}\n"
         "enrol a node with:\n"
         f"  greenfed edge enrol --api {client.target.api} --token {created.token}\n"
@@ -159,7 +155,7 @@ async def list_join_tokens(client: ApiClient, *, json: bool, out: TextIO | None 
             token.id,
             token.state,
             f"{token.uses}/{token.max_uses}",
-            _when(token.expires_at),
+            at_utc(token.expires_at),
             token.site or "",
             token.zone or "",
             token.region or "",
@@ -239,10 +235,10 @@ async def list_enrolled(client: ApiClient, *, json: bool, out: TextIO | None = N
         table.add_row(
             node.node_id,
             "[green]enrolled[/]" if node.state == "enrolled" else "[red]revoked[/]",
-            _when(node.enrolled_at),
+            at_utc(node.enrolled_at),
             node.join_token_id or "",
             node.username or "",
-            _when(node.revoked_at),
+            at_utc(node.revoked_at),
         )
     console(out).print(table)
     return EXIT_OK

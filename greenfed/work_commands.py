@@ -58,6 +58,11 @@ def print_json(payload: bytes, out: TextIO) -> None:
     out.write(msgspec.json.format(payload, indent=2).decode() + "\n")
 
 
+def at_utc(moment: datetime | None) -> str:
+    """A moment as UTC wall time for a table cell ("" for none)."""
+    return "" if moment is None else f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z"
+
+
 def ago(moment: datetime | None) -> str:
     if moment is None:
         return ""
