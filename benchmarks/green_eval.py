@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cloud.eval.bound import Bound, share_of_optimum
 from cloud.eval.metrics import PolicyResult
 from cloud.eval.runner import EvalOptions, run_eval
 
@@ -119,7 +120,7 @@ def plan(only: str | None) -> list[Run]:
     return [run for run in runs if only is None or run.table == only]
 
 
-def execute(run: Run) -> list[PolicyResult]:
+def execute(run: Run) -> tuple[list[PolicyResult], Bound | None]:
     options = EvalOptions(
         start=run.start,
         days=14,
@@ -130,28 +131,42 @@ def execute(run: Run) -> list[PolicyResult]:
         seed=run.seed,
         power_capping=run.power_capping,
         fleet=ROOT / run.fleet if run.fleet is not None else None,
+        bound=True,
     )
-    return run_eval(options).results
+    report = run_eval(options)
+    return report.results, report.bound
+
+
+def of_optimum(
+    results: Sequence[PolicyResult], result: PolicyResult, bound: Bound | None
+) -> float | None:
+    """The share of the optimum's training saving over the first policy (the baseline)
+    that ``result`` achieved."""
+    if bound is None:
+        return None
+    return share_of_optimum(results[0].training_gco2, result.training_gco2, bound)
 
 
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
 
 
-def markdown(run: Run, results: Sequence[PolicyResult]) -> str:
+def markdown(run: Run, results: Sequence[PolicyResult], bound: Bound | None) -> str:
     baseline = next((r for r in results if r.policy == "fifo-binpack"), results[0])
     lines = [
         f"`{run.command}`",
         "",
-        "| policy | kWh | tCO2eq | CO2 vs fifo-binpack | cost (USD) | wait mean | "
+        "| policy | kWh | tCO2eq | CO2 vs fifo-binpack | of optimum | cost (USD) | wait mean | "
         "queue wait mean | wait p95 | deadline misses | SLO violations | GPU util | "
         "deferred | moved | run time |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         change = (r.gco2 - baseline.gco2) / baseline.gco2 if baseline.gco2 else 0.0
+        share = of_optimum(results, r, bound)
         lines.append(
-            f"| {r.policy} | {r.kwh:,.0f} | {r.gco2 / 1e6:.3f} | {change:+.1%} | {r.cost:,.0f} | "
+            f"| {r.policy} | {r.kwh:,.0f} | {r.gco2 / 1e6:.3f} | {change:+.1%} | "
+            f"{'-' if share is None else f'{share:.0%}'} | {r.cost:,.0f} | "
             f"{_duration(r.wait_mean_s)} | {_duration(r.queue_wait_mean_s)} | "
             f"{_duration(r.wait_p95_s)} | {r.deadline_misses} | {r.slo_violations} | "
             f"{r.utilisation:.1%} | {r.deferred_jobs} | {r.migrations} | {r.runtime_s:.0f} s |"
@@ -172,15 +187,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcomes = list(pool.map(execute, runs))
     table = None
     collected: list[dict[str, object]] = []
-    for run, results in zip(runs, outcomes, strict=True):
+    for run, (results, bound) in zip(runs, outcomes, strict=True):
         if run.table != table:
             table = run.table
             print(f"\n## {table}\n")
         print(f"### {run.label}\n")
-        print(markdown(run, results))
+        print(markdown(run, results, bound))
+        if bound is not None:
+            print(
+                f"\noffline optimum: training {bound.gco2 / 1e6:.3f} tCO2eq, {bound.kwh:,.0f} kWh"
+            )
         print()
         collected.extend(
-            {"table": run.table, "label": run.label, "command": run.command, **r.as_json()}
+            {
+                "table": run.table,
+                "label": run.label,
+                "command": run.command,
+                **r.as_json(),
+                "of_optimum": of_optimum(results, r, bound),
+            }
             for r in results
         )
     if args.json is not None:

@@ -614,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--perfect-forecast",
         action="store_true",
         help="use the recorded future as the forecast: an oracle input, not an upper bound "
-        "(a policy can do worse with it); --optimum gives the bound",
+        "(a policy can do worse with it); the offline optimum is the bound",
     )
     evaluate.add_argument(
         "--patience",
@@ -625,9 +625,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--optimum",
-        action="store_true",
-        help="also solve the offline optimum (a linear program, HiGHS) and show each "
-        "policy's share of its training CO2 saving",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="solve the offline optimum (a linear program, HiGHS, a few seconds) and show "
+        "each policy's share of its training CO2 saving (default; --no-optimum skips it)",
     )
     evaluate.add_argument(
         "--allow-missing-zones",
