@@ -9,8 +9,11 @@ Gates, breached means rolled back at once:
 - a canary replica failed, or its update to the new model did (its node reported it,
   e.g. the model would not load);
 - once the canary answered `min_requests`, its error rate above `max_error_rate`;
-- its p95 latency above `max_p95_ratio` × the baseline's (taken as at least 5 ms: a
-  ratio of sub-millisecond latencies is noise).
+- once the canary answered `min_requests`, its p95 latency above `max_p95_ratio` ×
+  the baseline's (taken as at least 5 ms: a ratio of sub-millisecond latencies is
+  noise). Both are the request-weighted mean of the p95 of every sample since the
+  rollout began: one sample of a few requests says little (a single slow request on a
+  busy host is its whole p95), so a gate on it rolled healthy canaries back.
 
 Promoted when every canary replica has served, without a breach, for `hold_s`. The
 watch lives in the leader's memory; a new leader starts the hold again.
@@ -47,6 +50,21 @@ class _Watch:
     requests: int = 0
     errors: int = 0
     seen: set[tuple[str, int]] = field(default_factory=set)  # (node, telemetry seq)
+    # Σ p95 × requests and Σ requests over the samples with a p95, canary and baseline.
+    canary_latency: tuple[float, int] = (0.0, 0)
+    baseline_latency: tuple[float, int] = (0.0, 0)
+
+
+def _add_latency(
+    total: tuple[float, int], p95_ms: float | None, requests: int
+) -> tuple[float, int]:
+    if p95_ms is None or requests <= 0:
+        return total
+    return total[0] + p95_ms * requests, total[1] + requests
+
+
+def _mean_ms(total: tuple[float, int]) -> float | None:
+    return total[0] / total[1] if total[1] else None
 
 
 def _update_failed(reason: str) -> bool:
@@ -97,20 +115,31 @@ class RolloutWatch:
                     f"canary replica {member.member_index} failed: {report.reason or 'no reason'}",
                 )
         serving = 0
-        canary_p95: float | None = None
         for node_id in sorted(canary_nodes):
             record = nodes.get(node_id)
             sample = record.serving_sample(work_id) if record is not None else None
             if record is None or sample is None or record.telemetry is None:
                 continue
             serving += 1
-            if sample.latency_p95_ms is not None:
-                canary_p95 = max(canary_p95 or 0.0, sample.latency_p95_ms)
             key = (node_id, record.telemetry.seq)
             if key not in watch.seen:
                 watch.seen.add(key)
                 watch.requests += sample.requests
                 watch.errors += sample.errors
+                watch.canary_latency = _add_latency(
+                    watch.canary_latency, sample.latency_p95_ms, sample.requests
+                )
+        for node_id in sorted(baseline_nodes):
+            record = nodes.get(node_id)
+            sample = record.serving_sample(work_id) if record is not None else None
+            if record is None or sample is None or record.telemetry is None:
+                continue
+            key = (node_id, record.telemetry.seq)
+            if key not in watch.seen:
+                watch.seen.add(key)
+                watch.baseline_latency = _add_latency(
+                    watch.baseline_latency, sample.latency_p95_ms, sample.requests
+                )
         if watch.requests >= canary.min_requests:
             rate = watch.errors / watch.requests
             if rate > canary.max_error_rate:
@@ -119,16 +148,11 @@ class RolloutWatch:
                     f"canary error rate {rate:.1%} over {watch.requests} requests > "
                     f"{canary.max_error_rate:.1%}",
                 )
-        baseline = [
-            sample.latency_p95_ms
-            for node_id in sorted(baseline_nodes)
-            if (record := nodes.get(node_id)) is not None
-            and (sample := record.serving_sample(work_id)) is not None
-            and sample.latency_p95_ms is not None
-        ]
-        if canary_p95 is not None and baseline:
+        canary_p95 = _mean_ms(watch.canary_latency)
+        baseline_p95 = _mean_ms(watch.baseline_latency)
+        if watch.requests >= canary.min_requests and canary_p95 is not None and baseline_p95:
             # Below a few milliseconds a ratio is noise: a 0.2 ms p95 may double freely.
-            ratio = canary_p95 / max(max(baseline), P95_FLOOR_MS)
+            ratio = canary_p95 / max(baseline_p95, P95_FLOOR_MS)
             if ratio > canary.max_p95_ratio:
                 return RolloutVerdict(
                     "rolled-back",

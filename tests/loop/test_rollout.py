@@ -151,12 +151,16 @@ async def test_a_healthy_canary_is_promoted_to_every_replica_after_its_hold(
             )
             assert started.status == 200, await started.text()
 
-            async def promoted() -> bool:
-                return any(
-                    e["outcome"] == "promoted" for e in await rollout_events(api, deployment_id)
-                )
+            seen: list[dict[str, Any]] = []
 
-            await eventually_async(promoted, timeout_s=40, message="not promoted")
+            async def promoted() -> bool:
+                seen[:] = await rollout_events(api, deployment_id)
+                return any(e["outcome"] == "promoted" for e in seen)
+
+            # A rollback ends the rollout too: say so, not only that time ran out.
+            await eventually_async(
+                promoted, timeout_s=40, message=lambda: f"not promoted; events: {seen}"
+            )
             model = await (await api.get(token, f"/v1/models/{second}")).json()
 
             async def all_on_the_new_model() -> bool:

@@ -83,6 +83,22 @@ def test_an_error_rate_above_the_gate_rolls_back_once_enough_requests_are_seen()
     assert "canary error rate 24.0% over 25 requests" in verdict.reason
 
 
+def test_latency_is_judged_over_enough_requests_not_one_small_sample() -> None:
+    # A first sample of 2 requests, one of them slow (a busy host): its p95 is that
+    # request. Judged alone it would roll a healthy canary back.
+    watch = RolloutWatch()
+    assert watch.judge("d", SPEC, MEMBERS, nodes(1, requests=2, p95_ms=40.0), T0) is None
+    # Then it serves as fast as the others: over 102 requests its p95 is no breach.
+    assert watch.judge("d", SPEC, MEMBERS, nodes(2, requests=100, p95_ms=10.0), T0 + 1) is None
+    # A canary slow over many requests is rolled back.
+    slow = RolloutWatch()
+    assert slow.judge("d", SPEC, MEMBERS, nodes(1, requests=2, p95_ms=40.0), T0) is None
+    verdict = slow.judge("d", SPEC, MEMBERS, nodes(2, requests=100, p95_ms=40.0), T0 + 1)
+    assert verdict is not None
+    assert verdict.outcome == "rolled-back"
+    assert "4.0× the other replicas'" in verdict.reason
+
+
 def test_a_slow_canary_or_a_failed_update_rolls_back() -> None:
     slow = RolloutWatch().judge("d", SPEC, MEMBERS, nodes(1, p95_ms=40.0), T0)
     assert slow is not None
