@@ -87,9 +87,7 @@ async def rotate_token(
         return EXIT_OK
     rotated = msgspec.json.decode(payload, type=TokenRotated)
     old = rotated.replaced
-    until = (
-        f"until {at_utc(old.expires_at)} UTC" if old.state == "rotated" else "no more (overlap 0)"
-    )
+    until = f"until {at_utc(old.expires_at)}" if old.state == "rotated" else "no more (overlap 0)"
     output.out.write(
         f"token {old.id} ({old.name}) of tenant {old.tenant} rotated: it works {until}\n"
         f"replacement {rotated.token.id}\n{_SHOWN_ONCE}: {rotated.token.token}\n"
@@ -105,7 +103,7 @@ async def revoke_token(client: ApiClient, token_id: str, *, output: Output) -> i
     token = msgspec.json.decode(payload, type=TokenView)
     output.out.write(
         f"token {token.id} ({token.name}) of tenant {token.tenant} revoked at "
-        f"{at_utc(token.revoked_at)} UTC\n"
+        f"{at_utc(token.revoked_at)}\n"
     )
     return EXIT_OK
 

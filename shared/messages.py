@@ -330,6 +330,8 @@ class DesiredState(WireStruct, frozen=True, kw_only=True):
 
 
 TrainingRunState = Literal["starting", "running", "succeeded", "failed", "stopped"]
+# A worker in these states holds its devices (and any power limit asked for them).
+TRAINING_RUN_LIVE_STATES: tuple[TrainingRunState, ...] = ("starting", "running")
 
 
 class ReportedTraining(WireStruct, frozen=True, kw_only=True):

@@ -280,13 +280,13 @@ def optimum(
         accelerators = spec.workers * spec.gpus_per_worker
         work.append(spec.duration_s / HOUR_S * accelerators)
         latest_start = start_by.get(spec.id) if start_by is not None else None
+        first = math.floor((start - origin_s) / HOUR_S)
         for p in eligible[spec.id]:
             pool = pools[p]
             for mode_speed, mode_kw in pool.modes:
                 end = window_end
                 if latest_start is not None:
                     end = max(start, latest_start) + spec.duration_s / mode_speed
-                first = math.floor((start - origin_s) / HOUR_S)
                 last = min(hours, math.ceil((end - origin_s) / HOUR_S))
                 span = np.arange(first, last)
                 begin = origin_s + span * HOUR_S

@@ -21,7 +21,7 @@ watch lives in the leader's memory; a new leader starts the hold again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,6 +32,7 @@ from cloud.loop.desired import canary_members
 from cloud.store import AllocationRecord, NewEvent, WorkRecord
 from cloud.work.specs import DeploymentSpec
 from cloud.work.views import ROLLOUT_EVENT
+from shared.messages import DeploymentSample
 
 Outcome = Literal["promoted", "rolled-back"]
 P95_FLOOR_MS = 5.0  # the baseline p95 a canary's is compared with is at least this
@@ -65,6 +66,22 @@ def _add_latency(
 
 def _mean_ms(total: tuple[float, int]) -> float | None:
     return total[0] / total[1] if total[1] else None
+
+
+def _samples(
+    watch: _Watch, work_id: str, node_ids: Iterable[str], nodes: Mapping[str, NodeRecord]
+) -> Iterator[tuple[DeploymentSample, bool]]:
+    """The latest serving sample of the work on each node that has one, and whether it
+    is new to the watch (each is counted once, by node and telemetry sequence number)."""
+    for node_id in sorted(node_ids):
+        record = nodes.get(node_id)
+        sample = record.serving_sample(work_id) if record is not None else None
+        if record is None or sample is None or record.telemetry is None:
+            continue
+        key = (node_id, record.telemetry.seq)
+        new = key not in watch.seen
+        watch.seen.add(key)
+        yield sample, new
 
 
 def _update_failed(reason: str) -> bool:
@@ -115,28 +132,16 @@ class RolloutWatch:
                     f"canary replica {member.member_index} failed: {report.reason or 'no reason'}",
                 )
         serving = 0
-        for node_id in sorted(canary_nodes):
-            record = nodes.get(node_id)
-            sample = record.serving_sample(work_id) if record is not None else None
-            if record is None or sample is None or record.telemetry is None:
-                continue
+        for sample, new in _samples(watch, work_id, canary_nodes, nodes):
             serving += 1
-            key = (node_id, record.telemetry.seq)
-            if key not in watch.seen:
-                watch.seen.add(key)
+            if new:
                 watch.requests += sample.requests
                 watch.errors += sample.errors
                 watch.canary_latency = _add_latency(
                     watch.canary_latency, sample.latency_p95_ms, sample.requests
                 )
-        for node_id in sorted(baseline_nodes):
-            record = nodes.get(node_id)
-            sample = record.serving_sample(work_id) if record is not None else None
-            if record is None or sample is None or record.telemetry is None:
-                continue
-            key = (node_id, record.telemetry.seq)
-            if key not in watch.seen:
-                watch.seen.add(key)
+        for sample, new in _samples(watch, work_id, baseline_nodes, nodes):
+            if new:
                 watch.baseline_latency = _add_latency(
                     watch.baseline_latency, sample.latency_p95_ms, sample.requests
                 )

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from cloud.loop.nodes import device_power_w
 from shared.messages import (
+    TRAINING_RUN_LIVE_STATES,
     Accelerator,
     AcceleratorKind,
     AcceleratorSample,
@@ -104,7 +105,7 @@ def held_power_limits_w(
         return {}
     held: dict[str, tuple[int, float]] = {}  # job id -> (attempt, limit)
     for entry in reported.training:
-        if entry.power_limit_w is None or entry.state not in ("starting", "running"):
+        if entry.power_limit_w is None or entry.state not in TRAINING_RUN_LIVE_STATES:
             continue
         known = held.get(entry.job_id)
         if known is None or entry.attempt > known[0]:

@@ -14,7 +14,7 @@ from cloud.usage.views import WorkUsage
 from cloud.work.explanation import Explanation
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.clock import utc_from_epoch
-from shared.messages import AcceleratorKind
+from shared.messages import TRAINING_RUN_LIVE_STATES, AcceleratorKind
 from shared.work_literals import AllocationState, DependencyCondition, PriorityClass, WorkState
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
@@ -333,7 +333,7 @@ def worker_views(
     for view in allocations:
         node = registry.get(view.node_id)
         entry = node.training_report(job_id, attempt) if node is not None else None
-        if entry is None or entry.state not in ("starting", "running"):
+        if entry is None or entry.state not in TRAINING_RUN_LIVE_STATES:
             views.append(view)
             continue
         views.append(
