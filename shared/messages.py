@@ -17,7 +17,7 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.7"
+SCHEMA_VERSION = "1.8"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -43,6 +43,17 @@ SchemaVersion = Annotated[
 
 Site = Literal["cloud", "edge"]
 AcceleratorKind = Literal["gpu", "npu", "cpu"]
+# How a node contains the training workers it runs (docs/isolation.md), weakest first:
+# `none` runs them as the agent's user (the operator said so); `user` as an unprivileged
+# user of their own, held by cgroups; `sandbox` also in namespaces of their own
+# (bubblewrap: private /tmp, the agent's files and other processes out of sight).
+# `unavailable`: the node cannot isolate work and was not told to run it without.
+IsolationLevel = Literal["none", "user", "sandbox", "unavailable"]
+ResourceLimit = Literal["memory", "cpu", "pids", "devices"]
+ImagePullPolicy = Literal["if-not-present", "always", "never"]
+# per-worker: one process per gang worker on the node (RANK, LOCAL_RANK each);
+# per-node: one process per node that starts its workers itself (torchrun, accelerate).
+LaunchMode = Literal["per-worker", "per-node"]
 NodeState = Literal["online", "offline"]
 OfflineReason = Literal["connection-lost", "shutdown", "telemetry-stale"]
 
@@ -157,6 +168,49 @@ class NodeStatus(WireStruct, frozen=True, kw_only=True):
         tuple[NodeTaint, ...],
         msgspec.Meta(max_length=MAX_TAINTS, description="Taints from the agent's settings (1.4)."),
     ] = ()
+    isolation: Annotated[
+        IsolationLevel | None,
+        msgspec.Meta(
+            description=(
+                "How the node contains the training workers it runs (1.8): none, user, "
+                "sandbox, or unavailable (it refuses training); null: it runs no "
+                "training, or an older agent (runs workers as its own user)."
+            )
+        ),
+    ] = None
+    isolation_note: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=1024, description="Why the isolation is no stronger, for people (1.8)."
+        ),
+    ] = ""
+    resource_limits: Annotated[
+        tuple[ResourceLimit, ...],
+        msgspec.Meta(
+            max_length=8,
+            description="What the node holds each worker to with cgroups (1.8).",
+        ),
+    ] = ()
+    container_runtimes: Annotated[
+        tuple[Annotated[str, msgspec.Meta(max_length=64)], ...],
+        msgspec.Meta(
+            max_length=8,
+            description="Container runtimes that run work with an image here, e.g. podman (1.8).",
+        ),
+    ] = ()
+    sealing_public_key: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=64,
+                description=(
+                    "Base64 of the node's X25519 public key (1.8): secrets for its workers "
+                    "are sealed to it (HPKE, shared/sealing.py)."
+                ),
+            ),
+        ]
+        | None
+    ) = None
 
 
 class AcceleratorSample(WireStruct, frozen=True, kw_only=True):
@@ -255,8 +309,13 @@ class DesiredTraining(WireStruct, frozen=True, kw_only=True):
     accelerator_ids: Annotated[
         tuple[str, ...], msgspec.Meta(description="Accelerators of this node assigned to the job.")
     ] = ()
-    rank: Annotated[int, msgspec.Meta(ge=0, description="This worker's rank in the gang.")] = 0
-    world_size: Annotated[int, msgspec.Meta(ge=1, description="Workers in the gang.")] = 1
+    rank: Annotated[
+        int,
+        msgspec.Meta(ge=0, description="The gang rank of this node's first worker (RANK)."),
+    ] = 0
+    world_size: Annotated[
+        int, msgspec.Meta(ge=1, description="Workers in the gang, on all nodes (WORLD_SIZE).")
+    ] = 1
     master_addr: str = ""
     master_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     grace_period_s: Annotated[
@@ -302,6 +361,86 @@ class DesiredTraining(WireStruct, frozen=True, kw_only=True):
         ]
         | None
     ) = None
+    tenant: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=128,
+            description="The tenant whose work it is (1.8): whose user it runs as.",
+        ),
+    ] = ""
+    processes: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=1024,
+            description=(
+                "Workers of the gang on this node (1.8), ranks rank..rank+processes-1: "
+                "one process each (launch per-worker), or one process told them "
+                "(per-node: LOCAL_WORLD_SIZE, NPROC_PER_NODE)."
+            ),
+        ),
+    ] = 1
+    node_rank: Annotated[
+        int, msgspec.Meta(ge=0, description="This node's place among the gang's nodes (1.8).")
+    ] = 0
+    nodes: Annotated[int, msgspec.Meta(ge=1, description="Nodes the gang runs on (1.8).")] = 1
+    launch: LaunchMode = "per-worker"
+    host_memory_bytes: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1, description="Host memory each worker is held to (1.8); null: not limited."
+            ),
+        ]
+        | None
+    ) = None
+    pids_limit: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1,
+                le=4_194_304,
+                description="Processes and threads each worker may have (1.8); null: the node's.",
+            ),
+        ]
+        | None
+    ) = None
+    min_isolation: Annotated[
+        IsolationLevel,
+        msgspec.Meta(
+            description="The least isolation the job accepts (1.8); a weaker node refuses it."
+        ),
+    ] = "none"
+    image: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=512,
+                description="OCI image to run the command in (1.8); null: on the node itself.",
+            ),
+        ]
+        | None
+    ) = None
+    image_pull_policy: ImagePullPolicy = "if-not-present"
+    secret_names: Annotated[
+        tuple[str, ...],
+        msgspec.Meta(
+            max_length=256,
+            description=(
+                "Names of the secret variables `sealed_secrets` holds (1.8); the worker does "
+                "not start without them."
+            ),
+        ),
+    ] = ()
+    sealed_secrets: Annotated[
+        str | None,
+        msgspec.Meta(
+            description=(
+                "The job's secret_env and registry credentials sealed to this node's key "
+                "for this job and attempt (1.8, shared/sealing.py); never plaintext."
+            )
+        ),
+    ] = None
 
 
 class DesiredState(WireStruct, frozen=True, kw_only=True):

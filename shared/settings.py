@@ -149,8 +149,40 @@ class AgentSettings(Section, frozen=True, kw_only=True):
     # and one older than this when its turn comes is dropped unsent (both counted).
     outbox_max_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = OUTBOX_MAX_BYTES
     outbox_max_age_s: Annotated[float, msgspec.Meta(gt=0)] = OUTBOX_MAX_AGE_S
+    # How training workers are contained (docs/isolation.md). "auto": the strongest this
+    # node can give ("sandbox", else "user"), refusing training when it can give neither;
+    # "sandbox" or "user": that level or training is refused; "none": workers run as the
+    # agent's own user, unisolated, for a node whose operator trusts all work sent to it.
+    isolation: Literal["auto", "sandbox", "user", "none"] = "auto"
+    # Whom workers run as: every worker as this user (a name or a uid) ...
+    worker_user: str = ""
+    # ... or, when empty, a uid of its own per tenant from this range (both ends
+    # included), remembered in data_dir/state/worker-uids.json.
+    worker_uid_range: tuple[
+        Annotated[int, msgspec.Meta(ge=1, le=4_294_967_293)],
+        Annotated[int, msgspec.Meta(ge=1, le=4_294_967_293)],
+    ] = (70000, 79999)
+    # Processes and threads a worker may have when its job sets no pids_limit.
+    worker_pids_limit: Annotated[int, msgspec.Meta(ge=16, le=4_194_304)] = 4096
+    # Host memory all workers together leave to the agent and the system.
+    reserved_memory_mib: Annotated[int, msgspec.Meta(ge=0)] = 512
+    # Where worker cgroups are made; empty: under the agent's own cgroup where it may
+    # (cgroup v2 delegated by systemd), else "greenfed" at the root of each hierarchy.
+    cgroup_root: str = ""
+    # What runs work that names an image: "auto" takes podman, else docker.
+    container_runtime: Literal["auto", "podman", "docker", "none"] = "auto"
+    # The OCI runtime containers run with (podman --runtime), e.g. runc; empty: its own.
+    oci_runtime: str = ""
+    # More paths a sandboxed worker must never see (the agent's own are always hidden).
+    hidden_paths: Annotated[tuple[str, ...], msgspec.Meta(max_length=64)] = ()
 
     def __post_init__(self) -> None:
+        low, high = self.worker_uid_range
+        if low > high:
+            raise FieldError("worker_uid_range", f"[{low}, {high}] is empty: the first is larger")
+        for path in self.hidden_paths:
+            if not path.startswith("/"):
+                raise FieldError("hidden_paths", f"{path!r} must be an absolute path")
         if self.node_id and not is_valid_node_id(self.node_id):
             raise FieldError(
                 "node_id",
@@ -203,6 +235,10 @@ class CloudSettings(Section, frozen=True, kw_only=True):
     # The Ed25519 key `desired` documents are signed with (PEM, mode 0600; made on first
     # start). Every replica must use the same file. Empty: store.data_dir/desired-signing.key.
     signing_key_file: str = ""
+    # The key job secrets are encrypted with in the store (cloud/secrets/at_rest.py; made on
+    # first start, mode 0600). Every replica must use the same file, and a store restored
+    # from a backup needs it. Empty: store.data_dir/secrets.key.
+    secrets_key_file: str = ""
     # Node credentials: "none" leaves the broker's accounts to the operator (enrolment
     # then hands out no MQTT password); "dynamic-security" provisions each enrolled node
     # over `$CONTROL/dynamic-security/v1` (Mosquitto's plugin, or the embedded broker).
@@ -292,6 +328,9 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     power_capping: bool = True
     # ... when that saves at least this share of the run's CO2 (or cost).
     power_capping_min_saving: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.03
+    # Training goes only to nodes that isolate workers at least this well (docs/isolation.md:
+    # none < user < sandbox); a job may ask for more with its own `isolation`.
+    min_isolation: Literal["none", "user", "sandbox"] = "none"
 
 
 class LogSettings(Section, frozen=True, kw_only=True):

@@ -1,0 +1,44 @@
+"""The environment contract of a training worker: what greenfed sets in every worker's
+environment, which a job's `env` and `secret_env` may therefore not set.
+
+The agent builds each worker's environment from nothing but these, the job's own
+variables and a few neutral defaults (edge/training/environment.py): nothing of the
+agent's own environment reaches a worker. docs/rest.md#the-worker-environment lists
+what each means.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Set for every worker, whatever the job says.
+RUNNER_VARIABLES: Final = frozenset(
+    {
+        # torch.distributed (env:// rendezvous) and torchrun's own contract
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "NNODES",
+        "NPROC_PER_NODE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        # the devices it was given
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        # greenfed's own
+        "GREENFED_JOB_ID",
+        "GREENFED_ATTEMPT",
+        "GREENFED_TENANT",
+        "GREENFED_CPU_CORES",
+        "GREENFED_WORK_DIR",
+    }
+)
+
+# Set for every worker unless the job's `env` sets them (their defaults are neutral).
+DEFAULT_VARIABLES: Final = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+}
