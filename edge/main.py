@@ -4,28 +4,72 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 import msgspec
 import structlog
 
 from edge.agent import Agent, NodeIdentity
+from edge.agent.birth import ExecutionFacts
 from edge.discovery import DiscoveryResult, build_device_probes, discover_all
 from edge.inference.options import InferenceOptions
+from edge.training.runs import LauncherFactory, TrainingLauncher
+from shared.messages import Accelerator
 from shared.runtime import run_until_stopped
 from shared.settings import Settings
 
+log = structlog.get_logger("greenfed.agent")
 
-async def run_agent(settings: Settings, stop: asyncio.Event) -> int:
-    launcher = None
-    if settings.agent.runs_training:
-        # Only nodes that run training workers load their launcher (edge devices do not).
-        from edge.training.process import ProcessLauncher
 
-        launcher = ProcessLauncher(
-            settings.agent.resolved_data_dir() / "jobs",
-            max_log_bytes=settings.agent.max_job_log_bytes,
+async def training_launcher(
+    settings: Settings, config_path: Path | None
+) -> tuple[LauncherFactory, ExecutionFacts]:
+    """The launcher of a node that runs training, and what its birth says of it."""
+    # Only nodes that run training workers load this (edge devices do not).
+    from edge.sandbox.setup import JOBS_DIR, set_up_training
+    from edge.training.process import ProcessLauncher
+    from shared.sealing import public_key_text
+
+    agent = settings.agent
+    setup = await asyncio.to_thread(set_up_training, settings, config_path)
+    isolation = setup.isolation
+    log.info(
+        "training isolation",
+        level=isolation.level,
+        note=isolation.note,
+        limits=list(isolation.limits),
+        container_runtime=isolation.runtime_note,
+    )
+
+    def launcher(inventory: Sequence[Accelerator]) -> TrainingLauncher:
+        return ProcessLauncher(
+            agent.resolved_data_dir() / JOBS_DIR,
+            sandbox=setup.sandbox(tuple(inventory), agent.worker_pids_limit),
+            node_id=agent.resolved_node_id(),
+            sealing_key=setup.sealing_key,
+            max_log_bytes=agent.max_job_log_bytes,
         )
+
+    facts = ExecutionFacts(
+        isolation=isolation.level,
+        isolation_note=isolation.note,
+        resource_limits=isolation.limits,
+        container_runtimes=isolation.runtimes,
+        sealing_public_key=public_key_text(setup.sealing_key),
+    )
+    return launcher, facts
+
+
+async def run_agent(
+    settings: Settings, stop: asyncio.Event, config_path: Path | None = None
+) -> int:
+    """`config_path`: the settings file (workers never see it)."""
+    launcher: LauncherFactory | None = None
+    execution = ExecutionFacts()
+    if settings.agent.runs_training:
+        launcher, execution = await training_launcher(settings, config_path)
     agent = Agent(
         NodeIdentity.from_settings(settings.agent),
         build_device_probes(settings.agent.probes),
@@ -45,6 +89,7 @@ async def run_agent(settings: Settings, stop: asyncio.Event) -> int:
         state_dir=settings.agent.resolved_data_dir() / "state",
         outbox_max_bytes=settings.agent.outbox_max_bytes,
         outbox_max_age_s=settings.agent.outbox_max_age_s,
+        execution=execution,
     )
     structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
     await run_until_stopped(stop, agent.run())

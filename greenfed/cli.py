@@ -128,7 +128,7 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     _configure_logging(settings)
-    return run_main(lambda stop: run_agent(settings, stop))
+    return run_main(lambda stop: run_agent(settings, stop, args.config))
 
 
 def cmd_edge_doctor(args: argparse.Namespace) -> int:

@@ -25,6 +25,12 @@ RUNNER_VARIABLES: Final = frozenset(
         "NPROC_PER_NODE",
         "MASTER_ADDR",
         "MASTER_PORT",
+        # torchrun's own options (launch = "per-node": a plain `torchrun train.py` works)
+        "PET_NNODES",
+        "PET_NPROC_PER_NODE",
+        "PET_NODE_RANK",
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
         # the devices it was given
         "CUDA_VISIBLE_DEVICES",
         "NVIDIA_VISIBLE_DEVICES",

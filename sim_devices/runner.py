@@ -7,12 +7,17 @@ import random
 import tempfile
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from edge.agent import Agent, NodeIdentity
+from edge.agent.birth import ExecutionFacts
 from edge.inference.options import InferenceOptions
+from edge.training.runs import LauncherFactory
+from shared.sealing import public_key_text
 from shared.settings import MqttSettings
 from sim_devices.fleet import Fleet, expand_fleet
 from sim_devices.probes import SimulatedNode
-from sim_devices.training import SimulatedLauncher
+from sim_devices.training import SIMULATED_ISOLATION, SIMULATED_RUNTIMES, SimulatedLauncher
 
 
 class SimulatedFleet:
@@ -34,6 +39,8 @@ class SimulatedFleet:
         self._connect_gap_s = 1.0 / connects_per_s if connects_per_s > 0 else 0.0
         seed_source = random.Random(fleet.seed)
         self.agents: list[Agent] = []
+        # Each training node's sealing key (public halves: what it enrols with).
+        self.sealing_public_keys: dict[str, str] = {}
         cache_root = model_cache_dir or Path(tempfile.gettempdir()) / "greenfed-sim-models"
         for spec in expand_fleet(fleet):
             node = SimulatedNode(
@@ -47,7 +54,19 @@ class SimulatedFleet:
                 labels=spec.labels,
                 taints=spec.taints,
             )
-            launcher = SimulatedLauncher(node.accelerators) if spec.site == "cloud" else None
+            launcher: LauncherFactory | None = None
+            execution = ExecutionFacts()
+            if spec.site == "cloud":
+                key = X25519PrivateKey.generate()
+                launcher = _simulated_launcher(node, spec.node_id, key)
+                execution = ExecutionFacts(
+                    isolation=SIMULATED_ISOLATION,
+                    isolation_note="simulated node",
+                    resource_limits=("memory", "cpu", "pids"),
+                    container_runtimes=SIMULATED_RUNTIMES,
+                    sealing_public_key=public_key_text(key),
+                )
+                self.sealing_public_keys[spec.node_id] = public_key_text(key)
             self.agents.append(
                 Agent(
                     identity,
@@ -65,6 +84,7 @@ class SimulatedFleet:
                         intra_op_threads=1,
                     ),
                     control_plane_public_key=control_plane_public_key,
+                    execution=execution,
                 )
             )
 
@@ -82,3 +102,9 @@ class SimulatedFleet:
                 tasks.create_task(agent.run(), name=f"agent-{agent.identity.node_id}")
                 if self._connect_gap_s:
                     await asyncio.sleep(self._connect_gap_s)
+
+
+def _simulated_launcher(
+    node: SimulatedNode, node_id: str, key: X25519PrivateKey
+) -> LauncherFactory:
+    return lambda inventory: SimulatedLauncher(node.accelerators, node_id=node_id, sealing_key=key)

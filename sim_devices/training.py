@@ -3,6 +3,10 @@ scaled by the speed of the accelerators they were given, then succeed. A worker
 whose GPUs are held to a power limit runs slower, as capped hardware trains
 (shared.accelerators.capped_throughput at the limit's share of the default).
 
+A simulated node reports the strongest isolation (`sandbox`, as a provisioned node
+would) and runs a worker only once the job's sealed secrets open with the node's own
+key (shared/sealing.py), so sealing is exercised end to end.
+
 A job sent with `env = { GREENFED_SIM_EXIT_CODE = "3" }` fails with that code,
 so failure handling can be exercised end to end on a simulated fleet; with
 `GREENFED_SIM_FAILING_ATTEMPTS = "2"` as well, only its first two attempts fail (a
@@ -14,12 +18,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Final
 
+from edge.training.environment import process_count, unrunnable_reason
 from edge.training.output import OutputBuffer
-from edge.training.runs import RunStatus
+from edge.training.runs import RejectedRun, RunStatus, TrainingRun
+from edge.training.secrets import open_worker_secrets
 from shared.accelerators import capped_throughput
-from shared.messages import Accelerator, DesiredTraining
+from shared.messages import Accelerator, DesiredTraining, IsolationLevel
+from shared.sealing import SealedSecretsError
 from sim_devices.profiles import clamped_power_limit_w
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+# What a simulated training node reports of itself (as a provisioned node would).
+SIMULATED_ISOLATION: Final[IsolationLevel] = "sandbox"
+SIMULATED_RUNTIMES: Final = ("podman",)
 
 # Without a reference duration a simulated worker runs this long.
 DEFAULT_SIMULATED_DURATION_S = 60.0
@@ -69,8 +84,14 @@ class SimulatedRun:
         try:
             self.status.mark_running()
             devices = ",".join(self.spec.accelerator_ids) or "no accelerator"
+            last_rank = self.spec.rank + process_count(self.spec) - 1
+            ranks = (
+                f"{self.spec.rank}"
+                if last_rank == self.spec.rank
+                else f"{self.spec.rank}-{last_rank}"
+            )
             self._print(
-                f"simulated worker {self.spec.rank}/{self.spec.world_size} of "
+                f"simulated worker {ranks}/{self.spec.world_size} of "
                 f"{self.spec.job_id} on {devices}: {self.runtime_s:.1f} s"
             )
             try:
@@ -104,16 +125,30 @@ class SimulatedRun:
 
 class SimulatedLauncher:
     def __init__(
-        self, inventory: Sequence[Accelerator], wall_clock: Callable[[], float] = time.time
+        self,
+        inventory: Sequence[Accelerator],
+        wall_clock: Callable[[], float] = time.time,
+        *,
+        node_id: str = "",
+        sealing_key: X25519PrivateKey | None = None,
     ) -> None:
         self._inventory = tuple(inventory)
         self._wall_clock = wall_clock
+        self._node_id = node_id
+        self._sealing_key = sealing_key
 
-    def adopt(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun | None:
+    def adopt(self, spec: DesiredTraining) -> SimulatedRun | None:
         return None  # simulated workers end with their agent
 
     def leftovers(self, claimed: Collection[tuple[str, int]]) -> list[SimulatedRun]:
         return []
 
-    def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun:
+    def prepare(self, spec: DesiredTraining) -> TrainingRun:
+        refusal = unrunnable_reason(spec, self._inventory)
+        if refusal:
+            return RejectedRun(spec, refusal)
+        try:
+            open_worker_secrets(spec, self._sealing_key, self._node_id)
+        except SealedSecretsError as error:
+            return RejectedRun(spec, f"cannot start: {error}")
         return SimulatedRun(spec, simulated_runtime_s(spec, self._inventory), self._wall_clock)

@@ -8,6 +8,7 @@ publishes when the connection drops without a goodbye.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import aiomqtt
 
@@ -16,8 +17,20 @@ from edge.agent.device_health import DeviceHealth
 from edge.agent.module import AgentModule
 from edge.discovery import DiscoveryResult
 from shared import __version__
-from shared.messages import NodeStatus, OfflineReason, encode
+from shared.messages import IsolationLevel, NodeStatus, OfflineReason, ResourceLimit, encode
 from shared.topics import Channel
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionFacts:
+    """What the birth says of how this node runs work (edge/sandbox/probe.py); a node
+    that runs no training says nothing of isolation."""
+
+    isolation: IsolationLevel | None = None
+    isolation_note: str = ""
+    resource_limits: tuple[ResourceLimit, ...] = ()
+    container_runtimes: tuple[str, ...] = ()
+    sealing_public_key: str | None = None
 
 
 class Birth(AgentModule):
@@ -34,6 +47,7 @@ class Birth(AgentModule):
         runs_training: bool,
         health: DeviceHealth | None = None,
         health_changed: asyncio.Event | None = None,
+        execution: ExecutionFacts | None = None,
     ) -> None:
         """`announced` is set once the first birth has been published (and stays set);
         `runs_training` is advertised so the scheduler never sends training here in vain;
@@ -42,6 +56,7 @@ class Birth(AgentModule):
         self._health = health or DeviceHealth(())
         self._health_changed = health_changed or asyncio.Event()
         self._runs_training = runs_training
+        self._execution = execution or ExecutionFacts()
         self._discovery = discovery
         self._telemetry_interval_s = telemetry_interval_s
         self._started_at = started_at
@@ -91,5 +106,10 @@ class Birth(AgentModule):
                 sent_at=self._context.wall_clock(),
                 runs_training=self._runs_training,
                 taints=identity.taints,
+                isolation=self._execution.isolation,
+                isolation_note=self._execution.isolation_note[:1024],
+                resource_limits=self._execution.resource_limits,
+                container_runtimes=self._execution.container_runtimes,
+                sealing_public_key=self._execution.sealing_public_key,
             )
         )

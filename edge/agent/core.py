@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import aiomqtt
 import structlog
 
+from edge.agent.birth import ExecutionFacts
 from edge.agent.context import AgentContext, AgentCounters, NodeIdentity
 from edge.agent.module import GOODBYE_TIMEOUT_S, AgentModule
 from edge.agent.modules import AgentModules, build_agent_modules
@@ -29,7 +30,7 @@ from edge.discovery import DiscoveryResult, discover_all
 from edge.inference.options import InferenceOptions
 from edge.probes import DeviceProbes
 from edge.training.reconcile import TrainingReconciler
-from edge.training.runs import TrainingLauncher
+from edge.training.runs import LauncherFactory
 from shared import __version__
 from shared.desired_signature import PublicKeyError, load_public_key
 from shared.messages import EventKind
@@ -65,14 +66,17 @@ class Agent:
         telemetry_jitter_ratio: float = 0.1,
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] = time.time,
-        training_launcher: TrainingLauncher | None = None,
+        training_launcher: LauncherFactory | None = None,
         inference: InferenceOptions | None = None,
         control_plane_public_key: str = "",
         state_dir: Path | None = None,
         outbox_max_bytes: int = OUTBOX_MAX_BYTES,
         outbox_max_age_s: float = OUTBOX_MAX_AGE_S,
+        execution: ExecutionFacts | None = None,
     ) -> None:
-        """`training_launcher` None: this node runs no training (edge devices);
+        """`training_launcher` None: this node runs no training (edge devices), else
+        it makes the node's launcher once its accelerators are known; `execution`: how
+        it isolates training, what limits and runtimes it has, its sealing key (birth);
         `control_plane_public_key`: base64 of the key `desired` documents must be signed
         with (`agent.control_plane_public_key`); empty: none is applied; `state_dir`:
         where the applied desired state, the reported state and the outbox are kept
@@ -84,6 +88,7 @@ class Agent:
         self._telemetry_jitter_ratio = telemetry_jitter_ratio
         self._rng = rng or random.Random()
         self._training_launcher = training_launcher
+        self._execution = execution or ExecutionFacts()
         self._inference_options = inference or InferenceOptions()
         self._control_plane_public_key = _public_key(control_plane_public_key)
         self._context = AgentContext(
@@ -173,6 +178,7 @@ class Agent:
             announced=self.announced,
             control_plane_public_key=self._control_plane_public_key,
             state=self._state,
+            execution=self._execution,
         )
         self._modules = modules
         self.session = MqttSession(

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edge.agent.birth import Birth
+from edge.agent.birth import Birth, ExecutionFacts
 from edge.agent.context import AgentContext
 from edge.agent.desired import DesiredStateApplier
 from edge.agent.device_health import DeviceHealth
@@ -31,7 +31,7 @@ from edge.inference.options import InferenceOptions
 from edge.probes import DeviceProbes
 from edge.training.power_limits import PowerLimits
 from edge.training.reconcile import TrainingReconciler
-from edge.training.runs import TrainingLauncher
+from edge.training.runs import LauncherFactory
 
 if TYPE_CHECKING:  # cryptography is loaded with the key (shared/desired_signature.py)
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -71,19 +71,21 @@ def build_agent_modules(
     telemetry_jitter_ratio: float,
     rng: random.Random,
     max_payload_bytes: int,
-    training_launcher: TrainingLauncher | None,
+    training_launcher: LauncherFactory | None,
     inference_options: InferenceOptions,
     started_at: float,
     announced: asyncio.Event,
     control_plane_public_key: Ed25519PublicKey | None,
     state: AgentStateFiles | None,
+    execution: ExecutionFacts,
 ) -> AgentModules:
     """`outbox` is built before discovery (discovery raises events); the rest need it.
     `state` None: nothing is kept on disk (simulated fleets, tests)."""
     reported_changed = asyncio.Event()
     output_waiting = asyncio.Event()
+    launcher = training_launcher(discovery.accelerators) if training_launcher else None
     reconciler = TrainingReconciler(
-        training_launcher,
+        launcher,
         discovery.accelerators,
         on_change=reported_changed.set,
         on_event=outbox.raise_event,
@@ -107,9 +109,10 @@ def build_agent_modules(
             telemetry_interval_s=telemetry_interval_s,
             started_at=started_at,
             announced=announced,
-            runs_training=training_launcher is not None,
+            runs_training=launcher is not None,
             health=health,
             health_changed=health_changed,
+            execution=execution,
         ),
         desired=DesiredStateApplier(
             context,

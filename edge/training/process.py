@@ -1,13 +1,21 @@
-"""The real launcher: the job's command as a process that outlives the agent.
+"""The real launcher: a job's worker as processes that outlive the agent.
 
-The worker runs under its wrapper (edge/training/wrapper.py) in a session (process
-group) of its own, with no pipe to the agent: stopping it signals the whole group
-(torchrun starts one process per GPU), and an agent that stops, crashes or is
-restarted leaves it running. The wrapper writes the output to a bounded log file,
-which the agent reads on from where it was (edge/training/log_tail.py), and the
-exit status to a file. A restarted agent takes its live workers back (`adopt`:
-edge/training/worker_record.py) and collects the status of those that ended while
-it was away; a worker gone without a status (the node rebooted) is reported lost.
+Every worker starts the same way (edge/sandbox/launcher.py builds its plan): its
+secrets opened from the sealed document, its processes as its work user, sandboxed or
+in a container, each in a cgroup with the job's limits. The plan goes to the worker's
+wrapper (edge/training/wrapper.py), started in a session of its own with no pipe back
+to the agent: the wrapper runs the processes, writes their output to a bounded log
+file, which the agent reads on from where it was (edge/training/log_tail.py), and
+their outcome to an exit file. An agent that stops, crashes or is restarted leaves the
+wrapper running; the next one takes its live workers back (`adopt`:
+edge/training/worker_record.py) and collects the status of those that ended while it
+was away; a worker gone without a status (the node rebooted) is reported lost.
+
+A run is `starting` until the wrapper says its processes started (the image pulled,
+the sandbox made), then `running`. Stopping it sends the wrapper SIGTERM: it stops the
+processes itself (SIGTERM, then SIGKILL after the grace period) and still writes the
+status; should the wrapper not finish in time, the agent kills everything of the
+worker (the wrapper's process group, the worker's cgroups) and cleans up after it.
 """
 
 from __future__ import annotations
@@ -16,18 +24,28 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
+import msgspec
 import structlog
 
+from edge.sandbox import cgroups
+from edge.sandbox.cgroups import CgroupError
+from edge.sandbox.launcher import Sandbox
+from edge.sandbox.users import WorkUserError
 from edge.training import wrapper
+from edge.training.environment import WorkerSpecError, process_count, unrunnable_reason
+from edge.training.launch_plan import ExitStatus, LaunchPlan
 from edge.training.log_tail import LogTail
 from edge.training.output import OutputBuffer
-from edge.training.runs import RunStatus
+from edge.training.runs import RejectedRun, RunStatus, TrainingRun
+from edge.training.secrets import open_worker_secrets
 from edge.training.worker_record import (
     WorkerRecord,
     boot_id,
@@ -38,16 +56,30 @@ from edge.training.worker_record import (
 )
 from edge.training.wrapper import read_exit_status
 from shared.messages import DesiredTraining, TrainingRunState
+from shared.sealing import SealedSecretsError
+from shared.worker_env import DEFAULT_VARIABLES
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 WRAPPER_SCRIPT = wrapper.__file__
 POLL_S = 0.25  # how often the log is read and the worker's liveness checked
 RECORD_EVERY_POLLS = 20  # the record's read position is saved this often (5 s)
+# How long past its grace period a stopping wrapper may take before it is killed.
+STOP_MARGIN_S: Final = 5.0
 LOST_REASON = "lost: the worker was not running when the agent started (the node restarted?)"
+# Exit codes of the container runtime itself (podman and docker agree on them).
+RUNTIME_EXIT_REASONS: Final = {
+    125: "the container runtime could not run the image",
+    126: "the command cannot be run in the image",
+    127: "the command was not found in the image",
+}
+GIB: Final = 1024**3
 
 
 def describe_exit(returncode: int, *, stop_requested: bool) -> tuple[TrainingRunState, str]:
-    """(state, reason) for a finished worker. A SIGKILL we did not send is most often
-    the kernel's out-of-memory killer, so the reason says so."""
+    """(state, reason) for a finished worker. A SIGKILL nobody sent is most often the
+    kernel's out-of-memory killer outside any limit of ours, so the reason says so."""
     if stop_requested:
         return "stopped", ""
     if returncode == 0:
@@ -66,11 +98,41 @@ def describe_exit(returncode: int, *, stop_requested: bool) -> tuple[TrainingRun
     return "failed", f"exit code {returncode}"
 
 
+def _memory_text(limit_bytes: int | None) -> str:
+    if limit_bytes is None:
+        return "no limit of its own"
+    if limit_bytes >= GIB:
+        return f"limit {limit_bytes / GIB:g} GiB"
+    return f"limit {limit_bytes / 1024**2:g} MiB"
+
+
+def describe_status(
+    recorded: ExitStatus, *, stop_requested: bool, processes: int, image: str | None
+) -> tuple[TrainingRunState, str]:
+    """(state, reason) from the wrapper's exit status."""
+    if stop_requested:
+        return "stopped", ""
+    if recorded.error:
+        return "failed", recorded.error
+    returncode = recorded.returncode if recorded.returncode is not None else -signal.SIGKILL
+    state: TrainingRunState
+    if recorded.oom_killed:
+        state, reason = "failed", f"out of memory: {_memory_text(recorded.memory_limit_bytes)}"
+    elif image is not None and returncode in RUNTIME_EXIT_REASONS:
+        state, reason = "failed", f"exit code {returncode}: {RUNTIME_EXIT_REASONS[returncode]}"
+    else:
+        state, reason = describe_exit(returncode, stop_requested=False)
+    if state == "failed" and processes > 1 and recorded.rank is not None:
+        reason = f"{reason} (rank {recorded.rank})"
+    return state, reason
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerFiles:
     log_path: Path
     record_path: Path
     exit_path: Path
+    started_path: Path
 
 
 class ProcessRun:
@@ -79,18 +141,20 @@ class ProcessRun:
     def __init__(
         self,
         spec: DesiredTraining,
-        environment: dict[str, str],
         files: WorkerFiles,
         max_log_bytes: int,
         wall_clock: Callable[[], float],
+        *,
+        make_plan: Callable[[], LaunchPlan] | None = None,
         adopted: WorkerRecord | None = None,
     ) -> None:
-        """`adopted`: the record of a worker an earlier agent started (see `adopt`)."""
+        """`make_plan`: builds the worker's launch plan (blocking: it makes directories
+        and cgroups); `adopted`: the record of a worker an earlier agent started."""
         self.spec = spec
         self.status = RunStatus(spec.job_id, spec.attempt, wall_clock=wall_clock)
         self.output = OutputBuffer(offset=adopted.output_offset if adopted else 0)
         self.files = files
-        self._environment = environment
+        self._make_plan = make_plan
         self._max_log_bytes = max_log_bytes
         self._tail = LogTail(files.log_path, adopted.tail if adopted else None)
         self._record = adopted
@@ -103,8 +167,10 @@ class ProcessRun:
         )
         if adopted is not None:
             # It is running already (or ended while no agent watched): no new "started".
-            self.status.state = "running"
-            self.status.started_at = adopted.started_at
+            started = _started_at(files.started_path)
+            if started is not None or adopted.protocol == 1:
+                self.status.state = "running"
+                self.status.started_at = started or adopted.started_at
 
     @property
     def log_path(self) -> Path:
@@ -135,15 +201,26 @@ class ProcessRun:
         if not self.spec.command:
             self.status.mark_finished("failed", None, "no command given")
             return False
+        assert self._make_plan is not None, "an adopted run is never started"
         files.log_path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in (files.exit_path, files.record_path):
+        for stale in (files.exit_path, files.record_path, files.started_path):
             stale.unlink(missing_ok=True)
+        try:
+            plan = await asyncio.to_thread(self._make_plan)
+        except (WorkerSpecError, WorkUserError, CgroupError, OSError) as error:
+            self.status.mark_finished("failed", None, f"cannot start: {error}")
+            return False
+        if self._stop_reason is not None:  # withdrawn while it was being prepared
+            await asyncio.to_thread(
+                _clean_up_after, plan.cgroup_dirs, plan.cleanup, plan.remove_paths
+            )
+            self.status.mark_finished("stopped", None, self._stop_reason)
+            return False
         try:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable,
-                # Isolated (-I) and by path: the job's PYTHONPATH and working directory
-                # reach the command (which inherits the environment), never the wrapper's
-                # own imports, where a package of the same name would shadow ours.
+                # Isolated (-I) and by path: the wrapper's own imports come from greenfed,
+                # never from a package of the same name in some working directory.
                 "-I",
                 WRAPPER_SCRIPT,
                 "--log",
@@ -152,16 +229,17 @@ class ProcessRun:
                 str(self._max_log_bytes),
                 "--exit-file",
                 str(files.exit_path),
-                "--",
-                *self.spec.command,
-                env=self._environment,
-                cwd=self.spec.working_dir,
-                stdin=asyncio.subprocess.DEVNULL,
+                env=dict(DEFAULT_VARIABLES),
+                cwd="/",
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
             )
-        except OSError as error:  # e.g. the working directory does not exist
+        except OSError as error:
+            await asyncio.to_thread(
+                _clean_up_after, plan.cgroup_dirs, plan.cleanup, plan.remove_paths
+            )
             self.status.mark_finished("failed", None, f"cannot start: {error}")
             return False
         self._exited = asyncio.ensure_future(self._process.wait())
@@ -174,11 +252,30 @@ class ProcessRun:
             boot_id=boot_id(),
             started_at=self.status.wall_clock(),
             grace_period_s=self.spec.grace_period_s,
+            protocol=2,
+            started_file=str(files.started_path),
+            processes=len(plan.processes),
+            image=self.spec.image,
+            cgroup_dirs=plan.cgroup_dirs,
+            cleanup=plan.cleanup,
+            remove_paths=plan.remove_paths,
         )
         self._save_record()
-        self.status.mark_running()
-        self._log.info("training worker started", pid=pid)
+        await self._hand_over(plan)
+        self._log.info("training worker launched", pid=pid, processes=len(plan.processes))
         return True
+
+    async def _hand_over(self, plan: LaunchPlan) -> None:
+        """The plan, on the wrapper's standard input (it holds secrets: never on disk)."""
+        assert self._process is not None
+        assert self._process.stdin is not None
+        stdin = self._process.stdin
+        with contextlib.suppress(ConnectionError, OSError):
+            stdin.write(msgspec.json.encode(plan))
+            await stdin.drain()
+        stdin.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await stdin.wait_closed()
 
     def _running(self) -> bool:
         if self._process is not None:
@@ -196,13 +293,22 @@ class ProcessRun:
         polls = 0
         while self._running():
             self._read_output()
+            self._note_started()
             polls += 1
             if polls % RECORD_EVERY_POLLS == 0:
                 self._save_record()
             await self._pause()
         while self._read_output():
             pass  # the rest of what it printed
-        self._finish()
+        self._note_started()
+        await self._finish()
+
+    def _note_started(self) -> None:
+        if self.status.state != "starting":
+            return
+        started = _started_at(self.files.started_path)
+        if started is not None:
+            self.status.mark_running(at=started)
 
     def _read_output(self) -> bool:
         data = self._tail.read()
@@ -210,32 +316,39 @@ class ProcessRun:
             self.output.append(data)
         return bool(data)
 
-    def _finish(self) -> None:
+    async def _finish(self) -> None:
         stop_requested = self._stop_reason is not None
         recorded = read_exit_status(self.files.exit_path)
-        if recorded is not None and recorded[1]:
-            self.status.mark_finished("failed", None, recorded[1])  # it could not start
-        elif recorded is not None or self._process is not None:
-            # The wrapper's record, or, if it was killed before writing it, its own exit.
-            returncode = recorded[0] if recorded is not None else self._process_returncode()
-            state, reason = describe_exit(
-                returncode if returncode is not None else -signal.SIGKILL,
+        record = self._record
+        processes = record.processes if record is not None else process_count(self.spec)
+        if recorded is not None:
+            state, reason = describe_status(
+                recorded,
                 stop_requested=stop_requested,
+                processes=processes,
+                image=record.image if record is not None else self.spec.image,
             )
-            self.status.mark_finished(state, returncode, self._stop_reason or reason)
-        elif stop_requested:
-            self.status.mark_finished("stopped", None, self._stop_reason or "")
+            self.status.mark_finished(state, recorded.returncode, self._stop_reason or reason)
         else:
-            self.status.mark_finished("stopped", None, LOST_REASON)
+            # The wrapper was killed before it could say: nothing of the worker may stay.
+            if record is not None and record.protocol >= 2:
+                await asyncio.to_thread(
+                    _clean_up_after, record.cgroup_dirs, record.cleanup, record.remove_paths
+                )
+            returncode = self._process.returncode if self._process is not None else None
+            if stop_requested:
+                self.status.mark_finished("stopped", returncode, self._stop_reason or "")
+            elif returncode is not None:
+                state, reason = describe_exit(returncode, stop_requested=False)
+                self.status.mark_finished(state, returncode, reason)
+            else:
+                self.status.mark_finished("stopped", None, LOST_REASON)
         self._log.info(
             "training worker ended",
             state=self.status.state,
             exit_code=self.status.exit_code,
             reason=self.status.reason,
         )
-
-    def _process_returncode(self) -> int | None:
-        return self._process.returncode if self._process is not None else None
 
     def _save_record(self) -> None:
         """Where the reading got to: the output not yet taken is read again later."""
@@ -259,51 +372,112 @@ class ProcessRun:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._record.pid, signum)
 
-    async def _terminate(self, grace_s: float) -> None:
-        self._signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
+    async def _wait_until(self, deadline: float) -> None:
         while self._running() and time.monotonic() < deadline:
             await self._pause()
-        self._signal_group(signal.SIGKILL)
 
     async def stop(self, reason: str) -> None:
         if self.status.finished:
             return
         self._stop_reason = reason
-        await self._terminate(self.spec.grace_period_s)
+        record = self._record
+        grace_s = self.spec.grace_period_s
+        if record is not None and record.protocol >= 2:
+            # The wrapper stops its processes itself and still writes their status.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if self._running():
+                    os.kill(record.pid, signal.SIGTERM)
+            await self._wait_until(time.monotonic() + grace_s + STOP_MARGIN_S)
+            if self._running():
+                self._log.warning("training worker's wrapper did not stop: killing it")
+                self._signal_group(signal.SIGKILL)
+                await asyncio.to_thread(cgroups.signal_all, record.cgroup_dirs, signal.SIGKILL)
+        else:
+            self._signal_group(signal.SIGTERM)
+            await self._wait_until(time.monotonic() + grace_s)
+            self._signal_group(signal.SIGKILL)
         await self._finished.wait()
+
+
+def _started_at(path: Path) -> float | None:
+    try:
+        return float(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _clean_up_after(
+    cgroup_dirs: tuple[str, ...],
+    cleanup: tuple[tuple[str, ...], ...],
+    remove_paths: tuple[str, ...],
+) -> None:
+    """What a wrapper that was killed could not do: kill what the worker left, remove
+    its containers, cgroups and work directory (idempotent)."""
+    if cgroup_dirs:
+        cgroups.kill_all_and_wait(cgroup_dirs)
+    for argv in cleanup:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    with contextlib.suppress(OSError):
+        cgroups.remove_groups(cgroup_dirs)
+    wrapper.remove_paths(remove_paths)
 
 
 class ProcessLauncher:
     def __init__(
         self,
         log_dir: Path,
+        *,
+        sandbox: Sandbox,
+        node_id: str = "",
+        sealing_key: X25519PrivateKey | None = None,
         max_log_bytes: int = 10 * 1024 * 1024,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`sandbox`: how this node runs workers (edge/sandbox/launcher.py);
+        `sealing_key`: this node's, which opens the secrets sealed to it."""
         self.log_dir = log_dir
+        self.sandbox = sandbox
+        self._node_id = node_id
+        self._sealing_key = sealing_key
         self._max_log_bytes = max_log_bytes
         self._wall_clock = wall_clock
 
     def log_path(self, job_id: str, attempt: int) -> Path:
         return self.files(job_id, attempt).log_path
 
+    @staticmethod
+    def run_name(job_id: str, attempt: int) -> str:
+        return f"{job_id}-{attempt}"
+
     def files(self, job_id: str, attempt: int) -> WorkerFiles:
-        name = f"{job_id}-{attempt}"
+        name = self.run_name(job_id, attempt)
         return WorkerFiles(
             self.log_dir / f"{name}.log",
             self.log_dir / f"{name}.run",
             self.log_dir / f"{name}.exit",
+            self.log_dir / f"{name}.started",
         )
 
-    def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> ProcessRun:
-        return ProcessRun(
-            spec,
-            environment,
-            self.files(spec.job_id, spec.attempt),
-            self._max_log_bytes,
-            self._wall_clock,
-        )
+    def prepare(self, spec: DesiredTraining) -> TrainingRun:
+        refusal = unrunnable_reason(spec, self.sandbox.inventory) or self.sandbox.refusal(spec)
+        if refusal:
+            return RejectedRun(spec, refusal)
+        try:
+            secrets = open_worker_secrets(spec, self._sealing_key, self._node_id)
+        except SealedSecretsError as error:
+            return RejectedRun(spec, f"cannot start: {error}")
+        files = self.files(spec.job_id, spec.attempt)
+
+        def make_plan() -> LaunchPlan:
+            return self.sandbox.plan(
+                spec,
+                secrets,
+                name=self.run_name(spec.job_id, spec.attempt),
+                started_file=files.started_path,
+            )
+
+        return ProcessRun(spec, files, self._max_log_bytes, self._wall_clock, make_plan=make_plan)
 
     def leftovers(self, claimed: Collection[tuple[str, int]]) -> list[ProcessRun]:
         """Live workers an earlier agent started that nothing here claims (withdrawn
@@ -322,16 +496,14 @@ class ProcessLauncher:
             )
             files = self.files(record.job_id, record.attempt)
             found.append(
-                ProcessRun(spec, {}, files, self._max_log_bytes, self._wall_clock, adopted=record)
+                ProcessRun(spec, files, self._max_log_bytes, self._wall_clock, adopted=record)
             )
         return found
 
-    def adopt(self, spec: DesiredTraining, environment: dict[str, str]) -> ProcessRun | None:
+    def adopt(self, spec: DesiredTraining) -> ProcessRun | None:
         """The run of this worker an earlier agent started, if it left a record."""
         files = self.files(spec.job_id, spec.attempt)
         record = load_record(files.record_path)
         if record is None or (record.job_id, record.attempt) != (spec.job_id, spec.attempt):
             return None
-        return ProcessRun(
-            spec, environment, files, self._max_log_bytes, self._wall_clock, adopted=record
-        )
+        return ProcessRun(spec, files, self._max_log_bytes, self._wall_clock, adopted=record)

@@ -14,37 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Callable, Sequence
 
 import structlog
 
-from edge.training.environment import UnknownAccelerator, worker_environment
-from edge.training.output import OutputBuffer
 from edge.training.power_limits import PowerLimits
-from edge.training.runs import RunStatus, TrainingLauncher, TrainingRun
+from edge.training.runs import RejectedRun, RunStatus, TrainingLauncher, TrainingRun
 from shared.messages import Accelerator, DesiredTraining, EventKind, ReportedTraining
 
 RunKey = tuple[str, int]
 LEFTOVER_REASON = "not wanted: an earlier agent's worker its successor was not given"
 EventSink = Callable[[EventKind, str, str], None]  # kind, subject (job id), detail
-
-
-class _Rejected:
-    """A desired worker this node cannot run at all (e.g. an accelerator it lacks)."""
-
-    outlives_agent = False
-
-    def __init__(self, spec: DesiredTraining, reason: str) -> None:
-        self.status = RunStatus(spec.job_id, spec.attempt)
-        self.output = OutputBuffer()
-        self._reason = reason
-
-    async def run(self) -> None:
-        self.status.mark_finished("failed", None, self._reason)
-
-    async def stop(self, reason: str) -> None:
-        return None
 
 
 class TrainingReconciler:
@@ -131,15 +111,10 @@ class TrainingReconciler:
     def _prepare(self, spec: DesiredTraining) -> TrainingRun:
         run: TrainingRun
         if self._launcher is None:
-            run = _Rejected(spec, "this node does not run training")
+            run = RejectedRun(spec, "this node does not run training")
         else:
-            try:
-                environment = worker_environment(spec, self._inventory, os.environ)
-            except UnknownAccelerator as error:
-                run = _Rejected(spec, str(error))
-            else:
-                adopted = self._launcher.adopt(spec, environment)
-                run = adopted or self._launcher.prepare(spec, environment)
+            run = self._launcher.adopt(spec) or self._launcher.prepare(spec)
+            if not isinstance(run, RejectedRun):
                 # A worker taken back holds its limit again: this agent has set none yet.
                 self._power.hold(spec, run.status)
         run.status.on_change = self._status_changed

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from edge.training.output import OutputBuffer
-from shared.messages import DesiredTraining, ReportedTraining, TrainingRunState
+from shared.messages import Accelerator, DesiredTraining, ReportedTraining, TrainingRunState
 
 TERMINAL_STATES: frozenset[TrainingRunState] = frozenset({"succeeded", "failed", "stopped"})
 
@@ -41,9 +41,10 @@ class RunStatus:
     def finished(self) -> bool:
         return self.state in TERMINAL_STATES
 
-    def mark_running(self) -> None:
+    def mark_running(self, at: float | None = None) -> None:
+        """`at`: when it started, where the worker itself said (default: now)."""
         self.state = "running"
-        self.started_at = self.wall_clock()
+        self.started_at = self.wall_clock() if at is None else at
         self._changed()
 
     def mark_finished(self, state: TrainingRunState, exit_code: int | None, reason: str) -> None:
@@ -96,12 +97,31 @@ class TrainingRun(Protocol):
         ...
 
 
+class RejectedRun:
+    """A desired worker this node will not run (an accelerator it lacks, isolation it
+    cannot give, secrets it cannot open): it fails at once, saying why."""
+
+    outlives_agent = False
+
+    def __init__(self, spec: DesiredTraining, reason: str) -> None:
+        self.status = RunStatus(spec.job_id, spec.attempt)
+        self.output = OutputBuffer()
+        self.reason = reason
+
+    async def run(self) -> None:
+        self.status.mark_finished("failed", None, self.reason)
+
+    async def stop(self, reason: str) -> None:
+        return None
+
+
 class TrainingLauncher(Protocol):
-    def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> TrainingRun:
-        """A run for one worker, not started yet (the caller owns the task that runs it)."""
+    def prepare(self, spec: DesiredTraining) -> TrainingRun:
+        """A run for the worker(s) of `spec` on this node, not started yet (the caller
+        owns the task that runs it); a RejectedRun when this node will not run it."""
         ...
 
-    def adopt(self, spec: DesiredTraining, environment: dict[str, str]) -> TrainingRun | None:
+    def adopt(self, spec: DesiredTraining) -> TrainingRun | None:
         """The run of this worker an earlier agent started and left (running, or ended
         meanwhile, or lost), to be supervised from where it is; None: there is none."""
         ...
@@ -110,3 +130,7 @@ class TrainingLauncher(Protocol):
         """Live workers an earlier agent left that none of `claimed` (job id, attempt)
         is: the reconciler stops them."""
         ...
+
+
+# The agent builds its launcher once it knows the node's accelerators (after discovery).
+LauncherFactory = Callable[[Sequence[Accelerator]], TrainingLauncher]

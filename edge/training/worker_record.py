@@ -9,7 +9,9 @@ never adopted; where there is no /proc, psutil's create time stands in.
 
 The record also says where the agent's reading of the log had got to, so the output is
 shipped on from there, and its wrapper writes `<name>.exit` when the worker ends
-(edge/training/wrapper.py).
+(edge/training/wrapper.py). It names what the worker's wrapper would clean up (its
+cgroups, containers, work directory), so that an agent can do it when the wrapper
+itself was killed; never anything secret.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ class WorkerRecord(msgspec.Struct, kw_only=True):
     tail_inode: int | None = None
     tail_position: int = 0
     output_offset: int = 0  # offset in the worker's output of the first byte not shipped
+    # 1: the wrapper ran one command and left SIGTERM to it (the agent signalled the
+    # whole process group); 2: it runs a launch plan and takes SIGTERM as "stop".
+    protocol: int = 1
+    started_file: str = ""  # written by the wrapper once the processes started
+    processes: int = 1
+    image: str | None = None
+    cgroup_dirs: tuple[str, ...] = ()
+    cleanup: tuple[tuple[str, ...], ...] = ()
+    remove_paths: tuple[str, ...] = ()
 
     @property
     def tail(self) -> TailPosition:

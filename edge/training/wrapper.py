@@ -1,53 +1,387 @@
 """The process a training worker runs under, so that it outlives the agent:
 
-    python .../edge/training/wrapper.py --log PATH --max-log-bytes N --exit-file PATH -- CMD...
+    python -I .../edge/training/wrapper.py --log PATH --max-log-bytes N --exit-file PATH
 
-The agent starts it in a session (process group) of its own, with no pipe to itself:
-the wrapper runs the command in that group, writes its output (stdout and stderr
-together) to the bounded log, and when the command ends writes its exit status,
-atomically, to the exit file, where an agent started later collects it. SIGTERM and
-SIGINT are left to the command (the agent signals the whole group); the wrapper only
-waits for it, so that the status is always written.
+The agent starts it in a session of its own and writes the worker's `LaunchPlan`
+(edge/training/launch_plan.py) to its standard input, then lets go of it. The wrapper:
+
+1. makes the image present, when the worker runs in one (its output goes to the log);
+2. starts each process of the worker as the plan says: its own process group, its
+   cgroups joined before it execs, so that everything it starts stays inside, and
+   writes the started file;
+3. copies their output (stdout and stderr together) to the bounded log, each line
+   labelled with its rank when there are several;
+4. waits: when one process fails, or the agent sends SIGTERM (a stop), the others get
+   SIGTERM, then SIGKILL once the grace period is over. A gang does not limp on
+   without one of its workers;
+5. when every process has ended, kills what they left in their cgroups (or process
+   groups), reads whether the kernel killed one for memory, removes containers,
+   cgroups and the work directory, and writes the exit status, atomically, to the exit
+   file, where an agent started later collects it.
+
+SIGTERM and SIGINT are the agent's "stop"; the wrapper never dies of them itself, so
+the status is always written.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
+import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import IO
 
+import msgspec
+
+from edge.sandbox import cgroups
+from edge.training.launch_plan import (
+    EXIT_DECODER,
+    PLAN_DECODER,
+    ExitStatus,
+    LaunchPlan,
+    PrepareStep,
+)
 from edge.training.logs import BoundedLog
 
 READ_CHUNK_BYTES = 64 * 1024
-# After the command exits, what it printed last is read for at most this long.
+# After the processes exit, what they printed last is read for at most this long.
 OUTPUT_GRACE_S = 2.0
+CLEANUP_TIMEOUT_S = 60.0
+# Peak memory this close to the limit counts as having reached it (page granularity).
+LIMIT_REACHED_MARGIN_BYTES = 64 * 1024
+SIGKILL_CODES = (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
-def write_exit_status(path: Path, returncode: int | None, error: str = "") -> None:
+def write_exit_status(path: Path, status: ExitStatus) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    status = {"returncode": returncode, "error": error, "finished_at": time.time()}
-    temporary.write_text(json.dumps(status), encoding="utf-8")
+    temporary.write_bytes(msgspec.json.encode(status))
     os.replace(temporary, path)
 
 
-def read_exit_status(path: Path) -> tuple[int | None, str] | None:
-    """(returncode, error) the wrapper recorded; None if it recorded nothing."""
+def read_exit_status(path: Path) -> ExitStatus | None:
+    """What the wrapper recorded; None if it recorded nothing."""
     try:
-        status = json.loads(path.read_text(encoding="utf-8"))
-        return status["returncode"], str(status.get("error", ""))
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return EXIT_DECODER.decode(path.read_bytes())
+    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 
-def _ignore(signum: int, frame: object) -> None:
-    """Installed (not SIG_IGN, which the command would inherit) for SIGTERM and SIGINT."""
+class _Log:
+    """The bounded log, shared by the readers of every process."""
+
+    def __init__(self, log: BoundedLog) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        # A full disk loses output, never the job: the pipes are always drained.
+        with self._lock, contextlib.suppress(OSError):
+            self._log.write(data)
+            self._log.flush()
+
+    def say(self, text: str) -> None:
+        self.write(f"greenfed: {text}\n".encode())
+
+
+def _copy(output: IO[bytes], log: _Log, label: bytes, last: list[bytes]) -> None:
+    """Everything a process prints, to the log; `label` before each line (if any)."""
+    pending = b""
+    while chunk := os.read(output.fileno(), READ_CHUNK_BYTES):
+        if chunk.strip():
+            last[:] = [chunk.strip().splitlines()[-1]]
+        if not label:
+            log.write(chunk)
+            continue
+        pending += chunk
+        lines = pending.split(b"\n")
+        pending = lines.pop()
+        if lines:
+            log.write(b"".join(label + line + b"\n" for line in lines))
+    if label and pending:
+        log.write(label + pending + b"\n")
+
+
+class _Wakeups:
+    """Signals as events the main loop waits for: SIGTERM and SIGINT ask for a stop,
+    SIGCHLD says a process ended."""
+
+    def __init__(self) -> None:
+        self.stop_requested = False
+        self._reader, writer = socket.socketpair()
+        self._reader.setblocking(False)
+        writer.setblocking(False)
+        self._writer = writer  # kept open: the wakeup fd must stay valid
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGCHLD, self._child)
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stop_requested = True
+
+    def _child(self, signum: int, frame: object) -> None:
+        """The wakeup fd is what wakes the loop."""
+
+    def wait(self, timeout_s: float | None) -> None:
+        select.select([self._reader], [], [], timeout_s)
+        with contextlib.suppress(BlockingIOError):
+            while self._reader.recv(4096):
+                pass
+
+
+class _Supervisor:
+    def __init__(self, plan: LaunchPlan, log: _Log, wakeups: _Wakeups) -> None:
+        self.plan = plan
+        self.log = log
+        self.wakeups = wakeups
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.readers: list[threading.Thread] = []
+        self.killed_by_us = False
+
+    # ---- before the processes ----------------------------------------------------------
+
+    def prepare(self) -> str:
+        """Run the plan's steps; "" when all are done, else why the worker cannot start."""
+        try:
+            for step in self.plan.prepare:
+                if self.wakeups.stop_requested:
+                    return ""
+                failure = self._step(step)
+                if failure:
+                    return failure
+            return ""
+        finally:
+            remove_paths(self.plan.remove_after_prepare)
+
+    def _step(self, step: PrepareStep) -> str:
+        if step.check and _quietly(step.check, step.env) == 0:
+            return ""
+        if not step.run:
+            return step.error
+        last: list[bytes] = []
+        try:
+            process = subprocess.Popen(
+                step.run,
+                env=step.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+            )
+        except OSError as error:
+            return f"{step.error}: {error}"
+        assert process.stdout is not None
+        reader = threading.Thread(target=_copy, args=(process.stdout, self.log, b"", last))
+        reader.start()
+        while process.poll() is None:
+            if self.wakeups.stop_requested:
+                _signal_group(process.pid, signal.SIGKILL)
+            self.wakeups.wait(1.0)
+        reader.join()
+        if process.returncode == 0 or self.wakeups.stop_requested:
+            return ""
+        detail = last[0].decode("utf-8", "replace")[:300] if last else "no output"
+        return f"{step.error}: {detail}"
+
+    # ---- the processes -------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start every process; "" when all started, else why not (those that did
+        are killed)."""
+        for process in self.plan.processes:
+            procs_files = process.cgroup_procs
+            try:
+                self.processes.append(
+                    subprocess.Popen(
+                        process.argv,
+                        env=process.env,
+                        cwd=process.cwd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        process_group=0,
+                        # Safe here: no thread runs yet (readers start after the last).
+                        preexec_fn=(lambda files=procs_files: cgroups.join(files))
+                        if procs_files
+                        else None,
+                    )
+                )
+            except (OSError, subprocess.SubprocessError) as error:
+                self._kill_everything()
+                return f"cannot start: {error}"
+        Path(self.plan.started_file).write_text(f"{time.time()}\n", encoding="ascii")
+        label_output = self.plan.label_output
+        for planned, started in zip(self.plan.processes, self.processes, strict=True):
+            assert started.stdout is not None
+            label = f"[rank {planned.rank}] ".encode() if label_output else b""
+            reader = threading.Thread(
+                target=_copy, args=(started.stdout, self.log, label, []), daemon=True
+            )
+            reader.start()
+            self.readers.append(reader)
+        return ""
+
+    def wait(self) -> int | None:
+        """Until every process has ended; the index of the first to fail (None: none)."""
+        live = dict(enumerate(self.processes))
+        first_failure: int | None = None
+        terminate_by: float | None = None
+        while live:
+            for index, process in list(live.items()):
+                if process.poll() is None:
+                    continue
+                del live[index]
+                # The first to fail on its own, not one stopped with the others.
+                if (
+                    process.returncode != 0
+                    and first_failure is None
+                    and terminate_by is None
+                    and not self.wakeups.stop_requested
+                ):
+                    first_failure = index
+            if not live:
+                break
+            if terminate_by is None and (self.wakeups.stop_requested or first_failure is not None):
+                if first_failure is not None:
+                    rank = self.plan.processes[first_failure].rank
+                    self.log.say(f"rank {rank} failed: stopping the others")
+                self._signal_everything(signal.SIGTERM, live.values())
+                terminate_by = time.monotonic() + self.plan.grace_period_s
+            timeout_s = None
+            if terminate_by is not None and not self.killed_by_us:
+                timeout_s = terminate_by - time.monotonic()
+                if timeout_s <= 0:
+                    self._kill_everything()
+                    timeout_s = None
+            self.wakeups.wait(timeout_s)
+        return first_failure
+
+    def _signal_everything(self, signum: int, processes: Iterable[subprocess.Popen[bytes]]) -> None:
+        for process in processes:
+            _signal_group(process.pid, signum)
+        cgroups.signal_all(self.plan.cgroup_dirs, signum)
+
+    def _kill_everything(self) -> None:
+        self.killed_by_us = True
+        self._signal_everything(signal.SIGKILL, self.processes)
+
+    # ---- after -------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Nothing of the worker may outlive it: what its processes left running (in
+        their cgroups, else their process groups) is killed; output read to the end."""
+        if self.plan.cgroup_dirs:
+            cgroups.kill_all_and_wait(self.plan.cgroup_dirs)
+        for process in self.processes:
+            _signal_group(process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + OUTPUT_GRACE_S
+        for reader in self.readers:
+            reader.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def out_of_memory(self, index: int) -> bool:
+        plan = self.plan.processes[index]
+        returncode = self.processes[index].returncode
+        if plan.oom_file and cgroups.oom_kills(plan.oom_file) > 0:
+            return True
+        if returncode in SIGKILL_CODES and not self.killed_by_us:
+            limit = plan.memory_limit_bytes
+            if plan.memory_peak_file and limit is not None:
+                peak = cgroups.memory_peak(plan.memory_peak_file)
+                if peak >= limit - LIMIT_REACHED_MARGIN_BYTES:
+                    return True
+            if plan.oom_query:
+                done = _output(plan.oom_query, plan.env)
+                return done.strip() == "true"
+        return False
+
+    def clean_up(self) -> None:
+        for argv in self.plan.cleanup:
+            _quietly(argv, dict(os.environ))
+        with contextlib.suppress(OSError):
+            cgroups.remove_groups(self.plan.cgroup_dirs)
+        remove_paths(self.plan.remove_paths)
+
+    def status(self, first_failure: int | None) -> ExitStatus:
+        if first_failure is None:
+            codes = [process.returncode for process in self.processes]
+            returncode = next((code for code in codes if code != 0), 0)
+            return ExitStatus(returncode=returncode, finished_at=time.time())
+        plan = self.plan.processes[first_failure]
+        return ExitStatus(
+            returncode=self.processes[first_failure].returncode,
+            rank=plan.rank,
+            oom_killed=self.out_of_memory(first_failure),
+            memory_limit_bytes=plan.memory_limit_bytes,
+            finished_at=time.time(),
+        )
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
+def _quietly(argv: Sequence[str], env: dict[str, str]) -> int | None:
+    try:
+        return subprocess.run(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=CLEANUP_TIMEOUT_S,
+            check=False,
+        ).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _output(argv: Sequence[str], env: dict[str, str]) -> str:
+    try:
+        return subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=CLEANUP_TIMEOUT_S, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def remove_paths(paths: Sequence[str]) -> None:
+    """Remove files and directory trees (gone already is fine)."""
+    for text in paths:
+        path = Path(text)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                path.unlink()
+
+
+def supervise(plan: LaunchPlan, log: _Log, wakeups: _Wakeups) -> ExitStatus:
+    supervisor = _Supervisor(plan, log, wakeups)
+    try:
+        failure = supervisor.prepare()
+        if not failure and not supervisor.wakeups.stop_requested:
+            failure = supervisor.start()
+        first_failure = supervisor.wait() if supervisor.processes and not failure else None
+        supervisor.finish()
+        if failure:
+            log.say(failure)
+            return ExitStatus(returncode=None, error=failure, finished_at=time.time())
+        if not supervisor.processes:  # stopped before it started
+            return ExitStatus(returncode=None, finished_at=time.time())
+        # Before the clean-up: it removes the cgroups that counted the kills.
+        return supervisor.status(first_failure)
+    finally:
+        supervisor.clean_up()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,39 +389,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, required=True)
     parser.add_argument("--max-log-bytes", type=int, required=True)
     parser.add_argument("--exit-file", type=Path, required=True)
-    parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    signal.signal(signal.SIGTERM, _ignore)
-    signal.signal(signal.SIGINT, _ignore)
-    with BoundedLog(args.log, args.max_log_bytes) as log:
+    # Before anything else: a stop that comes early is a stop, never the wrapper's death.
+    wakeups = _Wakeups()
+    with BoundedLog(args.log, args.max_log_bytes) as bounded:
+        log = _Log(bounded)
         try:
-            child = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        except (OSError, IndexError) as error:
-            reason = f"cannot start: {error}"
-            log.write(f"greenfed: {reason}\n".encode())
-            log.flush()
-            write_exit_status(args.exit_file, None, reason)
-            return 0
-        assert child.stdout is not None
-        reader = threading.Thread(target=_copy, args=(child.stdout.fileno(), log), daemon=True)
-        reader.start()
-        # The command's exit is the end, not the pipe's: something it left running in the
-        # background (`cmd &`, a metrics daemon) may hold the pipe open for ever.
-        returncode = child.wait()
-        reader.join(timeout=OUTPUT_GRACE_S)
-    write_exit_status(args.exit_file, returncode)
+            plan = PLAN_DECODER.decode(sys.stdin.buffer.read())
+        except (msgspec.DecodeError, msgspec.ValidationError, OSError) as error:
+            log.say(f"cannot start: the launch plan is unreadable ({error})")
+            status = ExitStatus(returncode=None, error=f"bad launch plan: {error}")
+        else:
+            status = supervise(plan, log, wakeups)
+    write_exit_status(args.exit_file, status)
     return 0
-
-
-def _copy(output: int, log: BoundedLog) -> None:
-    while chunk := os.read(output, READ_CHUNK_BYTES):  # whatever is there, at once
-        # A full disk loses output, never the job: the pipe is always drained.
-        with contextlib.suppress(OSError):
-            log.write(chunk)
-            log.flush()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""The command line that runs a worker in namespaces of its own (Debian's `bubblewrap`)
+as its own unprivileged user (util-linux's `setpriv`).
+
+bubblewrap runs as root (the agent's user) and builds the worker's view of the
+system, then `setpriv` drops to the work user with no capabilities, an empty bounding
+set and `no_new_privs` (set-uid programs cannot give root back) and execs the job's
+command. The worker sees:
+
+- the host's file system read-only, except its own work directory (and the job's
+  `working_dir`, when it names one), writable;
+- the agent's data directory, settings and keys replaced by empty ones (`--tmpfs`
+  over a directory, /dev/null over a file): not there to read, whatever their modes;
+- a /dev of its own with the standard devices and only the accelerators it was
+  given; private /tmp, /var/tmp and /dev/shm;
+- a PID namespace of its own (it cannot see, signal or trace the agent or other
+  jobs), and IPC, UTS and cgroup namespaces of its own. The network is the host's:
+  gangs rendezvous over it.
+
+`--die-with-parent`: if the wrapper that supervises it is killed, the sandbox goes
+with it, leaving nothing behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from edge.sandbox.devices import DeviceNode
+from edge.sandbox.users import WorkUser
+
+SANDBOX_HOSTNAME: Final = "greenfed-worker"
+SHARED_TMP_DIRS: Final = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def drop_privileges(user: WorkUser) -> list[str]:
+    """`setpriv` (found on the PATH) to the work user with nothing privileged left."""
+    return [
+        "setpriv",
+        f"--reuid={user.uid}",
+        f"--regid={user.gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
+
+
+def sandbox_argv(
+    command: Sequence[str],
+    *,
+    bubblewrap: str,
+    user: WorkUser,
+    cwd: str,
+    writable: Sequence[str],
+    hidden_dirs: Sequence[str],
+    hidden_files: Sequence[str],
+    devices: Sequence[DeviceNode],
+) -> list[str]:
+    """The argv that runs `command` in a sandbox (bubblewrap's options apply in order:
+    the later mounts go over the earlier ones)."""
+    argv = [bubblewrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for directory in SHARED_TMP_DIRS:
+        argv += ["--perms", "1777", "--tmpfs", directory]
+    for directory in hidden_dirs:
+        argv += ["--tmpfs", directory]
+    for path in hidden_files:
+        argv += ["--ro-bind", "/dev/null", path]
+    for device in devices:
+        argv += ["--dev-bind", device.path, device.inside]
+    for path in writable:
+        argv += ["--bind", path, path]
+    argv += [
+        "--chdir",
+        cwd,
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        SANDBOX_HOSTNAME,
+        "--die-with-parent",
+        "--",
+        *drop_privileges(user),
+        *command,
+    ]
+    return argv

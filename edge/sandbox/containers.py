@@ -1,0 +1,262 @@
+"""Container runtimes: work that names an OCI image runs in it, with podman or docker.
+
+What the node has is found once, at the agent's start (`find_runtime`); the command
+lines for one worker are built here and run by the wrapper (edge/training/wrapper.py):
+
+- the image is made present first, as the job's `image_pull_policy` says: `never`
+  only checks that it is there, `if-not-present` pulls it when it is not, `always`
+  pulls it; private registries' credentials (sealed to this node) go to the runtime
+  in an auth file readable by root only, deleted once the pull is over;
+- the container runs as the job's work user (`--user uid:gid`), with no capabilities
+  and no_new_privs, the host's network (gangs rendezvous over it), the worker's work
+  directory mounted read-write (and nothing else of the host), exactly the assigned
+  GPUs (CDI names where an NVIDIA CDI spec is installed, else their device nodes),
+  the node's own open-files limit and the worker's process limit as ulimits (a
+  runtime's defaults may exceed the host's hard limits, and then no container
+  starts) and the job's environment, passed by name from the runtime client's own
+  environment so that no value, secret or not, is ever on a command line
+  (`/proc/<pid>/cmdline` is readable by everyone);
+- podman is told to use cgroupfs and the worker's leaf as the container's parent
+  group, so the worker's limits hold the container and its out-of-memory kills are
+  counted where the agent reads them; docker, whose daemon decides the cgroup layout,
+  gets the limits as its own flags and is asked after the run whether it killed the
+  container for memory.
+
+Nothing here runs a process: building command lines is pure; `find_runtime` probes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import resource
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from edge.sandbox.devices import DeviceNode
+from edge.sandbox.users import WorkUser
+from shared.messages import Accelerator, ImagePullPolicy
+
+RuntimeName = Literal["podman", "docker"]
+PROBE_TIMEOUT_S: Final = 10.0
+CDI_DIRS: Final = (Path("/etc/cdi"), Path("/var/run/cdi"))
+# Where podman and docker look for the init they run as PID 1 with --init.
+INIT_BINARIES: Final = (
+    Path("/usr/libexec/podman/catatonit"),
+    Path("/usr/bin/catatonit"),
+    Path("/usr/bin/docker-init"),
+    Path("/usr/libexec/docker/docker-init"),
+)
+DEFAULT_REGISTRY: Final = "docker.io"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRuntime:
+    name: RuntimeName
+    binary: str
+    version: str
+    oci_runtime: str = ""  # the OCI runtime asked for (podman --runtime); "": its default
+    cdi_gpus: bool = False  # an NVIDIA CDI spec is installed: GPUs by CDI name
+    # An init for the container's PID 1 (catatonit, tini) is installed: the command then
+    # gets SIGTERM on stop (a PID 1 without a handler never would, and waits for SIGKILL).
+    has_init: bool = False
+
+    @property
+    def _global(self) -> list[str]:
+        argv = [self.binary]
+        if self.name == "podman":
+            # Our own cgroup tree, wherever the host's default manager would put it.
+            argv.append("--cgroup-manager=cgroupfs")
+            if self.oci_runtime:
+                argv.append(f"--runtime={self.oci_runtime}")
+        return argv
+
+    def exists_argv(self, image: str) -> list[str]:
+        if self.name == "podman":
+            return [*self._global, "image", "exists", image]
+        return [*self._global, "image", "inspect", "--format", "{{.Id}}", image]
+
+    def pull_argv(self, image: str, auth_path: str | None) -> list[str]:
+        if self.name == "podman":
+            auth = [f"--authfile={auth_path}"] if auth_path else []
+            return [*self._global, "pull", *auth, image]
+        config = [f"--config={Path(auth_path).parent}"] if auth_path else []
+        return [self.binary, *config, "pull", image]
+
+    def auth_file_name(self) -> str:
+        """docker reads `config.json` in the directory it is given; podman any file."""
+        return "config.json" if self.name == "docker" else "auth.json"
+
+    def run_argv(
+        self,
+        *,
+        container: str,
+        image: str,
+        command: Sequence[str],
+        user: WorkUser,
+        env_names: Sequence[str],
+        work_dir: str,
+        cwd: str | None,
+        cgroup_parent: str | None,
+        memory_bytes: int | None,
+        cpu_cores: float | None,
+        pids: int | None,
+        gpus: Sequence[Accelerator],
+        devices: Sequence[DeviceNode],
+    ) -> list[str]:
+        argv = [
+            *self._global,
+            "run",
+            f"--name={container}",
+            "--pull=never",
+            f"--user={user.uid}:{user.gid}",
+            "--cap-drop=all",
+            "--security-opt=no-new-privileges",
+            "--network=host",
+            *(["--init"] if self.has_init else []),
+            f"--volume={work_dir}:{work_dir}:rw",
+            f"--workdir={cwd or work_dir}",
+            *_ulimits(pids),
+        ]
+        if self.name == "podman" and cgroup_parent is not None:
+            argv.append(f"--cgroup-parent={cgroup_parent}")
+        else:  # docker: its daemon's cgroups, held by its own flags
+            if memory_bytes is not None:
+                argv += [f"--memory={memory_bytes}", f"--memory-swap={memory_bytes}"]
+            if cpu_cores is not None:
+                argv.append(f"--cpus={cpu_cores:g}")
+            if pids is not None:
+                argv.append(f"--pids-limit={pids}")
+        if self.cdi_gpus and gpus and all(g.parent_id is None for g in gpus):
+            argv += [f"--device=nvidia.com/gpu={g.index}" for g in gpus if g.index is not None]
+        else:
+            argv += [f"--device={d.path}:{d.inside}" for d in devices]
+        argv += [f"--env={name}" for name in env_names]
+        argv += ["--", image, *command]
+        return argv
+
+    def oom_argv(self, container: str) -> list[str]:
+        """Prints `true` when the runtime killed the container for memory."""
+        return [*self._global, "inspect", "--format", "{{.State.OOMKilled}}", container]
+
+    def remove_argv(self, container: str) -> list[str]:
+        return [*self._global, "rm", "--force", container]
+
+
+def registry_of(image: str) -> str:
+    """The registry host an image reference names (docker.io when it names none)."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return DEFAULT_REGISTRY
+
+
+def auth_file(registry: str, username: str, password: str) -> bytes:
+    """The credentials file both runtimes read (`auths`, base64 of user:password)."""
+    token = base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
+    return json.dumps({"auths": {registry: {"auth": token}}}).encode()
+
+
+def pull_needed(policy: ImagePullPolicy) -> tuple[bool, bool]:
+    """(check first whether it is there, pull when it is not / always)."""
+    if policy == "never":
+        return True, False
+    if policy == "always":
+        return False, True
+    return True, True
+
+
+def _ulimits(pids: int | None) -> list[str]:
+    """Open files as the agent has them; processes as many as the worker may have.
+    Never the runtime's defaults: above the host's hard limits, no container starts."""
+    flags = []
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:
+        soft = hard if soft == resource.RLIM_INFINITY else soft
+        flags.append(f"--ulimit=nofile={soft}:{hard}")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    processes = pids if pids is not None else soft
+    if hard != resource.RLIM_INFINITY:
+        processes = min(processes, hard)
+    if processes != resource.RLIM_INFINITY:
+        flags.append(f"--ulimit=nproc={processes}:{processes}")
+    return flags
+
+
+def _cdi_has_nvidia_gpus(directories: Sequence[Path] = CDI_DIRS) -> bool:
+    for directory in directories:
+        try:
+            specs = list(directory.iterdir())
+        except OSError:
+            continue
+        for spec in specs:
+            try:
+                if "nvidia.com/gpu" in spec.read_text(encoding="utf-8", errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeProbe:
+    runtime: ContainerRuntime | None
+    note: str  # why there is none, or what it is
+
+
+def find_runtime(
+    wanted: Literal["auto", "podman", "docker", "none"],
+    oci_runtime: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> RuntimeProbe:
+    """The runtime that will run images here (blocking: it asks the runtime)."""
+    if wanted == "none":
+        return RuntimeProbe(None, "agent.container_runtime = none")
+    names: tuple[RuntimeName, ...] = ("podman", "docker") if wanted == "auto" else (wanted,)
+    notes = []
+    for name in names:
+        binary = shutil.which(name, path=(environ or {}).get("PATH"))
+        if binary is None:
+            notes.append(f"{name} is not installed")
+            continue
+        probe = _probe(name, binary, oci_runtime)
+        if isinstance(probe, ContainerRuntime):
+            return RuntimeProbe(probe, f"{name} {probe.version}")
+        notes.append(probe)
+    return RuntimeProbe(None, "; ".join(notes))
+
+
+def _probe(name: RuntimeName, binary: str, oci_runtime: str) -> ContainerRuntime | str:
+    version_format = "{{.Client.Version}}"
+    try:
+        done = subprocess.run(
+            [binary, "version", "--format", version_format],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{name} does not answer ({error})"
+    if done.returncode != 0:
+        return f"{name} does not work here: {_last_line(done.stderr or done.stdout)}"
+    runtime = ContainerRuntime(
+        name=name,
+        binary=binary,
+        version=done.stdout.strip() or "?",
+        oci_runtime=oci_runtime if name == "podman" else "",
+        cdi_gpus=_cdi_has_nvidia_gpus(),
+        has_init=any(path.exists() for path in INIT_BINARIES),
+    )
+    if name == "podman" and oci_runtime and shutil.which(oci_runtime) is None:
+        return f"agent.oci_runtime {oci_runtime!r} is not installed"
+    return runtime
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"

@@ -1,0 +1,352 @@
+"""How this node runs a worker: the one place that turns a desired worker into the
+plan its wrapper carries out (edge/training/launch_plan.py).
+
+For every process of the worker, in this order: the user it runs as (never the
+agent's unless the node runs unisolated: edge/sandbox/users.py), a work directory of
+its own that only that user can enter, its cgroup with the job's limits
+(edge/sandbox/cgroups.py), the environment built from nothing but the job's
+(edge/training/environment.py), and the command line: the job's command as it is
+(isolation `none`), behind `setpriv` (`user`), in a bubblewrap sandbox (`sandbox`,
+edge/sandbox/bubblewrap.py), or in a container of the job's image with the node's
+runtime (edge/sandbox/containers.py). The devices it may use are only those it was
+given (edge/sandbox/devices.py).
+
+Whether the node runs the worker at all is decided first (`refusal`): not below the
+isolation the job asks for, never when the node cannot isolate work, never an image
+without a container runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from edge.atomic_files import write_atomically
+from edge.sandbox.bubblewrap import drop_privileges, sandbox_argv
+from edge.sandbox.cgroups import RunGroups, WorkerLimits
+from edge.sandbox.containers import ContainerRuntime, auth_file, pull_needed, registry_of
+from edge.sandbox.devices import DeviceNode, assigned_device_nodes, device_rules
+from edge.sandbox.probe import NodeIsolation
+from edge.sandbox.users import WorkUser, WorkUsers
+from edge.training.environment import (
+    WorkerSpecError,
+    process_accelerators,
+    process_cores,
+    process_count,
+    process_environment,
+)
+from edge.training.launch_plan import LaunchPlan, PrepareStep, ProcessPlan
+from shared.messages import Accelerator, DesiredTraining, IsolationLevel
+from shared.sealing import SealedSecrets
+from shared.worker_env import DEFAULT_VARIABLES
+
+ISOLATION_RANK: Final[Mapping[IsolationLevel, int]] = {
+    "unavailable": -1,
+    "none": 0,
+    "user": 1,
+    "sandbox": 2,
+}
+RUN_DIR_MODE: Final = 0o711  # others may pass through to their own work directory only
+WORK_DIR_MODE: Final = 0o700
+
+
+@dataclass(frozen=True, slots=True)
+class PrivatePaths:
+    """What a sandboxed worker must never see: the agent's data directory, its settings
+    file, its keys (`hidden_paths` too). Directories are replaced by empty ones, files
+    by /dev/null."""
+
+    directories: tuple[Path, ...] = ()
+    files: tuple[Path, ...] = ()
+
+    def contains(self, path: Path) -> bool:
+        return any(path == d or d in path.parents for d in self.directories) or path in self.files
+
+
+class Sandbox:
+    def __init__(
+        self,
+        isolation: NodeIsolation,
+        *,
+        inventory: Sequence[Accelerator],
+        work_root: Path,
+        credentials_dir: Path,
+        users: WorkUsers | None = None,
+        private: PrivatePaths = PrivatePaths(),
+        default_pids: int = 4096,
+        dev_root: Path = Path("/dev"),
+    ) -> None:
+        """`work_root`: where workers' work directories are made; `credentials_dir`: a
+        directory only the agent can read, for registry credentials during a pull;
+        `users`: whom workers run as (needed when the isolation switches users)."""
+        if isolation.switches_user and users is None:
+            raise ValueError(f"isolation {isolation.level} needs work users")
+        self.isolation = isolation
+        self._inventory = tuple(inventory)
+        self._work_root = work_root
+        self._credentials_dir = credentials_dir
+        self._users = users
+        self._private = private
+        self._default_pids = default_pids
+        self._dev_root = dev_root
+
+    @property
+    def level(self) -> IsolationLevel:
+        return self.isolation.level
+
+    @property
+    def inventory(self) -> tuple[Accelerator, ...]:
+        return self._inventory
+
+    def refusal(self, spec: DesiredTraining) -> str:
+        """Why this node will not run `spec` ("" when it will)."""
+        isolation = self.isolation
+        if isolation.level == "unavailable":
+            return f"this node runs no work it cannot isolate ({isolation.note})"
+        if ISOLATION_RANK[isolation.level] < ISOLATION_RANK[spec.min_isolation]:
+            return (
+                f"the job asks for isolation {spec.min_isolation}; this node gives "
+                f"{isolation.level} ({isolation.note})"
+            )
+        if spec.image and isolation.runtime is None:
+            return (
+                "the job runs in an image and this node has no container runtime "
+                f"({isolation.runtime_note})"
+            )
+        if spec.working_dir and not spec.image:
+            working_dir = Path(spec.working_dir)
+            if not working_dir.is_absolute():
+                return f"working_dir {spec.working_dir} is not an absolute path"
+            if self._private.contains(working_dir):
+                return f"working_dir {spec.working_dir} is inside the agent's private files"
+        return ""
+
+    def plan(
+        self, spec: DesiredTraining, secrets: SealedSecrets, *, name: str, started_file: Path
+    ) -> LaunchPlan:
+        """The plan for `spec`'s processes, with their work directories and cgroups
+        made. Blocking. Raises WorkerSpecError (and OSError, CgroupError) with the
+        reason the worker cannot start."""
+        if spec.working_dir and not spec.image and not Path(spec.working_dir).is_dir():
+            raise WorkerSpecError(f"working_dir {spec.working_dir} does not exist on this node")
+        user = self._user(spec)
+        count = process_count(spec)
+        run_dir = self._work_root / name
+        work_dirs = [run_dir / f"w{local}" for local in range(count)]
+        self._make_work_dirs(run_dir, work_dirs, user)
+        devices = [
+            assigned_device_nodes(
+                process_accelerators(spec, local), self._inventory, self._dev_root
+            )
+            for local in range(count)
+        ]
+        groups = self._groups(spec, name, devices)
+        runtime = self.isolation.runtime if spec.image else None
+        processes = tuple(
+            self._process(
+                spec,
+                local,
+                user=user,
+                work_dir=str(work_dirs[local]),
+                secrets=secrets,
+                devices=devices[local],
+                groups=groups,
+                runtime=runtime,
+                container=f"greenfed-{name}-w{local}",
+            )
+            for local in range(count)
+        )
+        prepare, credentials = self._image_steps(spec, secrets, name, runtime)
+        cleanup = (
+            tuple(tuple(runtime.remove_argv(f"greenfed-{name}-w{i}")) for i in range(count))
+            if runtime is not None
+            else ()
+        )
+        return LaunchPlan(
+            processes=processes,
+            grace_period_s=spec.grace_period_s,
+            started_file=str(started_file),
+            prepare=prepare,
+            cgroup_dirs=groups.all_dirs() if groups else (),
+            cleanup=cleanup,
+            remove_paths=(str(run_dir), *credentials),
+            remove_after_prepare=credentials,
+            label_output=count > 1,
+        )
+
+    def _process(
+        self,
+        spec: DesiredTraining,
+        local: int,
+        *,
+        user: WorkUser,
+        work_dir: str,
+        secrets: SealedSecrets,
+        devices: Sequence[DeviceNode],
+        groups: RunGroups | None,
+        runtime: ContainerRuntime | None,
+        container: str,
+    ) -> ProcessPlan:
+        env = process_environment(
+            spec,
+            self._inventory,
+            local=local,
+            secret_env=secrets.env,
+            work_dir=work_dir,
+            user_name=user.name,
+        )
+        rank = spec.rank + (local if spec.launch == "per-worker" else 0)
+        memory_bytes = self._memory_bytes(spec)
+        if runtime is not None:
+            assert spec.image is not None
+            # The container's PATH and LANG are its image's unless the job sets them.
+            inherited = {name for name in DEFAULT_VARIABLES if name not in spec.env}
+            accelerators = set(process_accelerators(spec, local))
+            argv = runtime.run_argv(
+                container=container,
+                image=spec.image,
+                command=spec.command,
+                user=user,
+                env_names=sorted(name for name in env if name not in inherited),
+                work_dir=work_dir,
+                cwd=spec.working_dir,
+                cgroup_parent=groups.container_parents[local] if groups else None,
+                memory_bytes=memory_bytes,
+                cpu_cores=process_cores(spec),
+                pids=spec.pids_limit or self._default_pids,
+                gpus=[a for a in self._inventory if a.id in accelerators and a.kind == "gpu"],
+                devices=devices,
+            )
+            own_groups = runtime.name == "docker"  # its daemon's, not the worker's leaf
+            return ProcessPlan(
+                rank=rank,
+                argv=tuple(argv),
+                env=env,
+                cwd=work_dir,
+                oom_file=groups.oom_file(local) if groups and not own_groups else None,
+                memory_peak_file=(
+                    groups.memory_peak_file(local) if groups and not own_groups else None
+                ),
+                oom_query=tuple(runtime.oom_argv(container)) if own_groups else (),
+                memory_limit_bytes=memory_bytes,
+            )
+        cwd = spec.working_dir or work_dir
+        level = self.isolation.level
+        if level == "sandbox":
+            assert self.isolation.bubblewrap is not None
+            argv = sandbox_argv(
+                spec.command,
+                bubblewrap=self.isolation.bubblewrap,
+                user=user,
+                cwd=cwd,
+                writable=[work_dir, *([spec.working_dir] if spec.working_dir else [])],
+                hidden_dirs=[str(d) for d in self._private.directories if d.exists()],
+                hidden_files=[str(f) for f in self._private.files if f.exists()],
+                devices=devices,
+            )
+        elif level == "user":
+            argv = [*drop_privileges(user), *spec.command]
+        else:
+            argv = list(spec.command)
+        return ProcessPlan(
+            rank=rank,
+            argv=tuple(argv),
+            env=env,
+            cwd=cwd,
+            cgroup_procs=groups.procs_files(local) if groups else (),
+            oom_file=groups.oom_file(local) if groups else None,
+            memory_peak_file=groups.memory_peak_file(local) if groups else None,
+            memory_limit_bytes=memory_bytes,
+        )
+
+    # ---- pieces of a plan ------------------------------------------------------------
+
+    def _user(self, spec: DesiredTraining) -> WorkUser:
+        if self.isolation.switches_user:
+            assert self._users is not None
+            return self._users.for_tenant(spec.tenant)
+        uid = os.geteuid()
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = f"uid-{uid}"
+        return WorkUser(uid, os.getegid(), name)
+
+    def _make_work_dirs(self, run_dir: Path, work_dirs: Sequence[Path], user: WorkUser) -> None:
+        self._work_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self._work_root, RUN_DIR_MODE)
+        if run_dir.exists():  # an earlier start of this attempt that never ran
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(mode=RUN_DIR_MODE)
+        os.chmod(run_dir, RUN_DIR_MODE)
+        for directory in work_dirs:
+            directory.mkdir(mode=WORK_DIR_MODE)
+            if self.isolation.switches_user:
+                os.chown(directory, user.uid, user.gid)
+
+    def _memory_bytes(self, spec: DesiredTraining) -> int | None:
+        if spec.host_memory_bytes is None:
+            return None
+        return spec.host_memory_bytes * (spec.processes if spec.launch == "per-node" else 1)
+
+    def _groups(
+        self, spec: DesiredTraining, name: str, devices: Sequence[Sequence[DeviceNode]]
+    ) -> RunGroups | None:
+        cgroups = self.isolation.cgroups
+        if cgroups is None:
+            return None
+        per_node = spec.processes if spec.launch == "per-node" else 1
+        limits = [
+            WorkerLimits(
+                memory_bytes=self._memory_bytes(spec),
+                cpu_cores=process_cores(spec),
+                pids=(spec.pids_limit or self._default_pids) * per_node,
+                # A container's runtime keeps its own device rules (and refuses a
+                # parent that allows less than they do).
+                device_rules=None if spec.image else device_rules(nodes),
+            )
+            for nodes in devices
+        ]
+        return cgroups.create_run(name, limits)
+
+    def _image_steps(
+        self,
+        spec: DesiredTraining,
+        secrets: SealedSecrets,
+        name: str,
+        runtime: ContainerRuntime | None,
+    ) -> tuple[tuple[PrepareStep, ...], tuple[str, ...]]:
+        """(the steps that make the image present, the credential files they use)."""
+        if runtime is None or spec.image is None:
+            return (), ()
+        image = spec.image
+        credentials: tuple[str, ...] = ()
+        auth_path: str | None = None
+        registry = secrets.registry
+        if registry is not None and registry.registry in (registry_of(image), ""):
+            directory = self._credentials_dir / f"{name}.auth"
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = directory / runtime.auth_file_name()
+            credentials_file = auth_file(
+                registry.registry or registry_of(image), registry.username, registry.password
+            )
+            write_atomically(path, credentials_file)
+            os.chmod(path, 0o600)
+            auth_path, credentials = str(path), (str(directory),)
+        check, pull = pull_needed(spec.image_pull_policy)
+        if pull:
+            error = f"image {image} could not be pulled"
+        else:
+            error = f"image {image} is not on this node (image_pull_policy never)"
+        step = PrepareStep(
+            check=tuple(runtime.exists_argv(image)) if check else (),
+            run=tuple(runtime.pull_argv(image, auth_path)) if pull else (),
+            env=dict(DEFAULT_VARIABLES),
+            error=error,
+        )
+        return (step,), credentials

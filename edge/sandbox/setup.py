@@ -1,0 +1,120 @@
+"""A training node's sandbox, set up once from the agent's settings when it starts.
+
+The order matters and is here in one place: the agent's own files are made private
+first (its data directory can be passed through, never listed; state, logs and models
+are its own), then what the node can do is probed (edge/sandbox/probe.py), then whom
+workers run as is settled (edge/sandbox/users.py), and the node's sealing key is
+loaded or made (edge/sealing_key.py). Blocking: the agent runs it in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import psutil
+
+from edge.sandbox.launcher import PrivatePaths, Sandbox
+from edge.sandbox.probe import NodeIsolation, probe_isolation
+from edge.sandbox.users import WorkUsers
+from edge.sealing_key import load_or_create_sealing_key, sealing_key_path
+from shared.messages import Accelerator
+from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+MIB: Final = 1024**2
+# Under the agent's data directory (edge/training/process.py and the agent's modules).
+WORK_DIR: Final = "work"
+JOBS_DIR: Final = "jobs"
+CREDENTIALS_DIR: Final = "credentials"
+PRIVATE_SUBDIRS: Final = ("state", JOBS_DIR, "models", CREDENTIALS_DIR)
+WORKER_UIDS_FILE: Final = "worker-uids.json"
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSetup:
+    isolation: NodeIsolation
+    users: WorkUsers | None
+    sealing_key: X25519PrivateKey
+    private: PrivatePaths
+    data_dir: Path
+
+    def sandbox(self, inventory: tuple[Accelerator, ...], default_pids: int) -> Sandbox:
+        return Sandbox(
+            self.isolation,
+            inventory=inventory,
+            work_root=self.data_dir / WORK_DIR,
+            credentials_dir=self.data_dir / CREDENTIALS_DIR,
+            users=self.users,
+            private=self.private,
+            default_pids=default_pids,
+        )
+
+
+def secure_data_dir(data_dir: Path) -> None:
+    """Others may pass through the data directory to their work directory, never read
+    it; what the agent keeps is its own. Only where the agent owns them."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for name in PRIVATE_SUBDIRS:
+        (data_dir / name).mkdir(exist_ok=True)
+    for path, mode in ((data_dir, 0o711), *((data_dir / n, 0o700) for n in PRIVATE_SUBDIRS)):
+        with contextlib.suppress(OSError):
+            if path.stat().st_uid == os.geteuid():
+                os.chmod(path, mode)
+
+
+def private_paths(settings: Settings, config_path: Path | None) -> PrivatePaths:
+    """What workers must never see: the data directory, the settings file, the broker
+    credentials' files, and what the operator adds (`agent.hidden_paths`)."""
+    directories = [settings.agent.resolved_data_dir()]
+    files = [config_path] if config_path is not None else []
+    for name in (settings.mqtt.tls_key_file, settings.mqtt.tls_cert_file):
+        if name:
+            files.append(Path(name))
+    for text in settings.agent.hidden_paths:
+        path = Path(text)
+        (directories if path.is_dir() else files).append(path)
+    return PrivatePaths(
+        directories=tuple(p.resolve() for p in directories),
+        files=tuple(p.resolve() for p in files),
+    )
+
+
+def workers_memory_bytes(reserved_mib: int) -> int | None:
+    """All workers together: the host's memory less what the agent and the system keep."""
+    if reserved_mib <= 0:
+        return None
+    return max(64 * MIB, psutil.virtual_memory().total - reserved_mib * MIB)
+
+
+def set_up_training(settings: Settings, config_path: Path | None) -> TrainingSetup:
+    """Raises WorkUserError or ConfigError for settings that cannot be used."""
+    agent = settings.agent
+    data_dir = agent.resolved_data_dir()
+    secure_data_dir(data_dir)
+    isolation = probe_isolation(
+        agent.isolation,
+        cgroup_root=agent.cgroup_root,
+        workers_memory_bytes=workers_memory_bytes(agent.reserved_memory_mib),
+        runtime_setting=agent.container_runtime,
+        oci_runtime=agent.oci_runtime,
+    )
+    users = None
+    if isolation.switches_user:
+        users = WorkUsers(
+            configured=agent.worker_user,
+            uid_range=agent.worker_uid_range,
+            map_path=data_dir / "state" / WORKER_UIDS_FILE,
+        )
+    return TrainingSetup(
+        isolation=isolation,
+        users=users,
+        sealing_key=load_or_create_sealing_key(sealing_key_path(agent)),
+        private=private_paths(settings, config_path),
+        data_dir=data_dir,
+    )
