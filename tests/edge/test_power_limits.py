@@ -21,12 +21,12 @@ from edge.discovery.nvidia_power import NO_PERMISSION, NvmlPowerControl
 from edge.probes import GpuPowerControl
 from edge.training import power_limits as power_limits_module
 from edge.training.power_limits import PowerLimits
-from edge.training.process import ProcessLauncher
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import RunStatus
 from shared.messages import Accelerator, DesiredTraining, ReportedTraining
 from shared.tasks import stop_task
 from tests.support.fake_nvml import FakeGpu, FakeMig, FakeNvml
+from tests.support.launchers import plain_launcher
 from tests.support.waiting import eventually
 
 GIB = 1024**3
@@ -128,7 +128,7 @@ async def agent(
     """A training reconciler as an agent runs it, with a real launcher, for at most 30 s.
     Leaving the block stops that agent: its workers go on, for the next agent to take back."""
     reconciler = TrainingReconciler(
-        ProcessLauncher(tmp_path / "jobs"),
+        plain_launcher(tmp_path, inventory),
         inventory,
         on_change=lambda: None,
         on_event=lambda kind, subject, detail: None,
@@ -243,7 +243,7 @@ async def test_the_limit_is_held_while_the_worker_runs_and_the_default_comes_bac
             assert report(training).exit_code == exit_code
             assert report(training).power_limit_w == 100.0  # what it ran under
     assert a100.limits_set_mw == [100_000, 400_000]
-    assert capped_on_disk(tmp_path) == []
+    await eventually(lambda: capped_on_disk(tmp_path) == [])  # written after the restore
 
 
 async def test_a_worker_taken_back_by_a_restarted_agent_is_capped_again(
@@ -254,6 +254,7 @@ async def test_a_worker_taken_back_by_a_restarted_agent_is_capped_again(
     async with agent(tmp_path, inventory, NvmlPowerControl()) as training:
         training.apply([spec])
         await eventually(lambda: report(training).power_limit_w == 250.0)
+        await state_is(training, "running")
     # The agent stopped; its worker runs on, still capped, as its file says.
     assert a100.power_limit_mw == 250_000
     assert capped_on_disk(tmp_path) == ["gpu0"]
@@ -283,7 +284,7 @@ async def test_a_gpu_capped_for_a_worker_that_ended_while_no_agent_ran_gets_its_
     async with agent(tmp_path, inventory, NvmlPowerControl()) as training:
         training.apply([])
         await eventually(lambda: a100.power_limit_mw == 400_000)
-    assert capped_on_disk(tmp_path) == []
+    await eventually(lambda: capped_on_disk(tmp_path) == [])  # written after the restore
 
 
 async def test_workers_sharing_a_gpu_hold_it_to_the_lowest_limit_asked_while_they_run(

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from edge.training.environment import worker_environment
+from edge.training.environment import process_environment
 from edge.training.logs import BoundedLog, tail_lines
-from edge.training.process import ProcessLauncher, ProcessRun
+from edge.training.process import ProcessRun
 from shared.messages import Accelerator, DesiredTraining
+from tests.support.launchers import plain_launcher
 from tests.support.waiting import eventually
 
 GPUS = tuple(
@@ -50,27 +51,86 @@ def spec(script: str, **changes: object) -> DesiredTraining:
 def prepare(
     tmp_path: Path, desired: DesiredTraining, max_log_bytes: int = 1024 * 1024
 ) -> ProcessRun:
-    launcher = ProcessLauncher(tmp_path / "jobs", max_log_bytes=max_log_bytes)
-    return launcher.prepare(desired, worker_environment(desired, GPUS, os.environ))
+    run = plain_launcher(tmp_path, GPUS, max_log_bytes=max_log_bytes).prepare(desired)
+    assert isinstance(run, ProcessRun), getattr(run, "reason", run)
+    return run
+
+
+def environment_of(desired: DesiredTraining, local: int = 0) -> dict[str, str]:
+    return process_environment(
+        desired, GPUS, local=local, secret_env={}, work_dir="/w", user_name="greenfed-70000"
+    )
 
 
 def test_a_worker_is_told_its_cpu_cores_and_sizes_its_threads_to_them() -> None:
-    base = {"OMP_NUM_THREADS": "64", "PATH": "/bin"}
-    environment = worker_environment(spec("", cpu_cores=6), GPUS, base)
+    environment = environment_of(spec("", cpu_cores=6))
     assert environment["GREENFED_CPU_CORES"] == "6"
-    assert environment["OMP_NUM_THREADS"] == "6"  # not the agent's own 64
+    assert environment["OMP_NUM_THREADS"] == "6"
 
 
 def test_a_jobs_own_omp_num_threads_is_kept() -> None:
-    desired = spec("", cpu_cores=6, env={"OMP_NUM_THREADS": "2"})
-    environment = worker_environment(desired, GPUS, {})
+    environment = environment_of(spec("", cpu_cores=6, env={"OMP_NUM_THREADS": "2"}))
     assert (environment["GREENFED_CPU_CORES"], environment["OMP_NUM_THREADS"]) == ("6", "2")
 
 
 def test_without_cores_held_nothing_about_cores_is_exported() -> None:
-    environment = worker_environment(spec(""), GPUS, {"OMP_NUM_THREADS": "64"})
+    environment = environment_of(spec(""))
     assert "GREENFED_CPU_CORES" not in environment
-    assert environment["OMP_NUM_THREADS"] == "64"  # the agent's own, untouched
+    assert "OMP_NUM_THREADS" not in environment
+
+
+def test_nothing_of_the_agents_environment_reaches_a_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GREENFED_MQTT__PASSWORD", "hunter2")
+    monkeypatch.setenv("GREENFED_API", "http://cloud:8700")
+    environment = environment_of(spec("", env={"LR": "0.1"}))
+    assert "GREENFED_MQTT__PASSWORD" not in environment
+    assert "GREENFED_API" not in environment
+    assert environment["LR"] == "0.1"
+    assert environment["PATH"].startswith("/usr/local/sbin:")
+    assert (environment["HOME"], environment["GREENFED_WORK_DIR"]) == ("/w", "/w")
+
+
+def test_a_gang_of_two_on_one_node_is_two_ranks_with_half_the_devices_each() -> None:
+    desired = spec(
+        "",
+        accelerator_ids=("gpu0", "gpu1", "gpu2", "gpu3"),
+        processes=2,
+        rank=2,
+        world_size=4,
+        node_rank=1,
+        nodes=2,
+        cpu_cores=8,
+    )
+    first, second = environment_of(desired, 0), environment_of(desired, 1)
+    assert [(e["RANK"], e["LOCAL_RANK"], e["CUDA_VISIBLE_DEVICES"]) for e in (first, second)] == [
+        ("2", "0", "GPU-0,GPU-1"),
+        ("3", "1", "GPU-2,GPU-3"),
+    ]
+    for environment in (first, second):
+        assert environment["WORLD_SIZE"] == "4"
+        assert environment["LOCAL_WORLD_SIZE"] == environment["NPROC_PER_NODE"] == "2"
+        assert (environment["NODE_RANK"], environment["NNODES"]) == ("1", "2")
+        assert environment["GREENFED_CPU_CORES"] == "4"
+
+
+def test_launched_per_node_one_process_has_every_device_and_torchruns_options() -> None:
+    desired = spec(
+        "",
+        accelerator_ids=("gpu0", "gpu1"),
+        processes=2,
+        rank=2,
+        world_size=4,
+        node_rank=1,
+        nodes=2,
+        launch="per-node",
+    )
+    environment = environment_of(desired)
+    assert environment["CUDA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
+    assert (environment["PET_NNODES"], environment["PET_NPROC_PER_NODE"]) == ("2", "2")
+    assert (environment["PET_NODE_RANK"], environment["PET_MASTER_PORT"]) == ("1", "29500")
+    assert environment["RANK"] == "2"
 
 
 async def test_a_worker_sees_its_job_gpus_and_gang_and_succeeds(tmp_path: Path) -> None:
@@ -90,7 +150,7 @@ async def test_a_worker_sees_its_job_gpus_and_gang_and_succeeds(tmp_path: Path) 
     assert printed == {
         "GREENFED_JOB_ID": "job-1",
         "GREENFED_ATTEMPT": "2",
-        "CUDA_VISIBLE_DEVICES": "1,3",
+        "CUDA_VISIBLE_DEVICES": "GPU-1,GPU-3",
         "RANK": "1",
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "10.0.0.5",

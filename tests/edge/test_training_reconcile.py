@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from edge.training.environment import UnknownAccelerator, visible_devices, worker_environment
+from edge.training.environment import WorkerSpecError, process_environment, visible_devices
 from edge.training.reconcile import TrainingReconciler
 from shared.messages import Accelerator, DesiredTraining, ReportedTraining
 from sim_devices.training import SimulatedLauncher, simulated_runtime_s
@@ -90,18 +90,20 @@ def worker(
     )
 
 
-def test_visible_devices_uses_indices_and_mig_uuids_and_ignores_other_kinds() -> None:
-    assert visible_devices(("gpu1", "gpu0"), INVENTORY) == "1,0"
+def test_visible_devices_uses_uuids_indices_without_them_and_ignores_other_kinds() -> None:
+    assert visible_devices(("gpu1", "gpu0"), INVENTORY) == "1,0"  # these have no UUID
     assert visible_devices(("gpu1-mig0",), INVENTORY) == "MIG-abc"
     assert visible_devices(("cpu0",), INVENTORY) == ""
-    with pytest.raises(UnknownAccelerator, match="gpu7"):
+    with pytest.raises(WorkerSpecError, match="gpu7"):
         visible_devices(("gpu7",), INVENTORY)
 
 
 def test_greenfed_variables_win_over_the_jobs_own() -> None:
     spec = DesiredTraining(job_id="j", env={"WORLD_SIZE": "99", "LR": "0.1"}, world_size=4, rank=2)
-    env = worker_environment(spec, INVENTORY, {"PATH": "/usr/bin", "LR": "0.5"})
-    assert (env["WORLD_SIZE"], env["RANK"], env["LR"], env["PATH"]) == ("4", "2", "0.1", "/usr/bin")
+    env = process_environment(
+        spec, INVENTORY, local=0, secret_env={}, work_dir="/w", user_name="greenfed-70000"
+    )
+    assert (env["WORLD_SIZE"], env["RANK"], env["LR"]) == ("4", "2", "0.1")
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU assigned: none visible
     assert "MASTER_ADDR" not in env
 

@@ -20,7 +20,7 @@ import pytest
 
 from edge.agent import Agent
 from edge.inference.options import InferenceOptions
-from edge.training.process import LOST_REASON, ProcessLauncher
+from edge.training.process import LOST_REASON
 from edge.training.worker_record import WorkerRecord, is_alive, load_record
 from shared.messages import DesiredState, DesiredTraining
 from shared.settings import MqttSettings, parse_mqtt_url
@@ -35,6 +35,7 @@ from tests.support.fleet import (
     running_ingestion,
     simulated_agent,
 )
+from tests.support.launchers import plain_launchers
 from tests.support.onnx_models import mlp_reference
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import eventually, eventually_async
@@ -229,7 +230,7 @@ def trainer(node_id: str, settings: MqttSettings, tmp_path: Path) -> Agent:
         settings,
         "v100-8x",
         site="cloud",
-        training_launcher=ProcessLauncher(tmp_path / "jobs"),
+        training_launcher=plain_launchers(tmp_path),
         state_dir=tmp_path / "state",
     )
 

@@ -20,7 +20,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cloud.app_keys import REGISTRY
 from cloud.loop.publisher import CLUSTER_ID_SECRET, DesiredPublisher
 from cloud.loop.signing import load_or_create_signing_key
-from edge.training.process import ProcessLauncher
 from shared.desired_signature import load_public_key, verify_desired
 from shared.messages import DESIRED_DECODER, DesiredState, DesiredTraining, NodeEvent, encode
 from shared.settings import CloudSettings, Settings, parse_mqtt_url
@@ -43,6 +42,7 @@ from tests.support.fleet import (
     signed,
     simulated_agent,
 )
+from tests.support.launchers import plain_launchers
 from tests.support.waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.timeout(90)
@@ -89,7 +89,7 @@ async def test_unsigned_and_forged_documents_start_no_process_and_lock_nobody_ou
         settings,
         "v100-8x",
         site="cloud",
-        training_launcher=ProcessLauncher(tmp_path / "jobs"),
+        training_launcher=plain_launchers(tmp_path),
     )
     topic = Topics(topic_root).node("v100-9", Channel.DESIRED)
     attack = tmp_path / "attacker-ran"
@@ -141,7 +141,7 @@ async def test_an_agent_without_the_public_key_applies_nothing_and_says_so(
         "orin-unenrolled",
         settings,
         site="cloud",
-        training_launcher=ProcessLauncher(tmp_path / "jobs"),
+        training_launcher=plain_launchers(tmp_path),
         control_plane_public_key="",
     )
     marker = tmp_path / "ran"

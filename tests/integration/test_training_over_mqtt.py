@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 from cloud.fleet.registry import NodeRecord
-from edge.training.process import ProcessLauncher
 from shared.messages import DesiredState, DesiredTraining, ReportedTraining
 from tests.support.brokers import BrokerUnderTest
 from tests.support.fleet import (
@@ -16,6 +15,7 @@ from tests.support.fleet import (
     running_ingestion,
     simulated_agent,
 )
+from tests.support.launchers import plain_launchers
 from tests.support.waiting import eventually
 
 
@@ -126,7 +126,7 @@ async def test_a_real_worker_process_is_stopped_when_the_cloud_withdraws_it(
         settings,
         "v100-8x",
         site="cloud",
-        training_launcher=ProcessLauncher(tmp_path / "jobs"),
+        training_launcher=plain_launchers(tmp_path),
     )
     command = (sys.executable, "-c", "import time; print('epoch 1', flush=True); time.sleep(120)")
     async with running_ingestion(settings) as cloud, running(agent):

@@ -16,7 +16,7 @@ from shared.accelerators import capped_throughput
 from shared.messages import Accelerator, AcceleratorSample, DesiredTraining
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
-from sim_devices.training import SimulatedLauncher, simulated_runtime_s
+from sim_devices.training import SimulatedLauncher, SimulatedRun, simulated_runtime_s
 from tests.support.waiting import eventually
 
 # A100-SXM4-80GB: 50 W idle, 400 W default limit, 100 W lowest limit; relative speed 1.0.
@@ -99,7 +99,8 @@ def test_a_capped_simulated_worker_runs_longer_by_the_throughput_curve() -> None
             reference_duration_s=100.0,
             power_limit_w=limit_w,
         )
-        run = SimulatedLauncher(node.accelerators).prepare(spec, {})
+        run = SimulatedLauncher(node.accelerators).prepare(spec)
+        assert isinstance(run, SimulatedRun)
         assert run.runtime_s == simulated_runtime_s(spec, node.accelerators)
         return run.runtime_s
 

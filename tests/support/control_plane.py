@@ -14,15 +14,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from edge.agent import Agent
+from edge.agent.birth import ExecutionFacts
 from edge.inference.options import InferenceOptions
+from edge.training.environment import process_environment
+from edge.training.runs import RejectedRun, TrainingRun
+from edge.training.secrets import open_worker_secrets
 from shared.messages import DesiredTraining
+from shared.sealing import public_key_text
 from shared.settings import CloudSettings, SchedulingSettings, Settings, UsageSettings
 from shared.tasks import stop_task
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
-from sim_devices.training import SimulatedLauncher, SimulatedRun
+from sim_devices.training import SimulatedLauncher
 from tests.api.support import Api, running_api
 from tests.store.databases import DatabaseUnderTest
 from tests.support.fleet import mqtt_settings, simulated_agent
@@ -34,16 +41,34 @@ FAST_LOOP = SchedulingSettings(
 
 
 class RecordingLauncher(SimulatedLauncher):
-    """The simulated runner, keeping every worker it started (the seam a GPU would be)."""
+    """The simulated runner, keeping every worker it started with the environment its
+    first process would have, secrets opened (the seam a GPU would be). It has a
+    sealing key of its own, which its node announces (`execution`)."""
 
     def __init__(self, node_id: str, profile: str) -> None:
-        super().__init__(
-            SimulatedNode(node_id, get_profile(profile), random.Random(1)).accelerators
+        self.sealing_key = X25519PrivateKey.generate()
+        self.inventory = SimulatedNode(node_id, get_profile(profile), random.Random(1)).accelerators
+        super().__init__(self.inventory, node_id=node_id, sealing_key=self.sealing_key)
+        self.runs: list[tuple[DesiredTraining, dict[str, str], TrainingRun]] = []
+        self.execution = ExecutionFacts(
+            isolation="sandbox",
+            isolation_note="simulated",
+            sealing_public_key=public_key_text(self.sealing_key),
         )
-        self.runs: list[tuple[DesiredTraining, dict[str, str], SimulatedRun]] = []
 
-    def prepare(self, spec: DesiredTraining, environment: dict[str, str]) -> SimulatedRun:
-        run = super().prepare(spec, environment)
+    def prepare(self, spec: DesiredTraining) -> TrainingRun:
+        run = super().prepare(spec)
+        environment: dict[str, str] = {}
+        if not isinstance(run, RejectedRun):
+            secrets = open_worker_secrets(spec, self.sealing_key, self._node_id)
+            environment = process_environment(
+                spec,
+                self.inventory,
+                local=0,
+                secret_env=secrets.env,
+                work_dir="/work",
+                user_name="simulated",
+            )
         self.runs.append((spec, environment, run))
         return run
 
@@ -104,6 +129,7 @@ async def fleet(
             region=region,
             telemetry_interval_s=0.2,
             training_launcher=launchers[node_id],
+            execution=launchers[node_id].execution,
             # Cloud GPUs serve too: inference may share them with training (tidal).
             inference=dataclasses.replace(
                 inference or InferenceOptions(), cache_dir=cache_root / node_id

@@ -102,6 +102,7 @@ def _agent(
         region="europe-west3",
         telemetry_interval_s=0.2,
         training_launcher=launcher,
+        execution=launcher.execution,
         control_plane_public_key=public_key,
     )
 

@@ -21,8 +21,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
 from edge.agent import Agent, NodeIdentity
+from edge.agent.birth import ExecutionFacts
 from edge.inference.options import InferenceOptions
-from edge.training.runs import TrainingLauncher
+from edge.training.runs import LauncherFactory, TrainingLauncher
 from shared.desired_signature import public_key_base64, sign_desired
 from shared.messages import DesiredState, JobLogChunk, NodeEvent, Site
 from shared.mqtt import MqttSession
@@ -72,13 +73,14 @@ def simulated_agent(
     region: str = "northamerica-northeast2",
     telemetry_interval_s: float = 0.1,
     seed: int = 1,
-    training_launcher: TrainingLauncher | None = None,
+    training_launcher: TrainingLauncher | LauncherFactory | None = None,
     trains: bool = False,
     inference: InferenceOptions | None = None,
     control_plane_public_key: str = TEST_PUBLIC_KEY,
     taints: tuple[str, ...] = (),
     state_dir: Path | None = None,
     simulated_nodes: dict[str, SimulatedNode] | None = None,
+    execution: ExecutionFacts | None = None,
 ) -> Agent:
     """A real agent on simulated hardware; `trains` gives it simulated training workers;
     it applies `desired` documents signed with the key whose public half is given;
@@ -103,11 +105,19 @@ def simulated_agent(
         telemetry_interval_s=telemetry_interval_s,
         telemetry_jitter_ratio=0.0,
         rng=random.Random(seed),
-        training_launcher=training_launcher,
+        training_launcher=_factory(training_launcher),
         inference=inference,
         control_plane_public_key=control_plane_public_key,
         state_dir=state_dir,
+        execution=execution,
     )
+
+
+def _factory(launcher: TrainingLauncher | LauncherFactory | None) -> LauncherFactory | None:
+    """What the agent takes: a launcher given as it is, or one made from the inventory."""
+    if launcher is None or callable(launcher):
+        return launcher
+    return lambda _: launcher
 
 
 @dataclass
