@@ -23,6 +23,7 @@ with it, leaving nothing behind.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Final
 
 from edge.sandbox.devices import DeviceNode
@@ -69,6 +70,11 @@ def sandbox_argv(
     for device in devices:
         argv += ["--dev-bind", device.path, device.inside]
     for path in writable:
+        # A writable path inside a hidden directory (the work directory, inside the
+        # agent's data directory) needs its parents made in the empty tmpfs: passable,
+        # not listable (bubblewrap would make them 0700, which the work user cannot pass).
+        for parent in _parents_inside(path, hidden_dirs):
+            argv += ["--perms", "0711", "--dir", parent]
         argv += ["--bind", path, path]
     argv += [
         "--chdir",
@@ -85,3 +91,14 @@ def sandbox_argv(
         *command,
     ]
     return argv
+
+
+def _parents_inside(path: str, hidden_dirs: Sequence[str]) -> list[str]:
+    """The parents of `path` below any of `hidden_dirs`, outermost first."""
+    target = PurePosixPath(path)
+    parents = []
+    for hidden in hidden_dirs:
+        top = PurePosixPath(hidden)
+        if top in target.parents:
+            parents += [str(p) for p in reversed(target.parents) if top in p.parents]
+    return list(dict.fromkeys(parents))

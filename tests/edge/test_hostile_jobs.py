@@ -1,0 +1,407 @@
+"""Hostile jobs against a real node: real processes, real users, real cgroups, real
+bubblewrap sandboxes and podman containers (issue 24).
+
+Every attack a tenant's code can make on the node it runs on is tried at both levels
+a node may give (`sandbox` and `user`): reading the agent's settings, keys and data,
+another job's files, the agent's environment; signalling or tracing the agent or
+another job; a fork bomb; memory past the limit; GPUs it was not given. Then what
+must still work through all of it: gangs of several processes, workers taken back by
+a restarted agent, containers of the job's own image, secrets opened only on the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from edge.sandbox.cgroups import discover_layout
+from edge.training.process import ProcessRun
+from edge.training.runs import RejectedRun
+from shared.messages import Accelerator
+from shared.sealing import SealedSecrets, public_key_text, seal
+from tests.support.sandboxed_node import (
+    SETTINGS_PASSWORD,
+    TESTS_ROOT,
+    SandboxedNode,
+    build_test_image,
+    make_node,
+    require_isolation_tools,
+    run_record,
+)
+from tests.support.waiting import eventually
+
+AGENT_SECRET = "agent-env-secret-77c1"
+MIB = 1024**2
+
+
+@pytest.fixture(params=["sandbox", "user"])
+def node(request: pytest.FixtureRequest) -> Iterator[SandboxedNode]:
+    require_isolation_tools()
+    yield from make_node(request.param)
+
+
+@pytest.fixture
+def sandbox_node() -> Iterator[SandboxedNode]:
+    require_isolation_tools()
+    yield from make_node("sandbox")
+
+
+def _denied(output: str, *tags: str) -> None:
+    for tag in tags:
+        assert f"DENIED {tag}" in output, output
+        assert f"GOT {tag}" not in output, output
+
+
+def _try(tag: str, command: str) -> str:
+    return f'if {command} >/dev/null 2>&1; then echo "GOT {tag}"; else echo "DENIED {tag}"; fi; '
+
+
+# ---- the agent's own files, environment and processes ---------------------------------
+
+
+async def test_a_job_cannot_read_the_agents_settings_keys_state_or_logs(
+    node: SandboxedNode,
+) -> None:
+    data = node.data_dir
+    script = (
+        _try("settings", f"cat {node.config_path}")
+        + _try("sealing-key", f"cat {data}/state/sealing.key")
+        + _try("state", f"ls {data}/state")
+        + _try("logs", f"ls {data}/jobs")
+        + _try("models", f"ls {data}/models")
+        + f"grep -rs {SETTINGS_PASSWORD} {node.root} 2>/dev/null | head -1; echo scanned"
+    )
+    status, output = await node.run(node.worker(script))
+    assert status.state == "succeeded", output
+    _denied(output, "settings", "sealing-key", "state", "logs", "models")
+    assert SETTINGS_PASSWORD not in output
+
+
+async def test_a_job_sees_neither_the_agents_environment_nor_its_process(
+    node: SandboxedNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GREENFED_MQTT__PASSWORD", AGENT_SECRET)
+    agent = os.getpid()
+    script = (
+        "env; "
+        + _try("environ", f"cat /proc/{agent}/environ")
+        + _try("signal", f"kill -TERM {agent}")
+        + _try("kill-all", "kill -KILL -1")  # whatever it may signal: only itself
+        + "/usr/bin/python3 -c 'import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+        f'print("GOT ptrace" if libc.ptrace(16, {agent}, 0, 0) == 0 else "DENIED ptrace")\''
+    )
+    status, output = await node.run(node.worker(script))
+    _denied(output, "environ", "signal", "ptrace")
+    assert AGENT_SECRET not in output
+    assert "GREENFED_MQTT" not in output
+    assert status.state in ("succeeded", "failed")  # `kill -KILL -1` may end its own shell
+
+
+async def test_a_job_cannot_read_or_signal_another_tenants_job(node: SandboxedNode) -> None:
+    first = node.worker(
+        "echo secret-of-a > $HOME/private.txt; echo ready; sleep 60", tenant="tenant-a"
+    )
+    run = node.prepare(first)
+    task = asyncio.create_task(run.run())
+    await eventually(
+        lambda: run.status.state == "running" and "ready" in node.output(first), timeout_s=30
+    )
+    owner = node.setup.users.for_tenant("tenant-a") if node.setup.users else None
+    assert owner is not None
+    a_home = node.data_dir / "work" / f"{first.job_id}-{first.attempt}" / "w0"
+    assert (a_home / "private.txt").read_text() == "secret-of-a\n"  # it is there to steal
+    script = _try("files", f"cat {a_home}/private.txt") + _try("list", f"ls {a_home}")
+    script += "kill -KILL -1 2>/dev/null; echo unreachable"
+    _, output = await node.run(node.worker(script, tenant="tenant-b"))
+    _denied(output, "files", "list")
+    assert "secret-of-a" not in output
+    # The other tenant's worker runs on, untouched by `kill -KILL -1`.
+    assert run.status.state == "running"
+    assert node.processes_of(owner.uid)
+    await asyncio.wait_for(run.stop("test over"), 30)
+    await task
+    assert run.status.state == "stopped"
+
+
+async def test_tenants_get_their_own_unprivileged_users(node: SandboxedNode) -> None:
+    one = node.worker("id -u; id -g", tenant="tenant-a")
+    other = node.worker("id -u; id -g", tenant="tenant-b")
+    (_, first), (_, second) = await node.run(one), await node.run(other)
+    low, high = node.settings.agent.worker_uid_range
+    uids = {int(first.split()[0]), int(second.split()[0])}
+    assert len(uids) == 2
+    assert all(low <= uid <= high for uid in uids)
+    assert os.getuid() not in uids
+
+
+# ---- limits ---------------------------------------------------------------------------
+
+
+async def test_a_fork_bomb_is_stopped_by_the_pids_limit(node: SandboxedNode) -> None:
+    spec = node.worker("bomb() { bomb | bomb & }; bomb; sleep 1; echo survived", pids_limit=64)
+    started = time.monotonic()
+    status, output = await node.run(spec, timeout_s=60)
+    assert time.monotonic() - started < 45
+    assert "Cannot fork" in output or "fork" in output.lower(), output
+    assert node.setup.users is not None
+    uid = node.setup.users.for_tenant(spec.tenant).uid
+    await eventually(lambda: not node.processes_of(uid), message="the bomb's processes stayed")
+    assert node.cgroup_dirs_left() == []
+    assert status.finished
+
+
+async def test_memory_past_the_limit_ends_the_attempt_saying_so(node: SandboxedNode) -> None:
+    spec = node.worker(
+        "echo allocating; exec dd if=/dev/zero of=/dev/null bs=256M count=1",
+        host_memory_bytes=64 * MIB,
+    )
+    status, output = await node.run(spec)
+    assert (status.state, status.reason) == ("failed", "out of memory: limit 64 MiB"), output
+    assert node.cgroup_dirs_left() == []
+
+
+async def test_a_gang_of_two_on_one_node_runs_two_processes_ranked_0_and_1(
+    node: SandboxedNode,
+) -> None:
+    spec = node.worker(
+        'echo "rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE user=$(id -u)"',
+        processes=2,
+        world_size=2,
+    )
+    status, output = await node.run(spec)
+    assert status.state == "succeeded", output
+    lines = sorted(line for line in output.splitlines() if "rank=" in line)
+    assert [line.split()[:4] for line in lines] == [
+        ["[rank", "0]", "rank=0", "local=0"],
+        ["[rank", "1]", "rank=1", "local=1"],
+    ]
+    assert all("world=2" in line for line in lines)
+
+
+# ---- devices ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_gpus() -> Iterator[tuple[Path, tuple[Accelerator, ...]]]:
+    """Device nodes of four NVIDIA GPUs (character devices 195:0-3 and nvidiactl
+    195:255) with no driver behind them: opening an allowed one says "no such device",
+    a forbidden one "operation not permitted"."""
+    require_isolation_tools()
+    TESTS_ROOT.mkdir(mode=0o755, exist_ok=True)
+    dev_root = Path(tempfile.mkdtemp(prefix="dev-", dir=TESTS_ROOT))
+    dev_root.chmod(0o755)
+    for index in range(4):
+        os.mknod(dev_root / f"nvidia{index}", 0o666 | stat.S_IFCHR, os.makedev(195, index))
+    os.mknod(dev_root / "nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
+    for path in dev_root.iterdir():
+        path.chmod(0o666)
+    inventory = tuple(
+        Accelerator(
+            id=f"gpu{i}",
+            kind="gpu",
+            vendor="nvidia",
+            model="A100",
+            memory_bytes=1,
+            compute_units=108,
+            index=i,
+            uuid=f"GPU-{i}",
+        )
+        for i in range(4)
+    )
+    yield dev_root, inventory
+    shutil.rmtree(dev_root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("isolation", ["sandbox", "user"])
+async def test_a_job_sees_only_the_gpus_it_was_given(
+    fake_gpus: tuple[Path, tuple[Accelerator, ...]], isolation: str
+) -> None:
+    dev_root, inventory = fake_gpus
+    for node in make_node(isolation, inventory=inventory, dev_root=dev_root):
+        devices = "/dev" if isolation == "sandbox" else str(dev_root)
+        script = (
+            "echo visible=$CUDA_VISIBLE_DEVICES; "
+            f"ls {devices} | grep nvidia | tr '\\n' ' '; echo; "
+            f"for n in 0 1 2 3; do cat {devices}/nvidia$n 2>&1 | sed 's/^/gpu'$n': /'; done"
+        )
+        _, output = await node.run(node.worker(script, accelerator_ids=("gpu1", "gpu2")))
+        assert "visible=GPU-1,GPU-2" in output, output
+        layout = discover_layout()
+        device_rules = (
+            layout is not None and layout.version == 1 and "devices" in layout.controllers
+        )
+        if isolation == "sandbox":
+            # Only the given GPUs (and the driver's control node) exist in its /dev.
+            assert "nvidia1 nvidia2 nvidiactl" in output, output
+            assert "nvidia0" not in output.split("visible=")[1].splitlines()[1]
+        if device_rules:
+            for gpu in ("gpu0", "gpu3"):
+                refused = _line(output, gpu)
+                assert "Operation not permitted" in refused or "No such file" in refused, output
+            for gpu in ("gpu1", "gpu2"):
+                assert "No such device" in _line(output, gpu), output
+
+
+def _command_lines_holding(text: str) -> list[str]:
+    """Every process whose command line holds `text` (anyone can read command lines)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(entry.name)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return found
+
+
+def _line(output: str, prefix: str) -> str:
+    return next((line for line in output.splitlines() if line.startswith(prefix)), "")
+
+
+# ---- through an agent restart -------------------------------------------------------------
+
+
+async def test_a_sandboxed_worker_outlives_the_agent_and_is_taken_back(
+    sandbox_node: SandboxedNode,
+) -> None:
+    node = sandbox_node
+    spec = node.worker("echo up; while [ ! -e $HOME/go ]; do sleep 0.1; done; echo finished")
+    first = node.prepare(spec)
+    assert isinstance(first, ProcessRun)
+    task = asyncio.create_task(first.run())
+    await eventually(lambda: first.status.state == "running" and "up" in node.output(spec))
+    task.cancel()  # the agent stops: its worker goes on
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    record = run_record(node, spec)
+    assert record["protocol"] == 2
+    assert record["cgroup_dirs"]
+
+    taken_back = node.launcher.adopt(spec)
+    assert taken_back is not None
+    assert taken_back.status.state == "running"
+    following = asyncio.create_task(taken_back.run())
+    work_dir = node.data_dir / "work" / f"{spec.job_id}-{spec.attempt}" / "w0"
+    (work_dir / "go").touch()
+    await asyncio.wait_for(following, 30)
+    assert taken_back.status.state == "succeeded"
+    assert "finished" in node.output(spec)
+    assert node.cgroup_dirs_left() == []
+    assert not work_dir.exists()
+
+
+# ---- secrets ----------------------------------------------------------------------------
+
+
+async def test_secrets_open_only_on_their_node_and_never_reach_a_command_line(
+    sandbox_node: SandboxedNode,
+) -> None:
+    node = sandbox_node
+    token = "aws-secret-0f9e8d"
+    spec = node.worker("echo key=$AWS_SECRET_ACCESS_KEY; sleep 30")
+    sealed = seal(
+        SealedSecrets(env={"AWS_SECRET_ACCESS_KEY": token}),
+        public_key_text(node.setup.sealing_key),
+        node_id="node-1",
+        job_id=spec.job_id,
+        attempt=spec.attempt,
+    )
+    with_secret = msgspec.structs.replace(
+        spec, secret_names=("AWS_SECRET_ACCESS_KEY",), sealed_secrets=sealed
+    )
+    run = node.prepare(with_secret)
+    task = asyncio.create_task(run.run())
+    await eventually(lambda: f"key={token}" in node.output(spec), timeout_s=30)
+    assert await asyncio.to_thread(_command_lines_holding, token) == []
+    for path in await asyncio.to_thread(lambda: list((node.data_dir / "jobs").iterdir())):
+        if path.suffix != ".log":  # the job printed it itself: its own log has it
+            assert token.encode() not in path.read_bytes(), path
+    await asyncio.wait_for(run.stop("test over"), 30)
+    await task
+
+    # Sealed for another attempt (a copy replayed into a new document): it does not open.
+    replayed = msgspec.structs.replace(with_secret, attempt=2)
+    refused = node.prepare(replayed)
+    assert isinstance(refused, RejectedRun)
+    assert "do not open" in refused.reason
+    # Names listed, nothing sealed (the control plane had no key of this node).
+    missing = msgspec.structs.replace(with_secret, sealed_secrets=None)
+    refused = node.prepare(missing)
+    assert isinstance(refused, RejectedRun)
+    assert "did not come sealed" in refused.reason
+
+
+# ---- containers ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def test_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    require_isolation_tools(containers=True)
+    return build_test_image(tmp_path_factory.mktemp("image"))
+
+
+async def test_a_container_job_runs_as_its_user_in_its_image_with_its_limits(
+    sandbox_node: SandboxedNode, test_image: str
+) -> None:
+    node = sandbox_node
+    assert node.setup.isolation.runtime is not None, node.setup.isolation.runtime_note
+    spec = node.worker(
+        'echo "uid=$(id -u) rank=$RANK home=$HOME"; ls /; '
+        + _try("settings", f"cat {node.config_path}"),
+        image=test_image,
+        image_pull_policy="never",
+    )
+    status, output = await node.run(spec)
+    assert status.state == "succeeded", output
+    assert node.setup.users is not None
+    uid = node.setup.users.for_tenant(spec.tenant).uid
+    assert f"uid={uid} rank=0" in output
+    assert "bin" in output
+    _denied(output, "settings")
+
+    hungry = node.worker(
+        "exec dd if=/dev/zero of=/dev/null bs=256M count=1",
+        image=test_image,
+        image_pull_policy="never",
+        host_memory_bytes=64 * MIB,
+    )
+    status, output = await node.run(hungry)
+    assert (status.state, status.reason) == ("failed", "out of memory: limit 64 MiB"), output
+    assert node.cgroup_dirs_left() == []
+    podman = shutil.which("podman") or "podman"
+    listed = await asyncio.to_thread(
+        subprocess.run,
+        [podman, "ps", "-a", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert spec.job_id not in listed.stdout  # removed after
+    assert hungry.job_id not in listed.stdout
+
+
+async def test_an_image_that_is_not_there_is_a_clear_reason(
+    sandbox_node: SandboxedNode, test_image: str
+) -> None:
+    node = sandbox_node
+    missing = node.worker("true", image="localhost/greenfed-test:absent", image_pull_policy="never")
+    status, _ = await node.run(missing)
+    assert status.state == "failed"
+    assert status.reason == (
+        "image localhost/greenfed-test:absent is not on this node (image_pull_policy never)"
+    )
+    unreachable = node.worker("true", image="127.0.0.1:9/greenfed/absent:1")
+    status, _ = await node.run(unreachable, timeout_s=120)
+    assert status.state == "failed"
+    assert status.reason.startswith("image 127.0.0.1:9/greenfed/absent:1 could not be pulled: ")
