@@ -16,6 +16,7 @@ import asyncio
 import email.utils
 import os
 import ssl
+import stat
 import sys
 import tempfile
 import time
@@ -28,6 +29,8 @@ import aiohttp
 import aiomqtt
 import msgspec
 
+from edge.sandbox.probe import NodeIsolation, probe_isolation
+from edge.sandbox.setup import workers_memory_bytes
 from shared.desired_signature import PublicKeyError, load_public_key
 from shared.enrolment_marker import read_marker
 from shared.mqtt import MqttSession, is_auth_failure
@@ -37,6 +40,12 @@ Verdict = Literal["ok", "warn", "skip", "FAIL"]
 TIMEOUT_S = 5.0
 MAX_CLOCK_SKEW_S = 5.0  # signed documents and telemetry are judged by wall clocks
 ENROL_FIX = "enrol the node (greenfed edge enrol --api URL --token TOKEN)"
+ISOLATION_FIX = (
+    "run the agent as root with bubblewrap and util-linux installed (as "
+    'deploy/edge/greenfed-agent.service does), or set agent.isolation = "none" to run '
+    "work unisolated on a node whose operator trusts all of it"
+)
+CONTAINER_FIX = "apt install podman runc catatonit (docker works too)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +59,7 @@ class Check:
 def check_data_dir(settings: Settings) -> Check:
     directory = settings.agent.resolved_data_dir()
     try:
-        (directory / "state").mkdir(parents=True, exist_ok=True)
+        (directory / "state").mkdir(parents=True, exist_ok=True, mode=0o700)
         with tempfile.NamedTemporaryFile(dir=directory / "state", prefix=".doctor-"):
             pass
     except OSError as error:
@@ -209,15 +218,103 @@ async def check_clock(api_url: str | None) -> Check:
     return Check("clock", "ok", f"within {MAX_CLOCK_SKEW_S:.0f} s of the control plane's")
 
 
-async def run_checks(settings: Settings, api_url: str | None) -> list[Check]:
+def node_isolation(settings: Settings) -> NodeIsolation | None:
+    """What the agent would find (it makes the workers' root cgroups, as the agent does)."""
+    if not settings.agent.runs_training:
+        return None
+    agent = settings.agent
+    return probe_isolation(
+        agent.isolation,
+        cgroup_root=agent.cgroup_root,
+        workers_memory_bytes=workers_memory_bytes(agent.reserved_memory_mib),
+        runtime_setting=agent.container_runtime,
+        oci_runtime=agent.oci_runtime,
+    )
+
+
+def check_isolation(settings: Settings, isolation: NodeIsolation | None) -> Check:
+    """How this node would contain the training work sent to it (docs/isolation.md)."""
+    if isolation is None:
+        return Check("isolation", "skip", "this node runs no training (agent.training_enabled)")
+    limits = ", ".join(isolation.limits) or "none"
+    detail = f"{isolation.level}: {isolation.note}; limits: {limits}"
+    if isolation.level == "sandbox":
+        return Check("isolation", "ok", detail)
+    if isolation.level == "user":
+        return Check("isolation", "warn", detail, "apt install bubblewrap, for a sandbox too")
+    if isolation.level == "none":
+        return Check("isolation", "warn", detail, ISOLATION_FIX)
+    return Check("isolation", "FAIL", f"training refused: {isolation.note}", ISOLATION_FIX)
+
+
+def check_containers(isolation: NodeIsolation | None) -> Check:
+    """Whether work that names an image can run here, and what this host needs of the
+    runtime (crun refuses hybrid cgroup hosts; an init so containers stop on SIGTERM)."""
+    if isolation is None:
+        return Check("containers", "skip", "this node runs no training")
+    runtime = isolation.runtime
+    if runtime is None:
+        return Check(
+            "containers",
+            "warn",
+            f"no container runtime ({isolation.runtime_note}): work that names an image "
+            "is not placed here",
+            CONTAINER_FIX,
+        )
+    detail = isolation.runtime_note
+    if runtime.oci_runtime == "runc" and isolation.cgroups and isolation.cgroups.layout.hybrid:
+        detail += " (crun refuses this host's hybrid cgroup layout)"
+    if not runtime.has_init:
+        return Check(
+            "containers",
+            "warn",
+            f"{detail}; no init for containers: a stopped job gets SIGKILL after its grace "
+            "period instead of SIGTERM",
+            "apt install catatonit",
+        )
+    if not runtime.cdi_gpus:
+        detail += "; GPUs passed as device nodes (no NVIDIA CDI spec)"
+    return Check("containers", "ok", detail)
+
+
+def check_private_files(settings: Settings, config_path: Path | None) -> Check:
+    """Files a worker must not read are kept from it by their modes too."""
+    exposed = []
+    for path in (config_path, settings.agent.resolved_data_dir() / "state"):
+        if path is None:
+            continue
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            continue
+        if mode & (stat.S_IRGRP | stat.S_IROTH | stat.S_IWOTH):
+            exposed.append(f"{path} (mode {stat.S_IMODE(mode):04o})")
+    if exposed:
+        return Check(
+            "private-files",
+            "FAIL",
+            f"readable by others: {', '.join(exposed)}; a job could read the node's "
+            "broker password or keys",
+            "chmod 600 the settings file and chmod 700 the state directory",
+        )
+    return Check("private-files", "ok", "the settings and the agent's state are its own")
+
+
+async def run_checks(
+    settings: Settings, api_url: str | None, config_path: Path | None = None
+) -> list[Check]:
     nvml = await asyncio.to_thread(check_nvml, settings)
     gpus = int(nvml.detail.split()[0]) if nvml.verdict == "ok" else None
+    isolation = await asyncio.to_thread(node_isolation, settings)
     return [
         await asyncio.to_thread(check_data_dir, settings),
+        await asyncio.to_thread(check_private_files, settings, config_path),
         check_enrolment(settings),
         await check_broker(settings),
         nvml,
         check_power_limits(settings, gpus),
+        check_isolation(settings, isolation),
+        check_containers(isolation),
         await asyncio.to_thread(check_onnxruntime, gpus),
         await check_clock(api_url),
     ]

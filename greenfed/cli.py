@@ -141,7 +141,7 @@ def cmd_edge_doctor(args: argparse.Namespace) -> int:
     args.config = config if config.exists() else args.config
     settings = _settings(args, default_log_level=None if args.log_level else "error")
     _configure_logging(settings)
-    checks = asyncio.run(run_checks(settings, enrolled_api_url(args.config)))
+    checks = asyncio.run(run_checks(settings, enrolled_api_url(args.config), args.config))
     return print_checks(checks)
 
 

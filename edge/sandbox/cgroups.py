@@ -61,6 +61,8 @@ class CgroupLayout:
     v1_mounts: Mapping[str, Path] | None = None  # v1: controller -> its mount point
     # v1: every cgroup hierarchy mounted (a container runtime makes groups in all)
     v1_all_mounts: tuple[Path, ...] = ()
+    # v1 controllers beside a mounted v2 tree (some runtimes, crun, refuse such hosts)
+    hybrid: bool = False
 
     @property
     def controllers(self) -> tuple[str, ...]:
@@ -113,7 +115,9 @@ def parse_mountinfo(text: str) -> CgroupLayout | None:
     if {"memory", "pids"} <= set(v1):
         # A hybrid host's empty v2 tree gets groups from container runtimes too.
         every = (*v1_all, unified) if unified is not None else tuple(v1_all)
-        return CgroupLayout(version=1, v1_mounts=v1, v1_all_mounts=every)
+        return CgroupLayout(
+            version=1, v1_mounts=v1, v1_all_mounts=every, hybrid=unified is not None
+        )
     return None
 
 

@@ -212,8 +212,12 @@ def find_runtime(
     wanted: Literal["auto", "podman", "docker", "none"],
     oci_runtime: str = "",
     environ: Mapping[str, str] | None = None,
+    *,
+    hybrid_cgroups: bool = False,
 ) -> RuntimeProbe:
-    """The runtime that will run images here (blocking: it asks the runtime)."""
+    """The runtime that will run images here (blocking: it asks the runtime).
+    `hybrid_cgroups`: v1 controllers beside a v2 tree, which crun refuses: podman is
+    then told to use runc when it would use crun."""
     if wanted == "none":
         return RuntimeProbe(None, "agent.container_runtime = none")
     names: tuple[RuntimeName, ...] = ("podman", "docker") if wanted == "auto" else (wanted,)
@@ -223,14 +227,17 @@ def find_runtime(
         if binary is None:
             notes.append(f"{name} is not installed")
             continue
-        probe = _probe(name, binary, oci_runtime)
+        probe = _probe(name, binary, oci_runtime, hybrid_cgroups)
         if isinstance(probe, ContainerRuntime):
-            return RuntimeProbe(probe, f"{name} {probe.version}")
+            oci = f" with {probe.oci_runtime}" if probe.oci_runtime else ""
+            return RuntimeProbe(probe, f"{name} {probe.version}{oci}")
         notes.append(probe)
     return RuntimeProbe(None, "; ".join(notes))
 
 
-def _probe(name: RuntimeName, binary: str, oci_runtime: str) -> ContainerRuntime | str:
+def _probe(
+    name: RuntimeName, binary: str, oci_runtime: str, hybrid_cgroups: bool
+) -> ContainerRuntime | str:
     version_format = "{{.Client.Version}}"
     try:
         done = subprocess.run(
@@ -244,6 +251,15 @@ def _probe(name: RuntimeName, binary: str, oci_runtime: str) -> ContainerRuntime
         return f"{name} does not answer ({error})"
     if done.returncode != 0:
         return f"{name} does not work here: {_last_line(done.stderr or done.stdout)}"
+    if name == "podman" and not oci_runtime and hybrid_cgroups:
+        default = _output([binary, "info", "--format", "{{.Host.OCIRuntime.Name}}"]).strip()
+        if default == "crun":
+            if shutil.which("runc") is None:
+                return (
+                    "podman's OCI runtime crun refuses this host's hybrid cgroup layout: "
+                    "install runc (apt install runc)"
+                )
+            oci_runtime = "runc"  # crun: "cgroups in hybrid mode not supported"
     runtime = ContainerRuntime(
         name=name,
         binary=binary,
@@ -255,6 +271,15 @@ def _probe(name: RuntimeName, binary: str, oci_runtime: str) -> ContainerRuntime
     if name == "podman" and oci_runtime and shutil.which(oci_runtime) is None:
         return f"agent.oci_runtime {oci_runtime!r} is not installed"
     return runtime
+
+
+def _output(argv: list[str]) -> str:
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
 
 
 def _last_line(text: str) -> str:

@@ -125,7 +125,7 @@ def probe_isolation(
     user_missing = can_switch_user()
     runtime, runtime_note = None, ""
     if not user_missing and cgroups is not None:
-        probe = find_runtime(runtime_setting, oci_runtime)
+        probe = find_runtime(runtime_setting, oci_runtime, hybrid_cgroups=cgroups.layout.hybrid)
         runtime, runtime_note = probe.runtime, probe.note
     else:
         runtime_note = "containers run as the work user: " + (user_missing or cgroups_missing)

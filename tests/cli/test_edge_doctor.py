@@ -17,16 +17,24 @@ from edge.doctor import (
     Check,
     check_broker,
     check_clock,
+    check_containers,
     check_data_dir,
     check_enrolment,
+    check_isolation,
     check_power_limits,
+    check_private_files,
+    node_isolation,
     print_checks,
     run_checks,
 )
+from edge.sandbox.cgroups import remove_groups
+from edge.sandbox.containers import ContainerRuntime
+from edge.sandbox.probe import NodeIsolation
 from greenfed.cli import main
 from shared.settings import AgentSettings, MqttSettings, Settings
 from tests.support.brokers import BrokerUnderTest, MosquittoProcess, make_password_file
 from tests.support.fleet import TEST_PUBLIC_KEY
+from tests.support.sandboxed_node import require_isolation_tools
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -72,10 +80,13 @@ async def test_a_healthy_node_passes_every_check(
     verdicts = {check.name: check.verdict for check in checks}
     assert verdicts == {
         "data-dir": "ok",
+        "private-files": "ok",
         "desired-key": "ok",
         "broker": "ok",
         "nvml": "skip",  # the nvidia probe is off
         "power-limits": "skip",  # so no GPUs to cap
+        "isolation": "skip",  # an edge node: it runs no training
+        "containers": "skip",
         "onnxruntime": "ok",
         "clock": "ok",
     }
@@ -140,16 +151,20 @@ def test_the_command_prints_one_line_per_check_and_fails_on_a_failure(
         f'[mqtt]\nurl = "mqtt://127.0.0.1:1"\n[agent]\nnode_id = "doctor-2"\n'
         f'data_dir = "{tmp_path / "data"}"\nprobes = ["cpu"]\n'
     )
+    config.chmod(0o600)
     assert main(["edge", "doctor", "--config", str(config)]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines if not line.startswith(" ")] == [
-        "ok",
-        "FAIL",
-        "FAIL",
-        "skip",
-        "skip",
-        "ok",
-        "skip",
+    assert [line.split()[:2] for line in lines if not line.startswith(" ")] == [
+        ["ok", "data-dir"],
+        ["ok", "private-files"],
+        ["FAIL", "desired-key"],
+        ["FAIL", "broker"],
+        ["skip", "nvml"],
+        ["skip", "power-limits"],
+        ["skip", "isolation"],
+        ["skip", "containers"],
+        ["ok", "onnxruntime"],
+        ["skip", "clock"],
     ]
     assert any("fix: enrol the node" in line for line in lines)
 
@@ -171,3 +186,70 @@ def test_power_capping_needs_root_to_hold_gpu_power_limits(tmp_path: Path) -> No
     assert check_power_limits(cloud, gpus=None, euid=1000).verdict == "skip"
     edge = settings(tmp_path, "mqtt://127.0.0.1:1", site="edge")
     assert check_power_limits(edge, gpus=1, euid=1000).verdict == "skip"
+
+
+def test_isolation_is_said_with_what_it_is_and_the_fix_when_work_would_be_refused(
+    tmp_path: Path,
+) -> None:
+    cloud = settings(tmp_path, "mqtt://127.0.0.1:1", site="cloud")
+    refused = check_isolation(
+        cloud, NodeIsolation("unavailable", "cannot isolate work: the agent is not root")
+    )
+    assert refused.verdict == "FAIL"
+    assert refused.detail == "training refused: cannot isolate work: the agent is not root"
+    assert 'agent.isolation = "none"' in refused.fix
+    assert "root" in refused.fix
+    unisolated = check_isolation(cloud, NodeIsolation("none", "agent.isolation = none"))
+    assert (unisolated.verdict, unisolated.fix) == ("warn", refused.fix)
+    no_sandbox = check_isolation(cloud, NodeIsolation("user", "a user of their own"))
+    assert (no_sandbox.verdict, no_sandbox.fix) == (
+        "warn",
+        "apt install bubblewrap, for a sandbox too",
+    )
+    assert check_isolation(cloud, None).verdict == "skip"
+
+
+def test_a_container_runtime_is_checked_for_what_this_host_needs(tmp_path: Path) -> None:
+    missing = NodeIsolation("sandbox", "", runtime_note="podman is not installed")
+    check = check_containers(missing)
+    assert check.verdict == "warn"
+    assert "work that names an image is not placed here" in check.detail
+    assert "podman" in check.fix
+    without_init = NodeIsolation(
+        "sandbox",
+        "",
+        runtime=ContainerRuntime(name="podman", binary="/usr/bin/podman", version="4.3.1"),
+        runtime_note="podman 4.3.1",
+    )
+    check = check_containers(without_init)
+    assert (check.verdict, check.fix) == ("warn", "apt install catatonit")
+
+
+def test_a_settings_file_others_can_read_fails_the_private_files_check(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('[mqtt]\npassword = "x"\n')
+    config.chmod(0o644)
+    check = check_private_files(settings(tmp_path, "mqtt://127.0.0.1:1"), config)
+    assert check.verdict == "FAIL"
+    assert str(config) in check.detail
+    assert "chmod 600" in check.fix
+    config.chmod(0o600)
+    assert check_private_files(settings(tmp_path, "mqtt://127.0.0.1:1"), config).verdict == "ok"
+
+
+async def test_a_training_node_with_the_platforms_tools_is_said_to_sandbox(
+    tmp_path: Path,
+) -> None:
+    require_isolation_tools()
+    cloud = settings(tmp_path, "mqtt://127.0.0.1:1", site="cloud", cgroup_root="greenfed-doctor")
+    try:
+        isolation = node_isolation(cloud)
+        check = check_isolation(cloud, isolation)
+        assert check.verdict == "ok"
+        assert check.detail.startswith("sandbox: bubblewrap namespaces")
+        assert "memory" in check.detail
+        assert "pids" in check.detail
+    finally:
+        assert isolation is not None
+        assert isolation.cgroups is not None
+        remove_groups([str(root) for root in isolation.cgroups.roots])
