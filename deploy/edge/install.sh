@@ -7,10 +7,13 @@
 #
 # The token comes from an admin: `greenfed nodes join-token create` (see docs/cli.md).
 # Installs only greenfed's edge extra into /opt/greenfed/venv, enrols the node
-# (`greenfed edge enrol` writes /etc/greenfed/agent.toml, mode 0600, owned by the
-# greenfed user: its MQTT credentials, the control plane's public key, site, zone and
-# region from the token), checks the hardware probes, and enables the systemd unit so
-# the agent survives reboots. Idempotent: re-running it on an installed, enrolled node
+# (`greenfed edge enrol` writes /etc/greenfed/agent.toml, mode 0600, owned by root: its
+# MQTT credentials, the control plane's public key, site, zone and region from the
+# token; and makes the node's sealing key in /var/lib/greenfed/state), checks the
+# hardware probes, and enables the systemd unit so the agent survives reboots. The
+# agent runs as root so that every training worker runs as an unprivileged user of its
+# own, sandboxed and held by cgroups (docs/isolation.md); install bubblewrap (and
+# podman, runc and catatonit for work that names an image) from the distribution. Idempotent: re-running it on an installed, enrolled node
 # changes nothing (`--upgrade` reinstalls the package; an enrolled node needs no
 # --api/--token). `--uninstall` stops and removes the unit and the venv and keeps the
 # settings and the agent's state (/etc/greenfed, /var/lib/greenfed) unless `--purge`.
@@ -44,12 +47,13 @@ unit="$root/etc/systemd/system/greenfed-agent.service"
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -z "$root" ]; then
   [ "$(id -u)" -eq 0 ] || { echo "run as root (sudo)" >&2; exit 2; }
-  owner=(-o greenfed -g greenfed)
-  as_agent=(sudo -u greenfed)
+  owner=(-o root -g root)
 else
   owner=()
-  as_agent=()
 fi
+# Where the agent keeps its state, as the unit tells it (enrolment makes the node's
+# sealing key there).
+as_agent=(env "GREENFED_AGENT__DATA_DIR=$state")
 say() { echo "greenfed install: $*"; }
 
 if [ "$uninstall" -eq 1 ]; then
@@ -61,6 +65,7 @@ if [ "$uninstall" -eq 1 ]; then
   rm -rf "$root/opt/greenfed"
   if [ "$purge" -eq 1 ]; then
     rm -rf "$etc" "$state"
+    # (the greenfed user of earlier versions, which ran the agent, is removed too)
     [ -n "$root" ] || ! id greenfed >/dev/null 2>&1 || userdel greenfed
     say "removed, settings and state included"
   else
@@ -77,10 +82,6 @@ if [ "$enrolled" -eq 0 ]; then
   done
 fi
 
-if [ -z "$root" ] && ! id greenfed >/dev/null 2>&1; then
-  useradd --system --home /var/lib/greenfed --shell /usr/sbin/nologin greenfed
-  say "created the greenfed user"
-fi
 if [ ! -x "$venv/bin/greenfed" ] || [ "$upgrade" -eq 1 ]; then
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   # Only the edge extra: no database stack or control plane on a device.
@@ -90,9 +91,10 @@ if [ ! -x "$venv/bin/greenfed" ] || [ "$upgrade" -eq 1 ]; then
   say "installed $spec into $venv"
 fi
 
-# The agent's user owns its settings: the file holds its broker password (mode 0600).
+# Root owns the settings: the file holds the node's broker password (mode 0600). Others
+# may pass through the state directory to their own work directory, never list it.
 [ -d "$etc" ] || install -d -m 0700 "${owner[@]}" "$etc"
-[ -d "$state" ] || install -d -m 0750 "${owner[@]}" "$state"
+[ -d "$state" ] || install -d -m 0711 "${owner[@]}" "$state"
 if [ "$enrolled" -eq 0 ]; then
   enrol=("$venv/bin/greenfed" edge enrol --api "$api" --token "$token" --config "$config")
   if [ -n "$ca_file" ]; then
