@@ -36,9 +36,10 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from shared.messages import ResourceLimit
+if TYPE_CHECKING:  # the wrapper imports this module: it starts faster without shared/
+    from shared.messages import ResourceLimit
 
 DEFAULT_ROOT: Final = "greenfed"
 CFS_PERIOD_US: Final = 100_000

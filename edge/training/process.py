@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import structlog
@@ -160,6 +160,7 @@ class ProcessRun:
         self._record = adopted
         self._process: asyncio.subprocess.Process | None = None  # None: not our child
         self._exited: asyncio.Task[int] | None = None
+        self._started_notice: asyncio.Future[bytes] | None = None  # our child's "started"
         self._stop_reason: str | None = None
         self._finished = asyncio.Event()
         self._log = structlog.get_logger("greenfed.training").bind(
@@ -232,7 +233,8 @@ class ProcessRun:
                 env=dict(DEFAULT_VARIABLES),
                 cwd="/",
                 stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.DEVNULL,
+                # One line, "started", as soon as its processes are: `running` at once.
+                stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -243,6 +245,8 @@ class ProcessRun:
             self.status.mark_finished("failed", None, f"cannot start: {error}")
             return False
         self._exited = asyncio.ensure_future(self._process.wait())
+        assert self._process.stdout is not None
+        self._started_notice = asyncio.ensure_future(self._process.stdout.readline())
         pid = self._process.pid
         self._record = WorkerRecord(
             job_id=self.spec.job_id,
@@ -285,7 +289,11 @@ class ProcessRun:
 
     async def _pause(self) -> None:
         if self._exited is not None:
-            await asyncio.wait({self._exited}, timeout=POLL_S)
+            waiting: set[asyncio.Future[Any]] = {self._exited}
+            notice = self._started_notice
+            if notice is not None and not notice.done():
+                waiting.add(notice)
+            await asyncio.wait(waiting, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
         else:
             await asyncio.sleep(POLL_S)
 

@@ -3,7 +3,8 @@
     python -I .../edge/training/wrapper.py --log PATH --max-log-bytes N --exit-file PATH
 
 The agent starts it in a session of its own and writes the worker's `LaunchPlan`
-(edge/training/launch_plan.py) to its standard input, then lets go of it. The wrapper:
+(edge/training/launch_plan.py) to its standard input, then lets go of it (the wrapper
+says "started" once on its standard output and closes it). The wrapper:
 
 1. makes the image present, when the worker runs in one (its output goes to the log);
 2. starts each process of the worker as the plan says: its own process group, its
@@ -219,6 +220,7 @@ class _Supervisor:
                 self._kill_everything()
                 return f"cannot start: {error}"
         Path(self.plan.started_file).write_text(f"{time.time()}\n", encoding="ascii")
+        _tell_the_agent_it_started()
         label_output = self.plan.label_output
         for planned, started in zip(self.plan.processes, self.processes, strict=True):
             assert started.stdout is not None
@@ -323,6 +325,16 @@ class _Supervisor:
             memory_limit_bytes=plan.memory_limit_bytes,
             finished_at=time.time(),
         )
+
+
+def _tell_the_agent_it_started() -> None:
+    """One line on standard output, the agent's pipe (if it still listens), which is
+    then let go: the wrapper outlives the agent, so it holds nothing of it."""
+    with contextlib.suppress(OSError):
+        os.write(sys.stdout.fileno(), b"started\n")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _signal_group(pid: int, signum: int) -> None:
