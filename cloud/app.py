@@ -54,6 +54,7 @@ from cloud.app_keys import (
     MODEL_URL_SIGNER,
     REGISTRY,
     SCHEDULER,
+    SECRETS_AT_REST,
     SETTINGS,
     SIGNALS,
     STOPPING,
@@ -75,6 +76,8 @@ from cloud.loop.signing import load_or_create_signing_key
 from cloud.metrics import SchedulingCollector, build_metrics_registry
 from cloud.models.blobs import BlobStore
 from cloud.models.signing import SECRET_NAME, ModelUrlSigner, api_base_url
+from cloud.secrets.at_rest import load_or_create_secrets_key
+from cloud.secrets.release import SecretRelease
 from cloud.signals.factory import build_signal_service
 from cloud.store import StoreError, StoreUnavailableError, open_store
 from cloud.streams.events import EventHub
@@ -117,6 +120,12 @@ async def _signal_service(app: web.Application) -> AsyncIterator[None]:
     async with aiohttp.ClientSession() as http:
         app[SIGNALS] = build_signal_service(app[SETTINGS].signals, session=http)
         yield
+
+
+async def _secrets_key(app: web.Application) -> AsyncIterator[None]:
+    """The key tenants' secrets are encrypted with in the store, read (or made) once."""
+    app[SECRETS_AT_REST] = await asyncio.to_thread(load_or_create_secrets_key, app[SETTINGS])
+    yield
 
 
 async def _store(app: web.Application) -> AsyncIterator[None]:
@@ -185,6 +194,9 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         signals=app[SIGNALS],
         model_urls=app[MODEL_URL_SIGNER],
         accountant=accountant,
+        secrets=SecretRelease(
+            app[SECRETS_AT_REST], log_interval_s=settings.cloud.invalid_log_interval_s
+        ),
     )
     app[SCHEDULER] = loop
     collectors: list[Collector] = [SchedulingCollector(loop)]
@@ -295,6 +307,7 @@ def create_app(
     add_routes(app, ui.ROUTES)
     openapi.publish(app)
     app.cleanup_ctx.append(_signal_service)
+    app.cleanup_ctx.append(_secrets_key)  # before the store takes submissions
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(enrolment.enrolled_nodes_context)  # before ingestion starts
     app.cleanup_ctx.append(_scheduling)

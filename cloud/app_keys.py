@@ -18,6 +18,7 @@ from cloud.fleet.registry import NodeRegistry
 from cloud.loop.loop import SchedulingLoop
 from cloud.models.blobs import BlobStore
 from cloud.models.signing import ModelUrlSigner
+from cloud.secrets.at_rest import SecretsAtRest
 from cloud.signals.service import SignalService
 from cloud.store import Store, TenantRecord
 from cloud.streams.events import EventHub
@@ -55,6 +56,10 @@ BROKER_ACCOUNTS = web.AppKey("broker_accounts", BrokerAccounts)
 
 # Live usage accounting (present when scheduling and `usage.enabled` are on).
 ACCOUNTANT = web.AppKey("accountant", Accountant)
+
+# Encrypts tenants' secrets into the specs the store keeps, and opens them for release
+# (cloud/secrets/); its key is read once, when the app starts.
+SECRETS_AT_REST = web.AppKey("secrets_at_rest", SecretsAtRest)
 
 # The node ids ingestion admits (enrolled and unrevoked; cloud/fleet/enrolled.py).
 ENROLLED_NODES = web.AppKey("enrolled_nodes", EnrolledNodes)

@@ -40,7 +40,8 @@ class ControlPlaneCollector(Collector):
         yield ingested
         invalid = CounterMetricFamily(
             "greenfed_mqtt_messages_invalid",
-            "MQTT messages dropped, by channel and reason",
+            "MQTT messages dropped (or, for a birth's sealing key, the key dropped), by "
+            "channel and reason",
             labels=["channel", "reason"],
         )
         for (channel, reason), count in sorted(stats.invalid.items()):

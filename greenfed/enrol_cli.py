@@ -1,6 +1,10 @@
 """`greenfed edge enrol`: trade a join token for this node's MQTT credentials and the
 control plane's public key, written into the agent's settings file.
 
+The node's sealing key (edge/sealing_key.py: the X25519 key pair job secrets are sealed
+to) is loaded, or made, where the agent will read it, and its public half sent with the
+enrolment: the control plane pins it and seals secrets only to a node that announces it.
+
 The file is written whole, atomically, created with mode 0600 (it holds the broker
 password); keys already in it that enrolment does not set are kept (comments are not).
 Its first line records the enrolment (API URL, cluster id, node id), so that running
@@ -22,10 +26,12 @@ from typing import Any, Final, TextIO
 
 import msgspec
 
-from cloud.fleet.enrolment_views import Enrolment
+from cloud.fleet.enrolment_views import Enrolment, sealing_key_fingerprint
+from edge.sealing_key import load_or_create_sealing_key, sealing_key_path
 from greenfed.api_client import ApiClient, CliError, Target
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
 from shared.enrolment_marker import EnrolmentMarker, read_marker
+from shared.sealing import public_key_text
 from shared.settings import ConfigError, load_settings
 from shared.token_files import write_secret
 
@@ -145,6 +151,18 @@ def _read_existing(config: Path) -> tuple[str, dict[str, Any]]:
         ) from None
 
 
+def _sealing_public_key(config: Path, existing: Mapping[str, Any]) -> tuple[str, Path]:
+    """(base64 public key, its key file) of the node's sealing key, where the agent will
+    look for it: the data directory of the settings it will run with (this file, if
+    there is one, and the environment), made there now if there is none."""
+    try:
+        settings = load_settings(config if existing else None)
+        path = sealing_key_path(settings.agent)
+        return public_key_text(load_or_create_sealing_key(path)), path
+    except ConfigError as error:
+        raise CliError(f"the node's sealing key: {error}") from None
+
+
 def _tls_context(ca: Path | None) -> ssl.SSLContext | None:
     if ca is None:
         return None
@@ -179,7 +197,10 @@ async def enrol(
     if wanted_node is None:
         # The agent's own default: the host name, as its settings resolve it.
         wanted_node = load_settings(None, environ={}).agent.resolved_node_id()
-    body = msgspec.json.encode({"token": token, "node_id": wanted_node})
+    public_key, key_file = _sealing_public_key(config, existing)
+    body = msgspec.json.encode(
+        {"token": token, "node_id": wanted_node, "sealing_public_key": public_key}
+    )
     target = Target(api, None, "", "--api")
     async with ApiClient(target, ssl_context=_tls_context(ca)) as client:
         _, payload = await client.call("POST", "/v1/nodes/enrol", body=body)
@@ -209,6 +230,7 @@ async def enrol(
     out.write(
         f"enrolled node {enrolment.node_id} with {api} (cluster {enrolment.cluster_id}); "
         f"MQTT user {enrolment.mqtt.username}, {password}; settings in {config} (mode 0600)\n"
+        f"sealing key {sealing_key_fingerprint(public_key)} in {key_file} (mode 0600)\n"
         f"run the agent: greenfed edge run --config {config}\n"
     )
     return EXIT_OK

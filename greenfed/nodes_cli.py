@@ -229,7 +229,8 @@ async def list_enrolled(client: ApiClient, *, json: bool, out: TextIO | None = N
         _print_json(nodes, out)
         return EXIT_OK
     table = Table(title=f"enrolled nodes: {nodes.count}", title_justify="left")
-    for column in ("node", "state", "enrolled", "join token", "broker user", "revoked"):
+    columns = ("node", "state", "enrolled", "join token", "broker user", "sealing key", "revoked")
+    for column in columns:
         table.add_column(column)
     for node in nodes.items:
         table.add_row(
@@ -238,6 +239,7 @@ async def list_enrolled(client: ApiClient, *, json: bool, out: TextIO | None = N
             at_utc(node.enrolled_at),
             node.join_token_id or "",
             node.username or "",
+            node.sealing_key_fingerprint or "",
             at_utc(node.revoked_at),
         )
     console(out).print(table)

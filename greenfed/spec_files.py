@@ -15,7 +15,14 @@ from typing import Any, Final, get_args
 
 import msgspec
 
-from cloud.work.specs import SPEC_TYPES, WorkSpec, describe_error
+from cloud.work.specs import (
+    SPEC_TYPES,
+    TrainingJobSpec,
+    WorkSpec,
+    check_secret_sizes,
+    describe_error,
+)
+from shared.errors import FieldError, json_path
 from shared.work_literals import SpecKind
 
 SPEC_KINDS: Final[tuple[SpecKind, ...]] = get_args(SpecKind)
@@ -68,10 +75,15 @@ def parse_spec(document: object, kind: SpecKind | None, *, source: str) -> WorkS
             f'{source}: say what it is: add kind = "training" or "deployment", or pass --kind'
         )
     try:
-        return msgspec.convert(fields, SPEC_TYPES[chosen])
+        spec = msgspec.convert(fields, SPEC_TYPES[chosen])
+        if isinstance(spec, TrainingJobSpec):
+            check_secret_sizes(spec)
     except msgspec.ValidationError as error:
         name, reason = describe_error(error)
         raise SpecFileError(f"{source}: {name}: {reason}") from None
+    except FieldError as error:
+        raise SpecFileError(f"{source}: {json_path(error.path)}: {error.reason}") from None
+    return spec
 
 
 def load_spec_file(path: Path, kind: SpecKind | None = None) -> WorkSpec:

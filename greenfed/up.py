@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -25,6 +25,7 @@ from cloud.app_keys import (
     ADMIN_TOKEN_FILE,
     BACKGROUND_TASKS,
     BROKER_ACCOUNTS,
+    ENROLLED_NODES,
     INGESTOR,
     REGISTRY,
     SETTINGS,
@@ -140,6 +141,15 @@ async def _enrol_fleet(app: web.Application, api: str, fleet: Fleet) -> dict[str
     return dict(enrolled)
 
 
+async def _pin_sealing_keys(app: web.Application, sealing_public_keys: Mapping[str, str]) -> None:
+    """Pin each enrolled simulated node to the sealing key its agent holds now, as a real
+    node's `greenfed edge enrol` does (its keys are new each run, so a node enrolled by
+    an earlier run is re-pinned): before the agents announce them in their births."""
+    for node_id, public_key in sorted(sealing_public_keys.items()):
+        if await app[STORE].pin_sealing_key(node_id, public_key):
+            app[ENROLLED_NODES].enrolled(node_id, public_key)
+
+
 async def run_up(settings: Settings, options: UpOptions, stop: asyncio.Event) -> int:
     fleet = load_fleet(options.fleet_file)
     if options.sim_nodes is not None:
@@ -164,6 +174,8 @@ async def run_up(settings: Settings, options: UpOptions, stop: asyncio.Event) ->
                 # The app made the key on starting: the simulated fleet trusts it.
                 control_plane_public_key=public_key_base64(load_or_create_signing_key(settings)),
             )
+            if mqtt_by_node is not None:
+                await _pin_sealing_keys(app, simulated.sealing_public_keys)
             _print_banner(
                 settings,
                 mqtt_url,

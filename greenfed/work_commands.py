@@ -313,6 +313,26 @@ def dependency_lines(work: JobView | DeploymentView) -> list[str]:
     return lines
 
 
+def runs_line(spec: TrainingJobSpec) -> str:
+    """How a job's workers run, where it asks for anything: its image, the isolation it
+    needs, its launch and limits, and its secrets by name (a view never holds their
+    values)."""
+    parts: list[str] = []
+    if spec.image is not None:
+        parts.append(f"image {spec.image} (pull {spec.image_pull_policy})")
+    if spec.registry_auth is not None:
+        parts.append(f"registry login {spec.registry_auth.username}@{spec.image_registry()}")
+    if spec.isolation != "none":
+        parts.append(f"isolation {spec.isolation} or stronger")
+    if spec.launch != "per-worker":
+        parts.append(f"launch {spec.launch}")
+    if spec.pids_limit is not None:
+        parts.append(f"at most {spec.pids_limit} processes per worker")
+    if spec.secret_env:
+        parts.append(f"secrets {', '.join(sorted(spec.secret_env))} (values hidden)")
+    return "runs: " + "; ".join(parts) if parts else ""
+
+
 def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out: TextIO) -> None:
     target = console(out)
     noun = "job" if isinstance(work, JobView) else "deployment"
@@ -332,6 +352,8 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
         f"attempts: {work.attempts}  submitted: {ago(work.submitted_at)}  "
         f"updated: {ago(work.updated_at)}  tenant: {work.tenant}"
     )
+    if isinstance(work, JobView) and (line := runs_line(work.spec)):
+        target.print(Text(line))
     if isinstance(work, JobView) and (work.failures or work.retry_at):
         retry = (
             f"  retried after {work.retry_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"

@@ -131,9 +131,7 @@ def open_sealed(
     except (binascii.Error, ValueError):
         raise SealedSecretsError("sealed secrets are not base64") from None
     try:
-        plaintext = _suite().decrypt(
-            data, private_key, info=_info(node_id, job_id, attempt)
-        )
+        plaintext = _suite().decrypt(data, private_key, info=_info(node_id, job_id, attempt))
     except (InvalidTag, ValueError):
         raise SealedSecretsError(
             "sealed secrets do not open with this node's key for this job and attempt "

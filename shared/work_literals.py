@@ -22,6 +22,10 @@ LabelOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 DependencyCondition = Literal["succeeded", "failed", "ended"]
 # What becomes of a waiting job whose deadline can no longer be met.
 DeadlinePolicy = Literal["fail", "keep"]
+# The least isolation a training job accepts from the node that runs it, weakest first
+# (docs/isolation.md): its own user and cgroups (`user`), namespaces of its own too
+# (`sandbox`), or whatever the node gives (`none`).
+IsolationRequirement = Literal["none", "user", "sandbox"]
 
 WORK_KINDS: Final[tuple[WorkKind, ...]] = get_args(WorkKind)
 PRIORITY_CLASSES: Final[tuple[PriorityClass, ...]] = get_args(PriorityClass)

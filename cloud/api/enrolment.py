@@ -1,6 +1,6 @@
 """Node enrolment: join tokens (admin), `POST /v1/nodes/enrol` (a node trades a token
-for its own MQTT credentials, the cluster id and the control plane's public key), and
-node revocation (admin).
+for its own MQTT credentials, the cluster id and the control plane's public key, and
+pins its own sealing key: job secrets are sealed only to it), and node revocation (admin).
 
 What an anonymous caller can learn here: only that a token was refused (401), never
 whether it was unknown, expired, used up or revoked (the log says which). Failed
@@ -47,6 +47,7 @@ from cloud.fleet.enrolment_views import (
     JoinTokenCreated,
     JoinTokenList,
     JoinTokenView,
+    sealing_key_fingerprint,
 )
 from cloud.loop.publisher import CLUSTER_ID_SECRET
 from cloud.loop.signing import load_or_create_signing_key, public_key_base64
@@ -125,6 +126,7 @@ def install(app: web.Application) -> None:
     app[ENROLLED_NODES] = enrolled
     app[ENROLMENT_STATE] = EnrolmentState()
     app[INGESTOR].admits_node = enrolled.admits
+    app[INGESTOR].pinned_sealing_key = enrolled.pinned_sealing_key
 
 
 async def _load_ids(store: Store) -> EnrolledIds:
@@ -132,6 +134,11 @@ async def _load_ids(store: Store) -> EnrolledIds:
     return EnrolledIds(
         active=frozenset(r.node_id for r in records if r.active),
         revoked=frozenset(r.node_id for r in records if not r.active),
+        sealing_keys={
+            r.node_id: r.sealing_public_key
+            for r in records
+            if r.active and r.sealing_public_key is not None
+        },
     )
 
 
@@ -184,6 +191,11 @@ def _node_view(record: EnrolledNodeRecord) -> EnrolledNodeView:
         join_token_id=record.join_token_id,
         revoked_at=None if record.revoked_at is None else utc_from_epoch(record.revoked_at),
         username=record.username,
+        sealing_key_fingerprint=(
+            None
+            if record.sealing_public_key is None
+            else sealing_key_fingerprint(record.sealing_public_key)
+        ),
     )
 
 
@@ -288,7 +300,9 @@ async def enrol(request: web.Request) -> web.Response:
     cluster_id = await store.shared_secret(CLUSTER_ID_SECRET)
     public_key = await _public_key(app)
     try:
-        redemption = await store.redeem_join_token(body.token, body.node_id)
+        redemption = await store.redeem_join_token(
+            body.token, body.node_id, sealing_public_key=body.sealing_public_key
+        )
     except JoinTokenError as error:
         raise _refused(request, address, error, body.node_id) from None
     except NodeAlreadyEnrolledError:
@@ -323,7 +337,7 @@ async def enrol(request: web.Request) -> web.Response:
             headers={"Retry-After": "5"},
         ) from None
     await store.set_enrolled_username(body.node_id, credentials.username)
-    app[ENROLLED_NODES].enrolled(body.node_id)
+    app[ENROLLED_NODES].enrolled(body.node_id, body.sealing_public_key)
     settings = app[SETTINGS]
     defaults = redemption.token.defaults
     _log.info(
@@ -331,6 +345,11 @@ async def enrol(request: web.Request) -> web.Response:
         node_id=body.node_id,
         token_id=redemption.token.token_id,
         username=credentials.username,
+        sealing_key=(
+            None
+            if body.sealing_public_key is None
+            else sealing_key_fingerprint(body.sealing_public_key)
+        ),
     )
     reply = Enrolment(
         node_id=body.node_id,

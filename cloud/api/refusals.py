@@ -2,19 +2,22 @@
 
 - A deadline that has passed.
 - Work that no node of the fleet as registered could ever hold: the rule is the
-  scheduler's (`cloud.scheduler.unschedulable.never_fits`: kind, accelerators per
-  member, model, memory, host memory, CPU cores, a deadline no registered accelerator
-  can meet, a gang larger than the fleet or than the tenant's quota and its cohort
-  could ever give it, training at sites where no agent trains). A spec with
-  `allow_unschedulable` is accepted anyway (a fleet that will grow) and waits, pending
-  as `unschedulable` with the same cause, until a node that can run it registers.
+  scheduler's (`cloud.scheduler.unschedulable.never_fits`: for training, a node that
+  isolates workers as the job and the cluster ask, a container runtime for an image, a
+  sealing key for secrets; then kind, accelerators per member, model, memory, host
+  memory, CPU cores, a deadline no registered accelerator can meet, a gang larger than
+  the fleet or than the tenant's quota and its cohort could ever give it, training at
+  sites where no agent trains). A spec with `allow_unschedulable` is accepted anyway (a
+  fleet that will grow) and waits, pending as `unschedulable` with the same cause,
+  until a node that can run it registers.
 - Dependencies (`depends_on`) on a job the tenant does not have (another tenant's id is
   unknown too), on a deployment, on a job that has already ended so that the condition
   can never hold, or into a dependency loop.
 
-Each is a 422 naming the field: `$.accelerators_per_worker`, `$.host_memory_gib`,
-`$.workers`, `$.deadline`, `$.depends_on[0].job`. A retry of a submission accepted
-earlier still gets its original (the caller looks the replay up first).
+Each is a 422 naming the field: `$.isolation`, `$.image`, `$.secret_env`,
+`$.accelerators_per_worker`, `$.host_memory_gib`, `$.workers`, `$.deadline`,
+`$.depends_on[0].job`. A retry of a submission accepted earlier still gets its original
+(the caller looks the replay up first).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from aiohttp import web
 
 from cloud.api.bodies import invalid_body
 from cloud.api.problems import Problem
-from cloud.app_keys import REGISTRY, STORE
+from cloud.app_keys import REGISTRY, SETTINGS, STORE
 from cloud.loop.nodes import scheduler_nodes
 from cloud.scheduler import Snapshot
 from cloud.scheduler.unschedulable import never_fits
@@ -57,7 +60,13 @@ async def refused_now(
         nodes=scheduler_nodes(request.app[REGISTRY].nodes()),
         tenants=[t for t in map(tenant_from_record, tenants) if t is not None],
     )
-    work = to_work(spec, work_id="submitted", tenant=tenant.name, submitted_at=now_s)
+    work = to_work(
+        spec,
+        work_id="submitted",
+        tenant=tenant.name,
+        submitted_at=now_s,
+        min_isolation=request.app[SETTINGS].scheduling.min_isolation,
+    )
     never = never_fits(fleet, work)
     if never is None:
         return None

@@ -6,6 +6,10 @@ an id of the other collection is not found either. The admin sees every tenant's
 (lists, one item, its explanation) and may cancel it or change a deployment (PATCH);
 such a cancellation names the admin in the work's reason and event, and both are in
 the audit log.
+
+A training job's secrets are encrypted (cloud/secrets/at_rest.py) before its spec is
+encoded, stored or compared with a retry's; every view shows the spec redacted
+(cloud/secrets/redaction.py), the admin's included.
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ from cloud.api.refusals import (
 )
 from cloud.api.routes import Handler, Reply, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
-from cloud.app_keys import REGISTRY, STORE
+from cloud.app_keys import REGISTRY, SECRETS_AT_REST, STORE
 from cloud.loop.rollout import rollout_event, settled_spec
 from cloud.loop.scaling import scaled_spec
+from cloud.secrets.redaction import redacted
 from cloud.store import (
     TERMINAL_STATES,
     AllocationRecord,
@@ -59,6 +64,7 @@ from cloud.work.specs import (
     DeploymentSpec,
     TrainingJobSpec,
     WorkSpec,
+    check_secret_sizes,
     encode_spec,
 )
 from cloud.work.views import (
@@ -76,7 +82,7 @@ from cloud.work.views import (
     worker_views,
 )
 from shared.clock import utc_from_epoch
-from shared.errors import json_path
+from shared.errors import FieldError, json_path
 from shared.problems import InvalidParam
 from shared.work_literals import (
     PRIORITY_CLASSES,
@@ -186,7 +192,7 @@ JOBS: Final[Collection[TrainingJobSpec]] = Collection(
         **_job_fields(record, spec, tenant),  # type: ignore[arg-type]
         **_placed(allocations),  # type: ignore[arg-type]
         idempotency_key=record.idempotency_key,
-        spec=spec,
+        spec=redacted(spec),  # every job view: secrets by name only
     ),
     listing=lambda items, cursor: JobList(
         items=items,  # type: ignore[arg-type]
@@ -295,11 +301,22 @@ def _check_priority(tenant: TenantRecord, priority: PriorityClass) -> None:
         )
 
 
+def _stored_form(request: web.Request, spec: SpecT, tenant: TenantRecord) -> SpecT:
+    """The spec as the store keeps it: its secrets' plaintext checked, then encrypted.
+    Everything after this sees ciphertext only."""
+    if isinstance(spec, TrainingJobSpec):
+        try:
+            check_secret_sizes(spec)
+        except FieldError as error:
+            raise invalid_body(json_path(error.path), error.reason) from None
+    return request.app[SECRETS_AT_REST].encrypt_spec(spec, tenant_id=tenant.tenant_id)
+
+
 async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     tenant = tenant_of(request)
     key = _idempotency_key(request)
     raw = await read_body(request)
-    spec = decode_body(raw, collection.decoder)
+    spec = _stored_form(request, decode_body(raw, collection.decoder), tenant)
     _check_priority(tenant, spec.priority)
     _check_schedulable(spec)
     store = request.app[STORE]

@@ -1,17 +1,19 @@
 """Which node ids ingestion admits: enrolled and unrevoked ones (when
-`cloud.require_enrolment`), never a revoked one.
+`cloud.require_enrolment`), never a revoked one; and the sealing key each enrolled node
+was pinned to (the key its births must announce to receive secrets, cloud/fleet/ingest.py).
 
-Ingestion is synchronous and runs for every message, so the answer comes from two
-in-memory sets, never from the database: loaded at start, changed at once by this
-process's enrolments and revocations, and reloaded every few seconds so that the API
-replicas agree with each other.
+Ingestion is synchronous and runs for every message, so the answer comes from memory,
+never from the database: loaded at start, changed at once by this process's enrolments
+and revocations, and reloaded every few seconds so that the API replicas agree with each
+other.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Final
 
 import structlog
@@ -21,10 +23,12 @@ REFRESH_INTERVAL_S: Final = 3.0
 
 @dataclass(frozen=True, slots=True)
 class EnrolledIds:
-    """One reading of the store: active (enrolled, unrevoked) and revoked node ids."""
+    """One reading of the store: active (enrolled, unrevoked) and revoked node ids, and
+    the sealing keys active nodes are pinned to (node id -> base64 public key)."""
 
     active: frozenset[str]
     revoked: frozenset[str]
+    sealing_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class EnrolledNodes:
@@ -32,6 +36,7 @@ class EnrolledNodes:
         self.required = required
         self._active: set[str] = set()
         self._revoked: set[str] = set()
+        self._sealing_keys: dict[str, str] = {}
         self._local_changes = 0  # bumped by enrolled()/revoked(): a reload in flight is stale
         self._log = structlog.get_logger("greenfed.enrolment")
 
@@ -41,21 +46,32 @@ class EnrolledNodes:
             return False
         return not self.required or node_id in self._active
 
-    def enrolled(self, node_id: str) -> None:
+    def pinned_sealing_key(self, node_id: str) -> str | None:
+        """The sealing key the node enrolled with; None: none pinned (trust its birth's)."""
+        return self._sealing_keys.get(node_id)
+
+    def enrolled(self, node_id: str, sealing_public_key: str | None = None) -> None:
+        """The node (re-)enrolled, pinned to this sealing key (None: to none)."""
         self._local_changes += 1
         self._active.add(node_id)
         self._revoked.discard(node_id)
+        if sealing_public_key is None:
+            self._sealing_keys.pop(node_id, None)
+        else:
+            self._sealing_keys[node_id] = sealing_public_key
 
     def revoked(self, node_id: str) -> None:
         self._local_changes += 1
         self._active.discard(node_id)
         self._revoked.add(node_id)
+        self._sealing_keys.pop(node_id, None)
 
     def replace(self, ids: EnrolledIds) -> set[str]:
         """Adopt a reading of the store; returns the ids admitted before and not now."""
         before = {node_id for node_id in self._active | self._revoked if self.admits(node_id)}
         self._active = set(ids.active)
         self._revoked = set(ids.revoked)
+        self._sealing_keys = dict(ids.sealing_keys)
         return {node_id for node_id in before if not self.admits(node_id)}
 
     async def reload(self, load: Callable[[], Awaitable[EnrolledIds]]) -> set[str] | None:

@@ -7,13 +7,18 @@ is sent once.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from datetime import datetime
 from typing import Annotated, Final
 
 import msgspec
 
+from shared.errors import FieldError
+
 # The wire contract's node id (one topic level; no trailing newline either).
 from shared.messages import NodeId, Site
+from shared.sealing import is_valid_public_key
 
 JOIN_TOKEN_MAX_USES: Final = 10_000
 _ZONE = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -70,6 +75,23 @@ class EnrolRequest(_Body, frozen=True, kw_only=True):
     zone: _ZONE | None = None
     region: _ZONE | None = None
     labels: Labels = {}
+    sealing_public_key: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=64,
+                description=(
+                    "Base64 of the node's X25519 public key: the control plane pins it, and "
+                    "seals job secrets only to a node whose birth announces this key."
+                ),
+            ),
+        ]
+        | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        if self.sealing_public_key is not None and not is_valid_public_key(self.sealing_public_key):
+            raise FieldError("sealing_public_key", "is not base64 of a 32-byte X25519 key")
 
 
 class EnrolledMqtt(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,6 +121,14 @@ class EnrolledNodeView(msgspec.Struct, frozen=True, kw_only=True):
     join_token_id: str | None
     revoked_at: datetime | None
     username: str | None
+    # Of the sealing key pinned at enrolment (a public key: not secret); null: none pinned.
+    sealing_key_fingerprint: str | None = None
+
+
+def sealing_key_fingerprint(public_key: str) -> str:
+    """`sha256:` and the first 16 hex digits of the SHA-256 of a base64 public key's raw
+    bytes: enough for a person to compare two keys."""
+    return "sha256:" + hashlib.sha256(base64.b64decode(public_key)).hexdigest()[:16]
 
 
 class EnrolledNodeList(msgspec.Struct, frozen=True, kw_only=True):

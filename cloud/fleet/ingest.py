@@ -8,6 +8,11 @@ the registry). Each failure is counted under its reason, logged at most once per
 interval per reason, and dropped; nothing one node sends can disturb another node's
 ingestion.
 
+A birth's sealing key (what job secrets are sealed to) that is not a key, or not the
+one the node was pinned to at enrolment, is dropped from the birth, which is kept:
+counted and logged the same way, and the node receives no secrets until a birth
+announces its enrolled key (cloud/fleet/plausibility.py `sealing_key_refusal`).
+
 Who may say what about work (with an `AssignmentIndex`, cloud/fleet/assignments.py):
 a log chunk is kept only if its node runs that attempt of the job (held a few seconds
 when the index does not know it yet, then dropped as `not_assigned` or
@@ -37,12 +42,14 @@ from cloud.fleet.assignments import (
 from cloud.fleet.plausibility import (
     Implausible,
     PlausibilityLimits,
+    SealingKeyRefusal,
     Violation,
     check_event,
     check_log_chunk,
     check_reported,
     check_status,
     check_telemetry,
+    sealing_key_refusal,
     without_illegal_transitions,
 )
 from cloud.fleet.registry import NodeRegistry, NodeStateChange, Rejection
@@ -98,6 +105,9 @@ class InvalidReason(StrEnum):
     ILLEGAL_TRANSITION = "illegal_transition"
     # A node id that is not enrolled (cloud.require_enrolment) or was revoked.
     NOT_ENROLLED = "not_enrolled"
+    # A birth kept without its sealing key: not a key, or not the one pinned at enrolment.
+    SEALING_KEY_INVALID = SealingKeyRefusal.INVALID.value
+    SEALING_KEY_MISMATCH = SealingKeyRefusal.MISMATCH.value
 
 
 class IngestStats:
@@ -155,6 +165,9 @@ class Ingestor:
         self.subscribed = asyncio.Event()
         # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all.
         self.admits_node: Callable[[str], bool] | None = None
+        # The sealing key a node was pinned to at enrolment (cloud/fleet/enrolled.py);
+        # None (here or from it): trust the key its birth announces.
+        self.pinned_sealing_key: Callable[[str], str | None] | None = None
 
     def _reject(self, channel: str, reason: InvalidReason, topic: str, error: str = "") -> None:
         self.stats.invalid[(channel, reason.value)] += 1
@@ -245,6 +258,25 @@ class Ingestor:
             return check_log_chunk(message, self._limits, now_s)
         return check_event(message, self._limits, now_s)
 
+    def _trusted_key(self, status: NodeStatus, topic: str) -> NodeStatus:
+        """The birth as the registry keeps it: its sealing key dropped unless trusted."""
+        announced = status.sealing_public_key
+        if announced is None:
+            return status
+        pinned = self.pinned_sealing_key(status.node_id) if self.pinned_sealing_key else None
+        refusal = sealing_key_refusal(announced, pinned)
+        if refusal is None:
+            return status
+        reason = InvalidReason(refusal.value)
+        self.stats.invalid[(Channel.STATUS.value, reason.value)] += 1
+        self._invalid_log.warning(
+            f"{Channel.STATUS.value}/{reason.value}",
+            "sealing key dropped from a birth: the node receives no secrets",
+            reason=reason.value,
+            topic=topic,
+        )
+        return msgspec.structs.replace(status, sealing_public_key=None)
+
     def _reported(self, reported: ReportedState, topic: str) -> Rejection | None:
         """Apply a report with backward transitions undone; count what it says of work
         its node does not run."""
@@ -300,7 +332,7 @@ class Ingestor:
         if isinstance(message, Telemetry):
             outcome = self.registry.apply_telemetry(message)
         elif isinstance(message, NodeStatus):
-            outcome = self.registry.apply_status(message)
+            outcome = self.registry.apply_status(self._trusted_key(message, topic))
         elif isinstance(message, ReportedState):
             outcome = self._reported(message, topic)
             if outcome is None:

@@ -20,6 +20,7 @@ out-of-range number fails validation), so every float here is finite.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,6 +36,7 @@ from shared.messages import (
     Telemetry,
     TrainingRunState,
 )
+from shared.sealing import is_valid_public_key
 from shared.settings import CloudSettings
 
 # Bounds that need no setting: far beyond any real value, near enough to keep one
@@ -157,6 +159,27 @@ def _interval(field: str, value: float, limits: PlausibilityLimits) -> None:
             f"{value!r} s is outside [{limits.min_telemetry_interval_s:g}, "
             f"{limits.max_telemetry_interval_s:g}]",
         )
+
+
+class SealingKeyRefusal(StrEnum):
+    """Why a birth's sealing key is dropped (the birth itself is kept); each is an
+    `InvalidReason` too."""
+
+    INVALID = "sealing_key_invalid"  # not base64 of a 32-byte X25519 public key
+    MISMATCH = "sealing_key_mismatch"  # not the key the node enrolled with
+
+
+def sealing_key_refusal(announced: str, pinned: str | None) -> SealingKeyRefusal | None:
+    """Whether a birth's sealing key may be trusted: a key at all, and the one pinned at
+    enrolment where one was (a node enrolled without one is trusted with what its own
+    broker account announces). A node whose key is dropped receives no secrets: a
+    broker account taken over, or a node reimaged since it enrolled, cannot make the
+    control plane seal a job's secrets to a key it did not enrol with."""
+    if not is_valid_public_key(announced):
+        return SealingKeyRefusal.INVALID
+    if pinned is not None and base64.b64decode(announced) != base64.b64decode(pinned):
+        return SealingKeyRefusal.MISMATCH
+    return None
 
 
 def check_status(status: NodeStatus, limits: PlausibilityLimits, now_s: float) -> Violation | None:

@@ -24,11 +24,12 @@ def as_new_allocation(record: AllocationRecord) -> NewAllocation:
 
 
 def node_workers(members: Sequence[AllocationRecord]) -> dict[str, list[AllocationRecord]]:
-    """A gang's members grouped by node, nodes in the order of their lowest member.
+    """A gang's members grouped by node, nodes in the order of their lowest member, each
+    node's members in member order.
 
-    A training job runs one worker process per node (the way `torchrun` runs one agent
-    per node): members the scheduler put on the same node become one worker with all
-    their accelerators, and a node's position here is its `RANK`.
+    Every member is one worker of the gang: ranks count the members in this order (a
+    node's first worker is ranked after all the members of the nodes before it), and a
+    node's position here is its `NODE_RANK` (cloud/loop/desired.py).
     """
     workers: dict[str, list[AllocationRecord]] = {}
     for member in sorted(members, key=lambda m: m.member_index):

@@ -1,11 +1,19 @@
 """A node's stored allocations -> its `desired` document.
 
-Training: one worker per node of a gang (`node_workers`): the node's position is its
-`RANK`, the number of nodes its `WORLD_SIZE`, and the first node is the rendezvous
-(`MASTER_ADDR`: its `greenfed.io/address` label, else its hostname). `MASTER_PORT`
-is a stable hash of (job, attempt) into a configured range, so every worker of an
-attempt, and a control plane restarted in between, computes the same one. The
-worker's `cpu_cores` are the CPU cores its members hold on the node.
+Training: one entry per node of a gang, for the gang's members on it (`node_workers`:
+nodes in the order of their lowest member, members in member order). Every member is a
+worker with a rank of its own: the node's entry starts at the global rank of its first
+member (`rank`), runs `processes` of them, and `world_size` counts the members on all
+nodes; `node_rank` and `nodes` place the node among the gang's nodes (torchrun's
+NODE_RANK, NNODES). The first node is the rendezvous (`MASTER_ADDR`: its
+`greenfed.io/address` label, else its hostname). `MASTER_PORT` is a stable hash of
+(job, attempt) into a configured range, so every worker of an attempt, and a control
+plane restarted in between, computes the same one. The entry's devices are its members'
+in member order (the agent splits them evenly among its processes) and its `cpu_cores`
+the cores they hold on the node. Limits, image and the least isolation come from the
+spec (the cluster's `scheduling.min_isolation` when stronger). Secrets go by name
+(`secret_names`) and, sealed to this node's own key for this job and attempt, in
+`sealed_secrets` (cloud/secrets/release.py): never in plaintext, never another node's.
 
 Inference: one entry per replica, with the model (a signed download URL and the
 sha256 the file must have), the accepted providers and the batching settings. A
@@ -21,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import node_workers
 from cloud.models.signing import ModelUrlSigner
+from cloud.scheduler.model import stronger_isolation
+from cloud.secrets.release import SecretRelease
 from cloud.store import AllocationRecord, ModelRecord, WorkRecord
 from cloud.work.convert import spec_of
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec
@@ -49,31 +59,55 @@ def _training(
     members: Sequence[AllocationRecord],
     nodes: Mapping[str, NodeRecord],
     settings: SchedulingSettings,
+    secrets: SecretRelease | None,
 ) -> DesiredTraining:
     workers = node_workers(members)
-    ranks = list(workers)
-    master = ranks[0]
+    node_order = list(workers)
+    node_rank = node_order.index(node_id)
+    here = workers[node_id]
+    node_record = nodes.get(node_id)
+    public_key = node_record.status.sealing_public_key if node_record is not None else None
     return DesiredTraining(
         job_id=record.work_id,
         attempt=record.attempts,
         command=spec.command,
         env=dict(spec.env),
         working_dir=spec.working_dir,
-        accelerator_ids=tuple(
-            device for member in workers[node_id] for device in member.accelerator_ids
-        ),
-        rank=ranks.index(node_id),
-        world_size=len(ranks),
-        master_addr=node_address(nodes.get(master)),
+        accelerator_ids=tuple(device for member in here for device in member.accelerator_ids),
+        rank=sum(len(workers[other]) for other in node_order[:node_rank]),
+        world_size=len(members),
+        master_addr=node_address(nodes.get(node_order[0])),
         master_port=master_port(record.work_id, record.attempts, settings),
         grace_period_s=spec.grace_period_s,
         reference_duration_s=spec.estimated_duration_s,
         # A gang is capped whole (power_capping.py): every member on a node has one limit.
         power_limit_w=min(
-            (m.power_limit_w for m in workers[node_id] if m.power_limit_w is not None),
-            default=None,
+            (m.power_limit_w for m in here if m.power_limit_w is not None), default=None
         ),
-        cpu_cores=_cores(workers[node_id]),
+        cpu_cores=_cores(here),
+        tenant=record.tenant_id,
+        processes=len(here),
+        node_rank=node_rank,
+        nodes=len(node_order),
+        launch=spec.launch,
+        host_memory_bytes=spec.host_memory_bytes or None,
+        pids_limit=spec.pids_limit,
+        min_isolation=stronger_isolation(spec.isolation, settings.min_isolation),
+        image=spec.image,
+        image_pull_policy=spec.image_pull_policy,
+        secret_names=tuple(sorted(spec.secret_env)),
+        sealed_secrets=(
+            secrets.sealed(
+                spec,
+                tenant_id=record.tenant_id,
+                node_id=node_id,
+                job_id=record.work_id,
+                attempt=record.attempts,
+                public_key=public_key,
+            )
+            if secrets is not None
+            else None
+        ),
     )
 
 
@@ -134,11 +168,14 @@ def desired_document(
     models: Mapping[str, ModelRecord] | None = None,
     signer: ModelUrlSigner | None = None,
     cluster_id: str | None = None,
+    secrets: SecretRelease | None = None,
 ) -> DesiredState:
     """Everything stored for `node_id`; `allocations` maps every work id to all of its
-    allocations (a gang's other nodes decide this node's rank); `models` the registry's
+    allocations (a gang's other nodes decide this node's ranks); `models` the registry's
     records of the deployments' models, `signer` makes their download URLs; `cluster_id`
-    the store's (generations count within it: an agent adopts a new one's sequence)."""
+    the store's (generations count within it: an agent adopts a new one's sequence);
+    `secrets` seals jobs' secrets to the node (None: none are sent, the agent refuses
+    such workers)."""
     training: list[DesiredTraining] = []
     deployments: list[DesiredDeployment] = []
     for work_id, members in sorted(allocations.items()):
@@ -148,7 +185,7 @@ def desired_document(
             continue
         spec = spec_of(record)
         if isinstance(spec, TrainingJobSpec):
-            training.append(_training(record, spec, node_id, members, nodes, settings))
+            training.append(_training(record, spec, node_id, members, nodes, settings, secrets))
             continue
         assert isinstance(spec, DeploymentSpec)
         canary = canary_members(spec, members)

@@ -38,6 +38,7 @@ from cloud.work.convert import (
     work_from_record,
 )
 from cloud.work.dependencies import NOTHING_WAITS, Resolution, resolve
+from shared.work_literals import IsolationRequirement
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +60,11 @@ def _tenant_names(store: StoreSnapshot) -> dict[str, str]:
 
 class ConversionCache:
     """Converted work by (work id, version): a record's version changes whenever the
-    record does, so an entry is valid for as long as its version is current."""
+    record does, so an entry is valid for as long as its version is current.
+    `min_isolation`: the cluster's least isolation for training (`scheduling.min_isolation`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_isolation: IsolationRequirement = "none") -> None:
+        self._min_isolation: IsolationRequirement = min_isolation
         self._entries: dict[str, tuple[int, Work | str]] = {}
 
     def convert(self, record: WorkRecord, tenant: str) -> Work | str:
@@ -71,7 +74,7 @@ class ConversionCache:
             return cached[1]
         result: Work | str
         try:
-            result = work_from_record(record, tenant=tenant)
+            result = work_from_record(record, tenant=tenant, min_isolation=self._min_isolation)
         except (msgspec.DecodeError, ValueError) as error:  # ValidationError is a DecodeError
             result = f"its stored spec cannot be scheduled: {error}"
         self._entries[record.work_id] = (record.version, result)

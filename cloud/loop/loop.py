@@ -59,6 +59,7 @@ from cloud.loop.reports import agent_outcomes
 from cloud.loop.unacknowledged import AssignmentWatch
 from cloud.models.signing import ModelUrlSigner
 from cloud.scheduler import Plan
+from cloud.secrets.release import SecretRelease
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
 from cloud.store import (
@@ -124,6 +125,7 @@ class SchedulingLoop:
         signals: SignalService | None = None,
         model_urls: ModelUrlSigner | None = None,
         accountant: Accountant | None = None,
+        secrets: SecretRelease | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -137,6 +139,7 @@ class SchedulingLoop:
         self._signals = signals
         self._model_urls = model_urls
         self._accountant = accountant  # live usage accounting (cloud/usage/)
+        self._secrets = secrets  # seals jobs' secrets into the desired documents
         self.deployments = DeploymentControl(store, self._commit)
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
         self._clock = clock
@@ -147,7 +150,7 @@ class SchedulingLoop:
         self._explained: dict[str, tuple[str, str, int]] = {}
         # The scheduler's view of each work item, by (id, version): decoding specs is
         # most of a pass's cost when thousands of jobs are queued.
-        self._converted = ConversionCache()
+        self._converted = ConversionCache(settings.min_isolation)
         self._last_snapshot: StoreSnapshot | None = None
         self._retry_at: float | None = None
         self._last_pass_end = 0.0  # monotonic
@@ -476,6 +479,7 @@ class SchedulingLoop:
                     models=self._models,
                     signer=self._model_urls,
                     cluster_id=self._publisher.cluster_id,
+                    secrets=self._secrets,
                 )
             )
 

@@ -148,6 +148,11 @@ def scheduler_node(record: NodeRecord) -> Node:
         timezone=timezone,
         pools=tuple(pools),
         runs_training=node_runs_training(status),
+        # An agent older than schema 1.8 runs workers as its own user: "none".
+        isolation=status.isolation or "none",
+        runs_containers=bool(status.container_runtimes),
+        # The key as the boundary let it through (cloud/fleet/ingest.py).
+        receives_secrets=status.sealing_public_key is not None,
         taints=tuple(Taint(t.key, t.value, t.effect) for t in effective_taints(record)),
     )
 

@@ -12,7 +12,7 @@ from typing import Final, Literal
 from shared.clock import utc_from_epoch
 
 from .filters import FilterName
-from .model import KINDS
+from .model import KINDS, TrainingJob
 from .plan import Deferral, HookFailure, HookKind, NeverFits, Reservation
 from .quota import QuotaState
 from .shape import WorkShape
@@ -42,6 +42,9 @@ def filter_label(name: FilterName, shape: WorkShape) -> str:
         "health": "not ready",
         "site": "not " + "/".join(work.sites),
         "training": "runs no training",
+        "isolation": _isolation_label(shape),
+        "runtime": "no container runtime",
+        "sealing": "cannot receive sealed secrets",
         "kind": f"no {kinds}",
         "count": f"fewer than {shape.accelerators} {kinds}",
         "model": "wrong accelerator model",
@@ -61,6 +64,12 @@ def filter_label(name: FilterName, shape: WorkShape) -> str:
         "reserved": "reserved for an earlier job",
     }
     return labels[name]
+
+
+def _isolation_label(shape: WorkShape) -> str:
+    """Work that asks for no isolation is refused only by nodes that cannot isolate."""
+    need = shape.work.isolation if isinstance(shape.work, TrainingJob) else "none"
+    return "cannot isolate work" if need == "none" else f"isolate work below {need}"
 
 
 def summarise(counts: Mapping[FilterName, int], total: int, fitting: int, shape: WorkShape) -> str:

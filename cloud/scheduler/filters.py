@@ -21,7 +21,7 @@ from shared.taints import TaintEffect
 
 from .arrays import BoolArray, CodeArray, FloatArray, IntArray, read_only
 from .extensions import Candidates, LatencyEstimator, estimate_latency
-from .model import InferenceDeployment, TrainingJob
+from .model import ISOLATION_RANK, InferenceDeployment, TrainingJob
 from .shape import WorkShape
 from .snapshot import CPU_COLUMN, SITE_INDEX, NodeTable, Snapshot
 from .state import ClusterState
@@ -31,6 +31,9 @@ FilterName = Literal[
     "health",
     "site",
     "training",
+    "isolation",
+    "runtime",
+    "sealing",
     "kind",
     "count",
     "model",
@@ -53,6 +56,9 @@ FILTERS: Final[tuple[FilterName, ...]] = (
     "health",
     "site",
     "training",
+    "isolation",
+    "runtime",
+    "sealing",
     "kind",
     "count",
     "model",
@@ -105,6 +111,11 @@ def static_filters(
     reject("site", np.isin(nodes.site_code, [SITE_INDEX[s] for s in work.sites]))
     if isinstance(work, TrainingJob):
         reject("training", nodes.runs_training)
+        reject("isolation", nodes.isolation_rank >= ISOLATION_RANK[work.isolation])
+        if work.image is not None:
+            reject("runtime", nodes.runs_containers)
+        if work.has_secrets:
+            reject("sealing", nodes.receives_secrets)
     reject("kind", columns.capacity > 0)
     reject("count", columns.capacity >= shape.accelerators)
     if work.accelerator_models:

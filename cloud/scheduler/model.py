@@ -16,9 +16,9 @@ from types import MappingProxyType
 from typing import Final, Protocol
 
 from shared.errors import FieldError
-from shared.messages import AcceleratorKind, Site
+from shared.messages import AcceleratorKind, IsolationLevel, Site
 from shared.taints import TaintEffect
-from shared.work_literals import LabelOperator, PriorityClass, WorkKind
+from shared.work_literals import IsolationRequirement, LabelOperator, PriorityClass, WorkKind
 
 # p0 > p1 > p2; a lower rank is more important.
 PRIORITY_RANK: Final[Mapping[PriorityClass, int]] = MappingProxyType({"p0": 0, "p1": 1, "p2": 2})
@@ -27,6 +27,20 @@ KINDS: Final[tuple[AcceleratorKind, ...]] = ("gpu", "npu", "cpu")
 KIND_INDEX: Final[Mapping[AcceleratorKind, int]] = MappingProxyType(
     {kind: index for index, kind in enumerate(KINDS)}
 )
+
+# How well a node contains training workers, weakest first (docs/isolation.md). A node
+# that reports ``unavailable`` cannot isolate them and takes no training at all; a job
+# asks for at least ``none``.
+ISOLATION_RANK: Final[Mapping[IsolationLevel, int]] = MappingProxyType(
+    {"unavailable": 0, "none": 1, "user": 2, "sandbox": 3}
+)
+
+
+def stronger_isolation(
+    first: IsolationRequirement, second: IsolationRequirement
+) -> IsolationRequirement:
+    """The stronger of two requirements (a job's own and the cluster's minimum)."""
+    return first if ISOLATION_RANK[first] >= ISOLATION_RANK[second] else second
 
 
 # Names a job's ``score_weights`` may use: the built-in terms, the green terms
@@ -190,6 +204,13 @@ class TrainingJob:
     group: str | None = None  # name other work can avoid with anti_affinity_groups
     anti_affinity_groups: tuple[str, ...] = ()  # never share a node with these groups
     score_weights: Mapping[str, float] = field(default_factory=dict)
+    # The least isolation a node must give its workers: the job's own or the cluster's
+    # minimum, whichever is stronger (cloud.work.convert).
+    isolation: IsolationRequirement = "none"
+    image: str | None = None  # an OCI image to run in: needs a node with a container runtime
+    # It has secrets (secret_env, registry credentials): sealed to each node's own key,
+    # so only nodes with a usable sealing key can take it.
+    has_secrets: bool = False
 
     def __post_init__(self) -> None:
         _check_common(self.work_id, self.tenant, self.sites)
@@ -217,6 +238,8 @@ class TrainingJob:
             raise _refused(
                 work_id, "checkpoint_interval_s", "checkpoint_interval_s must be positive"
             )
+        if self.isolation not in ("none", "user", "sandbox"):
+            raise _refused(work_id, "isolation", "isolation must be none, user or sandbox")
         object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
         object.__setattr__(
             self, "score_weights", _checked_weights(self.work_id, self.score_weights)

@@ -65,6 +65,7 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
     if isinstance(work, TrainingJob):
         # Window waiver and deadline depend on the duration only when a deadline exists.
         timing = (work.start_window, work.deadline, work.duration_s if work.deadline else None)
+        containment = (work.isolation, work.image is not None, work.has_secrets)
         return WorkShape(
             work=work,
             work_kind="training",
@@ -78,7 +79,7 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
             cpu_cores=work.cpus_per_worker,
             duration_s=work.duration_s,
             max_per_node=None,
-            static_key=("training", work.accelerators_per_worker, *common, *timing),
+            static_key=("training", work.accelerators_per_worker, *common, *timing, *containment),
             builtin_weights=weights,
             spread_weight=0.0,
         )

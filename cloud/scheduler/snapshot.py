@@ -23,10 +23,10 @@ import numpy as np
 
 from shared.accelerators import capped_speed
 from shared.clock import utc_from_epoch
-from shared.messages import AcceleratorKind, Site
+from shared.messages import AcceleratorKind, IsolationLevel, Site
 
 from .arrays import BoolArray, FloatArray, IntArray, read_only
-from .model import KIND_INDEX, KINDS, Allocation, Taint, Tenant, Work
+from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Allocation, Taint, Tenant, Work
 from .windows import zone
 
 SITES: tuple[Site, ...] = ("cloud", "edge")
@@ -80,6 +80,10 @@ class Node:
     timezone: str | None = None
     pools: tuple[AcceleratorPool, ...] = ()
     runs_training: bool = True  # False: the agent refuses training; only serving goes there
+    # How it contains training workers (docs/isolation.md); "unavailable": it cannot.
+    isolation: IsolationLevel = "none"
+    runs_containers: bool = False  # it has a container runtime: work with an image may go there
+    receives_secrets: bool = False  # it has a usable sealing key: work with secrets may go there
 
     def __post_init__(self) -> None:
         profiles = [(pool.kind, pool.model) for pool in self.pools]
@@ -121,6 +125,9 @@ class NodeTable:
     index: Mapping[str, int]
     site_code: IntArray
     runs_training: BoolArray
+    isolation_rank: IntArray  # model.ISOLATION_RANK of each node's isolation
+    runs_containers: BoolArray
+    receives_secrets: BoolArray
     zone_code: IntArray
     zones: tuple[str, ...]
     region_code: IntArray
@@ -364,6 +371,15 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         index=MappingProxyType(index),
         site_code=read_only(np.array([SITE_INDEX[node.site] for node in nodes], dtype=np.int64)),
         runs_training=read_only(np.array([node.runs_training for node in nodes], dtype=np.bool_)),
+        isolation_rank=read_only(
+            np.array([ISOLATION_RANK[node.isolation] for node in nodes], dtype=np.int64)
+        ),
+        runs_containers=read_only(
+            np.array([node.runs_containers for node in nodes], dtype=np.bool_)
+        ),
+        receives_secrets=read_only(
+            np.array([node.receives_secrets for node in nodes], dtype=np.bool_)
+        ),
         zone_code=read_only(zone_code),
         zones=zones,
         region_code=read_only(region_code),

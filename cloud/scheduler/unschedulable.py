@@ -9,6 +9,8 @@ pending code ``unschedulable`` with this exact cause, never "waiting for capacit
 
 Judged against every node of the snapshot at the work's sites, healthy or not (a node
 that is down may come back), on what does not change while work runs, in this order:
+for training, a node that isolates its workers as well as the job asks, with a
+container runtime when it names an image, with a usable sealing key when it has secrets;
 a pool of an accepted kind, with enough accelerators for one member, of an accepted
 model, with enough memory each; host memory and CPU cores for one member on such a
 node; a training job's deadline on the fastest such pool; the whole gang on all such
@@ -35,9 +37,9 @@ from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind
 
 from .arrays import BoolArray, IntArray
-from .model import KIND_INDEX, KINDS, Tenant, TrainingJob, Work
+from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Tenant, TrainingJob, Work
 from .plan import NeverFits
-from .snapshot import CPU_COLUMN, SITE_INDEX, Snapshot
+from .snapshot import CPU_COLUMN, SITE_INDEX, NodeTable, Snapshot
 
 _GIB = 1 << 30
 
@@ -110,6 +112,9 @@ def _member_key(work: Work) -> Hashable:
             work.accelerator_kind,
             work.accelerators_per_worker,
             work.cpus_per_worker,
+            work.isolation,
+            work.image is not None,
+            work.has_secrets,
         )
     return ("inference", *common, work.accepted_kinds, work.accelerators_per_replica)
 
@@ -131,6 +136,11 @@ def _members(snapshot: Snapshot, work: Work) -> _Members | NeverFits | None:
     if not all(mask.any() for mask in by_site.values()):
         return None  # a node may yet register at a site that has none
     at_sites: BoolArray = np.logical_or.reduce(list(by_site.values()))
+    if isinstance(work, TrainingJob):
+        contained = _containing(table, work, at_sites)
+        if isinstance(contained, NeverFits):
+            return contained
+        at_sites = contained
 
     if isinstance(work, TrainingJob):
         kind_field, count_field = "accelerator_kind", "accelerators_per_worker"
@@ -207,6 +217,52 @@ def _members(snapshot: Snapshot, work: Work) -> _Members | NeverFits | None:
         fastest=float(_most(usable, lambda c: table.kinds[c].relative_speed)),
         slowest=-float(_most(usable, lambda c: -table.kinds[c].relative_speed)),
     )
+
+
+_ISOLATION_NAMES: dict[int, str] = {rank: name for name, rank in ISOLATION_RANK.items()}
+
+
+def _containing(table: NodeTable, work: TrainingJob, at_sites: BoolArray) -> BoolArray | NeverFits:
+    """The nodes of `at_sites` that contain the job's workers as it asks: isolation at
+    least as strong, a container runtime for an image, a sealing key for secrets."""
+    sites = ", ".join(work.sites)
+    best = int(table.isolation_rank[at_sites].max())
+    nodes = at_sites & (table.isolation_rank >= ISOLATION_RANK[work.isolation])
+    if not nodes.any():
+        if best == ISOLATION_RANK["unavailable"]:
+            return NeverFits(
+                "isolation",
+                f"no node at {sites} can isolate training workers (each reports isolation "
+                "unavailable; its operator may allow unisolated work with agent.isolation)",
+            )
+        return NeverFits(
+            "isolation",
+            f"no node at {sites} isolates training workers as {work.isolation}; the best "
+            f"isolates as {_ISOLATION_NAMES[best]}",
+        )
+    held: list[str] = [] if work.isolation == "none" else [f"isolates as {work.isolation}"]
+    if work.image is not None:
+        nodes &= table.runs_containers
+        if not nodes.any():
+            return NeverFits(
+                "image",
+                f"no node at {sites}{_that(held)} has a container runtime (podman or docker) "
+                "to run an image",
+            )
+        held.append("runs containers")
+    if work.has_secrets:
+        nodes &= table.receives_secrets
+        if not nodes.any():
+            return NeverFits(
+                "has_secrets",
+                f"no node at {sites}{_that(held)} can receive sealed secrets (none announces "
+                "the sealing key it enrolled with)",
+            )
+    return nodes
+
+
+def _that(qualities: list[str]) -> str:
+    return f" that {' and '.join(qualities)}" if qualities else ""
 
 
 def _per_node(

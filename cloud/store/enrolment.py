@@ -90,6 +90,9 @@ class EnrolledNodeRecord:
     join_token_id: str | None
     revoked_at: float | None
     username: str | None  # the broker account the node was given, once provisioned
+    # Base64 of the X25519 key the node enrolled with (secrets are sealed to it); None:
+    # none pinned, the key its birth announces is trusted.
+    sealing_public_key: str | None = None
 
     @property
     def active(self) -> bool:
@@ -132,6 +135,7 @@ def _node_from_row(row: Row[Any]) -> EnrolledNodeRecord:
         join_token_id=row.join_token_id,
         revoked_at=None if row.revoked_at is None else float(row.revoked_at),
         username=row.username,
+        sealing_public_key=row.sealing_public_key,
     )
 
 
@@ -194,10 +198,17 @@ async def mark_join_token_revoked(
     return _token_from_row(row)
 
 
-async def redeem(connection: AsyncConnection, token: str, node_id: str, now: float) -> Redemption:
-    """Count one use of `token` and enrol `node_id` with it, or raise (nothing changed):
-    `JoinTokenUnknownError`, `...ExpiredError`, `...UsedUpError`, `...RevokedError`,
-    `NodeAlreadyEnrolledError`. Call inside a write transaction."""
+async def redeem(
+    connection: AsyncConnection,
+    token: str,
+    node_id: str,
+    now: float,
+    sealing_public_key: str | None = None,
+) -> Redemption:
+    """Count one use of `token` and enrol `node_id` with it (pinning its sealing key, if
+    given), or raise (nothing changed): `JoinTokenUnknownError`, `...ExpiredError`,
+    `...UsedUpError`, `...RevokedError`, `NodeAlreadyEnrolledError`. Call inside a write
+    transaction."""
     query = (
         select(join_tokens)
         .where(join_tokens.c.token_sha256 == token_sha256(token))
@@ -219,12 +230,13 @@ async def redeem(connection: AsyncConnection, token: str, node_id: str, now: flo
     previous = None if node_row is None else _node_from_row(node_row)
     if previous is not None and previous.active:
         raise NodeAlreadyEnrolledError(node_id)
-    node = EnrolledNodeRecord(node_id, now, record.token_id, None, None)
+    node = EnrolledNodeRecord(node_id, now, record.token_id, None, None, sealing_public_key)
     values = {
         "enrolled_at": now,
         "join_token_id": record.token_id,
         "revoked_at": None,
         "username": None,
+        "sealing_public_key": sealing_public_key,
     }
     if previous is None:
         try:
@@ -275,6 +287,7 @@ async def release(connection: AsyncConnection, redemption: Redemption) -> None:
             join_token_id=previous.join_token_id,
             revoked_at=previous.revoked_at,
             username=previous.username,
+            sealing_public_key=previous.sealing_public_key,
         )
     )
 
@@ -283,6 +296,18 @@ async def set_username(connection: AsyncConnection, node_id: str, username: str)
     await connection.execute(
         update(enrolled_nodes).where(enrolled_nodes.c.node_id == node_id).values(username=username)
     )
+
+
+async def pin_sealing_key(
+    connection: AsyncConnection, node_id: str, sealing_public_key: str | None
+) -> bool:
+    """Pin another sealing key on an enrolled, unrevoked node; False when there is none."""
+    result = await connection.execute(
+        update(enrolled_nodes)
+        .where(enrolled_nodes.c.node_id == node_id, enrolled_nodes.c.revoked_at.is_(None))
+        .values(sealing_public_key=sealing_public_key)
+    )
+    return bool(result.rowcount)
 
 
 async def select_enrolled_nodes(connection: AsyncConnection) -> tuple[EnrolledNodeRecord, ...]:

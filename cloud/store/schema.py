@@ -235,6 +235,8 @@ enrolled_nodes = Table(
     Column("join_token_id", Text, nullable=True),
     Column("revoked_at", Double, nullable=True),
     Column("username", Text, nullable=True),
+    # v0012: the node's sealing public key (base64) it enrolled with; NULL: none pinned.
+    Column("sealing_public_key", Text, nullable=True),
 )
 
 # Live accounting (v0005, cloud/usage/): one row per allocation (work, member, node)

@@ -770,11 +770,16 @@ class Store:
                 await insert_audit(connection, audit, now)
         return record
 
-    async def redeem_join_token(self, token: str, node_id: str) -> Redemption:
-        """Count one use of the token and enrol the node, atomically; raises a
-        `JoinTokenError` subclass (why it was refused) or `NodeAlreadyEnrolledError`."""
+    async def redeem_join_token(
+        self, token: str, node_id: str, *, sealing_public_key: str | None = None
+    ) -> Redemption:
+        """Count one use of the token and enrol the node (pinning its sealing key, if
+        given), atomically; raises a `JoinTokenError` subclass (why it was refused) or
+        `NodeAlreadyEnrolledError`."""
         async with self._write() as connection:
-            return await enrolment.redeem(connection, token, node_id, self._clock())
+            return await enrolment.redeem(
+                connection, token, node_id, self._clock(), sealing_public_key
+            )
 
     async def release_redemption(self, redemption: Redemption) -> None:
         """Undo `redeem_join_token` (the node's credentials could not be provisioned)."""
@@ -784,6 +789,13 @@ class Store:
     async def set_enrolled_username(self, node_id: str, username: str) -> None:
         async with self._write() as connection:
             await enrolment.set_username(connection, node_id, username)
+
+    async def pin_sealing_key(self, node_id: str, sealing_public_key: str | None) -> bool:
+        """Replace the sealing key an enrolled, unrevoked node is pinned to (a node that
+        made a new key pair; `greenfed up`'s simulated nodes on a later run); False when
+        no such node is enrolled."""
+        async with self._write() as connection:
+            return await enrolment.pin_sealing_key(connection, node_id, sealing_public_key)
 
     async def list_enrolled_nodes(self) -> tuple[EnrolledNodeRecord, ...]:
         """Every enrolled node id, revoked ones included (`revoked_at` set), by id."""

@@ -5,6 +5,9 @@ and `allocation_from_record` for every allocation; the API calls `check_converti
 at submission, so a spec the scheduler would refuse is refused with a 422 instead of
 failing a scheduling pass later.
 
+The cluster's least isolation for training (`scheduling.min_isolation`) reaches a job
+through `min_isolation`: a job gets the stronger of it and its own `isolation`.
+
 Tenants: the scheduler identifies a tenant by a string. Pass the same string to every
 function here (the loop uses the tenant's name, unique and never renamed, so that
 explanations read "tenant acme uses 8 GPU"; `tenant_from_record` does the same).
@@ -26,11 +29,12 @@ from cloud.scheduler.model import (
     Toleration,
     TrainingJob,
     Work,
+    stronger_isolation,
 )
 from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
 from shared.errors import FieldError, FieldPath
-from shared.work_literals import spec_kind_of
+from shared.work_literals import IsolationRequirement, spec_kind_of
 
 
 def _placement_fields(spec: WorkSpec) -> dict[str, object]:
@@ -53,7 +57,12 @@ def _placement_fields(spec: WorkSpec) -> dict[str, object]:
 
 
 def training_job(
-    spec: TrainingJobSpec, *, work_id: str, tenant: str, submitted_at: float
+    spec: TrainingJobSpec,
+    *,
+    work_id: str,
+    tenant: str,
+    submitted_at: float,
+    min_isolation: IsolationRequirement = "none",
 ) -> TrainingJob:
     """Raises FieldError when the scheduler refuses the job (e.g. an unknown score term)."""
     return TrainingJob(
@@ -70,6 +79,9 @@ def training_job(
         deadline=spec.deadline.timestamp() if spec.deadline is not None else None,
         max_delay_s=spec.max_delay_s,
         checkpoint_interval_s=spec.checkpoint_interval_s,
+        isolation=stronger_isolation(spec.isolation, min_isolation),
+        image=spec.image,
+        has_secrets=spec.has_secrets,
         **_placement_fields(spec),  # type: ignore[arg-type]
     )
 
@@ -97,9 +109,22 @@ def inference_deployment(
     )
 
 
-def to_work(spec: WorkSpec, *, work_id: str, tenant: str, submitted_at: float) -> Work:
+def to_work(
+    spec: WorkSpec,
+    *,
+    work_id: str,
+    tenant: str,
+    submitted_at: float,
+    min_isolation: IsolationRequirement = "none",
+) -> Work:
     if isinstance(spec, TrainingJobSpec):
-        return training_job(spec, work_id=work_id, tenant=tenant, submitted_at=submitted_at)
+        return training_job(
+            spec,
+            work_id=work_id,
+            tenant=tenant,
+            submitted_at=submitted_at,
+            min_isolation=min_isolation,
+        )
     return inference_deployment(spec, work_id=work_id, tenant=tenant, submitted_at=submitted_at)
 
 
@@ -116,10 +141,18 @@ def spec_of(record: WorkRecord) -> WorkSpec:
     return decode_spec(spec_kind_of(record.kind), record.spec)
 
 
-def work_from_record(record: WorkRecord, *, tenant: str) -> Work:
+def work_from_record(
+    record: WorkRecord, *, tenant: str, min_isolation: IsolationRequirement = "none"
+) -> Work:
     """The scheduler's view of stored work; the record's priority is authoritative."""
     spec = spec_of(record)
-    work = to_work(spec, work_id=record.work_id, tenant=tenant, submitted_at=record.submitted_at)
+    work = to_work(
+        spec,
+        work_id=record.work_id,
+        tenant=tenant,
+        submitted_at=record.submitted_at,
+        min_isolation=min_isolation,
+    )
     if work.priority != record.priority:
         work = dataclasses.replace(work, priority=record.priority)
     return work
@@ -181,6 +214,7 @@ _SPEC_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
         "memory_bytes": "memory_gib",
         "host_memory_bytes": "host_memory_gib",
         "duration_s": "estimated_duration_s",
+        "has_secrets": "secret_env",
     }
 )
 

@@ -9,6 +9,12 @@ them into the scheduler's `TrainingJob` / `InferenceDeployment`.
 Cross-field rules live in `__post_init__` and raise `shared.errors.FieldError` (the field
 and the reason, as data); `describe_error` turns a decode error, ours or msgspec's own,
 into the path of the field at fault (``$.workers``, ``$.affinity[0].values``) and why.
+
+A training job's secrets (`secret_env` values, `registry_auth.password`) have two forms
+in one type: plaintext as submitted, ciphertext as stored (cloud/secrets/at_rest.py
+encrypts them before the spec is encoded). Their plaintext sizes are checked where the
+plaintext is known (`check_secret_sizes`, at submission and in spec files); the schema
+bounds each value loosely enough for its stored form.
 """
 
 from __future__ import annotations
@@ -19,15 +25,17 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from shared.errors import FieldError, json_path
-from shared.messages import AcceleratorKind, Site
+from shared.messages import AcceleratorKind, ImagePullPolicy, LaunchMode, Site
 from shared.taints import CORDON_TAINT_KEY
 from shared.work_literals import (
     DeadlinePolicy,
     DependencyCondition,
+    IsolationRequirement,
     LabelOperator,
     PriorityClass,
     SpecKind,
 )
+from shared.worker_env import RUNNER_VARIABLES
 
 GIB: Final = 1024**3
 
@@ -70,10 +78,59 @@ WorkId = Annotated[
     ),
 ]
 
-# What the training runner sets for every worker; a spec may not override them.
-RUNNER_ENV: Final = frozenset(
-    {"GREENFED_JOB_ID", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}
-)
+# Secrets: at most this many per job, each value and all of them together at most this
+# many bytes (UTF-8) of plaintext; a registry password at most its own limit.
+MAX_SECRETS: Final = 256
+MAX_SECRET_BYTES: Final = 64 * 1024
+MAX_REGISTRY_PASSWORD_BYTES: Final = 4096
+# The schema's bound on one value, in characters: room for the stored form of the
+# largest plaintext too (encryption at rest makes it about a third longer).
+_STORED_SECRET_CHARS: Final = 96 * 1024
+_STORED_PASSWORD_CHARS: Final = 8 * 1024
+
+# An OCI image reference as container runtimes take it (distribution/reference's
+# grammar, IPv6 registries aside): [registry[:port]/]path[:tag][@digest], e.g.
+# ghcr.io/acme/trainer:2.1, pytorch/pytorch@sha256:<hex>, localhost:5000/job.
+_DOMAIN_LABEL: Final = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_REGISTRY: Final = rf"{_DOMAIN_LABEL}(?:\.{_DOMAIN_LABEL})*(?::[0-9]{{1,5}})?"
+_PATH_COMPONENT: Final = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG: Final = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST: Final = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+ImageReference = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=512,
+        pattern=(
+            rf"^(?:{_REGISTRY}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+            rf"(?::{_TAG})?(?:@{_DIGEST})?$(?!\n)"
+        ),
+        description=(
+            "An OCI image reference, [registry[:port]/]path[:tag][@digest], e.g. "
+            "ghcr.io/acme/trainer:2.1; without a registry, docker.io."
+        ),
+        examples=["ghcr.io/acme/trainer:2.1"],
+    ),
+]
+RegistryHost = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=260,
+        pattern=rf"^{_REGISTRY}$(?!\n)",
+        description="Host[:port] of a registry, e.g. ghcr.io.",
+    ),
+]
+DEFAULT_REGISTRY: Final = "docker.io"
+
+
+def registry_of(image: str) -> str:
+    """The registry an image reference pulls from: its first component when that names a
+    host (a '.', a ':', an upper-case letter or localhost, as container runtimes read
+    it), else docker.io."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
+        return first
+    return DEFAULT_REGISTRY
 
 
 class SpecStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -184,6 +241,26 @@ ScoreWeights = Annotated[
 ]
 
 
+class RegistryAuthSpec(SpecStruct, frozen=True, kw_only=True):
+    """Credentials that pull a training job's `image` from a private registry. The
+    password is a secret: encrypted at rest, sealed to the node that pulls the image,
+    never shown."""
+
+    registry: Annotated[
+        RegistryHost | None,
+        msgspec.Meta(description="Default: the registry of the job's image (docker.io if none)."),
+    ] = None
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    password: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1,
+            max_length=_STORED_PASSWORD_CHARS,
+            description=f"A secret; at most {MAX_REGISTRY_PASSWORD_BYTES} bytes.",
+        ),
+    ]
+
+
 class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     """A training job: a gang of `workers`, all placed at once on cloud nodes, or none."""
 
@@ -248,8 +325,61 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
         tuple[Annotated[str, msgspec.Meta(max_length=65536)], ...],
         msgspec.Meta(min_length=1, max_length=4096, description="argv; run without a shell."),
     ]
-    env: Annotated[dict[EnvName, str], msgspec.Meta(max_length=1024)] = {}
+    env: Annotated[
+        dict[EnvName, str],
+        msgspec.Meta(
+            max_length=1024,
+            description=(
+                "Plain variables for every worker: NOT secret (shown in every view of the "
+                "job and sent to nodes as they are); use secret_env for secrets."
+            ),
+        ),
+    ] = {}
+    secret_env: Annotated[
+        dict[EnvName, Annotated[str, msgspec.Meta(max_length=_STORED_SECRET_CHARS)]],
+        msgspec.Meta(
+            max_length=MAX_SECRETS,
+            description=(
+                "Secret variables for every worker: encrypted at rest, sealed to the node "
+                "that runs the worker, shown by name only. At most 64 KiB of values."
+            ),
+        ),
+    ] = {}
     working_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    image: Annotated[
+        ImageReference | None,
+        msgspec.Meta(description="Run the command in this OCI image; null: on the node itself."),
+    ] = None
+    image_pull_policy: Annotated[
+        ImagePullPolicy,
+        msgspec.Meta(description="if-not-present, always (pull every start) or never."),
+    ] = "if-not-present"
+    registry_auth: Annotated[
+        RegistryAuthSpec | None,
+        msgspec.Meta(description="Credentials for a private registry (needs image)."),
+    ] = None
+    isolation: Annotated[
+        IsolationRequirement,
+        msgspec.Meta(
+            description=(
+                "The least isolation the job accepts from its nodes (none < user < "
+                "sandbox; the cluster's scheduling.min_isolation may ask for more)."
+            )
+        ),
+    ] = "none"
+    launch: Annotated[
+        LaunchMode,
+        msgspec.Meta(
+            description=(
+                "per-worker: one process per worker (RANK, LOCAL_RANK each); per-node: "
+                "one process per node that starts its workers itself (torchrun)."
+            )
+        ),
+    ] = "per-worker"
+    pids_limit: Annotated[
+        Annotated[int, msgspec.Meta(ge=16, le=4_194_304)] | None,
+        msgspec.Meta(description="Processes and threads per worker; null: the node's default."),
+    ] = None
     grace_period_s: Annotated[
         float, msgspec.Meta(ge=0, le=3600, description="From SIGTERM to SIGKILL on stop.")
     ] = 30.0
@@ -283,9 +413,18 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     allow_unschedulable: AllowUnschedulable = False
 
     def __post_init__(self) -> None:
-        reserved = sorted(RUNNER_ENV.intersection(self.env))
+        reserved = sorted(RUNNER_VARIABLES.intersection(self.env))
         if reserved:
-            raise FieldError("env", f"{', '.join(reserved)} is set by greenfed for each worker")
+            raise FieldError("env", _set_by_greenfed(reserved))
+        for name in sorted(self.secret_env):
+            if name in RUNNER_VARIABLES:
+                raise FieldError(("secret_env", name), _set_by_greenfed([name]))
+            if name in self.env:
+                raise FieldError(
+                    ("secret_env", name), f"{name} is in env too: a variable is plain or secret"
+                )
+        if self.registry_auth is not None and self.image is None:
+            raise FieldError("registry_auth", "pulls an image from a registry: name the image")
         if len(set(self.sites)) != len(self.sites):
             raise FieldError("sites", "names a site twice")
         if self.cpus_per_worker and self.accelerator_kind == "cpu":
@@ -303,6 +442,50 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     @property
     def host_memory_bytes(self) -> int:
         return int(self.host_memory_gib * GIB)
+
+    @property
+    def has_secrets(self) -> bool:
+        """It carries secrets for its workers: secret_env values or a registry password."""
+        return bool(self.secret_env) or self.registry_auth is not None
+
+    def image_registry(self) -> str | None:
+        """The registry its registry_auth logs in to (None: it has no registry_auth)."""
+        auth = self.registry_auth
+        if auth is None or self.image is None:
+            return None
+        return auth.registry or registry_of(self.image)
+
+
+def _set_by_greenfed(names: list[str]) -> str:
+    verb = "is" if len(names) == 1 else "are"
+    return (
+        f"{', '.join(names)} {verb} set by greenfed for each worker "
+        "(docs/rest.md#the-worker-environment)"
+    )
+
+
+def check_secret_sizes(spec: TrainingJobSpec) -> None:
+    """The plaintext of the spec's secrets within their limits, or a FieldError naming the
+    value at fault. Only for a spec as submitted: a stored one holds ciphertext."""
+    total = 0
+    for name, value in spec.secret_env.items():
+        size = len(value.encode())
+        if size > MAX_SECRET_BYTES:
+            raise FieldError(
+                ("secret_env", name), f"has {size} bytes; a value has at most {MAX_SECRET_BYTES}"
+            )
+        total += size
+        if total > MAX_SECRET_BYTES:
+            raise FieldError(
+                ("secret_env", name),
+                f"brings the values to {total} bytes; together they have at most "
+                f"{MAX_SECRET_BYTES}",
+            )
+    auth = spec.registry_auth
+    if auth is not None and len(auth.password.encode()) > MAX_REGISTRY_PASSWORD_BYTES:
+        raise FieldError(
+            ("registry_auth", "password"), f"has more than {MAX_REGISTRY_PASSWORD_BYTES} bytes"
+        )
 
 
 class CarbonCapSpec(SpecStruct, frozen=True, kw_only=True):

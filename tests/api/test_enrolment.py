@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from cloud.app import create_app
 from cloud.app_keys import BROKER_ACCOUNTS, ENROLLED_NODES, INGESTOR, REGISTRY, SETTINGS, STORE
@@ -23,10 +24,12 @@ from cloud.broker_accounts import (
     ForeignAccountError,
     NodeCredentials,
 )
+from cloud.fleet.enrolment_views import sealing_key_fingerprint
 from cloud.fleet.ingest import InvalidReason
 from cloud.loop.publisher import CLUSTER_ID_SECRET
 from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from shared.messages import Accelerator, HostInfo, NodeStatus, encode
+from shared.sealing import public_key_text
 from shared.settings import CloudSettings, SchedulingSettings, Settings
 from shared.token_files import admin_token_path, read_token_file
 from shared.topics import Channel, Topics
@@ -248,6 +251,9 @@ async def test_failed_redemptions_are_rate_limited_per_address(api: Api) -> None
         ({"token": "t", "node_id": "edge-1", "site": "moon"}, "$.site"),
         ({"token": "t", "node_id": "edge-1", "labels": {"k": 1}}, "$.labels"),
         ({"token": "t", "node_id": "edge-1", "extra": 1}, "$.extra"),
+        ({"token": "t", "node_id": "edge-1", "sealing_public_key": "c2hvcnQ="}, "$.sealing"),
+        ({"token": "t", "node_id": "edge-1", "sealing_public_key": "not base64"}, "$.sealing"),
+        ({"token": "t", "node_id": "edge-1", "sealing_public_key": "A" * 65}, "$.sealing"),
     ],
 )
 async def test_bad_enrol_bodies_name_the_field(api: Api, body: dict[str, Any], field: str) -> None:
@@ -274,7 +280,7 @@ async def test_bad_join_token_bodies_name_the_field(
     assert problem_body["invalid_params"][0]["name"].startswith(field)
 
 
-def _birth_payload(node_id: str) -> tuple[str, bytes]:
+def _birth_payload(node_id: str, sealing_public_key: str | None = None) -> tuple[str, bytes]:
     now = time.time()
     status = NodeStatus(
         node_id=node_id,
@@ -300,6 +306,7 @@ def _birth_payload(node_id: str) -> tuple[str, bytes]:
         telemetry_interval_s=5.0,
         started_at=now,
         sent_at=now,
+        sealing_public_key=sealing_public_key,
     )
     return Topics("enroltest").node(node_id, Channel.STATUS), encode(status)
 
@@ -355,3 +362,68 @@ async def test_a_revocation_reaches_every_replica(
         await first.client.post("/v1/nodes/edge-1/revoke", headers=bearer(first.admin_token))
         await eventually(lambda: second.app[REGISTRY].get("edge-1") is None, timeout_s=10)
         assert not await second.app[STORE].is_enrolled("edge-1")
+
+
+def _sealing_key() -> str:
+    return public_key_text(X25519PrivateKey.generate())
+
+
+async def test_enrolment_pins_the_nodes_sealing_key_and_births_must_announce_it(
+    database: DatabaseUnderTest, accounts: RecordingAccounts
+) -> None:
+    async with enrolment_api(database, accounts, require_enrolment=True) as api:
+        ingestor = api.app[INGESTOR]
+        registry = api.app[REGISTRY]
+        key, impostor = _sealing_key(), _sealing_key()
+        created = await create_token(api, uses=2)
+        response = await enrol(api, created["token"], "edge-1", sealing_public_key=key)
+        assert response.status == 200, await response.text()
+        enrolled = await (await api.get(api.admin_token, "/v1/nodes/enrolled")).json()
+        (view,) = enrolled["items"]
+        assert view["sealing_key_fingerprint"] == sealing_key_fingerprint(key)
+        stored = await api.store.get_enrolled_node("edge-1")
+        assert stored is not None
+        assert stored.sealing_public_key == key
+
+        # A birth with another key is kept, without it: the node receives no secrets.
+        ingestor.handle(*_birth_payload("edge-1", impostor))
+        record = registry.get("edge-1")
+        assert record is not None
+        assert record.status.sealing_public_key is None
+        assert ingestor.stats.invalid[("status", InvalidReason.SEALING_KEY_MISMATCH.value)] == 1
+        # Its enrolled key is kept.
+        ingestor.handle(*_birth_payload("edge-1", key))
+        record = registry.get("edge-1")
+        assert record is not None
+        assert record.status.sealing_public_key == key
+
+        # A node enrolled without a key is trusted with the key its own account announces.
+        assert (await enrol(api, created["token"], "edge-2")).status == 200
+        ingestor.handle(*_birth_payload("edge-2", impostor))
+        other = registry.get("edge-2")
+        assert other is not None
+        assert other.status.sealing_public_key == impostor
+        enrolled = await (await api.get(api.admin_token, "/v1/nodes/enrolled")).json()
+        assert [n["sealing_key_fingerprint"] for n in enrolled["items"]] == [
+            sealing_key_fingerprint(key),
+            None,
+        ]
+
+
+async def test_a_pinned_key_reaches_every_replica(
+    database: DatabaseUnderTest, accounts: RecordingAccounts
+) -> None:
+    async with (
+        enrolment_api(database, accounts, require_enrolment=True) as first,
+        enrolment_api(database, accounts, require_enrolment=True) as second,
+    ):
+        key = _sealing_key()
+        created = await create_token(first)
+        response = await enrol(first, created["token"], "edge-1", sealing_public_key=key)
+        assert response.status == 200
+        enrolled = second.app[ENROLLED_NODES]
+        await eventually(lambda: enrolled.pinned_sealing_key("edge-1") == key, timeout_s=10)
+        second.app[INGESTOR].handle(*_birth_payload("edge-1", _sealing_key()))
+        record = second.app[REGISTRY].get("edge-1")
+        assert record is not None
+        assert record.status.sealing_public_key is None

@@ -10,6 +10,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 
 from cloud.app_keys import REGISTRY
@@ -19,8 +20,10 @@ from cloud.scheduler import Plan, schedule
 from cloud.work.explain import explanations_for_plan
 from cloud.work.explanation import decode_explanation
 from shared.messages import Accelerator
-from tests.api.support import Api, job_spec, problem
+from shared.settings import SchedulingSettings
+from tests.api.support import Api, job_spec, problem, running_api
 from tests.loop.builders import device, node
+from tests.store.databases import DatabaseUnderTest
 
 GIB = 2**30
 
@@ -204,3 +207,86 @@ async def test_a_cpu_job_asks_for_cores_with_accelerators_per_worker(api: Api) -
     name, reason = await refused(api, token, job_spec(accelerator_kind="cpu", cpus_per_worker=2))
     assert name == "$.cpus_per_worker"
     assert "accelerators_per_worker" in reason
+
+
+# ---- containment (issue 24) ---------------------------------------------------------------
+
+
+def register_contained(api: Api, node_id: str, **birth: Any) -> None:
+    """A cloud node of 8 A100s whose birth says how it contains workers (1.8)."""
+    status = node(node_id, devices=server(node_id)).status
+    api.app[REGISTRY].apply_status(msgspec.structs.replace(status, **birth))
+
+
+@pytest.mark.parametrize(
+    ("birth", "fields", "name", "reason"),
+    [
+        (
+            {"isolation": "user"},
+            {"isolation": "sandbox"},
+            "$.isolation",
+            "no node at cloud isolates training workers as sandbox; the best isolates as user",
+        ),
+        (
+            {"isolation": "unavailable"},
+            {},
+            "$.isolation",
+            "no node at cloud can isolate training workers",
+        ),
+        (
+            {},
+            {"image": "ghcr.io/acme/trainer:2"},
+            "$.image",
+            "no node at cloud has a container runtime (podman or docker) to run an image",
+        ),
+        (
+            {"container_runtimes": ("podman",)},
+            {"secret_env": {"TOKEN": "t"}},
+            "$.secret_env",
+            "no node at cloud can receive sealed secrets",
+        ),
+        (
+            {"container_runtimes": ("podman",)},
+            {"image": "x", "registry_auth": {"username": "u", "password": "p"}},
+            "$.secret_env",
+            "no node at cloud that runs containers can receive sealed secrets",
+        ),
+    ],
+)
+async def test_work_no_node_could_contain_is_a_422_naming_the_field(
+    api: Api, birth: dict[str, Any], fields: dict[str, Any], name: str, reason: str
+) -> None:
+    token = await api.tenant("vision")
+    register_contained(api, "gpu-a", **birth)
+    found_name, found_reason = await refused(api, token, job_spec(**fields))
+    assert found_name == name
+    assert found_reason.startswith(reason)
+    accepted = await api.submit(token, job_spec(**fields, allow_unschedulable=True))
+    assert accepted.status == 201, await accepted.text()
+
+
+async def test_a_node_that_contains_the_work_lets_it_in(api: Api) -> None:
+    token = await api.tenant("vision")
+    key = "A" * 43 + "="
+    register_contained(
+        api,
+        "gpu-a",
+        isolation="sandbox",
+        container_runtimes=("podman",),
+        sealing_public_key=key,
+    )
+    spec = job_spec(isolation="sandbox", image="x", secret_env={"TOKEN": "t"})
+    assert (await api.submit(token, spec)).status == 201
+
+
+async def test_the_clusters_least_isolation_is_judged_at_submission(
+    database: DatabaseUnderTest,
+) -> None:
+    async with running_api(
+        database, scheduling=SchedulingSettings(enabled=False, min_isolation="sandbox")
+    ) as api:
+        token = await api.tenant("vision")
+        register_contained(api, "gpu-a", isolation="user")
+        name, reason = await refused(api, token, job_spec())
+        assert name == "$.isolation"
+        assert reason.startswith("no node at cloud isolates training workers as sandbox")

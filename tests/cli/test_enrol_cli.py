@@ -12,13 +12,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 from aiohttp.test_utils import TestServer
 
 from cloud.app import create_app
+from cloud.fleet.enrolment_views import sealing_key_fingerprint
+from edge.sealing_key import load_or_create_sealing_key
 from greenfed.cli import main
 from shared import secret_hashes
+from shared.sealing import public_key_text
 from shared.settings import CloudSettings, SchedulingSettings, Settings, load_settings
 from shared.token_files import admin_token_path, read_token_file
 from tests.store.databases import sqlite_database
@@ -29,6 +33,15 @@ from tests.support.fleet import mqtt_settings
 @pytest.fixture(autouse=True)
 def cheap_token_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(secret_hashes, "SCRYPT_LOG2_N", 10)
+
+
+@pytest.fixture(autouse=True)
+def agent_data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where an agent without `agent.data_dir` keeps its state (the node's sealing key
+    among it): in the test's directory, never the home of whoever runs the tests."""
+    home = tmp_path / "xdg-data"
+    monkeypatch.setenv("XDG_DATA_HOME", str(home))
+    return home
 
 
 @contextlib.asynccontextmanager
@@ -167,3 +180,43 @@ async def test_https_is_verified_against_the_ca_given(
 def _directory(path: Path) -> Path:
     path.mkdir()
     return path
+
+
+async def enrolled_fingerprints(api: str, admin: str) -> dict[str, str | None]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{api}/v1/nodes/enrolled", headers={"Authorization": f"Bearer {admin}"}) as reply,
+    ):
+        assert reply.status == 200
+        body = await reply.json()
+    return {item["node_id"]: item["sealing_key_fingerprint"] for item in body["items"]}
+
+
+async def test_enrol_sends_the_sealing_key_the_agent_will_use(
+    tmp_path: Path, agent_data_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # With the file's agent.data_dir, the key goes there; without, to the default.
+    configured = tmp_path / "configured.toml"
+    configured.write_text(f'[agent]\ndata_dir = "{tmp_path / "agent-data"}"\n')
+    plain = tmp_path / "plain.toml"
+    async with control_plane(tmp_path) as api:
+        admin = admin_token(tmp_path)
+        token = await join_token(api, admin, capsys, "--uses", "2")
+        for config, node_id in ((configured, "orin-1"), (plain, "orin-2")):
+            code = await greenfed(
+                "edge", "enrol", "--api", api, "--token", token, "--config", str(config),
+                "--node-id", node_id,
+            )  # fmt: skip
+            out = capsys.readouterr().out
+            assert code == 0, out
+            assert "sealing key sha256:" in out
+        fingerprints = await enrolled_fingerprints(api, admin)
+    for data_dir, node_id in (
+        (tmp_path / "agent-data", "orin-1"),
+        (agent_data_home / "greenfed" / "agent", "orin-2"),
+    ):
+        key_file = data_dir / "state" / "sealing.key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        public_key = public_key_text(load_or_create_sealing_key(key_file))
+        assert fingerprints[node_id] == sealing_key_fingerprint(public_key)
+    assert load_settings(configured, environ={}).agent.data_dir == str(tmp_path / "agent-data")

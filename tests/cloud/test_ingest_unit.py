@@ -7,6 +7,7 @@ from collections import Counter
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from shared.messages import (
     TrainingRunState,
     encode,
 )
+from shared.sealing import public_key_text
 from shared.topics import Channel, Topics
 
 MAX_PAYLOAD_BYTES = 4096
@@ -371,9 +373,45 @@ def test_a_node_the_enrolment_gate_refuses_is_dropped_and_counted(known_node: In
     assert known_node.registry.version == version
 
 
+def keyed_birth(key: str | None) -> NodeStatus:
+    return msgspec.structs.replace(birth(), sealing_public_key=key)
+
+
+NODE_KEY = public_key_text(X25519PrivateKey.generate())
+OTHER_KEY = public_key_text(X25519PrivateKey.generate())
+
+
+@pytest.mark.parametrize(
+    ("announced", "pinned", "kept", "counted_as"),
+    [
+        (NODE_KEY, None, NODE_KEY, None),  # enrolled without a key: trusted
+        (NODE_KEY, NODE_KEY, NODE_KEY, None),
+        (OTHER_KEY, NODE_KEY, None, "sealing_key_mismatch"),
+        ("bm90IGEga2V5", None, None, "sealing_key_invalid"),  # base64, but 9 bytes
+        ("not base64!", NODE_KEY, None, "sealing_key_invalid"),
+        (None, NODE_KEY, None, None),  # an older agent announces none
+    ],
+)
+def test_a_birth_keeps_its_sealing_key_only_when_it_is_the_one_the_node_enrolled_with(
+    ingestor: Ingestor, announced: str | None, pinned: str | None, kept: str | None,
+    counted_as: str | None,
+) -> None:  # fmt: skip
+    ingestor.pinned_sealing_key = {"n1": pinned}.get  # cloud/fleet/enrolled.py
+
+    ingestor.handle(topic("n1", Channel.STATUS), encode(keyed_birth(announced)))
+
+    record = ingestor.registry.get("n1")
+    assert record is not None  # the birth itself is always kept
+    assert record.status == keyed_birth(kept)
+    assert ingestor.stats.ingested["status"] == 1
+    expected = Counter({("status", counted_as): 1}) if counted_as else Counter()
+    assert ingestor.stats.invalid == expected
+
+
 def test_every_invalid_reason_is_exercised() -> None:
     reasons = {case.values[2][1] for case in INVALID_CASES}  # type: ignore[index]
     reasons.add(InvalidReason.NOT_ENROLLED.value)  # the test above
+    reasons |= {"sealing_key_invalid", "sealing_key_mismatch"}  # and the one before
     # Below: they need more than one message.
     reasons |= {"registry_full", "not_assigned", "wrong_attempt", "illegal_transition"}
     assert reasons == {reason.value for reason in InvalidReason}

@@ -26,7 +26,7 @@ import pytest
 
 from edge.sandbox.cgroups import discover_layout
 from edge.training.process import ProcessRun
-from edge.training.runs import RejectedRun
+from edge.training.runs import RejectedRun, TrainingRun
 from shared.messages import Accelerator
 from shared.sealing import SealedSecrets, public_key_text, seal
 from tests.support.sandboxed_node import (
@@ -54,6 +54,11 @@ def node(request: pytest.FixtureRequest) -> Iterator[SandboxedNode]:
 def sandbox_node() -> Iterator[SandboxedNode]:
     require_isolation_tools()
     yield from make_node("sandbox")
+
+
+def _state(run: TrainingRun) -> str:
+    """Its state now (a plain str: it changes under the test's feet)."""
+    return run.status.state
 
 
 def _denied(output: str, *tags: str) -> None:
@@ -126,11 +131,11 @@ async def test_a_job_cannot_read_or_signal_another_tenants_job(node: SandboxedNo
     _denied(output, "files", "list")
     assert "secret-of-a" not in output
     # The other tenant's worker runs on, untouched by `kill -KILL -1`.
-    assert run.status.state == "running"
+    assert _state(run) == "running"
     assert node.processes_of(owner.uid)
     await asyncio.wait_for(run.stop("test over"), 30)
     await task
-    assert run.status.state == "stopped"
+    assert _state(run) == "stopped"
 
 
 async def test_tenants_get_their_own_unprivileged_users(node: SandboxedNode) -> None:
@@ -290,12 +295,12 @@ async def test_a_sandboxed_worker_outlives_the_agent_and_is_taken_back(
 
     taken_back = node.launcher.adopt(spec)
     assert taken_back is not None
-    assert taken_back.status.state == "running"
+    assert _state(taken_back) == "running"
     following = asyncio.create_task(taken_back.run())
     work_dir = node.data_dir / "work" / f"{spec.job_id}-{spec.attempt}" / "w0"
     (work_dir / "go").touch()
     await asyncio.wait_for(following, 30)
-    assert taken_back.status.state == "succeeded"
+    assert _state(taken_back) == "succeeded"
     assert "finished" in node.output(spec)
     assert node.cgroup_dirs_left() == []
     assert not work_dir.exists()

@@ -58,7 +58,11 @@ async def test_a_two_worker_gang_runs_on_two_cloud_nodes_and_succeeds(
             assert env["RANK"] == str(worker.rank)
             assert env["WORLD_SIZE"] == "2"
             assert env["GREENFED_JOB_ID"] == job_id
-            assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+            # Every GPU of its node, by UUID.
+            gpus = running.launchers[next(iter(running.launchers))].inventory
+            assert env["CUDA_VISIBLE_DEVICES"] == ",".join(
+                gpu.uuid or "" for gpu in gpus if gpu.kind == "gpu"
+            )
 
         done = await reaches(api, token, job_id, "succeeded")
         assert done["attempts"] == 1

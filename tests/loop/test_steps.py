@@ -158,7 +158,7 @@ def test_an_unhealthy_device_takes_no_work_and_moves_what_ran_on_it() -> None:
 # ---- desired documents -----------------------------------------------------------------
 
 
-def test_a_gang_runs_one_worker_per_node_ranked_by_its_lowest_member() -> None:
+def test_a_gang_ranks_its_members_node_by_node_in_the_order_of_their_lowest_member() -> None:
     job = work("job-1", attempts=3)
     members = (
         allocation("job-1", 0, "b", ("gpu0",)),
@@ -180,8 +180,10 @@ def test_a_gang_runs_one_worker_per_node_ranked_by_its_lowest_member() -> None:
     }
     (on_b,) = documents["b"].training
     (on_a,) = documents["a"].training
-    assert (on_b.rank, on_a.rank) == (0, 1)
-    assert on_b.world_size == on_a.world_size == 2
+    # b holds members 0 and 2 (ranks 0, 1), a member 1 (rank 2): three workers.
+    assert (on_b.rank, on_b.processes, on_a.rank, on_a.processes) == (0, 2, 2, 1)
+    assert on_b.world_size == on_a.world_size == 3
+    assert (on_b.node_rank, on_a.node_rank, on_b.nodes, on_a.nodes) == (0, 1, 2, 2)
     assert on_b.accelerator_ids == ("gpu0", "gpu1")
     assert on_a.master_addr == on_b.master_addr == "10.0.0.7"
     assert on_a.master_port == on_b.master_port == master_port("job-1", 3, SETTINGS)

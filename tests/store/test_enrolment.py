@@ -143,3 +143,29 @@ async def test_revoking_a_node_that_never_enrolled_refuses_it_too(store: Store) 
     await store.set_enrolled_username("legacy-node", "legacy-node")
     (listed,) = await store.list_enrolled_nodes()
     assert listed.username == "legacy-node"
+
+
+async def test_a_node_is_pinned_to_the_sealing_key_it_enrolled_with(store: Store) -> None:
+    created = await store.create_join_token(NewJoinToken(ttl_s=60, max_uses=3))
+    first_key, second_key = "A" * 43 + "=", "B" * 43 + "="
+    redemption = await store.redeem_join_token(
+        created.token, "edge-1", sealing_public_key=first_key
+    )
+    assert redemption.node.sealing_public_key == first_key
+    assert await store.get_enrolled_node("edge-1") == redemption.node
+    # A new key pair on the same enrolled node (greenfed up's simulated nodes each run).
+    assert await store.pin_sealing_key("edge-1", second_key)
+    enrolled = await store.get_enrolled_node("edge-1")
+    assert enrolled is not None
+    assert enrolled.sealing_public_key == second_key
+    # Only an enrolled, unrevoked node is pinned.
+    assert not await store.pin_sealing_key("edge-2", second_key)
+    revoked = await store.revoke_node("edge-1")
+    assert not await store.pin_sealing_key("edge-1", first_key)
+    # Enrolling again pins what the node sends now; undoing that restores the old pin.
+    again = await store.redeem_join_token(created.token, "edge-1")
+    assert again.node.sealing_public_key is None
+    await store.release_redemption(again)
+    (listed,) = await store.list_enrolled_nodes()
+    assert listed == revoked
+    assert listed.sealing_public_key == second_key

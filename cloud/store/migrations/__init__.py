@@ -25,6 +25,7 @@ from cloud.store.migrations import (
     v0009_power_limits,
     v0010_tokens_limits_audit,
     v0011_dependencies_cpu_cores,
+    v0012_sealing_keys,
 )
 
 
@@ -47,6 +48,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(9, "power_limits", v0009_power_limits.upgrade),
     SchemaMigration(10, "tokens_limits_audit", v0010_tokens_limits_audit.upgrade),
     SchemaMigration(11, "dependencies_cpu_cores", v0011_dependencies_cpu_cores.upgrade),
+    SchemaMigration(12, "sealing_keys", v0012_sealing_keys.upgrade),
 )
 
 
