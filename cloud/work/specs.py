@@ -25,6 +25,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from shared.errors import FieldError, json_path
+from shared.images import registry_of
 from shared.messages import AcceleratorKind, ImagePullPolicy, LaunchMode, Site
 from shared.taints import CORDON_TAINT_KEY
 from shared.work_literals import (
@@ -120,17 +121,6 @@ RegistryHost = Annotated[
         description="Host[:port] of a registry, e.g. ghcr.io.",
     ),
 ]
-DEFAULT_REGISTRY: Final = "docker.io"
-
-
-def registry_of(image: str) -> str:
-    """The registry an image reference pulls from: its first component when that names a
-    host (a '.', a ':', an upper-case letter or localhost, as container runtimes read
-    it), else docker.io."""
-    first, slash, _ = image.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
-        return first
-    return DEFAULT_REGISTRY
 
 
 class SpecStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

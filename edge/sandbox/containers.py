@@ -51,7 +51,6 @@ INIT_BINARIES: Final = (
     Path("/usr/bin/docker-init"),
     Path("/usr/libexec/docker/docker-init"),
 )
-DEFAULT_REGISTRY: Final = "docker.io"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,14 +144,6 @@ class ContainerRuntime:
 
     def remove_argv(self, container: str) -> list[str]:
         return [*self._global, "rm", "--force", container]
-
-
-def registry_of(image: str) -> str:
-    """The registry host an image reference names (docker.io when it names none)."""
-    first, slash, _ = image.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return DEFAULT_REGISTRY
 
 
 def auth_file(registry: str, username: str, password: str) -> bytes:

@@ -29,7 +29,7 @@ from typing import Final
 from edge.atomic_files import write_atomically
 from edge.sandbox.bubblewrap import drop_privileges, sandbox_argv
 from edge.sandbox.cgroups import RunGroups, WorkerLimits
-from edge.sandbox.containers import ContainerRuntime, auth_file, pull_needed, registry_of
+from edge.sandbox.containers import ContainerRuntime, auth_file, pull_needed
 from edge.sandbox.devices import DeviceNode, assigned_device_nodes, device_rules
 from edge.sandbox.probe import NodeIsolation
 from edge.sandbox.users import WorkUser, WorkUsers
@@ -41,6 +41,7 @@ from edge.training.environment import (
     process_environment,
 )
 from edge.training.launch_plan import LaunchPlan, PrepareStep, ProcessPlan
+from shared.images import registry_of
 from shared.messages import Accelerator, DesiredTraining, IsolationLevel
 from shared.sealing import SealedSecrets
 from shared.worker_env import DEFAULT_VARIABLES
@@ -328,7 +329,7 @@ class Sandbox:
         credentials: tuple[str, ...] = ()
         auth_path: str | None = None
         registry = secrets.registry
-        if registry is not None and registry.registry in (registry_of(image), ""):
+        if registry is not None:
             directory = self._credentials_dir / f"{name}.auth"
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             path = directory / runtime.auth_file_name()

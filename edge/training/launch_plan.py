@@ -47,7 +47,7 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
 class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
     processes: tuple[ProcessPlan, ...]
     grace_period_s: float  # SIGTERM to SIGKILL when stopped, or when another one failed
-    started_file: str  # written once every process has started
+    started_file: str  # written once every process has started (a `Started`)
     prepare: tuple[PrepareStep, ...] = ()
     # The run's groups: signalled on stop, emptied and removed at the end.
     cgroup_dirs: tuple[str, ...] = ()
@@ -72,5 +72,14 @@ class ExitStatus(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: float = 0.0
 
 
+class Started(msgspec.Struct, frozen=True, kw_only=True):
+    """The started file: when, and the process groups of the worker's processes (what
+    an agent kills should the wrapper itself be gone, where no cgroup holds them)."""
+
+    started_at: float
+    process_groups: tuple[int, ...] = ()
+
+
 PLAN_DECODER = msgspec.json.Decoder(LaunchPlan)
+STARTED_DECODER = msgspec.json.Decoder(Started)
 EXIT_DECODER = msgspec.json.Decoder(ExitStatus)

@@ -41,7 +41,7 @@ from edge.sandbox.launcher import Sandbox
 from edge.sandbox.users import WorkUserError
 from edge.training import wrapper
 from edge.training.environment import WorkerSpecError, process_count, unrunnable_reason
-from edge.training.launch_plan import ExitStatus, LaunchPlan
+from edge.training.launch_plan import STARTED_DECODER, ExitStatus, LaunchPlan, Started
 from edge.training.log_tail import LogTail
 from edge.training.output import OutputBuffer
 from edge.training.runs import RejectedRun, RunStatus, TrainingRun
@@ -213,7 +213,7 @@ class ProcessRun:
             return False
         if self._stop_reason is not None:  # withdrawn while it was being prepared
             await asyncio.to_thread(
-                _clean_up_after, plan.cgroup_dirs, plan.cleanup, plan.remove_paths
+                _clean_up_after, plan.cgroup_dirs, plan.cleanup, plan.remove_paths, ""
             )
             self.status.mark_finished("stopped", None, self._stop_reason)
             return False
@@ -240,7 +240,7 @@ class ProcessRun:
             )
         except OSError as error:
             await asyncio.to_thread(
-                _clean_up_after, plan.cgroup_dirs, plan.cleanup, plan.remove_paths
+                _clean_up_after, plan.cgroup_dirs, plan.cleanup, plan.remove_paths, ""
             )
             self.status.mark_finished("failed", None, f"cannot start: {error}")
             return False
@@ -341,7 +341,11 @@ class ProcessRun:
             # The wrapper was killed before it could say: nothing of the worker may stay.
             if record is not None and record.protocol >= 2:
                 await asyncio.to_thread(
-                    _clean_up_after, record.cgroup_dirs, record.cleanup, record.remove_paths
+                    _clean_up_after,
+                    record.cgroup_dirs,
+                    record.cleanup,
+                    record.remove_paths,
+                    record.started_file,
                 )
             returncode = self._process.returncode if self._process is not None else None
             if stop_requested:
@@ -397,9 +401,9 @@ class ProcessRun:
                     os.kill(record.pid, signal.SIGTERM)
             await self._wait_until(time.monotonic() + grace_s + STOP_MARGIN_S)
             if self._running():
+                # Its processes go with it (_finish cleans up after a wrapper gone silent).
                 self._log.warning("training worker's wrapper did not stop: killing it")
                 self._signal_group(signal.SIGKILL)
-                await asyncio.to_thread(cgroups.signal_all, record.cgroup_dirs, signal.SIGKILL)
         else:
             self._signal_group(signal.SIGTERM)
             await self._wait_until(time.monotonic() + grace_s)
@@ -407,20 +411,32 @@ class ProcessRun:
         await self._finished.wait()
 
 
-def _started_at(path: Path) -> float | None:
+def read_started(path: Path) -> Started | None:
+    """What the wrapper wrote once the worker's processes started (None: not yet)."""
     try:
-        return float(path.read_text(encoding="ascii").strip())
-    except (OSError, ValueError):
+        return STARTED_DECODER.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+def _started_at(path: Path) -> float | None:
+    started = read_started(path)
+    return started.started_at if started is not None else None
 
 
 def _clean_up_after(
     cgroup_dirs: tuple[str, ...],
     cleanup: tuple[tuple[str, ...], ...],
     remove_paths: tuple[str, ...],
+    started_file: str,
 ) -> None:
-    """What a wrapper that was killed could not do: kill what the worker left, remove
-    its containers, cgroups and work directory (idempotent)."""
+    """What a wrapper that was killed could not do: kill what the worker left (its
+    cgroups; its processes' groups where it has none), remove its containers, cgroups
+    and work directory (idempotent)."""
+    started = read_started(Path(started_file)) if started_file else None
+    for group in started.process_groups if started is not None else ():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
     if cgroup_dirs:
         cgroups.kill_all_and_wait(cgroup_dirs)
     for argv in cleanup:

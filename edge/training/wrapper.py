@@ -50,6 +50,7 @@ from edge.training.launch_plan import (
     ExitStatus,
     LaunchPlan,
     PrepareStep,
+    Started,
 )
 from edge.training.logs import BoundedLog
 
@@ -219,7 +220,10 @@ class _Supervisor:
             except (OSError, subprocess.SubprocessError) as error:
                 self._kill_everything()
                 return f"cannot start: {error}"
-        Path(self.plan.started_file).write_text(f"{time.time()}\n", encoding="ascii")
+        notice = Started(
+            started_at=time.time(), process_groups=tuple(p.pid for p in self.processes)
+        )
+        Path(self.plan.started_file).write_bytes(msgspec.json.encode(notice))
         _tell_the_agent_it_started()
         label_output = self.plan.label_output
         for planned, started in zip(self.plan.processes, self.processes, strict=True):

@@ -17,10 +17,10 @@ from cloud.work.specs import (
     TrainingJobSpec,
     check_secret_sizes,
     describe_error,
-    registry_of,
 )
 from greenfed.spec_files import SpecFileError, load_spec_file
 from shared.errors import FieldError, json_path
+from shared.images import registry_of
 from shared.worker_env import RUNNER_VARIABLES
 
 

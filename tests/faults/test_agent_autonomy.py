@@ -20,7 +20,7 @@ import pytest
 
 from edge.agent import Agent
 from edge.inference.options import InferenceOptions
-from edge.training.process import LOST_REASON
+from edge.training.process import LOST_REASON, read_started
 from edge.training.worker_record import WorkerRecord, is_alive, load_record
 from shared.messages import DesiredState, DesiredTraining
 from shared.settings import MqttSettings, parse_mqtt_url
@@ -394,7 +394,11 @@ async def test_training_outlives_an_agent_restart_and_a_reboot_is_reported_at_on
             )
             await eventually(lambda: reported(second, "bert") == ("running", None, ""))
             doomed = worker("bert")
-        os.killpg(doomed.pid, signal.SIGKILL)  # the reboot: every worker gone
+        # The reboot: every worker gone, its wrapper and its processes.
+        started = read_started(jobs / "bert-0.started")
+        assert started is not None
+        for group in (doomed.pid, *started.process_groups):
+            os.killpg(group, signal.SIGKILL)
         await eventually(lambda: not is_alive(doomed.pid, doomed.process_started))
         third = agent()
         async with running(third):

@@ -1,0 +1,175 @@
+"""A worker's launch plan as the node's sandbox builds it (edge/sandbox/launcher.py),
+without running it: what a container's command line holds and what it never holds,
+where registry credentials go and that they go away, what a node refuses to run."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from edge.sandbox.containers import ContainerRuntime
+from edge.sandbox.launcher import Sandbox
+from edge.sandbox.probe import NodeIsolation
+from edge.sandbox.users import WorkUsers
+from edge.training.environment import WorkerSpecError
+from shared.messages import Accelerator, DesiredTraining
+from shared.sealing import RegistryCredentials, SealedSecrets
+
+PODMAN = ContainerRuntime(
+    name="podman", binary="/usr/bin/podman", version="4.3.1", oci_runtime="runc", has_init=True
+)
+SECRET = "token-never-on-a-command-line"
+GPUS = tuple(
+    Accelerator(
+        id=f"gpu{i}",
+        kind="gpu",
+        vendor="nvidia",
+        model="A100",
+        memory_bytes=1,
+        compute_units=108,
+        index=i,
+        uuid=f"GPU-{i}",
+    )
+    for i in range(2)
+)
+
+
+def sandbox(
+    tmp_path: Path, level: str = "none", runtime: ContainerRuntime | None = PODMAN
+) -> Sandbox:
+    isolation = NodeIsolation(level, "test", runtime=runtime, runtime_note="podman 4.3.1")  # type: ignore[arg-type]
+    return Sandbox(
+        isolation,
+        inventory=GPUS,
+        work_root=tmp_path / "work",
+        credentials_dir=tmp_path / "credentials",
+        users=WorkUsers(),
+    )
+
+
+def worker(**fields: object) -> DesiredTraining:
+    values: dict[str, object] = {
+        "job_id": "J1",
+        "attempt": 1,
+        "command": ("python", "train.py"),
+        "tenant": "acme",
+        "image": "ghcr.io/acme/trainer:2",
+        "secret_names": ("API_TOKEN",),
+        "pids_limit": 512,
+    }
+    values.update(fields)
+    return DesiredTraining(**values)  # type: ignore[arg-type]
+
+
+def test_a_container_gets_its_environment_by_name_and_never_a_value_on_its_command_line(
+    tmp_path: Path,
+) -> None:
+    plan = sandbox(tmp_path).plan(
+        worker(env={"EPOCHS": "3"}, accelerator_ids=("gpu1",)),
+        SealedSecrets(env={"API_TOKEN": SECRET}),
+        name="J1-1",
+        started_file=tmp_path / "J1-1.started",
+    )
+    (process,) = plan.processes
+    argv = " ".join(process.argv)
+    assert SECRET not in argv
+    assert "--env=API_TOKEN" in process.argv
+    assert "--env=EPOCHS" in process.argv
+    assert "--env=PATH" not in process.argv  # the image's own PATH
+    assert process.env["API_TOKEN"] == SECRET  # what the runtime client passes on
+    assert "--ulimit=nproc=512:512" in process.argv  # never the runtime's defaults
+    assert "--pull=never" in process.argv  # pulled before, as the policy says
+    assert "--cap-drop=all" in process.argv
+    assert "--runtime=runc" in argv
+    assert process.env["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+    assert plan.cleanup == (
+        (
+            "/usr/bin/podman",
+            "--cgroup-manager=cgroupfs",
+            "--runtime=runc",
+            "rm",
+            "--force",
+            "greenfed-J1-1-w0",
+        ),
+    )
+    (step,) = plan.prepare
+    assert step.check[-3:] == ("image", "exists", "ghcr.io/acme/trainer:2")
+    assert step.run[-2:] == ("pull", "ghcr.io/acme/trainer:2")
+
+
+def test_registry_credentials_go_to_a_root_only_file_removed_once_pulled(tmp_path: Path) -> None:
+    credentials = RegistryCredentials(registry="ghcr.io", username="ci", password=SECRET)
+    plan = sandbox(tmp_path).plan(
+        worker(secret_names=()),
+        SealedSecrets(registry=credentials),
+        name="J1-1",
+        started_file=tmp_path / "J1-1.started",
+    )
+    (step,) = plan.prepare
+    [authfile] = [arg.split("=", 1)[1] for arg in step.run if arg.startswith("--authfile=")]
+    path = Path(authfile)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert json.loads(path.read_text())["auths"]["ghcr.io"]["auth"]  # base64 of ci:password
+    assert str(path.parent) in plan.remove_after_prepare
+    assert SECRET not in " ".join(step.run)
+
+
+def test_never_pulling_only_checks_that_the_image_is_there(tmp_path: Path) -> None:
+    plan = sandbox(tmp_path).plan(
+        worker(image_pull_policy="never", secret_names=()),
+        SealedSecrets(),
+        name="J1-1",
+        started_file=tmp_path / "J1-1.started",
+    )
+    (step,) = plan.prepare
+    assert step.run == ()
+    assert (
+        step.error == "image ghcr.io/acme/trainer:2 is not on this node (image_pull_policy never)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("level", "runtime", "spec", "reason"),
+    [
+        ("unavailable", PODMAN, worker(image=None), "this node runs no work it cannot isolate"),
+        ("user", PODMAN, worker(image=None, min_isolation="sandbox"), "asks for isolation sandbox"),
+        ("sandbox", None, worker(), "no container runtime"),
+    ],
+)
+def test_a_node_refuses_what_it_cannot_give_saying_why(
+    tmp_path: Path,
+    level: str,
+    runtime: ContainerRuntime | None,
+    spec: DesiredTraining,
+    reason: str,
+) -> None:
+    assert reason in sandbox(tmp_path, level, runtime).refusal(spec)
+
+
+def test_a_working_dir_inside_the_agents_private_files_is_refused(tmp_path: Path) -> None:
+    from edge.sandbox.launcher import PrivatePaths
+
+    private = Sandbox(
+        NodeIsolation("sandbox", "test"),
+        inventory=GPUS,
+        work_root=tmp_path / "work",
+        credentials_dir=tmp_path / "credentials",
+        users=WorkUsers(),
+        private=PrivatePaths(directories=(tmp_path / "data",)),
+    )
+    spec = worker(image=None, working_dir=str(tmp_path / "data" / "state"))
+    assert "inside the agent's private files" in private.refusal(spec)
+
+
+def test_devices_that_cannot_be_shared_equally_among_a_nodes_workers_are_refused(
+    tmp_path: Path,
+) -> None:
+    spec = worker(
+        image=None, secret_names=(), processes=2, accelerator_ids=("gpu0", "gpu1", "gpu1")
+    )
+    with pytest.raises(WorkerSpecError, match="cannot be shared equally"):
+        sandbox(tmp_path).plan(spec, SealedSecrets(), name="J1-1", started_file=tmp_path / "s")
