@@ -8,10 +8,11 @@ so an unreachable Mosquitto fails the run instead of being skipped.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from greenfed.broker import EmbeddedBroker
 from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
@@ -22,6 +23,15 @@ from tests.support.brokers import (
     require_or_skip,
     tcp_reachable,
 )
+
+
+@pytest.fixture(autouse=True)
+def structlog_as_found() -> Iterator[None]:
+    """A test that configures logging (the CLI's `main` does, at level error for some
+    commands) leaves structlog as it found it: a later test's `capture_logs` would see
+    nothing below that level."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(params=["embedded", "mosquitto"])

@@ -395,9 +395,9 @@ async def test_training_outlives_an_agent_restart_and_a_reboot_is_reported_at_on
             await eventually(lambda: reported(second, "bert") == ("running", None, ""))
             doomed = worker("bert")
         # The reboot: every worker gone, its wrapper and its processes.
-        started = read_started(jobs / "bert-0.started")
-        assert started is not None
-        for group in (doomed.pid, *started.process_groups):
+        notice = read_started(jobs / "bert-0.started")
+        assert notice is not None
+        for group in (doomed.pid, *notice.process_groups):
             os.killpg(group, signal.SIGKILL)
         await eventually(lambda: not is_alive(doomed.pid, doomed.process_started))
         third = agent()
