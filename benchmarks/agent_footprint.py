@@ -9,6 +9,9 @@ Pass the `greenfed` of a venv that installed only the `edge` extra to measure an
 agent as deployed on a device (`pip install '.[edge]'`). `--enrolled` gives the agent a
 control-plane key and a signed retained `desired` document without work, which it
 verifies: an enrolled node with nothing to run. Without it the node is not enrolled.
+`--training` makes it a training node (`site = "cloud"`): it probes how it isolates
+work (as root: users, cgroups, a trial sandbox, the container runtime), keeps its
+sealing key and announces both (docs/isolation.md).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def measure(
     window_s: float,
     *,
     enrolled: bool = False,
+    training: bool = False,
 ) -> dict[str, float]:
     topic_root = f"gfbench-{uuid.uuid4().hex[:8]}"
     key = ""
@@ -80,7 +84,9 @@ def measure(
         document, key = signed_empty_desired()
         publish_retained(mqtt_url, desired_topic, document)
     try:
-        return _measure(greenfed, mqtt_url, topic_root, key, interval_s, settle_s, window_s)
+        return _measure(
+            greenfed, mqtt_url, topic_root, key, interval_s, settle_s, window_s, training
+        )
     finally:
         if enrolled:
             publish_retained(mqtt_url, desired_topic, b"")
@@ -94,6 +100,7 @@ def _measure(
     interval_s: float,
     settle_s: float,
     window_s: float,
+    training: bool,
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as workdir:
         config = Path(workdir) / "agent.toml"
@@ -103,7 +110,8 @@ def _measure(
             f'control_plane_public_key = "{key}"\n'
             # Its own state directory (spool, desired and reported state), like a device's.
             f'data_dir = "{workdir}/data"\n'
-            '[log]\nlevel = "warning"\n'
+            + (f'site = "cloud"\ncgroup_root = "greenfed-bench-{topic_root}"\n' if training else "")
+            + '[log]\nlevel = "warning"\n'
         )
         process = subprocess.Popen(
             [greenfed, "edge", "run", "--config", str(config)],
@@ -156,6 +164,9 @@ def main() -> None:
         action="store_true",
         help="a control-plane key and a signed desired document without work",
     )
+    parser.add_argument(
+        "--training", action="store_true", help="a training node (isolation, sealing key)"
+    )
     args = parser.parse_args()
     runs = [
         measure(
@@ -165,6 +176,7 @@ def main() -> None:
             args.settle,
             args.window,
             enrolled=args.enrolled,
+            training=args.training,
         )
         for _ in range(args.runs)
     ]
@@ -172,6 +184,7 @@ def main() -> None:
         "greenfed": args.greenfed,
         "telemetry_interval_s": args.interval,
         "enrolled": args.enrolled,
+        "training": args.training,
         "runs": runs,
         "median_rss_mb": statistics.median(r["rss_mb_median"] for r in runs),
         "median_uss_mb": statistics.median(r["uss_mb"] for r in runs),
