@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from shared.key_files import load_or_create_key
+from shared.pem_keys import new_pem_key, parse_pem_key
 from shared.settings import AgentSettings
 
 if TYPE_CHECKING:
@@ -33,25 +34,11 @@ def load_or_create_sealing_key(path: Path) -> X25519PrivateKey:
 
 def _new() -> bytes:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import (
-        Encoding,
-        NoEncryption,
-        PrivateFormat,
-    )
 
-    return X25519PrivateKey.generate().private_bytes(
-        Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
-    )
+    return new_pem_key(X25519PrivateKey.generate)
 
 
 def _parse(data: bytes) -> X25519PrivateKey:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-    try:
-        key = load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"the sealing key is not an unencrypted PEM key ({error})") from None
-    if not isinstance(key, X25519PrivateKey):
-        raise ValueError(f"the sealing key is a {type(key).__name__}, not an X25519 key")
-    return key
+    return parse_pem_key(data, X25519PrivateKey, "the sealing key")  # type: ignore[type-abstract]

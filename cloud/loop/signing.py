@@ -15,15 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    load_pem_private_key,
-)
 
 from shared.desired_signature import public_key_base64
 from shared.key_files import load_or_create_key
+from shared.pem_keys import new_pem_key, parse_pem_key
 from shared.settings import Settings
 
 __all__ = ["load_or_create_signing_key", "public_key_base64", "signing_key_path"]
@@ -45,16 +40,8 @@ def load_or_create_signing_key(settings: Settings) -> Ed25519PrivateKey:
 
 
 def _new() -> bytes:
-    return Ed25519PrivateKey.generate().private_bytes(
-        Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
-    )
+    return new_pem_key(Ed25519PrivateKey.generate)
 
 
 def _parse(data: bytes) -> Ed25519PrivateKey:
-    try:
-        key = load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"not an unencrypted PEM private key ({error})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ValueError(f"holds a {type(key).__name__}, not an Ed25519 key")
-    return key
+    return parse_pem_key(data, Ed25519PrivateKey, "the signing key")  # type: ignore[type-abstract]

@@ -127,23 +127,21 @@ def process_environment(
             "NNODES": str(spec.nodes),
         }
     )
+    rendezvous = {}
     if spec.master_addr:
-        environment["MASTER_ADDR"] = spec.master_addr
+        rendezvous["MASTER_ADDR"] = spec.master_addr
     if spec.master_port:
-        environment["MASTER_PORT"] = str(spec.master_port)
+        rendezvous["MASTER_PORT"] = str(spec.master_port)
+    environment.update(rendezvous)
     if per_node:
         # torchrun takes its options from these when the command line gives none.
-        environment.update(
-            {
-                "PET_NNODES": str(spec.nodes),
-                "PET_NPROC_PER_NODE": str(spec.processes),
-                "PET_NODE_RANK": str(spec.node_rank),
-            }
-        )
-        if spec.master_addr:
-            environment["PET_MASTER_ADDR"] = spec.master_addr
-        if spec.master_port:
-            environment["PET_MASTER_PORT"] = str(spec.master_port)
+        torchrun = {
+            "NNODES": str(spec.nodes),
+            "NPROC_PER_NODE": str(spec.processes),
+            "NODE_RANK": str(spec.node_rank),
+            **rendezvous,
+        }
+        environment.update({f"PET_{name}": value for name, value in torchrun.items()})
     cores = process_cores(spec)
     if cores is not None:
         # The cores the scheduler holds for it: thread pools sized to them, not to the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,8 +15,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from cloud.api.tuning import ApiTuning
 from cloud.app import create_app
-from cloud.app_keys import BACKGROUND_TASKS, STORE
+from cloud.app_keys import BACKGROUND_TASKS, REGISTRY, STORE
+from cloud.loop.inputs import build_inputs
+from cloud.loop.plans import translate
+from cloud.scheduler import Plan, schedule
 from cloud.store import Store
+from cloud.work.explain import explanations_for_plan
 from greenfed.broker import EmbeddedBroker
 from shared.settings import (
     CloudSettings,
@@ -226,3 +231,18 @@ class SseReader:
 
     async def take(self, count: int, timeout_s: float = 5.0) -> list[ServerSentEvent]:
         return [await self.next(timeout_s) for _ in range(count)]
+
+
+async def one_pass(api: Api, now: float | None = None) -> Plan:
+    """One scheduling pass as the loop makes it, committed (for apps whose loop is off)."""
+    store = api.store
+    inputs = build_inputs(
+        time.time() if now is None else now, api.app[REGISTRY].nodes(), await store.load_snapshot()
+    )
+    plan = schedule(inputs.snapshot)
+    translation = translate(plan, inputs, explanations_for_plan(plan))
+    lease = await store.try_acquire_leadership()
+    assert lease is not None
+    async with lease:
+        await store.commit_pass(translation.write, lease=lease)
+    return plan

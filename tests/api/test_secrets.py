@@ -18,20 +18,16 @@ from structlog.testing import capture_logs
 from cloud.app_keys import REGISTRY, SECRETS_AT_REST
 from cloud.loop.allocations import by_work
 from cloud.loop.desired import desired_document
-from cloud.loop.inputs import build_inputs
-from cloud.loop.plans import translate
-from cloud.scheduler import schedule
 from cloud.secrets.at_rest import PREFIX
 from cloud.secrets.release import SecretRelease
 from cloud.store.schema import metadata
 from cloud.work.convert import spec_of
-from cloud.work.explain import explanations_for_plan
 from cloud.work.specs import TrainingJobSpec
 from greenfed.cli import main
 from shared.redact import MASK
 from shared.sealing import open_sealed, public_key_text
 from shared.settings import SchedulingSettings
-from tests.api.support import Api, bearer, job_spec, problem
+from tests.api.support import Api, bearer, job_spec, one_pass, problem
 from tests.loop.builders import node
 
 SECRET = "aws-secret-Zq8JrT1x"
@@ -76,18 +72,6 @@ async def every_row(api: Api) -> str:
                     for value in row
                 )
     return "\n".join(rows)
-
-
-async def one_pass(api: Api) -> None:
-    """One scheduling pass as the loop makes it, committed (the loop itself is off)."""
-    store = api.store
-    inputs = build_inputs(time.time(), api.app[REGISTRY].nodes(), await store.load_snapshot())
-    plan = schedule(inputs.snapshot)
-    translation = translate(plan, inputs, explanations_for_plan(plan))
-    lease = await store.try_acquire_leadership()
-    assert lease is not None
-    async with lease:
-        await store.commit_pass(translation.write, lease=lease)
 
 
 def register(api: Api, node_id: str, key: X25519PrivateKey) -> None:

@@ -14,14 +14,10 @@ import msgspec
 import pytest
 
 from cloud.app_keys import REGISTRY
-from cloud.loop.inputs import build_inputs
-from cloud.loop.plans import translate
-from cloud.scheduler import Plan, schedule
-from cloud.work.explain import explanations_for_plan
 from cloud.work.explanation import decode_explanation
 from shared.messages import Accelerator
 from shared.settings import SchedulingSettings
-from tests.api.support import Api, job_spec, problem, running_api
+from tests.api.support import Api, job_spec, one_pass, problem, running_api
 from tests.loop.builders import device, node
 from tests.store.databases import DatabaseUnderTest
 
@@ -38,21 +34,6 @@ def server(node_id: str, *, gpus: int = 8, cores: int = 16) -> tuple[Accelerator
 def register(api: Api, node_id: str, **fields: Any) -> None:
     """A cloud node of 8 A100s (80 GiB), 16 cores and 64 GiB of host memory."""
     api.app[REGISTRY].apply_status(node(node_id, devices=server(node_id, **fields)).status)
-
-
-async def one_pass(api: Api, now: float | None = None) -> Plan:
-    """One scheduling pass as the loop makes it, committed."""
-    store = api.store
-    inputs = build_inputs(
-        time.time() if now is None else now, api.app[REGISTRY].nodes(), await store.load_snapshot()
-    )
-    plan = schedule(inputs.snapshot)
-    translation = translate(plan, inputs, explanations_for_plan(plan))
-    lease = await store.try_acquire_leadership()
-    assert lease is not None
-    async with lease:
-        await store.commit_pass(translation.write, lease=lease)
-    return plan
 
 
 async def refused(api: Api, token: str, spec: dict[str, Any]) -> tuple[str, str]:

@@ -29,6 +29,7 @@ from edge.training.process import ProcessRun
 from edge.training.runs import RejectedRun, TrainingRun
 from shared.messages import Accelerator
 from shared.sealing import SealedSecrets, public_key_text, seal
+from tests.support.inventory import nvidia_gpus
 from tests.support.sandboxed_node import (
     SETTINGS_PASSWORD,
     TESTS_ROOT,
@@ -210,19 +211,7 @@ def fake_gpus() -> Iterator[tuple[Path, tuple[Accelerator, ...]]]:
     os.mknod(dev_root / "nvidiactl", 0o666 | stat.S_IFCHR, os.makedev(195, 255))
     for path in dev_root.iterdir():
         path.chmod(0o666)
-    inventory = tuple(
-        Accelerator(
-            id=f"gpu{i}",
-            kind="gpu",
-            vendor="nvidia",
-            model="A100",
-            memory_bytes=1,
-            compute_units=108,
-            index=i,
-            uuid=f"GPU-{i}",
-        )
-        for i in range(4)
-    )
+    inventory = nvidia_gpus(4)
     yield dev_root, inventory
     shutil.rmtree(dev_root, ignore_errors=True)
 

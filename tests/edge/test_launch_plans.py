@@ -15,26 +15,15 @@ from edge.sandbox.launcher import Sandbox
 from edge.sandbox.probe import NodeIsolation
 from edge.sandbox.users import WorkUsers
 from edge.training.environment import WorkerSpecError
-from shared.messages import Accelerator, DesiredTraining
+from shared.messages import DesiredTraining
 from shared.sealing import RegistryCredentials, SealedSecrets
+from tests.support.inventory import nvidia_gpus
 
 PODMAN = ContainerRuntime(
     name="podman", binary="/usr/bin/podman", version="4.3.1", oci_runtime="runc", has_init=True
 )
 SECRET = "token-never-on-a-command-line"
-GPUS = tuple(
-    Accelerator(
-        id=f"gpu{i}",
-        kind="gpu",
-        vendor="nvidia",
-        model="A100",
-        memory_bytes=1,
-        compute_units=108,
-        index=i,
-        uuid=f"GPU-{i}",
-    )
-    for i in range(2)
-)
+GPUS = nvidia_gpus(2)
 
 
 def sandbox(

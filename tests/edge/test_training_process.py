@@ -13,23 +13,12 @@ import pytest
 from edge.training.environment import process_environment
 from edge.training.logs import BoundedLog, tail_lines
 from edge.training.process import ProcessRun
-from shared.messages import Accelerator, DesiredTraining
+from shared.messages import DesiredTraining
+from tests.support.inventory import nvidia_gpus
 from tests.support.launchers import plain_launcher
 from tests.support.waiting import eventually
 
-GPUS = tuple(
-    Accelerator(
-        id=f"gpu{i}",
-        kind="gpu",
-        vendor="nvidia",
-        model="A100",
-        memory_bytes=1,
-        compute_units=108,
-        index=i,
-        uuid=f"GPU-{i}",
-    )
-    for i in range(4)
-)
+GPUS = nvidia_gpus(4)
 
 
 def spec(script: str, **changes: object) -> DesiredTraining:
