@@ -29,14 +29,12 @@ All of this is blocking file I/O: callers run it in a thread.
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
-import signal
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
+
+from edge.sandbox.cgroup_files import remove_groups
 
 if TYPE_CHECKING:  # the wrapper imports this module: it starts faster without shared/
     from shared.messages import ResourceLimit
@@ -303,92 +301,6 @@ class WorkerCgroups:
             _write(devices / "devices.deny", "a")
             for rule in limits.device_rules:
                 _write(devices / "devices.allow", rule)
-
-
-# ---- what the wrapper and the agent do with a run's groups (module functions: the
-# wrapper runs them without discovering anything) --------------------------------------
-
-
-def join(procs_files: Iterable[str], pid: int = 0) -> None:
-    """Move `pid` (0: the calling process) into every one of the leaves."""
-    text = str(pid or os.getpid())
-    for path in procs_files:
-        with open(path, "w", encoding="ascii") as file:
-            file.write(text)
-
-
-def oom_kills(oom_file: str) -> int:
-    """How many of the leaf's processes the kernel killed for memory."""
-    try:
-        with open(oom_file, encoding="ascii") as file:
-            for line in file:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def memory_peak(path: str) -> int:
-    try:
-        with open(path, encoding="ascii") as file:
-            return int(file.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def pids_in(directories: Iterable[str]) -> set[int]:
-    """Every process in the groups and the groups below them (a container's)."""
-    found: set[int] = set()
-    for top in directories:
-        for directory in _walk(Path(top)):
-            with contextlib.suppress(OSError, ValueError):
-                text = (directory / "cgroup.procs").read_text(encoding="ascii")
-                found.update(int(pid) for pid in text.split())
-    return found
-
-
-def signal_all(directories: Iterable[str], signum: int) -> int:
-    """Send `signum` to every process in the groups; how many there were."""
-    pids = pids_in(directories)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
-    return len(pids)
-
-
-def kill_all_and_wait(directories: Sequence[str], timeout_s: float = 5.0) -> bool:
-    """SIGKILL what is left in the groups until they are empty; whether they are."""
-    deadline = time.monotonic() + timeout_s
-    while signal_all(directories, signal.SIGKILL):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def remove_groups(directories: Iterable[str]) -> None:
-    """rmdir each group (and groups below it, made by a container runtime), deepest
-    first; a group that is gone already is fine, one still busy is left (logged by
-    the caller when it matters)."""
-    for top in directories:
-        for directory in sorted(_walk(Path(top)), key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(FileNotFoundError):
-                try:
-                    directory.rmdir()
-                except OSError as error:
-                    if error.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                        raise
-
-
-def _walk(top: Path) -> Iterator[Path]:
-    if not top.is_dir():
-        return
-    yield top
-    for path, names, _ in os.walk(top):
-        for name in names:
-            yield Path(path) / name
 
 
 def _mkdir(path: Path) -> None:

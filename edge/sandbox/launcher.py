@@ -229,6 +229,7 @@ class Sandbox:
                 argv=tuple(argv),
                 env=env,
                 cwd=work_dir,
+                cgroup_procs=(),  # the container's runtime places it under the leaf
                 oom_file=groups.oom_file(local) if groups and not own_groups else None,
                 memory_peak_file=(
                     groups.memory_peak_file(local) if groups and not own_groups else None
@@ -262,6 +263,7 @@ class Sandbox:
             cgroup_procs=groups.procs_files(local) if groups else (),
             oom_file=groups.oom_file(local) if groups else None,
             memory_peak_file=groups.memory_peak_file(local) if groups else None,
+            oom_query=(),
             memory_limit_bytes=memory_bytes,
         )
 

@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 import structlog
 
-from edge.sandbox import cgroups
+from edge.sandbox import cgroup_files
 from edge.sandbox.cgroups import CgroupError
 from edge.sandbox.launcher import Sandbox
 from edge.sandbox.users import WorkUserError
 from edge.training import wrapper
 from edge.training.environment import WorkerSpecError, process_count, unrunnable_reason
-from edge.training.launch_plan import STARTED_DECODER, ExitStatus, LaunchPlan, Started
+from edge.training.launch_plan import ExitStatus, LaunchPlan, Started
 from edge.training.log_tail import LogTail
 from edge.training.output import OutputBuffer
 from edge.training.runs import RejectedRun, RunStatus, TrainingRun
@@ -54,7 +54,6 @@ from edge.training.worker_record import (
     process_started,
     save_record,
 )
-from edge.training.wrapper import read_exit_status
 from shared.messages import DesiredTraining, TrainingRunState
 from shared.sealing import SealedSecretsError
 from shared.worker_env import DEFAULT_VARIABLES
@@ -75,6 +74,19 @@ RUNTIME_EXIT_REASONS: Final = {
     127: "the command was not found in the image",
 }
 GIB: Final = 1024**3
+
+
+# What the wrapper writes (it writes with the standard library alone), checked here.
+STARTED_DECODER: Final = msgspec.json.Decoder(Started)
+EXIT_DECODER: Final = msgspec.json.Decoder(ExitStatus)
+
+
+def read_exit_status(path: Path) -> ExitStatus | None:
+    """What the wrapper recorded when the worker ended; None if it recorded nothing."""
+    try:
+        return EXIT_DECODER.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def describe_exit(returncode: int, *, stop_requested: bool) -> tuple[TrainingRunState, str]:
@@ -112,18 +124,21 @@ def describe_status(
     """(state, reason) from the wrapper's exit status."""
     if stop_requested:
         return "stopped", ""
-    if recorded.error:
-        return "failed", recorded.error
-    returncode = recorded.returncode if recorded.returncode is not None else -signal.SIGKILL
+    if recorded["error"]:
+        return "failed", recorded["error"]
+    returncode = recorded["returncode"]
+    returncode = returncode if returncode is not None else -signal.SIGKILL
     state: TrainingRunState
-    if recorded.oom_killed:
-        state, reason = "failed", f"out of memory: {_memory_text(recorded.memory_limit_bytes)}"
+    if recorded.get("oom_killed"):
+        limit_bytes = recorded.get("memory_limit_bytes")
+        state, reason = "failed", f"out of memory: {_memory_text(limit_bytes)}"
     elif image is not None and returncode in RUNTIME_EXIT_REASONS:
         state, reason = "failed", f"exit code {returncode}: {RUNTIME_EXIT_REASONS[returncode]}"
     else:
         state, reason = describe_exit(returncode, stop_requested=False)
-    if state == "failed" and processes > 1 and recorded.rank is not None:
-        reason = f"{reason} (rank {recorded.rank})"
+    rank = recorded.get("rank")
+    if state == "failed" and processes > 1 and rank is not None:
+        reason = f"{reason} (rank {rank})"
     return state, reason
 
 
@@ -213,7 +228,11 @@ class ProcessRun:
             return False
         if self._stop_reason is not None:  # withdrawn while it was being prepared
             await asyncio.to_thread(
-                _clean_up_after, plan.cgroup_dirs, plan.cleanup, plan.remove_paths, ""
+                _clean_up_after,
+                tuple(plan["cgroup_dirs"]),
+                tuple(tuple(argv) for argv in plan["cleanup"]),
+                tuple(plan["remove_paths"]),
+                "",
             )
             self.status.mark_finished("stopped", None, self._stop_reason)
             return False
@@ -240,7 +259,11 @@ class ProcessRun:
             )
         except OSError as error:
             await asyncio.to_thread(
-                _clean_up_after, plan.cgroup_dirs, plan.cleanup, plan.remove_paths, ""
+                _clean_up_after,
+                tuple(plan["cgroup_dirs"]),
+                tuple(tuple(argv) for argv in plan["cleanup"]),
+                tuple(plan["remove_paths"]),
+                "",
             )
             self.status.mark_finished("failed", None, f"cannot start: {error}")
             return False
@@ -258,15 +281,15 @@ class ProcessRun:
             grace_period_s=self.spec.grace_period_s,
             protocol=2,
             started_file=str(files.started_path),
-            processes=len(plan.processes),
+            processes=len(plan["processes"]),
             image=self.spec.image,
-            cgroup_dirs=plan.cgroup_dirs,
-            cleanup=plan.cleanup,
-            remove_paths=plan.remove_paths,
+            cgroup_dirs=tuple(plan["cgroup_dirs"]),
+            cleanup=tuple(tuple(argv) for argv in plan["cleanup"]),
+            remove_paths=tuple(plan["remove_paths"]),
         )
         self._save_record()
         await self._hand_over(plan)
-        self._log.info("training worker launched", pid=pid, processes=len(plan.processes))
+        self._log.info("training worker launched", pid=pid, processes=len(plan["processes"]))
         return True
 
     async def _hand_over(self, plan: LaunchPlan) -> None:
@@ -336,7 +359,7 @@ class ProcessRun:
                 processes=processes,
                 image=record.image if record is not None else self.spec.image,
             )
-            self.status.mark_finished(state, recorded.returncode, self._stop_reason or reason)
+            self.status.mark_finished(state, recorded["returncode"], self._stop_reason or reason)
         else:
             # The wrapper was killed before it could say: nothing of the worker may stay.
             if record is not None and record.protocol >= 2:
@@ -421,7 +444,7 @@ def read_started(path: Path) -> Started | None:
 
 def _started_at(path: Path) -> float | None:
     started = read_started(path)
-    return started.started_at if started is not None else None
+    return started["started_at"] if started is not None else None
 
 
 def _clean_up_after(
@@ -434,16 +457,16 @@ def _clean_up_after(
     cgroups; its processes' groups where it has none), remove its containers, cgroups
     and work directory (idempotent)."""
     started = read_started(Path(started_file)) if started_file else None
-    for group in started.process_groups if started is not None else ():
+    for group in started["process_groups"] if started is not None else ():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
     if cgroup_dirs:
-        cgroups.kill_all_and_wait(cgroup_dirs)
+        cgroup_files.kill_all_and_wait(cgroup_dirs)
     for argv in cleanup:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(argv, capture_output=True, timeout=60, check=False)
     with contextlib.suppress(OSError):
-        cgroups.remove_groups(cgroup_dirs)
+        cgroup_files.remove_groups(cgroup_dirs)
     wrapper.remove_paths(remove_paths)
 
 

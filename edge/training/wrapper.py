@@ -26,32 +26,23 @@ the status is always written.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import json
 import os
 import select
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
-import msgspec
-
-from edge.sandbox import cgroups
-from edge.training.launch_plan import (
-    EXIT_DECODER,
-    PLAN_DECODER,
-    ExitStatus,
-    LaunchPlan,
-    PrepareStep,
-    Started,
-)
+# What a worker's start waits for: the standard library and the cgroups' file
+# operations only (a serialization library's import would double the wrapper's start).
+from edge.sandbox import cgroup_files as cgroups
+from edge.training.launch_plan import ExitStatus, LaunchPlan, PrepareStep, Started
 from edge.training.logs import BoundedLog
 
 READ_CHUNK_BYTES = 64 * 1024
@@ -65,16 +56,26 @@ SIGKILL_CODES = (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 def write_exit_status(path: Path, status: ExitStatus) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(msgspec.json.encode(status))
+    temporary.write_text(json.dumps(status), encoding="utf-8")
     os.replace(temporary, path)
 
 
-def read_exit_status(path: Path) -> ExitStatus | None:
-    """What the wrapper recorded; None if it recorded nothing."""
-    try:
-        return EXIT_DECODER.decode(path.read_bytes())
-    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
+def _exit_status(
+    returncode: int | None,
+    *,
+    error: str = "",
+    rank: int | None = None,
+    oom_killed: bool = False,
+    memory_limit_bytes: int | None = None,
+) -> ExitStatus:
+    return ExitStatus(
+        returncode=returncode,
+        error=error,
+        finished_at=time.time(),
+        rank=rank,
+        oom_killed=oom_killed,
+        memory_limit_bytes=memory_limit_bytes,
+    )
 
 
 class _Log:
@@ -118,11 +119,10 @@ class _Wakeups:
 
     def __init__(self) -> None:
         self.stop_requested = False
-        self._reader, writer = socket.socketpair()
-        self._reader.setblocking(False)
-        writer.setblocking(False)
-        self._writer = writer  # kept open: the wakeup fd must stay valid
-        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._reader, self._writer = os.pipe()  # the writer stays open: the wakeup fd
+        os.set_blocking(self._reader, False)
+        os.set_blocking(self._writer, False)
+        signal.set_wakeup_fd(self._writer, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGCHLD, self._child)
@@ -136,7 +136,7 @@ class _Wakeups:
     def wait(self, timeout_s: float | None) -> None:
         select.select([self._reader], [], [], timeout_s)
         with contextlib.suppress(BlockingIOError):
-            while self._reader.recv(4096):
+            while os.read(self._reader, 4096):
                 pass
 
 
@@ -154,7 +154,7 @@ class _Supervisor:
     def prepare(self) -> str:
         """Run the plan's steps; "" when all are done, else why the worker cannot start."""
         try:
-            for step in self.plan.prepare:
+            for step in self.plan["prepare"]:
                 if self.wakeups.stop_requested:
                     return ""
                 failure = self._step(step)
@@ -162,25 +162,25 @@ class _Supervisor:
                     return failure
             return ""
         finally:
-            remove_paths(self.plan.remove_after_prepare)
+            remove_paths(self.plan["remove_after_prepare"])
 
     def _step(self, step: PrepareStep) -> str:
-        if step.check and _quietly(step.check, step.env) == 0:
+        if step["check"] and _quietly(step["check"], step["env"]) == 0:
             return ""
-        if not step.run:
-            return step.error
+        if not step["run"]:
+            return step["error"]
         last: list[bytes] = []
         try:
             process = subprocess.Popen(
-                step.run,
-                env=step.env,
+                step["run"],
+                env=step["env"],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 process_group=0,
             )
         except OSError as error:
-            return f"{step.error}: {error}"
+            return f"{step['error']}: {error}"
         assert process.stdout is not None
         reader = threading.Thread(target=_copy, args=(process.stdout, self.log, b"", last))
         reader.start()
@@ -192,21 +192,21 @@ class _Supervisor:
         if process.returncode == 0 or self.wakeups.stop_requested:
             return ""
         detail = last[0].decode("utf-8", "replace")[:300] if last else "no output"
-        return f"{step.error}: {detail}"
+        return f"{step['error']}: {detail}"
 
     # ---- the processes -------------------------------------------------------------------
 
     def start(self) -> str:
         """Start every process; "" when all started, else why not (those that did
         are killed)."""
-        for process in self.plan.processes:
-            procs_files = process.cgroup_procs
+        for process in self.plan["processes"]:
+            procs_files = process["cgroup_procs"]
             try:
                 self.processes.append(
                     subprocess.Popen(
-                        process.argv,
-                        env=process.env,
-                        cwd=process.cwd,
+                        process["argv"],
+                        env=process["env"],
+                        cwd=process["cwd"],
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,
@@ -220,15 +220,13 @@ class _Supervisor:
             except (OSError, subprocess.SubprocessError) as error:
                 self._kill_everything()
                 return f"cannot start: {error}"
-        notice = Started(
-            started_at=time.time(), process_groups=tuple(p.pid for p in self.processes)
-        )
-        Path(self.plan.started_file).write_bytes(msgspec.json.encode(notice))
+        notice = Started(started_at=time.time(), process_groups=[p.pid for p in self.processes])
+        Path(self.plan["started_file"]).write_text(json.dumps(notice), encoding="utf-8")
         _tell_the_agent_it_started()
-        label_output = self.plan.label_output
-        for planned, started in zip(self.plan.processes, self.processes, strict=True):
+        label_output = self.plan["label_output"]
+        for planned, started in zip(self.plan["processes"], self.processes, strict=True):
             assert started.stdout is not None
-            label = f"[rank {planned.rank}] ".encode() if label_output else b""
+            label = f"[rank {planned['rank']}] ".encode() if label_output else b""
             reader = threading.Thread(
                 target=_copy, args=(started.stdout, self.log, label, []), daemon=True
             )
@@ -258,10 +256,10 @@ class _Supervisor:
                 break
             if terminate_by is None and (self.wakeups.stop_requested or first_failure is not None):
                 if first_failure is not None:
-                    rank = self.plan.processes[first_failure].rank
+                    rank = self.plan["processes"][first_failure]["rank"]
                     self.log.say(f"rank {rank} failed: stopping the others")
                 self._signal_everything(signal.SIGTERM, live.values())
-                terminate_by = time.monotonic() + self.plan.grace_period_s
+                terminate_by = time.monotonic() + self.plan["grace_period_s"]
             timeout_s = None
             if terminate_by is not None and not self.killed_by_us:
                 timeout_s = terminate_by - time.monotonic()
@@ -274,7 +272,7 @@ class _Supervisor:
     def _signal_everything(self, signum: int, processes: Iterable[subprocess.Popen[bytes]]) -> None:
         for process in processes:
             _signal_group(process.pid, signum)
-        cgroups.signal_all(self.plan.cgroup_dirs, signum)
+        cgroups.signal_all(self.plan["cgroup_dirs"], signum)
 
     def _kill_everything(self) -> None:
         self.killed_by_us = True
@@ -285,8 +283,8 @@ class _Supervisor:
     def finish(self) -> None:
         """Nothing of the worker may outlive it: what its processes left running (in
         their cgroups, else their process groups) is killed; output read to the end."""
-        if self.plan.cgroup_dirs:
-            cgroups.kill_all_and_wait(self.plan.cgroup_dirs)
+        if self.plan["cgroup_dirs"]:
+            cgroups.kill_all_and_wait(self.plan["cgroup_dirs"])
         for process in self.processes:
             _signal_group(process.pid, signal.SIGKILL)
         deadline = time.monotonic() + OUTPUT_GRACE_S
@@ -294,40 +292,40 @@ class _Supervisor:
             reader.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def out_of_memory(self, index: int) -> bool:
-        plan = self.plan.processes[index]
+        plan = self.plan["processes"][index]
         returncode = self.processes[index].returncode
-        if plan.oom_file and cgroups.oom_kills(plan.oom_file) > 0:
+        oom_file, peak_file = plan["oom_file"], plan["memory_peak_file"]
+        if oom_file and cgroups.oom_kills(oom_file) > 0:
             return True
         if returncode in SIGKILL_CODES and not self.killed_by_us:
-            limit = plan.memory_limit_bytes
-            if plan.memory_peak_file and limit is not None:
-                peak = cgroups.memory_peak(plan.memory_peak_file)
-                if peak >= limit - LIMIT_REACHED_MARGIN_BYTES:
-                    return True
-            if plan.oom_query:
-                done = _output(plan.oom_query, plan.env)
-                return done.strip() == "true"
+            limit = plan["memory_limit_bytes"]
+            if (
+                peak_file is not None
+                and limit is not None
+                and cgroups.memory_peak(peak_file) >= limit - LIMIT_REACHED_MARGIN_BYTES
+            ):
+                return True
+            if plan["oom_query"]:
+                return _output(plan["oom_query"], plan["env"]).strip() == "true"
         return False
 
     def clean_up(self) -> None:
-        for argv in self.plan.cleanup:
+        for argv in self.plan["cleanup"]:
             _quietly(argv, dict(os.environ))
         with contextlib.suppress(OSError):
-            cgroups.remove_groups(self.plan.cgroup_dirs)
-        remove_paths(self.plan.remove_paths)
+            cgroups.remove_groups(self.plan["cgroup_dirs"])
+        remove_paths(self.plan["remove_paths"])
 
     def status(self, first_failure: int | None) -> ExitStatus:
         if first_failure is None:
             codes = [process.returncode for process in self.processes]
-            returncode = next((code for code in codes if code != 0), 0)
-            return ExitStatus(returncode=returncode, finished_at=time.time())
-        plan = self.plan.processes[first_failure]
-        return ExitStatus(
-            returncode=self.processes[first_failure].returncode,
-            rank=plan.rank,
+            return _exit_status(next((code for code in codes if code != 0), 0))
+        plan = self.plan["processes"][first_failure]
+        return _exit_status(
+            self.processes[first_failure].returncode,
+            rank=plan["rank"],
             oom_killed=self.out_of_memory(first_failure),
-            memory_limit_bytes=plan.memory_limit_bytes,
-            finished_at=time.time(),
+            memory_limit_bytes=plan["memory_limit_bytes"],
         )
 
 
@@ -372,6 +370,8 @@ def _output(argv: Sequence[str], env: dict[str, str]) -> str:
 
 def remove_paths(paths: Sequence[str]) -> None:
     """Remove files and directory trees (gone already is fine)."""
+    import shutil  # once the worker is over: not on its start's path
+
     for text in paths:
         path = Path(text)
         if path.is_dir() and not path.is_symlink():
@@ -391,33 +391,40 @@ def supervise(plan: LaunchPlan, log: _Log, wakeups: _Wakeups) -> ExitStatus:
         supervisor.finish()
         if failure:
             log.say(failure)
-            return ExitStatus(returncode=None, error=failure, finished_at=time.time())
+            return _exit_status(None, error=failure)
         if not supervisor.processes:  # stopped before it started
-            return ExitStatus(returncode=None, finished_at=time.time())
+            return _exit_status(None)
         # Before the clean-up: it removes the cgroups that counted the kills.
         return supervisor.status(first_failure)
     finally:
         supervisor.clean_up()
 
 
+def _arguments(argv: Sequence[str]) -> tuple[Path, int, Path]:
+    """--log PATH --max-log-bytes N --exit-file PATH (parsed by hand: argparse's import
+    alone would cost a worker's start a few milliseconds)."""
+    values = dict(zip(argv[::2], argv[1::2], strict=False))
+    try:
+        return Path(values["--log"]), int(values["--max-log-bytes"]), Path(values["--exit-file"])
+    except (KeyError, ValueError):
+        sys.exit("usage: wrapper.py --log PATH --max-log-bytes N --exit-file PATH")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edge/training/wrapper.py")
-    parser.add_argument("--log", type=Path, required=True)
-    parser.add_argument("--max-log-bytes", type=int, required=True)
-    parser.add_argument("--exit-file", type=Path, required=True)
-    args = parser.parse_args(argv)
+    log_path, max_log_bytes, exit_file = _arguments(sys.argv[1:] if argv is None else argv)
     # Before anything else: a stop that comes early is a stop, never the wrapper's death.
     wakeups = _Wakeups()
-    with BoundedLog(args.log, args.max_log_bytes) as bounded:
+    with BoundedLog(log_path, max_log_bytes) as bounded:
         log = _Log(bounded)
         try:
-            plan = PLAN_DECODER.decode(sys.stdin.buffer.read())
-        except (msgspec.DecodeError, msgspec.ValidationError, OSError) as error:
+            # From the agent, which built it (edge/sandbox/launcher.py): not checked again.
+            plan = cast(LaunchPlan, json.loads(sys.stdin.buffer.read()))
+        except (ValueError, OSError) as error:
             log.say(f"cannot start: the launch plan is unreadable ({error})")
-            status = ExitStatus(returncode=None, error=f"bad launch plan: {error}")
+            status = _exit_status(None, error=f"bad launch plan: {error}")
         else:
             status = supervise(plan, log, wakeups)
-    write_exit_status(args.exit_file, status)
+    write_exit_status(exit_file, status)
     return 0
 
 

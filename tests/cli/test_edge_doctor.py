@@ -27,7 +27,7 @@ from edge.doctor import (
     print_checks,
     run_checks,
 )
-from edge.sandbox.cgroups import remove_groups
+from edge.sandbox.cgroup_files import remove_groups
 from edge.sandbox.containers import ContainerRuntime
 from edge.sandbox.probe import NodeIsolation
 from greenfed.cli import main

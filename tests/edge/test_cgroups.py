@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from edge.sandbox.cgroup_files import oom_kills
 from edge.sandbox.cgroups import (
     CgroupLayout,
     WorkerCgroups,
     WorkerLimits,
-    oom_kills,
     parse_mountinfo,
 )
 

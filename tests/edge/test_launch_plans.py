@@ -62,19 +62,19 @@ def test_a_container_gets_its_environment_by_name_and_never_a_value_on_its_comma
         name="J1-1",
         started_file=tmp_path / "J1-1.started",
     )
-    (process,) = plan.processes
-    argv = " ".join(process.argv)
+    (process,) = plan["processes"]
+    argv = " ".join(process["argv"])
     assert SECRET not in argv
-    assert "--env=API_TOKEN" in process.argv
-    assert "--env=EPOCHS" in process.argv
-    assert "--env=PATH" not in process.argv  # the image's own PATH
-    assert process.env["API_TOKEN"] == SECRET  # what the runtime client passes on
-    assert "--ulimit=nproc=512:512" in process.argv  # never the runtime's defaults
-    assert "--pull=never" in process.argv  # pulled before, as the policy says
-    assert "--cap-drop=all" in process.argv
+    assert "--env=API_TOKEN" in process["argv"]
+    assert "--env=EPOCHS" in process["argv"]
+    assert "--env=PATH" not in process["argv"]  # the image's own PATH
+    assert process["env"]["API_TOKEN"] == SECRET  # what the runtime client passes on
+    assert "--ulimit=nproc=512:512" in process["argv"]  # never the runtime's defaults
+    assert "--pull=never" in process["argv"]  # pulled before, as the policy says
+    assert "--cap-drop=all" in process["argv"]
     assert "--runtime=runc" in argv
-    assert process.env["CUDA_VISIBLE_DEVICES"] == "GPU-1"
-    assert plan.cleanup == (
+    assert process["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+    assert plan["cleanup"] == (
         (
             "/usr/bin/podman",
             "--cgroup-manager=cgroupfs",
@@ -84,9 +84,9 @@ def test_a_container_gets_its_environment_by_name_and_never_a_value_on_its_comma
             "greenfed-J1-1-w0",
         ),
     )
-    (step,) = plan.prepare
-    assert step.check[-3:] == ("image", "exists", "ghcr.io/acme/trainer:2")
-    assert step.run[-2:] == ("pull", "ghcr.io/acme/trainer:2")
+    (step,) = plan["prepare"]
+    assert step["check"][-3:] == ("image", "exists", "ghcr.io/acme/trainer:2")
+    assert step["run"][-2:] == ("pull", "ghcr.io/acme/trainer:2")
 
 
 def test_registry_credentials_go_to_a_root_only_file_removed_once_pulled(tmp_path: Path) -> None:
@@ -97,14 +97,14 @@ def test_registry_credentials_go_to_a_root_only_file_removed_once_pulled(tmp_pat
         name="J1-1",
         started_file=tmp_path / "J1-1.started",
     )
-    (step,) = plan.prepare
-    [authfile] = [arg.split("=", 1)[1] for arg in step.run if arg.startswith("--authfile=")]
+    (step,) = plan["prepare"]
+    [authfile] = [arg.split("=", 1)[1] for arg in step["run"] if arg.startswith("--authfile=")]
     path = Path(authfile)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert json.loads(path.read_text())["auths"]["ghcr.io"]["auth"]  # base64 of ci:password
-    assert str(path.parent) in plan.remove_after_prepare
-    assert SECRET not in " ".join(step.run)
+    assert str(path.parent) in plan["remove_after_prepare"]
+    assert SECRET not in " ".join(step["run"])
 
 
 def test_never_pulling_only_checks_that_the_image_is_there(tmp_path: Path) -> None:
@@ -114,10 +114,10 @@ def test_never_pulling_only_checks_that_the_image_is_there(tmp_path: Path) -> No
         name="J1-1",
         started_file=tmp_path / "J1-1.started",
     )
-    (step,) = plan.prepare
-    assert step.run == ()
-    assert (
-        step.error == "image ghcr.io/acme/trainer:2 is not on this node (image_pull_policy never)"
+    (step,) = plan["prepare"]
+    assert step["run"] == ()
+    assert step["error"] == (
+        "image ghcr.io/acme/trainer:2 is not on this node (image_pull_policy never)"
     )
 
 

@@ -397,7 +397,7 @@ async def test_training_outlives_an_agent_restart_and_a_reboot_is_reported_at_on
         # The reboot: every worker gone, its wrapper and its processes.
         notice = read_started(jobs / "bert-0.started")
         assert notice is not None
-        for group in (doomed.pid, *notice.process_groups):
+        for group in (doomed.pid, *notice["process_groups"]):
             os.killpg(group, signal.SIGKILL)
         await eventually(lambda: not is_alive(doomed.pid, doomed.process_started))
         third = agent()

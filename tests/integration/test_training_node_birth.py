@@ -17,7 +17,7 @@ import aiomqtt
 import pytest
 
 from edge.main import run_agent
-from edge.sandbox import cgroups
+from edge.sandbox import cgroup_files, cgroups
 from edge.sealing_key import load_or_create_sealing_key, sealing_key_path
 from shared.messages import STATUS_DECODER, NodeStatus
 from shared.sealing import public_key_text
@@ -92,7 +92,7 @@ async def test_a_training_node_announces_how_it_isolates_work_and_its_sealing_ke
         assert sealing_key_path(agent).stat().st_mode & 0o777 == 0o600
     finally:
         every = [str(m / cgroup_root) for m in _mounts()]
-        cgroups.remove_groups(every)
+        cgroup_files.remove_groups(every)
         shutil.rmtree(root, ignore_errors=True)
 
 

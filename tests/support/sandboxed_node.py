@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import msgspec
 
-from edge.sandbox import cgroups
+from edge.sandbox import cgroup_files
 from edge.sandbox.launcher import Sandbox
 from edge.sandbox.setup import JOBS_DIR, TrainingSetup, set_up_training
 from edge.training.logs import tail_lines
@@ -156,8 +156,8 @@ def make_node(
                 str(mount / f"greenfed-test-{root.name}")
                 for mount in setup.isolation.cgroups.layout.every_mount()
             ]
-            cgroups.kill_all_and_wait(roots)
-            cgroups.remove_groups([*roots, *every])
+            cgroup_files.kill_all_and_wait(roots)
+            cgroup_files.remove_groups([*roots, *every])
         shutil.rmtree(root, ignore_errors=True)
 
 
