@@ -147,6 +147,18 @@ def _measure(
         finally:
             process.terminate()
             process.wait(10)
+            if training:
+                _remove_cgroup_root(f"greenfed-bench-{topic_root}")
+
+
+def _remove_cgroup_root(name: str) -> None:
+    """The workers' root groups a training agent made (empty: it ran no work)."""
+    from edge.sandbox.cgroup_files import remove_groups
+    from edge.sandbox.cgroups import discover_layout
+
+    layout = discover_layout()
+    if layout is not None:
+        remove_groups([str(mount / name) for mount in layout.every_mount()])
 
 
 def main() -> None:
