@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,26 @@ class PrivatePaths:
 
     def contains(self, path: Path) -> bool:
         return any(path == d or d in path.parents for d in self.directories) or path in self.files
+
+
+def reachable_by(directory: Path, user: WorkUser) -> bool:
+    """Whether `user` may enter `directory` by its path: search permission on it and on
+    every directory above it, as the kernel checks it for that uid and gid."""
+    path = Path(os.path.abspath(directory))
+    for step in (*reversed(path.parents), path):
+        try:
+            info = os.stat(step)
+        except OSError:
+            return False
+        if info.st_uid == user.uid:
+            search = stat.S_IXUSR
+        elif info.st_gid == user.gid:
+            search = stat.S_IXGRP
+        else:
+            search = stat.S_IXOTH
+        if not info.st_mode & search:
+            return False
+    return True
 
 
 class Sandbox:
@@ -136,6 +157,14 @@ class Sandbox:
         if spec.working_dir and not spec.image and not Path(spec.working_dir).is_dir():
             raise WorkerSpecError(f"working_dir {spec.working_dir} does not exist on this node")
         user = self._user(spec)
+        # The agent (root) changes into it for the worker: it must be a directory the
+        # worker's user could reach itself, not one behind a parent closed to it.
+        own_dir = spec.working_dir and not spec.image and self.isolation.switches_user
+        if own_dir and not reachable_by(Path(str(spec.working_dir)), user):
+            raise WorkerSpecError(
+                f"working_dir {spec.working_dir} is not a directory the job's user "
+                f"(uid {user.uid}) may enter"
+            )
         count = process_count(spec)
         run_dir = self._work_root / name
         work_dirs = [run_dir / f"w{local}" for local in range(count)]

@@ -139,6 +139,20 @@ async def test_a_job_cannot_read_or_signal_another_tenants_job(node: SandboxedNo
     assert _state(run) == "stopped"
 
 
+async def test_a_working_dir_behind_a_closed_directory_is_refused(node: SandboxedNode) -> None:
+    # The agent (root) could change into it; the job's user could not reach it.
+    closed = node.root / "closed"
+    behind = closed / "open"
+    behind.mkdir(parents=True)
+    closed.chmod(0o700)
+    behind.chmod(0o755)
+    (behind / "secret.txt").write_text("behind a closed door\n")
+    status, output = await node.run(node.worker("cat secret.txt", working_dir=str(behind)))
+    assert status.state == "failed"
+    assert status.reason.startswith(f"cannot start: working_dir {behind} is not a directory")
+    assert "behind a closed door" not in output
+
+
 async def test_tenants_get_their_own_unprivileged_users(node: SandboxedNode) -> None:
     one = node.worker("id -u; id -g", tenant="tenant-a")
     other = node.worker("id -u; id -g", tenant="tenant-b")
