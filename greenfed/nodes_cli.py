@@ -63,6 +63,17 @@ def _accelerator_text(node: NodeSummary) -> str:
     return ", ".join(parts) or "cpu only"
 
 
+def _isolation_text(node: NodeSummary) -> str:
+    """How a training node contains work (docs/isolation.md), and whether it runs images."""
+    if node.isolation is None:
+        return ""
+    if node.isolation == "unavailable":
+        return "[red]refuses training[/]"
+    return node.isolation + (
+        " + " + "/".join(node.container_runtimes) if node.container_runtimes else ""
+    )
+
+
 def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
     table = Table(title=f"greenfed fleet: {nodes.count} nodes", title_justify="left")
     for column in (
@@ -72,6 +83,7 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
         "zone",
         "region",
         "accelerators",
+        "isolation",
         "taints",
         "util %",
         "power W",
@@ -98,6 +110,7 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
             node.zone,
             node.region,
             _accelerator_text(node),
+            _isolation_text(node),
             ", ".join(t for t in node.taints if not t.startswith(CORDON_TAINT_KEY)),
             ""
             if node.accelerator_utilization_pct is None

@@ -13,8 +13,10 @@ from shared.clock import utc_from_epoch
 from shared.messages import (
     Accelerator,
     HostInfo,
+    IsolationLevel,
     NodeState,
     OfflineReason,
+    ResourceLimit,
     Site,
     Telemetry,
 )
@@ -51,6 +53,14 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     last_seen_at: datetime
     started_at: datetime
     observed_generation: int | None
+    # How it contains training work, as its birth says (docs/isolation.md): null for a
+    # node that runs none, or an agent older than schema 1.8.
+    isolation: IsolationLevel | None = None
+    isolation_note: str = ""
+    resource_limits: tuple[ResourceLimit, ...] = ()
+    container_runtimes: tuple[str, ...] = ()
+    # Its birth announces a sealing key the control plane accepts: secrets may go to it.
+    receives_secrets: bool = False
 
 
 class NodeDetail(NodeSummary, frozen=True, kw_only=True):
@@ -105,6 +115,11 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "last_seen_at": utc_from_epoch(record.last_seen_at),
         "started_at": utc_from_epoch(status.started_at),
         "observed_generation": record.reported.observed_generation if record.reported else None,
+        "isolation": status.isolation,
+        "isolation_note": status.isolation_note,
+        "resource_limits": status.resource_limits,
+        "container_runtimes": status.container_runtimes,
+        "receives_secrets": status.sealing_public_key is not None,
     }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiomqtt
 import pytest
@@ -20,6 +21,11 @@ from tests.support.control_plane import fleet, reaches
 
 pytestmark = pytest.mark.timeout(90)
 SECRET = "s3cr3t-Wk93hQ2v"
+
+
+def worker_node(running: Any) -> str:
+    (node_id,) = running.launchers
+    return str(node_id)
 
 
 @contextlib.asynccontextmanager
@@ -90,5 +96,8 @@ async def test_a_secret_reaches_its_worker_and_nothing_else(
         foreign = await api.get(other, f"/v1/jobs/{job_id}")
         assert foreign.status == 404
         assert SECRET not in await foreign.text()
+        # The node says what it is: how it isolates work, that it may receive secrets.
+        node = await (await api.get(token, f"/v1/nodes/{worker_node(running)}")).json()
+        assert (node["isolation"], node["receives_secrets"]) == ("sandbox", True)
         captured = capsys.readouterr()
         assert SECRET not in captured.out + captured.err
