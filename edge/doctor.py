@@ -274,6 +274,8 @@ def check_containers(isolation: NodeIsolation | None) -> Check:
         )
     if not runtime.cdi_gpus:
         detail += "; GPUs passed as device nodes (no NVIDIA CDI spec)"
+    # Never the runtime's defaults, which may exceed this host's hard limits.
+    detail += "; ulimits: the agent's open files, the worker's pids limit"
     return Check("containers", "ok", detail)
 
 

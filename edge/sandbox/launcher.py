@@ -222,6 +222,8 @@ class Sandbox:
         runtime: ContainerRuntime | None,
         container: str,
     ) -> ProcessPlan:
+        # A sandbox's and a container's /tmp are their own; elsewhere /tmp is shared.
+        own_tmp = runtime is not None or self.isolation.level == "sandbox"
         env = process_environment(
             spec,
             self._inventory,
@@ -229,6 +231,7 @@ class Sandbox:
             secret_env=secrets.env,
             work_dir=work_dir,
             user_name=user.name,
+            tmp_dir="/tmp" if own_tmp else f"{work_dir}/tmp",
         )
         rank = spec.rank + (local if spec.launch == "per-worker" else 0)
         memory_bytes = self._memory_bytes(spec)
@@ -317,9 +320,11 @@ class Sandbox:
         run_dir.mkdir(mode=RUN_DIR_MODE)
         os.chmod(run_dir, RUN_DIR_MODE)
         for directory in work_dirs:
-            directory.mkdir(mode=WORK_DIR_MODE)
-            if self.isolation.switches_user:
-                os.chown(directory, user.uid, user.gid)
+            # Its own temporary directory too, where /tmp is the host's (no sandbox).
+            for made in (directory, directory / "tmp"):
+                made.mkdir(mode=WORK_DIR_MODE)
+                if self.isolation.switches_user:
+                    os.chown(made, user.uid, user.gid)
 
     def _memory_bytes(self, spec: DesiredTraining) -> int | None:
         if spec.host_memory_bytes is None:

@@ -3,7 +3,8 @@
 Each process of a worker gets, in this order (later wins):
 
 1. neutral defaults (shared.worker_env.DEFAULT_VARIABLES: PATH, LANG) and HOME,
-   TMPDIR, USER and LOGNAME for its work directory and user;
+   TMPDIR (a private one: the sandbox's /tmp, else its work directory's tmp/), USER and
+   LOGNAME for its work directory and user;
 2. the job's `env`, then its `secret_env` (opened from the sealed document just
    before it starts);
 3. greenfed's contract (shared.worker_env.RUNNER_VARIABLES): ranks, rendezvous, the
@@ -95,6 +96,7 @@ def process_environment(
     secret_env: Mapping[str, str],
     work_dir: str,
     user_name: str,
+    tmp_dir: str = "/tmp",
 ) -> dict[str, str]:
     """The whole environment of process `local` of the worker(s) in `spec`."""
     per_node = spec.launch == "per-node"
@@ -102,7 +104,7 @@ def process_environment(
     environment = {
         **DEFAULT_VARIABLES,
         "HOME": work_dir,
-        "TMPDIR": "/tmp",
+        "TMPDIR": tmp_dir,
         "USER": user_name,
         "LOGNAME": user_name,
         **spec.env,

@@ -153,6 +153,17 @@ async def test_a_working_dir_behind_a_closed_directory_is_refused(node: Sandboxe
     assert "behind a closed door" not in output
 
 
+async def test_a_job_has_a_temporary_directory_of_its_own(node: SandboxedNode) -> None:
+    script = 'echo "tmpdir=$TMPDIR"; echo mine > "$TMPDIR/file"; ls -ld "$TMPDIR" | cut -c1-10'
+    status, output = await node.run(node.worker(script))
+    assert status.state == "succeeded", output
+    if node.setup.isolation.level == "sandbox":
+        assert "tmpdir=/tmp" in output  # the sandbox's own /tmp
+    else:
+        assert f"tmpdir={node.data_dir}/work/" in output  # not the host's shared /tmp
+        assert "drwx------" in output
+
+
 async def test_tenants_get_their_own_unprivileged_users(node: SandboxedNode) -> None:
     one = node.worker("id -u; id -g", tenant="tenant-a")
     other = node.worker("id -u; id -g", tenant="tenant-b")
