@@ -17,7 +17,7 @@ from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import fleet, work
 from tests.support.onnx_models import failing_at_run, mlp
 from tests.support.processes import run_greenfed
-from tests.support.waiting import eventually_async
+from tests.support.waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,29 +46,31 @@ async def serving(api: Any, token: str, deployment_id: str, count: int) -> dict[
 
 @contextlib.asynccontextmanager
 async def traffic(endpoints: dict[int, str], per_s: float) -> AsyncIterator[dict[int, list[int]]]:
-    """Requests round-robin to each replica's endpoint; statuses by replica (0: none)."""
+    """`per_s` requests a second in all, shared by the replicas, each replica driven on
+    its own (a request a canary holds up delays no other replica's); statuses by
+    replica (0: no answer)."""
     statuses: dict[int, list[int]] = {replica: [] for replica in endpoints}
 
-    async def drive() -> None:
-        async with aiohttp.ClientSession() as http:
-            sent = 0
-            while True:
-                replica = sorted(endpoints)[sent % len(endpoints)]
-                try:
-                    async with http.post(endpoints[replica], json={"inputs": {"x": X}}) as answer:
-                        statuses[replica].append(answer.status)
-                except aiohttp.ClientError:
-                    statuses[replica].append(0)
-                sent += 1
-                await asyncio.sleep(1.0 / per_s)
+    async def drive(http: aiohttp.ClientSession, replica: int) -> None:
+        while True:
+            try:
+                async with http.post(endpoints[replica], json={"inputs": {"x": X}}) as answer:
+                    statuses[replica].append(answer.status)
+            except aiohttp.ClientError:
+                statuses[replica].append(0)
+            await asyncio.sleep(len(endpoints) / per_s)
 
-    task = asyncio.create_task(drive())
-    try:
-        yield statuses
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async with aiohttp.ClientSession() as http:
+        tasks = [asyncio.create_task(drive(http, replica)) for replica in endpoints]
+        try:
+            yield statuses
+            await eventually(lambda: all(statuses.values()), message=lambda: f"answers: {statuses}")
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 async def test_a_canary_that_fails_is_rolled_back_and_the_other_replicas_answer_everything(
@@ -110,6 +112,10 @@ async def test_a_canary_that_fails_is_rolled_back_and_the_other_replicas_answer_
 
             await eventually_async(rolled_back, timeout_s=40, message="no rollback")
             after = await serving(api, token, deployment_id, 3)
+            # The others were asked throughout (each on its own: the canary holds none up).
+            await eventually(
+                lambda: bool(statuses[1] and statuses[2]), message=lambda: f"answers: {statuses}"
+            )
         assert after["spec"]["model_id"] == good
         assert after["spec"]["canary"] is None
         (event,) = [
