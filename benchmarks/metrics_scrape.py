@@ -78,7 +78,7 @@ def populated_registry(nodes: int) -> NodeRegistry:
 
 
 def measure(ingestor: Ingestor, *, accelerator_metrics: bool, runs: int) -> dict[str, object]:
-    metrics = build_metrics_registry(ingestor, accelerator_metrics=accelerator_metrics)
+    metrics = build_metrics_registry(ingestor, accelerator_metrics=accelerator_metrics).fleet
     timings_s = []
     body = b""
     for _ in range(runs):

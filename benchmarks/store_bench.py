@@ -114,7 +114,7 @@ async def one_run(settings: StoreSettings, writers: int, seconds: float) -> dict
     }
 
 
-async def _drop_schema(url: str, schema: str) -> None:
+async def drop_schema(url: str, schema: str) -> None:
     engine = create_async_engine(make_url(url).set(drivername="postgresql+asyncpg"))
     try:
         async with engine.begin() as connection:
@@ -138,7 +138,7 @@ async def bench_backend(
             try:
                 results.append(await one_run(settings, writers, seconds))
             finally:
-                await _drop_schema(postgres_url, schema)
+                await drop_schema(postgres_url, schema)
     return {
         "backend": backend,
         "writers": writers,

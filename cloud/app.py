@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from cloud.admin import bootstrap_admin
@@ -37,7 +38,7 @@ from cloud.api.auth import auth_middleware, store_errors_middleware
 from cloud.api.bodies import MAX_REQUEST_BYTES
 from cloud.api.http_timeouts import TimedAppRunner, body_timeout_middleware
 from cloud.api.problems import problem_middleware
-from cloud.api.routes import add_routes
+from cloud.api.routes import add_routes, refuse_other_methods
 from cloud.api.streams import StreamLimits
 from cloud.api.tuning import ApiTuning
 from cloud.app_keys import (
@@ -45,6 +46,7 @@ from cloud.app_keys import (
     ADMIN_TOKEN_FILE,
     BACKGROUND_TASKS,
     BROKER_ACCOUNTS,
+    BROKER_OUTAGES,
     EVENT_HUB,
     INGESTOR,
     JOB_LOGS,
@@ -54,6 +56,7 @@ from cloud.app_keys import (
     MODEL_URL_SIGNER,
     REGISTRY,
     SCHEDULER,
+    SCRAPE_TOKEN,
     SECRETS_AT_REST,
     SETTINGS,
     SIGNALS,
@@ -68,14 +71,20 @@ from cloud.fleet.assignments import AssignmentIndex, refresh_forever
 from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.liveness import Liveness, LivenessSettings
+from cloud.fleet.outage import BrokerOutageJudge
 from cloud.fleet.plausibility import PlausibilityLimits
 from cloud.fleet.registry import NodeRegistry
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.publisher import CLUSTER_ID_SECRET, DesiredPublisher
 from cloud.loop.signing import load_or_create_signing_key
-from cloud.metrics import SchedulingCollector, build_metrics_registry
+from cloud.metrics import (
+    DeploymentReplicasCollector,
+    SchedulingCollector,
+    build_metrics_registry,
+)
 from cloud.models.blobs import BlobStore
 from cloud.models.signing import SECRET_NAME, ModelUrlSigner, api_base_url
+from cloud.scrape_token import bootstrap_scrape_token
 from cloud.secrets.at_rest import load_or_create_secrets_key
 from cloud.secrets.release import SecretRelease
 from cloud.signals.factory import build_signal_service
@@ -84,7 +93,7 @@ from cloud.streams.events import EventHub
 from cloud.streams.logs import JobLogStore
 from cloud.ui import routes as ui
 from cloud.usage.accountant import Accountant
-from cloud.usage.metrics import UsageCollector
+from cloud.usage.metrics import GridCollector, UsageCollector
 from shared.mqtt import instance_client_id
 from shared.settings import ConfigError, Settings
 from shared.tasks import stop_task
@@ -96,6 +105,8 @@ __all__ = ["MAX_REQUEST_BYTES", "create_app", "serving"]
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     session = app[INGESTOR].session(settings.mqtt, client_id=instance_client_id("greenfed-cloud"))
+    # Wills that came with our own loss of the broker are the broker's, not the nodes'.
+    session.link_lost_listeners.append(app[BROKER_OUTAGES].link_lost)
     ingestion = asyncio.create_task(app[INGESTOR].run(session), name="mqtt-ingestion")
     liveness = asyncio.create_task(app[LIVENESS].run(app[INGESTOR].notify_change), name="liveness")
     # Who runs what, for ingestion; the scheduling loop also updates it after each pass.
@@ -147,6 +158,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
             await store.shared_secret(SECRET_NAME), api_base_url(app[SETTINGS].cloud)
         )
         app[ADMIN_TOKEN_FILE] = await bootstrap_admin(store, settings)
+        app[SCRAPE_TOKEN] = await bootstrap_scrape_token(store, settings)
         hub = EventHub(
             store,
             poll_interval_s=tuning.event_poll_interval_s,
@@ -199,13 +211,24 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         ),
     )
     app[SCHEDULER] = loop
-    collectors: list[Collector] = [SchedulingCollector(loop)]
+    metrics = app[METRICS]
+    # (registry, collector): the fleet's series, and those that name tenants or deployments.
+    collectors: list[tuple[CollectorRegistry, Collector]] = [
+        (metrics.fleet, SchedulingCollector(loop)),
+        (metrics.tenants, DeploymentReplicasCollector(loop)),
+    ]
     if accountant is not None:
         app[ACCOUNTANT] = accountant
         app[INGESTOR].telemetry_listeners.append(accountant.observe)
-        collectors.append(UsageCollector(accountant, app[REGISTRY], app[SIGNALS].newest_reading_s))
-    for collector in collectors:
-        app[METRICS].register(collector)
+        collectors.append((metrics.tenants, UsageCollector(accountant)))
+        collectors.append(
+            (
+                metrics.fleet,
+                GridCollector(accountant, app[REGISTRY], app[SIGNALS].newest_reading_s),
+            )
+        )
+    for registry, collector in collectors:
+        registry.register(collector)
     stop_listening = app[STORE].add_commit_listener(loop.wake)
     app[INGESTOR].change_listeners.append(loop.wake)
     tasks = [
@@ -220,8 +243,8 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         app[INGESTOR].change_listeners.remove(loop.wake)
         if accountant is not None:
             app[INGESTOR].telemetry_listeners.remove(accountant.observe)
-        for collector in collectors:
-            app[METRICS].unregister(collector)
+        for registry, collector in collectors:
+            registry.unregister(collector)
         for task in reversed(tasks):
             await stop_task(task)
 
@@ -253,9 +276,11 @@ def create_app(
         total_bytes=tuning.log_total_bytes,
         max_jobs=tuning.log_max_jobs,
     )
+    broker_outages = BrokerOutageJudge(registry)
     ingestor = Ingestor(
         registry,
         Topics(settings.mqtt.topic_root),
+        on_state_change=broker_outages.note_state_change,
         max_payload_bytes=settings.mqtt.max_payload_bytes,
         invalid_log_interval_s=settings.cloud.invalid_log_interval_s,
         on_log=job_logs.append,
@@ -277,12 +302,13 @@ def create_app(
         registry, LivenessSettings.of(settings), link_up=ingestor.subscribed.is_set
     )
     app[INGESTOR] = ingestor
+    app[BROKER_OUTAGES] = broker_outages
     app[METRICS] = build_metrics_registry(
         ingestor, accelerator_metrics=settings.cloud.accelerator_metrics
     )
     serving_counters = InferenceCounters()
     ingestor.telemetry_listeners.append(serving_counters.observe)
-    app[METRICS].register(
+    app[METRICS].tenants.register(
         InferenceCollector(
             serving_counters,
             registry,
@@ -305,6 +331,7 @@ def create_app(
         add_routes(app, module.ROUTES)
     add_routes(app, openapi.ROUTES)
     add_routes(app, ui.ROUTES)
+    refuse_other_methods(app)
     openapi.publish(app)
     app.cleanup_ctx.append(_signal_service)
     app.cleanup_ctx.append(_secrets_key)  # before the store takes submissions
@@ -325,6 +352,7 @@ async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[w
         app,
         header_timeout_s=cloud.http_header_timeout_s,
         body_timeout_s=cloud.http_body_timeout_s,
+        malformed_log_interval_s=cloud.invalid_log_interval_s,
         access_log=None,
         shutdown_timeout=2.0,
     )

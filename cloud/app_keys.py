@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from cloud.api.streams import StreamLimits
 from cloud.api.tuning import ApiTuning
@@ -14,8 +13,10 @@ from cloud.broker_accounts.accounts import BrokerAccounts
 from cloud.fleet.enrolled import EnrolledNodes
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.liveness import Liveness
+from cloud.fleet.outage import BrokerOutageJudge
 from cloud.fleet.registry import NodeRegistry
 from cloud.loop.loop import SchedulingLoop
+from cloud.metrics import MetricsRegistries
 from cloud.models.blobs import BlobStore
 from cloud.models.signing import ModelUrlSigner
 from cloud.secrets.at_rest import SecretsAtRest
@@ -31,7 +32,12 @@ REGISTRY = web.AppKey("registry", NodeRegistry)
 INGESTOR = web.AppKey("ingestor", Ingestor)
 # Decides when a silent node is offline and when its work is lost.
 LIVENESS = web.AppKey("liveness", Liveness)
-METRICS = web.AppKey("metrics", CollectorRegistry)
+# Blames on the broker the wills that came with the control plane's own loss of it.
+BROKER_OUTAGES = web.AppKey("broker_outages", BrokerOutageJudge)
+# /metrics's series: the fleet's (for anyone) and those naming tenants (authenticated).
+METRICS = web.AppKey("metrics", MetricsRegistries)
+# The token a Prometheus scrape sends to see the tenant series too (cloud/scrape_token.py).
+SCRAPE_TOKEN = web.AppKey("scrape_token", str)
 SIGNALS = web.AppKey("signals", SignalService)
 # Tasks the app runs in the background; a runner watches them to fail fast (e.g. MQTT auth).
 BACKGROUND_TASKS: web.AppKey[list[asyncio.Task[None]]] = web.AppKey("background_tasks")
@@ -66,3 +72,5 @@ ENROLLED_NODES = web.AppKey("enrolled_nodes", EnrolledNodes)
 
 # The authenticated tenant of a request (set by the auth middleware).
 TENANT = web.RequestKey("tenant", TenantRecord)
+# Set when an admin confirmed a bulk destructive action (cloud/api/bulk_actions.py).
+BULK_CONFIRMED = web.RequestKey("bulk_confirmed", bool)

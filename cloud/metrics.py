@@ -2,11 +2,19 @@
 
 A collector reads the ingestion counters and the registry when scraped, so the
 ingestion hot path only increments plain integers.
+
+Series come in two sets (`MetricsRegistries`): the fleet's (nodes, accelerators,
+ingestion, the scheduler, the queue, the grid), which `/metrics` serves to anyone, and
+those that name a tenant, a job or a deployment (usage per tenant, deployments'
+replicas, inference per deployment), served only to a scrape that authenticates
+(cloud/api/system.py). A collector belongs to one set: one that would mix them is two
+collectors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -120,18 +128,6 @@ class SchedulingCollector(Collector):
             value=stats.last_pass_ms / 1000.0,
         )
         yield from self._queue()
-        replicas = GaugeMetricFamily(
-            "greenfed_deployment_replicas",
-            "Placed deployments' replicas: desired (the spec, or the autoscaler's count) and "
-            "serving (on nodes that report serving figures); the leader's only",
-            labels=["deployment", "tenant", "state"],
-        )
-        for deployment_id, (tenant, desired, serving) in sorted(
-            self._loop.deployments.replicas.items()
-        ):
-            replicas.add_metric([deployment_id, tenant, "desired"], desired)
-            replicas.add_metric([deployment_id, tenant, "serving"], serving)
-        yield replicas
 
     def _queue(self) -> Iterator[Metric]:
         queue = self._loop.queue
@@ -157,6 +153,27 @@ class SchedulingCollector(Collector):
         )
 
 
+class DeploymentReplicasCollector(Collector):
+    """Placed deployments' replicas, by deployment and tenant (a tenant series)."""
+
+    def __init__(self, loop: SchedulingLoop) -> None:
+        self._loop = loop
+
+    def collect(self) -> Iterator[Metric]:
+        replicas = GaugeMetricFamily(
+            "greenfed_deployment_replicas",
+            "Placed deployments' replicas: desired (the spec, or the autoscaler's count) and "
+            "serving (on nodes that report serving figures); the leader's only",
+            labels=["deployment", "tenant", "state"],
+        )
+        for deployment_id, (tenant, desired, serving) in sorted(
+            self._loop.deployments.replicas.items()
+        ):
+            replicas.add_metric([deployment_id, tenant, "desired"], desired)
+            replicas.add_metric([deployment_id, tenant, "serving"], serving)
+        yield replicas
+
+
 def _histogram(
     name: str, help_text: str, by_priority: dict[PriorityClass, WaitHistogram]
 ) -> HistogramMetricFamily:
@@ -166,13 +183,24 @@ def _histogram(
     return family
 
 
+@dataclass(frozen=True, slots=True)
+class MetricsRegistries:
+    """`fleet`: served to anyone. `tenants`: series that name a tenant, a job or a
+    deployment, served only with the scrape token or an admin's token."""
+
+    fleet: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+    tenants: CollectorRegistry = field(
+        default_factory=lambda: CollectorRegistry(auto_describe=True)
+    )
+
+
 def build_metrics_registry(
     ingestor: Ingestor, *, accelerator_metrics: bool = True
-) -> CollectorRegistry:
-    """`accelerator_metrics`: whether per-accelerator series are exported
-    (`cloud.accelerator_metrics`)."""
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(ControlPlaneCollector(ingestor))
+) -> MetricsRegistries:
+    """The fleet's collectors registered; `accelerator_metrics`: whether per-accelerator
+    series are exported (`cloud.accelerator_metrics`)."""
+    registries = MetricsRegistries()
+    registries.fleet.register(ControlPlaneCollector(ingestor))
     if accelerator_metrics:
-        registry.register(AcceleratorCollector(ingestor.registry))
-    return registry
+        registries.fleet.register(AcceleratorCollector(ingestor.registry))
+    return registries

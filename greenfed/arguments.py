@@ -50,3 +50,45 @@ def mqtt_url(text: str) -> str:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+_SIZE_UNITS: Final = {
+    "": 1,
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+    "TIB": 1024**4,
+}
+
+
+def size_bytes_argument(text: str) -> int:
+    """`80GiB`, `24GB`, `512MiB` or plain bytes."""
+    number = text.strip().rstrip("BbIiKkMmGgTt")
+    unit = text.strip()[len(number) :].upper()
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: a number and B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
+    return int(value)
+
+
+def accelerator_counts_argument(text: str) -> dict[str, int]:
+    """`gpu=8,npu=1,cpu=2`: at most this many accelerators of each kind."""
+    counts: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, _, count = item.partition("=")
+        if kind not in ("gpu", "npu", "cpu") or not count.isdigit():
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: KIND=N with KIND gpu, npu or cpu and N a whole number"
+            )
+        counts[kind] = int(count)
+    return counts

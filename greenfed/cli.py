@@ -24,14 +24,17 @@ from greenfed.arguments import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
+    accelerator_counts_argument,
     mqtt_url,
     non_negative_int,
     port,
     positive_float,
     positive_int,
+    size_bytes_argument,
 )
 from greenfed.data_dir_lock import DataDirInUse, data_dir_lock
 from greenfed.ports import check_api_port
+from greenfed.store_cli import add_store_commands
 from greenfed.work_cli import add_client_options, add_work_commands, run_client
 from shared import __version__
 from shared.errors import MqttAuthError
@@ -172,7 +175,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
     params = {
         key: value
-        for key in ("site", "zone", "kind", "state")
+        for key in ("site", "zone", "kind", "state", "approval")
         if (value := getattr(args, key)) is not None
     }
 
@@ -197,6 +200,10 @@ def _join_token_body(args: argparse.Namespace) -> Any:
         zone=args.zone,
         region=args.region,
         labels=args.labels or {},
+        work=args.work,
+        max_accelerators=args.max_accelerators or {},
+        accelerator_models=tuple(args.model or ()),
+        max_accelerator_memory_bytes=args.max_memory,
     )
 
 
@@ -245,6 +252,17 @@ def cmd_nodes_admin(args: argparse.Namespace) -> int:
         args,
         lambda client: nodes_cli.set_node(
             client, args.node_id, args.nodes_command, body=body, json=args.json
+        ),
+    )
+
+
+def cmd_nodes_approve(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    return run_client(
+        args,
+        lambda client: nodes_cli.approve_node(
+            client, args.node_id, trust_figures=args.trust_figures, json=args.json
         ),
     )
 
@@ -488,6 +506,11 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--zone")
     nodes.add_argument("--kind", choices=["gpu", "npu", "cpu"])
     nodes.add_argument("--state", choices=["online", "offline"])
+    nodes.add_argument(
+        "--approval",
+        choices=["approved", "pending-approval"],
+        help="pending-approval: nodes that say more than they enrolled as",
+    )
     nodes.set_defaults(handler=cmd_nodes)
     nodes_commands = nodes.add_subparsers(dest="nodes_command", metavar="COMMAND")
     join_token = nodes_commands.add_parser("join-token", help="join tokens for new nodes (admin)")
@@ -506,6 +529,33 @@ def build_parser() -> argparse.ArgumentParser:
     token_create.add_argument("--zone", default=None)
     token_create.add_argument("--region", default=None)
     token_create.add_argument("--labels", type=labels_argument, metavar="K=V,...", default=None)
+    token_create.add_argument(
+        "--work",
+        choices=["training", "inference", "any"],
+        default="any",
+        help="the work its nodes may run (default any)",
+    )
+    token_create.add_argument(
+        "--max-accelerators",
+        type=accelerator_counts_argument,
+        metavar="KIND=N,...",
+        default=None,
+        help="at most N accelerators of each kind, e.g. gpu=8,cpu=2 (a kind not named: none); "
+        "default: no ceiling, a node's first birth sets what it may be",
+    )
+    token_create.add_argument(
+        "--model",
+        action="append",
+        metavar="MODEL",
+        help="an accepted accelerator model (repeat for several; default any)",
+    )
+    token_create.add_argument(
+        "--max-memory",
+        type=size_bytes_argument,
+        metavar="SIZE",
+        default=None,
+        help="at most this much memory per accelerator: 80GiB, 24GB",
+    )
     token_create.set_defaults(handler=cmd_join_token_create)
     token_list = join_token_commands.add_parser("list", help="every join token (no secrets)")
     add_client_options(token_list, nested=True)
@@ -544,6 +594,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--label", action="append", type=labels_argument, metavar="K=V,...", help="replaces"
     )
     node_set.set_defaults(handler=cmd_nodes_admin)
+    nodes_approve = nodes_commands.add_parser(
+        "approve",
+        help="approve a pending node as its birth says it is; it takes work again (admin)",
+    )
+    add_client_options(nodes_approve, nested=True)
+    nodes_approve.add_argument("node_id", metavar="NODE")
+    nodes_approve.add_argument(
+        "--trust-figures",
+        action="store_true",
+        help="take the node's own speed and power figures, not the model table's",
+    )
+    nodes_approve.set_defaults(handler=cmd_nodes_approve)
     nodes_enrolled = nodes_commands.add_parser("enrolled", help="enrolled node identities (admin)")
     add_client_options(nodes_enrolled, nested=True)
     nodes_enrolled.set_defaults(handler=cmd_nodes_enrolled)
@@ -662,6 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_work_commands(commands)
     add_access_commands(commands)
+    add_store_commands(commands)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=cmd_version)

@@ -7,6 +7,9 @@ enrolment: the control plane pins it and seals secrets only to a node that annou
 
 The file is written whole, atomically, created with mode 0600 (it holds the broker
 password); keys already in it that enrolment does not set are kept (comments are not).
+The agent's own site, zone, region and labels (those already in the file) are sent
+with the enrolment and kept, unless the join token sets them.
+
 Its first line records the enrolment (API URL, cluster id, node id), so that running
 the same command again changes nothing: a join token is spent once, and an install
 script may be re-run.
@@ -136,6 +139,21 @@ def merged_settings(
     return document
 
 
+def own_placement(existing: Mapping[str, Any]) -> dict[str, Any]:
+    """The site, zone, region and labels the agent's settings file already gives it,
+    sent with the enrolment: the control plane keeps them unless the token sets them."""
+    agent = existing.get("agent", {})
+    if not isinstance(agent, Mapping):
+        return {}
+    placement: dict[str, Any] = {
+        key: agent[key] for key in ("site", "zone", "region") if isinstance(agent.get(key), str)
+    }
+    labels = agent.get("labels")
+    if isinstance(labels, Mapping) and all(isinstance(v, str) for v in labels.values()):
+        placement["labels"] = dict(labels)
+    return placement
+
+
 def _read_existing(config: Path) -> tuple[str, dict[str, Any]]:
     try:
         text = config.read_text(encoding="utf-8")
@@ -199,7 +217,12 @@ async def enrol(
         wanted_node = load_settings(None, environ={}).agent.resolved_node_id()
     public_key, key_file = _sealing_public_key(config, existing)
     body = msgspec.json.encode(
-        {"token": token, "node_id": wanted_node, "sealing_public_key": public_key}
+        {
+            "token": token,
+            "node_id": wanted_node,
+            "sealing_public_key": public_key,
+            **own_placement(existing),
+        }
     )
     target = Target(api, None, "", "--api")
     async with ApiClient(target, ssl_context=_tls_context(ca)) as client:

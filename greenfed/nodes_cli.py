@@ -9,6 +9,7 @@ from typing import TextIO
 from urllib.parse import quote
 
 import msgspec
+from rich.markup import escape
 from rich.table import Table
 
 from cloud.fleet.enrolment_views import (
@@ -103,6 +104,9 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
             state += f" ({came_back} {outage.offline_s:.0f} s, {ago(outage.ended_at)})"
         if node.cordoned:
             state += " [yellow]draining[/]" if node.draining else " [yellow]cordoned[/]"
+        if node.approval == "pending-approval":
+            differences = escape("; ".join(node.approval_differences))
+            state += f" [magenta]pending-approval[/] ({differences})"
         table.add_row(
             node.node_id,
             state,
@@ -232,6 +236,26 @@ async def set_node(
         state = "draining: cordoned, its work moving elsewhere"
     taints = ", ".join(node.taints) or "none"
     out.write(f"node {node.node_id} {state}; taints: {taints}\n")
+    return EXIT_OK
+
+
+async def approve_node(
+    client: ApiClient, node_id: str, *, trust_figures: bool, json: bool, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    body = msgspec.json.encode({"trust_figures": trust_figures})
+    _, payload = await client.call(
+        "POST", f"/v1/nodes/{quote(node_id, safe='')}/approve", body=body
+    )
+    node = msgspec.json.decode(payload, type=NodeDetail)
+    if json:
+        _print_json(node, out)
+        return EXIT_OK
+    figures = "its own" if node.trusted_figures else "the model table's"
+    out.write(
+        f"node {node.node_id} approved as it is now ({_accelerator_text(node)}, {node.site} "
+        f"{node.zone} {node.region}); it takes work again; speed and power: {figures}\n"
+    )
     return EXIT_OK
 
 

@@ -41,7 +41,7 @@ from greenfed.ports import port_is_free
 from shared.redact import redact_url
 from shared.runtime import run_until_stopped
 from shared.settings import MqttSettings, Settings, parse_mqtt_url
-from shared.token_files import read_token_file
+from shared.token_files import metrics_token_path, read_token_file
 from shared.topics import Channel, Topics
 from sim_devices.fleet import Fleet, SimNodeSpec, expand_fleet, load_fleet, scale_fleet
 from sim_devices.runner import SimulatedFleet
@@ -219,7 +219,8 @@ def _print_banner(
         f"  dashboard  {api}/ui   (sign in with the admin token below)",
         f"  signals    {api}/v1/signals",
         f"  schemas    {api}/v1/schemas",
-        f"  metrics    {api}/metrics",
+        f"  metrics    {api}/metrics   (tenants' series too with the scrape token in "
+        f"{metrics_token_path(settings.store)})",
         f"  telemetry  mosquitto_sub -h {host} -p {port} {login}"
         f"-t '{topics.all_nodes(Channel.TELEMETRY)}'",
         f"  jobs       {api}/v1/jobs   (greenfed submit FILE, greenfed jobs)",

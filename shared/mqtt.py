@@ -110,6 +110,9 @@ class MqttSession:
         self.connected = asyncio.Event()
         self.connect_count = 0
         self.failed_attempts = 0
+        # Called (with nothing) when an established connection is lost, before the
+        # reconnect; e.g. to judge what arrived with the loss. Must be quick.
+        self.link_lost_listeners: list[Callable[[], None]] = []
 
     @property
     def url(self) -> str:
@@ -155,6 +158,9 @@ class MqttSession:
                         f"the MQTT broker at {self.url} refused the credentials of "
                         f"client {self._client_id!r}: {error}"
                     ) from error
+                if self.connected.is_set():
+                    for listener in self.link_lost_listeners:
+                        listener()
                 self.failed_attempts += 1
                 delay_s = self._backoff.next_delay_s()
                 self._log.warning(

@@ -25,6 +25,7 @@ from shared.errors import (
     dotted_path,
 )
 from shared.messages import NodeTaint, Site
+from shared.placement_names import placement_error
 from shared.taints import MAX_TAINTS, parse_taint
 from shared.topics import DEFAULT_TOPIC_ROOT, TopicError, is_valid_node_id, validate_root
 
@@ -193,6 +194,10 @@ class AgentSettings(Section, frozen=True, kw_only=True):
                 parse_taint(text)
             except ValueError as error:
                 raise FieldError("taints", str(error)) from None
+        # What the control plane would refuse in every birth (cloud/fleet/plausibility.py).
+        invalid = placement_error(self.zone, self.region, self.labels, prefix="")
+        if invalid is not None:
+            raise FieldError(*invalid)
 
     def node_taints(self) -> tuple[NodeTaint, ...]:
         result = []
@@ -262,6 +267,10 @@ class CloudSettings(Section, frozen=True, kw_only=True):
     # HTTP: a request's headers must arrive within this long, its body within the next.
     http_header_timeout_s: PositiveFloat = 10.0
     http_body_timeout_s: PositiveFloat = 60.0
+    # An admin may revoke nodes, drain nodes and cancel work this many times a minute;
+    # each one more needs the header `Greenfed-Confirm: bulk` (cloud/api/bulk_actions.py;
+    # 0: every one needs it).
+    destructive_actions_per_minute: Annotated[int, msgspec.Meta(ge=0)] = 10
 
     def __post_init__(self) -> None:
         if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):

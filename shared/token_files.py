@@ -1,6 +1,6 @@
-"""Token files: where the admin token of a data directory is, and how a secret is
-written (owner-only, atomically) and read back. The control plane writes them; the
-CLI reads them."""
+"""Token files: where the admin token and the metrics scrape token of a data directory
+are, and how a secret is written (owner-only, atomically) and read back. The control
+plane writes them; the CLI (and Prometheus, for the scrape token) reads them."""
 
 from __future__ import annotations
 
@@ -12,10 +12,16 @@ from typing import Final
 from shared.settings import StoreSettings
 
 ADMIN_TOKEN_FILE_NAME: Final = "admin-token"
+METRICS_TOKEN_FILE_NAME: Final = "metrics-token"
 
 
 def admin_token_path(settings: StoreSettings) -> Path:
     return settings.resolved_data_dir() / ADMIN_TOKEN_FILE_NAME
+
+
+def metrics_token_path(settings: StoreSettings) -> Path:
+    """Where the control plane writes the token a Prometheus scrape of /metrics sends."""
+    return settings.resolved_data_dir() / METRICS_TOKEN_FILE_NAME
 
 
 def write_secret(path: Path, secret: str) -> None:

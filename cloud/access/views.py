@@ -106,8 +106,13 @@ AuditAction = Literal[
     "node.drain",
     "node.update",
     "node.revoke",
+    "node.approve",
+    "node.readmit",
     "join-token.create",
     "join-token.revoke",
+    # An admin's revocation, drain or cancellation refused for want of a confirmation
+    # (cloud/api/bulk_actions.py).
+    "bulk.refused",
 ]
 AUDIT_ACTIONS: Final[tuple[AuditAction, ...]] = AuditAction.__args__  # type: ignore[attr-defined]
 

@@ -35,8 +35,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if match_info.http_exception is not None:
         return await handler(request)  # unknown route or method: its own 404/405
     access = request.app[ROUTE_ACCESS].get(match_info.handler, "tenant")
-    if access == "public" or (access == "signed" and "sig" in request.query):
-        return await handler(request)  # "signed": the handler checks the signature
+    if access in ("public", "scrape") or (access == "signed" and "sig" in request.query):
+        # "signed": the handler checks the signature; "scrape": any token it gets
+        return await handler(request)
     token = bearer_token(request)
     if token is None:
         raise Problem(
@@ -46,22 +47,32 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             "send the header Authorization: Bearer <token>",
             headers={"WWW-Authenticate": _REALM},
         )
-    verdict = await request.app[STORE].check_token(token)
-    if isinstance(verdict, TokenRefused):
-        raise _refused(verdict)
-    if not isinstance(verdict, Authenticated):
-        raise Problem(
-            401,
-            "invalid-token",
-            "Invalid token",
-            "the bearer token is unknown or malformed",
-            headers={"WWW-Authenticate": f'{_REALM}, error="invalid_token"'},
-        )
-    tenant = verdict.tenant
+    tenant = await authenticated_tenant(request, token)
     if access == "admin" and not tenant.admin:
         raise Problem(403, "admin-only", "Forbidden", "this operation needs an admin token")
     request[TENANT] = tenant
     return await handler(request)
+
+
+async def authenticated_tenant(request: web.Request, token: str) -> TenantRecord:
+    """The tenant of a bearer token; a 401 problem for a token that is not (or no
+    longer) valid."""
+    verdict = await request.app[STORE].check_token(token)
+    if isinstance(verdict, TokenRefused):
+        raise _refused(verdict)
+    if not isinstance(verdict, Authenticated):
+        raise invalid_token()
+    return verdict.tenant
+
+
+def invalid_token(detail: str = "the bearer token is unknown or malformed") -> Problem:
+    return Problem(
+        401,
+        "invalid-token",
+        "Invalid token",
+        detail,
+        headers={"WWW-Authenticate": f'{_REALM}, error="invalid_token"'},
+    )
 
 
 def _refused(verdict: TokenRefused) -> Problem:

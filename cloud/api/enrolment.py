@@ -3,17 +3,18 @@ for its own MQTT credentials, the cluster id and the control plane's public key,
 pins its own sealing key: job secrets are sealed only to it), and node revocation (admin).
 
 What an anonymous caller can learn here: only that a token was refused (401), never
-whether it was unknown, expired, used up or revoked (the log says which). Failed
-redemptions are rate-limited per remote address (`FailureLimiter`), so guessing tokens
-costs time even before their 256 random bits make it hopeless.
+whether it was unknown, expired, used up or revoked (the log says which). Refused
+tokens are rate-limited per remote address, in the store so that every replica shares
+the budget (cloud/store/enrolment_failures.py): guessing tokens costs time even before
+their 256 random bits make it hopeless, and a valid token is never held up by them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -24,6 +25,7 @@ from aiohttp import web
 from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response, read_json
+from cloud.api.bulk_actions import destructive
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import (
@@ -36,7 +38,7 @@ from cloud.app_keys import (
     STORE,
 )
 from cloud.broker_accounts import BrokerAccountError, ForeignAccountError
-from cloud.fleet.enrolled import EnrolledIds, EnrolledNodes
+from cloud.fleet.enrolled import Changes, EnrolledIds, EnrolledNodes
 from cloud.fleet.enrolment_views import (
     EnrolledMqtt,
     EnrolledNodeList,
@@ -49,6 +51,7 @@ from cloud.fleet.enrolment_views import (
     JoinTokenView,
     sealing_key_fingerprint,
 )
+from cloud.fleet.envelope import NodeEnvelope
 from cloud.loop.publisher import CLUSTER_ID_SECRET
 from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from cloud.store import Store
@@ -58,6 +61,7 @@ from cloud.store.enrolment import (
     NewJoinToken,
     NodeDefaults,
 )
+from cloud.store.enrolment_failures import FailureBudget
 from cloud.store.errors import JoinTokenError, JoinTokenUnknownError, NodeAlreadyEnrolledError
 from shared.clock import utc_from_epoch
 from shared.logs import RateLimitedLog
@@ -70,47 +74,10 @@ _ENROL_DECODER: Final = msgspec.json.Decoder(EnrolRequest)
 _log = structlog.get_logger("greenfed.enrolment")
 
 
-class FailureLimiter:
-    """A token bucket per remote address for failed attempts: `burst` at once, then one
-    per `1 / refill_per_s` seconds. At most `max_addresses` are remembered (the least
-    recently seen is forgotten), so a flood of addresses cannot grow memory."""
-
-    def __init__(
-        self,
-        *,
-        burst: int = 10,
-        refill_per_s: float = 0.2,
-        max_addresses: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._burst = burst
-        self._refill_per_s = refill_per_s
-        self._max_addresses = max_addresses
-        self._clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
-
-    def _tokens(self, address: str) -> float:
-        entry = self._buckets.get(address)
-        if entry is None:
-            return float(self._burst)
-        tokens, at = entry
-        return min(float(self._burst), tokens + (self._clock() - at) * self._refill_per_s)
-
-    def retry_after_s(self, address: str) -> float:
-        """0 when the address may try now, else how long until it may."""
-        tokens = self._tokens(address)
-        return 0.0 if tokens >= 1 else (1 - tokens) / self._refill_per_s
-
-    def failed(self, address: str) -> None:
-        self._buckets[address] = (max(0.0, self._tokens(address) - 1), self._clock())
-        self._buckets.move_to_end(address)
-        while len(self._buckets) > self._max_addresses:
-            self._buckets.popitem(last=False)
-
-
 @dataclass
 class EnrolmentState:
-    failures: FailureLimiter = field(default_factory=FailureLimiter)
+    # Refused tokens per remote address, shared by every replica through the store.
+    failures: FailureBudget = field(default_factory=FailureBudget)
     refused_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(_log, 10.0))
     public_key: str | None = None  # base64, read from the signing key on first enrolment
 
@@ -127,6 +94,7 @@ def install(app: web.Application) -> None:
     app[ENROLMENT_STATE] = EnrolmentState()
     app[INGESTOR].admits_node = enrolled.admits
     app[INGESTOR].pinned_sealing_key = enrolled.pinned_sealing_key
+    app[REGISTRY].envelope_of = enrolled.envelope
 
 
 async def _load_ids(store: Store) -> EnrolledIds:
@@ -139,6 +107,7 @@ async def _load_ids(store: Store) -> EnrolledIds:
             for r in records
             if r.active and r.sealing_public_key is not None
         },
+        envelopes={r.node_id: r.envelope for r in records if r.active and r.envelope is not None},
     )
 
 
@@ -149,14 +118,16 @@ async def enrolled_nodes_context(app: web.Application) -> AsyncIterator[None]:
     enrolled = app[ENROLLED_NODES]
     enrolled.replace(await _load_ids(store))
 
-    def refused(node_ids: Iterable[str]) -> None:
-        for node_id in node_ids:
-            if app[REGISTRY].forget(node_id):
+    def changed(changes: Changes) -> None:
+        registry = app[REGISTRY]
+        for node_id in changes.refused:
+            if registry.forget(node_id):
                 _log.info("node refused: no longer enrolled", node_id=node_id)
+        registry.judge_again(changes.envelopes)
         app[INGESTOR].notify_change()
 
     task = asyncio.create_task(
-        enrolled.refresh_forever(lambda: _load_ids(store), refused), name="enrolled-nodes"
+        enrolled.refresh_forever(lambda: _load_ids(store), changed), name="enrolled-nodes"
     )
     app[BACKGROUND_TASKS].append(task)
     try:
@@ -180,6 +151,17 @@ def _token_fields(record: JoinTokenRecord) -> dict[str, object]:
         "region": defaults.region,
         "labels": dict(defaults.labels),
         "created_by": record.created_by,
+        **_limit_fields(record.limits),
+    }
+
+
+def _limit_fields(limits: NodeEnvelope | None) -> dict[str, object]:
+    limits = limits or NodeEnvelope()
+    return {
+        "work": limits.work,
+        "max_accelerators": dict(limits.max_accelerators),
+        "accelerator_models": limits.accelerator_models,
+        "max_accelerator_memory_bytes": limits.max_accelerator_memory_bytes,
     }
 
 
@@ -196,6 +178,7 @@ def _node_view(record: EnrolledNodeRecord) -> EnrolledNodeView:
             if record.sealing_public_key is None
             else sealing_key_fingerprint(record.sealing_public_key)
         ),
+        envelope=record.envelope,
     )
 
 
@@ -211,8 +194,16 @@ async def create_join_token(request: web.Request) -> web.Response:
                 site=body.site, zone=body.zone, region=body.region, labels=body.labels
             ),
             created_by=tenant_of(request).tenant_id,
+            limits=None if body.envelope() == NodeEnvelope() else body.envelope(),
         ),
-        audit=audit_entry(request, "join-token.create", "", ttl_s=ttl_s, uses=body.uses),
+        audit=audit_entry(
+            request,
+            "join-token.create",
+            "",
+            ttl_s=ttl_s,
+            uses=body.uses,
+            **msgspec.to_builtins(body.envelope()),
+        ),
     )
     _log.info(
         "join token created",
@@ -260,9 +251,14 @@ async def _public_key(app: web.Application) -> str:
     return state.public_key
 
 
-def _refused(request: web.Request, address: str, error: JoinTokenError, node_id: str) -> Problem:
+async def _refused(
+    request: web.Request, address: str, error: JoinTokenError, node_id: str
+) -> Problem:
+    """The answer to a refused token: 401, or 429 once its address has had too many
+    refused (a budget every replica shares, in the store). A valid token is never
+    refused for its address: only guesses wait."""
     state = request.app[ENROLMENT_STATE]
-    state.failures.failed(address)
+    store = request.app[STORE]
     state.refused_log.warning(
         f"join-token/{error.reason}",
         "enrolment refused",
@@ -271,6 +267,16 @@ def _refused(request: web.Request, address: str, error: JoinTokenError, node_id:
         node_id=node_id,
         remote=address,
     )
+    wait_s = await store.enrolment_retry_after_s(address, state.failures)
+    if wait_s > 0:
+        return Problem(
+            429,
+            "too-many-attempts",
+            "Too many failed enrolments",
+            f"too many refused join tokens from {address}; retry in {wait_s:.0f} s",
+            headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+        )
+    await store.record_enrolment_failure(address, state.failures)
     return Problem(
         401,
         "join-token-refused",
@@ -280,38 +286,60 @@ def _refused(request: web.Request, address: str, error: JoinTokenError, node_id:
     )
 
 
+def _not_anothers(app: web.Application, node_id: str, sealing_public_key: str | None) -> None:
+    """Refuse to enrol a node id the registry knows, unless the enrolling node proves it
+    is that node: it sends the sealing key that node's births announce. Else a join
+    token could take the id of a live node that has not enrolled (a cluster without
+    `cloud.require_enrolment`), and the real node could never enrol."""
+    record = app[REGISTRY].get(node_id)
+    if record is None:
+        return
+    announced = record.status.sealing_public_key
+    if announced is not None and announced == sealing_public_key:
+        return
+    raise Problem(
+        409,
+        "node-id-in-use",
+        "Node id in use",
+        f"a node {node_id!r} is known to the control plane already and this enrolment "
+        "does not come with the sealing key its births announce: enrol from that node "
+        "(greenfed edge enrol there), or choose another node id",
+    )
+
+
 async def enrol(request: web.Request) -> web.Response:
     app = request.app
-    state = app[ENROLMENT_STATE]
     address = request.remote or "unknown"
-    wait_s = state.failures.retry_after_s(address)
-    if wait_s > 0:
-        raise Problem(
-            429,
-            "too-many-attempts",
-            "Too many failed enrolments",
-            f"too many refused join tokens from {address}; retry in {wait_s:.0f} s",
-            headers={"Retry-After": str(max(1, round(wait_s)))},
-        )
     body = await read_json(request, _ENROL_DECODER)
     store = app[STORE]
     # What can fail without side effects first: once the token is spent and the
     # account made, nothing may fail before the answer carries the password.
     cluster_id = await store.shared_secret(CLUSTER_ID_SECRET)
     public_key = await _public_key(app)
+    _not_anothers(app, body.node_id, body.sealing_public_key)
+    # An address refused too often: a guess is answered from a read, before the write
+    # transaction a redemption takes (a flood of them must not hold up the store); a
+    # valid token goes on.
+    limited = await store.enrolment_retry_after_s(address, app[ENROLMENT_STATE].failures) > 0
+    if limited and not await store.join_token_is_redeemable(body.token):
+        raise await _refused(request, address, JoinTokenError(None), body.node_id)
     try:
         redemption = await store.redeem_join_token(
-            body.token, body.node_id, sealing_public_key=body.sealing_public_key
+            body.token,
+            body.node_id,
+            sealing_public_key=body.sealing_public_key,
+            requested=NodeDefaults(site=body.site, zone=body.zone, region=body.region),
         )
     except JoinTokenError as error:
-        raise _refused(request, address, error, body.node_id) from None
+        raise await _refused(request, address, error, body.node_id) from None
     except NodeAlreadyEnrolledError:
         raise Problem(
             409,
             "node-already-enrolled",
             "Node already enrolled",
-            f"node {body.node_id!r} is enrolled already; an admin revokes it first "
-            f"(greenfed nodes revoke {body.node_id}) to enrol it again",
+            f"node {body.node_id!r} is enrolled already, with another sealing key: the "
+            "node itself enrols again from its own data directory (its key), or an admin "
+            f"revokes it first (greenfed nodes revoke {body.node_id}) to enrol a new one",
         ) from None
     try:
         credentials = await app[BROKER_ACCOUNTS].provision(body.node_id)
@@ -337,7 +365,10 @@ async def enrol(request: web.Request) -> web.Response:
             headers={"Retry-After": "5"},
         ) from None
     await store.set_enrolled_username(body.node_id, credentials.username)
-    app[ENROLLED_NODES].enrolled(body.node_id, body.sealing_public_key)
+    envelope = redemption.node.envelope or NodeEnvelope()
+    app[ENROLLED_NODES].enrolled(body.node_id, body.sealing_public_key, envelope)
+    if app[REGISTRY].judge_again([body.node_id]):
+        app[INGESTOR].notify_change()
     settings = app[SETTINGS]
     defaults = redemption.token.defaults
     _log.info(
@@ -361,9 +392,9 @@ async def enrol(request: web.Request) -> web.Response:
             username=credentials.username,
             password=credentials.password,
         ),
-        site=defaults.site or body.site or "edge",  # type: ignore[arg-type]
-        zone=defaults.zone or body.zone or "unknown",
-        region=defaults.region or body.region or "unknown",
+        site=envelope.site or "edge",
+        zone=envelope.zone or "unknown",
+        region=envelope.region or "unknown",
         labels={**body.labels, **defaults.labels},
     )
     return json_response(reply)
@@ -375,6 +406,7 @@ async def list_enrolled_nodes(request: web.Request) -> web.Response:
     return json_response(EnrolledNodeList(items=views, count=len(views)))
 
 
+@destructive("node.revoke")  # bulk revocations need a confirmation
 async def revoke_node(request: web.Request) -> web.Response:
     app = request.app
     node_id = request.match_info["node_id"]

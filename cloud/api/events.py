@@ -10,6 +10,7 @@ sent every `heartbeat_s` so that idle connections survive proxies.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Final
 
@@ -19,7 +20,7 @@ from aiohttp import web
 from cloud.api.auth import tenant_of
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
-from cloud.api.routes import Reply, Route
+from cloud.api.routes import Reply, RequestHeader, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
 from cloud.app_keys import EVENT_HUB, STORE, STREAMS, TUNING
 from cloud.store import EventRecord, Store
@@ -32,6 +33,7 @@ RETRY_MS: Final = 2000
 # Event ids are the store's 64-bit sequence: a larger cursor names no event (and would
 # overflow the database's BIGINT), so it is refused as the bad input it is.
 MAX_EVENT_ID: Final = 2**63 - 1
+_DIGITS: Final = re.compile("[0-9]{1,19}")
 
 
 class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -68,12 +70,9 @@ def sse_message(event: EventRecord, names: Mapping[str, str]) -> bytes:
 
 def _last_event_id(request: web.Request, query: EventsQuery) -> int | None:
     header = request.headers.get("Last-Event-ID")
-    if header is None or not header.strip():
+    if header is None:
         return query.after
-    try:
-        value = int(header.strip())
-    except ValueError:
-        value = -1
+    value = int(header) if _DIGITS.fullmatch(header) else -1
     if not 0 <= value <= MAX_EVENT_ID:
         raise Problem(
             400,
@@ -174,7 +173,13 @@ ROUTES: Final = (
         "tenant",
         "events",
         query=EventsQuery,
-        headers=(("Last-Event-ID", "Resume after this event id (sent by EventSource)."),),
+        headers=(
+            RequestHeader(
+                "Last-Event-ID",
+                "Resume after this event id (sent by EventSource).",
+                {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID},
+            ),
+        ),
         description=(
             "Each message has `id` (the event's sequence number), `event` (its kind, e.g. "
             "`work.state`) and `data` (an EventView as JSON). The admin's stream carries "

@@ -11,7 +11,9 @@ requests), so the protocol does it:
   `body_timeout_middleware` answers with 408 problem+json (and the connection is
   closed). A slow upload that keeps moving is never cut off.
 
-`TimedAppRunner` is `web.AppRunner` with these handlers; `cloud.app.serving` uses it.
+`TimedAppRunner` is `web.AppRunner` with these handlers, which also answer the HTTP
+layer's own errors with problem bodies (cloud/api/http_errors.py); `cloud.app.serving`
+uses it.
 """
 
 from __future__ import annotations
@@ -19,18 +21,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
+from cloud.api.http_errors import ProblemRequestHandler
 from cloud.api.problems import Problem
+from shared.logs import RateLimitedLog
 
 
 class BodyReadTimeoutError(Exception):
     """The client stopped sending the request body."""
 
 
-class TimedRequestHandler(RequestHandler):
+class TimedRequestHandler(ProblemRequestHandler):
     __slots__ = (
         "_body_data_at",
         "_body_timeout_s",
@@ -126,10 +131,17 @@ class TimedRequestHandler(RequestHandler):
 class _TimedServer:
     """aiohttp's Server, making `TimedRequestHandler`s; everything else it forwards."""
 
-    def __init__(self, server: Server, header_timeout_s: float, body_timeout_s: float) -> None:
+    def __init__(
+        self,
+        server: Server,
+        header_timeout_s: float,
+        body_timeout_s: float,
+        malformed_log: RateLimitedLog,
+    ) -> None:
         self._server = server
         self._header_timeout_s = header_timeout_s
         self._body_timeout_s = body_timeout_s
+        self._malformed_log = malformed_log
 
     def __call__(self) -> RequestHandler:
         server = self._server
@@ -138,6 +150,7 @@ class _TimedServer:
             loop=server._loop,
             header_timeout_s=self._header_timeout_s,
             body_timeout_s=self._body_timeout_s,
+            malformed_log=self._malformed_log,
             **server._kwargs,
         )
 
@@ -147,16 +160,29 @@ class _TimedServer:
 
 class TimedAppRunner(web.AppRunner):
     def __init__(
-        self, app: web.Application, *, header_timeout_s: float, body_timeout_s: float, **kwargs: Any
+        self,
+        app: web.Application,
+        *,
+        header_timeout_s: float,
+        body_timeout_s: float,
+        malformed_log_interval_s: float = 10.0,
+        **kwargs: Any,
     ) -> None:
+        """`malformed_log_interval_s`: at most one log line per kind of malformed
+        request this often (`cloud.invalid_log_interval_s`)."""
         super().__init__(app, **kwargs)
         self._header_timeout_s = header_timeout_s
         self._body_timeout_s = body_timeout_s
+        self._malformed_log = RateLimitedLog(
+            structlog.get_logger("greenfed.api"), malformed_log_interval_s
+        )
 
     async def _make_server(self) -> Server:
         server = await super()._make_server()
         # A Server in all but name: it makes the handlers and forwards the rest.
-        return _TimedServer(server, self._header_timeout_s, self._body_timeout_s)  # type: ignore[return-value]
+        return _TimedServer(  # type: ignore[return-value]
+            server, self._header_timeout_s, self._body_timeout_s, self._malformed_log
+        )
 
 
 @web.middleware

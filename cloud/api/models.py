@@ -17,6 +17,7 @@ from aiohttp import web
 
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response, payload_too_large
+from cloud.api.file_responses import ProblemFileResponse
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
@@ -189,8 +190,9 @@ async def get_model_blob(request: web.Request) -> web.StreamResponse:
             "control plane's data directory",
         )
     # aiohttp answers Range, If-Range and conditional requests itself (with its own ETag
-    # from the file's size and mtime); the digest lets a downloader verify what it got.
-    return web.FileResponse(
+    # from the file's size and mtime), its refusals as problems; the digest lets a
+    # downloader verify what it got.
+    return ProblemFileResponse(
         path,
         headers={
             "Content-Type": "application/octet-stream",
@@ -244,6 +246,9 @@ ROUTES: Final = (
         replies=(
             Reply(200, "The .onnx file", None, "application/octet-stream", (SHA256_HEADER,)),
             Reply(206, "Part of the file (Range)", None, "application/octet-stream"),
+            problem_reply(410, "The model's file is not in this replica's data directory"),
+            problem_reply(412, "If-Match or If-Unmodified-Since does not hold for the file"),
+            problem_reply(416, "The Range does not fit the file (Content-Range says its size)"),
         ),
     ),
 )

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 from aiohttp import web
 
 from cloud.access.views import AuditAction
 from cloud.api.audit import audit_entry
-from cloud.api.bodies import decode_body, invalid_body, json_response, read_body
+from cloud.api.bodies import PatchFields, decode_body, invalid_body, json_response, read_body
+from cloud.api.bulk_actions import destructive
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import INGESTOR, REGISTRY, STORE
+from cloud.fleet.envelope import claim_of
 from cloud.fleet.node_admin import apply_one
-from cloud.fleet.registry import NodeFilter
+from cloud.fleet.registry import Approval, NodeFilter
 from cloud.fleet.views import NodeDetail, NodeList, node_detail, node_summary
 from cloud.store import NodeAdminRecord
 from shared.messages import AcceleratorKind, NodeState, Site
-from shared.taints import MAX_TAINTS, parse_taint
+from shared.taints import MAX_TAINTS, TAINT_EFFECTS, parse_taint
 
 MAX_PAGE_SIZE = 10_000
 
@@ -31,6 +34,7 @@ class NodeListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     region: str | None = None
     kind: AcceleratorKind | None = None
     state: NodeState | None = None
+    approval: Approval | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE_SIZE)] = 1000
     cursor: str | None = None
 
@@ -44,6 +48,7 @@ async def list_nodes(request: web.Request) -> web.Response:
             region=query.region,
             kind=query.kind,
             state=query.state,
+            approval=query.approval,
         )
     )
     total = len(records)
@@ -69,13 +74,32 @@ async def get_node(request: web.Request) -> web.Response:
     return json_response(node_detail(record))
 
 
+# `key[=value][:Effect]` as an admin writes it here: shared.taints' grammar (whose keys
+# and lengths it repeats), with a value of printable ASCII and no spaces around.
+ADMIN_TAINT_PATTERN: Final = (
+    "^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?(=[!-9;<>-~]{0,253})?"
+    f"(:({'|'.join(TAINT_EFFECTS)}))?$(?!\\n)"
+)
+_ADMIN_TAINT: Final = re.compile(ADMIN_TAINT_PATTERN)
+
+
 class NodeAdminUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What an admin sets on a node, beside what its agent declares (each replaces the
     admin's previous list or map; absent: unchanged)."""
 
     taints: (
         Annotated[
-            tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=600)], ...],
+            tuple[
+                Annotated[
+                    str,
+                    msgspec.Meta(
+                        min_length=1,
+                        max_length=600,
+                        extra_json_schema={"pattern": ADMIN_TAINT_PATTERN},
+                    ),
+                ],
+                ...,
+            ],
             msgspec.Meta(max_length=MAX_TAINTS, description="`key=value:Effect` each."),
         ]
         | None
@@ -93,6 +117,7 @@ class NodeAdminUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 _ADMIN_UPDATE = msgspec.json.Decoder(NodeAdminUpdate)
+_NODE_CHANGES: Final = PatchFields(not_null=("taints", "labels"))
 
 
 def _known(request: web.Request) -> str:
@@ -135,6 +160,7 @@ async def uncordon_node(request: web.Request) -> web.Response:
     )
 
 
+@destructive("node.drain")
 async def drain_node(request: web.Request) -> web.Response:
     node_id = _known(request)
     return await _store_admin(
@@ -142,9 +168,50 @@ async def drain_node(request: web.Request) -> web.Response:
     )
 
 
+class NodeApproval(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What an admin approves: the node as its latest birth says it is."""
+
+    trust_figures: Annotated[
+        bool,
+        msgspec.Meta(
+            description=(
+                "Take the node's own speed and power figures instead of the model table's "
+                "(a model the table does not know, a board the table's figures misjudge)."
+            )
+        ),
+    ] = False
+
+
+_APPROVAL = msgspec.json.Decoder(NodeApproval)
+
+
+async def approve_node(request: web.Request) -> web.Response:
+    """Approve the node as its latest birth says it is: that is what it is held to from
+    now on (cloud/fleet/envelope.py), and it takes work again."""
+    node_id = _known(request)
+    # The body is optional: without one, the model table's figures stay.
+    body = (
+        decode_body(await read_body(request), _APPROVAL)
+        if request.can_read_body
+        else NodeApproval()
+    )
+    found = request.app[REGISTRY].get(node_id)
+    assert found is not None
+    claim = claim_of(found.status)
+    return await _store_admin(
+        request,
+        replace(_current(request, node_id), approved=claim, trust_figures=body.trust_figures),
+        "node.approve",
+        differences=list(found.awaiting_approval),
+        approved=msgspec.to_builtins(claim),
+        trust_figures=body.trust_figures,
+    )
+
+
 async def update_node(request: web.Request) -> web.Response:
     node_id = _known(request)
     body = decode_body(await read_body(request), _ADMIN_UPDATE)
+    _NODE_CHANGES.check(body)
     record = _current(request, node_id)
     if body.taints is not None:
         for number, text in enumerate(body.taints):
@@ -152,6 +219,12 @@ async def update_node(request: web.Request) -> web.Response:
                 parse_taint(text)
             except ValueError as error:
                 raise invalid_body(f"$.taints[{number}]", str(error)) from None
+            if _ADMIN_TAINT.fullmatch(text) is None:
+                raise invalid_body(
+                    f"$.taints[{number}]",
+                    f"taint {text[:100]!r}: key=value:Effect, the value printable ASCII "
+                    "without spaces, nothing around it",
+                )
         record = replace(record, taints=body.taints)
     if body.labels is not None:
         record = replace(record, labels=body.labels)
@@ -215,13 +288,31 @@ ROUTES = (
         replies=_ADMIN_REPLIES,
     ),
     Route(
+        "POST",
+        "/v1/nodes/{node_id}/approve",
+        approve_node,
+        "Approve a node as its latest birth says it is (kubelet-style approval)",
+        "admin",
+        "nodes",
+        body=NodeApproval,
+        body_required=False,
+        description=(
+            "A node whose birth says more than it enrolled (or was approved) as is "
+            "`pending-approval`: it takes no new work and receives no secrets. Approving "
+            "makes what it says now the claim it is held to; the differences are audited."
+        ),
+        replies=_ADMIN_REPLIES,
+    ),
+    Route(
         "PATCH",
         "/v1/nodes/{node_id}",
         update_node,
         "Set a node's admin taints and labels, beside its agent's",
         "admin",
         "nodes",
-        body=NodeAdminUpdate,
+        body=Annotated[
+            NodeAdminUpdate, msgspec.Meta(extra_json_schema=_NODE_CHANGES.json_schema())
+        ],
         replies=_ADMIN_REPLIES,
     ),
 )

@@ -3,7 +3,16 @@ msgspec types their handlers decode and encode (never a hand-maintained copy).
 
 Schemas come from `msgspec.json.schema_components`; query parameters are the fields
 of each route's query Struct; the error answers every route can give (401, 403, 404,
-400/413/415/422 for bodies) are added from the route's access level, path and body.
+400/413/415/422 for bodies, 428 for bulk destructive actions) are added from the route's
+access level, path, query and body.
+
+The document says what the API holds requests to, as far as a JSON Schema can: a query
+parameter is never null and its text has no control characters (`parse_query`'s rule),
+a time is RFC 3339 (a pattern, since JSON Schema takes `format` as a note), a header
+has its own schema, an event stream is described event by event (`data` a JSON
+document), and `/metrics` and model downloads have the security they accept (a token
+that shows more; a signature in `sig`). tests/api/test_openapi_schemathesis.py holds
+the API to it.
 """
 
 from __future__ import annotations
@@ -15,13 +24,16 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
+from cloud.api.bulk_actions import CONFIRM_HEADER, CONFIRM_VALUE, destructive_action_of
 from cloud.api.problems import problem_reply
-from cloud.api.routes import JSON, REGISTERED_ROUTES, JsonObject, Reply, Route
+from cloud.api.query import CLEAN_TEXT_PATTERN, RFC3339_PATTERN
+from cloud.api.routes import JSON, REGISTERED_ROUTES, JsonObject, Reply, RequestHeader, Route
 from cloud.store import WorkStateChanged
 from shared import __version__
 from shared.problems import ProblemBody
 
 OPENAPI: web.AppKey[bytes] = web.AppKey("openapi", bytes)
+EVENT_STREAM: Final = "text/event-stream"
 REF_TEMPLATE: Final = "#/components/schemas/{name}"
 _PATH_PARAMETER = re.compile(r"\{(?P<name>[^}:]+)\}")
 # Documented alongside the routes although no route's signature names them.
@@ -31,12 +43,23 @@ _ERRORS: Final = {
     400: "Bad request: malformed JSON, a bad query parameter or header",
     401: "Missing or invalid bearer token",
     403: "Not allowed for this tenant",
-    404: "Not found (also another tenant's id)",
+    404: "Not found (also another tenant's id, or an unknown ?tenant=)",
     413: "Body larger than 1 MiB",
     415: "Body is not application/json",
     422: "Body does not match the schema; invalid_params names the field",
+    428: (
+        "The admin did cloud.destructive_actions_per_minute revocations, drains and "
+        "cancellations in the last minute: confirm with Greenfed-Confirm: bulk"
+    ),
     500: "Internal error",
 }
+_CONFIRM_HEADER: Final = RequestHeader(
+    CONFIRM_HEADER,
+    "An admin past cloud.destructive_actions_per_minute confirms a bulk destructive "
+    "action with it (a tenant cancelling its own work never needs it).",
+    {"type": "string", "enum": [CONFIRM_VALUE]},
+)
+_SCHEMA_KEYS_OF_THEIR_OWN: Final = frozenset({"enum", "const", "pattern", "format"})
 
 
 def _types(routes: Iterable[Route]) -> list[Any]:
@@ -52,7 +75,9 @@ def _types(routes: Iterable[Route]) -> list[Any]:
 
 def _reply(reply: Reply, schema: dict[str, Any]) -> dict[str, object]:
     answer: dict[str, object] = {"description": reply.description}
-    if reply.body is not None:
+    if reply.body is not None and reply.content_type == EVENT_STREAM:
+        answer["content"] = {EVENT_STREAM: {"schema": _server_sent_event(schema)}}
+    elif reply.body is not None:
         answer["content"] = {reply.content_type: {"schema": schema}}
     if reply.headers:
         answer["headers"] = {name: {"schema": {"type": "string"}} for name in reply.headers}
@@ -68,7 +93,7 @@ def _query_parameters(
     required = set(component.get("required", ()))
     parameters: list[dict[str, object]] = []
     for field in msgspec.structs.fields(query):
-        field_schema = dict(component["properties"][field.encode_name])
+        field_schema = _query_value_schema(dict(component["properties"][field.encode_name]))
         description = field_schema.pop("description", None)
         parameter: dict[str, object] = {
             "name": field.encode_name,
@@ -82,6 +107,53 @@ def _query_parameters(
     return parameters
 
 
+def _server_sent_event(data_schema: dict[str, Any]) -> dict[str, Any]:
+    """One event of a text/event-stream (OpenAPI 3.1 describes a stream by its events):
+    its fields, `data` a JSON document of `data_schema`."""
+    return {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "event": {"type": "string"},
+            "data": {
+                "type": "string",
+                "contentMediaType": JSON,
+                "contentSchema": data_schema,
+            },
+            "retry": {"type": "integer", "minimum": 0},
+        },
+    }
+
+
+def _query_value_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A query parameter's schema from its field's: an optional parameter is left out,
+    never sent as null; free text is held to what `parse_query` takes (no control
+    characters or undecodable bytes)."""
+    alternatives = schema.pop("anyOf", None)
+    if alternatives is not None:
+        kept = [alternative for alternative in alternatives if alternative != {"type": "null"}]
+        schema.update(kept[0] if len(kept) == 1 else {"anyOf": kept})
+    if schema.get("default", 0) is None:
+        del schema["default"]
+    if schema.get("type") == "string" and not _SCHEMA_KEYS_OF_THEIR_OWN & schema.keys():
+        schema["pattern"] = CLEAN_TEXT_PATTERN
+    return schema
+
+
+def _field_names(struct_type: type) -> set[str]:
+    return {field.encode_name for field in msgspec.structs.fields(struct_type)}
+
+
+def _header_parameter(header: RequestHeader) -> dict[str, object]:
+    return {
+        "name": header.name,
+        "in": "header",
+        "required": False,
+        "schema": header.schema,
+        "description": header.description,
+    }
+
+
 def _operation(
     route: Route, schemas: dict[Any, dict[str, Any]], components: dict[str, Any]
 ) -> dict[str, object]:
@@ -91,25 +163,27 @@ def _operation(
     ]
     if route.query is not None:
         parameters += _query_parameters(route.query, schemas[route.query], components)
-    parameters += [
-        {"name": name, "in": "header", "required": False, "schema": {"type": "string"},
-         "description": description}
-        for name, description in route.headers
-    ]  # fmt: skip
+    destructive = destructive_action_of(route.handler) is not None
+    headers = (*route.headers, _CONFIRM_HEADER) if destructive else route.headers
+    parameters += [_header_parameter(header) for header in headers]
     responses: dict[str, object] = {
         str(reply.status): _reply(reply, schemas.get(reply.body, {})) for reply in route.replies
     }
     errors: list[int] = [500]
     if route.access != "public":
         errors.append(401)
-    if route.access == "admin":
+    if route.access in ("admin", "signed"):  # signed: a signature that is not ours
         errors.append(403)
     if "{" in route.path:
         errors.append(404)
     if route.body is not None:
         errors += [400, 413, 415, 422]
-    if route.query is not None or route.headers:
+    if route.query is not None or headers:
         errors.append(400)
+    if route.query is not None and "tenant" in _field_names(route.query):
+        errors += [403, 404]  # another tenant's, for a tenant; no such tenant, for the admin
+    if destructive:
+        errors.append(428)
     for status in sorted(set(errors)):
         error = problem_reply(status, _ERRORS[status])
         responses.setdefault(str(status), _reply(error, schemas[ProblemBody]))
@@ -130,11 +204,15 @@ def _operation(
             else {"type": "string", "format": "binary"}
         )
         operation["requestBody"] = {
-            "required": True,
+            "required": route.body_required,
             "content": {route.body_media_type: {"schema": schema}},
         }
     if route.access == "public":
         operation["security"] = []
+    elif route.access == "scrape":
+        operation["security"] = [{}, {"scrape": []}]  # optional: a token shows more
+    elif route.access == "signed":
+        operation["security"] = [{"bearer": []}, {"signature": []}]
     return operation
 
 
@@ -165,6 +243,19 @@ def _reachable(components: dict[str, Any], roots: Sequence[object]) -> dict[str,
     return {name: schema for name, schema in sorted(components.items()) if name in kept}
 
 
+def _with_date_time_patterns(node: object) -> None:
+    """Give every date-time string in the document the RFC 3339 pattern the API holds
+    times to (in place): JSON Schema treats a format as a note, a pattern as a rule."""
+    if isinstance(node, dict):
+        if node.get("format") == "date-time" and "pattern" not in node:
+            node["pattern"] = RFC3339_PATTERN
+        for value in node.values():
+            _with_date_time_patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            _with_date_time_patterns(item)
+
+
 def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
     types = _types(routes)
     refs, components = msgspec.json.schema_components(types, ref_template=REF_TEMPLATE)
@@ -175,6 +266,7 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
         paths.setdefault(path, {})[route.method.lower()] = _operation(route, schemas, components)
     tags = sorted({route.tag for route in routes})
     components = _reachable(components, [paths])
+    _with_date_time_patterns([paths, components])
     return {
         "openapi": "3.1.0",
         "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
@@ -196,7 +288,24 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "A tenant token, gf_<token id>_<secret>.",
-                }
+                },
+                "signature": {
+                    "type": "apiKey",
+                    "in": "query",
+                    "name": "sig",
+                    "description": (
+                        "A model download's signature: the control plane puts it in the "
+                        "URLs it sends agents (blob_url)."
+                    ),
+                },
+                "scrape": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": (
+                        "On /metrics: the metrics scrape token (gfm_..., written to "
+                        "<store data dir>/metrics-token) or an admin's tenant token."
+                    ),
+                },
             },
         },
         "security": [{"bearer": []}],

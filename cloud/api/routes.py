@@ -13,12 +13,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # public: anyone; tenant: any valid bearer token; admin: an admin tenant's token;
-# signed: a tenant's token, or a `sig` query parameter the handler verifies.
-Access = Literal["public", "tenant", "admin", "signed"]
+# signed: a tenant's token, or a `sig` query parameter the handler verifies;
+# scrape: anyone, and a bearer token (the metrics scrape token or an admin's) shows more:
+# the handler checks it (/metrics).
+Access = Literal["public", "tenant", "admin", "signed", "scrape"]
 
 JSON = "application/json"
 # A reply documented only as "a JSON object" (its shape is described elsewhere).
@@ -37,6 +39,15 @@ class Reply:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """A request header an operation reads, documented with the schema it is held to."""
+
+    name: str
+    description: str
+    schema: JsonObject  # a JSON Schema, e.g. {"type": "string", "pattern": "..."}
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     method: str
     path: str
@@ -48,7 +59,8 @@ class Route:
     query: type | None = None  # a msgspec Struct: its fields are the query parameters
     body: object = None  # the request body's type (JSON)
     body_media_type: str = JSON  # anything else: a raw body (documented as binary)
-    headers: tuple[tuple[str, str], ...] = ()  # (request header, description)
+    body_required: bool = True  # False: the body may be left out (defaults apply)
+    headers: tuple[RequestHeader, ...] = ()
     description: str = ""
     # GET routes also answer HEAD, except streams (a HEAD would hold a stream open).
     head: bool = True
@@ -72,3 +84,36 @@ def add_routes(app: web.Application, routes: Sequence[Route]) -> None:
             raise ValueError(f"{route.handler.__name__} is registered with two access levels")
         access[route.handler] = route.access
         registered.append(route)
+
+
+def refuse_other_methods(app: web.Application) -> None:
+    """Answer every method a registered path does not document with 405 and `Allow`
+    naming exactly the methods it has (call once every route is registered).
+
+    Without this, aiohttp tries the next resource whose pattern matches: a method that
+    `/v1/nodes/enrol` lacks would reach `/v1/nodes/{node_id}` (as node "enrol"), and a
+    405's `Allow` would list both paths' methods. OpenAPI matches a concrete path before
+    a templated one; so does this."""
+    access = app.setdefault(ROUTE_ACCESS, {})
+    # A path's methods may sit on several resources (aiohttp starts a new one for a path
+    # registered again later): the catch-all goes on its last, so the others are tried
+    # first, and names the methods of all of them.
+    last: dict[str, web.Resource] = {}
+    methods: dict[str, set[str]] = {}
+    for resource in app.router.resources():
+        if isinstance(resource, web.Resource):
+            last[resource.canonical] = resource
+            methods.setdefault(resource.canonical, set()).update(r.method for r in resource)
+    for path, resource in last.items():
+        if hdrs.METH_ANY in methods[path]:
+            continue
+        handler = _method_not_allowed(", ".join(sorted(methods[path])))
+        resource.add_route(hdrs.METH_ANY, handler)
+        access[handler] = "public"  # before authentication, as aiohttp's own 405 was
+
+
+def _method_not_allowed(allow: str) -> Handler:
+    async def method_not_allowed(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPMethodNotAllowed(request.method, allow.split(", "))
+
+    return method_not_allowed

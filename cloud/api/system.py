@@ -1,4 +1,12 @@
-"""Health, readiness, metrics and the published MQTT payload schemas."""
+"""Health, readiness, metrics and the published MQTT payload schemas.
+
+`/metrics` serves the fleet's series to anyone (a Prometheus without credentials, a
+person with curl) and adds the series that name a tenant, a job or a deployment only
+for `Authorization: Bearer <token>` with the metrics scrape token (cloud/scrape_token.py)
+or an admin's token. A token that is sent must be right: an unknown or revoked one is a
+401 and a tenant's a 403, so a misconfigured scrape shows as down rather than quietly
+losing the tenant series.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,12 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from cloud.api.auth import authenticated_tenant, bearer_token, invalid_token
 from cloud.api.bodies import json_response
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import JsonObject, Reply, Route
-from cloud.app_keys import INGESTOR, METRICS
+from cloud.app_keys import INGESTOR, METRICS, SCRAPE_TOKEN
+from cloud.scrape_token import is_scrape_token
 from shared.schemas import schema_catalog
 
 
@@ -24,8 +34,31 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
+async def _sees_tenant_series(request: web.Request) -> bool:
+    """Whether the caller may see the series that name tenants, jobs and deployments."""
+    if "Authorization" not in request.headers:
+        return False
+    token = bearer_token(request)
+    if token is None:
+        raise invalid_token("send Authorization: Bearer <the scrape token or an admin token>")
+    if is_scrape_token(token, request.app[SCRAPE_TOKEN]):
+        return True
+    if not (await authenticated_tenant(request, token)).admin:
+        raise Problem(
+            403,
+            "admin-only",
+            "Forbidden",
+            "the series that name tenants need the metrics scrape token or an admin token; "
+            "without a token /metrics serves the fleet's series",
+        )
+    return True
+
+
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS])
+    registries = request.app[METRICS]
+    body = generate_latest(registries.fleet)
+    if await _sees_tenant_series(request):
+        body += generate_latest(registries.tenants)
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
@@ -67,9 +100,17 @@ ROUTES = (
         "/metrics",
         metrics,
         "Prometheus metrics",
-        "public",
+        "scrape",
         "operations",
-        replies=(Reply(200, "Prometheus text exposition format", str, "text/plain"),),
+        description=(
+            "Without a token, the fleet's series; with the metrics scrape token (written "
+            "to <store data dir>/metrics-token) or an admin token, also the series that "
+            "name a tenant, a job or a deployment."
+        ),
+        replies=(
+            Reply(200, "Prometheus text exposition format", str, "text/plain"),
+            problem_reply(403, "A tenant's token: the tenant series are not for it"),
+        ),
     ),
     Route(
         "GET",

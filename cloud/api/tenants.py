@@ -5,13 +5,13 @@ Both are in the audit log."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 from aiohttp import web
 
 from cloud.api.audit import audit_entry
-from cloud.api.bodies import invalid_body, json_response, read_json
+from cloud.api.bodies import PatchFields, invalid_body, json_response, read_json
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
 from cloud.api.scope import tenant_not_found
@@ -37,6 +37,10 @@ from cloud.work.views import (
 
 _CREATE_DECODER: Final = msgspec.json.Decoder(TenantCreate)
 _UPDATE_DECODER: Final = msgspec.json.Decoder(TenantUpdate)
+# Every field may be given as null (removing a cohort or a cap): any one given is a change.
+_TENANT_CHANGES: Final = PatchFields(
+    present=tuple(field.encode_name for field in msgspec.structs.fields(TenantUpdate))
+)
 
 
 async def create_tenant(request: web.Request) -> web.Response:
@@ -92,6 +96,7 @@ async def _named(request: web.Request) -> TenantRecord:
 async def update_tenant(request: web.Request) -> web.Response:
     body = await read_json(request, _UPDATE_DECODER)
     before = await _named(request)
+    _TENANT_CHANGES.check(body)
     changes = TenantChanges(
         quotas=KEEP if body.quotas is msgspec.UNSET else body.quotas,
         borrowing_limit=KEEP if body.borrowing_limit is msgspec.UNSET else body.borrowing_limit,
@@ -153,7 +158,7 @@ ROUTES: Final = (
         "Change a tenant's quotas, caps, cohort or priority classes (admin)",
         "admin",
         "tenants",
-        body=TenantUpdate,
+        body=Annotated[TenantUpdate, msgspec.Meta(extra_json_schema=_TENANT_CHANGES.json_schema())],
         description=(
             "`{tenant}` is its name or id. A field left out stays as it is; null removes a "
             "cohort or a cap. The scheduler applies the change from its next pass; work "

@@ -181,6 +181,7 @@ ROUTES: Final = (
         "tenant",
         "tokens",
         body=TokenRotate,
+        body_required=False,  # without one, the default overlap
         replies=(
             Reply(201, "The new token (with its secret) and the old one", TokenRotated),
             problem_reply(409, "The token was already rotated or revoked"),

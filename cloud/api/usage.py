@@ -8,7 +8,7 @@ Periods are whole UTC hours: a row counts when its hour starts within [from, to)
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from aiohttp import web
@@ -16,7 +16,7 @@ from aiohttp import web
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response
 from cloud.api.problems import Problem, invalid_query
-from cloud.api.query import parse_query
+from cloud.api.query import comma_list, comma_list_pattern, parse_query
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import STORE
 from cloud.store import UsageQuery
@@ -26,39 +26,34 @@ from shared.problems import InvalidParam
 CSV = "text/csv"
 
 
+# A time with its offset, e.g. 2026-12-01T00:00:00Z.
+_Time = Annotated[datetime, msgspec.Meta(tz=True)]
+
+
 class UsageParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    from_: datetime | None = msgspec.field(default=None, name="from")
-    to: datetime | None = None
-    group_by: str = "tenant"  # comma-separated: tenant, zone, job, day
+    from_: _Time | None = msgspec.field(default=None, name="from")
+    to: _Time | None = None
+    # Comma-separated, in any order (a group named twice counts once).
+    group_by: Annotated[
+        str, msgspec.Meta(extra_json_schema={"pattern": comma_list_pattern(USAGE_GROUPS)})
+    ] = "tenant"
     tenant: str | None = None  # the admin: one tenant's usage (by name)
     format: Literal["json", "csv"] = "json"
 
 
 def _groups(text: str) -> tuple[UsageGroup, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [name for name in names if name not in USAGE_GROUPS]
-    if unknown or not names or len(set(names)) != len(names):
-        raise invalid_query(
-            InvalidParam(
-                "group_by",
-                f"a comma-separated list of distinct {', '.join(USAGE_GROUPS)}; got {text[:100]!r}",
-            )
-        )
+    names = comma_list("group_by", text, USAGE_GROUPS)
     return tuple(g for g in USAGE_GROUPS if g in names)
 
 
-def _epoch(at: datetime | None, name: str) -> float | None:
-    if at is None:
-        return None
-    if at.tzinfo is None:
-        raise invalid_query(InvalidParam(name, "needs a UTC offset, e.g. 2026-12-01T00:00:00Z"))
-    return at.timestamp()
+def _epoch(at: datetime | None) -> float | None:
+    return None if at is None else at.timestamp()
 
 
 async def get_usage(request: web.Request) -> web.StreamResponse:
     params = parse_query(request, UsageParams)
     groups = _groups(params.group_by)
-    from_s, until_s = _epoch(params.from_, "from"), _epoch(params.to, "to")
+    from_s, until_s = _epoch(params.from_), _epoch(params.to)
     if from_s is not None and until_s is not None and until_s <= from_s:
         raise invalid_query(InvalidParam("to", "must be after from"))
     tenant = tenant_of(request)

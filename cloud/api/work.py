@@ -26,16 +26,17 @@ from aiohttp import web
 
 from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
-from cloud.api.bodies import decode_body, invalid_body, json_response, read_body
-from cloud.api.problems import Problem, invalid_query, problem_reply
-from cloud.api.query import parse_query
+from cloud.api.bodies import PatchFields, decode_body, invalid_body, json_response, read_body
+from cloud.api.bulk_actions import destructive
+from cloud.api.problems import Problem, problem_reply
+from cloud.api.query import RFC3339_PATTERN, comma_list, comma_list_pattern, parse_query
 from cloud.api.refusals import (
     dependency_views,
     new_dependencies,
     refused_dependencies,
     refused_now,
 )
-from cloud.api.routes import Handler, Reply, Route
+from cloud.api.routes import Handler, Reply, RequestHeader, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
 from cloud.app_keys import REGISTRY, SECRETS_AT_REST, STORE
 from cloud.loop.rollout import rollout_event, settled_spec
@@ -104,12 +105,26 @@ SpecT = TypeVar("SpecT", TrainingJobSpec, DeploymentSpec)
 
 
 class WorkListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    state: Annotated[
-        str | None, msgspec.Meta(description="Comma-separated states, e.g. pending,running.")
-    ] = None
-    priority: Annotated[
-        str | None, msgspec.Meta(description="Comma-separated priority classes, e.g. p0,p1.")
-    ] = None
+    state: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                description="Comma-separated states, e.g. pending,running.",
+                extra_json_schema={"pattern": comma_list_pattern(WORK_STATES)},
+            ),
+        ]
+        | None
+    ) = None
+    priority: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                description="Comma-separated priority classes, e.g. p0,p1.",
+                extra_json_schema={"pattern": comma_list_pattern(PRIORITY_CLASSES)},
+            ),
+        ]
+        | None
+    ) = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE_SIZE)] = 50
     cursor: Annotated[
         _ID | None, msgspec.Meta(description="The next_cursor of the previous page.")
@@ -312,11 +327,30 @@ def _stored_form(request: web.Request, spec: SpecT, tenant: TenantRecord) -> Spe
     return request.app[SECRETS_AT_REST].encrypt_spec(spec, tenant_id=tenant.tenant_id)
 
 
+class _DeadlineAsSent(msgspec.Struct):
+    deadline: str | None = None
+
+
+_DEADLINE_AS_SENT: Final = msgspec.json.Decoder(_DeadlineAsSent)
+_RFC3339: Final = re.compile(RFC3339_PATTERN)
+
+
+def _check_times_as_sent(raw: bytes, spec: WorkSpec) -> None:
+    """A time is RFC 3339, as the OpenAPI document says (format date-time); msgspec
+    also reads a space for the T and an offset without its colon."""
+    if isinstance(spec, TrainingJobSpec) and spec.deadline is not None:
+        sent = _DEADLINE_AS_SENT.decode(raw).deadline
+        if sent is None or _RFC3339.fullmatch(sent) is None:
+            raise invalid_body("$.deadline", "an RFC 3339 time, e.g. 2026-12-01T00:00:00Z")
+
+
 async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     tenant = tenant_of(request)
     key = _idempotency_key(request)
     raw = await read_body(request)
-    spec = _stored_form(request, decode_body(raw, collection.decoder), tenant)
+    decoded = decode_body(raw, collection.decoder)
+    _check_times_as_sent(raw, decoded)
+    spec = _stored_form(request, decoded, tenant)
     _check_priority(tenant, spec.priority)
     _check_schedulable(spec)
     store = request.app[STORE]
@@ -404,26 +438,10 @@ def _same_submission(record: WorkRecord, kind: WorkKind, spec: WorkSpec, documen
         return False
 
 
-def _csv(query_name: str, text: str | None, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    if text is None:
-        return ()
-    values = tuple(value.strip() for value in text.split(",") if value.strip())
-    unknown = [value for value in values if value not in allowed]
-    if unknown or not values:
-        raise invalid_query(
-            InvalidParam(
-                query_name,
-                f"unknown value {', '.join(unknown) or '(empty)'}; one or more of "
-                f"{', '.join(allowed)}",
-            )
-        )
-    return values
-
-
 async def _list(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     query = parse_query(request, WorkListQuery)
-    states: tuple[WorkState, ...] = _csv("state", query.state, WORK_STATES)  # type: ignore[assignment]
-    priorities: tuple[PriorityClass, ...] = _csv("priority", query.priority, PRIORITY_CLASSES)  # type: ignore[assignment]
+    states: tuple[WorkState, ...] = comma_list("state", query.state, WORK_STATES)  # type: ignore[assignment]
+    priorities: tuple[PriorityClass, ...] = comma_list("priority", query.priority, PRIORITY_CLASSES)  # type: ignore[assignment]
     scope = await scoped_tenant(request, query.tenant, admin_sees_all=True)
     names = await tenant_names(request, scope)
     page = await request.app[STORE].list_work(
@@ -598,6 +616,7 @@ async def get_job(request: web.Request) -> web.Response:
     return await _get(request, JOBS)
 
 
+@destructive("work.cancel")  # held to the limit when the admin cancels
 async def cancel_job(request: web.Request) -> web.Response:
     return await _cancel(request, JOBS)
 
@@ -618,6 +637,7 @@ async def get_deployment(request: web.Request) -> web.Response:
     return await _get(request, DEPLOYMENTS)
 
 
+@destructive("work.cancel")
 async def cancel_deployment(request: web.Request) -> web.Response:
     return await _cancel(request, DEPLOYMENTS)
 
@@ -628,10 +648,12 @@ async def explain_deployment(request: web.Request) -> web.Response:
 
 # ---- routes ------------------------------------------------------------------------------
 
-_IDEMPOTENCY_HEADER = (
+_IDEMPOTENCY_HEADER = RequestHeader(
     "Idempotency-Key",
     "Makes the submission safe to retry: a retry with the same key and body returns the "
     "original (200); the same key with another body is a 409.",
+    # Printable ASCII; HTTP strips the spaces around a header's value.
+    {"type": "string", "pattern": "^[!-~]([ -~]{0,253}[!-~])?$"},
 )
 
 
@@ -779,6 +801,10 @@ class DeploymentUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 
 
 _UPDATE_DECODER: Final = msgspec.json.Decoder(DeploymentUpdate)
+# A rollout changes nothing without a model_id (a 422 of its own).
+_DEPLOYMENT_CHANGES: Final = PatchFields(
+    present=("replicas", "autoscale"), not_null=("model_id", "batching")
+)
 
 
 def _scaled(spec: DeploymentSpec, body: DeploymentUpdate) -> DeploymentSpec:
@@ -794,7 +820,10 @@ def _scaled(spec: DeploymentSpec, body: DeploymentUpdate) -> DeploymentSpec:
             "$.replicas",
             f"must be within autoscale's {autoscale.min_replicas}..{autoscale.max_replicas}",
         )
-    return scaled_spec(msgspec.structs.replace(spec, autoscale=autoscale), replicas)
+    # The count first, the bounds then: a spec checks its replicas against its autoscale
+    # each time it is made, and the old count may lie outside the new bounds.
+    rescaled = scaled_spec(msgspec.structs.replace(spec, autoscale=None), replicas)
+    return msgspec.structs.replace(rescaled, autoscale=autoscale)
 
 
 async def update_deployment(request: web.Request) -> web.Response:
@@ -805,6 +834,7 @@ async def update_deployment(request: web.Request) -> web.Response:
     caller = tenant_of(request)
 
     async def update(tenant: TenantRecord, record: WorkRecord) -> web.Response:
+        _DEPLOYMENT_CHANGES.check(body)  # once the deployment is known to be there
         spec = _spec(DEPLOYMENTS, record)
         if body.model_id is not None:
             if await store.get_model(tenant.tenant_id, body.model_id) is None:
@@ -909,7 +939,10 @@ ROUTES: Final = (
             "(the admin: any tenant's)",
             "tenant",
             "deployments",
-            body=DeploymentUpdate,
+            body=Annotated[
+                DeploymentUpdate,
+                msgspec.Meta(extra_json_schema=_DEPLOYMENT_CHANGES.json_schema()),
+            ],
             description=(
                 "Nodes load and warm the new model beside the old one, then switch between two "
                 "batches: no request fails during the update. `replicas` scales the "

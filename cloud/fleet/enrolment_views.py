@@ -14,19 +14,32 @@ from typing import Annotated, Final
 
 import msgspec
 
-from shared.errors import FieldError
-
 # The wire contract's node id (one topic level; no trailing newline either).
-from shared.messages import NodeId, Site
+from cloud.fleet.envelope import NodeEnvelope, WorkKinds
+from shared.errors import FieldError
+from shared.messages import AcceleratorKind, NodeId, Site
+from shared.placement_names import (
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MAX_LABEL_KEY_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_PLACEMENT_CHARS,
+    ZONE_PATTERN,
+)
 from shared.sealing import is_valid_public_key
 
 JOIN_TOKEN_MAX_USES: Final = 10_000
-_ZONE = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-_LABEL_KEY = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9._/-]+$(?!\n)")
+_ZONE = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_PLACEMENT_CHARS, pattern=ZONE_PATTERN)
 ]
-_LABEL_VALUE = Annotated[str, msgspec.Meta(max_length=255)]
+_LABEL_KEY = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY_CHARS, pattern=LABEL_KEY_PATTERN)
+]
+_LABEL_VALUE = Annotated[
+    str, msgspec.Meta(max_length=MAX_LABEL_VALUE_CHARS, pattern=LABEL_VALUE_PATTERN)
+]
 Labels = Annotated[dict[_LABEL_KEY, _LABEL_VALUE], msgspec.Meta(max_length=64)]
+_MODEL = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
 class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -41,6 +54,29 @@ class JoinTokenCreate(_Body, frozen=True, kw_only=True):
     zone: _ZONE | None = None
     region: _ZONE | None = None
     labels: Labels = {}
+    # What nodes enrolled with it may be beyond site, zone and region (a birth outside
+    # it waits for an admin's approval; cloud/fleet/envelope.py).
+    work: WorkKinds = "any"
+    max_accelerators: Annotated[
+        dict[AcceleratorKind, Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]],
+        msgspec.Meta(
+            description=(
+                "At most this many accelerators of each kind (a kind not named: none; CPUs "
+                "count sockets). Empty: no ceiling, the node's first birth sets it."
+            )
+        ),
+    ] = {}
+    accelerator_models: Annotated[tuple[_MODEL, ...], msgspec.Meta(max_length=64)] = ()
+    max_accelerator_memory_bytes: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+    def envelope(self) -> NodeEnvelope:
+        """The limits it sets beyond site, zone and region."""
+        return NodeEnvelope(
+            work=self.work,
+            max_accelerators=self.max_accelerators,
+            accelerator_models=self.accelerator_models,
+            max_accelerator_memory_bytes=self.max_accelerator_memory_bytes,
+        )
 
 
 class JoinTokenView(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +92,10 @@ class JoinTokenView(msgspec.Struct, frozen=True, kw_only=True):
     region: str | None
     labels: dict[str, str]
     created_by: str | None  # the admin tenant's id
+    work: WorkKinds = "any"
+    max_accelerators: dict[AcceleratorKind, int] = {}
+    accelerator_models: tuple[str, ...] = ()
+    max_accelerator_memory_bytes: int | None = None
 
 
 class JoinTokenCreated(JoinTokenView, frozen=True, kw_only=True):
@@ -123,6 +163,8 @@ class EnrolledNodeView(msgspec.Struct, frozen=True, kw_only=True):
     username: str | None
     # Of the sealing key pinned at enrolment (a public key: not secret); null: none pinned.
     sealing_key_fingerprint: str | None = None
+    # What it may be (cloud/fleet/envelope.py); null: not held (enrolled before store v13).
+    envelope: NodeEnvelope | None = None
 
 
 def sealing_key_fingerprint(public_key: str) -> str:

@@ -98,6 +98,7 @@ class InvalidReason(StrEnum):
     CLOCK_SKEW = Implausible.CLOCK_SKEW.value
     BAD_INTERVAL = Implausible.BAD_INTERVAL.value
     FIELD_TOO_LONG = Implausible.FIELD_TOO_LONG.value
+    INVALID_NAME = Implausible.INVALID_NAME.value
     # Log chunks and `reported` entries about work their node does not run.
     NOT_ASSIGNED = Assignment.NOT_ASSIGNED.value
     WRONG_ATTEMPT = Assignment.WRONG_ATTEMPT.value

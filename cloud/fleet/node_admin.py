@@ -1,6 +1,8 @@
 """Keeping what admins set on nodes (cloud/fleet/node_overlay.py) fresh on every replica
 of the control plane: reloaded from the store every few seconds, and applied at once by
-the replica that changed it."""
+the replica that changed it. The same round records what an enrolled node whose
+envelope sets no ceiling first claimed, as what it is approved as (cloud/fleet/envelope.py).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import asyncio
 
 import structlog
 
+from cloud.fleet.envelope import NodeClaim, claim_of
 from cloud.fleet.registry import NodeRegistry
 from cloud.store import NodeAdminRecord, Store, StoreUnavailableError
 
@@ -18,9 +21,29 @@ async def refresh_forever(registry: NodeRegistry, store: Store, *, interval_s: f
     while True:
         try:
             registry.set_admin(await store.node_admin())
+            claims = first_claims(registry)
+            if claims:
+                await store.set_first_claims(claims)
+                registry.set_admin(await store.node_admin())
         except StoreUnavailableError as error:
             log.warning("node settings not refreshed: store unavailable", error=str(error))
         await asyncio.sleep(interval_s)
+
+
+def first_claims(registry: NodeRegistry) -> dict[str, NodeClaim]:
+    """What online enrolled nodes claim that have nothing approved yet and an envelope
+    with no inventory ceiling: their first birth sets what they may be from now on."""
+    claims = {}
+    for record in registry:
+        envelope = registry.envelope_of(record.node_id)
+        if envelope is None or envelope.has_ceiling or record.awaiting_approval:
+            continue
+        if record.state != "online" or (
+            record.admin is not None and record.admin.approved is not None
+        ):
+            continue
+        claims[record.node_id] = claim_of(record.status)
+    return claims
 
 
 def apply_one(registry: NodeRegistry, record: NodeAdminRecord) -> bool:

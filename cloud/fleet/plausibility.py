@@ -36,6 +36,7 @@ from shared.messages import (
     Telemetry,
     TrainingRunState,
 )
+from shared.placement_names import placement_error
 from shared.sealing import is_valid_public_key
 from shared.settings import CloudSettings
 
@@ -67,6 +68,7 @@ class Implausible(StrEnum):
     CLOCK_SKEW = "clock_skew"
     BAD_INTERVAL = "bad_interval"
     FIELD_TOO_LONG = "field_too_long"
+    INVALID_NAME = "invalid_name"  # a zone, region or label outside shared/placement_names.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,9 @@ def _check_status(status: NodeStatus, limits: PlausibilityLimits, now_s: float) 
     for key, value in status.labels.items():
         _text("$.labels", key, MAX_LABEL_KEY_CHARS)
         _text(f"$.labels.{key}", value, MAX_LABEL_VALUE_CHARS)
+    invalid = placement_error(status.zone, status.region, status.labels)
+    if invalid is not None:
+        _fail(Implausible.INVALID_NAME, *invalid)
     host = status.host
     for name in ("hostname", "os", "arch"):
         _text(f"$.host.{name}", getattr(host, name))

@@ -21,13 +21,15 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the CLI reads node views without the database stack
     from cloud.store import NodeAdminRecord
 
+from cloud.fleet.envelope import NodeEnvelope, believed_accelerators, judge
 from cloud.fleet.outage import Outage, OutageCause, ended_by, offline_cause
 from shared.messages import (
+    Accelerator,
     AcceleratorKind,
     DeploymentSample,
     NodeState,
@@ -39,6 +41,9 @@ from shared.messages import (
     Site,
     Telemetry,
 )
+
+# Whether a node is what it enrolled (or was approved) as (cloud/fleet/envelope.py).
+Approval = Literal["approved", "pending-approval"]
 
 
 class Rejection(StrEnum):
@@ -73,10 +78,26 @@ class NodeRecord:
     offline_cause: OutageCause | None = None
     offline_since: float = 0.0  # UTC epoch seconds
     last_outage: Outage | None = None  # the latest one that ended
+    # What its birth says beyond what it enrolled (or was approved) as: while not empty it
+    # is `pending-approval` and takes no new work (cloud/fleet/envelope.py).
+    awaiting_approval: tuple[str, ...] = ()
+    # Its accelerators with the speed and power the control plane takes for them: the
+    # model table's, unless an admin trusts the node's own (cloud/fleet/envelope.py).
+    believed_accelerators: tuple[Accelerator, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.believed_accelerators:
+            self.believed_accelerators = believed_accelerators(
+                self.status.accelerators, self.admin is not None and self.admin.trust_figures
+            )
 
     @property
     def node_id(self) -> str:
         return self.status.node_id
+
+    @property
+    def approval(self) -> Approval:
+        return "pending-approval" if self.awaiting_approval else "approved"
 
     @property
     def accelerator_kinds(self) -> frozenset[AcceleratorKind]:
@@ -107,11 +128,13 @@ class NodeFilter:
     region: str | None = None
     kind: AcceleratorKind | None = None
     state: NodeState | None = None
+    approval: Approval | None = None
 
     def matches(self, record: NodeRecord) -> bool:
         status = record.status
         return (
-            (self.site is None or status.site == self.site)
+            (self.approval is None or record.approval == self.approval)
+            and (self.site is None or status.site == self.site)
             and (self.zone is None or status.zone == self.zone)
             and (self.region is None or status.region == self.region)
             and (self.kind is None or self.kind in record.accelerator_kinds)
@@ -145,6 +168,8 @@ class NodeRegistry:
         self._records: dict[str, NodeRecord] = {}
         # What an admin set, by node id, nodes not born yet included.
         self.admin: Mapping[str, NodeAdminRecord] = {}
+        # What a node may be, as it enrolled (cloud/fleet/enrolled.py); None: not held.
+        self.envelope_of: Callable[[str], NodeEnvelope | None] = lambda node_id: None
         # Bumped on every change of membership or state, so readers can cache by it.
         self.version = 0
 
@@ -195,6 +220,7 @@ class NodeRegistry:
                 admin=self.admin.get(status.node_id),
             )
             self._records[status.node_id] = record
+            self._judge(record)
             self._touch(record)
             self.version += 1
             return NodeStateChange(status.node_id, status.state, reason)
@@ -211,6 +237,7 @@ class NodeRegistry:
         record.status = status
         record.state = status.state
         record.offline_reason = reason
+        self._judge(record)
         if status.state == "online":
             self._touch(record)
         self.version += 1
@@ -225,11 +252,38 @@ class NodeRegistry:
             new = admin.get(node_id)
             if new != record.admin:
                 record.admin = new
+                self._judge(record)
                 changed = True
         self.admin = dict(admin)
         if changed:
             self.version += 1
         return changed
+
+    def judge_again(self, node_ids: Iterable[str]) -> bool:
+        """Judge these nodes against their envelopes again (their enrolment changed);
+        whether any verdict changed."""
+        changed = False
+        for node_id in node_ids:
+            record = self._records.get(node_id)
+            if record is not None:
+                changed = self._judge(record) or changed
+        if changed:
+            self.version += 1
+        return changed
+
+    def _judge(self, record: NodeRecord) -> bool:
+        """Hold the node to what it enrolled (or was approved) as, and take its figures
+        as the control plane believes them; whether its approval changed."""
+        admin = record.admin
+        record.believed_accelerators = believed_accelerators(
+            record.status.accelerators, admin is not None and admin.trust_figures
+        )
+        approved = admin.approved if admin is not None else None
+        verdict = judge(record.status, self.envelope_of(record.node_id), approved)
+        if verdict == record.awaiting_approval:
+            return False
+        record.awaiting_approval = verdict
+        return True
 
     def forget(self, node_id: str) -> bool:
         """Drop a node whose retained status was cleared (decommissioned)."""

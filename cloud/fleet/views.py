@@ -8,7 +8,7 @@ import msgspec
 
 from cloud.fleet.node_overlay import effective_labels, effective_taints, taint_text
 from cloud.fleet.outage import Outage, OutageCause, OutageEnd
-from cloud.fleet.registry import NodeRecord
+from cloud.fleet.registry import Approval, NodeRecord
 from shared.clock import utc_from_epoch
 from shared.messages import (
     Accelerator,
@@ -33,8 +33,9 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     state: NodeState
     offline_reason: OfflineReason | None
-    # While offline: stopped, crashed (its connection closed while it was talking) or
-    # partitioned (it went silent: unreachable, its agent may be working alone).
+    # While offline: stopped, crashed (its connection closed while it was talking),
+    # partitioned (it went silent: unreachable, its agent may be working alone) or
+    # broker (the broker ended its connection: it went down, or restarted).
     offline_cause: OutageCause | None = None
     last_outage: OutageView | None = None  # the latest outage that ended
     site: Site
@@ -59,8 +60,15 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     isolation_note: str = ""
     resource_limits: tuple[ResourceLimit, ...] = ()
     container_runtimes: tuple[str, ...] = ()
-    # Its birth announces a sealing key the control plane accepts: secrets may go to it.
+    # Its birth announces a sealing key the control plane accepts, and it is approved:
+    # secrets may go to it.
     receives_secrets: bool = False
+    # pending-approval: its birth says more than it enrolled (or was approved) as, in
+    # `approval_differences`; it takes no new work until an admin approves it.
+    approval: Approval = "approved"
+    approval_differences: tuple[str, ...] = ()
+    # An admin approved its own speed and power figures (else the model table's count).
+    trusted_figures: bool = False
 
 
 class NodeDetail(NodeSummary, frozen=True, kw_only=True):
@@ -119,7 +127,10 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "isolation_note": status.isolation_note,
         "resource_limits": status.resource_limits,
         "container_runtimes": status.container_runtimes,
-        "receives_secrets": status.sealing_public_key is not None,
+        "receives_secrets": status.sealing_public_key is not None and not record.awaiting_approval,
+        "approval": record.approval,
+        "approval_differences": record.awaiting_approval,
+        "trusted_figures": record.admin is not None and record.admin.trust_figures,
     }
 
 

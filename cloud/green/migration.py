@@ -289,7 +289,9 @@ class Migrator:
         key = (kind, job.accelerators_per_worker, hours)
         best = best_rates.get(key)
         if best is None:
-            room = np.flatnonzero((columns.free >= job.accelerators_per_worker) & table.healthy)
+            room = np.flatnonzero(
+                (columns.free >= job.accelerators_per_worker) & table.healthy & table.approved
+            )
             rates = self._rate(snapshot, kind, room, hours * HOUR_S / columns.relative_speed[room])
             rates = rates[np.isfinite(rates)]
             best = best_rates[key] = float(rates.min()) if rates.size else math.inf

@@ -3,7 +3,8 @@
 One pass:
 1. read the store (one consistent snapshot) and the registry;
 2. publish the `desired` document of every node whose generation moved (a tenant's
-   cancellation, another replica's commit);
+   cancellation, another replica's commit), after raising the generation of any node
+   that applied more than the store holds (a restored store: generations.py);
 3. apply what agents reported and which nodes are lost (reports.py; lost is
    cloud/fleet/liveness.py's verdict), commit;
    then the deployment step (deployment_control.py): autoscaling, canary rollouts,
@@ -49,6 +50,7 @@ from cloud.green.policies import (
 from cloud.loop.allocations import by_work
 from cloud.loop.deployment_control import DeploymentControl
 from cloud.loop.desired import desired_document
+from cloud.loop.generations import generations_behind
 from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, PassInputs, backing_off, build_inputs
 from cloud.loop.moves import running_jobs
@@ -258,11 +260,12 @@ class SchedulingLoop:
         now = self._clock()
         store = await self._store.load_snapshot(self._last_snapshot)
         nodes = {record.node_id: record for record in self._registry.nodes()}
+        reporting = of_this_cluster(nodes, self._publisher.cluster_id)
+        store = await self._catch_up_generations(store, reporting, lease)
         await self._publish(store, nodes, now)
 
         records = {record.work_id: record for record in store.work}
         allocations = by_work(store.allocations)
-        reporting = of_this_cluster(nodes, self._publisher.cluster_id)
         outcomes = agent_outcomes(
             records,
             allocations,
@@ -452,6 +455,26 @@ class SchedulingLoop:
         missing = wanted - set(self._models)
         if missing:
             self._models.update(await self._store.models_by_id(sorted(missing)))
+
+    async def _catch_up_generations(
+        self, store: StoreSnapshot, reporting: Mapping[str, NodeRecord], lease: LeadershipLease
+    ) -> StoreSnapshot:
+        """Raise the generation of nodes that applied more than the store holds (a store
+        restored from a backup: generations.py), so that they apply what we publish.
+        `reporting`: the registry's nodes with this cluster's reports only."""
+        floors = generations_behind(reporting, store.node_generations)
+        if not floors:
+            return store
+        with self._committing():
+            raised = await self._store.raise_generations(floors, lease=lease)
+        for node_id, generation in sorted(raised.items()):
+            self._log.warning(
+                "desired generation raised past what the node applied",
+                node_id=node_id,
+                generation=generation,
+                reason="the store is older than the node's state: restored from a backup?",
+            )
+        return await self._store.load_snapshot(store)
 
     async def _publish(
         self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float

@@ -16,9 +16,11 @@ per core, so that a small edge device can serve several CPU models side by side
 core) is the whole CPU's. The speed stays the CPU's: a request to a small model
 takes about as long on one core as on all of them.
 
-What an agent cannot tell (a CPU's power, an unknown GPU's speed) comes from the
-defaults below, which are deliberately middle-of-the-road figures; a node that
-reports real figures always wins.
+A device's speed and power are what the control plane believes
+(`NodeRecord.believed_accelerators`, cloud/fleet/envelope.py): the model table's
+figures for a model it knows, never the node's say-so unless an admin trusts the
+node's figures. What neither tells (a CPU's power, an unknown GPU's speed) comes from
+the defaults below, deliberately middle-of-the-road figures.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cloud.fleet.envelope import runs_training
 from cloud.fleet.node_overlay import effective_labels, effective_taints
 from cloud.fleet.registry import NodeRecord
 from cloud.scheduler import AcceleratorPool, Node, Taint
-from shared.messages import Accelerator, AcceleratorKind, NodeStatus, common_providers
+from shared.messages import Accelerator, AcceleratorKind, common_providers
 
 # Relative speed (A100 = 1.0) when a device reports none.
 DEFAULT_RELATIVE_SPEED: Mapping[AcceleratorKind, float] = MappingProxyType(
@@ -112,12 +115,6 @@ def _valid_timezone(name: str | None) -> str | None:
     return name
 
 
-def node_runs_training(status: NodeStatus) -> bool:
-    """What the agent advertises; an agent older than schema 1.3 runs training exactly
-    when its site is cloud (the agent's own default, `AgentSettings.runs_training`)."""
-    return status.site == "cloud" if status.runs_training is None else status.runs_training
-
-
 def scheduler_node(record: NodeRecord) -> Node:
     status = record.status
     # The wire reports percent; inside the cloud utilisation is a share, 0..1.
@@ -127,7 +124,8 @@ def scheduler_node(record: NodeRecord) -> Node:
         else {}
     )
     by_pool: dict[tuple[AcceleratorKind, str], list[Accelerator]] = {}
-    for accelerator in status.accelerators:
+    # Speed and power as the control plane takes them, not as the node says.
+    for accelerator in record.believed_accelerators:
         if accelerator.healthy:  # an unhealthy device takes no work until it recovers
             # A CPU is one pool of cores whatever its sockets report.
             model = "" if accelerator.kind == "cpu" else accelerator.model
@@ -147,12 +145,14 @@ def scheduler_node(record: NodeRecord) -> Node:
         host_memory_bytes=status.host.memory_total_bytes,
         timezone=timezone,
         pools=tuple(pools),
-        runs_training=node_runs_training(status),
+        runs_training=runs_training(status),
         # An agent older than schema 1.8 runs workers as its own user: "none".
         isolation=status.isolation or "none",
         runs_containers=bool(status.container_runtimes),
-        # The key as the boundary let it through (cloud/fleet/ingest.py).
-        receives_secrets=status.sealing_public_key is not None,
+        # The key as the boundary let it through (cloud/fleet/ingest.py), to a node
+        # inside what it enrolled as.
+        receives_secrets=status.sealing_public_key is not None and not record.awaiting_approval,
+        approved=not record.awaiting_approval,
         taints=tuple(Taint(t.key, t.value, t.effect) for t in effective_taints(record)),
     )
 

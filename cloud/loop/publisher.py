@@ -32,15 +32,16 @@ import aiomqtt
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloud.store.schema import CLUSTER_ID_SECRET
 from shared.desired_signature import DesiredSignatureError, sign_desired, verify_desired
 from shared.messages import DesiredState
 from shared.mqtt import MqttSession, instance_client_id
 from shared.settings import MqttSettings
 from shared.topics import CHANNEL_SPECS, Channel, TopicError, Topics
 
-# The store's shared secret that names the cluster: made with the store, so a new
-# database is a new cluster (`Store.shared_secret`).
-CLUSTER_ID_SECRET = "cluster-id"
+# CLUSTER_ID_SECRET (defined with the store's tables) is imported from here too.
+__all__ = ["CLUSTER_ID_SECRET", "DesiredPublisher"]
+
 
 # The sweep of stale retained documents gives up waiting after this long in all.
 _SWEEP_MAX_S = 60.0

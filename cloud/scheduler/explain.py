@@ -40,6 +40,7 @@ def filter_label(name: FilterName, shape: WorkShape) -> str:
     work = shape.work
     labels: dict[FilterName, str] = {
         "health": "not ready",
+        "approval": "awaiting approval",
         "site": "not " + "/".join(work.sites),
         "training": "runs no training",
         "isolation": _isolation_label(shape),

@@ -29,6 +29,7 @@ from .windows import is_open, local_second_of_day, seconds_until_open, seconds_u
 
 FilterName = Literal[
     "health",
+    "approval",
     "site",
     "training",
     "isolation",
@@ -54,6 +55,7 @@ FilterName = Literal[
 ]
 FILTERS: Final[tuple[FilterName, ...]] = (
     "health",
+    "approval",
     "site",
     "training",
     "isolation",
@@ -108,6 +110,7 @@ def static_filters(
         codes[(codes == PASS) & ~passes] = CODE[name]
 
     reject("health", nodes.healthy)
+    reject("approval", nodes.approved)
     reject("site", np.isin(nodes.site_code, [SITE_INDEX[s] for s in work.sites]))
     if isinstance(work, TrainingJob):
         reject("training", nodes.runs_training)

@@ -84,6 +84,9 @@ class Node:
     isolation: IsolationLevel = "none"
     runs_containers: bool = False  # it has a container runtime: work with an image may go there
     receives_secrets: bool = False  # it has a usable sealing key: work with secrets may go there
+    # False: it announced more than it enrolled as, and waits for an admin's approval
+    # (cloud/fleet/envelope.py): no new work goes there.
+    approved: bool = True
 
     def __post_init__(self) -> None:
         profiles = [(pool.kind, pool.model) for pool in self.pools]
@@ -137,6 +140,7 @@ class NodeTable:
     taint_matrix: BoolArray  # shape (nodes, len(taints))
     taints: tuple[Taint, ...]
     healthy: BoolArray
+    approved: BoolArray
     utc_offset_s: IntArray  # at the snapshot's ``now``
     timezone_code: IntArray  # index into ``timezones``; -1 for a fixed UTC offset
     timezones: tuple[str, ...]  # IANA names, for offsets that change (windows.py)
@@ -389,6 +393,7 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         taint_matrix=read_only(taint_matrix),
         taints=taints,
         healthy=read_only(np.array([node.healthy for node in nodes], dtype=np.bool_)),
+        approved=read_only(np.array([node.approved for node in nodes], dtype=np.bool_)),
         utc_offset_s=read_only(
             np.array([_utc_offset_s(node, now) for node in nodes], dtype=np.int64)
         ),

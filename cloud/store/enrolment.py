@@ -21,6 +21,7 @@ from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cloud.fleet.envelope import ENVELOPE_DECODER, NodeEnvelope
 from cloud.store.engine import Backend
 from cloud.store.errors import (
     JoinTokenExpiredError,
@@ -54,6 +55,9 @@ class NewJoinToken:
     max_uses: int = 1
     defaults: NodeDefaults = NodeDefaults()
     created_by: str | None = None  # the admin tenant's id
+    # What nodes enrolled with it may be beyond site, zone and region (work kinds, an
+    # inventory ceiling; cloud/fleet/envelope.py); None: nothing more.
+    limits: NodeEnvelope | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,7 @@ class JoinTokenRecord:
     revoked_at: float | None
     defaults: NodeDefaults
     created_by: str | None
+    limits: NodeEnvelope | None = None
 
     def state(self, now: float) -> JoinTokenState:
         if self.revoked_at is not None:
@@ -93,6 +98,8 @@ class EnrolledNodeRecord:
     # Base64 of the X25519 key the node enrolled with (secrets are sealed to it); None:
     # none pinned, the key its birth announces is trusted.
     sealing_public_key: str | None = None
+    # What it may be (cloud/fleet/envelope.py); None: not held (enrolled before v0013).
+    envelope: NodeEnvelope | None = None
 
     @property
     def active(self) -> bool:
@@ -125,6 +132,7 @@ def _token_from_row(row: Row[Any]) -> JoinTokenRecord:
             site=row.site, zone=row.zone, region=row.region, labels=_LABELS.decode(row.labels)
         ),
         created_by=row.created_by,
+        limits=None if row.envelope is None else ENVELOPE_DECODER.decode(row.envelope),
     )
 
 
@@ -136,6 +144,7 @@ def _node_from_row(row: Row[Any]) -> EnrolledNodeRecord:
         revoked_at=None if row.revoked_at is None else float(row.revoked_at),
         username=row.username,
         sealing_public_key=row.sealing_public_key,
+        envelope=None if row.envelope is None else ENVELOPE_DECODER.decode(row.envelope),
     )
 
 
@@ -156,6 +165,7 @@ async def insert_join_token(
         revoked_at=None,
         defaults=new.defaults,
         created_by=new.created_by,
+        limits=new.limits,
     )
     await connection.execute(
         insert(join_tokens).values(
@@ -171,9 +181,17 @@ async def insert_join_token(
             region=new.defaults.region,
             labels=msgspec.json.encode(dict(new.defaults.labels)),
             created_by=new.created_by,
+            envelope=None if new.limits is None else msgspec.json.encode(new.limits),
         )
     )
     return CreatedJoinToken(record, token)
+
+
+async def select_redeemable(connection: AsyncConnection, token: str, now: float) -> bool:
+    """Whether `token` is one that `redeem` would accept now (read only: no lock)."""
+    query = select(join_tokens).where(join_tokens.c.token_sha256 == token_sha256(token))
+    row = (await connection.execute(query)).first()
+    return row is not None and _token_from_row(row).state(now) == "active"
 
 
 async def select_join_tokens(connection: AsyncConnection) -> tuple[JoinTokenRecord, ...]:
@@ -198,16 +216,35 @@ async def mark_join_token_revoked(
     return _token_from_row(row)
 
 
+def node_envelope(token: JoinTokenRecord, requested: NodeDefaults) -> NodeEnvelope:
+    """What a node enrolled with `token` may be: the token's site, zone and region, else
+    what the node asked for, else the agent's own defaults; the token's limits."""
+    defaults = token.defaults
+    return msgspec.structs.replace(
+        token.limits or NodeEnvelope(),
+        site=defaults.site or requested.site or "edge",
+        zone=defaults.zone or requested.zone or "unknown",
+        region=defaults.region or requested.region or "unknown",
+    )
+
+
+def _same_key(node: EnrolledNodeRecord, sealing_public_key: str | None) -> bool:
+    return sealing_public_key is not None and node.sealing_public_key == sealing_public_key
+
+
 async def redeem(
     connection: AsyncConnection,
     token: str,
     node_id: str,
     now: float,
     sealing_public_key: str | None = None,
+    requested: NodeDefaults = NodeDefaults(),
 ) -> Redemption:
     """Count one use of `token` and enrol `node_id` with it (pinning its sealing key, if
-    given), or raise (nothing changed): `JoinTokenUnknownError`, `...ExpiredError`,
-    `...UsedUpError`, `...RevokedError`, `NodeAlreadyEnrolledError`. Call inside a write
+    given, and fixing what it may be: `node_envelope`), or raise (nothing changed):
+    `JoinTokenUnknownError`, `...ExpiredError`, `...UsedUpError`, `...RevokedError`,
+    `NodeAlreadyEnrolledError` (the node id is enrolled, and this is not that node
+    enrolling again with the sealing key it enrolled with). Call inside a write
     transaction."""
     query = (
         select(join_tokens)
@@ -228,15 +265,21 @@ async def redeem(
     node_query = select(enrolled_nodes).where(enrolled_nodes.c.node_id == node_id).with_for_update()
     node_row = (await connection.execute(node_query)).first()
     previous = None if node_row is None else _node_from_row(node_row)
-    if previous is not None and previous.active:
+    if previous is not None and previous.active and not _same_key(previous, sealing_public_key):
+        # Enrolling again is for the node itself: it proves it with the sealing key it
+        # enrolled with (its credentials are rotated, its work goes on).
         raise NodeAlreadyEnrolledError(node_id)
-    node = EnrolledNodeRecord(node_id, now, record.token_id, None, None, sealing_public_key)
+    envelope = node_envelope(record, requested)
+    node = EnrolledNodeRecord(
+        node_id, now, record.token_id, None, None, sealing_public_key, envelope
+    )
     values = {
         "enrolled_at": now,
         "join_token_id": record.token_id,
         "revoked_at": None,
         "username": None,
         "sealing_public_key": sealing_public_key,
+        "envelope": msgspec.json.encode(envelope),
     }
     if previous is None:
         try:
@@ -262,6 +305,7 @@ async def redeem(
         revoked_at=record.revoked_at,
         defaults=record.defaults,
         created_by=record.created_by,
+        limits=record.limits,
     )
     return Redemption(used, node, previous)
 
@@ -288,6 +332,7 @@ async def release(connection: AsyncConnection, redemption: Redemption) -> None:
             revoked_at=previous.revoked_at,
             username=previous.username,
             sealing_public_key=previous.sealing_public_key,
+            envelope=None if previous.envelope is None else msgspec.json.encode(previous.envelope),
         )
     )
 

@@ -151,3 +151,30 @@ class QueueFullError(StoreError):
         self.tenant_id = tenant_id
         self.max_queued = max_queued
         self.queued = queued
+
+
+class NotAStoreError(StoreError):
+    """The database holds no greenfed store (no `schema_version` table) to back up."""
+
+
+class BackupFormatError(StoreError):
+    """Not a greenfed store backup, a newer format, or a damaged or truncated file; the
+    message says which. Nothing was restored."""
+
+
+class StoreInUseError(StoreError):
+    """A control plane is scheduling on the database a restore would replace; stop every
+    replica first. Nothing was changed."""
+
+
+class RestoreTargetNotEmptyError(StoreError):
+    """The database a restore was pointed at holds a store; `--force` replaces it.
+    `description` says what is there (schema, cluster, counts); nothing was changed."""
+
+    def __init__(self, target: str, description: str) -> None:
+        super().__init__(
+            f"{target} is not empty ({description}); restore into an empty database, or "
+            "pass --force to replace what is there"
+        )
+        self.target = target
+        self.description = description

@@ -48,8 +48,11 @@ async def migrate(
     return await _migrate_sqlite(engine, migrations, clock)
 
 
-async def _applied(connection: AsyncConnection, migrations: tuple[SchemaMigration, ...]) -> int:
-    """The database's version; raises if it is newer than the code or disagrees with it."""
+async def applied_version(
+    connection: AsyncConnection, migrations: tuple[SchemaMigration, ...] = MIGRATIONS
+) -> int:
+    """The database's version; raises if it is newer than the code or disagrees with it
+    (also what a backup checks before it reads, cloud/store/backup.py)."""
     rows = (
         await connection.execute(
             select(schema_version.c.version, schema_version.c.name).order_by(
@@ -77,9 +80,11 @@ async def _applied(connection: AsyncConnection, migrations: tuple[SchemaMigratio
     return int(newest)
 
 
-async def _apply(
+async def apply_migration(
     connection: AsyncConnection, migration: SchemaMigration, clock: Callable[[], float]
 ) -> None:
+    """One migration and its `schema_version` row, in the caller's transaction (a restore
+    migrates an older backup forward this way, cloud/store/restore.py)."""
     await connection.run_sync(migration.upgrade)
     await connection.execute(
         insert(schema_version).values(
@@ -98,14 +103,14 @@ async def _migrate_sqlite(
     writer = engine.execution_options(**{WRITE_OPTION: True})
     async with writer.begin() as connection:
         await connection.run_sync(schema_version.create, checkfirst=True)
-        start = await _applied(connection, migrations)
+        start = await applied_version(connection, migrations)
     applied: list[str] = []
     for migration in migrations[start:]:
         # BEGIN IMMEDIATE: a concurrent starter waits here (busy timeout), then skips.
         async with writer.begin() as connection:
-            if await _applied(connection, migrations) >= migration.version:
+            if await applied_version(connection, migrations) >= migration.version:
                 continue
-            await _apply(connection, migration, clock)
+            await apply_migration(connection, migration, clock)
             applied.append(_label(migration))
     return MigrationReport(start, len(migrations), tuple(applied))
 
@@ -127,11 +132,11 @@ async def _migrate_postgres(
                     quoted = engine.dialect.identifier_preparer.quote_identifier(target.schema)
                     await connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {quoted}"))
                 await connection.run_sync(schema_version.create, checkfirst=True)
-                start = await _applied(connection, migrations)
+                start = await applied_version(connection, migrations)
             applied: list[str] = []
             for migration in migrations[start:]:
                 async with connection.begin():
-                    await _apply(connection, migration, clock)
+                    await apply_migration(connection, migration, clock)
                     applied.append(_label(migration))
             await connection.execute(select(func.pg_advisory_unlock(key)))
             await connection.commit()

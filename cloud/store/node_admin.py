@@ -1,4 +1,5 @@
-"""What an admin set on nodes: cordoned, extra taints and labels (table `node_admin`)."""
+"""What an admin set on nodes: cordoned, extra taints and labels, and what a node is
+approved as (table `node_admin`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cloud.fleet.envelope import CLAIM_DECODER, NodeClaim
 from cloud.store.engine import Backend
 from cloud.store.schema import node_admin
 from cloud.store.sql import upsert
@@ -25,6 +29,11 @@ class NodeAdminRecord:
     taints: tuple[str, ...] = ()  # `key=value:Effect` (shared/taints.py)
     labels: Mapping[str, str] = field(default_factory=dict)
     updated_at: float = 0.0
+    # What the node is approved as (an admin's approval, or its first birth where its
+    # envelope sets no ceiling; cloud/fleet/envelope.py), and whether its own speed and
+    # power figures count instead of the model table's.
+    approved: NodeClaim | None = None
+    trust_figures: bool = False
 
 
 async def put_node_admin(
@@ -41,6 +50,10 @@ async def put_node_admin(
                 "taints": msgspec.json.encode(record.taints),
                 "labels": msgspec.json.encode(dict(record.labels)),
                 "updated_at": record.updated_at,
+                "approved": None
+                if record.approved is None
+                else msgspec.json.encode(record.approved),
+                "trust_figures": record.trust_figures,
             },
             ["node_id"],
         )
@@ -57,6 +70,33 @@ async def select_node_admin(connection: AsyncConnection) -> dict[str, NodeAdminR
             taints=_TAINTS.decode(row.taints),
             labels=_LABELS.decode(row.labels),
             updated_at=float(row.updated_at),
+            approved=None if row.approved is None else CLAIM_DECODER.decode(row.approved),
+            trust_figures=bool(row.trust_figures),
         )
         for row in rows
     }
+
+
+async def set_first_claims(
+    connection: AsyncConnection, backend: Backend, claims: Mapping[str, NodeClaim], now: float
+) -> None:
+    """Make each claim its node's approved claim where none is approved yet (its first
+    birth, cloud/fleet/envelope.py); an approval already there stays."""
+    for node_id, claim in sorted(claims.items()):  # one lock order: no deadlocks
+        encoded = msgspec.json.encode(claim)
+        insert = (postgresql_insert if backend == "postgresql" else sqlite_insert)(node_admin)
+        statement = insert.values(
+            node_id=node_id,
+            cordoned=False,
+            draining=False,
+            taints=msgspec.json.encode(()),
+            labels=msgspec.json.encode({}),
+            updated_at=now,
+            approved=encoded,
+            trust_figures=False,
+        ).on_conflict_do_update(
+            index_elements=["node_id"],
+            set_={"approved": encoded, "updated_at": now},
+            where=node_admin.c.approved.is_(None),
+        )
+        await connection.execute(statement)

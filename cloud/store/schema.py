@@ -7,6 +7,8 @@ database has exactly these tables and columns.
 
 from __future__ import annotations
 
+from typing import Final
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -19,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 from cloud.store.jsontype import JsonDocument
@@ -205,6 +208,11 @@ secrets = Table(
     Column("created_at", Double, nullable=False),
 )
 
+# The `secrets` row that names the cluster. It is made with the store, so a new database
+# is a new cluster; every `desired` document carries it (cloud/loop/publisher.py), and a
+# backup keeps it, so a restored store is the same cluster to the agents.
+CLUSTER_ID_SECRET: Final = "cluster-id"
+
 # Join tokens an admin hands to new nodes (v0004): only the token's SHA-256 is kept
 # (the token is 256 random bits, so a fast hash is enough; it is shown once). `site`,
 # `zone`, `region` and `labels` are what an enrolling node gets where it names none.
@@ -223,6 +231,9 @@ join_tokens = Table(
     Column("region", Text, nullable=True),
     Column("labels", JsonDocument, nullable=False),
     Column("created_by", Text, nullable=True),
+    # v0013: what nodes enrolled with it may be (cloud/fleet/envelope.py); NULL: nothing
+    # beyond site, zone and region.
+    Column("envelope", JsonDocument, nullable=True),
 )
 
 # Node identities that traded a join token for credentials (v0004). A revoked node
@@ -237,6 +248,18 @@ enrolled_nodes = Table(
     Column("username", Text, nullable=True),
     # v0012: the node's sealing public key (base64) it enrolled with; NULL: none pinned.
     Column("sealing_public_key", Text, nullable=True),
+    # v0013: what it may be (cloud/fleet/envelope.py `NodeEnvelope`); NULL: not held.
+    Column("envelope", JsonDocument, nullable=True),
+)
+
+# Failed join-token redemptions per remote address (v0013): a token bucket every
+# replica shares (cloud/api/enrolment.py).
+enrolment_failures = Table(
+    "enrolment_failures",
+    metadata,
+    Column("address", Text, primary_key=True),
+    Column("tokens", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
 )
 
 # Live accounting (v0005, cloud/usage/): one row per allocation (work, member, node)
@@ -305,4 +328,8 @@ node_admin = Table(
     Column("taints", JsonDocument, nullable=False),
     Column("labels", JsonDocument, nullable=False),
     Column("updated_at", Double, nullable=False),
+    # v0013: the claim an admin approved, or the node's first birth set (`NodeClaim`,
+    # cloud/fleet/envelope.py); trust_figures: its own speed and power figures count.
+    Column("approved", JsonDocument, nullable=True),
+    Column("trust_figures", Boolean, nullable=False, server_default=false()),
 )

@@ -78,6 +78,29 @@ async def bump_generations(
     return result
 
 
+async def raise_generations(
+    connection: AsyncConnection, context: StoreContext, floors: Mapping[str, int]
+) -> dict[str, int]:
+    """Raise each node's generation to its floor where it is lower (a row made where
+    there is none); the nodes raised, with their new generation."""
+    result: dict[str, int] = {}
+    for batch in chunks(sorted(floors)):
+        values = [{"node_id": node_id, "generation": floors[node_id]} for node_id in batch]
+        statement: Any
+        if context.backend == "postgresql":
+            statement = postgresql_insert(node_generations).values(values)
+        else:
+            statement = sqlite_insert(node_generations).values(values)
+        statement = statement.on_conflict_do_update(
+            index_elements=["node_id"],
+            set_={"generation": statement.excluded.generation},
+            where=node_generations.c.generation < statement.excluded.generation,
+        ).returning(node_generations.c.node_id, node_generations.c.generation)
+        for row in await connection.execute(statement):
+            result[row.node_id] = int(row.generation)
+    return result
+
+
 async def append_events(
     connection: AsyncConnection,
     context: StoreContext,

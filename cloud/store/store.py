@@ -19,8 +19,9 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from cloud.fleet.envelope import NodeClaim
 from cloud.store import dependencies as dependencies_rows
-from cloud.store import enrolment, node_admin, tenant_tokens, usage
+from cloud.store import enrolment, enrolment_failures, node_admin, tenant_tokens, usage
 from cloud.store.audit import AuditPage, AuditQuery, NewAudit, insert_audit, select_audit_page
 from cloud.store.changes import Changes, apply_changes, event_row
 from cloud.store.engine import (
@@ -36,8 +37,10 @@ from cloud.store.enrolment import (
     EnrolledNodeRecord,
     JoinTokenRecord,
     NewJoinToken,
+    NodeDefaults,
     Redemption,
 )
+from cloud.store.enrolment_failures import FailureBudget
 from cloud.store.errors import (
     IllegalTransitionError,
     LastAdminTokenError,
@@ -110,6 +113,7 @@ from cloud.store.sql import (
     bump_generations,
     chunks,
     insert_ignoring,
+    raise_generations,
 )
 from cloud.store.states import TERMINAL_STATES
 from cloud.store.tenant_tokens import (
@@ -480,6 +484,12 @@ class Store:
 
     # ---- the audit log (cloud/store/audit.py) ---------------------------------------------
 
+    async def record_audit(self, entry: NewAudit) -> None:
+        """An audit entry of its own, for what was refused rather than done (a bulk
+        destructive action without its confirmation); what is done is recorded with it."""
+        async with self._write(notify=False) as connection:
+            await insert_audit(connection, entry, self._clock())
+
     async def list_audit(self, query: AuditQuery) -> AuditPage:
         async with self._read() as connection:
             return await select_audit_page(connection, query)
@@ -770,15 +780,45 @@ class Store:
                 await insert_audit(connection, audit, now)
         return record
 
+    async def join_token_is_redeemable(self, token: str) -> bool:
+        """Whether the token would be accepted now, read without taking a write lock."""
+        async with self._read() as connection:
+            return await enrolment.select_redeemable(connection, token, self._clock())
+
     async def redeem_join_token(
-        self, token: str, node_id: str, *, sealing_public_key: str | None = None
+        self,
+        token: str,
+        node_id: str,
+        *,
+        sealing_public_key: str | None = None,
+        requested: NodeDefaults | None = None,
     ) -> Redemption:
         """Count one use of the token and enrol the node (pinning its sealing key, if
-        given), atomically; raises a `JoinTokenError` subclass (why it was refused) or
-        `NodeAlreadyEnrolledError`."""
+        given; fixing what it may be from the token and, where the token says nothing,
+        what it `requested`), atomically; raises a `JoinTokenError` subclass (why it was
+        refused) or `NodeAlreadyEnrolledError`."""
         async with self._write() as connection:
             return await enrolment.redeem(
-                connection, token, node_id, self._clock(), sealing_public_key
+                connection,
+                token,
+                node_id,
+                self._clock(),
+                sealing_public_key,
+                requested or NodeDefaults(),
+            )
+
+    async def enrolment_retry_after_s(self, address: str, budget: FailureBudget) -> float:
+        """0 when `address` may have a join token refused once more, else how long until
+        it may (the budget every replica shares)."""
+        async with self._read() as connection:
+            return await enrolment_failures.retry_after_s(
+                connection, address, self._clock(), budget
+            )
+
+    async def record_enrolment_failure(self, address: str, budget: FailureBudget) -> None:
+        async with self._write() as connection:
+            await enrolment_failures.record_failure(
+                connection, self.backend, address, self._clock(), budget
             )
 
     async def release_redemption(self, redemption: Redemption) -> None:
@@ -834,6 +874,13 @@ class Store:
             if audit is not None:
                 await insert_audit(connection, audit, stored.updated_at)
         return stored
+
+    async def set_first_claims(self, claims: Mapping[str, NodeClaim]) -> None:
+        """Approve each node as its first birth claims, where nothing is approved yet."""
+        if not claims:
+            return
+        async with self._write() as connection:
+            await node_admin.set_first_claims(connection, self.backend, claims, self._clock())
 
     async def node_admin(self) -> dict[str, NodeAdminRecord]:
         async with self._read() as connection:
@@ -1063,6 +1110,25 @@ class Store:
         async with self._read() as connection:
             rows = await connection.execute(select(node_generations))
             return {row.node_id: int(row.generation) for row in rows}
+
+    async def raise_generations(
+        self, floors: Mapping[str, int], *, lease: LeadershipLease
+    ) -> dict[str, int]:
+        """Raise nodes' desired-state generations to at least `floors` (the loop does, for
+        nodes whose agents applied more than this store holds: a store restored from a
+        backup, cloud/loop/generations.py); the nodes raised, with their new generation.
+        Under the scheduling lease, like `commit_pass`; raises `LeadershipLostError`."""
+        if not floors:
+            return {}
+        self._check_lease_is_ours(lease)
+        if isinstance(lease, PostgresLease):
+            async with lease.transaction() as connection:
+                raised = await raise_generations(connection, self._context, floors)
+            self._committed()
+            return raised
+        await lease.check()
+        async with self._write() as connection:
+            return await raise_generations(connection, self._context, floors)
 
     # ---- leadership --------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""Usage and grid series on /metrics: what tenants used, emitted, paid and avoided; the
-grid each zone is on; where the load runs.
+"""Usage and grid series on /metrics: what tenants used, emitted, paid and avoided
+(`UsageCollector`, series that name tenants: served only to an authenticated scrape);
+the grid each zone is on and where the load runs (`GridCollector`, the fleet's).
 
 Usage counters are the store's totals (read when this process began to lead) plus
 every flush since, per tenant, zone and currency; a replica that does not lead
@@ -21,23 +22,12 @@ from cloud.usage.accountant import Accountant
 
 
 class UsageCollector(Collector):
-    def __init__(
-        self,
-        accountant: Accountant,
-        registry: NodeRegistry,
-        newest_reading_s: Callable[[str], float | None],
-    ) -> None:
-        """`newest_reading_s`: on the signals' clock (`SignalService.newest_reading_s`)."""
+    """Per tenant and zone: energy, emissions, emissions avoided and cost."""
+
+    def __init__(self, accountant: Accountant) -> None:
         self._accountant = accountant
-        self._registry = registry
-        self._newest_reading_s = newest_reading_s
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._usage()
-        yield from self._grid()
-        yield from self._load()
-
-    def _usage(self) -> Iterator[Metric]:
         names = self._accountant.tenant_names
         labels = ["tenant", "zone"]
         energy = CounterMetricFamily(
@@ -74,6 +64,25 @@ class UsageCollector(Collector):
         yield emissions
         yield avoided
         yield cost
+
+
+class GridCollector(Collector):
+    """Per zone: the grid's recorded carbon intensity and price, and the load on it."""
+
+    def __init__(
+        self,
+        accountant: Accountant,
+        registry: NodeRegistry,
+        newest_reading_s: Callable[[str], float | None],
+    ) -> None:
+        """`newest_reading_s`: on the signals' clock (`SignalService.newest_reading_s`)."""
+        self._accountant = accountant
+        self._registry = registry
+        self._newest_reading_s = newest_reading_s
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._grid()
+        yield from self._load()
 
     def _grid(self) -> Iterator[Metric]:
         grid = self._accountant.grid

@@ -6,13 +6,13 @@ types; so nothing here imports the store at run time).
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
+
+from shared.csv_cells import csv_text
 
 if TYPE_CHECKING:
     from cloud.store import UsageHour
@@ -203,11 +203,10 @@ CSV_COLUMNS = (
 
 def usage_csv(report: UsageReport) -> str:
     """The report's rows as CSV, like `sacct --parsable`: the grouped-by columns, then
-    the figures; totals are left to the reader (a spreadsheet sums)."""
+    the figures; totals are left to the reader (a spreadsheet sums). Every cell goes
+    through `shared.csv_cells`, so text that reads as a formula is escaped."""
     columns = [c for c in CSV_COLUMNS if c not in USAGE_GROUPS or c in report.group_by]
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
+    lines: list[list[str]] = [columns]
     for row in report.rows:
         values = []
         for column in columns:
@@ -218,5 +217,5 @@ def usage_csv(report: UsageReport) -> str:
                 values.append("")
             else:
                 values.append(str(value).lower() if isinstance(value, bool) else str(value))
-        writer.writerow(values)
-    return out.getvalue()
+        lines.append(values)
+    return csv_text(lines)

@@ -157,7 +157,7 @@ def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def scrape(registry: NodeRegistry, *, accelerator_metrics: bool = True) -> str:
     ingestor = Ingestor(registry, Topics(), max_payload_bytes=1 << 20)
-    metrics = build_metrics_registry(ingestor, accelerator_metrics=accelerator_metrics)
+    metrics = build_metrics_registry(ingestor, accelerator_metrics=accelerator_metrics).fleet
     return generate_latest(metrics).decode()
 
 
@@ -228,7 +228,7 @@ def test_offline_nodes_and_nodes_without_a_sample_are_absent() -> None:
 def test_a_new_birth_relabels_the_series() -> None:
     registry = fleet_registry()
     ingestor = Ingestor(registry, Topics(), max_payload_bytes=1 << 20)
-    metrics = build_metrics_registry(ingestor)
+    metrics = build_metrics_registry(ingestor).fleet
     assert 'zone="DE"' in generate_latest(metrics).decode()
     renamed = msgspec.structs.replace(A100, model="NVIDIA A100-SXM4-40GB")
     registry.apply_status(birth("gpu-node", (XEON, renamed), site="cloud", zone="NL"))

@@ -339,6 +339,24 @@ INVALID_CASES = [
         ("status", "field_too_long"),
         id="65 labels",
     ),
+    pytest.param(
+        topic("n1", Channel.STATUS),
+        encode(msgspec.structs.replace(birth(), zone="=cmd|' /C calc'!A0")),
+        ("status", "invalid_name"),
+        id="a zone that is a spreadsheet formula",
+    ),
+    pytest.param(
+        topic("n1", Channel.STATUS),
+        encode(msgspec.structs.replace(birth(), labels={"team": "@SUM(1+1)"})),
+        ("status", "invalid_name"),
+        id="a label value that is a spreadsheet formula",
+    ),
+    pytest.param(
+        topic("n1", Channel.STATUS),
+        encode(msgspec.structs.replace(birth(), region="eu west\x1b[2J")),
+        ("status", "invalid_name"),
+        id="a region with a space and a terminal escape",
+    ),
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 CONFIG = PROMETHEUS / "prometheus.yml"
 ALERTS = PROMETHEUS / "alerts.yml"
 RULE_TESTS = sorted(PROMETHEUS.glob("*_test.yml"))
+SCRAPE_TOKEN_FILE = "greenfed-metrics-token"
 SEVERITIES = frozenset({"critical", "warning", "info"})
 # Series Prometheus writes itself, per scrape target and per alert.
 PROMETHEUS_SERIES = frozenset(
@@ -71,14 +73,20 @@ def assert_succeeds(result: subprocess.CompletedProcess[str]) -> None:
     assert "SUCCESS" in output, output
 
 
-def test_promtool_accepts_the_configuration_and_the_rule_files_it_names() -> None:
+def test_promtool_accepts_the_configuration_and_the_rule_files_it_names(tmp_path: Path) -> None:
     config = load_yaml(CONFIG)
     assert config["rule_files"] == [ALERTS.name]
     [job] = config["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     # The control plane's default API address (cloud.api_host, cloud.api_port).
     assert job["static_configs"] == [{"targets": ["127.0.0.1:8700"]}]
-    assert_succeeds(promtool("check", "config", str(CONFIG)))
+    # The tenant series need the scrape token, read from a file beside the configuration
+    # (docs/monitoring.md says to copy it there); promtool checks that it exists.
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": SCRAPE_TOKEN_FILE}
+    for path in (CONFIG, ALERTS):
+        shutil.copy(path, tmp_path / path.name)
+    (tmp_path / SCRAPE_TOKEN_FILE).write_text("gfm_example\n")
+    assert_succeeds(promtool("check", "config", str(tmp_path / CONFIG.name)))
 
 
 def test_promtool_accepts_the_alert_rules() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import aiohttp
 import pytest
 
 from cloud.app_keys import REGISTRY
+from shared.token_files import metrics_token_path
 from tests.store.databases import sqlite_database
 from tests.support.brokers import free_port
 from tests.support.control_plane import Fleet, fleet
@@ -62,13 +64,15 @@ QUIET_ON_A_HEALTHY_FLEET = (
 )
 
 
-def prometheus_config(api_port: int, workdir: Path) -> Path:
-    """The shipped configuration, scraping `api_port` every second, with the shipped
-    rules (absolute paths) and the test's rule."""
+def prometheus_config(api_port: int, scrape_token_file: Path, workdir: Path) -> Path:
+    """The shipped configuration, scraping `api_port` every second with the control
+    plane's scrape token file (as docs/monitoring.md says: a copy beside the
+    configuration), with the shipped rules (absolute paths) and the test's rule."""
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     [job] = config["scrape_configs"]
     job["scrape_timeout"] = "1s"
+    shutil.copy(scrape_token_file, workdir / job["authorization"]["credentials_file"])
     job["static_configs"] = [{"targets": [f"127.0.0.1:{api_port}"]}]
     test_rules = workdir / "test-rules.yml"
     test_rules.write_text(yaml.safe_dump(TEST_RULES))
@@ -170,7 +174,9 @@ async def test_prometheus_scrapes_the_fleet_and_fires_an_alert_on_its_gpus(
         gpus = fleet_gpus(running)
         api_port = running.api.client.port
         assert api_port is not None
-        config = prometheus_config(api_port, tmp_path)
+        config = prometheus_config(
+            api_port, metrics_token_path(running.api.database.settings), tmp_path
+        )
         async with (
             prometheus_server(binary, config, tmp_path) as prometheus,
             aiohttp.ClientSession() as http,

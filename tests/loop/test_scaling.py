@@ -148,7 +148,7 @@ async def test_replicas_follow_the_load_up_and_back_down(
 
         async with load(api, token, deployment_id, per_s=30.0) as statuses:
             await replicas_become(api, token, deployment_id, 4)
-            text = await (await api.client.get("/metrics")).text()
+            text = await (await api.get(api.admin_token, "/metrics")).text()
             assert (
                 f'greenfed_deployment_replicas{{deployment="{deployment_id}",'
                 f'state="desired",tenant="acme"}} 4.0' in text

@@ -178,7 +178,10 @@ class MosquittoProcess:
         tls: TlsFiles | None = None,
         acl_file: Path | None = None,
         dynamic_security: DynamicSecurity | None = None,
+        persistence: bool = False,
     ) -> None:
+        """`persistence`: retained messages (and sessions) survive a restart, kept in
+        `workdir`."""
         binary = mosquitto_binary()
         if binary is None:
             require_or_skip("the mosquitto binary is not installed")
@@ -191,7 +194,11 @@ class MosquittoProcess:
         lines = [
             f"user {getpass.getuser()}",
             f"listener {self.port} 127.0.0.1",
-            "persistence false",
+            *(
+                ["persistence true", f"persistence_location {workdir}/"]
+                if persistence
+                else ["persistence false"]
+            ),
             f"log_dest file {workdir / 'mosquitto.log'}",
         ]
         if tls is not None:

@@ -4,7 +4,9 @@ metrics (deploy/prometheus alert rules, deploy/grafana dashboards).
 `exported_metric_names()` starts a real control plane (SQLite store in a temporary
 directory, scheduling loop on) with real agents on two simulated cloud GPU servers
 and one simulated edge device over an embedded MQTT broker, waits until their
-telemetry is on /metrics and the scheduling leader has passed, and reads one scrape.
+telemetry is on /metrics and the scheduling leader has passed, and reads one scrape
+with the metrics scrape token, as the shipped Prometheus configuration does (so the
+series that name tenants and deployments are in it).
 Every family the text declares counts, with or without samples, so a metric with
 no series yet (no dropped messages, no deployments) is still known. The scrape is
 taken once per test session and shared.
@@ -23,6 +25,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from greenfed.broker import EmbeddedBroker
+from shared.token_files import metrics_token_path, read_token_file
 from tests.store.databases import sqlite_database
 from tests.support.control_plane import Fleet, fleet
 from tests.support.waiting import eventually_async
@@ -65,7 +68,11 @@ def metric_label_names(exposition: str) -> dict[str, set[str]]:
 
 
 async def _scrape_text(running: Fleet) -> str:
-    response = await running.api.client.get("/metrics")
+    token = read_token_file(metrics_token_path(running.api.database.settings))
+    assert token is not None, "the control plane wrote no metrics-token file"
+    response = await running.api.client.get(
+        "/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
     assert response.status == 200, await response.text()
     return await response.text()
 

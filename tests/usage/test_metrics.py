@@ -12,7 +12,7 @@ from cloud.fleet.registry import NodeRegistry
 from cloud.signals.grid import GridSignals, ZoneSeries
 from cloud.store import StoreSnapshot, TenantRecord, UsageHour
 from cloud.usage.accountant import Accountant, TenantTotals
-from cloud.usage.metrics import UsageCollector
+from cloud.usage.metrics import GridCollector, UsageCollector
 from shared.messages import DeploymentSample, Telemetry
 from shared.settings import UsageSettings
 from tests.usage.test_accountant import T0, Clock, birth, snapshot
@@ -59,7 +59,8 @@ def test_tenants_usage_the_grid_and_the_load_by_zone() -> None:
     totals.add(row)
     accountant.totals[("t1", "DE", "EUR")] = totals
     registry = CollectorRegistry()
-    registry.register(UsageCollector(accountant, node_registry, lambda zone: T0 - 1800.0))
+    registry.register(UsageCollector(accountant))
+    registry.register(GridCollector(accountant, node_registry, lambda zone: T0 - 1800.0))
     found = samples(registry)
     tenant_zone = {"tenant": "acme", "zone": "DE"}
     assert found["greenfed_usage_energy_kwh_total"] == [(tenant_zone, 2.0)]

@@ -26,6 +26,7 @@ from cloud.store.migrations import (
     v0010_tokens_limits_audit,
     v0011_dependencies_cpu_cores,
     v0012_sealing_keys,
+    v0013_node_envelopes,
 )
 
 
@@ -49,6 +50,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(10, "tokens_limits_audit", v0010_tokens_limits_audit.upgrade),
     SchemaMigration(11, "dependencies_cpu_cores", v0011_dependencies_cpu_cores.upgrade),
     SchemaMigration(12, "sealing_keys", v0012_sealing_keys.upgrade),
+    SchemaMigration(13, "node_envelopes", v0013_node_envelopes.upgrade),
 )
 
 

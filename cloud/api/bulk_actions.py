@@ -1,0 +1,121 @@
+"""Bulk destructive admin actions need an explicit confirmation.
+
+Revoking a node, draining a node and an admin's cancelling of work each undo what
+cannot be redone at once; a script or a fuzzer following links can do all of them to
+a whole fleet in seconds. An admin may do `cloud.destructive_actions_per_minute` of
+them in any minute; past that, each one more is refused with a 428 problem that says
+how to confirm (`Greenfed-Confirm: bulk`), and the refusal is audited (`bulk.refused`).
+A confirmed action is recorded with `"confirmed": "bulk"` in its audit detail.
+
+The count is read from the audit log, where each such action is recorded in the same
+transaction as the action itself: every replica counts the same actions, and one that
+failed never counts. Two requests racing at the limit may both pass; the guard is for
+runaway loops, not for a precise quota.
+
+A handler opts in with `@destructive("node.revoke")`; the OpenAPI document reads the
+mark (`destructive_action_of`) to document the header and the 428.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Final, Literal
+
+from aiohttp import web
+
+from cloud.api.audit import audit_entry
+from cloud.api.auth import tenant_of
+from cloud.api.problems import Problem
+from cloud.api.routes import Handler
+from cloud.app_keys import BULK_CONFIRMED, SETTINGS, STORE
+from cloud.store import AuditQuery
+from shared.problems import InvalidParam
+
+DestructiveAction = Literal["node.revoke", "node.drain", "work.cancel"]
+DESTRUCTIVE_ACTIONS: Final[tuple[DestructiveAction, ...]] = (
+    "node.revoke",
+    "node.drain",
+    "work.cancel",
+)
+CONFIRM_HEADER: Final = "Greenfed-Confirm"
+CONFIRM_VALUE: Final = "bulk"
+WINDOW_S: Final = 60.0
+_MARK: Final = "__greenfed_destructive_action__"
+
+
+def destructive(action: DestructiveAction) -> Callable[[Handler], Handler]:
+    """Guard a handler that does `action` (see the module doc)."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            await require_confirmation(request, action)
+            return await handler(request)
+
+        setattr(guarded, _MARK, action)
+        return guarded
+
+    return decorate
+
+
+def destructive_action_of(handler: Handler) -> DestructiveAction | None:
+    action: DestructiveAction | None = getattr(handler, _MARK, None)
+    return action
+
+
+def _confirmed(request: web.Request) -> bool:
+    value = request.headers.get(CONFIRM_HEADER)
+    if value is None:
+        return False
+    if value != CONFIRM_VALUE:
+        raise Problem(
+            400,
+            "invalid-header",
+            f"Invalid {CONFIRM_HEADER}",
+            f"{CONFIRM_HEADER} must be {CONFIRM_VALUE!r}",
+            (InvalidParam(CONFIRM_HEADER, f"only {CONFIRM_VALUE!r}"),),
+        )
+    return True
+
+
+async def require_confirmation(request: web.Request, action: DestructiveAction) -> None:
+    """Pass, or raise the 428 (audited) when an admin is past the limit unconfirmed.
+    Tenants cancelling their own work are not held to it."""
+    confirmed = _confirmed(request)  # a bad header is a 400 whoever sends it
+    caller = tenant_of(request)
+    if not caller.admin:
+        return
+    if confirmed:
+        request[BULK_CONFIRMED] = True  # audit_entry records it with the action
+        return
+    limit = request.app[SETTINGS].cloud.destructive_actions_per_minute
+    store = request.app[STORE]
+    done = 0
+    if limit > 0:
+        recent = await store.list_audit(
+            AuditQuery(
+                since=time.time() - WINDOW_S,
+                actor=caller.name,
+                actions=DESTRUCTIVE_ACTIONS,
+                limit=limit,
+            )
+        )
+        done = len(recent.items)
+        if done < limit:
+            return
+    target = next(iter(request.match_info.values()), "")
+    await store.record_audit(
+        audit_entry(
+            request, "bulk.refused", target, refused=action, in_last_minute=done, limit=limit
+        )
+    )
+    raise Problem(
+        428,
+        "confirmation-required",
+        "Confirmation required",
+        f"{caller.name} did {done} node revocations, drains and work cancellations in the "
+        f"last minute (cloud.destructive_actions_per_minute = {limit}); to do more, send "
+        f"the header {CONFIRM_HEADER}: {CONFIRM_VALUE}",
+    )

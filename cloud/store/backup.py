@@ -1,0 +1,175 @@
+"""Taking a backup of the store while the control plane runs (docs/operations.md).
+
+Every table is read in one transaction, so a backup is the store at one instant: a
+transaction that committed before it is in the file whole, one that committed after it
+not at all, whatever the control plane writes meanwhile. On SQLite that is one read
+transaction in WAL mode (its snapshot holds from its first read to its end while the
+writer goes on: in WAL neither waits for the other); on PostgreSQL a REPEATABLE READ,
+READ ONLY transaction, the snapshot `pg_dump` takes too.
+
+The tables are read as the database has them (reflected), so a database at any schema
+version this greenfed knows can be backed up; the rows go into the portable file of
+cloud/store/backup_file.py, which a restore reads into either backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from sqlalchemy import Column, MetaData, Table, inspect, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.types import Boolean, Integer, Numeric
+
+from cloud.store.backup_file import (
+    FORMAT,
+    FORMAT_VERSION,
+    BackupColumn,
+    BackupHeader,
+    BackupTable,
+    BackupWriter,
+    ValueKind,
+)
+from cloud.store.engine import DatabaseTarget, build_engine, resolve_database
+from cloud.store.errors import NotAStoreError, StoreUnavailableError
+from cloud.store.migrate import applied_version
+from cloud.store.migrations import MIGRATIONS
+from cloud.store.schema import CLUSTER_ID_SECRET, metadata, schema_version, secrets
+from shared.settings import StoreSettings
+
+# greenfed's tables: those the code knows. Another application's tables in the same
+# PostgreSQL schema are not ours to copy; a table a migration has not made yet is skipped.
+KNOWN_TABLES: Final = frozenset(metadata.tables)
+_BATCH_ROWS: Final = 1000
+
+# Called after each table with its name and rows (progress; tests write in between).
+TableDone = Callable[[str, int], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class BackupReport:
+    path: Path
+    size_bytes: int
+    header: BackupHeader
+    rows: dict[str, int]  # per table, in the file's order
+    elapsed_s: float
+
+
+async def take_backup(
+    settings: StoreSettings,
+    path: Path,
+    *,
+    greenfed_version: str,
+    on_table: TableDone | None = None,
+    clock: Callable[[], float] = time.time,
+) -> BackupReport:
+    """Write a consistent backup of the store `settings` name to `path` (replaced if it
+    exists, only once the new one is complete). The store may be in use meanwhile.
+
+    Raises `StoreUnavailableError` (no database there, or it cannot be read),
+    `NotAStoreError`, `SchemaTooNewError`/`SchemaMismatchError` (a database this
+    greenfed does not know), OSError (the file cannot be written).
+    """
+    started = time.perf_counter()
+    target = resolve_database(settings)
+    if target.sqlite_path is not None and not target.sqlite_path.exists():
+        raise StoreUnavailableError(
+            f"no store database at {target.sqlite_path}: nothing to back up "
+            "(store.data_dir, store.database_url)"
+        )
+    engine = build_engine(target, settings)
+    if target.backend == "postgresql":
+        # The snapshot pg_dump takes: every table as of the transaction's first statement.
+        engine = engine.execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True
+        )
+    writer: BackupWriter | None = None
+    rows: dict[str, int] = {}
+    try:
+        async with engine.connect() as connection, connection.begin():
+            header, tables = await _snapshot(connection, target, greenfed_version, clock())
+            writer = await asyncio.to_thread(BackupWriter, path, header)
+            for table in tables:
+                name = str(table.name)
+                rows[name] = await _copy_table(connection, table, writer)
+                if on_table is not None:
+                    await on_table(name, rows[name])
+        size_bytes = await asyncio.to_thread(writer.finish)
+    except (DBAPIError, sqlite3.Error) as error:
+        detail = str(error.orig) if isinstance(error, DBAPIError) else str(error)
+        raise StoreUnavailableError(
+            f"cannot read the database {target.describe()}: {detail}"
+        ) from error
+    finally:
+        if writer is not None and not writer.finished:
+            writer.discard()  # failed or cancelled before finish(): no partial file stays
+        await engine.dispose()
+    return BackupReport(path, size_bytes, header, rows, time.perf_counter() - started)
+
+
+async def _snapshot(
+    connection: AsyncConnection, target: DatabaseTarget, greenfed_version: str, now: float
+) -> tuple[BackupHeader, list[Table]]:
+    """The header and greenfed's tables, read inside the backup's transaction."""
+    present = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
+    if schema_version.name not in present:
+        raise NotAStoreError(f"{target.describe()} holds no greenfed store (no schema_version)")
+    version = await applied_version(connection)  # refuses a newer or foreign schema
+    reflected = MetaData()
+    names = sorted(KNOWN_TABLES & present)
+    await connection.run_sync(lambda sync: reflected.reflect(sync, only=names))
+    tables = list(reflected.sorted_tables)  # a referenced table before its referrers
+    cluster_id = None
+    if secrets.name in present:
+        query = select(secrets.c.value).where(secrets.c.name == CLUSTER_ID_SECRET)
+        cluster_id = (await connection.execute(query)).scalar()
+    header = BackupHeader(
+        format=FORMAT,
+        format_version=FORMAT_VERSION,
+        created_at=now,
+        greenfed_version=greenfed_version,
+        source_backend=target.backend,
+        source=target.describe(),
+        schema_version=version,
+        migrations=tuple(migration.name for migration in MIGRATIONS[:version]),
+        cluster_id=cluster_id,
+        # str(): reflected names are SQLAlchemy's `quoted_name`, a str subclass.
+        tables=tuple(
+            BackupTable(
+                str(table.name), tuple(BackupColumn(str(c.name), _kind(c)) for c in table.columns)
+            )
+            for table in tables
+        ),
+    )
+    return header, tables
+
+
+def _kind(column: Column[object]) -> ValueKind:
+    """How a column's values are written: booleans as booleans (SQLite keeps 0 and 1),
+    floats as floats, JSON documents as their text."""
+    if isinstance(column.type, Boolean):
+        return "boolean"
+    if isinstance(column.type, Integer):
+        return "integer"
+    if isinstance(column.type, Numeric):  # DOUBLE PRECISION, REAL, FLOAT
+        return "float"
+    return "text"
+
+
+async def _copy_table(connection: AsyncConnection, table: Table, writer: BackupWriter) -> int:
+    """Stream one table into the file in primary-key order; its row count."""
+    await asyncio.to_thread(writer.start_table, str(table.name))
+    query = select(table).order_by(*table.primary_key.columns)
+    result = await connection.stream(query)
+    count = 0
+    async for partition in result.partitions(_BATCH_ROWS):
+        batch = [tuple(row) for row in partition]
+        await asyncio.to_thread(writer.write_rows, batch)
+        count += len(batch)
+    return count

@@ -1,0 +1,441 @@
+"""Backups and restores of the store (cloud/store/backup.py, restore.py), on SQLite and
+PostgreSQL and from one into the other: every row comes back, a backup is one instant
+while writers commit, a restore refuses what it must and changes nothing when it fails,
+and an older backup is migrated forward."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import math
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import pytest
+from sqlalchemy import MetaData, inspect, select, text
+
+from cloud.store import (
+    Actor,
+    NewAudit,
+    NewDependency,
+    NewEvent,
+    NewModel,
+    PassWrite,
+    SchemaTooNewError,
+    Store,
+    StoreUnavailableError,
+    create_store_engine,
+    open_store,
+)
+from cloud.store.backup import take_backup
+from cloud.store.backup_file import (
+    BackupColumn,
+    BackupHeader,
+    BackupReader,
+    BackupTable,
+    BackupWriter,
+)
+from cloud.store.engine import resolve_database
+from cloud.store.enrolment import NewJoinToken
+from cloud.store.errors import (
+    BackupFormatError,
+    NotAStoreError,
+    RestoreTargetNotEmptyError,
+    StoreInUseError,
+)
+from cloud.store.migrate import migrate
+from cloud.store.migrations import MIGRATIONS
+from cloud.store.node_admin import NodeAdminRecord
+from cloud.store.restore import restore_backup
+from cloud.store.schema import CLUSTER_ID_SECRET, metadata
+from cloud.store.tokens import issue_token
+from tests.store.builders import make_tenant, placement, submit
+from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
+
+pytestmark = pytest.mark.timeout(60)
+
+Backend = Literal["sqlite", "postgresql"]
+
+
+@contextlib.asynccontextmanager
+async def empty_database(kind: Backend, tmp_path: Path) -> AsyncIterator[DatabaseUnderTest]:
+    """A database of its own to restore into, apart from the `database` fixture's."""
+    if kind == "sqlite":
+        yield sqlite_database(tmp_path / "restored")
+        return
+    async with postgres_database(tmp_path / "restored") as database:
+        yield database
+
+
+async def every_row(database: DatabaseUnderTest) -> dict[str, list[tuple[Any, ...]]]:
+    """Each of greenfed's tables, every row in primary-key order, as the database has it."""
+    engine = create_store_engine(database.settings)
+    found: dict[str, list[tuple[Any, ...]]] = {}
+    try:
+        async with engine.connect() as connection:
+            reflected = MetaData()
+            await connection.run_sync(
+                lambda sync: reflected.reflect(
+                    sync, only=sorted(set(metadata.tables) & set(inspect(sync).get_table_names()))
+                )
+            )
+            for table in reflected.sorted_tables:
+                query = select(table).order_by(*table.primary_key.columns)
+                found[str(table.name)] = [tuple(row) for row in await connection.execute(query)]
+    finally:
+        await engine.dispose()
+    return found
+
+
+async def fill(store: Store) -> dict[str, str]:
+    """Some of everything the store keeps; what a test checks afterwards."""
+    admin = await make_tenant(store, "admin", admin=True)
+    acme = await make_tenant(store, "acme", quotas={"gpu": 8}, cohort="research")
+    actor = Actor(admin.tenant.tenant_id, "admin")
+    second = await store.create_token(
+        acme.tenant.tenant_id, "ci", audit=NewAudit(actor=actor, action="token.create", target="")
+    )
+    await store.rotate_token(second.record.token_id, 60.0)
+    first = (await submit(store, acme.tenant.tenant_id, key="first", workers=2)).work
+    second_job = (await submit(store, acme.tenant.tenant_id, priority="p0")).work
+    await store.submit_work(
+        acme.tenant.tenant_id,
+        kind="training",
+        spec=b'{"command": ["python", "eval.py"], "secret_env": {"K": "gfenc1:AAAA"}}',
+        priority="p2",
+        dependencies=(NewDependency(first.work_id, "succeeded"),),
+    )
+    lease = await store.try_acquire_leadership()
+    assert lease is not None
+    async with lease:
+        await store.commit_pass(
+            PassWrite(
+                placements=(
+                    placement(first.work_id, "gpu-1", "gpu-2", accelerators=4),
+                    placement(second_job.work_id, "gpu-3"),
+                ),
+                events=(NewEvent(kind="work.explained", payload=b'{"score": 0.5}'),),
+            ),
+            lease=lease,
+        )
+    await store.set_allocation_states([(first.work_id, 0, "running")])
+    await store.create_model(
+        acme.tenant.tenant_id,
+        NewModel(name="mlp", sha256="ab" * 32, size_bytes=123, opset=17, inputs=(), outputs=()),
+    )
+    join = await store.create_join_token(NewJoinToken(ttl_s=3600, max_uses=3))
+    await store.redeem_join_token(join.token, "gpu-1")
+    await store.redeem_join_token(join.token, "gpu-2")
+    await store.revoke_node("gpu-2")
+    await store.put_node_admin(NodeAdminRecord("gpu-3", cordoned=True, taints=("a=b:NoSchedule",)))
+    await store.record_event(NewEvent(kind="agent.note", payload=b'{"x": 1.5}', event_id="e-1"))
+    return {
+        "cluster_id": await store.shared_secret(CLUSTER_ID_SECRET),
+        "token": second.token,
+        "tenant_id": acme.tenant.tenant_id,
+    }
+
+
+@pytest.mark.parametrize("into", ["sqlite", "postgresql"])
+async def test_every_row_comes_back_into_either_backend(
+    database: DatabaseUnderTest, into: Backend, tmp_path: Path
+) -> None:
+    async with await open_store(database.settings) as store:
+        facts = await fill(store)
+        last_event = await store.last_event_seq()
+    backup = tmp_path / "store.backup"
+    report = await take_backup(database.settings, backup, greenfed_version="test")
+    assert backup.stat().st_mode & 0o777 == 0o600  # hashes and shared secrets inside
+    assert report.header.cluster_id == facts["cluster_id"]
+    assert report.header.schema_version == len(MIGRATIONS)
+    before = await every_row(database)
+    assert report.rows == {name: len(rows) for name, rows in before.items()}
+
+    async with empty_database(into, tmp_path) as target:
+        restored = await restore_backup(target.settings, backup)
+        assert restored.replaced is None
+        assert restored.rows == report.rows
+        assert await every_row(target) == before
+        async with await open_store(target.settings) as store:
+            assert store.migrations.applied == ()  # at this greenfed's version already
+            # The same cluster, the same credentials; numbering continues after the rows.
+            assert await store.shared_secret(CLUSTER_ID_SECRET) == facts["cluster_id"]
+            authenticated = await store.authenticate(facts["token"])
+            assert authenticated is not None
+            assert authenticated.tenant_id == facts["tenant_id"]
+            await submit(store, facts["tenant_id"])
+            assert await store.last_event_seq() == last_event + 1
+            snapshot = await store.load_snapshot()
+            assert snapshot.node_generations == {"gpu-1": 1, "gpu-2": 1, "gpu-3": 1}
+            assert await store.is_enrolled("gpu-1")
+            assert not await store.is_enrolled("gpu-2")
+
+
+async def test_a_backup_is_one_instant_while_writers_commit(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    """Commits made while the backup reads (between its tables) are not in it, in part
+    or whole: a torn backup would hold work without its tenant or its first event."""
+    async with await open_store(database.settings) as store:
+        acme = (await make_tenant(store, "acme")).tenant
+        before = {(await submit(store, acme.tenant_id)).work.work_id for _ in range(20)}
+        during: set[str] = set()
+
+        async def write_between_tables(table: str, rows: int) -> None:
+            if table in ("tenants", "events", "work"):
+                late = (await make_tenant(store, f"late-{table}")).tenant
+                for tenant_id in (acme.tenant_id, late.tenant_id):
+                    during.add((await submit(store, tenant_id)).work.work_id)
+
+        await take_backup(
+            database.settings,
+            tmp_path / "store.backup",
+            greenfed_version="test",
+            on_table=write_between_tables,
+        )
+        committed = {w.work_id for w in (await store.list_work(None, limit=500)).items}
+    assert len(during) == 6
+    assert during <= committed
+
+    async with empty_database("sqlite", tmp_path) as target:
+        await restore_backup(target.settings, tmp_path / "store.backup")
+        async with await open_store(target.settings) as restored:
+            work = {w.work_id for w in (await restored.list_work(None, limit=500)).items}
+            events = await restored.list_events(tenant_id=None, limit=500)
+            tenants = {t.name for t in await restored.list_tenants()}
+    assert work == before
+    assert {event.work_id for event in events} == before
+    assert tenants == {"acme"}
+
+
+async def test_a_store_is_replaced_only_when_forced_and_the_output_says_what_went(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    source = sqlite_database(tmp_path / "source")
+    async with await open_store(source.settings) as store:
+        await make_tenant(store, "from-backup")
+    backup = tmp_path / "store.backup"
+    await take_backup(source.settings, backup, greenfed_version="test")
+
+    async with await open_store(database.settings) as store:
+        await make_tenant(store, "already-here")
+        cluster_id = await store.shared_secret(CLUSTER_ID_SECRET)
+    with pytest.raises(RestoreTargetNotEmptyError) as refused:
+        await restore_backup(database.settings, backup)
+    assert f"cluster {cluster_id}" in str(refused.value)
+    assert "1 tenants" in refused.value.description
+    assert "--force" in str(refused.value)
+    assert [t.name for t in await _tenants(database)] == ["already-here"]
+
+    report = await restore_backup(database.settings, backup, force=True)
+    assert report.replaced is not None
+    assert report.replaced.cluster_id == cluster_id
+    assert report.replaced.rows["tenants"] == 1
+    assert [t.name for t in await _tenants(database)] == ["from-backup"]
+
+
+async def _tenants(database: DatabaseUnderTest) -> list[Any]:
+    async with await open_store(database.settings) as store:
+        return list(await store.list_tenants())
+
+
+async def test_a_backup_of_an_older_schema_is_migrated_forward(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    """A store at version 9 (tokens still in `tenants`): restored, v10 moves its token
+    into `tenant_tokens`, and the token authenticates."""
+    engine = create_store_engine(database.settings)
+    issued = issue_token()
+    try:
+        await migrate(engine, resolve_database(database.settings), migrations=MIGRATIONS[:9])
+        async with engine.begin() as connection:
+            await connection.execute(
+                text(
+                    "INSERT INTO tenants (id, name, token_id, token_hash, quotas, "
+                    "borrowing_limit, cohort, allowed_priorities, admin, created_at) VALUES "
+                    "('t1', 'old', :token_id, :hash, '{}', '{}', NULL, "
+                    '\'["p0", "p1", "p2"]\', false, 1.0)'
+                ),
+                {"token_id": issued.token_id, "hash": issued.secret_hash},
+            )
+    finally:
+        await engine.dispose()
+    backup = tmp_path / "v9.backup"
+    report = await take_backup(database.settings, backup, greenfed_version="old")
+    assert report.header.schema_version == 9
+    assert "tenant_tokens" not in report.rows
+
+    other: Backend = "postgresql" if database.kind == "sqlite" else "sqlite"
+    async with empty_database(other, tmp_path) as target:
+        restored = await restore_backup(target.settings, backup)
+        assert (restored.header.schema_version, restored.migrated_to) == (9, len(MIGRATIONS))
+        async with await open_store(target.settings) as store:
+            assert store.migrations.from_version == len(MIGRATIONS)
+            authenticated = await store.authenticate(issued.token)
+            assert authenticated is not None
+            assert authenticated.name == "old"
+
+
+async def test_a_newer_damaged_or_foreign_file_changes_nothing(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    async with await open_store(database.settings) as store:
+        await make_tenant(store, "kept")
+    good = tmp_path / "good.backup"
+    await take_backup(database.settings, good, greenfed_version="test")
+    lines = gzip.decompress(good.read_bytes()).splitlines(keepends=True)
+    header = msgspec.json.decode(lines[0])
+    rest = b"".join(lines[1:])
+
+    def variant(name: str, data: bytes) -> Path:
+        path = tmp_path / name
+        path.write_bytes(data)
+        return path
+
+    newer = variant(
+        "newer.backup",
+        gzip.compress(msgspec.json.encode({**header, "schema_version": 999}) + b"\n" + rest),
+    )
+    with pytest.raises(SchemaTooNewError, match="schema version 999"):
+        await restore_backup(database.settings, newer, force=True)
+    damaged = {
+        "truncated.backup": good.read_bytes()[: good.stat().st_size // 2],
+        "no-trailer.backup": gzip.compress(b"".join(lines[:-1])),
+        "foreign.backup": b"PGDMP this is pg_dump's custom format",
+        "miscounted.backup": gzip.compress(b"".join(lines[:-1]) + b'{"rows": {"tenants": 7}}\n'),
+    }
+    for name, data in damaged.items():
+        with pytest.raises(BackupFormatError):
+            await restore_backup(database.settings, variant(name, data), force=True)
+    # Refused after the tables it replaces were dropped: rolled back, they are still there.
+    renamed = lines[0].replace(b'"name":"tenants"', b'"name":"tenantz"')
+    with pytest.raises(BackupFormatError, match="tenantz"):
+        await restore_backup(
+            database.settings,
+            variant("renamed.backup", gzip.compress(renamed + rest)),
+            force=True,
+        )
+    # ... and half-way through the rows: a tenant twice (the trailer counting it twice).
+    start = lines.index(b'{"table":"tenants"}\n')
+    trailer = msgspec.json.decode(lines[-1])
+    trailer["rows"]["tenants"] += 1
+    doubled = [*lines[: start + 2], lines[start + 1], *lines[start + 2 : -1]]
+    doubled.append(msgspec.json.encode(trailer) + b"\n")
+    with pytest.raises(BackupFormatError, match="refused its rows"):
+        await restore_backup(
+            database.settings,
+            variant("doubled.backup", gzip.compress(b"".join(doubled))),
+            force=True,
+        )
+    assert [t.name for t in await _tenants(database)] == ["kept"]
+
+
+async def test_a_restore_waits_for_no_control_plane_and_a_backup_needs_a_store(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    with pytest.raises((StoreUnavailableError, NotAStoreError)):
+        await take_backup(database.settings, tmp_path / "none.backup", greenfed_version="test")
+    assert not (tmp_path / "none.backup").exists()
+    async with await open_store(database.settings) as store:
+        await make_tenant(store, "kept")
+        backup = tmp_path / "store.backup"
+        await take_backup(database.settings, backup, greenfed_version="test")
+        lease = await store.try_acquire_leadership()
+        assert lease is not None
+        async with lease:
+            with pytest.raises(StoreInUseError, match="stop every greenfed cloud"):
+                await restore_backup(database.settings, backup, force=True)
+        await restore_backup(database.settings, backup, force=True)
+
+
+def test_the_file_keeps_every_kind_of_value_exactly(tmp_path: Path) -> None:
+    columns = (
+        BackupColumn("text", "text"),
+        BackupColumn("integer", "integer"),
+        BackupColumn("float", "float"),
+        BackupColumn("boolean", "boolean"),
+    )
+    header = BackupHeader(
+        format="greenfed-store-backup",
+        format_version=1,
+        created_at=1.0,
+        greenfed_version="test",
+        source_backend="sqlite",
+        source="sqlite:///x",
+        schema_version=1,
+        migrations=("initial",),
+        cluster_id=None,
+        tables=(BackupTable("a", columns), BackupTable("b", columns)),
+    )
+    rows: list[tuple[Any, ...]] = [
+        ('{"k": [1, 2.50]}', 2**62, 0.1, True),
+        ("é\n\u2028", -1, 2.0, False),
+        (None, None, math.inf, None),
+        ("NaN", 0, -math.inf, True),
+    ]
+    writer = BackupWriter(tmp_path / "x.backup", header)
+    writer.start_table("a")
+    writer.write_rows(rows)
+    writer.start_table("b")  # empty
+    writer.finish()
+    reader = BackupReader(tmp_path / "x.backup")
+    first = reader.next_batch(3)
+    second = reader.next_batch(3)
+    empty = reader.next_batch(3)
+    assert reader.next_batch(3) is None
+    reader.close()
+    assert first is not None
+    assert second is not None
+    assert empty is not None
+    assert [t.name for t in (first[0], second[0], empty[0])] == ["a", "a", "b"]
+    assert [tuple(row) for row in first[1] + second[1]] == rows
+    assert empty[1] == []
+    assert isinstance(first[1][1][2], float)  # 2.0 is not read back as the integer 2
+
+
+def test_a_nan_survives_the_file(tmp_path: Path) -> None:
+    header = BackupHeader(
+        format="greenfed-store-backup",
+        format_version=1,
+        created_at=1.0,
+        greenfed_version="test",
+        source_backend="sqlite",
+        source="sqlite:///x",
+        schema_version=1,
+        migrations=("initial",),
+        cluster_id=None,
+        tables=(BackupTable("a", (BackupColumn("f", "float"),)),),
+    )
+    writer = BackupWriter(tmp_path / "x.backup", header)
+    writer.start_table("a")
+    writer.write_rows([(math.nan,)])
+    writer.finish()
+    reader = BackupReader(tmp_path / "x.backup")
+    batch = reader.next_batch(10)
+    reader.close()
+    assert batch is not None
+    value = batch[1][0][0]
+    assert isinstance(value, float)
+    assert math.isnan(value)
+
+
+async def test_generations_are_raised_to_a_floor_and_never_lowered(store: Store) -> None:
+    """What a restored control plane does for nodes that applied more than its store
+    holds (cloud/loop/generations.py)."""
+    acme = (await make_tenant(store, "acme")).tenant
+    job = (await submit(store, acme.tenant_id)).work
+    lease = await store.try_acquire_leadership()
+    assert lease is not None
+    async with lease:
+        await store.commit_pass(
+            PassWrite(placements=(placement(job.work_id, "gpu-1"),)), lease=lease
+        )
+        raised = await store.raise_generations({"gpu-1": 7, "gpu-2": 3}, lease=lease)
+        assert raised == {"gpu-1": 7, "gpu-2": 3}
+        assert await store.raise_generations({"gpu-1": 5, "gpu-2": 3}, lease=lease) == {}
+        assert await store.node_generations() == {"gpu-1": 7, "gpu-2": 3}
+        # A later placement counts on from the floor.
+        await store.cancel_work(acme.tenant_id, job.work_id, reason="done")
+        assert (await store.node_generations())["gpu-1"] == 8
