@@ -104,6 +104,8 @@ __all__ = ["MAX_REQUEST_BYTES", "create_app", "serving"]
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    # What admins set and approved on nodes, before the first birth is judged by it.
+    app[REGISTRY].set_admin(await app[STORE].node_admin())
     session = app[INGESTOR].session(settings.mqtt, client_id=instance_client_id("greenfed-cloud"))
     # Wills that came with our own loss of the broker are the broker's, not the nodes'.
     session.link_lost_listeners.append(app[BROKER_OUTAGES].link_lost)

@@ -55,6 +55,13 @@ class ControlPlaneCollector(Collector):
         for (channel, reason), count in sorted(stats.invalid.items()):
             invalid.add_metric([channel, reason], count)
         yield invalid
+        yield CounterMetricFamily(
+            "greenfed_node_instance_conflicts",
+            "Times a node was claimed by two agent instances at once (a birth held back "
+            "while the current instance holds the node, or a node won back from one that "
+            "never sent telemetry)",
+            value=self._ingestor.registry.instance_conflicts,
+        )
 
         counts = self._ingestor.registry.counts()
         nodes = GaugeMetricFamily(

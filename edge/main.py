@@ -18,7 +18,7 @@ from edge.inference.options import InferenceOptions
 from edge.training.runs import LauncherFactory, TrainingLauncher
 from shared.messages import Accelerator
 from shared.runtime import run_until_stopped
-from shared.settings import Settings
+from shared.settings import Settings, load_settings
 
 log = structlog.get_logger("greenfed.agent")
 
@@ -90,6 +90,10 @@ async def run_agent(
         outbox_max_bytes=settings.agent.outbox_max_bytes,
         outbox_max_age_s=settings.agent.outbox_max_age_s,
         execution=execution,
+        # Enrolled again, the node's new password is in its settings file.
+        reload_mqtt_settings=(
+            None if config_path is None else lambda: load_settings(config_path).mqtt
+        ),
     )
     structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
     await run_until_stopped(stop, agent.run())

@@ -19,7 +19,7 @@ import aiohttp
 import msgspec
 
 from greenfed.arguments import EXIT_AUTH, EXIT_FAILURE, EXIT_USAGE
-from shared.problems import ProblemBody
+from shared.problems import CONFIRM_HEADER, CONFIRM_VALUE, ProblemBody
 from shared.token_files import read_token_file
 
 DEFAULT_API: Final = "http://127.0.0.1:8700"
@@ -240,3 +240,8 @@ class ApiClient:
                     yield chunk
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise self._unreachable(error) from None
+
+
+def bulk_confirmation(confirm: bool) -> dict[str, str]:
+    """The header that confirms a bulk destructive action (`--confirm-bulk`), if asked."""
+    return {CONFIRM_HEADER: CONFIRM_VALUE} if confirm else {}

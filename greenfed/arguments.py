@@ -92,3 +92,12 @@ def accelerator_counts_argument(text: str) -> dict[str, int]:
             )
         counts[kind] = int(count)
     return counts
+
+
+def add_confirm_bulk_option(parser: argparse.ArgumentParser) -> None:
+    """`--confirm-bulk` on the commands an admin may run in bulk (revoke, drain, cancel)."""
+    parser.add_argument(
+        "--confirm-bulk",
+        action="store_true",
+        help="go ahead past cloud.destructive_actions_per_minute (admin: a bulk clean-up)",
+    )

@@ -25,6 +25,7 @@ from greenfed.arguments import (
     EXIT_OK,
     EXIT_USAGE,
     accelerator_counts_argument,
+    add_confirm_bulk_option,
     mqtt_url,
     non_negative_int,
     port,
@@ -234,7 +235,10 @@ def cmd_nodes_revoke(args: argparse.Namespace) -> int:
     from greenfed import nodes_cli
 
     return run_client(
-        args, lambda client: nodes_cli.revoke_node(client, args.node_id, json=args.json)
+        args,
+        lambda client: nodes_cli.revoke_node(
+            client, args.node_id, json=args.json, confirm_bulk=args.confirm_bulk
+        ),
     )
 
 
@@ -251,7 +255,12 @@ def cmd_nodes_admin(args: argparse.Namespace) -> int:
     return run_client(
         args,
         lambda client: nodes_cli.set_node(
-            client, args.node_id, args.nodes_command, body=body, json=args.json
+            client,
+            args.node_id,
+            args.nodes_command,
+            body=body,
+            json=args.json,
+            confirm_bulk=getattr(args, "confirm_bulk", False),
         ),
     )
 
@@ -569,6 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_client_options(nodes_revoke, nested=True)
     nodes_revoke.add_argument("node_id", metavar="NODE")
+    add_confirm_bulk_option(nodes_revoke)
     nodes_revoke.set_defaults(handler=cmd_nodes_revoke)
     for action, text in (
         ("cordon", "no new work lands on the node; what runs stays (admin)"),
@@ -578,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
         command = nodes_commands.add_parser(action, help=text)
         add_client_options(command, nested=True)
         command.add_argument("node_id", metavar="NODE")
+        if action == "drain":
+            add_confirm_bulk_option(command)
         command.set_defaults(handler=cmd_nodes_admin)
     node_set = nodes_commands.add_parser(
         "set", help="a node's admin taints and labels, beside its agent's (admin)"

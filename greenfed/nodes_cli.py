@@ -21,7 +21,7 @@ from cloud.fleet.enrolment_views import (
     JoinTokenView,
 )
 from cloud.fleet.views import NodeDetail, NodeList, NodeSummary
-from greenfed.api_client import ApiClient
+from greenfed.api_client import ApiClient, bulk_confirmation
 from greenfed.arguments import EXIT_OK
 from greenfed.work_commands import ago, at_utc, console
 from shared.taints import CORDON_TAINT_KEY
@@ -196,10 +196,19 @@ async def revoke_join_token(
 
 
 async def revoke_node(
-    client: ApiClient, node_id: str, *, json: bool, out: TextIO | None = None
+    client: ApiClient,
+    node_id: str,
+    *,
+    json: bool,
+    out: TextIO | None = None,
+    confirm_bulk: bool = False,
 ) -> int:
     out = out or sys.stdout
-    _, payload = await client.call("POST", f"/v1/nodes/{quote(node_id, safe='')}/revoke")
+    _, payload = await client.call(
+        "POST",
+        f"/v1/nodes/{quote(node_id, safe='')}/revoke",
+        headers=bulk_confirmation(confirm_bulk),
+    )
     node = msgspec.json.decode(payload, type=EnrolledNodeView)
     if json:
         _print_json(node, out)
@@ -219,6 +228,7 @@ async def set_node(
     body: dict[str, object] | None = None,
     json: bool,
     out: TextIO | None = None,
+    confirm_bulk: bool = False,
 ) -> int:
     """`cordon`, `uncordon`, `drain` (POST) or `set` (PATCH taints and labels)."""
     out = out or sys.stdout
@@ -226,7 +236,8 @@ async def set_node(
     if action == "set":
         _, payload = await client.call("PATCH", path, body=msgspec.json.encode(body or {}))
     else:
-        _, payload = await client.call("POST", f"{path}/{action}")
+        headers = bulk_confirmation(confirm_bulk)
+        _, payload = await client.call("POST", f"{path}/{action}", headers=headers)
     node = msgspec.json.decode(payload, type=NodeDetail)
     if json:
         _print_json(node, out)

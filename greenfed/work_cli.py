@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from greenfed.arguments import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    add_confirm_bulk_option,
     non_negative_int,
     positive_float,
     positive_int,
@@ -151,7 +152,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from greenfed import work_commands
 
     return run_client(
-        args, lambda client: work_commands.cancel(client, args.id, output=_output(args))
+        args,
+        lambda client: work_commands.cancel(
+            client, args.id, output=_output(args), confirm_bulk=args.confirm_bulk
+        ),
     )
 
 
@@ -404,6 +408,7 @@ def add_work_commands(commands: Any) -> None:
 
     cancel = commands.add_parser("cancel", help="cancel a training job or a deployment")
     cancel.add_argument("id")
+    add_confirm_bulk_option(cancel)
     add_client_options(cancel)
     cancel.set_defaults(handler=cmd_cancel)
 

@@ -39,7 +39,7 @@ from cloud.work.views import (
     TenantList,
     TenantView,
 )
-from greenfed.api_client import ApiClient, CliError
+from greenfed.api_client import ApiClient, CliError, bulk_confirmation
 from greenfed.arguments import EXIT_OK
 from greenfed.usage_commands import usage_line
 from shared.messages import AcceleratorKind
@@ -525,11 +525,15 @@ async def end_rollout(client: ApiClient, deployment_id: str, action: str, *, out
     return EXIT_OK
 
 
-async def cancel(client: ApiClient, work_id: str, *, output: Output) -> int:
-    """Cancel a job, or a deployment (the id says which only to the server)."""
+async def cancel(
+    client: ApiClient, work_id: str, *, output: Output, confirm_bulk: bool = False
+) -> int:
+    """Cancel a job, or a deployment (the id says which only to the server);
+    `confirm_bulk`: an admin's cancellation past the per-minute limit goes ahead."""
+    headers = bulk_confirmation(confirm_bulk)
     for path in ("/v1/jobs/", "/v1/deployments/"):
         try:
-            _, payload = await client.call("DELETE", path + work_id)
+            _, payload = await client.call("DELETE", path + work_id, headers=headers)
         except CliError as error:
             if error.status == 404 and path == "/v1/jobs/":
                 continue  # perhaps a deployment

@@ -11,6 +11,10 @@ The signing rule, for anyone who writes an agent (docs/mqtt.md says the same):
    it decoded and encoded again: it need not know every field, nor encode them as we
    do), checks the signature over the result and only then decodes the JSON.
 
+Every member before `signature` is covered, so the instance a document was issued for
+(`for_instance`, 1.9: what keeps an old document from running again on an agent that lost
+its state) cannot be changed without the key either.
+
 A document that does not end that way is refused before any JSON is read, so an
 attacker who can publish on the broker (a stolen node credential, a compromised
 broker, any local process on an anonymous one) reaches nothing but this check.

@@ -17,7 +17,7 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.8"
+SCHEMA_VERSION = "1.9"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -456,6 +456,17 @@ class DesiredState(WireStruct, frozen=True, kw_only=True):
         str | None,
         msgspec.Meta(
             description="The control plane's store (1.3): generations count within one cluster."
+        ),
+    ] = None
+    for_instance: Annotated[
+        Annotated[str, msgspec.Meta(max_length=256)] | None,
+        msgspec.Meta(
+            description=(
+                "The agent instance the document was issued for (1.9): the node's current "
+                "birth as the control plane saw it when it signed; empty: it knew none. An "
+                "agent that has applied nothing yet applies only a document issued for "
+                "itself. Null: a control plane older than 1.9."
+            ),
         ),
     ] = None
     # `signature` stays the LAST field: the signing rule (shared/desired_signature.py)

@@ -110,9 +110,16 @@ class MqttSession:
         self.connected = asyncio.Event()
         self.connect_count = 0
         self.failed_attempts = 0
+        self.refused_credentials = 0  # connections the broker refused for credentials
         # Called (with nothing) when an established connection is lost, before the
         # reconnect; e.g. to judge what arrived with the loss. Must be quick.
         self.link_lost_listeners: list[Callable[[], None]] = []
+        # Reads the credentials again (the settings file), for a broker that refused
+        # them: a node enrolled again has a new password in its file (`greenfed edge
+        # enrol`), and its agent takes it up without a restart, its work going on.
+        # Set: once connected, a refusal never ends the session (retried with backoff,
+        # reading again each time). None: a refusal ends it (MqttAuthError).
+        self.reload_settings: Callable[[], MqttSettings] | None = None
 
     @property
     def url(self) -> str:
@@ -140,6 +147,26 @@ class MqttSession:
             **kwargs,
         )
 
+    def _took_new_credentials(self) -> bool:
+        """Read the credentials again; whether they changed (and are taken from now on)."""
+        if self.reload_settings is None:
+            return False
+        try:
+            fresh = self.reload_settings()
+        except Exception as error:  # a file half-written, a bad edit: keep the old ones
+            self._log.warning("mqtt credentials not reloaded", error=str(error)[:300])
+            return False
+        if (fresh.username, fresh.password, fresh.url) == (
+            self._settings.username,
+            self._settings.password,
+            self._settings.url,
+        ):
+            return False
+        self._settings = fresh
+        self._endpoint = parse_mqtt_url(fresh.url)
+        self._log.info("mqtt credentials changed: reconnecting with the new ones", url=self.url)
+        return True
+
     async def run(self, body: SessionBody) -> None:
         """Run `body` on every connection until it returns; reconnect when the link drops."""
         while True:
@@ -154,10 +181,15 @@ class MqttSession:
                     return
             except aiomqtt.MqttError as error:
                 if is_auth_failure(error):
-                    raise MqttAuthError(
-                        f"the MQTT broker at {self.url} refused the credentials of "
-                        f"client {self._client_id!r}: {error}"
-                    ) from error
+                    self.refused_credentials += 1
+                    if self._took_new_credentials():
+                        continue  # at once: the refusal was of the old ones
+                    if self.reload_settings is None or self.connect_count == 0:
+                        # Never connected: the settings are wrong, say so and stop.
+                        raise MqttAuthError(
+                            f"the MQTT broker at {self.url} refused the credentials of "
+                            f"client {self._client_id!r}: {error}"
+                        ) from error
                 if self.connected.is_set():
                     for listener in self.link_lost_listeners:
                         listener()

@@ -23,3 +23,9 @@ class ProblemBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     detail: str = ""
     instance: str = ""
     invalid_params: tuple[InvalidParam, ...] = ()
+
+
+# What confirms an admin's bulk destructive action past the per-minute limit (the 428
+# problem, cloud/api/bulk_actions.py; the CLI's --confirm-bulk).
+CONFIRM_HEADER: Final = "Greenfed-Confirm"
+CONFIRM_VALUE: Final = "bulk"

@@ -31,7 +31,7 @@ from cloud.api.problems import Problem
 from cloud.api.routes import Handler
 from cloud.app_keys import BULK_CONFIRMED, SETTINGS, STORE
 from cloud.store import AuditQuery
-from shared.problems import InvalidParam
+from shared.problems import CONFIRM_HEADER, CONFIRM_VALUE, InvalidParam
 
 DestructiveAction = Literal["node.revoke", "node.drain", "work.cancel"]
 DESTRUCTIVE_ACTIONS: Final[tuple[DestructiveAction, ...]] = (
@@ -39,8 +39,6 @@ DESTRUCTIVE_ACTIONS: Final[tuple[DestructiveAction, ...]] = (
     "node.drain",
     "work.cancel",
 )
-CONFIRM_HEADER: Final = "Greenfed-Confirm"
-CONFIRM_VALUE: Final = "bulk"
 WINDOW_S: Final = 60.0
 _MARK: Final = "__greenfed_destructive_action__"
 

@@ -392,6 +392,7 @@ async def enrol(request: web.Request) -> web.Response:
             username=credentials.username,
             password=credentials.password,
         ),
+        # What the agent's settings get: what it may be, else the agent's defaults.
         site=envelope.site or "edge",
         zone=envelope.zone or "unknown",
         region=envelope.region or "unknown",

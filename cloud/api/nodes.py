@@ -197,7 +197,7 @@ async def approve_node(request: web.Request) -> web.Response:
     )
     found = request.app[REGISTRY].get(node_id)
     assert found is not None
-    claim = claim_of(found.status)
+    claim = msgspec.structs.replace(claim_of(found.status), by_admin=True)
     return await _store_admin(
         request,
         replace(_current(request, node_id), approved=claim, trust_figures=body.trust_figures),

@@ -24,13 +24,13 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from cloud.api.bulk_actions import CONFIRM_HEADER, CONFIRM_VALUE, destructive_action_of
+from cloud.api.bulk_actions import destructive_action_of
 from cloud.api.problems import problem_reply
 from cloud.api.query import CLEAN_TEXT_PATTERN, RFC3339_PATTERN
 from cloud.api.routes import JSON, REGISTERED_ROUTES, JsonObject, Reply, RequestHeader, Route
 from cloud.store import WorkStateChanged
 from shared import __version__
-from shared.problems import ProblemBody
+from shared.problems import CONFIRM_HEADER, CONFIRM_VALUE, ProblemBody
 
 OPENAPI: web.AppKey[bytes] = web.AppKey("openapi", bytes)
 EVENT_STREAM: Final = "text/event-stream"

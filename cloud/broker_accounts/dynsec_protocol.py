@@ -131,14 +131,19 @@ def node_role_name(node_id: str) -> str:
 
 def node_role_acls(topics: Topics, node_id: str) -> tuple[Acl, ...]:
     """A node publishes under its own subtree (never its own `desired`: only the
-    control plane writes that) and subscribes to and receives only its own `desired`."""
+    control plane writes that) and subscribes to and receives only its own `desired`
+    and, to notice a birth that supersedes its own (edge/agent/birth.py), its own
+    `status`."""
     own_desired = topics.node(node_id, Channel.DESIRED)
+    own_status = topics.node(node_id, Channel.STATUS)
     own_subtree = f"{topics.nodes_prefix}{node_id}/#"
     return (
         Acl(acltype="publishClientSend", topic=own_desired, allow=False, priority=10),
         Acl(acltype="publishClientSend", topic=own_subtree, allow=True, priority=0),
         Acl(acltype="subscribeLiteral", topic=own_desired, allow=True, priority=0),
+        Acl(acltype="subscribeLiteral", topic=own_status, allow=True, priority=0),
         Acl(acltype="publishClientReceive", topic=own_desired, allow=True, priority=10),
+        Acl(acltype="publishClientReceive", topic=own_status, allow=True, priority=10),
         # Mosquitto lets anyone receive by default; a node's role says no to the rest.
         Acl(acltype="publishClientReceive", topic="#", allow=False, priority=-10),
     )

@@ -4,10 +4,10 @@ what they enrolled as, the kubelet certificate-approval model.
 A node enrols with a join token. The token, or the node where the token says nothing,
 fixes its site, zone and region; the token may also fix what work it runs (training,
 inference or both) and an inventory ceiling (accelerators per kind, accepted models,
-memory per accelerator). That is the node's `NodeEnvelope`, kept with its enrolment. A
-token without a ceiling lets the node's first birth set it: the inventory it first
-announced becomes its approved `NodeClaim`, and it may never announce more without an
-admin's approval.
+memory per accelerator). That is the node's `NodeEnvelope`, kept with its enrolment.
+Its first birth is recorded as its approved `NodeClaim` too: from then on it may not
+move (site, zone, region), take up training, nor (where the envelope sets no ceiling)
+announce more accelerators or memory without an admin's approval.
 
 A birth outside the envelope, or beyond the approved claim, puts the node in
 `pending-approval`: it stays in the registry, visible with the differences, and gets
@@ -69,6 +69,9 @@ class NodeClaim(msgspec.Struct, frozen=True, kw_only=True):
     # "kind/model" -> how many; the most memory of one accelerator, per kind.
     accelerators: dict[str, int] = {}
     max_memory_bytes: dict[AcceleratorKind, int] = {}
+    # An admin approved it (it stands in for the envelope); else the node's first birth
+    # said it (it holds beside the envelope).
+    by_admin: bool = False
 
 
 ENVELOPE_DECODER: Final = msgspec.json.Decoder(NodeEnvelope)
@@ -123,11 +126,14 @@ def outside_envelope(claim: NodeClaim, envelope: NodeEnvelope) -> list[str]:
     return found
 
 
-def beyond_approved(claim: NodeClaim, approved: NodeClaim) -> list[str]:
-    """What the claim says beyond what an admin (or the first birth) approved."""
+def beyond_approved(claim: NodeClaim, approved: NodeClaim, *, inventory: bool = True) -> list[str]:
+    """What the claim says beyond what an admin (or the first birth) approved: where it
+    is and what work it runs, and (`inventory`) its accelerators and their memory."""
     found = _placement(claim, approved.site, approved.zone, approved.region)
     if claim.runs_training and not approved.runs_training:
         found.append("runs training; approved for inference only")
+    if not inventory:
+        return found
     for key, count in sorted(claim.accelerators.items()):
         allowed = approved.accelerators.get(key, 0)
         if count > allowed:
@@ -143,14 +149,18 @@ def beyond_approved(claim: NodeClaim, approved: NodeClaim) -> list[str]:
 def judge(
     status: NodeStatus, envelope: NodeEnvelope | None, approved: NodeClaim | None
 ) -> tuple[str, ...]:
-    """Why the node waits for an admin's approval (empty: it does not). An approved claim
-    (an admin's, or the first birth's) is what it is held to; else its envelope."""
+    """Why the node waits for an admin's approval (empty: it does not). An admin's
+    approved claim is what it is held to; else its envelope, and beside it the claim of
+    its first birth: where it is and what work it runs always, its inventory too where
+    the envelope sets no ceiling."""
     claim = claim_of(status)
-    if approved is not None:
+    if approved is not None and approved.by_admin:
         return tuple(beyond_approved(claim, approved))
-    if envelope is not None:
-        return tuple(outside_envelope(claim, envelope))
-    return ()
+    found = [] if envelope is None else outside_envelope(claim, envelope)
+    if approved is not None:
+        ceiling = envelope is not None and envelope.has_ceiling
+        found.extend(beyond_approved(claim, approved, inventory=not ceiling))
+    return tuple(dict.fromkeys(found))  # once each, in order
 
 
 def _placement(

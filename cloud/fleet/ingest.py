@@ -8,6 +8,13 @@ the registry). Each failure is counted under its reason, logged at most once per
 interval per reason, and dropped; nothing one node sends can disturb another node's
 ingestion.
 
+A birth from another agent instance while the node's current instance holds it (cloud/
+fleet/registry.py) is not applied: it is kept as a candidate and counted as
+`instance_conflict`. An empty retained `status` (the topic cleared) removes no node:
+anyone who can write the topic can send one, and a node leaves the registry only when
+an admin revokes it; it is counted as `status_cleared` and the node's agent, which
+watches its own status, announces itself again.
+
 A birth's sealing key (what job secrets are sealed to) that is not a key, or not the
 one the node was pinned to at enrolment, is dropped from the birth, which is kept:
 counted and logged the same way, and the node receives no secrets until a birth
@@ -93,6 +100,10 @@ class InvalidReason(StrEnum):
     OUT_OF_ORDER = Rejection.OUT_OF_ORDER.value
     SEQ_JUMP = Rejection.SEQ_JUMP.value
     REGISTRY_FULL = Rejection.REGISTRY_FULL.value
+    # The birth of another agent instance while the current one holds the node.
+    INSTANCE_CONFLICT = Rejection.INSTANCE_CONFLICT.value
+    # An empty retained status of a known node: no node leaves the registry that way.
+    STATUS_CLEARED = "status_cleared"
     IMPLAUSIBLE_INVENTORY = Implausible.INVENTORY.value
     IMPLAUSIBLE_SAMPLE = Implausible.SAMPLE.value
     CLOCK_SKEW = Implausible.CLOCK_SKEW.value
@@ -218,9 +229,10 @@ class Ingestor:
             self._reject(channel, InvalidReason.NOT_ENROLLED, topic, parsed.node_id)
             return
         if not payload:
-            # An empty retained message clears the topic; for status, the node is gone.
-            if channel is Channel.STATUS and self.registry.forget(parsed.node_id):
-                self._log.info("node forgotten", node_id=parsed.node_id)
+            # An empty retained message clears the topic. For status, it says nothing of
+            # the node: only an admin's revoke removes one (POST /v1/nodes/{id}/revoke).
+            if channel is Channel.STATUS and self.registry.get(parsed.node_id) is not None:
+                self._reject(channel, InvalidReason.STATUS_CLEARED, topic, "node kept")
             return
         decoder = DECODERS.get(channel)
         if decoder is None:
@@ -344,13 +356,20 @@ class Ingestor:
         elif self._on_event is not None:
             self._on_event(message)
         if isinstance(outcome, Rejection):
-            self._reject(channel, InvalidReason(outcome.value), topic)
+            self._reject(channel, InvalidReason(outcome.value), topic, self._why(message))
             return
         self.stats.ingested[channel] += 1
         if isinstance(message, Telemetry):
             for listener in self.telemetry_listeners:
                 listener(message)
         self._changed(outcome)
+
+    def _why(self, message: IngestedMessage) -> str:
+        """What a log line says of a message the registry refused: whose instance."""
+        if not isinstance(message, NodeStatus | Telemetry | ReportedState):
+            return ""
+        current = self.registry.current_instance(message.node_id)
+        return f"instance {message.instance_id[:64]!r}, current {str(current)[:64]!r}"
 
     def session(self, settings: MqttSettings, client_id: str) -> MqttSession:
         """An MQTT session that delivers every message straight to `handle_message`."""
@@ -373,6 +392,7 @@ class Ingestor:
         await session.run(self._consume)
 
     async def _consume(self, client: aiomqtt.Client) -> None:
+        self.registry.resubscribed()
         for channel in DECODERS:
             await client.subscribe(self.topics.all_nodes(channel), qos=CHANNEL_SPECS[channel].qos)
         self._log.info("ingestion subscribed", root=self.topics.root)

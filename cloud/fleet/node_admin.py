@@ -1,7 +1,7 @@
 """Keeping what admins set on nodes (cloud/fleet/node_overlay.py) fresh on every replica
 of the control plane: reloaded from the store every few seconds, and applied at once by
-the replica that changed it. The same round records what an enrolled node whose
-envelope sets no ceiling first claimed, as what it is approved as (cloud/fleet/envelope.py).
+the replica that changed it. The same round records what an enrolled node first
+claimed, as what it is approved as (cloud/fleet/envelope.py).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ async def refresh_forever(registry: NodeRegistry, store: Store, *, interval_s: f
 
 
 def first_claims(registry: NodeRegistry) -> dict[str, NodeClaim]:
-    """What online enrolled nodes claim that have nothing approved yet and an envelope
-    with no inventory ceiling: their first birth sets what they may be from now on."""
+    """What online enrolled nodes with nothing approved yet claim: their first birth
+    (within their envelope) sets what they may be from now on."""
     claims = {}
     for record in registry:
         envelope = registry.envelope_of(record.node_id)
-        if envelope is None or envelope.has_ceiling or record.awaiting_approval:
+        if envelope is None or record.awaiting_approval:
             continue
         if record.state != "online" or (
             record.admin is not None and record.admin.approved is not None

@@ -12,6 +12,33 @@ the node's current birth; a sample whose sequence number does not increase (it m
 start again only with a new instance) or runs further ahead than elapsed time allows,
 so that one forged `seq` cannot make every later real sample "out of order"; and the
 birth of a new node once `max_nodes` are known.
+
+**Which agent instance holds a node.** A birth is retained and anyone who can write the
+node's `status` can copy one, so a birth alone never takes a node from an instance that
+holds it: *holding* means the node is online and its current instance's telemetry has
+been accepted since that instance became current and since ingestion last subscribed
+(samples are not retained: only an agent that is running sends them; and while we were
+not listening, the agent may have died and its will been overwritten by its
+successor's birth). A birth of another instance then becomes a
+*candidate* (counted in `instance_conflicts`, refused as `instance_conflict`), kept for
+`CANDIDATE_TTL_S`, at most `MAX_CANDIDATES_PER_NODE` per node. The node changes
+instance when:
+
+- a birth of another instance arrives while the current one does not hold the node:
+  it is offline (its will or goodbye came, or it went stale: cloud/fleet/liveness.py),
+  or it never sent a sample (a birth retained on the broker, a copy). A legitimate
+  restart takes this path: the old agent's will (or goodbye) precedes the new one's
+  birth, or its silence has outlasted the staleness limit;
+- a candidate's telemetry arrives while the current instance does not hold the node.
+  The instance that held the node before is kept as a candidate when it is replaced,
+  so that an agent whose node a copied will and a forged birth took wins it back with
+  its next sample (a flip between two instances: counted as a conflict too).
+
+Telemetry from the current instance keeps it current, and brings the node back online
+whatever took it offline: a copied will cannot keep a running agent's node offline.
+Listeners (`instance_listeners`) hear of every change of a node's current instance:
+the publisher answers the new instance's birth with the node's `desired` document,
+issued for it (cloud/loop/publisher.py).
 """
 
 from __future__ import annotations
@@ -19,9 +46,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
+
+import msgspec
 
 if TYPE_CHECKING:  # the CLI reads node views without the database stack
     from cloud.store import NodeAdminRecord
@@ -54,6 +83,9 @@ class Rejection(StrEnum):
     OUT_OF_ORDER = "out_of_order"
     SEQ_JUMP = "seq_jump"
     REGISTRY_FULL = "registry_full"
+    # The birth of another agent instance while the current one holds the node: kept as
+    # a candidate, not applied.
+    INSTANCE_CONFLICT = "instance_conflict"
 
 
 # A sample's `seq` counts one per interval. It may run ahead of the count elapsed time
@@ -61,6 +93,21 @@ class Rejection(StrEnum):
 # clock), and no further.
 SEQ_RATE_TOLERANCE = 2.0
 SEQ_SLACK = 100
+
+# Births of other agent instances kept per node while its current instance holds it, and
+# for how long (monotonic seconds): bounded, so that a flood of forged births costs memory
+# per node, not per message. A real agent whose birth was superseded announces itself
+# again (edge/agent/birth.py), which renews its candidacy.
+MAX_CANDIDATES_PER_NODE: Final = 3
+CANDIDATE_TTL_S: Final = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """The birth of an agent instance that is not the node's current one."""
+
+    status: NodeStatus
+    since_monotonic: float
 
 
 @dataclass(slots=True)
@@ -84,6 +131,10 @@ class NodeRecord:
     # Its accelerators with the speed and power the control plane takes for them: the
     # model table's, unless an admin trusts the node's own (cloud/fleet/envelope.py).
     believed_accelerators: tuple[Accelerator, ...] = ()
+    # Births of other agent instances, by instance id, oldest first (see the module's
+    # docstring): one of them becomes current by its telemetry once the current one no
+    # longer holds the node.
+    candidates: dict[str, Candidate] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.believed_accelerators:
@@ -172,6 +223,16 @@ class NodeRegistry:
         self.envelope_of: Callable[[str], NodeEnvelope | None] = lambda node_id: None
         # Bumped on every change of membership or state, so readers can cache by it.
         self.version = 0
+        # Called with (node id, instance id) when a node's current agent instance changes,
+        # a new node's first included. Must be quick and must not raise.
+        self.instance_listeners: list[Callable[[str, str], None]] = []
+        # Times a node was claimed by two agent instances at once: a birth held back as a
+        # candidate, or a node won back from an instance that never proved itself
+        # (greenfed_node_instance_conflicts_total).
+        self.instance_conflicts = 0
+        # When ingestion last (re)subscribed (monotonic): a sample from before may come
+        # from an agent that died while its will could not reach us.
+        self._hearing_since_monotonic = float("-inf")
 
     def __len__(self) -> int:
         return len(self._records)
@@ -193,6 +254,27 @@ class NodeRegistry:
     def get(self, node_id: str) -> NodeRecord | None:
         return self._records.get(node_id)
 
+    def resubscribed(self) -> None:
+        """Ingestion (re)subscribed to the broker: what was heard before proves no agent
+        instance still holds its node (its will may have been published, and overwritten
+        by its successor's birth, while we were not listening)."""
+        self._hearing_since_monotonic = self._monotonic()
+
+    def holds_node(self, record: NodeRecord) -> bool:
+        """Whether the node's current agent instance holds it: the node is online and the
+        instance's telemetry has been accepted since it became current and since we last
+        subscribed (a birth proves nothing: it is retained and can be copied)."""
+        return (
+            record.state == "online"
+            and record.telemetry is not None
+            and record.telemetry_received_monotonic > self._hearing_since_monotonic
+        )
+
+    def current_instance(self, node_id: str) -> str | None:
+        """The agent instance of the node's current birth; None: the node is not known."""
+        record = self._records.get(node_id)
+        return record.status.instance_id if record is not None else None
+
     def nodes(self, node_filter: NodeFilter | None = None) -> list[NodeRecord]:
         records = sorted(self._records.values(), key=lambda record: record.node_id)
         if node_filter is None:
@@ -204,46 +286,112 @@ class NodeRegistry:
         record.last_seen_at = self._wall_clock()
 
     def apply_status(self, status: NodeStatus) -> Rejection | NodeStateChange | None:
-        """Birth, will or goodbye. Returns the state change it caused, if any, or
-        `REGISTRY_FULL` for a node not known yet when `max_nodes` are."""
+        """Birth, will or goodbye. Returns the state change it caused, if any,
+        `REGISTRY_FULL` for a node not known yet when `max_nodes` are, or
+        `INSTANCE_CONFLICT` for the birth of another instance while the current one holds
+        the node (kept as a candidate)."""
         record = self._records.get(status.node_id)
-        reason = status.offline_reason if status.state == "offline" else None
         if record is None:
-            if len(self._records) >= self.max_nodes:
-                return Rejection.REGISTRY_FULL
-            record = NodeRecord(
-                status=status,
-                state=status.state,
-                offline_reason=reason,
-                last_seen_monotonic=0.0,
-                last_seen_at=0.0,
-                admin=self.admin.get(status.node_id),
-            )
-            self._records[status.node_id] = record
-            self._judge(record)
-            self._touch(record)
-            self.version += 1
-            return NodeStateChange(status.node_id, status.state, reason)
-        if status.state == "offline" and status.instance_id != record.status.instance_id:
-            # The will of an older agent instance, delivered after its successor's birth.
+            return self._first_birth(status)
+        if status.instance_id == record.status.instance_id:
+            return self._current_instance_status(record, status)
+        if status.state == "offline":
+            # The will or goodbye of an instance that is not current: an older one's,
+            # delivered after its successor's birth, or a candidate's that is gone.
+            record.candidates.pop(status.instance_id, None)
             return None
+        if self.holds_node(record):
+            self._keep_candidate(record, status)
+            self.instance_conflicts += 1
+            return Rejection.INSTANCE_CONFLICT
+        return self._switch_instance(record, status)
+
+    def _first_birth(self, status: NodeStatus) -> Rejection | NodeStateChange:
+        if len(self._records) >= self.max_nodes:
+            return Rejection.REGISTRY_FULL
+        reason = status.offline_reason if status.state == "offline" else None
+        record = NodeRecord(
+            status=status,
+            state=status.state,
+            offline_reason=reason,
+            last_seen_monotonic=0.0,
+            last_seen_at=0.0,
+            admin=self.admin.get(status.node_id),
+        )
+        self._records[status.node_id] = record
+        self._judge(record)
+        self._touch(record)
+        self.version += 1
+        self._instance_changed(record)
+        return NodeStateChange(status.node_id, status.state, reason)
+
+    def _current_instance_status(
+        self, record: NodeRecord, status: NodeStatus
+    ) -> NodeStateChange | None:
+        """A birth (a reconnect, new device health), will or goodbye of the current
+        instance."""
+        reason = status.offline_reason if status.state == "offline" else None
         previous = (record.state, record.offline_reason)
         if status.state == "offline" and record.state == "online":
             self._went_offline(record, reason or "connection-lost")
         elif status.state == "online" and record.state == "offline":
             self._came_back(record, status.instance_id)
-        if status.instance_id != record.status.instance_id:
-            record.telemetry = None  # a new agent instance starts a new sequence
+            # Its silence counts from its return. A birth while online does not reset it:
+            # a copy of the birth must not keep a dead agent's node online.
+            self._touch(record)
         record.status = status
         record.state = status.state
         record.offline_reason = reason
         self._judge(record)
-        if status.state == "online":
-            self._touch(record)
         self.version += 1
         if previous == (record.state, record.offline_reason):
             return None
         return NodeStateChange(status.node_id, record.state, reason)
+
+    def _switch_instance(self, record: NodeRecord, status: NodeStatus) -> NodeStateChange | None:
+        """Make `status` (an online birth) the node's current instance."""
+        previous = (record.state, record.offline_reason)
+        replaced = record.status
+        if record.telemetry is not None and replaced.offline_reason != "shutdown":
+            # It proved itself and did not say goodbye: if the newcomer is an impostor
+            # (after a copied will, say), the old instance's next sample wins the node back.
+            self._keep_candidate(
+                record, msgspec.structs.replace(replaced, state="online", offline_reason=None)
+            )
+        record.candidates.pop(status.instance_id, None)
+        if record.state == "offline":
+            self._came_back(record, status.instance_id)
+        record.telemetry = None  # a new agent instance starts a new sequence
+        record.status = status
+        record.state = "online"
+        record.offline_reason = None
+        self._judge(record)
+        self._touch(record)
+        self.version += 1
+        self._instance_changed(record)
+        if previous == ("online", None):
+            return None
+        return NodeStateChange(status.node_id, "online", None)
+
+    def _keep_candidate(self, record: NodeRecord, status: NodeStatus) -> None:
+        candidates = record.candidates
+        candidates.pop(status.instance_id, None)  # inserted again as the newest
+        candidates[status.instance_id] = Candidate(status, self._monotonic())
+        while len(candidates) > MAX_CANDIDATES_PER_NODE:
+            del candidates[next(iter(candidates))]
+
+    def _candidate(self, record: NodeRecord, instance_id: str) -> NodeStatus | None:
+        candidate = record.candidates.get(instance_id)
+        if candidate is None:
+            return None
+        if self._monotonic() - candidate.since_monotonic > CANDIDATE_TTL_S:
+            del record.candidates[instance_id]
+            return None
+        return candidate.status
+
+    def _instance_changed(self, record: NodeRecord) -> None:
+        for listener in self.instance_listeners:
+            listener(record.node_id, record.status.instance_id)
 
     def set_admin(self, admin: Mapping[str, NodeAdminRecord]) -> bool:
         """Replace what admins set on nodes; whether any known node's changed."""
@@ -286,32 +434,49 @@ class NodeRegistry:
         return True
 
     def forget(self, node_id: str) -> bool:
-        """Drop a node whose retained status was cleared (decommissioned)."""
+        """Drop a node an admin revoked, or one no longer admitted (cloud/api/enrolment.py);
+        never for anything the node's topics say (an empty status included)."""
         removed = self._records.pop(node_id, None) is not None
         if removed:
             self.version += 1
         return removed
 
     def apply_telemetry(self, telemetry: Telemetry) -> Rejection | NodeStateChange | None:
+        """A sample. From the current instance it keeps the node and brings it back online
+        whatever took it offline; from a candidate, it makes that candidate current if the
+        current instance does not hold the node."""
         record = self._records.get(telemetry.node_id)
         if record is None:
             return Rejection.UNKNOWN_NODE
+        switched: NodeStateChange | None = None
         if telemetry.instance_id != record.status.instance_id:
-            return Rejection.INSTANCE_MISMATCH
+            candidate = self._candidate(record, telemetry.instance_id)
+            if candidate is None or self.holds_node(record):
+                return Rejection.INSTANCE_MISMATCH
+            if not self._plausible_seq(candidate, telemetry.seq, None, 0.0):
+                return Rejection.SEQ_JUMP
+            if record.state == "online":
+                # Taken back from an instance that announced itself and never sent a sample.
+                self.instance_conflicts += 1
+            switched = self._switch_instance(record, candidate)
         if record.telemetry is not None and telemetry.seq <= record.telemetry.seq:
             return Rejection.OUT_OF_ORDER
-        if not self._plausible_seq(record, telemetry.seq):
+        if not self._plausible_seq(
+            record.status, telemetry.seq, record.telemetry, record.telemetry_received_monotonic
+        ):
             return Rejection.SEQ_JUMP
         record.telemetry = telemetry
         self._touch(record)
         record.telemetry_received_monotonic = record.last_seen_monotonic
-        if record.state == "offline" and record.offline_reason == "telemetry-stale":
+        if record.state == "offline":
+            # Only a running agent sends samples: whatever said it was offline (staleness,
+            # a will or goodbye, copied or delivered late) no longer holds.
             self._came_back(record, telemetry.instance_id)
             record.state = "online"
             record.offline_reason = None
             self.version += 1
             return NodeStateChange(record.node_id, "online", None)
-        return None
+        return switched
 
     def _went_offline(self, record: NodeRecord, reason: OfflineReason) -> None:
         silent_for_s = self._monotonic() - record.last_seen_monotonic
@@ -331,19 +496,21 @@ class NodeRegistry:
             )
         record.offline_cause = None
 
-    def _plausible_seq(self, record: NodeRecord, seq: int) -> bool:
-        """Whether `seq` is no further along than this agent instance can have counted:
-        since it started (a first sample, or a burst of forged ones) and since the last
-        sample accepted."""
-        interval_s = record.status.telemetry_interval_s
-        since_start_s = self._wall_clock() - record.status.started_at + self._max_clock_skew_s
+    def _plausible_seq(
+        self, birth: NodeStatus, seq: int, last: Telemetry | None, last_received_s: float
+    ) -> bool:
+        """Whether `seq` is no further along than the agent instance of `birth` can have
+        counted: since it started (a first sample, or a burst of forged ones) and since
+        its `last` sample accepted (at `last_received_s`, monotonic)."""
+        interval_s = birth.telemetry_interval_s
+        since_start_s = self._wall_clock() - birth.started_at + self._max_clock_skew_s
         if seq > SEQ_RATE_TOLERANCE * max(0.0, since_start_s) / interval_s + SEQ_SLACK:
             return False
-        if record.telemetry is None:
+        if last is None:
             return True
-        since_last_s = self._monotonic() - record.telemetry_received_monotonic
+        since_last_s = self._monotonic() - last_received_s
         allowed = SEQ_RATE_TOLERANCE * max(0.0, since_last_s) / interval_s + SEQ_SLACK
-        return seq - record.telemetry.seq <= allowed
+        return seq - last.seq <= allowed
 
     def apply_reported(self, reported: ReportedState) -> Rejection | None:
         record = self._records.get(reported.node_id)

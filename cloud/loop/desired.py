@@ -19,6 +19,9 @@ Inference: one entry per replica, with the model (a signed download URL and the
 sha256 the file must have), the accepted providers and the batching settings. A
 model that is not in the registry (or is another tenant's) is sent without a URL:
 the agent reports the replica failed, saying so.
+
+The agent instance a document is issued for (`for_instance`) is not decided here: the
+publisher sets it as it signs, from the registry at that moment (cloud/loop/publisher.py).
 """
 
 from __future__ import annotations
@@ -66,7 +69,13 @@ def _training(
     node_rank = node_order.index(node_id)
     here = workers[node_id]
     node_record = nodes.get(node_id)
-    public_key = node_record.status.sealing_public_key if node_record is not None else None
+    # Secrets go only to a node inside what it enrolled (or was approved) as: one waiting
+    # for an admin's approval keeps what it holds, and gets no new copy of any secret.
+    public_key = (
+        node_record.status.sealing_public_key
+        if node_record is not None and not node_record.awaiting_approval
+        else None
+    )
     return DesiredTraining(
         job_id=record.work_id,
         attempt=record.attempts,

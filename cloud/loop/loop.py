@@ -134,6 +134,9 @@ class SchedulingLoop:
         self._store = store
         self._registry = registry
         self._publisher = publisher
+        # Documents are issued for each node's current agent instance, and sent again
+        # when it changes: the answer to a new agent's birth (cloud/loop/publisher.py).
+        publisher.follow_instances(registry)
         self._settings = settings
         self._liveness = liveness
         self._assignments = assignments  # ingestion's view of who runs what

@@ -1,4 +1,4 @@
-"""Publishing `desired` documents: retained, QoS 1, the newest per node wins.
+"""Publishing `desired` documents: retained, QoS 1, the newest per node wins, and kept so.
 
 The loop hands documents over and never waits for the broker: a scheduling pass must
 not stall while MQTT reconnects. Documents that could not be published stay queued
@@ -15,36 +15,70 @@ a generation once.
 Every document is signed (shared/desired_signature.py) with the control plane's key
 (cloud/loop/signing.py) as it goes out: agents apply nothing else.
 
-On the first connection the publisher also sweeps the broker's retained `desired`
-documents: one that is not this cluster's (another cluster id after a store reset,
-unsigned, or not verifiable with our key) is cleared, unless we hold a newer document
-for that node, which replaces it anyway. Otherwise an agent that (re)subscribes would
-be handed the old cluster's work. The broker sends a subscription's retained messages
-at once, so the sweep ends when none has come for `sweep_quiet_s`.
+**Issued for an instance (1.9).** Once `follow_instances` ties the publisher to the
+node registry, each document is signed for the node's current agent instance as the
+registry holds it at that moment (`for_instance`; empty when it knows none), and the
+node's newest document goes out again, issued for the new instance, whenever the
+registry's current instance changes: that is the answer to a new agent's birth. An
+agent that lost its state applies no document until that answer comes, so an old
+signed document that anyone re-publishes on the broker runs nothing there
+(edge/agent/desired.py).
+
+**Retained documents are watched.** The publisher stays subscribed to every node's
+`desired` (the broker sends the retained documents at once, and every later message),
+and subscribes again every `sweep_interval_s`, which makes the broker send every
+retained document again. Each message is checked:
+
+- on a node whose document this publisher holds (the scheduling leader holds every
+  node's that ever had a generation: with or without work), anything other than what
+  it last published there (a replay of an older document, a forged one, a cleared
+  topic) is replaced with the newest document at once;
+- on any other node, a document that is not this cluster's (another cluster id after a
+  store reset, unsigned, or not verifiable with our key) is cleared with an empty
+  retained payload. A valid document of this cluster there is the leader's business:
+  replicas that do not lead leave it alone, and the leader, watching too, restores
+  its own should another replica's clear cross it.
+
+Repairs go through the same queue as documents (one pending message per node), so a
+flood of forgeries makes at most one publication per node per round. The first sweep
+ends (`swept`) when no retained document has come for `sweep_quiet_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
 import aiomqtt
+import msgspec
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloud.store.schema import CLUSTER_ID_SECRET
 from shared.desired_signature import DesiredSignatureError, sign_desired, verify_desired
+from shared.logs import RateLimitedLog
 from shared.messages import DesiredState
 from shared.mqtt import MqttSession, instance_client_id
 from shared.settings import MqttSettings
 from shared.topics import CHANNEL_SPECS, Channel, TopicError, Topics
 
+if TYPE_CHECKING:
+    from cloud.fleet.registry import NodeRegistry
+
 # CLUSTER_ID_SECRET (defined with the store's tables) is imported from here too.
 __all__ = ["CLUSTER_ID_SECRET", "DesiredPublisher"]
 
 
-# The sweep of stale retained documents gives up waiting after this long in all.
-_SWEEP_MAX_S = 60.0
+# The sweep of retained documents gives up waiting for them after this long in all.
+_SWEEP_MAX_S: Final = 60.0
+# How often every retained document is read back and checked again.
+SWEEP_INTERVAL_S: Final = 300.0
+# Documents published to one node whose copy has not come back yet, at most.
+_ECHOES_KEPT: Final = 8
+_REPAIR_LOG_INTERVAL_S: Final = 10.0
 
 
 class DesiredPublisher:
@@ -56,33 +90,57 @@ class DesiredPublisher:
         cluster_id: str,
         client_id: str | None = None,
         sweep_quiet_s: float = 1.0,
+        sweep_interval_s: float = SWEEP_INTERVAL_S,
     ) -> None:
         """`cluster_id`: the store's (documents of any other are stale); `sweep_quiet_s`:
-        how long without a retained document ends the first connection's sweep."""
+        how long without a retained document ends a sweep; `sweep_interval_s`: how often
+        every retained document is read back and checked."""
         self._topics = Topics(settings.topic_root)
         self._signing_key = signing_key
         self._public_key = signing_key.public_key()
         self.cluster_id = cluster_id
         self._sweep_quiet_s = sweep_quiet_s
+        self._sweep_interval_s = sweep_interval_s
         self._sweep_activity = asyncio.Event()
         self._log = structlog.get_logger("greenfed.loop.publisher")
+        self._repair_log = RateLimitedLog(self._log, _REPAIR_LOG_INTERVAL_S)
         self._session = MqttSession(
             settings,
             client_id=client_id or instance_client_id("greenfed-scheduler"),
             logger=structlog.get_logger("greenfed.loop.mqtt"),
         )
-        self._queue: dict[str, DesiredState] = {}
+        # What goes out next, per node: a document, or None to clear the retained one.
+        self._queue: dict[str, DesiredState | None] = {}
         # The newest document handed over per node: republished on every connection.
         self._latest: dict[str, DesiredState] = {}
         self._queued = asyncio.Event()
         # The generation last handed over per node: what the loop need not send again.
         self._generations: dict[str, int] = {}
+        # The exact payload last published per node (b"": cleared), and those published
+        # on this connection whose copy has not come back yet, oldest first.
+        self._published: dict[str, bytes] = {}
+        self._echoes: dict[str, deque[bytes]] = {}
+        # The agent instance a node's document is issued for (`follow_instances`).
+        self._instance_of: Callable[[str], str | None] = lambda node_id: None
+        self._binds = False
         self.published_total = 0
         # Retained documents of another cluster (or unsigned, or forged) cleared.
         self.stale_cleared_total = 0
+        # Anything else on a node whose document we hold, replaced with ours.
+        self.repaired_total = 0
+        # Documents sent again because the node's current agent instance changed.
+        self.rebound_total = 0
+        self.sweeps_total = 0
         # Set once the first connection's sweep of retained documents has finished.
         self.swept = asyncio.Event()
         self.connected = self._session.connected
+
+    def follow_instances(self, registry: NodeRegistry) -> None:
+        """Issue every document for the node's current agent instance in `registry`, and
+        send it again when that instance changes."""
+        self._instance_of = registry.current_instance
+        self._binds = True
+        registry.instance_listeners.append(self._instance_changed)
 
     def is_current(self, node_id: str, generation: int) -> bool:
         return self._generations.get(node_id, -1) >= generation
@@ -108,12 +166,22 @@ class DesiredPublisher:
         self._generations[document.node_id] = document.generation
         self._queued.set()
 
+    def _instance_changed(self, node_id: str, instance_id: str) -> None:
+        """The registry took a new agent instance for the node: answer its birth."""
+        document = self._latest.get(node_id)
+        if document is None:
+            return
+        self._queue[node_id] = document
+        self._queued.set()
+        self.rebound_total += 1
+
     async def run(self) -> None:
         await self._session.run(self._drain)
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         """Publish until the connection drops; noticing the drop at once (not at the next
         publish) lets the session reconnect while nothing is waiting to go out."""
+        self._echoes.clear()  # copies of the last connection's messages never come now
         self._queue.update(self._latest)  # retained state may be gone: all of it again
         if self._queue:
             self._queued.set()
@@ -121,60 +189,108 @@ class DesiredPublisher:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._watch(client))
                 tasks.create_task(self._publish(client))
-                if not self.swept.is_set():
-                    tasks.create_task(self._sweep(client))
+                tasks.create_task(self._sweep(client))
         except* aiomqtt.MqttError as group:
             raise group.exceptions[0] from None
 
+    # ---- watching the retained documents ---------------------------------------------
+
     async def _watch(self, client: aiomqtt.Client) -> None:
-        # Only the sweep subscribes; otherwise the iteration only ends, raising, when the
-        # link drops.
+        # The iteration only ends, raising, when the link drops.
         async for message in client.messages:
-            if message.retain and not self.swept.is_set():
-                await self._check_retained(client, message)
+            self._check(message)
         raise aiomqtt.MqttError("the connection to the broker ended")
 
     async def _sweep(self, client: aiomqtt.Client) -> None:
+        """Subscribe (the broker sends every retained document), wait until they have come,
+        and again every `sweep_interval_s`: subscribing again makes the broker send them
+        all again, with no moment unwatched."""
         everything = self._topics.all_nodes(Channel.DESIRED)
-        await client.subscribe(everything, qos=1)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_SWEEP_MAX_S):
-                while True:
-                    self._sweep_activity.clear()
-                    try:
-                        await asyncio.wait_for(self._sweep_activity.wait(), self._sweep_quiet_s)
-                    except TimeoutError:
-                        break  # quiet: every retained document has arrived
-        self.swept.set()
-        self._log.info("retained desired documents swept", cleared=self.stale_cleared_total)
-        await client.unsubscribe(everything)
+        while True:
+            await client.subscribe(everything, qos=1)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_SWEEP_MAX_S):
+                    while True:
+                        self._sweep_activity.clear()
+                        try:
+                            await asyncio.wait_for(self._sweep_activity.wait(), self._sweep_quiet_s)
+                        except TimeoutError:
+                            break  # quiet: every retained document has arrived
+            self.sweeps_total += 1
+            if not self.swept.is_set():
+                self.swept.set()
+                self._log.info(
+                    "retained desired documents swept",
+                    cleared=self.stale_cleared_total,
+                    repaired=self.repaired_total,
+                )
+            await asyncio.sleep(self._sweep_interval_s)
 
-    async def _check_retained(self, client: aiomqtt.Client, message: aiomqtt.Message) -> None:
-        self._sweep_activity.set()
-        payload = message.payload
-        if not isinstance(payload, bytes) or not payload:
-            return  # already cleared
+    def _check(self, message: aiomqtt.Message) -> None:
+        """One message on a node's `desired`: ours, or something to replace or clear."""
+        if message.retain:
+            self._sweep_activity.set()
         try:
-            node_id = self._topics.parse(message.topic.value).node_id
+            parsed = self._topics.parse(message.topic.value)
         except TopicError:
             return
+        if parsed.channel is not Channel.DESIRED:
+            return
+        node_id = parsed.node_id
+        payload = message.payload
+        received = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
+        if self._is_ours(node_id, received):
+            return
+        # No await between this check and the queueing: a document of ours submitted after
+        # it replaces the repair in the queue.
+        latest = self._latest.get(node_id)
+        if latest is not None:
+            self._repair(node_id, latest, "not the newest document" if received else "cleared")
+            return
+        if not received:
+            return  # already cleared
         try:
-            document = verify_desired(payload, self._public_key)
+            document = verify_desired(received, self._public_key)
             stale_because = None if document.cluster_id == self.cluster_id else "another cluster"
         except DesiredSignatureError as error:
             stale_because = error.reason
-        # No await between the check and the publish call, which queues the packet at once:
-        # a document of ours submitted after the check goes out after the clear.
-        if stale_because is None or node_id in self._latest:
-            return
-        self._log.info("stale retained desired cleared", node_id=node_id, reason=stale_because)
-        self.stale_cleared_total += 1
-        await client.publish(
-            self._topics.node(node_id, Channel.DESIRED),
-            b"",
-            qos=CHANNEL_SPECS[Channel.DESIRED].qos,
-            retain=True,
-        )
+        if stale_because is not None:
+            self._repair(node_id, None, stale_because)
+
+    def _is_ours(self, node_id: str, payload: bytes) -> bool:
+        """What we published coming back (a copy, or the retained one sent again)."""
+        echoes = self._echoes.get(node_id)
+        if echoes and payload in echoes:
+            while echoes.popleft() != payload:
+                pass  # earlier copies were overtaken: they will not come now
+            return True
+        return payload == self._published.get(node_id, b"")
+
+    def _repair(self, node_id: str, document: DesiredState | None, reason: str) -> None:
+        if node_id in self._queue:
+            return  # something of ours goes out there anyway
+        self._queue[node_id] = document
+        self._queued.set()
+        if document is None:
+            self.stale_cleared_total += 1
+            what = "stale retained desired cleared"
+        else:
+            self.repaired_total += 1
+            what = "retained desired replaced with the newest"
+        self._repair_log.warning(what, what, node_id=node_id, reason=reason)
+
+    # ---- publishing --------------------------------------------------------------------
+
+    def _payload(self, node_id: str, document: DesiredState | None) -> bytes:
+        if document is None:
+            return b""
+        if self._binds:
+            # Signed for the agent instance the registry holds now: the binding is part of
+            # the signed bytes, like every other field.
+            document = msgspec.structs.replace(
+                document, for_instance=self._instance_of(node_id) or ""
+            )
+        return sign_desired(document, self._signing_key)
 
     async def _publish(self, client: aiomqtt.Client) -> None:
         qos = CHANNEL_SPECS[Channel.DESIRED].qos
@@ -183,16 +299,21 @@ class DesiredPublisher:
             await self._queued.wait()
             self._queued.clear()
             batch, self._queue = self._queue, {}
+            payloads = {node_id: self._payload(node_id, doc) for node_id, doc in batch.items()}
+            for node_id, payload in payloads.items():
+                # Noted before publishing: the copy may come back before the publish returns.
+                self._published[node_id] = payload
+                self._echoes.setdefault(node_id, deque(maxlen=_ECHOES_KEPT)).append(payload)
             try:
                 await asyncio.gather(
                     *(
                         client.publish(
                             self._topics.node(node_id, Channel.DESIRED),
-                            sign_desired(document, self._signing_key),
+                            payload,
                             qos=qos,
                             retain=retain,
                         )
-                        for node_id, document in batch.items()
+                        for node_id, payload in payloads.items()
                     )
                 )
             except BaseException:
@@ -200,4 +321,4 @@ class DesiredPublisher:
                     self._queue.setdefault(node_id, document)
                 self._queued.set()
                 raise
-            self.published_total += len(batch)
+            self.published_total += sum(1 for document in batch.values() if document is not None)

@@ -218,13 +218,14 @@ async def mark_join_token_revoked(
 
 def node_envelope(token: JoinTokenRecord, requested: NodeDefaults) -> NodeEnvelope:
     """What a node enrolled with `token` may be: the token's site, zone and region, else
-    what the node asked for, else the agent's own defaults; the token's limits."""
+    what the node asked for (neither: not fixed here; its first birth's count then,
+    cloud/fleet/envelope.py); the token's limits."""
     defaults = token.defaults
     return msgspec.structs.replace(
         token.limits or NodeEnvelope(),
-        site=defaults.site or requested.site or "edge",
-        zone=defaults.zone or requested.zone or "unknown",
-        region=defaults.region or requested.region or "unknown",
+        site=defaults.site or requested.site,
+        zone=defaults.zone or requested.zone,
+        region=defaults.region or requested.region,
     )
 
 

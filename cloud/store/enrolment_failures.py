@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import case, delete, literal, select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.engine import Backend
 from cloud.store.schema import enrolment_failures
+from cloud.store.sql import dialect_insert
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +56,7 @@ async def record_failure(
     refilled = table.c.tokens + (literal(now) - table.c.updated_at) * budget.refill_per_s
     capped = case((refilled > budget.burst, float(budget.burst)), else_=refilled)
     taken = case((capped < 1, 0.0), else_=capped - 1)
-    insert = (postgresql_insert if backend == "postgresql" else sqlite_insert)(table)
+    insert = dialect_insert(backend, table)
     await connection.execute(
         insert.values(
             address=address, tokens=float(budget.burst - 1), updated_at=now

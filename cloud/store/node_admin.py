@@ -8,14 +8,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.fleet.envelope import CLAIM_DECODER, NodeClaim
 from cloud.store.engine import Backend
 from cloud.store.schema import node_admin
-from cloud.store.sql import upsert
+from cloud.store.sql import dialect_insert, upsert
 
 _TAINTS = msgspec.json.Decoder(tuple[str, ...])
 _LABELS = msgspec.json.Decoder(dict[str, str])
@@ -84,7 +82,7 @@ async def set_first_claims(
     birth, cloud/fleet/envelope.py); an approval already there stays."""
     for node_id, claim in sorted(claims.items()):  # one lock order: no deadlocks
         encoded = msgspec.json.encode(claim)
-        insert = (postgresql_insert if backend == "postgresql" else sqlite_insert)(node_admin)
+        insert = dialect_insert(backend, node_admin)
         statement = insert.values(
             node_id=node_id,
             cordoned=False,

@@ -35,24 +35,33 @@ def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
+def dialect_insert(backend: Backend, table: Table) -> Any:
+    """The backend's own INSERT, the one with ON CONFLICT clauses (both dialects spell
+    them alike: `on_conflict_do_nothing`, `on_conflict_do_update`, `excluded`)."""
+    return postgresql_insert(table) if backend == "postgresql" else sqlite_insert(table)
+
+
 def insert_ignoring(backend: Backend, table: Table, conflict_columns: Sequence[str]) -> Insert:
     """INSERT ... ON CONFLICT (columns) DO NOTHING; NULLs never conflict."""
-    if backend == "postgresql":
-        return postgresql_insert(table).on_conflict_do_nothing(index_elements=conflict_columns)
-    return sqlite_insert(table).on_conflict_do_nothing(index_elements=conflict_columns)
+    statement: Insert = dialect_insert(backend, table).on_conflict_do_nothing(
+        index_elements=conflict_columns
+    )
+    return statement
 
 
 def upsert(
     backend: Backend, table: Table, values: Mapping[str, Any], conflict_columns: Sequence[str]
 ) -> Insert:
     """INSERT ... ON CONFLICT (columns) DO UPDATE SET every other column to `values`."""
-    statement = (postgresql_insert if backend == "postgresql" else sqlite_insert)(table).values(
-        dict(values)
+    statement: Insert = (
+        dialect_insert(backend, table)
+        .values(dict(values))
+        .on_conflict_do_update(
+            index_elements=conflict_columns,
+            set_={k: v for k, v in values.items() if k not in conflict_columns},
+        )
     )
-    return statement.on_conflict_do_update(
-        index_elements=conflict_columns,
-        set_={k: v for k, v in values.items() if k not in conflict_columns},
-    )
+    return statement
 
 
 async def bump_generations(
@@ -64,11 +73,7 @@ async def bump_generations(
     ordered = sorted(node_ids)
     for batch in chunks(ordered):
         values = [{"node_id": node_id, "generation": 1} for node_id in batch]
-        statement: Any
-        if context.backend == "postgresql":
-            statement = postgresql_insert(node_generations).values(values)
-        else:
-            statement = sqlite_insert(node_generations).values(values)
+        statement = dialect_insert(context.backend, node_generations).values(values)
         statement = statement.on_conflict_do_update(
             index_elements=["node_id"],
             set_={"generation": node_generations.c.generation + 1},
@@ -86,11 +91,7 @@ async def raise_generations(
     result: dict[str, int] = {}
     for batch in chunks(sorted(floors)):
         values = [{"node_id": node_id, "generation": floors[node_id]} for node_id in batch]
-        statement: Any
-        if context.backend == "postgresql":
-            statement = postgresql_insert(node_generations).values(values)
-        else:
-            statement = sqlite_insert(node_generations).values(values)
+        statement = dialect_insert(context.backend, node_generations).values(values)
         statement = statement.on_conflict_do_update(
             index_elements=["node_id"],
             set_={"generation": statement.excluded.generation},

@@ -15,14 +15,12 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import ColumnElement, and_, func, select, true
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.engine import Backend
 from cloud.store.records import NewEvent
 from cloud.store.schema import usage_counterfactuals, usage_hours, usage_marks
-from cloud.store.sql import chunks
+from cloud.store.sql import chunks, dialect_insert
 
 _COUNTERS = msgspec.json.Decoder(dict[str, float])
 _FACTORS = msgspec.json.Decoder(dict[str, float])
@@ -78,12 +76,8 @@ class UsageWrite:
     events: Sequence[NewEvent] = ()  # e.g. the final figures of work that ended
 
 
-def _insert(backend: Backend, table: Any) -> Any:
-    return postgresql_insert(table) if backend == "postgresql" else sqlite_insert(table)
-
-
 def _upsert_usage(backend: Backend) -> Any:
-    statement = _insert(backend, usage_hours)
+    statement = dialect_insert(backend, usage_hours)
     excluded = statement.excluded
     current = usage_hours.c
     return statement.on_conflict_do_update(
@@ -140,7 +134,7 @@ async def put_marks(
 ) -> None:
     if not marks:
         return
-    statement = _insert(backend, usage_marks)
+    statement = dialect_insert(backend, usage_marks)
     excluded = statement.excluded
     statement = statement.on_conflict_do_update(
         index_elements=["node_id"],
@@ -185,7 +179,7 @@ async def put_counterfactuals(
 ) -> None:
     """The first decision for a work item stands: a later one is ignored."""
     for batch in chunks(sorted(records, key=lambda r: r.work_id)):
-        statement = _insert(backend, usage_counterfactuals).values(
+        statement = dialect_insert(backend, usage_counterfactuals).values(
             [
                 {
                     "work_id": record.work_id,

@@ -41,8 +41,16 @@ class AgentCounters:
 
     telemetry_sent: int = 0
     telemetry_skipped_oversized: int = 0
-    births: int = 0
+    births: int = 0  # published on connecting, and again when a device's health changed
+    # Messages on the node's own `status` that this instance did not publish: another
+    # instance's birth (copied or forged), an offline status of ours while connected, a
+    # cleared topic (edge/agent/birth.py). Each is answered by announcing ourselves again.
+    births_superseded: int = 0
+    births_repeated: int = 0  # births published again because ours was superseded or unanswered
     desired_received: int = 0  # verified documents (applied, or older and ignored)
+    # Verified documents issued for another agent instance, ignored because this one has
+    # applied nothing yet (edge/agent/desired.py): a replay, or sent before our birth.
+    desired_not_for_this_instance: int = 0
     # Unsigned, forged, malformed or misaddressed documents, and any while no public
     # key is configured: none of them applied (edge/agent/desired.py).
     desired_rejected: int = 0

@@ -73,6 +73,7 @@ class Agent:
         outbox_max_bytes: int = OUTBOX_MAX_BYTES,
         outbox_max_age_s: float = OUTBOX_MAX_AGE_S,
         execution: ExecutionFacts | None = None,
+        reload_mqtt_settings: Callable[[], MqttSettings] | None = None,
     ) -> None:
         """`training_launcher` None: this node runs no training (edge devices), else
         it makes the node's launcher once its accelerators are known; `execution`: how
@@ -80,10 +81,14 @@ class Agent:
         `control_plane_public_key`: base64 of the key `desired` documents must be signed
         with (`agent.control_plane_public_key`); empty: none is applied; `state_dir`:
         where the applied desired state, the reported state and the outbox are kept
-        (edge/agent/state_files.py); None: in memory only, nothing survives a restart."""
+        (edge/agent/state_files.py); None: in memory only, nothing survives a restart;
+        `reload_mqtt_settings`: reads the broker settings again (the settings file) when the
+        broker refuses the credentials, so that a node enrolled again goes on with its new
+        password and its work (shared/mqtt.py); None: a refusal stops the agent."""
         self.identity = identity
         self._probes = probes
         self._mqtt_settings = mqtt_settings
+        self._reload_mqtt_settings = reload_mqtt_settings
         self._telemetry_interval_s = telemetry_interval_s
         self._telemetry_jitter_ratio = telemetry_jitter_ratio
         self._rng = rng or random.Random()
@@ -187,6 +192,7 @@ class Agent:
             will=modules.birth.will(),
             logger=log,
         )
+        self.session.reload_settings = self._reload_mqtt_settings
         ordered = modules.in_order()
         try:
             # Work that outlives MQTT connections (workers, replicas) lives in this group.

@@ -11,7 +11,21 @@ This is the agent's boundary with whoever can publish on the broker. In order:
    and nothing in them is applied. Without a key (a node not enrolled) nothing is
    applied at all;
 2. the addressee: a document for another node is rejected;
-3. (cluster id, generation): within one cluster an older generation is ignored (it
+3. the instance it was issued for (`for_instance`, 1.9). An agent that has applied
+   nothing yet (it started without a state directory, or lost it: reimaged) has no
+   generation to hold a replay to, so it applies only a document issued for its own
+   instance, which the control plane sends when it takes this instance's birth; a
+   document issued for another instance (the retained one from before our birth, or an
+   old one re-published by anyone with broker access) is ignored and counted
+   (`desired_not_for_this_instance`). A document without `for_instance` comes from a
+   control plane older than 1.9 and is applied as before, unless this agent has already
+   seen that its control plane binds documents. An agent that has applied a document
+   goes by generations (4.) and applies a newer one whoever it was issued for: it is
+   the control plane's newest word for the node. Either way, a document issued for
+   another instance that is not older than what was applied tells the birth module
+   (edge/agent/birth.py) that the control plane has not taken this instance's birth
+   yet; one issued for this instance, that it has;
+4. (cluster id, generation): within one cluster an older generation is ignored (it
    arrived late); a document of another cluster that was issued later than the one
    applied is adopted with its generation sequence, however low, so a control plane
    whose store was reset is not locked out. An older cluster's document (a stale
@@ -27,7 +41,7 @@ nothing, a newer one applies the changes only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiomqtt
 
@@ -55,6 +69,14 @@ NOT_ENROLLED = (
 )
 
 
+class BirthAnswers(Protocol):
+    """What the birth module (edge/agent/birth.py) learns from the documents' binding."""
+
+    def answered(self) -> None: ...
+
+    def unanswered(self) -> None: ...
+
+
 class DesiredStateApplier(AgentModule):
     name = "desired"
 
@@ -67,10 +89,12 @@ class DesiredStateApplier(AgentModule):
         outbox: Outbox,
         *,
         public_key: Ed25519PublicKey | None,
+        birth: BirthAnswers,
         state: AgentStateFiles | None = None,
     ) -> None:
-        """`public_key` None: the node is not enrolled and applies nothing; `state`: where
-        the applied document is kept (None: nowhere, nothing is restored)."""
+        """`public_key` None: the node is not enrolled and applies nothing; `birth`: told
+        whether the documents arriving were issued for this instance; `state`: where the
+        applied document is kept (None: nowhere, nothing is restored)."""
         self._context = context
         self._training = training
         self._inference = inference
@@ -84,6 +108,13 @@ class DesiredStateApplier(AgentModule):
         self._applied_issued_at: float | None = None
         self._state = state
         self._saved: bytes | None = None  # the document on disk, as written
+        self._birth = birth
+        # Whether a document was applied (from disk or the broker): until one is, only a
+        # document issued for this instance is (see 3. above).
+        self._applied_any = False
+        # Whether a document bound to an instance has arrived: the control plane binds.
+        self._seen_bound = False
+        self._binding_log = RateLimitedLog(context.log, REJECTION_LOG_INTERVAL_S)
 
     async def on_connect(self, client: aiomqtt.Client) -> None:
         if self._public_key is None and not self._said_not_enrolled:
@@ -92,23 +123,24 @@ class DesiredStateApplier(AgentModule):
             self._outbox.raise_event("desired-rejected", detail=NOT_ENROLLED)
         await client.subscribe(self._context.topic(Channel.DESIRED), qos=1)
 
-    async def run(self, client: aiomqtt.Client) -> None:
-        desired_topic = self._context.topic(Channel.DESIRED)
-        async for message in client.messages:
-            if message.topic.value != desired_topic:
-                continue
-            payload = message.payload
-            if not isinstance(payload, bytes) or not payload:
-                continue  # a cleared retained desired state: nothing to apply
-            if self._public_key is None:
-                self._context.counters.desired_rejected += 1
-                continue  # said once, on connecting
-            try:
-                desired = verify_desired(payload, self._public_key)
-            except DesiredSignatureError as error:
-                self._reject(error.reason, str(error))
-                continue
-            await self._apply(client, desired, payload)
+    @property
+    def topic(self) -> str:
+        return self._context.topic(Channel.DESIRED)
+
+    async def on_message(self, client: aiomqtt.Client, message: aiomqtt.Message) -> None:
+        """A message on the node's `desired` (edge/agent/inbox.py)."""
+        payload = message.payload
+        if not isinstance(payload, bytes) or not payload:
+            return  # a cleared retained desired state: nothing to apply
+        if self._public_key is None:
+            self._context.counters.desired_rejected += 1
+            return  # said once, on connecting
+        try:
+            desired = verify_desired(payload, self._public_key)
+        except DesiredSignatureError as error:
+            self._reject(error.reason, str(error))
+            return
+        await self._apply(client, desired, payload)
 
     def _reject(self, reason: str, detail: str) -> None:
         self._context.counters.desired_rejected += 1
@@ -129,7 +161,7 @@ class DesiredStateApplier(AgentModule):
             self._reject(error.reason, f"the desired state kept on disk: {error}")
             return False
         self._saved = payload
-        if not await self._adopt(desired, payload):
+        if not await self._adopt(desired, payload, from_disk=True):
             return False
         self._context.counters.desired_restored += 1
         self._context.log.info(
@@ -146,18 +178,59 @@ class DesiredStateApplier(AgentModule):
         if await self._adopt(desired, payload):
             await self._reported.publish(client)
 
-    async def _adopt(self, desired: DesiredState, payload: bytes) -> bool:
-        """Apply `desired` unless it is misaddressed or older than what was applied."""
+    def _older_than_applied(self, desired: DesiredState) -> bool:
+        """An older generation of the applied document's cluster (arriving late, or
+        replayed), or an older cluster's document (retained from before a store reset)."""
+        reported = self._reported
+        if desired.cluster_id == reported.observed_cluster_id:
+            return desired.generation < reported.observed_generation
+        return self._applied_issued_at is not None and desired.issued_at <= self._applied_issued_at
+
+    def _issued_for_us(self, desired: DesiredState) -> bool:
+        """Whether a document that came over the broker may be applied, as far as the
+        instance it was issued for goes (3. above)."""
+        bound = desired.for_instance
+        if bound is None:  # a control plane older than 1.9 binds nothing
+            if self._applied_any or not self._seen_bound:
+                return True
+            self._not_for_us(desired, "issued for no instance, by a control plane that binds")
+            return False
+        self._seen_bound = True
+        if bound == self._context.instance_id:
+            self._birth.answered()
+            return True
+        if not self._older_than_applied(desired):
+            self._birth.unanswered()
+        if self._applied_any:
+            return True
+        self._not_for_us(desired, f"issued for agent instance {bound[:64]!r}")
+        return False
+
+    def _not_for_us(self, desired: DesiredState, why: str) -> None:
+        self._context.counters.desired_not_for_this_instance += 1
+        self._binding_log.warning(
+            "not-for-this-instance",
+            "desired state ignored until the control plane answers this instance's birth: "
+            "this agent has applied nothing yet",
+            why=why,
+            generation=desired.generation,
+        )
+
+    async def _adopt(
+        self, desired: DesiredState, payload: bytes, *, from_disk: bool = False
+    ) -> bool:
+        """Apply `desired` unless it is misaddressed, not issued for this instance while
+        nothing was applied yet, or older than what was applied. `from_disk`: the
+        document this node applied before it stopped (issued for an earlier instance)."""
         if desired.node_id != self._context.identity.node_id:
             self._reject("addressee", f"addressed to {desired.node_id}")
             return False
+        if not from_disk and not self._issued_for_us(desired):
+            return False
         reported = self._reported
-        if desired.cluster_id == reported.observed_cluster_id:
-            if desired.generation < reported.observed_generation:
-                return False  # an older document arriving late; the newer one already applied
-        elif self._applied_issued_at is not None and desired.issued_at <= self._applied_issued_at:
-            return False  # an older cluster's document: retained from before a store reset
-        else:
+        if self._older_than_applied(desired):
+            return False
+        if desired.cluster_id != reported.observed_cluster_id:
             if reported.observed_cluster_id is not None:
                 self._context.log.info(
                     "desired state of a new cluster adopted",
@@ -168,6 +241,7 @@ class DesiredStateApplier(AgentModule):
             reported.observed_cluster_id = desired.cluster_id
         reported.observed_generation = desired.generation
         self._applied_issued_at = desired.issued_at
+        self._applied_any = True
         self._training.apply(desired.training)
         await self._inference.apply(desired.deployments)
         if self._state is not None and payload != self._saved:

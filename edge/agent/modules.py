@@ -4,7 +4,8 @@ Order matters and is the tuple in `AgentModules.in_order`: modules start and
 connect in that order (the birth goes out before the `desired` subscription,
 which comes before the first reported state) and say goodbye and stop in reverse
 (queued events are flushed before the offline status; training workers stop
-before the inference server).
+before the inference server). The inbox reads every incoming message and hands it
+to the module that subscribed to its topic.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from edge.agent.birth import Birth, ExecutionFacts
 from edge.agent.context import AgentContext
 from edge.agent.desired import DesiredStateApplier
 from edge.agent.device_health import DeviceHealth
+from edge.agent.inbox import Inbox
 from edge.agent.inference_server import InferenceServer
 from edge.agent.job_logs import JobLogShipper
 from edge.agent.module import AgentModule
@@ -47,6 +49,7 @@ class AgentModules:
     telemetry: TelemetrySampler
     job_logs: JobLogShipper
     outbox: Outbox
+    inbox: Inbox
 
     def in_order(self) -> tuple[AgentModule, ...]:
         return (
@@ -58,6 +61,7 @@ class AgentModules:
             self.telemetry,
             self.job_logs,
             self.outbox,
+            self.inbox,
         )
 
 
@@ -102,27 +106,30 @@ def build_agent_modules(
     reported = ReportedStatePublisher(context, reconciler, inference, reported_changed, state)
     health = DeviceHealth(discovery.accelerators)
     health_changed = asyncio.Event()
+    birth = Birth(
+        context,
+        discovery,
+        telemetry_interval_s=telemetry_interval_s,
+        started_at=started_at,
+        announced=announced,
+        runs_training=launcher is not None,
+        health=health,
+        health_changed=health_changed,
+        execution=execution,
+    )
+    desired = DesiredStateApplier(
+        context,
+        reconciler,
+        inference,
+        reported,
+        outbox,
+        public_key=control_plane_public_key,
+        state=state,
+        birth=birth,
+    )
     return AgentModules(
-        birth=Birth(
-            context,
-            discovery,
-            telemetry_interval_s=telemetry_interval_s,
-            started_at=started_at,
-            announced=announced,
-            runs_training=launcher is not None,
-            health=health,
-            health_changed=health_changed,
-            execution=execution,
-        ),
-        desired=DesiredStateApplier(
-            context,
-            reconciler,
-            inference,
-            reported,
-            outbox,
-            public_key=control_plane_public_key,
-            state=state,
-        ),
+        birth=birth,
+        desired=desired,
         reported=reported,
         inference=inference,
         training=TrainingWorkers(reconciler),
@@ -140,4 +147,5 @@ def build_agent_modules(
         ),
         job_logs=JobLogShipper(context, reconciler, output_waiting, outbox),
         outbox=outbox,
+        inbox=Inbox({desired.topic: desired.on_message, birth.status_topic: birth.on_status}),
     )

@@ -6,12 +6,14 @@ cancelling its own work is not held to it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from cloud.app_keys import REGISTRY
+from greenfed.cli import main
 from shared.settings import CloudSettings
 from tests.api.support import Api, bearer, job_spec, problem, running_api
 from tests.loop.builders import node
@@ -101,3 +103,18 @@ async def test_a_tenant_cancelling_its_own_work_is_not_held_to_the_limit(api: Ap
         response = await api.client.delete(f"/v1/jobs/{job_id}", headers=bearer(token))
         assert response.status == 200, await response.text()
     assert await audit(api, "?action=bulk.refused") == []
+
+
+async def test_the_cli_confirms_with_confirm_bulk(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`greenfed nodes drain NODE --confirm-bulk` (and revoke, cancel) send the header:
+    past the limit the plain command fails with the 428's advice, the confirmed one works."""
+    base = ["--api", str(api.client.make_url("")).rstrip("/"), "--token", api.admin_token]
+    for node_id in ("gpu-1", "gpu-2"):
+        assert await asyncio.to_thread(main, ["nodes", "drain", node_id, *base]) == 0
+    assert await asyncio.to_thread(main, ["nodes", "drain", "gpu-3", *base]) == 1
+    assert "Greenfed-Confirm: bulk" in capsys.readouterr().err
+    assert await asyncio.to_thread(main, ["nodes", "drain", "gpu-3", "--confirm-bulk", *base]) == 0
+    newest, *_ = await audit(api, "?action=node.drain")
+    assert newest["target"] == "gpu-3"

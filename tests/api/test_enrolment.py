@@ -203,10 +203,51 @@ async def test_an_n_use_token_enrols_exactly_n_nodes_concurrently(api: Api, uses
 
 
 async def test_an_enrolled_id_is_not_taken_over(api: Api) -> None:
+    created = await create_token(api, uses=3)
+    key = _sealing_key()
+    response = await enrol(api, created["token"], "edge-1", sealing_public_key=key)
+    assert response.status == 200
+    for other_key in (None, _sealing_key()):
+        body = await problem(
+            await enrol(api, created["token"], "edge-1", sealing_public_key=other_key), 409
+        )
+        assert "greenfed nodes revoke edge-1" in body["detail"]
+
+
+async def test_an_enrolled_node_enrols_again_with_its_own_key_for_new_credentials(
+    api: Api, accounts: RecordingAccounts
+) -> None:
+    """Re-enrolling rotates the broker password without a revocation: the node stays
+    admitted throughout (its work goes on), pinned to the same key."""
+    key = _sealing_key()
+    first = await create_token(api, site="edge")
+    assert (await enrol(api, first["token"], "edge-1", sealing_public_key=key)).status == 200
+    second = await create_token(api, site="edge", work="inference")
+    response = await enrol(api, second["token"], "edge-1", sealing_public_key=key)
+    assert response.status == 200, await response.text()
+    assert accounts.provisioned == ["edge-1", "edge-1"]
+    assert api.app[ENROLLED_NODES].admits("edge-1")
+    envelope = api.app[ENROLLED_NODES].envelope("edge-1")
+    assert envelope is not None
+    assert envelope.work == "inference"  # the new token's
+    enrolled = await (await api.get(api.admin_token, "/v1/nodes/enrolled")).json()
+    (view,) = enrolled["items"]
+    assert (view["state"], view["join_token_id"]) == ("enrolled", second["id"])
+
+
+async def test_a_join_token_cannot_take_the_id_of_a_node_the_registry_knows(api: Api) -> None:
+    """Without require_enrolment a node runs before it enrols: only that node (its
+    births' sealing key) may enrol its id."""
+    key = _sealing_key()
+    api.app[INGESTOR].handle(*_birth_payload("edge-1", key))
     created = await create_token(api, uses=2)
-    assert (await enrol(api, created["token"], "edge-1")).status == 200
-    body = await problem(await enrol(api, created["token"], "edge-1"), 409)
-    assert "greenfed nodes revoke edge-1" in body["detail"]
+    for other_key in (None, _sealing_key()):
+        body = await problem(
+            await enrol(api, created["token"], "edge-1", sealing_public_key=other_key), 409
+        )
+        assert body["type"].endswith("/node-id-in-use")
+    response = await enrol(api, created["token"], "edge-1", sealing_public_key=key)
+    assert response.status == 200, await response.text()
 
 
 async def test_a_broker_failure_leaves_the_token_unused(
@@ -235,10 +276,28 @@ async def test_failed_redemptions_are_rate_limited_per_address(api: Api) -> None
     created = await create_token(api)
     for _ in range(10):
         await problem(await enrol(api, "gfj_guess", "edge-1"), 401)
-    response = await enrol(api, created["token"], "edge-1")  # even a good token waits now
+    response = await enrol(api, "gfj_guess", "edge-1")
     body = await problem(response, 429)
     assert int(response.headers["Retry-After"]) >= 1
     assert "retry in" in body["detail"]
+    # A valid token from the same address is never held up by the guesses.
+    assert (await enrol(api, created["token"], "edge-1")).status == 200
+
+
+async def test_the_refused_token_budget_is_shared_by_every_replica(
+    database: DatabaseUnderTest, accounts: RecordingAccounts
+) -> None:
+    """Two control planes on one store: five guesses at each use up the address's ten,
+    so an eleventh at either waits (a per-process budget gave each replica ten)."""
+    async with (
+        enrolment_api(database, accounts) as first,
+        enrolment_api(database, accounts) as second,
+    ):
+        for _ in range(5):
+            await problem(await enrol(first, "gfj_guess", "edge-1"), 401)
+            await problem(await enrol(second, "gfj_guess", "edge-1"), 401)
+        await problem(await enrol(first, "gfj_guess", "edge-1"), 429)
+        await problem(await enrol(second, "gfj_guess", "edge-1"), 429)
 
 
 @pytest.mark.parametrize(

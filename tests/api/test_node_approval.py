@@ -26,7 +26,7 @@ from tests.api.test_enrolment import RecordingAccounts, create_token, enrol, enr
 from tests.store.databases import DatabaseUnderTest
 from tests.support.waiting import eventually
 
-T4 = "Tesla T4"  # in the model table: 70 W, relative speed 0.25 (shared/accelerators.py)
+T4 = "Tesla T4"  # in the model table: 70 W, relative speed 0.2 (shared/accelerators.py)
 GIB = 1024**3
 
 
@@ -144,7 +144,7 @@ async def test_a_node_lying_within_the_limits_waits_for_approval_and_gets_no_wor
     assert (scheduled.approved, scheduled.receives_secrets) == (False, False)
     # Speed and power are the model table's, never the node's say-so.
     (pool,) = [pool for pool in scheduled.pools if pool.kind == "gpu"]
-    assert (pool.relative_speed, pool.max_power_w) == (0.25, 70.0)
+    assert (pool.relative_speed, pool.max_power_w) == (0.2, 70.0)
 
     tenant = await api.tenant("globex")
     secret_job = job_spec(
@@ -211,8 +211,13 @@ async def test_what_a_token_fixes_holds_from_the_first_birth(api: Api) -> None:
     assert fewer.approval == "approved"
     enrolled = await (await api.get(api.admin_token, "/v1/nodes/enrolled")).json()
     envelope = next(n["envelope"] for n in enrolled["items"] if n["node_id"] == "inside")
-    assert envelope["work"] == "inference"
-    assert envelope["site"] == "edge"
+    # Neither the token nor the node named a site, zone or region: the first birth's hold.
+    assert envelope == {
+        "work": "inference",
+        "max_accelerators": {"gpu": 2},
+        "accelerator_models": [T4],
+        "max_accelerator_memory_bytes": 16 * GIB,
+    }
 
 
 async def test_an_admin_may_trust_a_nodes_own_figures(api: Api) -> None:

@@ -220,3 +220,68 @@ async def test_enrol_sends_the_sealing_key_the_agent_will_use(
         public_key = public_key_text(load_or_create_sealing_key(key_file))
         assert fingerprints[node_id] == sealing_key_fingerprint(public_key)
     assert load_settings(configured, environ={}).agent.data_dir == str(tmp_path / "agent-data")
+
+
+async def test_enrol_keeps_the_agents_own_placement_unless_the_token_sets_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The agent's site, zone, region and labels already in its settings file are sent
+    and kept; what the token fixes (here the region and one label) wins; the token's
+    limits (--work, --max-accelerators, --model, --max-memory) become the node's."""
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[agent]\nsite = "cloud"\nzone = "FR"\nregion = "europe-west9"\n'
+        'labels = {rack = "r7", pool = "batch"}\n'
+    )
+    async with control_plane(tmp_path) as api:
+        admin = admin_token(tmp_path)
+        token = await join_token(
+            api, admin, capsys,
+            "--region", "europe-west1", "--labels", "pool=training",
+            "--work", "training", "--max-accelerators", "gpu=8,cpu=2",
+            "--model", "NVIDIA H100 80GB HBM3", "--max-memory", "80GiB",
+        )  # fmt: skip
+        code = await greenfed(
+            "edge", "enrol", "--api", api, "--token", token, "--config", str(config),
+            "--node-id", "h100-1",
+        )  # fmt: skip
+        assert code == 0, capsys.readouterr().out
+        capsys.readouterr()
+        agent = load_settings(config, environ={}).agent
+        assert (agent.site, agent.zone, agent.region) == ("cloud", "FR", "europe-west1")
+        assert agent.labels == {"rack": "r7", "pool": "training"}
+        code = await greenfed("nodes", "enrolled", "--api", api, "--token", admin, "--json")
+        out = capsys.readouterr().out
+        assert code == 0, out
+        lines = out.splitlines()
+        listed = msgspec.json.decode("\n".join(lines[lines.index("{") : lines.index("}") + 1]))
+        (node,) = listed["items"]
+        assert node["envelope"] == {
+            "site": "cloud",
+            "zone": "FR",
+            "region": "europe-west1",
+            "work": "training",
+            "max_accelerators": {"gpu": 8, "cpu": 2},
+            "accelerator_models": ["NVIDIA H100 80GB HBM3"],
+            "max_accelerator_memory_bytes": 80 * 1024**3,
+        }
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--max-accelerators", "tpu=4", "KIND=N"),
+        ("--max-memory", "lots", "not a size"),
+        ("--work", "mining", "invalid choice"),
+    ],
+)
+async def test_bad_token_limits_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        await greenfed(
+            "nodes", "join-token", "create", "--api", "http://127.0.0.1:9", "--token", "t",
+            flag, value,
+        )  # fmt: skip
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err

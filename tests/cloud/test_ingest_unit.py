@@ -357,6 +357,18 @@ INVALID_CASES = [
         ("status", "invalid_name"),
         id="a region with a space and a terminal escape",
     ),
+    pytest.param(
+        topic("n1", Channel.STATUS),
+        encode(birth(instance_id="i2")),
+        ("status", "instance_conflict"),
+        id="another instance's birth while i1 sends samples",
+    ),
+    pytest.param(
+        topic("n1", Channel.STATUS),
+        b"",
+        ("status", "status_cleared"),
+        id="the node's status cleared",
+    ),
 ]
 
 
@@ -456,11 +468,14 @@ def test_the_size_limit_comes_from_max_payload_bytes(registry: NodeRegistry) -> 
     assert len(registry) == 0
 
 
-def test_an_empty_retained_status_forgets_the_node(known_node: Ingestor) -> None:
+def test_an_empty_retained_status_keeps_the_node_and_is_counted(known_node: Ingestor) -> None:
+    # Anyone who can write the topic can clear it: only an admin's revoke removes a node.
     known_node.handle(topic("n1", Channel.STATUS), b"")
 
-    assert known_node.registry.get("n1") is None
-    assert known_node.stats.invalid_total == 0
+    record = known_node.registry.get("n1")
+    assert record is not None
+    assert record.state == "online"
+    assert known_node.stats.invalid == Counter({("status", "status_cleared"): 1})
 
 
 def test_an_empty_payload_on_another_channel_forgets_nothing(known_node: Ingestor) -> None:
@@ -621,8 +636,12 @@ def test_a_birth_beyond_max_nodes_is_refused_while_known_nodes_keep_updating(
     ingestor.handle(topic("n1", Channel.STATUS), encode(will("n1", "i-n1")))
     assert registry.get("n2").telemetry == sample("n2", "i-n2", seq=1)  # type: ignore[union-attr]
     assert registry.get("n1").state == "offline"  # type: ignore[union-attr]
-    # A node that leaves makes room.
+    # Clearing a node's status makes no room (anyone who can write it could); a node
+    # an admin revokes leaves, and makes room.
     ingestor.handle(topic("n1", Channel.STATUS), b"")
+    ingestor.handle(topic("n3", Channel.STATUS), encode(birth("n3", "i-n3")))
+    assert registry.get("n3") is None
+    assert registry.forget("n1")  # what POST /v1/nodes/n1/revoke does
     ingestor.handle(topic("n3", Channel.STATUS), encode(birth("n3", "i-n3")))
     assert registry.get("n3") is not None
 

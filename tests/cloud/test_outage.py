@@ -92,6 +92,7 @@ def test_a_will_replayed_after_the_control_plane_was_cut_off_says_nothing_of_the
     clock.advance(0.5)
     judge.link_lost()  # the control plane's connection ended before the wills reached it
     clock.advance(1.0)
+    registry.resubscribed()  # as ingestion does when it is back on the broker
     # Back on the broker: n1's will comes from the broker's retained state (it was
     # last heard before the loss); n2 sent a fresh birth and crashed afterwards.
     apply(registry, judge, will("n1"))

@@ -255,6 +255,8 @@ def test_a_new_birth_resets_the_telemetry_sequence(
     clock.advance(2500.0)  # 500 samples of 5 s
     assert registry.apply_telemetry(telemetry("n1", instance_id="i1", seq=500)) is None
 
+    # A restart: the broker publishes the old agent's will before its successor's birth.
+    registry.apply_status(will("n1", instance_id="i1"))
     registry.apply_status(status("n1", instance_id="i2"))
 
     assert registry.apply_telemetry(telemetry("n1", instance_id="i2", seq=0)) is None
@@ -433,14 +435,16 @@ def test_telemetry_from_another_instance_does_not_revive_a_stale_node(
     assert state_of(registry) == ("offline", "telemetry-stale")
 
 
-def test_a_straggling_sample_does_not_revive_a_node_whose_connection_was_lost(
+def test_a_sample_from_the_current_instance_after_its_will_brings_the_node_back_online(
     registry: NodeRegistry,
 ) -> None:
+    # Only a running agent sends samples: the will was a copy (anyone who can write the
+    # node's status can publish one), or the agent is back before its birth arrived.
     registry.apply_status(status("n1"))
     registry.apply_status(will("n1"))
 
-    assert registry.apply_telemetry(telemetry("n1", seq=3)) is None
-    assert state_of(registry) == ("offline", "connection-lost")
+    assert registry.apply_telemetry(telemetry("n1", seq=3)) == NodeStateChange("n1", "online", None)
+    assert state_of(registry) == ("online", None)
 
 
 def test_forget_removes_a_node(registry: NodeRegistry) -> None:

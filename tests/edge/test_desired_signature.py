@@ -48,6 +48,7 @@ documents = st.builds(
     generation=st.integers(min_value=0, max_value=2**53),
     issued_at=st.floats(min_value=0, max_value=4e9),
     cluster_id=st.one_of(st.none(), tricky_text),
+    for_instance=st.one_of(st.none(), tricky_text),
     training=st.lists(workers, max_size=3).map(tuple),
 )
 
@@ -173,3 +174,14 @@ def test_an_agent_given_a_bad_public_key_names_the_setting() -> None:
         )
     assert refused.value.key == "agent.control_plane_public_key"
     assert "32 bytes" in str(refused.value)
+
+
+def test_the_instance_a_document_was_issued_for_is_signed_with_it() -> None:
+    payload = sign_desired(document(for_instance="instance-a"), KEY)
+    assert verify_desired(payload, KEY.public_key()).for_instance == "instance-a"
+
+    rebound = payload.replace(b'"for_instance":"instance-a"', b'"for_instance":"instance-b"')
+    assert rebound != payload
+    with pytest.raises(DesiredSignatureError) as refused:
+        verify_desired(rebound, KEY.public_key())
+    assert refused.value.reason == "bad-signature"

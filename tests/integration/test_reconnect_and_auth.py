@@ -6,11 +6,14 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import aiomqtt
+import msgspec
 import pytest
 
 from cloud.fleet.liveness import Liveness, LivenessSettings
 from greenfed.broker import EmbeddedBroker
 from shared.errors import MqttAuthError
+from shared.mqtt import MqttSession
 from tests.support.brokers import (
     MosquittoProcess,
     free_port,
@@ -182,5 +185,53 @@ async def test_agent_and_cloud_talk_over_tls_with_a_private_ca(tmp_path: Path) -
                 lambda: agent.session is not None and agent.session.failed_attempts >= 2
             )
             assert agent.counters.births == 0
+    finally:
+        await mosquitto.stop()
+
+
+async def test_a_session_takes_up_new_credentials_when_the_broker_refuses_the_old(
+    tmp_path: Path,
+) -> None:
+    """A node enrolled again gets a new password in its settings file; its session, once
+    connected, reads it when the broker refuses the old one, instead of ending (and the
+    agent's work with it). A session never connected still stops with a clear error."""
+    passwords = make_password_file(tmp_path, "edge-1", "first-secret")
+    mosquitto = MosquittoProcess(tmp_path, password_file=passwords)
+    await mosquitto.start()
+    current = {"password": "first-secret"}
+    try:
+        settings = mqtt_settings(
+            mosquitto.url, "rotate", username="edge-1", password="first-secret"
+        )
+        session = MqttSession(settings, client_id="rotate-edge-1")
+        session.reload_settings = lambda: msgspec.structs.replace(
+            settings, password=current["password"]
+        )
+
+        async def body(client: aiomqtt.Client) -> None:
+            async for _ in client.messages:  # until the link drops
+                pass
+
+        runner = asyncio.create_task(session.run(body))
+        try:
+            await eventually(lambda: session.connect_count == 1)
+            await mosquitto.stop()
+            make_password_file(tmp_path, "edge-1", "second-secret")
+            await mosquitto.start()
+            await eventually(lambda: session.refused_credentials >= 2, timeout_s=30)
+            assert not runner.done()  # refused, but not ended: it waits for new credentials
+            current["password"] = "second-secret"
+            await eventually(lambda: session.connect_count == 2, timeout_s=30)
+            assert session.connected.is_set()
+        finally:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+        fresh = MqttSession(settings, client_id="rotate-edge-2")
+        fresh.reload_settings = session.reload_settings
+        current["password"] = "first-secret"
+        with pytest.raises(MqttAuthError, match="refused the credentials"):
+            async with asyncio.timeout(10):
+                await fresh.run(body)
     finally:
         await mosquitto.stop()
