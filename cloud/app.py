@@ -27,6 +27,7 @@ from cloud.api import (
     models,
     nodes,
     openapi,
+    readmission,
     signals,
     system,
     tenants,
@@ -327,7 +328,19 @@ def create_app(
     app[BROKER_ACCOUNTS] = broker_accounts_from(settings)
     enrolment.install(app)
     # enrolment first: its /v1/nodes/enrolled and /v1/nodes/join-tokens before /v1/nodes/{node_id}
-    for module in (enrolment, nodes, signals, system, work, models, logs, events, tenants, usage):
+    for module in (
+        enrolment,
+        readmission,
+        nodes,
+        signals,
+        system,
+        work,
+        models,
+        logs,
+        events,
+        tenants,
+        usage,
+    ):
         add_routes(app, module.ROUTES)
     for module in (tokens, audit):
         add_routes(app, module.ROUTES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,11 +15,12 @@ import structlog
 from edge.agent import Agent, NodeIdentity
 from edge.agent.birth import ExecutionFacts
 from edge.discovery import DiscoveryResult, build_device_probes, discover_all
+from edge.enrolment_proof import certificate_path, load_enrolment_proof
 from edge.inference.options import InferenceOptions
 from edge.training.runs import LauncherFactory, TrainingLauncher
 from shared.messages import Accelerator
 from shared.runtime import run_until_stopped
-from shared.settings import Settings, load_settings
+from shared.settings import AgentSettings, Settings, load_settings
 
 log = structlog.get_logger("greenfed.agent")
 
@@ -62,6 +64,25 @@ async def training_launcher(
     return launcher, facts
 
 
+def with_enrolment_proof(agent: AgentSettings, execution: ExecutionFacts) -> ExecutionFacts:
+    """The birth's facts with the node's enrolment certificate and sealing key, where
+    `greenfed edge enrol` kept a certificate (any node: an edge device that runs no
+    training proves its identity the same way)."""
+    path = certificate_path(agent)
+    if not path.exists():
+        return execution
+    from edge.sealing_key import load_or_create_sealing_key, sealing_key_path
+    from shared.sealing import public_key_text
+
+    sealing_key = load_or_create_sealing_key(sealing_key_path(agent))
+    proof = load_enrolment_proof(path, agent.resolved_node_id(), sealing_key)
+    if proof is None:
+        return execution
+    return dataclasses.replace(
+        execution, enrolment=proof, sealing_public_key=public_key_text(sealing_key)
+    )
+
+
 async def run_agent(
     settings: Settings, stop: asyncio.Event, config_path: Path | None = None
 ) -> int:
@@ -70,6 +91,7 @@ async def run_agent(
     execution = ExecutionFacts()
     if settings.agent.runs_training:
         launcher, execution = await training_launcher(settings, config_path)
+    execution = await asyncio.to_thread(with_enrolment_proof, settings.agent, execution)
     agent = Agent(
         NodeIdentity.from_settings(settings.agent),
         build_device_probes(settings.agent.probes),

@@ -282,6 +282,29 @@ def cmd_nodes_enrolled(args: argparse.Namespace) -> int:
     return run_client(args, lambda client: nodes_cli.list_enrolled(client, json=args.json))
 
 
+def cmd_nodes_unenrolled(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    return run_client(args, lambda client: nodes_cli.list_unenrolled(client, json=args.json))
+
+
+def cmd_nodes_readmit(args: argparse.Namespace) -> int:
+    from greenfed import nodes_cli
+
+    if bool(args.node_ids) == args.all:
+        print(
+            "greenfed nodes readmit: name the nodes to re-admit, or give --all (not both)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return run_client(
+        args,
+        lambda client: nodes_cli.readmit_nodes(
+            client, args.node_ids, every=args.all, json=args.json
+        ),
+    )
+
+
 def cmd_edge_enrol(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -621,6 +644,24 @@ def build_parser() -> argparse.ArgumentParser:
     nodes_enrolled = nodes_commands.add_parser("enrolled", help="enrolled node identities (admin)")
     add_client_options(nodes_enrolled, nested=True)
     nodes_enrolled.set_defaults(handler=cmd_nodes_enrolled)
+    nodes_unenrolled = nodes_commands.add_parser(
+        "unenrolled",
+        help="nodes refused as not enrolled that prove an enrolment of this control plane "
+        "(after a store lost without a backup; admin)",
+    )
+    add_client_options(nodes_unenrolled, nested=True)
+    nodes_unenrolled.set_defaults(handler=cmd_nodes_unenrolled)
+    nodes_readmit = nodes_commands.add_parser(
+        "readmit",
+        help="enrol nodes again as their enrolment certificates say (admin): no visit to "
+        "the devices, their work keeps running",
+    )
+    add_client_options(nodes_readmit, nested=True)
+    nodes_readmit.add_argument("node_ids", nargs="*", metavar="NODE")
+    nodes_readmit.add_argument(
+        "--all", action="store_true", help="every node `greenfed nodes unenrolled` lists"
+    )
+    nodes_readmit.set_defaults(handler=cmd_nodes_readmit)
 
     schema = commands.add_parser("schema", help="print the JSON Schemas of the MQTT payloads")
     schema.add_argument(

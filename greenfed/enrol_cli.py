@@ -12,7 +12,10 @@ with the enrolment and kept, unless the join token sets them.
 
 Its first line records the enrolment (API URL, cluster id, node id), so that running
 the same command again changes nothing: a join token is spent once, and an install
-script may be re-run.
+script may be re-run. The control plane's enrolment certificate is kept beside the
+sealing key (edge/enrolment_proof.py): with it, a control plane that lost its store
+re-admits the node in bulk. A node enrolled before certificates existed has none and is
+enrolled again by the same command (its work keeps running).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any, Final, TextIO
 import msgspec
 
 from cloud.fleet.enrolment_views import Enrolment, sealing_key_fingerprint
+from edge.enrolment_proof import FILE_NAME as CERTIFICATE_FILE
+from edge.enrolment_proof import certificate_path, save_certificate
 from edge.sealing_key import load_or_create_sealing_key, sealing_key_path
 from greenfed.api_client import ApiClient, CliError, Target
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
@@ -181,6 +186,16 @@ def _sealing_public_key(config: Path, existing: Mapping[str, Any]) -> tuple[str,
         raise CliError(f"the node's sealing key: {error}") from None
 
 
+def _holds_certificate(config: Path, existing: Mapping[str, Any]) -> bool:
+    """Whether the node keeps an enrolment certificate (an enrolment older than them
+    does not: enrolling again gets one, and keeps the node's work running)."""
+    try:
+        settings = load_settings(config if existing else None)
+    except ConfigError:
+        return False
+    return certificate_path(settings.agent).exists()
+
+
 def _tls_context(ca: Path | None) -> ssl.SSLContext | None:
     if ca is None:
         return None
@@ -206,7 +221,12 @@ async def enrol(
     text, existing = _read_existing(config)
     wanted_node = node_id or existing.get("agent", {}).get("node_id") or None
     marker = read_marker(text)
-    if marker is not None and marker.api == api and wanted_node in (None, marker.node_id):
+    if (
+        marker is not None
+        and marker.api == api
+        and wanted_node in (None, marker.node_id)
+        and _holds_certificate(config, existing)
+    ):
         out.write(
             f"{config} already holds the enrolment of node {marker.node_id} with {api} "
             f"(cluster {marker.cluster_id}); nothing changed\n"
@@ -247,6 +267,9 @@ async def enrol(
         check.unlink(missing_ok=True)
     try:
         write_secret(config, new_text)  # created 0600, replaced atomically
+        if enrolment.enrolment_certificate is not None:
+            # Beside the sealing key it names: what re-admits the node after a store loss.
+            save_certificate(key_file.with_name(CERTIFICATE_FILE), enrolment.enrolment_certificate)
     except OSError as error:
         raise CliError(f"cannot write {config}: {error.strerror}") from None
     password = "a password of its own" if enrolment.mqtt.password else "no password (manual)"

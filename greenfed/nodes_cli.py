@@ -19,10 +19,12 @@ from cloud.fleet.enrolment_views import (
     JoinTokenCreated,
     JoinTokenList,
     JoinTokenView,
+    ReadmitResult,
+    UnenrolledNodeList,
 )
 from cloud.fleet.views import NodeDetail, NodeList, NodeSummary
 from greenfed.api_client import ApiClient, bulk_confirmation
-from greenfed.arguments import EXIT_OK
+from greenfed.arguments import EXIT_FAILURE, EXIT_OK
 from greenfed.work_commands import ago, at_utc, console
 from shared.taints import CORDON_TAINT_KEY
 
@@ -292,3 +294,62 @@ async def list_enrolled(client: ApiClient, *, json: bool, out: TextIO | None = N
         )
     console(out).print(table)
     return EXIT_OK
+
+
+async def list_unenrolled(client: ApiClient, *, json: bool, out: TextIO | None = None) -> int:
+    """`greenfed nodes unenrolled`: who a store lost without a backup may re-admit."""
+    out = out or sys.stdout
+    nodes = await client.get("/v1/nodes/unenrolled", UnenrolledNodeList)
+    if json:
+        _print_json(nodes, out)
+        return EXIT_OK
+    table = Table(
+        title=f"nodes proving an enrolment this control plane lost: {nodes.count}",
+        title_justify="left",
+    )
+    columns = ("node", "state", "enrolled", "as", "now", "sealing key", "last seen")
+    for column in columns:
+        table.add_column(column)
+    for node in nodes.items:
+        envelope = node.envelope
+        enrolled_as = " ".join(
+            part or "any" for part in (envelope.site, envelope.zone, envelope.region)
+        )
+        table.add_row(
+            node.node_id,
+            {"unenrolled": "[yellow]unenrolled[/]", "revoked": "[red]revoked[/]"}.get(
+                node.state, node.state
+            ),
+            at_utc(node.enrolled_at),
+            escape(f"{enrolled_as}, {envelope.work}"),
+            escape(f"{node.site} {node.zone} {node.region}"),
+            node.sealing_key_fingerprint,
+            ago(node.last_seen_at),
+        )
+    console(out).print(table)
+    return EXIT_OK
+
+
+async def readmit_nodes(
+    client: ApiClient,
+    node_ids: list[str],
+    *,
+    every: bool,
+    json: bool,
+    out: TextIO | None = None,
+) -> int:
+    """`greenfed nodes readmit`: enrol nodes again as their certificates say; fails
+    (exit 1) when a named node was not re-admitted."""
+    out = out or sys.stdout
+    body = msgspec.json.encode({"all": True} if every else {"node_ids": node_ids})
+    _, payload = await client.call("POST", "/v1/nodes/readmit", body=body)
+    result = msgspec.json.decode(payload, type=ReadmitResult)
+    if json:
+        _print_json(result, out)
+    else:
+        out.write(f"re-admitted {len(result.readmitted)} node(s)\n")
+        for node in result.readmitted:
+            out.write(f"  {node.node_id}  sealing key {node.sealing_key_fingerprint}\n")
+        for refusal in result.refused:
+            out.write(f"not re-admitted: {refusal.node_id}: {refusal.reason}: {refusal.detail}\n")
+    return EXIT_FAILURE if result.refused else EXIT_OK

@@ -13,11 +13,12 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from shared.enrolment_certificate import MAX_CERTIFICATE_CHARS
 from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS, TaintEffect
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.9"
+SCHEMA_VERSION = "1.10"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -206,6 +207,33 @@ class NodeStatus(WireStruct, frozen=True, kw_only=True):
                 description=(
                     "Base64 of the node's X25519 public key (1.8): secrets for its workers "
                     "are sealed to it (HPKE, shared/sealing.py)."
+                ),
+            ),
+        ]
+        | None
+    ) = None
+    enrolment_certificate: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=MAX_CERTIFICATE_CHARS,
+                description=(
+                    "What the control plane certified this node enrolled as (1.10, "
+                    "shared/enrolment_certificate.py): shown so that a control plane that "
+                    "lost its store can re-admit the node."
+                ),
+            ),
+        ]
+        | None
+    ) = None
+    identity_proof: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=64,
+                description=(
+                    "HMAC proving this agent instance holds the sealing key its certificate "
+                    "names (1.10, shared/enrolment_certificate.py)."
                 ),
             ),
         ]

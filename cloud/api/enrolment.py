@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -38,6 +38,7 @@ from cloud.app_keys import (
     STORE,
 )
 from cloud.broker_accounts import BrokerAccountError, ForeignAccountError
+from cloud.fleet.certificates import CertificateAuthority
 from cloud.fleet.enrolled import Changes, EnrolledIds, EnrolledNodes
 from cloud.fleet.enrolment_views import (
     EnrolledMqtt,
@@ -52,6 +53,7 @@ from cloud.fleet.enrolment_views import (
     sealing_key_fingerprint,
 )
 from cloud.fleet.envelope import NodeEnvelope
+from cloud.fleet.unenrolled import UnenrolledNodes
 from cloud.loop.publisher import CLUSTER_ID_SECRET
 from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from cloud.store import Store
@@ -67,7 +69,7 @@ from shared.clock import utc_from_epoch
 from shared.logs import RateLimitedLog
 from shared.settings import parse_mqtt_url
 from shared.tasks import stop_task
-from shared.topics import is_valid_node_id
+from shared.topics import Channel, is_valid_node_id
 
 _CREATE_DECODER: Final = msgspec.json.Decoder(JoinTokenCreate)
 _ENROL_DECODER: Final = msgspec.json.Decoder(EnrolRequest)
@@ -76,10 +78,14 @@ _log = structlog.get_logger("greenfed.enrolment")
 
 @dataclass
 class EnrolmentState:
+    # Nodes refused as not enrolled that prove a certificate of ours (re-admission).
+    unenrolled: UnenrolledNodes
     # Refused tokens per remote address, shared by every replica through the store.
     failures: FailureBudget = field(default_factory=FailureBudget)
     refused_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(_log, 10.0))
-    public_key: str | None = None  # base64, read from the signing key on first enrolment
+    # The signing key's: certificates and the public key (read once, off the event loop).
+    authority: CertificateAuthority | None = None
+    public_key: str | None = None
 
 
 ENROLMENT_STATE = web.AppKey("enrolment_state", EnrolmentState)
@@ -91,8 +97,13 @@ def install(app: web.Application) -> None:
     settings = app[SETTINGS]
     enrolled = EnrolledNodes(required=settings.cloud.require_enrolment)
     app[ENROLLED_NODES] = enrolled
-    app[ENROLMENT_STATE] = EnrolmentState()
+    unenrolled = UnenrolledNodes(
+        app[REGISTRY].wall_clock, log_interval_s=settings.cloud.invalid_log_interval_s
+    )
+    app[ENROLMENT_STATE] = EnrolmentState(unenrolled)
     app[INGESTOR].admits_node = enrolled.admits
+    app[INGESTOR].unenrolled_birth = unenrolled.offer
+    app[INGESTOR].unenrolled_report = unenrolled.note_report
     app[INGESTOR].pinned_sealing_key = enrolled.pinned_sealing_key
     app[REGISTRY].envelope_of = enrolled.envelope
 
@@ -117,6 +128,8 @@ async def enrolled_nodes_context(app: web.Application) -> AsyncIterator[None]:
     store = app[STORE]
     enrolled = app[ENROLLED_NODES]
     enrolled.replace(await _load_ids(store))
+    # Before ingestion starts, so that the first births can be judged for re-admission.
+    await _authority(app)
 
     def changed(changes: Changes) -> None:
         registry = app[REGISTRY]
@@ -124,6 +137,7 @@ async def enrolled_nodes_context(app: web.Application) -> AsyncIterator[None]:
             if registry.forget(node_id):
                 _log.info("node refused: no longer enrolled", node_id=node_id)
         registry.judge_again(changes.envelopes)
+        ingest_knocking_births(app, changes.admitted)
         app[INGESTOR].notify_change()
 
     task = asyncio.create_task(
@@ -165,7 +179,7 @@ def _limit_fields(limits: NodeEnvelope | None) -> dict[str, object]:
     }
 
 
-def _node_view(record: EnrolledNodeRecord) -> EnrolledNodeView:
+def enrolled_node_view(record: EnrolledNodeRecord) -> EnrolledNodeView:
     return EnrolledNodeView(
         node_id=record.node_id,
         state="enrolled" if record.active else "revoked",
@@ -243,12 +257,28 @@ def public_mqtt_url(url: str) -> str:
     return f"{'mqtts' if endpoint.tls else 'mqtt'}://{host}:{endpoint.port}"
 
 
-async def _public_key(app: web.Application) -> str:
+async def _authority(app: web.Application) -> CertificateAuthority:
     state = app[ENROLMENT_STATE]
-    if state.public_key is None:
+    if state.authority is None:
         key = await asyncio.to_thread(load_or_create_signing_key, app[SETTINGS])
         state.public_key = public_key_base64(key)
-    return state.public_key
+        state.authority = CertificateAuthority(key)
+        state.unenrolled.authority = state.authority
+    return state.authority
+
+
+def ingest_knocking_births(app: web.Application, node_ids: Iterable[str]) -> int:
+    """Ingest again the last birth and `reported` document of nodes that knocked and are
+    admitted now (by this replica or another): online at once, not at their next birth;
+    what they run known at once. How many there were."""
+    ingestor = app[INGESTOR]
+    knocking = app[ENROLMENT_STATE].unenrolled.admitted(node_ids)
+    for node in knocking:
+        node_id = node.status.node_id
+        ingestor.handle(ingestor.topics.node(node_id, Channel.STATUS), node.payload)
+        if node.report is not None:
+            ingestor.handle(ingestor.topics.node(node_id, Channel.REPORTED), node.report)
+    return len(knocking)
 
 
 async def _refused(
@@ -315,7 +345,7 @@ async def enrol(request: web.Request) -> web.Response:
     # What can fail without side effects first: once the token is spent and the
     # account made, nothing may fail before the answer carries the password.
     cluster_id = await store.shared_secret(CLUSTER_ID_SECRET)
-    public_key = await _public_key(app)
+    authority = await _authority(app)
     _not_anothers(app, body.node_id, body.sealing_public_key)
     # An address refused too often: a guess is answered from a read, before the write
     # transaction a redemption takes (a flood of them must not hold up the store); a
@@ -385,7 +415,7 @@ async def enrol(request: web.Request) -> web.Response:
     reply = Enrolment(
         node_id=body.node_id,
         cluster_id=cluster_id,
-        control_plane_public_key=public_key,
+        control_plane_public_key=app[ENROLMENT_STATE].public_key or "",
         mqtt=EnrolledMqtt(
             url=public_mqtt_url(settings.mqtt.url),
             topic_root=settings.mqtt.topic_root,
@@ -397,13 +427,26 @@ async def enrol(request: web.Request) -> web.Response:
         zone=envelope.zone or "unknown",
         region=envelope.region or "unknown",
         labels={**body.labels, **defaults.labels},
+        enrolment_certificate=(
+            None
+            if body.sealing_public_key is None
+            else authority.issue(
+                cluster_id=cluster_id,
+                node_id=body.node_id,
+                sealing_public_key=body.sealing_public_key,
+                envelope=envelope,
+                enrolled_at=redemption.node.enrolled_at,
+                join_token_id=redemption.token.token_id,
+                username=credentials.username,
+            )
+        ),
     )
     return json_response(reply)
 
 
 async def list_enrolled_nodes(request: web.Request) -> web.Response:
     records = await request.app[STORE].list_enrolled_nodes()
-    views = tuple(_node_view(r) for r in records)
+    views = tuple(enrolled_node_view(r) for r in records)
     return json_response(EnrolledNodeList(items=views, count=len(views)))
 
 
@@ -434,7 +477,7 @@ async def revoke_node(request: web.Request) -> web.Response:
             headers={"Retry-After": "5"},
         ) from None
     _log.info("node revoked", node_id=node_id)
-    return json_response(_node_view(record))
+    return json_response(enrolled_node_view(record))
 
 
 ROUTES: Final = (

@@ -38,10 +38,12 @@ class EnrolledIds:
 
 @dataclass(frozen=True, slots=True)
 class Changes:
-    """What a reload changed: ids no longer admitted, nodes whose envelope changed."""
+    """What a reload changed: ids no longer admitted, nodes whose envelope changed, ids
+    enrolled since the last reading (another replica enrolled or re-admitted them)."""
 
     refused: set[str]
     envelopes: set[str]
+    admitted: set[str] = field(default_factory=set)
 
 
 class EnrolledNodes:
@@ -59,6 +61,9 @@ class EnrolledNodes:
         if node_id in self._revoked:
             return False
         return not self.required or node_id in self._active
+
+    def is_revoked(self, node_id: str) -> bool:
+        return node_id in self._revoked
 
     def pinned_sealing_key(self, node_id: str) -> str | None:
         """The sealing key the node enrolled with; None: none pinned (trust its birth's)."""
@@ -99,6 +104,7 @@ class EnrolledNodes:
         nodes' envelopes changed."""
         before = {node_id for node_id in self._active | self._revoked if self.admits(node_id)}
         envelopes_before = self._envelopes
+        active_before = self._active
         self._active = set(ids.active)
         self._revoked = set(ids.revoked)
         self._sealing_keys = dict(ids.sealing_keys)
@@ -110,6 +116,7 @@ class EnrolledNodes:
                 for node_id in envelopes_before.keys() | self._envelopes.keys()
                 if envelopes_before.get(node_id) != self._envelopes.get(node_id)
             },
+            admitted=self._active - active_before,
         )
 
     async def reload(self, load: Callable[[], Awaitable[EnrolledIds]]) -> Changes | None:
@@ -128,8 +135,8 @@ class EnrolledNodes:
         interval_s: float = REFRESH_INTERVAL_S,
     ) -> None:
         """Reload every `interval_s` (another replica may have enrolled or revoked);
-        `on_change` hears of ids no longer admitted (to drop them from the registry) and
-        of changed envelopes (to judge those nodes again)."""
+        `on_change` hears of ids no longer admitted (to drop them from the registry), of
+        changed envelopes (to judge those nodes again) and of ids enrolled elsewhere."""
         while True:
             await asyncio.sleep(interval_s)
             try:
@@ -137,5 +144,5 @@ class EnrolledNodes:
             except Exception as error:  # the store is briefly away: keep the last reading
                 self._log.warning("enrolled nodes not reloaded", error=str(error)[:300])
                 continue
-            if changes is not None and (changes.refused or changes.envelopes):
+            if changes is not None and (changes.refused or changes.envelopes or changes.admitted):
                 on_change(changes)

@@ -1,5 +1,6 @@
 """The REST shapes of node enrolment (`/v1/nodes/join-tokens`, `/v1/nodes/enrol`,
-`/v1/nodes/{node_id}/revoke`, `/v1/nodes/enrolled`), shared by the API and the CLI.
+`/v1/nodes/{node_id}/revoke`, `/v1/nodes/enrolled`, `/v1/nodes/unenrolled`,
+`/v1/nodes/readmit`), shared by the API and the CLI.
 
 Times are UTC datetimes. No shape but `JoinTokenCreated` ever carries a token, and it
 is sent once.
@@ -152,6 +153,10 @@ class Enrolment(msgspec.Struct, frozen=True, kw_only=True):
     zone: str
     region: str
     labels: dict[str, str]
+    # What the control plane certifies the node enrolled as (cloud/fleet/certificates.py):
+    # its births show it, so that a control plane that lost its store can re-admit it.
+    # Null where the node sent no sealing key.
+    enrolment_certificate: str | None = None
 
 
 class EnrolledNodeView(msgspec.Struct, frozen=True, kw_only=True):
@@ -176,3 +181,53 @@ def sealing_key_fingerprint(public_key: str) -> str:
 class EnrolledNodeList(msgspec.Struct, frozen=True, kw_only=True):
     items: tuple[EnrolledNodeView, ...]
     count: int
+
+
+class UnenrolledNodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """A node refused as not enrolled whose birth proves what this control plane once
+    certified it enrolled as: what `POST /v1/nodes/readmit` would enrol it as."""
+
+    node_id: str
+    # unenrolled: may be re-admitted; enrolled: admitted meanwhile; revoked: an admin
+    # revoked it after the certificate was issued, and that stands.
+    state: str
+    enrolled_at: datetime  # when it first enrolled, as its certificate says
+    cluster_id: str  # the cluster it enrolled with (another one, after a store loss)
+    join_token_id: str | None
+    sealing_key_fingerprint: str
+    envelope: NodeEnvelope
+    # What its birth says now (held to the envelope once re-admitted).
+    site: Site
+    zone: str
+    region: str
+    instance_id: str
+    first_seen_at: datetime
+    last_seen_at: datetime
+
+
+class UnenrolledNodeList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[UnenrolledNodeView, ...]
+    count: int
+
+
+class ReadmitRequest(_Body, frozen=True, kw_only=True):
+    node_ids: Annotated[tuple[NodeId, ...], msgspec.Meta(max_length=10_000)] = ()
+    # Every node listed by GET /v1/nodes/unenrolled as unenrolled (instead of node_ids).
+    all: bool = False
+
+    def __post_init__(self) -> None:
+        if self.all and self.node_ids:
+            raise FieldError("all", "give node_ids or all, not both")
+        if not self.all and not self.node_ids:
+            raise FieldError("node_ids", "name at least one node, or set all to true")
+
+
+class ReadmitRefusal(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    reason: str  # not-knocking, enrolled, revoked
+    detail: str
+
+
+class ReadmitResult(msgspec.Struct, frozen=True, kw_only=True):
+    readmitted: tuple[EnrolledNodeView, ...]
+    refused: tuple[ReadmitRefusal, ...]

@@ -20,6 +20,10 @@ one the node was pinned to at enrolment, is dropped from the birth, which is kep
 counted and logged the same way, and the node receives no secrets until a birth
 announces its enrolled key (cloud/fleet/plausibility.py `sealing_key_refusal`).
 
+A birth of a node id that is not enrolled is counted as `not_enrolled` and dropped;
+one that proves the enrolment certificate it shows is remembered for an admin to
+re-admit (cloud/fleet/unenrolled.py).
+
 Who may say what about work (with an `AssignmentIndex`, cloud/fleet/assignments.py):
 a log chunk is kept only if its node runs that attempt of the job (held a few seconds
 when the index does not know it yet, then dropped as `not_assigned` or
@@ -180,6 +184,11 @@ class Ingestor:
         # The sealing key a node was pinned to at enrolment (cloud/fleet/enrolled.py);
         # None (here or from it): trust the key its birth announces.
         self.pinned_sealing_key: Callable[[str], str | None] | None = None
+        # Hears (well-formed, plausible) births of node ids not admitted, with their raw
+        # payload: those that prove an enrolment certificate (cloud/fleet/unenrolled.py).
+        self.unenrolled_birth: Callable[[NodeStatus, bytes], None] | None = None
+        # Hears the raw `reported` documents of node ids not admitted (the same table).
+        self.unenrolled_report: Callable[[str, bytes], None] | None = None
 
     def _reject(self, channel: str, reason: InvalidReason, topic: str, error: str = "") -> None:
         self.stats.invalid[(channel, reason.value)] += 1
@@ -227,6 +236,12 @@ class Ingestor:
             and not self.admits_node(parsed.node_id)
         ):
             self._reject(channel, InvalidReason.NOT_ENROLLED, topic, parsed.node_id)
+            offer = self.unenrolled_birth
+            if channel is Channel.STATUS and payload and offer is not None:
+                self._offer_unenrolled(offer, parsed.node_id, payload)
+            note = self.unenrolled_report
+            if channel is Channel.REPORTED and payload and note is not None:
+                note(parsed.node_id, bytes(payload))
             return
         if not payload:
             # An empty retained message clears the topic. For status, it says nothing of
@@ -258,6 +273,18 @@ class Ingestor:
             self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
             return
         self._apply(channel, message, topic)
+
+    def _offer_unenrolled(
+        self, offer: Callable[[NodeStatus, bytes], None], node_id: str, payload: bytes | bytearray
+    ) -> None:
+        """A refused birth, offered for re-admission if it is a birth at all (already
+        counted as `not_enrolled`: nothing more is counted here)."""
+        try:
+            status = STATUS_DECODER.decode(payload)
+        except msgspec.DecodeError:  # ValidationError included
+            return
+        if status.node_id == node_id and self._implausible(status) is None:
+            offer(status, bytes(payload))
 
     def _implausible(self, message: IngestedMessage) -> Violation | None:
         now_s = self.registry.wall_clock()

@@ -16,6 +16,14 @@ there goes on (the same job and attempt is the same worker), the rest stops. In 
 running a node never reports more than the store holds (every generation it sees was
 the store's first), so this does nothing.
 
+A store that is not the fleet's at all (a control plane started on an empty database,
+a new cluster id; its nodes re-admitted, cloud/api/readmission.py) holds no generation
+for nodes whose agents still run the lost cluster's work. Each pass gives every node
+that reports another cluster's document, and has no generation here, a first one
+(`first_generations`): its document goes out, the agent adopts the new cluster's
+document (edge/agent/desired.py) and stops the lost cluster's workers instead of
+running them unseen.
+
 A report is the node's own word, and only moves that node's own generation: a node
 that claims too much gets documents with larger numbers, nothing else. A claim beyond
 `MAX_PLAUSIBLE_GENERATION` is ignored, so that no node can push its counter near the
@@ -47,3 +55,17 @@ def generations_behind(
         if stored.get(node_id, 0) < observed <= MAX_PLAUSIBLE_GENERATION:
             floors[node_id] = observed + 1
     return floors
+
+
+def first_generations(
+    nodes: Mapping[str, NodeRecord], stored: Mapping[str, int], cluster_id: str
+) -> dict[str, int]:
+    """Node -> 1 for each node that reports another cluster's document and has no
+    generation in the store. `nodes`: the registry's, reports of every cluster."""
+    return {
+        node_id: 1
+        for node_id, record in nodes.items()
+        if record.reported is not None
+        and record.reported.cluster_id not in (None, cluster_id)
+        and stored.get(node_id, 0) == 0
+    }

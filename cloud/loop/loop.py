@@ -50,7 +50,7 @@ from cloud.green.policies import (
 from cloud.loop.allocations import by_work
 from cloud.loop.deployment_control import DeploymentControl
 from cloud.loop.desired import desired_document
-from cloud.loop.generations import generations_behind
+from cloud.loop.generations import first_generations, generations_behind
 from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, PassInputs, backing_off, build_inputs
 from cloud.loop.moves import running_jobs
@@ -264,7 +264,7 @@ class SchedulingLoop:
         store = await self._store.load_snapshot(self._last_snapshot)
         nodes = {record.node_id: record for record in self._registry.nodes()}
         reporting = of_this_cluster(nodes, self._publisher.cluster_id)
-        store = await self._catch_up_generations(store, reporting, lease)
+        store = await self._catch_up_generations(store, nodes, reporting, lease)
         await self._publish(store, nodes, now)
 
         records = {record.work_id: record for record in store.work}
@@ -460,12 +460,19 @@ class SchedulingLoop:
             self._models.update(await self._store.models_by_id(sorted(missing)))
 
     async def _catch_up_generations(
-        self, store: StoreSnapshot, reporting: Mapping[str, NodeRecord], lease: LeadershipLease
+        self,
+        store: StoreSnapshot,
+        nodes: Mapping[str, NodeRecord],
+        reporting: Mapping[str, NodeRecord],
+        lease: LeadershipLease,
     ) -> StoreSnapshot:
         """Raise the generation of nodes that applied more than the store holds (a store
-        restored from a backup: generations.py), so that they apply what we publish.
-        `reporting`: the registry's nodes with this cluster's reports only."""
+        restored from a backup: generations.py), and give one to nodes still on another
+        cluster's document (a store lost without one), so that they apply what we
+        publish. `reporting`: the registry's nodes with this cluster's reports only."""
         floors = generations_behind(reporting, store.node_generations)
+        foreign = first_generations(nodes, store.node_generations, self._publisher.cluster_id)
+        floors |= foreign
         if not floors:
             return store
         with self._committing():
@@ -475,7 +482,11 @@ class SchedulingLoop:
                 "desired generation raised past what the node applied",
                 node_id=node_id,
                 generation=generation,
-                reason="the store is older than the node's state: restored from a backup?",
+                reason=(
+                    "the node runs another cluster's document: the store was lost?"
+                    if node_id in foreign
+                    else "the store is older than the node's state: restored from a backup?"
+                ),
             )
         return await self._store.load_snapshot(store)
 

@@ -388,3 +388,23 @@ async def mark_node_revoked(
     revoked = await select_enrolled_node(connection, node_id)
     assert revoked is not None
     return revoked
+
+
+async def readmit(
+    connection: AsyncConnection, backend: Backend, node: EnrolledNodeRecord
+) -> EnrolledNodeRecord | None:
+    """Enrol `node` again as its certificate says it enrolled (cloud/fleet/certificates.py),
+    unless the store knows the node id already; the record the store keeps, or None
+    where it knew the id (enrolled, or revoked: a revocation outlives any certificate)."""
+    result = await connection.execute(
+        insert_ignoring(backend, enrolled_nodes, ["node_id"]).values(
+            node_id=node.node_id,
+            enrolled_at=node.enrolled_at,
+            join_token_id=node.join_token_id,
+            revoked_at=None,
+            username=node.username,
+            sealing_public_key=node.sealing_public_key,
+            envelope=None if node.envelope is None else msgspec.json.encode(node.envelope),
+        )
+    )
+    return node if result.rowcount else None

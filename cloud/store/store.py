@@ -857,6 +857,24 @@ class Store:
                 await insert_audit(connection, audit, now)
         return record
 
+    async def readmit_nodes(
+        self,
+        nodes: Sequence[EnrolledNodeRecord],
+        audit: Callable[[EnrolledNodeRecord], NewAudit],
+    ) -> list[EnrolledNodeRecord]:
+        """Enrol nodes again as their certificates say they enrolled, in one transaction,
+        each audited; those whose id the store knows (enrolled or revoked) are left as
+        they are and not returned."""
+        now = self._clock()
+        readmitted = []
+        async with self._write() as connection:
+            for node in nodes:
+                record = await enrolment.readmit(connection, self.backend, node)
+                if record is not None:
+                    await insert_audit(connection, audit(record), now)
+                    readmitted.append(record)
+        return readmitted
+
     async def is_enrolled(self, node_id: str) -> bool:
         """Enrolled and not revoked."""
         node = await self.get_enrolled_node(node_id)

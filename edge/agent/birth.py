@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import aiomqtt
 import msgspec
@@ -51,6 +51,9 @@ from shared.messages import (
     encode,
 )
 from shared.topics import Channel
+
+if TYPE_CHECKING:
+    from edge.enrolment_proof import EnrolmentProof
 
 # Pacing of repeated births: the shortest and longest pause between two of them.
 REANNOUNCE_MIN_INTERVAL_S: Final = 0.5
@@ -78,6 +81,8 @@ class ExecutionFacts:
     resource_limits: tuple[ResourceLimit, ...] = ()
     container_runtimes: tuple[str, ...] = ()
     sealing_public_key: str | None = None
+    # The enrolment certificate every birth shows, with its proof (edge/enrolment_proof.py).
+    enrolment: EnrolmentProof | None = None
 
 
 class ReannouncePacer:
@@ -135,6 +140,7 @@ class Birth(AgentModule):
         self._health_changed = health_changed or asyncio.Event()
         self._runs_training = runs_training
         self._execution = execution or ExecutionFacts()
+        self._proof: str | None = None
         self._discovery = discovery
         self._telemetry_interval_s = telemetry_interval_s
         self._started_at = started_at
@@ -321,6 +327,7 @@ class Birth(AgentModule):
 
     def _status(self, *, offline_reason: OfflineReason | None) -> bytes:
         identity = self._context.identity
+        enrolment = self._execution.enrolment
         return encode(
             NodeStatus(
                 node_id=identity.node_id,
@@ -344,5 +351,16 @@ class Birth(AgentModule):
                 resource_limits=self._execution.resource_limits,
                 container_runtimes=self._execution.container_runtimes,
                 sealing_public_key=self._execution.sealing_public_key,
+                enrolment_certificate=enrolment.certificate if enrolment else None,
+                identity_proof=self._identity_proof(),
             )
         )
+
+    def _identity_proof(self) -> str | None:
+        """The proof for this instance: made once (an X25519 agreement), kept."""
+        enrolment = self._execution.enrolment
+        if enrolment is None:
+            return None
+        if self._proof is None:
+            self._proof = enrolment.proof(self._context.instance_id)
+        return self._proof

@@ -19,9 +19,12 @@ from aiohttp.test_utils import TestServer
 
 from cloud.app import create_app
 from cloud.fleet.enrolment_views import sealing_key_fingerprint
+from edge.agent.birth import ExecutionFacts
+from edge.main import with_enrolment_proof
 from edge.sealing_key import load_or_create_sealing_key
 from greenfed.cli import main
 from shared import secret_hashes
+from shared.enrolment_certificate import certificate_head
 from shared.sealing import public_key_text
 from shared.settings import CloudSettings, SchedulingSettings, Settings, load_settings
 from shared.token_files import admin_token_path, read_token_file
@@ -201,7 +204,7 @@ async def test_enrol_sends_the_sealing_key_the_agent_will_use(
     plain = tmp_path / "plain.toml"
     async with control_plane(tmp_path) as api:
         admin = admin_token(tmp_path)
-        token = await join_token(api, admin, capsys, "--uses", "2")
+        token = await join_token(api, admin, capsys, "--uses", "3")
         for config, node_id in ((configured, "orin-1"), (plain, "orin-2")):
             code = await greenfed(
                 "edge", "enrol", "--api", api, "--token", token, "--config", str(config),
@@ -211,6 +214,14 @@ async def test_enrol_sends_the_sealing_key_the_agent_will_use(
             assert code == 0, out
             assert "sealing key sha256:" in out
         fingerprints = await enrolled_fingerprints(api, admin)
+        # An enrolment older than certificates has none: enrolling again gets one.
+        certificate_file = tmp_path / "agent-data" / "state" / "enrolment.cert"
+        certificate_file.unlink()
+        code = await greenfed(
+            "edge", "enrol", "--api", api, "--token", token, "--config", str(configured)
+        )  # fmt: skip
+        assert code == 0
+        assert "enrolled node orin-1" in capsys.readouterr().out
     for data_dir, node_id in (
         (tmp_path / "agent-data", "orin-1"),
         (agent_data_home / "greenfed" / "agent", "orin-2"),
@@ -219,6 +230,14 @@ async def test_enrol_sends_the_sealing_key_the_agent_will_use(
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
         public_key = public_key_text(load_or_create_sealing_key(key_file))
         assert fingerprints[node_id] == sealing_key_fingerprint(public_key)
+        # The certificate is kept beside the key it names, and the agent shows it.
+        head = certificate_head((data_dir / "state" / "enrolment.cert").read_text().strip())
+        assert (head.node_id, head.sealing_public_key) == (node_id, public_key)
+    facts = with_enrolment_proof(load_settings(configured, environ={}).agent, ExecutionFacts())
+    assert facts.enrolment is not None
+    assert (
+        facts.sealing_public_key == certificate_head(facts.enrolment.certificate).sealing_public_key
+    )
     assert load_settings(configured, environ={}).agent.data_dir == str(tmp_path / "agent-data")
 
 
