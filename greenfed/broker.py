@@ -36,6 +36,15 @@ class BrokerPortInUse(PortInUse):
     pass
 
 
+def _abort_connection(handler: Any) -> None:
+    """Close a client's TCP connection at once (amqtt's stream adapter; others are left to
+    amqtt)."""
+    stream = getattr(getattr(handler, "writer", None), "_writer", None)
+    transport = getattr(stream, "transport", None)
+    if transport is not None and not transport.is_closing():
+        transport.abort()
+
+
 class _Amqtt(Broker):  # type: ignore[misc]
     """amqtt's broker with its retained-message replay fixed, our ACLs, and the
     dynamic-security control topic.
@@ -55,6 +64,23 @@ class _Amqtt(Broker):  # type: ignore[misc]
     def __init__(self, config: dict[str, Any], accounts: EmbeddedAccounts | None) -> None:
         super().__init__(config)
         self._accounts = accounts
+
+    async def shutdown(self) -> None:
+        """amqtt's shutdown drops each client's connection, then stops listening: a client
+        that reconnects in between (the control plane's session retries within 30 ms)
+        stays connected to a broker that no longer routes anything, and never learns it
+        stopped; and dropping a connection first drains what is queued to it, which waits
+        for ever on a client that does not read. So: stop listening first, then let amqtt
+        shut down, then abort every connection still open (those made meanwhile too)."""
+        for server in self._servers.values():
+            if server.instance is not None:
+                server.instance.close()
+        handlers = [handler for _, handler in self._sessions.values()]
+        try:
+            await super().shutdown()
+        finally:
+            for handler in (*handlers, *(h for _, h in self._sessions.values())):
+                _abort_connection(handler)
 
     async def _topic_filtering(self, session: Any, topic: str, action: Action) -> bool:
         if self._accounts is None:
