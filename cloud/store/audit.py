@@ -68,16 +68,30 @@ class AuditQuery:
 
 
 async def insert_audit(connection: AsyncConnection, entry: NewAudit, now: float) -> None:
-    check_json_object(entry.detail, f"detail of audit entry {entry.action!r}")
+    await insert_audits(connection, [entry], now)
+
+
+async def insert_audits(
+    connection: AsyncConnection, entries: Sequence[NewAudit], now: float
+) -> None:
+    """Several entries in one statement (a bulk action audits each thing it did)."""
+    for entry in entries:
+        check_json_object(entry.detail, f"detail of audit entry {entry.action!r}")
+    if not entries:
+        return
     await connection.execute(
-        insert(audit_log).values(
-            at=now,
-            actor_id=entry.actor.tenant_id,
-            actor=entry.actor.name,
-            action=entry.action,
-            target=entry.target,
-            detail=entry.detail,
-        )
+        insert(audit_log),
+        [
+            {
+                "at": now,
+                "actor_id": entry.actor.tenant_id,
+                "actor": entry.actor.name,
+                "action": entry.action,
+                "target": entry.target,
+                "detail": entry.detail,
+            }
+            for entry in entries
+        ],
     )
 
 

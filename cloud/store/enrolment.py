@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -390,21 +390,34 @@ async def mark_node_revoked(
     return revoked
 
 
+# Rows per INSERT: well under SQLite's 32,766 bound parameters at 7 columns a row.
+_READMIT_BATCH: Final = 1000
+
+
 async def readmit(
-    connection: AsyncConnection, backend: Backend, node: EnrolledNodeRecord
-) -> EnrolledNodeRecord | None:
-    """Enrol `node` again as its certificate says it enrolled (cloud/fleet/certificates.py),
-    unless the store knows the node id already; the record the store keeps, or None
-    where it knew the id (enrolled, or revoked: a revocation outlives any certificate)."""
-    result = await connection.execute(
-        insert_ignoring(backend, enrolled_nodes, ["node_id"]).values(
-            node_id=node.node_id,
-            enrolled_at=node.enrolled_at,
-            join_token_id=node.join_token_id,
-            revoked_at=None,
-            username=node.username,
-            sealing_public_key=node.sealing_public_key,
-            envelope=None if node.envelope is None else msgspec.json.encode(node.envelope),
+    connection: AsyncConnection, backend: Backend, nodes: Sequence[EnrolledNodeRecord]
+) -> list[EnrolledNodeRecord]:
+    """Enrol `nodes` again as their certificates say they enrolled (cloud/fleet/
+    certificates.py), except those whose id the store knows (enrolled, or revoked: a
+    revocation outlives any certificate); the nodes enrolled."""
+    inserted: set[str] = set()
+    for start in range(0, len(nodes), _READMIT_BATCH):
+        rows = [
+            {
+                "node_id": node.node_id,
+                "enrolled_at": node.enrolled_at,
+                "join_token_id": node.join_token_id,
+                "revoked_at": None,
+                "username": node.username,
+                "sealing_public_key": node.sealing_public_key,
+                "envelope": None if node.envelope is None else msgspec.json.encode(node.envelope),
+            }
+            for node in nodes[start : start + _READMIT_BATCH]
+        ]
+        statement = (
+            insert_ignoring(backend, enrolled_nodes, ["node_id"])
+            .values(rows)
+            .returning(enrolled_nodes.c.node_id)
         )
-    )
-    return node if result.rowcount else None
+        inserted.update((await connection.execute(statement)).scalars())
+    return [node for node in nodes if node.node_id in inserted]

@@ -22,7 +22,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from cloud.fleet.envelope import NodeClaim
 from cloud.store import dependencies as dependencies_rows
 from cloud.store import enrolment, enrolment_failures, node_admin, tenant_tokens, usage
-from cloud.store.audit import AuditPage, AuditQuery, NewAudit, insert_audit, select_audit_page
+from cloud.store.audit import (
+    AuditPage,
+    AuditQuery,
+    NewAudit,
+    insert_audit,
+    insert_audits,
+    select_audit_page,
+)
 from cloud.store.changes import Changes, apply_changes, event_row
 from cloud.store.engine import (
     WRITE_OPTION,
@@ -866,13 +873,9 @@ class Store:
         each audited; those whose id the store knows (enrolled or revoked) are left as
         they are and not returned."""
         now = self._clock()
-        readmitted = []
         async with self._write() as connection:
-            for node in nodes:
-                record = await enrolment.readmit(connection, self.backend, node)
-                if record is not None:
-                    await insert_audit(connection, audit(record), now)
-                    readmitted.append(record)
+            readmitted = await enrolment.readmit(connection, self.backend, nodes)
+            await insert_audits(connection, [audit(record) for record in readmitted], now)
         return readmitted
 
     async def is_enrolled(self, node_id: str) -> bool:
