@@ -35,8 +35,8 @@ from tests.e2e.test_store_restore import empty_database_like, finished, greenfed
 from tests.store.databases import DatabaseUnderTest
 from tests.support.brokers import DynamicSecurity, MosquittoProcess
 from tests.support.control_plane import FAST_LOOP, RecordingLauncher, reaches
-from tests.support.enrolled_fleet import CLOUD_USERNAME, join_token
-from tests.support.fleet import mqtt_settings, simulated_agent
+from tests.support.enrolled_fleet import CLOUD_USERNAME, cloud_agent, join_token
+from tests.support.fleet import mqtt_settings
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
@@ -71,18 +71,8 @@ async def enrolled_agent(
         broker.url, root, username=account["username"], password=account["password"]
     )
     proof = EnrolmentProof(enrolment["enrolment_certificate"], launcher.sealing_key)
-    agent = simulated_agent(
-        node_id,
-        own,
-        "a100-4x",
-        site="cloud",
-        zone="DE",
-        region="europe-west3",
-        telemetry_interval_s=0.2,
-        training_launcher=launcher,
-        execution=dataclasses.replace(launcher.execution, enrolment=proof),
-        control_plane_public_key=enrolment["control_plane_public_key"],
-    )
+    execution = dataclasses.replace(launcher.execution, enrolment=proof)
+    agent = cloud_agent(node_id, own, enrolment["control_plane_public_key"], launcher, execution)
     return agent, launcher, own
 
 

@@ -33,8 +33,8 @@ from shared.tasks import stop_task
 from tests.api.support import Api, bearer, running_api
 from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
 from tests.support.control_plane import FAST_LOOP, RecordingLauncher, reaches, work
-from tests.support.enrolled_fleet import enrol, join_token
-from tests.support.fleet import mqtt_settings, simulated_agent
+from tests.support.enrolled_fleet import cloud_agent, enrol, join_token
+from tests.support.fleet import mqtt_settings
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -78,18 +78,7 @@ class Fleet:
     async def start(self, public_key: str) -> None:
         agents: list[Agent] = []
         for node_id, launcher in self.launchers.items():
-            agent = simulated_agent(
-                node_id,
-                self.mqtt,
-                "a100-4x",
-                site="cloud",
-                zone="DE",
-                region="europe-west3",
-                telemetry_interval_s=0.2,
-                training_launcher=launcher,
-                execution=launcher.execution,
-                control_plane_public_key=public_key,
-            )
+            agent = cloud_agent(node_id, self.mqtt, public_key, launcher)
             agents.append(agent)
             self.tasks[node_id] = asyncio.create_task(agent.run(), name=node_id)
         async with asyncio.timeout(15):

@@ -18,6 +18,7 @@ import aiomqtt
 
 from cloud.app_keys import REGISTRY
 from edge.agent import Agent
+from edge.agent.birth import ExecutionFacts
 from shared.settings import CloudSettings, MqttSettings, SchedulingSettings, parse_mqtt_url
 from shared.tasks import stop_task
 from shared.topics import Channel, Topics
@@ -53,7 +54,7 @@ class EnrolledFleet:
 
     def start_agent(self, node_id: str) -> None:
         node = self.nodes[node_id]
-        node.agent = _agent(node_id, node.mqtt, node.public_key, node.launcher)
+        node.agent = cloud_agent(node_id, node.mqtt, node.public_key, node.launcher)
         node.task = asyncio.create_task(node.agent.run(), name=node_id)
 
     async def stop_agent(self, node_id: str) -> None:
@@ -90,9 +91,15 @@ class EnrolledFleet:
         return found
 
 
-def _agent(
-    node_id: str, settings: MqttSettings, public_key: str, launcher: RecordingLauncher
+def cloud_agent(
+    node_id: str,
+    settings: MqttSettings,
+    public_key: str,
+    launcher: RecordingLauncher,
+    execution: ExecutionFacts | None = None,
 ) -> Agent:
+    """A simulated 4-GPU cloud node in DE on its own account; `execution`: what its birth
+    says of how it runs work (default: the launcher's)."""
     return simulated_agent(
         node_id,
         settings,
@@ -102,7 +109,7 @@ def _agent(
         region="europe-west3",
         telemetry_interval_s=0.2,
         training_launcher=launcher,
-        execution=launcher.execution,
+        execution=execution or launcher.execution,
         control_plane_public_key=public_key,
     )
 
@@ -167,7 +174,7 @@ async def enrolled_fleet(
                     node_id,
                     settings,
                     public_key,
-                    _agent(node_id, settings, public_key, launcher),
+                    cloud_agent(node_id, settings, public_key, launcher),
                     launcher,
                 )
             try:
