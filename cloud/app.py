@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from cloud.admin import bootstrap_admin
 from cloud.api import (
     audit,
+    clusters,
     enrolment,
     events,
     logs,
@@ -48,6 +49,7 @@ from cloud.app_keys import (
     BACKGROUND_TASKS,
     BROKER_ACCOUNTS,
     BROKER_OUTAGES,
+    CLUSTERS,
     EVENT_HUB,
     INGESTOR,
     JOB_LOGS,
@@ -67,6 +69,8 @@ from cloud.app_keys import (
     TUNING,
 )
 from cloud.broker_accounts import broker_accounts_from
+from cloud.clusters.bridge import ClusterBridge
+from cloud.clusters.runtime import ClusterFleet
 from cloud.fleet import node_admin
 from cloud.fleet.assignments import AssignmentIndex, refresh_forever
 from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
@@ -214,6 +218,15 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         ),
     )
     app[SCHEDULER] = loop
+    # Documents of clusters' nodes go to their bridges, not the broker (cloud/clusters/),
+    # again to a bridge that starts later (another replica registered its cluster).
+    publisher.diverted = app[CLUSTERS].accept
+
+    def bridge_started(bridge: ClusterBridge) -> None:
+        publisher.resend(bridge.owns)
+        loop.wake()
+
+    app[CLUSTERS].started_listeners.append(bridge_started)
     metrics = app[METRICS]
     # (registry, collector): the fleet's series, and those that name tenants or deployments.
     collectors: list[tuple[CollectorRegistry, Collector]] = [
@@ -243,6 +256,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         stop_listening()
+        app[CLUSTERS].started_listeners.remove(bridge_started)
         app[INGESTOR].change_listeners.remove(loop.wake)
         if accountant is not None:
             app[INGESTOR].telemetry_listeners.remove(accountant.observe)
@@ -250,6 +264,19 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
             registry.unregister(collector)
         for task in reversed(tasks):
             await stop_task(task)
+
+
+async def _clusters(app: web.Application) -> AsyncIterator[None]:
+    """A bridge per registered cluster, following the store's registrations: those
+    registered already run before scheduling starts, so that the loop's first documents
+    for their nodes reach them."""
+    await app[CLUSTERS].adopt(await app[STORE].list_clusters())
+    task = asyncio.create_task(app[CLUSTERS].run(app[STORE].list_clusters), name="clusters")
+    app[BACKGROUND_TASKS].append(task)
+    try:
+        yield
+    finally:
+        await stop_task(task)
 
 
 async def _close_broker_accounts(app: web.Application) -> None:
@@ -326,6 +353,13 @@ def create_app(
     app[STOPPING] = asyncio.Event()
     app[BACKGROUND_TASKS] = []
     app[BROKER_ACCOUNTS] = broker_accounts_from(settings)
+    app[CLUSTERS] = ClusterFleet(
+        registry,
+        notify=ingestor.notify_change,
+        # A cluster job no document names is cancelled only once this process's loop has
+        # handed every node its document (cloud/clusters/bridge.py).
+        loop_passes=lambda: app[SCHEDULER].stats.passes if SCHEDULER in app else 0,
+    )
     enrolment.install(app)
     # enrolment first: its /v1/nodes/enrolled and /v1/nodes/join-tokens before /v1/nodes/{node_id}
     for module in (
@@ -340,6 +374,7 @@ def create_app(
         events,
         tenants,
         usage,
+        clusters,
     ):
         add_routes(app, module.ROUTES)
     for module in (tokens, audit):
@@ -352,6 +387,7 @@ def create_app(
     app.cleanup_ctx.append(_secrets_key)  # before the store takes submissions
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(enrolment.enrolled_nodes_context)  # before ingestion starts
+    app.cleanup_ctx.append(_clusters)  # before scheduling hands documents to them
     app.cleanup_ctx.append(_scheduling)
     app.cleanup_ctx.append(_background)
     app.on_shutdown.append(_end_streams)

@@ -10,6 +10,7 @@ from aiohttp import web
 from cloud.api.streams import StreamLimits
 from cloud.api.tuning import ApiTuning
 from cloud.broker_accounts.accounts import BrokerAccounts
+from cloud.clusters.runtime import ClusterFleet
 from cloud.fleet.enrolled import EnrolledNodes
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.liveness import Liveness
@@ -66,6 +67,9 @@ ACCOUNTANT = web.AppKey("accountant", Accountant)
 # Encrypts tenants' secrets into the specs the store keeps, and opens them for release
 # (cloud/secrets/); its key is read once, when the app starts.
 SECRETS_AT_REST = web.AppKey("secrets_at_rest", SecretsAtRest)
+
+# The registered clusters with schedulers of their own, a bridge each (cloud/clusters/).
+CLUSTERS = web.AppKey("clusters", ClusterFleet)
 
 # The node ids ingestion admits (enrolled and unrevoked; cloud/fleet/enrolled.py).
 ENROLLED_NODES = web.AppKey("enrolled_nodes", EnrolledNodes)

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from greenfed import cluster_arguments
 from greenfed.access_cli import add_access_commands
 from greenfed.arguments import (
     EXIT_AUTH,
@@ -303,6 +304,27 @@ def cmd_nodes_readmit(args: argparse.Namespace) -> int:
             client, args.node_ids, every=args.all, json=args.json
         ),
     )
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    from greenfed import clusters_cli
+    from greenfed.api_client import CliError
+
+    command = args.clusters_command
+    if command == "add":
+        try:
+            spec = clusters_cli.spec_of(args)
+        except CliError as error:
+            print(f"greenfed: {error}", file=sys.stderr)
+            return error.exit_code
+        return run_client(
+            args, lambda client: clusters_cli.add_cluster(client, spec, json=args.json)
+        )
+    if command == "remove":
+        return run_client(
+            args, lambda client: clusters_cli.remove_cluster(client, args.name, json=args.json)
+        )
+    return run_client(args, lambda client: clusters_cli.list_clusters(client, json=args.json))
 
 
 def cmd_edge_enrol(args: argparse.Namespace) -> int:
@@ -662,6 +684,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="every node `greenfed nodes unenrolled` lists"
     )
     nodes_readmit.set_defaults(handler=cmd_nodes_readmit)
+
+    clusters = commands.add_parser(
+        "clusters", help="clusters with schedulers of their own (Slurm) as places to run (admin)"
+    )
+    add_client_options(clusters)
+    clusters.set_defaults(handler=cmd_clusters, clusters_command="list")
+    clusters_commands = clusters.add_subparsers(dest="clusters_command", metavar="COMMAND")
+    clusters_list = clusters_commands.add_parser("list", help="every cluster, how it is doing")
+    add_client_options(clusters_list, nested=True)
+    clusters_add = clusters_commands.add_parser("add", help="register a cluster")
+    add_client_options(clusters_add, nested=True)
+    cluster_arguments.add_arguments(clusters_add)
+    clusters_remove = clusters_commands.add_parser(
+        "remove", help="remove a cluster (its nodes leave greenfed)"
+    )
+    add_client_options(clusters_remove, nested=True)
+    clusters_remove.add_argument("name", metavar="NAME")
 
     schema = commands.add_parser("schema", help="print the JSON Schemas of the MQTT payloads")
     schema.add_argument(

@@ -24,6 +24,9 @@ from tests.support.brokers import (
     tcp_reachable,
 )
 
+# The real Slurm cluster of the Slurm tests (`slurm`, one per session, started on first use).
+pytest_plugins = ("tests.support.slurm",)
+
 
 @pytest.fixture(autouse=True)
 def structlog_as_found() -> Iterator[None]:

@@ -110,6 +110,8 @@ AuditAction = Literal[
     "node.readmit",
     "join-token.create",
     "join-token.revoke",
+    "cluster.add",
+    "cluster.remove",
     # An admin's revocation, drain or cancellation refused for want of a confirmation
     # (cloud/api/bulk_actions.py).
     "bulk.refused",

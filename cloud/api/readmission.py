@@ -12,7 +12,7 @@ join token).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 import structlog
@@ -36,6 +36,17 @@ from cloud.store.enrolment import EnrolledNodeRecord
 from shared.clock import utc_from_epoch
 
 _READMIT_DECODER: Final = msgspec.json.Decoder(ReadmitRequest)
+# ReadmitRequest's own rule (`node_ids` or `all`, never both, never neither) for the
+# OpenAPI document.
+READMIT_BODY_RULE: Final = {
+    "anyOf": [
+        {
+            "required": ["node_ids"],
+            "properties": {"node_ids": {"minItems": 1}, "all": {"const": False}},
+        },
+        {"required": ["all"], "properties": {"all": {"const": True}, "node_ids": {"maxItems": 0}}},
+    ]
+}
 _log = structlog.get_logger("greenfed.enrolment")
 
 
@@ -178,7 +189,7 @@ ROUTES: Final = (
         "Enrol nodes again as their certificates say they enrolled (admin)",
         "admin",
         "enrolment",
-        body=ReadmitRequest,
+        body=Annotated[ReadmitRequest, msgspec.Meta(extra_json_schema=READMIT_BODY_RULE)],
         description=(
             "Each named node (or, with `all`, each unenrolled node listed by GET "
             "/v1/nodes/unenrolled) is enrolled again with the node id, sealing key, "

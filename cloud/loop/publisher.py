@@ -131,6 +131,9 @@ class DesiredPublisher:
         # Documents sent again because the node's current agent instance changed.
         self.rebound_total = 0
         self.sweeps_total = 0
+        # Takes documents that go elsewhere than the broker (a cluster's nodes: cloud/
+        # clusters/runtime.py); True: taken. None: every document goes to the broker.
+        self.diverted: Callable[[DesiredState], bool] | None = None
         # Set once the first connection's sweep of retained documents has finished.
         self.swept = asyncio.Event()
         self.connected = self._session.connected
@@ -150,6 +153,15 @@ class DesiredPublisher:
         self._generations.clear()
         self._latest.clear()
 
+    def resend(self, matching: Callable[[str], bool]) -> None:
+        """Forget what was handed over for the nodes `matching` names: the loop's next
+        pass hands their documents over again (a cluster's bridge that started after
+        they went out, cloud/clusters/runtime.py)."""
+        for node_id in [node_id for node_id in self._generations if matching(node_id)]:
+            del self._generations[node_id]
+            self._latest.pop(node_id, None)
+            self._queue.pop(node_id, None)
+
     def republish(self, node_id: str) -> bool:
         """Send the node's newest document again (a node that never acknowledged its
         assignment may never have received it); False when there is none."""
@@ -161,6 +173,9 @@ class DesiredPublisher:
         return True
 
     def submit(self, document: DesiredState) -> None:
+        if self.diverted is not None and self.diverted(document):
+            self._generations[document.node_id] = document.generation
+            return
         self._queue[document.node_id] = document
         self._latest[document.node_id] = document
         self._generations[document.node_id] = document.generation

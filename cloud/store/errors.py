@@ -178,3 +178,15 @@ class RestoreTargetNotEmptyError(StoreError):
         )
         self.target = target
         self.description = description
+
+
+class ClusterExistsError(StoreError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a cluster named {name!r} is registered already")
+        self.name = name
+
+
+class ClusterNotFoundError(StoreError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no cluster {name!r}")
+        self.name = name

@@ -252,6 +252,17 @@ enrolled_nodes = Table(
     Column("envelope", JsonDocument, nullable=True),
 )
 
+# Registered clusters with schedulers of their own (v0014, cloud/clusters/).
+clusters = Table(
+    "clusters",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("created_by", Text, nullable=False),
+    Column("spec", JsonDocument, nullable=False),  # cloud/clusters/views.py ClusterSpec
+)
+
 # Failed join-token redemptions per remote address (v0013): a token bucket every
 # replica shares (cloud/api/enrolment.py).
 enrolment_failures = Table(

@@ -20,8 +20,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cloud.fleet.envelope import NodeClaim
+from cloud.store import clusters, enrolment, enrolment_failures, node_admin, tenant_tokens, usage
 from cloud.store import dependencies as dependencies_rows
-from cloud.store import enrolment, enrolment_failures, node_admin, tenant_tokens, usage
 from cloud.store.audit import (
     AuditPage,
     AuditQuery,
@@ -31,6 +31,7 @@ from cloud.store.audit import (
     select_audit_page,
 )
 from cloud.store.changes import Changes, apply_changes, event_row
+from cloud.store.clusters import ClusterRecord
 from cloud.store.engine import (
     WRITE_OPTION,
     Backend,
@@ -877,6 +878,25 @@ class Store:
             readmitted = await enrolment.readmit(connection, self.backend, nodes)
             await insert_audits(connection, [audit(record) for record in readmitted], now)
         return readmitted
+
+    # ---- clusters (cloud/store/clusters.py) ---------------------------------------------
+
+    async def add_cluster(self, record: ClusterRecord, *, audit: NewAudit) -> None:
+        """Register a cluster (audited); raises `ClusterExistsError`."""
+        async with self._write() as connection:
+            await clusters.insert_cluster(connection, record)
+            await insert_audit(connection, audit, record.created_at)
+
+    async def list_clusters(self) -> tuple[ClusterRecord, ...]:
+        async with self._read() as connection:
+            return await clusters.select_clusters(connection)
+
+    async def remove_cluster(self, name: str, *, audit: NewAudit) -> ClusterRecord:
+        """Forget a cluster (audited); raises `ClusterNotFoundError`."""
+        async with self._write() as connection:
+            record = await clusters.delete_cluster(connection, name)
+            await insert_audit(connection, audit, self._clock())
+        return record
 
     async def is_enrolled(self, node_id: str) -> bool:
         """Enrolled and not revoked."""

@@ -27,6 +27,7 @@ from cloud.store.migrations import (
     v0011_dependencies_cpu_cores,
     v0012_sealing_keys,
     v0013_node_envelopes,
+    v0014_clusters,
 )
 
 
@@ -51,6 +52,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(11, "dependencies_cpu_cores", v0011_dependencies_cpu_cores.upgrade),
     SchemaMigration(12, "sealing_keys", v0012_sealing_keys.upgrade),
     SchemaMigration(13, "node_envelopes", v0013_node_envelopes.upgrade),
+    SchemaMigration(14, "clusters", v0014_clusters.upgrade),
 )
 
 

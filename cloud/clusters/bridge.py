@@ -1,0 +1,586 @@
+"""A registered cluster seen by the control plane as nodes: the cluster's agent, run
+inside the control plane.
+
+Each machine of the cluster is a node in the registry (`<cluster>.<machine>`), born
+from the back-end's capacity: its GPUs by model (cloud/clusters/gres.py; unknown types
+left out and counted), the zone and region of its partition, `runs_training`, labels
+naming the cluster, partition and machine. The scheduler places work on those nodes
+like on any other: filters, scores, quotas, gangs, the green terms, explanations.
+GPUs the cluster has given to other work are shown unhealthy ("in use by the cluster's
+other jobs"), so nothing is placed on them; a drained or down machine, and every
+machine while the cluster does not answer, carries a `NoSchedule` taint saying why.
+
+The scheduling loop's documents for those nodes come here instead of the broker
+(`accept`, from cloud/loop/publisher.py). Each pass of `reconcile`:
+
+- groups the documents' training entries by job and attempt into gangs, one cluster
+  job each (cloud/clusters/backend.py `GangRequest`), and submits those the cluster
+  does not have (the back-end adopts a job of the same name: nothing runs twice);
+- cancels greenfed's cluster jobs that no document names any more;
+- reports every entry's state in the node's `reported` document, as an agent would
+  (pending in the cluster's queue is `starting`, with the cluster's reason), so the
+  loop's lifecycle rules (cloud/loop/lifecycle) apply unchanged.
+
+While the cluster does not answer, nothing is submitted or cancelled, the last known
+states stand (work keeps running there) and the nodes stay online but tainted: the
+loop neither places there nor resubmits anything blindly. A job that vanished from the
+cluster (deleted behind greenfed's back) ends `failed`, saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import structlog
+
+from cloud.clusters.backend import (
+    ClusterBackend,
+    ClusterCapacity,
+    ClusterJob,
+    ClusterNode,
+    ClusterRefused,
+    ClusterUnreachable,
+    GangMember,
+    GangRequest,
+)
+from cloud.clusters.gres import accelerator_facts
+from cloud.fleet.registry import NodeRegistry
+from shared import __version__
+from shared.messages import (
+    Accelerator,
+    AcceleratorSample,
+    DesiredState,
+    DesiredTraining,
+    HostInfo,
+    NodeStatus,
+    NodeTaint,
+    ReportedState,
+    ReportedTraining,
+    Telemetry,
+    TrainingRunState,
+)
+
+DEFAULT_REFRESH_INTERVAL_S: Final = 5.0
+MAX_RETRY_INTERVAL_S: Final = 60.0
+CLUSTER_LABEL: Final = "greenfed.io/cluster"
+UNREACHABLE_TAINT: Final = "greenfed.io/cluster-unreachable"
+UNAVAILABLE_TAINT: Final = "greenfed.io/cluster-node-unavailable"
+OTHER_WORK: Final = "in use by the cluster's other jobs"
+# A time limit from an estimate: twice the estimate at the node's speed, and never
+# under ten minutes (estimates are estimates; the cluster kills a job at its limit).
+_TIME_LIMIT_FACTOR: Final = 2.0
+_MIN_TIME_LIMIT_S: Final = 600.0
+
+_log = structlog.get_logger("greenfed.clusters")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPlacement:
+    """Where a cluster's machines are, for the green terms: the cluster's zone and
+    region, or a partition's own."""
+
+    zone: str
+    region: str
+    partitions: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    def of(self, partition: str) -> tuple[str, str]:
+        return self.partitions.get(partition, (self.zone, self.region))
+
+
+@dataclass(slots=True)
+class ClusterHealth:
+    """What the cluster's listing in `GET /v1/clusters` says of it."""
+
+    reachable: bool = False
+    last_contact_at: float | None = None  # UTC epoch seconds
+    last_error: str = ""
+    pending_jobs: int = 0
+    nodes: int = 0
+    accelerators: dict[str, int] = field(default_factory=dict)  # by model
+    unknown_accelerator_types: dict[str, int] = field(default_factory=dict)
+    jobs_running: int = 0
+
+
+def _live(job: ClusterJob) -> bool:
+    return job.state in ("pending", "running")
+
+
+class ClusterBridge:
+    def __init__(
+        self,
+        name: str,
+        backend: ClusterBackend,
+        registry: NodeRegistry,
+        placement: ClusterPlacement,
+        *,
+        partitions: tuple[str, ...] = (),
+        gres_models: Mapping[str, str] | None = None,
+        notify: Callable[[], None] = lambda: None,
+        loop_passes: Callable[[], int] | None = None,
+        refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`partitions`: those greenfed may use (empty: every one); `notify`: tells the
+        scheduling loop that nodes or reports changed; `loop_passes`: how many passes the
+        scheduling loop has made (None: documents are handed over by hand, tests of the
+        bridge alone); no cluster job is cancelled for want of a document until a whole
+        pass has run since the bridge started (its documents are handed over again
+        then: a restarted control plane adopts what runs, never cancels it)."""
+        self.name = name
+        self.backend = backend
+        self._registry = registry
+        self._placement = placement
+        self._partitions = partitions
+        self._gres_models = dict(gres_models or {})
+        self._notify = notify
+        self._loop_passes = loop_passes
+        self._passes_at_start = loop_passes() if loop_passes is not None else 0
+        self._refresh_interval_s = refresh_interval_s
+        self._clock = clock
+        self._instance_id = f"cluster-{uuid.uuid4().hex}"
+        self._prefix = f"{name}."
+        self.health = ClusterHealth()
+        self._capacity: ClusterCapacity | None = None
+        self._machines: dict[str, tuple[ClusterNode, str]] = {}  # node id -> (machine, partition)
+        self._births: dict[str, NodeStatus] = {}
+        self._seq: Counter[str] = Counter()
+        self._documents: dict[str, DesiredState] = {}
+        self._jobs: dict[tuple[str, int], ClusterJob] = {}
+        # Jobs greenfed submitted (or adopted) this run: one that vanishes is reported.
+        self._submitted: dict[tuple[str, int], str] = {}
+        self._vanished: dict[tuple[str, int], float] = {}
+        self._refused: dict[tuple[str, int], str] = {}
+        self._wake = asyncio.Event()
+
+    # -- what the loop hands over ------------------------------------------------------
+
+    def owns(self, node_id: str) -> bool:
+        return node_id.startswith(self._prefix)
+
+    def accept(self, document: DesiredState) -> bool:
+        """Take the loop's document for one of this cluster's nodes; False: not ours."""
+        if not self.owns(document.node_id):
+            return False
+        self._documents[document.node_id] = document
+        self._wake.set()
+        return True
+
+    def node_id(self, machine: str) -> str:
+        return f"{self._prefix}{machine}"
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self.step()
+            except Exception:  # a bug here must not end the cluster's bridge for good
+                _log.exception("cluster bridge step failed", cluster=self.name)
+            failures = 0 if self.health.reachable else failures + 1
+            # A cluster that does not answer is asked less and less often, up to a minute.
+            wait_s = min(MAX_RETRY_INTERVAL_S, self._refresh_interval_s * 2 ** min(failures, 6))
+            try:
+                async with asyncio.timeout(wait_s if failures else self._refresh_interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def step(self) -> None:
+        """One refresh and reconciliation; never raises for what the cluster does (a
+        refusal of the commands that only read is taken as the cluster being away)."""
+        try:
+            capacity = await self.backend.capacity()
+            jobs = await self.backend.jobs()
+        except (ClusterUnreachable, ClusterRefused) as error:
+            self._unreachable(str(error))
+        else:
+            self._reached(capacity, jobs)
+            try:
+                await self._reconcile()
+            except ClusterUnreachable as error:
+                self._unreachable(str(error))
+        self._announce()
+        self._report()
+        self._notify()
+
+    def _unreachable(self, error: str) -> None:
+        if self.health.reachable or not self.health.last_error:
+            _log.warning("cluster unreachable", cluster=self.name, error=error[:300])
+        self.health.reachable = False
+        self.health.last_error = error[:1000]
+
+    def _reached(self, capacity: ClusterCapacity, jobs: tuple[ClusterJob, ...]) -> None:
+        if not self.health.reachable:
+            _log.info("cluster reachable", cluster=self.name, nodes=len(capacity.nodes))
+        now = self._clock()
+        self.health.reachable = True
+        self.health.last_contact_at = now
+        self.health.last_error = ""
+        self.health.pending_jobs = capacity.pending_jobs
+        self._capacity = capacity
+        latest: dict[tuple[str, int], ClusterJob] = {}
+        for job in sorted(jobs, key=lambda j: int(j.backend_id) if j.backend_id.isdigit() else 0):
+            latest[(job.job_id, job.attempt)] = job  # the newest of a name wins
+        for key, backend_id in self._submitted.items():
+            if key not in latest and key not in self._vanished:
+                _log.warning(
+                    "cluster job vanished", cluster=self.name, key=key, backend_id=backend_id
+                )
+                self._vanished[key] = now
+        self._jobs = latest
+        self.health.jobs_running = sum(job.state == "running" for job in latest.values())
+
+    # -- nodes -------------------------------------------------------------------------
+
+    def _held_accelerators(self, node_id: str) -> set[str]:
+        """Accelerator ids greenfed's documents give its work on that node."""
+        document = self._documents.get(node_id)
+        if document is None:
+            return set()
+        held: set[str] = set()
+        for training in document.training:
+            key = (training.job_id, training.attempt)
+            job = self._jobs.get(key)
+            if job is None or _live(job) or key not in self._submitted:
+                held.update(training.accelerator_ids)
+        return held
+
+    def _announce(self) -> None:
+        """A birth for every machine (again where anything changed), telemetry for all."""
+        capacity = self._capacity
+        if capacity is None:
+            return
+        models: Counter[str] = Counter()
+        unknown: Counter[str] = Counter()
+        machines: dict[str, tuple[ClusterNode, str]] = {}
+        for machine in capacity.nodes:
+            partition = next(
+                (p for p in machine.partitions if not self._partitions or p in self._partitions),
+                None,
+            )
+            if partition is None:
+                continue
+            node_id = self.node_id(machine.name)
+            machines[node_id] = (machine, partition)
+            status = self._birth(node_id, machine, partition, models, unknown)
+            if self._births.get(node_id) != status:
+                self._births[node_id] = status
+                self._registry.apply_status(status)
+            self._seq[node_id] += 1
+            self._registry.apply_telemetry(self._sample(node_id, status))
+        self._machines = machines
+        self.health.nodes = len(machines)
+        self.health.accelerators = dict(models)
+        self.health.unknown_accelerator_types = dict(unknown)
+
+    def _birth(
+        self,
+        node_id: str,
+        machine: ClusterNode,
+        partition: str,
+        models: Counter[str],
+        unknown: Counter[str],
+    ) -> NodeStatus:
+        zone, region = self._placement.of(partition)
+        held = self._held_accelerators(node_id)
+        accelerators: list[Accelerator] = []
+        for type_name, count in sorted(machine.accelerators.items()):
+            facts = accelerator_facts(type_name, self._gres_models)
+            if facts is None:
+                unknown[type_name] += count
+                continue
+            models[facts.name] += count
+            offset = len(accelerators)
+            ids = [f"gpu{offset + index}" for index in range(count)]
+            # GPUs Slurm gave to others: that many of those greenfed's work does not hold.
+            ours = sum(1 for device in ids if device in held)
+            others = max(0, machine.allocated.get(type_name, 0) - ours)
+            busy = [device for device in ids if device not in held][:others]
+            for index, device in enumerate(ids):
+                accelerators.append(
+                    Accelerator(
+                        id=device,
+                        kind=facts.kind,
+                        vendor=facts.vendor,
+                        model=facts.name,
+                        memory_bytes=facts.memory_bytes or 0,
+                        compute_units=facts.compute_units or 0,
+                        idle_power_w=facts.idle_power_w,
+                        max_power_w=facts.max_power_w,
+                        relative_speed=facts.relative_speed,
+                        index=offset + index,
+                        healthy=device not in busy,
+                        health=OTHER_WORK if device in busy else "",
+                    )
+                )
+        accelerators.append(
+            Accelerator(
+                id="cpu0",
+                kind="cpu",
+                vendor="unknown",
+                model=f"{self.name} {partition}",
+                memory_bytes=machine.memory_bytes,
+                compute_units=machine.cpus,
+            )
+        )
+        taints = []
+        if not self.health.reachable:
+            taints.append(NodeTaint(key=UNREACHABLE_TAINT, value="true", effect="NoSchedule"))
+        elif machine.unavailable:
+            taints.append(NodeTaint(key=UNAVAILABLE_TAINT, value="true", effect="NoSchedule"))
+        now = self._clock()
+        previous = self._births.get(node_id)
+        return NodeStatus(
+            node_id=node_id,
+            state="online",
+            instance_id=self._instance_id,
+            agent_version=__version__,
+            site="cloud",
+            zone=zone,
+            region=region,
+            labels={
+                CLUSTER_LABEL: self.name,
+                "slurm.partition": partition,
+                "slurm.node": machine.name,
+            },
+            host=HostInfo(
+                hostname=machine.name,
+                os="Linux",
+                arch="unknown",
+                cpu_logical_cores=machine.cpus,
+                memory_total_bytes=machine.memory_bytes,
+            ),
+            accelerators=tuple(accelerators),
+            telemetry_interval_s=self._refresh_interval_s,
+            started_at=previous.started_at if previous is not None else now,
+            sent_at=previous.sent_at if previous is not None else now,
+            runs_training=True,
+            taints=tuple(taints),
+            isolation="none",
+            isolation_note=(
+                f"run by cluster {self.name}'s scheduler under the account greenfed submits "
+                "with; the cluster confines each job to its allocation"
+            ),
+        )
+
+    def _sample(self, node_id: str, status: NodeStatus) -> Telemetry:
+        held = self._held_accelerators(node_id)
+        return Telemetry(
+            node_id=node_id,
+            instance_id=self._instance_id,
+            seq=self._seq[node_id],
+            sampled_at=self._clock(),
+            interval_s=self._refresh_interval_s,
+            cpu_utilization_pct=0.0,
+            memory_used_bytes=0,
+            memory_total_bytes=status.host.memory_total_bytes,
+            accelerators=tuple(
+                AcceleratorSample(
+                    id=accelerator.id,
+                    utilization_pct=100.0 if accelerator.id in held else 0.0,
+                    memory_used_bytes=0,
+                )
+                for accelerator in status.accelerators
+                if accelerator.kind != "cpu"
+            ),
+        )
+
+    # -- work --------------------------------------------------------------------------
+
+    def _gangs(self) -> dict[tuple[str, int], GangRequest]:
+        members: dict[tuple[str, int], list[tuple[str, DesiredTraining]]] = {}
+        for node_id, document in self._documents.items():
+            for training in document.training:
+                members.setdefault((training.job_id, training.attempt), []).append(
+                    (node_id, training)
+                )
+        gangs = {}
+        for key, entries in members.items():
+            gang = self._gang(sorted(entries, key=lambda entry: entry[1].node_rank))
+            if gang is not None:
+                gangs[key] = gang
+        return gangs
+
+    def _gang(self, entries: list[tuple[str, DesiredTraining]]) -> GangRequest | None:
+        """The cluster job of one attempt, once every node of the gang has its document."""
+        first = entries[0][1]
+        if len(entries) < first.nodes:
+            return None  # a member's document has not come yet: the next pass
+        machines = [self._machines.get(node_id) for node_id, _ in entries]
+        if any(machine is None for machine in machines):
+            return None
+        partition = machines[0][1]  # type: ignore[index]
+        accelerator_type = None
+        for node_id, training in entries:
+            machine = self._machines[node_id][0]
+            type_name = self._type_of(machine, training.accelerator_ids, node_id)
+            if type_name is not None:
+                accelerator_type = type_name
+        time_limit_s = None
+        if first.reference_duration_s is not None:
+            speed = min(
+                (a.relative_speed or 1.0 for a in self._births[entries[0][0]].accelerators
+                 if a.id in first.accelerator_ids),
+                default=1.0,
+            )  # fmt: skip
+            time_limit_s = max(
+                _MIN_TIME_LIMIT_S, _TIME_LIMIT_FACTOR * first.reference_duration_s / speed
+            )
+        return GangRequest(
+            job_id=first.job_id,
+            attempt=first.attempt,
+            tenant=first.tenant,
+            partition=partition,
+            members=tuple(
+                GangMember(
+                    node=self._machines[node_id][0].name,
+                    processes=training.processes,
+                    accelerators=sum(1 for a in training.accelerator_ids if a.startswith("gpu")),
+                    cpus=training.cpu_cores or 0,
+                )
+                for node_id, training in entries
+            ),
+            accelerator_type=accelerator_type,
+            command=first.command,
+            env=first.env,
+            working_dir=first.working_dir,
+            master_port=first.master_port or 29500,
+            per_node=first.launch == "per-node",
+            time_limit_s=time_limit_s,
+            priority="p1",
+            grace_period_s=first.grace_period_s,
+        )
+
+    def _type_of(self, machine: ClusterNode, ids: tuple[str, ...], node_id: str) -> str | None:
+        """The cluster's type name of the GPUs `ids` name on that machine."""
+        birth = self._births.get(node_id)
+        if birth is None:
+            return None
+        models = {a.model for a in birth.accelerators if a.id in ids and a.kind != "cpu"}
+        for type_name in machine.accelerators:
+            facts = accelerator_facts(type_name, self._gres_models)
+            if facts is not None and facts.name in models:
+                return type_name
+        return None
+
+    async def _reconcile(self) -> None:
+        gangs = self._gangs()
+        for key, gang in gangs.items():
+            if key in self._jobs or key in self._refused or key in self._vanished:
+                if key in self._jobs:
+                    self._submitted.setdefault(key, self._jobs[key].backend_id)
+                continue
+            if not self._documents_current(gang):
+                continue
+            try:
+                backend_id = await self.backend.submit(gang)
+            except ClusterRefused as error:
+                _log.warning(
+                    "cluster refused a job", cluster=self.name, key=gang.key, error=str(error)
+                )
+                self._refused[key] = str(error)
+                continue
+            self._submitted[key] = backend_id
+            self._jobs[key] = ClusterJob(
+                backend_id=backend_id,
+                job_id=gang.job_id,
+                attempt=gang.attempt,
+                state="pending",
+                submitted_at=self._clock(),
+            )
+        for key, job in list(self._jobs.items()):
+            if _live(job) and key not in gangs and self._knows_every_document():
+                _log.info(
+                    "cluster job cancelled: no longer desired",
+                    cluster=self.name,
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    backend_id=job.backend_id,
+                )
+                await self.backend.cancel(job)
+                self._jobs[key] = ClusterJob(
+                    backend_id=job.backend_id,
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    state="stopped",
+                    reason="cancelled by greenfed",
+                    finished_at=self._clock(),
+                )
+
+    def _documents_current(self, gang: GangRequest) -> bool:
+        return all(self.node_id(member.node) in self._documents for member in gang.members)
+
+    def _knows_every_document(self) -> bool:
+        # A pass that began before the bridge started may end after it: two.
+        passes = self._loop_passes
+        return passes is None or passes() >= self._passes_at_start + 2
+
+    def _report(self) -> None:
+        now = self._clock()
+        for node_id, document in self._documents.items():
+            if node_id not in self._births:
+                continue
+            entries = tuple(self._reported(training, now) for training in document.training)
+            self._registry.apply_reported(
+                ReportedState(
+                    node_id=node_id,
+                    instance_id=self._instance_id,
+                    observed_generation=document.generation,
+                    reported_at=now,
+                    training=entries,
+                    cluster_id=document.cluster_id,
+                )
+            )
+
+    def _reported(self, training: DesiredTraining, now: float) -> ReportedTraining:
+        key = (training.job_id, training.attempt)
+        state: TrainingRunState
+        if key in self._refused:
+            return ReportedTraining(
+                job_id=training.job_id,
+                attempt=training.attempt,
+                state="failed",
+                reason=f"cluster {self.name} refused the job: {self._refused[key]}"[:1000],
+                finished_at=now,
+            )
+        if key in self._vanished:
+            return ReportedTraining(
+                job_id=training.job_id,
+                attempt=training.attempt,
+                state="failed",
+                reason=f"the job disappeared from cluster {self.name} (deleted outside greenfed?)",
+                finished_at=self._vanished[key],
+            )
+        job = self._jobs.get(key)
+        if job is None:
+            return ReportedTraining(
+                job_id=training.job_id, attempt=training.attempt, state="starting"
+            )
+        if job.state == "pending":
+            state = "starting"
+            reason = f"waiting in cluster {self.name}'s queue" + (
+                f": {job.reason}" if job.reason else ""
+            )
+        else:
+            state = job.state
+            reason = job.reason
+        return ReportedTraining(
+            job_id=training.job_id,
+            attempt=training.attempt,
+            state=state,
+            exit_code=job.exit_code,
+            reason=reason[:1000],
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+        )
+
+    def job_of(self, job_id: str, attempt: int) -> ClusterJob | None:
+        return self._jobs.get((job_id, attempt))

@@ -1,0 +1,173 @@
+"""The registered clusters of a running control plane: a bridge (cloud/clusters/
+bridge.py) per cluster in the store, started and stopped as admins register and
+remove them here or on another replica (the store is read again every few seconds).
+
+Every replica runs every bridge: each sees the clusters' machines as nodes. Only the
+scheduling leader hands documents over (cloud/loop/publisher.py `diverted`), so only
+it submits and cancels cluster jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+import structlog
+
+from cloud.clusters.backend import ClusterBackend
+from cloud.clusters.bridge import ClusterBridge, ClusterPlacement
+from cloud.clusters.slurm.backend import SlurmBackend
+from cloud.clusters.slurm.commands import SlurmAccess, SlurmCommands
+from cloud.clusters.slurm.script import SubmitOptions
+from cloud.clusters.views import ClusterSpec, ClusterView
+from cloud.fleet.registry import NodeRegistry
+from cloud.store.clusters import ClusterRecord
+from shared.clock import utc_from_epoch
+from shared.messages import DesiredState
+from shared.tasks import cancel_and_wait
+
+RELOAD_INTERVAL_S: Final = 3.0
+
+_log = structlog.get_logger("greenfed.clusters")
+
+
+def backend_of(spec: ClusterSpec) -> ClusterBackend:
+    access = spec.slurm
+    return SlurmBackend(
+        SlurmCommands(
+            SlurmAccess(ssh=access.ssh, slurm_conf=access.slurm_conf, bin_dir=access.bin_dir)
+        ),
+        SubmitOptions(
+            work_dir=access.work_dir,
+            account=access.account,
+            qos={str(priority): qos for priority, qos in access.qos.items()},
+            nice={str(priority): nice for priority, nice in access.nice.items()},
+        ),
+    )
+
+
+@dataclass(slots=True)
+class _Running:
+    record: ClusterRecord
+    bridge: ClusterBridge
+    task: asyncio.Task[None]
+
+
+class ClusterFleet:
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        *,
+        notify: Callable[[], None],
+        loop_passes: Callable[[], int] | None = None,
+        backend_factory: Callable[[ClusterSpec], ClusterBackend] = backend_of,
+    ) -> None:
+        self._registry = registry
+        self._notify = notify
+        self._loop_passes = loop_passes
+        # Told of every bridge that starts (the publisher hands its nodes' documents
+        # over again: cloud/loop/publisher.py `resend`).
+        self.started_listeners: list[Callable[[ClusterBridge], None]] = []
+        self._backend_factory = backend_factory
+        self._running: dict[str, _Running] = {}
+
+    def accept(self, document: DesiredState) -> bool:
+        """The loop's document for a cluster's node goes to its bridge; False: not one."""
+        return any(running.bridge.accept(document) for running in self._running.values())
+
+    def bridge(self, name: str) -> ClusterBridge | None:
+        running = self._running.get(name)
+        return None if running is None else running.bridge
+
+    def bridge_of_node(self, node_id: str) -> ClusterBridge | None:
+        for running in self._running.values():
+            if running.bridge.owns(node_id):
+                return running.bridge
+        return None
+
+    async def adopt(self, records: tuple[ClusterRecord, ...]) -> None:
+        """Run a bridge for each record, stop those of clusters no longer registered."""
+        wanted = {record.spec.name: record for record in records}
+        for name in list(self._running):
+            if name not in wanted or wanted[name].spec != self._running[name].record.spec:
+                await self._stop(name)
+        for name, record in wanted.items():
+            if name not in self._running:
+                self._start(record)
+
+    def _start(self, record: ClusterRecord) -> None:
+        spec = record.spec
+        bridge = ClusterBridge(
+            spec.name,
+            self._backend_factory(spec),
+            self._registry,
+            ClusterPlacement(
+                zone=spec.zone,
+                region=spec.region,
+                partitions={
+                    name: (placement.zone, placement.region)
+                    for name, placement in spec.partitions.items()
+                    if placement is not None
+                },
+            ),
+            partitions=tuple(spec.partitions),
+            gres_models=spec.gres_models,
+            notify=self._notify,
+            loop_passes=self._loop_passes,
+            refresh_interval_s=spec.refresh_interval_s,
+        )
+        task = asyncio.create_task(bridge.run(), name=f"cluster-{spec.name}")
+        self._running[spec.name] = _Running(record, bridge, task)
+        for listener in self.started_listeners:
+            listener(bridge)
+        _log.info("cluster bridge started", cluster=spec.name, kind=spec.kind)
+
+    async def _stop(self, name: str) -> None:
+        running = self._running.pop(name)
+        await cancel_and_wait([running.task])
+        await running.bridge.backend.close()
+        forgotten = [
+            record.node_id
+            for record in self._registry.nodes()
+            if running.bridge.owns(record.node_id) and self._registry.forget(record.node_id)
+        ]
+        self._notify()
+        _log.info("cluster bridge stopped", cluster=name, nodes_forgotten=len(forgotten))
+
+    async def run(self, load: Callable[[], Awaitable[tuple[ClusterRecord, ...]]]) -> None:
+        """Follow the store's registrations until cancelled; stop every bridge then."""
+        try:
+            while True:
+                try:
+                    await self.adopt(await load())
+                except Exception as error:  # the store is briefly away: keep what runs
+                    _log.warning("clusters not reloaded", error=str(error)[:300])
+                await asyncio.sleep(RELOAD_INTERVAL_S)
+        finally:
+            for name in list(self._running):
+                with contextlib.suppress(Exception):
+                    await self._stop(name)
+
+    def view(self, record: ClusterRecord) -> ClusterView:
+        running = self._running.get(record.spec.name)
+        health = running.bridge.health if running is not None else None
+        return ClusterView(
+            spec=record.spec,
+            created_at=utc_from_epoch(record.created_at),
+            created_by=record.created_by,
+            reachable=health.reachable if health else False,
+            last_contact_at=(
+                utc_from_epoch(health.last_contact_at)
+                if health and health.last_contact_at is not None
+                else None
+            ),
+            last_error=health.last_error if health else "not started yet",
+            nodes=health.nodes if health else 0,
+            accelerators=dict(health.accelerators) if health else {},
+            unknown_accelerator_types=dict(health.unknown_accelerator_types) if health else {},
+            pending_jobs=health.pending_jobs if health else 0,
+            greenfed_jobs_running=health.jobs_running if health else 0,
+        )

@@ -1,0 +1,117 @@
+"""A Slurm cluster as a greenfed back-end (cloud/clusters/backend.py), through its
+commands on a login node (cloud/clusters/slurm/commands.py).
+
+- capacity: `scontrol -o show node` (GPUs by GRES type, what Slurm allocated, drained
+  and down nodes) and the length of the pending queue (`squeue -h -t PD`);
+- jobs: `scontrol -o show job` (live jobs and those that ended within the cluster's
+  `MinJobAge`) and, where the cluster keeps accounting, `sacct` for older ones; only
+  jobs named `gf-<job id>-<attempt>` are greenfed's;
+- submit: `sbatch --parsable` (cloud/clusters/slurm/script.py), after looking for a job
+  of that name first (a submission whose answer was lost is adopted, never repeated);
+- cancel: `scancel`; output: the job's `StdOut` file, read where the commands run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from cloud.clusters.backend import (
+    ClusterBackend,
+    ClusterCapacity,
+    ClusterJob,
+    ClusterRefused,
+    GangRequest,
+)
+from cloud.clusters.slurm.commands import SlurmCommands
+from cloud.clusters.slurm.records import (
+    SACCT_FIELDS,
+    accounted_jobs,
+    jobs_of,
+    nodes_of,
+)
+from cloud.clusters.slurm.script import SubmitOptions, batch_script, sbatch_arguments
+
+# How far back `sacct` is asked about greenfed's jobs.
+ACCOUNTING_WINDOW_S: Final = 7 * 86400.0
+
+_log = structlog.get_logger("greenfed.clusters.slurm")
+
+
+class SlurmBackend(ClusterBackend):
+    def __init__(self, commands: SlurmCommands, options: SubmitOptions) -> None:
+        self._commands = commands
+        self._options = options
+        # None: not known yet whether the cluster keeps accounting (sacct answers).
+        self._accounting: bool | None = None
+
+    async def capacity(self) -> ClusterCapacity:
+        nodes = nodes_of(await self._commands.run("scontrol", "-o", "show", "node"))
+        pending = await self._commands.run("squeue", "-h", "-t", "PD", "-o", "%i")
+        return ClusterCapacity(nodes=nodes, pending_jobs=len(pending.split()))
+
+    async def jobs(self) -> tuple[ClusterJob, ...]:
+        live = jobs_of(await self._commands.run("scontrol", "-o", "show", "job"))
+        known = {job.backend_id for job in live}
+        older = tuple(job for job in await self._accounted() if job.backend_id not in known)
+        return live + older
+
+    async def _accounted(self) -> tuple[ClusterJob, ...]:
+        """greenfed's jobs in the cluster's accounting; () where it keeps none."""
+        if self._accounting is False:
+            return ()
+        since = time.strftime(
+            "%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - ACCOUNTING_WINDOW_S)
+        )
+        try:
+            text = await self._commands.run(
+                "sacct", "-X", "-P", "-n", "-S", since, "-o", ",".join(SACCT_FIELDS)
+            )
+        except ClusterRefused as error:  # no slurmdbd: scontrol's window is all there is
+            if self._accounting is None:
+                _log.info("the cluster keeps no job accounting", detail=str(error)[:200])
+            self._accounting = False
+            return ()
+        self._accounting = True
+        return accounted_jobs(text)
+
+    async def submit(self, gang: GangRequest) -> str:
+        for job in await self.jobs():
+            if (job.job_id, job.attempt) == (gang.job_id, gang.attempt):
+                _log.info("slurm job adopted", key=gang.key, slurm_job_id=job.backend_id)
+                return job.backend_id
+        output = await self._commands.run(
+            *sbatch_arguments(gang, self._options), stdin=batch_script(gang).encode()
+        )
+        backend_id = output.strip().split(";")[0]
+        if not backend_id.isdigit():
+            raise ClusterRefused(f"sbatch answered {output.strip()[:200]!r}, not a job id")
+        _log.info("slurm job submitted", key=gang.key, slurm_job_id=backend_id)
+        return backend_id
+
+    async def cancel(self, job: ClusterJob) -> None:
+        await self._commands.run("scancel", job.backend_id)
+
+    async def read_output(self, job: ClusterJob, offset: int, limit: int) -> bytes:
+        if job.output_path is None:
+            return b""
+        if self._commands.access.ssh:
+            text = await self._commands.run(
+                "sh", "-c", 'tail -c "+$1" "$2" | head -c "$3"', "sh",
+                str(offset + 1), job.output_path, str(limit),
+            )  # fmt: skip
+            return text.encode()
+        return await asyncio.to_thread(_read_part, Path(job.output_path), offset, limit)
+
+
+def _read_part(path: Path, offset: int, limit: int) -> bytes:
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            return file.read(limit)
+    except FileNotFoundError:
+        return b""

@@ -1,0 +1,280 @@
+"""Slurm's records read into the back-end's terms: nodes (`scontrol -o show node`), jobs
+(`scontrol -o show job`, `sacct -P`), and what Slurm's job states and reasons mean to
+greenfed.
+
+- pending: PENDING, CONFIGURING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED, RESV_DEL_HOLD (in
+  the cluster's queue; the reason says why: Resources, Priority, QOS limits, a requeue);
+- running: RUNNING, COMPLETING, SIGNALING, STAGE_OUT, SUSPENDED, RESIZING (it holds its
+  nodes; a suspended job too, and the reason says so);
+- succeeded: COMPLETED with exit code 0;
+- failed: FAILED, NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY, TIMEOUT, DEADLINE (the reason
+  names which);
+- stopped: CANCELLED, PREEMPTED, REVOKED, SPECIAL_EXIT (the cluster, or someone on it,
+  stopped it: greenfed decides what follows, as for any stopped worker).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from cloud.clusters.backend import ClusterJob, ClusterJobState, ClusterNode
+
+_PENDING: Final = frozenset(
+    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+)
+_RUNNING: Final = frozenset(
+    {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "RESIZING"}
+)
+_FAILED: Final = {
+    "FAILED": "the job exited non-zero",
+    "NODE_FAIL": "a node of the job failed",
+    "BOOT_FAIL": "a node of the job failed to boot",
+    "OUT_OF_MEMORY": "the job ran out of memory",
+    "TIMEOUT": "the job reached its time limit",
+    "DEADLINE": "the job reached its deadline",
+}
+_STOPPED: Final = {
+    "CANCELLED": "cancelled on the cluster",
+    "PREEMPTED": "preempted by the cluster's scheduler",
+    "REVOKED": "revoked (run on another cluster of a federation)",
+    "SPECIAL_EXIT": "held after a special exit",
+}
+# gf-<job id>-<attempt>: the name greenfed gives each attempt it submits.
+_JOB_NAME: Final = re.compile(r"^gf-(?P<job>[0-9A-Z]{26})-(?P<attempt>[0-9]{1,9})$")
+_FIELD: Final = re.compile(r"(?:^|\s)(?P<key>[A-Za-z][A-Za-z0-9:/_]*)=(?P<value>\S*)")
+_MEMORY_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def key_values(line: str) -> dict[str, str]:
+    """The `Key=Value` pairs of one `scontrol -o` line (values without spaces: the
+    fields greenfed reads have none)."""
+    return {match["key"]: match["value"] for match in _FIELD.finditer(line)}
+
+
+def job_identity(name: str) -> tuple[str, int] | None:
+    """(greenfed job id, attempt) of a job name greenfed gave; None for anyone else's."""
+    match = _JOB_NAME.match(name)
+    if match is None:
+        return None
+    return match["job"], int(match["attempt"])
+
+
+def gres_counts(text: str) -> dict[str, int]:
+    """`gpu:a100:4(S:0-1),gpu:t4:2` -> {"a100": 4, "t4": 2}; an untyped `gpu:2` counts
+    under "gpu"; other GRES (`shard`, `mps`) are not accelerators and are left out."""
+    counts: dict[str, int] = {}
+    if text in ("", "(null)"):
+        return counts
+    for entry in re.sub(r"\([^)]*\)", "", text).split(","):
+        parts = entry.split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        if len(parts) == 2:
+            kind, count = "gpu", parts[1]
+        else:
+            kind, count = parts[1], parts[2]
+        number = re.match(r"[0-9]+", count)
+        if number is not None:
+            counts[kind] = counts.get(kind, 0) + int(number.group())
+    return counts
+
+
+def allocated_gpus(alloc_tres: str, configured: Mapping[str, int]) -> dict[str, int]:
+    """GPUs the cluster has allocated on a node, by type, from its `AllocTRES`
+    (`cpu=4,mem=8G,gres/gpu=2,gres/gpu:a100=2`). Where only the untyped count is
+    there, a node of one GPU type has them all of that type; on a node of several
+    types they are counted against the types in order (a lower bound for each)."""
+    typed: dict[str, int] = {}
+    untyped = 0
+    for entry in alloc_tres.split(","):
+        name, _, value = entry.partition("=")
+        if not name.startswith("gres/gpu") or not value.isdigit():
+            continue
+        if name == "gres/gpu":
+            untyped = int(value)
+        else:
+            typed[name.removeprefix("gres/gpu:")] = int(value)
+    if typed or not untyped:
+        return typed
+    allocated: dict[str, int] = {}
+    for kind, total in configured.items():
+        allocated[kind] = min(total, untyped)
+        untyped -= allocated[kind]
+    return allocated
+
+
+def memory_bytes(text: str) -> int:
+    """Slurm's memory (`RealMemory` is MB; `mem=8G` in TRES)."""
+    match = re.fullmatch(r"([0-9.]+)([KMGT]?)", text)
+    if match is None:
+        return 0
+    return int(float(match.group(1)) * _MEMORY_UNITS[match.group(2)])
+
+
+def node_of(line: str) -> ClusterNode | None:
+    fields = key_values(line)
+    name = fields.get("NodeName")
+    if not name:
+        return None
+    configured = gres_counts(fields.get("Gres", ""))
+    state = fields.get("State", "UNKNOWN")
+    flags = set(state.split("+"))
+    unavailable = ""
+    if flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}:
+        reason = fields.get("Reason", "")
+        unavailable = state.lower() + (f": {reason}" if reason else "")
+    elif "*" in state or flags & {"FUTURE", "POWERED_DOWN", "POWERING_DOWN", "UNKNOWN"}:
+        unavailable = state.lower()
+    return ClusterNode(
+        name=name,
+        partitions=tuple(p for p in fields.get("Partitions", "").split(",") if p),
+        cpus=int(fields.get("CPUTot", "0") or 0),
+        memory_bytes=int(fields.get("RealMemory", "0") or 0) * (1 << 20),
+        accelerators=configured,
+        allocated=allocated_gpus(fields.get("AllocTRES", ""), configured),
+        unavailable=unavailable,
+    )
+
+
+def nodes_of(text: str) -> tuple[ClusterNode, ...]:
+    found = (node_of(line) for line in text.splitlines() if line.strip())
+    return tuple(node for node in found if node is not None)
+
+
+def job_state(slurm_state: str, reason: str, exit_code: int | None) -> tuple[ClusterJobState, str]:
+    """greenfed's state of a Slurm job state, with why (for people)."""
+    base = slurm_state.split()[0].rstrip("+") if slurm_state else "UNKNOWN"
+    why = "" if reason in ("", "None", "(null)") else reason
+    if base in _PENDING:
+        detail = "requeued by the cluster" if base.startswith("REQUEUE") else ""
+        return "pending", "; ".join(part for part in (detail, why) if part)
+    if base in _RUNNING:
+        return "running", "suspended by the cluster" if base == "SUSPENDED" else why
+    if base == "COMPLETED":
+        return ("succeeded", "") if not exit_code else ("failed", f"exit code {exit_code}")
+    if base == "FAILED" and exit_code:
+        return "failed", f"exit code {exit_code}"
+    if base in _FAILED:
+        return "failed", "; ".join(part for part in (_FAILED[base], why) if part)
+    if base in _STOPPED:
+        return "stopped", _STOPPED[base]
+    return "failed", f"unknown Slurm state {slurm_state!r}"
+
+
+def _exit_code(text: str) -> int | None:
+    """`ExitCode=1:0` (return code:signal) -> 1; a signal -> 128 + signal, as a shell."""
+    code, _, signal = text.partition(":")
+    if not code.isdigit():
+        return None
+    if signal.isdigit() and int(signal):
+        return 128 + int(signal)
+    return int(code)
+
+
+def _time(text: str) -> float | None:
+    """Unix seconds (SLURM_TIME_FORMAT=%s); Unknown, None and 0 say not yet."""
+    return float(text) if text.isdigit() and int(text) > 0 else None
+
+
+def job_of(fields: Mapping[str, str]) -> ClusterJob | None:
+    identity = job_identity(fields.get("JobName", ""))
+    backend_id = fields.get("JobId", "")
+    if identity is None or not backend_id:
+        return None
+    exit_code = _exit_code(fields.get("ExitCode", ""))
+    state, reason = job_state(fields.get("JobState", ""), fields.get("Reason", ""), exit_code)
+    nodes = fields.get("NodeList", "")
+    output = fields.get("StdOut", "")
+    return ClusterJob(
+        backend_id=backend_id,
+        job_id=identity[0],
+        attempt=identity[1],
+        state=state,
+        reason=reason,
+        exit_code=exit_code if state in ("succeeded", "failed") else None,
+        nodes=tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else (),
+        submitted_at=_time(fields.get("SubmitTime", "")),
+        started_at=_time(fields.get("StartTime", "")) if state != "pending" else None,
+        finished_at=_time(fields.get("EndTime", ""))
+        if state in ("succeeded", "failed", "stopped")
+        else None,
+        output_path=output or None,
+    )
+
+
+def jobs_of(text: str) -> tuple[ClusterJob, ...]:
+    """greenfed's jobs in `scontrol -o show job` output (anyone else's are left out)."""
+    found = (job_of(key_values(line)) for line in text.splitlines() if line.strip())
+    return tuple(job for job in found if job is not None)
+
+
+SACCT_FIELDS: Final = (
+    "JobID",
+    "JobName",
+    "State",
+    "ExitCode",
+    "Submit",
+    "Start",
+    "End",
+    "NodeList",
+)
+
+
+def accounted_jobs(text: str) -> tuple[ClusterJob, ...]:
+    """greenfed's jobs in `sacct -X -P -n -o <SACCT_FIELDS>` output."""
+    found = []
+    for line in text.splitlines():
+        values = line.split("|")
+        if len(values) != len(SACCT_FIELDS):
+            continue
+        row = dict(zip(SACCT_FIELDS, values, strict=True))
+        job = job_of(
+            {
+                "JobId": row["JobID"],
+                "JobName": row["JobName"],
+                "JobState": row["State"],
+                "ExitCode": row["ExitCode"],
+                "SubmitTime": row["Submit"],
+                "StartTime": row["Start"],
+                "EndTime": row["End"],
+                "NodeList": row["NodeList"],
+            }
+        )
+        if job is not None:
+            found.append(job)
+    return tuple(found)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's host list syntax (`gpu[01-03,07],login1`) as names."""
+    names: list[str] = []
+    for part in _split_outside_brackets(text):
+        match = re.fullmatch(r"(?P<prefix>[^\[]*)\[(?P<ranges>[^\]]+)\](?P<suffix>.*)", part)
+        if match is None:
+            names.append(part)
+            continue
+        for item in match["ranges"].split(","):
+            low, _, high = item.partition("-")
+            if not high:
+                names.append(f"{match['prefix']}{low}{match['suffix']}")
+                continue
+            for number in range(int(low), int(high) + 1):
+                names.append(f"{match['prefix']}{number:0{len(low)}d}{match['suffix']}")
+    return names
+
+
+def _split_outside_brackets(text: str) -> Iterable[str]:
+    depth = 0
+    current = ""
+    for char in text:
+        if char == "," and depth == 0:
+            if current:
+                yield current
+            current = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        current += char
+    if current:
+        yield current

@@ -1,0 +1,125 @@
+"""One gang attempt as a Slurm batch job: `sbatch` options and the batch script.
+
+A gang is one job: `--nodes` and `--nodelist` (the nodes greenfed chose), tasks per
+node (one per worker; one per node for `launch = "per-node"`), `--gres=gpu:<type>:<n>`,
+`--time` from the job's estimate or deadline. Its name is `gf-<job id>-<attempt>`: a
+control plane that restarts between `sbatch` and knowing its id finds it by that name
+and adopts it instead of submitting it again.
+
+The script keeps greenfed's worker environment contract (shared/worker_env.py): a small
+launcher in POSIX sh, run once per task by `srun`, sets RANK, LOCAL_RANK, WORLD_SIZE,
+NODE_RANK, NNODES, MASTER_ADDR (the first node), MASTER_PORT and the rest from Slurm's
+own SLURM_* variables, then execs the job's command with its arguments as given (no
+shell parses them). Nothing of the control plane's environment reaches the job
+(`--export=NONE`); CUDA_VISIBLE_DEVICES is Slurm's (it binds the GPUs it allocated).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from cloud.clusters.backend import GangRequest
+from shared.worker_env import DEFAULT_VARIABLES
+
+# Each task: greenfed's variables from Slurm's, then the job's command.
+_TASK_LAUNCHER: Final = (
+    'per_node="$1"; shift; '
+    'export LOCAL_WORLD_SIZE="$SLURM_NTASKS_PER_NODE" NPROC_PER_NODE="$SLURM_NTASKS_PER_NODE" '
+    'NNODES="$SLURM_JOB_NUM_NODES" NODE_RANK="$SLURM_NODEID" GROUP_RANK="$SLURM_NODEID"; '
+    'if [ "$per_node" = 1 ]; then '
+    'export NPROC_PER_NODE="$GREENFED_PROCESSES" LOCAL_WORLD_SIZE="$GREENFED_PROCESSES" '
+    "RANK=$((SLURM_NODEID * GREENFED_PROCESSES)) LOCAL_RANK=0 "
+    "WORLD_SIZE=$((SLURM_JOB_NUM_NODES * GREENFED_PROCESSES)) "
+    'PET_NNODES="$SLURM_JOB_NUM_NODES" PET_NPROC_PER_NODE="$GREENFED_PROCESSES" '
+    'PET_NODE_RANK="$SLURM_NODEID" PET_MASTER_ADDR="$MASTER_ADDR" '
+    'PET_MASTER_PORT="$MASTER_PORT"; '
+    'else export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; fi; '
+    'exec "$@"'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitOptions:
+    """How a cluster takes greenfed's jobs (its registration says)."""
+
+    work_dir: str  # where job output files go, on the cluster's shared filesystem
+    account: str = ""
+    # greenfed priority (p0, p1, p2) -> a QOS, and -> a --nice value.
+    qos: Mapping[str, str] = field(default_factory=dict)
+    nice: Mapping[str, int] = field(default_factory=dict)
+
+
+def sbatch_arguments(gang: GangRequest, options: SubmitOptions) -> list[str]:
+    """`sbatch` and its options; the script goes on standard input."""
+    members = gang.members
+    tasks = {1 if gang.per_node else member.processes for member in members}
+    arguments = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={gang.key}",
+        f"--comment=greenfed:{gang.job_id}:{gang.attempt}:{gang.tenant}",
+        f"--partition={gang.partition}",
+        f"--nodes={len(members)}",
+        f"--nodelist={','.join(member.node for member in members)}",
+        # Equal on every node for every gang greenfed places today (docs/backends.md).
+        f"--ntasks-per-node={max(tasks)}",
+        f"--output={options.work_dir.rstrip('/')}/{gang.key}-%j.out",
+        f"--chdir={gang.working_dir or options.work_dir}",
+        "--export=NONE",
+        "--kill-on-invalid-dep=yes",
+        "--no-requeue",
+    ]
+    if gang.accelerator_type is not None:
+        per_node = max(member.accelerators for member in members)
+        arguments.append(f"--gres=gpu:{gang.accelerator_type}:{per_node}")
+    cpus = max(member.cpus for member in members)
+    if cpus:
+        arguments.append(f"--cpus-per-task={max(1, cpus // max(tasks))}")
+    if gang.time_limit_s is not None:
+        arguments.append(f"--time={max(1, math.ceil(gang.time_limit_s / 60))}")
+    if options.account:
+        arguments.append(f"--account={options.account}")
+    if gang.priority in options.qos:
+        arguments.append(f"--qos={options.qos[gang.priority]}")
+    if gang.priority in options.nice:
+        arguments.append(f"--nice={options.nice[gang.priority]}")
+    return arguments
+
+
+def batch_script(gang: GangRequest) -> str:
+    """The script `sbatch` runs on the first node of the allocation."""
+    processes = max(member.processes for member in gang.members)
+    lines = [
+        "#!/bin/sh",
+        f"# greenfed job {gang.job_id}, attempt {gang.attempt}, tenant {gang.tenant}",
+    ]
+    for name, value in DEFAULT_VARIABLES.items():
+        lines.append(f'export {name}="${{{name}:-{value}}}"')
+    for name, value in sorted(gang.env.items()):
+        lines.append(f"export {name}={shlex.quote(value)}")
+    fixed = {
+        "GREENFED_JOB_ID": gang.job_id,
+        "GREENFED_ATTEMPT": str(gang.attempt),
+        "GREENFED_TENANT": gang.tenant,
+        "GREENFED_PROCESSES": str(processes),
+        "MASTER_PORT": str(gang.master_port),
+    }
+    for name, value in fixed.items():
+        lines.append(f"export {name}={shlex.quote(value)}")
+    lines += [
+        'GREENFED_WORK_DIR="$(pwd)"; export GREENFED_WORK_DIR',
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "export MASTER_ADDR",
+        "exec srun --kill-on-bad-exit=1 --export=ALL sh -c "
+        + shlex.quote(_TASK_LAUNCHER)
+        + " greenfed-task "
+        + ("1" if gang.per_node else "0")
+        + " "
+        + " ".join(shlex.quote(part) for part in gang.command),
+        "",
+    ]
+    return "\n".join(lines)

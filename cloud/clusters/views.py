@@ -1,0 +1,107 @@
+"""The REST shapes of `/v1/clusters` (docs/rest.md#clusters), shared by the API, the
+store (a registration is kept as its `ClusterSpec`) and the CLI."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from shared.accelerators import ACCELERATORS
+from shared.errors import FieldError
+from shared.placement_names import MAX_PLACEMENT_CHARS, ZONE_PATTERN
+
+MAX_CLUSTERS: Final = 64
+# A cluster's name prefixes its nodes' ids (`<cluster>.<machine>`): one topic level's
+# characters, no dot (the separator).
+CLUSTER_NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,62}$(?!\n)"
+_NAME = Annotated[str, msgspec.Meta(pattern=CLUSTER_NAME_PATTERN)]
+_ZONE = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_PLACEMENT_CHARS, pattern=ZONE_PATTERN)
+]
+# Absolute paths, or empty where that means the default.
+_PATH = Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^(/[^\x00]*)?$")]
+_SLURM_NAME = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\s,=|]+$")]
+_PRIORITY = Literal["p0", "p1", "p2"]
+# An accelerator model greenfed knows (shared/accelerators.py); checked in ClusterSpec.
+_MODEL = Annotated[
+    str, msgspec.Meta(max_length=256, extra_json_schema={"enum": sorted(ACCELERATORS)})
+]
+
+
+class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class PartitionPlacement(_Body, frozen=True, kw_only=True):
+    """Where a partition's machines are, where it differs from the cluster's."""
+
+    zone: _ZONE
+    region: _ZONE
+
+
+class SlurmAccessSpec(_Body, frozen=True, kw_only=True):
+    """How the control plane reaches a Slurm cluster: its commands here (this host is a
+    login node) or on a login node over SSH."""
+
+    # [user@]host: never an option of ssh's own (no leading "-").
+    ssh: Annotated[
+        str, msgspec.Meta(max_length=256, pattern=r"^([A-Za-z0-9._][A-Za-z0-9._@:-]*)?$")
+    ] = ""
+    slurm_conf: _PATH = ""  # where the commands run; empty: their default
+    bin_dir: _PATH = ""  # where the commands are; empty: on the PATH
+    # Output files and default working directory, on the cluster's shared filesystem.
+    work_dir: Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^/[^\x00]*$")] = "/tmp"
+    account: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    qos: dict[_PRIORITY, _SLURM_NAME] = {}  # greenfed priority -> QOS
+    nice: dict[_PRIORITY, Annotated[int, msgspec.Meta(ge=-10000, le=10000)]] = {}
+
+
+class ClusterSpec(_Body, frozen=True, kw_only=True):
+    """What an admin registers (`POST /v1/clusters`)."""
+
+    name: _NAME
+    kind: Literal["slurm"] = "slurm"
+    zone: _ZONE
+    region: _ZONE
+    partitions: Annotated[
+        dict[_SLURM_NAME, PartitionPlacement | None], msgspec.Meta(max_length=256)
+    ] = {}
+    slurm: SlurmAccessSpec = SlurmAccessSpec()
+    # The cluster's GPU type names -> greenfed's accelerator models (shared/accelerators.py).
+    gres_models: Annotated[dict[_SLURM_NAME, _MODEL], msgspec.Meta(max_length=64)] = {}
+    refresh_interval_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 5.0
+
+    def __post_init__(self) -> None:
+        for type_name, model in self.gres_models.items():
+            if model not in ACCELERATORS:
+                raise FieldError(
+                    f"gres_models.{type_name}",
+                    f"{model!r} is not an accelerator model greenfed knows",
+                )
+
+
+class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
+    """A registered cluster and how it is doing (as this replica sees it)."""
+
+    spec: ClusterSpec
+    created_at: datetime
+    created_by: str
+    reachable: bool
+    last_contact_at: datetime | None
+    last_error: str
+    nodes: int
+    accelerators: dict[str, int]  # by greenfed model
+    # GPUs of types no model is known for: counted, never guessed (nothing runs there).
+    unknown_accelerator_types: dict[str, int]
+    pending_jobs: int  # the cluster's own queue, anyone's jobs
+    greenfed_jobs_running: int
+
+
+class ClusterList(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[ClusterView, ...]
+    count: int
+
+
+SPEC_DECODER: Final = msgspec.json.Decoder(ClusterSpec)

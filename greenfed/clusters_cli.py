@@ -1,0 +1,144 @@
+"""`greenfed clusters add|list|remove`: clusters with schedulers of their own (Slurm) as
+places greenfed runs work, through a running control plane's REST API (admin)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+from urllib.parse import quote
+
+import msgspec
+from rich.markup import escape
+from rich.table import Table
+
+from cloud.clusters.views import ClusterList, ClusterSpec, ClusterView
+from greenfed.api_client import ApiClient, CliError
+from greenfed.arguments import EXIT_OK, EXIT_USAGE
+from greenfed.work_commands import ago, console
+from shared.errors import FieldError
+
+
+def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for value in values or ():
+        key, sep, item = value.partition("=")
+        if not sep or not key or not item:
+            raise CliError(f"{option} {value!r}: expected KEY=VALUE", EXIT_USAGE)
+        found[key] = item
+    return found
+
+
+def spec_of(args: argparse.Namespace) -> ClusterSpec:
+    """The registration the command line describes; raises `CliError` naming the option."""
+    partitions: dict[str, Any] = {}
+    for value in args.partition or ():
+        name, _, placement = value.partition("=")
+        if not placement:
+            partitions[name] = None
+            continue
+        zone, sep, region = placement.partition("/")
+        if not sep:
+            raise CliError(f"--partition {value!r}: expected NAME or NAME=ZONE/REGION", EXIT_USAGE)
+        partitions[name] = {"zone": zone, "region": region}
+    nice: dict[str, int] = {}
+    for key, value in _pairs(args.nice, "--nice").items():
+        try:
+            nice[key] = int(value)
+        except ValueError:
+            raise CliError(f"--nice {key}={value}: not a whole number", EXIT_USAGE) from None
+    document = {
+        "name": args.name,
+        "kind": "slurm",
+        "zone": args.zone,
+        "region": args.region,
+        "partitions": partitions,
+        "slurm": {
+            "ssh": args.ssh or "",
+            "slurm_conf": args.slurm_conf or "",
+            "bin_dir": args.bin_dir or "",
+            "work_dir": args.work_dir,
+            "account": args.account or "",
+            "qos": _pairs(args.qos, "--qos"),
+            "nice": nice,
+        },
+        "gres_models": _pairs(args.gres_model, "--gres-model"),
+        "refresh_interval_s": args.refresh_interval,
+    }
+    try:
+        return msgspec.convert(document, ClusterSpec)
+    except (msgspec.ValidationError, FieldError) as error:
+        raise CliError(f"greenfed clusters add: {error}", EXIT_USAGE) from None
+
+
+def _print_json(value: object, out: TextIO) -> None:
+    out.write(msgspec.json.format(msgspec.json.encode(value)).decode() + "\n")
+
+
+def _summary(cluster: ClusterView) -> str:
+    gpus = ", ".join(f"{count} {model}" for model, count in sorted(cluster.accelerators.items()))
+    unknown = ", ".join(
+        f"{count} {name}" for name, count in sorted(cluster.unknown_accelerator_types.items())
+    )
+    return gpus + (f" (unknown types, not used: {unknown})" if unknown else "")
+
+
+async def add_cluster(
+    client: ApiClient, spec: ClusterSpec, *, json: bool, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    _, payload = await client.call("POST", "/v1/clusters", body=msgspec.json.encode(spec))
+    cluster = msgspec.json.decode(payload, type=ClusterView)
+    if json:
+        _print_json(cluster, out)
+        return EXIT_OK
+    out.write(
+        f"cluster {cluster.spec.name} registered ({cluster.spec.kind}, {cluster.spec.zone} "
+        f"{cluster.spec.region}); its machines appear in `greenfed nodes` as "
+        f"{cluster.spec.name}.<machine> once it answers (greenfed clusters list)\n"
+    )
+    return EXIT_OK
+
+
+async def list_clusters(client: ApiClient, *, json: bool, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    clusters = await client.get("/v1/clusters", ClusterList)
+    if json:
+        _print_json(clusters, out)
+        return EXIT_OK
+    table = Table(title=f"clusters: {clusters.count}", title_justify="left")
+    for column in ("cluster", "kind", "zone", "region", "state", "nodes", "accelerators",
+                   "queue", "greenfed jobs"):  # fmt: skip
+        table.add_column(column)
+    for cluster in clusters.items:
+        if cluster.reachable:
+            state = "[green]reachable[/]"
+        else:
+            contact = ago(cluster.last_contact_at) if cluster.last_contact_at else "never"
+            state = f"[red]unreachable[/] (last contact {contact}): {escape(cluster.last_error)}"
+        table.add_row(
+            cluster.spec.name,
+            cluster.spec.kind,
+            cluster.spec.zone,
+            cluster.spec.region,
+            state,
+            str(cluster.nodes),
+            escape(_summary(cluster)),
+            f"{cluster.pending_jobs} pending",
+            str(cluster.greenfed_jobs_running),
+        )
+    console(out).print(table)
+    return EXIT_OK
+
+
+async def remove_cluster(
+    client: ApiClient, name: str, *, json: bool, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    _, payload = await client.call("DELETE", f"/v1/clusters/{quote(name, safe='')}")
+    cluster = msgspec.json.decode(payload, type=ClusterView)
+    if json:
+        _print_json(cluster, out)
+        return EXIT_OK
+    out.write(f"cluster {cluster.spec.name} removed; its nodes left the registry\n")
+    return EXIT_OK
