@@ -70,7 +70,7 @@ from cloud.app_keys import (
 )
 from cloud.broker_accounts import broker_accounts_from
 from cloud.clusters.bridge import ClusterBridge
-from cloud.clusters.runtime import ClusterFleet
+from cloud.clusters.runtime import ClusterFleet, hints_from
 from cloud.fleet import node_admin
 from cloud.fleet.assignments import AssignmentIndex, refresh_forever
 from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
@@ -359,6 +359,8 @@ def create_app(
         # A cluster job no document names is cancelled only once this process's loop has
         # handed every node its document (cloud/clusters/bridge.py).
         loop_passes=lambda: app[SCHEDULER].stats.passes if SCHEDULER in app else 0,
+        work_hints=lambda job_id: hints_from(app[STORE], job_id),
+        on_log=job_logs.append,
     )
     enrolment.install(app)
     # enrolment first: its /v1/nodes/enrolled and /v1/nodes/join-tokens before /v1/nodes/{node_id}

@@ -30,10 +30,11 @@ cluster (deleted behind greenfed's back) ends `failed`, saying so.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -58,6 +59,7 @@ from shared.messages import (
     DesiredState,
     DesiredTraining,
     HostInfo,
+    JobLogChunk,
     NodeStatus,
     NodeTaint,
     ReportedState,
@@ -67,7 +69,12 @@ from shared.messages import (
 )
 
 DEFAULT_REFRESH_INTERVAL_S: Final = 5.0
+# Output read per job and refresh (a job printing faster is followed over several).
+MAX_LOG_READ_BYTES: Final = 256 * 1024
 MAX_RETRY_INTERVAL_S: Final = 60.0
+# While one of greenfed's jobs waits to start there.
+FAST_REFRESH_INTERVAL_S: Final = 0.25
+FAST_REFRESH_FOR_S: Final = 30.0
 CLUSTER_LABEL: Final = "greenfed.io/cluster"
 UNREACHABLE_TAINT: Final = "greenfed.io/cluster-unreachable"
 UNAVAILABLE_TAINT: Final = "greenfed.io/cluster-node-unavailable"
@@ -93,6 +100,15 @@ class ClusterPlacement:
         return self.partitions.get(partition, (self.zone, self.region))
 
 
+@dataclass(frozen=True, slots=True)
+class WorkHints:
+    """What a cluster job is submitted with beyond the loop's document: the job's
+    priority (the cluster's QOS or nice for it) and its deadline (a time limit)."""
+
+    priority: str = "p1"
+    deadline_at: float | None = None  # UTC epoch seconds
+
+
 @dataclass(slots=True)
 class ClusterHealth:
     """What the cluster's listing in `GET /v1/clusters` says of it."""
@@ -105,6 +121,18 @@ class ClusterHealth:
     accelerators: dict[str, int] = field(default_factory=dict)  # by model
     unknown_accelerator_types: dict[str, int] = field(default_factory=dict)
     jobs_running: int = 0
+
+
+def _complete_utf8(data: bytes) -> tuple[str, int]:
+    """The text of `data` up to its last whole UTF-8 character, and the bytes used: a
+    character split across two reads is decoded whole with the next."""
+    for cut in range(min(4, len(data)) + 1):
+        try:
+            end = len(data) - cut
+            return data[:end].decode(), end
+        except UnicodeDecodeError:
+            continue
+    return data.decode(errors="replace"), len(data)
 
 
 def _live(job: ClusterJob) -> bool:
@@ -123,6 +151,8 @@ class ClusterBridge:
         gres_models: Mapping[str, str] | None = None,
         notify: Callable[[], None] = lambda: None,
         loop_passes: Callable[[], int] | None = None,
+        work_hints: Callable[[str], Awaitable[WorkHints | None]] | None = None,
+        on_log: Callable[[JobLogChunk], None] | None = None,
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -140,6 +170,11 @@ class ClusterBridge:
         self._gres_models = dict(gres_models or {})
         self._notify = notify
         self._loop_passes = loop_passes
+        self._work_hints = work_hints
+        self._on_log = on_log
+        # How much of each job's output went to the log store, by (job, attempt).
+        self._log_offsets: dict[tuple[str, int], int] = {}
+        self._log_done: set[tuple[str, int]] = set()
         self._passes_at_start = loop_passes() if loop_passes is not None else 0
         self._refresh_interval_s = refresh_interval_s
         self._clock = clock
@@ -186,8 +221,21 @@ class ClusterBridge:
             failures = 0 if self.health.reachable else failures + 1
             # A cluster that does not answer is asked less and less often, up to a minute.
             wait_s = min(MAX_RETRY_INTERVAL_S, self._refresh_interval_s * 2 ** min(failures, 6))
+            if not failures:
+                # A job just submitted is looked at often while it waits to start: it
+                # shows running sooner (not for long: slurmctld answers everyone).
+                now = self._clock()
+                waiting = any(
+                    job.state == "pending" and now - (job.submitted_at or 0.0) < FAST_REFRESH_FOR_S
+                    for job in self._jobs.values()
+                )
+                wait_s = (
+                    min(FAST_REFRESH_INTERVAL_S, self._refresh_interval_s)
+                    if waiting
+                    else (self._refresh_interval_s)
+                )
             try:
-                async with asyncio.timeout(wait_s if failures else self._refresh_interval_s):
+                async with asyncio.timeout(wait_s):
                     await self._wake.wait()
             except TimeoutError:
                 pass
@@ -205,6 +253,7 @@ class ClusterBridge:
             self._reached(capacity, jobs)
             try:
                 await self._reconcile()
+                await self._follow_output()
             except ClusterUnreachable as error:
                 self._unreachable(str(error))
         self._announce()
@@ -480,6 +529,7 @@ class ClusterBridge:
                 continue
             if not self._documents_current(gang):
                 continue
+            gang = await self._with_hints(gang)
             try:
                 backend_id = await self.backend.submit(gang)
             except ClusterRefused as error:
@@ -514,6 +564,45 @@ class ClusterBridge:
                     reason="cancelled by greenfed",
                     finished_at=self._clock(),
                 )
+
+    async def _with_hints(self, gang: GangRequest) -> GangRequest:
+        """The gang with its job's priority, and a time limit no later than its deadline."""
+        hints = await self._work_hints(gang.job_id) if self._work_hints is not None else None
+        if hints is None:
+            return gang
+        time_limit_s = gang.time_limit_s
+        if hints.deadline_at is not None:
+            until_deadline_s = max(60.0, hints.deadline_at - self._clock())
+            time_limit_s = min(time_limit_s or until_deadline_s, until_deadline_s)
+        return dataclasses.replace(gang, priority=hints.priority, time_limit_s=time_limit_s)
+
+    async def _follow_output(self) -> None:
+        """New output of greenfed's cluster jobs into the log store (`greenfed logs`),
+        until a job that ended has none left."""
+        if self._on_log is None:
+            return
+        for key, job in self._jobs.items():
+            if key in self._log_done or key not in self._submitted:
+                continue
+            if job.output_path is None or not job.nodes:
+                continue
+            offset = self._log_offsets.get(key, 0)
+            data = await self.backend.read_output(job, offset, MAX_LOG_READ_BYTES)
+            text, used = _complete_utf8(data)
+            if text:
+                self._on_log(
+                    JobLogChunk(
+                        node_id=self.node_id(job.nodes[0]),
+                        job_id=job.job_id,
+                        attempt=job.attempt,
+                        offset=offset,
+                        text=text,
+                        sent_at=self._clock(),
+                    )
+                )
+                self._log_offsets[key] = offset + used
+            elif not _live(job):
+                self._log_done.add(key)
 
     def _documents_current(self, gang: GangRequest) -> bool:
         return all(self.node_id(member.node) in self._documents for member in gang.members)

@@ -13,25 +13,41 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
 
+import msgspec
 import structlog
 
 from cloud.clusters.backend import ClusterBackend
-from cloud.clusters.bridge import ClusterBridge, ClusterPlacement
+from cloud.clusters.bridge import ClusterBridge, ClusterPlacement, WorkHints
 from cloud.clusters.slurm.backend import SlurmBackend
 from cloud.clusters.slurm.commands import SlurmAccess, SlurmCommands
 from cloud.clusters.slurm.script import SubmitOptions
 from cloud.clusters.views import ClusterSpec, ClusterView
 from cloud.fleet.registry import NodeRegistry
+from cloud.store import Store
 from cloud.store.clusters import ClusterRecord
 from shared.clock import utc_from_epoch
-from shared.messages import DesiredState
+from shared.messages import DesiredState, JobLogChunk
 from shared.tasks import cancel_and_wait
 
 RELOAD_INTERVAL_S: Final = 3.0
 
 _log = structlog.get_logger("greenfed.clusters")
+
+
+async def hints_from(store: Store, job_id: str) -> WorkHints | None:
+    """A job's priority and deadline, from the store (when a cluster job is submitted)."""
+    record = await store.find_work(job_id)
+    if record is None:
+        return None
+    deadline = msgspec.json.decode(record.spec).get("deadline")
+    deadline_at = None
+    if isinstance(deadline, str):
+        with contextlib.suppress(ValueError):
+            deadline_at = datetime.fromisoformat(deadline.replace("Z", "+00:00")).timestamp()
+    return WorkHints(priority=record.priority, deadline_at=deadline_at)
 
 
 def backend_of(spec: ClusterSpec) -> ClusterBackend:
@@ -63,11 +79,15 @@ class ClusterFleet:
         *,
         notify: Callable[[], None],
         loop_passes: Callable[[], int] | None = None,
+        work_hints: Callable[[str], Awaitable[WorkHints | None]] | None = None,
+        on_log: Callable[[JobLogChunk], None] | None = None,
         backend_factory: Callable[[ClusterSpec], ClusterBackend] = backend_of,
     ) -> None:
         self._registry = registry
         self._notify = notify
         self._loop_passes = loop_passes
+        self._work_hints = work_hints
+        self._on_log = on_log
         # Told of every bridge that starts (the publisher hands its nodes' documents
         # over again: cloud/loop/publisher.py `resend`).
         self.started_listeners: list[Callable[[ClusterBridge], None]] = []
@@ -117,6 +137,8 @@ class ClusterFleet:
             gres_models=spec.gres_models,
             notify=self._notify,
             loop_passes=self._loop_passes,
+            work_hints=self._work_hints,
+            on_log=self._on_log,
             refresh_interval_s=spec.refresh_interval_s,
         )
         task = asyncio.create_task(bridge.run(), name=f"cluster-{spec.name}")

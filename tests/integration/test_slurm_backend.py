@@ -15,10 +15,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from cloud.app_keys import CLUSTERS, REGISTRY
+from cloud.app_keys import CLUSTERS, REGISTRY, SETTINGS
+from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from tests.api.support import Api, bearer, problem, running_api
 from tests.store.databases import DatabaseUnderTest
-from tests.support.control_plane import FAST_LOOP, reaches
+from tests.support.control_plane import FAST_LOOP, RecordingLauncher, reaches
+from tests.support.fleet import running, simulated_agent
 from tests.support.slurm import SlurmCluster
 from tests.support.waiting import eventually, eventually_async
 
@@ -30,24 +32,24 @@ SCHEDULING = msgspec.structs.replace(FAST_LOOP, node_lost_grace_s=10.0)
 CLUSTER = "lab"
 
 
-def registration(slurm: SlurmCluster, **extra: Any) -> dict[str, Any]:
+def registration(cluster: SlurmCluster, **extra: Any) -> dict[str, Any]:
     return {
         "name": CLUSTER,
         "zone": "DE",
         "region": "europe-west3",
-        "slurm": {"slurm_conf": str(slurm.conf_path), "work_dir": str(slurm.job_dir)},
+        "slurm": {"slurm_conf": str(cluster.conf_path), "work_dir": str(cluster.job_dir)},
         "refresh_interval_s": 1.0,
         **extra,
     }
 
 
-async def register(api: Api, slurm: SlurmCluster) -> dict[str, Any]:
+async def register(api: Api, cluster: SlurmCluster, **extra: Any) -> dict[str, Any]:
     response = await api.client.post(
-        "/v1/clusters", json=registration(slurm), headers=bearer(api.admin_token)
+        "/v1/clusters", json=registration(cluster, **extra), headers=bearer(api.admin_token)
     )
     assert response.status == 201, await response.text()
     body: dict[str, Any] = await response.json()
-    node_ids = [f"{CLUSTER}.{name}" for name in slurm.node_names]
+    node_ids = [f"{CLUSTER}.{name}" for name in cluster.node_names]
 
     def online() -> bool:
         records = [api.app[REGISTRY].get(node_id) for node_id in node_ids]
@@ -107,7 +109,8 @@ async def test_a_registered_cluster_is_nodes_and_runs_a_gang_as_one_slurm_job(
         token = await api.tenant("acme")
         script = (
             'mkdir -p "$OUT"; echo "$RANK $WORLD_SIZE $LOCAL_RANK $NODE_RANK $NNODES '
-            '$MASTER_ADDR $MASTER_PORT $GREENFED_JOB_ID" > "$OUT/rank-$RANK"'
+            '$MASTER_ADDR $MASTER_PORT $GREENFED_JOB_ID" > "$OUT/rank-$RANK"; '
+            'echo "hello from rank $RANK"'
         )
         gang = await api.submitted(
             token,
@@ -123,13 +126,22 @@ async def test_a_registered_cluster_is_nodes_and_runs_a_gang_as_one_slurm_job(
         assert {r[5] for r in ranks} == {slurm.node_names[0]}  # the first machine
         assert {r[7] for r in ranks} == {gang}
 
+        # What the job printed, through `greenfed logs` (the job's output file).
+        async def printed() -> bool:
+            response = await api.get(token, f"/v1/jobs/{gang}/logs")
+            text = await response.text()
+            return "hello from rank 0" in text and "hello from rank 1" in text
+
+        await eventually_async(printed, timeout_s=30, message="no output in the job's logs")
+
 
 @sqlite_only
 async def test_a_failing_job_fails_with_its_exit_code_and_a_cancelled_one_is_scancelled(
     slurm: SlurmCluster, database: DatabaseUnderTest
 ) -> None:
     async with running_api(database, scheduling=SCHEDULING) as api:
-        await register(api, slurm)
+        access = {"slurm_conf": str(slurm.conf_path), "work_dir": str(slurm.job_dir)}
+        await register(api, slurm, slurm={**access, "nice": {"p2": 50}})
         token = await api.tenant("acme")
         failing = await api.submitted(token, job("fails", ["sh", "-c", "exit 3"], max_retries=0))
         body = await reaches(api, token, failing, "failed", timeout_s=60)
@@ -137,8 +149,12 @@ async def test_a_failing_job_fails_with_its_exit_code_and_a_cancelled_one_is_sca
         (row,) = await accounted(slurm, failing, ["FAILED"])
         assert row["exit"] == "3:0"
 
-        long = await api.submitted(token, job("long", ["sleep", "600"]))
+        long = await api.submitted(token, job("long", ["sleep", "600"], priority="p2"))
         await reaches(api, token, long, "running", timeout_s=60)
+        # The job's priority went with it: p2's nice value, as registered.
+        shown = await slurm.run("scontrol", "-o", "show", "job")
+        (line,) = [line for line in shown.stdout.splitlines() if f"JobName=gf-{long}-" in line]
+        assert " Nice=50 " in line
         response = await api.client.delete(f"/v1/jobs/{long}", headers=bearer(token))
         assert response.status in (200, 202), await response.text()
         await reaches(api, token, long, "cancelled", timeout_s=30)
@@ -231,3 +247,59 @@ async def test_registrations_are_checked_and_admin_only(
             await api.get(api.admin_token, "/v1/audit?action=cluster.add,cluster.remove")
         ).json()
         assert [e["action"] for e in audit["items"]] == ["cluster.remove", "cluster.add"]
+
+
+# CA-ON's grid is among the cleanest of the shipped traces (tens of g/kWh), ZA's among
+# the dirtiest (hundreds): green placement must choose by zone, cluster or agent alike.
+@sqlite_only
+@pytest.mark.parametrize(
+    ("cluster_zone", "agent_zone", "chosen"),
+    [("CA-ON", "ZA", "cluster"), ("ZA", "CA-ON", "agent")],
+)
+async def test_green_placement_chooses_between_a_cluster_and_an_agent_by_zone(
+    slurm: SlurmCluster,
+    database: DatabaseUnderTest,
+    cluster_zone: str,
+    agent_zone: str,
+    chosen: str,
+) -> None:
+    async with running_api(database, scheduling=SCHEDULING) as api:
+        agent = simulated_agent(
+            "agent-a100",
+            api.app[SETTINGS].mqtt,
+            "a100-4x",
+            site="cloud",
+            zone=agent_zone,
+            region="agent-region",
+            telemetry_interval_s=0.5,
+            training_launcher=RecordingLauncher("agent-a100", "a100-4x"),
+            control_plane_public_key=public_key_base64(
+                load_or_create_signing_key(api.app[SETTINGS])
+            ),
+        )
+        async with running(agent):
+            await eventually(lambda: api.app[REGISTRY].get("agent-a100") is not None)
+            await register(api, slurm, zone=cluster_zone, region="cluster-region")
+            token = await api.tenant("acme")
+            work = await api.submitted(token, job("green", ["sleep", "600"]))
+            body = await reaches(api, token, work, "running", timeout_s=60)
+            (node,) = body["nodes"]
+            assert node.startswith(f"{CLUSTER}.") == (chosen == "cluster"), body
+            explained = await (await api.get(token, f"/v1/jobs/{work}/explain")).json()
+            (placement,) = explained["explanation"]["placements"]
+
+            def carbon(candidate: dict[str, Any]) -> float:
+                (term,) = [t for t in candidate["terms"] if t["name"] == "carbon"]
+                return float(term["value"])
+
+            # The carbon term decided it: every node of the other kind scored worse on it.
+            losers = [
+                runner
+                for runner in placement["runners_up"]
+                if runner["node_id"].startswith(f"{CLUSTER}.") != node.startswith(f"{CLUSTER}.")
+            ]
+            assert losers
+            assert all(carbon(placement["chosen"]) > carbon(runner) for runner in losers)
+            response = await api.client.delete(f"/v1/jobs/{work}", headers=bearer(token))
+            assert response.status in (200, 202), await response.text()
+            await reaches(api, token, work, "cancelled", timeout_s=30)
