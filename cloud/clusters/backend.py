@@ -123,8 +123,10 @@ class ClusterBackend(ABC):
     async def capacity(self) -> ClusterCapacity: ...
 
     @abstractmethod
-    async def jobs(self) -> tuple[ClusterJob, ...]:
-        """greenfed's jobs there, live ones and those that ended recently."""
+    async def jobs(self, *, include_ended: bool = True) -> tuple[ClusterJob, ...]:
+        """greenfed's jobs there: live ones and those that ended recently, and with
+        `include_ended` those the cluster's history holds too (slower: asked for when a
+        job is missing, and now and then)."""
 
     @abstractmethod
     async def submit(self, gang: GangRequest) -> str:

@@ -75,6 +75,7 @@ MAX_RETRY_INTERVAL_S: Final = 60.0
 # While one of greenfed's jobs waits to start there.
 FAST_REFRESH_INTERVAL_S: Final = 0.25
 FAST_REFRESH_FOR_S: Final = 30.0
+HISTORY_INTERVAL_S: Final = 300.0
 CLUSTER_LABEL: Final = "greenfed.io/cluster"
 UNREACHABLE_TAINT: Final = "greenfed.io/cluster-unreachable"
 UNAVAILABLE_TAINT: Final = "greenfed.io/cluster-node-unavailable"
@@ -175,6 +176,9 @@ class ClusterBridge:
         # How much of each job's output went to the log store, by (job, attempt).
         self._log_offsets: dict[tuple[str, int], int] = {}
         self._log_done: set[tuple[str, int]] = set()
+        self._history_read_at: float | None = None
+        # Live jobs missing from the live listing: their end is read from the history.
+        self._ended_unseen: set[tuple[str, int]] = set()
         self._passes_at_start = loop_passes() if loop_passes is not None else 0
         self._refresh_interval_s = refresh_interval_s
         self._clock = clock
@@ -246,11 +250,14 @@ class ClusterBridge:
         refusal of the commands that only read is taken as the cluster being away)."""
         try:
             capacity = await self.backend.capacity()
-            jobs = await self.backend.jobs()
+            history = self._history_due()
+            jobs = await self.backend.jobs(include_ended=history)
+            if history:
+                self._history_read_at = self._clock()
         except (ClusterUnreachable, ClusterRefused) as error:
             self._unreachable(str(error))
         else:
-            self._reached(capacity, jobs)
+            self._reached(capacity, jobs, with_history=history)
             try:
                 await self._reconcile()
                 await self._follow_output()
@@ -260,13 +267,25 @@ class ClusterBridge:
         self._report()
         self._notify()
 
+    def _history_due(self) -> bool:
+        """Whether this step reads the cluster's history (slow: slurmdbd) too: at the
+        first step (a restarted control plane adopts what ended meanwhile), when a job
+        greenfed submitted is missing from the live listing, and every few minutes."""
+        if self._history_read_at is None:
+            return True
+        if self._ended_unseen:
+            return True
+        return self._clock() - self._history_read_at > HISTORY_INTERVAL_S
+
     def _unreachable(self, error: str) -> None:
         if self.health.reachable or not self.health.last_error:
             _log.warning("cluster unreachable", cluster=self.name, error=error[:300])
         self.health.reachable = False
         self.health.last_error = error[:1000]
 
-    def _reached(self, capacity: ClusterCapacity, jobs: tuple[ClusterJob, ...]) -> None:
+    def _reached(
+        self, capacity: ClusterCapacity, jobs: tuple[ClusterJob, ...], *, with_history: bool
+    ) -> None:
         if not self.health.reachable:
             _log.info("cluster reachable", cluster=self.name, nodes=len(capacity.nodes))
         now = self._clock()
@@ -279,11 +298,24 @@ class ClusterBridge:
         for job in sorted(jobs, key=lambda j: int(j.backend_id) if j.backend_id.isdigit() else 0):
             latest[(job.job_id, job.attempt)] = job  # the newest of a name wins
         for key, backend_id in self._submitted.items():
+            if key in latest or key in self._vanished:
+                continue
+            if not with_history:
+                # Not in the live listing: an ended job aged out of it keeps its known
+                # end; a live one's end is in the history, which the next step reads.
+                known = self._jobs.get(key)
+                if known is not None:
+                    latest[key] = known
+                    if _live(known):
+                        self._ended_unseen.add(key)
+                continue
             if key not in latest and key not in self._vanished:
                 _log.warning(
                     "cluster job vanished", cluster=self.name, key=key, backend_id=backend_id
                 )
                 self._vanished[key] = now
+        if with_history:
+            self._ended_unseen.clear()
         self._jobs = latest
         self.health.jobs_running = sum(job.state == "running" for job in latest.values())
 

@@ -303,3 +303,31 @@ async def test_green_placement_chooses_between_a_cluster_and_an_agent_by_zone(
             response = await api.client.delete(f"/v1/jobs/{work}", headers=bearer(token))
             assert response.status in (200, 202), await response.text()
             await reaches(api, token, work, "cancelled", timeout_s=30)
+
+
+@sqlite_only
+async def test_a_job_cancelled_behind_greenfeds_back_ends_saying_so(
+    slurm: SlurmCluster, database: DatabaseUnderTest
+) -> None:
+    async with running_api(database, scheduling=SCHEDULING) as api:
+        await register(api, slurm)
+        token = await api.tenant("acme")
+        long = await api.submitted(token, job("long", ["sleep", "600"], max_retries=0))
+        await reaches(api, token, long, "running", timeout_s=60)
+        (row,) = await accounted(slurm, long, ["RUNNING"])
+        await slurm.run("scancel", row["id"])  # an operator of the cluster, not greenfed
+        seen: dict[str, Any] = {}
+
+        async def ended() -> bool:
+            seen.update(await (await api.get(token, f"/v1/jobs/{long}")).json())
+            return bool(seen["state"] != "running")
+
+        await eventually_async(ended, timeout_s=30, message=lambda: f"still {seen}")
+        # Requeued, as a preempted worker is, with the cluster's reason in its history.
+        assert seen["attempts"] == 2 or seen["state"] == "pending", seen
+        reasons = [
+            msgspec.json.decode(event.payload).get("reason") or ""
+            for event in await api.store.list_events(tenant_id=None, limit=1000)
+            if event.work_id == long and event.kind == "work.state"
+        ]
+        assert any("cancelled on the cluster" in reason for reason in reasons), reasons

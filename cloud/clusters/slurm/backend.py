@@ -54,8 +54,10 @@ class SlurmBackend(ClusterBackend):
         pending = await self._commands.run("squeue", "-h", "-t", "PD", "-o", "%i")
         return ClusterCapacity(nodes=nodes, pending_jobs=len(pending.split()))
 
-    async def jobs(self) -> tuple[ClusterJob, ...]:
+    async def jobs(self, *, include_ended: bool = True) -> tuple[ClusterJob, ...]:
         live = jobs_of(await self._commands.run("scontrol", "-o", "show", "job"))
+        if not include_ended:
+            return live
         known = {job.backend_id for job in live}
         older = tuple(job for job in await self._accounted() if job.backend_id not in known)
         return live + older
@@ -80,10 +82,12 @@ class SlurmBackend(ClusterBackend):
         return accounted_jobs(text)
 
     async def submit(self, gang: GangRequest) -> str:
-        for job in await self.jobs():
-            if (job.job_id, job.attempt) == (gang.job_id, gang.attempt):
-                _log.info("slurm job adopted", key=gang.key, slurm_job_id=job.backend_id)
-                return job.backend_id
+        # A job of that name Slurm still knows (live, or ended within MinJobAge) is this
+        # attempt already: adopted. (The bridge adopts what the cluster's history holds.)
+        named = await self._commands.run("squeue", "-h", "--name", gang.key, "-o", "%i")
+        for backend_id in named.split():
+            _log.info("slurm job adopted", key=gang.key, slurm_job_id=backend_id)
+            return backend_id
         output = await self._commands.run(
             *sbatch_arguments(gang, self._options), stdin=batch_script(gang).encode()
         )
