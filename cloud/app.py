@@ -361,6 +361,8 @@ def create_app(
         loop_passes=lambda: app[SCHEDULER].stats.passes if SCHEDULER in app else 0,
         work_hints=lambda job_id: hints_from(app[STORE], job_id),
         on_log=job_logs.append,
+        # The live list: accounting joins it when scheduling starts.
+        telemetry_listeners=ingestor.telemetry_listeners,
     )
     enrolment.install(app)
     # enrolment first: its /v1/nodes/enrolled and /v1/nodes/join-tokens before /v1/nodes/{node_id}

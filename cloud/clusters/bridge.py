@@ -34,7 +34,7 @@ import dataclasses
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -51,7 +51,7 @@ from cloud.clusters.backend import (
     GangRequest,
 )
 from cloud.clusters.gres import accelerator_facts
-from cloud.fleet.registry import NodeRegistry
+from cloud.fleet.registry import NodeRegistry, Rejection
 from shared import __version__
 from shared.messages import (
     Accelerator,
@@ -154,6 +154,7 @@ class ClusterBridge:
         loop_passes: Callable[[], int] | None = None,
         work_hints: Callable[[str], Awaitable[WorkHints | None]] | None = None,
         on_log: Callable[[JobLogChunk], None] | None = None,
+        telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -173,6 +174,8 @@ class ClusterBridge:
         self._loop_passes = loop_passes
         self._work_hints = work_hints
         self._on_log = on_log
+        # Hear every sample the registry took, as ingestion's listeners do (accounting).
+        self._telemetry_listeners = telemetry_listeners
         # How much of each job's output went to the log store, by (job, attempt).
         self._log_offsets: dict[tuple[str, int], int] = {}
         self._log_done: set[tuple[str, int]] = set()
@@ -356,7 +359,10 @@ class ClusterBridge:
                 self._births[node_id] = status
                 self._registry.apply_status(status)
             self._seq[node_id] += 1
-            self._registry.apply_telemetry(self._sample(node_id, status))
+            sample = self._sample(node_id, status)
+            if not isinstance(self._registry.apply_telemetry(sample), Rejection):
+                for listener in self._telemetry_listeners:
+                    listener(sample)
         self._machines = machines
         self.health.nodes = len(machines)
         self.health.accelerators = dict(models)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -29,7 +29,7 @@ from cloud.fleet.registry import NodeRegistry
 from cloud.store import Store
 from cloud.store.clusters import ClusterRecord
 from shared.clock import utc_from_epoch
-from shared.messages import DesiredState, JobLogChunk
+from shared.messages import DesiredState, JobLogChunk, Telemetry
 from shared.tasks import cancel_and_wait
 
 RELOAD_INTERVAL_S: Final = 3.0
@@ -81,6 +81,7 @@ class ClusterFleet:
         loop_passes: Callable[[], int] | None = None,
         work_hints: Callable[[str], Awaitable[WorkHints | None]] | None = None,
         on_log: Callable[[JobLogChunk], None] | None = None,
+        telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
         backend_factory: Callable[[ClusterSpec], ClusterBackend] = backend_of,
     ) -> None:
         self._registry = registry
@@ -88,6 +89,7 @@ class ClusterFleet:
         self._loop_passes = loop_passes
         self._work_hints = work_hints
         self._on_log = on_log
+        self._telemetry_listeners = telemetry_listeners
         # Told of every bridge that starts (the publisher hands its nodes' documents
         # over again: cloud/loop/publisher.py `resend`).
         self.started_listeners: list[Callable[[ClusterBridge], None]] = []
@@ -139,6 +141,7 @@ class ClusterFleet:
             loop_passes=self._loop_passes,
             work_hints=self._work_hints,
             on_log=self._on_log,
+            telemetry_listeners=self._telemetry_listeners,
             refresh_interval_s=spec.refresh_interval_s,
         )
         task = asyncio.create_task(bridge.run(), name=f"cluster-{spec.name}")

@@ -203,6 +203,18 @@ async def test_a_restarted_control_plane_adopts_the_slurm_job_and_survives_slurm
         assert (await reaches(api, token, long, "running"))["attempts"] == 1
         await accounted(slurm, long, ["RUNNING"])
 
+        # Metered like any other job: the energy model's figures (the cluster measures
+        # nothing greenfed can read here), flagged as such.
+        usage: dict[str, Any] = {}
+
+        async def metered() -> bool:
+            usage.update((await (await api.get(token, f"/v1/jobs/{long}")).json())["usage"] or {})
+            return bool(usage.get("energy_kwh"))
+
+        await eventually_async(metered, timeout_s=60, message=lambda: f"usage: {usage}")
+        assert usage["measured_share"] == 0.0
+        assert usage["gco2eq_g"] > 0
+
         # A cluster with greenfed's work on it is not removed from under it.
         response = await api.client.delete(
             f"/v1/clusters/{CLUSTER}", headers=bearer(api.admin_token)
