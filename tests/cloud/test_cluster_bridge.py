@@ -1,0 +1,224 @@
+"""The cluster bridge (cloud/clusters/bridge.py) against an in-memory back-end: the seam
+a real cluster plugs into (the real one runs in tests/integration/test_slurm_backend.py).
+What it must never do: submit or cancel while the cluster does not answer, cancel what
+a restarted control plane has not yet handed documents for, run a gang before every
+member's document came, place work on GPUs the cluster gave to others or on types it
+cannot name."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from cloud.clusters.backend import (
+    ClusterBackend,
+    ClusterCapacity,
+    ClusterJob,
+    ClusterNode,
+    ClusterRefused,
+    ClusterUnreachable,
+    GangRequest,
+)
+from cloud.clusters.bridge import OTHER_WORK, UNREACHABLE_TAINT, ClusterBridge, ClusterPlacement
+from cloud.fleet.registry import NodeRegistry
+from shared.messages import DesiredState, DesiredTraining, ReportedTraining
+
+JOB = "01M8XES6JQ9S91MCASPSBYBS71"
+
+
+class MemoryCluster(ClusterBackend):
+    def __init__(self) -> None:
+        self.nodes = [
+            ClusterNode("n1", ("gpu",), 8, 64 << 30, {"a100": 4, "mystery": 2}, {"a100": 1}),
+            ClusterNode("n2", ("gpu",), 8, 64 << 30, {"a100": 4}, {}),
+        ]
+        self.jobs_held: dict[str, ClusterJob] = {}
+        self.submitted: list[GangRequest] = []
+        self.cancelled: list[str] = []
+        self.reachable = True
+        self.refuse = ""
+        self._ids = itertools.count(1)
+
+    def _check(self) -> None:
+        if not self.reachable:
+            raise ClusterUnreachable("slurmctld does not answer")
+
+    async def capacity(self) -> ClusterCapacity:
+        self._check()
+        return ClusterCapacity(nodes=tuple(self.nodes), pending_jobs=3)
+
+    async def jobs(self, *, include_ended: bool = True) -> tuple[ClusterJob, ...]:
+        self._check()
+        return tuple(self.jobs_held.values())
+
+    async def submit(self, gang: GangRequest) -> str:
+        self._check()
+        if self.refuse:
+            raise ClusterRefused(self.refuse)
+        backend_id = str(next(self._ids))
+        self.submitted.append(gang)
+        self.jobs_held[backend_id] = ClusterJob(
+            backend_id,
+            gang.job_id,
+            gang.attempt,
+            "running",
+            nodes=tuple(m.node for m in gang.members),
+        )
+        return backend_id
+
+    async def cancel(self, job: ClusterJob) -> None:
+        self._check()
+        self.cancelled.append(job.backend_id)
+        self.jobs_held.pop(job.backend_id, None)
+
+    async def read_output(self, job: ClusterJob, offset: int, limit: int) -> bytes:
+        return b""
+
+
+def document(node_id: str, *entries: DesiredTraining, generation: int = 1) -> DesiredState:
+    return DesiredState(
+        node_id=node_id, generation=generation, issued_at=1.0, cluster_id="c1", training=entries
+    )
+
+
+def training(
+    node_rank: int = 0, nodes: int = 1, ids: tuple[str, ...] = ("gpu1",)
+) -> DesiredTraining:
+    return DesiredTraining(
+        job_id=JOB, attempt=1, command=("true",), accelerator_ids=ids, node_rank=node_rank,
+        nodes=nodes, world_size=nodes,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def cluster() -> MemoryCluster:
+    return MemoryCluster()
+
+
+def bridge_of(
+    cluster: MemoryCluster, registry: NodeRegistry, passes: list[int] | None = None
+) -> ClusterBridge:
+    return ClusterBridge(
+        "lab",
+        cluster,
+        registry,
+        ClusterPlacement("DE", "europe-west3"),
+        loop_passes=(lambda: passes[0]) if passes is not None else None,
+    )
+
+
+def reported(registry: NodeRegistry, node_id: str) -> tuple[ReportedTraining, ...]:
+    record = registry.get(node_id)
+    assert record is not None
+    assert record.reported is not None
+    return record.reported.training
+
+
+async def test_machines_become_nodes_without_what_others_hold_or_what_has_no_model(
+    cluster: MemoryCluster,
+) -> None:
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    await bridge.step()
+    record = registry.get("lab.n1")
+    assert record is not None
+    assert record.state == "online"
+    gpus = [a for a in record.status.accelerators if a.kind == "gpu"]
+    assert [a.model for a in gpus] == ["NVIDIA A100-SXM4-80GB"] * 4  # "mystery" left out
+    assert [a.health for a in gpus if not a.healthy] == [OTHER_WORK]  # Slurm gave one away
+    assert bridge.health.unknown_accelerator_types == {"mystery": 2}
+    assert bridge.health.accelerators == {"NVIDIA A100-SXM4-80GB": 8}
+    assert (bridge.health.pending_jobs, bridge.health.nodes) == (3, 2)
+
+
+async def test_a_gang_waits_for_every_members_document_and_runs_as_one_job(
+    cluster: MemoryCluster,
+) -> None:
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    await bridge.step()
+    bridge.accept(document("lab.n1", training(0, 2)))
+    await bridge.step()
+    assert cluster.submitted == []  # n2's part has not come
+    bridge.accept(document("lab.n2", training(1, 2)))
+    await bridge.step()
+    (gang,) = cluster.submitted
+    assert [m.node for m in gang.members] == ["n1", "n2"]
+    assert gang.accelerator_type == "a100"
+    # Submitted: starting (waiting in the cluster's queue) until the cluster says more.
+    assert [entry.state for entry in reported(registry, "lab.n2")] == ["starting"]
+    await bridge.step()
+    assert [entry.state for entry in reported(registry, "lab.n2")] == ["running"]
+    assert len(cluster.submitted) == 1  # adopted, never submitted again
+
+
+async def test_nothing_is_submitted_or_cancelled_while_the_cluster_does_not_answer(
+    cluster: MemoryCluster,
+) -> None:
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    await bridge.step()
+    bridge.accept(document("lab.n1", training()))
+    await bridge.step()
+    assert len(cluster.submitted) == 1
+    cluster.reachable = False
+    bridge.accept(document("lab.n1", generation=2))  # the job is no longer wanted
+    await bridge.step()
+    assert cluster.cancelled == []
+    assert not bridge.health.reachable
+    assert "does not answer" in bridge.health.last_error
+    record = registry.get("lab.n1")
+    assert record is not None
+    assert record.state == "online"  # its work runs on: not lost, not rescheduled
+    assert [t.key for t in record.status.taints] == [UNREACHABLE_TAINT]
+    cluster.reachable = True
+    await bridge.step()
+    assert cluster.cancelled == ["1"]
+    record = registry.get("lab.n1")
+    assert record is not None
+    assert record.status.taints == ()
+
+
+async def test_a_restarted_control_plane_cancels_nothing_before_a_whole_pass(
+    cluster: MemoryCluster,
+) -> None:
+    cluster.jobs_held["7"] = ClusterJob("7", JOB, 1, "running", nodes=("n1",))
+    passes = [10]
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry, passes)
+    await bridge.step()
+    passes[0] = 11  # a pass that may have begun before the bridge ended
+    await bridge.step()
+    assert cluster.cancelled == []
+    bridge.accept(document("lab.n1", training()))
+    passes[0] = 12
+    await bridge.step()
+    assert (cluster.cancelled, cluster.submitted) == ([], [])  # adopted
+    assert [entry.state for entry in reported(registry, "lab.n1")] == ["running"]
+    bridge.accept(document("lab.n1", generation=2))
+    await bridge.step()
+    assert cluster.cancelled == ["7"]
+
+
+async def test_a_refused_or_vanished_job_fails_saying_why(cluster: MemoryCluster) -> None:
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    await bridge.step()
+    cluster.refuse = "Invalid qos specification"
+    bridge.accept(document("lab.n1", training()))
+    await bridge.step()
+    (entry,) = reported(registry, "lab.n1")
+    assert entry.state == "failed"
+    assert "refused the job: Invalid qos specification" in entry.reason
+
+    cluster.refuse = ""
+    other = DesiredTraining(job_id=JOB, attempt=2, command=("true",), accelerator_ids=("gpu1",))
+    bridge.accept(document("lab.n2", other, generation=2))
+    await bridge.step()
+    cluster.jobs_held.clear()  # deleted on the cluster, no trace left
+    await bridge.step()
+    await bridge.step()
+    (entry,) = reported(registry, "lab.n2")
+    assert entry.state == "failed"
+    assert "disappeared from cluster lab" in entry.reason
