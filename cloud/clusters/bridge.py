@@ -707,6 +707,12 @@ class ClusterBridge:
             reason=reason[:1000],
             started_at=job.started_at,
             finished_at=job.finished_at,
+            power_limit_note=(
+                f"cluster {self.name} does not cap GPU power: the job runs at the GPUs' "
+                "default limit (energy is modelled at it)"
+                if training.power_limit_w is not None
+                else ""
+            ),
         )
 
     def job_of(self, job_id: str, attempt: int) -> ClusterJob | None:

@@ -222,3 +222,18 @@ async def test_a_refused_or_vanished_job_fails_saying_why(cluster: MemoryCluster
     (entry,) = reported(registry, "lab.n2")
     assert entry.state == "failed"
     assert "disappeared from cluster lab" in entry.reason
+
+
+async def test_an_asked_power_cap_is_said_not_to_apply(cluster: MemoryCluster) -> None:
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    await bridge.step()
+    capped = DesiredTraining(
+        job_id=JOB, attempt=1, command=("true",), accelerator_ids=("gpu1",), power_limit_w=250.0
+    )
+    bridge.accept(document("lab.n2", capped))
+    await bridge.step()
+    await bridge.step()
+    (entry,) = reported(registry, "lab.n2")
+    assert entry.power_limit_w is None
+    assert "does not cap GPU power" in entry.power_limit_note
