@@ -270,6 +270,8 @@ async def _clusters(app: web.Application) -> AsyncIterator[None]:
     """A bridge per registered cluster, following the store's registrations: those
     registered already run before scheduling starts, so that the loop's first documents
     for their nodes reach them."""
+    signing_key = await asyncio.to_thread(load_or_create_signing_key, app[SETTINGS])
+    app[CLUSTERS].use_keys(signing_key)
     await app[CLUSTERS].adopt(await app[STORE].list_clusters())
     task = asyncio.create_task(app[CLUSTERS].run(app[STORE].list_clusters), name="clusters")
     app[BACKGROUND_TASKS].append(task)

@@ -34,5 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a GPU type's accelerator model, e.g. 'a100_80g=NVIDIA A100-SXM4-80GB'",
     )
     parser.add_argument(
+        "--accepts-secrets",
+        action="store_true",
+        help="run jobs with secrets there (its batch scripts hold them: its admins can read them)",
+    )
+    parser.add_argument(
         "--refresh-interval", type=float, default=5.0, help="seconds between looks (default 5)"
     )

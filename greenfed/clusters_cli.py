@@ -64,6 +64,7 @@ def spec_of(args: argparse.Namespace) -> ClusterSpec:
         },
         "gres_models": _pairs(args.gres_model, "--gres-model"),
         "refresh_interval_s": args.refresh_interval,
+        "accepts_secrets": args.accepts_secrets,
     }
     try:
         return msgspec.convert(document, ClusterSpec)

@@ -126,6 +126,12 @@ def certificate_head(text: str) -> CertificateHead:
 
 def exchange_private_key(signing_key: Ed25519PrivateKey) -> X25519PrivateKey:
     """The control plane's X25519 key, derived from its signing key (no file of its own)."""
+    return derived_x25519_key(signing_key, _EXCHANGE_KEY_INFO)
+
+
+def derived_x25519_key(signing_key: Ed25519PrivateKey, purpose: bytes) -> X25519PrivateKey:
+    """An X25519 key of the control plane's for one `purpose`, derived (HKDF-SHA256) from
+    its signing key: every replica has it, and no file of its own is kept."""
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -136,7 +142,7 @@ def exchange_private_key(signing_key: Ed25519PrivateKey) -> X25519PrivateKey:
     )
 
     seed = signing_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-    derived = HKDF(hashes.SHA256(), 32, salt=None, info=_EXCHANGE_KEY_INFO).derive(seed)
+    derived = HKDF(hashes.SHA256(), 32, salt=None, info=purpose).derive(seed)
     return X25519PrivateKey.from_private_bytes(derived)
 
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Final
 from edge.training.environment import process_count, unrunnable_reason
 from edge.training.output import OutputBuffer
 from edge.training.runs import RejectedRun, RunStatus, TrainingRun
-from edge.training.secrets import open_worker_secrets
 from shared.accelerators import capped_throughput
 from shared.messages import Accelerator, DesiredTraining, IsolationLevel
 from shared.sealing import SealedSecretsError
+from shared.worker_secrets import open_worker_secrets
 from sim_devices.profiles import clamped_power_limit_w
 
 if TYPE_CHECKING:

@@ -92,6 +92,8 @@ class GangRequest:
     time_limit_s: float | None
     priority: str  # p0, p1, p2
     grace_period_s: float
+    # The job's secrets, opened (only for a cluster registered to accept them).
+    secret_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:

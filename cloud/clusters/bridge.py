@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import structlog
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from cloud.clusters.backend import (
     ClusterBackend,
@@ -67,6 +68,8 @@ from shared.messages import (
     Telemetry,
     TrainingRunState,
 )
+from shared.sealing import SealedSecretsError, public_key_text
+from shared.worker_secrets import open_worker_secrets
 
 DEFAULT_REFRESH_INTERVAL_S: Final = 5.0
 # Output read per job and refresh (a job printing faster is followed over several).
@@ -155,6 +158,7 @@ class ClusterBridge:
         work_hints: Callable[[str], Awaitable[WorkHints | None]] | None = None,
         on_log: Callable[[JobLogChunk], None] | None = None,
         telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
+        sealing_key: X25519PrivateKey | None = None,
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -176,6 +180,10 @@ class ClusterBridge:
         self._on_log = on_log
         # Hear every sample the registry took, as ingestion's listeners do (accounting).
         self._telemetry_listeners = telemetry_listeners
+        # Set where the cluster accepts secrets: its nodes announce the public half, and
+        # each gang's secrets are opened with it just before they are submitted.
+        self._sealing_key = sealing_key
+        self._sealing_public_key = public_key_text(sealing_key) if sealing_key is not None else None
         # How much of each job's output went to the log store, by (job, attempt).
         self._log_offsets: dict[tuple[str, int], int] = {}
         self._log_done: set[tuple[str, int]] = set()
@@ -452,6 +460,7 @@ class ClusterBridge:
             runs_training=True,
             taints=tuple(taints),
             isolation="none",
+            sealing_public_key=self._sealing_public_key,
             isolation_note=(
                 f"run by cluster {self.name}'s scheduler under the account greenfed submits "
                 "with; the cluster confines each job to its allocation"
@@ -569,6 +578,11 @@ class ClusterBridge:
                 continue
             gang = await self._with_hints(gang)
             try:
+                gang = self._with_secrets(gang)
+            except SealedSecretsError as error:
+                self._refused[key] = f"its secrets do not open: {error}"
+                continue
+            try:
                 backend_id = await self.backend.submit(gang)
             except ClusterRefused as error:
                 _log.warning(
@@ -613,6 +627,20 @@ class ClusterBridge:
             until_deadline_s = max(60.0, hints.deadline_at - self._clock())
             time_limit_s = min(time_limit_s or until_deadline_s, until_deadline_s)
         return dataclasses.replace(gang, priority=hints.priority, time_limit_s=time_limit_s)
+
+    def _with_secrets(self, gang: GangRequest) -> GangRequest:
+        """The gang with its job's secrets opened (sealed to the first member's node);
+        raises SealedSecretsError where they do not open."""
+        node_id = self.node_id(gang.members[0].node)
+        training = next(
+            t
+            for t in self._documents[node_id].training
+            if (t.job_id, t.attempt) == (gang.job_id, gang.attempt)
+        )
+        if training.sealed_secrets is None and not training.secret_names:
+            return gang
+        opened = open_worker_secrets(training, self._sealing_key, node_id)
+        return dataclasses.replace(gang, secret_env=dict(opened.env))
 
     async def _follow_output(self) -> None:
         """New output of greenfed's cluster jobs into the log store (`greenfed logs`),

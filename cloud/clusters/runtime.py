@@ -18,6 +18,8 @@ from typing import Final
 
 import msgspec
 import structlog
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from cloud.clusters.backend import ClusterBackend
 from cloud.clusters.bridge import ClusterBridge, ClusterPlacement, WorkHints
@@ -29,10 +31,12 @@ from cloud.fleet.registry import NodeRegistry
 from cloud.store import Store
 from cloud.store.clusters import ClusterRecord
 from shared.clock import utc_from_epoch
+from shared.enrolment_certificate import derived_x25519_key
 from shared.messages import DesiredState, JobLogChunk, Telemetry
 from shared.tasks import cancel_and_wait
 
 RELOAD_INTERVAL_S: Final = 3.0
+CLUSTER_SEALING_KEY_PURPOSE: Final = b"greenfed/v1 cluster sealing key"
 
 _log = structlog.get_logger("greenfed.clusters")
 
@@ -95,6 +99,13 @@ class ClusterFleet:
         self.started_listeners: list[Callable[[ClusterBridge], None]] = []
         self._backend_factory = backend_factory
         self._running: dict[str, _Running] = {}
+        # What clusters that accept secrets open them with (set at start: `use_keys`).
+        self._sealing_key: X25519PrivateKey | None = None
+
+    def use_keys(self, signing_key: Ed25519PrivateKey) -> None:
+        """The control plane's signing key, from which clusters' sealing key derives
+        (every replica derives the same one)."""
+        self._sealing_key = derived_x25519_key(signing_key, CLUSTER_SEALING_KEY_PURPOSE)
 
     def accept(self, document: DesiredState) -> bool:
         """The loop's document for a cluster's node goes to its bridge; False: not one."""
@@ -142,6 +153,7 @@ class ClusterFleet:
             work_hints=self._work_hints,
             on_log=self._on_log,
             telemetry_listeners=self._telemetry_listeners,
+            sealing_key=self._sealing_key if spec.accepts_secrets else None,
             refresh_interval_s=spec.refresh_interval_s,
         )
         task = asyncio.create_task(bridge.run(), name=f"cluster-{spec.name}")

@@ -72,6 +72,9 @@ class ClusterSpec(_Body, frozen=True, kw_only=True):
     # The cluster's GPU type names -> greenfed's accelerator models (shared/accelerators.py).
     gres_models: Annotated[dict[_SLURM_NAME, _MODEL], msgspec.Meta(max_length=64)] = {}
     refresh_interval_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 5.0
+    # Whether jobs with secrets may run there: the batch script exports them, and the
+    # cluster keeps it (its administrators can read it). Off: such jobs go elsewhere.
+    accepts_secrets: bool = False
 
     def __post_init__(self) -> None:
         for type_name, model in self.gres_models.items():

@@ -45,7 +45,6 @@ from edge.training.launch_plan import ExitStatus, LaunchPlan, Started
 from edge.training.log_tail import LogTail
 from edge.training.output import OutputBuffer
 from edge.training.runs import RejectedRun, RunStatus, TrainingRun
-from edge.training.secrets import open_worker_secrets
 from edge.training.worker_record import (
     WorkerRecord,
     boot_id,
@@ -57,6 +56,7 @@ from edge.training.worker_record import (
 from shared.messages import DesiredTraining, TrainingRunState
 from shared.sealing import SealedSecretsError
 from shared.worker_env import DEFAULT_VARIABLES
+from shared.worker_secrets import open_worker_secrets
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey

@@ -343,3 +343,35 @@ async def test_a_job_cancelled_behind_greenfeds_back_ends_saying_so(
             if event.work_id == long and event.kind == "work.state"
         ]
         assert any("cancelled on the cluster" in reason for reason in reasons), reasons
+
+
+@sqlite_only
+async def test_secrets_go_only_to_a_cluster_registered_to_accept_them(
+    slurm: SlurmCluster, database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    out = slurm.job_dir / f"secret-{tmp_path.name}"
+    async with running_api(database, scheduling=SCHEDULING) as api:
+        await register(api, slurm)
+        token = await api.tenant("acme")
+        spec = job(
+            "with-secret",
+            ["sh", "-c", 'echo "$API_KEY" > "$OUT"'],
+            env={"OUT": str(out)},
+            secret_env={"API_KEY": "s3cr3t value"},
+        )
+        # No node here takes secrets: refused at once, naming the field.
+        response = await api.client.post("/v1/jobs", json=spec, headers=bearer(token))
+        refused = await problem(response, 422)
+        assert refused["invalid_params"][0]["name"] == "$.secret_env"
+
+        removed = await api.client.delete(
+            f"/v1/clusters/{CLUSTER}", headers=bearer(api.admin_token)
+        )
+        assert removed.status == 200, await removed.text()
+        await register(api, slurm, accepts_secrets=True)
+        record = api.app[REGISTRY].get(f"{CLUSTER}.{slurm.node_names[0]}")
+        assert record is not None
+        assert record.status.sealing_public_key is not None
+        with_secret = await api.submitted(token, spec)
+        await reaches(api, token, with_secret, "succeeded", timeout_s=60)
+        assert out.read_text() == "s3cr3t value\n"

@@ -22,11 +22,11 @@ from edge.agent.birth import ExecutionFacts
 from edge.inference.options import InferenceOptions
 from edge.training.environment import process_environment
 from edge.training.runs import RejectedRun, TrainingRun
-from edge.training.secrets import open_worker_secrets
 from shared.messages import DesiredTraining
 from shared.sealing import public_key_text
 from shared.settings import CloudSettings, SchedulingSettings, Settings, UsageSettings
 from shared.tasks import stop_task
+from shared.worker_secrets import open_worker_secrets
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
 from sim_devices.training import SimulatedLauncher

@@ -12,6 +12,9 @@ NODE_RANK, NNODES, MASTER_ADDR (the first node), MASTER_PORT and the rest from S
 own SLURM_* variables, then execs the job's command with its arguments as given (no
 shell parses them). Nothing of the control plane's environment reaches the job
 (`--export=NONE`); CUDA_VISIBLE_DEVICES is Slurm's (it binds the GPUs it allocated).
+A job's secrets (a cluster registered with `accepts_secrets`) are exported by the
+script like its `env`: the cluster keeps the script (slurmctld's state, readable by the
+cluster's administrators and by the account greenfed submits with).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ def batch_script(gang: GangRequest) -> str:
     ]
     for name, value in DEFAULT_VARIABLES.items():
         lines.append(f'export {name}="${{{name}:-{value}}}"')
-    for name, value in sorted(gang.env.items()):
+    for name, value in sorted({**gang.env, **gang.secret_env}.items()):
         lines.append(f"export {name}={shlex.quote(value)}")
     fixed = {
         "GREENFED_JOB_ID": gang.job_id,
