@@ -69,6 +69,7 @@ from shared.messages import (
     TrainingRunState,
 )
 from shared.sealing import SealedSecretsError, public_key_text
+from shared.topics import is_valid_node_id
 from shared.worker_secrets import open_worker_secrets
 
 DEFAULT_REFRESH_INTERVAL_S: Final = 5.0
@@ -124,6 +125,8 @@ class ClusterHealth:
     nodes: int = 0
     accelerators: dict[str, int] = field(default_factory=dict)  # by model
     unknown_accelerator_types: dict[str, int] = field(default_factory=dict)
+    # Machines whose names cannot be node ids (`<cluster>.<machine>`, one topic level).
+    skipped_machines: tuple[str, ...] = ()
     jobs_running: int = 0
 
 
@@ -352,6 +355,7 @@ class ClusterBridge:
             return
         models: Counter[str] = Counter()
         unknown: Counter[str] = Counter()
+        skipped: list[str] = []
         machines: dict[str, tuple[ClusterNode, str]] = {}
         for machine in capacity.nodes:
             partition = next(
@@ -361,6 +365,9 @@ class ClusterBridge:
             if partition is None:
                 continue
             node_id = self.node_id(machine.name)
+            if not is_valid_node_id(node_id):  # a name no topic level can hold
+                skipped.append(machine.name[:128])
+                continue
             machines[node_id] = (machine, partition)
             status = self._birth(node_id, machine, partition, models, unknown)
             if self._births.get(node_id) != status:
@@ -375,6 +382,7 @@ class ClusterBridge:
         self.health.nodes = len(machines)
         self.health.accelerators = dict(models)
         self.health.unknown_accelerator_types = dict(unknown)
+        self.health.skipped_machines = tuple(skipped)
 
     def _birth(
         self,

@@ -205,6 +205,7 @@ class ClusterFleet:
             nodes=health.nodes if health else 0,
             accelerators=dict(health.accelerators) if health else {},
             unknown_accelerator_types=dict(health.unknown_accelerator_types) if health else {},
+            skipped_machines=health.skipped_machines if health else (),
             pending_jobs=health.pending_jobs if health else 0,
             greenfed_jobs_running=health.jobs_running if health else 0,
         )

@@ -98,6 +98,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     accelerators: dict[str, int]  # by greenfed model
     # GPUs of types no model is known for: counted, never guessed (nothing runs there).
     unknown_accelerator_types: dict[str, int]
+    # Machines whose names cannot be node ids: not used.
+    skipped_machines: tuple[str, ...]
     pending_jobs: int  # the cluster's own queue, anyone's jobs
     greenfed_jobs_running: int
 
