@@ -86,6 +86,10 @@ class SlurmCommands:
         """The command's standard output; raises `ClusterUnreachable` when the command
         cannot be run or the controller does not answer, `ClusterRefused` when it says
         no."""
+        conf = self.access.slurm_conf
+        if conf and not self.access.ssh and not await asyncio.to_thread(os.path.isfile, conf):
+            # The commands would retry reading it for a minute before saying so.
+            raise ClusterUnreachable(f"the cluster's slurm.conf {conf} is not a file on this host")
         command = self._argv(argv)
         env = None if self.access.ssh else {**os.environ, **self._env()}
         try:
