@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--work-dir", default="/tmp", help="job output and working directory on the cluster"
     )
     parser.add_argument("--account", help="the Slurm account jobs are charged to")
+    parser.add_argument(
+        "--max-time-limit", type=float, metavar="S", help="no job runs longer there (seconds)"
+    )
     parser.add_argument("--qos", action="append", metavar="PRIORITY=QOS", help="e.g. p0=high")
     parser.add_argument("--nice", action="append", metavar="PRIORITY=N", help="e.g. p2=100")
     parser.add_argument(

@@ -59,6 +59,7 @@ def spec_of(args: argparse.Namespace) -> ClusterSpec:
             "bin_dir": args.bin_dir or "",
             "work_dir": args.work_dir,
             "account": args.account or "",
+            "max_time_limit_s": args.max_time_limit,
             "qos": _pairs(args.qos, "--qos"),
             "nice": nice,
         },

@@ -162,6 +162,7 @@ class ClusterBridge:
         on_log: Callable[[JobLogChunk], None] | None = None,
         telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
         sealing_key: X25519PrivateKey | None = None,
+        max_time_limit_s: float | None = None,
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -186,6 +187,8 @@ class ClusterBridge:
         # Set where the cluster accepts secrets: its nodes announce the public half, and
         # each gang's secrets are opened with it just before they are submitted.
         self._sealing_key = sealing_key
+        # The longest a job may run there (the registration's; None: as estimates say).
+        self._max_time_limit_s = max_time_limit_s
         self._sealing_public_key = public_key_text(sealing_key) if sealing_key is not None else None
         # How much of each job's output went to the log store, by (job, attempt).
         self._log_offsets: dict[tuple[str, int], int] = {}
@@ -538,6 +541,8 @@ class ClusterBridge:
             time_limit_s = max(
                 _MIN_TIME_LIMIT_S, _TIME_LIMIT_FACTOR * first.reference_duration_s / speed
             )
+        if self._max_time_limit_s is not None:
+            time_limit_s = min(time_limit_s or self._max_time_limit_s, self._max_time_limit_s)
         return GangRequest(
             job_id=first.job_id,
             attempt=first.attempt,

@@ -154,6 +154,7 @@ class ClusterFleet:
             on_log=self._on_log,
             telemetry_listeners=self._telemetry_listeners,
             sealing_key=self._sealing_key if spec.accepts_secrets else None,
+            max_time_limit_s=spec.slurm.max_time_limit_s,
             refresh_interval_s=spec.refresh_interval_s,
         )
         task = asyncio.create_task(bridge.run(), name=f"cluster-{spec.name}")

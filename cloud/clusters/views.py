@@ -56,6 +56,8 @@ class SlurmAccessSpec(_Body, frozen=True, kw_only=True):
     account: Annotated[str, msgspec.Meta(max_length=128)] = ""
     qos: dict[_PRIORITY, _SLURM_NAME] = {}  # greenfed priority -> QOS
     nice: dict[_PRIORITY, Annotated[int, msgspec.Meta(ge=-10000, le=10000)]] = {}
+    # No job runs longer there (`--time`); null: twice its estimate, else the partition's.
+    max_time_limit_s: Annotated[float, msgspec.Meta(ge=60, le=366 * 86400)] | None = None
 
 
 class ClusterSpec(_Body, frozen=True, kw_only=True):

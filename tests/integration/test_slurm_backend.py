@@ -24,7 +24,7 @@ from tests.support.fleet import running, simulated_agent
 from tests.support.slurm import SlurmCluster
 from tests.support.waiting import eventually, eventually_async
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 # The store plays no part in what is tested here.
 sqlite_only = pytest.mark.parametrize("database", ["sqlite"], indirect=True)
 # Grace beyond a refresh or two: a slow `scontrol` on a loaded machine loses no node.
@@ -375,3 +375,18 @@ async def test_secrets_go_only_to_a_cluster_registered_to_accept_them(
         with_secret = await api.submitted(token, spec)
         await reaches(api, token, with_secret, "succeeded", timeout_s=60)
         assert out.read_text() == "s3cr3t value\n"
+
+
+@sqlite_only
+async def test_a_job_past_the_clusters_time_limit_fails_saying_so(
+    slurm: SlurmCluster, database: DatabaseUnderTest
+) -> None:
+    async with running_api(database, scheduling=SCHEDULING) as api:
+        access = {"slurm_conf": str(slurm.conf_path), "work_dir": str(slurm.job_dir)}
+        # Slurm counts time limits in whole minutes: the shortest there is.
+        await register(api, slurm, slurm={**access, "max_time_limit_s": 60})
+        token = await api.tenant("acme")
+        long = await api.submitted(token, job("too-long", ["sleep", "600"], max_retries=0))
+        body = await reaches(api, token, long, "failed", timeout_s=200)
+        assert "reached its time limit" in str(body["reason"]), body
+        await accounted(slurm, long, ["TIMEOUT"])
