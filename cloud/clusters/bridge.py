@@ -311,6 +311,7 @@ class ClusterBridge:
         self.health.last_error = ""
         self.health.pending_jobs = capacity.pending_jobs
         self._capacity = capacity
+        self._map_machines(capacity)
         latest: dict[tuple[str, int], ClusterJob] = {}
         for job in sorted(jobs, key=lambda j: int(j.backend_id) if j.backend_id.isdigit() else 0):
             latest[(job.job_id, job.attempt)] = job  # the newest of a name wins
@@ -351,13 +352,9 @@ class ClusterBridge:
                 held.update(training.accelerator_ids)
         return held
 
-    def _announce(self) -> None:
-        """A birth for every machine (again where anything changed), telemetry for all."""
-        capacity = self._capacity
-        if capacity is None:
-            return
-        models: Counter[str] = Counter()
-        unknown: Counter[str] = Counter()
+    def _map_machines(self, capacity: ClusterCapacity) -> None:
+        """Which node each usable machine is, in which partition (before reconciling:
+        gangs are formed on them)."""
         skipped: list[str] = []
         machines: dict[str, tuple[ClusterNode, str]] = {}
         for machine in capacity.nodes:
@@ -372,6 +369,15 @@ class ClusterBridge:
                 skipped.append(machine.name[:128])
                 continue
             machines[node_id] = (machine, partition)
+        self._machines = machines
+        self.health.nodes = len(machines)
+        self.health.skipped_machines = tuple(skipped)
+
+    def _announce(self) -> None:
+        """A birth for every machine (again where anything changed), telemetry for all."""
+        models: Counter[str] = Counter()
+        unknown: Counter[str] = Counter()
+        for node_id, (machine, partition) in self._machines.items():
             status = self._birth(node_id, machine, partition, models, unknown)
             if self._births.get(node_id) != status:
                 self._births[node_id] = status
@@ -381,11 +387,9 @@ class ClusterBridge:
             if not isinstance(self._registry.apply_telemetry(sample), Rejection):
                 for listener in self._telemetry_listeners:
                     listener(sample)
-        self._machines = machines
-        self.health.nodes = len(machines)
-        self.health.accelerators = dict(models)
-        self.health.unknown_accelerator_types = dict(unknown)
-        self.health.skipped_machines = tuple(skipped)
+        if self._capacity is not None:
+            self.health.accelerators = dict(models)
+            self.health.unknown_accelerator_types = dict(unknown)
 
     def _birth(
         self,
@@ -611,8 +615,13 @@ class ClusterBridge:
                 state="pending",
                 submitted_at=self._clock(),
             )
+        named = {
+            (training.job_id, training.attempt)
+            for document in self._documents.values()
+            for training in document.training
+        }
         for key, job in list(self._jobs.items()):
-            if _live(job) and key not in gangs and self._knows_every_document():
+            if _live(job) and key not in named and self._knows_every_document():
                 _log.info(
                     "cluster job cancelled: no longer desired",
                     cluster=self.name,
@@ -734,9 +743,11 @@ class ClusterBridge:
             )
         if job.state == "pending":
             state = "starting"
-            reason = f"waiting in cluster {self.name}'s queue" + (
-                f": {job.reason}" if job.reason else ""
-            )
+            # The cluster's own queue (anyone's jobs) says how long it may be.
+            reason = (
+                f"waiting in cluster {self.name}'s queue "
+                f"({self.health.pending_jobs} jobs pending there)"
+            ) + (f": {job.reason}" if job.reason else "")
         else:
             state = job.state
             reason = job.reason

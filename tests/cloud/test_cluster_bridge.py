@@ -237,3 +237,33 @@ async def test_an_asked_power_cap_is_said_not_to_apply(cluster: MemoryCluster) -
     (entry,) = reported(registry, "lab.n2")
     assert entry.power_limit_w is None
     assert "does not cap GPU power" in entry.power_limit_note
+
+
+async def test_a_job_waiting_in_the_clusters_queue_says_why_and_how_busy_it_is(
+    cluster: MemoryCluster,
+) -> None:
+    cluster.jobs_held["9"] = ClusterJob("9", JOB, 1, "pending", reason="Resources")
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    bridge.accept(document("lab.n1", training()))
+    await bridge.step()
+    (entry,) = reported(registry, "lab.n1")
+    assert entry.state == "starting"
+    assert entry.reason == "waiting in cluster lab's queue (3 jobs pending there): Resources"
+    assert cluster.submitted == []  # it is there already
+
+
+async def test_a_machine_gone_from_the_listing_keeps_its_running_job(
+    cluster: MemoryCluster,
+) -> None:
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    await bridge.step()
+    bridge.accept(document("lab.n2", training()))
+    await bridge.step()
+    assert len(cluster.submitted) == 1
+    cluster.nodes = cluster.nodes[:1]  # taken out of the partition, say: its job runs on
+    await bridge.step()
+    await bridge.step()
+    assert cluster.cancelled == []
+    assert len(cluster.submitted) == 1
