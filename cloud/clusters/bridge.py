@@ -280,6 +280,8 @@ class ClusterBridge:
                 await self._follow_output()
             except ClusterUnreachable as error:
                 self._unreachable(str(error))
+            except Exception:  # a bug in reconciling must not silence the nodes too
+                _log.exception("cluster reconciliation failed", cluster=self.name)
         self._announce()
         self._report()
         self._notify()
@@ -528,6 +530,8 @@ class ClusterBridge:
         machines = [self._machines.get(node_id) for node_id, _ in entries]
         if any(machine is None for machine in machines):
             return None
+        if any(node_id not in self._births for node_id, _ in entries):
+            return None  # not announced yet (the first step): its GPUs' types unknown
         partition = machines[0][1]  # type: ignore[index]
         accelerator_type = None
         for node_id, training in entries:

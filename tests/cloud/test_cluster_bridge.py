@@ -245,7 +245,8 @@ async def test_a_job_waiting_in_the_clusters_queue_says_why_and_how_busy_it_is(
     cluster.jobs_held["9"] = ClusterJob("9", JOB, 1, "pending", reason="Resources")
     registry = NodeRegistry(max_nodes=10)
     bridge = bridge_of(cluster, registry)
-    bridge.accept(document("lab.n1", training()))
+    bridge.accept(document("lab.n1", training()))  # before the bridge's first step
+    await bridge.step()
     await bridge.step()
     (entry,) = reported(registry, "lab.n1")
     assert entry.state == "starting"
