@@ -361,7 +361,9 @@ def create_app(
         # A cluster job no document names is cancelled only once this process's loop has
         # handed every node its document (cloud/clusters/bridge.py).
         loop_passes=lambda: app[SCHEDULER].stats.passes if SCHEDULER in app else 0,
-        work_hints=lambda job_id: hints_from(app[STORE], job_id),
+        work_hints=lambda job_id: (
+            hints_from(app[SCHEDULER].work_record(job_id)) if SCHEDULER in app else None
+        ),
         on_log=job_logs.append,
         # The live list: accounting joins it when scheduling starts.
         telemetry_listeners=ingestor.telemetry_listeners,

@@ -34,7 +34,7 @@ import dataclasses
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -158,7 +158,7 @@ class ClusterBridge:
         gres_models: Mapping[str, str] | None = None,
         notify: Callable[[], None] = lambda: None,
         loop_passes: Callable[[], int] | None = None,
-        work_hints: Callable[[str], Awaitable[WorkHints | None]] | None = None,
+        work_hints: Callable[[str], WorkHints | None] | None = None,
         on_log: Callable[[JobLogChunk], None] | None = None,
         telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
         sealing_key: X25519PrivateKey | None = None,
@@ -597,7 +597,7 @@ class ClusterBridge:
                 continue
             if not self._documents_current(gang):
                 continue
-            gang = await self._with_hints(gang)
+            gang = self._with_hints(gang)
             try:
                 gang = self._with_secrets(gang)
             except SealedSecretsError as error:
@@ -643,9 +643,10 @@ class ClusterBridge:
                     finished_at=self._clock(),
                 )
 
-    async def _with_hints(self, gang: GangRequest) -> GangRequest:
-        """The gang with its job's priority, and a time limit no later than its deadline."""
-        hints = await self._work_hints(gang.job_id) if self._work_hints is not None else None
+    def _with_hints(self, gang: GangRequest) -> GangRequest:
+        """The gang with its job's priority, and a time limit no later than its deadline
+        (from memory: a step that is cancelled never leaves a store read behind)."""
+        hints = self._work_hints(gang.job_id) if self._work_hints is not None else None
         if hints is None:
             return gang
         time_limit_s = gang.time_limit_s

@@ -28,7 +28,7 @@ from cloud.clusters.slurm.commands import SlurmAccess, SlurmCommands
 from cloud.clusters.slurm.script import SubmitOptions
 from cloud.clusters.views import ClusterSpec, ClusterView
 from cloud.fleet.registry import NodeRegistry
-from cloud.store import Store
+from cloud.store import WorkRecord
 from cloud.store.clusters import ClusterRecord
 from shared.clock import utc_from_epoch
 from shared.enrolment_certificate import derived_x25519_key
@@ -41,9 +41,8 @@ CLUSTER_SEALING_KEY_PURPOSE: Final = b"greenfed/v1 cluster sealing key"
 _log = structlog.get_logger("greenfed.clusters")
 
 
-async def hints_from(store: Store, job_id: str) -> WorkHints | None:
-    """A job's priority and deadline, from the store (when a cluster job is submitted)."""
-    record = await store.find_work(job_id)
+def hints_from(record: WorkRecord | None) -> WorkHints | None:
+    """A job's priority and deadline (when a cluster job is submitted)."""
     if record is None:
         return None
     deadline = msgspec.json.decode(record.spec).get("deadline")
@@ -83,7 +82,7 @@ class ClusterFleet:
         *,
         notify: Callable[[], None],
         loop_passes: Callable[[], int] | None = None,
-        work_hints: Callable[[str], Awaitable[WorkHints | None]] | None = None,
+        work_hints: Callable[[str], WorkHints | None] | None = None,
         on_log: Callable[[JobLogChunk], None] | None = None,
         telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
         backend_factory: Callable[[ClusterSpec], ClusterBackend] = backend_of,

@@ -157,6 +157,8 @@ class SchedulingLoop:
         # most of a pass's cost when thousands of jobs are queued.
         self._converted = ConversionCache(settings.min_isolation)
         self._last_snapshot: StoreSnapshot | None = None
+        # The last snapshot's work by id, built on first use (`work_record`).
+        self._records_of: tuple[StoreSnapshot | None, dict[str, WorkRecord]] = (None, {})
         self._retry_at: float | None = None
         self._last_pass_end = 0.0  # monotonic
         self._last_move_check: float | None = None  # monotonic
@@ -257,6 +259,16 @@ class SchedulingLoop:
                 await asyncio.sleep(gap_s)
 
     # ---- one pass ----------------------------------------------------------------------
+
+    def work_record(self, work_id: str) -> WorkRecord | None:
+        """A non-terminal work item as the last pass read it (no store read: a cluster's
+        bridge asks for a job's priority and deadline as it submits it)."""
+        snapshot = self._last_snapshot
+        if snapshot is None:
+            return None
+        if self._records_of[0] is not snapshot:
+            self._records_of = (snapshot, {record.work_id: record for record in snapshot.work})
+        return self._records_of[1].get(work_id)
 
     async def run_pass(self, lease: LeadershipLease) -> Plan:
         started = time.perf_counter()
