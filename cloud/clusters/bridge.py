@@ -19,7 +19,7 @@ The scheduling loop's documents for those nodes come here instead of the broker
 - cancels greenfed's cluster jobs that no document names any more;
 - reports every entry's state in the node's `reported` document, as an agent would
   (pending in the cluster's queue is `starting`, with the cluster's reason), so the
-  loop's lifecycle rules (cloud/loop/lifecycle) apply unchanged.
+  loop's lifecycle rules (cloud/loop/reports.py) apply unchanged.
 
 While the cluster does not answer, nothing is submitted or cancelled, the last known
 states stand (work keeps running there) and the nodes stay online but tainted: the
