@@ -15,7 +15,7 @@ from rich.table import Table
 from cloud.clusters.views import ClusterList, ClusterSpec, ClusterView
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
-from greenfed.work_commands import ago, console
+from greenfed.work_commands import ago, console, print_json
 from shared.errors import FieldError
 
 
@@ -73,10 +73,6 @@ def spec_of(args: argparse.Namespace) -> ClusterSpec:
         raise CliError(f"greenfed clusters add: {error}", EXIT_USAGE) from None
 
 
-def _print_json(value: object, out: TextIO) -> None:
-    out.write(msgspec.json.format(msgspec.json.encode(value)).decode() + "\n")
-
-
 def _summary(cluster: ClusterView) -> str:
     gpus = ", ".join(f"{count} {model}" for model, count in sorted(cluster.accelerators.items()))
     unknown = ", ".join(
@@ -92,7 +88,7 @@ async def add_cluster(
     _, payload = await client.call("POST", "/v1/clusters", body=msgspec.json.encode(spec))
     cluster = msgspec.json.decode(payload, type=ClusterView)
     if json:
-        _print_json(cluster, out)
+        print_json(msgspec.json.encode(cluster), out)
         return EXIT_OK
     out.write(
         f"cluster {cluster.spec.name} registered ({cluster.spec.kind}, {cluster.spec.zone} "
@@ -106,7 +102,7 @@ async def list_clusters(client: ApiClient, *, json: bool, out: TextIO | None = N
     out = out or sys.stdout
     clusters = await client.get("/v1/clusters", ClusterList)
     if json:
-        _print_json(clusters, out)
+        print_json(msgspec.json.encode(clusters), out)
         return EXIT_OK
     table = Table(title=f"clusters: {clusters.count}", title_justify="left")
     for column in ("cluster", "kind", "zone", "region", "state", "nodes", "accelerators",
@@ -140,7 +136,7 @@ async def remove_cluster(
     _, payload = await client.call("DELETE", f"/v1/clusters/{quote(name, safe='')}")
     cluster = msgspec.json.decode(payload, type=ClusterView)
     if json:
-        _print_json(cluster, out)
+        print_json(msgspec.json.encode(cluster), out)
         return EXIT_OK
     out.write(f"cluster {cluster.spec.name} removed; its nodes left the registry\n")
     return EXIT_OK
