@@ -32,12 +32,13 @@ base64url is without padding; `proof` is standard base64, padded (44 characters)
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 from typing import TYPE_CHECKING, Final
 
 import msgspec
+
+from shared.base64url import b64url, unb64url
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -74,21 +75,17 @@ class CertificateHead(msgspec.Struct, frozen=True, kw_only=True):
 _HEAD_DECODER: Final = msgspec.json.Decoder(CertificateHead)
 
 
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
 def _unb64url(text: str) -> bytes:
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
+        return unb64url(text)
+    except ValueError:  # binascii.Error included
         raise CertificateError("not base64url") from None
 
 
 def sign_certificate(payload: bytes, signing_key: Ed25519PrivateKey) -> str:
     """The certificate text of `payload` (JSON bytes)."""
     signature = signing_key.sign(CERTIFICATE_CONTEXT + payload)
-    return f"{CERTIFICATE_PREFIX}{_b64url(payload)}.{_b64url(signature)}"
+    return f"{CERTIFICATE_PREFIX}{b64url(payload)}.{b64url(signature)}"
 
 
 def certificate_payload(text: str) -> bytes:
