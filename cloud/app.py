@@ -63,6 +63,7 @@ from cloud.app_keys import (
     SECRETS_AT_REST,
     SETTINGS,
     SIGNALS,
+    SIGNING_KEY,
     STOPPING,
     STORE,
     STREAMS,
@@ -146,6 +147,13 @@ async def _secrets_key(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
+async def _signing_key(app: web.Application) -> AsyncIterator[None]:
+    """The key `desired` documents and enrolment certificates are signed with, read (or
+    made) once: the publisher, enrolment and clusters' sealing key all take it from here."""
+    app[SIGNING_KEY] = await asyncio.to_thread(load_or_create_signing_key, app[SETTINGS])
+    yield
+
+
 async def _store(app: web.Application) -> AsyncIterator[None]:
     """The store (migrated), the admin tenant, and the one reader of the event log."""
     settings = app[SETTINGS].store
@@ -197,7 +205,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         return
     publisher = DesiredPublisher(
         settings.mqtt,
-        signing_key=await asyncio.to_thread(load_or_create_signing_key, settings),
+        signing_key=app[SIGNING_KEY],
         cluster_id=await app[STORE].shared_secret(CLUSTER_ID_SECRET),
     )
     accountant = (
@@ -270,8 +278,7 @@ async def _clusters(app: web.Application) -> AsyncIterator[None]:
     """A bridge per registered cluster, following the store's registrations: those
     registered already run before scheduling starts, so that the loop's first documents
     for their nodes reach them."""
-    signing_key = await asyncio.to_thread(load_or_create_signing_key, app[SETTINGS])
-    app[CLUSTERS].use_keys(signing_key)
+    app[CLUSTERS].use_keys(app[SIGNING_KEY])
     await app[CLUSTERS].adopt(await app[STORE].list_clusters())
     task = asyncio.create_task(app[CLUSTERS].run(app[STORE].list_clusters), name="clusters")
     app[BACKGROUND_TASKS].append(task)
@@ -393,6 +400,7 @@ def create_app(
     openapi.publish(app)
     app.cleanup_ctx.append(_signal_service)
     app.cleanup_ctx.append(_secrets_key)  # before the store takes submissions
+    app.cleanup_ctx.append(_signing_key)
     app.cleanup_ctx.append(_store)
     app.cleanup_ctx.append(enrolment.enrolled_nodes_context)  # before ingestion starts
     app.cleanup_ctx.append(_clusters)  # before scheduling hands documents to them

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cloud.api.streams import StreamLimits
 from cloud.api.tuning import ApiTuning
@@ -29,6 +30,9 @@ from cloud.usage.accountant import Accountant
 from shared.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
+# The key `desired` documents and enrolment certificates are signed with
+# (`cloud.signing_key_file`), read once as the app starts.
+SIGNING_KEY = web.AppKey("signing_key", Ed25519PrivateKey)
 REGISTRY = web.AppKey("registry", NodeRegistry)
 INGESTOR = web.AppKey("ingestor", Ingestor)
 # Decides when a silent node is offline and when its work is lost.

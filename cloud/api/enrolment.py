@@ -35,6 +35,7 @@ from cloud.app_keys import (
     INGESTOR,
     REGISTRY,
     SETTINGS,
+    SIGNING_KEY,
     STORE,
 )
 from cloud.broker_accounts import BrokerAccountError, ForeignAccountError
@@ -55,7 +56,6 @@ from cloud.fleet.enrolment_views import (
 from cloud.fleet.envelope import NodeEnvelope
 from cloud.fleet.unenrolled import UnenrolledNodes
 from cloud.loop.publisher import CLUSTER_ID_SECRET
-from cloud.loop.signing import load_or_create_signing_key, public_key_base64
 from cloud.store import Store
 from cloud.store.enrolment import (
     EnrolledNodeRecord,
@@ -83,9 +83,8 @@ class EnrolmentState:
     # Refused tokens per remote address, shared by every replica through the store.
     failures: FailureBudget = field(default_factory=FailureBudget)
     refused_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(_log, 10.0))
-    # The signing key's: certificates and the public key (read once, off the event loop).
+    # Issues certificates with the signing key (made from it on first use).
     authority: CertificateAuthority | None = None
-    public_key: str | None = None
 
 
 ENROLMENT_STATE = web.AppKey("enrolment_state", EnrolmentState)
@@ -129,7 +128,7 @@ async def enrolled_nodes_context(app: web.Application) -> AsyncIterator[None]:
     enrolled = app[ENROLLED_NODES]
     enrolled.replace(await _load_ids(store))
     # Before ingestion starts, so that the first births can be judged for re-admission.
-    await _authority(app)
+    _authority(app)
 
     def changed(changes: Changes) -> None:
         registry = app[REGISTRY]
@@ -257,12 +256,10 @@ def public_mqtt_url(url: str) -> str:
     return f"{'mqtts' if endpoint.tls else 'mqtt'}://{host}:{endpoint.port}"
 
 
-async def _authority(app: web.Application) -> CertificateAuthority:
+def _authority(app: web.Application) -> CertificateAuthority:
     state = app[ENROLMENT_STATE]
     if state.authority is None:
-        key = await asyncio.to_thread(load_or_create_signing_key, app[SETTINGS])
-        state.public_key = public_key_base64(key)
-        state.authority = CertificateAuthority(key)
+        state.authority = CertificateAuthority(app[SIGNING_KEY])
         state.unenrolled.authority = state.authority
     return state.authority
 
@@ -345,7 +342,7 @@ async def enrol(request: web.Request) -> web.Response:
     # What can fail without side effects first: once the token is spent and the
     # account made, nothing may fail before the answer carries the password.
     cluster_id = await store.shared_secret(CLUSTER_ID_SECRET)
-    authority = await _authority(app)
+    authority = _authority(app)
     _not_anothers(app, body.node_id, body.sealing_public_key)
     # An address refused too often: a guess is answered from a read, before the write
     # transaction a redemption takes (a flood of them must not hold up the store); a
@@ -415,7 +412,7 @@ async def enrol(request: web.Request) -> web.Response:
     reply = Enrolment(
         node_id=body.node_id,
         cluster_id=cluster_id,
-        control_plane_public_key=app[ENROLMENT_STATE].public_key or "",
+        control_plane_public_key=authority.public_key_text,
         mqtt=EnrolledMqtt(
             url=public_mqtt_url(settings.mqtt.url),
             topic_root=settings.mqtt.topic_root,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from cloud.fleet.envelope import NodeEnvelope
+from shared.desired_signature import public_key_base64
 from shared.enrolment_certificate import (
     CertificateError,
     exchange_private_key,
@@ -57,6 +58,8 @@ class CertificateAuthority:
         self._public_key = signing_key.public_key()
         self._exchange_key = exchange_private_key(signing_key)
         self.exchange_key = public_key_text(self._exchange_key)
+        # What agents verify `desired` documents with (base64 of the raw public key).
+        self.public_key_text = public_key_base64(signing_key)
 
     def issue(
         self,
