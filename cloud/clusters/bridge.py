@@ -329,11 +329,8 @@ class ClusterBridge:
                     if _live(known):
                         self._ended_unseen.add(key)
                 continue
-            if key not in latest and key not in self._vanished:
-                _log.warning(
-                    "cluster job vanished", cluster=self.name, key=key, backend_id=backend_id
-                )
-                self._vanished[key] = now
+            _log.warning("cluster job vanished", cluster=self.name, key=key, backend_id=backend_id)
+            self._vanished[key] = now
         if with_history:
             self._ended_unseen.clear()
         self._jobs = latest
@@ -380,12 +377,13 @@ class ClusterBridge:
         models: Counter[str] = Counter()
         unknown: Counter[str] = Counter()
         for node_id, (machine, partition) in self._machines.items():
-            status = self._birth(node_id, machine, partition, models, unknown)
+            held = self._held_accelerators(node_id)
+            status = self._birth(node_id, machine, partition, held, models, unknown)
             if self._births.get(node_id) != status:
                 self._births[node_id] = status
                 self._registry.apply_status(status)
             self._seq[node_id] += 1
-            sample = self._sample(node_id, status)
+            sample = self._sample(node_id, status, held)
             if not isinstance(self._registry.apply_telemetry(sample), Rejection):
                 for listener in self._telemetry_listeners:
                     listener(sample)
@@ -398,11 +396,12 @@ class ClusterBridge:
         node_id: str,
         machine: ClusterNode,
         partition: str,
+        held: set[str],
         models: Counter[str],
         unknown: Counter[str],
     ) -> NodeStatus:
+        """`held`: the GPUs greenfed's work holds there (`_held_accelerators`)."""
         zone, region = self._placement.of(partition)
-        held = self._held_accelerators(node_id)
         accelerators: list[Accelerator] = []
         for type_name, count in sorted(machine.accelerators.items()):
             facts = accelerator_facts(type_name, self._gres_models)
@@ -484,8 +483,7 @@ class ClusterBridge:
             ),
         )
 
-    def _sample(self, node_id: str, status: NodeStatus) -> Telemetry:
-        held = self._held_accelerators(node_id)
+    def _sample(self, node_id: str, status: NodeStatus, held: set[str]) -> Telemetry:
         return Telemetry(
             node_id=node_id,
             instance_id=self._instance_id,

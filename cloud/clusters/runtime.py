@@ -166,13 +166,11 @@ class ClusterFleet:
         running = self._running.pop(name)
         await cancel_and_wait([running.task])
         await running.bridge.backend.close()
-        forgotten = [
-            record.node_id
-            for record in self._registry.nodes()
-            if running.bridge.owns(record.node_id) and self._registry.forget(record.node_id)
-        ]
+        owned = [r.node_id for r in self._registry.nodes() if running.bridge.owns(r.node_id)]
+        for node_id in owned:
+            self._registry.forget(node_id)
         self._notify()
-        _log.info("cluster bridge stopped", cluster=name, nodes_forgotten=len(forgotten))
+        _log.info("cluster bridge stopped", cluster=name, nodes_forgotten=len(owned))
 
     async def run(self, load: Callable[[], Awaitable[tuple[ClusterRecord, ...]]]) -> None:
         """Follow the store's registrations until cancelled; stop every bridge then."""
