@@ -278,7 +278,7 @@ async def _clusters(app: web.Application) -> AsyncIterator[None]:
     """A bridge per registered cluster, following the store's registrations: those
     registered already run before scheduling starts, so that the loop's first documents
     for their nodes reach them."""
-    app[CLUSTERS].use_keys(app[SIGNING_KEY])
+    app[CLUSTERS].use_keys(app[SIGNING_KEY], app[SECRETS_AT_REST])
     await app[CLUSTERS].adopt(await app[STORE].list_clusters())
     task = asyncio.create_task(app[CLUSTERS].run(app[STORE].list_clusters), name="clusters")
     app[BACKGROUND_TASKS].append(task)

@@ -18,6 +18,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME[=ZONE/REGION]",
         help="a partition greenfed may use (repeat; default: every one), where it is",
     )
+    parser.add_argument(
+        "--rest",
+        metavar="URL",
+        help="reach it through slurmrestd: unix:/path/to/socket (rest_auth/local) or "
+        "http[s]://host:port (a JWT: --rest-user, --rest-token-file); default: its commands",
+    )
+    parser.add_argument("--rest-user", help="the Slurm user the JWT is for")
+    parser.add_argument(
+        "--rest-token-file",
+        metavar="FILE",
+        help="a file holding the JWT (a secret: never an argument)",
+    )
     parser.add_argument("--ssh", help="[user@]host of a login node (default: run them here)")
     parser.add_argument("--slurm-conf", help="the cluster's slurm.conf where the commands run")
     parser.add_argument("--bin-dir", help="where the Slurm commands are (default: PATH)")

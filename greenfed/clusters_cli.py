@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
 
@@ -27,6 +28,15 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
             raise CliError(f"{option} {value!r}: expected KEY=VALUE", EXIT_USAGE)
         found[key] = item
     return found
+
+
+def _token(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CliError(f"--rest-token-file {path}: {error}", EXIT_USAGE) from None
 
 
 def spec_of(args: argparse.Namespace) -> ClusterSpec:
@@ -54,6 +64,9 @@ def spec_of(args: argparse.Namespace) -> ClusterSpec:
         "region": args.region,
         "partitions": partitions,
         "slurm": {
+            "rest_url": args.rest or "",
+            "rest_user": args.rest_user or "",
+            "rest_token": _token(args.rest_token_file),
             "ssh": args.ssh or "",
             "slurm_conf": args.slurm_conf or "",
             "bin_dir": args.bin_dir or "",

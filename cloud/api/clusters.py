@@ -17,7 +17,8 @@ from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response, read_json
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
-from cloud.app_keys import CLUSTERS, STORE
+from cloud.app_keys import CLUSTERS, SECRETS_AT_REST, STORE
+from cloud.clusters.credentials import sealed
 from cloud.clusters.views import MAX_CLUSTERS, ClusterList, ClusterSpec, ClusterView
 from cloud.store.clusters import ClusterRecord
 from cloud.store.errors import ClusterExistsError, ClusterNotFoundError
@@ -38,7 +39,9 @@ async def add_cluster(request: web.Request) -> web.Response:
             409, "too-many-clusters", "Too many clusters", f"at most {MAX_CLUSTERS} clusters"
         )
     record = ClusterRecord(
-        spec=spec, created_at=time.time(), created_by=tenant_of(request).tenant_id
+        spec=sealed(spec, request.app[SECRETS_AT_REST]),
+        created_at=time.time(),
+        created_by=tenant_of(request).tenant_id,
     )
     try:
         await store.add_cluster(

@@ -376,9 +376,19 @@ class ClusterBridge:
         """A birth for every machine (again where anything changed), telemetry for all."""
         models: Counter[str] = Counter()
         unknown: Counter[str] = Counter()
+        # Until the loop has handed over every document (a restart), the GPUs greenfed's
+        # running jobs hold cannot be told from others': on the machines they run on, no
+        # GPU is called busy (else the loop would take its own work's GPUs as failed).
+        unsure = (
+            set()
+            if self._knows_every_document()
+            else {machine for job in self._jobs.values() if _live(job) for machine in job.nodes}
+        )
         for node_id, (machine, partition) in self._machines.items():
             held = self._held_accelerators(node_id)
-            status = self._birth(node_id, machine, partition, held, models, unknown)
+            status = self._birth(
+                node_id, machine, partition, held, models, unknown, unsure=machine.name in unsure
+            )
             if self._births.get(node_id) != status:
                 self._births[node_id] = status
                 self._registry.apply_status(status)
@@ -399,8 +409,11 @@ class ClusterBridge:
         held: set[str],
         models: Counter[str],
         unknown: Counter[str],
+        *,
+        unsure: bool = False,
     ) -> NodeStatus:
-        """`held`: the GPUs greenfed's work holds there (`_held_accelerators`)."""
+        """`held`: the GPUs greenfed's work holds there (`_held_accelerators`); `unsure`:
+        which of the allocated GPUs are greenfed's is not known yet (none called busy)."""
         zone, region = self._placement.of(partition)
         accelerators: list[Accelerator] = []
         for type_name, count in sorted(machine.accelerators.items()):
@@ -413,7 +426,7 @@ class ClusterBridge:
             ids = [f"gpu{offset + index}" for index in range(count)]
             # GPUs Slurm gave to others: that many of those greenfed's work does not hold.
             ours = sum(1 for device in ids if device in held)
-            others = max(0, machine.allocated.get(type_name, 0) - ours)
+            others = 0 if unsure else max(0, machine.allocated.get(type_name, 0) - ours)
             busy = [device for device in ids if device not in held][:others]
             for index, device in enumerate(ids):
                 accelerators.append(

@@ -23,11 +23,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from cloud.clusters.backend import ClusterBackend
 from cloud.clusters.bridge import ClusterBridge, ClusterPlacement, WorkHints
+from cloud.clusters.credentials import rest_token, shown
 from cloud.clusters.slurm.backend import SlurmBackend
 from cloud.clusters.slurm.commands import SlurmAccess, SlurmCommands
+from cloud.clusters.slurm.rest_backend import SlurmRestBackend
+from cloud.clusters.slurm.rest_client import SlurmRestAccess, SlurmRestClient
 from cloud.clusters.slurm.script import SubmitOptions
 from cloud.clusters.views import ClusterSpec, ClusterView
 from cloud.fleet.registry import NodeRegistry
+from cloud.secrets.at_rest import SecretNotOpenedError, SecretsAtRest
 from cloud.store import WorkRecord
 from cloud.store.clusters import ClusterRecord
 from shared.clock import utc_from_epoch
@@ -53,18 +57,28 @@ def hints_from(record: WorkRecord | None) -> WorkHints | None:
     return WorkHints(priority=record.priority, deadline_at=deadline_at)
 
 
-def backend_of(spec: ClusterSpec) -> ClusterBackend:
+def backend_of(spec: ClusterSpec, token: str = "") -> ClusterBackend:
+    """The cluster's back-end: through its slurmrestd where the registration names one,
+    else through its commands. `token`: the registration's slurmrestd JWT, opened."""
     access = spec.slurm
+    options = SubmitOptions(
+        work_dir=access.work_dir,
+        account=access.account,
+        qos={str(priority): qos for priority, qos in access.qos.items()},
+        nice={str(priority): nice for priority, nice in access.nice.items()},
+    )
+    if access.rest_url:
+        return SlurmRestBackend(
+            SlurmRestClient(
+                SlurmRestAccess(url=access.rest_url, user_name=access.rest_user, token=token)
+            ),
+            options,
+        )
     return SlurmBackend(
         SlurmCommands(
             SlurmAccess(ssh=access.ssh, slurm_conf=access.slurm_conf, bin_dir=access.bin_dir)
         ),
-        SubmitOptions(
-            work_dir=access.work_dir,
-            account=access.account,
-            qos={str(priority): qos for priority, qos in access.qos.items()},
-            nice={str(priority): nice for priority, nice in access.nice.items()},
-        ),
+        options,
     )
 
 
@@ -85,7 +99,7 @@ class ClusterFleet:
         work_hints: Callable[[str], WorkHints | None] | None = None,
         on_log: Callable[[JobLogChunk], None] | None = None,
         telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
-        backend_factory: Callable[[ClusterSpec], ClusterBackend] = backend_of,
+        backend_factory: Callable[[ClusterSpec, str], ClusterBackend] = backend_of,
     ) -> None:
         self._registry = registry
         self._notify = notify
@@ -98,13 +112,18 @@ class ClusterFleet:
         self.started_listeners: list[Callable[[ClusterBridge], None]] = []
         self._backend_factory = backend_factory
         self._running: dict[str, _Running] = {}
-        # What clusters that accept secrets open them with (set at start: `use_keys`).
+        # What clusters that accept secrets open them with, and what opens the stored
+        # credentials of clusters (set at start: `use_keys`).
         self._sealing_key: X25519PrivateKey | None = None
+        self._secrets_at_rest: SecretsAtRest | None = None
 
-    def use_keys(self, signing_key: Ed25519PrivateKey) -> None:
+    def use_keys(
+        self, signing_key: Ed25519PrivateKey, secrets_at_rest: SecretsAtRest | None = None
+    ) -> None:
         """The control plane's signing key, from which clusters' sealing key derives
-        (every replica derives the same one)."""
+        (every replica derives the same one), and its secrets key (cluster credentials)."""
         self._sealing_key = derived_x25519_key(signing_key, CLUSTER_SEALING_KEY_PURPOSE)
+        self._secrets_at_rest = secrets_at_rest
 
     def accept(self, document: DesiredState) -> bool:
         """The loop's document for a cluster's node goes to its bridge; False: not one."""
@@ -132,9 +151,14 @@ class ClusterFleet:
 
     def _start(self, record: ClusterRecord) -> None:
         spec = record.spec
+        try:
+            token = rest_token(spec, self._secrets_at_rest)
+        except SecretNotOpenedError as error:  # slurmrestd will refuse: the view says why
+            _log.error("cluster credentials do not open", cluster=spec.name, error=str(error))
+            token = ""
         bridge = ClusterBridge(
             spec.name,
-            self._backend_factory(spec),
+            self._backend_factory(spec, token),
             self._registry,
             ClusterPlacement(
                 zone=spec.zone,
@@ -190,7 +214,7 @@ class ClusterFleet:
         running = self._running.get(record.spec.name)
         health = running.bridge.health if running is not None else None
         return ClusterView(
-            spec=record.spec,
+            spec=shown(record.spec),
             created_at=utc_from_epoch(record.created_at),
             created_by=record.created_by,
             reachable=health.reachable if health else False,

@@ -42,8 +42,16 @@ class PartitionPlacement(_Body, frozen=True, kw_only=True):
 
 
 class SlurmAccessSpec(_Body, frozen=True, kw_only=True):
-    """How the control plane reaches a Slurm cluster: its commands here (this host is a
-    login node) or on a login node over SSH."""
+    """How the control plane reaches a Slurm cluster: its slurmrestd (`rest_url`), or its
+    commands here (this host is a login node) or on a login node over SSH."""
+
+    # unix:/path/to/slurmrestd.socket (rest_auth/local) or http[s]://host:port (JWT).
+    rest_url: Annotated[
+        str, msgspec.Meta(max_length=4096, pattern=r"^(unix:/[^\x00]+|https?://[^\s/]+/?)?$")
+    ] = ""
+    rest_user: Annotated[str, msgspec.Meta(max_length=128, pattern=r"^[^\s:]*$")] = ""
+    # A JWT for rest_auth/jwt: a secret (encrypted at rest, shown masked).
+    rest_token: Annotated[str, msgspec.Meta(max_length=16384)] = ""
 
     # [user@]host: never an option of ssh's own (no leading "-").
     ssh: Annotated[
@@ -79,6 +87,15 @@ class ClusterSpec(_Body, frozen=True, kw_only=True):
     accepts_secrets: bool = False
 
     def __post_init__(self) -> None:
+        if self.slurm.rest_url and (self.slurm.ssh or self.slurm.slurm_conf):
+            raise FieldError(
+                "slurm.rest_url",
+                "a cluster is reached through its slurmrestd or through its commands "
+                "(slurm.ssh, slurm.slurm_conf), not both",
+            )
+        if (self.slurm.rest_token or self.slurm.rest_user) and not self.slurm.rest_url:
+            field = "slurm.rest_token" if self.slurm.rest_token else "slurm.rest_user"
+            raise FieldError(field, "only with slurm.rest_url (a slurmrestd to present it to)")
         for type_name, model in self.gres_models.items():
             if model not in ACCELERATORS:
                 raise FieldError(

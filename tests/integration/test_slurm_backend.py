@@ -32,18 +32,33 @@ SCHEDULING = msgspec.structs.replace(FAST_LOOP, node_lost_grace_s=10.0)
 CLUSTER = "lab"
 
 
+# The two ways greenfed reaches a cluster: its commands on a login node (this host), or
+# its slurmrestd (rest_auth/local on a UNIX socket; Slurm 22.05's openapi/v0.0.38).
+TRANSPORTS = pytest.mark.parametrize("transport", ["commands", "rest"])
+
+
+def access(cluster: SlurmCluster, transport: str = "commands") -> dict[str, Any]:
+    """The registration's `slurm` object for one transport."""
+    if transport == "rest":
+        return {"rest_url": f"unix:{cluster.restd_socket}", "work_dir": str(cluster.job_dir)}
+    return {"slurm_conf": str(cluster.conf_path), "work_dir": str(cluster.job_dir)}
+
+
 def registration(cluster: SlurmCluster, **extra: Any) -> dict[str, Any]:
     return {
         "name": CLUSTER,
         "zone": "DE",
         "region": "europe-west3",
-        "slurm": {"slurm_conf": str(cluster.conf_path), "work_dir": str(cluster.job_dir)},
+        "slurm": access(cluster),
         "refresh_interval_s": 1.0,
         **extra,
     }
 
 
-async def register(api: Api, cluster: SlurmCluster, **extra: Any) -> dict[str, Any]:
+async def register(
+    api: Api, cluster: SlurmCluster, transport: str = "commands", **extra: Any
+) -> dict[str, Any]:
+    extra.setdefault("slurm", access(cluster, transport))
     response = await api.client.post(
         "/v1/clusters", json=registration(cluster, **extra), headers=bearer(api.admin_token)
     )
@@ -87,12 +102,13 @@ def job(name: str, command: list[str], **fields: Any) -> dict[str, Any]:
 
 
 @sqlite_only
+@TRANSPORTS
 async def test_a_registered_cluster_is_nodes_and_runs_a_gang_as_one_slurm_job(
-    slurm: SlurmCluster, database: DatabaseUnderTest, tmp_path: Path
+    slurm: SlurmCluster, database: DatabaseUnderTest, tmp_path: Path, transport: str
 ) -> None:
     out = slurm.job_dir / f"gang-{tmp_path.name}"
     async with running_api(database, scheduling=SCHEDULING) as api:
-        await register(api, slurm)
+        await register(api, slurm, transport)
         for name in slurm.node_names:
             record = api.app[REGISTRY].get(f"{CLUSTER}.{name}")
             assert record is not None
@@ -135,13 +151,12 @@ async def test_a_registered_cluster_is_nodes_and_runs_a_gang_as_one_slurm_job(
         await eventually_async(printed, timeout_s=30, message="no output in the job's logs")
 
 
-@sqlite_only
+@TRANSPORTS
 async def test_a_failing_job_fails_with_its_exit_code_and_a_cancelled_one_is_scancelled(
-    slurm: SlurmCluster, database: DatabaseUnderTest
+    slurm: SlurmCluster, database: DatabaseUnderTest, transport: str
 ) -> None:
     async with running_api(database, scheduling=SCHEDULING) as api:
-        access = {"slurm_conf": str(slurm.conf_path), "work_dir": str(slurm.job_dir)}
-        await register(api, slurm, slurm={**access, "nice": {"p2": 50}})
+        await register(api, slurm, slurm={**access(slurm, transport), "nice": {"p2": 50}})
         token = await api.tenant("acme")
         failing = await api.submitted(token, job("fails", ["sh", "-c", "exit 3"], max_retries=0))
         body = await reaches(api, token, failing, "failed", timeout_s=60)
@@ -163,11 +178,12 @@ async def test_a_failing_job_fails_with_its_exit_code_and_a_cancelled_one_is_sca
 
 
 @sqlite_only
+@TRANSPORTS
 async def test_a_restarted_control_plane_adopts_the_slurm_job_and_survives_slurmctld_down(
-    slurm: SlurmCluster, database: DatabaseUnderTest
+    slurm: SlurmCluster, database: DatabaseUnderTest, transport: str
 ) -> None:
     async with running_api(database, scheduling=SCHEDULING) as api:
-        await register(api, slurm)
+        await register(api, slurm, transport)
         token = await api.tenant("acme")
         marker = slurm.job_dir / f"adopted-{token[-8:]}"
         long = await api.submitted(

@@ -109,7 +109,13 @@ class SlurmBackend(ClusterBackend):
                 str(offset + 1), job.output_path, str(limit),
             )  # fmt: skip
             return text.encode()
-        return await asyncio.to_thread(_read_part, Path(job.output_path), offset, limit)
+        return await read_local_output(job.output_path, offset, limit)
+
+
+async def read_local_output(path: str, offset: int, limit: int) -> bytes:
+    """Up to `limit` bytes of a job's output file on this host from `offset` (b"": none
+    yet, or no more)."""
+    return await asyncio.to_thread(_read_part, Path(path), offset, limit)
 
 
 def _read_part(path: Path, offset: int, limit: int) -> bytes:

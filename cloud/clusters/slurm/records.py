@@ -119,14 +119,6 @@ def node_of(line: str) -> ClusterNode | None:
     if not name:
         return None
     configured = gres_counts(fields.get("Gres", ""))
-    state = fields.get("State", "UNKNOWN")
-    flags = set(state.split("+"))
-    unavailable = ""
-    if flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}:
-        reason = fields.get("Reason", "")
-        unavailable = state.lower() + (f": {reason}" if reason else "")
-    elif "*" in state or flags & {"FUTURE", "POWERED_DOWN", "POWERING_DOWN", "UNKNOWN"}:
-        unavailable = state.lower()
     return ClusterNode(
         name=name,
         partitions=tuple(p for p in fields.get("Partitions", "").split(",") if p),
@@ -134,8 +126,18 @@ def node_of(line: str) -> ClusterNode | None:
         memory_bytes=int(fields.get("RealMemory", "0") or 0) * (1 << 20),
         accelerators=configured,
         allocated=allocated_gpus(fields.get("AllocTRES", ""), configured),
-        unavailable=unavailable,
+        unavailable=node_unavailable(fields.get("State", "UNKNOWN"), fields.get("Reason", "")),
     )
+
+
+def node_unavailable(state: str, reason: str) -> str:
+    """Why a node in that state (`IDLE+DRAIN`, `DOWN*`) takes no new work; "": it does."""
+    flags = set(state.upper().rstrip("*").split("+"))
+    if flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}:
+        return state.lower() + (f": {reason}" if reason else "")
+    if "*" in state or flags & {"FUTURE", "POWERED_DOWN", "POWERING_DOWN", "UNKNOWN", ""}:
+        return state.lower() or "unknown"
+    return ""
 
 
 def nodes_of(text: str) -> tuple[ClusterNode, ...]:

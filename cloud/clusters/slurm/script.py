@@ -56,40 +56,85 @@ class SubmitOptions:
     nice: Mapping[str, int] = field(default_factory=dict)
 
 
-def sbatch_arguments(gang: GangRequest, options: SubmitOptions) -> list[str]:
-    """`sbatch` and its options; the script goes on standard input."""
+@dataclass(frozen=True, slots=True)
+class SlurmJobShape:
+    """What one gang asks Slurm for, whichever way it is submitted (`sbatch` options here,
+    a slurmrestd job description in cloud/clusters/slurm/rest_dialects.py)."""
+
+    name: str
+    comment: str
+    partition: str
+    nodes: int
+    machines: tuple[str, ...]  # the machines greenfed chose, in rank order
+    tasks_per_node: int
+    gpu_type: str | None
+    gpus_per_node: int
+    cpus_per_task: int | None
+    time_limit_min: int | None
+    output: str  # Slurm's file name pattern (`%j`: the job id)
+    working_dir: str
+    account: str
+    qos: str
+    nice: int | None
+
+
+def job_shape(gang: GangRequest, options: SubmitOptions) -> SlurmJobShape:
     members = gang.members
     tasks = {1 if gang.per_node else member.processes for member in members}
+    # Equal on every node for every gang greenfed places today (docs/backends.md).
+    tasks_per_node = max(tasks)
+    cpus = max(member.cpus for member in members)
+    return SlurmJobShape(
+        name=gang.key,
+        comment=f"greenfed:{gang.job_id}:{gang.attempt}:{gang.tenant}",
+        partition=gang.partition,
+        nodes=len(members),
+        machines=tuple(member.node for member in members),
+        tasks_per_node=tasks_per_node,
+        gpu_type=gang.accelerator_type,
+        gpus_per_node=max(member.accelerators for member in members),
+        cpus_per_task=max(1, cpus // tasks_per_node) if cpus else None,
+        time_limit_min=(
+            max(1, math.ceil(gang.time_limit_s / 60)) if gang.time_limit_s is not None else None
+        ),
+        output=f"{options.work_dir.rstrip('/')}/{gang.key}-%j.out",
+        working_dir=gang.working_dir or options.work_dir,
+        account=options.account,
+        qos=options.qos.get(gang.priority, ""),
+        nice=options.nice.get(gang.priority),
+    )
+
+
+def sbatch_arguments(gang: GangRequest, options: SubmitOptions) -> list[str]:
+    """`sbatch` and its options; the script goes on standard input."""
+    shape = job_shape(gang, options)
     arguments = [
         "sbatch",
         "--parsable",
-        f"--job-name={gang.key}",
-        f"--comment=greenfed:{gang.job_id}:{gang.attempt}:{gang.tenant}",
-        f"--partition={gang.partition}",
-        f"--nodes={len(members)}",
-        f"--nodelist={','.join(member.node for member in members)}",
-        # Equal on every node for every gang greenfed places today (docs/backends.md).
-        f"--ntasks-per-node={max(tasks)}",
-        f"--output={options.work_dir.rstrip('/')}/{gang.key}-%j.out",
-        f"--chdir={gang.working_dir or options.work_dir}",
+        f"--job-name={shape.name}",
+        f"--comment={shape.comment}",
+        f"--partition={shape.partition}",
+        f"--nodes={shape.nodes}",
+        f"--nodelist={','.join(shape.machines)}",
+        f"--ntasks-per-node={shape.tasks_per_node}",
+        f"--output={shape.output}",
+        f"--chdir={shape.working_dir}",
         "--export=NONE",
         "--kill-on-invalid-dep=yes",
         "--no-requeue",
     ]
-    if gang.accelerator_type is not None:
-        per_node = max(member.accelerators for member in members)
-        arguments.append(f"--gres=gpu:{gang.accelerator_type}:{per_node}")
-    cpus = max(member.cpus for member in members)
-    if cpus:
-        arguments.append(f"--cpus-per-task={max(1, cpus // max(tasks))}")
-    if gang.time_limit_s is not None:
-        arguments.append(f"--time={max(1, math.ceil(gang.time_limit_s / 60))}")
-    if options.account:
-        arguments.append(f"--account={options.account}")
-    if gang.priority in options.qos:
-        arguments.append(f"--qos={options.qos[gang.priority]}")
-    if gang.priority in options.nice:
-        arguments.append(f"--nice={options.nice[gang.priority]}")
+    if shape.gpu_type is not None:
+        arguments.append(f"--gres=gpu:{shape.gpu_type}:{shape.gpus_per_node}")
+    if shape.cpus_per_task is not None:
+        arguments.append(f"--cpus-per-task={shape.cpus_per_task}")
+    if shape.time_limit_min is not None:
+        arguments.append(f"--time={shape.time_limit_min}")
+    if shape.account:
+        arguments.append(f"--account={shape.account}")
+    if shape.qos:
+        arguments.append(f"--qos={shape.qos}")
+    if shape.nice is not None:
+        arguments.append(f"--nice={shape.nice}")
     return arguments
 
 
