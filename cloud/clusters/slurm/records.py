@@ -147,10 +147,13 @@ def nodes_of(text: str) -> tuple[ClusterNode, ...]:
 
 def job_state(slurm_state: str, reason: str, exit_code: int | None) -> tuple[ClusterJobState, str]:
     """greenfed's state of a Slurm job state, with why (for people)."""
-    base = slurm_state.split()[0].rstrip("+") if slurm_state else "UNKNOWN"
+    # `CANCELLED by 0` (sacct), `PENDING+REQUEUED` (slurmrestd's state lists joined).
+    words = [word for word in re.split(r"[+\s]", slurm_state) if word] or ["UNKNOWN"]
+    base = words[0]
     why = "" if reason in ("", "None", "(null)") else reason
     if base in _PENDING:
-        detail = "requeued by the cluster" if base.startswith("REQUEUE") else ""
+        requeued = base.startswith("REQUEUE") or any(w.startswith("REQUEUE") for w in words)
+        detail = "requeued by the cluster" if requeued else ""
         return "pending", "; ".join(part for part in (detail, why) if part)
     if base in _RUNNING:
         return "running", "suspended by the cluster" if base == "SUSPENDED" else why
