@@ -47,7 +47,9 @@ class FakeSlurmrestd:
             return web.json_response({"errors": [{"error": "Authentication failure"}]}, status=401)
         path = request.path.rstrip("/")
         if path == "/openapi/v3":
-            paths: dict[str, Any] = {f"/slurm/{v}/{p}/": {} for v in self.versions for p in ("jobs", "nodes")}
+            paths: dict[str, Any] = {
+                f"/slurm/{v}/{p}/": {} for v in self.versions for p in ("jobs", "nodes")
+            }
             return web.json_response({"openapi": "3.0.3", "paths": paths})
         if path.endswith("/nodes"):
             node = {
