@@ -94,6 +94,12 @@ def _summary(cluster: ClusterView) -> str:
     return gpus + (f" (unknown types, not used: {unknown})" if unknown else "")
 
 
+def _via(cluster: ClusterView) -> str:
+    """How it is reached, and whether greenfed's choice of machines holds there."""
+    via = cluster.interface or ("slurmrestd" if cluster.spec.slurm.rest_url else "commands")
+    return via + (" (Slurm picks the machines)" if cluster.pins_machines is False else "")
+
+
 async def add_cluster(
     client: ApiClient, spec: ClusterSpec, *, json: bool, out: TextIO | None = None
 ) -> int:
@@ -118,8 +124,8 @@ async def list_clusters(client: ApiClient, *, json: bool, out: TextIO | None = N
         print_json(msgspec.json.encode(clusters), out)
         return EXIT_OK
     table = Table(title=f"clusters: {clusters.count}", title_justify="left")
-    for column in ("cluster", "kind", "zone", "region", "state", "nodes", "accelerators",
-                   "queue", "greenfed jobs"):  # fmt: skip
+    for column in ("cluster", "kind", "via", "zone", "region", "state", "nodes",
+                   "accelerators", "queue", "greenfed jobs"):  # fmt: skip
         table.add_column(column)
     for cluster in clusters.items:
         if cluster.reachable:
@@ -130,6 +136,7 @@ async def list_clusters(client: ApiClient, *, json: bool, out: TextIO | None = N
         table.add_row(
             cluster.spec.name,
             cluster.spec.kind,
+            escape(_via(cluster)),
             cluster.spec.zone,
             cluster.spec.region,
             state,

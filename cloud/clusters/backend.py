@@ -143,5 +143,16 @@ class ClusterBackend(ABC):
     async def read_output(self, job: ClusterJob, offset: int, limit: int) -> bytes:
         """Up to `limit` bytes of the job's output from `offset` (b"": nothing more)."""
 
+    @property
+    def interface(self) -> str:
+        """How the cluster is reached, for people (`slurmrestd v0.0.38`); "" not known yet."""
+        return ""
+
+    @property
+    def pins_machines(self) -> bool | None:
+        """Whether a job runs on the machines greenfed chose (False: the cluster picks
+        them within the partition; None: not known yet)."""
+        return True
+
     async def close(self) -> None:  # noqa: B027 (optional: most hold nothing)
         """Release what the back-end holds."""

@@ -718,10 +718,18 @@ class ClusterBridge:
 
     def _report(self) -> None:
         now = self._clock()
+        chosen: dict[tuple[str, int], set[str]] = {}
+        for node_id, document in self._documents.items():
+            for training in document.training:
+                machine = node_id.removeprefix(self._prefix)
+                chosen.setdefault((training.job_id, training.attempt), set()).add(machine)
         for node_id, document in self._documents.items():
             if node_id not in self._births:
                 continue
-            entries = tuple(self._reported(training, now) for training in document.training)
+            entries = tuple(
+                self._reported(training, now, chosen[(training.job_id, training.attempt)])
+                for training in document.training
+            )
             self._registry.apply_reported(
                 ReportedState(
                     node_id=node_id,
@@ -733,7 +741,10 @@ class ClusterBridge:
                 )
             )
 
-    def _reported(self, training: DesiredTraining, now: float) -> ReportedTraining:
+    def _reported(
+        self, training: DesiredTraining, now: float, chosen: set[str]
+    ) -> ReportedTraining:
+        """`chosen`: the machines the loop placed the entry's job on."""
         key = (training.job_id, training.attempt)
         state: TrainingRunState
         if key in self._refused:
@@ -767,6 +778,14 @@ class ClusterBridge:
         else:
             state = job.state
             reason = job.reason
+        if job.nodes and set(job.nodes) != chosen:
+            # A cluster that cannot be told the machines (slurmrestd v0.0.38) placed it
+            # itself: where it runs is said, not hidden.
+            where = (
+                f"cluster {self.name} runs it on {', '.join(job.nodes)}, not on "
+                f"{', '.join(sorted(chosen))} as greenfed chose"
+            )
+            reason = f"{reason}; {where}" if reason else where
         return ReportedTraining(
             job_id=training.job_id,
             attempt=training.attempt,

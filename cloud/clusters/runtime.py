@@ -230,4 +230,6 @@ class ClusterFleet:
             skipped_machines=health.skipped_machines if health else (),
             pending_jobs=health.pending_jobs if health else 0,
             greenfed_jobs_running=health.jobs_running if health else 0,
+            interface=running.bridge.backend.interface if running is not None else "",
+            pins_machines=running.bridge.backend.pins_machines if running is not None else None,
         )

@@ -121,6 +121,11 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     skipped_machines: tuple[str, ...]
     pending_jobs: int  # the cluster's own queue, anyone's jobs
     greenfed_jobs_running: int
+    # How it is reached (`slurmrestd v0.0.38`, `Slurm commands, here`; "": not yet).
+    interface: str = ""
+    # Whether jobs run on the machines greenfed chose (false: the cluster picks them,
+    # slurmrestd v0.0.38; null: not known yet).
+    pins_machines: bool | None = None
 
 
 class ClusterList(msgspec.Struct, frozen=True, kw_only=True):

@@ -268,3 +268,46 @@ async def test_a_machine_gone_from_the_listing_keeps_its_running_job(
     await bridge.step()
     assert cluster.cancelled == []
     assert len(cluster.submitted) == 1
+
+
+async def test_a_restarted_bridge_does_not_take_its_own_jobs_gpus_for_others(
+    cluster: MemoryCluster,
+) -> None:
+    # greenfed's job holds all of n2's GPUs; the control plane restarted: until the loop
+    # has handed every document over, which allocated GPUs are greenfed's is not known,
+    # and calling them busy would make the loop requeue its own running work.
+    cluster.nodes[1] = ClusterNode("n2", ("gpu",), 8, 64 << 30, {"a100": 4}, {"a100": 4})
+    cluster.jobs_held["7"] = ClusterJob("7", JOB, 1, "running", nodes=("n2",))
+    passes = [10]
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry, passes)
+    await bridge.step()
+
+    def busy(node_id: str) -> list[str]:
+        record = registry.get(node_id)
+        assert record is not None
+        return [a.id for a in record.status.accelerators if not a.healthy]
+
+    assert busy("lab.n2") == []
+    assert busy("lab.n1") == ["gpu0"]  # no job of greenfed's there: Slurm's say stands
+    bridge.accept(document("lab.n2", training(ids=("gpu0", "gpu1"))))
+    passes[0] = 12
+    await bridge.step()
+    # Every document known: the two GPUs greenfed's job does not hold are others'.
+    assert busy("lab.n2") == ["gpu2", "gpu3"]
+    assert [entry.state for entry in reported(registry, "lab.n2")] == ["running"]
+
+
+async def test_a_job_the_cluster_placed_elsewhere_says_where_it_runs(
+    cluster: MemoryCluster,
+) -> None:
+    # slurmrestd v0.0.38 cannot name machines: Slurm picks them within the partition.
+    cluster.jobs_held["5"] = ClusterJob("5", JOB, 1, "running", nodes=("n1",))
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    bridge.accept(document("lab.n2", training()))
+    await bridge.step()
+    await bridge.step()
+    (entry,) = reported(registry, "lab.n2")
+    assert entry.state == "running"
+    assert entry.reason == "cluster lab runs it on n1, not on n2 as greenfed chose"

@@ -121,6 +121,10 @@ async def test_a_registered_cluster_is_nodes_and_runs_a_gang_as_one_slurm_job(
         assert cluster["reachable"] is True
         assert cluster["nodes"] == 2
         assert cluster["accelerators"] == {"NVIDIA A100-SXM4-80GB": 8}
+        # Slurm 22.05's slurmrestd speaks only v0.0.38, which cannot name machines.
+        assert (cluster["interface"], cluster["pins_machines"]) == (
+            ("slurmrestd v0.0.38", False) if transport == "rest" else ("Slurm commands, here", True)
+        )
 
         token = await api.tenant("acme")
         script = (

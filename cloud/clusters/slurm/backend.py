@@ -49,6 +49,11 @@ class SlurmBackend(ClusterBackend):
         # None: not known yet whether the cluster keeps accounting (sacct answers).
         self._accounting: bool | None = None
 
+    @property
+    def interface(self) -> str:
+        where = f"over ssh {self._commands.access.ssh}" if self._commands.access.ssh else "here"
+        return f"Slurm commands, {where}"
+
     async def capacity(self) -> ClusterCapacity:
         nodes = nodes_of(await self._commands.run("scontrol", "-o", "show", "node"))
         pending = await self._commands.run("squeue", "-h", "-t", "PD", "-o", "%i")

@@ -76,8 +76,11 @@ class SlurmRestBackend(ClusterBackend):
         return self._dialect
 
     @property
+    def interface(self) -> str:
+        return "" if self._dialect is None else f"slurmrestd {self._dialect.version}"
+
+    @property
     def pins_machines(self) -> bool | None:
-        """Whether jobs run on the machines greenfed chose (None: not asked yet)."""
         return None if self._dialect is None else self._dialect.pins_machines
 
     async def _job_listing(self, *, reuse: bool) -> list[Any]:
