@@ -10,6 +10,9 @@ A100s each, slurmdbd on the local MariaDB; run as root, Debian's slurm-wlm insta
   queue, every one named in a document (as after a control plane restart): one bridge
   step (capacity, jobs from `scontrol` and `sacct`, adoption, reports) takes this long.
 
+Both for each way greenfed reaches the cluster (`--transport`): its commands, and its
+slurmrestd (22.05's openapi/v0.0.38 on a UNIX socket).
+
     python benchmarks/slurm_bench.py --runs 11 --jobs 1000
 
 Medians (and the 90th percentile of submission) printed as JSON.
@@ -34,9 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiohttp.test_utils import TestClient, TestServer
 
 from cloud.app import create_app
+from cloud.clusters.backend import ClusterBackend
 from cloud.clusters.bridge import ClusterBridge, ClusterPlacement
 from cloud.clusters.slurm.backend import SlurmBackend
 from cloud.clusters.slurm.commands import SlurmAccess, SlurmCommands
+from cloud.clusters.slurm.rest_backend import SlurmRestBackend
+from cloud.clusters.slurm.rest_client import SlurmRestAccess, SlurmRestClient
 from cloud.clusters.slurm.script import SubmitOptions
 from cloud.fleet.registry import NodeRegistry
 from cloud.store.ids import IdGenerator
@@ -80,9 +86,25 @@ async def plain_sbatch_s(cluster: SlurmCluster) -> float:
     return elapsed_s
 
 
+def access(cluster: SlurmCluster, transport: str) -> dict[str, str]:
+    """The registration's `slurm` object."""
+    if transport == "rest":
+        return {"rest_url": f"unix:{cluster.restd_socket}", "work_dir": str(cluster.job_dir)}
+    return {"slurm_conf": str(cluster.conf_path), "work_dir": str(cluster.job_dir)}
+
+
+def backend(cluster: SlurmCluster, transport: str) -> ClusterBackend:
+    options = SubmitOptions(work_dir=str(cluster.job_dir))
+    if transport == "rest":
+        return SlurmRestBackend(
+            SlurmRestClient(SlurmRestAccess(url=f"unix:{cluster.restd_socket}")), options
+        )
+    return SlurmBackend(SlurmCommands(SlurmAccess(slurm_conf=str(cluster.conf_path))), options)
+
+
 @asynccontextmanager
 async def greenfed_on(
-    cluster: SlurmCluster,
+    cluster: SlurmCluster, transport: str
 ) -> AsyncIterator[tuple[TestClient[Any, Any], dict[str, str]]]:
     """The real app with the cluster registered; (client, a tenant's headers)."""
     with tempfile.TemporaryDirectory() as directory:
@@ -102,10 +124,7 @@ async def greenfed_on(
                     "name": "lab",
                     "zone": "DE",
                     "region": "europe-west3",
-                    "slurm": {
-                        "slurm_conf": str(cluster.conf_path),
-                        "work_dir": str(cluster.job_dir),
-                    },
+                    "slurm": access(cluster, transport),
                     "refresh_interval_s": 1.0,
                 }
                 response = await client.post("/v1/clusters", json=registration, headers=admin)
@@ -153,7 +172,9 @@ async def idle(cluster: SlurmCluster) -> None:
     await until(all_idle)
 
 
-async def reconciliation_s(cluster: SlurmCluster, jobs: int, steps: int) -> dict[str, Any]:
+async def reconciliation_s(
+    cluster: SlurmCluster, jobs: int, steps: int, transports: list[str]
+) -> dict[str, Any]:
     ids = IdGenerator()
     job_ids = [ids.new_id() for _ in range(jobs)]
     submit_started = time.perf_counter()
@@ -177,44 +198,48 @@ async def reconciliation_s(cluster: SlurmCluster, jobs: int, steps: int) -> dict
         for index, node_id in enumerate(nodes)
     ]
 
-    def restarted_bridge() -> tuple[ClusterBridge, NodeRegistry]:
+    def restarted_bridge(transport: str) -> tuple[ClusterBridge, NodeRegistry]:
         """A control plane's bridge just started, the loop's documents handed over."""
-        backend = SlurmBackend(
-            SlurmCommands(SlurmAccess(slurm_conf=str(cluster.conf_path))),
-            SubmitOptions(work_dir=str(cluster.job_dir)),
-        )
         registry = NodeRegistry(max_nodes=10)
-        bridge = ClusterBridge("lab", backend, registry, ClusterPlacement("DE", "europe-west3"))
+        bridge = ClusterBridge(
+            "lab", backend(cluster, transport), registry, ClusterPlacement("DE", "europe-west3")
+        )
         for document in documents:
             bridge.accept(document)
         return bridge, registry
 
-    first_step_s = []
-    for _ in range(steps):
-        bridge, registry = restarted_bridge()
-        started = time.perf_counter()
-        await bridge.step()  # the history read too, every job adopted
-        first_step_s.append(time.perf_counter() - started)
-    steady_s = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        await bridge.step()
-        steady_s.append(time.perf_counter() - started)
-    adopted = sum(1 for job_id in job_ids if bridge.job_of(job_id, 1) is not None)
-    reported = sum(
-        len(record.reported.training)
-        for record in [registry.get(node_id) for node_id in nodes]
-        if record is not None and record.reported is not None
-    )
-    await cluster.cancel_all_jobs()
-    return {
+    figures: dict[str, Any] = {
         "slurm_jobs": jobs,
-        "adopted": adopted,
-        "reported": reported,
-        "restarted_bridge_first_step_ms": round(1000 * statistics.median(first_step_s)),
-        "steady_step_ms": round(1000 * statistics.median(steady_s)),
         "sbatch_each_ms": round(1000 * submitted_s / jobs, 1),
     }
+    for transport in transports:
+        first_step_s = []
+        for _ in range(steps):
+            bridge, registry = restarted_bridge(transport)
+            started = time.perf_counter()
+            await bridge.step()  # the history read too, every job adopted
+            first_step_s.append(time.perf_counter() - started)
+            await bridge.backend.close()
+        bridge, registry = restarted_bridge(transport)
+        await bridge.step()
+        steady_s = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            await bridge.step()
+            steady_s.append(time.perf_counter() - started)
+        await bridge.backend.close()
+        figures[transport] = {
+            "adopted": sum(1 for job_id in job_ids if bridge.job_of(job_id, 1) is not None),
+            "reported": sum(
+                len(record.reported.training)
+                for record in [registry.get(node_id) for node_id in nodes]
+                if record is not None and record.reported is not None
+            ),
+            "restarted_bridge_first_step_ms": round(1000 * statistics.median(first_step_s)),
+            "steady_step_ms": round(1000 * statistics.median(steady_s)),
+        }
+    await cluster.cancel_all_jobs()
+    return figures
 
 
 def p90(values: list[float]) -> float:
@@ -226,31 +251,35 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=11)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--transport", choices=("commands", "rest", "both"), default="both")
     args = parser.parse_args()
+    transports = ["commands", "rest"] if args.transport == "both" else [args.transport]
     async with slurm_cluster() as cluster:
-        # Interleaved, each from an idle cluster: Slurm's own start latency (its batch
-        # scheduling runs on events, about once a second) weighs on both alike.
-        plain: list[float] = []
-        greenfed: list[float] = []
-        async with greenfed_on(cluster) as (client, tenant):
-            for run in range(args.runs):
-                plain.append(await plain_sbatch_s(cluster))
-                greenfed.append(await through_greenfed_s(cluster, client, tenant, run))
-        print(
-            json.dumps(
-                {
-                    "runs": args.runs,
-                    "plain_sbatch_to_running_p50_s": round(statistics.median(plain), 3),
-                    "plain_sbatch_to_running_p90_s": round(p90(plain), 3),
-                    "greenfed_to_running_p50_s": round(statistics.median(greenfed), 3),
-                    "greenfed_to_running_p90_s": round(p90(greenfed), 3),
-                    "overhead_p50_s": round(
-                        statistics.median(greenfed) - statistics.median(plain), 3
-                    ),
-                }
+        for transport in transports:
+            # Interleaved, each from an idle cluster: Slurm's own start latency (its
+            # batch scheduling runs on events, about once a second) weighs on both alike.
+            plain: list[float] = []
+            greenfed: list[float] = []
+            async with greenfed_on(cluster, transport) as (client, tenant):
+                for run in range(args.runs):
+                    plain.append(await plain_sbatch_s(cluster))
+                    greenfed.append(await through_greenfed_s(cluster, client, tenant, run))
+            print(
+                json.dumps(
+                    {
+                        "transport": transport,
+                        "runs": args.runs,
+                        "plain_sbatch_to_running_p50_s": round(statistics.median(plain), 3),
+                        "plain_sbatch_to_running_p90_s": round(p90(plain), 3),
+                        "greenfed_to_running_p50_s": round(statistics.median(greenfed), 3),
+                        "greenfed_to_running_p90_s": round(p90(greenfed), 3),
+                        "overhead_p50_s": round(
+                            statistics.median(greenfed) - statistics.median(plain), 3
+                        ),
+                    }
+                )
             )
-        )
-        print(json.dumps(await reconciliation_s(cluster, args.jobs, args.steps)))
+        print(json.dumps(await reconciliation_s(cluster, args.jobs, args.steps, transports)))
 
 
 if __name__ == "__main__":

@@ -116,6 +116,9 @@ class ClusterJob:
     started_at: float | None = None
     finished_at: float | None = None
     output_path: str | None = None
+    # What the cluster measured the job used so far, J (Slurm's ConsumedEnergy, where it
+    # gathers energy); None: not measured.
+    consumed_energy_j: float | None = None
 
 
 class ClusterBackend(ABC):

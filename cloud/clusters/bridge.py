@@ -212,6 +212,12 @@ class ClusterBridge:
         self._submitted: dict[tuple[str, int], str] = {}
         self._vanished: dict[tuple[str, int], float] = {}
         self._refused: dict[tuple[str, int], str] = {}
+        # Energy the cluster measured (Slurm's ConsumedEnergy): each job's last reading,
+        # the GPUs it is shared over, and each GPU's cumulative counter, which its samples
+        # carry as an agent's carry NVML's (cloud/usage/meter.py: measured, not modelled).
+        self._job_energy_j: dict[tuple[str, int], float] = {}
+        self._energy_devices: dict[tuple[str, int], tuple[tuple[str, str], ...]] = {}
+        self._device_energy_j: dict[tuple[str, str], float] = {}
         self._wake = asyncio.Event()
 
     # -- what the loop hands over ------------------------------------------------------
@@ -334,7 +340,38 @@ class ClusterBridge:
         if with_history:
             self._ended_unseen.clear()
         self._jobs = latest
+        self._count_energy()
         self.health.jobs_running = sum(job.state == "running" for job in latest.values())
+
+    def _count_energy(self) -> None:
+        """Each job's newly measured energy onto the counters of the GPUs it holds, in
+        equal parts (the cluster measures a job, not its GPUs one by one)."""
+        for key, job in self._jobs.items():
+            if job.consumed_energy_j is None:
+                continue
+            devices = self._energy_devices.get(key)
+            if devices is None:
+                devices = tuple(
+                    (node_id, device)
+                    for node_id, document in self._documents.items()
+                    for training in document.training
+                    if (training.job_id, training.attempt) == key
+                    for device in training.accelerator_ids
+                    if not device.startswith("cpu")
+                )
+                if not devices:
+                    continue  # its documents have not come yet: the next reading
+                self._energy_devices[key] = devices
+                for device in devices:  # a counter from here on; what came before was modelled
+                    self._device_energy_j.setdefault(device, 0.0)
+                self._job_energy_j[key] = job.consumed_energy_j
+                continue
+            delta_j = job.consumed_energy_j - self._job_energy_j[key]
+            if delta_j <= 0:
+                continue
+            self._job_energy_j[key] = job.consumed_energy_j
+            for device in devices:
+                self._device_energy_j[device] += delta_j / len(devices)
 
     # -- nodes -------------------------------------------------------------------------
 
@@ -511,6 +548,7 @@ class ClusterBridge:
                     id=accelerator.id,
                     utilization_pct=100.0 if accelerator.id in held else 0.0,
                     memory_used_bytes=0,
+                    energy_j=self._device_energy_j.get((node_id, accelerator.id)),
                 )
                 for accelerator in status.accelerators
                 if accelerator.kind != "cpu"

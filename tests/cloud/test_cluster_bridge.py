@@ -7,6 +7,7 @@ cannot name."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -22,7 +23,7 @@ from cloud.clusters.backend import (
 )
 from cloud.clusters.bridge import OTHER_WORK, UNREACHABLE_TAINT, ClusterBridge, ClusterPlacement
 from cloud.fleet.registry import NodeRegistry
-from shared.messages import DesiredState, DesiredTraining, ReportedTraining
+from shared.messages import DesiredState, DesiredTraining, ReportedTraining, Telemetry
 
 JOB = "01M8XES6JQ9S91MCASPSBYBS71"
 
@@ -311,3 +312,38 @@ async def test_a_job_the_cluster_placed_elsewhere_says_where_it_runs(
     (entry,) = reported(registry, "lab.n2")
     assert entry.state == "running"
     assert entry.reason == "cluster lab runs it on n1, not on n2 as greenfed chose"
+
+
+async def test_energy_the_cluster_measured_reaches_the_jobs_gpus_as_counters(
+    cluster: MemoryCluster,
+) -> None:
+    # Slurm measures a job, not its GPUs: each reading's increase is shared evenly over
+    # the GPUs the job holds, whose samples carry it as a cumulative counter (what
+    # cloud/usage/meter.py counts as measured energy, as an agent's NVML counters).
+    samples: list[Telemetry] = []
+    registry = NodeRegistry(max_nodes=10)
+    bridge = ClusterBridge(
+        "lab",
+        cluster,
+        registry,
+        ClusterPlacement("DE", "europe-west3"),
+        telemetry_listeners=(samples.append,),
+    )
+    bridge.accept(document("lab.n2", training(ids=("gpu0", "gpu1"))))
+    cluster.jobs_held["5"] = ClusterJob("5", JOB, 1, "running", nodes=("n2",))
+    await bridge.step()
+
+    def counters() -> dict[str, float | None]:
+        latest = [s for s in samples if s.node_id == "lab.n2"][-1]
+        return {a.id: a.energy_j for a in latest.accelerators}
+
+    assert set(counters().values()) == {None}  # nothing measured: the model meters it
+    cluster.jobs_held["5"] = dataclasses.replace(cluster.jobs_held["5"], consumed_energy_j=5000.0)
+    await bridge.step()
+    # The first reading starts the counters; what came before it was modelled.
+    assert counters() == {"gpu0": 0.0, "gpu1": 0.0, "gpu2": None, "gpu3": None}
+    cluster.jobs_held["5"] = dataclasses.replace(cluster.jobs_held["5"], consumed_energy_j=9000.0)
+    await bridge.step()
+    assert counters() == {"gpu0": 2000.0, "gpu1": 2000.0, "gpu2": None, "gpu3": None}
+    await bridge.step()  # the same reading again: nothing more
+    assert counters()["gpu0"] == 2000.0

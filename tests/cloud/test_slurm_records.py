@@ -11,7 +11,9 @@ from cloud.clusters.backend import GangMember, GangRequest
 from cloud.clusters.slurm.records import (
     accounted_jobs,
     allocated_gpus,
+    energy_of_live_jobs,
     expand_hostlist,
+    gathers_energy,
     gres_counts,
     job_state,
     jobs_of,
@@ -74,14 +76,30 @@ def test_only_greenfeds_jobs_are_read_with_their_state_times_and_nodes() -> None
 
 def test_accounting_reads_ended_jobs() -> None:
     text = (
-        f"7|gf-{JOB}-1|FAILED|3:0|1796284831|1796284832|1796284833|gfnode1\n"
-        f"8|gf-{JOB}-2|CANCELLED by 0|0:15|1796284831|1796284832|1796284840|gfnode1\n"
-        "9|not-ours|COMPLETED|0:0|1|2|3|gfnode1\n"
+        f"7|gf-{JOB}-1|FAILED|3:0|1796284831|1796284832|1796284833|gfnode1|0\n"
+        f"8|gf-{JOB}-2|CANCELLED by 0|0:15|1796284831|1796284832|1796284840|gfnode1|\n"
+        f"10|gf-{JOB}-3|COMPLETED|0:0|1796284831|1796284832|1796288432|gfnode2|5400000\n"
+        "9|not-ours|COMPLETED|0:0|1|2|3|gfnode1|0\n"
     )
-    failed, cancelled = accounted_jobs(text)
+    failed, cancelled, done = accounted_jobs(text)
     assert (failed.state, failed.reason, failed.exit_code) == ("failed", "exit code 3", 3)
     assert failed.finished_at == 1796284833.0
     assert (cancelled.state, cancelled.reason) == ("stopped", "cancelled on the cluster")
+    # ConsumedEnergyRaw, J, where the cluster measured any (0 and empty: none).
+    assert (failed.consumed_energy_j, cancelled.consumed_energy_j) == (None, None)
+    assert done.consumed_energy_j == 5_400_000.0
+
+
+def test_running_jobs_energy_is_read_only_where_the_cluster_gathers_it() -> None:
+    assert energy_of_live_jobs("41|123456\n42|\n43|0\n44|18446744073709551614\n") == {
+        "41": 123456.0
+    }
+    config = "AccountingStorageType   = accounting_storage/slurmdbd\n"
+    assert gathers_energy(config + "AcctGatherEnergyType    = acct_gather_energy/ipmi\n")
+    assert gathers_energy(config + "AcctGatherEnergyType    = acct_gather_energy/gpu\n")
+    assert not gathers_energy(config + "AcctGatherEnergyType    = acct_gather_energy/none\n")
+    assert not gathers_energy(config + "AcctGatherEnergyType    = (null)\n")
+    assert not gathers_energy(config)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ commands on a login node (cloud/clusters/slurm/commands.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Final
@@ -31,6 +32,8 @@ from cloud.clusters.slurm.commands import SlurmCommands
 from cloud.clusters.slurm.records import (
     SACCT_FIELDS,
     accounted_jobs,
+    energy_of_live_jobs,
+    gathers_energy,
     jobs_of,
     nodes_of,
 )
@@ -38,6 +41,9 @@ from cloud.clusters.slurm.script import SubmitOptions, batch_script, sbatch_argu
 
 # How far back `sacct` is asked about greenfed's jobs.
 ACCOUNTING_WINDOW_S: Final = 7 * 86400.0
+# How often running jobs' energy is read from `sacct` (slurmd gathers it every
+# JobAcctGatherFrequency, 30 s by default; each `sacct` costs slurmdbd a query).
+ENERGY_INTERVAL_S: Final = 30.0
 
 _log = structlog.get_logger("greenfed.clusters.slurm")
 
@@ -48,6 +54,10 @@ class SlurmBackend(ClusterBackend):
         self._options = options
         # None: not known yet whether the cluster keeps accounting (sacct answers).
         self._accounting: bool | None = None
+        # None: not known yet whether it gathers energy (an AcctGatherEnergyType).
+        self._gathers_energy: bool | None = None
+        self._energy_read_at = -ENERGY_INTERVAL_S
+        self._energy_j: dict[str, float] = {}  # Slurm job id -> J so far
 
     @property
     def interface(self) -> str:
@@ -60,12 +70,45 @@ class SlurmBackend(ClusterBackend):
         return ClusterCapacity(nodes=nodes, pending_jobs=len(pending.split()))
 
     async def jobs(self, *, include_ended: bool = True) -> tuple[ClusterJob, ...]:
-        live = jobs_of(await self._commands.run("scontrol", "-o", "show", "job"))
+        live = await self._with_energy(
+            jobs_of(await self._commands.run("scontrol", "-o", "show", "job"))
+        )
         if not include_ended:
             return live
         known = {job.backend_id for job in live}
         older = tuple(job for job in await self._accounted() if job.backend_id not in known)
         return live + older
+
+    async def _with_energy(self, live: tuple[ClusterJob, ...]) -> tuple[ClusterJob, ...]:
+        """Running jobs with what the cluster measured they used, where it gathers energy
+        (read every ENERGY_INTERVAL_S; the last reading stands between)."""
+        running = [job.backend_id for job in live if job.state == "running"]
+        if not running or self._accounting is False:
+            return live
+        if self._gathers_energy is None:
+            config = await self._commands.run("scontrol", "show", "config")
+            self._gathers_energy = gathers_energy(config)
+            _log.info("cluster energy gathering", gathers=self._gathers_energy)
+        if not self._gathers_energy:
+            return live
+        now = time.monotonic()
+        if now - self._energy_read_at >= ENERGY_INTERVAL_S:
+            self._energy_read_at = now
+            try:
+                text = await self._commands.run(
+                    "sacct", "-X", "-P", "-n", "-o", "JobID,ConsumedEnergyRaw",
+                    "-j", ",".join(running),
+                )  # fmt: skip
+            except ClusterRefused as error:
+                _log.info("job energy not read", detail=str(error)[:200])
+            else:
+                self._energy_j = energy_of_live_jobs(text)
+        return tuple(
+            dataclasses.replace(job, consumed_energy_j=self._energy_j[job.backend_id])
+            if job.backend_id in self._energy_j
+            else job
+            for job in live
+        )
 
     async def _accounted(self) -> tuple[ClusterJob, ...]:
         """greenfed's jobs in the cluster's accounting; () where it keeps none."""

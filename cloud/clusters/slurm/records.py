@@ -15,6 +15,7 @@ greenfed.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -224,6 +225,7 @@ SACCT_FIELDS: Final = (
     "Start",
     "End",
     "NodeList",
+    "ConsumedEnergyRaw",
 )
 
 
@@ -248,8 +250,40 @@ def accounted_jobs(text: str) -> tuple[ClusterJob, ...]:
             }
         )
         if job is not None:
-            found.append(job)
+            found.append(dataclasses.replace(job, consumed_energy_j=energy_j(row)))
     return tuple(found)
+
+
+def energy_j(row: Mapping[str, str]) -> float | None:
+    """A `sacct` row's `ConsumedEnergyRaw` (J); None where the cluster measured none (an
+    empty field, or 0 on a cluster whose energy plugin is `acct_gather_energy/none`)."""
+    text = row.get("ConsumedEnergyRaw", "")
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value > 0 and value < 1e18 else None  # NO_VAL64 reads as ~1.8e19
+
+
+def energy_of_live_jobs(text: str) -> dict[str, float]:
+    """`sacct -X -P -n -o JobID,ConsumedEnergyRaw -j ...` -> {job id: J so far}."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        backend_id, _, raw = line.partition("|")
+        joules = energy_j({"ConsumedEnergyRaw": raw})
+        if backend_id.isdigit() and joules is not None:
+            found[backend_id] = joules
+    return found
+
+
+def gathers_energy(config_text: str) -> bool:
+    """Whether `scontrol show config` names an energy plugin (not `none`)."""
+    for line in config_text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AcctGatherEnergyType":
+            plugin = value.strip()
+            return bool(plugin) and plugin not in ("(null)", "acct_gather_energy/none")
+    return False
 
 
 def expand_hostlist(text: str) -> list[str]:
