@@ -35,8 +35,9 @@ class FakeSlurmrestd:
     """Answers `/openapi/v3`, nodes and jobs of the versions it is told to offer, and
     keeps the headers of every request."""
 
-    def __init__(self, versions: tuple[str, ...]) -> None:
+    def __init__(self, versions: tuple[str, ...], queued: int = 0) -> None:
         self.versions = versions
+        self.queued = queued
         self.headers: list[dict[str, str]] = []
         self.paths: list[str] = []
 
@@ -64,13 +65,20 @@ class FakeSlurmrestd:
             }
             return web.json_response({"nodes": [node], "errors": []})
         if path.endswith("/jobs"):
-            return web.json_response({"jobs": [], "errors": []})
+            # A busy cluster's queue: an answer of megabytes, read whole.
+            others = [
+                {"job_id": i, "name": f"sim-{i}", "job_state": ["PENDING"], "comment": "x" * 100}
+                for i in range(1, self.queued + 1)
+            ]
+            return web.json_response({"jobs": others, "errors": []})
         return web.json_response({"errors": [{"error": "Unknown path"}]}, status=404)
 
 
 @asynccontextmanager
-async def slurmrestd(versions: tuple[str, ...]) -> AsyncIterator[tuple[FakeSlurmrestd, str]]:
-    fake = FakeSlurmrestd(versions)
+async def slurmrestd(
+    versions: tuple[str, ...], queued: int = 0
+) -> AsyncIterator[tuple[FakeSlurmrestd, str]]:
+    fake = FakeSlurmrestd(versions, queued)
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", fake.handle)
     runner = web.AppRunner(app)
@@ -95,7 +103,7 @@ def registration(url: str, **slurm: Any) -> dict[str, Any]:
 
 
 async def test_a_jwt_is_a_secret_sent_only_to_slurmrestd(api: Api) -> None:
-    async with slurmrestd(("v0.0.40", "v0.0.41", "v0.0.42")) as (fake, url):
+    async with slurmrestd(("v0.0.40", "v0.0.41", "v0.0.42"), queued=20_000) as (fake, url):
         response = await api.client.post(
             "/v1/clusters", json=registration(url), headers=bearer(api.admin_token)
         )
@@ -107,6 +115,7 @@ async def test_a_jwt_is_a_secret_sent_only_to_slurmrestd(api: Api) -> None:
         (cluster,) = listed["items"]
         assert cluster["reachable"] is True
         assert cluster["accelerators"] == {"NVIDIA H100 80GB HBM3": 8}
+        assert cluster["pending_jobs"] == 20_000
         assert cluster["spec"]["slurm"]["rest_token"] == MASK
         assert TOKEN not in str(listed)
         # Every request carried the token and the user it is for, and the version spoken

@@ -88,7 +88,7 @@ class SlurmRestClient:
             async with self._client().request(
                 method, self._base + path, json=body, params=params
             ) as response:
-                data = await response.content.read(MAX_ANSWER_BYTES + 1)
+                data = await _body(response)
                 status = response.status
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise ClusterUnreachable(
@@ -135,6 +135,18 @@ class SlurmRestClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _body(response: aiohttp.ClientResponse) -> bytes:
+    """The whole answer, or its first MAX_ANSWER_BYTES + 1 bytes (then: too large)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(1 << 20):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            break
+    return b"".join(chunks)
 
 
 def _errors(answer: Mapping[str, Any]) -> str:
