@@ -103,29 +103,40 @@ async def test_a_deployment_with_three_replicas_runs_on_three_edge_nodes(
 async def test_a_p0_job_preempts_a_p2_job_which_is_requeued_and_finishes_later(
     database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
 ) -> None:
+    # Every wait is for a lasting fact (a worker the node started, a terminal state, an
+    # event in the history), never for a passing state a poll may miss on a loaded
+    # machine: the urgent job runs for a second.
     async with fleet(database, mosquitto_root, cloud_nodes=1) as running:
         api = running.api
+        launcher = running.launchers["a100-0"]
         token = await api.tenant("acme")
+        # Long enough that it is still running when the urgent job is placed, however
+        # slow the machine.
         low = await api.submitted(
-            token, job("batch", priority="p2", accelerators_per_worker=4, estimated_duration_s=2)
+            token, job("batch", priority="p2", accelerators_per_worker=4, estimated_duration_s=8)
         )
-        await reaches(api, token, low, "running")
+
+        async def low_started() -> bool:
+            return any(spec.job_id == low for spec, _, _ in launcher.runs)
+
+        await eventually_async(low_started, timeout_s=30, message="the p2 job never started")
 
         urgent = await api.submitted(
             token, job("urgent", priority="p0", accelerators_per_worker=4, estimated_duration_s=1)
         )
-        await reaches(api, token, urgent, "running")
-        requeued = await work(api, token, low)
-        assert requeued["state"] in ("pending", "scheduled", "running")
+        await reaches(api, token, urgent, "succeeded", timeout_s=60)
         history = await api.store.list_events(tenant_id=await api.tenant_id(token), limit=500)
         reasons = [msgspec.json.decode(event.payload).get("reason") or "" for event in history]
         assert any(reason.startswith(f"preempted by {urgent}") for reason in reasons), reasons
 
-        await reaches(api, token, urgent, "succeeded")
-        finished = await reaches(api, token, low, "succeeded")
+        finished = await reaches(api, token, low, "succeeded", timeout_s=60)
         assert finished["attempts"] == 2
-        attempts = [s.attempt for s, _, _ in running.launchers["a100-0"].runs if s.job_id == low]
+        attempts = [s.attempt for s, _, _ in launcher.runs if s.job_id == low]
         assert attempts == [1, 2]
+        # The urgent job ran while the p2 job waited: its one worker started between the
+        # p2 job's two.
+        order = [(s.job_id, s.attempt) for s, _, _ in launcher.runs]
+        assert order.index((low, 1)) < order.index((urgent, 1)) < order.index((low, 2))
 
 
 async def test_cancelling_a_running_job_stops_its_worker(
