@@ -216,7 +216,7 @@ def _print_banner(
         f"greenfed up: {node_count} simulated nodes, "
         f"{'external' if external else 'embedded'} MQTT broker {redact_url(mqtt_url)}",
         f"  nodes      {api}/v1/nodes",
-        f"  dashboard  {api}/ui   (sign in with the admin token below)",
+        f"  dashboard  {api}/ui   (sign in with the admin token, its file below)",
         f"  signals    {api}/v1/signals",
         f"  schemas    {api}/v1/schemas",
         f"  metrics    {api}/metrics   (tenants' series too with the scrape token in "
@@ -227,9 +227,9 @@ def _print_banner(
         f"  models     {api}/v1/models   (greenfed models upload FILE.onnx)",
         f"  openapi    {api}/openapi.json",
         *_cli_lines(api),
-        f"  admin token: {admin_token_file}",
-        # A single-machine demo: the value too, so that curl works right away.
-        f"             {_token_text(admin_token_file)}",
+        # Where it is, never the token itself: a terminal's scrollback and a captured
+        # log are not the place for an admin credential (`cat` it where it is needed).
+        f"  admin token: in {admin_token_file}{_token_note(admin_token_file)}",
         "  stop       Ctrl-C",
     ]
     print("\n".join(lines), flush=True)
@@ -246,14 +246,15 @@ def _cli_lines(api: str) -> list[str]:
     ]
 
 
-def _token_text(path: Path) -> str:
+def _token_note(path: Path) -> str:
+    """Why the admin token file cannot serve, if it cannot ("" where it can)."""
     try:
         token = read_token_file(path)
     except OSError as error:
-        return f"(cannot read it: {error.strerror})"
+        return f" (cannot read it: {error.strerror})"
     if token is None:
-        return "(not there: the admin was created earlier and its token file removed)"
-    return token
+        return " (not there: the admin was created earlier and its token file removed)"
+    return "   (the CLI reads it by itself)"
 
 
 async def _report_fleet(app: web.Application, expected_nodes: int) -> None:
