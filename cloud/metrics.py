@@ -13,10 +13,17 @@ collectors.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -29,6 +36,8 @@ from cloud.fleet.accelerator_metrics import AcceleratorCollector
 from cloud.fleet.ingest import Ingestor
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.queue_metrics import WaitHistogram
+from shared import __version__
+from shared.build import commit
 from shared.work_literals import PriorityClass
 
 
@@ -207,6 +216,14 @@ def build_metrics_registry(
     """The fleet's collectors registered; `accelerator_metrics`: whether per-accelerator
     series are exported (`cloud.accelerator_metrics`)."""
     registries = MetricsRegistries()
+    # What runs (greenfed_build_info) and how the process does (process_*, python_*),
+    # as every Prometheus exporter shows them.
+    Info("greenfed_build", "The greenfed control plane's version", registry=registries.fleet).info(
+        {"version": __version__, "commit": commit(), "python": platform.python_version()}
+    )
+    ProcessCollector(registry=registries.fleet)
+    PlatformCollector(registry=registries.fleet)
+    GCCollector(registry=registries.fleet)
     registries.fleet.register(ControlPlaneCollector(ingestor))
     if accelerator_metrics:
         registries.fleet.register(AcceleratorCollector(ingestor.registry))

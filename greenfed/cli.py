@@ -38,7 +38,7 @@ from greenfed.data_dir_lock import DataDirInUse, data_dir_lock
 from greenfed.ports import check_api_port
 from greenfed.store_cli import add_store_commands
 from greenfed.work_cli import add_client_options, add_work_commands, run_client
-from shared import __version__
+from shared.build import version_text
 from shared.errors import MqttAuthError
 from shared.settings import ConfigError, Settings, load_settings
 
@@ -467,8 +467,17 @@ def _policy_list(text: str) -> list[str]:
     return names
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, asking git for the commit only when it is asked for (every command
+    builds this parser)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def cmd_version(args: argparse.Namespace) -> int:
-    print(f"greenfed {__version__}")
+    print(version_text())
     return EXIT_OK
 
 
@@ -482,7 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
             "Edge–cloud federated scheduler for AI work that weighs carbon, price and latency."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"greenfed {__version__}")
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="print the version and exit"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = commands.add_parser("up", help="embedded broker + control plane + simulated fleet")

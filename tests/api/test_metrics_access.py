@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cloud.app_keys import SCRAPE_TOKEN
 from greenfed.broker import EmbeddedBroker
+from shared import __version__
+from shared.build import commit
 from shared.token_files import metrics_token_path, read_token_file
 from tests.api.support import bearer, deployment_spec, problem
 from tests.store.databases import DatabaseUnderTest
@@ -82,6 +84,11 @@ async def test_anonymous_scrapes_see_the_fleet_and_the_scrape_token_sees_tenants
     for name in ("greenfed_nodes", "greenfed_node_up", "greenfed_scheduling_passes_total"):
         assert name in fleet_series, name
     assert 'node="orin-0"' in text
+    # What runs, and how its process does, as every exporter says it.
+    assert f'greenfed_build_info{{commit="{commit()}",python="' in text
+    assert f'version="{__version__}"' in text
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"):
+        assert name in fleet_series, name
     # Every family the anonymous scrape declares, the full one declares too.
     assert set(labels_by_metric(text)) <= set(labels_by_metric(full))
 

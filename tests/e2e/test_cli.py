@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -108,10 +110,21 @@ async def test_an_unreachable_api_says_where_its_url_came_from() -> None:
         assert "set GREENFED_API" in stderr
 
 
+def _checkout_head() -> str:
+    found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    return found.stdout.strip()
+
+
 @pytest.mark.parametrize("flag", [["--version"], ["version"]])
 async def test_the_version_is_printed(flag: list[str]) -> None:
     code, stdout, stderr = await run_greenfed(flag)
-    assert (code, stdout, stderr) == (0, f"greenfed {__version__}\n", "")
+    assert (code, stderr) == (0, "")
+    # The package's version, and the commit of the checkout it runs from (this one).
+    shown = rf"greenfed {re.escape(__version__)} \(commit ([0-9a-f]{{12}})(\+dirty)?\)\n"
+    match = re.fullmatch(shown, stdout)
+    assert match is not None, stdout
+    head = _checkout_head()
+    assert head.startswith(match.group(1))
 
 
 @pytest.mark.parametrize(
