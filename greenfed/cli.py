@@ -717,7 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument(
         "channel",
         nargs="?",
-        choices=["status", "telemetry", "desired", "reported", "events"],
+        choices=["status", "telemetry", "desired", "reported", "events", "logs"],
         help="print only this payload's schema",
     )
     schema.add_argument("--topic-root", default="greenfed")

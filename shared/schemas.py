@@ -16,6 +16,7 @@ from shared.messages import (
     Telemetry,
     WireStruct,
 )
+from shared.portable_patterns import portable
 from shared.topics import CHANNEL_SPECS, Channel, Topics
 
 PAYLOAD_TYPES: dict[Channel, type[WireStruct]] = {
@@ -30,7 +31,7 @@ PAYLOAD_TYPES: dict[Channel, type[WireStruct]] = {
 
 def payload_schema(channel: Channel) -> dict[str, Any]:
     """A self-contained JSON Schema (2020-12) for one channel's payload."""
-    schema = msgspec.json.schema(PAYLOAD_TYPES[channel])
+    schema = portable(msgspec.json.schema(PAYLOAD_TYPES[channel]))
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://greenfed.dev/schemas/v1/{channel.value}.json",

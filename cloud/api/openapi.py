@@ -30,6 +30,7 @@ from cloud.api.query import CLEAN_TEXT_PATTERN, RFC3339_PATTERN
 from cloud.api.routes import JSON, REGISTERED_ROUTES, JsonObject, Reply, RequestHeader, Route
 from cloud.store import WorkStateChanged
 from shared import __version__
+from shared.portable_patterns import portable
 from shared.problems import CONFIRM_HEADER, CONFIRM_VALUE, ProblemBody
 
 OPENAPI: web.AppKey[bytes] = web.AppKey("openapi", bytes)
@@ -267,6 +268,7 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
     tags = sorted({route.tag for route in routes})
     components = _reachable(components, [paths])
     _with_date_time_patterns([paths, components])
+    paths, components = portable(paths), portable(components)
     return {
         "openapi": "3.1.0",
         "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",

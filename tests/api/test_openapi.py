@@ -16,6 +16,7 @@ from cloud.work.specs import DeploymentSpec, TrainingJobSpec
 from cloud.work.views import TenantCreate
 from shared.settings import Settings
 from tests.api.support import Api, deployment_spec, job_spec
+from tests.shared.test_portable_patterns import patterns, refused_by_re2
 
 _PARAMETER = re.compile(r"\{([^}]+)\}")
 
@@ -149,3 +150,10 @@ def test_the_rest_guide_documents_every_route_and_spec_field() -> None:
     for struct in (TrainingJobSpec, DeploymentSpec, TenantCreate):
         fields = [f.name for f in msgspec.structs.fields(struct) if f"`{f.name}`" not in text]
         assert fields == [], f"docs/rest.md does not document {struct.__name__} fields {fields}"
+
+
+async def test_every_pattern_of_the_document_compiles_under_re2(api: Api) -> None:
+    document: dict[str, Any] = await (await api.client.get("/openapi.json")).json()
+    found = set(patterns(document))
+    assert len(found) > 5
+    assert refused_by_re2(found) == []
