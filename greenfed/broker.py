@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +44,12 @@ def _abort_connection(handler: Any) -> None:
     transport = getattr(stream, "transport", None)
     if transport is not None and not transport.is_closing():
         transport.abort()
+
+
+# The QoS of the publish being handled (a client's, in its connection's task).
+_publish_qos: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "greenfed_publish_qos", default=None
+)
 
 
 class _Amqtt(Broker):  # type: ignore[misc]
@@ -95,7 +102,29 @@ class _Amqtt(Broker):  # type: ignore[misc]
         if self._accounts is not None and message is not None and message.topic == CONTROL_TOPIC:
             await self._control(client_session, message.data)
             return True
-        return bool(await super()._handle_message_delivery(client_session, handler, wait_deliver))
+        # amqtt forwards a publish at each subscription's QoS, forgetting the publisher's:
+        # MQTT delivers at the lower of the two. Its broadcast is queued from within the
+        # call below (this task), where `_broadcast_message` reads what it was sent at.
+        _publish_qos.set(getattr(message, "qos", None))
+        try:
+            return bool(
+                await super()._handle_message_delivery(client_session, handler, wait_deliver)
+            )
+        finally:
+            _publish_qos.set(None)
+
+    async def _broadcast_message(
+        self,
+        session: Any,
+        topic: str | None,
+        data: bytes | bytearray | None,
+        force_qos: int | None = None,
+    ) -> None:
+        # A QoS 0 publish goes out at QoS 0 to every subscriber (the lower of the two);
+        # QoS 1 goes out at each subscription's (0 or 1: greenfed's brokers grant no 2).
+        if force_qos is None and session is not None and _publish_qos.get() == 0:
+            force_qos = 0
+        await super()._broadcast_message(session, topic, data, force_qos)
 
     async def _control(self, session: Any, payload: bytes | bytearray | None) -> None:
         assert self._accounts is not None
