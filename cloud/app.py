@@ -26,6 +26,7 @@ from cloud.api import (
     events,
     logs,
     models,
+    mqtt_accounts,
     nodes,
     openapi,
     readmission,
@@ -390,6 +391,7 @@ def create_app(
         tenants,
         usage,
         clusters,
+        mqtt_accounts,
     ):
         add_routes(app, module.ROUTES)
     for module in (tokens, audit):

@@ -327,6 +327,19 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     return run_client(args, lambda client: clusters_cli.list_clusters(client, json=args.json))
 
 
+def cmd_mqtt_accounts(args: argparse.Namespace) -> int:
+    from greenfed import mqtt_cli
+
+    if args.mqtt_accounts_command == "revoke":
+        return run_client(
+            args, lambda client: mqtt_cli.revoke_account(client, args.name, json=args.json)
+        )
+    return run_client(
+        args,
+        lambda client: mqtt_cli.create_account(client, args.name, args.role, json=args.json),
+    )
+
+
 def cmd_edge_enrol(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -712,6 +725,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_client_options(clusters_remove, nested=True)
     clusters_remove.add_argument("name", metavar="NAME")
+
+    mqtt = commands.add_parser("mqtt", help="the MQTT broker's accounts for third parties (admin)")
+    mqtt_commands = mqtt.add_subparsers(dest="mqtt_command", metavar="COMMAND", required=True)
+    mqtt_accounts = mqtt_commands.add_parser("accounts", help="read-only subscriber accounts")
+    accounts_commands = mqtt_accounts.add_subparsers(
+        dest="mqtt_accounts_command", metavar="COMMAND", required=True
+    )
+    accounts_create = accounts_commands.add_parser(
+        "create", help="make an account (or give it a new password); prints the password once"
+    )
+    add_client_options(accounts_create)
+    accounts_create.add_argument("name", metavar="NAME", help="its broker username")
+    accounts_create.add_argument(
+        "--role",
+        choices=["telemetry-reader"],
+        default="telemetry-reader",
+        help="what it may do: read every node's telemetry and births, nothing else",
+    )
+    accounts_create.set_defaults(handler=cmd_mqtt_accounts)
+    accounts_revoke = accounts_commands.add_parser(
+        "revoke", help="disable an account (its connections are dropped)"
+    )
+    add_client_options(accounts_revoke)
+    accounts_revoke.add_argument("name", metavar="NAME")
+    accounts_revoke.set_defaults(handler=cmd_mqtt_accounts)
 
     schema = commands.add_parser("schema", help="print the JSON Schemas of the MQTT payloads")
     schema.add_argument(

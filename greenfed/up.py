@@ -206,12 +206,14 @@ def _print_banner(
     topics = Topics(settings.mqtt.topic_root)
     endpoint = parse_mqtt_url(mqtt_url)
     host, port = endpoint.host, endpoint.port
-    # The embedded broker requires a login: a single-machine demo shows its admin's.
-    login = (
-        f"-u {settings.mqtt.username} -P {settings.mqtt.password} "
-        if not external and settings.mqtt.password
-        else ""
-    )
+    # The embedded broker requires a login: a subscriber gets a read-only account of its
+    # own (never the control plane's, which may do everything).
+    subscribe = f"mosquitto_sub -h {host} -p {port} -t '{topics.all_nodes(Channel.TELEMETRY)}'"
+    if not external and settings.mqtt.password:
+        subscribe = (
+            "greenfed mqtt accounts create dashboard   (a read-only account; then "
+            f"{subscribe.replace(' -t ', ' -u dashboard -P PASSWORD -t ')})"
+        )
     lines = [
         f"greenfed up: {node_count} simulated nodes, "
         f"{'external' if external else 'embedded'} MQTT broker {redact_url(mqtt_url)}",
@@ -221,8 +223,7 @@ def _print_banner(
         f"  schemas    {api}/v1/schemas",
         f"  metrics    {api}/metrics   (tenants' series too with the scrape token in "
         f"{metrics_token_path(settings.store)})",
-        f"  telemetry  mosquitto_sub -h {host} -p {port} {login}"
-        f"-t '{topics.all_nodes(Channel.TELEMETRY)}'",
+        f"  telemetry  {subscribe}",
         f"  jobs       {api}/v1/jobs   (greenfed submit FILE, greenfed jobs)",
         f"  models     {api}/v1/models   (greenfed models upload FILE.onnx)",
         f"  openapi    {api}/openapi.json",

@@ -112,6 +112,8 @@ AuditAction = Literal[
     "join-token.revoke",
     "cluster.add",
     "cluster.remove",
+    "mqtt_account.create",
+    "mqtt_account.revoke",
     # An admin's revocation, drain or cancellation refused for want of a confirmation
     # (cloud/api/bulk_actions.py).
     "bulk.refused",

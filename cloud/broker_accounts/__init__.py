@@ -6,12 +6,14 @@
 | how Mosquitto (or the embedded broker) is told | `dynamic_security.py` |
 | the commands and a node's ACLs, on the wire | `dynsec_protocol.py` |
 | the operator manages accounts by hand | `accounts.py` (`ManualAccounts`) |
+| a third party's read-only account, over REST | `views.py`, cloud/api/mqtt_accounts.py |
 | which one a control plane uses | `broker_accounts_from` below |
 """
 
 from __future__ import annotations
 
 from cloud.broker_accounts.accounts import (
+    AccountsNotManagedError,
     BrokerAccountError,
     BrokerAccounts,
     ForeignAccountError,
@@ -21,6 +23,7 @@ from cloud.broker_accounts.accounts import (
 from shared.settings import Settings
 
 __all__ = [
+    "AccountsNotManagedError",
     "BrokerAccountError",
     "BrokerAccounts",
     "ForeignAccountError",

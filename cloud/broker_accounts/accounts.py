@@ -20,6 +20,11 @@ class ForeignAccountError(BrokerAccountError):
     (the control plane's own, an operator's): it is never taken over."""
 
 
+class AccountsNotManagedError(BrokerAccountError):
+    """This control plane does not manage the broker's accounts (`broker_accounts =
+    "none"`): the operator makes them by hand."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeCredentials:
     """What a node connects with. `password` is None where accounts are managed by hand."""
@@ -39,6 +44,17 @@ class BrokerAccounts(ABC):
         """Disable the node's account at once (its connection is dropped). Idempotent;
         raises `BrokerAccountError`."""
 
+    @abstractmethod
+    async def provision_reader(self, name: str) -> NodeCredentials:
+        """Create (or reset the password of, and re-enable) a third party's read-only
+        account: every node's telemetry and births, never `desired`, no publishing.
+        Raises `BrokerAccountError` (`ForeignAccountError` for a name some other account
+        holds)."""
+
+    @abstractmethod
+    async def revoke_reader(self, name: str) -> None:
+        """Disable a reader's account (its connection is dropped). Idempotent."""
+
     async def close(self) -> None:  # noqa: B027 (optional: most hold nothing)
         """Release whatever connection the implementation holds."""
 
@@ -52,3 +68,13 @@ class ManualAccounts(BrokerAccounts):
 
     async def revoke(self, node_id: str) -> None:
         return None
+
+    async def provision_reader(self, name: str) -> NodeCredentials:
+        raise AccountsNotManagedError(
+            "this control plane does not manage the broker's accounts "
+            '(cloud.broker_accounts = "none"): give the subscriber an account on the '
+            "broker by hand, reading only <root>/v1/nodes/+/telemetry and +/status"
+        )
+
+    async def revoke_reader(self, name: str) -> None:
+        await self.provision_reader(name)

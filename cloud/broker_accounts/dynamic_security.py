@@ -35,12 +35,14 @@ from cloud.broker_accounts.dynsec_protocol import (
     NOT_FOUND_CLIENT_ERROR,
     RESPONSE_TOPIC,
     RESPONSES_DECODER,
+    TELEMETRY_READER_ROLE,
     Command,
     CommandBatch,
     Response,
     RoleRef,
     node_role_acls,
     node_role_name,
+    reader_role_acls,
 )
 from shared.mqtt import MqttSession, instance_client_id
 from shared.settings import MqttSettings, parse_mqtt_url
@@ -75,10 +77,13 @@ class DynamicSecurityAccounts(BrokerAccounts):
         # unacknowledged publishes (aiomqtt warns past 10).
         self._in_flight = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
 
-    async def _refuse_foreign_account(self, node_id: str, purpose: str) -> None:
+    async def _refuse_foreign_account(
+        self, node_id: str, purpose: str, *, role: str | None = None
+    ) -> None:
         """A node id is its broker username, so a join token must never reach an account
         greenfed did not make for that node (the control plane's own, an operator's
-        `admin`): any account of that name holding other roles is refused."""
+        `admin`): any account of that name holding other roles (than the node's, or
+        `role`) is refused."""
         if node_id == self._settings.username:
             raise ForeignAccountError(f"{purpose}: {node_id!r} is the control plane's account")
         (found,) = await self._run(
@@ -89,11 +94,46 @@ class DynamicSecurityAccounts(BrokerAccounts):
         if found.data is None:
             return
         roles = {ref.rolename for ref in found.data.client.roles}
-        if roles - {node_role_name(node_id)}:
+        expected = role or node_role_name(node_id)
+        if roles - {expected}:
+            whose = "a greenfed telemetry reader's" if role else "a greenfed node's"
             raise ForeignAccountError(
-                f"{purpose}: the broker's account {node_id!r} is not a greenfed node's "
+                f"{purpose}: the broker's account {node_id!r} is not {whose} "
                 f"(roles {', '.join(sorted(roles))})"
             )
+
+    async def provision_reader(self, name: str) -> NodeCredentials:
+        _check_node_id(name)
+        purpose = f"provisioning reader {name!r}"
+        await self._refuse_foreign_account(name, purpose, role=TELEMETRY_READER_ROLE)
+        password = secrets.token_urlsafe(PASSWORD_BYTES)
+        role_ref = (RoleRef(rolename=TELEMETRY_READER_ROLE),)
+        acls = reader_role_acls(self._topics)
+        await self._run(
+            purpose,
+            (
+                Command(command="createRole", rolename=TELEMETRY_READER_ROLE, acls=acls),
+                Command(command="modifyRole", rolename=TELEMETRY_READER_ROLE, acls=acls),
+                Command(command="createClient", username=name, password=password, roles=role_ref),
+                Command(command="setClientPassword", username=name, password=password),
+                Command(command="modifyClient", username=name, roles=role_ref),
+                Command(command="enableClient", username=name),
+            ),
+            tolerated=ALREADY_EXISTS_ERRORS,
+        )
+        _log.info("broker reader account provisioned", username=name)
+        return NodeCredentials(username=name, password=password)
+
+    async def revoke_reader(self, name: str) -> None:
+        _check_node_id(name)
+        purpose = f"revoking reader {name!r}"
+        await self._refuse_foreign_account(name, purpose, role=TELEMETRY_READER_ROLE)
+        await self._run(
+            purpose,
+            (Command(command="disableClient", username=name),),
+            tolerated=frozenset({NOT_FOUND_CLIENT_ERROR}),
+        )
+        _log.info("broker reader account disabled", username=name)
 
     async def provision(self, node_id: str) -> NodeCredentials:
         _check_node_id(node_id)

@@ -147,3 +147,25 @@ def node_role_acls(topics: Topics, node_id: str) -> tuple[Acl, ...]:
         # Mosquitto lets anyone receive by default; a node's role says no to the rest.
         Acl(acltype="publishClientReceive", topic="#", allow=False, priority=-10),
     )
+
+
+# A third party's read-only account (`greenfed mqtt accounts create NAME`): every node's
+# telemetry and births, nothing else; it publishes nothing.
+TELEMETRY_READER_ROLE = "greenfed-telemetry-reader"
+READER_CHANNELS = (Channel.TELEMETRY, Channel.STATUS)
+
+
+def reader_role_acls(topics: Topics) -> tuple[Acl, ...]:
+    readable = [f"{topics.nodes_prefix}+/{channel.value}" for channel in READER_CHANNELS]
+    return (
+        *(
+            Acl(acltype="subscribePattern", topic=topic, allow=True, priority=0)
+            for topic in readable
+        ),
+        *(
+            Acl(acltype="publishClientReceive", topic=topic, allow=True, priority=10)
+            for topic in readable
+        ),
+        Acl(acltype="publishClientReceive", topic="#", allow=False, priority=-10),
+        Acl(acltype="publishClientSend", topic="#", allow=False, priority=10),
+    )

@@ -60,6 +60,13 @@ class RecordingAccounts(BrokerAccounts):
     async def revoke(self, node_id: str) -> None:
         self.revoked.append(node_id)
 
+    async def provision_reader(self, name: str) -> NodeCredentials:
+        self.provisioned.append(f"reader:{name}")
+        return NodeCredentials(username=name, password=f"pw-{name}")
+
+    async def revoke_reader(self, name: str) -> None:
+        self.revoked.append(f"reader:{name}")
+
 
 @contextlib.asynccontextmanager
 async def enrolment_api(

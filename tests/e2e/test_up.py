@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shutil
 import signal
 from collections import Counter
@@ -205,13 +204,19 @@ async def test_up_with_its_embedded_broker_serves_third_party_subscribers(tmp_pa
             message=lambda: up.stderr[-2000:],
         )
         assert f"embedded MQTT broker mqtt://127.0.0.1:{broker_port}" in up.stdout
-        # The embedded broker requires a login: the banner's mosquitto_sub line shows one.
+        # The embedded broker requires a login: the banner says how to get a read-only
+        # one, and never shows the control plane's own.
         with pytest.raises(MqttConnectError):
             async with aiomqtt.Client("127.0.0.1", broker_port):
                 pass
-        login = re.search(r"mosquitto_sub .* -u (\S+) -P (\S+) -t", up.stdout)
-        assert login is not None, up.stdout
-        username, password = login.groups()
+        assert "greenfed mqtt accounts create dashboard" in up.stdout
+        assert "-u greenfed-cloud" not in up.stdout
+        code, out, err = await run_greenfed(
+            ["mqtt", "accounts", "create", "dashboard", "--api", api, "--token-file",
+             str(data_dir / "admin-token")],
+        )  # fmt: skip
+        assert code == 0, err
+        username, password = "dashboard", out.splitlines()[1].strip()
         async with (
             aiomqtt.Client(
                 "127.0.0.1", broker_port, username=username, password=password

@@ -17,6 +17,7 @@ from tests.support.broker_accounts import (
     AccountsBroker,
     assert_refused_login,
     check_a_node_cannot_send_account_commands,
+    check_a_telemetry_reader_reads_telemetry_and_births_only,
     check_nodes_are_confined_to_their_own_topics,
     check_revoke_drops_the_node_and_reprovision_restores_it,
 )
@@ -53,6 +54,12 @@ async def test_a_provisioned_node_uses_only_its_own_topics(
     mosquitto: tuple[MosquittoProcess, AccountsBroker], accounts: DynamicSecurityAccounts
 ) -> None:
     await check_nodes_are_confined_to_their_own_topics(mosquitto[1], accounts)
+
+
+async def test_a_telemetry_reader_reads_telemetry_and_births_only(
+    mosquitto: tuple[MosquittoProcess, AccountsBroker], accounts: DynamicSecurityAccounts
+) -> None:
+    await check_a_telemetry_reader_reads_telemetry_and_births_only(mosquitto[1], accounts)
 
 
 async def test_revoke_drops_the_node_and_reprovisioning_gives_it_a_new_password(

@@ -19,11 +19,12 @@ from tests.support.broker_accounts import (
     AccountsBroker,
     assert_refused_login,
     check_a_node_cannot_send_account_commands,
+    check_a_telemetry_reader_reads_telemetry_and_births_only,
     check_nodes_are_confined_to_their_own_topics,
     check_revoke_drops_the_node_and_reprovision_restores_it,
 )
 from tests.support.brokers import free_port
-from tests.support.processes import get_json
+from tests.support.processes import get_json, greenfed_env, run_greenfed
 from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,6 +74,12 @@ async def test_a_provisioned_node_uses_only_its_own_topics(
     embedded: tuple[EmbeddedBroker, AccountsBroker], accounts: DynamicSecurityAccounts
 ) -> None:
     await check_nodes_are_confined_to_their_own_topics(embedded[1], accounts)
+
+
+async def test_a_telemetry_reader_reads_telemetry_and_births_only(
+    embedded: tuple[EmbeddedBroker, AccountsBroker], accounts: DynamicSecurityAccounts
+) -> None:
+    await check_a_telemetry_reader_reads_telemetry_and_births_only(embedded[1], accounts)
 
 
 async def test_revoke_drops_the_node_and_reprovisioning_gives_it_a_new_password(
@@ -145,9 +152,37 @@ async def test_up_enrols_its_simulated_fleet_on_the_embedded_broker(tmp_path: Pa
         await eventually_async(online, timeout_s=30)
         assert not up.done()
         assert stat.S_IMODE((data_dir / "broker-accounts.json").stat().st_mode) == 0o600
-        await assert_refused_login(
-            AccountsBroker(MqttSettings(url=f"mqtt://127.0.0.1:{options.broker_port}")), None, None
-        )
+        broker = AccountsBroker(MqttSettings(url=f"mqtt://127.0.0.1:{options.broker_port}"))
+        await assert_refused_login(broker, None, None)
+        await check_the_mqtt_quick_start(broker, f"http://127.0.0.1:{api_port}", data_dir)
     finally:
         stop.set()
         assert await asyncio.wait_for(up, 15) == 0
+
+
+async def check_the_mqtt_quick_start(broker: AccountsBroker, api: str, data_dir: Path) -> None:
+    """docs/mqtt.md's quick start, as written: an admin makes a subscriber account with
+    the CLI, and the subscriber reads live telemetry with it, and nothing else."""
+    env = {**greenfed_env(), "GREENFED_API": api}
+    token_file = str(data_dir / "admin-token")
+    code, out, err = await run_greenfed(
+        ["mqtt", "accounts", "create", "dashboard", "--token-file", token_file], env=env
+    )
+    assert code == 0, err
+    password = out.splitlines()[1].strip()
+    assert "-u dashboard -P '<password>' -t 'greenfed/v1/nodes/+/telemetry'" in out
+    async with broker.client("dashboard", password) as subscriber:
+        granted = await subscriber.subscribe(
+            [("greenfed/v1/nodes/+/telemetry", 0), ("greenfed/v1/nodes/+/desired", 1)]
+        )
+        assert [getattr(c, "value", c) for c in granted] == [0, 0x80]
+        async with asyncio.timeout(20):
+            async for message in subscriber.messages:
+                assert message.topic.matches("greenfed/v1/nodes/+/telemetry")
+                assert message.qos == 0
+                break
+    code, out, err = await run_greenfed(
+        ["mqtt", "accounts", "revoke", "dashboard", "--token-file", token_file], env=env
+    )
+    assert code == 0, err
+    await assert_refused_login(broker, "dashboard", password)

@@ -154,3 +154,46 @@ async def check_a_node_cannot_send_account_commands(
     finally:
         await as_node.close()
     await assert_refused_login(broker, "node-y", "anything")
+
+
+async def check_a_telemetry_reader_reads_telemetry_and_births_only(
+    broker: AccountsBroker, accounts: BrokerAccounts
+) -> None:
+    """A third party's account: every node's telemetry and births, never a `desired`
+    document (nor anything else), and it can publish nothing."""
+    topics = broker.topics
+    node = await accounts.provision("node-t")
+    reader = await accounts.provision_reader("grafana-agent")
+    assert reader.username == "grafana-agent"
+    assert reader.password
+    telemetry = topics.node("node-t", Channel.TELEMETRY)
+    status = topics.node("node-t", Channel.STATUS)
+    desired = topics.node("node-t", Channel.DESIRED)
+    async with (
+        broker.admin_client() as cloud,
+        broker.node_client(node) as agent,
+        broker.node_client(reader) as subscriber,
+    ):
+        granted = await subscriber.subscribe(
+            [
+                (f"{topics.nodes_prefix}+/telemetry", 0),
+                (f"{topics.nodes_prefix}+/status", 1),
+                (f"{topics.nodes_prefix}+/desired", 1),
+                (f"{topics.nodes_prefix}#", 1),
+            ]
+        )
+        assert _codes(granted) == [0, 1, REFUSED_SUBSCRIPTION, REFUSED_SUBSCRIPTION]
+        await cloud.publish(desired, b"secret plan", qos=1)
+        await subscriber.publish(status, b"forged", qos=1)  # dropped: it publishes nothing
+        await agent.publish(telemetry, b"sample", qos=0)
+        await agent.publish(status, b"birth", qos=1)
+        assert await collect_until(subscriber, status) == [telemetry, status]
+    # Revoked: refused at once; provisioned again: a new password.
+    await accounts.revoke_reader("grafana-agent")
+    await assert_refused_login(broker, reader.username, reader.password)
+    again = await accounts.provision_reader("grafana-agent")
+    assert again.password != reader.password
+    # A node's account, or the control plane's, is never turned into a reader's.
+    for taken in ("node-t", broker.admin.username or ""):
+        with pytest.raises(BrokerAccountError):
+            await accounts.provision_reader(taken)

@@ -1,0 +1,133 @@
+"""Third parties' accounts on the MQTT broker (admin): a read-only `telemetry-reader`
+that sees every node's telemetry and births and nothing else (docs/mqtt.md#subscribing),
+made and revoked here, audited `mqtt_account.create` and `mqtt_account.revoke`. The
+broker is told through the control plane's account seam (cloud/broker_accounts/): Mosquitto's
+dynamic security plugin, or the embedded broker's accounts."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.audit import audit_entry
+from cloud.api.bodies import json_response, read_json
+from cloud.api.problems import Problem, problem_reply
+from cloud.api.routes import Reply, Route
+from cloud.app_keys import BROKER_ACCOUNTS, SETTINGS, STORE
+from cloud.broker_accounts import (
+    AccountsNotManagedError,
+    BrokerAccountError,
+    ForeignAccountError,
+)
+from cloud.broker_accounts.dynsec_protocol import READER_CHANNELS
+from cloud.broker_accounts.views import MqttAccountCreated, MqttAccountRevoked, MqttAccountSpec
+from shared.settings import parse_mqtt_url
+from shared.topics import Topics
+
+_DECODER: Final = msgspec.json.Decoder(MqttAccountSpec)
+
+
+def _unavailable(error: BrokerAccountError) -> Problem:
+    return Problem(
+        503,
+        "broker-accounts-unavailable",
+        "Broker accounts unavailable",
+        str(error),
+        headers={"Retry-After": "5"},
+    )
+
+
+def _not_managed(error: AccountsNotManagedError) -> Problem:
+    return Problem(409, "mqtt-accounts-not-managed", "MQTT accounts made by hand", str(error))
+
+
+def _taken(name: str) -> Problem:
+    return Problem(
+        409,
+        "mqtt-account-taken",
+        "MQTT account name taken",
+        f"the MQTT broker's account {name!r} is a node's, the control plane's or an "
+        "operator's: choose another name",
+    )
+
+
+async def create_account(request: web.Request) -> web.Response:
+    spec = await read_json(request, _DECODER)
+    try:
+        credentials = await request.app[BROKER_ACCOUNTS].provision_reader(spec.name)
+    except ForeignAccountError:
+        raise _taken(spec.name) from None
+    except AccountsNotManagedError as error:
+        raise _not_managed(error) from None
+    except BrokerAccountError as error:
+        raise _unavailable(error) from None
+    await request.app[STORE].record_audit(
+        audit_entry(request, "mqtt_account.create", spec.name, role=spec.role)
+    )
+    settings = request.app[SETTINGS].mqtt
+    topics = Topics(settings.topic_root)
+    endpoint = parse_mqtt_url(settings.url)
+    assert credentials.password is not None  # the seam makes one, or refuses
+    created = MqttAccountCreated(
+        username=credentials.username,
+        password=credentials.password,
+        role=spec.role,
+        topics=tuple(f"{topics.nodes_prefix}+/{channel.value}" for channel in READER_CHANNELS),
+        broker=f"{'mqtts' if endpoint.tls else 'mqtt'}://{endpoint.host}:{endpoint.port}",
+    )
+    return json_response(created, status=201)
+
+
+async def revoke_account(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    try:
+        await request.app[BROKER_ACCOUNTS].revoke_reader(name)
+    except ForeignAccountError:
+        raise _taken(name) from None
+    except AccountsNotManagedError as error:
+        raise _not_managed(error) from None
+    except BrokerAccountError as error:
+        raise _unavailable(error) from None
+    await request.app[STORE].record_audit(audit_entry(request, "mqtt_account.revoke", name))
+    return json_response(MqttAccountRevoked(username=name, revoked=True))
+
+
+ROUTES: Final = (
+    Route(
+        "POST",
+        "/v1/mqtt/accounts",
+        create_account,
+        "Make (or give a new password to) a third party's read-only MQTT account (admin)",
+        "admin",
+        "mqtt",
+        body=MqttAccountSpec,
+        replies=(
+            Reply(201, "The account and its password, shown once", MqttAccountCreated),
+            problem_reply(
+                409,
+                "The name is a node's, the control plane's or an operator's; or the "
+                "broker's accounts are made by hand",
+            ),
+            problem_reply(503, "The broker did not answer"),
+        ),
+    ),
+    Route(
+        "DELETE",
+        "/v1/mqtt/accounts/{name}",
+        revoke_account,
+        "Disable a third party's MQTT account (admin): its connection is dropped",
+        "admin",
+        "mqtt",
+        replies=(
+            Reply(200, "Disabled (also when there was none)", MqttAccountRevoked),
+            problem_reply(
+                409,
+                "The name is a node's, the control plane's or an operator's; or the "
+                "broker's accounts are made by hand",
+            ),
+            problem_reply(503, "The broker did not answer"),
+        ),
+    ),
+)

@@ -1,0 +1,51 @@
+"""`greenfed mqtt accounts create|revoke`: third parties' read-only accounts on the MQTT
+broker, through a running control plane's REST API (admin)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+from urllib.parse import quote
+
+import msgspec
+
+from cloud.broker_accounts.views import MqttAccountCreated, MqttAccountRevoked
+from greenfed.api_client import ApiClient
+from greenfed.arguments import EXIT_OK
+from greenfed.work_commands import print_json
+
+
+async def create_account(
+    client: ApiClient, name: str, role: str, *, json: bool, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    body = msgspec.json.encode({"name": name, "role": role})
+    _, payload = await client.call("POST", "/v1/mqtt/accounts", body=body)
+    created = msgspec.json.decode(payload, type=MqttAccountCreated)
+    if json:
+        print_json(msgspec.json.encode(created), out)
+        return EXIT_OK
+    scheme, _, address = created.broker.partition("://")
+    host, _, port = address.rpartition(":")
+    tls = " --capath /etc/ssl/certs" if scheme == "mqtts" else ""
+    out.write(
+        f"MQTT account {created.username} ({created.role}); its password, shown this once:\n"
+        f"  {created.password}\n"
+        f"it may read {', '.join(created.topics)} and nothing else; for example:\n"
+        f"  mosquitto_sub -h {host} -p {port}{tls} -u {created.username} -P '<password>' "
+        f"-t '{created.topics[0]}' -v\n"
+    )
+    return EXIT_OK
+
+
+async def revoke_account(
+    client: ApiClient, name: str, *, json: bool, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    _, payload = await client.call("DELETE", f"/v1/mqtt/accounts/{quote(name, safe='')}")
+    revoked = msgspec.json.decode(payload, type=MqttAccountRevoked)
+    if json:
+        print_json(msgspec.json.encode(revoked), out)
+        return EXIT_OK
+    out.write(f"MQTT account {revoked.username} disabled; its connections were dropped\n")
+    return EXIT_OK
