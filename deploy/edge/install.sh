@@ -2,7 +2,7 @@
 # Install (or uninstall) the greenfed edge agent on a Debian/Ubuntu device.
 #
 #   sudo deploy/edge/install.sh --api https://cloud.example.com:8700 --token gfj_... \
-#        [--ca ca.crt] [--node-id orin-1] [--source SPEC] [--upgrade]
+#        [--ca ca.crt] [--node-id orin-1] [--source WHEEL|PATH|REQUIREMENT] [--upgrade]
 #   sudo deploy/edge/install.sh --uninstall [--purge]
 #
 # The token comes from an admin: `greenfed nodes join-token create` (see docs/cli.md).
@@ -18,12 +18,18 @@
 # --api/--token). `--uninstall` stops and removes the unit and the venv and keeps the
 # settings and the agent's state (/etc/greenfed, /var/lib/greenfed) unless `--purge`.
 #
+# What it installs, in this order: `--source` (a wheel file, a local path, or a
+# requirement for the package index); else a greenfed wheel beside this script (an
+# unpacked release); else the checkout this script is part of; else greenfed from the
+# index. A wheel with a `wheelhouse/` beside it (deploy/release.sh --wheelhouse) installs
+# with no index at all.
+#
 # `--root DIR` installs into DIR instead of / (an image being built, or a test): no
 # user is created, files belong to whoever runs it, and systemd is not touched.
 set -euo pipefail
 
 api="" token="" ca_file="" node_id="" root="" upgrade=0 uninstall=0 purge=0
-source_spec="${GREENFED_SOURCE:-greenfed}"
+source_spec="${GREENFED_SOURCE:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --api) api="$2"; shift 2 ;;
@@ -82,12 +88,35 @@ if [ "$enrolled" -eq 0 ]; then
   done
 fi
 
+# What to install, in this order: the --source given (a wheel file, a local path, or a
+# requirement for the index); else a greenfed wheel beside this script (an unpacked
+# release); else the checkout this script is part of; else greenfed from the index.
+if [ -z "$source_spec" ]; then
+  here="$(cd "$(dirname "$0")" && pwd)"
+  beside="$(ls "$here"/greenfed-*.whl 2>/dev/null | sort -V | tail -n 1 || true)"
+  if [ -n "$beside" ]; then
+    source_spec="$beside"
+  elif grep -qs '^name = "greenfed"' "$here/../../pyproject.toml"; then
+    source_spec="$(cd "$here/../.." && pwd)"
+  else
+    source_spec="greenfed"
+  fi
+fi
+pip_options=(--quiet --upgrade)
+case "$source_spec" in
+  *.whl)
+    [ -f "$source_spec" ] || { echo "no wheel file $source_spec" >&2; exit 2; }
+    # A release's wheelhouse beside the wheel holds every dependency: no index needed.
+    wheels="$(dirname "$source_spec")/wheelhouse"
+    [ -d "$wheels" ] && pip_options+=(--no-index --find-links "$wheels")
+    ;;
+esac
 if [ ! -x "$venv/bin/greenfed" ] || [ "$upgrade" -eq 1 ]; then
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   # Only the edge extra: no database stack or control plane on a device.
   spec="$source_spec"
   case "$spec" in *\[*) ;; *) spec="$spec[edge]" ;; esac
-  "$venv/bin/pip" install --quiet --upgrade "$spec"
+  "$venv/bin/pip" install "${pip_options[@]}" "$spec"
   say "installed $spec into $venv"
 fi
 
