@@ -16,7 +16,7 @@ from rich.table import Table
 from cloud.clusters.views import ClusterList, ClusterSpec, ClusterView
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
-from greenfed.work_commands import ago, console, print_json
+from greenfed.work_commands import act_and_say, ago, console, print_json
 from shared.errors import FieldError
 
 
@@ -152,11 +152,12 @@ async def list_clusters(client: ApiClient, *, json: bool, out: TextIO | None = N
 async def remove_cluster(
     client: ApiClient, name: str, *, json: bool, out: TextIO | None = None
 ) -> int:
-    out = out or sys.stdout
-    _, payload = await client.call("DELETE", f"/v1/clusters/{quote(name, safe='')}")
-    cluster = msgspec.json.decode(payload, type=ClusterView)
-    if json:
-        print_json(msgspec.json.encode(cluster), out)
-        return EXIT_OK
-    out.write(f"cluster {cluster.spec.name} removed; its nodes left the registry\n")
-    return EXIT_OK
+    return await act_and_say(
+        client,
+        "DELETE",
+        f"/v1/clusters/{quote(name, safe='')}",
+        ClusterView,
+        lambda cluster: f"cluster {cluster.spec.name} removed; its nodes left the registry",
+        json=json,
+        out=out,
+    )

@@ -12,7 +12,7 @@ import msgspec
 from cloud.broker_accounts.views import MqttAccountCreated, MqttAccountRevoked
 from greenfed.api_client import ApiClient
 from greenfed.arguments import EXIT_OK
-from greenfed.work_commands import print_json
+from greenfed.work_commands import act_and_say, print_json
 
 
 async def create_account(
@@ -41,11 +41,12 @@ async def create_account(
 async def revoke_account(
     client: ApiClient, name: str, *, json: bool, out: TextIO | None = None
 ) -> int:
-    out = out or sys.stdout
-    _, payload = await client.call("DELETE", f"/v1/mqtt/accounts/{quote(name, safe='')}")
-    revoked = msgspec.json.decode(payload, type=MqttAccountRevoked)
-    if json:
-        print_json(msgspec.json.encode(revoked), out)
-        return EXIT_OK
-    out.write(f"MQTT account {revoked.username} disabled; its connections were dropped\n")
-    return EXIT_OK
+    return await act_and_say(
+        client,
+        "DELETE",
+        f"/v1/mqtt/accounts/{quote(name, safe='')}",
+        MqttAccountRevoked,
+        lambda revoked: f"MQTT account {revoked.username} disabled; its connections were dropped",
+        json=json,
+        out=out,
+    )

@@ -13,11 +13,11 @@ import asyncio
 import codecs
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, TextIO
+from typing import Final, TextIO, TypeVar
 
 import msgspec
 from rich.console import Console
@@ -54,8 +54,32 @@ def console(out: TextIO) -> Console:
     return Console(file=out, width=None if sized else 160, highlight=False)
 
 
+ReplyT = TypeVar("ReplyT")
+
+
 def print_json(payload: bytes, out: TextIO) -> None:
     out.write(msgspec.json.format(payload, indent=2).decode() + "\n")
+
+
+async def act_and_say(
+    client: ApiClient,
+    method: str,
+    path: str,
+    reply_type: type[ReplyT],
+    said: Callable[[ReplyT], str],
+    *,
+    json: bool,
+    out: TextIO | None,
+) -> int:
+    """One request whose reply is printed as JSON (`--json`) or as one line for people."""
+    out = out or sys.stdout
+    _, payload = await client.call(method, path)
+    reply = msgspec.json.decode(payload, type=reply_type)
+    if json:
+        print_json(msgspec.json.encode(reply), out)
+    else:
+        out.write(said(reply) + "\n")
+    return EXIT_OK
 
 
 def at_utc(moment: datetime | None) -> str:

@@ -26,8 +26,9 @@ SLURM_COMMANDS: Final = frozenset({"scontrol", "squeue", "sacct", "sbatch", "sca
 DEFAULT_COMMAND_TIMEOUT_S: Final = 20.0
 # What a command may print (a cluster of 10,000 nodes prints a few MB).
 MAX_OUTPUT_BYTES: Final = 64 * 1024 * 1024
-# How the commands say the controller is away (slurm_load_* errors), not a refusal.
-_UNREACHABLE_MARKERS: Final = (
+# How the commands (their slurm_load_* errors) and slurmrestd say the controller is
+# away, not a refusal.
+UNREACHABLE_MARKERS: Final = (
     "Unable to contact slurm controller",
     "Socket timed out",
     "Connection refused",
@@ -117,6 +118,6 @@ class SlurmCommands:
             return out.decode(errors="replace")
         if process.returncode == 255 and self.access.ssh:  # ssh's own failure
             raise ClusterUnreachable(f"ssh {self.access.ssh}: {message[:500]}")
-        if any(marker in message for marker in _UNREACHABLE_MARKERS):
+        if any(marker in message for marker in UNREACHABLE_MARKERS):
             raise ClusterUnreachable(f"{argv[0]}: {message[:500]}")
         raise ClusterRefused(f"{argv[0]} exited {process.returncode}: {message[:500]}")

@@ -191,8 +191,38 @@ def job_of(fields: Mapping[str, str]) -> ClusterJob | None:
         return None
     exit_code = _exit_code(fields.get("ExitCode", ""))
     state, reason = job_state(fields.get("JobState", ""), fields.get("Reason", ""), exit_code)
-    nodes = fields.get("NodeList", "")
-    output = fields.get("StdOut", "")
+    return cluster_job(
+        backend_id,
+        identity,
+        state,
+        reason,
+        exit_code,
+        nodes=fields.get("NodeList", ""),
+        submitted_at=_time(fields.get("SubmitTime", "")),
+        started_at=_time(fields.get("StartTime", "")),
+        ended_at=_time(fields.get("EndTime", "")),
+        output_path=fields.get("StdOut", "") or None,
+    )
+
+
+def cluster_job(
+    backend_id: str,
+    identity: tuple[str, int],
+    state: ClusterJobState,
+    reason: str,
+    exit_code: int | None,
+    *,
+    nodes: str,
+    submitted_at: float | None,
+    started_at: float | None,
+    ended_at: float | None,
+    output_path: str | None,
+) -> ClusterJob:
+    """A job as Slurm reported it (its commands or slurmrestd): an exit code only once it
+    ended, a start only once it left the queue, an end only once it ended (Slurm gives
+    expected times before), its node list expanded (`(null)`, `None assigned`: none)."""
+    ended = state in ("succeeded", "failed", "stopped")
+    listed = nodes and nodes not in ("(null)", "None assigned")
     return ClusterJob(
         backend_id=backend_id,
         job_id=identity[0],
@@ -200,13 +230,11 @@ def job_of(fields: Mapping[str, str]) -> ClusterJob | None:
         state=state,
         reason=reason,
         exit_code=exit_code if state in ("succeeded", "failed") else None,
-        nodes=tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else (),
-        submitted_at=_time(fields.get("SubmitTime", "")),
-        started_at=_time(fields.get("StartTime", "")) if state != "pending" else None,
-        finished_at=_time(fields.get("EndTime", ""))
-        if state in ("succeeded", "failed", "stopped")
-        else None,
-        output_path=output or None,
+        nodes=tuple(expand_hostlist(nodes)) if listed else (),
+        submitted_at=submitted_at,
+        started_at=started_at if state != "pending" else None,
+        finished_at=ended_at if ended else None,
+        output_path=output_path,
     )
 
 

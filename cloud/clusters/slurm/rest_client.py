@@ -18,18 +18,11 @@ from typing import Any, Final
 import aiohttp
 
 from cloud.clusters.backend import ClusterRefused, ClusterUnreachable
+from cloud.clusters.slurm.commands import UNREACHABLE_MARKERS
 
 DEFAULT_REQUEST_TIMEOUT_S: Final = 20.0
 # What an answer may hold (a listing of 10,000 jobs is tens of MB).
 MAX_ANSWER_BYTES: Final = 256 * 1024 * 1024
-# How slurmrestd says it could not reach slurmctld (its errors' texts), not a refusal.
-_UNREACHABLE_MARKERS: Final = (
-    "Unable to contact slurm controller",
-    "Socket timed out",
-    "Connection refused",
-    "Zero Bytes were transmitted",
-    "Communication connection failure",
-)
 # Errors a DELETE of a job that is no more answers with: cancelled already.
 _GONE_MARKERS: Final = ("Invalid job id specified", "Job/step already completing or completed")
 
@@ -112,7 +105,7 @@ class SlurmRestClient:
             return answer
         if gone_is_fine and any(marker in errors for marker in _GONE_MARKERS):
             return answer
-        if any(marker in errors for marker in _UNREACHABLE_MARKERS):
+        if any(marker in errors for marker in UNREACHABLE_MARKERS):
             raise ClusterUnreachable(f"slurmrestd: {errors[:500]}")
         if status < 400:
             return answer  # errors beside a success are warnings in older versions

@@ -29,7 +29,7 @@ from typing import Any, Final
 from cloud.clusters.backend import ClusterJob, ClusterNode
 from cloud.clusters.slurm.records import (
     allocated_gpus,
-    expand_hostlist,
+    cluster_job,
     gres_counts,
     job_identity,
     job_state,
@@ -95,52 +95,42 @@ class RestDialect:
 
     def job(self, raw: Json) -> ClusterJob | None:
         """A live job (`GET /slurm/<version>/jobs`) if it is greenfed's."""
-        identity = job_identity(_text(raw.get("name")))
-        backend_id = str(raw.get("job_id") or "")
-        if identity is None or not backend_id.isdigit():
+        found = _identity(raw)
+        if found is None:
             return None
+        backend_id, identity = found
         exit_code = self.exit_code(raw.get("exit_code"))
         state, reason = job_state(
             self.state_text(raw.get("job_state")), _text(raw.get("state_reason")), exit_code
         )
-        output = _text(raw.get("standard_output"))
-        return _job(
-            backend_id,
-            identity,
-            state,
-            reason,
-            exit_code,
+        output = _expanded(_text(raw.get("standard_output")), backend_id, _text(raw.get("name")))
+        return cluster_job(
+            backend_id, identity, state, reason, exit_code,
             nodes=_text(raw.get("nodes")),
             submitted_at=self.time(raw.get("submit_time")),
             started_at=self.time(raw.get("start_time")),
             ended_at=self.time(raw.get("end_time")),
-            output_path=_expanded(output, backend_id, _text(raw.get("name"))) or None,
-        )
+            output_path=output or None,
+        )  # fmt: skip
 
     def accounted_job(self, raw: Json) -> ClusterJob | None:
         """A job in the cluster's accounting (`GET /slurmdb/<version>/jobs`)."""
-        identity = job_identity(_text(raw.get("name")))
-        backend_id = str(raw.get("job_id") or "")
-        if identity is None or not backend_id.isdigit():
+        found = _identity(raw)
+        if found is None:
             return None
-        state_of = _mapping(raw.get("state"))
-        times = _mapping(raw.get("time"))
+        state_of, times = _mapping(raw.get("state")), _mapping(raw.get("time"))
         exit_code = self.accounted_exit_code(raw.get("exit_code"))
         state, reason = job_state(
             self.state_text(state_of.get("current")), _text(state_of.get("reason")), exit_code
         )
-        return _job(
-            backend_id,
-            identity,
-            state,
-            reason,
-            exit_code,
+        return cluster_job(
+            *found, state, reason, exit_code,
             nodes=_text(raw.get("nodes")),
             submitted_at=self.time(times.get("submission")),
             started_at=self.time(times.get("start")),
             ended_at=self.time(times.get("end")),
             output_path=None,
-        )
+        )  # fmt: skip
 
     def state_text(self, value: Any) -> str:
         if isinstance(value, list):
@@ -272,33 +262,13 @@ def _common_options(job: dict[str, Any], shape: SlurmJobShape) -> None:
         job["nice"] = shape.nice
 
 
-def _job(
-    backend_id: str,
-    identity: tuple[str, int],
-    state: Any,
-    reason: str,
-    exit_code: int | None,
-    *,
-    nodes: str,
-    submitted_at: float | None,
-    started_at: float | None,
-    ended_at: float | None,
-    output_path: str | None,
-) -> ClusterJob:
-    ended = state in ("succeeded", "failed", "stopped")
-    return ClusterJob(
-        backend_id=backend_id,
-        job_id=identity[0],
-        attempt=identity[1],
-        state=state,
-        reason=reason,
-        exit_code=exit_code if state in ("succeeded", "failed") else None,
-        nodes=tuple(expand_hostlist(nodes)) if nodes and nodes != "None assigned" else (),
-        submitted_at=submitted_at,
-        started_at=started_at if state != "pending" else None,
-        finished_at=ended_at if ended else None,
-        output_path=output_path,
-    )
+def _identity(raw: Json) -> tuple[str, tuple[str, int]] | None:
+    """(Slurm's job id, (greenfed's job id, attempt)) of one of greenfed's jobs."""
+    identity = job_identity(_text(raw.get("name")))
+    backend_id = str(raw.get("job_id") or "")
+    if identity is None or not backend_id.isdigit():
+        return None
+    return backend_id, identity
 
 
 def _expanded(pattern: str, backend_id: str, name: str) -> str:
