@@ -80,6 +80,9 @@ MAX_RETRY_INTERVAL_S: Final = 60.0
 FAST_REFRESH_INTERVAL_S: Final = 0.25
 FAST_REFRESH_FOR_S: Final = 30.0
 HISTORY_INTERVAL_S: Final = 300.0
+# How long after one of greenfed's jobs ended its GPUs still count as its own, not as the
+# cluster's other work (Slurm completes a job, epilog included, before freeing them).
+LINGER_S: Final = 30.0
 CLUSTER_LABEL: Final = "greenfed.io/cluster"
 UNREACHABLE_TAINT: Final = "greenfed.io/cluster-unreachable"
 UNAVAILABLE_TAINT: Final = "greenfed.io/cluster-node-unavailable"
@@ -375,16 +378,26 @@ class ClusterBridge:
 
     # -- nodes -------------------------------------------------------------------------
 
-    def _held_accelerators(self, node_id: str) -> set[str]:
-        """Accelerator ids greenfed's documents give its work on that node."""
+    def _held_accelerators(self, node_id: str, *, lingering: bool = False) -> set[str]:
+        """Accelerator ids greenfed's documents give its work on that node; `lingering`:
+        also those of its jobs that ended within LINGER_S (the cluster may still show
+        them allocated while it completes the job: they are not others' work)."""
         document = self._documents.get(node_id)
         if document is None:
             return set()
         held: set[str] = set()
+        now = self._clock()
         for training in document.training:
             key = (training.job_id, training.attempt)
             job = self._jobs.get(key)
-            if job is None or _live(job) or key not in self._submitted:
+            running = job is None or _live(job) or key not in self._submitted
+            just_ended = (
+                lingering
+                and job is not None
+                and job.finished_at is not None
+                and now - job.finished_at < LINGER_S
+            )
+            if running or just_ended:
                 held.update(training.accelerator_ids)
         return held
 
@@ -423,8 +436,12 @@ class ClusterBridge:
         )
         for node_id, (machine, partition) in self._machines.items():
             held = self._held_accelerators(node_id)
+            # A job that just ended may still hold its GPUs in the cluster's listing
+            # (read before the job's, or while Slurm completes it): calling them others'
+            # would make the loop take the job's end for a failed GPU and run it again.
+            claimed = self._held_accelerators(node_id, lingering=True)
             status = self._birth(
-                node_id, machine, partition, held, models, unknown, unsure=machine.name in unsure
+                node_id, machine, partition, claimed, models, unknown, unsure=machine.name in unsure
             )
             if self._births.get(node_id) != status:
                 self._births[node_id] = status

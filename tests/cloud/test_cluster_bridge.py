@@ -347,3 +347,38 @@ async def test_energy_the_cluster_measured_reaches_the_jobs_gpus_as_counters(
     assert counters() == {"gpu0": 2000.0, "gpu1": 2000.0, "gpu2": None, "gpu3": None}
     await bridge.step()  # the same reading again: nothing more
     assert counters()["gpu0"] == 2000.0
+
+
+async def test_a_job_that_just_ended_does_not_leave_its_gpus_to_others(
+    cluster: MemoryCluster,
+) -> None:
+    # The node listing is read before the job listing: the job has failed, but its GPU
+    # still shows allocated (Slurm completes it first). That GPU is the job's, not the
+    # cluster's other work: called busy, the loop would take the job's own end for a
+    # failed GPU and run it again.
+    registry = NodeRegistry(max_nodes=10)
+    clock = [1000.0]
+    bridge = ClusterBridge(
+        "lab", cluster, registry, ClusterPlacement("DE", "europe-west3"), clock=lambda: clock[0]
+    )
+    bridge.accept(document("lab.n2", training(ids=("gpu0",))))
+    await bridge.step()  # the nodes announced
+    await bridge.step()  # the job submitted
+    (backend_id,) = cluster.jobs_held
+    cluster.jobs_held[backend_id] = dataclasses.replace(
+        cluster.jobs_held[backend_id], state="failed", exit_code=3, finished_at=clock[0]
+    )
+    cluster.nodes[1] = ClusterNode("n2", ("gpu",), 8, 64 << 30, {"a100": 4}, {"a100": 1})
+    await bridge.step()
+
+    def busy() -> list[str]:
+        record = registry.get("lab.n2")
+        assert record is not None
+        return [a.id for a in record.status.accelerators if not a.healthy]
+
+    assert busy() == []
+    assert [entry.state for entry in reported(registry, "lab.n2")] == ["failed"]
+    # Long after, an allocation there is the cluster's own again.
+    clock[0] += 60.0
+    await bridge.step()
+    assert busy() == ["gpu0"]  # the job long over: it holds nothing there
