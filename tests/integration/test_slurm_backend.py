@@ -155,6 +155,7 @@ async def test_a_registered_cluster_is_nodes_and_runs_a_gang_as_one_slurm_job(
         await eventually_async(printed, timeout_s=30, message="no output in the job's logs")
 
 
+@sqlite_only
 @TRANSPORTS
 async def test_a_failing_job_fails_with_its_exit_code_and_a_cancelled_one_is_scancelled(
     slurm: SlurmCluster, database: DatabaseUnderTest, transport: str
