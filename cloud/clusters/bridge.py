@@ -378,28 +378,26 @@ class ClusterBridge:
 
     # -- nodes -------------------------------------------------------------------------
 
-    def _held_accelerators(self, node_id: str, *, lingering: bool = False) -> set[str]:
-        """Accelerator ids greenfed's documents give its work on that node; `lingering`:
-        also those of its jobs that ended within LINGER_S (the cluster may still show
-        them allocated while it completes the job: they are not others' work)."""
+    def _held_accelerators(self, node_id: str) -> tuple[set[str], set[str]]:
+        """(held, claimed) accelerator ids on that node: those greenfed's documents give
+        its live work, and those plus the ones of its jobs that ended within LINGER_S
+        (the cluster may still show them allocated while it completes the job: they are
+        not others' work)."""
         document = self._documents.get(node_id)
         if document is None:
-            return set()
+            return set(), set()
         held: set[str] = set()
+        claimed: set[str] = set()
         now = self._clock()
         for training in document.training:
             key = (training.job_id, training.attempt)
             job = self._jobs.get(key)
-            running = job is None or _live(job) or key not in self._submitted
-            just_ended = (
-                lingering
-                and job is not None
-                and job.finished_at is not None
-                and now - job.finished_at < LINGER_S
-            )
-            if running or just_ended:
+            if job is None or _live(job) or key not in self._submitted:
                 held.update(training.accelerator_ids)
-        return held
+                claimed.update(training.accelerator_ids)
+            elif job.finished_at is not None and now - job.finished_at < LINGER_S:
+                claimed.update(training.accelerator_ids)
+        return held, claimed
 
     def _map_machines(self, capacity: ClusterCapacity) -> None:
         """Which node each usable machine is, in which partition (before reconciling:
@@ -435,11 +433,10 @@ class ClusterBridge:
             else {machine for job in self._jobs.values() if _live(job) for machine in job.nodes}
         )
         for node_id, (machine, partition) in self._machines.items():
-            held = self._held_accelerators(node_id)
             # A job that just ended may still hold its GPUs in the cluster's listing
             # (read before the job's, or while Slurm completes it): calling them others'
             # would make the loop take the job's end for a failed GPU and run it again.
-            claimed = self._held_accelerators(node_id, lingering=True)
+            held, claimed = self._held_accelerators(node_id)
             status = self._birth(
                 node_id, machine, partition, claimed, models, unknown, unsure=machine.name in unsure
             )
