@@ -1,11 +1,14 @@
 """Third parties' accounts on the MQTT broker (admin): a read-only `telemetry-reader`
-that sees every node's telemetry and births and nothing else (docs/mqtt.md#subscribing),
-made and revoked here, audited `mqtt_account.create` and `mqtt_account.revoke`. The
-broker is told through the control plane's account seam (cloud/broker_accounts/): Mosquitto's
-dynamic security plugin, or the embedded broker's accounts."""
+that sees every node's telemetry and births and nothing else
+(docs/mqtt.md#example-a-third-party-subscriber), made and revoked here, audited
+`mqtt_account.create` and `mqtt_account.revoke`. The broker is told through the control
+plane's account seam (cloud/broker_accounts/): Mosquitto's dynamic security plugin, or
+the embedded broker's accounts."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Final
 
 import msgspec
@@ -29,40 +32,49 @@ from shared.topics import Topics
 _DECODER: Final = msgspec.json.Decoder(MqttAccountSpec)
 
 
-def _unavailable(error: BrokerAccountError) -> Problem:
-    return Problem(
-        503,
-        "broker-accounts-unavailable",
-        "Broker accounts unavailable",
-        str(error),
-        headers={"Retry-After": "5"},
-    )
-
-
-def _not_managed(error: AccountsNotManagedError) -> Problem:
-    return Problem(409, "mqtt-accounts-not-managed", "MQTT accounts made by hand", str(error))
-
-
-def _taken(name: str) -> Problem:
-    return Problem(
+# What a route answers beyond its success: the same for making and revoking.
+_REFUSALS: Final = (
+    problem_reply(
         409,
-        "mqtt-account-taken",
-        "MQTT account name taken",
-        f"the MQTT broker's account {name!r} is a node's, the control plane's or an "
-        "operator's: choose another name",
-    )
+        "The name is a node's, the control plane's or an operator's; or the broker's "
+        "accounts are made by hand",
+    ),
+    problem_reply(503, "The broker did not answer"),
+)
+
+
+@contextlib.contextmanager
+def _broker_refusals(name: str) -> Iterator[None]:
+    """The account seam's errors as problems: a name some other account holds, accounts
+    made by hand (409), a broker that did not answer (503)."""
+    try:
+        yield
+    except ForeignAccountError:
+        raise Problem(
+            409,
+            "mqtt-account-taken",
+            "MQTT account name taken",
+            f"the MQTT broker's account {name!r} is a node's, the control plane's or an "
+            "operator's: choose another name",
+        ) from None
+    except AccountsNotManagedError as error:
+        raise Problem(
+            409, "mqtt-accounts-not-managed", "MQTT accounts made by hand", str(error)
+        ) from None
+    except BrokerAccountError as error:
+        raise Problem(
+            503,
+            "broker-accounts-unavailable",
+            "Broker accounts unavailable",
+            str(error),
+            headers={"Retry-After": "5"},
+        ) from None
 
 
 async def create_account(request: web.Request) -> web.Response:
     spec = await read_json(request, _DECODER)
-    try:
+    with _broker_refusals(spec.name):
         credentials = await request.app[BROKER_ACCOUNTS].provision_reader(spec.name)
-    except ForeignAccountError:
-        raise _taken(spec.name) from None
-    except AccountsNotManagedError as error:
-        raise _not_managed(error) from None
-    except BrokerAccountError as error:
-        raise _unavailable(error) from None
     await request.app[STORE].record_audit(
         audit_entry(request, "mqtt_account.create", spec.name, role=spec.role)
     )
@@ -82,14 +94,8 @@ async def create_account(request: web.Request) -> web.Response:
 
 async def revoke_account(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    try:
+    with _broker_refusals(name):
         await request.app[BROKER_ACCOUNTS].revoke_reader(name)
-    except ForeignAccountError:
-        raise _taken(name) from None
-    except AccountsNotManagedError as error:
-        raise _not_managed(error) from None
-    except BrokerAccountError as error:
-        raise _unavailable(error) from None
     await request.app[STORE].record_audit(audit_entry(request, "mqtt_account.revoke", name))
     return json_response(MqttAccountRevoked(username=name, revoked=True))
 
@@ -105,12 +111,7 @@ ROUTES: Final = (
         body=MqttAccountSpec,
         replies=(
             Reply(201, "The account and its password, shown once", MqttAccountCreated),
-            problem_reply(
-                409,
-                "The name is a node's, the control plane's or an operator's; or the "
-                "broker's accounts are made by hand",
-            ),
-            problem_reply(503, "The broker did not answer"),
+            *_REFUSALS,
         ),
     ),
     Route(
@@ -122,12 +123,7 @@ ROUTES: Final = (
         "mqtt",
         replies=(
             Reply(200, "Disabled (also when there was none)", MqttAccountRevoked),
-            problem_reply(
-                409,
-                "The name is a node's, the control plane's or an operator's; or the "
-                "broker's accounts are made by hand",
-            ),
-            problem_reply(503, "The broker did not answer"),
+            *_REFUSALS,
         ),
     ),
 )
