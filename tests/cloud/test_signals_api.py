@@ -143,7 +143,16 @@ async def test_thousands_of_unknown_zones_leave_no_state_behind_and_log_a_few_li
             assert listed.status == 200
             assert (await listed.json())["zones"] == []
         assert service.state_entries <= before + 2
-        assert len(logged) <= 3, logged[:5]
+        # The app's own start-up lines may land in the window on a slow machine; every
+        # other line counts.
+        startup = {
+            "mqtt connected",
+            "ingestion subscribed",
+            "retained desired documents swept",
+            "usage metering started",
+        }
+        lines = [entry for entry in logged if entry.get("event") not in startup]
+        assert len(lines) <= 3, lines[:5]
         # and the real zones still answer
         assert (await client.get("/v1/signals/DE")).status == 200
 
