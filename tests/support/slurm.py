@@ -189,10 +189,15 @@ class SlurmCluster:
     async def run(
         self, *argv: str, check: bool = True, timeout_s: float = COMMAND_TIMEOUT_S
     ) -> CommandResult:
-        """Run a Slurm command (sbatch, squeue, ...) against this cluster."""
+        """Run a Slurm command (sbatch, squeue, ...) against this cluster.
+
+        Commands run in the cluster's job directory: a plain `sbatch` writes its
+        `slurm-<id>.out` into its working directory, which must not be the checkout.
+        """
         process = await asyncio.create_subprocess_exec(
             *argv,
             env=self.env,
+            cwd=self.job_dir,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -219,6 +224,7 @@ class SlurmCluster:
         completed = subprocess.run(
             argv,
             env=self.env,
+            cwd=self.job_dir,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=timeout_s,

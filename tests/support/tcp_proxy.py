@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 
 class TcpProxy:
@@ -14,6 +15,10 @@ class TcpProxy:
         self._pumps: set[asyncio.Task[None]] = set()
         self.refuse = False
         self.port = 0
+        # Holds the port while unplugged: a bound socket that does not listen answers
+        # connections with a reset (as a host whose broker is down), and no other socket
+        # on the machine can take the port in the meantime, so `plug` always gets it back.
+        self._reservation: socket.socket | None = None
 
     @property
     def url(self) -> str:
@@ -21,8 +26,15 @@ class TcpProxy:
 
     async def start(self, port: int = 0) -> None:
         """Listen on `port` (0: any free one; `port` says which)."""
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port or self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        if self._reservation is None:
+            self._reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            self._reservation.bind(("127.0.0.1", port or self.port))
+            self.port = self._reservation.getsockname()[1]
+        self._server = await asyncio.start_server(
+            self._accept, "127.0.0.1", self.port, reuse_port=True
+        )
 
     async def unplug(self) -> None:
         """Cut every connection and stop listening: new connections are refused, as
@@ -36,7 +48,7 @@ class TcpProxy:
 
     async def plug(self) -> None:
         """Listen again on the same port."""
-        await self.start(self.port)
+        await self.start()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.refuse:
@@ -79,3 +91,6 @@ class TcpProxy:
         for task in list(self._pumps):
             task.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
+        if self._reservation is not None:
+            self._reservation.close()
+            self._reservation = None
