@@ -18,7 +18,7 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.10"
+SCHEMA_VERSION = "1.11"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -41,6 +41,10 @@ SchemaVersion = Annotated[
         description="major.minor; the major part always equals the topic version (1).",
     ),
 ]
+
+# NVML's form (`nvmlPciInfo_t.busId`), or empty; shared with discovery, which leaves out
+# what does not fit rather than have the birth refused.
+PCI_BUS_ID_PATTERN = r"^([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])?$(?!\n)"
 
 Site = Literal["cloud", "edge"]
 AcceleratorKind = Literal["gpu", "npu", "cpu"]
@@ -108,6 +112,15 @@ class Accelerator(WireStruct, frozen=True, kw_only=True):
         ),
     ] = True
     health: Annotated[str, msgspec.Meta(description="Why it is unhealthy (1.5).")] = ""
+    pci_bus_id: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=PCI_BUS_ID_PATTERN,
+            description="PCI address as NVML writes it, domain:bus:device.function "
+            "(00000000:3B:00.0); a MIG instance's is its physical GPU's. Empty where "
+            "unknown or not on PCI (1.11).",
+        ),
+    ] = ""
 
 
 def common_providers(devices: Sequence[Accelerator]) -> tuple[str, ...]:

@@ -87,6 +87,8 @@ class SimulatedNode:
             for index in range(accelerator_profile.count):
                 uuid_hex = f"{self._rng.getrandbits(128):032x}"
                 prefix = "GPU" if accelerator_profile.kind == "gpu" else "NPU"
+                # One bus per card, written as NVML writes it.
+                bus_id = f"00000000:{0x18 + index:02X}:00.0" if accelerator_profile.on_pci else ""
                 accelerator = Accelerator(
                     id=f"{accelerator_profile.kind}{index}",
                     kind=accelerator_profile.kind,
@@ -101,6 +103,7 @@ class SimulatedNode:
                     uuid=f"{prefix}-{uuid_hex[:8]}-{uuid_hex[8:12]}-{uuid_hex[12:16]}-"
                     f"{uuid_hex[16:20]}-{uuid_hex[20:]}",
                     index=index,
+                    pci_bus_id=bus_id,
                 )
                 devices.append(
                     _SimulatedDevice(

@@ -35,6 +35,9 @@ class AcceleratorProfile:
     max_power_w: float
     relative_speed: float
     onnx_providers: tuple[str, ...]
+    # A card on the PCI bus, which discovery reports at its PCI address (NVML's
+    # busId); a Jetson's GPU is part of its system-on-chip.
+    on_pci: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +66,9 @@ class DeviceProfile:
         return HOST_CORE_RELATIVE_SPEED / fastest
 
 
-def _gpu(name: str, count: int) -> AcceleratorProfile:
-    """`count` of the NVIDIA GPU filed under `name` in shared.accelerators."""
+def _gpu(name: str, count: int, *, integrated: bool = False) -> AcceleratorProfile:
+    """`count` of the NVIDIA GPU filed under `name` in shared.accelerators; `integrated`:
+    part of the system-on-chip, not a card on the PCI bus."""
     facts = ACCELERATORS[name]
     return AcceleratorProfile(
         kind=facts.kind,
@@ -77,6 +81,7 @@ def _gpu(name: str, count: int) -> AcceleratorProfile:
         max_power_w=required(facts.max_power_w, facts, "maximum power"),
         relative_speed=required(facts.relative_speed, facts, "relative speed"),
         onnx_providers=NVIDIA_GPU_PROVIDERS,
+        on_pci=not integrated,
     )
 
 
@@ -112,7 +117,7 @@ PROFILES: dict[str, DeviceProfile] = {
             cpu_relative_speed=0.004,
             memory_bytes=8 * GIB,
             arch="aarch64",
-            accelerators=(_gpu("Jetson Orin Nano (Ampere, 1024 cores)", 1),),
+            accelerators=(_gpu("Jetson Orin Nano (Ampere, 1024 cores)", 1, integrated=True),),
             source="NVIDIA Jetson Orin Nano data sheet: 8 GB LPDDR5 shared, 7-15 W modes, 40 TOPS",
         ),
         DeviceProfile(
@@ -126,7 +131,7 @@ PROFILES: dict[str, DeviceProfile] = {
             cpu_relative_speed=0.008,
             memory_bytes=64 * GIB,
             arch="aarch64",
-            accelerators=(_gpu("Jetson AGX Orin (Ampere, 2048 cores)", 1),),
+            accelerators=(_gpu("Jetson AGX Orin (Ampere, 2048 cores)", 1, integrated=True),),
             source="NVIDIA Jetson AGX Orin data sheet: 64 GB shared, 15-60 W modes, 275 TOPS",
         ),
         DeviceProfile(

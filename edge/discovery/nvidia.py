@@ -13,6 +13,7 @@ its instances, and listing the parent too would count its memory and SMs twice.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import structlog
 
 from edge.discovery.onnx_providers import providers_for
 from shared.accelerators import nvidia_gpu_facts
-from shared.messages import Accelerator, AcceleratorSample
+from shared.messages import PCI_BUS_ID_PATTERN, Accelerator, AcceleratorSample
 
 log = structlog.get_logger(__name__)
 
@@ -103,6 +104,22 @@ def missing_nvml_library() -> str | None:
     except OSError as error:
         return f"NVML Shared Library Not Found ({error})"
     return None
+
+
+_PCI_BUS_ID = re.compile(PCI_BUS_ID_PATTERN)
+
+
+def pci_bus_id(bus_id: str | bytes | None) -> str:
+    """NVML's `nvmlPciInfo_t.busId` ("00000000:3B:00.0") as the wire carries it: "" when
+    NVML gave none or something else, which costs a metrics label, not the birth."""
+    if isinstance(bus_id, bytes):  # pynvml before 11.5 did not decode char arrays
+        bus_id = bus_id.decode("ascii", errors="replace")
+    bus_id = (bus_id or "").strip("\x00 ")
+    if not _PCI_BUS_ID.match(bus_id):
+        if bus_id:
+            log.info("NVML PCI bus id not understood; left out", bus_id=bus_id)
+        return ""
+    return bus_id
 
 
 def _scaled(value: float | None, share: float | None) -> float | None:
@@ -283,6 +300,7 @@ class NvidiaProbe:
         max_power_w = power_limit_mw / 1000 if power_limit_mw is not None else None
         idle_power_w = facts.idle_power_w if facts else None
         relative_speed = facts.relative_speed if facts else None
+        bus_id = pci_bus_id(query(lambda: nvml.nvmlDeviceGetPciInfo(handle).busId, "PCI info"))
 
         # Pre-Ampere GPUs answer NotSupported: no MIG.
         mig_mode = query(lambda: list(nvml.nvmlDeviceGetMigMode(handle)), "MIG mode")
@@ -295,6 +313,7 @@ class NvidiaProbe:
                 parent_sm_count=sm_count,
                 parent_power_w=(idle_power_w, max_power_w),
                 parent_relative_speed=relative_speed,
+                parent_pci_bus_id=bus_id,
                 providers=providers,
             )
 
@@ -312,6 +331,7 @@ class NvidiaProbe:
             onnx_providers=providers,
             uuid=query(lambda: str(nvml.nvmlDeviceGetUUID(handle)), "uuid"),
             index=index,
+            pci_bus_id=bus_id,
         )
         device = _TrackedDevice(
             accelerator_id=gpu_id,
@@ -332,6 +352,7 @@ class NvidiaProbe:
         parent_sm_count: int,
         parent_power_w: tuple[float | None, float | None],
         parent_relative_speed: float | None,
+        parent_pci_bus_id: str,
         providers: tuple[str, ...],
     ) -> list[tuple[Accelerator, _TrackedDevice]]:
         max_instances = _nvml_call(
@@ -361,6 +382,7 @@ class NvidiaProbe:
                     parent_sm_count,
                     parent_power_w,
                     parent_relative_speed,
+                    parent_pci_bus_id,
                     providers,
                 )
             except Exception as error:
@@ -391,6 +413,7 @@ class NvidiaProbe:
         parent_sm_count: int,
         parent_power_w: tuple[float | None, float | None],
         parent_relative_speed: float | None,
+        parent_pci_bus_id: str,
         providers: tuple[str, ...],
     ) -> Accelerator:
         def query(read: Callable[[], _T], what: str) -> _T | None:
@@ -427,6 +450,8 @@ class NvidiaProbe:
             uuid=query(lambda: str(nvml.nvmlDeviceGetUUID(mig_handle)), "uuid"),
             index=None,
             parent_id=parent_id,
+            # An instance is a slice of its GPU: it sits at the GPU's PCI address.
+            pci_bus_id=parent_pci_bus_id,
         )
 
     def sample(self) -> Sequence[AcceleratorSample]:

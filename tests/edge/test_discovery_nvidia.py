@@ -28,12 +28,14 @@ def _fleet() -> list[FakeGpu]:
             uuid="GPU-a100-0",
             memory_total_bytes=40 * GIB,
             power_limit_mw=400_000,
+            pci_bus_id="00000000:07:00.0",
         ),
         FakeGpu(
             name="NVIDIA A100-SXM4-40GB",
             uuid="GPU-a100-1",
             memory_total_bytes=40 * GIB,
             power_limit_mw=400_000,
+            pci_bus_id="00000000:0F:00.0",
             mig_enabled=True,
             migs={
                 0: FakeMig("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "MIG-aaaa", 20 * GIB, 5 * GIB, 42),
@@ -46,6 +48,7 @@ def _fleet() -> list[FakeGpu]:
             memory_total_bytes=80 * GIB,
             power_limit_mw=700_000,
             sm_count=132,
+            pci_bus_id="00000000:47:00.0",
         ),
     ]
 
@@ -94,6 +97,7 @@ def test_discovers_gpus_and_mig_instances(fake_nvml: FakeNvml) -> None:
     assert a100.relative_speed == 1.0
     assert a100.compute_units == 108  # attributes NotSupported: from the model table
     assert a100.parent_id is None
+    assert a100.pci_bus_id == "00000000:07:00.0"
 
     h100 = gpus["gpu2"]
     assert (h100.uuid, h100.index, h100.memory_bytes) == ("GPU-h100-2", 2, 80 * GIB)
@@ -101,6 +105,7 @@ def test_discovers_gpus_and_mig_instances(fake_nvml: FakeNvml) -> None:
     assert h100.idle_power_w == 70.0
     assert h100.relative_speed == 2.5
     assert h100.compute_units == 132  # from nvmlDeviceGetAttributes
+    assert h100.pci_bus_id == "00000000:47:00.0"
 
     big_slice, small_slice = gpus["gpu1-mig0"], gpus["gpu1-mig2"]
     assert (big_slice.uuid, small_slice.uuid) == ("MIG-aaaa", "MIG-bbbb")
@@ -109,6 +114,8 @@ def test_discovers_gpus_and_mig_instances(fake_nvml: FakeNvml) -> None:
     assert (big_slice.compute_units, small_slice.compute_units) == (42, 14)
     assert big_slice.model == "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
     assert big_slice.index is None  # addressed by MIG UUID
+    # An instance sits at its GPU's PCI address.
+    assert (big_slice.pci_bus_id, small_slice.pci_bus_id) == ("00000000:0F:00.0",) * 2
     # Speed and power are the instance's SM share of the A100's.
     assert big_slice.relative_speed == pytest.approx(42 / 108)
     assert big_slice.max_power_w == pytest.approx(400.0 * 42 / 108)
@@ -149,6 +156,7 @@ def test_a_failing_field_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
             "nvmlDeviceGetUUID": pynvml.NVMLError_Unknown,
             "nvmlDeviceGetMemoryInfo": pynvml.NVMLError_Unknown,
             "nvmlDeviceGetMigMode": pynvml.NVMLError_NotSupported,
+            "nvmlDeviceGetPciInfo": pynvml.NVMLError_Unknown,
         },
     )
     FakeNvml([gpu]).install(monkeypatch)
@@ -159,7 +167,30 @@ def test_a_failing_field_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     assert t4.max_power_w is None
     assert t4.uuid is None
     assert t4.memory_bytes == 0
+    assert t4.pci_bus_id == ""
     assert (t4.idle_power_w, t4.relative_speed, t4.compute_units) == (10.0, 0.2, 40)
+
+
+@pytest.mark.parametrize(
+    ("bus_id", "wire"),
+    [
+        ("00000000:3B:00.0", "00000000:3B:00.0"),
+        (b"00000000:3B:00.0", "00000000:3B:00.0"),  # an older pynvml's undecoded bytes
+        ("0000:3B:00.0", "0000:3B:00.0"),  # the legacy 13-character form
+        ("", ""),
+        ("not a bus id", ""),  # left out rather than the birth refused
+    ],
+)
+def test_the_pci_bus_id_is_nvmls_or_left_empty(
+    monkeypatch: pytest.MonkeyPatch, bus_id: str | bytes, wire: str
+) -> None:
+    gpu = FakeGpu(name="Tesla T4", uuid="GPU-t4", memory_total_bytes=16 * GIB, pci_bus_id=bus_id)
+    FakeNvml([gpu]).install(monkeypatch)
+
+    (t4,) = NvidiaProbe(available_providers=()).discover()
+
+    assert t4.pci_bus_id == wire
+    assert msgspec.json.decode(encode(t4), type=Accelerator) == t4
 
 
 def test_max_power_is_the_default_limit_while_a_lower_limit_is_held(fake_nvml: FakeNvml) -> None:
@@ -358,6 +389,7 @@ def test_real_nvml_on_this_machine() -> None:
 
     if driver_present:
         assert all(a.kind == "gpu" and a.id.startswith("gpu") for a in accelerators)
+        assert all(a.pci_bus_id for a in accelerators), accelerators
         assert [s.id for s in samples] == [a.id for a in accelerators]
     else:
         assert accelerators == []

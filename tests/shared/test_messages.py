@@ -69,6 +69,7 @@ def full_status() -> NodeStatus:
                 onnx_providers=("CUDAExecutionProvider",),
                 uuid="GPU-1234",
                 index=0,
+                pci_bus_id="00000000:3B:00.0",
             ),
             Accelerator(
                 id="gpu0-mig1",
@@ -79,6 +80,7 @@ def full_status() -> NodeStatus:
                 compute_units=42,
                 parent_id="gpu0",
                 features=("mig",),
+                pci_bus_id="00000000:3B:00.0",
             ),
             Accelerator(
                 id="cpu0",
@@ -227,6 +229,7 @@ def test_a_status_from_an_agent_that_predates_the_defaulted_fields_still_decodes
             "index",
             "parent_id",
             "features",
+            "pci_bus_id",
         ):
             del accelerator[defaulted]
 
@@ -240,6 +243,7 @@ def test_a_status_from_an_agent_that_predates_the_defaulted_fields_still_decodes
     assert first.onnx_providers == ()
     assert first.features == ()
     assert first.parent_id is None
+    assert first.pci_bus_id == ""
 
 
 def test_telemetry_without_accelerator_samples_or_optional_readings_still_decodes() -> None:
@@ -396,7 +400,7 @@ def test_nested_structs_are_frozen() -> None:
 def test_schema_version_is_always_encoded_even_when_left_at_its_default(
     message: WireStruct,
 ) -> None:
-    assert as_json(message)["schema_version"] == SCHEMA_VERSION == "1.10"
+    assert as_json(message)["schema_version"] == SCHEMA_VERSION == "1.11"
 
 
 def test_fields_left_at_their_defaults_are_still_written_on_the_wire() -> None:

@@ -9,6 +9,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from shared.messages import (
+    SCHEMA_VERSION,
+    Accelerator,
     AcceleratorSample,
     DesiredDeployment,
     DesiredState,
@@ -37,6 +39,9 @@ CONTRACT_TABLE: dict[str, tuple[int, bool, str]] = {
     "logs": (1, False, "agent to cloud"),
 }
 
+_MAJOR, _MINOR = SCHEMA_VERSION.split(".")
+NEWER_MINOR_VERSION = f"{_MAJOR}.{int(_MINOR) + 1}"
+
 SAMPLE_PAYLOADS: dict[Channel, WireStruct] = {
     Channel.STATUS: NodeStatus(
         node_id="t4-frankfurt-1",
@@ -51,7 +56,19 @@ SAMPLE_PAYLOADS: dict[Channel, WireStruct] = {
         host=HostInfo(
             hostname="t4-1", os="Linux", arch="x86_64", cpu_logical_cores=32, memory_total_bytes=1
         ),
-        accelerators=(),
+        accelerators=(
+            Accelerator(
+                id="gpu0",
+                kind="gpu",
+                vendor="nvidia",
+                model="Tesla T4",
+                memory_bytes=16 * 1024**3,
+                compute_units=40,
+                uuid="GPU-4c1d0f2e-0000-1111-2222-333344445555",
+                index=0,
+                pci_bus_id="00000000:3B:00.0",
+            ),
+        ),
         telemetry_interval_s=5.0,
         started_at=1_700_000_000.0,
         sent_at=1_700_000_000.0,
@@ -123,7 +140,7 @@ def test_payloads_encoded_from_real_structs_satisfy_their_schema(channel: Channe
 @pytest.mark.parametrize("channel", list(Channel))
 def test_schemas_accept_fields_added_by_a_newer_minor_version(channel: Channel) -> None:
     payload = sample_json(channel)
-    payload["schema_version"] = "1.10"
+    payload["schema_version"] = NEWER_MINOR_VERSION
     payload["added_later"] = {"anything": True}
     assert list(validator(channel).iter_errors(payload)) == []
 
@@ -178,6 +195,25 @@ def test_the_status_schema_rejects_values_outside_its_enumerations() -> None:
         payload = sample_json(Channel.STATUS)
         payload[field] = value
         assert not status_validator.is_valid(payload), field
+
+
+@pytest.mark.parametrize(
+    ("pci_bus_id", "valid"),
+    [
+        ("00000000:3B:00.0", True),  # NVML's busId
+        ("0000:3b:00.0", True),  # lspci -D
+        ("", True),  # unknown
+        ("3B:00.0", False),
+        ("00000000:3B:00.0 ", False),
+        ('0000:3b:00.0"}', False),
+    ],
+)
+def test_the_status_schema_holds_pci_bus_ids_to_the_pci_address_form(
+    pci_bus_id: str, valid: bool
+) -> None:
+    payload = sample_json(Channel.STATUS)
+    payload["accelerators"][0]["pci_bus_id"] = pci_bus_id
+    assert validator(Channel.STATUS).is_valid(payload) is valid
 
 
 def test_the_catalog_lists_every_channel_with_the_contracts_qos_and_retain_flags() -> None:

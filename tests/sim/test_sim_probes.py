@@ -166,6 +166,16 @@ def test_discovery_reports_the_host_cpu_and_every_accelerator_of_the_profile() -
     assert len({accelerator.uuid for accelerator in result.accelerators[1:]}) == 8
 
 
+def test_simulated_gpu_cards_have_pci_addresses_and_a_jetson_has_none() -> None:
+    server = discover_all(simulated("h100-8x")[1]).accelerators
+    assert [a.pci_bus_id for a in server if a.kind == "gpu"] == [
+        f"00000000:{bus:02X}:00.0" for bus in range(0x18, 0x20)
+    ]
+    assert [a.pci_bus_id for a in server if a.kind == "cpu"] == [""]
+    jetson = discover_all(simulated("jetson-orin-nano")[1]).accelerators
+    assert [(a.kind, a.pci_bus_id) for a in jetson] == [("cpu", ""), ("gpu", "")]
+
+
 def test_an_npu_gateway_discovers_its_npu() -> None:
     _, probes, _ = simulated("intel-core-ultra-npu-gateway")
     kinds = [accelerator.kind for accelerator in discover_all(probes).accelerators]

@@ -40,6 +40,8 @@ class FakeGpu:
     # None: nvmlDeviceGetAttributes is NotSupported (full GPUs on most drivers).
     sm_count: int | None = None
     mig_enabled: bool = False
+    # nvmlPciInfo_t.busId as pynvml hands it out (decoded; bytes from an older pynvml).
+    pci_bus_id: str | bytes = "00000000:00:00.0"
     # MIG slot index -> instance; empty slots answer NotFound.
     migs: dict[int, FakeMig] = field(default_factory=dict)
     # NVML function name -> error that call raises for this GPU.
@@ -106,6 +108,10 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: FakeGpu | FakeMig) -> str:
         return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeGpu | FakeMig) -> SimpleNamespace:
+        gpu = self._parent_only(handle, "nvmlDeviceGetPciInfo")
+        return SimpleNamespace(busId=gpu.pci_bus_id)
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu | FakeMig) -> SimpleNamespace:
         device = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
