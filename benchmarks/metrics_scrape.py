@@ -24,8 +24,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prometheus_client import generate_latest
-
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
 from cloud.metrics import build_metrics_registry
@@ -78,12 +76,12 @@ def populated_registry(nodes: int) -> NodeRegistry:
 
 
 def measure(ingestor: Ingestor, *, accelerator_metrics: bool, runs: int) -> dict[str, object]:
-    metrics = build_metrics_registry(ingestor, accelerator_metrics=accelerator_metrics).fleet
+    metrics = build_metrics_registry(ingestor, accelerator_metrics=accelerator_metrics)
     timings_s = []
     body = b""
     for _ in range(runs):
         started = time.perf_counter()
-        body = generate_latest(metrics)
+        body = metrics.fleet_exposition()
         timings_s.append(time.perf_counter() - started)
     return {
         "accelerator_metrics": accelerator_metrics,

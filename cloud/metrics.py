@@ -14,6 +14,7 @@ collectors.
 from __future__ import annotations
 
 import platform
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from prometheus_client import (
     Info,
     PlatformCollector,
     ProcessCollector,
+    generate_latest,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -32,7 +34,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from cloud.fleet.accelerator_metrics import AcceleratorCollector
+from cloud.fleet.accelerator_metrics import AcceleratorMetrics
 from cloud.fleet.ingest import Ingestor
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.queue_metrics import WaitHistogram
@@ -108,6 +110,19 @@ class ControlPlaneCollector(Collector):
                 1 if record.state == "online" else 0,
             )
         yield up
+        versions = GaugeMetricFamily(
+            "greenfed_agent_versions",
+            "Nodes by the agent version their birth announces, and state (upgrades over "
+            "the air: cloud/upgrades/)",
+            labels=["version", "state"],
+        )
+        by_version = Counter(
+            (record.status.agent_version, record.state)
+            for record in self._ingestor.registry.nodes()
+        )
+        for (version, state), count in sorted(by_version.items()):
+            versions.add_metric([version, state], count)
+        yield versions
 
 
 class SchedulingCollector(Collector):
@@ -201,13 +216,23 @@ def _histogram(
 
 @dataclass(frozen=True, slots=True)
 class MetricsRegistries:
-    """`fleet`: served to anyone. `tenants`: series that name a tenant, a job or a
-    deployment, served only with the scrape token or an admin's token."""
+    """`fleet` and `accelerators`: served to anyone. `tenants`: series that name a tenant,
+    a job or a deployment, served only with the scrape token or an admin's token."""
 
     fleet: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
     tenants: CollectorRegistry = field(
         default_factory=lambda: CollectorRegistry(auto_describe=True)
     )
+    # Written by itself, not by prometheus_client (cloud/fleet/accelerator_metrics.py);
+    # None: `cloud.accelerator_metrics = false`.
+    accelerators: AcceleratorMetrics | None = None
+
+    def fleet_exposition(self) -> bytes:
+        """The series served to anyone, in the Prometheus text format."""
+        text = generate_latest(self.fleet)
+        if self.accelerators is not None:
+            text += self.accelerators.exposition()
+        return text
 
 
 def build_metrics_registry(
@@ -215,7 +240,9 @@ def build_metrics_registry(
 ) -> MetricsRegistries:
     """The fleet's collectors registered; `accelerator_metrics`: whether per-accelerator
     series are exported (`cloud.accelerator_metrics`)."""
-    registries = MetricsRegistries()
+    registries = MetricsRegistries(
+        accelerators=AcceleratorMetrics(ingestor.registry) if accelerator_metrics else None
+    )
     # What runs (greenfed_build_info) and how the process does (process_*, python_*),
     # as every Prometheus exporter shows them.
     Info("greenfed_build", "The greenfed control plane's version", registry=registries.fleet).info(
@@ -225,6 +252,4 @@ def build_metrics_registry(
     PlatformCollector(registry=registries.fleet)
     GCCollector(registry=registries.fleet)
     registries.fleet.register(ControlPlaneCollector(ingestor))
-    if accelerator_metrics:
-        registries.fleet.register(AcceleratorCollector(ingestor.registry))
     return registries

@@ -56,7 +56,7 @@ async def _sees_tenant_series(request: web.Request) -> bool:
 
 async def metrics(request: web.Request) -> web.Response:
     registries = request.app[METRICS]
-    body = generate_latest(registries.fleet)
+    body = registries.fleet_exposition()
     if await _sees_tenant_series(request):
         body += generate_latest(registries.tenants)
     response = web.Response(body=body)

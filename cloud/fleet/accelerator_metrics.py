@@ -1,58 +1,152 @@
 """Per-accelerator Prometheus series of the whole fleet, from the registry at scrape time.
 
-GPUs are exported under NVIDIA dcgm-exporter's names, units and labels (its
-`etc/default-counters.csv`: framebuffer in MiB, energy in mJ), so dashboards and
-alert rules written for DCGM work unchanged, with `node`, `site` and `zone` added.
-NPUs and CPUs have `greenfed_accelerator_*` equivalents in base units. Only online
-nodes' latest samples are exported, and a figure a sample lacks is left out rather
-than reported as zero.
+GPUs are exported under NVIDIA dcgm-exporter's names, types, units and labels (its
+`etc/default-counters.csv`: framebuffer in MiB, energy in mJ and a counter; the labels
+of its released versions: `gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`,
+`Hostname`), so dashboards and alert rules written for DCGM work unchanged, with
+`node`, `site` and `zone` added, and `exporter="greenfed"` on every series: what keeps
+them apart from a real dcgm-exporter's scraped by the same Prometheus (the same GPU
+seen by both would otherwise count twice in every sum). NPUs and CPUs have
+`greenfed_accelerator_*` equivalents in base units. Only online nodes' latest samples
+are exported, and a figure a sample lacks is left out rather than reported as zero.
 
-A scrape of a 10,000-GPU fleet is one pass over the registry (benchmarks/
-metrics_scrape.py): the label sets of a node's devices are built once per birth and
-reused by every scrape until the node's next birth.
+The series are written in the text format here rather than by prometheus_client, for
+two reasons. dcgm-exporter's counters keep their DCGM field names, without the `_total`
+prometheus_client puts after every counter's name (`# TYPE X_total counter`, the
+OpenMetrics rule); queries written for DCGM ask for the bare name, and dcgm-exporter
+writes `# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter` over samples of that name,
+as this does. And a scrape of a 10,000-GPU fleet is 60,000 GPU lines of ten labels each
+(benchmarks/metrics_scrape.py): prometheus_client sorts and escapes every label of
+every sample on every scrape, whereas here a device's label text is written once per
+birth and reused by every scrape until the node's next birth.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from cloud.fleet.registry import NodeRegistry
 from shared.messages import Accelerator, NodeStatus
 
 MIB = 1024**2
+# A sample value as prometheus_client and Go's client write it (1.234568e+06, +Inf).
+_number: Callable[[float], str] = floatToGoString
 
-GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname", "node", "site", "zone")
+# The label on every DCGM_FI_* series of greenfed's; a real dcgm-exporter's have none.
+EXPORTER_LABEL = "exporter"
+EXPORTER = "greenfed"
+# dcgm-exporter's, in the order its GPU template writes them, then greenfed's.
+GPU_LABELS = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    EXPORTER_LABEL,
+    "node",
+    "site",
+    "zone",
+)
 ACCELERATOR_LABELS = ("node", "accelerator", "kind", "model", "site", "zone")
 
 
 @dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family: `name` is its samples' name, as queries use it."""
+
+    name: str
+    help: str
+    type: str  # "gauge" or "counter"
+
+    def header(self) -> str:
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.type}\n"
+
+
+# dcgm-exporter's names, types and help texts (its default counters).
+GPU_UTIL = Family("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge")
+FB_USED = Family("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "gauge")
+FB_FREE = Family("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "gauge")
+GPU_POWER = Family("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "gauge")
+GPU_TEMP = Family("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "gauge")
+GPU_ENERGY = Family(
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "Total energy consumption since the agent started (in mJ).",
+    "counter",
+)
+UTILIZATION = Family(
+    "greenfed_accelerator_utilization_pct", "NPU or CPU utilisation (in %)", "gauge"
+)
+MEMORY_USED = Family("greenfed_accelerator_memory_used_bytes", "NPU or CPU memory in use", "gauge")
+POWER = Family("greenfed_accelerator_power_watts", "NPU or CPU power draw", "gauge")
+TEMPERATURE = Family("greenfed_accelerator_temperature_celsius", "NPU or CPU temperature", "gauge")
+ENERGY = Family(
+    "greenfed_accelerator_energy_joules_total",
+    "NPU or CPU energy since the agent started",
+    "counter",
+)
+# In the order they are written; each is declared even without a series, as
+# prometheus_client declares its families.
+FAMILIES = (
+    GPU_UTIL,
+    FB_USED,
+    FB_FREE,
+    GPU_POWER,
+    GPU_TEMP,
+    GPU_ENERGY,
+    UTILIZATION,
+    MEMORY_USED,
+    POWER,
+    TEMPERATURE,
+    ENERGY,
+)
+
+
+def _escaped(value: str) -> str:
+    """A label value as the text format quotes it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _label_text(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    pairs = ",".join(
+        f'{name}="{_escaped(value)}"' for name, value in zip(names, values, strict=True)
+    )
+    return "{" + pairs + "}"
+
+
+@dataclass(frozen=True, slots=True)
 class _Device:
-    """One device of a birth with the label set all its series share."""
+    """One device of a birth with the label text all its series share (`{...}`)."""
 
     is_gpu: bool
     memory_bytes: int
-    labels: dict[str, str]
+    labels: str
 
 
 def _device(status: NodeStatus, accelerator: Accelerator) -> _Device:
     if accelerator.kind == "gpu":
-        # A MIG instance has no device index: its accelerator id stands in for one.
-        index = str(accelerator.index) if accelerator.index is not None else accelerator.id
+        index = accelerator.index
         values: tuple[str, ...] = (
-            index,
+            # A MIG instance has no device index: its accelerator id stands in for one,
+            # and no device node is its own (dcgm-exporter labels an instance with its
+            # GPU's index and device plus GPU_I_ID; greenfed has no GPU index for it).
+            str(index) if index is not None else accelerator.id,
             accelerator.uuid or "",
+            accelerator.pci_bus_id,
+            f"nvidia{index}" if index is not None else "",
             accelerator.model,
-            status.host.hostname,
+            # What a dcgm-exporter on that machine says (os.Hostname); the node id when
+            # the birth names no host.
+            status.host.hostname or status.node_id,
+            EXPORTER,
             status.node_id,
             status.site,
             status.zone,
         )
-        return _Device(True, accelerator.memory_bytes, dict(zip(GPU_LABELS, values, strict=True)))
+        return _Device(True, accelerator.memory_bytes, _label_text(GPU_LABELS, values))
     values = (
         status.node_id,
         accelerator.id,
@@ -61,12 +155,12 @@ def _device(status: NodeStatus, accelerator: Accelerator) -> _Device:
         status.site,
         status.zone,
     )
-    return _Device(
-        False, accelerator.memory_bytes, dict(zip(ACCELERATOR_LABELS, values, strict=True))
-    )
+    return _Device(False, accelerator.memory_bytes, _label_text(ACCELERATOR_LABELS, values))
 
 
-class AcceleratorCollector(Collector):
+class AcceleratorMetrics:
+    """The per-accelerator families of the registry's online nodes, as text."""
+
     def __init__(self, registry: NodeRegistry) -> None:
         self._registry = registry
         # node id -> (the birth its devices were built from, devices by accelerator id)
@@ -82,40 +176,14 @@ class AcceleratorCollector(Collector):
         self._devices[status.node_id] = (status, devices)
         return devices
 
-    def collect(self) -> Iterator[Metric]:
-        gpu_util = Metric("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge")
-        fb_used = Metric("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "gauge")
-        fb_free = Metric("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "gauge")
-        gpu_power = Metric("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "gauge")
-        gpu_temp = Metric("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "gauge")
-        # dcgm-exporter types this a counter, but the text format prometheus_client writes
-        # would then name it ..._total; untyped keeps dcgm's exact name (rate() works).
-        gpu_energy = Metric(
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-            "Total energy consumption since the agent started (in mJ).",
-            "unknown",
-        )
-        utilization = Metric(
-            "greenfed_accelerator_utilization_pct", "NPU or CPU utilisation (in %)", "gauge"
-        )
-        memory = Metric(
-            "greenfed_accelerator_memory_used_bytes", "NPU or CPU memory in use", "gauge"
-        )
-        power = Metric("greenfed_accelerator_power_watts", "NPU or CPU power draw", "gauge")
-        temperature = Metric(
-            "greenfed_accelerator_temperature_celsius", "NPU or CPU temperature", "gauge"
-        )
-        energy = Metric(
-            "greenfed_accelerator_energy_joules",
-            "NPU or CPU energy since the agent started",
-            "counter",
-        )
-        # Appended to directly: one Sample per series, no per-sample label dict.
-        gpu_util_s, fb_used_s, fb_free_s = gpu_util.samples, fb_used.samples, fb_free.samples
-        gpu_power_s, gpu_temp_s = gpu_power.samples, gpu_temp.samples
-        gpu_energy_s = gpu_energy.samples
-        util_s, memory_s, power_s = utilization.samples, memory.samples, power.samples
-        temperature_s, energy_s = temperature.samples, energy.samples
+    def exposition(self) -> bytes:
+        """Every family in the Prometheus text format, one line per series."""
+        lines: dict[Family, list[str]] = {family: [] for family in FAMILIES}
+        gpu_util, fb_used, fb_free = lines[GPU_UTIL], lines[FB_USED], lines[FB_FREE]
+        gpu_power, gpu_temp, gpu_energy = lines[GPU_POWER], lines[GPU_TEMP], lines[GPU_ENERGY]
+        utilization, memory_used = lines[UTILIZATION], lines[MEMORY_USED]
+        power, temperature, energy = lines[POWER], lines[TEMPERATURE], lines[ENERGY]
+        number = _number
 
         live: set[str] = set()
         for record in self._registry:
@@ -130,56 +198,53 @@ class AcceleratorCollector(Collector):
                     continue
                 labels = device.labels
                 if device.is_gpu:
-                    gpu_util_s.append(
-                        Sample("DCGM_FI_DEV_GPU_UTIL", labels, sample.utilization_pct)
+                    gpu_util.append(
+                        f"DCGM_FI_DEV_GPU_UTIL{labels} {number(sample.utilization_pct)}\n"
                     )
                     used_mib = sample.memory_used_bytes // MIB
-                    fb_used_s.append(Sample("DCGM_FI_DEV_FB_USED", labels, used_mib))
+                    fb_used.append(f"DCGM_FI_DEV_FB_USED{labels} {number(used_mib)}\n")
                     if device.memory_bytes:
                         free_mib = max(0, device.memory_bytes - sample.memory_used_bytes) // MIB
-                        fb_free_s.append(Sample("DCGM_FI_DEV_FB_FREE", labels, free_mib))
+                        fb_free.append(f"DCGM_FI_DEV_FB_FREE{labels} {number(free_mib)}\n")
                     if sample.power_w is not None:
-                        gpu_power_s.append(
-                            Sample("DCGM_FI_DEV_POWER_USAGE", labels, sample.power_w)
+                        gpu_power.append(
+                            f"DCGM_FI_DEV_POWER_USAGE{labels} {number(sample.power_w)}\n"
                         )
                     if sample.temperature_c is not None:
-                        gpu_temp_s.append(
-                            Sample("DCGM_FI_DEV_GPU_TEMP", labels, sample.temperature_c)
+                        gpu_temp.append(
+                            f"DCGM_FI_DEV_GPU_TEMP{labels} {number(sample.temperature_c)}\n"
                         )
                     if sample.energy_j is not None:
-                        gpu_energy_s.append(
-                            Sample(
-                                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-                                labels,
-                                round(sample.energy_j * 1000.0),
-                            )
+                        energy_mj = round(sample.energy_j * 1000.0)
+                        gpu_energy.append(
+                            f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{labels} {number(energy_mj)}\n"
                         )
                     continue
-                util_s.append(
-                    Sample("greenfed_accelerator_utilization_pct", labels, sample.utilization_pct)
+                utilization.append(
+                    f"greenfed_accelerator_utilization_pct{labels} "
+                    f"{number(sample.utilization_pct)}\n"
                 )
-                memory_s.append(
-                    Sample(
-                        "greenfed_accelerator_memory_used_bytes", labels, sample.memory_used_bytes
-                    )
+                memory_used.append(
+                    f"greenfed_accelerator_memory_used_bytes{labels} "
+                    f"{number(sample.memory_used_bytes)}\n"
                 )
                 if sample.power_w is not None:
-                    power_s.append(
-                        Sample("greenfed_accelerator_power_watts", labels, sample.power_w)
+                    power.append(
+                        f"greenfed_accelerator_power_watts{labels} {number(sample.power_w)}\n"
                     )
                 if sample.temperature_c is not None:
-                    temperature_s.append(
-                        Sample(
-                            "greenfed_accelerator_temperature_celsius",
-                            labels,
-                            sample.temperature_c,
-                        )
+                    temperature.append(
+                        f"greenfed_accelerator_temperature_celsius{labels} "
+                        f"{number(sample.temperature_c)}\n"
                     )
                 if sample.energy_j is not None:
-                    energy_s.append(
-                        Sample("greenfed_accelerator_energy_joules_total", labels, sample.energy_j)
+                    energy.append(
+                        f"greenfed_accelerator_energy_joules_total{labels} "
+                        f"{number(sample.energy_j)}\n"
                     )
         for node_id in self._devices.keys() - live:
             self._devices.pop(node_id, None)  # gone or offline: built again on its return
-        yield from (gpu_util, fb_used, fb_free, gpu_power, gpu_temp, gpu_energy)
-        yield from (utilization, memory, power, temperature, energy)
+        text = "".join(
+            family.header() + "".join(family_lines) for family, family_lines in lines.items()
+        )
+        return text.encode()

@@ -1,7 +1,8 @@
 """A real Prometheus server (Debian's `prometheus`) scraping a control plane with real
 agents on simulated GPU servers over the real Mosquitto, with the shipped
 configuration (deploy/prometheus/prometheus.yml, at test speed) and the shipped alert
-rules: the per-GPU series arrive with their node, an alert that holds on that data
+rules: the per-GPU series arrive with their node and dcgm-exporter's labels, the energy
+series as the counter dcgm-exporter declares, an alert that holds on that data
 fires, every shipped rule evaluates without error on it, and the conditions of the
 alerts that concern a healthy fleet (down, leadership, errors, offline nodes, dropped
 messages, stale grid signals) do not hold."""
@@ -186,6 +187,18 @@ async def test_prometheus_scrapes_the_fleet_and_fires_an_alert_on_its_gpus(
             assert sorted((m["node"], m["gpu"]) for m in labels) == sorted(gpus)
             assert {m["job"] for m in labels} == {"greenfed"}
             assert all(0.0 <= float(s["value"][1]) <= 100.0 for s in series), series
+            # dcgm-exporter's labels, and the one that tells greenfed's series from its.
+            for metric in labels:
+                assert metric["exporter"] == "greenfed", metric
+                assert metric["device"] == f"nvidia{metric['gpu']}", metric
+                assert metric["UUID"].startswith("GPU-"), metric
+                assert metric["pci_bus_id"].startswith("00000000:"), metric
+            # The energy series keeps dcgm-exporter's name and type: Prometheus stores it
+            # under that name and knows it as a counter.
+            energy = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+            await scraped(http, prometheus, f'{energy}{{exporter="greenfed"}}', len(gpus))
+            metadata = await api(http, f"{prometheus}/api/v1/metadata", metric=energy)
+            assert [entry["type"] for entry in metadata[energy]] == ["counter"], metadata
             [up] = await scraped(http, prometheus, 'up{job="greenfed"}', 1)
             assert up["value"][1] == "1"
 

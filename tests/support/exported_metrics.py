@@ -12,12 +12,14 @@ no series yet (no dropped messages, no deployments) is still known. The scrape i
 taken once per test session and shared.
 
 Names are the ones a PromQL expression uses, i.e. sample names: a counter ends in
-`_total`, a histogram gives `_bucket`, `_sum` and `_count`, a summary its name,
-`_sum` and `_count`; gauges and untyped families their name.
+`_total` (but for dcgm-exporter's, named as its TYPE line names it: prometheus_client's
+parser adds `_total` to those too), a histogram gives `_bucket`, `_sum` and `_count`, a
+summary its name, `_sum` and `_count`; gauges and untyped families their name.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -44,16 +46,41 @@ _SAMPLE_SUFFIXES = {
 _scrape: str | None = None  # this session's scrape, once taken
 
 
-def _sample_names(family: Metric) -> set[str]:
-    suffixes = _SAMPLE_SUFFIXES.get(family.type, ("",))
-    return {family.name + suffix for suffix in suffixes} | {s.name for s in family.samples}
+_COUNTER_TYPE_LINE = re.compile(r"^# TYPE (\S+) counter$", re.MULTILINE)
+
+
+def _bare_counters(exposition: str) -> set[str]:
+    """Counters whose TYPE line names them without `_total`, as dcgm-exporter's do."""
+    return {name for name in _COUNTER_TYPE_LINE.findall(exposition) if not name.endswith("_total")}
+
+
+def exposed_families(exposition: str) -> list[Metric]:
+    """The families of a Prometheus text exposition, as prometheus_client's parser reads
+    them, but with each sample under the name the text gives it: the parser names the
+    samples of a counter whose TYPE line lacks `_total` (dcgm-exporter's
+    DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION) `..._total`, a series no query would find."""
+    bare_counters = _bare_counters(exposition)
+    families = list(text_string_to_metric_families(exposition))
+    for family in families:
+        if family.type == "counter" and family.name in bare_counters:
+            parsed_name = family.name + "_total"
+            family.samples = [
+                s._replace(name=family.name) if s.name == parsed_name else s for s in family.samples
+            ]
+    return families
 
 
 def metric_names(exposition: str) -> set[str]:
     """The sample names a Prometheus text exposition declares or contains."""
+    bare_counters = _bare_counters(exposition)
     names: set[str] = set()
-    for family in text_string_to_metric_families(exposition):
-        names |= _sample_names(family)
+    for family in exposed_families(exposition):
+        if family.type == "counter" and family.name in bare_counters:
+            suffixes: tuple[str, ...] = ("",)
+        else:
+            suffixes = _SAMPLE_SUFFIXES.get(family.type, ("",))
+        names |= {family.name + suffix for suffix in suffixes}
+        names |= {sample.name for sample in family.samples}
     return names
 
 
@@ -61,7 +88,7 @@ def metric_label_names(exposition: str) -> dict[str, set[str]]:
     """Sample name -> the label names its samples carry (`le`, `quantile` included);
     only for names that have samples in this scrape."""
     labels: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(exposition):
+    for family in exposed_families(exposition):
         for sample in family.samples:
             labels.setdefault(sample.name, set()).update(sample.labels)
     return labels
@@ -95,7 +122,7 @@ async def _fleet_scrape() -> str:
             async def complete() -> bool:
                 nonlocal text
                 text = await _scrape_text(running)
-                families = {f.name: f for f in text_string_to_metric_families(text)}
+                families = {f.name: f for f in exposed_families(text)}
                 gpu_nodes = {s.labels["node"] for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
                 passes = families["greenfed_scheduling_passes"].samples
                 return cloud_nodes <= gpu_nodes and bool(passes) and passes[0].value >= 1
