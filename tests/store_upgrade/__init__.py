@@ -1,0 +1,1 @@
+"""Upgrades from the previous release: its store, its code, and today's on both."""
