@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from greenfed.arguments import EXIT_USAGE, positive_int
+from greenfed.output import ACTION_FORMATS, output_of
 from greenfed.work_cli import add_client_options, run_client
-
-if TYPE_CHECKING:
-    from greenfed.work_commands import Output
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -28,16 +26,10 @@ def overlap_s(text: str) -> float:
     return value
 
 
-def _output(args: argparse.Namespace) -> Output:
-    from greenfed.work_commands import Output
-
-    return Output(json=bool(getattr(args, "json", False)))
-
-
 def cmd_tokens(args: argparse.Namespace) -> int:
     from greenfed import access_commands
 
-    output = _output(args)
+    output = output_of(args)
     command = args.tokens_command or "list"
     if command == "create":
         return run_client(
@@ -81,7 +73,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             action=args.action,
             limit=args.limit,
             cursor=args.cursor,
-            output=_output(args),
+            output=output_of(args),
         ),
     )
 
@@ -104,7 +96,7 @@ def add_access_commands(commands: Any) -> None:
     create = token_commands.add_parser("create", help="another token; prints it once")
     create.add_argument("name", help="a label: ci, laptop, ...")
     create.add_argument("--tenant", help="the admin: a token of this tenant")
-    add_client_options(create, nested=True)
+    add_client_options(create, formats=ACTION_FORMATS, nested=True)
 
     rotate = token_commands.add_parser(
         "rotate", help="a new token in place of one; the old one works for --overlap more"
@@ -116,11 +108,11 @@ def add_access_commands(commands: Any) -> None:
         metavar="DURATION",
         help="how long the old token keeps working: 0, 90s, 30m, 1h (default 1h)",
     )
-    add_client_options(rotate, nested=True)
+    add_client_options(rotate, formats=ACTION_FORMATS, nested=True)
 
     revoke = token_commands.add_parser("revoke", help="refuse a token from now on")
     revoke.add_argument("token_id", metavar="ID")
-    add_client_options(revoke, nested=True)
+    add_client_options(revoke, formats=ACTION_FORMATS, nested=True)
 
     audit = commands.add_parser(
         "audit", help="the audit log of admin actions, newest first (admin)"

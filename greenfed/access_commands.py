@@ -1,8 +1,9 @@
 """`greenfed tokens` and `greenfed audit`: bearer tokens (a tenant's own; the admin's
 anyone's, `--tenant`) and the admin's audit log, through `greenfed.api_client`.
 
-People get tables; `--json` prints the API's JSON. A token's secret is printed once,
-when it is made, with a line saying so.
+People get tables (`-o wide`: with more columns); `-o json` and `-o yaml` print the API's
+data (`greenfed.output`). A token's secret is printed once, when it is made, with a line
+saying so.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from rich.table import Table
 from cloud.access.views import AuditList, TokenCreated, TokenList, TokenRotated, TokenView
 from greenfed.api_client import ApiClient
 from greenfed.arguments import EXIT_OK
-from greenfed.work_commands import Output, ago, at_utc, console, print_json
+from greenfed.output import Output, emit
+from greenfed.work_commands import ago, at_utc, console
 
 _SHOWN_ONCE: Final = "token (shown only now, keep it secret)"
 _STATE_STYLE: Final = {"active": "green", "rotated": "yellow", "expired": "dim", "revoked": "red"}
@@ -27,10 +29,19 @@ def _tenant_params(tenant: str | None) -> dict[str, str]:
     return {} if tenant is None else {"tenant": tenant}
 
 
+# `-o wide`: each of a token's times whole, and the token that replaced it.
+TOKENS_WIDE: Final = (
+    "created (UTC)", "last used (UTC)", "rotated (UTC)", "replaced by", "expires (UTC)",
+    "revoked (UTC)",
+)  # fmt: skip
+
+
 def render_tokens(tokens: TokenList, output: Output) -> None:
     table = Table(title=f"tokens: {tokens.count}", title_justify="left")
     for column in ("id", "tenant", "name", "state", "created", "by", "last used", "until"):
         table.add_column(column, no_wrap=column in ("id", "state"))
+    for column in TOKENS_WIDE if output.wide else ():
+        table.add_column(column)
     for token in tokens.items:
         until = at_utc(token.revoked_at or token.expires_at)
         table.add_row(
@@ -42,16 +53,27 @@ def render_tokens(tokens: TokenList, output: Output) -> None:
             token.created_by or "",
             ago(token.last_used_at),
             until,
+            *(
+                (
+                    at_utc(token.created_at),
+                    at_utc(token.last_used_at),
+                    at_utc(token.rotated_at),
+                    token.replaced_by or "",
+                    at_utc(token.expires_at),
+                    at_utc(token.revoked_at),
+                )
+                if output.wide
+                else ()
+            ),
         )
-    console(output.out).print(table)
+    console(output.out, wide=output.wide).print(table)
 
 
 async def list_tokens(client: ApiClient, *, tenant: str | None, output: Output) -> int:
     _, payload = await client.call("GET", "/v1/tokens", params=_tenant_params(tenant))
-    if output.json:
-        print_json(payload, output.out)
-    else:
-        render_tokens(msgspec.json.decode(payload, type=TokenList), output)
+    emit(
+        output, payload, lambda: render_tokens(msgspec.json.decode(payload, type=TokenList), output)
+    )
     return EXIT_OK
 
 
@@ -69,11 +91,12 @@ async def create_token(client: ApiClient, name: str, *, tenant: str | None, outp
         params=_tenant_params(tenant),
         body=msgspec.json.encode({"name": name}),
     )
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
-    created = msgspec.json.decode(payload, type=TokenCreated)
-    output.out.write(_made(created, created.token))
+
+    def said() -> None:
+        created = msgspec.json.decode(payload, type=TokenCreated)
+        output.out.write(_made(created, created.token))
+
+    emit(output, payload, said)
     return EXIT_OK
 
 
@@ -82,29 +105,31 @@ async def rotate_token(
 ) -> int:
     body = None if overlap_s is None else msgspec.json.encode({"overlap_s": overlap_s})
     _, payload = await client.call("POST", f"/v1/tokens/{token_id}/rotate", body=body)
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
+    emit(output, payload, lambda: output.out.write(_rotated_lines(payload)))
+    return EXIT_OK
+
+
+def _rotated_lines(payload: bytes) -> str:
     rotated = msgspec.json.decode(payload, type=TokenRotated)
     old = rotated.replaced
     until = f"until {at_utc(old.expires_at)}" if old.state == "rotated" else "no more (overlap 0)"
-    output.out.write(
+    return (
         f"token {old.id} ({old.name}) of tenant {old.tenant} rotated: it works {until}\n"
         f"replacement {rotated.token.id}\n{_SHOWN_ONCE}: {rotated.token.token}\n"
     )
-    return EXIT_OK
 
 
 async def revoke_token(client: ApiClient, token_id: str, *, output: Output) -> int:
     _, payload = await client.call("DELETE", f"/v1/tokens/{token_id}")
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
-    token = msgspec.json.decode(payload, type=TokenView)
-    output.out.write(
-        f"token {token.id} ({token.name}) of tenant {token.tenant} revoked at "
-        f"{at_utc(token.revoked_at)}\n"
-    )
+
+    def said() -> None:
+        token = msgspec.json.decode(payload, type=TokenView)
+        output.out.write(
+            f"token {token.id} ({token.name}) of tenant {token.tenant} revoked at "
+            f"{at_utc(token.revoked_at)}\n"
+        )
+
+    emit(output, payload, said)
     return EXIT_OK
 
 
@@ -152,13 +177,19 @@ async def list_audit(
         if value is not None
     }
     _, payload = await client.call("GET", "/v1/audit", params=params)
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
-    entries = msgspec.json.decode(payload, type=AuditList)
+    emit(
+        output, payload, lambda: render_audit(msgspec.json.decode(payload, type=AuditList), output)
+    )
+    return EXIT_OK
+
+
+def render_audit(entries: AuditList, output: Output) -> None:
+    """`wide`: each entry's sequence number (`seq`) too."""
     table = Table(title=f"audit: {entries.count}", title_justify="left")
     for column in ("at (UTC)", "actor", "action", "target", "detail"):
         table.add_column(column, overflow="fold" if column == "detail" else "ellipsis")
+    if output.wide:
+        table.add_column("seq", justify="right")
     for entry in entries.items:
         table.add_row(
             at_utc(entry.at),
@@ -166,9 +197,8 @@ async def list_audit(
             entry.action,
             entry.target,
             _detail(msgspec.json.decode(entry.detail)),
+            *((str(entry.seq),) if output.wide else ()),
         )
-    target = console(output.out)
-    target.print(table)
+    console(output.out, wide=output.wide).print(table)
     if entries.next_cursor:
-        target.print(f"more: --cursor {entries.next_cursor}")
-    return EXIT_OK
+        console(output.out).print(f"more: --cursor {entries.next_cursor}")

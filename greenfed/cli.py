@@ -35,6 +35,7 @@ from greenfed.arguments import (
     size_bytes_argument,
 )
 from greenfed.data_dir_lock import DataDirInUse, data_dir_lock
+from greenfed.output import ACTION_FORMATS, emit, output_of
 from greenfed.ports import check_api_port
 from greenfed.store_cli import add_store_commands
 from greenfed.work_cli import add_client_options, add_work_commands, run_client
@@ -181,12 +182,11 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         if (value := getattr(args, key)) is not None
     }
 
+    output = output_of(args)
+
     async def show(client: ApiClient) -> int:
         nodes = await fetch_nodes(client, params)
-        if args.json:
-            sys.stdout.write(msgspec.json.format(msgspec.json.encode(nodes)).decode() + "\n")
-        else:
-            render_table(nodes)
+        emit(output, nodes, lambda: render_table(nodes, output.out, wide=output.wide))
         return EXIT_OK
 
     return run_client(args, show, timeout_s=10.0)
@@ -214,21 +214,24 @@ def cmd_join_token_create(args: argparse.Namespace) -> int:
 
     body = _join_token_body(args)
     return run_client(
-        args, lambda client: nodes_cli.create_join_token(client, body, json=args.json)
+        args, lambda client: nodes_cli.create_join_token(client, body, output=output_of(args))
     )
 
 
 def cmd_join_token_list(args: argparse.Namespace) -> int:
     from greenfed import nodes_cli
 
-    return run_client(args, lambda client: nodes_cli.list_join_tokens(client, json=args.json))
+    return run_client(
+        args, lambda client: nodes_cli.list_join_tokens(client, output=output_of(args))
+    )
 
 
 def cmd_join_token_revoke(args: argparse.Namespace) -> int:
     from greenfed import nodes_cli
 
     return run_client(
-        args, lambda client: nodes_cli.revoke_join_token(client, args.token_id, json=args.json)
+        args,
+        lambda client: nodes_cli.revoke_join_token(client, args.token_id, output=output_of(args)),
     )
 
 
@@ -238,7 +241,7 @@ def cmd_nodes_revoke(args: argparse.Namespace) -> int:
     return run_client(
         args,
         lambda client: nodes_cli.revoke_node(
-            client, args.node_id, json=args.json, confirm_bulk=args.confirm_bulk
+            client, args.node_id, output=output_of(args), confirm_bulk=args.confirm_bulk
         ),
     )
 
@@ -260,7 +263,7 @@ def cmd_nodes_admin(args: argparse.Namespace) -> int:
             args.node_id,
             args.nodes_command,
             body=body,
-            json=args.json,
+            output=output_of(args),
             confirm_bulk=getattr(args, "confirm_bulk", False),
         ),
     )
@@ -272,7 +275,7 @@ def cmd_nodes_approve(args: argparse.Namespace) -> int:
     return run_client(
         args,
         lambda client: nodes_cli.approve_node(
-            client, args.node_id, trust_figures=args.trust_figures, json=args.json
+            client, args.node_id, trust_figures=args.trust_figures, output=output_of(args)
         ),
     )
 
@@ -280,13 +283,15 @@ def cmd_nodes_approve(args: argparse.Namespace) -> int:
 def cmd_nodes_enrolled(args: argparse.Namespace) -> int:
     from greenfed import nodes_cli
 
-    return run_client(args, lambda client: nodes_cli.list_enrolled(client, json=args.json))
+    return run_client(args, lambda client: nodes_cli.list_enrolled(client, output=output_of(args)))
 
 
 def cmd_nodes_unenrolled(args: argparse.Namespace) -> int:
     from greenfed import nodes_cli
 
-    return run_client(args, lambda client: nodes_cli.list_unenrolled(client, json=args.json))
+    return run_client(
+        args, lambda client: nodes_cli.list_unenrolled(client, output=output_of(args))
+    )
 
 
 def cmd_nodes_readmit(args: argparse.Namespace) -> int:
@@ -301,7 +306,7 @@ def cmd_nodes_readmit(args: argparse.Namespace) -> int:
     return run_client(
         args,
         lambda client: nodes_cli.readmit_nodes(
-            client, args.node_ids, every=args.all, json=args.json
+            client, args.node_ids, every=args.all, output=output_of(args)
         ),
     )
 
@@ -318,13 +323,16 @@ def cmd_clusters(args: argparse.Namespace) -> int:
             print(f"greenfed: {error}", file=sys.stderr)
             return error.exit_code
         return run_client(
-            args, lambda client: clusters_cli.add_cluster(client, spec, json=args.json)
+            args, lambda client: clusters_cli.add_cluster(client, spec, output=output_of(args))
         )
     if command == "remove":
         return run_client(
-            args, lambda client: clusters_cli.remove_cluster(client, args.name, json=args.json)
+            args,
+            lambda client: clusters_cli.remove_cluster(client, args.name, output=output_of(args)),
         )
-    return run_client(args, lambda client: clusters_cli.list_clusters(client, json=args.json))
+    return run_client(
+        args, lambda client: clusters_cli.list_clusters(client, output=output_of(args))
+    )
 
 
 def cmd_mqtt_accounts(args: argparse.Namespace) -> int:
@@ -332,11 +340,13 @@ def cmd_mqtt_accounts(args: argparse.Namespace) -> int:
 
     if args.mqtt_accounts_command == "revoke":
         return run_client(
-            args, lambda client: mqtt_cli.revoke_account(client, args.name, json=args.json)
+            args, lambda client: mqtt_cli.revoke_account(client, args.name, output=output_of(args))
         )
     return run_client(
         args,
-        lambda client: mqtt_cli.create_account(client, args.name, args.role, json=args.json),
+        lambda client: mqtt_cli.create_account(
+            client, args.name, args.role, output=output_of(args)
+        ),
     )
 
 
@@ -494,6 +504,13 @@ def cmd_version(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from greenfed.completion import completion_script
+
+    sys.stdout.write(completion_script(build_parser(), args.shell))
+    return EXIT_OK
+
+
 # -- parser ----------------------------------------------------------------------
 
 
@@ -596,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="join_token_command", required=True, metavar="COMMAND"
     )
     token_create = join_token_commands.add_parser("create", help="a new join token, shown once")
-    add_client_options(token_create, nested=True)
+    add_client_options(token_create, formats=ACTION_FORMATS, nested=True)
     token_create.add_argument(
         "--ttl", type=duration_s, help="lifetime: 90s, 30m, 1h, 2d (default cloud.join_token_ttl_s)"
     )
@@ -639,13 +656,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_options(token_list, nested=True)
     token_list.set_defaults(handler=cmd_join_token_list)
     token_revoke = join_token_commands.add_parser("revoke", help="revoke a join token")
-    add_client_options(token_revoke, nested=True)
+    add_client_options(token_revoke, formats=ACTION_FORMATS, nested=True)
     token_revoke.add_argument("token_id", metavar="ID")
     token_revoke.set_defaults(handler=cmd_join_token_revoke)
     nodes_revoke = nodes_commands.add_parser(
         "revoke", help="refuse a node at once and disable its broker account (admin)"
     )
-    add_client_options(nodes_revoke, nested=True)
+    add_client_options(nodes_revoke, formats=ACTION_FORMATS, nested=True)
     nodes_revoke.add_argument("node_id", metavar="NODE")
     add_confirm_bulk_option(nodes_revoke)
     nodes_revoke.set_defaults(handler=cmd_nodes_revoke)
@@ -655,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("drain", "cordon the node and move its work elsewhere (admin)"),
     ):
         command = nodes_commands.add_parser(action, help=text)
-        add_client_options(command, nested=True)
+        add_client_options(command, formats=ACTION_FORMATS, nested=True)
         command.add_argument("node_id", metavar="NODE")
         if action == "drain":
             add_confirm_bulk_option(command)
@@ -663,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_set = nodes_commands.add_parser(
         "set", help="a node's admin taints and labels, beside its agent's (admin)"
     )
-    add_client_options(node_set, nested=True)
+    add_client_options(node_set, formats=ACTION_FORMATS, nested=True)
     node_set.add_argument("node_id", metavar="NODE")
     node_set.add_argument(
         "--taint",
@@ -679,7 +696,7 @@ def build_parser() -> argparse.ArgumentParser:
         "approve",
         help="approve a pending node as its birth says it is; it takes work again (admin)",
     )
-    add_client_options(nodes_approve, nested=True)
+    add_client_options(nodes_approve, formats=ACTION_FORMATS, nested=True)
     nodes_approve.add_argument("node_id", metavar="NODE")
     nodes_approve.add_argument(
         "--trust-figures",
@@ -702,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="enrol nodes again as their enrolment certificates say (admin): no visit to "
         "the devices, their work keeps running",
     )
-    add_client_options(nodes_readmit, nested=True)
+    add_client_options(nodes_readmit, formats=ACTION_FORMATS, nested=True)
     nodes_readmit.add_argument("node_ids", nargs="*", metavar="NODE")
     nodes_readmit.add_argument(
         "--all", action="store_true", help="every node `greenfed nodes unenrolled` lists"
@@ -718,12 +735,12 @@ def build_parser() -> argparse.ArgumentParser:
     clusters_list = clusters_commands.add_parser("list", help="every cluster, how it is doing")
     add_client_options(clusters_list, nested=True)
     clusters_add = clusters_commands.add_parser("add", help="register a cluster")
-    add_client_options(clusters_add, nested=True)
+    add_client_options(clusters_add, formats=ACTION_FORMATS, nested=True)
     cluster_arguments.add_arguments(clusters_add)
     clusters_remove = clusters_commands.add_parser(
         "remove", help="remove a cluster (its nodes leave greenfed)"
     )
-    add_client_options(clusters_remove, nested=True)
+    add_client_options(clusters_remove, formats=ACTION_FORMATS, nested=True)
     clusters_remove.add_argument("name", metavar="NAME")
 
     mqtt = commands.add_parser("mqtt", help="the MQTT broker's accounts for third parties (admin)")
@@ -735,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     accounts_create = accounts_commands.add_parser(
         "create", help="make an account (or give it a new password); prints the password once"
     )
-    add_client_options(accounts_create)
+    add_client_options(accounts_create, formats=ACTION_FORMATS)
     accounts_create.add_argument("name", metavar="NAME", help="its broker username")
     accounts_create.add_argument(
         "--role",
@@ -747,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
     accounts_revoke = accounts_commands.add_parser(
         "revoke", help="disable an account (its connections are dropped)"
     )
-    add_client_options(accounts_revoke)
+    add_client_options(accounts_revoke, formats=ACTION_FORMATS)
     accounts_revoke.add_argument("name", metavar="NAME")
     accounts_revoke.set_defaults(handler=cmd_mqtt_accounts)
 
@@ -866,6 +883,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_work_commands(commands)
     add_access_commands(commands)
     add_store_commands(commands)
+
+    completion = commands.add_parser(
+        "completion",
+        help="print a shell completion script: bash or zsh",
+        description=(
+            "Print a completion script for greenfed's commands, options and their values, "
+            "generated from this command line. bash: source <(greenfed completion bash), or "
+            "write it to /etc/bash_completion.d/greenfed. zsh: write it to a directory of "
+            "$fpath as _greenfed (docs/cli.md)."
+        ),
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"])
+    completion.set_defaults(handler=cmd_completion)
 
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(handler=cmd_version)

@@ -1,12 +1,12 @@
 """`greenfed clusters add|list|remove`: clusters with schedulers of their own (Slurm) as
-places greenfed runs work, through a running control plane's REST API (admin)."""
+places greenfed runs work, through a running control plane's REST API (admin); each
+prints as `-o` asks (`greenfed.output`)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 from urllib.parse import quote
 
 import msgspec
@@ -16,7 +16,8 @@ from rich.table import Table
 from cloud.clusters.views import ClusterList, ClusterSpec, ClusterView
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
-from greenfed.work_commands import act_and_say, ago, console, print_json
+from greenfed.output import Output, emit
+from greenfed.work_commands import act_and_say, ago, at_utc, console
 from shared.errors import FieldError
 
 
@@ -100,32 +101,47 @@ def _via(cluster: ClusterView) -> str:
     return via + (" (Slurm picks the machines)" if cluster.pins_machines is False else "")
 
 
-async def add_cluster(
-    client: ApiClient, spec: ClusterSpec, *, json: bool, out: TextIO | None = None
-) -> int:
-    out = out or sys.stdout
+async def add_cluster(client: ApiClient, spec: ClusterSpec, *, output: Output) -> int:
     _, payload = await client.call("POST", "/v1/clusters", body=msgspec.json.encode(spec))
     cluster = msgspec.json.decode(payload, type=ClusterView)
-    if json:
-        print_json(msgspec.json.encode(cluster), out)
-        return EXIT_OK
-    out.write(
-        f"cluster {cluster.spec.name} registered ({cluster.spec.kind}, {cluster.spec.zone} "
-        f"{cluster.spec.region}); its machines appear in `greenfed nodes` as "
-        f"{cluster.spec.name}.<machine> once it answers (greenfed clusters list)\n"
+    emit(
+        output,
+        cluster,
+        lambda: output.out.write(
+            f"cluster {cluster.spec.name} registered ({cluster.spec.kind}, {cluster.spec.zone} "
+            f"{cluster.spec.region}); its machines appear in `greenfed nodes` as "
+            f"{cluster.spec.name}.<machine> once it answers (greenfed clusters list)\n"
+        ),
     )
     return EXIT_OK
 
 
-async def list_clusters(client: ApiClient, *, json: bool, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+async def list_clusters(client: ApiClient, *, output: Output) -> int:
     clusters = await client.get("/v1/clusters", ClusterList)
-    if json:
-        print_json(msgspec.json.encode(clusters), out)
-        return EXIT_OK
+    emit(output, clusters, lambda: render_clusters(clusters, output.out, wide=output.wide))
+    return EXIT_OK
+
+
+def _partitions_text(cluster: ClusterView) -> str:
+    """The partitions greenfed may use, where they are when not where the cluster is."""
+    if not cluster.spec.partitions:
+        return "every one"
+    return ", ".join(
+        name if placement is None else f"{name} ({placement.zone}/{placement.region})"
+        for name, placement in cluster.spec.partitions.items()
+    )
+
+
+# `-o wide`: which partitions greenfed uses, when it last heard from the cluster, who added it.
+CLUSTERS_WIDE: Final = ("partitions", "last contact (UTC)", "created (UTC)", "created by")
+
+
+def render_clusters(clusters: ClusterList, out: TextIO, *, wide: bool = False) -> None:
     table = Table(title=f"clusters: {clusters.count}", title_justify="left")
     for column in ("cluster", "kind", "via", "zone", "region", "state", "nodes",
                    "accelerators", "queue", "greenfed jobs"):  # fmt: skip
+        table.add_column(column)
+    for column in CLUSTERS_WIDE if wide else ():
         table.add_column(column)
     for cluster in clusters.items:
         if cluster.reachable:
@@ -144,20 +160,26 @@ async def list_clusters(client: ApiClient, *, json: bool, out: TextIO | None = N
             escape(_summary(cluster)),
             f"{cluster.pending_jobs} pending",
             str(cluster.greenfed_jobs_running),
+            *(
+                (
+                    escape(_partitions_text(cluster)),
+                    at_utc(cluster.last_contact_at),
+                    at_utc(cluster.created_at),
+                    escape(cluster.created_by),
+                )
+                if wide
+                else ()
+            ),
         )
-    console(out).print(table)
-    return EXIT_OK
+    console(out, wide=wide).print(table)
 
 
-async def remove_cluster(
-    client: ApiClient, name: str, *, json: bool, out: TextIO | None = None
-) -> int:
+async def remove_cluster(client: ApiClient, name: str, *, output: Output) -> int:
     return await act_and_say(
         client,
         "DELETE",
         f"/v1/clusters/{quote(name, safe='')}",
         ClusterView,
         lambda cluster: f"cluster {cluster.spec.name} removed; its nodes left the registry",
-        json=json,
-        out=out,
+        output=output,
     )

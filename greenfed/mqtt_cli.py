@@ -1,10 +1,9 @@
 """`greenfed mqtt accounts create|revoke`: third parties' read-only accounts on the MQTT
-broker, through a running control plane's REST API (admin)."""
+broker, through a running control plane's REST API (admin); each prints as `-o` asks
+(`greenfed.output`)."""
 
 from __future__ import annotations
 
-import sys
-from typing import TextIO
 from urllib.parse import quote
 
 import msgspec
@@ -12,41 +11,37 @@ import msgspec
 from cloud.broker_accounts.views import MqttAccountCreated, MqttAccountRevoked
 from greenfed.api_client import ApiClient
 from greenfed.arguments import EXIT_OK
-from greenfed.work_commands import act_and_say, print_json
+from greenfed.output import Output, emit
+from greenfed.work_commands import act_and_say
 
 
-async def create_account(
-    client: ApiClient, name: str, role: str, *, json: bool, out: TextIO | None = None
-) -> int:
-    out = out or sys.stdout
-    body = msgspec.json.encode({"name": name, "role": role})
-    _, payload = await client.call("POST", "/v1/mqtt/accounts", body=body)
-    created = msgspec.json.decode(payload, type=MqttAccountCreated)
-    if json:
-        print_json(msgspec.json.encode(created), out)
-        return EXIT_OK
+def _created_lines(created: MqttAccountCreated) -> str:
     scheme, _, address = created.broker.partition("://")
     host, _, port = address.rpartition(":")
     tls = " --capath /etc/ssl/certs" if scheme == "mqtts" else ""
-    out.write(
+    return (
         f"MQTT account {created.username} ({created.role}); its password, shown this once:\n"
         f"  {created.password}\n"
         f"it may read {', '.join(created.topics)} and nothing else; for example:\n"
         f"  mosquitto_sub -h {host} -p {port}{tls} -u {created.username} -P '<password>' "
         f"-t '{created.topics[0]}' -v\n"
     )
+
+
+async def create_account(client: ApiClient, name: str, role: str, *, output: Output) -> int:
+    body = msgspec.json.encode({"name": name, "role": role})
+    _, payload = await client.call("POST", "/v1/mqtt/accounts", body=body)
+    created = msgspec.json.decode(payload, type=MqttAccountCreated)
+    emit(output, created, lambda: output.out.write(_created_lines(created)))
     return EXIT_OK
 
 
-async def revoke_account(
-    client: ApiClient, name: str, *, json: bool, out: TextIO | None = None
-) -> int:
+async def revoke_account(client: ApiClient, name: str, *, output: Output) -> int:
     return await act_and_say(
         client,
         "DELETE",
         f"/v1/mqtt/accounts/{quote(name, safe='')}",
         MqttAccountRevoked,
         lambda revoked: f"MQTT account {revoked.username} disabled; its connections were dropped",
-        json=json,
-        out=out,
+        output=output,
     )

@@ -1,11 +1,13 @@
 """`greenfed nodes`: the fleet table, read from a running control plane's REST API, and
-node enrolment (`join-token create/list/revoke`, `enrolled`, `revoke NODE`, admin)."""
+node enrolment (`join-token create/list/revoke`, `enrolled`, `revoke NODE`, admin).
+Each prints as `-o` asks (`greenfed.output`)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TextIO
+from typing import Final, TextIO
 from urllib.parse import quote
 
 import msgspec
@@ -22,10 +24,13 @@ from cloud.fleet.enrolment_views import (
     ReadmitResult,
     UnenrolledNodeList,
 )
+from cloud.fleet.envelope import NodeEnvelope
 from cloud.fleet.views import NodeDetail, NodeList, NodeSummary
 from greenfed.api_client import ApiClient, bulk_confirmation
 from greenfed.arguments import EXIT_FAILURE, EXIT_OK
+from greenfed.output import Output, emit
 from greenfed.work_commands import ago, at_utc, console
+from shared.messages import AcceleratorKind
 from shared.taints import CORDON_TAINT_KEY
 
 GIB = 1024**3
@@ -77,7 +82,15 @@ def _isolation_text(node: NodeSummary) -> str:
     )
 
 
-def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
+# `-o wide`: beyond the table, what the agent says of itself and when.
+NODES_WIDE: Final = ("labels", "agent", "instance", "started (UTC)", "seen (UTC)")
+
+
+def _labels_text(labels: dict[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in labels.items())
+
+
+def render_table(nodes: NodeList, out: TextIO = sys.stdout, *, wide: bool = False) -> None:
     table = Table(title=f"greenfed fleet: {nodes.count} nodes", title_justify="left")
     for column in (
         "node",
@@ -93,6 +106,8 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
         "seen",
     ):
         table.add_column(column, justify="right" if column in ("util %", "power W") else "left")
+    for column in NODES_WIDE if wide else ():
+        table.add_column(column)
     for node in nodes.items:
         state = (
             "[green]online[/]"
@@ -123,8 +138,19 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout) -> None:
             else f"{node.accelerator_utilization_pct:.0f}",
             "" if node.power_w is None else f"{node.power_w:.0f}",
             ago(node.last_seen_at),
+            *(
+                (
+                    escape(_labels_text(node.labels)),
+                    escape(node.agent_version),
+                    escape(node.instance_id),
+                    at_utc(node.started_at),
+                    at_utc(node.last_seen_at),
+                )
+                if wide
+                else ()
+            ),
         )
-    screen = console(out)
+    screen = console(out, wide=wide)
     screen.print(table)
     online = sum(1 for node in nodes.items if node.state == "online")
     screen.print(f"{online}/{nodes.count} online")
@@ -137,37 +163,43 @@ def _within_hour(moment: datetime) -> bool:
     return (datetime.now(UTC) - moment).total_seconds() < 3600
 
 
-def _print_json(value: object, out: TextIO) -> None:
-    out.write(msgspec.json.format(msgspec.json.encode(value)).decode() + "\n")
-
-
-async def create_join_token(
-    client: ApiClient, body: JoinTokenCreate, *, json: bool, out: TextIO | None = None
-) -> int:
-    out = out or sys.stdout
+async def create_join_token(client: ApiClient, body: JoinTokenCreate, *, output: Output) -> int:
     _, payload = await client.call("POST", "/v1/nodes/join-tokens", body=msgspec.json.encode(body))
     created = msgspec.json.decode(payload, type=JoinTokenCreated)
-    if json:
-        _print_json(created, out)
-        return EXIT_OK
-    out.write(
-        f"join token {created.id} (shown only now; {created.max_uses} use"
-        f"{'s' if created.max_uses != 1 else ''}, expires {at_utc(created.expires_at)}):\n"
-        f"  {created.token}\n"
-        "enrol a node with:\n"
-        f"  greenfed edge enrol --api {client.target.api} --token {created.token}\n"
+    emit(
+        output,
+        created,
+        lambda: output.out.write(
+            f"join token {created.id} (shown only now; {created.max_uses} use"
+            f"{'s' if created.max_uses != 1 else ''}, expires {at_utc(created.expires_at)}):\n"
+            f"  {created.token}\n"
+            "enrol a node with:\n"
+            f"  greenfed edge enrol --api {client.target.api} --token {created.token}\n"
+        ),
     )
     return EXIT_OK
 
 
-async def list_join_tokens(client: ApiClient, *, json: bool, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    tokens = await client.get("/v1/nodes/join-tokens", JoinTokenList)
-    if json:
-        _print_json(tokens, out)
-        return EXIT_OK
+def _memory_text(size_bytes: int | None) -> str:
+    return "" if size_bytes is None else _bytes_text(size_bytes)
+
+
+def _counts_text(counts: Mapping[AcceleratorKind, int]) -> str:
+    return ",".join(f"{kind}={count}" for kind, count in counts.items())
+
+
+# `-o wide`: what a token's nodes may be beyond where, and who made it when.
+JOIN_TOKENS_WIDE: Final = (
+    "work", "max accelerators", "models", "max memory", "created (UTC)", "created by",
+    "revoked (UTC)",
+)  # fmt: skip
+
+
+def render_join_tokens(tokens: JoinTokenList, out: TextIO, *, wide: bool = False) -> None:
     table = Table(title=f"join tokens: {tokens.count}", title_justify="left")
     for column in ("id", "state", "uses", "expires", "site", "zone", "region", "labels"):
+        table.add_column(column)
+    for column in JOIN_TOKENS_WIDE if wide else ():
         table.add_column(column)
     for token in tokens.items:
         table.add_row(
@@ -178,47 +210,60 @@ async def list_join_tokens(client: ApiClient, *, json: bool, out: TextIO | None 
             token.site or "",
             token.zone or "",
             token.region or "",
-            ",".join(f"{k}={v}" for k, v in token.labels.items()),
+            _labels_text(token.labels),
+            *(
+                (
+                    token.work,
+                    _counts_text(token.max_accelerators),
+                    escape(", ".join(token.accelerator_models)),
+                    _memory_text(token.max_accelerator_memory_bytes),
+                    at_utc(token.created_at),
+                    token.created_by or "",
+                    at_utc(token.revoked_at),
+                )
+                if wide
+                else ()
+            ),
         )
-    console(out).print(table)
+    console(out, wide=wide).print(table)
+
+
+async def list_join_tokens(client: ApiClient, *, output: Output) -> int:
+    tokens = await client.get("/v1/nodes/join-tokens", JoinTokenList)
+    emit(output, tokens, lambda: render_join_tokens(tokens, output.out, wide=output.wide))
     return EXIT_OK
 
 
-async def revoke_join_token(
-    client: ApiClient, token_id: str, *, json: bool, out: TextIO | None = None
-) -> int:
-    out = out or sys.stdout
+async def revoke_join_token(client: ApiClient, token_id: str, *, output: Output) -> int:
     _, payload = await client.call("DELETE", f"/v1/nodes/join-tokens/{quote(token_id, safe='')}")
     token = msgspec.json.decode(payload, type=JoinTokenView)
-    if json:
-        _print_json(token, out)
-    else:
-        out.write(f"join token {token.id} revoked ({token.uses} node(s) enrolled with it stay)\n")
+    emit(
+        output,
+        token,
+        lambda: output.out.write(
+            f"join token {token.id} revoked ({token.uses} node(s) enrolled with it stay)\n"
+        ),
+    )
     return EXIT_OK
 
 
 async def revoke_node(
-    client: ApiClient,
-    node_id: str,
-    *,
-    json: bool,
-    out: TextIO | None = None,
-    confirm_bulk: bool = False,
+    client: ApiClient, node_id: str, *, output: Output, confirm_bulk: bool = False
 ) -> int:
-    out = out or sys.stdout
     _, payload = await client.call(
         "POST",
         f"/v1/nodes/{quote(node_id, safe='')}/revoke",
         headers=bulk_confirmation(confirm_bulk),
     )
     node = msgspec.json.decode(payload, type=EnrolledNodeView)
-    if json:
-        _print_json(node, out)
-    else:
-        out.write(
+    emit(
+        output,
+        node,
+        lambda: output.out.write(
             f"node {node.node_id} revoked: refused from now on, its broker account disabled; "
             "to admit it again, enrol it with a new join token\n"
-        )
+        ),
+    )
     return EXIT_OK
 
 
@@ -228,12 +273,10 @@ async def set_node(
     action: str,
     *,
     body: dict[str, object] | None = None,
-    json: bool,
-    out: TextIO | None = None,
+    output: Output,
     confirm_bulk: bool = False,
 ) -> int:
     """`cordon`, `uncordon`, `drain` (POST) or `set` (PATCH taints and labels)."""
-    out = out or sys.stdout
     path = f"/v1/nodes/{quote(node_id, safe='')}"
     if action == "set":
         _, payload = await client.call("PATCH", path, body=msgspec.json.encode(body or {}))
@@ -241,46 +284,60 @@ async def set_node(
         headers = bulk_confirmation(confirm_bulk)
         _, payload = await client.call("POST", f"{path}/{action}", headers=headers)
     node = msgspec.json.decode(payload, type=NodeDetail)
-    if json:
-        _print_json(node, out)
-        return EXIT_OK
     state = "cordoned: no new work lands there" if node.cordoned else "schedulable"
     if node.draining:
         state = "draining: cordoned, its work moving elsewhere"
     taints = ", ".join(node.taints) or "none"
-    out.write(f"node {node.node_id} {state}; taints: {taints}\n")
+    emit(output, node, lambda: output.out.write(f"node {node.node_id} {state}; taints: {taints}\n"))
     return EXIT_OK
 
 
 async def approve_node(
-    client: ApiClient, node_id: str, *, trust_figures: bool, json: bool, out: TextIO | None = None
+    client: ApiClient, node_id: str, *, trust_figures: bool, output: Output
 ) -> int:
-    out = out or sys.stdout
     body = msgspec.json.encode({"trust_figures": trust_figures})
     _, payload = await client.call(
         "POST", f"/v1/nodes/{quote(node_id, safe='')}/approve", body=body
     )
     node = msgspec.json.decode(payload, type=NodeDetail)
-    if json:
-        _print_json(node, out)
-        return EXIT_OK
     figures = "its own" if node.trusted_figures else "the model table's"
-    out.write(
-        f"node {node.node_id} approved as it is now ({_accelerator_text(node)}, {node.site} "
-        f"{node.zone} {node.region}); it takes work again; speed and power: {figures}\n"
+    emit(
+        output,
+        node,
+        lambda: output.out.write(
+            f"node {node.node_id} approved as it is now ({_accelerator_text(node)}, {node.site} "
+            f"{node.zone} {node.region}); it takes work again; speed and power: {figures}\n"
+        ),
     )
     return EXIT_OK
 
 
-async def list_enrolled(client: ApiClient, *, json: bool, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+def _envelope_text(envelope: NodeEnvelope | None) -> str:
+    """What a node may be, as its enrolment fixed it: place, work and any ceiling."""
+    if envelope is None:
+        return ""
+    where = " ".join(part or "any" for part in (envelope.site, envelope.zone, envelope.region))
+    parts = [where, envelope.work]
+    if envelope.max_accelerators:
+        parts.append("at most " + _counts_text(envelope.max_accelerators))
+    if envelope.accelerator_models:
+        parts.append(" or ".join(envelope.accelerator_models))
+    if envelope.max_accelerator_memory_bytes is not None:
+        parts.append(f"≤ {_bytes_text(envelope.max_accelerator_memory_bytes)} each")
+    return ", ".join(parts)
+
+
+async def list_enrolled(client: ApiClient, *, output: Output) -> int:
     nodes = await client.get("/v1/nodes/enrolled", EnrolledNodeList)
-    if json:
-        _print_json(nodes, out)
-        return EXIT_OK
+    emit(output, nodes, lambda: render_enrolled(nodes, output.out, wide=output.wide))
+    return EXIT_OK
+
+
+def render_enrolled(nodes: EnrolledNodeList, out: TextIO, *, wide: bool = False) -> None:
+    """`wide`: also what each may be (its enrolment envelope)."""
     table = Table(title=f"enrolled nodes: {nodes.count}", title_justify="left")
     columns = ("node", "state", "enrolled", "join token", "broker user", "sealing key", "revoked")
-    for column in columns:
+    for column in (*columns, "enrolled as") if wide else columns:
         table.add_column(column)
     for node in nodes.items:
         table.add_row(
@@ -291,24 +348,29 @@ async def list_enrolled(client: ApiClient, *, json: bool, out: TextIO | None = N
             node.username or "",
             node.sealing_key_fingerprint or "",
             at_utc(node.revoked_at),
+            *((escape(_envelope_text(node.envelope)),) if wide else ()),
         )
-    console(out).print(table)
+    console(out, wide=wide).print(table)
+
+
+async def list_unenrolled(client: ApiClient, *, output: Output) -> int:
+    """`greenfed nodes unenrolled`: who a store lost without a backup may re-admit."""
+    nodes = await client.get("/v1/nodes/unenrolled", UnenrolledNodeList)
+    emit(output, nodes, lambda: render_unenrolled(nodes, output.out, wide=output.wide))
     return EXIT_OK
 
 
-async def list_unenrolled(client: ApiClient, *, json: bool, out: TextIO | None = None) -> int:
-    """`greenfed nodes unenrolled`: who a store lost without a backup may re-admit."""
-    out = out or sys.stdout
-    nodes = await client.get("/v1/nodes/unenrolled", UnenrolledNodeList)
-    if json:
-        _print_json(nodes, out)
-        return EXIT_OK
+# `-o wide`: where each enrolled, with which token, and when it was first and last seen.
+UNENROLLED_WIDE: Final = ("cluster", "join token", "instance", "first seen (UTC)", "seen (UTC)")
+
+
+def render_unenrolled(nodes: UnenrolledNodeList, out: TextIO, *, wide: bool = False) -> None:
     table = Table(
         title=f"nodes proving an enrolment this control plane lost: {nodes.count}",
         title_justify="left",
     )
     columns = ("node", "state", "enrolled", "as", "now", "sealing key", "last seen")
-    for column in columns:
+    for column in (*columns, *UNENROLLED_WIDE) if wide else columns:
         table.add_column(column)
     for node in nodes.items:
         envelope = node.envelope
@@ -325,9 +387,19 @@ async def list_unenrolled(client: ApiClient, *, json: bool, out: TextIO | None =
             escape(f"{node.site} {node.zone} {node.region}"),
             node.sealing_key_fingerprint,
             ago(node.last_seen_at),
+            *(
+                (
+                    node.cluster_id,
+                    node.join_token_id or "",
+                    escape(node.instance_id),
+                    at_utc(node.first_seen_at),
+                    at_utc(node.last_seen_at),
+                )
+                if wide
+                else ()
+            ),
         )
-    console(out).print(table)
-    return EXIT_OK
+    console(out, wide=wide).print(table)
 
 
 async def readmit_nodes(
@@ -335,21 +407,21 @@ async def readmit_nodes(
     node_ids: list[str],
     *,
     every: bool,
-    json: bool,
-    out: TextIO | None = None,
+    output: Output,
 ) -> int:
     """`greenfed nodes readmit`: enrol nodes again as their certificates say; fails
     (exit 1) when a named node was not re-admitted."""
-    out = out or sys.stdout
     body = msgspec.json.encode({"all": True} if every else {"node_ids": node_ids})
     _, payload = await client.call("POST", "/v1/nodes/readmit", body=body)
     result = msgspec.json.decode(payload, type=ReadmitResult)
-    if json:
-        _print_json(result, out)
-    else:
+
+    def said() -> None:
+        out = output.out
         out.write(f"re-admitted {len(result.readmitted)} node(s)\n")
         for node in result.readmitted:
             out.write(f"  {node.node_id}  sealing key {node.sealing_key_fingerprint}\n")
         for refusal in result.refused:
             out.write(f"not re-admitted: {refusal.node_id}: {refusal.reason}: {refusal.detail}\n")
+
+    emit(output, result, said)
     return EXIT_FAILURE if result.refused else EXIT_OK

@@ -4,7 +4,6 @@ cost and emissions avoided, read from `GET /v1/usage` and the work's `usage`."""
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
@@ -16,6 +15,7 @@ from rich.table import Table
 from cloud.usage.views import UsageReport, UsageRow, WorkUsage
 from greenfed.api_client import ApiClient
 from greenfed.arguments import EXIT_OK
+from greenfed.output import WIDE_COLUMNS, Output, emit
 
 _RELATIVE = re.compile(r"^(\d+)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -72,11 +72,14 @@ def usage_line(usage: WorkUsage) -> str:
     return "usage: " + " · ".join(parts) + (f"  ({'; '.join(flags)})" if flags else "")
 
 
-def render_usage(report: UsageReport, out: TextIO) -> None:
+def render_usage(report: UsageReport, out: TextIO, *, wide: bool = False) -> None:
+    """`wide`: also whether a fallback grid value priced a row."""
     table = Table(title="usage", title_justify="left")
     keys = list(report.group_by)
     for column in (*keys, "energy", "emissions", "avoided", "cost", "measured"):
         table.add_column(column, justify="left" if column in keys else "right")
+    if wide:
+        table.add_column("fallback")
 
     def add(row: UsageRow, label: list[str]) -> None:
         table.add_row(
@@ -86,6 +89,7 @@ def render_usage(report: UsageReport, out: TextIO) -> None:
             _amount(row.avoided_gco2eq_g, "g"),
             _amount(row.cost, row.currency),
             _share(row.measured_share),
+            *(("yes" if row.fallback else "",) if wide else ()),
         )
 
     for row in report.rows:
@@ -94,7 +98,8 @@ def render_usage(report: UsageReport, out: TextIO) -> None:
         if number == 0:
             table.add_section()
         add(row, ["total"] + [""] * (len(keys) - 1))
-    Console(file=out, width=max(100, Console(file=out).width), highlight=False).print(table)
+    width = WIDE_COLUMNS if wide else max(100, Console(file=out).width)
+    Console(file=out, width=width, highlight=False).print(table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +108,10 @@ class UsageRequest:
     until: datetime | None
     by: str
     tenant: str | None
-    form: str  # table | json | csv
 
 
-async def usage(client: ApiClient, request: UsageRequest, out: TextIO = sys.stdout) -> int:
+async def usage(client: ApiClient, request: UsageRequest, output: Output) -> int:
+    """`-o csv`: the API's CSV as it came; else as `output` asks (`greenfed.output`)."""
     params = {"group_by": request.by}
     if request.since is not None:
         params["from"] = request.since.isoformat()
@@ -114,13 +119,19 @@ async def usage(client: ApiClient, request: UsageRequest, out: TextIO = sys.stdo
         params["to"] = request.until.isoformat()
     if request.tenant is not None:
         params["tenant"] = request.tenant
-    if request.form == "csv":
+    if output.format == "csv":
         params["format"] = "csv"
     _, payload = await client.call("GET", "/v1/usage", params=params)
-    if request.form == "table":
-        render_usage(msgspec.json.decode(payload, type=UsageReport), out)
-    else:
-        out.write(payload.decode())
+    if output.format == "csv":
+        output.out.write(payload.decode())
         if not payload.endswith(b"\n"):
-            out.write("\n")
+            output.out.write("\n")
+        return EXIT_OK
+    emit(
+        output,
+        payload,
+        lambda: render_usage(
+            msgspec.json.decode(payload, type=UsageReport), output.out, wide=output.wide
+        ),
+    )
     return EXIT_OK

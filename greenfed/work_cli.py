@@ -23,16 +23,20 @@ from greenfed.arguments import (
     positive_float,
     positive_int,
 )
+from greenfed.output import ACTION_FORMATS, LISTING_FORMATS, add_output_options, output_of
 
 if TYPE_CHECKING:
     from greenfed.api_client import ApiClient, Target
-    from greenfed.work_commands import Output
 
 
 def add_client_options(
-    parser: argparse.ArgumentParser, *, json: bool = True, nested: bool = False
+    parser: argparse.ArgumentParser,
+    *,
+    formats: tuple[str, ...] | None = LISTING_FORMATS,
+    nested: bool = False,
 ) -> None:
-    """--api, --token, --token-file (and --json): how a command reaches the control plane.
+    """--api, --token, --token-file: how a command reaches the control plane; and
+    `-o/--output` with `formats` (`--json` the same as `-o json`), unless None.
 
     `nested`: a sub-command of a command that has them too; its unset options must not
     overwrite what was given before the sub-command's name.
@@ -50,8 +54,8 @@ def add_client_options(
         help="file holding the token (default: the admin token file of this machine, if any)",
         **unset,
     )
-    if json:
-        parser.add_argument("--json", action="store_true", help="machine-readable output", **unset)
+    if formats is not None:
+        add_output_options(parser, formats, nested=nested)
 
 
 def client_target(args: argparse.Namespace) -> Target:
@@ -89,12 +93,6 @@ def run_client(
         return EXIT_INTERRUPTED
 
 
-def _output(args: argparse.Namespace) -> Output:
-    from greenfed.work_commands import Output
-
-    return Output(json=bool(getattr(args, "json", False)))
-
-
 # -- commands ------------------------------------------------------------------
 
 
@@ -110,7 +108,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return run_client(
         args,
         lambda client: work_commands.submit(
-            client, spec, idempotency_key=args.idempotency_key, output=_output(args)
+            client, spec, idempotency_key=args.idempotency_key, output=output_of(args)
         ),
     )
 
@@ -128,7 +126,7 @@ def _cmd_list(kind: Any) -> Callable[[argparse.Namespace], int]:
                 priority=args.priority,
                 limit=args.limit,
                 cursor=args.cursor,
-                output=_output(args),
+                output=output_of(args),
                 tenant="*" if args.all_tenants else args.tenant,
             ),
         )
@@ -142,7 +140,7 @@ def _cmd_show(kind: Any) -> Callable[[argparse.Namespace], int]:
 
         return run_client(
             args,
-            lambda client: work_commands.show_work(client, kind, args.id, output=_output(args)),
+            lambda client: work_commands.show_work(client, kind, args.id, output=output_of(args)),
         )
 
     return command
@@ -154,7 +152,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return run_client(
         args,
         lambda client: work_commands.cancel(
-            client, args.id, output=_output(args), confirm_bulk=args.confirm_bulk
+            client, args.id, output=output_of(args), confirm_bulk=args.confirm_bulk
         ),
     )
 
@@ -187,13 +185,13 @@ def cmd_models(args: argparse.Namespace) -> int:
         return run_client(
             args,
             lambda client: work_commands.upload_model(
-                client, args.file, name, output=_output(args)
+                client, args.file, name, output=output_of(args)
             ),
         )
     return run_client(
         args,
         lambda client: work_commands.list_models(
-            client, limit=args.limit, cursor=args.cursor, output=_output(args)
+            client, limit=args.limit, cursor=args.cursor, output=output_of(args)
         ),
     )
 
@@ -204,7 +202,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
 
     if args.tenants_command is None:
         return run_client(
-            args, lambda client: work_commands.list_tenants(client, output=_output(args))
+            args, lambda client: work_commands.list_tenants(client, output=output_of(args))
         )
     try:
         quotas = work_commands.parse_counts("--quota", args.quota)
@@ -218,7 +216,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         return run_client(
             args,
             lambda client: work_commands.set_tenant(
-                client, args.name, changes, output=_output(args)
+                client, args.name, changes, output=output_of(args)
             ),
         )
     return run_client(
@@ -231,7 +229,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
             cohort=args.cohort,
             priorities=priorities,
             admin=args.admin,
-            output=_output(args),
+            output=output_of(args),
             max_running=args.max_running,
             max_queued=args.max_queued,
         ),
@@ -279,7 +277,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
     return run_client(
         args,
-        lambda client: work_commands.scale(client, args.id, args.replicas, output=_output(args)),
+        lambda client: work_commands.scale(client, args.id, args.replicas, output=output_of(args)),
     )
 
 
@@ -289,7 +287,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return run_client(
         args,
         lambda client: work_commands.end_rollout(
-            client, args.id, args.action, output=_output(args)
+            client, args.id, args.action, output=output_of(args)
         ),
     )
 
@@ -318,12 +316,11 @@ def cmd_usage(args: argparse.Namespace) -> int:
             until=usage_commands.parse_when(args.until) if args.until else None,
             by=args.by,
             tenant=args.tenant,
-            form="json" if args.json else "csv" if args.csv else "table",
         )
     except ValueError as error:
         print(f"greenfed: {error}", file=sys.stderr)
         return EXIT_USAGE
-    return run_client(args, lambda client: usage_commands.usage(client, request))
+    return run_client(args, lambda client: usage_commands.usage(client, request, output_of(args)))
 
 
 def _list_options(parser: argparse.ArgumentParser) -> None:
@@ -350,7 +347,7 @@ def add_work_commands(commands: Any) -> None:
         help="what the file describes (default: its `kind` field)",
     )
     submit.add_argument("--idempotency-key", help="retrying with the same key never submits twice")
-    add_client_options(submit)
+    add_client_options(submit, formats=ACTION_FORMATS)
     submit.set_defaults(handler=cmd_submit)
 
     jobs = commands.add_parser("jobs", help="list your training jobs (the admin: everyone's)")
@@ -368,7 +365,7 @@ def add_work_commands(commands: Any) -> None:
     )
     scale.add_argument("id")
     scale.add_argument("replicas", type=positive_int)
-    add_client_options(scale)
+    add_client_options(scale, formats=ACTION_FORMATS)
     scale.set_defaults(handler=cmd_scale)
 
     rollout = commands.add_parser(
@@ -376,7 +373,7 @@ def add_work_commands(commands: Any) -> None:
     )
     rollout.add_argument("action", choices=["promote", "abort"])
     rollout.add_argument("id")
-    add_client_options(rollout)
+    add_client_options(rollout, formats=ACTION_FORMATS)
     rollout.set_defaults(handler=cmd_rollout)
 
     load = commands.add_parser(
@@ -388,7 +385,7 @@ def add_work_commands(commands: Any) -> None:
     )
     load.add_argument("--duration", type=positive_float, default=60.0, help="seconds (60)")
     load.add_argument("--period", type=positive_float, default=None, help="a diurnal day, seconds")
-    add_client_options(load, json=False)
+    add_client_options(load, formats=None)
     load.set_defaults(handler=cmd_load)
 
     usage = commands.add_parser(
@@ -402,14 +399,15 @@ def add_work_commands(commands: Any) -> None:
         help="group by a comma-separated list of tenant, zone, job, day (default tenant)",
     )
     usage.add_argument("--tenant", help="the admin: one tenant's usage")
-    usage.add_argument("--csv", action="store_true", help="CSV, for spreadsheets")
-    add_client_options(usage)
+    add_client_options(usage, formats=None)
+    # `csv`: the API's CSV, for spreadsheets.
+    add_output_options(usage, (*LISTING_FORMATS, "csv"), extra=(("--csv", "csv"),))
     usage.set_defaults(handler=cmd_usage)
 
     cancel = commands.add_parser("cancel", help="cancel a training job or a deployment")
     cancel.add_argument("id")
     add_confirm_bulk_option(cancel)
-    add_client_options(cancel)
+    add_client_options(cancel, formats=ACTION_FORMATS)
     cancel.set_defaults(handler=cmd_cancel)
 
     deployments = commands.add_parser(
@@ -432,7 +430,7 @@ def add_work_commands(commands: Any) -> None:
     logs.add_argument("--tail", type=non_negative_int, metavar="N", help="only the last N lines")
     logs.add_argument("--attempt", type=non_negative_int, help="this attempt (default: latest)")
     logs.add_argument("--node", help="this node's worker only")
-    add_client_options(logs, json=False)
+    add_client_options(logs, formats=None)
     logs.set_defaults(handler=cmd_logs)
 
     models = commands.add_parser("models", help="list your ONNX models, or upload one")
@@ -444,7 +442,7 @@ def add_work_commands(commands: Any) -> None:
     upload = model_commands.add_parser("upload", help="upload an .onnx file; prints its id")
     upload.add_argument("file", type=Path)
     upload.add_argument("--name", help="the model's name (default: the file's name)")
-    add_client_options(upload, nested=True)
+    add_client_options(upload, formats=ACTION_FORMATS, nested=True)
 
     tenants = commands.add_parser("tenants", help="list tenants, or create one (admin token)")
     add_client_options(tenants)
@@ -470,7 +468,7 @@ def add_work_commands(commands: Any) -> None:
     create.add_argument("--priorities", help="allowed priority classes, e.g. p1,p2 (default all)")
     create.add_argument("--admin", action="store_true", help="an admin tenant")
     _cap_options(create, default=None)
-    add_client_options(create, nested=True)
+    add_client_options(create, formats=ACTION_FORMATS, nested=True)
     create.set_defaults(handler=cmd_tenants)
 
     change = tenant_commands.add_parser(
@@ -492,7 +490,7 @@ def add_work_commands(commands: Any) -> None:
     cohort.add_argument("--no-cohort", action="store_true", help="leave its cohort")
     change.add_argument("--priorities", help="allowed priority classes, e.g. p1,p2")
     _cap_options(change, default=_UNCHANGED)
-    add_client_options(change, nested=True)
+    add_client_options(change, formats=ACTION_FORMATS, nested=True)
     change.set_defaults(handler=cmd_tenants)
 
 

@@ -1,20 +1,21 @@
 """The work commands of the `greenfed` CLI and their tables.
 
 `greenfed submit/jobs/job/cancel/deployments/deployment/logs/models/tenants` call a
-running control plane through `greenfed.api_client`. People get rich tables; scripts
-pass `--json` and get the API's JSON. Whatever goes wrong (API unreachable, token
-refused, a spec file that does not match the spec) is one line on stderr and a
-non-zero exit status, never a traceback.
+running control plane through `greenfed.api_client`. People get rich tables (`-o wide`:
+with more columns); scripts pass `-o json` or `-o yaml` and get the API's data
+(`greenfed.output`). Whatever goes wrong (API unreachable, token refused, a spec file
+that does not match the spec) is one line on stderr and a non-zero exit status, never a
+traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TextIO, TypeVar
@@ -35,12 +36,14 @@ from cloud.work.views import (
     JobList,
     JobSummary,
     JobView,
+    ReplicaView,
     TenantCreated,
     TenantList,
     TenantView,
 )
 from greenfed.api_client import ApiClient, CliError, bulk_confirmation
 from greenfed.arguments import EXIT_OK
+from greenfed.output import WIDE_COLUMNS, Output, emit
 from greenfed.usage_commands import usage_line
 from shared.messages import AcceleratorKind
 from shared.work_literals import SpecKind
@@ -48,17 +51,16 @@ from shared.work_literals import SpecKind
 # ---- rendering -----------------------------------------------------------------------------
 
 
-def console(out: TextIO) -> Console:
-    """The terminal's width; 160 columns into a file or pipe unless $COLUMNS says."""
+def console(out: TextIO, *, wide: bool = False) -> Console:
+    """The terminal's width; 160 columns into a file or pipe unless $COLUMNS says;
+    `wide`: the table's own width, whatever the terminal's."""
+    if wide:
+        return Console(file=out, width=WIDE_COLUMNS, highlight=False)
     sized = out.isatty() or os.environ.get("COLUMNS", "").isdigit()
     return Console(file=out, width=None if sized else 160, highlight=False)
 
 
 ReplyT = TypeVar("ReplyT")
-
-
-def print_json(payload: bytes, out: TextIO) -> None:
-    out.write(msgspec.json.format(payload, indent=2).decode() + "\n")
 
 
 async def act_and_say(
@@ -68,17 +70,12 @@ async def act_and_say(
     reply_type: type[ReplyT],
     said: Callable[[ReplyT], str],
     *,
-    json: bool,
-    out: TextIO | None,
+    output: Output,
 ) -> int:
-    """One request whose reply is printed as JSON (`--json`) or as one line for people."""
-    out = out or sys.stdout
+    """One request whose reply is printed as `-o json|yaml` asks, or as one line for people."""
     _, payload = await client.call(method, path)
     reply = msgspec.json.decode(payload, type=reply_type)
-    if json:
-        print_json(msgspec.json.encode(reply), out)
-    else:
-        out.write(said(reply) + "\n")
+    emit(output, reply, lambda: output.out.write(said(reply) + "\n"))
     return EXIT_OK
 
 
@@ -122,12 +119,19 @@ def _with_tenants(
     return asked or len({item.tenant for item in items}) > 1
 
 
-def render_jobs(jobs: JobList, out: TextIO, *, tenants: bool = False) -> None:
+# `-o wide`: each listing's columns beyond its table's (which always name the tenant).
+JOBS_WIDE: Final = ("failures", "retry at (UTC)", "submitted (UTC)", "updated (UTC)")
+DEPLOYMENTS_WIDE: Final = ("attempts", "submitted (UTC)", "updated (UTC)")
+
+
+def render_jobs(jobs: JobList, out: TextIO, *, tenants: bool = False, wide: bool = False) -> None:
     table = Table(title=f"jobs: {jobs.count}", title_justify="left")
-    tenants = _with_tenants(jobs.items, tenants)
+    tenants = wide or _with_tenants(jobs.items, tenants)
     columns = ("id", "name", "state", "prio", "workers", "attempts", "submitted", "reason")
     for column in ("id", "tenant", *columns[1:]) if tenants else columns:
         table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
+    for column in JOBS_WIDE if wide else ():
+        table.add_column(column)
     for job in jobs.items:
         table.add_row(
             job.id,
@@ -139,18 +143,32 @@ def render_jobs(jobs: JobList, out: TextIO, *, tenants: bool = False) -> None:
             str(job.attempts),
             ago(job.submitted_at),
             job.reason or "",
+            *(_job_wide_cells(job) if wide else ()),
         )
-    console(out).print(table)
+    console(out, wide=wide).print(table)
     if jobs.next_cursor:
         console(out).print(f"more: --cursor {jobs.next_cursor}")
 
 
-def render_deployments(deployments: DeploymentList, out: TextIO, *, tenants: bool = False) -> None:
+def _job_wide_cells(job: JobSummary) -> tuple[str, ...]:
+    return (
+        str(job.failures),
+        at_utc(job.retry_at),
+        at_utc(job.submitted_at),
+        at_utc(job.updated_at),
+    )
+
+
+def render_deployments(
+    deployments: DeploymentList, out: TextIO, *, tenants: bool = False, wide: bool = False
+) -> None:
     table = Table(title=f"deployments: {deployments.count}", title_justify="left")
-    tenants = _with_tenants(deployments.items, tenants)
+    tenants = wide or _with_tenants(deployments.items, tenants)
     columns = ("id", "name", "state", "prio", "replicas", "model", "submitted", "reason")
     for column in ("id", "tenant", *columns[1:]) if tenants else columns:
         table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
+    for column in DEPLOYMENTS_WIDE if wide else ():
+        table.add_column(column)
     for item in deployments.items:
         table.add_row(
             item.id,
@@ -162,8 +180,13 @@ def render_deployments(deployments: DeploymentList, out: TextIO, *, tenants: boo
             item.model_id or "",
             ago(item.submitted_at),
             item.reason or "",
+            *(
+                (str(item.attempts), at_utc(item.submitted_at), at_utc(item.updated_at))
+                if wide
+                else ()
+            ),
         )
-    console(out).print(table)
+    console(out, wide=wide).print(table)
     if deployments.next_cursor:
         console(out).print(f"more: --cursor {deployments.next_cursor}")
 
@@ -182,9 +205,11 @@ def _power_limit_words(allocation: AllocationView) -> str:
     return f", held to {held:.0f} W"
 
 
-def _allocations_table(allocations: tuple[AllocationView, ...]) -> Table:
+def _allocations_table(allocations: tuple[AllocationView, ...], *, wide: bool = False) -> Table:
     table = Table(title="placement", title_justify="left")
     for column in ("member", "node", "accelerators", "state", "since", "expected end"):
+        table.add_column(column)
+    for column in ("cpu cores", "host memory", "borrowed", "since (UTC)") if wide else ():
         table.add_column(column)
     for allocation in allocations:
         ids = f" ({','.join(allocation.accelerator_ids)})" if allocation.accelerator_ids else ""
@@ -198,6 +223,16 @@ def _allocations_table(allocations: tuple[AllocationView, ...]) -> Table:
             allocation.expected_end.isoformat(timespec="seconds")
             if allocation.expected_end
             else "",
+            *(
+                (
+                    str(allocation.cpu_cores),
+                    f"{allocation.host_memory_bytes / 2**30:.1f} GiB",
+                    "yes" if allocation.borrowed else "",
+                    at_utc(allocation.started_at),
+                )
+                if wide
+                else ()
+            ),
         )
     return table
 
@@ -230,7 +265,15 @@ def replicas_line(work: DeploymentView) -> str:
     return line
 
 
-def _replicas_table(work: DeploymentView) -> Table:
+def _serving_cells(replica: ReplicaView) -> tuple[str, str, str]:
+    serving = replica.serving
+    if serving is None:
+        return ("", "", "")
+    p95 = "" if serving.latency_p95_ms is None else f"{serving.latency_p95_ms:.1f}"
+    return (f"{serving.requests_per_s:.1f}", p95, str(serving.errors))
+
+
+def _replicas_table(work: DeploymentView, *, wide: bool = False) -> Table:
     table = Table(title="replicas", title_justify="left")
     for column in ("replica", "node", "state", "provider", "note"):
         # Names stay whole (a person copies them); the note wraps into what is left.
@@ -238,6 +281,8 @@ def _replicas_table(work: DeploymentView) -> Table:
             table.add_column(column, overflow="fold")
         else:
             table.add_column(column, no_wrap=True)
+    for column in ("model sha256", "requests/s", "p95 ms", "errors") if wide else ():
+        table.add_column(column, no_wrap=True)
     for replica in work.replica_states:
         table.add_row(
             str(replica.replica),
@@ -245,6 +290,7 @@ def _replicas_table(work: DeploymentView) -> Table:
             state_text(replica.state),
             replica.provider or "",
             replica.reason,
+            *((replica.model_sha256 or "", *_serving_cells(replica)) if wide else ()),
         )
     return table
 
@@ -260,9 +306,12 @@ def _print_endpoints(work: DeploymentView, target: Console) -> None:
         target.print(Text(f"  replica {replica.replica}  {replica.endpoint}"), soft_wrap=True)
 
 
-def render_models(models: ModelList, out: TextIO) -> None:
+def render_models(models: ModelList, out: TextIO, *, wide: bool = False) -> None:
+    """`wide`: each sha256 whole, and when and where (`blob`) each was uploaded."""
     table = Table(title=f"models: {models.count}", title_justify="left")
     for column in ("id", "name", "opset", "inputs", "outputs", "size", "sha256", "uploaded"):
+        table.add_column(column)
+    for column in ("uploaded (UTC)", "blob") if wide else ():
         table.add_column(column)
 
     def tensors(items: tuple[TensorView, ...]) -> str:
@@ -279,10 +328,11 @@ def render_models(models: ModelList, out: TextIO) -> None:
             tensors(model.inputs),
             tensors(model.outputs),
             f"{model.size_bytes / 2**20:.1f} MiB",
-            model.sha256[:12],
+            model.sha256 if wide else model.sha256[:12],
             ago(model.created_at),
+            *((at_utc(model.created_at), model.blob_url) if wide else ()),
         )
-    console(out).print(table)
+    console(out, wide=wide).print(table)
     if models.next_cursor:
         console(out).print(f"more: --cursor {models.next_cursor}")
 
@@ -357,8 +407,15 @@ def runs_line(spec: TrainingJobSpec) -> str:
     return "runs: " + "; ".join(parts) if parts else ""
 
 
-def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out: TextIO) -> None:
-    target = console(out)
+def render_work(
+    work: JobView | DeploymentView,
+    explain: ExplainView | None,
+    out: TextIO,
+    *,
+    wide: bool = False,
+) -> None:
+    """`wide`: also its times in UTC and version, and its tables' further columns."""
+    target = console(out, wide=wide)
     noun = "job" if isinstance(work, JobView) else "deployment"
     target.print(Text.assemble((f"{noun} {work.id}", "bold"), f"  {work.name}"))
     shape = (
@@ -376,6 +433,11 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
         f"attempts: {work.attempts}  submitted: {ago(work.submitted_at)}  "
         f"updated: {ago(work.updated_at)}  tenant: {work.tenant}"
     )
+    if wide:
+        target.print(
+            f"submitted at: {at_utc(work.submitted_at)}  updated at: {at_utc(work.updated_at)}  "
+            f"version: {work.version}"
+        )
     if isinstance(work, JobView) and (line := runs_line(work.spec)):
         target.print(Text(line))
     if isinstance(work, JobView) and (work.failures or work.retry_at):
@@ -386,13 +448,13 @@ def render_work(work: JobView | DeploymentView, explain: ExplainView | None, out
         )
         target.print(f"failures: {work.failures}{retry}")
     if work.allocations:
-        target.print(_allocations_table(work.allocations))
+        target.print(_allocations_table(work.allocations, wide=wide))
     if work.usage is not None:
         target.print(usage_line(work.usage))
     if isinstance(work, DeploymentView):
         target.print(replicas_line(work))
     if isinstance(work, DeploymentView) and work.replica_states:
-        target.print(_replicas_table(work))
+        target.print(_replicas_table(work, wide=wide))
         _print_endpoints(work, target)
     if explain is not None:
         render_explanation(explain, target)
@@ -416,11 +478,11 @@ def borrowing_text(tenant: TenantView) -> str:
     return _counts(tenant.borrowing_limit) or "what is idle"
 
 
-def render_tenants(tenants: TenantList, out: TextIO) -> None:
+def render_tenants(tenants: TenantList, out: TextIO, *, wide: bool = False) -> None:
     table = Table(title=f"tenants: {tenants.count}", title_justify="left")
     for column in (
         "name", "id", "quotas", "borrowing limit", "cohort", "max running", "max queued",
-        "priorities", "admin",
+        "priorities", "admin", *(("created (UTC)",) if wide else ()),
     ):  # fmt: skip
         table.add_column(column)
     for tenant in tenants.items:
@@ -434,17 +496,12 @@ def render_tenants(tenants: TenantList, out: TextIO) -> None:
             "unlimited" if tenant.max_queued is None else str(tenant.max_queued),
             ",".join(tenant.allowed_priorities),
             "yes" if tenant.admin else "",
+            *((at_utc(tenant.created_at),) if wide else ()),
         )
-    console(out).print(table)
+    console(out, wide=wide).print(table)
 
 
 # ---- commands --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    json: bool
-    out: TextIO = field(default_factory=lambda: sys.stdout)  # the stdout of the moment
 
 
 async def submit(
@@ -458,13 +515,14 @@ async def submit(
     path = "/v1/jobs" if training else "/v1/deployments"
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     status, payload = await client.call("POST", path, body=encode_spec(spec), headers=headers)
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
-    work = msgspec.json.decode(payload, type=JobView if training else DeploymentView)
-    noun = "job" if training else "deployment"
-    verb = "submitted" if status == 201 else "already submitted (same Idempotency-Key)"
-    output.out.write(f"{noun} {work.id} {verb}: {work.name}, {work.state}\n")
+
+    def said() -> None:
+        work = msgspec.json.decode(payload, type=JobView if training else DeploymentView)
+        noun = "job" if training else "deployment"
+        verb = "submitted" if status == 201 else "already submitted (same Idempotency-Key)"
+        output.out.write(f"{noun} {work.id} {verb}: {work.name}, {work.state}\n")
+
+    emit(output, payload, said)
     return EXIT_OK
 
 
@@ -497,13 +555,17 @@ async def list_work(
     path = "/v1/jobs" if kind == "training" else "/v1/deployments"
     params = _list_params(state, priority, limit, cursor, tenant)
     _, payload = await client.call("GET", path, params=params)
-    if output.json:
-        print_json(payload, output.out)
-    elif kind == "training":
-        render_jobs(msgspec.json.decode(payload, type=JobList), output.out, tenants=bool(tenant))
-    else:
-        listing = msgspec.json.decode(payload, type=DeploymentList)
-        render_deployments(listing, output.out, tenants=bool(tenant))
+
+    def table() -> None:
+        asked = bool(tenant)
+        if kind == "training":
+            jobs = msgspec.json.decode(payload, type=JobList)
+            render_jobs(jobs, output.out, tenants=asked, wide=output.wide)
+        else:
+            listing = msgspec.json.decode(payload, type=DeploymentList)
+            render_deployments(listing, output.out, tenants=asked, wide=output.wide)
+
+    emit(output, payload, table)
     return EXIT_OK
 
 
@@ -512,13 +574,16 @@ async def show_work(client: ApiClient, kind: SpecKind, work_id: str, *, output: 
     (_, payload), (_, explained) = await asyncio.gather(
         client.call("GET", base), client.call("GET", base + "/explain")
     )
-    if output.json:
-        combined = msgspec.json.decode(payload)
-        combined["explain"] = msgspec.json.decode(explained)
-        print_json(msgspec.json.encode(combined), output.out)
-        return EXIT_OK
-    work = msgspec.json.decode(payload, type=JobView if kind == "training" else DeploymentView)
-    render_work(work, msgspec.json.decode(explained, type=ExplainView), output.out)
+
+    def shown() -> None:
+        work = msgspec.json.decode(payload, type=JobView if kind == "training" else DeploymentView)
+        explain = msgspec.json.decode(explained, type=ExplainView)
+        render_work(work, explain, output.out, wide=output.wide)
+
+    # The work as the API answers it, with its explanation under `explain`.
+    combined = msgspec.json.decode(payload)
+    combined["explain"] = msgspec.json.decode(explained)
+    emit(output, combined, shown)
     return EXIT_OK
 
 
@@ -529,23 +594,25 @@ async def scale(client: ApiClient, deployment_id: str, replicas: int, *, output:
         f"/v1/deployments/{deployment_id}",
         body=msgspec.json.encode({"replicas": replicas}),
     )
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
-    work = msgspec.json.decode(payload, type=DeploymentView)
-    output.out.write(f"deployment {work.id} scaled to {work.replicas} replica(s)\n")
+
+    def said() -> None:
+        work = msgspec.json.decode(payload, type=DeploymentView)
+        output.out.write(f"deployment {work.id} scaled to {work.replicas} replica(s)\n")
+
+    emit(output, payload, said)
     return EXIT_OK
 
 
 async def end_rollout(client: ApiClient, deployment_id: str, action: str, *, output: Output) -> int:
     """`promote` or `abort` a deployment's canary rollout."""
     _, payload = await client.call("POST", f"/v1/deployments/{deployment_id}/rollout/{action}")
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
-    work = msgspec.json.decode(payload, type=DeploymentView)
-    done = "promoted" if action == "promote" else "rolled back"
-    output.out.write(f"deployment {work.id}: rollout {done}, serving {work.model_id}\n")
+
+    def said() -> None:
+        work = msgspec.json.decode(payload, type=DeploymentView)
+        done = "promoted" if action == "promote" else "rolled back"
+        output.out.write(f"deployment {work.id}: rollout {done}, serving {work.model_id}\n")
+
+    emit(output, payload, said)
     return EXIT_OK
 
 
@@ -562,12 +629,9 @@ async def cancel(
             if error.status == 404 and path == "/v1/jobs/":
                 continue  # perhaps a deployment
             raise
-        if output.json:
-            print_json(payload, output.out)
-        else:
-            noun = "job" if path == "/v1/jobs/" else "deployment"
-            state = msgspec.json.decode(payload)["state"]
-            output.out.write(f"{noun} {work_id} {state}\n")
+        noun = "job" if path == "/v1/jobs/" else "deployment"
+        line = f"{noun} {work_id} {msgspec.json.decode(payload)['state']}\n"
+        emit(output, payload, functools.partial(output.out.write, line))
         return EXIT_OK
     raise AssertionError("unreachable")
 
@@ -602,32 +666,39 @@ async def logs(
 async def list_models(client: ApiClient, *, limit: int, cursor: str | None, output: Output) -> int:
     params = {"limit": str(limit)} | ({"cursor": cursor} if cursor else {})
     _, payload = await client.call("GET", "/v1/models", params=params)
-    if output.json:
-        print_json(payload, output.out)
-    else:
-        render_models(msgspec.json.decode(payload, type=ModelList), output.out)
+    emit(
+        output,
+        payload,
+        lambda: render_models(
+            msgspec.json.decode(payload, type=ModelList), output.out, wide=output.wide
+        ),
+    )
     return EXIT_OK
 
 
 async def upload_model(client: ApiClient, file: Path, name: str, *, output: Output) -> int:
     payload = await client.upload("/v1/models", file, {"name": name})
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
-    model = msgspec.json.decode(payload, type=ModelView)
-    output.out.write(
-        f"model {model.id} uploaded: {model.name}, opset {model.opset}, "
-        f"{model.size_bytes} bytes, sha256 {model.sha256[:16]}…\n"
-    )
+
+    def said() -> None:
+        model = msgspec.json.decode(payload, type=ModelView)
+        output.out.write(
+            f"model {model.id} uploaded: {model.name}, opset {model.opset}, "
+            f"{model.size_bytes} bytes, sha256 {model.sha256[:16]}…\n"
+        )
+
+    emit(output, payload, said)
     return EXIT_OK
 
 
 async def list_tenants(client: ApiClient, *, output: Output) -> int:
     _, payload = await client.call("GET", "/v1/tenants")
-    if output.json:
-        print_json(payload, output.out)
-    else:
-        render_tenants(msgspec.json.decode(payload, type=TenantList), output.out)
+    emit(
+        output,
+        payload,
+        lambda: render_tenants(
+            msgspec.json.decode(payload, type=TenantList), output.out, wide=output.wide
+        ),
+    )
     return EXIT_OK
 
 
@@ -670,14 +741,15 @@ async def create_tenant(
     if priorities:
         body["allowed_priorities"] = list(priorities)
     _, payload = await client.call("POST", "/v1/tenants", body=msgspec.json.encode(body))
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
-    created = msgspec.json.decode(payload, type=TenantCreated)
-    output.out.write(
-        f"tenant {created.name} created ({created.id})\n"
-        f"token (shown only now, keep it secret): {created.token}\n"
-    )
+
+    def said() -> None:
+        created = msgspec.json.decode(payload, type=TenantCreated)
+        output.out.write(
+            f"tenant {created.name} created ({created.id})\n"
+            f"token (shown only now, keep it secret): {created.token}\n"
+        )
+
+    emit(output, payload, said)
     return EXIT_OK
 
 
@@ -688,18 +760,19 @@ async def set_tenant(
     _, payload = await client.call(
         "PATCH", f"/v1/tenants/{name}", body=msgspec.json.encode(changes)
     )
-    if output.json:
-        print_json(payload, output.out)
-        return EXIT_OK
+    emit(output, payload, lambda: output.out.write(_changed_line(payload)))
+    return EXIT_OK
+
+
+def _changed_line(payload: bytes) -> str:
     tenant = msgspec.json.decode(payload, type=TenantView)
     caps = ", ".join(
         f"{what} {'unlimited' if value is None else value}"
         for what, value in (("max running", tenant.max_running), ("max queued", tenant.max_queued))
     )
     cohort = f", cohort {tenant.cohort}" if tenant.cohort else ""
-    output.out.write(
+    return (
         f"tenant {tenant.name} changed: quotas {quota_text(tenant)}{cohort}, {caps}, "
         f"priorities {','.join(tenant.allowed_priorities)}; the scheduler applies it from its "
         "next pass\n"
     )
-    return EXIT_OK
