@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from cloud.admin import bootstrap_admin
 from cloud.api import (
+    agent_upgrades,
     audit,
     clusters,
     enrolment,
@@ -99,6 +100,7 @@ from cloud.store import StoreError, StoreUnavailableError, open_store
 from cloud.streams.events import EventHub
 from cloud.streams.logs import JobLogStore
 from cloud.ui import routes as ui
+from cloud.upgrades.controller import UpgradeController
 from cloud.usage.accountant import Accountant
 from cloud.usage.metrics import GridCollector, UsageCollector
 from shared.mqtt import instance_client_id
@@ -225,6 +227,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         secrets=SecretRelease(
             app[SECRETS_AT_REST], log_interval_s=settings.cloud.invalid_log_interval_s
         ),
+        upgrades=UpgradeController(app[STORE], app[MODEL_URL_SIGNER]),
     )
     app[SCHEDULER] = loop
     # Documents of clusters' nodes go to their bridges, not the broker (cloud/clusters/),
@@ -392,6 +395,7 @@ def create_app(
         usage,
         clusters,
         mqtt_accounts,
+        agent_upgrades,
     ):
         add_routes(app, module.ROUTES)
     for module in (tokens, audit):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -14,10 +15,12 @@ import structlog
 
 from edge.agent import Agent, NodeIdentity
 from edge.agent.birth import ExecutionFacts
+from edge.agent.upgrades import UpgradeOptions
 from edge.discovery import DiscoveryResult, build_device_probes, discover_all
 from edge.enrolment_proof import certificate_path, load_enrolment_proof
 from edge.inference.options import InferenceOptions
 from edge.training.runs import LauncherFactory, TrainingLauncher
+from edge.upgrade.versions import HEALTH_FILE_ENV, RESTART_EXIT_CODE, VERSIONS_DIR_ENV
 from shared.messages import Accelerator
 from shared.runtime import run_until_stopped
 from shared.settings import AgentSettings, Settings, load_settings
@@ -83,10 +86,34 @@ def with_enrolment_proof(agent: AgentSettings, execution: ExecutionFacts) -> Exe
     )
 
 
+def supervised_upgrades(stop: asyncio.Event) -> tuple[UpgradeOptions | None, Callable[[], bool]]:
+    """How this agent upgrades itself when the upgrade supervisor runs it (it says so in
+    the environment it gives: edge/upgrade/supervisor.py), and whether it was asked to
+    start again (a version was staged); None where no supervisor runs it."""
+    versions_dir = os.environ.get(VERSIONS_DIR_ENV)
+    health_file = os.environ.get(HEALTH_FILE_ENV)
+    restart = asyncio.Event()
+
+    def request_restart() -> None:
+        restart.set()
+        stop.set()
+
+    if not versions_dir or not health_file:
+        return None, restart.is_set
+    options = UpgradeOptions(
+        versions_dir=Path(versions_dir),
+        health_file=Path(health_file),
+        request_restart=request_restart,
+    )
+    return options, restart.is_set
+
+
 async def run_agent(
     settings: Settings, stop: asyncio.Event, config_path: Path | None = None
 ) -> int:
-    """`config_path`: the settings file (workers never see it)."""
+    """`config_path`: the settings file (workers never see it). Returns the process's
+    exit code: `RESTART_EXIT_CODE` when a new agent version was staged."""
+    upgrades, restart_requested = supervised_upgrades(stop)
     launcher: LauncherFactory | None = None
     execution = ExecutionFacts()
     if settings.agent.runs_training:
@@ -116,10 +143,11 @@ async def run_agent(
         reload_mqtt_settings=(
             None if config_path is None else lambda: load_settings(config_path).mqtt
         ),
+        upgrades=upgrades,
     )
     structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
     await run_until_stopped(stop, agent.run())
-    return 0
+    return RESTART_EXIT_CODE if restart_requested() else 0
 
 
 class DiscoveryReport(msgspec.Struct, frozen=True):

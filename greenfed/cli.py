@@ -38,6 +38,7 @@ from greenfed.data_dir_lock import DataDirInUse, data_dir_lock
 from greenfed.output import ACTION_FORMATS, emit, output_of
 from greenfed.ports import check_api_port
 from greenfed.store_cli import add_store_commands
+from greenfed.upgrade_cli import add_upgrade_commands
 from greenfed.work_cli import add_client_options, add_work_commands, run_client
 from shared.build import version_text
 from shared.errors import MqttAuthError
@@ -129,10 +130,18 @@ def cmd_cloud(args: argparse.Namespace) -> int:
 
 
 def cmd_edge_run(args: argparse.Namespace) -> int:
+    settings = _settings(args)  # a broken configuration fails here, before any supervisor
+    from edge.upgrade.supervisor import is_supervised, replace_with_supervisor
+    from edge.upgrade.versions import DIRECTORY_NAME
+
+    if not args.no_supervisor and not is_supervised():
+        # This process becomes the upgrade supervisor, which runs the agent as its child
+        # (`greenfed edge run` again, in the version it chooses): edge/upgrade/supervisor.py.
+        versions_dir = settings.agent.resolved_data_dir() / DIRECTORY_NAME
+        replace_with_supervisor(versions_dir, args.argv)
     from edge.main import run_agent
     from shared.runtime import run_main
 
-    settings = _settings(args)
     _configure_logging(settings)
     return run_main(lambda stop: run_agent(settings, stop, args.config))
 
@@ -554,6 +563,12 @@ def build_parser() -> argparse.ArgumentParser:
     edge_run = edge_commands.add_parser("run", help="run the agent on this machine")
     _add_settings_options(edge_run)
     edge_run.add_argument("--telemetry-interval", type=positive_float, metavar="SECONDS")
+    edge_run.add_argument(
+        "--no-supervisor",
+        action="store_true",
+        help="run the agent in this process: no upgrades over the air (nothing could roll "
+        "a failed one back)",
+    )
     edge_run.set_defaults(handler=cmd_edge_run)
     discover = edge_commands.add_parser("discover", help="list this machine's accelerators")
     _add_settings_options(discover, mqtt=False)
@@ -882,6 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_work_commands(commands)
     add_access_commands(commands)
+    add_upgrade_commands(commands, nodes_commands)
     add_store_commands(commands)
 
     completion = commands.add_parser(
@@ -918,6 +934,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(argv: Sequence[str] | None) -> int:
     # The parser (about 0.3 MB) is dropped before the command runs: an agent runs for months.
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the upgrade supervisor's child's
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from shared.agent_packages import AGENT_VERSION_PATTERN, MAX_PACKAGE_BYTES
 from shared.enrolment_certificate import MAX_CERTIFICATE_CHARS
 from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS, TaintEffect
 
@@ -149,6 +150,21 @@ class NodeTaint(WireStruct, frozen=True, kw_only=True):
     effect: TaintEffect = "NoSchedule"
 
 
+AgentUpgradeOutcome = Literal["failed", "rolled-back"]
+
+
+class AgentUpgradeReport(WireStruct, frozen=True, kw_only=True):
+    """What became of the last agent upgrade that did not take (1.11): the package could
+    not be fetched, verified or installed (`failed`), or the new version did not announce
+    itself in time and the agent went back to the version it ran (`rolled-back`)."""
+
+    version: Annotated[str, msgspec.Meta(max_length=64)]
+    rollout_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    outcome: AgentUpgradeOutcome
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    at: Annotated[float, msgspec.Meta(ge=0, description="UTC epoch seconds.")]
+
+
 class NodeStatus(WireStruct, frozen=True, kw_only=True):
     """`status` (retained, QoS 1): the birth message, and the will when the node drops."""
 
@@ -252,6 +268,17 @@ class NodeStatus(WireStruct, frozen=True, kw_only=True):
         ]
         | None
     ) = None
+    self_upgrade: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Whether this agent can upgrade itself (1.11): it runs under the "
+            "upgrade supervisor (edge/upgrade/)."
+        ),
+    ] = False
+    agent_upgrade: Annotated[
+        AgentUpgradeReport | None,
+        msgspec.Meta(description="The last agent upgrade that did not take (1.11)."),
+    ] = None
 
 
 class AcceleratorSample(WireStruct, frozen=True, kw_only=True):
@@ -484,6 +511,40 @@ class DesiredTraining(WireStruct, frozen=True, kw_only=True):
     ] = None
 
 
+class AgentUpgrade(WireStruct, frozen=True, kw_only=True):
+    """The agent version a node is asked to run (1.11, `greenfed nodes upgrade`): a
+    package the control plane serves and signed (shared/agent_packages.py)."""
+
+    version: Annotated[str, msgspec.Meta(pattern=f"^{AGENT_VERSION_PATTERN}$(?!\\n)")]
+    rollout_id: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=64,
+            description="The rollout asking: a version that did not take is tried again "
+            "only by another rollout.",
+        ),
+    ]
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$(?!\n)")]
+    size_bytes: Annotated[int, msgspec.Meta(ge=1, le=MAX_PACKAGE_BYTES)]
+    signature: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=128,
+            description="Base64 Ed25519 signature of the package statement (agent_packages.py).",
+        ),
+    ]
+    health_timeout_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=5,
+            le=3600,
+            description="How long the new version has to announce itself before the agent "
+            "goes back to the version it ran.",
+        ),
+    ] = 120.0
+
+
 class DesiredState(WireStruct, frozen=True, kw_only=True):
     """`desired` (retained, QoS 1, cloud to agent): everything the node should run."""
 
@@ -509,6 +570,10 @@ class DesiredState(WireStruct, frozen=True, kw_only=True):
                 "itself. Null: a control plane older than 1.9."
             ),
         ),
+    ] = None
+    agent_upgrade: Annotated[
+        AgentUpgrade | None,
+        msgspec.Meta(description="The agent version to run (1.11); null: keep the running one."),
     ] = None
     # `signature` stays the LAST field: the signing rule (shared/desired_signature.py)
     # splices it at the end of the encoded document. New fields go before it.

@@ -114,6 +114,9 @@ AuditAction = Literal[
     "cluster.remove",
     "mqtt_account.create",
     "mqtt_account.revoke",
+    "agent_package.publish",
+    "agent_rollout.create",
+    "agent_rollout.cancel",
     # An admin's revocation, drain or cancellation refused for want of a confirmation
     # (cloud/api/bulk_actions.py).
     "bulk.refused",

@@ -37,7 +37,7 @@ from cloud.secrets.release import SecretRelease
 from cloud.store import AllocationRecord, ModelRecord, WorkRecord
 from cloud.work.convert import spec_of
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec
-from shared.messages import DesiredDeployment, DesiredState, DesiredTraining
+from shared.messages import AgentUpgrade, DesiredDeployment, DesiredState, DesiredTraining
 from shared.settings import SchedulingSettings
 
 ADDRESS_LABEL = "greenfed.io/address"
@@ -178,13 +178,15 @@ def desired_document(
     signer: ModelUrlSigner | None = None,
     cluster_id: str | None = None,
     secrets: SecretRelease | None = None,
+    agent_upgrade: AgentUpgrade | None = None,
 ) -> DesiredState:
     """Everything stored for `node_id`; `allocations` maps every work id to all of its
     allocations (a gang's other nodes decide this node's ranks); `models` the registry's
     records of the deployments' models, `signer` makes their download URLs; `cluster_id`
     the store's (generations count within it: an agent adopts a new one's sequence);
     `secrets` seals jobs' secrets to the node (None: none are sent, the agent refuses
-    such workers)."""
+    such workers); `agent_upgrade` the agent version the node is asked to run
+    (cloud/upgrades/)."""
     training: list[DesiredTraining] = []
     deployments: list[DesiredDeployment] = []
     for work_id, members in sorted(allocations.items()):
@@ -209,4 +211,5 @@ def desired_document(
         training=tuple(training),
         issued_at=now,
         cluster_id=cluster_id,
+        agent_upgrade=agent_upgrade,
     )

@@ -76,6 +76,7 @@ from cloud.store import (
     VersionConflictError,
     WorkRecord,
 )
+from cloud.upgrades.controller import UpgradeController
 from cloud.usage.accountant import Accountant
 from cloud.usage.counterfactual import BASELINE, live_counterfactuals
 from cloud.work.convert import spec_of
@@ -128,6 +129,7 @@ class SchedulingLoop:
         model_urls: ModelUrlSigner | None = None,
         accountant: Accountant | None = None,
         secrets: SecretRelease | None = None,
+        upgrades: UpgradeController | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -145,6 +147,7 @@ class SchedulingLoop:
         self._model_urls = model_urls
         self._accountant = accountant  # live usage accounting (cloud/usage/)
         self._secrets = secrets  # seals jobs' secrets into the desired documents
+        self._upgrades = upgrades  # agent versions nodes are asked to run (cloud/upgrades/)
         self.deployments = DeploymentControl(store, self._commit)
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
         self._clock = clock
@@ -198,6 +201,8 @@ class SchedulingLoop:
                     self._liveness.reset_grace()
                     self._unacknowledged.reset()
                     self.deployments.reset()
+                    if self._upgrades is not None:
+                        self._upgrades.reset()
                     self._explained.clear()
                     self._last_snapshot = None
                     self.queue.forget_pending()
@@ -277,6 +282,7 @@ class SchedulingLoop:
         nodes = {record.node_id: record for record in self._registry.nodes()}
         reporting = of_this_cluster(nodes, self._publisher.cluster_id)
         store = await self._catch_up_generations(store, nodes, reporting, lease)
+        store = await self._step_upgrades(store, nodes, now, lease)
         await self._publish(store, nodes, now)
 
         records = {record.work_id: record for record in store.work}
@@ -502,6 +508,25 @@ class SchedulingLoop:
             )
         return await self._store.load_snapshot(store)
 
+    async def _step_upgrades(
+        self,
+        store: StoreSnapshot,
+        nodes: Mapping[str, NodeRecord],
+        now: float,
+        lease: LeadershipLease,
+    ) -> StoreSnapshot:
+        """Move the agent rollout on; nodes whose document now names another agent
+        version (or none) get a new generation, so that it goes out."""
+        if self._upgrades is None:
+            return store
+        changed = await self._upgrades.step(nodes, now)
+        if not changed:
+            return store
+        floors = {node_id: store.node_generations.get(node_id, 0) + 1 for node_id in changed}
+        with self._committing():
+            await self._store.raise_generations(floors, lease=lease)
+        return await self._store.load_snapshot(store)
+
     async def _publish(
         self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float
     ) -> None:
@@ -529,6 +554,7 @@ class SchedulingLoop:
                     signer=self._model_urls,
                     cluster_id=self._publisher.cluster_id,
                     secrets=self._secrets,
+                    agent_upgrade=(self._upgrades.upgrade_for(node_id) if self._upgrades else None),
                 )
             )
 

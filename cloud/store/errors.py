@@ -190,3 +190,15 @@ class ClusterNotFoundError(StoreError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no cluster {name!r}")
         self.name = name
+
+
+class AgentPackageExistsError(StoreError):
+    def __init__(self, version: str) -> None:
+        super().__init__(f"agent version {version!r} is published already")
+        self.version = version
+
+
+class AgentRolloutRunningError(StoreError):
+    def __init__(self, rollout_id: str) -> None:
+        super().__init__(f"rollout {rollout_id} is running")
+        self.rollout_id = rollout_id

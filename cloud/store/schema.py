@@ -263,6 +263,30 @@ clusters = Table(
     Column("spec", JsonDocument, nullable=False),  # cloud/clusters/views.py ClusterSpec
 )
 
+# Agent versions the control plane serves, and their rollouts (v0015, cloud/upgrades/).
+agent_packages = Table(
+    "agent_packages",
+    metadata,
+    Column("version", Text, primary_key=True),
+    Column("sha256", Text, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("signature", Text, nullable=False),
+    Column("published_at", Double, nullable=False),
+    Column("published_by", Text, nullable=False),
+    # Base64: backups (cloud/store/backup_file.py) carry rows as JSON, text as it is.
+    Column("content_base64", Text, nullable=False),
+)
+agent_rollouts = Table(
+    "agent_rollouts",
+    metadata,
+    Column("rollout_id", Text, primary_key=True),
+    Column("version", Text, nullable=False),
+    Column("phase", Text, nullable=False),  # cloud/upgrades/views.py RolloutPhase
+    Column("created_at", Double, nullable=False),
+    Column("created_by", Text, nullable=False),
+    Column("state", JsonDocument, nullable=False),  # cloud/upgrades/views.py RolloutState
+)
+
 # Failed join-token redemptions per remote address (v0013): a token bucket every
 # replica shares (cloud/api/enrolment.py).
 enrolment_failures = Table(

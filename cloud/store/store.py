@@ -20,8 +20,17 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cloud.fleet.envelope import NodeClaim
-from cloud.store import clusters, enrolment, enrolment_failures, node_admin, tenant_tokens, usage
+from cloud.store import (
+    agent_upgrades,
+    clusters,
+    enrolment,
+    enrolment_failures,
+    node_admin,
+    tenant_tokens,
+    usage,
+)
 from cloud.store import dependencies as dependencies_rows
+from cloud.store.agent_upgrades import AgentPackageRecord, AgentRolloutRecord
 from cloud.store.audit import (
     AuditPage,
     AuditQuery,
@@ -150,6 +159,7 @@ from cloud.store.work import (
     select_work,
     select_work_by_idempotency_key,
 )
+from cloud.upgrades.views import RolloutPhase, RolloutState
 from shared.secret_hashes import verify_secret
 from shared.settings import StoreSettings
 from shared.work_literals import AllocationState, PriorityClass, WorkKind, WorkState
@@ -897,6 +907,58 @@ class Store:
             record = await clusters.delete_cluster(connection, name)
             await insert_audit(connection, audit, self._clock())
         return record
+
+    # ---- agent packages and rollouts (cloud/store/agent_upgrades.py) -------------------
+
+    async def add_agent_package(
+        self, record: AgentPackageRecord, content: bytes, *, audit: NewAudit
+    ) -> None:
+        """Publish an agent version (audited); raises `AgentPackageExistsError`."""
+        async with self._write(notify=False) as connection:
+            await agent_upgrades.insert_package(connection, record, content)
+            await insert_audit(connection, audit, record.published_at)
+
+    async def list_agent_packages(self) -> tuple[AgentPackageRecord, ...]:
+        async with self._read() as connection:
+            return await agent_upgrades.select_packages(connection)
+
+    async def agent_package(self, version: str) -> AgentPackageRecord | None:
+        async with self._read() as connection:
+            return await agent_upgrades.select_package(connection, version)
+
+    async def agent_package_content(self, version: str) -> bytes | None:
+        async with self._read() as connection:
+            return await agent_upgrades.select_package_content(connection, version)
+
+    async def add_agent_rollout(self, record: AgentRolloutRecord, *, audit: NewAudit) -> None:
+        """Start a rollout (audited; the loop takes it from here); raises
+        `AgentRolloutRunningError` while another runs."""
+        async with self._write() as connection:
+            await agent_upgrades.insert_rollout(connection, record)
+            await insert_audit(connection, audit, record.created_at)
+
+    async def save_agent_rollout(
+        self,
+        rollout_id: str,
+        phase: RolloutPhase,
+        state: RolloutState,
+        *,
+        audit: NewAudit | None = None,
+    ) -> None:
+        """The loop's progress (nobody is told: it made it), or an admin's cancel (audited,
+        the loop is woken)."""
+        async with self._write(notify=audit is not None) as connection:
+            await agent_upgrades.update_rollout(connection, rollout_id, phase, state)
+            if audit is not None:
+                await insert_audit(connection, audit, self._clock())
+
+    async def list_agent_rollouts(self, *, limit: int = 50) -> tuple[AgentRolloutRecord, ...]:
+        async with self._read() as connection:
+            return await agent_upgrades.select_rollouts(connection, limit=limit)
+
+    async def agent_rollout(self, rollout_id: str) -> AgentRolloutRecord | None:
+        async with self._read() as connection:
+            return await agent_upgrades.select_rollout(connection, rollout_id)
 
     async def is_enrolled(self, node_id: str) -> bool:
         """Enrolled and not revoked."""

@@ -53,6 +53,7 @@ from shared.messages import (
 from shared.topics import Channel
 
 if TYPE_CHECKING:
+    from edge.agent.upgrades import AgentUpgrades
     from edge.enrolment_proof import EnrolmentProof
 
 # Pacing of repeated births: the shortest and longest pause between two of them.
@@ -126,18 +127,22 @@ class Birth(AgentModule):
         health: DeviceHealth | None = None,
         health_changed: asyncio.Event | None = None,
         execution: ExecutionFacts | None = None,
+        upgrades: AgentUpgrades | None = None,
         pacer: ReannouncePacer | None = None,
         answer_wait_s: float = ANSWER_WAIT_S,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """`announced` is set once the first birth has been published (and stays set);
         `runs_training` is advertised so the scheduler never sends training here in vain;
-        the inventory carries `health`, and a new birth goes out when `health_changed`.
+        the inventory carries `health`, and a new birth goes out when `health_changed`;
+        `upgrades` says whether this agent can upgrade itself and what became of the
+        last upgrade that did not take (it sets `health_changed` when that changes).
         `pacer` and `answer_wait_s`: how soon a superseded or unanswered birth goes out
         again (`REANNOUNCE_*_INTERVAL_S`, `ANSWER_WAIT_S` unless given)."""
         self._context = context
         self._health = health or DeviceHealth(())
         self._health_changed = health_changed or asyncio.Event()
+        self._upgrades = upgrades
         self._runs_training = runs_training
         self._execution = execution or ExecutionFacts()
         self._proof: str | None = None
@@ -353,6 +358,8 @@ class Birth(AgentModule):
                 sealing_public_key=self._execution.sealing_public_key,
                 enrolment_certificate=enrolment.certificate if enrolment else None,
                 identity_proof=self._identity_proof(),
+                self_upgrade=self._upgrades is not None and self._upgrades.supervised,
+                agent_upgrade=self._upgrades.report() if self._upgrades is not None else None,
             )
         )
 

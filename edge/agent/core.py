@@ -26,6 +26,7 @@ from edge.agent.modules import AgentModules, build_agent_modules
 from edge.agent.outbox import Outbox
 from edge.agent.spool import DiskSpool, MemorySpool, Spool
 from edge.agent.state_files import AgentStateFiles
+from edge.agent.upgrades import UpgradeOptions
 from edge.discovery import DiscoveryResult, discover_all
 from edge.inference.options import InferenceOptions
 from edge.probes import DeviceProbes
@@ -74,6 +75,7 @@ class Agent:
         outbox_max_age_s: float = OUTBOX_MAX_AGE_S,
         execution: ExecutionFacts | None = None,
         reload_mqtt_settings: Callable[[], MqttSettings] | None = None,
+        upgrades: UpgradeOptions | None = None,
     ) -> None:
         """`training_launcher` None: this node runs no training (edge devices), else
         it makes the node's launcher once its accelerators are known; `execution`: how
@@ -84,11 +86,14 @@ class Agent:
         (edge/agent/state_files.py); None: in memory only, nothing survives a restart;
         `reload_mqtt_settings`: reads the broker settings again (the settings file) when the
         broker refuses the credentials, so that a node enrolled again goes on with its new
-        password and its work (shared/mqtt.py); None: a refusal stops the agent."""
+        password and its work (shared/mqtt.py); None: a refusal stops the agent;
+        `upgrades`: how this agent, run by the upgrade supervisor, upgrades itself
+        (edge/agent/upgrades.py); None: it does not."""
         self.identity = identity
         self._probes = probes
         self._mqtt_settings = mqtt_settings
         self._reload_mqtt_settings = reload_mqtt_settings
+        self._upgrades = upgrades
         self._telemetry_interval_s = telemetry_interval_s
         self._telemetry_jitter_ratio = telemetry_jitter_ratio
         self._rng = rng or random.Random()
@@ -184,6 +189,7 @@ class Agent:
             control_plane_public_key=self._control_plane_public_key,
             state=self._state,
             execution=self._execution,
+            upgrade_options=self._upgrades,
         )
         self._modules = modules
         self.session = MqttSession(

@@ -60,6 +60,8 @@ from shared.topics import Channel
 if TYPE_CHECKING:  # cryptography is loaded with the key (shared/desired_signature.py)
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    from edge.agent.upgrades import AgentUpgrades
+
 # Whoever floods the topic with forgeries must not flood the log and the events too.
 REJECTION_LOG_INTERVAL_S = 10.0
 
@@ -91,10 +93,12 @@ class DesiredStateApplier(AgentModule):
         public_key: Ed25519PublicKey | None,
         birth: BirthAnswers,
         state: AgentStateFiles | None = None,
+        upgrades: AgentUpgrades | None = None,
     ) -> None:
         """`public_key` None: the node is not enrolled and applies nothing; `birth`: told
         whether the documents arriving were issued for this instance; `state`: where the
-        applied document is kept (None: nowhere, nothing is restored)."""
+        applied document is kept (None: nowhere, nothing is restored); `upgrades`: given
+        each applied document's agent version (edge/agent/upgrades.py)."""
         self._context = context
         self._training = training
         self._inference = inference
@@ -109,6 +113,7 @@ class DesiredStateApplier(AgentModule):
         self._state = state
         self._saved: bytes | None = None  # the document on disk, as written
         self._birth = birth
+        self._upgrades = upgrades
         # Whether a document was applied (from disk or the broker): until one is, only a
         # document issued for this instance is (see 3. above).
         self._applied_any = False
@@ -244,6 +249,8 @@ class DesiredStateApplier(AgentModule):
         self._applied_any = True
         self._training.apply(desired.training)
         await self._inference.apply(desired.deployments)
+        if self._upgrades is not None:
+            self._upgrades.offer(desired.agent_upgrade)
         if self._state is not None and payload != self._saved:
             await self._state.save_desired(payload)
             self._saved = payload

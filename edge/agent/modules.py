@@ -28,6 +28,7 @@ from edge.agent.reported import ReportedStatePublisher
 from edge.agent.state_files import AgentStateFiles
 from edge.agent.telemetry import TelemetrySampler
 from edge.agent.training_workers import TrainingWorkers
+from edge.agent.upgrades import AgentUpgrades, UpgradeOptions
 from edge.discovery import DiscoveryResult
 from edge.inference.options import InferenceOptions
 from edge.probes import DeviceProbes
@@ -50,6 +51,7 @@ class AgentModules:
     job_logs: JobLogShipper
     outbox: Outbox
     inbox: Inbox
+    upgrades: AgentUpgrades
 
     def in_order(self) -> tuple[AgentModule, ...]:
         return (
@@ -62,6 +64,7 @@ class AgentModules:
             self.job_logs,
             self.outbox,
             self.inbox,
+            self.upgrades,
         )
 
 
@@ -82,6 +85,7 @@ def build_agent_modules(
     control_plane_public_key: Ed25519PublicKey | None,
     state: AgentStateFiles | None,
     execution: ExecutionFacts,
+    upgrade_options: UpgradeOptions | None = None,
 ) -> AgentModules:
     """`outbox` is built before discovery (discovery raises events); the rest need it.
     `state` None: nothing is kept on disk (simulated fleets, tests)."""
@@ -106,6 +110,13 @@ def build_agent_modules(
     reported = ReportedStatePublisher(context, reconciler, inference, reported_changed, state)
     health = DeviceHealth(discovery.accelerators)
     health_changed = asyncio.Event()
+    upgrades = AgentUpgrades(
+        context,
+        upgrade_options,
+        public_key=control_plane_public_key,
+        announced=announced,
+        report_changed=health_changed,
+    )
     birth = Birth(
         context,
         discovery,
@@ -116,6 +127,7 @@ def build_agent_modules(
         health=health,
         health_changed=health_changed,
         execution=execution,
+        upgrades=upgrades,
     )
     desired = DesiredStateApplier(
         context,
@@ -126,6 +138,7 @@ def build_agent_modules(
         public_key=control_plane_public_key,
         state=state,
         birth=birth,
+        upgrades=upgrades,
     )
     return AgentModules(
         birth=birth,
@@ -148,4 +161,5 @@ def build_agent_modules(
         job_logs=JobLogShipper(context, reconciler, output_waiting, outbox),
         outbox=outbox,
         inbox=Inbox({desired.topic: desired.on_message, birth.status_topic: birth.on_status}),
+        upgrades=upgrades,
     )

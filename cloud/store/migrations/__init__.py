@@ -28,6 +28,7 @@ from cloud.store.migrations import (
     v0012_sealing_keys,
     v0013_node_envelopes,
     v0014_clusters,
+    v0015_agent_upgrades,
 )
 
 
@@ -53,6 +54,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(12, "sealing_keys", v0012_sealing_keys.upgrade),
     SchemaMigration(13, "node_envelopes", v0013_node_envelopes.upgrade),
     SchemaMigration(14, "clusters", v0014_clusters.upgrade),
+    SchemaMigration(15, "agent_upgrades", v0015_agent_upgrades.upgrade),
 )
 
 

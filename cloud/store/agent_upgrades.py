@@ -1,0 +1,164 @@
+"""Agent packages and their rollouts (cloud/upgrades/): one row per published version,
+one per rollout with its nodes' states as JSON (`RolloutState`)."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from sqlalchemy import Row, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from cloud.store.errors import AgentPackageExistsError, AgentRolloutRunningError
+from cloud.store.schema import agent_packages, agent_rollouts
+from cloud.upgrades.views import ACTIVE_PHASE, STATE_DECODER, RolloutPhase, RolloutState
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPackageRecord:
+    version: str
+    sha256: str
+    size_bytes: int
+    signature: str
+    published_at: float
+    published_by: str  # the admin tenant's id
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRolloutRecord:
+    rollout_id: str
+    version: str
+    phase: RolloutPhase
+    created_at: float
+    created_by: str
+    state: RolloutState
+
+
+_PACKAGE_COLUMNS = (
+    agent_packages.c.version,
+    agent_packages.c.sha256,
+    agent_packages.c.size_bytes,
+    agent_packages.c.signature,
+    agent_packages.c.published_at,
+    agent_packages.c.published_by,
+)
+
+
+def _package(row: Row[Any, Any, Any, Any, Any, Any]) -> AgentPackageRecord:
+    return AgentPackageRecord(
+        version=row.version,
+        sha256=row.sha256,
+        size_bytes=int(row.size_bytes),
+        signature=row.signature,
+        published_at=float(row.published_at),
+        published_by=row.published_by,
+    )
+
+
+def _rollout(row: Row[Any]) -> AgentRolloutRecord:
+    return AgentRolloutRecord(
+        rollout_id=row.rollout_id,
+        version=row.version,
+        phase=row.phase,
+        created_at=float(row.created_at),
+        created_by=row.created_by,
+        state=STATE_DECODER.decode(row.state),
+    )
+
+
+async def insert_package(
+    connection: AsyncConnection, record: AgentPackageRecord, content: bytes
+) -> None:
+    try:
+        await connection.execute(
+            insert(agent_packages).values(
+                version=record.version,
+                sha256=record.sha256,
+                size_bytes=record.size_bytes,
+                signature=record.signature,
+                published_at=record.published_at,
+                published_by=record.published_by,
+                content_base64=base64.b64encode(content).decode("ascii"),
+            )
+        )
+    except IntegrityError:
+        raise AgentPackageExistsError(record.version) from None
+
+
+async def select_packages(connection: AsyncConnection) -> tuple[AgentPackageRecord, ...]:
+    rows = await connection.execute(
+        select(*_PACKAGE_COLUMNS).order_by(agent_packages.c.published_at)
+    )
+    return tuple(_package(row) for row in rows)
+
+
+async def select_package(connection: AsyncConnection, version: str) -> AgentPackageRecord | None:
+    row = (
+        await connection.execute(
+            select(*_PACKAGE_COLUMNS).where(agent_packages.c.version == version)
+        )
+    ).first()
+    return _package(row) if row is not None else None
+
+
+async def select_package_content(connection: AsyncConnection, version: str) -> bytes | None:
+    row = (
+        await connection.execute(
+            select(agent_packages.c.content_base64).where(agent_packages.c.version == version)
+        )
+    ).first()
+    return base64.b64decode(row.content_base64) if row is not None else None
+
+
+async def insert_rollout(connection: AsyncConnection, record: AgentRolloutRecord) -> None:
+    """Raises `AgentRolloutRunningError` while another rollout runs (one at a time: two
+    would ask the same nodes for two versions)."""
+    running = (
+        await connection.execute(
+            select(agent_rollouts.c.rollout_id).where(agent_rollouts.c.phase == ACTIVE_PHASE)
+        )
+    ).first()
+    if running is not None:
+        raise AgentRolloutRunningError(running.rollout_id)
+    await connection.execute(
+        insert(agent_rollouts).values(
+            rollout_id=record.rollout_id,
+            version=record.version,
+            phase=record.phase,
+            created_at=record.created_at,
+            created_by=record.created_by,
+            state=msgspec.json.encode(record.state),
+        )
+    )
+
+
+async def update_rollout(
+    connection: AsyncConnection, rollout_id: str, phase: RolloutPhase, state: RolloutState
+) -> None:
+    await connection.execute(
+        update(agent_rollouts)
+        .where(agent_rollouts.c.rollout_id == rollout_id)
+        .values(phase=phase, state=msgspec.json.encode(state))
+    )
+
+
+async def select_rollouts(
+    connection: AsyncConnection, *, limit: int = 50
+) -> tuple[AgentRolloutRecord, ...]:
+    """The latest rollouts, newest first."""
+    rows = await connection.execute(
+        select(agent_rollouts).order_by(agent_rollouts.c.created_at.desc()).limit(limit)
+    )
+    return tuple(_rollout(row) for row in rows)
+
+
+async def select_rollout(connection: AsyncConnection, rollout_id: str) -> AgentRolloutRecord | None:
+    row = (
+        await connection.execute(
+            select(agent_rollouts).where(agent_rollouts.c.rollout_id == rollout_id)
+        )
+    ).first()
+    return _rollout(row) if row is not None else None

@@ -1,0 +1,192 @@
+"""Agent packages: the wheels a control plane serves for agents to upgrade themselves to.
+
+A package is one greenfed wheel. The control plane signs what it vouches for, the
+statement `greenfed-agent-package/1`, the version, the wheel's sha256 and its size,
+one per line, with the Ed25519 key it signs `desired` documents with
+(shared/desired_signature.py), so an agent checks a package with the key it already
+trusts: a package it did not get from its own control plane, or one changed on the
+way or on disk, never runs. The statement is its own (not the `desired` document's
+bytes) so that a staged package can be checked again long after the document that
+named it is gone.
+
+Installing is unpacking: a greenfed wheel is pure Python, and an agent upgrades only
+its own code beside the running one (edge/upgrade/), never the dependencies it shares
+with the running version.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import email.parser
+import hashlib
+import io
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
+PACKAGE_NAME: Final = "greenfed"
+# A PEP 440 version as a topic- and path-safe token (no separators, no spaces).
+AGENT_VERSION_PATTERN: Final = r"[0-9][0-9A-Za-z.+!_-]{0,63}"
+_VERSION = re.compile(AGENT_VERSION_PATTERN)
+_METADATA = re.compile(r"[^/]+\.dist-info/METADATA")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# Far above a greenfed wheel (about 1 MB) and far below what would hurt a device.
+MAX_PACKAGE_BYTES: Final = 64 * 1024 * 1024
+_MAX_MEMBERS: Final = 20_000
+_MAX_UNPACKED_BYTES: Final = 512 * 1024 * 1024
+
+
+class PackageError(ValueError):
+    """A file that is not a greenfed wheel we may install, or a signature that is not
+    the control plane's; `str()` says which, for the person or the birth's report."""
+
+
+@dataclass(frozen=True, slots=True)
+class PackageFacts:
+    """What a wheel says of itself, and its bytes' digest."""
+
+    version: str
+    sha256: str
+    size_bytes: int
+
+
+def is_valid_version(text: str) -> bool:
+    return _VERSION.fullmatch(text) is not None
+
+
+def statement(version: str, sha256: str, size_bytes: int) -> bytes:
+    """The bytes the control plane signs for one package."""
+    return f"greenfed-agent-package/1\n{version}\n{sha256}\n{size_bytes}\n".encode()
+
+
+def sign_package(facts: PackageFacts, key: Ed25519PrivateKey) -> str:
+    """Base64 (standard, padded) of the Ed25519 signature over the package's statement."""
+    return base64.b64encode(
+        key.sign(statement(facts.version, facts.sha256, facts.size_bytes))
+    ).decode()
+
+
+def verify_package_signature(facts: PackageFacts, signature: str, key: Ed25519PublicKey) -> None:
+    """Raises `PackageError` unless `signature` is the control plane's over `facts`."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except (binascii.Error, ValueError):
+        raise PackageError("the package signature is not base64") from None
+    try:
+        key.verify(raw, statement(facts.version, facts.sha256, facts.size_bytes))
+    except InvalidSignature:
+        raise PackageError("the package is not signed by this node's control plane") from None
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    """The file's sha256 (hex) and size; blocking: call it off the event loop."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def inspect_wheel(path: Path) -> PackageFacts:
+    """A greenfed wheel's version, digest and size; raises `PackageError` for anything
+    else. Blocking."""
+    sha256, size = file_sha256(path)
+    if size > MAX_PACKAGE_BYTES:
+        raise PackageError(f"the package is {size} bytes, more than {MAX_PACKAGE_BYTES}")
+    with path.open("rb") as file:
+        return PackageFacts(version=wheel_version(file), sha256=sha256, size_bytes=size)
+
+
+def inspect_wheel_bytes(content: bytes) -> PackageFacts:
+    """As `inspect_wheel`, for a wheel in memory (an upload)."""
+    if len(content) > MAX_PACKAGE_BYTES:
+        raise PackageError(f"the package is {len(content)} bytes, more than {MAX_PACKAGE_BYTES}")
+    return PackageFacts(
+        version=wheel_version(io.BytesIO(content)),
+        sha256=hashlib.sha256(content).hexdigest(),
+        size_bytes=len(content),
+    )
+
+
+def wheel_version(source: IO[bytes]) -> str:
+    """The version a greenfed wheel declares in its METADATA; raises `PackageError` for
+    a file that is not a wheel, or another project's."""
+    try:
+        with zipfile.ZipFile(source) as wheel:
+            metadata_names = [
+                name
+                for name in wheel.namelist()
+                if re.fullmatch(r"[^/]+\.dist-info/METADATA", name)
+            ]
+            if len(metadata_names) != 1:
+                raise PackageError("a wheel has exactly one *.dist-info/METADATA")
+            metadata = email.parser.Parser().parsestr(
+                wheel.read(metadata_names[0]).decode("utf-8", errors="replace"), headersonly=True
+            )
+    except (zipfile.BadZipFile, OSError) as error:
+        raise PackageError(f"not a wheel: {error}") from None
+    name = (metadata.get("Name") or "").strip()
+    version = (metadata.get("Version") or "").strip()
+    if name.lower() != PACKAGE_NAME:
+        raise PackageError(f"the wheel is {name or 'unnamed'!r}, not {PACKAGE_NAME!r}")
+    if not is_valid_version(version):
+        raise PackageError(f"the wheel's version {version[:80]!r} is not a plain version")
+    return version
+
+
+def unpack_wheel(path: Path, target: Path) -> None:
+    """Unpack the wheel's files into `target` (made here), as `pip install --no-deps
+    --target` lays out a pure-Python wheel. Refuses members that would land outside
+    `target`, links, and archives that unpack past the limits. Blocking."""
+    target.mkdir(parents=True, exist_ok=False)
+    resolved = target.resolve()
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as wheel:
+            members = wheel.infolist()
+            if len(members) > _MAX_MEMBERS:
+                raise PackageError(f"the wheel has more than {_MAX_MEMBERS} files")
+            for member in members:
+                name = PurePosixPath(member.filename)
+                if name.is_absolute() or ".." in name.parts or "\\" in member.filename:
+                    raise PackageError(
+                        f"the wheel's member {member.filename[:120]!r} leaves its root"
+                    )
+                if (member.external_attr >> 16) & 0o170000 == 0o120000:
+                    raise PackageError(f"the wheel's member {member.filename[:120]!r} is a link")
+                total += member.file_size
+                if total > _MAX_UNPACKED_BYTES:
+                    raise PackageError(
+                        f"the wheel unpacks to more than {_MAX_UNPACKED_BYTES} bytes"
+                    )
+                destination = (resolved / name).resolve()
+                if not destination.is_relative_to(resolved):
+                    raise PackageError(
+                        f"the wheel's member {member.filename[:120]!r} leaves its root"
+                    )
+                if member.is_dir():
+                    destination.mkdir(parents=True, exist_ok=True)
+                    continue
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                with wheel.open(member) as source, destination.open("wb") as sink:
+                    while chunk := source.read(1 << 20):
+                        sink.write(chunk)
+    except (zipfile.BadZipFile, OSError) as error:
+        raise PackageError(f"the wheel could not be unpacked: {error}") from None
+
+
+def is_sha256(text: str) -> bool:
+    return _SHA256.fullmatch(text) is not None

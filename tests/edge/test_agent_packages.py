@@ -1,0 +1,111 @@
+"""Agent packages (shared/agent_packages.py): what an agent installs only if its control
+plane signed it, and unpacks only inside its own directory."""
+
+from __future__ import annotations
+
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from shared.agent_packages import (
+    PackageError,
+    PackageFacts,
+    inspect_wheel,
+    inspect_wheel_bytes,
+    sign_package,
+    unpack_wheel,
+    verify_package_signature,
+)
+
+
+def wheel(path: Path, *, extra: tuple[str | zipfile.ZipInfo, ...] = ()) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("greenfed/__init__.py", "")
+        archive.writestr(
+            "greenfed-1.2.3.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: greenfed\nVersion: 1.2.3\n",
+        )
+        for member in extra:
+            archive.writestr(member, "x")
+    return path
+
+
+def test_a_wheel_says_its_version_and_the_same_bytes_say_the_same(tmp_path: Path) -> None:
+    path = wheel(tmp_path / "a.whl")
+    facts = inspect_wheel(path)
+    assert facts.version == "1.2.3"
+    assert facts == inspect_wheel_bytes(path.read_bytes())
+    assert facts.size_bytes == path.stat().st_size
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "why"),
+    [
+        ("numpy", "1.2.3", "not 'greenfed'"),
+        ("greenfed", "1.2.3 beta", "not a plain version"),
+        ("greenfed", "../../etc", "not a plain version"),
+    ],
+)
+def test_another_projects_wheel_or_a_strange_version_is_refused(
+    tmp_path: Path, name: str, version: str, why: str
+) -> None:
+    path = tmp_path / "a.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("greenfed-x.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n")
+    with pytest.raises(PackageError, match=why):
+        inspect_wheel(path)
+
+
+def test_a_file_that_is_no_wheel_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.whl"
+    path.write_bytes(b"MZ\x90\x00 not a zip")
+    with pytest.raises(PackageError, match="not a wheel"):
+        inspect_wheel(path)
+
+
+def test_only_the_control_planes_signature_over_these_facts_verifies() -> None:
+    key = Ed25519PrivateKey.generate()
+    facts = PackageFacts(version="1.2.3", sha256="a" * 64, size_bytes=10)
+    signature = sign_package(facts, key)
+    verify_package_signature(facts, signature, key.public_key())
+    for changed in (
+        PackageFacts(version="1.2.4", sha256="a" * 64, size_bytes=10),
+        PackageFacts(version="1.2.3", sha256="b" * 64, size_bytes=10),
+        PackageFacts(version="1.2.3", sha256="a" * 64, size_bytes=11),
+    ):
+        with pytest.raises(PackageError, match="not signed by this node's control plane"):
+            verify_package_signature(changed, signature, key.public_key())
+    with pytest.raises(PackageError, match="not signed"):
+        verify_package_signature(facts, signature, Ed25519PrivateKey.generate().public_key())
+    with pytest.raises(PackageError, match="not base64"):
+        verify_package_signature(facts, "%%%", key.public_key())
+
+
+def test_a_wheel_unpacks_into_its_directory(tmp_path: Path) -> None:
+    path = wheel(tmp_path / "a.whl", extra=("greenfed/sub/mod.py",))
+    unpack_wheel(path, tmp_path / "site")
+    assert (tmp_path / "site" / "greenfed" / "sub" / "mod.py").read_text() == "x"
+    assert (tmp_path / "site" / "greenfed-1.2.3.dist-info" / "METADATA").is_file()
+
+
+def _link(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name)
+    info.external_attr = (stat.S_IFLNK | 0o777) << 16
+    return info
+
+
+@pytest.mark.parametrize(
+    "member",
+    ["../escaped.py", "/etc/escaped.py", "greenfed/../../escaped.py", _link("greenfed/link")],
+    ids=["parent", "absolute", "nested-parent", "symlink"],
+)
+def test_a_member_that_would_land_outside_or_link_is_refused(
+    tmp_path: Path, member: str | zipfile.ZipInfo
+) -> None:
+    path = wheel(tmp_path / "a.whl", extra=(member,))
+    with pytest.raises(PackageError):
+        unpack_wheel(path, tmp_path / "site")
+    assert not (tmp_path / "escaped.py").exists()
