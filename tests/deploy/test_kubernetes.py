@@ -88,6 +88,8 @@ def test_kustomization_names_every_manifest_but_those_applied_apart() -> None:
 def test_two_replicas_lead_through_postgresql() -> None:
     deployment = the("Deployment")
     assert deployment["spec"]["replicas"] == 2
+    # Never the previous release and this one side by side (docs/upgrades.md).
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     # Replicas elect their scheduling leader on PostgreSQL, and the comment says so.
     text = (KUBERNETES / "deployment.yaml").read_text()
     assert "PostgreSQL advisory lock" in text
