@@ -37,6 +37,15 @@ def structlog_as_found() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+@pytest.fixture(autouse=True)
+def terminal_size_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables are as wide as the command decides (160 columns into a pipe), whatever the
+    process that runs the tests says: pytest-xdist's workers set COLUMNS=80. A test that
+    wants a width sets it."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture(params=["embedded", "mosquitto"])
 async def broker(request: pytest.FixtureRequest) -> AsyncIterator[BrokerUnderTest]:
     if request.param == "embedded":

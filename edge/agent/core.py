@@ -194,7 +194,9 @@ class Agent:
         self._modules = modules
         self.session = MqttSession(
             self._mqtt_settings,
-            client_id=f"greenfed-agent-{self.identity.node_id}",
+            # With the topic root: two greenfed fleets on one broker whose node ids
+            # coincide must not take each other's sessions over.
+            client_id=f"greenfed-agent-{self.identity.node_id}@{self._mqtt_settings.topic_root}",
             will=modules.birth.will(),
             logger=log,
         )

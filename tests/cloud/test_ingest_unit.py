@@ -407,8 +407,9 @@ def keyed_birth(key: str | None) -> NodeStatus:
     return msgspec.structs.replace(birth(), sealing_public_key=key)
 
 
-NODE_KEY = public_key_text(X25519PrivateKey.generate())
-OTHER_KEY = public_key_text(X25519PrivateKey.generate())
+# Fixed keys: parameters are test ids, the same in every process that collects them.
+NODE_KEY = public_key_text(X25519PrivateKey.from_private_bytes(bytes([1]) * 32))
+OTHER_KEY = public_key_text(X25519PrivateKey.from_private_bytes(bytes([2]) * 32))
 
 
 @pytest.mark.parametrize(
