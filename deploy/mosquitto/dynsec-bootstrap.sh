@@ -11,6 +11,8 @@
 # the admin account made by `dynsec init`. Environment:
 #   GREENFED_CLOUD_USER      the control plane's [mqtt] username (default greenfed-cloud)
 #   GREENFED_CLOUD_PASSWORD  its password (unset: mosquitto_ctrl asks for it)
+#   GREENFED_CLOUD_PASSWORD_FILE  a file holding it instead (greenfed-mosquitto-dynsec.service
+#                            hands it over as a systemd credential)
 #   GREENFED_TOPIC_ROOT      [mqtt] topic_root (default greenfed)
 set -eu
 
@@ -19,7 +21,15 @@ root="${GREENFED_TOPIC_ROOT:-greenfed}"
 role=greenfed-control-plane
 
 ctrl() {
-    mosquitto_ctrl "$@"
+    if [ -t 0 ]; then  # a person at a terminal: mosquitto_ctrl may ask for a password
+        mosquitto_ctrl "$@"
+        return
+    fi
+    # mosquitto_ctrl exits 0 even when the broker refused: its output says so, and a
+    # refusal must stop the bootstrap (the one-shot unit would record it as done).
+    out="$(mosquitto_ctrl "$@" 2>&1)" || { printf '%s\n' "$out" >&2; return 1; }
+    printf '%s\n' "$out"
+    case "$out" in *[Ee]rror*) return 1 ;; esac
 }
 
 # The control plane writes every node's desired state; the `admin` role of
@@ -27,6 +37,9 @@ ctrl() {
 # accounts on $CONTROL/dynamic-security/v1.
 ctrl "$@" dynsec createRole "$role"
 ctrl "$@" dynsec addRoleACL "$role" publishClientSend "$root/#" allow
+if [ -z "${GREENFED_CLOUD_PASSWORD:-}" ] && [ -n "${GREENFED_CLOUD_PASSWORD_FILE:-}" ]; then
+    GREENFED_CLOUD_PASSWORD="$(cat "$GREENFED_CLOUD_PASSWORD_FILE")"
+fi
 if [ -n "${GREENFED_CLOUD_PASSWORD:-}" ]; then
     ctrl "$@" dynsec createClient "$user" -p "$GREENFED_CLOUD_PASSWORD"
 else
