@@ -19,7 +19,7 @@ from cloud.upgrades.views import PackageList, PackageView, RolloutList, RolloutV
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from greenfed.output import Output, emit
-from greenfed.work_commands import at_utc, console
+from greenfed.work_commands import at_utc, console, get_and_show
 
 WATCH_INTERVAL_S = 2.0
 
@@ -80,15 +80,13 @@ async def publish_package(client: ApiClient, wheel: Path, *, output: Output) -> 
 
 
 async def list_packages(client: ApiClient, *, output: Output) -> int:
-    _, payload = await client.call("GET", "/v1/agent-packages")
-    emit(
-        output,
-        payload,
-        lambda: render_packages(
-            msgspec.json.decode(payload, type=PackageList), output.out, wide=output.wide
-        ),
+    return await get_and_show(
+        client,
+        "/v1/agent-packages",
+        PackageList,
+        lambda packages: render_packages(packages, output.out, wide=output.wide),
+        output=output,
     )
-    return EXIT_OK
 
 
 # ---- rollouts ----------------------------------------------------------------------------
@@ -198,15 +196,13 @@ async def watch_rollout(client: ApiClient, rollout_id: str, *, output: Output) -
 
 async def show_rollouts(client: ApiClient, args: argparse.Namespace, *, output: Output) -> int:
     if args.rollout is None:
-        _, payload = await client.call("GET", "/v1/agent-rollouts")
-        emit(
-            output,
-            payload,
-            lambda: render_rollouts(
-                msgspec.json.decode(payload, type=RolloutList), output.out, wide=output.wide
-            ),
+        return await get_and_show(
+            client,
+            "/v1/agent-rollouts",
+            RolloutList,
+            lambda rollouts: render_rollouts(rollouts, output.out, wide=output.wide),
+            output=output,
         )
-        return EXIT_OK
     path = f"/v1/agent-rollouts/{quote(args.rollout, safe='')}"
     if args.cancel:
         _, payload = await client.call("POST", f"{path}/cancel")

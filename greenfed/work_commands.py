@@ -79,6 +79,22 @@ async def act_and_say(
     return EXIT_OK
 
 
+async def get_and_show(
+    client: ApiClient,
+    path: str,
+    reply_type: type[ReplyT],
+    show: Callable[[ReplyT], object],
+    *,
+    output: Output,
+    params: Mapping[str, str] | None = None,
+) -> int:
+    """One GET whose reply is printed as `-o json|yaml` asks (the API's own bytes), or
+    as `show` prints it for people (a table, honouring `output.wide`)."""
+    _, payload = await client.call("GET", path, params=params)
+    emit(output, payload, lambda: show(msgspec.json.decode(payload, type=reply_type)))
+    return EXIT_OK
+
+
 def at_utc(moment: datetime | None) -> str:
     """A moment as UTC wall time for a table cell ("" for none)."""
     return "" if moment is None else f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z"
@@ -665,15 +681,14 @@ async def logs(
 
 async def list_models(client: ApiClient, *, limit: int, cursor: str | None, output: Output) -> int:
     params = {"limit": str(limit)} | ({"cursor": cursor} if cursor else {})
-    _, payload = await client.call("GET", "/v1/models", params=params)
-    emit(
-        output,
-        payload,
-        lambda: render_models(
-            msgspec.json.decode(payload, type=ModelList), output.out, wide=output.wide
-        ),
+    return await get_and_show(
+        client,
+        "/v1/models",
+        ModelList,
+        lambda models: render_models(models, output.out, wide=output.wide),
+        output=output,
+        params=params,
     )
-    return EXIT_OK
 
 
 async def upload_model(client: ApiClient, file: Path, name: str, *, output: Output) -> int:
@@ -691,15 +706,13 @@ async def upload_model(client: ApiClient, file: Path, name: str, *, output: Outp
 
 
 async def list_tenants(client: ApiClient, *, output: Output) -> int:
-    _, payload = await client.call("GET", "/v1/tenants")
-    emit(
-        output,
-        payload,
-        lambda: render_tenants(
-            msgspec.json.decode(payload, type=TenantList), output.out, wide=output.wide
-        ),
+    return await get_and_show(
+        client,
+        "/v1/tenants",
+        TenantList,
+        lambda tenants: render_tenants(tenants, output.out, wide=output.wide),
+        output=output,
     )
-    return EXIT_OK
 
 
 def parse_counts(option: str, values: list[str]) -> dict[str, int]:

@@ -8,6 +8,7 @@ the wheel at the signed URL their `desired` document gives."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Final
 
@@ -258,15 +259,7 @@ async def cancel_rollout(request: web.Request) -> web.Response:
         state,
         audit=audit_entry(request, "agent_rollout.cancel", record.rollout_id),
     )
-    cancelled = AgentRolloutRecord(
-        rollout_id=record.rollout_id,
-        version=record.version,
-        phase="cancelled",
-        created_at=record.created_at,
-        created_by=record.created_by,
-        state=state,
-    )
-    return json_response(rollout_view(cancelled))
+    return json_response(rollout_view(dataclasses.replace(record, phase="cancelled", state=state)))
 
 
 _NO_PACKAGE = problem_reply(404, "No such agent version is published")

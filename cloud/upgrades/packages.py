@@ -5,6 +5,7 @@ cloud/models/signing.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
@@ -37,14 +38,7 @@ def package_record(
 
 
 def package_view(record: AgentPackageRecord) -> PackageView:
-    return PackageView(
-        version=record.version,
-        sha256=record.sha256,
-        size_bytes=record.size_bytes,
-        signature=record.signature,
-        published_at=record.published_at,
-        published_by=record.published_by,
-    )
+    return PackageView(**dataclasses.asdict(record))  # the same facts, field for field
 
 
 def package_url_signature(signer: ModelUrlSigner, version: str, sha256: str) -> str:
