@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import email.parser
 import hashlib
-import io
 import re
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Final
@@ -112,6 +109,8 @@ def inspect_wheel(path: Path) -> PackageFacts:
 
 def inspect_wheel_bytes(content: bytes) -> PackageFacts:
     """As `inspect_wheel`, for a wheel in memory (an upload)."""
+    import io
+
     if len(content) > MAX_PACKAGE_BYTES:
         raise PackageError(f"the package is {len(content)} bytes, more than {MAX_PACKAGE_BYTES}")
     return PackageFacts(
@@ -124,6 +123,11 @@ def inspect_wheel_bytes(content: bytes) -> PackageFacts:
 def wheel_version(source: IO[bytes]) -> str:
     """The version a greenfed wheel declares in its METADATA; raises `PackageError` for
     a file that is not a wheel, or another project's."""
+    # Imported here, as in unpack_wheel: shared.messages imports this module for two
+    # constants, and every agent holds what this module imports (zip and email parsing).
+    import email.parser
+    import zipfile
+
     try:
         with zipfile.ZipFile(source) as wheel:
             metadata_names = [
@@ -151,6 +155,8 @@ def unpack_wheel(path: Path, target: Path) -> None:
     """Unpack the wheel's files into `target` (made here), as `pip install --no-deps
     --target` lays out a pure-Python wheel. Refuses members that would land outside
     `target`, links, and archives that unpack past the limits. Blocking."""
+    import zipfile
+
     target.mkdir(parents=True, exist_ok=False)
     resolved = target.resolve()
     total = 0
