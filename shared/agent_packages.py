@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Final
 
+from shared.file_digests import file_sha256
+
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
         Ed25519PrivateKey,
@@ -35,7 +37,6 @@ PACKAGE_NAME: Final = "greenfed"
 AGENT_VERSION_PATTERN: Final = r"[0-9][0-9A-Za-z.+!_-]{0,63}"
 _VERSION = re.compile(AGENT_VERSION_PATTERN)
 _METADATA = re.compile(r"[^/]+\.dist-info/METADATA")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 # Far above a greenfed wheel (about 1 MB) and far below what would hurt a device.
 MAX_PACKAGE_BYTES: Final = 64 * 1024 * 1024
 _MAX_MEMBERS: Final = 20_000
@@ -84,17 +85,6 @@ def verify_package_signature(facts: PackageFacts, signature: str, key: Ed25519Pu
         key.verify(raw, statement(facts.version, facts.sha256, facts.size_bytes))
     except InvalidSignature:
         raise PackageError("the package is not signed by this node's control plane") from None
-
-
-def file_sha256(path: Path) -> tuple[str, int]:
-    """The file's sha256 (hex) and size; blocking: call it off the event loop."""
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def inspect_wheel(path: Path) -> PackageFacts:
@@ -192,7 +182,3 @@ def unpack_wheel(path: Path, target: Path) -> None:
                         sink.write(chunk)
     except (zipfile.BadZipFile, OSError) as error:
         raise PackageError(f"the wheel could not be unpacked: {error}") from None
-
-
-def is_sha256(text: str) -> bool:
-    return _SHA256.fullmatch(text) is not None

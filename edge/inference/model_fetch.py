@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import aiohttp
 import structlog
+
+from shared.file_digests import file_sha256
 
 _CHUNK_BYTES = 1 << 20
 # A control plane that restarts or a link that drops is waited out (about two
@@ -122,14 +123,7 @@ class ModelCache:
     async def _verify_and_keep(self, sha256: str) -> None:
         part = self.directory / f"{sha256}.part"
 
-        def digest() -> str:
-            hasher = hashlib.sha256()
-            with open(part, "rb") as file:
-                for block in iter(lambda: file.read(_CHUNK_BYTES), b""):
-                    hasher.update(block)
-            return hasher.hexdigest()
-
-        actual = await asyncio.to_thread(digest)
+        actual, _ = await asyncio.to_thread(file_sha256, part)
         if actual != sha256:
             with contextlib.suppress(FileNotFoundError):
                 await asyncio.to_thread(part.unlink)
