@@ -31,11 +31,11 @@ from shared import __version__
 from shared.agent_packages import (
     PackageError,
     PackageFacts,
-    file_sha256,
     inspect_wheel,
     unpack_wheel,
     verify_package_signature,
 )
+from shared.file_digests import file_sha256
 from shared.messages import AgentUpgrade, AgentUpgradeReport
 
 if TYPE_CHECKING:
@@ -172,12 +172,12 @@ class AgentUpgrades(AgentModule):
             if response.status != 200:
                 raise PackageError(f"the control plane answered {response.status} for the package")
             received = 0
-            with path.open("wb") as file:
+            with path.open("wb") as file:  # the writes below go off the loop
                 async for chunk in response.content.iter_chunked(1 << 16):
                     received += len(chunk)
                     if received > upgrade.size_bytes:
                         raise PackageError(f"the package is larger than {upgrade.size_bytes} bytes")
-                    file.write(chunk)
+                    await asyncio.to_thread(file.write, chunk)
 
     def _install(self, upgrade: AgentUpgrade, package: Path, versions: VersionsDir) -> None:
         """Check the fetched file and unpack it as the version on trial. Blocking."""

@@ -98,7 +98,7 @@ class Supervisor:
             self.versions.end_trial()
             trial = None
         if trial is None:
-            return self._wait(self._start(self.versions.active()))
+            return self._start(self.versions.active()).wait()
         self._log(f"greenfed supervisor: trying agent {trial.version}")
         child = self._start(trial.version)
         outcome = self._await_health(child, trial.health_timeout_s)
@@ -108,9 +108,9 @@ class Supervisor:
             self._log(f"greenfed supervisor: agent {trial.version} announced itself; it stays")
             keep = {trial.version} | ({trial.previous} if trial.previous else set())
             self.versions.prune(keep)
-            return self._wait(child)
+            return child.wait()
         if self._stopping:  # stopped during the trial: the trial is not over
-            return self._wait(child)
+            return child.wait()
         self._stop_child(child)
         self.versions.record_failure(
             Failure(
@@ -127,7 +127,7 @@ class Supervisor:
             f"greenfed supervisor: agent {trial.version} rolled back to "
             f"{trial.previous or 'the installed version'}: {outcome}"
         )
-        return self._wait(self._start(trial.previous))
+        return self._start(trial.previous).wait()
 
     def _start(self, version: str | None) -> subprocess.Popen[bytes]:
         self._health_file.unlink(missing_ok=True)
@@ -158,13 +158,6 @@ class Supervisor:
             if time.monotonic() >= deadline:
                 return f"the new version did not announce itself within {timeout_s:g} s"
             time.sleep(_POLL_S)
-
-    def _wait(self, child: subprocess.Popen[bytes]) -> int:
-        while True:
-            try:
-                return child.wait()
-            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-                continue
 
     def _stop_child(self, child: subprocess.Popen[bytes]) -> None:
         if child.poll() is not None:
