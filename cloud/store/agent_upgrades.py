@@ -145,6 +145,18 @@ async def update_rollout(
     )
 
 
+async def select_latest_rollout_head(connection: AsyncConnection) -> tuple[str, str] | None:
+    """(rollout id, phase) of the latest rollout, without its state."""
+    row = (
+        await connection.execute(
+            select(agent_rollouts.c.rollout_id, agent_rollouts.c.phase)
+            .order_by(agent_rollouts.c.created_at.desc())
+            .limit(1)
+        )
+    ).first()
+    return (row.rollout_id, row.phase) if row is not None else None
+
+
 async def select_rollouts(
     connection: AsyncConnection, *, limit: int = 50
 ) -> tuple[AgentRolloutRecord, ...]:

@@ -956,6 +956,11 @@ class Store:
         async with self._read() as connection:
             return await agent_upgrades.select_rollouts(connection, limit=limit)
 
+    async def latest_agent_rollout_head(self) -> tuple[str, str] | None:
+        """(rollout id, phase) of the latest rollout: what the loop checks each pass."""
+        async with self._read() as connection:
+            return await agent_upgrades.select_latest_rollout_head(connection)
+
     async def agent_rollout(self, rollout_id: str) -> AgentRolloutRecord | None:
         async with self._read() as connection:
             return await agent_upgrades.select_rollout(connection, rollout_id)

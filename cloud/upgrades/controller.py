@@ -27,6 +27,8 @@ class UpgradeController:
         # After a reset every document goes out anew (the publisher forgot them all), so
         # the first step has nothing to announce.
         self._fresh = True
+        # (rollout id, phase) of a rollout that is over, whose asked nodes are known.
+        self._settled: tuple[str, str] | None = None
         self._log = structlog.get_logger("greenfed.upgrades")
 
     def upgrade_for(self, node_id: str) -> AgentUpgrade | None:
@@ -37,40 +39,22 @@ class UpgradeController:
         """Leadership lost: the next leader starts from the store."""
         self._asked = {}
         self._fresh = True
+        self._settled = None
 
     async def step(self, nodes: Mapping[str, NodeRecord], now: float) -> frozenset[str]:
-        """Move the latest rollout on; the nodes whose document's agent version changed."""
-        latest = await self._store.list_agent_rollouts(limit=1)
-        asked: dict[str, AgentUpgrade] = {}
-        if latest:
-            rollout = latest[0]
-            phase, state = rollout.phase, rollout.state
-            if phase == "running" or (
-                phase == "halted" and any(n.state == "upgrading" for n in state.nodes.values())
-            ):
-                phase, state = advance(
-                    rollout.rollout_id, rollout.version, phase, state, nodes, now
-                )
-                if (phase, state) != (rollout.phase, rollout.state):
-                    await self._store.save_agent_rollout(rollout.rollout_id, phase, state)
-                    if (phase, state.current_wave) != (rollout.phase, rollout.state.current_wave):
-                        self._log.info(
-                            "agent rollout moved",
-                            rollout_id=rollout.rollout_id,
-                            version=rollout.version,
-                            phase=phase,
-                            wave=state.current_wave,
-                            detail=state.detail,
-                        )
-            package = await self._package(rollout.version)
-            if package is not None:
-                for node_id in asked_nodes(phase, state):
-                    asked[node_id] = agent_upgrade(
-                        package,
-                        self._signer,
-                        rollout_id=rollout.rollout_id,
-                        health_timeout_s=state.rules.health_timeout_s,
-                    )
+        """Move the latest rollout on; the nodes whose document's agent version changed.
+
+        A rollout that is over and has no node still on its way asks the same nodes for
+        the same version until another rollout starts or it is cancelled: its id and
+        phase (one small row) say so, and its state (a JSON document of every node's
+        entry) is not read again each pass."""
+        head = await self._store.latest_agent_rollout_head()
+        if head is None:
+            asked: dict[str, AgentUpgrade] = {}
+        elif head == self._settled:
+            asked = self._asked
+        else:
+            asked = await self._move_on(head[0], nodes, now)
         changed = frozenset(
             node_id
             for node_id in asked.keys() | self._asked.keys()
@@ -81,6 +65,42 @@ class UpgradeController:
             self._fresh = False
             return frozenset()
         return changed
+
+    async def _move_on(
+        self, rollout_id: str, nodes: Mapping[str, NodeRecord], now: float
+    ) -> dict[str, AgentUpgrade]:
+        rollout = await self._store.agent_rollout(rollout_id)
+        if rollout is None:  # gone since its head was read (a restore): nothing is asked
+            return {}
+        phase, state = rollout.phase, rollout.state
+        on_their_way = any(n.state == "upgrading" for n in state.nodes.values())
+        if phase == "running" or (phase == "halted" and on_their_way):
+            phase, state = advance(rollout.rollout_id, rollout.version, phase, state, nodes, now)
+            if (phase, state) != (rollout.phase, rollout.state):
+                await self._store.save_agent_rollout(rollout.rollout_id, phase, state)
+                if (phase, state.current_wave) != (rollout.phase, rollout.state.current_wave):
+                    self._log.info(
+                        "agent rollout moved",
+                        rollout_id=rollout.rollout_id,
+                        version=rollout.version,
+                        phase=phase,
+                        wave=state.current_wave,
+                        detail=state.detail,
+                    )
+            on_their_way = any(n.state == "upgrading" for n in state.nodes.values())
+        settled = phase != "running" and not on_their_way
+        self._settled = (rollout.rollout_id, phase) if settled else None
+        package = await self._package(rollout.version)
+        if package is None:
+            return {}
+        # One document entry for every asked node: the same version, URL and signature.
+        upgrade = agent_upgrade(
+            package,
+            self._signer,
+            rollout_id=rollout.rollout_id,
+            health_timeout_s=state.rules.health_timeout_s,
+        )
+        return dict.fromkeys(asked_nodes(phase, state), upgrade)
 
     async def _package(self, version: str) -> AgentPackageRecord | None:
         if version not in self._packages:
