@@ -44,6 +44,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def percentage(text: str) -> float:
+    """`10%` or `10` -> 10.0, from 0 to 100."""
+    try:
+        value = float(text.removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage such as 10%") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage from 0 to 100")
+    return value
+
+
 def mqtt_url(text: str) -> str:
     try:
         parse_mqtt_url(text)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from greenfed.arguments import percentage, positive_float
 from greenfed.output import ACTION_FORMATS, output_of
 from greenfed.work_cli import add_client_options, run_client
 
@@ -81,24 +82,29 @@ def add_upgrade_commands(
         "--nodes", action="append", metavar="A,B", help="only these nodes (default: every node)"
     )
     upgrade.add_argument(
-        "--canary", default="10%", metavar="N%", help="the first wave's share of nodes (10%%)"
+        "--canary",
+        type=percentage,
+        default="10%",
+        metavar="N%",
+        help="the first wave's share of nodes (10%%)",
     )
     upgrade.add_argument(
         "--max-failures",
+        type=percentage,
         default="20%",
         metavar="N%",
         help="a wave whose failed share passes this halts the rollout (20%%)",
     )
     upgrade.add_argument(
         "--health-timeout",
-        type=float,
+        type=positive_float,
         default=120.0,
         metavar="SECONDS",
         help="how long a new version has to announce itself before the node rolls back",
     )
     upgrade.add_argument(
         "--wave-timeout",
-        type=float,
+        type=positive_float,
         default=900.0,
         metavar="SECONDS",
         help="a node that has not answered within this counts as failed",

@@ -28,19 +28,6 @@ def _moment(epoch_s: float | None) -> str:
     return "" if epoch_s is None else at_utc(datetime.fromtimestamp(epoch_s, tz=UTC))
 
 
-def _share(text: str, option: str) -> float:
-    """`10%`, `10` (percent) → 10.0."""
-    try:
-        value = float(text.rstrip("%"))
-    except ValueError:
-        raise CliError(
-            f"{option} {text!r}: expected a percentage such as 10%", EXIT_USAGE
-        ) from None
-    if not 0 <= value <= 100:
-        raise CliError(f"{option} {text!r}: a percentage from 0 to 100", EXIT_USAGE)
-    return value
-
-
 # ---- packages ----------------------------------------------------------------------------
 
 
@@ -164,8 +151,8 @@ async def start_rollout(client: ApiClient, args: argparse.Namespace, *, output: 
     body = {
         "version": args.version,
         "nodes": nodes,
-        "canary_percent": _share(args.canary, "--canary"),
-        "max_failure_share": _share(args.max_failures, "--max-failures") / 100,
+        "canary_percent": args.canary,
+        "max_failure_share": args.max_failures / 100,
         "health_timeout_s": args.health_timeout,
         "wave_timeout_s": args.wave_timeout,
     }

@@ -14,6 +14,9 @@ from greenfed.cli import main
         ["models", "--limit", "-1"],
         ["logs", "some-id", "--tail", "-1"],
         ["up", "--api-port", "70000"],
+        ["nodes", "upgrade", "--canary", "101%", "--version", "1.0"],
+        ["nodes", "upgrade", "--max-failures", "-5", "--version", "1.0"],
+        ["nodes", "upgrade", "--health-timeout", "0", "--version", "1.0"],
     ],
 )
 def test_a_bad_option_value_is_a_usage_error_naming_it(

@@ -71,10 +71,10 @@ async def test_an_admin_publishes_rolls_out_follows_and_cancels(
     assert "cancelled by an admin" in out
 
 
-async def test_a_percentage_that_is_none_is_refused_naming_the_option(
+async def test_a_percentage_that_is_none_is_refused_naming_the_option_and_the_value(
     api: Api, capfd: pytest.CaptureFixture[str]
 ) -> None:
     cli = Cli(api, capfd)
     code, _, err = await cli.run("nodes", "upgrade", "--version", "9.0.0", "--canary", "ten")
     assert code == 2
-    assert "--canary 'ten'" in err
+    assert "argument --canary: 'ten' is not a percentage such as 10%" in err
