@@ -239,9 +239,12 @@ class Agent:
     async def _connected(self, client: aiomqtt.Client) -> None:
         assert self._modules is not None
         ordered = self._modules.in_order()
-        for module in ordered:
-            await module.on_connect(client)
+        # A stop while the modules are still connecting (the birth may be out already)
+        # says goodbye too: the session then disconnects cleanly, and the broker keeps
+        # the will to itself, so without it the node would stay online.
         try:
+            for module in ordered:
+                await module.on_connect(client)
             await self._run_modules(client, ordered)
         except asyncio.CancelledError:
             await self._say_goodbye(client, ordered)
