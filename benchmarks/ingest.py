@@ -18,8 +18,22 @@ With `--accounting` the live accountant (cloud/usage/) meters every sample as th
 leader does: every node runs a job on its GPU, and usage is flushed to a SQLite store
 every `usage.flush_interval_s` (`usage_rows_written`, `usage_flush_ms` report it).
 
+`--consumer paho` measures, on the same rig, a bare paho client whose `on_message`
+only counts: the ceiling one Python process reaches on this broker.
+
+`--replicas 1,2,3` runs that many control-plane replicas, each a process of its own
+taking telemetry through one MQTT shared subscription (`mqtt.shared_group`) and
+merging the others' digests (cloud/fleet/digest.py), as `greenfed cloud` replicas
+do. Per replica it reports what it took itself (`ingested`), what it merged from
+digests (`merged`), its CPU, and how many nodes its registry saw up to their last
+sample (`nodes_current`: every replica should see every node). With `--accounting`
+the first replica meters, as the leader does: `usage_energy_j` is what it metered,
+the same whatever the number of replicas when nothing is counted twice.
+
     python benchmarks/ingest.py --mqtt-url mqtt://127.0.0.1:1883 --rates 5000,10000,15000,20000
     python benchmarks/ingest.py --accounting --rates 10000,15000
+    python benchmarks/ingest.py --consumer paho --rates 15000,20000,25000
+    python benchmarks/ingest.py --replicas 1,2,3 --rates 10000,15000,20000,25000
 """
 
 from __future__ import annotations
@@ -35,16 +49,24 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from multiprocessing.queues import Queue
 from pathlib import Path
 
+import structlog
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud.fleet.ingest import Ingestor
+from cloud.fleet.ingest import DIGEST_CHANNEL, Ingestor
 from cloud.fleet.registry import NodeRegistry
 from cloud.signals.grid import GridSignals
-from cloud.store import AllocationRecord, StoreSnapshot, open_store
+from cloud.store import (
+    AllocationRecord,
+    StoreSnapshot,
+    UsageMark,
+    UsageWrite,
+    open_store,
+)
 from cloud.usage.accountant import Accountant
 from shared.messages import AcceleratorSample, NodeStatus, Telemetry, encode
 from shared.settings import MqttSettings, StoreSettings, UsageSettings, parse_mqtt_url
@@ -196,6 +218,14 @@ async def metering(
             for node_id in node_ids(nodes)
         )
         snapshot = StoreSnapshot(tenants=(), work=(), allocations=allocations, node_generations={})
+        # Counted from a known start (every counter at 0 before the first sample), as a
+        # leader that ran before would have it: what is metered is then the same
+        # whichever replica hears a node's first sample.
+        start = [
+            UsageMark(node_id, "bench", 0, now, {"cpu0": 0.0, "gpu0": 0.0})
+            for node_id in node_ids(nodes)
+        ]
+        await store.write_usage(UsageWrite(marks=start), lease=lease)
         accountant.note_pass(snapshot, GridSignals(now_s=now, zones={}))
         await accountant.begin(lease)
         accountant.note_pass(snapshot, GridSignals(now_s=now, zones={}))
@@ -257,23 +287,7 @@ async def _run_rate(
     consumer = asyncio.create_task(ingestor.run(session))
     await asyncio.wait_for(ingestor.subscribed.wait(), 10)
 
-    context = multiprocessing.get_context("spawn")
-    go = context.Event()
-    report: Queue[int] = context.Queue()
-    publisher = context.Process(target=publish, args=(url, root, nodes, rate, seconds, go, report))
-    publisher.start()
-    await asyncio.sleep(3.0)  # the publisher pre-encodes its payloads before `go`
-    cpu_before, wall_before = time.process_time(), time.perf_counter()
-    go.set()
-    sent = await asyncio.to_thread(report.get, True, seconds + 120)
-    while True:  # everything in flight has arrived once nothing new came for 1 s
-        before = received
-        await asyncio.sleep(1.0)
-        if received == before:
-            break
-    cpu_s = time.process_time() - cpu_before
-    wall_s = time.perf_counter() - wall_before - 1.0
-    await asyncio.to_thread(publisher.join, 30)
+    sent, cpu_s, wall_s = await _drive_publisher(url, root, nodes, rate, seconds, lambda: received)
     consumer.cancel()
     await asyncio.gather(consumer, return_exceptions=True)
     ingested = ingestor.stats.ingested["telemetry"]
@@ -289,7 +303,254 @@ async def _run_rate(
     }, accountant
 
 
+async def run_paho_rate(url: str, nodes: int, rate: int, seconds: float) -> dict[str, float | int]:
+    """The same rig with a bare paho consumer: `on_message` counts, nothing else."""
+    import paho.mqtt.client as mqtt
+
+    root = f"gfbench-{uuid.uuid4().hex[:8]}"
+    endpoint = parse_mqtt_url(url)
+    received = 0
+
+    def on_message(client: object, userdata: object, message: object) -> None:
+        nonlocal received
+        received += 1
+
+    subscribed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"bench-paho-{root}")  # type: ignore[attr-defined]
+    client.on_message = on_message
+
+    def on_subscribe(*args: object) -> None:
+        loop.call_soon_threadsafe(subscribed.set)
+
+    client.on_subscribe = on_subscribe
+    if endpoint.username:
+        client.username_pw_set(endpoint.username, endpoint.password)
+    client.connect(endpoint.host, endpoint.port)
+    client.subscribe(Topics(root).all_nodes(Channel.TELEMETRY), qos=0)
+    client.loop_start()
+    await asyncio.wait_for(subscribed.wait(), 10)
+    try:
+        sent, cpu_s, wall_s = await _drive_publisher(
+            url, root, nodes, rate, seconds, lambda: received
+        )
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    return {
+        "rate_msgs_per_s": rate,
+        "sent": sent,
+        "received": received,
+        "ingested": received,
+        "consumer_drops": 0,
+        "broker_losses": sent - received,
+        "consumer_cpu_pct": round(100 * cpu_s / wall_s, 1),
+        "ingested_per_cpu_s": round(received / cpu_s) if cpu_s > 0 else 0,
+    }
+
+
+async def _drive_publisher(
+    url: str,
+    root: str,
+    nodes: int,
+    rate: int,
+    seconds: float,
+    received: Callable[[], int],
+) -> tuple[int, float, float]:
+    """Run the publisher once the consumer listens; (sent, consumer CPU s, wall s) once
+    nothing new arrived for 1 s."""
+    context = multiprocessing.get_context("spawn")
+    go = context.Event()
+    report: Queue[int] = context.Queue()
+    publisher = context.Process(target=publish, args=(url, root, nodes, rate, seconds, go, report))
+    publisher.start()
+    await asyncio.sleep(3.0)  # the publisher pre-encodes its payloads before `go`
+    cpu_before, wall_before = time.process_time(), time.perf_counter()
+    go.set()
+    sent = await asyncio.to_thread(report.get, True, seconds + 120)
+    while True:  # everything in flight has arrived once nothing new came for 1 s
+        before = received()
+        await asyncio.sleep(1.0)
+        if received() == before:
+            break
+    cpu_s = time.process_time() - cpu_before
+    wall_s = time.perf_counter() - wall_before - 1.0
+    await asyncio.to_thread(publisher.join, 30)
+    return sent, cpu_s, wall_s
+
+
+def last_seqs(nodes: int, rate: int, seconds: float) -> dict[str, int]:
+    """Each node's last sequence number the publisher sends (its payload order)."""
+    total = int(rate * seconds)
+    per_node = -(-total // nodes)
+    return {
+        node_id: per_node if (per_node - 1) * nodes + index < total else per_node - 1
+        for index, node_id in enumerate(node_ids(nodes))
+    }
+
+
+def replica(
+    url: str,
+    root: str,
+    nodes: int,
+    index: int,
+    accounting: bool,
+    expected: dict[str, int],
+    ready: Queue[int],
+    go: multiprocessing.synchronize.Event,
+    done: multiprocessing.synchronize.Event,
+    report: Queue[dict[str, float | int]],
+) -> None:
+    """One control-plane replica's ingestion, in a process of its own."""
+    logs_to_stderr()
+    report.put(
+        asyncio.run(_replica(url, root, nodes, index, accounting, expected, ready, go, done))
+    )
+
+
+async def _replica(
+    url: str,
+    root: str,
+    nodes: int,
+    index: int,
+    accounting: bool,
+    expected: dict[str, int],
+    ready: Queue[int],
+    go: multiprocessing.synchronize.Event,
+    done: multiprocessing.synchronize.Event,
+) -> dict[str, float | int]:
+    settings = MqttSettings(url=url, topic_root=root, shared_group="bench")
+    registry = NodeRegistry()
+    ingestor = Ingestor(
+        registry,
+        Topics(root),
+        max_payload_bytes=settings.max_payload_bytes,
+        invalid_log_interval_s=60.0,
+        shared_group=settings.shared_group,
+        digest_interval_s=settings.digest_interval_s,
+    )
+    for node_id in node_ids(nodes):
+        registry.apply_status(birth(node_id))
+    async with contextlib.AsyncExitStack() as stack:
+        accountant = None
+        if accounting and index == 0:  # the leader meters
+            accountant = await stack.enter_async_context(metering(ingestor, registry, nodes))
+            ingestor.digest_listeners.append(accountant.observe)
+        received = 0
+        apply = ingestor.handle
+        digest_topic = Topics(root).telemetry_digest
+
+        def counting_handle(topic: str, payload: bytes | bytearray) -> None:
+            nonlocal received
+            if topic != digest_topic:
+                received += 1
+            apply(topic, payload)
+
+        ingestor.handle = counting_handle  # type: ignore[method-assign]
+        session = ingestor.session(settings, client_id=f"bench-replica-{index}-{uuid.uuid4().hex}")
+        consumer = asyncio.create_task(ingestor.run(session))
+        await asyncio.wait_for(ingestor.subscribed.wait(), 10)
+        ready.put(index)
+        await asyncio.to_thread(go.wait)
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        await asyncio.to_thread(done.wait)
+        # Settled: nothing new for 1 s, and every replica's last digest merged.
+        while True:
+            before = (received, ingestor.stats.ingested[DIGEST_CHANNEL])
+            await asyncio.sleep(1.0 + 2 * settings.digest_interval_s)
+            if (received, ingestor.stats.ingested[DIGEST_CHANNEL]) == before:
+                break
+        cpu_s = time.process_time() - cpu_before
+        wall_s = time.perf_counter() - wall_before
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+    ingested = ingestor.stats.ingested["telemetry"]
+    current = sum(
+        1
+        for node_id, seq in expected.items()
+        if (record := registry.get(node_id)) is not None
+        and record.telemetry is not None
+        and record.telemetry.seq == seq
+    )
+    result: dict[str, float | int] = {
+        "replica": index,
+        "received": received,
+        "ingested": ingested,
+        "merged": ingestor.stats.ingested[DIGEST_CHANNEL],
+        "digest_stale": ingestor.stats.digest_stale,
+        "consumer_drops": received - ingested,
+        "nodes_current": current,
+        "cpu_s": round(cpu_s, 2),
+        "cpu_pct": round(100 * cpu_s / wall_s, 1),
+        "ingested_per_cpu_s": round(ingested / cpu_s) if cpu_s > 0 else 0,
+    }
+    if accountant is not None:
+        result["usage_energy_j"] = round(sum(t.energy_j for t in accountant.totals.values()))
+        result["usage_rows_written"] = accountant.stats.rows_written
+        result["usage_replays"] = accountant.stats.replays
+    return result
+
+
+async def run_replicas_rate(
+    url: str, nodes: int, replicas: int, rate: int, seconds: float, *, accounting: bool
+) -> dict[str, object]:
+    root = f"gfbench-{uuid.uuid4().hex[:8]}"
+    context = multiprocessing.get_context("spawn")
+    ready: Queue[int] = context.Queue()
+    reports: Queue[dict[str, float | int]] = context.Queue()
+    replica_go, done = context.Event(), context.Event()
+    expected = last_seqs(nodes, rate, seconds)
+    processes = [
+        context.Process(
+            target=replica,
+            args=(url, root, nodes, index, accounting, expected, ready, replica_go, done, reports),
+        )
+        for index in range(replicas)
+    ]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        await asyncio.to_thread(ready.get, True, 60)
+    go = context.Event()
+    report: Queue[int] = context.Queue()
+    publisher = context.Process(target=publish, args=(url, root, nodes, rate, seconds, go, report))
+    publisher.start()
+    await asyncio.sleep(3.0)  # the publisher pre-encodes its payloads before `go`
+    replica_go.set()
+    go.set()
+    sent = await asyncio.to_thread(report.get, True, seconds + 120)
+    done.set()
+    per_replica = [await asyncio.to_thread(reports.get, True, 120) for _ in processes]
+    for process in [*processes, publisher]:
+        await asyncio.to_thread(process.join, 30)
+    per_replica.sort(key=lambda r: int(r["replica"]))
+    received = sum(int(r["received"]) for r in per_replica)
+    ingested = sum(int(r["ingested"]) for r in per_replica)
+    cpu_s = sum(float(r["cpu_s"]) for r in per_replica)
+    result: dict[str, object] = {
+        "replicas": replicas,
+        "rate_msgs_per_s": rate,
+        "sent": sent,
+        "received": received,
+        "ingested": ingested,
+        "consumer_drops": received - ingested,
+        "broker_losses": sent - received,
+        "every_replica_sees_every_node": all(int(r["nodes_current"]) == nodes for r in per_replica),
+        "ingested_per_cpu_s": round(ingested / cpu_s) if cpu_s > 0 else 0,
+        "per_replica": per_replica,
+    }
+    if accounting:
+        result["usage_energy_j"] = per_replica[0].get("usage_energy_j")
+    return result
+
+
+def logs_to_stderr() -> None:
+    """Log lines on stderr: stdout carries the JSON summary."""
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
 def main() -> None:
+    logs_to_stderr()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -300,20 +561,64 @@ def main() -> None:
     parser.add_argument(
         "--accounting", action="store_true", help="meter every sample (cloud/usage/)"
     )
+    parser.add_argument("--consumer", choices=("greenfed", "paho"), default="greenfed")
+    parser.add_argument(
+        "--replicas", default="", help="e.g. 1,2,3: replicas sharing telemetry, one process each"
+    )
     args = parser.parse_args()
-    results = [
-        asyncio.run(
-            run_rate(args.mqtt_url, args.nodes, int(rate), args.seconds, accounting=args.accounting)
+    rates = [int(rate) for rate in args.rates.split(",")]
+    if args.replicas:
+        sweeps = {
+            replicas: [
+                asyncio.run(
+                    run_replicas_rate(
+                        args.mqtt_url,
+                        args.nodes,
+                        replicas,
+                        rate,
+                        args.seconds,
+                        accounting=args.accounting,
+                    )
+                )
+                for rate in rates
+            ]
+            for replicas in (int(count) for count in args.replicas.split(","))
+        }
+        json.dump(
+            {
+                "broker": args.mqtt_url,
+                "nodes": args.nodes,
+                "accounting": args.accounting,
+                "seconds_per_rate": args.seconds,
+                "sweeps": {str(count): results for count, results in sweeps.items()},
+                "highest_lossless_rate_msgs_per_s": {
+                    str(count): max(
+                        (int(str(r["rate_msgs_per_s"])) for r in results if _lossless(r)), default=0
+                    )
+                    for count, results in sweeps.items()
+                },
+            },
+            sys.stdout,
+            indent=2,
         )
-        for rate in args.rates.split(",")
-    ]
-    lossless = [
-        r["rate_msgs_per_s"]
-        for r in results
-        if r["consumer_drops"] == 0 and r["broker_losses"] == 0
-    ]
+        print()
+        return
+    if args.consumer == "paho":
+        results = [
+            asyncio.run(run_paho_rate(args.mqtt_url, args.nodes, rate, args.seconds))
+            for rate in rates
+        ]
+    else:
+        results = [
+            asyncio.run(
+                run_rate(args.mqtt_url, args.nodes, rate, args.seconds, accounting=args.accounting)
+            )
+            for rate in rates
+        ]
+    lossless = [r["rate_msgs_per_s"] for r in results if _lossless(r)]
     summary = {
         "broker": args.mqtt_url,
+        "consumer": args.consumer,
         "nodes": args.nodes,
         "accounting": args.accounting,
         "seconds_per_rate": args.seconds,
@@ -323,6 +628,16 @@ def main() -> None:
     }
     json.dump(summary, sys.stdout, indent=2)
     print()
+
+
+def _lossless(result: Mapping[str, object]) -> bool:
+    """Nothing dropped by the consumers or lost by the broker (and, with replicas, every
+    replica's registry current for every node)."""
+    return (
+        result["consumer_drops"] == 0
+        and result["broker_losses"] == 0
+        and result.get("every_replica_sees_every_node", True) is True
+    )
 
 
 if __name__ == "__main__":

@@ -248,6 +248,9 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
     if accountant is not None:
         app[ACCOUNTANT] = accountant
         app[INGESTOR].telemetry_listeners.append(accountant.observe)
+        # Other replicas' shares of the telemetry (mqtt.shared_group): the leader meters
+        # every node, each sample once past its node's mark (cloud/fleet/digest.py).
+        app[INGESTOR].digest_listeners.append(accountant.observe)
         collectors.append((metrics.tenants, UsageCollector(accountant)))
         collectors.append(
             (
@@ -272,6 +275,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         app[INGESTOR].change_listeners.remove(loop.wake)
         if accountant is not None:
             app[INGESTOR].telemetry_listeners.remove(accountant.observe)
+            app[INGESTOR].digest_listeners.remove(accountant.observe)
         for registry, collector in collectors:
             registry.unregister(collector)
         for task in reversed(tasks):
@@ -329,6 +333,8 @@ def create_app(
         on_log=job_logs.append,
         limits=PlausibilityLimits.of(settings.cloud),
         assignments=AssignmentIndex(),
+        shared_group=settings.mqtt.shared_group,
+        digest_interval_s=settings.mqtt.digest_interval_s,
     )
     app = web.Application(
         middlewares=[

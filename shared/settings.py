@@ -27,7 +27,13 @@ from shared.errors import (
 from shared.messages import NodeTaint, Site
 from shared.placement_names import placement_error
 from shared.taints import MAX_TAINTS, parse_taint
-from shared.topics import DEFAULT_TOPIC_ROOT, TopicError, is_valid_node_id, validate_root
+from shared.topics import (
+    DEFAULT_TOPIC_ROOT,
+    TopicError,
+    is_valid_node_id,
+    validate_root,
+    validate_share_group,
+)
 
 ENV_PREFIX = "GREENFED_"
 # Double underscore separates section from key, so keys may contain single ones
@@ -97,6 +103,13 @@ class MqttSettings(Section, frozen=True, kw_only=True):
     reconnect_initial_s: PositiveFloat = 0.5
     reconnect_max_s: PositiveFloat = 30.0
     max_payload_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024
+    # Control plane: the shared-subscription group its replicas take nodes' telemetry
+    # through, each replica a share, and a digest of what each heard for the others
+    # (cloud/fleet/digest.py). "" (default): every replica takes all of it, as a broker
+    # without shared subscriptions (the embedded one) requires. Mosquitto >= 1.6: set it.
+    shared_group: str = ""
+    # How often a replica publishes its digest while `shared_group` is set.
+    digest_interval_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
 
     # Checks across a value's type raise a FieldError naming the key.
     def __post_init__(self) -> None:
@@ -110,6 +123,10 @@ class MqttSettings(Section, frozen=True, kw_only=True):
             raise FieldError("topic_root", str(error)) from None
         if self.reconnect_max_s < self.reconnect_initial_s:
             raise FieldError("reconnect_max_s", "must be >= reconnect_initial_s")
+        try:
+            validate_share_group(self.shared_group)
+        except TopicError as error:
+            raise FieldError("shared_group", str(error)) from None
 
 
 OUTBOX_MAX_BYTES = 64 * 1024 * 1024

@@ -15,6 +15,8 @@ DEFAULT_TOPIC_ROOT = "greenfed"
 
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ROOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A shared-subscription group name: one topic level (MQTT forbids '/', '+', '#' in it).
+_SHARE_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Channel(StrEnum):
@@ -62,6 +64,15 @@ def validate_root(root: str) -> str:
     return root
 
 
+def validate_share_group(group: str) -> str:
+    """A shared-subscription group name ("" means none)."""
+    if group and not _SHARE_GROUP.fullmatch(group):
+        raise TopicError(
+            f"shared group {group!r} must be one topic level of letters, digits, '.', '_' or '-'"
+        )
+    return group
+
+
 @dataclass(frozen=True, slots=True)
 class NodeTopic:
     node_id: str
@@ -89,6 +100,18 @@ class Topics:
     def all_nodes(self, channel: Channel) -> str:
         """The subscription filter for one channel of every node."""
         return f"{self.nodes_prefix}+/{channel.value}"
+
+    def shared(self, topic_filter: str, group: str) -> str:
+        """`topic_filter` as a shared subscription of `group` (MQTT 5 `$share`, which
+        Mosquitto also grants MQTT 3.1.1 clients): the broker hands each message to one
+        subscriber of the group. An empty group: the filter itself."""
+        return f"$share/{group}/{topic_filter}" if group else topic_filter
+
+    @property
+    def telemetry_digest(self) -> str:
+        """Where control-plane replicas that share telemetry publish what they heard
+        (cloud/fleet/digest.py): outside `nodes/`, so no node's account may write it."""
+        return f"{self.root}/{TOPIC_VERSION}/cloud/telemetry-digest"
 
     def parse(self, topic: str) -> NodeTopic:
         """Split a node topic into node id and channel; raise TopicError otherwise."""

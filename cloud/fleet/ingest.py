@@ -31,11 +31,18 @@ when the index does not know it yet, then dropped as `not_assigned` or
 the same way (the scheduling loop reads only entries of the node's own allocations,
 cloud/loop/reports.py), and one that goes backwards within an agent instance
 (`illegal_transition`) is replaced by what that instance said before.
+
+Replicas that share telemetry (`mqtt.shared_group`, cloud/fleet/digest.py) each take
+a share of the samples through one shared subscription and merge the others' digests
+(`handle_digest`), checked like the samples themselves; births, reports, events and
+logs stay unshared: every replica needs them, and they are few.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
@@ -50,6 +57,7 @@ from cloud.fleet.assignments import (
     AssignmentKey,
     HeldForConfirmation,
 )
+from cloud.fleet.digest import DIGEST_DECODER, DIGEST_ENVELOPE_BYTES, DigestBuilder
 from cloud.fleet.plausibility import (
     Implausible,
     PlausibilityLimits,
@@ -79,7 +87,14 @@ from shared.messages import (
 )
 from shared.mqtt import MqttSession
 from shared.settings import MqttSettings
-from shared.topics import CHANNEL_SPECS, Channel, TopicError, Topics
+from shared.tasks import cancel_and_wait
+from shared.topics import CHANNEL_SPECS, Channel, NodeTopic, TopicError, Topics
+
+# Topics parsed lately, kept to skip parsing (a node has five): cleared when full.
+MAX_PARSED_TOPICS = 65_536
+
+# How digests' samples are counted (`IngestStats`, /metrics' `channel` label).
+DIGEST_CHANNEL = "digest"
 
 IngestedMessage = NodeStatus | Telemetry | ReportedState | NodeEvent | JobLogChunk
 
@@ -135,6 +150,8 @@ class IngestStats:
         # Messages whose handling raised: a bug, never a client's fault (the fuzz test
         # asserts it stays 0).
         self.failures = 0
+        # Samples in other replicas' digests that this one had already heard, or newer.
+        self.digest_stale = 0
 
     @property
     def invalid_total(self) -> int:
@@ -154,11 +171,15 @@ class Ingestor:
         on_log: Callable[[JobLogChunk], None] | None = None,
         limits: PlausibilityLimits | None = None,
         assignments: AssignmentIndex | None = None,
+        shared_group: str = "",
+        digest_interval_s: float = 1.0,
     ) -> None:
         """`limits`: plausibility bounds (`PlausibilityLimits.of(settings.cloud)`);
         timestamps are judged by the registry's wall clock. `assignments`: who runs
         what, to gate log chunks and audit reports; None trusts every node about any
-        work (tests of ingestion alone)."""
+        work (tests of ingestion alone). `shared_group` (`mqtt.shared_group`): take
+        telemetry through this shared subscription and exchange digests every
+        `digest_interval_s` (cloud/fleet/digest.py); "": every sample, no digests."""
         self.registry = registry
         self.topics = topics
         self.stats = IngestStats()
@@ -174,9 +195,23 @@ class Ingestor:
         # Called (with nothing) whenever a node's state changed or it reported: the
         # scheduling loop's trigger. Must be quick and must not raise.
         self.change_listeners: list[Callable[[], None]] = []
-        # Called with every telemetry sample the registry accepted (accounting, serving
-        # counters). On the hot path: must be quick and must not raise.
+        # Called with every telemetry sample the registry accepted from the broker
+        # (accounting, serving counters, the digest). On the hot path: must be quick and
+        # must not raise.
         self.telemetry_listeners: list[Callable[[Telemetry], None]] = []
+        # Called with every sample of another replica's digest the registry accepted
+        # (accounting: the leader meters every node). Must be quick and must not raise.
+        self.digest_listeners: list[Callable[[Telemetry], None]] = []
+        self.shared_group = shared_group
+        self._parsed: dict[str, NodeTopic] = {}
+        self._digest_interval_s = digest_interval_s
+        self._digest_topic = topics.telemetry_digest
+        # What this replica heard, for the others (only while sharing).
+        self.digest = DigestBuilder(
+            f"replica-{uuid.uuid4().hex}", max_payload_bytes=max_payload_bytes
+        )
+        if shared_group:
+            self.telemetry_listeners.append(self.digest.observe)
         # Set while subscribed to every channel: the cloud's readiness.
         self.subscribed = asyncio.Event()
         # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all.
@@ -216,11 +251,11 @@ class Ingestor:
 
     def handle(self, topic: str, payload: bytes | bytearray) -> None:
         """Decode and apply one message. Never raises for anything a client can send."""
-        try:
-            parsed = self.topics.parse(topic)
-        except TopicError as error:
-            self._reject("unknown", InvalidReason.BAD_TOPIC, topic, str(error))
-            return
+        parsed = self._parsed.get(topic)
+        if parsed is None:
+            parsed = self._parse(topic, payload)
+            if parsed is None:
+                return
         channel = parsed.channel
         if len(payload) > self._max_payload_bytes:
             self._reject(
@@ -273,6 +308,62 @@ class Ingestor:
             self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
             return
         self._apply(channel, message, topic)
+
+    def _parse(self, topic: str, payload: bytes | bytearray) -> NodeTopic | None:
+        """A topic not seen lately: a node's (then remembered), the digest's (then
+        merged), or neither (counted)."""
+        try:
+            parsed = self.topics.parse(topic)
+        except TopicError as error:
+            if topic == self._digest_topic and self.shared_group:
+                self.handle_digest(payload)
+                return None
+            self._reject("unknown", InvalidReason.BAD_TOPIC, topic, str(error))
+            return None
+        if len(self._parsed) >= MAX_PARSED_TOPICS:
+            self._parsed.clear()  # bounded whatever topics clients make up
+        self._parsed[topic] = parsed
+        return parsed
+
+    def handle_digest(self, payload: bytes | bytearray) -> None:
+        """Merge another replica's digest: each sample checked as if its node had sent
+        it here (enrolment, plausibility, the registry's instance and sequence rules).
+        A sample no newer than what this replica has is skipped, not counted invalid:
+        replicas hear the same node's samples in turns."""
+        channel, topic = DIGEST_CHANNEL, self._digest_topic
+        if len(payload) > self._max_payload_bytes + DIGEST_ENVELOPE_BYTES:
+            self._reject(channel, InvalidReason.OVERSIZED, topic, f"{len(payload)} bytes")
+            return
+        try:
+            digest = DIGEST_DECODER.decode(payload)
+        except msgspec.ValidationError as error:
+            self._reject(channel, InvalidReason.SCHEMA_VIOLATION, topic, str(error))
+            return
+        except msgspec.DecodeError as error:
+            self._reject(channel, InvalidReason.MALFORMED_JSON, topic, str(error))
+            return
+        if digest.replica_id == self.digest.replica_id:
+            return  # our own, back from the broker
+        now_s = self.registry.wall_clock()
+        for telemetry in digest.samples:
+            if self.admits_node is not None and not self.admits_node(telemetry.node_id):
+                self._reject(channel, InvalidReason.NOT_ENROLLED, topic, telemetry.node_id)
+                continue
+            violation = check_telemetry(telemetry, self._limits, now_s)
+            if violation is not None:
+                self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
+                continue
+            outcome = self.registry.apply_telemetry(telemetry)
+            if outcome is Rejection.OUT_OF_ORDER:
+                self.stats.digest_stale += 1
+                continue
+            if isinstance(outcome, Rejection):
+                self._reject(channel, InvalidReason(outcome.value), topic, self._why(telemetry))
+                continue
+            self.stats.ingested[channel] += 1
+            for listener in self.digest_listeners:
+                listener(telemetry)
+            self._changed(outcome)
 
     def _offer_unenrolled(
         self, offer: Callable[[NodeStatus, bytes], None], node_id: str, payload: bytes | bytearray
@@ -407,12 +498,12 @@ class Ingestor:
             logger=structlog.get_logger("greenfed.cloud.mqtt"),
         )
 
-    def handle_message(self, message: aiomqtt.Message) -> None:
+    def handle_message(self, topic: str, payload: bytes | bytearray) -> None:
         try:
-            self.handle(message.topic.value, message.payload)
+            self.handle(topic, payload)
         except Exception:  # a bug here must not tear down the connection for everyone
             self.stats.failures += 1
-            self._log.exception("ingestion failed", topic=message.topic.value)
+            self._log.exception("ingestion failed", topic=topic)
 
     async def run(self, session: MqttSession) -> None:
         """Subscribe on every (re)connect and ingest until cancelled."""
@@ -420,14 +511,39 @@ class Ingestor:
 
     async def _consume(self, client: aiomqtt.Client) -> None:
         self.registry.resubscribed()
+        group = self.shared_group
         for channel in DECODERS:
-            await client.subscribe(self.topics.all_nodes(channel), qos=CHANNEL_SPECS[channel].qos)
-        self._log.info("ingestion subscribed", root=self.topics.root)
+            topic_filter = self.topics.all_nodes(channel)
+            if channel is Channel.TELEMETRY:
+                topic_filter = self.topics.shared(topic_filter, group)
+            await client.subscribe(topic_filter, qos=CHANNEL_SPECS[channel].qos)
+        if group:
+            await client.subscribe(self._digest_topic, qos=0)
+        self._log.info("ingestion subscribed", root=self.topics.root, shared_group=group or None)
         self.subscribed.set()
+        # Owned here: it lives and dies with this connection.
+        digests = (
+            asyncio.create_task(self._publish_digests(client), name="telemetry-digest")
+            if group
+            else None
+        )
         try:
             # Messages arrive through handle_message (the session's sink); iterating
             # only waits here and raises when the connection drops.
             async for message in client.messages:
-                self.handle_message(message)
+                if isinstance(message.payload, bytes | bytearray):
+                    self.handle_message(message.topic.value, message.payload)
         finally:
             self.subscribed.clear()
+            if digests is not None:
+                await cancel_and_wait([digests])
+                if not digests.cancelled() and digests.exception() is not None:
+                    # A publish failed: the connection is going; this loop raises too.
+                    self._log.warning("digest publishing stopped", error=str(digests.exception()))
+
+    async def _publish_digests(self, client: aiomqtt.Client) -> None:
+        """Every `digest_interval_s`, what this replica heard since the last digest."""
+        while True:
+            await asyncio.sleep(self._digest_interval_s)
+            for payload in self.digest.take(time.time()):
+                await client.publish(self._digest_topic, payload, qos=0)

@@ -266,13 +266,23 @@ def _check_telemetry(telemetry: Telemetry, limits: PlausibilityLimits, now_s: fl
             f"{len(telemetry.accelerators)} samples > max_accelerators_per_node "
             f"({limits.max_accelerators_per_node})",
         )
+    power_limit_w = limits.max_accelerator_power_w
+    memory_limit = limits.max_accelerator_memory_bytes
     for index, accelerator in enumerate(telemetry.accelerators):
+        # The usual sample passes these tests at once; the checks below name what fails
+        # (building their field paths for every sample costs more than the tests).
+        power_w, temperature_c = accelerator.power_w, accelerator.temperature_c
+        if (
+            len(accelerator.id) <= MAX_TEXT_CHARS
+            and (power_w is None or power_w <= power_limit_w)
+            and accelerator.memory_used_bytes <= memory_limit
+            and (temperature_c is None or MIN_TEMPERATURE_C <= temperature_c <= MAX_TEMPERATURE_C)
+        ):
+            continue
         at = f"$.accelerators[{index}]"
         _text(f"{at}.id", accelerator.id)
-        _at_most(sample, f"{at}.power_w", accelerator.power_w, limits.max_accelerator_power_w)
-        memory_limit = limits.max_accelerator_memory_bytes
+        _at_most(sample, f"{at}.power_w", power_w, power_limit_w)
         _at_most(sample, f"{at}.memory_used_bytes", accelerator.memory_used_bytes, memory_limit)
-        temperature_c = accelerator.temperature_c
         if temperature_c is not None and not (
             MIN_TEMPERATURE_C <= temperature_c <= MAX_TEMPERATURE_C
         ):

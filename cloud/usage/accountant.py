@@ -291,7 +291,9 @@ class Accountant:
     async def run(self, lease: LeadershipLease) -> None:
         """Meter while `lease` is held: `begin` (retried while the store is unavailable),
         then a flush every `flush_interval_s`; cancel to stop: a last flush is tried
-        first. A flush that fails keeps its usage for the next one."""
+        first (after the one under way, if any). A flush that fails keeps its usage for
+        the next one."""
+        flushing: asyncio.Future[None] | None = None
         try:
             while self._state is None:
                 try:
@@ -302,8 +304,11 @@ class Accountant:
             self.started.set()
             while True:
                 await asyncio.sleep(self._settings.flush_interval_s)
+                # Shielded: cancelled halfway, a flush's usage would be neither written
+                # nor kept (whether its transaction committed is not known then).
+                flushing = asyncio.ensure_future(self.flush(lease))
                 try:
-                    await self.flush(lease)
+                    await asyncio.shield(flushing)
                 except LeadershipLostError:
                     raise
                 except Exception:
@@ -312,6 +317,8 @@ class Accountant:
         finally:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 async with asyncio.timeout(5.0):
+                    if flushing is not None and not flushing.done():
+                        await asyncio.wait([flushing])  # the one under way ends first
                     await self.flush(lease)
             self._state = None
             self.started.clear()

@@ -1,0 +1,107 @@
+"""What control-plane replicas that share nodes' telemetry tell each other.
+
+With `mqtt.shared_group` set, every replica subscribes to `telemetry` through one MQTT
+shared subscription, and the broker hands each sample to one of them: ingestion
+capacity grows with the replicas. Every replica still needs every node's latest figures
+(its `/v1/nodes`, liveness; the leader's passes and usage metering), so each one
+publishes, every `mqtt.digest_interval_s`, a *digest*: the latest sample it accepted
+itself of each node heard since its previous digest, on `{root}/v1/cloud/
+telemetry-digest`. Every replica subscribes to that topic (not shared) and merges the
+others' digests into its registry (`Ingestor.handle_digest`).
+
+What each consumer of telemetry gets:
+
+- the registry (last seen, the latest figures, liveness, `holds_node`): every node,
+  at most one digest interval late for the samples another replica took;
+- usage metering (cloud/usage/accountant.py, the leader only): every sample the
+  leader took itself plus every digest's, metered past the node's mark, so a sample
+  heard twice (directly and in a digest) counts once; samples coalesced in between
+  are covered by the energy counters' differences, or the model where a node reports
+  none (cloud/usage/meter.py);
+- inference counters (cloud/fleet/inference_metrics.py, per-sample increments): only
+  the samples a replica took itself, so each request is counted on exactly one
+  replica's `/metrics` (sum them across replicas).
+
+Trust: the digest topic is outside `nodes/`; only the control plane's account may
+publish it (deploy/mosquitto/greenfed.acl; the dynamic-security role of
+dynsec-bootstrap.sh writes `{root}/#`, node roles only their own subtree). A digest is
+still checked as a node's sample is (size, schema, plausibility, the registry's instance
+and sequence rules): a replica can relay only what a node could have said itself.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+
+from shared.messages import ENCODER, SCHEMA_VERSION, SchemaVersion, Telemetry, WireStruct
+
+# Samples in one digest message at most; a digest of more nodes is split.
+MAX_DIGEST_SAMPLES: Final = 1024
+# The envelope around the samples: what a digest may exceed `mqtt.max_payload_bytes` by.
+DIGEST_ENVELOPE_BYTES: Final = 1024
+
+
+class TelemetryDigest(WireStruct, frozen=True, kw_only=True):
+    """`{root}/v1/cloud/telemetry-digest` (QoS 0, not retained, control plane only)."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    # The publishing process (its MQTT client id): a replica skips its own digests.
+    replica_id: Annotated[str, msgspec.Meta(max_length=128)]
+    sent_at: float
+    samples: Annotated[tuple[Telemetry, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)]
+
+
+class _OutgoingDigest(WireStruct, frozen=True, kw_only=True):
+    """`TelemetryDigest` as sent: samples already encoded, one by one, to split by size."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    replica_id: str
+    sent_at: float
+    samples: list[msgspec.Raw]
+
+
+DIGEST_DECODER: Final = msgspec.json.Decoder(TelemetryDigest)
+
+
+class DigestBuilder:
+    """Gathers the latest sample this replica accepted of each node (a telemetry
+    listener: one dictionary store per sample) and cuts digests from them."""
+
+    def __init__(self, replica_id: str, *, max_payload_bytes: int) -> None:
+        self.replica_id = replica_id
+        self._max_payload_bytes = max_payload_bytes
+        self._latest: dict[str, Telemetry] = {}
+        self.published = 0  # digest messages
+        self.published_samples = 0
+
+    def observe(self, telemetry: Telemetry) -> None:
+        self._latest[telemetry.node_id] = telemetry
+
+    def take(self, now_s: float) -> list[bytes]:
+        """The digests of what was heard since the last call (none when nothing was),
+        each at most `max_payload_bytes` (a sample larger than that alone goes alone)."""
+        latest, self._latest = self._latest, {}
+        if not latest:
+            return []
+        budget = self._max_payload_bytes
+        messages: list[bytes] = []
+        chunk: list[msgspec.Raw] = []
+        size = 0
+        for telemetry in latest.values():
+            encoded = ENCODER.encode(telemetry)
+            if chunk and (size + len(encoded) + 1 > budget or len(chunk) >= MAX_DIGEST_SAMPLES):
+                messages.append(self._encode(chunk, now_s))
+                chunk, size = [], 0
+            chunk.append(msgspec.Raw(encoded))
+            size += len(encoded) + 1
+        messages.append(self._encode(chunk, now_s))
+        self.published += len(messages)
+        self.published_samples += len(latest)
+        return messages
+
+    def _encode(self, samples: list[msgspec.Raw], now_s: float) -> bytes:
+        return ENCODER.encode(
+            _OutgoingDigest(replica_id=self.replica_id, sent_at=now_s, samples=samples)
+        )
