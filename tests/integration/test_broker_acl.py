@@ -82,3 +82,47 @@ async def test_each_party_reads_and_writes_only_what_the_acl_allows(
         # Third-party readers: status and telemetry, never desired state or logs.
         seen = await collect(reader, f"{nodes}/orin-1/telemetry")
         assert {t.rsplit("/", 1)[1] for t in seen} == {"status", "telemetry"}
+
+
+async def test_only_the_control_plane_writes_and_reads_replicas_digests(
+    broker: MosquittoProcess,
+) -> None:
+    """Replicas share telemetry (`$share/...`, cloud/fleet/digest.py) under these ACLs:
+    the cloud's shared subscription gets the samples, its digests reach its replicas,
+    and a digest from an agent or a reader reaches no one."""
+    nodes, digest = "greenfed/v1/nodes", "greenfed/v1/cloud/telemetry-digest"
+    async with (
+        client(broker, "greenfed-cloud") as cloud,
+        aiomqtt.Client(
+            "127.0.0.1", broker.port, username="greenfed-cloud", password="pw", identifier="cloud-2"
+        ) as replica,
+        client(broker, "greenfed-reader") as reader,
+        client(broker, "orin-1") as agent,
+    ):
+        await cloud.subscribe(f"$share/replicas/{nodes}/+/telemetry", qos=1)
+        await replica.subscribe(digest, qos=1)
+        await reader.subscribe("greenfed/v1/#", qos=1)
+        await agent.subscribe(digest, qos=1)
+        await agent.subscribe(f"{nodes}/orin-1/desired", qos=1)
+
+        await agent.publish(f"{nodes}/orin-1/telemetry", b"{}", qos=1)
+        assert await collect(cloud, f"{nodes}/orin-1/telemetry") == [f"{nodes}/orin-1/telemetry"]
+
+        await agent.publish(digest, b"forged", qos=1)
+        await reader.publish(digest, b"forged", qos=1)
+        await cloud.publish(digest, b"real", qos=1)
+        payloads: list[bytes] = []
+        async with asyncio.timeout(10):
+            async for message in replica.messages:
+                assert isinstance(message.payload, bytes)
+                payloads.append(message.payload)
+                if message.payload == b"real":
+                    break
+        assert payloads == [b"real"]
+        # Neither the agent nor the reader sees the digests (a sentinel each shows that
+        # everything before it was delivered or dropped).
+        await cloud.publish(f"{nodes}/orin-1/desired", b"{}", qos=1)
+        assert await collect(agent, f"{nodes}/orin-1/desired") == [f"{nodes}/orin-1/desired"]
+        await agent.publish(f"{nodes}/orin-1/status", b"{}", qos=1)
+        seen = await collect(reader, f"{nodes}/orin-1/status")
+        assert digest not in seen

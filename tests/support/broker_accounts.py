@@ -83,10 +83,15 @@ async def check_nodes_are_confined_to_their_own_topics(
         broker.node_client(node_b) as agent_b,
     ):
         await cloud.subscribe(f"{topics.nodes_prefix}#", qos=1)
+        await cloud.subscribe(topics.telemetry_digest, qos=1)
         await agent_b.subscribe(topics.node("node-b", Channel.DESIRED), qos=1)
 
-        # Node a may not read b's desired, nor everything's.
-        for topic_filter in (topics.node("node-b", Channel.DESIRED), f"{topics.nodes_prefix}#"):
+        # Node a may not read b's desired, nor everything's, nor replicas' digests.
+        for topic_filter in (
+            topics.node("node-b", Channel.DESIRED),
+            f"{topics.nodes_prefix}#",
+            topics.telemetry_digest,
+        ):
             assert _codes(await agent_a.subscribe(topic_filter, qos=1)) == [REFUSED_SUBSCRIPTION]
         assert _codes(await agent_a.subscribe(topics.node("node-a", Channel.DESIRED), qos=1)) == [1]
 
@@ -94,6 +99,8 @@ async def check_nodes_are_confined_to_their_own_topics(
         await agent_a.publish(topics.node("node-b", Channel.STATUS), b"forged", qos=1)
         await agent_a.publish(topics.node("node-b", Channel.DESIRED), b"forged", qos=1)
         await agent_a.publish(topics.node("node-a", Channel.DESIRED), b"forged", qos=1)
+        # Nor a replica's telemetry digest (cloud/fleet/digest.py).
+        await agent_a.publish(topics.telemetry_digest, b"forged", qos=1)
         own_status = topics.node("node-a", Channel.STATUS)
         await agent_a.publish(own_status, b"real", qos=1)
         assert await collect_until(cloud, own_status) == [own_status]

@@ -1,0 +1,304 @@
+"""Control-plane replicas sharing nodes' telemetry on the real Mosquitto
+(`mqtt.shared_group`, cloud/fleet/digest.py): the broker hands each sample to one
+replica, every replica's registry still sees every node's latest figures through the
+others' digests, and the leader meters every node's usage exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import aiomqtt
+import msgspec
+import pytest
+
+from cloud.fleet.digest import TelemetryDigest
+from cloud.fleet.ingest import DIGEST_CHANNEL, Ingestor
+from cloud.fleet.registry import NodeRegistry
+from cloud.signals.grid import GridSignals
+from cloud.store import AllocationRecord, StoreSnapshot, UsageMark, UsageWrite, open_store
+from cloud.usage.accountant import Accountant
+from shared.messages import AcceleratorSample, NodeStatus, Telemetry, encode
+from shared.settings import MqttSettings, StoreSettings, UsageSettings, parse_mqtt_url
+from shared.tasks import stop_task
+from shared.topics import Channel, Topics
+from sim_devices.probes import SimulatedNode
+from sim_devices.profiles import get_profile
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.timeout(60)
+
+NODES = [f"shared-{index}" for index in range(8)]
+SAMPLES_PER_NODE = 12
+INTERVAL_S = 0.05
+GPU_POWER_W = 60.0
+CPU_POWER_W = 20.0
+
+
+def birth(node_id: str) -> NodeStatus:
+    node = SimulatedNode(node_id, get_profile("t4-inference-server"), random.Random(node_id))
+    now = time.time()
+    return NodeStatus(
+        node_id=node_id,
+        state="online",
+        instance_id="agent-1",
+        agent_version="test",
+        site="edge",
+        zone="DE",
+        region="europe-west3",
+        host=node.host_info(),
+        accelerators=node.accelerators,
+        telemetry_interval_s=INTERVAL_S,
+        started_at=now - 60.0,
+        sent_at=now,
+    )
+
+
+def sample(node_id: str, seq: int, sampled_at: float) -> Telemetry:
+    """With energy counters: what is metered over any run of samples is their difference,
+    however many of them a replica coalesced."""
+    return Telemetry(
+        node_id=node_id,
+        instance_id="agent-1",
+        seq=seq,
+        sampled_at=sampled_at,
+        interval_s=INTERVAL_S,
+        cpu_utilization_pct=float(NODES.index(node_id)),
+        memory_used_bytes=seq,
+        memory_total_bytes=2**34,
+        accelerators=(
+            AcceleratorSample(
+                id="cpu0",
+                utilization_pct=30.0,
+                memory_used_bytes=0,
+                power_w=CPU_POWER_W,
+                energy_j=CPU_POWER_W * INTERVAL_S * seq,
+            ),
+            AcceleratorSample(
+                id="gpu0",
+                utilization_pct=70.0,
+                memory_used_bytes=2**30,
+                power_w=GPU_POWER_W,
+                energy_j=GPU_POWER_W * INTERVAL_S * seq,
+            ),
+        ),
+    )
+
+
+def samples() -> list[Telemetry]:
+    """Every node's samples in the order an agent sends them, spaced by its interval."""
+    start = time.time() - SAMPLES_PER_NODE * INTERVAL_S
+    return [
+        sample(node_id, seq, start + seq * INTERVAL_S)
+        for seq in range(1, SAMPLES_PER_NODE + 1)
+        for node_id in NODES
+    ]
+
+
+def replica(url: str, root: str, group: str) -> Ingestor:
+    registry = NodeRegistry()
+    return Ingestor(
+        registry,
+        Topics(root),
+        max_payload_bytes=MqttSettings().max_payload_bytes,
+        shared_group=group,
+        digest_interval_s=0.1,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(url: str, root: str, ingestors: Sequence[Ingestor]) -> AsyncIterator[None]:
+    settings = MqttSettings(url=url, topic_root=root)
+    tasks = [
+        asyncio.create_task(i.run(i.session(settings, client_id=f"replica-{uuid.uuid4().hex}")))
+        for i in ingestors
+    ]
+    try:
+        for ingestor in ingestors:
+            await asyncio.wait_for(ingestor.subscribed.wait(), 10)
+        yield
+    finally:
+        for task in tasks:
+            await stop_task(task)
+
+
+async def publish_fleet(url: str, root: str, ingestors: Sequence[Ingestor]) -> list[Telemetry]:
+    """Births (retained) until every replica knows every node, then the samples."""
+    endpoint = parse_mqtt_url(url)
+    topics = Topics(root)
+    sent = samples()
+    async with aiomqtt.Client(endpoint.host, endpoint.port) as agent:
+        for node_id in NODES:
+            status = topics.node(node_id, Channel.STATUS)
+            await agent.publish(status, encode(birth(node_id)), qos=1, retain=True)
+        await eventually(
+            lambda: all(len(i.registry) == len(NODES) for i in ingestors),
+            message="births reached every replica",
+        )
+        for telemetry in sent:
+            topic = topics.node(telemetry.node_id, Channel.TELEMETRY)
+            await agent.publish(topic, encode(telemetry), qos=1)
+    return sent
+
+
+def sees_every_last_sample(ingestor: Ingestor) -> bool:
+    for node_id in NODES:
+        record = ingestor.registry.get(node_id)
+        if record is None or record.telemetry is None:
+            return False
+        if record.telemetry.seq != SAMPLES_PER_NODE:
+            return False
+    return True
+
+
+async def test_replicas_share_the_telemetry_and_each_sees_every_node(
+    mosquitto_root: tuple[str, str],
+) -> None:
+    url, root = mosquitto_root
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    first, second = replica(url, root, group), replica(url, root, group)
+    async with running(url, root, [first, second]):
+        await publish_fleet(url, root, [first, second])
+        await eventually(
+            lambda: sees_every_last_sample(first) and sees_every_last_sample(second),
+            message=lambda: f"last samples: {first.stats.ingested}, {second.stats.ingested}",
+        )
+
+    took = [i.stats.ingested[Channel.TELEMETRY] for i in (first, second)]
+    assert sum(took) == len(NODES) * SAMPLES_PER_NODE  # each sample to one replica
+    assert min(took) > 0  # both took a share
+    assert first.stats.ingested[DIGEST_CHANNEL] > 0
+    assert second.stats.ingested[DIGEST_CHANNEL] > 0
+    for ingestor in (first, second):
+        for node_id in NODES:
+            record = ingestor.registry.get(node_id)
+            assert record is not None
+            assert record.telemetry is not None
+            assert record.telemetry.cpu_utilization_pct == NODES.index(node_id)
+            assert record.telemetry.memory_used_bytes == SAMPLES_PER_NODE
+        assert ingestor.stats.invalid_total == 0
+
+
+async def test_a_digest_from_anyone_but_a_replica_is_checked_like_a_sample(
+    mosquitto_root: tuple[str, str],
+) -> None:
+    """The anonymous broker lets anyone write the digest topic (a broker with accounts
+    does not: tests/integration/test_broker_acl.py): a forged sample still has to pass
+    every check a node's own sample does."""
+    url, root = mosquitto_root
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    ingestor = replica(url, root, group)
+    async with running(url, root, [ingestor]):
+        await publish_fleet(url, root, [ingestor])
+        await eventually(lambda: sees_every_last_sample(ingestor))
+        forged = TelemetryDigest(
+            replica_id="replica-forger",
+            sent_at=time.time(),
+            samples=(
+                # Another agent instance, and a sequence number no agent reached so soon.
+                msgspec.structs.replace(
+                    sample(NODES[0], SAMPLES_PER_NODE + 1, time.time()), instance_id="impostor"
+                ),
+                sample(NODES[1], 10**9, time.time()),
+            ),
+        )
+        endpoint = parse_mqtt_url(url)
+        async with aiomqtt.Client(endpoint.host, endpoint.port) as forger:
+            await forger.publish(Topics(root).telemetry_digest, encode(forged), qos=1)
+            await forger.publish(Topics(root).telemetry_digest, b"{]", qos=1)
+        await eventually(lambda: ingestor.stats.invalid_total == 3)
+
+    assert dict(ingestor.stats.invalid) == {
+        (DIGEST_CHANNEL, "instance_mismatch"): 1,
+        (DIGEST_CHANNEL, "seq_jump"): 1,
+        (DIGEST_CHANNEL, "malformed_json"): 1,
+    }
+    for node_id in NODES[:2]:
+        record = ingestor.registry.get(node_id)
+        assert record is not None
+        assert record.telemetry is not None
+        assert (record.telemetry.instance_id, record.telemetry.seq) == ("agent-1", 12)
+
+
+@contextlib.asynccontextmanager
+async def metering(data_dir: Path, registry: NodeRegistry) -> AsyncIterator[Accountant]:
+    """The leader's accountant: every node runs one job on its GPU, counted from a mark
+    at counter 0 (as a leader that ran before would have it)."""
+    store = await open_store(StoreSettings(data_dir=str(data_dir)))
+    lease = await store.try_acquire_leadership()
+    assert lease is not None
+    now = time.time() - 60.0
+    await store.write_usage(
+        UsageWrite(
+            marks=[
+                UsageMark(node_id, "agent-1", 0, now, {"cpu0": 0.0, "gpu0": 0.0})
+                for node_id in NODES
+            ]
+        ),
+        lease=lease,
+    )
+    accountant = Accountant(store, registry, UsageSettings())
+    allocations = tuple(
+        AllocationRecord(
+            work_id=f"job-{node_id}",
+            member_index=0,
+            node_id=node_id,
+            accelerator_kind="gpu",
+            accelerators=1,
+            accelerator_ids=("gpu0",),
+            host_memory_bytes=0,
+            started_at=now,
+            expected_end=None,
+            borrowed=False,
+            state="running",
+            tenant_id="t",
+            work_kind="training",
+            priority="p1",
+        )
+        for node_id in NODES
+    )
+    snapshot = StoreSnapshot(tenants=(), work=(), allocations=allocations, node_generations={})
+    await accountant.begin(lease)
+    accountant.note_pass(snapshot, GridSignals(now_s=now, zones={}))
+    try:
+        yield accountant
+        await accountant.flush(lease)
+    finally:
+        await lease.release()
+        await store.close()
+
+
+def metered_j(accountant: Accountant) -> float:
+    return sum(totals.energy_j for totals in accountant.totals.values())
+
+
+async def test_usage_is_metered_once_across_replicas(
+    mosquitto_root: tuple[str, str], tmp_path: Path
+) -> None:
+    url, root = mosquitto_root
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    leader, other = replica(url, root, group), replica(url, root, group)
+    async with metering(tmp_path / "leader", leader.registry) as accountant:
+        leader.telemetry_listeners.append(accountant.observe)
+        leader.digest_listeners.append(accountant.observe)  # as cloud/app.py wires it
+        async with running(url, root, [leader, other]):
+            sent = await publish_fleet(url, root, [leader, other])
+            await eventually(lambda: sees_every_last_sample(leader))
+        assert min(i.stats.ingested[Channel.TELEMETRY] for i in (leader, other)) > 0
+
+    # The same samples metered by one process that heard every one of them.
+    alone = NodeRegistry()
+    for node_id in NODES:
+        alone.apply_status(birth(node_id))
+    async with metering(tmp_path / "alone", alone) as reference:
+        for telemetry in sent:
+            assert alone.apply_telemetry(telemetry) is None
+            reference.observe(telemetry)
+
+    assert metered_j(reference) > 0
+    assert metered_j(accountant) == pytest.approx(metered_j(reference), rel=1e-9)
