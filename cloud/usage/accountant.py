@@ -16,7 +16,9 @@ usage, batched, while this process leads scheduling.
 - Work that ended gets its final figures as a `work.usage` event once its node's
   last telemetry had time to arrive (`usage.final_delay_s`).
 
-Only the leader meters; another replica's `observe` returns at once.
+Only the leader meters; another replica's `observe` returns at once. Where replicas
+share the telemetry (`mqtt.shared_group`), the leader hears the samples it took and the
+others' digests (cloud/fleet/digest.py); the marks make each span count once.
 """
 
 from __future__ import annotations
