@@ -46,6 +46,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 import aiomqtt
 import msgspec
@@ -57,7 +58,12 @@ from cloud.fleet.assignments import (
     AssignmentKey,
     HeldForConfirmation,
 )
-from cloud.fleet.digest import DIGEST_DECODER, DIGEST_ENVELOPE_BYTES, DigestBuilder
+from cloud.fleet.digest import (
+    DIGEST_DECODER,
+    DIGEST_ENVELOPE_BYTES,
+    DigestBuilder,
+    TelemetryDigest,
+)
 from cloud.fleet.plausibility import (
     Implausible,
     PlausibilityLimits,
@@ -287,13 +293,8 @@ class Ingestor:
         decoder = DECODERS.get(channel)
         if decoder is None:
             return  # desired is the cloud's own output, not ingested
-        try:
-            message = decoder.decode(payload)
-        except msgspec.ValidationError as error:
-            self._reject(channel, InvalidReason.SCHEMA_VIOLATION, topic, str(error))
-            return
-        except msgspec.DecodeError as error:
-            self._reject(channel, InvalidReason.MALFORMED_JSON, topic, str(error))
+        message = self._decode(decoder, channel, topic, payload)
+        if message is None:
             return
         if message.node_id != parsed.node_id:
             self._reject(
@@ -303,11 +304,56 @@ class Ingestor:
                 f"payload node_id {message.node_id!r}",
             )
             return
+        if isinstance(message, Telemetry):  # most of the traffic: its own path
+            self._take_telemetry(message, Channel.TELEMETRY, topic, self.telemetry_listeners)
+            return
         violation = self._implausible(message)
         if violation is not None:
             self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
             return
         self._apply(channel, message, topic)
+
+    def _decode(
+        self,
+        decoder: msgspec.json.Decoder[Any],
+        channel: str,
+        topic: str,
+        payload: bytes | bytearray,
+    ) -> Any:
+        """The payload decoded, or None (counted)."""
+        try:
+            return decoder.decode(payload)
+        except msgspec.ValidationError as error:
+            self._reject(channel, InvalidReason.SCHEMA_VIOLATION, topic, str(error))
+        except msgspec.DecodeError as error:
+            self._reject(channel, InvalidReason.MALFORMED_JSON, topic, str(error))
+        return None
+
+    def _take_telemetry(
+        self,
+        telemetry: Telemetry,
+        channel: str,
+        topic: str,
+        listeners: list[Callable[[Telemetry], None]],
+    ) -> Rejection | None:
+        """Check a sample (from its node, or a replica's digest) and apply it; the
+        registry's refusal, which is counted unless it is `OUT_OF_ORDER` from a digest."""
+        violation = check_telemetry(telemetry, self._limits, self.registry.wall_clock())
+        if violation is not None:
+            self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
+            return None
+        outcome = self.registry.apply_telemetry(telemetry)
+        if isinstance(outcome, Rejection):
+            if outcome is Rejection.OUT_OF_ORDER and channel == DIGEST_CHANNEL:
+                return outcome  # replicas hear a node's samples in turns: not invalid
+            self._reject(channel, InvalidReason(outcome.value), topic, self._why(telemetry))
+            return outcome
+        self.stats.ingested[channel] += 1
+        for listener in listeners:
+            listener(telemetry)
+        if outcome is not None:
+            self._changed(outcome)
+        return None
 
     def _parse(self, topic: str, payload: bytes | bytearray) -> NodeTopic | None:
         """A topic not seen lately: a node's (then remembered), the digest's (then
@@ -334,36 +380,18 @@ class Ingestor:
         if len(payload) > self._max_payload_bytes + DIGEST_ENVELOPE_BYTES:
             self._reject(channel, InvalidReason.OVERSIZED, topic, f"{len(payload)} bytes")
             return
-        try:
-            digest = DIGEST_DECODER.decode(payload)
-        except msgspec.ValidationError as error:
-            self._reject(channel, InvalidReason.SCHEMA_VIOLATION, topic, str(error))
-            return
-        except msgspec.DecodeError as error:
-            self._reject(channel, InvalidReason.MALFORMED_JSON, topic, str(error))
+        digest: TelemetryDigest | None = self._decode(DIGEST_DECODER, channel, topic, payload)
+        if digest is None:
             return
         if digest.replica_id == self.digest.replica_id:
             return  # our own, back from the broker
-        now_s = self.registry.wall_clock()
         for telemetry in digest.samples:
             if self.admits_node is not None and not self.admits_node(telemetry.node_id):
                 self._reject(channel, InvalidReason.NOT_ENROLLED, topic, telemetry.node_id)
                 continue
-            violation = check_telemetry(telemetry, self._limits, now_s)
-            if violation is not None:
-                self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
-                continue
-            outcome = self.registry.apply_telemetry(telemetry)
-            if outcome is Rejection.OUT_OF_ORDER:
+            refusal = self._take_telemetry(telemetry, channel, topic, self.digest_listeners)
+            if refusal is Rejection.OUT_OF_ORDER:
                 self.stats.digest_stale += 1
-                continue
-            if isinstance(outcome, Rejection):
-                self._reject(channel, InvalidReason(outcome.value), topic, self._why(telemetry))
-                continue
-            self.stats.ingested[channel] += 1
-            for listener in self.digest_listeners:
-                listener(telemetry)
-            self._changed(outcome)
 
     def _offer_unenrolled(
         self, offer: Callable[[NodeStatus, bytes], None], node_id: str, payload: bytes | bytearray
@@ -458,11 +486,15 @@ class Ingestor:
         if self._on_log is not None:
             self._on_log(chunk)
 
-    def _apply(self, channel: Channel, message: IngestedMessage, topic: str) -> None:
+    def _apply(
+        self,
+        channel: Channel,
+        message: NodeStatus | ReportedState | NodeEvent | JobLogChunk,
+        topic: str,
+    ) -> None:
+        """Everything but telemetry (`_take_telemetry`)."""
         outcome: Rejection | NodeStateChange | None = None
-        if isinstance(message, Telemetry):
-            outcome = self.registry.apply_telemetry(message)
-        elif isinstance(message, NodeStatus):
+        if isinstance(message, NodeStatus):
             outcome = self.registry.apply_status(self._trusted_key(message, topic))
         elif isinstance(message, ReportedState):
             outcome = self._reported(message, topic)
@@ -477,9 +509,6 @@ class Ingestor:
             self._reject(channel, InvalidReason(outcome.value), topic, self._why(message))
             return
         self.stats.ingested[channel] += 1
-        if isinstance(message, Telemetry):
-            for listener in self.telemetry_listeners:
-                listener(message)
         self._changed(outcome)
 
     def _why(self, message: IngestedMessage) -> str:

@@ -252,13 +252,29 @@ def check_telemetry(
     return None
 
 
-def _check_telemetry(telemetry: Telemetry, limits: PlausibilityLimits, now_s: float) -> None:
+def _check_sample_header(telemetry: Telemetry, limits: PlausibilityLimits, now_s: float) -> None:
     sample = Implausible.SAMPLE
     _text("$.instance_id", telemetry.instance_id)
     _interval("$.interval_s", telemetry.interval_s, limits)
     _recent("$.sampled_at", telemetry.sampled_at, now_s, limits)
     _at_most(sample, "$.memory_total_bytes", telemetry.memory_total_bytes, MAX_HOST_MEMORY_BYTES)
     _at_most(sample, "$.memory_used_bytes", telemetry.memory_used_bytes, MAX_HOST_MEMORY_BYTES)
+
+
+def _check_telemetry(telemetry: Telemetry, limits: PlausibilityLimits, now_s: float) -> None:
+    sample = Implausible.SAMPLE
+    skew_s = limits.max_clock_skew_s
+    if not (
+        len(telemetry.instance_id) <= MAX_TEXT_CHARS
+        and limits.min_telemetry_interval_s
+        <= telemetry.interval_s
+        <= limits.max_telemetry_interval_s
+        and now_s - skew_s <= telemetry.sampled_at <= now_s + skew_s
+        and telemetry.memory_total_bytes <= MAX_HOST_MEMORY_BYTES
+        and telemetry.memory_used_bytes <= MAX_HOST_MEMORY_BYTES
+    ):
+        # The usual sample passes the tests above at once; these name what fails.
+        _check_sample_header(telemetry, limits, now_s)
     if len(telemetry.accelerators) > limits.max_accelerators_per_node:
         _fail(
             sample,

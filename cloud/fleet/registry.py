@@ -461,13 +461,19 @@ class NodeRegistry:
             switched = self._switch_instance(record, candidate)
         if record.telemetry is not None and telemetry.seq <= record.telemetry.seq:
             return Rejection.OUT_OF_ORDER
+        # Each clock read once: this is every sample's path.
+        now_monotonic, now_s = self._monotonic(), self._wall_clock()
         if not self._plausible_seq(
-            record.status, telemetry.seq, record.telemetry, record.telemetry_received_monotonic
+            record.status,
+            telemetry.seq,
+            record.telemetry,
+            record.telemetry_received_monotonic,
+            now=(now_monotonic, now_s),
         ):
             return Rejection.SEQ_JUMP
         record.telemetry = telemetry
-        self._touch(record)
-        record.telemetry_received_monotonic = record.last_seen_monotonic
+        record.last_seen_monotonic = record.telemetry_received_monotonic = now_monotonic
+        record.last_seen_at = now_s
         if record.state == "offline":
             # Only a running agent sends samples: whatever said it was offline (staleness,
             # a will or goodbye, copied or delivered late) no longer holds.
@@ -497,18 +503,26 @@ class NodeRegistry:
         record.offline_cause = None
 
     def _plausible_seq(
-        self, birth: NodeStatus, seq: int, last: Telemetry | None, last_received_s: float
+        self,
+        birth: NodeStatus,
+        seq: int,
+        last: Telemetry | None,
+        last_received_s: float,
+        *,
+        now: tuple[float, float] | None = None,
     ) -> bool:
         """Whether `seq` is no further along than the agent instance of `birth` can have
         counted: since it started (a first sample, or a burst of forged ones) and since
-        its `last` sample accepted (at `last_received_s`, monotonic)."""
+        its `last` sample accepted (at `last_received_s`, monotonic). `now`: (monotonic,
+        wall clock), if already read."""
+        now_monotonic, now_s = now or (self._monotonic(), self._wall_clock())
         interval_s = birth.telemetry_interval_s
-        since_start_s = self._wall_clock() - birth.started_at + self._max_clock_skew_s
+        since_start_s = now_s - birth.started_at + self._max_clock_skew_s
         if seq > SEQ_RATE_TOLERANCE * max(0.0, since_start_s) / interval_s + SEQ_SLACK:
             return False
         if last is None:
             return True
-        since_last_s = self._monotonic() - last_received_s
+        since_last_s = now_monotonic - last_received_s
         allowed = SEQ_RATE_TOLERANCE * max(0.0, since_last_s) / interval_s + SEQ_SLACK
         return seq - last.seq <= allowed
 
