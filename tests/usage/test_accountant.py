@@ -190,3 +190,43 @@ async def test_a_gap_without_counters_is_filled_by_the_model_and_flagged(
         assert summary.energy_kwh == pytest.approx(expected_kwh(T0, T0 + 660), rel=0.02)
     finally:
         await store.close()  # type: ignore[attr-defined]
+
+
+async def test_metering_stopped_during_a_flush_keeps_that_flushs_usage(
+    database: DatabaseUnderTest,
+) -> None:
+    """A leader that stops (cancelled: shutdown, leadership lost) while a periodic flush
+    writes: that flush ends first, then the last one; nothing metered is dropped."""
+    clock = Clock()
+    store = await open_store(database.settings, clock=clock)
+    try:
+        lease = await store.try_acquire_leadership()
+        assert lease is not None
+        registry = NodeRegistry(wall_clock=clock)
+        registry.apply_status(birth(clock.now))
+        accountant = Accountant(store, registry, UsageSettings(flush_interval_s=0.01), clock=clock)
+        accountant.note_pass(snapshot(), grid(clock.now))
+        await accountant.begin(lease)
+        accountant.note_pass(snapshot(), grid(clock.now))
+        feed(accountant, [T0 + 10 * i for i in range(31)], clock)  # 0..300 s
+
+        writing, release = asyncio.Event(), asyncio.Event()
+        write_usage = store.write_usage
+
+        async def slow_write(*args: object, **kwargs: object) -> None:
+            writing.set()
+            await release.wait()
+            await write_usage(*args, **kwargs)  # type: ignore[arg-type]
+
+        store.write_usage = slow_write  # type: ignore[method-assign]
+        metering = asyncio.create_task(accountant.run(lease))
+        await asyncio.wait_for(writing.wait(), 10)
+        metering.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await metering
+
+        kwh, _, _, _ = await totals(store)
+        assert kwh == pytest.approx(expected_kwh(T0, T0 + 300), rel=0.02)
+    finally:
+        await store.close()
