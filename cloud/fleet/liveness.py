@@ -3,7 +3,8 @@
 Two judgments of silence, each one rule, with their settings in `LivenessSettings`:
 
 - **offline** (stale): an online node from which no telemetry arrived for
-  `staleness_intervals` of its own telemetry intervals goes offline with reason
+  `staleness_intervals` of its own telemetry intervals (and, where replicas share
+  telemetry, at least that many digest intervals) goes offline with reason
   `telemetry-stale`. `Liveness.run` is the timer that looks every
   `liveness_check_interval_s`.
 - **lost**: a node that holds work and has been unavailable (offline for any
@@ -53,6 +54,11 @@ class LivenessSettings:
     liveness_check_interval_s: float = 1.0
     # Work on a node unavailable this long is requeued elsewhere.
     node_lost_grace_s: float = 30.0
+    # No node is stale sooner than this. Replicas that share telemetry (`mqtt.
+    # shared_group`) hear another replica's share of a node once per digest, so a node
+    # sampling faster than that would go stale between digests: `staleness_intervals`
+    # digest intervals.
+    min_staleness_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.staleness_intervals >= 1:
@@ -68,6 +74,11 @@ class LivenessSettings:
             staleness_intervals=settings.cloud.staleness_intervals,
             liveness_check_interval_s=settings.cloud.liveness_check_interval_s,
             node_lost_grace_s=settings.scheduling.node_lost_grace_s,
+            min_staleness_s=(
+                settings.cloud.staleness_intervals * settings.mqtt.digest_interval_s
+                if settings.mqtt.shared_group
+                else 0.0
+            ),
         )
 
 
@@ -118,7 +129,10 @@ class Liveness:
     def is_stale(self, record: NodeRecord, now_s: float) -> bool:
         """No telemetry for longer than `staleness_intervals` of the node's interval,
         counted from when this control plane could last hear it."""
-        deadline_s = self.settings.staleness_intervals * record.status.telemetry_interval_s
+        deadline_s = max(
+            self.settings.staleness_intervals * record.status.telemetry_interval_s,
+            self.settings.min_staleness_s,
+        )
         heard_s = max(record.last_seen_monotonic, self._heard_since_s)
         return now_s - heard_s > deadline_s
 

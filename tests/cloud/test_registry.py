@@ -20,7 +20,7 @@ from shared.messages import (
     Site,
     Telemetry,
 )
-from shared.settings import CloudSettings, SchedulingSettings, Settings
+from shared.settings import CloudSettings, MqttSettings, SchedulingSettings, Settings
 from shared.tasks import stop_task
 
 WALL_CLOCK_START_S = 1_700_000_000.0
@@ -384,6 +384,21 @@ def test_the_staleness_multiple_is_configurable(registry: NodeRegistry, clock: F
     assert liveness.expire_stale() == []
     clock.advance(0.2)
     assert len(liveness.expire_stale()) == 1
+
+
+def test_replicas_sharing_telemetry_wait_for_a_digest_before_a_fast_node_is_stale(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    """Another replica's share of a node's samples arrives once per digest (1 s): a node
+    sampling every 0.1 s is stale after 3 digest intervals, not 3 of its own."""
+    settings = Settings(mqtt=MqttSettings(shared_group="cloud", digest_interval_s=1.0))
+    liveness = Liveness(registry, LivenessSettings.of(settings))
+    registry.apply_status(status("fast", telemetry_interval_s=0.1))
+    clock.advance(2.9)
+    assert liveness.expire_stale() == []
+    clock.advance(0.2)
+    assert liveness.expire_stale() == [NodeStateChange("fast", "offline", "telemetry-stale")]
+    assert LivenessSettings.of(Settings()).min_staleness_s == 0.0  # without: its own
 
 
 def test_a_stale_node_is_reported_offline_only_once(
