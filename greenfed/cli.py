@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -43,6 +43,9 @@ from greenfed.work_cli import add_client_options, add_work_commands, run_client
 from shared.build import version_text
 from shared.errors import MqttAuthError
 from shared.settings import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from sim_devices.runner import Shard
 
 
 def _add_settings_options(parser: argparse.ArgumentParser, *, mqtt: bool = True) -> None:
@@ -172,13 +175,32 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from shared.runtime import run_main
     from sim_devices.fleet import load_fleet, scale_fleet
     from sim_devices.main import run_sim
+    from sim_devices.processes import run_sim_processes
 
     settings = _settings(args, default_log_level=None if args.log_level else "warning")
     _configure_logging(settings)
     fleet = load_fleet(args.fleet)
     if args.sim is not None:
         fleet = scale_fleet(fleet, args.sim)
-    return run_main(lambda stop: run_sim(settings, fleet, stop, connects_per_s=args.connect_rate))
+    if args.shard is None and args.processes > 1:
+        return run_main(
+            lambda stop: run_sim_processes(args.argv, args.processes, stop, args.connect_rate)
+        )
+    return run_main(
+        lambda stop: run_sim(
+            settings, fleet, stop, connects_per_s=args.connect_rate, shard=args.shard
+        )
+    )
+
+
+def _shard(text: str) -> Shard:
+    from sim_devices.runner import Shard
+
+    index, _, count = text.partition("/")
+    try:
+        return Shard(int(index), int(count))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be I/N with 0 <= I < N") from None
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -606,8 +628,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=200.0,
         metavar="PER_S",
-        help="new MQTT connections per second while starting (default 200)",
+        help="new MQTT connections per second while starting, all processes together (default 200)",
     )
+    sim.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="split the fleet over N processes, each with its own event loop (default 1; "
+        "one process carries a few thousand agents)",
+    )
+    # One process's share of a split fleet (what --processes starts).
+    sim.add_argument("--shard", type=_shard, metavar="I/N", help=argparse.SUPPRESS)
     sim.set_defaults(handler=cmd_sim)
 
     nodes = commands.add_parser("nodes", help="show the fleet from a running control plane")

@@ -1,4 +1,10 @@
-"""`greenfed sim`: a simulated fleet against any broker."""
+"""`greenfed sim`: a simulated fleet against any broker.
+
+It prints one line once every node has announced itself and one when it has
+stopped, with how many telemetry messages its agents sent (what a benchmark
+compares with what the control plane ingested); sim_devices/processes.py reads
+both from each process of a fleet split over several.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,23 @@ from shared.redact import redact_url
 from shared.runtime import run_until_stopped
 from shared.settings import Settings
 from sim_devices.fleet import Fleet
-from sim_devices.runner import SimulatedFleet
+from sim_devices.runner import Shard, SimulatedFleet
+
+
+def connected_line(nodes: int, url: str, seconds: float) -> str:
+    return f"simulated fleet: {nodes} nodes connected to {url} in {seconds:.2f} s"
+
+
+def stopped_line(nodes: int, telemetry_sent: int) -> str:
+    return f"simulated fleet: {nodes} nodes stopped, {telemetry_sent} telemetry messages sent"
 
 
 async def run_sim(
-    settings: Settings, fleet: Fleet, stop: asyncio.Event, connects_per_s: float = 200.0
+    settings: Settings,
+    fleet: Fleet,
+    stop: asyncio.Event,
+    connects_per_s: float = 200.0,
+    shard: Shard | None = None,
 ) -> int:
     simulated = SimulatedFleet(
         fleet,
@@ -22,18 +40,18 @@ async def run_sim(
         telemetry_jitter_ratio=settings.agent.telemetry_jitter_ratio,
         connects_per_s=connects_per_s,
         control_plane_public_key=settings.agent.control_plane_public_key,
+        shard=shard,
     )
     started = time.monotonic()
 
     async def report_when_connected() -> None:
         await simulated.all_announced()
-        print(
-            f"simulated fleet: {len(simulated.agents)} nodes connected to "
-            f"{redact_url(settings.mqtt.url)} "
-            f"in {time.monotonic() - started:.2f} s",
-            flush=True,
-        )
+        url = redact_url(settings.mqtt.url)
+        print(connected_line(len(simulated.agents), url, time.monotonic() - started), flush=True)
         await stop.wait()
 
-    await run_until_stopped(stop, simulated.run(), report_when_connected())
+    try:
+        await run_until_stopped(stop, simulated.run(), report_when_connected())
+    finally:
+        print(stopped_line(len(simulated.agents), simulated.telemetry_sent()), flush=True)
     return 0

@@ -1,10 +1,16 @@
-"""Runs a simulated fleet: many real agents, one process, one MQTT connection each."""
+"""Runs a simulated fleet: many real agents, one process, one MQTT connection each.
+
+A large fleet is split over several processes (`greenfed sim --processes N`,
+sim_devices/processes.py): each runs one shard of the same fleet file, node i in
+shard i mod N, so every shard is as heterogeneous as the whole.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -20,6 +26,21 @@ from sim_devices.probes import SimulatedNode
 from sim_devices.training import SIMULATED_ISOLATION, SIMULATED_RUNTIMES, SimulatedLauncher
 
 
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Shard `index` of `count` (from 0): the fleet's nodes i with i mod count == index."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"shard {self.index} of {self.count}: must be in 0..{self.count - 1}")
+
+    def holds(self, node_index: int) -> bool:
+        return node_index % self.count == self.index
+
+
 class SimulatedFleet:
     def __init__(
         self,
@@ -32,20 +53,24 @@ class SimulatedFleet:
         model_cache_dir: Path | None = None,
         control_plane_public_key: str = "",
         mqtt_by_node: dict[str, MqttSettings] | None = None,
+        shard: Shard | None = None,
     ) -> None:
         """`connects_per_s` ramps the fleet up instead of opening every connection at once;
         `control_plane_public_key` (base64) is the key every agent's `desired` documents
-        must be signed with (empty: the agents apply none)."""
+        must be signed with (empty: the agents apply none); `shard`: run only that
+        shard's nodes, each with the same randomness as in the whole fleet."""
         self._connect_gap_s = 1.0 / connects_per_s if connects_per_s > 0 else 0.0
         seed_source = random.Random(fleet.seed)
         self.agents: list[Agent] = []
         # Each training node's sealing key (public halves: what it enrols with).
         self.sealing_public_keys: dict[str, str] = {}
         cache_root = model_cache_dir or Path(tempfile.gettempdir()) / "greenfed-sim-models"
-        for spec in expand_fleet(fleet):
-            node = SimulatedNode(
-                spec.node_id, spec.profile, random.Random(seed_source.getrandbits(64))
-            )
+        for index, spec in enumerate(expand_fleet(fleet)):
+            # Drawn for every node, so a node is the same whichever shard runs it.
+            node_seed, agent_seed = seed_source.getrandbits(64), seed_source.getrandbits(64)
+            if shard is not None and not shard.holds(index):
+                continue
+            node = SimulatedNode(spec.node_id, spec.profile, random.Random(node_seed))
             identity = NodeIdentity(
                 node_id=spec.node_id,
                 site=spec.site,
@@ -75,7 +100,7 @@ class SimulatedFleet:
                     (mqtt_by_node or {}).get(spec.node_id, mqtt_settings),
                     telemetry_interval_s=telemetry_interval_s,
                     telemetry_jitter_ratio=telemetry_jitter_ratio,
-                    rng=random.Random(seed_source.getrandbits(64)),
+                    rng=random.Random(agent_seed),
                     training_launcher=launcher,
                     inference=InferenceOptions(
                         cache_dir=cache_root / spec.node_id,
@@ -91,6 +116,9 @@ class SimulatedFleet:
     async def all_announced(self) -> None:
         """Return once every agent has published its first birth."""
         await asyncio.gather(*(agent.announced.wait() for agent in self.agents))
+
+    def telemetry_sent(self) -> int:
+        return sum(agent.counters.telemetry_sent for agent in self.agents)
 
     def connected_count(self) -> int:
         return sum(1 for agent in self.agents if agent.session and agent.session.connected.is_set())

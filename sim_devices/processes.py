@@ -1,0 +1,127 @@
+"""`greenfed sim --processes N`: one simulated fleet split over N processes.
+
+One event loop carries a few thousand agents (each its own MQTT connection,
+telemetry round and keep-alive; benchmarks/RESULTS.md); a larger fleet is
+split so that it uses more than one core. Each child is `greenfed sim` with
+the same arguments and `--shard i/N` (sim_devices/runner.py: node k runs in
+shard k mod N), a share of the connect rate, and its own event loop. This
+process only starts them, says when all are connected and, once stopped, how
+many telemetry messages they sent in all; a child that exits on its own
+stops the others and its exit code is the command's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from shared.runtime import SHUTDOWN_BUDGET_S, run_until_stopped
+from sim_devices.main import connected_line, stopped_line
+
+_CONNECTED = re.compile(r"^simulated fleet: (\d+) nodes connected to (\S+) in [\d.]+ s$")
+_STOPPED = re.compile(r"^simulated fleet: (\d+) nodes stopped, (\d+) telemetry messages sent$")
+# A child stops within its own shutdown budget; this is for its interpreter's exit.
+_CHILD_EXIT_GRACE_S = SHUTDOWN_BUDGET_S + 6.0
+
+
+@dataclass
+class _Child:
+    process: asyncio.subprocess.Process
+    nodes: int = 0
+    url: str = ""
+    telemetry_sent: int = 0
+    connected: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def read_output(self) -> None:
+        """Take this child's two lines; pass anything else it prints through."""
+        assert self.process.stdout is not None
+        async for raw in self.process.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if match := _CONNECTED.match(line):
+                self.nodes, self.url = int(match[1]), match[2]
+                self.connected.set()
+            elif match := _STOPPED.match(line):
+                self.nodes, self.telemetry_sent = int(match[1]), int(match[2])
+            else:
+                print(line, flush=True)
+
+    async def stop(self) -> int:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.process.wait(), _CHILD_EXIT_GRACE_S)
+        except TimeoutError:
+            self.process.kill()
+            return await self.process.wait()
+
+
+def child_arguments(
+    argv: list[str], shard: int, processes: int, connects_per_s: float
+) -> list[str]:
+    """The child's command line: this one's, its shard and its share of the connect rate
+    (argparse takes the last of an option given twice)."""
+    return [
+        *argv,
+        "--shard",
+        f"{shard}/{processes}",
+        "--connect-rate",
+        repr(connects_per_s / processes),
+    ]
+
+
+async def run_sim_processes(
+    argv: list[str], processes: int, stop: asyncio.Event, connects_per_s: float = 200.0
+) -> int:
+    """Run `greenfed sim ARGV` as `processes` shards until `stop` is set or one exits."""
+    started = time.monotonic()
+    children: list[_Child] = []
+    readers: list[asyncio.Task[None]] = []
+    try:
+        for shard in range(processes):
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "greenfed.cli",
+                *child_arguments(argv, shard, processes, connects_per_s),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            children.append(_Child(process))
+            readers.append(asyncio.create_task(children[-1].read_output()))
+
+        async def report_when_connected() -> None:
+            await asyncio.gather(*(child.connected.wait() for child in children))
+            line = connected_line(
+                sum(child.nodes for child in children),
+                children[0].url,
+                time.monotonic() - started,
+            )
+            print(f"{line} ({processes} processes)", flush=True)
+            await stop.wait()
+
+        async def first_exit() -> None:
+            waits = [asyncio.ensure_future(child.process.wait()) for child in children]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+
+        await run_until_stopped(stop, report_when_connected(), first_exit())
+    finally:
+        codes = await asyncio.gather(*(child.stop() for child in children))
+        await asyncio.gather(*readers, return_exceptions=True)
+        print(
+            stopped_line(
+                sum(child.nodes for child in children),
+                sum(child.telemetry_sent for child in children),
+            ),
+            flush=True,
+        )
+    # Stopped by us: SIGTERM, which each child takes as a normal stop (exit 0).
+    return next((code for code in codes if code != 0), 0)
