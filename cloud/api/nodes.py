@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import operator
 import re
 from dataclasses import replace
 from typing import Annotated, Final
@@ -19,13 +21,14 @@ from cloud.api.routes import Reply, Route
 from cloud.app_keys import INGESTOR, REGISTRY, STORE
 from cloud.fleet.envelope import claim_of
 from cloud.fleet.node_admin import apply_one
-from cloud.fleet.registry import Approval, NodeFilter
+from cloud.fleet.registry import Approval, NodeFilter, NodeRecord
 from cloud.fleet.views import NodeDetail, NodeList, node_detail, node_summary
 from cloud.store import NodeAdminRecord
 from shared.messages import AcceleratorKind, NodeState, Site
 from shared.taints import MAX_TAINTS, TAINT_EFFECTS, parse_taint
 
 MAX_PAGE_SIZE = 10_000
+_NODE_ID = operator.attrgetter("node_id")
 
 
 class NodeListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -37,6 +40,18 @@ class NodeListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     approval: Approval | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE_SIZE)] = 1000
     cursor: str | None = None
+
+
+def node_page(
+    records: list[NodeRecord], cursor: str | None, limit: int
+) -> tuple[list[NodeRecord], str | None]:
+    """The page of `records` (sorted by node id) after `cursor`, and the next page's cursor
+    (None: this is the last). The cursor is the last node id of the page before: a node
+    id, not a position, so pages stay right while nodes come and go; it need not be a
+    node any more. Found by bisection: a page costs its own nodes, not the fleet's."""
+    start = 0 if cursor is None else bisect.bisect_right(records, cursor, key=_NODE_ID)
+    page = records[start : start + limit]
+    return page, (page[-1].node_id if start + limit < len(records) else None)
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -51,16 +66,11 @@ async def list_nodes(request: web.Request) -> web.Response:
             approval=query.approval,
         )
     )
-    total = len(records)
-    if query.cursor is not None:
-        # Ids are sorted, so "after the cursor" is stable while nodes come and go.
-        records = [record for record in records if record.node_id > query.cursor]
-    page = records[: query.limit]
-    next_cursor = page[-1].node_id if len(records) > query.limit else None
+    page, next_cursor = node_page(records, query.cursor, query.limit)
     body = NodeList(
         items=tuple(node_summary(record) for record in page),
         count=len(page),
-        total=total,
+        total=len(records),
         next_cursor=next_cursor,
     )
     return json_response(body)

@@ -87,8 +87,10 @@ class NodeList(msgspec.Struct, frozen=True, kw_only=True):
 def _summary_fields(record: NodeRecord) -> dict[str, object]:
     status = record.status
     counts: dict[str, int] = {}
+    kinds: dict[str, str] = {}
     for accelerator in status.accelerators:
         counts[accelerator.kind] = counts.get(accelerator.kind, 0) + 1
+        kinds[accelerator.id] = accelerator.kind
     power_w: float | None = None
     utilization_pct: float | None = None
     telemetry = record.telemetry
@@ -96,7 +98,6 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         powers = [s.power_w for s in telemetry.accelerators if s.power_w is not None]
         power_w = round(sum(powers), 2) if powers else None
         # Average over accelerators other than the host CPU when there are any.
-        kinds = {a.id: a.kind for a in status.accelerators}
         devices = [s for s in telemetry.accelerators if kinds.get(s.id) != "cpu"] or list(
             telemetry.accelerators
         )
