@@ -27,6 +27,7 @@ import aiomqtt
 import paho.mqtt.client as mqtt
 import structlog
 from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.enums import MQTTErrorCode
 
 from shared.backoff import Backoff
 from shared.errors import MqttAuthError
@@ -61,6 +62,67 @@ def _deliver_to(client: aiomqtt.Client, sink: MessageSink) -> None:
     # aiomqtt keeps its paho client as `_client` (aiomqtt 2.x); paho's callback setter
     # is its public API.
     client._client.on_message = on_message
+    _BufferedReads.install(client._client)
+
+
+class _BufferedReads:
+    """paho reads each packet with three or four `recv` calls (its type, its length a
+    byte at a time, its body), and aiomqtt reads one packet per wake-up of the event
+    loop: per message, four system calls and a turn of the loop. This reads the socket
+    in chunks and hands paho its small reads from memory, and reads packets on each
+    wake-up until the socket has no more, at most `MAX_CHUNKS` chunks (then the event
+    loop runs others, and wakes this again: the rest is still in the socket).
+
+    It replaces two private methods of paho 2.x's client on the instance
+    (`_sock_recv`, `loop_read`); `install` leaves a client without them as it is.
+    """
+
+    CHUNK_BYTES = 64 * 1024
+    MAX_CHUNKS = 4
+
+    def __init__(self, paho: mqtt.Client) -> None:
+        self._paho = paho
+        self._recv = paho._sock_recv  # paho's own: TLS and closed-socket handling
+        self._buffer = b""
+        self._offset = 0
+        self._socket: object = None  # the socket the buffer came from
+        self._chunks_left = self.MAX_CHUNKS
+
+    @classmethod
+    def install(cls, paho: mqtt.Client) -> None:
+        if not all(hasattr(paho, name) for name in ("_sock_recv", "_packet_read", "_sock")):
+            return  # another paho: its own reads, slower but right
+        reads = cls(paho)
+        paho._sock_recv = reads.recv  # type: ignore[method-assign]
+        paho.loop_read = reads.loop_read  # type: ignore[method-assign]
+
+    def recv(self, bufsize: int) -> bytes:
+        if self._socket is not self._paho._sock:  # a new connection: nothing of the old
+            self._socket, self._buffer, self._offset = self._paho._sock, b"", 0
+        if self._offset >= len(self._buffer):
+            if self._chunks_left <= 0:
+                raise BlockingIOError  # enough for this wake-up: the rest waits in the socket
+            self._chunks_left -= 1
+            chunk = self._recv(self.CHUNK_BYTES)
+            if not chunk:
+                return chunk  # closed: paho says the connection is lost
+            self._buffer, self._offset = chunk, 0
+        start = self._offset
+        self._offset = min(start + bufsize, len(self._buffer))
+        return self._buffer[start : self._offset]
+
+    def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
+        """Read packets until the socket has no more for now (paho's reads one)."""
+        paho = self._paho
+        self._chunks_left = self.MAX_CHUNKS
+        while True:
+            if paho._sock is None:
+                return MQTTErrorCode.MQTT_ERR_NO_CONN
+            rc = paho._packet_read()
+            if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            if rc > 0:
+                return paho._loop_rc_handle(rc)
 
 
 def build_tls_context(settings: MqttSettings) -> ssl.SSLContext:
