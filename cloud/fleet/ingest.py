@@ -566,7 +566,8 @@ class Ingestor:
             self.subscribed.clear()
             if digests is not None:
                 await cancel_and_wait([digests])
-                if not digests.cancelled() and digests.exception() is not None:
+                failed = digests.done() and not digests.cancelled()
+                if failed and digests.exception() is not None:
                     # A publish failed: the connection is going; this loop raises too.
                     self._log.warning("digest publishing stopped", error=str(digests.exception()))
 
