@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Final
 
+from shared.ed25519 import VerifyKey, is_signature
 from shared.file_digests import file_sha256
 
 if TYPE_CHECKING:
@@ -73,18 +74,16 @@ def sign_package(facts: PackageFacts, key: Ed25519PrivateKey) -> str:
     ).decode()
 
 
-def verify_package_signature(facts: PackageFacts, signature: str, key: Ed25519PublicKey) -> None:
+def verify_package_signature(
+    facts: PackageFacts, signature: str, key: VerifyKey | Ed25519PublicKey
+) -> None:
     """Raises `PackageError` unless `signature` is the control plane's over `facts`."""
-    from cryptography.exceptions import InvalidSignature
-
     try:
         raw = base64.b64decode(signature, validate=True)
     except (binascii.Error, ValueError):
         raise PackageError("the package signature is not base64") from None
-    try:
-        key.verify(raw, statement(facts.version, facts.sha256, facts.size_bytes))
-    except InvalidSignature:
-        raise PackageError("the package is not signed by this node's control plane") from None
+    if not is_signature(key, raw, statement(facts.version, facts.sha256, facts.size_bytes)):
+        raise PackageError("the package is not signed by this node's control plane")
 
 
 def inspect_wheel(path: Path) -> PackageFacts:

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from shared.ed25519 import PUBLIC_KEY_BYTES, VerifyKey, is_signature
 from shared.messages import DESIRED_DECODER, DesiredState, encode
 
-# cryptography is imported when a key is loaded or used: about 8 MB resident that an agent
-# not enrolled never needs; and only what each function uses (verifying needs no
-# serialization module, which alone pulls RSA, EC, DSA, DH and SSH in: about 1 MB).
+# cryptography is imported only to sign (the control plane): about 7 MB resident that an
+# agent, which only verifies, never needs (shared/ed25519.py checks signatures with the
+# libcrypto the interpreter has loaded).
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
         Ed25519PrivateKey,
@@ -62,17 +63,17 @@ class PublicKeyError(ValueError):
     """A control-plane public key that is not base64 of 32 raw Ed25519 bytes."""
 
 
-def load_public_key(text: str) -> Ed25519PublicKey:
+def load_public_key(text: str) -> VerifyKey:
     """The key from its base64 (of the 32 raw bytes, as `public_key_base64` writes it)."""
     try:
         raw = base64.b64decode(text.strip(), validate=True)
     except (binascii.Error, ValueError):
         raise PublicKeyError("not valid base64") from None
-    if len(raw) != 32:
-        raise PublicKeyError(f"an Ed25519 public key is 32 bytes, this one is {len(raw)}")
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    return Ed25519PublicKey.from_public_bytes(raw)
+    if len(raw) != PUBLIC_KEY_BYTES:
+        raise PublicKeyError(
+            f"an Ed25519 public key is {PUBLIC_KEY_BYTES} bytes, this one is {len(raw)}"
+        )
+    return VerifyKey(raw)
 
 
 def public_key_base64(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
@@ -93,7 +94,7 @@ def sign_desired(document: DesiredState, private_key: Ed25519PrivateKey) -> byte
     return unsigned[: -len(b"null}")] + b'"' + signature + b'"}'
 
 
-def verify_desired(payload: bytes, public_key: Ed25519PublicKey) -> DesiredState:
+def verify_desired(payload: bytes, public_key: VerifyKey | Ed25519PublicKey) -> DesiredState:
     """The document in `payload` once its signature checks out; raises
     `DesiredSignatureError` otherwise. Nothing is decoded before the check."""
     tail = _SIGNED_TAIL.search(payload)
@@ -103,15 +104,9 @@ def verify_desired(payload: bytes, public_key: Ed25519PublicKey) -> DesiredState
         raise DesiredSignatureError(
             "malformed", 'the document does not end with ,"signature":"<base64>"}'
         )
-    from cryptography.exceptions import InvalidSignature
-
     signed = payload[: tail.start()] + _UNSIGNED_TAIL
-    try:
-        public_key.verify(base64.b64decode(tail.group(1)), signed)
-    except InvalidSignature:
-        raise DesiredSignatureError(
-            "bad-signature", "the signature is not the control plane's"
-        ) from None
+    if not is_signature(public_key, base64.b64decode(tail.group(1)), signed):
+        raise DesiredSignatureError("bad-signature", "the signature is not the control plane's")
     try:
         return DESIRED_DECODER.decode(payload)
     except msgspec.DecodeError as error:

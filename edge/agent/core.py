@@ -40,14 +40,13 @@ from shared.settings import OUTBOX_MAX_AGE_S, OUTBOX_MAX_BYTES, ConfigError, Mqt
 from shared.topics import Topics
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     from edge.inference.runtime import InferenceRuntime
+    from shared.ed25519 import VerifyKey
 
 PUBLIC_KEY_SETTING = "agent.control_plane_public_key"
 
 
-def _public_key(text: str) -> Ed25519PublicKey | None:
+def _public_key(text: str) -> VerifyKey | None:
     if not text:
         return None
     try:

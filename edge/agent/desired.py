@@ -57,10 +57,9 @@ from shared.logs import RateLimitedLog
 from shared.messages import DesiredState
 from shared.topics import Channel
 
-if TYPE_CHECKING:  # cryptography is loaded with the key (shared/desired_signature.py)
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
+if TYPE_CHECKING:
     from edge.agent.upgrades import AgentUpgrades
+    from shared.ed25519 import VerifyKey
 
 # Whoever floods the topic with forgeries must not flood the log and the events too.
 REJECTION_LOG_INTERVAL_S = 10.0
@@ -90,7 +89,7 @@ class DesiredStateApplier(AgentModule):
         reported: ReportedStatePublisher,
         outbox: Outbox,
         *,
-        public_key: Ed25519PublicKey | None,
+        public_key: VerifyKey | None,
         birth: BirthAnswers,
         state: AgentStateFiles | None = None,
         upgrades: AgentUpgrades | None = None,

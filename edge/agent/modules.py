@@ -36,8 +36,8 @@ from edge.training.power_limits import PowerLimits
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import LauncherFactory
 
-if TYPE_CHECKING:  # cryptography is loaded with the key (shared/desired_signature.py)
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+if TYPE_CHECKING:
+    from shared.ed25519 import VerifyKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ def build_agent_modules(
     inference_options: InferenceOptions,
     started_at: float,
     announced: asyncio.Event,
-    control_plane_public_key: Ed25519PublicKey | None,
+    control_plane_public_key: VerifyKey | None,
     state: AgentStateFiles | None,
     execution: ExecutionFacts,
     upgrade_options: UpgradeOptions | None = None,

@@ -40,7 +40,8 @@ from shared.messages import AgentUpgrade, AgentUpgradeReport
 
 if TYPE_CHECKING:
     import aiohttp
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from shared.ed25519 import VerifyKey
 
 DOWNLOAD_ATTEMPTS: Final = 3
 DOWNLOAD_TIMEOUT_S: Final = 300.0
@@ -65,7 +66,7 @@ class AgentUpgrades(AgentModule):
         context: AgentContext,
         options: UpgradeOptions | None,
         *,
-        public_key: Ed25519PublicKey | None,
+        public_key: VerifyKey | None,
         announced: asyncio.Event,
         report_changed: asyncio.Event,
         clock: Callable[[], float] = time.time,
