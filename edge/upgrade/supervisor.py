@@ -5,9 +5,11 @@ takes it back to the version it ran when a new one does not announce itself in t
 Why a parent process: a version that cannot start (a broken package, a dependency it
 needs and the node lacks) cannot roll itself back. The supervisor imports only the
 standard library and the versions directory's few lines, so no package it installs
-can break it, and it costs a few MB. It is started with `python -m`, replacing the
-`greenfed` process (`os.execv`), so it holds nothing that command imported, and keeps
-its process id for systemd.
+can break it, and it costs a few MB: not even argparse (two options, read by hand),
+typing (annotations only) or dataclasses, which a process that runs for months would
+hold for nothing. It is started with `python -m`, replacing the `greenfed` process
+(`os.execv`), so it holds nothing that command imported, and keeps its process id for
+systemd.
 
 One round: start the child in the active version (or the one on trial). A version on
 trial must write its health file (the agent does, once its birth is published: it
@@ -25,18 +27,15 @@ supervisor dies (PR_SET_PDEATHSIG), so no agent outlives its supervisor.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
-import ctypes.util
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final, NoReturn
 
 from edge.upgrade.versions import (
     HEALTH_FILE_ENV,
@@ -46,20 +45,36 @@ from edge.upgrade.versions import (
     VersionsDir,
 )
 
+TYPE_CHECKING = False  # the type checker reads it as true; typing is not imported at run time
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Final, NoReturn, TypeAlias
+
+    ChildCommand: TypeAlias = Callable[[str | None], Sequence[str]]
+
 # How long a stopped child has to exit before it is killed (the agent's own shutdown
 # budget is 4 s, the unit's TimeoutStopSec 10 s).
 STOP_GRACE_S: Final = 8.0
 _POLL_S: Final = 0.2
 _PR_SET_PDEATHSIG: Final = 1
+_USAGE = "usage: python -m edge.upgrade.supervisor --versions-dir DIR -- GREENFED_ARGUMENTS..."
 
-ChildCommand = Callable[[str | None], Sequence[str]]
+
+@functools.cache
+def _prctl() -> Callable[[int, int], int] | None:
+    """The C library's prctl, found among the interpreter's own symbols; looked up here,
+    in the supervisor, not between fork and exec."""
+    try:
+        prctl: Callable[[int, int], int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+    return prctl
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(libc_name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Supervisor:
@@ -139,6 +154,7 @@ class Supervisor:
             env["PYTHONPATH"] = os.pathsep.join(
                 [site, *filter(None, [os.environ.get("PYTHONPATH")])]
             )
+        _prctl()  # looked up before the fork
         self._child = subprocess.Popen(
             list(self._child_command(version)), env=env, preexec_fn=_die_with_parent
         )
@@ -212,15 +228,30 @@ def agent_command(arguments: Sequence[str]) -> ChildCommand:
     return command
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edge.upgrade.supervisor")
-    parser.add_argument("--versions-dir", required=True, type=Path)
-    parser.add_argument("arguments", nargs=argparse.REMAINDER, help="-- then greenfed's own")
-    args = parser.parse_args(argv)
-    arguments = list(args.arguments)
+def parse_arguments(argv: Sequence[str]) -> tuple[Path, list[str]]:
+    """`--versions-dir DIR [--] ARGUMENTS...`: the versions directory and greenfed's own
+    arguments. Raises ValueError with the usage."""
+    match list(argv):
+        case ["--versions-dir", directory, *arguments]:
+            pass
+        case [option, *arguments] if option.startswith("--versions-dir="):
+            directory = option.removeprefix("--versions-dir=")
+        case _:
+            raise ValueError(_USAGE)
+    if not directory:
+        raise ValueError(_USAGE)
     if arguments[:1] == ["--"]:
         arguments = arguments[1:]
-    supervisor = Supervisor(VersionsDir(args.versions_dir), agent_command(arguments))
+    return Path(directory), arguments
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        versions_dir, arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    supervisor = Supervisor(VersionsDir(versions_dir), agent_command(arguments))
     return supervisor.run()
 
 

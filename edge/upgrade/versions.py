@@ -14,12 +14,16 @@ and nothing heavier (edge/upgrade/supervisor.py).
 from __future__ import annotations
 
 import json
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
 
 from edge.atomic_files import write_atomically
+
+# Standard library modules the supervisor would otherwise hold for nothing: typing
+# (Any, Final) only for the type checker, which reads TYPE_CHECKING as true; and no
+# dataclasses (it imports inspect, ast and dis: 1.3 MB), so Trial and Failure are plain.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Final
 
 DIRECTORY_NAME: Final = "agent-versions"
 # The supervisor hands its child these; the agent writes the health file once it has
@@ -37,21 +41,54 @@ _TRIAL = "trial.json"
 _FAILED = "failed.json"
 
 
-@dataclass(frozen=True, slots=True)
 class Trial:
-    version: str
-    rollout_id: str
-    previous: str | None  # the version to go back to; None: the installed one
-    health_timeout_s: float
+    """A version on trial."""
+
+    __slots__ = ("health_timeout_s", "previous", "rollout_id", "version")
+
+    def __init__(
+        self, *, version: str, rollout_id: str, previous: str | None, health_timeout_s: float
+    ) -> None:
+        self.version = version
+        self.rollout_id = rollout_id
+        self.previous = previous  # the version to go back to; None: the installed one
+        self.health_timeout_s = health_timeout_s
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Trial) and _fields(other) == _fields(self)
+
+    def __repr__(self) -> str:
+        return _repr(self)
 
 
-@dataclass(frozen=True, slots=True)
 class Failure:
-    version: str
-    rollout_id: str
-    outcome: str  # "failed" or "rolled-back" (shared/messages.py AgentUpgradeOutcome)
-    detail: str
-    at: float
+    """The last upgrade that did not take."""
+
+    __slots__ = ("at", "detail", "outcome", "rollout_id", "version")
+
+    def __init__(
+        self, *, version: str, rollout_id: str, outcome: str, detail: str, at: float
+    ) -> None:
+        self.version = version
+        self.rollout_id = rollout_id
+        self.outcome = outcome  # "failed" or "rolled-back" (shared/messages.py AgentUpgradeOutcome)
+        self.detail = detail
+        self.at = at
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Failure) and _fields(other) == _fields(self)
+
+    def __repr__(self) -> str:
+        return _repr(self)
+
+
+def _fields(record: Trial | Failure) -> tuple[object, ...]:
+    return tuple(getattr(record, name) for name in record.__slots__)
+
+
+def _repr(record: Trial | Failure) -> str:
+    fields = ", ".join(f"{name}={getattr(record, name)!r}" for name in record.__slots__)
+    return f"{type(record).__name__}({fields})"
 
 
 class VersionsDir:
@@ -143,6 +180,8 @@ class VersionsDir:
             key=lambda path: path.stat().st_mtime,
             reverse=True,
         )
+        import shutil
+
         for path in candidates[KEPT_VERSIONS:]:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.upgrade.supervisor import Supervisor
+from edge.upgrade.supervisor import Supervisor, parse_arguments
 from edge.upgrade.versions import RESTART_EXIT_CODE, Trial, VersionsDir
 
 pytestmark = pytest.mark.timeout(60)
@@ -202,3 +202,61 @@ def test_restart_exit_code_is_not_one_systemd_refuses_to_restart() -> None:
     unit = (Path(__file__).resolve().parents[2] / "deploy/edge/greenfed-agent.service").read_text()
     line = next(ln for ln in unit.splitlines() if ln.startswith("RestartPreventExitStatus="))
     assert str(RESTART_EXIT_CODE) not in line.split("=", 1)[1].split()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_an_agent_whose_supervisor_is_killed_is_stopped_too(tmp_path: Path) -> None:
+    """SIGKILL leaves the supervisor no chance to pass anything on: the kernel sends the
+    agent SIGTERM (PR_SET_PDEATHSIG), so no agent outlives its supervisor."""
+    script = tmp_path / "agent.py"
+    stopped = tmp_path / "stopped"
+    script.write_text(
+        "import signal, sys, time, pathlib, os\n"
+        f"def stop(*_): pathlib.Path({str(stopped)!r}).write_text('SIGTERM'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "pathlib.Path(os.environ['GREENFED_SUPERVISOR_HEALTH_FILE']).write_text(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    versions = tmp_path / "agent-versions"
+    versions.mkdir()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from edge.upgrade.supervisor import Supervisor; "
+            "from edge.upgrade.versions import VersionsDir; from pathlib import Path; "
+            f"sys.exit(Supervisor(VersionsDir(Path({str(versions)!r})), "
+            f"lambda v: [sys.executable, {str(script)!r}]).run())",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        health = versions / "health"
+        deadline = time.monotonic() + 30
+        while not health.exists() or not health.read_text():
+            assert time.monotonic() < deadline, "the agent never started"
+            time.sleep(0.05)
+        process.kill()
+        process.wait(10)
+        deadline = time.monotonic() + 30
+        while not (stopped.exists() and stopped.read_text()):
+            assert time.monotonic() < deadline, "the agent outlived its supervisor"
+            time.sleep(0.05)
+        assert stopped.read_text() == "SIGTERM"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if health.exists() and not stopped.exists() and health.read_text().isdigit():
+            os.kill(int(health.read_text()), signal.SIGKILL)
+
+
+def test_the_supervisor_reads_its_two_options_as_argparse_did() -> None:
+    assert parse_arguments(["--versions-dir", "/d", "--", "edge", "run", "--config", "a"]) == (
+        Path("/d"),
+        ["edge", "run", "--config", "a"],
+    )
+    assert parse_arguments(["--versions-dir=/d", "edge", "run"]) == (Path("/d"), ["edge", "run"])
+    assert parse_arguments(["--versions-dir", "/d"]) == (Path("/d"), [])
+    for wrong in ([], ["--versions-dir"], ["--versions-dir="], ["edge", "run"]):
+        with pytest.raises(ValueError, match="usage"):
+            parse_arguments(wrong)
