@@ -1,7 +1,9 @@
 """One edge agent's idle footprint: resident memory and CPU at a 1 s telemetry interval.
 
 Runs `greenfed edge run` as its own process against a broker, lets it settle,
-then samples its RSS and CPU time over a window.
+then samples RSS and CPU time over a window. That process becomes the upgrade
+supervisor (edge/upgrade/supervisor.py), which runs the agent as its child: both are
+measured, each on its own (`agent`, `supervisor`), and the node's total beside them.
 
     python benchmarks/agent_footprint.py --greenfed .venv/bin/greenfed --window 60
 
@@ -26,6 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -74,7 +77,7 @@ def measure(
     *,
     enrolled: bool = False,
     training: bool = False,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     topic_root = f"gfbench-{uuid.uuid4().hex[:8]}"
     key = ""
     if enrolled:
@@ -101,7 +104,7 @@ def _measure(
     settle_s: float,
     window_s: float,
     training: bool,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as workdir:
         config = Path(workdir) / "agent.toml"
         config.write_text(
@@ -127,28 +130,53 @@ def _measure(
             # An enrolled agent keeps the document it verified and applied.
             if key and not (Path(workdir) / "data" / "state" / "desired.json").exists():
                 raise RuntimeError("the agent did not apply the signed desired document")
-            agent = psutil.Process(process.pid)
-            cpu_before = agent.cpu_times()
+            supervisor = psutil.Process(process.pid)
+            agent = _agent_child(supervisor)
+            processes = {"agent": agent, "supervisor": supervisor}
+            cpu_before = {name: _cpu_s(p) for name, p in processes.items()}
             started = time.monotonic()
-            rss_samples = []
+            rss_samples: dict[str, list[int]] = {name: [] for name in processes}
             while time.monotonic() - started < window_s:
-                rss_samples.append(agent.memory_info().rss)
+                for name, each in processes.items():
+                    rss_samples[name].append(each.memory_info().rss)
                 time.sleep(1.0)
-            cpu_after = agent.cpu_times()
             elapsed = time.monotonic() - started
-            cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+            figures = {
+                name: {
+                    "rss_mb_median": round(statistics.median(rss_samples[name]) / 1e6, 1),
+                    "rss_mb_max": round(max(rss_samples[name]) / 1e6, 1),
+                    "uss_mb": round(each.memory_full_info().uss / 1e6, 1),
+                    "cpu_pct_of_one_core": round(
+                        100 * (_cpu_s(each) - cpu_before[name]) / elapsed, 3
+                    ),
+                    "threads": each.num_threads(),
+                }
+                for name, each in processes.items()
+            }
             return {
-                "rss_mb_median": round(statistics.median(rss_samples) / 1e6, 1),
-                "rss_mb_max": round(max(rss_samples) / 1e6, 1),
-                "uss_mb": round(agent.memory_full_info().uss / 1e6, 1),
-                "cpu_pct_of_one_core": round(100 * cpu_s / elapsed, 2),
-                "threads": agent.num_threads(),
+                **figures,
+                "total_rss_mb": round(
+                    figures["agent"]["rss_mb_median"] + figures["supervisor"]["rss_mb_median"], 1
+                ),
             }
         finally:
             process.terminate()
             process.wait(10)
             if training:
                 _remove_cgroup_root(f"greenfed-bench-{topic_root}")
+
+
+def _agent_child(supervisor: psutil.Process) -> psutil.Process:
+    """The agent the supervisor runs (`--no-supervisor` would run none)."""
+    children = supervisor.children()
+    if len(children) != 1:
+        raise RuntimeError(f"expected the supervisor to run one agent, found {children}")
+    return children[0]
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def _remove_cgroup_root(name: str) -> None:
@@ -198,9 +226,16 @@ def main() -> None:
         "enrolled": args.enrolled,
         "training": args.training,
         "runs": runs,
-        "median_rss_mb": statistics.median(r["rss_mb_median"] for r in runs),
-        "median_uss_mb": statistics.median(r["uss_mb"] for r in runs),
-        "median_cpu_pct_of_one_core": statistics.median(r["cpu_pct_of_one_core"] for r in runs),
+        **{
+            f"median_{name}_{figure}": statistics.median(r[name][key] for r in runs)
+            for name in ("agent", "supervisor")
+            for figure, key in (
+                ("rss_mb", "rss_mb_median"),
+                ("uss_mb", "uss_mb"),
+                ("cpu_pct_of_one_core", "cpu_pct_of_one_core"),
+            )
+        },
+        "median_total_rss_mb": statistics.median(r["total_rss_mb"] for r in runs),
     }
     json.dump(summary, sys.stdout, indent=2)
     print()

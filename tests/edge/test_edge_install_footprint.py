@@ -1,14 +1,24 @@
 """The agent runs with only the `edge` extra installed: no database stack, ever; and
 until a node is given an inference deployment, no web server, numpy or ONNX Runtime
 either (they are loaded with the first deployment). A child interpreter that refuses
-to import those proves it."""
+to import those proves it; and what an idle agent and its supervisor do import is
+listed, so that a heavy import coming back is seen (the footprint itself is measured by
+benchmarks/agent_footprint.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from shared.desired_signature import public_key_base64, sign_desired
+from shared.ed25519 import system_libcrypto_checker
+from shared.messages import DesiredState
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CLOUD_ONLY_MODULES = [
@@ -52,3 +62,58 @@ def test_discovery_and_the_agent_import_nothing_from_the_cloud_stack() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert '"kind": "cpu"' in result.stdout
+
+
+def modules_imported_by(script: str, stdin: bytes = b"") -> list[str]:
+    """The modules a child interpreter that refuses the cloud's imported for `script`,
+    beyond its own start (a coverage or .pth hook's imports are not the code's)."""
+    prologue = BLOCKER + "import json, sys\n_before = set(sys.modules)\n"
+    epilogue = "\nprint(json.dumps(sorted(set(sys.modules) - _before)))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", prologue + script + epilogue],
+        input=stdin,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    modules: list[str] = json.loads(result.stdout.decode().splitlines()[-1])
+    return modules
+
+
+def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metadata() -> None:
+    """What an enrolled agent with nothing to run imports, its desired document verified:
+    not cryptography (7 MB: the interpreter's own libcrypto checks Ed25519,
+    shared/ed25519.py), nor importlib.metadata (shared/__init__.py reads the version)."""
+    if system_libcrypto_checker() is None:
+        pytest.skip("no libcrypto with Ed25519 mapped here: cryptography checks instead")
+    key = Ed25519PrivateKey.generate()
+    document = DesiredState(node_id="n1", generation=1, issued_at=1.0)
+    script = (
+        "import greenfed.cli, edge.agent, edge.main\n"
+        "from shared.desired_signature import load_public_key, verify_desired\n"
+        f"key = load_public_key({public_key_base64(key)!r})\n"
+        "assert verify_desired(sys.stdin.buffer.read(), key).generation == 1\n"
+    )
+    imported = modules_imported_by(script, stdin=sign_desired(document, key))
+    assert "edge.agent.core" in imported
+    assert [name for name in imported if name.split(".")[0] == "cryptography"] == []
+    assert "importlib.metadata" not in imported
+
+
+def test_the_upgrade_supervisor_imports_a_few_standard_modules() -> None:
+    """The supervisor runs as long as the agent: the standard library only, and none of
+    its heavier modules (argparse, dataclasses and its inspect, typing, ctypes.util)."""
+    imported = modules_imported_by("import edge.upgrade.supervisor\n")
+    assert "edge.upgrade.versions" in imported
+    foreign = [
+        name
+        for name in imported
+        if name.split(".")[0] not in sys.stdlib_module_names and name.split(".")[0] != "edge"
+    ]
+    assert foreign == []
+    assert {"edge", "edge.upgrade", "edge.upgrade.supervisor", "edge.upgrade.versions"} >= {
+        name for name in imported if name.startswith("edge")
+    } - {"edge.atomic_files"}
+    heavy = {"argparse", "dataclasses", "inspect", "typing", "ctypes.util", "importlib.metadata"}
+    assert sorted(heavy & set(imported)) == []
