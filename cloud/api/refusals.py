@@ -29,12 +29,10 @@ from aiohttp import web
 
 from cloud.api.bodies import invalid_body
 from cloud.api.problems import Problem
+from cloud.api.registered_fleet import registered_fleet
 from cloud.app_keys import REGISTRY, SETTINGS, STORE
-from cloud.loop.nodes import scheduler_nodes
-from cloud.scheduler import Snapshot
-from cloud.scheduler.unschedulable import never_fits
 from cloud.store import NewDependency, TenantRecord, WorkRecord
-from cloud.work.convert import spec_field, spec_of, tenant_from_record, to_work
+from cloud.work.convert import spec_field, spec_of, to_work
 from cloud.work.dependencies import Verdict, loop_from, verdict
 from cloud.work.specs import WorkSpec
 from cloud.work.views import DependencyView
@@ -54,12 +52,6 @@ async def refused_now(
         return invalid_body("$.deadline", f"{deadline.isoformat()} has passed")
     if spec.allow_unschedulable:
         return None
-    tenants = await request.app[STORE].list_tenants()
-    fleet = Snapshot.build(
-        now=now_s,
-        nodes=scheduler_nodes(request.app[REGISTRY].nodes()),
-        tenants=[t for t in map(tenant_from_record, tenants) if t is not None],
-    )
     work = to_work(
         spec,
         work_id="submitted",
@@ -67,7 +59,8 @@ async def refused_now(
         submitted_at=now_s,
         min_isolation=request.app[SETTINGS].scheduling.min_isolation,
     )
-    never = never_fits(fleet, work)
+    fleet = registered_fleet(request.app[REGISTRY], request.app[STORE])
+    never = await fleet.never_fits(work, now_s)
     if never is None:
         return None
     path = spec_field(spec, never.field)

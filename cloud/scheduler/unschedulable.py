@@ -26,6 +26,7 @@ not by default).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,14 @@ class FleetFit:
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
         self._members: dict[Hashable, _Members | NeverFits | None] = {}
+
+    def at(self, now: float) -> FleetFit:
+        """The same fleet judged at `now`: where a member could fit does not depend on
+        the time, so the shapes already judged stay remembered (only deadlines are
+        judged against `now`)."""
+        fit = FleetFit(dataclasses.replace(self.snapshot, now=float(now)))
+        fit._members = self._members
+        return fit
 
     def never_fits(self, work: Work) -> NeverFits | None:
         snapshot = self.snapshot

@@ -216,6 +216,9 @@ class Store:
         self.migrations = report
         self._engine = engine
         self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        # Tenants created or changed through this store: caches of tenants built by
+        # this process (cloud/api/registered_fleet.py) know to read them again.
+        self.tenant_changes = 0
         self._write_queue: contextlib.AbstractAsyncContextManager[object] = (
             asyncio.Lock() if target.backend == "sqlite" else contextlib.nullcontext()
         )
@@ -334,6 +337,7 @@ class Store:
             )
             if audit is not None:
                 await insert_audit(connection, audit, now)
+        self.tenant_changes += 1
         return CreatedTenant(record, token)
 
     async def update_tenant(
@@ -347,6 +351,7 @@ class Store:
             if audit is not None:
                 await insert_audit(connection, audit, now)
         self._tokens.forget_tenant(tenant_id)  # its cached record is stale
+        self.tenant_changes += 1
         return after
 
     async def bootstrap_admin(self, name: str = "admin") -> CreatedTenant | None:

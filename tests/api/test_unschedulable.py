@@ -13,7 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from cloud.app_keys import REGISTRY
+from cloud.api.registered_fleet import registered_fleet
+from cloud.app_keys import REGISTRY, STORE
 from cloud.work.explanation import decode_explanation
 from shared.messages import Accelerator
 from shared.settings import SchedulingSettings
@@ -85,6 +86,29 @@ async def test_work_no_registered_node_could_hold_is_a_422_naming_the_field(
     assert "allow_unschedulable" in found_reason  # how to queue it anyway
     # The same spec opted out is accepted: the fleet may grow.
     accepted = await api.submit(token, job_spec(**fields, allow_unschedulable=True))
+    assert accepted.status == 201, await accepted.text()
+
+
+async def test_the_fleet_is_judged_once_for_a_burst_and_a_new_node_counts_at_once(
+    api: Api,
+) -> None:
+    """Submissions share one view of the registered fleet (building it per submission
+    was most of the API's cost with a thousand nodes), yet a node that registers counts
+    for the very next submission: nothing is refused on a view older than the registry."""
+    token = await api.tenant("vision")
+    register(api, "gpu-a")
+    fleet = registered_fleet(api.app[REGISTRY], api.app[STORE])
+    first = await api.submit(token, job_spec())
+    assert first.status == 201, await first.text()
+    builds = fleet.builds
+    for _ in range(20):
+        accepted = await api.submit(token, job_spec())
+        assert accepted.status == 201, await accepted.text()
+    assert fleet.builds <= builds + 1  # at most one rebuild, when the tenants age
+    name, _ = await refused(api, token, job_spec(accelerators_per_worker=16))
+    assert name == "$.accelerators_per_worker"
+    register(api, "gpu-big", gpus=16)
+    accepted = await api.submit(token, job_spec(accelerators_per_worker=16))
     assert accepted.status == 201, await accepted.text()
 
 

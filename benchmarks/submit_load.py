@@ -1,0 +1,256 @@
+"""Submissions while scheduling: REST submissions acknowledged per second, and their
+latency, while a simulated fleet is connected and the scheduler is placing work.
+
+    python benchmarks/submit_load.py --nodes 1000 --queued 10000 --clients 32 \
+        --seconds 60 --runs 3
+
+Each run starts afresh: a temporary PostgreSQL schema (`--backend sqlite` for the
+embedded store), `greenfed cloud` in its own process, `greenfed sim` with `--nodes`
+real agents (their own MQTT connections) in another, both on the Mosquitto at
+`--mqtt-url`. The queue is first filled with `--queued` 1-GPU training jobs; then
+`--clients` closed-loop clients POST more of them, each with an idempotency key, for
+`--seconds`. Every job runs `--job-seconds` on its simulated GPU, so capacity frees
+and the scheduler keeps placing all along. A submission counts when its 201 arrived
+(sent only after the commit); afterwards the store must hold exactly the jobs
+acknowledged. Figures: acknowledged/s, p50/p99 of the acknowledgement, the passes
+and placements the control plane made in the window and its CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+from lifecycle_bench import (
+    DEFAULT_MQTT_URL,
+    DEFAULT_POSTGRES_URL,
+    database_env,
+    free_port,
+    greenfed,
+    mqtt_broker,
+    new_tenant,
+)
+
+_METRIC = re.compile(r"^(greenfed_scheduling_(?:passes|placements)_total) ([0-9.e+]+)$", re.M)
+
+
+async def post_jobs(
+    http: aiohttp.ClientSession,
+    api: str,
+    token: str,
+    *,
+    clients: int,
+    job_seconds: float,
+    count: int | None = None,
+    seconds: float | None = None,
+) -> tuple[list[float], int]:
+    """Closed-loop clients POSTing jobs until `count` were acknowledged or `seconds`
+    passed; returns the latencies of the 201s (s) and the number of failures."""
+    latencies: list[float] = []
+    failures = 0
+    stop_at = time.perf_counter() + (seconds if seconds is not None else 1e9)
+    headers = {"Authorization": f"Bearer {token}"}
+    body: dict[str, Any] = {"command": ["python", "train.py"], "estimated_duration_s": job_seconds}
+
+    async def client() -> None:
+        nonlocal failures
+        while time.perf_counter() < stop_at and (count is None or len(latencies) < count):
+            started = time.perf_counter()
+            key = uuid.uuid4().hex
+            async with http.post(
+                f"{api}/v1/jobs",
+                json=body | {"name": f"load-{key[:12]}"},
+                headers=headers | {"Idempotency-Key": key},
+            ) as response:
+                answer = await response.read()
+                if response.status != 201:
+                    failures += 1
+                    if failures > 100:
+                        raise RuntimeError(f"submissions failing: {response.status} {answer!r}")
+                    continue
+            latencies.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies, failures
+
+
+async def scheduling_counters(
+    http: aiohttp.ClientSession, api: str, admin: str
+) -> dict[str, float]:
+    async with http.get(f"{api}/metrics", headers={"Authorization": f"Bearer {admin}"}) as response:
+        text = await response.text()
+    return {name: float(value) for name, value in _METRIC.findall(text)}
+
+
+async def stored_jobs(http: aiohttp.ClientSession, api: str, token: str) -> int:
+    """How many jobs the tenant has, walking `/v1/jobs` page by page."""
+    total, cursor = 0, None
+    while True:
+        params = {"limit": "500"} | ({"cursor": cursor} if cursor else {})
+        async with http.get(
+            f"{api}/v1/jobs", params=params, headers={"Authorization": f"Bearer {token}"}
+        ) as response:
+            page = await response.json()
+        total += len(page["items"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return total
+
+
+def cloud_process(port: int) -> psutil.Process:
+    """The `greenfed cloud` process listening on `port`."""
+    for connection in psutil.net_connections("tcp"):
+        if connection.laddr and connection.laddr.port == port and connection.status == "LISTEN":
+            return psutil.Process(connection.pid)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+async def one_run(args: argparse.Namespace, mqtt_url: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        port = free_port()
+        api = f"http://127.0.0.1:{port}"
+        root = f"bench-{uuid.uuid4().hex[:8]}"
+        async with database_env(args.backend, args.postgres_url, data_dir) as store_env:
+            env = store_env | {
+                "GREENFED_CLOUD__API_PORT": str(port),
+                "GREENFED_MQTT__URL": mqtt_url,
+                "GREENFED_MQTT__TOPIC_ROOT": root,
+            }
+            sim_args = ["sim", "--sim", str(args.nodes), "--mqtt-url", mqtt_url]
+            sim_env = {"GREENFED_MQTT__TOPIC_ROOT": root, "GREENFED_STORE__DATA_DIR": tmp}
+            connector = aiohttp.TCPConnector(limit=args.clients)
+            async with (
+                greenfed(["cloud"], env, api, data_dir) as admin,
+                aiohttp.ClientSession(connector=connector) as http,
+            ):
+                cloud = cloud_process(port)
+                sim = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "greenfed.cli",
+                    *sim_args,
+                    env=os.environ | sim_env,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
+                try:
+                    token = await new_tenant(http, api, admin)
+                    await online(http, api, admin, args.nodes)
+                    print(f"{args.nodes} nodes online", file=sys.stderr, flush=True)
+                    began = time.perf_counter()
+                    filled, fill_failures = await post_jobs(
+                        http,
+                        api,
+                        token,
+                        clients=args.clients,
+                        job_seconds=args.job_seconds,
+                        count=args.queued,
+                    )
+                    fill_s = time.perf_counter() - began
+                    print(f"{len(filled)} queued in {fill_s:.1f} s", file=sys.stderr, flush=True)
+                    before = await scheduling_counters(http, api, admin)
+                    cpu_before = cloud.cpu_times()
+                    began = time.perf_counter()
+                    latencies, failures = await post_jobs(
+                        http,
+                        api,
+                        token,
+                        clients=args.clients,
+                        job_seconds=args.job_seconds,
+                        seconds=args.seconds,
+                    )
+                    elapsed = time.perf_counter() - began
+                    cpu_after = cloud.cpu_times()
+                    after = await scheduling_counters(http, api, admin)
+                    stored = await stored_jobs(http, api, token)
+                finally:
+                    sim.terminate()
+                    await sim.wait()
+    latencies.sort()
+    cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    acknowledged = len(filled) + len(latencies)
+    return {
+        "fill_per_s": round(len(filled) / fill_s, 1),
+        "per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 1),
+        "failures": failures + fill_failures,
+        "acknowledged": acknowledged,
+        "stored": stored,
+        "passes": after.get("greenfed_scheduling_passes_total", 0)
+        - before.get("greenfed_scheduling_passes_total", 0),
+        "placements": after.get("greenfed_scheduling_placements_total", 0)
+        - before.get("greenfed_scheduling_placements_total", 0),
+        "cloud_cpu_pct": round(100 * cpu_s / elapsed, 1),
+    }
+
+
+async def online(http: aiohttp.ClientSession, api: str, admin: str, nodes: int) -> None:
+    """Wait until `nodes` nodes are online."""
+    headers = {"Authorization": f"Bearer {admin}"}
+    params = {"state": "online", "limit": "1"}
+    async with asyncio.timeout(300):
+        while True:
+            async with http.get(f"{api}/v1/nodes", params=params, headers=headers) as response:
+                total = (await response.json())["total"]
+                if total >= nodes:
+                    return
+            print(f"{total} of {nodes} nodes online", file=sys.stderr, flush=True)
+            await asyncio.sleep(1.0)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    runs = []
+    async with mqtt_broker(args.mqtt_url) as mqtt_url:
+        for index in range(args.runs):
+            result = await one_run(args, mqtt_url)
+            print(f"run {index + 1}: {json.dumps(result)}", flush=True)
+            runs.append(result)
+    summary = {
+        key: statistics.median(run[key] for run in runs)
+        for key in (
+            "per_s",
+            "p50_ms",
+            "p99_ms",
+            "fill_per_s",
+            "passes",
+            "placements",
+            "cloud_cpu_pct",
+        )
+    }
+    summary["lost_or_extra"] = sum(abs(run["stored"] - run["acknowledged"]) for run in runs)
+    summary["failures"] = sum(run["failures"] for run in runs)
+    print(f"median of {len(runs)}: {json.dumps(summary)}", flush=True)
+    return {"runs": runs, "median": summary}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="postgresql", choices=("postgresql", "sqlite"))
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--queued", type=int, default=10000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--job-seconds", type=float, default=30.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
+    parser.add_argument("--mqtt-url", default=DEFAULT_MQTT_URL)
+    args = parser.parse_args()
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
