@@ -234,6 +234,8 @@ class Store:
         self._clock = clock
         self._ids = IdGenerator()
         self._tokens = TokenCache(settings.token_cache_s)
+        # Token -> its verification in flight (`check_token`).
+        self._verifying: dict[str, asyncio.Future[Authenticated | TokenRefused | None]] = {}
         self._leader_key = advisory_key(namespace, "leader")
         self._leases: set[LeadershipLease] = set()
         self._context = StoreContext(
@@ -395,23 +397,39 @@ class Store:
         now = self._clock()
         verdict = self._tokens.get(token_id, token)
         if verdict is None:
-            async with self._read() as connection:
-                found = await tenant_tokens.select_for_authentication(connection, token_id)
-            if found is None:
+            # Clients arriving together with a token the cache does not hold (every
+            # client of a tenant when its entry expires) share one verification: a scrypt
+            # each would cost them seconds of CPU.
+            verifying = self._verifying.get(token)
+            if verifying is None:
+                verifying = asyncio.ensure_future(self._verify_token(token_id, token, secret, now))
+                self._verifying[token] = verifying
+                verifying.add_done_callback(lambda _: self._verifying.pop(token, None))
+            verdict = await asyncio.shield(verifying)
+            if verdict is None:
                 return None
-            secret_hash, record, tenant = found
-            if not await asyncio.to_thread(verify_secret, secret, secret_hash):
-                return None
-            if record.works(now):
-                async with self._write(notify=False) as connection:
-                    await tenant_tokens.mark_used(connection, token_id, now)
-                record = replace(record, last_used_at=now)
-                verdict = Authenticated(tenant, record)
-            else:
-                verdict = TokenRefused(record)
-            self._tokens.put(token_id, token, verdict)
         if isinstance(verdict, Authenticated) and not verdict.token.works(now):
             return TokenRefused(verdict.token)  # its overlap ended while it was cached
+        return verdict
+
+    async def _verify_token(
+        self, token_id: str, token: str, secret: str, now: float
+    ) -> Authenticated | TokenRefused | None:
+        async with self._read() as connection:
+            found = await tenant_tokens.select_for_authentication(connection, token_id)
+        if found is None:
+            return None
+        secret_hash, record, tenant = found
+        if not await asyncio.to_thread(verify_secret, secret, secret_hash):
+            return None
+        verdict: Authenticated | TokenRefused
+        if record.works(now):
+            async with self._write(notify=False) as connection:
+                await tenant_tokens.mark_used(connection, token_id, now)
+            verdict = Authenticated(tenant, replace(record, last_used_at=now))
+        else:
+            verdict = TokenRefused(record)
+        self._tokens.put(token_id, token, verdict)
         return verdict
 
     async def authenticate(self, token: str) -> TenantRecord | None:

@@ -3,6 +3,7 @@ changes, the queue cap, and the audit log, on both backends."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -29,6 +30,7 @@ from cloud.store import (
 from cloud.store.migrate import migrate
 from cloud.store.migrations import MIGRATIONS
 from cloud.store.tokens import issue_token
+from shared.secret_hashes import verify_secret
 from tests.store.builders import make_tenant, submit
 from tests.store.databases import DatabaseUnderTest
 
@@ -123,6 +125,36 @@ async def test_a_revoked_token_is_refused_at_once_and_says_so(
         await other.close()
     again = await store.revoke_token(ci.record.token_id)
     assert again.revoked_at == revoked.revoked_at  # revoking twice keeps the first time
+
+
+async def test_clients_arriving_together_with_an_uncached_token_share_one_verification(
+    database: DatabaseUnderTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's many clients meet a cold cache together (a restart, the entry's
+    expiry): one scrypt answers them all, and a wrong secret among them is still refused."""
+    calls: list[str] = []
+
+    def counted(secret: str, secret_hash: str) -> bool:
+        calls.append(secret)
+        return verify_secret(secret, secret_hash)
+
+    monkeypatch.setattr("cloud.store.store.verify_secret", counted)
+    writer = await open_store(database.settings)
+    try:
+        acme = await make_tenant(writer, "acme")
+    finally:
+        await writer.close()
+    store = await open_store(database.settings)  # a cold cache
+    try:
+        forged = acme.token[:-4] + ("AAAA" if not acme.token.endswith("AAAA") else "BBBB")
+        checks = await asyncio.gather(
+            *(store.authenticate(acme.token) for _ in range(32)), store.authenticate(forged)
+        )
+        assert checks[:32] == [acme.tenant] * 32
+        assert checks[32] is None
+        assert len(calls) == 2  # one for the 32 alike, one for the forgery
+    finally:
+        await store.close()
 
 
 async def test_the_admin_keeps_at_least_one_working_token(timed_store: Store) -> None:
