@@ -27,8 +27,9 @@ not by default).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,14 @@ class FleetFit:
         the time, so the shapes already judged stay remembered (only deadlines are
         judged against `now`)."""
         fit = FleetFit(dataclasses.replace(self.snapshot, now=float(now)))
+        fit._members = self._members
+        return fit
+
+    def with_tenants(self, tenants: Sequence[Tenant]) -> FleetFit:
+        """The same fleet with other tenants (quotas): shapes already judged stay
+        remembered, where a member could fit does not depend on quotas."""
+        by_name = MappingProxyType({t.name: t for t in sorted(tenants, key=lambda t: t.name)})
+        fit = FleetFit(dataclasses.replace(self.snapshot, tenants=by_name))
         fit._members = self._members
         return fit
 
