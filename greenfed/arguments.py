@@ -1,13 +1,21 @@
-"""What every `greenfed` command shares on the command line: exit statuses and the
+"""What every `greenfed` command shares on the command line: exit statuses, the
 argparse types that check an option's value (so a bad value is a usage error naming
-the option, not a traceback)."""
+the option, not a traceback), the settings options and how a command's errors become
+exit statuses."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Final
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
 
-from shared.settings import parse_mqtt_url
+import msgspec
+
+from greenfed.data_dir_lock import DataDirInUse
+from shared.errors import MqttAuthError
+from shared.settings import ConfigError, Settings, load_settings, parse_mqtt_url
 
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
@@ -112,3 +120,73 @@ def add_confirm_bulk_option(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="go ahead past cloud.destructive_actions_per_minute (admin: a bulk clean-up)",
     )
+
+
+def add_settings_options(parser: argparse.ArgumentParser, *, mqtt: bool = True) -> None:
+    parser.add_argument(
+        "--config", type=Path, help="TOML settings file (see docs/configuration.md)"
+    )
+    if mqtt:
+        parser.add_argument("--mqtt-url", type=mqtt_url, help="mqtt://host:port or mqtts://...")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", choices=["auto", "json", "console"])
+
+
+def settings_from_options(
+    args: argparse.Namespace, *, default_log_level: str | None = None
+) -> Settings:
+    """Settings from --config and GREENFED_* variables, then the command-line flags on top."""
+    settings = load_settings(args.config)
+    replace = msgspec.structs.replace
+    if getattr(args, "mqtt_url", None):
+        settings = replace(settings, mqtt=replace(settings.mqtt, url=args.mqtt_url))
+    cloud_changes = {
+        key: value
+        for key, value in (
+            ("api_host", getattr(args, "api_host", None)),
+            ("api_port", getattr(args, "api_port", None)),
+        )
+        if value is not None
+    }
+    if cloud_changes:
+        settings = replace(settings, cloud=replace(settings.cloud, **cloud_changes))
+    interval = getattr(args, "telemetry_interval", None)
+    if interval is not None:
+        settings = replace(settings, agent=replace(settings.agent, telemetry_interval_s=interval))
+    log_changes: dict[str, Any] = {}
+    if args.log_level or default_log_level:
+        log_changes["level"] = args.log_level or default_log_level
+    if args.log_format:
+        log_changes["format"] = args.log_format
+    if log_changes:
+        settings = replace(settings, log=replace(settings.log, **log_changes))
+    return settings
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the command `args` were parsed for (`args.handler`); its expected failures
+    become a line on stderr and an exit status."""
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except BrokenPipeError:
+        raise  # main() handles it, wherever it happens
+    except ConfigError as error:
+        print(f"greenfed: configuration error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except MqttAuthError as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_AUTH
+    except DataDirInUse as error:
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as error:  # e.g. the API port is already in use
+        print(f"greenfed: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except ImportError as error:
+        print(
+            f"greenfed: {error.name or error} is not installed; install the extra this command "
+            "needs, e.g. pip install 'greenfed[all]'",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE

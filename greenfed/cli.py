@@ -11,85 +11,45 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from greenfed import cluster_arguments
 from greenfed.access_cli import add_access_commands
 from greenfed.arguments import (
-    EXIT_AUTH,
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
     accelerator_counts_argument,
     add_confirm_bulk_option,
-    mqtt_url,
+    add_settings_options,
     non_negative_int,
     port,
     positive_float,
     positive_int,
+    run_command,
+    settings_from_options,
     size_bytes_argument,
 )
-from greenfed.data_dir_lock import DataDirInUse, data_dir_lock
+from greenfed.data_dir_lock import data_dir_lock
+from greenfed.edge_run import EDGE_RUN_HELP, add_edge_run_options, cmd_edge_run
 from greenfed.output import ACTION_FORMATS, emit, output_of
 from greenfed.ports import check_api_port
 from greenfed.store_cli import add_store_commands
 from greenfed.upgrade_cli import add_upgrade_commands
 from greenfed.work_cli import add_client_options, add_work_commands, run_client
 from shared.build import version_text
-from shared.errors import MqttAuthError
-from shared.settings import ConfigError, Settings, load_settings
+from shared.settings import ConfigError, Settings
 
 if TYPE_CHECKING:
     from sim_devices.runner import Shard
 
 
-def _add_settings_options(parser: argparse.ArgumentParser, *, mqtt: bool = True) -> None:
-    parser.add_argument(
-        "--config", type=Path, help="TOML settings file (see docs/configuration.md)"
-    )
-    if mqtt:
-        parser.add_argument("--mqtt-url", type=mqtt_url, help="mqtt://host:port or mqtts://...")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", choices=["auto", "json", "console"])
-
-
 def _add_api_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-host", help="address the REST API listens on")
     parser.add_argument("--api-port", type=port, help="REST API port (default 8700)")
-
-
-def _settings(args: argparse.Namespace, *, default_log_level: str | None = None) -> Settings:
-    """Settings from --config and GREENFED_* variables, then the command-line flags on top."""
-    settings = load_settings(args.config)
-    replace = msgspec.structs.replace
-    if getattr(args, "mqtt_url", None):
-        settings = replace(settings, mqtt=replace(settings.mqtt, url=args.mqtt_url))
-    cloud_changes = {
-        key: value
-        for key, value in (
-            ("api_host", getattr(args, "api_host", None)),
-            ("api_port", getattr(args, "api_port", None)),
-        )
-        if value is not None
-    }
-    if cloud_changes:
-        settings = replace(settings, cloud=replace(settings.cloud, **cloud_changes))
-    interval = getattr(args, "telemetry_interval", None)
-    if interval is not None:
-        settings = replace(settings, agent=replace(settings.agent, telemetry_interval_s=interval))
-    log_changes: dict[str, Any] = {}
-    if args.log_level or default_log_level:
-        log_changes["level"] = args.log_level or default_log_level
-    if args.log_format:
-        log_changes["format"] = args.log_format
-    if log_changes:
-        settings = replace(settings, log=replace(settings.log, **log_changes))
-    return settings
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -103,7 +63,7 @@ def _configure_logging(settings: Settings) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     # People watch `greenfed up` in a terminal: the summary lines, not every agent's log.
-    settings = _settings(args, default_log_level=None if args.log_level else "warning")
+    settings = settings_from_options(args, default_log_level=None if args.log_level else "warning")
     _configure_logging(settings)
     # Refused at once, before the control plane's imports take their seconds.
     with data_dir_lock(settings.store.resolved_data_dir(), "up"):
@@ -121,7 +81,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_cloud(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_from_options(args)
     _configure_logging(settings)
     # Replicas may share a data directory; a `greenfed up` on it may not (and v.v.).
     with data_dir_lock(settings.store.resolved_data_dir(), "cloud", exclusive=False):
@@ -132,23 +92,6 @@ def cmd_cloud(args: argparse.Namespace) -> int:
         return run_main(lambda stop: run_cloud(settings, stop))
 
 
-def cmd_edge_run(args: argparse.Namespace) -> int:
-    settings = _settings(args)  # a broken configuration fails here, before any supervisor
-    from edge.upgrade.supervisor import is_supervised, replace_with_supervisor
-    from edge.upgrade.versions import DIRECTORY_NAME
-
-    if not args.no_supervisor and not is_supervised():
-        # This process becomes the upgrade supervisor, which runs the agent as its child
-        # (`greenfed edge run` again, in the version it chooses): edge/upgrade/supervisor.py.
-        versions_dir = settings.agent.resolved_data_dir() / DIRECTORY_NAME
-        replace_with_supervisor(versions_dir, args.argv)
-    from edge.main import run_agent
-    from shared.runtime import run_main
-
-    _configure_logging(settings)
-    return run_main(lambda stop: run_agent(settings, stop, args.config))
-
-
 def cmd_edge_doctor(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -157,7 +100,7 @@ def cmd_edge_doctor(args: argparse.Namespace) -> int:
 
     config = args.config or default_config_path()
     args.config = config if config.exists() else args.config
-    settings = _settings(args, default_log_level=None if args.log_level else "error")
+    settings = settings_from_options(args, default_log_level=None if args.log_level else "error")
     _configure_logging(settings)
     checks = asyncio.run(run_checks(settings, enrolled_api_url(args.config), args.config))
     return print_checks(checks)
@@ -166,7 +109,7 @@ def cmd_edge_doctor(args: argparse.Namespace) -> int:
 def cmd_edge_discover(args: argparse.Namespace) -> int:
     from edge.main import print_discovery
 
-    settings = _settings(args, default_log_level=None if args.log_level else "warning")
+    settings = settings_from_options(args, default_log_level=None if args.log_level else "warning")
     _configure_logging(settings)
     return print_discovery(settings, args.json)
 
@@ -177,7 +120,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from sim_devices.main import run_sim
     from sim_devices.processes import run_sim_processes
 
-    settings = _settings(args, default_log_level=None if args.log_level else "warning")
+    settings = settings_from_options(args, default_log_level=None if args.log_level else "warning")
     _configure_logging(settings)
     fleet = load_fleet(args.fleet)
     if args.sim is not None:
@@ -558,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = commands.add_parser("up", help="embedded broker + control plane + simulated fleet")
-    _add_settings_options(up)
+    add_settings_options(up)
     _add_api_options(up)
     up.add_argument(
         "--sim",
@@ -576,24 +519,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(handler=cmd_up)
 
     cloud = commands.add_parser("cloud", help="run the control plane")
-    _add_settings_options(cloud)
+    add_settings_options(cloud)
     _add_api_options(cloud)
     cloud.set_defaults(handler=cmd_cloud)
 
     edge = commands.add_parser("edge", help="the edge agent")
     edge_commands = edge.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
-    edge_run = edge_commands.add_parser("run", help="run the agent on this machine")
-    _add_settings_options(edge_run)
-    edge_run.add_argument("--telemetry-interval", type=positive_float, metavar="SECONDS")
-    edge_run.add_argument(
-        "--no-supervisor",
-        action="store_true",
-        help="run the agent in this process: no upgrades over the air (nothing could roll "
-        "a failed one back)",
-    )
+    edge_run = edge_commands.add_parser("run", help=EDGE_RUN_HELP)
+    add_edge_run_options(edge_run)
     edge_run.set_defaults(handler=cmd_edge_run)
     discover = edge_commands.add_parser("discover", help="list this machine's accelerators")
-    _add_settings_options(discover, mqtt=False)
+    add_settings_options(discover, mqtt=False)
     discover.add_argument("--json", action="store_true", help="machine-readable output")
     discover.set_defaults(handler=cmd_edge_discover)
     edge_enrol = edge_commands.add_parser(
@@ -615,11 +551,11 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="check what a failed install usually is: broker, key, drivers, disk, clock",
     )
-    _add_settings_options(doctor)
+    add_settings_options(doctor)
     doctor.set_defaults(handler=cmd_edge_doctor)
 
     sim = commands.add_parser("sim", help="run a simulated fleet of real agents")
-    _add_settings_options(sim)
+    add_settings_options(sim)
     sim.add_argument("--fleet", type=Path, help="fleet file (default: the built-in fleet)")
     sim.add_argument("--sim", type=non_negative_int, metavar="N", help="scale the fleet to N nodes")
     sim.add_argument("--telemetry-interval", type=positive_float, metavar="SECONDS")
@@ -967,30 +903,7 @@ def _run(argv: Sequence[str] | None) -> int:
     # The parser (about 0.3 MB) is dropped before the command runs: an agent runs for months.
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the upgrade supervisor's child's
-    handler: Callable[[argparse.Namespace], int] = args.handler
-    try:
-        return handler(args)
-    except BrokenPipeError:
-        raise  # main() handles it, wherever it happens
-    except ConfigError as error:
-        print(f"greenfed: configuration error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except MqttAuthError as error:
-        print(f"greenfed: {error}", file=sys.stderr)
-        return EXIT_AUTH
-    except DataDirInUse as error:
-        print(f"greenfed: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    except OSError as error:  # e.g. the API port is already in use
-        print(f"greenfed: {error}", file=sys.stderr)
-        return EXIT_FAILURE
-    except ImportError as error:
-        print(
-            f"greenfed: {error.name or error} is not installed; install the extra this command "
-            "needs, e.g. pip install 'greenfed[all]'",
-            file=sys.stderr,
-        )
-        return EXIT_FAILURE
+    return run_command(args)
 
 
 if __name__ == "__main__":

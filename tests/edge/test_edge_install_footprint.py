@@ -84,13 +84,14 @@ def modules_imported_by(script: str, stdin: bytes = b"") -> list[str]:
 def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metadata() -> None:
     """What an enrolled agent with nothing to run imports, its desired document verified:
     not cryptography (7 MB: the interpreter's own libcrypto checks Ed25519,
-    shared/ed25519.py), nor importlib.metadata (shared/__init__.py reads the version)."""
+    shared/ed25519.py), nor importlib.metadata (shared/__init__.py reads the version),
+    nor the whole command line."""
     if system_libcrypto_checker() is None:
         pytest.skip("no libcrypto with Ed25519 mapped here: cryptography checks instead")
     key = Ed25519PrivateKey.generate()
     document = DesiredState(node_id="n1", generation=1, issued_at=1.0)
     script = (
-        "import greenfed.cli, edge.agent, edge.main\n"
+        "import greenfed.edge_run, edge.agent, edge.main\n"
         "from shared.desired_signature import load_public_key, verify_desired\n"
         f"key = load_public_key({public_key_base64(key)!r})\n"
         "assert verify_desired(sys.stdin.buffer.read(), key).generation == 1\n"
@@ -99,6 +100,7 @@ def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metad
     assert "edge.agent.core" in imported
     assert [name for name in imported if name.split(".")[0] == "cryptography"] == []
     assert "importlib.metadata" not in imported
+    assert "greenfed.cli" not in imported  # the agent's command line is greenfed/edge_run.py
 
 
 def test_the_upgrade_supervisor_imports_a_few_standard_modules() -> None:
@@ -117,3 +119,23 @@ def test_the_upgrade_supervisor_imports_a_few_standard_modules() -> None:
     } - {"edge.atomic_files"}
     heavy = {"argparse", "dataclasses", "inspect", "typing", "ctypes.util", "importlib.metadata"}
     assert sorted(heavy & set(imported)) == []
+
+
+def test_the_agents_command_line_is_greenfed_edge_run_as_the_whole_one_reads_it(
+    tmp_path: Path,
+) -> None:
+    """`python -m greenfed edge run` (how the supervisor starts the agent) is parsed
+    without the whole command line, to the same help and the same errors."""
+
+    def run(*command: str) -> tuple[int, str, str]:
+        result = subprocess.run(
+            [sys.executable, *command], capture_output=True, text=True, cwd=tmp_path, timeout=60
+        )
+        return result.returncode, result.stdout, result.stderr
+
+    whole = ["-c", "import sys; from greenfed.cli import main; sys.exit(main(sys.argv[1:]))"]
+    missing = str(tmp_path / "missing.toml")
+    for arguments in (["--help"], ["--config", missing], ["--telemetry-interval", "0"]):
+        alone = run("-m", "greenfed", "edge", "run", *arguments)
+        assert alone == run(*whole, "edge", "run", *arguments)
+        assert alone[0] == (0 if arguments == ["--help"] else 2)
