@@ -70,6 +70,7 @@ from cloud.store.errors import (
     VersionConflictError,
     WorkNotFoundError,
 )
+from cloud.store.group_commit import GroupCommit
 from cloud.store.ids import IdGenerator
 from cloud.store.leadership import (
     LeadershipLease,
@@ -152,7 +153,9 @@ from cloud.store.usage import (
     UsageWrite,
 )
 from cloud.store.work import (
-    insert_work,
+    NewWork,
+    Submitted,
+    insert_work_group,
     list_work_page,
     select_active_work,
     select_allocations,
@@ -234,6 +237,7 @@ class Store:
         self._clock = clock
         self._ids = IdGenerator()
         self._tokens = TokenCache(settings.token_cache_s)
+        self._submissions = GroupCommit(self._commit_submissions)
         # Token -> its verification in flight (`check_token`).
         self._verifying: dict[str, asyncio.Future[Authenticated | TokenRefused | None]] = {}
         self._leader_key = advisory_key(namespace, "leader")
@@ -257,6 +261,7 @@ class Store:
 
     async def close(self) -> None:
         """Release leadership still held (so a replica can take over) and disconnect."""
+        await self._submissions.drained()
         for lease in list(self._leases):
             await lease.release()
         self._leases.clear()
@@ -557,22 +562,20 @@ class Store:
         check_json_object(spec, "spec")
         if idempotency_key is not None and not 0 < len(idempotency_key) <= _IDEMPOTENCY_KEY_MAX:
             raise ValueError(f"idempotency key must be 1..{_IDEMPOTENCY_KEY_MAX} characters")
+        item = NewWork(
+            work_id=self._ids.new_id(),
+            tenant_id=tenant_id,
+            kind=kind,
+            spec=spec,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            dependencies=tuple(dependencies),
+        )
+        return await self._submissions.submit(item)
+
+    async def _commit_submissions(self, group: Sequence[NewWork]) -> list[Submitted]:
         async with self._write() as connection:
-            result = await insert_work(
-                connection,
-                self._context,
-                work_id=self._ids.new_id(),
-                tenant_id=tenant_id,
-                kind=kind,
-                spec=spec,
-                priority=priority,
-                idempotency_key=idempotency_key,
-            )
-            if result.created:
-                await dependencies_rows.insert_dependencies(
-                    connection, result.work.work_id, dependencies
-                )
-            return result
+            return await insert_work_group(connection, self._context, group)
 
     async def work_links(self, tenant_id: str, work_id: str) -> WorkLinks:
         """What the tenant's work waits for, and what waits for it."""

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Select, and_, func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.changes import state_event_row
+from cloud.store.dependencies import insert_dependencies
 from cloud.store.errors import QueueFullError, TenantNotFoundError
-from cloud.store.records import AllocationRecord, SubmitResult, WorkPage, WorkRecord
+from cloud.store.records import (
+    AllocationRecord,
+    NewDependency,
+    SubmitResult,
+    WorkPage,
+    WorkRecord,
+)
 from cloud.store.rows import allocation_from_row, work_from_row
 from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, tenants, work
 from cloud.store.sql import StoreContext, append_events, chunks, insert_ignoring
@@ -22,89 +28,180 @@ from shared.work_literals import WORK_STATES, PriorityClass, WorkKind, WorkState
 MAX_PAGE = 1000
 
 
-async def insert_work(
-    connection: AsyncConnection,
-    context: StoreContext,
-    *,
-    work_id: str,
-    tenant_id: str,
-    kind: WorkKind,
-    spec: bytes,
-    priority: PriorityClass,
-    idempotency_key: str | None,
-) -> SubmitResult:
-    """Insert pending work, or return the tenant's earlier work with the same key.
+@dataclass(frozen=True, slots=True)
+class NewWork:
+    """One submission of a group committed together (`insert_work_group`)."""
 
-    `ON CONFLICT DO NOTHING` makes the pair atomic under concurrency: on PostgreSQL a
-    second insert with the key waits for the first transaction and then sees its row;
-    on SQLite writers are serialised by `BEGIN IMMEDIATE`. New work beyond the
-    tenant's `max_queued` raises `QueueFullError` (a retry still gets its original).
+    work_id: str
+    tenant_id: str
+    kind: WorkKind
+    spec: bytes
+    priority: PriorityClass
+    idempotency_key: str | None
+    dependencies: Sequence[NewDependency] = ()
+
+
+Submitted = SubmitResult | QueueFullError | TenantNotFoundError
+
+
+async def insert_work_group(
+    connection: AsyncConnection, context: StoreContext, group: Sequence[NewWork]
+) -> list[Submitted]:
+    """Insert pending work that arrived together (cloud/store/group_commit.py), in one
+    transaction and a handful of statements whatever their number; per submission, in
+    order, its result or why it was refused.
+
+    A retry with an idempotency key (or its twin in the group) gets the tenant's
+    earlier work with `created=False`. `ON CONFLICT DO NOTHING` keeps that atomic under
+    concurrency: on PostgreSQL an insert with a key another transaction holds waits for
+    it and then sees its row; on SQLite writers are serialised by `BEGIN IMMEDIATE`.
+    New work beyond the tenant's `max_queued` is refused with `QueueFullError`, in
+    arrival order; an unknown tenant with `TenantNotFoundError`.
     """
-    if idempotency_key is not None:
-        earlier = await select_work_by_idempotency_key(connection, tenant_id, idempotency_key)
-        if earlier is not None:
-            return SubmitResult(earlier, False)
-    await _check_queue(connection, tenant_id)
+    results: list[Submitted | None] = [None] * len(group)
     now = context.clock()
-    record = WorkRecord(
-        work_id=work_id,
-        tenant_id=tenant_id,
-        kind=kind,
-        spec=spec,
-        priority=priority,
+    earlier = await _earlier_by_key(connection, group)
+    leaders: dict[tuple[str, str], int] = {}  # (tenant, key) -> index of its first
+    twins: dict[int, int] = {}
+    for index, item in enumerate(group):
+        if item.idempotency_key is None:
+            continue
+        pair = (item.tenant_id, item.idempotency_key)
+        if pair in earlier:
+            results[index] = SubmitResult(earlier[pair], False)
+        elif pair in leaders:
+            twins[index] = leaders[pair]
+        else:
+            leaders[pair] = index
+    fresh = [i for i in range(len(group)) if results[i] is None and i not in twins]
+    refused = await _refused_by_tenant(connection, [group[i] for i in fresh])
+    admitted = []
+    for position, index in enumerate(fresh):
+        refusal = refused.get(position)
+        if refusal is None:
+            admitted.append(index)
+        else:
+            results[index] = refusal
+    records = {index: _pending_record(group[index], now) for index in admitted}
+    inserted: set[str] = set()
+    if admitted:
+        statement = insert_ignoring(context.backend, work, ["tenant_id", "idempotency_key"])
+        rows = await connection.execute(
+            statement.returning(work.c.id), [_work_values(records[i]) for i in admitted]
+        )
+        inserted = {str(work_id) for work_id in rows.scalars()}
+    for index in admitted:
+        record = records[index]
+        if record.work_id in inserted:
+            results[index] = SubmitResult(record, True)
+            await insert_dependencies(connection, record.work_id, group[index].dependencies)
+        else:  # another process committed the same key meanwhile
+            query = select(*WORK_RECORD_COLUMNS).where(
+                work.c.tenant_id == record.tenant_id,
+                work.c.idempotency_key == record.idempotency_key,
+            )
+            winner = work_from_row((await connection.execute(query)).one())
+            results[index] = SubmitResult(winner, False)
+    for index, leader in twins.items():
+        first = results[leader]
+        results[index] = (
+            SubmitResult(first.work, False) if isinstance(first, SubmitResult) else first
+        )
+    created = [records[i] for i in admitted if records[i].work_id in inserted]
+    rows = [state_event_row(record, None, now) for record in created]
+    await append_events(connection, context, rows, returning=False)  # last: it locks
+    return [result for result in results if result is not None]
+
+
+async def _earlier_by_key(
+    connection: AsyncConnection, group: Sequence[NewWork]
+) -> dict[tuple[str, str], WorkRecord]:
+    keyed = [item for item in group if item.idempotency_key is not None]
+    found: dict[tuple[str, str], WorkRecord] = {}
+    for part in chunks(keyed):
+        query = select(*WORK_RECORD_COLUMNS).where(
+            work.c.tenant_id.in_({item.tenant_id for item in part}),
+            work.c.idempotency_key.in_({item.idempotency_key for item in part}),
+        )
+        for row in await connection.execute(query):
+            record = work_from_row(row)
+            if record.idempotency_key is not None:
+                found[(record.tenant_id, record.idempotency_key)] = record
+    return found
+
+
+async def _refused_by_tenant(
+    connection: AsyncConnection, group: Sequence[NewWork]
+) -> dict[int, QueueFullError | TenantNotFoundError]:
+    """By position in `group`: the submissions refused, for an unknown tenant or one at
+    its `max_queued`. A capped tenant's row is locked first (PostgreSQL), so concurrent
+    groups count one after the other and never pass the cap together."""
+    tenant_ids = sorted({item.tenant_id for item in group})
+    if not tenant_ids:
+        return {}
+    caps_query = select(tenants.c.id, tenants.c.max_queued).where(tenants.c.id.in_(tenant_ids))
+    caps = {row.id: row.max_queued for row in await connection.execute(caps_query)}
+    capped = sorted(tenant_id for tenant_id, cap in caps.items() if cap is not None)
+    queued: dict[str, int] = {}
+    if capped:
+        locked = caps_query.where(tenants.c.id.in_(capped)).with_for_update()
+        caps |= {row.id: row.max_queued for row in await connection.execute(locked)}
+        pending = (
+            select(work.c.tenant_id, func.count())
+            .where(work.c.tenant_id.in_(capped), work.c.state == "pending")
+            .group_by(work.c.tenant_id)
+        )
+        queued = {tenant_id: int(count) for tenant_id, count in await connection.execute(pending)}
+    refused: dict[int, QueueFullError | TenantNotFoundError] = {}
+    for position, item in enumerate(group):
+        if item.tenant_id not in caps:
+            refused[position] = TenantNotFoundError(item.tenant_id)
+            continue
+        cap = caps[item.tenant_id]
+        if cap is None:
+            continue
+        count = queued.get(item.tenant_id, 0)
+        if count >= cap:
+            refused[position] = QueueFullError(item.tenant_id, int(cap), count)
+        else:
+            queued[item.tenant_id] = count + 1
+    return refused
+
+
+def _pending_record(item: NewWork, now: float) -> WorkRecord:
+    return WorkRecord(
+        work_id=item.work_id,
+        tenant_id=item.tenant_id,
+        kind=item.kind,
+        spec=item.spec,
+        priority=item.priority,
         state="pending",
         state_reason=None,
         attempts=0,
         submitted_at=now,
         updated_at=now,
-        idempotency_key=idempotency_key,
+        idempotency_key=item.idempotency_key,
         version=1,
     )
-    values: dict[str, Any] = {
-        "id": work_id,
-        "tenant_id": tenant_id,
-        "kind": kind,
-        "spec": spec,
-        "priority": priority,
+
+
+def _work_values(record: WorkRecord) -> dict[str, Any]:
+    return {
+        "id": record.work_id,
+        "tenant_id": record.tenant_id,
+        "kind": record.kind,
+        "spec": record.spec,
+        "priority": record.priority,
         "state": "pending",
         "state_reason": None,
         "attempts": 0,
         "failures": 0,
         "not_before": None,
-        "submitted_at": now,
-        "updated_at": now,
-        "idempotency_key": idempotency_key,
+        "submitted_at": record.submitted_at,
+        "updated_at": record.updated_at,
+        "idempotency_key": record.idempotency_key,
         "version": 1,
     }
-    statement = insert_ignoring(context.backend, work, ["tenant_id", "idempotency_key"])
-    try:
-        inserted = (await connection.execute(statement, values)).rowcount
-    except IntegrityError:
-        # The only other constraint a valid record can break: the tenant's foreign key.
-        raise TenantNotFoundError(tenant_id) from None
-    if inserted == 0:
-        query = select(*WORK_RECORD_COLUMNS).where(
-            work.c.tenant_id == tenant_id, work.c.idempotency_key == idempotency_key
-        )
-        return SubmitResult(work_from_row((await connection.execute(query)).one()), False)
-    await append_events(connection, context, [state_event_row(record, None, now)], returning=False)
-    return SubmitResult(record, True)
-
-
-async def _check_queue(connection: AsyncConnection, tenant_id: str) -> None:
-    """Raise `QueueFullError` when the tenant's pending work is at its `max_queued`.
-    The tenant's row is locked first (PostgreSQL), so concurrent submissions of one
-    tenant count one after the other and never pass the cap together."""
-    cap_query = select(tenants.c.max_queued).where(tenants.c.id == tenant_id)
-    if (await connection.execute(cap_query)).scalar() is None:
-        return  # no cap (or no such tenant: the insert says so)
-    cap = (await connection.execute(cap_query.with_for_update())).scalar()
-    if cap is None:
-        return
-    pending = select(func.count()).where(work.c.tenant_id == tenant_id, work.c.state == "pending")
-    queued = int((await connection.execute(pending)).scalar_one())
-    if queued >= cap:
-        raise QueueFullError(tenant_id, int(cap), queued)
 
 
 async def select_work(

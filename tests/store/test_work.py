@@ -9,6 +9,8 @@ import msgspec
 import pytest
 
 from cloud.store import (
+    NewTenant,
+    QueueFullError,
     Store,
     TenantNotFoundError,
     TenantRecord,
@@ -78,6 +80,48 @@ async def test_concurrent_retries_store_exactly_one_row(database: DatabaseUnderT
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_submissions_arriving_together_commit_together_each_with_its_own_answer(
+    store: Store,
+) -> None:
+    """Group commit: many concurrent submissions take a few transactions, and each gets
+    what it would have alone: new work, the original for a retry or its twin, a refusal
+    for a tenant at its max_queued (in arrival order) or an unknown tenant."""
+    acme = (await make_tenant(store, "acme")).tenant
+    capped = await store.create_tenant(NewTenant(name="capped", max_queued=3))
+    earlier = await submit(store, acme.tenant_id, key="retried")
+    groups_before = store._submissions.groups
+
+    async def outcome(tenant_id: str, key: str | None) -> str:
+        try:
+            result = await submit(store, tenant_id, key=key)
+        except QueueFullError:
+            return "full"
+        except TenantNotFoundError:
+            return "unknown"
+        return f"{'new' if result.created else 'again'}:{result.work.work_id}"
+
+    calls = [(acme.tenant_id, f"k{index}") for index in range(40)]
+    calls += [(acme.tenant_id, "retried"), (acme.tenant_id, "twin"), (acme.tenant_id, "twin")]
+    calls += [(capped.tenant.tenant_id, None) for _ in range(5)]
+    calls += [("no-such-tenant", None)]
+    outcomes = await asyncio.gather(*(outcome(tenant_id, key) for tenant_id, key in calls))
+
+    assert all(o.startswith("new:") for o in outcomes[:40])
+    assert outcomes[40] == f"again:{earlier.work.work_id}"
+    first_twin, second_twin = outcomes[41:43]
+    assert first_twin.startswith("new:")
+    assert second_twin == first_twin.replace("new:", "again:")
+    assert [o.split(":")[0] for o in outcomes[43:48]] == ["new"] * 3 + ["full"] * 2
+    assert outcomes[48] == "unknown"
+    assert store._submissions.groups - groups_before < len(calls) // 4  # shared commits
+    page = await store.list_work(acme.tenant_id, limit=100)
+    assert len(page.items) == 42  # 40, the retried one and one twin: nothing twice
+    listed = {work.work_id for work in page.items}
+    assert {o.split(":")[1] for o in outcomes[:43]} <= listed
+    queued = await store.list_work(capped.tenant.tenant_id)
+    assert len(queued.items) == 3
 
 
 async def test_submitting_for_an_unknown_tenant_fails(store: Store) -> None:
