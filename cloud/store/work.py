@@ -60,7 +60,12 @@ async def insert_work_group(
     """
     results: list[Submitted | None] = [None] * len(group)
     now = context.clock()
-    earlier = await _earlier_by_key(connection, group)
+    caps, queued = await _tenant_caps(connection, {item.tenant_id for item in group})
+    # A retry must not count against a cap, so those tenants' keys are looked up first;
+    # any other retry is found by its conflict (one statement fewer for the group).
+    earlier = await _earlier_by_key(
+        connection, [item for item in group if caps.get(item.tenant_id) is not None]
+    )
     leaders: dict[tuple[str, str], int] = {}  # (tenant, key) -> index of its first
     twins: dict[int, int] = {}
     for index, item in enumerate(group):
@@ -73,15 +78,21 @@ async def insert_work_group(
             twins[index] = leaders[pair]
         else:
             leaders[pair] = index
-    fresh = [i for i in range(len(group)) if results[i] is None and i not in twins]
-    refused = await _refused_by_tenant(connection, [group[i] for i in fresh])
     admitted = []
-    for position, index in enumerate(fresh):
-        refusal = refused.get(position)
-        if refusal is None:
-            admitted.append(index)
-        else:
-            results[index] = refusal
+    for index, item in enumerate(group):
+        if results[index] is not None or index in twins:
+            continue
+        if item.tenant_id not in caps:
+            results[index] = TenantNotFoundError(item.tenant_id)
+            continue
+        cap = caps[item.tenant_id]
+        if cap is not None:
+            count = queued.get(item.tenant_id, 0)
+            if count >= cap:
+                results[index] = QueueFullError(item.tenant_id, cap, count)
+                continue
+            queued[item.tenant_id] = count + 1
+        admitted.append(index)
     records = {index: _pending_record(group[index], now) for index in admitted}
     inserted: set[str] = set()
     if admitted:
@@ -130,42 +141,27 @@ async def _earlier_by_key(
     return found
 
 
-async def _refused_by_tenant(
-    connection: AsyncConnection, group: Sequence[NewWork]
-) -> dict[int, QueueFullError | TenantNotFoundError]:
-    """By position in `group`: the submissions refused, for an unknown tenant or one at
-    its `max_queued`. A capped tenant's row is locked first (PostgreSQL), so concurrent
-    groups count one after the other and never pass the cap together."""
-    tenant_ids = sorted({item.tenant_id for item in group})
-    if not tenant_ids:
-        return {}
-    caps_query = select(tenants.c.id, tenants.c.max_queued).where(tenants.c.id.in_(tenant_ids))
-    caps = {row.id: row.max_queued for row in await connection.execute(caps_query)}
+async def _tenant_caps(
+    connection: AsyncConnection, tenant_ids: set[str]
+) -> tuple[dict[str, int | None], dict[str, int]]:
+    """The `max_queued` of each tenant that exists, and the pending work of those that
+    have one. A capped tenant's row is locked first (PostgreSQL), so concurrent groups
+    count one after the other and never pass the cap together."""
+    query = select(tenants.c.id, tenants.c.max_queued).where(tenants.c.id.in_(sorted(tenant_ids)))
+    caps: dict[str, int | None] = {
+        row.id: row.max_queued for row in await connection.execute(query)
+    }
     capped = sorted(tenant_id for tenant_id, cap in caps.items() if cap is not None)
-    queued: dict[str, int] = {}
-    if capped:
-        locked = caps_query.where(tenants.c.id.in_(capped)).with_for_update()
-        caps |= {row.id: row.max_queued for row in await connection.execute(locked)}
-        pending = (
-            select(work.c.tenant_id, func.count())
-            .where(work.c.tenant_id.in_(capped), work.c.state == "pending")
-            .group_by(work.c.tenant_id)
-        )
-        queued = {tenant_id: int(count) for tenant_id, count in await connection.execute(pending)}
-    refused: dict[int, QueueFullError | TenantNotFoundError] = {}
-    for position, item in enumerate(group):
-        if item.tenant_id not in caps:
-            refused[position] = TenantNotFoundError(item.tenant_id)
-            continue
-        cap = caps[item.tenant_id]
-        if cap is None:
-            continue
-        count = queued.get(item.tenant_id, 0)
-        if count >= cap:
-            refused[position] = QueueFullError(item.tenant_id, int(cap), count)
-        else:
-            queued[item.tenant_id] = count + 1
-    return refused
+    if not capped:
+        return caps, {}
+    locked = query.where(tenants.c.id.in_(capped)).with_for_update()
+    caps |= {row.id: row.max_queued for row in await connection.execute(locked)}
+    pending = (
+        select(work.c.tenant_id, func.count())
+        .where(work.c.tenant_id.in_(capped), work.c.state == "pending")
+        .group_by(work.c.tenant_id)
+    )
+    return caps, {tenant_id: int(count) for tenant_id, count in await connection.execute(pending)}
 
 
 def _pending_record(item: NewWork, now: float) -> WorkRecord:
