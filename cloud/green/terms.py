@@ -61,6 +61,10 @@ def run_window(
     return start, start + runtime
 
 
+# Window means a term keeps (`_GridTerm._means`): a pass meets a few shapes per kind.
+_MEMO_ENTRIES = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class _GridTerm:
     signals: GridSignals
@@ -68,17 +72,42 @@ class _GridTerm:
     inference_window_s: float = DEFAULT_INFERENCE_WINDOW_S
     currency: str = "USD"
     _grid: GridWindows = field(init=False, repr=False, compare=False)
+    # The means already computed, by what they depend on (`_means`).
+    _memo: dict[tuple[object, ...], tuple[FloatArray, WindowMeans]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_grid", GridWindows(self.signals))
+        object.__setattr__(self, "_memo", {})
 
     def _means(
         self, snapshot: Snapshot, candidates: Candidates, quantity: Quantity
     ) -> tuple[FloatArray, WindowMeans]:
+        """The grid's mean over each candidate's run window. Work alike in a queue asks
+        for the same candidates and run times again and again, and the windows are most
+        of a term's cost: the answers are kept, by value (the candidates' zones and run
+        times), for the life of the term (a scheduling pass builds its own)."""
+        table = snapshot.nodes
+        key = (  # everything window_means reads
+            quantity,
+            snapshot.now,
+            table.zones,
+            table.zone_code[candidates.nodes].tobytes(),
+            candidates.runtime_s.tobytes(),
+        )
+        found = self._memo.get(key)
+        if found is not None:
+            return found
         start, end = run_window(snapshot, candidates, self.inference_window_s)
         means = window_means(
             self._grid, snapshot, candidates.nodes, start, end, quantity, currency=self.currency
         )
+        for shared in (start, means.values, means.fallback):
+            shared.setflags(write=False)  # handed out again: nobody may change them
+        if len(self._memo) >= _MEMO_ENTRIES:
+            self._memo.clear()
+        self._memo[key] = (start, means)
         return start, means
 
 
