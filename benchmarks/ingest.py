@@ -515,14 +515,20 @@ async def run_replicas_rate(
     report: Queue[int] = context.Queue()
     publisher = context.Process(target=publish, args=(url, root, nodes, rate, seconds, go, report))
     publisher.start()
-    await asyncio.sleep(3.0)  # the publisher pre-encodes its payloads before `go`
-    replica_go.set()
-    go.set()
-    sent = await asyncio.to_thread(report.get, True, seconds + 120)
-    done.set()
-    per_replica = [await asyncio.to_thread(reports.get, True, 120) for _ in processes]
-    for process in [*processes, publisher]:
-        await asyncio.to_thread(process.join, 30)
+    try:
+        await asyncio.sleep(3.0)  # the publisher pre-encodes its payloads before `go`
+        replica_go.set()
+        go.set()
+        sent = await asyncio.to_thread(report.get, True, seconds + 120)
+        done.set()
+        per_replica = [await asyncio.to_thread(reports.get, True, 120) for _ in processes]
+    finally:
+        replica_go.set()
+        done.set()
+        for process in [*processes, publisher]:
+            await asyncio.to_thread(process.join, 30)
+            if process.is_alive():
+                process.terminate()
     per_replica.sort(key=lambda r: int(r["replica"]))
     received = sum(int(r["received"]) for r in per_replica)
     ingested = sum(int(r["ingested"]) for r in per_replica)
