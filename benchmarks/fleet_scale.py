@@ -1,0 +1,454 @@
+"""A fleet of 10,000 (issue 28): real agents against one control plane on Mosquitto.
+
+    python benchmarks/fleet_scale.py --nodes 10000 --processes 4 --jobs 10000 --window 60
+
+1. A Mosquitto of its own on a free port (`--mqtt-url` to use another), configured
+   for the fleet: no connection limit, no persistence, deploy/mosquitto's
+   `max_queued_messages 10000` (`--broker-queue`).
+2. `greenfed cloud` in its own process: SQLite in a temporary data directory, or a
+   temporary schema of `--postgres-url` with `--backend postgresql`.
+3. `greenfed sim --sim N --processes P`: N real agents, each its own MQTT connection,
+   telemetry every `--interval` s; timed until `/v1/nodes?state=online` counts N
+   (at most `--online-timeout` s; the count is recorded either way).
+4. `--jobs` training jobs queued over REST by `--clients` clients. Each asks for a
+   node label no node has (`node_selector`), so the whole queue stays pending and
+   every pass weighs every job against every node.
+5. Over `--window` s: the scheduling passes (`greenfed_scheduling_last_pass_seconds`
+   read from `/metrics` each time `greenfed_scheduling_passes` moves), the `/metrics`
+   scrape itself, `/v1/nodes` walked page by page with the admin token, the CPU of
+   the control plane, the sim processes and the broker, the control plane's RSS, and
+   how many nodes the control plane counted offline; `--py-spy FILE` also records the
+   control plane's profile over the window.
+6. The fleet stops; every agent's telemetry count (the sim's last line) against what
+   the control plane ingested (`greenfed_mqtt_messages_ingested{channel="telemetry"}`)
+   over the whole run, from the first connection to the last goodbye.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lifecycle_bench import DEFAULT_POSTGRES_URL, database_env, free_port
+
+MOSQUITTO_CONFIG = """\
+listener {port} 127.0.0.1
+allow_anonymous true
+max_connections -1
+persistence false
+log_dest none
+max_queued_messages {queue}
+"""
+STOPPED = re.compile(r"simulated fleet: (\d+) nodes stopped, (\d+) telemetry messages sent")
+CONNECTED = re.compile(r"simulated fleet: (\d+) nodes connected")
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", re.MULTILINE)
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
+
+
+def metric(text: str, name: str, labels: str = "") -> float | None:
+    for match in SAMPLE.finditer(text):
+        if match[1] == name and (not labels or labels in (match[2] or "")):
+            return float(match[3])
+    return None
+
+
+@contextlib.contextmanager
+def private_mosquitto(tmp: Path, queue: int) -> Any:
+    port = free_port()
+    config = tmp / "mosquitto.conf"
+    config.write_text(MOSQUITTO_CONFIG.format(port=port, queue=queue))
+    config.chmod(0o644)
+    broker = subprocess.Popen(
+        ["mosquitto", "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            if time.monotonic() > deadline or broker.poll() is not None:
+                raise RuntimeError("the private mosquitto did not start")
+            time.sleep(0.05)
+        yield f"mqtt://127.0.0.1:{port}", broker.pid
+    finally:
+        broker.terminate()
+        broker.wait(10)
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GREENFED_")}
+    return base | env | {"PYTHONUNBUFFERED": "1", "GREENFED_LOG__LEVEL": "error"}
+
+
+@contextlib.asynccontextmanager
+async def control_plane(env: dict[str, str], api: str, data_dir: Path) -> AsyncIterator[Any]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "greenfed.cli",
+        "cloud",
+        env=child_env(env),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        token_file = data_dir / "admin-token"
+        async with asyncio.timeout(120), aiohttp.ClientSession() as http:
+            while True:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{api}/healthz") as response:
+                        if response.status == 200 and token_file.exists():
+                            break
+                await asyncio.sleep(0.1)
+        yield process, token_file.read_text().split()[-1]
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+async def queue_jobs(
+    http: aiohttp.ClientSession, api: str, token: str, jobs: int, clients: int
+) -> float:
+    headers = {"Authorization": f"Bearer {token}"}
+    numbers = iter(range(jobs))
+    started = time.perf_counter()
+
+    async def client() -> None:
+        for number in numbers:
+            body = {
+                "name": f"fleet-{number}",
+                "command": ["python", "train.py"],
+                "estimated_duration_s": 600.0,
+                # No node has it: the job stays queued, weighed against every node.
+                "node_selector": {"fleet-scale": "nowhere"},
+            }
+            key = {"Idempotency-Key": uuid.uuid4().hex}
+            async with http.post(f"{api}/v1/jobs", json=body, headers=headers | key) as response:
+                if response.status != 201:
+                    raise RuntimeError(f"job {number}: {response.status} {await response.text()}")
+                await response.read()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return time.perf_counter() - started
+
+
+async def nodes_total(http: aiohttp.ClientSession, api: str, admin: str, state: str) -> int:
+    headers = {"Authorization": f"Bearer {admin}"}
+    async with http.get(f"{api}/v1/nodes?state={state}&limit=1", headers=headers) as response:
+        response.raise_for_status()
+        return int((await response.json())["total"])
+
+
+async def walk_nodes(
+    http: aiohttp.ClientSession, api: str, admin: str, page_size: int
+) -> tuple[list[float], int]:
+    """Every page of `/v1/nodes`; (each page's seconds, nodes seen)."""
+    headers = {"Authorization": f"Bearer {admin}"}
+    latencies: list[float] = []
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        params = {"limit": str(page_size)} | ({"cursor": cursor} if cursor else {})
+        started = time.perf_counter()
+        async with http.get(f"{api}/v1/nodes", params=params, headers=headers) as response:
+            response.raise_for_status()
+            page = await response.json()
+        latencies.append(time.perf_counter() - started)
+        seen += [item["node_id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    if seen != sorted(set(seen)):
+        raise RuntimeError("the pages repeated or reordered nodes")
+    return latencies, len(seen)
+
+
+class CpuMeter:
+    """CPU seconds of a set of processes (and their children) between two readings."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self._processes = [psutil.Process(pid) for pid in pids]
+        self._processes += [c for p in list(self._processes) for c in p.children(recursive=True)]
+        self._start = self._cpu_s()
+        self._started = time.monotonic()
+
+    def _cpu_s(self) -> float:
+        total = 0.0
+        for process in self._processes:
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def cores(self) -> float:
+        return (self._cpu_s() - self._start) / (time.monotonic() - self._started)
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"nodes": args.nodes, "processes": args.processes, "jobs": args.jobs}
+    with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
+        tmp = Path(tmp_name)
+        if args.mqtt_url:
+            mqtt_url, broker_pid = args.mqtt_url, None
+        else:
+            mqtt_url, broker_pid = stack.enter_context(private_mosquitto(tmp, args.broker_queue))
+        data_dir = tmp / "data"
+        port = free_port()
+        api = f"http://127.0.0.1:{port}"
+        topic_root = f"fleet-{uuid.uuid4().hex[:8]}"
+        common = {"GREENFED_MQTT__URL": mqtt_url, "GREENFED_MQTT__TOPIC_ROOT": topic_root}
+        async with database_env(args.backend, args.postgres_url, data_dir) as store_env:
+            cloud_env = store_env | common
+            cloud_env |= {
+                "GREENFED_CLOUD__API_PORT": str(port),
+                "GREENFED_CLOUD__MAX_NODES": str(max(10_000, args.nodes)),
+            }
+            async with (
+                control_plane(cloud_env, api, data_dir) as (cloud, admin),
+                aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=args.http_timeout)
+                ) as http,
+            ):
+                admin_headers = {"Authorization": f"Bearer {admin}"}
+                async with http.post(
+                    f"{api}/v1/tenants", json={"name": "fleet"}, headers=admin_headers
+                ) as response:
+                    tenant = str((await response.json())["token"])
+                sim_env = child_env(
+                    common
+                    | {
+                        "GREENFED_AGENT__TELEMETRY_INTERVAL_S": str(args.interval),
+                    }
+                )
+                sim = subprocess.Popen(  # noqa: ASYNC220 (read from a thread below)
+                    [
+                        sys.executable,
+                        "-m",
+                        "greenfed.cli",
+                        "sim",
+                        "--sim",
+                        str(args.nodes),
+                        "--processes",
+                        str(args.processes),
+                        "--connect-rate",
+                        str(args.connect_rate),
+                    ],
+                    env=sim_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+                try:
+                    await fleet_run(
+                        args, result, http, api, (admin, tenant), cloud.pid, sim, broker_pid
+                    )
+                finally:
+                    if sim.poll() is None:
+                        sim.send_signal(signal.SIGTERM)
+                    stdout, _ = await asyncio.to_thread(sim.communicate, timeout=180)
+                stopped = STOPPED.search(stdout or "")
+                # None: a sim process did not say (killed while stopping): no loss figure.
+                sent = int(stopped[2]) if stopped else None
+                if stopped is None:
+                    result["sim_output_tail"] = (stdout or "")[-400:]
+                await asyncio.sleep(3.0)  # what is still in flight
+                async with http.get(f"{api}/metrics", headers=admin_headers) as response:
+                    text = await response.text()
+                ingested = metric(text, "greenfed_mqtt_messages_ingested_total", '"telemetry"')
+                invalid = {
+                    (m[2] or "").strip("{}"): int(float(m[3]))
+                    for m in SAMPLE.finditer(text)
+                    if m[1] == "greenfed_mqtt_messages_invalid_total"
+                }
+                result["telemetry_sent"] = sent
+                result["telemetry_ingested"] = int(ingested or 0)
+                result["invalid"] = invalid
+                result["telemetry_lost"] = None if sent is None else sent - int(ingested or 0)
+    return result
+
+
+async def fleet_run(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    http: aiohttp.ClientSession,
+    api: str,
+    tokens: tuple[str, str],
+    cloud_pid: int,
+    sim: subprocess.Popen[str],
+    broker_pid: int | None,
+) -> None:
+    admin, tenant = tokens
+    started = time.monotonic()
+    assert sim.stdout is not None
+    while not CONNECTED.search(line := await asyncio.to_thread(sim.stdout.readline)):
+        if not line:
+            raise RuntimeError("the sim stopped before its fleet connected")
+    result["sim_connected_s"] = round(time.monotonic() - started, 1)
+    online = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(args.online_timeout):
+            while (online := await nodes_total(http, api, admin, "online")) < args.nodes:  # noqa: ASYNC110
+                await asyncio.sleep(1.0)  # the control plane is polled, as a person would
+    result["online_before_jobs"] = online
+    result["all_online_s"] = round(time.monotonic() - started, 1) if online == args.nodes else None
+    print(f"{online} nodes online after {time.monotonic() - started:.1f} s", flush=True)
+
+    queued_s = await queue_jobs(http, api, tenant, args.jobs, args.clients)
+    result["queue_jobs_s"] = round(queued_s, 1)
+    print(f"{args.jobs} jobs queued in {queued_s:.1f} s", flush=True)
+    await asyncio.sleep(args.settle)
+
+    admin_headers = {"Authorization": f"Bearer {admin}"}
+    cloud_meter = CpuMeter([cloud_pid])
+    sim_meter = CpuMeter([sim.pid])
+    broker_meter = CpuMeter([broker_pid]) if broker_pid else None
+    cloud = psutil.Process(cloud_pid)
+    rss_max = cloud.memory_info().rss
+    passes: list[float] = []
+    scrapes: list[float] = []
+    pages: list[float] = []
+    walked: list[int] = []
+    last_passes: float | None = None
+    pending: float | None = None
+    offline_max = 0.0
+    ends = time.monotonic() + args.window
+
+    async def scrape() -> None:
+        nonlocal last_passes, pending, rss_max, offline_max
+        while time.monotonic() < ends:
+            began = time.perf_counter()
+            async with http.get(f"{api}/metrics", headers=admin_headers) as response:
+                text = await response.text()
+            scrapes.append(time.perf_counter() - began)
+            count = metric(text, "greenfed_scheduling_passes_total")
+            if last_passes is not None and count is not None and count > last_passes:
+                passes.append(metric(text, "greenfed_scheduling_last_pass_seconds") or 0.0)
+            last_passes = count
+            pending = sum(
+                float(m[3]) for m in SAMPLE.finditer(text) if m[1] == "greenfed_work_pending"
+            )
+            offline = sum(
+                float(m[3])
+                for m in SAMPLE.finditer(text)
+                if m[1] == "greenfed_nodes" and 'state="offline"' in (m[2] or "")
+            )
+            offline_max = max(offline_max, offline)
+            rss_max = max(rss_max, cloud.memory_info().rss)
+            await asyncio.sleep(args.scrape_every)
+
+    async def walk() -> None:
+        while time.monotonic() < ends:
+            latencies, seen = await walk_nodes(http, api, admin, args.page_size)
+            pages.extend(latencies)
+            walked.append(seen)
+            await asyncio.sleep(args.walk_every)
+
+    profiler = None
+    if args.py_spy:
+        profiler = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).with_name("py-spy")),
+            "record",
+            "--pid",
+            str(cloud_pid),
+            "--duration",
+            str(int(args.window)),
+            "--format",
+            "raw",
+            "--nonblocking",
+            "-o",
+            args.py_spy,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+    await asyncio.gather(scrape(), walk())
+    if profiler is not None:
+        await profiler.wait()
+    result["cloud_cpu_cores"] = round(cloud_meter.cores(), 2)
+    result["sim_cpu_cores"] = round(sim_meter.cores(), 2)
+    if broker_meter is not None:
+        result["broker_cpu_cores"] = round(broker_meter.cores(), 2)
+    result["cloud_rss_mb_max"] = round(rss_max / 1e6)
+    result["passes"] = len(passes)
+    if passes:
+        result["pass_ms_median"] = round(statistics.median(passes) * 1000)
+        result["pass_ms_max"] = round(max(passes) * 1000)
+    result["pending_jobs"] = int(pending or 0)
+    result["metrics_scrape_ms_median"] = round(statistics.median(scrapes) * 1000)
+    result["metrics_scrape_ms_max"] = round(max(scrapes) * 1000)
+    result["nodes_pages"] = len(pages)
+    result["nodes_page_ms_p50"] = round(percentile(pages, 0.5) * 1000, 1)
+    result["nodes_page_ms_p99"] = round(percentile(pages, 0.99) * 1000, 1)
+    result["nodes_walked"] = sorted(set(walked))
+    result["offline_max_in_window"] = int(offline_max)
+    result["offline_at_end"] = await nodes_total(http, api, admin, "offline")
+    result["online_at_end"] = await nodes_total(http, api, admin, "online")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--processes", type=int, default=4, help="sim processes")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--clients", type=int, default=8, help="REST clients queuing jobs")
+    parser.add_argument("--interval", type=float, default=5.0, help="telemetry interval, s")
+    parser.add_argument("--connect-rate", type=float, default=500.0)
+    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--settle", type=float, default=10.0, help="s after the jobs are queued")
+    parser.add_argument(
+        "--online-timeout", type=float, default=180.0, help="s to wait for all nodes online"
+    )
+    parser.add_argument(
+        "--broker-queue",
+        type=int,
+        default=10_000,
+        help="the private Mosquitto's max_queued_messages (deploy/mosquitto's: 10000)",
+    )
+    parser.add_argument("--py-spy", metavar="FILE", help="record the control plane's profile")
+    parser.add_argument("--http-timeout", type=float, default=300.0, help="s per request")
+    parser.add_argument("--scrape-every", type=float, default=2.0, help="s between scrapes")
+    parser.add_argument("--walk-every", type=float, default=5.0, help="s between walks")
+    parser.add_argument("--page-size", type=int, default=1000)
+    parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
+    parser.add_argument("--mqtt-url", help="a broker to use instead of a private Mosquitto")
+    args = parser.parse_args()
+    result = asyncio.run(measure(args))
+    json.dump(result, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
