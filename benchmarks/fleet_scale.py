@@ -22,6 +22,10 @@
 6. The fleet stops; every agent's telemetry count (the sim's last line) against what
    the control plane ingested (`greenfed_mqtt_messages_ingested{channel="telemetry"}`)
    over the whole run, from the first connection to the last goodbye.
+
+`--in-process RUNS` instead times the `/metrics` exposition and the `/v1/nodes` pages
+alone, in this process, over `--nodes` of the same fleet (one sample each): their own
+cost, without a control plane's event loop to wait for.
 """
 
 from __future__ import annotations
@@ -415,6 +419,94 @@ async def fleet_run(
     result["online_at_end"] = await nodes_total(http, api, admin, "online")
 
 
+def in_process(nodes: int, runs: int) -> dict[str, Any]:
+    """The own cost of a `/metrics` exposition and of `/v1/nodes` pages over `nodes` of the
+    default fleet's mix (one telemetry sample each), without a loop to wait for."""
+    import random
+
+    import msgspec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from cloud.api.nodes import node_page
+    from cloud.fleet.ingest import Ingestor
+    from cloud.fleet.registry import NodeRegistry
+    from cloud.fleet.views import NodeList, node_summary
+    from cloud.metrics import build_metrics_registry
+    from shared.messages import NodeStatus, Telemetry
+    from shared.topics import Topics
+    from sim_devices.fleet import expand_fleet, load_fleet, scale_fleet
+    from sim_devices.probes import SimulatedNode
+
+    registry = NodeRegistry(max_nodes=nodes)
+    now_s = time.time()
+    for index, spec in enumerate(expand_fleet(scale_fleet(load_fleet(), nodes))):
+        node = SimulatedNode(spec.node_id, spec.profile, random.Random(index))
+        node.advance()
+        node.advance()
+        status = NodeStatus(
+            node_id=spec.node_id,
+            state="online",
+            instance_id=f"instance-{index}",
+            agent_version="bench",
+            site=spec.site,
+            zone=spec.zone,
+            region=spec.region,
+            labels=spec.labels,
+            host=node.host_info(),
+            accelerators=node.accelerators,
+            telemetry_interval_s=5.0,
+            started_at=now_s,
+            sent_at=now_s,
+        )
+        host = node.host_sample()
+        registry.apply_status(status)
+        registry.apply_telemetry(
+            Telemetry(
+                node_id=spec.node_id,
+                instance_id=status.instance_id,
+                seq=1,
+                sampled_at=now_s,
+                interval_s=5.0,
+                cpu_utilization_pct=host.cpu_utilization_pct,
+                memory_used_bytes=host.memory_used_bytes,
+                memory_total_bytes=host.memory_total_bytes,
+                accelerators=tuple(node.accelerator_samples()),
+            )
+        )
+    metrics = build_metrics_registry(Ingestor(registry, Topics(), max_payload_bytes=1 << 20))
+    scrapes: list[float] = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        body = metrics.fleet_exposition()
+        scrapes.append(time.perf_counter() - began)
+    pages: list[float] = []
+    for _ in range(runs):
+        cursor: str | None = None
+        while True:
+            began = time.perf_counter()
+            records = registry.nodes()
+            page, cursor = node_page(records, cursor, 1000)
+            listed = NodeList(
+                items=tuple(node_summary(r) for r in page),
+                count=len(page),
+                total=len(records),
+                next_cursor=cursor,
+            )
+            msgspec.json.encode(listed)
+            pages.append(time.perf_counter() - began)
+            if cursor is None:
+                break
+    return {
+        "nodes": nodes,
+        "exposition_ms_median": round(statistics.median(scrapes) * 1000),
+        "exposition_ms_min": round(min(scrapes) * 1000),
+        "exposition_mb": round(len(body) / 1e6, 1),
+        "nodes_page_ms_p50": round(percentile(pages, 0.5) * 1000, 1),
+        "nodes_page_ms_p99": round(percentile(pages, 0.99) * 1000, 1),
+        "nodes_page_ms_min": round(min(pages) * 1000, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -444,8 +536,17 @@ def main() -> None:
     parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
     parser.add_argument("--mqtt-url", help="a broker to use instead of a private Mosquitto")
+    parser.add_argument(
+        "--in-process",
+        type=int,
+        metavar="RUNS",
+        help="only time the exposition and the pages in this process, RUNS times",
+    )
     args = parser.parse_args()
-    result = asyncio.run(measure(args))
+    if args.in_process:
+        result = in_process(args.nodes, args.in_process)
+    else:
+        result = asyncio.run(measure(args))
     json.dump(result, sys.stdout, indent=2)
     print()
 
