@@ -65,6 +65,9 @@ class _Ends:
 
     snapshot: Snapshot | None = None
     by_pool: dict[tuple[int, int], list[tuple[float, int]]] = field(default_factory=dict)
+    # `CapacityWaiter._timeline`'s answers for this snapshot, by what they depend on.
+    timelines: dict[tuple[object, ...], list[tuple[float, int]]] = field(default_factory=dict)
+    promised: dict[tuple[object, ...], list[tuple[float, float, int]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,34 +192,79 @@ class CapacityWaiter:
     ) -> float | None:
         """The earliest time in (now, latest] at which these nodes hold the whole gang,
         counting the training that ends there by then; None if not before latest."""
-        now = snapshot.now
         per_member = job.accelerators_per_worker
+        promised = self._promised(snapshot, booked, zone)
+        for end, members in self._timeline(snapshot, nodes, column, free_now, booked, per_member):
+            if end > latest:
+                return None
+            held = sum(a for s, e, a in promised if s <= end < e)
+            if members - math.ceil(held / per_member) >= job.workers:
+                return end
+        return None
+
+    def _promised(
+        self, snapshot: Snapshot, booked: Sequence[Booking], zone: str
+    ) -> list[tuple[float, float, int]]:
+        """Deferrals into `zone` with no node yet, as (start, end, accelerators): they
+        hold capacity while they run. Kept per zone and bookings so far (a pass only
+        adds bookings, and asks for every queued job)."""
+        self._pool_ends(snapshot)  # the cache is the snapshot's
+        key = ("promised", zone, len(booked))
+        found = self._ends.promised.get(key)
+        if found is None:
+            found = [
+                (b.start_s, b.end_s, b.accelerators)
+                for b in booked
+                if b.node_id is None and b.zone == zone
+            ]
+            self._ends.promised[key] = found
+        return found
+
+    def _timeline(
+        self,
+        snapshot: Snapshot,
+        nodes: IntArray,
+        column: int,
+        free_now: IntArray,
+        booked: Sequence[Booking],
+        per_member: int,
+    ) -> list[tuple[float, int]]:
+        """As the training on these nodes ends (and deferrals placed on them end): each
+        end, and the members of `per_member` accelerators the nodes hold just after it.
+        Alike for every queued job of the same shape, so kept for the snapshot (by the
+        nodes, their free capacity and the bookings so far: a pass only adds bookings)."""
         ends = self._pool_ends(snapshot)
+        key = (column, per_member, len(booked), nodes.tobytes(), free_now[nodes].tobytes())
+        timelines = self._ends.timelines
+        found = timelines.get(key)
+        if found is not None:
+            return found
+        now = snapshot.now
         index = snapshot.nodes.index
         free = {int(n): float(free_now[n]) for n in nodes.tolist()}
         events: list[tuple[float, int, int]] = []  # (end, node, accelerators)
         for node in free:
             for end, accelerators in ends.get((node, column), ()):
-                if now < end <= latest:
+                if now < end:
                     events.append((end, node, accelerators))
-        promised: list[tuple[float, float, int]] = []  # deferrals into this zone
         for booking in booked:
             if booking.node_id is None:
-                if booking.zone == zone:
-                    promised.append((booking.start_s, booking.end_s, booking.accelerators))
                 continue
             placed = index.get(booking.node_id)
             if placed is not None and placed in free:
                 free[placed] -= booking.accelerators
-                if now < booking.end_s <= latest:
+                if now < booking.end_s:
                     events.append((booking.end_s, placed, booking.accelerators))
+        # Members held, kept up as each end frees a node's accelerators.
+        members = sum(math.floor(max(0.0, f) / per_member) for f in free.values())
+        timeline = []
         for end, node, accelerators in sorted(events):
+            before = math.floor(max(0.0, free[node]) / per_member)
             free[node] += accelerators
-            members = sum(math.floor(max(0.0, f) / per_member) for f in free.values())
-            held = sum(a for s, e, a in promised if s <= end < e)
-            if members - math.ceil(held / per_member) >= job.workers:
-                return end
-        return None
+            members += math.floor(max(0.0, free[node]) / per_member) - before
+            timeline.append((end, members))
+        timelines[key] = timeline
+        return timeline
 
     def _pool_ends(self, snapshot: Snapshot) -> dict[tuple[int, int], list[tuple[float, int]]]:
         """The snapshot's training with an expected end, per (node row, pool column);
@@ -234,4 +282,6 @@ class CapacityWaiter:
                     (alloc.expected_end, alloc.accelerators)
                 )
             cache.snapshot, cache.by_pool = snapshot, by_pool
+            cache.timelines.clear()
+            cache.promised.clear()
         return cache.by_pool
