@@ -28,12 +28,16 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import psutil
-from lifecycle_bench import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
+
+from benchmarks.lifecycle_bench import (
     DEFAULT_MQTT_URL,
     DEFAULT_POSTGRES_URL,
     database_env,
@@ -43,7 +47,10 @@ from lifecycle_bench import (
     new_tenant,
 )
 
-_METRIC = re.compile(r"^(greenfed_scheduling_(?:passes|placements)_total) ([0-9.e+]+)$", re.M)
+_METRIC = re.compile(
+    r"^(greenfed_scheduling_(?:passes_total|placements_total|last_pass_seconds)) ([0-9.e+-]+)$",
+    re.M,
+)
 
 
 async def post_jobs(
@@ -94,19 +101,20 @@ async def scheduling_counters(
     return {name: float(value) for name, value in _METRIC.findall(text)}
 
 
-async def stored_jobs(http: aiohttp.ClientSession, api: str, token: str) -> int:
-    """How many jobs the tenant has, walking `/v1/jobs` page by page."""
-    total, cursor = 0, None
+async def stored_jobs(http: aiohttp.ClientSession, api: str, token: str) -> Counter[str]:
+    """The tenant's jobs by state, walking `/v1/jobs` page by page."""
+    states: Counter[str] = Counter()
+    cursor = None
     while True:
         params = {"limit": "500"} | ({"cursor": cursor} if cursor else {})
         async with http.get(
             f"{api}/v1/jobs", params=params, headers={"Authorization": f"Bearer {token}"}
         ) as response:
             page = await response.json()
-        total += len(page["items"])
+        states.update(item["state"] for item in page["items"])
         cursor = page.get("next_cursor")
         if not cursor:
-            return total
+            return states
 
 
 def cloud_process(port: int) -> psutil.Process:
@@ -189,12 +197,14 @@ async def one_run(args: argparse.Namespace, mqtt_url: str) -> dict[str, Any]:
         "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 1),
         "failures": failures + fill_failures,
         "acknowledged": acknowledged,
-        "stored": stored,
+        "stored": stored.total(),
+        "states": dict(stored),
         "passes": after.get("greenfed_scheduling_passes_total", 0)
         - before.get("greenfed_scheduling_passes_total", 0),
         "placements": after.get("greenfed_scheduling_placements_total", 0)
         - before.get("greenfed_scheduling_placements_total", 0),
         "cloud_cpu_pct": round(100 * cpu_s / elapsed, 1),
+        "last_pass_ms": round(after.get("greenfed_scheduling_last_pass_seconds", 0) * 1000, 1),
     }
 
 

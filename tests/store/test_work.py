@@ -102,7 +102,7 @@ async def test_submissions_arriving_together_commit_together_each_with_its_own_a
             return "unknown"
         return f"{'new' if result.created else 'again'}:{result.work.work_id}"
 
-    calls = [(acme.tenant_id, f"k{index}") for index in range(40)]
+    calls: list[tuple[str, str | None]] = [(acme.tenant_id, f"k{index}") for index in range(40)]
     calls += [(acme.tenant_id, "retried"), (acme.tenant_id, "twin"), (acme.tenant_id, "twin")]
     calls += [(capped.tenant.tenant_id, None) for _ in range(5)]
     calls += [("no-such-tenant", None)]
