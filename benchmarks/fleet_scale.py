@@ -285,7 +285,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 finally:
                     if sim.poll() is None:
                         sim.send_signal(signal.SIGTERM)
-                    stdout, _ = await asyncio.to_thread(sim.communicate, timeout=180)
+                    stdout, _ = await asyncio.to_thread(sim.communicate, timeout=300)
                 stopped = STOPPED.search(stdout or "")
                 # None: a sim process did not say (killed while stopping): no loss figure.
                 sent = int(stopped[2]) if stopped else None
