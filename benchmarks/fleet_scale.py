@@ -539,7 +539,7 @@ def main() -> None:
     parser.add_argument(
         "--jobs-first", action="store_true", help="queue the jobs before the fleet starts"
     )
-    parser.add_argument("--scrape-every", type=float, default=2.0, help="s between scrapes")
+    parser.add_argument("--scrape-every", type=float, default=10.0, help="s between scrapes")
     parser.add_argument("--walk-every", type=float, default=5.0, help="s between walks")
     parser.add_argument("--page-size", type=int, default=1000)
     parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
