@@ -34,6 +34,8 @@ from typing import Any
 
 import aiohttp
 import psutil
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
@@ -46,6 +48,7 @@ from benchmarks.lifecycle_bench import (
     mqtt_broker,
     new_tenant,
 )
+from shared.desired_signature import public_key_base64
 
 _METRIC = re.compile(
     r"^(greenfed_scheduling_(?:passes_total|placements_total|last_pass_seconds)) ([0-9.e+-]+)$",
@@ -117,6 +120,14 @@ async def stored_jobs(http: aiohttp.ClientSession, api: str, token: str) -> Coun
             return states
 
 
+def control_plane_key(data_dir: Path) -> str:
+    """The public half of the key `greenfed cloud` signs `desired` documents with."""
+    pem = (data_dir / "desired-signing.key").read_bytes()
+    key = serialization.load_pem_private_key(pem, password=None)
+    assert isinstance(key, Ed25519PrivateKey)
+    return public_key_base64(key)
+
+
 def cloud_process(port: int) -> psutil.Process:
     """The `greenfed cloud` process listening on `port`."""
     for connection in psutil.net_connections("tcp"):
@@ -145,6 +156,8 @@ async def one_run(args: argparse.Namespace, mqtt_url: str) -> dict[str, Any]:
                 aiohttp.ClientSession(connector=connector) as http,
             ):
                 cloud = cloud_process(port)
+                # The agents apply only documents this control plane signed.
+                sim_env["GREENFED_AGENT__CONTROL_PLANE_PUBLIC_KEY"] = control_plane_key(data_dir)
                 sim = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
