@@ -323,6 +323,12 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     debounce_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.02
     # ... and at least this often, for what time alone changes (windows, deferrals).
     interval_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
+    # A pass decides at most this many queued items, the head of the queue in its order
+    # (priority, fair share, submission); the rest keep their last pending reason. At
+    # least every `full_pass_interval_s` a pass decides the whole queue (backfill from
+    # deep in it, reasons refreshed). 0: every pass decides the whole queue.
+    queue_depth: Annotated[int, msgspec.Meta(ge=0)] = 1000
+    full_pass_interval_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
     # Work on a node that went offline is requeued after this long unless it returns
     # (cloud/fleet/liveness.py).
     node_lost_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0

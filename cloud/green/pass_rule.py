@@ -55,14 +55,16 @@ def schedule_then_move(
     *,
     cluster_after: ClusterAfter = with_placements,
     capper: PowerCapper | None = None,
+    max_decisions: int | None = None,
 ) -> PassDecision:
     """Schedule ``snapshot``'s queue under ``policy``; then, unless the plan preempts,
     the moves ``migrator`` proposes among the ``running`` jobs (None: the policy does
     not migrate, or it is not time to look). ``cluster_after`` is where moves are
     looked for (the simulation also updates utilisation, as telemetry would);
-    ``capper`` caps the plan's new training where the policy caps power."""
+    ``capper`` caps the plan's new training where the policy caps power;
+    ``max_decisions`` bounds the queue looked at (core.schedule)."""
     if snapshot.queue:
-        plan = schedule(snapshot, policy)
+        plan = schedule(snapshot, policy, max_decisions=max_decisions)
         if capper is not None and plan.placements:
             plan = capper.cap(snapshot, plan)
     else:

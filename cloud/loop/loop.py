@@ -165,6 +165,7 @@ class SchedulingLoop:
         self._retry_at: float | None = None
         self._last_pass_end = 0.0  # monotonic
         self._last_move_check: float | None = None  # monotonic
+        self._last_full_pass: float | None = None  # monotonic: the whole queue decided
         self.hook_failures = HookFailureLog(monotonic)
         self._log = structlog.get_logger("greenfed.loop")
         self.stats = LoopStats()
@@ -205,6 +206,7 @@ class SchedulingLoop:
                         self._upgrades.reset()
                     self._explained.clear()
                     self._last_snapshot = None
+                    self._last_full_pass = None
                     self.queue.forget_pending()
 
     async def _lead(self, lease: LeadershipLease) -> None:
@@ -340,13 +342,24 @@ class SchedulingLoop:
         capper = build_power_capper(self._settings.policy, green)
         max_attempts = self._store.max_attempts
 
+        max_decisions = self._max_decisions(move_check)
+
         def decide() -> tuple[PassDecision, list[CounterfactualRecord]]:
             # Off the event loop: thousands of jobs cost.
             running = running_jobs(inputs, max_attempts) if migrator else []
-            decision = schedule_then_move(inputs.snapshot, policy, migrator, running, capper=capper)
+            decision = schedule_then_move(
+                inputs.snapshot,
+                policy,
+                migrator,
+                running,
+                capper=capper,
+                max_decisions=max_decisions,
+            )
             return decision, self._counterfactuals(inputs, decision.plan, green)
 
         decision, counterfactuals = await asyncio.to_thread(decide)
+        if not decision.plan.undecided:
+            self._last_full_pass = move_check
         if migrator is not None:
             self._last_move_check = move_check
         plan = decision.plan
@@ -414,6 +427,16 @@ class SchedulingLoop:
         works = [(inputs.works[w], inputs.records[w].tenant_id) for w in placed]
         baseline = build_policy(BASELINE, green)
         return live_counterfactuals(inputs.snapshot, works, plan, baseline, green.energy)
+
+    def _max_decisions(self, now: float) -> int | None:
+        """How much of the queue this pass decides: the head (`queue_depth`), unless it
+        is time for a full pass (`full_pass_interval_s`; the first pass is one)."""
+        depth = self._settings.queue_depth
+        if not depth or self._last_full_pass is None:
+            return None
+        if now - self._last_full_pass >= self._settings.full_pass_interval_s:
+            return None
+        return depth
 
     def _migrator(self, green: GreenInputs, now: float) -> Migrator | None:
         """The policy's migrator when it is time to look for moves (at most every

@@ -66,6 +66,7 @@ class QueueMetrics:
     def __init__(self) -> None:
         # None: no pass of this leadership yet (or not leading): no series at all.
         self.pending: Mapping[PendingKey, int] | None = None
+        self._codes: dict[str, PendingCode] = {}  # the latest pass's, by work id
         self.queue_wait = _by_priority()
         self.submission_to_running = _by_priority()
 
@@ -86,10 +87,16 @@ class QueueMetrics:
             ),
             0,
         )
-        for pending in plan.pending:
-            record = records.get(pending.work_id)
+        # Work a bounded pass did not decide counts under the code of the last pass that
+        # did; work no pass decided yet waits behind the head of the queue: capacity.
+        codes: dict[str, PendingCode] = {p.work_id: p.code for p in plan.pending}
+        for work_id in plan.undecided:
+            codes[work_id] = self._codes.get(work_id, "capacity")
+        self._codes = codes
+        for work_id, code in codes.items():
+            record = records.get(work_id)
             if record is not None:
-                counts[(pending.priority, record.kind, pending.code)] += 1
+                counts[(record.priority, record.kind, code)] += 1
         for work_id in dependencies.waiting:
             record = records.get(work_id)
             if record is not None:
@@ -98,6 +105,7 @@ class QueueMetrics:
 
     def forget_pending(self) -> None:
         self.pending = None
+        self._codes = {}
 
     def note_commit(
         self, before: Mapping[str, WorkRecord], committed: Iterable[WorkRecord]

@@ -124,12 +124,19 @@ class Scheduler:
         self._decide(work)
         return True
 
-    def run(self) -> Plan:
-        while self.step():
+    def run(self, max_decisions: int | None = None) -> Plan:
+        """Decide the queue in order, or only its first `max_decisions` items."""
+        while (max_decisions is None or len(self._order) < max_decisions) and self.step():
             pass
         return self.plan()
 
     def plan(self) -> Plan:
+        undecided: frozenset[str] = frozenset()
+        if len(self._order) < len(self.snapshot.queue):
+            decided = set(self._order)
+            undecided = frozenset(
+                w.work_id for w in self.snapshot.queue if w.work_id not in decided
+            )
         return Plan(
             now=self.snapshot.now,
             placements=tuple(self._placements),
@@ -137,6 +144,7 @@ class Scheduler:
             pending=tuple(self._pending),
             reservations=tuple(self._reservations),
             order=tuple(self._order),
+            undecided=undecided,
         )
 
     # -- one job ----------------------------------------------------------------
@@ -614,6 +622,11 @@ def _blocking(accelerators: Admission, cores: Admission | None) -> Admission:
     return cores
 
 
-def schedule(snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Plan:
-    """Decide placements, preemptions, reservations and reasons for the whole queue."""
-    return Scheduler(snapshot, policy).run()
+def schedule(
+    snapshot: Snapshot, policy: Policy = DEFAULT_POLICY, *, max_decisions: int | None = None
+) -> Plan:
+    """Decide placements, preemptions, reservations and reasons for the whole queue, or
+    (`max_decisions`) for the head of it in queue order: what a quick pass needs when
+    capacity freed, at a cost bounded whatever the length of the queue; the rest is
+    `Plan.undecided`."""
+    return Scheduler(snapshot, policy).run(max_decisions)

@@ -249,6 +249,9 @@ class Plan:
     pending: tuple[Pending, ...]
     reservations: tuple[Reservation, ...]
     order: tuple[str, ...]  # work ids in the order they were considered
+    # Queued work this plan did not consider (a pass bounded by `max_decisions`, see
+    # core.schedule): it keeps whatever the last plan that considered it said.
+    undecided: frozenset[str] = frozenset()
 
     @property
     def deferrals(self) -> tuple[Pending, ...]:

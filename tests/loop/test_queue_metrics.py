@@ -12,7 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cloud.app_keys import SCHEDULER
 from cloud.loop.queue_metrics import QueueMetrics
+from cloud.scheduler import PendingCode, Policy, Snapshot, schedule
 from tests.loop.builders import work
+from tests.scheduler.builders import gpu_node
+from tests.scheduler.builders import job as queued_job
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import fleet, reaches
 from tests.support.waiting import eventually_async
@@ -111,3 +114,32 @@ def test_a_requeued_job_waits_from_its_requeue_and_only_its_first_run_counts_to_
 
     metrics.forget_pending()
     assert metrics.pending is None
+
+
+def test_work_a_bounded_pass_did_not_decide_keeps_its_last_reason_on_metrics() -> None:
+    """Quick passes decide only the head of the queue: the rest stays counted under the
+    reason the last full pass gave it, and work queued since waits for capacity."""
+    full_node = [gpu_node("n1", 8)]
+    big = queued_job("big", gpus=16)  # no node could ever hold it
+    small = [queued_job(f"s{index}", gpus=8, submitted_at=float(index)) for index in range(3)]
+    records = {w.work_id: work(w.work_id, state="pending") for w in (big, *small)}
+    records["late"] = work("late", state="pending")
+    metrics = QueueMetrics()
+
+    def pending(code: PendingCode) -> int:
+        assert metrics.pending is not None
+        return metrics.pending[("p1", "training", code)]
+
+    whole = schedule(Snapshot.build(now=0.0, nodes=full_node, queue=[big, *small]), Policy())
+    metrics.note_pass(whole, records)
+    assert (pending("unschedulable"), pending("capacity")) == (1, 2)
+    head = schedule(
+        Snapshot.build(now=0.0, nodes=full_node, queue=[big, *small, queued_job("late", gpus=1)]),
+        Policy(),
+        max_decisions=1,
+    )
+    assert head.order == ("big",)  # the head, decided again
+    metrics.note_pass(head, records)
+    # s1 and s2 as before, late queued since, and s0 (placed by the full pass; queued
+    # again here, as after an eviction) wait behind the head for capacity.
+    assert (pending("unschedulable"), pending("capacity")) == (1, 4)

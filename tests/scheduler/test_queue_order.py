@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from cloud.scheduler import Policy, Tenant
+from cloud.scheduler import Policy, Tenant, schedule
 
-from .builders import NOW, gpu_node, job, plan_for, running
+from .builders import NOW, gpu_node, job, plan_for, running, snapshot
 
 
 def test_priority_class_comes_first() -> None:
@@ -87,3 +87,20 @@ def test_starvation_guard_puts_old_work_first_in_its_class() -> None:
     plain = plan_for(nodes, queue, allocations, tenants, Policy(starvation_guard_s=None))
     assert guarded.order == ("ancient", "fresh")
     assert plain.order == ("fresh", "ancient")
+
+
+def test_a_bounded_pass_decides_the_head_of_the_queue_in_order_and_names_the_rest() -> None:
+    """A quick pass (`max_decisions`) decides the first items in queue order, exactly as
+    a full pass would decide them, and leaves the rest undecided, not pending."""
+    queue = [
+        job("p2-old", priority="p2", submitted_at=NOW - 900),
+        job("p0", priority="p0", submitted_at=NOW - 10),
+        *(job(f"p1-{index}", gpus=4, submitted_at=NOW - 500 + index) for index in range(4)),
+    ]
+    whole = schedule(snapshot([gpu_node("n1")], queue), Policy())
+    head = schedule(snapshot([gpu_node("n1")], queue), Policy(), max_decisions=3)
+    assert head.order == whole.order[:3] == ("p0", "p1-0", "p1-1")
+    assert head.placements == tuple(p for p in whole.placements if p.work_id in head.order)
+    assert head.undecided == frozenset(whole.order[3:])
+    assert {p.work_id for p in head.pending}.isdisjoint(head.undecided)
+    assert not whole.undecided
