@@ -33,10 +33,10 @@ from cloud.scheduler import (
     InferenceDeployment,
     Plan,
     Policy,
+    Scheduler,
     Snapshot,
     TrainingJob,
     Work,
-    schedule,
 )
 from cloud.scheduler.arrays import FloatArray, IntArray
 from cloud.signals.grid import GridSignals
@@ -222,9 +222,11 @@ def counterfactuals(
     for capacity as they would have under the baseline."""
     queued = {w.work_id: w for w in snapshot.queue}
     queued.update((w.work_id, w) for w in works)
-    plan = schedule(
+    # Only as far down the baseline's queue as the last of them: what comes after in its
+    # order cannot change their decisions.
+    plan = Scheduler(
         dataclasses.replace(snapshot, queue=tuple(queued[k] for k in sorted(queued))), baseline
-    )
+    ).run_until([w.work_id for w in works])
     return {work.work_id: _choice(snapshot, plan, work) for work in works}
 
 

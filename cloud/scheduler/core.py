@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -128,6 +129,14 @@ class Scheduler:
         """Decide the queue in order, or only its first `max_decisions` items."""
         while (max_decisions is None or len(self._order) < max_decisions) and self.step():
             pass
+        return self.plan()
+
+    def run_until(self, work_ids: Collection[str]) -> Plan:
+        """Decide the queue in order until every one of `work_ids` is decided: their
+        decisions are those of a whole pass (nothing later in the order changes them)."""
+        waiting = set(work_ids)
+        while waiting and self.step():
+            waiting.discard(self._order[-1])
         return self.plan()
 
     def plan(self) -> Plan:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cloud.scheduler import Policy, Tenant, schedule
+from cloud.scheduler import Policy, Scheduler, Tenant, schedule
 
 from .builders import NOW, gpu_node, job, plan_for, running, snapshot
 
@@ -104,3 +104,15 @@ def test_a_bounded_pass_decides_the_head_of_the_queue_in_order_and_names_the_res
     assert head.undecided == frozenset(whole.order[3:])
     assert {p.work_id for p in head.pending}.isdisjoint(head.undecided)
     assert not whole.undecided
+
+
+def test_deciding_until_some_work_is_decided_gives_it_the_whole_pass_s_decision() -> None:
+    """What a baseline counterfactual needs (cloud/green/accounting.py): the decisions of
+    a few items, without deciding the queue behind them."""
+    queue = [job(f"j{index}", gpus=4, submitted_at=NOW - 100 + index) for index in range(6)]
+    whole = schedule(snapshot([gpu_node("n1")], queue), Policy())
+    until = Scheduler(snapshot([gpu_node("n1")], queue), Policy()).run_until(["j1", "j2"])
+    assert until.order == whole.order[:3]
+    for work_id in ("j1", "j2"):
+        assert until.placements_for(work_id) == whole.placements_for(work_id)
+        assert until.pending_for(work_id) == whole.pending_for(work_id)
