@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from cloud.fleet.registry import NodeRegistry
-from cloud.loop.nodes import scheduler_nodes
+from cloud.loop.nodes import NodeViews
 from cloud.scheduler import Snapshot
 from cloud.scheduler.model import Tenant, Work
 from cloud.scheduler.plan import NeverFits
@@ -62,6 +62,7 @@ class RegisteredFleet:
         self._store = store
         self._monotonic = monotonic
         self._built: _Built | None = None
+        self._node_views = NodeViews()
         self.builds = 0  # how many times the nodes were built (tests read it)
 
     async def never_fits(self, work: Work, now_s: float) -> NeverFits | None:
@@ -107,7 +108,7 @@ class RegisteredFleet:
         tenants, changes, read_at = await self._tenants()
         snapshot = Snapshot.build(
             now=0.0,  # each verdict is given at its own time (FleetFit.at)
-            nodes=scheduler_nodes(self._registry.nodes()),
+            nodes=self._node_views.of(self._registry.nodes()),
             tenants=tenants,
         )
         self._built = _Built(FleetFit(snapshot), version, built_at, tenants, changes, read_at)

@@ -27,7 +27,7 @@ import msgspec
 
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import by_work
-from cloud.loop.nodes import pool_model, scheduler_nodes
+from cloud.loop.nodes import NodeViews, pool_model
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, Tenant, Work
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.store.states import PLACED_STATES
@@ -132,6 +132,7 @@ def build_inputs(
     store: StoreSnapshot,
     cache: ConversionCache | None = None,
     surge: Mapping[str, int] | None = None,
+    node_views: NodeViews | None = None,
 ) -> PassInputs:
     nodes = {record.node_id: record for record in node_records}
     names = _tenant_names(store)
@@ -170,7 +171,7 @@ def build_inputs(
     ]
     snapshot = Snapshot.build(
         now=now,
-        nodes=scheduler_nodes(nodes.values()),
+        nodes=(node_views or NodeViews()).of(nodes.values()),
         allocations=running,
         queue=queue,
         tenants=tenants,

@@ -54,6 +54,7 @@ from cloud.loop.generations import first_generations, generations_behind
 from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, PassInputs, backing_off, build_inputs
 from cloud.loop.moves import running_jobs
+from cloud.loop.nodes import NodeViews
 from cloud.loop.plans import translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.queue_metrics import QueueMetrics
@@ -159,6 +160,7 @@ class SchedulingLoop:
         # The scheduler's view of each work item, by (id, version): decoding specs is
         # most of a pass's cost when thousands of jobs are queued.
         self._converted = ConversionCache(settings.min_isolation)
+        self._node_views = NodeViews()  # the scheduler's view of each node, kept while it holds
         self._last_snapshot: StoreSnapshot | None = None
         # The last snapshot's work by id, built on first use (`work_record`).
         self._records_of: tuple[StoreSnapshot | None, dict[str, WorkRecord]] = (None, {})
@@ -334,7 +336,9 @@ class SchedulingLoop:
             store = await self._store.load_snapshot(store)
 
         store, surge = await self.deployments.run(store, nodes, lease, now)
-        inputs = build_inputs(now, nodes.values(), store, self._converted, surge)
+        inputs = build_inputs(
+            now, nodes.values(), store, self._converted, surge, node_views=self._node_views
+        )
         green = await self._green_inputs(nodes.values())
         policy = build_policy(self._settings.policy, green)
         move_check = self._monotonic()

@@ -11,7 +11,7 @@ import pytest
 from cloud.loop.desired import desired_document, master_port
 from cloud.loop.devices import NotEnoughDevices, pick_devices
 from cloud.loop.inputs import build_inputs
-from cloud.loop.nodes import TIMEZONE_LABEL, scheduler_node
+from cloud.loop.nodes import TIMEZONE_LABEL, NodeViews, scheduler_node
 from cloud.loop.plans import translate
 from cloud.loop.reports import agent_outcomes
 from cloud.scheduler import Plan, Preemption, schedule
@@ -19,7 +19,14 @@ from cloud.scheduler.model import KIND_INDEX
 from cloud.store import StoreSnapshot
 from cloud.work.retries import MAX_BACKOFF_S, Retry, after_failure
 from edge.inference.replicas import check_assignment
-from shared.messages import Accelerator, DesiredDeployment, ReportedDeployment, ReportedTraining
+from shared.messages import (
+    Accelerator,
+    AcceleratorSample,
+    DesiredDeployment,
+    ReportedDeployment,
+    ReportedTraining,
+    Telemetry,
+)
 from shared.settings import SchedulingSettings
 from tests.loop.builders import allocation, device, node, work
 
@@ -49,6 +56,37 @@ def test_a_node_folds_its_devices_conservatively_and_keeps_a_valid_timezone_labe
     assert folded.timezone == "Asia/Tokyo"
     broken = scheduler_node(node("n2", labels={TIMEZONE_LABEL: "Mars/Olympus"}))
     assert broken.timezone == "Europe/Berlin"  # the zone's, not a broken pass
+
+
+def test_node_views_are_kept_while_their_record_holds_and_remade_when_it_changes() -> None:
+    """A pass reuses each node's scheduler view unless something it is made from
+    changed: a new sample with other utilisation, a new state; gone nodes are dropped."""
+    views = NodeViews()
+    first, second = node("n1"), node("n2")
+    n1, n2 = views.of([first, second])
+    again = views.of([first, second])
+    assert again[0] is n1
+    assert again[1] is n2
+
+    def sampled(utilisation: float, seq: int) -> Telemetry:
+        return Telemetry(
+            node_id="n1", instance_id="i1", seq=seq, sampled_at=float(seq), interval_s=1.0,
+            cpu_utilization_pct=1.0, memory_used_bytes=1, memory_total_bytes=2,
+            accelerators=(AcceleratorSample(id="gpu0", utilization_pct=utilisation,
+                                            memory_used_bytes=0),),
+        )  # fmt: skip
+
+    first.telemetry = sampled(50.0, 1)
+    busy = views.of([first, second])[0]
+    assert busy is not n1
+    assert busy == scheduler_node(first)
+    first.telemetry = sampled(50.0, 2)  # another sample, the same utilisation
+    assert views.of([first, second])[0] is busy
+    second.state = "offline"
+    kept, offline = views.of([first, second])
+    assert kept is busy
+    assert not offline.healthy
+    assert [n.node_id for n in views.of([second])] == ["n2"]
 
 
 def mixed_mig_node() -> tuple[Accelerator, ...]:
