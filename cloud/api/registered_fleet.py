@@ -4,8 +4,9 @@
 Building it costs a pass over every node (their scheduler view, then the columns), and
 a read of every tenant: per submission that was most of the API's CPU with a thousand
 nodes. So the judge is kept, with what each member shape was found to need, and
-rebuilt when the registry's membership or state moved (`NodeRegistry.version`) and the
-last build is older than `_REBUILD_AFTER_S`; the tenants alone are read again when read
+rebuilt when a node joined or left, or when the registry's state moved
+(`NodeRegistry.version`: a node's inventory, state or settings) and the last build is
+older than `_REBUILD_AFTER_S`; the tenants alone are read again when read
 longer than `_TENANTS_FOR_S` ago (another replica may have changed a quota) or when this
 process changed one. A verdict of "never" is only ever given by a
 judge as fresh as the registry and the tenants: a job a stale judge refuses is judged
@@ -42,6 +43,7 @@ _TENANTS_FOR_S: Final = 2.0
 class _Built:
     fit: FleetFit
     registry_version: int
+    node_count: int
     built_at: float  # monotonic
     tenants: tuple[Tenant, ...]
     tenant_changes: int  # the store's count when the tenants were read
@@ -67,9 +69,13 @@ class RegisteredFleet:
 
     async def never_fits(self, work: Work, now_s: float) -> NeverFits | None:
         built = self._built
-        if built is None or (
-            built.registry_version != self._registry.version
-            and self._monotonic() - built.built_at >= _REBUILD_AFTER_S
+        if (
+            built is None
+            or built.node_count != len(self._registry)
+            or (
+                built.registry_version != self._registry.version
+                and self._monotonic() - built.built_at >= _REBUILD_AFTER_S
+            )
         ):
             built = await self._build()
         elif not self._tenants_fresh(built):
@@ -105,13 +111,16 @@ class RegisteredFleet:
         # The version first: a change while the tenants are read makes the next call
         # look again rather than trust a fleet older than the version it is filed under.
         version, built_at = self._registry.version, self._monotonic()
+        records = self._registry.nodes()
         tenants, changes, read_at = await self._tenants()
         snapshot = Snapshot.build(
             now=0.0,  # each verdict is given at its own time (FleetFit.at)
-            nodes=self._node_views.of(self._registry.nodes()),
+            nodes=self._node_views.of(records),
             tenants=tenants,
         )
-        self._built = _Built(FleetFit(snapshot), version, built_at, tenants, changes, read_at)
+        self._built = _Built(
+            FleetFit(snapshot), version, len(records), built_at, tenants, changes, read_at
+        )
         self.builds += 1
         return self._built
 
