@@ -53,9 +53,9 @@ from typing import Any
 import aiohttp
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
-from lifecycle_bench import DEFAULT_POSTGRES_URL, database_env, free_port
+from benchmarks.lifecycle_bench import DEFAULT_POSTGRES_URL, database_env, free_port
 
 MOSQUITTO_CONFIG = """\
 listener {port} 127.0.0.1
