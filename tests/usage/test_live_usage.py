@@ -67,6 +67,20 @@ def integral_kwh(samples: list[tuple[float, float]], start_s: float, end_s: floa
     return float(np.trapezoid(np.interp(grid, times, power), grid)) / 3.6e6
 
 
+def sample_bounds(
+    samples: list[tuple[float, float]], start_s: float, end_s: float
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """([first sample at or after start, last at or before end], [last sample at or
+    before start, first at or after end]): where a meter that sees an allocation's ends at
+    samples may start and stop counting it."""
+    times = sorted(t for t, _ in samples)
+    before_start = max((t for t in times if t <= start_s), default=start_s)
+    after_start = min((t for t in times if t >= start_s), default=start_s)
+    before_end = max((t for t in times if t <= end_s), default=end_s)
+    after_end = min((t for t in times if t >= end_s), default=end_s)
+    return (after_start, before_end), (before_start, after_end)
+
+
 async def test_a_jobs_usage_matches_its_nodes_power_and_reaches_every_view(
     database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
 ) -> None:
@@ -100,9 +114,15 @@ async def test_a_jobs_usage_matches_its_nodes_power_and_reaches_every_view(
         body = await work(api, token, job_id)
         usage = msgspec.convert(body["usage"], WorkUsage)
 
-        # Energy: the node's ∫P dt over the allocation, from the counters it reported.
-        truth = integral_kwh(samples, started, ended)
-        assert usage.energy_kwh == pytest.approx(truth, rel=0.02)
+        # Energy: the node's ∫P dt over the allocation, from the counters it reported. The
+        # meter sees each end of the allocation at a sample, so its figure lies between
+        # the integrals from the samples just inside both ends and just outside them
+        # (the test's clock for an end and the meter's differ by a sample or so, more on
+        # a loaded machine), and close to the integral over the allocation itself.
+        inside, outside = sample_bounds(samples, started, ended)
+        assert integral_kwh(samples, *inside) * 0.99 <= usage.energy_kwh
+        assert usage.energy_kwh <= integral_kwh(samples, *outside) * 1.01
+        assert usage.energy_kwh == pytest.approx(integral_kwh(samples, started, ended), rel=0.1)
         assert usage.measured_share == pytest.approx(1.0)
         assert usage.gap_filled_s == 0.0
         assert [m.node_id for m in usage.members] == ["a100-0"]
