@@ -187,6 +187,12 @@ class NodeTable:
         return pools.models[code] if code >= 0 else ""
 
 
+def _tenant_map(tenants: Sequence[Tenant]) -> Mapping[str, Tenant]:
+    """Tenants by name, in name order (each name once)."""
+    _require_unique("tenant", [t.name for t in tenants])
+    return MappingProxyType({t.name: t for t in sorted(tenants, key=lambda t: t.name)})
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything one pass may look at: nodes, running work, the queue, tenants, the time."""
@@ -223,21 +229,23 @@ class Snapshot:
         _require_unique("node", [n.node_id for n in ordered_nodes])
         _require_unique("allocation", [a.allocation_id for a in ordered_allocations])
         _require_unique("queued work", [w.work_id for w in ordered_queue])
-        _require_unique("tenant", [t.name for t in tenants])
         table = _build_table(ordered_nodes, ordered_allocations, now)
-        tenant_map = MappingProxyType({t.name: t for t in sorted(tenants, key=lambda t: t.name)})
         return cls(
             now=float(now),
             nodes=table,
             allocations=ordered_allocations,
             queue=ordered_queue,
-            tenants=tenant_map,
+            tenants=_tenant_map(tenants),
             running_limits=MappingProxyType(dict(sorted((running_limits or {}).items()))),
         )
 
     @property
     def node_count(self) -> int:
         return len(self.nodes)
+
+    def with_tenants(self, tenants: Sequence[Tenant]) -> Snapshot:
+        """The same nodes, work and time with other tenants (quotas)."""
+        return dataclasses.replace(self, tenants=_tenant_map(tenants))
 
     def with_work(
         self, *, allocations: Sequence[Allocation], queue: Sequence[Work] = ()

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -75,18 +74,17 @@ class FleetFit:
         self._members: dict[Hashable, _Members | NeverFits | None] = {}
 
     def at(self, now: float) -> FleetFit:
-        """The same fleet judged at `now`: where a member could fit does not depend on
-        the time, so the shapes already judged stay remembered (only deadlines are
-        judged against `now`)."""
-        fit = FleetFit(dataclasses.replace(self.snapshot, now=float(now)))
-        fit._members = self._members
-        return fit
+        """The same fleet judged at `now` (only deadlines are judged against it)."""
+        return self._sharing(dataclasses.replace(self.snapshot, now=float(now)))
 
     def with_tenants(self, tenants: Sequence[Tenant]) -> FleetFit:
-        """The same fleet with other tenants (quotas): shapes already judged stay
-        remembered, where a member could fit does not depend on quotas."""
-        by_name = MappingProxyType({t.name: t for t in sorted(tenants, key=lambda t: t.name)})
-        fit = FleetFit(dataclasses.replace(self.snapshot, tenants=by_name))
+        """The same fleet with other tenants (quotas)."""
+        return self._sharing(self.snapshot.with_tenants(tenants))
+
+    def _sharing(self, snapshot: Snapshot) -> FleetFit:
+        """A judge of `snapshot`, the same nodes as this one's, that remembers the shapes
+        this one judged: where a member could fit depends on neither time nor quotas."""
+        fit = FleetFit(snapshot)
         fit._members = self._members
         return fit
 
