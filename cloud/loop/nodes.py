@@ -169,10 +169,6 @@ def pool_model(record: NodeRecord | None, accelerator_ids: Sequence[str]) -> str
     return ""
 
 
-def scheduler_nodes(records: Iterable[NodeRecord]) -> list[Node]:
-    return [scheduler_node(record) for record in records]
-
-
 class NodeViews:
     """`scheduler_node` of each record, made again only when something it reads changed:
     a pass over ten thousand nodes spent most of its time remaking nodes of which only
