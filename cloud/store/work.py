@@ -107,11 +107,11 @@ async def insert_work_group(
             results[index] = SubmitResult(record, True)
             await insert_dependencies(connection, record.work_id, group[index].dependencies)
         else:  # another process committed the same key meanwhile
-            query = select(*WORK_RECORD_COLUMNS).where(
-                work.c.tenant_id == record.tenant_id,
-                work.c.idempotency_key == record.idempotency_key,
+            assert record.idempotency_key is not None  # only a key conflicts
+            winner = await select_work_by_idempotency_key(
+                connection, record.tenant_id, record.idempotency_key
             )
-            winner = work_from_row((await connection.execute(query)).one())
+            assert winner is not None  # its conflict was with a committed row
             results[index] = SubmitResult(winner, False)
     for index, leader in twins.items():
         first = results[leader]
