@@ -67,7 +67,7 @@ class _Ends:
     by_pool: dict[tuple[int, int], list[tuple[float, int]]] = field(default_factory=dict)
     # `CapacityWaiter._timeline`'s answers for this snapshot, by what they depend on.
     timelines: dict[tuple[object, ...], list[tuple[float, int]]] = field(default_factory=dict)
-    promised: dict[tuple[object, ...], list[tuple[float, float, int]]] = field(default_factory=dict)
+    promised: dict[tuple[str, int], list[tuple[float, float, int]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +209,7 @@ class CapacityWaiter:
         hold capacity while they run. Kept per zone and bookings so far (a pass only
         adds bookings, and asks for every queued job)."""
         self._pool_ends(snapshot)  # the cache is the snapshot's
-        key = ("promised", zone, len(booked))
+        key = (zone, len(booked))
         found = self._ends.promised.get(key)
         if found is None:
             found = [
@@ -255,13 +255,17 @@ class CapacityWaiter:
                 free[placed] -= booking.accelerators
                 if now < booking.end_s:
                     events.append((booking.end_s, placed, booking.accelerators))
+
+        def held_by(accelerators_free: float) -> int:  # members one node holds
+            return math.floor(max(0.0, accelerators_free) / per_member)
+
         # Members held, kept up as each end frees a node's accelerators.
-        members = sum(math.floor(max(0.0, f) / per_member) for f in free.values())
+        members = sum(held_by(f) for f in free.values())
         timeline = []
         for end, node, accelerators in sorted(events):
-            before = math.floor(max(0.0, free[node]) / per_member)
+            before = held_by(free[node])
             free[node] += accelerators
-            members += math.floor(max(0.0, free[node]) / per_member) - before
+            members += held_by(free[node]) - before
             timeline.append((end, members))
         timelines[key] = timeline
         return timeline
