@@ -14,9 +14,9 @@ TOPIC_VERSION = "v1"
 DEFAULT_TOPIC_ROOT = "greenfed"
 
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_ROOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-# A shared-subscription group name: one topic level (MQTT forbids '/', '+', '#' in it).
-_SHARE_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# One topic level of safe characters: a topic root, or a shared-subscription group
+# name (MQTT forbids '/', '+', '#' in it).
+_LEVEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Channel(StrEnum):
@@ -57,7 +57,7 @@ def is_valid_node_id(node_id: str) -> bool:
 
 
 def validate_root(root: str) -> str:
-    if not _ROOT.fullmatch(root):
+    if not _LEVEL.fullmatch(root):
         raise TopicError(
             f"topic root {root!r} must be one topic level of letters, digits, '.', '_' or '-'"
         )
@@ -66,7 +66,7 @@ def validate_root(root: str) -> str:
 
 def validate_share_group(group: str) -> str:
     """A shared-subscription group name ("" means none)."""
-    if group and not _SHARE_GROUP.fullmatch(group):
+    if group and not _LEVEL.fullmatch(group):
         raise TopicError(
             f"shared group {group!r} must be one topic level of letters, digits, '.', '_' or '-'"
         )
