@@ -428,56 +428,30 @@ async def fleet_run(
 def in_process(nodes: int, runs: int) -> dict[str, Any]:
     """The own cost of a `/metrics` exposition and of `/v1/nodes` pages over `nodes` of the
     default fleet's mix (one telemetry sample each), without a loop to wait for."""
-    import random
-
     import msgspec
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.metrics_scrape import register_simulated
     from cloud.api.nodes import node_page
     from cloud.fleet.ingest import Ingestor
     from cloud.fleet.registry import NodeRegistry
     from cloud.fleet.views import NodeList, node_summary
     from cloud.metrics import build_metrics_registry
-    from shared.messages import NodeStatus, Telemetry
     from shared.topics import Topics
     from sim_devices.fleet import expand_fleet, load_fleet, scale_fleet
-    from sim_devices.probes import SimulatedNode
 
     registry = NodeRegistry(max_nodes=nodes)
     now_s = time.time()
     for index, spec in enumerate(expand_fleet(scale_fleet(load_fleet(), nodes))):
-        node = SimulatedNode(spec.node_id, spec.profile, random.Random(index))
-        node.advance()
-        node.advance()
-        status = NodeStatus(
-            node_id=spec.node_id,
-            state="online",
-            instance_id=f"instance-{index}",
-            agent_version="bench",
+        register_simulated(
+            registry,
+            index,
+            spec.node_id,
+            spec.profile,
             site=spec.site,
             zone=spec.zone,
             region=spec.region,
             labels=spec.labels,
-            host=node.host_info(),
-            accelerators=node.accelerators,
-            telemetry_interval_s=5.0,
-            started_at=now_s,
-            sent_at=now_s,
-        )
-        host = node.host_sample()
-        registry.apply_status(status)
-        registry.apply_telemetry(
-            Telemetry(
-                node_id=spec.node_id,
-                instance_id=status.instance_id,
-                seq=1,
-                sampled_at=now_s,
-                interval_s=5.0,
-                cpu_utilization_pct=host.cpu_utilization_pct,
-                memory_used_bytes=host.memory_used_bytes,
-                memory_total_bytes=host.memory_total_bytes,
-                accelerators=tuple(node.accelerator_samples()),
-            )
+            now_s=now_s,
         )
     metrics = build_metrics_registry(Ingestor(registry, Topics(), max_payload_bytes=1 << 20))
     scrapes: list[float] = []

@@ -20,6 +20,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,12 +28,61 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
 from cloud.metrics import build_metrics_registry
-from shared.messages import NodeStatus, Telemetry
+from shared.messages import NodeStatus, Site, Telemetry
 from shared.topics import Topics
 from sim_devices.probes import SimulatedNode
-from sim_devices.profiles import get_profile
+from sim_devices.profiles import DeviceProfile, get_profile
 
 PROFILE = "h100-8x"
+
+
+def register_simulated(
+    registry: NodeRegistry,
+    index: int,
+    node_id: str,
+    profile: DeviceProfile,
+    *,
+    site: Site = "cloud",
+    zone: str,
+    region: str,
+    labels: Mapping[str, str] | None = None,
+    now_s: float,
+) -> None:
+    """Node `index` of a benchmark's fleet: a simulated node born in `registry` with its
+    first telemetry sample, taken after two steps (power and energy integrated over a
+    real interval)."""
+    node = SimulatedNode(node_id, profile, random.Random(index))
+    node.advance()
+    node.advance()
+    status = NodeStatus(
+        node_id=node_id,
+        state="online",
+        instance_id=f"instance-{index}",
+        agent_version="bench",
+        site=site,
+        zone=zone,
+        region=region,
+        labels=dict(labels or {}),
+        host=node.host_info(),
+        accelerators=node.accelerators,
+        telemetry_interval_s=5.0,
+        started_at=now_s,
+        sent_at=now_s,
+    )
+    host = node.host_sample()
+    telemetry = Telemetry(
+        node_id=node_id,
+        instance_id=status.instance_id,
+        seq=0,
+        sampled_at=now_s,
+        interval_s=5.0,
+        cpu_utilization_pct=host.cpu_utilization_pct,
+        memory_used_bytes=host.memory_used_bytes,
+        memory_total_bytes=host.memory_total_bytes,
+        accelerators=tuple(node.accelerator_samples()),
+    )
+    registry.apply_status(status)
+    registry.apply_telemetry(telemetry)
 
 
 def populated_registry(nodes: int) -> NodeRegistry:
@@ -40,38 +90,15 @@ def populated_registry(nodes: int) -> NodeRegistry:
     now_s = time.time()
     profile = get_profile(PROFILE)
     for index in range(nodes):
-        node_id = f"h100-{index:05d}"
-        node = SimulatedNode(node_id, profile, random.Random(index))
-        node.advance()
-        node.advance()  # a second step: power and energy integrated over a real interval
-        status = NodeStatus(
-            node_id=node_id,
-            state="online",
-            instance_id=f"instance-{index}",
-            agent_version="bench",
-            site="cloud",
+        register_simulated(
+            registry,
+            index,
+            f"h100-{index:05d}",
+            profile,
             zone=("DE", "FR", "US-CAL-CISO", "CA-ON")[index % 4],
             region="europe-west3",
-            host=node.host_info(),
-            accelerators=node.accelerators,
-            telemetry_interval_s=5.0,
-            started_at=now_s,
-            sent_at=now_s,
+            now_s=now_s,
         )
-        host = node.host_sample()
-        telemetry = Telemetry(
-            node_id=node_id,
-            instance_id=status.instance_id,
-            seq=0,
-            sampled_at=now_s,
-            interval_s=5.0,
-            cpu_utilization_pct=host.cpu_utilization_pct,
-            memory_used_bytes=host.memory_used_bytes,
-            memory_total_bytes=host.memory_total_bytes,
-            accelerators=tuple(node.accelerator_samples()),
-        )
-        registry.apply_status(status)
-        registry.apply_telemetry(telemetry)
     return registry
 
 
