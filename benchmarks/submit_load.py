@@ -51,9 +51,12 @@ from benchmarks.lifecycle_bench import (
 from shared.desired_signature import public_key_base64
 
 _METRIC = re.compile(
-    r"^(greenfed_scheduling_(?:passes_total|placements_total|last_pass_seconds)) ([0-9.e+-]+)$",
+    r"^(greenfed_scheduling_(?:passes_total|placements_total|last_pass_seconds)"
+    r"|greenfed_event_loop_lag_(?:max_seconds|seconds_count"
+    r'|seconds_bucket\{le="0\.1"\})) ([0-9.e+-]+)$',
     re.M,
 )
+_LAG_UNDER_100_MS = 'greenfed_event_loop_lag_seconds_bucket{le="0.1"}'
 
 
 async def post_jobs(
@@ -218,7 +221,17 @@ async def one_run(args: argparse.Namespace, mqtt_url: str) -> dict[str, Any]:
         - before.get("greenfed_scheduling_placements_total", 0),
         "cloud_cpu_pct": round(100 * cpu_s / elapsed, 1),
         "last_pass_ms": round(after.get("greenfed_scheduling_last_pass_seconds", 0) * 1000, 1),
+        # The event loop's timer samples (every 50 ms) that ran over 100 ms late, and
+        # the worst lag, over the window.
+        "loop_lag_over_100ms": lag_over_100_ms(after) - lag_over_100_ms(before),
+        "loop_lag_max_ms": round(after.get("greenfed_event_loop_lag_max_seconds", 0) * 1000, 1),
     }
+
+
+def lag_over_100_ms(counters: dict[str, float]) -> float:
+    return counters.get("greenfed_event_loop_lag_seconds_count", 0) - counters.get(
+        _LAG_UNDER_100_MS, 0
+    )
 
 
 async def online(http: aiohttp.ClientSession, api: str, admin: str, nodes: int) -> None:
@@ -252,6 +265,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "passes",
             "placements",
             "cloud_cpu_pct",
+            "loop_lag_over_100ms",
+            "loop_lag_max_ms",
         )
     }
     summary["lost_or_extra"] = sum(abs(run["stored"] - run["acknowledged"]) for run in runs)

@@ -74,6 +74,7 @@ from cloud.app_keys import (
 from cloud.broker_accounts import broker_accounts_from
 from cloud.clusters.bridge import ClusterBridge
 from cloud.clusters.runtime import ClusterFleet, hints_from
+from cloud.event_loop_lag import EventLoopLag, EventLoopLagCollector
 from cloud.fleet import node_admin
 from cloud.fleet.assignments import AssignmentIndex, refresh_forever
 from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
@@ -128,11 +129,18 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     node_settings = asyncio.create_task(
         node_admin.refresh_forever(app[REGISTRY], app[STORE]), name="node-admin"
     )
-    app[BACKGROUND_TASKS].extend([ingestion, liveness, assignments, node_settings])
+    # How long ready work waits for the event loop (greenfed_event_loop_lag_seconds).
+    lag = EventLoopLag()
+    lag_collector = EventLoopLagCollector(lag)
+    app[METRICS].fleet.register(lag_collector)
+    lag_watch = asyncio.create_task(lag.run(), name="event-loop-lag")
+    tasks = [ingestion, liveness, assignments, node_settings, lag_watch]
+    app[BACKGROUND_TASKS].extend(tasks)
     try:
         yield
     finally:
-        for task in (ingestion, liveness, assignments, node_settings):
+        app[METRICS].fleet.unregister(lag_collector)
+        for task in tasks:
             # Cancellation is the expected end; any other failure surfaces here.
             await stop_task(task)
 

@@ -34,22 +34,28 @@ PendingKey = tuple[PriorityClass, WorkKind, PendingCode]
 
 @dataclass(slots=True)
 class WaitHistogram:
-    """Observations per bucket (not cumulative; the last one is +Inf) and their sum."""
+    """Observations per bucket (not cumulative; the last one is +Inf) and their sum.
+    `bounds`: the buckets' upper bounds, seconds, ascending."""
 
-    counts: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS_S) + 1))
+    bounds: tuple[float, ...] = WAIT_BUCKETS_S
+    counts: list[int] = field(default_factory=list)
     sum_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
 
     def observe(self, seconds: float) -> None:
         seconds = max(0.0, seconds)
         index = next(
-            (i for i, bound in enumerate(WAIT_BUCKETS_S) if seconds <= bound), len(WAIT_BUCKETS_S)
+            (i for i, bound in enumerate(self.bounds) if seconds <= bound), len(self.bounds)
         )
         self.counts[index] += 1
         self.sum_s += seconds
 
     def cumulative(self) -> list[tuple[str, int]]:
         """(upper bound, observations at or below it), as a Prometheus histogram has them."""
-        bounds = [str(float(bound)) for bound in WAIT_BUCKETS_S] + ["+Inf"]
+        bounds = [str(float(bound)) for bound in self.bounds] + ["+Inf"]
         total = 0
         out = []
         for bound, count in zip(bounds, self.counts, strict=True):

@@ -219,6 +219,8 @@ async def test_health_readiness_and_metrics(fleet_api: Client, embedded: Embedde
         in text
     )
     assert 'greenfed_mqtt_messages_ingested_total{channel="telemetry"}' in text
+    # How long requests and messages wait for the event loop: sampled from the start.
+    assert "greenfed_event_loop_lag_seconds_count" in text
 
 
 async def _equals(value: Awaitable[object], expected: object) -> bool:
