@@ -336,9 +336,6 @@ class SchedulingLoop:
             store = await self._store.load_snapshot(store)
 
         store, surge = await self.deployments.run(store, nodes, lease, now)
-        inputs = build_inputs(
-            now, nodes.values(), store, self._converted, surge, node_views=self._node_views
-        )
         green = await self._green_inputs(nodes.values())
         policy = build_policy(self._settings.policy, green)
         move_check = self._monotonic()
@@ -348,8 +345,13 @@ class SchedulingLoop:
 
         max_decisions = self._max_decisions(move_check)
 
-        def decide() -> tuple[PassDecision, list[CounterfactualRecord]]:
-            # Off the event loop: thousands of jobs cost.
+        def decide() -> tuple[PassInputs, PassDecision, list[CounterfactualRecord]]:
+            # Off the event loop, the inputs too: converting thousands of newly queued
+            # specs and the columns of thousands of nodes would hold up every request.
+            # The caches are this thread's alone while it runs (one pass at a time).
+            inputs = build_inputs(
+                now, nodes.values(), store, self._converted, surge, node_views=self._node_views
+            )
             running = running_jobs(inputs, max_attempts) if migrator else []
             decision = schedule_then_move(
                 inputs.snapshot,
@@ -359,9 +361,9 @@ class SchedulingLoop:
                 capper=capper,
                 max_decisions=max_decisions,
             )
-            return decision, self._counterfactuals(inputs, decision.plan, green)
+            return inputs, decision, self._counterfactuals(inputs, decision.plan, green)
 
-        decision, counterfactuals = await asyncio.to_thread(decide)
+        inputs, decision, counterfactuals = await asyncio.to_thread(decide)
         if not decision.plan.undecided:
             self._last_full_pass = move_check
         if migrator is not None:
