@@ -21,14 +21,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
 import structlog
 
-from cloud.store import AllocationRecord, Store, StoreSnapshot, StoreUnavailableError, WorkRecord
+from cloud.store import AllocationRecord, Store, StoreSnapshot, StoreUnavailableError
 
 AssignmentKind = Literal["training", "replica"]
 # (kind, node id, work id, attempt for training | replica number for a deployment)
@@ -44,11 +44,10 @@ class Assignment(StrEnum):
 
 
 def assignment_keys(
-    work: Iterable[WorkRecord], allocations: Iterable[AllocationRecord]
+    attempts: Mapping[str, int], allocations: Iterable[AllocationRecord]
 ) -> set[AssignmentKey]:
-    """Every assignment in a store snapshot: a gang's workers by (node, job, attempt),
-    a deployment's replicas by (node, deployment, replica number)."""
-    attempts = {record.work_id: record.attempts for record in work}
+    """Every assignment: a gang's workers by (node, job, attempt), a deployment's
+    replicas by (node, deployment, replica number). `attempts`: by work id."""
     keys: set[AssignmentKey] = set()
     for allocation in allocations:
         if allocation.work_kind == "training":
@@ -88,7 +87,8 @@ class AssignmentIndex:
         return frozenset(self._current)
 
     def replace_from(self, snapshot: StoreSnapshot) -> None:
-        self.replace(assignment_keys(snapshot.work, snapshot.allocations))
+        attempts = {record.work_id: record.attempts for record in snapshot.work}
+        self.replace(assignment_keys(attempts, snapshot.allocations))
 
     def replace(self, keys: Iterable[AssignmentKey]) -> None:
         """The store's complete set of assignments now."""
@@ -129,15 +129,15 @@ async def refresh_forever(
     """Reload `index` from the store every `interval_s` (skipped while the scheduling
     loop keeps it fresher). A store that is away is retried at the next tick."""
     log = structlog.get_logger("greenfed.assignments")
-    previous: StoreSnapshot | None = None
     while True:
         if monotonic() - index.updated_monotonic >= interval_s:
             try:
-                previous = await store.load_snapshot(previous)
+                # The allocations alone: a snapshot would read every queued item too.
+                placed, attempts = await store.placed_attempts()
             except StoreUnavailableError as error:
                 log.warning("assignments not refreshed: store unavailable", error=str(error))
             else:
-                index.replace_from(previous)
+                index.replace(assignment_keys(attempts, placed))
         await asyncio.sleep(interval_s)
 
 

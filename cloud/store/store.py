@@ -1143,6 +1143,19 @@ class Store:
             tenant_records, work_records, allocation_records, generations, dependencies=waiting
         )
 
+    async def placed_attempts(self) -> tuple[tuple[AllocationRecord, ...], dict[str, int]]:
+        """Every allocation and the attempt its work is on, in one consistent read: who
+        runs what (cloud/fleet/assignments.py), without reading the whole queue."""
+        with self._connection_errors():
+            async with self._snapshot_reader.connect() as connection, connection.begin():
+                allocation_records = await select_allocations(connection)
+                placed = select(allocations.c.work_id)
+                query = select(work.c.id, work.c.attempts).where(work.c.id.in_(placed))
+                attempts = {
+                    str(row.id): int(row.attempts) for row in await connection.execute(query)
+                }
+        return allocation_records, attempts
+
     async def commit_pass(self, write: PassWrite, *, lease: LeadershipLease) -> CommitResult:
         """Apply a scheduling pass as one transaction: all of it, or (raising) none of it.
 

@@ -123,6 +123,15 @@ class EventHub:
             await asyncio.sleep(max(0.0, self._min_interval_s - (loop.time() - started)))
 
     async def _read_new(self) -> None:
+        if not self._subscriptions:
+            # No stream to hand anything to: move to the end of the log without reading
+            # it (thousands of submissions a second each append an event). A stream that
+            # subscribes after this reads everything up to here in its own catch-up; one
+            # that subscribed meanwhile gets the log read from where the hub was.
+            last_seq = await self._store.last_event_seq()
+            if not self._subscriptions:
+                self.position = max(self.position, last_seq)
+                return
         while True:
             page = await self._store.list_events(
                 tenant_id=None, after_seq=self.position, limit=self._page_size
