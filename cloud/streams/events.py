@@ -3,7 +3,8 @@
 `GET /v1/events` streams a tenant's events. Rather than every open stream polling the
 database, `EventHub.run` reads the log once for all of them: at least every
 `poll_interval_s` (commits of other replicas), and at once when this process commits
-(the store's commit listener rings `wake`), at most once per `min_interval_s`.
+(the store's commit listener rings `wake`), at most once per `min_interval_s`. While
+no stream is open it only moves to the end of the log, once per `poll_interval_s`.
 
 A stream subscribes first, then catches up from the store from its `Last-Event-ID`,
 then takes what the hub hands it, skipping what it already sent. Sequence numbers are
@@ -100,8 +101,10 @@ class EventHub:
         self.overflows = 0  # streams that fell behind and re-read from the store
 
     def wake(self) -> None:
-        """Something was committed in this process: read the log now (store listener)."""
-        self._bell.set()
+        """Something was committed in this process: read the log now (store listener).
+        With no stream open, nothing is waiting for it: the hub keeps to its poll."""
+        if self._subscriptions:
+            self._bell.set()
 
     async def start(self) -> None:
         """Begin at the end of the log: streams catch up from the store themselves."""
@@ -125,9 +128,10 @@ class EventHub:
     async def _read_new(self) -> None:
         if not self._subscriptions:
             # No stream to hand anything to: move to the end of the log without reading
-            # it (thousands of submissions a second each append an event). A stream that
-            # subscribes after this reads everything up to here in its own catch-up; one
-            # that subscribed meanwhile gets the log read from where the hub was.
+            # it (thousands of submissions a second each append an event), once per poll.
+            # A stream that subscribes after this reads everything up to here in its own
+            # catch-up; one that subscribed meanwhile gets the log read from where the
+            # hub was (at most a poll interval behind).
             last_seq = await self._store.last_event_seq()
             if not self._subscriptions:
                 self.position = max(self.position, last_seq)
@@ -154,6 +158,7 @@ class EventHub:
         if self.closed:
             subscription._close()
         self._subscriptions.setdefault(tenant_id, set()).add(subscription)
+        self._bell.set()  # the first stream after a quiet spell: read from where the hub is
         try:
             yield subscription
         finally:
