@@ -19,6 +19,7 @@ import asyncio
 import os
 import socket
 import ssl
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,15 +46,15 @@ MessageSink = Callable[[str, bytes | bytearray], None]
 
 
 def _deliver_to(client: aiomqtt.Client, sink: MessageSink) -> None:
-    """Hand every message `client` receives to `sink` at once, from paho's read callback.
+    """Hand every message `client` receives to `sink` at once, from the socket's read.
 
     aiomqtt's `async for message in client.messages` costs a task and an
     `asyncio.wait` per message, and its `Message` (a validated `Topic` each) a few
     microseconds more: together they halve the rate one process can ingest. paho's
-    `on_message` (which aiomqtt sets to fill its queue) is replaced here, so messages
-    go straight from the socket's read to `sink`, which must be fast and must not
-    raise. aiomqtt's queue stays empty: iterating `client.messages` still waits, and
-    still raises when the connection drops.
+    `on_message` (which aiomqtt sets to fill its queue) is replaced here, and the
+    socket is read by `_PacketReads`, which hands QoS 0 messages to `sink` itself; `sink`
+    must be fast and must not raise. aiomqtt's queue stays empty: iterating
+    `client.messages` still waits, and still raises when the connection drops.
     """
 
     def on_message(paho: object, userdata: object, message: mqtt.MQTTMessage) -> None:
@@ -62,16 +63,28 @@ def _deliver_to(client: aiomqtt.Client, sink: MessageSink) -> None:
     # aiomqtt keeps its paho client as `_client` (aiomqtt 2.x); paho's callback setter
     # is its public API.
     client._client.on_message = on_message
-    _BufferedReads.install(client._client)
+    _PacketReads.install(client._client, sink)
 
 
-class _BufferedReads:
-    """paho reads each packet with three or four `recv` calls (its type, its length a
-    byte at a time, its body), and aiomqtt reads one packet per wake-up of the event
-    loop: per message, four system calls and a turn of the loop. This reads the socket
-    in chunks and hands paho its small reads from memory, and reads packets on each
-    wake-up until the socket has no more, at most `MAX_CHUNKS` chunks (then the event
-    loop runs others, and wakes this again: the rest is still in the socket).
+# MQTT 3.1.1 PUBLISH with QoS 0, whatever its DUP and RETAIN flags: `command & mask`.
+_PUBLISH_QOS0_MASK = 0xF6
+_PUBLISH_QOS0 = 0x30
+
+
+class _PacketReads:
+    """Reads the socket in chunks and splits them into MQTT packets itself; a QoS 0
+    PUBLISH (telemetry: nearly all the traffic) goes from the chunk to the sink, and
+    every other packet through paho's own handling, read from memory.
+
+    paho reads each packet with three or four `recv` calls (its type, its length a byte
+    at a time, its body) and then, per message, builds an `MQTTMessage`, logs it, and
+    takes two locks and a topic match to find the callback; aiomqtt reads one packet per
+    wake-up of the event loop. Here one `recv` serves many packets, each wake-up reads
+    until the socket has no more (at most `MAX_CHUNKS` chunks: then the event loop runs
+    others, and wakes this again, the rest still in the socket), and a QoS 0 message
+    costs two slices. QoS 1 and 2 messages (acknowledged by paho), MQTT 5 (properties)
+    and every control packet go to paho's `_packet_read`, whose reads this serves from
+    the packet's bytes: paho's checks and answers are the same as on its own reads.
 
     It replaces two private methods of paho 2.x's client on the instance
     (`_sock_recv`, `loop_read`); `install` leaves a client without them as it is.
@@ -80,49 +93,135 @@ class _BufferedReads:
     CHUNK_BYTES = 64 * 1024
     MAX_CHUNKS = 4
 
-    def __init__(self, paho: mqtt.Client) -> None:
+    def __init__(self, paho: mqtt.Client, sink: MessageSink) -> None:
         self._paho = paho
+        self._sink = sink
         self._recv = paho._sock_recv  # paho's own: TLS and closed-socket handling
-        self._buffer = b""
-        self._offset = 0
-        self._socket: object = None  # the socket the buffer came from
-        self._chunks_left = self.MAX_CHUNKS
+        self._socket: object = None  # the socket `_partial` came from
+        # The start of a packet whose end is still in the socket, in the pieces read,
+        # joined once `_partial_needs` bytes are there (0: its length is not read yet):
+        # a packet of many chunks is copied once, not once per chunk.
+        self._partial: list[bytes] = []
+        self._partial_bytes = 0
+        self._partial_needs = 0
+        self._short_read_drains = True
+        self._packet = b""  # a whole packet paho's `_packet_read` is reading
+        self._packet_offset = 0
 
     @classmethod
-    def install(cls, paho: mqtt.Client) -> None:
-        if not all(hasattr(paho, name) for name in ("_sock_recv", "_packet_read", "_sock")):
+    def install(cls, paho: mqtt.Client, sink: MessageSink) -> None:
+        names = ("_sock_recv", "_packet_read", "_sock", "_protocol", "_msgtime_mutex")
+        if not all(hasattr(paho, name) for name in names):
             return  # another paho: its own reads, slower but right
-        reads = cls(paho)
+        reads = cls(paho, sink)
         paho._sock_recv = reads.recv  # type: ignore[method-assign]
         paho.loop_read = reads.loop_read  # type: ignore[method-assign]
 
     def recv(self, bufsize: int) -> bytes:
-        if self._socket is not self._paho._sock:  # a new connection: nothing of the old
-            self._socket, self._buffer, self._offset = self._paho._sock, b"", 0
-        if self._offset >= len(self._buffer):
-            if self._chunks_left <= 0:
-                raise BlockingIOError  # enough for this wake-up: the rest waits in the socket
-            self._chunks_left -= 1
-            chunk = self._recv(self.CHUNK_BYTES)
-            if not chunk:
-                return chunk  # closed: paho says the connection is lost
-            self._buffer, self._offset = chunk, 0
-        start = self._offset
-        self._offset = min(start + bufsize, len(self._buffer))
-        return self._buffer[start : self._offset]
+        """paho's reads of the packet handed to it (never the socket's)."""
+        start = self._packet_offset
+        if start >= len(self._packet):
+            raise BlockingIOError  # never: paho gets whole packets only
+        self._packet_offset = min(start + bufsize, len(self._packet))
+        return self._packet[start : self._packet_offset]
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
-        """Read packets until the socket has no more for now (paho's reads one)."""
+        """Read and handle packets until the socket has no more for now (paho's reads
+        one)."""
         paho = self._paho
-        self._chunks_left = self.MAX_CHUNKS
-        while True:
+        if self._socket is not paho._sock:  # a new connection: nothing of the old
+            self._socket = paho._sock
+            self._partial, self._partial_bytes, self._partial_needs = [], 0, 0
+            # A TLS read returns one record (16 kB) at most, whatever is waiting.
+            self._short_read_drains = not isinstance(paho._sock, ssl.SSLSocket)
+        for _ in range(self.MAX_CHUNKS):
             if paho._sock is None:
                 return MQTTErrorCode.MQTT_ERR_NO_CONN
-            rc = paho._packet_read()
-            if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
+            try:
+                chunk = self._recv(self.CHUNK_BYTES)
+            except BlockingIOError:
                 return MQTTErrorCode.MQTT_ERR_SUCCESS
-            if rc > 0:
+            except OSError as error:  # ConnectionError when paho's socket is gone
+                paho._easy_log(mqtt.MQTT_LOG_ERR, "failed to receive on socket: %s", error)
+                return paho._loop_rc_handle(MQTTErrorCode.MQTT_ERR_CONN_LOST)
+            if not chunk:
+                return paho._loop_rc_handle(MQTTErrorCode.MQTT_ERR_CONN_LOST)
+            with paho._msgtime_mutex:  # keepalive: the broker is there
+                paho._last_bytes_received = time.monotonic()
+            rc = self._take(chunk)
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 return paho._loop_rc_handle(rc)
+            if len(chunk) < self.CHUNK_BYTES and self._short_read_drains:
+                # Most likely all there was: save the `recv` that would say so. If more
+                # came meanwhile, the event loop wakes this again at once.
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _take(self, chunk: bytes) -> MQTTErrorCode:
+        """Handle the whole packets `chunk` completes or holds; keep the rest."""
+        data = chunk
+        if self._partial:
+            self._partial.append(chunk)
+            self._partial_bytes += len(chunk)
+            if self._partial_bytes < self._partial_needs:
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            data = b"".join(self._partial)
+        rc, used, needs = self._handle_packets(data)
+        if used < len(data):
+            rest = data[used:]
+            self._partial, self._partial_bytes, self._partial_needs = [rest], len(rest), needs
+        else:
+            self._partial, self._partial_bytes, self._partial_needs = [], 0, 0
+        return rc
+
+    def _handle_packets(self, data: bytes) -> tuple[MQTTErrorCode, int, int]:
+        """Handle every whole packet in `data`: (paho's error code, the bytes used, the
+        size of the packet that starts after them if its length is read, else 0)."""
+        sink = self._sink
+        fast = self._paho._protocol != mqtt.MQTTv5  # MQTT 5: properties, paho's to parse
+        end = len(data)
+        position = 0
+        while end - position >= 2:
+            # The remaining length: 1-4 bytes, 7 bits each, least significant first.
+            length, shift, index = 0, 0, position + 1
+            while True:
+                if index >= end:
+                    return MQTTErrorCode.MQTT_ERR_SUCCESS, position, 0  # the rest is to come
+                byte = data[index]
+                index += 1
+                length |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
+                if shift > 21:
+                    return MQTTErrorCode.MQTT_ERR_PROTOCOL, position, 0
+            packet_end = index + length
+            if packet_end > end:  # the rest is to come
+                return MQTTErrorCode.MQTT_ERR_SUCCESS, position, packet_end - position
+            if fast and data[position] & _PUBLISH_QOS0_MASK == _PUBLISH_QOS0 and length >= 2:
+                topic_end = index + 2 + (data[index] << 8 | data[index + 1])
+                if topic_end <= packet_end:
+                    # A topic that is not UTF-8 (a broker refuses it) fails the topic's
+                    # parse downstream, counted there.
+                    topic = data[index + 2 : topic_end].decode("utf-8", "replace")
+                    sink(topic, data[topic_end:packet_end])
+                    position = packet_end
+                    continue
+            rc = self._paho_handles(data[position:packet_end])
+            position = packet_end
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or self._paho._sock is None:
+                return rc, position, 0
+        return MQTTErrorCode.MQTT_ERR_SUCCESS, position, 0
+
+    def _paho_handles(self, packet: bytes) -> MQTTErrorCode:
+        """One whole packet read and handled by paho (a malformed one included: it says
+        what is wrong, and the connection ends)."""
+        self._packet, self._packet_offset = packet, 0
+        try:
+            rc = self._paho._packet_read()
+        finally:
+            self._packet = b""
+        return MQTTErrorCode.MQTT_ERR_SUCCESS if rc == MQTTErrorCode.MQTT_ERR_AGAIN else rc
 
 
 def build_tls_context(settings: MqttSettings) -> ssl.SSLContext:

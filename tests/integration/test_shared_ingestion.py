@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -16,6 +19,7 @@ from pathlib import Path
 import aiomqtt
 import msgspec
 import pytest
+import structlog
 
 from cloud.fleet.digest import TelemetryDigest
 from cloud.fleet.ingest import DIGEST_CHANNEL, Ingestor
@@ -90,12 +94,12 @@ def sample(node_id: str, seq: int, sampled_at: float) -> Telemetry:
     )
 
 
-def samples() -> list[Telemetry]:
+def samples(first_seq: int = 1, last_seq: int = SAMPLES_PER_NODE) -> list[Telemetry]:
     """Every node's samples in the order an agent sends them, spaced by its interval."""
-    start = time.time() - SAMPLES_PER_NODE * INTERVAL_S
+    start = time.time() - last_seq * INTERVAL_S
     return [
         sample(node_id, seq, start + seq * INTERVAL_S)
-        for seq in range(1, SAMPLES_PER_NODE + 1)
+        for seq in range(first_seq, last_seq + 1)
         for node_id in NODES
     ]
 
@@ -146,12 +150,12 @@ async def publish_fleet(url: str, root: str, ingestors: Sequence[Ingestor]) -> l
     return sent
 
 
-def sees_every_last_sample(ingestor: Ingestor) -> bool:
+def sees_every_last_sample(ingestor: Ingestor, last_seq: int = SAMPLES_PER_NODE) -> bool:
     for node_id in NODES:
         record = ingestor.registry.get(node_id)
         if record is None or record.telemetry is None:
             return False
-        if record.telemetry.seq != SAMPLES_PER_NODE:
+        if record.telemetry.seq != last_seq:
             return False
     return True
 
@@ -301,4 +305,186 @@ async def test_usage_is_metered_once_across_replicas(
             reference.observe(telemetry)
 
     assert metered_j(reference) > 0
+    assert metered_j(accountant) == pytest.approx(metered_j(reference), rel=1e-9)
+
+
+# A replica in a process of its own, to be killed: what it has heard, on stdout.
+REPLICA_LINE = "replica-heard"
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def doomed_replica(url: str, root: str, group: str) -> None:
+    """Run one replica until killed, printing `REPLICA_LINE <nodes known> <samples
+    taken>` every 10 ms (its log lines go to stderr)."""
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+    async def main() -> None:
+        ingestor = replica(url, root, group)
+        settings = MqttSettings(url=url, topic_root=root)
+        session = ingestor.session(settings, client_id=f"doomed-{uuid.uuid4().hex}")
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(ingestor.run(session))
+            await asyncio.wait_for(ingestor.subscribed.wait(), 30)
+            while True:
+                taken = ingestor.stats.ingested[Channel.TELEMETRY]
+                print(REPLICA_LINE, len(ingestor.registry), taken, flush=True)
+                await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+
+
+class DoomedReplica:
+    """`doomed_replica` in a child process, and what it last said it heard."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.known_nodes = 0
+        self.taken = 0
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def started(cls, url: str, root: str, group: str) -> AsyncIterator[DoomedReplica]:
+        code = (
+            "from tests.integration.test_shared_ingestion import doomed_replica; "
+            f"doomed_replica({url!r}, {root!r}, {group!r})"
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            cwd=REPOSITORY,
+            env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+            stdout=asyncio.subprocess.PIPE,  # its log lines: stderr, which pytest shows
+        )
+        doomed = cls(process)
+        async with asyncio.TaskGroup() as tasks:
+            reading = tasks.create_task(doomed._read())
+            try:
+                yield doomed
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                await process.wait()
+                await stop_task(reading)
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        async for line in self.process.stdout:
+            words = line.decode(errors="replace").split()
+            if len(words) == 3 and words[0] == REPLICA_LINE:
+                self.known_nodes, self.taken = int(words[1]), int(words[2])
+
+    async def kill(self) -> None:
+        """SIGKILL: no DISCONNECT, no last digest; the broker sees the socket close."""
+        self.process.send_signal(signal.SIGKILL)
+        assert await self.process.wait() == -signal.SIGKILL
+
+
+async def test_a_replica_killed_mid_stream_loses_and_double_counts_nothing(
+    mosquitto_root: tuple[str, str], tmp_path: Path
+) -> None:
+    """Three replicas share telemetry; one (not the leader) is SIGKILLed while the nodes'
+    samples flow. The two left take every later sample between them, both keep every
+    node current, and the leader meters exactly what one process that heard every
+    sample meters: the samples the dead replica took and never digested are covered by
+    the energy counters' difference to the next one, and nothing is counted twice."""
+    url, root = mosquitto_root
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    leader, survivor = replica(url, root, group), replica(url, root, group)
+    survivors = (leader, survivor)
+    endpoint = parse_mqtt_url(url)
+    topics = Topics(root)
+    sent: list[Telemetry] = []
+
+    async def publish(agent: aiomqtt.Client, telemetry: Sequence[Telemetry]) -> None:
+        for one in telemetry:
+            await agent.publish(topics.node(one.node_id, Channel.TELEMETRY), encode(one), qos=1)
+            sent.append(one)
+
+    def taken(ingestor: Ingestor) -> int:
+        return ingestor.stats.ingested[Channel.TELEMETRY]
+
+    async with (
+        metering(tmp_path / "leader", leader.registry) as accountant,
+        DoomedReplica.started(url, root, group) as doomed,
+    ):
+        leader.telemetry_listeners.append(accountant.observe)
+        leader.digest_listeners.append(accountant.observe)  # as cloud/app.py wires it
+        async with (
+            running(url, root, survivors),
+            aiomqtt.Client(endpoint.host, endpoint.port) as agent,
+        ):
+            for node_id in NODES:
+                status = topics.node(node_id, Channel.STATUS)
+                await agent.publish(status, encode(birth(node_id)), qos=1, retain=True)
+            await eventually(
+                lambda: (
+                    all(len(i.registry) == len(NODES) for i in survivors)
+                    and doomed.known_nodes == len(NODES)
+                ),
+                timeout_s=30,  # the child process imports the control plane first
+                message="births reached every replica",
+            )
+            # Samples flow, a round of every node's at a time, while the doomed replica
+            # takes its share; it dies in the middle of the stream, which goes on.
+            killed = asyncio.Event()
+
+            async def stream() -> int:
+                seq, rounds_after_kill = 0, 0
+                while rounds_after_kill < SAMPLES_PER_NODE:
+                    seq += 1
+                    await publish(agent, samples(seq, seq))
+                    rounds_after_kill += killed.is_set()
+                    await asyncio.sleep(INTERVAL_S / 10)
+                return seq
+
+            async with asyncio.TaskGroup() as tasks:
+                streaming = tasks.create_task(stream())
+                await eventually(
+                    lambda: doomed.taken >= len(NODES), message="the doomed replica took no share"
+                )
+                await doomed.kill()
+                killed.set()
+                taken_by_doomed = doomed.taken  # what it had taken when it last said so
+                taken_at_kill = [taken(i) for i in survivors]
+            last_seq = streaming.result()
+
+            # A sample the broker wrote to the dead socket before it saw it close is lost
+            # with it (QoS 0): rounds go on until the latest reached both survivors
+            # (normally the stream's own last round already did).
+            def survivors_current() -> bool:
+                return all(sees_every_last_sample(i, last_seq) for i in survivors)
+
+            for _ in range(20):
+                with contextlib.suppress(AssertionError):
+                    await eventually(survivors_current, timeout_s=3)
+                    break
+                await publish(agent, samples(last_seq + 1, last_seq + 1))
+                last_seq += 1
+            assert survivors_current(), (
+                f"survivors not current at seq {last_seq}: {[i.stats.ingested for i in survivors]}"
+            )
+
+    # Both survivors took a share of the samples after the kill: the broker gave the dead
+    # replica's share to them.
+    for before, ingestor in zip(taken_at_kill, survivors, strict=True):
+        assert taken(ingestor) > before
+    # Each sample to one replica at most: nothing delivered twice.
+    assert taken_by_doomed > 0
+    assert sum(taken(i) for i in survivors) + taken_by_doomed <= len(sent)
+    for ingestor in survivors:
+        assert ingestor.stats.invalid_total == 0
+        assert ingestor.stats.failures == 0
+
+    # The same samples metered by one process that heard every one of them.
+    alone = NodeRegistry()
+    for node_id in NODES:
+        alone.apply_status(birth(node_id))
+    async with metering(tmp_path / "alone", alone) as reference:
+        for telemetry in sent:
+            assert alone.apply_telemetry(telemetry) is None
+            reference.observe(telemetry)
+    assert metered_j(reference) == pytest.approx(
+        len(NODES) * (GPU_POWER_W + CPU_POWER_W) * INTERVAL_S * last_seq, rel=1e-9
+    )
     assert metered_j(accountant) == pytest.approx(metered_j(reference), rel=1e-9)
