@@ -5,11 +5,10 @@ exit statuses."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -17,38 +16,51 @@ from greenfed.data_dir_lock import DataDirInUse
 from shared.errors import MqttAuthError
 from shared.settings import ConfigError, Settings, load_settings, parse_mqtt_url
 
+if TYPE_CHECKING:
+    import argparse
+
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_AUTH: Final = 3  # no token, or a token the API refused
 EXIT_INTERRUPTED: Final = 130  # Ctrl-C, as a shell reports SIGINT
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+LOG_FORMATS: Final = ("auto", "json", "console")
+
+
+def _invalid_value(message: str) -> Exception:
+    """argparse's error for an option's value, argparse imported only then: the agent
+    reads a valid command line without it (greenfed/edge_run.py)."""
+    from argparse import ArgumentTypeError
+
+    return ArgumentTypeError(message)
 
 
 def port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
+        raise _invalid_value(f"{value} is not a TCP port")
     return value
 
 
 def positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+        raise _invalid_value(f"{value} must be > 0")
     return value
 
 
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+        raise _invalid_value(f"{value} must be >= 1")
     return value
 
 
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+        raise _invalid_value(f"{value} must be >= 0")
     return value
 
 
@@ -57,9 +69,9 @@ def percentage(text: str) -> float:
     try:
         value = float(text.removesuffix("%"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage such as 10%") from None
+        raise _invalid_value(f"{text!r} is not a percentage such as 10%") from None
     if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage from 0 to 100")
+        raise _invalid_value(f"{text!r} is not a percentage from 0 to 100")
     return value
 
 
@@ -67,7 +79,7 @@ def mqtt_url(text: str) -> str:
     try:
         parse_mqtt_url(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        raise _invalid_value(str(error)) from None
     return text
 
 
@@ -92,11 +104,11 @@ def size_bytes_argument(text: str) -> int:
     try:
         value = float(number) * _SIZE_UNITS[unit]
     except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(
+        raise _invalid_value(
             f"{text!r} is not a size: a number and B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
         ) from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1 byte")
+        raise _invalid_value(f"{text!r} must be at least 1 byte")
     return int(value)
 
 
@@ -106,9 +118,7 @@ def accelerator_counts_argument(text: str) -> dict[str, int]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         kind, _, count = item.partition("=")
         if kind not in ("gpu", "npu", "cpu") or not count.isdigit():
-            raise argparse.ArgumentTypeError(
-                f"{item!r}: KIND=N with KIND gpu, npu or cpu and N a whole number"
-            )
+            raise _invalid_value(f"{item!r}: KIND=N with KIND gpu, npu or cpu and N a whole number")
         counts[kind] = int(count)
     return counts
 
@@ -128,8 +138,8 @@ def add_settings_options(parser: argparse.ArgumentParser, *, mqtt: bool = True) 
     )
     if mqtt:
         parser.add_argument("--mqtt-url", type=mqtt_url, help="mqtt://host:port or mqtts://...")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", choices=["auto", "json", "console"])
+    parser.add_argument("--log-level", choices=LOG_LEVELS)
+    parser.add_argument("--log-format", choices=LOG_FORMATS)
 
 
 def settings_from_options(

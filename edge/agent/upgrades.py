@@ -17,7 +17,6 @@ Training workers and serving replicas are not touched: they outlive agent restar
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,6 +191,8 @@ class AgentUpgrades(AgentModule):
         if declared.version != upgrade.version:
             raise PackageError(f"the package is version {declared.version}, not {upgrade.version}")
         site = versions.site(upgrade.version)
+        import shutil  # with bz2 and lzma: an agent holds none until it upgrades
+
         shutil.rmtree(site.parent, ignore_errors=True)  # a half-unpacked earlier attempt
         unpack_wheel(package, site)
         versions.start_trial(

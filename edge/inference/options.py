@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,9 @@ class InferenceOptions:
     def resolved_cache_dir(self, node_id: str) -> Path:
         if self.cache_dir is not None:
             return self.cache_dir
+        # tempfile imports shutil, bz2 and lzma: an agent that serves no model holds none.
+        import tempfile
+
         return Path(tempfile.gettempdir()) / f"greenfed-models-{node_id}"
 
     def advertised(self) -> str:

@@ -85,13 +85,19 @@ def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metad
     """What an enrolled agent with nothing to run imports, its desired document verified:
     not cryptography (7 MB: the interpreter's own libcrypto checks Ed25519,
     shared/ed25519.py), nor importlib.metadata (shared/__init__.py reads the version),
-    nor the whole command line."""
+    nor the whole command line, nor argparse, nor paho's `urllib.request`
+    (edge/deferred_imports.py)."""
     if system_libcrypto_checker() is None:
         pytest.skip("no libcrypto with Ed25519 mapped here: cryptography checks instead")
     key = Ed25519PrivateKey.generate()
     document = DesiredState(node_id="n1", generation=1, issued_at=1.0)
     script = (
-        "import greenfed.edge_run, edge.agent, edge.main\n"
+        # As greenfed/edge_run.py runs the agent: its command line, then the stand-ins.
+        "import greenfed.edge_run\n"
+        "assert greenfed.edge_run.parse_plainly(['--config', 'agent.toml']) is not None\n"
+        "from edge.deferred_imports import defer_imports\n"
+        "defer_imports()\n"
+        "import edge.agent, edge.main\n"
         "from shared.desired_signature import load_public_key, verify_desired\n"
         f"key = load_public_key({public_key_base64(key)!r})\n"
         "assert verify_desired(sys.stdin.buffer.read(), key).generation == 1\n"
@@ -101,6 +107,9 @@ def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metad
     assert [name for name in imported if name.split(".")[0] == "cryptography"] == []
     assert "importlib.metadata" not in imported
     assert "greenfed.cli" not in imported  # the agent's command line is greenfed/edge_run.py
+    # Nor what paho's proxy lookup, argparse's help and tempfile bring (issue 28).
+    unused = {"argparse", "http.client", "email.message", "tempfile", "shutil"}
+    assert sorted(unused & set(imported)) == []
 
 
 def test_the_upgrade_supervisor_imports_a_few_standard_modules() -> None:
@@ -139,3 +148,65 @@ def test_the_agents_command_line_is_greenfed_edge_run_as_the_whole_one_reads_it(
         alone = run("-m", "greenfed", "edge", "run", *arguments)
         assert alone == run(*whole, "edge", "run", *arguments)
         assert alone[0] == (0 if arguments == ["--help"] else 2)
+
+
+def test_a_deferred_module_is_imported_on_its_first_use() -> None:
+    """paho-mqtt imports `urllib.request` (http.client, email) for a proxy lookup an agent
+    never makes: its stand-in imports it only when something of it is asked for."""
+    script = (
+        "from edge.deferred_imports import defer_imports\n"
+        "defer_imports(('urllib.request', 'no_such_module_here'))\n"
+        "import paho.mqtt.client, urllib.request\n"
+        "assert 'http.client' not in sys.modules\n"
+        "assert 'no_such_module_here' not in sys.modules\n"
+        "from urllib.request import getproxies\n"
+        "assert 'http.client' in sys.modules\n"
+        "assert sys.modules['urllib.request'] is urllib.request\n"
+        "assert paho.mqtt.client.urllib.request.getproxies is getproxies\n"
+    )
+    imported = modules_imported_by(script)
+    assert "urllib.request" in imported
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        [],
+        ["--config", "agent.toml"],
+        ["--config=agent.toml", "--no-supervisor"],
+        ["--mqtt-url", "mqtts://user:secret@broker:8883", "--log-level", "debug"],
+        ["--log-format", "json", "--telemetry-interval", "2.5", "--config", "a", "--config", "b"],
+    ],
+)
+def test_the_agents_plain_command_line_reads_as_argparse_does(arguments: list[str]) -> None:
+    import argparse
+
+    from greenfed.edge_run import add_edge_run_options, parse_plainly
+
+    parser = argparse.ArgumentParser()
+    add_edge_run_options(parser)
+    assert parse_plainly(arguments) == vars(parser.parse_args(arguments))
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--help"],
+        ["-h"],
+        ["--conf", "agent.toml"],  # argparse's abbreviation
+        ["--config"],
+        ["--config="],
+        ["--config", "--no-supervisor"],
+        ["--no-supervisor=yes"],
+        ["--telemetry-interval", "0"],
+        ["--telemetry-interval", "-1"],
+        ["--mqtt-url", "http://broker"],
+        ["--log-level", "verbose"],
+        ["--", "--config", "agent.toml"],
+        ["stray"],
+    ],
+)
+def test_anything_else_is_left_to_argparse(arguments: list[str]) -> None:
+    from greenfed.edge_run import parse_plainly
+
+    assert parse_plainly(arguments) is None
