@@ -257,9 +257,11 @@ def agent_outcomes(
     """`lost`: node id -> why it counts as lost (`Liveness.lost_nodes`); `now`: UTC epoch
     seconds, from which a failed job's retry backoff runs."""
     out = _Collector()
-    for work_id, record in sorted(records.items()):
-        members = allocations.get(work_id, ())
-        if record.state not in PLACED_STATES or not members:
+    # Only placed work has members to hear from: walk the allocations, not the queue.
+    for work_id in sorted(allocations):
+        members = allocations[work_id]
+        record = records.get(work_id)
+        if record is None or record.state not in PLACED_STATES or not members:
             continue
         if record.kind == "training":
             _training(out, record, members, nodes, lost, now)
