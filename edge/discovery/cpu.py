@@ -1,6 +1,8 @@
 """The host CPU as an accelerator, and the host facts every node reports.
 
-Sources: psutil (cores, RAM, CPU times, temperature sensors), /proc/cpuinfo
+Sources: on Linux /proc/stat (CPU times), /proc/meminfo (RAM), the hwmon and thermal
+sysfs trees (temperature), as psutil reads them, without holding psutil (0.9 MB in an
+agent that runs for months; psutil reads them where there is no /proc); /proc/cpuinfo
 (model, vendor, ISA flags) and the Linux powercap RAPL counters (energy).
 """
 
@@ -15,7 +17,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import structlog
 
 from edge.discovery.onnx_providers import providers_for
@@ -71,6 +72,11 @@ _CPU_SENSOR_CHIPS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-ther
 _PACKAGE_SENSOR_LABELS = ("Package id 0", "Tdie", "Tctl")
 
 _RAPL_PACKAGE_ZONE = re.compile(r"^intel-rapl:\d+$")
+
+PROC_STAT = Path("/proc/stat")
+PROC_MEMINFO = Path("/proc/meminfo")
+HWMON_DIR = Path("/sys/class/hwmon")
+THERMAL_DIR = Path("/sys/class/thermal")
 
 
 def _parse_int(text: str | None) -> int | None:
@@ -147,14 +153,32 @@ def read_cpu_identity(cpuinfo_path: Path) -> CpuIdentity:
 
 
 def logical_core_count() -> int:
-    count = psutil.cpu_count(logical=True) or os.cpu_count() or 0
-    return int(count)
+    # psutil's logical count on Linux is this same sysconf(_SC_NPROCESSORS_ONLN).
+    return os.cpu_count() or 0
 
 
-def read_cpu_busy_and_total_s() -> tuple[float, float]:
+def read_cpu_busy_and_total_s(proc_stat: Path = PROC_STAT) -> tuple[float, float]:
     """Cumulative (busy, total) CPU seconds over all cores, as psutil.cpu_percent counts them."""
-    times = psutil.cpu_times()
+    try:
+        with proc_stat.open("rb") as stat:  # the first line: the rest is per core and more
+            first_line = stat.readline()
+    except OSError:  # no /proc: not Linux
+        return _psutil_cpu_busy_and_total_s()
+    # cpu  user nice system idle iowait irq softirq steal guest guest_nice (clock ticks;
+    # older kernels print fewer).
+    ticks = [int(field) for field in first_line.split()[1:]]
+    ticks += [0] * (10 - len(ticks))
+    idle, iowait, guest, guest_nice = ticks[3], ticks[4], ticks[8], ticks[9]
     # guest time is already inside user/nice on Linux; iowait is idle time.
+    total = sum(ticks) - guest - guest_nice
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    return (total - idle - iowait) / ticks_per_s, total / ticks_per_s
+
+
+def _psutil_cpu_busy_and_total_s() -> tuple[float, float]:
+    import psutil
+
+    times = psutil.cpu_times()
     total_s = float(sum(times)) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
     idle_s = float(times.idle) + getattr(times, "iowait", 0.0)
     return total_s - idle_s, total_s
@@ -188,21 +212,83 @@ class CpuUtilizationMeter:
         return min(100.0, max(0.0, 100.0 * busy_delta_s / total_delta_s))
 
 
-def read_memory_used_and_total_bytes() -> tuple[int, int]:
-    memory = psutil.virtual_memory()
-    # total - available, not psutil's `used`: page cache is reclaimable and a
-    # scheduler asking "how much can a model still get" wants what is really taken.
-    total_bytes = int(memory.total)
-    return max(0, total_bytes - int(memory.available)), total_bytes
+def read_memory_used_and_total_bytes(proc_meminfo: Path = PROC_MEMINFO) -> tuple[int, int]:
+    """(used, total) bytes: total - available, not psutil's `used`: page cache is
+    reclaimable and a scheduler asking "how much can a model still get" wants what is
+    really taken."""
+    try:
+        meminfo = proc_meminfo.read_text()
+    except OSError:  # no /proc: not Linux
+        meminfo = ""
+    kib: dict[str, int] = {}
+    for line in meminfo.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("MemTotal", "MemAvailable"):
+            kib[name] = int(value.split()[0])
+    if len(kib) == 2:
+        total_bytes, available_bytes = kib["MemTotal"] * 1024, kib["MemAvailable"] * 1024
+    else:  # not Linux, or a kernel older than 3.14 (psutil estimates what is available)
+        import psutil
+
+        memory = psutil.virtual_memory()
+        total_bytes, available_bytes = int(memory.total), int(memory.available)
+    return max(0, total_bytes - available_bytes), total_bytes
 
 
-def read_cpu_temperature_c() -> float | None:
-    """The CPU package temperature, or None where psutil has no matching sensor."""
+def read_temperatures_c(
+    hwmon_dir: Path = HWMON_DIR, thermal_dir: Path = THERMAL_DIR
+) -> dict[str, list[tuple[str, float]]]:
+    """Chip name -> its (label, °C) readings, as psutil.sensors_temperatures finds them on
+    Linux: every hwmon `temp*_input`, else (no hwmon reading at all) every thermal zone,
+    named by its type, without labels."""
+    if not hwmon_dir.is_dir() and not thermal_dir.is_dir():  # not Linux
+        return _psutil_temperatures_c()
+    readings: dict[str, list[tuple[str, float]]] = {}
+    inputs = sorted(
+        {*hwmon_dir.glob("hwmon*/temp*_input"), *hwmon_dir.glob("hwmon*/device/temp*_input")}
+    )
+    for input_path in inputs:
+        base = str(input_path).removesuffix("_input")
+        try:
+            current_c = float(input_path.read_text()) / 1000
+            chip = (input_path.parent / "name").read_text().strip()
+        except (OSError, ValueError):  # a sensor that cannot be read now
+            continue
+        try:
+            label = Path(base + "_label").read_text().strip()
+        except OSError:
+            label = ""
+        readings.setdefault(chip, []).append((label, current_c))
+    if inputs:
+        return readings
+    for zone in sorted(thermal_dir.glob("thermal_zone*")):
+        try:
+            current_c = float((zone / "temp").read_text()) / 1000
+            chip = (zone / "type").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        readings.setdefault(chip, []).append(("", current_c))
+    return readings
+
+
+def _psutil_temperatures_c() -> dict[str, list[tuple[str, float]]]:
+    import psutil
+
     sensors_temperatures = getattr(psutil, "sensors_temperatures", None)
     if sensors_temperatures is None:  # not offered on macOS/Windows
-        return None
+        return {}
+    return {
+        chip: [(entry.label, float(entry.current)) for entry in entries]
+        for chip, entries in sensors_temperatures().items()
+    }
+
+
+def read_cpu_temperature_c(
+    read_temperatures: Callable[[], dict[str, list[tuple[str, float]]]] = read_temperatures_c,
+) -> float | None:
+    """The CPU package temperature, or None where no chip of the CPU's reads one."""
     try:
-        readings = sensors_temperatures()
+        readings = read_temperatures()
     except OSError as error:
         log.debug("temperature sensors unreadable", error=repr(error))
         return None
@@ -210,11 +296,11 @@ def read_cpu_temperature_c() -> float | None:
         entries = readings.get(chip)
         if not entries:
             continue
-        by_label = {entry.label: entry.current for entry in entries}
+        by_label = dict(entries)
         for label in _PACKAGE_SENSOR_LABELS:
             if label in by_label:
-                return float(by_label[label])
-        return float(max(entry.current for entry in entries))
+                return by_label[label]
+        return max(current_c for _, current_c in entries)
     return None
 
 
@@ -375,7 +461,7 @@ class CpuProbe:
         ]
 
     def close(self) -> None:
-        """Nothing to release: psutil and sysfs hold no handles between calls."""
+        """Nothing to release: /proc and sysfs hold no handles between calls."""
 
 
 class LocalHostProbe:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import msgspec
 import psutil
@@ -353,40 +353,123 @@ def test_unreadable_rapl_means_no_energy(tmp_path: Path) -> None:
 # ---- temperature ----------------------------------------------------------------
 
 
-def _sensor(label: str, current: float) -> SimpleNamespace:
-    return SimpleNamespace(label=label, current=current, high=None, critical=None)
+def test_temperature_prefers_the_package_reading() -> None:
+    readings = {
+        "nvme": [("Composite", 70.0)],
+        "coretemp": [("Core 0", 60.0), ("Package id 0", 55.0)],
+    }
+    assert cpu_module.read_cpu_temperature_c(lambda: readings) == 55.0
 
 
-def test_temperature_prefers_the_package_reading(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        psutil,
-        "sensors_temperatures",
-        lambda: {
-            "nvme": [_sensor("Composite", 70.0)],
-            "coretemp": [_sensor("Core 0", 60.0), _sensor("Package id 0", 55.0)],
-        },
-    )
-
-    assert cpu_module.read_cpu_temperature_c() == 55.0
+def test_temperature_of_a_chip_without_package_label_is_its_hottest() -> None:
+    readings = {"cpu_thermal": [("", 48.5), ("", 51.0)]}
+    assert cpu_module.read_cpu_temperature_c(lambda: readings) == 51.0
 
 
-def test_temperature_of_a_chip_without_package_label_is_its_hottest(
-    monkeypatch: pytest.MonkeyPatch,
+def test_no_cpu_sensor_means_no_temperature() -> None:
+    assert cpu_module.read_cpu_temperature_c(lambda: {"nvme": [("Composite", 40.0)]}) is None
+    assert cpu_module.read_cpu_temperature_c(lambda: {}) is None
+
+
+def _hwmon_chip(
+    hwmon_dir: Path, index: int, name: str, readings: dict[int, tuple[str | None, str]]
 ) -> None:
-    monkeypatch.setattr(
-        psutil,
-        "sensors_temperatures",
-        lambda: {"cpu_thermal": [_sensor("", 48.5), _sensor("", 51.0)]},
+    chip = hwmon_dir / f"hwmon{index}"
+    chip.mkdir(parents=True)
+    (chip / "name").write_text(f"{name}\n")
+    for number, (label, millidegrees) in readings.items():
+        (chip / f"temp{number}_input").write_text(f"{millidegrees}\n")
+        if label is not None:
+            (chip / f"temp{number}_label").write_text(f"{label}\n")
+
+
+def test_temperatures_are_read_from_hwmon_as_psutil_reads_them(tmp_path: Path) -> None:
+    hwmon, thermal = tmp_path / "hwmon", tmp_path / "thermal"
+    _hwmon_chip(hwmon, 0, "nvme", {1: ("Composite", "40850")})
+    _hwmon_chip(hwmon, 1, "coretemp", {1: ("Package id 0", "55000"), 2: ("Core 0", "60000")})
+    _hwmon_chip(hwmon, 2, "acpitz", {1: (None, "27800"), 2: (None, "not a number")})
+    zone = thermal / "thermal_zone0"  # read only where hwmon has no reading at all
+    zone.mkdir(parents=True)
+    (zone / "type").write_text("x86_pkg_temp\n")
+    (zone / "temp").write_text("50000\n")
+
+    readings = cpu_module.read_temperatures_c(hwmon, thermal)
+
+    assert readings == {
+        "nvme": [("Composite", 40.85)],
+        "coretemp": [("Package id 0", 55.0), ("Core 0", 60.0)],
+        "acpitz": [("", 27.8)],
+    }
+    assert cpu_module.read_cpu_temperature_c(lambda: readings) == 55.0
+
+
+def test_without_hwmon_readings_thermal_zones_are_read(tmp_path: Path) -> None:
+    thermal = tmp_path / "thermal"
+    for index, (kind, millidegrees) in enumerate(
+        [("cpu-thermal", "51540"), ("gpu-thermal", "49000")]
+    ):
+        zone = thermal / f"thermal_zone{index}"
+        zone.mkdir(parents=True)
+        (zone / "type").write_text(f"{kind}\n")
+        (zone / "temp").write_text(f"{millidegrees}\n")
+
+    readings = cpu_module.read_temperatures_c(tmp_path / "hwmon", thermal)
+
+    assert readings == {"cpu-thermal": [("", 51.54)], "gpu-thermal": [("", 49.0)]}
+    assert cpu_module.read_cpu_temperature_c(lambda: readings) == 51.54
+
+
+def test_this_machines_temperatures_are_psutils() -> None:
+    expected = {
+        chip: [(entry.label, entry.current) for entry in entries]
+        for chip, entries in psutil.sensors_temperatures().items()
+    }
+    assert cpu_module.read_temperatures_c() == pytest.approx(expected)
+
+
+# ---- /proc --------------------------------------------------------------------
+
+
+def test_cpu_times_are_read_from_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 20 30 400 50 6 7 8 9 10\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1 2\n")
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+
+    busy_s, total_s = cpu_module.read_cpu_busy_and_total_s(stat)
+
+    # guest and guest_nice are inside user and nice already; idle and iowait are not busy.
+    assert total_s == pytest.approx((640 - 9 - 10) / ticks_per_s)
+    assert busy_s == pytest.approx((640 - 9 - 10 - 400 - 50) / ticks_per_s)
+    stat.write_text("cpu  100 20 30 400\n")  # a kernel from before iowait
+    assert cpu_module.read_cpu_busy_and_total_s(stat) == pytest.approx(
+        (150 / ticks_per_s, 550 / ticks_per_s)
     )
 
-    assert cpu_module.read_cpu_temperature_c() == 51.0
+
+def test_this_machines_cpu_times_are_psutils() -> None:
+    ours = cpu_module.read_cpu_busy_and_total_s()
+    theirs = cpu_module._psutil_cpu_busy_and_total_s()
+    assert ours == pytest.approx(theirs, abs=0.5)  # a few ticks apart at most
 
 
-def test_no_cpu_sensor_means_no_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        psutil, "sensors_temperatures", lambda: {"nvme": [_sensor("Composite", 40.0)]}
+def test_memory_is_read_from_proc_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(
+        "MemTotal:       16000000 kB\nMemFree:         1000000 kB\n"
+        "MemAvailable:    6000000 kB\nBuffers:          200000 kB\n"
     )
-    assert cpu_module.read_cpu_temperature_c() is None
+    assert cpu_module.read_memory_used_and_total_bytes(meminfo) == (
+        10_000_000 * 1024,
+        16_000_000 * 1024,
+    )
+    # Without MemAvailable (Linux before 3.14), psutil estimates it.
+    meminfo.write_text("MemTotal:       16000000 kB\n")
+    _, total_bytes = cpu_module.read_memory_used_and_total_bytes(meminfo)
+    assert total_bytes == psutil.virtual_memory().total
 
-    monkeypatch.delattr(psutil, "sensors_temperatures")
-    assert cpu_module.read_cpu_temperature_c() is None
+
+def test_this_machines_memory_total_is_psutils() -> None:
+    used_bytes, total_bytes = cpu_module.read_memory_used_and_total_bytes()
+    assert total_bytes == psutil.virtual_memory().total
+    assert 0 < used_bytes <= total_bytes

@@ -86,7 +86,7 @@ def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metad
     not cryptography (7 MB: the interpreter's own libcrypto checks Ed25519,
     shared/ed25519.py), nor importlib.metadata (shared/__init__.py reads the version),
     nor the whole command line, nor argparse, nor paho's `urllib.request`
-    (edge/deferred_imports.py)."""
+    (edge/deferred_imports.py), nor psutil (/proc is read)."""
     if system_libcrypto_checker() is None:
         pytest.skip("no libcrypto with Ed25519 mapped here: cryptography checks instead")
     key = Ed25519PrivateKey.generate()
@@ -108,7 +108,7 @@ def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metad
     assert "importlib.metadata" not in imported
     assert "greenfed.cli" not in imported  # the agent's command line is greenfed/edge_run.py
     # Nor what paho's proxy lookup, argparse's help and tempfile bring (issue 28).
-    unused = {"argparse", "http.client", "email.message", "tempfile", "shutil"}
+    unused = {"argparse", "http.client", "email.message", "tempfile", "shutil", "psutil"}
     assert sorted(unused & set(imported)) == []
 
 
