@@ -169,13 +169,15 @@ def build_inputs(
         for tenant in (tenant_from_record(record) for record in store.tenants)
         if tenant is not None
     ]
+    views = node_views or NodeViews()
     snapshot = Snapshot.build(
         now=now,
-        nodes=(node_views or NodeViews()).of(nodes.values()),
+        nodes=views.of(nodes.values()),
         allocations=running,
         queue=queue,
         tenants=tenants,
         running_limits=running_limits(store.tenants),
+        tables=views.tables,
     )
     return PassInputs(
         snapshot=snapshot,

@@ -25,15 +25,17 @@ the defaults below, deliberately middle-of-the-road figures.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cloud.fleet.envelope import runs_training
 from cloud.fleet.node_overlay import effective_labels, effective_taints
 from cloud.fleet.registry import NodeRecord
-from cloud.scheduler import AcceleratorPool, Node, Taint
-from shared.messages import Accelerator, AcceleratorKind, common_providers
+from cloud.scheduler import AcceleratorPool, Node, NodeTableCache, Taint
+from shared.messages import Accelerator, AcceleratorKind, Telemetry, common_providers
 
 # Relative speed (A100 = 1.0) when a device reports none.
 DEFAULT_RELATIVE_SPEED: Mapping[AcceleratorKind, float] = MappingProxyType(
@@ -90,7 +92,6 @@ def _pool(
         cores = sum(max(1, a.compute_units) for a in accelerators)
         idle_w, max_w = idle_w * count / cores, max_w * count / cores
         count = cores
-    measured = [utilisation[a.id] for a in accelerators if a.id in utilisation]
     return AcceleratorPool(
         kind=kind,
         count=count,
@@ -100,8 +101,52 @@ def _pool(
         idle_power_w=idle_w,
         max_power_w=max_w,
         onnx_providers=common_providers(accelerators),
-        utilisation=min(1.0, max(0.0, sum(measured) / len(measured))) if measured else 0.0,
+        utilisation=_pool_utilisation([a.id for a in accelerators], utilisation),
     )
+
+
+def _pool_utilisation(device_ids: Sequence[str], utilisation: Mapping[str, float]) -> float:
+    """The mean measured utilisation of a pool's devices (0 when none was measured)."""
+    measured = [utilisation[device_id] for device_id in device_ids if device_id in utilisation]
+    return min(1.0, max(0.0, sum(measured) / len(measured))) if measured else 0.0
+
+
+def _sampled(record: NodeRecord) -> dict[str, float]:
+    """Each device's utilisation in the latest sample, as a share."""
+    # The wire reports percent; inside the cloud utilisation is a share, 0..1.
+    return (
+        {sample.id: sample.utilization_pct / 100.0 for sample in record.telemetry.accelerators}
+        if record.telemetry is not None
+        else {}
+    )
+
+
+def _pool_devices(record: NodeRecord, node: Node) -> tuple[tuple[str, ...], ...]:
+    """The ids of the devices in each of `node`'s pools (made by `scheduler_node` from
+    `record`), in pool order: as `scheduler_node` groups them."""
+    return tuple(
+        tuple(
+            a.id
+            for a in record.believed_accelerators
+            if a.healthy and a.kind == pool.kind and (a.kind == "cpu" or a.model == pool.model)
+        )
+        for pool in node.pools
+    )
+
+
+def _with_utilisation(
+    node: Node, pool_devices: tuple[tuple[str, ...], ...], utilisation: Mapping[str, float]
+) -> Node:
+    """`node` with its pools' utilisation as sampled now: what `scheduler_node` makes of a
+    record whose new sample is all that changed, for a fraction of the cost."""
+    pools = tuple(
+        pool if (share := _pool_utilisation(ids, utilisation)) == pool.utilisation
+        else dataclasses.replace(pool, utilisation=share)
+        for pool, ids in zip(node.pools, pool_devices, strict=True)
+    )  # fmt: skip
+    if all(new is old for new, old in zip(pools, node.pools, strict=True)):
+        return node
+    return dataclasses.replace(node, pools=pools)
 
 
 def _valid_timezone(name: str | None) -> str | None:
@@ -117,12 +162,7 @@ def _valid_timezone(name: str | None) -> str | None:
 
 def scheduler_node(record: NodeRecord) -> Node:
     status = record.status
-    # The wire reports percent; inside the cloud utilisation is a share, 0..1.
-    utilisation = (
-        {sample.id: sample.utilization_pct / 100.0 for sample in record.telemetry.accelerators}
-        if record.telemetry is not None
-        else {}
-    )
+    utilisation = _sampled(record)
     by_pool: dict[tuple[AcceleratorKind, str], list[Accelerator]] = {}
     # Speed and power as the control plane takes them, not as the node says.
     for accelerator in record.believed_accelerators:
@@ -174,33 +214,46 @@ class NodeViews:
     a pass over ten thousand nodes spent most of its time remaking nodes of which only
     a sample's timestamp had moved. Records are compared by what `scheduler_node` reads
     (the objects a change replaces, and the utilisation sampled); nodes gone from the
-    registry are dropped."""
+    registry are dropped. `tables` keeps the scheduler's columns of these nodes from one
+    snapshot to the next (`Snapshot.build(tables=...)`)."""
 
     def __init__(self) -> None:
-        self._views: dict[str, tuple[tuple[object, ...], Node]] = {}
+        self._views: dict[str, _View] = {}
+        self.tables = NodeTableCache()
 
     def of(self, records: Iterable[NodeRecord]) -> list[Node]:
-        views: dict[str, tuple[tuple[object, ...], Node]] = {}
+        views: dict[str, _View] = {}
         for record in records:
-            key = _view_key(record)
             kept = self._views.get(record.node_id)
-            # Tuples compare their items by identity first: unchanged records cost that.
-            view = kept if kept is not None and kept[0] == key else (key, scheduler_node(record))
+            key = _view_key(record)
+            if kept is None or kept.key != key:
+                node = scheduler_node(record)
+                view = _View(key, record.telemetry, node, _pool_devices(record, node))
+            elif kept.telemetry is record.telemetry:
+                view = kept  # the same sample: nothing it reads can have moved
+            else:
+                # Only a new sample: the pools' utilisation is all that may have moved.
+                node = _with_utilisation(kept.node, kept.pool_devices, _sampled(record))
+                view = _View(key, record.telemetry, node, kept.pool_devices)
             views[record.node_id] = view
         self._views = views
-        return [node for _, node in views.values()]
+        return [view.node for view in views.values()]
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    key: tuple[object, ...]  # what scheduler_node reads apart from telemetry
+    telemetry: Telemetry | None  # the sample it was made from (compared by identity)
+    node: Node
+    pool_devices: tuple[tuple[str, ...], ...]  # the device ids of each of node.pools
 
 
 def _view_key(record: NodeRecord) -> tuple[object, ...]:
-    telemetry = record.telemetry
-    utilisation = (
-        tuple((s.id, s.utilization_pct) for s in telemetry.accelerators) if telemetry else ()
-    )
+    # Tuples compare their items by identity first: unchanged records cost that.
     return (
         record.status,
         record.state,
         record.admin,
         record.awaiting_approval,
         record.believed_accelerators,
-        utilisation,
     )

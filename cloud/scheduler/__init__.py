@@ -65,7 +65,7 @@ from .plan import (
 )
 from .policy import DEFAULT_POLICY, Policy
 from .quota import QuotaState
-from .snapshot import AcceleratorPool, Node, Snapshot
+from .snapshot import AcceleratorPool, Node, NodeTableCache, Snapshot
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -80,6 +80,7 @@ __all__ = [
     "LabelRequirement",
     "LatencyEstimator",
     "Node",
+    "NodeTableCache",
     "Pending",
     "PendingCode",
     "Placement",

@@ -21,7 +21,15 @@ from typing import TypeVar
 import numpy as np
 
 from .arrays import CodeArray, FloatArray, IntArray, read_only
-from .filters import FILTERS, PASS, StaticResult, static_filters, untolerated_mask
+from .filters import (
+    FILTERS,
+    PASS,
+    FilterName,
+    StaticResult,
+    count_rejections,
+    static_filters,
+    untolerated_mask,
+)
 from .policy import Policy
 from .scoring import (
     packing_and_load,
@@ -176,6 +184,9 @@ class CandidateCache:
         self._static_part: dict[Hashable, tuple[FloatArray, float]] = {}
         self._traffic: dict[Hashable, FloatArray] = {}
         self._runtime: dict[Hashable, FloatArray] = {}
+        # Per static codes array (by identity, kept alive here): the rejection counts
+        # and fitting nodes of work no node statically admits.
+        self._static_verdicts: dict[Hashable, tuple[CodeArray, dict[FilterName, int], int]] = {}
 
     def shape_id(self, shape: WorkShape) -> int:
         """A small int for the shape's static key: hashed once per job, not per lookup."""
@@ -242,6 +253,21 @@ class CandidateCache:
             found = read_only(furthest)
             _remember(self._static_codes, cands[0].shape_id, found)
         return found
+
+    def static_verdict(self, static_furthest: CodeArray) -> tuple[dict[FilterName, int], int]:
+        """``count_rejections`` and the fitting nodes of ``node_codes`` for work that no
+        node passes the static filters for: its codes are then the static ones alone,
+        the same for every job of its shape whatever the cluster's state. A queue of
+        thousands of such jobs (asking for a label no node has) is judged once per shape,
+        not once per job against every node."""
+        found = self._static_verdicts.get(id(static_furthest))
+        if found is None or found[0] is not static_furthest:
+            # node_codes without a statically feasible node: the static codes alone.
+            beyond = len(FILTERS) + 1
+            codes = np.where(static_furthest == beyond, PASS, static_furthest).astype(np.int8)
+            found = (static_furthest, count_rejections(codes), int(np.count_nonzero(codes == PASS)))
+            _remember(self._static_verdicts, id(static_furthest), found)
+        return dict(found[1]), found[2]
 
     def runtime(self, shape: WorkShape, cand: KindCandidates) -> FloatArray:
         """Estimated run time of one member on each candidate (inf: long-running)."""

@@ -481,14 +481,14 @@ class Scheduler:
         work = shape.work
         state = self.state
         statics = [c.static for c in job.candidates]
-        codes = node_codes(
-            state,
-            shape,
-            self.cache.static_codes(shape, job.candidates),
-            [(o.cand.static, o.runtime_s) for o in job.options],
-        )
-        counts = count_rejections(codes)
-        fitting = int(np.count_nonzero(codes == PASS))
+        static_codes = self.cache.static_codes(shape, job.candidates)
+        options = [(o.cand.static, o.runtime_s) for o in job.options]
+        if any(static.nodes.size for static, _ in options):
+            codes = node_codes(state, shape, static_codes, options)
+            counts = count_rejections(codes)
+            fitting = int(np.count_nonzero(codes == PASS))
+        else:
+            counts, fitting = self.cache.static_verdict(static_codes)
         total = state.snapshot.node_count
         summary = explain.summarise(counts, total, fitting, shape)
         missing = shape.members - (members_fit if placed else 0)

@@ -7,6 +7,7 @@ reservation, retry time) are built by the core; this module only words them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final, Literal
 
 from shared.clock import utc_from_epoch
@@ -35,19 +36,14 @@ def _kinds(shape: WorkShape) -> str:
     return "/".join(KINDS[k].upper() for k in shape.kind_codes)
 
 
-def filter_label(name: FilterName, shape: WorkShape) -> str:
-    kinds = _kinds(shape)
-    work = shape.work
-    labels: dict[FilterName, str] = {
+# Labels that do not depend on the work; the others are made by `filter_label`.
+_FIXED_LABELS: Final[Mapping[FilterName, str]] = MappingProxyType(
+    {
         "health": "not ready",
         "approval": "awaiting approval",
-        "site": "not " + "/".join(work.sites),
         "training": "runs no training",
-        "isolation": _isolation_label(shape),
         "runtime": "no container runtime",
         "sealing": "cannot receive sealed secrets",
-        "kind": f"no {kinds}",
-        "count": f"fewer than {shape.accelerators} {kinds}",
         "model": "wrong accelerator model",
         "memory": "too little accelerator memory",
         "provider": "no accepted ONNX provider",
@@ -59,12 +55,30 @@ def filter_label(name: FilterName, shape: WorkShape) -> str:
         "latency-slo": "over latency SLO",
         "anti-affinity": "anti-affinity conflict",
         "replica-limit": "already hold a replica",
-        "busy": f"{kinds} busy",
         "host-memory": "host memory full",
-        "cpus": f"fewer than {shape.cpu_cores} CPU cores free",
         "reserved": "reserved for an earlier job",
     }
-    return labels[name]
+)
+
+
+def filter_label(name: FilterName, shape: WorkShape) -> str:
+    # Every pending job's summary asks for a few labels: only those are made.
+    fixed = _FIXED_LABELS.get(name)
+    if fixed is not None:
+        return fixed
+    if name == "site":
+        return "not " + "/".join(shape.work.sites)
+    if name == "isolation":
+        return _isolation_label(shape)
+    if name == "kind":
+        return f"no {_kinds(shape)}"
+    if name == "count":
+        return f"fewer than {shape.accelerators} {_kinds(shape)}"
+    if name == "busy":
+        return f"{_kinds(shape)} busy"
+    if name == "cpus":
+        return f"fewer than {shape.cpu_cores} CPU cores free"
+    raise KeyError(name)
 
 
 def _isolation_label(shape: WorkShape) -> str:

@@ -13,6 +13,7 @@ column index is the kind index.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -217,11 +218,14 @@ class Snapshot:
         queue: Sequence[Work] = (),
         tenants: Sequence[Tenant] = (),
         running_limits: Mapping[str, int] | None = None,
+        tables: NodeTableCache | None = None,
     ) -> Snapshot:
         """Canonicalise (sort by id) and columnise the inputs.
 
         Input order never matters: two callers listing the same things in a different
-        order get equal snapshots, and so equal plans.
+        order get equal snapshots, and so equal plans. ``tables``: the node columns of
+        the caller's previous snapshot, patched instead of built again where only
+        nodes' utilisation moved (the same table either way).
         """
         ordered_nodes = sorted(nodes, key=lambda n: n.node_id)
         ordered_allocations = tuple(sorted(allocations, key=lambda a: a.allocation_id))
@@ -229,7 +233,10 @@ class Snapshot:
         _require_unique("node", [n.node_id for n in ordered_nodes])
         _require_unique("allocation", [a.allocation_id for a in ordered_allocations])
         _require_unique("queued work", [w.work_id for w in ordered_queue])
-        table = _build_table(ordered_nodes, ordered_allocations, now)
+        if tables is None:
+            table = _build_table(ordered_nodes, ordered_allocations, now)
+        else:
+            table = _with_usage(tables.table(ordered_nodes, now), ordered_allocations)
         return cls(
             now=float(now),
             nodes=table,
@@ -302,13 +309,6 @@ def _require_unique(what: str, ids: Sequence[str]) -> None:
             raise ValueError(f"duplicate {what} id {current!r}")
 
 
-def _utc_offset_s(node: Node, now: float) -> int:
-    if node.timezone is None:
-        return node.utc_offset_minutes * 60
-    offset = utc_from_epoch(now).astimezone(zone(node.timezone)).utcoffset()
-    return int(offset.total_seconds()) if offset is not None else 0
-
-
 def _codes(values: Sequence[str]) -> tuple[IntArray, tuple[str, ...]]:
     vocabulary = tuple(sorted(set(values)))
     lookup = {value: i for i, value in enumerate(vocabulary)}
@@ -335,6 +335,38 @@ def _usage(table: NodeTable, allocations: Sequence[Allocation]) -> tuple[IntArra
 
 
 def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: float) -> NodeTable:
+    return _with_usage(_node_columns(nodes, now), allocations)
+
+
+def _with_usage(table: NodeTable, allocations: Sequence[Allocation]) -> NodeTable:
+    """``table`` (its free capacity equal to its capacity) with ``allocations`` running."""
+    used, host_used = _usage(table, allocations)
+    return dataclasses.replace(
+        table,
+        host_memory_free=read_only(table.host_memory_total - host_used),
+        kinds=tuple(
+            dataclasses.replace(columns, free=read_only(columns.capacity - used[c]))
+            for c, columns in enumerate(table.kinds)
+        ),
+    )
+
+
+def _utc_offsets_s(
+    timezone_code: IntArray, timezones: Sequence[str], fixed_offset_s: IntArray, now: float
+) -> IntArray:
+    """Each node's UTC offset at ``now``: its timezone's, looked up once per timezone
+    (a fleet has a handful of them and thousands of nodes), else its fixed offset."""
+    instant = utc_from_epoch(now)
+    by_timezone = np.zeros(len(timezones) + 1, dtype=np.int64)  # the last: no timezone
+    for code, name in enumerate(timezones):
+        offset = instant.astimezone(zone(name)).utcoffset()
+        by_timezone[code] = int(offset.total_seconds()) if offset is not None else 0
+    offsets: IntArray = np.where(timezone_code >= 0, by_timezone[timezone_code], fixed_offset_s)
+    return offsets
+
+
+def _node_columns(nodes: Sequence[Node], now: float) -> NodeTable:
+    """The columns of ``nodes`` (sorted by id), with nothing running yet."""
     n = len(nodes)
     index = {node.node_id: i for i, node in enumerate(nodes)}
     zone_code, zones = _codes([node.zone for node in nodes])
@@ -372,13 +404,14 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         [timezone_lookup[n.timezone] if n.timezone is not None else -1 for n in nodes],
         dtype=np.int64,
     )
+    fixed_offset_s = np.array([node.utc_offset_minutes * 60 for node in nodes], dtype=np.int64)
     slots = [(kind, 0) for kind in KINDS] + [
         (kind, slot)
         for kind in KINDS
         for slot in range(1, max((len(node.kind_pools(kind)) for node in nodes), default=0))
     ]
     column_kinds = tuple(KIND_INDEX[kind] for kind, _ in slots)
-    table = NodeTable(
+    return NodeTable(
         node_ids=tuple(node.node_id for node in nodes),
         index=MappingProxyType(index),
         site_code=read_only(np.array([SITE_INDEX[node.site] for node in nodes], dtype=np.int64)),
@@ -402,9 +435,7 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
         taints=taints,
         healthy=read_only(np.array([node.healthy for node in nodes], dtype=np.bool_)),
         approved=read_only(np.array([node.approved for node in nodes], dtype=np.bool_)),
-        utc_offset_s=read_only(
-            np.array([_utc_offset_s(node, now) for node in nodes], dtype=np.int64)
-        ),
+        utc_offset_s=read_only(_utc_offsets_s(timezone_code, timezones, fixed_offset_s, now)),
         timezone_code=read_only(timezone_code),
         timezones=timezones,
         host_memory_total=read_only(host_total),
@@ -415,15 +446,81 @@ def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: 
             tuple(c for c, code in enumerate(column_kinds) if code == k) for k in range(len(KINDS))
         ),
     )
-    used, host_used = _usage(table, allocations)
-    return dataclasses.replace(
-        table,
-        host_memory_free=read_only(host_total - host_used),
-        kinds=tuple(
-            dataclasses.replace(columns, free=read_only(columns.capacity - used[c]))
-            for c, columns in enumerate(table.kinds)
-        ),
+
+
+_POOL_BUT_UTILISATION = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(AcceleratorPool) if f.name != "utilisation")
+)
+
+
+def _pools_but_utilisation(node: Node) -> tuple[object, ...]:
+    return tuple(_POOL_BUT_UTILISATION(pool) for pool in node.pools)
+
+
+_ALL_BUT_POOLS = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(Node) if f.name != "pools")
+)
+
+
+def _same_but_utilisation(old: Node, new: Node) -> bool:
+    """Whether ``new`` differs from ``old`` at most in its pools' utilisation: what a
+    telemetry sample changes, every few seconds on every node."""
+    return _ALL_BUT_POOLS(new) == _ALL_BUT_POOLS(old) and (
+        _pools_but_utilisation(new) == _pools_but_utilisation(old)
     )
+
+
+class NodeTableCache:
+    """The node columns of the last snapshot built through it, kept for the next.
+
+    A pass over ten thousand nodes rebuilt every column although, between two passes,
+    most nodes are the same objects (cloud/loop/nodes.py keeps a node's view while
+    what it is made from holds) and the others mostly sent a sample: only their
+    utilisation moved. Then only the utilisation columns are copied and patched at
+    those nodes (and the UTC offsets read again for the new time); any other change
+    (a node joining, leaving, relabelled, a device failing) builds the table afresh.
+    The result is the table a fresh build gives, value for value.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: tuple[Node, ...] = ()
+        self._table: NodeTable | None = None
+        self._fixed_offset_s: IntArray = np.zeros(0, dtype=np.int64)
+
+    def table(self, nodes: Sequence[Node], now: float) -> NodeTable:
+        """The columns of ``nodes`` (sorted by id) at ``now``, nothing running."""
+        table = self._patched(nodes, now)
+        if table is None:
+            table = _node_columns(nodes, now)
+            self._fixed_offset_s = np.array(
+                [node.utc_offset_minutes * 60 for node in nodes], dtype=np.int64
+            )
+        self._nodes = tuple(nodes)
+        self._table = table
+        return table
+
+    def _patched(self, nodes: Sequence[Node], now: float) -> NodeTable | None:
+        table, kept = self._table, self._nodes
+        if table is None or len(nodes) != len(kept):
+            return None
+        changed = [
+            i for i, (old, new) in enumerate(zip(kept, nodes, strict=True)) if old is not new
+        ]
+        for i in changed:
+            if not _same_but_utilisation(kept[i], nodes[i]):
+                return None
+        kinds = table.kinds
+        if changed:
+            patched = []
+            for columns in kinds:
+                utilisation = columns.utilisation.copy()
+                for i in changed:
+                    pool = _nth(nodes[i].kind_pools(columns.kind), columns.slot)
+                    utilisation[i] = pool.utilisation if pool else 0.0
+                patched.append(dataclasses.replace(columns, utilisation=read_only(utilisation)))
+            kinds = tuple(patched)
+        offsets = _utc_offsets_s(table.timezone_code, table.timezones, self._fixed_offset_s, now)
+        return dataclasses.replace(table, kinds=kinds, utc_offset_s=read_only(offsets))
 
 
 def _kind_columns(kind: AcceleratorKind, slot: int, nodes: Sequence[Node]) -> KindColumns:
