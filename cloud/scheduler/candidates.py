@@ -243,7 +243,10 @@ class CandidateCache:
         """Per node, over the accepted kinds, the furthest static filter reached;
         nodes statically feasible for a kind count as ``len(FILTERS) + 1`` there,
         so that dynamic codes can be merged in with a maximum."""
-        found = self._static_codes.get(cands[0].shape_id)
+        # By the kinds' columns too: a training shape's static key leaves its kind out
+        # (candidates are per kind), and a GPU and an NPU job may otherwise be alike.
+        key = (cands[0].shape_id, tuple(cand.k for cand in cands))
+        found = self._static_codes.get(key)
         if found is None:
             beyond = len(FILTERS) + 1
             furthest = np.zeros(self.snapshot.node_count, dtype=np.int8)
@@ -251,7 +254,7 @@ class CandidateCache:
                 codes = np.where(cand.static.codes == PASS, beyond, cand.static.codes)
                 furthest = np.maximum(furthest, codes.astype(np.int8))
             found = read_only(furthest)
-            _remember(self._static_codes, cands[0].shape_id, found)
+            _remember(self._static_codes, key, found)
         return found
 
     def static_verdict(self, static_furthest: CodeArray) -> tuple[dict[FilterName, int], int]:

@@ -147,3 +147,17 @@ def test_capacity_message_says_whether_preemption_was_tried() -> None:
     message = _pending(off, "gang").message
     assert "no lower-priority work to evict" not in message
     assert "preemption is off" in message
+
+
+def test_jobs_alike_but_for_their_accelerator_kind_are_explained_each_for_its_kind() -> None:
+    # Two training jobs whose only difference is the kind share every other static
+    # input: each must still be judged against the nodes of its own kind.
+    nodes = [gpu_node("n0", 4), gpu_node("n1", 4)]
+    queue: list[Work] = [job("gpus", 8), job("npus", 8, accelerator_kind="npu")]
+    plan = plan_for(nodes, queue)
+    gpus, npus = plan.pending_for("gpus"), plan.pending_for("npus")
+    assert gpus is not None
+    assert npus is not None
+    assert gpus.rejections != npus.rejections
+    assert "NPU" in npus.message, npus.message
+    assert "GPU" not in npus.message, npus.message
