@@ -24,6 +24,7 @@ from edge.upgrade.versions import HEALTH_FILE_ENV, RESTART_EXIT_CODE, VERSIONS_D
 from shared.messages import Accelerator
 from shared.runtime import run_until_stopped
 from shared.settings import AgentSettings, Settings, load_settings
+from shared.tasks import cancel_and_wait
 
 log = structlog.get_logger("greenfed.agent")
 
@@ -146,8 +147,42 @@ async def run_agent(
         upgrades=upgrades,
     )
     structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
-    await run_until_stopped(stop, agent.run())
+    await run_until_stopped(
+        stop, run_then_release_memory(agent, settings.agent.telemetry_interval_s)
+    )
     return RESTART_EXIT_CODE if restart_requested() else 0
+
+
+async def run_then_release_memory(agent: Agent, settle_s: float) -> None:
+    """`agent.run()`; and once the node has announced itself and had `settle_s` to take
+    its retained documents and send its first telemetry, the memory its start freed
+    (imports, settings, discovery) given back to the system, once."""
+
+    async def release_once_settled() -> None:
+        await agent.announced.wait()
+        await asyncio.sleep(settle_s)
+        release_freed_memory()
+
+    releasing = asyncio.ensure_future(release_once_settled())
+    try:
+        await agent.run()
+    finally:
+        await cancel_and_wait([releasing])
+
+
+def release_freed_memory() -> None:
+    """Hand the C allocator's free pages back to the system (glibc's `malloc_trim`): an
+    agent's start frees about 0.6 MB there that an idle agent never reuses, and glibc
+    keeps it resident. Nothing where the C library has no `malloc_trim` (musl)."""
+    import ctypes
+
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    malloc_trim(0)
 
 
 class DiscoveryReport(msgspec.Struct, frozen=True):
