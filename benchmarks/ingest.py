@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import multiprocessing.synchronize
@@ -146,9 +147,10 @@ def publish(
     rate: int,
     seconds: float,
     go: multiprocessing.synchronize.Event,
-    report: Queue[int],
+    report: Queue[tuple[int, float]],
 ) -> None:
-    """The publisher process: plain paho, pre-encoded payloads, paced in 10 ms ticks."""
+    """The publisher process: plain paho, pre-encoded payloads, paced in 10 ms ticks.
+    Reports (messages sent, seconds it took to send them)."""
     import paho.mqtt.client as mqtt
 
     endpoint = parse_mqtt_url(url)
@@ -182,10 +184,11 @@ def publish(
         pause = started + tick * TICK_S - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
+    publish_s = time.perf_counter() - started
     time.sleep(0.5)
     client.loop_stop()
     client.disconnect()
-    report.put(sent)
+    report.put((sent, publish_s))
 
 
 @contextlib.asynccontextmanager
@@ -288,13 +291,16 @@ async def _run_rate(
     consumer = asyncio.create_task(ingestor.run(session))
     await asyncio.wait_for(ingestor.subscribed.wait(), 10)
 
-    sent, cpu, wall_s = await _drive_publisher(url, root, nodes, rate, seconds, lambda: received)
+    published, cpu, wall_s = await _drive_publisher(
+        url, root, nodes, rate, seconds, lambda: received
+    )
+    sent = published.sent
     consumer.cancel()
     await asyncio.gather(consumer, return_exceptions=True)
     ingested = ingestor.stats.ingested["telemetry"]
     return {
         "rate_msgs_per_s": rate,
-        "sent": sent,
+        **published.figures,
         "received": received,
         "ingested": ingested,
         "consumer_drops": received - ingested,
@@ -331,21 +337,35 @@ async def run_paho_rate(url: str, nodes: int, rate: int, seconds: float) -> dict
     client.loop_start()
     await asyncio.wait_for(subscribed.wait(), 10)
     try:
-        sent, cpu, wall_s = await _drive_publisher(
+        published, cpu, wall_s = await _drive_publisher(
             url, root, nodes, rate, seconds, lambda: received
         )
+        sent = published.sent
     finally:
         client.loop_stop()
         client.disconnect()
     return {
         "rate_msgs_per_s": rate,
-        "sent": sent,
+        **published.figures,
         "received": received,
         "ingested": received,
         "consumer_drops": 0,
         "broker_losses": sent - received,
         **cpu.figures(received, wall_s),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """What the publisher sent, and in how long: below the asked rate when the machine
+    could not keep it (then every consumer was offered less)."""
+
+    sent: int
+    seconds: float
+
+    @property
+    def figures(self) -> dict[str, float | int]:
+        return {"sent": self.sent, "published_per_s": round(self.sent / self.seconds)}
 
 
 class CpuSpent:
@@ -382,18 +402,18 @@ async def _drive_publisher(
     rate: int,
     seconds: float,
     received: Callable[[], int],
-) -> tuple[int, CpuSpent, float]:
-    """Run the publisher once the consumer listens; (sent, the consumer's CPU, wall s)
-    once nothing new arrived for 1 s."""
+) -> tuple[Published, CpuSpent, float]:
+    """Run the publisher once the consumer listens; (what it sent, the consumer's CPU,
+    wall s) once nothing new arrived for 1 s."""
     context = multiprocessing.get_context("spawn")
     go = context.Event()
-    report: Queue[int] = context.Queue()
+    report: Queue[tuple[int, float]] = context.Queue()
     publisher = context.Process(target=publish, args=(url, root, nodes, rate, seconds, go, report))
     publisher.start()
     await asyncio.sleep(3.0)  # the publisher pre-encodes its payloads before `go`
     cpu, wall_before = CpuSpent(), time.perf_counter()
     go.set()
-    sent = await asyncio.to_thread(report.get, True, seconds + 120)
+    sent, publish_s = await asyncio.to_thread(report.get, True, seconds + 120)
     while True:  # everything in flight has arrived once nothing new came for 1 s
         before = received()
         await asyncio.sleep(1.0)
@@ -402,7 +422,7 @@ async def _drive_publisher(
     cpu.stop()
     wall_s = time.perf_counter() - wall_before - 1.0
     await asyncio.to_thread(publisher.join, 30)
-    return sent, cpu, wall_s
+    return Published(sent, publish_s), cpu, wall_s
 
 
 def last_seqs(nodes: int, rate: int, seconds: float) -> dict[str, int]:
@@ -538,14 +558,15 @@ async def run_replicas_rate(
     for _ in processes:
         await asyncio.to_thread(ready.get, True, 60)
     go = context.Event()
-    report: Queue[int] = context.Queue()
+    report: Queue[tuple[int, float]] = context.Queue()
     publisher = context.Process(target=publish, args=(url, root, nodes, rate, seconds, go, report))
     publisher.start()
     try:
         await asyncio.sleep(3.0)  # the publisher pre-encodes its payloads before `go`
         replica_go.set()
         go.set()
-        sent = await asyncio.to_thread(report.get, True, seconds + 120)
+        sent, publish_s = await asyncio.to_thread(report.get, True, seconds + 120)
+        published = Published(sent, publish_s)
         done.set()
         per_replica = [await asyncio.to_thread(reports.get, True, 120) for _ in processes]
     finally:
@@ -562,7 +583,7 @@ async def run_replicas_rate(
     result: dict[str, object] = {
         "replicas": replicas,
         "rate_msgs_per_s": rate,
-        "sent": sent,
+        **published.figures,
         "received": received,
         "ingested": ingested,
         "consumer_drops": received - ingested,
