@@ -1,6 +1,6 @@
 """The event loop beside a busy worker thread: database round trips per second and
 their latency, at Python's default GIL switch interval (5 ms) and at the control
-plane's while it schedules (`cloud.app.PASS_THREAD_SWITCH_INTERVAL_S`).
+plane's while it schedules (`cloud.interpreter_tuning.SWITCH_INTERVAL_S`).
 
     python benchmarks/gil_convoy.py --runs 3
 
@@ -25,7 +25,7 @@ import asyncpg  # type: ignore[import-untyped]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from benchmarks.lifecycle_bench import DEFAULT_POSTGRES_URL
-from cloud.app import PASS_THREAD_SWITCH_INTERVAL_S
+from cloud.interpreter_tuning import SWITCH_INTERVAL_S
 
 
 def burn(stop: threading.Event) -> None:
@@ -64,7 +64,7 @@ async def sample(url: str, switch_interval_s: float, seconds: float) -> dict[str
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    intervals = (0.005, PASS_THREAD_SWITCH_INTERVAL_S)
+    intervals = (0.005, SWITCH_INTERVAL_S)
     results: dict[float, list[dict[str, float]]] = {interval: [] for interval in intervals}
     for _ in range(args.runs):
         for interval in intervals:  # interleaved: the machine's load hits both alike

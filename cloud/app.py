@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -84,6 +83,7 @@ from cloud.fleet.liveness import Liveness, LivenessSettings
 from cloud.fleet.outage import BrokerOutageJudge
 from cloud.fleet.plausibility import PlausibilityLimits
 from cloud.fleet.registry import NodeRegistry
+from cloud.interpreter_tuning import tuned_for_scheduling
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.publisher import CLUSTER_ID_SECRET, DesiredPublisher
 from cloud.loop.signing import load_or_create_signing_key
@@ -111,9 +111,6 @@ from shared.tasks import stop_task
 from shared.topics import Topics
 
 __all__ = ["MAX_REQUEST_BYTES", "create_app", "serving"]
-
-# The GIL switch interval while scheduling runs in this process (see `_scheduling`).
-PASS_THREAD_SWITCH_INTERVAL_S = 0.0005
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -279,17 +276,11 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(loop.run(), name="scheduling-loop"),
     ]
     app[BACKGROUND_TASKS].extend(tasks)
-    # A pass computes in a worker thread for up to seconds while the event loop serves
-    # requests and messages. Every socket call of the loop gives the GIL up, and taking
-    # it back from a busy thread waits out the switch interval: at Python's 5 ms, a
-    # request with a few database round trips waits tens of ms behind a pass. At 0.5 ms
-    # the loop does 3-4x the round trips beside a busy thread (benchmarks/RESULTS.md).
-    switch_interval_s = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch_interval_s, PASS_THREAD_SWITCH_INTERVAL_S))
     try:
-        yield
+        # The API stays responsive beside the passes (cloud/interpreter_tuning.py).
+        with tuned_for_scheduling():
+            yield
     finally:
-        sys.setswitchinterval(switch_interval_s)
         stop_listening()
         app[CLUSTERS].started_listeners.remove(bridge_started)
         app[INGESTOR].change_listeners.remove(loop.wake)
