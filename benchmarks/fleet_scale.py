@@ -430,29 +430,17 @@ def in_process(nodes: int, runs: int) -> dict[str, Any]:
     default fleet's mix (one telemetry sample each), without a loop to wait for."""
     import msgspec
 
-    from benchmarks.metrics_scrape import register_simulated
+    from benchmarks.metrics_scrape import register_simulated_fleet
     from cloud.api.nodes import node_page
     from cloud.fleet.ingest import Ingestor
     from cloud.fleet.registry import NodeRegistry
     from cloud.fleet.views import NodeList, node_summary
     from cloud.metrics import build_metrics_registry
     from shared.topics import Topics
-    from sim_devices.fleet import expand_fleet, load_fleet, scale_fleet
 
     registry = NodeRegistry(max_nodes=nodes)
     now_s = time.time()
-    for index, spec in enumerate(expand_fleet(scale_fleet(load_fleet(), nodes))):
-        register_simulated(
-            registry,
-            index,
-            spec.node_id,
-            spec.profile,
-            site=spec.site,
-            zone=spec.zone,
-            region=spec.region,
-            labels=spec.labels,
-            now_s=now_s,
-        )
+    register_simulated_fleet(registry, nodes, now_s=now_s)
     metrics = build_metrics_registry(Ingestor(registry, Topics(), max_payload_bytes=1 << 20))
     scrapes: list[float] = []
     for _ in range(runs):

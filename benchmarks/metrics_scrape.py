@@ -30,6 +30,7 @@ from cloud.fleet.registry import NodeRegistry
 from cloud.metrics import build_metrics_registry
 from shared.messages import NodeStatus, Site, Telemetry
 from shared.topics import Topics
+from sim_devices.fleet import SimNodeSpec, expand_fleet, load_fleet, scale_fleet
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import DeviceProfile, get_profile
 
@@ -83,6 +84,27 @@ def register_simulated(
     )
     registry.apply_status(status)
     registry.apply_telemetry(telemetry)
+
+
+def register_simulated_fleet(
+    registry: NodeRegistry, nodes: int, *, now_s: float
+) -> list[SimNodeSpec]:
+    """The default fleet scaled to `nodes`, each node born in `registry` with its first
+    sample (`register_simulated`, node k seeded with k); their specs, in that order."""
+    specs = expand_fleet(scale_fleet(load_fleet(), nodes))
+    for index, spec in enumerate(specs):
+        register_simulated(
+            registry,
+            index,
+            spec.node_id,
+            spec.profile,
+            site=spec.site,
+            zone=spec.zone,
+            region=spec.region,
+            labels=spec.labels,
+            now_s=now_s,
+        )
+    return specs
 
 
 def populated_registry(nodes: int) -> NodeRegistry:

@@ -51,7 +51,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
-from benchmarks.metrics_scrape import register_simulated
+from benchmarks.metrics_scrape import register_simulated_fleet
 from cloud.fleet.registry import NodeRecord, NodeRegistry
 from cloud.green.latency import default_latency_estimator
 from cloud.green.pass_rule import schedule_then_move
@@ -73,7 +73,6 @@ from cloud.work.explain import explanations_for_plan
 from shared.messages import Telemetry
 from shared.settings import SchedulingSettings
 from shared.work_literals import WorkKind
-from sim_devices.fleet import expand_fleet, load_fleet, scale_fleet
 from sim_devices.probes import SimulatedNode
 
 NOW_S = datetime(2023, 6, 14, 12, 0, tzinfo=UTC).timestamp()  # inside the shipped traces
@@ -115,18 +114,7 @@ class Fleet:
         self._seq: dict[str, int] = {}
         self._rng = random.Random(seed)
         now_s = time.time()
-        for index, spec in enumerate(expand_fleet(scale_fleet(load_fleet(), nodes))):
-            register_simulated(
-                self.registry,
-                index,
-                spec.node_id,
-                spec.profile,
-                site=spec.site,
-                zone=spec.zone,
-                region=spec.region,
-                labels=spec.labels,
-                now_s=now_s,
-            )
+        for index, spec in enumerate(register_simulated_fleet(self.registry, nodes, now_s=now_s)):
             # The same simulated hardware (same seed) goes on sampling.
             node = SimulatedNode(spec.node_id, spec.profile, random.Random(index))
             node.advance()

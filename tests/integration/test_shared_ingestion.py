@@ -281,6 +281,18 @@ def metered_j(accountant: Accountant) -> float:
     return sum(totals.energy_j for totals in accountant.totals.values())
 
 
+async def metered_alone(data_dir: Path, sent: Sequence[Telemetry]) -> float:
+    """The energy one process that heard every one of `sent` meters."""
+    alone = NodeRegistry()
+    for node_id in NODES:
+        alone.apply_status(birth(node_id))
+    async with metering(data_dir, alone) as reference:
+        for telemetry in sent:
+            assert alone.apply_telemetry(telemetry) is None
+            reference.observe(telemetry)
+    return metered_j(reference)
+
+
 async def test_usage_is_metered_once_across_replicas(
     mosquitto_root: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -295,17 +307,9 @@ async def test_usage_is_metered_once_across_replicas(
             await eventually(lambda: sees_every_last_sample(leader))
         assert min(i.stats.ingested[Channel.TELEMETRY] for i in (leader, other)) > 0
 
-    # The same samples metered by one process that heard every one of them.
-    alone = NodeRegistry()
-    for node_id in NODES:
-        alone.apply_status(birth(node_id))
-    async with metering(tmp_path / "alone", alone) as reference:
-        for telemetry in sent:
-            assert alone.apply_telemetry(telemetry) is None
-            reference.observe(telemetry)
-
-    assert metered_j(reference) > 0
-    assert metered_j(accountant) == pytest.approx(metered_j(reference), rel=1e-9)
+    reference_j = await metered_alone(tmp_path / "alone", sent)
+    assert reference_j > 0
+    assert metered_j(accountant) == pytest.approx(reference_j, rel=1e-9)
 
 
 # A replica in a process of its own, to be killed: what it has heard, on stdout.
@@ -476,15 +480,8 @@ async def test_a_replica_killed_mid_stream_loses_and_double_counts_nothing(
         assert ingestor.stats.invalid_total == 0
         assert ingestor.stats.failures == 0
 
-    # The same samples metered by one process that heard every one of them.
-    alone = NodeRegistry()
-    for node_id in NODES:
-        alone.apply_status(birth(node_id))
-    async with metering(tmp_path / "alone", alone) as reference:
-        for telemetry in sent:
-            assert alone.apply_telemetry(telemetry) is None
-            reference.observe(telemetry)
-    assert metered_j(reference) == pytest.approx(
+    reference_j = await metered_alone(tmp_path / "alone", sent)
+    assert reference_j == pytest.approx(
         len(NODES) * (GPU_POWER_W + CPU_POWER_W) * INTERVAL_S * last_seq, rel=1e-9
     )
-    assert metered_j(accountant) == pytest.approx(metered_j(reference), rel=1e-9)
+    assert metered_j(accountant) == pytest.approx(reference_j, rel=1e-9)
