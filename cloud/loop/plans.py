@@ -18,6 +18,8 @@ The core decides counts ("2 GPUs on node a"); the store records which devices
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -189,7 +191,7 @@ def translate(
                     for m in inputs.allocations.get(work_id, ())
                     if m.allocation_id not in freed
                 ]
-            new = existing + new
+            new = existing + _numbered_past(new, {a.member_index for a in existing})
         nodes = ", ".join(dict.fromkeys(member.node_id for member in members))
         reason = f"placed on {nodes}"
         moving = moved.get(work_id)
@@ -270,3 +272,19 @@ def translate(
         moves=tuple(made),
         skipped=skipped,
     )
+
+
+def _numbered_past(new: list[NewAllocation], taken: set[int]) -> list[NewAllocation]:
+    """A deployment's new replicas, each with a number no kept replica has. The core
+    numbers them after the replicas it sees, and it does not see one on a node the
+    registry does not know (after a restart, or once forgotten: build_inputs leaves it
+    out), which still holds its number until that node is declared lost."""
+    numbered = []
+    used = set(taken)
+    for allocation in new:
+        if allocation.member_index in used:
+            free = next(index for index in itertools.count() if index not in used)
+            allocation = dataclasses.replace(allocation, member_index=free)
+        used.add(allocation.member_index)
+        numbered.append(allocation)
+    return numbered
