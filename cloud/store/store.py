@@ -1129,12 +1129,13 @@ class Store:
         moved are reused instead of read again: the same result, at a fraction of the
         cost when thousands of items are queued.
         """
-        known = None if previous is None else {record.work_id: record for record in previous.work}
         with self._connection_errors():
             async with self._snapshot_reader.connect() as connection, connection.begin():
                 tenant_rows = await connection.execute(select(tenants).order_by(tenants.c.name))
                 tenant_records = tuple(tenant_from_row(row) for row in tenant_rows)
-                work_records = await select_active_work(connection, known)
+                work_records = await select_active_work(
+                    connection, () if previous is None else previous.work
+                )
                 allocation_records = await select_allocations(connection)
                 generation_rows = await connection.execute(select(node_generations))
                 generations = {row.node_id: int(row.generation) for row in generation_rows}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -255,35 +256,52 @@ async def list_work_page(
 
 
 async def select_active_work(
-    connection: AsyncConnection, previous: Mapping[str, WorkRecord] | None = None
+    connection: AsyncConnection, previous: Sequence[WorkRecord] = ()
 ) -> tuple[WorkRecord, ...]:
     """Every non-terminal item, oldest first.
 
     With `previous` (the records of an earlier read), only items whose version moved
     are read in full: a scheduling loop with thousands of queued jobs then reads ids,
-    versions and reasons (which change without a version) instead of every spec.
+    versions and reasons (which change without a version) instead of every spec. Each
+    of those light rows is compared with its record in a worker thread: with tens of
+    thousands queued that takes tens of ms, which the event loop serves requests in.
     """
     active = [state for state in WORK_STATES if state not in TERMINAL_STATES]
     if not previous:
         query = select(*WORK_RECORD_COLUMNS).where(work.c.state.in_(active)).order_by(work.c.id)
         return tuple(work_from_row(row) for row in await connection.execute(query))
     light = select(work.c.id, work.c.version, work.c.state_reason).where(work.c.state.in_(active))
-    current: dict[str, WorkRecord] = {}
-    stale: list[str] = []
-    for work_id, version, reason in await connection.execute(light):
-        known = previous.get(work_id)
-        if known is None or known.version != int(version):
-            stale.append(work_id)
-        else:
-            current[work_id] = (
-                known if known.state_reason == reason else replace(known, state_reason=reason)
-            )
+    rows = (await connection.execute(light)).all()
+    current, stale = await asyncio.to_thread(_unchanged, rows, previous)
     for batch in chunks(stale):
         query = select(*WORK_RECORD_COLUMNS).where(work.c.id.in_(batch))
         for row in await connection.execute(query):
             record = work_from_row(row)
             current[record.work_id] = record
-    return tuple(current[work_id] for work_id in sorted(current))
+    return await asyncio.to_thread(_in_id_order, current)
+
+
+def _unchanged(
+    rows: Sequence[Any], previous: Sequence[WorkRecord]
+) -> tuple[dict[str, WorkRecord], list[str]]:
+    """The records of `previous` that the light rows (id, version, reason) show
+    unchanged (a new reason replaced), and the ids to read in full."""
+    known = {record.work_id: record for record in previous}
+    current: dict[str, WorkRecord] = {}
+    stale: list[str] = []
+    for work_id, version, reason in rows:
+        record = known.get(work_id)
+        if record is None or record.version != int(version):
+            stale.append(work_id)
+        else:
+            current[work_id] = (
+                record if record.state_reason == reason else replace(record, state_reason=reason)
+            )
+    return current, stale
+
+
+def _in_id_order(records: dict[str, WorkRecord]) -> tuple[WorkRecord, ...]:
+    return tuple(records[work_id] for work_id in sorted(records))
 
 
 def allocations_query() -> Select[Any]:
