@@ -8,18 +8,18 @@ import time
 
 from cloud.event_loop_lag import EventLoopLag, EventLoopLagCollector
 from shared.tasks import stop_task
+from tests.support.waiting import eventually
 
 
 async def test_a_loop_held_by_a_synchronous_step_is_seen_as_lag() -> None:
     lag = EventLoopLag(interval_s=0.01)
     watch = asyncio.create_task(lag.run())
     try:
-        while sum(lag.histogram.counts) == 0:  # the watch is sleeping on its timer
-            await asyncio.sleep(0.01)
-        time.sleep(0.3)  # what a long synchronous step does to everything else
+        await eventually(lambda: sum(lag.histogram.counts) > 0)  # sleeping on its timer
+        # What a long synchronous step does to everything else: the point of the test.
+        time.sleep(0.3)  # noqa: ASYNC251
         seen = sum(lag.histogram.counts)
-        while sum(lag.histogram.counts) == seen:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: sum(lag.histogram.counts) > seen)
     finally:
         await stop_task(watch)
     metrics = {metric.name: metric for metric in EventLoopLagCollector(lag).collect()}
