@@ -19,7 +19,11 @@ its birth, its will (`connection-lost`), its goodbye (`shutdown`), and the
 telemetry that brings a stale node back online. This module only judges what the
 absence of messages means, and every such judgment is made here.
 
-**Nodes are judged on their own silence, not the control plane's.** While the
+**Nodes are judged on their own silence, not the control plane's.** When the
+control plane's event loop stalls (a long collection, a starved CPU), the liveness
+timer runs late: the time it was late is time in which nobody could be heard (what
+the nodes sent waits in the socket), so it is not counted in any node's silence, and
+that round judges nobody, leaving ingestion a round to read what waited. While the
 control plane is itself cut off from the broker (``link_up`` false: ingestion is
 not subscribed), every node falls silent at once, and that is no evidence about any
 of them: no node is declared offline or lost. When the link comes back, every
@@ -35,13 +39,18 @@ Settings keep their keys for users: `[cloud] staleness_intervals`,
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import structlog
 
 from cloud.fleet.registry import NodeRecord, NodeRegistry, NodeStateChange
 from shared.settings import Settings
+
+# The liveness timer this late means the control plane was not hearing anyone.
+STALL_S: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +114,9 @@ class Liveness:
         self._heard_since_s = float("-inf")
         # Node id -> when the leader's passes first saw it unavailable (monotonic).
         self._unavailable_since: dict[str, float] = {}
+        # The latest stalls of the event loop, (start, end) monotonic: not silence.
+        self._stalls: deque[tuple[float, float]] = deque(maxlen=64)
+        self.stalls_total = 0
         self._log = structlog.get_logger("greenfed.liveness")
 
     # ---- offline -------------------------------------------------------------------
@@ -134,7 +146,28 @@ class Liveness:
             self.settings.min_staleness_s,
         )
         heard_s = max(record.last_seen_monotonic, self._heard_since_s)
-        return now_s - heard_s > deadline_s
+        return now_s - heard_s - self._deaf_s(heard_s) > deadline_s
+
+    def note_stall(self, duration_s: float) -> None:
+        """The event loop ran nothing for `duration_s`, until now."""
+        end_s = self._monotonic()
+        self._stalls.append((end_s - duration_s, end_s))
+        self.stalls_total += 1
+        self._log.warning(
+            "control plane stalled: that time is no node's silence",
+            stalled_s=round(duration_s, 2),
+        )
+
+    def _deaf_s(self, since_s: float) -> float:
+        """How long the control plane could hear nobody since `since_s`. Stalls are
+        kept in order: only those after a node was last heard are looked at (usually
+        none), so judging 10,000 nodes stays a pass over the nodes."""
+        deaf_s = 0.0
+        for start_s, end_s in reversed(self._stalls):
+            if end_s <= since_s:
+                break
+            deaf_s += end_s - max(start_s, since_s)
+        return deaf_s
 
     def expire_stale(self) -> list[NodeStateChange]:
         """Mark online nodes without recent telemetry offline (`telemetry-stale`);
@@ -152,8 +185,15 @@ class Liveness:
     async def run(self, on_change: Callable[[], None]) -> None:
         """The timer: expire stale nodes every `liveness_check_interval_s`; after any
         change, call ``on_change`` (ingestion's listeners: the scheduling loop)."""
+        loop = asyncio.get_running_loop()
+        interval_s = self.settings.liveness_check_interval_s
         while True:
-            await asyncio.sleep(self.settings.liveness_check_interval_s)
+            asked_s = loop.time()
+            await asyncio.sleep(interval_s)
+            late_s = loop.time() - asked_s - interval_s
+            if late_s >= max(STALL_S, interval_s):
+                self.note_stall(late_s)
+                continue  # ingestion first reads what waited in the socket
             changes = self.expire_stale()
             for change in changes:
                 self._log.info(

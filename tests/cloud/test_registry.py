@@ -4,10 +4,11 @@ staleness, the grace before work is lost, the timer), driven by fake clocks."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from cloud.fleet.liveness import Liveness, LivenessSettings
+from cloud.fleet.liveness import STALL_S, Liveness, LivenessSettings
 from cloud.fleet.registry import NodeFilter, NodeRecord, NodeRegistry, NodeStateChange, Rejection
 from shared.messages import (
     Accelerator,
@@ -22,6 +23,7 @@ from shared.messages import (
 )
 from shared.settings import CloudSettings, MqttSettings, SchedulingSettings, Settings
 from shared.tasks import stop_task
+from tests.support.waiting import eventually
 
 WALL_CLOCK_START_S = 1_700_000_000.0
 
@@ -860,3 +862,40 @@ def test_the_outage_is_settled_when_the_node_is_back(
     registry.apply_status(status("n1", instance_id="i2"))
     assert record.last_outage is not None
     assert (record.last_outage.cause, record.last_outage.ended_by) == ("crashed", "restart")
+
+
+def test_time_the_control_plane_was_stalled_is_no_node_s_silence(
+    registry: NodeRegistry, clock: FakeClock, liveness: Liveness
+) -> None:
+    registry.apply_status(status("n1"))  # telemetry every 5 s: stale after 15 s of silence
+    registry.apply_status(status("n2"))
+    clock.advance(10.0)
+    liveness.note_stall(6.0)  # nothing was read from 4 s to 10 s
+    clock.advance(5.5)  # 15.5 s since n1 was heard, 9.5 s of it heard-able
+    assert liveness.expire_stale() == []
+    registry.apply_telemetry(telemetry("n2"))  # n2 speaks after the stall
+    clock.advance(5.6)  # n1: 21.1 s, 15.1 s of it heard-able
+    assert liveness.expire_stale() == [NodeStateChange("n1", "offline", "telemetry-stale")]
+    clock.advance(10.0)  # n2: 15.6 s of silence, all of it after the stall
+    assert liveness.expire_stale() == [NodeStateChange("n2", "offline", "telemetry-stale")]
+
+
+async def test_a_late_liveness_timer_notes_the_stall_and_goes_on_judging(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    liveness = Liveness(registry, LivenessSettings(liveness_check_interval_s=0.01))
+    registry.apply_status(status("n1", telemetry_interval_s=1.0))
+    changed = asyncio.Event()
+    timer = asyncio.create_task(liveness.run(changed.set))
+    try:
+        await asyncio.sleep(0.05)  # the timer is running
+        # The event loop stalls (the point of the test): the timer wakes late.
+        time.sleep(STALL_S + 0.1)  # noqa: ASYNC251
+        await eventually(lambda: liveness.stalls_total == 1)
+        assert not changed.is_set()
+        clock.advance(20.0)  # silent far longer than the stall, after it
+        async with asyncio.timeout(5):
+            await changed.wait()
+    finally:
+        await stop_task(timer)
+    assert state_of(registry, "n1") == ("offline", "telemetry-stale")
