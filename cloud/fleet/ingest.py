@@ -64,6 +64,7 @@ from cloud.fleet.digest import (
     DigestBuilder,
     TelemetryDigest,
 )
+from cloud.fleet.early_samples import EarlySamples
 from cloud.fleet.plausibility import (
     Implausible,
     PlausibilityLimits,
@@ -198,6 +199,7 @@ class Ingestor:
         self._limits = limits or PlausibilityLimits()
         self.assignments = assignments
         self._held = HeldForConfirmation(assignments) if assignments is not None else None
+        self._early = EarlySamples(monotonic=registry.monotonic)
         # Called (with nothing) whenever a node's state changed or it reported: the
         # scheduling loop's trigger. Must be quick and must not raise.
         self.change_listeners: list[Callable[[], None]] = []
@@ -346,6 +348,11 @@ class Ingestor:
         if isinstance(outcome, Rejection):
             if outcome is Rejection.OUT_OF_ORDER and channel == DIGEST_CHANNEL:
                 return outcome  # replicas hear a node's samples in turns: not invalid
+            if outcome is Rejection.UNKNOWN_NODE and channel == Channel.TELEMETRY:
+                # Maybe ahead of its birth: held for it (cloud/fleet/early_samples.py).
+                for sample, held_topic in self._early.hold(telemetry, topic):
+                    self._reject(channel, InvalidReason.UNKNOWN_NODE, held_topic, self._why(sample))
+                return outcome
             self._reject(channel, InvalidReason(outcome.value), topic, self._why(telemetry))
             return outcome
         self.stats.ingested[channel] += 1
@@ -510,6 +517,12 @@ class Ingestor:
             return
         self.stats.ingested[channel] += 1
         self._changed(outcome)
+        if isinstance(message, NodeStatus) and len(self._early):
+            early = self._early.take(message.node_id)
+            if early is not None:  # a sample that came before this birth
+                self._take_telemetry(
+                    early[0], Channel.TELEMETRY, early[1], self.telemetry_listeners
+                )
 
     def _why(self, message: IngestedMessage) -> str:
         """What a log line says of a message the registry refused: whose instance."""

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud.fleet.assignments import AssignmentIndex
+from cloud.fleet.early_samples import DEFAULT_HOLD_S, EarlySamples
 from cloud.fleet.ingest import Ingestor, InvalidReason
 from cloud.fleet.registry import NodeRegistry, NodeStateChange
 from shared.messages import (
@@ -260,12 +261,6 @@ INVALID_CASES = [
         encode(birth(node_id="n2", instance_id="i9")),
         ("status", "node_id_mismatch"),
         id="status for another node",
-    ),
-    pytest.param(
-        topic("n9", Channel.TELEMETRY),
-        encode(sample(node_id="n9", seq=6)),
-        ("telemetry", "unknown_node"),
-        id="unknown node",
     ),
     pytest.param(
         topic("n1", Channel.TELEMETRY),
@@ -832,3 +827,49 @@ def test_an_entry_that_goes_backwards_within_an_instance_is_undone_and_counted(
         encode(reported(run("job-a", 2, "starting"), instance_id="i2")),
     )
     assert record.reported.training == (run("job-a", 2, "starting"),)
+
+
+def test_a_sample_ahead_of_its_birth_is_applied_by_the_birth(
+    ingestor: Ingestor, registry: NodeRegistry
+) -> None:
+    seen: list[Telemetry] = []
+    ingestor.telemetry_listeners.append(seen.append)
+    ingestor.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=1)))
+    assert registry.get("n1") is None
+    assert ingestor.stats.invalid_total == 0  # held, not refused
+    ingestor.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=2)))
+    ingestor.handle(topic("n1", Channel.STATUS), encode(birth()))
+    record = registry.get("n1")
+    assert record is not None
+    assert record.telemetry is not None
+    assert record.telemetry.seq == 2  # the newest held sample
+    assert [t.seq for t in seen] == [2]
+    assert ingestor.stats.ingested[Channel.TELEMETRY] == 1
+    # The older one was superseded: refused as it would have been at once.
+    assert ingestor.stats.invalid == Counter({("telemetry", "unknown_node"): 1})
+
+
+def test_a_sample_of_a_node_that_never_announces_itself_is_refused_after_the_hold(
+    ingestor: Ingestor, clock: FakeClock
+) -> None:
+    ingestor.handle(topic("n9", Channel.TELEMETRY), encode(sample(node_id="n9", seq=6)))
+    assert ingestor.stats.invalid_total == 0
+    clock.now_s += DEFAULT_HOLD_S + 1.0
+    # The next early sample gives up what was held too long.
+    ingestor.handle(topic("n8", Channel.TELEMETRY), encode(sample(node_id="n8", seq=6)))
+    assert ingestor.stats.invalid == Counter({("telemetry", "unknown_node"): 1})
+    ingestor.handle(topic("n9", Channel.STATUS), encode(birth(node_id="n9")))
+    assert ingestor.stats.ingested[Channel.TELEMETRY] == 0  # nothing held for n9 any more
+
+
+def test_early_samples_are_held_for_a_bounded_number_of_nodes() -> None:
+    early = EarlySamples(max_nodes=2, monotonic=lambda: 0.0)
+    assert early.hold(sample(node_id="a"), "ta") == []
+    assert early.hold(sample(node_id="b"), "tb") == []
+    given_up = early.hold(sample(node_id="c"), "tc")
+    assert [(t.node_id, held_topic) for t, held_topic in given_up] == [("a", "ta")]
+    assert len(early) == 2
+    assert early.take("a") is None
+    taken = early.take("c")
+    assert taken is not None
+    assert taken[0].node_id == "c"
