@@ -121,19 +121,6 @@ def _sampled(record: NodeRecord) -> dict[str, float]:
     )
 
 
-def _pool_devices(record: NodeRecord, node: Node) -> tuple[tuple[str, ...], ...]:
-    """The ids of the devices in each of `node`'s pools (made by `scheduler_node` from
-    `record`), in pool order: as `scheduler_node` groups them."""
-    return tuple(
-        tuple(
-            a.id
-            for a in record.believed_accelerators
-            if a.healthy and a.kind == pool.kind and (a.kind == "cpu" or a.model == pool.model)
-        )
-        for pool in node.pools
-    )
-
-
 def _with_utilisation(
     node: Node, pool_devices: tuple[tuple[str, ...], ...], utilisation: Mapping[str, float]
 ) -> Node:
@@ -161,6 +148,16 @@ def _valid_timezone(name: str | None) -> str | None:
 
 
 def scheduler_node(record: NodeRecord) -> Node:
+    return _scheduler_node(record)[0]
+
+
+def _pool_order(pool: AcceleratorPool) -> tuple[str, int, float, str]:
+    return (pool.kind, -pool.memory_bytes, -pool.relative_speed, pool.model)
+
+
+def _scheduler_node(record: NodeRecord) -> tuple[Node, tuple[tuple[str, ...], ...]]:
+    """The scheduler's view of the node, and the ids of the devices in each of its pools
+    (in pool order: what a new sample's utilisation is averaged over, `NodeViews`)."""
     status = record.status
     utilisation = _sampled(record)
     by_pool: dict[tuple[AcceleratorKind, str], list[Accelerator]] = {}
@@ -171,11 +168,14 @@ def scheduler_node(record: NodeRecord) -> Node:
             model = "" if accelerator.kind == "cpu" else accelerator.model
             by_pool.setdefault((accelerator.kind, model), []).append(accelerator)
     pools = sorted(
-        (_pool(kind, devices, utilisation) for (kind, _), devices in by_pool.items()),
-        key=lambda pool: (pool.kind, -pool.memory_bytes, -pool.relative_speed, pool.model),
+        (
+            (_pool(kind, devices, utilisation), tuple(device.id for device in devices))
+            for (kind, _), devices in by_pool.items()
+        ),
+        key=lambda item: _pool_order(item[0]),
     )
     timezone = _valid_timezone(status.labels.get(TIMEZONE_LABEL)) or ZONE_TIMEZONES.get(status.zone)
-    return Node(
+    node = Node(
         node_id=status.node_id,
         site=status.site,
         zone=status.zone,
@@ -184,7 +184,7 @@ def scheduler_node(record: NodeRecord) -> Node:
         healthy=record.state == "online",
         host_memory_bytes=status.host.memory_total_bytes,
         timezone=timezone,
-        pools=tuple(pools),
+        pools=tuple(pool for pool, _ in pools),
         runs_training=runs_training(status),
         # An agent older than schema 1.8 runs workers as its own user: "none".
         isolation=status.isolation or "none",
@@ -195,6 +195,7 @@ def scheduler_node(record: NodeRecord) -> Node:
         approved=not record.awaiting_approval,
         taints=tuple(Taint(t.key, t.value, t.effect) for t in effective_taints(record)),
     )
+    return node, tuple(device_ids for _, device_ids in pools)
 
 
 def pool_model(record: NodeRecord | None, accelerator_ids: Sequence[str]) -> str:
@@ -227,8 +228,8 @@ class NodeViews:
             kept = self._views.get(record.node_id)
             key = _view_key(record)
             if kept is None or kept.key != key:
-                node = scheduler_node(record)
-                view = _View(key, record.telemetry, node, _pool_devices(record, node))
+                node, pool_devices = _scheduler_node(record)
+                view = _View(key, record.telemetry, node, pool_devices)
             elif kept.telemetry is record.telemetry:
                 view = kept  # the same sample: nothing it reads can have moved
             else:
