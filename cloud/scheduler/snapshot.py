@@ -485,16 +485,12 @@ class NodeTableCache:
     def __init__(self) -> None:
         self._nodes: tuple[Node, ...] = ()
         self._table: NodeTable | None = None
-        self._fixed_offset_s: IntArray = np.zeros(0, dtype=np.int64)
 
     def table(self, nodes: Sequence[Node], now: float) -> NodeTable:
         """The columns of ``nodes`` (sorted by id) at ``now``, nothing running."""
         table = self._patched(nodes, now)
         if table is None:
             table = _node_columns(nodes, now)
-            self._fixed_offset_s = np.array(
-                [node.utc_offset_minutes * 60 for node in nodes], dtype=np.int64
-            )
         self._nodes = tuple(nodes)
         self._table = table
         return table
@@ -519,7 +515,8 @@ class NodeTableCache:
                     utilisation[i] = pool.utilisation if pool else 0.0
                 patched.append(dataclasses.replace(columns, utilisation=read_only(utilisation)))
             kinds = tuple(patched)
-        offsets = _utc_offsets_s(table.timezone_code, table.timezones, self._fixed_offset_s, now)
+        # A node without a timezone keeps its fixed offset, which its column holds.
+        offsets = _utc_offsets_s(table.timezone_code, table.timezones, table.utc_offset_s, now)
         return dataclasses.replace(table, kinds=kinds, utc_offset_s=read_only(offsets))
 
 
