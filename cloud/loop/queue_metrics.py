@@ -38,12 +38,11 @@ class WaitHistogram:
     `bounds`: the buckets' upper bounds, seconds, ascending."""
 
     bounds: tuple[float, ...] = WAIT_BUCKETS_S
-    counts: list[int] = field(default_factory=list)
+    counts: list[int] = field(init=False)
     sum_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.bounds) + 1)
+        self.counts = [0] * (len(self.bounds) + 1)
 
     def observe(self, seconds: float) -> None:
         seconds = max(0.0, seconds)
