@@ -248,8 +248,9 @@ async def apply_changes(
             draft.move("pending", eviction.reason)
             draft.not_before = eviction.retry_not_before
             continue
-        # Placements its own failures ended do not count against infrastructure losses.
-        lost = draft.attempts - draft.failures
+        # Placements its own failures ended do not count against infrastructure losses,
+        # nor do those a person's requeue or suspend ended (cloud/store/job_control.py).
+        lost = draft.attempts - draft.failures - draft.original.requeues
         outcome = requeue(lost, context.max_attempts, eviction.reason)
         draft.move(outcome.to_state, outcome.reason)
     for change in changes.state_changes:
@@ -348,6 +349,8 @@ async def _store_pending_reasons(
         .where(
             work.c.id == bindparam("b_id"),
             work.c.state == "pending",
+            # A pass planned before a hold does not overwrite its reason ("held by ...").
+            work.c.hold.is_(None),
             work.c.state_reason.is_distinct_from(bindparam("b_reason")),
         )
         .values(state_reason=bindparam("b_reason")),

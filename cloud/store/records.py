@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final
 
+from cloud.store.states import HoldKind
 from shared.messages import AcceleratorKind
 from shared.work_literals import (
     PRIORITY_CLASSES,
@@ -144,6 +145,10 @@ class WorkRecord:
     version: int  # bumped by every change; pass it back as `expected_version`
     failures: int = 0  # the job's own failures retried so far (its `max_retries` policy)
     not_before: float | None = None  # pending: not placed before this (a retry's backoff)
+    # Pending work a person keeps out of the queue (cloud/store/job_control.py), and the
+    # placements a person's requeue or suspend ended (not counted by `max_attempts`).
+    hold: HoldKind | None = None
+    requeues: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from cloud.store.records import (
     TenantRecord,
     WorkRecord,
 )
-from cloud.store.states import parse_state
+from cloud.store.states import parse_hold, parse_state
 from shared.messages import AcceleratorKind
 from shared.work_literals import (
     ALLOCATION_STATES,
@@ -110,6 +110,8 @@ def work_from_row(row: Row[Any]) -> WorkRecord:
         version=int(row.version),
         failures=int(row.failures),
         not_before=None if row.not_before is None else float(row.not_before),
+        hold=parse_hold(row.hold),
+        requeues=int(row.requeues),
     )
 
 

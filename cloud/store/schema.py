@@ -117,6 +117,10 @@ work = Table(
     # the earliest time its next attempt may be placed (v0008).
     Column("failures", Integer, nullable=False, server_default="0"),
     Column("not_before", Double, nullable=True),
+    # Pending work kept out of the queue by a person: "held" or "suspended"; and the
+    # placements a person's requeue or suspend ended (v0016, cloud/store/job_control.py).
+    Column("hold", Text, nullable=True),
+    Column("requeues", Integer, nullable=False, server_default="0"),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_work_idempotency_key"),
     Index("ix_work_tenant", "tenant_id", "id"),
     Index("ix_work_state", "state", "priority", "id"),

@@ -6,6 +6,10 @@
     any non-terminal    -> cancelled
 
 Terminal states (succeeded, failed, cancelled) have no way out.
+
+Beside the state, pending work may carry a hold that keeps it out of the queue until
+a person lifts it (cloud/store/job_control.py): "held" (hold/release) or "suspended"
+(suspend/resume).
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final
+from typing import Final, Literal, get_args
 
 from shared.work_literals import WORK_STATES, WorkState
+
+HoldKind = Literal["held", "suspended"]
+HOLD_KINDS: Final[tuple[HoldKind, ...]] = get_args(HoldKind)
 
 TERMINAL_STATES: Final[frozenset[WorkState]] = frozenset({"succeeded", "failed", "cancelled"})
 # States in which work holds (or is about to hold) allocations.
@@ -42,6 +49,15 @@ def parse_state(text: str) -> WorkState:
         if state == text:
             return state
     raise ValueError(f"unknown work state {text!r}")
+
+
+def parse_hold(text: str | None) -> HoldKind | None:
+    for hold in HOLD_KINDS:
+        if hold == text:
+            return hold
+    if text is None:
+        return None
+    raise ValueError(f"unknown hold {text!r}")
 
 
 @dataclass(frozen=True, slots=True)

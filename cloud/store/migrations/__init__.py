@@ -29,6 +29,7 @@ from cloud.store.migrations import (
     v0013_node_envelopes,
     v0014_clusters,
     v0015_agent_upgrades,
+    v0016_job_control,
 )
 
 
@@ -55,6 +56,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(13, "node_envelopes", v0013_node_envelopes.upgrade),
     SchemaMigration(14, "clusters", v0014_clusters.upgrade),
     SchemaMigration(15, "agent_upgrades", v0015_agent_upgrades.upgrade),
+    SchemaMigration(16, "job_control", v0016_job_control.upgrade),
 )
 
 
