@@ -30,6 +30,7 @@ from cloud.api.bodies import PatchFields, decode_body, invalid_body, json_respon
 from cloud.api.bulk_actions import destructive
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import RFC3339_PATTERN, comma_list, comma_list_pattern, parse_query
+from cloud.api.references import work_id_of
 from cloud.api.refusals import (
     dependency_views,
     new_dependencies,
@@ -264,7 +265,11 @@ async def find(
     request: web.Request, collection: Collection[SpecT], work_id: str, *, any_tenant: bool = False
 ) -> tuple[TenantRecord, WorkRecord]:
     """The caller's work of this collection (with `any_tenant`, the admin's reach: any
-    tenant's) and the tenant it belongs to, or a 404 problem."""
+    tenant's) and the tenant it belongs to, or a 404 problem. `work_id` may be a name or
+    an id prefix too (cloud/api/references.py)."""
+    work_id = await work_id_of(
+        request, collection.store_kind, collection.noun, work_id, any_tenant=any_tenant
+    )
     tenant = await owner_of(request, work_id) if any_tenant else tenant_of(request)
     record = await request.app[STORE].get_work(tenant.tenant_id, work_id)
     if record is None or record.kind != collection.store_kind:
@@ -462,7 +467,9 @@ async def _list(request: web.Request, collection: Collection[SpecT]) -> web.Resp
 
 
 async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Response:
-    work_id = request.match_info["id"]
+    work_id = await work_id_of(
+        request, collection.store_kind, collection.noun, request.match_info["id"], any_tenant=True
+    )
     tenant = await owner_of(request, work_id)
     found = await request.app[STORE].work_with_allocations(tenant.tenant_id, work_id)
     if found is None or found[0].kind != collection.store_kind:
@@ -574,7 +581,9 @@ _NOT_LOOKED_AT: Final = "The scheduler has not looked at it yet; it will on its 
 
 
 async def _explain(request: web.Request, collection: Collection[SpecT]) -> web.Response:
-    work_id = request.match_info["id"]
+    work_id = await work_id_of(
+        request, collection.store_kind, collection.noun, request.match_info["id"], any_tenant=True
+    )
     tenant = await owner_of(request, work_id)
     found = await request.app[STORE].work_explanation(tenant.tenant_id, work_id)
     if found is None or found.work.kind != collection.store_kind:
@@ -823,7 +832,10 @@ def _scaled(spec: DeploymentSpec, body: DeploymentUpdate) -> DeploymentSpec:
     # The count first, the bounds then: a spec checks its replicas against its autoscale
     # each time it is made, and the old count may lie outside the new bounds.
     rescaled = scaled_spec(msgspec.structs.replace(spec, autoscale=None), replicas)
-    return msgspec.structs.replace(rescaled, autoscale=autoscale)
+    try:
+        return msgspec.structs.replace(rescaled, autoscale=autoscale)
+    except FieldError as error:  # e.g. min_available above the new autoscale's floor
+        raise invalid_body(json_path(error.path), error.reason) from error
 
 
 async def update_deployment(request: web.Request) -> web.Response:

@@ -25,6 +25,7 @@ from cloud.store import (
     clusters,
     enrolment,
     enrolment_failures,
+    job_control,
     node_admin,
     tenant_tokens,
     usage,
@@ -133,7 +134,7 @@ from cloud.store.sql import (
     insert_ignoring,
     raise_generations,
 )
-from cloud.store.states import TERMINAL_STATES
+from cloud.store.states import TERMINAL_STATES, HoldKind
 from cloud.store.tenant_tokens import (
     Authenticated,
     CreatedToken,
@@ -162,6 +163,7 @@ from cloud.store.work import (
     select_work,
     select_work_by_idempotency_key,
 )
+from cloud.store.work_lookup import select_work_matching
 from cloud.upgrades.views import RolloutPhase, RolloutState
 from shared.secret_hashes import verify_secret
 from shared.settings import StoreSettings
@@ -608,6 +610,29 @@ class Store:
         async with self._read() as connection:
             return await select_work_by_idempotency_key(connection, tenant_id, idempotency_key)
 
+    async def work_matching(
+        self,
+        tenant_id: str | None,
+        kind: WorkKind,
+        *,
+        name: str | None = None,
+        id_prefix: str | None = None,
+        active_only: bool = False,
+        limit: int = 20,
+    ) -> tuple[WorkRecord, ...]:
+        """The tenant's work (`None`: every tenant's) of `kind` with this name or id
+        prefix, newest first (cloud/store/work_lookup.py)."""
+        async with self._read() as connection:
+            return await select_work_matching(
+                connection,
+                tenant_id,
+                kind,
+                name=name,
+                id_prefix=id_prefix,
+                active_only=active_only,
+                limit=limit,
+            )
+
     async def list_work(
         self,
         tenant_id: str | None,
@@ -693,6 +718,64 @@ class Store:
                 self._context,
                 Changes(state_changes=(change,), tenant_id=tenant_id),
             )
+
+    async def set_hold(
+        self,
+        tenant_id: str,
+        work_id: str,
+        hold: HoldKind | None,
+        *,
+        reason: str,
+        actor: str | None = None,
+        expected_version: int | None = None,
+        audit: NewAudit | None = None,
+    ) -> WorkRecord:
+        """Hold, suspend, release or resume the tenant's pending work
+        (cloud/store/job_control.py)."""
+        async with self._write() as connection:
+            return await job_control.set_hold(
+                connection, self._context, tenant_id, work_id, hold,
+                reason=reason, actor=actor, expected_version=expected_version, audit=audit,
+            )  # fmt: skip
+
+    async def requeue_placed(
+        self,
+        tenant_id: str,
+        work_id: str,
+        *,
+        reason: str,
+        hold: HoldKind | None = None,
+        actor: str | None = None,
+        expected_version: int | None = None,
+        audit: NewAudit | None = None,
+    ) -> CommitResult:
+        """A person's requeue (or suspend, with `hold`) of the tenant's placed work
+        (cloud/store/job_control.py); never counted against `max_attempts`."""
+        async with self._write() as connection:
+            return await job_control.requeue_placed(
+                connection, self._context, tenant_id, work_id, hold=hold,
+                reason=reason, actor=actor, expected_version=expected_version, audit=audit,
+            )  # fmt: skip
+
+    async def update_queued(
+        self,
+        tenant_id: str,
+        work_id: str,
+        *,
+        spec: bytes,
+        priority: PriorityClass,
+        changed_fields: Sequence[str],
+        actor: str | None = None,
+        expected_version: int | None = None,
+        audit: NewAudit | None = None,
+    ) -> WorkRecord:
+        """A new spec and priority for the tenant's queued job (cloud/store/job_control.py)."""
+        async with self._write() as connection:
+            return await job_control.update_queued(
+                connection, self._context, tenant_id, work_id, spec=spec, priority=priority,
+                changed_fields=changed_fields, actor=actor,
+                expected_version=expected_version, audit=audit,
+            )  # fmt: skip
 
     # ---- models ------------------------------------------------------------------------
 

@@ -1,0 +1,79 @@
+"""Path parameters that name work the way a person does: by id, name or id prefix.
+
+`work_id_of` turns the `{id}` of a work route into the id it means
+(cloud/work/lookup.py decides; the store reads the candidates). Used by
+cloud/api/work.py's `find` and by the routes that look work up themselves, so every
+route under /v1/jobs/{id} and /v1/deployments/{id} takes all three. A reference that
+matches nothing is returned unchanged (the route's own 404 names it); several matches
+are a 409 listing them.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from cloud.api.auth import tenant_of
+from cloud.api.problems import Problem
+from cloud.app_keys import STORE
+from cloud.store import WorkRecord
+from cloud.work.lookup import (
+    SHOWN_CANDIDATES,
+    Ambiguous,
+    as_id_prefix,
+    by_name,
+    by_prefix,
+    is_full_id,
+)
+from shared.clock import utc_from_epoch
+from shared.problems import InvalidParam
+from shared.work_literals import WorkKind
+
+
+async def work_id_of(
+    request: web.Request, kind: WorkKind, noun: str, reference: str, *, any_tenant: bool
+) -> str:
+    """The id `reference` names among the caller's work of `kind` (with `any_tenant`,
+    the admin's reach: every tenant's)."""
+    if is_full_id(reference):
+        return reference
+    caller = tenant_of(request)
+    scope = None if any_tenant and caller.admin else caller.tenant_id
+    store = request.app[STORE]
+    found: WorkRecord | Ambiguous | None = None
+    active = await store.work_matching(
+        scope, kind, name=reference, active_only=True, limit=SHOWN_CANDIDATES + 1
+    )
+    newest = () if active else await store.work_matching(scope, kind, name=reference, limit=1)
+    found = by_name(reference, active, newest)
+    prefix = as_id_prefix(reference)
+    if found is None and prefix is not None:
+        matches = await store.work_matching(
+            scope, kind, id_prefix=prefix, limit=SHOWN_CANDIDATES + 1
+        )
+        found = by_prefix(reference, matches)
+    if isinstance(found, Ambiguous):
+        raise _ambiguous(noun, found)
+    return reference if found is None else found.work_id
+
+
+def _ambiguous(noun: str, ambiguous: Ambiguous) -> Problem:
+    listed = ", ".join(
+        f"{record.work_id} ({record.state}, submitted {_at(record.submitted_at)})"
+        for record in ambiguous.candidates
+    )
+    more = " and more" if len(ambiguous.candidates) >= SHOWN_CANDIDATES else ""
+    reason = (
+        f"{ambiguous.by} {ambiguous.reference!r} matches several {noun}s: {listed}{more}; "
+        "use an id (or a longer prefix of one)"
+    )
+    return Problem(
+        409,
+        "ambiguous-reference",
+        f"Ambiguous {noun} reference",
+        reason,
+        (InvalidParam("id", reason),),
+    )
+
+
+def _at(epoch_s: float) -> str:
+    return f"{utc_from_epoch(epoch_s):%Y-%m-%dT%H:%M:%SZ}"

@@ -1,0 +1,70 @@
+"""Which work a reference means: a full id, a name, or a unique prefix of an id.
+
+Wherever an id is taken (REST path parameters, and through them every CLI command),
+a person may type what they know instead:
+
+1. a full id (26 characters) is that work, as always;
+2. a name: the work of that name that has not ended; with none, the newest that has
+   (names are reused run after run, like a Slurm job name); two or more not ended are
+   ambiguous;
+3. otherwise a prefix of an id (at least `MIN_PREFIX` characters, any case): the one
+   work whose id starts with it.
+
+Nothing matching is not found (404); several are ambiguous (409, listing them). The
+candidates are read by the API (cloud/api/work.py) from cloud/store/work_lookup.py;
+this module only decides.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from cloud.store import TERMINAL_STATES, WorkRecord
+
+# ULIDs: 26 characters of Crockford base 32 (no I, L, O or U).
+FULL_ID: Final = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+MIN_PREFIX: Final = 4  # shorter would match most recent work: ids start with their time
+_ID_PREFIX: Final = re.compile(r"[0-9A-HJKMNP-TV-Z]{4,25}")
+SHOWN_CANDIDATES: Final = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Ambiguous:
+    """The reference matches each of these (newest first, at most SHOWN_CANDIDATES)."""
+
+    reference: str
+    by: str  # "name" or "id prefix"
+    candidates: tuple[WorkRecord, ...]
+
+
+def is_full_id(reference: str) -> bool:
+    return FULL_ID.fullmatch(reference) is not None
+
+
+def as_id_prefix(reference: str) -> str | None:
+    """The reference as the start of an id (upper case), or None when no id starts so."""
+    upper = reference.upper()
+    return upper if _ID_PREFIX.fullmatch(upper) else None
+
+
+def by_name(
+    reference: str, active: Sequence[WorkRecord], newest: Sequence[WorkRecord]
+) -> WorkRecord | Ambiguous | None:
+    """`active`: the matches not ended; `newest`: the newest match of all (ended or not)."""
+    live = [record for record in active if record.state not in TERMINAL_STATES]
+    if len(live) == 1:
+        return live[0]
+    if len(live) > 1:
+        return Ambiguous(reference, "name", tuple(live[:SHOWN_CANDIDATES]))
+    return newest[0] if newest else None
+
+
+def by_prefix(reference: str, matches: Sequence[WorkRecord]) -> WorkRecord | Ambiguous | None:
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        return Ambiguous(reference, "id prefix", tuple(matches[:SHOWN_CANDIDATES]))
+    return None
