@@ -11,6 +11,9 @@ Work whose stored spec the scheduler can no longer read (written by a newer gree
 or refused by a stricter scheduler) is set aside in `unschedulable` with the reason;
 the loop fails it instead of failing every pass.
 
+Pending work a person holds or suspended (`WorkRecord.hold`) is not queued until
+released or resumed; its reason stays the one the hold gave ("held by alice").
+
 Pending work with dependencies (`depends_on`) is queued only once every one holds; work
 still waiting for its jobs, or whose dependency can no longer hold (the loop cancels
 it), is held back (`dependencies`, decided by cloud/work/dependencies.py).
@@ -111,7 +114,8 @@ def _queued(
     on draining nodes (their replacements, cloud/loop/drain.py). A job waiting out its
     retry backoff (cloud/work/retries.py) is not queued until then."""
     if record.state == "pending":
-        return None if backing_off(record, now) else work
+        # Held or suspended by a person (cloud/store/job_control.py): out until lifted.
+        return None if backing_off(record, now) or record.hold is not None else work
     if record.state in PLACED_STATES and isinstance(work, InferenceDeployment):
         missing = work.replicas + surge - len(allocations)
         if missing > 0:
