@@ -166,6 +166,17 @@ work_dependencies = Table(
     Index("ix_work_dependencies_job", "job_id"),
 )
 
+# The tasks of job arrays (cloud/work/array_ranges.py): each an ordinary training job.
+array_tasks = Table(
+    "array_tasks",
+    metadata,
+    Column("array_id", Text, primary_key=True),
+    Column("task_index", Integer, primary_key=True, autoincrement=False),
+    Column("work_id", Text, ForeignKey("work.id", ondelete="CASCADE"), nullable=False, unique=True),
+    Column("tenant_id", Text, nullable=False),
+    Index("ix_array_tasks_tenant", "tenant_id", "array_id"),
+)
+
 node_generations = Table(
     "node_generations",
     metadata,

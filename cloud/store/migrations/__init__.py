@@ -30,6 +30,7 @@ from cloud.store.migrations import (
     v0014_clusters,
     v0015_agent_upgrades,
     v0016_job_control,
+    v0017_job_arrays,
 )
 
 
@@ -57,6 +58,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(14, "clusters", v0014_clusters.upgrade),
     SchemaMigration(15, "agent_upgrades", v0015_agent_upgrades.upgrade),
     SchemaMigration(16, "job_control", v0016_job_control.upgrade),
+    SchemaMigration(17, "job_arrays", v0017_job_arrays.upgrade),
 )
 
 
