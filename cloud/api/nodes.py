@@ -23,6 +23,7 @@ from cloud.fleet.envelope import claim_of
 from cloud.fleet.node_admin import apply_one
 from cloud.fleet.registry import Approval, NodeFilter, NodeRecord
 from cloud.fleet.views import NodeDetail, NodeList, node_detail, node_summary
+from cloud.fleet.well_known_labels import reserved_label_error
 from cloud.store import NodeAdminRecord
 from shared.messages import AcceleratorKind, NodeState, Site
 from shared.taints import MAX_TAINTS, TAINT_EFFECTS, parse_taint
@@ -237,6 +238,9 @@ async def update_node(request: web.Request) -> web.Response:
                 )
         record = replace(record, taints=body.taints)
     if body.labels is not None:
+        for key in body.labels:
+            if (reserved := reserved_label_error(key)) is not None:
+                raise invalid_body(f"$.labels.{key}", reserved)
         record = replace(record, labels=body.labels)
     return await _store_admin(
         request, record, "node.update", taints=list(record.taints), labels=dict(record.labels)

@@ -5,13 +5,16 @@ A cordoned node takes no new work: it carries the taint `greenfed.io/unschedulab
 which no work may tolerate (cloud/work/specs.py refuses the key), so its running work
 stays and the scheduler's explanations name it like any other taint. Taints and labels
 an admin sets are added to the agent's (an admin label wins over the agent's of the
-same key). cloud/fleet/node_admin.py keeps them fresh on every replica.
+same key); every node also carries the well-known labels (site, zone, region,
+hostname; rack and block where set), cloud/fleet/well_known_labels.py.
+cloud/fleet/node_admin.py keeps them fresh on every replica.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cloud.fleet.well_known_labels import node_labels
 from shared.messages import NodeTaint
 from shared.taints import CORDON_TAINT_KEY, parse_taint
 
@@ -37,9 +40,9 @@ def effective_taints(record: NodeRecord) -> tuple[NodeTaint, ...]:
 
 
 def effective_labels(record: NodeRecord) -> dict[str, str]:
-    if record.admin is None or not record.admin.labels:
-        return record.status.labels
-    return {**record.status.labels, **record.admin.labels}
+    """The agent's labels, the admin's over them, and the well-known ones over both
+    (cloud/fleet/well_known_labels.py)."""
+    return node_labels(record.status, None if record.admin is None else record.admin.labels)
 
 
 def taint_text(taint: NodeTaint) -> str:
