@@ -42,10 +42,14 @@ def serving_load(
 
 
 def scaled_spec(spec: DeploymentSpec, replicas: int) -> DeploymentSpec:
-    """The spec with `replicas`; a partial-placement floor above it comes down with it."""
-    floor = spec.min_replicas
+    """The spec with `replicas`; a partial-placement floor or a disruption budget
+    (`min_available`) above it comes down with it: scaling is not a disruption."""
+    floor, budget = spec.min_replicas, spec.min_available
     return msgspec.structs.replace(
-        spec, replicas=replicas, min_replicas=None if floor is None else min(floor, replicas)
+        spec,
+        replicas=replicas,
+        min_replicas=None if floor is None else min(floor, replicas),
+        min_available=None if budget is None else min(budget, replicas),
     )
 
 

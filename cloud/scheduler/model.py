@@ -295,6 +295,8 @@ class InferenceDeployment:
     requests_per_s: float = 0.0
     reference_ms_per_request: float | None = None
     max_replicas_per_node: int = 1
+    # Replicas preemption never takes it below (a disruption budget; 0: none).
+    min_available: int = 0
     preemptible: bool = True
     sites: tuple[Site, ...] = ("edge",)
     node_selector: Mapping[str, str] = field(default_factory=dict)
@@ -392,6 +394,9 @@ class Allocation:
     # (MIG slices beside whole GPUs); "" for its first pool.
     accelerator_model: str = ""
     power_limit_w: float | None = None  # each device's power cap; None: the default
+    # Its deployment's disruption budget: preemption leaves the deployment at least this
+    # many replicas (cloud/scheduler/disruption_budget.py); 0 for training.
+    min_available: int = 0
     # CPU cores it holds in the node's CPU pool beside its accelerators (a GPU or NPU
     # job's cpus_per_worker); 0 for a CPU allocation, whose cores are its accelerators.
     cpu_cores: int = 0

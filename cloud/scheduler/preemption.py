@@ -20,7 +20,8 @@ reclaims, the borrowers' work first) until the member fits; a reprieve pass then
 gives back every victim that turned out unnecessary, most valuable first, so the
 set is minimal. Among nodes, the one with the fewest victims (whole gangs count
 once), then the least important victims, then the fewest evicted accelerators
-wins. Evicting one worker of a training gang evicts the whole gang.
+wins. Evicting one worker of a training gang evicts the whole gang. A deployment
+never loses replicas below its `min_available` (disruption_budget.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import IntArray
+from .disruption_budget import DisruptionBudget
 from .filters import placement_conflicts
 from .gang import JobContext, Option
 from .model import PRIORITY_LEVELS, PRIORITY_RANK, Held
@@ -74,11 +76,13 @@ class Preemptor:
     def __init__(self, state: ClusterState, quota: QuotaBook) -> None:
         self.state = state
         self.quota = quota
+        self.budget = DisruptionBudget(state)
 
     def _protected(self, job: JobContext, alloc: Held) -> bool:
         return (
             not alloc.preemptible
             or alloc.allocation_id in self.state.new_ids
+            or not self.budget.allows(alloc)
             or (
                 job.shape.work_kind == "training"
                 and alloc.work_kind == "inference"
@@ -282,6 +286,7 @@ class Preemptor:
                 pool.append((victim_key(alloc, reason), (alloc, reason, same_kind)))
         pool.sort(key=lambda entry: entry[0])
         chosen: list[_Candidate] = []
+        taken: dict[str, int] = {}  # replicas chosen per deployment (disruption budgets)
         freed = host_freed = cpu_freed = 0
         for _, candidate in pool:
             alloc, _, same_kind = candidate
@@ -295,8 +300,9 @@ class Preemptor:
                 (short and same_kind)
                 or (host_short and alloc.host_memory_bytes)
                 or (cpu_short and cores)
-            ):
+            ) and self.budget.allows(alloc, taken):
                 chosen.append(candidate)
+                taken[alloc.work_id] = taken.get(alloc.work_id, 0) + 1
                 freed += alloc.accelerators if same_kind else 0
                 host_freed += alloc.host_memory_bytes
                 cpu_freed += cores
@@ -403,8 +409,8 @@ class Preemptor:
         for alloc in pool:
             if self.quota.violation(state, tenant, k, mode) <= 0:
                 break
-            if alloc.allocation_id not in state.allocations:
-                continue  # already gone with its gang
+            if alloc.allocation_id not in state.allocations or not self.budget.allows(alloc):
+                continue  # already gone with its gang, or its deployment is at its budget
             if mode == "reclaim" and not self.quota.is_borrowing(state, alloc.tenant, k):
                 continue
             for sibling in state.siblings(alloc):

@@ -105,6 +105,7 @@ def inference_deployment(
         requests_per_s=expected_requests_per_s(spec),
         reference_ms_per_request=spec.reference_ms_per_request,
         max_replicas_per_node=spec.max_replicas_per_node,
+        min_available=spec.min_available or 0,
         **_placement_fields(spec),  # type: ignore[arg-type]
     )
 
@@ -182,6 +183,7 @@ def allocation_from_record(
         accelerator_model=accelerator_model,
         power_limit_w=record.power_limit_w,
         cpu_cores=record.cpu_cores,
+        min_available=work.min_available if isinstance(work, InferenceDeployment) else 0,
     )
 
 

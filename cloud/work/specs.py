@@ -546,6 +546,10 @@ class CanarySpec(SpecStruct, frozen=True, kw_only=True):
     min_requests: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 20
 
 
+# `replicas` not given (a value decoding never yields: it is below the minimum of 1).
+_REPLICAS_UNSET: Final = 0
+
+
 class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
     """An inference deployment: `replicas` ONNX model servers, on edge nodes by default."""
 
@@ -560,11 +564,31 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
         ),
     ]
     priority: Annotated[PriorityClass, msgspec.Meta(description="p0 > p1 > p2.")] = "p0"
-    replicas: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    replicas: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1, le=4096, description="Default: autoscale's min_replicas with autoscale, else 1."
+        ),
+    ] = _REPLICAS_UNSET
     min_replicas: Annotated[
         int | None,
         msgspec.Meta(description="Accept a partial placement of at least this many replicas."),
     ] = None
+    min_available: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=0,
+                le=4096,
+                description=(
+                    "Replicas kept serving through drains, preemption and rollouts (a "
+                    "disruption budget); at most replicas, and at most autoscale's "
+                    "min_replicas."
+                ),
+            ),
+        ]
+        | None
+    ) = None
     accelerators_per_replica: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     accepted_kinds: Annotated[
         tuple[AcceleratorKind, ...],
@@ -612,6 +636,12 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         scale = self.autoscale
+        if self.replicas == _REPLICAS_UNSET:
+            # Not given: an autoscaled deployment starts at its floor (a default of 1
+            # would refuse every autoscale whose min_replicas is above 1).
+            msgspec.structs.force_setattr(
+                self, "replicas", scale.min_replicas if scale is not None else 1
+            )
         if scale is not None and not scale.min_replicas <= self.replicas <= scale.max_replicas:
             raise FieldError(
                 "replicas",
@@ -619,6 +649,15 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
             )
         if self.min_replicas is not None and not 1 <= self.min_replicas <= self.replicas:
             raise FieldError("min_replicas", f"must be within 1..replicas ({self.replicas})")
+        floor = self.min_available
+        if floor is not None and floor > self.replicas:
+            raise FieldError("min_available", f"must be within 0..replicas ({self.replicas})")
+        if floor is not None and scale is not None and floor > scale.min_replicas:
+            # The autoscaler may scale down to min_replicas: a higher floor could not hold.
+            raise FieldError(
+                "min_available",
+                f"must be within 0..autoscale's min_replicas ({scale.min_replicas})",
+            )
         if len(set(self.accepted_kinds)) != len(self.accepted_kinds):
             raise FieldError("accepted_kinds", "names a kind twice")
         if len(set(self.sites)) != len(self.sites):
