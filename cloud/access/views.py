@@ -101,6 +101,12 @@ AuditAction = Literal[
     "token.revoke",
     "work.cancel",
     "work.update",
+    # Job control by a person (cloud/api/job_control.py).
+    "work.hold",
+    "work.release",
+    "work.suspend",
+    "work.resume",
+    "work.requeue",
     "node.cordon",
     "node.uncordon",
     "node.drain",
