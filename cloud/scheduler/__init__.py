@@ -14,7 +14,9 @@ shape.py            what one worker/replica needs, and cache keys
 state.py            the working copy updated placement by placement
 statement.py        tentative changes that commit or roll back as one unit
 queue_order.py      which job goes next (priority, DRF share, submission)
+fair_share.py       shares with decayed past usage, level by level in the tree
 quota.py            whether a tenant may take more (nominal, borrow, reclaim)
+hierarchy.py        the cohort tree: borrowing and lending limits at every level
 filters.py          which nodes are feasible, and why the others are not
 windows.py          start-time windows in node local time
 scoring.py          how feasible nodes are ranked (packing, load, speed, ...)
@@ -39,6 +41,7 @@ from .extensions import (
     StartCandidates,
     TermValues,
 )
+from .hierarchy import Cohort, CohortTreeError
 from .model import (
     KINDS,
     Allocation,
@@ -74,6 +77,8 @@ __all__ = [
     "Allocation",
     "Booking",
     "Candidates",
+    "Cohort",
+    "CohortTreeError",
     "Deferral",
     "HookFailure",
     "InferenceDeployment",

@@ -2,9 +2,11 @@
 
 Priority class first (p0, p1, p2); within a class, the tenant with the smallest
 dominant resource share goes first (DRF: usage relative to nominal quota, the
-largest over accelerator kinds), then submission time, then work id. Shares are
-live: each placement or eviction re-ranks the tenants it touched, so a tenant
-that just got capacity yields to the others.
+largest over accelerator kinds; usage is what it holds now plus its decayed past
+usage, and under a cohort tree the smallest share is taken level by level from the
+top: fair_share.py), then submission time, then work id. Shares are live: each
+placement or eviction re-ranks the tenants it touched (in a tree, every tenant of
+that tree), so a tenant that just got capacity yields to the others.
 
 Starvation guard (policy): work pending longer than ``starvation_guard_s`` goes
 before all non-aged work of its class, oldest first.
@@ -25,11 +27,14 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from .model import KIND_INDEX, KINDS, PRIORITY_RANK, TrainingJob, Work
+from .fair_share import ShareBook
+from .model import KIND_INDEX, PRIORITY_RANK, TrainingJob, Work
 from .quota import QuotaBook
 from .state import ClusterState
 
-_Entry = tuple[int, int, float, float, str, str, int]
+# (rank, lane class, shares from the top of the tree or (latest start,), submitted at,
+# work id, tenant, version)
+_Entry = tuple[int, int, tuple[float, ...], float, str, str, int]
 
 
 def _by_submission(work: Work) -> tuple[float, str]:
@@ -64,10 +69,11 @@ class QueueOrder:
             for columns in nodes.kind_columns
         ]
         self._quota = quota
-        self._capacity = [
+        capacity = [
             max(sum(int(nodes.kinds[c].capacity.sum()) for c in columns), 1)
             for columns in nodes.kind_columns
         ]
+        self._shares = ShareBook(quota.tree, quota.nominals, capacity, state.snapshot.past_usage)
         aged_before = (
             state.now - starvation_guard_s if starvation_guard_s is not None else float("-inf")
         )
@@ -83,26 +89,11 @@ class QueueOrder:
         self._dirty: set[tuple[int, str]] = set(self._lanes)
 
     def dominant_share(self, tenant: str) -> float:
-        usage = self._state.tenant_usage.get(tenant)
-        if usage is None:
-            return 0.0
-        share = 0.0
-        for k in range(len(KINDS)):
-            used = usage[k]
-            if used <= 0:
-                continue
-            nominal = self._quota.nominal(tenant, k)
-            if nominal is None:
-                kind_share = used / self._capacity[k]
-            else:
-                # Using a kind with no nominal quota (all borrowed) ranks after any
-                # tenant still inside its quota.
-                kind_share = used / nominal if nominal > 0 else 1.0 + used / self._capacity[k]
-            share = max(share, kind_share)
-        return share
+        return self._shares.tenant_share(tenant, self._state.tenant_usage.get(tenant))
 
     def _refresh(self) -> None:
-        shares: dict[str, float] = {}
+        keys: dict[str, tuple[float, ...]] = {}
+        cohort_shares: dict[str, float] = {}
         for key in sorted(self._dirty):
             self._version[key] += 1
             lane = self._lanes[key]
@@ -112,17 +103,20 @@ class QueueOrder:
             rank, tenant = key
             version = self._version[key]
             urgent = self._latest_start(head) if self._urgent_before is not None else None
+            entry: _Entry
             if urgent is not None:
-                entry = (rank, -1, urgent, head.submitted_at, head.work_id, tenant, version)
+                entry = (rank, -1, (urgent,), head.submitted_at, head.work_id, tenant, version)
             elif not self._fair:
-                entry = (rank, 1, 0.0, head.submitted_at, head.work_id, tenant, version)
+                entry = (rank, 1, (), head.submitted_at, head.work_id, tenant, version)
             elif head.submitted_at <= self._aged_before:
-                entry = (rank, 0, 0.0, head.submitted_at, head.work_id, tenant, version)
+                entry = (rank, 0, (), head.submitted_at, head.work_id, tenant, version)
             else:
-                share = shares.get(tenant)
-                if share is None:
-                    share = shares[tenant] = self.dominant_share(tenant)
-                entry = (rank, 1, share, head.submitted_at, head.work_id, tenant, version)
+                shares = keys.get(tenant)
+                if shares is None:
+                    shares = keys[tenant] = self._shares.sort_key(
+                        tenant, self._state.tenant_usage, cohort_shares
+                    )
+                entry = (rank, 1, shares, head.submitted_at, head.work_id, tenant, version)
             heapq.heappush(self._heap, entry)
         self._dirty.clear()
 
@@ -155,7 +149,13 @@ class QueueOrder:
         return None
 
     def shares_changed(self, tenants: Iterable[str]) -> None:
-        for tenant in set(tenants):
+        touched = set(tenants)
+        tree = self._quota.tree
+        if tree is not None and self._fair:
+            # A tenant's usage moves its cohorts' shares, and so every tenant of its tree.
+            roots = {tree.root_of(t) for t in touched if tree.manages(t)}
+            touched |= {t for t in tree.tenant_names if tree.root_of(t) in roots}
+        for tenant in touched:
             for rank in range(len(PRIORITY_RANK)):
                 key = (rank, tenant)
                 if self._lanes.get(key):

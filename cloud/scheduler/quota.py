@@ -13,7 +13,9 @@ Rules (Kueue-like, per accelerator kind):
   back to what it held then, not below. Lowering a quota evicts nothing by itself;
   only reclaim by the cohort's owners may.
 
-Tenants without a ``Tenant`` record are unmanaged and always admitted.
+Tenants without a ``Tenant`` record are unmanaged and always admitted. Tenants under a
+configured cohort tree follow the same rules level by level (hierarchy.py): borrowing,
+lending and reclaim at every cohort of their path.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Final, Literal
 
 from shared.messages import AcceleratorKind
 
+from .hierarchy import EMPTY_COHORTS, Cohort, CohortTree, UsageOf
 from .model import KINDS, Tenant
 from .state import ClusterState
 
@@ -65,10 +68,17 @@ _BORROW: Final = Admission("borrow", 0, None)
 
 
 class QuotaBook:
-    def __init__(self, tenants: Mapping[str, Tenant], start: ClusterState | None = None) -> None:
+    def __init__(
+        self,
+        tenants: Mapping[str, Tenant],
+        start: ClusterState | None = None,
+        cohorts: Mapping[str, Cohort] = EMPTY_COHORTS,
+    ) -> None:
         """``start``: the state before anything of this pass, whose usage is what a
-        denied tenant's own evictions never have to go below."""
+        denied tenant's own evictions never have to go below. ``cohorts``: the
+        configured cohort tree (hierarchy.py); empty: flat cohorts only."""
         self.tenants = tenants
+        self.tree = CohortTree(tenants, cohorts) if cohorts else None
         cohort_nominal: dict[str, list[int]] = {}
         for tenant in tenants.values():
             if tenant.cohort is not None:
@@ -97,6 +107,11 @@ class QuotaBook:
     # ``column`` below is a pool column of the snapshot (snapshot.py): quota is per
     # kind, whichever of the kind's pools the accelerators are in.
 
+    @property
+    def nominals(self) -> Mapping[str, list[int]]:
+        """Tenant -> nominal quota per kind index (KINDS order)."""
+        return self._nominal
+
     def nominal(self, tenant: str, kind_code: int) -> int | None:
         nominal = self._nominal.get(tenant)
         return None if nominal is None else nominal[kind_code]
@@ -105,10 +120,32 @@ class QuotaBook:
         nominal = self.nominal(tenant, state.column_kinds[column])
         return nominal is not None and state.usage(tenant, column) > nominal
 
+    def in_tree(self, tenant: str) -> bool:
+        return self.tree is not None and self.tree.manages(tenant)
+
+    def reclaimable(self, state: ClusterState, tenant: str, column: int) -> set[str]:
+        """Tenants whose work ``tenant`` (within its nominal quota) may reclaim: the
+        borrowers of its flat cohort, or, in a tree, those under a borrowing node below
+        the nearest cohort they share with it."""
+        if self.tree is not None and self.tree.manages(tenant):
+            return self.tree.lenders_reclaim_from(
+                tenant, state.column_kinds[column], _usage_of(state, column)
+            )
+        cohort = state.cohort_of.get(tenant)
+        if cohort is None:
+            return set()
+        return {
+            other
+            for other, its_cohort in state.cohort_of.items()
+            if its_cohort == cohort and other != tenant and self.is_borrowing(state, other, column)
+        }
+
     def admit(self, state: ClusterState, tenant: str, column: int, amount: int) -> Admission:
         nominals = self._nominal.get(tenant)
         if nominals is None:
             return _UNMANAGED
+        if self.tree is not None and self.tree.manages(tenant):
+            return self._admit_in_tree(self.tree, state, tenant, column, amount)
         k = state.column_kinds[column]
         kind = KINDS[k]
         usage = state.usage(tenant, column)
@@ -145,6 +182,33 @@ class QuotaBook:
         )
         return Admission(mode, shortfall, quota)
 
+    def _admit_in_tree(
+        self, tree: CohortTree, state: ClusterState, tenant: str, column: int, amount: int
+    ) -> Admission:
+        k = state.column_kinds[column]
+        usage = state.usage(tenant, column)
+        nominal = self._nominal[tenant][k]
+        check = tree.check(tenant, k, amount, _usage_of(state, column))
+        within = usage + amount <= nominal
+        if check.own_excess <= 0 and check.path_excess <= 0:
+            return _NOMINAL if within else _BORROW
+        mode: AdmissionMode = "reclaim" if within else "denied"
+        shortfall = check.path_excess if within else max(check.own_excess, check.path_excess)
+        limit = self._limit[tenant][k]
+        quota = QuotaState(
+            mode=mode,
+            tenant=tenant,
+            kind=KINDS[k],
+            usage=usage,
+            requested=amount,
+            nominal=nominal,
+            borrowing_limit=limit,
+            cohort=check.blocking or tree.path[tenant][0],
+            cohort_usage=check.parent_committed,
+            cohort_nominal=check.parent_nominal,
+        )
+        return Admission(mode, shortfall, quota)
+
     def violation(self, state: ClusterState, tenant: str, column: int, mode: AdmissionMode) -> int:
         """Accelerators still to release after a tentative placement made under ``mode``.
 
@@ -154,6 +218,14 @@ class QuotaBook:
         if record is None or mode in ("unmanaged", "nominal", "borrow"):
             return 0
         k = state.column_kinds[column]
+        if self.tree is not None and self.tree.manages(tenant):
+            check = self.tree.check(tenant, k, 0, _usage_of(state, column))
+            if mode == "reclaim":
+                return max(0, check.path_excess)
+            # A lowered quota is no reason to evict: never below what it held at the start.
+            held = self._start_usage.get(tenant, [0] * len(KINDS))[k]
+            usage = state.usage(tenant, column)
+            return max(0, min(max(check.own_excess, check.path_excess), usage - held))
         usage = state.usage(tenant, column)
         nominal = self._nominal[tenant][k]
         held = self._start_usage.get(tenant, [0] * len(KINDS))[k]
@@ -168,3 +240,14 @@ class QuotaBook:
         limit = record.borrowing_limit.get(KINDS[k])
         over_limit = usage - max(nominal + limit, held) if limit is not None else 0
         return max(0, over_limit, cohort_excess)
+
+
+def _usage_of(state: ClusterState, column: int) -> UsageOf:
+    k = state.column_kinds[column]
+    usage = state.tenant_usage
+
+    def of(tenant: str) -> int:
+        held = usage.get(tenant)
+        return held[k] if held is not None else 0
+
+    return of

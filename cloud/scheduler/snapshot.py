@@ -27,6 +27,8 @@ from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind, IsolationLevel, Site
 
 from .arrays import BoolArray, FloatArray, IntArray, read_only
+from .fair_share import NO_PAST_USAGE, PastUsage
+from .hierarchy import EMPTY_COHORTS, Cohort, cohort_map
 from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Allocation, Taint, Tenant, Work
 from .windows import zone
 
@@ -207,6 +209,11 @@ class Snapshot:
     # next waits (code ``quota``) and nothing is evicted for it. Apart from ``tenants``
     # (accelerator quotas): a tenant may have either, both or neither.
     running_limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    # The configured cohort tree above the tenants (hierarchy.py), by name.
+    cohorts: Mapping[str, Cohort] = field(default_factory=lambda: EMPTY_COHORTS)
+    # Tenant -> its decayed past usage per kind (fair_share.py), added to what it holds
+    # now when the queue is ordered by fair share.
+    past_usage: PastUsage = field(default_factory=lambda: NO_PAST_USAGE)
 
     @classmethod
     def build(
@@ -219,6 +226,8 @@ class Snapshot:
         tenants: Sequence[Tenant] = (),
         running_limits: Mapping[str, int] | None = None,
         tables: NodeTableCache | None = None,
+        cohorts: Sequence[Cohort] = (),
+        past_usage: PastUsage | None = None,
     ) -> Snapshot:
         """Canonicalise (sort by id) and columnise the inputs.
 
@@ -244,6 +253,8 @@ class Snapshot:
             queue=ordered_queue,
             tenants=_tenant_map(tenants),
             running_limits=MappingProxyType(dict(sorted((running_limits or {}).items()))),
+            cohorts=cohort_map(cohorts),
+            past_usage=MappingProxyType(dict(sorted((past_usage or {}).items()))),
         )
 
     @property
@@ -282,6 +293,8 @@ class Snapshot:
             queue=ordered_queue,
             tenants=self.tenants,
             running_limits=self.running_limits,
+            cohorts=self.cohorts,
+            past_usage=self.past_usage,
         )
 
 

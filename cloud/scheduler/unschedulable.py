@@ -38,6 +38,7 @@ from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind
 
 from .arrays import BoolArray, IntArray
+from .hierarchy import CohortTree
 from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Tenant, TrainingJob, Work
 from .plan import NeverFits
 from .snapshot import CPU_COLUMN, SITE_INDEX, NodeTable, Snapshot
@@ -338,7 +339,7 @@ def _beyond_quota(snapshot: Snapshot, work: Work, tenant: Tenant, total: int) ->
         return None
     k, ceiling = max(ceilings, key=lambda item: item[1])
     kind = KINDS[k]
-    source = _quota_source(tenant, kind)
+    source = _quota_source(snapshot, tenant, kind)
     if isinstance(work, TrainingJob):
         field = "workers" if work.workers > 1 else "accelerators_per_worker"
         asks = f"the job needs {total}"
@@ -362,16 +363,18 @@ def _cores_beyond_quota(snapshot: Snapshot, work: TrainingJob, tenant: Tenant) -
         return None
     return NeverFits(
         "cpus_per_worker",
-        f"tenant {tenant.name} may hold at most {ceiling} CPU ({_quota_source(tenant, 'cpu')});"
-        f" the job's cpus_per_worker need {total}",
+        f"tenant {tenant.name} may hold at most {ceiling} CPU "
+        f"({_quota_source(snapshot, tenant, 'cpu')}); the job's cpus_per_worker need {total}",
     )
 
 
-def _quota_source(tenant: Tenant, kind: AcceleratorKind) -> str:
+def _quota_source(snapshot: Snapshot, tenant: Tenant, kind: AcceleratorKind) -> str:
     """Where a tenant's ceiling of ``kind`` comes from, for a person."""
     if tenant.cohort is None:
         return "its nominal quota; no cohort to borrow from"
     source = f"nominal {tenant.nominal.get(kind, 0)} plus what cohort {tenant.cohort} could lend"
+    if tenant.cohort in snapshot.cohorts:
+        source += " within the limits of the cohorts above it"
     limit = tenant.borrowing_limit.get(kind)
     if limit is not None:
         source += f", borrowing limit {limit}"
@@ -380,6 +383,8 @@ def _quota_source(tenant: Tenant, kind: AcceleratorKind) -> str:
 
 def _ceiling(snapshot: Snapshot, tenant: Tenant, kind: AcceleratorKind) -> int:
     """The most of ``kind`` the tenant could ever hold at once."""
+    if snapshot.cohorts and (tenant.cohort in snapshot.cohorts or _is_parent(snapshot, tenant)):
+        return CohortTree(snapshot.tenants, snapshot.cohorts).ceiling(tenant.name, KIND_INDEX[kind])
     nominal = tenant.nominal.get(kind, 0)
     if tenant.cohort is None:
         return nominal
@@ -390,6 +395,11 @@ def _ceiling(snapshot: Snapshot, tenant: Tenant, kind: AcceleratorKind) -> int:
     )
     limit = tenant.borrowing_limit.get(kind)
     return cohort_total if limit is None else min(cohort_total, nominal + limit)
+
+
+def _is_parent(snapshot: Snapshot, tenant: Tenant) -> bool:
+    """The tenant's cohort has no record but a configured cohort names it as parent."""
+    return any(c.parent == tenant.cohort for c in snapshot.cohorts.values())
 
 
 def _any(usable: dict[int, BoolArray]) -> bool:

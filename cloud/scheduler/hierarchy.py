@@ -1,0 +1,294 @@
+"""Hierarchical cohorts: a tree of queues above the tenants, and what each level may take.
+
+A tenant's ``cohort`` names its parent; a ``Cohort`` record may name a parent of its own,
+so cohorts nest (as Kueue's hierarchical cohorts, Volcano's hierarchical queues or a
+Slurm account tree). Every node of the tree, per accelerator kind, has:
+
+* a **nominal quota**: a tenant's own; a cohort's as configured, or, for a kind it does
+  not list, the sum of its children's nominal quotas;
+* a **borrowing limit**: how far above its nominal quota the node may go by borrowing
+  what its siblings do not use (not listed: no limit beyond what they lend);
+* a **lending limit**: how much of its *unused* nominal quota its siblings may borrow
+  (not listed: all of it). What it does not lend stays reserved for its own subtree.
+
+The rule (per kind): a node's *committed* amount is its usage, for a cohort the sum over
+its children of what each holds plus what each keeps back unlent
+(``max(0, nominal - committed - lending_limit)``). Work is admitted when, with it, every
+node on the tenant's path stays within ``nominal + borrowing_limit`` and the root stays
+within its nominal quota. With no lending limits this is the flat rule of quota.py (a
+cohort as a whole within the sum of its members' quotas) applied at every level.
+
+A cohort without a record that no record names as parent is the flat cohort of
+quota.py; this module decides only for tenants whose parent chain has a record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+from shared.messages import AcceleratorKind
+
+from .model import KINDS, Tenant
+
+# A limit that is not set: larger than any fleet.
+UNLIMITED: Final = 1 << 60
+
+
+class CohortTreeError(ValueError):
+    """A tree that cannot be: a cycle of parents, a cohort named twice, a negative
+    quota. ``field`` is the setting at fault, e.g. ``cohorts.research.parent``."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cohort:
+    """One inner node of the tree (see the module docstring for the meaning of each
+    quota; a kind not listed takes the default described there)."""
+
+    name: str
+    parent: str | None = None
+    nominal: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+    borrowing_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+    lending_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("nominal", "borrowing_limit", "lending_limit"):
+            quotas: Mapping[AcceleratorKind, int] = getattr(self, name)
+            for kind, count in quotas.items():
+                if count < 0:
+                    raise CohortTreeError(f"cohorts.{self.name}.{name}.{kind}", "must be >= 0")
+            object.__setattr__(self, name, MappingProxyType(dict(quotas)))
+        if self.parent == self.name:
+            raise CohortTreeError(
+                f"cohorts.{self.name}.parent", "a cohort cannot be its own parent"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """A tenant or a cohort, per kind index: nominal, borrowing and lending limits."""
+
+    name: str
+    is_tenant: bool
+    parent: str | None  # a cohort name
+    nominal: tuple[int, ...]
+    borrowing_limit: tuple[int, ...]  # UNLIMITED where not set
+    lending_limit: tuple[int, ...]  # UNLIMITED where not set
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """Where the tree stops a tenant taking ``amount`` more: the largest excess over
+    any limit on its path (<= 0: admitted), and whether it is the tenant's own."""
+
+    own_excess: int  # over the tenant's nominal + borrowing limit
+    path_excess: int  # over a cohort's nominal + borrowing limit, or the root's nominal
+    blocking: str | None  # the cohort whose limit is furthest exceeded
+    parent_committed: int  # the tenant's parent, before the amount (for explanations)
+    parent_nominal: int
+
+
+UsageOf = Callable[[str], int]  # tenant name -> what it holds of the kind
+
+
+class CohortTree:
+    """The tree over the tenants that have a configured cohort above them."""
+
+    def __init__(self, tenants: Mapping[str, Tenant], cohorts: Mapping[str, Cohort]) -> None:
+        parent_of = {name: c.parent for name, c in cohorts.items()}
+        for name in cohorts:
+            seen = [name]
+            parent = parent_of.get(name)
+            while parent is not None:
+                if parent in seen:
+                    raise CohortTreeError(
+                        f"cohorts.{name}.parent",
+                        "parents form a cycle: " + " -> ".join([*seen, parent]),
+                    )
+                seen.append(parent)
+                parent = parent_of.get(parent)
+        # Cohorts of the tree: every record and every parent a record names.
+        tree_cohorts = set(cohorts) | {p for p in parent_of.values() if p is not None}
+        self.cohort_names: frozenset[str] = frozenset(tree_cohorts)
+        self.children: dict[str, list[str]] = {name: [] for name in tree_cohorts}
+        self.tenant_names: frozenset[str] = frozenset(
+            t.name for t in tenants.values() if t.cohort in tree_cohorts
+        )
+        for name, parent in sorted(parent_of.items()):
+            if parent is not None:
+                self.children[parent].append(name)
+        nodes: dict[str, _Node] = {}
+        for name in sorted(self.tenant_names):
+            tenant = tenants[name]
+            self.children[tenant.cohort].append(name)  # type: ignore[index]
+            nodes[name] = _Node(
+                name=name,
+                is_tenant=True,
+                parent=tenant.cohort,
+                nominal=tuple(tenant.nominal.get(kind, 0) for kind in KINDS),
+                borrowing_limit=tuple(
+                    tenant.borrowing_limit.get(kind, UNLIMITED) for kind in KINDS
+                ),
+                lending_limit=(UNLIMITED,) * len(KINDS),
+            )
+        self._tenant_nodes = nodes
+        self._cohort_nodes: dict[str, _Node] = {}
+        for name in sorted(tree_cohorts):
+            self._cohort_node(name, cohorts)
+        # Per tenant: its ancestors, nearest first.
+        self.path: dict[str, tuple[str, ...]] = {name: self._ancestors(name) for name in nodes}
+
+    def _cohort_node(self, name: str, cohorts: Mapping[str, Cohort]) -> _Node:
+        found = self._cohort_nodes.get(name)
+        if found is not None:
+            return found
+        record = cohorts.get(name) or Cohort(name=name)
+        children = [self.node(child, cohorts) for child in self.children[name]]
+        nominal = tuple(
+            record.nominal.get(kind, sum(child.nominal[k] for child in children))
+            for k, kind in enumerate(KINDS)
+        )
+        node = _Node(
+            name=name,
+            is_tenant=False,
+            parent=record.parent,
+            nominal=nominal,
+            borrowing_limit=tuple(record.borrowing_limit.get(kind, UNLIMITED) for kind in KINDS),
+            lending_limit=tuple(record.lending_limit.get(kind, UNLIMITED) for kind in KINDS),
+        )
+        self._cohort_nodes[name] = node
+        return node
+
+    def node(self, name: str, cohorts: Mapping[str, Cohort] | None = None) -> _Node:
+        tenant = self._tenant_nodes.get(name)
+        if tenant is not None:
+            return tenant
+        return self._cohort_node(name, cohorts or {})
+
+    def _ancestors(self, tenant: str) -> tuple[str, ...]:
+        found: list[str] = []
+        parent = self._tenant_nodes[tenant].parent
+        while parent is not None:
+            found.append(parent)
+            parent = self._cohort_nodes[parent].parent
+        return tuple(found)
+
+    def manages(self, tenant: str) -> bool:
+        return tenant in self.tenant_names
+
+    def root_of(self, tenant: str) -> str:
+        return self.path[tenant][-1]
+
+    def cohort_nominal(self, cohort: str, k: int) -> int:
+        return self._cohort_nodes[cohort].nominal[k]
+
+    # -- the rule ---------------------------------------------------------------
+
+    def committed(
+        self, name: str, k: int, usage_of: UsageOf, extra: Mapping[str, int] | None = None
+    ) -> int:
+        """What ``name`` holds of kind ``k`` for its parent's accounting, before what it
+        keeps back unlent; ``extra``: amounts added to tenants' usage."""
+        node = self.node(name)
+        if node.is_tenant:
+            return usage_of(name) + (extra or {}).get(name, 0)
+        return sum(self._contribution(child, k, usage_of, extra) for child in self.children[name])
+
+    def _contribution(
+        self, name: str, k: int, usage_of: UsageOf, extra: Mapping[str, int] | None
+    ) -> int:
+        node = self.node(name)
+        committed = self.committed(name, k, usage_of, extra)
+        kept_back = node.nominal[k] - committed - node.lending_limit[k]
+        return committed + max(0, kept_back)
+
+    def check(self, tenant: str, k: int, amount: int, usage_of: UsageOf) -> Check:
+        """Whether ``tenant`` may hold ``amount`` more of kind ``k`` (module docstring)."""
+        node = self._tenant_nodes[tenant]
+        extra = {tenant: amount}
+        usage = usage_of(tenant) + amount
+        own_excess = usage - (node.nominal[k] + node.borrowing_limit[k])
+        path_excess = -UNLIMITED
+        blocking: str | None = None
+        ancestors = self.path[tenant]
+        for i, cohort in enumerate(ancestors):
+            record = self._cohort_nodes[cohort]
+            committed = self.committed(cohort, k, usage_of, extra)
+            is_root = i == len(ancestors) - 1
+            limit = record.nominal[k] + (0 if is_root else record.borrowing_limit[k])
+            excess = committed - limit
+            if excess > path_excess:
+                path_excess, blocking = excess, cohort
+        parent = ancestors[0]
+        return Check(
+            own_excess=own_excess,
+            path_excess=path_excess,
+            blocking=blocking if path_excess > 0 else None,
+            parent_committed=self.committed(parent, k, usage_of),
+            parent_nominal=self._cohort_nodes[parent].nominal[k],
+        )
+
+    def borrowing(self, name: str, k: int, usage_of: UsageOf) -> bool:
+        return self.committed(name, k, usage_of) > self.node(name).nominal[k]
+
+    def lenders_reclaim_from(self, tenant: str, k: int, usage_of: UsageOf) -> set[str]:
+        """Tenants whose work ``tenant`` may reclaim: in its tree, borrowing themselves or
+        under a cohort that borrows, below the nearest cohort they share with ``tenant``
+        (a cohort reclaims what it lent, never what its own members share)."""
+        ours = set(self.path[tenant])
+        found: set[str] = set()
+        for other in self.tenant_names:
+            if other == tenant or self.root_of(other) != self.root_of(tenant):
+                continue
+            chain = (other, *self.path[other])
+            for name in chain:
+                if name in ours:
+                    break
+                if self.borrowing(name, k, usage_of):
+                    found.add(other)
+                    break
+        return found
+
+    def ceiling(self, tenant: str, k: int) -> int:
+        """The most of kind ``k`` the tenant could hold with nothing else running."""
+
+        def nothing(_: str) -> int:
+            return 0
+
+        low, high = (
+            0,
+            max(self._tenant_nodes[tenant].nominal[k], 0)
+            + sum(node.nominal[k] for node in self._tenant_nodes.values()),
+        )
+        while low < high:  # the largest amount the tree admits (monotone in the amount)
+            middle = (low + high + 1) // 2
+            check = self.check(tenant, k, middle, nothing)
+            if check.own_excess <= 0 and check.path_excess <= 0:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def describe(self, tenant: str) -> str:
+        """The tenant's place in the tree, for a person: ``root/…/parent``."""
+        return "/".join(reversed(self.path[tenant]))
+
+
+EMPTY_COHORTS: Final[Mapping[str, Cohort]] = MappingProxyType({})
+
+
+def cohort_map(cohorts: Sequence[Cohort]) -> Mapping[str, Cohort]:
+    """Cohorts by name, in name order; a name given twice is refused."""
+    found: dict[str, Cohort] = {}
+    for cohort in cohorts:
+        if cohort.name in found:
+            raise CohortTreeError(f"cohorts.{cohort.name}", "named twice")
+        found[cohort.name] = cohort
+    return MappingProxyType(dict(sorted(found.items())))
