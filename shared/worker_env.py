@@ -43,6 +43,19 @@ RUNNER_VARIABLES: Final = frozenset(
     }
 )
 
+# Set for every worker of a task of a job array (Slurm's SLURM_ARRAY_*), as part of
+# the task's own env: greenfed writes them into each task's spec when it creates the
+# tasks, so a submitted env may not set them.
+ARRAY_VARIABLES: Final = frozenset(
+    {
+        "GREENFED_ARRAY_JOB_ID",  # the array's id
+        "GREENFED_ARRAY_TASK_ID",  # this task's index
+        "GREENFED_ARRAY_TASK_COUNT",  # how many tasks the array has
+        "GREENFED_ARRAY_TASK_MIN",  # its lowest index
+        "GREENFED_ARRAY_TASK_MAX",  # its highest index
+    }
+)
+
 # Set for every worker unless the job's `env` sets them (their defaults are neutral).
 DEFAULT_VARIABLES: Final = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -24,6 +24,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from cloud.work.array_ranges import MAX_ARRAY_INDEX, MAX_ARRAY_TASKS, MAX_ARRAY_TEXT, parse_array
 from shared.errors import FieldError, json_path
 from shared.images import registry_of
 from shared.messages import AcceleratorKind, ImagePullPolicy, LaunchMode, Site
@@ -36,7 +37,7 @@ from shared.work_literals import (
     PriorityClass,
     SpecKind,
 )
-from shared.worker_env import RUNNER_VARIABLES
+from shared.worker_env import ARRAY_VARIABLES, RUNNER_VARIABLES
 
 GIB: Final = 1024**3
 
@@ -251,6 +252,17 @@ class RegistryAuthSpec(SpecStruct, frozen=True, kw_only=True):
     ]
 
 
+class ArrayTaskSpec(SpecStruct, frozen=True, kw_only=True):
+    """Which task of a job array this job is (docs/rest.md#job-arrays): set by greenfed
+    on every task it creates from an `array`; a submission never carries it."""
+
+    array_id: WorkId
+    array: Annotated[str, msgspec.Meta(max_length=MAX_ARRAY_TEXT)]  # as submitted
+    index: Annotated[int, msgspec.Meta(ge=0, le=MAX_ARRAY_INDEX)]
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_ARRAY_TASKS)]
+    throttle: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
 class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     """A training job: a gang of `workers`, all placed at once on cloud nodes, or none."""
 
@@ -401,13 +413,34 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     score_weights: ScoreWeights = {}
     depends_on: DependsOn = ()
     allow_unschedulable: AllowUnschedulable = False
+    array: Annotated[
+        Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ARRAY_TEXT)] | None,
+        msgspec.Meta(
+            description=(
+                "Run it as a job array (Slurm's --array): one task per index, e.g. "
+                "0-99%10 (tasks 0..99, at most 10 placed at once), 1,3,5-7 or 0-15:4; "
+                f"at most {MAX_ARRAY_TASKS} tasks. Each task is a job of its own with "
+                "GREENFED_ARRAY_TASK_ID in its env."
+            ),
+            examples=["0-99%10"],
+        ),
+    ] = None
+    array_task: Annotated[
+        ArrayTaskSpec | None,
+        msgspec.Meta(description="Set by greenfed on each task of an array; never submitted."),
+    ] = None
 
     def __post_init__(self) -> None:
+        if self.array is not None:
+            parse_array(self.array)  # a FieldError on `array` says what is wrong
+        array_variables = sorted(ARRAY_VARIABLES.intersection(self.env))
+        if array_variables and self.array_task is None:  # a task's own are greenfed's
+            raise FieldError("env", _set_by_greenfed(array_variables))
         reserved = sorted(RUNNER_VARIABLES.intersection(self.env))
         if reserved:
             raise FieldError("env", _set_by_greenfed(reserved))
         for name in sorted(self.secret_env):
-            if name in RUNNER_VARIABLES:
+            if name in RUNNER_VARIABLES or name in ARRAY_VARIABLES:
                 raise FieldError(("secret_env", name), _set_by_greenfed([name]))
             if name in self.env:
                 raise FieldError(
