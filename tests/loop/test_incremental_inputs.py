@@ -7,8 +7,8 @@ holds (`NodeViews`) and the node columns, patched where only utilisation moved
 (`NodeTableCache`); within a pass the grid terms keep window means
 (cloud/green/terms.py) and capacity waiting keeps timelines (cloud/green/waiting.py).
 None of it may change a decision: after every step of a random history (submissions of
-random shapes, priorities, tenants, windows and dependencies, cancellations, passes
-committed through the store, evictions and retries, jobs starting and ending,
+random shapes, priorities, tenants, windows and dependencies, cancellations, holds and
+releases, passes committed through the store, evictions and retries, jobs starting and ending,
 deployments rescaled, nodes changing state, samples, labels and cordons, joining and
 leaving, quotas changing, time passing, across a change of daylight saving time) the
 inputs built incrementally, with the caches carried from step to step as the loop
@@ -266,6 +266,13 @@ class SetQuota:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Hold a pending item, or release it if held (cloud/store/job_control.py)."""
+
+    pick: int
+
+
+@dataclass(frozen=True)
 class Tick:
     seconds: float
 
@@ -282,6 +289,7 @@ Step = (
     | Join
     | Leave
     | SetQuota
+    | Hold
     | Tick
 )
 
@@ -343,6 +351,7 @@ STEP_KINDS: Mapping[str, tuple[int, st.SearchStrategy[Step]]] = {
     "pass": (4, st.just(RunPass())),
     "start": (2, st.builds(Start, pick=PICKS)),
     "cancel": (1, st.builds(Cancel, pick=PICKS)),
+    "hold": (1, st.builds(Hold, pick=PICKS)),
     "evict": (
         1,
         st.builds(Evict, pick=PICKS, retry_after_s=st.none() | st.sampled_from([30.0, 600.0])),
@@ -496,6 +505,11 @@ class History:
             record = self._record(target)
             if record is not None:
                 await store.cancel_work(record.tenant_id, record.work_id)
+        elif isinstance(step, Hold):
+            record = self._record(_pick(self.active("pending"), step.pick))
+            if record is not None:
+                hold = None if record.hold is not None else "held"
+                await store.set_hold(record.tenant_id, record.work_id, hold, reason="by hand")
         elif isinstance(step, RunPass):
             inputs, decision = await self.check()
             write = translate(decision.plan, inputs, {}, decision.moves).write
