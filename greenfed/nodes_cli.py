@@ -121,6 +121,8 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout, *, wide: bool = Fals
             state += f" ({came_back} {outage.offline_s:.0f} s, {ago(outage.ended_at)})"
         if node.cordoned:
             state += " [yellow]draining[/]" if node.draining else " [yellow]cordoned[/]"
+        if node.drain_waiting:  # what the drain waits for (a disruption budget)
+            state += f" ({escape('; '.join(node.drain_waiting))})"
         if node.approval == "pending-approval":
             differences = escape("; ".join(node.approval_differences))
             state += f" [magenta]pending-approval[/] ({differences})"
@@ -287,6 +289,8 @@ async def set_node(
     state = "cordoned: no new work lands there" if node.cordoned else "schedulable"
     if node.draining:
         state = "draining: cordoned, its work moving elsewhere"
+        if node.drain_waiting:
+            state += f" ({'; '.join(node.drain_waiting)})"
     taints = ", ".join(node.taints) or "none"
     emit(output, node, lambda: output.out.write(f"node {node.node_id} {state}; taints: {taints}\n"))
     return EXIT_OK

@@ -265,6 +265,10 @@ def replicas_line(work: DeploymentView) -> str:
             else f"{scale.target_p95_latency_ms:g} ms p95"
         )
         line += f"  (autoscaled {scale.min_replicas}..{scale.max_replicas} on {target} per replica)"
+    if work.spec.min_available is not None:
+        # The disruption budget: drains, preemption and rollouts leave this many serving.
+        line += f"\nmin_available: {work.spec.min_available} (kept serving through drains, "
+        line += "preemption and rollouts)"
     canary = work.spec.canary
     if canary is not None:
         line += (

@@ -18,7 +18,7 @@ from cloud.api.bulk_actions import destructive
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
-from cloud.app_keys import INGESTOR, REGISTRY, STORE
+from cloud.app_keys import INGESTOR, REGISTRY, SCHEDULER, STORE
 from cloud.fleet.envelope import claim_of
 from cloud.fleet.node_admin import apply_one
 from cloud.fleet.registry import Approval, NodeFilter, NodeRecord
@@ -69,7 +69,7 @@ async def list_nodes(request: web.Request) -> web.Response:
     )
     page, next_cursor = node_page(records, query.cursor, query.limit)
     body = NodeList(
-        items=tuple(node_summary(record) for record in page),
+        items=tuple(node_summary(record, _drain_waiting(request, record)) for record in page),
         count=len(page),
         total=len(records),
         next_cursor=next_cursor,
@@ -82,7 +82,14 @@ async def get_node(request: web.Request) -> web.Response:
     record = request.app[REGISTRY].get(node_id)
     if record is None:
         raise Problem(404, "node-not-found", "Node not found", f"no node {node_id!r}")
-    return json_response(node_detail(record))
+    return json_response(node_detail(record, _drain_waiting(request, record)))
+
+
+def _drain_waiting(request: web.Request, record: NodeRecord) -> tuple[str, ...]:
+    """What the node's drain waits for, as the scheduling loop's latest pass found."""
+    if SCHEDULER not in request.app or record.admin is None or not record.admin.draining:
+        return ()
+    return request.app[SCHEDULER].deployments.drain_waiting.get(record.node_id, ())
 
 
 # `key[=value][:Effect]` as an admin writes it here: shared.taints' grammar (whose keys
@@ -148,7 +155,7 @@ async def _store_admin(
         request.app[INGESTOR].notify_change()  # the next pass sees it now
     found = registry.get(record.node_id)
     assert found is not None
-    return json_response(node_detail(found))
+    return json_response(node_detail(found, _drain_waiting(request, found)))
 
 
 def _current(request: web.Request, node_id: str) -> NodeAdminRecord:

@@ -45,6 +45,10 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     taints: tuple[str, ...] = ()  # `key=value:Effect`, the agent's and an admin's
     cordoned: bool = False  # an admin stopped new work from landing here
     draining: bool = False  # ... and is moving its work elsewhere
+    # While draining, what its drain waits for, e.g. "waiting: detector would fall below
+    # min_available 2 (1 serving elsewhere)" (cloud/loop/drain.py; the scheduling
+    # leader's latest pass).
+    drain_waiting: tuple[str, ...] = ()
     agent_version: str
     instance_id: str
     accelerators: tuple[Accelerator, ...]
@@ -146,13 +150,14 @@ def _outage_view(outage: Outage | None) -> OutageView | None:
     )
 
 
-def node_summary(record: NodeRecord) -> NodeSummary:
-    return NodeSummary(**_summary_fields(record))  # type: ignore[arg-type]
+def node_summary(record: NodeRecord, drain_waiting: tuple[str, ...] = ()) -> NodeSummary:
+    return NodeSummary(**_summary_fields(record), drain_waiting=drain_waiting)  # type: ignore[arg-type]
 
 
-def node_detail(record: NodeRecord) -> NodeDetail:
+def node_detail(record: NodeRecord, drain_waiting: tuple[str, ...] = ()) -> NodeDetail:
     return NodeDetail(
         **_summary_fields(record),  # type: ignore[arg-type]
+        drain_waiting=drain_waiting,
         host=record.status.host,
         telemetry_interval_s=record.status.telemetry_interval_s,
         telemetry=record.telemetry,

@@ -54,12 +54,16 @@ class DeploymentControl:
         self.grid = GridSignals(now_s=0.0, zones={})  # the latest pass's, for carbon caps
         # Placed deployments after the latest pass: id -> (tenant, desired, serving).
         self.replicas: dict[str, tuple[str, int, int]] = {}
+        # Draining nodes whose drain waits, after the latest pass: node id -> why
+        # (cloud/loop/drain.py; shown with the node).
+        self.drain_waiting: dict[str, tuple[str, ...]] = {}
         self._log = structlog.get_logger("greenfed.loop")
 
     def reset(self) -> None:
         self._autoscaler.reset()
         self._rollout_watch.reset()
         self.replicas = {}
+        self.drain_waiting = {}
 
     def _deployments(self, store: StoreSnapshot) -> Iterator[tuple[WorkRecord, DeploymentSpec]]:
         """Placed deployments with their specs, each decoded once per version (an
@@ -101,6 +105,7 @@ class DeploymentControl:
         drain = plan_drain(
             records, by_work(store.allocations), deployments, nodes, draining_nodes(nodes)
         )
+        self.drain_waiting = {node: tuple(why) for node, why in drain.waiting.items()}
         if drain.writes:
             for eviction in drain.evictions:
                 self._log.info("work requeued", work_id=eviction.work_id, reason=eviction.reason)

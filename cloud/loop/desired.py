@@ -129,10 +129,13 @@ def _cores(members: Sequence[AllocationRecord]) -> int | None:
 
 def canary_members(spec: DeploymentSpec, members: Sequence[AllocationRecord]) -> frozenset[int]:
     """The replicas that serve a rollout's new model: the lowest replica numbers, at
-    least one replica always keeping the deployment's model."""
-    if spec.canary is None or len(members) < 2:
+    least one replica, and at least the deployment's `min_available`, always keeping
+    the deployment's model (a canary that fails takes no more than the budget allows;
+    with no room for a canary the rollout waits for more replicas)."""
+    keep = max(1, spec.min_available or 0)
+    if spec.canary is None or len(members) <= keep:
         return frozenset()
-    count = min(spec.canary.replicas, len(members) - 1)
+    count = min(spec.canary.replicas, len(members) - keep)
     return frozenset(sorted(m.member_index for m in members)[:count])
 
 

@@ -6,6 +6,12 @@ is replaced before it stops: its deployment may hold that many replicas more (th
 surge) until as many replicas as it wants serve on other nodes; then the replicas on
 the draining node are given back. A deployment with nowhere else to go keeps its
 replica there (the drain waits, as a Kubernetes drain waits on a disruption budget).
+
+A deployment with a `min_available` (its disruption budget) lets the drain go on as
+soon as that many replicas serve elsewhere: the ones on the draining node are given
+back then, and the queue tops the deployment up again. Until then the node stays
+draining, and says what it waits for (`waiting`, shown with the node): "waiting:
+detector would fall below min_available 2 (1 serving elsewhere)".
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ class DrainPlan:
     releases: list[PlacementWrite] = field(default_factory=list)
     surge: dict[str, int] = field(default_factory=dict)  # deployment -> replacements wanted
     held: set[str] = field(default_factory=set)  # deployments the drain is handling
+    # Per draining node, what keeps its drain from ending (one line per deployment).
+    waiting: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def writes(self) -> bool:
@@ -69,10 +77,26 @@ def plan_drain(
         elsewhere = [m for m in members if m.node_id not in draining]
         load = serving_load(work_id, elsewhere, nodes)
         serving = load.ready_replicas if load is not None else 0
-        if serving >= spec.replicas:
+        budget = spec.min_available
+        if serving >= spec.replicas or (budget is not None and serving >= budget):
             plan.releases.append(
                 keep_replicas(record, spec.replicas, elsewhere, "replicas moved off a drained node")
             )
-        else:
-            plan.surge[work_id] = len(on_drain)
+            continue
+        plan.surge[work_id] = len(on_drain)
+        reason = _waiting_reason(spec, serving)
+        for node_id in sorted({m.node_id for m in on_drain}):
+            plan.waiting.setdefault(node_id, []).append(reason)
     return plan
+
+
+def _waiting_reason(spec: DeploymentSpec, serving: int) -> str:
+    if spec.min_available is not None:
+        return (
+            f"waiting: {spec.name} would fall below min_available {spec.min_available} "
+            f"({serving} serving elsewhere)"
+        )
+    return (
+        f"waiting: {spec.name} has {serving} of {spec.replicas} replicas serving elsewhere; "
+        "its replacements start first"
+    )

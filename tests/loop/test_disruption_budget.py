@@ -1,0 +1,113 @@
+"""A deployment's `min_available` in the loop: a drain goes on once that many replicas
+serve elsewhere and says what it waits for until then; a rollout's canary leaves that
+many replicas on the deployment's model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+
+from cloud.fleet.registry import NodeRecord
+from cloud.loop.desired import canary_members
+from cloud.loop.drain import DrainPlan, plan_drain
+from cloud.store import AllocationRecord, WorkRecord
+from cloud.work.convert import spec_of
+from cloud.work.specs import CanarySpec, DeploymentSpec
+from shared.messages import DeploymentSample, Telemetry
+
+from .builders import allocation, node, work
+
+
+def serving(record: NodeRecord, *deployment_ids: str) -> NodeRecord:
+    """`record` with a telemetry sample saying it serves `deployment_ids`."""
+    samples = tuple(
+        DeploymentSample(deployment_id=d, requests=10, errors=0, rejected=0, requests_per_s=1.0)
+        for d in deployment_ids
+    )
+    telemetry = Telemetry(
+        node_id=record.node_id,
+        instance_id="i1",
+        seq=1,
+        sampled_at=0.0,
+        interval_s=1.0,
+        cpu_utilization_pct=1.0,
+        memory_used_bytes=0,
+        memory_total_bytes=1,
+        deployments=samples,
+    )
+    return dataclasses.replace(record, telemetry=telemetry)
+
+
+def deployment(
+    replicas: int, min_available: int | None, nodes: tuple[str, ...]
+) -> tuple[WorkRecord, DeploymentSpec, tuple[AllocationRecord, ...]]:
+    record = work(
+        "detector", kind="inference", state="running", replicas=replicas,
+        min_available=min_available,
+    )  # fmt: skip
+    spec = spec_of(record)
+    assert isinstance(spec, DeploymentSpec)
+    members = tuple(
+        allocation("detector", i, node_id, kind="inference") for i, node_id in enumerate(nodes)
+    )
+    return record, spec, members
+
+
+def drain(
+    replicas: int, min_available: int | None, placed_on: tuple[str, ...], serving_on: set[str]
+) -> DrainPlan:
+    record, spec, members = deployment(replicas, min_available, placed_on)
+    nodes = {
+        node_id: serving(node(node_id), "detector") if node_id in serving_on else node(node_id)
+        for node_id in {*placed_on, "spare"}
+    }
+    return plan_drain({"detector": record}, {"detector": members}, {"detector": spec}, nodes, {"a"})
+
+
+def test_a_drain_waits_while_the_deployment_would_fall_below_min_available() -> None:
+    plan = drain(2, 2, ("a", "b"), serving_on={"a", "b"})
+    assert plan.releases == []
+    assert plan.surge == {"detector": 1}  # a replacement is wanted elsewhere first
+    assert plan.waiting == {
+        "a": ["waiting: detector would fall below min_available 2 (1 serving elsewhere)"]
+    }
+
+
+def test_a_drain_goes_on_once_min_available_replicas_serve_elsewhere() -> None:
+    # The replacement serves on "spare": the replica on "a" is given back.
+    plan = drain(2, 2, ("a", "b", "spare"), serving_on={"a", "b", "spare"})
+    assert plan.waiting == {}
+    (release,) = plan.releases
+    assert sorted(a.node_id for a in release.allocations) == ["b", "spare"]
+
+
+def test_a_budget_below_the_replicas_lets_the_drain_go_on_at_once() -> None:
+    # Three replicas, a budget of two, two serve elsewhere: the drain need not wait
+    # for a replacement (the queue tops the deployment up afterwards).
+    plan = drain(3, 2, ("a", "b", "c"), serving_on={"a", "b", "c"})
+    assert plan.waiting == {}
+    assert plan.surge == {}
+    (release,) = plan.releases
+    assert sorted(a.node_id for a in release.allocations) == ["b", "c"]
+
+
+def test_without_a_budget_the_drain_says_it_waits_for_the_replacements() -> None:
+    plan = drain(2, None, ("a", "b"), serving_on={"a", "b"})
+    assert plan.releases == []
+    assert plan.waiting == {
+        "a": [
+            "waiting: detector has 1 of 2 replicas serving elsewhere; its replacements start first"
+        ]
+    }
+
+
+def test_a_canary_leaves_min_available_replicas_on_the_deployments_model() -> None:
+    _, spec, members = deployment(4, 3, ("a", "b", "c", "d"))
+    canary = CanarySpec(model_id="m2", replicas=3)
+    assert canary_members(msgspec.structs.replace(spec, canary=canary), members) == {0}
+    no_budget = msgspec.structs.replace(spec, canary=canary, min_available=None)
+    assert canary_members(no_budget, members) == {0, 1, 2}
+    # A budget of every replica leaves no room for a canary: the rollout waits.
+    full = msgspec.structs.replace(spec, canary=canary, min_available=4)
+    assert canary_members(full, members) == frozenset()
