@@ -72,12 +72,15 @@ class QuotaBook:
         self,
         tenants: Mapping[str, Tenant],
         start: ClusterState | None = None,
-        cohorts: Mapping[str, Cohort] = EMPTY_COHORTS,
+        cohorts: Mapping[str, Cohort] | None = None,
     ) -> None:
         """``start``: the state before anything of this pass, whose usage is what a
         denied tenant's own evictions never have to go below. ``cohorts``: the
-        configured cohort tree (hierarchy.py); empty: flat cohorts only."""
+        configured cohort tree (hierarchy.py), by default the start's snapshot's;
+        empty: flat cohorts only."""
         self.tenants = tenants
+        if cohorts is None:
+            cohorts = start.snapshot.cohorts if start is not None else EMPTY_COHORTS
         self.tree = CohortTree(tenants, cohorts) if cohorts else None
         cohort_nominal: dict[str, list[int]] = {}
         for tenant in tenants.values():
