@@ -35,6 +35,7 @@ from greenfed.arguments import (
 )
 from greenfed.data_dir_lock import data_dir_lock
 from greenfed.edge_run import EDGE_RUN_HELP, add_edge_run_options, cmd_edge_run
+from greenfed.job_control_cli import add_job_control_commands
 from greenfed.output import ACTION_FORMATS, emit, output_of
 from greenfed.ports import check_api_port
 from greenfed.store_cli import add_store_commands
@@ -864,6 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(handler=cmd_eval)
 
     add_work_commands(commands)
+    add_job_control_commands(commands)
     add_access_commands(commands)
     add_upgrade_commands(commands, nodes_commands)
     add_store_commands(commands)
