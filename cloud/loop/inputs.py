@@ -16,7 +16,8 @@ released or resumed; its reason stays the one the hold gave ("held by alice").
 
 Pending work with dependencies (`depends_on`) is queued only once every one holds; work
 still waiting for its jobs, or whose dependency can no longer hold (the loop cancels
-it), is held back (`dependencies`, decided by cloud/work/dependencies.py).
+it), is held back (`dependencies`, decided by cloud/work/dependencies.py); so are the
+tasks of a job array beyond its throttle (cloud/work/array_throttle.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from cloud.loop.nodes import NodeViews, pool_model
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, Tenant, Work
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.store.states import PLACED_STATES
+from cloud.work.array_throttle import throttled, with_throttled
 from cloud.work.convert import (
     allocation_from_record,
     running_limits,
@@ -153,7 +155,8 @@ def build_inputs(
         # takes nothing the scheduler could give away; the loop decides when it is lost.
         if allocation.node_id in nodes and allocation.work_id in works
     ]
-    dependencies = resolve(store.dependencies)
+    # Tasks of a job array beyond its throttle wait like work waiting for its jobs.
+    dependencies = with_throttled(resolve(store.dependencies), throttled(store.work, now))
     queue = []
     for record in store.work:
         work = works.get(record.work_id)

@@ -16,7 +16,7 @@ from dataclasses import replace
 from types import TracebackType
 
 from sqlalchemy import bindparam, func, select, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cloud.fleet.envelope import NodeClaim
@@ -73,6 +73,13 @@ from cloud.store.errors import (
 )
 from cloud.store.group_commit import GroupCommit
 from cloud.store.ids import IdGenerator
+from cloud.store.job_arrays import (
+    ArrayTaskRecord,
+    NewArrayTask,
+    insert_array,
+    select_array_tasks,
+    select_task_id,
+)
 from cloud.store.leadership import (
     LeadershipLease,
     PostgresLease,
@@ -578,6 +585,93 @@ class Store:
     async def _commit_submissions(self, group: Sequence[NewWork]) -> list[Submitted]:
         async with self._write() as connection:
             return await insert_work_group(connection, self._context, group)
+
+    async def submit_array(
+        self,
+        tenant_id: str,
+        array_id: str,
+        *,
+        tasks: Sequence[tuple[int, bytes]],
+        priority: PriorityClass,
+        idempotency_key: str | None = None,
+        dependencies: Sequence[NewDependency] = (),
+    ) -> SubmitResult:
+        """Insert every task of a job array (index, spec) as pending training work in one
+        transaction (cloud/store/job_arrays.py); the result is its first task. A retry
+        with the `idempotency_key` gets the earlier first task (`created=False`). Raises
+        `QueueFullError` when the tasks do not all fit in `max_queued`, and
+        `TenantNotFoundError`."""
+        for _, spec in tasks:
+            check_json_object(spec, "spec")
+        new = [
+            NewArrayTask(
+                index,
+                NewWork(
+                    work_id=self._ids.new_id(),
+                    tenant_id=tenant_id,
+                    kind="training",
+                    spec=spec,
+                    priority=priority,
+                    idempotency_key=idempotency_key if position == 0 else None,
+                    dependencies=tuple(dependencies),
+                ),
+            )
+            for position, (index, spec) in enumerate(tasks)
+        ]
+        try:
+            async with self._write() as connection:
+                result = await insert_array(connection, self._context, tenant_id, array_id, new)
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            # Another submission with the key committed first: it is the original.
+            earlier = await self.work_by_idempotency_key(tenant_id, idempotency_key)
+            if earlier is None:
+                raise
+            return SubmitResult(earlier, False)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def array_tasks(
+        self, tenant_id: str | None, array_id: str
+    ) -> tuple[ArrayTaskRecord, ...]:
+        """The tasks of the tenant's job array (`None`: any tenant's), by index."""
+        async with self._read() as connection:
+            return await select_array_tasks(connection, tenant_id, array_id)
+
+    async def array_task_id(self, tenant_id: str | None, array_id: str, index: int) -> str | None:
+        """The job id of one task of the tenant's job array (`None`: any tenant's)."""
+        async with self._read() as connection:
+            return await select_task_id(connection, tenant_id, array_id, index)
+
+    async def cancel_many(
+        self,
+        tenant_id: str,
+        records: Sequence[WorkRecord],
+        *,
+        reason: str,
+        actor: str | None = None,
+        audit: NewAudit | None = None,
+    ) -> CommitResult:
+        """Cancel the tenant's work as read (each at its version) in one transaction, as
+        `cancel_work` does one item: all of them, or none (`VersionConflictError`)."""
+        changes = tuple(
+            StateWrite(
+                work_id=record.work_id,
+                to_state="cancelled",
+                reason=reason,
+                expected_version=record.version,
+                actor=actor,
+            )
+            for record in records
+        )
+        async with self._write() as connection:
+            if audit is not None:
+                await insert_audit(connection, audit, self._clock())
+            return await apply_changes(
+                connection, self._context, Changes(state_changes=changes, tenant_id=tenant_id)
+            )
 
     async def work_links(self, tenant_id: str, work_id: str) -> WorkLinks:
         """What the tenant's work waits for, and what waits for it."""

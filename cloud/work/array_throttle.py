@@ -1,0 +1,118 @@
+"""How many tasks of a job array may be placed at once: its throttle (`array = "0-99%10"`).
+
+The scheduling loop asks `throttled` on every pass with the work it read
+(cloud/loop/inputs.py). An array with a throttle of N and P tasks placed (scheduled or
+running) offers the scheduler only its N - P lowest pending tasks; the others wait,
+like work waiting for its dependencies (pending reason code `dependency`), with a
+reason that names the throttle and the tasks holding it. So the scheduler never sees
+more of an array than it may place, and never places more than N of its tasks at once.
+
+Held, suspended or backing-off tasks are pending but not queued: they take no slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+import msgspec
+
+from cloud.store.records import DependencyRecord, WorkRecord
+from cloud.store.states import PLACED_STATES
+from cloud.work.dependencies import Resolution, Waiting
+from cloud.work.specs import ArrayTaskSpec
+
+# The canonical spec encoding writes every field: a task's holds this, other work's
+# `"array_task":null` (or, written by an older greenfed, nothing).
+_TASK_MARK: Final = b'"array_task":{'
+_SHOWN_PLACED: Final = 8
+
+
+class _ArrayTaskOf(msgspec.Struct, frozen=True):
+    """Only the `array_task` of a training spec (the rest is skipped unread)."""
+
+    array_task: ArrayTaskSpec | None = None
+
+
+_DECODER: Final = msgspec.json.Decoder(_ArrayTaskOf)
+
+
+@dataclass(frozen=True, slots=True)
+class _Task:
+    record: WorkRecord
+    index: int
+
+
+def _tasks_by_array(records: Iterable[WorkRecord]) -> dict[str, tuple[int, list[_Task]]]:
+    """Array id -> (throttle, its tasks among `records`), for throttled arrays only."""
+    arrays: dict[str, tuple[int, list[_Task]]] = {}
+    for record in records:
+        if record.kind != "training" or _TASK_MARK not in record.spec:
+            continue
+        try:
+            task = _DECODER.decode(record.spec).array_task
+        except msgspec.DecodeError:
+            continue  # the conversion sets it aside as unschedulable, with the reason
+        if task is None or task.throttle is None:
+            continue
+        arrays.setdefault(task.array_id, (task.throttle, []))[1].append(_Task(record, task.index))
+    return arrays
+
+
+def queueable(record: WorkRecord, now: float) -> bool:
+    """Pending and offered to the scheduler this pass, but for the throttle."""
+    if record.state != "pending" or record.hold is not None:
+        return False
+    return record.not_before is None or record.not_before <= now
+
+
+def throttled(records: Iterable[WorkRecord], now: float) -> Mapping[str, Waiting]:
+    """Pending tasks of arrays at their throttle: work id -> why it is not queued."""
+    waiting: dict[str, Waiting] = {}
+    for array_id, (throttle, tasks) in _tasks_by_array(records).items():
+        placed = sorted(
+            (task for task in tasks if task.record.state in PLACED_STATES),
+            key=lambda task: task.index,
+        )
+        ready = sorted(
+            (task for task in tasks if queueable(task.record, now)), key=lambda task: task.index
+        )
+        held_back = ready[max(0, throttle - len(placed)) :]
+        if not held_back:
+            continue
+        shown = ", ".join(str(task.index) for task in placed[:_SHOWN_PLACED])
+        more = ", …" if len(placed) > _SHOWN_PLACED else ""
+        which = f" (tasks {shown}{more})" if placed else ""
+        message = (
+            f"Array {array_id} places at most {throttle} of its tasks at once (%{throttle}): "
+            f"{len(placed)} placed{which}; this task waits its turn."
+        )
+        for task in held_back:
+            waiting[task.record.work_id] = Waiting(
+                message=message,
+                waiting_for=tuple(
+                    DependencyRecord(
+                        work_id=task.record.work_id,
+                        position=position,
+                        job_id=sibling.record.work_id,
+                        condition="ended",
+                        job_state=sibling.record.state,
+                        job_reason=sibling.record.state_reason,
+                    )
+                    for position, sibling in enumerate(placed[:_SHOWN_PLACED])
+                ),
+            )
+    return waiting
+
+
+def with_throttled(resolution: Resolution, waiting: Mapping[str, Waiting]) -> Resolution:
+    """`resolution` with the tasks the throttle holds back waiting too (a task that also
+    waits for its dependencies says so: that reason comes first)."""
+    if not waiting:
+        return resolution
+    return Resolution(
+        waiting=MappingProxyType({**waiting, **resolution.waiting}),
+        cancelled=resolution.cancelled,
+    )
