@@ -24,7 +24,7 @@ from shared.errors import (
     UnknownFieldError,
     dotted_path,
 )
-from shared.messages import NodeTaint, Site
+from shared.messages import AcceleratorKind, NodeTaint, Site
 from shared.placement_names import placement_error
 from shared.taints import MAX_TAINTS, parse_taint
 from shared.topics import (
@@ -311,6 +311,37 @@ PolicySetting = Literal[
 ]
 
 
+Quota = dict[AcceleratorKind, Annotated[int, msgspec.Meta(ge=0)]]
+
+
+class CohortSettings(Section, frozen=True, kw_only=True):
+    """One cohort of the tree above the tenants (`[scheduling.cohorts.<name>]`,
+    cloud/scheduler/hierarchy.py): a kind not listed in `quotas` has the sum of its
+    members' quotas; not in `borrowing_limit`: no limit; not in `lending_limit`: all its
+    unused quota may be lent to its siblings."""
+
+    parent: str | None = None
+    quotas: Quota = {}
+    borrowing_limit: Quota = {}
+    lending_limit: Quota = {}
+
+
+def _check_cohort_tree(cohorts: Mapping[str, CohortSettings]) -> None:
+    """Parents must not form a cycle; the key named is the cohort's `parent`."""
+    for name in cohorts:
+        seen = [name]
+        parent = cohorts[name].parent
+        while parent is not None:
+            if parent in seen:
+                # Raised inside validation: msgspec reports it at `scheduling`.
+                raise ValueError(
+                    f"cohorts.{name}.parent: parents form a cycle: "
+                    + " -> ".join([*seen, parent])
+                )
+            seen.append(parent)
+            parent = cohorts[parent].parent if parent in cohorts else None
+
+
 class SchedulingSettings(Section, frozen=True, kw_only=True):
     """The scheduling loop (cloud/loop, docs/scheduling.md)."""
 
@@ -363,6 +394,15 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     # Training goes only to nodes that isolate workers at least this well (docs/isolation.md:
     # none < user < sandbox); a job may ask for more with its own `isolation`.
     min_isolation: Literal["none", "user", "sandbox"] = "none"
+    # Fair share (docs/scheduling.md "Queue order"): past usage counts with a weight that
+    # halves every this long (0: only what each tenant holds now) ...
+    fair_share_half_life_s: Annotated[float, msgspec.Meta(ge=0)] = 7 * 86400.0
+    # ... and the cohort tree above the tenants, by name (tenants name their parent in
+    # their `cohort`).
+    cohorts: dict[str, CohortSettings] = {}
+
+    def __post_init__(self) -> None:
+        _check_cohort_tree(self.cohorts)
 
 
 class LogSettings(Section, frozen=True, kw_only=True):

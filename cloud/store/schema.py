@@ -366,6 +366,16 @@ usage_counterfactuals = Table(
     Column("zone_factors", JsonDocument, nullable=True),
 )
 
+# Per tenant (by name), its decayed past usage for fair share (v0018,
+# cloud/scheduler/fair_share.py): kind -> accelerator-seconds weighted by age, as of `as_of`.
+fair_share_usage = Table(
+    "fair_share_usage",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("accelerator_seconds", JsonDocument, nullable=False),
+    Column("as_of", Double, nullable=False),
+)
+
 # What an admin set on a node (v0007): cordoned (no new work), draining (its work moved
 # off), and taints and labels
 # added to those its agent declares. `taints` is a list of `key=value:Effect` strings.

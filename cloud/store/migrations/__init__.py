@@ -31,6 +31,7 @@ from cloud.store.migrations import (
     v0015_agent_upgrades,
     v0016_job_control,
     v0017_job_arrays,
+    v0018_fair_share,
 )
 
 
@@ -59,6 +60,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(15, "agent_upgrades", v0015_agent_upgrades.upgrade),
     SchemaMigration(16, "job_control", v0016_job_control.upgrade),
     SchemaMigration(17, "job_arrays", v0017_job_arrays.upgrade),
+    SchemaMigration(18, "fair_share", v0018_fair_share.upgrade),
 )
 
 
