@@ -25,6 +25,7 @@ from cloud.store import (
     clusters,
     enrolment,
     enrolment_failures,
+    fair_share,
     job_control,
     node_admin,
     tenant_tokens,
@@ -71,6 +72,7 @@ from cloud.store.errors import (
     VersionConflictError,
     WorkNotFoundError,
 )
+from cloud.store.fair_share import FairShareRow
 from cloud.store.group_commit import GroupCommit
 from cloud.store.ids import IdGenerator
 from cloud.store.job_arrays import (
@@ -1239,6 +1241,20 @@ class Store:
     async def usage_totals(self) -> list[UsageTotal]:
         async with self._read() as connection:
             return await usage.select_totals(connection)
+
+    # ---- fair share (cloud/store/fair_share.py) ----------------------------------------
+
+    async def fair_share_usage(self) -> dict[str, FairShareRow]:
+        async with self._read() as connection:
+            return await fair_share.select_fair_share(connection)
+
+    async def put_fair_share_usage(self, rows: list[FairShareRow]) -> None:
+        async with self._write(notify=False) as connection:
+            await fair_share.put_fair_share(connection, self.backend, rows)
+
+    async def held_by_tenant(self) -> dict[str, dict[str, int]]:
+        async with self._read() as connection:
+            return await fair_share.select_held(connection)
 
     # ---- events ------------------------------------------------------------------------
 
