@@ -174,6 +174,7 @@ def _job_fields(record: WorkRecord, spec: TrainingJobSpec, tenant: str) -> dict[
         **_common(record, tenant),
         "failures": record.failures,
         "retry_at": utc_from_epoch(record.not_before) if waiting and record.not_before else None,
+        "hold": record.hold if record.state == "pending" else None,
         "name": spec.name,
         "workers": spec.workers,
         "accelerators_per_worker": spec.accelerators_per_worker,
@@ -598,6 +599,10 @@ async def _explain(request: web.Request, collection: Collection[SpecT]) -> web.R
             message = "The stored explanation could not be read by this greenfed version."
     elif found.work.state_reason:
         message = found.work.state_reason
+    if found.work.state == "pending" and found.work.hold is not None:
+        # Out of the queue until a person lifts the hold: the scheduler's last word on it
+        # (made before) no longer says why it waits; the hold's reason does.
+        explanation, message = None, found.work.state_reason or found.work.hold
     body = ExplainView(
         id=found.work.work_id,
         kind=collection.spec_kind,

@@ -83,6 +83,9 @@ class JobSummary(WorkFields, frozen=True, kw_only=True):
     accelerator_kind: AcceleratorKind
     failures: int = 0  # its own failures so far, each retried by its max_retries
     retry_at: datetime | None = None  # queued after a failure: not placed before then
+    # Pending, out of the queue until a person lifts it: "held" (release) or
+    # "suspended" (resume); null: queued as usual (cloud/api/job_control.py).
+    hold: Literal["held", "suspended"] | None = None
 
 
 class DeploymentSummary(WorkFields, frozen=True, kw_only=True):
