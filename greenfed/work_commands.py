@@ -26,6 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from cloud.models.views import ModelList, ModelView, TensorView
+from cloud.work.array_ranges import task_name
+from cloud.work.array_views import JobArrayView
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec, encode_spec
 from cloud.work.views import (
     AllocationView,
@@ -150,7 +152,7 @@ def render_jobs(jobs: JobList, out: TextIO, *, tenants: bool = False, wide: bool
         table.add_column(column)
     for job in jobs.items:
         table.add_row(
-            job.id,
+            job.id if job.array_id is None else task_name(job.array_id, job.array_index or 0),
             *((job.tenant,) if tenants else ()),
             job.name,
             state_text(job.state),
@@ -469,6 +471,8 @@ def render_work(
         target.print(f"failures: {work.failures}{retry}")
     if work.allocations:
         target.print(_allocations_table(work.allocations, wide=wide))
+    if isinstance(work, JobView) and work.array is not None:
+        target.print(_array_tasks_table(work.array, wide=wide))
     if work.usage is not None:
         target.print(usage_line(work.usage))
     if isinstance(work, DeploymentView):
@@ -478,6 +482,23 @@ def render_work(
         _print_endpoints(work, target)
     if explain is not None:
         render_explanation(explain, target)
+
+
+def _array_tasks_table(array: JobArrayView, *, wide: bool = False) -> Table:
+    """The tasks of a job array, each named as `greenfed job`/`cancel` take it."""
+    throttle = "" if array.throttle is None else f", at most {array.throttle} at once"
+    table = Table(title=f"tasks: {array.count} ({array.array}{throttle})", title_justify="left")
+    for column in ("task", "state", "attempts", "reason", *(("job id",) if wide else ())):
+        table.add_column(column, overflow="fold" if column == "reason" else "ellipsis")
+    for task in array.tasks:
+        table.add_row(
+            task_name(array.id, task.index),
+            state_text(task.state),
+            str(task.attempts),
+            task.reason or "",
+            *((task.id,) if wide else ()),
+        )
+    return table
 
 
 def _counts(values: Mapping[AcceleratorKind, int]) -> str:
@@ -592,19 +613,31 @@ async def list_work(
 async def show_work(client: ApiClient, kind: SpecKind, work_id: str, *, output: Output) -> int:
     base = ("/v1/jobs/" if kind == "training" else "/v1/deployments/") + work_id
     (_, payload), (_, explained) = await asyncio.gather(
-        client.call("GET", base), client.call("GET", base + "/explain")
+        client.call("GET", base), _explanation(client, base)
     )
 
     def shown() -> None:
         work = msgspec.json.decode(payload, type=JobView if kind == "training" else DeploymentView)
-        explain = msgspec.json.decode(explained, type=ExplainView)
+        explain = None if explained is None else msgspec.json.decode(explained, type=ExplainView)
         render_work(work, explain, output.out, wide=output.wide)
 
-    # The work as the API answers it, with its explanation under `explain`.
+    # The work as the API answers it, with its explanation under `explain` (a job
+    # array has none of its own: each task has its own).
     combined = msgspec.json.decode(payload)
-    combined["explain"] = msgspec.json.decode(explained)
+    combined["explain"] = None if explained is None else msgspec.json.decode(explained)
     emit(output, combined, shown)
     return EXIT_OK
+
+
+async def _explanation(client: ApiClient, base: str) -> tuple[int, bytes | None]:
+    """The work's explanation; None for a job array's id, which names no single job (a
+    404 of the work itself is the GET's to report)."""
+    try:
+        return await client.call("GET", base + "/explain")
+    except CliError as error:
+        if error.status == 404:
+            return 404, None
+        raise
 
 
 async def scale(client: ApiClient, deployment_id: str, replicas: int, *, output: Output) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from cloud.api.auth import tenant_of
+from cloud.api.job_arrays import task_id_of
 from cloud.api.problems import Problem
 from cloud.app_keys import STORE
 from cloud.store import WorkRecord
@@ -36,6 +37,10 @@ async def work_id_of(
     the admin's reach: every tenant's)."""
     if is_full_id(reference):
         return reference
+    if kind == "training":  # ARRAYID_7: task 7 of a job array
+        task = await task_id_of(request, reference, any_tenant=any_tenant)
+        if task is not None:
+            return task
     caller = tenant_of(request)
     scope = None if any_tenant and caller.admin else caller.tenant_id
     store = request.app[STORE]
@@ -52,11 +57,11 @@ async def work_id_of(
         )
         found = by_prefix(reference, matches)
     if isinstance(found, Ambiguous):
-        raise _ambiguous(noun, found)
+        raise ambiguous_problem(noun, found)
     return reference if found is None else found.work_id
 
 
-def _ambiguous(noun: str, ambiguous: Ambiguous) -> Problem:
+def ambiguous_problem(noun: str, ambiguous: Ambiguous) -> Problem:
     listed = ", ".join(
         f"{record.work_id} ({record.state}, submitted {_at(record.submitted_at)})"
         for record in ambiguous.candidates

@@ -28,6 +28,7 @@ from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import PatchFields, decode_body, invalid_body, json_response, read_body
 from cloud.api.bulk_actions import destructive
+from cloud.api.job_arrays import cancel_array, get_array, refuse_array_task, submit_array
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import RFC3339_PATTERN, comma_list, comma_list_pattern, parse_query
 from cloud.api.references import work_id_of
@@ -179,6 +180,8 @@ def _job_fields(record: WorkRecord, spec: TrainingJobSpec, tenant: str) -> dict[
         "workers": spec.workers,
         "accelerators_per_worker": spec.accelerators_per_worker,
         "accelerator_kind": spec.accelerator_kind,
+        "array_id": None if spec.array_task is None else spec.array_task.array_id,
+        "array_index": None if spec.array_task is None else spec.array_task.index,
     }
 
 
@@ -326,6 +329,7 @@ def _stored_form(request: web.Request, spec: SpecT, tenant: TenantRecord) -> Spe
     """The spec as the store keeps it: its secrets' plaintext checked, then encrypted.
     Everything after this sees ciphertext only."""
     if isinstance(spec, TrainingJobSpec):
+        refuse_array_task(spec)
         try:
             check_secret_sizes(spec)
         except FieldError as error:
@@ -348,6 +352,34 @@ def _check_times_as_sent(raw: bytes, spec: WorkSpec) -> None:
         sent = _DEADLINE_AS_SENT.decode(raw).deadline
         if sent is None or _RFC3339.fullmatch(sent) is None:
             raise invalid_body("$.deadline", "an RFC 3339 time, e.g. 2026-12-01T00:00:00Z")
+
+
+def accepted_spec(
+    request: web.Request, collection: Collection[SpecT], raw: bytes, tenant: TenantRecord
+) -> SpecT:
+    """The body as a submission takes it, in its stored form, with every check of the
+    spec alone that a submission makes (dry runs and apply: cloud/api/apply.py)."""
+    decoded = decode_body(raw, collection.decoder)
+    _check_times_as_sent(raw, decoded)
+    spec = _stored_form(request, decoded, tenant)
+    _check_priority(tenant, spec.priority)
+    _check_schedulable(spec)
+    return spec
+
+
+async def check_admissible(request: web.Request, spec: WorkSpec, tenant: TenantRecord) -> None:
+    """What a submission refuses of new work beyond its spec: a passed deadline, a
+    dependency that can never hold, a model the tenant does not have."""
+    refused = await refused_now(request, spec, tenant, time.time())
+    refused = refused or await refused_dependencies(request, spec, tenant)
+    if refused is not None:
+        raise refused
+    if isinstance(spec, DeploymentSpec) and (
+        await request.app[STORE].get_model(tenant.tenant_id, spec.model_id) is None
+    ):
+        raise invalid_body(
+            "$.model_id", f"no model {spec.model_id!r}: upload it first with POST /v1/models"
+        )
 
 
 async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Response:
@@ -377,6 +409,8 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
         raise invalid_body(
             "$.model_id", f"no model {spec.model_id!r}: upload it first with POST /v1/models"
         )
+    if isinstance(spec, TrainingJobSpec) and spec.array is not None:
+        return await submit_array(request, tenant, spec, key)  # one job per task
     document = encode_spec(spec)
     try:
         result = await store.submit_work(
@@ -473,6 +507,10 @@ async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Respo
     )
     tenant = await owner_of(request, work_id)
     found = await request.app[STORE].work_with_allocations(tenant.tenant_id, work_id)
+    if found is None and collection is JOBS:  # a job array's id names no job
+        array = await get_array(request, work_id)
+        if array is not None:
+            return array
     if found is None or found[0].kind != collection.store_kind:
         raise not_found(collection, work_id)
     record, allocations = found
@@ -538,6 +576,10 @@ async def _change_live_work(
 async def _cancel(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     store = request.app[STORE]
     caller = tenant_of(request)
+    if collection is JOBS:  # a job array's id: every task that has not ended
+        cancelled = await cancel_array(request, request.match_info["id"])
+        if cancelled is not None:
+            return cancelled
 
     async def cancel(tenant: TenantRecord, record: WorkRecord) -> web.Response:
         by_admin = tenant.tenant_id != caller.tenant_id

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import msgspec
 
 from cloud.usage.views import WorkUsage
+from cloud.work.array_views import JobArrayView
 from cloud.work.explanation import Explanation
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.clock import utc_from_epoch
@@ -86,6 +87,10 @@ class JobSummary(WorkFields, frozen=True, kw_only=True):
     # Pending, out of the queue until a person lifts it: "held" (release) or
     # "suspended" (resume); null: queued as usual (cloud/api/job_control.py).
     hold: Literal["held", "suspended"] | None = None
+    # A task of a job array: the array's id and its index (null: not a task). The array
+    # itself is shown by GET /v1/jobs/{array id} (docs/rest.md#job-arrays).
+    array_id: str | None = None
+    array_index: int | None = None
 
 
 class DeploymentSummary(WorkFields, frozen=True, kw_only=True):
@@ -118,6 +123,7 @@ class JobView(JobSummary, frozen=True, kw_only=True):
     spec: TrainingJobSpec
     waits_for: tuple[DependencyView, ...] = ()  # its depends_on, with those jobs' states
     needed_by: tuple[DependencyView, ...] = ()  # work whose depends_on names this job
+    array: JobArrayView | None = None  # the view of a job array: its summary and tasks
 
 
 class ServingView(msgspec.Struct, frozen=True, kw_only=True):

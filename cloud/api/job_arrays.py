@@ -1,0 +1,281 @@
+"""Job arrays over REST (docs/rest.md#job-arrays): submit one, see it, cancel it.
+
+`POST /v1/jobs` with `array` creates one ordinary training job per index, all in one
+transaction (cloud/store/job_arrays.py), and answers with the array's view. The array's
+own id names no job: `GET /v1/jobs/{array id}` shows its summary state and tasks,
+`DELETE /v1/jobs/{array id}` cancels every task that has not ended. A task is a job
+like any other (hold, requeue, logs, cancel by its id); `ARRAYID_7` names task 7
+wherever a job's id is taken (`task_id_of`, used by cloud/api/references.py).
+
+Each task's spec is the submitted spec with `array_task` (its array, index and the
+throttle) and the GREENFED_ARRAY_* variables in its env; `submitted_form` undoes that,
+so a retry with the same Idempotency-Key compares like with like.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.audit import audit_entry
+from cloud.api.auth import tenant_of
+from cloud.api.bodies import invalid_body, json_response
+from cloud.api.problems import Problem
+from cloud.api.refusals import new_dependencies
+from cloud.app_keys import STORE
+from cloud.secrets.redaction import redacted
+from cloud.store import (
+    TERMINAL_STATES,
+    IllegalTransitionError,
+    QueueFullError,
+    TenantRecord,
+    VersionConflictError,
+)
+from cloud.store.ids import IdGenerator
+from cloud.store.job_arrays import ArrayTaskRecord
+from cloud.work.array_ranges import parse_array, split_task_name
+from cloud.work.array_views import (
+    ArrayTaskView,
+    JobArrayView,
+    array_state,
+    counts_text,
+    state_counts,
+)
+from cloud.work.specs import TRAINING_DECODER, ArrayTaskSpec, TrainingJobSpec, encode_spec
+from cloud.work.views import JobView
+from shared.clock import utc_from_epoch
+from shared.worker_env import ARRAY_VARIABLES
+
+_CANCEL_RETRIES: Final = 5
+
+
+def refuse_array_task(spec: TrainingJobSpec) -> None:
+    """A submission never names its own task: greenfed sets `array_task`."""
+    if spec.array_task is not None:
+        raise invalid_body(
+            "$.array_task", "is set by greenfed on the tasks of an array; submit `array` instead"
+        )
+
+
+def task_specs(spec: TrainingJobSpec, array_id: str) -> list[tuple[int, TrainingJobSpec]]:
+    """The spec of every task of the array `spec` asks for, by index."""
+    assert spec.array is not None
+    asked = parse_array(spec.array)
+    shared_env = {
+        "GREENFED_ARRAY_JOB_ID": array_id,
+        "GREENFED_ARRAY_TASK_COUNT": str(asked.count),
+        "GREENFED_ARRAY_TASK_MIN": str(asked.indices[0]),
+        "GREENFED_ARRAY_TASK_MAX": str(asked.indices[-1]),
+    }
+    return [
+        (
+            index,
+            msgspec.structs.replace(
+                spec,
+                array=None,
+                array_task=ArrayTaskSpec(
+                    array_id=array_id,
+                    array=spec.array,
+                    index=index,
+                    count=asked.count,
+                    throttle=asked.throttle,
+                ),
+                env={**spec.env, **shared_env, "GREENFED_ARRAY_TASK_ID": str(index)},
+            ),
+        )
+        for index in asked.indices
+    ]
+
+
+def submitted_form(task: TrainingJobSpec) -> TrainingJobSpec:
+    """The spec of the array submission a task was made from."""
+    if task.array_task is None:
+        return task
+    env = {name: value for name, value in task.env.items() if name not in ARRAY_VARIABLES}
+    return msgspec.structs.replace(task, array=task.array_task.array, array_task=None, env=env)
+
+
+async def submit_array(
+    request: web.Request, tenant: TenantRecord, spec: TrainingJobSpec, key: str | None
+) -> web.Response:
+    """Create every task of the array `spec` asks for (its stored form), or none."""
+    array_id = IdGenerator().new_id()
+    tasks = task_specs(spec, array_id)
+    store = request.app[STORE]
+    try:
+        result = await store.submit_array(
+            tenant.tenant_id,
+            array_id,
+            tasks=[(index, encode_spec(task)) for index, task in tasks],
+            priority=spec.priority,
+            idempotency_key=key,
+            dependencies=new_dependencies(spec),
+        )
+    except QueueFullError as error:
+        raise Problem(
+            429,
+            "queue-full",
+            "Too much work queued",
+            f"tenant {tenant.name} has {error.queued} pending jobs and deployments and its "
+            f"max_queued is {error.max_queued}: the array's {len(tasks)} tasks do not fit "
+            "(each task counts); submit again once some have started, or cancel some",
+        ) from None
+    first = result.work
+    earlier = TRAINING_DECODER.decode(first.spec)
+    if not result.created and (
+        first.kind != "training" or earlier.array_task is None or submitted_form(earlier) != spec
+    ):
+        raise Problem(
+            409,
+            "idempotency-key-reused",
+            "Idempotency-Key reused",
+            f"Idempotency-Key {key!r} was used for another request body ({first.work_id}); "
+            "use a new key for a different submission",
+        )
+    assert earlier.array_task is not None
+    found = await store.array_tasks(tenant.tenant_id, earlier.array_task.array_id)
+    response = json_response(array_view(found, tenant.name), status=201 if result.created else 200)
+    response.headers["Location"] = f"/v1/jobs/{earlier.array_task.array_id}"
+    return response
+
+
+def array_view(tasks: tuple[ArrayTaskRecord, ...], tenant: str) -> JobView:
+    """The view of an array with these tasks (at least one): a job view whose state is
+    the array's summary, its spec the submitted one, its `array` the tasks."""
+    first = tasks[0].work
+    spec = TRAINING_DECODER.decode(first.spec)
+    assert spec.array_task is not None
+    states = [task.work.state for task in tasks]
+    counts = state_counts(states)
+    throttle = spec.array_task.throttle
+    limit = "" if throttle is None else f" (at most {throttle} placed at once)"
+    submitted = submitted_form(spec)
+    return JobView(
+        id=tasks[0].array_id,
+        name=spec.name,
+        tenant=tenant,
+        priority=first.priority,
+        state=array_state(states),
+        reason=f"array of {len(tasks)} tasks: {counts_text(counts)}{limit}",
+        attempts=sum(task.work.attempts for task in tasks),
+        version=sum(task.work.version for task in tasks),
+        submitted_at=utc_from_epoch(first.submitted_at),
+        updated_at=utc_from_epoch(max(task.work.updated_at for task in tasks)),
+        workers=spec.workers,
+        accelerators_per_worker=spec.accelerators_per_worker,
+        accelerator_kind=spec.accelerator_kind,
+        failures=sum(task.work.failures for task in tasks),
+        array_id=tasks[0].array_id,
+        idempotency_key=first.idempotency_key,
+        nodes=(),
+        allocations=(),
+        spec=redacted(submitted),
+        array=JobArrayView(
+            id=tasks[0].array_id,
+            array=spec.array_task.array,
+            count=len(tasks),
+            throttle=throttle,
+            state=array_state(states),
+            states=counts,
+            tasks=tuple(
+                ArrayTaskView(
+                    index=task.index,
+                    id=task.work.work_id,
+                    state=task.work.state,
+                    reason=task.work.state_reason,
+                    attempts=task.work.attempts,
+                )
+                for task in tasks
+            ),
+        ),
+    )
+
+
+async def _array_of(
+    request: web.Request, array_id: str
+) -> tuple[TenantRecord, tuple[ArrayTaskRecord, ...]] | None:
+    """The caller's array (the admin: any tenant's) with its tenant; None: no such array."""
+    caller = tenant_of(request)
+    store = request.app[STORE]
+    tasks = await store.array_tasks(None if caller.admin else caller.tenant_id, array_id)
+    if not tasks:
+        return None
+    owner = tasks[0].work.tenant_id
+    if owner == caller.tenant_id:
+        return caller, tasks
+    return (await store.get_tenant(owner) or caller), tasks
+
+
+async def get_array(request: web.Request, array_id: str) -> web.Response | None:
+    """`GET /v1/jobs/{array id}`: the array's view; None: no array of the caller's."""
+    found = await _array_of(request, array_id)
+    if found is None:
+        return None
+    tenant, tasks = found
+    return json_response(array_view(tasks, tenant.name))
+
+
+async def cancel_array(request: web.Request, array_id: str) -> web.Response | None:
+    """`DELETE /v1/jobs/{array id}`: cancel every task that has not ended, in one
+    transaction; None: no array of the caller's. 409 when every task had ended."""
+    caller = tenant_of(request)
+    store = request.app[STORE]
+    for _ in range(_CANCEL_RETRIES):
+        found = await _array_of(request, array_id)
+        if found is None:
+            return None
+        tenant, tasks = found
+        live = [task.work for task in tasks if task.work.state not in TERMINAL_STATES]
+        if not live:
+            raise Problem(
+                409,
+                "already-finished",
+                "Job already finished",
+                f"every task of array {array_id} has ended; only pending, scheduled or "
+                "running work can be cancelled",
+            )
+        by_admin = tenant.tenant_id != caller.tenant_id
+        try:
+            await store.cancel_many(
+                tenant.tenant_id,
+                live,
+                reason=f"cancelled by admin {caller.name}"
+                if by_admin
+                else "cancelled by the tenant",
+                actor=caller.name,
+                audit=(
+                    audit_entry(
+                        request,
+                        "work.cancel",
+                        array_id,
+                        tenant=tenant.name,
+                        kind="job array",
+                        tasks=[task.work_id for task in live],
+                    )
+                    if caller.admin
+                    else None
+                ),
+            )
+        except (VersionConflictError, IllegalTransitionError):
+            continue  # a task moved meanwhile: look again
+        after = await store.array_tasks(tenant.tenant_id, array_id)
+        return json_response(array_view(after, tenant.name))
+    raise Problem(
+        409,
+        "changing",
+        "Changing too fast",
+        f"job array {array_id} changed on every attempt to have it cancelled; retry",
+    )
+
+
+async def task_id_of(request: web.Request, reference: str, *, any_tenant: bool) -> str | None:
+    """The job id of the task `reference` names (``ARRAYID_7``) among the caller's arrays
+    (with `any_tenant`, the admin's reach: every tenant's); None: it names none."""
+    named = split_task_name(reference)
+    if named is None:
+        return None
+    caller = tenant_of(request)
+    scope = None if any_tenant and caller.admin else caller.tenant_id
+    return await request.app[STORE].array_task_id(scope, *named)

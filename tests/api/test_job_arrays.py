@@ -1,0 +1,155 @@
+"""Job arrays over REST (issue 29): `array = "0-3%2"` makes one ordinary training job per
+index in one commit; the array's id shows the summary and the tasks, and cancels them
+all; `ARRAYID_N` names one task wherever a job id is taken. Both databases; the throttle
+against real agents is tests/e2e/test_job_arrays_live.py."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cloud.app_keys import REGISTRY
+from cloud.loop.inputs import build_inputs
+from tests.api.support import Api, bearer, job_spec, problem
+
+
+async def refused(api: Api, token: str, spec: dict[str, Any]) -> tuple[str, str]:
+    body = await problem(await api.submit(token, spec), 422)
+    (param,) = body["invalid_params"]
+    return param["name"], param["reason"]
+
+
+async def test_an_array_is_one_job_per_task_committed_together(api: Api) -> None:
+    token = await api.tenant("vision")
+    response = await api.submit(token, job_spec(name="sweep", array="0-15:5%2"))
+    assert response.status == 201, await response.text()
+    body = await response.json()
+    array_id = body["id"]
+    assert response.headers["Location"] == f"/v1/jobs/{array_id}"
+    array = body["array"]
+    assert (array["array"], array["count"], array["throttle"]) == ("0-15:5%2", 4, 2)
+    assert [task["index"] for task in array["tasks"]] == [0, 5, 10, 15]
+    assert (body["state"], array["state"], array["states"]) == (
+        "pending",
+        "pending",
+        {"pending": 4},
+    )
+    assert body["spec"]["array"] == "0-15:5%2"
+    assert body["spec"]["array_task"] is None
+    assert "GREENFED_ARRAY_TASK_ID" not in body["spec"]["env"]
+
+    # Each task is an ordinary job: its own id, its index in its env and in its view.
+    task_ids = {task["index"]: task["id"] for task in array["tasks"]}
+    task = await (await api.get(token, f"/v1/jobs/{task_ids[10]}")).json()
+    assert (task["array_id"], task["array_index"], task["name"]) == (array_id, 10, "sweep")
+    assert task["spec"]["array"] is None
+    assert task["spec"]["array_task"] == {
+        "array_id": array_id,
+        "array": "0-15:5%2",
+        "index": 10,
+        "count": 4,
+        "throttle": 2,
+    }
+    assert task["spec"]["env"] == {
+        "GREENFED_ARRAY_JOB_ID": array_id,
+        "GREENFED_ARRAY_TASK_COUNT": "4",
+        "GREENFED_ARRAY_TASK_MIN": "0",
+        "GREENFED_ARRAY_TASK_MAX": "15",
+        "GREENFED_ARRAY_TASK_ID": "10",
+    }
+    # ARRAYID_INDEX names the task wherever a job's id is taken.
+    named = await api.get(token, f"/v1/jobs/{array_id}_10")
+    assert (await named.json())["id"] == task_ids[10]
+    assert (await api.get(token, f"/v1/jobs/{array_id}_10/explain")).status == 200
+    assert (await api.get(token, f"/v1/jobs/{array_id}_3")).status == 404
+
+    listed = await (await api.get(token, "/v1/jobs")).json()
+    assert sorted((item["array_index"], item["id"]) for item in listed["items"]) == sorted(
+        (index, work_id) for index, work_id in task_ids.items()
+    )
+
+    # The scheduling loop offers only as many tasks as the throttle allows.
+    inputs = build_inputs(time.time(), api.app[REGISTRY].nodes(), await api.store.load_snapshot())
+    assert sorted(w.work_id for w in inputs.snapshot.queue) == sorted([task_ids[0], task_ids[5]])
+    assert inputs.dependencies.waiting[task_ids[15]].message == (
+        f"Array {array_id} places at most 2 of its tasks at once (%2): 0 placed; "
+        "this task waits its turn."
+    )
+
+
+async def test_a_bad_array_is_refused_naming_it(api: Api) -> None:
+    token = await api.tenant("vision")
+    for text, reason in (
+        ("0-9%0", "'0-9%0': the throttle %0 must be at least 1"),
+        ("9-3", "'9-3': the range 9-3 is empty (it ends before it starts)"),
+        ("1,,3", "'1,,3': '' is not an index, a range A-B or a stepped range A-B:S"),
+        ("0-10000", "'0-10000' asks for more than 10000 tasks, an array's most"),
+        ("1,3,1", "'1,3,1' names task 1 twice"),
+        ("0-3%x", "'0-3%x': the throttle after % is a whole number, e.g. %10"),
+    ):
+        name, said = await refused(api, token, job_spec(array=text))
+        assert name == "$.array"
+        assert said.startswith(reason), said
+    assert (await refused(api, token, job_spec(array="")))[0] == "$.array"
+    task = {"array_id": "01JZZZZZZZZZZZZZZZZZZZZZZZ", "array": "0", "index": 0, "count": 1}
+    name, said = await refused(api, token, job_spec(array_task=task))
+    assert (name, said) == (
+        "$.array_task",
+        "is set by greenfed on the tasks of an array; submit `array` instead",
+    )
+    name, said = await refused(api, token, job_spec(env={"GREENFED_ARRAY_TASK_ID": "3"}))
+    assert name == "$.env"
+    assert "GREENFED_ARRAY_TASK_ID is set by greenfed" in said
+    assert (await (await api.get(token, "/v1/jobs")).json())["count"] == 0
+
+
+async def test_cancel_one_task_or_all_and_the_summary_follows(api: Api) -> None:
+    token = await api.tenant("vision")
+    other = await api.tenant("other")
+    array_id = await api.submitted(token, job_spec(array="0-2"))
+
+    one = await api.client.delete(f"/v1/jobs/{array_id}_1", headers=bearer(token))
+    assert one.status == 200, await one.text()
+    assert (await one.json())["state"] == "cancelled"
+    summary = await (await api.get(token, f"/v1/jobs/{array_id}")).json()
+    assert summary["array"]["states"] == {"pending": 2, "cancelled": 1}
+    assert summary["state"] == "pending"
+
+    # Another tenant neither sees nor cancels it.
+    assert (await api.get(other, f"/v1/jobs/{array_id}")).status == 404
+    assert (await api.client.delete(f"/v1/jobs/{array_id}", headers=bearer(other))).status == 404
+    assert (await api.get(other, f"/v1/jobs/{array_id}_0")).status == 404
+
+    every = await api.client.delete(f"/v1/jobs/{array_id}", headers=bearer(token))
+    assert every.status == 200, await every.text()
+    body = await every.json()
+    assert (body["state"], body["array"]["states"]) == ("cancelled", {"cancelled": 3})
+    assert [task["reason"] for task in body["array"]["tasks"]] == ["cancelled by the tenant"] * 3
+    again = await api.client.delete(f"/v1/jobs/{array_id}", headers=bearer(token))
+    assert (await problem(again, 409))["type"].endswith("already-finished")
+
+    # The admin sees every tenant's array.
+    seen = await api.get(api.admin_token, f"/v1/jobs/{array_id}")
+    assert (await seen.json())["tenant"] == "vision"
+
+
+async def test_the_whole_array_fits_in_max_queued_or_none_is_created(api: Api) -> None:
+    token = await api.tenant("vision", max_queued=3)
+    body = await problem(await api.submit(token, job_spec(array="0-3")), 429)
+    assert "the array's 4 tasks do not fit" in body["detail"]
+    assert (await (await api.get(token, "/v1/jobs")).json())["count"] == 0
+    assert (await api.submit(token, job_spec(array="0-2"))).status == 201
+
+
+async def test_a_retry_with_the_idempotency_key_gets_the_same_array(api: Api) -> None:
+    token = await api.tenant("vision")
+    spec = job_spec(array="0-4%1", env={"SEED": "7"})
+    first = await api.submit(token, spec, key="sweep-1")
+    assert first.status == 201
+    array_id = (await first.json())["id"]
+    retry = await api.submit(token, spec, key="sweep-1")
+    assert retry.status == 200
+    assert (await retry.json())["id"] == array_id
+    other = await api.submit(token, job_spec(array="0-5"), key="sweep-1")
+    await problem(other, 409)
+    assert (await (await api.get(token, "/v1/jobs")).json())["count"] == 5
