@@ -1,0 +1,124 @@
+"""The scheduling loop's side of fair share: each tenant's decayed past usage, advanced
+every pass from what its allocations hold, handed to the scheduler in the snapshot with
+the configured cohort tree, and written to the store now and then (`fair_share_usage`)
+so that a new leader goes on from it and the API shows it (`greenfed tenants`).
+
+Between two passes a tenant is taken to have held what it holds at the later one; the
+passes are seconds apart, the half-life days (`scheduling.fair_share_half_life_s`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Final, Protocol
+
+from cloud.loop.inputs import PassInputs
+from cloud.scheduler import KINDS, Allocation, Cohort
+from cloud.scheduler.fair_share import DecayedUsage, kind_usage
+from cloud.store.fair_share import FairShareRow
+from shared.settings import CohortSettings
+
+PERSIST_INTERVAL_S: Final = 30.0
+_KIND_CODE: Final = {kind: k for k, kind in enumerate(KINDS)}
+
+
+class FairShareStore(Protocol):
+    async def fair_share_usage(self) -> dict[str, FairShareRow]: ...
+    async def put_fair_share_usage(self, rows: list[FairShareRow]) -> None: ...
+
+
+def scheduler_cohorts(cohorts: Mapping[str, CohortSettings]) -> tuple[Cohort, ...]:
+    """The settings' cohort tree as the scheduler's records."""
+    return tuple(
+        Cohort(
+            name=name,
+            parent=cohort.parent,
+            nominal=cohort.quotas,
+            borrowing_limit=cohort.borrowing_limit,
+            lending_limit=cohort.lending_limit,
+        )
+        for name, cohort in sorted(cohorts.items())
+    )
+
+
+def held_by_tenant(allocations: Sequence[Allocation]) -> dict[str, list[int]]:
+    """Tenant name -> accelerators held per kind (KINDS order)."""
+    held: dict[str, list[int]] = {}
+    for alloc in allocations:
+        counts = held.setdefault(alloc.tenant, [0] * len(KINDS))
+        counts[_KIND_CODE[alloc.accelerator_kind]] += alloc.accelerators
+    return held
+
+
+class FairShareLedger:
+    def __init__(
+        self,
+        half_life_s: float,
+        cohorts: Mapping[str, CohortSettings],
+        persist_interval_s: float = PERSIST_INTERVAL_S,
+    ) -> None:
+        self._half_life_s = half_life_s
+        self._cohorts = scheduler_cohorts(cohorts)
+        self._persist_interval_s = persist_interval_s
+        self._usage: dict[str, DecayedUsage] = {}
+        self._loaded: dict[str, DecayedUsage] | None = None
+        self._persisted_at = -math.inf
+
+    async def load(self, store: FairShareStore) -> None:
+        """Once, before the first pass: the history the previous leader wrote."""
+        if self._loaded is not None:
+            return
+        rows = await store.fair_share_usage()
+        self._loaded = {
+            name: DecayedUsage(kind_usage(row.accelerator_seconds), row.as_of)
+            for name, row in rows.items()
+        }
+
+    def applied(self, inputs: PassInputs, now: float) -> PassInputs:
+        """``inputs`` with the cohort tree and every tenant's decayed usage as of ``now``,
+        after adding what the snapshot's allocations hold."""
+        if self._loaded:
+            # What happened while no leader counted is unknown: decayed, nothing added.
+            zero = [0] * len(KINDS)
+            for name, usage in self._loaded.items():
+                self._usage[name] = usage.advanced(now, zero, self._half_life_s)
+            self._loaded = {}
+        held = held_by_tenant(inputs.snapshot.allocations)
+        nothing = [0] * len(KINDS)
+        for name in set(self._usage) | set(held):
+            before = self._usage.get(name) or DecayedUsage.empty(now)
+            self._usage[name] = before.advanced(now, held.get(name, nothing), self._half_life_s)
+        past = {
+            name: average
+            for name, usage in sorted(self._usage.items())
+            if any(average := usage.average(now, self._half_life_s))
+        }
+        snapshot = inputs.snapshot
+        if past or self._cohorts:
+            snapshot = dataclasses.replace(
+                snapshot,
+                past_usage=past,
+                cohorts={cohort.name: cohort for cohort in self._cohorts},
+            )
+        return dataclasses.replace(inputs, snapshot=snapshot)
+
+    async def persist(self, store: FairShareStore, monotonic_now: float) -> None:
+        """Write the accumulators at most every ``persist_interval_s``."""
+        if monotonic_now - self._persisted_at < self._persist_interval_s or not self._usage:
+            return
+        self._persisted_at = monotonic_now
+        rows = [
+            FairShareRow(
+                tenant=name,
+                accelerator_seconds={
+                    kind: value
+                    for kind, value in zip(KINDS, usage.accelerator_seconds, strict=True)
+                    if value
+                },
+                as_of=usage.as_of,
+            )
+            for name, usage in sorted(self._usage.items())
+        ]
+        await store.put_fair_share_usage(rows)
