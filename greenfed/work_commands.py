@@ -129,6 +129,11 @@ def state_text(state: str) -> Text:
     return Text(state, style=_STATE_STYLE.get(state, ""))
 
 
+def held_state_text(job: JobSummary) -> Text:
+    """`pending (held)`, `pending (suspended)`: out of the queue until a person lifts it."""
+    return Text.assemble(state_text(job.state), f" ({job.hold})" if job.hold else "")
+
+
 def _with_tenants(
     items: tuple[JobSummary, ...] | tuple[DeploymentSummary, ...], asked: bool
 ) -> bool:
@@ -155,7 +160,7 @@ def render_jobs(jobs: JobList, out: TextIO, *, tenants: bool = False, wide: bool
             job.id if job.array_id is None else task_name(job.array_id, job.array_index or 0),
             *((job.tenant,) if tenants else ()),
             job.name,
-            state_text(job.state),
+            held_state_text(job),
             job.priority,
             f"{job.workers}×{job.accelerators_per_worker} {job.accelerator_kind}",
             str(job.attempts),
@@ -446,7 +451,8 @@ def render_work(
         else f"{work.replicas} replica(s) × {work.accelerators_per_replica}"
         + (f", model {work.model_id}" if work.model_id else "")
     )
-    target.print(Text.assemble("state: ", state_text(work.state), f"  ({work.priority}, {shape})"))
+    state = held_state_text(work) if isinstance(work, JobView) else state_text(work.state)
+    target.print(Text.assemble("state: ", state, f"  ({work.priority}, {shape})"))
     if work.reason:
         target.print(f"reason: {work.reason}")
     for line in dependency_lines(work):
