@@ -12,6 +12,7 @@ from aiohttp import web
 
 from cloud.api.audit import audit_entry
 from cloud.api.bodies import PatchFields, invalid_body, json_response, read_json
+from cloud.api.fair_share import fair_share_views
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
 from cloud.api.scope import tenant_not_found
@@ -124,7 +125,11 @@ async def update_tenant(request: web.Request) -> web.Response:
 
 async def list_tenants(request: web.Request) -> web.Response:
     records = await request.app[STORE].list_tenants()
-    body = TenantList(items=tuple(tenant_view(r) for r in records), count=len(records))
+    shares = await fair_share_views(request.app, records)
+    items = tuple(
+        msgspec.structs.replace(tenant_view(r), fair_share=shares.get(r.name)) for r in records
+    )
+    body = TenantList(items=items, count=len(records))
     return json_response(body)
 
 
@@ -149,6 +154,11 @@ ROUTES: Final = (
         "List the tenants (admin)",
         "admin",
         "tenants",
+        description=(
+            "Each tenant carries `fair_share`: its cohort path, what it holds, its decayed "
+            "past usage, its dominant share and its rank among its siblings "
+            "(docs/scheduling.md, Queue order)."
+        ),
         replies=(Reply(200, "Every tenant, by name", TenantList),),
     ),
     Route(

@@ -264,6 +264,19 @@ class TenantView(msgspec.Struct, frozen=True, kw_only=True):
     # No quota of any kind applies: no accelerator quotas (none set, no cohort), no
     # max_running, no max_queued.
     unlimited: bool = False
+    # Its place in fair sharing (`GET /v1/tenants` only; docs/scheduling.md).
+    fair_share: FairShareView | None = None
+
+
+class FairShareView(msgspec.Struct, frozen=True, kw_only=True):
+    """A tenant's standing in fair sharing, as the scheduler would order it now."""
+
+    parent_path: tuple[str, ...]  # its cohorts, the top one first; [] without a cohort
+    dominant_share: float  # (held + decayed usage) / nominal, the largest over kinds
+    held: dict[AcceleratorKind, int]  # accelerators its work holds now
+    decayed_usage: dict[AcceleratorKind, float]  # its decayed past usage, in accelerators
+    rank: int  # among its siblings (same parent cohort), 1 = served first
+    siblings: int  # how many, itself included
 
 
 class TenantCreated(TenantView, frozen=True, kw_only=True):
