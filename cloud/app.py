@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from cloud.admin import bootstrap_admin
 from cloud.api import (
     agent_upgrades,
+    apply,
     audit,
     clusters,
     enrolment,
@@ -405,6 +406,7 @@ def create_app(
         nodes,
         signals,
         system,
+        apply,  # its /v1/jobs/dry-run before /v1/jobs/{id}
         work,
         job_control,
         models,

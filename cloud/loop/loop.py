@@ -50,6 +50,7 @@ from cloud.green.policies import (
 from cloud.loop.allocations import by_work
 from cloud.loop.deployment_control import DeploymentControl
 from cloud.loop.desired import desired_document
+from cloud.loop.fair_share import FairShareLedger
 from cloud.loop.generations import first_generations, generations_behind
 from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, PassInputs, backing_off, build_inputs
@@ -61,7 +62,7 @@ from cloud.loop.queue_metrics import QueueMetrics
 from cloud.loop.reports import agent_outcomes
 from cloud.loop.unacknowledged import AssignmentWatch
 from cloud.models.signing import ModelUrlSigner
-from cloud.scheduler import Plan
+from cloud.scheduler import Plan, Policy
 from cloud.secrets.release import SecretRelease
 from cloud.signals.grid import GridSignals
 from cloud.signals.service import SignalService
@@ -150,6 +151,7 @@ class SchedulingLoop:
         self._secrets = secrets  # seals jobs' secrets into the desired documents
         self._upgrades = upgrades  # agent versions nodes are asked to run (cloud/upgrades/)
         self.deployments = DeploymentControl(store, self._commit)
+        self.fair_share = FairShareLedger(settings.fair_share_half_life_s, settings.cohorts)
         self._models: dict[str, ModelRecord] = {}  # immutable records, by id
         self._clock = clock
         self._monotonic = monotonic
@@ -267,6 +269,12 @@ class SchedulingLoop:
             if gap_s:
                 await asyncio.sleep(gap_s)
 
+    async def current_policy(self) -> Policy:
+        """The policy a pass would place work by now, with the grid's latest signals (a
+        dry run's placement: cloud/loop/dry_run.py)."""
+        green = await self._green_inputs(self._registry.nodes())
+        return build_policy(self._settings.policy, green)
+
     # ---- one pass ----------------------------------------------------------------------
 
     def work_record(self, work_id: str) -> WorkRecord | None:
@@ -344,6 +352,7 @@ class SchedulingLoop:
         max_attempts = self._store.max_attempts
 
         max_decisions = self._max_decisions(move_check)
+        await self.fair_share.load(self._store)
 
         def decide() -> tuple[PassInputs, PassDecision, list[CounterfactualRecord]]:
             # Off the event loop, the inputs too: converting thousands of newly queued
@@ -352,6 +361,7 @@ class SchedulingLoop:
             inputs = build_inputs(
                 now, nodes.values(), store, self._converted, surge, node_views=self._node_views
             )
+            inputs = self.fair_share.applied(inputs, now)
             running = running_jobs(inputs, max_attempts) if migrator else []
             decision = schedule_then_move(
                 inputs.snapshot,
@@ -364,6 +374,7 @@ class SchedulingLoop:
             return inputs, decision, self._counterfactuals(inputs, decision.plan, green)
 
         inputs, decision, counterfactuals = await asyncio.to_thread(decide)
+        await self.fair_share.persist(self._store, move_check)
         if not decision.plan.undecided:
             self._last_full_pass = move_check
         if migrator is not None:

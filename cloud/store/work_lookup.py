@@ -22,8 +22,10 @@ from shared.work_literals import WorkKind
 
 def _spec_name(dialect: str) -> ColumnElement[str]:
     if dialect == "postgresql":
-        return type_coerce(work.c.spec, JSON)["name"].as_string()
-    return func.json_extract(work.c.spec, "$.name")
+        as_text: ColumnElement[str] = type_coerce(work.c.spec, JSON)["name"].as_string()
+        return as_text
+    extracted: ColumnElement[str] = func.json_extract(work.c.spec, "$.name")
+    return extracted
 
 
 async def select_work_matching(

@@ -22,14 +22,16 @@ async def test_a_405_allows_exactly_the_methods_of_the_path_the_document_gives(
 ) -> None:
     paths = (await document(api))["paths"]
     admin = bearer(api.admin_token)
-    for path, documented in (
-        ("/v1/nodes/enrol", "/v1/nodes/enrol"),  # not /v1/nodes/{node_id} for "enrol"
-        ("/v1/nodes/enrolled", "/v1/nodes/enrolled"),
-        ("/v1/nodes/join-tokens", "/v1/nodes/join-tokens"),
-        ("/v1/deployments/x", "/v1/deployments/{id}"),  # methods on two resources
-        ("/v1/jobs", "/v1/jobs"),
+    for method, path, documented in (
+        ("PUT", "/v1/nodes/enrol", "/v1/nodes/enrol"),  # not /v1/nodes/{node_id} for "enrol"
+        ("PUT", "/v1/nodes/enrolled", "/v1/nodes/enrolled"),
+        ("PUT", "/v1/nodes/join-tokens", "/v1/nodes/join-tokens"),
+        # Methods on three resources (cloud/api/apply.py's PUT, then work.py's).
+        ("POST", "/v1/deployments/x", "/v1/deployments/{id}"),
+        ("PUT", "/v1/jobs", "/v1/jobs"),
+        ("PUT", "/v1/jobs/dry-run", "/v1/jobs/dry-run"),  # not /v1/jobs/{id} for "dry-run"
     ):
-        response = await api.client.request("PUT", path, headers=admin)
+        response = await api.client.request(method, path, headers=admin)
         await problem(response, 405)
         allowed = set(response.headers["Allow"].split(","))
         expected = {method.upper() for method in paths[documented]}

@@ -1,0 +1,433 @@
+"""Declarative work: apply a spec by name, and dry runs that store nothing.
+
+- `PUT /v1/jobs/{name}` and `PUT /v1/deployments/{name}` (`greenfed apply`): create the
+  tenant's work of that name, or bring the live one in line with the spec. A deployment
+  changes in place where it can (model, batching, replicas, autoscale: as PATCH does);
+  a queued job (pending, never placed) takes what PATCH /v1/jobs/{id} takes; a started
+  job is immutable, and the 409 says what to do instead. Applying the spec of ended work
+  again changes nothing; another spec under an ended name is new work. `dry_run=true`
+  answers what would be done, changing nothing (`greenfed diff`).
+- `POST /v1/jobs/dry-run` and `POST /v1/deployments/dry-run` (`greenfed submit
+  --dry-run`): every check a submission makes, then where the scheduler would place the
+  work now (cloud/loop/dry_run.py).
+
+Names are the tenant's own: the admin applies in its own tenant too. An update is in
+the audit log (`work.update`) and in the events (`work.updated`, `work.changed`);
+nothing of a dry run is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Final
+
+import msgspec
+from aiohttp import web
+
+from cloud.api.audit import audit_entry
+from cloud.api.auth import tenant_of
+from cloud.api.bodies import invalid_body, json_response, read_body
+from cloud.api.problems import Problem, problem_reply
+from cloud.api.query import parse_query
+from cloud.api.references import ambiguous_problem
+from cloud.api.refusals import new_dependencies
+from cloud.api.routes import Reply, Route
+from cloud.api.work import (
+    DEPLOYMENTS,
+    JOBS,
+    Collection,
+    SpecT,
+    accepted_spec,
+    check_admissible,
+)
+from cloud.app_keys import REGISTRY, SCHEDULER, STORE
+from cloud.loop.dry_run import dry_run_explanation
+from cloud.scheduler import DEFAULT_POLICY
+from cloud.store import (
+    IllegalTransitionError,
+    QueueFullError,
+    TenantRecord,
+    VersionConflictError,
+    WorkRecord,
+)
+from cloud.work.apply_views import ApplyView, DryRunView
+from cloud.work.convert import spec_of
+from cloud.work.lookup import SHOWN_CANDIDATES, Ambiguous
+from cloud.work.spec_changes import (
+    IN_PLACE_DEPLOYMENT_FIELDS,
+    QUEUED_JOB_FIELDS,
+    FieldChange,
+    applied_in_place,
+    not_in_place,
+    spec_changes,
+)
+from cloud.work.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, encode_spec
+from shared.errors import FieldError, json_path
+from shared.problems import InvalidParam
+
+_CHANGE_RETRIES: Final = 5
+
+
+class DryRunQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    dry_run: bool = False
+
+
+# ---- dry runs ----------------------------------------------------------------------------
+
+
+async def _placement(
+    request: web.Request, collection: Collection[SpecT], tenant: TenantRecord, spec: SpecT
+) -> DryRunView:
+    """Where `spec` would go if submitted now (a pass that commits nothing)."""
+    app = request.app
+    policy = await app[SCHEDULER].current_policy() if SCHEDULER in app else DEFAULT_POLICY
+    store = await app[STORE].load_snapshot()
+    nodes = app[REGISTRY].nodes()
+    explanation = await asyncio.to_thread(
+        dry_run_explanation,
+        time.time(),
+        nodes,
+        store,
+        tenant_id=tenant.tenant_id,
+        kind=collection.store_kind,
+        spec=spec,
+        policy=policy,
+    )
+    waits_for = tuple(dependency.job for dependency in spec.depends_on)
+    message = (
+        "Not looked at: the scheduler would not queue it."
+        if explanation is None
+        else explanation.message
+    )
+    if waits_for:
+        message = f"Once {', '.join(waits_for)} ended as asked: {message}"
+    return DryRunView(
+        kind=collection.spec_kind,
+        name=spec.name,
+        message=message,
+        explanation=explanation,
+        waits_for=waits_for,
+    )
+
+
+async def _dry_run(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+    tenant = tenant_of(request)
+    spec = accepted_spec(request, collection, await read_body(request), tenant)
+    await check_admissible(request, spec, tenant)
+    return json_response(await _placement(request, collection, tenant, spec))
+
+
+async def dry_run_job(request: web.Request) -> web.Response:
+    return await _dry_run(request, JOBS)
+
+
+async def dry_run_deployment(request: web.Request) -> web.Response:
+    return await _dry_run(request, DEPLOYMENTS)
+
+
+# ---- apply -------------------------------------------------------------------------------
+
+
+def _refused(slug: str, title: str, detail: str, fields: tuple[str, ...] = ()) -> Problem:
+    return Problem(
+        409, slug, title, detail, tuple(InvalidParam(f"$.{field}", detail) for field in fields)
+    )
+
+
+async def _named(
+    request: web.Request, collection: Collection[SpecT], tenant: TenantRecord, name: str
+) -> tuple[WorkRecord | None, WorkRecord | None]:
+    """(the live work of that name, else None; the newest ended one, else None)."""
+    store = request.app[STORE]
+    live = await store.work_matching(
+        tenant.tenant_id,
+        collection.store_kind,
+        name=name,
+        active_only=True,
+        limit=SHOWN_CANDIDATES + 1,
+    )
+    if len(live) > 1:
+        raise ambiguous_problem(collection.noun, Ambiguous(name, "name", live))
+    if live:
+        return live[0], None
+    newest = await store.work_matching(tenant.tenant_id, collection.store_kind, name=name, limit=1)
+    return None, newest[0] if newest else None
+
+
+def _view(
+    record: WorkRecord | None,
+    collection: Collection[SpecT],
+    spec: WorkSpec,
+    *,
+    action: str,
+    dry_run: bool,
+    message: str,
+    changes: tuple[FieldChange, ...] = (),
+    placement: DryRunView | None = None,
+) -> ApplyView:
+    return ApplyView(
+        action=action,  # type: ignore[arg-type]
+        dry_run=dry_run,
+        kind=collection.spec_kind,
+        name=spec.name,
+        id=None if record is None else record.work_id,
+        state=None if record is None else record.state,
+        message=message,
+        changes=changes,
+        placement=placement,
+    )
+
+
+async def _create(
+    request: web.Request,
+    collection: Collection[SpecT],
+    tenant: TenantRecord,
+    spec: SpecT,
+    dry_run: bool,
+) -> web.Response:
+    await check_admissible(request, spec, tenant)
+    noun = collection.noun
+    if dry_run:
+        placement = await _placement(request, collection, tenant, spec)
+        view = _view(
+            None, collection, spec, action="created", dry_run=True, placement=placement,
+            message=f"{noun} {spec.name} would be created: {placement.message}",
+        )  # fmt: skip
+        return json_response(view)
+    try:
+        result = await request.app[STORE].submit_work(
+            tenant.tenant_id,
+            kind=collection.store_kind,
+            spec=encode_spec(spec),
+            priority=spec.priority,
+            idempotency_key=None,
+            dependencies=new_dependencies(spec),
+        )
+    except QueueFullError as error:
+        raise Problem(
+            429,
+            "queue-full",
+            "Too much work queued",
+            f"tenant {tenant.name} has {error.queued} pending jobs and deployments, its "
+            f"max_queued of {error.max_queued}: apply again once some have started, or "
+            "cancel some",
+        ) from None
+    record = result.work
+    view = _view(
+        record, collection, spec, action="created", dry_run=False,
+        message=f"{noun} {spec.name} created: {record.work_id}",
+    )  # fmt: skip
+    response = json_response(view, status=201)
+    response.headers["Location"] = f"{collection.path()}/{record.work_id}"
+    return response
+
+
+def _kept(
+    collection: Collection[SpecT], record: WorkRecord, spec: SpecT, changes: tuple[FieldChange, ...]
+) -> WorkSpec:
+    """The spec the live work keeps once applied, or a 409 saying why it cannot take
+    `changes` and what to do instead."""
+    noun, name = collection.noun, spec.name
+    if isinstance(spec, DeploymentSpec):
+        fixed = not_in_place(changes, IN_PLACE_DEPLOYMENT_FIELDS)
+        if fixed:
+            raise _refused(
+                "not-in-place",
+                "Not changeable in place",
+                f"deployment {name} ({record.work_id}) cannot change {', '.join(fixed)} in "
+                f"place (only {', '.join(sorted(IN_PLACE_DEPLOYMENT_FIELDS))}): cancel it "
+                f"(greenfed cancel {record.work_id}) and apply again, or apply it under a "
+                "new name",
+                fixed,
+            )
+        stored = spec_of(record)
+        assert isinstance(stored, DeploymentSpec)
+        try:
+            return applied_in_place(stored, spec)
+        except FieldError as error:
+            raise invalid_body(json_path(error.path), error.reason) from None
+    if record.state != "pending" or record.attempts > 0:
+        started = record.state if record.state != "pending" else "pending again after a run"
+        raise _refused(
+            "job-started",
+            "A started job cannot change",
+            f"job {name} ({record.work_id}) is {started}: a started job is immutable; "
+            f"cancel it (greenfed cancel {record.work_id}) and apply again, or apply it "
+            "under a new name",
+        )
+    fixed = not_in_place(changes, QUEUED_JOB_FIELDS)
+    if fixed:
+        raise _refused(
+            "not-in-place",
+            "Not changeable in place",
+            f"queued {noun} {name} ({record.work_id}) cannot change {', '.join(fixed)} "
+            f"(only {', '.join(sorted(QUEUED_JOB_FIELDS))}): cancel it (greenfed cancel "
+            f"{record.work_id}) and apply again, or apply it under a new name",
+            fixed,
+        )
+    return spec
+
+
+async def _update(
+    request: web.Request,
+    collection: Collection[SpecT],
+    tenant: TenantRecord,
+    record: WorkRecord,
+    spec: SpecT,
+    changes: tuple[FieldChange, ...],
+) -> WorkRecord:
+    store = request.app[STORE]
+    kept = _kept(collection, record, spec, changes)
+    audit = audit_entry(
+        request,
+        "work.update",
+        record.work_id,
+        tenant=tenant.name,
+        kind=collection.noun,
+        changes={change.field: msgspec.json.decode(change.after) for change in changes},
+        applied=True,
+    )
+    if isinstance(kept, TrainingJobSpec):
+        return await store.update_queued(
+            tenant.tenant_id,
+            record.work_id,
+            spec=encode_spec(kept),
+            priority=kept.priority,
+            changed_fields=tuple(change.field for change in changes),
+            actor=tenant.name,
+            expected_version=record.version,
+            audit=audit,
+        )
+    return await store.update_spec(
+        tenant.tenant_id,
+        record.work_id,
+        encode_spec(kept),
+        expected_version=record.version,
+        audit=audit,
+    )
+
+
+async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Response:
+    query = parse_query(request, DryRunQuery)
+    tenant = tenant_of(request)
+    name = request.match_info["id"]
+    spec = accepted_spec(request, collection, await read_body(request), tenant)
+    if spec.name != name:
+        raise invalid_body("$.name", f"must be {name!r}, the name in the path")
+    noun = collection.noun
+    for _ in range(_CHANGE_RETRIES):
+        live, ended = await _named(request, collection, tenant, name)
+        if live is None:
+            if ended is not None and spec_of(ended) == spec:
+                view = _view(
+                    ended, collection, spec, action="unchanged", dry_run=query.dry_run,
+                    message=f"{noun} {name} ({ended.work_id}) already {ended.state} with "
+                    "this spec; submit it to run it again",
+                )  # fmt: skip
+                return json_response(view)
+            return await _create(request, collection, tenant, spec, query.dry_run)
+        changes = spec_changes(spec_of(live), spec)
+        if not changes:
+            view = _view(
+                live, collection, spec, action="unchanged", dry_run=query.dry_run,
+                message=f"{noun} {name} ({live.work_id}) unchanged",
+            )  # fmt: skip
+            return json_response(view)
+        if isinstance(spec, DeploymentSpec) and any(c.field == "model_id" for c in changes):
+            await check_admissible(request, spec, tenant)  # the new model is the tenant's
+        fields = ", ".join(change.field for change in changes)
+        if query.dry_run:
+            _kept(collection, live, spec, changes)  # refused as the update would be
+            view = _view(
+                live, collection, spec, action="updated", dry_run=True, changes=changes,
+                message=f"{noun} {name} ({live.work_id}) would change: {fields}",
+            )  # fmt: skip
+            return json_response(view)
+        try:
+            updated = await _update(request, collection, tenant, live, spec, changes)
+        except (VersionConflictError, IllegalTransitionError):
+            continue  # it changed meanwhile (placed, ended): look again
+        view = _view(
+            updated, collection, spec, action="updated", dry_run=False, changes=changes,
+            message=f"{noun} {name} ({updated.work_id}) changed: {fields}",
+        )  # fmt: skip
+        return json_response(view)
+    raise Problem(
+        409, "changing", "Changing too fast",
+        f"{noun} {name} changed on every attempt to apply the spec; retry",
+    )  # fmt: skip
+
+
+async def apply_job(request: web.Request) -> web.Response:
+    return await _apply(request, JOBS)
+
+
+async def apply_deployment(request: web.Request) -> web.Response:
+    return await _apply(request, DEPLOYMENTS)
+
+
+# ---- routes ------------------------------------------------------------------------------
+
+
+def _routes(collection: Collection[SpecT], dry_run: object, apply: object) -> tuple[Route, ...]:
+    noun = collection.noun
+    spec_type = TrainingJobSpec if collection.store_kind == "training" else DeploymentSpec
+    return (
+        Route(
+            "POST",
+            collection.path() + "/dry-run",
+            dry_run,  # type: ignore[arg-type]
+            f"Check a {noun} spec and say where it would be placed now, storing nothing",
+            "tenant",
+            f"{noun}s",
+            body=spec_type,
+            description=(
+                "Every check of a submission (a 4xx problem names the field at fault), then "
+                "a scheduling pass over the current nodes and queue with this work added as "
+                "the tenant's newest: its explanation, as `GET .../explain` would show it "
+                "once submitted. Nothing is stored, published or audited."
+            ),
+            replies=(
+                Reply(200, "Where it would go, or why it would wait", DryRunView),
+                problem_reply(403, "The priority class is not allowed for this tenant"),
+            ),
+        ),
+        Route(
+            "PUT",
+            collection.path() + "/{id}",
+            apply,  # type: ignore[arg-type]
+            f"Create or update the tenant's {noun} of this name (apply)",
+            "tenant",
+            f"{noun}s",
+            body=spec_type,
+            query=DryRunQuery,
+            description=(
+                f"`{{id}}` is the {noun}'s name, as in the body. Creates it when no {noun} of "
+                "that name is live; else changes the live one in place: a deployment's "
+                "model_id, batching, replicas and autoscale (under autoscale both before "
+                "and after, its current count is kept); a queued job's priority, resources, "
+                "deadline and start window. A started job, and any other field, is a 409 "
+                "saying what to do instead. The spec of ended work applied again changes "
+                "nothing. `dry_run=true`: what would be done, with each changed field "
+                "before and after (and, for a creation, where it would go), storing nothing. "
+                "An update is audited (`work.update`)."
+            ),
+            replies=(
+                Reply(201, f"The {noun}, created", ApplyView, headers=("Location",)),
+                Reply(200, "Updated, unchanged, or (dry_run) what would be done", ApplyView),
+                problem_reply(403, "The priority class is not allowed for this tenant"),
+                problem_reply(
+                    409,
+                    "The live work cannot take the change, or several live items have the name",
+                ),
+                problem_reply(429, "The tenant's pending work is at its max_queued"),
+            ),
+        ),
+    )
+
+
+# Registered before cloud/api/work.py's routes: /v1/jobs/dry-run before /v1/jobs/{id}.
+ROUTES: Final = _routes(JOBS, dry_run_job, apply_job) + _routes(
+    DEPLOYMENTS, dry_run_deployment, apply_deployment
+)
