@@ -29,6 +29,7 @@ from cloud.store import (
     IllegalTransitionError,
     LeadershipLease,
     PassWrite,
+    PlacementWrite,
     Store,
     StoreSnapshot,
     VersionConflictError,
@@ -37,11 +38,21 @@ from cloud.store import (
 )
 from cloud.store.states import PLACED_STATES
 from cloud.work.convert import spec_of
+from cloud.work.explain import explanation_for_scaling
 from cloud.work.specs import DeploymentSpec, encode_spec
 
 # Commits a write as the loop does (its own-commit flag, the queue metrics); the
 # records are the work as read before it.
 Commit = Callable[[PassWrite, LeadershipLease, Mapping[str, WorkRecord]], Awaitable[None]]
+
+
+def _rescaled(now: float, writes: Iterable[PlacementWrite]) -> dict[str, bytes]:
+    """Fresh explanations for deployments that gave replicas back: the one of their
+    last placement ("Placed 2 replicas ...") no longer holds."""
+    return {
+        write.work_id: explanation_for_scaling(now, [a.node_id for a in write.allocations])
+        for write in writes
+    }
 
 
 class DeploymentControl:
@@ -110,7 +121,11 @@ class DeploymentControl:
             for eviction in drain.evictions:
                 self._log.info("work requeued", work_id=eviction.work_id, reason=eviction.reason)
             await self._commit(
-                PassWrite(evictions=tuple(drain.evictions), placements=tuple(drain.releases)),
+                PassWrite(
+                    evictions=tuple(drain.evictions),
+                    placements=tuple(drain.releases),
+                    explanations=_rescaled(now, drain.releases),
+                ),
                 lease,
                 records,
             )
@@ -135,7 +150,9 @@ class DeploymentControl:
         self.replicas = replicas
         if not surplus:
             return store, drain.surge
-        await self._commit(PassWrite(placements=tuple(surplus)), lease, {})
+        await self._commit(
+            PassWrite(placements=tuple(surplus), explanations=_rescaled(now, surplus)), lease, {}
+        )
         return await self._store.load_snapshot(store), drain.surge
 
     async def _rollouts(

@@ -13,7 +13,8 @@ The core decides counts ("2 GPUs on node a"); the store records which devices
 - pending work ends: failed when its spec can no longer be read or its deadline can
   no longer be met on any registered node (unless its spec says `on_deadline_missed:
   keep`), cancelled when a dependency can no longer hold; work waiting for its
-  dependencies gets their sentence as its pending reason.
+  dependencies gets their sentence as its pending reason; a preempted job keeps
+  "preempted by X (reason)" as its reason until it is placed again.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from cloud.work.specs import TrainingJobSpec
 from shared.work_literals import WorkState
 
 _log = structlog.get_logger("greenfed.loop")
+# How a preempted job's state reason begins: it keeps it until it is placed again.
+PREEMPTED_BY = "preempted by "
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +79,7 @@ def _preempted(
         victim_ids = {victim.allocation_id for victim in victims}
         by = ", ".join(sorted({victim.preempted_by for victim in victims}))
         why = ", ".join(sorted({victim.reason for victim in victims}))
-        reason = f"preempted by {by} ({why})"
+        reason = f"{PREEMPTED_BY}{by} ({why})"
         remaining = [m for m in members if m.allocation_id not in victim_ids]
         if record.kind == "training" or not remaining:
             evictions.append(
@@ -246,6 +249,8 @@ def translate(
         for work_id, to_state, reason in ending
     ]
     # Only what changed: an unchanged reason is not worth a write on every tick.
+    # A victim of preemption keeps "preempted by X (reason)": why it waits is in its
+    # explanation, and the pending sentence would hide why it stopped.
     pending_reasons = {
         pending.work_id: pending.message
         for pending in plan.pending
@@ -253,6 +258,7 @@ def translate(
         and pending.work_id not in failing
         and inputs.records[pending.work_id].state == "pending"
         and inputs.records[pending.work_id].state_reason != pending.message
+        and not (inputs.records[pending.work_id].state_reason or "").startswith(PREEMPTED_BY)
     }
     pending_reasons.update(
         (work_id, waiting.message)

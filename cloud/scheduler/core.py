@@ -46,6 +46,7 @@ import numpy as np
 from . import explain
 from .backfill import Slot, earliest_slot, may_free_up, reserve
 from .candidates import CandidateCache
+from .cordon_block import cordoned_blockers, waiting_for_cordoned
 from .explain import PreemptionOutcome
 from .extensions import (
     Booking,
@@ -509,6 +510,8 @@ class Scheduler:
             if opens:
                 retry_at = min(opens)
                 code, message = "window", explain.window(shape, retry_at, summary)
+            elif cordoned := cordoned_blockers(state.snapshot.nodes, shape, static_codes):
+                code, message = "cordoned", waiting_for_cordoned(cordoned, summary)
             else:
                 code, message = "unschedulable", explain.unschedulable(counts, summary)
         elif quota_block is not None:

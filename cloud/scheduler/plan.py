@@ -19,6 +19,8 @@ from .quota import QuotaState
 
 PendingCode = Literal[
     "unschedulable",
+    # Only cordoned or draining nodes could run it (cordon_block.py).
+    "cordoned",
     "window",
     "deferred",
     "quota",

@@ -14,7 +14,8 @@ container runtime when it names an image, with a usable sealing key when it has 
 a pool of an accepted kind, with enough accelerators for one member, of an accepted
 model, with enough memory each; host memory and CPU cores for one member on such a
 node; a training job's deadline on the fastest such pool; the whole gang on all such
-nodes together; the gang within what the tenant's quota and its cohort could ever give
+nodes together; members kept apart by their own anti-affinity on as many such nodes
+(self_anti_affinity.py); the gang within what the tenant's quota and its cohort could ever give
 it. Labels, taints and start windows are not judged: an operator changes them without
 the fleet changing.
 
@@ -41,6 +42,7 @@ from .arrays import BoolArray, IntArray
 from .hierarchy import CohortTree
 from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Tenant, TrainingJob, Work
 from .plan import NeverFits
+from .self_anti_affinity import apart_never_fits
 from .snapshot import CPU_COLUMN, SITE_INDEX, NodeTable, Snapshot
 
 _GIB = 1 << 30
@@ -110,6 +112,9 @@ class FleetFit:
             wanted = work.workers
         else:
             wanted = work.replicas if work.min_replicas is None else work.min_replicas
+        apart = apart_never_fits(work, members.per_node, wanted)
+        if apart is not None:
+            return apart
         tenant = snapshot.tenants.get(work.tenant)
         if tenant is None:
             return None

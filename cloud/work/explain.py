@@ -128,24 +128,47 @@ def _placed_message(placements: Sequence[Placement]) -> str:
     return f"Placed {len(placements)} {noun}{plural} on {nodes}.{capped}"
 
 
+def _victims_message(victims: Sequence[Preemption]) -> str:
+    """E.g. `` It preempted job-a on gpu-1 (priority).``: what made room for the work."""
+    if not victims:
+        return ""
+    by_work: dict[str, list[Preemption]] = {}
+    for victim in victims:
+        by_work.setdefault(victim.work_id, []).append(victim)
+    each = ", ".join(
+        f"{work_id} on {', '.join(sorted({v.node_id for v in lost}))} "
+        f"({', '.join(sorted({v.reason for v in lost}))})"
+        for work_id, lost in sorted(by_work.items())
+    )
+    return f" It preempted {each}."
+
+
 def explain_work(
     now: float,
     placements: Sequence[Placement],
     pending: Pending | None,
     preemptions: Sequence[Preemption] = (),
+    victims: Sequence[Preemption] = (),
 ) -> Explanation | None:
-    """The explanation of one work item's part of a pass; None when nothing was decided."""
+    """The explanation of one work item's part of a pass; None when nothing was decided.
+    `preemptions`: what the work lost; `victims`: what it evicted to make room (the
+    preemptor lists them, e.g. ``It preempted job-a on gpu-1 (priority).``)."""
     decided_at = utc_from_epoch(now)
     members = tuple(_placement(p) for p in sorted(placements, key=lambda p: p.member))
     evicted = tuple(
         PreemptionView(node_id=p.node_id, reason=p.reason, preempted_by=p.preempted_by)
         for p in preemptions
+    ) + tuple(
+        PreemptionView(
+            node_id=p.node_id, reason=p.reason, preempted_by=p.preempted_by, work_id=p.work_id
+        )
+        for p in sorted(victims, key=lambda p: (p.work_id, p.node_id, p.allocation_id))
     )
     if pending is not None:
         outcome: Outcome = "partial" if placements else "pending"
         return Explanation(
             outcome=outcome,
-            message=pending.message,
+            message=pending.message + _victims_message(victims),
             decided_at=decided_at,
             placements=members,
             pending=_pending(pending),
@@ -154,7 +177,7 @@ def explain_work(
     if placements:
         return Explanation(
             outcome="placed",
-            message=_placed_message(placements),
+            message=_placed_message(placements) + _victims_message(victims),
             decided_at=decided_at,
             placements=members,
             preemptions=evicted,
@@ -179,8 +202,10 @@ def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -
     for placement in plan.placements:
         placements.setdefault(placement.work_id, []).append(placement)
     preemptions: dict[str, list[Preemption]] = {}
+    victims: dict[str, list[Preemption]] = {}  # by the work that needed the room
     for preemption in plan.preemptions:
         preemptions.setdefault(preemption.work_id, []).append(preemption)
+        victims.setdefault(preemption.preempted_by, []).append(preemption)
     pending = {item.work_id: item for item in plan.pending}
     documents: dict[str, bytes] = {}
     decided = {*placements, *preemptions, *pending}
@@ -190,6 +215,7 @@ def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -
             placements.get(work_id, ()),
             pending.get(work_id),
             preemptions.get(work_id, ()),
+            victims.get(work_id, ()),
         )
         if explanation is not None:
             documents[work_id] = encode_explanation(explanation)
@@ -216,6 +242,22 @@ def explanation_for_waiting(now: float, waiting: Waiting) -> bytes:
                     for d in waiting.waiting_for
                 ),
             ),
+        )
+    )
+
+
+def explanation_for_scaling(now: float, nodes: Sequence[str]) -> bytes:
+    """The encoded `Explanation` of a deployment that gave back replicas (a scale-down,
+    or replicas moved off a drained node): its explanation must not keep saying how
+    many it placed before. `nodes`: the node of each replica it keeps."""
+    count = len(nodes)
+    plural = "s" if count != 1 else ""
+    where = ", ".join(sorted(set(nodes))) or "no node"
+    return encode_explanation(
+        Explanation(
+            outcome="placed",
+            message=f"Scaled to {count} replica{plural}: kept on {where}.",
+            decided_at=utc_from_epoch(now),
         )
     )
 

@@ -108,6 +108,9 @@ class PreemptionView(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     reason: str  # priority, reclaim, quota
     preempted_by: str  # the work id that needed the room
+    # The work evicted: set in the preemptor's explanation, which lists its victims
+    # (a victim's own lists what it lost, with `preempted_by`).
+    work_id: str | None = None
 
 
 class Explanation(msgspec.Struct, frozen=True, kw_only=True):
