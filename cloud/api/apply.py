@@ -186,6 +186,13 @@ async def _create(
     spec: SpecT,
     dry_run: bool,
 ) -> web.Response:
+    if isinstance(spec, TrainingJobSpec) and spec.array is not None:
+        # Its tasks are jobs of their own, created together (cloud/api/job_arrays.py).
+        raise invalid_body(
+            "$.array",
+            "apply takes single jobs, not job arrays: submit the array with POST /v1/jobs "
+            "(greenfed submit)",
+        )
     await check_admissible(request, spec, tenant)
     noun = collection.noun
     if dry_run:

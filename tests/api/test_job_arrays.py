@@ -153,3 +153,14 @@ async def test_a_retry_with_the_idempotency_key_gets_the_same_array(api: Api) ->
     other = await api.submit(token, job_spec(array="0-5"), key="sweep-1")
     await problem(other, 409)
     assert (await (await api.get(token, "/v1/jobs")).json())["count"] == 5
+
+
+async def test_apply_by_name_refuses_an_array_and_points_to_submit(api: Api) -> None:
+    token = await api.tenant("vision")
+    response = await api.client.put(
+        "/v1/jobs/sweep", json=job_spec(name="sweep", array="0-3"), headers=bearer(token)
+    )
+    body = await problem(response, 422)
+    assert body["invalid_params"][0]["name"] == "$.array"
+    assert "submit the array with POST /v1/jobs" in body["invalid_params"][0]["reason"]
+    assert (await (await api.get(token, "/v1/jobs")).json())["count"] == 0
