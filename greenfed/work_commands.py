@@ -35,6 +35,7 @@ from cloud.work.views import (
     DeploymentSummary,
     DeploymentView,
     ExplainView,
+    FairShareView,
     JobList,
     JobSummary,
     JobView,
@@ -525,20 +526,32 @@ def borrowing_text(tenant: TenantView) -> str:
     return _counts(tenant.borrowing_limit) or "what is idle"
 
 
+def decayed_text(share: FairShareView | None) -> str:
+    """`gpu=3.25` per kind: the decayed past usage, in accelerators held on average."""
+    if share is None:
+        return ""
+    return ",".join(f"{kind}={value:.4g}" for kind, value in sorted(share.decayed_usage.items()))
+
+
 def render_tenants(tenants: TenantList, out: TextIO, *, wide: bool = False) -> None:
     table = Table(title=f"tenants: {tenants.count}", title_justify="left")
     for column in (
-        "name", "id", "quotas", "borrowing limit", "cohort", "max running", "max queued",
-        "priorities", "admin", *(("created (UTC)",) if wide else ()),
+        "name", "id", "quotas", "borrowing limit", "cohort", "share", "decayed usage",
+        "standing", "max running", "max queued", "priorities", "admin",
+        *(("created (UTC)",) if wide else ()),
     ):  # fmt: skip
         table.add_column(column)
     for tenant in tenants.items:
+        share = tenant.fair_share
         table.add_row(
             tenant.name,
             tenant.id,
             quota_text(tenant),
             borrowing_text(tenant),
-            tenant.cohort or "",
+            "/".join(share.parent_path) if share is not None else tenant.cohort or "",
+            f"{share.dominant_share:.3f}" if share is not None else "",
+            decayed_text(share),
+            f"{share.rank} of {share.siblings}" if share is not None else "",
             "unlimited" if tenant.max_running is None else str(tenant.max_running),
             "unlimited" if tenant.max_queued is None else str(tenant.max_queued),
             ",".join(tenant.allowed_priorities),

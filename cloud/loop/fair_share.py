@@ -65,6 +65,7 @@ class FairShareLedger:
         self._usage: dict[str, DecayedUsage] = {}
         self._loaded: dict[str, DecayedUsage] | None = None
         self._persisted_at = -math.inf
+        self._persisted_names: set[str] = set()
 
     async def load(self, store: FairShareStore) -> None:
         """Once, before the first pass: the history the previous leader wrote."""
@@ -105,10 +106,14 @@ class FairShareLedger:
         return dataclasses.replace(inputs, snapshot=snapshot)
 
     async def persist(self, store: FairShareStore, monotonic_now: float) -> None:
-        """Write the accumulators at most every ``persist_interval_s``."""
-        if monotonic_now - self._persisted_at < self._persist_interval_s or not self._usage:
+        """Write the accumulators every ``persist_interval_s``, and at once when a tenant
+        has usage for the first time (the API shows it without waiting)."""
+        counted = {name for name, usage in self._usage.items() if any(usage.accelerator_seconds)}
+        due = monotonic_now - self._persisted_at >= self._persist_interval_s
+        if not counted or not (due or counted - self._persisted_names):
             return
         self._persisted_at = monotonic_now
+        self._persisted_names = counted
         rows = [
             FairShareRow(
                 tenant=name,
