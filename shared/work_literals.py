@@ -26,12 +26,16 @@ DeadlinePolicy = Literal["fail", "keep"]
 # (docs/isolation.md): its own user and cgroups (`user`), namespaces of its own too
 # (`sandbox`), or whatever the node gives (`none`).
 IsolationRequirement = Literal["none", "user", "sandbox"]
+# Where a training gang's workers must all be (cloud/scheduler/topology.py): one region
+# (the default), one zone, one rack (the node label `rack`), or anywhere.
+GangTopology = Literal["region", "zone", "rack", "any"]
 
 WORK_KINDS: Final[tuple[WorkKind, ...]] = get_args(WorkKind)
 PRIORITY_CLASSES: Final[tuple[PriorityClass, ...]] = get_args(PriorityClass)
 WORK_STATES: Final[tuple[WorkState, ...]] = get_args(WorkState)
 ALLOCATION_STATES: Final[tuple[AllocationState, ...]] = get_args(AllocationState)
 DEPENDENCY_CONDITIONS: Final[tuple[DependencyCondition, ...]] = get_args(DependencyCondition)
+GANG_TOPOLOGIES: Final[tuple[GangTopology, ...]] = get_args(GangTopology)
 
 
 def spec_kind_of(kind: WorkKind) -> SpecKind:

@@ -75,8 +75,10 @@ from .queue_order import QueueOrder
 from .quota import Admission, QuotaBook
 from .shape import WorkShape, make_shape
 from .snapshot import CPU_COLUMN, Snapshot
+from .speed_mixing import earliest_single_class, speed_class_note
 from .state import ClusterState
 from .statement import Statement
+from .topology import domain_room, domains_to_try, gang_domains, topology_note, within_one
 from .unschedulable import FleetFit
 
 _ATTEMPTS_PER_RESERVATION = 4
@@ -116,6 +118,8 @@ class Scheduler:
         self._order: list[str] = []
         self._reservation_attempts = 0
         self._bookings: list[Booking] = []  # for the start advisor, if any
+        # Why a gang's whole placement was not kept (speed_mixing.py), for its explanation.
+        self._notes: dict[str, str] = {}
 
     def step(self) -> bool:
         """Decide the next job; False when the queue is exhausted."""
@@ -189,9 +193,9 @@ class Scheduler:
             )
             self._pend(job, None, 0, "off", deferral=deferral)
             return
-        attempt = self._attempt(job, preempt=False)
+        attempt = self._settled(job, self._attempt(job, preempt=False), preempt=False)
         if len(attempt.placements) == shape.members:
-            self._commit(job, self._one_speed(job, attempt))
+            self._commit(job, attempt)
             return
         best_fit = len(attempt.placements)
         quota_block = attempt.quota_block
@@ -202,7 +206,7 @@ class Scheduler:
             preemption = "nothing-evictable"
             if self.preemptor.can_help(job, self._admissions(job)):
                 preemption = "tried"
-                attempt = self._attempt(job, preempt=True)
+                attempt = self._settled(job, self._attempt(job, preempt=True), preempt=True)
                 placed = len(attempt.placements)
                 if placed == shape.members or shape.min_members <= placed >= best_fit:
                     self._commit(job, attempt)
@@ -259,32 +263,73 @@ class Scheduler:
             return None
         return deferral
 
-    def _one_speed(self, job: JobContext, attempt: _Attempt) -> _Attempt:
+    def _settled(self, job: JobContext, attempt: _Attempt, *, preempt: bool) -> _Attempt:
+        """``attempt`` if it is not whole; else the whole placement to keep: within one
+        topology domain (topology.py) and on one speed class (``_one_speed``). An empty
+        attempt when neither allows one (the gang then waits)."""
+        if len(attempt.placements) < job.shape.members:
+            return attempt
+        domains = gang_domains(self.snapshot, job.shape)
+        if domains is None or within_one(domains, self.snapshot, attempt.placements):
+            return self._one_speed(job, attempt, preempt=preempt)
+        attempt.stmt.discard()  # the domains are judged on the capacity before it
+        job.reset()
+        best: tuple[float, int] | None = None  # (summed score, domain)
+        room = domain_room(job, domains, preempt=preempt)
+        for domain in domains_to_try(room, job.shape.members):
+            job.keep_within(domains.nodes_in(domain))
+            trial = self._one_speed(job, self._attempt(job, preempt=preempt), preempt=preempt)
+            if len(trial.placements) == job.shape.members:
+                score = sum(p.chosen.total for p in trial.placements)
+                if best is None or score > best[0]:
+                    best = (score, domain)
+            trial.stmt.discard()
+            job.reset()
+        if best is None:
+            job.keep_within(None)
+            return _Attempt(Statement(self.state))
+        # Redo the winner: the state is back where it was, so it places the same members.
+        job.keep_within(domains.nodes_in(best[1]))
+        chosen = self._one_speed(job, self._attempt(job, preempt=preempt), preempt=preempt)
+        job.keep_within(None)
+        return chosen
+
+    def _one_speed(self, job: JobContext, attempt: _Attempt, *, preempt: bool) -> _Attempt:
         """``attempt`` (a whole placement), or, for a gang it spreads over speed classes,
-        the best-scoring whole placement on one class that finishes no later."""
+        the best-scoring whole placement on one class that finishes no later; if none
+        fits now, the mixed one only when waiting for one class would not finish sooner
+        (speed_mixing.py), else an empty attempt."""
         ends = {p.expected_end for p in attempt.placements if p.expected_end is not None}
         if job.shape.members < 2 or len(ends) < 2:
             return attempt
         attempt.stmt.discard()  # the classes are judged on the capacity before it
         job.reset()
+        mixed_runtime_s = max(ends) - self.state.now
         best: tuple[float, float] | None = None  # (summed score, run time)
-        for runtime_s in speed_classes(job, max(ends) - self.state.now):
+        for runtime_s in speed_classes(job, mixed_runtime_s, preempt=preempt):
             job.keep_to(runtime_s)
-            trial = self._attempt(job, preempt=False)
+            trial = self._attempt(job, preempt=preempt)
             if len(trial.placements) == job.shape.members:
                 score = sum(p.chosen.total for p in trial.placements)
                 if best is None or score > best[0]:
                     best = (score, runtime_s)
             trial.stmt.discard()
             job.reset()
+        if best is None:
+            wait = earliest_single_class(job, mixed_runtime_s)
+            if wait is not None and wait.finish_at < self.state.now + mixed_runtime_s - 1e-6:
+                self._notes[job.shape.work.work_id] = speed_class_note(
+                    wait, mixed_runtime_s, self.state.now
+                )
+                return _Attempt(Statement(self.state))
         # Redo the winner (or the mixed placement): the state is back where it was.
         job.keep_to(None if best is None else best[1])
-        chosen = self._attempt(job, preempt=False)
+        chosen = self._attempt(job, preempt=preempt)
         job.keep_to(None)
         if len(chosen.placements) < job.shape.members:  # never a part of a gang
             chosen.stmt.discard()
             job.reset()
-            chosen = self._attempt(job, preempt=False)
+            chosen = self._attempt(job, preempt=preempt)
         return chosen
 
     def _admissions(self, job: JobContext) -> dict[int, Admission]:
@@ -525,6 +570,10 @@ class Scheduler:
                 message = explain.capacity(
                     shape, summary, fitting, members_fit, reservation, preemption
                 )
+            # A gang kept off a mixed placement or to one domain says so first.
+            note = self._notes.pop(work.work_id, None) or topology_note(job)
+            if note is not None:
+                message = f"{note}; {message}"
         self._pending.append(
             Pending(
                 work_id=work.work_id,

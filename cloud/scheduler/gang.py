@@ -26,7 +26,7 @@ from .arrays import BoolArray, FloatArray, IntArray
 from .candidates import CandidateCache, DynamicScores, KindCandidates
 from .extensions import Candidates, evaluate_term
 from .filters import PASS, dynamic_codes
-from .model import InferenceDeployment
+from .model import PRIORITY_LEVELS, InferenceDeployment
 from .plan import ScoreBreakdown
 from .policy import Policy
 from .scoring import packing_and_load_one, spread_by_region
@@ -125,6 +125,7 @@ class JobContext:
         self._next_member = self._first_member
         self._affinity = work.group is not None or bool(work.anti_affinity_groups)
         self.runtime_class_s: float | None = None  # see keep_to
+        self.within: BoolArray | None = None  # see keep_within
         w_packing, w_load, w_speed, w_preference = shape.builtin_weights
         names = ["packing", "load", "speed", "preference"]
         weights = [w_packing, w_load, w_speed, w_preference]
@@ -148,12 +149,31 @@ class JobContext:
         for option in self.options:
             option.valid = None  # built for the previous restriction
 
+    def keep_within(self, nodes: BoolArray | None) -> None:
+        """From now on pick only the nodes where ``nodes`` (a mask over all nodes) is
+        true: one topology domain (topology.py); None: any node."""
+        self.within = nodes
+        for option in self.options:
+            option.valid = None
+
+    def allowed(self, option: Option) -> BoolArray | None:
+        """Mask over ``option``'s candidates: those the speed class and topology domain
+        kept to allow (None: all), for the preemption path."""
+        result: BoolArray | None = None
+        if self.runtime_class_s is not None:
+            result = option.runtime_s == self.runtime_class_s
+        if self.within is not None:
+            inside = self.within[option.cand.nodes]
+            result = inside if result is None else result & inside
+        return result
+
     def _restricted(self) -> bool:
         return (
             self._affinity
             or self.state.has_reservations
             or shape_limited(self)
             or self.runtime_class_s is not None
+            or self.within is not None
         )
 
     def reset(self) -> None:
@@ -225,11 +245,14 @@ class JobContext:
         cpu_start_s = state.reservation_start_s[CPU_COLUMN]
         cpu_slack = state.reservation_slack_accelerators[CPU_COLUMN]
         runtime_class_s = self.runtime_class_s
+        within = self.within
 
         def valid(position: int) -> bool:
             if runtime_class_s is not None and runtime[position] != runtime_class_s:
                 return False
             node = nodes[position]
+            if within is not None and not within[node]:
+                return False
             if limit is not None and state.members_on(work.work_id, node) >= limit:
                 return False
             if check_affinity and state.anti_affinity_conflict(node, group, avoids):
@@ -251,6 +274,8 @@ class JobContext:
         result: BoolArray = codes == PASS
         if self.runtime_class_s is not None:
             result &= option.runtime_s == self.runtime_class_s
+        if self.within is not None:
+            result &= self.within[option.cand.nodes]
         return result
 
     def pick(self, kinds: Collection[int] | None = None) -> Choice | None:
@@ -372,22 +397,32 @@ class JobContext:
         return result
 
 
-def speed_classes(job: JobContext, slowest_s: float) -> list[float]:
+def speed_classes(job: JobContext, slowest_s: float, *, preempt: bool = False) -> list[float]:
     """Run times of the speed classes that might hold the whole gang and finish no
     later than ``slowest_s``, fastest first, at most ``MAX_SPEED_CLASSES``.
 
-    "Might": enough members fit the free accelerators of the class's candidates; quota,
-    host memory and reservations are left to the attempt itself.
+    "Might": enough members fit the free accelerators of the class's candidates (with
+    ``preempt``, also those lower-priority work holds), within the topology domain the
+    job keeps to; quota, host memory and reservations are left to the attempt itself.
     """
     shape = job.shape
-    free = job.state.free
+    state = job.state
     limit_s = slowest_s + 1e-6  # it came from an end time: now + run time - now
+    lower = shape.rank + 1
     room: dict[float, int] = {}
     for option in job.options:
         runtime = option.runtime_s
-        members = free[option.k][option.cand.nodes] // shape.accelerators
+        nodes = option.cand.nodes
+        available = state.free[option.k][nodes]
+        if preempt and lower < PRIORITY_LEVELS:
+            available = available + state.evictable_accelerators[option.k][lower:][:, nodes].sum(
+                axis=0
+            )
+        members = available // shape.accelerators
         if shape.max_per_node is not None:
             members = np.minimum(members, shape.max_per_node)
+        if job.within is not None:
+            members = np.where(job.within[nodes], members, 0)
         for runtime_s in np.unique(runtime[runtime <= limit_s]):
             value = float(runtime_s)
             room[value] = room.get(value, 0) + int(members[runtime == runtime_s].sum())

@@ -18,7 +18,14 @@ from typing import Final, Protocol
 from shared.errors import FieldError
 from shared.messages import AcceleratorKind, IsolationLevel, Site
 from shared.taints import TaintEffect
-from shared.work_literals import IsolationRequirement, LabelOperator, PriorityClass, WorkKind
+from shared.work_literals import (
+    GANG_TOPOLOGIES,
+    GangTopology,
+    IsolationRequirement,
+    LabelOperator,
+    PriorityClass,
+    WorkKind,
+)
 
 # p0 > p1 > p2; a lower rank is more important.
 PRIORITY_RANK: Final[Mapping[PriorityClass, int]] = MappingProxyType({"p0": 0, "p1": 1, "p2": 2})
@@ -211,10 +218,15 @@ class TrainingJob:
     # It has secrets (secret_env, registry credentials): sealed to each node's own key,
     # so only nodes with a usable sealing key can take it.
     has_secrets: bool = False
+    # Where the gang's workers must all be: one region (default), zone or rack (the node
+    # label ``rack``), or anywhere (cloud/scheduler/topology.py).
+    topology: GangTopology = "region"
 
     def __post_init__(self) -> None:
         _check_common(self.work_id, self.tenant, self.sites)
         work_id = self.work_id
+        if self.topology not in GANG_TOPOLOGIES:
+            raise _refused(work_id, "topology", "topology must be region, zone, rack or any")
         if self.workers < 1 or self.accelerators_per_worker < 1:
             at_fault = "workers" if self.workers < 1 else "accelerators_per_worker"
             raise _refused(work_id, at_fault, "workers and accelerators_per_worker must be >= 1")

@@ -185,6 +185,10 @@ class Preemptor:
         conflicts = placement_conflicts(state, shape, nodes)
         if conflicts is not None:
             usable &= ~conflicts
+        # The speed class and topology domain the gang keeps to (core.py) bind victims too.
+        allowed = job.allowed(option)
+        if allowed is not None:
+            usable &= allowed
         positions = np.flatnonzero(usable)
         if positions.size == 0:
             return None

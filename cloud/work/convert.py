@@ -79,6 +79,7 @@ def training_job(
         deadline=spec.deadline.timestamp() if spec.deadline is not None else None,
         max_delay_s=spec.max_delay_s,
         checkpoint_interval_s=spec.checkpoint_interval_s,
+        topology=spec.topology,
         isolation=stronger_isolation(spec.isolation, min_isolation),
         image=spec.image,
         has_secrets=spec.has_secrets,

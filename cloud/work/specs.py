@@ -32,6 +32,7 @@ from shared.taints import CORDON_TAINT_KEY
 from shared.work_literals import (
     DeadlinePolicy,
     DependencyCondition,
+    GangTopology,
     IsolationRequirement,
     LabelOperator,
     PriorityClass,
@@ -323,6 +324,15 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
             ),
         ),
     ] = None
+    topology: Annotated[
+        GangTopology,
+        msgspec.Meta(
+            description=(
+                "Where the workers of a gang (workers > 1) must all be: one region "
+                "(default), one zone, one rack (node label rack), or any."
+            ),
+        ),
+    ] = "region"
     command: Annotated[
         tuple[Annotated[str, msgspec.Meta(max_length=65536)], ...],
         msgspec.Meta(min_length=1, max_length=4096, description="argv; run without a shell."),

@@ -27,6 +27,7 @@ from cloud.scheduler.filters import static_filters
 from cloud.scheduler.harness import FakeClock, SimulatedCluster
 from cloud.scheduler.model import KIND_INDEX, PRIORITY_RANK
 from cloud.scheduler.shape import make_shape
+from cloud.scheduler.topology import gang_domains
 from shared.messages import AcceleratorKind
 from shared.work_literals import PriorityClass
 
@@ -327,6 +328,8 @@ def assert_no_lower_priority_blocker(snap: Snapshot, plan: Plan, work: Work) -> 
         return
     if pending.quota is not None:
         return  # quota, not capacity, stops it
+    if pending.message.startswith("waiting for one speed class"):
+        return  # it finishes sooner by waiting for one class than by mixing (speed_mixing.py)
     shape = make_shape(work, Policy())
     nodes = snap.nodes
     evicted = {p.allocation_id for p in plan.preemptions}
@@ -336,7 +339,9 @@ def assert_no_lower_priority_blocker(snap: Snapshot, plan: Plan, work: Work) -> 
     # Work evicted later may have conflicted when this job was decided.
     ever = [*snap.allocations, *placed]
     reserved = {n for r in plan.reservations if r.work_id != work.work_id for n in r.nodes}
-    slots = 0
+    # A gang keeps to one topology domain: only the roomiest domain's slots count.
+    domains = gang_domains(snap, shape)
+    slots_by_domain: dict[int, int] = {}
     for k in shape.kind_codes:
         for node in static_filters(snap, shape, k, None).nodes.tolist():
             node_id = nodes.node_ids[node]
@@ -365,7 +370,11 @@ def assert_no_lower_priority_blocker(snap: Snapshot, plan: Plan, work: Work) -> 
             if shape.max_per_node is not None:
                 mine = sum(1 for a in here if a.work_id == work.work_id)
                 members = min(members, shape.max_per_node - mine)
-            slots += max(members, 0)
+            domain = 0 if domains is None else int(domains.codes[node])
+            if domain < 0:
+                continue  # in no domain of its topology (no rack label)
+            slots_by_domain[domain] = slots_by_domain.get(domain, 0) + max(members, 0)
+    slots = max(slots_by_domain.values(), default=0)
     assert slots < pending.members_needed, (
         f"{work.work_id} waits while lower-priority work holds room for "
         f"{slots} of its {pending.members_needed} missing members"
