@@ -64,6 +64,7 @@ from cloud.store import (
     WorkRecord,
     open_store,
 )
+from cloud.store.states import HoldKind
 from shared.messages import AcceleratorKind, AcceleratorSample, Telemetry
 from shared.work_literals import PriorityClass
 from tests.loop.builders import allocation, node, work
@@ -508,7 +509,7 @@ class History:
         elif isinstance(step, Hold):
             record = self._record(_pick(self.active("pending"), step.pick))
             if record is not None:
-                hold = None if record.hold is not None else "held"
+                hold: HoldKind | None = None if record.hold is not None else "held"
                 await store.set_hold(record.tenant_id, record.work_id, hold, reason="by hand")
         elif isinstance(step, RunPass):
             inputs, decision = await self.check()
