@@ -35,7 +35,7 @@ from cloud.loop.nodes import NodeViews, pool_model
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, Tenant, Work
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.store.states import PLACED_STATES
-from cloud.work.array_throttle import throttled, with_throttled
+from cloud.work.array_throttle import ArrayTaskCache, throttled, with_throttled
 from cloud.work.convert import (
     allocation_from_record,
     running_limits,
@@ -71,6 +71,7 @@ class ConversionCache:
     def __init__(self, min_isolation: IsolationRequirement = "none") -> None:
         self._min_isolation: IsolationRequirement = min_isolation
         self._entries: dict[str, tuple[int, Work | str]] = {}
+        self.array_tasks = ArrayTaskCache()  # each job array task's array and throttle
 
     def convert(self, record: WorkRecord, tenant: str) -> Work | str:
         """The scheduler's view of the record, or why it has none."""
@@ -88,6 +89,7 @@ class ConversionCache:
     def retain(self, work_ids: set[str]) -> None:
         for work_id in set(self._entries) - work_ids:
             del self._entries[work_id]
+        self.array_tasks.retain(work_ids)
 
 
 def _convert(
@@ -142,7 +144,8 @@ def build_inputs(
 ) -> PassInputs:
     nodes = {record.node_id: record for record in node_records}
     names = _tenant_names(store)
-    works, unschedulable = _convert(store, names, cache or ConversionCache())
+    cache = cache or ConversionCache()
+    works, unschedulable = _convert(store, names, cache)
     allocations = by_work(store.allocations)
     running: list[Allocation] = [
         allocation_from_record(
@@ -156,7 +159,9 @@ def build_inputs(
         if allocation.node_id in nodes and allocation.work_id in works
     ]
     # Tasks of a job array beyond its throttle wait like work waiting for its jobs.
-    dependencies = with_throttled(resolve(store.dependencies), throttled(store.work, now))
+    dependencies = with_throttled(
+        resolve(store.dependencies), throttled(store.work, now, cache.array_tasks)
+    )
     queue = []
     for record in store.work:
         work = works.get(record.work_id)

@@ -45,16 +45,42 @@ class _Task:
     index: int
 
 
-def _tasks_by_array(records: Iterable[WorkRecord]) -> dict[str, tuple[int, list[_Task]]]:
+def _array_task(record: WorkRecord) -> ArrayTaskSpec | None:
+    if record.kind != "training" or _TASK_MARK not in record.spec:
+        return None
+    try:
+        return _DECODER.decode(record.spec).array_task
+    except msgspec.DecodeError:
+        return None  # the conversion sets it aside as unschedulable, with the reason
+
+
+class ArrayTaskCache:
+    """The `array_task` of each record by (work id, version), so that a pass looks into
+    a spec only when it is new or changed (a version changes with its record)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[int, ArrayTaskSpec | None]] = {}
+
+    def task_of(self, record: WorkRecord) -> ArrayTaskSpec | None:
+        cached = self._entries.get(record.work_id)
+        if cached is not None and cached[0] == record.version:
+            return cached[1]
+        task = _array_task(record)
+        self._entries[record.work_id] = (record.version, task)
+        return task
+
+    def retain(self, work_ids: set[str]) -> None:
+        for work_id in set(self._entries) - work_ids:
+            del self._entries[work_id]
+
+
+def _tasks_by_array(
+    records: Iterable[WorkRecord], cache: ArrayTaskCache
+) -> dict[str, tuple[int, list[_Task]]]:
     """Array id -> (throttle, its tasks among `records`), for throttled arrays only."""
     arrays: dict[str, tuple[int, list[_Task]]] = {}
     for record in records:
-        if record.kind != "training" or _TASK_MARK not in record.spec:
-            continue
-        try:
-            task = _DECODER.decode(record.spec).array_task
-        except msgspec.DecodeError:
-            continue  # the conversion sets it aside as unschedulable, with the reason
+        task = cache.task_of(record)
         if task is None or task.throttle is None:
             continue
         arrays.setdefault(task.array_id, (task.throttle, []))[1].append(_Task(record, task.index))
@@ -68,10 +94,13 @@ def queueable(record: WorkRecord, now: float) -> bool:
     return record.not_before is None or record.not_before <= now
 
 
-def throttled(records: Iterable[WorkRecord], now: float) -> Mapping[str, Waiting]:
-    """Pending tasks of arrays at their throttle: work id -> why it is not queued."""
+def throttled(
+    records: Iterable[WorkRecord], now: float, cache: ArrayTaskCache | None = None
+) -> Mapping[str, Waiting]:
+    """Pending tasks of arrays at their throttle: work id -> why it is not queued.
+    `cache`: the loop's, kept from pass to pass (the caller retains its entries)."""
     waiting: dict[str, Waiting] = {}
-    for array_id, (throttle, tasks) in _tasks_by_array(records).items():
+    for array_id, (throttle, tasks) in _tasks_by_array(records, cache or ArrayTaskCache()).items():
         placed = sorted(
             (task for task in tasks if task.record.state in PLACED_STATES),
             key=lambda task: task.index,
