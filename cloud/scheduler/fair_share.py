@@ -121,6 +121,11 @@ class ShareBook:
         return [value + before for value, before in zip(now, past, strict=True)]
 
     def tenant_share(self, tenant: str, held: Sequence[int] | None) -> float:
+        # Read for every lane refreshed: without a past, what it holds is its usage as is.
+        if tenant not in self._past:
+            if held is None:
+                return 0.0
+            return dominant_share(held, self._nominal.get(tenant), self._capacity)
         return dominant_share(self.used(tenant, held), self._nominal.get(tenant), self._capacity)
 
     def cohort_share(self, cohort: str, held_of: Mapping[str, Sequence[int]]) -> float:
