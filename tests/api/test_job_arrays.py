@@ -164,3 +164,19 @@ async def test_apply_by_name_refuses_an_array_and_points_to_submit(api: Api) -> 
     assert body["invalid_params"][0]["name"] == "$.array"
     assert "submit the array with POST /v1/jobs" in body["invalid_params"][0]["reason"]
     assert (await (await api.get(token, "/v1/jobs")).json())["count"] == 0
+
+
+async def test_a_task_takes_every_per_job_action_by_its_task_name(api: Api) -> None:
+    token = await api.tenant("vision")
+    array_id = await api.submitted(token, job_spec(array="0-2%1"))
+    held = await api.client.post(f"/v1/jobs/{array_id}_2/hold", headers=bearer(token))
+    assert held.status == 200, await held.text()
+    assert ((await held.json())["array_index"], (await held.json())["hold"]) == (2, "held")
+    patched = await api.client.patch(
+        f"/v1/jobs/{array_id}_2", json={"priority": "p2"}, headers=bearer(token)
+    )
+    assert patched.status == 200, await patched.text()
+    task = await (await api.get(token, f"/v1/jobs/{array_id}_2")).json()
+    assert (task["priority"], task["spec"]["env"]["GREENFED_ARRAY_TASK_ID"]) == ("p2", "2")
+    # Per-job actions take a task, not the array.
+    assert (await api.client.post(f"/v1/jobs/{array_id}/hold", headers=bearer(token))).status == 404
