@@ -91,8 +91,10 @@ class Check:
     own_excess: int  # over the tenant's nominal + borrowing limit
     path_excess: int  # over a cohort's nominal + borrowing limit, or the root's nominal
     blocking: str | None  # the cohort whose limit is furthest exceeded
-    parent_committed: int  # the tenant's parent, before the amount (for explanations)
-    parent_nominal: int
+    # For explanations: the blocking cohort (else the tenant's parent), before the amount.
+    cohort: str
+    cohort_committed: int
+    cohort_nominal: int
 
 
 UsageOf = Callable[[str], int]  # tenant name -> what it holds of the kind
@@ -226,13 +228,14 @@ class CohortTree:
             excess = committed - limit
             if excess > path_excess:
                 path_excess, blocking = excess, cohort
-        parent = ancestors[0]
+        shown = blocking if blocking is not None and path_excess > 0 else ancestors[0]
         return Check(
             own_excess=own_excess,
             path_excess=path_excess,
             blocking=blocking if path_excess > 0 else None,
-            parent_committed=self.committed(parent, k, usage_of),
-            parent_nominal=self._cohort_nodes[parent].nominal[k],
+            cohort=shown,
+            cohort_committed=self.committed(shown, k, usage_of),
+            cohort_nominal=self._cohort_nodes[shown].nominal[k],
         )
 
     def borrowing(self, name: str, k: int, usage_of: UsageOf) -> bool:

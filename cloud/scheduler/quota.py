@@ -206,9 +206,9 @@ class QuotaBook:
             requested=amount,
             nominal=nominal,
             borrowing_limit=limit,
-            cohort=check.blocking or tree.path[tenant][0],
-            cohort_usage=check.parent_committed,
-            cohort_nominal=check.parent_nominal,
+            cohort=check.cohort,
+            cohort_usage=check.cohort_committed,
+            cohort_nominal=check.cohort_nominal,
         )
         return Admission(mode, shortfall, quota)
 

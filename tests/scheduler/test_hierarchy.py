@@ -87,6 +87,9 @@ def test_a_lending_limit_keeps_the_rest_of_a_cohorts_quota_for_its_own_members()
     assert pending.code == "quota"
     assert pending.quota is not None
     assert pending.quota.cohort == "org"  # the level whose limit stops it
+    # org: a's 24, prod's 8 kept back unlent, of org's 32.
+    assert (pending.quota.cohort_usage, pending.quota.cohort_nominal) == (32, 32)
+    assert "cohort org 32/32) and asks for 8 more" in pending.message
 
 
 def test_a_tenants_lending_limit_is_not_lent_to_its_siblings() -> None:
