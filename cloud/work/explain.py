@@ -118,6 +118,10 @@ def _placed_message(placements: Sequence[Placement]) -> str:
     nodes = ", ".join(f"{p.node_id} (score {p.chosen.total:.3f})" for p in placements)
     noun = "worker" if placements[0].work_kind == "training" else "replica"
     plural = "s" if len(placements) != 1 else ""
+    if noun == "replica" and min(p.member for p in placements) > 0:
+        # A deployment topped up (scaled up, or replacing lost replicas): the replicas
+        # it already has keep serving; "Placed 1 replica" would read as its size.
+        noun = "more replica"
     limits = sorted({p.power_limit_w for p in placements if p.power_limit_w is not None})
     capped = (
         f" Its GPUs are held to {'/'.join(f'{w:.0f}' for w in limits)} W for the run"

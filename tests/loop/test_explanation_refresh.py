@@ -11,9 +11,9 @@ from cloud.loop.inputs import build_inputs
 from cloud.loop.plans import translate
 from cloud.scheduler import Policy, schedule
 from cloud.store import StoreSnapshot
-from cloud.work.explain import explanation_for_scaling
+from cloud.work.explain import explanation_for_scaling, explanations_for_plan
 from cloud.work.explanation import decode_explanation
-from tests.loop.builders import node, work
+from tests.loop.builders import allocation, node, work
 
 
 def pending_reasons(*records: object) -> dict[str, str]:
@@ -42,3 +42,17 @@ def test_a_scale_down_replaces_the_explanation_of_the_last_placement() -> None:
     assert explanation.outcome == "placed"
     assert explanation.message == "Scaled to 1 replica: kept on edge-1."
     assert explanation.placements == ()
+
+
+def test_a_scale_up_says_the_replicas_placed_are_more() -> None:
+    deployment = work("dep-1", kind="inference", state="running", replicas=2, sites=["cloud"])
+    store = StoreSnapshot(
+        tenants=(),
+        work=(deployment,),
+        allocations=(allocation("dep-1", 0, "a", kind="inference"),),
+        node_generations={},
+    )
+    inputs = build_inputs(0.0, [node("a"), node("b")], store)
+    plan = schedule(inputs.snapshot, Policy())
+    explained = decode_explanation(explanations_for_plan(plan)["dep-1"])
+    assert explained.message.startswith("Placed 1 more replica on ")
