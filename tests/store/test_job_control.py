@@ -6,6 +6,7 @@ On SQLite and PostgreSQL (the `database` fixture)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import msgspec
 import pytest
@@ -176,3 +177,19 @@ async def test_a_queued_job_changes_until_it_is_placed(
             tenant.tenant_id, job.work_id, spec=spec(), priority="p1", changed_fields=(),
             actor=None,
         )  # fmt: skip
+
+
+async def test_a_placement_planned_before_a_hold_is_refused(
+    store: Store, tenant: TenantRecord, lease: LeadershipLease
+) -> None:
+    job = (await submit(store, tenant.tenant_id)).work
+    planned = placement(job.work_id, "gpu-1")
+    await store.set_hold(tenant.tenant_id, job.work_id, "held", reason="held by acme", actor=None)
+    with pytest.raises(VersionConflictError):  # the loop plans again, without it
+        await store.commit_pass(
+            PassWrite(placements=(replace(planned, expected_version=job.version),)), lease=lease
+        )
+    record = await store.get_work(tenant.tenant_id, job.work_id)
+    assert record is not None
+    assert (record.state, record.hold) == ("pending", "held")
+    assert (await store.desired_state("gpu-1")).allocations == ()
