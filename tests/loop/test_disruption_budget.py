@@ -11,7 +11,9 @@ import msgspec
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.desired import canary_members
 from cloud.loop.drain import DrainPlan, plan_drain
-from cloud.store import AllocationRecord, WorkRecord
+from cloud.loop.inputs import build_inputs
+from cloud.scheduler import Plan, Policy, schedule
+from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.work.convert import spec_of
 from cloud.work.specs import CanarySpec, DeploymentSpec
 from shared.messages import DeploymentSample, Telemetry
@@ -111,3 +113,34 @@ def test_a_canary_leaves_min_available_replicas_on_the_deployments_model() -> No
     # A budget of every replica leaves no room for a canary: the rollout waits.
     full = msgspec.structs.replace(spec, canary=canary, min_available=4)
     assert canary_members(full, members) == frozenset()
+
+
+def tidal_plan(min_available: int) -> Plan:
+    """A p1 deployment of 3 replicas on one 4-GPU node, as stored; a p0 training job
+    that needs 2 GPUs (1 is free)."""
+    deployment = work(
+        "detector", kind="inference", state="running", replicas=3, min_available=min_available,
+        sites=["cloud"], accepted_kinds=["gpu"], max_replicas_per_node=4,
+    )  # fmt: skip
+    trainer = dataclasses.replace(
+        work("trainer", state="pending", accelerators_per_worker=2), priority="p0"
+    )
+    replicas = tuple(
+        allocation("detector", i, "a", (f"gpu{i}",), kind="inference") for i in range(3)
+    )
+    store = StoreSnapshot(
+        tenants=(), work=(deployment, trainer), allocations=replicas, node_generations={}
+    )
+    inputs = build_inputs(0.0, [node("a", gpus=4)], store)
+    return schedule(inputs.snapshot, Policy())
+
+
+def test_training_takes_back_gpus_from_inference_only_as_far_as_the_budget_allows() -> None:
+    # Tidal sharing through the loop's own conversion of stored work: a budget of 2
+    # lets one replica go, a budget of 3 none.
+    plan = tidal_plan(2)
+    assert [p.work_id for p in plan.preemptions] == ["detector"]
+    assert [p.node_id for p in plan.placements_for("trainer")] == ["a"]
+    plan = tidal_plan(3)
+    assert plan.preemptions == ()
+    assert plan.placements_for("trainer") == ()
