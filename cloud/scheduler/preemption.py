@@ -91,18 +91,11 @@ class Preemptor:
         )
 
     def _borrowers(self, job: JobContext, k: int, admission: Admission) -> set[str]:
-        """Tenants J may reclaim from: borrowing in J's cohort, J within nominal."""
-        tenant = job.shape.work.tenant
-        cohort = self.state.cohort_of.get(tenant)
-        if cohort is None or admission.mode not in ("nominal", "reclaim"):
+        """Tenants J may reclaim from: borrowing in J's cohort (or, in a cohort tree,
+        under what lends to J's side), J within nominal."""
+        if admission.mode not in ("nominal", "reclaim"):
             return set()
-        return {
-            other
-            for other, its_cohort in self.state.cohort_of.items()
-            if its_cohort == cohort
-            and other != tenant
-            and self.quota.is_borrowing(self.state, other, k)
-        }
+        return self.quota.reclaimable(self.state, job.shape.work.tenant, k)
 
     def can_help(self, job: JobContext, admissions: dict[int, Admission]) -> bool:
         """Cheap test: is there anything at all this job could evict?"""
@@ -415,7 +408,7 @@ class Preemptor:
                 break
             if alloc.allocation_id not in state.allocations or not self.budget.allows(alloc):
                 continue  # already gone with its gang, or its deployment is at its budget
-            if mode == "reclaim" and not self.quota.is_borrowing(state, alloc.tenant, k):
+            if mode == "reclaim" and alloc.tenant not in self.quota.reclaimable(state, tenant, k):
                 continue
             for sibling in state.siblings(alloc):
                 stmt.evict(sibling.allocation_id, reason)
