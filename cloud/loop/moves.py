@@ -17,9 +17,10 @@ lost work weigh a little less than they should.
 Moves are skipped:
 - in a pass that preempted anything (the pass rule's; the next pass looks again);
 - for jobs not yet reported `running` (their workers may still be starting);
-- for a job whose next attempt would be its last (`store.max_attempts`): a move
-  must never be what fails a job. A move does use one of its attempts, so a moved
-  job has one fewer left for later evictions (node loss, preemption).
+- for a job whose next attempt would be its last (`store.max_attempts`, which its own
+  failures and a person's requeues do not use up): a move must never be what fails a
+  job. A move does use one of its attempts, so a moved job has one fewer left for
+  later evictions (node loss, preemption).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def running_jobs(inputs: PassInputs, max_attempts: int) -> list[RunningJob]:
             or record.state != "running"
             or not isinstance(work, TrainingJob)
             or not work.movable
-            or record.attempts - record.failures + 1 >= max_attempts
+            or record.attempts - record.failures - record.requeues + 1 >= max_attempts
             or not members
             or any(member.node_id not in table.index for member in members)
         ):
