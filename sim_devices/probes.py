@@ -17,7 +17,13 @@ from dataclasses import dataclass
 
 from edge.probes import DeviceProbes, HostSample, PowerLimitUnavailable
 from shared.messages import Accelerator, AcceleratorSample, HostInfo
-from sim_devices.profiles import CPU_PROVIDERS, DeviceProfile, clamped_power_limit_w
+from shared.mig_profiles import COMPUTE_SLICES, compute_sevenths, mig_memory_bytes, slice_model
+from sim_devices.profiles import (
+    CPU_PROVIDERS,
+    AcceleratorProfile,
+    DeviceProfile,
+    clamped_power_limit_w,
+)
 
 # Random-walk parameters per sample: pull towards the mean, and step noise.
 MEAN_REVERSION = 0.2
@@ -83,12 +89,20 @@ class SimulatedNode:
 
     def _accelerator_devices(self) -> list[_SimulatedDevice]:
         devices = []
+        # Devices of one kind are numbered across the profile's entries (gpu0 may be cut
+        # into MIG slices, gpu1 whole).
+        next_index: dict[str, int] = {}
         for accelerator_profile in self.profile.accelerators:
-            for index in range(accelerator_profile.count):
+            first = next_index.get(accelerator_profile.kind, 0)
+            next_index[accelerator_profile.kind] = first + accelerator_profile.count
+            for index in range(first, first + accelerator_profile.count):
                 uuid_hex = f"{self._rng.getrandbits(128):032x}"
                 prefix = "GPU" if accelerator_profile.kind == "gpu" else "NPU"
                 # One bus per card, written as NVML writes it.
                 bus_id = f"00000000:{0x18 + index:02X}:00.0" if accelerator_profile.on_pci else ""
+                if accelerator_profile.mig_profile is not None:
+                    devices.extend(self._mig_slices(accelerator_profile, index, bus_id))
+                    continue
                 accelerator = Accelerator(
                     id=f"{accelerator_profile.kind}{index}",
                     kind=accelerator_profile.kind,
@@ -114,6 +128,46 @@ class SimulatedNode:
                     )
                 )
         return devices
+
+    def _mig_slices(
+        self, gpu: AcceleratorProfile, index: int, bus_id: str
+    ) -> list[_SimulatedDevice]:
+        """GPU ``index`` in MIG mode, as discovery lists it (edge/discovery/nvidia.py):
+        its instances "gpu{index}-mig{j}", each addressed by its MIG UUID alone, with its
+        share of the GPU's compute, speed and power; the physical GPU itself is not
+        listed."""
+        profile = gpu.mig_profile
+        assert profile is not None
+        sevenths = compute_sevenths(profile)
+        share = sevenths / COMPUTE_SLICES
+        slices = []
+        for slot in range(COMPUTE_SLICES // sevenths):
+            uuid_hex = f"{self._rng.getrandbits(128):032x}"
+            accelerator = Accelerator(
+                id=f"gpu{index}-mig{slot}",
+                kind="gpu",
+                vendor=gpu.vendor,
+                model=slice_model(gpu.model, profile),
+                memory_bytes=mig_memory_bytes(profile),
+                compute_units=gpu.compute_units * sevenths // COMPUTE_SLICES,
+                idle_power_w=gpu.idle_power_w * share,
+                max_power_w=gpu.max_power_w * share,
+                relative_speed=gpu.relative_speed * share,
+                onnx_providers=gpu.onnx_providers,
+                uuid=f"MIG-{uuid_hex[:8]}-{uuid_hex[8:12]}-{uuid_hex[12:16]}-"
+                f"{uuid_hex[16:20]}-{uuid_hex[20:]}",
+                parent_id=f"gpu{index}",
+                pci_bus_id=bus_id,
+            )
+            slices.append(
+                _SimulatedDevice(
+                    accelerator,
+                    gpu.idle_power_w * share,
+                    gpu.max_power_w * share,
+                    self._start_utilization(),
+                )
+            )
+        return slices
 
     @property
     def accelerators(self) -> tuple[Accelerator, ...]:

@@ -10,7 +10,7 @@ the host CPUs' are each machine's own. Sources, per profile, in `source`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shared.accelerators import ACCELERATORS, lowest_power_share, required
 from shared.messages import Accelerator, AcceleratorKind
@@ -38,6 +38,9 @@ class AcceleratorProfile:
     # A card on the PCI bus, which discovery reports at its PCI address (NVML's
     # busId); a Jetson's GPU is part of its system-on-chip.
     on_pci: bool = False
+    # Each of these GPUs runs in MIG mode, cut into as many instances of this profile
+    # ("1g.10gb": seven) as its compute allows; None: whole GPUs.
+    mig_profile: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +247,24 @@ PROFILES: dict[str, DeviceProfile] = {
             accelerators=(_gpu("Tesla V100-SXM2-32GB", 8),),
             source="NVIDIA V100 data sheet: 32 GB HBM2, 300 W SXM2, 80 SMs",
             typical_utilization=0.5,
+        ),
+        DeviceProfile(
+            name="a100-mig",
+            description="2-GPU A100 server (SXM4, 80 GB), GPU 0 in MIG mode as 7 × 1g.10gb",
+            cpu_model="AMD EPYC 7763",
+            cpu_vendor="amd",
+            cpu_cores=64,
+            cpu_idle_power_w=90.0,
+            cpu_max_power_w=280.0,
+            cpu_relative_speed=0.08,
+            memory_bytes=512 * GIB,
+            arch="x86_64",
+            accelerators=(
+                replace(_gpu("NVIDIA A100-SXM4-80GB", 1), mig_profile="1g.10gb"),
+                _gpu("NVIDIA A100-SXM4-80GB", 1),
+            ),
+            source="NVIDIA A100 data sheet and MIG user guide: 7 × 1g.10gb instances per GPU",
+            typical_utilization=0.55,
         ),
         # One-GPU servers, as the design article's bank counts them (its "20 GPU servers").
         DeviceProfile(

@@ -11,13 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from cloud.scheduler import AcceleratorPool, Node, Taint
+from shared.mig_profiles import COMPUTE_SLICES, compute_sevenths, mig_memory_bytes, slice_model
 from sim_devices.fleet import Fleet, SimNodeSpec, expand_fleet, load_fleet
-from sim_devices.profiles import CPU_PROVIDERS, DeviceProfile
+from sim_devices.profiles import CPU_PROVIDERS, AcceleratorProfile, DeviceProfile
 
 
-def pools(profile: DeviceProfile) -> tuple[AcceleratorPool, ...]:
-    accelerators = tuple(
-        AcceleratorPool(
+def _pool(accelerator: AcceleratorProfile) -> AcceleratorPool:
+    """The profile's accelerators as one pool; GPUs in MIG mode as the pool of their
+    slices, as the control plane sees them (cloud/loop/nodes.py)."""
+    profile = accelerator.mig_profile
+    if profile is None:
+        return AcceleratorPool(
             kind=accelerator.kind,
             count=accelerator.count,
             model=accelerator.model,
@@ -27,8 +31,24 @@ def pools(profile: DeviceProfile) -> tuple[AcceleratorPool, ...]:
             max_power_w=accelerator.max_power_w,
             onnx_providers=accelerator.onnx_providers,
         )
-        for accelerator in profile.accelerators
-        if accelerator.kind != "cpu"
+    share = compute_sevenths(profile) / COMPUTE_SLICES
+    return AcceleratorPool(
+        kind=accelerator.kind,
+        count=accelerator.count * (COMPUTE_SLICES // compute_sevenths(profile)),
+        model=slice_model(accelerator.model, profile),
+        memory_bytes=mig_memory_bytes(profile),
+        relative_speed=accelerator.relative_speed * share,
+        idle_power_w=accelerator.idle_power_w * share,
+        max_power_w=accelerator.max_power_w * share,
+        onnx_providers=accelerator.onnx_providers,
+    )
+
+
+def pools(profile: DeviceProfile) -> tuple[AcceleratorPool, ...]:
+    # The largest pool of a kind first: the node's main pool, as the control plane orders them.
+    accelerators = sorted(
+        (_pool(accelerator) for accelerator in profile.accelerators if accelerator.kind != "cpu"),
+        key=lambda pool: (pool.kind, -pool.memory_bytes, -pool.relative_speed, pool.model),
     )
     cpu = AcceleratorPool(
         kind="cpu",

@@ -21,6 +21,7 @@ from shared.taints import TaintEffect
 
 from .arrays import BoolArray, CodeArray, FloatArray, IntArray, read_only
 from .extensions import Candidates, LatencyEstimator, estimate_latency
+from .mig import accepted_models, restricts_models
 from .model import ISOLATION_RANK, InferenceDeployment, TrainingJob
 from .shape import WorkShape
 from .snapshot import CPU_COLUMN, SITE_INDEX, NodeTable, Snapshot
@@ -121,9 +122,8 @@ def static_filters(
             reject("sealing", nodes.receives_secrets)
     reject("kind", columns.capacity > 0)
     reject("count", columns.capacity >= shape.accelerators)
-    if work.accelerator_models:
-        accepted = [i for i, m in enumerate(columns.models) if m in work.accelerator_models]
-        reject("model", np.isin(columns.model_code, accepted))
+    if restricts_models(work):
+        reject("model", np.isin(columns.model_code, accepted_models(work, columns.models)))
     if shape.memory_bytes:
         reject("memory", columns.memory_bytes >= shape.memory_bytes)
     provider_rank = np.zeros(n, dtype=np.int64)

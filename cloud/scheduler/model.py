@@ -17,6 +17,7 @@ from typing import Final, Protocol
 
 from shared.errors import FieldError
 from shared.messages import AcceleratorKind, IsolationLevel, Site
+from shared.mig_profiles import is_mig_profile
 from shared.taints import TaintEffect
 from shared.work_literals import (
     GANG_TOPOLOGIES,
@@ -174,6 +175,18 @@ def _check_common(work_id: str, tenant: str, sites: tuple[Site, ...]) -> None:
         raise _refused(work_id, "sites", "sites must name at least one site")
 
 
+def _check_mig_profile(
+    work_id: str, profile: str | None, kinds: tuple[AcceleratorKind, ...]
+) -> None:
+    if profile is None:
+        return
+    if not is_mig_profile(profile):
+        raise _refused(work_id, "mig_profile", f"mig_profile {profile!r} is not like 1g.10gb")
+    if kinds != ("gpu",):
+        at_fault = "accelerator_kind" if len(kinds) == 1 else "accepted_kinds"
+        raise _refused(work_id, at_fault, "a mig_profile asks for GPU slices: the kind is gpu")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingJob:
     """A gang of ``workers`` workers, each needing ``accelerators_per_worker`` devices.
@@ -221,10 +234,13 @@ class TrainingJob:
     # Where the gang's workers must all be: one region (default), zone or rack (the node
     # label ``rack``), or anywhere (cloud/scheduler/topology.py).
     topology: GangTopology = "region"
+    # Each accelerator is a MIG slice of this profile ("1g.10gb"), never a whole GPU.
+    mig_profile: str | None = None
 
     def __post_init__(self) -> None:
         _check_common(self.work_id, self.tenant, self.sites)
         work_id = self.work_id
+        _check_mig_profile(work_id, self.mig_profile, (self.accelerator_kind,))
         if self.topology not in GANG_TOPOLOGIES:
             raise _refused(work_id, "topology", "topology must be region, zone, rack or any")
         if self.workers < 1 or self.accelerators_per_worker < 1:
@@ -317,10 +333,13 @@ class InferenceDeployment:
     group: str | None = None
     anti_affinity_groups: tuple[str, ...] = ()
     score_weights: Mapping[str, float] = field(default_factory=dict)
+    # Each accelerator is a MIG slice of this profile ("1g.10gb"), never a whole GPU.
+    mig_profile: str | None = None
 
     def __post_init__(self) -> None:
         _check_common(self.work_id, self.tenant, self.sites)
         work_id = self.work_id
+        _check_mig_profile(work_id, self.mig_profile, self.accepted_kinds)
         if self.replicas < 1 or self.accelerators_per_replica < 1:
             at_fault = "replicas" if self.replicas < 1 else "accelerators_per_replica"
             raise _refused(work_id, at_fault, "replicas and accelerators_per_replica must be >= 1")

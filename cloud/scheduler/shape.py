@@ -60,6 +60,7 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
         if work.tolerations
         else (),
         work.accelerator_models,
+        work.mig_profile,
         work.memory_bytes,
     )
     if isinstance(work, TrainingJob):

@@ -40,6 +40,7 @@ from shared.messages import AcceleratorKind
 
 from .arrays import BoolArray, IntArray
 from .hierarchy import CohortTree
+from .mig import accepted_models, restricts_models, wanted_models_text
 from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Tenant, TrainingJob, Work
 from .plan import NeverFits
 from .self_anti_affinity import apart_never_fits
@@ -126,7 +127,13 @@ class FleetFit:
 
 def _member_key(work: Work) -> Hashable:
     """Everything `_members` reads of the work."""
-    common = (work.sites, work.accelerator_models, work.memory_bytes, work.host_memory_bytes)
+    common = (
+        work.sites,
+        work.accelerator_models,
+        work.mig_profile,
+        work.memory_bytes,
+        work.host_memory_bytes,
+    )
     if isinstance(work, TrainingJob):
         return (
             "training",
@@ -185,14 +192,14 @@ def _members(snapshot: Snapshot, work: Work) -> _Members | NeverFits | None:
     usable = {c: mask & (table.kinds[c].capacity >= need) for c, mask in usable.items()}
     if not _any(usable):
         return NeverFits(count_field, f"no node has {need} {kinds}; the largest has {largest}")
-    if work.accelerator_models:
+    if restricts_models(work):
         for c, mask in usable.items():
             pools = table.kinds[c]
-            accepted = [i for i, m in enumerate(pools.models) if m in work.accelerator_models]
-            usable[c] = mask & np.isin(pools.model_code, accepted)
+            usable[c] = mask & np.isin(pools.model_code, accepted_models(work, pools.models))
         if not _any(usable):
-            models = ", ".join(work.accelerator_models)
-            return NeverFits("accelerator_models", f"no node has {need} {kinds} of model {models}")
+            field = "accelerator_models" if work.accelerator_models else "mig_profile"
+            models = wanted_models_text(work)
+            return NeverFits(field, f"no node has {need} {kinds} of model {models}")
     if work.memory_bytes:
         most = int(_most(usable, lambda c: table.kinds[c].memory_bytes))
         usable = {

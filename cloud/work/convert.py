@@ -43,6 +43,7 @@ def _placement_fields(spec: WorkSpec) -> dict[str, object]:
         "memory_bytes": spec.memory_bytes,
         "host_memory_bytes": spec.host_memory_bytes,
         "accelerator_models": spec.accelerator_models,
+        "mig_profile": spec.mig_profile,
         "preemptible": spec.preemptible,
         "sites": spec.sites,
         "node_selector": dict(spec.node_selector),
@@ -99,7 +100,10 @@ def inference_deployment(
         replicas=spec.replicas,
         min_replicas=spec.min_replicas,
         accelerators_per_replica=spec.accelerators_per_replica,
-        accepted_kinds=spec.accepted_kinds,
+        # MIG slices are GPUs: a mig_profile keeps a deployment to its GPU kind.
+        accepted_kinds=("gpu",)
+        if spec.mig_profile is not None and "gpu" in spec.accepted_kinds
+        else spec.accepted_kinds,
         providers=spec.providers,
         latency_slo_ms=spec.latency_slo_ms,
         traffic_by_region=dict(spec.traffic_by_region),

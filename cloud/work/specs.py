@@ -28,6 +28,7 @@ from cloud.work.array_ranges import MAX_ARRAY_INDEX, MAX_ARRAY_TASKS, MAX_ARRAY_
 from shared.errors import FieldError, json_path
 from shared.images import registry_of
 from shared.messages import AcceleratorKind, ImagePullPolicy, LaunchMode, Site
+from shared.mig_profiles import MIG_PROFILE_PATTERN
 from shared.taints import CORDON_TAINT_KEY
 from shared.work_literals import (
     DeadlinePolicy,
@@ -292,6 +293,19 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
         tuple[Annotated[str, msgspec.Meta(min_length=1)], ...],
         msgspec.Meta(max_length=64, description="Accepted accelerator models; empty: any."),
     ] = ()
+    mig_profile: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                pattern=MIG_PROFILE_PATTERN,
+                description=(
+                    "Each accelerator is a MIG slice of this profile (e.g. 1g.10gb), never "
+                    "a whole GPU; GPUs only."
+                ),
+            ),
+        ]
+        | None
+    ) = None
     estimated_duration_s: Annotated[
         float,
         msgspec.Meta(
@@ -650,6 +664,19 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
         tuple[Annotated[str, msgspec.Meta(min_length=1)], ...],
         msgspec.Meta(max_length=64, description="Accepted accelerator models; empty: any."),
     ] = ()
+    mig_profile: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                pattern=MIG_PROFILE_PATTERN,
+                description=(
+                    "Each accelerator is a MIG slice of this profile (e.g. 1g.10gb), never "
+                    "a whole GPU; GPUs only."
+                ),
+            ),
+        ]
+        | None
+    ) = None
     latency_slo_ms: Annotated[float, msgspec.Meta(gt=0, le=3_600_000)] | None = None
     traffic_by_region: Annotated[
         dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)], Weight],

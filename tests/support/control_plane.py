@@ -99,6 +99,7 @@ async def fleet(
     edge_profile: str = "jetson-orin-nano",
     inference: InferenceOptions | None = None,
     cloud_zones: Sequence[tuple[str, str]] = (),
+    cloud_profiles: Sequence[str] = (),
     scheduling: SchedulingSettings = FAST_LOOP,
     cloud: CloudSettings | None = None,
     usage: UsageSettings | None = None,
@@ -106,7 +107,8 @@ async def fleet(
     state_root: Path | None = None,
 ) -> AsyncIterator[Fleet]:
     """``cloud_zones``: (grid zone, region) of each cloud node in turn (default: all in
-    DE, europe-west3). The agents trust the control plane's signing key, read (or made)
+    DE, europe-west3); ``cloud_profiles``: the device profile of each in turn (default
+    a100-4x; `a100-mig` has MIG slices). The agents trust the control plane's signing key, read (or made)
     before it starts, as `greenfed up` does. ``state_root``: each agent keeps its state
     in ``state_root/<node id>`` (default: in memory)."""
     url, root = mosquitto_root
@@ -118,12 +120,13 @@ async def fleet(
     cache_root = Path(tempfile.mkdtemp(prefix="greenfed-test-models-"))
     for index in range(cloud_nodes):
         node_id = f"a100-{index}"
-        launchers[node_id] = RecordingLauncher(node_id, "a100-4x")
+        profile = cloud_profiles[index] if index < len(cloud_profiles) else "a100-4x"
+        launchers[node_id] = RecordingLauncher(node_id, profile)
         zone, region = cloud_zones[index] if index < len(cloud_zones) else ("DE", "europe-west3")
         agents[node_id] = simulated_agent(
             node_id,
             settings,
-            "a100-4x",
+            profile,
             site="cloud",
             zone=zone,
             region=region,

@@ -1,0 +1,105 @@
+"""Work that asks for MIG slices by profile (``mig_profile``) lands only on slices of
+that profile, never on a whole GPU; the simulated MIG node offers them as discovery
+would, each addressed by its MIG UUID (CUDA_VISIBLE_DEVICES)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cloud.eval.fleet import pools
+from cloud.scheduler import AcceleratorPool, Node, TrainingJob
+from edge.training.environment import visible_devices
+from shared.errors import FieldError
+from shared.mig_profiles import mig_profile_of
+from sim_devices.probes import SimulatedNode
+from sim_devices.profiles import get_profile
+from tests.scheduler.builders import GIB, deployment, job, plan_for
+
+WHOLE = "NVIDIA A100-SXM4-80GB"
+SLICE = "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+
+
+def mig_node(node_id: str = "n1", whole: int = 1, slices: int = 7) -> Node:
+    return Node(
+        node_id=node_id,
+        site="cloud",
+        zone="DE",
+        region="eu",
+        pools=(
+            AcceleratorPool(kind="gpu", count=whole, model=WHOLE, memory_bytes=80 * GIB),
+            AcceleratorPool(
+                kind="gpu", count=slices, model=SLICE, memory_bytes=10 * GIB, relative_speed=1 / 7
+            ),
+        ),
+    )
+
+
+def test_a_job_with_a_mig_profile_takes_slices_of_that_profile_only() -> None:
+    plan = plan_for([mig_node()], [job("tiny", 2, mig_profile="1g.10gb")])
+    assert [(p.accelerator_model, p.accelerators) for p in plan.placements] == [(SLICE, 2)]
+
+
+def test_slices_run_out_and_the_whole_gpu_is_never_taken_for_them() -> None:
+    plan = plan_for(
+        [mig_node(slices=3)],
+        [job("a", 3, mig_profile="1g.10gb"), job("b", 1, mig_profile="1g.10gb", submitted_at=1)],
+    )
+    assert {p.work_id for p in plan.placements} == {"a"}
+    pending = plan.pending_for("b")
+    assert pending is not None
+    assert pending.code == "capacity"
+
+
+def test_a_profile_no_node_has_is_refused_naming_mig_profile() -> None:
+    plan = plan_for([mig_node()], [job("big-slice", 1, mig_profile="3g.40gb")])
+    pending = plan.pending_for("big-slice")
+    assert pending is not None
+    assert pending.code == "unschedulable"
+    assert pending.never_fits is not None
+    assert pending.never_fits.field == "mig_profile"
+    assert "MIG 3g.40gb" in pending.message
+
+
+def test_a_deployment_serves_from_slices() -> None:
+    plan = plan_for(
+        [mig_node()],
+        [
+            deployment(
+                "small",
+                replicas=3,
+                kinds=("gpu",),
+                sites=("cloud",),
+                max_replicas_per_node=3,
+                mig_profile="1g.10gb",
+            )
+        ],
+    )
+    assert [p.accelerator_model for p in plan.placements] == [SLICE] * 3
+
+
+def test_a_mig_profile_is_checked() -> None:
+    with pytest.raises(FieldError) as bad:
+        TrainingJob(work_id="j", tenant="t", mig_profile="huge")
+    assert bad.value.path == ("mig_profile",)
+    with pytest.raises(FieldError) as kind:
+        TrainingJob(work_id="j", tenant="t", accelerator_kind="npu", mig_profile="1g.10gb")
+    assert kind.value.path == ("accelerator_kind",)
+
+
+def test_the_simulated_mig_node_offers_seven_slices_beside_a_whole_gpu() -> None:
+    node = SimulatedNode("m", get_profile("a100-mig"), random.Random(1))
+    gpus = [a for a in node.accelerators if a.kind == "gpu"]
+    slices = [a for a in gpus if a.parent_id == "gpu0"]
+    assert [a.id for a in slices] == [f"gpu0-mig{j}" for j in range(7)]
+    assert {mig_profile_of(a.model) for a in slices} == {"1g.10gb"}
+    assert all(a.uuid is not None and a.uuid.startswith("MIG-") for a in slices)
+    assert [a.id for a in gpus if a.parent_id is None] == ["gpu1"]
+    # A worker on slice 3 sees that slice alone, by its MIG UUID.
+    assert visible_devices(["gpu0-mig3"], node.accelerators) == slices[3].uuid
+    # The evaluation's view of it: the whole GPU is the main pool, the slices beside it.
+    assert [(p.model, p.count) for p in pools(get_profile("a100-mig")) if p.kind == "gpu"] == [
+        (WHOLE, 1),
+        (SLICE, 7),
+    ]
