@@ -34,6 +34,7 @@ from greenfed.arguments import (
     size_bytes_argument,
 )
 from greenfed.data_dir_lock import data_dir_lock
+from greenfed.declarative_cli import add_declarative_commands
 from greenfed.edge_run import EDGE_RUN_HELP, add_edge_run_options, cmd_edge_run
 from greenfed.job_control_cli import add_job_control_commands
 from greenfed.output import ACTION_FORMATS, emit, output_of
@@ -869,6 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_access_commands(commands)
     add_upgrade_commands(commands, nodes_commands)
     add_store_commands(commands)
+    add_declarative_commands(commands)  # after the commands it adds options to
 
     completion = commands.add_parser(
         "completion",

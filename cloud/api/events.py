@@ -49,6 +49,13 @@ class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         | None
     ) = None
     tenant: TenantParameter = None  # the admin sees every tenant's without it
+    follow: Annotated[
+        bool,
+        msgspec.Meta(
+            description="false: end the stream once the stored events are sent "
+            "(with after=0: the whole log, as `greenfed events` lists it)."
+        ),
+    ] = True
 
 
 def sse_message(event: EventRecord, names: Mapping[str, str]) -> bytes:
@@ -144,6 +151,9 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             # Subscribed first, then caught up: what commits meanwhile is queued, and
             # what the catch-up also read is skipped below by its sequence number.
             last = await _catch_up(store, scope_id, after, tuning.event_page_size, response, names)
+            if not query.follow:
+                await response.write_eof()
+                return response
             while not feed.closed:
                 batch = await feed.take(tuning.heartbeat_s)
                 if batch is None:

@@ -1,0 +1,116 @@
+"""`--watch` on `greenfed jobs`, `job`, `deployments` and `nodes`: draw, then draw again
+each time something changes, until Ctrl-C (exit status 130) or, for one job, until it
+has ended.
+
+Changes are learnt from the event stream (`GET /v1/events`): any event of the tenant's
+work (the admin's: anyone's) redraws. The stream is opened before the first drawing, so
+nothing that happens while drawing is missed. Whatever the stream says (or when it cannot
+be read, and for nodes, whose changes it does not carry), the command draws again every
+`POLL_S` seconds. A terminal is cleared before each drawing; into a file or pipe the
+drawings follow one another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+if TYPE_CHECKING:
+    from greenfed.api_client import ApiClient
+
+POLL_S: Final = 5.0
+# Events come in bursts (a pass places many): one drawing for what arrives this close.
+_SETTLE_S: Final = 0.2
+_CLEAR: Final = "\x1b[H\x1b[2J"
+_ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_watch(
+    parser: argparse.ArgumentParser,
+    *,
+    events: bool = True,
+    ended: Callable[[ApiClient, argparse.Namespace], Awaitable[bool]] | None = None,
+) -> None:
+    """`-w/--watch` on a command whose handler draws once (set before this is called)."""
+    draw_once: Handler = parser.get_default("handler")
+    parser.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="draw again on every change until Ctrl-C"
+        + (" or the job has ended" if ended is not None else ""),
+    )
+
+    def command(args: argparse.Namespace) -> int:
+        if not args.watch:
+            return draw_once(args)
+        from greenfed.work_cli import run_client
+
+        return run_client(
+            args,
+            lambda client: watch(client, args, draw_once, events=events, ended=ended),
+            timeout_s=None,
+        )
+
+    parser.set_defaults(handler=command)
+
+
+async def watch(
+    client: ApiClient,
+    args: argparse.Namespace,
+    draw_once: Handler,
+    *,
+    events: bool,
+    ended: Callable[[ApiClient, argparse.Namespace], Awaitable[bool]] | None,
+) -> int:
+    import sys
+
+    changed = asyncio.Event()
+
+    async def listen() -> None:
+        from greenfed.api_client import CliError
+        from greenfed.event_stream import events as event_stream
+
+        # A stream that cannot be read leaves the poll to redraw.
+        with contextlib.suppress(CliError):
+            async for _ in event_stream(client, {}):
+                changed.set()
+
+    async with asyncio.TaskGroup() as tasks:
+        listener = tasks.create_task(listen()) if events else None
+        try:
+            while True:
+                changed.clear()
+                if sys.stdout.isatty():
+                    sys.stdout.write(_CLEAR)
+                # The command's own drawing, with its own client, off this loop.
+                status = await asyncio.to_thread(draw_once, args)
+                sys.stdout.flush()
+                if status != 0:
+                    return status
+                if ended is not None and await ended(client, args):
+                    return 0
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), POLL_S)
+                    await asyncio.sleep(_SETTLE_S)
+        finally:
+            if listener is not None:
+                listener.cancel()
+
+
+async def job_ended(client: ApiClient, args: argparse.Namespace) -> bool:
+    """The job `args.id` has ended (succeeded, failed or cancelled)."""
+    view = await client.get(f"/v1/jobs/{args.id}", _StateOnly)
+    return view.state in _ENDED
+
+
+class _StateOnly(msgspec.Struct, frozen=True):
+    """A job's view (or a job array's summary), read for its state alone."""
+
+    state: str
