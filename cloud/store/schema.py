@@ -55,6 +55,8 @@ tenants = Table(
     # At most this many of its work items placed at once, and pending (v0010); NULL: no cap.
     Column("max_running", Integer, nullable=True),
     Column("max_queued", Integer, nullable=True),
+    # Of its unused quota, what the rest of its cohort may borrow (v0019); {}: all of it.
+    Column("lending_limit", JsonDocument, nullable=False, server_default="{}"),
 )
 
 # Every bearer token of a tenant (v0010): the id in clear, the secret's salted scrypt

@@ -32,6 +32,7 @@ from cloud.store.migrations import (
     v0016_job_control,
     v0017_job_arrays,
     v0018_fair_share,
+    v0019_tenant_lending_limit,
 )
 
 
@@ -61,6 +62,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(16, "job_control", v0016_job_control.upgrade),
     SchemaMigration(17, "job_arrays", v0017_job_arrays.upgrade),
     SchemaMigration(18, "fair_share", v0018_fair_share.upgrade),
+    SchemaMigration(19, "tenant_lending_limit", v0019_tenant_lending_limit.upgrade),
 )
 
 
