@@ -257,6 +257,21 @@ def _with_date_time_patterns(node: object) -> None:
             _with_date_time_patterns(item)
 
 
+def _without_sentinel_defaults(node: object) -> None:
+    """Drop a default below its own minimum: it only marks "not given", and the struct
+    fills the real value in (DeploymentSpec.replicas: autoscale's min_replicas, else
+    1); no client could send it."""
+    if isinstance(node, dict):
+        default, minimum = node.get("default"), node.get("minimum")
+        if isinstance(default, int) and isinstance(minimum, int) and default < minimum:
+            del node["default"]
+        for value in node.values():
+            _without_sentinel_defaults(value)
+    elif isinstance(node, list):
+        for item in node:
+            _without_sentinel_defaults(item)
+
+
 def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
     types = _types(routes)
     refs, components = msgspec.json.schema_components(types, ref_template=REF_TEMPLATE)
@@ -268,6 +283,7 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
     tags = sorted({route.tag for route in routes})
     components = _reachable(components, [paths])
     _with_date_time_patterns([paths, components])
+    _without_sentinel_defaults(components)
     paths, components = portable(paths), portable(components)
     return {
         "openapi": "3.1.0",

@@ -133,3 +133,11 @@ async def test_members_kept_apart_on_too_few_nodes_are_refused_naming_the_field(
     explained = await (await api.get(token, f"/v1/jobs/{queued}/explain")).json()
     assert explained["explanation"]["pending"]["code"] == "unschedulable"
     assert explained["explanation"]["pending"]["field"] == "$.anti_affinity_groups"
+
+
+async def test_the_openapi_document_gives_replicas_no_default_it_would_refuse(api: Api) -> None:
+    document = await (await api.client.get("/openapi.json")).json()
+    spec = document["components"]["schemas"]["DeploymentSpec"]["properties"]
+    assert "default" not in spec["replicas"]
+    assert spec["replicas"]["minimum"] == 1
+    assert "min_available" in spec
