@@ -111,9 +111,21 @@ async def _placement(
     )
 
 
+def _refuse_array(spec: WorkSpec, doing: str) -> None:
+    """A job array is many jobs (cloud/api/job_arrays.py): neither one name's work nor
+    one placement."""
+    if isinstance(spec, TrainingJobSpec) and spec.array is not None:
+        raise invalid_body(
+            "$.array",
+            f"{doing} does not take a job array: submit it (POST /v1/jobs, greenfed submit); "
+            "its tasks are then reached as ARRAYID_INDEX",
+        )
+
+
 async def _dry_run(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     tenant = tenant_of(request)
     spec = accepted_spec(request, collection, await read_body(request), tenant)
+    _refuse_array(spec, "a dry run")
     await check_admissible(request, spec, tenant)
     return json_response(await _placement(request, collection, tenant, spec))
 
@@ -320,6 +332,7 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
     tenant = tenant_of(request)
     name = request.match_info["id"]
     spec = accepted_spec(request, collection, await read_body(request), tenant)
+    _refuse_array(spec, "apply")
     if spec.name != name:
         raise invalid_body("$.name", f"must be {name!r}, the name in the path")
     noun = collection.noun

@@ -133,3 +133,14 @@ async def test_a_dry_run_explains_where_work_would_go_and_stores_nothing(api: Ap
     assert (new["action"], new["id"]) == ("created", None)
     assert new["placement"]["explanation"]["outcome"] == "pending"
     assert len((await (await api.get(token, "/v1/jobs")).json())["items"]) == 1
+
+
+async def test_a_job_array_is_submitted_not_applied_nor_dry_run(api: Api) -> None:
+    token = await api.tenant("acme")
+    sweep = job_spec(name="sweep", array="0-3")
+    applied = await problem(await _put(api, token, "jobs", sweep), 422)
+    assert [p["name"] for p in applied["invalid_params"]] == ["$.array"]
+    assert "greenfed submit" in applied["detail"]
+    dry = await api.client.post("/v1/jobs/dry-run", json=sweep, headers=bearer(token))
+    assert [p["name"] for p in (await problem(dry, 422))["invalid_params"]] == ["$.array"]
+    assert (await (await api.get(token, "/v1/jobs")).json())["items"] == []
