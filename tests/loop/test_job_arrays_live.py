@@ -2,7 +2,7 @@
 SQLite and PostgreSQL: `array = "0-3%2"` on a node with room for all four tasks runs
 them at most two at a time (the throttle, read back from the committed state changes),
 each worker sees its own index in its environment, and the array's summary ends
-`succeeded`."""
+`succeeded`; cancelling a running array (one task, then all) stops every worker."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import msgspec
 import pytest
 
 from cloud.store import WORK_STATE_EVENT, WorkStateChanged
+from tests.api.support import bearer
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import fleet, reaches
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -66,4 +68,33 @@ async def test_an_array_runs_at_most_its_throttle_at_once_with_a_real_agent(
         assert (environment["GREENFED_ARRAY_TASK_MIN"], environment["GREENFED_ARRAY_TASK_MAX"]) == (
             "0",
             "3",
+        )
+
+
+async def test_cancelling_a_running_array_stops_every_task_on_its_agent(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(database, mosquitto_root, cloud_nodes=1) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        spec = {"name": "sweep", "command": ["python", "sweep.py"], "array": "0-2"}
+        response = await api.submit(token, spec)
+        assert response.status == 201, await response.text()
+        array_id = (await response.json())["id"]
+        busy = await reaches(api, token, array_id, "running")
+        tasks = [task["id"] for task in busy["array"]["tasks"]]
+        for index in range(3):
+            await reaches(api, token, f"{array_id}_{index}", "running")
+
+        one = await api.client.delete(f"/v1/jobs/{array_id}_0", headers=bearer(token))
+        assert one.status == 200, await one.text()
+        every = await api.client.delete(f"/v1/jobs/{array_id}", headers=bearer(token))
+        assert every.status == 200, await every.text()
+        assert (await every.json())["array"]["states"] == {"cancelled": 3}
+
+        runs = [run for desired, _, run in running.launchers[NODE].runs if desired.job_id in tasks]
+        assert len(runs) == 3
+        await eventually(
+            lambda: all(run.status.reported().state == "stopped" for run in runs),
+            message="the agent did not stop every task's worker",
         )
