@@ -207,12 +207,15 @@ def cmd_tenants(args: argparse.Namespace) -> int:
     try:
         quotas = work_commands.parse_counts("--quota", args.quota)
         borrowing = work_commands.parse_counts("--borrow", args.borrow)
+        lending = work_commands.parse_counts("--lend", args.lend)
     except CliError as error:
         print(f"greenfed: {error}", file=sys.stderr)
         return EXIT_USAGE
     priorities = tuple(p.strip() for p in args.priorities.split(",")) if args.priorities else None
     if args.tenants_command == "set":
         changes = _tenant_changes(args, quotas, borrowing, priorities)
+        if args.lend or args.no_lending_limit:
+            changes["lending_limit"] = lending
         return run_client(
             args,
             lambda client: work_commands.set_tenant(
@@ -232,6 +235,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
             output=output_of(args),
             max_running=args.max_running,
             max_queued=args.max_queued,
+            lending_limit=lending,
         ),
     )
 
@@ -464,6 +468,13 @@ def add_work_commands(commands: Any) -> None:
         metavar="KIND=N",
         help="borrowing limit within the cohort, e.g. --borrow gpu=4 (repeatable)",
     )
+    create.add_argument(
+        "--lend",
+        action="append",
+        default=[],
+        metavar="KIND=N",
+        help="lending limit: at most N of its idle quota to its cohort, e.g. --lend gpu=2",
+    )
     create.add_argument("--cohort", help="tenants of a cohort lend each other idle quota")
     create.add_argument("--priorities", help="allowed priority classes, e.g. p1,p2 (default all)")
     create.add_argument("--admin", action="store_true", help="an admin tenant")
@@ -484,6 +495,12 @@ def add_work_commands(commands: Any) -> None:
     )
     change.add_argument(
         "--no-borrowing-limit", action="store_true", help="borrow whatever the cohort has idle"
+    )
+    change.add_argument(
+        "--lend", action="append", default=[], metavar="KIND=N", help="replaces its lending limits"
+    )
+    change.add_argument(
+        "--no-lending-limit", action="store_true", help="lend all its idle quota to its cohort"
     )
     cohort = change.add_mutually_exclusive_group()
     cohort.add_argument("--cohort", help="join this cohort")

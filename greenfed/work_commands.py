@@ -796,6 +796,7 @@ async def create_tenant(
     output: Output,
     max_running: int | None = None,
     max_queued: int | None = None,
+    lending_limit: dict[str, int] | None = None,
 ) -> int:
     body: dict[str, object] = {
         "name": name,
@@ -805,6 +806,8 @@ async def create_tenant(
         "max_running": max_running,
         "max_queued": max_queued,
     }
+    if lending_limit:
+        body["lending_limit"] = lending_limit
     if cohort:
         body["cohort"] = cohort
     if priorities:
@@ -840,6 +843,8 @@ def _changed_line(payload: bytes) -> str:
         for what, value in (("max running", tenant.max_running), ("max queued", tenant.max_queued))
     )
     cohort = f", cohort {tenant.cohort}" if tenant.cohort else ""
+    if tenant.lending_limit:
+        cohort += f", lends at most {_counts(tenant.lending_limit)}"
     return (
         f"tenant {tenant.name} changed: quotas {quota_text(tenant)}{cohort}, {caps}, "
         f"priorities {','.join(tenant.allowed_priorities)}; the scheduler applies it from its "

@@ -14,7 +14,7 @@ from cloud.app_keys import REGISTRY, SETTINGS, STORE
 from cloud.loop.fair_share import scheduler_cohorts
 from cloud.scheduler import KINDS, Tenant
 from cloud.scheduler.fair_share import DecayedUsage, ShareBook, kind_usage, standings
-from cloud.scheduler.hierarchy import CohortTree
+from cloud.scheduler.hierarchy import tree_of
 from cloud.store import TenantRecord
 from cloud.work.convert import tenant_from_record
 from cloud.work.views import FairShareView
@@ -53,7 +53,7 @@ async def fair_share_views(
         if tenant is not None:
             tenants[tenant.name] = tenant
     cohorts = {cohort.name: cohort for cohort in scheduler_cohorts(settings.cohorts)}
-    tree = CohortTree(tenants, cohorts) if cohorts else None
+    tree = tree_of(tenants, cohorts)
     nominal: Mapping[str, list[int]] = {
         name: [tenant.nominal.get(kind, 0) for kind in KINDS] for name, tenant in tenants.items()
     }

@@ -55,6 +55,7 @@ async def create_tenant(request: web.Request) -> web.Response:
         admin=body.admin,
         max_running=body.max_running,
         max_queued=body.max_queued,
+        lending_limit=body.lending_limit,
     )
     audit = audit_entry(
         request, "tenant.create", body.name, **tenant_fields_of(new), admin=body.admin
@@ -79,6 +80,7 @@ def tenant_fields_of(tenant: NewTenant | TenantRecord) -> dict[str, object]:
         "allowed_priorities": list(tenant.allowed_priorities),
         "max_running": tenant.max_running,
         "max_queued": tenant.max_queued,
+        "lending_limit": dict(tenant.lending_limit),
     }
 
 
@@ -109,6 +111,7 @@ async def update_tenant(request: web.Request) -> web.Response:
         ),
         max_running=KEEP if body.max_running is msgspec.UNSET else body.max_running,
         max_queued=KEEP if body.max_queued is msgspec.UNSET else body.max_queued,
+        lending_limit=KEEP if body.lending_limit is msgspec.UNSET else body.lending_limit,
     )
     old = tenant_fields_of(before)
     new = tenant_fields_of(changes.applied_to(before))

@@ -116,8 +116,12 @@ class CohortTree:
                     )
                 seen.append(parent)
                 parent = parent_of.get(parent)
-        # Cohorts of the tree: every record and every parent a record names.
+        # Cohorts of the tree: every record, every parent a record names, and every cohort
+        # with a member that lends only part of its quota (the flat rule cannot say that).
         tree_cohorts = set(cohorts) | {p for p in parent_of.values() if p is not None}
+        tree_cohorts |= {
+            t.cohort for t in tenants.values() if t.cohort is not None and t.lending_limit
+        }
         self.cohort_names: frozenset[str] = frozenset(tree_cohorts)
         self.children: dict[str, list[str]] = {name: [] for name in tree_cohorts}
         self.tenant_names: frozenset[str] = frozenset(
@@ -138,7 +142,7 @@ class CohortTree:
                 borrowing_limit=tuple(
                     tenant.borrowing_limit.get(kind, UNLIMITED) for kind in KINDS
                 ),
-                lending_limit=(UNLIMITED,) * len(KINDS),
+                lending_limit=tuple(tenant.lending_limit.get(kind, UNLIMITED) for kind in KINDS),
             )
         self._tenant_nodes = nodes
         self._cohort_nodes: dict[str, _Node] = {}
@@ -285,6 +289,14 @@ class CohortTree:
 
 
 EMPTY_COHORTS: Final[Mapping[str, Cohort]] = MappingProxyType({})
+
+
+def tree_of(tenants: Mapping[str, Tenant], cohorts: Mapping[str, Cohort]) -> CohortTree | None:
+    """The tree, where there is one: configured cohorts, or a cohort member that lends
+    only part of its quota; None: flat cohorts only (quota.py's fast rule)."""
+    if cohorts or any(t.cohort is not None and t.lending_limit for t in tenants.values()):
+        return CohortTree(tenants, cohorts)
+    return None
 
 
 def cohort_map(cohorts: Sequence[Cohort]) -> Mapping[str, Cohort]:

@@ -387,13 +387,21 @@ class Tenant:
     cohort: str | None = None
     nominal: Mapping[AcceleratorKind, int] = field(default_factory=dict)
     borrowing_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+    # Of its unused nominal quota, what its cohort's other members may borrow per kind
+    # (hierarchy.py); a kind not listed: all of it.
+    lending_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name, quotas in (("nominal", self.nominal), ("borrowing_limit", self.borrowing_limit)):
+        for name, quotas in (
+            ("nominal", self.nominal),
+            ("borrowing_limit", self.borrowing_limit),
+            ("lending_limit", self.lending_limit),
+        ):
             if any(v < 0 for v in quotas.values()):
                 raise _refused(f"tenant {self.name}", name, "quotas must not be negative")
         object.__setattr__(self, "nominal", MappingProxyType(dict(self.nominal)))
         object.__setattr__(self, "borrowing_limit", MappingProxyType(dict(self.borrowing_limit)))
+        object.__setattr__(self, "lending_limit", MappingProxyType(dict(self.lending_limit)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,7 +26,7 @@ from typing import Final, Literal
 
 from shared.messages import AcceleratorKind
 
-from .hierarchy import EMPTY_COHORTS, Cohort, CohortTree, UsageOf
+from .hierarchy import EMPTY_COHORTS, Cohort, CohortTree, UsageOf, tree_of
 from .model import KINDS, Tenant
 from .state import ClusterState
 
@@ -81,7 +81,7 @@ class QuotaBook:
         self.tenants = tenants
         if cohorts is None:
             cohorts = start.snapshot.cohorts if start is not None else EMPTY_COHORTS
-        self.tree = CohortTree(tenants, cohorts) if cohorts else None
+        self.tree = tree_of(tenants, cohorts)
         cohort_nominal: dict[str, list[int]] = {}
         for tenant in tenants.values():
             if tenant.cohort is not None:

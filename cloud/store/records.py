@@ -46,10 +46,13 @@ class NewTenant:
     admin: bool = False
     max_running: int | None = None  # work items placed at once; None: no cap
     max_queued: int | None = None  # work items pending at once; None: no cap
+    # Of its unused quota, what its cohort's other members may borrow; {}: all of it.
+    lending_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quotas", _frozen(self.quotas))
         object.__setattr__(self, "borrowing_limit", _frozen(self.borrowing_limit))
+        object.__setattr__(self, "lending_limit", _frozen(self.lending_limit))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,10 +67,12 @@ class TenantRecord:
     created_at: float  # UTC epoch seconds
     max_running: int | None = None  # at most this many of its work items placed at once
     max_queued: int | None = None  # at most this many pending; a submission beyond is refused
+    lending_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)  # {}: all
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quotas", _frozen(self.quotas))
         object.__setattr__(self, "borrowing_limit", _frozen(self.borrowing_limit))
+        object.__setattr__(self, "lending_limit", _frozen(self.lending_limit))
 
     @property
     def accelerators_managed(self) -> bool:
@@ -103,6 +108,7 @@ class TenantChanges:
     allowed_priorities: tuple[PriorityClass, ...] | Keep = KEEP
     max_running: int | Keep | None = KEEP
     max_queued: int | Keep | None = KEEP
+    lending_limit: Mapping[AcceleratorKind, int] | Keep = KEEP
 
     def applied_to(self, record: TenantRecord) -> TenantRecord:
         changed = {
@@ -114,6 +120,7 @@ class TenantChanges:
                 "allowed_priorities",
                 "max_running",
                 "max_queued",
+                "lending_limit",
             )
             if (value := getattr(self, name)) is not KEEP
         }

@@ -91,6 +91,7 @@ def tenant_from_row(row: Row[Any]) -> TenantRecord:
         created_at=float(row.created_at),
         max_running=None if row.max_running is None else int(row.max_running),
         max_queued=None if row.max_queued is None else int(row.max_queued),
+        lending_limit=_QUOTAS.decode(row.lending_limit),
     )
 
 

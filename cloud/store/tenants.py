@@ -37,8 +37,13 @@ def check_limits(
     allowed_priorities: tuple[PriorityClass, ...],
     max_running: int | None,
     max_queued: int | None,
+    lending_limit: Mapping[AcceleratorKind, int] | None = None,
 ) -> None:
-    for what, counts in (("quotas", quotas), ("borrowing_limit", borrowing_limit)):
+    for what, counts in (
+        ("quotas", quotas),
+        ("borrowing_limit", borrowing_limit),
+        ("lending_limit", lending_limit or {}),
+    ):
         for kind, count in counts.items():
             if kind not in ACCELERATOR_KINDS:
                 raise ValueError(f"{what}: unknown accelerator kind {kind!r}")
@@ -60,6 +65,7 @@ def check_new_tenant(tenant: NewTenant) -> None:
         allowed_priorities=tenant.allowed_priorities,
         max_running=tenant.max_running,
         max_queued=tenant.max_queued,
+        lending_limit=tenant.lending_limit,
     )
 
 
@@ -88,6 +94,7 @@ async def insert_tenant(
                 created_at=now,
                 max_running=tenant.max_running,
                 max_queued=tenant.max_queued,
+                lending_limit=quotas_json(tenant.lending_limit),
             )
         )
     except IntegrityError:
@@ -104,6 +111,7 @@ async def insert_tenant(
         created_at=now,
         max_running=tenant.max_running,
         max_queued=tenant.max_queued,
+        lending_limit=tenant.lending_limit,
     )
     return record, issued.token
 
@@ -125,6 +133,7 @@ async def change_tenant(
         allowed_priorities=after.allowed_priorities,
         max_running=after.max_running,
         max_queued=after.max_queued,
+        lending_limit=after.lending_limit,
     )
     await connection.execute(
         update(tenants)
@@ -136,6 +145,7 @@ async def change_tenant(
             allowed_priorities=encode_json(list(after.allowed_priorities)),
             max_running=after.max_running,
             max_queued=after.max_queued,
+            lending_limit=quotas_json(after.lending_limit),
         )
     )
     return before, after

@@ -206,6 +206,7 @@ def tenant_from_record(record: TenantRecord) -> Tenant | None:
         cohort=record.cohort,
         nominal=dict(record.quotas),
         borrowing_limit=dict(record.borrowing_limit),
+        lending_limit=dict(record.lending_limit),
     )
 
 

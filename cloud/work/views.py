@@ -236,6 +236,8 @@ class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     admin: bool = False
     max_running: MaxRunning | None = None
     max_queued: MaxQueued | None = None
+    # Of its unused quota, what its cohort's other members may borrow; {}: all of it.
+    lending_limit: BorrowingLimit = {}
 
 
 class TenantUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -248,6 +250,7 @@ class TenantUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     allowed_priorities: Priorities | msgspec.UnsetType = msgspec.UNSET
     max_running: MaxRunning | msgspec.UnsetType | None = msgspec.UNSET
     max_queued: MaxQueued | msgspec.UnsetType | None = msgspec.UNSET
+    lending_limit: BorrowingLimit | msgspec.UnsetType = msgspec.UNSET
 
 
 class TenantView(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,6 +267,8 @@ class TenantView(msgspec.Struct, frozen=True, kw_only=True):
     # No quota of any kind applies: no accelerator quotas (none set, no cohort), no
     # max_running, no max_queued.
     unlimited: bool = False
+    # Of its unused quota, what its cohort's other members may borrow; {}: all of it.
+    lending_limit: dict[AcceleratorKind, int] = {}
     # Its place in fair sharing (`GET /v1/tenants` only; docs/scheduling.md).
     fair_share: FairShareView | None = None
 
@@ -300,6 +305,7 @@ def tenant_fields(record: TenantRecord) -> dict[str, object]:
         "created_at": utc_from_epoch(record.created_at),
         "max_running": record.max_running,
         "max_queued": record.max_queued,
+        "lending_limit": dict(record.lending_limit),
         "unlimited": record.unlimited,
     }
 

@@ -11,7 +11,7 @@ import pytest
 
 from cloud.store.fair_share import FairShareRow
 from shared.settings import CohortSettings, SchedulingSettings
-from tests.api.support import Api, running_api
+from tests.api.support import Api, bearer, problem, running_api
 from tests.store.databases import DatabaseUnderTest
 
 HALF_LIFE_S = 3600.0
@@ -70,3 +70,35 @@ async def test_the_fair_share_rows_are_upserted(api: Api) -> None:
     rows = await api.store.fair_share_usage()
     assert rows["vision"] == FairShareRow("vision", {"gpu": 20.0, "cpu": 5.0}, 200.0)
     assert rows["x"] == FairShareRow("x", {}, 1.0)
+
+
+async def test_a_tenants_lending_limit_is_stored_changed_and_checked(api: Api) -> None:
+    created = await api.client.post(
+        "/v1/tenants",
+        json={
+            "name": "vision",
+            "quotas": {"gpu": 8},
+            "cohort": "research",
+            "lending_limit": {"gpu": 2},
+        },
+        headers=bearer(api.admin_token),
+    )
+    assert created.status == 201, await created.text()
+    assert (await created.json())["lending_limit"] == {"gpu": 2}
+    changed = await api.client.patch(
+        "/v1/tenants/vision", json={"lending_limit": {"gpu": 4}}, headers=bearer(api.admin_token)
+    )
+    assert changed.status == 200, await changed.text()
+    assert (await changed.json())["lending_limit"] == {"gpu": 4}
+    listed = await (await api.get(api.admin_token, "/v1/tenants")).json()
+    vision = next(t for t in listed["items"] if t["name"] == "vision")
+    assert vision["lending_limit"] == {"gpu": 4}
+    audited = await (await api.get(api.admin_token, "/v1/audit?action=tenant.update")).json()
+    (entry,) = audited["items"]
+    assert entry["detail"] == {"lending_limit": {"from": {"gpu": 2}, "to": {"gpu": 4}}}
+    for body in ({"lending_limit": {"gpu": -1}}, {"lending_limit": {"tpu": 1}}):
+        refused = await api.client.patch(
+            "/v1/tenants/vision", json=body, headers=bearer(api.admin_token)
+        )
+        found = await problem(refused, 422)
+        assert found["invalid_params"][0]["name"].startswith("$.lending_limit"), found

@@ -56,3 +56,13 @@ async def test_tenants_shows_path_share_decayed_usage_and_standing(
     assert "gpu=2" in vision
     assert "2 of 2" in vision
     assert "1 of 2" in speech
+
+    code, out, err = await cli.run("tenants", "set", "vision", "--lend", "gpu=2")
+    assert code == 0, err
+    assert "cohort research, lends at most gpu=2" in out
+    code, out, err = await cli.run("tenants", "set", "vision", "--no-lending-limit")
+    assert code == 0, err
+    assert "lends at most" not in out
+    code, _, err = await cli.run("tenants", "set", "vision", "--lend", "gpu")
+    assert code == 2
+    assert "--lend 'gpu': expected KIND=COUNT" in err

@@ -242,3 +242,18 @@ def test_shares_are_compared_level_by_level_from_the_top() -> None:
     assert _placed(plan) == ["b1-job"]
     flat = _plan(queue, (), tenants=tenants, past=past, nodes=nodes)
     assert _placed(flat) == ["a1-job"]
+
+
+def test_a_tenants_lending_limit_holds_in_a_flat_cohort_too() -> None:
+    tenants = [
+        Tenant(name="a", cohort="lab", nominal={"gpu": 8}),
+        Tenant(name="b", cohort="lab", nominal={"gpu": 8}, lending_limit={"gpu": 2}),
+    ]
+    queue = [job(f"a{i}", 2, tenant="a", submitted_at=i) for i in range(6)]
+    plan = _plan(queue, (), tenants=tenants)
+    # a's 8 and at most 2 of b's idle 8.
+    assert sum(p.accelerators for p in plan.placements) == 10
+    snapshot = Snapshot.build(now=NOW, nodes=NODES, tenants=tenants)
+    found = never_fits(snapshot, job("big", 4, workers=3, tenant="a"))
+    assert found is not None
+    assert "may hold at most 10 GPU" in found.reason
