@@ -146,13 +146,17 @@ async def dry_run(client: ApiClient, spec: WorkSpec, *, output: Output) -> int:
     return EXIT_OK
 
 
+def event_detail(event: EventView) -> str:
+    """What happened, for a person: a state change as `from -> to: reason`."""
+    if event.kind != "work.state":
+        return _value(event.payload)
+    change = msgspec.json.decode(event.payload, type=_StateChange)
+    detail = f"{change.previous_state or 'submitted'} -> {change.state}"
+    return f"{detail}: {change.reason}" if change.reason else detail
+
+
 def _event_line(event: EventView) -> str:
-    detail = _value(event.payload)
-    if event.kind == "work.state":
-        change = msgspec.json.decode(event.payload, type=_StateChange)
-        detail = f"{change.previous_state or 'submitted'} -> {change.state}"
-        if change.reason:
-            detail += f": {change.reason}"
+    detail = event_detail(event)
     tenant = f"{event.tenant}  " if event.tenant else ""
     at = f"{event.at:%Y-%m-%dT%H:%M:%S}Z"
     return f"{at}  {event.seq}  {tenant}{event.kind}  {event.work_id or '-'}  {detail}\n"

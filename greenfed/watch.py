@@ -87,15 +87,15 @@ async def watch(
         try:
             while True:
                 changed.clear()
+                # Asked before drawing: the last drawing shows the job as it ended.
+                finished = ended is not None and await ended(client, args)
                 if sys.stdout.isatty():
                     sys.stdout.write(_CLEAR)
                 # The command's own drawing, with its own client, off this loop.
                 status = await asyncio.to_thread(draw_once, args)
                 sys.stdout.flush()
-                if status != 0:
+                if status != 0 or finished:
                     return status
-                if ended is not None and await ended(client, args):
-                    return 0
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), POLL_S)
                     await asyncio.sleep(_SETTLE_S)
