@@ -315,6 +315,7 @@ class Scheduler:
                     best = (score, runtime_s)
             trial.stmt.discard()
             job.reset()
+        job.keep_to(None)  # the estimate and any redo below choose among all classes
         if best is None:
             wait = earliest_single_class(job, mixed_runtime_s)
             if wait is not None and wait.finish_at < self.state.now + mixed_runtime_s - 1e-6:

@@ -19,16 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from .arrays import BoolArray, IntArray
-from .gang import JobContext
 from .model import PRIORITY_LEVELS, TrainingJob
-from .plan import Placement
-from .shape import WorkShape
+from .plan import NeverFits, Placement
 from .snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from .gang import JobContext
+    from .shape import WorkShape
 
 # At most this many domains are tried for one gang whose first placement spanned several.
 MAX_DOMAINS_TRIED: Final = 4
@@ -56,8 +58,13 @@ class Domains:
 def gang_domains(snapshot: Snapshot, shape: WorkShape) -> Domains | None:
     """The domains ``shape``'s gang must keep to; None when it may span (not a gang,
     or ``topology = "any"``)."""
-    work = shape.work
-    if not shape.is_gang or not isinstance(work, TrainingJob) or work.topology == "any":
+    return job_domains(snapshot, shape.work) if shape.is_gang else None
+
+
+def job_domains(snapshot: Snapshot, work: object) -> Domains | None:
+    """The domains a training gang must keep to; None for other work, a single worker,
+    or ``topology = "any"``."""
+    if not isinstance(work, TrainingJob) or work.workers < 2 or work.topology == "any":
         return None
     nodes = snapshot.nodes
     if work.topology == "region":
@@ -68,6 +75,32 @@ def gang_domains(snapshot: Snapshot, shape: WorkShape) -> Domains | None:
     if codes is None:
         return Domains("rack", np.full(len(nodes), -1, dtype=np.int64), ())
     return Domains("rack", codes, nodes.label_values[RACK_LABEL])
+
+
+def topology_never_fits(
+    snapshot: Snapshot, work: TrainingJob, per_node: IntArray, need: int, kinds: str
+) -> NeverFits | None:
+    """The gang is larger than any one domain of its topology could ever hold
+    (``per_node``: the members each node could hold at once, unschedulable.py)."""
+    domains = job_domains(snapshot, work)
+    if domains is None:
+        return None
+    held = np.zeros(len(domains.names), dtype=np.int64)
+    inside = domains.codes >= 0
+    np.add.at(held, domains.codes[inside], per_node[inside])
+    largest = int(held.max()) if held.size else 0
+    if largest >= work.workers:
+        return None
+    where = (
+        f"no node has a {domains.level} label"
+        if held.size == 0
+        else f"the largest, {domains.name(int(np.argmax(held)))}, could hold {largest}"
+    )
+    return NeverFits(
+        "topology",
+        f"no one {domains.level} could ever hold the gang's {work.workers} workers of {need} "
+        f"{kinds} ({where}); topology = \"any\" lets it span {domains.level}s",
+    )
 
 
 def within_one(domains: Domains, snapshot: Snapshot, placements: Sequence[Placement]) -> bool:

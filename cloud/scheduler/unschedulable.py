@@ -45,6 +45,7 @@ from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Tenant, TrainingJob, Work
 from .plan import NeverFits
 from .self_anti_affinity import apart_never_fits
 from .snapshot import CPU_COLUMN, SITE_INDEX, NodeTable, Snapshot
+from .topology import topology_never_fits
 
 _GIB = 1 << 30
 
@@ -107,7 +108,9 @@ class FleetFit:
         if not isinstance(members, _Members):
             return members
         if isinstance(work, TrainingJob):
-            found = _deadline_or_gang(snapshot, work, members)
+            found = _deadline_or_gang(snapshot, work, members) or topology_never_fits(
+                snapshot, work, members.per_node, members.need, members.kinds
+            )
             if found is not None:
                 return found
             wanted = work.workers

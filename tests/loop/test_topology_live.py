@@ -91,6 +91,11 @@ async def test_labels_topology_and_mig_slices_live(
         together = await reaches(api, token, gang, "running", timeout_s=30)
         assert sorted(together["nodes"]) == ["a100-0", "a100-2"]
 
+        # Three workers of four GPUs: the fleet holds three, but no one region does.
+        spanning = await api.submit(token, job("wide", workers=3, accelerators_per_worker=4))
+        assert spanning.status == 422
+        assert (await spanning.json())["invalid_params"][0]["name"] == "$.topology"
+
         # A MIG slice job: one 1g.10gb slice of a100-3, seen by its worker by MIG UUID.
         tiny = await api.submitted(token, job("tiny", mig_profile="1g.10gb"))
         on_slice = await reaches(api, token, tiny, "running")

@@ -23,9 +23,10 @@ def test_a_gang_stays_within_one_region_by_default() -> None:
     assert sorted(nodes_of(plan, "gang")) == ["fra-0", "fra-1"]
 
 
-def test_a_gang_that_no_region_holds_waits_and_says_why() -> None:
-    nodes = three_sites()[:2]
-    plan = plan_for(nodes, [job("gang", 4, workers=2)])
+def test_a_gang_that_no_region_holds_now_waits_and_says_why() -> None:
+    # Frankfurt's second node is busy: one free node per region, two workers.
+    busy = [running("busy", "fra-1", 4, priority="p0", preemptible=False)]
+    plan = plan_for(three_sites(), [job("gang", 4, workers=2)], busy)
     assert nodes_of(plan, "gang") == []
     pending = plan.pending_for("gang")
     assert pending is not None
@@ -34,6 +35,18 @@ def test_a_gang_that_no_region_holds_waits_and_says_why() -> None:
         "needs 2 workers × 4 GPU within one region (topology): the roomiest region, "
     )
     assert "has room for 1 now" in pending.message
+
+
+def test_a_gang_no_region_could_ever_hold_is_unschedulable_naming_topology() -> None:
+    plan = plan_for(three_sites()[:2], [job("gang", 4, workers=2)])
+    pending = plan.pending_for("gang")
+    assert pending is not None
+    assert pending.code == "unschedulable"
+    assert pending.never_fits is not None
+    assert pending.never_fits.field == "topology"
+    assert "no one region could ever hold the gang's 2 workers of 4 GPU" in (
+        pending.never_fits.reason
+    )
 
 
 def test_a_gang_may_span_regions_when_it_asks() -> None:
@@ -67,7 +80,8 @@ def test_a_gang_asks_for_one_rack_and_nodes_without_a_rack_are_no_rack() -> None
     plan = plan_for(unracked, [job("gang", 4, workers=2, topology="rack")])
     pending = plan.pending_for("gang")
     assert pending is not None
-    assert "within one rack (topology): no candidate node has a rack" in pending.message
+    assert pending.never_fits is not None
+    assert "no node has a rack label" in pending.never_fits.reason
 
 
 def test_a_single_worker_ignores_topology() -> None:
