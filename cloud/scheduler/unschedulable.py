@@ -39,7 +39,7 @@ from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind
 
 from .arrays import BoolArray, IntArray
-from .hierarchy import CohortTree
+from .hierarchy import tree_of
 from .mig import accepted_models, restricts_models, wanted_models_text
 from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Tenant, TrainingJob, Work
 from .plan import NeverFits
@@ -398,8 +398,9 @@ def _quota_source(snapshot: Snapshot, tenant: Tenant, kind: AcceleratorKind) -> 
 
 def _ceiling(snapshot: Snapshot, tenant: Tenant, kind: AcceleratorKind) -> int:
     """The most of ``kind`` the tenant could ever hold at once."""
-    if snapshot.cohorts and (tenant.cohort in snapshot.cohorts or _is_parent(snapshot, tenant)):
-        return CohortTree(snapshot.tenants, snapshot.cohorts).ceiling(tenant.name, KIND_INDEX[kind])
+    tree = tree_of(snapshot.tenants, snapshot.cohorts) if tenant.cohort is not None else None
+    if tree is not None and tree.manages(tenant.name):
+        return tree.ceiling(tenant.name, KIND_INDEX[kind])
     nominal = tenant.nominal.get(kind, 0)
     if tenant.cohort is None:
         return nominal
@@ -410,11 +411,6 @@ def _ceiling(snapshot: Snapshot, tenant: Tenant, kind: AcceleratorKind) -> int:
     )
     limit = tenant.borrowing_limit.get(kind)
     return cohort_total if limit is None else min(cohort_total, nominal + limit)
-
-
-def _is_parent(snapshot: Snapshot, tenant: Tenant) -> bool:
-    """The tenant's cohort has no record but a configured cohort names it as parent."""
-    return any(c.parent == tenant.cohort for c in snapshot.cohorts.values())
 
 
 def _any(usable: dict[int, BoolArray]) -> bool:
