@@ -99,7 +99,7 @@ def topology_never_fits(
     return NeverFits(
         "topology",
         f"no one {domains.level} could ever hold the gang's {work.workers} workers of {need} "
-        f"{kinds} ({where}); topology = \"any\" lets it span {domains.level}s",
+        f'{kinds} ({where}); topology = "any" lets it span {domains.level}s',
     )
 
 

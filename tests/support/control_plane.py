@@ -108,9 +108,9 @@ async def fleet(
 ) -> AsyncIterator[Fleet]:
     """``cloud_zones``: (grid zone, region) of each cloud node in turn (default: all in
     DE, europe-west3); ``cloud_profiles``: the device profile of each in turn (default
-    a100-4x; `a100-mig` has MIG slices). The agents trust the control plane's signing key, read (or made)
-    before it starts, as `greenfed up` does. ``state_root``: each agent keeps its state
-    in ``state_root/<node id>`` (default: in memory)."""
+    a100-4x; `a100-mig` has MIG slices). The agents trust the control plane's signing
+    key, read (or made) before it starts, as `greenfed up` does. ``state_root``: each
+    agent keeps its state in ``state_root/<node id>`` (default: in memory)."""
     url, root = mosquitto_root
     settings = mqtt_settings(url, root)
     public_key = control_plane_public_key(database, cloud)
