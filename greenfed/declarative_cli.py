@@ -122,7 +122,7 @@ def _with_replica_logs(logs: argparse.ArgumentParser) -> None:
 def add_declarative_commands(commands: Any) -> None:
     """Add apply, diff and events to `greenfed`'s subparsers, and `--dry-run` and
     `--watch` to the commands already there (call after those are added)."""
-    from greenfed.watch import add_watch, job_ended
+    from greenfed.watch import add_watch, work_ended
 
     for name, helped in (
         ("apply", "create or update work by name from spec files (deployments change in place)"),
@@ -169,5 +169,6 @@ def add_declarative_commands(commands: Any) -> None:
     _with_dry_run(commands.choices["submit"])
     add_watch(commands.choices["jobs"])
     add_watch(commands.choices["deployments"])
-    add_watch(commands.choices["job"], ended=job_ended)
+    add_watch(commands.choices["job"], ended=work_ended("jobs"))
+    add_watch(commands.choices["deployment"], ended=work_ended("deployments"))
     add_watch(commands.choices["nodes"], events=False)

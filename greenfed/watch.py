@@ -1,6 +1,6 @@
-"""`--watch` on `greenfed jobs`, `job`, `deployments` and `nodes`: draw, then draw again
-each time something changes, until Ctrl-C (exit status 130) or, for one job, until it
-has ended.
+"""`--watch` on `greenfed jobs`, `job`, `deployments`, `deployment` and `nodes`: draw, then
+draw again each time something changes, until Ctrl-C (exit status 130) or, for one job
+or deployment, until it has ended.
 
 Changes are learnt from the event stream (`GET /v1/events`): any event of the tenant's
 work (the admin's: anyone's) redraws. The stream is opened before the first drawing, so
@@ -44,7 +44,7 @@ def add_watch(
         "--watch",
         action="store_true",
         help="draw again on every change until Ctrl-C"
-        + (" or the job has ended" if ended is not None else ""),
+        + (" or it has ended" if ended is not None else ""),
     )
 
     def command(args: argparse.Namespace) -> int:
@@ -104,13 +104,18 @@ async def watch(
                 listener.cancel()
 
 
-async def job_ended(client: ApiClient, args: argparse.Namespace) -> bool:
-    """The job `args.id` has ended (succeeded, failed or cancelled)."""
-    view = await client.get(f"/v1/jobs/{args.id}", _StateOnly)
-    return view.state in _ENDED
+def work_ended(collection: str) -> Callable[[ApiClient, argparse.Namespace], Awaitable[bool]]:
+    """Whether the job (`collection` "jobs") or deployment `args.id` has ended
+    (succeeded, failed or cancelled)."""
+
+    async def ended(client: ApiClient, args: argparse.Namespace) -> bool:
+        view = await client.get(f"/v1/{collection}/{args.id}", _StateOnly)
+        return view.state in _ENDED
+
+    return ended
 
 
 class _StateOnly(msgspec.Struct, frozen=True):
-    """A job's view (or a job array's summary), read for its state alone."""
+    """A job's or deployment's view (or a job array's summary), read for its state."""
 
     state: str
