@@ -144,3 +144,31 @@ async def test_a_job_array_is_submitted_not_applied_nor_dry_run(api: Api) -> Non
     dry = await api.client.post("/v1/jobs/dry-run", json=sweep, headers=bearer(token))
     assert [p["name"] for p in (await problem(dry, 422))["invalid_params"]] == ["$.array"]
     assert (await (await api.get(token, "/v1/jobs")).json())["items"] == []
+
+
+async def test_a_deployment_dry_run_places_its_replicas_and_stores_nothing(api: Api) -> None:
+    token = await api.tenant("acme")
+    model = await api.model(token)
+    for node_id in ("orin-1", "orin-2"):
+        api.app[REGISTRY].apply_status(node(node_id, site="edge", gpus=1).status)
+    spec = deployment_spec(model, name="detector", replicas=2)
+    answer = await api.client.post("/v1/deployments/dry-run", json=spec, headers=bearer(token))
+    assert answer.status == 200, await answer.text()
+    body = await answer.json()
+    assert (body["kind"], body["name"]) == ("deployment", "detector")
+    assert body["explanation"]["outcome"] == "placed"
+    placed = sorted(p["node_id"] for p in body["explanation"]["placements"])
+    assert placed == ["orin-1", "orin-2"]
+    assert (await (await api.get(token, "/v1/deployments")).json())["items"] == []
+    # A model the tenant does not have: the submission's own 422.
+    missing = deployment_spec("no-such-model", name="detector")
+    refused = await api.client.post("/v1/deployments/dry-run", json=missing, headers=bearer(token))
+    assert [p["name"] for p in (await problem(refused, 422))["invalid_params"]] == ["$.model_id"]
+
+
+def test_apply_changes_a_queued_job_in_the_fields_patch_takes() -> None:
+    """apply and PATCH /v1/jobs/{id} agree on what a queued job may change."""
+    from cloud.api.job_control import JobUpdate
+    from cloud.work.spec_changes import QUEUED_JOB_FIELDS
+
+    assert set(JobUpdate.__struct_fields__) == QUEUED_JOB_FIELDS
