@@ -2,7 +2,7 @@
 
 A replica runs inside its node's agent (an ONNX Runtime session, no process of its own
 with output), so its log is its lifecycle as the control plane knows it: the
-deployment's events (`GET /v1/events`: placed, scaled, updated, rolled out, ended), then
+deployment's events (`GET /v1/events?work_id=`: placed, scaled, updated, rolled out, ended), then
 each replica as its node reports it (node, state, execution provider, why it failed or
 fell back). `-f` keeps printing: new events as they come, and a replica's line again
 whenever its node reports a change, until the deployment has ended. `--replica N`:
@@ -69,10 +69,10 @@ async def deployment_logs(
     lines: deque[str] = deque(maxlen=tail if tail is not None else None)
     last_seq = 0
     if replica is None:
-        async for event in events(client, {"after": "0", "follow": "false"}):
+        history = {"after": "0", "follow": "false", "work_id": view.id}
+        async for event in events(client, history):
             last_seq = event.seq
-            if event.work_id == view.id:
-                lines.append(event_line(event))
+            lines.append(event_line(event))
     now = datetime.now(UTC)
     shown: dict[int, tuple[object, ...]] = {}
     for each in view.replica_states:
@@ -86,11 +86,10 @@ async def deployment_logs(
 
     async def new_events(params: dict[str, str]) -> None:
         nonlocal last_seq
-        async for event in events(client, {"after": str(last_seq), **params}):
+        async for event in events(client, {"after": str(last_seq), "work_id": view.id, **params}):
             last_seq = event.seq
-            if event.work_id == view.id:
-                out.write(event_line(event))
-                out.flush()
+            out.write(event_line(event))
+            out.flush()
 
     async with asyncio.TaskGroup() as tasks:
         listener = tasks.create_task(new_events({})) if replica is None else None

@@ -49,6 +49,15 @@ class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         | None
     ) = None
     tenant: TenantParameter = None  # the admin sees every tenant's without it
+    work_id: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=64, description="Only the events of this job or deployment (its id)."
+            ),
+        ]
+        | None
+    ) = None
     follow: Annotated[
         bool,
         msgspec.Meta(
@@ -113,11 +122,14 @@ async def _catch_up(
     page_size: int,
     response: web.StreamResponse,
     names: _Names,
+    work_id: str | None = None,
 ) -> int:
-    """Send the tenant's (every tenant's, for None) stored events after `after`; the
-    last id sent."""
+    """Send the tenant's (every tenant's, for None) stored events after `after` (of
+    `work_id` only, if given); the last id sent."""
     while True:
-        page = await store.list_events(tenant_id=tenant_id, after_seq=after, limit=page_size)
+        page = await store.list_events(
+            tenant_id=tenant_id, after_seq=after, limit=page_size, work_id=work_id
+        )
         if page:
             await response.write(await names.messages(page))
             after = page[-1].seq
@@ -150,7 +162,9 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             await response.write(f"retry: {RETRY_MS}\n\n".encode())
             # Subscribed first, then caught up: what commits meanwhile is queued, and
             # what the catch-up also read is skipped below by its sequence number.
-            last = await _catch_up(store, scope_id, after, tuning.event_page_size, response, names)
+            last = await _catch_up(
+                store, scope_id, after, tuning.event_page_size, response, names, query.work_id
+            )
             if not query.follow:
                 await response.write_eof()
                 return response
@@ -162,10 +176,15 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
                 if feed.overflowed:
                     feed.reset()
                     last = await _catch_up(
-                        store, scope_id, last, tuning.event_page_size, response, names
-                    )
+                        store, scope_id, last, tuning.event_page_size, response, names,
+                        query.work_id,
+                    )  # fmt: skip
                     continue
-                fresh = [event for event in batch if event.seq > last]
+                fresh = [
+                    event
+                    for event in batch
+                    if event.seq > last and query.work_id in (None, event.work_id)
+                ]
                 if fresh:
                     await response.write(await names.messages(fresh))
                     last = fresh[-1].seq

@@ -1259,15 +1259,23 @@ class Store:
     # ---- events ------------------------------------------------------------------------
 
     async def list_events(
-        self, *, tenant_id: str | None, after_seq: int = 0, limit: int = 100
+        self,
+        *,
+        tenant_id: str | None,
+        after_seq: int = 0,
+        limit: int = 100,
+        work_id: str | None = None,
     ) -> tuple[EventRecord, ...]:
-        """Events after `after_seq` (the SSE `Last-Event-ID`), oldest first.
+        """Events after `after_seq` (the SSE `Last-Event-ID`), oldest first; `work_id`:
+        that work's only.
 
         `tenant_id=None` reads every tenant's events (the control plane itself).
         """
         query = select(events).where(events.c.seq > after_seq)
         if tenant_id is not None:
             query = query.where(events.c.tenant_id == tenant_id)
+        if work_id is not None:
+            query = query.where(events.c.work_id == work_id)
         query = query.order_by(events.c.seq).limit(limit)
         async with self._read() as connection:
             return tuple(event_from_row(row) for row in await connection.execute(query))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import aiohttp
 
@@ -161,3 +162,18 @@ async def test_open_streams_end_when_the_server_stops(database: DatabaseUnderTes
         async with asyncio.timeout(5):
             assert (await events.content.read()).startswith(b"retry:")
             assert await followed.content.read() == b""
+
+
+async def test_a_stream_of_one_works_events_ends_once_they_are_sent(api: Api) -> None:
+    """`?work_id=` keeps one job's events; `?follow=false` ends after the stored ones
+    (what `greenfed events` and `greenfed logs DEPLOYMENT` read)."""
+    token = await api.tenant("acme")
+    first = await api.submitted(token, job_spec(name="one"))
+    await api.submitted(token, job_spec(name="two"))
+    await api.client.delete(f"/v1/jobs/{first}", headers=bearer(token))
+    response = await api.get(token, f"/v1/events?after=0&follow=false&work_id={first}")
+    assert response.status == 200
+    text = await asyncio.wait_for(response.text(), 10)  # ended by the server
+    data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert {event["work_id"] for event in data} == {first}
+    assert [event["payload"]["state"] for event in data] == ["pending", "cancelled"]
