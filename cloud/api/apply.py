@@ -112,13 +112,13 @@ async def _placement(
 
 
 def _refuse_array(spec: WorkSpec, doing: str) -> None:
-    """A job array is many jobs (cloud/api/job_arrays.py): neither one name's work nor
-    one placement."""
+    """A job array is many jobs, created together (cloud/api/job_arrays.py): neither one
+    name's work nor one placement."""
     if isinstance(spec, TrainingJobSpec) and spec.array is not None:
         raise invalid_body(
             "$.array",
-            f"{doing} does not take a job array: submit it (POST /v1/jobs, greenfed submit); "
-            "its tasks are then reached as ARRAYID_INDEX",
+            f"{doing} takes single jobs, not job arrays: submit the array with POST /v1/jobs "
+            "(greenfed submit); its tasks are then reached as ARRAYID_INDEX",
         )
 
 
@@ -198,13 +198,6 @@ async def _create(
     spec: SpecT,
     dry_run: bool,
 ) -> web.Response:
-    if isinstance(spec, TrainingJobSpec) and spec.array is not None:
-        # Its tasks are jobs of their own, created together (cloud/api/job_arrays.py).
-        raise invalid_body(
-            "$.array",
-            "apply takes single jobs, not job arrays: submit the array with POST /v1/jobs "
-            "(greenfed submit)",
-        )
     await check_admissible(request, spec, tenant)
     noun = collection.noun
     if dry_run:
