@@ -30,7 +30,7 @@ from cloud.api.auth import tenant_of
 from cloud.api.bodies import invalid_body, json_response, read_body
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
-from cloud.api.references import ambiguous_problem
+from cloud.api.references import ambiguous_problem, dependencies_by_id
 from cloud.api.refusals import new_dependencies
 from cloud.api.routes import Reply, Route
 from cloud.api.work import (
@@ -126,6 +126,7 @@ async def _dry_run(request: web.Request, collection: Collection[SpecT]) -> web.R
     tenant = tenant_of(request)
     spec = accepted_spec(request, collection, await read_body(request), tenant)
     _refuse_array(spec, "a dry run")
+    spec = await dependencies_by_id(request, spec)
     await check_admissible(request, spec, tenant)
     return json_response(await _placement(request, collection, tenant, spec))
 
@@ -326,6 +327,7 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
     name = request.match_info["id"]
     spec = accepted_spec(request, collection, await read_body(request), tenant)
     _refuse_array(spec, "apply")
+    spec = await dependencies_by_id(request, spec)  # by id, as stored specs hold them
     if spec.name != name:
         raise invalid_body("$.name", f"must be {name!r}, the name in the path")
     noun = collection.noun

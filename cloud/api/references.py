@@ -10,9 +10,13 @@ are a 409 listing them.
 
 from __future__ import annotations
 
+from typing import Final, TypeVar
+
+import msgspec
 from aiohttp import web
 
 from cloud.api.auth import tenant_of
+from cloud.api.bodies import invalid_body
 from cloud.api.job_arrays import task_id_of
 from cloud.api.problems import Problem
 from cloud.app_keys import STORE
@@ -25,9 +29,33 @@ from cloud.work.lookup import (
     by_prefix,
     is_full_id,
 )
+from cloud.work.specs import DeploymentSpec, TrainingJobSpec
 from shared.clock import utc_from_epoch
 from shared.problems import InvalidParam
 from shared.work_literals import WorkKind
+
+AMBIGUOUS: Final = "ambiguous-reference"
+SpecT = TypeVar("SpecT", TrainingJobSpec, DeploymentSpec)
+
+
+async def dependencies_by_id(request: web.Request, spec: SpecT) -> SpecT:
+    """`spec` with each `depends_on` job named by its id: a name or an id prefix is
+    resolved among the tenant's training jobs as a path's `{id}` is (a spec applied
+    from a directory names the jobs it waits for, whose ids it cannot know). What
+    matches nothing is left for the dependency checks to refuse; several matches are a
+    422 on that dependency."""
+    if all(is_full_id(dependency.job) for dependency in spec.depends_on):
+        return spec
+    resolved = []
+    for index, dependency in enumerate(spec.depends_on):
+        try:
+            job_id = await work_id_of(request, "training", "job", dependency.job, any_tenant=False)
+        except Problem as problem:
+            if problem.slug != AMBIGUOUS:
+                raise
+            raise invalid_body(f"$.depends_on[{index}].job", problem.detail) from None
+        resolved.append(msgspec.structs.replace(dependency, job=job_id))
+    return msgspec.structs.replace(spec, depends_on=tuple(resolved))
 
 
 async def work_id_of(
@@ -73,7 +101,7 @@ def ambiguous_problem(noun: str, ambiguous: Ambiguous) -> Problem:
     )
     return Problem(
         409,
-        "ambiguous-reference",
+        AMBIGUOUS,
         f"Ambiguous {noun} reference",
         reason,
         (InvalidParam("id", reason),),

@@ -31,7 +31,7 @@ from cloud.api.bulk_actions import destructive
 from cloud.api.job_arrays import cancel_array, get_array, refuse_array_task, submit_array
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import RFC3339_PATTERN, comma_list, comma_list_pattern, parse_query
-from cloud.api.references import work_id_of
+from cloud.api.references import dependencies_by_id, work_id_of
 from cloud.api.refusals import (
     dependency_views,
     new_dependencies,
@@ -391,6 +391,7 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
     spec = _stored_form(request, decoded, tenant)
     _check_priority(tenant, spec.priority)
     _check_schedulable(spec)
+    spec = await dependencies_by_id(request, spec)  # names of jobs it waits for: their ids
     store = request.app[STORE]
     refused = await refused_now(request, spec, tenant, time.time())
     refused = refused or await refused_dependencies(request, spec, tenant)

@@ -130,12 +130,24 @@ class SpecStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Base of every spec type: immutable, keyword-only, unknown fields rejected."""
 
 
+# A job named as a person knows it: resolved to its id when the spec is submitted
+# (cloud/api/references.py), so the stored spec holds ids only.
+JobReference = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
+        description="A job's id (a ULID), or the name or a unique id prefix of one of the "
+        "tenant's jobs: replaced by its id at submission.",
+    ),
+]
+
+
 class DependencySpec(SpecStruct, frozen=True, kw_only=True):
     """Start only once another of the tenant's training jobs has ended this way
     (docs/rest.md#dependencies): `succeeded`, `failed`, or `ended` (either, or cancelled).
     A dependency that can no longer hold cancels the dependent."""
 
-    job: WorkId
+    job: JobReference
     condition: DependencyCondition = "succeeded"
 
 

@@ -28,7 +28,8 @@ async def test_a_job_is_reached_by_its_name_and_by_a_unique_prefix_of_its_id(api
     if common >= 4:
         body = await problem(await api.get(token, f"/v1/jobs/{job_id[:common]}"), 409)
         assert body["invalid_params"][0]["name"] == "id"
-        assert job_id in body["detail"] and other in body["detail"]
+        assert job_id in body["detail"]
+        assert other in body["detail"]
     await problem(await api.get(token, "/v1/jobs/no-such-job"), 404)
     # A name is the job's, not a deployment's of the same name.
     await problem(await api.get(token, "/v1/deployments/train-a"), 404)
@@ -44,7 +45,8 @@ async def test_a_reused_name_means_the_live_work_else_the_newest(api: Api) -> No
     first = await api.submitted(token, job_spec(name="nightly"))
     second = await api.submitted(token, job_spec(name="nightly"))
     body = await problem(await api.get(token, "/v1/jobs/nightly"), 409)
-    assert first in body["detail"] and second in body["detail"]
+    assert first in body["detail"]
+    assert second in body["detail"]
     assert "name 'nightly'" in body["detail"]
 
     await api.client.delete(f"/v1/jobs/{first}", headers=bearer(token))
@@ -70,3 +72,26 @@ async def test_names_stay_within_the_tenant_and_the_admin_reaches_every_tenants(
     )
     assert changed.status == 200, await changed.text()
     assert (await changed.json())["replicas"] == 3
+
+
+async def test_a_spec_waits_for_jobs_by_name_stored_by_their_ids(api: Api) -> None:
+    token = await api.tenant("acme")
+    prep = await api.submitted(token, job_spec(name="prep"))
+    after = {"name": "train", "depends_on": [{"job": "prep"}]}
+    train = await api.submit(token, job_spec(**after))
+    assert train.status == 201, await train.text()
+    body = await train.json()
+    assert body["spec"]["depends_on"] == [{"job": prep, "condition": "succeeded"}]
+    shown = await (await api.get(token, f"/v1/jobs/{body['id']}")).json()
+    assert [waited["id"] for waited in shown["waits_for"]] == [prep]
+
+    # Nothing of that name, or two live jobs of it: a 422 on the dependency.
+    unknown = await api.submit(token, job_spec(name="x", depends_on=[{"job": "nothing"}]))
+    assert [p["name"] for p in (await problem(unknown, 422))["invalid_params"]] == [
+        "$.depends_on[0].job"
+    ]
+    await api.submitted(token, job_spec(name="prep"))
+    twice = await api.submit(token, job_spec(name="y", depends_on=[{"job": "prep"}]))
+    body = await problem(twice, 422)
+    assert [p["name"] for p in body["invalid_params"]] == ["$.depends_on[0].job"]
+    assert prep in body["detail"]

@@ -81,6 +81,20 @@ async def test_apply_a_directory_then_diff_and_change_by_name(
     assert code == 2
     assert "$.workers" in err
 
+    # A pipeline from one directory: the second job waits for the first by its name.
+    pipeline = tmp_path / "pipeline"
+    pipeline.mkdir()
+    (pipeline / "1-prep.toml").write_text(_job("prep"))
+    (pipeline / "2-fit.toml").write_text(
+        _job("fit") + '[[depends_on]]\njob = "prep"\ncondition = "succeeded"\n'
+    )
+    code, out, err = await cloud.run("apply", "-f", str(pipeline), token=token)
+    assert code == 0, err
+    prep_id = re.search(r"job prep created: (\S+)", out)
+    assert prep_id is not None, out
+    code, out, err = await cloud.run("job", "fit", "-o", "json", token=token)
+    assert [link["id"] for link in json.loads(out)["waits_for"]] == [prep_id.group(1)]
+
     # A dry run checks and explains, and submits nothing.
     dry = tmp_path / "dry.toml"
     dry.write_text(_job("dry"))
