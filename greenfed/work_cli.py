@@ -205,7 +205,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
             args, lambda client: work_commands.list_tenants(client, output=output_of(args))
         )
     try:
-        quotas = work_commands.parse_counts("--quota", args.quota)
+        quotas = work_commands.parse_counts("--quota", args.quota, slices=True)
         borrowing = work_commands.parse_counts("--borrow", args.borrow)
         lending = work_commands.parse_counts("--lend", args.lend)
     except CliError as error:
@@ -459,7 +459,7 @@ def add_work_commands(commands: Any) -> None:
         action="append",
         default=[],
         metavar="KIND=N",
-        help="nominal quota, e.g. --quota gpu=8 (repeatable)",
+        help="nominal quota, e.g. --quota gpu=8 or MIG slices --quota mig-1g.10gb=7 (repeatable)",
     )
     create.add_argument(
         "--borrow",

@@ -49,6 +49,7 @@ from greenfed.arguments import EXIT_OK
 from greenfed.output import WIDE_COLUMNS, Output, emit
 from greenfed.usage_commands import usage_line
 from shared.messages import AcceleratorKind
+from shared.mig_profiles import is_quota_resource
 from shared.work_literals import SpecKind
 
 # ---- rendering -----------------------------------------------------------------------------
@@ -508,7 +509,7 @@ def _array_tasks_table(array: JobArrayView, *, wide: bool = False) -> Table:
     return table
 
 
-def _counts(values: Mapping[AcceleratorKind, int]) -> str:
+def _counts(values: Mapping[AcceleratorKind, int] | Mapping[str, int]) -> str:
     return ", ".join(f"{kind}={n}" for kind, n in sorted(values.items()))
 
 
@@ -771,15 +772,20 @@ async def list_tenants(client: ApiClient, *, output: Output) -> int:
     )
 
 
-def parse_counts(option: str, values: list[str]) -> dict[str, int]:
-    """`gpu=8` (repeatable, or comma-separated) to {"gpu": 8}."""
+def parse_counts(option: str, values: list[str], *, slices: bool = False) -> dict[str, int]:
+    """`gpu=8` (repeatable, or comma-separated) to {"gpu": 8}; with ``slices``, also MIG
+    slices per profile (`mig-1g.10gb=7`)."""
     counts: dict[str, int] = {}
     for value in values:
         for item in value.split(","):
             kind, _, number = item.partition("=")
             kind = kind.strip()
-            if kind not in ("gpu", "npu", "cpu") or not number.strip().isdigit():
-                raise CliError(f"{option} {item!r}: expected KIND=COUNT, KIND gpu, npu or cpu")
+            known = kind in ("gpu", "npu", "cpu") or (slices and is_quota_resource(kind))
+            if not known or not number.strip().isdigit():
+                kinds = (
+                    "gpu, npu, cpu or mig-1g.10gb (a MIG profile)" if slices else "gpu, npu or cpu"
+                )
+                raise CliError(f"{option} {item!r}: expected KIND=COUNT, KIND {kinds}")
             counts[kind] = int(number)
     return counts
 

@@ -9,6 +9,7 @@ sevenths (1, 2, 3, 4 or 7) and the memory its own in GB.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final
 
 # A profile as a spec names it ("1g.10gb", "3g.40gb").
@@ -18,6 +19,28 @@ _IN_MODEL: Final = re.compile(r"\bMIG ([1-7]g\.[1-9][0-9]{0,2}gb)$")
 # A MIG-capable GPU is divided into this many compute slices.
 COMPUTE_SLICES: Final = 7
 _GB: Final = 1000**3
+
+
+# A tenant's quotas are per accelerator kind, or per MIG profile: "mig-1g.10gb" counts
+# that profile's slices (cloud/scheduler/mig_quota.py).
+MIG_QUOTA_PREFIX: Final = "mig-"
+QUOTA_RESOURCE_PATTERN: Final = r"^(gpu|npu|cpu|mig-[1-7]g\.[1-9][0-9]{0,2}gb)$(?!\n)"
+_QUOTA_RESOURCE: Final = re.compile(QUOTA_RESOURCE_PATTERN)
+
+
+def is_quota_resource(text: str) -> bool:
+    """gpu, npu, cpu, or a MIG slice quota such as mig-1g.10gb."""
+    return _QUOTA_RESOURCE.search(text) is not None
+
+
+def slice_quotas(quotas: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """The MIG profile quotas among a tenant's quotas (their items), by profile
+    ("1g.10gb": 7)."""
+    return {
+        key.removeprefix(MIG_QUOTA_PREFIX): count
+        for key, count in quotas
+        if key.startswith(MIG_QUOTA_PREFIX)
+    }
 
 
 def is_mig_profile(text: str) -> bool:

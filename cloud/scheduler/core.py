@@ -57,6 +57,7 @@ from .extensions import (
 )
 from .filters import PASS, count_rejections, node_codes
 from .gang import Choice, JobContext, Option, speed_classes
+from .mig_quota import WITHIN, governs, mig_block
 from .model import KINDS, InferenceDeployment, TrainingJob, Work
 from .plan import (
     Deferral,
@@ -334,6 +335,9 @@ class Scheduler:
         return chosen
 
     def _admissions(self, job: JobContext) -> dict[int, Admission]:
+        if governs(self.state, job.shape.work):
+            # Its slices count against its profile's quota alone (mig_block, _attempt).
+            return {o.k: WITHIN for o in job.options}
         tenant, need = job.shape.work.tenant, job.shape.accelerators
         admit, state = self.quota.admit, self.state
         return {o.k: admit(state, tenant, o.k, need) for o in job.options}
@@ -353,6 +357,11 @@ class Scheduler:
         stmt = attempt.stmt
         shape = job.shape
         for _ in range(shape.members):
+            # A slice quota (mig_quota.py) is never made room under by evicting: over it,
+            # the member waits.
+            if (slices_over := mig_block(self.state, shape)) is not None:
+                attempt.quota_block = slices_over
+                break
             # Everything this member changes (victims, its allocation) comes after this.
             savepoint = stmt.mark()
             admissions = self._admissions(job)
@@ -415,6 +424,8 @@ class Scheduler:
         shape = job.shape
         if quota.kind == "cpu" and shape.cpu_cores:  # the cores beside its devices
             per_member, own = shape.cpu_cores, sum(p.cpu_cores for p in attempt.placements)
+        elif quota.kind not in KINDS:  # a slice quota: every member is slices of it
+            per_member, own = shape.accelerators, sum(p.accelerators for p in attempt.placements)
         else:
             per_member = shape.accelerators
             own = sum(

@@ -132,7 +132,8 @@ def quota_reason(state: QuotaState | None, preemption: PreemptionOutcome) -> str
     """Why quota stops the job, worded by how it was (not) admitted."""
     if state is None:
         return "Quota exhausted"
-    kind = state.kind.upper()
+    # "MIG-1G.10GB" would read as a shout: a slice quota keeps its name.
+    kind = state.kind.upper() if state.kind in KINDS else f"{state.kind} slices"
     if state.mode == "reclaim":
         # Within its own quota: the obstacle is what the cohort lent to others.
         lent = (

@@ -390,15 +390,25 @@ class Tenant:
     # Of its unused nominal quota, what its cohort's other members may borrow per kind
     # (hierarchy.py); a kind not listed: all of it.
     lending_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+    # MIG slices per profile ("1g.10gb": 7): its slices of a profile listed here count
+    # against this, never against its gpu quota; no borrowing (mig_quota.py).
+    mig_nominal: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, quotas in (
             ("nominal", self.nominal),
             ("borrowing_limit", self.borrowing_limit),
             ("lending_limit", self.lending_limit),
+            ("mig_nominal", self.mig_nominal),
         ):
             if any(v < 0 for v in quotas.values()):
                 raise _refused(f"tenant {self.name}", name, "quotas must not be negative")
+        for profile in self.mig_nominal:
+            if not is_mig_profile(profile):
+                raise _refused(
+                    f"tenant {self.name}", "mig_nominal", f"{profile!r} is not a MIG profile"
+                )
+        object.__setattr__(self, "mig_nominal", MappingProxyType(dict(self.mig_nominal)))
         object.__setattr__(self, "nominal", MappingProxyType(dict(self.nominal)))
         object.__setattr__(self, "borrowing_limit", MappingProxyType(dict(self.borrowing_limit)))
         object.__setattr__(self, "lending_limit", MappingProxyType(dict(self.lending_limit)))

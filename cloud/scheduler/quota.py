@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from shared.messages import AcceleratorKind
-
 from .hierarchy import EMPTY_COHORTS, Cohort, CohortTree, UsageOf, tree_of
 from .model import KINDS, Tenant
 from .state import ClusterState
@@ -39,7 +37,7 @@ class QuotaState:
 
     mode: AdmissionMode  # "reclaim": within nominal, the cohort lent it out; "denied"
     tenant: str
-    kind: AcceleratorKind
+    kind: str  # an AcceleratorKind, or a MIG slice quota "mig-1g.10gb" (mig_quota.py)
     usage: int
     requested: int
     nominal: int

@@ -13,6 +13,8 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
+from shared.mig_profiles import mig_profile_of
+
 from .arrays import FloatArray, IntArray
 from .model import KIND_INDEX, KINDS, PRIORITY_LEVELS, PRIORITY_RANK, Held
 from .snapshot import CPU_COLUMN, Snapshot
@@ -81,6 +83,12 @@ class ClusterState:
         self.cores_charged: frozenset[str] = frozenset(
             t.name for t in snapshot.tenants.values() if "cpu" in t.nominal
         )
+        # Tenants whose quotas name MIG profiles: their slices of those count per profile
+        # (mig_usage), not as GPUs (mig_quota.py).
+        self.mig_quota_profiles: dict[str, frozenset[str]] = {
+            t.name: frozenset(t.mig_nominal) for t in snapshot.tenants.values() if t.mig_nominal
+        }
+        self.mig_usage: dict[tuple[str, str], int] = {}
         self.group_nodes: dict[str, dict[int, int]] = {}
         self.avoid_nodes: dict[str, dict[int, int]] = {}
         self.new_ids: set[str] = set()
@@ -210,14 +218,21 @@ class ClusterState:
         if alloc.expected_end is not None:
             self.ending_allocation_count[k][node] += sign
         kind_code = self.column_kinds[k]
+        kind_amount = amount
+        if self.mig_quota_profiles and alloc.tenant in self.mig_quota_profiles:
+            profile = mig_profile_of(alloc.accelerator_model)
+            if profile is not None and profile in self.mig_quota_profiles[alloc.tenant]:
+                slices = (alloc.tenant, profile)
+                self.mig_usage[slices] = self.mig_usage.get(slices, 0) + amount
+                kind_amount = 0  # counted against its profile's quota, not as GPUs
         usage = self.tenant_usage.setdefault(alloc.tenant, [0] * len(KINDS))
-        usage[kind_code] += amount
+        usage[kind_code] += kind_amount
         charged = sign * alloc.cpu_cores if alloc.tenant in self.cores_charged else 0
         usage[CPU_KIND] += charged
         cohort = self.cohort_of.get(alloc.tenant)
         if cohort is not None:
             cohort_usage = self.cohort_usage.setdefault(cohort, [0] * len(KINDS))
-            cohort_usage[kind_code] += amount
+            cohort_usage[kind_code] += kind_amount
             cohort_usage[CPU_KIND] += charged
         if sign > 0:
             self.allocations[aid] = alloc

@@ -41,6 +41,7 @@ from shared.messages import AcceleratorKind
 from .arrays import BoolArray, IntArray
 from .hierarchy import tree_of
 from .mig import accepted_models, restricts_models, wanted_models_text
+from .mig_quota import slices_beyond_quota
 from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Tenant, TrainingJob, Work
 from .plan import NeverFits
 from .self_anti_affinity import apart_never_fits
@@ -348,6 +349,8 @@ def _beyond_quota(snapshot: Snapshot, work: Work, tenant: Tenant, total: int) ->
     """The whole job (a deployment: its minimum) asks for more of every accepted kind
     than the tenant could ever hold: its nominal quota, plus what its cohort could lend
     within its borrowing limit (quota.py's rules, with nothing else running)."""
+    if work.mig_profile is not None and work.mig_profile in tenant.mig_nominal:
+        return slices_beyond_quota(work, tenant, total)
     kinds = (work.accelerator_kind,) if isinstance(work, TrainingJob) else work.accepted_kinds
     ceilings = [(KIND_INDEX[kind], _ceiling(snapshot, tenant, kind)) for kind in kinds]
     if any(total <= ceiling for _, ceiling in ceilings):

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Final
+from typing import Final, TypeVar
 
 from cloud.store.states import HoldKind
 from shared.messages import AcceleratorKind
@@ -25,9 +25,12 @@ from shared.work_literals import (
 )
 
 ACCELERATOR_KINDS: Final[tuple[AcceleratorKind, ...]] = ("gpu", "npu", "cpu")
+_Key = TypeVar("_Key", bound=str)
+# A tenant's quotas: per kind, and per MIG profile ("mig-1g.10gb": slices).
+QuotaCounts = Mapping[AcceleratorKind, int] | Mapping[str, int]
 
 
-def _frozen(mapping: Mapping[AcceleratorKind, int]) -> Mapping[AcceleratorKind, int]:
+def _frozen(mapping: Mapping[_Key, int]) -> Mapping[_Key, int]:
     return MappingProxyType(dict(mapping))
 
 
@@ -39,7 +42,8 @@ class NewTenant:
     """What `Store.create_tenant` needs; quotas are accelerator counts per kind."""
 
     name: str
-    quotas: Mapping[AcceleratorKind, int] = field(default_factory=dict)
+    # Per kind, and per MIG profile ("mig-1g.10gb": slices), shared/mig_profiles.py.
+    quotas: QuotaCounts = field(default_factory=dict)
     borrowing_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
     cohort: str | None = None
     allowed_priorities: tuple[PriorityClass, ...] = PRIORITY_CLASSES
@@ -50,7 +54,7 @@ class NewTenant:
     lending_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "quotas", _frozen(self.quotas))
+        object.__setattr__(self, "quotas", MappingProxyType(dict(self.quotas)))
         object.__setattr__(self, "borrowing_limit", _frozen(self.borrowing_limit))
         object.__setattr__(self, "lending_limit", _frozen(self.lending_limit))
 
@@ -59,7 +63,7 @@ class NewTenant:
 class TenantRecord:
     tenant_id: str
     name: str
-    quotas: Mapping[AcceleratorKind, int]
+    quotas: QuotaCounts  # per kind, and per MIG profile ("mig-1g.10gb")
     borrowing_limit: Mapping[AcceleratorKind, int]
     cohort: str | None
     allowed_priorities: tuple[PriorityClass, ...]
@@ -70,7 +74,7 @@ class TenantRecord:
     lending_limit: Mapping[AcceleratorKind, int] = field(default_factory=dict)  # {}: all
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "quotas", _frozen(self.quotas))
+        object.__setattr__(self, "quotas", MappingProxyType(dict(self.quotas)))
         object.__setattr__(self, "borrowing_limit", _frozen(self.borrowing_limit))
         object.__setattr__(self, "lending_limit", _frozen(self.lending_limit))
 
@@ -102,7 +106,7 @@ class TenantChanges:
     """What `Store.update_tenant` changes; `KEEP` leaves a field as it is (None, where a
     field takes it, removes a cohort or a cap)."""
 
-    quotas: Mapping[AcceleratorKind, int] | Keep = KEEP
+    quotas: QuotaCounts | Keep = KEEP
     borrowing_limit: Mapping[AcceleratorKind, int] | Keep = KEEP
     cohort: str | Keep | None = KEEP
     allowed_priorities: tuple[PriorityClass, ...] | Keep = KEEP

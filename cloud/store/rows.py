@@ -27,6 +27,8 @@ from shared.work_literals import (
 )
 
 _QUOTAS: Final = msgspec.json.Decoder(dict[AcceleratorKind, int])
+# Quotas per kind and per MIG profile ("mig-1g.10gb"); limits are per kind only.
+_QUOTA_RESOURCES: Final = msgspec.json.Decoder(dict[str, int])
 _PRIORITIES: Final = msgspec.json.Decoder(tuple[PriorityClass, ...])
 _IDS: Final = msgspec.json.Decoder(tuple[str, ...])
 _ENCODER: Final = msgspec.json.Encoder()
@@ -75,7 +77,7 @@ def parse_accelerator_kind(text: str) -> AcceleratorKind:
     raise ValueError(f"unknown accelerator kind {text!r}")
 
 
-def quotas_json(quotas: Mapping[AcceleratorKind, int]) -> bytes:
+def quotas_json(quotas: Mapping[str, int] | Mapping[AcceleratorKind, int]) -> bytes:
     return encode_json(dict(sorted(quotas.items())))
 
 
@@ -83,7 +85,7 @@ def tenant_from_row(row: Row[Any]) -> TenantRecord:
     return TenantRecord(
         tenant_id=row.id,
         name=row.name,
-        quotas=_QUOTAS.decode(row.quotas),
+        quotas=_QUOTA_RESOURCES.decode(row.quotas),
         borrowing_limit=_QUOTAS.decode(row.borrowing_limit),
         cohort=row.cohort,
         allowed_priorities=_PRIORITIES.decode(row.allowed_priorities),

@@ -23,6 +23,7 @@ from cloud.store.schema import tenants
 from cloud.store.tenant_tokens import Authenticated, TokenCheck, TokenRefused, insert_token
 from cloud.store.tokens import issue_token
 from shared.messages import AcceleratorKind
+from shared.mig_profiles import is_quota_resource
 from shared.work_literals import PriorityClass
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -32,7 +33,7 @@ FIRST_TOKEN_NAME: Final = "initial"
 
 def check_limits(
     *,
-    quotas: Mapping[AcceleratorKind, int],
+    quotas: Mapping[AcceleratorKind, int] | Mapping[str, int],
     borrowing_limit: Mapping[AcceleratorKind, int],
     allowed_priorities: tuple[PriorityClass, ...],
     max_running: int | None,
@@ -45,7 +46,9 @@ def check_limits(
         ("lending_limit", lending_limit or {}),
     ):
         for kind, count in counts.items():
-            if kind not in ACCELERATOR_KINDS:
+            # Quotas may also name a MIG profile's slices; limits are per kind only.
+            slices = what == "quotas" and is_quota_resource(kind)
+            if kind not in ACCELERATOR_KINDS and not slices:
                 raise ValueError(f"{what}: unknown accelerator kind {kind!r}")
             if count < 0:
                 raise ValueError(f"{what}: {kind} must not be negative")

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Final
 
 from cloud.scheduler.model import (
+    KINDS,
     Allocation,
     InferenceDeployment,
     LabelRequirement,
@@ -34,6 +35,7 @@ from cloud.scheduler.model import (
 from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec, WorkSpec, decode_spec
 from shared.errors import FieldError, FieldPath
+from shared.mig_profiles import slice_quotas
 from shared.work_literals import IsolationRequirement, spec_kind_of
 
 
@@ -204,7 +206,8 @@ def tenant_from_record(record: TenantRecord) -> Tenant | None:
     return Tenant(
         name=record.name,
         cohort=record.cohort,
-        nominal=dict(record.quotas),
+        nominal={kind: record.quotas[kind] for kind in KINDS if kind in record.quotas},
+        mig_nominal=slice_quotas(record.quotas.items()),
         borrowing_limit=dict(record.borrowing_limit),
         lending_limit=dict(record.lending_limit),
     )

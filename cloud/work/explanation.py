@@ -49,7 +49,7 @@ class MemberPlacementView(msgspec.Struct, frozen=True, kw_only=True):
 
 class QuotaView(msgspec.Struct, frozen=True, kw_only=True):
     mode: str  # "denied" (over quota) or "reclaim" (within quota, the cohort lent it out)
-    kind: AcceleratorKind
+    kind: str  # gpu, npu, cpu, or a MIG slice quota such as mig-1g.10gb
     usage: int
     requested: int
     nominal: int

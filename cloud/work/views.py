@@ -16,6 +16,7 @@ from cloud.work.explanation import Explanation
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.clock import utc_from_epoch
 from shared.messages import TRAINING_RUN_LIVE_STATES, AcceleratorKind
+from shared.mig_profiles import QUOTA_RESOURCE_PATTERN
 from shared.work_literals import AllocationState, DependencyCondition, PriorityClass, WorkState
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
@@ -203,14 +204,27 @@ class ExplainView(msgspec.Struct, frozen=True, kw_only=True):
 
 # ---- tenants ---------------------------------------------------------------------------
 
-Quotas = Annotated[
+KindCounts = Annotated[
     dict[AcceleratorKind, Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]],
     msgspec.Meta(description="Accelerator count per kind (gpu, npu, cpu)."),
+]
+Quotas = Annotated[
+    dict[
+        Annotated[str, msgspec.Meta(pattern=QUOTA_RESOURCE_PATTERN)],
+        Annotated[int, msgspec.Meta(ge=0, le=1_000_000)],
+    ],
+    msgspec.Meta(
+        description=(
+            "Accelerator count per kind (gpu, npu, cpu), and MIG slices per profile "
+            "(mig-1g.10gb): a tenant's slices of a profile listed here count against it, "
+            "never against its gpu quota."
+        )
+    ),
 ]
 Cap = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
 Priorities = Annotated[tuple[PriorityClass, ...], msgspec.Meta(min_length=1, max_length=3)]
 BorrowingLimit = Annotated[
-    Quotas, msgspec.Meta(description="At most this many borrowed from the cohort, per kind.")
+    KindCounts, msgspec.Meta(description="At most this many borrowed from the cohort, per kind.")
 ]
 MaxRunning = Annotated[
     Cap,
@@ -256,7 +270,7 @@ class TenantUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 class TenantView(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     name: str
-    quotas: dict[AcceleratorKind, int]
+    quotas: dict[str, int]  # per kind, and per MIG profile ("mig-1g.10gb")
     borrowing_limit: dict[AcceleratorKind, int]
     cohort: str | None
     allowed_priorities: tuple[PriorityClass, ...]

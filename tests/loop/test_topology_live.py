@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from cloud.app_keys import SETTINGS
 from tests.api.support import bearer
 from tests.store.databases import DatabaseUnderTest
 from tests.support.control_plane import fleet, reaches, work
+from tests.support.processes import run_greenfed
 from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(120)
@@ -111,3 +113,47 @@ async def test_labels_topology_and_mig_slices_live(
         refused = await api.submit(token, job("big-slice", mig_profile="3g.40gb"))
         assert refused.status == 422
         assert (await refused.json())["invalid_params"][0]["name"] == "$.mig_profile"
+
+
+async def test_slices_count_against_their_profiles_quota_live(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    async with fleet(
+        database, mosquitto_root, cloud_nodes=1, cloud_profiles=("a100-mig",)
+    ) as running:
+        api = running.api
+        token = await api.tenant("acme", quotas={"gpu": 1, "mig-1g.10gb": 1})
+        listed = await (await api.get(api.admin_token, "/v1/tenants")).json()
+        (acme,) = [t for t in listed["items"] if t["name"] == "acme"]
+        assert acme["quotas"] == {"gpu": 1, "mig-1g.10gb": 1}
+        bad = await api.client.post(
+            "/v1/tenants",
+            json={"name": "other", "quotas": {"mig-huge": 1}},
+            headers=bearer(api.admin_token),
+        )
+        assert bad.status == 422
+
+        first = await api.submitted(token, job("first", mig_profile="1g.10gb"))
+        await reaches(api, token, first, "running")
+        # The slice does not count as the tenant's one GPU: a whole-GPU job runs too.
+        whole = await api.submitted(token, job("whole", memory_gib=40))
+        assert (await reaches(api, token, whole, "running"))["nodes"] == ["a100-0"]
+        second = await api.submitted(token, job("second", mig_profile="1g.10gb"))
+
+        async def over_its_slice_quota() -> bool:
+            body = await work(api, token, second)
+            return body["state"] == "pending" and "mig-1g.10gb slices" in (body["reason"] or "")
+
+        await eventually_async(over_its_slice_quota, timeout_s=20, message="no quota reason")
+
+        # `greenfed tenants set acme --quota ...` raises it: the second slice job runs.
+        base = api.app[SETTINGS].cloud.public_url
+        assert base is not None
+        code, _, errors = await run_greenfed(
+            [
+                "tenants", "set", "acme", "--quota", "gpu=1", "--quota", "mig-1g.10gb=2",
+                "--api", base, "--token", api.admin_token,
+            ]
+        )  # fmt: skip
+        assert code == 0, errors
+        await reaches(api, token, second, "running")

@@ -4,18 +4,20 @@ would, each addressed by its MIG UUID (CUDA_VISIBLE_DEVICES)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from cloud.eval.fleet import pools
-from cloud.scheduler import AcceleratorPool, Node, TrainingJob
+from cloud.scheduler import AcceleratorPool, Allocation, Node, Tenant, TrainingJob
 from edge.training.environment import visible_devices
 from shared.errors import FieldError
 from shared.mig_profiles import mig_profile_of
+from shared.work_literals import PriorityClass
 from sim_devices.probes import SimulatedNode
 from sim_devices.profiles import get_profile
-from tests.scheduler.builders import GIB, deployment, job, plan_for
+from tests.scheduler.builders import GIB, deployment, job, plan_for, running
 
 WHOLE = "NVIDIA A100-SXM4-80GB"
 SLICE = "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
@@ -103,3 +105,57 @@ def test_the_simulated_mig_node_offers_seven_slices_beside_a_whole_gpu() -> None
         (WHOLE, 1),
         (SLICE, 7),
     ]
+
+
+def on_slices(
+    allocation_id: str, slices: int = 1, *, tenant: str = "team-a", priority: PriorityClass = "p2"
+) -> Allocation:
+    return dataclasses.replace(
+        running(allocation_id, "n1", slices, tenant=tenant, priority=priority),
+        accelerator_model=SLICE,
+    )
+
+
+def test_slices_count_against_their_profiles_quota_not_the_gpu_quota() -> None:
+    # Seven slices and a whole GPU under quotas of 1 GPU and 7 slices: all fit.
+    tenants = [Tenant(name="team-a", nominal={"gpu": 1}, mig_nominal={"1g.10gb": 7})]
+    plan = plan_for(
+        [mig_node()],
+        [
+            job("slices", 7, mig_profile="1g.10gb"),
+            job("whole", 1, memory_bytes=40 * GIB, submitted_at=1),
+        ],
+        tenants=tenants,
+    )
+    assert {p.work_id for p in plan.placements} == {"slices", "whole"}
+
+
+def test_work_over_its_slice_quota_waits_for_quota_and_evicts_nothing() -> None:
+    tenants = [Tenant(name="team-a", nominal={"gpu": 8}, mig_nominal={"1g.10gb": 3})]
+    held = [on_slices("held", 2)]
+    plan = plan_for(
+        [mig_node()], [job("more", 2, mig_profile="1g.10gb", priority="p0")], held, tenants
+    )
+    assert plan.placements_for("more") == ()
+    assert plan.preemptions == ()
+    pending = plan.pending_for("more")
+    assert pending is not None
+    assert pending.code == "quota"
+    assert pending.quota is not None
+    assert (pending.quota.kind, pending.quota.usage, pending.quota.nominal) == (
+        "mig-1g.10gb",
+        2,
+        3,
+    )
+    assert "Over quota: tenant team-a uses 2 mig-1g.10gb slices" in pending.message
+
+
+def test_without_a_slice_quota_a_slice_counts_as_a_gpu() -> None:
+    tenants = [Tenant(name="team-a", nominal={"gpu": 3})]
+    held = [on_slices("held", 1, priority="p0")]
+    plan = plan_for([mig_node()], [job("three", 3, mig_profile="1g.10gb")], held, tenants)
+    pending = plan.pending_for("three")
+    assert pending is not None
+    assert pending.code == "quota"
+    assert pending.quota is not None
+    assert (pending.quota.kind, pending.quota.usage) == ("gpu", 1)
