@@ -53,7 +53,18 @@ _ERRORS: Final = {
         "cancellations in the last minute: confirm with Greenfed-Confirm: bulk"
     ),
     500: "Internal error",
+    409: (
+        "Ambiguous reference: the name or id prefix matches several (listed in the detail; "
+        "invalid_params names `id`)"
+    ),
 }
+# The `{id}` of a job's or deployment's path takes a name or an id prefix too
+# (cloud/api/references.py); the PUT of apply takes the name (cloud/api/apply.py).
+_WORK_PATHS: Final = ("/v1/jobs/{id}", "/v1/deployments/{id}")
+_WORK_REFERENCE: Final = (
+    "The id, the name (its live work; else the newest) or a unique prefix of the id "
+    "(4 characters or more)"
+)
 _CONFIRM_HEADER: Final = RequestHeader(
     CONFIRM_HEADER,
     "An admin past cloud.destructive_actions_per_minute confirms a bulk destructive "
@@ -162,6 +173,9 @@ def _operation(
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
         for name in _PATH_PARAMETER.findall(route.path)
     ]
+    by_reference = route.path.startswith(_WORK_PATHS) and route.method != "PUT"
+    if by_reference:
+        parameters[0]["description"] = _WORK_REFERENCE
     if route.query is not None:
         parameters += _query_parameters(route.query, schemas[route.query], components)
     destructive = destructive_action_of(route.handler) is not None
@@ -177,6 +191,8 @@ def _operation(
         errors.append(403)
     if "{" in route.path:
         errors.append(404)
+    if by_reference:
+        errors.append(409)
     if route.body is not None:
         errors += [400, 413, 415, 422]
     if route.query is not None or headers:
