@@ -175,11 +175,13 @@ async def events(
     from greenfed.event_stream import events as event_stream
     from greenfed.event_stream import matches
 
-    params: dict[str, str] = {}
-    if not follow:
-        params = {"after": "0", "follow": "false"}
-    elif since is not None:
-        params = {"after": "0"}
+    # The server starts the stream: with the next event (follow), the first (a listing),
+    # or the first at or after `since`.
+    params: dict[str, str] = {} if follow else {"follow": "false"}
+    if since is not None:
+        params["since"] = since.isoformat()
+    elif not follow:
+        params["after"] = "0"
     async for event in event_stream(client, params):
         if not matches(event, kinds) or (since is not None and event.at < since):
             continue

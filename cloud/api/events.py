@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Annotated, Final
 
 import msgspec
@@ -49,6 +50,17 @@ class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         | None
     ) = None
     tenant: TenantParameter = None  # the admin sees every tenant's without it
+    since: (
+        Annotated[
+            datetime,
+            msgspec.Meta(
+                tz=True,
+                description="Start with the events recorded at or after this time (RFC 3339), "
+                "instead of the next one; `after` and Last-Event-ID take precedence.",
+            ),
+        ]
+        | None
+    ) = None
     work_id: (
         Annotated[
             str,
@@ -148,7 +160,8 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     hub = request.app[EVENT_HUB]
     tuning = request.app[TUNING]
     if after is None:
-        after = await store.last_event_seq()
+        before = None if query.since is None else query.since.timestamp()
+        after = await store.last_event_seq(before=before)
     with request.app[STREAMS].slot(tenant.tenant_id), hub.subscribe(scope_id) as feed:
         response = web.StreamResponse(
             headers={

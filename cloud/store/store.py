@@ -1292,10 +1292,15 @@ class Store:
             row = (await connection.execute(query)).first()
         return None if row is None else event_from_row(row)
 
-    async def last_event_seq(self) -> int:
-        """The newest sequence number (0 when the log is empty): where a new stream starts."""
+    async def last_event_seq(self, *, before: float | None = None) -> int:
+        """The newest sequence number (0 when the log is empty): where a new stream starts;
+        `before` (epoch seconds): of the events recorded before then (where a stream of
+        the events since then starts)."""
+        query = select(func.max(events.c.seq))
+        if before is not None:
+            query = query.where(events.c.at < before)
         async with self._read() as connection:
-            value = (await connection.execute(select(func.max(events.c.seq)))).scalar()
+            value = (await connection.execute(query)).scalar()
         return int(value or 0)
 
     async def record_event(self, event: NewEvent) -> EventRecord | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from datetime import UTC, datetime
 
 import aiohttp
 
@@ -177,3 +178,19 @@ async def test_a_stream_of_one_works_events_ends_once_they_are_sent(api: Api) ->
     data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
     assert {event["work_id"] for event in data} == {first}
     assert [event["payload"]["state"] for event in data] == ["pending", "cancelled"]
+
+
+async def test_a_stream_since_a_time_starts_with_the_events_from_then(api: Api) -> None:
+    token = await api.tenant("acme")
+    await api.submitted(token, job_spec(name="before"))
+    since = datetime.now(UTC)
+    later = await api.submitted(token, job_spec(name="after"))
+    response = await api.client.get(
+        "/v1/events", params={"since": since.isoformat(), "follow": "false"}, headers=bearer(token)
+    )
+    assert response.status == 200
+    text = await asyncio.wait_for(response.text(), 10)
+    data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert [event["work_id"] for event in data] == [later]
+    bad = await api.client.get("/v1/events?since=yesterday", headers=bearer(token))
+    assert [p["name"] for p in (await problem(bad, 400))["invalid_params"]] == ["since"]
