@@ -27,7 +27,7 @@ from cloud.store import TERMINAL_STATES, WorkRecord
 # ULIDs: 26 characters of Crockford base 32 (no I, L, O or U).
 FULL_ID: Final = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 MIN_PREFIX: Final = 4  # shorter would match most recent work: ids start with their time
-_ID_PREFIX: Final = re.compile(r"[0-9A-HJKMNP-TV-Z]{4,25}")
+_ID_PREFIX: Final = re.compile(r"[0-9A-HJKMNP-TV-Z]{4,26}")  # a whole id in lower case too
 SHOWN_CANDIDATES: Final = 10
 
 
