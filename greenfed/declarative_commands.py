@@ -9,6 +9,7 @@ the others go on, and the exit status is the first refusal's.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -22,7 +23,8 @@ from cloud.work.specs import TrainingJobSpec, WorkSpec, encode_spec
 from cloud.work.views import EventView
 from greenfed.arguments import EXIT_OK
 from greenfed.output import Output, emit
-from greenfed.spec_files import SUFFIXES, SpecFileError, load_spec_file
+from greenfed.spec_files import SUFFIXES, SpecFileError, load_spec_file, parse_spec
+from shared.work_literals import SpecKind
 
 if TYPE_CHECKING:
     from greenfed.api_client import ApiClient
@@ -53,9 +55,39 @@ def spec_files(paths: Sequence[Path]) -> list[Path]:
     return found
 
 
-def load_specs(paths: Sequence[Path], kind: str | None) -> list[tuple[Path, WorkSpec]]:
-    """Every spec of `paths`, each checked locally; the first invalid one raises."""
-    return [(path, load_spec_file(path, kind)) for path in spec_files(paths)]  # type: ignore[arg-type]
+def load_specs(paths: Sequence[Path], kind: SpecKind | None) -> list[tuple[str, WorkSpec]]:
+    """Every spec of `paths` with where it came from, each checked locally; the first
+    invalid one raises. A YAML file may hold several specs (documents split by `---`,
+    as kubectl reads them)."""
+    found: list[tuple[str, WorkSpec]] = []
+    for path in spec_files(paths):
+        if path.suffix.lower() not in (".yaml", ".yml"):
+            found.append((str(path), load_spec_file(path, kind)))
+            continue
+        documents = _yaml_documents(path)
+        for index, document in enumerate(documents, start=1):
+            source = str(path) if len(documents) == 1 else f"{path} (document {index})"
+            found.append((source, parse_spec(document, kind, source=source)))
+    return found
+
+
+def _yaml_documents(path: Path) -> list[object]:
+    """The documents of a YAML file, empty ones left out."""
+    # Imported here: only YAML spec files need PyYAML (untyped, hence import_module).
+    yaml = importlib.import_module("yaml")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SpecFileError(f"{path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise SpecFileError(f"{path}: not UTF-8 text") from None
+    try:
+        documents = [document for document in yaml.safe_load_all(text) if document is not None]
+    except Exception as error:  # yaml.YAMLError and its subclasses
+        raise SpecFileError(f"{path}: not valid YAML: {error}") from None
+    if not documents:
+        raise SpecFileError(f"{path}: no spec in it")
+    return documents
 
 
 def _collection(spec: WorkSpec) -> tuple[str, str]:
@@ -85,7 +117,7 @@ def _said(view: ApplyView) -> str:
 
 async def apply(
     client: ApiClient,
-    specs: Sequence[tuple[Path, WorkSpec]],
+    specs: Sequence[tuple[str, WorkSpec]],
     *,
     dry_run: bool,
     output: Output,

@@ -95,6 +95,17 @@ async def test_apply_a_directory_then_diff_and_change_by_name(
     code, out, err = await cloud.run("job", "fit", "-o", "json", token=token)
     assert [link["id"] for link in json.loads(out)["waits_for"]] == [prep_id.group(1)]
 
+    # Several specs in one YAML file, split by `---`, as kubectl reads them.
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        "kind: training\nname: yaml-a\ncommand: [python, a.py]\nallow_unschedulable: true\n"
+        "---\nkind: training\nname: yaml-b\ncommand: [python, b.py]\n"
+        "allow_unschedulable: true\n"
+    )
+    code, out, err = await cloud.run("apply", "-f", str(both), token=token)
+    assert code == 0, err
+    assert re.fullmatch(r"job yaml-a created: \S+\njob yaml-b created: \S+\n", out), out
+
     # A dry run checks and explains, and submits nothing.
     dry = tmp_path / "dry.toml"
     dry.write_text(_job("dry"))
