@@ -23,7 +23,7 @@ from cloud.fleet.envelope import claim_of
 from cloud.fleet.node_admin import apply_one
 from cloud.fleet.registry import Approval, NodeFilter, NodeRecord
 from cloud.fleet.views import NodeDetail, NodeList, node_detail, node_summary
-from cloud.fleet.well_known_labels import reserved_label_error
+from cloud.fleet.well_known_labels import ADMIN_LABEL_KEY_PATTERN, reserved_label_error
 from cloud.store import NodeAdminRecord
 from shared.messages import AcceleratorKind, NodeState, Site
 from shared.taints import MAX_TAINTS, TAINT_EFFECTS, parse_taint
@@ -125,7 +125,14 @@ class NodeAdminUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     labels: (
         Annotated[
             dict[
-                Annotated[str, msgspec.Meta(min_length=1, max_length=253)],
+                Annotated[
+                    str,
+                    msgspec.Meta(
+                        min_length=1,
+                        max_length=253,
+                        extra_json_schema={"pattern": ADMIN_LABEL_KEY_PATTERN},
+                    ),
+                ],
                 Annotated[str, msgspec.Meta(max_length=253)],
             ],
             msgspec.Meta(max_length=64),
