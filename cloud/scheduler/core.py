@@ -273,11 +273,24 @@ class Scheduler:
         domains = gang_domains(self.snapshot, job.shape)
         if domains is None or within_one(domains, self.snapshot, attempt.placements):
             return self._one_speed(job, attempt, preempt=preempt)
+        # The domain of its best-scoring member first: where the gang fits whole there,
+        # that placement is kept as it is, with no other domain tried or redone.
+        preferred = int(domains.codes[self.snapshot.nodes.index[attempt.placements[0].node_id]])
         attempt.stmt.discard()  # the domains are judged on the capacity before it
         job.reset()
-        best: tuple[float, int] | None = None  # (summed score, domain)
         room = domain_room(job, domains, preempt=preempt)
-        for domain in domains_to_try(room, job.shape.members):
+        others = domains_to_try(room, job.shape.members)
+        if preferred in others:
+            others.remove(preferred)
+            job.keep_within(domains.nodes_in(preferred))
+            first = self._one_speed(job, self._attempt(job, preempt=preempt), preempt=preempt)
+            job.keep_within(None)
+            if len(first.placements) == job.shape.members:
+                return first
+            first.stmt.discard()
+            job.reset()
+        best: tuple[float, int] | None = None  # (summed score, domain)
+        for domain in others:
             job.keep_within(domains.nodes_in(domain))
             trial = self._one_speed(job, self._attempt(job, preempt=preempt), preempt=preempt)
             if len(trial.placements) == job.shape.members:

@@ -85,9 +85,10 @@ def topology_never_fits(
     domains = job_domains(snapshot, work)
     if domains is None:
         return None
-    held = np.zeros(len(domains.names), dtype=np.int64)
     inside = domains.codes >= 0
-    np.add.at(held, domains.codes[inside], per_node[inside])
+    held = np.bincount(
+        domains.codes[inside], weights=per_node[inside], minlength=len(domains.names)
+    ).astype(np.int64)
     largest = int(held.max()) if held.size else 0
     if largest >= work.workers:
         return None
@@ -132,7 +133,9 @@ def domain_room(job: JobContext, domains: Domains, *, preempt: bool) -> IntArray
             members = np.where(option.runtime_s == job.runtime_class_s, members, 0)
         codes = domains.codes[nodes]
         inside = codes >= 0
-        np.add.at(room, codes[inside], members[inside])
+        room += np.bincount(
+            codes[inside], weights=members[inside], minlength=len(domains.names)
+        ).astype(np.int64)
     return room
 
 
