@@ -4,7 +4,7 @@
 working day (×1.5 from 13:00 to 21:00 UTC, when Europe and North America
 overlap, ×0.5 from 01:00 to 09:00, ×0.6 at weekends), so that the mean offered
 load is ``target_load`` (default 0.5) of the fleet's cloud GPU throughput, counted
-in reference-GPU (A100) equivalents (Σ count × relative speed: 63.2 on the
+in reference-GPU (A100) equivalents (Σ count × relative speed: 61.2 on the
 default fleet).
 
 * gang sizes 1–8 GPUs: 1 GPU 40 %, 2 GPUs 20 %, 4 GPUs 20 %, 8 GPUs 20 % (half of
