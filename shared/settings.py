@@ -335,8 +335,7 @@ def _check_cohort_tree(cohorts: Mapping[str, CohortSettings]) -> None:
             if parent in seen:
                 # Raised inside validation: msgspec reports it at `scheduling`.
                 raise ValueError(
-                    f"cohorts.{name}.parent: parents form a cycle: "
-                    + " -> ".join([*seen, parent])
+                    f"cohorts.{name}.parent: parents form a cycle: " + " -> ".join([*seen, parent])
                 )
             seen.append(parent)
             parent = cohorts[parent].parent if parent in cohorts else None

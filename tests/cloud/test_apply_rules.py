@@ -68,7 +68,7 @@ def test_changes_are_the_fields_that_differ_and_which_cannot_change_in_place() -
     assert [c.field for c in changes] == ["model_id", "replicas", "accelerators_per_replica"]
     assert msgspec.json.encode(changes[1]) == b'{"field":"replicas","before":2,"after":3}'
     assert not_in_place(changes, IN_PLACE_DEPLOYMENT_FIELDS) == ("accelerators_per_replica",)
-    job = TrainingJobSpec(name="j", command=["python"])
+    job = TrainingJobSpec(name="j", command=("python",))
     assert spec_changes(job, job) == ()
 
 
