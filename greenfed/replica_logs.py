@@ -147,5 +147,5 @@ async def logs(
         return await deployment_logs(client, reference, follow=follow, tail=tail, replica=replica)
     except CliError as error:
         if error.status == 404 and replica is None:
-            raise CliError(f"no job or deployment {reference!r}", status=404) from None
+            raise CliError(f"job or deployment {reference!r} not found", status=404) from None
         raise

@@ -167,8 +167,8 @@ async def test_every_listing_prints_each_format_from_the_apis_data(
             "id", "name", "opset", "inputs", "outputs", "size", "sha256", "uploaded",
         ), token=acme),
         Listing(("tenants",), "/v1/tenants", (
-            "name", "id", "quotas", "borrowing limit", "cohort", "max running", "max queued",
-            "priorities", "admin",
+            "name", "id", "quotas", "borrowing limit", "cohort", "share", "decayed usage",
+            "standing", "max running", "max queued", "priorities", "admin",
         )),
         Listing(("tokens", "list", "--tenant", "acme"), "/v1/tokens?tenant=acme", (
             "id", "tenant", "name", "state", "created", "by", "last used", "until",
