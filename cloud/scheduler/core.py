@@ -79,7 +79,14 @@ from .snapshot import CPU_COLUMN, Snapshot
 from .speed_mixing import earliest_single_class, speed_class_note
 from .state import ClusterState
 from .statement import Statement
-from .topology import domain_room, domains_to_try, gang_domains, topology_note, within_one
+from .topology import (
+    Domains,
+    domain_room,
+    domains_to_try,
+    gang_domains,
+    topology_note,
+    within_one,
+)
 from .unschedulable import FleetFit
 
 _ATTEMPTS_PER_RESERVATION = 4
@@ -194,7 +201,7 @@ class Scheduler:
             )
             self._pend(job, None, 0, "off", deferral=deferral)
             return
-        attempt = self._settled(job, self._attempt(job, preempt=False), preempt=False)
+        attempt = self._settled(job, preempt=False)
         if len(attempt.placements) == shape.members:
             self._commit(job, attempt)
             return
@@ -207,7 +214,7 @@ class Scheduler:
             preemption = "nothing-evictable"
             if self.preemptor.can_help(job, self._admissions(job)):
                 preemption = "tried"
-                attempt = self._settled(job, self._attempt(job, preempt=True), preempt=True)
+                attempt = self._settled(job, preempt=True)
                 placed = len(attempt.placements)
                 if placed == shape.members or shape.min_members <= placed >= best_fit:
                     self._commit(job, attempt)
@@ -264,22 +271,53 @@ class Scheduler:
             return None
         return deferral
 
-    def _settled(self, job: JobContext, attempt: _Attempt, *, preempt: bool) -> _Attempt:
-        """``attempt`` if it is not whole; else the whole placement to keep: within one
-        topology domain (topology.py) and on one speed class (``_one_speed``). An empty
-        attempt when neither allows one (the gang then waits)."""
-        if len(attempt.placements) < job.shape.members:
-            return attempt
+    def _settled(self, job: JobContext, *, preempt: bool) -> _Attempt:
+        """An attempt at placing ``job``: a partial one as it came, or the whole placement
+        to keep, within one topology domain (topology.py) and on one speed class
+        (``_one_speed``); an empty attempt when neither allows one (the gang then waits).
+
+        A gang is anchored: once its first (best-scoring) member is placed, the rest are
+        picked within that member's domain, the placement the domain search below would
+        try first anyway, without placing the gang twice. Only where the anchored gang
+        is not placed whole is the unanchored attempt made and the other domains tried."""
+        members = job.shape.members
         domains = gang_domains(self.snapshot, job.shape)
-        if domains is None or within_one(domains, self.snapshot, attempt.placements):
+        if domains is None:
+            attempt = self._attempt(job, preempt=preempt)
+            if len(attempt.placements) < members:
+                return attempt
             return self._one_speed(job, attempt, preempt=preempt)
+        attempt = self._attempt(job, preempt=preempt, anchor=domains)
+        tried: int | None = None  # the anchor's domain, when the anchored gang failed there
+        if job.within is not None:
+            anchored_in = self._domain_of(domains, attempt.placements[0])
+            if len(attempt.placements) == members:
+                kept = self._one_speed(job, attempt, preempt=preempt)
+                if len(kept.placements) == members:
+                    job.keep_within(None)
+                    return kept
+                attempt = kept
+            attempt.stmt.discard()
+            job.reset()
+            job.keep_within(None)
+            tried = anchored_in
+            attempt = self._attempt(job, preempt=preempt)
+        if len(attempt.placements) < members:
+            return attempt
+        if within_one(domains, self.snapshot, attempt.placements):
+            job.keep_within(domains.nodes_in(self._domain_of(domains, attempt.placements[0])))
+            kept = self._one_speed(job, attempt, preempt=preempt)
+            job.keep_within(None)
+            return kept
         # The domain of its best-scoring member first: where the gang fits whole there,
         # that placement is kept as it is, with no other domain tried or redone.
-        preferred = int(domains.codes[self.snapshot.nodes.index[attempt.placements[0].node_id]])
+        preferred = self._domain_of(domains, attempt.placements[0])
         attempt.stmt.discard()  # the domains are judged on the capacity before it
         job.reset()
         room = domain_room(job, domains, preempt=preempt)
         others = domains_to_try(room, job.shape.members)
+        if tried in others:
+            others.remove(tried)
         if preferred in others:
             others.remove(preferred)
             job.keep_within(domains.nodes_in(preferred))
@@ -307,6 +345,9 @@ class Scheduler:
         chosen = self._one_speed(job, self._attempt(job, preempt=preempt), preempt=preempt)
         job.keep_within(None)
         return chosen
+
+    def _domain_of(self, domains: Domains, placement: Placement) -> int:
+        return int(domains.codes[self.snapshot.nodes.index[placement.node_id]])
 
     def _one_speed(self, job: JobContext, attempt: _Attempt, *, preempt: bool) -> _Attempt:
         """``attempt`` (a whole placement), or, for a gang it spreads over speed classes,
@@ -365,7 +406,12 @@ class Scheduler:
             return None
         return self.quota.admit(self.state, tenant, CPU_COLUMN, shape.cpu_cores)
 
-    def _attempt(self, job: JobContext, *, preempt: bool) -> _Attempt:
+    def _attempt(
+        self, job: JobContext, *, preempt: bool, anchor: Domains | None = None
+    ) -> _Attempt:
+        """Place ``job``'s members one by one, best-scoring first; with ``anchor``, the
+        members after the first keep to the first's domain (``job.within`` then holds
+        it; it stays None where that member's node is in no domain)."""
         attempt = _Attempt(Statement(self.state))
         stmt = attempt.stmt
         shape = job.shape
@@ -422,6 +468,10 @@ class Scheduler:
                 break
             job.record_member(choice.node)
             attempt.placements.append(placement)
+            if anchor is not None and len(attempt.placements) == 1:
+                domain = self._domain_of(anchor, placement)
+                if domain >= 0:
+                    job.keep_within(anchor.nodes_in(domain))
         if attempt.quota_block is not None:
             attempt.quota_block = self._as_asked(job, attempt, attempt.quota_block)
         return attempt

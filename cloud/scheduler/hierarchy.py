@@ -293,10 +293,26 @@ EMPTY_COHORTS: Final[Mapping[str, Cohort]] = MappingProxyType({})
 
 def tree_of(tenants: Mapping[str, Tenant], cohorts: Mapping[str, Cohort]) -> CohortTree | None:
     """The tree, where there is one: configured cohorts, or a cohort member that lends
-    only part of its quota; None: flat cohorts only (quota.py's fast rule)."""
-    if cohorts or any(t.cohort is not None and t.lending_limit for t in tenants.values()):
-        return CohortTree(tenants, cohorts)
-    return None
+    only part of its quota; None: flat cohorts only (quota.py's fast rule).
+
+    A pass asks once per judged job for the same snapshot's mappings: the last answer
+    is kept (with the mappings it was built from, so their ids stay theirs)."""
+    global _last_tree
+    last = _last_tree
+    if last is not None and last[0] is tenants and last[1] is cohorts:
+        return last[2]
+    tree = (
+        CohortTree(tenants, cohorts)
+        if cohorts or any(t.cohort is not None and t.lending_limit for t in tenants.values())
+        else None
+    )
+    _last_tree = (tenants, cohorts, tree)
+    return tree
+
+
+# tree_of's last answer; replaced whole (one assignment), so a reader in another thread
+# sees an old entry or a new one, never half of each. A tree is immutable once built.
+_last_tree: tuple[Mapping[str, Tenant], Mapping[str, Cohort], CohortTree | None] | None = None
 
 
 def cohort_map(cohorts: Sequence[Cohort]) -> Mapping[str, Cohort]:

@@ -7,12 +7,13 @@ when it asks, or anywhere with ``"any"``. Nodes without a rack label are in no r
 domain (a gang asking for a rack never goes there); an empty zone or region is a
 domain of its own, as for nodes that never said where they are.
 
-The core (core.py) first places a gang as it would anyway; most placements already
-sit in one domain and cost nothing more. One that spans domains is discarded and
-the gang is tried again within each of the roomiest domains (at most
-``MAX_DOMAINS_TRIED``, those that might hold it whole), the best-scoring whole
-placement winning. None: the gang waits, and its explanation names the
-constraint and the roomiest domain (``topology_note``).
+The core (core.py) anchors a gang: its first member goes to the best-scoring node
+anywhere, the others within that node's domain, so a gang that fits there is placed
+once, at no extra cost. Where it does not, the gang is placed as it would be without
+topology, and one that spans domains is discarded and tried again within each of the
+roomiest domains (at most ``MAX_DOMAINS_TRIED``, those that might hold it whole; not
+the anchor's again), the best-scoring whole placement winning. None: the gang waits,
+and its explanation names the constraint and the roomiest domain (``topology_note``).
 """
 
 from __future__ import annotations

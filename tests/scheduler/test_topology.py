@@ -131,3 +131,17 @@ def test_a_gang_mixes_classes_when_waiting_would_finish_later() -> None:
     busy = [running("busy", "h100", 2, preemptible=False, expected_end=NOW + 20_000)]
     plan = plan_for(nodes, [job("gang", 1, workers=8)], busy)
     assert sorted(nodes_of(plan, "gang")) == ["h100"] * 6 + ["v100"] * 2
+
+
+def test_a_gang_goes_where_its_best_member_goes_when_that_region_holds_it() -> None:
+    # The best node is in a small region with room for exactly the gang; four roomier
+    # regions score a little lower. The gang keeps to the best node's region, however
+    # many roomier regions there are (the domain search alone tries the roomiest four).
+    nodes = [
+        gpu_node("best-0", 4, region="small"),
+        gpu_node("best-1", 4, region="small", utilisation=0.9),
+    ]
+    for region in ("r1", "r2", "r3", "r4"):
+        nodes += [gpu_node(f"{region}-{i}", 4, region=region, utilisation=0.5) for i in range(3)]
+    plan = plan_for(nodes, [job("gang", 4, workers=2)])
+    assert sorted(nodes_of(plan, "gang")) == ["best-0", "best-1"]
