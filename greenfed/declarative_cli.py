@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from greenfed.arguments import EXIT_USAGE, non_negative_int
+from greenfed.arguments import EXIT_USAGE
 from greenfed.output import ACTION_FORMATS, output_of
 from greenfed.work_cli import add_client_options, run_client
 
@@ -88,37 +88,6 @@ def _with_dry_run(submit: argparse.ArgumentParser) -> None:
     submit.set_defaults(handler=command)
 
 
-def _with_replica_logs(logs: argparse.ArgumentParser) -> None:
-    """`greenfed logs DEPLOYMENT [--replica N]`: a deployment's replica log
-    (greenfed/replica_logs.py); a job's output as before."""
-    logs.add_argument(
-        "--replica", type=non_negative_int, metavar="N", help="a deployment: this replica only"
-    )
-    logs.description = (
-        "A training job's output; for a deployment, its replicas' log (events, then each "
-        "replica as its node reports it)."
-    )
-
-    def command(args: argparse.Namespace) -> int:
-        from greenfed import replica_logs
-
-        return run_client(
-            args,
-            lambda client: replica_logs.logs(
-                client,
-                args.id,
-                follow=args.follow,
-                tail=args.tail,
-                attempt=args.attempt,
-                node=args.node,
-                replica=args.replica,
-            ),
-            timeout_s=None if args.follow else 30.0,
-        )
-
-    logs.set_defaults(handler=command)
-
-
 def add_declarative_commands(commands: Any) -> None:
     """Add apply, diff and events to `greenfed`'s subparsers, and `--dry-run` and
     `--watch` to the commands already there (call after those are added)."""
@@ -165,7 +134,6 @@ def add_declarative_commands(commands: Any) -> None:
     add_client_options(events, formats=("table", "json"))
     events.set_defaults(handler=_cmd_events)
 
-    _with_replica_logs(commands.choices["logs"])
     _with_dry_run(commands.choices["submit"])
     add_watch(commands.choices["jobs"])
     add_watch(commands.choices["deployments"])

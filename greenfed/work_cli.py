@@ -158,17 +158,19 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from greenfed import work_commands
+    """A job's output, or a deployment's replica log (greenfed/replica_logs.py)."""
+    from greenfed import replica_logs
 
     return run_client(
         args,
-        lambda client: work_commands.logs(
+        lambda client: replica_logs.logs(
             client,
             args.id,
             follow=args.follow,
             tail=args.tail,
             attempt=args.attempt,
             node=args.node,
+            replica=args.replica,
         ),
         timeout_s=None if args.follow else 30.0,
     )
@@ -428,8 +430,18 @@ def add_work_commands(commands: Any) -> None:
     add_client_options(deployment)
     deployment.set_defaults(handler=_cmd_show("deployment"))
 
-    logs = commands.add_parser("logs", help="a training job's recent output")
+    logs = commands.add_parser(
+        "logs",
+        help="a training job's recent output, or a deployment's replica log",
+        description=(
+            "A training job's output; for a deployment, its replicas' log (events, then "
+            "each replica as its node reports it)."
+        ),
+    )
     logs.add_argument("id")
+    logs.add_argument(
+        "--replica", type=non_negative_int, metavar="N", help="a deployment: this replica only"
+    )
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
     logs.add_argument("--tail", type=non_negative_int, metavar="N", help="only the last N lines")
     logs.add_argument("--attempt", type=non_negative_int, help="this attempt (default: latest)")

@@ -31,7 +31,7 @@ from cloud.api.bodies import invalid_body, json_response, read_body
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.references import ambiguous_problem, dependencies_by_id
-from cloud.api.refusals import new_dependencies
+from cloud.api.refusals import new_dependencies, queue_full
 from cloud.api.routes import Reply, Route
 from cloud.api.work import (
     DEPLOYMENTS,
@@ -218,13 +218,8 @@ async def _create(
             dependencies=new_dependencies(spec),
         )
     except QueueFullError as error:
-        raise Problem(
-            429,
-            "queue-full",
-            "Too much work queued",
-            f"tenant {tenant.name} has {error.queued} pending jobs and deployments, its "
-            f"max_queued of {error.max_queued}: apply again once some have started, or "
-            "cancel some",
+        raise queue_full(
+            tenant, error, "apply again once some have started, or cancel some"
         ) from None
     record = result.work
     view = _view(

@@ -23,7 +23,7 @@ from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import invalid_body, json_response
 from cloud.api.problems import Problem
-from cloud.api.refusals import new_dependencies
+from cloud.api.refusals import new_dependencies, queue_full
 from cloud.app_keys import STORE
 from cloud.secrets.redaction import redacted
 from cloud.store import (
@@ -114,13 +114,11 @@ async def submit_array(
             dependencies=new_dependencies(spec),
         )
     except QueueFullError as error:
-        raise Problem(
-            429,
-            "queue-full",
-            "Too much work queued",
-            f"tenant {tenant.name} has {error.queued} pending jobs and deployments and its "
-            f"max_queued is {error.max_queued}: the array's {len(tasks)} tasks do not fit "
-            "(each task counts); submit again once some have started, or cancel some",
+        raise queue_full(
+            tenant,
+            error,
+            f"the array's {len(tasks)} tasks do not fit (each task counts); submit again "
+            "once some have started, or cancel some",
         ) from None
     first = result.work
     earlier = TRAINING_DECODER.decode(first.spec)

@@ -31,7 +31,7 @@ from cloud.api.bodies import invalid_body
 from cloud.api.problems import Problem
 from cloud.api.registered_fleet import registered_fleet
 from cloud.app_keys import REGISTRY, SETTINGS, STORE
-from cloud.store import NewDependency, TenantRecord, WorkRecord
+from cloud.store import NewDependency, QueueFullError, TenantRecord, WorkRecord
 from cloud.work.convert import spec_field, spec_of, to_work
 from cloud.work.dependencies import Verdict, loop_from, verdict
 from cloud.work.specs import WorkSpec
@@ -116,6 +116,18 @@ async def _chain(
         frontier = [job for jobs in found.values() for job in jobs if job not in seen]
         seen.update(frontier)
     return edges
+
+
+def queue_full(tenant: TenantRecord, error: QueueFullError, then: str) -> Problem:
+    """The 429 of new work beyond the tenant's max_queued; `then` says what to do (or
+    what did not fit), e.g. "submit again once some have started, or cancel some"."""
+    return Problem(
+        429,
+        "queue-full",
+        "Too much work queued",
+        f"tenant {tenant.name} has {error.queued} pending jobs and deployments, its "
+        f"max_queued of {error.max_queued}: {then}",
+    )
 
 
 def new_dependencies(spec: WorkSpec) -> tuple[NewDependency, ...]:

@@ -35,6 +35,7 @@ from cloud.api.references import dependencies_by_id, work_id_of
 from cloud.api.refusals import (
     dependency_views,
     new_dependencies,
+    queue_full,
     refused_dependencies,
     refused_now,
 )
@@ -423,13 +424,8 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
             dependencies=new_dependencies(spec),
         )
     except QueueFullError as error:
-        raise Problem(
-            429,
-            "queue-full",
-            "Too much work queued",
-            f"tenant {tenant.name} has {error.queued} pending jobs and deployments, its "
-            f"max_queued of {error.max_queued}: submit again once some have started, or "
-            "cancel some",
+        raise queue_full(
+            tenant, error, "submit again once some have started, or cancel some"
         ) from None
     record = result.work
     if not result.created:

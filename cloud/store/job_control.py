@@ -61,9 +61,9 @@ class QueuedWorkChanged(msgspec.Struct, frozen=True, kw_only=True):
     actor: str | None
 
 
-async def _locked(
-    connection: AsyncConnection, tenant_id: str, work_id: str, expected_version: int | None
-) -> WorkRecord:
+async def locked_work(connection: AsyncConnection, tenant_id: str, work_id: str) -> WorkRecord:
+    """The tenant's work, its row locked until the transaction ends (PostgreSQL; SQLite's
+    writer holds the whole database). Raises `WorkNotFoundError`."""
     query = (
         select(*WORK_RECORD_COLUMNS)
         .where(work.c.id == work_id, work.c.tenant_id == tenant_id)
@@ -72,7 +72,13 @@ async def _locked(
     row = (await connection.execute(query)).first()
     if row is None:
         raise WorkNotFoundError(work_id)
-    record = work_from_row(row)
+    return work_from_row(row)
+
+
+async def _locked(
+    connection: AsyncConnection, tenant_id: str, work_id: str, expected_version: int | None
+) -> WorkRecord:
+    record = await locked_work(connection, tenant_id, work_id)
     if expected_version is not None and record.version != expected_version:
         raise VersionConflictError([work_id])
     return record

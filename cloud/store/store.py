@@ -70,7 +70,6 @@ from cloud.store.errors import (
     TokenNotActiveError,
     TokenNotFoundError,
     VersionConflictError,
-    WorkNotFoundError,
 )
 from cloud.store.fair_share import FairShareRow
 from cloud.store.group_commit import GroupCommit
@@ -126,7 +125,6 @@ from cloud.store.rows import (
     work_from_row,
 )
 from cloud.store.schema import (
-    WORK_RECORD_COLUMNS,
     allocations,
     events,
     models,
@@ -931,15 +929,7 @@ class Store:
         """
         check_json_object(spec, "spec")
         async with self._write() as connection:
-            query = (
-                select(*WORK_RECORD_COLUMNS)
-                .where(work.c.id == work_id, work.c.tenant_id == tenant_id)
-                .with_for_update()
-            )
-            row = (await connection.execute(query)).first()
-            if row is None:
-                raise WorkNotFoundError(work_id)
-            record = work_from_row(row)
+            record = await job_control.locked_work(connection, tenant_id, work_id)
             if record.state in TERMINAL_STATES:
                 raise IllegalTransitionError(work_id, record.state, record.state)
             if expected_version is not None and record.version != expected_version:

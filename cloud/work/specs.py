@@ -57,6 +57,16 @@ EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$(?
 GroupName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Gib = Annotated[float, msgspec.Meta(ge=0, le=1024 * 1024, description="Gibibytes (2**30 bytes).")]
 Weight = Annotated[float, msgspec.Meta(ge=0, le=1e6)]
+MigProfile = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=MIG_PROFILE_PATTERN,
+        description=(
+            "Each accelerator is a MIG slice of this profile (e.g. 1g.10gb), never a whole "
+            "GPU; GPUs only."
+        ),
+    ),
+]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
 StartWindowText = Annotated[
     str,
@@ -305,19 +315,7 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
         tuple[Annotated[str, msgspec.Meta(min_length=1)], ...],
         msgspec.Meta(max_length=64, description="Accepted accelerator models; empty: any."),
     ] = ()
-    mig_profile: (
-        Annotated[
-            str,
-            msgspec.Meta(
-                pattern=MIG_PROFILE_PATTERN,
-                description=(
-                    "Each accelerator is a MIG slice of this profile (e.g. 1g.10gb), never "
-                    "a whole GPU; GPUs only."
-                ),
-            ),
-        ]
-        | None
-    ) = None
+    mig_profile: MigProfile | None = None
     estimated_duration_s: Annotated[
         float,
         msgspec.Meta(
@@ -676,19 +674,7 @@ class DeploymentSpec(SpecStruct, frozen=True, kw_only=True):
         tuple[Annotated[str, msgspec.Meta(min_length=1)], ...],
         msgspec.Meta(max_length=64, description="Accepted accelerator models; empty: any."),
     ] = ()
-    mig_profile: (
-        Annotated[
-            str,
-            msgspec.Meta(
-                pattern=MIG_PROFILE_PATTERN,
-                description=(
-                    "Each accelerator is a MIG slice of this profile (e.g. 1g.10gb), never "
-                    "a whole GPU; GPUs only."
-                ),
-            ),
-        ]
-        | None
-    ) = None
+    mig_profile: MigProfile | None = None
     latency_slo_ms: Annotated[float, msgspec.Meta(gt=0, le=3_600_000)] | None = None
     traffic_by_region: Annotated[
         dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)], Weight],
