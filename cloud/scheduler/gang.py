@@ -406,21 +406,12 @@ def speed_classes(job: JobContext, slowest_s: float, *, preempt: bool = False) -
     job keeps to; quota, host memory and reservations are left to the attempt itself.
     """
     shape = job.shape
-    state = job.state
     limit_s = slowest_s + 1e-6  # it came from an end time: now + run time - now
-    lower = shape.rank + 1
     room: dict[float, int] = {}
     for option in job.options:
         runtime = option.runtime_s
         nodes = option.cand.nodes
-        available = state.free[option.k][nodes]
-        if preempt and lower < PRIORITY_LEVELS:
-            available = available + state.evictable_accelerators[option.k][lower:][:, nodes].sum(
-                axis=0
-            )
-        members = available // shape.accelerators
-        if shape.max_per_node is not None:
-            members = np.minimum(members, shape.max_per_node)
+        members = members_per_node(job, option, preempt=preempt)
         if job.within is not None:
             members = np.where(job.within[nodes], members, 0)
         for runtime_s in np.unique(runtime[runtime <= limit_s]):
@@ -428,6 +419,24 @@ def speed_classes(job: JobContext, slowest_s: float, *, preempt: bool = False) -
             room[value] = room.get(value, 0) + int(members[runtime == runtime_s].sum())
     fitting = sorted(value for value, count in room.items() if count >= shape.members)
     return fitting[:MAX_SPEED_CLASSES]
+
+
+def members_per_node(job: JobContext, option: Option, *, preempt: bool) -> IntArray:
+    """Per candidate node of ``option``, how many of the job's members might fit there
+    now: its free accelerators (with ``preempt``, plus those lower-priority work holds)
+    over a member's, within the job's per-node cap. An estimate: quota, host memory and
+    reservations are left to the attempt itself."""
+    shape = job.shape
+    state = job.state
+    nodes = option.cand.nodes
+    available = state.free[option.k][nodes]
+    lower = shape.rank + 1
+    if preempt and lower < PRIORITY_LEVELS:
+        available = available + state.evictable_accelerators[option.k][lower:][:, nodes].sum(axis=0)
+    members: IntArray = available // shape.accelerators
+    if shape.max_per_node is not None:
+        members = np.minimum(members, shape.max_per_node)
+    return members
 
 
 def _best_first(entry: tuple[float, int, int, Option, int]) -> tuple[float, int, int]:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from .arrays import BoolArray, IntArray
-from .model import PRIORITY_LEVELS, TrainingJob
+from .gang import members_per_node
+from .model import TrainingJob
 from .plan import NeverFits, Placement
 from .snapshot import Snapshot
 
@@ -116,20 +117,10 @@ def domain_room(job: JobContext, domains: Domains, *, preempt: bool) -> IntArray
     lower-priority work holds when ``preempt``), within the job's speed class if it
     keeps to one. An estimate: quota, host memory and reservations are left to the
     attempt itself."""
-    state = job.state
-    shape = job.shape
     room = np.zeros(len(domains.names), dtype=np.int64)
-    lower = shape.rank + 1
     for option in job.options:
         nodes = option.cand.nodes
-        available = state.free[option.k][nodes]
-        if preempt and lower < PRIORITY_LEVELS:
-            available = available + state.evictable_accelerators[option.k][lower:][:, nodes].sum(
-                axis=0
-            )
-        members = available // shape.accelerators
-        if shape.max_per_node is not None:
-            members = np.minimum(members, shape.max_per_node)
+        members = members_per_node(job, option, preempt=preempt)
         if job.runtime_class_s is not None:
             members = np.where(option.runtime_s == job.runtime_class_s, members, 0)
         codes = domains.codes[nodes]
