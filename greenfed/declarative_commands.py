@@ -23,7 +23,13 @@ from cloud.work.specs import TrainingJobSpec, WorkSpec, encode_spec
 from cloud.work.views import EventView
 from greenfed.arguments import EXIT_OK
 from greenfed.output import Output, emit
-from greenfed.spec_files import SUFFIXES, SpecFileError, load_spec_file, parse_spec
+from greenfed.spec_files import (
+    SUFFIXES,
+    SpecFileError,
+    load_spec_file,
+    parse_spec,
+    read_spec_text,
+)
 from shared.work_literals import SpecKind
 
 if TYPE_CHECKING:
@@ -75,12 +81,7 @@ def _yaml_documents(path: Path) -> list[object]:
     """The documents of a YAML file, empty ones left out."""
     # Imported here: only YAML spec files need PyYAML (untyped, hence import_module).
     yaml = importlib.import_module("yaml")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise SpecFileError(f"{path}: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise SpecFileError(f"{path}: not UTF-8 text") from None
+    text = read_spec_text(path)
     try:
         documents = [document for document in yaml.safe_load_all(text) if document is not None]
     except Exception as error:  # yaml.YAMLError and its subclasses

@@ -86,11 +86,15 @@ def parse_spec(document: object, kind: SpecKind | None, *, source: str) -> WorkS
     return spec
 
 
-def load_spec_file(path: Path, kind: SpecKind | None = None) -> WorkSpec:
+def read_spec_text(path: Path) -> str:
+    """A spec file's text; `SpecFileError` naming the file when it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as error:
         raise SpecFileError(f"{path}: {error.strerror or error}") from None
     except UnicodeDecodeError:
         raise SpecFileError(f"{path}: not UTF-8 text") from None
-    return parse_spec(_parse(path, text), kind, source=str(path))
+
+
+def load_spec_file(path: Path, kind: SpecKind | None = None) -> WorkSpec:
+    return parse_spec(_parse(path, read_spec_text(path)), kind, source=str(path))
