@@ -24,6 +24,7 @@ from cloud.store import WorkRecord
 from cloud.work.lookup import (
     SHOWN_CANDIDATES,
     Ambiguous,
+    array_named,
     as_id_prefix,
     by_name,
     by_prefix,
@@ -77,6 +78,9 @@ async def work_id_of(
         scope, kind, name=reference, active_only=True, limit=SHOWN_CANDIDATES + 1
     )
     newest = () if active else await store.work_matching(scope, kind, name=reference, limit=1)
+    array_id = array_named(active or newest) if kind == "training" else None
+    if array_id is not None:
+        return array_id
     found = by_name(reference, active, newest)
     prefix = as_id_prefix(reference)
     if found is None and prefix is not None:

@@ -573,8 +573,11 @@ async def _change_live_work(
 async def _cancel(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     store = request.app[STORE]
     caller = tenant_of(request)
-    if collection is JOBS:  # a job array's id: every task that has not ended
-        cancelled = await cancel_array(request, request.match_info["id"])
+    if collection is JOBS:  # a job array's id or name: every task that has not ended
+        array_id = await work_id_of(
+            request, "training", collection.noun, request.match_info["id"], any_tenant=True
+        )
+        cancelled = await cancel_array(request, array_id)
         if cancelled is not None:
             return cancelled
 

@@ -6,7 +6,8 @@ a person may type what they know instead:
 1. a full id (26 characters) is that work, as always;
 2. a name: the work of that name that has not ended; with none, the newest that has
    (names are reused run after run, like a Slurm job name); two or more not ended are
-   ambiguous;
+   ambiguous, unless they are all tasks of one job array: an array's name names the
+   array (`array_named`), as its id does;
 3. otherwise a prefix of an id (at least `MIN_PREFIX` characters, any case): the one
    work whose id starts with it.
 
@@ -21,6 +22,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from cloud.store import TERMINAL_STATES, WorkRecord
 
@@ -68,3 +71,35 @@ def by_prefix(reference: str, matches: Sequence[WorkRecord]) -> WorkRecord | Amb
     if matches:
         return Ambiguous(reference, "id prefix", tuple(matches[:SHOWN_CANDIDATES]))
     return None
+
+
+class _ArrayId(msgspec.Struct, frozen=True):
+    array_id: str
+
+
+class _ArrayMark(msgspec.Struct, frozen=True):
+    """The one field of a stored training spec that says which array it is a task of."""
+
+    array_task: _ArrayId | None = None
+
+
+_ARRAY_MARK: Final = msgspec.json.Decoder(_ArrayMark)
+
+
+def array_named(records: Sequence[WorkRecord]) -> str | None:
+    """The job array whose tasks are all of `records` (the work a name matched), or
+    None: a person who names an array means the array, not one of its tasks."""
+    if not records:
+        return None
+    arrays = set()
+    for record in records:
+        if record.kind != "training":
+            return None
+        try:
+            mark = _ARRAY_MARK.decode(record.spec).array_task
+        except msgspec.DecodeError:
+            return None  # a corrupt spec: the reference is left to the route to refuse
+        if mark is None:
+            return None
+        arrays.add(mark.array_id)
+    return arrays.pop() if len(arrays) == 1 else None

@@ -180,3 +180,24 @@ async def test_a_task_takes_every_per_job_action_by_its_task_name(api: Api) -> N
     assert (task["priority"], task["spec"]["env"]["GREENFED_ARRAY_TASK_ID"]) == ("p2", "2")
     # Per-job actions take a task, not the array.
     assert (await api.client.post(f"/v1/jobs/{array_id}/hold", headers=bearer(token))).status == 404
+
+
+async def test_the_arrays_name_names_the_array_not_one_of_its_tasks(api: Api) -> None:
+    token = await api.tenant("vision")
+    array_id = await api.submitted(token, job_spec(name="sweep", array="0-2"))
+    shown = await api.get(token, "/v1/jobs/sweep")
+    assert shown.status == 200, await shown.text()
+    body = await shown.json()
+    assert (body["id"], body["array"]["count"]) == (array_id, 3)
+
+    # A job of the same name beside the array's tasks makes the name ambiguous again.
+    single = await api.submitted(token, job_spec(name="sweep"))
+    both = await problem(await api.get(token, "/v1/jobs/sweep"), 409)
+    assert single in both["detail"]
+    assert (await api.client.delete(f"/v1/jobs/{single}", headers=bearer(token))).status == 200
+
+    # Cancelling by name cancels every task; once all have ended the name still names it.
+    every = await api.client.delete("/v1/jobs/sweep", headers=bearer(token))
+    assert every.status == 200, await every.text()
+    assert (await every.json())["array"]["states"] == {"cancelled": 3}
+    assert (await (await api.get(token, "/v1/jobs/sweep")).json())["id"] in (array_id, single)
