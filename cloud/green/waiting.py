@@ -131,6 +131,7 @@ class CapacityWaiter:
             expected_then=expected_then,
             quantity=quantity,
             unit=unit,
+            cause="capacity",
             accelerator_kind=option.candidates.kind,
             accelerators=job.workers * job.accelerators_per_worker,
             runtime_s=runtime,

@@ -32,6 +32,7 @@ PendingCode = Literal[
     # before the core sees the queue (cloud/work/dependencies.py), never by the core.
     "dependency",
 ]
+DeferralCause = Literal["temporal", "capacity"]
 PreemptionReason = Literal["priority", "reclaim", "quota"]
 HookKind = Literal["score-term", "latency-estimator", "start-advisor"]
 
@@ -193,6 +194,9 @@ class Deferral:
     accelerator_kind: AcceleratorKind = "gpu"
     accelerators: int = 0
     runtime_s: float = 0.0
+    # Which advisor held it: "temporal" (shifting.py: a cleaner window in its slack) or
+    # "capacity" (waiting.py: cleaner capacity frees soon); the eval reports them apart.
+    cause: DeferralCause = "temporal"
 
     def __post_init__(self) -> None:
         if self.latest_start < self.start_at:
