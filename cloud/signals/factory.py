@@ -4,6 +4,9 @@ The one place that knows which settings key feeds which constructor. HTTP
 providers share the caller's `aiohttp.ClientSession` (the app owns its lifecycle).
 A chain that replays a trace runs on that trace's clock — the wall clock's date
 and time in `trace_replay_year` — unless the caller passes its own (the simulator).
+The service built without a clock tells its snapshots on the wall clock, which the
+scheduling loop plans by (replay_time.py): one "now" for the loop, the forecasts,
+accounting and `/v1/signals`.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ def static_provider(settings: SignalSettings, clock: Clock) -> StaticProvider:
     return StaticProvider(table, use_builtin=settings.static_builtin, clock=clock)
 
 
-def default_clock(settings: SignalSettings) -> Clock:
+def default_clock(settings: SignalSettings, wall_clock: Clock = system_clock) -> Clock:
     return (
-        replay_clock(settings.trace_replay_year) if "trace" in settings.providers else system_clock
+        replay_clock(settings.trace_replay_year, wall_clock)
+        if "trace" in settings.providers
+        else wall_clock
     )
 
 
@@ -123,13 +128,20 @@ def build_signal_service(
     *,
     session: aiohttp.ClientSession | None = None,
     clock: Clock | None = None,
+    wall_clock: Clock = system_clock,
 ) -> SignalService:
-    """The chain from settings, with the static table as the last fallback."""
-    clock = clock or default_clock(settings)
+    """The chain from settings, with the static table as the last fallback.
+
+    `clock`: the signals' own (the simulator's), by which its caller also plans.
+    Without one, the chain runs on `default_clock` and its snapshots are told on
+    `wall_clock`, which the scheduling loop plans by (replay_time.py)."""
+    planning_clock = wall_clock if clock is None else None
+    clock = clock or default_clock(settings, wall_clock)
     return SignalService(
         build_providers(settings, session=session, clock=clock),
         static=static_provider(settings, clock),
         clock=clock,
+        planning_clock=planning_clock,
         cache_ttl_s=settings.cache_ttl_s,
         staleness_limit_s=settings.staleness_limit_s,
         history_hours=settings.history_hours,

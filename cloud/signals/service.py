@@ -53,6 +53,7 @@ from cloud.signals.model import (
     SignalType,
     SignalUnavailable,
 )
+from cloud.signals.replay_time import replay_offset_s, retold
 from cloud.signals.static import StaticProvider
 from cloud.signals.units import (
     HOUR_S,
@@ -97,6 +98,7 @@ class SignalService:
         *,
         static: StaticProvider | None = None,
         clock: Clock = system_clock,
+        planning_clock: Clock | None = None,
         cache_ttl_s: float = DEFAULT_CACHE_TTL_S,
         staleness_limit_s: float = DEFAULT_STALENESS_LIMIT_S,
         history_hours: int = DEFAULT_HISTORY_HOURS,
@@ -119,6 +121,9 @@ class SignalService:
         self._providers = list(providers)
         self._static = static
         self._clock = clock
+        # The clock the snapshot's reader plans by, when it is not the signals' own
+        # (a replayed trace): snapshots are retold on it (replay_time.py).
+        self._planning_clock = planning_clock
         self._ttl_s = cache_ttl_s
         self._staleness_limit_s = staleness_limit_s
         self._history_hours = history_hours
@@ -291,15 +296,20 @@ class SignalService:
         raise SignalUnavailable(f"no provider has a value for zone {zone!r}")
 
     async def snapshot(self, zones: Iterable[str]) -> GridSignals:
-        """GridSignals at the clock's now; zones nobody knows (not even static) are left out."""
+        """GridSignals at the clock's now; zones nobody knows (not even static) are left out.
+
+        With a planning clock, told on that clock (the values stay the signals' own)."""
         now_s = self._clock()
         wanted = sorted(set(zones))
         async with asyncio.TaskGroup() as group:
             tasks = {zone: group.create_task(self._series(zone, now_s)) for zone in wanted}
         series = {zone: task.result() for zone, task in tasks.items()}
-        return GridSignals(
+        grid = GridSignals(
             now_s=now_s, zones={zone: s for zone, s in series.items() if s is not None}
         )
+        if self._planning_clock is None:
+            return grid
+        return retold(grid, replay_offset_s(self._planning_clock(), now_s))
 
     async def _series(self, zone: str, now_s: float) -> ZoneSeries | None:
         answer, live = await self._answer(zone, now_s)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import datetime
 from importlib import resources
 from itertools import pairwise
 from pathlib import Path
@@ -19,7 +20,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from cloud.app import create_app
 from cloud.app_keys import REGISTRY, SIGNALS
 from cloud.signals.model import SignalUnavailable
+from cloud.signals.units import same_instant_in_year
 from greenfed.broker import EmbeddedBroker
+from shared.clock import utc_from_epoch
 from shared.messages import HostInfo, NodeStatus
 from shared.settings import Settings, StoreSettings
 from shared.token_files import admin_token_path, read_token_file
@@ -85,10 +88,12 @@ async def test_the_fleets_zones_are_listed_with_current_values_and_the_day_ahead
     zones = {zone["zone"]: zone for zone in body["zones"]}
     assert set(zones) == {"CA-ON", "DE"}
     assert (zones["CA-ON"]["nodes"], zones["DE"]["nodes"]) == (2, 1)
-    # The default chain replays 2023 at today's date and hour: the values are the recorded ones.
+    # The default chain replays 2023 at today's date and hour, told on the wall clock the
+    # loop plans by (one "now"): the values are the ones recorded at that hour of 2023.
     now = datetime.fromisoformat(body["now"])
-    assert now.year == 2023
-    hour = now.replace(minute=0, second=0, microsecond=0).astimezone(UTC).replace(tzinfo=None)
+    assert abs(now.timestamp() - time.time()) < 60
+    replayed = utc_from_epoch(same_instant_in_year(now.timestamp(), 2023))
+    hour = replayed.replace(minute=0, second=0, microsecond=0).replace(tzinfo=None)
     assert zones["DE"]["carbon_g_per_kwh"] == pytest.approx(
         recorded_intensity("DE-LU", hour), abs=0.01
     )
