@@ -20,6 +20,12 @@
 * ``utilisation``: GPU-seconds allocated within the period over all the fleet's
   GPUs (cloud and edge) times the period; ``busy_utilisation`` weights each
   allocation by how busy its work keeps it (a replica at 10 % load counts 10 %).
+* ``deferred_temporal_jobs``, ``deferred_capacity_jobs``: jobs held back at least
+  once by temporal shifting (a cleaner window within their slack), and jobs that
+  waited for capacity (held for cleaner capacity that frees soon, or pending with no
+  room); a job may be in both. ``deferred_jobs`` is the older, mixed count: started
+  jobs held by either advisor. ``capped_jobs``: jobs that ran under a GPU power cap;
+  ``migrated_jobs``: jobs moved while running (``migrations`` counts the moves).
 * ``gco2_avoided``: Σ over jobs of (fifo-binpack's choice at submission −
   what actually ran), from ``cloud.green.accounting``.
 """
@@ -68,7 +74,13 @@ class PolicyResult:
     unfinished_jobs: int = 0  # never finished (most never started), by the end of the drain
     never_started_jobs: int = 0
     flexible_jobs: int = 0
-    deferred_jobs: int = 0
+    deferred_jobs: int = 0  # started jobs held back by a start advisor (either cause)
+    # Jobs (started or not) held back at least once, by why: temporal shifting kept
+    # them for a cleaner window within their slack; or they waited for capacity (held
+    # for cleaner capacity that frees soon, or pending because no node had room).
+    deferred_temporal_jobs: int = 0
+    deferred_capacity_jobs: int = 0
+    capped_jobs: int = 0  # started at least once under a GPU power cap
     migrations: int = 0  # running jobs moved to cleaner capacity
     migrated_jobs: int = 0
     # Training runs stopped to make room, by the scheduler's reason (priority, reclaim, quota).
@@ -217,6 +229,11 @@ def evaluate(
             r.deadline_s is not None or r.latest_start_s is not None for r in outcome.jobs.values()
         ),
         deferred_jobs=len(deferred_waits),
+        deferred_temporal_jobs=sum(r.deferred_temporal for r in outcome.jobs.values()),
+        deferred_capacity_jobs=sum(
+            r.deferred_capacity or r.waited_for_room for r in outcome.jobs.values()
+        ),
+        capped_jobs=sum(r.capped for r in outcome.jobs.values()),
         migrations=sum(r.migrations for r in outcome.jobs.values()),
         migrated_jobs=sum(r.migrations > 0 for r in outcome.jobs.values()),
         preemptions=_summed(r.preemptions for r in outcome.jobs.values()),

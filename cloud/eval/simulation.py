@@ -126,7 +126,13 @@ class JobRecord:
     latest_start_s: float | None  # from max_delay_s
     first_start_s: float | None = None
     finish_s: float | None = None
-    deferred: bool = False  # deferred by temporal shifting at least once
+    deferred: bool = False  # deferred by a start advisor (either cause) at least once
+    # The same split by cause (Deferral.cause): held for a cleaner window in its slack,
+    # held for cleaner capacity that frees soon, or pending because nothing had room.
+    deferred_temporal: bool = False
+    deferred_capacity: bool = False
+    waited_for_room: bool = False
+    capped: bool = False  # started at least once with its devices' power held down
     deferred_s: float = 0.0  # time spent held back by temporal shifting
     deferred_since: float | None = None
     nodes: tuple[str, ...] = ()
@@ -543,6 +549,12 @@ class Simulation:
         for placement in plan.placements:
             by_work.setdefault(placement.work_id, []).append(placement)
         deferred = {p.work_id for p in plan.pending if p.code == "deferred"}
+        causes = {
+            p.work_id: p.deferral.cause
+            for p in plan.pending
+            if p.code == "deferred" and p.deferral is not None
+        }
+        no_room = {p.work_id for p in plan.pending if p.code in ("capacity", "reserved")}
         for work_id in queued:
             record = self.jobs.get(work_id)
             if record is None:
@@ -551,6 +563,10 @@ class Simulation:
                 record.deferred_s += self.now - record.deferred_since
             record.deferred_since = self.now if work_id in deferred else None
             record.deferred = record.deferred or work_id in deferred
+            cause = causes.get(work_id)
+            record.deferred_temporal = record.deferred_temporal or cause == "temporal"
+            record.deferred_capacity = record.deferred_capacity or cause == "capacity"
+            record.waited_for_room = record.waited_for_room or work_id in no_room
         for work_id, placements in by_work.items():
             self._start(queued[work_id], placements)
         for pending in plan.pending:
@@ -577,6 +593,7 @@ class Simulation:
             if record.first_start_s is None:
                 record.first_start_s = self.now
             record.nodes = tuple(sorted({p.node_id for p in placements}))
+            record.capped = record.capped or any(p.power_limit_w is not None for p in placements)
             record.run = RunningJob(
                 job=work,
                 started_s=self.now,
