@@ -11,9 +11,10 @@ Scenarios: the default fleet on its four zones and `sim_devices/fleets/other-zon
 period, first seed). Each scenario is one `greenfed eval --policies fifo-binpack,green
 --optimum` (the command is printed per row). The summary gives the median and worst CO2
 cut, deadline misses where the baseline has none, SLO violations, the mean wait of
-started work as a ratio, and the share of the optimum's training saving; each row also
-splits its cut between training and inference (carbon-aware replica placement within
-each deployment's SLO).
+started work as a ratio, and the share of the optimum's saving for training and in
+total (cloud/eval/optimum_share.py); each row also splits its cut between training and
+inference (carbon-aware replica placement within each deployment's SLO) and counts
+green's jobs held back by temporal shifting and those that waited for capacity.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud.eval.bound import share_of_optimum
+from cloud.eval.optimum_share import optimum_shares
 from cloud.eval.runner import EvalOptions, run_eval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,12 +76,18 @@ class Row:
     training_cut: float  # the same, training only
     inference_cut: float | None  # the same, inference only (None: no inference emissions)
     of_optimum: float | None  # share of the optimum's training saving green achieved
+    # The same for all emissions, against the bound plus the least inference of the two
+    # policies (cloud/eval/optimum_share.py: no inference optimum is computed).
+    of_optimum_total: float | None
     baseline_misses: int
     green_misses: int
     slo_violations: int
     wait_ratio: float | None  # green's mean wait of started work / the baseline's
     unfinished: int
     runtime_s: float
+    # Green's jobs held back by temporal shifting / that waited for capacity (metrics.py).
+    deferred_temporal: int = 0
+    deferred_capacity: int = 0
 
 
 def scenarios(short: bool) -> list[Scenario]:
@@ -121,12 +129,15 @@ def run(scenario: Scenario) -> Row:
             else None
         ),
         of_optimum=share_of_optimum(baseline.training_gco2, green.training_gco2, report.bound),
+        of_optimum_total=optimum_shares(report.results, green, report.bound).total,
         baseline_misses=baseline.deadline_misses,
         green_misses=green.deadline_misses,
         slo_violations=green.slo_violations,
         wait_ratio=green.wait_mean_s / baseline.wait_mean_s if baseline.wait_mean_s else None,
         unfinished=green.unfinished_jobs,
         runtime_s=time.perf_counter() - began,
+        deferred_temporal=green.deferred_temporal_jobs,
+        deferred_capacity=green.deferred_capacity_jobs,
     )
 
 
@@ -136,24 +147,28 @@ def _percent(value: float | None) -> str:
 
 def print_rows(rows: Sequence[Row]) -> None:
     print(
-        "| fleet | start | seed | load | CO2 cut | training | inference | of optimum "
-        "| misses (base/green) | SLO | wait × | unfinished |"
+        "| fleet | start | seed | load | CO2 cut | training | inference "
+        "| of optimum (training) | of optimum (total) "
+        "| misses (base/green) | SLO | wait × | unfinished | temporal | capacity |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         s = row.scenario
         wait = "-" if row.wait_ratio is None else f"{row.wait_ratio:.2f}"
         print(
             f"| {s.fleet} | {s.start.isoformat()} | {s.seed} | {s.load:g} | {row.co2_cut:.1%} "
             f"| {row.training_cut:.1%} | {_percent(row.inference_cut)} "
-            f"| {_percent(row.of_optimum)} | {row.baseline_misses}/{row.green_misses} "
-            f"| {row.slo_violations} | {wait} | {row.unfinished} |"
+            f"| {_percent(row.of_optimum)} | {_percent(row.of_optimum_total)} "
+            f"| {row.baseline_misses}/{row.green_misses} "
+            f"| {row.slo_violations} | {wait} | {row.unfinished} "
+            f"| {row.deferred_temporal} | {row.deferred_capacity} |"
         )
 
 
 def summary(rows: Sequence[Row]) -> dict[str, object]:
     cuts = [row.co2_cut for row in rows]
     shares = [row.of_optimum for row in rows if row.of_optimum is not None]
+    totals = [row.of_optimum_total for row in rows if row.of_optimum_total is not None]
     waits = [row.wait_ratio for row in rows if row.wait_ratio is not None]
     inference = [row.inference_cut for row in rows if row.inference_cut is not None]
     return {
@@ -169,6 +184,10 @@ def summary(rows: Sequence[Row]) -> dict[str, object]:
         "worst_wait_ratio": max(waits) if waits else None,
         "median_of_optimum": statistics.median(shares) if shares else None,
         "worst_of_optimum": min(shares) if shares else None,
+        "median_of_optimum_total": statistics.median(totals) if totals else None,
+        "worst_of_optimum_total": min(totals) if totals else None,
+        "deferred_temporal": sum(row.deferred_temporal for row in rows),
+        "deferred_capacity": sum(row.deferred_capacity for row in rows),
         "unfinished": sum(row.unfinished for row in rows),
     }
 
