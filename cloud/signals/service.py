@@ -278,9 +278,15 @@ class SignalService:
 
     def newest_reading_s(self, zone: str) -> float | None:
         """When the newest reading any provider gave for `zone` begins (None: none did;
-        the zone is on the static table, or unknown)."""
+        the zone is on the static table, or unknown). On the planning clock where the
+        service has one, as its snapshots are: the age of a reading is then the same
+        whichever clock it is read against."""
         times = [a.newest_s for (_, z), a in self._answers.items() if z == zone]
-        return max(times) if times else None
+        if not times:
+            return None
+        if self._planning_clock is None:
+            return max(times)
+        return max(times) + replay_offset_s(self._planning_clock(), self._clock())
 
     async def latest(self, zone: str) -> GridReading:
         """The newest value for a zone through the chain, flagged stale when it is old."""

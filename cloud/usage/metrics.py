@@ -75,7 +75,8 @@ class GridCollector(Collector):
         registry: NodeRegistry,
         newest_reading_s: Callable[[str], float | None],
     ) -> None:
-        """`newest_reading_s`: on the signals' clock (`SignalService.newest_reading_s`)."""
+        """`newest_reading_s`: on the clock of the signal service's snapshots
+        (`SignalService.newest_reading_s`)."""
         self._accountant = accountant
         self._registry = registry
         self._newest_reading_s = newest_reading_s

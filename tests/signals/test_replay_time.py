@@ -91,3 +91,13 @@ def test_the_offset_is_whole_hours_and_zero_leaves_the_grid_alone() -> None:
     grid = GridSignals(now_s=WALL, zones={})
     assert retold(grid, 0.0) is grid
     assert retold(grid, HOUR_S).now_s == pytest.approx(WALL + HOUR_S)
+
+
+async def test_a_replayed_readings_age_is_read_on_the_same_clock_as_its_grid() -> None:
+    # /metrics reports now - newest reading as greenfed_grid_signal_age_seconds, and
+    # alerts past 3 h: a reading told in 2023 against a grid told in 2026 read 3 years.
+    service = build_signal_service(SignalSettings(), wall_clock=FakeClock(WALL))
+    grid = await service.snapshot([ZONE])
+    newest = service.newest_reading_s(ZONE)
+    assert newest is not None
+    assert 0.0 <= grid.now_s - newest < 2 * HOUR_S
