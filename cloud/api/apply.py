@@ -32,7 +32,7 @@ from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.references import ambiguous_problem, dependencies_by_id
 from cloud.api.refusals import new_dependencies, queue_full
-from cloud.api.routes import Reply, Route
+from cloud.api.routes import Handler, Reply, Route
 from cloud.api.work import (
     DEPLOYMENTS,
     JOBS,
@@ -380,14 +380,14 @@ async def apply_deployment(request: web.Request) -> web.Response:
 # ---- routes ------------------------------------------------------------------------------
 
 
-def _routes(collection: Collection[SpecT], dry_run: object, apply: object) -> tuple[Route, ...]:
+def _routes(collection: Collection[SpecT], dry_run: Handler, apply: Handler) -> tuple[Route, ...]:
     noun = collection.noun
     spec_type = TrainingJobSpec if collection.store_kind == "training" else DeploymentSpec
     return (
         Route(
             "POST",
             collection.path() + "/dry-run",
-            dry_run,  # type: ignore[arg-type]
+            dry_run,
             f"Check a {noun} spec and say where it would be placed now, storing nothing",
             "tenant",
             f"{noun}s",
@@ -406,7 +406,7 @@ def _routes(collection: Collection[SpecT], dry_run: object, apply: object) -> tu
         Route(
             "PUT",
             collection.path() + "/{id}",
-            apply,  # type: ignore[arg-type]
+            apply,
             f"Create or update the tenant's {noun} of this name (apply)",
             "tenant",
             f"{noun}s",
