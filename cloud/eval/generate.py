@@ -179,6 +179,8 @@ class WorkloadParams:
     # Jobs at least this long on an A100 save a checkpoint every checkpoint_interval_s.
     checkpoint_min_duration_s: float = HOUR_S
     checkpoint_interval_s: float = 1800.0
+    # The gang mix (probability, workers, GPUs per worker); trace_shaped.py passes its own.
+    gangs: tuple[tuple[float, int, int], ...] = GANGS
 
 
 def arrival_factor(at_s: float) -> float:
@@ -205,8 +207,8 @@ def cloud_gpu_throughput(nodes: Sequence[Node]) -> float:
     )
 
 
-def _mean_gpus() -> float:
-    return sum(p * workers * gpus for p, workers, gpus in GANGS)
+def _mean_gpus(gangs: tuple[tuple[float, int, int], ...]) -> float:
+    return sum(p * workers * gpus for p, workers, gpus in gangs)
 
 
 def _mean_duration_s(params: WorkloadParams) -> float:
@@ -230,7 +232,7 @@ def generate_workload(
     params = params or WorkloadParams()
     rng = random.Random(seed)
     capacity = cloud_gpu_throughput(nodes)
-    mean_work_gpu_s = _mean_gpus() * _mean_duration_s(params)
+    mean_work_gpu_s = _mean_gpus(params.gangs) * _mean_duration_s(params)
     mean_rate_per_s = params.target_load * capacity / mean_work_gpu_s
     peak_rate = mean_rate_per_s / _mean_arrival_factor() * 1.5
     horizon = days * 24 * HOUR_S
@@ -296,8 +298,8 @@ def _training(
     rng: random.Random, number: int, offset: float, params: WorkloadParams
 ) -> TrainingSpec:
     pick = rng.random()
-    workers, gpus = GANGS[-1][1:]
-    for probability, w, g in GANGS:
+    workers, gpus = params.gangs[-1][1:]
+    for probability, w, g in params.gangs:
         if pick < probability:
             workers, gpus = w, g
             break
