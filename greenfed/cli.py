@@ -409,6 +409,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             forecaster=args.forecaster,
             perfect_forecast=args.perfect_forecast,
             target_load=args.load,
+            generator=args.generator,
             migration=args.migration,
             power_capping=args.power_capping,
             allow_missing_zones=args.allow_missing_zones,
@@ -804,6 +805,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=0.5,
         help="generated training load, as a share of the cloud GPU throughput (default 0.5)",
+    )
+    evaluate.add_argument(
+        "--generator",
+        choices=("default", "trace"),
+        default="default",
+        help="generated workload's shape: default, or trace (long jobs and many 8-GPU gangs, "
+        "shaped like published GPU-cluster traces; cloud/eval/trace_shaped.py)",
     )
     evaluate.add_argument("--fleet", type=Path, help="fleet file (default: the built-in fleet)")
     evaluate.add_argument(

@@ -1,7 +1,8 @@
 """``greenfed eval``: the same scenario under each policy, one simulation per policy.
 
 The scenario is the fleet (default: ``sim_devices/fleets/default.toml``), the
-workload (default: ``generate.generate_workload`` with the seed) and the carbon
+workload (default: ``generate.generate_workload`` with the seed; ``generator="trace"``:
+``trace_shaped.generate_trace_shaped``, long jobs and many 8-GPU gangs) and the carbon
 and price traces (default: the shipped 2023 data). Each policy replays exactly
 the same workload on the same fleet and traces.
 """
@@ -31,9 +32,12 @@ from .fleet import load_fleet_nodes
 from .generate import WorkloadParams, generate_workload
 from .metrics import PolicyResult, evaluate, hourly_gpu_load, recorded_signals
 from .simulation import HOUR_S, SimConfig, SimOutcome, Simulation
+from .trace_shaped import generate_trace_shaped
 from .workload import Workload, load_workload, traffic_weights
 
 DEFAULT_POLICIES = ("fifo-binpack", "spread", "green", "balanced")
+# The generated workload's shape: generate.py's mix, or trace_shaped.py's.
+WORKLOAD_GENERATORS = ("default", "trace")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +56,7 @@ class EvalOptions:
     migration: bool = True  # False: no policy moves running work (an ablation)
     power_capping: bool = True  # False: no policy caps GPU power (an ablation)
     target_load: float = WorkloadParams().target_load  # of the generated workload
+    generator: str = "default"  # one of WORKLOAD_GENERATORS
     # A fleet zone without a series in the carbon directory is an error unless this
     # is set; then its work is accounted with the conservative fallback, and counted.
     allow_missing_zones: bool = False
@@ -67,6 +72,8 @@ class EvalOptions:
             raise ValueError("the target load must be within (0, 2]")
         if not self.policies:
             raise ValueError("name at least one policy")
+        if self.generator not in WORKLOAD_GENERATORS:
+            raise ValueError(f"the workload generator is one of {', '.join(WORKLOAD_GENERATORS)}")
         if not 0 <= self.patience_s < float("inf"):
             raise ValueError("--patience must be finite and >= 0")
         if not 0 <= self.min_saving < 1:
@@ -101,6 +108,14 @@ def build_scenario(options: EvalOptions) -> Scenario:
     nodes = tuple(load_fleet_nodes(options.fleet))
     if options.workload is not None:
         workload = load_workload(options.workload)
+    elif options.generator == "trace":
+        workload = generate_trace_shaped(
+            nodes,
+            start_s=options.start_s,
+            days=options.days,
+            seed=options.seed,
+            target_load=options.target_load,
+        )
     else:
         workload = generate_workload(
             nodes,
@@ -208,6 +223,7 @@ def zones_of(nodes: Sequence[Node]) -> list[str]:
 
 __all__ = [
     "DEFAULT_POLICIES",
+    "WORKLOAD_GENERATORS",
     "EvalOptions",
     "EvalReport",
     "Scenario",
