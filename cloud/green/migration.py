@@ -205,7 +205,8 @@ class Migrator:
             trial = snapshot.with_work(allocations=others, queue=[resumed])
             plan = schedule(trial, trial_policy)
             placements = plan.placements_for(work_id)
-            if len(placements) != resumed.workers:
+            # Whole, in whichever of its shapes (flexible shapes: each has the same total).
+            if sum(p.accelerators for p in placements) != resumed.shape.accelerators:
                 continue
             if {p.node_id for p in placements} == {a.node_id for a in held}:
                 continue

@@ -45,6 +45,7 @@ from .hierarchy import Cohort, CohortTreeError
 from .model import (
     KINDS,
     Allocation,
+    GangShape,
     InferenceDeployment,
     LabelRequirement,
     StartWindow,
@@ -80,6 +81,7 @@ __all__ = [
     "Cohort",
     "CohortTreeError",
     "Deferral",
+    "GangShape",
     "HookFailure",
     "InferenceDeployment",
     "LabelRequirement",

@@ -174,8 +174,11 @@ class Scheduler:
     def _decide(self, work: Work) -> None:
         if self._over_running_limit(work):
             return
-        shape = make_shape(work, self.policy)
         never = self.fleet.never_fits(work)
+        alternatives: list[TrainingJob] = []
+        if isinstance(work, TrainingJob) and work.alternative_shapes:
+            work, alternatives, never = self._shapes_to_try(work, never)
+        shape = make_shape(work, self.policy)
         # Every hook runs here, before anything is placed: a failure leaves nothing
         # to undo, and only this job waits.
         try:
@@ -202,6 +205,9 @@ class Scheduler:
             self._pend(job, None, 0, "off", deferral=deferral)
             return
         attempt = self._settled(job, preempt=False)
+        if alternatives:
+            job, attempt = self._best_shape(job, attempt, alternatives)
+            shape = job.shape
         if len(attempt.placements) == shape.members:
             self._commit(job, attempt)
             return
@@ -233,6 +239,66 @@ class Scheduler:
             self._pend(job, attempt.quota_block, len(attempt.placements), preemption, placed=True)
             return
         self._pend(job, quota_block, best_fit, preemption)
+
+    def _shapes_to_try(
+        self, work: TrainingJob, never: NeverFits | None
+    ) -> tuple[TrainingJob, list[TrainingJob], NeverFits | None]:
+        """Flexible shapes: the job to decide (the declared shape, or where the fleet
+        could never run that, its first alternative that it could), the other shapes
+        worth an attempt, and the fleet's verdict on the first. Deferral, preemption,
+        reservation and the reason it waits are those of the first."""
+        others = [
+            reshaped
+            for alternative in work.alternative_shapes
+            if self.fleet.never_fits(reshaped := work.reshaped(alternative)) is None
+        ]
+        if never is None or not others:
+            return work, others, never
+        return others[0], others[1:], None
+
+    def _best_shape(
+        self, job: JobContext, attempt: _Attempt, alternatives: list[TrainingJob]
+    ) -> tuple[JobContext, _Attempt]:
+        """Flexible shapes: of ``attempt`` (a plain attempt at ``job``) and a plain attempt
+        at each alternative, the whole placement with the best mean score per member
+        (each member of a shape holds the same share, so this is the score per
+        accelerator; a sum would favour more, smaller workers). Ties keep the earlier
+        shape, the declared one first. None whole: ``job``'s attempt, redone, for the
+        preemption and the explanation that follow.
+
+        Each alternative's placement is judged on the capacity before any of them, as
+        the speed classes and domains are (``_one_speed``, ``_settled``); the winner is
+        redone on that capacity, so it places the same members. A hook that fails for
+        one alternative only rules that shape out."""
+        best: tuple[float, JobContext] | None = None
+        first_whole = len(attempt.placements) == job.shape.members
+        if first_whole:
+            best = (_mean_score(attempt), job)
+        attempt.stmt.discard()
+        job.reset()
+        work_id = job.shape.work.work_id
+        note = self._notes.pop(work_id, None)  # the first's, should it be redone
+        for alternative in alternatives:
+            try:
+                trial_job = JobContext(
+                    make_shape(alternative, self.policy), self.cache, self.policy, self.state
+                )
+            except HookFailed:
+                continue
+            if not trial_job.has_candidates:
+                continue
+            trial = self._settled(trial_job, preempt=False)
+            self._notes.pop(work_id, None)  # a note on a shape not kept says nothing
+            if len(trial.placements) == trial_job.shape.members:
+                score = _mean_score(trial)
+                if best is None or score > best[0]:
+                    best = (score, trial_job)
+            trial.stmt.discard()
+            trial_job.reset()
+        chosen = job if best is None else best[1]
+        if note is not None and chosen is job:
+            self._notes[work_id] = note
+        return chosen, self._settled(chosen, preempt=False)
 
     def _advise(self, job: JobContext) -> Deferral | None:
         """The start advisor's deferral for a flexible training job, if it is safe."""
@@ -546,6 +612,7 @@ class Scheduler:
             anti_affinity_groups=work.anti_affinity_groups,
             window_waived=waived is not None and bool(waived[choice.position]),
             start_window=str(window) if window is not None else None,
+            declared_shape=work.declared_shape if isinstance(work, TrainingJob) else None,
         )
         stmt.allocate(placement, choice.node)
         return placement
@@ -749,6 +816,10 @@ class Scheduler:
         )
         self._reservations.append(reservation)
         return reservation
+
+
+def _mean_score(attempt: _Attempt) -> float:
+    return sum(p.chosen.total for p in attempt.placements) / len(attempt.placements)
 
 
 def _blocking(accelerators: Admission, cores: Admission | None) -> Admission:

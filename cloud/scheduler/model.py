@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final, Protocol
 
@@ -166,6 +166,62 @@ class StartWindow:
         return f"{s // 60:02d}:{s % 60:02d}-{e // 60:02d}:{e % 60:02d}"
 
 
+# A handful of alternatives bounds what a pass spends on one job: each is a placement
+# attempt of its own (core.py).
+MAX_ALTERNATIVE_SHAPES: Final = 4
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GangShape:
+    """A gang's shape: ``workers`` workers of ``accelerators_per_worker`` devices each.
+
+    Written ``2×4`` (two workers of four), as explanations show it."""
+
+    workers: int
+    accelerators_per_worker: int
+
+    @property
+    def accelerators(self) -> int:
+        return self.workers * self.accelerators_per_worker
+
+    def __str__(self) -> str:
+        return f"{self.workers}×{self.accelerators_per_worker}"
+
+
+def _check_alternative_shapes(
+    work_id: str, declared: GangShape, alternatives: tuple[GangShape, ...]
+) -> None:
+    """Positive, distinct, not the declared shape, at most a handful, and the same total
+    accelerators as the declared shape: a data-parallel job's total work (and so its
+    ``duration_s``, its energy, its quota) is the same in any of its shapes."""
+    name = "alternative_shapes"
+    if len(alternatives) > MAX_ALTERNATIVE_SHAPES:
+        raise _refused(
+            work_id, name, f"alternative_shapes lists at most {MAX_ALTERNATIVE_SHAPES} shapes"
+        )
+    seen = {declared}
+    for shape in alternatives:
+        if shape.workers < 1 or shape.accelerators_per_worker < 1:
+            raise _refused(
+                work_id, name, "an alternative shape's workers and accelerators_per_worker are >= 1"
+            )
+        if shape in seen:
+            raise _refused(
+                work_id,
+                name,
+                f"alternative shape {shape} repeats the declared shape or another alternative",
+            )
+        if shape.accelerators != declared.accelerators:
+            raise _refused(
+                work_id,
+                name,
+                f"alternative shape {shape} asks for {shape.accelerators} accelerators in "
+                f"all; the declared {declared} asks for {declared.accelerators} (every shape "
+                "of a job has the same total)",
+            )
+        seen.add(shape)
+
+
 def _check_common(work_id: str, tenant: str, sites: tuple[Site, ...]) -> None:
     if not work_id:
         raise _refused("", "work_id", "work_id must not be empty")
@@ -193,6 +249,14 @@ class TrainingJob:
 
     ``duration_s`` is the estimate on a reference accelerator (relative speed 1.0,
     an A100); a node twice as fast is expected to finish in half the time.
+
+    ``alternative_shapes`` (flexible shapes): other gang shapes the job runs as well in,
+    e.g. ``2×4`` for a declared ``1×8`` data-parallel job. Every shape has the declared
+    total of accelerators, so ``duration_s`` (an estimate for the declared shape) holds
+    for each: the same total GPU work. The scheduler places the shape whose placement
+    scores best (core.py); the copy it places is ``reshaped``, which records the
+    declared shape in ``declared_shape``. Per-worker needs (``host_memory_bytes``,
+    ``cpus_per_worker``) are per worker of whichever shape runs.
     """
 
     work_id: str
@@ -236,6 +300,12 @@ class TrainingJob:
     topology: GangTopology = "region"
     # Each accelerator is a MIG slice of this profile ("1g.10gb"), never a whole GPU.
     mig_profile: str | None = None
+    # Other shapes it may run in (flexible shapes), in order of preference after the
+    # declared one; each has the declared total of accelerators.
+    alternative_shapes: tuple[GangShape, ...] = ()
+    # Set only on the copy the scheduler places in another shape (``reshaped``): the
+    # shape the job declared. A submitted job leaves it None.
+    declared_shape: GangShape | None = None
 
     def __post_init__(self) -> None:
         _check_common(self.work_id, self.tenant, self.sites)
@@ -268,9 +338,27 @@ class TrainingJob:
             )
         if self.isolation not in ("none", "user", "sandbox"):
             raise _refused(work_id, "isolation", "isolation must be none, user or sandbox")
+        if self.alternative_shapes:
+            _check_alternative_shapes(work_id, self.shape, self.alternative_shapes)
         object.__setattr__(self, "node_selector", _frozen_mapping(self.node_selector))
         object.__setattr__(
             self, "score_weights", _checked_weights(self.work_id, self.score_weights)
+        )
+
+    @property
+    def shape(self) -> GangShape:
+        """The shape it runs in: the declared one, or on a reshaped copy the chosen one."""
+        return GangShape(self.workers, self.accelerators_per_worker)
+
+    def reshaped(self, shape: GangShape) -> TrainingJob:
+        """The job in one of its alternative shapes, as the scheduler places it: no
+        alternatives of its own, the declared shape recorded."""
+        return replace(
+            self,
+            workers=shape.workers,
+            accelerators_per_worker=shape.accelerators_per_worker,
+            alternative_shapes=(),
+            declared_shape=self.shape,
         )
 
     @property

@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple
 from shared.messages import AcceleratorKind
 from shared.work_literals import PriorityClass, WorkKind
 
-from .model import Allocation
+from .model import Allocation, GangShape
 from .quota import QuotaState
 
 PendingCode = Literal[
@@ -101,6 +101,18 @@ class Placement:
     # the slower pace; None: the devices' default limit.
     power_limit_w: float | None = None
     cpu_cores: int = 0  # from the node's CPU pool beside the accelerators
+    # Flexible shapes: the shape the job declared, where it was placed in one of its
+    # alternatives instead (``reshaped``); None where it runs as declared.
+    declared_shape: GangShape | None = None
+
+    @property
+    def reshaped(self) -> str | None:
+        """ "reshaped to 2×4 (declared 1×8)", for explanations; None when not reshaped."""
+        declared = self.declared_shape
+        if declared is None:
+            return None
+        chosen = GangShape(declared.accelerators // self.accelerators, self.accelerators)
+        return f"reshaped to {chosen} (declared {declared})"
 
     @property
     def started_at(self) -> float:
@@ -140,9 +152,10 @@ class Placement:
             if self.power_limit_w is not None
             else ""
         )
+        reshaped = f"; {self.reshaped}" if self.declared_shape is not None else ""
         return (
             f"{self.allocation_id} on {self.chosen.describe()}"
-            f" {self.accelerator_kind}x{self.accelerators}{waived}{capped};"
+            f" {self.accelerator_kind}x{self.accelerators}{waived}{capped}{reshaped};"
             f" runners-up: {alternatives}"
         )
 
