@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud.eval.bound import baseline_start_by, optimum, share_of_optimum
+from cloud.eval.bound import baseline_start_by, optimum
+from cloud.eval.optimum_share import optimum_shares
 from cloud.eval.runner import EvalOptions, run_eval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,13 +80,18 @@ def decompose(fleet: str, start: date, seed: int) -> str:
         f"(GPU-hours by zone: {_hours(green.gpu_hours_by_zone)})"
     ]
     for name, bound in bounds.items():
-        share = share_of_optimum(baseline.training_gco2, green.training_gco2, bound)
+        shares = optimum_shares(report.results, green, bound)
         lines.append(
-            f"  optimum, {name}: cuts {1 - bound.gco2 / baseline.training_gco2:.1%}; "
-            f"green has {'-' if share is None else f'{share:.1%}'} of it "
+            f"  optimum, {name}: cuts training {1 - bound.gco2 / baseline.training_gco2:.1%}; "
+            f"green has {_percent(shares.training)} of its training saving "
+            f"({_percent(shares.total)} of the total) "
             f"(GPU-hours by zone: {_hours(bound.gpu_hours_by_zone)})"
         )
     return "\n".join(lines)
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
 
 
 def _hours(by_zone: Mapping[str, float]) -> str:
