@@ -88,6 +88,7 @@ class Row:
     # Green's jobs held back by temporal shifting / that waited for capacity (metrics.py).
     deferred_temporal: int = 0
     deferred_capacity: int = 0
+    reshaped: int = 0  # green's jobs run in an alternative gang shape (flexible shapes)
 
 
 def scenarios(short: bool) -> list[Scenario]:
@@ -138,6 +139,7 @@ def run(scenario: Scenario) -> Row:
         runtime_s=time.perf_counter() - began,
         deferred_temporal=green.deferred_temporal_jobs,
         deferred_capacity=green.deferred_capacity_jobs,
+        reshaped=green.reshaped_jobs,
     )
 
 
@@ -149,9 +151,9 @@ def print_rows(rows: Sequence[Row]) -> None:
     print(
         "| fleet | start | seed | load | CO2 cut | training | inference "
         "| of optimum (training) | of optimum (total) "
-        "| misses (base/green) | SLO | wait × | unfinished | temporal | capacity |"
+        "| misses (base/green) | SLO | wait × | unfinished | temporal | capacity | reshaped |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         s = row.scenario
         wait = "-" if row.wait_ratio is None else f"{row.wait_ratio:.2f}"
@@ -161,7 +163,7 @@ def print_rows(rows: Sequence[Row]) -> None:
             f"| {_percent(row.of_optimum)} | {_percent(row.of_optimum_total)} "
             f"| {row.baseline_misses}/{row.green_misses} "
             f"| {row.slo_violations} | {wait} | {row.unfinished} "
-            f"| {row.deferred_temporal} | {row.deferred_capacity} |"
+            f"| {row.deferred_temporal} | {row.deferred_capacity} | {row.reshaped} |"
         )
 
 
@@ -188,6 +190,7 @@ def summary(rows: Sequence[Row]) -> dict[str, object]:
         "worst_of_optimum_total": min(totals) if totals else None,
         "deferred_temporal": sum(row.deferred_temporal for row in rows),
         "deferred_capacity": sum(row.deferred_capacity for row in rows),
+        "reshaped": sum(row.reshaped for row in rows),
         "unfinished": sum(row.unfinished for row in rows),
     }
 

@@ -9,6 +9,10 @@ default fleet).
 
 * gang sizes 1–8 GPUs: 1 GPU 40 %, 2 GPUs 20 %, 4 GPUs 20 %, 8 GPUs 20 % (half of
   them one 8-GPU worker, half two 4-GPU workers);
+* flexible shapes: of the 1×8, 2×4 and 1×4 jobs, ``data_parallel_share`` (70 %) are
+  data-parallel and declare the alternative of the same total GPUs
+  (``DATA_PARALLEL_SHAPES``: 1×8 ↔ 2×4, 1×4 → 2×2), drawn from a random stream of
+  their own so that the rest of a seed's workload is unchanged;
 * run time on an A100: lognormal, median ``median_duration_h`` (1.5 h), σ
   ``duration_sigma`` (1.2; mean ≈ 3.1 h), clipped to 5 min – 36 h;
 * four tenants, equally likely;
@@ -39,7 +43,7 @@ import msgspec
 from cloud.loop.nodes import ZONE_TIMEZONES
 from cloud.scheduler import Node
 
-from .workload import InferenceSpec, TrafficSource, TrainingSpec, Workload
+from .workload import InferenceSpec, ShapeSpec, TrafficSource, TrainingSpec, Workload
 
 HOUR_S = 3600.0
 TENANTS = ("vision", "language", "speech", "recsys")
@@ -181,6 +185,9 @@ class WorkloadParams:
     checkpoint_interval_s: float = 1800.0
     # The gang mix (probability, workers, GPUs per worker); trace_shaped.py passes its own.
     gangs: tuple[tuple[float, int, int], ...] = GANGS
+    # Of the jobs whose shape has data-parallel alternatives (DATA_PARALLEL_SHAPES), the
+    # share that declares them (flexible shapes).
+    data_parallel_share: float = 0.7
 
 
 def arrival_factor(at_s: float) -> float:
@@ -246,7 +253,36 @@ def generate_workload(
         if rng.random() * 1.5 > arrival_factor(start_s + offset):
             continue
         training.append(_training(rng, len(training) + 1, offset, params))
+    training = _mark_data_parallel(training, seed, params.data_parallel_share)
     return Workload(seed=seed, training=tuple(training), inference=inference_for(nodes, start_s))
+
+
+# Flexible shapes: the alternatives a data-parallel job of each shape (workers, GPUs per
+# worker) declares; the same total GPUs, so the same work and run time in either.
+DATA_PARALLEL_SHAPES: dict[tuple[int, int], tuple[ShapeSpec, ...]] = {
+    (1, 8): (ShapeSpec(workers=2, gpus_per_worker=4),),
+    (2, 4): (ShapeSpec(workers=1, gpus_per_worker=8),),
+    (1, 4): (ShapeSpec(workers=2, gpus_per_worker=2),),
+}
+
+
+def _mark_data_parallel(
+    training: list[TrainingSpec], seed: int, share: float
+) -> list[TrainingSpec]:
+    """Mark ``share`` of the jobs with a shape in ``DATA_PARALLEL_SHAPES`` as data-parallel.
+
+    The draws come from a stream of their own (seeded from ``seed``), one per job in
+    order whatever its shape, so every other draw of the workload, and so every job
+    of a seed apart from this mark, is what it was before flexible shapes."""
+    rng = random.Random(f"greenfed-data-parallel:{seed}")
+    marked = []
+    for spec in training:
+        data_parallel = rng.random() < share
+        alternatives = DATA_PARALLEL_SHAPES.get((spec.workers, spec.gpus_per_worker), ())
+        if data_parallel and alternatives:
+            spec = msgspec.structs.replace(spec, alternative_shapes=alternatives)
+        marked.append(spec)
+    return marked
 
 
 # The edge regions of the default fleet, in the order its groups first name them: the

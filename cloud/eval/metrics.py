@@ -25,7 +25,9 @@
   waited for capacity (held for cleaner capacity that frees soon, or pending with no
   room); a job may be in both. ``deferred_jobs`` is the older, mixed count: started
   jobs held by either advisor. ``capped_jobs``: jobs that ran under a GPU power cap;
-  ``migrated_jobs``: jobs moved while running (``migrations`` counts the moves).
+  ``migrated_jobs``: jobs moved while running (``migrations`` counts the moves);
+  ``reshaped_jobs``: jobs that ran at least once in one of their alternative gang
+  shapes instead of the declared one (flexible shapes).
 * ``gco2_avoided``: Σ over jobs of (fifo-binpack's choice at submission −
   what actually ran), from ``cloud.green.accounting``.
 """
@@ -83,6 +85,7 @@ class PolicyResult:
     capped_jobs: int = 0  # started at least once under a GPU power cap
     migrations: int = 0  # running jobs moved to cleaner capacity
     migrated_jobs: int = 0
+    reshaped_jobs: int = 0  # ran at least once in an alternative gang shape
     # Training runs stopped to make room, by the scheduler's reason (priority, reclaim, quota).
     preemptions: dict[str, int] = field(default_factory=dict)
     deferral_wait_mean_s: float = 0.0  # mean wait of the jobs shifting deferred
@@ -236,6 +239,7 @@ def evaluate(
         capped_jobs=sum(r.capped for r in outcome.jobs.values()),
         migrations=sum(r.migrations for r in outcome.jobs.values()),
         migrated_jobs=sum(r.migrations > 0 for r in outcome.jobs.values()),
+        reshaped_jobs=sum(r.reshaped for r in outcome.jobs.values()),
         preemptions=_summed(r.preemptions for r in outcome.jobs.values()),
         deferral_wait_mean_s=_mean(deferred_waits),
         wait_mean_inflexible_s=_mean(inflexible),

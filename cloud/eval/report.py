@@ -46,6 +46,7 @@ _COLUMNS = (
     ("capacity", "deferred_capacity_jobs", "{}"),
     ("migrated", "migrated_jobs", "{}"),
     ("capped", "capped_jobs", "{}"),
+    ("reshaped", "reshaped_jobs", "{}"),
     ("runtime", "runtime_s", "{:.1f} s"),
 )
 
@@ -72,8 +73,8 @@ def table(results: Sequence[PolicyResult], bound: Bound | None = None) -> str:
     optimum, "of optimum (training)" and "(total)" are the shares of its CO2 saving
     over the first policy that each policy achieved (optimum_share.py). "temporal" and
     "capacity" count the jobs held back by temporal shifting and those that waited for
-    capacity; "migrated" and "capped" the jobs moved while running and run under a
-    power cap. Jobs are never reshaped (one gang shape each), so no column says so."""
+    capacity; "migrated", "capped" and "reshaped" the jobs moved while running, run
+    under a power cap and run in one of their alternative gang shapes."""
     first = results[0].gco2 if results else 0.0
     columns = list(_COLUMNS)
     if any(result.fallback_records for result in results):

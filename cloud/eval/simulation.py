@@ -133,6 +133,7 @@ class JobRecord:
     deferred_capacity: bool = False
     waited_for_room: bool = False
     capped: bool = False  # started at least once with its devices' power held down
+    reshaped: bool = False  # started at least once in an alternative shape (flexible shapes)
     deferred_s: float = 0.0  # time spent held back by temporal shifting
     deferred_since: float | None = None
     nodes: tuple[str, ...] = ()
@@ -594,6 +595,7 @@ class Simulation:
                 record.first_start_s = self.now
             record.nodes = tuple(sorted({p.node_id for p in placements}))
             record.capped = record.capped or any(p.power_limit_w is not None for p in placements)
+            record.reshaped = record.reshaped or placements[0].declared_shape is not None
             record.run = RunningJob(
                 job=work,
                 started_s=self.now,

@@ -20,6 +20,8 @@ priority = "p1"                     # p0 | p1 | p2 (default p1)
 preemptible = true                  # default true
 checkpoint_interval_s = 1800.0      # optional: resumes from a checkpoint this often
 score_weights = { carbon = 2.0 }    # optional per-job weight overrides
+alternative_shapes = [{ workers = 1, gpus_per_worker = 8 }]  # optional: other gang shapes
+                                    # it runs as well in (data-parallel; same total GPUs)
 
 [[inference]]
 id = "shop-cams-la"
@@ -61,7 +63,7 @@ from typing import Annotated
 
 import msgspec
 
-from cloud.scheduler import InferenceDeployment, Tenant, Toleration, TrainingJob
+from cloud.scheduler import GangShape, InferenceDeployment, Tenant, Toleration, TrainingJob
 from cloud.work.specs import AutoscaleSpec
 from shared.messages import AcceleratorKind, Site
 from shared.settings import ConfigError
@@ -76,6 +78,13 @@ class TrafficSource(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     region: str
     share: Positive
     utc_offset_hours: Annotated[float, msgspec.Meta(ge=-14, le=14)] = 0.0
+
+
+class ShapeSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An alternative gang shape of a training job (flexible shapes)."""
+
+    workers: Count
+    gpus_per_worker: Count
 
 
 class TrainingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -94,6 +103,8 @@ class TrainingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     checkpoint_interval_s: Positive | None = None
     score_weights: dict[str, float] = {}
     tolerations: tuple[str, ...] = ()  # `key` (any value) or `key=value` (node groups)
+    # Other shapes it runs as well in (data-parallel), each with the same total GPUs.
+    alternative_shapes: tuple[ShapeSpec, ...] = ()
 
 
 class InferenceSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -198,6 +209,9 @@ def training_job(
         preemptible=spec.preemptible,
         score_weights=spec.score_weights,
         tolerations=_tolerations(spec.tolerations),
+        alternative_shapes=tuple(
+            GangShape(shape.workers, shape.gpus_per_worker) for shape in spec.alternative_shapes
+        ),
     )
 
 
