@@ -19,7 +19,8 @@ at its own pace ``speed[p, m]`` (the pool's speed × ``capped_throughput``) and 
 under that cap, host share and PUE included, as the policies' usage is accounted;
 ``I`` is the *recorded* hourly intensity (the accounting's, fallbacks included);
 ``work[j]`` is the job's reference accelerator-hours (duration × workers × GPUs
-per worker);
+per worker; the same in each of a job's alternative gang shapes, whose pools it may
+use too);
 ``inference[p, h]`` is the least any evaluated policy's deployments held there.
 
 A job's window runs from its submission to the latest of: its own slack (its
@@ -151,11 +152,18 @@ def _power_modes(
 
 def _eligible(snapshot: Snapshot, spec: TrainingSpec, pools: Sequence[_Pool]) -> list[int]:
     """The pools the job may use: the scheduler's own static filters, without the
-    deadline and windows (which only say when, and a late run is still a run)."""
+    deadline and windows (which only say when, and a late run is still a run). A job
+    with alternative gang shapes (flexible shapes) may use the pools of any of them: a
+    1×8 job that may run as 2×4 also fits 4-GPU servers, so every policy's schedule
+    stays a feasible point. Its work is the same in every shape (the same total)."""
     job = dataclasses.replace(training_job(spec, snapshot.now), deadline=None, max_delay_s=None)
-    shape = make_shape(job, Policy())
-    static = static_filters(snapshot, shape, KIND_INDEX["gpu"], None)
-    return [i for i, pool in enumerate(pools) if static.codes[pool.representative] == PASS]
+    usable: set[int] = set()
+    for shaped in (job, *(job.reshaped(shape) for shape in job.alternative_shapes)):
+        static = static_filters(snapshot, make_shape(shaped, Policy()), KIND_INDEX["gpu"], None)
+        usable.update(
+            i for i, pool in enumerate(pools) if static.codes[pool.representative] == PASS
+        )
+    return sorted(usable)
 
 
 def _windows(
