@@ -4,6 +4,7 @@ periods and workloads it was not tuned on, each against the offline optimum.
     python benchmarks/green_matrix.py --jobs 2                 # the whole matrix
     python benchmarks/green_matrix.py --jobs 2 --short         # the CI form: 4 scenarios, 3 days
     python benchmarks/green_matrix.py --json matrix.json
+    python benchmarks/green_matrix.py --jobs 2 --generator trace   # the trace-shaped workload
 
 Scenarios: the default fleet on its four zones and `sim_devices/fleets/other-zones.toml`
 (the same groups on JP-TK, SG, US-NY-NYIS, US-MIDA-PJM) × five two-week periods of
@@ -15,6 +16,8 @@ started work as a ratio, and the share of the optimum's saving for training and 
 total (cloud/eval/optimum_share.py); each row also splits its cut between training and
 inference (carbon-aware replica placement within each deployment's SLO) and counts
 green's jobs held back by temporal shifting and those that waited for capacity.
+`--generator trace` runs the same scenarios on the trace-shaped workload
+(cloud/eval/trace_shaped.py: long jobs, many 8-GPU gangs) instead of the default mix.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud.eval.bound import share_of_optimum
 from cloud.eval.optimum_share import optimum_shares
-from cloud.eval.runner import EvalOptions, run_eval
+from cloud.eval.runner import WORKLOAD_GENERATORS, EvalOptions, run_eval
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEETS = {"default": None, "other-zones": ROOT / "sim_devices/fleets/other-zones.toml"}
@@ -57,14 +60,16 @@ class Scenario:
     seed: int
     load: float = 0.5
     days: float = 14.0
+    generator: str = "default"  # runner.WORKLOAD_GENERATORS
 
     @property
     def command(self) -> str:
         path = FLEETS[self.fleet]
         fleet = f" --fleet {path.relative_to(ROOT)}" if path is not None else ""
+        generator = f" --generator {self.generator}" if self.generator != "default" else ""
         return (
             f"greenfed eval --start {self.start.isoformat()} --days {self.days:g} "
-            f"--seed {self.seed} --load {self.load:g}{fleet} "
+            f"--seed {self.seed} --load {self.load:g}{fleet}{generator} "
             f"--policies {','.join(POLICIES)} --optimum"
         )
 
@@ -91,16 +96,23 @@ class Row:
     reshaped: int = 0  # green's jobs run in an alternative gang shape (flexible shapes)
 
 
-def scenarios(short: bool) -> list[Scenario]:
+def scenarios(short: bool, generator: str = "default") -> list[Scenario]:
     if short:
         return [
-            Scenario(fleet, start, 2023, days=3.0)
+            Scenario(fleet, start, 2023, days=3.0, generator=generator)
             for fleet in FLEETS
             for start in (PERIODS[0], PERIODS[2])
         ]
-    grid = [Scenario(fleet, start, seed) for fleet in FLEETS for start in PERIODS for seed in SEEDS]
+    grid = [
+        Scenario(fleet, start, seed, generator=generator)
+        for fleet in FLEETS
+        for start in PERIODS
+        for seed in SEEDS
+    ]
     loads = [
-        Scenario(fleet, PERIODS[0], SEEDS[0], load) for fleet in FLEETS for load in EXTRA_LOADS
+        Scenario(fleet, PERIODS[0], SEEDS[0], load, generator=generator)
+        for fleet in FLEETS
+        for load in EXTRA_LOADS
     ]
     return grid + loads
 
@@ -113,6 +125,7 @@ def run(scenario: Scenario) -> Row:
             days=scenario.days,
             seed=scenario.seed,
             target_load=scenario.load,
+            generator=scenario.generator,
             fleet=FLEETS[scenario.fleet],
             policies=POLICIES,
             bound=True,
@@ -200,8 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel")
     parser.add_argument("--short", action="store_true", help="4 scenarios of 3 days (CI)")
     parser.add_argument("--json", type=Path, help="write every row and the summary here")
+    parser.add_argument(
+        "--generator",
+        choices=WORKLOAD_GENERATORS,
+        default="default",
+        help="the generated workload: default, or trace (cloud/eval/trace_shaped.py)",
+    )
     args = parser.parse_args(argv)
-    todo = scenarios(args.short)
+    todo = scenarios(args.short, args.generator)
     began = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(run, todo))
