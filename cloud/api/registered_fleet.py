@@ -80,12 +80,12 @@ class RegisteredFleet:
             built = await self._build()
         elif not self._tenants_fresh(built):
             await self._read_tenants(built)
-        never = built.fit.at(now_s).never_fits(work)
+        never = built.fit.at(now_s).never_fits_in_any_shape(work)
         if never is not None and not (
             built.registry_version == self._registry.version and self._tenants_fresh(built)
         ):
             built = await self._build()
-            never = built.fit.at(now_s).never_fits(work)
+            never = built.fit.at(now_s).never_fits_in_any_shape(work)
         return never
 
     def _tenants_fresh(self, built: _Built) -> bool:

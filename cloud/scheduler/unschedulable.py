@@ -53,8 +53,9 @@ _GIB = 1 << 30
 
 def never_fits(snapshot: Snapshot, work: Work) -> NeverFits | None:
     """Why no node of ``snapshot`` could ever run ``work`` (the first field at fault, in
-    the order above), or None when some could, or when nothing tells."""
-    return FleetFit(snapshot).never_fits(work)
+    the order above), or None when some could, or when nothing tells. A training job
+    with alternative gang shapes fits when any of its shapes does."""
+    return FleetFit(snapshot).never_fits_in_any_shape(work)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,19 @@ class FleetFit:
         fit._members = self._members
         return fit
 
+    def never_fits_in_any_shape(self, work: Work) -> NeverFits | None:
+        """``never_fits`` of the declared shape, unless one of a training job's
+        alternative gang shapes could run (flexible shapes): what submission asks."""
+        never = self.never_fits(work)
+        if never is None or not isinstance(work, TrainingJob):
+            return never
+        for shape in work.alternative_shapes:
+            if self.never_fits(work.reshaped(shape)) is None:
+                return None
+        return never
+
     def never_fits(self, work: Work) -> NeverFits | None:
+        """Why the fleet could never run ``work`` in its declared shape; None: it could."""
         snapshot = self.snapshot
         if (
             isinstance(work, TrainingJob)

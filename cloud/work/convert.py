@@ -23,6 +23,7 @@ from typing import Final
 from cloud.scheduler.model import (
     KINDS,
     Allocation,
+    GangShape,
     InferenceDeployment,
     LabelRequirement,
     StartWindow,
@@ -75,6 +76,10 @@ def training_job(
         submitted_at=submitted_at,
         workers=spec.workers,
         accelerators_per_worker=spec.accelerators_per_worker,
+        alternative_shapes=tuple(
+            GangShape(shape.workers, shape.accelerators_per_worker)
+            for shape in spec.alternative_shapes
+        ),
         accelerator_kind=spec.accelerator_kind,
         cpus_per_worker=spec.cpus_per_worker,
         duration_s=spec.estimated_duration_s,

@@ -129,7 +129,9 @@ def _placed_message(placements: Sequence[Placement]) -> str:
         if limits
         else ""
     )
-    return f"Placed {len(placements)} {noun}{plural} on {nodes}.{capped}"
+    # Flexible shapes: a job placed in one of its alternative shapes says which.
+    reshaped = f", {placements[0].reshaped}" if placements[0].declared_shape is not None else ""
+    return f"Placed {len(placements)} {noun}{plural} on {nodes}{reshaped}.{capped}"
 
 
 def _victims_message(victims: Sequence[Preemption]) -> str:

@@ -287,6 +287,14 @@ class ArrayTaskSpec(SpecStruct, frozen=True, kw_only=True):
     throttle: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
+class GangShapeSpec(SpecStruct, frozen=True, kw_only=True):
+    """Another gang shape a training job runs as well in (flexible shapes): `workers`
+    workers of `accelerators_per_worker` devices, the job's total of devices."""
+
+    workers: Annotated[int, msgspec.Meta(ge=1, le=1024)]
+    accelerators_per_worker: Annotated[int, msgspec.Meta(ge=1, le=64)]
+
+
 class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     """A training job: a gang of `workers`, all placed at once on cloud nodes, or none."""
 
@@ -297,6 +305,20 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     priority: Annotated[PriorityClass, msgspec.Meta(description="p0 > p1 > p2.")] = "p1"
     workers: Annotated[int, msgspec.Meta(ge=1, le=1024, description="Gang size.")] = 1
     accelerators_per_worker: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    alternative_shapes: Annotated[
+        tuple[GangShapeSpec, ...],
+        msgspec.Meta(
+            max_length=4,
+            description=(
+                "Other gang shapes it runs as well in (data-parallel), e.g. 2 workers of 4 "
+                "for 1 of 8: each with the same total of accelerators (so "
+                "estimated_duration_s, given for workers x accelerators_per_worker, holds "
+                "for each), distinct, at most 4. The scheduler picks the shape whose "
+                "placement scores best; the worker environment (WORLD_SIZE, "
+                "LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES, ...) follows the shape it runs in."
+            ),
+        ),
+    ] = ()
     accelerator_kind: AcceleratorKind = "gpu"
     memory_gib: Annotated[Gib, msgspec.Meta(description="Memory per accelerator, at least.")] = 0.0
     host_memory_gib: Annotated[Gib, msgspec.Meta(description="Host memory per worker.")] = 0.0

@@ -8,6 +8,7 @@ import pytest
 from cloud.green.latency import ServingLatency
 from cloud.green.policies import GreenInputs, build_policy
 from cloud.scheduler import GangShape, Placement, Policy, TrainingJob, schedule
+from cloud.scheduler.unschedulable import never_fits
 from shared.errors import FieldError
 from tests.green.builders import T0, flat, gpu_server, grid, snapshot
 
@@ -109,3 +110,11 @@ def test_the_reshaped_copy_records_the_declared_shape() -> None:
     assert copy.declared_shape == ONE_BY_EIGHT
     assert declared.shape == ONE_BY_EIGHT
     assert str(TWO_BY_FOUR) == "2×4"
+
+
+def test_the_fleet_could_run_a_job_when_any_of_its_shapes_could() -> None:
+    four_gpu_servers = snapshot([gpu_server(name, "CLEAN", count=4) for name in ("a", "b")])
+    declared_only = never_fits(four_gpu_servers, job())
+    assert declared_only is not None
+    assert declared_only.field == "accelerators_per_worker"
+    assert never_fits(four_gpu_servers, job(alternative_shapes=(TWO_BY_FOUR,))) is None
