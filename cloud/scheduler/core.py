@@ -204,10 +204,11 @@ class Scheduler:
             )
             self._pend(job, None, 0, "off", deferral=deferral)
             return
-        attempt = self._settled(job, preempt=False)
         if alternatives:
-            job, attempt = self._best_shape(job, attempt, alternatives)
+            job, attempt = self._best_shape(job, alternatives)
             shape = job.shape
+        else:
+            attempt = self._settled(job, preempt=False)
         if len(attempt.placements) == shape.members:
             self._commit(job, attempt)
             return
@@ -257,27 +258,23 @@ class Scheduler:
         return others[0], others[1:], None
 
     def _best_shape(
-        self, job: JobContext, attempt: _Attempt, alternatives: list[TrainingJob]
+        self, job: JobContext, alternatives: list[TrainingJob]
     ) -> tuple[JobContext, _Attempt]:
-        """Flexible shapes: of ``attempt`` (a plain attempt at ``job``) and a plain attempt
-        at each alternative, the whole placement with the best mean score per member
-        (each member of a shape holds the same share, so this is the score per
-        accelerator; a sum would favour more, smaller workers). Ties keep the earlier
-        shape, the declared one first. None whole: ``job``'s attempt, redone, for the
-        preemption and the explanation that follow.
+        """Flexible shapes: of a plain attempt at each alternative and at ``job``, the
+        whole placement with the best mean score per member (each member of a shape
+        holds the same share, so this is the score per accelerator; a sum would favour
+        more, smaller workers). Ties keep ``job`` (the declared shape), then the earlier
+        alternative. None whole: ``job``'s attempt as it came, for the preemption and
+        the explanation that follow, as without alternatives.
 
-        Each alternative's placement is judged on the capacity before any of them, as
-        the speed classes and domains are (``_one_speed``, ``_settled``); the winner is
-        redone on that capacity, so it places the same members. A hook that fails for
-        one alternative only rules that shape out."""
+        Every attempt is judged on the capacity before any of them, as the speed classes
+        and domains are (``_one_speed``, ``_settled``). ``job`` goes last, so that its
+        attempt, the usual winner, is kept as it is; an alternative that wins is redone
+        on that capacity and places the same members. An alternative for which the free
+        accelerators could not hold every member is not tried, and a hook that fails for
+        one only rules that shape out."""
         best: tuple[float, JobContext] | None = None
-        first_whole = len(attempt.placements) == job.shape.members
-        if first_whole:
-            best = (_mean_score(attempt), job)
-        attempt.stmt.discard()
-        job.reset()
         work_id = job.shape.work.work_id
-        note = self._notes.pop(work_id, None)  # the first's, should it be redone
         for alternative in alternatives:
             try:
                 trial_job = JobContext(
@@ -285,7 +282,7 @@ class Scheduler:
                 )
             except HookFailed:
                 continue
-            if not trial_job.has_candidates:
+            if not self._room_for(trial_job):
                 continue
             trial = self._settled(trial_job, preempt=False)
             self._notes.pop(work_id, None)  # a note on a shape not kept says nothing
@@ -295,10 +292,26 @@ class Scheduler:
                     best = (score, trial_job)
             trial.stmt.discard()
             trial_job.reset()
-        chosen = job if best is None else best[1]
-        if note is not None and chosen is job:
-            self._notes[work_id] = note
-        return chosen, self._settled(chosen, preempt=False)
+        attempt = self._settled(job, preempt=False)
+        whole = len(attempt.placements) == job.shape.members
+        if best is None or (whole and _mean_score(attempt) >= best[0]):
+            return job, attempt
+        attempt.stmt.discard()
+        job.reset()
+        self._notes.pop(work_id, None)
+        return best[1], self._settled(best[1], preempt=False)
+
+    def _room_for(self, job: JobContext) -> bool:
+        """Whether the free accelerators of its candidates could hold every member (what
+        a plain attempt needs at least; host memory and cores aside)."""
+        shape = job.shape
+        room = 0
+        for option in job.options:
+            free = self.state.free[option.k][option.cand.nodes]
+            room += int((free // shape.accelerators).sum())
+            if room >= shape.members:
+                return True
+        return False
 
     def _advise(self, job: JobContext) -> Deferral | None:
         """The start advisor's deferral for a flexible training job, if it is safe."""
