@@ -36,12 +36,13 @@ three agree on; change them in ``TraceShape`` to test another reading:
 * 10 % of the jobs can wait (a deadline or a maximum delay, as in generate.py);
   production training rarely declares slack.
 
-Arrivals, tenants, checkpoints and inference are generate.py's: this module only
-passes its own ``WorkloadParams``. The offered load is scaled to the fleet as
-there (``target_load`` of the cloud GPU throughput), with one correction: the
-generator scales by the unclipped lognormal mean, which the 72 h clip lowers by
-several percent at this σ, so the load handed to it is raised by that ratio and
-the offered GPU time is ``target_load`` of the fleet's, as documented.
+Arrivals, tenants, checkpoints, inference and the data-parallel marking (flexible
+shapes: 70 % of the 1 × 8 and 1 × 4 jobs may also run as 2 × 4 and 2 × 2) are
+generate.py's: this module only passes its own ``WorkloadParams``. The offered load
+is scaled to the fleet as there (``target_load`` of the cloud GPU throughput), with
+one correction: the generator scales by the unclipped lognormal mean, which the 72 h
+clip lowers by about 13 % at this σ, so the load handed to it is raised by that ratio
+and the offered GPU time is ``target_load`` of the fleet's, as documented.
 """
 
 from __future__ import annotations
