@@ -61,6 +61,7 @@ from cloud.app_keys import (
     METRICS,
     MODEL_BLOBS,
     MODEL_URL_SIGNER,
+    NODE_PAGES,
     REGISTRY,
     SCHEDULER,
     SCRAPE_TOKEN,
@@ -82,6 +83,7 @@ from cloud.fleet.assignments import AssignmentIndex, refresh_forever
 from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.liveness import Liveness, LivenessSettings
+from cloud.fleet.node_pages import NodePages
 from cloud.fleet.outage import BrokerOutageJudge
 from cloud.fleet.plausibility import PlausibilityLimits
 from cloud.fleet.registry import NodeRegistry
@@ -360,6 +362,7 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[REGISTRY] = registry
+    app[NODE_PAGES] = NodePages(registry)
     app[LIVENESS] = Liveness(
         registry, LivenessSettings.of(settings), link_up=ingestor.subscribed.is_set
     )

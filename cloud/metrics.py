@@ -13,6 +13,7 @@ collectors.
 
 from __future__ import annotations
 
+import asyncio
 import platform
 from collections import Counter
 from collections.abc import Iterator
@@ -36,6 +37,8 @@ from prometheus_client.registry import Collector
 
 from cloud.fleet.accelerator_metrics import AcceleratorMetrics
 from cloud.fleet.ingest import Ingestor
+from cloud.fleet.node_up_metrics import NodeUpSeries
+from cloud.fleet.registry import FleetCounts
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.queue_metrics import WaitHistogram
 from shared import __version__
@@ -44,8 +47,25 @@ from shared.work_literals import PriorityClass
 
 
 class ControlPlaneCollector(Collector):
+    """Ingestion's counters and the fleet's counts (`greenfed_node_up`, one series per
+    node, is written by cloud/fleet/node_up_metrics.py)."""
+
     def __init__(self, ingestor: Ingestor) -> None:
         self._ingestor = ingestor
+        # The counts by the registry version they were taken at: every birth, state
+        # change and departure bumps it, and nothing else changes them.
+        self._counts: tuple[int, FleetCounts, Counter[tuple[str, str]]] | None = None
+
+    def _fleet_counts(self) -> tuple[FleetCounts, Counter[tuple[str, str]]]:
+        registry = self._ingestor.registry
+        kept = self._counts
+        if kept is None or kept[0] != registry.version:
+            records = list(registry)
+            by_version: Counter[tuple[str, str]] = Counter(
+                (record.status.agent_version, record.state) for record in records
+            )
+            kept = self._counts = (registry.version, FleetCounts.of(records), by_version)
+        return kept[1], kept[2]
 
     def collect(self) -> Iterator[Metric]:
         stats = self._ingestor.stats
@@ -74,7 +94,7 @@ class ControlPlaneCollector(Collector):
             value=self._ingestor.registry.instance_conflicts,
         )
 
-        counts = self._ingestor.registry.counts()
+        counts, by_version = self._fleet_counts()
         nodes = GaugeMetricFamily(
             "greenfed_nodes", "Known nodes, by state and site", labels=["state", "site"]
         )
@@ -98,27 +118,11 @@ class ControlPlaneCollector(Collector):
                 )
         yield by_kind
         yield accelerators
-        up = GaugeMetricFamily(
-            "greenfed_node_up",
-            "1 while a node is online, 0 while it is offline",
-            labels=["node", "site", "zone", "region"],
-        )
-        for record in self._ingestor.registry.nodes():
-            status = record.status
-            up.add_metric(
-                [status.node_id, status.site, status.zone, status.region],
-                1 if record.state == "online" else 0,
-            )
-        yield up
         versions = GaugeMetricFamily(
             "greenfed_agent_versions",
             "Nodes by the agent version their birth announces, and state (upgrades over "
             "the air: cloud/upgrades/)",
             labels=["version", "state"],
-        )
-        by_version = Counter(
-            (record.status.agent_version, record.state)
-            for record in self._ingestor.registry.nodes()
         )
         for (version, state), count in sorted(by_version.items()):
             versions.add_metric([version, state], count)
@@ -226,13 +230,33 @@ class MetricsRegistries:
     # Written by itself, not by prometheus_client (cloud/fleet/accelerator_metrics.py);
     # None: `cloud.accelerator_metrics = false`.
     accelerators: AcceleratorMetrics | None = None
+    # `greenfed_node_up`, written by itself as well (cloud/fleet/node_up_metrics.py).
+    nodes: NodeUpSeries | None = None
+
+    def _fleet_head(self) -> bytes:
+        """The registry's families and `greenfed_node_up`: read on the event loop (the
+        collectors read what the loop changes), cheap (the per-node text is kept)."""
+        head = generate_latest(self.fleet)
+        if self.nodes is not None:
+            head += self.nodes.exposition()
+        return head
 
     def fleet_exposition(self) -> bytes:
         """The series served to anyone, in the Prometheus text format."""
-        text = generate_latest(self.fleet)
+        text = self._fleet_head()
         if self.accelerators is not None:
-            text += self.accelerators.exposition()
+            text = self.accelerators.render(self.accelerators.online_samples(), head=text)
         return text
+
+    async def fleet_exposition_off_loop(self, *, tail: bytes = b"") -> bytes:
+        """`fleet_exposition` then `tail`, with the per-accelerator text (tens of
+        megabytes for 10,000 nodes) written and the body joined in a worker thread: the
+        loop goes on serving requests and ingesting telemetry meanwhile."""
+        head = self._fleet_head()
+        if self.accelerators is None:
+            return head + tail
+        samples = self.accelerators.online_samples()
+        return await asyncio.to_thread(self.accelerators.render, samples, head=head, tail=tail)
 
 
 def build_metrics_registry(
@@ -241,7 +265,8 @@ def build_metrics_registry(
     """The fleet's collectors registered; `accelerator_metrics`: whether per-accelerator
     series are exported (`cloud.accelerator_metrics`)."""
     registries = MetricsRegistries(
-        accelerators=AcceleratorMetrics(ingestor.registry) if accelerator_metrics else None
+        accelerators=AcceleratorMetrics(ingestor.registry) if accelerator_metrics else None,
+        nodes=NodeUpSeries(ingestor.registry),
     )
     # What runs (greenfed_build_info) and how the process does (process_*, python_*),
     # as every Prometheus exporter shows them.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
-import operator
 import re
 from dataclasses import replace
 from typing import Annotated, Final
@@ -18,18 +16,17 @@ from cloud.api.bulk_actions import destructive
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
-from cloud.app_keys import INGESTOR, REGISTRY, SCHEDULER, STORE
+from cloud.app_keys import INGESTOR, NODE_PAGES, REGISTRY, SCHEDULER, STORE
 from cloud.fleet.envelope import claim_of
 from cloud.fleet.node_admin import apply_one
 from cloud.fleet.registry import Approval, NodeFilter, NodeRecord
-from cloud.fleet.views import NodeDetail, NodeList, node_detail, node_summary
+from cloud.fleet.views import NodeDetail, NodeList, node_detail
 from cloud.fleet.well_known_labels import ADMIN_LABEL_KEY_PATTERN, reserved_label_error
 from cloud.store import NodeAdminRecord
 from shared.messages import AcceleratorKind, NodeState, Site
 from shared.taints import MAX_TAINTS, TAINT_EFFECTS, parse_taint
 
 MAX_PAGE_SIZE = 10_000
-_NODE_ID = operator.attrgetter("node_id")
 
 
 class NodeListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -43,38 +40,21 @@ class NodeListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     cursor: str | None = None
 
 
-def node_page(
-    records: list[NodeRecord], cursor: str | None, limit: int
-) -> tuple[list[NodeRecord], str | None]:
-    """The page of `records` (sorted by node id) after `cursor`, and the next page's cursor
-    (None: this is the last). The cursor is the last node id of the page before: a node
-    id, not a position, so pages stay right while nodes come and go; it need not be a
-    node any more. Found by bisection: a page costs its own nodes, not the fleet's."""
-    start = 0 if cursor is None else bisect.bisect_right(records, cursor, key=_NODE_ID)
-    page = records[start : start + limit]
-    return page, (page[-1].node_id if start + limit < len(records) else None)
-
-
 async def list_nodes(request: web.Request) -> web.Response:
     query = parse_query(request, NodeListQuery)
-    records = request.app[REGISTRY].nodes(
-        NodeFilter(
-            site=query.site,
-            zone=query.zone,
-            region=query.region,
-            kind=query.kind,
-            state=query.state,
-            approval=query.approval,
-        )
+    node_filter = NodeFilter(
+        site=query.site,
+        zone=query.zone,
+        region=query.region,
+        kind=query.kind,
+        state=query.state,
+        approval=query.approval,
     )
-    page, next_cursor = node_page(records, query.cursor, query.limit)
-    body = NodeList(
-        items=tuple(node_summary(record, _drain_waiting(request, record)) for record in page),
-        count=len(page),
-        total=len(records),
-        next_cursor=next_cursor,
+    # Each node's JSON is kept and the fleet's order too (cloud/fleet/node_pages.py).
+    body = request.app[NODE_PAGES].page(
+        node_filter, query.cursor, query.limit, lambda record: _drain_waiting(request, record)
     )
-    return json_response(body)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def get_node(request: web.Request) -> web.Response:

@@ -56,9 +56,11 @@ async def _sees_tenant_series(request: web.Request) -> bool:
 
 async def metrics(request: web.Request) -> web.Response:
     registries = request.app[METRICS]
-    body = registries.fleet_exposition()
-    if await _sees_tenant_series(request):
-        body += generate_latest(registries.tenants)
+    tenant_series = (
+        generate_latest(registries.tenants) if await _sees_tenant_series(request) else b""
+    )
+    # The fleet's tens of megabytes are written in a worker thread (cloud/metrics.py).
+    body = await registries.fleet_exposition_off_loop(tail=tenant_series)
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

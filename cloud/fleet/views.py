@@ -88,13 +88,26 @@ class NodeList(msgspec.Struct, frozen=True, kw_only=True):
     next_cursor: str | None
 
 
-def _summary_fields(record: NodeRecord) -> dict[str, object]:
-    status = record.status
-    counts: dict[str, int] = {}
-    kinds: dict[str, str] = {}
-    for accelerator in status.accelerators:
-        counts[accelerator.kind] = counts.get(accelerator.kind, 0) + 1
-        kinds[accelerator.id] = accelerator.kind
+# What a summary shows that changes with a node's state, its samples and its reports, in
+# `NodeSummary`'s order; the rest changes only with its birth, what an admin set and its
+# approval (cloud/fleet/node_pages.py encodes each part only when it changes).
+STATE_FIELDS = ("state", "offline_reason", "offline_cause", "last_outage")
+SAMPLE_FIELDS = ("power_w", "accelerator_utilization_pct", "last_seen_at")
+REPORT_FIELDS = ("observed_generation",)
+
+
+def summary_state_fields(record: NodeRecord) -> dict[str, object]:
+    """`STATE_FIELDS`: whether it is online, and its outages."""
+    return {
+        "state": record.state,
+        "offline_reason": record.offline_reason,
+        "offline_cause": record.offline_cause if record.state == "offline" else None,
+        "last_outage": _outage_view(record.last_outage),
+    }
+
+
+def summary_sample_fields(record: NodeRecord) -> dict[str, object]:
+    """`SAMPLE_FIELDS`: its latest sample, and when it was last heard."""
     power_w: float | None = None
     utilization_pct: float | None = None
     telemetry = record.telemetry
@@ -102,16 +115,32 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         powers = [s.power_w for s in telemetry.accelerators if s.power_w is not None]
         power_w = round(sum(powers), 2) if powers else None
         # Average over accelerators other than the host CPU when there are any.
+        kinds = {accelerator.id: accelerator.kind for accelerator in record.status.accelerators}
         devices = [s for s in telemetry.accelerators if kinds.get(s.id) != "cpu"] or list(
             telemetry.accelerators
         )
         utilization_pct = round(sum(s.utilization_pct for s in devices) / len(devices), 2)
     return {
+        "power_w": power_w,
+        "accelerator_utilization_pct": utilization_pct,
+        "last_seen_at": utc_from_epoch(record.last_seen_at),
+    }
+
+
+def summary_report_fields(record: NodeRecord) -> dict[str, object]:
+    """`REPORT_FIELDS`: what its latest report says."""
+    return {"observed_generation": record.reported.observed_generation if record.reported else None}
+
+
+def summary_birth_fields(record: NodeRecord) -> dict[str, object]:
+    """The summary's other fields (`drain_waiting` aside): what its birth says, what an
+    admin set and its approval."""
+    status = record.status
+    counts: dict[str, int] = {}
+    for accelerator in status.accelerators:
+        counts[accelerator.kind] = counts.get(accelerator.kind, 0) + 1
+    return {
         "node_id": status.node_id,
-        "state": record.state,
-        "offline_reason": record.offline_reason,
-        "offline_cause": record.offline_cause if record.state == "offline" else None,
-        "last_outage": _outage_view(record.last_outage),
         "site": status.site,
         "zone": status.zone,
         "region": status.region,
@@ -123,11 +152,7 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "instance_id": status.instance_id,
         "accelerators": status.accelerators,
         "accelerator_counts": counts,
-        "power_w": power_w,
-        "accelerator_utilization_pct": utilization_pct,
-        "last_seen_at": utc_from_epoch(record.last_seen_at),
         "started_at": utc_from_epoch(status.started_at),
-        "observed_generation": record.reported.observed_generation if record.reported else None,
         "isolation": status.isolation,
         "isolation_note": status.isolation_note,
         "resource_limits": status.resource_limits,
@@ -137,6 +162,15 @@ def _summary_fields(record: NodeRecord) -> dict[str, object]:
         "approval_differences": record.awaiting_approval,
         "trusted_figures": record.admin is not None and record.admin.trust_figures,
     }
+
+
+def _summary_fields(record: NodeRecord) -> dict[str, object]:
+    return (
+        summary_birth_fields(record)
+        | summary_state_fields(record)
+        | summary_sample_fields(record)
+        | summary_report_fields(record)
+    )
 
 
 def _outage_view(outage: Outage | None) -> OutageView | None:

@@ -9,7 +9,7 @@ from typing import cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cloud.api.nodes import node_page
+from cloud.fleet.node_pages import node_page
 from cloud.fleet.registry import NodeRecord
 
 NODE_IDS = st.lists(st.from_regex(r"[a-z0-9-]{1,12}", fullmatch=True), unique=True, max_size=60)
