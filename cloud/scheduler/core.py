@@ -13,6 +13,9 @@ For each job in queue order (queue_order.py):
    single speed class that could hold it and finish no later (gang.speed_classes):
    the best-scoring such placement wins, so fast accelerators are not held at a
    slow member's pace while a placement of one class would do;
+   A training job with alternative gang shapes (flexible shapes) gets a plain
+   attempt in each, and the whole placement with the best mean score per member
+   wins (``_best_shape``); the rest of the steps use its declared shape;
 4. whole (or, for deployments, at least ``min_replicas``) -> commit; else discard,
    explain why (explain.py) and, for a capacity problem, reserve the earliest
    slot so later jobs cannot push it back (backfill.py).
