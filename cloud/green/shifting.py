@@ -27,8 +27,10 @@ compares
   persistence, minus this pass's placements and earlier deferrals, at most
   ``max_booked_share`` of a zone booked ahead),
 
-and defers to "then" only when it saves at least ``min_saving`` (default 10 %, a
-margin for forecast error). The scheduler asks again at every pass with the
+and defers to "then" only when it saves at least ``min_saving`` (default 50 %: on the
+evaluation lower thresholds bought tenths of a point for much longer waits, and
+guarding the saving with the forecast's known error did no better; docs/green.md,
+"When temporal shifting fires, and what it adds"). The scheduler asks again at every pass with the
 latest forecast, so a deferral moves when the forecast does; at the latest safe
 start the best allowed start is now, and the job starts regardless. With
 ``objective="price"`` the same search minimises electricity cost.
