@@ -47,7 +47,7 @@ from .latency import ServingLatency
 from .migration import Migrator
 from .power_capping import PowerCapper
 from .shifting import DEFAULT_MIN_SAVING, Objective, WindowShifter
-from .terms import DEFAULT_INFERENCE_WINDOW_S, CarbonTerm, LatencyTerm, PriceTerm
+from .terms import DEFAULT_INFERENCE_WINDOW_S, CarbonTerm, CleanCapacity, LatencyTerm, PriceTerm
 from .waiting import DEFAULT_PATIENCE_S, DEFAULT_WAIT_MIN_SAVING, CapacityWaiter
 
 DEADLINE_GUARD_S = 7200.0
@@ -73,6 +73,9 @@ class PolicySpec:
     # Hold new training's GPUs to a lower power limit where the energy saved is worth
     # the longer run (power_capping.py); None: never.
     power_capping: Objective | None = None
+    # Blend shape fit into packing, fragmentation weighed by the capacity's cleanliness
+    # (or cheapness: the shifting objective) (terms.CleanCapacity, scoring.ShapeFit).
+    shape_fit: bool = False
 
     def __post_init__(self) -> None:
         if self.shifting is not None and self.deadline_guard_s is None:
@@ -101,6 +104,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                 shifting="carbon",
                 migration="carbon",
                 power_capping="carbon",
+                shape_fit=True,
             ),
             PolicySpec(
                 "cost",
@@ -114,6 +118,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                     carbon=0.0,
                     price=4.0,
                     latency=0.5,
+                    shape_fit=True,
                 ),
                 shifting="price",
                 migration="price",
@@ -145,6 +150,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                     carbon=1.5,
                     price=1.0,
                     latency=1.0,
+                    shape_fit=True,
                 ),
                 shifting="carbon",
                 migration="carbon",
@@ -185,6 +191,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                 "ablation: green's placement and migration without temporal shifting",
                 _GREEN,
                 migration="carbon",
+                shape_fit=True,
             ),
             PolicySpec(
                 "green-temporal",
@@ -262,6 +269,13 @@ def build_power_capper(spec: PolicySpec | str, inputs: GreenInputs) -> PowerCapp
     )
 
 
+def _capacity_value(spec: PolicySpec, inputs: GreenInputs) -> CleanCapacity | None:
+    objective = spec.shifting or spec.migration
+    if not spec.shape_fit or objective is None:
+        return None
+    return CleanCapacity(inputs.signals, inputs.energy, objective)
+
+
 def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:
     """A scheduler ``Policy`` for one pass (build a fresh one when the signals change)."""
     if isinstance(spec, str):
@@ -300,6 +314,7 @@ def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:
             LatencyTerm(inputs.latency),
         ),
         latency_estimator=inputs.latency,
+        capacity_value=_capacity_value(spec, inputs),
         start_advisor=advisor,
         patience_s=patience_s,
         queue_order=spec.queue_order,

@@ -156,6 +156,59 @@ class PriceTerm(_GridTerm):
         return unknown_zones(self.signals, snapshot.nodes.zones, "price", self.currency)
 
 
+# How far ahead clean capacity is valued: about the run of a typical training job.
+CAPACITY_HORIZON_S = 4 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class CleanCapacity:
+    """The scheduler's ``CapacityValue`` for green placement: a node's capacity is
+    worth what a unit of work emits less there than on the dirtiest node of the same
+    pool column, over the next ``horizon_s``: 1 − e/e_max, with e = the zone's mean
+    intensity (or price) × the device's power per unit of speed. Shape fit weighs
+    fragmentation by it, so that a clean 8-GPU node stays whole for an 8-GPU worker
+    while the same member fits a clean 4-GPU node; fragmenting dirty capacity costs
+    next to nothing. A zone without a series is worth 0 (placement already scores it
+    pessimistically)."""
+
+    signals: GridSignals
+    energy: EnergyModel = field(default_factory=EnergyModel)
+    quantity: Quantity = "carbon"
+    horizon_s: float = CAPACITY_HORIZON_S
+    currency: str = "USD"
+
+    def node_values(self, snapshot: Snapshot, column: int) -> FloatArray:
+        table = snapshot.nodes
+        pools = table.kinds[column]
+        rows = np.flatnonzero(pools.capacity > 0)
+        values = np.zeros(snapshot.node_count)
+        if rows.size == 0:
+            return values
+        start = np.full(rows.size, snapshot.now)
+        means = window_means(
+            self.signals,
+            snapshot,
+            rows,
+            start,
+            start + self.horizon_s,
+            self.quantity,
+            currency=self.currency,
+        )
+        power_w = self.energy.member_power_w(
+            snapshot, pools.kind, rows, 1, self.energy.training_utilisation, column=column
+        )
+        per_work = np.where(
+            means.fallback, np.nan, means.values * power_w / pools.relative_speed[rows]
+        )
+        finite = np.isfinite(per_work)
+        if not finite.any():
+            return values
+        worst = float(per_work[finite].max())
+        if worst > 0:
+            values[rows[finite]] = 1.0 - per_work[finite] / worst
+        return values
+
+
 @dataclass(frozen=True, slots=True)
 class LatencyTerm:
     """Estimated request latency (ms) of a deployment's replica on each candidate."""

@@ -9,7 +9,7 @@ Where things are decided:
 model.py            what work, tenants, allocations and constraints are
 snapshot.py         the immutable, columnar view of the nodes
 policy.py           weights, thresholds and switches
-extensions.py       ScoreTerm, LatencyEstimator, StartAdvisor; hook errors
+extensions.py       ScoreTerm, LatencyEstimator, StartAdvisor, CapacityValue; hook errors
 shape.py            what one worker/replica needs, and cache keys
 state.py            the working copy updated placement by placement
 statement.py        tentative changes that commit or roll back as one unit
@@ -35,6 +35,7 @@ from .core import Scheduler, schedule
 from .extensions import (
     Booking,
     Candidates,
+    CapacityValue,
     LatencyEstimator,
     ScoreTerm,
     StartAdvisor,
@@ -78,6 +79,7 @@ __all__ = [
     "Allocation",
     "Booking",
     "Candidates",
+    "CapacityValue",
     "Cohort",
     "CohortTreeError",
     "Deferral",

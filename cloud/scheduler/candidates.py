@@ -30,11 +30,16 @@ from .filters import (
     static_filters,
     untolerated_mask,
 )
+from .model import TrainingJob
 from .policy import Policy
 from .scoring import (
+    ShapeFit,
+    blend_fit,
     packing_and_load,
     packing_and_load_one,
     preference,
+    shape_fit,
+    shape_fit_one,
     speed,
     traffic_weights,
 )
@@ -86,8 +91,10 @@ class DynamicScores:
         w_packing: float,
         w_load: float,
         threshold: float,
+        fit: ShapeFit | None = None,
     ) -> None:
         self.k = k
+        self.fit = fit  # shape fit blended into packing (the policy's CapacityValue)
         self.accelerators = accelerators
         self.host_memory = host_memory
         self.cpu_cores = cpu_cores
@@ -146,29 +153,43 @@ class DynamicScores:
             state.util_delta[k][where],
             self.threshold,
         )
+        if self.fit is not None:
+            fitted = shape_fit(self.fit, free, self.accelerators, self.inv_capacity[where], where)
+            packing = 0.5 * packing + 0.5 * fitted  # blend_fit, vectorised
         total = self.w_packing * packing + self.w_load * load
         self.value[where] = np.where(fits, total, -np.inf)
 
-    def _rescore_one(self, node: int) -> None:
-        # Scalar twin of _rescore: the same formula, so the same bits.
+    def parts_one(self, node: int) -> tuple[float, float]:
+        """packing (shape fit blended in) and load of one member on ``node``, now: the
+        scalar twin of ``_rescore``, the same formula, so the same bits (explanations
+        show these)."""
         state = self._state
         k = self.k
         free: int = state.free[k].item(node)
+        inv_capacity = self.inv_capacity.item(node)
+        packing, load = packing_and_load_one(
+            free,
+            self.accelerators,
+            inv_capacity,
+            self.base_util.item(node),
+            state.util_delta[k].item(node),
+            self.threshold,
+        )
+        if self.fit is not None:
+            fitted = shape_fit_one(self.fit, free, self.accelerators, inv_capacity, node)
+            packing = blend_fit(packing, fitted)
+        return packing, load
+
+    def _rescore_one(self, node: int) -> None:
+        state = self._state
         if (
-            free < self.accelerators
+            state.free[self.k].item(node) < self.accelerators
             or (self.host_memory and state.host_free.item(node) < self.host_memory)
             or (self.cpu_cores and state.free[CPU_COLUMN].item(node) < self.cpu_cores)
         ):
             self.value[node] = -np.inf
             return
-        packing, load = packing_and_load_one(
-            free,
-            self.accelerators,
-            self.inv_capacity.item(node),
-            self.base_util.item(node),
-            state.util_delta[k].item(node),
-            self.threshold,
-        )
+        packing, load = self.parts_one(node)
         self.value[node] = self.w_packing * packing + self.w_load * load
 
 
@@ -181,6 +202,7 @@ class CandidateCache:
         self._static: dict[Hashable, KindCandidates] = {}
         self._static_codes: dict[Hashable, CodeArray] = {}
         self._dynamic: dict[Hashable, DynamicScores] = {}
+        self._fits: dict[int, ShapeFit] = {}
         self._static_part: dict[Hashable, tuple[FloatArray, float]] = {}
         self._traffic: dict[Hashable, FloatArray] = {}
         self._runtime: dict[Hashable, FloatArray] = {}
@@ -224,8 +246,26 @@ class CandidateCache:
                 w_packing,
                 w_load,
                 self.policy.load_threshold,
+                self._shape_fit(k),
             )
             _remember(self._dynamic, key, found)
+        return found
+
+    def _shape_fit(self, k: int) -> ShapeFit | None:
+        """The pass's shape fit for pool column ``k``, when the policy values capacity:
+        the demand is every member running or queued on the column's kind."""
+        valuer = self.policy.capacity_value
+        if valuer is None:
+            return None
+        found = self._fits.get(k)
+        if found is None:
+            snapshot = self.snapshot
+            column = snapshot.nodes.kinds[k]
+            largest = int(column.capacity.max()) if column.capacity.size else 0
+            found = ShapeFit.for_demand(
+                member_demand(snapshot, column.kind), largest, valuer.node_values(snapshot, k)
+            )
+            self._fits[k] = found
         return found
 
     def static_part(self, shape: WorkShape, cand: KindCandidates) -> tuple[FloatArray, float]:
@@ -320,6 +360,25 @@ class CandidateCache:
             preference_list=preference_values.tolist(),
             region=read_only(self.snapshot.nodes.region_code[nodes]),
         )
+
+
+# Queued jobs looked at for the demand mix of shape fit: the head of the queue says
+# enough about the mix, and a pass over tens of thousands would cost more than it tells.
+_DEMAND_QUEUE_HEAD = 2000
+
+
+def member_demand(snapshot: Snapshot, kind: str) -> dict[int, float]:
+    """Accelerators wanted per member size of ``kind``: the training running now and
+    the head of the queue (``ShapeFit``'s demand mix)."""
+    demand: dict[int, float] = {}
+    for alloc in snapshot.allocations:
+        if alloc.work_kind == "training" and alloc.accelerator_kind == kind:
+            demand[alloc.accelerators] = demand.get(alloc.accelerators, 0.0) + alloc.accelerators
+    for work in snapshot.queue[:_DEMAND_QUEUE_HEAD]:
+        if isinstance(work, TrainingJob) and work.accelerator_kind == kind:
+            size = work.accelerators_per_worker
+            demand[size] = demand.get(size, 0.0) + size * work.workers
+    return demand
 
 
 def _remember(cache: dict[Hashable, _V], key: Hashable, value: _V) -> None:

@@ -83,6 +83,16 @@ class ScoreTerm(Protocol):
     def evaluate(self, snapshot: Snapshot, work: Work, candidates: Candidates) -> TermValues: ...
 
 
+class CapacityValue(Protocol):
+    """What each node's free capacity is worth to the rest of the queue, 0..1 per node
+    row (1: the most; green: the cleanest), for the accelerators of pool ``column``
+    (``Snapshot.nodes.kinds``). A policy with one blends shape fit into packing
+    (``scoring.ShapeFit``): it keeps valuable capacity in shapes the queue can use.
+    Called once per pass and pool column, on the immutable snapshot."""
+
+    def node_values(self, snapshot: Snapshot, column: int) -> FloatArray: ...
+
+
 class LatencyEstimator(Protocol):
     def estimate_ms(
         self, snapshot: Snapshot, deployment: InferenceDeployment, candidates: Candidates

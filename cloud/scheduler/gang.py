@@ -29,7 +29,7 @@ from .filters import PASS, dynamic_codes
 from .model import PRIORITY_LEVELS, InferenceDeployment
 from .plan import ScoreBreakdown
 from .policy import Policy
-from .scoring import packing_and_load_one, spread_by_region
+from .scoring import spread_by_region
 from .shape import WorkShape
 from .snapshot import CPU_COLUMN
 from .state import ClusterState
@@ -369,21 +369,13 @@ class JobContext:
         node_ids = self.state.snapshot.nodes.node_ids
         names, weights = self.term_names, self.term_weights
         spread = self._spread_table
-        free, util_delta = self.state.free, self.state.util_delta
         result = []
         for option, position, total in entries:
             cand = option.cand
             dynamic = option.dynamic
             node = cand.nodes_list[position]
             k = option.k
-            packing, load = packing_and_load_one(
-                free[k].item(node),
-                dynamic.accelerators,
-                dynamic.inv_capacity.item(node),
-                dynamic.base_util.item(node),
-                util_delta[k].item(node),
-                dynamic.threshold,
-            )
+            packing, load = dynamic.parts_one(node)
             values = (
                 packing,
                 load,

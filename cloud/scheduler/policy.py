@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal
 
-from .extensions import LatencyEstimator, ScoreTerm, StartAdvisor
+from .extensions import CapacityValue, LatencyEstimator, ScoreTerm, StartAdvisor
 from .model import BUILTIN_TERM_NAMES, Work
 
 BUILTIN_TERMS: Final = BUILTIN_TERM_NAMES
@@ -29,6 +29,9 @@ class Policy:
     load_threshold: float = 0.6  # the load term is 1 below this utilisation, then falls to 0
     score_terms: tuple[ScoreTerm, ...] = ()
     latency_estimator: LatencyEstimator | None = None
+    # Blend shape fit into packing, weighed by what each node's capacity is worth
+    # (scoring.ShapeFit); None: plain packing.
+    capacity_value: CapacityValue | None = None
     # Temporal shifting of flexible training jobs (deadline or max_delay_s); None: off.
     start_advisor: StartAdvisor | None = None
     # Any training job may also be held up to this long after its submission when the
