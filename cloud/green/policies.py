@@ -23,6 +23,10 @@ migration, ``build_migrator``; caps: of power capping, ``build_power_capper``.)
   first, faster accelerators breaking ties (a job finishes sooner there).
 * ``spread`` balances load: no packing, and the load term with threshold 0 scores
   each node ``1 − utilisation``, so the least used node wins.
+* ``green``, ``cost``, ``balanced`` and ``green-spatial`` blend *shape fit* into
+  packing (``scoring.ShapeFit``, ``terms.CleanCapacity``): a placement is also priced
+  by the clean (or cheap) capacity it leaves in shapes the queue cannot use, so a
+  4-GPU member fills a clean 4-GPU node rather than break a clean 8-GPU one.
 * ``green-spatial`` and ``green-temporal`` split green's saving between choosing
   the cleaner zone (at the start, and by moving running work) and waiting for the
   cleaner hour (evaluation ablations).
@@ -118,11 +122,11 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                     carbon=0.0,
                     price=4.0,
                     latency=0.5,
-                    shape_fit=True,
                 ),
                 shifting="price",
                 migration="price",
                 power_capping="price",
+                shape_fit=True,
             ),
             PolicySpec(
                 "latency",
@@ -150,11 +154,11 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                     carbon=1.5,
                     price=1.0,
                     latency=1.0,
-                    shape_fit=True,
                 ),
                 shifting="carbon",
                 migration="carbon",
                 power_capping="carbon",
+                shape_fit=True,
             ),
             PolicySpec(
                 "fifo-binpack",
