@@ -182,14 +182,26 @@ class DynamicScores:
 
     def _rescore_one(self, node: int) -> None:
         state = self._state
+        k = self.k
+        free: int = state.free[k].item(node)
         if (
-            state.free[self.k].item(node) < self.accelerators
+            free < self.accelerators
             or (self.host_memory and state.host_free.item(node) < self.host_memory)
             or (self.cpu_cores and state.free[CPU_COLUMN].item(node) < self.cpu_cores)
         ):
             self.value[node] = -np.inf
             return
-        packing, load = self.parts_one(node)
+        if self.fit is not None:
+            packing, load = self.parts_one(node)
+        else:  # parts_one without shape fit, inline: the hot path of every placement
+            packing, load = packing_and_load_one(
+                free,
+                self.accelerators,
+                self.inv_capacity.item(node),
+                self.base_util.item(node),
+                state.util_delta[k].item(node),
+                self.threshold,
+            )
         self.value[node] = self.w_packing * packing + self.w_load * load
 
 
