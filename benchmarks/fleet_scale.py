@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import os
@@ -456,17 +457,30 @@ def in_process(nodes: int, runs: int, *, new_samples_each_run: bool = True) -> d
             registry.apply_telemetry(msgspec.structs.replace(telemetry, seq=telemetry.seq + 1))
 
     def timed(step: Any) -> tuple[float, float, Any]:
+        gc.collect()  # each step from the same start: no collection owed by the one before
         cpu, wall = time.process_time(), time.perf_counter()
         value = step()
         return time.process_time() - cpu, time.perf_counter() - wall, value
 
     scrape_cpu, scrape_wall, page_cpu, page_wall = [], [], [], []
-    body = b""
+    body: list[bytes] = []
     for _ in range(runs):
         new_samples()
-        cpu_s, wall_s, body = timed(exposition)
+        cpu_s, wall_s, body = timed(lambda: asyncio.run(exposition()))
         scrape_cpu.append(cpu_s)
         scrape_wall.append(wall_s)
+    # Pages asked for every 20 ms while scrapes are written, as the control plane's loop
+    # serves them (its GIL switch interval while scheduling runs: cloud/interpreter_tuning).
+    cursors = [None, *[record.node_id for record in registry.nodes()][999:-1:1000]]
+    during: list[float] = []
+    switch_interval_s = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        for _ in range(runs):
+            new_samples()
+            during += asyncio.run(pages_during_scrape(exposition, page_of, cursors))
+    finally:
+        sys.setswitchinterval(switch_interval_s)
     for _ in range(runs):
         new_samples()
         cursor: str | None = None
@@ -482,16 +496,54 @@ def in_process(nodes: int, runs: int, *, new_samples_each_run: bool = True) -> d
         "exposition_cpu_ms_median": round(statistics.median(scrape_cpu) * 1000),
         "exposition_wall_ms_median": round(statistics.median(scrape_wall) * 1000),
         "exposition_wall_ms_min": round(min(scrape_wall) * 1000),
-        "exposition_mb": round(len(body) / 1e6, 1),
+        "exposition_mb": round(sum(len(chunk) for chunk in body) / 1e6, 1),
         "nodes_page_cpu_ms_median": round(statistics.median(page_cpu) * 1000, 1),
         "nodes_page_wall_ms_p50": round(percentile(page_wall, 0.5) * 1000, 1),
         "nodes_page_wall_ms_p99": round(percentile(page_wall, 0.99) * 1000, 1),
         "nodes_page_wall_ms_min": round(min(page_wall) * 1000, 1),
+        "pages_during_scrapes": len(during),
+        "page_during_scrape_ms_p50": round(percentile(during, 0.5) * 1000, 1),
+        "page_during_scrape_ms_p99": round(percentile(during, 0.99) * 1000, 1),
+        "page_during_scrape_ms_max": round(max(during) * 1000, 1),
     }
 
 
+async def pages_during_scrape(
+    scrape: Any, page_of: Any, cursors: list[str | None], period_s: float = 0.02
+) -> list[float]:
+    """Seconds from each page's request to its body, for pages requested `period_s`
+    after the one before was served (a client walking the pages), while one scrape is
+    written on this loop as `/metrics` writes it: what a page waits for the event loop,
+    plus its own cost."""
+    from cloud.fleet.registry import NodeFilter
+
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    scraped = asyncio.Event()
+
+    async def pages() -> None:
+        number = 0
+        while not scraped.is_set():
+            requested = loop.time() + period_s
+            await asyncio.sleep(period_s)
+            page_of(NodeFilter(), cursors[number % len(cursors)])
+            latencies.append(loop.time() - requested)
+            number += 1
+
+    async def scrape_once() -> None:
+        await asyncio.sleep(period_s / 2)  # pages are due before it starts and all along
+        await scrape()
+        scraped.set()
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(pages())
+        group.create_task(scrape_once())
+    return latencies
+
+
 def _tree_under_test(registry: Any, metrics: Any) -> tuple[Any, Any]:
-    """(a page's JSON for (filter, cursor), a `/metrics` body) as this tree serves them."""
+    """(a page's JSON for (filter, cursor), a coroutine function for a `/metrics` body's
+    chunks), as this tree serves them."""
     try:
         from cloud.fleet.node_pages import NodePages
     except ImportError:  # a tree before node_pages.py: what its handler did
@@ -507,11 +559,14 @@ def _tree_under_test(registry: Any, metrics: Any) -> tuple[Any, Any]:
             )
             return msgspec.json.encode(listed)
 
-        return old_page, metrics.fleet_exposition
+        async def old_scrape() -> list[bytes]:
+            return [metrics.fleet_exposition()]  # as its /metrics did: on the event loop
+
+        return old_page, old_scrape
     pages = NodePages(registry)
     return (
         lambda node_filter, cursor: pages.page(node_filter, cursor, 1000, lambda record: ()),
-        lambda: asyncio.run(metrics.fleet_exposition_off_loop()),  # as /metrics does
+        metrics.fleet_exposition_chunks,  # as /metrics does
     )
 
 

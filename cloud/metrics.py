@@ -243,20 +243,20 @@ class MetricsRegistries:
 
     def fleet_exposition(self) -> bytes:
         """The series served to anyone, in the Prometheus text format."""
-        text = self._fleet_head()
+        chunks = [self._fleet_head()]
         if self.accelerators is not None:
-            text = self.accelerators.render(self.accelerators.online_samples(), head=text)
-        return text
+            chunks += self.accelerators.render(self.accelerators.online_samples())
+        return b"".join(chunks)
 
-    async def fleet_exposition_off_loop(self, *, tail: bytes = b"") -> bytes:
-        """`fleet_exposition` then `tail`, with the per-accelerator text (tens of
-        megabytes for 10,000 nodes) written and the body joined in a worker thread: the
-        loop goes on serving requests and ingesting telemetry meanwhile."""
+    async def fleet_exposition_chunks(self) -> list[bytes]:
+        """`fleet_exposition` in chunks, the per-accelerator text (tens of megabytes for
+        10,000 nodes) written in a worker thread: the loop goes on serving requests and
+        ingesting telemetry meanwhile."""
         head = self._fleet_head()
         if self.accelerators is None:
-            return head + tail
+            return [head]
         samples = self.accelerators.online_samples()
-        return await asyncio.to_thread(self.accelerators.render, samples, head=head, tail=tail)
+        return [head, *await asyncio.to_thread(self.accelerators.render, samples)]
 
 
 def build_metrics_registry(

@@ -54,15 +54,21 @@ async def _sees_tenant_series(request: web.Request) -> bool:
     return True
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def metrics(request: web.Request) -> web.StreamResponse:
     registries = request.app[METRICS]
     tenant_series = (
         generate_latest(registries.tenants) if await _sees_tenant_series(request) else b""
     )
-    # The fleet's tens of megabytes are written in a worker thread (cloud/metrics.py).
-    body = await registries.fleet_exposition_off_loop(tail=tenant_series)
-    response = web.Response(body=body)
-    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    # The fleet's tens of megabytes are written in a worker thread and sent a family at
+    # a time, never joined into one body (cloud/metrics.py).
+    chunks = [*await registries.fleet_exposition_chunks(), tenant_series]
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+    response.content_length = sum(len(chunk) for chunk in chunks)
+    await response.prepare(request)
+    if request.method != "HEAD":
+        for chunk in chunks:
+            await response.write(chunk)
+    await response.write_eof()
     return response
 
 

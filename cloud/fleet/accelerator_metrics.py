@@ -21,10 +21,10 @@ every sample on every scrape, whereas here a device's label text is written once
 birth and reused by every scrape until the node's next birth.
 
 A 10,000-node fleet's text is tens of megabytes (a tenth of a CPU second or more to
-write), so `/metrics` writes it in a worker thread (`MetricsRegistries.
-fleet_exposition_off_loop`): the event loop only takes `online_samples`, a list of each
-online node's birth and latest sample, both immutable messages, and `render` reads
-nothing else, so the loop can go on changing the registry while the text is written.
+write), so `/metrics` writes it in a worker thread (`MetricsRegistries.fleet_exposition_chunks`):
+the event loop only takes `online_samples`, a list of each online node's birth and
+latest sample, both immutable messages, and `render` reads nothing else, so the loop
+can go on changing the registry while the text is written.
 """
 
 from __future__ import annotations
@@ -209,23 +209,18 @@ class AcceleratorMetrics:
 
     def exposition(self) -> bytes:
         """Every family in the Prometheus text format, one line per series."""
-        return self.render(self.online_samples())
+        return b"".join(self.render(self.online_samples()))
 
-    def render(
-        self,
-        samples: Sequence[tuple[NodeStatus, Telemetry]],
-        *,
-        head: bytes = b"",
-        tail: bytes = b"",
-    ) -> bytes:
-        """`head`, every family of `samples` (`online_samples`) in the text format, and
-        `tail`, as one body: joined here, so that a worker thread, not the event loop,
-        copies the megabytes. Safe in any thread: it reads immutable messages only."""
+    def render(self, samples: Sequence[tuple[NodeStatus, Telemetry]]) -> list[bytes]:
+        """Every family of `samples` (`online_samples`) in the text format, a chunk per
+        family: a few megabytes each, so that no single join or encode holds the GIL
+        for long while the event loop waits for it, and the body is never copied whole
+        (`/metrics` writes the chunks as they are). Safe in any thread: it reads
+        immutable messages only."""
         with self._rendering:
-            text = self._text(samples)
-        return b"".join((head, text.encode(), tail))
+            return self._chunks(samples)
 
-    def _text(self, samples: Sequence[tuple[NodeStatus, Telemetry]]) -> str:
+    def _chunks(self, samples: Sequence[tuple[NodeStatus, Telemetry]]) -> list[bytes]:
         lines: dict[Family, list[str]] = {family: [] for family in FAMILIES}
         gpu_util, fb_used, fb_free = lines[GPU_UTIL], lines[FB_USED], lines[FB_FREE]
         gpu_power, gpu_temp, gpu_energy = lines[GPU_POWER], lines[GPU_TEMP], lines[GPU_ENERGY]
@@ -289,6 +284,9 @@ class AcceleratorMetrics:
                     )
         for node_id in self._devices.keys() - live:
             self._devices.pop(node_id, None)  # gone or offline: built again on its return
-        return "".join(
-            family.header() + "".join(family_lines) for family, family_lines in lines.items()
-        )
+        chunks: list[bytes] = []
+        for family, family_lines in lines.items():
+            chunks.append(family.header().encode())
+            chunks.append("".join(family_lines).encode())
+            family_lines.clear()  # its strings freed as soon as they are encoded
+        return chunks

@@ -101,20 +101,20 @@ def test_the_scrape_is_written_in_a_worker_thread_and_is_the_same_text() -> None
     render = accelerators.render
     threads: list[int] = []
 
-    def recorded(*args: object, **kwargs: object) -> bytes:
+    def recorded(*args: object, **kwargs: object) -> list[bytes]:
         threads.append(threading.get_ident())
         return render(*args, **kwargs)  # type: ignore[arg-type]
 
     accelerators.render = recorded  # type: ignore[method-assign]
 
     async def scrape() -> tuple[bytes, int]:
-        body = await asyncio.wait_for(metrics.fleet_exposition_off_loop(tail=b"# tail\n"), 10)
-        return body, threading.get_ident()
+        chunks = await asyncio.wait_for(metrics.fleet_exposition_chunks(), 10)
+        return b"".join(chunks), threading.get_ident()
 
     body, loop_thread = asyncio.run(scrape())
     assert threads
     assert threads[-1] != loop_thread
-    expected = metrics.fleet_exposition() + b"# tail\n"
+    expected = metrics.fleet_exposition()
     assert strip_process(body) == strip_process(expected)
     assert b"DCGM_FI_DEV_GPU_UTIL{" in body
     assert b'greenfed_node_up{node="gpu-node"' in body
