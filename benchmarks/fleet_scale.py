@@ -25,8 +25,11 @@
    over the whole run, from the first connection to the last goodbye.
 
 `--in-process RUNS` instead times the `/metrics` exposition and the `/v1/nodes` pages
-alone, in this process, over `--nodes` of the same fleet (one sample each): their own
-cost, without a control plane's event loop to wait for.
+alone, in this process, over `--nodes` of the same fleet, every node given a new sample
+before each run: their own CPU and wall seconds, without a control plane's event loop
+to wait for, and how long pages asked for while a scrape is written wait for this
+process's loop. Run from a copy of an older tree (this file copied in), it times that
+tree's way.
 """
 
 from __future__ import annotations
