@@ -852,7 +852,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--min-saving",
         type=float,
-        help="temporal shifting defers a job only for at least this share less (default 0.5)",
+        help=(
+            "temporal shifting defers a flexible job only for at least this share less "
+            "(default: no temporal shifting, except in the green-temporal ablation: 0.5)"
+        ),
     )
     evaluate.add_argument(
         "--no-migration",

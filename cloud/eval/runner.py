@@ -20,7 +20,6 @@ import numpy as np
 from cloud.green.energy import EnergyModel
 from cloud.green.latency import default_latency_estimator
 from cloud.green.policies import policy_spec
-from cloud.green.shifting import DEFAULT_MIN_SAVING
 from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.scheduler import Node
 from cloud.signals.forecast import DEFAULT_FORECASTER, forecaster_named
@@ -52,7 +51,7 @@ class EvalOptions:
     forecaster: str = DEFAULT_FORECASTER
     perfect_forecast: bool = False
     energy: EnergyModel = field(default_factory=EnergyModel)
-    min_saving: float = DEFAULT_MIN_SAVING
+    min_saving: float | None = None  # temporal shifting's; None: the policy's default
     migration: bool = True  # False: no policy moves running work (an ablation)
     power_capping: bool = True  # False: no policy caps GPU power (an ablation)
     target_load: float = WorkloadParams().target_load  # of the generated workload
@@ -76,7 +75,7 @@ class EvalOptions:
             raise ValueError(f"the workload generator is one of {', '.join(WORKLOAD_GENERATORS)}")
         if not 0 <= self.patience_s < float("inf"):
             raise ValueError("--patience must be finite and >= 0")
-        if not 0 <= self.min_saving < 1:
+        if self.min_saving is not None and not 0 <= self.min_saving < 1:
             raise ValueError("--min-saving must be within [0, 1)")
         for name in self.policies:
             policy_spec(name)

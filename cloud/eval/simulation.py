@@ -52,7 +52,6 @@ from cloud.green.policies import (
     policy_spec,
 )
 from cloud.green.power_capping import PowerCapper
-from cloud.green.shifting import DEFAULT_MIN_SAVING
 from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.loop.autoscale import Autoscaler, ServingLoad
 from cloud.scheduler import (
@@ -103,7 +102,7 @@ class SimConfig:
     history_hours: int = 24
     horizon_hours: int = 48
     forecaster: str = DEFAULT_FORECASTER
-    min_saving: float = DEFAULT_MIN_SAVING
+    min_saving: float | None = None  # temporal shifting's; None: the policy's default
     safety_margin_s: float = 3600.0
     migration: bool = True  # policies that migrate may (False: an ablation)
     migration_min_saving: float = 0.2

@@ -77,6 +77,9 @@ class PolicySpec:
     # Hold new training's GPUs to a lower power limit where the energy saved is worth
     # the longer run (power_capping.py); None: never.
     power_capping: Objective | None = None
+    # Temporal shifting's minimum saving when the inputs name none; None: no temporal
+    # shifting unless the operator sets one (capacity waiting and migration stay on).
+    shifting_min_saving: float | None = None
     # Blend shape fit into packing, fragmentation weighed by the capacity's cleanliness
     # (or cheapness: the shifting objective) (terms.CleanCapacity, scoring.ShapeFit).
     shape_fit: bool = False
@@ -202,6 +205,7 @@ POLICIES: Mapping[str, PolicySpec] = MappingProxyType(
                 "ablation: green's temporal shifting without the carbon term",
                 MappingProxyType({**_GREEN, "carbon": 0.0}),
                 shifting="carbon",
+                shifting_min_saving=DEFAULT_MIN_SAVING,
             ),
         )
     }
@@ -227,7 +231,9 @@ class GreenInputs:
     latency: ServingLatency
     energy: EnergyModel = field(default_factory=EnergyModel)
     inference_window_s: float = DEFAULT_INFERENCE_WINDOW_S
-    min_saving: float = DEFAULT_MIN_SAVING  # temporal shifting: defer only for this much less
+    # Temporal shifting: defer only for this much less; None: the policy's own default
+    # (PolicySpec.shifting_min_saving: green does not shift in time unless asked).
+    min_saving: float | None = None
     safety_margin_s: float = 3600.0  # temporal shifting: before the latest start
     max_booked_share: float = 0.5  # temporal shifting: of a zone's capacity, ahead of time
     migration: bool = True  # policies that migrate may (False: none does)
@@ -285,17 +291,18 @@ def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:
     if isinstance(spec, str):
         spec = policy_spec(spec)
     energy, signals = inputs.energy, inputs.signals
+    min_saving = inputs.min_saving if inputs.min_saving is not None else spec.shifting_min_saving
     shifter = (
         WindowShifter(
             signals,
             energy,
             objective=spec.shifting,
-            min_saving=inputs.min_saving,
+            min_saving=min_saving,
             safety_margin_s=inputs.safety_margin_s,
             max_booked_share=inputs.max_booked_share,
             migrating=spec.migration is not None and inputs.migration,
         )
-        if spec.shifting is not None
+        if spec.shifting is not None and min_saving is not None
         else None
     )
     advisor: StartAdvisor | None = shifter

@@ -132,6 +132,7 @@ def run(
             workload=jobs,
             carbon_dir=carbon,
             perfect_forecast=carbon is not None,
+            min_saving=0.5,  # temporal shifting on (it is off unless asked for)
         )
     )
 

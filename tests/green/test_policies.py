@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cloud.green.latency import ServingLatency
@@ -151,29 +153,42 @@ def test_fifo_order_ignores_fair_share() -> None:
 
 def test_shifting_policies_get_an_advisor_and_a_deadline_guard() -> None:
     green = build_policy("green", INPUTS)
-    # Waiting for cleaner capacity first, wrapping temporal shifting for flexible jobs.
+    # Waiting for cleaner capacity; no temporal shifting unless a minimum saving is set.
     assert isinstance(green.start_advisor, CapacityWaiter)
-    assert isinstance(green.start_advisor.then, WindowShifter)
+    assert green.start_advisor.then is None
+    shifting = build_policy("green", dataclasses.replace(INPUTS, min_saving=0.3))
+    # Then waiting for cleaner capacity wraps temporal shifting for flexible jobs.
+    assert isinstance(shifting.start_advisor, CapacityWaiter)
+    assert isinstance(shifting.start_advisor.then, WindowShifter)
+    assert shifting.start_advisor.then.min_saving == 0.3
     assert green.patience_s == INPUTS.patience_s
     assert green.deadline_guard_s is not None
     assert build_policy("green-spatial", INPUTS).start_advisor is None
     temporal = build_policy("green-temporal", INPUTS)
     assert temporal.weights["carbon"] == 0.0
-    assert temporal.start_advisor is not None
+    assert isinstance(temporal.start_advisor, CapacityWaiter)
+    assert isinstance(temporal.start_advisor.then, WindowShifter)  # the ablation shifts
     assert build_policy("fifo-binpack", INPUTS).start_advisor is None
 
 
 def test_green_defers_flexible_work_the_baseline_runs_at_once() -> None:
     signals = grid(series("CLEAN", [400.0] * 5 + [20.0] * 67), flat("DIRTY", 600.0))
-    inputs = GreenInputs(signals=signals, latency=INPUTS.latency)
+    inputs = GreenInputs(signals=signals, latency=INPUTS.latency, min_saving=0.5)
     flexible = job(deadline=T0 + 24 * HOUR, duration_s=2 * HOUR)
     green = schedule(snapshot(NODES, [flexible]), build_policy("green", inputs))
     assert green.pending[0].code == "deferred"
+    # Without a minimum saving set, green does not shift in time: it runs now.
+    unset = dataclasses.replace(inputs, min_saving=None)
+    assert schedule(snapshot(NODES, [flexible]), build_policy("green", unset)).placements
     baseline = schedule(snapshot(NODES, [flexible]), build_policy("fifo-binpack", inputs))
     assert baseline.placements
 
 
-def test_the_live_default_threshold_is_the_shifters() -> None:
-    # shared/ may not import cloud/, so the setting repeats the value: keep them equal.
-    assert SchedulingSettings().shifting_min_saving == DEFAULT_MIN_SAVING
-    assert GreenInputs.__dataclass_fields__["min_saving"].default == DEFAULT_MIN_SAVING
+def test_temporal_shifting_is_off_unless_a_minimum_saving_is_set() -> None:
+    # Live and in the evaluation alike: no minimum saving, no temporal shifting
+    # (green waits for capacity and migrates); the ablation that measures shifting
+    # uses the shifter's own default.
+    assert SchedulingSettings().shifting_min_saving is None
+    assert GreenInputs.__dataclass_fields__["min_saving"].default is None
+    assert policy_spec("green").shifting_min_saving is None
+    assert policy_spec("green-temporal").shifting_min_saving == DEFAULT_MIN_SAVING
