@@ -1,10 +1,11 @@
-"""The shipped minimum saving, on the swing issue 30 reported: a zone whose forecast
-falls from 108 to 64 gCO2eq/kWh (−41 %) within a flexible job's delay.
+"""The minimum saving, on the swing issue 30 reported: a zone whose forecast falls
+from 108 to 64 gCO2eq/kWh (−41 %) within a flexible job's delay.
 
-The shipped `shifting_min_saving` (0.5) runs such a job now, on purpose: on the
-evaluation a lower threshold bought a fraction of a point for a much longer wait
-(docs/green.md, "When temporal shifting fires"). An operator who wants the swing
-taken lowers the setting; the job is then deferred to the named hour."""
+By default `shifting_min_saving` is unset and no policy shifts in time: the job runs
+now (on the evaluation, shifting bought a fraction of a point for a much longer wait:
+docs/green.md, "When temporal shifting fires"). At 0.5 (a rare, deep dip) it still
+runs now; an operator who wants such swings taken sets 0.3, and the job is deferred
+to the named hour."""
 
 from __future__ import annotations
 
@@ -31,16 +32,22 @@ def flexible_job() -> TrainingJob:
     )
 
 
-def planned(policy: str, min_saving: float) -> Plan:
+def planned(policy: str, min_saving: float | None) -> Plan:
     green = GreenInputs(
         signals=grid(series("X", SWING)), latency=ServingLatency({}), min_saving=min_saving
     )
     return schedule(snapshot([gpu_server("n", "X")], [flexible_job()]), build_policy(policy, green))
 
 
+def test_by_default_green_runs_a_41_percent_swing_now() -> None:
+    assert SchedulingSettings().shifting_min_saving is None
+    plan = planned("green", SchedulingSettings().shifting_min_saving)
+    assert [p.work_id for p in plan.placements] == ["flex"]
+
+
 @pytest.mark.parametrize("policy", ["green", "green-temporal"])
-def test_the_shipped_minimum_saving_runs_a_41_percent_swing_now(policy: str) -> None:
-    plan = planned(policy, SchedulingSettings().shifting_min_saving)
+def test_a_half_minimum_saving_runs_a_41_percent_swing_now(policy: str) -> None:
+    plan = planned(policy, 0.5)
     assert [p.work_id for p in plan.placements] == ["flex"]
 
 

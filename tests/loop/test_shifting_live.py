@@ -9,8 +9,9 @@ moment; it picks the zone from the data instead: the shipped zone whose forecast
 as the loop will see it now, has the deepest dip within the job's delay. At 671
 moments sampled every 13 h over 2023 (every hour of the day), the deepest such dip
 among the shipped zones for a one-hour job within 24 h was at least 25 %; 41 % of
-those moments had one of at least 50 % (the shipped `shifting_min_saving`), 80 % one
-of at least 40 %. The test therefore runs the loop at a 20 % minimum saving: the
+those moments had one of at least 50 %, 80 % one
+of at least 40 %. Temporal shifting is off unless `shifting_min_saving` is set: the
+test sets a 20 % minimum saving, so the
 deferral fires on every day of the year but the replay's first (1 January: no
 recorded history to forecast from).
 """
