@@ -201,12 +201,20 @@ class NodePages:
 
 
 _LIVE_COUNT = len(_LIVE_PARTS)
+# A node's parts (birth runs, then live parts) in field order: birth run and live part
+# alternating, written into one template by one call.
+_IN_FIELD_ORDER = operator.itemgetter(
+    *(
+        index
+        for birth in range(_LIVE_COUNT + 1)
+        for index in (birth, _LIVE_COUNT + 1 + birth)
+        if index < 2 * _LIVE_COUNT + 1
+    )
+)
+_TEMPLATE = b"{" + b",".join([b"%b"] * (2 * _LIVE_COUNT + 1)) + b"}"
 
 
 def _joined(parts: list[bytes]) -> bytes:
-    """A node's JSON from its parts (birth runs, then live parts): in field order, birth
-    run and live part alternating."""
-    ordered: list[bytes] = [b""] * (2 * _LIVE_COUNT + 1)
-    ordered[0::2] = parts[: _LIVE_COUNT + 1]
-    ordered[1::2] = parts[_LIVE_COUNT + 1 :]
-    return b"{" + b",".join(ordered) + b"}"
+    """A node's JSON from its parts (birth runs, then live parts)."""
+    joined: bytes = _TEMPLATE % _IN_FIELD_ORDER(parts)
+    return joined

@@ -119,7 +119,7 @@ def summary_sample_fields(record: NodeRecord) -> dict[str, object]:
         devices = [s for s in telemetry.accelerators if kinds.get(s.id) != "cpu"] or list(
             telemetry.accelerators
         )
-        utilization_pct = round(sum(s.utilization_pct for s in devices) / len(devices), 2)
+        utilization_pct = round(sum([s.utilization_pct for s in devices]) / len(devices), 2)
     return {
         "power_w": power_w,
         "accelerator_utilization_pct": utilization_pct,
