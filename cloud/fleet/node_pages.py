@@ -8,17 +8,18 @@ microseconds a node, and a page walked the whole sorted fleet to find its start.
   `NodeRegistry.version` (bumped by every birth, state change, approval change, admin
   change and departure: everything a filter reads), so a page is found by bisection
   without sorting or scanning 10,000 records again.
-- A summary is two kinds of fields (cloud/fleet/views.py): what the node's birth, an
-  admin and its approval say, which changes rarely, and what its state and latest
-  sample say (`LIVE_SUMMARY_FIELDS`), which changes every few seconds. Each node's JSON
-  is kept as the runs of consecutive fields of either kind, in `NodeSummary`'s field
-  order; a run is encoded again only when what it is made of is not the same object
-  any more (a new birth, a new sample, ...). A page is a join of bytes.
+- A summary's fields are of four parts (cloud/fleet/views.py): what the node's birth,
+  an admin, its approval and its drain say, which changes rarely; its state and
+  outages; its latest sample, which changes every few seconds; its latest report. In
+  `NodeSummary`'s order the birth fields are runs around the three live parts. Each
+  node's JSON is kept with its parts, and a part is encoded again only when what it is
+  made of is not the same any more (a new birth, a new sample, ...): the node's JSON is
+  then one template filled with its parts, and a page a join of bytes.
 
-The body is `msgspec.json.encode(NodeList(...))`, byte for byte (tests/fleet/
-test_node_pages.py): a run's bytes are the encoding of a dict of its fields in the
-struct's order, without the braces, and msgspec writes a struct's fields as it writes
-such a dict's.
+The body is `msgspec.json.encode(NodeList(...))`, byte for byte (tests/cloud/
+test_node_page_cache.py): a part's bytes are the encoding of a dict of its fields in
+the struct's order, without the braces, and msgspec writes a struct's fields as it
+writes such a dict's. Memory: each node's parts and JSON, about 4 KB a node.
 """
 
 from __future__ import annotations
