@@ -23,7 +23,10 @@ The share with the lowest energy-plus-time cost wins when it saves at least
 runs at its slowest member's pace). A cap is never chosen where the longer run would
 miss the job's deadline (less ``safety_margin_s``) or run into a reservation held on
 one of its nodes (backfill promised to end before it), nor below a device's lowest
-allowed limit (``shared.accelerators.lowest_power_share``).
+allowed limit (``shared.accelerators.lowest_power_share``); and nothing is capped in
+a pass that leaves a job with a deadline or a latest start waiting for capacity
+(capped runs hold GPUs longer, and a 14-day evaluation showed one such job start past
+its latest start because of it, where the baseline missed nothing).
 
 So the cleanest capacity, which work competes for, is rarely capped, and the dirty
 overflow almost always is. Only new placements are capped: a moved or
@@ -106,7 +109,7 @@ class PowerCapper:
                 and placement.expected_end is not None
             ):
                 gangs.setdefault(placement.work_id, []).append(placement)
-        if not gangs:
+        if not gangs or self._deadline_work_waits(plan, jobs):
             return plan
         margin = self._margin(snapshot, plan)
         capped: dict[str, Placement] = {}
@@ -119,6 +122,18 @@ class PowerCapper:
             plan,
             placements=tuple(capped.get(p.allocation_id, p) for p in plan.placements),
         )
+
+    @staticmethod
+    def _deadline_work_waits(plan: Plan, jobs: dict[str, TrainingJob]) -> bool:
+        """A job with a deadline or a latest start waits for capacity in this pass. A
+        capped run holds its GPUs longer, and such a job pays for that in missed
+        deadlines, which no energy saved is worth: nothing is capped then."""
+        for pending in plan.pending:
+            if pending.code in ("capacity", "reserved"):
+                job = jobs.get(pending.work_id)
+                if job is not None and (job.deadline is not None or job.max_delay_s is not None):
+                    return True
+        return False
 
     # -- the pass's margin ------------------------------------------------------------
 

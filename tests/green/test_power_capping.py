@@ -120,6 +120,25 @@ def test_a_cap_never_costs_a_deadline() -> None:
     assert after.expected_end <= T0 + 24 * HOUR - safety_s
 
 
+def test_nothing_is_capped_while_work_with_a_deadline_waits_for_capacity() -> None:
+    signals = grid(flat("DIRTY", 600.0))
+    nodes = [gpu_server("dirty", "DIRTY")]
+    # The node holds the first job; the second, with a latest start, finds no room.
+    waiting = dataclasses.replace(job("urgent", duration_h=1.0), max_delay_s=HOUR)
+    snap, plan = placed(nodes, [job("first"), waiting])
+    assert [p.work_id for p in plan.placements] == ["first"]
+    assert plan.pending[0].code in ("capacity", "reserved")
+    assert PowerCapper(signals=signals).cap(snap, plan).placements[0].power_limit_w is None
+    # Work that can wait as long as it takes does not stop the cap (no reservation
+    # here: a cap never runs into one anyway).
+    unreserved = dataclasses.replace(FIFO, max_reservations=0)
+    for queue in ([job("first"), job("patient", duration_h=1.0)], [job("first"), waiting]):
+        snap = Snapshot.build(now=T0, nodes=nodes, queue=queue)
+        plan = schedule(snap, unreserved)
+        capped = PowerCapper(signals=signals).cap(snap, plan).placements[0].power_limit_w
+        assert (capped is None) == (queue[1] is waiting)
+
+
 def test_a_backfilled_job_is_not_stretched_into_a_reservation() -> None:
     signals = grid(flat("DIRTY", 600.0))
     snap, plan = placed([gpu_server("dirty", "DIRTY")], [job()])
