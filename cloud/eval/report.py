@@ -134,7 +134,10 @@ def describe(report: EvalReport) -> str:
     source = (
         str(options.workload)
         if options.workload
-        else f"generated, seed {options.seed}, load {options.target_load:g}"
+        else (
+            f"generated{' (trace-shaped)' if options.generator == 'trace' else ''}, "
+            f"seed {options.seed}, load {options.target_load:g}"
+        )
     )
     return (
         f"{options.days:g} days from {options.start.isoformat()} UTC; "

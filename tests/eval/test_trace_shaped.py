@@ -167,3 +167,9 @@ def test_an_unknown_generator_is_refused(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         main(["eval", "--generator", "philly", "--days", "1"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_report_says_the_workload_is_trace_shaped(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["eval", "--generator", "trace", "--days", "0.5", "--policies", "fifo-binpack"])
+    assert code == 0
+    assert "workload generated (trace-shaped), seed" in capsys.readouterr().out
