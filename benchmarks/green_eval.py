@@ -46,7 +46,7 @@ SEEDS = (1, 2, 3, 4, 5, 6)
 DEFAULT_SEED = EvalOptions().seed
 ROOT = Path(__file__).resolve().parent.parent
 OTHER_ZONES = "sim_devices/fleets/other-zones.toml"
-DEFAULT_MIN_SAVING = EvalOptions().min_saving
+DEFAULT_MIN_SAVING = EvalOptions().min_saving  # None: no temporal shifting
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,7 @@ class Run:
     policies: tuple[str, ...]
     load: float = 0.5
     migration: bool = True
-    min_saving: float = DEFAULT_MIN_SAVING
+    min_saving: float | None = DEFAULT_MIN_SAVING
     seed: int = DEFAULT_SEED
     power_capping: bool = True
     fleet: str | None = None  # a fleet file under the repository; None: the default fleet
@@ -67,7 +67,9 @@ class Run:
         load = f" --load {self.load:g}" if self.load != 0.5 else ""
         migration = "" if self.migration else " --no-migration"
         saving = (
-            f" --min-saving {self.min_saving:g}" if self.min_saving != DEFAULT_MIN_SAVING else ""
+            f" --min-saving {self.min_saving:g}"
+            if self.min_saving is not None and self.min_saving != DEFAULT_MIN_SAVING
+            else ""
         )
         seed = f" --seed {self.seed}" if self.seed != DEFAULT_SEED else ""
         capping = "" if self.power_capping else " --no-power-capping"
