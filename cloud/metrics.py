@@ -243,10 +243,10 @@ class MetricsRegistries:
 
     def fleet_exposition(self) -> bytes:
         """The series served to anyone, in the Prometheus text format."""
-        chunks = [self._fleet_head()]
-        if self.accelerators is not None:
-            chunks += self.accelerators.render(self.accelerators.online_samples())
-        return b"".join(chunks)
+        head = self._fleet_head()
+        if self.accelerators is None:
+            return head
+        return head + self.accelerators.exposition()
 
     async def fleet_exposition_chunks(self) -> list[bytes]:
         """`fleet_exposition` in chunks, the per-accelerator text (tens of megabytes for

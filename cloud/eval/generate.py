@@ -218,7 +218,7 @@ def _mean_gpus(gangs: tuple[tuple[float, int, int], ...]) -> float:
     return sum(p * workers * gpus for p, workers, gpus in gangs)
 
 
-def _mean_duration_s(params: WorkloadParams) -> float:
+def mean_duration_s(params: WorkloadParams) -> float:
     # Lognormal mean (the clipping changes it by well under 1 %).
     return params.median_duration_h * HOUR_S * math.exp(params.duration_sigma**2 / 2)
 
@@ -239,7 +239,7 @@ def generate_workload(
     params = params or WorkloadParams()
     rng = random.Random(seed)
     capacity = cloud_gpu_throughput(nodes)
-    mean_work_gpu_s = _mean_gpus(params.gangs) * _mean_duration_s(params)
+    mean_work_gpu_s = _mean_gpus(params.gangs) * mean_duration_s(params)
     mean_rate_per_s = params.target_load * capacity / mean_work_gpu_s
     peak_rate = mean_rate_per_s / _mean_arrival_factor() * 1.5
     horizon = days * 24 * HOUR_S

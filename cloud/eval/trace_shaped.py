@@ -55,7 +55,7 @@ from statistics import NormalDist
 
 from cloud.scheduler import Node
 
-from .generate import HOUR_S, WorkloadParams, _mean_duration_s, generate_workload
+from .generate import HOUR_S, WorkloadParams, generate_workload, mean_duration_s
 from .workload import Workload
 
 # Probability, workers, GPUs per worker (generate.GANGS's form).
@@ -133,7 +133,7 @@ def trace_params(
         flexible_share=shape.flexible_share,
         gangs=gangs_for(nodes, shape.gangs),
     )
-    clip_correction = _mean_duration_s(params) / clipped_lognormal_mean_s(shape)
+    clip_correction = mean_duration_s(params) / clipped_lognormal_mean_s(shape)
     return replace(params, target_load=target_load * clip_correction)
 
 

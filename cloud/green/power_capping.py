@@ -131,7 +131,7 @@ class PowerCapper:
         for pending in plan.pending:
             if pending.code in ("capacity", "reserved"):
                 job = jobs.get(pending.work_id)
-                if job is not None and (job.deadline is not None or job.max_delay_s is not None):
+                if job is not None and job.flexible:
                     return True
         return False
 

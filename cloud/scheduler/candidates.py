@@ -155,7 +155,7 @@ class DynamicScores:
         )
         if self.fit is not None:
             fitted = shape_fit(self.fit, free, self.accelerators, self.inv_capacity[where], where)
-            packing = 0.5 * packing + 0.5 * fitted  # blend_fit, vectorised
+            packing = blend_fit(packing, fitted)
         total = self.w_packing * packing + self.w_load * load
         self.value[where] = np.where(fits, total, -np.inf)
 

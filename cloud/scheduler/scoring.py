@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from .arrays import FloatArray, IntArray, read_only
+
+_Score = TypeVar("_Score", float, FloatArray)
 
 
 def packing_and_load(
@@ -119,9 +122,11 @@ def shape_fit_one(
     return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
 
 
-def blend_fit(packing: float, fit: float) -> float:
-    """Packing with shape fit blended in: both count half (``ShapeFit``)."""
-    return 0.5 * packing + 0.5 * fit
+def blend_fit(packing: _Score, fit: _Score) -> _Score:
+    """Packing with shape fit blended in: both count half (``ShapeFit``); for one node
+    (floats) or many (arrays), the same operations, so the same bits."""
+    blended: _Score = 0.5 * packing + 0.5 * fit
+    return blended
 
 
 def speed(relative_speed: FloatArray, max_speed: float) -> FloatArray:
