@@ -200,6 +200,8 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
         await hub.start()
         app[EVENT_HUB] = hub
         stop_listening = store.add_commit_listener(hub.wake)
+        # PostgreSQL: other replicas' commits wake the hub and the leader's passes too.
+        store.listen_for_changes(connect_timeout_s=settings.connect_timeout_s)
         reader = asyncio.create_task(hub.run(), name="event-hub")
         app[BACKGROUND_TASKS].append(reader)
         try:
@@ -213,8 +215,9 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _scheduling(app: web.Application) -> AsyncIterator[None]:
-    """The scheduling loop and its `desired` publisher; triggered by this process's
-    store commits (submissions, cancellations) and by node changes and reports."""
+    """The scheduling loop and its `desired` publisher; triggered by store commits
+    (submissions, cancellations; other replicas' too on PostgreSQL) and by node changes
+    and reports."""
     settings = app[SETTINGS]
     if not settings.scheduling.enabled:
         yield

@@ -41,6 +41,13 @@ from cloud.store.audit import (
     insert_audits,
     select_audit_page,
 )
+from cloud.store.change_notify import (
+    ChangeListener,
+    change_channel,
+    listener_connector,
+    new_origin,
+    notify_change,
+)
 from cloud.store.changes import Changes, apply_changes, event_row
 from cloud.store.clusters import ClusterRecord
 from cloud.store.engine import (
@@ -174,6 +181,7 @@ from cloud.store.work_lookup import select_work_matching
 from cloud.upgrades.views import RolloutPhase, RolloutState
 from shared.secret_hashes import verify_secret
 from shared.settings import StoreSettings
+from shared.tasks import stop_task
 from shared.work_literals import AllocationState, PriorityClass, WorkKind, WorkState
 
 _IDEMPOTENCY_KEY_MAX = 255
@@ -258,6 +266,11 @@ class Store:
             clock=clock,
         )
         self._commit_listeners: list[Callable[[], None]] = []
+        # PostgreSQL: commits that tell the listeners here tell other processes too.
+        self._change_channel = change_channel(namespace)
+        self._origin = new_origin()
+        self.change_listener: ChangeListener | None = None
+        self._change_listening: asyncio.Task[None] | None = None
 
     @property
     def backend(self) -> Backend:
@@ -271,6 +284,9 @@ class Store:
     async def close(self) -> None:
         """Release leadership still held (so a replica can take over) and disconnect."""
         await self._submissions.drained()
+        if self._change_listening is not None:
+            await stop_task(self._change_listening)
+            self._change_listening = None
         for lease in list(self._leases):
             await lease.release()
         self._leases.clear()
@@ -291,7 +307,8 @@ class Store:
         """Call `listener()` after every write transaction this store commits; returns a
         function that removes it. Listeners must be quick and must not raise: they wake
         readers of the event log (SSE streams) instead of letting them poll. Commits made
-        by other processes are not seen here: readers still poll, only less often."""
+        by other processes are seen only while `listen_for_changes` runs (PostgreSQL);
+        readers still poll, only less often."""
         self._commit_listeners.append(listener)
 
         def remove() -> None:
@@ -299,6 +316,21 @@ class Store:
                 self._commit_listeners.remove(listener)
 
         return remove
+
+    def listen_for_changes(self, *, connect_timeout_s: float = 10.0) -> None:
+        """PostgreSQL: call the commit listeners when another process (a replica)
+        committed, too, until `close()`. SQLite: nothing to listen to (no-op)."""
+        if self.target.backend != "postgresql" or self._change_listening is not None:
+            return
+        self.change_listener = ChangeListener(
+            listener_connector(self._engine, connect_timeout_s),
+            self._change_channel,
+            self._origin,
+            self._committed,
+        )
+        self._change_listening = asyncio.create_task(
+            self.change_listener.run(), name="store-change-listener"
+        )
 
     def _committed(self) -> None:
         for listener in tuple(self._commit_listeners):
@@ -315,6 +347,8 @@ class Store:
             with self._connection_errors():
                 async with self._writer.begin() as connection:
                     yield connection
+                    if notify and self.target.backend == "postgresql":
+                        await notify_change(connection, self._change_channel, self._origin)
         if notify:
             self._committed()  # reached only when the transaction committed
 

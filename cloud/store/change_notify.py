@@ -1,0 +1,160 @@
+"""Telling other processes that the store changed: PostgreSQL NOTIFY and LISTEN.
+
+A write transaction that tells this process's commit listeners (the scheduling loop,
+the event streams) also sends one `pg_notify` on the schema's channel, inside the
+transaction, so PostgreSQL delivers it only if the transaction commits. Every replica
+listens on one connection of its own and calls its commit listeners when another
+process committed: a job submitted to an API-only replica wakes the leader's passes
+at once instead of at the next `scheduling.interval_s`.
+
+The payload names the process that committed (`origin`): a process has already told
+its own listeners, so it skips its own notifications. While the listening connection
+is down, notifications are lost; the reconnect loop wakes the listeners once after
+every reconnect, and the interval poll covers the gap. SQLite has no such channel:
+there, commits of other processes are seen only by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import asyncpg  # type: ignore[import-untyped]
+import structlog
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from shared.backoff import Backoff
+
+CHANNEL_PREFIX: Final = "greenfed_changes_"
+# Options SQLAlchemy's asyncpg dialect takes for itself; asyncpg.connect refuses them.
+_DIALECT_ONLY: Final = (
+    "async_creator_fn",
+    "prepared_statement_cache_size",
+    "prepared_statement_name_func",
+)
+
+
+def change_channel(namespace: str) -> str:
+    """The channel of one schema's changes: installations in different schemas of one
+    database must not wake each other. Hashed, as a channel name is an identifier of at
+    most 63 bytes and a schema name may use all of them."""
+    digest = hashlib.blake2b(f"greenfed:{namespace}:changes".encode(), digest_size=8)
+    return CHANNEL_PREFIX + digest.hexdigest()
+
+
+def new_origin() -> str:
+    """What a process's notifications carry, so that it knows its own."""
+    return uuid.uuid4().hex
+
+
+async def notify_change(connection: AsyncConnection, channel: str, origin: str) -> None:
+    """Inside a write transaction: delivered when it commits, not at all if it rolls back."""
+    await connection.execute(select(func.pg_notify(channel, origin)))
+
+
+def listener_connector(
+    engine: AsyncEngine, connect_timeout_s: float
+) -> Callable[[], Awaitable[asyncpg.Connection]]:
+    """Opens a connection of its own (not the pool's) with the engine's address and
+    credentials: it stays open for as long as the replica runs."""
+    cargs, cparams = engine.dialect.create_connect_args(engine.url)
+    params: dict[str, Any] = {k: v for k, v in cparams.items() if k not in _DIALECT_ONLY}
+    params |= {
+        "timeout": connect_timeout_s,
+        "server_settings": {"application_name": "greenfed-changes"},
+    }
+
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(*cargs, **params)
+
+    return connect
+
+
+class ChangeListener:
+    """LISTENs on `channel` over one connection, reconnecting with capped, jittered
+    backoff when it drops, and calls `on_change()` when another process committed.
+    `on_change` must be quick and must not raise (the store's commit listeners are)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[asyncpg.Connection]],
+        channel: str,
+        origin: str,
+        on_change: Callable[[], None],
+        *,
+        reconnect_initial_s: float = 0.1,
+        reconnect_max_s: float = 5.0,
+        check_interval_s: float = 30.0,
+    ) -> None:
+        self.channel = channel
+        self._connect = connect
+        self._origin = origin
+        self._on_change = on_change
+        self._backoff = Backoff(reconnect_initial_s, reconnect_max_s)
+        self._check_interval_s = check_interval_s
+        self._log = structlog.get_logger("greenfed.store")
+        # Set while LISTEN holds; the server process that listens (tests end it).
+        self.listening = asyncio.Event()
+        self.backend_pid: int | None = None
+        self.connects = 0  # LISTENs that took, the first one included
+        self.notified = 0  # other processes' notifications received
+
+    def _notified(self, _connection: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload == self._origin:
+            return  # this process's own commit: its listeners were told already
+        self.notified += 1
+        self._on_change()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                connection = await self._connect()
+            except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+                await self._retry_later(error)
+                continue
+            try:
+                await self._listen(connection)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                await self._retry_later(error)
+            finally:
+                self.listening.clear()
+                self.backend_pid = None
+                connection.terminate()
+
+    async def _listen(self, connection: asyncpg.Connection) -> None:
+        """Returns when the connection is lost; raises when it fails a check."""
+        lost = asyncio.Event()
+        connection.add_termination_listener(lambda _connection: lost.set())
+        await connection.add_listener(self.channel, self._notified)
+        self.connects += 1
+        self.backend_pid = connection.get_server_pid()
+        self._backoff.reset()
+        self.listening.set()
+        if self.connects > 1:
+            # What other processes committed while nobody listened here.
+            self._log.info("listening for changes again", channel=self.channel)
+            self._on_change()
+        while not lost.is_set():
+            try:
+                async with asyncio.timeout(self._check_interval_s):
+                    await lost.wait()
+            except TimeoutError:
+                # A connection cut without a word (a dead peer) is noticed only by using it.
+                async with asyncio.timeout(self._check_interval_s):
+                    await connection.execute("SELECT 1")
+        self._log.warning("the connection listening for changes was lost", channel=self.channel)
+
+    async def _retry_later(self, error: BaseException) -> None:
+        delay_s = self._backoff.next_delay_s()
+        self._log.warning(
+            "cannot listen for changes; retrying",
+            channel=self.channel,
+            error=f"{type(error).__name__}: {error}",
+            attempt=self._backoff.attempt,
+            retry_in_s=round(delay_s, 2),
+        )
+        await asyncio.sleep(delay_s)
