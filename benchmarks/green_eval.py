@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud.eval.bound import Bound
+from cloud.eval.inference_bound import InferenceBound
 from cloud.eval.metrics import PolicyResult
 from cloud.eval.optimum_share import OptimumShares, optimum_shares
 from cloud.eval.runner import EvalOptions, run_eval
@@ -123,7 +124,7 @@ def plan(only: str | None) -> list[Run]:
     return [run for run in runs if only is None or run.table == only]
 
 
-def execute(run: Run) -> tuple[list[PolicyResult], Bound | None]:
+def execute(run: Run) -> tuple[list[PolicyResult], Bound | None, InferenceBound | None]:
     options = EvalOptions(
         start=run.start,
         days=14,
@@ -137,17 +138,20 @@ def execute(run: Run) -> tuple[list[PolicyResult], Bound | None]:
         bound=True,
     )
     report = run_eval(options)
-    return report.results, report.bound
+    return report.results, report.bound, report.inference_bound
 
 
 def of_optimum(
-    results: Sequence[PolicyResult], result: PolicyResult, bound: Bound | None
+    results: Sequence[PolicyResult],
+    result: PolicyResult,
+    bound: Bound | None,
+    inference_bound: InferenceBound | None,
 ) -> OptimumShares:
     """The shares of the optimum's saving over the first policy (the baseline) that
-    ``result`` achieved: training, and total (cloud/eval/optimum_share.py)."""
-    if bound is None:
-        return OptimumShares(training=None, total=None)
-    return optimum_shares(results, result, bound)
+    ``result`` achieved: training, inference and total (cloud/eval/optimum_share.py)."""
+    if bound is None or inference_bound is None:
+        return OptimumShares(training=None, inference=None, total=None)
+    return optimum_shares(results, result, bound, inference_bound)
 
 
 def _share(value: float | None) -> str:
@@ -158,23 +162,29 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
 
 
-def markdown(run: Run, results: Sequence[PolicyResult], bound: Bound | None) -> str:
+def markdown(
+    run: Run,
+    results: Sequence[PolicyResult],
+    bound: Bound | None,
+    inference_bound: InferenceBound | None,
+) -> str:
     baseline = next((r for r in results if r.policy == "fifo-binpack"), results[0])
     lines = [
         f"`{run.command}`",
         "",
         "| policy | kWh | tCO2eq | CO2 vs fifo-binpack | of optimum (training) "
-        "| of optimum (total) | cost (USD) | wait mean | "
+        "| of optimum (inference) | of optimum (total) | cost (USD) | wait mean | "
         "queue wait mean | wait p95 | deadline misses | SLO violations | GPU util | "
         "deferred | moved | run time |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         change = (r.gco2 - baseline.gco2) / baseline.gco2 if baseline.gco2 else 0.0
-        shares = of_optimum(results, r, bound)
+        shares = of_optimum(results, r, bound, inference_bound)
         lines.append(
             f"| {r.policy} | {r.kwh:,.0f} | {r.gco2 / 1e6:.3f} | {change:+.1%} | "
-            f"{_share(shares.training)} | {_share(shares.total)} | {r.cost:,.0f} | "
+            f"{_share(shares.training)} | {_share(shares.inference)} | "
+            f"{_share(shares.total)} | {r.cost:,.0f} | "
             f"{_duration(r.wait_mean_s)} | {_duration(r.queue_wait_mean_s)} | "
             f"{_duration(r.wait_p95_s)} | {r.deadline_misses} | {r.slo_violations} | "
             f"{r.utilisation:.1%} | {r.deferred_jobs} | {r.migrations} | {r.runtime_s:.0f} s |"
@@ -195,19 +205,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcomes = list(pool.map(execute, runs))
     table = None
     collected: list[dict[str, object]] = []
-    for run, (results, bound) in zip(runs, outcomes, strict=True):
+    for run, (results, bound, inference_bound) in zip(runs, outcomes, strict=True):
         if run.table != table:
             table = run.table
             print(f"\n## {table}\n")
         print(f"### {run.label}\n")
-        print(markdown(run, results, bound))
-        if bound is not None:
+        print(markdown(run, results, bound, inference_bound))
+        if bound is not None and inference_bound is not None:
             print(
-                f"\noffline optimum: training {bound.gco2 / 1e6:.3f} tCO2eq, {bound.kwh:,.0f} kWh"
+                f"\noffline optimum: training {bound.gco2 / 1e6:.3f} tCO2eq, {bound.kwh:,.0f} kWh; "
+                f"inference {inference_bound.gco2 / 1e6:.3f} tCO2eq, "
+                f"{inference_bound.kwh:,.0f} kWh"
             )
         print()
         for r in results:
-            shares = of_optimum(results, r, bound)
+            shares = of_optimum(results, r, bound, inference_bound)
             collected.append(
                 {
                     "table": run.table,
@@ -217,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     # "of_optimum" stays the training share, as in report.as_json
                     "of_optimum": shares.training,
                     "of_optimum_training": shares.training,
+                    "of_optimum_inference": shares.inference,
                     "of_optimum_total": shares.total,
                 }
             )

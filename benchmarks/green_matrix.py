@@ -12,10 +12,11 @@ Scenarios: the default fleet on its four zones and `sim_devices/fleets/other-zon
 period, first seed). Each scenario is one `greenfed eval --policies fifo-binpack,green
 --optimum` (the command is printed per row). The summary gives the median and worst CO2
 cut, deadline misses where the baseline has none, SLO violations, the mean wait of
-started work as a ratio, and the share of the optimum's saving for training and in
-total (cloud/eval/optimum_share.py); each row also splits its cut between training and
-inference (carbon-aware replica placement within each deployment's SLO) and counts
-green's jobs held back by temporal shifting and those that waited for capacity.
+started work as a ratio, and the share of the optimum's saving for training, for
+inference and in total (cloud/eval/optimum_share.py); each row also splits its cut
+between training and inference (carbon-aware replica placement within each
+deployment's SLO) and counts green's jobs held back by temporal shifting and those
+that waited for capacity.
 `--generator trace` runs the same scenarios on the trace-shaped workload
 (cloud/eval/trace_shaped.py: long jobs, many 8-GPU gangs) instead of the default mix.
 """
@@ -81,9 +82,10 @@ class Row:
     training_cut: float  # the same, training only
     inference_cut: float | None  # the same, inference only (None: no inference emissions)
     of_optimum: float | None  # share of the optimum's training saving green achieved
-    # The same for all emissions, against the bound plus the least inference of the two
-    # policies (cloud/eval/optimum_share.py: no inference optimum is computed).
+    # The same for all emissions, against both bounds together (cloud/eval/optimum_share.py).
     of_optimum_total: float | None
+    # The same for inference, against its bound (cloud/eval/inference_bound.py).
+    of_optimum_inference: float | None
     baseline_misses: int
     green_misses: int
     slo_violations: int
@@ -133,6 +135,8 @@ def run(scenario: Scenario) -> Row:
     )
     baseline, green = report.results
     assert report.bound is not None
+    assert report.inference_bound is not None
+    shares = optimum_shares(report.results, green, report.bound, report.inference_bound)
     return Row(
         scenario=scenario,
         co2_cut=1.0 - green.gco2 / baseline.gco2,
@@ -143,7 +147,8 @@ def run(scenario: Scenario) -> Row:
             else None
         ),
         of_optimum=share_of_optimum(baseline.training_gco2, green.training_gco2, report.bound),
-        of_optimum_total=optimum_shares(report.results, green, report.bound).total,
+        of_optimum_total=shares.total,
+        of_optimum_inference=shares.inference,
         baseline_misses=baseline.deadline_misses,
         green_misses=green.deadline_misses,
         slo_violations=green.slo_violations,
@@ -163,17 +168,18 @@ def _percent(value: float | None) -> str:
 def print_rows(rows: Sequence[Row]) -> None:
     print(
         "| fleet | start | seed | load | CO2 cut | training | inference "
-        "| of optimum (training) | of optimum (total) "
+        "| of optimum (training) | of optimum (inference) | of optimum (total) "
         "| misses (base/green) | SLO | wait × | unfinished | temporal | capacity | reshaped |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         s = row.scenario
         wait = "-" if row.wait_ratio is None else f"{row.wait_ratio:.2f}"
         print(
             f"| {s.fleet} | {s.start.isoformat()} | {s.seed} | {s.load:g} | {row.co2_cut:.1%} "
             f"| {row.training_cut:.1%} | {_percent(row.inference_cut)} "
-            f"| {_percent(row.of_optimum)} | {_percent(row.of_optimum_total)} "
+            f"| {_percent(row.of_optimum)} | {_percent(row.of_optimum_inference)} "
+            f"| {_percent(row.of_optimum_total)} "
             f"| {row.baseline_misses}/{row.green_misses} "
             f"| {row.slo_violations} | {wait} | {row.unfinished} "
             f"| {row.deferred_temporal} | {row.deferred_capacity} | {row.reshaped} |"
@@ -184,6 +190,9 @@ def summary(rows: Sequence[Row]) -> dict[str, object]:
     cuts = [row.co2_cut for row in rows]
     shares = [row.of_optimum for row in rows if row.of_optimum is not None]
     totals = [row.of_optimum_total for row in rows if row.of_optimum_total is not None]
+    inference_shares = [
+        row.of_optimum_inference for row in rows if row.of_optimum_inference is not None
+    ]
     waits = [row.wait_ratio for row in rows if row.wait_ratio is not None]
     inference = [row.inference_cut for row in rows if row.inference_cut is not None]
     return {
@@ -199,6 +208,10 @@ def summary(rows: Sequence[Row]) -> dict[str, object]:
         "worst_wait_ratio": max(waits) if waits else None,
         "median_of_optimum": statistics.median(shares) if shares else None,
         "worst_of_optimum": min(shares) if shares else None,
+        "median_of_optimum_inference": (
+            statistics.median(inference_shares) if inference_shares else None
+        ),
+        "worst_of_optimum_inference": min(inference_shares) if inference_shares else None,
         "median_of_optimum_total": statistics.median(totals) if totals else None,
         "worst_of_optimum_total": min(totals) if totals else None,
         "deferred_temporal": sum(row.deferred_temporal for row in rows),

@@ -33,8 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud.eval.bound import baseline_start_by, optimum
+from cloud.eval.inference_bound import inference_optimum
 from cloud.eval.optimum_share import optimum_shares
-from cloud.eval.runner import EvalOptions, run_eval
+from cloud.eval.runner import EvalOptions, run_eval, serving_latency
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEETS = {"default": None, "other-zones": ROOT / "sim_devices/fleets/other-zones.toml"}
@@ -53,6 +54,14 @@ def decompose(fleet: str, start: date, seed: int) -> str:
     scenario, energy = report.scenario, report.options.energy
     baseline, green = report.results
     submitted = {job_id: record.submitted_s for job_id, record in report.outcomes[0].jobs.items()}
+    inference = inference_optimum(
+        scenario.workload,
+        scenario.nodes,
+        report.outcomes,
+        scenario.recorded,
+        energy,
+        serving_latency(scenario, report.options.start_s),
+    )
     bounds = {
         "free": optimum(
             scenario.workload, scenario.nodes, report.outcomes, scenario.recorded, energy
@@ -80,7 +89,7 @@ def decompose(fleet: str, start: date, seed: int) -> str:
         f"(GPU-hours by zone: {_hours(green.gpu_hours_by_zone)})"
     ]
     for name, bound in bounds.items():
-        shares = optimum_shares(report.results, green, bound)
+        shares = optimum_shares(report.results, green, bound, inference)
         lines.append(
             f"  optimum, {name}: cuts training {1 - bound.gco2 / baseline.training_gco2:.1%}; "
             f"green has {_percent(shares.training)} of its training saving "

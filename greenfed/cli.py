@@ -435,12 +435,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"greenfed: the evaluation stopped: {error}", file=sys.stderr)
         return EXIT_FAILURE
     if args.json:
-        print(as_json(report.results, report.bound))
+        print(as_json(report.results, report.bound, report.inference_bound))
     else:
         print(describe(report))
-        print(table(report.results, report.bound))
-        if report.bound is not None:
-            print(optimum_line(report.results, report.bound))
+        print(table(report.results, report.bound, report.inference_bound))
+        if report.bound is not None and report.inference_bound is not None:
+            print(optimum_line(report.results, report.bound, report.inference_bound))
     if args.plot is not None:
         plot(report, args.plot)
         if not args.json:
@@ -840,8 +840,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--optimum",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="solve the offline optimum (a linear program, HiGHS, a few seconds) and show "
-        "each policy's share of its training CO2 saving (default; --no-optimum skips it)",
+        help="solve the offline optimum (linear programs, HiGHS, a few seconds) and show "
+        "each policy's share of its training, inference and total CO2 saving (default; "
+        "--no-optimum skips it)",
     )
     evaluate.add_argument(
         "--allow-missing-zones",

@@ -34,8 +34,8 @@ Relaxed (each makes the bound lower, never higher): work is divisible (a job may
 on any number of its accelerators, split across pools and hours, preempted and moved
 for free: no checkpoint loss, no restart time), gang members need not share a pool
 or a speed or a power mode, a job's hours may mix power modes, and jobs have no
-minimum run length. Inference is not optimised: its
-emissions are the policies' own, so the bound speaks for training only.
+minimum run length. The bound speaks for training only; inference's optimum is
+inference_bound.py, and optimum_share.py measures each against its own.
 """
 
 from __future__ import annotations
@@ -251,7 +251,8 @@ def optimum(
     pools = _pools(snapshot, energy)
     eligible = {spec.id: _eligible(snapshot, spec, pools) for spec in workload.training}
     windows = _windows(workload, outcomes, pools, eligible)
-    hours = max(1, math.ceil((max(end for _, end in windows.values()) - origin_s) / HOUR_S))
+    latest = max((end for _, end in windows.values()), default=origin_s)  # no training: none
+    hours = max(1, math.ceil((latest - origin_s) / HOUR_S))
     hour_starts = origin_s + HOUR_S * np.arange(hours, dtype=np.float64)
     intensity = (
         np.vstack(

@@ -1,19 +1,20 @@
-"""Each policy's share of the offline optimum's CO2 saving, for training and in total.
+"""Each policy's share of the offline optimum's CO2 saving: for training, for inference
+and in total.
 
-The bound (bound.py) optimises training only: its inference is whatever the policies
-ran. So the shares are computed against different references, and named for them:
+Two bounds, each a relaxation that no evaluated policy can beat: training's
+(bound.py: the least training CO2 over the policies' service) and inference's
+(inference_bound.py: the least inference CO2 over the same deployments' service). So:
 
 * training: (baseline's training − policy's training) / (baseline's training − the
-  bound). The bound is a relaxation, so no policy exceeds 100 %.
-* total (training + inference, what the headline cut covers): against the bound's
-  training plus the *least inference any evaluated policy emitted*. That inference
-  figure is the best schedule seen, not a proven optimum (none is computed), so the
-  total share is an upper estimate of the share of a true total optimum; no evaluated
-  policy exceeds 100 % of it either.
-* inference alone: no share is given, because no inference optimum exists to
-  measure against (``of_optimum_inference`` is null in JSON).
+  training bound).
+* inference: the same with inference emissions and the inference bound.
+* total (training + inference, what the headline cut covers): against the sum of the
+  two bounds. Each bound is below every policy's own figure, so their sum is below
+  every policy's total.
 
-"Baseline" is the first policy listed, as for "CO2 vs first".
+No policy exceeds 100 % of any of them. A share is None where the baseline leaves no
+room to save (it already emits what the bound does). "Baseline" is the first policy
+listed, as for "CO2 vs first".
 """
 
 from __future__ import annotations
@@ -22,35 +23,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .bound import Bound
+from .inference_bound import InferenceBound
 from .metrics import PolicyResult
+
+# A baseline within this share of the bound leaves no room to save: a share of that
+# would be noise over noise (the LP's tolerance is far below it).
+_NO_ROOM = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
 class OptimumShares:
     training: float | None  # None: the optimum saves nothing over the baseline
+    inference: float | None
     total: float | None
 
 
-def total_reference_gco2(results: Sequence[PolicyResult], bound: Bound) -> float:
-    """The total the total share is measured against: the bound's training plus the
-    least inference CO2 of the evaluated policies."""
-    inference = min((result.inference_gco2 for result in results), default=0.0)
-    return bound.gco2 + inference
+def total_reference_gco2(bound: Bound, inference_bound: InferenceBound) -> float:
+    """The total the total share is measured against: both bounds together."""
+    return bound.gco2 + inference_bound.gco2
 
 
 def _share(baseline: float, policy: float, reference: float) -> float | None:
     possible = baseline - reference
-    if possible <= 0:
+    if possible <= _NO_ROOM * max(abs(baseline), 1.0):
         return None
     return (baseline - policy) / possible
 
 
 def optimum_shares(
-    results: Sequence[PolicyResult], result: PolicyResult, bound: Bound
+    results: Sequence[PolicyResult],
+    result: PolicyResult,
+    bound: Bound,
+    inference_bound: InferenceBound,
 ) -> OptimumShares:
     """``result``'s shares of the optimum's saving over ``results[0]``."""
     baseline = results[0]
     return OptimumShares(
         training=_share(baseline.training_gco2, result.training_gco2, bound.gco2),
-        total=_share(baseline.gco2, result.gco2, total_reference_gco2(results, bound)),
+        inference=_share(baseline.inference_gco2, result.inference_gco2, inference_bound.gco2),
+        total=_share(baseline.gco2, result.gco2, total_reference_gco2(bound, inference_bound)),
     )

@@ -13,6 +13,7 @@ import numpy as np
 from shared.settings import ConfigError
 
 from .bound import Bound
+from .inference_bound import InferenceBound
 from .metrics import PolicyResult, hourly_gpu_load
 from .optimum_share import optimum_shares, total_reference_gco2
 from .runner import EvalReport, zones_of
@@ -53,8 +54,9 @@ _COLUMNS = (
 
 # Usage records accounted with the conservative stand-in for a zone without a series.
 _FALLBACK = ("fallback", "fallback_records", "{}")
-# Shares of the optimum's saving (optimum_share.py); no inference share: no bound.
+# Shares of the optimum's saving (optimum_share.py), against each bound.
 _OF_OPTIMUM_TRAINING = ("of optimum (training)", "training_gco2", "{}")
+_OF_OPTIMUM_INFERENCE = ("of optimum (inference)", "inference_gco2", "{}")
 _OF_OPTIMUM_TOTAL = ("of optimum (total)", "gco2", "{}")
 
 
@@ -66,12 +68,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
-def table(results: Sequence[PolicyResult], bound: Bound | None = None) -> str:
+def table(
+    results: Sequence[PolicyResult],
+    bound: Bound | None = None,
+    inference_bound: InferenceBound | None = None,
+) -> str:
     """One row per policy; "CO2 vs first" compares with the first policy listed. Waits
     are over started work (never-started work is in "unfinished"); a "fallback"
     column appears when any usage was accounted without a recorded series; with the
-    optimum, "of optimum (training)" and "(total)" are the shares of its CO2 saving
-    over the first policy that each policy achieved (optimum_share.py). "temporal" and
+    optimum (both bounds), "of optimum (training)", "(inference)" and "(total)" are
+    the shares of its CO2 saving over the first policy that each policy achieved
+    (optimum_share.py). "temporal" and
     "capacity" count the jobs held back by temporal shifting and those that waited for
     capacity; "migrated", "capped" and "reshaped" the jobs moved while running, run
     under a power cap and run in one of their alternative gang shapes."""
@@ -79,9 +86,9 @@ def table(results: Sequence[PolicyResult], bound: Bound | None = None) -> str:
     columns = list(_COLUMNS)
     if any(result.fallback_records for result in results):
         columns.insert(columns.index(("GPU util", "utilisation", "{:.1%}")), _FALLBACK)
-    if bound is not None:
+    if bound is not None and inference_bound is not None:
         at = columns.index(("temporal", "deferred_temporal_jobs", "{}"))
-        columns[at:at] = [_OF_OPTIMUM_TRAINING, _OF_OPTIMUM_TOTAL]
+        columns[at:at] = [_OF_OPTIMUM_TRAINING, _OF_OPTIMUM_INFERENCE, _OF_OPTIMUM_TOTAL]
     rows = []
     for result in results:
         row = []
@@ -89,8 +96,13 @@ def table(results: Sequence[PolicyResult], bound: Bound | None = None) -> str:
             value = getattr(result, attribute)
             if header.startswith("of optimum"):
                 assert bound is not None
-                shares = optimum_shares(results, result, bound)
-                share = shares.training if attribute == "training_gco2" else shares.total
+                assert inference_bound is not None
+                shares = optimum_shares(results, result, bound, inference_bound)
+                share = {
+                    "training_gco2": shares.training,
+                    "inference_gco2": shares.inference,
+                    "gco2": shares.total,
+                }[attribute]
                 text = "-" if share is None else f"{share:.0%}"
             elif header == "tCO2eq":
                 text = pattern.format(value / 1e6)
@@ -155,35 +167,48 @@ def _forecasts(perfect: bool, forecaster: str) -> str:
     return "oracle forecasts: the recorded future" if perfect else f"{forecaster} forecasts"
 
 
-def optimum_line(results: Sequence[PolicyResult], bound: Bound) -> str:
+def optimum_line(
+    results: Sequence[PolicyResult], bound: Bound, inference_bound: InferenceBound
+) -> str:
     baseline = results[0]
     return (
-        f"offline optimum (a relaxation; cloud/eval/bound.py): training "
+        f"offline optimum (a relaxation; cloud/eval/bound.py, inference_bound.py): training "
         f"{bound.gco2 / 1e6:.3f} tCO2eq, {bound.kwh:,.0f} kWh, against "
         f"{baseline.training_gco2 / 1e6:.3f} tCO2eq for {baseline.policy}'s training "
         f"({bound.jobs} jobs, {bound.variables:,} variables, solved in {bound.solve_s:.1f} s); "
-        f"total {total_reference_gco2(results, bound) / 1e6:.3f} tCO2eq with the least "
-        f"inference of the policies (inference is not optimised) against "
+        f"inference {inference_bound.gco2 / 1e6:.3f} tCO2eq, {inference_bound.kwh:,.0f} kWh, "
+        f"against {baseline.inference_gco2 / 1e6:.3f} tCO2eq "
+        f"({inference_bound.deployments} deployments, "
+        f"{inference_bound.replica_hours:,.0f} replica-hours, "
+        f"{inference_bound.variables:,} variables, solved in {inference_bound.solve_s:.1f} s); "
+        f"total {total_reference_gco2(bound, inference_bound) / 1e6:.3f} tCO2eq against "
         f"{baseline.gco2 / 1e6:.3f} tCO2eq"
     )
 
 
-def as_json(results: Sequence[PolicyResult], bound: Bound | None = None) -> str:
-    """A list, one object per policy; with the optimum, each also carries it and the
-    shares of its saving the policy achieved: `of_optimum_training` (also, as before,
-    `of_optimum`), `of_optimum_total` against `optimum_total_gco2`, and
-    `of_optimum_inference`, always null: no inference optimum is computed."""
+def as_json(
+    results: Sequence[PolicyResult],
+    bound: Bound | None = None,
+    inference_bound: InferenceBound | None = None,
+) -> str:
+    """A list, one object per policy; with the optimum (both bounds), each also carries
+    it and the shares of its saving the policy achieved: `of_optimum_training` (also,
+    as before, `of_optimum`) against `optimum_training_gco2`, `of_optimum_inference`
+    against `optimum_inference_gco2` and `of_optimum_total` against
+    `optimum_total_gco2` (their sum); a share is null where the first policy leaves no
+    room to save."""
     items = []
     for result in results:
         item = result.as_json()
-        if bound is not None:
-            shares = optimum_shares(results, result, bound)
+        if bound is not None and inference_bound is not None:
+            shares = optimum_shares(results, result, bound, inference_bound)
             item["optimum_training_gco2"] = bound.gco2
-            item["optimum_total_gco2"] = total_reference_gco2(results, bound)
+            item["optimum_inference_gco2"] = inference_bound.gco2
+            item["optimum_total_gco2"] = total_reference_gco2(bound, inference_bound)
             item["of_optimum"] = shares.training
             item["of_optimum_training"] = shares.training
+            item["of_optimum_inference"] = shares.inference
             item["of_optimum_total"] = shares.total
-            item["of_optimum_inference"] = None
         items.append(item)
     return json.dumps(items, indent=2)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from cloud.green.energy import EnergyModel
-from cloud.green.latency import default_latency_estimator
+from cloud.green.latency import ServingLatency, default_latency_estimator
 from cloud.green.policies import policy_spec
 from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.scheduler import Node
@@ -29,6 +29,7 @@ from cloud.signals.trace import TraceProvider
 from .bound import Bound, optimum
 from .fleet import load_fleet_nodes
 from .generate import WorkloadParams, generate_workload
+from .inference_bound import InferenceBound, inference_optimum
 from .metrics import PolicyResult, evaluate, hourly_gpu_load, recorded_signals
 from .simulation import HOUR_S, SimConfig, SimOutcome, Simulation
 from .trace_shaped import generate_trace_shaped
@@ -100,7 +101,8 @@ class EvalReport:
     scenario: Scenario
     results: list[PolicyResult]
     outcomes: list[SimOutcome]
-    bound: Bound | None = None
+    bound: Bound | None = None  # training's offline optimum (bound.py)
+    inference_bound: InferenceBound | None = None  # inference's (inference_bound.py)
 
 
 def build_scenario(options: EvalOptions) -> Scenario:
@@ -162,17 +164,13 @@ def _day(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, tz=UTC).date().isoformat()
 
 
-def run_eval(
-    options: EvalOptions,
-    *,
-    scenario: Scenario | None = None,
-    progress: Callable[[PolicyResult], None] | None = None,
-) -> EvalReport:
-    scenario = scenario or build_scenario(options)
+def serving_latency(scenario: Scenario, start_s: float) -> ServingLatency:
+    """The latency estimator every policy places with (and the inference optimum
+    filters by)."""
     # Placement meets each SLO at every hour's traffic mix (regions' traffic peaks at
     # different UTC hours), not only at the shares: a deployment's day is known here.
-    day = options.start_s + HOUR_S * np.arange(24)
-    latency = default_latency_estimator(
+    day = start_s + HOUR_S * np.arange(24)
+    return default_latency_estimator(
         {node.region for node in scenario.nodes}
         | {
             source.region
@@ -185,6 +183,16 @@ def run_eval(
             if len(spec.traffic) > 1
         },
     )
+
+
+def run_eval(
+    options: EvalOptions,
+    *,
+    scenario: Scenario | None = None,
+    progress: Callable[[PolicyResult], None] | None = None,
+) -> EvalReport:
+    scenario = scenario or build_scenario(options)
+    latency = serving_latency(scenario, options.start_s)
     results: list[PolicyResult] = []
     outcomes: list[SimOutcome] = []
     for name in options.policies:
@@ -208,12 +216,13 @@ def run_eval(
         outcomes.append(outcome)
         if progress is not None:
             progress(result)
-    bound = (
-        optimum(scenario.workload, scenario.nodes, outcomes, scenario.recorded, options.energy)
-        if options.bound
-        else None
+    if not options.bound:
+        return EvalReport(options, scenario, results, outcomes)
+    bound = optimum(scenario.workload, scenario.nodes, outcomes, scenario.recorded, options.energy)
+    inference_bound = inference_optimum(
+        scenario.workload, scenario.nodes, outcomes, scenario.recorded, options.energy, latency
     )
-    return EvalReport(options, scenario, results, outcomes, bound)
+    return EvalReport(options, scenario, results, outcomes, bound, inference_bound)
 
 
 def zones_of(nodes: Sequence[Node]) -> list[str]:
@@ -229,5 +238,6 @@ __all__ = [
     "build_scenario",
     "hourly_gpu_load",
     "run_eval",
+    "serving_latency",
     "zones_of",
 ]

@@ -1,9 +1,10 @@
 """The eval report's figures say what they measure: jobs held back are counted by why
 (temporal shifting, or waiting for capacity), and the share of the optimum's saving
-is given for training and in total, each against its own reference."""
+is given for training, for inference and in total, each against its own reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import date
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cloud.eval.bound import Bound
+from cloud.eval.inference_bound import InferenceBound
 from cloud.eval.metrics import PolicyResult
 from cloud.eval.optimum_share import optimum_shares, total_reference_gco2
 from cloud.eval.report import as_json, table
@@ -213,6 +215,15 @@ def result(policy: str, training: float, inference: float) -> PolicyResult:
 
 
 BOUND = Bound(gco2=600.0, kwh=0.0, jobs=1, variables=1, constraints=1, solve_s=0.0)
+INFERENCE_BOUND = InferenceBound(
+    gco2=250.0,
+    kwh=0.0,
+    deployments=1,
+    replica_hours=1.0,
+    variables=1,
+    constraints=1,
+    solve_s=0.0,
+)
 
 
 def test_the_shares_are_each_measured_against_their_own_reference() -> None:
@@ -220,24 +231,33 @@ def test_the_shares_are_each_measured_against_their_own_reference() -> None:
     green = result("green", 800.0, 300.0)
     spread = result("spread", 900.0, 400.0)
     results = [baseline, green, spread]
-    # Total reference: the bound's training plus the least inference seen (green's).
-    assert total_reference_gco2(results, BOUND) == 900.0
-    shares = optimum_shares(results, green, BOUND)
+    # Total reference: the two bounds together.
+    assert total_reference_gco2(BOUND, INFERENCE_BOUND) == 850.0
+    shares = optimum_shares(results, green, BOUND, INFERENCE_BOUND)
     assert shares.training == pytest.approx(200.0 / 400.0)
-    assert shares.total == pytest.approx(400.0 / 600.0)
-    assert optimum_shares(results, spread, BOUND).total == pytest.approx(200.0 / 600.0)
-    assert optimum_shares(results, baseline, BOUND).total == 0.0
+    assert shares.inference == pytest.approx(200.0 / 250.0)
+    assert shares.total == pytest.approx(400.0 / 650.0)
+    assert optimum_shares(results, spread, BOUND, INFERENCE_BOUND).total == pytest.approx(
+        200.0 / 650.0
+    )
+    assert optimum_shares(results, baseline, BOUND, INFERENCE_BOUND).total == 0.0
     # When the optimum saves nothing, there is no share to give.
     unbeatable = Bound(gco2=1000.0, kwh=0.0, jobs=1, variables=1, constraints=1, solve_s=0.0)
-    assert optimum_shares(results, green, unbeatable).training is None
-    items = json.loads(as_json(results, BOUND))
+    assert optimum_shares(results, green, unbeatable, INFERENCE_BOUND).training is None
+    same = dataclasses.replace(INFERENCE_BOUND, gco2=500.0)
+    assert optimum_shares(results, green, BOUND, same).inference is None
+    items = json.loads(as_json(results, BOUND, INFERENCE_BOUND))
     assert items[1]["of_optimum"] == items[1]["of_optimum_training"] == pytest.approx(0.5)
-    assert items[1]["of_optimum_total"] == pytest.approx(400.0 / 600.0)
-    assert items[1]["optimum_total_gco2"] == 900.0
-    assert items[1]["of_optimum_inference"] is None
-    header = table(results, BOUND).splitlines()[0]
+    assert items[1]["of_optimum_inference"] == pytest.approx(0.8)
+    assert items[1]["of_optimum_total"] == pytest.approx(400.0 / 650.0)
+    assert items[1]["optimum_inference_gco2"] == 250.0
+    assert items[1]["optimum_total_gco2"] == 850.0
+    header = table(results, BOUND, INFERENCE_BOUND).splitlines()[0]
     assert "of optimum (training)" in header
+    assert "of optimum (inference)" in header
     assert "of optimum (total)" in header
+    row = table(results, BOUND, INFERENCE_BOUND).splitlines()[3]
+    assert "80%" in row.split()
 
 
 def test_greenfed_eval_reports_the_split_figures(
@@ -251,12 +271,18 @@ def test_greenfed_eval_reports_the_split_figures(
         for key in ("deferred_temporal_jobs", "deferred_capacity_jobs", "capped_jobs"):
             assert isinstance(item[key], int)
         assert item["migrated_jobs"] <= item["migrations"]
-        # Inference is in the total: the total share is against a total reference.
-        assert item["optimum_total_gco2"] >= item["optimum_training_gco2"]
-        assert item["of_optimum_total"] is None or item["of_optimum_total"] <= 1.0 + 1e-9
+        # Inference is in the total: the total share is against both bounds.
+        assert item["optimum_total_gco2"] == pytest.approx(
+            item["optimum_training_gco2"] + item["optimum_inference_gco2"]
+        )
+        assert item["optimum_inference_gco2"] <= item["inference_gco2"] * (1 + 1e-9)
+        for share in ("of_optimum_training", "of_optimum_inference", "of_optimum_total"):
+            assert item[share] is None or item[share] <= 1.0 + 1e-9
+    assert items[1]["of_optimum_inference"] is not None
     assert main([*args, "--policies", "fifo-binpack,green"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "of optimum (training)" in out[1]
+    assert "of optimum (inference)" in out[1]
     assert "of optimum (total)" in out[1]
-    assert "total" in out[-1]
-    assert "inference is not optimised" in out[-1]
+    assert "inference_bound.py" in out[-1]
+    assert "inference is not optimised" not in out[-1]

@@ -236,7 +236,7 @@ def test_no_evaluated_policy_emits_less_training_co2_than_the_optimum(tmp_path: 
     assert bound.jobs == len(report.scenario.workload.training)
     for result in report.results:
         assert result.training_gco2 >= bound.gco2 * (1 - 1e-9), result.policy
-    rows = table(report.results, bound).splitlines()
+    rows = table(report.results, bound, report.inference_bound).splitlines()
     assert "of optimum" in rows[0]
     assert rows[2].split()[0] == "fifo-binpack"
 

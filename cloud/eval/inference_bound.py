@@ -1,0 +1,325 @@
+"""The offline optimum for inference: the least inference CO2 a placement with perfect
+knowledge could emit for the same scenario and the same service.
+
+Training's optimum is bound.py; this is its counterpart for the deployments, so that
+``greenfed eval --optimum`` can say "of optimum" for inference and in total against a
+proven lower bound, not against the best schedule seen. A linear program over
+deployment × node group × hour, solved by HiGHS (``scipy.optimize.linprog``);
+``x[d, g, h]`` is the replica-hours deployment ``d`` runs on group ``g`` in hour ``h``
+(a group: the edge and cloud nodes, per accelerator kind, alike in everything the
+placement and the accounting see: zone, speed, power, capacity and which deployments
+may use them):
+
+    minimise   Σ x[d,g,h] · kW[d,g,h] · I[zone(g), h]                  (gCO2eq)
+    such that  Σ_g x[d,g,h] = replica_hours[d, h]                      the same service
+               Σ_d x[d,g,h] · accelerators[d] ≤ accelerators[g]        capacity
+               0 ≤ x[d,g,h] ≤ nodes[g] · max_replicas_per_node[d] · eligible[d, g]
+
+It is accounted as the simulation accounts a replica (``simulation.replica_usages``,
+``cloud.green.accounting``): one replica on a node draws the energy model's
+``member_power_w`` for its accelerators of the kind at its busy share
+``u = min(1, rate / serving_replicas(rate) · reference_ms_per_request / speed / 1000)``,
+host share and PUE included, at the node's main pool of the kind (as the accounting
+reads it), times the *recorded* hourly intensity of its zone (fallbacks included);
+inference is counted within the evaluated period only.
+
+``replica_hours[d, h]`` is the least replica-time any evaluated policy ran ``d`` in hour
+``h``: where every policy runs what the deployment asks for (its replicas, or what its
+autoscaler keeps), that is the service; where one ran fewer (an SLO violation), the
+bound serves no more than that policy did, so it stays below it.
+
+``eligible[d, g]``: the scheduler's own static filters for the deployment (site,
+accelerator kind, providers, selectors, taints and the latency SLO at its worst hour of
+the day, judged by the same estimator the simulation's policies use), plus every node an
+evaluated policy actually ran it on.
+
+Relaxed (each makes the bound lower, never higher): replicas are divisible and move
+every hour for free (no start-up, no minimum run); within an hour a deployment is billed
+at the lowest request rate any policy's replica of it saw in that hour (the rate sets a
+replica's load and so its power); ``max_replicas_per_node`` and capacity hold per
+group-hour, not per node and instant; training's use of the same accelerators and
+tenants' quotas are ignored; the SLO is the placement filter's (static), not the hourly
+check at that hour's traffic. Every evaluated policy's placement is therefore a
+feasible point, and no policy can emit less inference CO2 than the bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cloud.green.energy import EnergyModel
+from cloud.green.latency import ServingLatency
+from cloud.green.window import window_means
+from cloud.scheduler import Node, Policy, Snapshot
+from cloud.scheduler.arrays import FloatArray, IntArray
+from cloud.scheduler.filters import PASS, static_filters
+from cloud.scheduler.model import KIND_INDEX
+from cloud.scheduler.shape import make_shape
+from cloud.signals.grid import GridSignals
+from shared.messages import AcceleratorKind
+
+from .bound import BoundUnavailable
+from .simulation import HOUR_S, SimOutcome, serving_replicas
+from .workload import InferenceSpec, Workload, deployment, requests_per_s
+
+_KINDS: tuple[AcceleratorKind, ...] = ("gpu", "npu", "cpu")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InferenceBound:
+    gco2: float  # inference emissions of the optimum, within the evaluated period
+    kwh: float
+    deployments: int
+    replica_hours: float  # the service it gives: Σ replica_hours[d, h]
+    variables: int
+    constraints: int
+    solve_s: float
+    replica_hours_by_zone: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Nodes alike for inference, one accelerator kind of them."""
+
+    kind: AcceleratorKind
+    rows: tuple[int, ...]  # snapshot rows
+    accelerators: int  # of the kind, all its pools, all its nodes
+    representative: int
+    eligible: tuple[bool, ...]  # per deployment
+
+
+def eligible_rows(
+    snapshot: Snapshot,
+    spec: InferenceSpec,
+    kind: str,
+    latency: ServingLatency,
+    origin_s: float,
+) -> set[int]:
+    """The rows whose pools of ``kind`` the scheduler's static filters (the latency SLO
+    among them) let one of the deployment's replicas use."""
+    if kind not in spec.accepted_kinds:
+        return set()
+    shape = make_shape(deployment(spec, origin_s), Policy())
+    rows: set[int] = set()
+    for column in snapshot.nodes.kind_columns[KIND_INDEX[kind]]:
+        static = static_filters(snapshot, shape, column, latency)
+        rows.update(np.flatnonzero(static.codes == PASS).tolist())
+    return rows
+
+
+def _groups(
+    snapshot: Snapshot,
+    specs: Sequence[InferenceSpec],
+    eligible: dict[tuple[str, str], set[int]],
+    energy: EnergyModel,
+) -> list[_Group]:
+    table = snapshot.nodes
+    groups: dict[Hashable, tuple[AcceleratorKind, tuple[bool, ...], list[int]]] = {}
+    for kind in _KINDS:
+        capacity = table.kind_capacity(kind)
+        rows = np.flatnonzero(capacity > 0)
+        if rows.size == 0:
+            continue
+        speed = table.kind(kind).relative_speed
+        idle_w = energy.member_power_w(snapshot, kind, rows, 1, 0.0)
+        busy_w = energy.member_power_w(snapshot, kind, rows, 1, 1.0)
+        for i, row in enumerate(rows.tolist()):
+            allowed = tuple(row in eligible[(spec.id, kind)] for spec in specs)
+            if not any(allowed):
+                continue
+            key = (
+                kind,
+                int(table.zone_code[row]),
+                int(capacity[row]),
+                float(speed[row]),
+                round(float(idle_w[i]), 9),
+                round(float(busy_w[i]), 9),
+                allowed,
+            )
+            groups.setdefault(key, (kind, allowed, []))[2].append(row)
+    return [
+        _Group(
+            kind=kind,
+            rows=tuple(rows_of),
+            accelerators=int(table.kind_capacity(kind)[rows_of].sum()),
+            representative=rows_of[0],
+            eligible=allowed,
+        )
+        for kind, allowed, rows_of in groups.values()
+    ]
+
+
+def _served(
+    outcomes: Sequence[SimOutcome],
+    specs: Sequence[InferenceSpec],
+    origin_s: float,
+    hours: int,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per deployment and hour: the least replica-hours any policy ran it, and the lowest
+    and highest busy share per reference-speed replica any of their replicas' usage
+    records saw (``simulation.replica_usages``: the rate at each record's midpoint)."""
+    index = {spec.id: d for d, spec in enumerate(specs)}
+    end_s = origin_s + hours * HOUR_S
+    least = np.full((len(specs), hours), np.inf)
+    low = np.full((len(specs), hours), np.inf)
+    high = np.full((len(specs), hours), -np.inf)
+    for outcome in outcomes:
+        held = np.zeros((len(specs), hours))
+        for run in outcome.replicas:
+            d = index[run.spec.id]
+            start = max(run.start_s, origin_s)
+            stop = min(run.end_s if run.end_s is not None else end_s, end_s)
+            at = start
+            while at < stop:
+                hour = math.floor((at - origin_s) / HOUR_S)
+                piece_end = min(stop, origin_s + (hour + 1) * HOUR_S)
+                held[d, hour] += (piece_end - at) / HOUR_S
+                rate = requests_per_s(run.spec, (at + piece_end) / 2)
+                load = rate / serving_replicas(run.spec, rate)
+                low[d, hour] = min(low[d, hour], load)
+                high[d, hour] = max(high[d, hour], load)
+                at = piece_end
+        least = np.minimum(least, held)
+    least = np.where(np.isfinite(least), least, 0.0)
+    return least, np.where(np.isfinite(low), low, 0.0), np.where(np.isfinite(high), high, 0.0)
+
+
+def inference_optimum(
+    workload: Workload,
+    nodes: Sequence[Node],
+    outcomes: Sequence[SimOutcome],
+    recorded: GridSignals,
+    energy: EnergyModel,
+    latency: ServingLatency,
+) -> InferenceBound:
+    """The least inference CO2 over the evaluated policies' service (module docstring).
+    ``latency`` is the estimator the simulations placed with (``runner.serving_latency``)."""
+    try:
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+    except ImportError as error:  # pragma: no cover - scipy is in the cloud extra
+        raise BoundUnavailable(f"the optimum needs SciPy: {error}") from None
+    began = time.perf_counter()
+    config = outcomes[0].config
+    origin_s = config.start_s
+    hours = max(1, math.ceil((config.end_s - origin_s) / HOUR_S - 1e-9))
+    snapshot = Snapshot.build(now=origin_s, nodes=nodes)
+    table = snapshot.nodes
+    specs = list(workload.inference)
+    eligible: dict[tuple[str, str], set[int]] = {
+        (spec.id, kind): eligible_rows(snapshot, spec, kind, latency, origin_s)
+        for spec in specs
+        for kind in _KINDS
+    }
+    for outcome in outcomes:  # every policy's placement is a feasible point
+        for run in outcome.replicas:
+            eligible[(run.spec.id, run.accelerator_kind)].add(table.index[run.node_id])
+    groups = _groups(snapshot, specs, eligible, energy)
+    served, low, high = _served(outcomes, specs, origin_s, hours)
+    hour_starts = origin_s + HOUR_S * np.arange(hours, dtype=np.float64)
+    intensity = [
+        window_means(
+            recorded,
+            snapshot,
+            np.full(hours, group.representative),
+            hour_starts,
+            hour_starts + HOUR_S,
+            "carbon",
+        ).values
+        for group in groups
+    ]
+
+    cost: list[FloatArray] = []
+    kw_of: list[FloatArray] = []
+    upper: list[FloatArray] = []
+    row_of: list[IntArray] = []
+    group_hour: list[IntArray] = []
+    weight: list[FloatArray] = []
+    zone_of: list[IntArray] = []
+    rows_needed = [(d, h) for d in range(len(specs)) for h in range(hours) if served[d, h] > 0]
+    row_index = {key: i for i, key in enumerate(rows_needed)}
+    for d, spec in enumerate(specs):
+        span = np.flatnonzero(served[d] > 0)
+        if span.size == 0:
+            continue
+        accelerators = deployment(spec, origin_s).accelerators_per_replica
+        for g, group in enumerate(groups):
+            if not group.eligible[d]:
+                continue
+            speed = float(table.kind(group.kind).relative_speed[group.representative])
+            service_s = spec.reference_ms_per_request / speed / 1000.0
+            # Power is linear in the busy share, so its least over the hour's loads
+            # is at the lowest or the highest of them.
+            watts = np.minimum(
+                *(
+                    energy.member_power_w(
+                        snapshot,
+                        group.kind,
+                        np.full(span.size, group.representative),
+                        accelerators,
+                        np.minimum(1.0, load[d, span] * service_s),
+                    )
+                    for load in (low, high)
+                )
+            )
+            kw = watts / 1000.0
+            cost.append(kw * intensity[g][span])
+            kw_of.append(kw)
+            upper.append(np.full(span.size, float(len(group.rows) * spec.max_replicas_per_node)))
+            row_of.append(np.array([row_index[(d, int(h))] for h in span], dtype=np.int64))
+            group_hour.append(g * hours + span)
+            weight.append(np.full(span.size, float(accelerators)))
+            zone_of.append(np.full(span.size, int(table.zone_code[group.representative])))
+    total_hours = float(served.sum())
+    if not cost:
+        return InferenceBound(
+            gco2=0.0,
+            kwh=0.0,
+            deployments=len(specs),
+            replica_hours=total_hours,
+            variables=0,
+            constraints=0,
+            solve_s=time.perf_counter() - began,
+        )
+    c = np.concatenate(cost)
+    n = c.size
+    columns = np.arange(n)
+    a_eq = coo_matrix(
+        (np.ones(n), (np.concatenate(row_of), columns)),
+        shape=(len(rows_needed), n),
+    )
+    a_ub = coo_matrix(
+        (np.concatenate(weight), (np.concatenate(group_hour), columns)),
+        shape=(len(groups) * hours, n),
+    )
+    capacity = np.repeat([float(group.accelerators) for group in groups], hours)
+    result = linprog(
+        c,
+        A_ub=a_ub.tocsr(),
+        b_ub=capacity,
+        A_eq=a_eq.tocsr(),
+        b_eq=np.array([served[d, h] for d, h in rows_needed]),
+        bounds=np.column_stack([np.zeros(n), np.concatenate(upper)]),
+        method="highs",
+    )
+    if result.status != 0:
+        raise BoundUnavailable(f"HiGHS found no inference optimum: {result.message}")
+    x = result.x
+    zones = np.concatenate(zone_of)
+    return InferenceBound(
+        gco2=float(result.fun),
+        kwh=float(np.concatenate(kw_of) @ x),
+        deployments=len(specs),
+        replica_hours=total_hours,
+        variables=n,
+        constraints=len(rows_needed) + len(groups) * hours,
+        solve_s=time.perf_counter() - began,
+        replica_hours_by_zone={
+            table.zones[code]: float(x[zones == code].sum()) for code in np.unique(zones)
+        },
+    )
