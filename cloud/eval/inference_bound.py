@@ -4,16 +4,17 @@ knowledge could emit for the same scenario and the same service.
 Training's optimum is bound.py; this is its counterpart for the deployments, so that
 ``greenfed eval --optimum`` can say "of optimum" for inference and in total against a
 proven lower bound, not against the best schedule seen. A linear program over
-deployment × node group × hour, solved by HiGHS (``scipy.optimize.linprog``);
-``x[d, g, h]`` is the replica-hours deployment ``d`` runs on group ``g`` in hour ``h``
-(a group: the edge and cloud nodes, per accelerator kind, alike in everything the
-placement and the accounting see: zone, speed, power, capacity and which deployments
-may use them):
+deployment × node group × accelerator kind × hour, solved by HiGHS
+(``scipy.optimize.linprog``); ``x[d, g, k, h]`` is the replica-hours deployment ``d``
+runs on the kind-``k`` pools of group ``g`` in hour ``h`` (a group: nodes alike in
+everything the placement and the accounting see: zone, and per kind speed, power,
+capacity and which deployments may use it):
 
-    minimise   Σ x[d,g,h] · kW[d,g,h] · I[zone(g), h]                  (gCO2eq)
-    such that  Σ_g x[d,g,h] = replica_hours[d, h]                      the same service
-               Σ_d x[d,g,h] · accelerators[d] ≤ accelerators[g]        capacity
-               0 ≤ x[d,g,h] ≤ nodes[g] · max_replicas_per_node[d] · eligible[d, g]
+    minimise   Σ x[d,g,k,h] · kW[d,g,k,h] · I[zone(g), h]                 (gCO2eq)
+    such that  Σ_{g,k} x[d,g,k,h] = replica_hours[d, h]                  the same service
+               Σ_d x[d,g,k,h] · accelerators[d] ≤ accelerators[g, k]     capacity
+               Σ_k x[d,g,k,h] ≤ nodes[g] · max_replicas_per_node[d]      per node, all kinds
+               x[d,g,k,h] ≥ 0, and 0 where not eligible[d, g, k]
 
 It is accounted as the simulation accounts a replica (``simulation.replica_usages``,
 ``cloud.green.accounting``): one replica on a node draws the energy model's
@@ -28,26 +29,27 @@ inference is counted within the evaluated period only.
 autoscaler keeps), that is the service; where one ran fewer (an SLO violation), the
 bound serves no more than that policy did, so it stays below it.
 
-``eligible[d, g]``: the scheduler's own static filters for the deployment (site,
+``eligible[d, g, k]``: the scheduler's own static filters for the deployment (site,
 accelerator kind, providers, selectors, taints and the latency SLO at its worst hour of
 the day, judged by the same estimator the simulation's policies use), plus every node an
 evaluated policy actually ran it on.
 
 Relaxed (each makes the bound lower, never higher): replicas are divisible and move
-every hour for free (no start-up, no minimum run); within an hour a deployment is billed
-at the lowest request rate any policy's replica of it saw in that hour (the rate sets a
-replica's load and so its power); ``max_replicas_per_node`` and capacity hold per
-group-hour, not per node and instant; training's use of the same accelerators and
-tenants' quotas are ignored; the SLO is the placement filter's (static), not the hourly
-check at that hour's traffic. Every evaluated policy's placement is therefore a
-feasible point, and no policy can emit less inference CO2 than the bound.
+every hour for free (no start-up, no minimum run); within an hour a replica draws the
+least power of the request rates any policy's replica of the deployment saw in that
+hour (the rate sets a replica's load and so its power); ``max_replicas_per_node`` and
+capacity hold per group and hour, not per node and instant; training's use of the same
+accelerators and tenants' quotas are ignored; the SLO is the placement filter's
+(static), not the hourly check at that hour's traffic. Every evaluated policy's
+placement is therefore a feasible point, and no policy can emit less inference CO2
+than the bound.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,15 +84,28 @@ class InferenceBound:
     replica_hours_by_zone: dict[str, float] = field(default_factory=dict)
 
 
+# A node's pool of one kind as grouping sees it: kind, accelerators, speed, one
+# accelerator's power idle and busy, and which deployments may use it.
+_PoolKey = tuple[AcceleratorKind, int, float, float, float, tuple[bool, ...]]
+
+
 @dataclass(frozen=True, slots=True)
-class _Group:
-    """Nodes alike for inference, one accelerator kind of them."""
+class _Pool:
+    """One accelerator kind of every node of a group."""
 
     kind: AcceleratorKind
-    rows: tuple[int, ...]  # snapshot rows
-    accelerators: int  # of the kind, all its pools, all its nodes
-    representative: int
+    accelerators: int  # of the kind, all its pools, all the group's nodes
     eligible: tuple[bool, ...]  # per deployment
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Nodes alike for inference: zone, and per kind speed, power, capacity and which
+    deployments may use it."""
+
+    rows: tuple[int, ...]  # snapshot rows
+    representative: int
+    pools: tuple[_Pool, ...]
 
 
 def eligible_rows(
@@ -119,38 +134,46 @@ def _groups(
     energy: EnergyModel,
 ) -> list[_Group]:
     table = snapshot.nodes
-    groups: dict[Hashable, tuple[AcceleratorKind, tuple[bool, ...], list[int]]] = {}
+    every_row = np.arange(len(table))
+    per_kind = []
     for kind in _KINDS:
-        capacity = table.kind_capacity(kind)
-        rows = np.flatnonzero(capacity > 0)
-        if rows.size == 0:
-            continue
-        speed = table.kind(kind).relative_speed
-        idle_w = energy.member_power_w(snapshot, kind, rows, 1, 0.0)
-        busy_w = energy.member_power_w(snapshot, kind, rows, 1, 1.0)
-        for i, row in enumerate(rows.tolist()):
-            allowed = tuple(row in eligible[(spec.id, kind)] for spec in specs)
-            if not any(allowed):
-                continue
-            key = (
+        per_kind.append(
+            (
                 kind,
-                int(table.zone_code[row]),
-                int(capacity[row]),
-                float(speed[row]),
-                round(float(idle_w[i]), 9),
-                round(float(busy_w[i]), 9),
-                allowed,
+                table.kind_capacity(kind),
+                table.kind(kind).relative_speed,
+                energy.member_power_w(snapshot, kind, every_row, 1, 0.0),
+                energy.member_power_w(snapshot, kind, every_row, 1, 1.0),
             )
-            groups.setdefault(key, (kind, allowed, []))[2].append(row)
+        )
+    groups: dict[tuple[int, tuple[_PoolKey, ...]], list[int]] = {}
+    for row in range(len(table)):
+        pools: list[_PoolKey] = []
+        for kind, capacity, speed, idle_w, busy_w in per_kind:
+            allowed = tuple(row in eligible[(spec.id, kind)] for spec in specs)
+            if capacity[row] > 0 and any(allowed):
+                pools.append(
+                    (
+                        kind,
+                        int(capacity[row]),
+                        float(speed[row]),
+                        round(float(idle_w[row]), 9),
+                        round(float(busy_w[row]), 9),
+                        allowed,
+                    )
+                )
+        if pools:
+            groups.setdefault((int(table.zone_code[row]), tuple(pools)), []).append(row)
     return [
         _Group(
-            kind=kind,
-            rows=tuple(rows_of),
-            accelerators=int(table.kind_capacity(kind)[rows_of].sum()),
-            representative=rows_of[0],
-            eligible=allowed,
+            rows=tuple(rows),
+            representative=rows[0],
+            pools=tuple(
+                _Pool(kind=kind, accelerators=capacity * len(rows), eligible=allowed)
+                for kind, capacity, _, _, _, allowed in pools
+            ),
         )
-        for kind, allowed, rows_of in groups.values()
+        for (_, pools), rows in groups.items()
     ]
 
 
@@ -237,46 +260,73 @@ def inference_optimum(
     cost: list[FloatArray] = []
     kw_of: list[FloatArray] = []
     upper: list[FloatArray] = []
-    row_of: list[IntArray] = []
-    group_hour: list[IntArray] = []
-    weight: list[FloatArray] = []
+    equality_row: list[IntArray] = []  # per variable: its (deployment, hour)
     zone_of: list[IntArray] = []
+    # Inequalities, as (row, column, coefficient) triples: first each pool's capacity
+    # per hour, then, per hour, each (deployment, group) that more than one of the
+    # group's kinds may serve: the nodes hold at most the replica limit, all kinds
+    # together (the scheduler counts a deployment's replicas per node).
+    ub_row: list[IntArray] = []
+    ub_column: list[IntArray] = []
+    ub_value: list[FloatArray] = []
+    capacity = [float(pool.accelerators) for group in groups for pool in group.pools]
+    first_pool = np.cumsum([0] + [len(group.pools) for group in groups])
+    limits: list[float] = []
     rows_needed = [(d, h) for d in range(len(specs)) for h in range(hours) if served[d, h] > 0]
     row_index = {key: i for i, key in enumerate(rows_needed)}
+    n = 0
     for d, spec in enumerate(specs):
         span = np.flatnonzero(served[d] > 0)
         if span.size == 0:
             continue
         accelerators = deployment(spec, origin_s).accelerators_per_replica
+        rows_of_d = np.array([row_index[(d, int(h))] for h in span], dtype=np.int64)
         for g, group in enumerate(groups):
-            if not group.eligible[d]:
+            usable = [i for i, pool in enumerate(group.pools) if pool.eligible[d]]
+            if not usable:
                 continue
-            speed = float(table.kind(group.kind).relative_speed[group.representative])
-            service_s = spec.reference_ms_per_request / speed / 1000.0
-            # Power is linear in the busy share, so its least over the hour's loads
-            # is at the lowest or the highest of them.
-            watts = np.minimum(
-                *(
-                    energy.member_power_w(
-                        snapshot,
-                        group.kind,
-                        np.full(span.size, group.representative),
-                        accelerators,
-                        np.minimum(1.0, load[d, span] * service_s),
+            per_node = float(len(group.rows) * spec.max_replicas_per_node)
+            limit = None
+            if len(usable) > 1:
+                limit = len(limits)
+                limits.append(per_node)
+            for i in usable:
+                pool = group.pools[i]
+                speed = float(table.kind(pool.kind).relative_speed[group.representative])
+                service_s = spec.reference_ms_per_request / speed / 1000.0
+                # Power is linear in the busy share, so its least over the hour's loads
+                # is at the lowest or the highest of them.
+                kw = (
+                    np.minimum(
+                        *(
+                            energy.member_power_w(
+                                snapshot,
+                                pool.kind,
+                                np.full(span.size, group.representative),
+                                accelerators,
+                                np.minimum(1.0, load[d, span] * service_s),
+                            )
+                            for load in (low, high)
+                        )
                     )
-                    for load in (low, high)
+                    / 1000.0
                 )
-            )
-            kw = watts / 1000.0
-            cost.append(kw * intensity[g][span])
-            kw_of.append(kw)
-            upper.append(np.full(span.size, float(len(group.rows) * spec.max_replicas_per_node)))
-            row_of.append(np.array([row_index[(d, int(h))] for h in span], dtype=np.int64))
-            group_hour.append(g * hours + span)
-            weight.append(np.full(span.size, float(accelerators)))
-            zone_of.append(np.full(span.size, int(table.zone_code[group.representative])))
+                columns = n + np.arange(span.size)
+                n += span.size
+                cost.append(kw * intensity[g][span])
+                kw_of.append(kw)
+                upper.append(np.full(span.size, per_node))
+                equality_row.append(rows_of_d)
+                zone_of.append(np.full(span.size, int(table.zone_code[group.representative])))
+                ub_row.append((first_pool[g] + i) * hours + span)
+                ub_column.append(columns)
+                ub_value.append(np.full(span.size, float(accelerators)))
+                if limit is not None:
+                    ub_row.append((len(capacity) + limit) * hours + span)
+                    ub_column.append(columns)
+                    ub_value.append(np.ones(span.size))
     total_hours = float(served.sum())
-    if not cost:
+    if n == 0:
         return InferenceBound(
             gco2=0.0,
             kwh=0.0,
@@ -286,22 +336,18 @@ def inference_optimum(
             constraints=0,
             solve_s=time.perf_counter() - began,
         )
-    c = np.concatenate(cost)
-    n = c.size
-    columns = np.arange(n)
     a_eq = coo_matrix(
-        (np.ones(n), (np.concatenate(row_of), columns)),
-        shape=(len(rows_needed), n),
+        (np.ones(n), (np.concatenate(equality_row), np.arange(n))), shape=(len(rows_needed), n)
     )
+    bounds_ub = np.repeat(np.array(capacity + limits), hours)
     a_ub = coo_matrix(
-        (np.concatenate(weight), (np.concatenate(group_hour), columns)),
-        shape=(len(groups) * hours, n),
+        (np.concatenate(ub_value), (np.concatenate(ub_row), np.concatenate(ub_column))),
+        shape=(bounds_ub.size, n),
     )
-    capacity = np.repeat([float(group.accelerators) for group in groups], hours)
     result = linprog(
-        c,
+        np.concatenate(cost),
         A_ub=a_ub.tocsr(),
-        b_ub=capacity,
+        b_ub=bounds_ub,
         A_eq=a_eq.tocsr(),
         b_eq=np.array([served[d, h] for d, h in rows_needed]),
         bounds=np.column_stack([np.zeros(n), np.concatenate(upper)]),
@@ -317,7 +363,7 @@ def inference_optimum(
         deployments=len(specs),
         replica_hours=total_hours,
         variables=n,
-        constraints=len(rows_needed) + len(groups) * hours,
+        constraints=len(rows_needed) + bounds_ub.size,
         solve_s=time.perf_counter() - began,
         replica_hours_by_zone={
             table.zones[code]: float(x[zones == code].sum()) for code in np.unique(zones)

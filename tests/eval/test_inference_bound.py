@@ -148,6 +148,42 @@ def test_with_one_zone_within_the_slo_the_bound_is_that_zones_co2(tmp_path: Path
         assert result.inference_gco2 == pytest.approx(by_hand, rel=1e-6)
 
 
+def test_a_node_holds_no_more_of_a_deployments_replicas_than_its_limit_over_all_kinds(
+    tmp_path: Path,
+) -> None:
+    """Each T4 server's GPU and CPU may both serve the deployment, but the scheduler
+    counts one node's replicas over all its kinds: one replica in each zone."""
+    report = _tiny(
+        tmp_path,
+        {
+            "id": "two",
+            "tenant": "t",
+            "replicas": 2,
+            "accepted_kinds": ["gpu", "cpu"],
+            "latency_slo_ms": 1000.0,
+            "reference_ms_per_request": 2.0,
+            "peak_requests_per_s": 5.0,
+        },
+    )
+    bound = report.inference_bound
+    assert bound is not None
+    nodes = report.scenario.nodes
+    snapshot = Snapshot.build(now=report.options.start_s, nodes=nodes)
+    row = np.array([snapshot.nodes.index[nodes[0].node_id]])
+    utilisation = {
+        pool.kind: 5.0 / 2 * 2.0 / pool.relative_speed / 1000.0 for pool in nodes[0].pools
+    }
+    least_w = min(
+        float(EnergyModel().member_power_w(snapshot, kind, row, 1, busy)[0])
+        for kind, busy in utilisation.items()
+    )
+    by_hand = 24.0 * least_w / 1000.0 * (CLEAN_G_PER_KWH["CA-ON"] + CLEAN_G_PER_KWH["DE"])
+    assert bound.gco2 == pytest.approx(by_hand, rel=1e-6)
+    assert bound.replica_hours_by_zone["DE"] == pytest.approx(24.0)
+    for result in report.results:
+        assert bound.gco2 <= result.inference_gco2 * (1 + 1e-9)
+
+
 def _small(tmp_path: Path) -> EvalOptions:
     fleet, workload = write_scenario(tmp_path)
     return EvalOptions(
