@@ -24,6 +24,15 @@
    the control plane ingested (`greenfed_mqtt_messages_ingested{channel="telemetry"}`)
    over the whole run, from the first connection to the last goodbye.
 
+`--api-replicas N` (PostgreSQL) starts N API-only `greenfed cloud` processes beside
+the first, the scheduling leader (benchmarks/api_replicas.py): same schema and broker,
+`scheduling.enabled = false`, no shared group (each ingests all telemetry). The jobs
+are queued, the pages walked and the scrapes asked through them, round robin; the
+pass times still come from the leader, whose `/metrics` is read as often
+(`--scrape-every`, timed on its own). Every process's CPU, RSS, event-loop lag
+(`greenfed_event_loop_lag_seconds` on its own `/metrics`, from the window's start to
+its end), online count and telemetry ingested are reported under `by_process`.
+
 `--in-process RUNS` instead times the `/metrics` exposition and the `/v1/nodes` pages
 alone, in this process, over `--nodes` of the same fleet, every node given a new sample
 before each run: their own CPU and wall seconds, without a control plane's event loop
@@ -51,6 +60,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +70,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
+from benchmarks.api_replicas import api_replicas
 from benchmarks.lifecycle_bench import DEFAULT_POSTGRES_URL, database_env, free_port
 
 MOSQUITTO_CONFIG = """\
@@ -73,11 +84,22 @@ max_queued_messages {queue}
 STOPPED = re.compile(r"simulated fleet: (\d+) nodes stopped, (\d+) telemetry messages sent")
 CONNECTED = re.compile(r"simulated fleet: (\d+) nodes connected")
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", re.MULTILINE)
+# Where the per-node and per-accelerator series of a `/metrics` body begin: every
+# series this benchmark reads comes before (cloud/metrics.py writes the fleet
+# registry's families first), so the megabytes after are not parsed here.
+PER_NODE_SERIES = "# HELP greenfed_node_up "
+LAG = "greenfed_event_loop_lag_seconds"
 
 
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
+
+
+def registry_head(text: str) -> str:
+    """The `/metrics` body before its per-node and per-accelerator series."""
+    end = text.find(PER_NODE_SERIES)
+    return text if end < 0 else text[:end]
 
 
 def metric(text: str, name: str, labels: str = "") -> float | None:
@@ -148,13 +170,14 @@ async def control_plane(env: dict[str, str], api: str, data_dir: Path) -> AsyncI
 
 
 async def queue_jobs(
-    http: aiohttp.ClientSession, api: str, token: str, jobs: int, clients: int
+    http: aiohttp.ClientSession, apis: list[str], token: str, jobs: int, clients: int
 ) -> float:
+    """`jobs` queued by `clients` clients, client i through `apis[i % len(apis)]`."""
     headers = {"Authorization": f"Bearer {token}"}
     numbers = iter(range(jobs))
     started = time.perf_counter()
 
-    async def client() -> None:
+    async def client(api: str) -> None:
         for number in numbers:
             body = {
                 "name": f"fleet-{number}",
@@ -169,7 +192,7 @@ async def queue_jobs(
                     raise RuntimeError(f"job {number}: {response.status} {await response.text()}")
                 await response.read()
 
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await asyncio.gather(*(client(apis[index % len(apis)]) for index in range(clients)))
     return time.perf_counter() - started
 
 
@@ -225,8 +248,87 @@ class CpuMeter:
         return (self._cpu_s() - self._start) / (time.monotonic() - self._started)
 
 
+@dataclass
+class ControlPlaneProcess:
+    """One `greenfed cloud` process (the leader or an API replica) and what the window
+    saw of it."""
+
+    name: str
+    api: str
+    process: psutil.Process
+    cpu: CpuMeter | None = None
+    cpu_cores: float | None = None  # over the window, read as it ends
+    rss_max: int = 0
+    # Its loop-lag histogram's cumulative counts by bucket bound, at the window's
+    # start and at the latest scrape; the worst lag any scrape in the window read.
+    lag_start: dict[float, float] = field(default_factory=dict)
+    lag_latest: dict[float, float] = field(default_factory=dict)
+    lag_max_s: float = 0.0
+    scrapes: list[float] = field(default_factory=list)
+    pages: list[float] = field(default_factory=list)
+    offline_max: int = 0
+
+    def read(self, head: str) -> None:
+        """What a scrape's body (`registry_head`) says of this process."""
+        self.lag_latest = lag_buckets(head)
+        self.lag_max_s = max(
+            self.lag_max_s, metric(head, "greenfed_event_loop_lag_max_seconds") or 0
+        )
+        offline = sum(
+            float(m[3])
+            for m in SAMPLE.finditer(head)
+            if m[1] == "greenfed_nodes" and 'state="offline"' in (m[2] or "")
+        )
+        self.offline_max = max(self.offline_max, int(offline))
+        with contextlib.suppress(psutil.Error):
+            self.rss_max = max(self.rss_max, self.process.memory_info().rss)
+
+    def figures(self) -> dict[str, Any]:
+        lag = {le: self.lag_latest.get(le, 0.0) - n for le, n in self.lag_start.items()}
+        samples = lag.get(math.inf, 0.0)
+        figures: dict[str, Any] = {
+            "cpu_cores": self.cpu_cores,
+            "rss_mb_max": round(self.rss_max / 1e6),
+            "loop_lag_samples": int(samples),
+            "loop_lag_over_100ms": int(samples - lag.get(0.1, 0.0)),
+            # The bound of the histogram bucket that holds the 99th percentile.
+            "loop_lag_p99_le_ms": next(
+                (round(le * 1000) for le in sorted(lag) if lag[le] >= 0.99 * samples), None
+            )
+            if samples
+            else None,
+            "loop_lag_max_ms": round(self.lag_max_s * 1000),
+            "offline_max_in_window": self.offline_max,
+        }
+        if self.scrapes:
+            figures["scrapes"] = len(self.scrapes)
+            figures["metrics_scrape_ms_median"] = round(statistics.median(self.scrapes) * 1000)
+            figures["metrics_scrape_ms_max"] = round(max(self.scrapes) * 1000)
+        if self.pages:
+            figures["nodes_pages"] = len(self.pages)
+            figures["nodes_page_ms_p50"] = round(percentile(self.pages, 0.5) * 1000, 1)
+            figures["nodes_page_ms_p99"] = round(percentile(self.pages, 0.99) * 1000, 1)
+        return figures
+
+
+def lag_buckets(head: str) -> dict[float, float]:
+    """`greenfed_event_loop_lag_seconds`'s cumulative bucket counts by bound (s)."""
+    buckets = {}
+    for match in SAMPLE.finditer(head):
+        if match[1] == f"{LAG}_bucket":
+            bound = re.search(r'le="([^"]+)"', match[2] or "")
+            if bound:
+                buckets[float(bound[1])] = float(match[3])
+    return buckets
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    result: dict[str, Any] = {"nodes": args.nodes, "processes": args.processes, "jobs": args.jobs}
+    result: dict[str, Any] = {
+        "nodes": args.nodes,
+        "processes": args.processes,
+        "jobs": args.jobs,
+        "api_replicas": args.api_replicas,
+    }
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         if args.mqtt_url:
@@ -246,17 +348,24 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             }
             async with (
                 control_plane(cloud_env, api, data_dir) as (cloud, admin),
+                api_replicas(cloud_env, args.api_replicas, data_dir) as replicas,
                 aiohttp.ClientSession(
                     timeout=aiohttp.ClientTimeout(total=args.http_timeout)
                 ) as http,
             ):
+                leader = ControlPlaneProcess("leader", api, psutil.Process(cloud.pid))
+                processes = [leader] + [
+                    ControlPlaneProcess(f"replica-{number}", replica.api, replica.process)
+                    for number, replica in enumerate(replicas, 1)
+                ]
+                serving = [replica.api for replica in replicas] or [api]
                 admin_headers = {"Authorization": f"Bearer {admin}"}
                 async with http.post(
                     f"{api}/v1/tenants", json={"name": "fleet"}, headers=admin_headers
                 ) as response:
                     tenant = str((await response.json())["token"])
                 if args.jobs_first:  # while no node is there, passes are short
-                    queued_s = await queue_jobs(http, api, tenant, args.jobs, args.clients)
+                    queued_s = await queue_jobs(http, serving, tenant, args.jobs, args.clients)
                     result["queue_jobs_s"] = round(queued_s, 1)
                     print(f"{args.jobs} jobs queued in {queued_s:.1f} s", flush=True)
                 sim_env = child_env(
@@ -285,7 +394,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 try:
                     await fleet_run(
-                        args, result, http, api, (admin, tenant), cloud.pid, sim, broker_pid
+                        args, result, http, processes, serving, (admin, tenant), sim, broker_pid
                     )
                 finally:
                     if sim.poll() is None:
@@ -297,18 +406,30 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if stopped is None:
                     result["sim_output_tail"] = (stdout or "")[-400:]
                 await asyncio.sleep(3.0)  # what is still in flight
-                async with http.get(f"{api}/metrics", headers=admin_headers) as response:
-                    text = await response.text()
-                ingested = metric(text, "greenfed_mqtt_messages_ingested_total", '"telemetry"')
-                invalid = {
-                    (m[2] or "").strip("{}"): int(float(m[3]))
-                    for m in SAMPLE.finditer(text)
-                    if m[1] == "greenfed_mqtt_messages_invalid_total"
-                }
                 result["telemetry_sent"] = sent
-                result["telemetry_ingested"] = int(ingested or 0)
-                result["invalid"] = invalid
-                result["telemetry_lost"] = None if sent is None else sent - int(ingested or 0)
+                for process in processes:
+                    async with http.get(
+                        f"{process.api}/metrics", headers=admin_headers
+                    ) as response:
+                        head = registry_head(await response.text())
+                    ingested = int(
+                        metric(head, "greenfed_mqtt_messages_ingested_total", '"telemetry"') or 0
+                    )
+                    invalid = {
+                        (m[2] or "").strip("{}"): int(float(m[3]))
+                        for m in SAMPLE.finditer(head)
+                        if m[1] == "greenfed_mqtt_messages_invalid_total"
+                    }
+                    lost = None if sent is None else sent - ingested
+                    if process is leader:
+                        result["telemetry_ingested"] = ingested
+                        result["invalid"] = invalid
+                        result["telemetry_lost"] = lost
+                    if replicas:
+                        figures = result["by_process"][process.name]
+                        figures["telemetry_ingested"] = ingested
+                        figures["telemetry_lost"] = lost
+                        figures["invalid"] = invalid
     return result
 
 
@@ -316,86 +437,107 @@ async def fleet_run(
     args: argparse.Namespace,
     result: dict[str, Any],
     http: aiohttp.ClientSession,
-    api: str,
+    processes: list[ControlPlaneProcess],
+    serving: list[str],
     tokens: tuple[str, str],
-    cloud_pid: int,
     sim: subprocess.Popen[str],
     broker_pid: int | None,
 ) -> None:
+    """`processes[0]` is the leader; `serving`, the APIs the jobs, pages and scrapes
+    go to (the API replicas', or the leader's alone)."""
     admin, tenant = tokens
+    leader = processes[0]
     started = time.monotonic()
     assert sim.stdout is not None
     while not CONNECTED.search(line := await asyncio.to_thread(sim.stdout.readline)):
         if not line:
             raise RuntimeError("the sim stopped before its fleet connected")
     result["sim_connected_s"] = round(time.monotonic() - started, 1)
-    online = 0
+    online: dict[str, int] = {process.name: 0 for process in processes}
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(args.online_timeout):
-            while (online := await nodes_total(http, api, admin, "online")) < args.nodes:  # noqa: ASYNC110
-                await asyncio.sleep(1.0)  # the control plane is polled, as a person would
-    result["online_before_jobs"] = online
-    result["all_online_s"] = round(time.monotonic() - started, 1) if online == args.nodes else None
-    print(f"{online} nodes online after {time.monotonic() - started:.1f} s", flush=True)
+            for process in processes:  # every process's registry, each whole
+                while True:
+                    count = await nodes_total(http, process.api, admin, "online")
+                    online[process.name] = count
+                    if count >= args.nodes:
+                        break
+                    await asyncio.sleep(1.0)  # the control plane is polled, as a person would
+    fewest = min(online.values())
+    result["online_before_jobs"] = fewest
+    if len(processes) > 1:
+        result["online_before_jobs_by_process"] = online
+    result["all_online_s"] = round(time.monotonic() - started, 1) if fewest == args.nodes else None
+    print(f"{fewest} nodes online after {time.monotonic() - started:.1f} s", flush=True)
 
     if not args.jobs_first:
-        queued_s = await queue_jobs(http, api, tenant, args.jobs, args.clients)
+        queued_s = await queue_jobs(http, serving, tenant, args.jobs, args.clients)
         result["queue_jobs_s"] = round(queued_s, 1)
         print(f"{args.jobs} jobs queued in {queued_s:.1f} s", flush=True)
     await asyncio.sleep(args.settle)
 
     admin_headers = {"Authorization": f"Bearer {admin}"}
-    cloud_meter = CpuMeter([cloud_pid])
+    # Each process's lag histogram (and worst lag) from here on.
+    for process in processes:
+        async with http.get(f"{process.api}/metrics", headers=admin_headers) as response:
+            process.lag_start = lag_buckets(registry_head(await response.text()))
+        process.cpu = CpuMeter([process.process.pid])
+        process.rss_max = process.process.memory_info().rss
+    by_api = {process.api: process for process in processes}
     sim_meter = CpuMeter([sim.pid])
     broker_meter = CpuMeter([broker_pid]) if broker_pid else None
-    cloud = psutil.Process(cloud_pid)
-    rss_max = cloud.memory_info().rss
     passes: list[float] = []
-    scrapes: list[float] = []
-    pages: list[float] = []
-    walked: list[int] = []
     last_passes: float | None = None
     pending: float | None = None
-    offline_max = 0.0
     ends = time.monotonic() + args.window
 
-    async def scrape() -> None:
-        nonlocal last_passes, pending, rss_max, offline_max
-        while time.monotonic() < ends:
-            began = time.perf_counter()
-            async with http.get(f"{api}/metrics", headers=admin_headers) as response:
-                text = await response.text()
-            scrapes.append(time.perf_counter() - began)
-            count = metric(text, "greenfed_scheduling_passes_total")
+    async def scrape_once(process: ControlPlaneProcess) -> None:
+        nonlocal last_passes, pending
+        began = time.perf_counter()
+        async with http.get(f"{process.api}/metrics", headers=admin_headers) as response:
+            text = await response.text()
+        process.scrapes.append(time.perf_counter() - began)
+        head = registry_head(text)
+        process.read(head)
+        if process is leader:
+            count = metric(head, "greenfed_scheduling_passes_total")
             if last_passes is not None and count is not None and count > last_passes:
-                passes.append(metric(text, "greenfed_scheduling_last_pass_seconds") or 0.0)
+                passes.append(metric(head, "greenfed_scheduling_last_pass_seconds") or 0.0)
             last_passes = count
             pending = sum(
-                float(m[3]) for m in SAMPLE.finditer(text) if m[1] == "greenfed_work_pending"
+                float(m[3]) for m in SAMPLE.finditer(head) if m[1] == "greenfed_work_pending"
             )
-            offline = sum(
-                float(m[3])
-                for m in SAMPLE.finditer(text)
-                if m[1] == "greenfed_nodes" and 'state="offline"' in (m[2] or "")
-            )
-            offline_max = max(offline_max, offline)
-            rss_max = max(rss_max, cloud.memory_info().rss)
+
+    async def scrape() -> None:
+        number = 0
+        while time.monotonic() < ends:
+            await scrape_once(by_api[serving[number % len(serving)]])
+            number += 1
+            await asyncio.sleep(args.scrape_every)
+
+    async def watch_leader() -> None:  # its passes, when it serves no scrape
+        while time.monotonic() < ends:
+            await scrape_once(leader)
             await asyncio.sleep(args.scrape_every)
 
     async def walk() -> None:
+        number = 0
         while time.monotonic() < ends:
-            latencies, seen = await walk_nodes(http, api, admin, args.page_size)
-            pages.extend(latencies)
+            process = by_api[serving[number % len(serving)]]
+            latencies, seen = await walk_nodes(http, process.api, admin, args.page_size)
+            process.pages.extend(latencies)
             walked.append(seen)
+            number += 1
             await asyncio.sleep(args.walk_every)
 
+    walked: list[int] = []
     profiler = None
     if args.py_spy:
         profiler = await asyncio.create_subprocess_exec(
             str(Path(sys.executable).with_name("py-spy")),
             "record",
             "--pid",
-            str(cloud_pid),
+            str(leader.process.pid),
             "--duration",
             str(int(args.window)),
             "--format",
@@ -406,14 +548,34 @@ async def fleet_run(
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
-    await asyncio.gather(scrape(), walk())
+    steps = [scrape(), walk()]
+    if leader.api not in serving:
+        steps.append(watch_leader())
+    await asyncio.gather(*steps)
     if profiler is not None:
         await profiler.wait()
-    result["cloud_cpu_cores"] = round(cloud_meter.cores(), 2)
-    result["sim_cpu_cores"] = round(sim_meter.cores(), 2)
-    if broker_meter is not None:
-        result["broker_cpu_cores"] = round(broker_meter.cores(), 2)
-    result["cloud_rss_mb_max"] = round(rss_max / 1e6)
+    sim_cores = round(sim_meter.cores(), 2)
+    broker_cores = round(broker_meter.cores(), 2) if broker_meter is not None else None
+    for process in processes:
+        assert process.cpu is not None
+        process.cpu_cores = round(process.cpu.cores(), 2)
+    for process in processes:  # the lag up to the window's end (read before the body)
+        async with http.get(f"{process.api}/metrics", headers=admin_headers) as response:
+            process.read(registry_head(await response.text()))
+    figures = {process.name: process.figures() for process in processes}
+    # The serving processes' pages and scrapes together; the leader's CPU and RSS.
+    scrapes = [s for process in processes if process.api in serving for s in process.scrapes]
+    pages = [page for process in processes for page in process.pages]
+    result["cloud_cpu_cores"] = figures["leader"]["cpu_cores"]
+    result["sim_cpu_cores"] = sim_cores
+    if broker_cores is not None:
+        result["broker_cpu_cores"] = broker_cores
+    result["cloud_rss_mb_max"] = figures["leader"]["rss_mb_max"]
+    if len(processes) > 1:
+        result["control_plane_cpu_cores_total"] = round(
+            sum(f["cpu_cores"] for f in figures.values()), 2
+        )
+        result["control_plane_rss_mb_max_total"] = sum(f["rss_mb_max"] for f in figures.values())
     result["passes"] = len(passes)
     if passes:
         result["pass_ms_median"] = round(statistics.median(passes) * 1000)
@@ -425,9 +587,14 @@ async def fleet_run(
     result["nodes_page_ms_p50"] = round(percentile(pages, 0.5) * 1000, 1)
     result["nodes_page_ms_p99"] = round(percentile(pages, 0.99) * 1000, 1)
     result["nodes_walked"] = sorted(set(walked))
-    result["offline_max_in_window"] = int(offline_max)
-    result["offline_at_end"] = await nodes_total(http, api, admin, "offline")
-    result["online_at_end"] = await nodes_total(http, api, admin, "online")
+    result["offline_max_in_window"] = max(f["offline_max_in_window"] for f in figures.values())
+    result["offline_at_end"] = await nodes_total(http, serving[0], admin, "offline")
+    result["online_at_end"] = await nodes_total(http, serving[0], admin, "online")
+    result["by_process"] = figures
+    for process in processes:
+        figures[process.name]["online_at_end"] = await nodes_total(
+            http, process.api, admin, "online"
+        )
 
 
 def in_process(nodes: int, runs: int, *, new_samples_each_run: bool = True) -> dict[str, Any]:
@@ -606,6 +773,13 @@ def main() -> None:
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
     parser.add_argument("--mqtt-url", help="a broker to use instead of a private Mosquitto")
     parser.add_argument(
+        "--api-replicas",
+        type=int,
+        default=0,
+        help="API-only `greenfed cloud` processes beside the leader that serve the jobs, "
+        "pages and scrapes (PostgreSQL; 0: the leader serves them)",
+    )
+    parser.add_argument(
         "--in-process",
         type=int,
         metavar="RUNS",
@@ -617,6 +791,8 @@ def main() -> None:
         help="with --in-process: no new samples between runs (what repeated reads cost)",
     )
     args = parser.parse_args()
+    if args.api_replicas and args.backend != "postgresql":
+        parser.error("--api-replicas needs --backend postgresql (one SQLite writer process)")
     if args.in_process:
         result = in_process(
             args.nodes, args.in_process, new_samples_each_run=not args.in_process_steady

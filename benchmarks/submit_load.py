@@ -47,6 +47,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
+from benchmarks.api_replicas import api_replicas, cloud_process
 from benchmarks.lifecycle_bench import (
     DEFAULT_MQTT_URL,
     DEFAULT_POSTGRES_URL,
@@ -171,22 +172,11 @@ def cpu_s(processes: list[psutil.Process]) -> float:
     return sum(sum(process.cpu_times()[:2]) for process in processes)
 
 
-def cloud_process(port: int) -> psutil.Process:
-    """The `greenfed cloud` process listening on `port`."""
-    for connection in psutil.net_connections("tcp"):
-        if connection.laddr and connection.laddr.port == port and connection.status == "LISTEN":
-            return psutil.Process(connection.pid)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
 async def one_run(args: argparse.Namespace, mqtt_url: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
         port = free_port()
         api = f"http://127.0.0.1:{port}"
-        replica_ports = [free_port() for _ in range(args.api_replicas)]
-        replica_apis = [f"http://127.0.0.1:{replica}" for replica in replica_ports]
-        serving = replica_apis or [api]  # where the clients submit
         root = f"bench-{uuid.uuid4().hex[:8]}"
         async with database_env(args.backend, args.postgres_url, data_dir) as store_env:
             env = store_env | {
@@ -200,17 +190,14 @@ async def one_run(args: argparse.Namespace, mqtt_url: str) -> dict[str, Any]:
             connector = aiohttp.TCPConnector(limit=args.clients)
             async with contextlib.AsyncExitStack() as stack:
                 admin = await stack.enter_async_context(greenfed(["cloud"], env, api, data_dir))
-                for replica, replica_api in zip(replica_ports, replica_apis, strict=True):
-                    replica_env = env | {
-                        "GREENFED_CLOUD__API_PORT": str(replica),
-                        "GREENFED_SCHEDULING__ENABLED": "false",
-                    }
-                    await stack.enter_async_context(
-                        greenfed(["cloud"], replica_env, replica_api, data_dir)
-                    )
+                started = await stack.enter_async_context(
+                    api_replicas(env, args.api_replicas, data_dir)
+                )
+                replica_apis = [replica.api for replica in started]
+                serving = replica_apis or [api]  # where the clients submit
                 http = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
                 cloud = cloud_process(port)
-                replicas = [cloud_process(replica) for replica in replica_ports]
+                replicas = [replica.process for replica in started]
                 # The agents apply only documents this control plane signed.
                 sim_env["GREENFED_AGENT__CONTROL_PLANE_PUBLIC_KEY"] = control_plane_key(data_dir)
                 sim = await asyncio.create_subprocess_exec(
