@@ -1,11 +1,17 @@
 """Telling other processes that the store changed: PostgreSQL NOTIFY and LISTEN.
 
-A write transaction that tells this process's commit listeners (the scheduling loop,
-the event streams) also sends one `pg_notify` on the schema's channel, inside the
-transaction, so PostgreSQL delivers it only if the transaction commits. Every replica
-listens on one connection of its own and calls its commit listeners when another
-process committed: a job submitted to an API-only replica wakes the leader's passes
-at once instead of at the next `scheduling.interval_s`.
+A commit that tells this process's commit listeners (the scheduling loop, the event
+streams) also tells other processes: `ChangeNotifier` sends a `pg_notify` on the
+schema's channel once the transaction has committed, so nothing is announced that
+did not commit and a listener that wakes sees what woke it. The notification is not
+part of the transaction: inside it, it was one more round trip on the path of every
+acknowledgement (and PostgreSQL serialises the commits of notifying transactions),
+which cost a fifth of the submissions a second (benchmarks/RESULTS.md, issue 28,
+fourth round). Sent apart, one at a time, one notification covers every commit made
+before it was sent. Every replica listens on one connection of its own and calls its
+commit listeners when another process committed: a job submitted to an API-only
+replica wakes the leader's passes at once instead of at the next
+`scheduling.interval_s`.
 
 The payload names the process that committed (`origin`): a process has already told
 its own listeners, so it skips its own notifications. While the listening connection
@@ -28,6 +34,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.backoff import Backoff
+from shared.tasks import stop_task
 
 CHANNEL_PREFIX: Final = "greenfed_changes_"
 # Options SQLAlchemy's asyncpg dialect takes for itself; asyncpg.connect refuses them.
@@ -52,8 +59,72 @@ def new_origin() -> str:
 
 
 async def notify_change(connection: AsyncConnection, channel: str, origin: str) -> None:
-    """Inside a write transaction: delivered when it commits, not at all if it rolls back."""
     await connection.execute(select(func.pg_notify(channel, origin)))
+
+
+class ChangeNotifier:
+    """Announces this process's commits: `changed()` after each (quick, never raises);
+    one notification at a time is sent by `send`, and one more after it when commits
+    came meanwhile, at least `min_interval_s` after the previous one was sent."""
+
+    def __init__(
+        self,
+        send: Callable[[], Awaitable[None]],
+        channel: str,
+        *,
+        min_interval_s: float = 0.005,
+        errors: tuple[type[BaseException], ...] = (OSError,),
+    ) -> None:
+        self._send = send
+        self._channel = channel
+        self._min_interval_s = min_interval_s
+        self._errors = errors
+        self._pending = False
+        self._sending: asyncio.Task[None] | None = None
+        self._closed = False
+        self._log = structlog.get_logger("greenfed.store")
+        self.sent = 0  # notifications sent (tests read it)
+
+    @property
+    def busy(self) -> bool:
+        """A notification waits to be sent, or is being sent."""
+        return self._pending or (self._sending is not None and not self._sending.done())
+
+    def changed(self) -> None:
+        if self._closed:
+            return
+        self._pending = True
+        if self._sending is None or self._sending.done():
+            self._sending = asyncio.get_running_loop().create_task(
+                self._send_pending(), name="store-change-notifier"
+            )
+
+    async def _send_pending(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            self._pending = False
+            started = loop.time()
+            try:
+                await self._send()
+            except self._errors as error:
+                # Lost: the listeners' interval poll covers what it would have told.
+                self._log.warning(
+                    "cannot announce a change", channel=self._channel, error=str(error)
+                )
+            else:
+                self.sent += 1
+            if self._pending:
+                # Spacing: under a stream of commits, one notification a few ms.
+                await asyncio.sleep(max(0.0, started + self._min_interval_s - loop.time()))
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is pending, waiting at most `timeout_s`; later changes are not sent."""
+        self._closed = True
+        sending, self._sending = self._sending, None
+        if sending is None:
+            return
+        await asyncio.wait([sending], timeout=timeout_s)
+        await stop_task(sending)
 
 
 def listener_connector(

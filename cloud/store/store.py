@@ -43,6 +43,7 @@ from cloud.store.audit import (
 )
 from cloud.store.change_notify import (
     ChangeListener,
+    ChangeNotifier,
     change_channel,
     listener_connector,
     new_origin,
@@ -236,6 +237,7 @@ class Store:
         self.migrations = report
         self._engine = engine
         self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         # Tenants created or changed through this store: caches of tenants built by
         # this process (cloud/api/registered_fleet.py) know to read them again.
         self.tenant_changes = 0
@@ -270,6 +272,15 @@ class Store:
         self._change_channel = change_channel(namespace)
         self._origin = new_origin()
         self.change_listener: ChangeListener | None = None
+        self.change_notifier = (
+            ChangeNotifier(
+                self._notify_change,
+                self._change_channel,
+                errors=(DBAPIError, OSError, StoreUnavailableError),
+            )
+            if target.backend == "postgresql"
+            else None
+        )
         self._change_listening: asyncio.Task[None] | None = None
 
     @property
@@ -284,6 +295,8 @@ class Store:
     async def close(self) -> None:
         """Release leadership still held (so a replica can take over) and disconnect."""
         await self._submissions.drained()
+        if self.change_notifier is not None:
+            await self.change_notifier.close()
         if self._change_listening is not None:
             await stop_task(self._change_listening)
             self._change_listening = None
@@ -326,15 +339,26 @@ class Store:
             listener_connector(self._engine, connect_timeout_s),
             self._change_channel,
             self._origin,
-            self._committed,
+            self._told,
         )
         self._change_listening = asyncio.create_task(
             self.change_listener.run(), name="store-change-listener"
         )
 
     def _committed(self) -> None:
+        """After each commit that changes what the listeners watch."""
+        self._told()
+        if self.change_notifier is not None:
+            self.change_notifier.changed()  # other processes, once it is sent
+
+    def _told(self) -> None:
         for listener in tuple(self._commit_listeners):
             listener()
+
+    async def _notify_change(self) -> None:
+        with self._connection_errors():
+            async with self._autocommit.connect() as connection:
+                await notify_change(connection, self._change_channel, self._origin)
 
     @contextlib.asynccontextmanager
     async def _write(self, *, notify: bool = True) -> AsyncIterator[AsyncConnection]:
@@ -347,8 +371,6 @@ class Store:
             with self._connection_errors():
                 async with self._writer.begin() as connection:
                     yield connection
-                    if notify and self.target.backend == "postgresql":
-                        await notify_change(connection, self._change_channel, self._origin)
         if notify:
             self._committed()  # reached only when the transaction committed
 

@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from cloud.store import Store, open_store
-from cloud.store.change_notify import change_channel
+from cloud.store.change_notify import ChangeNotifier, change_channel
 from cloud.store.errors import TenantExistsError
 from cloud.store.records import NewTenant
 from tests.store.databases import POSTGRES_URL, postgres_database, sqlite_database
@@ -65,13 +65,18 @@ async def test_another_process_commit_wakes_the_listeners(
     # Its own commit: the listeners are told once, in-process, not again by its echo.
     await listening.create_tenant(NewTenant(name="own"))
     assert wakes.count == 2
-    # A transaction that rolls back tells nobody: the next one to commit is the next wake.
+    # A transaction that rolls back tells nobody: nothing is even queued to be sent.
+    notifier = other.change_notifier
+    assert notifier is not None
+    await eventually(lambda: not notifier.busy, message="acme's notification not sent")
+    assert notifier.sent == 1
     with pytest.raises(TenantExistsError):
         await other.create_tenant(NewTenant(name="acme"))
+    assert not notifier.busy
     await other.create_tenant(NewTenant(name="globex"))
     await wakes.reached(3)
     assert listening.change_listener is not None
-    # Notifications arrive in commit order: its echo and the rolled-back one came to nothing.
+    # Its own echo came to nothing.
     assert listening.change_listener.notified == 2
     assert wakes.count == 3
 
@@ -114,3 +119,46 @@ async def test_other_schemas_changes_go_elsewhere_and_sqlite_has_none(tmp_path: 
         assert store.change_listener is None
     finally:
         await store.close()
+
+
+async def test_commits_during_a_notification_are_announced_by_one_more() -> None:
+    """The seam is the sending: here a fake that waits to be let through."""
+    sends: list[asyncio.Event] = []
+
+    async def send() -> None:
+        sends.append(asyncio.Event())
+        await sends[-1].wait()
+
+    notifier = ChangeNotifier(send, "channel", min_interval_s=0.0)
+    notifier.changed()
+    await eventually(lambda: len(sends) == 1)
+    for _ in range(5):  # commits while the first is being sent
+        notifier.changed()
+    sends[0].set()
+    await eventually(lambda: len(sends) == 2)
+    sends[1].set()
+    await eventually(lambda: not notifier.busy)
+    assert notifier.sent == 2
+    await notifier.close()
+    notifier.changed()  # closed: nothing more is sent
+    assert not notifier.busy
+
+
+async def test_a_notification_that_fails_is_dropped_and_the_next_is_sent() -> None:
+    failures = [OSError("connection refused")]
+    attempts = 0
+
+    async def send() -> None:
+        nonlocal attempts
+        attempts += 1
+        if failures:
+            raise failures.pop()
+
+    notifier = ChangeNotifier(send, "channel", errors=(OSError,))
+    notifier.changed()
+    await eventually(lambda: not notifier.busy)
+    assert (attempts, notifier.sent) == (1, 0)
+    notifier.changed()
+    await eventually(lambda: not notifier.busy)
+    assert (attempts, notifier.sent) == (2, 1)
+    await notifier.close()
