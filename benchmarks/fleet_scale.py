@@ -86,8 +86,9 @@ CONNECTED = re.compile(r"simulated fleet: (\d+) nodes connected")
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", re.MULTILINE)
 # Where the per-node and per-accelerator series of a `/metrics` body begin: every
 # series this benchmark reads comes before (cloud/metrics.py writes the fleet
-# registry's families first), so the megabytes after are not parsed here.
-PER_NODE_SERIES = "# HELP greenfed_node_up "
+# registry's families first), so the tens of megabytes after are neither decoded nor
+# parsed here: that would hold this process's loop, where the pages are timed.
+PER_NODE_SERIES = b"# HELP greenfed_node_up "
 LAG = "greenfed_event_loop_lag_seconds"
 
 
@@ -96,10 +97,10 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
 
 
-def registry_head(text: str) -> str:
+def registry_head(body: bytes) -> str:
     """The `/metrics` body before its per-node and per-accelerator series."""
-    end = text.find(PER_NODE_SERIES)
-    return text if end < 0 else text[:end]
+    end = body.find(PER_NODE_SERIES)
+    return (body if end < 0 else body[:end]).decode()
 
 
 def metric(text: str, name: str, labels: str = "") -> float | None:
@@ -411,7 +412,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     async with http.get(
                         f"{process.api}/metrics", headers=admin_headers
                     ) as response:
-                        head = registry_head(await response.text())
+                        head = registry_head(await response.read())
                     ingested = int(
                         metric(head, "greenfed_mqtt_messages_ingested_total", '"telemetry"') or 0
                     )
@@ -480,7 +481,7 @@ async def fleet_run(
     # Each process's lag histogram (and worst lag) from here on.
     for process in processes:
         async with http.get(f"{process.api}/metrics", headers=admin_headers) as response:
-            process.lag_start = lag_buckets(registry_head(await response.text()))
+            process.lag_start = lag_buckets(registry_head(await response.read()))
         process.cpu = CpuMeter([process.process.pid])
         process.rss_max = process.process.memory_info().rss
     by_api = {process.api: process for process in processes}
@@ -495,9 +496,9 @@ async def fleet_run(
         nonlocal last_passes, pending
         began = time.perf_counter()
         async with http.get(f"{process.api}/metrics", headers=admin_headers) as response:
-            text = await response.text()
+            body = await response.read()  # timed to its last byte
         process.scrapes.append(time.perf_counter() - began)
-        head = registry_head(text)
+        head = registry_head(body)
         process.read(head)
         if process is leader:
             count = metric(head, "greenfed_scheduling_passes_total")
@@ -561,7 +562,7 @@ async def fleet_run(
         process.cpu_cores = round(process.cpu.cores(), 2)
     for process in processes:  # the lag up to the window's end (read before the body)
         async with http.get(f"{process.api}/metrics", headers=admin_headers) as response:
-            process.read(registry_head(await response.text()))
+            process.read(registry_head(await response.read()))
     figures = {process.name: process.figures() for process in processes}
     # The serving processes' pages and scrapes together; the leader's CPU and RSS.
     scrapes = [s for process in processes if process.api in serving for s in process.scrapes]
