@@ -6,8 +6,8 @@ schema's channel once the transaction has committed, so nothing is announced tha
 did not commit and a listener that wakes sees what woke it. The notification is not
 part of the transaction: inside it, it was one more round trip on the path of every
 acknowledgement (and PostgreSQL serialises the commits of notifying transactions),
-which cost a fifth of the submissions a second (benchmarks/RESULTS.md, issue 28,
-fourth round). Sent apart, one at a time, one notification covers every commit made
+which cost a quarter to a third of the submissions a second (benchmarks/RESULTS.md,
+issue 28, fourth round). Sent apart, one at a time, one notification covers every commit made
 before it was sent. Every replica listens on one connection of its own and calls its
 commit listeners when another process committed: a job submitted to an API-only
 replica wakes the leader's passes at once instead of at the next
@@ -184,7 +184,7 @@ class ChangeListener:
         while True:
             try:
                 connection = await self._connect()
-            except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
                 await self._retry_later(error)
                 continue
             try:
