@@ -47,6 +47,7 @@ from types import MappingProxyType
 import numpy as np
 
 from . import explain
+from .arrays import IntArray
 from .backfill import Slot, earliest_slot, may_free_up, reserve
 from .candidates import CandidateCache
 from .cordon_block import cordoned_blockers, waiting_for_cordoned
@@ -182,10 +183,15 @@ class Scheduler:
         if isinstance(work, TrainingJob) and work.alternative_shapes:
             work, alternatives, never = self._shapes_to_try(work, never)
         shape = make_shape(work, self.policy)
+        scale = (
+            self._shape_scale(work, alternatives)
+            if alternatives and isinstance(work, TrainingJob)
+            else None
+        )
         # Every hook runs here, before anything is placed: a failure leaves nothing
         # to undo, and only this job waits.
         try:
-            job = JobContext(shape, self.cache, self.policy, self.state)
+            job = JobContext(shape, self.cache, self.policy, self.state, normalise_over=scale)
             deferral = self._advise(job) if job.has_candidates and never is None else None
         except HookFailed as failed:
             self._pend_hook_failure(shape, failed.failure)
@@ -208,7 +214,7 @@ class Scheduler:
             self._pend(job, None, 0, "off", deferral=deferral)
             return
         if alternatives:
-            job, attempt = self._best_shape(job, alternatives)
+            job, attempt = self._best_shape(job, alternatives, scale)
             shape = job.shape
         else:
             attempt = self._settled(job, preempt=False)
@@ -260,15 +266,35 @@ class Scheduler:
             return work, others, never
         return others[0], others[1:], None
 
+    def _shape_scale(
+        self, work: TrainingJob, alternatives: list[TrainingJob]
+    ) -> dict[int, IntArray] | None:
+        """Per pool column, the candidates of any of the job's shapes: its shapes' score
+        terms are normalised over them all. A term normalised over each shape's own
+        candidates scores the same node differently per shape (a carbon term's best is
+        judged against the dirtiest candidate, and a 4-GPU member has dirtier 4-GPU
+        nodes to be judged against than an 8-GPU one), so the mean scores compared in
+        ``_best_shape`` would measure the candidate sets, not the placements. None:
+        the policy has no such terms."""
+        if not self.policy.score_terms:
+            return None
+        over: dict[int, list[IntArray]] = {}
+        for each in (work, *alternatives):
+            shape = make_shape(each, self.policy)
+            for cand in self.cache.candidates(shape, self.cache.shape_id(shape)):
+                over.setdefault(cand.k, []).append(cand.nodes)
+        return {k: np.unique(np.concatenate(nodes)) for k, nodes in over.items()}
+
     def _best_shape(
-        self, job: JobContext, alternatives: list[TrainingJob]
+        self, job: JobContext, alternatives: list[TrainingJob], scale: dict[int, IntArray] | None
     ) -> tuple[JobContext, _Attempt]:
         """Flexible shapes: of a plain attempt at each alternative and at ``job``, the
         whole placement with the best mean score per member (each member of a shape
         holds the same share, so this is the score per accelerator; a sum would favour
-        more, smaller workers). Ties keep ``job`` (the declared shape), then the earlier
-        alternative. None whole: ``job``'s attempt as it came, for the preemption and
-        the explanation that follow, as without alternatives.
+        more, smaller workers), each shape's score terms normalised over the candidates
+        of all of them (``_shape_scale``). Ties keep ``job`` (the declared shape), then
+        the earlier alternative. None whole: ``job``'s attempt as it came, for the
+        preemption and the explanation that follow, as without alternatives.
 
         Every attempt is judged on the capacity before any of them, as the speed classes
         and domains are (``_one_speed``, ``_settled``). ``job`` goes last, so that its
@@ -281,7 +307,11 @@ class Scheduler:
         for alternative in alternatives:
             try:
                 trial_job = JobContext(
-                    make_shape(alternative, self.policy), self.cache, self.policy, self.state
+                    make_shape(alternative, self.policy),
+                    self.cache,
+                    self.policy,
+                    self.state,
+                    normalise_over=scale,
                 )
             except HookFailed:
                 continue

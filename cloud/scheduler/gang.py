@@ -16,7 +16,7 @@ would run a member in the same time.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -69,8 +69,18 @@ class Choice(NamedTuple):
 
 class JobContext:
     def __init__(
-        self, shape: WorkShape, cache: CandidateCache, policy: Policy, state: ClusterState
+        self,
+        shape: WorkShape,
+        cache: CandidateCache,
+        policy: Policy,
+        state: ClusterState,
+        *,
+        normalise_over: Mapping[int, IntArray] | None = None,
     ) -> None:
+        """``normalise_over``: per pool column, sorted nodes (a superset of this shape's
+        candidates) over which the policy's score terms are normalised, so that a job's
+        shapes are scored on one scale (``Scheduler._shape_scale``); None: over the
+        candidates."""
         self.shape = shape
         self.state = state
         self.policy = policy
@@ -90,15 +100,40 @@ class JobContext:
             base, base_max = cache.static_part(shape, cand)
             runtime = cache.runtime(shape, cand)
             values = []
+            over = normalise_over.get(cand.k) if normalise_over is not None else None
             for term, weight in extra_terms:
-                normalised = evaluate_term(
-                    term,
-                    state.snapshot,
-                    work,
-                    Candidates(
-                        cand.nodes, kinds[cand.k].kind, shape.accelerators, runtime, column=cand.k
-                    ),
-                )
+                if over is None or over.size == cand.nodes.size:
+                    normalised = evaluate_term(
+                        term,
+                        state.snapshot,
+                        work,
+                        Candidates(
+                            cand.nodes,
+                            kinds[cand.k].kind,
+                            shape.accelerators,
+                            runtime,
+                            column=cand.k,
+                        ),
+                    )
+                else:
+                    over_runtime = (
+                        np.full(over.size, np.inf)
+                        if shape.duration_s is None
+                        else shape.duration_s / kinds[cand.k].relative_speed[over]
+                    )
+                    everywhere = evaluate_term(
+                        term,
+                        state.snapshot,
+                        work,
+                        Candidates(
+                            over,
+                            kinds[cand.k].kind,
+                            shape.accelerators,
+                            over_runtime,
+                            column=cand.k,
+                        ),
+                    )
+                    normalised = everywhere[np.searchsorted(over, cand.nodes)]
                 values.append(normalised)
                 base = base + weight * normalised
                 base_max = float(base.max())

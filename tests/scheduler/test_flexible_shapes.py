@@ -7,10 +7,10 @@ import pytest
 
 from cloud.green.latency import ServingLatency
 from cloud.green.policies import GreenInputs, build_policy
-from cloud.scheduler import GangShape, Placement, Policy, TrainingJob, schedule
+from cloud.scheduler import GangShape, Placement, Policy, Snapshot, TrainingJob, schedule
 from cloud.scheduler.unschedulable import never_fits
 from shared.errors import FieldError
-from tests.green.builders import T0, flat, gpu_server, grid, snapshot
+from tests.green.builders import T0, flat, gpu_server, grid, running_on, snapshot
 
 INPUTS = GreenInputs(
     signals=grid(flat("CLEAN", 30.0), flat("DIRTY", 600.0)), latency=ServingLatency(rtt_ms={})
@@ -72,6 +72,41 @@ def test_the_declared_shape_busy_an_alternative_runs_at_once() -> None:
     plan = schedule(snapshot(busy, [job()]), build_policy("fifo-binpack", INPUTS))
     assert not plan.placements
     assert plan.pending[0].code == "unschedulable"
+
+
+def half_used_and_empty() -> Snapshot:
+    """Two 8-GPU nodes in the clean zone, one with 3 GPUs busy and one empty, and two
+    4-GPU nodes in the dirty zone (as the evaluation's fleet was when a 1×8 job split
+    over its two Los Angeles H100 nodes and the next 8-GPU jobs waited for hours)."""
+    nodes = [
+        gpu_server("clean-8a", "CLEAN", count=8),
+        gpu_server("clean-8b", "CLEAN", count=8),
+        gpu_server("dirty-4a", "DIRTY", count=4),
+        gpu_server("dirty-4b", "DIRTY", count=4),
+    ]
+    busy = TrainingJob(
+        work_id="busy", tenant="t", submitted_at=T0, accelerators_per_worker=3, duration_s=7200
+    )
+    return Snapshot.build(
+        now=T0,
+        nodes=nodes,
+        allocations=[running_on("clean-8a", busy)],
+        queue=[job(alternative_shapes=(TWO_BY_FOUR,))],
+    )
+
+
+def test_green_keeps_the_declared_shape_where_it_fits_whole_on_capacity_as_clean() -> None:
+    # The job fits whole on the empty node, as clean and as fast as two halves: the
+    # declared shape wins on packing. Its carbon is judged against the same dirtiest
+    # node as the 2×4's (the 4-GPU nodes it cannot use count for its scale), so the
+    # dirty 4-GPU nodes that only the halves could use do not make the halves look
+    # cleaner than the whole (they did: carbon 0.00 for the 1×8 on the clean node,
+    # whose own candidates were all as clean, 0.95 for each half).
+    placed = schedule(half_used_and_empty(), build_policy("green", INPUTS)).placements_for("j")
+    assert [(p.node_id, p.accelerators, p.declared_shape) for p in placed] == [
+        ("clean-8b", 8, None)
+    ]
+    assert placed[0].chosen.term("carbon").value > 0.9
 
 
 def test_no_shape_fits_the_job_waits_as_declared() -> None:
