@@ -254,22 +254,8 @@ def optimum(
     latest = max((end for _, end in windows.values()), default=origin_s)  # no training: none
     hours = max(1, math.ceil((latest - origin_s) / HOUR_S))
     hour_starts = origin_s + HOUR_S * np.arange(hours, dtype=np.float64)
-    intensity = (
-        np.vstack(
-            [
-                window_means(
-                    recorded,
-                    snapshot,
-                    np.full(hours, pool.representative),
-                    hour_starts,
-                    hour_starts + HOUR_S,
-                    "carbon",
-                ).values
-                for pool in pools
-            ]
-        )
-        if pools
-        else np.zeros((0, hours))
+    intensity = hourly_carbon(
+        recorded, snapshot, [pool.representative for pool in pools], hour_starts
     )
     capacity = np.array([[pool.accelerators] for pool in pools], dtype=np.float64) - (
         _inference_load(outcomes, snapshot, pools, origin_s, hours)
@@ -345,6 +331,29 @@ def optimum(
         constraints=len(solvable) + len(pools) * hours,
         solve_s=time.perf_counter() - began,
         gpu_hours_by_zone=by_zone,
+    )
+
+
+def hourly_carbon(
+    recorded: GridSignals, snapshot: Snapshot, rows: Sequence[int], hour_starts: FloatArray
+) -> FloatArray:
+    """The recorded mean intensity (gCO2eq/kWh) of each node row's zone in each hour
+    from ``hour_starts``: one row per node row, one column per hour (the optima's
+    ``I``: the accounting's figures, fallbacks included)."""
+    if not rows:
+        return np.zeros((0, hour_starts.size))
+    return np.vstack(
+        [
+            window_means(
+                recorded,
+                snapshot,
+                np.full(hour_starts.size, row),
+                hour_starts,
+                hour_starts + HOUR_S,
+                "carbon",
+            ).values
+            for row in rows
+        ]
     )
 
 

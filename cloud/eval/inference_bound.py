@@ -56,7 +56,6 @@ import numpy as np
 
 from cloud.green.energy import EnergyModel
 from cloud.green.latency import ServingLatency
-from cloud.green.window import window_means
 from cloud.scheduler import Node, Policy, Snapshot
 from cloud.scheduler.arrays import FloatArray, IntArray
 from cloud.scheduler.filters import PASS, static_filters
@@ -65,7 +64,7 @@ from cloud.scheduler.shape import make_shape
 from cloud.signals.grid import GridSignals
 from shared.messages import AcceleratorKind
 
-from .bound import BoundUnavailable
+from .bound import BoundUnavailable, hourly_carbon
 from .simulation import HOUR_S, SimOutcome, serving_replicas
 from .workload import InferenceSpec, Workload, deployment, requests_per_s
 
@@ -245,17 +244,9 @@ def inference_optimum(
     groups = _groups(snapshot, specs, eligible, energy)
     served, low, high = _served(outcomes, specs, origin_s, hours)
     hour_starts = origin_s + HOUR_S * np.arange(hours, dtype=np.float64)
-    intensity = [
-        window_means(
-            recorded,
-            snapshot,
-            np.full(hours, group.representative),
-            hour_starts,
-            hour_starts + HOUR_S,
-            "carbon",
-        ).values
-        for group in groups
-    ]
+    intensity = hourly_carbon(
+        recorded, snapshot, [group.representative for group in groups], hour_starts
+    )
 
     cost: list[FloatArray] = []
     kw_of: list[FloatArray] = []
