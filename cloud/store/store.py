@@ -339,7 +339,7 @@ class Store:
             listener_connector(self._engine, connect_timeout_s),
             self._change_channel,
             self._origin,
-            self._told,
+            self._tell_listeners,
         )
         self._change_listening = asyncio.create_task(
             self.change_listener.run(), name="store-change-listener"
@@ -347,11 +347,11 @@ class Store:
 
     def _committed(self) -> None:
         """After each commit that changes what the listeners watch."""
-        self._told()
+        self._tell_listeners()
         if self.change_notifier is not None:
             self.change_notifier.changed()  # other processes, once it is sent
 
-    def _told(self) -> None:
+    def _tell_listeners(self) -> None:
         for listener in tuple(self._commit_listeners):
             listener()
 
