@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -54,8 +55,38 @@ def mosquitto_binary() -> str | None:
     )
 
 
+# Ports handed out below the kernel's ephemeral range, from this one up.
+_LOWEST_TEST_PORT = 20000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
+    """A TCP port on 127.0.0.1 that is free now, for a server the test starts next.
+
+    Taken below the kernel's ephemeral range: a port the kernel hands out for ``bind``
+    to port 0 is one it also hands out as the source port of outgoing connections, and
+    between this probe and the server's own bind any of the suite's many connections
+    (database, broker, change listeners) could take it ("Address already in use").
+    Random, so that parallel test processes rarely try the same one; probed, so that
+    one in use is skipped."""
+    high = _ephemeral_low()
+    chooser = random.SystemRandom()
+    for _ in range(200):
+        port = chooser.randrange(_LOWEST_TEST_PORT, high) if high > _LOWEST_TEST_PORT else 0
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(probe.getsockname()[1])
+    with socket.socket() as probe:  # nothing free below the range: any port
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
