@@ -598,7 +598,13 @@ async def fleet_run(
         )
 
 
-def in_process(nodes: int, runs: int, *, new_samples_each_run: bool = True) -> dict[str, Any]:
+def in_process(
+    nodes: int,
+    runs: int,
+    *,
+    new_samples_each_run: bool = True,
+    switch_interval_during_scrape_s: float = 0.0005,
+) -> dict[str, Any]:
     """The own cost of a `/metrics` exposition and of `/v1/nodes` pages over `nodes` of the
     default fleet's mix, without a loop to wait for: CPU seconds (this process's, the
     exposition's worker thread included) and wall seconds, medians of `runs`.
@@ -641,11 +647,12 @@ def in_process(nodes: int, runs: int, *, new_samples_each_run: bool = True) -> d
         scrape_cpu.append(cpu_s)
         scrape_wall.append(wall_s)
     # Pages asked for every 20 ms while scrapes are written, as the control plane's loop
-    # serves them (its GIL switch interval while scheduling runs: cloud/interpreter_tuning).
+    # serves them (by default its GIL switch interval while scheduling runs:
+    # cloud/interpreter_tuning; an API-only replica keeps Python's 5 ms).
     cursors = [None, *[record.node_id for record in registry.nodes()][999:-1:1000]]
     during: list[float] = []
     switch_interval_s = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(switch_interval_during_scrape_s)
     try:
         for _ in range(runs):
             new_samples()
@@ -791,12 +798,23 @@ def main() -> None:
         action="store_true",
         help="with --in-process: no new samples between runs (what repeated reads cost)",
     )
+    parser.add_argument(
+        "--in-process-switch-interval",
+        type=float,
+        default=0.0005,
+        metavar="S",
+        help="with --in-process: the GIL switch interval while pages wait for a scrape "
+        "(0.0005: the scheduling leader's; 0.005: Python's, an API-only replica's)",
+    )
     args = parser.parse_args()
     if args.api_replicas and args.backend != "postgresql":
         parser.error("--api-replicas needs --backend postgresql (one SQLite writer process)")
     if args.in_process:
         result = in_process(
-            args.nodes, args.in_process, new_samples_each_run=not args.in_process_steady
+            args.nodes,
+            args.in_process,
+            new_samples_each_run=not args.in_process_steady,
+            switch_interval_during_scrape_s=args.in_process_switch_interval,
         )
     else:
         result = asyncio.run(measure(args))
