@@ -220,7 +220,11 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
     and reports."""
     settings = app[SETTINGS]
     if not settings.scheduling.enabled:
-        yield
+        # An API-only replica holds the whole fleet's registry too: at the default
+        # thresholds its full collections (0.2-0.8 s each at 10,000 nodes, every 10-20 s)
+        # stalled the loop serving its pages (benchmarks/RESULTS.md, issue 28).
+        with tuned_for_scheduling():
+            yield
         return
     publisher = DesiredPublisher(
         settings.mqtt,

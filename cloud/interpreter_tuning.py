@@ -17,7 +17,8 @@
   costs microseconds.
 
 Both are process-wide: `tuned_for_scheduling` sets them while the scheduling loop runs
-and puts back what it found.
+(or, on an API-only replica, while the app serves: it holds the whole fleet's registry
+as well) and puts back what it found.
 """
 
 from __future__ import annotations
