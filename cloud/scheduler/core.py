@@ -183,14 +183,14 @@ class Scheduler:
         if isinstance(work, TrainingJob) and work.alternative_shapes:
             work, alternatives, never = self._shapes_to_try(work, never)
         shape = make_shape(work, self.policy)
-        scale = (
-            self._shape_scale(work, alternatives)
-            if alternatives and isinstance(work, TrainingJob)
-            else None
-        )
         # Every hook runs here, before anything is placed: a failure leaves nothing
         # to undo, and only this job waits.
         try:
+            scale = (
+                self._shape_scale(work, alternatives)
+                if alternatives and isinstance(work, TrainingJob)
+                else None
+            )
             job = JobContext(shape, self.cache, self.policy, self.state, normalise_over=scale)
             deferral = self._advise(job) if job.has_candidates and never is None else None
         except HookFailed as failed:
