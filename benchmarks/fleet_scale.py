@@ -647,8 +647,8 @@ def in_process(
         scrape_cpu.append(cpu_s)
         scrape_wall.append(wall_s)
     # Pages asked for every 20 ms while scrapes are written, as the control plane's loop
-    # serves them (by default its GIL switch interval while scheduling runs:
-    # cloud/interpreter_tuning; an API-only replica keeps Python's 5 ms).
+    # serves them (by default the GIL switch interval cloud/interpreter_tuning sets on
+    # the leader and, since 346204c, on API-only replicas too).
     cursors = [None, *[record.node_id for record in registry.nodes()][999:-1:1000]]
     during: list[float] = []
     switch_interval_s = sys.getswitchinterval()
@@ -804,7 +804,7 @@ def main() -> None:
         default=0.0005,
         metavar="S",
         help="with --in-process: the GIL switch interval while pages wait for a scrape "
-        "(0.0005: the scheduling leader's; 0.005: Python's, an API-only replica's)",
+        "(0.0005: what the leader and API-only replicas set; 0.005: Python's default)",
     )
     args = parser.parse_args()
     if args.api_replicas and args.backend != "postgresql":
