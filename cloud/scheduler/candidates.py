@@ -205,6 +205,15 @@ class DynamicScores:
         self.value[node] = self.w_packing * packing + self.w_load * load
 
 
+def member_runtime_s(snapshot: Snapshot, shape: WorkShape, k: int, nodes: IntArray) -> FloatArray:
+    """Estimated run time of one of ``shape``'s members on each of ``nodes`` in pool
+    column ``k`` (inf: long-running)."""
+    if shape.duration_s is None:
+        return np.full(nodes.size, np.inf)
+    runtime: FloatArray = shape.duration_s / snapshot.nodes.kinds[k].relative_speed[nodes]
+    return runtime
+
+
 class CandidateCache:
     def __init__(self, snapshot: Snapshot, policy: Policy, state: ClusterState) -> None:
         self.snapshot = snapshot
@@ -329,12 +338,7 @@ class CandidateCache:
         key = (cand.shape_id, cand.k, shape.duration_s)
         found = self._runtime.get(key)
         if found is None:
-            if shape.duration_s is None:
-                found = np.full(cand.nodes.size, np.inf)
-            else:
-                speeds = self.snapshot.nodes.kinds[cand.k].relative_speed[cand.nodes]
-                found = shape.duration_s / speeds
-            found = read_only(found)
+            found = read_only(member_runtime_s(self.snapshot, shape, cand.k, cand.nodes))
             _remember(self._runtime, key, found)
         return found
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .arrays import BoolArray, FloatArray, IntArray
-from .candidates import CandidateCache, DynamicScores, KindCandidates
+from .candidates import CandidateCache, DynamicScores, KindCandidates, member_runtime_s
 from .extensions import Candidates, evaluate_term
 from .filters import PASS, dynamic_codes
 from .model import PRIORITY_LEVELS, InferenceDeployment
@@ -100,40 +100,27 @@ class JobContext:
             base, base_max = cache.static_part(shape, cand)
             runtime = cache.runtime(shape, cand)
             values = []
-            over = normalise_over.get(cand.k) if normalise_over is not None else None
+            # The nodes the terms are normalised over, and where the candidates are among
+            # them (None: the candidates themselves).
+            scale = normalise_over.get(cand.k) if normalise_over is not None else None
+            if scale is None or scale.size == cand.nodes.size:
+                scored = Candidates(
+                    cand.nodes, kinds[cand.k].kind, shape.accelerators, runtime, column=cand.k
+                )
+                positions = None
+            else:
+                scored = Candidates(
+                    scale,
+                    kinds[cand.k].kind,
+                    shape.accelerators,
+                    member_runtime_s(state.snapshot, shape, cand.k, scale),
+                    column=cand.k,
+                )
+                positions = np.searchsorted(scale, cand.nodes)
             for term, weight in extra_terms:
-                if over is None or over.size == cand.nodes.size:
-                    normalised = evaluate_term(
-                        term,
-                        state.snapshot,
-                        work,
-                        Candidates(
-                            cand.nodes,
-                            kinds[cand.k].kind,
-                            shape.accelerators,
-                            runtime,
-                            column=cand.k,
-                        ),
-                    )
-                else:
-                    over_runtime = (
-                        np.full(over.size, np.inf)
-                        if shape.duration_s is None
-                        else shape.duration_s / kinds[cand.k].relative_speed[over]
-                    )
-                    everywhere = evaluate_term(
-                        term,
-                        state.snapshot,
-                        work,
-                        Candidates(
-                            over,
-                            kinds[cand.k].kind,
-                            shape.accelerators,
-                            over_runtime,
-                            column=cand.k,
-                        ),
-                    )
-                    normalised = everywhere[np.searchsorted(over, cand.nodes)]
+                normalised = evaluate_term(term, state.snapshot, work, scored)
+                if positions is not None:
+                    normalised = normalised[positions]
                 values.append(normalised)
                 base = base + weight * normalised
                 base_max = float(base.max())
