@@ -92,12 +92,15 @@ def table(
     rows = []
     for result in results:
         row = []
+        shares = (
+            optimum_shares(results, result, bound, inference_bound)
+            if bound is not None and inference_bound is not None
+            else None
+        )
         for header, attribute, pattern in columns:
             value = getattr(result, attribute)
             if header.startswith("of optimum"):
-                assert bound is not None
-                assert inference_bound is not None
-                shares = optimum_shares(results, result, bound, inference_bound)
+                assert shares is not None
                 share = {
                     "training_gco2": shares.training,
                     "inference_gco2": shares.inference,
