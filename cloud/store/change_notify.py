@@ -37,6 +37,8 @@ from shared.backoff import Backoff
 from shared.tasks import stop_task
 
 CHANNEL_PREFIX: Final = "greenfed_changes_"
+# What connecting or listening may fail with: the listener retries after any of them.
+_CONNECTION_ERRORS: Final = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 # Options SQLAlchemy's asyncpg dialect takes for itself; asyncpg.connect refuses them.
 _DIALECT_ONLY: Final = (
     "async_creator_fn",
@@ -184,12 +186,12 @@ class ChangeListener:
         while True:
             try:
                 connection = await self._connect()
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            except _CONNECTION_ERRORS as error:
                 await self._retry_later(error)
                 continue
             try:
                 await self._listen(connection)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            except _CONNECTION_ERRORS as error:
                 await self._retry_later(error)
             finally:
                 self.listening.clear()
