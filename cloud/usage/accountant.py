@@ -106,6 +106,13 @@ class _LeaderState:
     new_counterfactuals: list[CounterfactualRecord] = field(default_factory=list)
 
 
+def _usage_marks(moved: Iterable[tuple[str, NodeMark]]) -> list[UsageMark]:
+    return [
+        UsageMark(node_id, m.instance_id, m.seq, m.sampled_at_s, dict(m.energy_j))
+        for node_id, m in sorted(moved, key=lambda item: item[0])
+    ]
+
+
 class Accountant:
     def __init__(
         self,
@@ -340,11 +347,10 @@ class Accountant:
             pue=self._energy.pue,
             grid_offset_s=self._grid_offset_s,
         )
-        marks = [
-            UsageMark(node_id, m.instance_id, m.seq, m.sampled_at_s, dict(m.energy_j))
-            for node_id in sorted(dirty)
-            if (m := state.marks.get(node_id)) is not None
-        ]
+        # The marks as they stand now, with the usage just taken: ingestion moves them on
+        # while this flush runs. Made into rows in a worker thread (10,000 at 10,000 nodes).
+        moved = [(node_id, m) for node_id in dirty if (m := state.marks.get(node_id)) is not None]
+        marks = await asyncio.to_thread(_usage_marks, moved)
         finals = await self._final_events(rows)
         write = UsageWrite(
             rows=rows, marks=marks, counterfactuals=new_counterfactuals, events=finals

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -228,5 +229,37 @@ async def test_metering_stopped_during_a_flush_keeps_that_flushs_usage(
 
         kwh, _, _, _ = await totals(store)
         assert kwh == pytest.approx(expected_kwh(T0, T0 + 300), rel=0.02)
+    finally:
+        await store.close()
+
+
+async def test_a_flush_moves_the_mark_of_every_node_with_a_new_sample(
+    database: DatabaseUnderTest,
+) -> None:
+    """More nodes than one statement's chunk of marks (the rows are made off the event
+    loop and written a chunk at a time): every node's mark is the latest sample counted,
+    flush after flush."""
+    clock = Clock()
+    store = await open_store(database.settings, clock=clock)
+    try:
+        lease = await store.try_acquire_leadership()
+        assert lease is not None
+        registry = NodeRegistry(wall_clock=clock)
+        node_ids = [f"n{number:04d}" for number in range(1_201)]
+        for node_id in node_ids:
+            registry.apply_status(msgspec.structs.replace(birth(clock.now), node_id=node_id))
+        accountant = Accountant(store, registry, UsageSettings(), clock=clock)
+        await accountant.begin(lease)
+        for step in range(2):
+            clock.now = T0 + INTERVAL_S * step
+            for node_id in node_ids:
+                sample = msgspec.structs.replace(reading(clock.now), node_id=node_id)
+                accountant.observe(sample)
+            await accountant.flush(lease)
+            marks = await store.usage_marks()
+            assert sorted(marks) == node_ids
+            assert {(mark.seq, mark.sampled_at) for mark in marks.values()} == {
+                (reading(clock.now).seq, clock.now)
+            }
     finally:
         await store.close()
