@@ -39,6 +39,7 @@ Settings keep their keys for users: `[cloud] staleness_intervals`,
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ from shared.settings import Settings
 
 # The liveness timer this late means the control plane was not hearing anyone.
 STALL_S: Final = 1.0
+# Heap keys are sums that `is_stale` does not round alike: nodes within this of their
+# key are judged, so that none is judged later than a sweep over all of them would.
+_KEY_ROUNDING_S: Final = 1e-6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,6 +120,11 @@ class Liveness:
         self._unavailable_since: dict[str, float] = {}
         # The latest stalls of the event loop, (start, end) monotonic: not silence.
         self._stalls: deque[tuple[float, float]] = deque(maxlen=64)
+        # Online nodes by the earliest time each can be stale (`_stale_after_s`), a heap
+        # kept while the registry's version holds: a round judges only the nodes due,
+        # not all 10,000 (`expire_stale`).
+        self._due: list[tuple[float, str]] = []
+        self._due_version: int | None = None
         self.stalls_total = 0
         self._log = structlog.get_logger("greenfed.liveness")
 
@@ -148,11 +157,26 @@ class Liveness:
         heard_s = max(record.last_seen_monotonic, self._heard_since_s)
         return now_s - heard_s - self._deaf_s(heard_s) > deadline_s
 
+    def _stale_after_s(self, record: NodeRecord) -> float:
+        """When `is_stale` turns true for the node if nothing more is heard from it (up
+        to rounding). Never sooner later on: a sample, the link's return and every
+        stall of the loop only push it back, so it can key a heap until judged."""
+        deadline_s = max(
+            self.settings.staleness_intervals * record.status.telemetry_interval_s,
+            self.settings.min_staleness_s,
+        )
+        heard_s = max(record.last_seen_monotonic, self._heard_since_s)
+        stalls = self._stalls
+        if stalls and stalls[-1][1] > heard_s:  # a stall since: rare
+            return heard_s + self._deaf_s(heard_s) + deadline_s
+        return heard_s + deadline_s
+
     def note_stall(self, duration_s: float) -> None:
         """The event loop ran nothing for `duration_s`, until now."""
         end_s = self._monotonic()
         self._stalls.append((end_s - duration_s, end_s))
         self.stalls_total += 1
+        self._due_version = None  # keyed again: the oldest stall may have left the deque
         self._log.warning(
             "control plane stalled: that time is no node's silence",
             stalled_s=round(duration_s, 2),
@@ -170,17 +194,46 @@ class Liveness:
         return deaf_s
 
     def expire_stale(self) -> list[NodeStateChange]:
-        """Mark online nodes without recent telemetry offline (`telemetry-stale`);
-        nothing while the broker link is down."""
+        """Mark online nodes without recent telemetry offline (`telemetry-stale`), in node
+        id order; nothing while the broker link is down. Every second at 10,000 nodes:
+        it judges the nodes whose time may be up, not every node (5 ms of the event
+        loop's CPU a round, 10-16 ms live beside a busy fleet, when it did)."""
         now_s = self._monotonic()
         if not self.listening(now_s):
             return []
-        stale = [
-            record.node_id
-            for record in self._registry
-            if record.state == "online" and self.is_stale(record, now_s)
-        ]
-        return self._registry.mark_offline(stale, "telemetry-stale")
+        registry = self._registry
+        if self._due_version != registry.version:
+            # A birth, a node back online, a changed interval, ...: every online node
+            # keyed again. Between such changes (a fleet at work) only the due are judged.
+            self._due = [
+                (self._stale_after_s(record), record.node_id)
+                for record in registry
+                if record.state == "online"
+            ]
+            heapq.heapify(self._due)
+            self._due_version = registry.version
+        stale: list[str] = []
+        judged_again: list[tuple[float, str]] = []
+        due = self._due
+        # `is_stale` decides; the margin only keeps rounding in the keys from judging a
+        # node a round late.
+        while due and due[0][0] <= now_s + _KEY_ROUNDING_S:
+            _, node_id = heapq.heappop(due)
+            record = registry.get(node_id)
+            if record is None or record.state != "online":
+                continue  # gone or offline: the version moved, the next round rebuilds
+            if self.is_stale(record, now_s):
+                stale.append(node_id)
+            else:  # heard from since it was keyed
+                judged_again.append((self._stale_after_s(record), node_id))
+        for entry in judged_again:
+            heapq.heappush(due, entry)
+        stale.sort()
+        version = registry.version
+        changes = registry.mark_offline(stale, "telemetry-stale")
+        if self._due_version == version:
+            self._due_version = registry.version  # those nodes left the heap already
+        return changes
 
     async def run(self, on_change: Callable[[], None]) -> None:
         """The timer: expire stale nodes every `liveness_check_interval_s`; after any

@@ -4,6 +4,7 @@ staleness, the grace before work is lost, the timer), driven by fake clocks."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 import pytest
@@ -899,3 +900,64 @@ async def test_a_late_liveness_timer_notes_the_stall_and_goes_on_judging(
     finally:
         await stop_task(timer)
     assert state_of(registry, "n1") == ("offline", "telemetry-stale")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_stale_nodes_found_round_by_round_are_those_a_look_at_every_node_finds(
+    clock: FakeClock, seed: int
+) -> None:
+    """`expire_stale` judges only the nodes due by a heap it keeps between registry
+    changes: over births, samples, wills, departures, loop stalls and a link that drops
+    and returns, each round marks exactly the online nodes that `is_stale` says are
+    (what judging every node each round found)."""
+    rng = random.Random(seed)
+    link = {"up": True}
+    registry = NodeRegistry(monotonic=clock.monotonic, wall_clock=clock.wall)
+    liveness = Liveness(
+        registry, LivenessSettings(staleness_intervals=3.0), link_up=lambda: link["up"]
+    )
+    seqs: dict[str, int] = {}
+    instances: dict[str, int] = {}
+    found = 0
+    for _ in range(600):
+        roll = rng.random()
+        node_id = f"n{rng.randrange(40):02d}"
+        if roll < 0.1:
+            instances[node_id] = instances.get(node_id, 0) + (rng.random() < 0.3)
+            seqs[node_id] = 0
+            interval_s = rng.choice([0.5, 1.0, 2.0, 5.0])
+            registry.apply_status(
+                status(
+                    node_id,
+                    instance_id=f"i{instances[node_id]}",
+                    telemetry_interval_s=interval_s,
+                )
+            )
+        elif roll < 0.55 and node_id in seqs:
+            seqs[node_id] += 1
+            registry.apply_telemetry(
+                telemetry(node_id, instance_id=f"i{instances[node_id]}", seq=seqs[node_id])
+            )
+        elif roll < 0.6 and node_id in seqs:
+            registry.apply_status(will(node_id, instance_id=f"i{instances[node_id]}"))
+        elif roll < 0.62:
+            registry.forget(node_id)
+            seqs.pop(node_id, None)
+        elif roll < 0.66:
+            clock.advance(rng.uniform(1.0, 4.0))
+            liveness.note_stall(rng.uniform(1.0, 4.0))
+        elif roll < 0.68:
+            link["up"] = not link["up"]
+        clock.advance(rng.choice([0.0, 0.1, 0.5, 1.0, 1.0, 2.5]))
+        now_s = clock.monotonic()
+        listening = liveness.listening(now_s)
+        expected = sorted(
+            record.node_id
+            for record in registry
+            if listening and record.state == "online" and liveness.is_stale(record, now_s)
+        )
+        changes = liveness.expire_stale()
+        assert [change.node_id for change in changes] == expected
+        assert {change.reason for change in changes} <= {"telemetry-stale"}
+        found += len(changes)
+    assert found > 20  # the rounds did find stale nodes
