@@ -54,6 +54,7 @@ from cloud.app_keys import (
     BROKER_ACCOUNTS,
     BROKER_OUTAGES,
     CLUSTERS,
+    DRAIN_WAITING,
     EVENT_HUB,
     INGESTOR,
     JOB_LOGS,
@@ -132,7 +133,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     assignments = asyncio.create_task(refresh_forever(index, app[STORE]), name="assignments")
     # What admins set on nodes (cordons, taints, labels), from whichever replica set it.
     node_settings = asyncio.create_task(
-        node_admin.refresh_forever(app[REGISTRY], app[STORE]), name="node-admin"
+        node_admin.refresh_forever(app[REGISTRY], app[STORE], drain_waiting=app[DRAIN_WAITING]),
+        name="node-admin",
     )
     # How long ready work waits for the event loop (greenfed_event_loop_lag_seconds).
     lag = EventLoopLag()
@@ -370,6 +372,7 @@ def create_app(
     app[SETTINGS] = settings
     app[REGISTRY] = registry
     app[NODE_PAGES] = NodePages(registry)
+    app[DRAIN_WAITING] = node_admin.StoredDrainWaiting()
     app[LIVENESS] = Liveness(
         registry, LivenessSettings.of(settings), link_up=ingestor.subscribed.is_set
     )

@@ -15,6 +15,7 @@ from cloud.clusters.runtime import ClusterFleet
 from cloud.fleet.enrolled import EnrolledNodes
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.liveness import Liveness
+from cloud.fleet.node_admin import StoredDrainWaiting
 from cloud.fleet.node_pages import NodePages
 from cloud.fleet.outage import BrokerOutageJudge
 from cloud.fleet.registry import NodeRegistry
@@ -36,6 +37,8 @@ SETTINGS = web.AppKey("settings", Settings)
 SIGNING_KEY = web.AppKey("signing_key", Ed25519PrivateKey)
 REGISTRY = web.AppKey("registry", NodeRegistry)
 NODE_PAGES = web.AppKey("node_pages", NodePages)  # `/v1/nodes`' kept JSON
+# What drains wait for as the leader stored it, for a replica that does not lead.
+DRAIN_WAITING = web.AppKey("drain_waiting", StoredDrainWaiting)
 INGESTOR = web.AppKey("ingestor", Ingestor)
 # Decides when a silent node is offline and when its work is lost.
 LIVENESS = web.AppKey("liveness", Liveness)

@@ -16,7 +16,7 @@ from cloud.api.bulk_actions import destructive
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
-from cloud.app_keys import INGESTOR, NODE_PAGES, REGISTRY, SCHEDULER, STORE
+from cloud.app_keys import DRAIN_WAITING, INGESTOR, NODE_PAGES, REGISTRY, SCHEDULER, STORE
 from cloud.fleet.envelope import claim_of
 from cloud.fleet.node_admin import apply_one
 from cloud.fleet.registry import Approval, NodeFilter, NodeRecord
@@ -66,10 +66,13 @@ async def get_node(request: web.Request) -> web.Response:
 
 
 def _drain_waiting(request: web.Request, record: NodeRecord) -> tuple[str, ...]:
-    """What the node's drain waits for, as the scheduling loop's latest pass found."""
-    if SCHEDULER not in request.app or record.admin is None or not record.admin.draining:
+    """What the node's drain waits for: as this process's latest pass found where it
+    leads the scheduling, else as the leader stored it."""
+    if record.admin is None or not record.admin.draining:
         return ()
-    return request.app[SCHEDULER].deployments.drain_waiting.get(record.node_id, ())
+    if SCHEDULER in request.app and request.app[SCHEDULER].leading.is_set():
+        return request.app[SCHEDULER].deployments.drain_waiting.get(record.node_id, ())
+    return request.app[DRAIN_WAITING].by_node.get(record.node_id, ())
 
 
 # `key[=value][:Effect]` as an admin writes it here: shared.taints' grammar (whose keys

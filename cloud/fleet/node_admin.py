@@ -1,12 +1,15 @@
 """Keeping what admins set on nodes (cloud/fleet/node_overlay.py) fresh on every replica
 of the control plane: reloaded from the store every few seconds, and applied at once by
 the replica that changed it. The same round records what an enrolled node first
-claimed, as what it is approved as (cloud/fleet/envelope.py).
+claimed, as what it is approved as (cloud/fleet/envelope.py), and, while a node drains,
+reloads what its drain waits for as the scheduling leader stored it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -15,8 +18,24 @@ from cloud.fleet.registry import NodeRegistry
 from cloud.store import NodeAdminRecord, Store, StoreUnavailableError
 
 
-async def refresh_forever(registry: NodeRegistry, store: Store, *, interval_s: float = 2.0) -> None:
-    """Reload the admins' settings into `registry` every `interval_s`."""
+@dataclass(slots=True)
+class StoredDrainWaiting:
+    """Why draining nodes' drains wait, as the scheduling leader last stored it
+    (cloud/store/drain_waiting.py): what a replica that does not lead shows with its
+    nodes (the leader shows its latest pass's own)."""
+
+    by_node: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+async def refresh_forever(
+    registry: NodeRegistry,
+    store: Store,
+    *,
+    interval_s: float = 2.0,
+    drain_waiting: StoredDrainWaiting | None = None,
+) -> None:
+    """Reload the admins' settings into `registry` every `interval_s`, and into
+    `drain_waiting` what drains wait for (read only while some node drains)."""
     log = structlog.get_logger("greenfed.node_admin")
     while True:
         try:
@@ -25,6 +44,9 @@ async def refresh_forever(registry: NodeRegistry, store: Store, *, interval_s: f
             if claims:
                 await store.set_first_claims(claims)
                 registry.set_admin(await store.node_admin())
+            if drain_waiting is not None:
+                draining = any(record.draining for record in registry.admin.values())
+                drain_waiting.by_node = await store.drain_waiting() if draining else {}
         except StoreUnavailableError as error:
             log.warning("node settings not refreshed: store unavailable", error=str(error))
         await asyncio.sleep(interval_s)

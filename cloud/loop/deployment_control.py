@@ -66,8 +66,10 @@ class DeploymentControl:
         # Placed deployments after the latest pass: id -> (tenant, desired, serving).
         self.replicas: dict[str, tuple[str, int, int]] = {}
         # Draining nodes whose drain waits, after the latest pass: node id -> why
-        # (cloud/loop/drain.py; shown with the node).
+        # (cloud/loop/drain.py; shown with the node), and what this leader last stored
+        # of it for the replicas that do not lead (None: not read yet).
         self.drain_waiting: dict[str, tuple[str, ...]] = {}
+        self._drain_waiting_stored: dict[str, tuple[str, ...]] | None = None
         self._log = structlog.get_logger("greenfed.loop")
 
     def reset(self) -> None:
@@ -75,6 +77,7 @@ class DeploymentControl:
         self._rollout_watch.reset()
         self.replicas = {}
         self.drain_waiting = {}
+        self._drain_waiting_stored = None
 
     def _deployments(self, store: StoreSnapshot) -> Iterator[tuple[WorkRecord, DeploymentSpec]]:
         """Placed deployments with their specs, each decoded once per version (an
@@ -117,7 +120,11 @@ class DeploymentControl:
             records, by_work(store.allocations), deployments, nodes, draining_nodes(nodes)
         )
         self.drain_waiting = {node: tuple(why) for node, why in drain.waiting.items()}
-        if drain.writes:
+        if self._drain_waiting_stored is None:  # a new leader: what the last one left
+            self._drain_waiting_stored = await self._store.drain_waiting()
+        # Stored only when it changed: most passes write nothing for it.
+        waiting_changed = self.drain_waiting != self._drain_waiting_stored
+        if drain.writes or waiting_changed:
             for eviction in drain.evictions:
                 self._log.info("work requeued", work_id=eviction.work_id, reason=eviction.reason)
             await self._commit(
@@ -125,11 +132,14 @@ class DeploymentControl:
                     evictions=tuple(drain.evictions),
                     placements=tuple(drain.releases),
                     explanations=_rescaled(now, drain.releases),
+                    drain_waiting=self.drain_waiting if waiting_changed else None,
                 ),
                 lease,
                 records,
             )
-            store = await self._store.load_snapshot(store)
+            self._drain_waiting_stored = self.drain_waiting
+            if drain.writes:
+                store = await self._store.load_snapshot(store)
         allocations = by_work(store.allocations)
         names = {tenant.tenant_id: tenant.name for tenant in store.tenants}
         surplus = []

@@ -17,6 +17,7 @@ import msgspec
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from cloud.store.drain_waiting import replace_drain_waiting
 from cloud.store.errors import (
     IllegalTransitionError,
     InvalidPassWriteError,
@@ -148,6 +149,7 @@ class Changes:
     pending_reasons: Mapping[str, str] = field(default_factory=dict)
     events: Sequence[NewEvent] = ()
     explanations: Mapping[str, bytes] = field(default_factory=dict)
+    drain_waiting: Mapping[str, tuple[str, ...]] | None = None  # None: as stored
     tenant_id: str | None = None  # set: work of other tenants is "not found"
     source_event_id: str | None = None  # an agent event: applied at most once
 
@@ -318,6 +320,8 @@ async def apply_changes(
         )
     await _store_pending_reasons(connection, changes.pending_reasons, set(drafts))
     await _store_explanations(connection, changes.explanations, now)
+    if changes.drain_waiting is not None:
+        await replace_drain_waiting(connection, changes.drain_waiting)
     generations = await bump_generations(connection, context, touched_nodes)
 
     actors = {change.work_id: change.actor for change in changes.state_changes if change.actor}

@@ -306,10 +306,15 @@ class PassWrite:
     # The scheduler's latest explanation per work id (a JSON object: why pending, or the
     # score breakdown of its placement); replaces the previous one, no event, no version.
     explanations: Mapping[str, bytes] = field(default_factory=dict)
+    # Draining nodes whose drain waits, and why (cloud/loop/drain.py): replaces what is
+    # stored, for the replicas that do not lead; None leaves it as it is.
+    drain_waiting: Mapping[str, tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pending_reasons", MappingProxyType(dict(self.pending_reasons)))
         object.__setattr__(self, "explanations", MappingProxyType(dict(self.explanations)))
+        if self.drain_waiting is not None:
+            object.__setattr__(self, "drain_waiting", MappingProxyType(dict(self.drain_waiting)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -395,3 +395,13 @@ node_admin = Table(
     Column("approved", JsonDocument, nullable=True),
     Column("trust_figures", Boolean, nullable=False, server_default=false()),
 )
+
+# What each draining node's drain waits for, as the scheduling leader's latest pass found
+# (v0020, cloud/loop/drain.py): replaced with the pass's commit when it changes, read by
+# the replicas that do not lead. `waiting` is a list of strings.
+node_drain_waiting = Table(
+    "node_drain_waiting",
+    metadata,
+    Column("node_id", Text, primary_key=True),
+    Column("waiting", JsonDocument, nullable=False),
+)

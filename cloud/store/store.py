@@ -51,6 +51,7 @@ from cloud.store.change_notify import (
 )
 from cloud.store.changes import Changes, apply_changes, event_row
 from cloud.store.clusters import ClusterRecord
+from cloud.store.drain_waiting import select_drain_waiting
 from cloud.store.engine import (
     WRITE_OPTION,
     Backend,
@@ -1245,6 +1246,12 @@ class Store:
         async with self._read() as connection:
             return await node_admin.select_node_admin(connection)
 
+    async def drain_waiting(self) -> dict[str, tuple[str, ...]]:
+        """Why draining nodes' drains wait, as the leader's latest pass that changed it
+        stored it (`PassWrite.drain_waiting`)."""
+        async with self._read() as connection:
+            return await select_drain_waiting(connection)
+
     # ---- live accounting (cloud/store/usage.py) -----------------------------------------
 
     async def write_usage(self, write: UsageWrite, *, lease: LeadershipLease) -> None:
@@ -1425,6 +1432,7 @@ class Store:
             pending_reasons=write.pending_reasons,
             events=write.events,
             explanations=write.explanations,
+            drain_waiting=write.drain_waiting,
         )
         self._check_lease_is_ours(lease)
         if isinstance(lease, PostgresLease):

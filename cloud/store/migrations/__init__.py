@@ -33,6 +33,7 @@ from cloud.store.migrations import (
     v0017_job_arrays,
     v0018_fair_share,
     v0019_tenant_lending_limit,
+    v0020_node_drain_waiting,
 )
 
 
@@ -63,6 +64,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(17, "job_arrays", v0017_job_arrays.upgrade),
     SchemaMigration(18, "fair_share", v0018_fair_share.upgrade),
     SchemaMigration(19, "tenant_lending_limit", v0019_tenant_lending_limit.upgrade),
+    SchemaMigration(20, "node_drain_waiting", v0020_node_drain_waiting.upgrade),
 )
 
 
