@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.lifecycle_bench import free_port, greenfed
+from benchmarks.lifecycle_bench import greenfed
+from tests.support.brokers import free_port
 
 
 @dataclass(frozen=True, slots=True)

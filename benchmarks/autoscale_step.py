@@ -36,7 +36,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.inference_bench import small_mlp
-from benchmarks.lifecycle_bench import free_port, greenfed, new_tenant
+from benchmarks.lifecycle_bench import greenfed, new_tenant
+from tests.support.brokers import free_port
 
 X = [[1.0, -2.0, 0.5, 3.0]]
 

@@ -71,7 +71,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
 from benchmarks.api_replicas import api_replicas
-from benchmarks.lifecycle_bench import DEFAULT_POSTGRES_URL, database_env, free_port
+from benchmarks.lifecycle_bench import DEFAULT_POSTGRES_URL, database_env
+from tests.support.brokers import free_port
 
 MOSQUITTO_CONFIG = """\
 listener {port} 127.0.0.1

@@ -41,14 +41,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
+# The tests' ports: below the kernel's ephemeral range, so that no outgoing connection
+# (database, broker) takes a server's port between the probe and the server's bind.
+from tests.support.brokers import free_port
+
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_MQTT_URL = "mqtt://127.0.0.1:1883"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def reachable(host: str, port: int) -> bool:

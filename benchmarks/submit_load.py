@@ -52,12 +52,12 @@ from benchmarks.lifecycle_bench import (
     DEFAULT_MQTT_URL,
     DEFAULT_POSTGRES_URL,
     database_env,
-    free_port,
     greenfed,
     mqtt_broker,
     new_tenant,
 )
 from shared.desired_signature import public_key_base64
+from tests.support.brokers import free_port
 
 _METRIC = re.compile(
     r"^(greenfed_scheduling_(?:passes_total|placements_total|last_pass_seconds)"
