@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-import structlog
-
 from shared.enrolment_certificate import (
     CertificateError,
     certificate_head,
     identity_proof,
 )
+from shared.lean_logs import get_logger
 from shared.sealing import SealingKeyError, load_public_key, public_key_text
 from shared.settings import AgentSettings
 
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 FILE_NAME: Final = "enrolment.cert"
-_log = structlog.get_logger("greenfed.agent")
+_log = get_logger("greenfed.agent")
 
 
 def certificate_path(settings: AgentSettings) -> Path:

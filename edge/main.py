@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TextIO
 
 import msgspec
-import structlog
 
 from edge.agent import Agent, NodeIdentity
 from edge.agent.birth import ExecutionFacts
@@ -21,12 +20,13 @@ from edge.enrolment_proof import certificate_path, load_enrolment_proof
 from edge.inference.options import InferenceOptions
 from edge.training.runs import LauncherFactory, TrainingLauncher
 from edge.upgrade.versions import HEALTH_FILE_ENV, RESTART_EXIT_CODE, VERSIONS_DIR_ENV
+from shared.lean_logs import bind_contextvars, get_logger
 from shared.messages import Accelerator
 from shared.runtime import run_until_stopped
 from shared.settings import AgentSettings, Settings, load_settings
 from shared.tasks import cancel_and_wait
 
-log = structlog.get_logger("greenfed.agent")
+log = get_logger("greenfed.agent")
 
 
 async def training_launcher(
@@ -146,7 +146,7 @@ async def run_agent(
         ),
         upgrades=upgrades,
     )
-    structlog.contextvars.bind_contextvars(node_id=agent.identity.node_id)
+    bind_contextvars(node_id=agent.identity.node_id)
     await run_until_stopped(
         stop, run_then_release_memory(agent, settings.agent.telemetry_interval_s)
     )

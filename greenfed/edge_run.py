@@ -51,10 +51,11 @@ def add_edge_run_options(parser: argparse.ArgumentParser) -> None:
 
 def cmd_edge_run(args: argparse.Namespace) -> int:
     settings = settings_from_options(args)  # a broken configuration fails here, first
-    from edge.upgrade.supervisor import is_supervised, replace_with_supervisor
-    from edge.upgrade.versions import DIRECTORY_NAME
+    from edge.upgrade.versions import DIRECTORY_NAME, is_supervised
 
     if not args.no_supervisor and not is_supervised():
+        from edge.upgrade.supervisor import replace_with_supervisor
+
         # This process becomes the upgrade supervisor, which runs the agent as its child
         # (`greenfed edge run` again, in the version it chooses): edge/upgrade/supervisor.py.
         versions_dir = settings.agent.resolved_data_dir() / DIRECTORY_NAME
@@ -63,10 +64,10 @@ def cmd_edge_run(args: argparse.Namespace) -> int:
 
     defer_imports()  # before the MQTT client is imported (edge.main)
     from edge.main import run_agent
-    from shared.logs import configure_logging
+    from shared.logs import configure_agent_logging
     from shared.runtime import run_main
 
-    configure_logging(settings.log.level, settings.log.format)
+    configure_agent_logging(settings.log.level, settings.log.format)
     return run_main(lambda stop: run_agent(settings, stop, args.config))
 
 

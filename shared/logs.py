@@ -4,6 +4,10 @@ Context (node_id, job_id) is bound once with `structlog.contextvars` and rides
 along on every line logged inside that task. Every line, ours and the libraries',
 passes `redact_secrets` last before it is rendered: URL passwords and the values of
 secret-named keys (shared/redact.py) never reach the output.
+
+structlog is imported where logging is configured, not with this module: the edge agent
+(which imports `RateLimitedLog`) writes its JSON lines without it (shared/lean_logs.py,
+`configure_agent_logging`).
 """
 
 from __future__ import annotations
@@ -12,20 +16,22 @@ import io
 import logging
 import sys
 import time
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
-import structlog
-
+from shared import lean_logs
 from shared.redact import redact, redact_text
+
+if TYPE_CHECKING:
+    import structlog
+
+    from shared.lean_logs import EventLogger
 
 LogFormat = Literal["auto", "json", "console"]
 
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
+
+def writes_json(log_format: LogFormat, stream: TextIO) -> bool:
+    """JSON when asked for, or for `auto` where no person reads the stream."""
+    return log_format == "json" or (log_format == "auto" and not stream.isatty())
 
 
 def redact_secrets(
@@ -40,6 +46,8 @@ def redact_secrets(
 def _redacted_traceback(sio: TextIO, exc_info: structlog.typing.ExcInfo) -> None:
     """The console's traceback, with what `redact_text` masks masked (an exception's
     message may carry a URL with its password)."""
+    import structlog
+
     plain = io.StringIO()
     structlog.dev.plain_traceback(plain, exc_info)
     sio.write(redact_text(plain.getvalue()))
@@ -49,9 +57,11 @@ def configure_logging(
     level: str = "info", log_format: LogFormat = "auto", stream: TextIO | None = None
 ) -> None:
     """Configure structlog and route stdlib logging (aiohttp, amqtt) through the same renderer."""
+    import structlog
+
     stream = stream or sys.stderr
-    use_json = log_format == "json" or (log_format == "auto" and not stream.isatty())
-    numeric_level = _LEVELS[level]
+    use_json = writes_json(log_format, stream)
+    numeric_level = lean_logs.LEVELS[level]
     shared_processors: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -85,12 +95,21 @@ def configure_logging(
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(numeric_level)
-    # Third-party libraries are chatty at INFO; their warnings still come through.
-    for noisy in ("amqtt", "transitions", "aiohttp.access", "asyncio"):
-        logging.getLogger(noisy).setLevel(max(numeric_level, logging.WARNING))
+    lean_logs.route_stdlib_logging(handler, numeric_level)
+    lean_logs.use_structlog()  # the agent's loggers (shared/lean_logs.py) write through it
+
+
+def configure_agent_logging(
+    level: str = "info", log_format: LogFormat = "auto", stream: TextIO | None = None
+) -> None:
+    """The edge agent's logging: JSON lines without importing structlog
+    (shared/lean_logs.py: about 1.1 MB an agent holds for months), the same lines
+    `configure_logging` writes; a person's console through structlog, as there."""
+    stream = stream or sys.stderr
+    if writes_json(log_format, stream):
+        lean_logs.configure_json_lines(level, stream)
+    else:
+        configure_logging(level, log_format, stream)
 
 
 class RateLimitedLog:
@@ -100,7 +119,7 @@ class RateLimitedLog:
     flood of bad input cannot flood the log too.
     """
 
-    def __init__(self, logger: structlog.stdlib.BoundLogger, interval_s: float) -> None:
+    def __init__(self, logger: EventLogger, interval_s: float) -> None:
         self._logger = logger
         self._interval_s = interval_s
         self._last_logged_at: dict[str, float] = {}

@@ -26,12 +26,12 @@ from typing import Any
 
 import aiomqtt
 import paho.mqtt.client as mqtt
-import structlog
 from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.enums import MQTTErrorCode
 
 from shared.backoff import Backoff
 from shared.errors import MqttAuthError
+from shared.lean_logs import EventLogger, get_logger
 from shared.settings import MqttSettings, parse_mqtt_url
 
 # CONNACK codes that mean "your credentials are wrong", in MQTT 3.1.1 (4, 5) and
@@ -260,7 +260,7 @@ class MqttSession:
         will: aiomqtt.Will | None = None,
         max_queued_incoming: int = 0,
         message_sink: MessageSink | None = None,
-        logger: structlog.stdlib.BoundLogger | None = None,
+        logger: EventLogger | None = None,
     ) -> None:
         """`message_sink`, if given, receives every message's topic and payload
         synchronously on arrival instead of through `client.messages` (see
@@ -271,7 +271,7 @@ class MqttSession:
         self._will = will
         self._max_queued_incoming = max_queued_incoming
         self._message_sink = message_sink
-        self._log = logger or structlog.get_logger("greenfed.mqtt")
+        self._log: EventLogger = logger or get_logger("greenfed.mqtt")
         self._backoff = Backoff(settings.reconnect_initial_s, settings.reconnect_max_s)
         self.connected = asyncio.Event()
         self.connect_count = 0

@@ -11,8 +11,7 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-import structlog
-
+from shared.lean_logs import get_logger
 from shared.tasks import cancel_and_wait
 
 SHUTDOWN_BUDGET_S = 4.0
@@ -50,7 +49,7 @@ async def run_until_stopped(stop: asyncio.Event, *work: Coroutine[Any, Any, None
         stopper.cancel()
         pending = await cancel_and_wait(tasks, SHUTDOWN_BUDGET_S)
         if pending:
-            structlog.get_logger("greenfed").warning(
+            get_logger("greenfed").warning(
                 "shutdown budget exceeded", still_running=[t.get_name() for t in pending]
             )
     for task in tasks:

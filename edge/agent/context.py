@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiomqtt
-import structlog
 
+from shared.lean_logs import EventLogger
 from shared.messages import NodeTaint, Site
 from shared.settings import AgentSettings
 from shared.topics import CHANNEL_SPECS, Channel, Topics
@@ -71,7 +71,7 @@ class AgentContext:
     topics: Topics
     counters: AgentCounters
     wall_clock: Callable[[], float]
-    log: structlog.stdlib.BoundLogger
+    log: EventLogger
 
     def topic(self, channel: Channel) -> str:
         return self.topics.node(self.identity.node_id, channel)

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiomqtt
-import structlog
 
 from edge.agent.birth import ExecutionFacts
 from edge.agent.context import AgentContext, AgentCounters, NodeIdentity
@@ -34,6 +33,7 @@ from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import LauncherFactory
 from shared import __version__
 from shared.desired_signature import PublicKeyError, load_public_key
+from shared.lean_logs import get_logger
 from shared.messages import EventKind
 from shared.mqtt import MqttSession
 from shared.settings import OUTBOX_MAX_AGE_S, OUTBOX_MAX_BYTES, ConfigError, MqttSettings
@@ -106,7 +106,7 @@ class Agent:
             topics=Topics(mqtt_settings.topic_root),
             counters=AgentCounters(),
             wall_clock=wall_clock,
-            log=structlog.get_logger("greenfed.agent").bind(node_id=identity.node_id),
+            log=get_logger("greenfed.agent").bind(node_id=identity.node_id),
         )
         self._state = AgentStateFiles(state_dir) if state_dir is not None else None
         spool: Spool

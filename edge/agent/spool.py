@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import structlog
-
+from shared.lean_logs import get_logger
 from shared.topics import Channel
 
 SEGMENT_BYTES = 1 << 20
@@ -40,7 +39,7 @@ _HEADER = struct.Struct("<IBd")  # payload bytes, channel code, spooled at (unix
 _CODES = {Channel.EVENTS: 1, Channel.LOGS: 2}
 _CHANNELS = {code: channel for channel, code in _CODES.items()}
 _SUFFIX = ".seg"
-_log = structlog.get_logger("greenfed.outbox")
+_log = get_logger("greenfed.outbox")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,11 +12,10 @@ import asyncio
 import threading
 from pathlib import Path
 
-import structlog
-
 from edge.atomic_files import write_atomically
+from shared.lean_logs import get_logger
 
-_log = structlog.get_logger("greenfed.agent.state")
+_log = get_logger("greenfed.agent.state")
 DESIRED_FILE = "desired.json"
 REPORTED_FILE = "reported.json"
 OUTBOX_DIR = "outbox"

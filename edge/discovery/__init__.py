@@ -13,13 +13,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-import structlog
-
 from edge.discovery.cpu import CpuProbe, LocalHostProbe
 from edge.discovery.npu import NpuProbe
 from edge.discovery.nvidia import NvidiaProbe
 from edge.discovery.nvidia_power import NvmlPowerControl
 from edge.probes import AcceleratorProbe, DeviceProbes, HostSample
+from shared.lean_logs import get_logger
 from shared.messages import Accelerator, AcceleratorSample, HostInfo
 
 __all__ = [
@@ -31,7 +30,7 @@ __all__ = [
     "sample_all",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _PROBE_FACTORIES: Mapping[str, Callable[[], AcceleratorProbe]] = MappingProxyType(
     {"cpu": CpuProbe, "nvidia": NvidiaProbe, "npu": NpuProbe}

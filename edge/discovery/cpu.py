@@ -17,13 +17,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from edge.discovery.onnx_providers import providers_for
 from edge.probes import HostSample
+from shared.lean_logs import get_logger
 from shared.messages import Accelerator, AcceleratorSample, HostInfo
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 CPU_ACCELERATOR_ID = "cpu0"
 

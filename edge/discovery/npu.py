@@ -26,13 +26,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from edge.discovery.onnx_providers import DeviceFamily, providers_for
 from shared.accelerators import ACCELERATORS, AcceleratorFacts
+from shared.lean_logs import get_logger
 from shared.messages import Accelerator, AcceleratorSample
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, TypeVar
 
-import structlog
-
 from edge.discovery.onnx_providers import providers_for
 from shared.accelerators import nvidia_gpu_facts
+from shared.lean_logs import get_logger
 from shared.messages import PCI_BUS_ID_PATTERN, Accelerator, AcceleratorSample
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _T = TypeVar("_T")
 

@@ -21,13 +21,12 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-import structlog
-
 from edge.discovery.nvidia import missing_nvml_library, shutdown_nvml
 from edge.probes import PowerLimitUnavailable, physical_gpu_id
+from shared.lean_logs import get_logger
 from shared.messages import Accelerator
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 NO_PERMISSION = "no permission to set GPU power limits (run the agent as root or grant it)"
 # The NVIDIA probe names a physical GPU "gpu{NVML index}" (edge/discovery/nvidia.py).

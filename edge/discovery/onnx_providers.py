@@ -22,9 +22,9 @@ import sys
 from collections.abc import Sequence
 from typing import Literal
 
-import structlog
+from shared.lean_logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DeviceFamily = Literal[
     "cpu",

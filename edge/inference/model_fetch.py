@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import aiohttp
-import structlog
 
 from shared.file_digests import file_sha256
+from shared.lean_logs import get_logger
 
 _CHUNK_BYTES = 1 << 20
 # A control plane that restarts or a link that drops is waited out (about two
@@ -52,7 +52,7 @@ class ModelCache:
         self._retry_base_s = retry_base_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=30.0)
         self._locks: dict[str, asyncio.Lock] = {}
-        self._log = structlog.get_logger("greenfed.inference.cache")
+        self._log = get_logger("greenfed.inference.cache")
         self.downloads = 0
         self.resumed = 0
 

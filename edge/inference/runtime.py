@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
-import structlog
 
 from edge.inference.batching import Batcher
 from edge.inference.model_fetch import ModelCache, ModelFetchError
 from edge.inference.replicas import check_assignment
 from edge.inference.session import LoadedModel, ModelLoadError
 from edge.inference.stats import ServingStats
+from shared.lean_logs import get_logger
 from shared.messages import (
     Accelerator,
     DeploymentSample,
@@ -77,7 +77,7 @@ class InferenceRuntime:
         self._draining: set[asyncio.Task[None]] = set()
         self._tasks: asyncio.TaskGroup | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._log = structlog.get_logger("greenfed.inference")
+        self._log = get_logger("greenfed.inference")
         self.swaps = 0
 
     def bind(self, tasks: asyncio.TaskGroup) -> None:

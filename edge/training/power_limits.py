@@ -28,18 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-import structlog
 
 from edge.atomic_files import write_atomically
 from edge.probes import GpuPowerControl, PowerLimitUnavailable, physical_gpu_id
 from edge.training.runs import RunStatus
+from shared.lean_logs import get_logger
 from shared.messages import Accelerator, DesiredTraining
 
 NOT_APPLIED = "power limit not applied: {why}"
 NO_POWER_CONTROL = "this node cannot set GPU power limits"
 NO_GPU = "the worker has no GPU"
 
-log = structlog.get_logger("greenfed.training.power")
+log = get_logger("greenfed.training.power")
 
 
 class _NoPowerControl:

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
-import structlog
 
 from edge.sandbox import cgroup_files
 from edge.sandbox.cgroups import CgroupError
@@ -53,6 +52,7 @@ from edge.training.worker_record import (
     process_started,
     save_record,
 )
+from shared.lean_logs import get_logger
 from shared.messages import DesiredTraining, TrainingRunState
 from shared.sealing import SealedSecretsError
 from shared.worker_env import DEFAULT_VARIABLES
@@ -178,9 +178,7 @@ class ProcessRun:
         self._started_notice: asyncio.Future[bytes] | None = None  # our child's "started"
         self._stop_reason: str | None = None
         self._finished = asyncio.Event()
-        self._log = structlog.get_logger("greenfed.training").bind(
-            job_id=spec.job_id, attempt=spec.attempt
-        )
+        self._log = get_logger("greenfed.training").bind(job_id=spec.job_id, attempt=spec.attempt)
         if adopted is not None:
             # It is running already (or ended while no agent watched): no new "started".
             started = _started_at(files.started_path)

@@ -16,10 +16,9 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 
-import structlog
-
 from edge.training.power_limits import PowerLimits
 from edge.training.runs import RejectedRun, RunStatus, TrainingLauncher, TrainingRun
+from shared.lean_logs import get_logger
 from shared.messages import Accelerator, DesiredTraining, EventKind, ReportedTraining
 
 RunKey = tuple[str, int]
@@ -51,7 +50,7 @@ class TrainingReconciler:
         self._runs: dict[RunKey, TrainingRun] = {}
         self._tasks: asyncio.TaskGroup | None = None
         self._swept = False  # earlier agents' unclaimed workers were looked for
-        self._log = structlog.get_logger("greenfed.training")
+        self._log = get_logger("greenfed.training")
 
     def bind(self, tasks: asyncio.TaskGroup) -> None:
         """The task group that owns the workers' supervision (the agent's lifetime)."""

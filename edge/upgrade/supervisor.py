@@ -193,11 +193,6 @@ class Supervisor:
                 child.send_signal(signum)
 
 
-def is_supervised() -> bool:
-    """Whether this process is the agent a supervisor started."""
-    return bool(os.environ.get(HEALTH_FILE_ENV))
-
-
 def replace_with_supervisor(versions_dir: Path, arguments: Sequence[str]) -> NoReturn:
     """Become the supervisor (same process id), whose child runs `greenfed ARGUMENTS`."""
     sys.stdout.flush()

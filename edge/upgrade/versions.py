@@ -14,6 +14,7 @@ and nothing heavier (edge/upgrade/supervisor.py).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from edge.atomic_files import write_atomically
@@ -35,6 +36,13 @@ VERSIONS_DIR_ENV: Final = "GREENFED_SUPERVISOR_VERSIONS_DIR"
 RESTART_EXIT_CODE: Final = 75
 # Versions kept on disk besides the active one and the one on trial.
 KEPT_VERSIONS: Final = 2
+
+
+def is_supervised() -> bool:
+    """Whether this process is the agent a supervisor started (here, not in
+    supervisor.py: the agent asks, and need not load the supervisor to know)."""
+    return bool(os.environ.get(HEALTH_FILE_ENV))
+
 
 _ACTIVE = "active.json"
 _TRIAL = "trial.json"

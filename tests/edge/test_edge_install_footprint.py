@@ -92,23 +92,30 @@ def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metad
     key = Ed25519PrivateKey.generate()
     document = DesiredState(node_id="n1", generation=1, issued_at=1.0)
     script = (
-        # As greenfed/edge_run.py runs the agent: its command line, then the stand-ins.
-        "import greenfed.edge_run\n"
-        "assert greenfed.edge_run.parse_plainly(['--config', 'agent.toml']) is not None\n"
+        # As `python -m greenfed edge run` runs the agent (greenfed/__main__.py): the
+        # stand-ins first, then its command line.
         "from edge.deferred_imports import defer_imports\n"
         "defer_imports()\n"
+        "import greenfed.edge_run\n"
+        "assert greenfed.edge_run.parse_plainly(['--config', 'agent.toml']) is not None\n"
         "import edge.agent, edge.main\n"
         "from shared.desired_signature import load_public_key, verify_desired\n"
         f"key = load_public_key({public_key_base64(key)!r})\n"
         "assert verify_desired(sys.stdin.buffer.read(), key).generation == 1\n"
+        # Deferred (edge/deferred_imports.py): a stand-in, or not imported at all (unless
+        # this test's prologue imported it: importlib.abc imports pathlib).
+        "for name in {'ipaddress', 'stringprep', 'locale', 'textwrap'} - _before:\n"
+        "    assert type(sys.modules.get(name, sys)).__name__ != 'module', name\n"
     )
     imported = modules_imported_by(script, stdin=sign_desired(document, key))
     assert "edge.agent.core" in imported
     assert [name for name in imported if name.split(".")[0] == "cryptography"] == []
     assert "importlib.metadata" not in imported
     assert "greenfed.cli" not in imported  # the agent's command line is greenfed/edge_run.py
-    # Nor what paho's proxy lookup, argparse's help and tempfile bring (issue 28).
+    # Nor what paho's proxy lookup, argparse's help and tempfile bring (issue 28), nor
+    # structlog (shared/lean_logs.py), nor the supervisor's module.
     unused = {"argparse", "http.client", "email.message", "tempfile", "shutil", "psutil"}
+    unused |= {"structlog", "edge.upgrade.supervisor"}
     assert sorted(unused & set(imported)) == []
 
 
@@ -166,6 +173,44 @@ def test_a_deferred_module_is_imported_on_its_first_use() -> None:
     )
     imported = modules_imported_by(script)
     assert "urllib.request" in imported
+
+
+def test_the_agents_other_deferred_modules_load_where_they_are_first_used() -> None:
+    """`ipaddress`, `stringprep`, `locale` and `textwrap`, deferred before anything imports
+    them (greenfed/__main__.py), are real modules where the agent would use them."""
+    script = (
+        "from edge.deferred_imports import defer_imports\n"
+        "defer_imports()\n"
+        "import pathlib, subprocess, textwrap, traceback, urllib.parse\n"
+        "import msgspec.json, paho.mqtt.client\n"
+        "real = {n for n in ('ipaddress', 'stringprep', 'locale', 'textwrap')\n"
+        "        if type(sys.modules.get(n)).__name__ == 'module'}\n"
+        "assert real == set(), real\n"
+        "assert urllib.parse.urlsplit('mqtt://[::1]:1883').hostname == '::1'\n"
+        "try:\n"
+        "    urllib.parse.urlsplit('mqtt://[127.0.0.1]:1883')\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('ipaddress did not check the bracketed host')\n"
+        "assert 'bücher.example'.encode('idna') == b'xn--bcher-kva.example'\n"
+        "run = subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True)\n"
+        "assert run.stdout == '7\\n'\n"
+        "assert textwrap.dedent('  a\\n  b') == 'a\\nb'\n"
+        "for name in ('ipaddress', 'stringprep', 'locale', 'textwrap'):\n"
+        "    assert type(sys.modules[name]).__name__ == 'module', name\n"
+        "print('used')\n"
+    )
+    # A plain interpreter, as the agent's starts: nothing has imported them yet.
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "used"
 
 
 @pytest.mark.parametrize(
