@@ -17,7 +17,7 @@
    (with the loop's conversion cache and node views), the running jobs that may move,
    `schedule_then_move` with the policy (the settings' default, `green`, unless
    `--policy`), the counterfactuals of what it placed, then `translate` and the pass's
-   fresh explanations (which the loop does on its event loop). Grid signals are the
+   fresh explanations (which the loop does in the pass's thread too). Grid signals are the
    shipped 2023 traces, at a fixed instant of that year.
    - the first pass: cold caches, the whole queue decided (a new leader's first pass);
    - `--runs` steady passes: warm caches, the head of the queue decided
@@ -352,7 +352,7 @@ class Pass:
         return len(live_counterfactuals(inputs.snapshot, works, plan, baseline, self.green.energy))
 
     def _fresh_explanations(self, plan: Plan) -> dict[str, bytes]:
-        """As loop.py's `_fresh_explanations`: placements, and pending work whose reason
+        """As loop.py's `fresh_explanations`: placements, and pending work whose reason
         changed since the last pass."""
         wanted = {placement.work_id for placement in plan.placements}
         for pending in plan.pending:

@@ -41,13 +41,13 @@ from cloud.fleet.registry import NodeRecord, NodeRegistry
 from cloud.green.latency import default_latency_estimator
 from cloud.green.migration import Migrator
 from cloud.green.pass_rule import PassDecision, schedule_then_move
-from cloud.green.room import RoomMaker
 from cloud.green.policies import (
     GreenInputs,
     build_migrator,
     build_policy,
     build_power_capper,
 )
+from cloud.green.room import RoomMaker
 from cloud.loop.allocations import by_work
 from cloud.loop.deployment_control import DeploymentControl
 from cloud.loop.desired import desired_document
@@ -57,7 +57,7 @@ from cloud.loop.hook_failures import HookFailureLog
 from cloud.loop.inputs import ConversionCache, PassInputs, backing_off, build_inputs
 from cloud.loop.moves import running_jobs
 from cloud.loop.nodes import NodeViews
-from cloud.loop.plans import translate
+from cloud.loop.plans import Translation, translate
 from cloud.loop.publisher import DesiredPublisher
 from cloud.loop.queue_metrics import QueueMetrics
 from cloud.loop.reports import agent_outcomes
@@ -129,6 +129,28 @@ def pass_fleet(
     foreign = first_generations(nodes, generations, cluster_id)
     floors |= foreign
     return PassFleet(nodes, reporting, floors, frozenset(foreign))
+
+
+def fresh_explanations(
+    plan: Plan, dependencies: Resolution, explained: dict[str, tuple[str, str, int]]
+) -> dict[str, bytes]:
+    """Explanations worth writing: every placement and preemption, and pending work
+    whose reason changed since the last one this leader wrote (work waiting for its
+    dependencies included); `explained` (what was written, by work id) is updated."""
+    wanted = {placement.work_id for placement in plan.placements}
+    wanted.update(preemption.work_id for preemption in plan.preemptions)
+    for pending in plan.pending:
+        key = (pending.code, pending.message, pending.members_placed)
+        if explained.get(pending.work_id) != key:
+            wanted.add(pending.work_id)
+        explained[pending.work_id] = key
+    explanations = explanations_for_plan(plan, wanted)
+    for work_id, waiting in dependencies.waiting.items():
+        key = ("dependency", waiting.message, 0)
+        if explained.get(work_id) != key:
+            explanations[work_id] = explanation_for_waiting(plan.now, waiting)
+        explained[work_id] = key
+    return explanations
 
 
 @dataclass(slots=True)
@@ -389,10 +411,11 @@ class SchedulingLoop:
         max_decisions = self._max_decisions(move_check)
         await self.fair_share.load(self._store)
 
-        def decide() -> tuple[PassInputs, PassDecision, list[CounterfactualRecord]]:
+        def decide() -> tuple[PassInputs, PassDecision, list[CounterfactualRecord], Translation]:
             # Off the event loop, the inputs too: converting thousands of newly queued
             # specs and the columns of thousands of nodes would hold up every request.
-            # The caches are this thread's alone while it runs (one pass at a time).
+            # So are the explanations and the write: each walks the whole queue. The
+            # caches are this thread's alone while it runs (one pass at a time).
             inputs = build_inputs(
                 now, nodes.values(), store, self._converted, surge, node_views=self._node_views
             )
@@ -407,9 +430,16 @@ class SchedulingLoop:
                 room_maker=room_maker,
                 max_decisions=max_decisions,
             )
-            return inputs, decision, self._counterfactuals(inputs, decision.plan, green)
+            counterfactuals = self._counterfactuals(inputs, decision.plan, green)
+            explanations = fresh_explanations(decision.plan, inputs.dependencies, explained)
+            translation = translate(decision.plan, inputs, explanations, decision.moves)
+            return inputs, decision, counterfactuals, translation
 
-        inputs, decision, counterfactuals = await asyncio.to_thread(decide)
+        # What this leader wrote, updated by `decide` in a copy: a pass cancelled while
+        # its thread runs (leadership lost) leaves the loop's own untouched.
+        explained = self._explained.copy()
+        inputs, decision, counterfactuals, translation = await asyncio.to_thread(decide)
+        self._explained = explained
         await self.fair_share.persist(self._store, move_check)
         if not decision.plan.undecided:
             self._last_full_pass = move_check
@@ -417,8 +447,6 @@ class SchedulingLoop:
             self._last_move_check = move_check
         plan = decision.plan
         self.hook_failures.note(plan)
-        explanations = self._fresh_explanations(plan, inputs.dependencies)
-        translation = translate(plan, inputs, explanations, decision.moves)
         for move in translation.moves:
             self._log.info("work moved", work_id=move.work_id, reason=move.explain())
         pass_write = translation.write
@@ -627,25 +655,6 @@ class SchedulingLoop:
                     agent_upgrade=(self._upgrades.upgrade_for(node_id) if self._upgrades else None),
                 )
             )
-
-    def _fresh_explanations(self, plan: Plan, dependencies: Resolution) -> dict[str, bytes]:
-        """Explanations worth writing: every placement and preemption, and pending work
-        whose reason changed since the last one this leader wrote (work waiting for its
-        dependencies included)."""
-        wanted = {placement.work_id for placement in plan.placements}
-        wanted.update(preemption.work_id for preemption in plan.preemptions)
-        for pending in plan.pending:
-            key = (pending.code, pending.message, pending.members_placed)
-            if self._explained.get(pending.work_id) != key:
-                wanted.add(pending.work_id)
-            self._explained[pending.work_id] = key
-        explanations = explanations_for_plan(plan, wanted)
-        for work_id, waiting in dependencies.waiting.items():
-            key = ("dependency", waiting.message, 0)
-            if self._explained.get(work_id) != key:
-                explanations[work_id] = explanation_for_waiting(plan.now, waiting)
-            self._explained[work_id] = key
-        return explanations
 
     def _forget_explained(self, store: StoreSnapshot) -> None:
         active = {record.work_id for record in store.work}
