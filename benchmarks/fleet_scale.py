@@ -492,6 +492,8 @@ async def fleet_run(
     last_passes: float | None = None
     pending: float | None = None
     ends = time.monotonic() + args.window
+    # On the wall clock, for what other tools recorded meanwhile (benchmarks/loop_stalls.py).
+    result["window_utc_s"] = [round(time.time(), 3), round(time.time() + args.window, 3)]
 
     async def scrape_once(process: ControlPlaneProcess) -> None:
         nonlocal last_passes, pending
