@@ -26,8 +26,12 @@ benchmarks/fleet_scale.py's window:
     python benchmarks/loop_stalls.py /tmp/probe.*.jsonl --run /tmp/run.json
 """
 
+from __future__ import annotations
+
 import os
 import sys
+from types import FrameType
+from typing import Any
 
 THRESHOLD_S = float(os.environ.get("STALL_PROBE_THRESH_S", "0.04"))
 SAMPLE_EVERY_S = 0.005
@@ -43,22 +47,23 @@ def _install(path: str) -> None:
     out = open(path, "a", buffering=1)  # noqa: SIM115 (open while the process lives)
     lock = threading.Lock()
     loop_thread = threading.get_ident()
-    running: list = [None]  # (started, stack samples) of the callback running now
+    # (started, stack samples) of the callback running now
+    running: list[tuple[float, list[str]] | None] = [None]
 
-    def emit(record: dict) -> None:
+    def emit(record: dict[str, Any]) -> None:
         with lock:
             if not out.closed:
                 out.write(json.dumps(record) + "\n")
 
-    def stack_of(frame, depth: int = 40) -> str:
-        parts = []
+    def stack_of(frame: FrameType | None, depth: int = 40) -> str:
+        parts: list[str] = []
         while frame is not None and len(parts) < depth:
             code = frame.f_code
             parts.append(f"{code.co_filename}:{code.co_name}:{frame.f_lineno}")
             frame = frame.f_back
         return ";".join(reversed(parts))
 
-    def describe(handle) -> str:
+    def describe(handle: asyncio.events.Handle) -> str:
         callback = getattr(handle, "_callback", None)
         owner = getattr(callback, "__self__", None)
         if isinstance(owner, asyncio.Task):
@@ -68,9 +73,9 @@ def _install(path: str) -> None:
 
     run_handle = asyncio.events.Handle._run
 
-    def timed_run(self) -> None:
+    def timed_run(self: asyncio.events.Handle) -> None:
         started, cpu = time.perf_counter(), time.thread_time()
-        samples: list = []
+        samples: list[str] = []
         running[0] = (started, samples)
         try:
             run_handle(self)
@@ -78,7 +83,7 @@ def _install(path: str) -> None:
             running[0] = None
             wall = time.perf_counter() - started
             if wall > THRESHOLD_S:
-                counts: dict = {}
+                counts: dict[str, int] = {}
                 for stack in samples:
                     counts[stack] = counts.get(stack, 0) + 1
                 emit(
@@ -92,7 +97,7 @@ def _install(path: str) -> None:
                     }
                 )
 
-    asyncio.events.Handle._run = timed_run
+    asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
 
     def watchdog() -> None:
         while True:
@@ -122,9 +127,9 @@ def _install(path: str) -> None:
                     }
                 )
 
-    collection_started: list = [0.0]
+    collection_started: list[float] = [0.0]
 
-    def on_gc(phase: str, info: dict) -> None:
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             collection_started[0] = time.perf_counter()
             return
