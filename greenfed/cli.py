@@ -412,6 +412,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             generator=args.generator,
             migration=args.migration,
             power_capping=args.power_capping,
+            room_making=args.room_making,
             allow_missing_zones=args.allow_missing_zones,
             bound=args.optimum,
             **({} if args.patience is None else {"patience_s": args.patience}),
@@ -869,6 +870,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="power_capping",
         action="store_false",
         help="never hold training GPUs to a lower power limit (an ablation)",
+    )
+    evaluate.add_argument(
+        "--no-room-making",
+        dest="room_making",
+        action="store_false",
+        help="never move running jobs to make room for a waiting worker (an ablation)",
     )
     evaluate.add_argument("--json", action="store_true", help="a JSON list, one object per policy")
     evaluate.add_argument("--plot", type=Path, metavar="FILE.png", help="needs greenfed[plot]")

@@ -381,6 +381,11 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     # most this often (a look: 0.4 s for 2,000 movable jobs on 10,000 nodes).
     migration_cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
     migration_interval_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
+    # With migration on, such training may also be moved off a node to make room for
+    # a gang worker that has waited for room this long since its submission and fits
+    # nowhere else (docs/green.md, "Making room"); make_room = false: never.
+    make_room: bool = True
+    make_room_after_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
     # Temporal shifting holds a flexible job back only for at least this share less
     # CO2 (or cost) than starting now; unset (the default): policies do not shift in
     # time, which on the evaluation matrix added no cut and up to 1.1x the baseline's

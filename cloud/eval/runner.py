@@ -55,6 +55,7 @@ class EvalOptions:
     min_saving: float | None = None  # temporal shifting's; None: the policy's default
     migration: bool = True  # False: no policy moves running work (an ablation)
     power_capping: bool = True  # False: no policy caps GPU power (an ablation)
+    room_making: bool = True  # False: no policy moves work to make room (an ablation)
     target_load: float = WorkloadParams().target_load  # of the generated workload
     generator: str = "default"  # one of WORKLOAD_GENERATORS
     # A fleet zone without a series in the carbon directory is an error unless this
@@ -205,6 +206,7 @@ def run_eval(
             min_saving=options.min_saving,
             migration=options.migration,
             power_capping=options.power_capping,
+            room_making=options.room_making,
             patience_s=options.patience_s,
         )
         began = time.perf_counter()

@@ -52,6 +52,7 @@ from cloud.green.policies import (
     policy_spec,
 )
 from cloud.green.power_capping import PowerCapper
+from cloud.green.room import RoomMaker
 from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.loop.autoscale import Autoscaler, ServingLoad
 from cloud.scheduler import (
@@ -109,6 +110,9 @@ class SimConfig:
     restart_s: float = 300.0  # reference seconds to resume from a checkpoint
     patience_s: float = DEFAULT_PATIENCE_S  # waiting for cleaner capacity (waiting.py)
     power_capping: bool = True  # policies that cap GPU power may (False: an ablation)
+    # Policies that migrate also move small jobs to make room for a waiting worker
+    # (cloud/green/room.py; False: an ablation).
+    room_making: bool = True
     max_drain_s: float = 14 * DAY_S  # give up draining after this (a stuck job)
     counterfactuals: bool = True
 
@@ -472,6 +476,11 @@ class Simulation:
             running,
             cluster_after=self._cluster_after,
             capper=self._capper,
+            room_maker=(
+                RoomMaker(self._migrator)
+                if self._migrator is not None and self.config.room_making
+                else None
+            ),
         )
         failed = next((p for p in decision.plan.pending if p.hook_failure is not None), None)
         if failed is not None:
@@ -486,6 +495,9 @@ class Simulation:
             self._stop_run(move.work_id)
             record.migrations += 1
             self._start(move.resumed, list(move.placements))
+        if any(move.room_for is not None for move in decision.moves):
+            # The room is made; as the live loop's next pass, place the job in it.
+            self._wake(self.now + 1.0)
 
     def _movable_runs(self) -> list[RunningJob]:
         """The current runs that may move, when the policy migrates."""

@@ -111,6 +111,9 @@ class JobMove:
     expected_move: float  # the same after moving, lost work and restart included
     quantity: str = "CO2"
     unit: str = "gCO2eq"
+    # Set when the move makes room for a job waiting for a node with room for one of
+    # its workers (room.py), not for a cleaner place: that job's id.
+    room_for: str | None = None
 
     @property
     def saving_fraction(self) -> float:
@@ -118,6 +121,14 @@ class JobMove:
 
     def explain(self) -> str:
         to_nodes = sorted({p.node_id for p in self.placements})
+        if self.room_for is not None:
+            return (
+                f"Moved from {', '.join(self.from_nodes)} to {', '.join(to_nodes)}"
+                f" to make room for {self.room_for}, which waits for a node with room for"
+                f" one of its workers ({self.expected_move:.0f} instead of"
+                f" {self.expected_stay:.0f} {self.unit} for the rest of the run);"
+                " resumes from its newest checkpoint."
+            )
         return (
             f"Moved from {', '.join(self.from_nodes)} to {', '.join(to_nodes)}"
             f" for {self.saving_fraction:.0%} less {self.quantity}"
@@ -151,7 +162,8 @@ class Migrator:
             raise ValueError("cooldown_s must be >= 0")
 
     @property
-    def _quantity(self) -> tuple[str, str]:
+    def quantity(self) -> tuple[str, str]:
+        """What moves are judged by and its unit: ("CO2", "gCO2eq") or ("cost", currency)."""
         return ("CO2", "gCO2eq") if self.objective == "carbon" else ("cost", self.currency)
 
     def propose(
@@ -216,7 +228,7 @@ class Migrator:
             move = self._run(trial, [p.to_allocation() for p in placements], None).total
             if not move <= (1.0 - self.min_saving) * stay:
                 continue
-            quantity, unit = self._quantity
+            quantity, unit = self.quantity
             migrations.append(
                 JobMove(
                     work_id=work_id,
@@ -237,7 +249,7 @@ class Migrator:
                 allocations[allocation.allocation_id] = allocation
         return migrations
 
-    def _rate(
+    def work_rate(
         self,
         snapshot: Snapshot,
         kind: AcceleratorKind,
@@ -278,7 +290,7 @@ class Migrator:
         best_rates: dict[tuple[AcceleratorKind, int, int], float],
     ) -> bool:
         """Some node with room for one worker is at least ``min_saving`` cleaner per
-        unit of work (``_rate``) than ``current_rate``, that of the dirtiest node the
+        unit of work (``work_rate``) than ``current_rate``, that of the dirtiest node the
         job holds. The free nodes' best rate is computed once per pass for each (kind,
         worker size, whole hours of work left), so this costs a dictionary lookup per
         running job, not a pass over the cluster. A filter: with the time left rounded
@@ -293,10 +305,18 @@ class Migrator:
             room = np.flatnonzero(
                 (columns.free >= job.accelerators_per_worker) & table.healthy & table.approved
             )
-            rates = self._rate(snapshot, kind, room, hours * HOUR_S / columns.relative_speed[room])
+            rates = self.work_rate(
+                snapshot, kind, room, hours * HOUR_S / columns.relative_speed[room]
+            )
             rates = rates[np.isfinite(rates)]
             best = best_rates[key] = float(rates.min()) if rates.size else math.inf
         return best <= (1.0 - self.min_saving) * current_rate
+
+    def run_total(
+        self, snapshot: Snapshot, held: Sequence[Allocation], remaining_s: float | None
+    ) -> float:
+        """Emissions (or cost) of a gang's run from now (``_run``)."""
+        return self._run(snapshot, held, remaining_s).total
 
     def _run(
         self, snapshot: Snapshot, held: Sequence[Allocation], remaining_s: float | None
@@ -316,12 +336,14 @@ class Migrator:
         if not math.isfinite(runtime):
             return _GangRun(np.full(index.size, np.nan), speed, runtime)
         accelerators = np.array([a.accelerators for a in held], dtype=np.float64)
-        return _GangRun(self._rate(snapshot, kind, index, runtime), accelerators * speed, runtime)
+        return _GangRun(
+            self.work_rate(snapshot, kind, index, runtime), accelerators * speed, runtime
+        )
 
 
 class _GangRun(NamedTuple):
     """Per member: emissions (or cost) per reference second of one accelerator's work
-    (``Migrator._rate``) and reference seconds of work per second of wall time
+    (``Migrator.work_rate``) and reference seconds of work per second of wall time
     (accelerators × speed); and how long the run lasts."""
 
     rates: FloatArray

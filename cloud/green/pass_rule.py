@@ -12,7 +12,10 @@ the evaluation measures is the rule the control plane follows:
    to a lower GPU power limit where the energy saved is worth the longer run;
 3. otherwise the migrator (`Migrator.propose`) looks for moves on the cluster as
    the plan leaves it, so a move only takes capacity no queued work could start on
-   now.
+   now;
+4. and the room maker (`RoomMaker.propose`, room.py), on the cluster those moves
+   leave, moves small checkpointing jobs off a node where that lets a worker that
+   waits for room fit (the next pass places it).
 
 Pure: snapshot, policy, migrator and running jobs in; the plan and the moves out.
 The caller applies both (the loop commits them in one transaction; the simulator
@@ -28,6 +31,7 @@ from cloud.scheduler import Plan, Policy, Snapshot, schedule
 
 from .migration import JobMove, Migrator, RunningJob
 from .power_capping import PowerCapper
+from .room import RoomMaker
 
 # The cluster as a plan without preemptions leaves it: (snapshot before, plan) -> after.
 ClusterAfter = Callable[[Snapshot, Plan], Snapshot]
@@ -55,6 +59,7 @@ def schedule_then_move(
     *,
     cluster_after: ClusterAfter = with_placements,
     capper: PowerCapper | None = None,
+    room_maker: RoomMaker | None = None,
     max_decisions: int | None = None,
 ) -> PassDecision:
     """Schedule ``snapshot``'s queue under ``policy``; then, unless the plan preempts,
@@ -62,6 +67,8 @@ def schedule_then_move(
     not migrate, or it is not time to look). ``cluster_after`` is where moves are
     looked for (the simulation also updates utilisation, as telemetry would);
     ``capper`` caps the plan's new training where the policy caps power;
+    ``room_maker`` makes room for work waiting for it (looked for with the migrator's
+    moves, so None as well when the migrator is);
     ``max_decisions`` bounds the queue looked at (core.schedule)."""
     if snapshot.queue:
         plan = schedule(snapshot, policy, max_decisions=max_decisions)
@@ -73,6 +80,18 @@ def schedule_then_move(
         )
     if plan.preemptions or migrator is None or not running:
         return PassDecision(plan)
-    return PassDecision(
-        plan, tuple(migrator.propose(cluster_after(snapshot, plan), running, policy))
+    after = cluster_after(snapshot, plan)
+    moves = migrator.propose(after, running, policy)
+    if room_maker is None or not plan.pending:
+        return PassDecision(plan, tuple(moves))
+    stopped = {allocation_id for move in moves for allocation_id in move.stop}
+    moved = {move.work_id for move in moves}
+    after = after.with_work(
+        allocations=[
+            *(a for a in after.allocations if a.allocation_id not in stopped),
+            *(p.to_allocation() for move in moves for p in move.placements),
+        ]
     )
+    rest = [entry for entry in running if entry.job.work_id not in moved]
+    moves += room_maker.propose(after, snapshot.queue, plan, rest, policy)
+    return PassDecision(plan, tuple(moves))

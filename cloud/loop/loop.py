@@ -153,6 +153,12 @@ def fresh_explanations(
     return explanations
 
 
+def unexplained(explained: Mapping[str, object], store: StoreSnapshot) -> list[str]:
+    """The work `explained` holds that `store` no longer has active (terminal, gone)."""
+    active = {record.work_id for record in store.work}
+    return [work_id for work_id in list(explained) if work_id not in active]
+
+
 @dataclass(slots=True)
 class LoopStats:
     passes: int = 0
@@ -458,10 +464,21 @@ class SchedulingLoop:
             if translation.changes_work:
                 store = await self._store.load_snapshot(store)
                 await self._publish(store, nodes, now)
-        self.queue.note_pass(plan, inputs.records, inputs.dependencies)
+        # The queue's counts and what no longer needs an explanation walk the whole
+        # queue: in a worker thread too, taken on the loop (a pass cancelled meanwhile
+        # takes nothing).
+        explained = self._explained
+        tally, forgotten = await asyncio.to_thread(
+            lambda: (
+                self.queue.tally(plan, inputs.records, inputs.dependencies),
+                unexplained(explained, store),
+            )
+        )
+        self.queue.take(tally)
         if self._accountant is not None:
             self._accountant.note_pass(store, green.signals, counterfactuals)
-        self._forget_explained(store)
+        for work_id in forgotten:
+            self._explained.pop(work_id, None)
         self._last_snapshot = store
         if self._assignments is not None:
             # Before the publisher sends what this pass placed: agents' first log chunks
@@ -655,8 +672,3 @@ class SchedulingLoop:
                     agent_upgrade=(self._upgrades.upgrade_for(node_id) if self._upgrades else None),
                 )
             )
-
-    def _forget_explained(self, store: StoreSnapshot) -> None:
-        active = {record.work_id for record in store.work}
-        for work_id in set(self._explained) - active:
-            del self._explained[work_id]

@@ -1,0 +1,242 @@
+"""Making room: move running, checkpointing training off a node so that a worker
+waiting for room fits there.
+
+A gang member needs all its accelerators on one node. A fleet can have 14 GPUs
+free and still no node with 8: each 8-GPU server holds a small job or two, and an
+8-GPU worker waits until one of them empties by chance. In the 14-day evaluation
+(2023-06-01, seed 2023) green's 1×8 and 2×4 jobs waited 3-7 h beside 7-14 free
+GPUs where the baseline started them within the hour, and those waits were most of
+green's excess over the baseline's mean wait. Kubernetes' descheduler and FGD's
+authors (Weng et al., ATC '23) call the cure defragmentation; here it is done by
+moving the small jobs, as the migrator moves work to cleaner capacity: they resume
+from their newest checkpoint on another node.
+
+``RoomMaker.propose`` runs after a pass (and after the migrator's moves), on the
+cluster they leave, for the training the pass left waiting for room (pending
+``capacity``) for at least ``min_wait_s`` since its submission, in queue order:
+
+1. the nodes that could ever hold one of its workers (its static filters: model,
+   taints, labels, isolation...) with too few free accelerators are tried cleanest
+   first (``Migrator.work_rate``: energy per unit of work × the zone's mean
+   intensity over the job's run);
+2. on each, the running jobs there that may move (``TrainingJob.movable``: they
+   checkpoint and may be stopped; running at least the migrator's ``cooldown_s``)
+   are taken smallest first until the worker fits; what they hold there must be
+   fewer accelerators than the worker needs, so a move frees more than it
+   displaces, and two small jobs never trade places forever;
+3. it stands only if the scheduler core (the policy's own scoring, no preemption,
+   no shifting), on the cluster without them, places the waiting job whole in one of
+   its shapes *and* then every moved job whole elsewhere, each before its deadline.
+
+Nothing is placed here: the moves free the room and the next pass places the job
+(the live loop's next pass; the simulator's, a second later), so what is decided
+about queued work stays the core's, in queue order. At most ``max_jobs_per_pass``
+jobs get room per pass, and at most ``max_trials_per_pass`` trial pairs are tried.
+
+Pure, like the migrator: snapshot, plan and running jobs in, ``JobMove`` records
+out (``room_for`` names the job each one makes room for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cloud.scheduler import Allocation, Plan, Policy, Snapshot, TrainingJob, Work, schedule
+from cloud.scheduler.filters import PASS, static_filters
+from cloud.scheduler.model import KIND_INDEX
+from cloud.scheduler.shape import make_shape
+
+from .migration import JobMove, Migrator, RunningJob
+
+
+@dataclass(frozen=True, slots=True)
+class RoomMaker:
+    migrator: Migrator  # its signals, energy model, restart cost and cooldown
+    min_wait_s: float = 600.0  # waiting this long for room since submission, others move
+    max_jobs_per_pass: int = 2
+    max_trials_per_pass: int = 8  # (waiting job, node) pairs tried with the core, per pass
+
+    def __post_init__(self) -> None:
+        if not self.min_wait_s >= 0:
+            raise ValueError("min_wait_s must be >= 0")
+        if min(self.max_jobs_per_pass, self.max_trials_per_pass) < 0:
+            raise ValueError("max_jobs_per_pass and max_trials_per_pass must not be negative")
+
+    def propose(
+        self,
+        cluster: Snapshot,
+        queue: Sequence[Work],
+        plan: Plan,
+        running: Sequence[RunningJob],
+        policy: Policy,
+    ) -> list[JobMove]:
+        """Moves that make room now for the jobs ``plan`` left waiting for room.
+        ``cluster`` is the cluster as the plan and the pass's other moves leave it;
+        ``queue`` is the pass's queue; ``running`` the runs that may still move."""
+        now = cluster.now
+        queued = {work.work_id: work for work in queue if isinstance(work, TrainingJob)}
+        waiting = [
+            queued[pending.work_id]
+            for pending in plan.pending
+            if pending.code == "capacity"
+            and pending.work_id in queued
+            and now - queued[pending.work_id].submitted_at >= self.min_wait_s
+        ]
+        runs = {
+            entry.job.work_id: entry
+            for entry in running
+            if entry.job.movable
+            and now - entry.started_s >= self.migrator.cooldown_s
+            and entry.remaining_s(now) > 0
+        }
+        if not waiting or not runs or not self.max_jobs_per_pass:
+            return []
+        trial_policy = dataclasses.replace(
+            policy, start_advisor=None, preemption=False, backfill=False, runners_up=0
+        )
+        allocations = {a.allocation_id: a for a in cluster.allocations}
+        moves: list[JobMove] = []
+        served = 0
+        trials = [self.max_trials_per_pass]
+        for job in waiting:
+            if served >= self.max_jobs_per_pass or trials[0] <= 0:
+                break
+            made = self._room_for(cluster, job, allocations, runs, trial_policy, trials)
+            if not made:
+                continue
+            served += 1
+            moves.extend(made)
+            for move in made:
+                for allocation_id in move.stop:
+                    del allocations[allocation_id]
+                for placement in move.placements:
+                    allocation = placement.to_allocation()
+                    allocations[allocation.allocation_id] = allocation
+                del runs[move.work_id]
+        return moves
+
+    def _room_for(
+        self,
+        cluster: Snapshot,
+        job: TrainingJob,
+        allocations: dict[str, Allocation],
+        runs: dict[str, RunningJob],
+        policy: Policy,
+        trials: list[int],
+    ) -> list[JobMove]:
+        """Moves that let one worker of ``job`` fit on one node, or none."""
+        worker = job.accelerators_per_worker
+        current = cluster.with_work(allocations=list(allocations.values()))
+        table = current.nodes
+        gpus = table.kind("gpu")
+        static = static_filters(current, make_shape(job, policy), KIND_INDEX["gpu"], None)
+        movable_here: dict[str, dict[str, int]] = {}  # node -> work id -> accelerators
+        for allocation in allocations.values():
+            if allocation.work_id in runs and allocation.accelerator_kind == "gpu":
+                held = movable_here.setdefault(allocation.node_id, {})
+                held[allocation.work_id] = held.get(allocation.work_id, 0) + allocation.accelerators
+        rows = np.array(
+            [
+                row
+                for row, node_id in enumerate(table.node_ids)
+                if static.codes[row] == PASS
+                and gpus.capacity[row] >= worker > gpus.free[row]
+                and node_id in movable_here
+            ],
+            dtype=np.int64,
+        )
+        if not rows.size:
+            return []
+        rates = self.migrator.work_rate(
+            current, "gpu", rows, job.duration_s / gpus.relative_speed[rows]
+        )
+        order = sorted(
+            range(rows.size),
+            key=lambda i: (float(rates[i]) if np.isfinite(rates[i]) else math.inf, int(rows[i])),
+        )
+        for i in order:
+            row = int(rows[i])
+            deficit = worker - int(gpus.free[row])
+            chosen: list[str] = []
+            freed = 0
+            for work_id, count in sorted(
+                movable_here[table.node_ids[row]].items(), key=lambda item: (item[1], item[0])
+            ):
+                if freed >= deficit:
+                    break
+                chosen.append(work_id)
+                freed += count
+            if freed < deficit or freed >= worker:
+                continue  # not enough movable there, or it would displace as much as it frees
+            if trials[0] <= 0:
+                break
+            trials[0] -= 1
+            moves = self._trial(cluster, job, chosen, allocations, runs, policy)
+            if moves:
+                return moves
+        return []
+
+    def _trial(
+        self,
+        cluster: Snapshot,
+        job: TrainingJob,
+        chosen: Sequence[str],
+        allocations: dict[str, Allocation],
+        runs: dict[str, RunningJob],
+        policy: Policy,
+    ) -> list[JobMove]:
+        """The moves of ``chosen`` if, without them, the core places ``job`` whole and
+        then each of them whole elsewhere before its deadline; else none."""
+        now = cluster.now
+        moved = set(chosen)
+        others = [a for a in allocations.values() if a.work_id not in moved]
+        first = schedule(cluster.with_work(allocations=others, queue=[job]), policy)
+        placed = first.placements_for(job.work_id)
+        if sum(p.accelerators for p in placed) != job.shape.accelerators:
+            return []
+        resumed = [
+            dataclasses.replace(
+                runs[work_id].job,
+                duration_s=runs[work_id].resume_remaining_s(now) + self.migrator.restart_s,
+                max_delay_s=None,  # it has started: only the deadline still binds
+                start_window=None,
+            )
+            for work_id in chosen
+        ]
+        after = cluster.with_work(
+            allocations=[*others, *(p.to_allocation() for p in placed)], queue=resumed
+        )
+        second = schedule(after, policy)
+        moves: list[JobMove] = []
+        for entry in resumed:
+            placements = second.placements_for(entry.work_id)
+            if sum(p.accelerators for p in placements) != entry.shape.accelerators:
+                return []
+            end = max(p.expected_end or math.inf for p in placements)
+            if entry.deadline is not None and end > entry.deadline:
+                return []
+            held = [a for a in allocations.values() if a.work_id == entry.work_id]
+            remaining = runs[entry.work_id].remaining_s(now)
+            quantity, unit = self.migrator.quantity
+            moves.append(
+                JobMove(
+                    work_id=entry.work_id,
+                    stop=tuple(sorted(a.allocation_id for a in held)),
+                    from_nodes=tuple(sorted({a.node_id for a in held})),
+                    resumed=entry,
+                    placements=placements,
+                    expected_stay=self.migrator.run_total(cluster, held, remaining),
+                    expected_move=self.migrator.run_total(
+                        after, [p.to_allocation() for p in placements], None
+                    ),
+                    quantity=quantity,
+                    unit=unit,
+                    room_for=job.work_id,
+                )
+            )
+        return moves
