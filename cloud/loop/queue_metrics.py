@@ -32,6 +32,14 @@ WAIT_BUCKETS_S: Final[tuple[float, ...]] = (1, 5, 15, 60, 300, 900, 3600, 14400,
 PendingKey = tuple[PriorityClass, WorkKind, PendingCode]
 
 
+@dataclass(frozen=True, slots=True)
+class PendingTally:
+    """A pass's pending work: each item's code, and the counts by key."""
+
+    codes: dict[str, PendingCode]
+    counts: dict[PendingKey, int]
+
+
 @dataclass(slots=True)
 class WaitHistogram:
     """Observations per bucket (not cumulative; the last one is +Inf) and their sum.
@@ -83,6 +91,16 @@ class QueueMetrics:
     ) -> None:
         """`dependencies`: work the loop held back for its dependencies (code
         `dependency`), which the core never saw."""
+        self.take(self.tally(plan, records, dependencies))
+
+    def tally(
+        self,
+        plan: Plan,
+        records: Mapping[str, WorkRecord],
+        dependencies: Resolution = NOTHING_WAITS,
+    ) -> PendingTally:
+        """What `note_pass` takes in, changing nothing: for a worker thread (it walks
+        the whole queue), the loop then `take`s it."""
         counts = dict.fromkeys(
             (
                 (priority, kind, code)
@@ -95,9 +113,9 @@ class QueueMetrics:
         # Work a bounded pass did not decide counts under the code of the last pass that
         # did; work no pass decided yet waits behind the head of the queue: capacity.
         codes: dict[str, PendingCode] = {p.work_id: p.code for p in plan.pending}
+        previous = self._codes
         for work_id in plan.undecided:
-            codes[work_id] = self._codes.get(work_id, "capacity")
-        self._codes = codes
+            codes[work_id] = previous.get(work_id, "capacity")
         for work_id, code in codes.items():
             record = records.get(work_id)
             if record is not None:
@@ -106,7 +124,11 @@ class QueueMetrics:
             record = records.get(work_id)
             if record is not None:
                 counts[(record.priority, record.kind, "dependency")] += 1
-        self.pending = counts
+        return PendingTally(codes, counts)
+
+    def take(self, tally: PendingTally) -> None:
+        self._codes = tally.codes
+        self.pending = tally.counts
 
     def forget_pending(self) -> None:
         self.pending = None
