@@ -7,13 +7,14 @@ an `mqtt_proxy` environment variable, which it does only where PySocks is instal
 `tempfile` with it: about 1.4 MB resident in an agent that runs for months
 (benchmarks/RESULTS.md, issue 28).
 
-Four more are imported at the top of a module that uses them only inside a function an
+Five more are imported at the top of a module that uses them only inside a function an
 idle agent does not call: `ipaddress` (`urllib.parse`, which `pathlib` imports: a URL whose
 host is in brackets), `stringprep` (the `idna` codec, which `socket.getaddrinfo` looks up
 for every host name: a name that is not ASCII), `locale` (`subprocess`: a pipe opened as
-text without an encoding) and `textwrap` (msgspec's JSON Schema, traceback's exception
-groups). About 0.45 MB between them, from source; `python -m greenfed edge run`
-(greenfed/__main__.py) defers them before anything imports them.
+text without an encoding), `textwrap` (msgspec's JSON Schema, traceback's exception
+groups) and `tokenize` (linecache and inspect: a traceback's source lines). About 0.5 MB
+between them, from source; `python -m greenfed edge run` (greenfed/__main__.py) defers
+them before anything imports them.
 
 A deferred module is a stand-in in `sys.modules` that imports the real module on the
 first attribute anyone asks of it, and then hands every attribute over; whoever imports
@@ -37,6 +38,7 @@ AGENT_DEFERRED_MODULES: Final = (
     "stringprep",  # the idna codec's nameprep, for host names that are not ASCII
     "locale",  # subprocess's default text encoding, for pipes opened as text
     "textwrap",  # msgspec's JSON Schema docs, traceback's exception groups
+    "tokenize",  # linecache's source lines for a traceback, inspect's source reading
 )
 
 _swapping = threading.Lock()

@@ -104,7 +104,7 @@ def test_an_enrolled_idle_agent_imports_neither_cryptography_nor_importlib_metad
         "assert verify_desired(sys.stdin.buffer.read(), key).generation == 1\n"
         # Deferred (edge/deferred_imports.py): a stand-in, or not imported at all (unless
         # this test's prologue imported it: importlib.abc imports pathlib).
-        "for name in {'ipaddress', 'stringprep', 'locale', 'textwrap'} - _before:\n"
+        "for name in {'ipaddress', 'stringprep', 'locale', 'textwrap', 'tokenize'} - _before:\n"
         "    assert type(sys.modules.get(name, sys)).__name__ != 'module', name\n"
     )
     imported = modules_imported_by(script, stdin=sign_desired(document, key))
@@ -176,14 +176,15 @@ def test_a_deferred_module_is_imported_on_its_first_use() -> None:
 
 
 def test_the_agents_other_deferred_modules_load_where_they_are_first_used() -> None:
-    """`ipaddress`, `stringprep`, `locale` and `textwrap`, deferred before anything imports
-    them (greenfed/__main__.py), are real modules where the agent would use them."""
+    """`ipaddress`, `stringprep`, `locale`, `textwrap` and `tokenize`, deferred before
+    anything imports them (greenfed/__main__.py), are real modules where the agent would
+    use them (a traceback's source lines: tokenize)."""
     script = (
         "from edge.deferred_imports import defer_imports\n"
         "defer_imports()\n"
         "import pathlib, subprocess, textwrap, traceback, urllib.parse\n"
         "import msgspec.json, paho.mqtt.client\n"
-        "real = {n for n in ('ipaddress', 'stringprep', 'locale', 'textwrap')\n"
+        "real = {n for n in ('ipaddress', 'stringprep', 'locale', 'textwrap', 'tokenize')\n"
         "        if type(sys.modules.get(n)).__name__ == 'module'}\n"
         "assert real == set(), real\n"
         "assert urllib.parse.urlsplit('mqtt://[::1]:1883').hostname == '::1'\n"
@@ -197,7 +198,12 @@ def test_the_agents_other_deferred_modules_load_where_they_are_first_used() -> N
         "run = subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True)\n"
         "assert run.stdout == '7\\n'\n"
         "assert textwrap.dedent('  a\\n  b') == 'a\\nb'\n"
-        "for name in ('ipaddress', 'stringprep', 'locale', 'textwrap'):\n"
+        "try:\n"
+        "    pathlib.Path('/no/such/file').read_text()\n"
+        "except OSError as error:\n"
+        "    lines = traceback.format_exception(error)\n"
+        "assert any('pathlib.py' in line and 'open' in line for line in lines), lines\n"
+        "for name in ('ipaddress', 'stringprep', 'locale', 'textwrap', 'tokenize'):\n"
         "    assert type(sys.modules[name]).__name__ == 'module', name\n"
         "print('used')\n"
     )
