@@ -46,7 +46,9 @@ def restore_logging(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     lean_logs.use_structlog()
     structlog.contextvars.clear_contextvars()
     structlog.configure(**structlog_config)
-    phase_handlers = [h for h in root.handlers if isinstance(h, pytest_phase_handler)]
+    phase_handlers: list[logging.Handler] = [
+        h for h in root.handlers if isinstance(h, pytest_phase_handler)
+    ]
     root.handlers[:] = session_handlers + phase_handlers
     root.setLevel(level)
     for name, noisy_level in noisy_levels.items():
