@@ -116,3 +116,50 @@ async def test_jobs_without_checkpoints_and_policies_that_do_not_migrate_stay(
         assert body["nodes"] == ["a100-1"]
         assert body["attempts"] == 1
         assert loop.stats.migrated == 0
+
+
+async def test_small_jobs_move_to_make_room_for_a_waiting_worker(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    """Two 4-GPU nodes with 2 GPUs free on each and a 4-GPU job waiting: the
+    checkpointing 2-GPU job moves beside the other one, and the waiting job runs on the
+    node it left (cloud/green/room.py)."""
+    same_zone = [ZONES[1], ZONES[1]]  # no node is cleaner: only room makes it move
+    settings = msgspec.structs.replace(MIGRATING, make_room_after_s=0.0)
+    async with fleet(
+        database, mosquitto_root, cloud_nodes=2, cloud_zones=same_zone, scheduling=settings
+    ) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        small = await api.submitted(
+            token, job("small", accelerators_per_worker=2, checkpoint_interval_s=60.0)
+        )
+        [first] = (await reaches(api, token, small, "running"))["nodes"]
+        [other] = {"a100-0", "a100-1"} - {first}
+        whole = await api.submitted(token, job("whole"))  # only the other node has room
+        assert (await reaches(api, token, whole, "running"))["nodes"] == [other]
+        beside = await api.submitted(token, job("beside", accelerators_per_worker=2))
+        assert (await reaches(api, token, beside, "running"))["nodes"] == [first]
+
+        async def cancel(work_id: str) -> None:
+            response = await api.client.delete(f"/v1/jobs/{work_id}", headers=bearer(token))
+            assert response.status in (200, 202), await response.text()
+            await reaches(api, token, work_id, "cancelled")
+
+        await cancel(whole)
+        pinned = await api.submitted(token, job("pinned", accelerators_per_worker=2))
+        assert (await reaches(api, token, pinned, "running"))["nodes"] == [other]
+        await cancel(beside)
+        # 2 GPUs free on each node: a 4-GPU worker has no node with room.
+        waiting = await api.submitted(token, job("waiting"))
+
+        body = await reaches(api, token, waiting, "running")
+        assert body["nodes"] == [first]
+        moved = await work(api, token, small)
+        assert moved["nodes"] == [other]
+        assert moved["attempts"] == 2
+        explained = await (await api.get(token, f"/v1/jobs/{small}/explain")).json()
+        assert explained["explanation"]["outcome"] == "moved"
+        assert f"to make room for {waiting}" in explained["message"]
+        # The job without checkpoints stayed where it was.
+        assert (await work(api, token, pinned))["attempts"] == 1
