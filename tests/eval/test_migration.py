@@ -167,3 +167,81 @@ def test_a_preempted_job_resumes_from_its_newest_checkpoint(tmp_path: Path) -> N
         work = reference_work_s(outcome, work_id)
         # Not started over: at most the progress since the last checkpoint is redone.
         assert duration + RESTART_S <= work <= duration + RESTART_S + 1800 * 2.5 + 1e-6
+
+
+# Toronto is full; each 8-GPU server holds one long 4-GPU job (the one in Los Angeles
+# checkpoints, the one in Frankfurt does not) once the Los Angeles filler ends: an
+# 8-GPU job then has 8 GPUs free in the fleet and no node with room for its worker.
+FRAGMENTED = """
+[[training]]
+id = "toronto-busy"
+tenant = "a"
+submit_offset_s = 0
+duration_s = 72000
+gpus_per_worker = 4
+
+[[training]]
+id = "small-la"
+tenant = "a"
+submit_offset_s = 10
+duration_s = 72000
+gpus_per_worker = 4
+checkpoint_interval_s = 1800
+
+[[training]]
+id = "la-filler"
+tenant = "a"
+submit_offset_s = 20
+duration_s = 8000
+gpus_per_worker = 4
+
+[[training]]
+id = "small-fra"
+tenant = "a"
+submit_offset_s = 30
+duration_s = 72000
+gpus_per_worker = 4
+
+[[training]]
+id = "big"
+tenant = "b"
+submit_offset_s = 4000
+duration_s = 7200
+gpus_per_worker = 8
+"""
+
+
+def test_a_waiting_8_gpu_job_gets_a_node_when_a_small_job_moves(tmp_path: Path) -> None:
+    made = run(tmp_path, FRAGMENTED, "green")
+    (tmp_path / "off").mkdir()
+    off = run_eval(
+        EvalOptions(
+            start=date(2023, 6, 1),
+            days=1.0,
+            policies=("green",),
+            fleet=tmp_path / "fleet.toml",
+            workload=tmp_path / "workload.toml",
+            room_making=False,
+        )
+    )
+    [with_room], [without] = made.outcomes, off.outcomes
+    start = with_room.config.start_s
+    where = {job: nodes_used(with_room, job)[0] for job in ("small-la", "small-fra")}
+    assert where == {"small-la": "h100-la-1", "small-fra": "v100-fra-1"}
+    # Without room making the 8-GPU job waits for one of the long jobs to end.
+    waited = without.jobs["big"].first_start_s
+    assert waited is not None
+    assert waited - start >= 8 * 3600
+    # With it, the checkpointing job moves beside the other one within the hour,
+    # the big job starts on the node it left, and nothing else moves.
+    big = with_room.jobs["big"]
+    assert big.first_start_s is not None
+    assert big.first_start_s - start <= 2 * 3600 + 2  # the next pass after 10 min waiting
+    assert nodes_used(with_room, "big") == ["h100-la-1"]
+    # Once the big job is done, the migrator takes the moved job back to the cleaner
+    # H100s: two moves, each losing at most the progress since its newest checkpoint.
+    assert nodes_used(with_room, "small-la") == ["h100-la-1", "v100-fra-1", "h100-la-1"]
+    assert with_room.jobs["small-la"].migrations == 2
+    assert with_room.jobs["small-fra"].migrations == 0
+    work = reference_work_s(with_room, "small-la")
+    assert 72000 + 2 * RESTART_S <= work <= 72000 + 2 * (RESTART_S + 1800 * 2.5) + 1e-6
