@@ -60,12 +60,15 @@ class RoomMaker:
     min_wait_s: float = 600.0  # waiting this long for room since submission, others move
     max_jobs_per_pass: int = 2
     max_trials_per_pass: int = 8  # (waiting job, node) pairs tried with the core, per pass
+    # Waiting jobs looked at per pass, the queue's head first: a pass can leave
+    # thousands waiting, and each look costs a pass over the nodes.
+    max_waiting_per_pass: int = 32
 
     def __post_init__(self) -> None:
         if not self.min_wait_s >= 0:
             raise ValueError("min_wait_s must be >= 0")
-        if min(self.max_jobs_per_pass, self.max_trials_per_pass) < 0:
-            raise ValueError("max_jobs_per_pass and max_trials_per_pass must not be negative")
+        if min(self.max_jobs_per_pass, self.max_trials_per_pass, self.max_waiting_per_pass) < 0:
+            raise ValueError("the per-pass limits must not be negative")
 
     def propose(
         self,
@@ -86,7 +89,7 @@ class RoomMaker:
             if pending.code == "capacity"
             and pending.work_id in queued
             and now - queued[pending.work_id].submitted_at >= self.min_wait_s
-        ]
+        ][: self.max_waiting_per_pass]
         runs = {
             entry.job.work_id: entry
             for entry in running
@@ -103,10 +106,12 @@ class RoomMaker:
         moves: list[JobMove] = []
         served = 0
         trials = [self.max_trials_per_pass]
+        current = cluster
+        movable = _movable_by_node(allocations, runs)
         for job in waiting:
             if served >= self.max_jobs_per_pass or trials[0] <= 0:
                 break
-            made = self._room_for(cluster, job, allocations, runs, trial_policy, trials)
+            made = self._room_for(current, job, allocations, movable, runs, trial_policy, trials)
             if not made:
                 continue
             served += 1
@@ -118,37 +123,30 @@ class RoomMaker:
                     allocation = placement.to_allocation()
                     allocations[allocation.allocation_id] = allocation
                 del runs[move.work_id]
+            current = cluster.with_work(allocations=list(allocations.values()))
+            movable = _movable_by_node(allocations, runs)
         return moves
 
     def _room_for(
         self,
-        cluster: Snapshot,
+        current: Snapshot,
         job: TrainingJob,
         allocations: dict[str, Allocation],
+        movable: dict[str, dict[str, int]],
         runs: dict[str, RunningJob],
         policy: Policy,
         trials: list[int],
     ) -> list[JobMove]:
-        """Moves that let one worker of ``job`` fit on one node, or none."""
+        """Moves that let one worker of ``job`` fit on one node, or none. ``current``
+        holds ``allocations``; ``movable`` is ``_movable_by_node`` of them."""
         worker = job.accelerators_per_worker
-        current = cluster.with_work(allocations=list(allocations.values()))
         table = current.nodes
         gpus = table.kind("gpu")
         static = static_filters(current, make_shape(job, policy), KIND_INDEX["gpu"], None)
-        movable_here: dict[str, dict[str, int]] = {}  # node -> work id -> accelerators
-        for allocation in allocations.values():
-            if allocation.work_id in runs and allocation.accelerator_kind == "gpu":
-                held = movable_here.setdefault(allocation.node_id, {})
-                held[allocation.work_id] = held.get(allocation.work_id, 0) + allocation.accelerators
-        rows = np.array(
-            [
-                row
-                for row, node_id in enumerate(table.node_ids)
-                if static.codes[row] == PASS
-                and gpus.capacity[row] >= worker > gpus.free[row]
-                and node_id in movable_here
-            ],
-            dtype=np.int64,
+        has_movable = np.zeros(len(table.node_ids), dtype=bool)
+        has_movable[[table.index[node_id] for node_id in movable if node_id in table.index]] = True
+        rows = np.flatnonzero(
+            (static.codes == PASS) & (gpus.capacity >= worker) & (gpus.free < worker) & has_movable
         )
         if not rows.size:
             return []
@@ -165,7 +163,7 @@ class RoomMaker:
             chosen: list[str] = []
             freed = 0
             for work_id, count in sorted(
-                movable_here[table.node_ids[row]].items(), key=lambda item: (item[1], item[0])
+                movable[table.node_ids[row]].items(), key=lambda item: (item[1], item[0])
             ):
                 if freed >= deficit:
                     break
@@ -176,7 +174,7 @@ class RoomMaker:
             if trials[0] <= 0:
                 break
             trials[0] -= 1
-            moves = self._trial(cluster, job, chosen, allocations, runs, policy)
+            moves = self._trial(current, job, chosen, allocations, runs, policy)
             if moves:
                 return moves
         return []
@@ -240,3 +238,15 @@ class RoomMaker:
                 )
             )
         return moves
+
+
+def _movable_by_node(
+    allocations: dict[str, Allocation], runs: dict[str, RunningJob]
+) -> dict[str, dict[str, int]]:
+    """Node id -> the GPUs each job that may move holds there, by work id."""
+    movable: dict[str, dict[str, int]] = {}
+    for allocation in allocations.values():
+        if allocation.work_id in runs and allocation.accelerator_kind == "gpu":
+            held = movable.setdefault(allocation.node_id, {})
+            held[allocation.work_id] = held.get(allocation.work_id, 0) + allocation.accelerators
+    return movable
