@@ -2,6 +2,7 @@
 
     python benchmarks/migration_bench.py                        # 10,000 nodes, 2,000 running
     python benchmarks/migration_bench.py --nodes 1000 --running 200 --runs 5
+    python benchmarks/migration_bench.py --waiting 10000     # and making room (room.py)
 
 A synthetic cluster: ``--nodes`` 8-GPU nodes spread over four zones of flat
 intensity (600, 300, 100 and 50 gCO2eq/kWh), every node running one 4-GPU job
@@ -9,6 +10,11 @@ intensity (600, 300, 100 and 50 gCO2eq/kWh), every node running one 4-GPU job
 One look is ``Migrator.propose`` with the green policy: the cheap filter over
 every running job, then trial placements on the real core for the dirtiest. Prints
 the median, fastest and slowest look over ``--runs`` and how many moves it found.
+
+``--waiting N`` also times one look of the room maker (``RoomMaker.propose``,
+docs/green.md#making-room) with N queued 8-GPU jobs that the pass left waiting for
+room (every node has 4 GPUs free, none 8): the worst case for it, every waiting job
+a candidate and every node one to make room on.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 
 from cloud.green import GreenInputs, Migrator, RunningJob, build_policy, default_latency_estimator
-from cloud.scheduler import AcceleratorPool, Allocation, Node, Snapshot, TrainingJob
+from cloud.green.room import RoomMaker
+from cloud.scheduler import AcceleratorPool, Allocation, Node, Snapshot, TrainingJob, schedule
 from cloud.signals.grid import GridSignals, ZoneSeries
 
 NOW = 1_686_794_400.0  # 2023-06-15T02:00:00Z
@@ -49,12 +56,12 @@ def node(index: int) -> Node:
     )
 
 
-def job(index: int) -> TrainingJob:
+def job(index: int, gpus: int = 4, prefix: str = "j") -> TrainingJob:
     return TrainingJob(
-        work_id=f"j{index:05d}",
+        work_id=f"{prefix}{index:05d}",
         tenant="t",
         submitted_at=NOW - 2 * HOUR,
-        accelerators_per_worker=4,
+        accelerators_per_worker=gpus,
         duration_s=10 * HOUR,
         checkpoint_interval_s=1800.0,
     )
@@ -98,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--running", type=int, default=2_000, help="jobs that may move")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--waiting", type=int, default=0, help="queued 8-GPU jobs for the room maker to time"
+    )
     args = parser.parse_args(argv)
     nodes = [node(i) for i in range(args.nodes)]
     jobs = [job(i) for i in range(args.nodes)]
@@ -121,6 +131,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"median {statistics.median(times):.3f} s (fastest {min(times):.3f}, "
         f"slowest {max(times):.3f}) over {args.runs} looks; {moves} moves found"
     )
+    if args.waiting:
+        queue = [job(i, gpus=8, prefix="w") for i in range(args.waiting)]
+        queued = Snapshot.build(now=NOW, nodes=nodes, allocations=snapshot.allocations, queue=queue)
+        plan = schedule(queued, policy)
+        maker = RoomMaker(migrator)
+        times = []
+        for _ in range(args.runs):
+            began = time.perf_counter()
+            moves = len(maker.propose(snapshot, queue, plan, running, policy))
+            times.append(time.perf_counter() - began)
+        print(
+            f"room maker, {args.waiting} waiting for room: median "
+            f"{statistics.median(times):.3f} s (fastest {min(times):.3f}, slowest "
+            f"{max(times):.3f}) over {args.runs} looks; {moves} moves found"
+        )
     return 0
 
 
