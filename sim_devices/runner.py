@@ -21,9 +21,15 @@ from edge.inference.options import InferenceOptions
 from edge.training.runs import LauncherFactory
 from shared.sealing import public_key_text
 from shared.settings import MqttSettings
+from shared.tasks import RECANCEL_INTERVAL_S
 from sim_devices.fleet import Fleet, expand_fleet
 from sim_devices.probes import SimulatedNode
 from sim_devices.training import SIMULATED_ISOLATION, SIMULATED_RUNTIMES, SimulatedLauncher
+
+# How long a stopping fleet's agents are cancelled again until they end: thousands of
+# agents' goodbyes on a busy machine have taken over a minute (sim_devices/processes.py
+# waits 180 s for a child).
+STOP_BUDGET_S = 150.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,8 @@ class SimulatedFleet:
         self._connect_gap_s = 1.0 / connects_per_s if connects_per_s > 0 else 0.0
         seed_source = random.Random(fleet.seed)
         self.agents: list[Agent] = []
+        self.stopped = asyncio.Event()  # set while no agent runs (`run`)
+        self.stopped.set()
         # Each training node's sealing key (public halves: what it enrols with).
         self.sealing_public_keys: dict[str, str] = {}
         cache_root = model_cache_dir or Path(tempfile.gettempdir()) / "greenfed-sim-models"
@@ -124,12 +132,43 @@ class SimulatedFleet:
         return sum(1 for agent in self.agents if agent.session and agent.session.connected.is_set())
 
     async def run(self) -> None:
-        """Run every agent until cancelled; cancelling stops them all with a goodbye."""
-        async with asyncio.TaskGroup() as tasks:
-            for agent in self.agents:
-                tasks.create_task(agent.run(), name=f"agent-{agent.identity.node_id}")
-                if self._connect_gap_s:
-                    await asyncio.sleep(self._connect_gap_s)
+        """Run every agent until cancelled; cancelling stops them all with a goodbye.
+        `stopped` is set once every agent has ended (their counts are final then)."""
+        self.stopped.clear()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                agents: list[asyncio.Task[None]] = []
+                try:
+                    for agent in self.agents:
+                        agents.append(
+                            tasks.create_task(agent.run(), name=f"agent-{agent.identity.node_id}")
+                        )
+                        if self._connect_gap_s:
+                            await asyncio.sleep(self._connect_gap_s)
+                    if agents:
+                        await asyncio.wait(agents)
+                finally:
+                    await _stop(agents)
+        finally:
+            self.stopped.set()
+
+
+async def _stop(agents: list[asyncio.Task[None]]) -> None:
+    """Cancel the agents until every one has ended, for at most `STOP_BUDGET_S`: a task
+    group cancels its tasks once, and an agent whose cancellation aiomqtt's wait_for
+    dropped (Python 3.11, shared/tasks.py) would run on, sending telemetry after its
+    fleet said how much it sent, and keep its process from exiting. Our owner's own
+    repeated cancellations (shared/tasks.py) ask for what is under way already."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STOP_BUDGET_S
+    pending = {agent for agent in agents if not agent.done()}
+    while pending and loop.time() < deadline:
+        for agent in pending:
+            agent.cancel()
+        try:
+            _, pending = await asyncio.wait(pending, timeout=RECANCEL_INTERVAL_S)
+        except asyncio.CancelledError:
+            pending = {agent for agent in pending if not agent.done()}
 
 
 def _simulated_launcher(

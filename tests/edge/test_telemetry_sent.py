@@ -38,6 +38,25 @@ class HandsOverThenWaits:
         await asyncio.Event().wait()
 
 
+class SwallowsTheStop:
+    """aiomqtt.Client's publish on Python 3.11 when the stop arrives as the write
+    completes: `asyncio.wait_for` returns the result and drops the cancellation."""
+
+    def __init__(self) -> None:
+        self.handed_over: list[bytes] = []
+        self.waiting = asyncio.Event()
+
+    async def publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        self.handed_over.append(payload)
+        if len(self.handed_over) > 1:
+            return
+        self.waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return  # written meanwhile: wait_for returns, the stop is lost
+
+
 class Refuses:
     """A publish the client refuses outright (not connected): nothing is handed over."""
 
@@ -45,7 +64,7 @@ class Refuses:
         raise aiomqtt.MqttCodeError(paho.MQTT_ERR_NO_CONN, "Could not publish message")
 
 
-def _sampler() -> tuple[TelemetrySampler, AgentCounters]:
+def _sampler(interval_s: float = 60.0) -> tuple[TelemetrySampler, AgentCounters]:
     node = SimulatedNode("pi-count", PROFILES["raspberry-pi-5"], random.Random(1))
     counters = AgentCounters()
     context = AgentContext(
@@ -66,7 +85,7 @@ def _sampler() -> tuple[TelemetrySampler, AgentCounters]:
         probes,
         discovery,
         inference,
-        interval_s=60.0,
+        interval_s=interval_s,
         jitter_ratio=0.0,
         rng=random.Random(2),
         max_payload_bytes=1 << 20,
@@ -84,6 +103,23 @@ async def test_a_sample_handed_over_counts_though_the_agent_stops_while_it_is_wr
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
     assert running.cancelled()
+    assert counters.telemetry_sent == len(client.handed_over) == 1
+
+
+async def test_a_stop_that_the_publish_swallowed_still_stops_the_sampling() -> None:
+    sampler, counters = _sampler(interval_s=0.01)
+    client = SwallowsTheStop()
+    running = asyncio.ensure_future(sampler.run(cast(aiomqtt.Client, client)))
+    try:
+        async with asyncio.timeout(10):
+            await client.waiting.wait()
+        running.cancel()
+        async with asyncio.timeout(2):
+            await asyncio.gather(running, return_exceptions=True)
+    finally:
+        running.cancel()
+    assert running.cancelled()
+    # Nothing sampled or sent after the stop, and what was sent is counted.
     assert counters.telemetry_sent == len(client.handed_over) == 1
 
 
