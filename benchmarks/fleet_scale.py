@@ -22,7 +22,10 @@
    control plane's profile over the window.
 6. The fleet stops; every agent's telemetry count (the sim's last line) against what
    the control plane ingested (`greenfed_mqtt_messages_ingested{channel="telemetry"}`)
-   over the whole run, from the first connection to the last goodbye.
+   over the whole run, from the first connection to the last goodbye. An agent counts
+   a sample once it is handed to its MQTT connection, and the sim says its count only
+   once every agent has stopped: the control plane ingests at most that many (a node's
+   sample twice never: its sequence number), so `telemetry_lost` is never negative.
 
 `--api-replicas N` (PostgreSQL) starts N API-only `greenfed cloud` processes beside
 the first, the scheduling leader (benchmarks/api_replicas.py): same schema and broker,
