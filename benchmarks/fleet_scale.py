@@ -402,9 +402,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         args, result, http, processes, serving, (admin, tenant), sim, broker_pid
                     )
                 finally:
-                    if sim.poll() is None:
-                        sim.send_signal(signal.SIGTERM)
-                    stdout, _ = await asyncio.to_thread(sim.communicate, timeout=300)
+                    stdout = await stopped_output(sim)
                 stopped = STOPPED.search(stdout or "")
                 # None: a sim process did not say (killed while stopping): no loss figure.
                 sent = int(stopped[2]) if stopped else None
@@ -436,6 +434,18 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         figures["telemetry_lost"] = lost
                         figures["invalid"] = invalid
     return result
+
+
+async def stopped_output(sim: subprocess.Popen[str]) -> str:
+    """What the sim printed, once it has exited: SIGTERM, sent again every 10 s until
+    then (a sim this busy can miss one, its asyncio signal wakeup pipe full of its
+    threads' wake-ups: RESULTS.md, issue 28); at most 300 s."""
+    async with asyncio.TaskGroup() as group:
+        reading = group.create_task(asyncio.to_thread(sim.communicate, timeout=300))
+        while sim.poll() is None and not reading.done():
+            sim.send_signal(signal.SIGTERM)
+            await asyncio.wait({reading}, timeout=10.0)
+    return reading.result()[0] or ""
 
 
 async def fleet_run(
