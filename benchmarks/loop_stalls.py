@@ -109,7 +109,8 @@ def main() -> None:
     args = parser.parse_args()
     window = None
     if args.run is not None:
-        start, end = json.loads(args.run.read_text())["window_utc_s"]
+        output = args.run.read_text()  # its progress lines, then the result
+        start, end = json.loads(output[output.index("\n{") + 1 :])["window_utc_s"]
         window = (float(start), float(end))
     print(json.dumps(summary(records(args.probes, window), args.top), indent=2))
 
