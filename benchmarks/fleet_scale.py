@@ -438,8 +438,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 async def stopped_output(sim: subprocess.Popen[str]) -> str:
     """What the sim printed, once it has exited: SIGTERM, sent again every 10 s until
-    then (a sim this busy can miss one, its asyncio signal wakeup pipe full of its
-    threads' wake-ups: RESULTS.md, issue 28); at most 300 s."""
+    then; at most 300 s. A sim this busy before shared/runtime.py heard every stop
+    signal could miss one, its asyncio signal wakeup pipe full of its threads'
+    wake-ups (RESULTS.md, issue 28): the repeat still stops an old tree's sim."""
     async with asyncio.TaskGroup() as group:
         reading = group.create_task(asyncio.to_thread(sim.communicate, timeout=300))
         while sim.poll() is None and not reading.done():

@@ -54,9 +54,11 @@ class _Child:
                 print(line, flush=True)
 
     async def stop(self) -> int:
-        """SIGTERM, sent again every `_SIGTERM_AGAIN_S` until the child exits: a child
-        this busy can miss one (asyncio's signal wakeup pipe full of its threads'
-        wake-ups, benchmarks/RESULTS.md, issue 28). Killed after `_CHILD_EXIT_GRACE_S`."""
+        """SIGTERM, sent again every `_SIGTERM_AGAIN_S` until the child exits; killed
+        after `_CHILD_EXIT_GRACE_S`. A busy child used to miss one (asyncio's signal
+        wakeup pipe full of its threads' wake-ups, benchmarks/RESULTS.md, issue 28);
+        shared/runtime.py now hears every stop signal, so the repeat is only a harmless
+        second line of defence."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _CHILD_EXIT_GRACE_S
         while self.process.returncode is None and loop.time() < deadline:
