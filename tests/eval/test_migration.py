@@ -82,7 +82,13 @@ gpus_per_worker = 4
 """
 
 
-def run(tmp_path: Path, workload: str, *policies: str, migration: bool = True) -> EvalReport:
+def run(
+    tmp_path: Path,
+    workload: str,
+    *policies: str,
+    migration: bool = True,
+    room_making: bool = True,
+) -> EvalReport:
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(SMALL_FLEET, encoding="utf-8")
     jobs = tmp_path / "workload.toml"
@@ -95,6 +101,7 @@ def run(tmp_path: Path, workload: str, *policies: str, migration: bool = True) -
             fleet=fleet,
             workload=jobs,
             migration=migration,
+            room_making=room_making,
         )
     )
 
@@ -213,17 +220,7 @@ gpus_per_worker = 8
 
 def test_a_waiting_8_gpu_job_gets_a_node_when_a_small_job_moves(tmp_path: Path) -> None:
     made = run(tmp_path, FRAGMENTED, "green")
-    (tmp_path / "off").mkdir()
-    off = run_eval(
-        EvalOptions(
-            start=date(2023, 6, 1),
-            days=1.0,
-            policies=("green",),
-            fleet=tmp_path / "fleet.toml",
-            workload=tmp_path / "workload.toml",
-            room_making=False,
-        )
-    )
+    off = run(tmp_path, FRAGMENTED, "green", room_making=False)
     [with_room], [without] = made.outcomes, off.outcomes
     start = with_room.config.start_s
     where = {job: nodes_used(with_room, job)[0] for job in ("small-la", "small-fra")}
