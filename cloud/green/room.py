@@ -46,7 +46,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cloud.scheduler import Allocation, Plan, Policy, Snapshot, TrainingJob, Work, schedule
+from cloud.scheduler import (
+    Allocation,
+    Placement,
+    Plan,
+    Policy,
+    Snapshot,
+    TrainingJob,
+    Work,
+    schedule,
+)
 from cloud.scheduler.filters import PASS, static_filters
 from cloud.scheduler.model import KIND_INDEX
 from cloud.scheduler.shape import make_shape
@@ -108,14 +117,19 @@ class RoomMaker:
         trials = [self.max_trials_per_pass]
         current = cluster
         movable = _movable_by_node(allocations, runs)
+        # Where the jobs given room will go: later trials must not take that room.
+        reserved: list[Allocation] = []
         for job in waiting:
             if served >= self.max_jobs_per_pass or trials[0] <= 0:
                 break
-            made = self._room_for(current, job, allocations, movable, runs, trial_policy, trials)
+            made, placed = self._room_for(
+                current, job, allocations, reserved, movable, runs, trial_policy, trials
+            )
             if not made:
                 continue
             served += 1
             moves.extend(made)
+            reserved.extend(p.to_allocation() for p in placed)
             for move in made:
                 for allocation_id in move.stop:
                     del allocations[allocation_id]
@@ -123,7 +137,7 @@ class RoomMaker:
                     allocation = placement.to_allocation()
                     allocations[allocation.allocation_id] = allocation
                 del runs[move.work_id]
-            current = cluster.with_work(allocations=list(allocations.values()))
+            current = cluster.with_work(allocations=[*allocations.values(), *reserved])
             movable = _movable_by_node(allocations, runs)
         return moves
 
@@ -132,13 +146,16 @@ class RoomMaker:
         current: Snapshot,
         job: TrainingJob,
         allocations: dict[str, Allocation],
+        reserved: Sequence[Allocation],
         movable: dict[str, dict[str, int]],
         runs: dict[str, RunningJob],
         policy: Policy,
         trials: list[int],
-    ) -> list[JobMove]:
-        """Moves that let one worker of ``job`` fit on one node, or none. ``current``
-        holds ``allocations``; ``movable`` is ``_movable_by_node`` of them."""
+    ) -> tuple[list[JobMove], tuple[Placement, ...]]:
+        """Moves that let one worker of ``job`` fit on one node, and where the job
+        would then run; or none. ``current`` holds ``allocations`` and ``reserved``
+        (room made for other jobs this pass); ``movable`` is ``_movable_by_node``."""
+        nothing: tuple[list[JobMove], tuple[Placement, ...]] = ([], ())
         worker = job.accelerators_per_worker
         table = current.nodes
         gpus = table.kind("gpu")
@@ -149,7 +166,7 @@ class RoomMaker:
             (static.codes == PASS) & (gpus.capacity >= worker) & (gpus.free < worker) & has_movable
         )
         if not rows.size:
-            return []
+            return nothing
         rates = self.migrator.work_rate(
             current, "gpu", rows, job.duration_s / gpus.relative_speed[rows]
         )
@@ -174,29 +191,37 @@ class RoomMaker:
             if trials[0] <= 0:
                 break
             trials[0] -= 1
-            moves = self._trial(current, job, chosen, allocations, runs, policy)
-            if moves:
-                return moves
-        return []
+            node_id = table.node_ids[row]
+            made = self._trial(current, job, node_id, chosen, allocations, reserved, runs, policy)
+            if made[0]:
+                return made
+        return nothing
 
     def _trial(
         self,
         cluster: Snapshot,
         job: TrainingJob,
+        node_id: str,
         chosen: Sequence[str],
         allocations: dict[str, Allocation],
+        reserved: Sequence[Allocation],
         runs: dict[str, RunningJob],
         policy: Policy,
-    ) -> list[JobMove]:
-        """The moves of ``chosen`` if, without them, the core places ``job`` whole and
-        then each of them whole elsewhere before its deadline; else none."""
+    ) -> tuple[list[JobMove], tuple[Placement, ...]]:
+        """The moves of ``chosen`` off ``node_id`` and where ``job`` would run if,
+        without them, the core places ``job`` whole with a worker on ``node_id`` and
+        then each of them whole on other nodes before its deadline; else none."""
         now = cluster.now
+        nothing: tuple[list[JobMove], tuple[Placement, ...]] = ([], ())
         moved = set(chosen)
         others = [a for a in allocations.values() if a.work_id not in moved]
+        others.extend(reserved)
         first = schedule(cluster.with_work(allocations=others, queue=[job]), policy)
         placed = first.placements_for(job.work_id)
-        if sum(p.accelerators for p in placed) != job.shape.accelerators:
-            return []
+        if sum(p.accelerators for p in placed) != job.shape.accelerators or node_id not in {
+            p.node_id for p in placed
+        }:
+            return nothing  # not whole, or not in the room made for it
         resumed = [
             dataclasses.replace(
                 runs[work_id].job,
@@ -214,10 +239,12 @@ class RoomMaker:
         for entry in resumed:
             placements = second.placements_for(entry.work_id)
             if sum(p.accelerators for p in placements) != entry.shape.accelerators:
-                return []
+                return nothing
+            if any(p.node_id == node_id for p in placements):
+                return nothing  # back where room is being made: no move at all
             end = max(p.expected_end or math.inf for p in placements)
             if entry.deadline is not None and end > entry.deadline:
-                return []
+                return nothing
             held = [a for a in allocations.values() if a.work_id == entry.work_id]
             remaining = runs[entry.work_id].remaining_s(now)
             quantity, unit = self.migrator.quantity
@@ -237,7 +264,7 @@ class RoomMaker:
                     room_for=job.work_id,
                 )
             )
-        return moves
+        return moves, placed
 
 
 def _movable_by_node(

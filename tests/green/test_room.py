@@ -210,3 +210,28 @@ def test_room_maker_refuses_bad_settings() -> None:
     snap, plan = pass_of(nodes, allocations, [waiting])
     idle = dataclasses.replace(RoomMaker(migrator), max_jobs_per_pass=0)
     assert idle.propose(snap, [waiting], plan, running, green(*ZONES)) == []
+
+
+def test_room_made_for_one_job_is_not_taken_for_the_next() -> None:
+    # Three 8-GPU servers, half used by a 4-GPU job each; two 8-GPU jobs wait. Room
+    # for the first: its node's job moves beside another. The second could only get
+    # room by moving the last small job into the room just made: it waits instead.
+    nodes = [gpu_server(name, "CLEAN", count=8) for name in ("x", "y", "z")]
+    small = [job("on-x", 4), job("on-y", 4), job("on-z", 4)]
+    nodes, allocations, running = fragmented(small, nodes, ["x", "y", "z"])
+    first = job("first", 8, submitted_at=NOW - 2 * HOUR)
+    second = job("second", 8, submitted_at=NOW - HOUR)
+    snap, plan = pass_of(nodes, allocations, [first, second])
+
+    moves = maker().propose(snap, [first, second], plan, running, green(*ZONES))
+
+    assert [m.room_for for m in moves] == ["first"]
+    [move] = moves
+    freed = move.from_nodes[0]
+    landed = {p.node_id for p in move.placements}
+    assert freed not in landed
+    after = [a for a in allocations if a.allocation_id not in move.stop]
+    after += [p.to_allocation() for p in move.placements]
+    _, replan = pass_of(nodes, after, [first, second])
+    assert [p.node_id for p in replan.placements_for("first")] == [freed]
+    assert replan.placements_for("second") == ()
