@@ -385,7 +385,7 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     # a gang worker that has waited for room this long since its submission and fits
     # nowhere else (docs/green.md, "Making room"); make_room = false: never.
     make_room: bool = True
-    make_room_after_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    make_room_after_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
     # Temporal shifting holds a flexible job back only for at least this share less
     # CO2 (or cost) than starting now; unset (the default): policies do not shift in
     # time, which on the evaluation matrix added no cut and up to 1.1x the baseline's

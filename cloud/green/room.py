@@ -66,8 +66,13 @@ from .migration import JobMove, Migrator, RunningJob
 @dataclass(frozen=True, slots=True)
 class RoomMaker:
     migrator: Migrator  # its signals, energy model, restart cost and cooldown
-    min_wait_s: float = 600.0  # waiting this long for room since submission, others move
-    max_jobs_per_pass: int = 2
+    # Waiting this long for room since submission, others move: long enough to let a
+    # worker that arrives as a job ends take its room, short enough that a burst of
+    # 8-GPU work does not queue behind free GPUs spread over nodes (the 54-scenario
+    # matrix: no scenario over 1.5x the baseline's wait at 60 s and 4 a pass; 1 at
+    # 600 s and 2, 4 with a 60 min patience on top: benchmarks/RESULTS.md).
+    min_wait_s: float = 60.0
+    max_jobs_per_pass: int = 4
     max_trials_per_pass: int = 8  # (waiting job, node) pairs tried with the core, per pass
     # Waiting jobs looked at per pass, the queue's head first: a pass can leave
     # thousands waiting, and each look costs a pass over the nodes.
