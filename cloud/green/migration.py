@@ -172,9 +172,7 @@ class Migrator:
         """Migrations worth making now, in the order they were decided."""
         if not self.max_per_pass or not running:
             return []
-        trial_policy = dataclasses.replace(
-            policy, start_advisor=None, preemption=False, backfill=False, runners_up=0
-        )
+        trial = trial_policy(policy)
         allocations = {a.allocation_id: a for a in snapshot.allocations}
         by_work: dict[str, list[Allocation]] = {}
         for alloc in allocations.values():
@@ -184,11 +182,9 @@ class Migrator:
         best_rates: dict[tuple[AcceleratorKind, int, int], float] = {}
         for entry in running:
             held = by_work.get(entry.job.work_id)
-            if not held or not entry.job.movable:
+            if not held or not self.may_move(entry, now):
                 continue
             remaining = entry.remaining_s(now)
-            if now - entry.started_s < self.cooldown_s or remaining <= 0:
-                continue
             run = self._run(snapshot, held, remaining)
             if not np.isfinite(run.rates).all():
                 continue  # no signal where it runs: no basis for a move
@@ -207,15 +203,10 @@ class Migrator:
                 break
             work_id = entry.job.work_id
             held = by_work[work_id]
-            resumed = dataclasses.replace(
-                entry.job,
-                duration_s=entry.resume_remaining_s(now) + self.restart_s,
-                max_delay_s=None,  # it has started: only the deadline still binds
-                start_window=None,
-            )
+            resumed = self.resumed(entry, now)
             others = [a for a in allocations.values() if a.work_id != work_id]
-            trial = snapshot.with_work(allocations=others, queue=[resumed])
-            plan = schedule(trial, trial_policy)
+            cluster = snapshot.with_work(allocations=others, queue=[resumed])
+            plan = schedule(cluster, trial)
             placements = plan.placements_for(work_id)
             # Whole, in whichever of its shapes (flexible shapes: each has the same total).
             if sum(p.accelerators for p in placements) != resumed.shape.accelerators:
@@ -225,7 +216,7 @@ class Migrator:
             end = max(p.expected_end or math.inf for p in placements)
             if resumed.deadline is not None and end > resumed.deadline:
                 continue
-            move = self._run(trial, [p.to_allocation() for p in placements], None).total
+            move = self._run(cluster, [p.to_allocation() for p in placements], None).total
             if not move <= (1.0 - self.min_saving) * stay:
                 continue
             quantity, unit = self.quantity
@@ -242,12 +233,27 @@ class Migrator:
                     unit=unit,
                 )
             )
-            for alloc in held:
-                del allocations[alloc.allocation_id]
-            for placement in placements:
-                allocation = placement.to_allocation()
-                allocations[allocation.allocation_id] = allocation
+            apply_move(allocations, migrations[-1])
         return migrations
+
+    def may_move(self, entry: RunningJob, now: float) -> bool:
+        """The run may be stopped to resume elsewhere now: its job checkpoints and may
+        be stopped, it has run at least ``cooldown_s`` and it has work left."""
+        return (
+            entry.job.movable
+            and now - entry.started_s >= self.cooldown_s
+            and entry.remaining_s(now) > 0
+        )
+
+    def resumed(self, entry: RunningJob, now: float) -> TrainingJob:
+        """The job as it resumes elsewhere if stopped now: the work left at its newest
+        checkpoint plus ``restart_s`` to reload it."""
+        return dataclasses.replace(
+            entry.job,
+            duration_s=entry.resume_remaining_s(now) + self.restart_s,
+            max_delay_s=None,  # it has started: only the deadline still binds
+            start_window=None,
+        )
 
     def work_rate(
         self,
@@ -339,6 +345,23 @@ class Migrator:
         return _GangRun(
             self.work_rate(snapshot, kind, index, runtime), accelerators * speed, runtime
         )
+
+
+def trial_policy(policy: Policy) -> Policy:
+    """``policy`` for a what-if placement of running work: where it would go now, on
+    free capacity only (no start advice, preemption, backfill or runners-up)."""
+    return dataclasses.replace(
+        policy, start_advisor=None, preemption=False, backfill=False, runners_up=0
+    )
+
+
+def apply_move(allocations: dict[str, Allocation], move: JobMove) -> None:
+    """``allocations`` (by id) as they stand once ``move`` is made."""
+    for allocation_id in move.stop:
+        del allocations[allocation_id]
+    for placement in move.placements:
+        allocation = placement.to_allocation()
+        allocations[allocation.allocation_id] = allocation
 
 
 class _GangRun(NamedTuple):

@@ -39,9 +39,8 @@ out (``room_for`` names the job each one makes room for).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +59,7 @@ from cloud.scheduler.filters import PASS, static_filters
 from cloud.scheduler.model import KIND_INDEX
 from cloud.scheduler.shape import make_shape
 
-from .migration import JobMove, Migrator, RunningJob
+from .migration import JobMove, Migrator, RunningJob, apply_move, trial_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,63 +103,51 @@ class RoomMaker:
             and pending.work_id in queued
             and now - queued[pending.work_id].submitted_at >= self.min_wait_s
         ][: self.max_waiting_per_pass]
-        runs = {
-            entry.job.work_id: entry
-            for entry in running
-            if entry.job.movable
-            and now - entry.started_s >= self.migrator.cooldown_s
-            and entry.remaining_s(now) > 0
-        }
+        runs = {entry.job.work_id: entry for entry in running if self.migrator.may_move(entry, now)}
         if not waiting or not runs or not self.max_jobs_per_pass:
             return []
-        trial_policy = dataclasses.replace(
-            policy, start_advisor=None, preemption=False, backfill=False, runners_up=0
-        )
+        trial = trial_policy(policy)
         allocations = {a.allocation_id: a for a in cluster.allocations}
         moves: list[JobMove] = []
         served = 0
-        trials = [self.max_trials_per_pass]
+        trials = self.max_trials_per_pass
         current = cluster
         movable = _movable_by_node(allocations, runs)
         # Where the jobs given room will go: later trials must not take that room.
         reserved: list[Allocation] = []
         for job in waiting:
-            if served >= self.max_jobs_per_pass or trials[0] <= 0:
+            if served >= self.max_jobs_per_pass or not trials:
                 break
-            made, placed = self._room_for(
-                current, job, allocations, reserved, movable, runs, trial_policy, trials
-            )
-            if not made:
-                continue
-            served += 1
-            moves.extend(made)
-            reserved.extend(p.to_allocation() for p in placed)
-            for move in made:
-                for allocation_id in move.stop:
-                    del allocations[allocation_id]
-                for placement in move.placements:
-                    allocation = placement.to_allocation()
-                    allocations[allocation.allocation_id] = allocation
-                del runs[move.work_id]
-            current = cluster.with_work(allocations=[*allocations.values(), *reserved])
-            movable = _movable_by_node(allocations, runs)
+            for node_id, chosen in self._candidates(current, job, movable, trial):
+                if not trials:
+                    break
+                trials -= 1
+                made, placed = self._trial(
+                    current, job, node_id, chosen, allocations, reserved, runs, trial
+                )
+                if not made:
+                    continue
+                served += 1
+                moves.extend(made)
+                reserved.extend(p.to_allocation() for p in placed)
+                for move in made:
+                    apply_move(allocations, move)
+                    del runs[move.work_id]
+                current = cluster.with_work(allocations=[*allocations.values(), *reserved])
+                movable = _movable_by_node(allocations, runs)
+                break
         return moves
 
-    def _room_for(
+    def _candidates(
         self,
         current: Snapshot,
         job: TrainingJob,
-        allocations: dict[str, Allocation],
-        reserved: Sequence[Allocation],
         movable: dict[str, dict[str, int]],
-        runs: dict[str, RunningJob],
         policy: Policy,
-        trials: list[int],
-    ) -> tuple[list[JobMove], tuple[Placement, ...]]:
-        """Moves that let one worker of ``job`` fit on one node, and where the job
-        would then run; or none. ``current`` holds ``allocations`` and ``reserved``
-        (room made for other jobs this pass); ``movable`` is ``_movable_by_node``."""
-        nothing: tuple[list[JobMove], tuple[Placement, ...]] = ([], ())
+    ) -> Iterator[tuple[str, list[str]]]:
+        """(node, the jobs to move off it) that would let one worker of ``job`` fit
+        there, cleanest node first. ``current`` holds the cluster with the room made
+        for other jobs this pass; ``movable`` is ``_movable_by_node`` of it."""
         worker = job.accelerators_per_worker
         table = current.nodes
         gpus = table.kind("gpu")
@@ -171,7 +158,7 @@ class RoomMaker:
             (static.codes == PASS) & (gpus.capacity >= worker) & (gpus.free < worker) & has_movable
         )
         if not rows.size:
-            return nothing
+            return
         rates = self.migrator.work_rate(
             current, "gpu", rows, job.duration_s / gpus.relative_speed[rows]
         )
@@ -181,26 +168,19 @@ class RoomMaker:
         )
         for i in order:
             row = int(rows[i])
+            node_id = table.node_ids[row]
             deficit = worker - int(gpus.free[row])
             chosen: list[str] = []
             freed = 0
             for work_id, count in sorted(
-                movable[table.node_ids[row]].items(), key=lambda item: (item[1], item[0])
+                movable[node_id].items(), key=lambda item: (item[1], item[0])
             ):
                 if freed >= deficit:
                     break
                 chosen.append(work_id)
                 freed += count
-            if freed < deficit or freed >= worker:
-                continue  # not enough movable there, or it would displace as much as it frees
-            if trials[0] <= 0:
-                break
-            trials[0] -= 1
-            node_id = table.node_ids[row]
-            made = self._trial(current, job, node_id, chosen, allocations, reserved, runs, policy)
-            if made[0]:
-                return made
-        return nothing
+            if deficit <= freed < worker:  # else too little movable, or as much as it frees
+                yield node_id, chosen
 
     def _trial(
         self,
@@ -227,15 +207,7 @@ class RoomMaker:
             p.node_id for p in placed
         }:
             return nothing  # not whole, or not in the room made for it
-        resumed = [
-            dataclasses.replace(
-                runs[work_id].job,
-                duration_s=runs[work_id].resume_remaining_s(now) + self.migrator.restart_s,
-                max_delay_s=None,  # it has started: only the deadline still binds
-                start_window=None,
-            )
-            for work_id in chosen
-        ]
+        resumed = [self.migrator.resumed(runs[work_id], now) for work_id in chosen]
         after = cluster.with_work(
             allocations=[*others, *(p.to_allocation() for p in placed)], queue=resumed
         )
