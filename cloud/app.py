@@ -109,7 +109,7 @@ from cloud.streams.logs import JobLogStore
 from cloud.ui import routes as ui
 from cloud.upgrades.controller import UpgradeController
 from cloud.usage.accountant import Accountant
-from cloud.usage.metrics import GridCollector, UsageCollector
+from cloud.usage.metrics import GridCollector, UsageCollector, ZonePower
 from shared.mqtt import instance_client_id
 from shared.settings import ConfigError, Settings
 from shared.tasks import stop_task
@@ -280,6 +280,10 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
                 GridCollector(accountant, app[REGISTRY], app[SIGNALS].newest_reading_s),
             )
         )
+    # Summed from the scrape's samples in its worker thread (cloud/usage/metrics.py).
+    zone_power = ZonePower() if accountant is not None else None
+    if zone_power is not None:
+        metrics.sampled.append(zone_power)
     for registry, collector in collectors:
         registry.register(collector)
     stop_listening = app[STORE].add_commit_listener(loop.wake)
@@ -302,6 +306,8 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
             app[INGESTOR].digest_listeners.remove(accountant.observe)
         for registry, collector in collectors:
             registry.unregister(collector)
+        if zone_power is not None:
+            metrics.sampled.remove(zone_power)
         for task in reversed(tasks):
             await stop_task(task)
 

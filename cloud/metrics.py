@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import platform
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -35,14 +36,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from cloud.fleet.accelerator_metrics import AcceleratorMetrics
+from cloud.fleet.accelerator_metrics import AcceleratorMetrics, online_samples
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.node_up_metrics import NodeUpSeries
-from cloud.fleet.registry import FleetCounts
+from cloud.fleet.registry import FleetCounts, NodeRegistry
 from cloud.loop.loop import SchedulingLoop
 from cloud.loop.queue_metrics import WaitHistogram
 from shared import __version__
 from shared.build import commit
+from shared.messages import NodeStatus, Telemetry
 from shared.work_literals import PriorityClass
 
 
@@ -218,6 +220,13 @@ def _histogram(
     return family
 
 
+class SampledFamilies(Protocol):
+    """Families written from the online nodes' latest samples (`online_samples`) in the
+    scrape's worker thread (cloud/usage/metrics.py `ZonePower`)."""
+
+    def render(self, samples: Sequence[tuple[NodeStatus, Telemetry]]) -> bytes: ...
+
+
 @dataclass(frozen=True, slots=True)
 class MetricsRegistries:
     """`fleet` and `accelerators`: served to anyone. `tenants`: series that name a tenant,
@@ -232,31 +241,63 @@ class MetricsRegistries:
     accelerators: AcceleratorMetrics | None = None
     # `greenfed_node_up`, written by itself as well (cloud/fleet/node_up_metrics.py).
     nodes: NodeUpSeries | None = None
+    # Where `online_samples` are taken for `sampled` (with or without `accelerators`).
+    node_registry: NodeRegistry | None = None
+    # Served to anyone, right after `fleet`'s families: added and removed by their owner
+    # (the scheduling leader's accountant: cloud/app.py).
+    sampled: list[SampledFamilies] = field(default_factory=list)
+
+    def _samples(self, sampled: Sequence[SampledFamilies]) -> list[tuple[NodeStatus, Telemetry]]:
+        """What the worker thread writes from, taken on the event loop."""
+        if self.accelerators is not None:
+            return self.accelerators.online_samples()
+        if sampled and self.node_registry is not None:
+            return online_samples(self.node_registry)
+        return []
 
     def _fleet_head(self) -> bytes:
-        """The registry's families and `greenfed_node_up`: read on the event loop (the
-        collectors read what the loop changes), cheap (the per-node text is kept)."""
-        head = generate_latest(self.fleet)
-        if self.nodes is not None:
-            head += self.nodes.exposition()
-        return head
+        """The registry's families: read on the event loop (the collectors read what
+        the loop changes), cheap."""
+        return generate_latest(self.fleet)
+
+    def _node_up(self) -> bytes:
+        """`greenfed_node_up`: cheap on the loop (the per-node text is kept)."""
+        return self.nodes.exposition() if self.nodes is not None else b""
+
+    def _rendered(
+        self,
+        sampled: Sequence[SampledFamilies],
+        samples: Sequence[tuple[NodeStatus, Telemetry]],
+    ) -> list[bytes]:
+        """`sampled`'s text and the per-accelerator text: what reads every device, in
+        any thread."""
+        chunks = [family.render(samples) for family in sampled]
+        if self.accelerators is not None:
+            chunks.extend(self.accelerators.render(samples))
+        return chunks
 
     def fleet_exposition(self) -> bytes:
         """The series served to anyone, in the Prometheus text format."""
-        head = self._fleet_head()
-        if self.accelerators is None:
-            return head
-        return head + self.accelerators.exposition()
+        sampled = tuple(self.sampled)
+        rendered = self._rendered(sampled, self._samples(sampled))
+        return b"".join(_in_order(self._fleet_head(), self._node_up(), len(sampled), rendered))
 
     async def fleet_exposition_chunks(self) -> list[bytes]:
-        """`fleet_exposition` in chunks, the per-accelerator text (tens of megabytes for
-        10,000 nodes) written in a worker thread: the loop goes on serving requests and
-        ingesting telemetry meanwhile."""
-        head = self._fleet_head()
-        if self.accelerators is None:
-            return [head]
-        samples = self.accelerators.online_samples()
-        return [head, *await asyncio.to_thread(self.accelerators.render, samples)]
+        """`fleet_exposition` in chunks, what reads every device (the per-accelerator text
+        is tens of megabytes for 10,000 nodes) written in a worker thread: the loop goes
+        on serving requests and ingesting telemetry meanwhile."""
+        head, node_up = self._fleet_head(), self._node_up()
+        sampled = tuple(self.sampled)  # as it stands: its owner may go meanwhile
+        if not sampled and self.accelerators is None:
+            return [head, node_up]
+        rendered = await asyncio.to_thread(self._rendered, sampled, self._samples(sampled))
+        return _in_order(head, node_up, len(sampled), rendered)
+
+
+def _in_order(head: bytes, node_up: bytes, sampled: int, rendered: list[bytes]) -> list[bytes]:
+    """The registry's families, the `sampled` families written from samples,
+    `greenfed_node_up`, the per-accelerator families."""
+    return [head, *rendered[:sampled], node_up, *rendered[sampled:]]
 
 
 def build_metrics_registry(
@@ -267,6 +308,7 @@ def build_metrics_registry(
     registries = MetricsRegistries(
         accelerators=AcceleratorMetrics(ingestor.registry) if accelerator_metrics else None,
         nodes=NodeUpSeries(ingestor.registry),
+        node_registry=ingestor.registry,
     )
     # What runs (greenfed_build_info) and how the process does (process_*, python_*),
     # as every Prometheus exporter shows them.

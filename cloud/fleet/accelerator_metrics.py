@@ -178,6 +178,17 @@ def _device(status: NodeStatus, accelerator: Accelerator) -> _Device:
     return _Device(False, accelerator.memory_bytes, label_text(ACCELERATOR_LABELS, values))
 
 
+def online_samples(registry: NodeRegistry) -> list[tuple[NodeStatus, Telemetry]]:
+    """Each online node's birth and latest sample (a node without one has none), taken
+    where the registry changes (the event loop): what a scrape's worker thread writes
+    series from, here and in cloud/usage/metrics.py (`ZonePower`)."""
+    return [
+        (record.status, record.telemetry)
+        for record in registry
+        if record.state == "online" and record.telemetry is not None
+    ]
+
+
 class AcceleratorMetrics:
     """The per-accelerator families of the registry's online nodes, as text."""
 
@@ -199,13 +210,8 @@ class AcceleratorMetrics:
         return devices
 
     def online_samples(self) -> list[tuple[NodeStatus, Telemetry]]:
-        """What `render` reads, taken where the registry changes (the event loop): each
-        online node's birth and latest sample (a node without one has no series)."""
-        return [
-            (record.status, record.telemetry)
-            for record in self._registry
-            if record.state == "online" and record.telemetry is not None
-        ]
+        """What `render` reads (`online_samples` of the registry)."""
+        return online_samples(self._registry)
 
     def exposition(self) -> bytes:
         """Every family in the Prometheus text format, one line per series."""

@@ -409,13 +409,16 @@ class NodeRegistry:
 
     def judge_again(self, node_ids: Iterable[str]) -> bool:
         """Judge these nodes against their envelopes again (their enrolment changed);
-        whether any verdict changed."""
-        changed = False
+        whether any verdict changed. The version moves whenever a known node is named,
+        verdict changed or not: its envelope did, which readers that cache by the
+        version read (cloud/fleet/node_admin.py `FirstClaims`)."""
+        changed = known = False
         for node_id in node_ids:
             record = self._records.get(node_id)
             if record is not None:
+                known = True
                 changed = self._judge(record) or changed
-        if changed:
+        if known:
             self.version += 1
         return changed
 

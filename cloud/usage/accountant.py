@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -409,3 +409,11 @@ class Accountant:
 
     def allocations_on(self, node_id: str) -> Iterable[MeteredAllocation]:
         return tuple(self._by_node.get(node_id, ()))
+
+    def open_allocations(self) -> Iterator[MeteredAllocation]:
+        """The allocations the latest pass left in place (not ended), every node's: as
+        many steps as allocations, not as nodes."""
+        for allocations in self._by_node.values():
+            for allocation in allocations:
+                if allocation.ended_at_s is None:
+                    yield allocation
