@@ -1,5 +1,8 @@
 """The short form of the green robustness matrix (benchmarks/green_matrix.py --short):
-both fleets, two periods, three days each, green against fifo-binpack and the optimum."""
+both fleets, two periods, three days each, green against fifo-binpack and the optimum,
+with the default generated workload and with trace-shaped work (long jobs, most GPU
+time in 8-GPU and 2 x 8 gangs: cloud/eval/trace_shaped.py), the closest this project
+has to a real cluster's trace."""
 
 from __future__ import annotations
 
@@ -15,9 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_the_short_matrix_holds_the_bound_the_slos_and_the_deadlines(tmp_path: Path) -> None:
+@pytest.mark.parametrize("generator", ["default", "trace"])
+def test_the_short_matrix_holds_the_bound_the_slos_and_the_deadlines(
+    tmp_path: Path, generator: str
+) -> None:
     out = tmp_path / "matrix.json"
     command = [sys.executable, "benchmarks/green_matrix.py", "--short", "--jobs", "2"]
+    command += ["--generator", generator]
     done = subprocess.run(
         [*command, "--json", str(out)],
         cwd=ROOT,
@@ -31,6 +38,7 @@ def test_the_short_matrix_holds_the_bound_the_slos_and_the_deadlines(tmp_path: P
     rows, summary = document["rows"], document["summary"]
     assert {row["scenario"]["fleet"] for row in rows} == {"default", "other-zones"}
     assert summary["scenarios"] == len(rows) == 4
+    assert {row["scenario"]["generator"] for row in rows} == {generator}
     for row in rows:
         # No policy can beat the optimum: a share above 1 would mean a broken bound.
         assert row["of_optimum"] is None or row["of_optimum"] <= 1.0 + 1e-9, row
