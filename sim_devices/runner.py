@@ -8,6 +8,7 @@ shard i mod N, so every shard is as heterogeneous as the whole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import tempfile
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from edge.inference.options import InferenceOptions
 from edge.training.runs import LauncherFactory
 from shared.sealing import public_key_text
 from shared.settings import MqttSettings
-from shared.tasks import RECANCEL_INTERVAL_S
+from shared.tasks import cancel_and_wait
 from sim_devices.fleet import Fleet, expand_fleet
 from sim_devices.probes import SimulatedNode
 from sim_devices.training import SIMULATED_ISOLATION, SIMULATED_RUNTIMES, SimulatedLauncher
@@ -163,12 +164,10 @@ async def _stop(agents: list[asyncio.Task[None]]) -> None:
     deadline = loop.time() + STOP_BUDGET_S
     pending = {agent for agent in agents if not agent.done()}
     while pending and loop.time() < deadline:
-        for agent in pending:
-            agent.cancel()
-        try:
-            _, pending = await asyncio.wait(pending, timeout=RECANCEL_INTERVAL_S)
-        except asyncio.CancelledError:
-            pending = {agent for agent in pending if not agent.done()}
+        # Cancelled itself meanwhile, it goes on: stopping the agents is what was asked.
+        with contextlib.suppress(asyncio.CancelledError):
+            await cancel_and_wait(pending, deadline - loop.time())
+        pending = {agent for agent in pending if not agent.done()}
 
 
 def _simulated_launcher(
