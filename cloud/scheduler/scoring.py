@@ -105,9 +105,12 @@ def shape_fit(
     where: slice | IntArray,
 ) -> FloatArray:
     """The fit score of one member on many nodes (``where``: their rows); where the
-    member does not fit, any value (the caller masks those)."""
+    member does not fit, any value (the caller masks those). A node running more than
+    its healthy devices (some failed under work) has less than nothing free: it reads
+    as full, never as an index from the table's end."""
+    before = np.maximum(free, 0)
     after = np.maximum(free - accelerators, 0)
-    change = fit.unusable[after] - fit.unusable[free]
+    change = fit.unusable[after] - fit.unusable[before]
     result: FloatArray = np.clip(0.5 - 0.5 * change * fit.value[where] * inv_capacity, 0.0, 1.0)
     return result
 
@@ -117,7 +120,7 @@ def shape_fit_one(
 ) -> float:
     """``shape_fit`` for one node, with Python floats: the same bits."""
     after = free - accelerators if free > accelerators else 0
-    change = fit.unusable.item(after) - fit.unusable.item(free)
+    change = fit.unusable.item(after) - fit.unusable.item(free if free > 0 else 0)
     value = 0.5 - 0.5 * change * fit.value.item(node) * inv_capacity
     return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
 

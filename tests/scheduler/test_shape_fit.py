@@ -70,3 +70,26 @@ def test_the_scalar_fit_gives_the_same_bits_as_the_vector_one(
     for node, count in enumerate(free):
         assert shape_fit_one(fit, count, accelerators, 1.0 / 8, node) == vector[node]
         assert 0.0 <= vector[node] <= 1.0
+
+
+def test_a_node_running_more_than_its_healthy_capacity_never_breaks_the_pass() -> None:
+    # Devices that fail under running work leave the node's pool smaller than what runs
+    # there (free < 0 until the work ends). The fit must read that as "nothing free",
+    # not index its table from the end, or raise once the deficit exceeds the table.
+    nodes = [gpu_node("a-shrunk", 1), gpu_node("b-eight", 8), gpu_node("c-four", 4)]
+    allocations = [
+        running("r", "a-shrunk", 16, priority="p1"),
+        running("s", "c-four", 6, priority="p1"),
+    ]
+    queue = [job("quad", 4, submitted_at=0), job("one", 1, submitted_at=1)]
+    plan = plan_for(nodes, queue, allocations, policy=Policy(capacity_value=EveryNodeCounts()))
+    assert nodes_of(plan, "quad") == ["b-eight"]
+    assert nodes_of(plan, "one") == ["b-eight"]
+
+
+def test_the_fit_of_an_overcommitted_node_is_that_of_a_full_one() -> None:
+    fit = ShapeFit.for_demand({4: 1.0, 8: 1.0}, 8, np.ones(3))
+    frees = np.array([-16, -3, 0])
+    vector = shape_fit(fit, frees, 2, np.full(3, 1.0 / 8), slice(None))
+    assert vector[0] == vector[1] == vector[2]
+    assert shape_fit_one(fit, -16, 2, 1.0 / 8, 0) == vector[2]
