@@ -182,9 +182,11 @@ def build_inputs(
         if tenant is not None
     ]
     views = node_views or NodeViews()
+    node_list = views.of(nodes.values())
     snapshot = Snapshot.build(
         now=now,
-        nodes=views.of(nodes.values()),
+        nodes=node_list,
+        utilisation=views.measured(),
         allocations=running,
         queue=queue,
         tenants=tenants,

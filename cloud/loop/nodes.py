@@ -25,7 +25,6 @@ the defaults below, deliberately middle-of-the-road figures.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -121,21 +120,6 @@ def _sampled(record: NodeRecord) -> dict[str, float]:
     )
 
 
-def _with_utilisation(
-    node: Node, pool_devices: tuple[tuple[str, ...], ...], utilisation: Mapping[str, float]
-) -> Node:
-    """`node` with its pools' utilisation as sampled now: what `scheduler_node` makes of a
-    record whose new sample is all that changed, for a fraction of the cost."""
-    pools = tuple(
-        pool if (share := _pool_utilisation(ids, utilisation)) == pool.utilisation
-        else dataclasses.replace(pool, utilisation=share)
-        for pool, ids in zip(node.pools, pool_devices, strict=True)
-    )  # fmt: skip
-    if all(new is old for new, old in zip(pools, node.pools, strict=True)):
-        return node
-    return dataclasses.replace(node, pools=pools)
-
-
 def _valid_timezone(name: str | None) -> str | None:
     """A node's own label must not break a scheduling pass: an unknown zone name is ignored."""
     if not name:
@@ -211,12 +195,14 @@ def pool_model(record: NodeRecord | None, accelerator_ids: Sequence[str]) -> str
 
 
 class NodeViews:
-    """`scheduler_node` of each record, made again only when something it reads changed:
-    a pass over ten thousand nodes spent most of its time remaking nodes of which only
-    a sample's timestamp had moved. Records are compared by what `scheduler_node` reads
-    (the objects a change replaces, and the utilisation sampled); nodes gone from the
-    registry are dropped. `tables` keeps the scheduler's columns of these nodes from one
-    snapshot to the next (`Snapshot.build(tables=...)`)."""
+    """`scheduler_node` of each record, made again only when something it reads apart
+    from the sample changed: a pass over ten thousand nodes spent most of its time
+    remaking nodes of which only a sample had moved. Records are compared by what
+    `scheduler_node` reads (the objects a change replaces); nodes gone from the registry
+    are dropped. A node keeps the utilisation of the sample its view was made from; a
+    newer sample's is in `measured` (for `Snapshot.build(utilisation=...)`, which takes
+    it over the pools' figure). `tables` keeps the scheduler's columns of these nodes
+    from one snapshot to the next (`Snapshot.build(tables=...)`)."""
 
     def __init__(self) -> None:
         self._views: dict[str, _View] = {}
@@ -225,28 +211,38 @@ class NodeViews:
     def of(self, records: Iterable[NodeRecord]) -> list[Node]:
         views: dict[str, _View] = {}
         for record in records:
-            kept = self._views.get(record.node_id)
+            view = self._views.get(record.node_id)
             key = _view_key(record)
-            if kept is None or kept.key != key:
+            if view is None or view.key != key:
                 node, pool_devices = _scheduler_node(record)
                 view = _View(key, record.telemetry, node, pool_devices)
-            elif kept.telemetry is record.telemetry:
-                view = kept  # the same sample: nothing it reads can have moved
-            else:
+            elif view.telemetry is not record.telemetry:
                 # Only a new sample: the pools' utilisation is all that may have moved.
-                node = _with_utilisation(kept.node, kept.pool_devices, _sampled(record))
-                view = _View(key, record.telemetry, node, kept.pool_devices)
+                sampled = _sampled(record)
+                view.telemetry = record.telemetry
+                view.measured = tuple(_pool_utilisation(ids, sampled) for ids in view.pool_devices)
             views[record.node_id] = view
         self._views = views
         return [view.node for view in views.values()]
 
+    def measured(self) -> dict[str, tuple[float, ...]]:
+        """Per node whose sample is newer than its view's node (as of the last `of`):
+        its pools' utilisation in that sample, in pool order."""
+        return {
+            node_id: view.measured
+            for node_id, view in self._views.items()
+            if view.measured is not None
+        }
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class _View:
     key: tuple[object, ...]  # what scheduler_node reads apart from telemetry
-    telemetry: Telemetry | None  # the sample it was made from (compared by identity)
-    node: Node
+    telemetry: Telemetry | None  # the latest sample seen (compared by identity)
+    node: Node  # as made from `key` and the sample of that time
     pool_devices: tuple[tuple[str, ...], ...]  # the device ids of each of node.pools
+    # The latest sample's utilisation of each of node.pools, once newer than node's.
+    measured: tuple[float, ...] | None = None
 
 
 def _view_key(record: NodeRecord) -> tuple[object, ...]:

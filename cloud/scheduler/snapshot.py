@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from types import MappingProxyType
@@ -228,13 +228,19 @@ class Snapshot:
         tables: NodeTableCache | None = None,
         cohorts: Sequence[Cohort] = (),
         past_usage: PastUsage | None = None,
+        utilisation: Mapping[str, Sequence[float]] | None = None,
     ) -> Snapshot:
         """Canonicalise (sort by id) and columnise the inputs.
 
         Input order never matters: two callers listing the same things in a different
         order get equal snapshots, and so equal plans. ``tables``: the node columns of
         the caller's previous snapshot, patched instead of built again where only
-        nodes' utilisation moved (the same table either way).
+        nodes' utilisation moved (the same table either way). ``utilisation``:
+        measured utilisation newer than some nodes' own, node id -> one share per pool
+        in the node's pool order, taken over the pools' figure (the snapshot is that
+        of the nodes with those figures): a telemetry sample moves nothing else, every
+        few seconds on every node, and remaking ten thousand nodes for it cost more
+        than the rest of the inputs.
         """
         ordered_nodes = sorted(nodes, key=lambda n: n.node_id)
         ordered_allocations = tuple(sorted(allocations, key=lambda a: a.allocation_id))
@@ -243,9 +249,12 @@ class Snapshot:
         _require_unique("allocation", [a.allocation_id for a in ordered_allocations])
         _require_unique("queued work", [w.work_id for w in ordered_queue])
         if tables is None:
-            table = _build_table(ordered_nodes, ordered_allocations, now)
+            table = _node_columns(ordered_nodes, now)
+            if utilisation:
+                table = _with_measured(table, ordered_nodes, utilisation, utilisation)
         else:
-            table = _with_usage(tables.table(ordered_nodes, now), ordered_allocations)
+            table = tables.table(ordered_nodes, now, utilisation)
+        table = _with_usage(table, ordered_allocations)
         return cls(
             now=float(now),
             nodes=table,
@@ -345,10 +354,6 @@ def _usage(table: NodeTable, allocations: Sequence[Allocation]) -> tuple[IntArra
         used[CPU_COLUMN, where] += alloc.cpu_cores
         host_used[where] += alloc.host_memory_bytes
     return used, host_used
-
-
-def _build_table(nodes: Sequence[Node], allocations: Sequence[Allocation], now: float) -> NodeTable:
-    return _with_usage(_node_columns(nodes, now), allocations)
 
 
 def _with_usage(table: NodeTable, allocations: Sequence[Allocation]) -> NodeTable:
@@ -492,23 +497,36 @@ class NodeTableCache:
     utilisation moved. Then only the utilisation columns are copied and patched at
     those nodes (and the UTC offsets read again for the new time); any other change
     (a node joining, leaving, relabelled, a device failing) builds the table afresh.
+    A sample's utilisation may also come beside the nodes (``utilisation``, see
+    ``Snapshot.build``), so that nothing is remade for it but the entries that moved.
     The result is the table a fresh build gives, value for value.
     """
 
     def __init__(self) -> None:
         self._nodes: tuple[Node, ...] = ()
         self._table: NodeTable | None = None
+        self._utilisation: Mapping[str, Sequence[float]] = MappingProxyType({})
 
-    def table(self, nodes: Sequence[Node], now: float) -> NodeTable:
-        """The columns of ``nodes`` (sorted by id) at ``now``, nothing running."""
-        table = self._patched(nodes, now)
+    def table(
+        self,
+        nodes: Sequence[Node],
+        now: float,
+        utilisation: Mapping[str, Sequence[float]] | None = None,
+    ) -> NodeTable:
+        """The columns of ``nodes`` (sorted by id) at ``now``, nothing running, with
+        ``utilisation`` (node id -> one share per pool) over the pools' own."""
+        measured = dict(utilisation or {})
+        table = self._patched(nodes, now, measured)
         if table is None:
-            table = _node_columns(nodes, now)
+            table = _with_measured(_node_columns(nodes, now), nodes, measured, measured.keys())
         self._nodes = tuple(nodes)
         self._table = table
+        self._utilisation = measured
         return table
 
-    def _patched(self, nodes: Sequence[Node], now: float) -> NodeTable | None:
+    def _patched(
+        self, nodes: Sequence[Node], now: float, measured: Mapping[str, Sequence[float]]
+    ) -> NodeTable | None:
         table, kept = self._table, self._nodes
         if table is None or len(nodes) != len(kept):
             return None
@@ -518,19 +536,59 @@ class NodeTableCache:
         for i in changed:
             if not _same_but_utilisation(kept[i], nodes[i]):
                 return None
-        kinds = table.kinds
-        if changed:
-            patched = []
-            for columns in kinds:
-                utilisation = columns.utilisation.copy()
-                for i in changed:
-                    pool = _nth(nodes[i].kind_pools(columns.kind), columns.slot)
-                    utilisation[i] = pool.utilisation if pool else 0.0
-                patched.append(dataclasses.replace(columns, utilisation=read_only(utilisation)))
-            kinds = tuple(patched)
+        # Nodes whose figure may have moved: remade ones, and those whose measured
+        # shares came, changed or went since the last table.
+        ids = table.node_ids
+        moved = {ids[i] for i in changed}
+        previous = self._utilisation
+        moved.update(
+            node_id for node_id, shares in measured.items() if previous.get(node_id) != shares
+        )
+        moved.update(node_id for node_id in previous if node_id not in measured)
         # A node without a timezone keeps its fixed offset, which its column holds.
         offsets = _utc_offsets_s(table.timezone_code, table.timezones, table.utc_offset_s, now)
-        return dataclasses.replace(table, kinds=kinds, utc_offset_s=read_only(offsets))
+        table = dataclasses.replace(table, utc_offset_s=read_only(offsets))
+        return _with_measured(table, nodes, measured, moved) if moved else table
+
+
+def _with_measured(
+    table: NodeTable,
+    nodes: Sequence[Node],
+    measured: Mapping[str, Sequence[float]],
+    node_ids: Iterable[str],
+) -> NodeTable:
+    """``table`` with the utilisation of ``node_ids`` set again: their ``measured``
+    shares (one per pool, in pool order) where given, else their pools' own."""
+    column_of = {(columns.kind, columns.slot): c for c, columns in enumerate(table.kinds)}
+    rows: list[list[int]] = [[] for _ in table.kinds]
+    values: list[list[float]] = [[] for _ in table.kinds]
+    for node_id in node_ids:
+        i = table.index.get(node_id)
+        if i is None:
+            raise ValueError(f"utilisation measured on unknown node {node_id!r}")
+        node = nodes[i]
+        shares = measured.get(node_id)
+        if shares is None:
+            shares = [pool.utilisation for pool in node.pools]
+        elif len(shares) != len(node.pools):
+            raise ValueError(f"node {node_id}: one measured utilisation per pool")
+        slots: dict[str, int] = {}
+        for pool, share in zip(node.pools, shares, strict=True):
+            slot = slots.get(pool.kind, 0)
+            slots[pool.kind] = slot + 1
+            c = column_of[pool.kind, slot]
+            rows[c].append(i)
+            values[c].append(share)
+    kinds = list(table.kinds)
+    for c, columns in enumerate(table.kinds):
+        if rows[c]:
+            shares_now = np.array(values[c], dtype=np.float64)
+            if not bool(np.all((shares_now >= 0.0) & (shares_now <= 1.0))):
+                raise ValueError(f"{columns.kind} pool: utilisation must be within 0..1")
+            utilisation = columns.utilisation.copy()
+            utilisation[rows[c]] = shares_now
+            kinds[c] = dataclasses.replace(columns, utilisation=read_only(utilisation))
+    return dataclasses.replace(table, kinds=tuple(kinds))
 
 
 def _kind_columns(kind: AcceleratorKind, slot: int, nodes: Sequence[Node]) -> KindColumns:

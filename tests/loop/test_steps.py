@@ -4,8 +4,10 @@ agent reports, plan translation, and the agent's acceptance of replicas."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import msgspec
+import numpy as np
 import pytest
 
 from cloud.loop.desired import desired_document, master_port
@@ -14,7 +16,7 @@ from cloud.loop.inputs import build_inputs
 from cloud.loop.nodes import TIMEZONE_LABEL, NodeViews, scheduler_node
 from cloud.loop.plans import translate
 from cloud.loop.reports import agent_outcomes
-from cloud.scheduler import Plan, Preemption, schedule
+from cloud.scheduler import Plan, Preemption, Snapshot, schedule
 from cloud.scheduler.model import KIND_INDEX
 from cloud.store import StoreSnapshot
 from cloud.work.retries import MAX_BACKOFF_S, Retry, after_failure
@@ -60,7 +62,9 @@ def test_a_node_folds_its_devices_conservatively_and_keeps_a_valid_timezone_labe
 
 def test_node_views_are_kept_while_their_record_holds_and_remade_when_it_changes() -> None:
     """A pass reuses each node's scheduler view unless something it is made from
-    changed: a new sample with other utilisation, a new state; gone nodes are dropped."""
+    changed (a new state); gone nodes are dropped. A new sample remakes nothing: its
+    utilisation comes beside the node (`measured`), and the snapshot built with it is
+    the one of the node made afresh."""
     views = NodeViews()
     first, second = node("n1"), node("n2")
     n1, n2 = views.of([first, second])
@@ -76,17 +80,37 @@ def test_node_views_are_kept_while_their_record_holds_and_remade_when_it_changes
                                             memory_used_bytes=0),),
         )  # fmt: skip
 
+    assert views.measured() == {}
     first.telemetry = sampled(50.0, 1)
     busy = views.of([first, second])[0]
-    assert busy is not n1
-    assert busy == scheduler_node(first)
+    assert busy is n1
+    assert views.measured() == {"n1": tuple(0.5 if p.kind == "gpu" else 0.0 for p in n1.pools)}
+    fresh = Snapshot.build(now=0.0, nodes=[scheduler_node(first), scheduler_node(second)])
+    for tables in (None, views.tables):
+        built = Snapshot.build(
+            now=0.0, nodes=[busy, n2], utilisation=views.measured(), tables=tables
+        )
+        assert_same_table(built, fresh)
     first.telemetry = sampled(50.0, 2)  # another sample, the same utilisation
-    assert views.of([first, second])[0] is busy
+    assert views.of([first, second])[0] is n1
     second.state = "offline"
     kept, offline = views.of([first, second])
-    assert kept is busy
+    assert kept is n1
     assert not offline.healthy
     assert [n.node_id for n in views.of([second])] == ["n2"]
+    assert views.measured() == {}
+
+
+def assert_same_table(built: Snapshot, fresh: Snapshot) -> None:
+    """Every node column of the two snapshots, value for value."""
+    for name in (f.name for f in dataclasses.fields(built.nodes) if f.name != "kinds"):
+        value, expected = getattr(built.nodes, name), getattr(fresh.nodes, name)
+        if isinstance(value, Mapping):  # label codes: arrays by key
+            value, expected = dict(value), dict(expected)
+        np.testing.assert_equal(value, expected, name)
+    for column, expected in zip(built.nodes.kinds, fresh.nodes.kinds, strict=True):
+        for field in dataclasses.fields(column):
+            np.testing.assert_equal(getattr(column, field.name), getattr(expected, field.name))
 
 
 def mixed_mig_node() -> tuple[Accelerator, ...]:
