@@ -182,7 +182,7 @@ def build_inputs(
         if tenant is not None
     ]
     views = node_views or NodeViews()
-    node_list = views.of(nodes.values())
+    node_list = views.of(nodes.values())  # first: `measured` answers for this call
     snapshot = Snapshot.build(
         now=now,
         nodes=node_list,
