@@ -475,15 +475,17 @@ def _pools_but_utilisation(node: Node) -> tuple[object, ...]:
     return tuple(_POOL_BUT_UTILISATION(pool) for pool in node.pools)
 
 
-_ALL_BUT_POOLS = operator.attrgetter(
-    *(f.name for f in dataclasses.fields(Node) if f.name != "pools")
+_ALL_BUT_LIVE = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(Node) if f.name not in ("pools", "healthy"))
 )
 
 
-def _same_but_utilisation(old: Node, new: Node) -> bool:
-    """Whether ``new`` differs from ``old`` at most in its pools' utilisation: what a
-    telemetry sample changes, every few seconds on every node."""
-    return _ALL_BUT_POOLS(new) == _ALL_BUT_POOLS(old) and (
+def _same_but_live(old: Node, new: Node) -> bool:
+    """Whether ``new`` differs from ``old`` at most in its pools' utilisation and in
+    whether it is healthy: what a telemetry sample changes, every few seconds on every
+    node, and a node going offline or coming back, somewhere in a large fleet most
+    minutes."""
+    return _ALL_BUT_LIVE(new) == _ALL_BUT_LIVE(old) and (
         _pools_but_utilisation(new) == _pools_but_utilisation(old)
     )
 
@@ -494,9 +496,10 @@ class NodeTableCache:
     A pass over ten thousand nodes rebuilt every column although, between two passes,
     most nodes are the same objects (cloud/loop/nodes.py keeps a node's view while
     what it is made from holds) and the others mostly sent a sample: only their
-    utilisation moved. Then only the utilisation columns are copied and patched at
-    those nodes (and the UTC offsets read again for the new time); any other change
-    (a node joining, leaving, relabelled, a device failing) builds the table afresh.
+    utilisation moved, or whether they are healthy (online). Then only those columns
+    are copied and patched at those nodes (and the UTC offsets read again for the new
+    time); any other change (a node joining, leaving, relabelled, a device failing)
+    builds the table afresh.
     A sample's utilisation may also come beside the nodes (``utilisation``, see
     ``Snapshot.build``), so that nothing is remade for it but the entries that moved.
     The result is the table a fresh build gives, value for value.
@@ -534,8 +537,12 @@ class NodeTableCache:
             i for i, (old, new) in enumerate(zip(kept, nodes, strict=True)) if old is not new
         ]
         for i in changed:
-            if not _same_but_utilisation(kept[i], nodes[i]):
+            if not _same_but_live(kept[i], nodes[i]):
                 return None
+        if any(nodes[i].healthy != kept[i].healthy for i in changed):
+            healthy = table.healthy.copy()
+            healthy[changed] = [nodes[i].healthy for i in changed]
+            table = dataclasses.replace(table, healthy=read_only(healthy))
         # Nodes whose figure may have moved: remade ones, and those whose measured
         # shares came, changed or went since the last table.
         ids = table.node_ids

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud.scheduler import AcceleratorPool, Node, NodeTableCache, Snapshot
+from cloud.scheduler import snapshot as snapshot_module
 
 from .builders import NOW, gpu_node
 
@@ -65,6 +66,7 @@ _step: st.SearchStrategy[tuple[str, str, list[float]]] = st.one_of(
     st.tuples(st.just("remake"), st.sampled_from("abcd"), st.just([])),
     st.tuples(st.just("forget"), st.sampled_from("abcd"), st.just([])),
     st.tuples(st.just("drop"), st.sampled_from("abcd"), st.just([])),
+    st.tuples(st.just("flip"), st.sampled_from("abcd"), st.just([])),
     st.tuples(st.just("resize"), st.sampled_from("abd"), st.just([])),
     st.tuples(st.just("leave"), st.sampled_from("abcd"), st.just([])),
 )
@@ -92,6 +94,8 @@ def test_the_cached_table_with_measured_shares_is_the_fresh_table_of_remade_node
             nodes[node_id] = _with_shares(node, [0.0] * len(node.pools))
         elif action == "drop":  # back to the node's own figure
             measured.pop(node_id, None)
+        elif action == "flip":  # offline, or back
+            nodes[node_id] = dataclasses.replace(node, healthy=not node.healthy)
         elif action == "resize":
             gpus = dataclasses.replace(node.pools[0], count=node.pools[0].count % 8 + 1)
             nodes[node_id] = dataclasses.replace(node, pools=(gpus, *node.pools[1:]))
@@ -124,3 +128,29 @@ def test_measured_shares_that_do_not_fit_the_nodes_are_refused(
     for tables in (None, NodeTableCache()):
         with pytest.raises(ValueError, match=words):
             Snapshot.build(now=NOW, nodes=nodes, utilisation=utilisation, tables=tables)
+
+
+def test_a_node_going_offline_or_coming_back_patches_the_table_instead_of_building_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Somewhere in a fleet of thousands a node changes state most minutes: a fresh
+    # build of all the columns for it cost 90 ms at 10,000 nodes.
+    nodes = _fleet()
+    cache = NodeTableCache()
+    Snapshot.build(now=NOW, nodes=list(nodes.values()), tables=cache)
+    builds: list[int] = []
+    fresh_columns = snapshot_module._node_columns
+
+    def counted(*args: object) -> object:
+        builds.append(1)
+        return fresh_columns(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snapshot_module, "_node_columns", counted)
+    nodes["b"] = dataclasses.replace(nodes["b"], healthy=False)
+    measured = {"c": (0.25, 0.5, 0.75)}
+    built = Snapshot.build(now=NOW, nodes=list(nodes.values()), utilisation=measured, tables=cache)
+    assert not builds
+    assert built.nodes.healthy.tolist() == [True, False, True, True]
+    monkeypatch.undo()
+    remade = [_with_shares(n, measured[i]) if i in measured else n for i, n in nodes.items()]
+    _assert_same(built, Snapshot.build(now=NOW, nodes=remade))
