@@ -157,8 +157,6 @@ async def test_watch_redraws_on_a_state_change_and_ends_with_the_job(
         assert await watch.wait(timeout_s=30) == 0, watch.stderr
         assert "cancelled" in watch.stdout
         await eventually(lambda: "pending -> cancelled: cancelled by the tenant" in events.stdout)
-        # That Ctrl-C ends the follow with 130 is the point, not how soon: a CI machine
-        # with every worker busy took over 10 s to run the exit.
-        code, _ = await events.stop(signal.SIGINT, timeout_s=60)
+        code, _ = await events.stop(signal.SIGINT)
         assert code == 130
         assert "Traceback" not in events.stderr

@@ -42,9 +42,7 @@ async def test_a_watch_ends_when_a_real_agent_finishes_the_job(
                 message=lambda: events.stdout + events.stderr,
             )
             assert "pending -> scheduled" in events.stdout
-            # That Ctrl-C ends the follow with 130 is the point, not how soon: a CI machine
-            # with every worker busy took over 10 s to run the exit.
-            code, _ = await events.stop(signal.SIGINT, timeout_s=60)
+            code, _ = await events.stop(signal.SIGINT)
             assert code == 130
             assert "Traceback" not in events.stderr + watch.stderr
 

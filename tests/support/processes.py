@@ -19,6 +19,14 @@ def greenfed_env(**variables: str) -> dict[str, str]:
     return env
 
 
+def _sigint_as_default() -> None:
+    """In the child, before it runs: SIGINT back to its default. A suite started in the
+    background (`bash .ci/run &` from a script, as sh does for any `&` job) passes
+    SIGINT on as ignored, Python then leaves it ignored, and the Ctrl-C a test sends
+    (`greenfed events -f`, `greenfed up`) would never arrive: the test would hang."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class GreenfedProcess:
     def __init__(self, args: list[str], workdir: Path, env: dict[str, str] | None = None) -> None:
         self.args = [sys.executable, "-m", "greenfed.cli", *args]
@@ -30,7 +38,7 @@ class GreenfedProcess:
     async def start(self) -> GreenfedProcess:
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.process = await asyncio.create_subprocess_exec(
-                *self.args, stdout=out, stderr=err, env=self.env
+                *self.args, stdout=out, stderr=err, env=self.env, preexec_fn=_sigint_as_default
             )
         return self
 
