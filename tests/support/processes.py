@@ -22,8 +22,9 @@ def greenfed_env(**variables: str) -> dict[str, str]:
 def _sigint_as_default() -> None:
     """In the child, before it runs: SIGINT back to its default. A suite started in the
     background (`bash .ci/run &` from a script, as sh does for any `&` job) passes
-    SIGINT on as ignored, Python then leaves it ignored, and the Ctrl-C a test sends
-    (`greenfed events -f`, `greenfed up`) would never arrive: the test would hang."""
+    SIGINT on as ignored, Python then leaves it ignored, and the Ctrl-C a test sends to
+    a command that relies on Python's own (`greenfed events -f`) would never arrive: the
+    test would hang. (`greenfed up` and the agents install their handlers themselves.)"""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
