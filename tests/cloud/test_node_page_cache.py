@@ -209,3 +209,41 @@ async def test_the_api_page_shows_an_admins_label_and_a_node_going_offline(api: 
     registry.mark_offline(["gpu-2"], "telemetry-stale")
     assert (await listed())["gpu-2"]["state"] == "offline"
     assert sorted(await listed("?state=online")) == ["gpu-0", "gpu-1"]
+
+
+def test_a_summary_averages_the_devices_but_the_host_cpu_and_sums_every_power() -> None:
+    clock = Clock()
+    registry = NodeRegistry(monotonic=clock, wall_clock=clock)
+    for node_id, gpus in (("gpu-node", 2), ("cpu-node", 0)):
+        registry.apply_status(node(node_id, gpus=gpus).status)
+        record = registry.get(node_id)
+        assert record is not None
+        # The host CPU at 90 %, each GPU at 10 % and 30 %: a GPU node is as busy as its GPUs.
+        shares = {"cpu0": 90.0, "gpu0": 10.0, "gpu1": 30.0}
+        registry.apply_telemetry(
+            Telemetry(
+                node_id=node_id,
+                instance_id=record.status.instance_id,
+                seq=1,
+                sampled_at=clock.now_s,
+                interval_s=1.0,
+                cpu_utilization_pct=5.0,
+                memory_used_bytes=2**30,
+                memory_total_bytes=64 * 2**30,
+                accelerators=tuple(
+                    AcceleratorSample(
+                        id=a.id,
+                        utilization_pct=shares[a.id],
+                        memory_used_bytes=0,
+                        power_w=100.5 if a.kind == "cpu" else 200.125,
+                    )
+                    for a in record.status.accelerators
+                ),
+            )
+        )
+    listed = msgspec.json.decode(served(NodePages(registry)))
+    by_id = {item["node_id"]: item for item in listed["items"]}
+    assert by_id["gpu-node"]["accelerator_utilization_pct"] == 20.0
+    assert by_id["gpu-node"]["power_w"] == 500.75  # 100.5 + 2 x 200.125
+    assert by_id["cpu-node"]["accelerator_utilization_pct"] == 90.0
+    assert by_id["cpu-node"]["power_w"] == 100.5
