@@ -29,11 +29,15 @@ digests (`merged`), its CPU, and how many nodes its registry saw up to their las
 sample (`nodes_current`: every replica should see every node). With `--accounting`
 the first replica meters, as the leader does: `usage_energy_j` is what it metered,
 the same whatever the number of replicas when nothing is counted twice.
+`--replica-cores 0.1` holds each replica to a tenth of a core (benchmarks/cpu_quota.py:
+a CPU cgroup, root only), so that N replicas have N times one replica's CPU on a
+machine with fewer cores than replicas, broker and publisher need.
 
     python benchmarks/ingest.py --mqtt-url mqtt://127.0.0.1:1883 --rates 5000,10000,15000,20000
     python benchmarks/ingest.py --accounting --rates 10000,15000
     python benchmarks/ingest.py --consumer paho --rates 15000,20000,25000
     python benchmarks/ingest.py --replicas 1,2,3 --rates 10000,15000,20000,25000
+    python benchmarks/ingest.py --replicas 1,2,3 --replica-cores 0.1 --rates 2000,4000,6000
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.cpu_quota import CpuQuota, cpu_quotas
 from cloud.fleet.ingest import DIGEST_CHANNEL, Ingestor
 from cloud.fleet.registry import NodeRegistry
 from cloud.signals.grid import GridSignals
@@ -538,9 +543,33 @@ async def _replica(
 
 
 async def run_replicas_rate(
-    url: str, nodes: int, replicas: int, rate: int, seconds: float, *, accounting: bool
+    url: str,
+    nodes: int,
+    replicas: int,
+    rate: int,
+    seconds: float,
+    *,
+    accounting: bool,
+    replica_cores: float | None = None,
 ) -> dict[str, object]:
     root = f"gfbench-{uuid.uuid4().hex[:8]}"
+    with cpu_quotas(f"greenfed-bench-{root}", replicas, replica_cores) as quotas:
+        return await _run_replicas_rate(
+            url, root, nodes, rate, seconds, quotas, accounting=accounting
+        )
+
+
+async def _run_replicas_rate(
+    url: str,
+    root: str,
+    nodes: int,
+    rate: int,
+    seconds: float,
+    quotas: list[CpuQuota | None],
+    *,
+    accounting: bool,
+) -> dict[str, object]:
+    replicas = len(quotas)
     context = multiprocessing.get_context("spawn")
     ready: Queue[int] = context.Queue()
     reports: Queue[dict[str, float | int]] = context.Queue()
@@ -553,8 +582,11 @@ async def run_replicas_rate(
         )
         for index in range(replicas)
     ]
-    for process in processes:
+    for process, quota in zip(processes, quotas, strict=True):
         process.start()
+        if quota is not None:  # before it has started its interpreter
+            assert process.pid is not None
+            quota.enter(process.pid)
     for _ in processes:
         await asyncio.to_thread(ready.get, True, 60)
     go = context.Event()
@@ -582,6 +614,7 @@ async def run_replicas_rate(
     cpu_s = sum(float(r["cpu_s"]) for r in per_replica)
     result: dict[str, object] = {
         "replicas": replicas,
+        "replica_cores": quotas[0].cores if quotas[0] is not None else None,
         "rate_msgs_per_s": rate,
         **published.figures,
         "received": received,
@@ -618,6 +651,13 @@ def main() -> None:
     parser.add_argument(
         "--replicas", default="", help="e.g. 1,2,3: replicas sharing telemetry, one process each"
     )
+    parser.add_argument(
+        "--replica-cores",
+        type=float,
+        default=None,
+        help="with --replicas: hold each replica to this share of one core (a CPU cgroup; "
+        "root): N replicas get N times one replica's CPU, as N machines would",
+    )
     args = parser.parse_args()
     rates = [int(rate) for rate in args.rates.split(",")]
     if args.replicas:
@@ -631,6 +671,7 @@ def main() -> None:
                         rate,
                         args.seconds,
                         accounting=args.accounting,
+                        replica_cores=args.replica_cores,
                     )
                 )
                 for rate in rates
@@ -642,6 +683,7 @@ def main() -> None:
                 "broker": args.mqtt_url,
                 "nodes": args.nodes,
                 "accounting": args.accounting,
+                "replica_cores": args.replica_cores,
                 "seconds_per_rate": args.seconds,
                 "sweeps": {str(count): results for count, results in sweeps.items()},
                 "highest_lossless_rate_msgs_per_s": {
