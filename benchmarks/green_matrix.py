@@ -12,8 +12,9 @@ Scenarios: the default fleet on its four zones and `sim_devices/fleets/other-zon
 period, first seed). Each scenario is one `greenfed eval --policies fifo-binpack,green
 --optimum` (the command is printed per row). The summary gives the median and worst CO2
 cut, deadline misses where the baseline has none, SLO violations, the mean wait of
-started work as a ratio, and the share of the optimum's saving for training, for
-inference and in total (cloud/eval/optimum_share.py); each row also splits its cut
+started work and the mean turnaround (submission to finish) as ratios, and the share
+of the optimum's saving for training, for inference and in total
+(cloud/eval/optimum_share.py); each row also splits its cut
 between training and inference (carbon-aware replica placement within each
 deployment's SLO) and counts green's jobs held back by temporal shifting and those
 that waited for capacity.
@@ -96,6 +97,10 @@ class Row:
     deferred_temporal: int = 0
     deferred_capacity: int = 0
     reshaped: int = 0  # green's jobs run in an alternative gang shape (flexible shapes)
+    # Mean turnaround (submission to finish) of the jobs that finished, per policy: what a
+    # lever that delays completion costs, which the wait to first start does not show.
+    baseline_turnaround_s: float = 0.0
+    green_turnaround_s: float = 0.0
 
 
 def scenarios(short: bool, generator: str = "default") -> list[Scenario]:
@@ -158,6 +163,8 @@ def run(scenario: Scenario) -> Row:
         deferred_temporal=green.deferred_temporal_jobs,
         deferred_capacity=green.deferred_capacity_jobs,
         reshaped=green.reshaped_jobs,
+        baseline_turnaround_s=baseline.completion_mean_s,
+        green_turnaround_s=green.completion_mean_s,
     )
 
 
@@ -194,6 +201,11 @@ def summary(rows: Sequence[Row]) -> dict[str, object]:
         row.of_optimum_inference for row in rows if row.of_optimum_inference is not None
     ]
     waits = [row.wait_ratio for row in rows if row.wait_ratio is not None]
+    turnarounds = [
+        row.green_turnaround_s / row.baseline_turnaround_s
+        for row in rows
+        if row.baseline_turnaround_s > 0
+    ]
     inference = [row.inference_cut for row in rows if row.inference_cut is not None]
     return {
         "scenarios": len(rows),
@@ -206,6 +218,8 @@ def summary(rows: Sequence[Row]) -> dict[str, object]:
         "slo_violations": sum(row.slo_violations for row in rows),
         "median_wait_ratio": statistics.median(waits) if waits else None,
         "worst_wait_ratio": max(waits) if waits else None,
+        "median_turnaround_ratio": statistics.median(turnarounds) if turnarounds else None,
+        "worst_turnaround_ratio": max(turnarounds) if turnarounds else None,
         "median_of_optimum": statistics.median(shares) if shares else None,
         "worst_of_optimum": min(shares) if shares else None,
         "median_of_optimum_inference": (

@@ -48,6 +48,10 @@ def test_the_short_matrix_holds_the_bound_the_slos_and_the_deadlines(
         # Inference too: replicas with latency headroom go to cleaner zones (its SLO held).
         assert row["inference_cut"] is not None, row
         assert row["inference_cut"] >= 0, row
+        # Every job finishes, so each policy has a turnaround (submission to finish).
+        assert row["baseline_turnaround_s"] > 0, row
+        assert row["green_turnaround_s"] > 0, row
     assert summary["new_deadline_misses"] == 0
+    assert summary["worst_turnaround_ratio"] >= summary["median_turnaround_ratio"] > 0
     assert "| fleet | start |" in done.stdout
     assert "median_co2_cut" in done.stdout
