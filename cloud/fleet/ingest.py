@@ -387,6 +387,8 @@ class Ingestor:
         if len(payload) > self._max_payload_bytes + DIGEST_ENVELOPE_BYTES:
             self._reject(channel, InvalidReason.OVERSIZED, topic, f"{len(payload)} bytes")
             return
+        if self.digest.is_own(payload):
+            return  # our own, back from the broker: known by its first bytes, not decoded
         digest: TelemetryDigest | None = self._decode(DIGEST_DECODER, channel, topic, payload)
         if digest is None:
             return

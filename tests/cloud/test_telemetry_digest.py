@@ -93,6 +93,21 @@ def test_a_replica_skips_its_own_digest_and_samples_it_already_has(
     assert other.stats.invalid_total == 0
 
 
+def test_a_replica_whose_id_begins_with_anothers_is_not_taken_for_it(
+    pair: tuple[Ingestor, Ingestor],
+) -> None:
+    # A replica tells its own digests by their first bytes (cloud/fleet/digest.py): the
+    # id is compared whole, so "replica-abc" never skips "replica-abcd"'s digest.
+    taker, _ = pair
+    longer_id = taker.digest.replica_id + "d"
+    taker.handle(DIGEST_TOPIC, digest_of(sample(seq=5), replica_id=longer_id))
+    assert taker.stats.ingested[DIGEST_CHANNEL] == 1
+    record = taker.registry.get("n1")
+    assert record is not None
+    assert record.telemetry is not None
+    assert record.telemetry.seq == 5
+
+
 @pytest.mark.parametrize(
     ("forged", "reason"),
     [
