@@ -2,7 +2,9 @@
 
 With `mqtt.shared_group` set, every replica subscribes to `telemetry` through one MQTT
 shared subscription, and the broker hands each sample to one of them: ingestion
-capacity grows with the replicas. Every replica still needs every node's latest figures
+capacity grows with the replicas (not in proportion: merging the others' digests costs
+each replica about 40 % of taking their samples itself; benchmarks/RESULTS.md, issue
+28, eighth round). Every replica still needs every node's latest figures
 (its `/v1/nodes`, liveness; the leader's passes and usage metering), so each one
 publishes, every `mqtt.digest_interval_s`, a *digest*: the latest sample it accepted
 itself of each node heard since its previous digest, on `{root}/v1/cloud/
