@@ -584,7 +584,7 @@ async def _run_replicas_rate(
     ]
     for process, quota in zip(processes, quotas, strict=True):
         process.start()
-        if quota is not None:  # before it has started its interpreter
+        if quota is not None:  # as soon as it exists, while it starts its interpreter
             assert process.pid is not None
             quota.enter(process.pid)
     for _ in processes:
