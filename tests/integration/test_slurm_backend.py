@@ -174,7 +174,7 @@ async def test_a_failing_job_fails_with_its_exit_code_and_a_cancelled_one_is_sca
         # The job's priority went with it: p2's nice value, as registered.
         shown = await slurm.run("scontrol", "-o", "show", "job")
         (line,) = [line for line in shown.stdout.splitlines() if f"JobName=gf-{long}-" in line]
-        assert " Nice=50 " in line
+        assert " Nice=50 " in line, line  # whole: its Priority shows what Slurm applied
         response = await api.client.delete(f"/v1/jobs/{long}", headers=bearer(token))
         assert response.status in (200, 202), await response.text()
         await reaches(api, token, long, "cancelled", timeout_s=30)

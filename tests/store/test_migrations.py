@@ -25,6 +25,7 @@ from cloud.store.schema import metadata, schema_version
 from shared.settings import DATABASE_URL_SCHEMES, ConfigError, StoreSettings, load_settings
 from tests.store.builders import make_tenant, submit
 from tests.store.databases import POSTGRES_URL, DatabaseUnderTest, postgres_database
+from tests.support.waiting import eventually
 
 HEAD = len(MIGRATIONS)
 
@@ -186,6 +187,12 @@ async def test_the_store_reconnects_after_the_server_drops_its_connections(
         store, admin = [await open_store(database.settings) for _ in range(2)]
         try:
             tenant = (await make_tenant(store, "acme")).tenant
+            # The tenant's commit is announced on a pooled connection in the background:
+            # once sent, the connection read below is the one the next call takes (else
+            # the announcement could meet the dead connection first, and the call a new one).
+            notifier = store.change_notifier
+            assert notifier is not None
+            await eventually(lambda: not notifier.busy, message="the change not announced")
             async with store._read() as connection:
                 pid = (await connection.execute(text("SELECT pg_backend_pid()"))).scalar()
             async with admin._write() as connection:
