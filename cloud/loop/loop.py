@@ -218,7 +218,11 @@ class SchedulingLoop:
         self._converted = ConversionCache(settings.min_isolation)
         self._node_views = NodeViews()  # the scheduler's view of each node, kept while it holds
         self._last_snapshot: StoreSnapshot | None = None
-        # The last snapshot's work by id, built on first use (`work_record`).
+        # What the latest desired documents were made from: a pass publishes what it
+        # placed before it ends (and `_last_snapshot` is set), so a cluster's bridge that
+        # submits a job as soon as its document comes must find the job here.
+        self._published_from: StoreSnapshot | None = None
+        # That snapshot's work by id, built on first use (`work_record`).
         self._records_of: tuple[StoreSnapshot | None, dict[str, WorkRecord]] = (None, {})
         self._retry_at: float | None = None
         self._last_pass_end = 0.0  # monotonic
@@ -264,6 +268,7 @@ class SchedulingLoop:
                         self._upgrades.reset()
                     self._explained.clear()
                     self._last_snapshot = None
+                    self._published_from = None
                     self._last_full_pass = None
                     self.queue.forget_pending()
 
@@ -332,9 +337,10 @@ class SchedulingLoop:
     # ---- one pass ----------------------------------------------------------------------
 
     def work_record(self, work_id: str) -> WorkRecord | None:
-        """A non-terminal work item as the last pass read it (no store read: a cluster's
-        bridge asks for a job's priority and deadline as it submits it)."""
-        snapshot = self._last_snapshot
+        """A non-terminal work item as the latest desired documents were made from it
+        (no store read: a cluster's bridge asks for a job's priority and deadline as it
+        submits it, once its document names it)."""
+        snapshot = self._published_from or self._last_snapshot
         if snapshot is None:
             return None
         if self._records_of[0] is not snapshot:
@@ -645,6 +651,7 @@ class SchedulingLoop:
     async def _publish(
         self, store: StoreSnapshot, nodes: Mapping[str, NodeRecord], now: float
     ) -> None:
+        self._published_from = store
         stale = [
             (node_id, generation)
             for node_id, generation in store.node_generations.items()
