@@ -218,9 +218,9 @@ class SchedulingLoop:
         self._converted = ConversionCache(settings.min_isolation)
         self._node_views = NodeViews()  # the scheduler's view of each node, kept while it holds
         self._last_snapshot: StoreSnapshot | None = None
-        # What the latest desired documents were made from: a pass publishes what it
-        # placed before it ends (and `_last_snapshot` is set), so a cluster's bridge that
-        # submits a job as soon as its document comes must find the job here.
+        # What the latest desired documents were made from (every pass publishes, first
+        # thing and again after it placed work, before `_last_snapshot` is set): a
+        # cluster's bridge that submits a job as soon as its document comes finds it here.
         self._published_from: StoreSnapshot | None = None
         # That snapshot's work by id, built on first use (`work_record`).
         self._records_of: tuple[StoreSnapshot | None, dict[str, WorkRecord]] = (None, {})
@@ -340,7 +340,7 @@ class SchedulingLoop:
         """A non-terminal work item as the latest desired documents were made from it
         (no store read: a cluster's bridge asks for a job's priority and deadline as it
         submits it, once its document names it)."""
-        snapshot = self._published_from or self._last_snapshot
+        snapshot = self._published_from
         if snapshot is None:
             return None
         if self._records_of[0] is not snapshot:
