@@ -29,9 +29,10 @@ digests (`merged`), its CPU, and how many nodes its registry saw up to their las
 sample (`nodes_current`: every replica should see every node). With `--accounting`
 the first replica meters, as the leader does: `usage_energy_j` is what it metered,
 the same whatever the number of replicas when nothing is counted twice.
-`--replica-cores 0.1` holds each replica to a tenth of a core (benchmarks/cpu_quota.py:
-a CPU cgroup, root only), so that N replicas have N times one replica's CPU on a
-machine with fewer cores than replicas, broker and publisher need.
+`--replica-cores 0.1` holds each replica to a tenth of a core (a CFS quota in a cgroup of
+its own, made as the agent makes a training worker's, edge/sandbox/cgroups.py; root
+only), so that N replicas have N times one replica's CPU on a machine with fewer cores
+than replicas, broker and publisher need.
 
     python benchmarks/ingest.py --mqtt-url mqtt://127.0.0.1:1883 --rates 5000,10000,15000,20000
     python benchmarks/ingest.py --accounting --rates 10000,15000
@@ -47,6 +48,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing
 import multiprocessing.synchronize
 import os
@@ -55,7 +57,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from multiprocessing.queues import Queue
 from pathlib import Path
 
@@ -63,7 +65,6 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.cpu_quota import CpuQuota, cpu_quotas
 from cloud.fleet.ingest import DIGEST_CHANNEL, Ingestor
 from cloud.fleet.registry import NodeRegistry
 from cloud.signals.grid import GridSignals
@@ -75,6 +76,8 @@ from cloud.store import (
     open_store,
 )
 from cloud.usage.accountant import Accountant
+from edge.sandbox.cgroup_files import join, remove_groups
+from edge.sandbox.cgroups import WorkerCgroups, WorkerLimits, discover_layout
 from shared.messages import AcceleratorSample, NodeStatus, Telemetry, encode
 from shared.settings import MqttSettings, StoreSettings, UsageSettings, parse_mqtt_url
 from shared.topics import Channel, Topics
@@ -83,6 +86,9 @@ from sim_devices.profiles import get_profile
 
 TICK_S = 0.01
 SAMPLE_INTERVAL_S = 0.05
+# How often a replica reads every node's latest figures, as a Prometheus scrape of its
+# /metrics does (the accelerator gauges): what another replica relayed is decoded then.
+READ_FIGURES_EVERY_S = 15.0
 
 
 def node_ids(count: int) -> list[str]:
@@ -500,6 +506,7 @@ async def _replica(
         ingestor.handle = counting_handle  # type: ignore[method-assign]
         session = ingestor.session(settings, client_id=f"bench-replica-{index}-{uuid.uuid4().hex}")
         consumer = asyncio.create_task(ingestor.run(session))
+        reader = asyncio.create_task(read_figures(registry))
         await asyncio.wait_for(ingestor.subscribed.wait(), 10)
         ready.put(index)
         await asyncio.to_thread(go.wait)
@@ -514,7 +521,8 @@ async def _replica(
         cpu_s = time.process_time() - cpu_before
         wall_s = time.perf_counter() - wall_before
         consumer.cancel()
-        await asyncio.gather(consumer, return_exceptions=True)
+        reader.cancel()
+        await asyncio.gather(consumer, reader, return_exceptions=True)
     ingested = ingestor.stats.ingested["telemetry"]
     current = sum(
         1
@@ -530,6 +538,7 @@ async def _replica(
         "merged": ingestor.stats.ingested[DIGEST_CHANNEL],
         "digest_stale": ingestor.stats.digest_stale,
         "consumer_drops": received - ingested,
+        "invalid": ingestor.stats.invalid_total,
         "nodes_current": current,
         "cpu_s": round(cpu_s, 2),
         "cpu_pct": round(100 * cpu_s / wall_s, 1),
@@ -540,6 +549,14 @@ async def _replica(
         result["usage_rows_written"] = accountant.stats.rows_written
         result["usage_replays"] = accountant.stats.replays
     return result
+
+
+async def read_figures(registry: NodeRegistry) -> None:
+    """Every node's figures read every `READ_FIGURES_EVERY_S`, as a scrape reads them."""
+    while True:
+        await asyncio.sleep(READ_FIGURES_EVERY_S)
+        for record in registry:
+            _ = record.telemetry
 
 
 async def run_replicas_rate(
@@ -553,23 +570,62 @@ async def run_replicas_rate(
     replica_cores: float | None = None,
 ) -> dict[str, object]:
     root = f"gfbench-{uuid.uuid4().hex[:8]}"
-    with cpu_quotas(f"greenfed-bench-{root}", replicas, replica_cores) as quotas:
-        return await _run_replicas_rate(
-            url, root, nodes, rate, seconds, quotas, accounting=accounting
+    with replica_cgroups(f"greenfed-bench-{root}", replicas, replica_cores) as procs_files:
+        result = await _run_replicas_rate(
+            url, root, nodes, replicas, rate, seconds, procs_files, accounting=accounting
         )
+    return {"replicas": replicas, "replica_cores": replica_cores, **result}
+
+
+def replica_period_us(cores: float) -> int:
+    """The CFS period a replica's share is of: 10 ms, so that a throttled replica waits
+    milliseconds between its turns (not the default period's tens; a socket's buffer
+    holds what arrives meanwhile), longer under a tenth of a core, whose share of 10 ms
+    would be under the kernel's least quota (1 ms)."""
+    return max(10_000, math.ceil(1000 / cores))
+
+
+@contextlib.contextmanager
+def replica_cgroups(
+    name: str, count: int, cores: float | None
+) -> Iterator[list[tuple[str, ...]] | None]:
+    """`count` cgroups holding a process each to `cores` of one core: the files a
+    process joins them by (None: no quota). Removed after."""
+    if cores is None:
+        yield None
+        return
+    if not cores > 0:
+        raise SystemExit(f"--replica-cores must be above 0, not {cores}")
+    layout = discover_layout()
+    if layout is None or "cpu" not in layout.controllers:
+        raise SystemExit("--replica-cores: this host mounts no cgroup cpu controller")
+    cgroups = WorkerCgroups(layout, name)
+    limits = WorkerLimits(
+        memory_bytes=None, cpu_cores=cores, pids=None, cpu_period_us=replica_period_us(cores)
+    )
+    try:
+        cgroups.prepare_root(workers_memory_bytes=None)
+        groups = cgroups.create_run("replicas", [limits] * count)
+    except OSError as error:
+        remove_groups(str(root) for root in cgroups.roots)
+        raise SystemExit(f"--replica-cores needs root (or a delegated cgroup): {error}") from None
+    try:
+        yield [groups.procs_files(index) for index in range(count)]
+    finally:
+        remove_groups([*groups.all_dirs(), *(str(root) for root in cgroups.roots)])
 
 
 async def _run_replicas_rate(
     url: str,
     root: str,
     nodes: int,
+    replicas: int,
     rate: int,
     seconds: float,
-    quotas: list[CpuQuota | None],
+    procs_files: list[tuple[str, ...]] | None,
     *,
     accounting: bool,
 ) -> dict[str, object]:
-    replicas = len(quotas)
     context = multiprocessing.get_context("spawn")
     ready: Queue[int] = context.Queue()
     reports: Queue[dict[str, float | int]] = context.Queue()
@@ -582,11 +638,11 @@ async def _run_replicas_rate(
         )
         for index in range(replicas)
     ]
-    for process, quota in zip(processes, quotas, strict=True):
+    for index, process in enumerate(processes):
         process.start()
-        if quota is not None:  # as soon as it exists, while it starts its interpreter
+        if procs_files is not None:  # as soon as it exists, while it starts its interpreter
             assert process.pid is not None
-            quota.enter(process.pid)
+            join(procs_files[index], process.pid)
     for _ in processes:
         await asyncio.to_thread(ready.get, True, 60)
     go = context.Event()
@@ -613,8 +669,6 @@ async def _run_replicas_rate(
     ingested = sum(int(r["ingested"]) for r in per_replica)
     cpu_s = sum(float(r["cpu_s"]) for r in per_replica)
     result: dict[str, object] = {
-        "replicas": replicas,
-        "replica_cores": quotas[0].cores if quotas[0] is not None else None,
         "rate_msgs_per_s": rate,
         **published.figures,
         "received": received,

@@ -150,6 +150,9 @@ class WorkerLimits:
     # v1 devices controller rules ("c 195:0 rwm"); None: no device rules (a container,
     # whose runtime keeps its own)
     device_rules: tuple[str, ...] | None = None
+    # The CFS period `cpu_cores` is a share of: a shorter one makes a throttled process
+    # wait less between its turns (the kernel's least quota, 1 ms, bounds it below).
+    cpu_period_us: int = CFS_PERIOD_US
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,11 +293,12 @@ class WorkerCgroups:
             _write(pids / "pids.max", str(limits.pids))
         cpu = self._dir_of(leaf, "cpu")
         if limits.cpu_cores is not None and cpu is not None:
-            quota_us = max(1000, round(limits.cpu_cores * CFS_PERIOD_US))
+            period_us = limits.cpu_period_us
+            quota_us = max(1000, round(limits.cpu_cores * period_us))
             if self.layout.version == 2:
-                _write(cpu / "cpu.max", f"{quota_us} {CFS_PERIOD_US}")
+                _write(cpu / "cpu.max", f"{quota_us} {period_us}")
             else:
-                _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+                _write(cpu / "cpu.cfs_period_us", str(period_us))
                 _write(cpu / "cpu.cfs_quota_us", str(quota_us))
         devices = self._dir_of(leaf, "devices") if self.layout.version == 1 else None
         if limits.device_rules is not None and devices is not None:

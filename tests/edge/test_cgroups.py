@@ -115,6 +115,40 @@ def test_on_v1_each_controller_has_its_own_leaf_and_devices_are_ruled(tmp_path: 
     assert groups.memory_peak_file(0) == f"{first['memory']}/memory.max_usage_in_bytes"
 
 
+@pytest.mark.parametrize(("version", "file"), [(1, "cpu.cfs_quota_us"), (2, "cpu.max")])
+def test_a_share_of_a_core_can_be_held_over_a_shorter_period(
+    tmp_path: Path, version: int, file: str
+) -> None:
+    # What benchmarks/ingest.py holds each replica to: 3 % of a core, 1 ms every 33 ms
+    # (the kernel's least quota), a share of a 10 ms period above a tenth of a core.
+    if version == 2:
+        (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+        (tmp_path / "cgroup.subtree_control").write_text("")
+        layout = CgroupLayout(version=2, unified=tmp_path)
+        leaves = [tmp_path / "greenfed" / "bench" / f"w{index}" for index in range(2)]
+    else:
+        mounts = {name: tmp_path / name for name in ("memory", "pids", "cpu")}
+        for mount in mounts.values():
+            mount.mkdir()
+        layout = CgroupLayout(version=1, v1_mounts=mounts, v1_all_mounts=tuple(mounts.values()))
+        leaves = [mounts["cpu"] / "greenfed" / "bench" / f"w{index}" for index in range(2)]
+    cgroups = WorkerCgroups(layout)
+    cgroups.prepare_root(workers_memory_bytes=None)
+    cgroups.create_run(
+        "bench",
+        [
+            WorkerLimits(memory_bytes=None, cpu_cores=0.03, pids=None, cpu_period_us=33_334),
+            WorkerLimits(memory_bytes=None, cpu_cores=0.5, pids=None, cpu_period_us=10_000),
+        ],
+    )
+    written = [(leaf / file).read_text() for leaf in leaves]
+    if version == 1:
+        periods = [(leaf / "cpu.cfs_period_us").read_text() for leaf in leaves]
+        assert (written, periods) == (["1000", "5000"], ["33334", "10000"])
+    else:
+        assert written == ["1000 33334", "5000 10000"]
+
+
 def test_out_of_memory_kills_are_counted_from_either_file(tmp_path: Path) -> None:
     v2 = tmp_path / "memory.events"
     v2.write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n")
