@@ -43,16 +43,49 @@ from shared.messages import ENCODER, SCHEMA_VERSION, SchemaVersion, Telemetry, W
 MAX_DIGEST_SAMPLES: Final = 1024
 # The envelope around the samples: what a digest may exceed `mqtt.max_payload_bytes` by.
 DIGEST_ENVELOPE_BYTES: Final = 1024
+# What the index adds to each sample at most beyond its node id and encoded instance id:
+# quotes, commas and a sequence number.
+_INDEX_ENTRY_BYTES: Final = 32
+
+_IndexedId = Annotated[str, msgspec.Meta(max_length=256)]
+_Seq = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class TelemetryDigest(WireStruct, frozen=True, kw_only=True):
-    """`{root}/v1/cloud/telemetry-digest` (QoS 0, not retained, control plane only)."""
+    """`{root}/v1/cloud/telemetry-digest` (QoS 0, not retained, control plane only).
+
+    `samples` are nodes' samples as the replica received them; `nodes`, `instances` and
+    `seqs` index them (entry i names sample i's node, agent instance and sequence
+    number), so that a replica that does not meter can apply a digest without decoding
+    its samples (`RelayedDigest`). A digest without an index (an earlier version's) is
+    decoded whole."""
 
     schema_version: SchemaVersion = SCHEMA_VERSION
     # The publishing process (its MQTT client id): a replica skips its own digests.
     replica_id: Annotated[str, msgspec.Meta(max_length=128)]
     sent_at: float
+    nodes: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
+    instances: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
+    seqs: Annotated[tuple[_Seq, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
     samples: Annotated[tuple[Telemetry, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)]
+
+
+class RelayedDigest(WireStruct, frozen=True, kw_only=True):
+    """`TelemetryDigest` read by its index: each sample left encoded (`msgspec.Raw`)."""
+
+    schema_version: SchemaVersion = SCHEMA_VERSION
+    replica_id: Annotated[str, msgspec.Meta(max_length=128)]
+    sent_at: float
+    nodes: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
+    instances: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
+    seqs: Annotated[tuple[_Seq, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
+    samples: Annotated[tuple[msgspec.Raw, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)]
+
+    @property
+    def indexed(self) -> bool:
+        """Whether every sample has its index entry (else: decode the digest whole)."""
+        count = len(self.samples)
+        return len(self.nodes) == len(self.instances) == len(self.seqs) == count > 0
 
 
 class _OutgoingDigest(WireStruct, frozen=True, kw_only=True):
@@ -61,30 +94,38 @@ class _OutgoingDigest(WireStruct, frozen=True, kw_only=True):
     schema_version: SchemaVersion = SCHEMA_VERSION
     replica_id: str
     sent_at: float
+    nodes: list[str]
+    instances: list[str]
+    seqs: list[int]
     samples: list[msgspec.Raw]
 
 
 DIGEST_DECODER: Final = msgspec.json.Decoder(TelemetryDigest)
+RELAYED_DIGEST_DECODER: Final = msgspec.json.Decoder(RelayedDigest)
 
 
 class DigestBuilder:
-    """Gathers the latest sample this replica accepted of each node (a telemetry
-    listener: one dictionary store per sample) and cuts digests from them."""
+    """Gathers the latest sample this replica accepted of each node (a dictionary store
+    per sample, with the bytes it came in) and cuts digests from them."""
 
     def __init__(self, replica_id: str, *, max_payload_bytes: int) -> None:
         self.replica_id = replica_id
         self._max_payload_bytes = max_payload_bytes
-        self._latest: dict[str, Telemetry] = {}
+        self._latest: dict[str, tuple[Telemetry, bytes | None]] = {}
         self.published = 0  # digest messages
         self.published_samples = 0
         # How this replica's own digests begin, `{"schema_version":...,"replica_id":"...",`:
         # the broker hands them back to it, and telling them by these bytes spares
         # decoding a thousand samples only to read whose they are.
-        empty = self._encode([], 0.0)
+        empty = self._encode(_Chunk(), 0.0)
         self._own_prefix = empty[: empty.index(b'"sent_at"')]
 
-    def observe(self, telemetry: Telemetry) -> None:
-        self._latest[telemetry.node_id] = telemetry
+    def observe(self, telemetry: Telemetry, payload: bytes | bytearray | None = None) -> None:
+        """A sample accepted; `payload`: as it came from its node (relayed as it is),
+        None: encoded again when a digest is cut."""
+        if isinstance(payload, bytearray):
+            payload = bytes(payload)  # the caller's buffer may be reused
+        self._latest[telemetry.node_id] = (telemetry, payload)
 
     def is_own(self, payload: bytes | bytearray) -> bool:
         """Whether `payload` is a digest this builder made (its replica id, as encoded)."""
@@ -92,27 +133,60 @@ class DigestBuilder:
 
     def take(self, now_s: float) -> list[bytes]:
         """The digests of what was heard since the last call (none when nothing was),
-        each at most `max_payload_bytes` (a sample larger than that alone goes alone)."""
+        each at most `max_payload_bytes` beyond its envelope (a sample larger than that
+        alone goes alone)."""
         latest, self._latest = self._latest, {}
         if not latest:
             return []
         budget = self._max_payload_bytes
         messages: list[bytes] = []
-        chunk: list[msgspec.Raw] = []
-        size = 0
-        for telemetry in latest.values():
-            encoded = ENCODER.encode(telemetry)
-            if chunk and (size + len(encoded) + 1 > budget or len(chunk) >= MAX_DIGEST_SAMPLES):
+        chunk = _Chunk()
+        for node_id, (telemetry, payload) in latest.items():
+            encoded = payload if payload is not None else ENCODER.encode(telemetry)
+            instance_id = telemetry.instance_id
+            # Encoded: an instance id's characters may take several bytes each.
+            entry_bytes = (
+                len(encoded) + len(node_id) + len(ENCODER.encode(instance_id)) + _INDEX_ENTRY_BYTES
+            )
+            if chunk.samples and (
+                chunk.size + entry_bytes > budget or len(chunk.samples) >= MAX_DIGEST_SAMPLES
+            ):
                 messages.append(self._encode(chunk, now_s))
-                chunk, size = [], 0
-            chunk.append(msgspec.Raw(encoded))
-            size += len(encoded) + 1
+                chunk = _Chunk()
+            chunk.add(node_id, instance_id, telemetry.seq, encoded, entry_bytes)
         messages.append(self._encode(chunk, now_s))
         self.published += len(messages)
         self.published_samples += len(latest)
         return messages
 
-    def _encode(self, samples: list[msgspec.Raw], now_s: float) -> bytes:
+    def _encode(self, chunk: _Chunk, now_s: float) -> bytes:
         return ENCODER.encode(
-            _OutgoingDigest(replica_id=self.replica_id, sent_at=now_s, samples=samples)
+            _OutgoingDigest(
+                replica_id=self.replica_id,
+                sent_at=now_s,
+                nodes=chunk.nodes,
+                instances=chunk.instances,
+                seqs=chunk.seqs,
+                samples=chunk.samples,
+            )
         )
+
+
+class _Chunk:
+    """One digest message being filled."""
+
+    __slots__ = ("instances", "nodes", "samples", "seqs", "size")
+
+    def __init__(self) -> None:
+        self.nodes: list[str] = []
+        self.instances: list[str] = []
+        self.seqs: list[int] = []
+        self.samples: list[msgspec.Raw] = []
+        self.size = 0
+
+    def add(self, node_id: str, instance_id: str, seq: int, encoded: bytes, size: int) -> None:
+        self.nodes.append(node_id)
+        self.instances.append(instance_id)
+        self.seqs.append(seq)
+        self.samples.append(msgspec.Raw(encoded))
+        self.size += size

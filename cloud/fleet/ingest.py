@@ -46,6 +46,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 import aiomqtt
@@ -61,7 +62,9 @@ from cloud.fleet.assignments import (
 from cloud.fleet.digest import (
     DIGEST_DECODER,
     DIGEST_ENVELOPE_BYTES,
+    RELAYED_DIGEST_DECODER,
     DigestBuilder,
+    RelayedDigest,
     TelemetryDigest,
 )
 from cloud.fleet.early_samples import EarlySamples
@@ -143,6 +146,9 @@ class InvalidReason(StrEnum):
     ILLEGAL_TRANSITION = "illegal_transition"
     # A node id that is not enrolled (cloud.require_enrolment) or was revoked.
     NOT_ENROLLED = "not_enrolled"
+    # A relayed sample that is not the node, instance or sequence number its digest's
+    # index names for it (cloud/fleet/digest.py).
+    INDEX_MISMATCH = "index_mismatch"
     # A birth kept without its sealing key: not a key, or not the one pinned at enrolment.
     SEALING_KEY_INVALID = SealingKeyRefusal.INVALID.value
     SEALING_KEY_MISMATCH = SealingKeyRefusal.MISMATCH.value
@@ -218,8 +224,6 @@ class Ingestor:
         self.digest = DigestBuilder(
             f"replica-{uuid.uuid4().hex}", max_payload_bytes=max_payload_bytes
         )
-        if shared_group:
-            self.telemetry_listeners.append(self.digest.observe)
         # Set while subscribed to every channel: the cloud's readiness.
         self.subscribed = asyncio.Event()
         # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all.
@@ -307,7 +311,9 @@ class Ingestor:
             )
             return
         if isinstance(message, Telemetry):  # most of the traffic: its own path
-            self._take_telemetry(message, Channel.TELEMETRY, topic, self.telemetry_listeners)
+            self._take_telemetry(
+                message, Channel.TELEMETRY, topic, self.telemetry_listeners, payload
+            )
             return
         violation = self._implausible(message)
         if violation is not None:
@@ -337,9 +343,11 @@ class Ingestor:
         channel: str,
         topic: str,
         listeners: list[Callable[[Telemetry], None]],
+        payload: bytes | bytearray | None = None,
     ) -> Rejection | None:
         """Check a sample (from its node, or a replica's digest) and apply it; the
-        registry's refusal, which is counted unless it is `OUT_OF_ORDER` from a digest."""
+        registry's refusal, which is counted unless it is `OUT_OF_ORDER` from a digest.
+        `payload`: the sample as its node sent it, relayed so in this replica's digest."""
         violation = check_telemetry(telemetry, self._limits, self.registry.wall_clock())
         if violation is not None:
             self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
@@ -358,6 +366,8 @@ class Ingestor:
         self.stats.ingested[channel] += 1
         for listener in listeners:
             listener(telemetry)
+        if self.shared_group and channel != DIGEST_CHANNEL:
+            self.digest.observe(telemetry, payload)
         if outcome is not None:
             self._changed(outcome)
         return None
@@ -382,13 +392,30 @@ class Ingestor:
         """Merge another replica's digest: each sample checked as if its node had sent
         it here (enrolment, plausibility, the registry's instance and sequence rules).
         A sample no newer than what this replica has is skipped, not counted invalid:
-        replicas hear the same node's samples in turns."""
+        replicas hear the same node's samples in turns.
+
+        A replica that meters (`digest_listeners`: the leader's accountant) decodes every
+        sample; another applies each by its index entry and leaves the sample encoded
+        until its figures are read (`NodeRecord.telemetry`), checked then."""
         channel, topic = DIGEST_CHANNEL, self._digest_topic
         if len(payload) > self._max_payload_bytes + DIGEST_ENVELOPE_BYTES:
             self._reject(channel, InvalidReason.OVERSIZED, topic, f"{len(payload)} bytes")
             return
         if self.digest.is_own(payload):
             return  # our own, back from the broker: known by its first bytes, not decoded
+        if not self.digest_listeners:
+            relayed: RelayedDigest | None = self._decode(
+                RELAYED_DIGEST_DECODER, channel, topic, payload
+            )
+            if relayed is None or relayed.replica_id == self.digest.replica_id:
+                return
+            if relayed.indexed:
+                self._merge_relayed(relayed)
+                return
+            if not relayed.samples:
+                return
+            # No index (an earlier version's digest), or one that does not cover every
+            # sample: decoded whole below.
         digest: TelemetryDigest | None = self._decode(DIGEST_DECODER, channel, topic, payload)
         if digest is None:
             return
@@ -401,6 +428,71 @@ class Ingestor:
             refusal = self._take_telemetry(telemetry, channel, topic, self.digest_listeners)
             if refusal is Rejection.OUT_OF_ORDER:
                 self.stats.digest_stale += 1
+
+    def _merge_relayed(self, digest: RelayedDigest) -> None:
+        """Apply a digest by its index: the registry's rules now, each sample's own checks
+        when it is read (`_open_relayed`)."""
+        channel, topic = DIGEST_CHANNEL, self._digest_topic
+        now_s = self.registry.wall_clock()
+        skew_s = self._limits.max_clock_skew_s
+        if not now_s - skew_s <= digest.sent_at <= now_s + skew_s:
+            # Its samples were each taken no earlier than this: none is recent.
+            self._reject(
+                channel, InvalidReason.CLOCK_SKEW, topic, f"digest sent_at {digest.sent_at!r}"
+            )
+            return
+        admits = self.admits_node
+        apply_relayed = self.registry.apply_relayed
+        open_relayed = self._open_relayed
+        merged = stale = 0
+        for node_id, instance_id, seq, raw in zip(
+            digest.nodes, digest.instances, digest.seqs, digest.samples, strict=True
+        ):
+            if admits is not None and not admits(node_id):
+                self._reject(channel, InvalidReason.NOT_ENROLLED, topic, node_id)
+                continue
+            outcome = apply_relayed(
+                node_id,
+                instance_id,
+                seq,
+                # Copied: a slice would keep the whole digest's buffer alive.
+                partial(open_relayed, bytes(raw), node_id, instance_id, seq, now_s),
+            )
+            if isinstance(outcome, Rejection):
+                if outcome is Rejection.OUT_OF_ORDER:
+                    stale += 1
+                else:
+                    self._reject(channel, InvalidReason(outcome.value), topic, node_id)
+                continue
+            merged += 1
+            if outcome is not None:
+                self._changed(outcome)
+        self.stats.ingested[channel] += merged
+        self.stats.digest_stale += stale
+
+    def _open_relayed(
+        self, raw: bytes, node_id: str, instance_id: str, seq: int, received_s: float
+    ) -> Telemetry | None:
+        """A relayed sample decoded and checked as its node's own would have been when
+        its digest arrived (`received_s`), and as what its index entry said it is; None
+        (counted) if it is not."""
+        channel, topic = DIGEST_CHANNEL, self._digest_topic
+        telemetry: Telemetry | None = self._decode(TELEMETRY_DECODER, channel, topic, raw)
+        if telemetry is None:
+            return None
+        if (telemetry.node_id, telemetry.instance_id, telemetry.seq) != (
+            node_id,
+            instance_id,
+            seq,
+        ):
+            indexed = f"indexed as {node_id!r} {instance_id[:64]!r} {seq}"
+            self._reject(channel, InvalidReason.INDEX_MISMATCH, topic, indexed)
+            return None
+        violation = check_telemetry(telemetry, self._limits, received_s)
+        if violation is not None:
+            self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
+            return None
+        return telemetry
 
     def _offer_unenrolled(
         self, offer: Callable[[NodeStatus, bytes], None], node_id: str, payload: bytes | bytearray

@@ -74,6 +74,10 @@ from shared.messages import (
 # Whether a node is what it enrolled (or was approved) as (cloud/fleet/envelope.py).
 Approval = Literal["approved", "pending-approval"]
 
+# A sample another replica relayed, not decoded yet: decodes and checks it, or gives None
+# (refused, and counted, by ingestion: cloud/fleet/ingest.py).
+RelayedSample = Callable[[], Telemetry | None]
+
 
 class Rejection(StrEnum):
     """Why a well-formed message was still not applied; counted by ingestion."""
@@ -117,9 +121,10 @@ class NodeRecord:
     offline_reason: OfflineReason | None
     last_seen_monotonic: float
     last_seen_at: float  # UTC epoch seconds
-    telemetry: Telemetry | None = None
+    # The latest decoded sample of the current instance: read it through `telemetry`.
+    decoded_telemetry: Telemetry | None = None
     reported: ReportedState | None = None
-    telemetry_received_monotonic: float = 0.0  # when `telemetry` arrived
+    telemetry_received_monotonic: float = 0.0  # when the latest sample arrived
     admin: NodeAdminRecord | None = None  # what an admin set (cloud/fleet/node_admin.py)
     # While offline: its likely cause, and when it went offline (cloud/fleet/outage.py).
     offline_cause: OutageCause | None = None
@@ -135,12 +140,40 @@ class NodeRecord:
     # docstring): one of them becomes current by its telemetry once the current one no
     # longer holds the node.
     candidates: dict[str, Candidate] = field(default_factory=dict)
+    # A newer sample than `decoded_telemetry` that another replica relayed (cloud/fleet/
+    # digest.py), decoded and checked only when `telemetry` is read: a replica that does
+    # not meter hears every other replica's share, and reads few of those samples.
+    relayed: RelayedSample | None = None
+    # The sequence number of the latest sample accepted, decoded or relayed; None: none
+    # since the current instance became current.
+    telemetry_seq: int | None = None
 
     def __post_init__(self) -> None:
+        if self.telemetry_seq is None and self.decoded_telemetry is not None:
+            self.telemetry_seq = self.decoded_telemetry.seq
         if not self.believed_accelerators:
             self.believed_accelerators = believed_accelerators(
                 self.status.accelerators, self.admin is not None and self.admin.trust_figures
             )
+
+    @property
+    def telemetry(self) -> Telemetry | None:
+        """The latest sample of the current instance: a relayed one is decoded and checked
+        on the first read (one that fails is counted by ingestion, and the sample before
+        it stays)."""
+        relayed = self.relayed
+        if relayed is not None:
+            self.relayed = None
+            opened = relayed()
+            if opened is not None:
+                self.decoded_telemetry = opened
+        return self.decoded_telemetry
+
+    @telemetry.setter
+    def telemetry(self, telemetry: Telemetry | None) -> None:
+        self.decoded_telemetry = telemetry
+        self.relayed = None
+        self.telemetry_seq = telemetry.seq if telemetry is not None else None
 
     @property
     def node_id(self) -> str:
@@ -168,7 +201,8 @@ class NodeRecord:
         )
 
     def serving_sample(self, deployment_id: str) -> DeploymentSample | None:
-        samples = self.telemetry.deployments if self.telemetry is not None else ()
+        telemetry = self.telemetry
+        samples = telemetry.deployments if telemetry is not None else ()
         return next((s for s in samples if s.deployment_id == deployment_id), None)
 
 
@@ -266,7 +300,7 @@ class NodeRegistry:
         subscribed (a birth proves nothing: it is retained and can be copied)."""
         return (
             record.state == "online"
-            and record.telemetry is not None
+            and record.telemetry_seq is not None
             and record.telemetry_received_monotonic > self._hearing_since_monotonic
         )
 
@@ -352,7 +386,7 @@ class NodeRegistry:
         """Make `status` (an online birth) the node's current instance."""
         previous = (record.state, record.offline_reason)
         replaced = record.status
-        if record.telemetry is not None and replaced.offline_reason != "shutdown":
+        if record.telemetry_seq is not None and replaced.offline_reason != "shutdown":
             # It proved itself and did not say goodbye: if the newcomer is an impostor
             # (after a copied will, say), the old instance's next sample wins the node back.
             self._keep_candidate(
@@ -448,39 +482,60 @@ class NodeRegistry:
         """A sample. From the current instance it keeps the node and brings it back online
         whatever took it offline; from a candidate, it makes that candidate current if the
         current instance does not hold the node."""
-        record = self._records.get(telemetry.node_id)
+        return self._accept_sample(
+            telemetry.node_id, telemetry.instance_id, telemetry.seq, telemetry
+        )
+
+    def apply_relayed(
+        self, node_id: str, instance_id: str, seq: int, relayed: RelayedSample
+    ) -> Rejection | NodeStateChange | None:
+        """A sample another replica took, known here by its node, instance and sequence
+        number and decoded only when read (`NodeRecord.telemetry`): the same rules as
+        `apply_telemetry`."""
+        return self._accept_sample(node_id, instance_id, seq, relayed)
+
+    def _accept_sample(
+        self, node_id: str, instance_id: str, seq: int, sample: Telemetry | RelayedSample
+    ) -> Rejection | NodeStateChange | None:
+        record = self._records.get(node_id)
         if record is None:
             return Rejection.UNKNOWN_NODE
         switched: NodeStateChange | None = None
-        if telemetry.instance_id != record.status.instance_id:
-            candidate = self._candidate(record, telemetry.instance_id)
+        if instance_id != record.status.instance_id:
+            candidate = self._candidate(record, instance_id)
             if candidate is None or self.holds_node(record):
                 return Rejection.INSTANCE_MISMATCH
-            if not self._plausible_seq(candidate, telemetry.seq, None, 0.0):
+            if not self._plausible_seq(candidate, seq, None, 0.0):
                 return Rejection.SEQ_JUMP
             if record.state == "online":
                 # Taken back from an instance that announced itself and never sent a sample.
                 self.instance_conflicts += 1
             switched = self._switch_instance(record, candidate)
-        if record.telemetry is not None and telemetry.seq <= record.telemetry.seq:
+        last_seq = record.telemetry_seq
+        if last_seq is not None and seq <= last_seq:
             return Rejection.OUT_OF_ORDER
         # Each clock read once: this is every sample's path.
         now_monotonic, now_s = self._monotonic(), self._wall_clock()
         if not self._plausible_seq(
             record.status,
-            telemetry.seq,
-            record.telemetry,
+            seq,
+            last_seq,
             record.telemetry_received_monotonic,
             now=(now_monotonic, now_s),
         ):
             return Rejection.SEQ_JUMP
-        record.telemetry = telemetry
+        if isinstance(sample, Telemetry):
+            record.decoded_telemetry = sample
+            record.relayed = None
+        else:
+            record.relayed = sample
+        record.telemetry_seq = seq
         record.last_seen_monotonic = record.telemetry_received_monotonic = now_monotonic
         record.last_seen_at = now_s
         if record.state == "offline":
             # Only a running agent sends samples: whatever said it was offline (staleness,
             # a will or goodbye, copied or delivered late) no longer holds.
-            self._came_back(record, telemetry.instance_id)
+            self._came_back(record, instance_id)
             record.state = "online"
             record.offline_reason = None
             self.version += 1
@@ -509,25 +564,25 @@ class NodeRegistry:
         self,
         birth: NodeStatus,
         seq: int,
-        last: Telemetry | None,
+        last_seq: int | None,
         last_received_s: float,
         *,
         now: tuple[float, float] | None = None,
     ) -> bool:
         """Whether `seq` is no further along than the agent instance of `birth` can have
         counted: since it started (a first sample, or a burst of forged ones) and since
-        its `last` sample accepted (at `last_received_s`, monotonic). `now`: (monotonic,
+        its last sample accepted (`last_seq`, at `last_received_s`, monotonic). `now`: (monotonic,
         wall clock), if already read."""
         now_monotonic, now_s = now or (self._monotonic(), self._wall_clock())
         interval_s = birth.telemetry_interval_s
         since_start_s = now_s - birth.started_at + self._max_clock_skew_s
         if seq > SEQ_RATE_TOLERANCE * max(0.0, since_start_s) / interval_s + SEQ_SLACK:
             return False
-        if last is None:
+        if last_seq is None:
             return True
         since_last_s = now_monotonic - last_received_s
         allowed = SEQ_RATE_TOLERANCE * max(0.0, since_last_s) / interval_s + SEQ_SLACK
-        return seq - last.seq <= allowed
+        return seq - last_seq <= allowed
 
     def apply_reported(self, reported: ReportedState) -> Rejection | None:
         record = self._records.get(reported.node_id)

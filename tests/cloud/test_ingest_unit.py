@@ -440,6 +440,7 @@ def test_every_invalid_reason_is_exercised() -> None:
     reasons |= {"sealing_key_invalid", "sealing_key_mismatch"}  # and the one before
     # Below: they need more than one message.
     reasons |= {"registry_full", "not_assigned", "wrong_attempt", "illegal_transition"}
+    reasons.add("index_mismatch")  # a relayed sample: tests/cloud/test_telemetry_digest.py
     assert reasons == {reason.value for reason in InvalidReason}
 
 

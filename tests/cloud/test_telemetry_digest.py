@@ -6,7 +6,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from cloud.fleet.digest import MAX_DIGEST_SAMPLES, DigestBuilder, TelemetryDigest
+from cloud.fleet.digest import (
+    MAX_DIGEST_SAMPLES,
+    RELAYED_DIGEST_DECODER,
+    DigestBuilder,
+    TelemetryDigest,
+)
 from cloud.fleet.ingest import DIGEST_CHANNEL, Ingestor, InvalidReason
 from cloud.fleet.registry import NodeRegistry
 from shared.messages import Telemetry, encode
@@ -21,6 +26,7 @@ from tests.cloud.test_ingest_unit import (
 )
 
 DIGEST_TOPIC = TOPICS.telemetry_digest
+WALL_S = FakeClock().wall()  # the replicas' wall clock, when digests are cut
 
 
 def replica(clock: FakeClock) -> Ingestor:
@@ -53,8 +59,8 @@ def test_what_one_replica_took_reaches_the_others_registry_and_listeners(
     taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=1)))
     taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=2, cpu_pct=70.0)))
     taker.handle(topic("n2", Channel.TELEMETRY), encode(sample("n2", seq=9)))
-    (digest,) = taker.digest.take(now_s=1.0)
-    assert taker.digest.take(now_s=2.0) == []  # nothing heard since
+    (digest,) = taker.digest.take(now_s=WALL_S)
+    assert taker.digest.take(now_s=WALL_S + 1.0) == []  # nothing heard since
     other.handle(DIGEST_TOPIC, digest)
 
     n1, n2 = other.registry.get("n1"), other.registry.get("n2")
@@ -70,7 +76,7 @@ def test_what_one_replica_took_reaches_the_others_registry_and_listeners(
     # requests) count each sample on the one replica that took it.
     assert local == []
     # Nor are they passed on: a digest carries only what its replica took itself.
-    assert other.digest.take(now_s=2.0) == []
+    assert other.digest.take(now_s=WALL_S + 1.0) == []
 
 
 def test_a_replica_skips_its_own_digest_and_samples_it_already_has(
@@ -78,7 +84,7 @@ def test_a_replica_skips_its_own_digest_and_samples_it_already_has(
 ) -> None:
     taker, other = pair
     taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=3)))
-    (digest,) = taker.digest.take(now_s=1.0)
+    (digest,) = taker.digest.take(now_s=WALL_S)
     taker.handle(DIGEST_TOPIC, digest)
     assert taker.stats.ingested[DIGEST_CHANNEL] == 0
     assert taker.stats.digest_stale == 0
@@ -168,8 +174,168 @@ def test_a_large_digest_is_split_by_size_and_count() -> None:
     builder = DigestBuilder("replica-a", max_payload_bytes=4096)
     for index in range(MAX_DIGEST_SAMPLES + 40):
         builder.observe(sample(f"n{index}", seq=1))
-    messages = builder.take(now_s=1.0)
+    messages = builder.take(now_s=WALL_S)
     decoded = [msgspec.json.decode(m, type=TelemetryDigest) for m in messages]
     assert all(len(m) <= 4096 for m in messages)
     assert sum(len(d.samples) for d in decoded) == MAX_DIGEST_SAMPLES + 40
     assert {d.replica_id for d in decoded} == {"replica-a"}
+
+
+def test_a_digest_relays_each_sample_as_its_node_sent_it() -> None:
+    # The bytes a node sent (whatever their spacing) go out as they came, indexed.
+    builder = DigestBuilder("replica-a", max_payload_bytes=MAX_PAYLOAD_BYTES)
+    sent = encode(sample(seq=3)).replace(b",", b", ")
+    builder.observe(sample(seq=3), sent)
+    builder.observe(sample("n2", seq=7))  # no bytes: encoded when the digest is cut
+    (message,) = builder.take(now_s=WALL_S)
+    relayed = RELAYED_DIGEST_DECODER.decode(message)
+    assert relayed.indexed
+    assert (relayed.nodes, relayed.instances, relayed.seqs) == (("n1", "n2"), ("i1", "i1"), (3, 7))
+    assert bytes(relayed.samples[0]) == sent
+    assert msgspec.json.decode(message, type=TelemetryDigest).samples[1] == sample("n2", seq=7)
+
+
+def test_a_replica_that_does_not_meter_decodes_a_relayed_sample_only_when_it_is_read(
+    pair: tuple[Ingestor, Ingestor],
+) -> None:
+    taker, other = pair
+    taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=1, cpu_pct=30.0)))
+    taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=2, cpu_pct=70.0)))
+    (digest,) = taker.digest.take(now_s=WALL_S)
+    other.handle(DIGEST_TOPIC, digest)
+
+    record = other.registry.get("n1")
+    assert record is not None
+    # Applied by its index: the node's sequence, last seen and hold are current ...
+    assert (record.telemetry_seq, record.decoded_telemetry) == (2, None)
+    assert other.registry.holds_node(record)
+    assert other.stats.ingested[DIGEST_CHANNEL] == 1
+    # ... and the sample is decoded on the first read, once.
+    telemetry = record.telemetry
+    assert telemetry is not None
+    assert (telemetry.seq, telemetry.cpu_utilization_pct) == (2, 70.0)
+    assert record.telemetry is telemetry
+    # The same sequence rules as a node's own sample: an older one is stale.
+    other.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=3)))
+    other.handle(DIGEST_TOPIC, digest)
+    assert other.stats.digest_stale == 1
+    assert other.stats.invalid_total == 0
+
+
+def relayed_digest(
+    *entries: tuple[str, str, int, bytes], sent_at: float = WALL_S, replica_id: str = "replica-x"
+) -> bytes:
+    """A digest as a replica sends it, with each entry's index and sample chosen freely."""
+    return encode(
+        {
+            "schema_version": "1.11",
+            "replica_id": replica_id,
+            "sent_at": sent_at,
+            "nodes": [node_id for node_id, _, _, _ in entries],
+            "instances": [instance_id for _, instance_id, _, _ in entries],
+            "seqs": [seq for _, _, seq, _ in entries],
+            "samples": [msgspec.Raw(raw) for _, _, _, raw in entries],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        # A sample that is not what its index entry says it is.
+        (encode(sample("n2", seq=6)), InvalidReason.INDEX_MISMATCH),
+        (encode(sample(seq=7)), InvalidReason.INDEX_MISMATCH),
+        (encode(sample(instance_id="impostor", seq=6)), InvalidReason.INDEX_MISMATCH),
+        # A sample no node could have sent.
+        (
+            encode(msgspec.structs.replace(sample(seq=6), interval_s=1e9)),
+            InvalidReason.BAD_INTERVAL,
+        ),
+        (
+            encode(msgspec.structs.replace(sample(seq=6), sampled_at=1e10)),
+            InvalidReason.CLOCK_SKEW,
+        ),
+        (b'{"node_id": "n1"}', InvalidReason.SCHEMA_VIOLATION),
+    ],
+)
+def test_a_relayed_sample_is_checked_when_read_and_one_that_fails_leaves_the_last_good_one(
+    pair: tuple[Ingestor, Ingestor], raw: bytes, reason: InvalidReason
+) -> None:
+    _, other = pair
+    other.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=5, cpu_pct=40.0)))
+
+    other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 6, raw)))
+
+    record = other.registry.get("n1")
+    assert record is not None
+    assert other.stats.invalid_total == 0  # not decoded yet
+    telemetry = record.telemetry
+    assert other.stats.invalid == {(DIGEST_CHANNEL, reason.value): 1}
+    assert telemetry is not None
+    assert (telemetry.seq, telemetry.cpu_utilization_pct) == (5, 40.0)
+    assert record.telemetry is telemetry  # counted once
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        (("n1", "impostor", 6), InvalidReason.INSTANCE_MISMATCH),
+        (("n1", "i1", 10**9), InvalidReason.SEQ_JUMP),
+        (("n9", "i1", 1), InvalidReason.UNKNOWN_NODE),
+    ],
+)
+def test_a_relayed_index_entry_obeys_the_registrys_rules(
+    pair: tuple[Ingestor, Ingestor], entry: tuple[str, str, int], reason: InvalidReason
+) -> None:
+    _, other = pair
+    other.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=5)))
+    node_id, instance_id, seq = entry
+    forged = encode(sample(node_id, instance_id, seq))
+
+    other.handle(
+        DIGEST_TOPIC,
+        relayed_digest((node_id, instance_id, seq, forged), ("n2", "i1", 1, encode(sample("n2")))),
+    )
+
+    assert other.stats.invalid == {(DIGEST_CHANNEL, reason.value): 1}
+    assert other.stats.ingested[DIGEST_CHANNEL] == 1  # n2's, in the same digest
+    record = other.registry.get("n1")
+    assert record is not None
+    assert record.telemetry is not None
+    assert (record.telemetry.instance_id, record.telemetry.seq) == ("i1", 5)
+
+
+def test_a_relayed_digest_sent_outside_the_clock_skew_changes_nothing(
+    pair: tuple[Ingestor, Ingestor],
+) -> None:
+    # Its samples were taken before it was sent: a digest from long ago (or a forged
+    # date) says nothing of now.
+    _, other = pair
+    stale = relayed_digest(("n1", "i1", 1, encode(sample())), sent_at=WALL_S - 3600.0)
+    other.handle(DIGEST_TOPIC, stale)
+    assert other.stats.invalid == {(DIGEST_CHANNEL, InvalidReason.CLOCK_SKEW.value): 1}
+    record = other.registry.get("n1")
+    assert record is not None
+    assert record.telemetry_seq is None
+
+
+def test_a_digest_whose_index_does_not_cover_its_samples_is_decoded_whole(
+    pair: tuple[Ingestor, Ingestor],
+) -> None:
+    _, other = pair
+    payload = encode(
+        {
+            "replica_id": "replica-x",
+            "sent_at": WALL_S,
+            "nodes": ["n2"],  # names n2, carries n1's sample and n2's
+            "instances": ["i1"],
+            "seqs": [1],
+            "samples": [sample(seq=4), sample("n2", seq=2)],
+        }
+    )
+    other.handle(DIGEST_TOPIC, payload)
+    n1, n2 = other.registry.get("n1"), other.registry.get("n2")
+    assert n1 is not None
+    assert n2 is not None
+    assert (n1.decoded_telemetry, n2.decoded_telemetry) == (sample(seq=4), sample("n2", seq=2))
+    assert other.stats.ingested[DIGEST_CHANNEL] == 2

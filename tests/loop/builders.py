@@ -83,7 +83,6 @@ def node(
         offline_reason=None if state == "online" else "connection-lost",
         last_seen_monotonic=0.0,
         last_seen_at=0.0,
-        telemetry=None,
         reported=reported,
     )
 

@@ -38,7 +38,7 @@ def serving(record: NodeRecord, *deployment_ids: str) -> NodeRecord:
         memory_total_bytes=1,
         deployments=samples,
     )
-    return dataclasses.replace(record, telemetry=telemetry)
+    return dataclasses.replace(record, decoded_telemetry=telemetry, telemetry_seq=telemetry.seq)
 
 
 def deployment(

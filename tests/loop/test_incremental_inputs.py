@@ -573,7 +573,8 @@ class History:
             # A new record (the registry replaces them), online or not.
             after = dataclasses.replace(before, state="offline" if step.value % 2 else "online")
         elif step.what == "telemetry":
-            after = dataclasses.replace(before, telemetry=_sample(before, 25.0 * step.value))
+            sample = _sample(before, 25.0 * step.value)
+            after = dataclasses.replace(before, decoded_telemetry=sample, telemetry_seq=sample.seq)
         elif step.what == "labels":
             status = msgspec.structs.replace(before.status, labels={"tier": f"t{step.value}"})
             after = dataclasses.replace(before, status=status)

@@ -53,7 +53,7 @@ def node(
     )  # fmt: skip
     return NodeRecord(
         status=status, state="online", offline_reason=None, last_seen_monotonic=0.0,
-        last_seen_at=T0, telemetry=telemetry, reported=reported,
+        last_seen_at=T0, decoded_telemetry=telemetry, reported=reported,
     )  # fmt: skip
 
 
