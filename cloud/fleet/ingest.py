@@ -46,7 +46,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
-from functools import partial
 from typing import Any
 
 import aiomqtt
@@ -81,7 +80,7 @@ from cloud.fleet.plausibility import (
     sealing_key_refusal,
     without_illegal_transitions,
 )
-from cloud.fleet.registry import NodeRegistry, NodeStateChange, Rejection
+from cloud.fleet.registry import NodeRecord, NodeRegistry, NodeStateChange, Rejection
 from shared.logs import RateLimitedLog
 from shared.messages import (
     EVENT_DECODER,
@@ -433,7 +432,8 @@ class Ingestor:
         """Apply a digest by its index: the registry's rules now, each sample's own checks
         when it is read (`_open_relayed`)."""
         channel, topic = DIGEST_CHANNEL, self._digest_topic
-        now_s = self.registry.wall_clock()
+        now = (self.registry.monotonic(), self.registry.wall_clock())
+        now_s = now[1]
         skew_s = self._limits.max_clock_skew_s
         if not now_s - skew_s <= digest.sent_at <= now_s + skew_s:
             # Its samples were each taken no earlier than this: none is recent.
@@ -451,12 +451,9 @@ class Ingestor:
             if admits is not None and not admits(node_id):
                 self._reject(channel, InvalidReason.NOT_ENROLLED, topic, node_id)
                 continue
+            # The bytes copied: a slice would keep the whole digest's buffer alive.
             outcome = apply_relayed(
-                node_id,
-                instance_id,
-                seq,
-                # Copied: a slice would keep the whole digest's buffer alive.
-                partial(open_relayed, bytes(raw), node_id, instance_id, seq, now_s),
+                node_id, instance_id, seq, (open_relayed, bytes(raw), now_s), now
             )
             if isinstance(outcome, Rejection):
                 if outcome is Rejection.OUT_OF_ORDER:
@@ -470,13 +467,13 @@ class Ingestor:
         self.stats.ingested[channel] += merged
         self.stats.digest_stale += stale
 
-    def _open_relayed(
-        self, raw: bytes, node_id: str, instance_id: str, seq: int, received_s: float
-    ) -> Telemetry | None:
-        """A relayed sample decoded and checked as its node's own would have been when
-        its digest arrived (`received_s`), and as what its index entry said it is; None
-        (counted) if it is not."""
+    def _open_relayed(self, record: NodeRecord, raw: bytes, received_s: float) -> Telemetry | None:
+        """A relayed sample of `record` decoded and checked as its node's own would have
+        been when its digest arrived (`received_s`), and as what its index entry said it
+        is (the record's node, current instance and sequence number); None (counted) if
+        it is not."""
         channel, topic = DIGEST_CHANNEL, self._digest_topic
+        node_id, instance_id, seq = record.node_id, record.status.instance_id, record.telemetry_seq
         telemetry: Telemetry | None = self._decode(TELEMETRY_DECODER, channel, topic, raw)
         if telemetry is None:
             return None

@@ -74,9 +74,11 @@ from shared.messages import (
 # Whether a node is what it enrolled (or was approved) as (cloud/fleet/envelope.py).
 Approval = Literal["approved", "pending-approval"]
 
-# A sample another replica relayed, not decoded yet: decodes and checks it, or gives None
-# (refused, and counted, by ingestion: cloud/fleet/ingest.py).
-RelayedSample = Callable[[], Telemetry | None]
+# A sample another replica relayed, not decoded yet: (what decodes and checks it, or gives
+# None: refused and counted by ingestion, cloud/fleet/ingest.py; its bytes; when its
+# digest arrived, wall clock). It is the sample its record's node, current instance and
+# `telemetry_seq` name: whatever changes those replaces or drops it.
+RelayedSample = tuple[Callable[["NodeRecord", bytes, float], Telemetry | None], bytes, float]
 
 
 class Rejection(StrEnum):
@@ -164,7 +166,8 @@ class NodeRecord:
         relayed = self.relayed
         if relayed is not None:
             self.relayed = None
-            opened = relayed()
+            open_sample, payload, received_s = relayed
+            opened = open_sample(self, payload, received_s)
             if opened is not None:
                 self.decoded_telemetry = opened
         return self.decoded_telemetry
@@ -487,15 +490,25 @@ class NodeRegistry:
         )
 
     def apply_relayed(
-        self, node_id: str, instance_id: str, seq: int, relayed: RelayedSample
+        self,
+        node_id: str,
+        instance_id: str,
+        seq: int,
+        relayed: RelayedSample,
+        now: tuple[float, float] | None = None,
     ) -> Rejection | NodeStateChange | None:
         """A sample another replica took, known here by its node, instance and sequence
         number and decoded only when read (`NodeRecord.telemetry`): the same rules as
-        `apply_telemetry`."""
-        return self._accept_sample(node_id, instance_id, seq, relayed)
+        `apply_telemetry`. `now`: (monotonic, wall clock), read once for a whole digest."""
+        return self._accept_sample(node_id, instance_id, seq, relayed, now)
 
     def _accept_sample(
-        self, node_id: str, instance_id: str, seq: int, sample: Telemetry | RelayedSample
+        self,
+        node_id: str,
+        instance_id: str,
+        seq: int,
+        sample: Telemetry | RelayedSample,
+        now: tuple[float, float] | None = None,
     ) -> Rejection | NodeStateChange | None:
         record = self._records.get(node_id)
         if record is None:
@@ -515,7 +528,7 @@ class NodeRegistry:
         if last_seq is not None and seq <= last_seq:
             return Rejection.OUT_OF_ORDER
         # Each clock read once: this is every sample's path.
-        now_monotonic, now_s = self._monotonic(), self._wall_clock()
+        now_monotonic, now_s = now or (self._monotonic(), self._wall_clock())
         if not self._plausible_seq(
             record.status,
             seq,
