@@ -271,8 +271,10 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         app[ACCOUNTANT] = accountant
         app[INGESTOR].telemetry_listeners.append(accountant.observe)
         # Other replicas' shares of the telemetry (mqtt.shared_group): the leader meters
-        # every node, each sample once past its node's mark (cloud/fleet/digest.py).
+        # every node, each sample once past its node's mark (cloud/fleet/digest.py); a
+        # replica that does not lead decodes none of them until they are read.
         app[INGESTOR].digest_listeners.append(accountant.observe)
+        app[INGESTOR].digest_listeners_active = accountant.metering
         collectors.append((metrics.tenants, UsageCollector(accountant)))
         collectors.append(
             (
@@ -304,6 +306,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         if accountant is not None:
             app[INGESTOR].telemetry_listeners.remove(accountant.observe)
             app[INGESTOR].digest_listeners.remove(accountant.observe)
+            app[INGESTOR].digest_listeners_active = None
         for registry, collector in collectors:
             registry.unregister(collector)
         if zone_power is not None:

@@ -2,14 +2,20 @@
 
 With `mqtt.shared_group` set, every replica subscribes to `telemetry` through one MQTT
 shared subscription, and the broker hands each sample to one of them: ingestion
-capacity grows with the replicas (not in proportion: merging the others' digests costs
-each replica about 40 % of taking their samples itself; benchmarks/RESULTS.md, issue
-28, eighth round). Every replica still needs every node's latest figures
-(its `/v1/nodes`, liveness; the leader's passes and usage metering), so each one
-publishes, every `mqtt.digest_interval_s`, a *digest*: the latest sample it accepted
-itself of each node heard since its previous digest, on `{root}/v1/cloud/
-telemetry-digest`. Every replica subscribes to that topic (not shared) and merges the
-others' digests into its registry (`Ingestor.handle_digest`).
+capacity grows with the replicas (benchmarks/RESULTS.md, issue 28, ninth round). Every
+replica still needs every node's latest figures (its `/v1/nodes`, liveness; the
+leader's passes and usage metering), so each one publishes, every
+`mqtt.digest_interval_s`, a *digest*: the latest sample it accepted itself of each node
+heard since its previous digest, as the node sent it (not encoded again), indexed by
+node, agent instance and sequence number, on `{root}/v1/cloud/telemetry-digest`. Every
+replica subscribes to that topic (not shared) and merges the others' digests into its
+registry (`Ingestor.handle_digest`).
+
+Merging costs a replica less than taking the samples itself, or the replicas would add
+no capacity: the leader, which meters, decodes every sample (`TelemetryDigest`); the
+others apply each sample's index entry to the registry and keep its bytes undecoded
+(`RelayedDigest`, `NodeRegistry.apply_relayed`) until its figures are read
+(`NodeRecord.telemetry`), most of them never.
 
 What each consumer of telemetry gets:
 
@@ -28,7 +34,8 @@ Trust: the digest topic is outside `nodes/`; only the control plane's account ma
 publish it (deploy/mosquitto/greenfed.acl; the dynamic-security role of
 dynsec-bootstrap.sh writes `{root}/#`, node roles only their own subtree). A digest is
 still checked as a node's sample is (size, schema, plausibility, the registry's instance
-and sequence rules): a replica can relay only what a node could have said itself.
+and sequence rules; an undecoded sample when it is read, against its index entry too): a
+replica can relay only what a node could have said itself.
 """
 
 from __future__ import annotations

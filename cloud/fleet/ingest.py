@@ -34,8 +34,10 @@ cloud/loop/reports.py), and one that goes backwards within an agent instance
 
 Replicas that share telemetry (`mqtt.shared_group`, cloud/fleet/digest.py) each take
 a share of the samples through one shared subscription and merge the others' digests
-(`handle_digest`), checked like the samples themselves; births, reports, events and
-logs stay unshared: every replica needs them, and they are few.
+(`handle_digest`), checked like the samples themselves (a replica that does not meter
+checks each sample's index entry at once and the sample when it is read,
+`_open_relayed`); births, reports, events and logs stay unshared: every replica needs
+them, and they are few.
 """
 
 from __future__ import annotations
@@ -215,6 +217,10 @@ class Ingestor:
         # Called with every sample of another replica's digest the registry accepted
         # (accounting: the leader meters every node). Must be quick and must not raise.
         self.digest_listeners: list[Callable[[Telemetry], None]] = []
+        # Whether the digest listeners want samples now (the accountant: while this
+        # replica leads): only then is every sample of a digest decoded as it arrives,
+        # else they are applied by their index and decoded when read. None: always.
+        self.digest_listeners_active: Callable[[], bool] | None = None
         self.shared_group = shared_group
         self._parsed: dict[str, NodeTopic] = {}
         self._digest_interval_s = digest_interval_s
@@ -393,16 +399,17 @@ class Ingestor:
         A sample no newer than what this replica has is skipped, not counted invalid:
         replicas hear the same node's samples in turns.
 
-        A replica that meters (`digest_listeners`: the leader's accountant) decodes every
-        sample; another applies each by its index entry and leaves the sample encoded
-        until its figures are read (`NodeRecord.telemetry`), checked then."""
+        A replica that meters (`digest_listeners`, active: the leader's accountant)
+        decodes every sample; another applies each by its index entry and leaves the
+        sample encoded until its figures are read (`NodeRecord.telemetry`), checked then."""
         channel, topic = DIGEST_CHANNEL, self._digest_topic
         if len(payload) > self._max_payload_bytes + DIGEST_ENVELOPE_BYTES:
             self._reject(channel, InvalidReason.OVERSIZED, topic, f"{len(payload)} bytes")
             return
         if self.digest.is_own(payload):
             return  # our own, back from the broker: known by its first bytes, not decoded
-        if not self.digest_listeners:
+        active = self.digest_listeners_active
+        if not self.digest_listeners or (active is not None and not active()):
             relayed: RelayedDigest | None = self._decode(
                 RELAYED_DIGEST_DECODER, channel, topic, payload
             )

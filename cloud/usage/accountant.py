@@ -144,6 +144,11 @@ class Accountant:
         self.started = asyncio.Event()  # set while metering (marks loaded)
         self._log = structlog.get_logger("greenfed.usage")
 
+    def metering(self) -> bool:
+        """Whether this process meters now (it leads, its marks loaded): `observe` does
+        nothing otherwise."""
+        return self._state is not None
+
     @property
     def grid(self) -> GridSignals:
         """The latest pass's grid (empty before the first)."""

@@ -339,3 +339,26 @@ def test_a_digest_whose_index_does_not_cover_its_samples_is_decoded_whole(
     assert n2 is not None
     assert (n1.decoded_telemetry, n2.decoded_telemetry) == (sample(seq=4), sample("n2", seq=2))
     assert other.stats.ingested[DIGEST_CHANNEL] == 2
+
+
+@pytest.mark.parametrize("metering", [True, False])
+def test_only_a_replica_that_meters_now_decodes_every_relayed_sample_for_its_listeners(
+    pair: tuple[Ingestor, Ingestor], metering: bool
+) -> None:
+    # Every replica that schedules has an accountant listening, which meters only while
+    # its replica leads (cloud/app.py): the others leave the samples encoded.
+    taker, other = pair
+    heard: list[Telemetry] = []
+    other.digest_listeners.append(heard.append)
+    other.digest_listeners_active = lambda: metering
+    taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=2)))
+    (digest,) = taker.digest.take(now_s=WALL_S)
+
+    other.handle(DIGEST_TOPIC, digest)
+
+    record = other.registry.get("n1")
+    assert record is not None
+    assert [t.seq for t in heard] == ([2] if metering else [])
+    assert (record.decoded_telemetry is not None) == metering
+    assert record.telemetry is not None
+    assert record.telemetry.seq == 2

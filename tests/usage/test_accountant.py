@@ -16,6 +16,7 @@ from cloud.usage.accountant import Accountant
 from cloud.usage.views import usage_summary
 from shared.messages import Accelerator, AcceleratorSample, HostInfo, NodeStatus, Telemetry
 from shared.settings import UsageSettings
+from shared.tasks import stop_task
 from tests.store.databases import DatabaseUnderTest
 
 pytestmark = pytest.mark.timeout(60)
@@ -120,6 +121,28 @@ def expected_gco2(start_s: float, end_s: float) -> float:
         if hi > lo:
             grams += POWER_W * 1.1 * (hi - lo) / 3.6e6 * intensity
     return grams
+
+
+async def test_an_accountant_meters_only_while_it_leads(database: DatabaseUnderTest) -> None:
+    # What a replica's ingestion asks before it decodes other replicas' samples for it
+    # (cloud/app.py: `digest_listeners_active`).
+    clock = Clock()
+    store = await open_store(database.settings, clock=clock)
+    try:
+        accountant = Accountant(store, NodeRegistry(wall_clock=clock), UsageSettings(), clock=clock)
+        assert not accountant.metering()
+        lease = None
+        async with asyncio.timeout(10):
+            while lease is None:
+                lease = await store.try_acquire_leadership()
+        running = asyncio.create_task(accountant.run(lease))
+        async with asyncio.timeout(10):
+            await accountant.started.wait()
+        assert accountant.metering()
+        await stop_task(running)
+        assert not accountant.metering()
+    finally:
+        await store.close()
 
 
 async def test_a_known_power_profile_is_metered_and_priced_on_the_recorded_grid(
