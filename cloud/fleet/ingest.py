@@ -82,7 +82,7 @@ from cloud.fleet.plausibility import (
     sealing_key_refusal,
     without_illegal_transitions,
 )
-from cloud.fleet.registry import NodeRecord, NodeRegistry, NodeStateChange, Rejection
+from cloud.fleet.registry import NodeRegistry, NodeStateChange, Rejection
 from shared.logs import RateLimitedLog
 from shared.messages import (
     EVENT_DECODER,
@@ -459,9 +459,8 @@ class Ingestor:
                 self._reject(channel, InvalidReason.NOT_ENROLLED, topic, node_id)
                 continue
             # The bytes copied: a slice would keep the whole digest's buffer alive.
-            outcome = apply_relayed(
-                node_id, instance_id, seq, (open_relayed, bytes(raw), now_s), now
-            )
+            relayed = (open_relayed, bytes(raw), now_s, instance_id, seq)
+            outcome = apply_relayed(node_id, instance_id, seq, relayed, now)
             if isinstance(outcome, Rejection):
                 if outcome is Rejection.OUT_OF_ORDER:
                     stale += 1
@@ -474,13 +473,13 @@ class Ingestor:
         self.stats.ingested[channel] += merged
         self.stats.digest_stale += stale
 
-    def _open_relayed(self, record: NodeRecord, raw: bytes, received_s: float) -> Telemetry | None:
-        """A relayed sample of `record` decoded and checked as its node's own would have
-        been when its digest arrived (`received_s`), and as what its index entry said it
-        is (the record's node, current instance and sequence number); None (counted) if
-        it is not."""
+    def _open_relayed(
+        self, node_id: str, raw: bytes, received_s: float, instance_id: str, seq: int
+    ) -> Telemetry | None:
+        """A relayed sample decoded and checked as its node's own would have been when
+        its digest arrived (`received_s`), and as what its index entry said it is (node,
+        agent instance, sequence number); None (counted) if it is not."""
         channel, topic = DIGEST_CHANNEL, self._digest_topic
-        node_id, instance_id, seq = record.node_id, record.status.instance_id, record.telemetry_seq
         telemetry: Telemetry | None = self._decode(TELEMETRY_DECODER, channel, topic, raw)
         if telemetry is None:
             return None

@@ -74,11 +74,13 @@ from shared.messages import (
 # Whether a node is what it enrolled (or was approved) as (cloud/fleet/envelope.py).
 Approval = Literal["approved", "pending-approval"]
 
-# A sample another replica relayed, not decoded yet: (what decodes and checks it, or gives
-# None: refused and counted by ingestion, cloud/fleet/ingest.py; its bytes; when its
-# digest arrived, wall clock). It is the sample its record's node, current instance and
-# `telemetry_seq` name: whatever changes those replaces or drops it.
-RelayedSample = tuple[Callable[["NodeRecord", bytes, float], Telemetry | None], bytes, float]
+# A sample another replica relayed, not decoded yet: (what decodes and checks it against
+# the rest, or gives None: refused and counted by ingestion, cloud/fleet/ingest.py; its
+# bytes; when its digest arrived, wall clock; the agent instance and sequence number its
+# digest's index names).
+RelayedSample = tuple[
+    Callable[[str, bytes, float, str, int], Telemetry | None], bytes, float, str, int
+]
 
 
 class Rejection(StrEnum):
@@ -165,11 +167,13 @@ class NodeRecord:
         it stays)."""
         relayed = self.relayed
         if relayed is not None:
-            self.relayed = None
-            open_sample, payload, received_s = relayed
-            opened = open_sample(self, payload, received_s)
-            if opened is not None:
-                self.decoded_telemetry = opened
+            open_sample, payload, received_s, instance_id, seq = relayed
+            opened = open_sample(self.node_id, payload, received_s, instance_id, seq)
+            # Unless a newer sample came meanwhile (a /metrics scrape reads in a thread).
+            if self.relayed is relayed:
+                self.relayed = None
+                if opened is not None:
+                    self.decoded_telemetry = opened
         return self.decoded_telemetry
 
     @telemetry.setter

@@ -362,3 +362,27 @@ def test_only_a_replica_that_meters_now_decodes_every_relayed_sample_for_its_lis
     assert (record.decoded_telemetry is not None) == metering
     assert record.telemetry is not None
     assert record.telemetry.seq == 2
+
+
+def test_a_sample_relayed_while_an_older_one_is_being_read_is_kept(
+    pair: tuple[Ingestor, Ingestor],
+) -> None:
+    # A /metrics scrape reads the figures in a thread while digests keep arriving: what
+    # the read decodes must not drop, or be checked against, a newer relayed sample.
+    _, other = pair
+    other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 1, encode(sample(seq=1)))))
+    record = other.registry.get("n1")
+    assert record is not None
+    assert record.relayed is not None
+    opener, payload, received_s, instance_id, seq = record.relayed
+
+    def open_while_seq_2_arrives(*args: object) -> Telemetry | None:
+        other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 2, encode(sample(seq=2)))))
+        return opener(*args)  # type: ignore[arg-type]
+
+    record.relayed = (open_while_seq_2_arrives, payload, received_s, instance_id, seq)
+    assert record.telemetry is None  # seq 1 was being read: it is not the latest
+    assert other.stats.invalid_total == 0  # nor counted against seq 2's index entry
+    telemetry = record.telemetry
+    assert telemetry is not None
+    assert telemetry.seq == 2
