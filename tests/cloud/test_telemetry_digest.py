@@ -226,7 +226,7 @@ def relayed_digest(
     *entries: tuple[str, str, int, bytes], sent_at: float = WALL_S, replica_id: str = "replica-x"
 ) -> bytes:
     """A digest as a replica sends it, with each entry's index and sample chosen freely."""
-    return encode(
+    return msgspec.json.encode(
         {
             "schema_version": "1.11",
             "replica_id": replica_id,
@@ -323,7 +323,7 @@ def test_a_digest_whose_index_does_not_cover_its_samples_is_decoded_whole(
     pair: tuple[Ingestor, Ingestor],
 ) -> None:
     _, other = pair
-    payload = encode(
+    payload = msgspec.json.encode(
         {
             "replica_id": "replica-x",
             "sent_at": WALL_S,
@@ -381,7 +381,8 @@ def test_a_sample_relayed_while_an_older_one_is_being_read_is_kept(
         return opener(*args)  # type: ignore[arg-type]
 
     record.relayed = (open_while_seq_2_arrives, payload, received_s, instance_id, seq)
-    assert record.telemetry is None  # seq 1 was being read: it is not the latest
+    first_read = record.telemetry
+    assert first_read is None  # seq 1 was being read: it is not the latest
     assert other.stats.invalid_total == 0  # nor counted against seq 2's index entry
     telemetry = record.telemetry
     assert telemetry is not None
