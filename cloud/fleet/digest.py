@@ -58,14 +58,8 @@ _IndexedId = Annotated[str, msgspec.Meta(max_length=256)]
 _Seq = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class TelemetryDigest(WireStruct, frozen=True, kw_only=True):
-    """`{root}/v1/cloud/telemetry-digest` (QoS 0, not retained, control plane only).
-
-    `samples` are nodes' samples as the replica received them; `nodes`, `instances` and
-    `seqs` index them (entry i names sample i's node, agent instance and sequence
-    number), so that a replica that does not meter can apply a digest without decoding
-    its samples (`RelayedDigest`). A digest without an index (an earlier version's) is
-    decoded whole."""
+class _DigestIndex(WireStruct, frozen=True, kw_only=True):
+    """What every digest carries beside its samples."""
 
     schema_version: SchemaVersion = SCHEMA_VERSION
     # The publishing process (its MQTT client id): a replica skips its own digests.
@@ -74,18 +68,23 @@ class TelemetryDigest(WireStruct, frozen=True, kw_only=True):
     nodes: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
     instances: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
     seqs: Annotated[tuple[_Seq, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
+
+
+class TelemetryDigest(_DigestIndex, frozen=True, kw_only=True):
+    """`{root}/v1/cloud/telemetry-digest` (QoS 0, not retained, control plane only).
+
+    `samples` are nodes' samples as the replica received them; `nodes`, `instances` and
+    `seqs` index them (entry i names sample i's node, agent instance and sequence
+    number), so that a replica that does not meter can apply a digest without decoding
+    its samples (`RelayedDigest`). A digest without an index (an earlier version's) is
+    decoded whole."""
+
     samples: Annotated[tuple[Telemetry, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)]
 
 
-class RelayedDigest(WireStruct, frozen=True, kw_only=True):
+class RelayedDigest(_DigestIndex, frozen=True, kw_only=True):
     """`TelemetryDigest` read by its index: each sample left encoded (`msgspec.Raw`)."""
 
-    schema_version: SchemaVersion = SCHEMA_VERSION
-    replica_id: Annotated[str, msgspec.Meta(max_length=128)]
-    sent_at: float
-    nodes: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
-    instances: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
-    seqs: Annotated[tuple[_Seq, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
     samples: Annotated[tuple[msgspec.Raw, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)]
 
     @property
