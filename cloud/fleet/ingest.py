@@ -76,6 +76,7 @@ from cloud.fleet.plausibility import (
     Violation,
     check_event,
     check_log_chunk,
+    check_recent,
     check_reported,
     check_status,
     check_telemetry,
@@ -353,9 +354,7 @@ class Ingestor:
         """Check a sample (from its node, or a replica's digest) and apply it; the
         registry's refusal, which is counted unless it is `OUT_OF_ORDER` from a digest.
         `payload`: the sample as its node sent it, relayed so in this replica's digest."""
-        violation = check_telemetry(telemetry, self._limits, self.registry.wall_clock())
-        if violation is not None:
-            self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
+        if not self._plausible_sample(telemetry, channel, topic, self.registry.wall_clock()):
             return None
         outcome = self.registry.apply_telemetry(telemetry)
         if isinstance(outcome, Rejection):
@@ -441,12 +440,10 @@ class Ingestor:
         channel, topic = DIGEST_CHANNEL, self._digest_topic
         now = (self.registry.monotonic(), self.registry.wall_clock())
         now_s = now[1]
-        skew_s = self._limits.max_clock_skew_s
-        if not now_s - skew_s <= digest.sent_at <= now_s + skew_s:
-            # Its samples were each taken no earlier than this: none is recent.
-            self._reject(
-                channel, InvalidReason.CLOCK_SKEW, topic, f"digest sent_at {digest.sent_at!r}"
-            )
+        # Its samples were each taken no later than it was sent: none is recent if it is not.
+        violation = check_recent("$.sent_at", digest.sent_at, self._limits, now_s)
+        if violation is not None:
+            self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
             return
         admits = self.admits_node
         apply_relayed = self.registry.apply_relayed
@@ -491,11 +488,16 @@ class Ingestor:
             indexed = f"indexed as {node_id!r} {instance_id[:64]!r} {seq}"
             self._reject(channel, InvalidReason.INDEX_MISMATCH, topic, indexed)
             return None
-        violation = check_telemetry(telemetry, self._limits, received_s)
+        return telemetry if self._plausible_sample(telemetry, channel, topic, received_s) else None
+
+    def _plausible_sample(
+        self, telemetry: Telemetry, channel: str, topic: str, now_s: float
+    ) -> bool:
+        """Whether a sample could be real at `now_s` (counted where it could not)."""
+        violation = check_telemetry(telemetry, self._limits, now_s)
         if violation is not None:
             self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
-            return None
-        return telemetry
+        return violation is None
 
     def _offer_unenrolled(
         self, offer: Callable[[NodeStatus, bytes], None], node_id: str, payload: bytes | bytearray

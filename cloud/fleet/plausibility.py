@@ -184,6 +184,17 @@ def sealing_key_refusal(announced: str, pinned: str | None) -> SealingKeyRefusal
     return None
 
 
+def check_recent(
+    field: str, value: float, limits: PlausibilityLimits, now_s: float
+) -> Violation | None:
+    """A timestamp within `max_clock_skew_s` of `now_s`, either way (`clock_skew`)."""
+    try:
+        _recent(field, value, now_s, limits)
+    except _Found as found:
+        return found.violation
+    return None
+
+
 def check_status(status: NodeStatus, limits: PlausibilityLimits, now_s: float) -> Violation | None:
     """A birth, will or goodbye: the inventory it claims and when it says it was sent."""
     try:
