@@ -69,7 +69,10 @@ class PolicySpec:
     load_threshold: float = 0.6
     queue_order: QueueDiscipline = "fair"
     shifting: Objective | None = None
-    # With shifting, jobs this close to their latest safe start go first.
+    # With shifting, jobs this close to their latest safe start go first, and a job
+    # that would miss its deadline otherwise may evict checkpointing work without one
+    # (``Policy.deadline_preemption``): waiting, capping and moving for the grid must
+    # never be why a deadline is missed.
     deadline_guard_s: float | None = None
     # Move running, checkpointing training to cleaner (or cheaper) capacity as it
     # frees (migration.py); None: never.
@@ -330,4 +333,5 @@ def build_policy(spec: PolicySpec | str, inputs: GreenInputs) -> Policy:
         patience_s=patience_s,
         queue_order=spec.queue_order,
         deadline_guard_s=spec.deadline_guard_s,
+        deadline_preemption=spec.shifting is not None,
     )

@@ -94,6 +94,10 @@ from .topology import (
 from .unschedulable import FleetFit
 
 _ATTEMPTS_PER_RESERVATION = 4
+# Deadline rescues (``Policy.deadline_preemption``) looked at per pass, each an earliest
+# slot per option and an attempt with eviction: a queue of many late jobs costs a pass
+# no more than this many.
+_RESCUES_PER_PASS = 4
 
 
 @dataclass(slots=True)
@@ -129,6 +133,7 @@ class Scheduler:
         self._reservations: list[Reservation] = []
         self._order: list[str] = []
         self._reservation_attempts = 0
+        self._rescues = 0
         self._bookings: list[Booking] = []  # for the start advisor, if any
         # Why a gang's whole placement was not kept (speed_mixing.py), for its explanation.
         self._notes: dict[str, str] = {}
@@ -241,6 +246,8 @@ class Scheduler:
                 quota_block = attempt.quota_block
                 attempt.stmt.discard()
                 job.reset()
+        if quota_block is None and self._rescued(job):
+            return
         if best_fit >= shape.min_members:
             # A deployment that accepts a partial placement: redo the plain attempt
             # (the state is back to where it was, so it places the same replicas).
@@ -659,6 +666,8 @@ class Scheduler:
             window_waived=waived is not None and bool(waived[choice.position]),
             start_window=str(window) if window is not None else None,
             declared_shape=work.declared_shape if isinstance(work, TrainingJob) else None,
+            checkpointing=isinstance(work, TrainingJob) and work.checkpoint_interval_s is not None,
+            deadline_bound=isinstance(work, TrainingJob) and work.flexible,
         )
         stmt.allocate(placement, choice.node)
         return placement
@@ -697,6 +706,63 @@ class Scheduler:
                 )
             )
         self.queue.shares_changed(touched)
+
+    # -- deadline rescue ------------------------------------------------------------
+
+    def _rescued(self, job: JobContext) -> bool:
+        """A deadline rescue (``Policy.deadline_preemption``, preemption.py): a training
+        job with a deadline or a maximum delay that capacity freeing in time would not
+        let start by its latest start evicts checkpointing work without a deadline of
+        its own, when that places it whole and every member ends by the deadline.
+        Whether it placed the job (committed); otherwise nothing changed."""
+        work = job.shape.work
+        if (
+            not self.policy.deadline_preemption
+            or not isinstance(work, TrainingJob)
+            or not work.flexible
+            or self._rescues >= _RESCUES_PER_PASS
+            # Too late on its fastest node even now: evicting cannot help, and a
+            # hopeless job must not use up the pass's rescues.
+            or self.state.now > work.latest_start(_fastest_run_s(job))
+            or not self._misses_latest_start(job, work)
+        ):
+            return False
+        self._rescues += 1
+        preemptor = self.preemptor
+        preemptor.deadline_rescue, preemptor.other_reasons = True, self.policy.preemption
+        try:
+            if not preemptor.can_help(job, self._admissions(job)):
+                return False
+            attempt = self._settled(job, preempt=True)
+        finally:
+            preemptor.deadline_rescue, preemptor.other_reasons = False, True
+        placements = attempt.placements
+        deadline = math.inf if work.deadline is None else work.deadline
+        if len(placements) == job.shape.members and all(
+            p.expected_end is not None and p.expected_end <= deadline for p in placements
+        ):
+            self._commit(job, attempt)
+            return True
+        attempt.stmt.discard()
+        job.reset()
+        return False
+
+    def _misses_latest_start(self, job: JobContext, work: TrainingJob) -> bool:
+        """Whether no option's earliest slot (backfill.py: capacity freeing as running
+        work ends, reservations kept) starts within the job's maximum delay and ends its
+        run by its deadline."""
+        shape = job.shape
+        deadline = math.inf if work.deadline is None else work.deadline
+        for option in job.options:
+            if not may_free_up(self.state, shape, option.cand):
+                continue
+            slot = earliest_slot(self.state, shape, option.cand, option.runtime_s, shape.members)
+            if slot is None:
+                continue
+            if slot.start_at > work.latest_start(0.0) or max(slot.ends) > deadline:
+                continue
+            return False
+        return True
 
     # -- explaining and reserving -------------------------------------------------
 
@@ -862,6 +928,12 @@ class Scheduler:
         )
         self._reservations.append(reservation)
         return reservation
+
+
+def _fastest_run_s(job: JobContext) -> float:
+    """The job's run time on its fastest candidate node (inf with none)."""
+    runs = [float(option.runtime_s.min()) for option in job.options if option.runtime_s.size]
+    return min(runs, default=math.inf)
 
 
 def _mean_score(attempt: _Attempt) -> float:

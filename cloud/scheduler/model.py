@@ -537,6 +537,11 @@ class Allocation:
     # CPU cores it holds in the node's CPU pool beside its accelerators (a GPU or NPU
     # job's cpus_per_worker); 0 for a CPU allocation, whose cores are its accelerators.
     cpu_cores: int = 0
+    # Training that saves checkpoints (stopping it loses at most an interval's work),
+    # and training with a deadline or a maximum delay: what a deadline rescue may evict
+    # and may not (preemption.py).
+    checkpointing: bool = False
+    deadline_bound: bool = False
 
     def __post_init__(self) -> None:
         if self.accelerators < 1:
@@ -581,3 +586,7 @@ class Held(Protocol):
     def group(self) -> str | None: ...
     @property
     def anti_affinity_groups(self) -> tuple[str, ...]: ...
+    @property
+    def checkpointing(self) -> bool: ...
+    @property
+    def deadline_bound(self) -> bool: ...

@@ -33,7 +33,7 @@ PendingCode = Literal[
     "dependency",
 ]
 DeferralCause = Literal["temporal", "capacity"]
-PreemptionReason = Literal["priority", "reclaim", "quota"]
+PreemptionReason = Literal["priority", "reclaim", "quota", "deadline"]
 HookKind = Literal["score-term", "latency-estimator", "start-advisor"]
 
 
@@ -104,6 +104,10 @@ class Placement:
     # Flexible shapes: the shape the job declared, where it was placed in one of its
     # alternatives instead (``reshaped``); None where it runs as declared.
     declared_shape: GangShape | None = None
+    # Training that saves checkpoints; training with a deadline or a maximum delay
+    # (``Allocation``'s fields of the same names).
+    checkpointing: bool = False
+    deadline_bound: bool = False
 
     @property
     def reshaped(self) -> str | None:
@@ -138,6 +142,8 @@ class Placement:
             accelerator_model=self.accelerator_model,
             power_limit_w=self.power_limit_w,
             cpu_cores=self.cpu_cores,
+            checkpointing=self.checkpointing,
+            deadline_bound=self.deadline_bound,
         )
 
     def explain(self) -> str:

@@ -51,6 +51,11 @@ class Policy:
     # Flexible training that must start within this long to meet its deadline (or
     # maximum delay) goes first in its class, most urgent first (None: off).
     deadline_guard_s: float | None = None
+    # A training job with a deadline (or maximum delay) that no capacity freeing in
+    # time would let start may evict running training of its priority or lower that
+    # saves checkpoints and has no deadline itself (reason ``deadline``): it loses at
+    # most a checkpoint interval's work, where the job would miss (preemption.py).
+    deadline_preemption: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.load_threshold < 1.0:

@@ -8,6 +8,11 @@ Who may be evicted for a job J:
   the borrowers' priority (reason ``reclaim``);
 * to bring J's tenant back within its quota: the tenant's own lower-priority
   work (reason ``quota``).
+* in a *deadline rescue* (``Policy.deadline_preemption``; core.py starts one when
+  no capacity freeing in time would let J start before its latest start): running
+  training of J's priority or lower that saves checkpoints and has no deadline or
+  maximum delay of its own (reason ``deadline``). It loses at most a checkpoint
+  interval's work and waits again; J would otherwise miss its deadline.
 
 Training never evicts p0 inference, and nothing placed in this pass is evicted.
 What is short may be accelerators of J's kind, host memory, the CPU cores a GPU job
@@ -77,6 +82,10 @@ class Preemptor:
         self.state = state
         self.quota = quota
         self.budget = DisruptionBudget(state)
+        # Set by the core around a deadline rescue's attempt (module docstring); with
+        # `other_reasons` off only the rescue's own victims are eligible.
+        self.deadline_rescue = False
+        self.other_reasons = True
 
     def _protected(self, job: JobContext, alloc: Held) -> bool:
         return (
@@ -100,7 +109,7 @@ class Preemptor:
     def can_help(self, job: JobContext, admissions: dict[int, Admission]) -> bool:
         """Cheap test: is there anything at all this job could evict?"""
         state = self.state
-        lower = range(job.shape.rank + 1, PRIORITY_LEVELS)
+        lower = range(self._first_evictable_rank(job), PRIORITY_LEVELS)
         if job.shape.host_memory_bytes and any(
             state.evictable_host_memory_total_bytes[level] for level in lower
         ):
@@ -137,7 +146,7 @@ class Preemptor:
         k = option.k
         nodes = option.cand.nodes
         need, host_need = shape.accelerators, shape.host_memory_bytes
-        lower = shape.rank + 1
+        lower = self._first_evictable_rank(job)
         free = state.free[k][nodes]
         releasable = free.copy()
         if lower < PRIORITY_LEVELS:
@@ -238,18 +247,33 @@ class Preemptor:
                             )
         return accelerators, host, cores
 
+    def _first_evictable_rank(self, job: JobContext) -> int:
+        """The highest priority rank whose work the job may evict: lower priorities
+        only, or its own too in a deadline rescue (the per-rank totals over-count
+        there: which of that rank's work qualifies is `_eligible`'s to say)."""
+        return job.shape.rank + (0 if self.deadline_rescue else 1)
+
     def _eligible(
         self, job: JobContext, k: int, borrowers: set[str]
     ) -> Callable[[Held], PreemptionReason | None]:
         rank = job.shape.rank
+        rescue, others = self.deadline_rescue, self.other_reasons
 
         def eligible(alloc: Held) -> PreemptionReason | None:
             if self._protected(job, alloc):
                 return None
-            if alloc.tenant in borrowers and self._column(alloc) == k:
+            if others and alloc.tenant in borrowers and self._column(alloc) == k:
                 return "reclaim"
-            if PRIORITY_RANK[alloc.priority] > rank:
+            if others and PRIORITY_RANK[alloc.priority] > rank:
                 return "priority"
+            if (
+                rescue
+                and alloc.work_kind == "training"
+                and alloc.checkpointing
+                and not alloc.deadline_bound
+                and PRIORITY_RANK[alloc.priority] >= rank
+            ):
+                return "deadline"
             return None
 
         return eligible

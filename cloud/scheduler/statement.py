@@ -10,9 +10,9 @@ while the members before it stay.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from .model import Held
+from .plan import PreemptionReason
 from .state import ClusterState
 
 
@@ -20,7 +20,7 @@ from .state import ClusterState
 class TentativeEviction:
     allocation: Held
     node: int
-    reason: Literal["priority", "reclaim", "quota"]
+    reason: PreemptionReason
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ class Statement:
         self.allocated.append((alloc, node))
         self._undo.append((True, alloc, node))
 
-    def evict(self, allocation_id: str, reason: Literal["priority", "reclaim", "quota"]) -> None:
+    def evict(self, allocation_id: str, reason: PreemptionReason) -> None:
         alloc, node = self.state.evict(allocation_id)
         self.evicted.append(TentativeEviction(alloc, node, reason))
         self._undo.append((False, alloc, node))

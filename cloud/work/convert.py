@@ -196,6 +196,8 @@ def allocation_from_record(
         power_limit_w=record.power_limit_w,
         cpu_cores=record.cpu_cores,
         min_available=work.min_available if isinstance(work, InferenceDeployment) else 0,
+        checkpointing=isinstance(work, TrainingJob) and work.checkpoint_interval_s is not None,
+        deadline_bound=isinstance(work, TrainingJob) and work.flexible,
     )
 
 

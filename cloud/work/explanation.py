@@ -106,7 +106,7 @@ class PendingView(msgspec.Struct, frozen=True, kw_only=True):
 
 class PreemptionView(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
-    reason: str  # priority, reclaim, quota
+    reason: str  # priority, reclaim, quota, deadline
     preempted_by: str  # the work id that needed the room
     # The work evicted: set in the preemptor's explanation, which lists its victims
     # (a victim's own lists what it lost, with `preempted_by`).

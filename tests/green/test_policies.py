@@ -192,3 +192,12 @@ def test_temporal_shifting_is_off_unless_a_minimum_saving_is_set() -> None:
     assert GreenInputs.__dataclass_fields__["min_saving"].default is None
     assert policy_spec("green").shifting_min_saving is None
     assert policy_spec("green-temporal").shifting_min_saving == DEFAULT_MIN_SAVING
+
+
+def test_policies_that_wait_for_the_grid_rescue_deadlines() -> None:
+    # Waiting, capping and moving for the grid must never be why a deadline is missed:
+    # the policies that do them may evict checkpointing work for a job that would.
+    rescuing = {name for name in POLICY_NAMES if build_policy(name, INPUTS).deadline_preemption}
+    assert rescuing == {name for name, spec in POLICIES.items() if spec.shifting is not None}
+    assert {"green", "cost", "balanced"} <= rescuing
+    assert not rescuing & {"fifo-binpack", "spread", "latency"}
