@@ -721,9 +721,7 @@ class Scheduler:
             or not isinstance(work, TrainingJob)
             or not work.flexible
             or self._rescues >= _RESCUES_PER_PASS
-            # Too late on its fastest node even now: evicting cannot help, and a
-            # hopeless job must not use up the pass's rescues.
-            or self.state.now > work.latest_start(_fastest_run_s(job))
+            or not self._rescue_due(work, _fastest_run_s(job))
             or not self._misses_latest_start(job, work)
         ):
             return False
@@ -746,6 +744,16 @@ class Scheduler:
         attempt.stmt.discard()
         job.reset()
         return False
+
+    def _rescue_due(self, work: TrainingJob, fastest_run_s: float) -> bool:
+        """Whether now is the time to rescue: not too late on its fastest node (evicting
+        cannot help then, and a hopeless job must not use up the pass's rescues), and
+        within ``Policy.deadline_guard_s`` of that latest start where a guard is set
+        (until then capacity may yet free sooner than the running work's estimates)."""
+        latest = work.latest_start(fastest_run_s)
+        guard_s = self.policy.deadline_guard_s
+        now = self.state.now
+        return now <= latest and (guard_s is None or now >= latest - guard_s)
 
     def _misses_latest_start(self, job: JobContext, work: TrainingJob) -> bool:
         """Whether no option's earliest slot (backfill.py: capacity freeing as running

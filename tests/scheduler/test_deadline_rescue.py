@@ -144,3 +144,18 @@ def test_a_job_too_late_on_any_node_evicts_nothing() -> None:
     hopeless = job("hopeless", 8, submitted_at=NOW - 60, deadline=NOW + 1800)
     plan = plan_for([gpu_node("n0")], [hopeless], [held("ckpt", "n0")], policy=RESCUE)
     assert plan.preemptions == ()
+
+
+def test_with_a_deadline_guard_the_rescue_waits_until_the_guard() -> None:
+    # Latest start on the node: 2 h from now (due in 3 h, an hour's run). A 30-min guard
+    # waits for capacity that may yet free early; a 2-hour guard rescues now.
+    waits = Policy(deadline_preemption=True, deadline_guard_s=1800.0)
+    plan = plan_for([gpu_node("n0")], [late_job()], [held("ckpt", "n0")], policy=waits)
+    assert plan.preemptions == ()
+    plan = plan_for(
+        [gpu_node("n0")], [late_job()], [held("ckpt", "n0")], policy=waits, now=NOW + 1.6 * HOUR
+    )
+    assert evicted(plan) == [("ckpt", "deadline")]
+    rescues = Policy(deadline_preemption=True, deadline_guard_s=2 * HOUR)
+    plan = plan_for([gpu_node("n0")], [late_job()], [held("ckpt", "n0")], policy=rescues)
+    assert evicted(plan) == [("ckpt", "deadline")]
