@@ -166,6 +166,8 @@ def test_stored_work_converts_with_its_record_and_allocations() -> None:
     )
     assert (allocation.group, allocation.anti_affinity_groups) == ("llm", ("batch",))
     assert (allocation.expected_end, allocation.borrowed) == (7210.0, True)
+    # What a deadline rescue reads: this job has a deadline and no checkpoints.
+    assert (allocation.deadline_bound, allocation.checkpointing) == (True, False)
     deployment = work_from_record(
         record("inference", encode_spec(DeploymentSpec(name="d", model_id="m")), priority="p0"),
         tenant="t",
