@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.store.databases import DatabaseUnderTest
-from tests.support.control_plane import fleet, reaches, work
+from tests.support.control_plane import cancel, fleet, reaches, work
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,8 +43,5 @@ async def test_a_job_due_soon_takes_the_node_from_checkpointing_work_live(
         assert victim_now["reason"] == f"preempted by {late} (deadline)"
 
         # Once the late job is gone the victim runs again.
-        cancelled = await api.client.delete(
-            f"/v1/jobs/{late}", headers={"Authorization": f"Bearer {token}"}
-        )
-        assert cancelled.status == 200, await cancelled.text()
+        await cancel(api, token, late)
         await reaches(api, token, batch, "running", timeout_s=40)

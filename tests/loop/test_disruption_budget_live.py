@@ -12,7 +12,7 @@ import pytest
 from cloud.app_keys import SCHEDULER
 from tests.loop.test_scaling import replicas_become
 from tests.store.databases import DatabaseUnderTest
-from tests.support.control_plane import fleet, reaches, work
+from tests.support.control_plane import cancel, fleet, reaches, work
 from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,9 +118,6 @@ async def test_the_preemptor_lists_its_victims_and_the_victim_keeps_its_reason_l
         assert victim_now["reason"] == f"preempted by {urgent} (priority)"
 
         # Once the room is free again it is placed, and the reason says so.
-        cancelled = await api.client.delete(
-            f"/v1/jobs/{urgent}", headers={"Authorization": f"Bearer {token}"}
-        )
-        assert cancelled.status == 200, await cancelled.text()
+        await cancel(api, token, urgent)
         resumed = await reaches(api, token, batch, "running", timeout_s=40)
         assert not (resumed["reason"] or "").startswith("preempted by")

@@ -196,6 +196,14 @@ async def work(api: Api, token: str, work_id: str, collection: str = "jobs") -> 
     return body
 
 
+async def cancel(api: Api, token: str, work_id: str, collection: str = "jobs") -> None:
+    """Cancel work over REST (DELETE), which must answer 200."""
+    response = await api.client.delete(
+        f"/v1/{collection}/{work_id}", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert response.status == 200, await response.text()
+
+
 async def reaches(
     api: Api,
     token: str,
