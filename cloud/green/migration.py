@@ -349,9 +349,15 @@ class Migrator:
 
 def trial_policy(policy: Policy) -> Policy:
     """``policy`` for a what-if placement of running work: where it would go now, on
-    free capacity only (no start advice, preemption, backfill or runners-up)."""
+    free capacity only (no start advice, preemption of any kind, deadline rescues
+    included, backfill or runners-up)."""
     return dataclasses.replace(
-        policy, start_advisor=None, preemption=False, backfill=False, runners_up=0
+        policy,
+        start_advisor=None,
+        preemption=False,
+        deadline_preemption=False,
+        backfill=False,
+        runners_up=0,
     )
 
 

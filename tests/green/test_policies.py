@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from cloud.green.latency import ServingLatency
+from cloud.green.migration import trial_policy
 from cloud.green.policies import POLICIES, POLICY_NAMES, GreenInputs, build_policy, policy_spec
 from cloud.green.shifting import DEFAULT_MIN_SAVING, WindowShifter
 from cloud.green.waiting import CapacityWaiter
@@ -201,3 +202,11 @@ def test_policies_that_wait_for_the_grid_rescue_deadlines() -> None:
     assert rescuing == {name for name, spec in POLICIES.items() if spec.shifting is not None}
     assert {"green", "cost", "balanced"} <= rescuing
     assert not rescuing & {"fifo-binpack", "spread", "latency"}
+
+
+def test_what_if_placements_of_moves_evict_nothing() -> None:
+    # The migrator's and room maker's trials place work on free capacity only: a trial
+    # that rescued a deadline by eviction would call a move possible that is not.
+    trial = trial_policy(build_policy("green", INPUTS))
+    assert not trial.preemption
+    assert not trial.deadline_preemption
