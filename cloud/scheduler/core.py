@@ -62,7 +62,7 @@ from .extensions import (
 from .filters import PASS, count_rejections, node_codes
 from .gang import Choice, JobContext, Option, speed_classes
 from .mig_quota import WITHIN, governs, mig_block
-from .model import KINDS, InferenceDeployment, TrainingJob, Work
+from .model import KINDS, InferenceDeployment, TrainingJob, Work, rescue_marks
 from .plan import (
     Deferral,
     HookFailure,
@@ -641,6 +641,7 @@ class Scheduler:
             provider = work.providers[rank] if rank < len(work.providers) else None
         waived = option.cand.static.window_waived
         window = work.start_window if isinstance(work, TrainingJob) else None
+        checkpointing, deadline_bound = rescue_marks(work)
         placement = Placement(
             work_id=work.work_id,
             work_kind=shape.work_kind,
@@ -666,8 +667,8 @@ class Scheduler:
             window_waived=waived is not None and bool(waived[choice.position]),
             start_window=str(window) if window is not None else None,
             declared_shape=work.declared_shape if isinstance(work, TrainingJob) else None,
-            checkpointing=isinstance(work, TrainingJob) and work.checkpoint_interval_s is not None,
-            deadline_bound=isinstance(work, TrainingJob) and work.flexible,
+            checkpointing=checkpointing,
+            deadline_bound=deadline_bound,
         )
         stmt.allocate(placement, choice.node)
         return placement

@@ -461,6 +461,16 @@ def work_kind(work: Work) -> WorkKind:
     return "training" if isinstance(work, TrainingJob) else "inference"
 
 
+def rescue_marks(work: Work) -> tuple[bool, bool]:
+    """(``checkpointing``, ``deadline_bound``) of ``work`` once it runs, as its
+    ``Allocation`` and ``Placement`` carry them: training that saves checkpoints, and
+    training with a deadline or a maximum delay (what a deadline rescue may evict and
+    may not, preemption.py)."""
+    if not isinstance(work, TrainingJob):
+        return False, False
+    return work.checkpoint_interval_s is not None, work.flexible
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tenant:
     """Nominal quota per accelerator kind; a kind not listed has a nominal quota of 0.

@@ -31,6 +31,7 @@ from cloud.scheduler.model import (
     Toleration,
     TrainingJob,
     Work,
+    rescue_marks,
     stronger_isolation,
 )
 from cloud.store.records import AllocationRecord, TenantRecord, WorkRecord
@@ -176,6 +177,7 @@ def allocation_from_record(
 ) -> Allocation:
     """A stored allocation as the scheduler sees it; `work` is its work, converted;
     `accelerator_model` the model of the node's devices it holds (which pool)."""
+    checkpointing, deadline_bound = rescue_marks(work)
     return Allocation(
         allocation_id=record.allocation_id,
         work_id=record.work_id,
@@ -196,8 +198,8 @@ def allocation_from_record(
         power_limit_w=record.power_limit_w,
         cpu_cores=record.cpu_cores,
         min_available=work.min_available if isinstance(work, InferenceDeployment) else 0,
-        checkpointing=isinstance(work, TrainingJob) and work.checkpoint_interval_s is not None,
-        deadline_bound=isinstance(work, TrainingJob) and work.flexible,
+        checkpointing=checkpointing,
+        deadline_bound=deadline_bound,
     )
 
 
