@@ -9,7 +9,8 @@ hour ``h``:
     minimise   Σ x[j,p,m,h] · kW[p,m] · I[zone(p), h]                 (gCO2eq)
     such that  Σ_{p,m,h} x[j,p,m,h] · speed[p,m] = work[j]            every job is done
                Σ_{j,m} x[j,p,m,h] ≤ accelerators[p] − inference[p,h]  capacity
-               0 ≤ x[j,p,m,h] ≤ accelerators[j] · in_window[j,h]
+               Σ_{p,m} x[j,p,m,h] ≤ accelerators[j] · in_window[j,h]  a job's own width
+               0 ≤ x[j,p,m,h]
 
 ``m`` is a power mode of the pool: its devices at their default power limit, or
 held to any share of it on the power-capping curve the device allows (0.4 to 0.8,
@@ -30,9 +31,14 @@ schedule is therefore a feasible point, so no policy can emit less than the boun
 and the bound is the optimum *over the same service*, not an unreachable one that
 would hold every job for the cleanest week.
 
+A job never runs on more accelerators at once than it has (its width, the same in
+each of its shapes): without that row a job could run at full width in every pool and
+power mode of an hour together, finishing in a few clean hours what takes it a day.
+
 Relaxed (each makes the bound lower, never higher): work is divisible (a job may run
-on any number of its accelerators, split across pools and hours, preempted and moved
-for free: no checkpoint loss, no restart time), gang members need not share a pool
+on any number of its accelerators up to its width, split across pools and hours,
+preempted and moved for free: no checkpoint loss, no restart time), gang members need
+not share a pool
 or a speed or a power mode, a job's hours may mix power modes, and jobs have no
 minimum run length. The bound speaks for training only; inference's optimum is
 inference_bound.py, and optimum_share.py measures each against its own.
@@ -242,7 +248,7 @@ def optimum(
     ``baseline_start_by``). A policy that waits longer can emit less than it."""
     try:
         from scipy.optimize import linprog
-        from scipy.sparse import coo_matrix
+        from scipy.sparse import coo_matrix, vstack
     except ImportError as error:  # pragma: no cover - scipy is in the cloud extra
         raise BoundUnavailable(f"the optimum needs SciPy: {error}") from None
     began = time.perf_counter()
@@ -306,14 +312,22 @@ def optimum(
     a_ub = coo_matrix(
         (np.ones(n), (np.concatenate(pool_hour), columns)), shape=(len(pools) * hours, n)
     )
-    bounds = np.column_stack([np.zeros(n), np.concatenate(upper)])
+    widths = np.concatenate(upper)
+    # A job's own width: one row per job and hour of its window, over every pool and
+    # power mode (the hour's share of the window, as each variable's own bound).
+    job_hours, job_hour_row = np.unique(
+        np.concatenate(job_of) * hours + np.concatenate(pool_hour) % hours, return_inverse=True
+    )
+    width = np.zeros(job_hours.size)
+    np.maximum.at(width, job_hour_row, widths)
+    a_width = coo_matrix((np.ones(n), (job_hour_row, columns)), shape=(job_hours.size, n))
     result = linprog(
         c,
-        A_ub=a_ub.tocsr(),
-        b_ub=np.maximum(capacity, 0.0).ravel(),
+        A_ub=vstack([a_ub, a_width]).tocsr(),
+        b_ub=np.concatenate([np.maximum(capacity, 0.0).ravel(), width]),
         A_eq=a_eq.tocsr(),
         b_eq=np.array(work),
-        bounds=bounds,
+        bounds=np.column_stack([np.zeros(n), widths]),
         method="highs",
     )
     if result.status != 0:
@@ -328,7 +342,7 @@ def optimum(
         kwh=float(np.concatenate(kw) @ x),
         jobs=len(solvable),
         variables=n,
-        constraints=len(solvable) + len(pools) * hours,
+        constraints=len(solvable) + len(pools) * hours + job_hours.size,
         solve_s=time.perf_counter() - began,
         gpu_hours_by_zone=by_zone,
     )

@@ -132,11 +132,12 @@ deadline_offset_s = 21600
 """
 
 
-def test_the_optimum_runs_a_flexible_hour_in_the_cleanest_hour_it_may(tmp_path: Path) -> None:
+def test_the_optimum_runs_a_flexible_hour_in_the_cleanest_hours_it_may(tmp_path: Path) -> None:
     """One 1-GPU hour with a 6-hour deadline on two zones. Capacity never binds, so the
-    optimum covers the job's work greedily with the cheapest GPU-hours there are: each
-    (zone, power mode, whole hour of its window) offers one GPU-hour doing the mode's
-    speed of work for its power times that hour's recorded intensity."""
+    optimum covers the job's work with the cheapest GPU-hours there are: each (zone,
+    power mode, whole hour of its window) offers one GPU-hour doing the mode's speed of
+    work for its power times that hour's recorded intensity, and the job, one GPU wide,
+    takes at most one GPU-hour in each hour, whichever zones and modes it mixes."""
     fleet, workload = tmp_path / "fleet.toml", tmp_path / "workload.toml"
     fleet.write_text(TWO_ZONES, encoding="utf-8")
     workload.write_text(ONE_FLEXIBLE_JOB, encoding="utf-8")
@@ -169,17 +170,42 @@ def test_the_optimum_runs_a_flexible_hour_in_the_cleanest_hour_it_may(tmp_path: 
                 / 1000.0
             )
             speed = float(gpus.relative_speed[row]) * capped_throughput(share)
-            offers += [(kw * float(g) / speed, speed, kw) for g in hourly]
-    work, gco2, kwh = 1.0, 0.0, 0.0
-    for per_unit, speed, kw in sorted(offers):
-        used_h = min(1.0, work / speed)
-        work -= used_h * speed
-        gco2 += used_h * speed * per_unit
-        kwh += used_h * kw
-        if work <= 1e-12:
-            break
+            offers += [(kw * float(g) / speed, speed, kw, hour) for hour, g in enumerate(hourly)]
+
+    def cheapest_first(one_wide: bool) -> tuple[float, float]:
+        """(gCO2, kWh) of covering the work with the cheapest work first. One GPU wide,
+        each hour is a convex menu (a mix of its offers, their GPU-hours summing to at
+        most one hour): the lower hull of its offers from (0 work, 0 g), whose segments
+        are taken cheapest first over all hours. Otherwise every offer is a menu."""
+        segments = []  # (gCO2 per unit of work, work, kW per unit of work)
+        menus = [[o for o in offers if o[3] == h] for h in range(hours.size)]
+        for menu in menus if one_wide else [[o] for o in offers]:
+            work, gco2, kwh = 0.0, 0.0, 0.0
+            while True:
+                ahead = [o for o in menu if o[1] > work + 1e-12]
+                if not ahead:
+                    break
+                best = min(ahead, key=lambda o: ((o[0] * o[1] - gco2) / (o[1] - work), -o[1]))
+                length = best[1] - work
+                segments.append(
+                    ((best[0] * best[1] - gco2) / length, length, (best[2] - kwh) / length)
+                )
+                work, gco2, kwh = best[1], best[0] * best[1], best[2]
+        need, gco2, kwh = 1.0, 0.0, 0.0
+        for per_unit, length, kw_per_unit in sorted(segments):
+            taken = min(length, need)
+            need -= taken
+            gco2 += taken * per_unit
+            kwh += taken * kw_per_unit
+            if need <= 1e-12:
+                break
+        return gco2, kwh
+
+    gco2, kwh = cheapest_first(one_wide=True)
     assert bound.gco2 == pytest.approx(gco2, rel=1e-6)
     assert bound.kwh == pytest.approx(kwh, rel=1e-6)
+    # Without its width the job would run in several zones and modes of one hour at once.
+    assert cheapest_first(one_wide=False)[0] < bound.gco2 * (1 - 1e-3)
     assert report.results[0].training_gco2 >= bound.gco2
 
 
