@@ -46,7 +46,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import Any
 
@@ -445,30 +445,27 @@ class Ingestor:
         if violation is not None:
             self._reject(channel, InvalidReason(violation.reason.value), topic, str(violation))
             return
-        admits = self.admits_node
-        apply_relayed = self.registry.apply_relayed
-        open_relayed = self._open_relayed
-        merged = stale = 0
-        for node_id, instance_id, seq, raw in zip(
+        entries: Iterable[tuple[str, str, int, msgspec.Raw]] = zip(
             digest.nodes, digest.instances, digest.seqs, digest.samples, strict=True
-        ):
-            if admits is not None and not admits(node_id):
-                self._reject(channel, InvalidReason.NOT_ENROLLED, topic, node_id)
-                continue
-            # The bytes copied: a slice would keep the whole digest's buffer alive.
-            relayed = (open_relayed, bytes(raw), now_s, instance_id, seq)
-            outcome = apply_relayed(node_id, instance_id, seq, relayed, now)
+        )
+        if self.admits_node is not None:
+            entries = [entry for entry in entries if self._relayed_admitted(entry[0])]
+        merged = self.registry.apply_relayed(entries, self._open_relayed, now)
+        for node_id, outcome in merged.outcomes:
             if isinstance(outcome, Rejection):
-                if outcome is Rejection.OUT_OF_ORDER:
-                    stale += 1
-                else:
-                    self._reject(channel, InvalidReason(outcome.value), topic, node_id)
-                continue
-            merged += 1
-            if outcome is not None:
+                self._reject(channel, InvalidReason(outcome.value), topic, node_id)
+            else:
                 self._changed(outcome)
-        self.stats.ingested[channel] += merged
-        self.stats.digest_stale += stale
+        self.stats.ingested[channel] += merged.applied
+        self.stats.digest_stale += merged.stale
+
+    def _relayed_admitted(self, node_id: str) -> bool:
+        """Whether a relayed sample's node may be ingested (counted where not)."""
+        assert self.admits_node is not None
+        if self.admits_node(node_id):
+            return True
+        self._reject(DIGEST_CHANNEL, InvalidReason.NOT_ENROLLED, self._digest_topic, node_id)
+        return False
 
     def _open_relayed(
         self, node_id: str, raw: bytes, received_s: float, instance_id: str, seq: int

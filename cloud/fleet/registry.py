@@ -102,6 +102,26 @@ class Rejection(StrEnum):
 SEQ_RATE_TOLERANCE = 2.0
 SEQ_SLACK = 100
 
+
+def seq_plausible(
+    seq: int, last_seq: int | None, interval_s: float, since_start_s: float, since_last_s: float
+) -> bool:
+    """Whether `seq` is no further along than an agent sending every `interval_s` can
+    have counted `since_start_s` after it started (a first sample, or a burst of forged
+    ones) and `since_last_s` after its sample `last_seq` (None: none accepted yet)."""
+    if (
+        seq
+        > SEQ_RATE_TOLERANCE * (since_start_s if since_start_s > 0 else 0.0) / interval_s
+        + SEQ_SLACK
+    ):
+        return False
+    return (
+        last_seq is None
+        or seq - last_seq
+        <= SEQ_RATE_TOLERANCE * (since_last_s if since_last_s > 0 else 0.0) / interval_s + SEQ_SLACK
+    )
+
+
 # Births of other agent instances kept per node while its current instance holds it, and
 # for how long (monotonic seconds): bounded, so that a flood of forged births costs memory
 # per node, not per message. A real agent whose birth was superseded announces itself
@@ -116,6 +136,18 @@ class Candidate:
 
     status: NodeStatus
     since_monotonic: float
+
+
+@dataclass(slots=True)
+class RelayedMerge:
+    """What `NodeRegistry.apply_relayed` made of a digest's samples."""
+
+    applied: int = 0
+    # No newer than what this replica had: replicas hear a node's samples in turns.
+    stale: int = 0
+    # The rest, by node id: other refusals (counted by ingestion) and the state changes
+    # applied samples made (a node back online, another agent instance current).
+    outcomes: list[tuple[str, Rejection | NodeStateChange]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -495,16 +527,59 @@ class NodeRegistry:
 
     def apply_relayed(
         self,
-        node_id: str,
-        instance_id: str,
-        seq: int,
-        relayed: RelayedSample,
-        now: tuple[float, float] | None = None,
-    ) -> Rejection | NodeStateChange | None:
-        """A sample another replica took, known here by its node, instance and sequence
-        number and decoded only when read (`NodeRecord.telemetry`): the same rules as
-        `apply_telemetry`. `now`: (monotonic, wall clock), read once for a whole digest."""
-        return self._accept_sample(node_id, instance_id, seq, relayed, now)
+        entries: Iterable[tuple[str, str, int, bytes | msgspec.Raw]],
+        open_sample: Callable[[str, bytes, float, str, int], Telemetry | None],
+        now: tuple[float, float],
+    ) -> RelayedMerge:
+        """Samples another replica took, each known here by its digest's index entry (node,
+        agent instance, sequence number) and kept encoded until read (`NodeRecord.
+        telemetry`, which checks it with `open_sample`): the same rules as
+        `apply_telemetry`. `now`: (monotonic, wall clock), read once for the digest."""
+        records = self._records
+        now_monotonic, received_s = now
+        skew_s = self._max_clock_skew_s
+        applied = stale = 0
+        outcomes: list[tuple[str, Rejection | NodeStateChange]] = []
+        for node_id, instance_id, seq, raw in entries:
+            # Every relayed sample's path, so the usual case is settled here, inline: the
+            # node online, its current instance's next sample, at a plausible pace.
+            record = records.get(node_id)
+            if (
+                record is not None
+                and (last_seq := record.telemetry_seq) is not None
+                and instance_id == (status := record.status).instance_id
+                and record.state == "online"
+            ):
+                if seq <= last_seq:
+                    stale += 1
+                    continue
+                if seq_plausible(
+                    seq,
+                    last_seq,
+                    status.telemetry_interval_s,
+                    received_s - status.started_at + skew_s,
+                    now_monotonic - record.telemetry_received_monotonic,
+                ):
+                    # The bytes copied: a view would keep the whole digest's buffer alive.
+                    record.relayed = (open_sample, bytes(raw), received_s, instance_id, seq)
+                    record.telemetry_seq = seq
+                    record.last_seen_monotonic = now_monotonic
+                    record.telemetry_received_monotonic = now_monotonic
+                    record.last_seen_at = received_s
+                    applied += 1
+                    continue
+            # The rest (unknown, offline, another instance, a first sample, a jump): the
+            # rules in full.
+            relayed = (open_sample, bytes(raw), received_s, instance_id, seq)
+            outcome = self._accept_sample(node_id, instance_id, seq, relayed, now)
+            if outcome is Rejection.OUT_OF_ORDER:
+                stale += 1
+                continue
+            if not isinstance(outcome, Rejection):
+                applied += 1
+            if outcome is not None:
+                outcomes.append((node_id, outcome))
+        return RelayedMerge(applied=applied, stale=stale, outcomes=outcomes)
 
     def _accept_sample(
         self,
@@ -517,12 +592,15 @@ class NodeRegistry:
         record = self._records.get(node_id)
         if record is None:
             return Rejection.UNKNOWN_NODE
+        # Each clock read once: this is every sample's path.
+        now_monotonic, now_s = now or (self._monotonic(), self._wall_clock())
         switched: NodeStateChange | None = None
         if instance_id != record.status.instance_id:
             candidate = self._candidate(record, instance_id)
             if candidate is None or self.holds_node(record):
                 return Rejection.INSTANCE_MISMATCH
-            if not self._plausible_seq(candidate, seq, None, 0.0):
+            since_start_s = now_s - candidate.started_at + self._max_clock_skew_s
+            if not seq_plausible(seq, None, candidate.telemetry_interval_s, since_start_s, 0.0):
                 return Rejection.SEQ_JUMP
             if record.state == "online":
                 # Taken back from an instance that announced itself and never sent a sample.
@@ -531,14 +609,13 @@ class NodeRegistry:
         last_seq = record.telemetry_seq
         if last_seq is not None and seq <= last_seq:
             return Rejection.OUT_OF_ORDER
-        # Each clock read once: this is every sample's path.
-        now_monotonic, now_s = now or (self._monotonic(), self._wall_clock())
-        if not self._plausible_seq(
-            record.status,
+        status = record.status
+        if not seq_plausible(
             seq,
             last_seq,
-            record.telemetry_received_monotonic,
-            now=(now_monotonic, now_s),
+            status.telemetry_interval_s,
+            now_s - status.started_at + self._max_clock_skew_s,
+            now_monotonic - record.telemetry_received_monotonic,
         ):
             return Rejection.SEQ_JUMP
         if isinstance(sample, Telemetry):
@@ -576,30 +653,6 @@ class NodeRegistry:
                 ended_at=now,
             )
         record.offline_cause = None
-
-    def _plausible_seq(
-        self,
-        birth: NodeStatus,
-        seq: int,
-        last_seq: int | None,
-        last_received_s: float,
-        *,
-        now: tuple[float, float] | None = None,
-    ) -> bool:
-        """Whether `seq` is no further along than the agent instance of `birth` can have
-        counted: since it started (a first sample, or a burst of forged ones) and since
-        its last sample accepted (`last_seq`, at `last_received_s`, monotonic). `now`: (monotonic,
-        wall clock), if already read."""
-        now_monotonic, now_s = now or (self._monotonic(), self._wall_clock())
-        interval_s = birth.telemetry_interval_s
-        since_start_s = now_s - birth.started_at + self._max_clock_skew_s
-        if seq > SEQ_RATE_TOLERANCE * max(0.0, since_start_s) / interval_s + SEQ_SLACK:
-            return False
-        if last_seq is None:
-            return True
-        since_last_s = now_monotonic - last_received_s
-        allowed = SEQ_RATE_TOLERANCE * max(0.0, since_last_s) / interval_s + SEQ_SLACK
-        return seq - last_seq <= allowed
 
     def apply_reported(self, reported: ReportedState) -> Rejection | None:
         record = self._records.get(reported.node_id)
