@@ -26,7 +26,9 @@ taking telemetry through one MQTT shared subscription (`mqtt.shared_group`) and
 merging the others' digests (cloud/fleet/digest.py), as `greenfed cloud` replicas
 do. Per replica it reports what it took itself (`ingested`), what it merged from
 digests (`merged`), its CPU, and how many nodes its registry saw up to their last
-sample (`nodes_current`: every replica should see every node). With `--accounting`
+sample (`nodes_current`: every replica should see every node); per rate,
+`fleet_samples_per_busiest_replica_cpu_s`, the fleet's samples per CPU second of the
+busiest replica (at a lossless rate: what N replicas of a core each would take). With `--accounting`
 the first replica meters, as the leader does: `usage_energy_j` is what it metered,
 the same whatever the number of replicas when nothing is counted twice.
 `--replica-cores 0.1` holds each replica to a tenth of a core (a CFS quota in a cgroup of
@@ -677,6 +679,12 @@ async def _run_replicas_rate(
         "broker_losses": sent - received,
         "every_replica_sees_every_node": all(int(r["nodes_current"]) == nodes for r in per_replica),
         "ingested_per_cpu_s": round(ingested / cpu_s) if cpu_s > 0 else 0,
+        # The fleet's samples per CPU second of the busiest replica: the fleet rate N
+        # replicas of one core each would take, by what they spent on this one. A
+        # steadier figure than the knee of a sweep, read from a lossless rate.
+        "fleet_samples_per_busiest_replica_cpu_s": round(sent / busiest_cpu_s)
+        if (busiest_cpu_s := max(float(r["cpu_s"]) for r in per_replica)) > 0
+        else 0,
         "per_replica": per_replica,
     }
     if accounting:

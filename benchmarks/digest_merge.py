@@ -1,0 +1,123 @@
+"""What a control-plane replica that does not meter spends on each sample, in process:
+one it takes itself from the broker (`Ingestor.handle`: decode, checks, registry, the
+digest), and one another replica relayed in a digest (`Ingestor.handle_digest`: the
+digest decoded by its index, `NodeRegistry.apply_relayed`). Their ratio is what bends
+the replicas' scaling: each replica takes 1/N of the fleet's samples and merges the rest
+(benchmarks/RESULTS.md, issue 28).
+
+    python benchmarks/digest_merge.py --nodes 10000 --rounds 6
+    python benchmarks/digest_merge.py --nodes 1000 --rounds 40
+
+Prints the medians of `--repeats` runs, in microseconds per sample, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.ingest import birth, node_ids, telemetry
+from cloud.fleet.digest import RELAYED_DIGEST_DECODER, DigestBuilder
+from cloud.fleet.ingest import Ingestor
+from cloud.fleet.registry import NodeRegistry
+from shared.messages import TELEMETRY_DECODER, encode
+from shared.topics import Channel, Topics
+
+TOPICS = Topics("greenfed")
+
+
+def replica(nodes: int) -> Ingestor:
+    """A replica sharing telemetry, every node born."""
+    ingestor = Ingestor(NodeRegistry(), TOPICS, max_payload_bytes=256 * 1024, shared_group="bench")
+    for node_id in node_ids(nodes):
+        ingestor.handle(TOPICS.node(node_id, Channel.STATUS), encode(birth(node_id)))
+    return ingestor
+
+
+def digests(nodes: int, rounds: int) -> list[bytes]:
+    """Another replica's digests: every node's sample in each round."""
+    other = DigestBuilder("replica-other", max_payload_bytes=256 * 1024)
+    messages = []
+    for seq in range(1, rounds + 1):
+        for node_id in node_ids(nodes):
+            raw = telemetry(node_id, seq)
+            other.observe(TELEMETRY_DECODER.decode(raw), raw)
+        messages += other.take(time.time())
+    return messages
+
+
+def merge_us(nodes: int, rounds: int, messages: list[bytes]) -> float:
+    ingestor = replica(nodes)
+    began = time.perf_counter()
+    for message in messages:
+        ingestor.handle_digest(message)
+    spent = time.perf_counter() - began
+    assert ingestor.stats.ingested["digest"] == nodes * rounds, ingestor.stats.ingested
+    return spent / (nodes * rounds) * 1e6
+
+
+def take_us(nodes: int, rounds: int) -> float:
+    ingestor = replica(nodes)
+    samples = [
+        (TOPICS.node(node_id, Channel.TELEMETRY), telemetry(node_id, seq))
+        for seq in range(1, rounds + 1)
+        for node_id in node_ids(nodes)
+    ]
+    began = time.perf_counter()
+    for topic, payload in samples:
+        ingestor.handle(topic, payload)
+    spent = time.perf_counter() - began
+    assert ingestor.stats.ingested["telemetry"] == nodes * rounds
+    return spent / (nodes * rounds) * 1e6
+
+
+def main() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=6, help="samples per node")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    messages = digests(args.nodes, args.rounds)
+    decode = []
+    for _ in range(args.repeats):
+        began = time.perf_counter()
+        for message in messages:
+            RELAYED_DIGEST_DECODER.decode(message)
+        decode.append((time.perf_counter() - began) / (args.nodes * args.rounds) * 1e6)
+    merge = [merge_us(args.nodes, args.rounds, messages) for _ in range(args.repeats)]
+    take = [take_us(args.nodes, args.rounds) for _ in range(args.repeats)]
+    merged, taken = statistics.median(merge), statistics.median(take)
+    json.dump(
+        {
+            "nodes": args.nodes,
+            "samples_per_node": args.rounds,
+            "merge_relayed_us": round(merged, 2),
+            "of_which_digest_decode_us": round(statistics.median(decode), 2),
+            "take_own_us": round(taken, 2),
+            "merge_to_take": round(merged / taken, 3),
+            # Each replica's CPU per fleet sample is (take + (N - 1) merge) / N when no
+            # digest coalesces a node's samples: N replicas' capacity over one replica's.
+            "model_capacity_ratio": {
+                str(n): round(n * taken / (taken + (n - 1) * merged), 2) for n in (2, 3)
+            },
+        },
+        sys.stdout,
+        indent=2,
+    )
+    print()
+
+
+if __name__ == "__main__":
+    main()
