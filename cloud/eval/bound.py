@@ -38,9 +38,8 @@ power mode of an hour together, finishing in a few clean hours what takes it a d
 Relaxed (each makes the bound lower, never higher): work is divisible (a job may run
 on any number of its accelerators up to its width, split across pools and hours,
 preempted and moved for free: no checkpoint loss, no restart time), gang members need
-not share a pool
-or a speed or a power mode, a job's hours may mix power modes, and jobs have no
-minimum run length. The bound speaks for training only; inference's optimum is
+not share a pool or a speed or a power mode, a job's hours may mix power modes, and
+jobs have no minimum run length. The bound speaks for training only; inference's optimum is
 inference_bound.py, and optimum_share.py measures each against its own.
 """
 
