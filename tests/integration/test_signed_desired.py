@@ -295,7 +295,18 @@ async def test_the_sweep_clears_what_is_not_ours_and_keeps_what_is(
     task = asyncio.create_task(publisher.run())
     try:
         await asyncio.wait_for(publisher.swept.wait(), 20)
-        assert publisher.stale_cleared_total == 3
+        # A retained document the broker hands over after a quiet spell (a loaded machine)
+        # is judged when it comes: what lasts is what is cleared, not when.
+        await eventually(
+            lambda: publisher.stale_cleared_total == 3,
+            timeout_s=20,
+            message=lambda: f"{publisher.stale_cleared_total} cleared",
+        )
+
+        async def only_ours_left() -> bool:
+            return set(await retained_desired(broker.url, topic_root)) == {"replaced", "ours"}
+
+        await eventually_async(only_ours_left, timeout_s=20)
         after = await retained_desired(broker.url, topic_root)
         assert set(after) == {"replaced", "ours"}
         assert after["ours"] == retained_before["ours"]
