@@ -38,7 +38,9 @@ def _broker(accounts_file: Path, port: int) -> EmbeddedBroker:
 
 @pytest.fixture
 async def embedded(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedBroker, AccountsBroker]]:
-    async with _broker(tmp_path / "broker-accounts.json", free_port()) as broker:
+    # Port 0: the kernel's choice at the bind, so no other test's server can take it
+    # between a probe and the bind (CI failed once on "address already in use").
+    async with _broker(tmp_path / "broker-accounts.json", 0) as broker:
         admin = MqttSettings(
             url=broker.url,
             username="greenfed-cloud",
