@@ -130,6 +130,9 @@ class Accountant:
         self._clock = clock
         self._state: _LeaderState | None = None  # set while leading, marks loaded
         self._by_node: dict[str, list[MeteredAllocation]] = {}
+        # Nodes holding an allocation that ended, which their samples retire: every
+        # other sample skips looking.
+        self._ended_on: set[str] = set()
         self._ended: dict[tuple[str, int, str], MeteredAllocation] = {}
         self._work_tenants: dict[str, str] = {}  # work id -> tenant id, active work
         self._active_work: set[str] = set()
@@ -202,12 +205,14 @@ class Accountant:
 
     def _retire_ended(self, node_id: str, counted_until_s: float) -> None:
         """Drop ended allocations of the node that its samples have now covered."""
-        current = self._by_node.get(node_id)
-        if not current:
+        if node_id not in self._ended_on:
             return
+        current = self._by_node.get(node_id, [])
         keep = [a for a in current if a.ended_at_s is None or a.ended_at_s > counted_until_s]
         if len(keep) != len(current):
             self._by_node[node_id] = keep
+        if all(a.ended_at_s is None for a in keep):
+            self._ended_on.discard(node_id)
 
     # ---- from the scheduling loop -----------------------------------------------------------
 
@@ -272,6 +277,11 @@ class Accountant:
                     continue  # its node never reported again: nothing more to count
                 by_node.setdefault(node_id, []).append(ended)
         self._by_node = by_node
+        self._ended_on = {
+            node_id
+            for node_id, allocations in by_node.items()
+            if any(a.ended_at_s is not None for a in allocations)
+        }
         active = {record.work_id for record in store.work}
         self._work_tenants = {record.work_id: record.tenant_id for record in store.work}
         for work_id in self._active_work - active:

@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from cloud.green.energy import J_PER_KWH
@@ -29,8 +30,9 @@ from cloud.usage.meter import Increment
 FALLBACK_CURRENCY = "USD"  # the static table's prices
 
 
-@dataclass(frozen=True, slots=True)
-class Priced:
+class Priced(msgspec.Struct, frozen=True):
+    """An increment and its node's zone (one per sample metered: a struct, cheap to make)."""
+
     increment: Increment
     zone: str
 
@@ -50,13 +52,13 @@ class Piece:
 def _boundaries(start: float, end: float, offset_s: float) -> list[float]:
     """Hour starts within (start, end), of our clock and of the grid's (a replayed trace
     runs `offset_s` ahead): within a piece both hours are constant."""
-    cuts = set()
+    cuts: list[float] = []
     for shift in (0.0, offset_s % HOUR_S):
         hour = math.floor((start - shift) / HOUR_S) * HOUR_S + shift + HOUR_S
         while hour < end:
-            cuts.add(hour)
+            cuts.append(hour)
             hour += HOUR_S
-    return sorted(cuts)
+    return sorted(set(cuts)) if len(cuts) > 1 else cuts
 
 
 PieceKey = tuple[str, int, str, int, int]  # work, member, node, our hour, the grid's hour
@@ -69,34 +71,45 @@ def accumulate(pieces: Pieces, item: Priced, offset_s: float) -> None:
     has the same mean, and summing first changes nothing but the cost of pricing (and
     bounds what waits for a flush by allocations × hours, not samples)."""
     increment = item.increment
-    allocation = increment.allocation
     start, end = increment.start_s, increment.end_s
     span = end - start
     if span <= 0:
         return
-    edges = [start, *_boundaries(start, end, offset_s), end]
-    for piece_start, piece_end in itertools.pairwise(edges):
+    cuts = _boundaries(start, end, offset_s)
+    if not cuts:  # the usual step, a few seconds within one hour of both clocks
+        _put(pieces, item, start, end, increment.energy_j, increment.measured_j, increment.gap_s,
+             offset_s)  # fmt: skip
+        return
+    for piece_start, piece_end in itertools.pairwise([start, *cuts, end]):
         part = (piece_end - piece_start) / span
-        key = (
-            allocation.work_id,
-            allocation.member_index,
-            allocation.node_id,
-            math.floor(piece_start / HOUR_S),
-            math.floor((piece_start + offset_s) / HOUR_S),
-        )
-        found = pieces.get(key)
-        if found is None:
-            pieces[key] = Piece(
-                item,
-                piece_start,
-                piece_end,
-                increment.energy_j * part,
-                increment.measured_j * part,
-                increment.gap_s * part,
-            )
-        else:
-            _add(found, piece_start, piece_end, increment.energy_j * part,
-                 increment.measured_j * part, increment.gap_s * part)  # fmt: skip
+        _put(pieces, item, piece_start, piece_end, increment.energy_j * part,
+             increment.measured_j * part, increment.gap_s * part, offset_s)  # fmt: skip
+
+
+def _put(
+    pieces: Pieces,
+    item: Priced,
+    start_s: float,
+    end_s: float,
+    energy_j: float,
+    measured_j: float,
+    gap_s: float,
+    offset_s: float,
+) -> None:
+    """One piece within an hour of both clocks, added to the piece of its key."""
+    allocation = item.increment.allocation
+    key = (
+        allocation.work_id,
+        allocation.member_index,
+        allocation.node_id,
+        math.floor(start_s / HOUR_S),
+        math.floor((start_s + offset_s) / HOUR_S),
+    )
+    found = pieces.get(key)
+    if found is None:
+        pieces[key] = Piece(item, start_s, end_s, energy_j, measured_j, gap_s)
+    else:
+        _add(found, start_s, end_s, energy_j, measured_j, gap_s)
 
 
 def _add(

@@ -196,6 +196,31 @@ async def test_a_restart_mid_job_and_replayed_telemetry_leave_the_totals_unchang
         await store.close()  # type: ignore[attr-defined]
 
 
+async def test_a_job_that_ends_is_counted_to_its_end_and_then_let_go(
+    database: DatabaseUnderTest,
+) -> None:
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        feed(accountant, [T0 + 10 * i for i in range(31)], clock)  # 0..300 s
+        clock.now = T0 + 305
+        # The pass after the job ended: it is no longer allocated.
+        empty = StoreSnapshot(tenants=(), work=(), allocations=(), node_generations={})
+        accountant.note_pass(empty, grid(clock.now))
+        (ended,) = accountant.allocations_on("n1")
+        assert ended.ended_at_s == T0 + 305
+        # The sample that covers its end counts it to there, and lets it go.
+        feed(accountant, [T0 + 310], clock)
+        assert accountant.allocations_on("n1") == ()
+        feed(accountant, [T0 + 320, T0 + 330], clock)  # nothing runs: nothing counted
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, gco2, _, _ = await totals(store)
+        assert kwh == pytest.approx(expected_kwh(T0, T0 + 305), rel=0.02)
+        assert gco2 == pytest.approx(expected_gco2(T0, T0 + 305), rel=0.02)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
 async def test_a_gap_without_counters_is_filled_by_the_model_and_flagged(
     database: DatabaseUnderTest,
 ) -> None:

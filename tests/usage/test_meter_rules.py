@@ -1,0 +1,360 @@
+"""The meter and the hourly split held to their rules written out plainly, on random
+nodes, samples, marks and allocations (cloud/usage/meter.py, cloud/usage/pricing.py).
+
+Metering runs on every sample the leader hears, so its code is written for speed; what
+it must compute is stated here the slow, obvious way, from the module docstrings: a
+device's energy from its counter's difference, else its power sample over the step (up
+to `POWER_SAMPLE_REACH` intervals, the rest modelled as a gap), else the model; an
+allocation's own devices prorated by the time it held them, plus the CPU's energy × its
+share of the pool's devices (or `host_overhead_ratio` of its devices' where no CPU
+reports); a gap between agent instances filled by the model; every increment split at
+the hour boundaries of both clocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cloud.loop.nodes import device_power_w
+from cloud.signals.grid import HOUR_S
+from cloud.usage.meter import (
+    POWER_SAMPLE_REACH,
+    Increment,
+    MeteredAllocation,
+    NodeMark,
+    meter,
+)
+from cloud.usage.pricing import Pieces, Priced, accumulate
+from shared.messages import (
+    Accelerator,
+    AcceleratorKind,
+    AcceleratorSample,
+    HostInfo,
+    NodeStatus,
+    Telemetry,
+)
+
+GIB = 1024**3
+T0 = 1_700_000_000.0 - 1_700_000_000.0 % 3600
+
+
+def _device(device_id: str, kind: AcceleratorKind, units: int) -> Accelerator:
+    return Accelerator(
+        id=device_id, kind=kind, vendor="v", model="m", memory_bytes=GIB, compute_units=units,
+        idle_power_w=40.0 + units, max_power_w=300.0 + units,
+    )  # fmt: skip
+
+
+DEVICES: dict[str, tuple[AcceleratorKind, int]] = {
+    "cpu0": ("cpu", 32),
+    "cpu1": ("cpu", 8),
+    "gpu0": ("gpu", 108),
+    "gpu1": ("gpu", 108),
+    "gpu2": ("gpu", 80),
+    "npu0": ("npu", 4),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    inventory: NodeStatus
+    telemetry: Telemetry
+    mark: NodeMark | None
+    allocations: list[MeteredAllocation]
+    host_overhead_ratio: float
+    max_gap_s: float
+    power_limits_w: dict[str, float]
+
+
+Row = tuple[str, float, float, float, float, float]  # work, start, end, joules, measured, gap
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    ids = draw(st.lists(st.sampled_from(sorted(DEVICES)), min_size=1, max_size=5, unique=True))
+    inventory = NodeStatus(
+        node_id="n1", state="online", instance_id="i1", agent_version="t", site="cloud",
+        zone="DE", region="r",
+        host=HostInfo(hostname="h", os="Linux", arch="x86_64", cpu_logical_cores=32,
+                      memory_total_bytes=64 * GIB),
+        accelerators=tuple(_device(i, *DEVICES[i]) for i in ids),
+        telemetry_interval_s=10.0, started_at=T0, sent_at=T0,
+    )  # fmt: skip
+    interval_s = draw(st.sampled_from([5.0, 10.0, 60.0]))
+    sampled_ids = draw(st.lists(st.sampled_from([*ids, "gpu9"]), max_size=6, unique=True))
+    maybe_watts = st.none() | st.floats(0.0, 500.0)
+    telemetry = Telemetry(
+        node_id="n1", instance_id=draw(st.sampled_from(["i1", "i2"])),
+        seq=draw(st.integers(1, 50)), sampled_at=T0 + draw(st.floats(1.0, 30_000.0)),
+        interval_s=interval_s, cpu_utilization_pct=10.0, memory_used_bytes=GIB,
+        memory_total_bytes=64 * GIB,
+        accelerators=tuple(
+            AcceleratorSample(
+                id=i, utilization_pct=draw(st.floats(0.0, 100.0)), memory_used_bytes=0,
+                power_w=draw(maybe_watts), energy_j=draw(st.none() | st.floats(0.0, 1e7)),
+            )
+            for i in sampled_ids
+        ),
+    )  # fmt: skip
+    mark = draw(
+        st.none()
+        | st.builds(
+            NodeMark,
+            instance_id=st.sampled_from(["i1", "i2"]),
+            seq=st.integers(0, 50),
+            sampled_at_s=st.floats(T0 - 30_000.0, T0 + 30_000.0),
+            energy_j=st.dictionaries(st.sampled_from(ids), st.floats(0.0, 1e7), max_size=4),
+        )
+    )
+    allocations = []
+    for number in range(draw(st.integers(0, 3))):
+        kind: AcceleratorKind = draw(st.sampled_from(["gpu", "cpu", "npu"]))
+        own = tuple(draw(st.lists(st.sampled_from([*ids, "gpu9"]), max_size=3, unique=True)))
+        started = T0 + draw(st.floats(-40_000.0, 30_000.0))
+        ended = draw(st.none() | st.floats(started, started + 40_000.0))
+        allocations.append(
+            MeteredAllocation(
+                work_id=f"w{number}", member_index=0, tenant_id="t", node_id="n1",
+                accelerator_kind=kind, accelerators=draw(st.integers(1, 40)),
+                accelerator_ids=() if kind == "cpu" else own, work_kind="training",
+                started_at_s=started, ended_at_s=ended,
+            )
+        )  # fmt: skip
+    return Case(
+        inventory=inventory,
+        telemetry=telemetry,
+        mark=mark,
+        allocations=allocations,
+        host_overhead_ratio=draw(st.floats(0.0, 0.5)),
+        max_gap_s=draw(st.sampled_from([60.0, 3600.0, 6 * 3600.0])),
+        power_limits_w=draw(st.dictionaries(st.sampled_from(ids), st.floats(10.0, 400.0))),
+    )
+
+
+def _modelled_w(
+    device: Accelerator, sample: AcceleratorSample | None, limit: float | None
+) -> float:
+    idle_w, max_w = device_power_w(device)
+    watts = idle_w + (max_w - idle_w) * (sample.utilization_pct / 100.0 if sample else 0.0)
+    return watts if limit is None else min(watts, limit)
+
+
+def _device_energy(
+    device: Accelerator,
+    sample: AcceleratorSample | None,
+    counter: float | None,
+    step_s: float,
+    interval_s: float,
+    limit: float | None,
+) -> tuple[float, float, float]:
+    """(joules, of which measured, gap seconds) of one device over the step."""
+    counted = sample.energy_j if sample else None
+    if counted is not None and counter is not None and counted >= counter:
+        return counted - counter, counted - counter, 0.0
+    reach_s = POWER_SAMPLE_REACH * interval_s
+    if sample and sample.power_w is not None:
+        if step_s <= reach_s:
+            return sample.power_w * step_s, sample.power_w * step_s, 0.0
+        gap_s = step_s - interval_s
+        measured = sample.power_w * interval_s
+        return measured + _modelled_w(device, sample, limit) * gap_s, measured, gap_s
+    return _modelled_w(device, sample, limit) * step_s, 0.0, max(0.0, step_s - reach_s)
+
+
+def _allocation_energy(
+    allocation: MeteredAllocation,
+    devices: Sequence[Accelerator],
+    energy: Mapping[str, tuple[float, float]],
+    host_overhead_ratio: float,
+) -> tuple[float, float]:
+    """(joules, measured) had the allocation held its devices the whole step."""
+    cpus = [d for d in devices if d.kind == "cpu"]
+    cpu = [sum(energy[d.id][k] for d in cpus) for k in (0, 1)]
+    if allocation.accelerator_kind == "cpu":
+        cores = sum(max(1, d.compute_units) for d in cpus)
+        part = min(1.0, allocation.accelerators / cores) if cores else 0.0
+        return cpu[0] * part, cpu[1] * part
+    own = [sum(energy[i][k] for i in allocation.accelerator_ids if i in energy) for k in (0, 1)]
+    if not cpus:
+        return own[0] * (1.0 + host_overhead_ratio), own[1] * (1.0 + host_overhead_ratio)
+    pool = len([d for d in devices if d.kind == allocation.accelerator_kind])
+    part = allocation.accelerators / pool if pool else 0.0
+    return own[0] + cpu[0] * part, own[1] + cpu[1] * part
+
+
+def _spread(
+    allocations: Sequence[MeteredAllocation],
+    devices: Sequence[Accelerator],
+    energy: Mapping[str, tuple[float, float]],
+    host_overhead_ratio: float,
+    start_s: float,
+    end_s: float,
+    gap_s: float | None,
+) -> list[Row]:
+    """Each allocation's part of [start, end): (work, start, end, joules, measured, gap);
+    `gap_s` None: the whole held time is a gap."""
+    span_s = end_s - start_s
+    rows = []
+    for allocation in allocations:
+        held_start = max(start_s, allocation.started_at_s)
+        held_end = min(end_s, allocation.ended_at_s if allocation.ended_at_s is not None else end_s)
+        if held_end <= held_start:
+            continue
+        joules, measured = _allocation_energy(allocation, devices, energy, host_overhead_ratio)
+        part = (held_end - held_start) / span_s
+        gap = held_end - held_start if gap_s is None else gap_s * part
+        rows.append((allocation.work_id, held_start, held_end, joules * part, measured * part, gap))
+    return rows
+
+
+def _expected(case: Case) -> tuple[list[Row], NodeMark | None]:
+    telemetry, mark, allocations = case.telemetry, case.mark, case.allocations
+    ratio, max_gap_s, limits = case.host_overhead_ratio, case.max_gap_s, case.power_limits_w
+    end_s = telemetry.sampled_at
+    if mark is not None and (
+        end_s <= mark.sampled_at_s
+        or (telemetry.instance_id == mark.instance_id and telemetry.seq <= mark.seq)
+    ):
+        return [], mark  # a replay
+    new_mark = NodeMark(
+        telemetry.instance_id,
+        telemetry.seq,
+        end_s,
+        {s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None},
+    )
+    same = mark is not None and mark.instance_id == telemetry.instance_id
+    start_s = mark.sampled_at_s if same and mark is not None else end_s - telemetry.interval_s
+    counters = mark.energy_j if same and mark is not None else {}
+    gap_from = None
+    if mark is not None and not same and mark.sampled_at_s < start_s:
+        gap_from = max(mark.sampled_at_s, start_s - max_gap_s)
+    start_s = max(start_s, end_s - max_gap_s)
+    if end_s - start_s <= 0 or not allocations:
+        return [], new_mark
+    samples = {s.id: s for s in telemetry.accelerators}
+    devices = case.inventory.accelerators
+    per_device = {
+        d.id: _device_energy(
+            d, samples.get(d.id), counters.get(d.id), end_s - start_s, telemetry.interval_s,
+            limits.get(d.id),
+        )
+        for d in devices
+    }  # fmt: skip
+    step_gap_s = max([0.0, *(gap for _, _, gap in per_device.values())])
+    energy = {i: (joules, measured) for i, (joules, measured, _) in per_device.items()}
+    rows = _spread(allocations, devices, energy, ratio, start_s, end_s, step_gap_s)
+    if gap_from is not None:
+        span_s = start_s - gap_from
+        modelled = {
+            d.id: (_modelled_w(d, samples.get(d.id), limits.get(d.id)) * span_s, 0.0)
+            for d in devices
+        }
+        rows += [
+            (work, start, end, joules, 0.0, gap)
+            for work, start, end, joules, _, gap in _spread(
+                allocations, devices, modelled, ratio, gap_from, start_s, None
+            )
+        ]
+    return rows, new_mark
+
+
+def _as_rows(increments: Sequence[Increment]) -> list[Row]:
+    return [
+        (i.allocation.work_id, i.start_s, i.end_s, i.energy_j, i.measured_j, i.gap_s)
+        for i in increments
+    ]
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=cases())
+def test_meter_follows_its_rules(case: Case) -> None:
+    expected_rows, expected_mark = _expected(case)
+    increments, new_mark = meter(
+        case.inventory,
+        case.telemetry,
+        case.mark,
+        case.allocations,
+        host_overhead_ratio=case.host_overhead_ratio,
+        max_gap_s=case.max_gap_s,
+        power_limits_w=case.power_limits_w,
+    )
+    rows = _as_rows(increments)
+    assert [row[:3] for row in rows] == [row[:3] for row in expected_rows]
+    for row, expected in zip(rows, expected_rows, strict=True):
+        assert row[3:] == pytest.approx(expected[3:], rel=1e-12, abs=1e-9)
+    assert new_mark == expected_mark
+
+
+ALLOCATION = MeteredAllocation(
+    work_id="w", member_index=1, tenant_id="t", node_id="n1", accelerator_kind="gpu",
+    accelerators=1, accelerator_ids=("gpu0",), work_kind="training", started_at_s=0.0,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spans=st.lists(
+        # Steps of a second or more (or none): a part of a shorter one at 1.7e9 s
+        # keeps too few digits to compare.
+        st.tuples(
+            st.floats(0.0, 3 * HOUR_S),
+            st.just(0.0) | st.floats(1.0, 2 * HOUR_S),
+            st.floats(0.0, 1e6),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    offset_s=st.sampled_from([0.0, 1800.0, -7 * HOUR_S - 600.0, 123.0]),
+)
+def test_accumulate_splits_at_both_clocks_hours(
+    spans: list[tuple[float, float, float]], offset_s: float
+) -> None:
+    pieces: Pieces = {}
+    expected: dict[tuple[int, int], list[float]] = {}  # (our hour, the grid's hour) -> sums
+    for start, length, joules in spans:
+        start += T0
+        increment = Increment(
+            allocation=ALLOCATION, start_s=start, end_s=start + length, energy_j=joules,
+            measured_j=joules / 2, gap_s=length / 4,
+        )  # fmt: skip
+        accumulate(pieces, Priced(increment, "DE"), offset_s)
+        if length <= 0:
+            continue
+        # Cut wherever either clock's hour changes, then share by time.
+        cuts = _cuts(start, start + length, offset_s)
+        for a, b in itertools.pairwise(cuts):
+            part = (b - a) / length
+            hours = (math.floor(a / HOUR_S), math.floor((a + offset_s) / HOUR_S))
+            sums = expected.setdefault(hours, [0.0, 0.0, 0.0, math.inf, -math.inf])
+            sums[0] += joules * part
+            sums[1] += joules / 2 * part
+            sums[2] += length / 4 * part
+            sums[3] = min(sums[3], a)
+            sums[4] = max(sums[4], b)
+    assert {(k[3], k[4]) for k in pieces} == set(expected)
+    for key, piece in pieces.items():
+        sums = expected[(key[3], key[4])]
+        assert (piece.energy_j, piece.measured_j, piece.gap_s) == pytest.approx(
+            sums[:3],
+            rel=1e-6,
+            abs=1e-6,  # times near 1.7e9 s keep 1e-7 s
+        )
+        assert (piece.start_s, piece.end_s) == pytest.approx(sums[3:], abs=1e-6)
+
+
+def _cuts(start: float, end: float, offset_s: float) -> list[float]:
+    points = {start, end}
+    for shift in (0.0, offset_s % HOUR_S):
+        hour = math.floor((start - shift) / HOUR_S) * HOUR_S + shift
+        while hour < end:
+            if hour > start:
+                points.add(hour)
+            hour += HOUR_S
+    return sorted(points)
