@@ -8,12 +8,20 @@ the replicas' scaling: each replica takes 1/N of the fleet's samples and merges 
     python benchmarks/digest_merge.py --nodes 10000 --rounds 6
     python benchmarks/digest_merge.py --nodes 1000 --rounds 40
 
+With `--metering` the replica is the leader: its live accountant (cloud/usage/) meters
+every sample, its own and every digest's, each node running one job, under the
+interpreter settings the leader schedules with (`cloud.interpreter_tuning`); a leader
+decodes and checks every relayed sample for that.
+
+    python benchmarks/digest_merge.py --nodes 10000 --rounds 6 --metering
+
 Prints the medians of `--repeats` runs, in microseconds per sample, as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import statistics
@@ -25,10 +33,11 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.ingest import birth, node_ids, telemetry
+from benchmarks.ingest import birth, metering, node_ids, telemetry
 from cloud.fleet.digest import RELAYED_DIGEST_DECODER, DigestBuilder
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
+from cloud.interpreter_tuning import tuned_for_scheduling
 from shared.messages import TELEMETRY_DECODER, encode
 from shared.topics import Channel, Topics
 
@@ -56,7 +65,10 @@ def digests(nodes: int, rounds: int) -> list[bytes]:
 
 
 def merge_us(nodes: int, rounds: int, messages: list[bytes]) -> float:
-    ingestor = replica(nodes)
+    return _merge_us(replica(nodes), nodes, rounds, messages)
+
+
+def _merge_us(ingestor: Ingestor, nodes: int, rounds: int, messages: list[bytes]) -> float:
     began = time.perf_counter()
     for message in messages:
         ingestor.handle_digest(message)
@@ -66,7 +78,10 @@ def merge_us(nodes: int, rounds: int, messages: list[bytes]) -> float:
 
 
 def take_us(nodes: int, rounds: int) -> float:
-    ingestor = replica(nodes)
+    return _take_us(replica(nodes), nodes, rounds)
+
+
+def _take_us(ingestor: Ingestor, nodes: int, rounds: int) -> float:
     samples = [
         (TOPICS.node(node_id, Channel.TELEMETRY), telemetry(node_id, seq))
         for seq in range(1, rounds + 1)
@@ -80,6 +95,22 @@ def take_us(nodes: int, rounds: int) -> float:
     return spent / (nodes * rounds) * 1e6
 
 
+async def metered_us(nodes: int, rounds: int) -> tuple[float, float]:
+    """(merge, take) for the leader, which meters both."""
+    costs = []
+    for measure in (_merge_us, _take_us):
+        ingestor = replica(nodes)
+        async with metering(ingestor, ingestor.registry, nodes) as accountant:
+            ingestor.digest_listeners.append(accountant.observe)
+            # Made once the marks are (metering counts from now: older is a replay).
+            if measure is _merge_us:
+                costs.append(_merge_us(ingestor, nodes, rounds, digests(nodes, rounds)))
+            else:
+                costs.append(_take_us(ingestor, nodes, rounds))
+            assert accountant.stats.replays == 0
+    return costs[0], costs[1]
+
+
 def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     parser = argparse.ArgumentParser(
@@ -88,7 +119,15 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=6, help="samples per node")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--metering", action="store_true", help="the leader, metering")
     args = parser.parse_args()
+    if args.metering:
+        with tuned_for_scheduling():
+            runs = [asyncio.run(metered_us(args.nodes, args.rounds)) for _ in range(args.repeats)]
+        merged = statistics.median(run[0] for run in runs)
+        taken = statistics.median(run[1] for run in runs)
+        _report(args.nodes, args.rounds, merged, taken, None, metering=True)
+        return
     messages = digests(args.nodes, args.rounds)
     decode = []
     for _ in range(args.repeats):
@@ -99,12 +138,19 @@ def main() -> None:
     merge = [merge_us(args.nodes, args.rounds, messages) for _ in range(args.repeats)]
     take = [take_us(args.nodes, args.rounds) for _ in range(args.repeats)]
     merged, taken = statistics.median(merge), statistics.median(take)
+    _report(args.nodes, args.rounds, merged, taken, statistics.median(decode), metering=False)
+
+
+def _report(
+    nodes: int, rounds: int, merged: float, taken: float, decode: float | None, *, metering: bool
+) -> None:
     json.dump(
         {
-            "nodes": args.nodes,
-            "samples_per_node": args.rounds,
+            "nodes": nodes,
+            "samples_per_node": rounds,
+            "metering": metering,
             "merge_relayed_us": round(merged, 2),
-            "of_which_digest_decode_us": round(statistics.median(decode), 2),
+            **({} if decode is None else {"of_which_digest_decode_us": round(decode, 2)}),
             "take_own_us": round(taken, 2),
             "merge_to_take": round(merged / taken, 3),
             # Each replica's CPU per fleet sample is (take + (N - 1) merge) / N when no
