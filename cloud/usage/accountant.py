@@ -71,6 +71,9 @@ class AccountingStats:
     rows_written: int = 0
     failed_flushes: int = 0
     replays: int = 0  # samples already counted (replayed, retained, duplicated)
+    # Device steps whose counter or power could not be true (cloud/usage/meter.py),
+    # counted by the next source down.
+    implausible: int = 0
     last_flush_ms: float = 0.0
 
 
@@ -133,6 +136,8 @@ class Accountant:
         # Nodes holding an allocation that ended, which their samples retire: every
         # other sample skips looking.
         self._ended_on: set[str] = set()
+        self._implausible: list[str] = []  # the meter's, for the sample being metered
+        self._warned_implausible: set[str] = set()  # nodes logged once
         self._ended: dict[tuple[str, int, str], MeteredAllocation] = {}
         self._work_tenants: dict[str, str] = {}  # work id -> tenant id, active work
         self._active_work: set[str] = set()
@@ -191,7 +196,10 @@ class Accountant:
             host_overhead_ratio=self._energy.host_overhead_ratio,
             max_gap_s=self._settings.max_gap_s,
             power_limits_w=held_power_limits_w(record.reported, allocations or ()),
+            implausible=self._implausible,
         )
+        if self._implausible:
+            self._refused(node_id)
         if new_mark is mark:
             self.stats.replays += 1
             return
@@ -202,6 +210,20 @@ class Accountant:
         for increment in increments:
             accumulate(state.pending, Priced(increment, zone), self._grid_offset_s)
         self._retire_ended(node_id, new_mark.sampled_at_s)
+
+    def _refused(self, node_id: str) -> None:
+        """Count a sample's implausible figures; say so once per node (a node that lies
+        or whose counters broke would say it with every sample)."""
+        devices, self._implausible = self._implausible, []
+        self.stats.implausible += len(devices)
+        if node_id not in self._warned_implausible:
+            self._warned_implausible.add(node_id)
+            self._log.warning(
+                "implausible energy figures not metered",
+                node_id=node_id,
+                devices=sorted(set(devices)),
+                why="more than the device's maximum power allows (cloud/usage/meter.py)",
+            )
 
     def _retire_ended(self, node_id: str, counted_until_s: float) -> None:
         """Drop ended allocations of the node that its samples have now covered."""

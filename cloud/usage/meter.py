@@ -19,6 +19,12 @@ the sample's own interval without a counter, or the time between the last sample
 of an agent instance and the first of the next one) is filled by the model at the
 new sample's utilisation and counted in ``gap_s``.
 
+A node reports its own counters and power, and its tenants are billed by them. A
+counter's difference or a power sample that would have a device draw more than
+`PLAUSIBLE_POWER_FACTOR` times the maximum power it announced (its kind's default
+where it announced none) cannot be true: that step is counted as if the node had not
+said it (the next source down), and the device is named in `implausible`.
+
 An allocation gets its own devices' energy, prorated by how much of the step it
 held them, plus a host share the way the energy model (`cloud.green.energy`) adds
 one: the node's CPU energy × a / (devices of its kind on the node), or, on a node
@@ -36,7 +42,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from cloud.loop.nodes import device_power_w
+from cloud.loop.nodes import DEFAULT_POWER_W, device_power_w
 from shared.messages import (
     TRAINING_RUN_LIVE_STATES,
     Accelerator,
@@ -52,6 +58,11 @@ from shared.work_literals import WorkKind
 # dropped QoS-0 sample); beyond, the power sample no longer describes it.
 POWER_SAMPLE_REACH = 2.0
 DEFAULT_MAX_GAP_S = 6 * 3600.0
+# A device's mean draw over a step is believed up to this many times the maximum power
+# it announced: far above what a GPU's excursions or a CPU's turbo (Intel's PL2, up to
+# about 2.5x its base power on laptops and edge boxes) average to over a step, far below
+# what would let a node inflate its tenants' bills or emissions by orders of magnitude.
+PLAUSIBLE_POWER_FACTOR = 4.0
 
 
 # Made once per sample: msgspec structs, which cost a tenth of a frozen dataclass to make.
@@ -164,8 +175,10 @@ def _step_energy(
     step_s: float,
     interval_s: float,
     limit_w: float | None = None,
+    implausible: list[str] | None = None,
 ) -> tuple[float, float, float]:
-    """(joules over the step, of which measured, seconds of it that are a gap)."""
+    """(joules over the step, of which measured, seconds of it that are a gap);
+    `implausible` gets the device's id where the node's figure was refused."""
     if (
         sample is not None
         and sample.energy_j is not None
@@ -173,17 +186,35 @@ def _step_energy(
         and sample.energy_j >= previous_counter_j
     ):
         delta = sample.energy_j - previous_counter_j
-        return delta, delta, 0.0
+        if delta <= plausible_power_w(accelerator) * step_s:
+            return delta, delta, 0.0
+        if implausible is not None:
+            implausible.append(accelerator.id)
     reach_s = POWER_SAMPLE_REACH * interval_s
-    if sample is not None and sample.power_w is not None:
+    power_w = sample.power_w if sample is not None else None
+    if power_w is not None and power_w > plausible_power_w(accelerator):
+        if implausible is not None:
+            implausible.append(accelerator.id)
+        power_w = None
+    if sample is not None and power_w is not None:
         if step_s <= reach_s:
-            joules = sample.power_w * step_s
+            joules = power_w * step_s
             return joules, joules, 0.0
-        measured = sample.power_w * interval_s
+        measured = power_w * interval_s
         gap_s = step_s - interval_s
         return measured + _modelled_w(accelerator, sample, limit_w) * gap_s, measured, gap_s
     gap_s = max(0.0, step_s - reach_s)
     return _modelled_w(accelerator, sample, limit_w) * step_s, 0.0, gap_s
+
+
+def plausible_power_w(accelerator: Accelerator) -> float:
+    """The most a device's mean draw over a step may be believed to be, in watts."""
+    max_w = accelerator.max_power_w
+    if max_w is None or max_w <= 0:
+        _, max_w = DEFAULT_POWER_W[accelerator.kind]
+        if accelerator.kind == "cpu":
+            max_w *= max(1, accelerator.compute_units)
+    return PLAUSIBLE_POWER_FACTOR * max_w
 
 
 def _held(allocation: MeteredAllocation, start_s: float, end_s: float) -> tuple[float, float]:
@@ -245,10 +276,12 @@ def meter(
     host_overhead_ratio: float = 0.1,
     max_gap_s: float = DEFAULT_MAX_GAP_S,
     power_limits_w: Mapping[str, float] | None = None,
+    implausible: list[str] | None = None,
 ) -> tuple[list[Increment], NodeMark | None]:
     """The increments of the node's allocations since `mark`, and the new mark (the old
     one for a replay). ``power_limits_w``: device id -> the limit its node holds it to
-    (`held_power_limits_w`), which bounds the model's figure."""
+    (`held_power_limits_w`), which bounds the model's figure. ``implausible`` gets the
+    id of each device whose counter or power this step was refused."""
     power_limits_w = power_limits_w or {}
     if is_replay(telemetry, mark):
         return [], mark
@@ -282,6 +315,7 @@ def meter(
             step_s,
             interval_s,
             power_limits_w.get(accelerator.id),
+            implausible,
         )
         devices[accelerator.id] = (joules, measured)
         if gap_s > step_gap_s:

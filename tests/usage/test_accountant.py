@@ -8,6 +8,7 @@ import asyncio
 import msgspec
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from cloud.fleet.registry import NodeRegistry
 from cloud.signals.grid import GridSignals, ZoneSeries
@@ -217,6 +218,35 @@ async def test_a_job_that_ends_is_counted_to_its_end_and_then_let_go(
         kwh, gco2, _, _ = await totals(store)
         assert kwh == pytest.approx(expected_kwh(T0, T0 + 305), rel=0.02)
         assert gco2 == pytest.approx(expected_gco2(T0, T0 + 305), rel=0.02)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+async def test_a_node_claiming_more_energy_than_its_gpu_can_draw_bills_no_more(
+    database: DatabaseUnderTest,
+) -> None:
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        with capture_logs() as logs:
+            feed(accountant, [T0, T0 + 10], clock)
+            for at in (T0 + 20, T0 + 30):  # the counter jumps by a terajoule, twice
+                clock.now = at
+                honest = reading(at)
+                (gpu,) = honest.accelerators
+                lie = msgspec.structs.replace(gpu, energy_j=(gpu.energy_j or 0.0) + 1e12 * at)
+                accountant.observe(msgspec.structs.replace(honest, accelerators=(lie,)))
+            feed(accountant, [T0 + 40, T0 + 50], clock)
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, _, _, measured = await totals(store)
+        # Its 300 W power samples count instead: what it drew, measured.
+        assert kwh == pytest.approx(expected_kwh(T0, T0 + 50), rel=0.02)
+        assert measured == pytest.approx(1.0)
+        assert accountant.stats.implausible == 2
+        said = [line for line in logs if line["event"] == "implausible energy figures not metered"]
+        assert len(said) == 1  # once per node, not once per sample
+        assert said[0]["node_id"] == "n1"
+        assert said[0]["devices"] == ["gpu0"]
     finally:
         await store.close()  # type: ignore[attr-defined]
 

@@ -111,6 +111,38 @@ def test_power_samples_then_the_model_fill_a_gap_and_flag_it() -> None:
     assert one.gap_s == pytest.approx(90.0)
 
 
+def test_a_counter_or_a_power_no_device_could_draw_is_not_believed() -> None:
+    # A node reports its own figures and its tenants are billed by them: a GPU of 400 W
+    # may be believed up to 4 x 400 W on average over a step, no more.
+    node = birth(GPU)
+    refused: list[str] = []
+    # 10 s after the mark the counter claims 1 GJ (100 MW): the power sample counts.
+    lying_counter = sample(T0 + 10, 2, energy={"gpu0": 1e9}, power={"gpu0": 300.0})
+    (one,), mark = meter(
+        node, lying_counter, NodeMark("i1", 1, T0, {"gpu0": 0.0}), [job()], implausible=refused
+    )
+    assert one.energy_j == pytest.approx(300.0 * 10 * 1.1)
+    assert one.measured_j == pytest.approx(one.energy_j)
+    assert refused == ["gpu0"]
+    assert mark is not None
+    assert mark.energy_j == {"gpu0": 1e9}  # the next step starts from it: one step lost
+    # 10 kW from a 400 W GPU: the model counts the step, measured nothing.
+    refused.clear()
+    lying_power = sample(T0 + 10, 2, power={"gpu0": 10_000.0}, util=80.0)
+    (two,), _ = meter(node, lying_power, NodeMark("i1", 1, T0, {}), [job()], implausible=refused)
+    assert two.energy_j == pytest.approx((50.0 + 350.0 * 0.8) * 10 * 1.1)
+    assert two.measured_j == 0.0
+    assert refused == ["gpu0"]
+    # A real device's excursion (1.5 kW over the step, under 4 x 400 W) is believed.
+    refused.clear()
+    surge = sample(T0 + 10, 2, energy={"gpu0": 15_000.0})
+    (three,), _ = meter(
+        node, surge, NodeMark("i1", 1, T0, {"gpu0": 0.0}), [job()], implausible=refused
+    )
+    assert three.measured_j == pytest.approx(15_000.0 * 1.1)
+    assert refused == []
+
+
 def reported(*entries: ReportedTraining) -> ReportedState:
     return ReportedState(
         node_id="n1", instance_id="i1", observed_generation=1, reported_at=T0, training=entries

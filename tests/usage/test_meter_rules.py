@@ -4,7 +4,9 @@ nodes, samples, marks and allocations (cloud/usage/meter.py, cloud/usage/pricing
 Metering runs on every sample the leader hears, so its code is written for speed; what
 it must compute is stated here the slow, obvious way, from the module docstrings: a
 device's energy from its counter's difference, else its power sample over the step (up
-to `POWER_SAMPLE_REACH` intervals, the rest modelled as a gap), else the model; an
+to `POWER_SAMPLE_REACH` intervals, the rest modelled as a gap), else the model, a
+counter or power sample believed only up to `PLAUSIBLE_POWER_FACTOR` times the device's
+announced maximum power; an
 allocation's own devices prorated by the time it held them, plus the CPU's energy × its
 share of the pool's devices (or `host_overhead_ratio` of its devices' where no CPU
 reports); a gap between agent instances filled by the model; every increment split at
@@ -25,6 +27,7 @@ from hypothesis import strategies as st
 from cloud.loop.nodes import device_power_w
 from cloud.signals.grid import HOUR_S
 from cloud.usage.meter import (
+    PLAUSIBLE_POWER_FACTOR,
     POWER_SAMPLE_REACH,
     Increment,
     MeteredAllocation,
@@ -89,7 +92,7 @@ def cases(draw: st.DrawFn) -> Case:
     )  # fmt: skip
     interval_s = draw(st.sampled_from([5.0, 10.0, 60.0]))
     sampled_ids = draw(st.lists(st.sampled_from([*ids, "gpu9"]), max_size=6, unique=True))
-    maybe_watts = st.none() | st.floats(0.0, 500.0)
+    maybe_watts = st.none() | st.floats(0.0, 2000.0)  # 4 x max is 1,200-1,700 W here
     telemetry = Telemetry(
         node_id="n1", instance_id=draw(st.sampled_from(["i1", "i2"])),
         seq=draw(st.integers(1, 50)), sampled_at=T0 + draw(st.floats(1.0, 30_000.0)),
@@ -155,15 +158,22 @@ def _device_energy(
     limit: float | None,
 ) -> tuple[float, float, float]:
     """(joules, of which measured, gap seconds) of one device over the step."""
+    assert device.max_power_w is not None
+    believable_w = PLAUSIBLE_POWER_FACTOR * device.max_power_w
     counted = sample.energy_j if sample else None
-    if counted is not None and counter is not None and counted >= counter:
+    if (
+        counted is not None
+        and counter is not None
+        and 0 <= counted - counter <= believable_w * step_s
+    ):
         return counted - counter, counted - counter, 0.0
     reach_s = POWER_SAMPLE_REACH * interval_s
-    if sample and sample.power_w is not None:
+    power_w = sample.power_w if sample else None
+    if power_w is not None and power_w <= believable_w:
         if step_s <= reach_s:
-            return sample.power_w * step_s, sample.power_w * step_s, 0.0
+            return power_w * step_s, power_w * step_s, 0.0
         gap_s = step_s - interval_s
-        measured = sample.power_w * interval_s
+        measured = power_w * interval_s
         return measured + _modelled_w(device, sample, limit) * gap_s, measured, gap_s
     return _modelled_w(device, sample, limit) * step_s, 0.0, max(0.0, step_s - reach_s)
 
