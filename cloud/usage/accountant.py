@@ -182,7 +182,7 @@ class Accountant:
         if not allocations and mark is not None and not is_replay(telemetry, mark):
             # Nothing runs there: only move the mark (its counters are the next
             # step's start).
-            state.marks[node_id] = mark_of(telemetry)
+            state.marks[node_id] = mark_of(telemetry, mark)
             state.dirty.add(node_id)
             return
         record = self._registry.get(node_id)

@@ -20,10 +20,11 @@ of an agent instance and the first of the next one) is filled by the model at th
 new sample's utilisation and counted in ``gap_s``.
 
 A node reports its own counters and power, and its tenants are billed by them. A
-counter's difference or a power sample that would have a device draw more than
-`PLAUSIBLE_POWER_FACTOR` times the maximum power it announced (its kind's default
-where it announced none) cannot be true: that step is counted as if the node had not
-said it (the next source down), and the device is named in `implausible`.
+power sample, or a counter's difference over the time since that counter last moved,
+that would have a device draw more than `PLAUSIBLE_POWER_FACTOR` times the maximum
+power it announced (its kind's default where it announced none) cannot be true: that
+step is counted as if the node had not said it (the next source down), and the device
+is named in `implausible`.
 
 An allocation gets its own devices' energy, prorated by how much of the step it
 held them, plus a host share the way the energy model (`cloud.green.energy`) adds
@@ -73,6 +74,11 @@ class NodeMark(msgspec.Struct, frozen=True):
     seq: int
     sampled_at_s: float
     energy_j: Mapping[str, float]  # each device's cumulative counter at that sample
+    # When each counter took the value it has here (the first sample with it). A counter
+    # that moves in steps (a cluster's energy accounting polls every half minute or so)
+    # is judged over the time since it last moved, not over one sample's step. Kept in
+    # memory only: a mark read back from the store judges from `sampled_at_s`.
+    moved_at_s: Mapping[str, float] = msgspec.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,9 +182,11 @@ def _step_energy(
     interval_s: float,
     limit_w: float | None = None,
     implausible: list[str] | None = None,
+    counter_window_s: float = 0.0,
 ) -> tuple[float, float, float]:
     """(joules over the step, of which measured, seconds of it that are a gap);
-    `implausible` gets the device's id where the node's figure was refused."""
+    `implausible` gets the device's id where the node's figure was refused;
+    `counter_window_s`: the time since the previous counter value first appeared."""
     if (
         sample is not None
         and sample.energy_j is not None
@@ -186,7 +194,7 @@ def _step_energy(
         and sample.energy_j >= previous_counter_j
     ):
         delta = sample.energy_j - previous_counter_j
-        if delta <= plausible_power_w(accelerator) * step_s:
+        if delta <= plausible_power_w(accelerator) * max(step_s, counter_window_s):
             return delta, delta, 0.0
         if implausible is not None:
             implausible.append(accelerator.id)
@@ -247,14 +255,19 @@ def _share(
     return device_j + node.cpu_j * part, device_measured_j + node.cpu_measured_j * part
 
 
-def mark_of(telemetry: Telemetry) -> NodeMark:
-    """What has been counted once `telemetry` is."""
-    return NodeMark(
-        instance_id=telemetry.instance_id,
-        seq=telemetry.seq,
-        sampled_at_s=telemetry.sampled_at,
-        energy_j={s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None},
-    )
+def mark_of(telemetry: Telemetry, previous: NodeMark | None = None) -> NodeMark:
+    """What has been counted once `telemetry` is (`previous`: the mark before it)."""
+    at_s = telemetry.sampled_at
+    energy_j = {s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None}
+    if previous is None or previous.instance_id != telemetry.instance_id:
+        moved_at_s = dict.fromkeys(energy_j, at_s)
+    else:
+        before, since = previous.energy_j, previous.moved_at_s
+        moved_at_s = {
+            device: since.get(device, previous.sampled_at_s) if before.get(device) == j else at_s
+            for device, j in energy_j.items()
+        }
+    return NodeMark(telemetry.instance_id, telemetry.seq, at_s, energy_j, moved_at_s)
 
 
 def is_replay(telemetry: Telemetry, mark: NodeMark | None) -> bool:
@@ -289,14 +302,17 @@ def meter(
     interval_s = telemetry.interval_s
     samples = {sample.id: sample for sample in telemetry.accelerators}
     same_instance = mark is not None and mark.instance_id == telemetry.instance_id
-    new_mark = mark_of(telemetry)
+    new_mark = mark_of(telemetry, mark)
+    moved_at_s: Mapping[str, float]
     if same_instance:
         assert mark is not None
         start_s = mark.sampled_at_s
         counters: Mapping[str, float] = mark.energy_j
+        moved_at_s = mark.moved_at_s
     else:
         start_s = end_s - interval_s
-        counters = {}
+        counters = moved_at_s = {}
+    counted_from_s = start_s
     # Between the last sample of a previous instance and this one's first interval.
     gap_start_s = None
     if mark is not None and not same_instance and mark.sampled_at_s < start_s:
@@ -316,6 +332,7 @@ def meter(
             interval_s,
             power_limits_w.get(accelerator.id),
             implausible,
+            end_s - moved_at_s.get(accelerator.id, counted_from_s),
         )
         devices[accelerator.id] = (joules, measured)
         if gap_s > step_gap_s:

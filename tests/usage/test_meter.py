@@ -143,6 +143,34 @@ def test_a_counter_or_a_power_no_device_could_draw_is_not_believed() -> None:
     assert refused == []
 
 
+def test_a_counter_that_moves_in_steps_is_judged_over_the_time_since_it_last_moved() -> None:
+    # A cluster's energy accounting polls every half minute or so (cloud/clusters/): its
+    # counter stays put for several samples, then takes the whole interval's energy in
+    # one step. 48 kJ in 10 s would be 4.8 kW from a 400 W GPU; since the counter last
+    # moved 40 s before, it is 1.2 kW, which a GPU and its share of the host can draw.
+    node = birth(GPU)
+    refused: list[str] = []
+    mark = None
+    total_j = 0.0
+    for seq, (at, counter) in enumerate(
+        [(T0, 0.0), (T0 + 10, 0.0), (T0 + 20, 0.0), (T0 + 30, 0.0), (T0 + 40, 48_000.0)], 1
+    ):
+        increments, mark = meter(
+            node, sample(at, seq, energy={"gpu0": counter}), mark, [job()], implausible=refused
+        )
+        total_j += sum(one.measured_j for one in increments)
+    assert refused == []
+    assert total_j == pytest.approx(48_000.0 * 1.1)
+    assert mark is not None
+    assert mark.moved_at_s == {"gpu0": T0 + 40}
+    # The same jump again 10 s later cannot be true: the counter moved 10 s before.
+    increments, _ = meter(
+        node, sample(T0 + 50, 6, energy={"gpu0": 96_000.0}), mark, [job()], implausible=refused
+    )
+    assert refused == ["gpu0"]
+    assert sum(one.measured_j for one in increments) == 0.0
+
+
 def reported(*entries: ReportedTraining) -> ReportedState:
     return ReportedState(
         node_id="n1", instance_id="i1", observed_generation=1, reported_at=T0, training=entries

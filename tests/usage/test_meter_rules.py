@@ -106,16 +106,20 @@ def cases(draw: st.DrawFn) -> Case:
             for i in sampled_ids
         ),
     )  # fmt: skip
-    mark = draw(
-        st.none()
-        | st.builds(
-            NodeMark,
-            instance_id=st.sampled_from(["i1", "i2"]),
-            seq=st.integers(0, 50),
-            sampled_at_s=st.floats(T0 - 30_000.0, T0 + 30_000.0),
-            energy_j=st.dictionaries(st.sampled_from(ids), st.floats(0.0, 1e7), max_size=4),
+    mark = None
+    if draw(st.booleans()):
+        marked_at = draw(st.floats(T0 - 30_000.0, T0 + 30_000.0))
+        mark = NodeMark(
+            instance_id=draw(st.sampled_from(["i1", "i2"])),
+            seq=draw(st.integers(0, 50)),
+            sampled_at_s=marked_at,
+            energy_j=draw(st.dictionaries(st.sampled_from(ids), st.floats(0.0, 1e7), max_size=4)),
+            moved_at_s=draw(
+                st.dictionaries(
+                    st.sampled_from(ids), st.floats(marked_at - 600.0, marked_at), max_size=4
+                )
+            ),
         )
-    )
     allocations = []
     for number in range(draw(st.integers(0, 3))):
         kind: AcceleratorKind = draw(st.sampled_from(["gpu", "cpu", "npu"]))
@@ -156,15 +160,17 @@ def _device_energy(
     step_s: float,
     interval_s: float,
     limit: float | None,
+    counter_moved_s: float,
 ) -> tuple[float, float, float]:
-    """(joules, of which measured, gap seconds) of one device over the step."""
+    """(joules, of which measured, gap seconds) of one device over the step;
+    `counter_moved_s`: the time since the counter last moved before it."""
     assert device.max_power_w is not None
     believable_w = PLAUSIBLE_POWER_FACTOR * device.max_power_w
     counted = sample.energy_j if sample else None
     if (
         counted is not None
         and counter is not None
-        and 0 <= counted - counter <= believable_w * step_s
+        and 0 <= counted - counter <= believable_w * max(step_s, counter_moved_s)
     ):
         return counted - counter, counted - counter, 0.0
     reach_s = POWER_SAMPLE_REACH * interval_s
@@ -233,15 +239,22 @@ def _expected(case: Case) -> tuple[list[Row], NodeMark | None]:
         or (telemetry.instance_id == mark.instance_id and telemetry.seq <= mark.seq)
     ):
         return [], mark  # a replay
-    new_mark = NodeMark(
-        telemetry.instance_id,
-        telemetry.seq,
-        end_s,
-        {s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None},
-    )
+    counted = {s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None}
     same = mark is not None and mark.instance_id == telemetry.instance_id
+    # A counter moved at this sample unless it still reads what the mark has.
+    moved = {
+        device: (
+            mark.moved_at_s.get(device, mark.sampled_at_s)
+            if same and mark is not None and mark.energy_j.get(device) == value
+            else end_s
+        )
+        for device, value in counted.items()
+    }
+    new_mark = NodeMark(telemetry.instance_id, telemetry.seq, end_s, counted, moved)
     start_s = mark.sampled_at_s if same and mark is not None else end_s - telemetry.interval_s
     counters = mark.energy_j if same and mark is not None else {}
+    last_moved = mark.moved_at_s if same and mark is not None else {}
+    marked_s = start_s
     gap_from = None
     if mark is not None and not same and mark.sampled_at_s < start_s:
         gap_from = max(mark.sampled_at_s, start_s - max_gap_s)
@@ -253,7 +266,7 @@ def _expected(case: Case) -> tuple[list[Row], NodeMark | None]:
     per_device = {
         d.id: _device_energy(
             d, samples.get(d.id), counters.get(d.id), end_s - start_s, telemetry.interval_s,
-            limits.get(d.id),
+            limits.get(d.id), end_s - last_moved.get(d.id, marked_s),
         )
         for d in devices
     }  # fmt: skip
