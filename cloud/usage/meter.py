@@ -74,10 +74,11 @@ class NodeMark(msgspec.Struct, frozen=True):
     seq: int
     sampled_at_s: float
     energy_j: Mapping[str, float]  # each device's cumulative counter at that sample
-    # When each counter took the value it has here (the first sample with it). A counter
-    # that moves in steps (a cluster's energy accounting polls every half minute or so)
-    # is judged over the time since it last moved, not over one sample's step. Kept in
-    # memory only: a mark read back from the store judges from `sampled_at_s`.
+    # Counters that read here what they read at an earlier sample: when they took that
+    # value (the others moved at this one, `sampled_at_s`). A counter that moves in steps
+    # (a cluster's energy accounting polls every half minute or so) is judged over the
+    # time since it last moved, not over one sample's step. Kept in memory only: a mark
+    # read back from the store judges from `sampled_at_s`.
     moved_at_s: Mapping[str, float] = msgspec.field(default_factory=dict)
 
 
@@ -257,17 +258,16 @@ def _share(
 
 def mark_of(telemetry: Telemetry, previous: NodeMark | None = None) -> NodeMark:
     """What has been counted once `telemetry` is (`previous`: the mark before it)."""
-    at_s = telemetry.sampled_at
     energy_j = {s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None}
-    if previous is None or previous.instance_id != telemetry.instance_id:
-        moved_at_s = dict.fromkeys(energy_j, at_s)
-    else:
-        before, since = previous.energy_j, previous.moved_at_s
-        moved_at_s = {
-            device: since.get(device, previous.sampled_at_s) if before.get(device) == j else at_s
-            for device, j in energy_j.items()
-        }
-    return NodeMark(telemetry.instance_id, telemetry.seq, at_s, energy_j, moved_at_s)
+    moved_at_s: dict[str, float] = {}
+    if previous is not None and previous.instance_id == telemetry.instance_id:
+        before = previous.energy_j
+        for device, joules in energy_j.items():
+            if before.get(device) == joules:  # has not moved: since when
+                moved_at_s[device] = previous.moved_at_s.get(device, previous.sampled_at_s)
+    return NodeMark(
+        telemetry.instance_id, telemetry.seq, telemetry.sampled_at, energy_j, moved_at_s
+    )
 
 
 def is_replay(telemetry: Telemetry, mark: NodeMark | None) -> bool:

@@ -159,10 +159,13 @@ def test_a_counter_that_moves_in_steps_is_judged_over_the_time_since_it_last_mov
             node, sample(at, seq, energy={"gpu0": counter}), mark, [job()], implausible=refused
         )
         total_j += sum(one.measured_j for one in increments)
+        if at == T0 + 30:
+            assert mark is not None
+            assert mark.moved_at_s == {"gpu0": T0}  # it has read 0 since T0
     assert refused == []
     assert total_j == pytest.approx(48_000.0 * 1.1)
     assert mark is not None
-    assert mark.moved_at_s == {"gpu0": T0 + 40}
+    assert mark.moved_at_s == {}  # it moved at this sample
     # The same jump again 10 s later cannot be true: the counter moved 10 s before.
     increments, _ = meter(
         node, sample(T0 + 50, 6, energy={"gpu0": 96_000.0}), mark, [job()], implausible=refused

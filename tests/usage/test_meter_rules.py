@@ -241,14 +241,12 @@ def _expected(case: Case) -> tuple[list[Row], NodeMark | None]:
         return [], mark  # a replay
     counted = {s.id: s.energy_j for s in telemetry.accelerators if s.energy_j is not None}
     same = mark is not None and mark.instance_id == telemetry.instance_id
-    # A counter moved at this sample unless it still reads what the mark has.
+    # A counter that still reads what the mark has keeps when it took that value; the
+    # others moved at this sample (no entry: the mark's own time).
     moved = {
-        device: (
-            mark.moved_at_s.get(device, mark.sampled_at_s)
-            if same and mark is not None and mark.energy_j.get(device) == value
-            else end_s
-        )
+        device: mark.moved_at_s.get(device, mark.sampled_at_s)
         for device, value in counted.items()
+        if same and mark is not None and mark.energy_j.get(device) == value
     }
     new_mark = NodeMark(telemetry.instance_id, telemetry.seq, end_s, counted, moved)
     start_s = mark.sampled_at_s if same and mark is not None else end_s - telemetry.interval_s
