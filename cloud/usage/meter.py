@@ -181,13 +181,14 @@ def _step_energy(
     previous_counter_j: float | None,
     step_s: float,
     interval_s: float,
-    limit_w: float | None = None,
-    implausible: list[str] | None = None,
-    counter_window_s: float = 0.0,
+    limit_w: float | None,
+    implausible: list[str] | None,
+    counter_window_s: float,
 ) -> tuple[float, float, float]:
     """(joules over the step, of which measured, seconds of it that are a gap);
     `implausible` gets the device's id where the node's figure was refused;
-    `counter_window_s`: the time since the previous counter value first appeared."""
+    `counter_window_s`: the time since the previous counter value first appeared (at
+    least the step)."""
     if (
         sample is not None
         and sample.energy_j is not None
@@ -195,7 +196,7 @@ def _step_energy(
         and sample.energy_j >= previous_counter_j
     ):
         delta = sample.energy_j - previous_counter_j
-        if delta <= plausible_power_w(accelerator) * max(step_s, counter_window_s):
+        if delta <= plausible_power_w(accelerator) * counter_window_s:
             return delta, delta, 0.0
         if implausible is not None:
             implausible.append(accelerator.id)
@@ -312,7 +313,8 @@ def meter(
     else:
         start_s = end_s - interval_s
         counters = moved_at_s = {}
-    counted_from_s = start_s
+    marked_s = start_s
+    since_mark_s = end_s - marked_s  # the counters' window, unless one stood still
     # Between the last sample of a previous instance and this one's first interval.
     gap_start_s = None
     if mark is not None and not same_instance and mark.sampled_at_s < start_s:
@@ -332,7 +334,7 @@ def meter(
             interval_s,
             power_limits_w.get(accelerator.id),
             implausible,
-            end_s - moved_at_s.get(accelerator.id, counted_from_s),
+            end_s - moved_at_s.get(accelerator.id, marked_s) if moved_at_s else since_mark_s,
         )
         devices[accelerator.id] = (joules, measured)
         if gap_s > step_gap_s:
