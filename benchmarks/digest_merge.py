@@ -108,6 +108,7 @@ async def metered_us(nodes: int, rounds: int) -> tuple[float, float]:
             else:
                 costs.append(_take_us(ingestor, nodes, rounds))
             assert accountant.stats.replays == 0
+            assert accountant.stats.implausible == 0  # every counter believed: the usual path
     return costs[0], costs[1]
 
 

@@ -265,6 +265,9 @@ async def run_rate(
     if accountant is not None:  # after its last flush
         result["usage_flushes"] = accountant.stats.flushes
         result["usage_rows_written"] = accountant.stats.rows_written
+        # Device steps the meter refused (figures above what the devices can draw): 0 when
+        # each node's samples come no faster than its interval, as they do here.
+        result["usage_implausible"] = accountant.stats.implausible
         result["usage_last_flush_ms"] = round(accountant.stats.last_flush_ms, 1)
     return result
 
@@ -550,6 +553,7 @@ async def _replica(
         result["usage_energy_j"] = round(sum(t.energy_j for t in accountant.totals.values()))
         result["usage_rows_written"] = accountant.stats.rows_written
         result["usage_replays"] = accountant.stats.replays
+        result["usage_implausible"] = accountant.stats.implausible
     return result
 
 

@@ -87,6 +87,9 @@ async def one_run(nodes: int, rounds: int) -> dict[str, float]:
             observe(sample)
         result["observe_us"] = (time.perf_counter() - began) / len(decoded) * 1e6
         assert accountant.stats.replays == replays, "samples older than the marks"
+        # The usual path: every counter believed (its samples come as fast as they are
+        # made here, never faster than the devices' power allows).
+        assert accountant.stats.implausible == 0, accountant.stats.implausible
     return result
 
 
