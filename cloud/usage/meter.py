@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from cloud.loop.nodes import DEFAULT_POWER_W, device_power_w
+from cloud.loop.nodes import device_power_w
 from shared.messages import (
     TRAINING_RUN_LIVE_STATES,
     Accelerator,
@@ -206,7 +206,7 @@ def _step_energy(
         if implausible is not None:
             implausible.append(accelerator.id)
         power_w = None
-    if sample is not None and power_w is not None:
+    if power_w is not None:
         if step_s <= reach_s:
             joules = power_w * step_s
             return joules, joules, 0.0
@@ -219,11 +219,9 @@ def _step_energy(
 
 def plausible_power_w(accelerator: Accelerator) -> float:
     """The most a device's mean draw over a step may be believed to be, in watts."""
-    max_w = accelerator.max_power_w
-    if max_w is None or max_w <= 0:
-        _, max_w = DEFAULT_POWER_W[accelerator.kind]
-        if accelerator.kind == "cpu":
-            max_w *= max(1, accelerator.compute_units)
+    _, max_w = device_power_w(accelerator)
+    if max_w <= 0:  # a maximum of nothing is no maximum: its kind's default, as if unsaid
+        _, max_w = device_power_w(msgspec.structs.replace(accelerator, max_power_w=None))
     return PLAUSIBLE_POWER_FACTOR * max_w
 
 
@@ -313,8 +311,7 @@ def meter(
     else:
         start_s = end_s - interval_s
         counters = moved_at_s = {}
-    marked_s = start_s
-    since_mark_s = end_s - marked_s  # the counters' window, unless one stood still
+    marked_s = start_s  # a counter that moved at the mark is judged from there
     # Between the last sample of a previous instance and this one's first interval.
     gap_start_s = None
     if mark is not None and not same_instance and mark.sampled_at_s < start_s:
@@ -334,7 +331,7 @@ def meter(
             interval_s,
             power_limits_w.get(accelerator.id),
             implausible,
-            end_s - moved_at_s.get(accelerator.id, marked_s) if moved_at_s else since_mark_s,
+            end_s - moved_at_s.get(accelerator.id, marked_s),
         )
         devices[accelerator.id] = (joules, measured)
         if gap_s > step_gap_s:
