@@ -33,7 +33,8 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.ingest import birth, metering, node_ids, telemetry
+from benchmarks.ingest import birth, metering, node_ids, telemetry_messages
+from benchmarks.metering_cost import handle_us
 from cloud.fleet.digest import RELAYED_DIGEST_DECODER, DigestBuilder
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
@@ -55,10 +56,10 @@ def replica(nodes: int) -> Ingestor:
 def digests(nodes: int, rounds: int) -> list[bytes]:
     """Another replica's digests: every node's sample in each round."""
     other = DigestBuilder("replica-other", max_payload_bytes=256 * 1024)
+    samples = telemetry_messages(TOPICS, nodes, rounds, spaced=True)
     messages = []
-    for seq in range(1, rounds + 1):
-        for node_id in node_ids(nodes):
-            raw = telemetry(node_id, seq)
+    for first in range(0, len(samples), nodes):  # a digest a round
+        for _, raw in samples[first : first + nodes]:
             other.observe(TELEMETRY_DECODER.decode(raw), raw)
         messages += other.take(time.time())
     return messages
@@ -82,17 +83,9 @@ def take_us(nodes: int, rounds: int) -> float:
 
 
 def _take_us(ingestor: Ingestor, nodes: int, rounds: int) -> float:
-    samples = [
-        (TOPICS.node(node_id, Channel.TELEMETRY), telemetry(node_id, seq))
-        for seq in range(1, rounds + 1)
-        for node_id in node_ids(nodes)
-    ]
-    began = time.perf_counter()
-    for topic, payload in samples:
-        ingestor.handle(topic, payload)
-    spent = time.perf_counter() - began
+    spent_us = handle_us(ingestor, telemetry_messages(TOPICS, nodes, rounds, spaced=True))
     assert ingestor.stats.ingested["telemetry"] == nodes * rounds
-    return spent / (nodes * rounds) * 1e6
+    return spent_us
 
 
 async def metered_us(nodes: int, rounds: int) -> tuple[float, float]:

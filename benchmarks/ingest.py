@@ -119,8 +119,9 @@ def birth(node_id: str) -> NodeStatus:
     )
 
 
-def telemetry(node_id: str, seq: int) -> bytes:
-    """A realistic 2-accelerator sample (about 500 bytes)."""
+def telemetry(node_id: str, seq: int, sampled_at: float | None = None) -> bytes:
+    """A realistic 2-accelerator sample (about 500 bytes), its counters at `seq`
+    intervals of their power; taken at `sampled_at` (None: now)."""
     samples = (
         AcceleratorSample(
             id="cpu0",
@@ -143,7 +144,8 @@ def telemetry(node_id: str, seq: int) -> bytes:
             node_id=node_id,
             instance_id="bench",
             seq=seq,
-            sampled_at=time.time(),  # encoded just before the run: well within the skew
+            # Encoded just before the run: well within the skew.
+            sampled_at=time.time() if sampled_at is None else sampled_at,
             interval_s=SAMPLE_INTERVAL_S,
             cpu_utilization_pct=41.5,
             memory_used_bytes=2**34,
@@ -151,6 +153,25 @@ def telemetry(node_id: str, seq: int) -> bytes:
             accelerators=samples,
         )
     )
+
+
+def telemetry_messages(
+    topics: Topics, nodes: int, rounds: int, *, spaced: bool = False
+) -> list[tuple[str, bytes]]:
+    """Samples 1..`rounds` of `nodes` nodes with their topics, a round of every node's at
+    a time. Each is stamped when it is made, or with `spaced` an interval after the one
+    before from now on: then no counter grows faster than its power, however fast the
+    rounds are made (usage metering refuses a counter that does: cloud/usage/meter.py)."""
+    ids = node_ids(nodes)
+    start_s = time.time()
+    return [
+        (
+            topics.node(node_id, Channel.TELEMETRY),
+            telemetry(node_id, seq, start_s + seq * SAMPLE_INTERVAL_S if spaced else None),
+        )
+        for seq in range(1, rounds + 1)
+        for node_id in ids
+    ]
 
 
 def publish(
@@ -168,14 +189,9 @@ def publish(
 
     endpoint = parse_mqtt_url(url)
     topics = Topics(root)
-    ids = node_ids(nodes)
     total = int(rate * seconds)
     per_node = -(-total // nodes)
-    payloads = [
-        (topics.node(node_id, Channel.TELEMETRY), telemetry(node_id, seq))
-        for seq in range(1, per_node + 1)
-        for node_id in ids
-    ][:total]
+    payloads = telemetry_messages(topics, nodes, per_node)[:total]
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)  # type: ignore[attr-defined]
     client.max_queued_messages_set(0)
     if endpoint.username:  # a broker that requires a login: mqtt://user:password@host

@@ -32,7 +32,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.ingest import birth, metering, node_ids, telemetry
+from benchmarks.ingest import birth, metering, node_ids, telemetry_messages
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
 from cloud.interpreter_tuning import tuned_for_scheduling
@@ -51,11 +51,7 @@ def ingestor_of(nodes: int) -> tuple[Ingestor, NodeRegistry]:
 
 
 def samples(nodes: int, rounds: int) -> list[tuple[str, bytes]]:
-    return [
-        (TOPICS.node(node_id, Channel.TELEMETRY), telemetry(node_id, seq))
-        for seq in range(1, rounds + 1)
-        for node_id in node_ids(nodes)
-    ]
+    return telemetry_messages(TOPICS, nodes, rounds, spaced=True)
 
 
 def handle_us(ingestor: Ingestor, messages: list[tuple[str, bytes]]) -> float:
