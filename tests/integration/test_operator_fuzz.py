@@ -182,6 +182,9 @@ async def test_an_operator_account_cannot_take_honest_nodes_offline_or_rerun_can
 
         # The node that ran it goes down; the others take a job each.
         await running.stop_agent(reimaged)
+        # Known offline before the jobs come: a pass that still saw it online placed one
+        # there, which its grace period later requeued (attempt 2; CI, a loaded machine).
+        await eventually(lambda: running.states()[reimaged] == "offline")
         jobs = [await api.submitted(token, long_job(f"work-{i}")) for i in range(NODES - 1)]
         for job_id in jobs:
             await reaches(api, token, job_id, "running")
