@@ -9,9 +9,11 @@ the replicas' scaling: each replica takes 1/N of the fleet's samples and merges 
     python benchmarks/digest_merge.py --nodes 1000 --rounds 40
 
 With `--metering` the replica is the leader: its live accountant (cloud/usage/) meters
-every sample, its own and every digest's, each node running one job, under the
-interpreter settings the leader schedules with (`cloud.interpreter_tuning`); a leader
-decodes and checks every relayed sample for that.
+every node, its own samples and every digest's, each node running one job, under the
+interpreter settings the leader schedules with (`cloud.interpreter_tuning`), wired as
+cloud/app.py wires it. Energy counters are metered once per flush from a node's latest
+sample (a relayed one decoded then): the flushes' metering, every `--samples-per-flush`
+rounds, is timed in.
 
     python benchmarks/digest_merge.py --nodes 10000 --rounds 6 --metering
 
@@ -34,7 +36,7 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.ingest import birth, metering, node_ids, telemetry_messages
-from benchmarks.metering_cost import handle_us
+from benchmarks.metering_cost import handle_us, metered_us
 from cloud.fleet.digest import RELAYED_DIGEST_DECODER, DigestBuilder
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
@@ -53,56 +55,70 @@ def replica(nodes: int) -> Ingestor:
     return ingestor
 
 
-def digests(nodes: int, rounds: int) -> list[bytes]:
-    """Another replica's digests: every node's sample in each round."""
+def digests(nodes: int, rounds: int) -> list[list[bytes]]:
+    """Another replica's digests, round by round: every node's sample in each round."""
     other = DigestBuilder("replica-other", max_payload_bytes=256 * 1024)
     samples = telemetry_messages(TOPICS, nodes, rounds, spaced=True)
     messages = []
     for first in range(0, len(samples), nodes):  # a digest a round
         for _, raw in samples[first : first + nodes]:
             other.observe(TELEMETRY_DECODER.decode(raw), raw)
-        messages += other.take(time.time())
+        messages.append(other.take(time.time()))
     return messages
 
 
-def merge_us(nodes: int, rounds: int, messages: list[bytes]) -> float:
-    return _merge_us(replica(nodes), nodes, rounds, messages)
-
-
-def _merge_us(ingestor: Ingestor, nodes: int, rounds: int, messages: list[bytes]) -> float:
+def merge_us(nodes: int, rounds: int, messages: list[list[bytes]]) -> float:
+    ingestor = replica(nodes)
     began = time.perf_counter()
-    for message in messages:
-        ingestor.handle_digest(message)
+    for round_messages in messages:
+        for message in round_messages:
+            ingestor.handle_digest(message)
     spent = time.perf_counter() - began
     assert ingestor.stats.ingested["digest"] == nodes * rounds, ingestor.stats.ingested
     return spent / (nodes * rounds) * 1e6
 
 
 def take_us(nodes: int, rounds: int) -> float:
-    return _take_us(replica(nodes), nodes, rounds)
-
-
-def _take_us(ingestor: Ingestor, nodes: int, rounds: int) -> float:
+    ingestor = replica(nodes)
     spent_us = handle_us(ingestor, telemetry_messages(TOPICS, nodes, rounds, spaced=True))
     assert ingestor.stats.ingested["telemetry"] == nodes * rounds
     return spent_us
 
 
-async def metered_us(nodes: int, rounds: int) -> tuple[float, float]:
+async def leader_us(nodes: int, rounds: int, every: int) -> tuple[float, float]:
     """(merge, take) for the leader, which meters both."""
-    costs = []
-    for measure in (_merge_us, _take_us):
-        ingestor = replica(nodes)
-        async with metering(ingestor, ingestor.registry, nodes) as accountant:
-            ingestor.digest_listeners.append(accountant.observe)
-            # Made once the marks are (metering counts from now: older is a replay).
-            if measure is _merge_us:
-                costs.append(_merge_us(ingestor, nodes, rounds, digests(nodes, rounds)))
-            else:
-                costs.append(_take_us(ingestor, nodes, rounds))
-            assert accountant.stats.replays == 0
-            assert accountant.stats.implausible == 0  # every counter believed: the usual path
-    return costs[0], costs[1]
+    merged = await _leader_cost(nodes, rounds, every, relayed=True)
+    taken = await _leader_cost(nodes, rounds, every, relayed=False)
+    return merged, taken
+
+
+async def _leader_cost(nodes: int, rounds: int, every: int, *, relayed: bool) -> float:
+    ingestor = replica(nodes)
+    async with metering(ingestor, ingestor.registry, nodes) as accountant:
+        ingestor.digest_listeners.append(accountant.observe)  # as cloud/app.py does
+        ingestor.relayed_wanted = accountant.relayed
+        # Made once the marks are (metering counts from now: older is a replay).
+        if relayed:
+            by_round = digests(nodes, rounds)
+
+            def take(first: int, end: int) -> None:
+                for round_messages in by_round[first:end]:
+                    for message in round_messages:
+                        ingestor.handle_digest(message)
+
+        else:
+            messages = telemetry_messages(TOPICS, nodes, rounds, spaced=True)
+
+            def take(first: int, end: int) -> None:
+                for topic, payload in messages[first * nodes : end * nodes]:
+                    ingestor.handle(topic, payload)
+
+        spent_us = await metered_us(take, accountant, nodes, rounds, every)
+        channel = "digest" if relayed else "telemetry"
+        assert ingestor.stats.ingested[channel] == nodes * rounds, ingestor.stats.ingested
+        assert accountant.stats.replays == 0
+        assert accountant.stats.implausible == 0  # every counter believed: the usual path
+    return spent_us
 
 
 def main() -> None:
@@ -114,10 +130,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="samples per node")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--metering", action="store_true", help="the leader, metering")
+    parser.add_argument(
+        "--samples-per-flush",
+        type=int,
+        default=2,
+        help="with --metering: rounds between two flushes' metering",
+    )
     args = parser.parse_args()
     if args.metering:
         with tuned_for_scheduling():
-            runs = [asyncio.run(metered_us(args.nodes, args.rounds)) for _ in range(args.repeats)]
+            runs = [
+                asyncio.run(leader_us(args.nodes, args.rounds, args.samples_per_flush))
+                for _ in range(args.repeats)
+            ]
         merged = statistics.median(run[0] for run in runs)
         taken = statistics.median(run[1] for run in runs)
         _report(args.nodes, args.rounds, merged, taken, None, metering=True)
@@ -126,8 +151,9 @@ def main() -> None:
     decode = []
     for _ in range(args.repeats):
         began = time.perf_counter()
-        for message in messages:
-            RELAYED_DIGEST_DECODER.decode(message)
+        for round_messages in messages:
+            for message in round_messages:
+                RELAYED_DIGEST_DECODER.decode(message)
         decode.append((time.perf_counter() - began) / (args.nodes * args.rounds) * 1e6)
     merge = [merge_us(args.nodes, args.rounds, messages) for _ in range(args.repeats)]
     take = [take_us(args.nodes, args.rounds) for _ in range(args.repeats)]

@@ -513,7 +513,8 @@ async def _replica(
         accountant = None
         if accounting and index == 0:  # the leader meters
             accountant = await stack.enter_async_context(metering(ingestor, registry, nodes))
-            ingestor.digest_listeners.append(accountant.observe)
+            ingestor.digest_listeners.append(accountant.observe)  # as cloud/app.py does
+            ingestor.relayed_wanted = accountant.relayed
         received = 0
         apply = ingestor.handle
         digest_topic = Topics(root).telemetry_digest

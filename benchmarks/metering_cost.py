@@ -13,7 +13,11 @@ Python's defaults.
 
 Prints the medians of `--repeats` runs, in microseconds per sample, as JSON:
 `observe_us` (the accountant alone, on decoded samples), `handle_us` (ingestion without
-metering) and `handle_metered_us` (ingestion with the accountant listening).
+metering) and `handle_metered_us` (ingestion with the accountant listening). The
+accountant meters a node's energy counters once per flush, from its latest sample
+(cloud/usage/accountant.py): the timed loops meter what is held every
+`--samples-per-flush` rounds, as flushes would (2: agents' 5 s interval, the 10 s
+`usage.flush_interval_s`); the store writes are not timed.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -36,6 +41,7 @@ from benchmarks.ingest import birth, metering, node_ids, telemetry_messages
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
 from cloud.interpreter_tuning import tuned_for_scheduling
+from cloud.usage.accountant import Accountant
 from shared.messages import TELEMETRY_DECODER, encode
 from shared.topics import Channel, Topics
 
@@ -62,26 +68,56 @@ def handle_us(ingestor: Ingestor, messages: list[tuple[str, bytes]]) -> float:
     return (time.perf_counter() - began) / len(messages) * 1e6
 
 
-async def one_run(nodes: int, rounds: int) -> dict[str, float]:
+def flushes(rounds: int, samples_per_flush: int) -> range:
+    """The rounds after which a flush meters what is held (and after the last)."""
+    return range(samples_per_flush, rounds + samples_per_flush, samples_per_flush)
+
+
+async def metered_us(
+    take: Callable[[int, int], None], accountant: Accountant, nodes: int, rounds: int, every: int
+) -> float:
+    """Per sample: `take(first, end)` of the samples of rounds [first, end), and the
+    flushes' metering of what is held after every `every` rounds."""
+    began, start = time.perf_counter(), 0
+    for end in flushes(rounds, every):
+        take(start, min(end, rounds))
+        await accountant.meter_held()
+        start = end
+    return (time.perf_counter() - began) / (rounds * nodes) * 1e6
+
+
+async def one_run(nodes: int, rounds: int, every: int) -> dict[str, float]:
     # Each run's samples are made once its marks are (`metering` counts from now): an
     # older sample would be a replay, which metering skips.
     plain, _ = ingestor_of(nodes)
     result = {"handle_us": handle_us(plain, samples(nodes, rounds))}
     metered, registry = ingestor_of(nodes)
-    async with metering(metered, registry, nodes):
-        result["handle_metered_us"] = handle_us(metered, samples(nodes, rounds))
+    async with metering(metered, registry, nodes) as accountant:
+        messages = samples(nodes, rounds)
+        handle = metered.handle
+
+        def take_messages(first: int, end: int) -> None:
+            for topic, payload in messages[first * nodes : end * nodes]:
+                handle(topic, payload)
+
+        result["handle_metered_us"] = await metered_us(
+            take_messages, accountant, nodes, rounds, every
+        )
     observed, registry = ingestor_of(nodes)
     async with metering(observed, registry, nodes) as accountant:
         observed.telemetry_listeners.remove(accountant.observe)
         decoded = [TELEMETRY_DECODER.decode(payload) for _, payload in samples(nodes, rounds)]
-        for sample in decoded:  # the registry as ingestion leaves it, then metering alone
-            registry.apply_telemetry(sample)
         observe = accountant.observe
         replays = accountant.stats.replays
-        began = time.perf_counter()
-        for sample in decoded:
-            observe(sample)
-        result["observe_us"] = (time.perf_counter() - began) / len(decoded) * 1e6
+
+        for sample in decoded:  # the registry as ingestion leaves it, then metering alone
+            registry.apply_telemetry(sample)
+
+        def take_decoded(first: int, end: int) -> None:
+            for sample in decoded[first * nodes : end * nodes]:
+                observe(sample)
+
+        result["observe_us"] = await metered_us(take_decoded, accountant, nodes, rounds, every)
         assert accountant.stats.replays == replays, "samples older than the marks"
         # The usual path: every counter believed (its samples come as fast as they are
         # made here, never faster than the devices' power allows).
@@ -95,6 +131,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="samples per node")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--samples-per-flush",
+        type=int,
+        default=2,
+        help="rounds between two flushes' metering (usage.flush_interval_s / the agents' interval)",
+    )
+    parser.add_argument(
         "--python-gc", action="store_true", help="Python's collector thresholds, not the leader's"
     )
     args = parser.parse_args()
@@ -102,12 +144,21 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     settings = contextlib.nullcontext() if args.python_gc else tuned_for_scheduling()
     with settings:
-        runs = [asyncio.run(one_run(args.nodes, args.rounds)) for _ in range(args.repeats)]
+        runs = [
+            asyncio.run(one_run(args.nodes, args.rounds, args.samples_per_flush))
+            for _ in range(args.repeats)
+        ]
     medians = {key: round(statistics.median(run[key] for run in runs), 2) for key in runs[0]}
     medians["metering_us"] = round(medians["handle_metered_us"] - medians["handle_us"], 2)
     print(
         json.dumps(
-            {"nodes": args.nodes, "rounds": args.rounds, "python_gc": args.python_gc, **medians},
+            {
+                "nodes": args.nodes,
+                "rounds": args.rounds,
+                "samples_per_flush": args.samples_per_flush,
+                "python_gc": args.python_gc,
+                **medians,
+            },
             indent=2,
         )
     )

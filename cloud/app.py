@@ -271,10 +271,11 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         app[ACCOUNTANT] = accountant
         app[INGESTOR].telemetry_listeners.append(accountant.observe)
         # Other replicas' shares of the telemetry (mqtt.shared_group): the leader meters
-        # every node, each sample once past its node's mark (cloud/fleet/digest.py); a
-        # replica that does not lead decodes none of them until they are read.
+        # every node, each span once past its node's mark (cloud/fleet/digest.py),
+        # decoding only the samples it cannot hold for its next flush; a replica that
+        # does not lead decodes none of them until they are read.
         app[INGESTOR].digest_listeners.append(accountant.observe)
-        app[INGESTOR].digest_listeners_active = accountant.metering
+        app[INGESTOR].relayed_wanted = accountant.relayed
         collectors.append((metrics.tenants, UsageCollector(accountant)))
         collectors.append(
             (
@@ -306,7 +307,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         if accountant is not None:
             app[INGESTOR].telemetry_listeners.remove(accountant.observe)
             app[INGESTOR].digest_listeners.remove(accountant.observe)
-            app[INGESTOR].digest_listeners_active = None
+            app[INGESTOR].relayed_wanted = None
         for registry, collector in collectors:
             registry.unregister(collector)
         if zone_power is not None:

@@ -12,20 +12,23 @@ replica subscribes to that topic (not shared) and merges the others' digests int
 registry (`Ingestor.handle_digest`).
 
 Merging costs a replica less than taking the samples itself, or the replicas would add
-no capacity: the leader, which meters, decodes every sample (`TelemetryDigest`); the
-others apply each sample's index entry to the registry and keep its bytes undecoded
-(`RelayedDigest`, `NodeRegistry.apply_relayed`) until its figures are read
-(`NodeRecord.telemetry`), most of them never.
+no capacity: each replica applies each sample's index entry to the registry and keeps
+its bytes undecoded (`RelayedDigest`, `NodeRegistry.apply_relayed`) until its figures
+are read (`NodeRecord.telemetry`), most of them never; the leader, which meters, reads
+them at its next usage flush, and decodes at once only those it meters one by one
+(`Ingestor.relayed_wanted`). A digest without an index is decoded whole
+(`TelemetryDigest`).
 
 What each consumer of telemetry gets:
 
 - the registry (last seen, the latest figures, liveness, `holds_node`): every node,
   at most one digest interval late for the samples another replica took;
 - usage metering (cloud/usage/accountant.py, the leader only): every sample the
-  leader took itself plus every digest's, metered past the node's mark, so a sample
-  heard twice (directly and in a digest) counts once; samples coalesced in between
-  are covered by the energy counters' differences, or the model where a node reports
-  none (cloud/usage/meter.py);
+  leader took itself plus every digest's, metered past the node's mark (nodes with
+  energy counters once per flush, from their latest sample), so a sample heard twice
+  (directly and in a digest) counts once; samples coalesced in between are covered by
+  the energy counters' differences, or the model where a node reports none
+  (cloud/usage/meter.py);
 - inference counters (cloud/fleet/inference_metrics.py, per-sample increments): only
   the samples a replica took itself, so each request is counted on exactly one
   replica's `/metrics` (sum them across replicas).

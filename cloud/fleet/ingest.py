@@ -215,13 +215,16 @@ class Ingestor:
         # (accounting, serving counters, the digest). On the hot path: must be quick and
         # must not raise.
         self.telemetry_listeners: list[Callable[[Telemetry], None]] = []
-        # Called with every sample of another replica's digest the registry accepted
-        # (accounting: the leader meters every node). Must be quick and must not raise.
+        # Called with the samples of other replicas' digests the registry accepted that
+        # `relayed_wanted` wants (accounting: the leader meters every node). Must be
+        # quick and must not raise.
         self.digest_listeners: list[Callable[[Telemetry], None]] = []
-        # Whether the digest listeners want samples now (the accountant: while this
-        # replica leads): only then is every sample of a digest decoded as it arrives,
-        # else they are applied by their index and decoded when read. None: always.
-        self.digest_listeners_active: Callable[[], bool] | None = None
+        # Told of each relayed sample applied by its digest's index, (node id, agent
+        # instance): True to have it decoded and handed to the digest listeners now;
+        # False leaves it encoded until read (`NodeRecord.telemetry`), as every sample
+        # is where no listener asks (the accountant: only while it leads, and only
+        # samples it cannot hold for its next flush). None: every sample, if listened to.
+        self.relayed_wanted: Callable[[str, str], bool] | None = None
         self.shared_group = shared_group
         self._parsed: dict[str, NodeTopic] = {}
         self._digest_interval_s = digest_interval_s
@@ -398,29 +401,27 @@ class Ingestor:
         A sample no newer than what this replica has is skipped, not counted invalid:
         replicas hear the same node's samples in turns.
 
-        A replica that meters (`digest_listeners`, active: the leader's accountant)
-        decodes every sample; another applies each by its index entry and leaves the
-        sample encoded until its figures are read (`NodeRecord.telemetry`), checked then."""
+        Each sample is applied by its index entry and left encoded until its figures
+        are read (`NodeRecord.telemetry`), checked then; the digest listeners get those
+        `relayed_wanted` asks for, decoded at once."""
         channel, topic = DIGEST_CHANNEL, self._digest_topic
         if len(payload) > self._max_payload_bytes + DIGEST_ENVELOPE_BYTES:
             self._reject(channel, InvalidReason.OVERSIZED, topic, f"{len(payload)} bytes")
             return
         if self.digest.is_own(payload):
             return  # our own, back from the broker: known by its first bytes, not decoded
-        active = self.digest_listeners_active
-        if not self.digest_listeners or (active is not None and not active()):
-            relayed: RelayedDigest | None = self._decode(
-                RELAYED_DIGEST_DECODER, channel, topic, payload
-            )
-            if relayed is None or relayed.replica_id == self.digest.replica_id:
-                return
-            if relayed.indexed:
-                self._merge_relayed(relayed)
-                return
-            if not relayed.samples:
-                return
-            # No index (an earlier version's digest), or one that does not cover every
-            # sample: decoded whole below.
+        relayed: RelayedDigest | None = self._decode(
+            RELAYED_DIGEST_DECODER, channel, topic, payload
+        )
+        if relayed is None or relayed.replica_id == self.digest.replica_id:
+            return
+        if relayed.indexed:
+            self._merge_relayed(relayed)
+            return
+        if not relayed.samples:
+            return
+        # No index (an earlier version's digest), or one that does not cover every
+        # sample: decoded whole.
         digest: TelemetryDigest | None = self._decode(DIGEST_DECODER, channel, topic, payload)
         if digest is None:
             return
@@ -450,7 +451,9 @@ class Ingestor:
         )
         if self.admits_node is not None:
             entries = [entry for entry in entries if self._relayed_admitted(entry[0])]
-        merged = self.registry.apply_relayed(entries, self._open_relayed, now)
+        listeners = self.digest_listeners
+        applied: list[tuple[str, str, int]] | None = [] if listeners else None
+        merged = self.registry.apply_relayed(entries, self._open_relayed, now, applied)
         for node_id, outcome in merged.outcomes:
             if isinstance(outcome, Rejection):
                 self._reject(channel, InvalidReason(outcome.value), topic, node_id)
@@ -458,6 +461,27 @@ class Ingestor:
                 self._changed(outcome)
         self.stats.ingested[channel] += merged.applied
         self.stats.digest_stale += merged.stale
+        if applied:
+            self._hand_relayed(applied, listeners)
+
+    def _hand_relayed(
+        self, applied: list[tuple[str, str, int]], listeners: list[Callable[[Telemetry], None]]
+    ) -> None:
+        """The digest listeners get the samples just applied that `relayed_wanted` asks
+        for, decoded and checked (`NodeRecord.telemetry`)."""
+        wanted = self.relayed_wanted
+        records = self.registry.get
+        for node_id, instance_id, seq in applied:
+            if wanted is not None and not wanted(node_id, instance_id):
+                continue
+            record = records(node_id)
+            if record is None or record.telemetry_seq != seq:
+                continue  # a later one of the same digest, or refused
+            telemetry = record.telemetry
+            if telemetry is None or telemetry.seq != seq or telemetry.instance_id != instance_id:
+                continue  # refused when decoded (counted)
+            for listener in listeners:
+                listener(telemetry)
 
     def _relayed_admitted(self, node_id: str) -> bool:
         """Whether a relayed sample's node may be ingested (counted where not)."""

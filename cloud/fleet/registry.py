@@ -530,11 +530,13 @@ class NodeRegistry:
         entries: Iterable[tuple[str, str, int, bytes | msgspec.Raw]],
         open_sample: Callable[[str, bytes, float, str, int], Telemetry | None],
         now: tuple[float, float],
+        applied_entries: list[tuple[str, str, int]] | None = None,
     ) -> RelayedMerge:
         """Samples another replica took, each known here by its digest's index entry (node,
         agent instance, sequence number) and kept encoded until read (`NodeRecord.
         telemetry`, which checks it with `open_sample`): the same rules as
-        `apply_telemetry`. `now`: (monotonic, wall clock), read once for the digest."""
+        `apply_telemetry`. `now`: (monotonic, wall clock), read once for the digest.
+        `applied_entries` gets the index entry of each sample applied."""
         records = self._records
         now_monotonic, received_s = now
         skew_s = self._max_clock_skew_s
@@ -567,6 +569,8 @@ class NodeRegistry:
                     record.telemetry_received_monotonic = now_monotonic
                     record.last_seen_at = received_s
                     applied += 1
+                    if applied_entries is not None:
+                        applied_entries.append((node_id, instance_id, seq))
                     continue
             # The rest (unknown, offline, another instance, a first sample, a jump): the
             # rules in full.
@@ -577,6 +581,8 @@ class NodeRegistry:
                 continue
             if not isinstance(outcome, Rejection):
                 applied += 1
+                if applied_entries is not None:
+                    applied_entries.append((node_id, instance_id, seq))
             if outcome is not None:
                 outcomes.append((node_id, outcome))
         return RelayedMerge(applied=applied, stale=stale, outcomes=outcomes)

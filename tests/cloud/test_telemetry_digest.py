@@ -341,16 +341,23 @@ def test_a_digest_whose_index_does_not_cover_its_samples_is_decoded_whole(
     assert other.stats.ingested[DIGEST_CHANNEL] == 2
 
 
-@pytest.mark.parametrize("metering", [True, False])
-def test_only_a_replica_that_meters_now_decodes_every_relayed_sample_for_its_listeners(
-    pair: tuple[Ingestor, Ingestor], metering: bool
+@pytest.mark.parametrize("wanted", [True, False])
+def test_only_the_relayed_samples_a_listener_wants_now_are_decoded_for_it(
+    pair: tuple[Ingestor, Ingestor], wanted: bool
 ) -> None:
-    # Every replica that schedules has an accountant listening, which meters only while
-    # its replica leads (cloud/app.py): the others leave the samples encoded.
+    # Every replica that schedules has an accountant listening, which wants a sample
+    # only while its replica leads, and only one it cannot hold for its next flush
+    # (cloud/app.py): the rest stay encoded until read.
     taker, other = pair
     heard: list[Telemetry] = []
+    asked: list[tuple[str, str]] = []
+
+    def relayed_wanted(node_id: str, instance_id: str) -> bool:
+        asked.append((node_id, instance_id))
+        return wanted
+
     other.digest_listeners.append(heard.append)
-    other.digest_listeners_active = lambda: metering
+    other.relayed_wanted = relayed_wanted
     taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=2)))
     (digest,) = taker.digest.take(now_s=WALL_S)
 
@@ -358,10 +365,14 @@ def test_only_a_replica_that_meters_now_decodes_every_relayed_sample_for_its_lis
 
     record = other.registry.get("n1")
     assert record is not None
-    assert [t.seq for t in heard] == ([2] if metering else [])
-    assert (record.decoded_telemetry is not None) == metering
+    assert asked == [("n1", "i1")]
+    assert [t.seq for t in heard] == ([2] if wanted else [])
+    assert (record.decoded_telemetry is not None) == wanted
     assert record.telemetry is not None
     assert record.telemetry.seq == 2
+    # A stale copy (heard already) reaches no listener.
+    other.handle(DIGEST_TOPIC, digest.replace(b"replica-", b"replica-x", 1))
+    assert [t.seq for t in heard] == ([2] if wanted else [])
 
 
 def test_a_sample_relayed_while_an_older_one_is_being_read_is_kept(

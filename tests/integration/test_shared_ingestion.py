@@ -302,6 +302,7 @@ async def test_usage_is_metered_once_across_replicas(
     async with metering(tmp_path / "leader", leader.registry) as accountant:
         leader.telemetry_listeners.append(accountant.observe)
         leader.digest_listeners.append(accountant.observe)  # as cloud/app.py wires it
+        leader.relayed_wanted = accountant.relayed
         async with running(url, root, [leader, other]):
             sent = await publish_fleet(url, root, [leader, other])
             await eventually(lambda: sees_every_last_sample(leader))
@@ -414,6 +415,7 @@ async def test_a_replica_killed_mid_stream_loses_and_double_counts_nothing(
     ):
         leader.telemetry_listeners.append(accountant.observe)
         leader.digest_listeners.append(accountant.observe)  # as cloud/app.py wires it
+        leader.relayed_wanted = accountant.relayed
         async with (
             running(url, root, survivors),
             aiomqtt.Client(endpoint.host, endpoint.port) as agent,

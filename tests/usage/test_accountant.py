@@ -83,13 +83,15 @@ class Clock:
         return self.now
 
 
-async def start(database: DatabaseUnderTest, clock: Clock) -> tuple[Accountant, object, object]:
+async def start(
+    database: DatabaseUnderTest, clock: Clock, registry: NodeRegistry | None = None
+) -> tuple[Accountant, object, object]:
     store = await open_store(database.settings, clock=clock)
     lease = None
     async with asyncio.timeout(10):
         while lease is None:
             lease = await store.try_acquire_leadership()
-    registry = NodeRegistry(wall_clock=clock)
+    registry = registry or NodeRegistry(wall_clock=clock)
     registry.apply_status(birth(clock.now))
     accountant = Accountant(store, registry, UsageSettings(), clock=clock)
     accountant.note_pass(snapshot(), grid(clock.now))
@@ -126,12 +128,13 @@ def expected_gco2(start_s: float, end_s: float) -> float:
 
 async def test_an_accountant_meters_only_while_it_leads(database: DatabaseUnderTest) -> None:
     # What a replica's ingestion asks before it decodes other replicas' samples for it
-    # (cloud/app.py: `digest_listeners_active`).
+    # (cloud/app.py: `relayed_wanted`).
     clock = Clock()
     store = await open_store(database.settings, clock=clock)
     try:
         accountant = Accountant(store, NodeRegistry(wall_clock=clock), UsageSettings(), clock=clock)
         assert not accountant.metering()
+        assert not accountant.relayed("n1", "i1")  # nothing is decoded for it
         lease = None
         async with asyncio.timeout(10):
             while lease is None:
@@ -140,8 +143,11 @@ async def test_an_accountant_meters_only_while_it_leads(database: DatabaseUnderT
         async with asyncio.timeout(10):
             await accountant.started.wait()
         assert accountant.metering()
+        # A node it has no mark of: its sample is wanted now, to start one.
+        assert accountant.relayed("n1", "i1")
         await stop_task(running)
         assert not accountant.metering()
+        assert not accountant.relayed("n1", "i1")
     finally:
         await store.close()
 
@@ -229,15 +235,16 @@ async def test_a_node_claiming_more_energy_than_its_gpu_can_draw_bills_no_more(
     accountant, store, lease = await start(database, clock)
     try:
         with capture_logs() as logs:
-            feed(accountant, [T0, T0 + 10], clock)
-            for at in (T0 + 20, T0 + 30):  # the counter jumps by a terajoule, twice
+            # A flush after every sample: each is metered as a step of its own.
+            for at in (T0, T0 + 10, T0 + 20, T0 + 30, T0 + 40, T0 + 50):
                 clock.now = at
-                honest = reading(at)
-                (gpu,) = honest.accelerators
-                lie = msgspec.structs.replace(gpu, energy_j=(gpu.energy_j or 0.0) + 1e12 * at)
-                accountant.observe(msgspec.structs.replace(honest, accelerators=(lie,)))
-            feed(accountant, [T0 + 40, T0 + 50], clock)
-        await accountant.flush(lease)  # type: ignore[arg-type]
+                sample = reading(at)
+                if at in (T0 + 20, T0 + 30):  # the counter jumps by a terajoule, twice
+                    (gpu,) = sample.accelerators
+                    lie = msgspec.structs.replace(gpu, energy_j=(gpu.energy_j or 0.0) + 1e12 * at)
+                    sample = msgspec.structs.replace(sample, accelerators=(lie,))
+                accountant.observe(sample)
+                await accountant.flush(lease)  # type: ignore[arg-type]
         kwh, _, _, measured = await totals(store)
         # Its 300 W power samples count instead: what it drew, measured.
         assert kwh == pytest.approx(expected_kwh(T0, T0 + 50), rel=0.02)
@@ -341,3 +348,61 @@ async def test_a_flush_moves_the_mark_of_every_node_with_a_new_sample(
             }
     finally:
         await store.close()
+
+
+async def test_power_samples_between_flushes_are_each_counted(
+    database: DatabaseUnderTest,
+) -> None:
+    # A node without energy counters: its power, which changes sample by sample, is
+    # integrated one sample at a time, not read from the last sample before a flush.
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        powers = [300.0 if step % 2 else 100.0 for step in range(13)]
+        for step, power_w in enumerate(powers):
+            clock.now = T0 + INTERVAL_S * step
+            sample = reading(clock.now, counter=False)
+            (gpu,) = sample.accelerators
+            power = msgspec.structs.replace(gpu, power_w=power_w)
+            accountant.observe(msgspec.structs.replace(sample, accelerators=(power,)))
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, _, gap_s, measured = await totals(store)
+        # Each step [t - 10 s, t) at the power sampled at t, from the first sample on.
+        assert kwh == pytest.approx(sum(powers[1:]) * INTERVAL_S * 1.1 / 3.6e6, rel=1e-6)
+        assert gap_s == 0.0
+        assert measured == pytest.approx(1.0)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+async def test_an_agent_restart_between_flushes_keeps_the_last_instances_counters(
+    database: DatabaseUnderTest,
+) -> None:
+    # Samples held for the flush: the last of the old instance is counted before the
+    # new instance's first, so its counters cover the old instance to its end.
+    clock = Clock()
+    registry = NodeRegistry(wall_clock=clock)
+    accountant, store, lease = await start(database, clock, registry)
+    try:
+        feed(accountant, [T0 + 10 * i for i in range(11)], clock)  # instance i1, 0..100 s
+        clock.now = T0 + 105
+        registry.apply_status(
+            msgspec.structs.replace(birth(clock.now), instance_id="i2", started_at=clock.now)
+        )
+        for at in [T0 + 110 + 10 * i for i in range(10)]:  # instance i2, its counter anew
+            clock.now = at
+            sample = reading(at)
+            (gpu,) = sample.accelerators
+            anew = msgspec.structs.replace(gpu, energy_j=POWER_W * (at - T0 - 100))
+            accountant.observe(
+                msgspec.structs.replace(
+                    sample, instance_id="i2", seq=sample.seq - 10, accelerators=(anew,)
+                )
+            )
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, _, gap_s, measured = await totals(store)
+        assert kwh == pytest.approx(expected_kwh(T0, T0 + 200), rel=1e-6)
+        assert gap_s == 0.0
+        assert measured == pytest.approx(1.0)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
