@@ -225,6 +225,15 @@ def plausible_power_w(accelerator: Accelerator) -> float:
     return PLAUSIBLE_POWER_FACTOR * max_w
 
 
+def believed_power_w(accelerator: Accelerator, sample: AcceleratorSample) -> float | None:
+    """A device's power sample as metering believes it: None where it gave none, the
+    model's figure at its utilisation where it claims more than the device can draw."""
+    power_w = sample.power_w
+    if power_w is None or power_w <= plausible_power_w(accelerator):
+        return power_w
+    return _modelled_w(accelerator, sample)
+
+
 def _held(allocation: MeteredAllocation, start_s: float, end_s: float) -> tuple[float, float]:
     """The part of [start, end) the allocation held its devices (empty: start >= end)."""
     ended = allocation.ended_at_s if allocation.ended_at_s is not None else end_s

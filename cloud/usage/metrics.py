@@ -21,6 +21,7 @@ from cloud.fleet.registry import NodeRegistry
 from cloud.green.energy import J_PER_KWH
 from cloud.signals.grid import HOUR_S
 from cloud.usage.accountant import Accountant
+from cloud.usage.meter import believed_power_w
 from shared.messages import NodeStatus, Telemetry
 
 
@@ -150,11 +151,12 @@ class GridCollector(Collector):
 
 class ZonePower:
     """`greenfed_zone_power_watts`, the load's power by zone: online nodes' accelerators'
-    power in their latest samples, summed from the samples a scrape takes on the event
-    loop (cloud/fleet/accelerator_metrics.py `online_samples`) in the scrape's worker
-    thread (cloud/metrics.py `MetricsRegistries.fleet_exposition_chunks`): the sum reads
-    every device of the fleet, 30,000 at 10,000 nodes, which held the loop on every
-    scrape when `GridCollector` summed them."""
+    power in their latest samples, as metering believes it (`_node_power_w`), summed
+    from the samples a scrape takes on the event loop (cloud/fleet/accelerator_metrics.py
+    `online_samples`) in the scrape's worker thread (cloud/metrics.py
+    `MetricsRegistries.fleet_exposition_chunks`): the sum reads every device of the
+    fleet, 30,000 at 10,000 nodes, which held the loop on every scrape when
+    `GridCollector` summed them."""
 
     def render(self, samples: Sequence[tuple[NodeStatus, Telemetry]]) -> bytes:
         """The family in the text format, as prometheus_client writes it. Reads immutable
@@ -164,9 +166,7 @@ class ZonePower:
         # as a walk of `NodeRegistry.nodes()`.
         for status, telemetry in sorted(samples, key=_node_id):
             zone = status.zone
-            watts[zone] = watts.get(zone, 0.0) + sum(
-                s.power_w for s in telemetry.accelerators if s.power_w is not None
-            )
+            watts[zone] = watts.get(zone, 0.0) + _node_power_w(status, telemetry)
         power = GaugeMetricFamily(
             "greenfed_zone_power_watts",
             "Power of online nodes' accelerators in their latest samples, by zone",
@@ -177,6 +177,19 @@ class ZonePower:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families(power))
         return generate_latest(registry)
+
+
+def _node_power_w(status: NodeStatus, telemetry: Telemetry) -> float:
+    """A node's devices' power as usage metering believes it (cloud/usage/meter.py
+    `believed_power_w`): a node may not inflate its zone's power beyond what its devices
+    can draw, nor count a device it did not announce."""
+    devices = {accelerator.id: accelerator for accelerator in status.accelerators}
+    total_w = 0.0
+    for sample in telemetry.accelerators:
+        device = devices.get(sample.id)
+        if device is not None and sample.power_w is not None:
+            total_w += believed_power_w(device, sample) or 0.0
+    return total_w
 
 
 def _node_id(sample: tuple[NodeStatus, Telemetry]) -> str:

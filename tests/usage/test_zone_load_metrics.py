@@ -10,14 +10,17 @@ import random
 import threading
 from collections.abc import Iterator, Sequence
 
+import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRecord, NodeRegistry
+from cloud.loop.nodes import device_power_w
 from cloud.metrics import build_metrics_registry
 from cloud.store import AllocationRecord, StoreSnapshot
 from cloud.usage.accountant import Accountant
+from cloud.usage.meter import PLAUSIBLE_POWER_FACTOR
 from cloud.usage.metrics import GridCollector, ZonePower
 from shared.messages import AcceleratorSample, NodeStatus, Telemetry
 from shared.settings import UsageSettings
@@ -95,6 +98,36 @@ class ThreadRecordingZonePower(ZonePower):
     def render(self, samples: Sequence[tuple[NodeStatus, Telemetry]]) -> bytes:
         self.threads.append(threading.get_ident())
         return super().render(samples)
+
+
+def test_a_node_cannot_inflate_its_zones_power() -> None:
+    # A GPU claiming 9 kW counts what the model says it draws at its utilisation (as
+    # metering counts it: cloud/usage/meter.py), and a device the node never announced
+    # counts nothing.
+    status = birth("liar", (XEON, A100), site="cloud", zone="DE")
+    sample = telemetry(
+        "liar",
+        tuple(
+            AcceleratorSample(
+                id=device, utilization_pct=busy_pct, memory_used_bytes=GIB, power_w=power_w
+            )
+            for device, busy_pct, power_w in (
+                ("cpu0", 10.0, 80.0),
+                ("gpu1", 50.0, 9e3),
+                ("gpu9", 90.0, 300.0),
+            )
+        ),
+    )
+    idle_w, max_w = device_power_w(A100)
+    assert PLAUSIBLE_POWER_FACTOR * max_w < 9e3
+    (power,) = series(ZonePower().render([(status, sample)]).decode())["greenfed_zone_power_watts"]
+    assert power == ({"zone": "DE"}, 80.0 + idle_w + (max_w - idle_w) * 0.5)
+    # A figure the device can draw is taken as it is.
+    honest = msgspec.structs.replace(
+        sample, accelerators=(msgspec.structs.replace(sample.accelerators[1], power_w=350.0),)
+    )
+    (power,) = series(ZonePower().render([(status, honest)]).decode())["greenfed_zone_power_watts"]
+    assert power == ({"zone": "DE"}, 350.0)
 
 
 @pytest.mark.parametrize("accelerator_metrics", [True, False])
