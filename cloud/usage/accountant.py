@@ -124,6 +124,15 @@ class _LeaderState:
     each_sample: set[str] = field(default_factory=set)
 
 
+def _counts_every_device(telemetry: Telemetry) -> bool:
+    """Whether every device of the sample gave its energy counter (a loop, not `all`
+    over a generator: on the hot path)."""
+    for sample in telemetry.accelerators:  # noqa: SIM110 (see above)
+        if sample.energy_j is None:
+            return False
+    return True
+
+
 def _usage_marks(moved: Iterable[tuple[str, NodeMark]]) -> list[UsageMark]:
     return [
         UsageMark(node_id, m.instance_id, m.seq, m.sampled_at_s, dict(m.energy_j))
@@ -196,16 +205,16 @@ class Accountant:
             return
         node_id = telemetry.node_id
         mark = state.marks.get(node_id)
-        if mark is not None and self._coalesces(state, node_id, telemetry.instance_id, mark):
-            for sample in telemetry.accelerators:
-                if sample.energy_j is None:
-                    break
+        if (
+            mark is not None
+            and self._coalesces(state, node_id, telemetry.instance_id, mark)
+            and _counts_every_device(telemetry)
+        ):
+            if is_replay(telemetry, mark):
+                self.stats.replays += 1
             else:
-                if is_replay(telemetry, mark):
-                    self.stats.replays += 1
-                else:
-                    state.held[node_id] = telemetry
-                return
+                state.held[node_id] = telemetry
+            return
         held = state.held.pop(node_id, None)
         if held is not None and held.instance_id != telemetry.instance_id:
             # The last of the instance before this one: its counters end there.
@@ -272,20 +281,19 @@ class Accountant:
         assert new_mark is not None
         state.marks[node_id] = new_mark
         state.dirty.add(node_id)
-        if refused:
-            state.each_sample.add(node_id)
-        else:
-            self._note_counters(state, node_id, telemetry)
+        self._note_counters(state, node_id, telemetry, refused=refused)
         zone = record.status.zone
         for increment in increments:
             accumulate(state.pending, Priced(increment, zone), self._grid_offset_s)
         self._retire_ended(node_id, new_mark.sampled_at_s)
 
     @staticmethod
-    def _note_counters(state: _LeaderState, node_id: str, telemetry: Telemetry) -> None:
-        """Whether the node's next samples may be coalesced: every device it reported
-        gave its energy counter."""
-        if all(sample.energy_j is not None for sample in telemetry.accelerators):
+    def _note_counters(
+        state: _LeaderState, node_id: str, telemetry: Telemetry, *, refused: bool = False
+    ) -> None:
+        """Whether the node's next samples may be coalesced: every device of the sample
+        just metered gave its energy counter, and none was refused."""
+        if not refused and _counts_every_device(telemetry):
             state.each_sample.discard(node_id)
         else:
             state.each_sample.add(node_id)
