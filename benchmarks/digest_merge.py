@@ -29,6 +29,7 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -36,7 +37,7 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.ingest import birth, metering, node_ids, telemetry_messages
-from benchmarks.metering_cost import handle_us, metered_us
+from benchmarks.metering_cost import handle_us, metered_us, taking
 from cloud.fleet.digest import RELAYED_DIGEST_DECODER, DigestBuilder
 from cloud.fleet.ingest import Ingestor
 from cloud.fleet.registry import NodeRegistry
@@ -85,6 +86,20 @@ def take_us(nodes: int, rounds: int) -> float:
     return spent_us
 
 
+def digest_taking(ingestor: Ingestor, by_round: list[list[bytes]]) -> Callable[[int, int], None]:
+    """`take(first, end)` for `metered_us`: the ingestor merges the digests of rounds
+    [first, end)."""
+
+    handle_digest = ingestor.handle_digest
+
+    def take(first: int, end: int) -> None:
+        for round_messages in by_round[first:end]:
+            for message in round_messages:
+                handle_digest(message)
+
+    return take
+
+
 async def leader_us(nodes: int, rounds: int, every: int) -> tuple[float, float]:
     """(merge, take) for the leader, which meters both."""
     merged = await _leader_cost(nodes, rounds, every, relayed=True)
@@ -98,21 +113,11 @@ async def _leader_cost(nodes: int, rounds: int, every: int, *, relayed: bool) ->
         ingestor.digest_listeners.append(accountant.observe)  # as cloud/app.py does
         ingestor.relayed_wanted = accountant.relayed
         # Made once the marks are (metering counts from now: older is a replay).
-        if relayed:
-            by_round = digests(nodes, rounds)
-
-            def take(first: int, end: int) -> None:
-                for round_messages in by_round[first:end]:
-                    for message in round_messages:
-                        ingestor.handle_digest(message)
-
-        else:
-            messages = telemetry_messages(TOPICS, nodes, rounds, spaced=True)
-
-            def take(first: int, end: int) -> None:
-                for topic, payload in messages[first * nodes : end * nodes]:
-                    ingestor.handle(topic, payload)
-
+        take = (
+            digest_taking(ingestor, digests(nodes, rounds))
+            if relayed
+            else taking(ingestor, telemetry_messages(TOPICS, nodes, rounds, spaced=True), nodes)
+        )
         spent_us = await metered_us(take, accountant, nodes, rounds, every)
         channel = "digest" if relayed else "telemetry"
         assert ingestor.stats.ingested[channel] == nodes * rounds, ingestor.stats.ingested

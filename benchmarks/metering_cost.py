@@ -73,6 +73,21 @@ def flushes(rounds: int, samples_per_flush: int) -> range:
     return range(samples_per_flush, rounds + samples_per_flush, samples_per_flush)
 
 
+def taking(
+    ingestor: Ingestor, messages: list[tuple[str, bytes]], nodes: int
+) -> Callable[[int, int], None]:
+    """`take(first, end)` for `metered_us`: the ingestor handles the messages of rounds
+    [first, end), a round being every node's sample."""
+
+    handle = ingestor.handle
+
+    def take(first: int, end: int) -> None:
+        for topic, payload in messages[first * nodes : end * nodes]:
+            handle(topic, payload)
+
+    return take
+
+
 async def metered_us(
     take: Callable[[int, int], None], accountant: Accountant, nodes: int, rounds: int, every: int
 ) -> float:
@@ -93,16 +108,8 @@ async def one_run(nodes: int, rounds: int, every: int) -> dict[str, float]:
     result = {"handle_us": handle_us(plain, samples(nodes, rounds))}
     metered, registry = ingestor_of(nodes)
     async with metering(metered, registry, nodes) as accountant:
-        messages = samples(nodes, rounds)
-        handle = metered.handle
-
-        def take_messages(first: int, end: int) -> None:
-            for topic, payload in messages[first * nodes : end * nodes]:
-                handle(topic, payload)
-
-        result["handle_metered_us"] = await metered_us(
-            take_messages, accountant, nodes, rounds, every
-        )
+        take = taking(metered, samples(nodes, rounds), nodes)
+        result["handle_metered_us"] = await metered_us(take, accountant, nodes, rounds, every)
     observed, registry = ingestor_of(nodes)
     async with metering(observed, registry, nodes) as accountant:
         observed.telemetry_listeners.remove(accountant.observe)
