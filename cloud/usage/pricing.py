@@ -51,9 +51,10 @@ class Piece:
 
 def _boundaries(start: float, end: float, offset_s: float) -> list[float]:
     """Hour starts within (start, end), of our clock and of the grid's (a replayed trace
-    runs `offset_s` ahead): within a piece both hours are constant."""
+    runs `offset_s` ahead: its hour starts where `t + offset_s` is a whole hour, at
+    whole hours + `-offset_s mod 1 h` of ours): within a piece both hours are constant."""
     cuts: list[float] = []
-    for shift in (0.0, offset_s % HOUR_S):
+    for shift in (0.0, (-offset_s) % HOUR_S):
         hour = math.floor((start - shift) / HOUR_S) * HOUR_S + shift + HOUR_S
         while hour < end:
             cuts.append(hour)

@@ -332,7 +332,8 @@ ALLOCATION = MeteredAllocation(
         min_size=1,
         max_size=6,
     ),
-    offset_s=st.sampled_from([0.0, 1800.0, -7 * HOUR_S - 600.0, 123.0]),
+    offset_s=st.sampled_from([0.0, 1800.0, 900.0, -7 * HOUR_S - 600.0, 123.0])
+    | st.floats(-2 * 365 * 24 * HOUR_S, 2 * 365 * 24 * HOUR_S),
 )
 def test_accumulate_splits_at_both_clocks_hours(
     spans: list[tuple[float, float, float]], offset_s: float
@@ -368,14 +369,21 @@ def test_accumulate_splits_at_both_clocks_hours(
             abs=1e-6,  # times near 1.7e9 s keep 1e-7 s
         )
         assert (piece.start_s, piece.end_s) == pytest.approx(sums[3:], abs=1e-6)
+        # Priced at one hour of each clock: the piece lies within both.
+        our_hour, grid_hour = key[3], key[4]
+        assert our_hour * HOUR_S - 1e-6 <= piece.start_s
+        assert piece.end_s <= (our_hour + 1) * HOUR_S + 1e-6
+        assert grid_hour * HOUR_S - 1e-6 <= piece.start_s + offset_s
+        assert piece.end_s + offset_s <= (grid_hour + 1) * HOUR_S + 1e-6
 
 
 def _cuts(start: float, end: float, offset_s: float) -> list[float]:
+    """`start`, `end` and every instant between where our hour or the grid's changes:
+    ours at whole hours t, the grid's where t + offset_s is a whole hour."""
     points = {start, end}
-    for shift in (0.0, offset_s % HOUR_S):
-        hour = math.floor((start - shift) / HOUR_S) * HOUR_S + shift
-        while hour < end:
-            if hour > start:
-                points.add(hour)
-            hour += HOUR_S
+    for clock_ahead_s in (0.0, offset_s):
+        hour = math.floor((start + clock_ahead_s) / HOUR_S) + 1
+        while (cut := hour * HOUR_S - clock_ahead_s) < end:
+            points.add(cut)
+            hour += 1
     return sorted(points)
