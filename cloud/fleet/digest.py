@@ -14,9 +14,10 @@ registry (`Ingestor.handle_digest`).
 Merging costs a replica less than taking the samples itself, or the replicas would add
 no capacity: each replica applies each sample's index entry to the registry and keeps
 its bytes undecoded (`RelayedDigest`, `NodeRegistry.apply_relayed`) until its figures
-are read (`NodeRecord.telemetry`), most of them never; the leader, which meters, reads
-them at its next usage flush, and decodes at once only those it meters one by one
-(`Ingestor.relayed_wanted`). A digest without an index is decoded whole
+are read (`NodeRecord.telemetry`), most of them never (a sample that would bring its
+node online or hand it to another agent instance is decoded and checked at once); the
+leader, which meters, reads them at its next usage flush, and decodes at once only those
+it meters one by one (`Ingestor.relayed_wanted`). A digest without an index is decoded whole
 (`TelemetryDigest`).
 
 What each consumer of telemetry gets:

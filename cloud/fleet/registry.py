@@ -206,6 +206,11 @@ class NodeRecord:
                 self.relayed = None
                 if opened is not None:
                     self.decoded_telemetry = opened
+                else:
+                    # Refused: the sequence its index entry claimed stands no longer, or
+                    # the node's real samples up to it would be refused as old.
+                    last = self.decoded_telemetry
+                    self.telemetry_seq = last.seq if last is not None else None
         return self.decoded_telemetry
 
     @telemetry.setter
@@ -573,9 +578,16 @@ class NodeRegistry:
                         applied_entries.append((node_id, instance_id, seq))
                     continue
             # The rest (unknown, offline, another instance, a first sample, a jump): the
-            # rules in full.
-            relayed = (open_sample, bytes(raw), received_s, instance_id, seq)
-            outcome = self._accept_sample(node_id, instance_id, seq, relayed, now)
+            # rules in full, on the sample decoded and checked now. What they may change
+            # (the node's instance, the node back online) must not rest on an index entry
+            # whose sample could still be refused; and these are few.
+            if record is None:
+                outcome: Rejection | NodeStateChange | None = Rejection.UNKNOWN_NODE
+            else:
+                opened = open_sample(node_id, bytes(raw), received_s, instance_id, seq)
+                if opened is None:
+                    continue  # refused, and counted, by ingestion
+                outcome = self._accept_sample(node_id, instance_id, seq, opened, now)
             if outcome is Rejection.OUT_OF_ORDER:
                 stale += 1
                 continue
@@ -592,7 +604,7 @@ class NodeRegistry:
         node_id: str,
         instance_id: str,
         seq: int,
-        sample: Telemetry | RelayedSample,
+        sample: Telemetry,
         now: tuple[float, float] | None = None,
     ) -> Rejection | NodeStateChange | None:
         record = self._records.get(node_id)
@@ -605,6 +617,11 @@ class NodeRegistry:
             candidate = self._candidate(record, instance_id)
             if candidate is None or self.holds_node(record):
                 return Rejection.INSTANCE_MISMATCH
+            if sample.sampled_at < record.status.started_at:
+                # Taken before the node's current agent started (both on the node's
+                # clock): a late copy from an instance it replaced, e.g. relayed by a
+                # replica after the new birth arrived here.
+                return Rejection.OUT_OF_ORDER
             since_start_s = now_s - candidate.started_at + self._max_clock_skew_s
             if not seq_plausible(seq, None, candidate.telemetry_interval_s, since_start_s, 0.0):
                 return Rejection.SEQ_JUMP
@@ -624,11 +641,8 @@ class NodeRegistry:
             now_monotonic - record.telemetry_received_monotonic,
         ):
             return Rejection.SEQ_JUMP
-        if isinstance(sample, Telemetry):
-            record.decoded_telemetry = sample
-            record.relayed = None
-        else:
-            record.relayed = sample
+        record.decoded_telemetry = sample
+        record.relayed = None
         record.telemetry_seq = seq
         record.last_seen_monotonic = record.telemetry_received_monotonic = now_monotonic
         record.last_seen_at = now_s

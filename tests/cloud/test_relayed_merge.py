@@ -13,15 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud.fleet.registry import NodeRegistry, NodeStateChange, Rejection
-from shared.messages import encode
+from shared.messages import TELEMETRY_DECODER, Telemetry, encode
 from tests.cloud.test_ingest_unit import FakeClock, birth, sample, will
 
 NODES = ("n1", "n2", "n3")
 INSTANCES = ("i1", "i2")
 
 
-def opened(node_id: str, raw: bytes, received_s: float, instance_id: str, seq: int) -> None:
-    return None  # never read here
+def opened(node_id: str, raw: bytes, received_s: float, instance_id: str, seq: int) -> Telemetry:
+    """A relayed sample, decoded (each is what its index entry says: checked by ingestion)."""
+    return TELEMETRY_DECODER.decode(raw)
 
 
 births = st.tuples(st.just("birth"), st.sampled_from(NODES), st.sampled_from(INSTANCES))

@@ -23,6 +23,7 @@ from tests.cloud.test_ingest_unit import (
     birth,
     sample,
     topic,
+    will,
 )
 
 DIGEST_TOPIC = TOPICS.telemetry_digest
@@ -199,7 +200,9 @@ def test_a_replica_that_does_not_meter_decodes_a_relayed_sample_only_when_it_is_
     pair: tuple[Ingestor, Ingestor],
 ) -> None:
     taker, other = pair
-    taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=1, cpu_pct=30.0)))
+    for replica_ in pair:  # a node's first sample here is decoded at once
+        replica_.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=1, cpu_pct=30.0)))
+    taker.digest.take(now_s=WALL_S)
     taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=2, cpu_pct=70.0)))
     (digest,) = taker.digest.take(now_s=WALL_S)
     other.handle(DIGEST_TOPIC, digest)
@@ -207,7 +210,10 @@ def test_a_replica_that_does_not_meter_decodes_a_relayed_sample_only_when_it_is_
     record = other.registry.get("n1")
     assert record is not None
     # Applied by its index: the node's sequence, last seen and hold are current ...
-    assert (record.telemetry_seq, record.decoded_telemetry) == (2, None)
+    assert record.telemetry_seq == 2
+    assert record.relayed is not None
+    assert record.decoded_telemetry is not None
+    assert record.decoded_telemetry.seq == 1
     assert other.registry.holds_node(record)
     assert other.stats.ingested[DIGEST_CHANNEL] == 1
     # ... and the sample is decoded on the first read, once.
@@ -305,6 +311,74 @@ def test_a_relayed_index_entry_obeys_the_registrys_rules(
     assert (record.telemetry.instance_id, record.telemetry.seq) == ("i1", 5)
 
 
+def test_a_relayed_sample_refused_when_read_gives_back_the_sequence_it_claimed(
+    pair: tuple[Ingestor, Ingestor],
+) -> None:
+    """An index entry moves the node's sequence on before its sample is read; refused
+    then, it must not leave the node's real samples up to it refused as old."""
+    _, other = pair
+    other.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=5)))
+    other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 9, b'{"node_id": "n1"}')))
+    record = other.registry.get("n1")
+    assert record is not None
+    assert record.telemetry is not None
+    assert record.telemetry.seq == 5
+
+    other.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=6, cpu_pct=60.0)))
+
+    assert record.telemetry is not None
+    assert (record.telemetry.seq, record.telemetry.cpu_utilization_pct) == (6, 60.0)
+    assert other.stats.invalid == {(DIGEST_CHANNEL, InvalidReason.SCHEMA_VIOLATION.value): 1}
+
+
+def test_a_relayed_sample_that_fails_its_checks_never_brings_a_node_back_online(
+    pair: tuple[Ingestor, Ingestor],
+) -> None:
+    _, other = pair
+    other.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=5)))
+    other.handle(topic("n1", Channel.STATUS), encode(will()))
+    record = other.registry.get("n1")
+    assert record is not None
+    assert record.state == "offline"
+
+    other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 6, b'{"node_id": "n1"}')))
+
+    assert record.state == "offline"
+    assert other.stats.invalid == {(DIGEST_CHANNEL, InvalidReason.SCHEMA_VIOLATION.value): 1}
+    assert other.stats.ingested[DIGEST_CHANNEL] == 0
+
+
+def test_a_late_relayed_sample_of_the_instance_a_restart_replaced_does_not_take_it_back(
+    pair: tuple[Ingestor, Ingestor],
+) -> None:
+    """Replica A took the old agent's last sample; the agent died, and its will and the new
+    agent's birth reached replica B before A's digest: that sample is old news there."""
+    took, other = pair
+    for replica_ in pair:
+        replica_.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=50)))
+    took.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=51)))
+    restarted = msgspec.structs.replace(
+        birth(instance_id="i2"), started_at=sample().sampled_at + 1.0
+    )
+    for replica_ in pair:
+        replica_.handle(topic("n1", Channel.STATUS), encode(will()))
+        replica_.handle(topic("n1", Channel.STATUS), encode(restarted))
+
+    for digest in took.digest.take(WALL_S):
+        other.handle(DIGEST_TOPIC, digest)
+
+    record = other.registry.get("n1")
+    assert record is not None
+    assert record.status.instance_id == "i2"
+    assert other.stats.invalid_total == 0  # a stale copy, not an invalid one
+    second = msgspec.structs.replace(
+        sample(instance_id="i2", seq=1), sampled_at=restarted.started_at + 1.0
+    )
+    other.handle(topic("n1", Channel.TELEMETRY), encode(second))
+    assert record.telemetry is not None
+    assert record.telemetry.instance_id == "i2"
+
+
 def test_a_relayed_digest_sent_outside_the_clock_skew_changes_nothing(
     pair: tuple[Ingestor, Ingestor],
 ) -> None:
@@ -358,6 +432,7 @@ def test_only_the_relayed_samples_a_listener_wants_now_are_decoded_for_it(
 
     other.digest_listeners.append(heard.append)
     other.relayed_wanted = relayed_wanted
+    other.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=1)))
     taker.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=2)))
     (digest,) = taker.digest.take(now_s=WALL_S)
 
@@ -367,7 +442,7 @@ def test_only_the_relayed_samples_a_listener_wants_now_are_decoded_for_it(
     assert record is not None
     assert asked == [("n1", "i1")]
     assert [t.seq for t in heard] == ([2] if wanted else [])
-    assert (record.decoded_telemetry is not None) == wanted
+    assert (record.relayed is None) == wanted
     assert record.telemetry is not None
     assert record.telemetry.seq == 2
     # A stale copy (heard already) reaches no listener.
@@ -381,20 +456,22 @@ def test_a_sample_relayed_while_an_older_one_is_being_read_is_kept(
     # A /metrics scrape reads the figures in a thread while digests keep arriving: what
     # the read decodes must not drop, or be checked against, a newer relayed sample.
     _, other = pair
-    other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 1, encode(sample(seq=1)))))
+    other.handle(topic("n1", Channel.TELEMETRY), encode(sample(seq=1)))
+    other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 2, encode(sample(seq=2)))))
     record = other.registry.get("n1")
     assert record is not None
     assert record.relayed is not None
     opener, payload, received_s, instance_id, seq = record.relayed
 
-    def open_while_seq_2_arrives(*args: object) -> Telemetry | None:
-        other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 2, encode(sample(seq=2)))))
+    def open_while_seq_3_arrives(*args: object) -> Telemetry | None:
+        other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 3, encode(sample(seq=3)))))
         return opener(*args)  # type: ignore[arg-type]
 
-    record.relayed = (open_while_seq_2_arrives, payload, received_s, instance_id, seq)
+    record.relayed = (open_while_seq_3_arrives, payload, received_s, instance_id, seq)
     first_read = record.telemetry
-    assert first_read is None  # seq 1 was being read: it is not the latest
-    assert other.stats.invalid_total == 0  # nor counted against seq 2's index entry
+    assert first_read is not None
+    assert first_read.seq == 1
+    assert other.stats.invalid_total == 0  # nor counted against seq 3's index entry
     telemetry = record.telemetry
     assert telemetry is not None
-    assert telemetry.seq == 2
+    assert telemetry.seq == 3
