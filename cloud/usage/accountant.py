@@ -59,10 +59,12 @@ from cloud.store import (
 from cloud.usage.meter import (
     MeteredAllocation,
     NodeMark,
+    NodeProfile,
     held_power_limits_w,
     is_replay,
     mark_of,
     meter,
+    profile_of,
 )
 from cloud.usage.pricing import Pieces, Priced, accumulate, merge, price_pieces
 from cloud.usage.views import usage_summary
@@ -157,6 +159,8 @@ class Accountant:
         self._clock = clock
         self._state: _LeaderState | None = None  # set while leading, marks loaded
         self._by_node: dict[str, list[MeteredAllocation]] = {}
+        # Each metered node's inventory as metering needs it, until its next birth.
+        self._profiles: dict[str, NodeProfile] = {}
         # Nodes holding an allocation that ended, which their samples retire: every
         # other sample skips looking.
         self._ended_on: set[str] = set()
@@ -262,8 +266,12 @@ class Accountant:
         record = self._registry.get(node_id)
         if record is None:
             return
+        status = record.status
+        profile = self._profiles.get(node_id)
+        if profile is None or profile.inventory is not status:
+            profile = self._profiles[node_id] = profile_of(status)
         increments, new_mark = meter(
-            record.status,
+            status,
             telemetry,
             mark,
             allocations or (),
@@ -271,6 +279,7 @@ class Accountant:
             max_gap_s=self._settings.max_gap_s,
             power_limits_w=held_power_limits_w(record.reported, allocations or ()),
             implausible=self._implausible,
+            profile=profile,
         )
         refused = bool(self._implausible)
         if refused:
@@ -282,7 +291,7 @@ class Accountant:
         state.marks[node_id] = new_mark
         state.dirty.add(node_id)
         self._note_counters(state, node_id, telemetry, refused=refused)
-        zone = record.status.zone
+        zone = status.zone
         for increment in increments:
             accumulate(state.pending, Priced(increment, zone), self._grid_offset_s)
         self._retire_ended(node_id, new_mark.sampled_at_s)
@@ -407,6 +416,8 @@ class Accountant:
                     continue  # its node never reported again: nothing more to count
                 by_node.setdefault(node_id, []).append(ended)
         self._by_node = by_node
+        # Only nodes that hold work are metered through a profile.
+        self._profiles = {n: p for n, p in self._profiles.items() if n in by_node}
         self._ended_on = {
             node_id
             for node_id, allocations in by_node.items()

@@ -113,6 +113,32 @@ class Increment(msgspec.Struct, frozen=True, kw_only=True):
 _DeviceEnergy = tuple[float, float]
 
 
+class NodeProfile(msgspec.Struct, frozen=True):
+    """What metering needs of a node's inventory, worked out once per birth
+    (`profile_of`) rather than at every step: a node's devices change only with a new
+    birth, and its steps come every few seconds."""
+
+    inventory: NodeStatus
+    devices: tuple[tuple[Accelerator, float], ...]  # each device, its `plausible_power_w`
+    cpu_ids: tuple[str, ...]
+    cpu_cores: int  # each CPU's compute units, at least 1
+    pool_sizes: Mapping[str, int]  # kind -> devices of that kind
+
+
+def profile_of(inventory: NodeStatus) -> NodeProfile:
+    pool_sizes: dict[str, int] = {}
+    for accelerator in inventory.accelerators:
+        pool_sizes[accelerator.kind] = pool_sizes.get(accelerator.kind, 0) + 1
+    cpus = [a for a in inventory.accelerators if a.kind == "cpu"]
+    return NodeProfile(
+        inventory,
+        tuple((a, plausible_power_w(a)) for a in inventory.accelerators),
+        tuple(a.id for a in cpus),
+        sum(max(1, a.compute_units) for a in cpus),
+        pool_sizes,
+    )
+
+
 class _NodeEnergy(msgspec.Struct, frozen=True):
     """A node's energy over a step, per device and as the shares of it need it."""
 
@@ -124,23 +150,20 @@ class _NodeEnergy(msgspec.Struct, frozen=True):
     pool_sizes: Mapping[str, int]  # kind -> devices of that kind
 
 
-def _node_energy(
-    inventory: Sequence[Accelerator], devices: Mapping[str, _DeviceEnergy]
-) -> _NodeEnergy:
+def _node_energy(profile: NodeProfile, devices: Mapping[str, _DeviceEnergy]) -> _NodeEnergy:
     cpu_j = cpu_measured_j = 0.0
-    has_cpu = False
-    cpu_cores = 0
-    pool_sizes: dict[str, int] = {}
-    for accelerator in inventory:
-        kind = accelerator.kind
-        pool_sizes[kind] = pool_sizes.get(kind, 0) + 1
-        if kind == "cpu":
-            joules, measured = devices[accelerator.id]
-            cpu_j += joules
-            cpu_measured_j += measured
-            has_cpu = True
-            cpu_cores += max(1, accelerator.compute_units)
-    return _NodeEnergy(devices, cpu_j, cpu_measured_j, has_cpu, cpu_cores, pool_sizes)
+    for cpu_id in profile.cpu_ids:
+        joules, measured = devices[cpu_id]
+        cpu_j += joules
+        cpu_measured_j += measured
+    return _NodeEnergy(
+        devices,
+        cpu_j,
+        cpu_measured_j,
+        bool(profile.cpu_ids),
+        profile.cpu_cores,
+        profile.pool_sizes,
+    )
 
 
 def held_power_limits_w(
@@ -177,6 +200,7 @@ def _modelled_w(
 
 def _step_energy(
     accelerator: Accelerator,
+    plausible_w: float,
     sample: AcceleratorSample | None,
     previous_counter_j: float | None,
     step_s: float,
@@ -186,7 +210,8 @@ def _step_energy(
     counter_window_s: float,
 ) -> tuple[float, float, float]:
     """(joules over the step, of which measured, seconds of it that are a gap);
-    `implausible` gets the device's id where the node's figure was refused;
+    `plausible_w`: its `plausible_power_w`; `implausible` gets the device's id where
+    the node's figure was refused;
     `counter_window_s`: the time since the previous counter value first appeared (at
     least the step)."""
     if (
@@ -196,13 +221,13 @@ def _step_energy(
         and sample.energy_j >= previous_counter_j
     ):
         delta = sample.energy_j - previous_counter_j
-        if delta <= plausible_power_w(accelerator) * counter_window_s:
+        if delta <= plausible_w * counter_window_s:
             return delta, delta, 0.0
         if implausible is not None:
             implausible.append(accelerator.id)
     reach_s = POWER_SAMPLE_REACH * interval_s
     power_w = sample.power_w if sample is not None else None
-    if power_w is not None and power_w > plausible_power_w(accelerator):
+    if power_w is not None and power_w > plausible_w:
         if implausible is not None:
             implausible.append(accelerator.id)
         power_w = None
@@ -298,11 +323,13 @@ def meter(
     max_gap_s: float = DEFAULT_MAX_GAP_S,
     power_limits_w: Mapping[str, float] | None = None,
     implausible: list[str] | None = None,
+    profile: NodeProfile | None = None,
 ) -> tuple[list[Increment], NodeMark | None]:
     """The increments of the node's allocations since `mark`, and the new mark (the old
     one for a replay). ``power_limits_w``: device id -> the limit its node holds it to
     (`held_power_limits_w`), which bounds the model's figure. ``implausible`` gets the
-    id of each device whose counter or power this step was refused."""
+    id of each device whose counter or power this step was refused. ``profile``: the
+    inventory's (`profile_of`), where the caller keeps one."""
     power_limits_w = power_limits_w or {}
     if is_replay(telemetry, mark):
         return [], mark
@@ -329,11 +356,14 @@ def meter(
     step_s = end_s - start_s
     if step_s <= 0 or not allocations:
         return [], new_mark
+    if profile is None or profile.inventory is not inventory:
+        profile = profile_of(inventory)
     devices: dict[str, _DeviceEnergy] = {}
     step_gap_s = 0.0
-    for accelerator in inventory.accelerators:
+    for accelerator, plausible_w in profile.devices:
         joules, measured, gap_s = _step_energy(
             accelerator,
+            plausible_w,
             samples.get(accelerator.id),
             counters.get(accelerator.id),
             step_s,
@@ -345,7 +375,7 @@ def meter(
         devices[accelerator.id] = (joules, measured)
         if gap_s > step_gap_s:
             step_gap_s = gap_s
-    node = _node_energy(inventory.accelerators, devices)
+    node = _node_energy(profile, devices)
     increments: list[Increment] = []
     for allocation in allocations:
         held_start_s, held_end_s = _held(allocation, start_s, end_s)
@@ -365,7 +395,7 @@ def meter(
     if gap_start_s is not None:
         increments.extend(
             _gap_increments(
-                inventory,
+                profile,
                 samples,
                 allocations,
                 gap_start_s,
@@ -378,7 +408,7 @@ def meter(
 
 
 def _gap_increments(
-    inventory: NodeStatus,
+    profile: NodeProfile,
     samples: Mapping[str, AcceleratorSample],
     allocations: Sequence[MeteredAllocation],
     start_s: float,
@@ -390,9 +420,9 @@ def _gap_increments(
     span_s = end_s - start_s
     modelled: dict[str, _DeviceEnergy] = {
         a.id: (_modelled_w(a, samples.get(a.id), power_limits_w.get(a.id)) * span_s, 0.0)
-        for a in inventory.accelerators
+        for a, _ in profile.devices
     }
-    node = _node_energy(inventory.accelerators, modelled)
+    node = _node_energy(profile, modelled)
     result = []
     for allocation in allocations:
         held_start_s, held_end_s = _held(allocation, start_s, end_s)

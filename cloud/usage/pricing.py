@@ -76,36 +76,37 @@ def accumulate(pieces: Pieces, item: Priced, offset_s: float) -> None:
     span = end - start
     if span <= 0:
         return
-    cuts = _boundaries(start, end, offset_s)
-    if not cuts:  # the usual step, a few seconds within one hour of both clocks
-        _put(pieces, item, start, end, increment.energy_j, increment.measured_j, increment.gap_s,
-             offset_s)  # fmt: skip
+    our_hour = math.floor(start / HOUR_S)
+    grid_hour = math.floor((start + offset_s) / HOUR_S)
+    if end <= (our_hour + 1) * HOUR_S and end + offset_s <= (grid_hour + 1) * HOUR_S:
+        # The usual step, a few seconds within one hour of both clocks.
+        _put(pieces, item, our_hour, grid_hour, start, end, increment.energy_j,
+             increment.measured_j, increment.gap_s)  # fmt: skip
         return
+    cuts = _boundaries(start, end, offset_s)
     for piece_start, piece_end in itertools.pairwise([start, *cuts, end]):
         part = (piece_end - piece_start) / span
-        _put(pieces, item, piece_start, piece_end, increment.energy_j * part,
-             increment.measured_j * part, increment.gap_s * part, offset_s)  # fmt: skip
+        _put(pieces, item, math.floor(piece_start / HOUR_S),
+             math.floor((piece_start + offset_s) / HOUR_S), piece_start, piece_end,
+             increment.energy_j * part, increment.measured_j * part,
+             increment.gap_s * part)  # fmt: skip
 
 
 def _put(
     pieces: Pieces,
     item: Priced,
+    our_hour: int,
+    grid_hour: int,
     start_s: float,
     end_s: float,
     energy_j: float,
     measured_j: float,
     gap_s: float,
-    offset_s: float,
 ) -> None:
-    """One piece within an hour of both clocks, added to the piece of its key."""
+    """One piece within one hour of both clocks (their numbers since the epoch), added
+    to the piece of its key."""
     allocation = item.increment.allocation
-    key = (
-        allocation.work_id,
-        allocation.member_index,
-        allocation.node_id,
-        math.floor(start_s / HOUR_S),
-        math.floor((start_s + offset_s) / HOUR_S),
-    )
+    key = (allocation.work_id, allocation.member_index, allocation.node_id, our_hour, grid_hour)
     found = pieces.get(key)
     if found is None:
         pieces[key] = Piece(item, start_s, end_s, energy_j, measured_j, gap_s)
