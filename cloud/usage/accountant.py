@@ -124,6 +124,8 @@ class _LeaderState:
     # Nodes metered sample by sample: their latest metered sample lacked a device's
     # energy counter (power samples are integrated one by one) or had one refused.
     each_sample: set[str] = field(default_factory=set)
+    # Work the store has no counterfactual for (asked once, until its final figures).
+    without_counterfactual: set[str] = field(default_factory=set)
 
 
 def _counts_every_device(telemetry: Telemetry) -> bool:
@@ -377,6 +379,7 @@ class Accountant:
                 if decided.work_id not in state.counterfactuals:
                     state.counterfactuals[decided.work_id] = decided
                     state.new_counterfactuals.append(decided)
+                    state.without_counterfactual.discard(decided.work_id)
         live: dict[tuple[str, int, str], MeteredAllocation] = {}
         previous = {
             (a.work_id, a.member_index, a.node_id): a
@@ -384,9 +387,19 @@ class Accountant:
             for a in allocations
             if a.ended_at_s is None
         }
+        replaced: list[MeteredAllocation] = []
         for allocation in store.allocations:
             key = (allocation.work_id, allocation.member_index, allocation.node_id)
             known = previous.get(key)
+            if known is not None and known.started_at_s != allocation.started_at:
+                # Placed again where it ran (a pass that rewrites placed work's rows):
+                # the one before is counted to where the new one starts.
+                replaced.append(
+                    dataclasses.replace(
+                        known,
+                        ended_at_s=max(known.started_at_s, min(now, allocation.started_at)),
+                    )
+                )
             live[key] = (
                 known
                 if known is not None and known.started_at_s == allocation.started_at
@@ -403,14 +416,14 @@ class Accountant:
                 )
             )
         by_node: dict[str, list[MeteredAllocation]] = {}
-        for current in live.values():
+        for current in [*live.values(), *replaced]:
             by_node.setdefault(current.node_id, []).append(current)
         for node_id, metered in self._by_node.items():
             for one in metered:
-                if (one.work_id, one.member_index, one.node_id) in live:
-                    continue
                 ended = one
                 if one.ended_at_s is None:
+                    if (one.work_id, one.member_index, one.node_id) in live:
+                        continue  # still in place (or replaced above)
                     ended = dataclasses.replace(one, ended_at_s=max(now, one.started_at_s))
                 elif now - one.ended_at_s > self._settings.max_gap_s:
                     continue  # its node never reported again: nothing more to count
@@ -497,22 +510,24 @@ class Accountant:
         pending, state.pending = state.pending, {}
         dirty, state.dirty = state.dirty, set()
         new_counterfactuals, state.new_counterfactuals = state.new_counterfactuals, []
-        rows = price_pieces(
-            pending,
-            self._grid,
-            state.counterfactuals,
-            pue=self._energy.pue,
-            grid_offset_s=self._grid_offset_s,
-        )
         # The marks as they stand now, with the usage just taken: ingestion moves them on
-        # while this flush runs. Made into rows in a worker thread (10,000 at 10,000 nodes).
+        # while this flush runs.
         moved = [(node_id, m) for node_id in dirty if (m := state.marks.get(node_id)) is not None]
-        marks = await asyncio.to_thread(_usage_marks, moved)
-        finals = await self._final_events(rows)
-        write = UsageWrite(
-            rows=rows, marks=marks, counterfactuals=new_counterfactuals, events=finals
-        )
-        try:
+        try:  # from here to the commit: what fails keeps the usage for the next flush
+            await self._recall_counterfactuals(state, pending)
+            rows = price_pieces(
+                pending,
+                self._grid,
+                state.counterfactuals,
+                pue=self._energy.pue,
+                grid_offset_s=self._grid_offset_s,
+            )
+            # Made into rows in a worker thread (10,000 at 10,000 nodes).
+            marks = await asyncio.to_thread(_usage_marks, moved)
+            finals = await self._final_events(rows)
+            write = UsageWrite(
+                rows=rows, marks=marks, counterfactuals=new_counterfactuals, events=finals
+            )
             await self._store.write_usage(write, lease=lease)
         except LeadershipLostError:
             raise
@@ -531,12 +546,28 @@ class Accountant:
             if event.work_id is not None:
                 self._ending.pop(event.work_id, None)
                 state.counterfactuals.pop(event.work_id, None)
+                state.without_counterfactual.discard(event.work_id)
         for row in rows:
             key = (row.tenant_id, row.zone, row.currency)
             self.totals.setdefault(key, TenantTotals()).add(row)
         self.stats.flushes += 1
         self.stats.rows_written += len(rows)
         self.stats.last_flush_ms = (time.perf_counter() - started) * 1000.0
+
+    async def _recall_counterfactuals(self, state: _LeaderState, pending: Pieces) -> None:
+        """The counterfactuals of work in `pending` that this process does not hold: an
+        earlier leader decided them (a restart, a failover), or this one let them go
+        with the work's final figures and a late sample came. Read from the store, where
+        each was written with the first usage it priced; priced without, a row would
+        lose the counterfactual it holds (`NULL + x` stays NULL)."""
+        missing = {key[0] for key in pending}
+        missing -= state.counterfactuals.keys()
+        missing -= state.without_counterfactual
+        if not missing:
+            return
+        found = await self._store.counterfactuals(sorted(missing))
+        state.counterfactuals.update(found)
+        state.without_counterfactual |= missing - found.keys()
 
     async def _final_events(self, rows: Sequence[UsageHour]) -> list[NewEvent]:
         now = self._clock()

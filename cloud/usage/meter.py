@@ -345,7 +345,11 @@ def meter(
         counters: Mapping[str, float] = mark.energy_j
         moved_at_s = mark.moved_at_s
     else:
+        # A new instance's first sample covers its own interval, but never what the
+        # previous instance's last one did: an agent samples as soon as it starts.
         start_s = end_s - interval_s
+        if mark is not None:
+            start_s = max(start_s, mark.sampled_at_s)
         counters = moved_at_s = {}
     marked_s = start_s  # a counter that moved at the mark is judged from there
     # Between the last sample of a previous instance and this one's first interval.

@@ -12,7 +12,15 @@ from structlog.testing import capture_logs
 
 from cloud.fleet.registry import NodeRegistry
 from cloud.signals.grid import GridSignals, ZoneSeries
-from cloud.store import AllocationRecord, StoreSnapshot, UsageQuery, open_store
+from cloud.store import (
+    AllocationRecord,
+    CounterfactualRecord,
+    StoreSnapshot,
+    StoreUnavailableError,
+    UsageQuery,
+    WorkRecord,
+    open_store,
+)
 from cloud.usage.accountant import Accountant
 from cloud.usage.views import usage_summary
 from shared.messages import Accelerator, AcceleratorSample, HostInfo, NodeStatus, Telemetry
@@ -56,10 +64,10 @@ def reading(at: float, *, counter: bool = True) -> Telemetry:
     )  # fmt: skip
 
 
-def snapshot() -> StoreSnapshot:
+def snapshot(started_at: float = T0) -> StoreSnapshot:
     allocation = AllocationRecord(
         work_id="job-1", member_index=0, node_id="n1", accelerator_kind="gpu", accelerators=1,
-        accelerator_ids=("gpu0",), host_memory_bytes=0, started_at=T0, expected_end=None,
+        accelerator_ids=("gpu0",), host_memory_bytes=0, started_at=started_at, expected_end=None,
         borrowed=False, state="running", tenant_id="t1", work_kind="training", priority="p1",
     )  # fmt: skip
     return StoreSnapshot(tenants=(), work=(), allocations=(allocation,), node_generations={})
@@ -404,5 +412,99 @@ async def test_an_agent_restart_between_flushes_keeps_the_last_instances_counter
         assert kwh == pytest.approx(expected_kwh(T0, T0 + 200), rel=1e-6)
         assert gap_s == 0.0
         assert measured == pytest.approx(1.0)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+async def test_a_restart_keeps_pricing_running_work_against_its_counterfactual(
+    database: DatabaseUnderTest,
+) -> None:
+    # The baseline would have used twice the energy in the same zone: half of the
+    # baseline's emissions are avoided, before the restart and after it.
+    decided = CounterfactualRecord(
+        work_id="job-1", tenant_id="t1", decided_at=T0, baseline="fifo-binpack",
+        zone_factors={"DE": 2.0},
+    )  # fmt: skip
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    accountant.note_pass(snapshot(), grid(clock.now), [decided])
+    feed(accountant, [T0 + 10 * i for i in range(11)], clock)  # 0..100 s
+    await accountant.flush(lease)  # type: ignore[arg-type]
+    await lease.release()  # type: ignore[attr-defined]
+    await store.close()  # type: ignore[attr-defined]
+
+    accountant, store, lease = await start(database, clock)  # no new counterfactual: it runs
+    try:
+        feed(accountant, [T0 + 110 + 10 * i for i in range(10)], clock)  # to 200 s
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        rows = await store.usage(UsageQuery(work_ids=["job-1"]))  # type: ignore[attr-defined]
+        assert all(row.counterfactual_gco2_g is not None for row in rows)
+        summary = usage_summary(rows)
+        assert summary.gco2eq_g == pytest.approx(expected_gco2(T0, T0 + 200), rel=1e-6)
+        assert summary.avoided_gco2eq_g == pytest.approx(summary.gco2eq_g, rel=1e-6)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+async def test_a_flush_that_cannot_read_the_store_keeps_its_usage_for_the_next(
+    database: DatabaseUnderTest,
+) -> None:
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        work = WorkRecord(
+            work_id="job-1", tenant_id="t1", kind="training", spec=b"{}", priority="p1",
+            state="running", state_reason=None, attempts=1, submitted_at=T0, updated_at=T0,
+            idempotency_key=None, version=1,
+        )  # fmt: skip
+        running = StoreSnapshot(
+            tenants=(), work=(work,), allocations=snapshot().allocations, node_generations={}
+        )
+        accountant.note_pass(running, grid(clock.now))
+        feed(accountant, [T0 + 10 * i for i in range(11)], clock)  # 0..100 s
+        clock.now = T0 + 105
+        empty = StoreSnapshot(tenants=(), work=(), allocations=(), node_generations={})
+        accountant.note_pass(empty, grid(clock.now))  # the job ended
+        feed(accountant, [T0 + 110, T0 + 150], clock)  # its final figures are due
+        read = store.usage  # type: ignore[attr-defined]
+        failures: list[UsageQuery] = []
+
+        async def unavailable_once(query: UsageQuery) -> object:
+            if not failures:
+                failures.append(query)
+                raise StoreUnavailableError("the database went away")
+            return await read(query)
+
+        store.usage = unavailable_once  # type: ignore[attr-defined]
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        assert failures
+        assert accountant.stats.failed_flushes == 1
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, gco2, _, _ = await totals(store)
+        assert kwh == pytest.approx(expected_kwh(T0, T0 + 105), rel=1e-6)
+        assert gco2 == pytest.approx(expected_gco2(T0, T0 + 105), rel=1e-6)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+async def test_work_placed_again_where_it_runs_is_counted_without_a_break(
+    database: DatabaseUnderTest,
+) -> None:
+    # A pass that rewrites placed work's allocations (a deployment scaled, say) gives the
+    # member that keeps running a new start: the time to it is the old allocation's.
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        feed(accountant, [T0 + 10 * i for i in range(6)], clock)  # 0..50 s
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        feed(accountant, [T0 + 60, T0 + 70], clock)  # held for the next flush
+        clock.now = T0 + 75
+        accountant.note_pass(snapshot(started_at=T0 + 75), grid(clock.now))
+        accountant.note_pass(snapshot(started_at=T0 + 75), grid(clock.now))  # and the next pass
+        feed(accountant, [T0 + 80, T0 + 90, T0 + 100], clock)
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, _, gap_s, _ = await totals(store)
+        assert kwh == pytest.approx(expected_kwh(T0, T0 + 100), rel=1e-6)
+        assert gap_s == 0.0
     finally:
         await store.close()  # type: ignore[attr-defined]

@@ -229,6 +229,20 @@ def test_an_agent_restart_fills_the_time_between_instances_with_the_model() -> N
     assert (gap.start_s, gap.end_s, gap.gap_s) == (T0, T0 + 50, 50.0)
 
 
+def test_a_new_instances_first_sample_never_counts_what_the_last_ones_did() -> None:
+    # The agent samples as soon as it starts: 3 s after the old instance's last sample,
+    # its first sample's own interval (10 s) reaches back past it.
+    node = birth(GPU)
+    mark = NodeMark("i1", 7, T0 + 100, {"gpu0": 99_999.0})
+    increments, _ = meter(
+        node, sample(T0 + 103, 0, energy={"gpu0": 10.0}, power={"gpu0": 200.0}, instance="i2"),
+        mark, [job()],
+    )  # fmt: skip
+    (step,) = increments
+    assert (step.start_s, step.end_s, step.gap_s) == (T0 + 100, T0 + 103, 0.0)
+    assert step.energy_j == pytest.approx(200.0 * 3 * 1.1)
+
+
 def test_allocations_get_their_own_devices_their_share_of_the_host_and_of_the_step() -> None:
     node = birth(CPU, GPU, GPU1)
     mark = NodeMark("i1", 1, T0, {"gpu0": 0.0, "gpu1": 0.0, "cpu0": 0.0})
