@@ -126,6 +126,19 @@ class _LeaderState:
     each_sample: set[str] = field(default_factory=set)
     # Work the store has no counterfactual for (asked once, until its final figures).
     without_counterfactual: set[str] = field(default_factory=set)
+    # A flush whose commit's answer was lost (the store went away during it): whether
+    # it committed is read from the marks it wrote, before the next flush writes.
+    unknown: _Attempt | None = None
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """A flush's write and what it was made of (to keep, should it not have committed)."""
+
+    write: UsageWrite
+    pending: Pieces
+    dirty: set[str]
+    new_counterfactuals: list[CounterfactualRecord]
 
 
 def _counts_every_device(telemetry: Telemetry) -> bool:
@@ -506,6 +519,13 @@ class Accountant:
         if state is None:
             return
         started = time.perf_counter()
+        if state.unknown is not None:
+            try:
+                await self._settle(state, state.unknown)
+            except StoreUnavailableError as error:  # still away: the next flush asks again
+                self.stats.failed_flushes += 1
+                self._log.warning("usage flush failed: store unavailable", error=str(error))
+                return
         await self.meter_held()
         pending, state.pending = state.pending, {}
         dirty, state.dirty = state.dirty, set()
@@ -513,6 +533,7 @@ class Accountant:
         # The marks as they stand now, with the usage just taken: ingestion moves them on
         # while this flush runs.
         moved = [(node_id, m) for node_id in dirty if (m := state.marks.get(node_id)) is not None]
+        attempt: _Attempt | None = None
         try:  # from here to the commit: what fails keeps the usage for the next flush
             await self._recall_counterfactuals(state, pending)
             rows = price_pieces(
@@ -528,31 +549,69 @@ class Accountant:
             write = UsageWrite(
                 rows=rows, marks=marks, counterfactuals=new_counterfactuals, events=finals
             )
+            attempt = _Attempt(write, pending, dirty, new_counterfactuals)
             await self._store.write_usage(write, lease=lease)
         except LeadershipLostError:
             raise
         except Exception as error:
-            # Keep it for the next flush: nothing is lost while the process lives.
-            merge(pending, state.pending)
-            state.pending = pending
-            state.dirty |= dirty
-            state.new_counterfactuals = new_counterfactuals + state.new_counterfactuals
             if not isinstance(error, StoreUnavailableError):
+                self._keep(state, pending, dirty, new_counterfactuals)
                 raise
             self.stats.failed_flushes += 1
             self._log.warning("usage flush failed: store unavailable", error=str(error))
+            if attempt is not None and attempt.write.marks:
+                # Lost during the write: it may have committed, only its answer lost.
+                state.unknown = attempt
+            else:  # it never reached the store: nothing is lost while the process lives
+                self._keep(state, pending, dirty, new_counterfactuals)
             return
-        for event in finals:
+        self._written(state, write)
+        self.stats.last_flush_ms = (time.perf_counter() - started) * 1000.0
+
+    @staticmethod
+    def _keep(
+        state: _LeaderState,
+        pending: Pieces,
+        dirty: set[str],
+        new_counterfactuals: list[CounterfactualRecord],
+    ) -> None:
+        """A flush's usage back in front of what was metered since, for the next one."""
+        merge(pending, state.pending)
+        state.pending = pending
+        state.dirty |= dirty
+        state.new_counterfactuals = new_counterfactuals + state.new_counterfactuals
+
+    def _written(self, state: _LeaderState, write: UsageWrite) -> None:
+        """What a committed flush leaves behind: final figures told, totals moved on."""
+        for event in write.events:
             if event.work_id is not None:
                 self._ending.pop(event.work_id, None)
                 state.counterfactuals.pop(event.work_id, None)
                 state.without_counterfactual.discard(event.work_id)
-        for row in rows:
+        for row in write.rows:
             key = (row.tenant_id, row.zone, row.currency)
             self.totals.setdefault(key, TenantTotals()).add(row)
         self.stats.flushes += 1
-        self.stats.rows_written += len(rows)
-        self.stats.last_flush_ms = (time.perf_counter() - started) * 1000.0
+        self.stats.rows_written += len(write.rows)
+
+    async def _settle(self, state: _LeaderState, attempt: _Attempt) -> None:
+        """Whether a flush whose answer was lost committed, from the marks it wrote
+        (marks and usage commit together, and nothing else writes them): if so it is
+        done, else its usage goes back in front of what was metered since. Written
+        twice, a flush would count its usage twice; dropped, not at all."""
+        stored = await self._store.usage_marks()
+        first = attempt.write.marks[0]
+        found = stored.get(first.node_id)
+        state.unknown = None
+        if found is not None and (found.instance_id, found.seq, found.sampled_at) == (
+            first.instance_id,
+            first.seq,
+            first.sampled_at,
+        ):
+            self._written(state, attempt.write)
+            self._log.info("usage flush with a lost answer had committed")
+        else:
+            self._keep(state, attempt.pending, attempt.dirty, attempt.new_counterfactuals)
 
     async def _recall_counterfactuals(self, state: _LeaderState, pending: Pieces) -> None:
         """The counterfactuals of work in `pending` that this process does not hold: an

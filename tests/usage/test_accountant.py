@@ -508,3 +508,35 @@ async def test_work_placed_again_where_it_runs_is_counted_without_a_break(
         assert gap_s == 0.0
     finally:
         await store.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_a_flush_whose_answer_was_lost_is_counted_once(
+    database: DatabaseUnderTest, committed: bool
+) -> None:
+    # The connection drops during the commit: the store may have committed it (only the
+    # answer lost) or not. Either way the usage is counted exactly once.
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        write = store.write_usage  # type: ignore[attr-defined]
+
+        async def connection_lost(*args: object, **kwargs: object) -> None:
+            store.write_usage = write  # type: ignore[attr-defined]
+            if committed:
+                await write(*args, **kwargs)
+            raise StoreUnavailableError("connection lost during the commit")
+
+        store.write_usage = connection_lost  # type: ignore[attr-defined]
+        feed(accountant, [T0 + 10 * i for i in range(11)], clock)  # 0..100 s
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        assert accountant.stats.failed_flushes == 1
+        feed(accountant, [T0 + 110 + 10 * i for i in range(10)], clock)  # to 200 s
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        kwh, gco2, _, _ = await totals(store)
+        assert kwh == pytest.approx(expected_kwh(T0, T0 + 200), rel=1e-6)
+        assert gco2 == pytest.approx(expected_gco2(T0, T0 + 200), rel=1e-6)
+        ((_, zone_totals),) = accountant.totals.items()  # what /metrics shows agrees
+        assert zone_totals.energy_j == pytest.approx(kwh * 3.6e6, rel=1e-6)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
