@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from sqlalchemy import ColumnElement, and_, func, select, true
+from sqlalchemy import ColumnElement, and_, case, func, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.engine import Backend
@@ -88,10 +88,19 @@ def _upsert_usage(backend: Backend) -> Any:
             "measured_j": current.measured_j + excluded.measured_j,
             "gap_s": current.gap_s + excluded.gap_s,
             "gco2_g": current.gco2_g + excluded.gco2_g,
-            "cost": current.cost + excluded.cost,
+            # Amounts in two currencies are never summed: an hour priced in another
+            # currency than its row's first (a zone's prices lost, the static table's
+            # dollars instead) adds its energy and emissions, not its cost, and the row
+            # is flagged as priced by fallback.
+            "cost": case(
+                (current.currency == excluded.currency, current.cost + excluded.cost),
+                else_=current.cost,
+            ),
             # NULL + x stays NULL: a row with no counterfactual keeps none.
             "counterfactual_gco2_g": current.counterfactual_gco2_g + excluded.counterfactual_gco2_g,
-            "fallback": current.fallback | excluded.fallback,
+            "fallback": current.fallback
+            | excluded.fallback
+            | (current.currency != excluded.currency),
             "updated_at": excluded.updated_at,
         },
     )

@@ -4,6 +4,7 @@ job's energy and emissions, a telemetry gap, replays and a control-plane restart
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import msgspec
 import numpy as np
@@ -17,7 +18,9 @@ from cloud.store import (
     CounterfactualRecord,
     StoreSnapshot,
     StoreUnavailableError,
+    UsageHour,
     UsageQuery,
+    UsageWrite,
     WorkRecord,
     open_store,
 )
@@ -540,3 +543,33 @@ async def test_a_flush_whose_answer_was_lost_is_counted_once(
         assert zone_totals.energy_j == pytest.approx(kwh * 3.6e6, rel=1e-6)
     finally:
         await store.close()  # type: ignore[attr-defined]
+
+
+async def test_an_hour_priced_in_two_currencies_never_sums_them(
+    database: DatabaseUnderTest,
+) -> None:
+    # DE's prices were lost for a while: the static table's dollars priced the same hour.
+    clock = Clock()
+    store = await open_store(database.settings, clock=clock)
+    try:
+        lease = None
+        async with asyncio.timeout(10):
+            while lease is None:
+                lease = await store.try_acquire_leadership()
+        hour = UsageHour(
+            work_id="job-1", member_index=0, node_id="n1", hour_start=T0 - T0 % HOUR_S,
+            tenant_id="t1", work_kind="training", zone="DE", accelerator_kind="gpu",
+            energy_j=1000.0, measured_j=1000.0, gap_s=0.0, gco2_g=10.0, cost=0.5,
+            currency="EUR", counterfactual_gco2_g=None, fallback=False,
+        )  # fmt: skip
+        await store.write_usage(UsageWrite(rows=[hour]), lease=lease)
+        in_dollars = dataclasses.replace(hour, cost=0.7, currency="USD")
+        await store.write_usage(UsageWrite(rows=[in_dollars]), lease=lease)
+
+        (row,) = await store.usage(UsageQuery(work_ids=["job-1"]))
+        assert (row.energy_j, row.gco2_g) == (2000.0, 20.0)
+        assert (row.cost, row.currency) == (0.5, "EUR")
+        assert row.fallback  # its cost is incomplete
+        assert [(t.currency, t.cost) for t in await store.usage_totals()] == [("EUR", 0.5)]
+    finally:
+        await store.close()
