@@ -614,14 +614,14 @@ class NodeRegistry:
         now_monotonic, now_s = now or (self._monotonic(), self._wall_clock())
         switched: NodeStateChange | None = None
         if instance_id != record.status.instance_id:
-            candidate = self._candidate(record, instance_id)
-            if candidate is None or self.holds_node(record):
-                return Rejection.INSTANCE_MISMATCH
             if sample.sampled_at < record.status.started_at:
                 # Taken before the node's current agent started (both on the node's
                 # clock): a late copy from an instance it replaced, e.g. relayed by a
                 # replica after the new birth arrived here.
                 return Rejection.OUT_OF_ORDER
+            candidate = self._candidate(record, instance_id)
+            if candidate is None or self.holds_node(record):
+                return Rejection.INSTANCE_MISMATCH
             since_start_s = now_s - candidate.started_at + self._max_clock_skew_s
             if not seq_plausible(seq, None, candidate.telemetry_interval_s, since_start_s, 0.0):
                 return Rejection.SEQ_JUMP

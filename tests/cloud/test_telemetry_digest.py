@@ -375,6 +375,10 @@ def test_a_late_relayed_sample_of_the_instance_a_restart_replaced_does_not_take_
         sample(instance_id="i2", seq=1), sampled_at=restarted.started_at + 1.0
     )
     other.handle(topic("n1", Channel.TELEMETRY), encode(second))
+    # Once the new agent's samples arrive the old one is no candidate either: a copy of
+    # its samples still is only old news.
+    other.handle(DIGEST_TOPIC, relayed_digest(("n1", "i1", 52, encode(sample(seq=52)))))
+    assert other.stats.invalid_total == 0
     assert record.telemetry is not None
     assert record.telemetry.instance_id == "i2"
 
