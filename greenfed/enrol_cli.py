@@ -28,20 +28,24 @@ import tomllib
 from collections.abc import Mapping
 from datetime import date, datetime, time
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import msgspec
 
-from cloud.fleet.enrolment_views import Enrolment, sealing_key_fingerprint
+from cloud.fleet.enrolment_views import Enrolment, EnrolmentAuthority, sealing_key_fingerprint
 from edge.enrolment_proof import FILE_NAME as CERTIFICATE_FILE
 from edge.enrolment_proof import certificate_path, save_certificate
 from edge.sealing_key import load_or_create_sealing_key, sealing_key_path
 from greenfed.api_client import ApiClient, CliError, Target
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
+from shared.enrolment_certificate import enrolment_proof
 from shared.enrolment_marker import EnrolmentMarker, read_marker
-from shared.sealing import public_key_text
+from shared.sealing import SealingKeyError, load_public_key, public_key_text
 from shared.settings import ConfigError, load_settings
 from shared.token_files import write_secret
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 _BARE_KEY: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -174,16 +178,31 @@ def _read_existing(config: Path) -> tuple[str, dict[str, Any]]:
         ) from None
 
 
-def _sealing_public_key(config: Path, existing: Mapping[str, Any]) -> tuple[str, Path]:
-    """(base64 public key, its key file) of the node's sealing key, where the agent will
-    look for it: the data directory of the settings it will run with (this file, if
-    there is one, and the environment), made there now if there is none."""
+def _sealing_key(config: Path, existing: Mapping[str, Any]) -> tuple[X25519PrivateKey, Path]:
+    """(the node's sealing key, its key file), where the agent will look for it: the
+    data directory of the settings it will run with (this file, if there is one, and the
+    environment), made there now if there is none."""
     try:
         settings = load_settings(config if existing else None)
         path = sealing_key_path(settings.agent)
-        return public_key_text(load_or_create_sealing_key(path)), path
+        return load_or_create_sealing_key(path), path
     except ConfigError as error:
         raise CliError(f"the node's sealing key: {error}") from None
+
+
+async def _identity_proof(
+    client: ApiClient, sealing_key: X25519PrivateKey, node_id: str, token: str
+) -> str | None:
+    """Proof that this node holds its sealing key, against the control plane's exchange
+    key: what enrolling an enrolled id again takes. None where the control plane gives
+    no key (a release before it): a first enrolment needs none."""
+    try:
+        _, payload = await client.call("GET", "/v1/nodes/enrol")
+        authority = msgspec.json.decode(payload, type=EnrolmentAuthority)
+        exchange_key = load_public_key(authority.exchange_key)
+    except (CliError, msgspec.DecodeError, SealingKeyError):
+        return None
+    return enrolment_proof(sealing_key, exchange_key, node_id=node_id, join_token=token)
 
 
 def _holds_certificate(config: Path, existing: Mapping[str, Any]) -> bool:
@@ -235,17 +254,20 @@ async def enrol(
     if wanted_node is None:
         # The agent's own default: the host name, as its settings resolve it.
         wanted_node = load_settings(None, environ={}).agent.resolved_node_id()
-    public_key, key_file = _sealing_public_key(config, existing)
-    body = msgspec.json.encode(
-        {
-            "token": token,
-            "node_id": wanted_node,
-            "sealing_public_key": public_key,
-            **own_placement(existing),
-        }
-    )
+    sealing_key, key_file = _sealing_key(config, existing)
+    public_key = public_key_text(sealing_key)
     target = Target(api, None, "", "--api")
     async with ApiClient(target, ssl_context=_tls_context(ca)) as client:
+        proof = await _identity_proof(client, sealing_key, wanted_node, token)
+        body = msgspec.json.encode(
+            {
+                "token": token,
+                "node_id": wanted_node,
+                "sealing_public_key": public_key,
+                **({} if proof is None else {"identity_proof": proof}),
+                **own_placement(existing),
+            }
+        )
         _, payload = await client.call("POST", "/v1/nodes/enrol", body=body)
     try:
         enrolment = msgspec.json.decode(payload, type=Enrolment)

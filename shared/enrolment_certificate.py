@@ -186,3 +186,40 @@ def proof_holds(
         return False
     expected = _proof(shared_secret, node_id, instance_id, certificate)
     return hmac.compare_digest(expected.encode(), proof.encode("ascii", "replace"))
+
+
+def _enrolment_instance(join_token: str) -> str:
+    """What an enrolment's proof is bound to in place of an agent instance: the join
+    token it comes with (its hash), so that a proof seen once enrols with no other."""
+    return "enrol:" + hashlib.sha256(join_token.encode()).hexdigest()
+
+
+def enrolment_proof(
+    sealing_key: X25519PrivateKey, exchange_key: X25519PublicKey, *, node_id: str, join_token: str
+) -> str:
+    """What a node sends to enrol again under its id (`POST /v1/nodes/enrol`,
+    `identity_proof`): that it holds the sealing key the id was enrolled with, which is
+    public (every birth announces it) and so proves nothing by itself. Keyed as a birth's
+    proof is, over the node id and the join token, with no certificate."""
+    shared_secret = sealing_key.exchange(exchange_key)
+    return _proof(shared_secret, node_id, _enrolment_instance(join_token), "")
+
+
+def enrolment_proof_holds(
+    proof: str,
+    exchange_key: X25519PrivateKey,
+    sealing_public_key: X25519PublicKey,
+    *,
+    node_id: str,
+    join_token: str,
+) -> bool:
+    """Whether `proof` was made for this node id and join token with the private half of
+    `sealing_public_key` (`enrolment_proof`)."""
+    return proof_holds(
+        proof,
+        exchange_key,
+        sealing_public_key,
+        node_id=node_id,
+        instance_id=_enrolment_instance(join_token),
+        certificate="",
+    )

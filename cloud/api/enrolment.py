@@ -46,6 +46,7 @@ from cloud.fleet.enrolment_views import (
     EnrolledNodeList,
     EnrolledNodeView,
     Enrolment,
+    EnrolmentAuthority,
     EnrolRequest,
     JoinTokenCreate,
     JoinTokenCreated,
@@ -313,25 +314,33 @@ async def _refused(
     )
 
 
-def _not_anothers(app: web.Application, node_id: str, sealing_public_key: str | None) -> None:
+def _not_anothers(
+    app: web.Application, node_id: str, sealing_public_key: str | None, *, key_proven: bool
+) -> None:
     """Refuse to enrol a node id the registry knows, unless the enrolling node proves it
-    is that node: it sends the sealing key that node's births announce. Else a join
-    token could take the id of a live node that has not enrolled (a cluster without
-    `cloud.require_enrolment`), and the real node could never enrol."""
+    is that node: it holds the sealing key that node's births announce (`key_proven`:
+    the key alone is public). Else a join token could take the id of a live node that
+    has not enrolled (a cluster without `cloud.require_enrolment`), and the real node
+    could never enrol."""
     record = app[REGISTRY].get(node_id)
     if record is None:
         return
     announced = record.status.sealing_public_key
-    if announced is not None and announced == sealing_public_key:
+    if key_proven and announced is not None and announced == sealing_public_key:
         return
     raise Problem(
         409,
         "node-id-in-use",
         "Node id in use",
         f"a node {node_id!r} is known to the control plane already and this enrolment "
-        "does not come with the sealing key its births announce: enrol from that node "
+        "does not prove it holds the sealing key its births announce: enrol from that node "
         "(greenfed edge enrol there), or choose another node id",
     )
+
+
+async def enrolment_authority(request: web.Request) -> web.Response:
+    """The public key a node that enrols again proves its sealing key against."""
+    return json_response(EnrolmentAuthority(exchange_key=_authority(request.app).exchange_key))
 
 
 async def enrol(request: web.Request) -> web.Response:
@@ -343,7 +352,17 @@ async def enrol(request: web.Request) -> web.Response:
     # account made, nothing may fail before the answer carries the password.
     cluster_id = await store.shared_secret(CLUSTER_ID_SECRET)
     authority = _authority(app)
-    _not_anothers(app, body.node_id, body.sealing_public_key)
+    key_proven = (
+        body.sealing_public_key is not None
+        and body.identity_proof is not None
+        and authority.proves_key(
+            body.identity_proof,
+            body.sealing_public_key,
+            node_id=body.node_id,
+            join_token=body.token,
+        )
+    )
+    _not_anothers(app, body.node_id, body.sealing_public_key, key_proven=key_proven)
     # An address refused too often: a guess is answered from a read, before the write
     # transaction a redemption takes (a flood of them must not hold up the store); a
     # valid token goes on.
@@ -356,6 +375,7 @@ async def enrol(request: web.Request) -> web.Response:
             body.node_id,
             sealing_public_key=body.sealing_public_key,
             requested=NodeDefaults(site=body.site, zone=body.zone, region=body.region),
+            key_proven=key_proven,
         )
     except JoinTokenError as error:
         raise await _refused(request, address, error, body.node_id) from None
@@ -364,9 +384,10 @@ async def enrol(request: web.Request) -> web.Response:
             409,
             "node-already-enrolled",
             "Node already enrolled",
-            f"node {body.node_id!r} is enrolled already, with another sealing key: the "
-            "node itself enrols again from its own data directory (its key), or an admin "
-            f"revokes it first (greenfed nodes revoke {body.node_id}) to enrol a new one",
+            f"node {body.node_id!r} is enrolled already, and this enrolment does not prove "
+            "it holds the sealing key it enrolled with: the node itself enrols again from "
+            "its own data directory (greenfed edge enrol there proves its key), or an "
+            f"admin revokes it first (greenfed nodes revoke {body.node_id}) to enrol a new one",
         ) from None
     try:
         credentials = await app[BROKER_ACCOUNTS].provision(body.node_id)
@@ -505,6 +526,20 @@ ROUTES: Final = (
         "admin",
         "enrolment",
         replies=(Reply(200, "The revoked token", JoinTokenView),),
+    ),
+    Route(
+        "GET",
+        "/v1/nodes/enrol",
+        enrolment_authority,
+        "The key an enrolment's identity proof is made against (public)",
+        "public",
+        "enrolment",
+        description=(
+            "A node enrolled already enrols again (new credentials, another join token) "
+            "only if it proves it holds the sealing key it enrolled with: the key itself "
+            "is public, announced in every birth."
+        ),
+        replies=(Reply(200, "The control plane's X25519 exchange key", EnrolmentAuthority),),
     ),
     Route(
         "POST",

@@ -18,6 +18,7 @@ from cloud.fleet.envelope import NodeEnvelope
 from shared.desired_signature import public_key_base64
 from shared.enrolment_certificate import (
     CertificateError,
+    enrolment_proof_holds,
     exchange_private_key,
     proof_holds,
     sign_certificate,
@@ -83,6 +84,19 @@ class CertificateAuthority:
             username=username,
         )
         return sign_certificate(_ENCODER.encode(certificate), self._signing_key)
+
+    def proves_key(
+        self, proof: str, sealing_public_key: str, *, node_id: str, join_token: str
+    ) -> bool:
+        """Whether an enrolment's `identity_proof` shows it comes from the holder of
+        `sealing_public_key` (shared/enrolment_certificate.py `enrolment_proof`)."""
+        try:
+            key = load_public_key(sealing_public_key)
+        except SealingKeyError:
+            return False
+        return enrolment_proof_holds(
+            proof, self._exchange_key, key, node_id=node_id, join_token=join_token
+        )
 
     def read(self, text: str) -> NodeCertificate:
         """The certificate, once its signature is this control plane's; raises

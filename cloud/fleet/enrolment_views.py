@@ -129,6 +129,20 @@ class EnrolRequest(_Body, frozen=True, kw_only=True):
         ]
         | None
     ) = None
+    identity_proof: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=64,
+                description=(
+                    "Proof that the sender holds the private half of sealing_public_key "
+                    "(shared/enrolment_certificate.py `enrolment_proof`, against the key "
+                    "GET /v1/nodes/enrol gives): what enrolling an id again takes."
+                ),
+            ),
+        ]
+        | None
+    ) = None
 
     def __post_init__(self) -> None:
         if self.sealing_public_key is not None and not is_valid_public_key(self.sealing_public_key):
@@ -140,6 +154,14 @@ class EnrolledMqtt(msgspec.Struct, frozen=True, kw_only=True):
     topic_root: str
     username: str
     password: str | None  # None: accounts are managed by hand (cloud.broker_accounts = "none")
+
+
+class EnrolmentAuthority(msgspec.Struct, frozen=True, kw_only=True):
+    """What `GET /v1/nodes/enrol` answers: public, for a node that enrols again."""
+
+    # Base64 of the control plane's X25519 public key, which an enrolment's identity proof
+    # is made against (the same as in every enrolment certificate it issues).
+    exchange_key: str
 
 
 class Enrolment(msgspec.Struct, frozen=True, kw_only=True):

@@ -240,13 +240,15 @@ async def redeem(
     now: float,
     sealing_public_key: str | None = None,
     requested: NodeDefaults = NodeDefaults(),
+    *,
+    key_proven: bool = False,
 ) -> Redemption:
     """Count one use of `token` and enrol `node_id` with it (pinning its sealing key, if
     given, and fixing what it may be: `node_envelope`), or raise (nothing changed):
     `JoinTokenUnknownError`, `...ExpiredError`, `...UsedUpError`, `...RevokedError`,
     `NodeAlreadyEnrolledError` (the node id is enrolled, and this is not that node
-    enrolling again with the sealing key it enrolled with). Call inside a write
-    transaction."""
+    enrolling again with the sealing key it enrolled with, proven: `key_proven`). Call
+    inside a write transaction."""
     query = (
         select(join_tokens)
         .where(join_tokens.c.token_sha256 == token_sha256(token))
@@ -266,9 +268,14 @@ async def redeem(
     node_query = select(enrolled_nodes).where(enrolled_nodes.c.node_id == node_id).with_for_update()
     node_row = (await connection.execute(node_query)).first()
     previous = None if node_row is None else _node_from_row(node_row)
-    if previous is not None and previous.active and not _same_key(previous, sealing_public_key):
-        # Enrolling again is for the node itself: it proves it with the sealing key it
-        # enrolled with (its credentials are rotated, its work goes on).
+    if (
+        previous is not None
+        and previous.active
+        and not (key_proven and _same_key(previous, sealing_public_key))
+    ):
+        # Enrolling again is for the node itself: it proves it holds the sealing key it
+        # enrolled with (its credentials are rotated, its work goes on). The key alone is
+        # public: every birth announces it.
         raise NodeAlreadyEnrolledError(node_id)
     envelope = node_envelope(record, requested)
     node = EnrolledNodeRecord(

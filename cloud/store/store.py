@@ -1062,11 +1062,14 @@ class Store:
         *,
         sealing_public_key: str | None = None,
         requested: NodeDefaults | None = None,
+        key_proven: bool = False,
     ) -> Redemption:
         """Count one use of the token and enrol the node (pinning its sealing key, if
         given; fixing what it may be from the token and, where the token says nothing,
         what it `requested`), atomically; raises a `JoinTokenError` subclass (why it was
-        refused) or `NodeAlreadyEnrolledError`."""
+        refused) or `NodeAlreadyEnrolledError`. `key_proven`: the caller showed it holds
+        the private half of `sealing_public_key` (what enrolling an enrolled id again
+        takes)."""
         async with self._write() as connection:
             return await enrolment.redeem(
                 connection,
@@ -1075,6 +1078,7 @@ class Store:
                 self._clock(),
                 sealing_public_key,
                 requested or NodeDefaults(),
+                key_proven=key_proven,
             )
 
     async def enrolment_retry_after_s(self, address: str, budget: FailureBudget) -> float:

@@ -28,8 +28,9 @@ from cloud.fleet.enrolment_views import sealing_key_fingerprint
 from cloud.fleet.ingest import InvalidReason
 from cloud.loop.publisher import CLUSTER_ID_SECRET
 from cloud.loop.signing import load_or_create_signing_key, public_key_base64
+from shared.enrolment_certificate import enrolment_proof
 from shared.messages import Accelerator, HostInfo, NodeStatus, encode
-from shared.sealing import public_key_text
+from shared.sealing import load_public_key, public_key_text
 from shared.settings import CloudSettings, SchedulingSettings, Settings
 from shared.token_files import admin_token_path, read_token_file
 from shared.topics import Channel, Topics
@@ -221,16 +222,28 @@ async def test_an_enrolled_id_is_not_taken_over(api: Api) -> None:
         assert "greenfed nodes revoke edge-1" in body["detail"]
 
 
+async def _proof(api: Api, key: X25519PrivateKey, node_id: str, token: str) -> str:
+    """What `greenfed edge enrol` sends with the node's key (against GET /v1/nodes/enrol)."""
+    answer = await api.client.get("/v1/nodes/enrol")
+    assert answer.status == 200, await answer.text()
+    exchange_key = load_public_key((await answer.json())["exchange_key"])
+    return enrolment_proof(key, exchange_key, node_id=node_id, join_token=token)
+
+
 async def test_an_enrolled_node_enrols_again_with_its_own_key_for_new_credentials(
     api: Api, accounts: RecordingAccounts
 ) -> None:
     """Re-enrolling rotates the broker password without a revocation: the node stays
     admitted throughout (its work goes on), pinned to the same key."""
-    key = _sealing_key()
+    private = X25519PrivateKey.generate()
+    key = public_key_text(private)
     first = await create_token(api, site="edge")
     assert (await enrol(api, first["token"], "edge-1", sealing_public_key=key)).status == 200
     second = await create_token(api, site="edge", work="inference")
-    response = await enrol(api, second["token"], "edge-1", sealing_public_key=key)
+    proof = await _proof(api, private, "edge-1", second["token"])
+    response = await enrol(
+        api, second["token"], "edge-1", sealing_public_key=key, identity_proof=proof
+    )
     assert response.status == 200, await response.text()
     assert accounts.provisioned == ["edge-1", "edge-1"]
     assert api.app[ENROLLED_NODES].admits("edge-1")
@@ -243,18 +256,52 @@ async def test_an_enrolled_node_enrols_again_with_its_own_key_for_new_credential
 
 
 async def test_a_join_token_cannot_take_the_id_of_a_node_the_registry_knows(api: Api) -> None:
-    """Without require_enrolment a node runs before it enrols: only that node (its
-    births' sealing key) may enrol its id."""
-    key = _sealing_key()
+    """Without require_enrolment a node runs before it enrols: only that node (the holder
+    of its births' sealing key) may enrol its id."""
+    private = X25519PrivateKey.generate()
+    key = public_key_text(private)
     api.app[INGESTOR].handle(*_birth_payload("edge-1", key))
     created = await create_token(api, uses=2)
-    for other_key in (None, _sealing_key()):
+    forged = await _proof(api, X25519PrivateKey.generate(), "edge-1", created["token"])
+    for other_key, proof in ((None, None), (_sealing_key(), None), (key, None), (key, forged)):
         body = await problem(
-            await enrol(api, created["token"], "edge-1", sealing_public_key=other_key), 409
+            await enrol(
+                api, created["token"], "edge-1", sealing_public_key=other_key, identity_proof=proof
+            ),
+            409,
         )
         assert body["type"].endswith("/node-id-in-use")
-    response = await enrol(api, created["token"], "edge-1", sealing_public_key=key)
+    proof = await _proof(api, private, "edge-1", created["token"])
+    response = await enrol(
+        api, created["token"], "edge-1", sealing_public_key=key, identity_proof=proof
+    )
     assert response.status == 200, await response.text()
+
+
+async def test_an_enrolled_nodes_public_key_alone_does_not_enrol_its_id_again(
+    api: Api, accounts: RecordingAccounts
+) -> None:
+    """The sealing public key is in every birth and certificate: sent without proof that
+    its holder sends it, it must not get anyone the node's broker account or envelope."""
+    private = X25519PrivateKey.generate()
+    key = public_key_text(private)
+    first = await create_token(api, site="edge", zone="CA-ON", work="inference")
+    assert (await enrol(api, first["token"], "edge-1", sealing_public_key=key)).status == 200
+    other = await create_token(api, uses=3, site="cloud")
+    elsewhere = await _proof(api, private, "edge-2", other["token"])  # another id's proof
+    another_token = await _proof(api, private, "edge-1", first["token"])  # another token's
+    for proof in (None, elsewhere, another_token):
+        body = await problem(
+            await enrol(
+                api, other["token"], "edge-1", sealing_public_key=key, identity_proof=proof
+            ),
+            409,
+        )
+        assert body["type"].endswith("/node-already-enrolled")
+    assert accounts.provisioned == ["edge-1"]
+    envelope = api.app[ENROLLED_NODES].envelope("edge-1")
+    assert envelope is not None
+    assert (envelope.site, envelope.work) == ("edge", "inference")
 
 
 async def test_a_broker_failure_leaves_the_token_unused(
