@@ -13,10 +13,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from cloud.api.problems import Problem
+from cloud.api.query import UNDECODABLE_REASON, is_clean_text
 from cloud.api.routes import ROUTE_ACCESS, Handler
 from cloud.app_keys import STORE, TENANT
 from cloud.store import Authenticated, StoreUnavailableError, TenantRecord, TokenRefused
 from shared.clock import utc_from_epoch
+from shared.problems import InvalidParam
 
 _REALM = 'Bearer realm="greenfed"'
 
@@ -34,6 +36,15 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     match_info = request.match_info
     if match_info.http_exception is not None:
         return await handler(request)  # unknown route or method: its own 404/405
+    for name, value in match_info.items():
+        if not is_clean_text(value):  # no id has control characters (nor a store, a NUL)
+            raise Problem(
+                404,
+                "not-found",
+                "Not Found",
+                f"{name}: {UNDECODABLE_REASON}",
+                (InvalidParam(name, UNDECODABLE_REASON),),
+            )
     access = request.app[ROUTE_ACCESS].get(match_info.handler, "tenant")
     if access in ("public", "scrape") or (access == "signed" and "sig" in request.query):
         # "signed": the handler checks the signature; "scrape": any token it gets

@@ -75,24 +75,76 @@ def _malformed(error: msgspec.DecodeError) -> Problem:
     return Problem(400, "malformed-json", "Malformed JSON", f"the body is not JSON: {error}")
 
 
-def _integral_as_int(value: object) -> object:
+# No body of this API nests deeper; a deeper one is refused before it is walked.
+MAX_JSON_DEPTH = 64
+
+
+def _too_deep() -> Problem:
+    return Problem(
+        400,
+        "malformed-json",
+        "Malformed JSON",
+        f"the body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels",
+    )
+
+
+def _integral_as_int(value: object, depth: int = 0) -> object:
     """`value` (decoded JSON) with every number that has no fractional part an int."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, dict | list) and depth >= MAX_JSON_DEPTH:
+        raise _too_deep()
     if isinstance(value, dict):
-        return {key: _integral_as_int(item) for key, item in value.items()}
+        return {key: _integral_as_int(item, depth + 1) for key, item in value.items()}
     if isinstance(value, list):
-        return [_integral_as_int(item) for item in value]
+        return [_integral_as_int(item, depth + 1) for item in value]
     return value
 
 
+def _nul_at(document: object) -> str | None:
+    """The JSON path of the first key or string of `document` (decoded JSON) holding a
+    NUL character, or None; walked without recursion."""
+    stack: list[tuple[str, object]] = [("$", document)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return path
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if "\x00" in key:
+                    return path
+                stack.append((f"{path}.{key}", item))
+        elif isinstance(value, list):
+            stack.extend(
+                (f"{path}[{index}]", item) for index, item in reversed(list(enumerate(value)))
+            )
+    return None
+
+
+def _refuse_nul(raw: bytes) -> None:
+    """A NUL character (JSON's `\\u0000`) names no id, command, path or value anyone
+    means, and PostgreSQL stores none: refused where the body holds one."""
+    if b"\\u0000" not in raw:
+        return
+    try:
+        where = _nul_at(msgspec.json.decode(raw))
+    except (msgspec.DecodeError, RecursionError):
+        return  # not JSON: decoding says so
+    if where is not None:
+        raise invalid_body(where, "holds a NUL character (\\u0000)")
+
+
 def decode_body(raw: bytes, decoder: msgspec.json.Decoder[T]) -> T:
+    _refuse_nul(raw)
     try:
         return decoder.decode(raw)
     except msgspec.ValidationError as error:
         refused = error
     except msgspec.DecodeError as error:
         raise _malformed(error) from None
+    except RecursionError:
+        raise _too_deep() from None
     # JSON has one kind of number: to JSON Schema (and so to the OpenAPI document) 445.0
     # and 4.45e2 are the integer 445, which msgspec's typed decoding refuses where an int
     # is due. Refused once, the body is read again with such numbers as ints; what is
@@ -109,6 +161,8 @@ def decode_body(raw: bytes, decoder: msgspec.json.Decoder[T]) -> T:
     except msgspec.DecodeError as error:
         # Typed decoding stops at the first value of the wrong type: JSON may break later.
         raise _malformed(error) from None
+    except RecursionError:  # untyped decoding walks whatever nesting it is sent
+        raise _too_deep() from None
     else:
         return relaxed
     name, reason = describe_error(refused)

@@ -170,7 +170,13 @@ def _operation(
     route: Route, schemas: dict[Any, dict[str, Any]], components: dict[str, Any]
 ) -> dict[str, object]:
     parameters: list[dict[str, object]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        # No id holds control characters (cloud/api/auth.py answers 404 for one).
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": CLEAN_TEXT_PATTERN},
+        }
         for name in _PATH_PARAMETER.findall(route.path)
     ]
     by_reference = route.path.startswith(_WORK_PATHS) and route.method != "PUT"
@@ -273,6 +279,25 @@ def _with_date_time_patterns(node: object) -> None:
             _with_date_time_patterns(item)
 
 
+# What every string and key of a body is held to (cloud/api/bodies.py refuses a NUL).
+NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
+
+
+def _without_nul(node: object) -> None:
+    """Give every free string and every map's keys the rule that they hold no NUL (in
+    place): no command, path or name means one, and PostgreSQL stores none."""
+    if isinstance(node, dict):
+        if node.get("type") == "string" and not _SCHEMA_KEYS_OF_THEIR_OWN & node.keys():
+            node["pattern"] = NO_NUL_PATTERN
+        if node.get("type") == "object" and "additionalProperties" in node:
+            node.setdefault("propertyNames", {"pattern": NO_NUL_PATTERN})
+        for value in node.values():
+            _without_nul(value)
+    elif isinstance(node, list):
+        for item in node:
+            _without_nul(item)
+
+
 def _without_sentinel_defaults(node: object) -> None:
     """Drop a default below its own minimum: it only marks "not given", and the struct
     fills the real value in (DeploymentSpec.replicas: autoscale's min_replicas, else
@@ -299,6 +324,7 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
     tags = sorted({route.tag for route in routes})
     components = _reachable(components, [paths])
     _with_date_time_patterns([paths, components])
+    _without_nul(components)
     _without_sentinel_defaults(components)
     paths, components = portable(paths), portable(components)
     return {

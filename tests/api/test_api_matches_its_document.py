@@ -36,8 +36,10 @@ async def test_a_405_allows_exactly_the_methods_of_the_path_the_document_gives(
         allowed = set(response.headers["Allow"].split(","))
         expected = {method.upper() for method in paths[documented]}
         assert allowed - {"HEAD"} == expected, path
-    # GET /v1/nodes/enrol is no node called "enrol".
-    await problem(await api.client.get("/v1/nodes/enrol", headers=admin), 405)
+    # GET /v1/nodes/enrol is the enrolment's public key, no node called "enrol".
+    answer = await api.client.get("/v1/nodes/enrol", headers=admin)
+    assert answer.status == 200, await answer.text()
+    assert set(await answer.json()) == {"exchange_key"}
 
 
 async def test_integers_may_be_written_with_a_zero_fraction_as_json_schema_says(

@@ -193,3 +193,45 @@ async def test_training_at_the_edge_needs_an_edge_agent_that_runs_training(api: 
     )
     registry.apply_status(node_status("edge-2", "edge", runs_training=True, accelerators=(orin,)))
     assert (await api.submit(token, job_spec(name="at-edge", sites=["edge"]))).status == 201
+
+
+# ---- bodies and path ids no store can hold ----------------------------------------------
+
+
+async def test_a_body_nested_too_deep_is_a_400_not_a_crash(api: Api) -> None:
+    token = await api.tenant("vision")
+    for body in (b"[" * 3000 + b"]" * 3000, b'{"name": ' + b"[" * 950 + b"]" * 950 + b"}"):
+        response = await api.client.post(
+            "/v1/jobs",
+            data=body,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        assert (await problem(response, 400))["type"].endswith("/malformed-json")
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (job_spec(env={"X": "a\u0000b"}), "$.env.X"),
+        (job_spec(command=["python", "\u0000"]), "$.command[1]"),
+        (job_spec(labels={"\u0000": "x"}), "$.labels"),
+    ],
+)
+async def test_a_nul_character_in_a_body_is_refused_naming_the_field(
+    api: Api, spec: dict[str, object], field: str
+) -> None:
+    token = await api.tenant("vision")
+    body = await problem(await api.submit(token, spec), 422)
+    assert body["invalid_params"][0]["name"] == field
+    # Nothing was stored that would break the tenant's (or the admin's) lookups by name.
+    assert (await api.get(token, "/v1/jobs/train-resnet")).status == 404
+    assert (await api.get(api.admin_token, "/v1/jobs/train-resnet")).status == 404
+
+
+async def test_a_path_id_with_a_nul_or_control_character_is_a_404(api: Api) -> None:
+    token = await api.tenant("vision")
+    await api.submitted(token, job_spec())
+    for path in ("/v1/jobs/%00", "/v1/jobs/a%01b/explain", "/v1/deployments/%00"):
+        body = await problem(await api.get(token, path), 404)
+        assert body["invalid_params"][0]["reason"]
+    assert (await api.get(token, "/v1/jobs/train-resnet")).status == 200
