@@ -36,6 +36,7 @@ from cloud.api.routes import Handler, Reply, Route
 from cloud.api.work import (
     DEPLOYMENTS,
     JOBS,
+    OWN_IDEMPOTENCY_PREFIX,
     Collection,
     SpecT,
     accepted_spec,
@@ -198,7 +199,10 @@ async def _create(
     tenant: TenantRecord,
     spec: SpecT,
     dry_run: bool,
-) -> web.Response:
+    creation_key: str,
+) -> web.Response | None:
+    """201 with the work created, or None where a concurrent apply of the same name
+    created it first (`creation_key`: the store's idempotency key for this creation)."""
     await check_admissible(request, spec, tenant)
     noun = collection.noun
     if dry_run:
@@ -214,13 +218,15 @@ async def _create(
             kind=collection.store_kind,
             spec=encode_spec(spec),
             priority=spec.priority,
-            idempotency_key=None,
+            idempotency_key=creation_key,
             dependencies=new_dependencies(spec),
         )
     except QueueFullError as error:
         raise queue_full(
             tenant, error, "apply again once some have started, or cancel some"
         ) from None
+    if not result.created:
+        return None
     record = result.work
     view = _view(
         record, collection, spec, action="created", dry_run=False,
@@ -336,7 +342,15 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
                     "this spec; submit it to run it again",
                 )  # fmt: skip
                 return json_response(view)
-            return await _create(request, collection, tenant, spec, query.dry_run)
+            # Two applies of one name at once must create it once: they share the store's
+            # idempotency key for "the work after the last one that ended" (the control
+            # character keeps it apart from every Idempotency-Key a client may send).
+            basis = ended.work_id if ended is not None else "-"
+            creation_key = f"{OWN_IDEMPOTENCY_PREFIX}apply:{collection.store_kind}:{name}:{basis}"
+            created = await _create(request, collection, tenant, spec, query.dry_run, creation_key)
+            if created is None:
+                continue  # another apply created it: look again (unchanged, or update)
+            return created
         changes = spec_changes(spec_of(live), spec)
         if not changes:
             view = _view(

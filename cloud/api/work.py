@@ -204,6 +204,17 @@ def _placed(allocations: tuple[AllocationRecord, ...]) -> dict[str, object]:
     }
 
 
+# Keys the control plane gives work itself (an apply's creation, cloud/api/apply.py)
+# begin with a control character, which no Idempotency-Key header may hold.
+OWN_IDEMPOTENCY_PREFIX: Final = "\x1e"
+
+
+def _clients_key(key: str | None) -> str | None:
+    """The work's Idempotency-Key as its client sent it (None: none, or the control
+    plane's own)."""
+    return None if key is None or key.startswith(OWN_IDEMPOTENCY_PREFIX) else key
+
+
 JOBS: Final[Collection[TrainingJobSpec]] = Collection(
     spec_kind="training",
     noun="job",
@@ -212,7 +223,7 @@ JOBS: Final[Collection[TrainingJobSpec]] = Collection(
     detail=lambda record, spec, tenant, allocations: JobView(
         **_job_fields(record, spec, tenant),  # type: ignore[arg-type]
         **_placed(allocations),  # type: ignore[arg-type]
-        idempotency_key=record.idempotency_key,
+        idempotency_key=_clients_key(record.idempotency_key),
         spec=redacted(spec),  # every job view: secrets by name only
     ),
     listing=lambda items, cursor: JobList(
@@ -231,7 +242,7 @@ DEPLOYMENTS: Final[Collection[DeploymentSpec]] = Collection(
     detail=lambda record, spec, tenant, allocations: DeploymentView(
         **_deployment_fields(record, spec, tenant),  # type: ignore[arg-type]
         **_placed(allocations),  # type: ignore[arg-type]
-        idempotency_key=record.idempotency_key,
+        idempotency_key=_clients_key(record.idempotency_key),
         spec=spec,
     ),
     listing=lambda items, cursor: DeploymentList(

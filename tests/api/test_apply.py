@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import ClientResponse
@@ -172,3 +173,22 @@ def test_apply_changes_a_queued_job_in_the_fields_patch_takes() -> None:
     from cloud.work.spec_changes import QUEUED_JOB_FIELDS
 
     assert set(JobUpdate.__struct_fields__) == QUEUED_JOB_FIELDS
+
+
+async def test_applies_of_one_name_at_once_create_it_once(api: Api) -> None:
+    """A retried `greenfed apply` (or two at once) must leave one job of the name, and
+    the name usable: every answer is that job, created once, then unchanged or updated."""
+    token = await api.tenant("acme")
+    specs = [job_spec(name="nightly", priority=p) for p in ("p1", "p1", "p2", "p1", "p0", "p1")]
+    answers = await asyncio.gather(*(_put(api, token, "jobs", spec) for spec in specs))
+    statuses = sorted(answer.status for answer in answers)
+    assert statuses.count(201) == 1, statuses
+    assert set(statuses) <= {200, 201, 409}, [await a.text() for a in answers]
+    ids = {(await answer.json())["id"] for answer in answers if answer.status in (200, 201)}
+    assert len(ids) == 1
+    listed = await (await api.get(token, "/v1/jobs?state=pending")).json()
+    assert [item["name"] for item in listed["items"]] == ["nightly"]
+    again = await _put(api, token, "jobs", job_spec(name="nightly", priority="p1"))
+    assert again.status == 200, await again.text()
+    detail = await (await api.get(token, f"/v1/jobs/{ids.pop()}")).json()
+    assert detail["idempotency_key"] is None  # the control plane's own key is not shown
