@@ -121,9 +121,10 @@ async def submit_array(
             "once some have started, or cancel some",
         ) from None
     first = result.work
-    earlier = TRAINING_DECODER.decode(first.spec)
+    # The key may be a deployment's: its spec is no job's.
+    earlier = TRAINING_DECODER.decode(first.spec) if first.kind == "training" else None
     if not result.created and (
-        first.kind != "training" or earlier.array_task is None or submitted_form(earlier) != spec
+        earlier is None or earlier.array_task is None or submitted_form(earlier) != spec
     ):
         raise Problem(
             409,
@@ -132,6 +133,7 @@ async def submit_array(
             f"Idempotency-Key {key!r} was used for another request body ({first.work_id}); "
             "use a new key for a different submission",
         )
+    assert earlier is not None
     assert earlier.array_task is not None
     found = await store.array_tasks(tenant.tenant_id, earlier.array_task.array_id)
     response = json_response(array_view(found, tenant.name), status=201 if result.created else 200)

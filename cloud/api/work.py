@@ -415,6 +415,8 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
         )
         if earlier is None:
             raise refused
+        if isinstance(spec, TrainingJobSpec) and spec.array is not None:
+            return await submit_array(request, tenant, spec, key)  # the store finds the array
         return await _replay(request, collection, tenant, earlier, spec, encode_spec(spec), key)
     if isinstance(spec, DeploymentSpec) and (
         await store.get_model(tenant.tenant_id, spec.model_id) is None

@@ -10,7 +10,7 @@ from typing import Any
 
 from cloud.app_keys import REGISTRY
 from cloud.loop.inputs import build_inputs
-from tests.api.support import Api, bearer, job_spec, problem
+from tests.api.support import Api, bearer, deployment_spec, job_spec, problem
 
 
 async def refused(api: Api, token: str, spec: dict[str, Any]) -> tuple[str, str]:
@@ -201,3 +201,31 @@ async def test_the_arrays_name_names_the_array_not_one_of_its_tasks(api: Api) ->
     assert every.status == 200, await every.text()
     assert (await every.json())["array"]["states"] == {"cancelled": 3}
     assert (await (await api.get(token, "/v1/jobs/sweep")).json())["id"] in (array_id, single)
+
+
+async def test_an_array_with_the_key_of_a_deployment_is_a_409_not_a_crash(api: Api) -> None:
+    token = await api.tenant("vision")
+    model = await api.model(token)
+    first = await api.submit(token, deployment_spec(model), collection="deployments", key="K")
+    assert first.status == 201, await first.text()
+    body = await problem(await api.submit(token, job_spec(array="0-2"), key="K"), 409)
+    assert body["type"].endswith("/idempotency-key-reused")
+
+
+async def test_a_retry_of_an_accepted_array_gets_it_after_its_dependency_can_no_longer_hold(
+    api: Api,
+) -> None:
+    """Refused now as new work (it waits for a job that was cancelled), the retry with
+    the key of the accepted array still gets that array, as a single job's does."""
+    token = await api.tenant("vision")
+    waited_for = await api.submitted(token, job_spec(name="first"))
+    spec = job_spec(
+        name="sweep", array="0-2", depends_on=[{"job": waited_for, "condition": "succeeded"}]
+    )
+    accepted = await api.submit(token, spec, key="A")
+    assert accepted.status == 201, await accepted.text()
+    cancelled = await api.client.delete(f"/v1/jobs/{waited_for}", headers=bearer(token))
+    assert cancelled.status in (200, 202), await cancelled.text()
+    retry = await api.submit(token, spec, key="A")
+    assert retry.status == 200, await retry.text()
+    assert (await retry.json())["id"] == (await accepted.json())["id"]
