@@ -109,6 +109,16 @@ def inspect_wheel_bytes(content: bytes) -> PackageFacts:
     )
 
 
+def _unreadable() -> tuple[type[BaseException], ...]:
+    """What zipfile raises for an archive it cannot read: a bad directory, a compression
+    method it does not know (NotImplementedError), an encrypted member (RuntimeError),
+    data cut short (EOFError) or corrupt (zlib.error), a read that fails (OSError)."""
+    import zipfile
+    import zlib
+
+    return (zipfile.BadZipFile, OSError, NotImplementedError, RuntimeError, EOFError, zlib.error)
+
+
 def wheel_version(source: IO[bytes]) -> str:
     """The version a greenfed wheel declares in its METADATA; raises `PackageError` for
     a file that is not a wheel, or another project's."""
@@ -129,7 +139,12 @@ def wheel_version(source: IO[bytes]) -> str:
             metadata = email.parser.Parser().parsestr(
                 wheel.read(metadata_names[0]).decode("utf-8", errors="replace"), headersonly=True
             )
-    except (zipfile.BadZipFile, OSError) as error:
+            # Every member read once: what an agent could not unpack is refused here, not
+            # signed and sent to agents that would fail on it.
+            broken = wheel.testzip()
+            if broken is not None:
+                raise PackageError(f"the wheel's member {broken[:120]!r} is corrupt")
+    except _unreadable() as error:
         raise PackageError(f"not a wheel: {error}") from None
     name = (metadata.get("Name") or "").strip()
     version = (metadata.get("Version") or "").strip()
@@ -179,5 +194,5 @@ def unpack_wheel(path: Path, target: Path) -> None:
                 with wheel.open(member) as source, destination.open("wb") as sink:
                     while chunk := source.read(1 << 20):
                         sink.write(chunk)
-    except (zipfile.BadZipFile, OSError) as error:
+    except _unreadable() as error:
         raise PackageError(f"the wheel could not be unpacked: {error}") from None

@@ -109,3 +109,47 @@ def test_a_member_that_would_land_outside_or_link_is_refused(
     with pytest.raises(PackageError):
         unpack_wheel(path, tmp_path / "site")
     assert not (tmp_path / "escaped.py").exists()
+
+
+def _with_compression_method(content: bytes, member: str, method: int) -> bytes:
+    """`content` (a zip) with `member` marked as compressed by `method`, in its local
+    and central headers: what zipfile can list but not read."""
+    data = bytearray(content)
+    name = member.encode()
+    for signature, header_size, method_at in ((b"PK\x03\x04", 30, 8), (b"PK\x01\x02", 46, 10)):
+        at = data.find(signature)
+        while at != -1:
+            if data[at + header_size : at + header_size + len(name)] == name:
+                data[at + method_at : at + method_at + 2] = method.to_bytes(2, "little")
+            at = data.find(signature, at + 4)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("damage", ["unknown compression", "corrupt data"])
+def test_a_wheel_zipfile_cannot_read_is_refused_as_a_package_error(
+    tmp_path: Path, damage: str
+) -> None:
+    """Never signed on upload, and never an exception other than PackageError where an
+    agent unpacks one (an agent's upgrade fails and is recorded, it does not crash)."""
+    path = tmp_path / "a.whl"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("greenfed/__init__.py", "x = 1\n" * 200)
+        archive.writestr(
+            "greenfed-1.2.3.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: greenfed\nVersion: 1.2.3\n",
+        )
+    content = path.read_bytes()
+    if damage == "unknown compression":
+        content = _with_compression_method(content, "greenfed/__init__.py", 99)
+    else:
+        start = content.find(b"greenfed/__init__.py") + len("greenfed/__init__.py")
+        content = (
+            content[:start]
+            + bytes(b ^ 0xFF for b in content[start : start + 20])
+            + (content[start + 20 :])
+        )
+    path.write_bytes(content)
+    with pytest.raises(PackageError):
+        inspect_wheel_bytes(content)
+    with pytest.raises(PackageError):
+        unpack_wheel(path, tmp_path / "unpacked")
