@@ -66,9 +66,13 @@ class ModelCache:
         sha256: str,
         pinned: Iterable[str] = (),
         on_retry: Callable[[str], None] | None = None,
+        size_bytes: int | None = None,
     ) -> Path:
         """The verified file, downloading it unless cached; evicts others to stay in bounds.
-        `on_retry(why)` is told about each failed attempt that will be retried."""
+        `on_retry(why)` is told about each failed attempt that will be retried.
+        `size_bytes`: the size the signed `desired` document gives it; a download is
+        stopped as soon as it is longer (else at the cache's size), not once on disk."""
+        most_bytes = min(size_bytes, self.max_bytes) if size_bytes is not None else self.max_bytes
         lock = self._locks.setdefault(sha256, asyncio.Lock())
         async with lock:
             path = self.path(sha256)
@@ -79,7 +83,7 @@ class ModelCache:
             why = ""
             for attempt in range(self._attempts):
                 try:
-                    await self._download(session, url, sha256)
+                    await self._download(session, url, sha256, most_bytes)
                     break
                 except (aiohttp.ClientError, TimeoutError, OSError, _Retryable) as failure:
                     why = str(failure) or type(failure).__name__
@@ -99,7 +103,9 @@ class ModelCache:
         await asyncio.to_thread(self._evict, {sha256, *pinned})
         return self.path(sha256)
 
-    async def _download(self, session: aiohttp.ClientSession, url: str, sha256: str) -> None:
+    async def _download(
+        self, session: aiohttp.ClientSession, url: str, sha256: str, most_bytes: int
+    ) -> None:
         part = self.directory / f"{sha256}.part"
         have = await asyncio.to_thread(lambda: part.stat().st_size if part.exists() else 0)
         headers = {"Range": f"bytes={have}-"} if have else {}
@@ -116,9 +122,20 @@ class ModelCache:
             if resume:
                 self.resumed += 1
             self.downloads += 1
+            written = have if resume else 0
             with open(part, "ab" if resume else "wb") as file:  # noqa: ASYNC230 - writes are off-loop below
                 async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
+                    written += len(chunk)
+                    if written > most_bytes:
+                        break
                     await asyncio.to_thread(file.write, chunk)
+            if written > most_bytes:
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(part.unlink)
+                raise ModelFetchError(
+                    f"the download is longer than the model can be ({most_bytes} bytes: its "
+                    "size in the signed document, or the model cache's): stopped"
+                )
 
     async def _verify_and_keep(self, sha256: str) -> None:
         part = self.directory / f"{sha256}.part"

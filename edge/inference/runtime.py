@@ -233,6 +233,7 @@ class InferenceRuntime:
             desired.model_sha256,
             [p for p in pinned if p],
             on_retry=retrying,
+            size_bytes=desired.model_size_bytes,
         )
         device_index = next(
             (

@@ -270,6 +270,23 @@ async def test_a_broken_download_resumes_and_the_file_is_verified(
         assert not part_files(tmp_path)
 
 
+async def test_a_download_longer_than_the_model_is_stopped_before_it_fills_the_disk(
+    served: tuple[str, FlakyServer], tmp_path: Path
+) -> None:
+    """The signed document gives the model's size: whatever answers the URL (a broken
+    server, someone on a plain-http path) cannot write more than that to disk."""
+    url, server = served
+    server.ranges.append("the first answer breaks off: not this test's")
+    server.body = server.body * 50  # far more than the model announced
+    cache = ModelCache(tmp_path, max_bytes=10**9)
+    sha = hashlib.sha256(server.body).hexdigest()  # even one that hashes right
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(ModelFetchError, match="longer than the model can be"):
+            await cache.fetch(http, url, sha, size_bytes=4096)
+    assert not part_files(tmp_path)  # stopped, and what it wrote removed
+    assert not cache.path(sha).exists()
+
+
 def part_files(directory: Path) -> list[Path]:
     return list(directory.glob("*.part"))
 
