@@ -105,7 +105,12 @@ def verify_desired(payload: bytes, public_key: VerifyKey | Ed25519PublicKey) -> 
             "malformed", 'the document does not end with ,"signature":"<base64>"}'
         )
     signed = payload[: tail.start()] + _UNSIGNED_TAIL
-    if not is_signature(public_key, base64.b64decode(tail.group(1)), signed):
+    signature = base64.b64decode(tail.group(1))
+    if base64.b64encode(signature) != tail.group(1):
+        # The last character's spare bits changed: one signature has one spelling (else a
+        # copy with other bytes verifies too, and looks like a new document).
+        raise DesiredSignatureError("malformed", "the signature is not in canonical base64")
+    if not is_signature(public_key, signature, signed):
         raise DesiredSignatureError("bad-signature", "the signature is not the control plane's")
     try:
         return DESIRED_DECODER.decode(payload)

@@ -81,6 +81,16 @@ class UnenrolledNodes:
                 error=str(error),
             )
             return
+        if known is not None and certificate.enrolled_at < known.certificate.enrolled_at:
+            # An older enrolment of the id than the one its births showed before (a key
+            # the node enrolled away from, e.g. a stolen device's): never what re-admits it.
+            self.unproven += 1
+            self._refused_log.warning(
+                "superseded",
+                "birth of a node not enrolled: its certificate is older than one seen before",
+                node_id=status.node_id,
+            )
+            return
         first_seen_s = now_s if known is None else known.first_seen_s
         self._nodes[status.node_id] = KnockingNode(
             certificate,

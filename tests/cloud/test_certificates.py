@@ -157,6 +157,33 @@ def test_unenrolled_nodes_keep_proven_births_only(authority: CertificateAuthorit
     assert [n.status.node_id for n in knocking.listing()] == ["edge-3"]
 
 
+def test_an_older_enrolment_of_a_knocking_node_never_displaces_a_newer_one(
+    authority: CertificateAuthority,
+) -> None:
+    """A key the node was enrolled away from (a stolen device's, re-enrolled with a new
+    key) still proves its older certificate: re-admission takes the newest enrolment."""
+    knocking = UnenrolledNodes(lambda: 100.0, capacity=4, log_interval_s=0)
+    knocking.authority = authority
+    old_key, new_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+    old = authority.issue(
+        cluster_id="cluster-1", node_id="edge-1", sealing_public_key=public_key_text(old_key),
+        envelope=NodeEnvelope(site="cloud"), enrolled_at=1_700_000_000.0, join_token_id="jt-0",
+        username="edge-1",
+    )  # fmt: skip
+    new = authority.issue(
+        cluster_id="cluster-1", node_id="edge-1", sealing_public_key=public_key_text(new_key),
+        envelope=ENVELOPE, enrolled_at=1_710_000_000.0, join_token_id="jt-1", username="edge-1",
+    )  # fmt: skip
+    current = birth("edge-1", new_key, new, "real")
+    knocking.offer(current, encode(current))
+    stale = birth("edge-1", old_key, old, "stolen")
+    knocking.offer(stale, encode(stale))
+    (node,) = knocking.listing()
+    assert node.certificate.sealing_public_key == public_key_text(new_key)
+    assert node.certificate.envelope == ENVELOPE
+    assert knocking.unproven == 1
+
+
 def test_the_agent_shows_its_certificate_only_with_its_own_key(
     authority: CertificateAuthority, tmp_path: Path
 ) -> None:

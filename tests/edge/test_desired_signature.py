@@ -94,6 +94,22 @@ def test_the_published_bytes_are_the_unsigned_encoding_with_the_signature_splice
     KEY.public_key().verify(raw, unsigned)  # raises if not
 
 
+def test_one_signature_has_one_spelling() -> None:
+    """The last base64 character of a 64-byte signature carries 4 spare bits, which
+    decoding ignores: another spelling of the same signature (other bytes, a document
+    that looks new) is refused."""
+    payload = sign_desired(document(), KEY)
+    alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    last = payload[-5:-4]  # before the padding "==" and the closing '"}'
+    respelled = payload[:-5] + bytes([alphabet[alphabet.index(last) ^ 1]]) + payload[-4:]
+    assert respelled != payload
+    assert base64.b64decode(respelled[-90:-2]) == base64.b64decode(payload[-90:-2])
+    assert verify_desired(payload, KEY.public_key()).generation == document().generation
+    with pytest.raises(DesiredSignatureError) as refused:
+        verify_desired(respelled, KEY.public_key())
+    assert refused.value.reason == "malformed"
+
+
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
