@@ -22,11 +22,12 @@ with it, leaving nothing behind.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Final
 
 from edge.sandbox.devices import DeviceNode
+from edge.sandbox.root_env import env_argv, root_binary
 from edge.sandbox.users import WorkUser
 
 SANDBOX_HOSTNAME: Final = "greenfed-worker"
@@ -34,9 +35,10 @@ SHARED_TMP_DIRS: Final = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def drop_privileges(user: WorkUser) -> list[str]:
-    """`setpriv` (found on the PATH) to the work user with nothing privileged left."""
+    """`setpriv` (its absolute path: never the job's PATH) to the work user with nothing
+    privileged left."""
     return [
-        "setpriv",
+        root_binary("setpriv"),
         f"--reuid={user.uid}",
         f"--regid={user.gid}",
         "--clear-groups",
@@ -57,9 +59,11 @@ def sandbox_argv(
     hidden_dirs: Sequence[str],
     hidden_files: Sequence[str],
     devices: Sequence[DeviceNode],
+    moved_env: Mapping[str, str],
 ) -> list[str]:
     """The argv that runs `command` in a sandbox (bubblewrap's options apply in order:
-    the later mounts go over the earlier ones)."""
+    the later mounts go over the earlier ones). `moved_env`: the job's root-sensitive
+    variables (edge/sandbox/root_env.py), set once privileges are dropped."""
     argv = [bubblewrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for directory in SHARED_TMP_DIRS:
         argv += ["--perms", "1777", "--tmpfs", directory]
@@ -88,6 +92,7 @@ def sandbox_argv(
         "--die-with-parent",
         "--",
         *drop_privileges(user),
+        *env_argv(moved_env),
         *command,
     ]
     return argv

@@ -98,6 +98,7 @@ class ContainerRuntime:
         command: Sequence[str],
         user: WorkUser,
         env_names: Sequence[str],
+        env_values: Mapping[str, str],
         work_dir: str,
         cwd: str | None,
         cgroup_parent: str | None,
@@ -135,6 +136,9 @@ class ContainerRuntime:
         else:
             argv += [f"--device={d.path}:{d.inside}" for d in devices]
         argv += [f"--env={name}" for name in env_names]
+        # Root-sensitive variables (edge/sandbox/root_env.py): not in the client's own
+        # environment, so given as values.
+        argv += [f"--env={name}={value}" for name, value in sorted(env_values.items())]
         argv += ["--", image, *command]
         return argv
 

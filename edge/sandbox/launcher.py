@@ -33,6 +33,7 @@ from edge.sandbox.cgroups import RunGroups, WorkerLimits
 from edge.sandbox.containers import ContainerRuntime, auth_file, pull_needed
 from edge.sandbox.devices import DeviceNode, assigned_device_nodes, device_rules
 from edge.sandbox.probe import NodeIsolation
+from edge.sandbox.root_env import env_argv, refused_secret_names, split_environment
 from edge.sandbox.users import WorkUser, WorkUsers
 from edge.training.environment import (
     WorkerSpecError,
@@ -144,6 +145,8 @@ class Sandbox:
             working_dir = Path(spec.working_dir)
             if not working_dir.is_absolute():
                 return f"working_dir {spec.working_dir} is not an absolute path"
+            if ".." in working_dir.parts:
+                return f"working_dir {spec.working_dir} has a '..' in it: name the directory"
             if self._private.contains(working_dir):
                 return f"working_dir {spec.working_dir} is inside the agent's private files"
         return ""
@@ -154,8 +157,28 @@ class Sandbox:
         """The plan for `spec`'s processes, with their work directories and cgroups
         made. Blocking. Raises WorkerSpecError (and OSError, CgroupError) with the
         reason the worker cannot start."""
-        if spec.working_dir and not spec.image and not Path(spec.working_dir).is_dir():
-            raise WorkerSpecError(f"working_dir {spec.working_dir} does not exist on this node")
+        if spec.working_dir and not spec.image:
+            if not Path(spec.working_dir).is_dir():
+                raise WorkerSpecError(f"working_dir {spec.working_dir} does not exist on this node")
+            # Bound into a sandbox as written: through a link (one a job left there, say)
+            # it could lay a directory the sandbox hides back over its empty stand-in.
+            real = os.path.realpath(spec.working_dir)
+            if real != os.path.normpath(spec.working_dir):
+                raise WorkerSpecError(
+                    f"working_dir {spec.working_dir} goes through a symbolic link (to {real}): "
+                    "name the directory itself"
+                )
+            if self._private.contains(Path(real)):
+                raise WorkerSpecError(
+                    f"working_dir {spec.working_dir} is inside the agent's private files"
+                )
+        refused = refused_secret_names(secrets.env)
+        if refused and self.isolation.switches_user:
+            raise WorkerSpecError(
+                f"secret {refused[0]} has a name that changes what the programs starting the "
+                "worker as root do: its value would have to be an argument others can read; "
+                "rename the secret"
+            )
         user = self._user(spec)
         # The agent (root) changes into it for the worker: it must be a directory the
         # worker's user could reach itself, not one behind a parent closed to it.
@@ -235,6 +258,9 @@ class Sandbox:
         )
         rank = spec.rank + (local if spec.launch == "per-worker" else 0)
         memory_bytes = self._memory_bytes(spec)
+        # What the processes run as root get (never the job's PATH, LD_PRELOAD, ...), and
+        # the job's root-sensitive variables, given after the privilege drop.
+        root_env, moved = split_environment(env)
         if runtime is not None:
             assert spec.image is not None
             # The container's PATH and LANG are its image's unless the job sets them.
@@ -245,7 +271,8 @@ class Sandbox:
                 image=spec.image,
                 command=spec.command,
                 user=user,
-                env_names=sorted(name for name in env if name not in inherited),
+                env_names=sorted(n for n in env if n not in inherited and n not in moved),
+                env_values={n: v for n, v in moved.items() if n not in inherited},
                 work_dir=work_dir,
                 cwd=spec.working_dir,
                 cgroup_parent=groups.container_parents[local] if groups else None,
@@ -259,7 +286,7 @@ class Sandbox:
             return ProcessPlan(
                 rank=rank,
                 argv=tuple(argv),
-                env=env,
+                env=root_env,
                 cwd=work_dir,
                 cgroup_procs=(),  # the container's runtime places it under the leaf
                 oom_file=groups.oom_file(local) if groups and not own_groups else None,
@@ -282,15 +309,19 @@ class Sandbox:
                 hidden_dirs=[str(d) for d in self._private.directories if d.exists()],
                 hidden_files=[str(f) for f in self._private.files if f.exists()],
                 devices=devices,
+                moved_env=moved,
             )
         elif level == "user":
-            argv = [*drop_privileges(user), *spec.command]
-        else:
-            argv = list(spec.command)
+            argv = [*drop_privileges(user), *env_argv(moved), *spec.command]
+        else:  # the agent's own user: nothing is run as another
+            argv, root_env = list(spec.command), env
+        if level in ("sandbox", "user") and "=" in spec.command[0]:
+            # `env` would take it for a variable to set.
+            raise WorkerSpecError(f"the command {spec.command[0]!r} has an '=' in its name")
         return ProcessPlan(
             rank=rank,
             argv=tuple(argv),
-            env=env,
+            env=root_env,
             cwd=cwd,
             cgroup_procs=groups.procs_files(local) if groups else (),
             oom_file=groups.oom_file(local) if groups else None,

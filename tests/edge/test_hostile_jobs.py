@@ -153,6 +153,42 @@ async def test_a_working_dir_behind_a_closed_directory_is_refused(node: Sandboxe
     assert "behind a closed door" not in output
 
 
+async def test_a_jobs_environment_never_reaches_what_runs_as_root(node: SandboxedNode) -> None:
+    """The job chooses its variables: a PATH that would find its own `setpriv` first, a
+    library preloaded into every program that loads one. What starts the worker as root
+    (bubblewrap, setpriv) must not take them; the worker itself still gets them."""
+    shared = node.root / "shared"
+    shared.mkdir(mode=0o755)
+    marker = node.root / "root-ran-the-jobs-code"
+    fake = shared / "setpriv"
+    fake.write_text(f'#!/bin/sh\nid -u > {marker}\nexec /usr/bin/setpriv "$@"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{shared}:/usr/bin:/bin", "LD_PRELOAD": f"{shared}/missing.so"}
+    script = 'echo "path=$PATH"; echo "preload=$LD_PRELOAD"; id -u'
+    status, output = await node.run(node.worker(script, env=env, working_dir=str(shared)))
+    assert status.state == "succeeded", output
+    assert not marker.exists()  # the job's setpriv never ran, as root or at all
+    assert f"path={shared}:/usr/bin:/bin" in output  # the worker has its variables
+    assert f"preload={shared}/missing.so" in output
+    assert output.split()[-1] != "0"  # and runs as the work user, not root
+
+
+async def test_a_working_dir_through_a_link_or_dots_is_refused(node: SandboxedNode) -> None:
+    """Bound into the sandbox as written, a path through a link (one a job left in its
+    own directory, say) or with '..' could lay what the sandbox hides back over it."""
+    target = node.root / "target"
+    target.mkdir(mode=0o755)
+    link = node.root / "link"
+    link.symlink_to(target)
+    for working_dir, why in (
+        (str(link), "goes through a symbolic link"),
+        (f"{target}/../target", "has a '..' in it"),
+    ):
+        status, _ = await node.run(node.worker("pwd", working_dir=working_dir))
+        assert status.state == "failed"
+        assert why in status.reason, status.reason
+
+
 async def test_a_job_has_a_temporary_directory_of_its_own(node: SandboxedNode) -> None:
     script = 'echo "tmpdir=$TMPDIR"; echo mine > "$TMPDIR/file"; ls -ld "$TMPDIR" | cut -c1-10'
     status, output = await node.run(node.worker(script))

@@ -89,6 +89,37 @@ def test_a_container_gets_its_environment_by_name_and_never_a_value_on_its_comma
     assert step["run"][-2:] == ("pull", "ghcr.io/acme/trainer:2")
 
 
+def test_a_container_runtime_client_never_takes_the_jobs_own_configuration(
+    tmp_path: Path,
+) -> None:
+    """podman runs as root: the job's CONTAINERS_CONF (a hook of its own, run as root),
+    LD_PRELOAD or PATH must not be in its environment; the container still gets them."""
+    job_env = {"CONTAINERS_CONF": "/tmp/x/c.conf", "LD_PRELOAD": "/tmp/x/e.so", "EPOCHS": "3"}
+    plan = sandbox(tmp_path).plan(
+        worker(env=job_env), SealedSecrets(env={"API_TOKEN": SECRET}), name="J1-1",
+        started_file=tmp_path / "J1-1.started",
+    )  # fmt: skip
+    (process,) = plan["processes"]
+    assert "CONTAINERS_CONF" not in process["env"]
+    assert "LD_PRELOAD" not in process["env"]
+    assert process["env"]["PATH"].startswith("/usr/local/sbin:")  # not the job's
+    assert "--env=CONTAINERS_CONF=/tmp/x/c.conf" in process["argv"]
+    assert "--env=LD_PRELOAD=/tmp/x/e.so" in process["argv"]
+    assert "--env=EPOCHS" in process["argv"]
+    assert process["env"]["API_TOKEN"] == SECRET  # secrets by name, never as values
+    assert SECRET not in " ".join(process["argv"])
+
+
+def test_a_secret_named_like_a_root_sensitive_variable_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(WorkerSpecError, match="secret LD_PRELOAD"):
+        sandbox(tmp_path, level="user").plan(
+            worker(image=None, secret_names=("LD_PRELOAD",)),
+            SealedSecrets(env={"LD_PRELOAD": SECRET}),
+            name="J1-1",
+            started_file=tmp_path / "J1-1.started",
+        )
+
+
 def test_registry_credentials_go_to_a_root_only_file_removed_once_pulled(tmp_path: Path) -> None:
     credentials = RegistryCredentials(registry="ghcr.io", username="ci", password=SECRET)
     plan = sandbox(tmp_path).plan(

@@ -1,0 +1,114 @@
+"""What the processes that run as root on a worker's way in may be told by the job.
+
+A worker starts through programs that run as root before its privileges are dropped:
+bubblewrap, `setpriv`, a container runtime's client (podman). Their environment was the
+job's, and the job chooses its variables: `PATH` picked which `setpriv` root ran,
+`LD_PRELOAD` loaded a library of the job's into bubblewrap and `setpriv` as root, and
+`CONTAINERS_CONF` gave podman a hook to run as root. So:
+
+- every program run as root is named by its absolute path, found on `ROOT_PATH`, never
+  on the job's `PATH`;
+- a variable that changes what such a program loads, runs, reads or connects to
+  (`is_root_sensitive`) is never in a root process's environment: the job's value
+  reaches the worker after the privilege drop, as an argument (`env NAME=value` after
+  `setpriv`; `--env=NAME=value` to a container runtime), so such values are no secrets
+  (a secret of such a name is refused: `refused_secret_names`);
+- the rest of the job's variables, secrets included, stay in the environment, never on
+  a command line another user could read.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+# Where programs run as root are looked for.
+ROOT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# The C library's own list of variables a privileged program must not take from its
+# caller (glibc's unsecure-envvars), the dynamic loader's, the shells', proxies and
+# certificates, Go's runtime (podman), and the container tools' configuration.
+_SENSITIVE_PREFIXES: Final = (
+    "LD_",
+    "GCONV_",
+    "GLIBC_",
+    "MALLOC_",
+    "NIS_",
+    "RES_",
+    "CONTAINERS_",
+    "_CONTAINERS_",
+    "CONTAINER_",
+    "PODMAN_",
+    "BUILDAH_",
+    "DOCKER_",
+    "STORAGE_",
+    "REGISTRIES_",
+    "XDG_",
+    "SSL_CERT_",
+    "CNI_",
+    "OCI_",
+)
+_SENSITIVE_NAMES: Final = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "TZDIR",
+        "LOCPATH",
+        "NLSPATH",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "GETCONF_DIR",
+        "RESOLV_HOST_CONF",
+        "NOTIFY_SOCKET",
+        "IFS",
+        "ENV",
+        "BASH_ENV",
+        "SHELLOPTS",
+        "PS4",
+        "GODEBUG",
+        "GOGC",
+        "GOMEMLIMIT",
+        "GOMAXPROCS",
+        "GOTRACEBACK",
+        "GORACE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+    }
+)
+
+
+def is_root_sensitive(name: str) -> bool:
+    """Whether a variable may change what a program run as root loads, runs or reads."""
+    upper = name.upper()
+    return upper in _SENSITIVE_NAMES or upper.startswith(_SENSITIVE_PREFIXES)
+
+
+def root_binary(name: str) -> str:
+    """The absolute path of a program to run as root, found on `ROOT_PATH` (the name
+    itself when it is not there: the start then fails, as a missing program should)."""
+    return shutil.which(name, path=ROOT_PATH) or name
+
+
+def split_environment(
+    env: Mapping[str, str], *, root_home: str = "/root"
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(what processes run as root get, the root-sensitive variables the worker gets
+    after the privilege drop)."""
+    moved = {name: value for name, value in env.items() if is_root_sensitive(name)}
+    kept = {name: value for name, value in env.items() if name not in moved}
+    return {**kept, "PATH": ROOT_PATH, "HOME": root_home}, moved
+
+
+def refused_secret_names(names: Iterable[str]) -> list[str]:
+    """The secrets' names that are root-sensitive: their values would have to be passed
+    as arguments, which other users of the node can read."""
+    return sorted(name for name in names if is_root_sensitive(name))
+
+
+def env_argv(moved: Mapping[str, str]) -> list[str]:
+    """`env NAME=value ...` run after the privilege drop, before the worker's command."""
+    return [root_binary("env"), "--", *(f"{name}={value}" for name, value in sorted(moved.items()))]
