@@ -391,7 +391,12 @@ def create_app(
     app[METRICS] = build_metrics_registry(
         ingestor, accelerator_metrics=settings.cloud.accelerator_metrics
     )
-    serving_counters = InferenceCounters()
+    assignments = ingestor.assignments
+    serving_counters = InferenceCounters(
+        lambda node_id, deployment_id: (
+            assignments is None or assignments.holds("replica", node_id, deployment_id)
+        )
+    )
     ingestor.telemetry_listeners.append(serving_counters.observe)
     app[METRICS].tenants.register(
         InferenceCollector(

@@ -110,6 +110,10 @@ class AssignmentIndex:
         for listener in self.listeners:
             listener()
 
+    def holds(self, kind: AssignmentKind, node_id: str, work_id: str) -> bool:
+        """Whether the node has (or had, within `linger_s`) some of the work."""
+        return (kind, node_id, work_id) in self._work_on_node
+
     def assignment(self, key: AssignmentKey) -> Assignment:
         if key in self._current or key in self._ended:
             return Assignment.ASSIGNED

@@ -34,11 +34,17 @@ class _Counts:
 class InferenceCounters:
     """A telemetry listener (`Ingestor.telemetry_listeners`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, holds: Callable[[str, str], bool] = lambda node_id, work_id: True) -> None:
+        """`holds(node id, deployment id)`: whether the node serves some of it (a node
+        counts only its own replicas' requests: another deployment's figures, or made-up
+        ids filling the table, are not its to give)."""
         self.by_deployment: dict[str, _Counts] = {}
+        self._holds = holds
 
     def observe(self, telemetry: Telemetry) -> None:
         for sample in telemetry.deployments:
+            if not self._holds(telemetry.node_id, sample.deployment_id):
+                continue
             counts = self.by_deployment.get(sample.deployment_id)
             if counts is None:
                 if len(self.by_deployment) >= MAX_DEPLOYMENTS:

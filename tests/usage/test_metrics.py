@@ -3,10 +3,12 @@ cloud/fleet/inference_metrics.py)."""
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cloud.fleet.assignments import AssignmentIndex
 from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
 from cloud.fleet.registry import NodeRegistry
 from cloud.signals.grid import GridSignals, ZoneSeries
@@ -104,3 +106,25 @@ def test_serving_counters_add_up_every_sample_and_quantiles_are_the_worst_replic
     assert found["greenfed_inference_requests_per_second"] == [(key, 30.0)]
     latency = {s[0]["quantile"]: s[1] for s in found["greenfed_inference_latency_milliseconds"]}
     assert latency == {"0.5": 20.0, "0.95": 40.0}
+
+
+def test_a_node_counts_only_the_requests_of_deployments_it_serves() -> None:
+    """Another tenant's deployment's figures, or made-up ids filling the table, are not
+    a node's to give: only a replica the store placed on it counts."""
+    index = AssignmentIndex()
+    index.replace([("replica", "n1", "dep-1", 0)])
+    counters = InferenceCounters(lambda node, work: index.holds("replica", node, work))
+    counters.observe(serving("n1", 1, 10, 20.0))
+    counters.observe(serving("n2", 2, 10**15, 59_000.0))  # n2 holds no replica of dep-1
+    other = msgspec.structs.replace(
+        serving("n1", 3, 5, 1.0),
+        deployments=tuple(
+            DeploymentSample(deployment_id=f"made-up-{i}", requests=1, errors=0, rejected=0,
+                             requests_per_s=1.0)
+            for i in range(100)
+        ),
+    )  # fmt: skip
+    counters.observe(other)
+    assert list(counters.by_deployment) == ["dep-1"]
+    assert counters.by_deployment["dep-1"].requests == 10
+    assert counters.by_deployment["dep-1"].nodes == {"n1"}
