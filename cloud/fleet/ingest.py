@@ -568,7 +568,16 @@ class Ingestor:
         its node does not run."""
         record = self.registry.get(reported.node_id)
         previous = record.reported if record is not None else None
-        reported, undone = without_illegal_transitions(previous, reported)
+        assignments, node_id = self.assignments, reported.node_id
+        reported, undone = without_illegal_transitions(
+            previous,
+            reported,
+            lambda job_id, attempt: (
+                assignments is None
+                or assignments.assignment(("training", node_id, job_id, attempt))
+                is Assignment.ASSIGNED
+            ),
+        )
         outcome = self.registry.apply_reported(reported)
         if outcome is not None:
             return outcome

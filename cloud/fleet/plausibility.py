@@ -21,7 +21,7 @@ out-of-range number fails validation), so every float here is finite.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -370,21 +370,34 @@ def _goes_backwards(before: ReportedTraining, after: ReportedTraining) -> bool:
 
 
 def without_illegal_transitions(
-    previous: ReportedState | None, reported: ReportedState
+    previous: ReportedState | None,
+    reported: ReportedState,
+    still_assigned: Callable[[str, int], bool] = lambda job_id, attempt: True,
 ) -> tuple[ReportedState, list[str]]:
     """`reported` with every training entry that goes backwards since the same agent
     instance's `previous` report (a finished run running again, a running one starting
     again, succeeded turned failed) replaced by what that instance said before; and a
-    description of each entry so replaced. A new instance starts afresh: its runs are
-    new processes. Deployment replicas may start again (a replica withdrawn and placed
-    anew), so they are not constrained here."""
+    description of each entry so replaced. A finished run the report leaves out is kept
+    while its attempt is `still_assigned` to the node (else leaving it out of one report
+    would let the next one finish it otherwise), and a run named twice counts as its first
+    entry, as everything that reads reports reads it. A new instance starts afresh: its
+    runs are new processes. Deployment replicas may start again (a replica withdrawn and
+    placed anew), so they are not constrained here."""
     if previous is None or previous.instance_id != reported.instance_id:
         return reported, []
-    before = {(entry.job_id, entry.attempt): entry for entry in previous.training}
+    before: dict[tuple[str, int], ReportedTraining] = {}
+    for entry in previous.training:
+        before.setdefault((entry.job_id, entry.attempt), entry)
     kept: list[ReportedTraining] = []
     undone: list[str] = []
+    named: set[tuple[str, int]] = set()
     for entry in reported.training:
-        earlier = before.get((entry.job_id, entry.attempt))
+        key = (entry.job_id, entry.attempt)
+        if key in named:
+            undone.append(f"{entry.job_id} attempt {entry.attempt}: named twice")
+            continue
+        named.add(key)
+        earlier = before.get(key)
         if earlier is not None and _goes_backwards(earlier, entry):
             undone.append(
                 f"{entry.job_id} attempt {entry.attempt}: {earlier.state} -> {entry.state}"
@@ -392,9 +405,14 @@ def without_illegal_transitions(
             kept.append(earlier)
         else:
             kept.append(entry)
-    if not undone:
+    carried = [
+        entry
+        for key, entry in before.items()
+        if key not in named and _RUN_RANK[entry.state] == 2 and still_assigned(*key)
+    ]
+    if not undone and not carried:
         return reported, []
-    return msgspec.structs.replace(reported, training=tuple(kept)), undone
+    return msgspec.structs.replace(reported, training=(*kept, *carried)), undone
 
 
 def check_event(event: NodeEvent, limits: PlausibilityLimits, now_s: float) -> Violation | None:

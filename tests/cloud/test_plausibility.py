@@ -294,3 +294,25 @@ def test_a_new_agent_instance_may_start_a_run_again() -> None:
     new = report(run("starting"), instance_id="i2")
     assert without_illegal_transitions(report(run("succeeded")), new) == (new, [])
     assert without_illegal_transitions(None, new) == (new, [])
+
+
+def test_a_finished_run_left_out_of_one_report_cannot_finish_otherwise_in_the_next() -> None:
+    """Leaving the entry out once must not clear the way for `succeeded -> failed`: a
+    finished run is kept while its attempt is still the node's."""
+    finished = report(run("succeeded"))
+    silent, undone = without_illegal_transitions(finished, report())
+    assert silent.training == (run("succeeded"),)
+    assert undone == []
+    kept, undone = without_illegal_transitions(silent, report(run("failed")))
+    assert kept.training == (run("succeeded"),)
+    assert undone == ["job-a attempt 1: succeeded -> failed"]
+    # Once the attempt is no longer the node's, it is let go.
+    gone, _ = without_illegal_transitions(finished, report(), lambda job_id, attempt: False)
+    assert gone.training == ()
+
+
+def test_a_run_named_twice_in_a_report_counts_as_its_first_entry() -> None:
+    previous = report(run("running"))
+    kept, undone = without_illegal_transitions(previous, report(run("succeeded"), run("failed")))
+    assert kept.training == (run("succeeded"),)
+    assert undone == ["job-a attempt 1: named twice"]
