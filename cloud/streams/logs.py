@@ -125,7 +125,16 @@ class JobLogStore:
         job.notify()
 
     def _drop_oldest(self, job: _JobLog) -> None:
-        oldest = job.pieces.popleft()
+        """Trim the oldest piece of an earlier attempt, else the oldest: a node the job
+        left (its assignment lingers a while) cannot crowd the current attempt's output
+        out of the job's budget."""
+        newest = max(attempt for attempt, _ in job.streams)
+        earlier = next((piece for piece in job.pieces if piece.attempt < newest), None)
+        if earlier is not None:
+            job.pieces.remove(earlier)
+            oldest = earlier
+        else:
+            oldest = job.pieces.popleft()
         job.size_bytes -= oldest.size_bytes
         job.trimmed_bytes += oldest.size_bytes
         self._size_bytes -= oldest.size_bytes

@@ -173,6 +173,18 @@ def test_each_job_keeps_its_newest_output_within_its_budget() -> None:
     assert all(name in store for name in ("b", "c", "d"))
 
 
+def test_a_node_the_job_left_cannot_crowd_out_the_current_attempts_output() -> None:
+    """The node of an earlier attempt may still send output a while (its assignment
+    lingers): within the job's budget, earlier attempts' output goes first."""
+    store = JobLogStore(bytes_per_job=100, total_bytes=1000)
+    store.append(chunk("job", "current attempt\n", node="gpu-b", attempt=2))
+    for n in range(20):
+        store.append(chunk("job", "x" * 29 + "\n", node="gpu-a", attempt=1, offset=n * 30))
+    snapshot = store.snapshot("job")
+    assert any(p.attempt == 2 and p.text == "current attempt\n" for p in snapshot.pieces)
+    assert sum(piece.size_bytes for piece in snapshot.pieces) <= 100
+
+
 @pytest.mark.parametrize("prefix", [True, False])
 def test_open_lines_are_ended_when_the_output_stops_or_an_attempt_starts(prefix: bool) -> None:
     store = JobLogStore()
