@@ -43,5 +43,8 @@ async def test_every_document_naming_a_job_finds_its_record_with_its_priority(
             return bool((await work(running.api, token, work_id))["state"] != "pending")
 
         await eventually_async(placed, timeout_s=20, message="the job was not placed")
-        assert answers.get(work_id), answers
+        # Its state commits before the pass's documents go out: wait for the document.
+        await eventually(
+            lambda: bool(answers.get(work_id)), timeout_s=20, message="no document named it"
+        )
         assert set(answers[work_id]) == {"p2"}, answers[work_id]
