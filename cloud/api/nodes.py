@@ -11,6 +11,7 @@ from aiohttp import web
 
 from cloud.access.views import AuditAction
 from cloud.api.audit import audit_entry
+from cloud.api.auth import tenant_of
 from cloud.api.bodies import PatchFields, decode_body, invalid_body, json_response, read_body
 from cloud.api.bulk_actions import destructive
 from cloud.api.problems import Problem
@@ -62,7 +63,13 @@ async def get_node(request: web.Request) -> web.Response:
     record = request.app[REGISTRY].get(node_id)
     if record is None:
         raise Problem(404, "node-not-found", "Node not found", f"no node {node_id!r}")
-    return json_response(node_detail(record, _drain_waiting(request, record)))
+    detail = node_detail(record, _drain_waiting(request, record))
+    if not tenant_of(request).admin and detail.telemetry is not None:
+        # Its replicas' serving figures are their tenants' (as on /metrics, where only
+        # the admin and the scrape token see them), not every tenant's.
+        telemetry = msgspec.structs.replace(detail.telemetry, deployments=())
+        detail = msgspec.structs.replace(detail, telemetry=telemetry)
+    return json_response(detail)
 
 
 def _drain_waiting(request: web.Request, record: NodeRecord) -> tuple[str, ...]:
