@@ -316,8 +316,8 @@ class TrainingJob:
         if self.workers < 1 or self.accelerators_per_worker < 1:
             at_fault = "workers" if self.workers < 1 else "accelerators_per_worker"
             raise _refused(work_id, at_fault, "workers and accelerators_per_worker must be >= 1")
-        if self.duration_s <= 0:
-            raise _refused(work_id, "duration_s", "duration_s must be positive")
+        if not 0 < self.duration_s < math.inf:  # NaN too
+            raise _refused(work_id, "duration_s", "duration_s must be positive and finite")
         if min(self.memory_bytes, self.host_memory_bytes) < 0:
             at_fault = "memory_bytes" if self.memory_bytes < 0 else "host_memory_bytes"
             raise _refused(work_id, at_fault, "memory must not be negative")

@@ -13,6 +13,7 @@ column index is the kind index.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,8 +61,8 @@ class AcceleratorPool:
     def __post_init__(self) -> None:
         if self.count < 0 or self.memory_bytes < 0:
             raise ValueError(f"{self.kind} pool: count and memory must not be negative")
-        if self.relative_speed <= 0:
-            raise ValueError(f"{self.kind} pool: relative_speed must be positive")
+        if not 0 < self.relative_speed < math.inf:  # NaN too
+            raise ValueError(f"{self.kind} pool: relative_speed must be positive and finite")
         if not 0.0 <= self.utilisation <= 1.0:
             raise ValueError(f"{self.kind} pool: utilisation must be within 0..1")
 
