@@ -29,6 +29,7 @@ from greenfed.spec_files import (
     load_spec_file,
     parse_spec,
     read_spec_text,
+    yaml_reason,
 )
 from shared.work_literals import SpecKind
 
@@ -85,7 +86,7 @@ def _yaml_documents(path: Path) -> list[object]:
     try:
         documents = [document for document in yaml.safe_load_all(text) if document is not None]
     except Exception as error:  # yaml.YAMLError and its subclasses
-        raise SpecFileError(f"{path}: not valid YAML: {error}") from None
+        raise SpecFileError(f"{path}: not valid YAML: {yaml_reason(error)}") from None
     if not documents:
         raise SpecFileError(f"{path}: no spec in it")
     return documents

@@ -51,10 +51,20 @@ def _parse(path: Path, text: str) -> object:
     except ImportError:
         raise
     except Exception as error:  # yaml.YAMLError and its subclasses
-        raise SpecFileError(f"{path}: not valid YAML: {error}") from None
+        raise SpecFileError(f"{path}: not valid YAML: {yaml_reason(error)}") from None
     raise SpecFileError(
         f"{path}: unknown file type {suffix or '(none)'}; use {', '.join(SUFFIXES)}"
     )
+
+
+def yaml_reason(error: Exception) -> str:
+    """What is wrong with a YAML file and where, never the line itself (PyYAML quotes it,
+    and a spec file's line may hold a secret's value)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or type(error).__name__
+    if mark is None:
+        return str(problem)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
 
 
 def parse_spec(document: object, kind: SpecKind | None, *, source: str) -> WorkSpec:
