@@ -403,7 +403,17 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
             ),
         ),
     ] = {}
-    working_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    # No whitespace or control characters: the path reaches a cluster's records
+    # (`scontrol -o` prints it as `WorkDir=<path>` among its `Key=Value` pairs).
+    working_dir: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                min_length=1, max_length=4096, pattern=r"^[^\s\x00-\x1f\x7f-\x9f]+$(?!\n)"
+            ),
+        ]
+        | None
+    ) = None
     image: Annotated[
         ImageReference | None,
         msgspec.Meta(description="Run the command in this OCI image; null: on the node itself."),

@@ -34,7 +34,7 @@ NODES = (
 RUNNING = (
     f"JobId=3 JobName=gf-{JOB}-1 UserId=root(0) JobState=RUNNING Reason=None "
     "ExitCode=0:0 SubmitTime=1796284836 StartTime=1796284838 EndTime=Unknown "
-    "NodeList=gfnode[1-2] Comment=greenfed:x StdOut=/tmp/jobs/gf-x-3.out\n"
+    f"NodeList=gfnode[1-2] Comment=greenfed:{JOB}:1:acme StdOut=/tmp/jobs/gf-x-3.out\n"
     "JobId=4 JobName=somebody-else JobState=RUNNING NodeList=gfnode1\n"
     f"JobId=5 JobName=gf-{JOB}-2 JobState=PENDING Reason=Resources ExitCode=0:0 "
     "SubmitTime=1796284840 StartTime=Unknown EndTime=Unknown NodeList=(null)\n"
@@ -76,10 +76,10 @@ def test_only_greenfeds_jobs_are_read_with_their_state_times_and_nodes() -> None
 
 def test_accounting_reads_ended_jobs() -> None:
     text = (
-        f"7|gf-{JOB}-1|FAILED|3:0|1796284831|1796284832|1796284833|gfnode1|0\n"
-        f"8|gf-{JOB}-2|CANCELLED by 0|0:15|1796284831|1796284832|1796284840|gfnode1|\n"
-        f"10|gf-{JOB}-3|COMPLETED|0:0|1796284831|1796284832|1796288432|gfnode2|5400000\n"
-        "9|not-ours|COMPLETED|0:0|1|2|3|gfnode1|0\n"
+        f"7|gf-{JOB}-1|FAILED|3:0|1796284831|1796284832|1796284833|gfnode1|0|greenfed:{JOB}:1:acme\n"
+        f"8|gf-{JOB}-2|CANCELLED by 0|0:15|1796284831|1796284832|1796284840|gfnode1||\n"
+        f"10|gf-{JOB}-3|COMPLETED|0:0|1796284831|1796284832|1796288432|gfnode2|5400000|\n"
+        "9|not-ours|COMPLETED|0:0|1|2|3|gfnode1|0|\n"
     )
     failed, cancelled, done = accounted_jobs(text)
     assert (failed.state, failed.reason, failed.exit_code) == ("failed", "exit code 3", 3)

@@ -98,13 +98,18 @@ def test_v0038_a_drained_or_unresponsive_node_takes_no_work() -> None:
     assert node.unavailable.startswith("down")
 
 
+def recorded_jobs() -> list[dict[str, Any]]:
+    """The recorded live jobs, job 1 with the comment greenfed gives (it was submitted by
+    hand, commented `greenfed:x`; the others have none)."""
+    jobs: list[dict[str, Any]] = answer("v0.0.38-jobs.json")["jobs"]
+    return [
+        {**raw, "comment": f"greenfed:{JOB}:1:acme"} if raw["job_id"] == 1 else raw for raw in jobs
+    ]
+
+
 def test_v0038_reads_greenfeds_jobs_and_their_states() -> None:
     dialect = V0038("v0.0.38")
-    jobs = {
-        job.backend_id: job
-        for raw in answer("v0.0.38-jobs.json")["jobs"]
-        if (job := dialect.job(raw)) is not None
-    }
+    jobs = {job.backend_id: job for raw in recorded_jobs() if (job := dialect.job(raw)) is not None}
     assert set(jobs) == {"1", "2", "3", "4"}
     assert jobs["1"].state == "pending"
     assert jobs["1"].reason == "Priority"

@@ -7,14 +7,20 @@ commands on a login node (cloud/clusters/slurm/commands.py).
   `MinJobAge`) and, where the cluster keeps accounting, `sacct` for older ones; only
   jobs named `gf-<job id>-<attempt>` are greenfed's;
 - submit: `sbatch --parsable` (cloud/clusters/slurm/script.py), after looking for a job
-  of that name first (a submission whose answer was lost is adopted, never repeated);
-- cancel: `scancel`; output: the job's `StdOut` file, read where the commands run.
+  of that name and greenfed's comment among the account's own first (a submission whose
+  answer was lost is adopted, never repeated);
+- cancel: `scancel`; output: the job's `StdOut` file, read where the commands run, and
+  only where it is the file greenfed asked for (`--output`), not a link: the cluster
+  reports whatever path a job's owner chose.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Final
@@ -34,16 +40,28 @@ from cloud.clusters.slurm.records import (
     accounted_jobs,
     energy_of_live_jobs,
     gathers_energy,
+    is_slurm_job_id,
     jobs_of,
     nodes_of,
+    slurm_lines,
 )
-from cloud.clusters.slurm.script import SubmitOptions, batch_script, sbatch_arguments
+from cloud.clusters.slurm.script import (
+    SubmitOptions,
+    batch_script,
+    job_shape,
+    sbatch_arguments,
+)
 
 # How far back `sacct` is asked about greenfed's jobs.
 ACCOUNTING_WINDOW_S: Final = 7 * 86400.0
 # How often running jobs' energy is read from `sacct` (slurmd gathers it every
 # JobAcctGatherFrequency, 30 s by default; each `sacct` costs slurmdbd a query).
 ENERGY_INTERVAL_S: Final = 30.0
+# Reads a job's output over SSH: nothing from a link or anything but a regular file
+# (`tail` would follow a link to any file the account can read).
+_REMOTE_READ: Final = (
+    'if [ -L "$2" ] || [ ! -f "$2" ]; then exit 0; fi; tail -c "+$1" -- "$2" | head -c "$3"'
+)
 
 _log = structlog.get_logger("greenfed.clusters.slurm")
 
@@ -58,6 +76,8 @@ class SlurmBackend(ClusterBackend):
         self._gathers_energy: bool | None = None
         self._energy_read_at = -ENERGY_INTERVAL_S
         self._energy_j: dict[str, float] = {}  # Slurm job id -> J so far
+        # Jobs whose reported output file is not the one greenfed asked for (logged once).
+        self._foreign_output: set[str] = set()
 
     @property
     def interface(self) -> str:
@@ -132,44 +152,86 @@ class SlurmBackend(ClusterBackend):
     async def submit(self, gang: GangRequest) -> str:
         # A job of that name Slurm still knows (live, or ended within MinJobAge) is this
         # attempt already: adopted. (The bridge adopts what the cluster's history holds.)
-        named = await self._commands.run("squeue", "-h", "--name", gang.key, "-o", "%i")
-        for backend_id in named.split():
-            _log.info("slurm job adopted", key=gang.key, slurm_job_id=backend_id)
-            return backend_id
+        # Only the account's own (`--me`: any cluster user can name a job so) with the
+        # comment greenfed gives it.
+        comment = job_shape(gang, self._options).comment
+        named = await self._commands.run("squeue", "-h", "--me", "--name", gang.key, "-o", "%i|%k")
+        for line in slurm_lines(named):
+            backend_id, _, its_comment = line.strip().partition("|")
+            if is_slurm_job_id(backend_id) and its_comment == comment:
+                _log.info("slurm job adopted", key=gang.key, slurm_job_id=backend_id)
+                return backend_id
         output = await self._commands.run(
             *sbatch_arguments(gang, self._options), stdin=batch_script(gang).encode()
         )
         backend_id = output.strip().split(";")[0]
-        if not backend_id.isdigit():
+        if not is_slurm_job_id(backend_id):
             raise ClusterRefused(f"sbatch answered {output.strip()[:200]!r}, not a job id")
         _log.info("slurm job submitted", key=gang.key, slurm_job_id=backend_id)
         return backend_id
 
     async def cancel(self, job: ClusterJob) -> None:
-        await self._commands.run("scancel", job.backend_id)
+        if not is_slurm_job_id(job.backend_id):  # never an option of scancel's
+            raise ClusterRefused(f"{job.backend_id[:50]!r} is not a Slurm job id")
+        await self._commands.run("scancel", "--", job.backend_id)
 
     async def read_output(self, job: ClusterJob, offset: int, limit: int) -> bytes:
-        if job.output_path is None:
+        path = expected_output(job, self._options, self._foreign_output)
+        if path is None:
             return b""
         if self._commands.access.ssh:
             text = await self._commands.run(
-                "sh", "-c", 'tail -c "+$1" "$2" | head -c "$3"', "sh",
-                str(offset + 1), job.output_path, str(limit),
-            )  # fmt: skip
+                "sh", "-c", _REMOTE_READ, "sh", str(offset + 1), path, str(limit)
+            )
             return text.encode()
-        return await read_local_output(job.output_path, offset, limit)
+        return await read_local_output(path, offset, limit)
+
+
+def expected_output(job: ClusterJob, options: SubmitOptions, logged: set[str]) -> str | None:
+    """The job's output file where the cluster reports the one greenfed asked for
+    (`--output=<work_dir>/<name>-%j.out`, cloud/clusters/slurm/script.py); None where
+    it reports none, or another (logged once per job in `logged`): a job's owner
+    chooses its `StdOut`, and the control plane reads it on its own host."""
+    if job.output_path is None:
+        return None
+    name = f"gf-{job.job_id}-{job.attempt}"
+    expected = f"{options.work_dir.rstrip('/')}/{name}-{job.backend_id}.out"
+    if job.output_path == expected:
+        return expected
+    if job.backend_id not in logged:
+        logged.add(job.backend_id)
+        _log.warning(
+            "slurm job output not read: not the file greenfed asked for",
+            key=name,
+            slurm_job_id=job.backend_id,
+            reported=job.output_path[:500],
+            expected=expected,
+        )
+    return None
 
 
 async def read_local_output(path: str, offset: int, limit: int) -> bytes:
     """Up to `limit` bytes of a job's output file on this host from `offset` (b"": none
-    yet, or no more)."""
+    yet, no more, or not a regular file: a link is not followed)."""
     return await asyncio.to_thread(_read_part, Path(path), offset, limit)
 
 
 def _read_part(path: Path, offset: int, limit: int) -> bytes:
+    # O_NOFOLLOW: the job (the cluster account greenfed submits with) can replace its
+    # output file with a link to any file of this host; O_NONBLOCK: or with a FIFO.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            return file.read(limit)
+        descriptor = os.open(path, flags)
     except FileNotFoundError:
         return b""
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        _log.warning("slurm job output not read: a link", path=str(path)[:500])
+        return b""
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            _log.warning("slurm job output not read: not a regular file", path=str(path)[:500])
+            return b""
+        file.seek(offset)
+        return file.read(limit)

@@ -104,6 +104,10 @@ class SlurmCommands:
             )
         except OSError as error:
             raise ClusterUnreachable(f"cannot run {command[0]}: {error.strerror}") from None
+        except ValueError as error:
+            # An argument no command line can hold (a NUL byte in a job's working_dir):
+            # this order is refused, not the cluster away, nor every other order stuck.
+            raise ClusterRefused(f"cannot run {argv[0]}: {error}") from None
         try:
             async with asyncio.timeout(self.access.timeout_s):
                 out, err = await process.communicate(stdin)

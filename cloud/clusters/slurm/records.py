@@ -45,18 +45,49 @@ _STOPPED: Final = {
 # gf-<job id>-<attempt>: the name greenfed gives each attempt it submits.
 _JOB_NAME: Final = re.compile(r"^gf-(?P<job>[0-9A-Z]{26})-(?P<attempt>[0-9]{1,9})$")
 _FIELD: Final = re.compile(r"(?:^|\s)(?P<key>[A-Za-z][A-Za-z0-9:/_]*)=(?P<value>\S*)")
+# Slurm's job ids as greenfed submits them: plain numbers (no array `12_3`, no
+# heterogeneous `12+0`, nothing an option parser could take for an option).
+_SLURM_JOB_ID: Final = re.compile(r"[0-9]{1,20}")
 _MEMORY_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def key_values(line: str) -> dict[str, str]:
+def key_values(line: str) -> dict[str, str] | None:
     """The `Key=Value` pairs of one `scontrol -o` line (values without spaces: the
-    fields greenfed reads have none)."""
-    return {match["key"]: match["value"] for match in _FIELD.finditer(line)}
+    fields greenfed reads have none). None where a key appears twice: Slurm prints each
+    once, so a value with spaces carries pairs of its own (a job's `WorkDir`, which
+    comes before `Comment` and `StdOut`), and neither the first nor the last of them
+    can be believed."""
+    fields: dict[str, str] = {}
+    for match in _FIELD.finditer(line):
+        if match["key"] in fields:
+            return None
+        fields[match["key"]] = match["value"]
+    return fields
+
+
+def slurm_lines(text: str) -> list[str]:
+    """The records of a Slurm command's output, one a line. Split on "\\n" alone:
+    `str.splitlines` also splits on characters a value may hold (U+2028, \\f, \\x85),
+    which would start a record of the value's making."""
+    return [line for line in text.split("\n") if line.strip()]
+
+
+def is_slurm_job_id(text: str) -> bool:
+    """Whether `text` is a job id as Slurm gives greenfed's jobs (a plain number)."""
+    return _SLURM_JOB_ID.fullmatch(text) is not None
+
+
+def comment_matches(comment: str, identity: tuple[str, int]) -> bool:
+    """Whether a job's comment (`--comment=greenfed:<job id>:<attempt>:<tenant>`,
+    cloud/clusters/slurm/script.py) is the one greenfed gave the attempt its name says.
+    An empty comment matches: Slurm leaves it out where the cluster keeps none (sacct
+    without AccountingStoreFlags=job_comment)."""
+    return not comment or comment.startswith(f"greenfed:{identity[0]}:{identity[1]}:")
 
 
 def job_identity(name: str) -> tuple[str, int] | None:
     """(greenfed job id, attempt) of a job name greenfed gave; None for anyone else's."""
-    match = _JOB_NAME.match(name)
+    match = _JOB_NAME.fullmatch(name)
     if match is None:
         return None
     return match["job"], int(match["attempt"])
@@ -91,7 +122,7 @@ def allocated_gpus(alloc_tres: str, configured: Mapping[str, int]) -> dict[str, 
     untyped = 0
     for entry in alloc_tres.split(","):
         name, _, value = entry.partition("=")
-        if not name.startswith("gres/gpu") or not value.isdigit():
+        if not name.startswith("gres/gpu") or not _is_number(value):
             continue
         if name == "gres/gpu":
             untyped = int(value)
@@ -116,6 +147,8 @@ def memory_bytes(text: str) -> int:
 
 def node_of(line: str) -> ClusterNode | None:
     fields = key_values(line)
+    if fields is None:
+        return None
     name = fields.get("NodeName")
     if not name:
         return None
@@ -142,7 +175,7 @@ def node_unavailable(state: str, reason: str) -> str:
 
 
 def nodes_of(text: str) -> tuple[ClusterNode, ...]:
-    found = (node_of(line) for line in text.splitlines() if line.strip())
+    found = (node_of(line) for line in slurm_lines(text))
     return tuple(node for node in found if node is not None)
 
 
@@ -172,22 +205,34 @@ def job_state(slurm_state: str, reason: str, exit_code: int | None) -> tuple[Clu
 def _exit_code(text: str) -> int | None:
     """`ExitCode=1:0` (return code:signal) -> 1; a signal -> 128 + signal, as a shell."""
     code, _, signal = text.partition(":")
-    if not code.isdigit():
+    if not _is_number(code):
         return None
-    if signal.isdigit() and int(signal):
+    if _is_number(signal) and int(signal):
         return 128 + int(signal)
     return int(code)
 
 
 def _time(text: str) -> float | None:
     """Unix seconds (SLURM_TIME_FORMAT=%s); Unknown, None and 0 say not yet."""
-    return float(text) if text.isdigit() and int(text) > 0 else None
+    return float(text) if _is_number(text) and int(text) > 0 else None
 
 
-def job_of(fields: Mapping[str, str]) -> ClusterJob | None:
+def _is_number(text: str) -> bool:
+    """ASCII digits only (`str.isdigit` takes `²`, which `int` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
+def job_of(fields: Mapping[str, str] | None) -> ClusterJob | None:
+    """One of greenfed's jobs: named `gf-<job id>-<attempt>`, a plain number as its id,
+    and no comment but greenfed's for that attempt (None: anyone else's, or a record
+    that cannot be read)."""
+    if fields is None:
+        return None
     identity = job_identity(fields.get("JobName", ""))
     backend_id = fields.get("JobId", "")
-    if identity is None or not backend_id:
+    if identity is None or not is_slurm_job_id(backend_id):
+        return None
+    if not comment_matches(fields.get("Comment", ""), identity):
         return None
     exit_code = _exit_code(fields.get("ExitCode", ""))
     state, reason = job_state(fields.get("JobState", ""), fields.get("Reason", ""), exit_code)
@@ -240,7 +285,7 @@ def cluster_job(
 
 def jobs_of(text: str) -> tuple[ClusterJob, ...]:
     """greenfed's jobs in `scontrol -o show job` output (anyone else's are left out)."""
-    found = (job_of(key_values(line)) for line in text.splitlines() if line.strip())
+    found = (job_of(key_values(line)) for line in slurm_lines(text))
     return tuple(job for job in found if job is not None)
 
 
@@ -254,13 +299,16 @@ SACCT_FIELDS: Final = (
     "End",
     "NodeList",
     "ConsumedEnergyRaw",
+    # Last: a comment holding a `|` makes a row of too many fields, left out.
+    "Comment",
 )
 
 
 def accounted_jobs(text: str) -> tuple[ClusterJob, ...]:
-    """greenfed's jobs in `sacct -X -P -n -o <SACCT_FIELDS>` output."""
+    """greenfed's jobs in `sacct -X -P -n -o <SACCT_FIELDS>` output (sacct, asked
+    without `--allusers`, lists the jobs of the account greenfed runs it as)."""
     found = []
-    for line in text.splitlines():
+    for line in slurm_lines(text):
         values = line.split("|")
         if len(values) != len(SACCT_FIELDS):
             continue
@@ -275,6 +323,7 @@ def accounted_jobs(text: str) -> tuple[ClusterJob, ...]:
                 "StartTime": row["Start"],
                 "EndTime": row["End"],
                 "NodeList": row["NodeList"],
+                "Comment": row["Comment"],
             }
         )
         if job is not None:
@@ -296,10 +345,10 @@ def energy_j(row: Mapping[str, str]) -> float | None:
 def energy_of_live_jobs(text: str) -> dict[str, float]:
     """`sacct -X -P -n -o JobID,ConsumedEnergyRaw -j ...` -> {job id: J so far}."""
     found: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in slurm_lines(text):
         backend_id, _, raw = line.partition("|")
         joules = energy_j({"ConsumedEnergyRaw": raw})
-        if backend_id.isdigit() and joules is not None:
+        if is_slurm_job_id(backend_id) and joules is not None:
             found[backend_id] = joules
     return found
 

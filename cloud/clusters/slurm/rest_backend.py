@@ -9,7 +9,8 @@ speak (cloud/clusters/slurm/rest_dialects.py), chosen at the first contact:
   transport's `sbatch` (cloud/clusters/slurm/script.py), after looking for a job of that
   name in the listing (adopted, never submitted twice);
 - cancel: `DELETE /slurm/<v>/job/<id>`; output: the job's `standard_output` file, read
-  on this host (a login node, or one mounting the cluster's shared filesystem).
+  on this host (a login node, or one mounting the cluster's shared filesystem), where it
+  is the file greenfed asked for, not a link (as the commands transport).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from cloud.clusters.backend import (
     ClusterRefused,
     GangRequest,
 )
-from cloud.clusters.slurm.backend import ACCOUNTING_WINDOW_S, read_local_output
+from cloud.clusters.slurm.backend import (
+    ACCOUNTING_WINDOW_S,
+    expected_output,
+    read_local_output,
+)
+from cloud.clusters.slurm.records import is_slurm_job_id
 from cloud.clusters.slurm.rest_client import SlurmRestClient
 from cloud.clusters.slurm.rest_dialects import (
     SPOKEN_VERSIONS,
@@ -52,6 +58,8 @@ class SlurmRestBackend(ClusterBackend):
         self._dialect: RestDialect | None = dialect_of(version) if version else None
         self._accounting: bool | None = None
         self._listing: tuple[float, list[Any]] | None = None
+        # Jobs whose reported output file is not the one greenfed asked for (logged once).
+        self._foreign_output: set[str] = set()
 
     async def dialect(self) -> RestDialect:
         """The version spoken, asked of slurmrestd at the first contact."""
@@ -150,12 +158,15 @@ class SlurmRestBackend(ClusterBackend):
 
     async def submit(self, gang: GangRequest) -> str:
         dialect = await self.dialect()
-        # A job of that name Slurm still knows is this attempt already: adopted.
+        # A job of that name Slurm still knows is this attempt already: adopted, where
+        # it reads as greenfed's (a number as its id, greenfed's comment or none).
         for raw in await self._job_listing(reuse=False):
-            if isinstance(raw, dict) and raw.get("name") == gang.key:
-                adopted = str(raw.get("job_id"))
-                _log.info("slurm job adopted", key=gang.key, slurm_job_id=adopted)
-                return adopted
+            if not isinstance(raw, dict) or raw.get("name") != gang.key:
+                continue
+            found = dialect.job(raw)
+            if found is not None and (found.job_id, found.attempt) == (gang.job_id, gang.attempt):
+                _log.info("slurm job adopted", key=gang.key, slurm_job_id=found.backend_id)
+                return found.backend_id
         body = dialect.submit_body(job_shape(gang, self._options), batch_script(gang))
         answer = await self._client.request("POST", dialect.submit_path, body=body)
         backend_id = answer.get("job_id")
@@ -165,13 +176,16 @@ class SlurmRestBackend(ClusterBackend):
         return str(backend_id)
 
     async def cancel(self, job: ClusterJob) -> None:
+        if not is_slurm_job_id(job.backend_id):  # goes into the request's path
+            raise ClusterRefused(f"{job.backend_id[:50]!r} is not a Slurm job id")
         dialect = await self.dialect()
         await self._client.request("DELETE", dialect.job_path(job.backend_id), gone_is_fine=True)
 
     async def read_output(self, job: ClusterJob, offset: int, limit: int) -> bytes:
-        if job.output_path is None:
+        path = expected_output(job, self._options, self._foreign_output)
+        if path is None:
             return b""
-        return await read_local_output(job.output_path, offset, limit)
+        return await read_local_output(path, offset, limit)
 
     async def close(self) -> None:
         await self._client.close()

@@ -30,6 +30,7 @@ from cloud.clusters.backend import ClusterJob, ClusterNode
 from cloud.clusters.slurm.records import (
     allocated_gpus,
     cluster_job,
+    comment_matches,
     gres_counts,
     job_identity,
     job_state,
@@ -263,12 +264,24 @@ def _common_options(job: dict[str, Any], shape: SlurmJobShape) -> None:
 
 
 def _identity(raw: Json) -> tuple[str, tuple[str, int]] | None:
-    """(Slurm's job id, (greenfed's job id, attempt)) of one of greenfed's jobs."""
+    """(Slurm's job id, (greenfed's job id, attempt)) of one of greenfed's jobs: its
+    name, an integer id (never a string, which could be anything), and greenfed's
+    comment for that attempt where it has one."""
     identity = job_identity(_text(raw.get("name")))
-    backend_id = str(raw.get("job_id") or "")
-    if identity is None or not backend_id.isdigit():
+    job_id = raw.get("job_id")
+    if identity is None or not isinstance(job_id, int) or isinstance(job_id, bool):
         return None
-    return backend_id, identity
+    if job_id <= 0 or not comment_matches(_comment(raw.get("comment")), identity):
+        return None
+    return str(job_id), identity
+
+
+def _comment(value: Any) -> str:
+    """A job's comment: a string in the live listing, the `job` one of
+    `{"administrator", "job", "system"}` in the accounting."""
+    if isinstance(value, Mapping):
+        return _text(value.get("job"))
+    return _text(value)
 
 
 def _expanded(pattern: str, backend_id: str, name: str) -> str:
