@@ -98,7 +98,12 @@ class GangRequest:
     @property
     def key(self) -> str:
         """The name a back-end gives the job, by which it is adopted after a restart."""
-        return f"gf-{self.job_id}-{self.attempt}"
+        return job_key(self.job_id, self.attempt)
+
+
+def job_key(job_id: str, attempt: int) -> str:
+    """The name a back-end gives an attempt of a job (`GangRequest.key`)."""
+    return f"gf-{job_id}-{attempt}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from cloud.clusters.backend import (
     ClusterJob,
     ClusterRefused,
     GangRequest,
+    job_key,
 )
 from cloud.clusters.slurm.commands import SlurmCommands
 from cloud.clusters.slurm.records import (
@@ -49,6 +50,7 @@ from cloud.clusters.slurm.script import (
     SubmitOptions,
     batch_script,
     job_shape,
+    output_file,
     sbatch_arguments,
 )
 
@@ -194,8 +196,8 @@ def expected_output(job: ClusterJob, options: SubmitOptions, logged: set[str]) -
     chooses its `StdOut`, and the control plane reads it on its own host."""
     if job.output_path is None:
         return None
-    name = f"gf-{job.job_id}-{job.attempt}"
-    expected = f"{options.work_dir.rstrip('/')}/{name}-{job.backend_id}.out"
+    name = job_key(job.job_id, job.attempt)
+    expected = output_file(options, name, job.backend_id)
     if job.output_path == expected:
         return expected
     if job.backend_id not in logged:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from cloud.clusters.backend import ClusterJob, ClusterJobState, ClusterNode
+from cloud.clusters.slurm.script import comment_prefix
 
 _PENDING: Final = frozenset(
     {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -82,7 +83,7 @@ def comment_matches(comment: str, identity: tuple[str, int]) -> bool:
     cloud/clusters/slurm/script.py) is the one greenfed gave the attempt its name says.
     An empty comment matches: Slurm leaves it out where the cluster keeps none (sacct
     without AccountingStoreFlags=job_comment)."""
-    return not comment or comment.startswith(f"greenfed:{identity[0]}:{identity[1]}:")
+    return not comment or comment.startswith(comment_prefix(*identity))
 
 
 def job_identity(name: str) -> tuple[str, int] | None:

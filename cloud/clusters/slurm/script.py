@@ -78,6 +78,16 @@ class SlurmJobShape:
     nice: int | None
 
 
+def comment_prefix(job_id: str, attempt: int) -> str:
+    """How the comment greenfed gives an attempt's Slurm job begins (its tenant follows)."""
+    return f"greenfed:{job_id}:{attempt}:"
+
+
+def output_file(options: SubmitOptions, key: str, slurm_job_id: str = "%j") -> str:
+    """Where a job's output goes (`--output`): with Slurm's `%j`, or the job's own id."""
+    return f"{options.work_dir.rstrip('/')}/{key}-{slurm_job_id}.out"
+
+
 def job_shape(gang: GangRequest, options: SubmitOptions) -> SlurmJobShape:
     members = gang.members
     tasks = {1 if gang.per_node else member.processes for member in members}
@@ -86,7 +96,7 @@ def job_shape(gang: GangRequest, options: SubmitOptions) -> SlurmJobShape:
     cpus = max(member.cpus for member in members)
     return SlurmJobShape(
         name=gang.key,
-        comment=f"greenfed:{gang.job_id}:{gang.attempt}:{gang.tenant}",
+        comment=comment_prefix(gang.job_id, gang.attempt) + gang.tenant,
         partition=gang.partition,
         nodes=len(members),
         machines=tuple(member.node for member in members),
@@ -97,7 +107,7 @@ def job_shape(gang: GangRequest, options: SubmitOptions) -> SlurmJobShape:
         time_limit_min=(
             max(1, math.ceil(gang.time_limit_s / 60)) if gang.time_limit_s is not None else None
         ),
-        output=f"{options.work_dir.rstrip('/')}/{gang.key}-%j.out",
+        output=output_file(options, gang.key),
         working_dir=gang.working_dir or options.work_dir,
         account=options.account,
         qos=options.qos.get(gang.priority, ""),
