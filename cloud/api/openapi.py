@@ -18,7 +18,7 @@ the API to it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -266,51 +266,45 @@ def _reachable(components: dict[str, Any], roots: Sequence[object]) -> dict[str,
     return {name: schema for name, schema in sorted(components.items()) if name in kept}
 
 
-def _with_date_time_patterns(node: object) -> None:
-    """Give every date-time string in the document the RFC 3339 pattern the API holds
-    times to (in place): JSON Schema treats a format as a note, a pattern as a rule."""
+def _each_object(node: object, visit: Callable[[dict[str, Any]], None]) -> None:
+    """Call `visit` on every JSON object in `node`, each before what it holds (which
+    `visit` may change in place)."""
     if isinstance(node, dict):
-        if node.get("format") == "date-time" and "pattern" not in node:
-            node["pattern"] = RFC3339_PATTERN
+        visit(node)
         for value in node.values():
-            _with_date_time_patterns(value)
+            _each_object(value, visit)
     elif isinstance(node, list):
         for item in node:
-            _with_date_time_patterns(item)
+            _each_object(item, visit)
+
+
+def _with_date_time_pattern(schema: dict[str, Any]) -> None:
+    """A date-time string gets the RFC 3339 pattern the API holds times to: JSON Schema
+    treats a format as a note, a pattern as a rule."""
+    if schema.get("format") == "date-time" and "pattern" not in schema:
+        schema["pattern"] = RFC3339_PATTERN
 
 
 # What every string and key of a body is held to (cloud/api/bodies.py refuses a NUL).
 NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
 
 
-def _without_nul(node: object) -> None:
-    """Give every free string and every map's keys the rule that they hold no NUL (in
-    place): no command, path or name means one, and PostgreSQL stores none."""
-    if isinstance(node, dict):
-        if node.get("type") == "string" and not _SCHEMA_KEYS_OF_THEIR_OWN & node.keys():
-            node["pattern"] = NO_NUL_PATTERN
-        if node.get("type") == "object" and "additionalProperties" in node:
-            node.setdefault("propertyNames", {"pattern": NO_NUL_PATTERN})
-        for value in node.values():
-            _without_nul(value)
-    elif isinstance(node, list):
-        for item in node:
-            _without_nul(item)
+def _without_nul(schema: dict[str, Any]) -> None:
+    """A free string, and a map's keys, hold no NUL: no command, path or name means one,
+    and PostgreSQL stores none."""
+    if schema.get("type") == "string" and not _SCHEMA_KEYS_OF_THEIR_OWN & schema.keys():
+        schema["pattern"] = NO_NUL_PATTERN
+    if schema.get("type") == "object" and "additionalProperties" in schema:
+        schema.setdefault("propertyNames", {"pattern": NO_NUL_PATTERN})
 
 
-def _without_sentinel_defaults(node: object) -> None:
+def _without_sentinel_default(schema: dict[str, Any]) -> None:
     """Drop a default below its own minimum: it only marks "not given", and the struct
     fills the real value in (DeploymentSpec.replicas: autoscale's min_replicas, else
     1); no client could send it."""
-    if isinstance(node, dict):
-        default, minimum = node.get("default"), node.get("minimum")
-        if isinstance(default, int) and isinstance(minimum, int) and default < minimum:
-            del node["default"]
-        for value in node.values():
-            _without_sentinel_defaults(value)
-    elif isinstance(node, list):
-        for item in node:
-            _without_sentinel_defaults(item)
+    default, minimum = schema.get("default"), schema.get("minimum")
+    if isinstance(default, int) and isinstance(minimum, int) and default < minimum:
+        del schema["default"]
 
 
 def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
@@ -323,9 +317,9 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, object]:
         paths.setdefault(path, {})[route.method.lower()] = _operation(route, schemas, components)
     tags = sorted({route.tag for route in routes})
     components = _reachable(components, [paths])
-    _with_date_time_patterns([paths, components])
-    _without_nul(components)
-    _without_sentinel_defaults(components)
+    _each_object([paths, components], _with_date_time_pattern)
+    _each_object(components, _without_nul)
+    _each_object(components, _without_sentinel_default)
     paths, components = portable(paths), portable(components)
     return {
         "openapi": "3.1.0",
