@@ -19,7 +19,7 @@ from cloud.work.specs import (
     SPEC_TYPES,
     TrainingJobSpec,
     WorkSpec,
-    check_secret_sizes,
+    check_submitted_secrets,
     describe_error,
 )
 from shared.errors import FieldError, json_path
@@ -87,7 +87,7 @@ def parse_spec(document: object, kind: SpecKind | None, *, source: str) -> WorkS
     try:
         spec = msgspec.convert(fields, SPEC_TYPES[chosen])
         if isinstance(spec, TrainingJobSpec):
-            check_secret_sizes(spec)
+            check_submitted_secrets(spec)
     except msgspec.ValidationError as error:
         name, reason = describe_error(error)
         raise SpecFileError(f"{source}: {name}: {reason}") from None

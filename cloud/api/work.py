@@ -68,7 +68,7 @@ from cloud.work.specs import (
     DeploymentSpec,
     TrainingJobSpec,
     WorkSpec,
-    check_secret_sizes,
+    check_submitted_secrets,
     encode_spec,
 )
 from cloud.work.views import (
@@ -343,7 +343,7 @@ def _stored_form(request: web.Request, spec: SpecT, tenant: TenantRecord) -> Spe
     if isinstance(spec, TrainingJobSpec):
         refuse_array_task(spec)
         try:
-            check_secret_sizes(spec)
+            check_submitted_secrets(spec)
         except FieldError as error:
             raise invalid_body(json_path(error.path), error.reason) from None
     return request.app[SECRETS_AT_REST].encrypt_spec(spec, tenant_id=tenant.tenant_id)

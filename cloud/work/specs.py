@@ -13,8 +13,8 @@ into the path of the field at fault (``$.workers``, ``$.affinity[0].values``) an
 A training job's secrets (`secret_env` values, `registry_auth.password`) have two forms
 in one type: plaintext as submitted, ciphertext as stored (cloud/secrets/at_rest.py
 encrypts them before the spec is encoded). Their plaintext sizes are checked where the
-plaintext is known (`check_secret_sizes`, at submission and in spec files); the schema
-bounds each value loosely enough for its stored form.
+plaintext is known (`check_submitted_secrets`, at submission and in spec files, with
+their names); the schema bounds each value loosely enough for its stored form.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from shared.errors import FieldError, json_path
 from shared.images import registry_of
 from shared.messages import AcceleratorKind, ImagePullPolicy, LaunchMode, Site
 from shared.mig_profiles import MIG_PROFILE_PATTERN
+from shared.root_sensitive_env import is_root_sensitive
 from shared.taints import CORDON_TAINT_KEY
 from shared.work_literals import (
     DeadlinePolicy,
@@ -553,9 +554,17 @@ def _set_by_greenfed(names: list[str]) -> str:
     )
 
 
-def check_secret_sizes(spec: TrainingJobSpec) -> None:
-    """The plaintext of the spec's secrets within their limits, or a FieldError naming the
-    value at fault. Only for a spec as submitted: a stored one holds ciphertext."""
+def check_submitted_secrets(spec: TrainingJobSpec) -> None:
+    """The spec's secrets can be kept secret on a node and their plaintext is within its
+    limits, or a FieldError naming the one at fault. Only for a spec as submitted: a
+    stored one holds ciphertext (and a job stored before a rule was added still runs)."""
+    for name in sorted(spec.secret_env):
+        if is_root_sensitive(name):
+            raise FieldError(
+                ("secret_env", name),
+                f"{name} changes what the node's root programs do, so it reaches the "
+                "worker as an argument other users of the node can read: pass it in env",
+            )
     total = 0
     for name, value in spec.secret_env.items():
         size = len(value.encode())

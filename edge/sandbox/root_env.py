@@ -23,68 +23,10 @@ import shutil
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from shared.root_sensitive_env import is_root_sensitive
+
 # Where programs run as root are looked for.
 ROOT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# The C library's own list of variables a privileged program must not take from its
-# caller (glibc's unsecure-envvars), the dynamic loader's, the shells', proxies and
-# certificates, Go's runtime (podman), and the container tools' configuration.
-_SENSITIVE_PREFIXES: Final = (
-    "LD_",
-    "GCONV_",
-    "GLIBC_",
-    "MALLOC_",
-    "NIS_",
-    "RES_",
-    "CONTAINERS_",
-    "_CONTAINERS_",
-    "CONTAINER_",
-    "PODMAN_",
-    "BUILDAH_",
-    "DOCKER_",
-    "STORAGE_",
-    "REGISTRIES_",
-    "XDG_",
-    "SSL_CERT_",
-    "CNI_",
-    "OCI_",
-)
-_SENSITIVE_NAMES: Final = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "TMPDIR",
-        "TZDIR",
-        "LOCPATH",
-        "NLSPATH",
-        "HOSTALIASES",
-        "LOCALDOMAIN",
-        "GETCONF_DIR",
-        "RESOLV_HOST_CONF",
-        "NOTIFY_SOCKET",
-        "IFS",
-        "ENV",
-        "BASH_ENV",
-        "SHELLOPTS",
-        "PS4",
-        "GODEBUG",
-        "GOGC",
-        "GOMEMLIMIT",
-        "GOMAXPROCS",
-        "GOTRACEBACK",
-        "GORACE",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "NO_PROXY",
-        "ALL_PROXY",
-    }
-)
-
-
-def is_root_sensitive(name: str) -> bool:
-    """Whether a variable may change what a program run as root loads, runs or reads."""
-    upper = name.upper()
-    return upper in _SENSITIVE_NAMES or upper.startswith(_SENSITIVE_PREFIXES)
 
 
 def root_binary(name: str) -> str:

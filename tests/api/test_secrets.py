@@ -210,6 +210,10 @@ async def test_one_tenants_ciphertext_is_a_plaintext_to_another(api: Api) -> Non
     [
         ({"secret_env": {"BIG": "x" * 70_000}}, "$.secret_env.BIG"),
         ({"secret_env": {"RANK": "0"}}, "$.secret_env.RANK"),
+        # Would reach the worker as an argument (edge/sandbox/root_env.py): refused at
+        # submission, not only by the agent that would start it.
+        ({"secret_env": {"LD_PRELOAD": "s"}}, "$.secret_env.LD_PRELOAD"),
+        ({"secret_env": {"REGISTRY_AUTH_FILE": "s"}}, "$.secret_env.REGISTRY_AUTH_FILE"),
         ({"env": {"K": "a"}, "secret_env": {"K": "b"}}, "$.secret_env.K"),
         ({"registry_auth": {"username": "u", "password": "p"}}, "$.registry_auth"),
     ],

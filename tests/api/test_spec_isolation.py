@@ -15,7 +15,7 @@ from cloud.work.convert import check_convertible, training_job
 from cloud.work.specs import (
     MAX_SECRET_BYTES,
     TrainingJobSpec,
-    check_secret_sizes,
+    check_submitted_secrets,
     describe_error,
 )
 from greenfed.spec_files import SpecFileError, load_spec_file
@@ -193,20 +193,20 @@ def test_registry_auth_may_name_its_registry() -> None:
 
 def test_secret_sizes_are_checked_on_the_plaintext() -> None:
     at_limit = msgspec.convert(job(secret_env={"A": "x" * MAX_SECRET_BYTES}), TrainingJobSpec)
-    check_secret_sizes(at_limit)
+    check_submitted_secrets(at_limit)
 
     one_too_many = msgspec.convert(
         job(secret_env={"A": "x" * (MAX_SECRET_BYTES + 1)}), TrainingJobSpec
     )
     with pytest.raises(FieldError) as refused:
-        check_secret_sizes(one_too_many)
+        check_submitted_secrets(one_too_many)
     assert json_path(refused.value.path) == "$.secret_env.A"
 
     # Each within bounds, together not: the value that crosses the limit is named.
     half = "é" * (MAX_SECRET_BYTES // 4 + 1)  # two bytes each in UTF-8
     together = msgspec.convert(job(secret_env={"A": half, "B": half}), TrainingJobSpec)
     with pytest.raises(FieldError) as refused:
-        check_secret_sizes(together)
+        check_submitted_secrets(together)
     assert json_path(refused.value.path) == "$.secret_env.B"
     assert "together" in refused.value.reason
 
@@ -214,7 +214,7 @@ def test_secret_sizes_are_checked_on_the_plaintext() -> None:
         job(image="x", registry_auth={"username": "u", "password": "p" * 4097}), TrainingJobSpec
     )
     with pytest.raises(FieldError) as refused:
-        check_secret_sizes(password)
+        check_submitted_secrets(password)
     assert json_path(refused.value.path) == "$.registry_auth.password"
 
 
@@ -229,6 +229,15 @@ def test_a_spec_file_with_oversized_secrets_fails_before_it_is_sent(tmp_path: Pa
     path = tmp_path / "job.json"
     path.write_text(msgspec.json.encode(job(secret_env={"K": "x" * 70_000})).decode())
     with pytest.raises(SpecFileError, match=r"\$\.secret_env\.K: has 70000 bytes"):
+        load_spec_file(path, "training")
+
+
+def test_a_spec_file_with_a_secret_a_root_program_would_read_fails_before_it_is_sent(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(msgspec.json.encode(job(secret_env={"DBUS_SESSION_BUS_ADDRESS": "s"})).decode())
+    with pytest.raises(SpecFileError, match=r"\$\.secret_env\.DBUS_SESSION_BUS_ADDRESS: .* in env"):
         load_spec_file(path, "training")
 
 
