@@ -99,11 +99,6 @@ class QuotaBook:
             if start is None
             else {name: list(usage) for name, usage in start.tenant_usage.items()}
         )
-        self._start_cohort_usage = (
-            {}
-            if start is None
-            else {name: list(usage) for name, usage in start.cohort_usage.items()}
-        )
 
     # ``column`` below is a pool column of the snapshot (snapshot.py): quota is per
     # kind, whichever of the kind's pools the accelerators are in.
@@ -213,8 +208,8 @@ class QuotaBook:
     def violation(self, state: ClusterState, tenant: str, column: int, mode: AdmissionMode) -> int:
         """Accelerators still to release after a tentative placement made under ``mode``.
 
-        Denied: down to the quota, or to what the tenant (and its cohort) held when the
-        pass started if that was more: a lowered quota is no reason to evict."""
+        Denied: down to the quota and the cohort's total, but never below what the tenant
+        held when the pass started: a lowered quota is no reason to evict."""
         record = self.tenants.get(tenant)
         if record is None or mode in ("unmanaged", "nominal", "borrow"):
             return 0
@@ -236,11 +231,13 @@ class QuotaBook:
         cohort_nominal = self.cohort_nominal[cohort][k]
         if mode == "reclaim":
             return max(0, state.cohort_used(cohort, column) - cohort_nominal)
-        cohort_held = self._start_cohort_usage.get(cohort, [0] * len(KINDS))[k]
-        cohort_excess = state.cohort_used(cohort, column) - max(cohort_nominal, cohort_held)
+        cohort_excess = state.cohort_used(cohort, column) - cohort_nominal
         limit = record.borrowing_limit.get(KINDS[k])
-        over_limit = usage - max(nominal + limit, held) if limit is not None else 0
-        return max(0, over_limit, cohort_excess)
+        over_limit = usage - (nominal + limit) if limit is not None else 0
+        # As in a tree: a lowered quota is no reason to evict, so never below what the
+        # tenant held at the start; but a cohort over its total (quota lowered, or room
+        # another eviction just freed) is no room to grow into either.
+        return max(0, min(max(over_limit, cohort_excess), usage - held))
 
 
 def _usage_of(state: ClusterState, column: int) -> UsageOf:

@@ -96,6 +96,61 @@ def test_a_lowered_quota_evicts_no_more_than_the_new_job_takes() -> None:
     assert {p.reason for p in plan.preemptions} == {"quota"}
 
 
+def _gpus_after(plan: Plan, allocations: list[Allocation], tenant: str) -> int:
+    evicted = {p.allocation_id for p in plan.preemptions}
+    kept = sum(a.accelerators for a in allocations if a.tenant == tenant)
+    kept -= sum(
+        a.accelerators for a in allocations if a.allocation_id in evicted and a.tenant == tenant
+    )
+    return kept + sum(p.accelerators for p in plan.placements if p.tenant == tenant)
+
+
+def test_reclaiming_from_a_borrower_never_takes_a_gang_past_the_cohorts_total() -> None:
+    # c (nominal 4) holds 2 and asks for 2 × 2: its first worker reclaims b's borrowed 4,
+    # its second would take c to 6 in a cohort whose total is 4. The cohort held 6 when
+    # the pass started (b's borrowing), which is no room for c to grow into: the gang
+    # waits, and b, whose GPUs c cannot use, keeps them.
+    tenants = [
+        Tenant(name="b", cohort="co", nominal={"gpu": 0}),
+        Tenant(name="c", cohort="co", nominal={"gpu": 4}),
+    ]
+    nodes = [gpu_node("n0", 4), gpu_node("n1", 4)]
+    held = [
+        running("borrowed", "n0", 4, tenant="b", priority="p2"),
+        running("c-old", "n1", 2, tenant="c", priority="p1"),
+    ]
+    gang = job("c-new", 2, workers=2, tenant="c", topology="any")
+    plan = plan_for(nodes, [gang], held, tenants)
+    assert plan.placements == ()
+    assert plan.preemptions == ()
+    pending = plan.pending_for("c-new")
+    assert pending is not None
+    assert pending.code == "quota"
+
+
+def test_room_another_eviction_frees_in_an_over_full_cohort_is_not_borrowed() -> None:
+    # a's quota was lowered (it holds 6 of a nominal 4; the cohort 8 of 4). A p0 job of
+    # another team evicts a's 6: the cohort is then at 2 of 4, and b (nominal 0, holding
+    # 2) may grow to the cohort's total, no further: its new 4 take the place of its own
+    # lower-priority 2.
+    tenants = [
+        Tenant(name="a", cohort="co", nominal={"gpu": 4}),
+        Tenant(name="b", cohort="co", nominal={"gpu": 0}),
+    ]
+    nodes = [gpu_node("n0", 8), gpu_node("n1", 8)]
+    held = [
+        running("old", "n0", 6, tenant="a", priority="p2"),
+        running("b1", "n1", 2, tenant="b", priority="p1"),
+    ]
+    queue: list[Work] = [
+        job("urgent", 8, tenant="ops", priority="p0", submitted_at=-20),
+        job("greedy", 4, tenant="b", priority="p0", submitted_at=-10),
+    ]
+    plan = plan_for(nodes, queue, held, tenants)
+    assert {p.work_id for p in plan.placements} == {"urgent", "greedy"}
+    assert _gpus_after(plan, held, "a") + _gpus_after(plan, held, "b") <= 4
+
+
 def _with_running_limits(
     queue: list[Work], allocations: list[Allocation], limits: dict[str, int]
 ) -> Plan:
