@@ -56,4 +56,5 @@ def _write_if_changed(path: Path, token: str) -> None:
 
 def is_scrape_token(candidate: str, token: str) -> bool:
     """Constant-time: a scrape with a wrong token learns nothing from the timing."""
-    return hmac.compare_digest(candidate.encode(), token.encode())
+    # surrogateescape: a header's undecodable bytes reach handlers as surrogates
+    return hmac.compare_digest(candidate.encode("utf-8", "surrogateescape"), token.encode())

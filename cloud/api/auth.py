@@ -76,6 +76,21 @@ async def authenticated_tenant(request: web.Request, token: str) -> TenantRecord
     return verdict.tenant
 
 
+async def still_authorised(request: web.Request) -> bool:
+    """The request's token still works for the tenant it was accepted for: a stream
+    (events, followed logs) asks again as it goes, so that revoking a leaked token ends
+    the streams it opened (in this process at once; in others within
+    `store.token_cache_s`)."""
+    token = bearer_token(request)
+    if token is None:
+        return False
+    verdict = await request.app[STORE].check_token(token)
+    return (
+        isinstance(verdict, Authenticated)
+        and verdict.tenant.tenant_id == tenant_of(request).tenant_id
+    )
+
+
 def invalid_token(detail: str = "the bearer token is unknown or malformed") -> Problem:
     return Problem(
         401,

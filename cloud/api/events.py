@@ -18,7 +18,7 @@ from typing import Annotated, Final
 import msgspec
 from aiohttp import web
 
-from cloud.api.auth import tenant_of
+from cloud.api.auth import still_authorised, tenant_of
 from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, RequestHeader, Route
@@ -183,6 +183,11 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
                 return response
             while not feed.closed:
                 batch = await feed.take(tuning.heartbeat_s)
+                # Its token asked again before anything is sent (a cached verdict: a
+                # hash): a revoked token's stream ends, and sends nothing after it.
+                if not await still_authorised(request):
+                    await response.write_eof()
+                    break
                 if batch is None:
                     await response.write(b": keep-alive\n\n")
                     continue

@@ -17,7 +17,7 @@ from typing import Annotated, Final
 import msgspec
 from aiohttp import web
 
-from cloud.api.auth import tenant_of
+from cloud.api.auth import still_authorised, tenant_of
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.api.work import JOBS, find
@@ -85,6 +85,11 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
                 if transport is None or transport.is_closing():
                     return response  # the client went away
                 got = await logs.wait_for_output(record.work_id, cursor, tuning.log_state_poll_s)
+                # Its token asked again before anything is sent (a cached verdict: a
+                # hash): a revoked token's stream ends, and sends nothing after it.
+                if not await still_authorised(request):
+                    await response.write_eof()
+                    return response
                 if got:
                     new = logs.snapshot(
                         record.work_id,

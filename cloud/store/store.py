@@ -12,6 +12,7 @@ import secrets as secrets_module
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from types import TracebackType
 
@@ -258,8 +259,13 @@ class Store:
         self._ids = IdGenerator()
         self._tokens = TokenCache(settings.token_cache_s)
         self._submissions = GroupCommit(self._commit_submissions)
-        # Token -> its verification in flight (`check_token`).
-        self._verifying: dict[str, asyncio.Future[Authenticated | TokenRefused | None]] = {}
+        # (token, cache epoch) -> its verification in flight (`check_token`).
+        self._verifying: dict[
+            tuple[str, int], asyncio.Future[Authenticated | TokenRefused | None]
+        ] = {}
+        # scrypt's own threads: verifications never take the default pool's threads
+        # (the store's SQLite work, file reads) from the rest of the control plane.
+        self._scrypt = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scrypt")
         self._leader_key = advisory_key(namespace, "leader")
         self._leases: set[LeadershipLease] = set()
         self._context = StoreContext(
@@ -305,6 +311,7 @@ class Store:
             await lease.release()
         self._leases.clear()
         await self._engine.dispose()
+        self._scrypt.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> Store:
         return self
@@ -471,11 +478,14 @@ class Store:
             # Clients arriving together with a token the cache does not hold (every
             # client of a tenant when its entry expires) share one verification: a scrypt
             # each would cost them seconds of CPU.
-            verifying = self._verifying.get(token)
+            # Keyed by the cache's epoch too: a request after a revocation never joins a
+            # verification that read the token's row before it.
+            key = (token, self._tokens.epoch)
+            verifying = self._verifying.get(key)
             if verifying is None:
                 verifying = asyncio.ensure_future(self._verify_token(token_id, token, secret, now))
-                self._verifying[token] = verifying
-                verifying.add_done_callback(lambda _: self._verifying.pop(token, None))
+                self._verifying[key] = verifying
+                verifying.add_done_callback(lambda _: self._verifying.pop(key, None))
             verdict = await asyncio.shield(verifying)
             if verdict is None:
                 return None
@@ -486,13 +496,19 @@ class Store:
     async def _verify_token(
         self, token_id: str, token: str, secret: str, now: float
     ) -> Authenticated | TokenRefused | None:
+        epoch = self._tokens.epoch  # a revocation from here on: not cached
         async with self._read() as connection:
             found = await tenant_tokens.select_for_authentication(connection, token_id)
         if found is None:
             return None
         secret_hash, record, tenant = found
-        if not await asyncio.to_thread(verify_secret, secret, secret_hash):
-            return None
+        if not self._tokens.known_good(token_id, token):
+            if self._tokens.throttled(token_id):
+                return None  # a flood of wrong secrets for this id: no scrypt for them
+            loop = asyncio.get_running_loop()
+            if not await loop.run_in_executor(self._scrypt, verify_secret, secret, secret_hash):
+                self._tokens.wrong_secret(token_id)
+                return None
         verdict: Authenticated | TokenRefused
         if record.works(now):
             async with self._write(notify=False) as connection:
@@ -500,7 +516,7 @@ class Store:
             verdict = Authenticated(tenant, replace(record, last_used_at=now))
         else:
             verdict = TokenRefused(record)
-        self._tokens.put(token_id, token, verdict)
+        self._tokens.put(token_id, token, verdict, epoch)
         return verdict
 
     async def authenticate(self, token: str) -> TenantRecord | None:

@@ -28,6 +28,10 @@ from shared.work_literals import PriorityClass
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 CACHE_ENTRIES: Final = 4096
+# Wrong secrets for one token id before its unknown secrets are refused without a
+# scrypt, for the rest of the window.
+MAX_WRONG_SECRETS: Final = 10
+WRONG_SECRET_WINDOW_S: Final = 60.0
 FIRST_TOKEN_NAME: Final = "initial"
 
 
@@ -166,13 +170,24 @@ class TokenCache:
     a request costs a SHA-256 rather than a scrypt.
 
     A token revoked or rotated here, or a tenant changed here, is forgotten at once;
-    other processes see the change within `ttl_s`.
+    other processes see the change within `ttl_s`. A verification that began before
+    such a change is not cached (`epoch`): it read the token's row before the change.
+
+    It also remembers, beyond `ttl_s`, the digest of each token id's secret once it was
+    verified (`known_good`: a token's secret never changes, so a digest match needs no
+    scrypt once its row has been read again), and counts wrong secrets per token id: token
+    ids are not secret, so past `MAX_WRONG_SECRETS` in `WRONG_SECRET_WINDOW_S`
+    a secret it has never accepted is refused without a scrypt (`throttled`), and a
+    flood of wrong secrets costs the control plane hashes, not seconds of CPU.
     """
 
     def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._ttl_s = ttl_s
         self._clock = clock
         self._entries: OrderedDict[str, _Verified] = OrderedDict()
+        self._known_good: OrderedDict[str, bytes] = OrderedDict()
+        self._wrong: dict[str, tuple[float, int]] = {}  # token id -> (window start, count)
+        self.epoch = 0
 
     def get(self, token_id: str, token: str) -> TokenCheck:
         entry = self._entries.get(token_id)
@@ -181,27 +196,67 @@ class TokenCache:
         if entry.expires_at <= self._clock():
             del self._entries[token_id]
             return None
-        if not hmac.compare_digest(entry.token_digest, hashlib.sha256(token.encode()).digest()):
+        if not hmac.compare_digest(entry.token_digest, _digest(token)):
             return None
         self._entries.move_to_end(token_id)
         return entry.verdict
 
-    def put(self, token_id: str, token: str, verdict: Authenticated | TokenRefused) -> None:
-        if self._ttl_s <= 0:
+    def put(
+        self, token_id: str, token: str, verdict: Authenticated | TokenRefused, epoch: int
+    ) -> None:
+        """Cache a verdict reached by a verification that began at `epoch`."""
+        digest = _digest(token)
+        self._known_good[token_id] = digest
+        self._known_good.move_to_end(token_id)
+        while len(self._known_good) > CACHE_ENTRIES:
+            self._known_good.popitem(last=False)
+        if self._ttl_s <= 0 or epoch != self.epoch:
             return
-        digest = hashlib.sha256(token.encode()).digest()
         self._entries[token_id] = _Verified(digest, verdict, self._clock() + self._ttl_s)
         self._entries.move_to_end(token_id)
         while len(self._entries) > CACHE_ENTRIES:
             self._entries.popitem(last=False)
 
+    def known_good(self, token_id: str, token: str) -> bool:
+        """This token's secret was verified for its id before (no scrypt needed)."""
+        digest = self._known_good.get(token_id)
+        return digest is not None and hmac.compare_digest(digest, _digest(token))
+
+    def wrong_secret(self, token_id: str) -> None:
+        now = self._clock()
+        start, count = self._wrong.get(token_id, (now, 0))
+        if now - start >= WRONG_SECRET_WINDOW_S:
+            start, count = now, 0
+        self._wrong[token_id] = (start, count + 1)
+        if len(self._wrong) > CACHE_ENTRIES:
+            self._wrong = {
+                key: value
+                for key, value in self._wrong.items()
+                if now - value[0] < WRONG_SECRET_WINDOW_S
+            }
+
+    def throttled(self, token_id: str) -> bool:
+        """Too many wrong secrets for this token id lately to spend a scrypt on another."""
+        found = self._wrong.get(token_id)
+        if found is None:
+            return False
+        start, count = found
+        return count >= MAX_WRONG_SECRETS and self._clock() - start < WRONG_SECRET_WINDOW_S
+
     def forget(self, token_id: str) -> None:
+        self.epoch += 1
         self._entries.pop(token_id, None)
 
     def forget_tenant(self, tenant_id: str) -> None:
+        self.epoch += 1
         for token_id in [
             key
             for key, entry in self._entries.items()
             if entry.verdict.token.tenant_id == tenant_id
         ]:
             del self._entries[token_id]
+
+
+def _digest(token: str) -> bytes:
+    # surrogateescape: a header's undecodable bytes arrive as surrogates
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()

@@ -194,3 +194,23 @@ async def test_a_stream_since_a_time_starts_with_the_events_from_then(api: Api) 
     assert [event["work_id"] for event in data] == [later]
     bad = await api.client.get("/v1/events?since=yesterday", headers=bearer(token))
     assert [p["name"] for p in (await problem(bad, 400))["invalid_params"]] == ["since"]
+
+
+async def test_revoking_a_token_ends_the_streams_it_opened(api: Api) -> None:
+    # A leaked token is revoked to shut the leak: its open streams must end with it.
+    acme = await api.tenant("acme")
+    created = await api.client.post("/v1/tokens", json={"name": "leaked"}, headers=bearer(acme))
+    leaked = await created.json()
+    job_id = await api.submitted(acme, job_spec())
+    events = await api.client.get("/v1/events", headers=bearer(leaked["token"]))
+    logs = await api.client.get(
+        f"/v1/jobs/{job_id}/logs?follow=true", headers=bearer(leaked["token"])
+    )
+    assert (events.status, logs.status) == (200, 200)
+    revoked = await api.client.delete(f"/v1/tokens/{leaked['id']}", headers=bearer(acme))
+    assert revoked.status == 200, await revoked.text()
+    later = await api.submitted(acme, job_spec(name="after-the-revocation"))
+    async with asyncio.timeout(10):
+        rest = await events.content.read()  # ends: no endless stream for a revoked token
+        assert await logs.content.read() == b""
+    assert later not in rest.decode()

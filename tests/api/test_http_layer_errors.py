@@ -258,3 +258,17 @@ async def test_a_model_download_that_cannot_be_served_as_asked_is_a_problem(
     part = await blob("Range: bytes=0-9")
     assert (part.status, len(part.body)) == (206, 10)
     assert part.headers["content-type"] == "application/octet-stream"
+
+
+@pytest.mark.parametrize("path", [b"/metrics", b"/v1/jobs"])
+@pytest.mark.parametrize("token", [b"\xff\xfe", b"caf\xe9"])
+async def test_a_bearer_token_that_is_not_utf8_is_a_401(
+    served: Served, path: bytes, token: bytes
+) -> None:
+    # The header's undecodable bytes reach handlers as surrogates: /metrics compared
+    # them with the scrape token by encoding them, and answered 500.
+    raw = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + b"\r\n\r\n"
+    answer = await exchange(served.port, raw)
+    assert answer is not None
+    assert answer.status == 401
+    assert answer.problem()["type"].endswith("/invalid-token")

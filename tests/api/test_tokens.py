@@ -3,10 +3,16 @@ a revoked or rotated-out token is a 401 that says so. Both backends."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from datetime import datetime
 from typing import Any
 
+import pytest
+
+from cloud.store import store as store_module
+from cloud.store.tenants import MAX_WRONG_SECRETS
 from tests.api.support import Api, bearer, problem
 from tests.support.waiting import eventually_async
 
@@ -153,3 +159,68 @@ async def test_the_admin_manages_any_tenants_tokens_and_keeps_one_of_its_own(api
         ("token.create", "admin", deploy["id"]),
     ]
     assert audit["items"][1]["detail"] == {"tenant": "acme", "name": "deploy"}
+
+
+async def new_token(api: Api, owner: str, name: str) -> dict[str, Any]:
+    created = await api.client.post("/v1/tokens", json={"name": name}, headers=bearer(owner))
+    assert created.status == 201, await created.text()
+    token: dict[str, Any] = await created.json()
+    return token
+
+
+async def test_a_token_revoked_while_it_is_first_verified_is_refused_at_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first use of a token reads its row, then spends a scrypt off the event loop;
+    # a revocation that commits in between must not leave the verdict cached (it was,
+    # for store.token_cache_s).
+    acme = await api.tenant("acme")
+    assert (await api.get(acme, "/v1/jobs")).status == 200  # acme's own: cached
+    ci = await new_token(api, acme, "ci")
+    entered, release = threading.Event(), threading.Event()
+    real = store_module.verify_secret
+
+    def held(secret: str, secret_hash: str) -> bool:
+        entered.set()
+        release.wait(30)
+        return real(secret, secret_hash)
+
+    monkeypatch.setattr(store_module, "verify_secret", held)
+    first_use = asyncio.ensure_future(api.store.check_token(ci["token"]))
+    try:
+        assert await asyncio.to_thread(entered.wait, 30)
+        revoked = await api.client.delete(f"/v1/tokens/{ci['id']}", headers=bearer(acme))
+        assert revoked.status == 200, await revoked.text()
+        # A request after the revocation, while the first is still being verified.
+        second_use = asyncio.ensure_future(api.get(ci["token"], "/v1/jobs"))
+    finally:
+        release.set()
+    await first_use  # it began before the revocation: either verdict is honest
+    await problem(await second_use, 401)
+    await refused_as_revoked(api, ci["token"])
+
+
+async def test_a_flood_of_wrong_secrets_for_a_token_id_costs_few_scrypts(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Token ids are not secret (lists, audit, 401 details): wrong secrets for one must
+    # not each cost a scrypt, and the token's own secret keeps working meanwhile.
+    acme = await api.tenant("acme")
+    ci = await new_token(api, acme, "ci")
+    assert (await api.get(ci["token"], "/v1/jobs")).status == 200
+    scrypts = 0
+    real = store_module.verify_secret
+
+    def counted(secret: str, secret_hash: str) -> bool:
+        nonlocal scrypts
+        scrypts += 1
+        return real(secret, secret_hash)
+
+    monkeypatch.setattr(store_module, "verify_secret", counted)
+    secret = ci["token"].split("_", 2)[2]
+    for attempt in range(40):
+        wrong = f"gf_{ci['id']}_{str(attempt % 10) * len(secret)}"
+        await problem(await api.get(wrong, "/v1/jobs"), 401)
+    assert scrypts <= MAX_WRONG_SECRETS
+    api.store._tokens.forget(ci["id"])  # as when its cache entry expires
+    assert (await api.get(ci["token"], "/v1/jobs")).status == 200
