@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cloud.store import store as store_module
 from cloud.store.tenants import MAX_WRONG_SECRETS
+from shared.secret_hashes import verify_secret
 from tests.api.support import Api, bearer, problem
 from tests.support.waiting import eventually_async
 
@@ -178,14 +178,14 @@ async def test_a_token_revoked_while_it_is_first_verified_is_refused_at_once(
     assert (await api.get(acme, "/v1/jobs")).status == 200  # acme's own: cached
     ci = await new_token(api, acme, "ci")
     entered, release = threading.Event(), threading.Event()
-    real = store_module.verify_secret
+    real = verify_secret
 
     def held(secret: str, secret_hash: str) -> bool:
         entered.set()
         release.wait(30)
         return real(secret, secret_hash)
 
-    monkeypatch.setattr(store_module, "verify_secret", held)
+    monkeypatch.setattr("cloud.store.store.verify_secret", held)
     first_use = asyncio.ensure_future(api.store.check_token(ci["token"]))
     try:
         assert await asyncio.to_thread(entered.wait, 30)
@@ -209,14 +209,14 @@ async def test_a_flood_of_wrong_secrets_for_a_token_id_costs_few_scrypts(
     ci = await new_token(api, acme, "ci")
     assert (await api.get(ci["token"], "/v1/jobs")).status == 200
     scrypts = 0
-    real = store_module.verify_secret
+    real = verify_secret
 
     def counted(secret: str, secret_hash: str) -> bool:
         nonlocal scrypts
         scrypts += 1
         return real(secret, secret_hash)
 
-    monkeypatch.setattr(store_module, "verify_secret", counted)
+    monkeypatch.setattr("cloud.store.store.verify_secret", counted)
     secret = ci["token"].split("_", 2)[2]
     for attempt in range(40):
         wrong = f"gf_{ci['id']}_{str(attempt % 10) * len(secret)}"
