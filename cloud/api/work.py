@@ -392,6 +392,19 @@ async def check_admissible(request: web.Request, spec: WorkSpec, tenant: TenantR
         raise invalid_body(
             "$.model_id", f"no model {spec.model_id!r}: upload it first with POST /v1/models"
         )
+    refuse_canary_as_sent(spec)
+
+
+def refuse_canary_as_sent(spec: WorkSpec) -> None:
+    """A deployment's `canary` is greenfed's record of a rollout in progress, made from a
+    model update whose model and canary size were checked (`_canary`): a spec that sets
+    it would serve a model unchecked (another tenant's, by id) and promote it."""
+    if isinstance(spec, DeploymentSpec) and spec.canary is not None:
+        raise invalid_body(
+            "$.canary",
+            "is set by greenfed when a model update asks for a rollout (PATCH with "
+            "model_id and rollout); a new deployment's spec does not set it",
+        )
 
 
 async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Response:
@@ -424,6 +437,7 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
         raise invalid_body(
             "$.model_id", f"no model {spec.model_id!r}: upload it first with POST /v1/models"
         )
+    refuse_canary_as_sent(spec)
     if isinstance(spec, TrainingJobSpec) and spec.array is not None:
         return await submit_array(request, tenant, spec, key)  # one job per task
     document = encode_spec(spec)

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from shared.settings import CloudSettings
-from tests.api.support import PROBLEM, Api, bearer, problem, running_api
+from tests.api.support import PROBLEM, Api, bearer, deployment_spec, problem, running_api
 from tests.store.databases import DatabaseUnderTest
 from tests.support.onnx_models import broken_graph, mlp
 
@@ -142,3 +142,26 @@ async def test_a_model_over_the_size_limit_is_refused_whether_or_not_its_length_
     assert streamed.status == 413
     assert streamed.content_type == PROBLEM
     onnx.checker.check_model(onnx.load_from_string(mlp()))  # the payload itself was fine
+
+
+async def test_a_spec_never_sets_a_canary_so_another_tenants_model_stays_out(api: Api) -> None:
+    # `canary` is greenfed's record of a rollout, made by a model update whose model is
+    # checked to be the tenant's. Sent in a spec, another tenant's model id rode in it
+    # (then "promote" made it the deployment's model), with no check of its size either.
+    acme = await api.tenant("acme")
+    mallory = await api.tenant("mallory")
+    acme_model = await api.model(acme)
+    own_model = await api.model(mallory)
+    spec = deployment_spec(
+        own_model, allow_unschedulable=True, canary={"model_id": acme_model, "replicas": 5}
+    )
+    for method, path in (
+        ("POST", "/v1/deployments"),
+        ("PUT", "/v1/deployments/detector"),
+        ("POST", "/v1/deployments/dry-run"),
+    ):
+        response = await api.client.request(method, path, json=spec, headers=bearer(mallory))
+        body = await problem(response, 422)
+        assert body["invalid_params"][0]["name"] == "$.canary", (method, path)
+    listed = await api.get(mallory, "/v1/deployments")
+    assert (await listed.json())["items"] == []
