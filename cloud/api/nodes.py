@@ -72,14 +72,26 @@ async def get_node(request: web.Request) -> web.Response:
     return json_response(detail)
 
 
+DRAIN_WAITING_FOR_TENANTS: Final = (
+    "waiting: deployments on this node keep their disruption budgets or start their "
+    "replacements first (the admin sees which)"
+)
+
+
 def _drain_waiting(request: web.Request, record: NodeRecord) -> tuple[str, ...]:
     """What the node's drain waits for: as this process's latest pass found where it
     leads the scheduling, else as the leader stored it."""
     if record.admin is None or not record.admin.draining:
         return ()
     if SCHEDULER in request.app and request.app[SCHEDULER].leading.is_set():
-        return request.app[SCHEDULER].deployments.drain_waiting.get(record.node_id, ())
-    return request.app[DRAIN_WAITING].by_node.get(record.node_id, ())
+        waiting = request.app[SCHEDULER].deployments.drain_waiting.get(record.node_id, ())
+    else:
+        waiting = request.app[DRAIN_WAITING].by_node.get(record.node_id, ())
+    if waiting and not tenant_of(request).admin:
+        # Each names a deployment and its budget: its tenant's, not every tenant's (as
+        # the node's serving figures are). A drain is the admin's to follow.
+        return (DRAIN_WAITING_FOR_TENANTS,)
+    return waiting
 
 
 # `key[=value][:Effect]` as an admin writes it here: shared.taints' grammar (whose keys

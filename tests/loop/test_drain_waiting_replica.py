@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from cloud.api.nodes import DRAIN_WAITING_FOR_TENANTS
 from cloud.app_keys import SCHEDULER
 from tests.api.support import Api, running_api
 from tests.loop.test_scaling import replicas_become
@@ -76,6 +77,14 @@ async def test_an_api_replica_shows_what_the_leaders_drain_waits_for(
             await eventually_async(
                 replica_shows_it, timeout_s=15, message=lambda: f"replica shows {seen}"
             )
+            # Another tenant learns that the drain waits, not for whose deployment.
+            globex = await leader.tenant("globex")
+            for api in (leader, replica):
+                node = await (await api.get(globex, "/v1/nodes/orin-0")).json()
+                listed = (await (await api.get(globex, "/v1/nodes")).json())["items"]
+                in_list = next(n for n in listed if n["node_id"] == "orin-0")
+                for shown in (node, in_list):
+                    assert shown["drain_waiting"] == [DRAIN_WAITING_FOR_TENANTS]
 
             # Uncordoned, the drain ends; the replica shows no wait once the leader's
             # pass stored that, and a node that does not drain shows none anyway.
