@@ -6,8 +6,11 @@ commands are faked; tests/integration/test_slurm_backend.py runs a real cluster.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -305,21 +308,66 @@ async def test_over_ssh_a_link_is_refused_before_tail(tmp_path: Path) -> None:
     await backend.read_output(running("77", f"/shared/gf/gf-{OWN}-1-77.out"), 0, 10)
     ((program, flag, script, *arguments),) = commands.calls
     assert (program, flag) == ("sh", "-c")
-    assert arguments == ["sh", "1", f"/shared/gf/gf-{OWN}-1-77.out", "10"]
+    assert arguments == ["sh", "0", f"/shared/gf/gf-{OWN}-1-77.out", "10"]
     # The script itself, run here on a link and on the file.
     secret = tmp_path / "secret"
     secret.write_text("SECRET\n")
     link = tmp_path / "out"
     link.symlink_to(secret)
     here = SlurmCommands(SlurmAccess())
-    assert await here.run("sh", "-c", script, "sh", "1", str(link), "100") == ""
-    assert await here.run("sh", "-c", script, "sh", "2", str(secret), "3") == "ECR"
+    assert await here.run("sh", "-c", script, "sh", "0", str(link), "100") == ""
+    assert await here.run("sh", "-c", script, "sh", "1", str(secret), "3") == "ECR"
     dashed = tmp_path / "-n"
     dashed.write_text("dash\n")
-    assert await here.run("sh", "-c", script, "sh", "1", str(dashed), "100") == "dash\n"
+    assert await here.run("sh", "-c", script, "sh", "0", str(dashed), "100") == "dash\n"
     # A path reported elsewhere is not even asked for.
     await backend.read_output(running("77", "/etc/shadow"), 0, 10)
     assert len(commands.calls) == 1
+
+
+async def test_over_ssh_a_link_swapped_in_after_the_check_is_not_followed(
+    tmp_path: Path,
+) -> None:
+    # The output path flips between the job's file and a link to a file the account
+    # can read, as fast as it can: the check alone (then `tail`) read the link's target
+    # in about one read in twenty.
+    commands = FakeCommands({}, SlurmAccess(ssh="gf@login1"))
+    backend = SlurmBackend(commands, SubmitOptions(work_dir="/shared/gf"))
+    await backend.read_output(running("77", f"/shared/gf/gf-{OWN}-1-77.out"), 0, 10)
+    ((_, _, script, *_),) = commands.calls
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET\n")
+    plain = tmp_path / "plain"
+    plain.write_text("the job's output\n")
+    output = tmp_path / "out"
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            (tmp_path / "link").symlink_to(secret)
+            os.replace(tmp_path / "link", output)
+            os.link(plain, tmp_path / "copy")
+            os.replace(tmp_path / "copy", output)
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        read = await asyncio.to_thread(
+            lambda: [
+                subprocess.run(
+                    ["sh", "-c", script, "sh", "0", str(output), "100"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                for _ in range(300)
+            ]
+        )
+    finally:
+        stop.set()
+        flipper.join()
+    assert not [text for text in read if "SECRET" in text]
+    assert set(read) <= {"", "the job's output\n"}
 
 
 # ---- 5: an argument no command line can hold -----------------------------------------

@@ -59,10 +59,15 @@ ACCOUNTING_WINDOW_S: Final = 7 * 86400.0
 # How often running jobs' energy is read from `sacct` (slurmd gathers it every
 # JobAcctGatherFrequency, 30 s by default; each `sacct` costs slurmdbd a query).
 ENERGY_INTERVAL_S: Final = 30.0
-# Reads a job's output over SSH: nothing from a link or anything but a regular file
-# (`tail` would follow a link to any file the account can read).
+# Reads a job's output over SSH ($1 offset, $2 path, $3 limit): nothing from a link or
+# anything but a regular file (`tail` would follow a link to any file the account can
+# read). The test alone left a window: a link swapped in after it was followed. So the
+# file is opened without following a link (`iflag=nofollow`) nor waiting on a FIFO
+# (`nonblock`); a refused open reads nothing, as a missing file does.
 _REMOTE_READ: Final = (
-    'if [ -L "$2" ] || [ ! -f "$2" ]; then exit 0; fi; tail -c "+$1" -- "$2" | head -c "$3"'
+    'if [ -L "$2" ] || [ ! -f "$2" ]; then exit 0; fi; '
+    'dd if="$2" iflag=nofollow,nonblock,skip_bytes,count_bytes skip="$1" count="$3" '
+    "bs=65536 status=none 2>/dev/null; exit 0"
 )
 
 _log = structlog.get_logger("greenfed.clusters.slurm")
@@ -183,7 +188,7 @@ class SlurmBackend(ClusterBackend):
             return b""
         if self._commands.access.ssh:
             text = await self._commands.run(
-                "sh", "-c", _REMOTE_READ, "sh", str(offset + 1), path, str(limit)
+                "sh", "-c", _REMOTE_READ, "sh", str(offset), path, str(limit)
             )
             return text.encode()
         return await read_local_output(path, offset, limit)
