@@ -1,7 +1,10 @@
 """Dynamic batching, the way Triton does it: requests wait at most `max_queue_delay_s` for
 others to join them, up to `max_batch_size` requests (counted in rows) per model run.
 
-One run is in flight at a time per deployment; while it runs the next batch fills.
+Only requests whose inputs agree on every dimension but the first are stacked into one
+run; each gets its own rows of every output back, and a run whose outputs cannot be
+split that way fails its own requests, never the batcher. One run is in flight at a
+time per deployment; while it runs the next batch fills.
 The queue is bounded: past `max_queue` waiting requests a new one is refused at once
 (`QueueFull`, the endpoint's 429) instead of waiting without bound. `swap` changes
 the model between two runs, so an update never fails a request; `drain` stops
@@ -15,11 +18,13 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from edge.inference.session import LoadedModel, split
 from edge.inference.stats import ServingStats
+from shared.lean_logs import get_logger
 
 
 class QueueFull(RuntimeError):
@@ -30,11 +35,29 @@ class Unavailable(RuntimeError):
     """The deployment is being removed: no new requests."""
 
 
+class OutputsNotBatched(RuntimeError):
+    """The model's outputs do not follow the batch axis of its inputs (a scalar, a sum
+    over the batch), so a stacked run cannot be split back into each request's rows."""
+
+
+# What requests must share to be stacked into one run: per input, its dtype and every
+# dimension but the first (the batch axis).
+_Stackable = tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]
+
+
+def _stackable(feeds: Mapping[str, np.ndarray]) -> _Stackable:
+    return tuple(
+        (name, value.dtype, tuple(value.shape[1:])) for name, value in sorted(feeds.items())
+    )
+
+
 @dataclass(slots=True)
 class _Request:
     feeds: Mapping[str, np.ndarray]
     rows: int
     enqueued_at: float
+    stackable: _Stackable = ()
+    input_bytes: int = 0
     done: asyncio.Future[tuple[LoadedModel, list[np.ndarray]]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -67,6 +90,11 @@ class Batcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._run_s = 1.0  # running estimate of one run's duration (starts pessimistic)
+        # The largest batch (rows, input bytes) measured to run in under INLINE_RUN_S: the
+        # estimate above says nothing of a larger one, which may take far longer.
+        self._inline_rows = 0
+        self._inline_bytes = 0
+        self._log = get_logger("greenfed.inference").bind(deployment_id=stats.deployment_id)
 
     @property
     def queued(self) -> int:
@@ -76,6 +104,7 @@ class Batcher:
         """Use `model` from the next run on; returns the one it replaces."""
         previous, self.model = self.model, model
         self._run_s = 1.0  # measure the new model afresh
+        self._inline_rows = self._inline_bytes = 0
         return previous
 
     def configure(self, *, max_batch_size: int, max_queue_delay_s: float) -> None:
@@ -85,12 +114,22 @@ class Batcher:
         self, feeds: Mapping[str, np.ndarray], rows: int
     ) -> tuple[LoadedModel, list[np.ndarray]]:
         """The model that ran the request, and the request's rows of every output."""
+        if rows < 1:
+            # Splitting a stacked run gives every request at least one row: one counted
+            # as having none would take another request's (check_feeds refuses them).
+            raise ValueError(f"a request carries at least one row, not {rows}")
         if not self._accepting:
             raise Unavailable("the deployment is being removed from this node")
         if len(self._queue) >= self.max_queue:
             self.stats.rejected()
             raise QueueFull(f"{len(self._queue)} requests queued (at most {self.max_queue})")
-        request = _Request(feeds, rows, time.perf_counter())
+        request = _Request(
+            feeds,
+            rows,
+            time.perf_counter(),
+            stackable=_stackable(feeds),
+            input_bytes=sum(value.nbytes for value in feeds.values()),
+        )
         self._queue.append(request)
         self._queued_rows += rows
         self._idle.clear()
@@ -110,14 +149,20 @@ class Batcher:
                 self._arrived.clear()
                 await self._arrived.wait()
             batch = await self._collect()
-            await self._run(batch)
+            try:
+                await self._run(batch)
+            except Exception as error:
+                # This task runs in the agent's task group: leaving it would stop the
+                # whole agent. Whatever went wrong concerns this batch's requests only.
+                self._log.exception("inference batch failed", requests=len(batch))
+                self._fail(batch, error)
 
     async def _collect(self) -> list[_Request]:
         first = self._queue[0]
         model = self.model
         limit = self.max_batch_size if model.batchable else 1
         deadline = first.enqueued_at + self.max_queue_delay_s
-        while self._rows_ready(limit) < limit and limit > 1:
+        while self._rows_ready(limit, first.stackable) < limit and limit > 1:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 break
@@ -126,28 +171,55 @@ class Batcher:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except TimeoutError:
                 break
-        batch: list[_Request] = []
-        rows = 0
-        while self._queue and (not batch or rows + self._queue[0].rows <= limit):
+        # Only requests shaped like the first can be stacked with it; the others keep
+        # their place in the queue, and the next batch starts with the first of them.
+        batch = [self._queue.popleft()]
+        rows = first.rows
+        left: deque[_Request] = deque()
+        while self._queue and rows < limit:
             request = self._queue.popleft()
-            self._queued_rows -= request.rows
-            batch.append(request)
-            rows += request.rows
+            if request.stackable == first.stackable and rows + request.rows <= limit:
+                batch.append(request)
+                rows += request.rows
+            else:
+                left.append(request)
+        left.extend(self._queue)
+        self._queue = left
+        self._queued_rows -= rows
         return batch
 
-    def _rows_ready(self, limit: int) -> int:
+    def _rows_ready(self, limit: int, stackable: _Stackable) -> int:
         rows = 0
         for request in self._queue:
+            if request.stackable != stackable:
+                continue
             rows += request.rows
             if rows >= limit:
                 break
         return rows
+
+    def _fail(self, batch: list[_Request], error: Exception) -> None:
+        for request in batch:
+            if not request.done.done():
+                self.stats.error()
+                request.done.set_exception(error)
+
+    def _runs_inline(self, rows: int, input_bytes: int) -> bool:
+        """Whether a batch is expected to run faster than a hand-over to a thread: only
+        when runs are that fast and this batch is no larger than those measured so."""
+        return (
+            self._run_s < INLINE_RUN_S
+            and rows <= self._inline_rows
+            and input_bytes <= self._inline_bytes
+        )
 
     async def _run(self, batch: list[_Request]) -> None:
         model = self.model
         live = [request for request in batch if not request.done.cancelled()]
         if not live:
             return
+        rows = sum(request.rows for request in live)
+        input_bytes = sum(request.input_bytes for request in live)
         try:
             if len(live) == 1:
                 feeds = live[0].feeds
@@ -157,22 +229,38 @@ class Batcher:
                     for name in live[0].feeds
                 }
             started = time.perf_counter()
-            if self._run_s < INLINE_RUN_S:
+            if self._runs_inline(rows, input_bytes):
                 outputs = model.run(feeds)
             else:
                 outputs = await asyncio.to_thread(model.run, feeds)
             elapsed = time.perf_counter() - started
             self._run_s = elapsed if self._run_s == 1.0 else 0.8 * self._run_s + 0.2 * elapsed
+            if elapsed < INLINE_RUN_S and input_bytes >= self._inline_bytes:
+                self._inline_rows, self._inline_bytes = rows, input_bytes
+            if len(live) == 1:
+                parts = [outputs]
+            else:
+                _check_stacked(model, outputs, rows)
+                parts = split(outputs, [request.rows for request in live])
         except Exception as error:
-            for request in live:
-                self.stats.error()
-                if not request.done.done():
-                    request.done.set_exception(error)
+            self._fail(live, error)
             return
         self.stats.batch(len(live))
-        parts = split(outputs, [request.rows for request in live]) if len(live) > 1 else [outputs]
         finished = time.perf_counter()
         for request, part in zip(live, parts, strict=True):
             self.stats.observe(finished - request.enqueued_at)
             if not request.done.done():
                 request.done.set_result((model, part))
+
+
+def _check_stacked(model: LoadedModel, outputs: list[np.ndarray], rows: int) -> None:
+    """OutputsNotBatched unless every output has the stacked batch's rows on its first
+    axis, which is what splitting it back into the requests' rows relies on."""
+    for name, output in zip(model.output_names, outputs, strict=True):
+        if output.ndim == 0 or output.shape[0] != rows:
+            raise OutputsNotBatched(
+                f"output {name!r} has shape {list(output.shape)}, not {rows} rows along its "
+                f"first axis for the {rows} rows of the requests run together: this model's "
+                "outputs do not follow the batch axis; deploy it with "
+                '"batching": {"max_batch_size": 1}'
+            )

@@ -15,6 +15,7 @@ Errors are `application/problem+json`, like the control plane's.
 from __future__ import annotations
 
 import io
+import math
 import re
 from typing import Any, Final
 
@@ -54,8 +55,15 @@ def _feeds_from_json(raw: bytes, model: LoadedModel) -> dict[str, np.ndarray]:
     dtypes = {spec.name: spec.dtype for spec in model.inputs}
     feeds = {}
     for name, value in inputs.items():
+        dtype = dtypes.get(name, np.float32)
         try:
-            feeds[name] = np.asarray(value, dtype=dtypes.get(name, np.float32))
+            # A number beyond float32's range would become infinity, with only a warning.
+            with np.errstate(over="raise"):
+                feeds[name] = np.asarray(value, dtype=dtype)
+        except (OverflowError, FloatingPointError) as error:  # -1 into uint8, 1e39 into float32
+            raise ValueError(
+                f"{name}: a number does not fit {np.dtype(dtype).name} ({error})"
+            ) from None
         except (ValueError, TypeError) as error:
             raise ValueError(f"{name}: not a rectangular array of numbers ({error})") from None
     return feeds
@@ -76,34 +84,62 @@ _NPY_HEADER = re.compile(
 
 
 def read_npy(raw: bytes) -> np.ndarray:
-    """A .npy body as an array, never unpickling. The common header (format 1.0, as
-    numpy writes it) is parsed here directly: `np.load` evaluates it as a Python
-    literal, which costs more than the small arrays a request carries."""
-    if raw[:6] == _NPY_MAGIC and raw[6:8] == b"\x01\x00" and len(raw) >= 10:
+    """A .npy body as an array, never unpickling, and never allocating more than the body
+    holds. The common header (format 1.0, as numpy writes it) is parsed here directly:
+    numpy's reader evaluates it as a Python literal, which costs more than the small
+    arrays a request carries."""
+    if not raw.startswith(_NPY_MAGIC):
+        raise ValueError("the body is not a .npy array: it does not start with the .npy magic")
+    if raw[6:8] == b"\x01\x00" and len(raw) >= 10:
         header_length = int.from_bytes(raw[8:10], "little")
         header = raw[10 : 10 + header_length].decode("latin1").strip()
         match = _NPY_HEADER.fullmatch(header)
         if match is not None:
             try:
                 dtype = np.dtype(match["descr"])
-            except TypeError as error:
+            except (TypeError, ValueError) as error:
                 raise ValueError(f"the body is not a .npy array: {error}") from None
-            if dtype.hasobject:
-                raise ValueError("the body is not a .npy array: object arrays are refused")
             shape = tuple(int(d) for d in match["shape"].replace(" ", "").split(",") if d)
-            count = int(np.prod(shape, dtype=np.int64))
-            offset = 10 + header_length
-            if len(raw) - offset != count * dtype.itemsize:
-                raise ValueError("the body is not a .npy array: its data has the wrong length")
-            if count == 0:
-                return np.empty(shape, dtype=dtype)
-            array = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)
-            return array.reshape(shape, order="F" if match["fortran"] == "True" else "C")
+            fortran_order = match["fortran"] == "True"
+            return _npy_data(raw, 10 + header_length, dtype, shape, fortran_order)
+    # Another header layout or format version (2.0, 3.0): numpy's own header reader,
+    # which reads the header only; the data is checked against it before any array.
+    stream = io.BytesIO(raw)
     try:
-        loaded: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version in ((2, 0), (3, 0)):
+            # 3.0 differs from 2.0 only by a UTF-8 header, for structured dtypes' field
+            # names: no input a model takes has one.
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f".npy format version {version[0]}.{version[1]} is not read")
+    except (ValueError, TypeError, SyntaxError, EOFError) as error:
         raise ValueError(f"the body is not a .npy array: {error}") from None
-    return loaded
+    return _npy_data(raw, stream.tell(), dtype, shape, fortran_order)
+
+
+def _npy_data(
+    raw: bytes, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...], fortran_order: bool
+) -> np.ndarray:
+    """The array a .npy header describes, from the body's bytes after the header."""
+    if dtype.hasobject:
+        raise ValueError("the body is not a .npy array: object arrays are refused")
+    # Python integers: a declared shape cannot overflow into a small count.
+    count = math.prod(shape)
+    if len(raw) - offset != count * dtype.itemsize:
+        raise ValueError(
+            f"the body is not a .npy array: its header declares shape {list(shape)} of "
+            f"{dtype.name} ({count * dtype.itemsize} bytes), its data has {len(raw) - offset}"
+        )
+    try:
+        if count == 0:
+            return np.empty(shape, dtype=dtype)
+        array = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)
+        return array.reshape(shape, order="F" if fortran_order else "C")
+    except (ValueError, TypeError, OverflowError) as error:  # a dimension numpy refuses
+        raise ValueError(f"the body is not a .npy array: {error}") from None
 
 
 def write_npy(array: np.ndarray) -> bytes:

@@ -166,7 +166,7 @@ def _runs_elsewhere(session: Any, provider: str, asked: Mapping[str, object]) ->
 
 def check_feeds(model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> int:
     """The batch size of a request (its first axis, or 1), or ValueError saying what
-    does not match the model's inputs."""
+    does not match the model's inputs or that the request has no rows."""
     expected = {spec.name: spec for spec in model.inputs}
     if set(feeds) != set(expected):
         missing = sorted(set(expected) - set(feeds))
@@ -187,6 +187,10 @@ def check_feeds(model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> int:
                 f"{name}: shape {list(value.shape)}, the model takes {spec.describe()}"
             )
         size = int(value.shape[0]) if value.ndim else 1
+        if size == 0:
+            # No rows to answer: counted as one, such a request stacked with another
+            # would be handed that request's first row of every output.
+            raise ValueError(f"{name}: shape {list(value.shape)} has no rows (its first axis is 0)")
         if batch is not None and size != batch:
             raise ValueError("inputs disagree on the batch size (their first axis)")
         batch = size

@@ -1,0 +1,159 @@
+"""The agent's inference endpoint (edge/inference/server.py) answers bodies it cannot
+use with a 400 that says why, never a 500 and never an allocation larger than the body:
+numbers that do not fit the input's dtype, .npy headers that declare more data than
+they carry, zip archives, requests without rows."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import zipfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from onnx import TensorProto
+
+from edge.inference.batching import Batcher
+from edge.inference.model_fetch import ModelCache
+from edge.inference.runtime import InferenceRuntime, Serving
+from edge.inference.server import inference_app, write_npy
+from edge.inference.session import LoadedModel
+from edge.inference.stats import ServingStats
+from shared.messages import DesiredDeployment
+from tests.inference.onnx_shapes import identity
+
+pytestmark = pytest.mark.timeout(30)
+
+Client = TestClient[web.Request, web.Application]
+JSON = {"Content-Type": "application/json"}
+NPY = {"Content-Type": "application/x-npy"}
+# Identity models x[batch, 4] -> y, served under these deployment ids.
+DTYPES = {"f32": TensorProto.FLOAT, "i64": TensorProto.INT64, "u8": TensorProto.UINT8}
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[Client]:
+    """The endpoint of an agent serving the DTYPES deployments, ready and batching."""
+    runtime = InferenceRuntime(
+        (),
+        ModelCache(tmp_path / "cache", max_bytes=10**6),
+        on_change=lambda: None,
+        endpoint_base=lambda: None,
+    )
+    runners = []
+    for deployment_id, dtype in DTYPES.items():
+        body = identity(dtype=dtype)
+        path = tmp_path / f"{deployment_id}.onnx"
+        path.write_bytes(body)
+        model = LoadedModel(path, hashlib.sha256(body).hexdigest(), None)
+        serving = Serving(
+            DesiredDeployment(deployment_id=deployment_id),
+            (0,),
+            ServingStats(deployment_id),
+            state="ready",
+        )
+        serving.batcher = Batcher(model, serving.stats, max_batch_size=8)
+        runners.append(asyncio.create_task(serving.batcher.run()))
+        # What InferenceRuntime._load leaves once a model is ready, without a download.
+        runtime._serving[deployment_id] = serving
+    try:
+        async with TestClient(TestServer(inference_app(runtime))) as test_client:
+            yield test_client
+    finally:
+        for runner in runners:
+            runner.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
+
+
+async def refused(client: Client, deployment_id: str, body: bytes, headers: dict[str, str]) -> str:
+    """The 400's detail."""
+    answer = await client.post(f"/v1/infer/{deployment_id}", data=body, headers=headers)
+    text = await answer.text()
+    assert answer.status == 400, text
+    detail: str = (await answer.json(content_type=None))["detail"]
+    return detail
+
+
+def npy_header(descr: str, shape: str, *, keys_in_numpy_order: bool = True) -> bytes:
+    """A format 1.0 .npy header declaring `shape` (Python syntax), with no data after it.
+    Keys in another order than numpy writes take the endpoint's slower path (numpy's own
+    header reader)."""
+    if keys_in_numpy_order:
+        header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    else:
+        header = f"{{'shape': {shape}, 'fortran_order': False, 'descr': '{descr}', }}"
+    header += " " * (64 - (10 + len(header) + 1) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode("latin1")
+
+
+@pytest.mark.parametrize(
+    ("deployment_id", "number", "words"),
+    [
+        ("i64", "100000000000000000000", "a number does not fit int64"),
+        ("u8", "-1", "a number does not fit uint8"),
+        ("u8", "300", "a number does not fit uint8"),
+        ("f32", "1" + "0" * 47, "a number does not fit float32"),  # infinity once cast
+        ("f32", "1" + "0" * 400, "a number does not fit float32"),  # beyond any float
+    ],
+    ids=["beyond-int64", "negative-uint8", "300-uint8", "1e47-float32", "1e400-float32"],
+)
+async def test_json_numbers_that_do_not_fit_the_inputs_dtype_are_refused(
+    client: Client, deployment_id: str, number: str, words: str
+) -> None:
+    body = b'{"inputs": {"x": [[1, 2, 3, ' + number.encode() + b"]]}}"
+    assert words in await refused(client, deployment_id, body, JSON)
+
+
+def npz_archive() -> bytes:
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as members:
+        members.writestr("x.npy", write_npy(np.ones((1, 4), np.float32)))
+    return archive.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        # A dimension beyond int64: np.prod overflowed.
+        (npy_header("<f4", "(99999999999999999999, 4)"), "its data has 0"),
+        # 2**62 * 4 rows of 4 bytes: 2**64 wraps to 0 in int64, which "matched" no data.
+        (npy_header("<f4", "(4611686018427387904, 4)"), "its data has 0"),
+        # 14.6 TiB declared in a header numpy's reader parses: numpy allocated it.
+        (npy_header("<f4", "(1000000000000, 4)", keys_in_numpy_order=False), "its data has 0"),
+        (npy_header("<f4", "(0, 99999999999999999999)"), "not a .npy array"),
+        (npz_archive(), "does not start with the .npy magic"),
+        # A request without rows would take another request's rows in a shared run.
+        (write_npy(np.zeros((0, 4), np.float32)), "x: shape [0, 4] has no rows"),
+    ],
+    ids=[
+        "dimension-beyond-int64",
+        "count-wraps-to-0",
+        "huge-slow-path",
+        "zero-rows-huge-dim",
+        "npz",
+        "zero-rows",
+    ],
+)
+async def test_npy_bodies_that_declare_what_they_do_not_carry_are_refused(
+    client: Client, body: bytes, words: str
+) -> None:
+    assert words in await refused(client, "f32", body, NPY)
+
+
+async def test_npy_bodies_numpy_writes_in_other_layouts_are_still_served(client: Client) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for version in ((2, 0), (3, 0)):
+        written = io.BytesIO()
+        np.lib.format.write_array(written, x, version=version)
+        answer = await client.post("/v1/infer/f32", data=written.getvalue(), headers=NPY)
+        assert answer.status == 200, await answer.text()
+        assert (await answer.json())["outputs"]["y"] == x.tolist()
+    reordered = npy_header("<f4", "(2, 4)", keys_in_numpy_order=False) + x.tobytes()
+    answer = await client.post("/v1/infer/f32", data=reordered, headers=NPY)
+    assert answer.status == 200, await answer.text()
+    assert (await answer.json())["outputs"]["y"] == x.tolist()
