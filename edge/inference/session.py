@@ -113,8 +113,7 @@ class LoadedModel:
             self._failure = _runs_elsewhere(self.session, *usable[0])
         self.inputs = tuple(self._spec(i) for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
-        # Requests can be stacked when every input's first axis is free.
-        self.batchable = all(spec.shape and spec.shape[0] is None for spec in self.inputs)
+        self.batchable = _batchable(self.session.get_inputs(), self.session.get_outputs())
 
     @staticmethod
     def _spec(node: Any) -> TensorSpec:
@@ -162,6 +161,34 @@ def _runs_elsewhere(session: Any, provider: str, asked: Mapping[str, object]) ->
         if key in applied and str(applied[key]) != str(value):
             return f"{provider} runs with {key}={applied[key]}, not {value}"
     return ""
+
+
+def _batchable(inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
+    """Whether requests can be stacked into one run and each handed its own rows back:
+    every input's first axis is free, and no output (as the model declares it, merged
+    with ONNX Runtime's shape inference) is a scalar, has a fixed first axis, or carries
+    the inputs' batch dimension on a later axis. The last two mix the rows of the
+    requests run together (x @ x^T is [batch, batch]: each client would get dot
+    products with the others' rows). A model that mixes rows without saying so in its
+    shapes cannot be told at load; a run whose outputs cannot be split still fails its
+    own requests only (edge/inference/batching.py)."""
+    if not inputs or any(not node.shape or not _free(node.shape[0]) for node in inputs):
+        return False
+    batch_names = {node.shape[0] for node in inputs if isinstance(node.shape[0], str)}
+    for node in outputs:
+        shape = node.shape
+        if shape is None:
+            continue  # its rank is not known: the split's check decides at run time
+        if len(shape) == 0 or not _free(shape[0]):
+            return False
+        if any(isinstance(d, str) and d in batch_names for d in shape[1:]):
+            return False
+    return True
+
+
+def _free(dimension: object) -> bool:
+    """A dimension the model leaves open (a name, unknown, or not positive)."""
+    return not (isinstance(dimension, int) and dimension > 0)
 
 
 def check_feeds(model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> int:

@@ -61,10 +61,10 @@ async def test_outputs_without_a_batch_axis_fail_their_batch_and_the_batcher_goe
     tmp_path: Path,
 ) -> None:
     """A model that sums its whole input answers a scalar: two requests run together
-    cannot be split back. They fail with a reason; the batcher, in the agent's task
-    group, keeps serving."""
+    cannot be split back. Where its shapes do not say so at load (forced below), they
+    fail with a reason; the batcher, in the agent's task group, keeps serving."""
     model = loaded(tmp_path, total())
-    assert model.batchable  # its input has a free first axis: nothing tells at load
+    model.batchable = True  # as a model whose declared shapes mislead
     stats = ServingStats("d")
     # Two rows fill the batch at once: no waiting on the (long) delay.
     batcher = Batcher(model, stats, max_batch_size=2, max_queue_delay_s=30)
@@ -185,3 +185,26 @@ async def test_a_request_larger_than_the_runs_measured_fast_leaves_the_event_loo
     # The first run is measured in a thread; then tiny runs stay on the loop, a larger
     # one does not.
     assert runs == [(1, False), (1, True), (256, False), (1, True)]
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [(total(), "a scalar output"), (gram(), "the batch dimension on a later axis")],
+)
+async def test_a_model_whose_outputs_mix_requests_rows_runs_one_request_at_a_time(
+    tmp_path: Path, start: Callable[[Batcher], Batcher], body: bytes, why: str
+) -> None:
+    """x @ x^T is [batch, batch]: stacked, each client got dot products with the other
+    clients' rows (their data); a sum over the batch cannot be split at all. Their
+    shapes say so at load: such a model is never batched."""
+    model = loaded(tmp_path, body)
+    assert not model.batchable, why
+    batcher = start(Batcher(model, ServingStats("d"), max_batch_size=8, max_queue_delay_s=30))
+    mine = np.array([[1, 2, 3, 4]], np.float32)
+    theirs = np.array([[5, 6, 7, 8], [9, 10, 11, 12]], np.float32)
+    for sent, answer in zip(
+        (mine, theirs), await answered(batcher, {"x": mine}, {"x": theirs}), strict=True
+    ):
+        assert not isinstance(answer, BaseException), answer
+        expected = sent @ sent.T if body == gram() else sent.sum()
+        np.testing.assert_array_equal(answer[1][0], expected)
