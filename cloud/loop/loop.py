@@ -349,6 +349,11 @@ class SchedulingLoop:
 
     async def run_pass(self, lease: LeadershipLease) -> Plan:
         started = time.perf_counter()
+        # Leadership is otherwise checked only by a pass's writes: a leader whose lock
+        # session died (a database restart, an admin's pg_terminate_backend) with
+        # nothing to commit led on beside the replica that took the lock, and their
+        # publishers rewrote each other's desired documents without end.
+        await lease.check()
         now = self._clock()
         store = await self._store.load_snapshot(self._last_snapshot)
         # The records are the registry's own, which ingestion goes on updating (as ever

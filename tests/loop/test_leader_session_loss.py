@@ -1,0 +1,51 @@
+"""A PostgreSQL leader whose lock session dies (a database restart or failover, a
+network blip, an admin's pg_terminate_backend) while its process lives stops leading
+at its next pass, even when that pass has nothing to commit: otherwise it led on beside
+the replica that took the lock, and the two publishers rewrote each other's `desired`
+documents without end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from structlog.testing import capture_logs
+
+from cloud.app_keys import SCHEDULER
+from cloud.store.locks import advisory_key
+from tests.api.support import running_api
+from tests.store.databases import postgres_database
+from tests.support.control_plane import FAST_LOOP
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_an_idle_leader_whose_lock_session_died_stops_leading(tmp_path: Path) -> None:
+    async with (
+        postgres_database(tmp_path) as database,
+        running_api(database, scheduling=FAST_LOOP) as api,
+    ):
+        loop = api.app[SCHEDULER]
+        await eventually(loop.leading.is_set, timeout_s=10, message="it never led")
+        key = advisory_key(database.settings.database_schema, "leader")
+        with capture_logs() as logs:
+            async with api.store._write() as connection:
+                killed = await connection.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_locks"
+                        " WHERE locktype = 'advisory' AND classid = :high AND objid = :low"
+                        " AND objsubid = 1 AND granted"
+                    ),
+                    {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
+                )
+                assert killed.scalars().all() == [True]
+            # No work, no nodes: its passes have nothing to commit.
+            await eventually(
+                lambda: any(line["event"] == "scheduling leadership lost" for line in logs),
+                timeout_s=10,
+                message="it still believes it leads on a dead lock session",
+            )
+        # And it leads again, on a session of its own, once it takes the lock anew.
+        await eventually(loop.leading.is_set, timeout_s=15, message="it never led again")
