@@ -261,7 +261,28 @@ def not_found(collection: Collection[SpecT], work_id: str) -> Problem:
 
 
 def _spec(collection: Collection[SpecT], record: WorkRecord) -> SpecT:
-    return collection.decoder.decode(record.spec)
+    """The stored spec, for a view. One a newer greenfed wrote (during a rolling upgrade)
+    may hold fields this version does not know: the view shows the ones it knows, never
+    a 500 for the work (nor for a listing that holds it)."""
+    try:
+        return collection.decoder.decode(record.spec)
+    except (msgspec.DecodeError, ValueError):
+        spec_type = collection.decoder.type
+        try:
+            fields = msgspec.json.decode(record.spec)
+            known = set(spec_type.__struct_fields__)
+            spec: SpecT = msgspec.convert(
+                {name: value for name, value in fields.items() if name in known}, spec_type
+            )
+        except (msgspec.DecodeError, ValueError, TypeError, AttributeError):
+            raise Problem(
+                409,
+                "spec-unreadable",
+                "Spec unreadable",
+                f"the stored spec of {record.work_id} cannot be read by this greenfed "
+                "(written by a newer version?): ask a control plane of that version",
+            ) from None
+        return spec
 
 
 async def owner_of(request: web.Request, work_id: str) -> TenantRecord:

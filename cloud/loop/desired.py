@@ -29,6 +29,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 
+import msgspec
+
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import node_workers
 from cloud.models.signing import ModelUrlSigner
@@ -197,7 +199,13 @@ def desired_document(
         record = records.get(work_id)
         if not here or record is None:
             continue
-        spec = spec_of(record)
+        try:
+            spec = spec_of(record)
+        except (msgspec.DecodeError, ValueError):
+            # Written by a greenfed this one cannot read (a rolling upgrade's newer
+            # version): the pass fails it (cloud/loop/plans.py); every other item, and
+            # every other node's document, is made as ever.
+            continue
         if isinstance(spec, TrainingJobSpec):
             training.append(_training(record, spec, node_id, members, nodes, settings, secrets))
             continue

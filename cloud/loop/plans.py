@@ -24,6 +24,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import structlog
 
 from cloud.green.migration import JobMove
@@ -37,6 +38,7 @@ from cloud.store import (
     PassWrite,
     PlacementWrite,
     StateWrite,
+    WorkRecord,
 )
 from cloud.work.convert import spec_of
 from cloud.work.explain import explanations_for_moves
@@ -228,7 +230,9 @@ def translate(
         **{
             work_id: reason
             for work_id, reason in inputs.unschedulable.items()
-            if inputs.records[work_id].state == "pending"
+            # Placed work too when its spec cannot be read at all: no node can be told
+            # about it. Placed work a stricter scheduler would refuse keeps running.
+            if inputs.records[work_id].state == "pending" or not _readable(inputs.records[work_id])
         },
     }
     ending: list[tuple[str, WorkState, str]] = [
@@ -294,3 +298,11 @@ def _numbered_past(new: list[NewAllocation], taken: set[int]) -> list[NewAllocat
         used.add(allocation.member_index)
         numbered.append(allocation)
     return numbered
+
+
+def _readable(record: WorkRecord) -> bool:
+    try:
+        spec_of(record)
+    except (msgspec.DecodeError, ValueError):
+        return False
+    return True
