@@ -302,11 +302,15 @@ class DeploymentSample(WireStruct, frozen=True, kw_only=True):
     requests: NonNegativeInt
     errors: NonNegativeInt
     rejected: Annotated[int, msgspec.Meta(ge=0, description="Refused with 429 (queue full).")]
-    requests_per_s: NonNegativeFloat
-    latency_p50_ms: NonNegativeFloat | None = None
-    latency_p95_ms: NonNegativeFloat | None = None
-    latency_p99_ms: NonNegativeFloat | None = None
-    mean_batch_size: NonNegativeFloat | None = None
+    # Upper bounds no node's real figures come near (a billion requests a second, a
+    # day's latency, a million requests a batch): the autoscaler and the rollout gates
+    # multiply and divide by them, so telemetry with a sample beyond them (1e308
+    # requests/s) is refused as it comes in rather than overflowing there.
+    requests_per_s: Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+    latency_p50_ms: Annotated[float, msgspec.Meta(ge=0, le=86_400_000)] | None = None
+    latency_p95_ms: Annotated[float, msgspec.Meta(ge=0, le=86_400_000)] | None = None
+    latency_p99_ms: Annotated[float, msgspec.Meta(ge=0, le=86_400_000)] | None = None
+    mean_batch_size: Annotated[float, msgspec.Meta(ge=0, le=1_000_000)] | None = None
 
 
 class Telemetry(WireStruct, frozen=True, kw_only=True):

@@ -16,8 +16,15 @@ decision:
    at most its cap, never below ``min_replicas`` and lifted while the p95 latency
    breaks the deployment's ``latency_slo_ms``.
 
-No figures (no replica reports serving yet): no decision. The history lives in the
-leader's memory, as the HPA's lives in its controller.
+No figures (no replica reports serving yet): no decision. An absurd figure never
+raises (the pass's scheduler runs after this): a recommendation past
+`RECOMMENDATION_CEILING`, or infinite (nodes' figures added up past the largest
+float), counts as the ceiling, and step 3 takes the deployment towards
+``max_replicas``, ``max_step`` at a time, as for a real surge. Ignoring it instead
+would leave a deployment that is truly swamped unscaled on a guess that its figures
+are wrong, and telemetry already refuses figures no node could measure
+(shared/messages.py). The history lives in the leader's memory, as the HPA's lives in
+its controller.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cloud.work.specs import AutoscaleSpec
+
+# Replicas: a recommendation above it says no more than "far beyond max_replicas"
+# (at most 4096), and an exact one would be a number of hundreds of digits in the
+# `work.scaled` event.
+RECOMMENDATION_CEILING = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +121,20 @@ class Autoscaler:
             return None
         metric, value, target = observed
         ratio = value / target
+        if math.isnan(ratio):
+            return None  # not a measurement (telemetry never decodes to one)
         if abs(ratio - 1.0) <= spec.tolerance:
             recommendation = desired
         else:
-            recommendation = math.ceil(load.ready_replicas * ratio)
+            wanted_replicas = load.ready_replicas * ratio  # inf where it overflowed
+            # math.ceil(inf) raises, and one deployment's figures must not stop the pass
+            # (the deployment step runs before the scheduler): a figure that no replica
+            # count meets asks for the most, as a surge does.
+            recommendation = (
+                RECOMMENDATION_CEILING
+                if wanted_replicas >= RECOMMENDATION_CEILING
+                else math.ceil(wanted_replicas)
+            )
         history = self._history.get(work_id)
         if history is None:
             history = self._history[work_id] = _History(now_s, deque())

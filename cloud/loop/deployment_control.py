@@ -3,7 +3,12 @@ their new replica count (cloud/loop/autoscale.py), canary rollouts are promoted 
 rolled back (cloud/loop/rollout.py), draining nodes' work is moved
 (cloud/loop/drain.py), and deployments give back their surplus replicas
 (cloud/loop/scaling.py). Its state (the autoscaler's history, the rollouts' watches)
-lives on the leader and is reset when leadership is lost."""
+lives on the leader and is reset when leadership is lost.
+
+A deployment whose autoscaling or rollout decision fails (say, figures no rule
+foresaw) is left as it is for that pass and logged, once per distinct error: the
+scheduler runs after this step, so one deployment's failure would otherwise stop every
+pass for the whole fleet."""
 
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from cloud.store import (
     AllocationRecord,
     IllegalTransitionError,
     LeadershipLease,
+    ModelRecord,
     PassWrite,
     PlacementWrite,
     Store,
@@ -62,6 +68,11 @@ class DeploymentControl:
         self._autoscaler = Autoscaler()
         self._rollout_watch = RolloutWatch()
         self._specs: dict[str, tuple[int, DeploymentSpec]] = {}  # by work id, at a version
+        # Registry records of the models rollouts bring, by id (immutable): the rollout
+        # judge waits for canary replicas to report their sha256.
+        self._canary_models: dict[str, ModelRecord] = {}
+        # Decisions that failed: (step, work id) -> the error last logged for it.
+        self._failing: dict[tuple[str, str], str] = {}
         self.grid = GridSignals(now_s=0.0, zones={})  # the latest pass's, for carbon caps
         # Placed deployments after the latest pass: id -> (tenant, desired, serving).
         self.replicas: dict[str, tuple[str, int, int]] = {}
@@ -75,6 +86,7 @@ class DeploymentControl:
     def reset(self) -> None:
         self._autoscaler.reset()
         self._rollout_watch.reset()
+        self._failing = {}
         self.replicas = {}
         self.drain_waiting = {}
         self._drain_waiting_stored = None
@@ -170,21 +182,65 @@ class DeploymentControl:
     ) -> bool:
         """Canary rollouts promoted or rolled back (cloud/loop/rollout.py); whether any."""
         allocations = by_work(store.allocations)
+        rollouts = [(r, spec) for r, spec in self._deployments(store) if spec.canary is not None]
+        await self._load_canary_models([spec for _, spec in rollouts])
         watched: list[str] = []
         changed = False
-        for record, spec in self._deployments(store):
-            if spec.canary is None:
-                continue
+        for record, spec in rollouts:
             watched.append(record.work_id)
-            verdict = self._rollout_watch.judge(
-                record.work_id, spec, allocations.get(record.work_id, ()), nodes, now
-            )
+            try:
+                verdict = self._rollout_watch.judge(
+                    record.work_id,
+                    spec,
+                    allocations.get(record.work_id, ()),
+                    nodes,
+                    now,
+                    canary_sha256=self._canary_sha256(record, spec),
+                )
+            except Exception as error:
+                self._decision_failed("rollout", record.work_id, error)
+                continue
+            self._failing.pop(("rollout", record.work_id), None)
             if verdict is None:
                 continue
             if await self._settle_rollout(record, spec, verdict.outcome, verdict.reason):
                 changed = True
         self._rollout_watch.forget(watched)
+        self._forget_failures("rollout", watched)
         return changed
+
+    async def _load_canary_models(self, specs: Iterable[DeploymentSpec]) -> None:
+        """Fetch the registry records of rollouts' new models not seen yet; forget those
+        of rollouts that ended."""
+        wanted = {spec.canary.model_id for spec in specs if spec.canary is not None}
+        missing = wanted - set(self._canary_models)
+        if missing:
+            self._canary_models.update(await self._store.models_by_id(sorted(missing)))
+        for model_id in set(self._canary_models) - wanted:
+            del self._canary_models[model_id]
+
+    def _canary_sha256(self, record: WorkRecord, spec: DeploymentSpec) -> str | None:
+        """The sha256 canary replicas report once they serve the rollout's model (None:
+        none will: not in the registry, or another tenant's, which is never sent)."""
+        model = self._canary_models.get(spec.canary.model_id) if spec.canary else None
+        if model is None or model.tenant_id != record.tenant_id:
+            return None
+        return model.sha256
+
+    def _decision_failed(self, step: str, work_id: str, error: Exception) -> None:
+        """Log a deployment's failed decision, once until it fails otherwise or succeeds
+        (it would fail again every pass). Call it in the `except` block: it logs the
+        traceback."""
+        described = f"{type(error).__name__}: {error}"
+        if self._failing.get((step, work_id)) == described:
+            return
+        self._failing[(step, work_id)] = described
+        self._log.exception("deployment decision failed; left as it is", step=step, work_id=work_id)
+
+    def _forget_failures(self, step: str, active: Iterable[str]) -> None:
+        keep = set(active)
+        for key in [key for key in self._failing if key[0] == step and key[1] not in keep]:
+            del self._failing[key]
 
     async def _settle_rollout(
         self, record: WorkRecord, spec: DeploymentSpec, outcome: str, reason: str
@@ -215,15 +271,20 @@ class DeploymentControl:
                 continue
             autoscaled.append(record.work_id)
             members = allocations.get(record.work_id, ())
-            decision = self._autoscaler.decide(
-                record.work_id,
-                spec.autoscale,
-                spec.replicas,
-                serving_load(record.work_id, members, nodes),
-                now_s=now,
-                intensity_g_per_kwh=self._intensity_where(members, nodes),
-                latency_slo_ms=spec.latency_slo_ms,
-            )
+            try:
+                decision = self._autoscaler.decide(
+                    record.work_id,
+                    spec.autoscale,
+                    spec.replicas,
+                    serving_load(record.work_id, members, nodes),
+                    now_s=now,
+                    intensity_g_per_kwh=self._intensity_where(members, nodes),
+                    latency_slo_ms=spec.latency_slo_ms,
+                )
+            except Exception as error:
+                self._decision_failed("autoscale", record.work_id, error)
+                continue
+            self._failing.pop(("autoscale", record.work_id), None)
             if decision is None:
                 continue
             try:
@@ -244,6 +305,7 @@ class DeploymentControl:
             )
             changed = True
         self._autoscaler.forget(autoscaled)
+        self._forget_failures("autoscale", autoscaled)
         return changed
 
     def _intensity_where(

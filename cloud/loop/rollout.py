@@ -4,6 +4,15 @@ rolled back.
 Each pass reads the deployment's nodes' latest serving samples (each counted once,
 by node and telemetry sequence number). Canary figures come from nodes that serve a
 canary replica, the baseline's from nodes that serve only the deployment's model.
+
+A canary replica serves the new model only once its node reports the new model's
+sha256 for it: until the download and the swap are done the agent goes on serving the
+old model, ready, and its figures are the old model's. So a canary node's samples
+count, and the node counts as serving, only while every canary replica on it reports
+the canary model's sha256, and only samples taken wholly after the watch first saw it
+do (the one that spans the swap is part old model); the hold starts again whenever a
+canary node is not serving the new model.
+
 Gates, breached means rolled back at once:
 
 - a canary replica failed, or its update to the new model did (its node reported it,
@@ -15,8 +24,8 @@ Gates, breached means rolled back at once:
   rollout began: one sample of a few requests says little (a single slow request on a
   busy host is its whole p95), so a gate on it rolled healthy canaries back.
 
-Promoted when every canary replica has served, without a breach, for `hold_s`. The
-watch lives in the leader's memory; a new leader starts the hold again.
+Promoted when every canary replica has served the new model, without a breach, for
+`hold_s`. The watch lives in the leader's memory; a new leader starts the hold again.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from cloud.loop.desired import canary_members
 from cloud.store import AllocationRecord, NewEvent, WorkRecord
 from cloud.work.specs import DeploymentSpec
 from cloud.work.views import ROLLOUT_EVENT
-from shared.messages import DeploymentSample
+from shared.messages import DeploymentSample, Telemetry
 
 Outcome = Literal["promoted", "rolled-back"]
 P95_FLOOR_MS = 5.0  # the baseline p95 a canary's is compared with is at least this
@@ -48,6 +57,9 @@ class RolloutVerdict:
 class _Watch:
     model_id: str
     serving_since_s: float | None = None
+    # Canary nodes on the new model: when the watch first saw it, on the node's clock
+    # (its report's `reported_at`), which its samples' `sampled_at` is compared with.
+    on_new_model_since: dict[str, float] = field(default_factory=dict)
     requests: int = 0
     errors: int = 0
     seen: set[tuple[str, int]] = field(default_factory=set)  # (node, telemetry seq)
@@ -70,18 +82,20 @@ def _mean_ms(total: tuple[float, int]) -> float | None:
 
 def _samples(
     watch: _Watch, work_id: str, node_ids: Iterable[str], nodes: Mapping[str, NodeRecord]
-) -> Iterator[tuple[DeploymentSample, bool]]:
-    """The latest serving sample of the work on each node that has one, and whether it
-    is new to the watch (each is counted once, by node and telemetry sequence number)."""
+) -> Iterator[tuple[str, Telemetry, DeploymentSample, bool]]:
+    """The latest serving sample of the work on each node that has one, with its node
+    and telemetry, and whether it is new to the watch (each is counted once, by node
+    and telemetry sequence number)."""
     for node_id in sorted(node_ids):
         record = nodes.get(node_id)
         sample = record.serving_sample(work_id) if record is not None else None
-        if record is None or sample is None or record.telemetry is None:
+        telemetry = record.telemetry if record is not None else None
+        if sample is None or telemetry is None:
             continue
-        key = (node_id, record.telemetry.seq)
+        key = (node_id, telemetry.seq)
         new = key not in watch.seen
         watch.seen.add(key)
-        yield sample, new
+        yield node_id, telemetry, sample, new
 
 
 def _update_failed(reason: str) -> bool:
@@ -107,7 +121,11 @@ class RolloutWatch:
         members: Sequence[AllocationRecord],
         nodes: Mapping[str, NodeRecord],
         now_s: float,
+        *,
+        canary_sha256: str | None,
     ) -> RolloutVerdict | None:
+        """`canary_sha256`: the sha256 of the canary model's file (None: not known, e.g.
+        no longer in the registry; then no canary replica counts as serving it)."""
         canary = spec.canary
         if canary is None:
             return None
@@ -117,12 +135,16 @@ class RolloutWatch:
         chosen = canary_members(spec, members)
         canary_nodes = {m.node_id for m in members if m.member_index in chosen}
         baseline_nodes = {m.node_id for m in members} - canary_nodes
+        # Canary nodes where a canary replica still serves another model (or says nothing).
+        not_swapped: set[str] = set()
+        reported_at: dict[str, float] = {}
         for member in members:
             if member.member_index not in chosen:
                 continue
             record = nodes.get(member.node_id)
             report = record.replica_report(work_id, member.member_index) if record else None
-            if report is None:
+            if record is None or record.reported is None or report is None:
+                not_swapped.add(member.node_id)
                 continue
             if report.state == "failed" or _update_failed(report.reason):
                 # An update that failed keeps the old model serving (edge/inference/runtime.py)
@@ -131,8 +153,22 @@ class RolloutWatch:
                     "rolled-back",
                     f"canary replica {member.member_index} failed: {report.reason or 'no reason'}",
                 )
+            if canary_sha256 is None or report.model_sha256 != canary_sha256:
+                not_swapped.add(member.node_id)
+            reported_at[member.node_id] = record.reported.reported_at
+        for node_id in canary_nodes:
+            if node_id in not_swapped:
+                watch.on_new_model_since.pop(node_id, None)
+            else:
+                watch.on_new_model_since.setdefault(node_id, reported_at[node_id])
         serving = 0
-        for sample, new in _samples(watch, work_id, canary_nodes, nodes):
+        for node_id, telemetry, sample, new in _samples(watch, work_id, canary_nodes, nodes):
+            since_s = watch.on_new_model_since.get(node_id)
+            # A sample counts once its whole interval is on the new model; one taken
+            # before, or spanning the swap, is the old model's (still marked seen, so it
+            # never counts later).
+            if since_s is None or telemetry.sampled_at - telemetry.interval_s < since_s:
+                continue
             serving += 1
             if new:
                 watch.requests += sample.requests
@@ -140,7 +176,7 @@ class RolloutWatch:
                 watch.canary_latency = _add_latency(
                     watch.canary_latency, sample.latency_p95_ms, sample.requests
                 )
-        for sample, new in _samples(watch, work_id, baseline_nodes, nodes):
+        for _, _, sample, new in _samples(watch, work_id, baseline_nodes, nodes):
             if new:
                 watch.baseline_latency = _add_latency(
                     watch.baseline_latency, sample.latency_p95_ms, sample.requests

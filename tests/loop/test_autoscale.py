@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
 import pytest
 
-from cloud.loop.autoscale import Autoscaler, ServingLoad, carbon_cap
+from cloud.loop.autoscale import RECOMMENDATION_CEILING, Autoscaler, ServingLoad, carbon_cap
 from cloud.work.specs import AutoscaleSpec, CarbonCapSpec, DeploymentSpec
 from shared.errors import FieldError
+from shared.messages import TELEMETRY_DECODER
 
 
 def rule(**fields: Any) -> AutoscaleSpec:
@@ -116,3 +118,53 @@ def test_the_spec_names_the_field_at_fault() -> None:
              "max_replicas": 4, "target_requests_per_s": 10}},
             DeploymentSpec,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "load",
+    [
+        rps(1e308),  # per replica over the target overflows to inf
+        rps(math.inf),  # nodes' figures that added up past the largest float
+        rps(1e300, ready=1),  # finite, but a recommendation of hundreds of digits
+        rps(10.0, p95=math.inf),
+    ],
+)
+def test_absurd_figures_scale_up_within_the_bounds_and_never_raise(load: ServingLoad) -> None:
+    def spec(max_step: int) -> AutoscaleSpec:
+        if load.p95_latency_ms is None:
+            return rule(max_step=max_step)
+        return rule(max_step=max_step, target_requests_per_s=None, target_p95_latency_ms=20.0)
+
+    decision = Autoscaler().decide("d", spec(100), 2, load, now_s=0.0)
+    assert decision is not None
+    assert decision.to_replicas == 8  # max_replicas: what a real surge gets
+    assert decision.recommendation == RECOMMENDATION_CEILING
+    # As for any surge, max_step paces it.
+    stepped = Autoscaler().decide("d", spec(2), 2, load, now_s=0.0)
+    assert stepped is not None
+    assert stepped.to_replicas == 4
+
+
+def test_a_figure_that_is_not_a_number_decides_nothing() -> None:
+    assert Autoscaler().decide("d", rule(), 2, rps(math.nan), now_s=0.0) is None
+
+
+def test_telemetry_with_absurd_serving_figures_is_refused() -> None:
+    def wire(**figures: float) -> bytes:
+        sample = {"deployment_id": "d", "requests": 1, "errors": 0, "rejected": 0}
+        return msgspec.json.encode({
+            "node_id": "n1", "instance_id": "i1", "seq": 1, "sampled_at": 1.0,
+            "interval_s": 1.0, "cpu_utilization_pct": 1.0, "memory_used_bytes": 1,
+            "memory_total_bytes": 2, "deployments": [sample | figures],
+        })  # fmt: skip
+
+    TELEMETRY_DECODER.decode(wire(requests_per_s=1e6, latency_p95_ms=3_600_000.0))
+    for absurd in (
+        {"requests_per_s": 1e308},
+        {"requests_per_s": 1.0, "latency_p95_ms": 1e308},
+        {"requests_per_s": 1.0, "latency_p50_ms": 1e12},
+        {"requests_per_s": 1.0, "latency_p99_ms": 1e12},
+        {"requests_per_s": 1.0, "mean_batch_size": 1e12},
+    ):
+        with pytest.raises(msgspec.ValidationError, match=r"<="):
+            TELEMETRY_DECODER.decode(wire(**absurd))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from cloud.fleet.registry import NodeRecord
-from cloud.loop.rollout import RolloutWatch
+from cloud.loop.rollout import RolloutVerdict, RolloutWatch
 from cloud.store import AllocationRecord
 from cloud.work.specs import CanarySpec, DeploymentSpec
 from shared.messages import DeploymentSample, ReportedDeployment, ReportedState, Telemetry
@@ -29,12 +29,15 @@ def replica(member: int, node_id: str) -> AllocationRecord:
 
 
 MEMBERS = (replica(0, "canary-node"), replica(1, "stable-node"))
+OLD_SHA, NEW_SHA = "0" * 64, "1" * 64  # the files of the deployment's and the canary's model
 
 
 def node(
     node_id: str, seq: int, *, requests: int = 50, errors: int = 0, p95_ms: float = 10.0,
-    reason: str = "",
+    reason: str = "", model_sha256: str | None = None, reported_at: float = T0,
 ) -> NodeRecord:  # fmt: skip
+    """`model_sha256`: the model its replica reports serving (by default the canary's on
+    the canary node, the deployment's on the other)."""
     status = msgspec.structs.replace(birth(T0), node_id=node_id)
     sample = DeploymentSample(
         deployment_id="d", requests=requests, errors=errors, rejected=0,
@@ -46,10 +49,12 @@ def node(
         deployments=(sample,),
     )  # fmt: skip
     member = 0 if node_id == "canary-node" else 1
+    if model_sha256 is None:
+        model_sha256 = NEW_SHA if node_id == "canary-node" else OLD_SHA
     reported = ReportedState(
-        node_id=node_id, instance_id="i1", observed_generation=1, reported_at=T0,
+        node_id=node_id, instance_id="i1", observed_generation=1, reported_at=reported_at,
         deployments=(ReportedDeployment(deployment_id="d", replica=member, state="ready",
-                                        reason=reason),),
+                                        reason=reason, model_sha256=model_sha256),),
     )  # fmt: skip
     return NodeRecord(
         status=status, state="online", offline_reason=None, last_seen_monotonic=0.0,
@@ -64,11 +69,15 @@ def nodes(seq: int, stable_p95_ms: float = 10.0, **canary: object) -> dict[str, 
     }
 
 
+def judge(watch: RolloutWatch, fleet: dict[str, NodeRecord], now_s: float) -> RolloutVerdict | None:
+    return watch.judge("d", SPEC, MEMBERS, fleet, now_s, canary_sha256=NEW_SHA)
+
+
 def test_healthy_canaries_are_promoted_after_the_hold_and_not_before() -> None:
     watch = RolloutWatch()
-    assert watch.judge("d", SPEC, MEMBERS, nodes(1), T0) is None
-    assert watch.judge("d", SPEC, MEMBERS, nodes(2), T0 + 9) is None
-    verdict = watch.judge("d", SPEC, MEMBERS, nodes(3), T0 + 10)
+    assert judge(watch, nodes(1), T0) is None
+    assert judge(watch, nodes(2), T0 + 9) is None
+    verdict = judge(watch, nodes(3), T0 + 10)
     assert verdict is not None
     assert verdict.outcome == "promoted"
     assert "0 errors in 150 requests" in verdict.reason  # each sample counted once
@@ -76,8 +85,8 @@ def test_healthy_canaries_are_promoted_after_the_hold_and_not_before() -> None:
 
 def test_an_error_rate_above_the_gate_rolls_back_once_enough_requests_are_seen() -> None:
     watch = RolloutWatch()
-    assert watch.judge("d", SPEC, MEMBERS, nodes(1, requests=5, errors=5), T0) is None
-    verdict = watch.judge("d", SPEC, MEMBERS, nodes(2, requests=20, errors=1), T0 + 1)
+    assert judge(watch, nodes(1, requests=5, errors=5), T0) is None
+    verdict = judge(watch, nodes(2, requests=20, errors=1), T0 + 1)
     assert verdict is not None
     assert verdict.outcome == "rolled-back"
     assert "canary error rate 24.0% over 25 requests" in verdict.reason
@@ -87,28 +96,57 @@ def test_latency_is_judged_over_enough_requests_not_one_small_sample() -> None:
     # A first sample of 2 requests, one of them slow (a busy host): its p95 is that
     # request. Judged alone it would roll a healthy canary back.
     watch = RolloutWatch()
-    assert watch.judge("d", SPEC, MEMBERS, nodes(1, requests=2, p95_ms=40.0), T0) is None
+    assert judge(watch, nodes(1, requests=2, p95_ms=40.0), T0) is None
     # Then it serves as fast as the others: over 102 requests its p95 is no breach.
-    assert watch.judge("d", SPEC, MEMBERS, nodes(2, requests=100, p95_ms=10.0), T0 + 1) is None
+    assert judge(watch, nodes(2, requests=100, p95_ms=10.0), T0 + 1) is None
     # A canary slow over many requests is rolled back.
     slow = RolloutWatch()
-    assert slow.judge("d", SPEC, MEMBERS, nodes(1, requests=2, p95_ms=40.0), T0) is None
-    verdict = slow.judge("d", SPEC, MEMBERS, nodes(2, requests=100, p95_ms=40.0), T0 + 1)
+    assert judge(slow, nodes(1, requests=2, p95_ms=40.0), T0) is None
+    verdict = judge(slow, nodes(2, requests=100, p95_ms=40.0), T0 + 1)
     assert verdict is not None
     assert verdict.outcome == "rolled-back"
     assert "4.0× the other replicas'" in verdict.reason
 
 
 def test_a_slow_canary_or_a_failed_update_rolls_back() -> None:
-    slow = RolloutWatch().judge("d", SPEC, MEMBERS, nodes(1, p95_ms=40.0), T0)
+    slow = judge(RolloutWatch(), nodes(1, p95_ms=40.0), T0)
     assert slow is not None
     assert "4.0× the other replicas'" in slow.reason
     # Sub-millisecond latencies compare against 5 ms: noise is no breach.
-    quick = RolloutWatch().judge("d", SPEC, MEMBERS, nodes(1, stable_p95_ms=0.2, p95_ms=0.6), T0)
+    quick = judge(RolloutWatch(), nodes(1, stable_p95_ms=0.2, p95_ms=0.6), T0)
     assert quick is None
-    failed = RolloutWatch().judge(
-        "d", SPEC, MEMBERS, nodes(1, reason="update to abc failed: bad model"), T0
-    )
+    failed = judge(RolloutWatch(), nodes(1, reason="update to abc failed: bad model"), T0)
     assert failed is not None
     assert failed.outcome == "rolled-back"
     assert "bad model" in failed.reason
+
+
+def test_a_canary_still_serving_the_old_model_is_never_promoted_until_it_serves_the_new() -> None:
+    def swapped(seq: int, at_s: float) -> dict[str, NodeRecord]:
+        return nodes(seq, model_sha256=NEW_SHA, reported_at=at_s)
+
+    # While the new model downloads the agent keeps the old one serving, ready: its
+    # figures are the old model's, however long the download takes.
+    watch = RolloutWatch()
+    for seq in range(1, 1000, 7):
+        assert judge(watch, nodes(seq, model_sha256=OLD_SHA), T0 + seq) is None
+    # Swapped at T0 + 1000, as its report says. The sample that spans the swap is partly
+    # the old model's: the hold starts with the first one wholly on the new model.
+    assert judge(watch, swapped(1000, T0 + 1000), T0 + 1000) is None
+    assert judge(watch, swapped(1001, T0 + 1000), T0 + 1001) is None
+    # The report goes back to the old model (say, the swap is retried): the hold restarts.
+    assert judge(watch, nodes(1002, model_sha256=OLD_SHA), T0 + 1002) is None
+    assert judge(watch, swapped(1004, T0 + 1003), T0 + 1004) is None  # the hold starts
+    assert judge(watch, swapped(1013, T0 + 1003), T0 + 1013) is None  # 9 s
+    verdict = judge(watch, swapped(1014, T0 + 1003), T0 + 1014)
+    assert verdict is not None
+    assert verdict.outcome == "promoted"
+    # The new model's samples only: T0 + 1001, + 1004, + 1013, + 1014.
+    assert "0 errors in 200 requests" in verdict.reason
+
+
+def test_without_the_canary_models_sha256_no_canary_counts_as_serving_it() -> None:
+    watch = RolloutWatch()
+    for seq in (1, 50, 100):
+        verdict = watch.judge("d", SPEC, MEMBERS, nodes(seq), T0 + seq, canary_sha256=None)
+        assert verdict is None
