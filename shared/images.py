@@ -15,3 +15,16 @@ def registry_of(image: str) -> str:
     if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
         return first
     return DEFAULT_REGISTRY
+
+
+def qualified(image: str) -> str:
+    """The reference with its registry spelled out (and Docker Hub's `library/` for a
+    one-word name), as greenfed reads it. A runtime resolves a short name against any
+    local image of the same path whoever pulled it (podman runs a local
+    `evil.example/acme/trainer:2` for `acme/trainer:2`): a node is only ever asked for
+    qualified names."""
+    if registry_of(image) != DEFAULT_REGISTRY or image.startswith(f"{DEFAULT_REGISTRY}/"):
+        return image
+    if "/" in image:
+        return f"{DEFAULT_REGISTRY}/{image}"
+    return f"{DEFAULT_REGISTRY}/library/{image}"

@@ -39,6 +39,7 @@ from cloud.secrets.release import SecretRelease
 from cloud.store import AllocationRecord, ModelRecord, WorkRecord
 from cloud.work.convert import spec_of
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec
+from shared.images import qualified
 from shared.messages import AgentUpgrade, DesiredDeployment, DesiredState, DesiredTraining
 from shared.settings import SchedulingSettings
 
@@ -104,7 +105,7 @@ def _training(
         host_memory_bytes=spec.host_memory_bytes or None,
         pids_limit=spec.pids_limit,
         min_isolation=stronger_isolation(spec.isolation, settings.min_isolation),
-        image=spec.image,
+        image=None if spec.image is None else qualified(spec.image),
         image_pull_policy=spec.image_pull_policy,
         secret_names=tuple(sorted(spec.secret_env)),
         sealed_secrets=(

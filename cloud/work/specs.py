@@ -111,11 +111,14 @@ _REGISTRY: Final = rf"{_DOMAIN_LABEL}(?:\.{_DOMAIN_LABEL})*(?::[0-9]{{1,5}})?"
 _PATH_COMPONENT: Final = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG: Final = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _DIGEST: Final = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+# Nodes get it with its registry spelled out (shared/images.py `qualified`, at most 18
+# characters more) within the wire's 512 (shared/messages.py DesiredTraining.image).
+_IMAGE_MAX_CHARS: Final = 512 - len("docker.io/library/")
 ImageReference = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
-        max_length=512,
+        max_length=_IMAGE_MAX_CHARS,
         pattern=(
             rf"^(?:{_REGISTRY}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
             rf"(?::{_TAG})?(?:@{_DIGEST})?$(?!\n)"

@@ -20,7 +20,7 @@ from cloud.work.specs import (
 )
 from greenfed.spec_files import SpecFileError, load_spec_file
 from shared.errors import FieldError, json_path
-from shared.images import registry_of
+from shared.images import qualified, registry_of
 from shared.worker_env import RUNNER_VARIABLES
 
 
@@ -178,6 +178,26 @@ def test_image_references_runtimes_take_are_accepted(image: str) -> None:
 )
 def test_the_registry_of_an_image(image: str, registry: str) -> None:
     assert registry_of(image) == registry
+
+
+@pytest.mark.parametrize(
+    ("image", "spelled_out"),
+    [
+        ("python:3.12", "docker.io/library/python:3.12"),
+        ("acme/trainer:2", "docker.io/acme/trainer:2"),
+        ("docker.io/acme/trainer:2", "docker.io/acme/trainer:2"),
+        ("ghcr.io/acme/t@sha256:" + "a" * 64, "ghcr.io/acme/t@sha256:" + "a" * 64),
+        ("localhost/x", "localhost/x"),
+        ("localhost:5000/x", "localhost:5000/x"),
+    ],
+)
+def test_nodes_get_image_names_with_their_registry_spelled_out(
+    image: str, spelled_out: str
+) -> None:
+    # podman resolves a short name against any local image of that path, whoever
+    # pulled it: another tenant's evil.example/acme/trainer:2 ran for acme/trainer:2.
+    assert qualified(image) == spelled_out
+    assert registry_of(qualified(image)) == registry_of(image)
 
 
 def test_registry_auth_may_name_its_registry() -> None:

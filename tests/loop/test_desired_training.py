@@ -113,6 +113,10 @@ def test_the_spec_limits_image_and_isolation_reach_the_node() -> None:
         record, members(("a", ("gpu0",))), {"a": node("a")}, settings=stricter
     ).values()
     assert strict.min_isolation == "sandbox"
+    (short,) = entries(
+        work("job-1", image="acme/trainer:2"), members(("a", ("gpu0",))), {"a": node("a")}
+    ).values()
+    assert short.image == "docker.io/acme/trainer:2"  # never a name a local image can take
 
     (plain,) = entries(work("job-1"), members(("a", ("gpu0",))), {"a": node("a")}).values()
     assert (plain.host_memory_bytes, plain.pids_limit, plain.image) == (None, None, None)
