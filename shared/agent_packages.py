@@ -28,6 +28,8 @@ from shared.ed25519 import VerifyKey, is_signature
 from shared.file_digests import file_sha256
 
 if TYPE_CHECKING:
+    import zipfile
+
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
         Ed25519PrivateKey,
         Ed25519PublicKey,
@@ -112,11 +114,39 @@ def inspect_wheel_bytes(content: bytes) -> PackageFacts:
 def _unreadable() -> tuple[type[BaseException], ...]:
     """What zipfile raises for an archive it cannot read: a bad directory, a compression
     method it does not know (NotImplementedError), an encrypted member (RuntimeError),
-    data cut short (EOFError) or corrupt (zlib.error), a read that fails (OSError)."""
+    data cut short (EOFError) or corrupt (zlib.error), a read that fails (OSError), a
+    member name flagged UTF-8 that is not (UnicodeDecodeError)."""
     import zipfile
     import zlib
 
-    return (zipfile.BadZipFile, OSError, NotImplementedError, RuntimeError, EOFError, zlib.error)
+    return (
+        zipfile.BadZipFile,
+        OSError,
+        NotImplementedError,
+        RuntimeError,
+        EOFError,
+        zlib.error,
+        UnicodeDecodeError,
+    )
+
+
+def _check_members(wheel: zipfile.ZipFile) -> None:
+    """PackageError unless every member unpacks inside its root as a plain file or
+    directory, within the limits: checked when a package is published (before it is
+    signed and sent to agents) and again by each agent as it unpacks."""
+    members = wheel.infolist()
+    if len(members) > _MAX_MEMBERS:
+        raise PackageError(f"the wheel has more than {_MAX_MEMBERS} files")
+    total = 0
+    for member in members:
+        name = PurePosixPath(member.filename)
+        if name.is_absolute() or ".." in name.parts or "\\" in member.filename:
+            raise PackageError(f"the wheel's member {member.filename[:120]!r} leaves its root")
+        if (member.external_attr >> 16) & 0o170000 == 0o120000:
+            raise PackageError(f"the wheel's member {member.filename[:120]!r} is a link")
+        total += member.file_size
+        if total > _MAX_UNPACKED_BYTES:
+            raise PackageError(f"the wheel unpacks to more than {_MAX_UNPACKED_BYTES} bytes")
 
 
 def wheel_version(source: IO[bytes]) -> str:
@@ -139,8 +169,9 @@ def wheel_version(source: IO[bytes]) -> str:
             metadata = email.parser.Parser().parsestr(
                 wheel.read(metadata_names[0]).decode("utf-8", errors="replace"), headersonly=True
             )
-            # Every member read once: what an agent could not unpack is refused here, not
-            # signed and sent to agents that would fail on it.
+            # Every member checked and read once: what an agent could not unpack is
+            # refused here, not signed and sent to agents that would fail on it.
+            _check_members(wheel)
             broken = wheel.testzip()
             if broken is not None:
                 raise PackageError(f"the wheel's member {broken[:120]!r} is corrupt")
@@ -163,25 +194,11 @@ def unpack_wheel(path: Path, target: Path) -> None:
 
     target.mkdir(parents=True, exist_ok=False)
     resolved = target.resolve()
-    total = 0
     try:
         with zipfile.ZipFile(path) as wheel:
-            members = wheel.infolist()
-            if len(members) > _MAX_MEMBERS:
-                raise PackageError(f"the wheel has more than {_MAX_MEMBERS} files")
-            for member in members:
+            _check_members(wheel)
+            for member in wheel.infolist():
                 name = PurePosixPath(member.filename)
-                if name.is_absolute() or ".." in name.parts or "\\" in member.filename:
-                    raise PackageError(
-                        f"the wheel's member {member.filename[:120]!r} leaves its root"
-                    )
-                if (member.external_attr >> 16) & 0o170000 == 0o120000:
-                    raise PackageError(f"the wheel's member {member.filename[:120]!r} is a link")
-                total += member.file_size
-                if total > _MAX_UNPACKED_BYTES:
-                    raise PackageError(
-                        f"the wheel unpacks to more than {_MAX_UNPACKED_BYTES} bytes"
-                    )
                 destination = (resolved / name).resolve()
                 if not destination.is_relative_to(resolved):
                     raise PackageError(

@@ -106,9 +106,29 @@ def test_a_member_that_would_land_outside_or_link_is_refused(
     tmp_path: Path, member: str | zipfile.ZipInfo
 ) -> None:
     path = wheel(tmp_path / "a.whl", extra=(member,))
+    # Refused when it is published, before it is signed and sent to every agent...
+    with pytest.raises(PackageError):
+        inspect_wheel_bytes(path.read_bytes())
+    # ...and by each agent as it unpacks.
     with pytest.raises(PackageError):
         unpack_wheel(path, tmp_path / "site")
     assert not (tmp_path / "escaped.py").exists()
+
+
+def _with_undecodable_name(content: bytes, placeholder: bytes) -> bytes:
+    """`content` (a zip) with the member name holding `placeholder` flagged UTF-8 (bit
+    11) but holding bytes that are not UTF-8, in its local and central headers."""
+    data = bytearray(content)
+    for signature, flags_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = data.find(signature)
+        while at != -1:
+            name_at = data.find(placeholder, at)
+            if name_at != -1 and name_at - at < 80:
+                flags = int.from_bytes(data[at + flags_at : at + flags_at + 2], "little")
+                data[at + flags_at : at + flags_at + 2] = (flags | 0x800).to_bytes(2, "little")
+                data[name_at : name_at + len(placeholder)] = b"\xff\xfe\xfd\xfc"
+            at = data.find(signature, at + 4)
+    return bytes(data)
 
 
 def _with_compression_method(content: bytes, member: str, method: int) -> bytes:
@@ -125,7 +145,7 @@ def _with_compression_method(content: bytes, member: str, method: int) -> bytes:
     return bytes(data)
 
 
-@pytest.mark.parametrize("damage", ["unknown compression", "corrupt data"])
+@pytest.mark.parametrize("damage", ["unknown compression", "corrupt data", "undecodable name"])
 def test_a_wheel_zipfile_cannot_read_is_refused_as_a_package_error(
     tmp_path: Path, damage: str
 ) -> None:
@@ -141,6 +161,8 @@ def test_a_wheel_zipfile_cannot_read_is_refused_as_a_package_error(
     content = path.read_bytes()
     if damage == "unknown compression":
         content = _with_compression_method(content, "greenfed/__init__.py", 99)
+    elif damage == "undecodable name":  # a 500 at POST /v1/agent-packages
+        content = _with_undecodable_name(content, b"init")
     else:
         start = content.find(b"greenfed/__init__.py") + len("greenfed/__init__.py")
         content = (
