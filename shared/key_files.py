@@ -15,6 +15,7 @@ the file's bytes into a key or raises ValueError), so this module needs no crypt
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import uuid
@@ -40,9 +41,27 @@ def load_or_create_key(
 
 
 def load_key(path: Path, *, setting: str, parse: Callable[[bytes], KeyT]) -> KeyT:
-    """The key in `path`; FileNotFoundError when there is none."""
-    with path.open("rb") as file:
-        mode = os.fstat(file.fileno()).st_mode
+    """The key in `path`; FileNotFoundError when there is none. Never through a link
+    (whoever could plant one would choose the key), never a file another user owns."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise ConfigError(
+            f"{setting}: {path} is a symbolic link; a key file is a plain file", key=setting
+        ) from None
+    with os.fdopen(descriptor, "rb") as file:
+        status = os.fstat(file.fileno())
+        mode = status.st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{setting}: {path} is not a plain file", key=setting)
+        if status.st_uid != os.geteuid():
+            raise ConfigError(
+                f"{setting}: {path} is owned by uid {status.st_uid}, not by this process's "
+                f"({os.geteuid()}); run chown {os.geteuid()} {path}",
+                key=setting,
+            )
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError(
                 f"{setting}: {path} is readable by others (mode {stat.S_IMODE(mode):04o}); "

@@ -93,3 +93,22 @@ def test_a_file_that_is_not_an_ed25519_pem_key_is_refused(tmp_path: Path, conten
     assert refused.value.key == "cloud.signing_key_file"
     assert str(key_file) in str(refused.value)
     assert key_file.read_bytes() == content  # never overwritten
+
+
+def test_a_key_file_that_is_a_link_or_another_users_is_refused(tmp_path: Path) -> None:
+    # Whoever could plant a link (or a file of their own) there would choose the key.
+    planted = tmp_path / "planted.key"
+    load_or_create_signing_key(settings_for(tmp_path / "other", planted))
+    key_file = tmp_path / "desired.key"
+    key_file.symlink_to(planted)
+    with pytest.raises(ConfigError, match="symbolic link") as refused:
+        load_or_create_signing_key(settings_for(tmp_path / "data", key_file))
+    assert refused.value.key == "cloud.signing_key_file"
+    dangling = tmp_path / "dangling.key"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="symbolic link"):
+        load_or_create_signing_key(settings_for(tmp_path / "data", dangling))
+    if os.geteuid() == 0:  # only root can give a file away
+        os.chown(planted, 65534, 65534)
+        with pytest.raises(ConfigError, match="owned by uid 65534"):
+            load_or_create_signing_key(settings_for(tmp_path / "data", planted))
