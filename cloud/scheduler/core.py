@@ -255,7 +255,27 @@ class Scheduler:
             self._commit(job, attempt)
             self._pend(job, attempt.quota_block, len(attempt.placements), preemption, placed=True)
             return
-        self._pend(job, quota_block, best_fit, preemption)
+        self._pend(job, self._restated(job, quota_block), best_fit, preemption)
+
+    def _restated(self, job: JobContext, block: Admission | None) -> Admission | None:
+        """The blocking admission with its usage figures as the cluster stands once the
+        attempts are undone: taken mid-attempt, they counted evictions made for earlier
+        members (a reclaim from a borrower) that the discarded attempt gave back, and a
+        person was told "cohort 2/4" of a cohort at 6."""
+        quota = block.quota if block is not None else None
+        if block is None or quota is None or quota.kind not in KINDS:
+            return block  # cores and slices: their figures are not moved by evictions
+        kind = KINDS.index(quota.kind)
+        column = next((o.k for o in job.options if self.state.column_kinds[o.k] == kind), None)
+        if column is None:
+            return block
+        fresh = self.quota.admit(self.state, quota.tenant, column, job.shape.accelerators)
+        if fresh.quota is None:
+            return block
+        restated = dataclasses.replace(
+            quota, usage=fresh.quota.usage, cohort_usage=fresh.quota.cohort_usage
+        )
+        return dataclasses.replace(block, quota=restated)
 
     def _shapes_to_try(
         self, work: TrainingJob, never: NeverFits | None

@@ -126,6 +126,11 @@ def test_reclaiming_from_a_borrower_never_takes_a_gang_past_the_cohorts_total() 
     pending = plan.pending_for("c-new")
     assert pending is not None
     assert pending.code == "quota"
+    # Its figures are the cluster's as it stands, not the discarded attempt's (which
+    # had evicted b's 4 for the first worker: "cohort co 2/4").
+    assert pending.quota is not None
+    assert (pending.quota.usage, pending.quota.cohort_usage) == (2, 6)
+    assert "cohort co 6/4" in pending.message
 
 
 def test_room_another_eviction_frees_in_an_over_full_cohort_is_not_borrowed() -> None:
