@@ -33,6 +33,9 @@ class SpecFileError(ValueError):
     """The file cannot be read or is not a valid spec; the message says where and why."""
 
 
+_FORMAT_NAMES: Final = {".json": "JSON", ".toml": "TOML", ".yaml": "YAML", ".yml": "YAML"}
+
+
 def _parse(path: Path, text: str) -> object:
     suffix = path.suffix.lower()
     try:
@@ -50,6 +53,10 @@ def _parse(path: Path, text: str) -> object:
         raise SpecFileError(f"{path}: not valid TOML: {error}") from None
     except ImportError:
         raise
+    except RecursionError:
+        # Each parser recurses per level of nesting: a document nested thousands deep
+        # is refused for that, whichever format it is in.
+        raise SpecFileError(f"{path}: {_FORMAT_NAMES[suffix]} nested too deeply to read") from None
     except Exception as error:  # yaml.YAMLError and its subclasses
         raise SpecFileError(f"{path}: not valid YAML: {yaml_reason(error)}") from None
     raise SpecFileError(
@@ -60,6 +67,8 @@ def _parse(path: Path, text: str) -> object:
 def yaml_reason(error: Exception) -> str:
     """What is wrong with a YAML file and where, never the line itself (PyYAML quotes it,
     and a spec file's line may hold a secret's value)."""
+    if isinstance(error, RecursionError):  # PyYAML recurses per level of nesting
+        return "nested too deeply to read"
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or type(error).__name__
     if mark is None:
@@ -88,6 +97,8 @@ def parse_spec(document: object, kind: SpecKind | None, *, source: str) -> WorkS
         spec = msgspec.convert(fields, SPEC_TYPES[chosen])
         if isinstance(spec, TrainingJobSpec):
             check_submitted_secrets(spec)
+    except RecursionError:
+        raise SpecFileError(f"{source}: nested too deeply to read") from None
     except msgspec.ValidationError as error:
         name, reason = describe_error(error)
         raise SpecFileError(f"{source}: {name}: {reason}") from None

@@ -590,6 +590,68 @@ def _describe(error: msgspec.ValidationError) -> tuple[FieldPath, str]:
     return refused.path, refused.reason
 
 
+# A table key that reads unambiguously after a dot; any other is quoted, as in TOML.
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _name_mapping_keys(raw: Any, path: FieldPath, reason: str) -> FieldPath:
+    """`path` with each `...` (msgspec's word for "a value of this table", whose key it
+    does not report: `scheduling.cohorts[...].parnt`) replaced by the key at fault.
+
+    The key is found by validating the document again with that table cut down to one
+    entry at a time: the entry that alone gives the same error is the one. Where none
+    does (an error about entries together) or the document is not as the path says,
+    `...` stays."""
+    named = list(path)
+    lookup = list(path)  # the path with the raw keys found so far, to walk the document
+    for where, step in enumerate(path):
+        if step is not ...:
+            continue
+        table = _at(raw, tuple(lookup[:where]))
+        if not isinstance(table, dict):
+            break
+        for key, value in table.items():
+            trial = _with(raw, tuple(lookup[:where]), {key: value})
+            try:
+                msgspec.convert(trial, Settings)
+            except msgspec.ValidationError as error:
+                if _describe(error) == (path, reason):
+                    raw = trial
+                    lookup[where] = key
+                    named[where] = key if _BARE_KEY.match(key) else f'"{key}"'
+                    break
+        else:
+            break
+    return tuple(named)
+
+
+def _at(document: Any, path: FieldPath) -> Any:
+    """The value at `path` in a raw (TOML) document; None where there is none."""
+    for step in path:
+        if isinstance(document, dict) and isinstance(step, str):
+            document = document.get(step)
+        elif isinstance(document, list) and isinstance(step, int) and step < len(document):
+            document = document[step]
+        else:
+            return None
+    return document
+
+
+def _with(document: Any, path: FieldPath, value: Any) -> Any:
+    """A copy of `document` with `value` at `path` (which `_at` found), the rest shared."""
+    if not path:
+        return value
+    step, rest = path[0], path[1:]
+    if isinstance(document, dict):
+        return {**document, step: _with(document[step], rest, value)}
+    # A list and an index here, as `_at` walked it.
+    assert isinstance(document, list)
+    assert isinstance(step, int)
+    copy = list(document)
+    copy[step] = _with(document[step], rest, value)
+    return copy
+
+
 def _section_field_type(section: str, key: str) -> Any:
     section_fields = {f.name: f for f in msgspec.structs.fields(Settings)}
     if section not in section_fields:
@@ -640,8 +702,19 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except OSError as error:  # a directory, no permission, an I/O error
+            raise ConfigError(
+                f"config file {path} cannot be read: {error.strerror or error}"
+            ) from None
+        except UnicodeDecodeError as error:
+            line = error.object[: error.start].count(b"\n") + 1
+            raise ConfigError(
+                f"config file {path} is not UTF-8 text (line {line}): TOML files are UTF-8"
+            ) from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path}: TOML nested too deeply to read") from None
     overrides = env_overrides(environ)
     for section, values in overrides.items():
         current = raw.get(section, {})
@@ -652,6 +725,7 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
         return msgspec.convert(raw, Settings)
     except msgspec.ValidationError as error:
         key_path, reason = _describe(error)
+        key_path = _name_mapping_keys(raw, key_path, reason)
         origin = source
         section = str(key_path[0]) if key_path else ""
         top_field = str(key_path[1]) if len(key_path) > 1 else ""

@@ -9,6 +9,12 @@ Carbon files follow the Electricity Maps export format
 so `DE-LU_2023_hourly.csv` serves zone `DE`. Price files
 (`<PREFIX>_electricity_prices_<YEAR>.csv`, USD/MWh) attach to the zone of the
 carbon file with the same prefix: DE's prices are those of the DE-LU bidding zone.
+
+A file is checked as it is read, since one bad row would spoil every series built on
+it: a carbon intensity outside 0 to 10,000 gCO2eq/kWh, a price beyond ±100,000 per MWh
+(`model.MAX_CARBON_G_PER_KWH`, `MAX_ABS_PRICE_PER_MWH`) or a zone's rows more than
+`MAX_TRACE_SPAN_YEARS` apart are a `DatasetError` naming the file and line. An empty
+cell is a missing hour.
 """
 
 from __future__ import annotations
@@ -32,7 +38,14 @@ import numpy as np
 import numpy.typing as npt
 
 from cloud.signals.grid import FloatArray
+from cloud.signals.model import (
+    MAX_ABS_PRICE_PER_MWH,
+    MAX_CARBON_G_PER_KWH,
+    plausible_carbon,
+    plausible_price,
+)
 from cloud.signals.units import HOUR_S, parse_utc
+from shared.clock import utc_from_epoch
 
 EmissionFactor = Literal["lifecycle", "direct"]
 
@@ -62,6 +75,11 @@ DIRECT_COLUMN = "Carbon Intensity gCO₂eq/kWh (direct)"
 LCA_COLUMN = "Carbon Intensity gCO₂eq/kWh (LCA)"
 ESTIMATED_COLUMN = "Data Estimated"
 PRICE_COLUMN = "Price (USD/MWh)"
+
+# A zone's trace covers at most this many years: a trace is read into dense hourly
+# arrays, so one row dated 9999-12-31 among 2023's would otherwise ask for gigabytes.
+MAX_TRACE_SPAN_YEARS = 20
+_MAX_TRACE_SPAN_S = MAX_TRACE_SPAN_YEARS * 366 * 24 * HOUR_S
 
 _CARBON_FILE = re.compile(r"^(?P<prefix>.+)_(?P<year>\d{4})_hourly\.csv$")
 _PRICE_FILE = re.compile(r"^(?P<prefix>.+)_electricity_prices_(?P<year>\d{4})\.csv$")
@@ -136,10 +154,17 @@ def _read_only(array: npt.NDArray[np.generic]) -> None:
     array.setflags(write=False)
 
 
-def _rows(entry: Traversable) -> Iterator[dict[str, str]]:
+def _numbered_rows(entry: Traversable) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV file: errors name the line people see in an editor."""
     # newline="" as the csv module wants: the shipped files end lines with CRLF.
     with io.TextIOWrapper(entry.open("rb"), encoding="utf-8", newline="") as handle:
-        yield from csv.DictReader(handle)
+        reader = csv.DictReader(handle)
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _rows(entry: Traversable) -> Iterator[dict[str, str]]:
+    return (row for _, row in _numbered_rows(entry))
 
 
 def _number(text: str | None) -> float:
@@ -149,6 +174,42 @@ def _number(text: str | None) -> float:
         return float(text)
     except ValueError:
         return math.nan
+
+
+def _carbon_cell(entry: Traversable, line: int, row: dict[str, str], column: str) -> float:
+    """The cell's intensity, NaN where it has none; a DatasetError for one no grid has."""
+    value = _number(row.get(column))
+    if math.isnan(value) or plausible_carbon(value):
+        return value
+    raise DatasetError(
+        f"{entry.name}: line {line}: {column} is {row.get(column)!r}; a carbon intensity "
+        f"is 0 to {MAX_CARBON_G_PER_KWH:,.0f} gCO2eq/kWh (leave the cell empty where "
+        "there is no value)"
+    )
+
+
+def _price_cell(entry: Traversable, line: int, row: dict[str, str]) -> float:
+    value = _number(row[PRICE_COLUMN])
+    if math.isnan(value) or plausible_price(value):
+        return value
+    raise DatasetError(
+        f"{entry.name}: line {line}: {PRICE_COLUMN} is {row[PRICE_COLUMN]!r}; a price is "
+        f"-{MAX_ABS_PRICE_PER_MWH:,.0f} to {MAX_ABS_PRICE_PER_MWH:,.0f} per MWh (leave the "
+        "cell empty where there is no value)"
+    )
+
+
+def _check_span(entry: Traversable, times: list[float], lines: list[int]) -> None:
+    """Refuse a file whose rows lie more than MAX_TRACE_SPAN_YEARS apart, naming the row
+    farthest from the file's median time (the odd one out, whether first or last)."""
+    if not times or max(times) - min(times) <= _MAX_TRACE_SPAN_S:
+        return
+    median_s = sorted(times)[len(times) // 2]
+    worst = max(range(len(times)), key=lambda index: abs(times[index] - median_s))
+    raise DatasetError(
+        f"{entry.name}: line {lines[worst]}: {utc_from_epoch(times[worst]):%Y-%m-%d %H:%M} "
+        f"is more than {MAX_TRACE_SPAN_YEARS} years from the file's other rows"
+    )
 
 
 @dataclass(slots=True)
@@ -163,18 +224,26 @@ class _ZoneRows:
 def _read_carbon_file(entry: Traversable, into: dict[str, _ZoneRows]) -> str:
     """Read one carbon file; returns its zone id."""
     zone = ""
+    times: list[float] = []
+    lines: list[int] = []
     try:
-        for row in _rows(entry):
+        for line, row in _numbered_rows(entry):
             zone = row[ZONE_COLUMN].strip()
             rows = into.setdefault(zone, _ZoneRows([], [], [], [], []))
-            rows.times.append(parse_utc(row[TIME_COLUMN]).timestamp())
-            rows.lifecycle.append(_number(row.get(LCA_COLUMN)))
-            rows.direct.append(_number(row.get(DIRECT_COLUMN)))
+            at_s = parse_utc(row[TIME_COLUMN]).timestamp()
+            rows.times.append(at_s)
+            rows.lifecycle.append(_carbon_cell(entry, line, row, LCA_COLUMN))
+            rows.direct.append(_carbon_cell(entry, line, row, DIRECT_COLUMN))
             rows.estimated.append(row.get(ESTIMATED_COLUMN, "").strip().lower() == "true")
+            times.append(at_s)
+            lines.append(line)
+    except DatasetError:
+        raise
     except (KeyError, ValueError) as error:
         raise DatasetError(f"{entry.name}: not in the Electricity Maps format ({error})") from None
     if not zone:
         raise DatasetError(f"{entry.name}: no rows")
+    _check_span(entry, times, lines)
     into[zone].files.append(entry.name)
     return zone
 
@@ -206,13 +275,21 @@ def read_traces(directory: Traversable) -> dict[str, HourlyTrace]:
             continue
         times, prices = price_rows.setdefault(prefix_zone[match.group("prefix")], ([], []))
         try:
-            for row in _rows(entry):
+            for line, row in _numbered_rows(entry):
                 times.append(parse_utc(row[TIME_COLUMN]).timestamp())
-                prices.append(_number(row[PRICE_COLUMN]))
+                prices.append(_price_cell(entry, line, row))
+        except DatasetError:
+            raise
         except (KeyError, ValueError) as error:
             raise DatasetError(f"{entry.name}: not a greenfed price file ({error})") from None
     traces: dict[str, HourlyTrace] = {}
     for zone, rows in zone_rows.items():
+        if max(rows.times) - min(rows.times) > _MAX_TRACE_SPAN_S:
+            # Each file is within the span (checked as it was read): together they are not.
+            raise DatasetError(
+                f"{', '.join(rows.files)}: zone {zone}'s rows span more than "
+                f"{MAX_TRACE_SPAN_YEARS} years"
+            )
         start_s = math.floor(min(rows.times) / HOUR_S) * HOUR_S
         hours = math.floor((max(rows.times) - start_s) / HOUR_S) + 1
         lifecycle = _dense(rows.times, rows.lifecycle, start_s, hours)

@@ -11,6 +11,13 @@ when its newest hour is older than `staleness_limit_s`, and every static
 fallback is stale; the flag is carried into `ZoneSeries.stale` and so
 `GridSignals.stale_zones`, where decisions can see it.
 
+A reading or forecast point whose carbon intensity no grid has (negative, not finite,
+above `model.MAX_CARBON_G_PER_KWH`) is dropped from every answer, as is a price beyond
+`model.MAX_ABS_PRICE_PER_MWH`. An answer that still makes no series (`ZoneSeries`
+refuses it, or assembling it fails) leaves its zone to the static table, like a zone
+nobody answered for: it is forgotten, never served as the last good value, and the
+snapshot's other zones are not affected.
+
 A snapshot holds, per zone, the last `history_hours` recorded hours and
 `horizon_hours` ahead: the provider's own forecast where it has one, otherwise
 (and beyond its end) the configured forecaster applied to the recorded history.
@@ -35,7 +42,7 @@ import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import structlog
@@ -52,6 +59,8 @@ from cloud.signals.model import (
     SignalRateLimited,
     SignalType,
     SignalUnavailable,
+    plausible_carbon,
+    plausible_price,
 )
 from cloud.signals.replay_time import replay_offset_s, retold
 from cloud.signals.static import StaticProvider
@@ -168,6 +177,12 @@ class SignalService:
         while len(self._answers) > self._max_cached_answers:
             self._answers.popitem(last=False)
 
+    def _forget(self, answer: ZoneAnswer) -> None:
+        """Drop an answer that made no usable series, unless a newer one replaced it."""
+        key = (answer.provider, answer.zone)
+        if self._answers.get(key) is answer:
+            del self._answers[key]
+
     @property
     def providers(self) -> tuple[str, ...]:
         return tuple(provider.name for provider in self._providers)
@@ -194,9 +209,17 @@ class SignalService:
         hour_s = floor_hour_s(now_s)
         start = utc_from_epoch(hour_s - (self._lookback_hours() - 1) * HOUR_S)
         end = utc_from_epoch(hour_s + HOUR_S)
-        history = sorted(await provider.history(zone, start, end), key=lambda r: r.at)
+        answered = await provider.history(zone, start, end)
+        history = sorted(self._plausible_readings(answered), key=lambda r: r.at)
+        dropped = len(answered) - len(history)
         if not history:
-            history = [await provider.latest(zone)]
+            latest = await provider.latest(zone)
+            if not plausible_carbon(latest.carbon_g_per_kwh):
+                raise SignalUnavailable(
+                    f"{provider.name}: {zone}: no plausible value "
+                    f"(latest {latest.carbon_g_per_kwh} gCO2eq/kWh)"
+                )
+            history = self._plausible_readings([latest])
         forecast: Forecast | None = None
         try:
             forecast = await provider.forecast(
@@ -209,6 +232,28 @@ class SignalService:
             self._log.info(
                 "signals.forecast_unavailable", provider=provider.name, zone=zone, error=str(error)
             )
+        if forecast is not None:
+            points = [p for p in forecast.points if plausible_carbon(p.carbon_g_per_kwh)]
+            dropped += len(forecast.points) - len(points)
+            forecast = replace(
+                forecast,
+                points=[
+                    p
+                    if p.price_per_mwh is None or plausible_price(p.price_per_mwh)
+                    else replace(p, price_per_mwh=None)
+                    for p in points
+                ],
+            )
+        if dropped:
+            # Every client should have dropped these itself; one that did not must not
+            # spoil the zone's series (or, before, every zone's snapshot).
+            self._limited_log.warning(
+                f"implausible_values:{provider.name}",
+                "signals.implausible_values_dropped",
+                provider=provider.name,
+                zone=zone[:100],
+                dropped=dropped,
+            )
         return ZoneAnswer(
             provider=provider.name,
             zone=zone,
@@ -217,6 +262,20 @@ class SignalService:
             forecast=forecast,
             fetched_at_s=now_s,
         )
+
+    @staticmethod
+    def _plausible_readings(readings: Iterable[GridReading]) -> list[GridReading]:
+        """The readings whose carbon intensity can be real (model.plausible_carbon); an
+        absurd price is dropped from its reading, which keeps its intensity."""
+        kept: list[GridReading] = []
+        for reading in readings:
+            if not plausible_carbon(reading.carbon_g_per_kwh):
+                continue
+            price = reading.price_per_mwh
+            if price is not None and not plausible_price(price):
+                reading = replace(reading, price_per_mwh=None, currency=None)
+            kept.append(reading)
+        return kept
 
     def _block(self, provider: str, error: SignalError) -> None:
         now_s = self._clock()
@@ -326,6 +385,21 @@ class SignalService:
                 return self._assemble(answer, now_s, stale=stale, source=source)
             except SignalUnavailable as error:
                 self._log.warning("signals.unusable_answer", zone=zone, error=str(error))
+            except ValueError as error:
+                # Values no series may hold (ZoneSeries refuses them). This zone falls
+                # back like one without an answer; the snapshot's other zones must not
+                # fail with it, and the answer must not come back as the last good one.
+                self._forget(answer)
+                self._log.warning(
+                    "signals.unusable_answer",
+                    zone=zone,
+                    provider=answer.provider,
+                    error=str(error)[:500],
+                )
+            except Exception:
+                # A bug in assembling one zone (a forecaster's, say): the same.
+                self._forget(answer)
+                self._log.exception("signals.assembly_crashed", zone=zone, provider=answer.provider)
         if self._static is not None and self._static.knows(zone):
             self._log.warning("signals.static_fallback", zone=zone)
             return self._static_series(zone, now_s)

@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 
 import aiohttp
 import msgspec
+import structlog
 
 from cloud.signals.hourly import hourly_means
 from cloud.signals.http_client import HttpSource, Query
@@ -45,6 +46,7 @@ from cloud.signals.model import (
     GridReading,
     SignalAuthError,
     SignalUnavailable,
+    plausible_carbon,
 )
 from cloud.signals.units import (
     G_PER_KWH_PER_LB_PER_MWH,
@@ -90,6 +92,7 @@ class DataResponse(msgspec.Struct, frozen=True):
 
 _LOGIN = msgspec.json.Decoder(LoginResponse)
 _DATA = msgspec.json.Decoder(DataResponse)
+_log = structlog.get_logger("greenfed.signals")
 
 
 def jwt_expiry_s(token: str) -> float | None:
@@ -184,12 +187,29 @@ class WattTimeProvider:
             ) from None
 
     def _points(self, response: DataResponse, path: str) -> list[tuple[datetime, float]]:
+        """(time, gCO2/kWh) of the points with a value. Nulls are gaps; a negative or
+        absurd value (model.plausible_carbon) is dropped too, and counted in a warning:
+        averaged into an hour it would spoil the hour, or every series built on it."""
         factor = self._factor(response, path)
-        return [
-            (parse_utc(point.point_time), point.value * factor)
-            for point in response.data
-            if point.value is not None and math.isfinite(point.value)
-        ]
+        points: list[tuple[datetime, float]] = []
+        dropped = 0
+        for point in response.data:
+            if point.value is None or not math.isfinite(point.value):
+                continue
+            value = point.value * factor
+            if not plausible_carbon(value):
+                dropped += 1
+                continue
+            points.append((parse_utc(point.point_time), value))
+        if dropped:
+            _log.warning(
+                "signals.implausible_points_dropped",
+                provider=self._name,
+                path=path,
+                dropped=dropped,
+                kept=len(points),
+            )
+        return points
 
     async def latest(self, zone: str) -> GridReading:
         path = "v3/forecast"

@@ -15,6 +15,7 @@ cloud/store/backup_file.py, which a restore reads into either backend.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
@@ -35,9 +36,11 @@ from cloud.store.backup_file import (
     BackupTable,
     BackupWriter,
     ValueKind,
+    looks_like_backup,
+    partial_path,
 )
 from cloud.store.engine import DatabaseTarget, build_engine, resolve_database
-from cloud.store.errors import NotAStoreError, StoreUnavailableError
+from cloud.store.errors import NotAStoreError, StoreError, StoreUnavailableError
 from cloud.store.migrate import applied_version
 from cloud.store.migrations import MIGRATIONS
 from cloud.store.schema import CLUSTER_ID_SECRET, metadata, schema_version, secrets
@@ -48,8 +51,17 @@ from shared.settings import StoreSettings
 KNOWN_TABLES: Final = frozenset(metadata.tables)
 _BATCH_ROWS: Final = 1000
 
+# SQLite's files beside the database (the WAL and its index, the rollback journal):
+# replacing one under a live database loses or corrupts its commits.
+SQLITE_SIDE_FILE_SUFFIXES: Final = ("-wal", "-shm", "-journal")
+
 # Called after each table with its name and rows (progress; tests write in between).
 TableDone = Callable[[str, int], Awaitable[None]]
+
+
+class BackupPathError(StoreError):
+    """A path a backup must not be written to: the store's own database or one of its
+    files, a directory, or a file that is not a greenfed backup. Nothing was written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +81,14 @@ async def take_backup(
     on_table: TableDone | None = None,
     clock: Callable[[], float] = time.time,
 ) -> BackupReport:
-    """Write a consistent backup of the store `settings` name to `path` (replaced if it
-    exists, only once the new one is complete). The store may be in use meanwhile.
+    """Write a consistent backup of the store `settings` name to `path`. The store may be
+    in use meanwhile. An existing file at `path` is replaced, only once the new one is
+    complete, when it is a greenfed backup (or empty); anything else is refused.
 
     Raises `StoreUnavailableError` (no database there, or it cannot be read),
-    `NotAStoreError`, `SchemaTooNewError`/`SchemaMismatchError` (a database this
-    greenfed does not know), OSError (the file cannot be written).
+    `BackupPathError` (see `check_backup_path`), `NotAStoreError`,
+    `SchemaTooNewError`/`SchemaMismatchError` (a database this greenfed does not know),
+    OSError (the file cannot be written).
     """
     started = time.perf_counter()
     target = resolve_database(settings)
@@ -83,6 +97,7 @@ async def take_backup(
             f"no store database at {target.sqlite_path}: nothing to back up "
             "(store.data_dir, store.database_url)"
         )
+    check_backup_path(path, target)
     engine = build_engine(target, settings)
     if target.backend == "postgresql":
         # The snapshot pg_dump takes: every table as of the transaction's first statement.
@@ -111,6 +126,42 @@ async def take_backup(
             writer.discard()  # failed or cancelled before finish(): no partial file stays
         await engine.dispose()
     return BackupReport(path, size_bytes, header, rows, time.perf_counter() - started)
+
+
+def check_backup_path(path: Path, target: DatabaseTarget) -> None:
+    """Refuse a backup path whose replacement would destroy something: the store's own
+    SQLite database or one of its side files (through symbolic and hard links, so that
+    a mistyped or linked name cannot put a backup in the database's place), a directory,
+    or an existing file that is not a greenfed backup (someone else's file; an empty one,
+    as `mktemp` leaves, may be replaced)."""
+    if target.sqlite_path is not None:
+        database = target.sqlite_path.resolve()
+        own_files = [
+            database,
+            *(database.with_name(database.name + suffix) for suffix in SQLITE_SIDE_FILE_SUFFIXES),
+        ]
+        for written in (path, partial_path(path)):
+            for own in own_files:
+                if written.resolve() == own or _same_file(written, own):
+                    what = "database" if own == database else f"database's {own.name}"
+                    raise BackupPathError(
+                        f"{path} is the store's own {what} ({own}): a backup written there "
+                        "would replace it; write the backup elsewhere"
+                    )
+    if path.is_dir():
+        raise BackupPathError(f"{path} is a directory: give the backup a file name in it")
+    if path.exists() and path.stat().st_size > 0 and not looks_like_backup(path):
+        raise BackupPathError(
+            f"{path} exists and is not a greenfed store backup: refusing to replace it "
+            "(remove it first, or choose another name)"
+        )
+
+
+def _same_file(first: Path, second: Path) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # either is missing: then they are not one file
+        return False
 
 
 async def _snapshot(

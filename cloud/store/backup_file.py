@@ -83,6 +83,32 @@ _header_decoder = msgspec.json.Decoder(BackupHeader)
 _line_decoder = msgspec.json.Decoder(list[Value] | dict[str, str | dict[str, int]])
 
 
+def partial_path(path: Path) -> Path:
+    """Where the backup for `path` is written until it is complete."""
+    return path.with_name(f".{path.name}.partial")
+
+
+class _FormatOnly(msgspec.Struct):
+    format: str
+
+
+_format_decoder = msgspec.json.Decoder(_FormatOnly)
+# A header names every table and column: a few kB. A first line longer than this (or
+# none) is not one, and reading on would only spend memory on whatever the file is.
+_MAX_HEADER_BYTES: Final = 1 << 20
+
+
+def looks_like_backup(path: Path) -> bool:
+    """Whether the file at `path` begins as a backup of any format version does: a gzip
+    stream whose first line is a JSON object with this `format`. Reads no further."""
+    try:
+        with gzip.open(path, "rb") as stream:
+            line = stream.readline(_MAX_HEADER_BYTES)
+        return _format_decoder.decode(line).format == FORMAT
+    except (OSError, EOFError, zlib.error, msgspec.DecodeError):
+        return False
+
+
 class BackupWriter:
     """Writes one backup file; `finish()` puts it in place, `discard()` leaves nothing.
 
@@ -90,7 +116,7 @@ class BackupWriter:
 
     def __init__(self, path: Path, header: BackupHeader) -> None:
         self.path = path
-        self._partial = path.with_name(f".{path.name}.partial")
+        self._partial = partial_path(path)
         self._kinds = {table.name: [c.kind for c in table.columns] for table in header.tables}
         self._rows: dict[str, int] = {}
         self._table: str | None = None

@@ -15,7 +15,9 @@ one: `BEGIN IMMEDIATE` for writes (the write lock is taken up front and waits up
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -38,6 +40,24 @@ _POSTGRES_DRIVERS: Final = ("postgresql", "postgres", "postgresql+asyncpg")
 ACCEPTED_SCHEMES: Final = (*_SQLITE_DRIVERS, *_POSTGRES_DRIVERS)
 
 Backend = Literal["sqlite", "postgresql"]
+
+# Query parameters of a PostgreSQL URL that reach asyncpg's connect(): asyncpg takes
+# these by the same name (SQLAlchemy splits `host` for sockets and several hosts).
+_ASYNCPG_PARAMETERS: Final = frozenset(
+    {"host", "ssl", "target_session_attrs", "passfile", "krbsrvname", "gsslib"}
+)
+# libpq's sslmode, which URLs copied from psql carry; asyncpg's `ssl` takes the same values.
+SSL_MODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# Where libpq parameters asyncpg does not take by name are given instead.
+_PARAMETER_HINTS: Final = {
+    "sslrootcert": "set the PGSSLROOTCERT environment variable instead",
+    "sslcert": "set the PGSSLCERT environment variable instead",
+    "sslkey": "set the PGSSLKEY environment variable instead",
+    "sslcrl": "set the PGSSLCRL environment variable instead",
+    "connect_timeout": "use store.connect_timeout_s instead",
+    "port": "put the port after the host (host:5432) instead",
+}
+_PASSWORD_IN_URL: Final = re.compile(r"(?<=://)([^:/?#@]*):[^@/?#]*@")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +91,11 @@ def resolve_database(settings: StoreSettings) -> DatabaseTarget:
         )
     try:
         url = make_url(settings.database_url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StoreConfigError(
-            f"store.database_url: {settings.database_url!r} is not a database URL"
+            f"store.database_url: {_hide_password(settings.database_url)!r} is not a "
+            "database URL (sqlite:///path/to/greenfed.db or "
+            "postgresql://user@host:5432/dbname)"
         ) from None
     driver = url.drivername.lower()
     if driver in _SQLITE_DRIVERS:
@@ -83,7 +105,7 @@ def resolve_database(settings: StoreSettings) -> DatabaseTarget:
             raise StoreConfigError("store.database_url: a PostgreSQL URL needs a host")
         return DatabaseTarget(
             "postgresql",
-            url.set(drivername="postgresql+asyncpg"),
+            url.set(drivername="postgresql+asyncpg", query=_asyncpg_query(url.query)),
             None,
             settings.database_schema or None,
         )
@@ -91,6 +113,39 @@ def resolve_database(settings: StoreSettings) -> DatabaseTarget:
         f"store.database_url: unsupported database {url.drivername!r}; use "
         "sqlite:///path/to/greenfed.db or postgresql://user@host:5432/dbname"
     )
+
+
+def _hide_password(text: str) -> str:
+    """A URL as text with its password as ***, for a message (the URL did not parse)."""
+    return _PASSWORD_IN_URL.sub(r"\1:***@", text)
+
+
+def _asyncpg_query(
+    query: Mapping[str, str | tuple[str, ...]],
+) -> dict[str, str | tuple[str, ...]]:
+    """A PostgreSQL URL's query parameters as asyncpg's connect() takes them, `sslmode`
+    as `ssl`. SQLAlchemy hands every parameter to connect() as a keyword, so one it does
+    not take would fail every connection with a TypeError: refuse it here, by name."""
+    result: dict[str, str | tuple[str, ...]] = {}
+    for name, value in query.items():
+        if name not in ("ssl", "sslmode", *_ASYNCPG_PARAMETERS):
+            known = ", ".join(sorted({"sslmode", *_ASYNCPG_PARAMETERS}))
+            hint = _PARAMETER_HINTS.get(name, f"the parameters greenfed passes on are {known}")
+            raise StoreConfigError(
+                f"store.database_url: unsupported query parameter {name!r}; {hint}"
+            )
+        if isinstance(value, tuple) and name != "host":  # several hosts are allowed
+            raise StoreConfigError(f"store.database_url: query parameter {name!r} given twice")
+        if name in ("ssl", "sslmode"):
+            if "ssl" in result:
+                raise StoreConfigError("store.database_url: give sslmode or ssl, not both")
+            if value not in SSL_MODES:
+                raise StoreConfigError(
+                    f"store.database_url: {name}={value!r} is not one of {', '.join(SSL_MODES)}"
+                )
+            name = "ssl"
+        result[name] = value
+    return result
 
 
 def _sqlite_target(url: URL, settings: StoreSettings) -> DatabaseTarget:

@@ -250,7 +250,7 @@ def test_a_node_id_that_cannot_be_a_topic_level_is_rejected_naming_the_key(node_
         ('[agent]\nprobes = ["cpu", "tpu"]\n', "agent.probes[1]", "Invalid enum value 'tpu'"),
         (
             "[signals.static_table.X]\ncarbon_g_per_kwh = -1\n",
-            "signals.static_table[...].carbon_g_per_kwh",
+            "signals.static_table.X.carbon_g_per_kwh",
             "Expected `float` >= 0.0",
         ),
         (
