@@ -5,8 +5,9 @@ otherwise publish a node's `desired`. This module gives it what Mosquitto's dyna
 security plugin gives a production broker, with the same wire API, so the control plane
 provisions nodes through one code path (cloud/broker_accounts/dynamic_security.py):
 
-- accounts: username -> (salted password hash, enabled, roles), kept in a JSON file
-  (mode 0600) in the data directory, so a restarted broker keeps every node's account;
+- accounts: username -> (salted password hash, enabled, roles, the one client id it may
+  connect with if bound), kept in a JSON file (mode 0600) in the data directory, so a
+  restarted broker keeps every node's account;
 - roles: ordered ACLs evaluated as Mosquitto does (roles and ACLs by priority, first
   matching ACL decides, else the default: send no, receive yes, subscribe no);
 - the broker's own admin account (the control plane's `[mqtt]` username) may do
@@ -57,6 +58,8 @@ class Account(msgspec.Struct, kw_only=True):
     password_hash: str
     enabled: bool = True
     roles: list[RoleRef] = msgspec.field(default_factory=list)
+    # As Mosquitto's: set, a login with any other client id is refused.
+    clientid: str | None = None
 
 
 class Role(msgspec.Struct, kw_only=True):
@@ -152,7 +155,9 @@ class EmbeddedAccounts:
 
     # -- who may connect -----------------------------------------------------------
 
-    async def authenticate(self, username: str | None, password: str | None) -> bool:
+    async def authenticate(
+        self, username: str | None, password: str | None, client_id: str | None = None
+    ) -> bool:
         if not username or password is None:
             return False
         if username == self.admin_username:
@@ -160,6 +165,8 @@ class EmbeddedAccounts:
         else:
             account = self._document.clients.get(username)
             if account is None or not account.enabled:
+                return False
+            if account.clientid is not None and client_id != account.clientid:
                 return False
             stored = account.password_hash
         return await asyncio.to_thread(verify_secret, password, stored)
@@ -287,7 +294,9 @@ class EmbeddedAccounts:
             if missing:
                 return "Role not found", None
             clients[username] = Account(
-                password_hash=password_hash, roles=list(command.roles or ())
+                password_hash=password_hash,
+                roles=list(command.roles or ()),
+                clientid=command.clientid or None,
             )
             outcome.changed = True
             return None, None
@@ -296,7 +305,10 @@ class EmbeddedAccounts:
             return "Client not found", None
         if name == "getClient":
             info = ClientInfo(
-                username=username, roles=tuple(account.roles), disabled=not account.enabled
+                username=username,
+                clientid=account.clientid,
+                roles=tuple(account.roles),
+                disabled=not account.enabled,
             )
             return None, ClientData(client=info)
         if name == "setClientPassword":
@@ -310,6 +322,8 @@ class EmbeddedAccounts:
                 if any(ref.rolename not in roles for ref in command.roles):
                     return "Role not found", None
                 account.roles = list(command.roles)
+            if command.clientid is not None:  # "": no longer bound
+                account.clientid = command.clientid or None
         elif name == "addClientRole":
             if (command.rolename or "") not in roles:
                 return "Role not found", None
@@ -339,7 +353,8 @@ def _acl_applies(acl: Acl, topic: str, action: Action) -> bool:
 
 
 class AccountsAuthPlugin(BaseAuthPlugin):  # type: ignore[misc]
-    """amqtt's authentication hook: a login needs an enabled account and its password.
+    """amqtt's authentication hook: a login needs an enabled account, its password and,
+    where the account is bound to one, its client id.
     (Topic checks bypass amqtt's plugin manager: see `greenfed.broker._Amqtt`.)"""
 
     @dataclass
@@ -348,7 +363,9 @@ class AccountsAuthPlugin(BaseAuthPlugin):  # type: ignore[misc]
 
     async def authenticate(self, *, session: Session) -> bool | None:
         accounts: EmbeddedAccounts = self.config.accounts
-        allowed: bool = await accounts.authenticate(session.username, session.password)
+        allowed: bool = await accounts.authenticate(
+            session.username, session.password, session.client_id
+        )
         if not allowed:
             _log.warning("embedded broker refused a login", username=session.username)
         return allowed

@@ -1,8 +1,10 @@
 """What enrolment and revocation ask of the broker, whichever broker it is.
 
-A node's account may publish only under `{root}/v1/nodes/{node_id}/` and read only its
-own `desired` topic. The control plane's own account (the one in `[mqtt]`) must be
-allowed to administer accounts when `cloud.broker_accounts = "dynamic-security"`.
+A node's account may publish only on its own channels (`{root}/v1/nodes/{node_id}/status`
+and the rest but `desired`), read only its own `desired` and `status` topics, and
+connect only with its agent's client id (`dynsec_protocol.node_client_id`). The control
+plane's own account (the one in `[mqtt]`) must be allowed to administer accounts when
+`cloud.broker_accounts = "dynamic-security"`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class BrokerAccounts(ABC):
     @abstractmethod
     async def provision(self, node_id: str) -> NodeCredentials:
         """Create (or reset the password of, and re-enable) the node's account, with a
-        role that confines it to its own topics. Raises `BrokerAccountError`."""
+        role that confines it to its own topics, bound to its agent's client id. Raises
+        `BrokerAccountError`."""
 
     @abstractmethod
     async def revoke(self, node_id: str) -> None:

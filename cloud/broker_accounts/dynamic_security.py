@@ -9,7 +9,8 @@ for the reply that carries the batch's correlation id. Every control-plane repli
 subscribes to the same response topic, so replies to others are ignored by id.
 
 Provisioning is idempotent: a node's role and client are created if missing, then
-set to their wanted state (ACLs, role, new password, enabled) whatever they were.
+set to their wanted state (ACLs, role, client id, new password, enabled) whatever they
+were.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from cloud.broker_accounts.dynsec_protocol import (
     CommandBatch,
     Response,
     RoleRef,
+    node_client_id,
     node_role_acls,
     node_role_name,
     reader_role_acls,
@@ -142,6 +144,9 @@ class DynamicSecurityAccounts(BrokerAccounts):
         password = secrets.token_urlsafe(PASSWORD_BYTES)
         role_ref = (RoleRef(rolename=role),)
         acls = node_role_acls(self._topics, node_id)
+        # Only the node's agent's client id: no other account can log in with it and so
+        # disconnect the agent (and publish its will).
+        client_id = node_client_id(self._topics, node_id)
         await self._run(
             f"provisioning node {node_id!r}",
             (
@@ -149,10 +154,17 @@ class DynamicSecurityAccounts(BrokerAccounts):
                 # The role may exist from an older release or topic root: set its ACLs.
                 Command(command="modifyRole", rolename=role, acls=acls),
                 Command(
-                    command="createClient", username=node_id, password=password, roles=role_ref
+                    command="createClient",
+                    username=node_id,
+                    password=password,
+                    clientid=client_id,
+                    roles=role_ref,
                 ),
                 Command(command="setClientPassword", username=node_id, password=password),
-                Command(command="modifyClient", username=node_id, roles=role_ref),
+                # The client may exist from a release that bound no client id.
+                Command(
+                    command="modifyClient", username=node_id, clientid=client_id, roles=role_ref
+                ),
                 Command(command="enableClient", username=node_id),
             ),
             tolerated=ALREADY_EXISTS_ERRORS,

@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from shared.topics import Channel, Topics
+from shared.topics import CHANNEL_SPECS, Channel, Topics
 
 CONTROL_TOPIC = "$CONTROL/dynamic-security/v1"
 RESPONSE_TOPIC = f"{CONTROL_TOPIC}/response"
@@ -79,6 +79,9 @@ class Command(
     command: str
     username: str | None = None
     password: str | None = None
+    # createClient, modifyClient: the only client id the account may connect with
+    # ("" in modifyClient: any).
+    clientid: str | None = None
     rolename: str | None = None
     roles: tuple[RoleRef, ...] | None = None
     acls: tuple[Acl, ...] | None = None
@@ -96,6 +99,7 @@ class CommandBatch(msgspec.Struct, frozen=True):
 
 class ClientInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     username: str
+    clientid: str | None = None
     roles: tuple[RoleRef, ...] = ()
     disabled: bool = False
 
@@ -129,17 +133,39 @@ def node_role_name(node_id: str) -> str:
     return f"greenfed-node-{node_id}"
 
 
+def node_client_id(topics: Topics, node_id: str) -> str:
+    """The one client id a node's account may connect with: its agent's (edge/agent/core.py
+    connects with exactly this). Bound to the account, so no other account can log in
+    with it, which would make the broker drop the agent's connection and publish its
+    will (the node going offline, its work moved)."""
+    return f"greenfed-agent-{node_id}@{topics.root}"
+
+
+# What an agent publishes: every channel but `desired`, which only the control plane writes.
+NODE_CHANNELS = tuple(
+    channel for channel, spec in CHANNEL_SPECS.items() if spec.direction == "agent to cloud"
+)
+
+
 def node_role_acls(topics: Topics, node_id: str) -> tuple[Acl, ...]:
-    """A node publishes under its own subtree (never its own `desired`: only the
-    control plane writes that) and subscribes to and receives only its own `desired`
-    and, to notice a birth that supersedes its own (edge/agent/birth.py), its own
-    `status`."""
+    """A node publishes only on its own channels (never its own `desired`: only the
+    control plane writes that; nor any other topic below its own, which the broker would
+    keep if retained) and subscribes to and receives only its own `desired` and, to
+    notice a birth that supersedes its own (edge/agent/birth.py), its own `status`."""
     own_desired = topics.node(node_id, Channel.DESIRED)
     own_status = topics.node(node_id, Channel.STATUS)
-    own_subtree = f"{topics.nodes_prefix}{node_id}/#"
     return (
-        Acl(acltype="publishClientSend", topic=own_desired, allow=False, priority=10),
-        Acl(acltype="publishClientSend", topic=own_subtree, allow=True, priority=0),
+        *(
+            Acl(
+                acltype="publishClientSend",
+                topic=topics.node(node_id, channel),
+                allow=True,
+                priority=0,
+            )
+            for channel in NODE_CHANNELS
+        ),
+        # Whatever the broker's default: nothing else.
+        Acl(acltype="publishClientSend", topic="#", allow=False, priority=-10),
         Acl(acltype="subscribeLiteral", topic=own_desired, allow=True, priority=0),
         Acl(acltype="subscribeLiteral", topic=own_status, allow=True, priority=0),
         Acl(acltype="publishClientReceive", topic=own_desired, allow=True, priority=10),

@@ -7,6 +7,11 @@ stays in the worker's log file on its node: this is a tail for people, not an ar
 
 Bounds: the newest `bytes_per_job` of each job (over all its attempts and nodes), at
 most `total_bytes` and `max_jobs` in all (the jobs that were quiet longest go first).
+Every kept piece also costs memory of its own, whatever its text (about
+`PIECE_OVERHEAD_BYTES`), so the budgets bound the number of pieces too: a job keeps at
+most `bytes_per_job / PIECE_OVERHEAD_BYTES` of them (at least `MIN_PIECES_PER_JOB`), the
+store `total_bytes / PIECE_OVERHEAD_BYTES`; many tiny chunks are trimmed as surely as a
+few large ones. An empty chunk that says nothing new (no gap before it) is not kept.
 
 Gaps: a chunk's `offset` is where its text starts in the worker's output. When it is
 past the end of what arrived before (lost chunks, output the agent dropped, or output
@@ -26,6 +31,11 @@ from typing import Final
 from shared.messages import JobLogChunk
 
 StreamKey = tuple[int, str]  # (attempt, node_id)
+
+# About what a kept piece costs beyond its text (the piece, its string, its queue slot).
+PIECE_OVERHEAD_BYTES: Final = 256
+# Pieces a job may keep however small its budget: a few workers' recent chunks.
+MIN_PIECES_PER_JOB: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +88,12 @@ class JobLogStore:
         self._bytes_per_job = bytes_per_job
         self._total_bytes = total_bytes
         self._max_jobs = max_jobs
+        # The same budgets in pieces, each costing PIECE_OVERHEAD_BYTES.
+        self._pieces_per_job = max(MIN_PIECES_PER_JOB, bytes_per_job // PIECE_OVERHEAD_BYTES)
+        self._total_pieces = max(self._pieces_per_job, total_bytes // PIECE_OVERHEAD_BYTES)
         self._jobs: OrderedDict[str, _JobLog] = OrderedDict()  # least recently written first
         self._size_bytes = 0
+        self._pieces = 0
         self._seq = 0  # over all jobs, so a cursor stays valid if a job is evicted and returns
         self._first_output = asyncio.Event()  # set (and replaced) when a job first appears
         self.closed = False
@@ -87,6 +101,11 @@ class JobLogStore:
     @property
     def size_bytes(self) -> int:
         return self._size_bytes
+
+    @property
+    def pieces(self) -> int:
+        """Pieces kept, over all jobs."""
+        return self._pieces
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
@@ -102,9 +121,9 @@ class JobLogStore:
         key = (chunk.attempt, chunk.node_id)
         stream = job.streams.setdefault(key, _Stream())
         size = len(chunk.text.encode())
-        if chunk.offset + size <= stream.next_offset and size:
-            return  # a copy of output already here
         missing = max(0, chunk.offset - stream.next_offset, chunk.dropped_bytes)
+        if chunk.offset + size <= stream.next_offset and (size or not missing):
+            return  # a copy of output already here, or an empty chunk that says nothing
         stream.next_offset = max(stream.next_offset, chunk.offset + size)
         self._seq += 1
         job.last_seq = self._seq
@@ -119,7 +138,10 @@ class JobLogStore:
         job.pieces.append(piece)
         job.size_bytes += size
         self._size_bytes += size
-        while job.size_bytes > self._bytes_per_job and len(job.pieces) > 1:
+        self._pieces += 1
+        while len(job.pieces) > 1 and (
+            job.size_bytes > self._bytes_per_job or len(job.pieces) > self._pieces_per_job
+        ):
             self._drop_oldest(job)
         self._evict_jobs()
         job.notify()
@@ -138,13 +160,17 @@ class JobLogStore:
         job.size_bytes -= oldest.size_bytes
         job.trimmed_bytes += oldest.size_bytes
         self._size_bytes -= oldest.size_bytes
+        self._pieces -= 1
 
     def _evict_jobs(self) -> None:
         while len(self._jobs) > 1 and (
-            len(self._jobs) > self._max_jobs or self._size_bytes > self._total_bytes
+            len(self._jobs) > self._max_jobs
+            or self._size_bytes > self._total_bytes
+            or self._pieces > self._total_pieces
         ):
             _, job = self._jobs.popitem(last=False)
             self._size_bytes -= job.size_bytes
+            self._pieces -= len(job.pieces)
             job.notify()
 
     def snapshot(

@@ -1,7 +1,12 @@
 """The one reader of a connection's incoming messages: each goes, by its topic, to the
 module that subscribed to it (the node's `desired` to edge/agent/desired.py, its own
 `status` to edge/agent/birth.py). aiomqtt has one message queue per client, so two
-modules iterating it would each see only part of the messages."""
+modules iterating it would each see only part of the messages.
+
+A handler that raises anything but an MQTT error (a bug, a resource the message asked
+for and could not have) loses that one message: it is logged and counted, and the
+next one is read. Otherwise the connection's tasks, and with them the agent, would end;
+and a retained `desired` document would end it again at every start."""
 
 from __future__ import annotations
 
@@ -10,9 +15,12 @@ from collections.abc import Awaitable, Callable, Mapping
 import aiomqtt
 
 from edge.agent.module import AgentModule
+from shared.lean_logs import get_logger
 
 # Handles one message; must not raise for anything a sender can put in it.
 MessageHandler = Callable[[aiomqtt.Client, aiomqtt.Message], Awaitable[None]]
+
+_log = get_logger("greenfed.agent.inbox")
 
 
 class Inbox(AgentModule):
@@ -21,11 +29,23 @@ class Inbox(AgentModule):
     def __init__(self, routes: Mapping[str, MessageHandler]) -> None:
         """`routes`: topic -> its handler; messages on other topics are dropped."""
         self._routes = dict(routes)
+        self.failures = 0  # messages dropped because their handler raised
 
     async def run(self, client: aiomqtt.Client) -> None:
         # Handled one at a time, in arrival order: a `desired` document is applied whole
         # before the next message is read.
         async for message in client.messages:
             handler = self._routes.get(message.topic.value)
-            if handler is not None:
+            if handler is None:
+                continue
+            try:
                 await handler(client, message)
+            except aiomqtt.MqttError:
+                raise  # the connection is lost: the session reconnects
+            except Exception:
+                self.failures += 1
+                _log.exception(
+                    "incoming message dropped: its handling failed",
+                    topic=message.topic.value,
+                    failures=self.failures,
+                )

@@ -17,6 +17,7 @@ import pytest
 from aiomqtt.exceptions import MqttError
 
 from cloud.app_keys import INGESTOR
+from cloud.broker_accounts.dynsec_protocol import node_client_id
 from cloud.fleet.ingest import DECODERS
 from shared.settings import parse_mqtt_url
 from shared.topics import TopicError
@@ -69,10 +70,12 @@ async def test_fuzzing_every_channel_crashes_nothing_and_disturbs_no_real_node(
             return sum(ingestor.stats.ingested.values()) + ingestor.stats.invalid_total
 
         counted_before = counted()
-        own_topics = 0  # what the broker lets through: the intruder's own subtree
+        own_topics = 0  # what the broker lets through: the intruder's own channels
         async with aiomqtt.Client(
             endpoint.host,
             endpoint.port,
+            # The one client id the intruder's account may connect with (its agent's).
+            identifier=node_client_id(running.topics, INTRUDER),
             username=intruder.username,
             password=intruder.password,
             max_queued_outgoing_messages=0,

@@ -12,6 +12,13 @@ from aiomqtt.exceptions import MqttConnectError
 
 from cloud.broker_accounts import BrokerAccountError, BrokerAccounts, NodeCredentials
 from cloud.broker_accounts.dynamic_security import DynamicSecurityAccounts
+from cloud.broker_accounts.dynsec_protocol import (
+    COMMANDS_ENCODER,
+    CONTROL_TOPIC,
+    Command,
+    CommandBatch,
+    node_client_id,
+)
 from shared.mqtt import is_auth_failure
 from shared.settings import MqttSettings, parse_mqtt_url
 from shared.topics import Channel, Topics
@@ -29,17 +36,26 @@ class AccountsBroker:
     def topics(self) -> Topics:
         return Topics(self.admin.topic_root)
 
-    def client(self, username: str | None, password: str | None) -> aiomqtt.Client:
+    def client(
+        self, username: str | None, password: str | None, *, client_id: str = ""
+    ) -> aiomqtt.Client:
         endpoint = parse_mqtt_url(self.admin.url)
         return aiomqtt.Client(
-            endpoint.host, endpoint.port, username=username, password=password, timeout=10
+            endpoint.host,
+            endpoint.port,
+            username=username,
+            password=password,
+            identifier=client_id or None,
+            timeout=10,
         )
 
     def admin_client(self) -> aiomqtt.Client:
         return self.client(self.admin.username, self.admin.password)
 
     def node_client(self, credentials: NodeCredentials) -> aiomqtt.Client:
-        return self.client(credentials.username, credentials.password)
+        """As the node's agent connects: a node's account takes no other client id."""
+        client_id = node_client_id(self.topics, credentials.username)
+        return self.client(credentials.username, credentials.password, client_id=client_id)
 
 
 def _codes(granted: object) -> list[int]:
@@ -144,22 +160,36 @@ async def check_a_node_cannot_send_account_commands(
     broker: AccountsBroker, accounts: BrokerAccounts
 ) -> None:
     """A node's own login may not administer accounts: its commands go unanswered (the
-    broker never says so), with a timeout that says which role is missing."""
+    broker never says so) and change nothing. Another login without the admin role (a
+    reader's: a node's account takes only its agent's client id) gets a timeout that
+    says which role is missing."""
     node = await accounts.provision("node-n")
-    as_node = DynamicSecurityAccounts(
+    forged = CommandBatch(
+        (Command(command="createClient", username="node-y", password="anything"),)
+    )
+    own_status = broker.topics.node("node-n", Channel.STATUS)
+    async with broker.admin_client() as cloud, broker.node_client(node) as agent:
+        await cloud.subscribe(own_status, qos=1)
+        await agent.publish(CONTROL_TOPIC, COMMANDS_ENCODER.encode(forged), qos=1)
+        # Published after the command, on the same connection: the command was handled.
+        await agent.publish(own_status, b"after", qos=1)
+        assert await collect_until(cloud, own_status) == [own_status]
+    await assert_refused_login(broker, "node-y", "anything")
+    reader = await accounts.provision_reader("reader-n")
+    as_reader = DynamicSecurityAccounts(
         MqttSettings(
             url=broker.admin.url,
-            username=node.username,
-            password=node.password,
+            username=reader.username,
+            password=reader.password,
             topic_root=broker.admin.topic_root,
         ),
         timeout_s=2,
     )
     try:
         with pytest.raises(BrokerAccountError, match=r"did not answer.*admin role"):
-            await as_node.provision("node-y")
+            await as_reader.provision("node-y")
     finally:
-        await as_node.close()
+        await as_reader.close()
     await assert_refused_login(broker, "node-y", "anything")
 
 
