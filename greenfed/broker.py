@@ -21,6 +21,9 @@ from typing import Any
 import structlog
 from amqtt.broker import Broker
 from amqtt.contexts import Action
+from amqtt.errors import AMQTTError, MQTTError, NoDataError
+from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
+from amqtt.utils import gen_client_id
 
 from cloud.broker_accounts.dynsec_protocol import CONTROL_TOPIC, RESPONSE_TOPIC
 from greenfed.embedded_accounts import AccountsAuthPlugin, EmbeddedAccounts
@@ -88,6 +91,60 @@ class _Amqtt(Broker):  # type: ignore[misc]
         finally:
             for handler in (*handlers, *(h for _, h in self._sessions.values())):
                 _abort_connection(handler)
+
+    async def _initialize_client_session(
+        self, reader: Any, writer: Any, remote_address: str, remote_port: int
+    ) -> tuple[Any, Any]:
+        """amqtt 0.12's own, but with accounts the login is checked as soon as the CONNECT
+        is read. amqtt acts on a CONNECT before it checks the login: a clean session
+        deleted the live session of the same client id (an agent stopped getting its
+        `desired` documents, still connected), a persistent one took over the live
+        session's username and will, and either took the connection over, whoever sent
+        it, refused or anonymous. A refused login now touches no session."""
+        try:
+            handler, session = await BrokerProtocolHandler.init_from_connect(
+                reader, writer, self.plugins_manager
+            )
+        except AMQTTError as error:
+            raise AMQTTError(error) from error
+        except MQTTError as error:
+            await writer.close()
+            raise MQTTError(error) from error
+        except NoDataError as error:
+            raise AMQTTError(error) from error
+        if self._accounts is not None and not await self._accounts.authenticate(
+            session.username, session.password, session.client_id
+        ):
+            _log.warning("embedded broker refused a login", username=session.username)
+            handler.attach(session, reader, writer)
+            with contextlib.suppress(MQTTError, ConnectionError):
+                await handler.mqtt_connack_authorize(False)
+            await writer.close()
+            raise MQTTError("not authorized")
+        if session.clean_session:
+            if session.client_id:
+                await self._delete_session(session.client_id)
+            else:
+                session.client_id = gen_client_id()
+            session.parent = 0
+        elif session.client_id in self._sessions:
+            # A new connection brings its own will, keep-alive and credentials.
+            existing, _ = self._sessions[session.client_id]
+            existing.will_flag = session.will_flag
+            existing.will_message = session.will_message
+            existing.will_topic = session.will_topic
+            existing.will_qos = session.will_qos
+            existing.keep_alive = session.keep_alive
+            existing.username = session.username
+            existing.password = session.password
+            session = existing
+            session.parent = 1
+        else:
+            session.parent = 0
+        delay = self.config.get("timeout-disconnect-delay", 0)
+        if session.keep_alive > 0 and isinstance(delay, int):
+            session.keep_alive += delay
+        return handler, session
 
     async def _topic_filtering(self, session: Any, topic: str, action: Action) -> bool:
         if self._accounts is None:
