@@ -7,7 +7,8 @@ set and `no_new_privs` (set-uid programs cannot give root back) and execs the jo
 command. The worker sees:
 
 - the host's file system read-only, except its own work directory (and the job's
-  `working_dir`, when it names one), writable;
+  `working_dir`, when it names one), writable; the job's `working_dir` entered as the
+  work user, never by root;
 - the agent's data directory, settings and keys replaced by empty ones (`--tmpfs`
   over a directory, /dev/null over a file): not there to read, whatever their modes;
 - a /dev of its own with the standard devices and only the accelerators it was
@@ -54,17 +55,29 @@ def sandbox_argv(
     *,
     bubblewrap: str,
     user: WorkUser,
-    cwd: str,
-    writable: Sequence[str],
+    work_dir: str,
+    working_dir: str | None,
     hidden_dirs: Sequence[str],
     hidden_files: Sequence[str],
     devices: Sequence[DeviceNode],
     moved_env: Mapping[str, str],
 ) -> list[str]:
-    """The argv that runs `command` in a sandbox (bubblewrap's options apply in order:
-    the later mounts go over the earlier ones). `moved_env`: the job's root-sensitive
-    variables (edge/sandbox/root_env.py), set once privileges are dropped."""
-    argv = [bubblewrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    """The argv that runs `command` in a sandbox. `work_dir`: the worker's own, which
+    the agent made; `working_dir`: the directory the job names (None: none), where the
+    command starts; `moved_env`: the job's root-sensitive variables
+    (edge/sandbox/root_env.py), set once privileges are dropped.
+
+    bubblewrap's mounts apply in order, the later over the earlier, so the job's
+    working_dir is bound first, right over the read-only host: whatever it is or holds
+    (`/`, a parent of the agent's data directory, a link swapped in for it after it was
+    checked: a bind lands where the link leads), every stand-in comes after it and
+    covers what it brought back. The launcher refuses such a working_dir anyway
+    (edge/sandbox/launcher.py); this keeps a miss there from undoing the sandbox.
+    The work directory comes last: it is inside the hidden data directory."""
+    argv = [bubblewrap, "--ro-bind", "/", "/"]
+    if working_dir:
+        argv += ["--bind", working_dir, working_dir]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
     for directory in SHARED_TMP_DIRS:
         argv += ["--perms", "1777", "--tmpfs", directory]
     for directory in hidden_dirs:
@@ -73,16 +86,17 @@ def sandbox_argv(
         argv += ["--ro-bind", "/dev/null", path]
     for device in devices:
         argv += ["--dev-bind", device.path, device.inside]
-    for path in writable:
-        # A writable path inside a hidden directory (the work directory, inside the
-        # agent's data directory) needs its parents made in the empty tmpfs: passable,
-        # not listable (bubblewrap would make them 0700, which the work user cannot pass).
-        for parent in _parents_inside(path, hidden_dirs):
-            argv += ["--perms", "0711", "--dir", parent]
-        argv += ["--bind", path, path]
+    # A work directory inside a hidden directory (the agent's data directory) needs its
+    # parents made in the empty tmpfs: passable, not listable (bubblewrap would make
+    # them 0700, which the work user cannot pass).
+    for parent in _parents_inside(work_dir, hidden_dirs):
+        argv += ["--perms", "0711", "--dir", parent]
+    argv += ["--bind", work_dir, work_dir]
     argv += [
+        # bubblewrap is still root here: it enters the work directory, which only the
+        # agent names; the job's working_dir is entered by `env` as the work user.
         "--chdir",
-        cwd,
+        work_dir,
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
@@ -92,7 +106,7 @@ def sandbox_argv(
         "--die-with-parent",
         "--",
         *drop_privileges(user),
-        *env_argv(moved_env),
+        *env_argv(moved_env, chdir=working_dir or work_dir),
         *command,
     ]
     return argv

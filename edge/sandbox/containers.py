@@ -11,11 +11,12 @@ lines for one worker are built here and run by the wrapper (edge/training/wrappe
   and no_new_privs, the host's network (gangs rendezvous over it), the worker's work
   directory mounted read-write (and nothing else of the host), exactly the assigned
   GPUs (CDI names where an NVIDIA CDI spec is installed, else their device nodes),
-  the node's own open-files limit and the worker's process limit as ulimits (a
-  runtime's defaults may exceed the host's hard limits, and then no container
-  starts) and the job's environment, passed by name from the runtime client's own
-  environment so that no value, secret or not, is ever on a command line
-  (`/proc/<pid>/cmdline` is readable by everyone);
+  the node's own open-files limit and as many processes as the kernel has pids as
+  ulimits (a runtime's defaults may exceed the host's hard limits, and then no
+  container starts; the worker's pids limit is its cgroup's, never an nproc ulimit,
+  which counts the user's processes host-wide) and the job's environment, passed by
+  name from the runtime client's own environment so that no value, secret or not, is
+  ever on a command line (`/proc/<pid>/cmdline` is readable by everyone);
 - podman is told to use cgroupfs and the worker's leaf as the container's parent
   group, so the worker's limits hold the container and its out-of-memory kills are
   counted where the agent reads them; docker, whose daemon decides the cgroup layout,
@@ -44,6 +45,7 @@ from shared.messages import Accelerator, ImagePullPolicy
 RuntimeName = Literal["podman", "docker"]
 PROBE_TIMEOUT_S: Final = 10.0
 CDI_DIRS: Final = (Path("/etc/cdi"), Path("/var/run/cdi"))
+PID_MAX_FILE: Final = Path("/proc/sys/kernel/pid_max")
 # Where podman and docker look for the init they run as PID 1 with --init.
 INIT_BINARIES: Final = (
     Path("/usr/libexec/podman/catatonit"),
@@ -120,7 +122,7 @@ class ContainerRuntime:
             *(["--init"] if self.has_init else []),
             f"--volume={work_dir}:{work_dir}:rw",
             f"--workdir={cwd or work_dir}",
-            *_ulimits(pids),
+            *_ulimits(),
         ]
         if self.name == "podman" and cgroup_parent is not None:
             argv.append(f"--cgroup-parent={cgroup_parent}")
@@ -165,21 +167,36 @@ def pull_needed(policy: ImagePullPolicy) -> tuple[bool, bool]:
     return True, True
 
 
-def _ulimits(pids: int | None) -> list[str]:
-    """Open files as the agent has them; processes as many as the worker may have.
-    Never the runtime's defaults: above the host's hard limits, no container starts."""
+def _ulimits() -> list[str]:
+    """Open files as the agent has them; processes as many as the kernel has process
+    ids (a count no user can reach: no limit in effect). Never the runtime's defaults,
+    which may exceed the host's hard limits (then no container starts at all): podman
+    lowers its own to pid_max, and without CAP_SYS_RESOURCE nothing above it is set.
+
+    Never the worker's pids limit as its nproc: RLIMIT_NPROC counts every process of
+    the user on the host, its other jobs' too (the same tenant's, or every tenant's
+    with `agent.worker_user`), so a job running that many would keep the next one of
+    the user from starting. The worker's cgroup holds its own processes: podman's
+    container is under the worker's leaf (pids.max), docker gets --pids-limit."""
     flags = []
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY:
         soft = hard if soft == resource.RLIM_INFINITY else soft
         flags.append(f"--ulimit=nofile={soft}:{hard}")
-    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-    processes = pids if pids is not None else soft
+    processes = _pid_max()
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
     if hard != resource.RLIM_INFINITY:
-        processes = min(processes, hard)
-    if processes != resource.RLIM_INFINITY:
+        processes = min(processes, hard) if processes is not None else hard
+    if processes is not None:
         flags.append(f"--ulimit=nproc={processes}:{processes}")
     return flags
+
+
+def _pid_max() -> int | None:
+    try:
+        return int(PID_MAX_FILE.read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return None
 
 
 def _cdi_has_nvidia_gpus(directories: Sequence[Path] = CDI_DIRS) -> bool:

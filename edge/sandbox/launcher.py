@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from edge.atomic_files import write_atomically
-from edge.sandbox.bubblewrap import drop_privileges, sandbox_argv
+from edge.sandbox.bubblewrap import SHARED_TMP_DIRS, drop_privileges, sandbox_argv
 from edge.sandbox.cgroups import RunGroups, WorkerLimits
 from edge.sandbox.containers import ContainerRuntime, auth_file, pull_needed
 from edge.sandbox.devices import DeviceNode, assigned_device_nodes, device_rules
@@ -56,6 +56,11 @@ ISOLATION_RANK: Final[Mapping[IsolationLevel, int]] = {
 }
 RUN_DIR_MODE: Final = 0o711  # others may pass through to their own work directory only
 WORK_DIR_MODE: Final = 0o700
+# What a sandbox replaces with its own besides the shared temporary directories
+# (edge/sandbox/bubblewrap.py): no place for a job's working_dir.
+SYSTEM_DIRS: Final = ("/dev", "/proc", "/sys")
+# Opens a directory itself, never what a link in its place leads to.
+_DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,44 @@ class PrivatePaths:
 
     def contains(self, path: Path) -> bool:
         return any(path == d or d in path.parents for d in self.directories) or path in self.files
+
+    def held_by(self, path: Path) -> bool:
+        """Whether `path` is one of them or a directory above one: bound into a sandbox,
+        it would hold what the sandbox hides."""
+        return any(path == p or path in p.parents for p in (*self.directories, *self.files))
+
+
+def working_dir_refusal(working_dir: Path, private: PrivatePaths, *, sandboxed: bool) -> str:
+    """Why a job may not work in `working_dir` (a normalized absolute path; "" when it
+    may). A sandbox binds it writable into its view: one that holds what the sandbox
+    hides or replaces (the agent's private files, /proc, /dev, /sys, the shared
+    temporary directories; `/` or `/var/lib`, say) would bring the host's back, and
+    one inside /proc, /sys or /dev would lay the host's over the sandbox's own. The
+    same job is refused the same way on every node, sandboxed or not; only inside the
+    shared temporary directories, which a sandbox replaces with its own, does it
+    matter whether this node sandboxes."""
+    if private.contains(working_dir):
+        return f"working_dir {working_dir} is inside the agent's private files"
+    held = ["the agent's private files"] if private.held_by(working_dir) else []
+    for replaced in (*SYSTEM_DIRS, *SHARED_TMP_DIRS):
+        path = Path(replaced)
+        if working_dir != path and working_dir not in path.parents:
+            continue
+        if not any(Path(named) in path.parents for named in held):  # /dev says /dev/shm
+            held.append(replaced)
+    if held:
+        return (
+            f"working_dir {working_dir} holds what a sandbox hides or replaces "
+            f"({', '.join(held)}): name a directory that holds none of it"
+        )
+    inside = [*SYSTEM_DIRS, *(SHARED_TMP_DIRS if sandboxed else ())]
+    for replaced in inside:
+        if Path(replaced) in working_dir.parents:
+            return (
+                f"working_dir {working_dir} is inside {replaced}, which a sandbox "
+                "replaces with its own"
+            )
+    return ""
 
 
 def reachable_by(directory: Path, user: WorkUser) -> bool:
@@ -147,9 +190,14 @@ class Sandbox:
                 return f"working_dir {spec.working_dir} is not an absolute path"
             if ".." in working_dir.parts:
                 return f"working_dir {spec.working_dir} has a '..' in it: name the directory"
-            if self._private.contains(working_dir):
-                return f"working_dir {spec.working_dir} is inside the agent's private files"
+            return working_dir_refusal(
+                Path(os.path.normpath(working_dir)), self._private, sandboxed=self._sandboxed
+            )
         return ""
+
+    @property
+    def _sandboxed(self) -> bool:
+        return self.isolation.level == "sandbox"
 
     def plan(
         self, spec: DesiredTraining, secrets: SealedSecrets, *, name: str, started_file: Path
@@ -168,10 +216,9 @@ class Sandbox:
                     f"working_dir {spec.working_dir} goes through a symbolic link (to {real}): "
                     "name the directory itself"
                 )
-            if self._private.contains(Path(real)):
-                raise WorkerSpecError(
-                    f"working_dir {spec.working_dir} is inside the agent's private files"
-                )
+            why = working_dir_refusal(Path(real), self._private, sandboxed=self._sandboxed)
+            if why:
+                raise WorkerSpecError(why)
         refused = refused_secret_names(secrets.env)
         if refused and self.isolation.switches_user:
             raise WorkerSpecError(
@@ -304,17 +351,22 @@ class Sandbox:
                 spec.command,
                 bubblewrap=self.isolation.bubblewrap,
                 user=user,
-                cwd=cwd,
-                writable=[work_dir, *([spec.working_dir] if spec.working_dir else [])],
+                work_dir=work_dir,
+                working_dir=spec.working_dir,
                 hidden_dirs=[str(d) for d in self._private.directories if d.exists()],
                 hidden_files=[str(f) for f in self._private.files if f.exists()],
                 devices=devices,
                 moved_env=moved,
             )
         elif level == "user":
-            argv = [*drop_privileges(user), *env_argv(moved), *spec.command]
+            argv = [*drop_privileges(user), *env_argv(moved, chdir=cwd), *spec.command]
         else:  # the agent's own user: nothing is run as another
             argv, root_env = list(spec.command), env
+        if level in ("sandbox", "user"):
+            # Root starts it in its work directory, which only the agent names; the job's
+            # working_dir is entered once privileges are dropped (above): a link the job
+            # put in its place since it was checked leads root nowhere.
+            cwd = work_dir
         if level in ("sandbox", "user") and "=" in spec.command[0]:
             # `env` would take it for a variable to set.
             raise WorkerSpecError(f"the command {spec.command[0]!r} has an '=' in its name")
@@ -344,18 +396,39 @@ class Sandbox:
         return WorkUser(uid, os.getegid(), name)
 
     def _make_work_dirs(self, run_dir: Path, work_dirs: Sequence[Path], user: WorkUser) -> None:
+        """Each work directory with its own temporary directory in it (where /tmp is the
+        host's: no sandbox), given to the work user.
+
+        Root works here beside the user's other jobs, which may run already and own
+        work directories of their own: nothing is done by a path a job could change.
+        Both directories are made while root still owns them (nobody else can put
+        anything in them), through descriptors of the directories themselves, and
+        given away inner first: once the user owns the work directory, root does
+        nothing more in it."""
         self._work_root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._work_root, RUN_DIR_MODE)
         if run_dir.exists():  # an earlier start of this attempt that never ran
-            shutil.rmtree(run_dir)
+            shutil.rmtree(run_dir)  # fd-based: never follows a link the job left in it
         run_dir.mkdir(mode=RUN_DIR_MODE)
-        os.chmod(run_dir, RUN_DIR_MODE)
-        for directory in work_dirs:
-            # Its own temporary directory too, where /tmp is the host's (no sandbox).
-            for made in (directory, directory / "tmp"):
-                made.mkdir(mode=WORK_DIR_MODE)
-                if self.isolation.switches_user:
-                    os.chown(made, user.uid, user.gid)
+        run_fd = os.open(run_dir, _DIRECTORY_FLAGS)
+        try:
+            os.fchmod(run_fd, RUN_DIR_MODE)
+            for directory in work_dirs:
+                os.mkdir(directory.name, WORK_DIR_MODE, dir_fd=run_fd)
+                work_fd = os.open(directory.name, _DIRECTORY_FLAGS, dir_fd=run_fd)
+                try:
+                    os.mkdir("tmp", WORK_DIR_MODE, dir_fd=work_fd)
+                    if self.isolation.switches_user:
+                        tmp_fd = os.open("tmp", _DIRECTORY_FLAGS, dir_fd=work_fd)
+                        try:
+                            os.fchown(tmp_fd, user.uid, user.gid)
+                        finally:
+                            os.close(tmp_fd)
+                        os.fchown(work_fd, user.uid, user.gid)
+                finally:
+                    os.close(work_fd)
+        finally:
+            os.close(run_fd)
 
     def _memory_bytes(self, spec: DesiredTraining) -> int | None:
         if spec.host_memory_bytes is None:

@@ -51,6 +51,10 @@ def refused_secret_names(names: Iterable[str]) -> list[str]:
     return sorted(name for name in names if is_root_sensitive(name))
 
 
-def env_argv(moved: Mapping[str, str]) -> list[str]:
-    """`env NAME=value ...` run after the privilege drop, before the worker's command."""
-    return [root_binary("env"), "--", *(f"{name}={value}" for name, value in sorted(moved.items()))]
+def env_argv(moved: Mapping[str, str], *, chdir: str | None = None) -> list[str]:
+    """`env NAME=value ...` run after the privilege drop, before the worker's command;
+    `chdir`: the directory it enters first, as the worker's user (a directory that
+    user could not reach by itself is refused by the kernel, not entered by root)."""
+    options = [f"--chdir={chdir}"] if chdir else []
+    assignments = (f"{name}={value}" for name, value in sorted(moved.items()))
+    return [root_binary("env"), *options, "--", *assignments]

@@ -8,14 +8,18 @@ its files stay its own. Tenants with their own uids cannot read each other's fil
 signal each other's processes; with one configured user only the sandbox's namespaces
 keep them apart (docs/isolation.md).
 
-The uids need no entry in the user database: the worker is told USER and LOGNAME.
+The uids need no entry in the user database: the worker is told USER and LOGNAME. A
+uid the host's user database has (or a group of the same number) is never handed out:
+its account's files and processes would be the tenant's.
 """
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +55,18 @@ def resolve_configured_user(text: str) -> WorkUser:
     return user
 
 
+def known_to_host(number: int) -> bool:
+    """Whether the host's user database has a user with this uid or a group with this
+    gid (local files, LDAP, whatever NSS asks)."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(number)
+        except KeyError:
+            continue
+        return True
+    return False
+
+
 def _check_unprivileged(uid: int, setting: str) -> None:
     if uid == 0:
         raise WorkUserError(f"{setting}: workers never run as root")
@@ -65,9 +81,11 @@ class WorkUsers:
         configured: str = "",
         uid_range: tuple[int, int] = (70000, 79999),
         map_path: Path | None = None,
+        taken_on_host: Callable[[int], bool] = known_to_host,
     ) -> None:
         """`configured`: one user for every worker (empty: a uid per tenant from
-        `uid_range`, kept in `map_path`; None: in memory only). Raises WorkUserError."""
+        `uid_range`, kept in `map_path`; None: in memory only); `taken_on_host`: whether
+        a number is a uid or gid of the host's, never handed out. Raises WorkUserError."""
         self._configured = resolve_configured_user(configured) if configured else None
         low, high = uid_range
         for uid in (low, high):
@@ -78,6 +96,7 @@ class WorkUsers:
             )
         self._range = uid_range
         self._map_path = map_path
+        self._taken_on_host = taken_on_host
         self._uids: dict[str, int] | None = None  # read at the first use
         self._lock = threading.Lock()
 
@@ -109,9 +128,17 @@ class WorkUsers:
     def _allocate(self, uids: dict[str, int]) -> int:
         low, high = self._range
         taken = set(uids.values())
+        on_host = 0
         for uid in range(low, high + 1):
-            if uid not in taken:
-                return uid
+            if uid in taken:
+                continue
+            # An account of the host's (an LDAP user, a service) or its group: the tenant
+            # would own its files and could signal its processes.
+            if self._taken_on_host(uid):
+                on_host += 1
+                continue
+            return uid
         raise WorkUserError(
-            f"agent.worker_uid_range [{low}, {high}] is used up by {len(taken)} tenants: widen it"
+            f"agent.worker_uid_range [{low}, {high}] is used up by {len(taken)} tenants "
+            f"and {on_host} of the host's users or groups: widen it"
         )

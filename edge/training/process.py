@@ -286,9 +286,23 @@ class ProcessRun:
             remove_paths=tuple(plan["remove_paths"]),
         )
         self._save_record()
+        if self._stop_requested():
+            # Withdrawn while the wrapper was being spawned: the stop found nothing to
+            # signal then. The plan never reaches it, so none of the worker's processes
+            # ever starts; following it collects the wrapper and cleans up after it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            assert self._process.stdin is not None
+            self._process.stdin.close()
+            self._log.info("training worker withdrawn as it was launched", pid=pid)
+            return True
         await self._hand_over(plan)
         self._log.info("training worker launched", pid=pid, processes=len(plan["processes"]))
         return True
+
+    def _stop_requested(self) -> bool:
+        """Whether stop() was called (a method: a stop may come at any await)."""
+        return self._stop_reason is not None
 
     async def _hand_over(self, plan: LaunchPlan) -> None:
         """The plan, on the wrapper's standard input (it holds secrets: never on disk)."""
@@ -366,7 +380,8 @@ class ProcessRun:
                     record.cgroup_dirs,
                     record.cleanup,
                     record.remove_paths,
-                    record.started_file,
+                    # Process ids of another boot name other processes now.
+                    record.started_file if _this_boot(record) else "",
                 )
             returncode = self._process.returncode if self._process is not None else None
             if stop_requested:
@@ -443,6 +458,21 @@ def read_started(path: Path) -> Started | None:
 def _started_at(path: Path) -> float | None:
     started = read_started(path)
     return started["started_at"] if started is not None else None
+
+
+def _this_boot(record: WorkerRecord) -> bool:
+    """Whether the record's worker started in this boot (unknown: no)."""
+    current = boot_id()
+    return bool(current) and record.boot_id == current
+
+
+def _left_behind(record: WorkerRecord) -> bool:
+    """Whether a worker whose wrapper is gone left anything to clean up after it: its
+    cgroups (and whatever still runs in them) or its work directory. A wrapper that
+    ended by itself removed them; an agent that cleaned up after one did too."""
+    if record.protocol < 2:
+        return False  # an old record does not say what its worker left
+    return any(os.path.lexists(path) for path in (*record.cgroup_dirs, *record.remove_paths))
 
 
 def _clean_up_after(
@@ -525,21 +555,27 @@ class ProcessLauncher:
         return ProcessRun(spec, files, self._max_log_bytes, self._wall_clock, make_plan=make_plan)
 
     def leftovers(self, claimed: Collection[tuple[str, int]]) -> list[ProcessRun]:
-        """Live workers an earlier agent started that nothing here claims (withdrawn
-        while no agent ran, say): runs to stop, taken back from their records."""
+        """Workers an earlier agent started that nothing here claims (withdrawn while
+        no agent ran, say): runs to stop, taken back from their records. Those whose
+        wrapper is alive, and those of this boot whose wrapper died without cleaning
+        up (killed while no agent ran): their processes may run on in their cgroups,
+        which following the run kills and removes, with the work directory."""
         found = []
         for path in sorted(self.log_dir.glob("*.run")):
             record = load_record(path)
             if record is None or (record.job_id, record.attempt) in claimed:
                 continue
-            if not is_alive(record.pid, record.process_started, record.boot_id):
+            files = self.files(record.job_id, record.attempt)
+            alive = is_alive(record.pid, record.process_started, record.boot_id)
+            # A wrapper that wrote the worker's status cleaned up after it itself.
+            killed = _this_boot(record) and not files.exit_path.exists()
+            if not alive and not (killed and _left_behind(record)):
                 continue
             spec = DesiredTraining(
                 job_id=record.job_id,
                 attempt=record.attempt,
                 grace_period_s=record.grace_period_s,
             )
-            files = self.files(record.job_id, record.attempt)
             found.append(
                 ProcessRun(spec, files, self._max_log_bytes, self._wall_clock, adopted=record)
             )
