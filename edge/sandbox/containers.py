@@ -152,10 +152,17 @@ class ContainerRuntime:
         return [*self._global, "rm", "--force", container]
 
 
+# The key the docker CLI looks Docker Hub's credentials up by (podman takes docker.io).
+_DOCKER_HUB_KEY: Final = "https://index.docker.io/v1/"
+_DOCKER_HUB_NAMES: Final = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+
 def auth_file(registry: str, username: str, password: str) -> bytes:
-    """The credentials file both runtimes read (`auths`, base64 of user:password)."""
+    """The credentials file both runtimes read (`auths`, base64 of user:password). For
+    Docker Hub under docker's key too: docker sent no credentials for `docker.io`."""
     token = base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
-    return json.dumps({"auths": {registry: {"auth": token}}}).encode()
+    keys = [registry, _DOCKER_HUB_KEY] if registry in _DOCKER_HUB_NAMES else [registry]
+    return json.dumps({"auths": {key: {"auth": token} for key in keys}}).encode()
 
 
 def pull_needed(policy: ImagePullPolicy) -> tuple[bool, bool]:

@@ -32,6 +32,7 @@ from edge.sandbox.bubblewrap import SHARED_TMP_DIRS, drop_privileges, sandbox_ar
 from edge.sandbox.cgroups import RunGroups, WorkerLimits
 from edge.sandbox.containers import ContainerRuntime, auth_file, pull_needed
 from edge.sandbox.devices import DeviceNode, assigned_device_nodes, device_rules
+from edge.sandbox.image_owners import ImageOwners
 from edge.sandbox.probe import NodeIsolation
 from edge.sandbox.root_env import env_argv, refused_secret_names, split_environment
 from edge.sandbox.users import WorkUser, WorkUsers
@@ -43,7 +44,7 @@ from edge.training.environment import (
     process_environment,
 )
 from edge.training.launch_plan import LaunchPlan, PrepareStep, ProcessPlan
-from shared.images import registry_of
+from shared.images import qualified, registry_of
 from shared.messages import Accelerator, DesiredTraining, IsolationLevel
 from shared.sealing import SealedSecrets
 from shared.worker_env import DEFAULT_VARIABLES
@@ -146,10 +147,13 @@ class Sandbox:
         private: PrivatePaths = PrivatePaths(),
         default_pids: int = 4096,
         dev_root: Path = Path("/dev"),
+        image_owners: ImageOwners | None = None,
     ) -> None:
         """`work_root`: where workers' work directories are made; `credentials_dir`: a
         directory only the agent can read, for registry credentials during a pull;
-        `users`: whom workers run as (needed when the isolation switches users)."""
+        `users`: whom workers run as (needed when the isolation switches users);
+        `image_owners`: whose credentials pulled which image here (edge/sandbox/
+        image_owners.py; default: remembered in memory only)."""
         if isolation.switches_user and users is None:
             raise ValueError(f"isolation {isolation.level} needs work users")
         self.isolation = isolation
@@ -160,6 +164,7 @@ class Sandbox:
         self._private = private
         self._default_pids = default_pids
         self._dev_root = dev_root
+        self._image_owners = image_owners or ImageOwners()
 
     @property
     def level(self) -> IsolationLevel:
@@ -178,6 +183,16 @@ class Sandbox:
             return (
                 f"the job asks for isolation {spec.min_isolation}; this node gives "
                 f"{isolation.level} ({isolation.note})"
+            )
+        if (
+            spec.image
+            and spec.image_pull_policy == "never"
+            and self._image_owners.others_than(qualified(spec.image), spec.tenant)
+        ):
+            return (
+                f"image {spec.image} was pulled to this node with another tenant's registry "
+                "credentials, and image_pull_policy never would run it without asking the "
+                "registry: use if-not-present or always"
             )
         if spec.image and isolation.runtime is None:
             return (
@@ -315,7 +330,7 @@ class Sandbox:
             accelerators = set(process_accelerators(spec, local))
             argv = runtime.run_argv(
                 container=container,
-                image=spec.image,
+                image=qualified(spec.image),
                 command=spec.command,
                 user=user,
                 env_names=sorted(n for n in env if n not in inherited and n not in moved),
@@ -465,11 +480,16 @@ class Sandbox:
         """(the steps that make the image present, the credential files they use)."""
         if runtime is None or spec.image is None:
             return (), ()
-        image = spec.image
+        # Always by its qualified name: a short one matches any local image of that path.
+        image = qualified(spec.image)
         credentials: tuple[str, ...] = ()
         auth_path: str | None = None
         registry = secrets.registry
+        check, pull = pull_needed(spec.image_pull_policy)
+        if self._image_owners.others_than(image, spec.tenant):
+            check, pull = False, True  # the registry decides, on this job's credentials
         if registry is not None:
+            self._image_owners.record(image, spec.tenant)
             directory = self._credentials_dir / f"{name}.auth"
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             path = directory / runtime.auth_file_name()
@@ -479,7 +499,6 @@ class Sandbox:
             write_atomically(path, credentials_file)
             os.chmod(path, 0o600)
             auth_path, credentials = str(path), (str(directory),)
-        check, pull = pull_needed(spec.image_pull_policy)
         if pull:
             error = f"image {image} could not be pulled"
         else:

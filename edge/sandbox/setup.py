@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 import psutil
 
+from edge.sandbox.image_owners import ImageOwners
 from edge.sandbox.launcher import PrivatePaths, Sandbox
 from edge.sandbox.probe import NodeIsolation, probe_isolation
 from edge.sandbox.users import WorkUsers
@@ -34,6 +35,7 @@ JOBS_DIR: Final = "jobs"
 CREDENTIALS_DIR: Final = "credentials"
 PRIVATE_SUBDIRS: Final = ("state", JOBS_DIR, "models", CREDENTIALS_DIR)
 WORKER_UIDS_FILE: Final = "worker-uids.json"
+IMAGE_OWNERS_FILE: Final = "image-owners.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class TrainingSetup:
             users=self.users,
             private=self.private,
             default_pids=default_pids,
+            image_owners=ImageOwners(self.data_dir / "state" / IMAGE_OWNERS_FILE),
         )
 
 

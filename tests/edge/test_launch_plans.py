@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from edge.sandbox.containers import ContainerRuntime
+from edge.sandbox.containers import ContainerRuntime, auth_file
+from edge.sandbox.image_owners import ImageOwners
 from edge.sandbox.launcher import Sandbox
 from edge.sandbox.probe import NodeIsolation
 from edge.sandbox.users import WorkUsers
 from edge.training.environment import WorkerSpecError
+from edge.training.launch_plan import LaunchPlan
 from shared.messages import DesiredTraining
 from shared.sealing import RegistryCredentials, SealedSecrets
 from tests.support.inventory import nvidia_gpus
@@ -196,3 +198,65 @@ def test_devices_that_cannot_be_shared_equally_among_a_nodes_workers_are_refused
     )
     with pytest.raises(WorkerSpecError, match="cannot be shared equally"):
         sandbox(tmp_path).plan(spec, SealedSecrets(), name="J1-1", started_file=tmp_path / "s")
+
+
+def plan_of(box: Sandbox, spec: DesiredTraining, secrets: SealedSecrets) -> LaunchPlan:
+    return box.plan(spec, secrets, name=f"{spec.job_id}-1", started_file=Path("/nonexistent"))
+
+
+def test_an_image_another_tenants_credentials_pulled_is_pulled_again_with_ones_own(
+    tmp_path: Path,
+) -> None:
+    # One image store for every tenant: acme's private image, pulled with acme's
+    # credentials, ran for globex asking `if-not-present` without the registry asked.
+    owners = ImageOwners(tmp_path / "state" / "image-owners.json")
+    (tmp_path / "state").mkdir()
+    box = Sandbox(
+        NodeIsolation("none", "test", runtime=PODMAN, runtime_note="podman"),
+        inventory=GPUS,
+        work_root=tmp_path / "work",
+        credentials_dir=tmp_path / "credentials",
+        users=WorkUsers(),
+        image_owners=owners,
+    )
+    private = "ghcr.io/acme/private:2"
+    credentials = RegistryCredentials(registry="ghcr.io", username="ci", password=SECRET)
+    plan_of(
+        box, worker(job_id="A", image=private, secret_names=()), SealedSecrets(registry=credentials)
+    )
+    # acme again: as it asks (checked first, pulled only when missing).
+    (own,) = plan_of(box, worker(job_id="B", image=private, secret_names=()), SealedSecrets())[
+        "prepare"
+    ]
+    assert own["check"]
+    # globex: never from the store unasked; the registry decides, on globex's own.
+    theirs = worker(job_id="C", tenant="globex", image=private, secret_names=())
+    (step,) = plan_of(box, theirs, SealedSecrets())["prepare"]
+    assert (step["check"], step["run"][-1]) == ((), private)
+    assert not [arg for arg in step["run"] if arg.startswith("--authfile")]
+    never = worker(job_id="D", tenant="globex", image=private, image_pull_policy="never")
+    assert "another tenant's registry credentials" in box.refusal(never)
+    # Remembered across a restart of the agent.
+    again = ImageOwners(tmp_path / "state" / "image-owners.json")
+    assert again.others_than(private, "globex") == ["acme"]
+
+
+def test_a_node_is_asked_for_an_image_by_its_qualified_name(tmp_path: Path) -> None:
+    # podman runs a local evil.example/acme/trainer:2 for a bare acme/trainer:2.
+    plan = plan_of(
+        sandbox(tmp_path), worker(image="acme/trainer:2", secret_names=()), SealedSecrets()
+    )
+    (step,) = plan["prepare"]
+    assert step["check"][-1] == "docker.io/acme/trainer:2"
+    assert step["run"][-1] == "docker.io/acme/trainer:2"
+    (process,) = plan["processes"]
+    assert "docker.io/acme/trainer:2" in process["argv"]
+    assert "acme/trainer:2" not in [
+        arg for arg in process["argv"] if arg != "docker.io/acme/trainer:2"
+    ]
+
+
+def test_docker_hub_credentials_are_under_the_key_docker_reads_too() -> None:
+    written = json.loads(auth_file("docker.io", "ci", "pw"))["auths"]
+    assert set(written) == {"docker.io", "https://index.docker.io/v1/"}
+    assert set(json.loads(auth_file("ghcr.io", "ci", "pw"))["auths"]) == {"ghcr.io"}
