@@ -31,6 +31,7 @@ import msgspec
 
 from edge.sandbox.probe import NodeIsolation, probe_isolation
 from edge.sandbox.setup import workers_memory_bytes
+from edge.upgrade.versions import DIRECTORY_NAME, stat_problem
 from shared.desired_signature import PublicKeyError, load_public_key
 from shared.enrolment_marker import read_marker
 from shared.mqtt import MqttSession, is_auth_failure
@@ -56,7 +57,10 @@ class Check:
     fix: str = ""
 
 
-def check_data_dir(settings: Settings) -> Check:
+def check_data_dir(settings: Settings, *, euid: int | None = None) -> Check:
+    """The data directory is writable, and by the agent's user only: the upgrade
+    supervisor runs, as root, the agent versions unpacked there (agent-versions/), and
+    the agent trusts its state/. `euid`: the agent's user (default: this process's)."""
     directory = settings.agent.resolved_data_dir()
     try:
         (directory / "state").mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -70,7 +74,38 @@ def check_data_dir(settings: Settings) -> Check:
             f"give the agent's user the directory (chown -R greenfed: {directory}) "
             "or set agent.data_dir",
         )
-    return Check("data-dir", "ok", f"{directory} writable")
+    user = os.geteuid() if euid is None else euid
+    exposed: list[tuple[Path, str]] = []
+    # The data directory may be a link (to a larger disk); what it holds may not be:
+    # the supervisor ignores a versions directory reached through one. Not recursive:
+    # work/ holds the workers' own directories.
+    for path, follow in (
+        (directory, True),
+        (directory / "state", False),
+        (directory / DIRECTORY_NAME, False),
+    ):
+        try:
+            status = path.stat() if follow else path.lstat()
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            exposed.append((path, f"it cannot be checked: {error.strerror or error}"))
+            continue
+        problem = stat_problem(status, owner=user, directory=True)
+        if problem is not None:
+            exposed.append((path, problem))
+    if exposed:
+        paths = " ".join(str(path) for path, _ in exposed)
+        return Check(
+            "data-dir",
+            "FAIL",
+            f"{'; '.join(f'{path}: {problem}' for path, problem in exposed)}: another user "
+            "could change the agent's state, or swap in agent versions for the upgrade "
+            "supervisor to run as root",
+            "make each a directory of the agent's user, writable by it alone (the unit's "
+            f"agent runs as root: chown root: {paths} && chmod go-w {paths})",
+        )
+    return Check("data-dir", "ok", f"{directory} writable, by the agent's user only")
 
 
 def check_enrolment(settings: Settings) -> Check:

@@ -189,12 +189,49 @@ def wheel_version(source: IO[bytes]) -> str:
 def unpack_wheel(path: Path, target: Path) -> None:
     """Unpack the wheel's files into `target` (made here), as `pip install --no-deps
     --target` lays out a pure-Python wheel. Refuses members that would land outside
-    `target`, links, and archives that unpack past the limits. Blocking."""
+    `target`, links, and archives that unpack past the limits. Blocking.
+
+    Whole and durable, or not there: the files are unpacked into `<target>.partial`,
+    each file and directory fsynced, then renamed to `target`, and the rename made
+    durable (with `target`'s parent's own entry, the version's directory). A power cut
+    soon after the version is made active (its record is fsynced) would otherwise leave
+    the files the kernel had not written yet empty, and an empty `__main__` exits at
+    once. Modes are fixed (0644 files, 0755 directories; the umask can only narrow
+    them): the supervisor runs only code no other user can write
+    (edge/upgrade/versions.py)."""
+    import contextlib
+    import os
+    import shutil
     import zipfile
 
-    target.mkdir(parents=True, exist_ok=False)
-    resolved = target.resolve()
+    def fsync_directory(directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def make_directories(directory: Path, made: set[Path]) -> None:
+        """`directory` and its parents not in `made` (the unpacked root is), 0755,
+        each noted in `made` to be fsynced (which makes its entries durable)."""
+        missing = []
+        while directory not in made:
+            missing.append(directory)
+            directory = directory.parent
+        for each in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(each, 0o755)
+            made.add(each)
+
+    if target.exists():
+        raise FileExistsError(f"{target} exists already")
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    partial = target.with_name(f"{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a half-unpacked earlier attempt
     try:
+        os.mkdir(partial, 0o755)
+        resolved = partial.resolve()
+        made = {resolved}
         with zipfile.ZipFile(path) as wheel:
             _check_members(wheel)
             for member in wheel.infolist():
@@ -205,11 +242,25 @@ def unpack_wheel(path: Path, target: Path) -> None:
                         f"the wheel's member {member.filename[:120]!r} leaves its root"
                     )
                 if member.is_dir():
-                    destination.mkdir(parents=True, exist_ok=True)
+                    make_directories(destination, made)
                     continue
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                with wheel.open(member) as source, destination.open("wb") as sink:
+                make_directories(destination.parent, made)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+                with (
+                    wheel.open(member) as source,
+                    open(os.open(destination, flags, 0o644), "wb") as sink,
+                ):
                     while chunk := source.read(1 << 20):
                         sink.write(chunk)
-    except _unreadable() as error:
-        raise PackageError(f"the wheel could not be unpacked: {error}") from None
+                    sink.flush()
+                    os.fsync(sink.fileno())
+        for directory in made:
+            fsync_directory(directory)
+        os.rename(partial, target)
+    except BaseException as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, _unreadable()):
+            raise PackageError(f"the wheel could not be unpacked: {error}") from None
+        raise
+    fsync_directory(target.parent)
+    fsync_directory(target.parent.parent)

@@ -17,6 +17,14 @@ Bounds: past `max_bytes` the oldest records are dropped (whole segments on disk)
 and a record older than `max_age_s` when its turn comes is dropped unsent; both
 are counted (`dropped`, `expired`). `MemorySpool` keeps the same rules in memory
 for agents without a state directory (simulated fleets, tests).
+
+A full or read-only disk (or one out of inodes) never stops the agent: a record that
+cannot be written is lost and counted (`dropped`, `write_errors`), and the next append
+tries the disk again; a segment that cannot be started leaves the records going to
+the one before. A spool opened on a read-only data directory sends what it holds and
+keeps trying to open its segment for appending; one whose directory cannot be made
+or read at all starts empty and keeps nothing (its records are read again by the
+next agent that can).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from shared.lean_logs import get_logger
 from shared.topics import Channel
@@ -137,11 +145,38 @@ class DiskSpool:
         self.dropped = 0
         self.expired = 0
         self.write_errors = 0
+        self._peeked: Record | None = None
+        self._taken_since_save = 0
+        self._sizes: dict[int, int] = {0: 0}
+        self._read_segment = self._read_offset = self._write_segment = 0
+        # None while no segment could be opened for appending: each append tries again.
+        self._writer: BinaryIO | None = None
+        # Whether the segments on disk could be read: if not, nothing is written there
+        # (a segment number it did not see could be one holding records).
+        self._usable = True
+        # Whether the last write (or segment start) failed: a failing disk is logged
+        # once, not per record.
+        self._failing = False
+        self._rolling_over_fails = False
+        try:
+            self._open_existing()
+        except OSError as error:
+            self._usable = False
+            self.write_errors += 1
+            _log.warning("outbox spool unusable: records are not kept", error=str(error))
+            self._sizes = {0: 0}
+            self._read_segment = self._read_offset = self._write_segment = 0
+            return
+        self._open_writer()
+
+    def _open_existing(self) -> None:
+        """Find the segments and the cursor on disk."""
+        directory = self._directory
         directory.mkdir(parents=True, exist_ok=True)
         segments = sorted(
             int(path.stem) for path in directory.glob(f"*{_SUFFIX}") if path.stem.isdigit()
         )
-        self._sizes: dict[int, int] = {n: self._path(n).stat().st_size for n in segments}
+        self._sizes = {n: self._path(n).stat().st_size for n in segments}
         if segments:
             self._sizes[segments[-1]] = self._cut_partial(segments[-1])
         read_segment, read_offset = self._load_cursor()
@@ -155,9 +190,6 @@ class DiskSpool:
         self._read_offset = read_offset if segments else 0
         self._write_segment = segments[-1] if segments else 0
         self._sizes.setdefault(self._write_segment, 0)
-        self._writer = open(self._path(self._write_segment), "ab")  # noqa: SIM115 - kept open
-        self._peeked: Record | None = None
-        self._taken_since_save = 0
 
     # -- appending -----------------------------------------------------------------
 
@@ -167,23 +199,29 @@ class DiskSpool:
 
     def append(self, channel: Channel, payload: bytes) -> None:
         record = _HEADER.pack(len(payload), _CODES[channel], self._clock()) + payload
-        if self._sizes[self._write_segment] and (
-            self._sizes[self._write_segment] + len(record) > self._segment_bytes
-        ):
-            self._writer.close()
-            self._write_segment += 1
-            self._sizes[self._write_segment] = 0
-            self._writer = open(self._path(self._write_segment), "ab")  # noqa: SIM115
+        written = self._sizes[self._write_segment]
+        if written and written + len(record) > self._segment_bytes:
+            started = self._roll_over()
+            # No new segment, and the old ones cannot be dropped while this one is
+            # written: past the bound, this record is lost instead (counted).
+            if not started and self.pending_bytes + len(record) > self._max_bytes:
+                self.dropped += 1
+                return
+        if self._writer is None and not self._open_writer():
+            self.dropped += 1  # still no segment to write to: a full or read-only disk
+            return
+        assert self._writer is not None
         try:
             self._writer.write(record)
             self._writer.flush()
-        except OSError as error:
+        except (OSError, ValueError) as error:
             # A full or read-only disk: this record is lost (counted), the agent goes on.
+            # (ValueError: a file object closed under it; never expected, never fatal.)
             self.dropped += 1
-            self.write_errors += 1
-            _log.warning("outbox spool write failed", error=str(error))
+            self._failed("outbox spool write failed", error)
             self._reopen_writer()
             return
+        self._failing = False
         self._sizes[self._write_segment] += len(record)
         while self.pending_bytes > self._max_bytes and self._read_segment < self._write_segment:
             self._drop_read_segment()
@@ -226,31 +264,88 @@ class DiskSpool:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.save()
-        with contextlib.suppress(OSError):
-            self._writer.close()
+        self._close_writer()
+
+    def _roll_over(self) -> bool:
+        """Start the next segment; whether it could be. Its file is opened before the
+        full one is let go, so that a disk out of space or inodes leaves the spool as it
+        was (appends try again), never without a writer."""
+        segment = self._write_segment + 1
+        try:
+            writer = self._open_segment(segment, 0)
+        except OSError as error:
+            self.write_errors += 1
+            if not self._rolling_over_fails:
+                _log.warning("outbox spool segment not started", error=str(error))
+            self._rolling_over_fails = True
+            return False  # the record goes to the full segment, or is lost if it cannot
+        self._rolling_over_fails = False
+        self._close_writer()
+        self._writer = writer
+        self._write_segment = segment
+        self._sizes[segment] = 0
+        return True
+
+    def _open_writer(self) -> bool:
+        """Open the write segment for appending; whether it could be (it is tried again
+        at the next append if not)."""
+        if not self._usable:
+            return False
+        try:
+            self._writer = self._open_segment(self._write_segment, self._sizes[self._write_segment])
+        except OSError as error:
+            self._writer = None
+            self._failed("outbox spool segment not opened", error)
+            return False
+        return True
+
+    def _open_segment(self, segment: int, size: int) -> BinaryIO:
+        """The segment's file for appending, cut back to `size` (its whole records: a
+        failed write may have left part of one)."""
+        self._directory.mkdir(parents=True, exist_ok=True)
+        writer = open(self._path(segment), "ab")  # noqa: SIM115 - kept open
+        try:
+            if writer.tell() != size:
+                writer.truncate(size)
+        except OSError:
+            writer.close()
+            raise
+        return writer
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(OSError):
+                self._writer.close()
+            self._writer = None
 
     def _reopen_writer(self) -> None:
-        """After a failed write: the segment back to its last whole record, and a new
-        file object (the old one may still hold the bytes it could not write)."""
-        path = self._path(self._write_segment)
-        with contextlib.suppress(OSError):
-            self._writer.close()
-        with contextlib.suppress(OSError):
-            os.truncate(path, self._sizes[self._write_segment])
-        self._writer = open(path, "ab")  # noqa: SIM115 - kept open
+        """After a failed write: a new file object (the old one may still hold the bytes
+        it could not write), the segment back to its last whole record."""
+        self._close_writer()
+        self._open_writer()
+
+    def _failed(self, message: str, error: Exception) -> None:
+        """Count a failed write to disk; log the first of a run of them."""
+        self.write_errors += 1
+        if not self._failing:
+            _log.warning(message, error=str(error))
+        self._failing = True
 
     def _read(self) -> Record | None:
         while True:
             size = self._sizes.get(self._read_segment, 0)
             if self._read_offset < size:
-                with open(self._path(self._read_segment), "rb") as file:
-                    file.seek(self._read_offset)
-                    header = file.read(_HEADER.size)
-                    if len(header) == _HEADER.size:
-                        length, code, spooled_at = _HEADER.unpack(header)
-                        end = self._read_offset + _HEADER.size + length
-                        if code in _CHANNELS and end <= size:
-                            return Record(_CHANNELS[code], file.read(length), spooled_at)
+                try:
+                    with open(self._path(self._read_segment), "rb") as file:
+                        file.seek(self._read_offset)
+                        header = file.read(_HEADER.size)
+                        if len(header) == _HEADER.size:
+                            length, code, spooled_at = _HEADER.unpack(header)
+                            end = self._read_offset + _HEADER.size + length
+                            if code in _CHANNELS and end <= size:
+                                return Record(_CHANNELS[code], file.read(length), spooled_at)
+                except OSError as error:  # gone, or a failing disk: as if damaged
+                    _log.warning("outbox spool segment unreadable", error=str(error))
                 # Not a record (the file was damaged): the rest of the segment is given up.
                 _log.warning("outbox spool damaged", segment=self._read_segment)
                 self.dropped += 1
@@ -264,9 +359,15 @@ class DiskSpool:
     def _drop_read_segment(self, *, counted: bool = True) -> None:
         segment = self._read_segment
         if counted:
-            self.dropped += self._records_in(segment, self._read_offset)
-        with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # unreadable: its records go uncounted
+                self.dropped += self._records_in(segment, self._read_offset)
+        try:
             self._path(segment).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as error:  # a read-only disk: read again after a restart, no loss
+            self.write_errors += 1
+            _log.warning("outbox spool segment not deleted", error=str(error))
         del self._sizes[segment]
         self._read_segment = segment + 1
         self._read_offset = 0
@@ -283,7 +384,7 @@ class DiskSpool:
         try:
             segment, offset = (self._directory / "cursor").read_text(encoding="ascii").split()
             return int(segment), int(offset)
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):  # none, or unreadable: everything is sent again
             return 0, 0
 
     @staticmethod
@@ -324,6 +425,10 @@ class DiskSpool:
                 break
             end = record_end
         if end < size:
-            with open(path, "r+b") as file:
-                file.truncate(end)
+            try:
+                with open(path, "r+b") as file:
+                    file.truncate(end)
+            except OSError as error:  # read-only: reading stops at `end`; so does writing
+                self.write_errors += 1
+                _log.warning("outbox spool half-written record not cut", error=str(error))
         return end

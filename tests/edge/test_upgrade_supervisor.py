@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,16 @@ from edge.upgrade.supervisor import Supervisor, parse_arguments
 from edge.upgrade.versions import RESTART_EXIT_CODE, Trial, VersionsDir
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def usual_umask() -> Iterator[None]:
+    """The unit's files are made under a umask that writes for no group (0027); under
+    0002 every version made here would be one the supervisor refuses to run."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
 
 # Each version's behaviour: "healthy" writes the health file, then exits 0 once it sees
 # the file `stop` (or at once if it says "exit"); "crash" exits 1; "silent" sleeps.
