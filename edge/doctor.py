@@ -20,7 +20,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
@@ -28,6 +28,7 @@ from typing import Literal, TextIO
 import aiohttp
 import aiomqtt
 import msgspec
+import psutil
 
 from edge.sandbox.probe import NodeIsolation, probe_isolation
 from edge.sandbox.setup import workers_memory_bytes
@@ -36,6 +37,7 @@ from shared.desired_signature import PublicKeyError, load_public_key
 from shared.enrolment_marker import read_marker
 from shared.mqtt import MqttSession, is_auth_failure
 from shared.settings import Settings
+from shared.topics import Topics
 
 Verdict = Literal["ok", "warn", "skip", "FAIL"]
 TIMEOUT_S = 5.0
@@ -124,16 +126,45 @@ def check_enrolment(settings: Settings) -> Check:
     return Check("desired-key", "ok", "the control plane's public key is set")
 
 
-async def check_broker(settings: Settings) -> Check:
+def _agent_runs() -> bool:
+    """Whether a `greenfed edge run` process runs on this host."""
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info.get("cmdline") or []
+        words = [Path(word).name for word in command[:4]]
+        if "edge" in command and "run" in command and any("greenfed" in w for w in words):
+            return True
+    return False
+
+
+async def check_broker(
+    settings: Settings, *, agent_runs: Callable[[], bool] = _agent_runs
+) -> Check:
     mqtt = settings.mqtt
+    node_id = settings.agent.resolved_node_id()
+    # A broker that binds a node's account to its agent's client id (greenfed's
+    # dynamic-security accounts are) refuses any other id: log in as the agent when
+    # it is not running; beside a running agent that would take its session over.
+    running = agent_runs()
     session = MqttSession(
         msgspec.structs.replace(mqtt, connect_timeout_s=TIMEOUT_S),
-        client_id=f"greenfed-doctor-{settings.agent.resolved_node_id()}",
+        client_id=(
+            f"greenfed-doctor-{node_id}"
+            if running
+            else Topics(mqtt.topic_root).agent_client_id(node_id)
+        ),
     )
     try:
         async with asyncio.timeout(TIMEOUT_S + 1.0), session.new_client():
             pass
     except aiomqtt.MqttError as error:
+        if is_auth_failure(error) and running:
+            return Check(
+                "broker",
+                "skip",
+                f"{mqtt.url}: refused beside the running agent, whose client id the "
+                f"account may be bound to ({error}); the agent's own connection is the "
+                "check: greenfed nodes shows it online, or stop the agent and run this again",
+            )
         if is_auth_failure(error):
             return Check(
                 "broker",
@@ -310,7 +341,10 @@ def check_containers(isolation: NodeIsolation | None) -> Check:
     if not runtime.cdi_gpus:
         detail += "; GPUs passed as device nodes (no NVIDIA CDI spec)"
     # Never the runtime's defaults, which may exceed this host's hard limits.
-    detail += "; ulimits: the agent's open files, the worker's pids limit"
+    detail += (
+        "; ulimits: the agent's open files and process count (the worker's cgroup holds "
+        "its pids limit)"
+    )
     return Check("containers", "ok", detail)
 
 

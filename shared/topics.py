@@ -97,6 +97,12 @@ class Topics:
             raise TopicError(f"node id {node_id!r} is not a valid topic level")
         return f"{self.nodes_prefix}{node_id}/{channel.value}"
 
+    def agent_client_id(self, node_id: str) -> str:
+        """The client id a node's agent connects with, and the one its broker account is
+        bound to (cloud/broker_accounts/): with the root, so two fleets on one broker
+        whose node ids coincide do not take each other's sessions over."""
+        return f"greenfed-agent-{node_id}@{self.root}"
+
     def all_nodes(self, channel: Channel) -> str:
         """The subscription filter for one channel of every node."""
         return f"{self.nodes_prefix}+/{channel.value}"

@@ -138,7 +138,7 @@ def node_client_id(topics: Topics, node_id: str) -> str:
     connects with exactly this). Bound to the account, so no other account can log in
     with it, which would make the broker drop the agent's connection and publish its
     will (the node going offline, its work moved)."""
-    return f"greenfed-agent-{node_id}@{topics.root}"
+    return topics.agent_client_id(node_id)
 
 
 # What an agent publishes: every channel but `desired`, which only the control plane writes.

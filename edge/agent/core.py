@@ -193,9 +193,7 @@ class Agent:
         self._modules = modules
         self.session = MqttSession(
             self._mqtt_settings,
-            # With the topic root: two greenfed fleets on one broker whose node ids
-            # coincide must not take each other's sessions over.
-            client_id=f"greenfed-agent-{self.identity.node_id}@{self._mqtt_settings.topic_root}",
+            client_id=Topics(self._mqtt_settings.topic_root).agent_client_id(self.identity.node_id),
             will=modules.birth.will(),
             logger=log,
         )

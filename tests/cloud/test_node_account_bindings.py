@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiomqtt
+import msgspec
 import pytest
 from aiomqtt.exceptions import MqttConnectError
 
@@ -23,10 +24,11 @@ from cloud.broker_accounts.dynsec_protocol import (
     CommandBatch,
     node_client_id,
 )
+from edge.doctor import check_broker
 from greenfed.broker import EmbeddedBroker
 from greenfed.embedded_accounts import EmbeddedAccounts
 from shared.mqtt import is_auth_failure
-from shared.settings import MqttSettings, parse_mqtt_url
+from shared.settings import AgentSettings, MqttSettings, Settings, parse_mqtt_url
 from shared.topics import Channel
 from tests.support.broker_accounts import AccountsBroker, collect_until
 from tests.support.brokers import DynamicSecurity, MosquittoProcess
@@ -204,3 +206,29 @@ async def test_the_embedded_accounts_bind_a_client_id_as_mosquitto_does() -> Non
     assert await table.authenticate("n2", "pw", "whatever")
     # The admin is bound to nothing: the control plane runs several sessions.
     assert await table.authenticate(CLOUD_USER, CLOUD_PASSWORD, "any-id")
+
+
+async def test_the_doctor_checks_a_bound_account_as_the_agent_only_while_it_is_stopped(
+    broker: AccountsBroker, accounts: DynamicSecurityAccounts, tmp_path: Path
+) -> None:
+    """`greenfed edge doctor` logged in with a client id of its own, which a bound
+    account refuses: its broker check failed on every node with the right password."""
+    node = await accounts.provision("node-d")
+    settings = Settings(
+        mqtt=MqttSettings(
+            url=broker.admin.url,
+            username=node.username,
+            password=node.password,
+            topic_root=broker.admin.topic_root,
+        ),
+        agent=AgentSettings(node_id="node-d", data_dir=str(tmp_path / "data")),
+    )
+    assert (await check_broker(settings, agent_runs=lambda: False)).verdict == "ok"
+    # Beside a running agent it never takes the agent's session over: it says why not.
+    beside = await check_broker(settings, agent_runs=lambda: True)
+    assert beside.verdict == "skip"
+    assert "running agent" in beside.detail
+    wrong = msgspec.structs.replace(
+        settings, mqtt=msgspec.structs.replace(settings.mqtt, password="wrong")
+    )
+    assert (await check_broker(wrong, agent_runs=lambda: False)).verdict == "FAIL"
