@@ -13,24 +13,9 @@ from typing import IO, Any
 import pytest
 
 import edge.agent.spool as spool_module
-from edge.agent.spool import DiskSpool, Spool
+from edge.agent.spool import DiskSpool
 from shared.topics import Channel
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def drain(spool: Spool) -> list[bytes]:
-    taken = []
-    while (record := spool.peek()) is not None:
-        taken.append(record.payload)
-        spool.take(record)
-    return taken
+from tests.edge.test_spool import Clock, drain
 
 
 def failing_appends(code: int) -> Callable[..., IO[Any]]:
