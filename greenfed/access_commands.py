@@ -19,7 +19,7 @@ from cloud.access.views import AuditList, TokenCreated, TokenList, TokenRotated,
 from greenfed.api_client import ApiClient
 from greenfed.arguments import EXIT_OK
 from greenfed.output import Output, emit
-from greenfed.work_commands import ago, at_utc, console
+from greenfed.work_commands import ago, at_utc, console, plain
 
 _SHOWN_ONCE: Final = "token (shown only now, keep it secret)"
 _STATE_STYLE: Final = {"active": "green", "rotated": "yellow", "expired": "dim", "revoked": "red"}
@@ -196,7 +196,7 @@ def render_audit(entries: AuditList, output: Output) -> None:
             entry.actor,
             entry.action,
             entry.target,
-            _detail(msgspec.json.decode(entry.detail)),
+            plain(_detail(msgspec.json.decode(entry.detail))),
             *((str(entry.seq),) if output.wide else ()),
         )
     console(output.out, wide=output.wide).print(table)

@@ -10,14 +10,14 @@ from typing import Any, Final, TextIO
 from urllib.parse import quote
 
 import msgspec
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cloud.clusters.views import ClusterList, ClusterSpec, ClusterView
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
 from greenfed.output import Output, emit
-from greenfed.work_commands import act_and_say, ago, at_utc, console
+from greenfed.work_commands import act_and_say, ago, at_utc, console, plain
 from shared.errors import FieldError
 
 
@@ -145,27 +145,29 @@ def render_clusters(clusters: ClusterList, out: TextIO, *, wide: bool = False) -
         table.add_column(column)
     for cluster in clusters.items:
         if cluster.reachable:
-            state = "[green]reachable[/]"
+            state = Text("reachable", style="green")
         else:
+            # The cluster's own words (its last error): printable, never markup.
             contact = ago(cluster.last_contact_at) if cluster.last_contact_at else "never"
-            state = f"[red]unreachable[/] (last contact {contact}): {escape(cluster.last_error)}"
+            state = Text.assemble(("unreachable", "red"), f" (last contact {contact}): ")
+            state.append_text(plain(cluster.last_error))
         table.add_row(
             cluster.spec.name,
             cluster.spec.kind,
-            escape(_via(cluster)),
+            plain(_via(cluster)),
             cluster.spec.zone,
             cluster.spec.region,
             state,
             str(cluster.nodes),
-            escape(_summary(cluster)),
+            plain(_summary(cluster)),
             f"{cluster.pending_jobs} pending",
             str(cluster.greenfed_jobs_running),
             *(
                 (
-                    escape(_partitions_text(cluster)),
+                    plain(_partitions_text(cluster)),
                     at_utc(cluster.last_contact_at),
                     at_utc(cluster.created_at),
-                    escape(cluster.created_by),
+                    plain(cluster.created_by),
                 )
                 if wide
                 else ()

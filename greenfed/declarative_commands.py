@@ -31,6 +31,7 @@ from greenfed.spec_files import (
     read_spec_text,
     yaml_reason,
 )
+from shared.printable import printable
 from shared.work_literals import SpecKind
 
 if TYPE_CHECKING:
@@ -101,13 +102,14 @@ def _collection(spec: WorkSpec) -> tuple[str, str]:
 
 
 def _value(raw: msgspec.Raw) -> str:
-    return bytes(raw).decode()
+    """A JSON value as one printable line (JSON escapes C0 characters, not DEL or C1)."""
+    return printable(bytes(raw).decode())
 
 
 def _said(view: ApplyView) -> str:
     """One line (and the changed fields under it) for a person."""
     noun = "job" if view.kind == "training" else "deployment"
-    lines = [view.message]
+    lines = [printable(view.message)]
     lines.extend(
         f"  {change.field}: {_value(change.before)} -> {_value(change.after)}"
         for change in view.changes
@@ -155,11 +157,11 @@ def _diff(view: ApplyView) -> str:
     noun = "job" if view.kind == "training" else "deployment"
     title = f"{noun} {view.name}" + (f" ({view.id})" if view.id else "")
     if view.action == "created":
-        where = "" if view.placement is None else f": {view.placement.message}"
+        where = "" if view.placement is None else f": {printable(view.placement.message)}"
         return f"{title}: would be created{where}\n"
     if view.action == "unchanged":
         return f"{title}: no changes\n"
-    lines = [view.message]  # "job NAME (ID) would change: FIELDS"
+    lines = [printable(view.message)]  # "job NAME (ID) would change: FIELDS"
     for change in view.changes:
         lines.append(f"- {change.field}: {_value(change.before)}")
         lines.append(f"+ {change.field}: {_value(change.after)}")
@@ -174,24 +176,27 @@ async def dry_run(client: ApiClient, spec: WorkSpec, *, output: Output) -> int:
 
     def said() -> None:
         view = msgspec.json.decode(payload, type=DryRunView)
-        output.out.write(f"{noun} {view.name} (dry run, nothing submitted): {view.message}\n")
+        message = printable(view.message)
+        output.out.write(f"{noun} {view.name} (dry run, nothing submitted): {message}\n")
 
     emit(output, payload, said)
     return EXIT_OK
 
 
 def event_detail(event: EventView) -> str:
-    """What happened, for a person: a state change as `from -> to: reason`."""
+    """What happened, for a person, on one printable line: a state change as
+    `from -> to: reason` (a reason is often a node's words: a CR in it must not rewrite
+    the line, an escape sequence must not reach the terminal)."""
     if event.kind != "work.state":
         return _value(event.payload)
     change = msgspec.json.decode(event.payload, type=_StateChange)
-    detail = f"{change.previous_state or 'submitted'} -> {change.state}"
-    return f"{detail}: {change.reason}" if change.reason else detail
+    detail = printable(f"{change.previous_state or 'submitted'} -> {change.state}")
+    return f"{detail}: {printable(change.reason)}" if change.reason else detail
 
 
 def _event_line(event: EventView) -> str:
     detail = event_detail(event)
-    tenant = f"{event.tenant}  " if event.tenant else ""
+    tenant = f"{printable(event.tenant)}  " if event.tenant else ""
     at = f"{event.at:%Y-%m-%dT%H:%M:%S}Z"
     return f"{at}  {event.seq}  {tenant}{event.kind}  {event.work_id or '-'}  {detail}\n"
 

@@ -56,13 +56,14 @@ async def control(client: ApiClient, job_id: str, action: str, *, output: Output
     from cloud.work.views import JobView
     from greenfed.arguments import EXIT_OK
     from greenfed.output import emit
+    from shared.printable import printable
 
     _, payload = await client.call("POST", f"/v1/jobs/{job_id}/{action}")
 
     def said() -> None:
         job = msgspec.json.decode(payload, type=JobView)
         state = f"{job.state} ({job.hold})" if job.hold else job.state
-        reason = f": {job.reason}" if job.reason else ""
+        reason = f": {printable(job.reason)}" if job.reason else ""
         output.out.write(f"job {job.id} {ACTIONS[action][1]}, now {state}{reason}\n")
 
     emit(output, payload, said)

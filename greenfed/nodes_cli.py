@@ -11,8 +11,8 @@ from typing import Final, TextIO
 from urllib.parse import quote
 
 import msgspec
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cloud.fleet.enrolment_views import (
     EnrolledNodeList,
@@ -29,8 +29,9 @@ from cloud.fleet.views import NodeDetail, NodeList, NodeSummary
 from greenfed.api_client import ApiClient, bulk_confirmation
 from greenfed.arguments import EXIT_FAILURE, EXIT_OK
 from greenfed.output import Output, emit
-from greenfed.work_commands import ago, at_utc, console
+from greenfed.work_commands import ago, at_utc, console, plain
 from shared.messages import AcceleratorKind
+from shared.printable import printable
 from shared.taints import CORDON_TAINT_KEY
 
 GIB = 1024**3
@@ -58,6 +59,7 @@ def _bytes_text(size_bytes: int) -> str:
 
 
 def _accelerator_text(node: NodeSummary) -> str:
+    """The node's accelerators by model, as printable text (a model is the node's word)."""
     groups: dict[tuple[str, str, int], int] = {}
     for accelerator in node.accelerators:
         key = (accelerator.kind, accelerator.model, accelerator.memory_bytes)
@@ -67,18 +69,19 @@ def _accelerator_text(node: NodeSummary) -> str:
         if kind == "cpu":
             continue
         memory = f" {_bytes_text(memory_bytes)}" if memory_bytes else ""
-        parts.append(f"{count}× {model}{memory}")
+        parts.append(f"{count}× {printable(model)}{memory}")
     return ", ".join(parts) or "cpu only"
 
 
-def _isolation_text(node: NodeSummary) -> str:
+def _isolation_text(node: NodeSummary) -> Text:
     """How a training node contains work (docs/isolation.md), and whether it runs images."""
     if node.isolation is None:
-        return ""
+        return Text()
     if node.isolation == "unavailable":
-        return "[red]refuses training[/]"
-    return node.isolation + (
-        " + " + "/".join(node.container_runtimes) if node.container_runtimes else ""
+        return Text("refuses training", style="red")
+    return plain(
+        node.isolation
+        + (" + " + "/".join(node.container_runtimes) if node.container_runtimes else "")
     )
 
 
@@ -109,32 +112,15 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout, *, wide: bool = Fals
     for column in NODES_WIDE if wide else ():
         table.add_column(column)
     for node in nodes.items:
-        state = (
-            "[green]online[/]"
-            if node.state == "online"
-            else f"[red]offline[/] ({node.offline_cause or node.offline_reason})"
-        )
-        outage = node.last_outage
-        if node.state == "online" and outage is not None and _within_hour(outage.ended_at):
-            # The same agent came back: it was cut off; a new one: it restarted.
-            came_back = "partitioned" if outage.ended_by == "partition" else "restarted"
-            state += f" ({came_back} {outage.offline_s:.0f} s, {ago(outage.ended_at)})"
-        if node.cordoned:
-            state += " [yellow]draining[/]" if node.draining else " [yellow]cordoned[/]"
-        if node.drain_waiting:  # what the drain waits for (a disruption budget)
-            state += f" ({escape('; '.join(node.drain_waiting))})"
-        if node.approval == "pending-approval":
-            differences = escape("; ".join(node.approval_differences))
-            state += f" [magenta]pending-approval[/] ({differences})"
         table.add_row(
             node.node_id,
-            state,
+            _state_text(node),
             node.site,
             node.zone,
             node.region,
-            _accelerator_text(node),
+            plain(_accelerator_text(node)),
             _isolation_text(node),
-            ", ".join(t for t in node.taints if not t.startswith(CORDON_TAINT_KEY)),
+            plain(", ".join(t for t in node.taints if not t.startswith(CORDON_TAINT_KEY))),
             ""
             if node.accelerator_utilization_pct is None
             else f"{node.accelerator_utilization_pct:.0f}",
@@ -142,9 +128,9 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout, *, wide: bool = Fals
             ago(node.last_seen_at),
             *(
                 (
-                    escape(_labels_text(node.labels)),
-                    escape(node.agent_version),
-                    escape(node.instance_id),
+                    plain(_labels_text(node.labels)),
+                    plain(node.agent_version),
+                    plain(node.instance_id),
                     at_utc(node.started_at),
                     at_utc(node.last_seen_at),
                 )
@@ -156,6 +142,30 @@ def render_table(nodes: NodeList, out: TextIO = sys.stdout, *, wide: bool = Fals
     screen.print(table)
     online = sum(1 for node in nodes.items if node.state == "online")
     screen.print(f"{online}/{nodes.count} online")
+
+
+def _state_text(node: NodeSummary) -> Text:
+    """Online or offline and why, cordoned, draining and what it waits for, pending
+    approval and what differs: the words in parentheses are printable, never markup."""
+    if node.state == "online":
+        state = Text("online", style="green")
+    else:
+        state = Text.assemble(("offline", "red"), f" ({node.offline_cause or node.offline_reason})")
+    outage = node.last_outage
+    if node.state == "online" and outage is not None and _within_hour(outage.ended_at):
+        # The same agent came back: it was cut off; a new one: it restarted.
+        came_back = "partitioned" if outage.ended_by == "partition" else "restarted"
+        state.append(f" ({came_back} {outage.offline_s:.0f} s, {ago(outage.ended_at)})")
+    if node.cordoned:
+        state.append(" ")
+        state.append("draining" if node.draining else "cordoned", style="yellow")
+    if node.drain_waiting:  # what the drain waits for (a disruption budget)
+        state.append(f" ({printable('; '.join(node.drain_waiting))})")
+    if node.approval == "pending-approval":
+        state.append(" ")
+        state.append("pending-approval", style="magenta")
+        state.append(f" ({printable('; '.join(node.approval_differences))})")
+    return state
 
 
 # -- enrolment: join tokens, enrolled identities, revocation --------------------------
@@ -212,12 +222,12 @@ def render_join_tokens(tokens: JoinTokenList, out: TextIO, *, wide: bool = False
             token.site or "",
             token.zone or "",
             token.region or "",
-            _labels_text(token.labels),
+            plain(_labels_text(token.labels)),
             *(
                 (
                     token.work,
                     _counts_text(token.max_accelerators),
-                    escape(", ".join(token.accelerator_models)),
+                    plain(", ".join(token.accelerator_models)),
                     _memory_text(token.max_accelerator_memory_bytes),
                     at_utc(token.created_at),
                     token.created_by or "",
@@ -290,8 +300,8 @@ async def set_node(
     if node.draining:
         state = "draining: cordoned, its work moving elsewhere"
         if node.drain_waiting:
-            state += f" ({'; '.join(node.drain_waiting)})"
-    taints = ", ".join(node.taints) or "none"
+            state += f" ({printable('; '.join(node.drain_waiting))})"
+    taints = printable(", ".join(node.taints)) or "none"
     emit(output, node, lambda: output.out.write(f"node {node.node_id} {state}; taints: {taints}\n"))
     return EXIT_OK
 
@@ -349,10 +359,10 @@ def render_enrolled(nodes: EnrolledNodeList, out: TextIO, *, wide: bool = False)
             "[green]enrolled[/]" if node.state == "enrolled" else "[red]revoked[/]",
             at_utc(node.enrolled_at),
             node.join_token_id or "",
-            node.username or "",
+            plain(node.username),
             node.sealing_key_fingerprint or "",
             at_utc(node.revoked_at),
-            *((escape(_envelope_text(node.envelope)),) if wide else ()),
+            *((plain(_envelope_text(node.envelope)),) if wide else ()),
         )
     console(out, wide=wide).print(table)
 
@@ -387,15 +397,15 @@ def render_unenrolled(nodes: UnenrolledNodeList, out: TextIO, *, wide: bool = Fa
                 node.state, node.state
             ),
             at_utc(node.enrolled_at),
-            escape(f"{enrolled_as}, {envelope.work}"),
-            escape(f"{node.site} {node.zone} {node.region}"),
+            plain(f"{enrolled_as}, {envelope.work}"),
+            plain(f"{node.site} {node.zone} {node.region}"),
             node.sealing_key_fingerprint,
             ago(node.last_seen_at),
             *(
                 (
-                    node.cluster_id,
+                    plain(node.cluster_id),
                     node.join_token_id or "",
-                    escape(node.instance_id),
+                    plain(node.instance_id),
                     at_utc(node.first_seen_at),
                     at_utc(node.last_seen_at),
                 )
@@ -425,7 +435,8 @@ async def readmit_nodes(
         for node in result.readmitted:
             out.write(f"  {node.node_id}  sealing key {node.sealing_key_fingerprint}\n")
         for refusal in result.refused:
-            out.write(f"not re-admitted: {refusal.node_id}: {refusal.reason}: {refusal.detail}\n")
+            detail = printable(refusal.detail)
+            out.write(f"not re-admitted: {refusal.node_id}: {refusal.reason}: {detail}\n")
 
     emit(output, result, said)
     return EXIT_FAILURE if result.refused else EXIT_OK

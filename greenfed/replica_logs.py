@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Final, TextIO
 
 from cloud.work.views import DeploymentView, EventView, ReplicaView
 from greenfed.arguments import EXIT_OK
+from shared.printable import printable
 
 if TYPE_CHECKING:
     from greenfed.api_client import ApiClient
@@ -42,8 +43,9 @@ def event_line(event: EventView) -> str:
 
 
 def replica_line(replica: ReplicaView, at: datetime) -> str:
-    provider = f" on {replica.provider}" if replica.provider else ""
-    reason = f": {replica.reason}" if replica.reason else ""
+    """One line; the provider and the reason are the node's words, made printable."""
+    provider = f" on {printable(replica.provider)}" if replica.provider else ""
+    reason = f": {printable(replica.reason)}" if replica.reason else ""
     return (
         f"{_at(at)}  [{replica.node_id}] replica {replica.replica}: {replica.state}{provider}"
         f"{reason}\n"

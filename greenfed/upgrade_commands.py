@@ -12,14 +12,14 @@ from typing import TextIO
 from urllib.parse import quote
 
 import msgspec
-from rich.markup import escape
 from rich.table import Table
 
 from cloud.upgrades.views import PackageList, PackageView, RolloutList, RolloutView
 from greenfed.api_client import ApiClient, CliError
 from greenfed.arguments import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from greenfed.output import Output, emit
-from greenfed.work_commands import at_utc, console, get_and_show
+from greenfed.work_commands import at_utc, console, get_and_show, plain
+from shared.printable import printable
 
 WATCH_INTERVAL_S = 2.0
 
@@ -40,11 +40,11 @@ def render_packages(packages: PackageList, out: TextIO, *, wide: bool = False) -
         table.add_column("signature")
     for package in packages.items:
         table.add_row(
-            escape(package.version),
+            plain(package.version),
             f"{package.size_bytes / 1e6:.1f} MB",
             package.sha256 if wide else package.sha256[:12],
             _moment(package.published_at),
-            *((escape(package.published_by), package.signature) if wide else ()),
+            *((plain(package.published_by), package.signature) if wide else ()),
         )
     console(out, wide=wide).print(table)
 
@@ -82,8 +82,10 @@ async def list_packages(client: ApiClient, *, output: Output) -> int:
 def _progress(rollout: RolloutView) -> str:
     counts = ", ".join(f"{count} {state}" for state, count in rollout.counts.items())
     wave = f"wave {rollout.current_wave + 1} of {len(rollout.waves)}" if rollout.waves else ""
-    detail = f": {rollout.detail}" if rollout.detail else ""
-    return f"rollout {rollout.rollout_id} of agent {rollout.version}: {rollout.phase}{detail}" + (
+    # The detail may quote a node's words (why its upgrade failed): printable.
+    detail = f": {printable(rollout.detail)}" if rollout.detail else ""
+    version = printable(rollout.version)
+    return f"rollout {rollout.rollout_id} of agent {version}: {rollout.phase}{detail}" + (
         f" ({wave}; {counts})" if counts else ""
     )
 
@@ -100,7 +102,7 @@ def render_rollouts(rollouts: RolloutList, out: TextIO, *, wide: bool = False) -
         counts = rollout.counts
         table.add_row(
             rollout.rollout_id,
-            escape(rollout.version),
+            plain(rollout.version),
             rollout.phase,
             f"{rollout.current_wave + 1}/{len(rollout.waves)}" if rollout.waves else "-",
             *(
@@ -113,7 +115,7 @@ def render_rollouts(rollouts: RolloutList, out: TextIO, *, wide: bool = False) -
                     _moment(rollout.finished_at),
                     f"{rollout.rules.canary_percent:g}%",
                     f"{100 * rollout.rules.max_failure_share:g}%",
-                    escape(rollout.detail),
+                    plain(rollout.detail),
                 )
                 if wide
                 else ()
@@ -136,11 +138,11 @@ def render_rollout(rollout: RolloutView, out: TextIO, *, wide: bool = False) -> 
         if not wide and entry.state in ("upgraded", "waiting"):
             continue  # the interesting ones; -o wide lists every node
         table.add_row(
-            escape(node_id),
+            plain(node_id),
             str(entry.wave + 1),
             entry.state,
             _moment(entry.changed_at),
-            escape(entry.detail),
+            plain(entry.detail),  # a node's words, e.g. why its upgrade failed
         )
     if table.row_count:
         console(out, wide=wide).print(table)

@@ -50,6 +50,7 @@ from greenfed.output import WIDE_COLUMNS, Output, emit
 from greenfed.usage_commands import usage_line
 from shared.messages import AcceleratorKind
 from shared.mig_profiles import is_quota_resource
+from shared.printable import printable
 from shared.work_literals import SpecKind
 
 # ---- rendering -----------------------------------------------------------------------------
@@ -62,6 +63,13 @@ def console(out: TextIO, *, wide: bool = False) -> Console:
         return Console(file=out, width=WIDE_COLUMNS, highlight=False)
     sized = out.isatty() or os.environ.get("COLUMNS", "").isdigit()
     return Console(file=out, width=None if sized else 160, highlight=False)
+
+
+def plain(text: str | None) -> Text:
+    """What a node, a cluster or a tenant wrote, as a table cell or a line: printable
+    (shared/printable.py: no escape sequence, CR or newline reaches the terminal) and
+    never read as Rich markup (`[/]` cannot break the table, `[link=...]` makes no link)."""
+    return Text(printable(text or ""))
 
 
 ReplyT = TypeVar("ReplyT")
@@ -167,7 +175,7 @@ def render_jobs(jobs: JobList, out: TextIO, *, tenants: bool = False, wide: bool
             f"{job.workers}×{job.accelerators_per_worker} {job.accelerator_kind}",
             str(job.attempts),
             ago(job.submitted_at),
-            job.reason or "",
+            plain(job.reason),
             *(_job_wide_cells(job) if wide else ()),
         )
     console(out, wide=wide).print(table)
@@ -204,7 +212,7 @@ def render_deployments(
             f"{item.replicas}×{item.accelerators_per_replica}",
             item.model_id or "",
             ago(item.submitted_at),
-            item.reason or "",
+            plain(item.reason),
             *(
                 (str(item.attempts), at_utc(item.submitted_at), at_utc(item.updated_at))
                 if wide
@@ -242,7 +250,7 @@ def _allocations_table(allocations: tuple[AllocationView, ...], *, wide: bool = 
         table.add_row(
             str(allocation.member),
             allocation.node_id,
-            f"{allocation.accelerators} {allocation.accelerator_kind}{ids}{capped}",
+            plain(f"{allocation.accelerators} {allocation.accelerator_kind}{ids}{capped}"),
             allocation.state,
             ago(allocation.started_at),
             allocation.expected_end.isoformat(timespec="seconds")
@@ -289,7 +297,7 @@ def replicas_line(work: DeploymentView) -> str:
         last = work.last_scaling
         line += (
             f"\nlast scaled {ago(last.at)}: {last.from_replicas} → {last.to_replicas}, "
-            f"{last.reason}"
+            f"{printable(last.reason)}"
         )
     return line
 
@@ -317,9 +325,9 @@ def _replicas_table(work: DeploymentView, *, wide: bool = False) -> Table:
             str(replica.replica),
             replica.node_id,
             state_text(replica.state),
-            replica.provider or "",
-            replica.reason,
-            *((replica.model_sha256 or "", *_serving_cells(replica)) if wide else ()),
+            plain(replica.provider),
+            plain(replica.reason),
+            *((plain(replica.model_sha256), *_serving_cells(replica)) if wide else ()),
         )
     return table
 
@@ -332,7 +340,8 @@ def _print_endpoints(work: DeploymentView, target: Console) -> None:
         return
     target.print("endpoints (POST inference requests here):")
     for replica in ready:
-        target.print(Text(f"  replica {replica.replica}  {replica.endpoint}"), soft_wrap=True)
+        line = f"  replica {replica.replica}  {printable(replica.endpoint or '')}"
+        target.print(Text(line), soft_wrap=True)
 
 
 def render_models(models: ModelList, out: TextIO, *, wide: bool = False) -> None:
@@ -354,8 +363,8 @@ def render_models(models: ModelList, out: TextIO, *, wide: bool = False) -> None
             model.id,
             model.name,
             str(model.opset),
-            tensors(model.inputs),
-            tensors(model.outputs),
+            plain(tensors(model.inputs)),  # named in the tenant's file
+            plain(tensors(model.outputs)),
             f"{model.size_bytes / 2**20:.1f} MiB",
             model.sha256 if wide else model.sha256[:12],
             ago(model.created_at),
@@ -368,7 +377,7 @@ def render_models(models: ModelList, out: TextIO, *, wide: bool = False) -> None
 
 def render_explanation(explain: ExplainView, target: Console) -> None:
     when = f" ({ago(explain.explained_at)})" if explain.explained_at else ""
-    target.print(Text.assemble(("why: ", "bold"), explain.message, when))
+    target.print(Text.assemble(("why: ", "bold"), plain(explain.message), when))
     explanation = explain.explanation
     if explanation is None:
         return
@@ -424,7 +433,10 @@ def runs_line(spec: TrainingJobSpec) -> str:
     if spec.image is not None:
         parts.append(f"image {spec.image} (pull {spec.image_pull_policy})")
     if spec.registry_auth is not None:
-        parts.append(f"registry login {spec.registry_auth.username}@{spec.image_registry()}")
+        # The tenant's words, shown to the admin: printable (specs refuse control
+        # characters in it; a view from before that rule may hold them).
+        login = printable(spec.registry_auth.username)
+        parts.append(f"registry login {login}@{spec.image_registry()}")
     if spec.isolation != "none":
         parts.append(f"isolation {spec.isolation} or stronger")
     if spec.launch != "per-worker":
@@ -456,7 +468,7 @@ def render_work(
     state = held_state_text(work) if isinstance(work, JobView) else state_text(work.state)
     target.print(Text.assemble("state: ", state, f"  ({work.priority}, {shape})"))
     if work.reason:
-        target.print(f"reason: {work.reason}")
+        target.print(Text.assemble("reason: ", plain(work.reason)))
     for line in dependency_lines(work):
         target.print(line)
     target.print(
@@ -484,7 +496,7 @@ def render_work(
     if work.usage is not None:
         target.print(usage_line(work.usage))
     if isinstance(work, DeploymentView):
-        target.print(replicas_line(work))
+        target.print(Text(replicas_line(work)))
     if isinstance(work, DeploymentView) and work.replica_states:
         target.print(_replicas_table(work, wide=wide))
         _print_endpoints(work, target)
@@ -503,7 +515,7 @@ def _array_tasks_table(array: JobArrayView, *, wide: bool = False) -> Table:
             task_name(array.id, task.index),
             state_text(task.state),
             str(task.attempts),
-            task.reason or "",
+            plain(task.reason),
             *((task.id,) if wide else ()),
         )
     return table

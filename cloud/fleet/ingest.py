@@ -20,6 +20,11 @@ one the node was pinned to at enrolment, is dropped from the birth, which is kep
 counted and logged the same way, and the node receives no secrets until a birth
 announces its enrolled key (cloud/fleet/plausibility.py `sealing_key_refusal`).
 
+The free text of births, reports and events (reasons, providers, accelerator models,
+taints, notes) has its control characters replaced as it is applied (cloud/fleet/
+node_text.py): a NUL would fail every store write of a reason, an escape sequence would
+reach a terminal. Telemetry holds none and is not looked at.
+
 A birth of a node id that is not enrolled is counted as `not_enrolled` and dropped;
 one that proves the enrolment certificate it shows is remembered for an admin to
 re-admit (cloud/fleet/unenrolled.py).
@@ -69,6 +74,7 @@ from cloud.fleet.digest import (
     TelemetryDigest,
 )
 from cloud.fleet.early_samples import EarlySamples
+from cloud.fleet.node_text import printable_event, printable_reported, printable_status
 from cloud.fleet.plausibility import (
     Implausible,
     PlausibilityLimits,
@@ -530,7 +536,7 @@ class Ingestor:
         except msgspec.DecodeError:  # ValidationError included
             return
         if status.node_id == node_id and self._implausible(status) is None:
-            offer(status, bytes(payload))
+            offer(printable_status(status), bytes(payload))
 
     def _implausible(self, message: IngestedMessage) -> Violation | None:
         now_s = self.registry.wall_clock()
@@ -631,16 +637,17 @@ class Ingestor:
         """Everything but telemetry (`_take_telemetry`)."""
         outcome: Rejection | NodeStateChange | None = None
         if isinstance(message, NodeStatus):
+            message = printable_status(message)
             outcome = self.registry.apply_status(self._trusted_key(message, topic))
         elif isinstance(message, ReportedState):
-            outcome = self._reported(message, topic)
+            outcome = self._reported(printable_reported(message), topic)
             if outcome is None:
                 self.notify_change()
         elif isinstance(message, JobLogChunk):
             self._log_chunk(message, topic)
             return
         elif self._on_event is not None:
-            self._on_event(message)
+            self._on_event(printable_event(message))
         if isinstance(outcome, Rejection):
             self._reject(channel, InvalidReason(outcome.value), topic, self._why(message))
             return

@@ -37,6 +37,7 @@ from shared.messages import (
     TrainingRunState,
 )
 from shared.placement_names import placement_error
+from shared.printable import has_control
 from shared.sealing import is_valid_public_key
 from shared.settings import CloudSettings
 
@@ -68,7 +69,9 @@ class Implausible(StrEnum):
     CLOCK_SKEW = "clock_skew"
     BAD_INTERVAL = "bad_interval"
     FIELD_TOO_LONG = "field_too_long"
-    INVALID_NAME = "invalid_name"  # a zone, region or label outside shared/placement_names.py
+    # A zone, region or label outside shared/placement_names.py; an id (the agent
+    # instance's, an accelerator's) holding control characters.
+    INVALID_NAME = "invalid_name"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,13 @@ def _fail(reason: Implausible, field: str, detail: str) -> None:
 def _text(field: str, value: str | None, limit: int = MAX_TEXT_CHARS) -> None:
     if value is not None and len(value) > limit:
         _fail(Implausible.FIELD_TOO_LONG, field, f"{len(value)} characters > {limit}")
+
+
+def _id(field: str, value: str | None) -> None:
+    """An id is matched, stored and shown as it is: it may hold no control character
+    (free text has them replaced instead, cloud/fleet/node_text.py)."""
+    if value is not None and has_control(value):
+        _fail(Implausible.INVALID_NAME, field, f"{value[:60]!r} holds control characters")
 
 
 def _texts(field: str, values: Iterable[str], count_limit: int) -> None:
@@ -208,6 +218,7 @@ def _check_status(status: NodeStatus, limits: PlausibilityLimits, now_s: float) 
     inventory = Implausible.INVENTORY
     for name in ("instance_id", "agent_version", "zone", "region"):
         _text(f"$.{name}", getattr(status, name))
+    _id("$.instance_id", status.instance_id)
     if len(status.labels) > MAX_LABELS:
         _fail(Implausible.FIELD_TOO_LONG, "$.labels", f"{len(status.labels)} labels > {MAX_LABELS}")
     for key, value in status.labels.items():
@@ -234,6 +245,8 @@ def _check_status(status: NodeStatus, limits: PlausibilityLimits, now_s: float) 
         at = f"$.accelerators[{index}]"
         for name in ("id", "vendor", "model", "uuid", "parent_id"):
             _text(f"{at}.{name}", getattr(accelerator, name))
+        _id(f"{at}.id", accelerator.id)
+        _id(f"{at}.parent_id", accelerator.parent_id)
         if accelerator.id in seen:
             _fail(inventory, f"{at}.id", f"{accelerator.id!r} appears twice")
         seen.add(accelerator.id)

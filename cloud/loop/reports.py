@@ -27,7 +27,8 @@ node). What a node says of another node's work, of work not placed on it, of an
 earlier attempt or of a replica it does not hold is never read, so it changes nothing;
 ingestion counts such entries (`not_assigned`, `wrong_attempt`) and undoes entries
 that go backwards within one agent instance (cloud/fleet/ingest.py). A reason a node
-gives is cut to `MAX_REASON_CHARS` before it becomes the work's reason.
+gives is cut to `MAX_REASON_CHARS`, its control characters replaced (shared/
+printable.py), before it becomes the work's reason.
 """
 
 from __future__ import annotations
@@ -41,13 +42,18 @@ from cloud.store import AllocationRecord, EvictionWrite, PlacementWrite, StateWr
 from cloud.store.states import PLACED_STATES
 from cloud.work.retries import Retry, after_failure
 from shared.messages import ReportedDeployment, ReportedTraining
+from shared.printable import printable
 from shared.work_literals import AllocationState
 
 MAX_REASON_CHARS = 1000
 
 
 def _reason(text: str) -> str:
-    """A node's words for people, bounded (they are stored and streamed as events)."""
+    """A node's words for people, bounded and printable (they are stored and streamed as
+    events: PostgreSQL refuses a NUL in text, a terminal obeys an escape sequence).
+    Ingestion already made a node's text printable (cloud/fleet/node_text.py); a
+    cluster's (cloud/clusters/bridge.py) comes here straight."""
+    text = printable(text)
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
 
 

@@ -269,7 +269,12 @@ class RegistryAuthSpec(SpecStruct, frozen=True, kw_only=True):
         RegistryHost | None,
         msgspec.Meta(description="Default: the registry of the job's image (docker.io if none)."),
     ] = None
-    username: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    # Printable: shown to admins (`greenfed job`), where a control character would be
+    # a terminal escape sequence; no registry login holds one.
+    username: Annotated[
+        str,
+        msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$(?!\n)"),
+    ]
     password: Annotated[
         str,
         msgspec.Meta(
