@@ -46,13 +46,15 @@ RFC3339_PATTERN: Final = (
     "([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$(?!\\n)"
 )
 _WRITTEN: Final[dict[Scalar, re.Pattern[str]]] = {
-    "integer": re.compile(r"-?[0-9]+"),
+    # At most 20 digits: int() refuses (ValueError) a text of more than 4,300, and no
+    # parameter takes a number beyond int64's 19 digits anyway.
+    "integer": re.compile(r"-?[0-9]{1,20}"),
     "number": re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"),
     "boolean": re.compile(r"true|false"),
     "date-time": re.compile(RFC3339_PATTERN),
 }
 _REASONS: Final[dict[Scalar, str]] = {
-    "integer": "an integer, in decimal digits",
+    "integer": "an integer, in at most 20 decimal digits",
     "number": "a number",
     "boolean": "true or false",
     "date-time": "an RFC 3339 time with its offset, e.g. 2026-12-01T00:00:00Z",

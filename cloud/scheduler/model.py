@@ -134,7 +134,7 @@ class LabelRequirement:
             raise _refused("", "values", f"{requirement} takes no values")
 
 
-_WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
+_WINDOW = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]):([0-5][0-9])$")
 MINUTES_PER_DAY: Final = 24 * 60
 
 

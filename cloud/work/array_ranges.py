@@ -23,8 +23,9 @@ MAX_ARRAY_TASKS: Final = 10_000
 MAX_ARRAY_INDEX: Final = 999_999
 MAX_ARRAY_TEXT: Final = 1024
 
-_ITEM: Final = re.compile(r"(\d{1,7})(?:-(\d{1,7})(?::(\d{1,7}))?)?")
-_THROTTLE: Final = re.compile(r"\d{1,7}")
+# [0-9], not \d: \d takes every Unicode digit ("０-３", "٠-٣"), which int() reads too.
+_ITEM: Final = re.compile(r"([0-9]{1,7})(?:-([0-9]{1,7})(?::([0-9]{1,7}))?)?")
+_THROTTLE: Final = re.compile(r"[0-9]{1,7}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,7 @@ def task_name(array_id: str, index: int) -> str:
     return f"{array_id}_{index}"
 
 
-_TASK_NAME: Final = re.compile(r"([0-7][0-9A-HJKMNP-TV-Z]{25})_(\d{1,7})")
+_TASK_NAME: Final = re.compile(r"([0-7][0-9A-HJKMNP-TV-Z]{25})_([0-9]{1,7})")
 
 
 def split_task_name(text: str) -> tuple[str, int] | None:

@@ -86,6 +86,9 @@ async def test_a_bad_array_is_refused_naming_it(api: Api) -> None:
         ("0-10000", "'0-10000' asks for more than 10000 tasks, an array's most"),
         ("1,3,1", "'1,3,1' names task 1 twice"),
         ("0-3%x", "'0-3%x': the throttle after % is a whole number, e.g. %10"),
+        # Digits of other scripts, which Python's \d and int() read as 0-9.
+        ("\uff10-\uff13", "'\uff10-\uff13': '\uff10-\uff13' is not an index"),
+        ("0-3%\u0662", "'0-3%\u0662': the throttle after % is a whole number"),
     ):
         name, said = await refused(api, token, job_spec(array=text))
         assert name == "$.array"

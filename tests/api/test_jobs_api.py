@@ -72,6 +72,9 @@ async def test_lists_filter_by_state_and_priority_and_page_newest_first(api: Api
         ("?state=sleeping", "state"),
         ("?priority=p9", "priority"),
         ("?limit=0", "limit"),
+        # More digits than int() reads (4,300) was a 500.
+        ("?limit=" + "1" * 4301, "limit"),
+        ("?limit=" + "0" * 4300 + "1", "limit"),
         ("?cursor=nope", "cursor"),
         ("?sate=pending", "sate"),
     ):
