@@ -25,11 +25,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 # greenfed's view of a back-end job (TrainingRunState, shared/messages.py, plus
 # `pending`: accepted by the cluster, waiting in its own queue).
 ClusterJobState = Literal["pending", "running", "succeeded", "failed", "stopped"]
+
+# The most accelerators of one type a machine is believed to have (the largest have 8
+# or 16): each becomes an entry of the node's birth, so a count past this is a broken
+# record, its accelerators left out, not hundreds of thousands built every refresh.
+MAX_ACCELERATORS_PER_NODE: Final = 256
 
 
 class ClusterUnreachable(RuntimeError):

@@ -42,6 +42,7 @@ import structlog
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from cloud.clusters.backend import (
+    MAX_ACCELERATORS_PER_NODE,
     ClusterBackend,
     ClusterCapacity,
     ClusterJob,
@@ -221,6 +222,8 @@ class ClusterBridge:
         self._job_energy_j: dict[tuple[str, int], float] = {}
         self._energy_devices: dict[tuple[str, int], tuple[tuple[str, str], ...]] = {}
         self._device_energy_j: dict[tuple[str, str], float] = {}
+        # (machine, GPU type) whose count was past MAX_ACCELERATORS_PER_NODE (logged once).
+        self._absurd_counts_logged: set[tuple[str, str]] = set()
         self._wake = asyncio.Event()
 
     # -- what the loop hands over ------------------------------------------------------
@@ -280,13 +283,20 @@ class ClusterBridge:
             jobs = await self.backend.jobs(include_ended=history)
             if history:
                 self._history_read_at = self._clock()
+            self._reached(capacity, jobs, with_history=history)
         except (ClusterUnreachable, ClusterRefused) as error:
             self._unreachable(str(error))
+        except Exception as error:
+            # An answer that cannot be read (a record no parser foresaw) is the cluster
+            # not answering usably: said as such, its nodes tainted, and this cluster's
+            # reports and every other node's go on (never the bridge stopped for all).
+            _log.exception("cluster answer unreadable", cluster=self.name)
+            self._unreachable(f"the cluster's answer could not be read: {error!r}")
         else:
-            self._reached(capacity, jobs, with_history=history)
             try:
                 await self._reconcile()
                 await self._follow_output()
+                self._prune()
             except ClusterUnreachable as error:
                 self._unreachable(str(error))
             except Exception:  # a bug in reconciling must not silence the nodes too
@@ -325,7 +335,14 @@ class ClusterBridge:
         self._map_machines(capacity)
         latest: dict[tuple[str, int], ClusterJob] = {}
         for job in sorted(jobs, key=lambda j: int(j.backend_id) if j.backend_id.isdigit() else 0):
-            latest[(job.job_id, job.attempt)] = job  # the newest of a name wins
+            key = (job.job_id, job.attempt)
+            submitted = self._submitted.get(key)
+            if submitted is not None and job.backend_id != submitted:
+                # Not the job greenfed submitted (or adopted) for that attempt: another
+                # of that name (a user's, faking greenfed's name and comment) never
+                # stands in for it, whatever its state.
+                continue
+            latest[key] = job  # the newest of a name wins (adopted after a restart)
         for key, backend_id in self._submitted.items():
             if key in latest or key in self._vanished:
                 continue
@@ -351,6 +368,13 @@ class ClusterBridge:
         equal parts (the cluster measures a job, not its GPUs one by one)."""
         for key, job in self._jobs.items():
             if job.consumed_energy_j is None:
+                continue
+            if not _live(job):
+                # Its final reading comes after it ended (sacct's history): its GPUs may
+                # be another tenant's by now, whose meter would be billed for it. Seen,
+                # never counted: at most a refresh of an ended job's energy goes unbilled.
+                if key in self._job_energy_j:
+                    self._job_energy_j[key] = max(self._job_energy_j[key], job.consumed_energy_j)
                 continue
             devices = self._energy_devices.get(key)
             if devices is None:
@@ -468,6 +492,19 @@ class ClusterBridge:
         zone, region = self._placement.of(partition)
         accelerators: list[Accelerator] = []
         for type_name, count in sorted(machine.accelerators.items()):
+            if not 0 <= count <= MAX_ACCELERATORS_PER_NODE:
+                # A broken record (the back-end's parser lets none through): one entry
+                # per GPU would be built by the hundred thousand, every refresh.
+                if (machine.name, type_name) not in self._absurd_counts_logged:
+                    self._absurd_counts_logged.add((machine.name, type_name))
+                    _log.warning(
+                        "cluster machine's GPUs left out: an absurd count",
+                        cluster=self.name,
+                        machine=machine.name[:128],
+                        type=type_name[:64],
+                        count=count,
+                    )
+                continue
             facts = accelerator_facts(type_name, self._gres_models)
             if facts is None:
                 unknown[type_name] += count
@@ -759,6 +796,53 @@ class ClusterBridge:
                 self._log_offsets[key] = offset + used
             elif not _live(job):
                 self._log_done.add(key)
+
+    def _prune(self) -> None:
+        """Forget the attempts no document names any more once they ended and their
+        output was read (their reports went with their documents): a bridge that runs
+        for months keeps what its documents and the cluster's listing hold, not every
+        job it ever ran. Only once every document is known (a restart hands them over
+        again first)."""
+        if not self._knows_every_document():
+            return
+        named = {
+            (training.job_id, training.attempt)
+            for document in self._documents.values()
+            for training in document.training
+        }
+        tracked = (
+            self._submitted.keys()
+            | self._vanished.keys()
+            | self._refused.keys()
+            | self._log_offsets.keys()
+            | self._log_done
+            | self._job_energy_j.keys()
+            | self._energy_devices.keys()
+            | self._ended_unseen
+            | self._jobs.keys()
+        )
+        for key in tracked - named:
+            job = self._jobs.get(key)
+            if job is not None and (_live(job) or not self._output_done(key, job)):
+                continue
+            self._submitted.pop(key, None)
+            self._vanished.pop(key, None)
+            self._refused.pop(key, None)
+            self._log_offsets.pop(key, None)
+            self._log_done.discard(key)
+            self._job_energy_j.pop(key, None)
+            self._energy_devices.pop(key, None)
+            self._ended_unseen.discard(key)
+            # Back with the next listing while the cluster still lists it (not as
+            # greenfed's submission: never reported vanished, never followed).
+            self._jobs.pop(key, None)
+
+    def _output_done(self, key: tuple[str, int], job: ClusterJob) -> bool:
+        """Whether an ended job's output has all gone to the log store (or never will:
+        no log store, not greenfed's submission, no file: `_follow_output`)."""
+        if self._on_log is None or key not in self._submitted:
+            return True
+        return key in self._log_done or job.output_path is None or not job.nodes
 
     def _documents_current(self, gang: GangRequest) -> bool:
         return all(self.node_id(member.node) in self._documents for member in gang.members)

@@ -5,7 +5,9 @@ commands on a login node (cloud/clusters/slurm/commands.py).
   and down nodes) and the length of the pending queue (`squeue -h -t PD`);
 - jobs: `scontrol -o show job` (live jobs and those that ended within the cluster's
   `MinJobAge`) and, where the cluster keeps accounting, `sacct` for older ones; only
-  jobs named `gf-<job id>-<attempt>` are greenfed's;
+  jobs named `gf-<job id>-<attempt>` with greenfed's comment, owned by the account
+  greenfed runs the commands as (its uid, from `id -u` once), are greenfed's: `scontrol`
+  lists every user's jobs, and any user can name and comment a job as greenfed does;
 - submit: `sbatch --parsable` (cloud/clusters/slurm/script.py), after looking for a job
   of that name and greenfed's comment among the account's own first (a submission whose
   answer was lost is adopted, never repeated);
@@ -85,6 +87,22 @@ class SlurmBackend(ClusterBackend):
         self._energy_j: dict[str, float] = {}  # Slurm job id -> J so far
         # Jobs whose reported output file is not the one greenfed asked for (logged once).
         self._foreign_output: set[str] = set()
+        # The uid of the account the commands run as (None: not asked yet).
+        self._account_uid: int | None = None
+
+    async def account_uid(self) -> int:
+        """The uid of the cluster account greenfed runs the commands as, asked once where
+        they run (here or over SSH); raises `ClusterRefused` where it cannot be told (no
+        job is then believed to be greenfed's: the cluster shows unreachable, saying so)."""
+        if self._account_uid is None:
+            answer = (await self._commands.run("id", "-u")).strip()
+            if not (answer.isascii() and answer.isdigit() and len(answer) <= 10):
+                raise ClusterRefused(
+                    f"cannot tell greenfed's jobs from other users': `id -u` answered "
+                    f"{answer[:100]!r}, not the account's uid"
+                )
+            self._account_uid = int(answer)
+        return self._account_uid
 
     @property
     def interface(self) -> str:
@@ -97,13 +115,18 @@ class SlurmBackend(ClusterBackend):
         return ClusterCapacity(nodes=nodes, pending_jobs=len(pending.split()))
 
     async def jobs(self, *, include_ended: bool = True) -> tuple[ClusterJob, ...]:
+        account_uid = await self.account_uid()
         live = await self._with_energy(
-            jobs_of(await self._commands.run("scontrol", "-o", "show", "job"))
+            jobs_of(
+                await self._commands.run("scontrol", "-o", "show", "job"), account_uid=account_uid
+            )
         )
         if not include_ended:
             return live
         known = {job.backend_id for job in live}
-        older = tuple(job for job in await self._accounted() if job.backend_id not in known)
+        older = tuple(
+            job for job in await self._accounted(account_uid) if job.backend_id not in known
+        )
         return live + older
 
     async def _with_energy(self, live: tuple[ClusterJob, ...]) -> tuple[ClusterJob, ...]:
@@ -137,8 +160,10 @@ class SlurmBackend(ClusterBackend):
             for job in live
         )
 
-    async def _accounted(self) -> tuple[ClusterJob, ...]:
-        """greenfed's jobs in the cluster's accounting; () where it keeps none."""
+    async def _accounted(self, account_uid: int) -> tuple[ClusterJob, ...]:
+        """greenfed's jobs in the cluster's accounting; () where it keeps none. Asked for
+        the account's own by its uid: without `--user`, an operator account (root, the
+        SlurmUser) would be answered with every user's."""
         if self._accounting is False:
             return ()
         since = time.strftime(
@@ -146,8 +171,9 @@ class SlurmBackend(ClusterBackend):
         )
         try:
             text = await self._commands.run(
-                "sacct", "-X", "-P", "-n", "-S", since, "-o", ",".join(SACCT_FIELDS)
-            )
+                "sacct", "-X", "-P", "-n", "-S", since, f"--user={account_uid}",
+                "-o", ",".join(SACCT_FIELDS),
+            )  # fmt: skip
         except ClusterRefused as error:  # no slurmdbd: scontrol's window is all there is
             if self._accounting is None:
                 _log.info("the cluster keeps no job accounting", detail=str(error)[:200])

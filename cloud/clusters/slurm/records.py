@@ -17,10 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final, TypeVar
 
-from cloud.clusters.backend import ClusterJob, ClusterJobState, ClusterNode
+import structlog
+
+from cloud.clusters.backend import (
+    MAX_ACCELERATORS_PER_NODE,
+    ClusterJob,
+    ClusterJobState,
+    ClusterNode,
+)
 from cloud.clusters.slurm.script import comment_prefix
 
 _PENDING: Final = frozenset(
@@ -50,6 +57,45 @@ _FIELD: Final = re.compile(r"(?:^|\s)(?P<key>[A-Za-z][A-Za-z0-9:/_]*)=(?P<value>
 # heterogeneous `12+0`, nothing an option parser could take for an option).
 _SLURM_JOB_ID: Final = re.compile(r"[0-9]{1,20}")
 _MEMORY_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# The most machine names one host list expands to (the largest clusters have some
+# 10,000 machines): a longer list is unreadable, never millions of names built on the
+# control plane's event loop.
+MAX_HOSTLIST_NAMES: Final = 65536
+# The digits of a number in a host list range (`n[000001-000009]`): more is no machine.
+_MAX_RANGE_DIGITS: Final = 9
+# `UserId=greenfed(1001)`: the owner of a job in `scontrol -o show job`.
+_USER_ID: Final = re.compile(r"(?P<name>[^()]*)\((?P<uid>[0-9]{1,10})\)")
+# Records left out as unreadable, remembered to log each once (bounded: a cluster that
+# prints a new bad record every refresh does not grow it without end).
+_MAX_LOGGED_UNREADABLE: Final = 1024
+_logged_unreadable: set[str] = set()
+
+_log = structlog.get_logger("greenfed.clusters.slurm")
+
+_Raw = TypeVar("_Raw")
+_Record = TypeVar("_Record")
+
+
+class UnreadableRecord(ValueError):
+    """A record of the cluster's that cannot be read as Slurm writes it (left out)."""
+
+
+def _unreadable_once(what: str, detail: str) -> None:
+    key = f"{what}:{detail[:200]}"
+    if key in _logged_unreadable or len(_logged_unreadable) >= _MAX_LOGGED_UNREADABLE:
+        return
+    _logged_unreadable.add(key)
+    _log.warning("slurm record left out: unreadable", record=what, detail=detail[:300])
+
+
+def readable(read: Callable[[_Raw], _Record | None], raw: _Raw, what: str) -> _Record | None:
+    """`read(raw)`, or None where the record cannot be read (a number no `int` takes, a
+    value of the wrong kind): one bad record is left out, never every other one with it."""
+    try:
+        return read(raw)
+    except (ValueError, OverflowError, TypeError, AttributeError) as error:
+        _unreadable_once(what, str(error))
+        return None
 
 
 def key_values(line: str) -> dict[str, str] | None:
@@ -108,10 +154,15 @@ def gres_counts(text: str) -> dict[str, int]:
             kind, count = "gpu", parts[1]
         else:
             kind, count = parts[1], parts[2]
-        number = re.match(r"[0-9]+", count)
+        number = re.match(r"[0-9]{1,9}", count)
         if number is not None:
             counts[kind] = counts.get(kind, 0) + int(number.group())
-    return counts
+    # A node's GPUs become one accelerator each in its birth: a count no machine has is
+    # a broken record (logged once), its GPUs left out rather than built by the million.
+    absurd = {kind: count for kind, count in counts.items() if count > MAX_ACCELERATORS_PER_NODE}
+    if absurd:
+        _unreadable_once("gres", f"{text[:200]}: over {MAX_ACCELERATORS_PER_NODE} GPUs of a type")
+    return {kind: count for kind, count in counts.items() if kind not in absurd}
 
 
 def allocated_gpus(alloc_tres: str, configured: Mapping[str, int]) -> dict[str, int]:
@@ -176,7 +227,7 @@ def node_unavailable(state: str, reason: str) -> str:
 
 
 def nodes_of(text: str) -> tuple[ClusterNode, ...]:
-    found = (node_of(line) for line in slurm_lines(text))
+    found = (readable(node_of, line, "node") for line in slurm_lines(text))
     return tuple(node for node in found if node is not None)
 
 
@@ -223,11 +274,24 @@ def _is_number(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def job_of(fields: Mapping[str, str] | None) -> ClusterJob | None:
+def owner_uid(fields: Mapping[str, str]) -> int | None:
+    """The uid of a job's owner (`UserId=greenfed(1001)`); None where the record says
+    none that can be read."""
+    match = _USER_ID.fullmatch(fields.get("UserId", ""))
+    return int(match["uid"]) if match is not None else None
+
+
+def job_of(
+    fields: Mapping[str, str] | None, *, account_uid: int | None = None
+) -> ClusterJob | None:
     """One of greenfed's jobs: named `gf-<job id>-<attempt>`, a plain number as its id,
-    and no comment but greenfed's for that attempt (None: anyone else's, or a record
-    that cannot be read)."""
+    no comment but greenfed's for that attempt and, given `account_uid`, owned by the
+    account greenfed submits as (None: anyone else's, or a record that cannot be read).
+    `scontrol` lists every user's jobs, and any of them can name a job and comment it as
+    greenfed does."""
     if fields is None:
+        return None
+    if account_uid is not None and owner_uid(fields) != account_uid:
         return None
     identity = job_identity(fields.get("JobName", ""))
     backend_id = fields.get("JobId", "")
@@ -284,9 +348,13 @@ def cluster_job(
     )
 
 
-def jobs_of(text: str) -> tuple[ClusterJob, ...]:
-    """greenfed's jobs in `scontrol -o show job` output (anyone else's are left out)."""
-    found = (job_of(key_values(line)) for line in slurm_lines(text))
+def jobs_of(text: str, *, account_uid: int | None = None) -> tuple[ClusterJob, ...]:
+    """greenfed's jobs in `scontrol -o show job` output (anyone else's are left out:
+    with `account_uid`, those of any other account too; the back-end always gives it)."""
+    found = (
+        readable(lambda line: job_of(key_values(line), account_uid=account_uid), line, "job")
+        for line in slurm_lines(text)
+    )
     return tuple(job for job in found if job is not None)
 
 
@@ -306,30 +374,34 @@ SACCT_FIELDS: Final = (
 
 
 def accounted_jobs(text: str) -> tuple[ClusterJob, ...]:
-    """greenfed's jobs in `sacct -X -P -n -o <SACCT_FIELDS>` output (sacct, asked
-    without `--allusers`, lists the jobs of the account greenfed runs it as)."""
+    """greenfed's jobs in `sacct -X -P -n -o <SACCT_FIELDS>` output (the back-end asks
+    sacct for the account's own, `--user=<uid>`)."""
     found = []
     for line in slurm_lines(text):
         values = line.split("|")
         if len(values) != len(SACCT_FIELDS):
             continue
         row = dict(zip(SACCT_FIELDS, values, strict=True))
-        job = job_of(
-            {
-                "JobId": row["JobID"],
-                "JobName": row["JobName"],
-                "JobState": row["State"],
-                "ExitCode": row["ExitCode"],
-                "SubmitTime": row["Submit"],
-                "StartTime": row["Start"],
-                "EndTime": row["End"],
-                "NodeList": row["NodeList"],
-                "Comment": row["Comment"],
-            }
-        )
+        job = readable(_accounted_job, row, "accounted job")
         if job is not None:
             found.append(dataclasses.replace(job, consumed_energy_j=energy_j(row)))
     return tuple(found)
+
+
+def _accounted_job(row: Mapping[str, str]) -> ClusterJob | None:
+    return job_of(
+        {
+            "JobId": row["JobID"],
+            "JobName": row["JobName"],
+            "JobState": row["State"],
+            "ExitCode": row["ExitCode"],
+            "SubmitTime": row["Submit"],
+            "StartTime": row["Start"],
+            "EndTime": row["End"],
+            "NodeList": row["NodeList"],
+            "Comment": row["Comment"],
+        }
+    )
 
 
 def energy_j(row: Mapping[str, str]) -> float | None:
@@ -365,21 +437,45 @@ def gathers_energy(config_text: str) -> bool:
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """Slurm's host list syntax (`gpu[01-03,07],login1`) as names."""
+    """Slurm's host list syntax (`gpu[01-03,07],login1`) as names; none (logged once)
+    for what is no host list (`n[a-b]`, a range backwards) or expands to more than
+    MAX_HOSTLIST_NAMES names: the job is still read, without its machines."""
+    try:
+        return _expand_hostlist(text)
+    except UnreadableRecord as error:
+        _unreadable_once("host list", str(error))
+        return []
+
+
+def _expand_hostlist(text: str) -> list[str]:
     names: list[str] = []
     for part in _split_outside_brackets(text):
         match = re.fullmatch(r"(?P<prefix>[^\[]*)\[(?P<ranges>[^\]]+)\](?P<suffix>.*)", part)
         if match is None:
             names.append(part)
-            continue
-        for item in match["ranges"].split(","):
-            low, _, high = item.partition("-")
-            if not high:
-                names.append(f"{match['prefix']}{low}{match['suffix']}")
-                continue
-            for number in range(int(low), int(high) + 1):
-                names.append(f"{match['prefix']}{number:0{len(low)}d}{match['suffix']}")
+        else:
+            for item in match["ranges"].split(","):
+                low, dash, high = item.partition("-")
+                if not dash:
+                    names.append(f"{match['prefix']}{low}{match['suffix']}")
+                    continue
+                if not _is_range_number(low) or not _is_range_number(high):
+                    raise UnreadableRecord(f"host list {text[:200]!r}: range {item[:50]!r}")
+                first, last = int(low), int(high)
+                if last < first or len(names) + last - first + 1 > MAX_HOSTLIST_NAMES:
+                    raise UnreadableRecord(
+                        f"host list {text[:200]!r}: range {item[:50]!r} backwards or over "
+                        f"{MAX_HOSTLIST_NAMES} names"
+                    )
+                for number in range(first, last + 1):
+                    names.append(f"{match['prefix']}{number:0{len(low)}d}{match['suffix']}")
+        if len(names) > MAX_HOSTLIST_NAMES:
+            raise UnreadableRecord(f"host list {text[:200]!r}: over {MAX_HOSTLIST_NAMES} names")
     return names
+
+
+def _is_range_number(text: str) -> bool:
+    return _is_number(text) and len(text) <= _MAX_RANGE_DIGITS
 
 
 def _split_outside_brackets(text: str) -> Iterable[str]:

@@ -4,7 +4,9 @@ speak (cloud/clusters/slurm/rest_dialects.py), chosen at the first contact:
 
 - capacity: `GET /slurm/<v>/nodes` and the pending jobs of `GET /slurm/<v>/jobs`;
 - jobs: that same listing (live jobs and those that ended within `MinJobAge`) and, where
-  slurmrestd serves the accounting plugin, `GET /slurmdb/<v>/jobs` for older ones;
+  slurmrestd serves the accounting plugin, `GET /slurmdb/<v>/jobs` for older ones; only
+  those of the account greenfed asks as (`AccountIdentity`: both list every user's
+  jobs, and any user can name and comment a job as greenfed does);
 - submit: `POST /slurm/<v>/job/submit` with the job description of the commands
   transport's `sbatch` (cloud/clusters/slurm/script.py), after looking for a job of that
   name in the listing (adopted, never submitted twice);
@@ -15,7 +17,14 @@ speak (cloud/clusters/slurm/rest_dialects.py), chosen at the first contact:
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import os
+import pwd
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
@@ -32,8 +41,8 @@ from cloud.clusters.slurm.backend import (
     expected_output,
     read_local_output,
 )
-from cloud.clusters.slurm.records import is_slurm_job_id
-from cloud.clusters.slurm.rest_client import SlurmRestClient
+from cloud.clusters.slurm.records import is_slurm_job_id, readable
+from cloud.clusters.slurm.rest_client import SlurmRestAccess, SlurmRestClient
 from cloud.clusters.slurm.rest_dialects import (
     SPOKEN_VERSIONS,
     RestDialect,
@@ -48,6 +57,60 @@ _LISTING_REUSE_S: Final = 2.0
 _log = structlog.get_logger("greenfed.clusters.slurm")
 
 
+@dataclass(frozen=True, slots=True)
+class AccountIdentity:
+    """The cluster account slurmrestd acts as for greenfed: its uid where known (the
+    socket's peer, `rest_auth/local`), its name where known (`X-SLURM-USER-NAME`, the
+    token's `sun`, or the local account's)."""
+
+    uid: int | None
+    name: str
+
+    def owns_live(self, raw: Mapping[str, Any]) -> bool:
+        """Whether a job of the live listing (`user_id`, `user_name`) is the account's."""
+        user_id = raw.get("user_id")
+        if self.uid is not None and isinstance(user_id, int) and not isinstance(user_id, bool):
+            return user_id == self.uid
+        return bool(self.name) and raw.get("user_name") == self.name
+
+    def owns_accounted(self, raw: Mapping[str, Any]) -> bool:
+        """Whether a job of the accounting (`user`, a name) is the account's."""
+        return bool(self.name) and raw.get("user") == self.name
+
+
+def account_identity(access: SlurmRestAccess) -> AccountIdentity | None:
+    """Who slurmrestd takes greenfed for; None where it cannot be told (a URL other than
+    a UNIX socket, and neither a user name nor a token naming one)."""
+    if access.token:
+        name = access.user_name or _token_user(access.token)
+        return AccountIdentity(uid=None, name=name) if name else None
+    if access.url.startswith("unix:"):
+        # rest_auth/local: slurmrestd acts as the socket's peer, this process.
+        uid = os.getuid()
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:  # no passwd entry (a container): the live listing's uid still
+            name = ""
+        return AccountIdentity(uid=uid, name=name)
+    if access.user_name:
+        return AccountIdentity(uid=None, name=access.user_name)
+    return None
+
+
+def _token_user(token: str) -> str:
+    """The user a Slurm JWT names (its `sun` claim), read, not verified (slurmctld
+    verifies it); "" where it names none."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return ""
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error):
+        return ""
+    user = payload.get("sun") if isinstance(payload, dict) else None
+    return user if isinstance(user, str) else ""
+
+
 class SlurmRestBackend(ClusterBackend):
     def __init__(
         self, client: SlurmRestClient, options: SubmitOptions, *, version: str | None = None
@@ -60,6 +123,17 @@ class SlurmRestBackend(ClusterBackend):
         self._listing: tuple[float, list[Any]] | None = None
         # Jobs whose reported output file is not the one greenfed asked for (logged once).
         self._foreign_output: set[str] = set()
+        self._account = account_identity(client.access)
+
+    def account(self) -> AccountIdentity:
+        """Whose jobs are greenfed's; raises `ClusterRefused` where that cannot be told
+        (no job is then believed to be greenfed's: the cluster shows unreachable)."""
+        if self._account is None:
+            raise ClusterRefused(
+                f"cannot tell greenfed's jobs from other users' at {self._client.access.url}: "
+                "register the cluster with its slurmrestd user (rest_user) or a token naming one"
+            )
+        return self._account
 
     async def dialect(self) -> RestDialect:
         """The version spoken, asked of slurmrestd at the first contact."""
@@ -108,7 +182,10 @@ class SlurmRestBackend(ClusterBackend):
         raw_nodes = answer.get("nodes")
         nodes = tuple(
             node
-            for node in (dialect.node(raw) for raw in raw_nodes if isinstance(raw, dict))
+            for node in (
+                readable(dialect.node, raw, "node")
+                for raw in raw_nodes if isinstance(raw, dict)
+            )
             if node is not None
         ) if isinstance(raw_nodes, list) else ()  # fmt: skip
         listing = await self._job_listing(reuse=False)
@@ -123,19 +200,28 @@ class SlurmRestBackend(ClusterBackend):
 
     async def jobs(self, *, include_ended: bool = True) -> tuple[ClusterJob, ...]:
         dialect = await self.dialect()
+        account = self.account()
         listing = await self._job_listing(reuse=True)
         live = tuple(
             job
-            for job in (dialect.job(raw) for raw in listing if isinstance(raw, dict))
+            for job in (
+                readable(dialect.job, raw, "job")
+                for raw in listing
+                if isinstance(raw, dict) and account.owns_live(raw)
+            )
             if job is not None
         )
         if not include_ended:
             return live
         known = {job.backend_id for job in live}
-        older = tuple(job for job in await self._accounted(dialect) if job.backend_id not in known)
+        older = tuple(
+            job for job in await self._accounted(dialect, account) if job.backend_id not in known
+        )
         return live + older
 
-    async def _accounted(self, dialect: RestDialect) -> tuple[ClusterJob, ...]:
+    async def _accounted(
+        self, dialect: RestDialect, account: AccountIdentity
+    ) -> tuple[ClusterJob, ...]:
         """greenfed's jobs in the cluster's accounting; () where slurmrestd serves none."""
         if self._accounting is False:
             return ()
@@ -153,15 +239,23 @@ class SlurmRestBackend(ClusterBackend):
         raw_jobs = answer.get("jobs")
         if not isinstance(raw_jobs, list):
             return ()
-        found = (dialect.accounted_job(raw) for raw in raw_jobs if isinstance(raw, dict))
+        found = (
+            readable(dialect.accounted_job, raw, "accounted job")
+            for raw in raw_jobs
+            if isinstance(raw, dict) and account.owns_accounted(raw)
+        )
         return tuple(job for job in found if job is not None)
 
     async def submit(self, gang: GangRequest) -> str:
         dialect = await self.dialect()
+        account = self.account()
         # A job of that name Slurm still knows is this attempt already: adopted, where
-        # it reads as greenfed's (a number as its id, greenfed's comment or none).
+        # it reads as greenfed's (the account's own, a number as its id, greenfed's
+        # comment or none).
         for raw in await self._job_listing(reuse=False):
             if not isinstance(raw, dict) or raw.get("name") != gang.key:
+                continue
+            if not account.owns_live(raw):
                 continue
             found = dialect.job(raw)
             if found is not None and (found.job_id, found.attempt) == (gang.job_id, gang.attempt):
