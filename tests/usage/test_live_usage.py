@@ -106,9 +106,12 @@ async def test_a_jobs_usage_matches_its_nodes_power_and_reaches_every_view(
         finished = await reaches(api, token, job_id, "succeeded", timeout_s=45)
         ended = datetime.fromisoformat(finished["updated_at"]).timestamp()
 
+        final_at: list[float] = []
+
         async def final_event() -> bool:
             events = await api.store.list_events(tenant_id=None, limit=1000)
-            return any(e.kind == "work.usage" and e.work_id == job_id for e in events)
+            final_at.extend(e.at for e in events if e.kind == "work.usage" and e.work_id == job_id)
+            return bool(final_at)
 
         await eventually_async(final_event, timeout_s=15, message="no work.usage event")
         body = await work(api, token, job_id)
@@ -116,10 +119,13 @@ async def test_a_jobs_usage_matches_its_nodes_power_and_reaches_every_view(
 
         # Energy: the node's ∫P dt over the allocation, from the counters it reported. The
         # meter sees each end of the allocation at a sample, so its figure lies between
-        # the integrals from the samples just inside both ends and just outside them
-        # (the test's clock for an end and the meter's differ by a sample or so, more on
-        # a loaded machine), and close to the integral over the allocation itself.
-        inside, outside = sample_bounds(samples, started, ended)
+        # the integrals from the samples just inside both ends and just outside them,
+        # and close to the integral over the allocation itself. Its end is when the
+        # control plane learns that the allocation ended, after the job's state commits
+        # (`ended`): a sample later, or several on a loaded machine, but never after the
+        # final figures were written (the work.usage event).
+        inside, _ = sample_bounds(samples, started, ended)
+        _, outside = sample_bounds(samples, started, final_at[0])
         assert integral_kwh(samples, *inside) * 0.99 <= usage.energy_kwh
         assert usage.energy_kwh <= integral_kwh(samples, *outside) * 1.01
         assert usage.energy_kwh == pytest.approx(integral_kwh(samples, started, ended), rel=0.1)
