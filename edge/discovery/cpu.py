@@ -255,7 +255,7 @@ def read_temperatures_c(
             continue
         try:
             label = Path(base + "_label").read_text().strip()
-        except OSError:
+        except (OSError, ValueError):  # unreadable, or not UTF-8 (UnicodeDecodeError)
             label = ""
         readings.setdefault(chip, []).append((label, current_c))
     if inputs:
@@ -288,7 +288,7 @@ def read_cpu_temperature_c(
     """The CPU package temperature, or None where no chip of the CPU's reads one."""
     try:
         readings = read_temperatures()
-    except OSError as error:
+    except (OSError, ValueError) as error:  # a sensor's text that is not UTF-8 too
         log.debug("temperature sensors unreadable", error=repr(error))
         return None
     for chip in _CPU_SENSOR_CHIPS:
@@ -367,8 +367,11 @@ class RaplEnergyMeter:
                 continue
             try:
                 zone_name = (zone / "name").read_text().strip()
-            except OSError:
-                continue
+            except (OSError, ValueError):
+                # Which socket's it is cannot be told: all sockets or none, as start()
+                # holds for the counters (a partial sum would under-report the host).
+                log.info("RAPL zone name unreadable; CPU energy not reported", zone=str(zone))
+                return []
             if zone_name.startswith("package"):
                 package_zones.append(zone)
         return package_zones
@@ -387,7 +390,12 @@ class RaplEnergyMeter:
         for package, energy_uj in zip(self._packages, readings_uj, strict=True):
             delta_uj = energy_uj - package.last_energy_uj
             if delta_uj < 0:
-                delta_uj += package.max_energy_range_uj
+                # A wrap at max_energy_range_uj; where that cannot be it (no range, or a
+                # reading that was past it) a reset: counted from zero, never negative,
+                # which the control plane refuses along with the node's whole sample.
+                wrapped = 0 < package.last_energy_uj <= package.max_energy_range_uj
+                delta_uj = delta_uj + package.max_energy_range_uj if wrapped else energy_uj
+                delta_uj = max(0, delta_uj)
             package.last_energy_uj = energy_uj
             delta_j += delta_uj / 1e6
         self._energy_j += delta_j

@@ -338,6 +338,41 @@ def test_rapl_sums_sockets(tmp_path: Path) -> None:
     assert power_w == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize(
+    ("max_range_uj", "before_uj", "after_uj", "counted_j"),
+    [
+        (0, 5_000_000, 1_000_000, 1.0),  # no range announced: a reset, counted from zero
+        (1000, 5000, 10, 0.00001),  # a drop larger than the range: a reset too
+    ],
+)
+def test_a_rapl_counter_that_goes_back_without_a_wrap_never_counts_negative_energy(
+    tmp_path: Path, max_range_uj: int, before_uj: int, after_uj: int, counted_j: float
+) -> None:
+    # A negative figure made the control plane refuse the node's whole sample
+    # (energy_j and power_w are >= 0 on the wire), its GPUs' included.
+    package = _rapl_zone(tmp_path, "intel-rapl:0", "package-0", before_uj, max_range_uj)
+    clock = FakeClock()
+    probe = CpuProbe(powercap_dir=tmp_path, clock=clock)
+    probe.discover()
+    (package / "energy_uj").write_text(f"{after_uj}\n")
+    clock.now_s += 1.0
+    (sample,) = probe.sample()
+    assert sample.energy_j == pytest.approx(counted_j)
+    assert sample.power_w is not None
+    assert sample.power_w >= 0
+    telemetry = msgspec.json.encode(sample)
+    assert msgspec.json.decode(telemetry, type=AcceleratorSample) == sample  # wire bounds hold
+
+
+def test_a_package_zone_whose_name_cannot_be_read_means_no_energy(tmp_path: Path) -> None:
+    # All sockets or none: one socket left out would under-report the host's energy.
+    _rapl_zone(tmp_path, "intel-rapl:0", "package-0", 0)
+    unreadable = _rapl_zone(tmp_path, "intel-rapl:1", "package-1", 0)
+    (unreadable / "name").unlink()
+    (unreadable / "name").mkdir()  # reading it fails, as EACCES or EIO would
+    assert not RaplEnergyMeter(tmp_path, FakeClock()).start()
+
+
 def test_unreadable_rapl_means_no_energy(tmp_path: Path) -> None:
     # energy_uj missing stands for "root only" (Linux 5.10+ for unprivileged agents).
     _rapl_zone(tmp_path, "intel-rapl:0", "package-0", None)
@@ -400,6 +435,17 @@ def test_temperatures_are_read_from_hwmon_as_psutil_reads_them(tmp_path: Path) -
         "coretemp": [("Package id 0", 55.0), ("Core 0", 60.0)],
         "acpitz": [("", 27.8)],
     }
+    assert cpu_module.read_cpu_temperature_c(lambda: readings) == 55.0
+
+
+def test_a_sensor_label_that_is_not_utf8_loses_its_label_not_the_cpus_sample(
+    tmp_path: Path,
+) -> None:
+    hwmon, thermal = tmp_path / "hwmon", tmp_path / "thermal"
+    _hwmon_chip(hwmon, 0, "coretemp", {1: ("Package id 0", "55000")})
+    (hwmon / "hwmon0" / "temp1_label").write_bytes(b"Package id 0\xff\n")
+    readings = cpu_module.read_temperatures_c(hwmon, thermal)
+    assert readings == {"coretemp": [("", 55.0)]}
     assert cpu_module.read_cpu_temperature_c(lambda: readings) == 55.0
 
 
