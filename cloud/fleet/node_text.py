@@ -13,154 +13,84 @@ instance or accelerator ids hold control characters is refused as `invalid_name`
 (cloud/fleet/plausibility.py).
 
 Telemetry carries no free text and is not looked at: it is the hot path. A message
-with nothing to replace is returned as it is, after one scan of its text.
+with nothing to replace is returned as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import TypeVar
 
 import msgspec
 
 from shared.messages import (
-    Accelerator,
-    AgentUpgradeReport,
     NodeEvent,
     NodeStatus,
-    ReportedDeployment,
     ReportedState,
-    ReportedTraining,
 )
-from shared.printable import has_control, printable
+from shared.printable import printable
+
+StructT = TypeVar("StructT", bound=msgspec.Struct)
 
 
-def _accelerator_texts(accelerator: Accelerator) -> Iterator[str]:
-    yield accelerator.vendor
-    yield accelerator.model
-    yield accelerator.uuid or ""
-    yield accelerator.health
-    yield from accelerator.onnx_providers
-    yield from accelerator.features
+def _with_printable(struct: StructT, *fields: str) -> StructT:
+    """`struct` with the named text fields (a string, a tuple of strings, or None)
+    printable; `struct` itself when each already was."""
+    changes: dict[str, object] = {}
+    for name in fields:
+        value = getattr(struct, name)
+        if isinstance(value, str):
+            cleaned: object = printable(value)
+            changed = cleaned is not value
+        elif isinstance(value, tuple):
+            cleaned = tuple(printable(item) for item in value)
+            changed = any(a is not b for a, b in zip(cleaned, value, strict=True))
+        else:
+            continue  # None: nothing written
+        if changed:
+            changes[name] = cleaned
+    return msgspec.structs.replace(struct, **changes) if changes else struct
 
 
-def _status_texts(status: NodeStatus) -> Iterator[str]:
-    yield status.agent_version
-    yield status.isolation_note
-    yield status.host.hostname
-    yield status.host.os
-    yield status.host.arch
-    yield from status.container_runtimes
-    for accelerator in status.accelerators:
-        yield from _accelerator_texts(accelerator)
-    for taint in status.taints:
-        yield taint.key
-        yield taint.value
-    upgrade = status.agent_upgrade
-    if upgrade is not None:
-        yield upgrade.version
-        yield upgrade.rollout_id
-        yield upgrade.detail
+def _tuple_of_printable(items: tuple[StructT, ...], *fields: str) -> tuple[StructT, ...]:
+    """`items` with each one's named text fields printable; `items` itself if they were."""
+    cleaned = tuple(_with_printable(item, *fields) for item in items)
+    return items if all(a is b for a, b in zip(cleaned, items, strict=True)) else cleaned
 
 
-def _texts(values: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(printable(value) for value in values)
-
-
-def _accelerator(accelerator: Accelerator) -> Accelerator:
-    if not has_control("".join(_accelerator_texts(accelerator))):
-        return accelerator
-    return msgspec.structs.replace(
-        accelerator,
-        vendor=printable(accelerator.vendor),
-        model=printable(accelerator.model),
-        uuid=None if accelerator.uuid is None else printable(accelerator.uuid),
-        health=printable(accelerator.health),
-        onnx_providers=_texts(accelerator.onnx_providers),
-        features=_texts(accelerator.features),
-    )
-
-
-def _upgrade(upgrade: AgentUpgradeReport | None) -> AgentUpgradeReport | None:
-    if upgrade is None:
-        return None
-    return msgspec.structs.replace(
-        upgrade,
-        version=printable(upgrade.version),
-        rollout_id=printable(upgrade.rollout_id),
-        detail=printable(upgrade.detail),
-    )
+def _replaced(struct: StructT, **parts: object) -> StructT:
+    """`struct` with the parts that are not already its own (`is`) replaced."""
+    changes = {name: part for name, part in parts.items() if part is not getattr(struct, name)}
+    return msgspec.structs.replace(struct, **changes) if changes else struct
 
 
 def printable_status(status: NodeStatus) -> NodeStatus:
     """A birth (or will) with its free text printable; `status` itself if it was."""
-    if not has_control("".join(_status_texts(status))):
-        return status
-    host = status.host
-    return msgspec.structs.replace(
+    upgrade = status.agent_upgrade
+    status = _with_printable(status, "agent_version", "isolation_note", "container_runtimes")
+    return _replaced(
         status,
-        agent_version=printable(status.agent_version),
-        isolation_note=printable(status.isolation_note),
-        host=msgspec.structs.replace(
-            host,
-            hostname=printable(host.hostname),
-            os=printable(host.os),
-            arch=printable(host.arch),
+        host=_with_printable(status.host, "hostname", "os", "arch"),
+        accelerators=_tuple_of_printable(
+            status.accelerators, "vendor", "model", "uuid", "health", "onnx_providers", "features"
         ),
-        container_runtimes=_texts(status.container_runtimes),
-        accelerators=tuple(_accelerator(accelerator) for accelerator in status.accelerators),
-        taints=tuple(
-            msgspec.structs.replace(taint, key=printable(taint.key), value=printable(taint.value))
-            for taint in status.taints
+        taints=_tuple_of_printable(status.taints, "key", "value"),
+        agent_upgrade=(
+            None if upgrade is None else _with_printable(upgrade, "version", "rollout_id", "detail")
         ),
-        agent_upgrade=_upgrade(status.agent_upgrade),
-    )
-
-
-def _training(entry: ReportedTraining) -> ReportedTraining:
-    if not has_control(entry.reason + entry.power_limit_note):
-        return entry
-    return msgspec.structs.replace(
-        entry, reason=printable(entry.reason), power_limit_note=printable(entry.power_limit_note)
-    )
-
-
-def _replica_texts(entry: ReportedDeployment) -> str:
-    return "".join(
-        (entry.provider or "", entry.reason, entry.endpoint or "", entry.model_sha256 or "")
-    )
-
-
-def _replica(entry: ReportedDeployment) -> ReportedDeployment:
-    if not has_control(_replica_texts(entry)):
-        return entry
-    return msgspec.structs.replace(
-        entry,
-        provider=None if entry.provider is None else printable(entry.provider),
-        reason=printable(entry.reason),
-        endpoint=None if entry.endpoint is None else printable(entry.endpoint),
-        model_sha256=None if entry.model_sha256 is None else printable(entry.model_sha256),
     )
 
 
 def printable_reported(reported: ReportedState) -> ReportedState:
     """A report with the free text of its entries printable; `reported` itself if it was."""
-    texts = [entry.reason + entry.power_limit_note for entry in reported.training]
-    texts.extend(_replica_texts(entry) for entry in reported.deployments)
-    if not has_control("".join(texts)):
-        return reported
-    return msgspec.structs.replace(
+    return _replaced(
         reported,
-        training=tuple(_training(entry) for entry in reported.training),
-        deployments=tuple(_replica(entry) for entry in reported.deployments),
+        training=_tuple_of_printable(reported.training, "reason", "power_limit_note"),
+        deployments=_tuple_of_printable(
+            reported.deployments, "provider", "reason", "endpoint", "model_sha256"
+        ),
     )
 
 
 def printable_event(event: NodeEvent) -> NodeEvent:
     """An event with its subject and detail printable; `event` itself if they were."""
-    if not has_control((event.subject or "") + event.detail):
-        return event
-    return msgspec.structs.replace(
-        event,
-        subject=None if event.subject is None else printable(event.subject),
-        detail=printable(event.detail),
-    )
+    return _with_printable(event, "subject", "detail")
