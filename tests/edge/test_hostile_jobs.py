@@ -45,18 +45,6 @@ AGENT_SECRET = "agent-env-secret-77c1"
 MIB = 1024**2
 
 
-@pytest.fixture(params=["sandbox", "user"])
-def node(request: pytest.FixtureRequest) -> Iterator[SandboxedNode]:
-    require_isolation_tools()
-    yield from make_node(request.param)
-
-
-@pytest.fixture
-def sandbox_node() -> Iterator[SandboxedNode]:
-    require_isolation_tools()
-    yield from make_node("sandbox")
-
-
 def _state(run: TrainingRun) -> str:
     """Its state now (a plain str: it changes under the test's feet)."""
     return run.status.state

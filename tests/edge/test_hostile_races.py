@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +36,6 @@ from tests.support.system_tools import find_tool
 from tests.support.waiting import eventually
 
 HIDDEN_TEXT = "what-the-sandbox-hides-5d1c"
-
-
-@pytest.fixture(params=["sandbox", "user"])
-def node(request: pytest.FixtureRequest) -> Iterator[SandboxedNode]:
-    require_isolation_tools()
-    yield from make_node(request.param)
-
-
-@pytest.fixture
-def sandbox_node() -> Iterator[SandboxedNode]:
-    require_isolation_tools()
-    yield from make_node("sandbox")
 
 
 def _tenant(node: SandboxedNode, tenant: str = "tenant-a") -> WorkUser:
