@@ -1,17 +1,25 @@
 """The agent's inference runtime: desired replicas -> served models -> reported states.
 
-Per deployment on this node:
+Per replica on this node (a deployment may have several here: `max_replicas_per_node`,
+or a canary rollout's replica with the new model beside one with the current model):
 
     starting -> (download, verify, load on the assigned provider, warm up) -> ready
                                                                     \\-> failed (why)
 
-- A changed model (another sha256) is loaded and warmed while the old one keeps
-  serving, then swapped in between two batches: no request fails during an update.
-- A deployment withdrawn from `desired` stops taking requests and is dropped once
-  the accepted ones are answered.
-- Everything a deployment does runs in its own task; a corrupt model, a checksum
-  mismatch or a provider that will not load fails that deployment with the reason
-  and never disturbs the others.
+- Each replica loads its own model on its own accelerators, with its own batcher: a
+  canary's requests never share a run with the current model's, and a replica moved to
+  other accelerators (or given another model) is loaded there again.
+- A changed model or placement is loaded and warmed while the old one keeps serving,
+  then swapped in between two batches: no request fails during an update.
+- A replica withdrawn from `desired` stops taking requests and is dropped once the
+  accepted ones are answered; its siblings go on serving.
+- The node's one endpoint per deployment hands each request to the next ready replica
+  in turn (passing over a full queue while another has room): the control plane splits
+  a deployment's traffic evenly over its replicas, and a canary's share is its share of
+  the replicas.
+- Everything a replica does runs in its own task; a corrupt model, a checksum mismatch
+  or a provider that will not load fails that replica with the reason and never
+  disturbs the others.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -39,12 +47,11 @@ from shared.messages import (
 
 
 @dataclass(slots=True)
-class Serving:
-    """One deployment on this node (usually one replica)."""
+class ServedReplica:
+    """One replica of a deployment on this node: its model, on its accelerators."""
 
     desired: DesiredDeployment
-    replicas: tuple[int, ...]
-    stats: ServingStats
+    stats: ServingStats  # its deployment's on this node, shared with its siblings here
     state: ReplicaState = "starting"
     reason: str = ""
     provider: str | None = None
@@ -52,6 +59,43 @@ class Serving:
     loading: asyncio.Task[None] | None = None
     runner: asyncio.Task[None] | None = None
     loaded_sha256: str | None = None
+
+
+@dataclass(slots=True)
+class ServedDeployment:
+    """A deployment's replicas on this node, by replica number. Their figures are added
+    up: telemetry and `/metrics` count per deployment and node."""
+
+    stats: ServingStats
+    replicas: dict[int, ServedReplica] = field(default_factory=dict)
+    turns: int = 0  # requests handed out, for taking turns over the ready replicas
+
+    def next_batcher(self) -> Batcher | None:
+        """Where the next request goes: the ready replicas take turns, and one whose queue
+        is full is passed over while another has room (its batcher's 429 only when all
+        are full). None while no replica here is ready."""
+        ready = [
+            replica.batcher
+            for _, replica in sorted(self.replicas.items())
+            if replica.batcher is not None
+        ]
+        if not ready:
+            return None
+        first = self.turns % len(ready)
+        self.turns += 1
+        in_turn = ready[first:] + ready[:first]
+        return next((b for b in in_turn if b.queued < b.max_queue), in_turn[0])
+
+
+def _placement(desired: DesiredDeployment) -> tuple[object, ...]:
+    """What a loaded model depends on: another value needs another session."""
+    return (
+        desired.model_sha256,
+        desired.accelerator_kind,
+        desired.accelerator_ids,
+        desired.accelerators,  # a CPU replica's threads
+        desired.providers,
+    )
 
 
 class InferenceRuntime:
@@ -73,7 +117,7 @@ class InferenceRuntime:
         self._max_queue = max_queue
         self._latency_scale = latency_scale
         self._threads = intra_op_threads
-        self._serving: dict[str, Serving] = {}
+        self._deployments: dict[str, ServedDeployment] = {}
         self._draining: set[asyncio.Task[None]] = set()
         self._tasks: asyncio.TaskGroup | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -85,131 +129,169 @@ class InferenceRuntime:
 
     @property
     def active(self) -> bool:
-        return bool(self._serving)
+        return bool(self._deployments)
 
-    def serving(self, deployment_id: str) -> Serving | None:
-        return self._serving.get(deployment_id)
+    def serving(self, deployment_id: str, replica: int | None = None) -> ServedReplica | None:
+        """That replica of the deployment on this node, or (None) its lowest-numbered one."""
+        deployment = self._deployments.get(deployment_id)
+        if deployment is None or not deployment.replicas:
+            return None
+        number = min(deployment.replicas) if replica is None else replica
+        return deployment.replicas.get(number)
+
+    def next_batcher(self, deployment_id: str) -> Batcher | None:
+        """The batcher of the replica that answers the deployment's next request here."""
+        deployment = self._deployments.get(deployment_id)
+        return deployment.next_batcher() if deployment is not None else None
 
     def stats(self) -> list[ServingStats]:
-        return [serving.stats for _, serving in sorted(self._serving.items())]
+        return [deployment.stats for _, deployment in sorted(self._deployments.items())]
 
     def samples(self) -> tuple[DeploymentSample, ...]:
         return tuple(
-            serving.stats.sample(self._latency_scale)
-            for _, serving in sorted(self._serving.items())
+            deployment.stats.sample(self._latency_scale)
+            for _, deployment in sorted(self._deployments.items())
         )
+
+    def _replicas(self) -> list[ServedReplica]:
+        return [r for d in self._deployments.values() for r in d.replicas.values()]
 
     # ---- desired -> running -------------------------------------------------------------
 
     def apply(self, desired: Sequence[DesiredDeployment]) -> None:
-        """Start, update or withdraw deployments; returns at once (work happens in tasks)."""
+        """Start, update or withdraw replicas; returns at once (work happens in tasks)."""
         assert self._tasks is not None, "bind() the runtime to a task group first"
-        grouped: dict[str, list[DesiredDeployment]] = {}
+        grouped: dict[str, dict[int, DesiredDeployment]] = {}
         for replica in desired:
-            grouped.setdefault(replica.deployment_id, []).append(replica)
-        for deployment_id in set(self._serving) - set(grouped):
-            self._withdraw(self._serving.pop(deployment_id))
-        for deployment_id, replicas in grouped.items():
-            first = min(replicas, key=lambda r: r.replica)
-            indices = tuple(sorted(r.replica for r in replicas))
-            current = self._serving.get(deployment_id)
-            if current is None:
-                current = Serving(first, indices, ServingStats(deployment_id))
-                self._serving[deployment_id] = current
-                self._start(current, first)
-                continue
-            current.replicas = indices
-            if first.model_sha256 != current.desired.model_sha256 or (
-                current.state == "failed" and first != current.desired
-            ):
-                current.desired = first
-                self._start(current, first)  # load beside the old model, then swap
-            else:
-                current.desired = first
-                if current.batcher is not None:
-                    current.batcher.configure(
-                        max_batch_size=first.max_batch_size,
-                        max_queue_delay_s=first.max_queue_delay_ms / 1000.0,
-                    )
+            grouped.setdefault(replica.deployment_id, {})[replica.replica] = replica
+        for deployment_id in set(self._deployments) - set(grouped):
+            for served in self._deployments.pop(deployment_id).replicas.values():
+                self._withdraw(served)
+        for deployment_id, wanted in grouped.items():
+            deployment = self._deployments.setdefault(
+                deployment_id, ServedDeployment(ServingStats(deployment_id))
+            )
+            for number in set(deployment.replicas) - set(wanted):
+                self._withdraw(deployment.replicas.pop(number))
+            for number, replica in wanted.items():
+                self._update(deployment, number, replica)
         self._on_change()
 
-    def _start(self, serving: Serving, desired: DesiredDeployment) -> None:
+    def _update(
+        self, deployment: ServedDeployment, number: int, desired: DesiredDeployment
+    ) -> None:
+        current = deployment.replicas.get(number)
+        if current is None:
+            current = ServedReplica(desired, deployment.stats)
+            deployment.replicas[number] = current
+            self._start(current, desired)
+        elif _placement(desired) != _placement(current.desired) or (
+            current.state == "failed" and desired != current.desired
+        ):
+            current.desired = desired
+            self._start(current, desired)  # load beside the old model, then swap
+        else:
+            current.desired = desired
+            if current.batcher is not None:
+                current.batcher.configure(
+                    max_batch_size=desired.max_batch_size,
+                    max_queue_delay_s=desired.max_queue_delay_ms / 1000.0,
+                )
+
+    def _start(self, served: ServedReplica, desired: DesiredDeployment) -> None:
         assert self._tasks is not None
-        if serving.loading is not None:
-            serving.loading.cancel()
-        serving.loading = self._tasks.create_task(
-            self._load(serving, desired), name=f"load-{desired.deployment_id}"
+        if served.loading is not None:
+            served.loading.cancel()
+        served.loading = self._tasks.create_task(
+            self._load(served, desired), name=f"load-{desired.deployment_id}-{desired.replica}"
         )
 
-    def _withdraw(self, serving: Serving) -> None:
+    def _withdraw(self, served: ServedReplica) -> None:
         assert self._tasks is not None
-        if serving.loading is not None:
-            serving.loading.cancel()
-        task = self._tasks.create_task(self._drain(serving))
+        if served.loading is not None:
+            served.loading.cancel()
+        task = self._tasks.create_task(self._drain(served))
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
 
-    async def _drain(self, serving: Serving) -> None:
-        if serving.batcher is not None:
-            await serving.batcher.drain()
-        if serving.runner is not None:
-            serving.runner.cancel()
-        self._log.info("deployment removed", deployment_id=serving.desired.deployment_id)
+    async def _drain(self, served: ServedReplica) -> None:
+        if served.batcher is not None:
+            await served.batcher.drain()
+        if served.runner is not None:
+            served.runner.cancel()
+        self._log.info(
+            "replica removed",
+            deployment_id=served.desired.deployment_id,
+            replica=served.desired.replica,
+        )
 
-    async def _load(self, serving: Serving, desired: DesiredDeployment) -> None:
-        deployment_id = desired.deployment_id
+    def _is_current(self, served: ServedReplica) -> bool:
+        """Whether `served` is still desired here (not withdrawn meanwhile)."""
+        return self.serving(served.desired.deployment_id, served.desired.replica) is served
+
+    async def _load(self, served: ServedReplica, desired: DesiredDeployment) -> None:
+        deployment_id, number = desired.deployment_id, desired.replica
         try:
-            model = await self._prepare(desired)
+            model = await self._prepare(served, desired)
         except asyncio.CancelledError:
             raise
         except (ModelFetchError, ModelLoadError, ValueError) as error:
-            self._fail(serving, desired, str(error))
+            self._fail(served, desired, str(error))
             return
-        except Exception as error:  # a bug or a driver crash: this deployment only
-            self._log.exception("deployment failed to load", deployment_id=deployment_id)
-            self._fail(serving, desired, f"{type(error).__name__}: {error}")
+        except Exception as error:  # a bug or a driver crash: this replica only
+            self._log.exception(
+                "replica failed to load", deployment_id=deployment_id, replica=number
+            )
+            self._fail(served, desired, f"{type(error).__name__}: {error}")
             return
-        if self._serving.get(deployment_id) is not serving:
+        if not self._is_current(served):
             return  # withdrawn while loading
-        if serving.batcher is None:
-            serving.batcher = Batcher(
+        if served.batcher is None:
+            served.batcher = Batcher(
                 model,
-                serving.stats,
+                served.stats,
                 max_batch_size=desired.max_batch_size,
                 max_queue_delay_s=desired.max_queue_delay_ms / 1000.0,
                 max_queue=self._max_queue,
             )
             assert self._tasks is not None
-            serving.runner = self._tasks.create_task(
-                serving.batcher.run(), name=f"batcher-{deployment_id}"
+            served.runner = self._tasks.create_task(
+                served.batcher.run(), name=f"batcher-{deployment_id}-{number}"
             )
         else:
-            serving.batcher.swap(model)
-            serving.batcher.configure(
+            served.batcher.swap(model)
+            served.batcher.configure(
                 max_batch_size=desired.max_batch_size,
                 max_queue_delay_s=desired.max_queue_delay_ms / 1000.0,
             )
             self.swaps += 1
-        serving.loaded_sha256 = model.sha256
-        serving.state, serving.provider, serving.reason = "ready", model.provider, model.fallback
+        served.loaded_sha256 = model.sha256
+        served.state, served.provider, served.reason = "ready", model.provider, model.fallback
         self._log.info(
-            "deployment ready",
+            "replica ready",
             deployment_id=deployment_id,
+            replica=number,
+            accelerator_ids=list(desired.accelerator_ids),
             provider=model.provider,
             sha256=model.sha256[:12],
         )
         self._on_change()
 
-    def _fail(self, serving: Serving, desired: DesiredDeployment, reason: str) -> None:
-        self._log.warning("deployment failed", deployment_id=desired.deployment_id, reason=reason)
-        if serving.batcher is not None and serving.loaded_sha256 is not None:
+    def _fail(self, served: ServedReplica, desired: DesiredDeployment, reason: str) -> None:
+        self._log.warning(
+            "replica failed",
+            deployment_id=desired.deployment_id,
+            replica=desired.replica,
+            reason=reason,
+        )
+        if served.batcher is not None and served.loaded_sha256 is not None:
             # An update that failed: the old model keeps serving, the reason is reported.
-            serving.reason = f"update to {desired.model_sha256 or '?'} failed: {reason}"
+            served.reason = f"update to {desired.model_sha256 or '?'} failed: {reason}"
         else:
-            serving.state, serving.reason = "failed", reason
+            served.state, served.reason = "failed", reason
         self._on_change()
 
-    async def _prepare(self, desired: DesiredDeployment) -> LoadedModel:
+    async def _prepare(self, served: ServedReplica, desired: DesiredDeployment) -> LoadedModel:
         provider, refusal = check_assignment(desired, self._inventory)
         if refusal is not None:
             raise ValueError(refusal)
@@ -219,19 +301,25 @@ class InferenceRuntime:
             )
         if self._http is None:
             self._http = aiohttp.ClientSession()
-        pinned = [s.loaded_sha256 for s in self._serving.values() if s.loaded_sha256]
-        serving = self._serving.get(desired.deployment_id)
+        # Never evicted: the models replicas serve, and those they are loading (a
+        # sibling's download must not push out the file this one is about to open).
+        pinned = {
+            sha256
+            for replica in self._replicas()
+            for sha256 in (replica.loaded_sha256, replica.desired.model_sha256)
+            if sha256
+        }
 
         def retrying(why: str) -> None:
-            if serving is not None and serving.state == "starting":
-                serving.reason = why
+            if served.state == "starting" and self._is_current(served):
+                served.reason = why
                 self._on_change()
 
         path = await self._cache.fetch(
             self._http,
             desired.model_url,
             desired.model_sha256,
-            [p for p in pinned if p],
+            pinned,
             on_retry=retrying,
             size_bytes=desired.model_size_bytes,
         )
@@ -267,27 +355,26 @@ class InferenceRuntime:
     def reported(self) -> tuple[ReportedDeployment, ...]:
         base = self._endpoint_base()
         states: list[ReportedDeployment] = []
-        for deployment_id, serving in sorted(self._serving.items()):
-            endpoint = (
-                f"{base}/v1/infer/{deployment_id}" if base and serving.state == "ready" else None
-            )
+        for deployment_id, deployment in sorted(self._deployments.items()):
+            # Every replica here answers at the node's one endpoint for the deployment.
+            endpoint = f"{base}/v1/infer/{deployment_id}" if base else None
             states.extend(
                 ReportedDeployment(
                     deployment_id=deployment_id,
-                    replica=replica,
-                    state=serving.state,
-                    provider=serving.provider,
-                    reason=serving.reason,
-                    endpoint=endpoint,
-                    model_sha256=serving.loaded_sha256,
+                    replica=number,
+                    state=served.state,
+                    provider=served.provider,
+                    reason=served.reason,
+                    endpoint=endpoint if served.state == "ready" else None,
+                    model_sha256=served.loaded_sha256,
                 )
-                for replica in serving.replicas
+                for number, served in sorted(deployment.replicas.items())
             )
         return tuple(states)
 
     async def close(self) -> None:
-        for serving in self._serving.values():
-            for task in (serving.loading, serving.runner):
+        for served in self._replicas():
+            for task in (served.loading, served.runner):
                 if task is not None:
                     task.cancel()
         for task in list(self._draining):

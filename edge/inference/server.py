@@ -5,8 +5,11 @@
   `.npy` body (`Content-Type: application/x-npy`, models with one input) and
   `Accept: application/x-npy` it answers the first output as `.npy`.
 - Inputs are checked against the model (names, dtypes, shapes): a clear `400`.
-- A full queue is `429` with `Retry-After`; a deployment not (yet) served here is
-  `404`, one being removed `503`.
+- Several replicas of a deployment on this node (a canary's beside the current
+  model's) answer at its one endpoint, taking turns; `model_sha256` says which model
+  answered.
+- A full queue (every ready replica's) is `429` with `Retry-After`; a deployment not
+  (yet) served here is `404`, one being removed `503`.
 - `GET /metrics` (Prometheus text) and `GET /healthz`.
 
 Errors are `application/problem+json`, like the control plane's.
@@ -159,14 +162,17 @@ def write_npy(array: np.ndarray) -> bytes:
 
 async def infer(request: web.Request) -> web.StreamResponse:
     deployment_id = request.match_info["deployment"]
-    serving = request.app[RUNTIME].serving(deployment_id)
-    if serving is None or serving.batcher is None:
-        state = "not served on this node" if serving is None else f"{serving.state}"
+    runtime = request.app[RUNTIME]
+    # The replica whose turn it is (a deployment may have several here, a canary's
+    # model beside the current one): the request is read and checked against its model.
+    batcher = runtime.next_batcher(deployment_id)
+    if batcher is None:
+        replica = runtime.serving(deployment_id)
+        state = "not served on this node" if replica is None else f"{replica.state}"
         detail = f"deployment {deployment_id} is {state}"
-        if serving is not None and serving.reason:
-            detail += f": {serving.reason}"
+        if replica is not None and replica.reason:
+            detail += f": {replica.reason}"
         return _problem(404, "Deployment not served here", detail)
-    batcher = serving.batcher
     model = batcher.model
     raw = await request.read()
     try:

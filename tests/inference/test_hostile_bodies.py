@@ -20,7 +20,7 @@ from onnx import TensorProto
 
 from edge.inference.batching import Batcher
 from edge.inference.model_fetch import ModelCache
-from edge.inference.runtime import InferenceRuntime, Serving
+from edge.inference.runtime import InferenceRuntime, ServedDeployment, ServedReplica
 from edge.inference.server import inference_app, write_npy
 from edge.inference.session import LoadedModel
 from edge.inference.stats import ServingStats
@@ -51,16 +51,15 @@ async def client(tmp_path: Path) -> AsyncIterator[Client]:
         path = tmp_path / f"{deployment_id}.onnx"
         path.write_bytes(body)
         model = LoadedModel(path, hashlib.sha256(body).hexdigest(), None)
-        serving = Serving(
+        serving = ServedReplica(
             DesiredDeployment(deployment_id=deployment_id),
-            (0,),
             ServingStats(deployment_id),
             state="ready",
         )
         serving.batcher = Batcher(model, serving.stats, max_batch_size=8)
         runners.append(asyncio.create_task(serving.batcher.run()))
         # What InferenceRuntime._load leaves once a model is ready, without a download.
-        runtime._serving[deployment_id] = serving
+        runtime._deployments[deployment_id] = ServedDeployment(serving.stats, {0: serving})
     try:
         async with TestClient(TestServer(inference_app(runtime))) as test_client:
             yield test_client
