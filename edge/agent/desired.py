@@ -32,7 +32,9 @@ This is the agent's boundary with whoever can publish on the broker. In order:
    retained one, a replay) is ignored.
 
 An applied document is kept, as it arrived, in the agent's state directory
-(edge/agent/state_files.py). An agent that starts applies it from there (`restore`,
+(edge/agent/state_files.py), written before it is applied, so that what is on disk is
+never older than what runs (unless the disk refuses the write: the document is then
+written when it comes again). An agent that starts applies it from there (`restore`,
 through the same checks: signature with today's key, addressee) before it connects,
 so its deployments serve again without the broker; the retained document the broker
 sends on connecting then reconciles by generation: the same generation changes
@@ -234,6 +236,7 @@ class DesiredStateApplier(AgentModule):
         reported = self._reported
         if self._older_than_applied(desired):
             return False
+        await self._save(payload)
         if desired.cluster_id != reported.observed_cluster_id:
             if reported.observed_cluster_id is not None:
                 self._context.log.info(
@@ -250,7 +253,14 @@ class DesiredStateApplier(AgentModule):
         await self._inference.apply(desired.deployments)
         if self._upgrades is not None:
             self._upgrades.offer(desired.agent_upgrade)
-        if self._state is not None and payload != self._saved:
-            await self._state.save_desired(payload)
-            self._saved = payload
         return True
+
+    async def _save(self, payload: bytes) -> None:
+        """Keep the document about to be applied, before it is: an agent restarted at any
+        point restores what runs, never an older document that would stop, as not wanted,
+        the workers this one starts. A failed save (a full disk) is tried again when the
+        document comes again; meanwhile the node goes on from memory."""
+        if self._state is None or payload == self._saved:
+            return
+        if await self._state.save_desired(payload):
+            self._saved = payload

@@ -29,6 +29,9 @@ class AgentStateFiles:
         # Saves run in threads: the newest payload of each file is written, whichever
         # thread gets there last, one write at a time.
         self._newest: dict[str, bytes] = {}
+        # Whether the last write of each file succeeded: what a save whose payload a
+        # later thread wrote for it is told.
+        self._last_write_ok: dict[str, bool] = {}
         self._lock = threading.Lock()
         self.write_errors = 0
 
@@ -40,27 +43,31 @@ class AgentStateFiles:
     def power_limits_path(self) -> Path:
         return self.directory / POWER_LIMITS_FILE
 
-    async def save_desired(self, payload: bytes) -> None:
-        await self._save(DESIRED_FILE, payload)
+    async def save_desired(self, payload: bytes) -> bool:
+        """Whether the file now holds `payload` (or a newer one saved meanwhile): a
+        document whose save failed must be saved again when it comes again."""
+        return await self._save(DESIRED_FILE, payload)
 
     def load_desired(self) -> bytes | None:
         return self._read(DESIRED_FILE)
 
-    async def save_reported(self, payload: bytes) -> None:
-        await self._save(REPORTED_FILE, payload)
+    async def save_reported(self, payload: bytes) -> bool:
+        return await self._save(REPORTED_FILE, payload)
 
     def load_reported(self) -> bytes | None:
         return self._read(REPORTED_FILE)
 
-    async def _save(self, name: str, payload: bytes) -> None:
+    async def _save(self, name: str, payload: bytes) -> bool:
         self._newest[name] = payload
-        await asyncio.to_thread(self._write_newest, name)
+        return await asyncio.to_thread(self._write_newest, name)
 
-    def _write_newest(self, name: str) -> None:
+    def _write_newest(self, name: str) -> bool:
+        """Whether the newest payload of `name` is on disk."""
         with self._lock:
             payload = self._newest.pop(name, None)
             if payload is None:
-                return  # a later thread already wrote it
+                # Another thread already wrote it, the newest then, under this lock.
+                return self._last_write_ok.get(name, False)
             try:
                 write_atomically(self.directory / name, payload)
             except OSError as error:
@@ -68,6 +75,10 @@ class AgentStateFiles:
                 # the old file stays (whole), and the next save tries again.
                 self.write_errors += 1
                 _log.warning("agent state not saved", file=name, error=str(error))
+                self._last_write_ok[name] = False
+                return False
+            self._last_write_ok[name] = True
+            return True
 
     def _read(self, name: str) -> bytes | None:
         try:

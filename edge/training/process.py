@@ -16,6 +16,15 @@ the sandbox made), then `running`. Stopping it sends the wrapper SIGTERM: it sto
 processes itself (SIGTERM, then SIGKILL after the grace period) and still writes the
 status; should the wrapper not finish in time, the agent kills everything of the
 worker (the wrapper's process group, the worker's cgroups) and cleans up after it.
+A stop is noted on disk before the wrapper is signalled (`<name>.stop`, its reason), so
+an agent that takes the worker over before it ends reports it stopped as well, never
+failed by the SIGTERM it was sent.
+
+Each run keeps its files in the launcher's directory, named for its job and attempt:
+`.run` (its record), `.started`, `.exit`, `.stop` and its log (`.log`, `.log.1`). Once
+the reconciler is done with a run (it ended, its output was shipped, the cloud no longer
+lists it) all of them go but the log; the logs of the newest `KEPT_FINISHED_LOGS` such
+runs stay for people to read (at most twice the log bound each), older ones go too.
 """
 
 from __future__ import annotations
@@ -74,6 +83,8 @@ RUNTIME_EXIT_REASONS: Final = {
     127: "the command was not found in the image",
 }
 GIB: Final = 1024**3
+# Logs of runs the reconciler is done with that stay on disk for people to read.
+KEPT_FINISHED_LOGS: Final = 8
 
 
 # What the wrapper writes (it writes with the standard library alone), checked here.
@@ -148,6 +159,7 @@ class WorkerFiles:
     record_path: Path
     exit_path: Path
     started_path: Path
+    stop_path: Path  # written when the agent stops the worker: the stop's reason
 
 
 class ProcessRun:
@@ -208,6 +220,8 @@ class ProcessRun:
                 self._log.info("training worker left running", pid=self.pid)
             raise
         finally:
+            if self.status.finished:
+                self.output.end()  # no more of it: what waits for the rest of a character goes
             self._finished.set()
 
     async def _start(self) -> bool:
@@ -217,7 +231,7 @@ class ProcessRun:
             return False
         assert self._make_plan is not None, "an adopted run is never started"
         files.log_path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in (files.exit_path, files.record_path, files.started_path):
+        for stale in (files.exit_path, files.record_path, files.started_path, files.stop_path):
             stale.unlink(missing_ok=True)
         try:
             plan = await asyncio.to_thread(self._make_plan)
@@ -360,7 +374,10 @@ class ProcessRun:
         return bool(data)
 
     async def _finish(self) -> None:
-        stop_requested = self._stop_reason is not None
+        stop_reason = self._stop_reason
+        if stop_reason is None:  # an earlier agent may have stopped it, then ended
+            stop_reason = read_stop_reason(self.files.stop_path)
+        stop_requested = stop_reason is not None
         recorded = read_exit_status(self.files.exit_path)
         record = self._record
         processes = record.processes if record is not None else process_count(self.spec)
@@ -371,7 +388,7 @@ class ProcessRun:
                 processes=processes,
                 image=record.image if record is not None else self.spec.image,
             )
-            self.status.mark_finished(state, recorded["returncode"], self._stop_reason or reason)
+            self.status.mark_finished(state, recorded["returncode"], stop_reason or reason)
         else:
             # The wrapper was killed before it could say: nothing of the worker may stay.
             if record is not None and record.protocol >= 2:
@@ -385,7 +402,7 @@ class ProcessRun:
                 )
             returncode = self._process.returncode if self._process is not None else None
             if stop_requested:
-                self.status.mark_finished("stopped", returncode, self._stop_reason or "")
+                self.status.mark_finished("stopped", returncode, stop_reason or "")
             elif returncode is not None:
                 state, reason = describe_exit(returncode, stop_requested=False)
                 self.status.mark_finished(state, returncode, reason)
@@ -430,6 +447,8 @@ class ProcessRun:
         self._stop_reason = reason
         record = self._record
         grace_s = self.spec.grace_period_s
+        if record is not None:
+            self._note_stop(reason)
         if record is not None and record.protocol >= 2:
             # The wrapper stops its processes itself and still writes their status.
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -445,6 +464,20 @@ class ProcessRun:
             await self._wait_until(time.monotonic() + grace_s)
             self._signal_group(signal.SIGKILL)
         await self._finished.wait()
+
+    def _note_stop(self, reason: str) -> None:
+        """The stop, on disk before the wrapper hears of it: should this agent end
+        before the worker does, the next one takes a stop for a stop."""
+        with contextlib.suppress(OSError):
+            self.files.stop_path.write_text(reason, encoding="utf-8")
+
+
+def read_stop_reason(path: Path) -> str | None:
+    """Why an agent stopped the worker; None: no agent asked it to stop."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
 
 
 def read_started(path: Path) -> Started | None:
@@ -508,15 +541,20 @@ class ProcessLauncher:
         sealing_key: X25519PrivateKey | None = None,
         max_log_bytes: int = 10 * 1024 * 1024,
         wall_clock: Callable[[], float] = time.time,
+        kept_finished_logs: int = KEPT_FINISHED_LOGS,
     ) -> None:
         """`sandbox`: how this node runs workers (edge/sandbox/launcher.py);
-        `sealing_key`: this node's, which opens the secrets sealed to it."""
+        `sealing_key`: this node's, which opens the secrets sealed to it;
+        `kept_finished_logs`: how many logs of forgotten runs stay on disk."""
         self.log_dir = log_dir
         self.sandbox = sandbox
         self._node_id = node_id
         self._sealing_key = sealing_key
         self._max_log_bytes = max_log_bytes
         self._wall_clock = wall_clock
+        self._kept_finished_logs = kept_finished_logs
+        # Runs handed out and not forgotten: their files are theirs, record or not yet.
+        self._handed_out: set[str] = set()
 
     def log_path(self, job_id: str, attempt: int) -> Path:
         return self.files(job_id, attempt).log_path
@@ -532,6 +570,7 @@ class ProcessLauncher:
             self.log_dir / f"{name}.run",
             self.log_dir / f"{name}.exit",
             self.log_dir / f"{name}.started",
+            self.log_dir / f"{name}.stop",
         )
 
     def prepare(self, spec: DesiredTraining) -> TrainingRun:
@@ -552,6 +591,7 @@ class ProcessLauncher:
                 started_file=files.started_path,
             )
 
+        self._handed_out.add(self.run_name(spec.job_id, spec.attempt))
         return ProcessRun(spec, files, self._max_log_bytes, self._wall_clock, make_plan=make_plan)
 
     def leftovers(self, claimed: Collection[tuple[str, int]]) -> list[ProcessRun]:
@@ -579,6 +619,7 @@ class ProcessLauncher:
             found.append(
                 ProcessRun(spec, files, self._max_log_bytes, self._wall_clock, adopted=record)
             )
+            self._handed_out.add(self.run_name(record.job_id, record.attempt))
         return found
 
     def adopt(self, spec: DesiredTraining) -> ProcessRun | None:
@@ -587,4 +628,33 @@ class ProcessLauncher:
         record = load_record(files.record_path)
         if record is None or (record.job_id, record.attempt) != (spec.job_id, spec.attempt):
             return None
+        self._handed_out.add(self.run_name(spec.job_id, spec.attempt))
         return ProcessRun(spec, files, self._max_log_bytes, self._wall_clock, adopted=record)
+
+    def forget(self, job_id: str, attempt: int) -> None:
+        """The reconciler is done with this run (it ended, its output was shipped, the
+        cloud no longer lists it): its files go, but for its log, kept among the newest
+        `kept_finished_logs` of runs forgotten."""
+        self._handed_out.discard(self.run_name(job_id, attempt))
+        files = self.files(job_id, attempt)
+        for path in (files.record_path, files.exit_path, files.started_path, files.stop_path):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        self._remove_old_logs()
+
+    def _remove_old_logs(self) -> None:
+        """Logs of forgotten runs (no record beside them, not handed out) beyond the
+        newest `kept_finished_logs`, by when they were last written."""
+        forgotten: list[tuple[float, Path]] = []
+        with contextlib.suppress(OSError):
+            for log in self.log_dir.glob("*.log"):
+                name = log.name.removesuffix(".log")
+                if name in self._handed_out or log.with_name(f"{name}.run").exists():
+                    continue  # a run of this agent's, or one a later agent takes back
+                with contextlib.suppress(OSError):
+                    forgotten.append((log.stat().st_mtime, log))
+        forgotten.sort(reverse=True)
+        for _, log in forgotten[self._kept_finished_logs :]:
+            for path in (log, log.with_name(f"{log.name}.1")):
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)

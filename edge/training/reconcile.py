@@ -8,6 +8,12 @@ sees how an attempt ended. Workers belong to the reconciler's task group, not to
 an MQTT connection: they keep running while the broker is unreachable. A worker's
 GPUs are held to the power limit it asks for from before it starts until it ends
 (edge/training/power_limits.py).
+
+A withdrawn run stays with the reconciler until it has ended and its output has been
+shipped; then the launcher is told it may remove the run's files. Listed again before
+that (a document restored from disk older than the broker's lists it again, say), it is
+the same run that is reported, not a second takeover of its worker, which would take
+the agent's own stop for the job failing.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 from edge.training.power_limits import PowerLimits
 from edge.training.runs import RejectedRun, RunStatus, TrainingLauncher, TrainingRun
@@ -24,6 +31,15 @@ from shared.messages import Accelerator, DesiredTraining, EventKind, ReportedTra
 RunKey = tuple[str, int]
 LEFTOVER_REASON = "not wanted: an earlier agent's worker its successor was not given"
 EventSink = Callable[[EventKind, str, str], None]  # kind, subject (job id), detail
+
+
+@runtime_checkable
+class KeepsRunFiles(Protocol):
+    """A launcher that keeps files of each run on disk (edge/training/process.py)."""
+
+    def forget(self, job_id: str, attempt: int) -> None:
+        """The reconciler is done with this run: its files may go."""
+        ...
 
 
 class TrainingReconciler:
@@ -70,10 +86,15 @@ class TrainingReconciler:
                 if not run.status.finished:
                     self._tasks.create_task(self._stop(run, "withdrawn by the cloud"))
         for key, spec in wanted.items():
-            if key not in self._runs:
-                run = self._prepare(spec)
-                self._runs[key] = run
-                self._tasks.create_task(self._supervise(run))
+            if key in self._runs:
+                continue
+            withdrawn = self._take_back(key)
+            if withdrawn is not None:
+                self._runs[key] = withdrawn  # its supervision (and stop) goes on
+                continue
+            run = self._prepare(spec)
+            self._runs[key] = run
+            self._tasks.create_task(self._supervise(run))
         if not self._swept and self._launcher is not None:
             # The first document applied says what this node should run: a worker an
             # earlier agent left that it does not list (withdrawn while no agent ran)
@@ -88,6 +109,7 @@ class TrainingReconciler:
             # GPUs an earlier agent capped for workers that ended while no agent ran get
             # their default back, whether or not a worker starts now.
             self._tasks.create_task(self._settle_power_limits())
+        self._forget_done()
         self._on_change()
 
     async def stop_all(self, reason: str, timeout_s: float = 3.0) -> None:
@@ -120,12 +142,37 @@ class TrainingReconciler:
         run.output.on_output = self._on_output
         return run
 
+    def _take_back(self, key: RunKey) -> TrainingRun | None:
+        """The withdrawn run of `key`, listed again, if it is still here: whatever it
+        is doing (being stopped, say) goes on, and it is reported as it ends."""
+        for run in reversed(self._retired):
+            if (run.status.job_id, run.status.attempt) == key:
+                self._retired.remove(run)
+                return run
+        return None
+
     def runs_with_output(self) -> list[TrainingRun]:
         """Runs, current or withdrawn, whose output waits to be shipped."""
-        self._retired = [
-            run for run in self._retired if run.output.pending_bytes or not run.status.finished
-        ]
+        self._forget_done()
         return [run for run in (*self._runs.values(), *self._retired) if run.output.pending_bytes]
+
+    def _forget_done(self) -> None:
+        """Withdrawn runs that have ended and whose output is all shipped are let go,
+        and the launcher removes their files (else a node's jobs directory would grow
+        with every run it ever ran)."""
+        done = [
+            run for run in self._retired if run.status.finished and not run.output.pending_bytes
+        ]
+        if not done:
+            return
+        self._retired = [run for run in self._retired if run not in done]
+        launcher = self._launcher
+        if launcher is None or not isinstance(launcher, KeepsRunFiles):
+            return
+        for run in done:
+            key = (run.status.job_id, run.status.attempt)
+            if key not in self._runs:  # else the files are the listed run's
+                launcher.forget(*key)
 
     def _status_changed(self, status: RunStatus) -> None:
         if status.state == "running":
@@ -145,6 +192,7 @@ class TrainingReconciler:
         if run.status.finished:  # else it is left running for the next agent, capped
             self._power.release(run.status)
             await self._settle_power_limits()
+            self._forget_done()  # a withdrawn run that ended with nothing left to ship
 
     async def _settle_power_limits(self) -> None:
         if await self._power.settle():

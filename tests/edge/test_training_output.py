@@ -37,3 +37,67 @@ def test_every_append_signals_that_output_waits() -> None:
     buffer.append(b"x")
     buffer.append(b"y")
     assert len(signals) == 2
+
+
+# A progress bar as tqdm draws it: three-byte characters and carriage returns, no "\n".
+PROGRESS = ("\r" + "█" * 50 + " 100%").encode() * 40
+
+
+def shipped(buffer: OutputBuffer, max_bytes: int) -> list[tuple[int, bytes, int]]:
+    chunks = []
+    while (chunk := buffer.take(max_bytes=max_bytes)) is not None:
+        chunks.append(chunk)
+    return chunks
+
+
+def test_chunks_are_never_cut_inside_a_character() -> None:
+    buffer = OutputBuffer()
+    buffer.append(PROGRESS)
+    chunks = shipped(buffer, max_bytes=1000)
+    assert len(chunks) > 1
+    for _, data, _ in chunks:
+        data.decode("utf-8")  # strict: each chunk is whole characters
+    assert [offset for offset, _, _ in chunks] == [
+        sum(len(data) for _, data, _ in chunks[:index]) for index in range(len(chunks))
+    ]
+    assert b"".join(data for _, data, _ in chunks) == PROGRESS
+
+
+def test_a_character_not_read_whole_yet_waits_for_its_rest() -> None:
+    bar = "█".encode()
+    buffer = OutputBuffer()
+    buffer.append(b"10% " + bar[:2])  # a poll read the log as the worker was writing it
+    assert buffer.take() == (0, b"10% ", 0)
+    assert buffer.take() is None
+    assert buffer.pending_bytes == 2  # not shipped: a restarted agent reads it again
+    buffer.append(bar[2:] + b" 20%")
+    assert buffer.take() == (4, bar + b" 20%", 0)
+
+
+def test_when_the_output_ends_a_truncated_character_is_shipped_as_it_is() -> None:
+    signals: list[int] = []
+    buffer = OutputBuffer(on_output=lambda: signals.append(1))
+    buffer.append(b"done " + "█".encode()[:2])
+    assert buffer.take() == (0, b"done ", 0)
+    buffer.end()
+    assert len(signals) == 2  # the shipper is woken for what was held back
+    assert buffer.take() == (5, "█".encode()[:2], 0)
+    assert buffer.take() is None
+
+
+def test_bytes_that_are_not_utf8_are_cut_where_the_size_says() -> None:
+    buffer = OutputBuffer()
+    buffer.append(b"\xff" * 10 + b"\x80" * 10)
+    assert [data for _, data, _ in shipped(buffer, max_bytes=8)] == [
+        b"\xff" * 8,
+        b"\xff\xff" + b"\x80" * 6,
+        b"\x80" * 4,
+    ]
+
+
+def test_dropping_the_oldest_output_drops_whole_characters() -> None:
+    buffer = OutputBuffer(max_bytes=100)
+    buffer.append("█".encode() * 40)  # 120 bytes: 20 over, in the middle of a character
+    offset, data, dropped = buffer.take() or (0, b"", 0)
+    assert (offset, dropped) == (21, 21)
+    assert data.decode("utf-8") == "█" * 33

@@ -306,3 +306,14 @@ def test_the_log_is_read_on_across_its_rotation_without_a_gap(tmp_path: Path) ->
             read += chunk
     assert read == written
     assert tail.lost_rotations == 0
+
+
+async def test_output_that_ends_inside_a_character_is_shipped_whole(tmp_path: Path) -> None:
+    script = "import sys\nsys.stdout.buffer.write('50% █'.encode()[:-1])\n"
+    run = prepare(tmp_path, spec(script))
+    await asyncio.wait_for(run.run(), 30)
+    taken = b""
+    while (chunk := run.output.take()) is not None:
+        taken += chunk[1]
+    assert taken == "50% █".encode()[:-1]
+    assert run.output.pending_bytes == 0  # nothing held back for a rest that cannot come
