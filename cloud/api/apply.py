@@ -31,8 +31,9 @@ from cloud.api.bodies import invalid_body, json_response, read_body
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.references import ambiguous_problem, dependencies_by_id
-from cloud.api.refusals import new_dependencies, queue_full
+from cloud.api.refusals import new_dependencies, queue_full, refused_now
 from cloud.api.routes import Handler, Reply, Route
+from cloud.api.stored_specs import exact_spec, known_spec, shown_spec
 from cloud.api.work import (
     DEPLOYMENTS,
     JOBS,
@@ -53,7 +54,6 @@ from cloud.store import (
     WorkRecord,
 )
 from cloud.work.apply_views import ApplyView, DryRunView
-from cloud.work.convert import spec_of
 from cloud.work.lookup import SHOWN_CANDIDATES, Ambiguous
 from cloud.work.spec_changes import (
     IN_PLACE_DEPLOYMENT_FIELDS,
@@ -238,10 +238,14 @@ async def _create(
 
 
 def _kept(
-    collection: Collection[SpecT], record: WorkRecord, spec: SpecT, changes: tuple[FieldChange, ...]
+    collection: Collection[SpecT],
+    record: WorkRecord,
+    stored: SpecT,
+    spec: SpecT,
+    changes: tuple[FieldChange, ...],
 ) -> WorkSpec:
-    """The spec the live work keeps once applied, or a 409 saying why it cannot take
-    `changes` and what to do instead."""
+    """The spec the live work (its spec `stored`) keeps once `spec` is applied, or a 409
+    saying why it cannot take `changes` and what to do instead."""
     noun, name = collection.noun, spec.name
     if isinstance(spec, DeploymentSpec):
         fixed = not_in_place(changes, IN_PLACE_DEPLOYMENT_FIELDS)
@@ -255,7 +259,6 @@ def _kept(
                 "new name",
                 fixed,
             )
-        stored = spec_of(record)
         assert isinstance(stored, DeploymentSpec)
         try:
             return applied_in_place(stored, spec)
@@ -283,16 +286,34 @@ def _kept(
     return spec
 
 
+async def _admitted(
+    request: web.Request,
+    collection: Collection[SpecT],
+    tenant: TenantRecord,
+    record: WorkRecord,
+    stored: SpecT,
+    spec: SpecT,
+    changes: tuple[FieldChange, ...],
+) -> WorkSpec:
+    """`_kept`, then what PATCH /v1/jobs/{id} refuses of a queued job's new spec (a
+    passed deadline, a shape the fleet never fits): the same update either way."""
+    kept = _kept(collection, record, stored, spec, changes)
+    if isinstance(kept, TrainingJobSpec):
+        refused = await refused_now(request, kept, tenant, time.time())
+        if refused is not None:
+            raise refused
+    return kept
+
+
 async def _update(
     request: web.Request,
     collection: Collection[SpecT],
     tenant: TenantRecord,
     record: WorkRecord,
-    spec: SpecT,
+    kept: WorkSpec,
     changes: tuple[FieldChange, ...],
 ) -> WorkRecord:
     store = request.app[STORE]
-    kept = _kept(collection, record, spec, changes)
     audit = audit_entry(
         request,
         "work.update",
@@ -335,7 +356,7 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
     for _ in range(_CHANGE_RETRIES):
         live, ended = await _named(request, collection, tenant, name)
         if live is None:
-            if ended is not None and spec_of(ended) == spec:
+            if ended is not None and known_spec(collection.decoder, ended) == spec:
                 view = _view(
                     ended, collection, spec, action="unchanged", dry_run=query.dry_run,
                     message=f"{noun} {name} ({ended.work_id}) already {ended.state} with "
@@ -351,7 +372,7 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
             if created is None:
                 continue  # another apply created it: look again (unchanged, or update)
             return created
-        changes = spec_changes(spec_of(live), spec)
+        changes = spec_changes(shown_spec(collection.decoder, live), spec)
         if not changes:
             view = _view(
                 live, collection, spec, action="unchanged", dry_run=query.dry_run,
@@ -361,15 +382,17 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
         if isinstance(spec, DeploymentSpec) and any(c.field == "model_id" for c in changes):
             await check_admissible(request, spec, tenant)  # the new model is the tenant's
         fields = ", ".join(change.field for change in changes)
+        # Read exactly: an update stores the spec again, and must lose none of its fields.
+        stored = exact_spec(collection.decoder, live)
+        kept = await _admitted(request, collection, tenant, live, stored, spec, changes)
         if query.dry_run:
-            _kept(collection, live, spec, changes)  # refused as the update would be
             view = _view(
                 live, collection, spec, action="updated", dry_run=True, changes=changes,
                 message=f"{noun} {name} ({live.work_id}) would change: {fields}",
             )  # fmt: skip
             return json_response(view)
         try:
-            updated = await _update(request, collection, tenant, live, spec, changes)
+            updated = await _update(request, collection, tenant, live, kept, changes)
         except (VersionConflictError, IllegalTransitionError):
             continue  # it changed meanwhile (placed, ended): look again
         view = _view(

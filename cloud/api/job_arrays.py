@@ -24,6 +24,7 @@ from cloud.api.auth import tenant_of
 from cloud.api.bodies import invalid_body, json_response
 from cloud.api.problems import Problem
 from cloud.api.refusals import new_dependencies, queue_full
+from cloud.api.stored_specs import shown_spec, spec_unreadable
 from cloud.app_keys import STORE
 from cloud.secrets.redaction import redacted
 from cloud.store import (
@@ -32,6 +33,7 @@ from cloud.store import (
     QueueFullError,
     TenantRecord,
     VersionConflictError,
+    WorkRecord,
 )
 from cloud.store.ids import IdGenerator
 from cloud.store.job_arrays import ArrayTaskRecord
@@ -43,9 +45,16 @@ from cloud.work.array_views import (
     counts_text,
     state_counts,
 )
-from cloud.work.specs import TRAINING_DECODER, ArrayTaskSpec, TrainingJobSpec, encode_spec
+from cloud.work.specs import (
+    MAX_ENV_VARIABLES,
+    TRAINING_DECODER,
+    ArrayTaskSpec,
+    TrainingJobSpec,
+    encode_spec,
+)
 from cloud.work.views import JobView
 from shared.clock import utc_from_epoch
+from shared.errors import FieldError, json_path
 from shared.worker_env import ARRAY_VARIABLES
 
 _CANCEL_RETRIES: Final = 5
@@ -59,9 +68,24 @@ def refuse_array_task(spec: TrainingJobSpec) -> None:
         )
 
 
+def _refuse_full_env(spec: TrainingJobSpec) -> None:
+    """Each task's env holds the GREENFED_ARRAY_* variables besides the submitted ones,
+    within the same limit: a 422 on the submitted env now, not a task stored unreadable."""
+    room = MAX_ENV_VARIABLES - len(ARRAY_VARIABLES)
+    if len(spec.env) > room:
+        raise invalid_body(
+            "$.env",
+            f"has {len(spec.env)} variables; an array's has at most {room}: each task's env "
+            f"gets the {len(ARRAY_VARIABLES)} GREENFED_ARRAY_* variables too, within "
+            f"{MAX_ENV_VARIABLES}",
+        )
+
+
 def task_specs(spec: TrainingJobSpec, array_id: str) -> list[tuple[int, TrainingJobSpec]]:
-    """The spec of every task of the array `spec` asks for, by index."""
+    """The spec of every task of the array `spec` asks for, by index (a 422 where a task
+    would break a limit of the spec)."""
     assert spec.array is not None
+    _refuse_full_env(spec)
     asked = parse_array(spec.array)
     shared_env = {
         "GREENFED_ARRAY_JOB_ID": array_id,
@@ -89,6 +113,32 @@ def task_specs(spec: TrainingJobSpec, array_id: str) -> list[tuple[int, Training
     ]
 
 
+def _task_documents(tasks: list[tuple[int, TrainingJobSpec]]) -> list[tuple[int, bytes]]:
+    """Each task's spec as stored. The tasks are made with `msgspec.structs.replace`,
+    which checks no limit of the spec: the last (its index the longest) is read back as
+    every stored spec is, so none is stored that no view nor pass could read."""
+    documents = [(index, encode_spec(task)) for index, task in tasks]
+    try:
+        TRAINING_DECODER.decode(documents[-1][1])
+    except msgspec.ValidationError as error:
+        refused = FieldError.from_msgspec(error)
+        raise invalid_body(json_path(refused.path), refused.reason) from None
+    return documents
+
+
+def _submitted_task(record: WorkRecord) -> TrainingJobSpec | None:
+    """The spec of `record` when it is a task of an array, exactly as stored (compared
+    with a retry's); None: anything else (a deployment's key, a single job, or a spec
+    this greenfed cannot read, which is no retry of what it is asked now either)."""
+    if record.kind != "training":
+        return None
+    try:
+        spec = TRAINING_DECODER.decode(record.spec)
+    except (msgspec.DecodeError, ValueError):
+        return None
+    return spec if spec.array_task is not None else None
+
+
 def submitted_form(task: TrainingJobSpec) -> TrainingJobSpec:
     """The spec of the array submission a task was made from."""
     if task.array_task is None:
@@ -102,13 +152,13 @@ async def submit_array(
 ) -> web.Response:
     """Create every task of the array `spec` asks for (its stored form), or none."""
     array_id = IdGenerator().new_id()
-    tasks = task_specs(spec, array_id)
+    tasks = _task_documents(task_specs(spec, array_id))
     store = request.app[STORE]
     try:
         result = await store.submit_array(
             tenant.tenant_id,
             array_id,
-            tasks=[(index, encode_spec(task)) for index, task in tasks],
+            tasks=tasks,
             priority=spec.priority,
             idempotency_key=key,
             dependencies=new_dependencies(spec),
@@ -121,11 +171,8 @@ async def submit_array(
             "once some have started, or cancel some",
         ) from None
     first = result.work
-    # The key may be a deployment's: its spec is no job's.
-    earlier = TRAINING_DECODER.decode(first.spec) if first.kind == "training" else None
-    if not result.created and (
-        earlier is None or earlier.array_task is None or submitted_form(earlier) != spec
-    ):
+    earlier = _submitted_task(first)  # the key may be a deployment's, or a single job's
+    if not result.created and (earlier is None or submitted_form(earlier) != spec):
         raise Problem(
             409,
             "idempotency-key-reused",
@@ -133,7 +180,7 @@ async def submit_array(
             f"Idempotency-Key {key!r} was used for another request body ({first.work_id}); "
             "use a new key for a different submission",
         )
-    assert earlier is not None
+    assert earlier is not None  # created: one of the tasks just made
     assert earlier.array_task is not None
     found = await store.array_tasks(tenant.tenant_id, earlier.array_task.array_id)
     response = json_response(array_view(found, tenant.name), status=201 if result.created else 200)
@@ -145,8 +192,9 @@ def array_view(tasks: tuple[ArrayTaskRecord, ...], tenant: str) -> JobView:
     """The view of an array with these tasks (at least one): a job view whose state is
     the array's summary, its spec the submitted one, its `array` the tasks."""
     first = tasks[0].work
-    spec = TRAINING_DECODER.decode(first.spec)
-    assert spec.array_task is not None
+    spec = shown_spec(TRAINING_DECODER, first)
+    if spec.array_task is None:  # no task as this version reads it
+        raise spec_unreadable(first)
     states = [task.work.state for task in tasks]
     counts = state_counts(states)
     throttle = spec.array_task.throttle

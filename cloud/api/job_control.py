@@ -36,6 +36,7 @@ from cloud.api.bodies import PatchFields, decode_body, json_response, read_body
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.refusals import refused_now
 from cloud.api.routes import Reply, Route
+from cloud.api.stored_specs import exact_spec, shown_spec
 from cloud.api.work import (
     JOBS,
     _change_live_work,
@@ -71,7 +72,7 @@ def _who(caller: TenantRecord, owner: TenantRecord) -> str:
 
 
 def _checkpoints(record: WorkRecord) -> bool:
-    return TRAINING_DECODER.decode(record.spec).checkpoint_interval_s is not None
+    return shown_spec(TRAINING_DECODER, record).checkpoint_interval_s is not None
 
 
 def _state_words(record: WorkRecord) -> str:
@@ -94,7 +95,7 @@ async def _control(
     async def apply(owner: TenantRecord, record: WorkRecord) -> web.Response:
         changed = await change(caller, owner, record) or record
         allocations = await store.work_allocations(owner.tenant_id, record.work_id)
-        spec = TRAINING_DECODER.decode(changed.spec)
+        spec = shown_spec(TRAINING_DECODER, changed)
         return json_response(JOBS.detail(changed, spec, owner.name, allocations))
 
     return await _change_live_work(request, JOBS, done, apply, any_tenant=True)
@@ -297,7 +298,8 @@ async def update_job(request: web.Request) -> web.Response:
                 "again as it is",
             )
         given = _given(body)
-        spec = _patched(TRAINING_DECODER.decode(record.spec), given)
+        # Read exactly: the fields a newer greenfed wrote would be lost, stored again.
+        spec = _patched(exact_spec(TRAINING_DECODER, record), given)
         if "deadline" in given and given["deadline"] is not None:
             _check_times_as_sent(raw, spec)
         _check_priority(owner, spec.priority)

@@ -32,6 +32,7 @@ from cloud.work.lookup import (
 )
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec
 from shared.clock import utc_from_epoch
+from shared.errors import FieldError, json_path
 from shared.problems import InvalidParam
 from shared.work_literals import WorkKind
 
@@ -43,8 +44,8 @@ async def dependencies_by_id(request: web.Request, spec: SpecT) -> SpecT:
     """`spec` with each `depends_on` job named by its id: a name or an id prefix is
     resolved among the tenant's training jobs as a path's `{id}` is (a spec applied
     from a directory names the jobs it waits for, whose ids it cannot know). What
-    matches nothing is left for the dependency checks to refuse; several matches are a
-    422 on that dependency."""
+    matches nothing is left for the dependency checks to refuse; several matches, or a
+    job named twice once resolved, are a 422 on that dependency."""
     if all(is_full_id(dependency.job) for dependency in spec.depends_on):
         return spec
     resolved = []
@@ -56,7 +57,10 @@ async def dependencies_by_id(request: web.Request, spec: SpecT) -> SpecT:
                 raise
             raise invalid_body(f"$.depends_on[{index}].job", problem.detail) from None
         resolved.append(msgspec.structs.replace(dependency, job=job_id))
-    return msgspec.structs.replace(spec, depends_on=tuple(resolved))
+    try:
+        return msgspec.structs.replace(spec, depends_on=tuple(resolved))
+    except FieldError as error:  # one job named twice: by its name and by its id, say
+        raise invalid_body(json_path(error.path), error.reason) from None
 
 
 async def work_id_of(

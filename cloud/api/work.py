@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Annotated, Final, Generic, TypeVar
 
 import msgspec
+import structlog
 from aiohttp import web
 
 from cloud.api.audit import audit_entry
@@ -41,6 +42,7 @@ from cloud.api.refusals import (
 )
 from cloud.api.routes import Handler, Reply, RequestHeader, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
+from cloud.api.stored_specs import known_spec, shown_spec
 from cloud.app_keys import REGISTRY, SECRETS_AT_REST, STORE
 from cloud.loop.rollout import rollout_event, settled_spec
 from cloud.loop.scaling import scaled_spec
@@ -135,12 +137,46 @@ class WorkListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     tenant: TenantParameter = None  # the admin sees every tenant's without it
 
 
+class _ArrayTaskShown(msgspec.Struct, frozen=True, kw_only=True):
+    array_id: str
+    index: int
+
+
+class _JobShown(msgspec.Struct, frozen=True, kw_only=True):
+    """What a job's summary shows of its spec, read without the spec's limits and checks
+    (other fields ignored): a listing shows a job whose stored spec this greenfed cannot
+    read as a spec, a limit broken say, with the rest (`_listed`)."""
+
+    name: str
+    workers: int = 1
+    accelerators_per_worker: int = 1
+    accelerator_kind: str = "gpu"
+    array_task: _ArrayTaskShown | None = None
+
+
+class _DeploymentShown(msgspec.Struct, frozen=True, kw_only=True):
+    """What a deployment's summary shows of its spec, as `_JobShown` is for a job."""
+
+    name: str
+    model_id: str | None = None
+    replicas: int = 1
+    accelerators_per_replica: int = 1
+
+
+_JOB_SHOWN: Final = msgspec.json.Decoder(_JobShown)
+_DEPLOYMENT_SHOWN: Final = msgspec.json.Decoder(_DeploymentShown)
+_log = structlog.get_logger("greenfed.api")
+
+
 @dataclass(frozen=True, slots=True)
 class Collection(Generic[SpecT]):
     spec_kind: SpecKind
     noun: str
     decoder: msgspec.json.Decoder[SpecT]
     summary: Callable[[WorkRecord, SpecT, str], JobSummary | DeploymentSummary]
+    # The summary of work whose stored spec is no spec to this version; None: not even
+    # the fields a summary shows can be read.
+    rough_summary: Callable[[WorkRecord, str], JobSummary | DeploymentSummary | None]
     detail: Callable[
         [WorkRecord, SpecT, str, tuple[AllocationRecord, ...]], JobView | DeploymentView
     ]
@@ -170,7 +206,9 @@ def _common(record: WorkRecord, tenant: str) -> dict[str, object]:
     }
 
 
-def _job_fields(record: WorkRecord, spec: TrainingJobSpec, tenant: str) -> dict[str, object]:
+def _job_fields(
+    record: WorkRecord, spec: TrainingJobSpec | _JobShown, tenant: str
+) -> dict[str, object]:
     waiting = record.state == "pending" and record.not_before is not None
     return {
         **_common(record, tenant),
@@ -186,7 +224,9 @@ def _job_fields(record: WorkRecord, spec: TrainingJobSpec, tenant: str) -> dict[
     }
 
 
-def _deployment_fields(record: WorkRecord, spec: DeploymentSpec, tenant: str) -> dict[str, object]:
+def _deployment_fields(
+    record: WorkRecord, spec: DeploymentSpec | _DeploymentShown, tenant: str
+) -> dict[str, object]:
     return {
         **_common(record, tenant),
         "name": spec.name,
@@ -194,6 +234,22 @@ def _deployment_fields(record: WorkRecord, spec: DeploymentSpec, tenant: str) ->
         "replicas": spec.replicas,
         "accelerators_per_replica": spec.accelerators_per_replica,
     }
+
+
+def _rough_job(record: WorkRecord, tenant: str) -> JobSummary | None:
+    try:
+        shown = _JOB_SHOWN.decode(record.spec)
+    except (msgspec.DecodeError, ValueError):
+        return None
+    return JobSummary(**_job_fields(record, shown, tenant))  # type: ignore[arg-type]
+
+
+def _rough_deployment(record: WorkRecord, tenant: str) -> DeploymentSummary | None:
+    try:
+        shown = _DEPLOYMENT_SHOWN.decode(record.spec)
+    except (msgspec.DecodeError, ValueError):
+        return None
+    return DeploymentSummary(**_deployment_fields(record, shown, tenant))  # type: ignore[arg-type]
 
 
 def _placed(allocations: tuple[AllocationRecord, ...]) -> dict[str, object]:
@@ -220,6 +276,7 @@ JOBS: Final[Collection[TrainingJobSpec]] = Collection(
     noun="job",
     decoder=TRAINING_DECODER,
     summary=lambda record, spec, tenant: JobSummary(**_job_fields(record, spec, tenant)),  # type: ignore[arg-type]
+    rough_summary=_rough_job,
     detail=lambda record, spec, tenant, allocations: JobView(
         **_job_fields(record, spec, tenant),  # type: ignore[arg-type]
         **_placed(allocations),  # type: ignore[arg-type]
@@ -239,6 +296,7 @@ DEPLOYMENTS: Final[Collection[DeploymentSpec]] = Collection(
     summary=lambda record, spec, tenant: DeploymentSummary(
         **_deployment_fields(record, spec, tenant)  # type: ignore[arg-type]
     ),
+    rough_summary=_rough_deployment,
     detail=lambda record, spec, tenant, allocations: DeploymentView(
         **_deployment_fields(record, spec, tenant),  # type: ignore[arg-type]
         **_placed(allocations),  # type: ignore[arg-type]
@@ -261,28 +319,9 @@ def not_found(collection: Collection[SpecT], work_id: str) -> Problem:
 
 
 def _spec(collection: Collection[SpecT], record: WorkRecord) -> SpecT:
-    """The stored spec, for a view. One a newer greenfed wrote (during a rolling upgrade)
-    may hold fields this version does not know: the view shows the ones it knows, never
-    a 500 for the work (nor for a listing that holds it)."""
-    try:
-        return collection.decoder.decode(record.spec)
-    except (msgspec.DecodeError, ValueError):
-        spec_type = collection.decoder.type
-        try:
-            fields = msgspec.json.decode(record.spec)
-            known = set(spec_type.__struct_fields__)
-            spec: SpecT = msgspec.convert(
-                {name: value for name, value in fields.items() if name in known}, spec_type
-            )
-        except (msgspec.DecodeError, ValueError, TypeError, AttributeError):
-            raise Problem(
-                409,
-                "spec-unreadable",
-                "Spec unreadable",
-                f"the stored spec of {record.work_id} cannot be read by this greenfed "
-                "(written by a newer version?): ask a control plane of that version",
-            ) from None
-        return spec
+    """The stored spec, for a view: the fields this version knows (one a newer greenfed
+    wrote may hold others), else a 409 for this work (cloud/api/stored_specs.py)."""
+    return shown_spec(collection.decoder, record)
 
 
 async def owner_of(request: web.Request, work_id: str) -> TenantRecord:
@@ -537,13 +576,27 @@ async def _list(request: web.Request, collection: Collection[SpecT]) -> web.Resp
         limit=query.limit,
         cursor=query.cursor,
     )
-    items = tuple(
-        collection.summary(
-            record, _spec(collection, record), names.get(record.tenant_id, record.tenant_id)
-        )
+    listed = (
+        _listed(collection, record, names.get(record.tenant_id, record.tenant_id))
         for record in page.items
     )
+    items = tuple(item for item in listed if item is not None)
     return json_response(collection.listing(items, page.next_cursor))
+
+
+def _listed(
+    collection: Collection[SpecT], record: WorkRecord, tenant: str
+) -> JobSummary | DeploymentSummary | None:
+    """A listing's item: one unreadable spec never fails the listing of the others. A
+    spec whose known fields make no spec (a limit broken) shows what a summary holds;
+    one without even those is left out (logged; a GET of it says why)."""
+    spec = known_spec(collection.decoder, record)
+    if spec is not None:
+        return collection.summary(record, spec, tenant)
+    summary = collection.rough_summary(record, tenant)
+    if summary is None:
+        _log.warning("left out of a listing: its spec is unreadable", work_id=record.work_id)
+    return summary
 
 
 async def _get(request: web.Request, collection: Collection[SpecT]) -> web.Response:

@@ -93,6 +93,8 @@ WorkId = Annotated[
     ),
 ]
 
+# Plain variables: at most this many per job (a job array's tasks get theirs among them).
+MAX_ENV_VARIABLES: Final = 1024
 # Secrets: at most this many per job, each value and all of them together at most this
 # many bytes (UTF-8) of plaintext; a registry password at most its own limit.
 MAX_SECRETS: Final = 256
@@ -395,7 +397,7 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     env: Annotated[
         dict[EnvName, str],
         msgspec.Meta(
-            max_length=1024,
+            max_length=MAX_ENV_VARIABLES,
             description=(
                 "Plain variables for every worker: NOT secret (shown in every view of the "
                 "job and sent to nodes as they are); use secret_env for secrets."

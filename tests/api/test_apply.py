@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import ClientResponse
@@ -192,3 +193,31 @@ async def test_applies_of_one_name_at_once_create_it_once(api: Api) -> None:
     assert again.status == 200, await again.text()
     detail = await (await api.get(token, f"/v1/jobs/{ids.pop()}")).json()
     assert detail["idempotency_key"] is None  # the control plane's own key is not shown
+
+
+async def test_applying_a_queued_job_refuses_what_patch_refuses(api: Api) -> None:
+    """Apply updates a queued job as PATCH /v1/jobs/{id} does, with PATCH's checks: a
+    deadline that has passed is a 422 on it, dry run or not, and the job keeps its
+    spec (before: stored, 200 updated)."""
+    token = await api.tenant("acme")
+    soon = datetime.now(UTC) + timedelta(hours=1)
+    spec = job_spec(name="nightly", deadline=soon.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    job_id = (await (await _put(api, token, "jobs", spec)).json())["id"]
+    passed = {**spec, "deadline": "2020-01-01T00:00:00Z"}
+
+    patched = await api.client.patch(
+        f"/v1/jobs/{job_id}", json={"deadline": passed["deadline"]}, headers=bearer(token)
+    )
+    by_patch = await problem(patched, 422)
+    for query in ("?dry_run=true", ""):
+        applied = await problem(await _put(api, token, "jobs", passed, query), 422)
+        assert applied["invalid_params"] == by_patch["invalid_params"], query
+    shown = await (await api.get(token, f"/v1/jobs/{job_id}")).json()
+    assert shown["spec"]["deadline"] == spec["deadline"]
+    assert shown["version"] == 1
+
+    # What PATCH takes, apply takes too.
+    later = {**spec, "deadline": (soon + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    updated = await _put(api, token, "jobs", later)
+    assert updated.status == 200, await updated.text()
+    assert (await updated.json())["action"] == "updated"

@@ -8,6 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
+from cloud.api import job_arrays
 from cloud.app_keys import REGISTRY
 from cloud.loop.inputs import build_inputs
 from tests.api.support import Api, bearer, deployment_spec, job_spec, problem
@@ -232,3 +235,43 @@ async def test_a_retry_of_an_accepted_array_gets_it_after_its_dependency_can_no_
     retry = await api.submit(token, spec, key="A")
     assert retry.status == 200, await retry.text()
     assert (await retry.json())["id"] == (await accepted.json())["id"]
+
+
+async def test_an_array_whose_env_leaves_no_room_for_its_variables_is_refused_storing_nothing(
+    api: Api,
+) -> None:
+    """Each task's env holds the 5 GREENFED_ARRAY_* variables besides the submitted ones,
+    within env's limit of 1024: a fuller env is a 422 on it, and no task is stored that
+    no view could read (before: a 500, both tasks stored, and every listing a 409)."""
+    token = await api.tenant("vision")
+    other = await api.tenant("other")
+    bystander = await api.submitted(other, job_spec(name="bystander"))
+    full = {f"V{index}": "x" for index in range(1020)}
+    name, said = await refused(api, token, job_spec(name="sweep", array="0-1", env=full))
+    assert name == "$.env"
+    assert said.startswith("has 1020 variables; an array's has at most 1019"), said
+    stored = (await api.store.list_work(None, limit=10)).items
+    assert [record.work_id for record in stored] == [bystander]
+
+    fits = dict(list(full.items())[:1019])
+    array_id = await api.submitted(token, job_spec(name="sweep", array="0-1", env=fits))
+    listed = await api.get(api.admin_token, "/v1/jobs")
+    assert listed.status == 200, await listed.text()
+    assert len((await listed.json())["items"]) == 3
+    cancelled = await api.client.delete("/v1/jobs/sweep", headers=bearer(token))
+    assert cancelled.status == 200, await cancelled.text()
+    assert (await cancelled.json())["id"] == array_id
+
+
+async def test_no_task_is_stored_that_breaks_a_limit_of_the_spec(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks are made without the spec's checks: one is read back before any is stored,
+    so a limit the array's own checks miss is a 422 on its field too, never a task that
+    no view nor scheduling pass could read."""
+    monkeypatch.setattr(job_arrays, "MAX_ENV_VARIABLES", 4096)  # the array's check misses
+    token = await api.tenant("vision")
+    full = {f"V{index}": "x" for index in range(1020)}
+    name, _ = await refused(api, token, job_spec(array="0-1", env=full))
+    assert name == "$.env"
+    assert (await api.store.list_work(None, limit=10)).items == ()

@@ -95,3 +95,28 @@ async def test_a_spec_waits_for_jobs_by_name_stored_by_their_ids(api: Api) -> No
     body = await problem(twice, 422)
     assert [p["name"] for p in body["invalid_params"]] == ["$.depends_on[0].job"]
     assert prep in body["detail"]
+
+
+async def test_one_job_named_by_its_name_and_by_its_id_is_a_422_on_the_dependency(
+    api: Api,
+) -> None:
+    """Once names are resolved to ids, a job waited for twice is refused as a spec that
+    names one id twice is (before: a 500), by every route that resolves them."""
+    token = await api.tenant("acme")
+    prep = await api.submitted(token, job_spec(name="prep"))
+    model = await api.model(token)
+    twice = [{"job": "prep", "condition": "succeeded"}, {"job": prep, "condition": "failed"}]
+    for method, path, spec in (
+        ("POST", "/v1/jobs", job_spec(name="train", depends_on=twice)),
+        ("PUT", "/v1/jobs/train", job_spec(name="train", depends_on=twice)),
+        ("PUT", "/v1/jobs/train?dry_run=true", job_spec(name="train", depends_on=twice)),
+        ("POST", "/v1/jobs/dry-run", job_spec(name="train", depends_on=twice)),
+        ("POST", "/v1/deployments", deployment_spec(model, depends_on=twice)),
+        ("PUT", "/v1/deployments/detector", deployment_spec(model, depends_on=twice)),
+    ):
+        response = await api.client.request(method, path, json=spec, headers=bearer(token))
+        body = await problem(response, 422)
+        assert body["invalid_params"] == [
+            {"name": "$.depends_on[1].job", "reason": f"names job {prep} twice"}
+        ], (method, path)
+    assert [w.work_id for w in (await api.store.list_work(None, limit=10)).items] == [prep]
