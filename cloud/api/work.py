@@ -42,7 +42,7 @@ from cloud.api.refusals import (
 )
 from cloud.api.routes import Handler, Reply, RequestHeader, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
-from cloud.api.stored_specs import known_spec, shown_spec
+from cloud.api.stored_specs import exact_spec, known_spec, shown_spec
 from cloud.app_keys import REGISTRY, SECRETS_AT_REST, STORE
 from cloud.loop.rollout import rollout_event, settled_spec
 from cloud.loop.scaling import scaled_spec
@@ -995,7 +995,9 @@ async def update_deployment(request: web.Request) -> web.Response:
 
     async def update(tenant: TenantRecord, record: WorkRecord) -> web.Response:
         _DEPLOYMENT_CHANGES.check(body)  # once the deployment is known to be there
-        spec = _spec(DEPLOYMENTS, record)
+        # Exactly, or not at all: the spec is stored again, and a tolerant read would
+        # drop the fields a newer greenfed wrote.
+        spec = exact_spec(DEPLOYMENTS.decoder, record)
         if body.model_id is not None:
             if await store.get_model(tenant.tenant_id, body.model_id) is None:
                 raise invalid_body(
@@ -1050,7 +1052,7 @@ async def _end_rollout(request: web.Request, outcome: str) -> web.Response:
     store = request.app[STORE]
 
     async def end(tenant: TenantRecord, record: WorkRecord) -> web.Response:
-        spec = _spec(DEPLOYMENTS, record)
+        spec = exact_spec(DEPLOYMENTS.decoder, record)  # stored again: exactly
         if spec.canary is None:
             raise Problem(
                 409, "no-rollout", "No rollout", f"deployment {record.work_id} has no rollout"

@@ -157,3 +157,24 @@ async def test_a_listing_shows_every_item_it_can_read_and_fails_for_none(api: Ap
     assert listed.status == 200, await listed.text()
     (item,) = (await listed.json())["items"]
     assert (item["id"], item["name"], item["replicas"]) == (deployment, "detector", 99_999)
+
+
+async def test_a_deployment_a_newer_greenfed_wrote_is_not_stored_again_without_its_fields(
+    api: Api,
+) -> None:
+    """Changing a deployment stores its spec again: a field this version does not know
+    would be lost, so the change is a 409 and the stored spec keeps it."""
+    token = await api.tenant("acme")
+    model = await api.model(token)
+    deployment = await api.submitted(token, deployment_spec(model), collection="deployments")
+    await rewrite_spec(api, deployment, newer)
+    changed = await api.client.patch(
+        f"/v1/deployments/{deployment}", json={"replicas": 2}, headers=bearer(token)
+    )
+    assert (await problem(changed, 409))["type"].endswith("/spec-unreadable")
+    record = await api.store.find_work(deployment)
+    assert record is not None
+    assert msgspec.json.decode(record.spec)[NEWER_FIELD] == 1
+    # It is still shown, with the fields this version knows.
+    shown = await api.get(token, f"/v1/deployments/{deployment}")
+    assert shown.status == 200, await shown.text()
