@@ -23,6 +23,7 @@ from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, RequestHeader, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
+from cloud.api.streams import STREAM_REFUSALS
 from cloud.app_keys import EVENT_HUB, STORE, STREAMS, TUNING
 from cloud.store import EventRecord, Store
 from cloud.work.views import EventView
@@ -232,7 +233,10 @@ ROUTES: Final = (
             "`work.state`) and `data` (an EventView as JSON). The admin's stream carries "
             "every tenant's events, or one tenant's with `?tenant=NAME`."
         ),
-        replies=(Reply(200, "An endless text/event-stream", EventView, "text/event-stream"),),
+        replies=(
+            Reply(200, "An endless text/event-stream", EventView, "text/event-stream"),
+            *STREAM_REFUSALS,
+        ),
         head=False,
     ),
 )

@@ -3,10 +3,12 @@
 
 Output comes from the in-memory `JobLogStore` (fed by the `logs` MQTT channel). By
 default the latest attempt that has output, all its workers; a gang's lines are
-prefixed with their node (`[gpu-3] epoch 1 ...`). With `follow=true` the response
-stays open (chunked `text/plain`) and new output is written as it arrives, including
-later attempts (after a `[greenfed: attempt N]` line), until the job has ended and its
-last output had time to arrive, the client goes away, or the server stops.
+prefixed with their node (`[gpu-3] epoch 1 ...`), a progress bar's redraws (carriage
+returns) each a line of its own. With `follow=true` the response stays open (chunked
+`text/plain`) and new output is written as it arrives, including later attempts (after
+a `[greenfed: attempt N]` line), until the job has ended and its last output had time
+to arrive, the client goes away, or the server stops. Output trimmed before the
+follower read it is marked as the plain read marks it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from aiohttp import web
 from cloud.api.auth import still_authorised, tenant_of
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
-from cloud.api.work import JOBS, find
+from cloud.api.streams import STREAM_REFUSALS
+from cloud.api.work import JOBS, _spec, find
 from cloud.app_keys import JOB_LOGS, STOPPING, STORE, STREAMS, TUNING
 from cloud.store import TERMINAL_STATES
 from cloud.streams.logs import JobLogStore, LogSnapshot, render_tail
@@ -56,7 +59,8 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     caller = tenant_of(request)
     # The admin reads any tenant's job; its streams count against its own slots.
     tenant, record = await find(request, JOBS, request.match_info["id"], any_tenant=True)
-    spec = JOBS.decoder.decode(record.spec)
+    # Tolerant: a spec a newer greenfed wrote (a rolling upgrade) still has its workers.
+    spec = _spec(JOBS, record)
     logs = request.app[JOB_LOGS]
     prefix = spec.workers > 1 and query.node is None
     attempt, min_attempt, snapshot = _selection(logs, record.work_id, query)
@@ -134,6 +138,7 @@ ROUTES: Final = (
                 "text/plain",
                 headers=("X-Greenfed-Attempt",),
             ),
+            *STREAM_REFUSALS,
         ),
         head=False,
     ),

@@ -91,9 +91,32 @@ def _reply(reply: Reply, schema: dict[str, Any]) -> dict[str, object]:
         answer["content"] = {EVENT_STREAM: {"schema": _server_sent_event(schema)}}
     elif reply.body is not None:
         answer["content"] = {reply.content_type: {"schema": schema}}
+    elif reply.content_type != JSON:  # a body of its own kind (CSV, a file): no schema
+        answer["content"] = {reply.content_type: {}}
     if reply.headers:
         answer["headers"] = {name: {"schema": {"type": "string"}} for name in reply.headers}
     return answer
+
+
+def _responses(
+    replies: Iterable[Reply], schemas: dict[Any, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """One response per status: replies of the same status (JSON, or CSV on request) are
+    one response with each one's media type and headers, their descriptions joined."""
+    responses: dict[str, dict[str, Any]] = {}
+    for reply in replies:
+        answer = _reply(reply, schemas.get(reply.body, {}))
+        merged = responses.setdefault(str(reply.status), {})
+        if reply.content_type in merged.get("content", {}):
+            raise ValueError(f"two {reply.status} replies of {reply.content_type}: make one")
+        if "description" in merged:
+            merged["description"] = f"{merged['description']}. {answer['description']}"
+        else:
+            merged["description"] = answer["description"]
+        for part in ("content", "headers"):
+            if part in answer:
+                merged.setdefault(part, {}).update(answer[part])
+    return responses
 
 
 def _query_parameters(
@@ -187,9 +210,7 @@ def _operation(
     destructive = destructive_action_of(route.handler) is not None
     headers = (*route.headers, _CONFIRM_HEADER) if destructive else route.headers
     parameters += [_header_parameter(header) for header in headers]
-    responses: dict[str, object] = {
-        str(reply.status): _reply(reply, schemas.get(reply.body, {})) for reply in route.replies
-    }
+    responses: dict[str, object] = dict(_responses(route.replies, schemas))
     errors: list[int] = [500]
     if route.access != "public":
         errors.append(401)

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
+from typing import Final
 
-from cloud.api.problems import Problem
+from cloud.api.problems import Problem, problem_reply
+from cloud.api.routes import Reply
+
+RETRY_AFTER_S: Final = 5
+
+# What a stream route answers when `StreamLimits.slot` refuses it: its replies list them.
+STREAM_REFUSALS: Final[tuple[Reply, ...]] = tuple(
+    dataclasses.replace(problem_reply(status, description), headers=("Retry-After",))
+    for status, description in (
+        (429, "The tenant has as many streams open as it may: close one, or retry later"),
+        (503, "The server has as many streams open as it serves: retry later"),
+    )
+)
 
 
 class StreamLimits:
@@ -21,14 +35,15 @@ class StreamLimits:
 
     @contextlib.contextmanager
     def slot(self, tenant_id: str) -> Iterator[None]:
-        """Hold a stream slot for the block, or raise a 503 problem when none is free."""
+        """Hold a stream slot for the block, or raise a 429 problem (the tenant has its
+        share open) or a 503 (the server has its limit open) when none is free."""
         if self._open[tenant_id] >= self._max_per_tenant:
             raise Problem(
                 429,
                 "too-many-streams",
                 "Too many open streams",
                 f"this tenant already has {self._max_per_tenant} open streams; close one",
-                headers={"Retry-After": "5"},
+                headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         if self.open_streams >= self._max_streams:
             raise Problem(
@@ -36,7 +51,7 @@ class StreamLimits:
                 "too-many-streams",
                 "Too many open streams",
                 "the server is at its stream limit; retry later",
-                headers={"Retry-After": "5"},
+                headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         self._open[tenant_id] += 1
         try:

@@ -18,13 +18,18 @@ past the end of what arrived before (lost chunks, output the agent dropped, or o
 from before this process started), a marker line says how many bytes are missing.
 Offsets count the worker's raw bytes and the text has undecodable bytes replaced, so
 the count is approximate when the output is not valid UTF-8.
+
+Trimmed output: each piece knows how many bytes of its stream the cloud received before
+it (`received_before_bytes`), and a snapshot how many of each stream's oldest it let go
+(`trimmed_by_stream`), so a reader that comes back later (a followed log) sees where
+output it never read was trimmed meanwhile, and says so as the plain read does.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -36,6 +41,10 @@ StreamKey = tuple[int, str]  # (attempt, node_id)
 PIECE_OVERHEAD_BYTES: Final = 256
 # Pieces a job may keep however small its budget: a few workers' recent chunks.
 MIN_PIECES_PER_JOB: Final = 64
+# The longest unfinished line a prefixed (gang) rendering holds per stream while waiting
+# for its end: past it, the line is shown in parts, so a follower's memory stays bounded
+# (however long a line a worker prints) and the output reaches it.
+MAX_OPEN_LINE_CHARS: Final = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +57,15 @@ class LogPiece:
     text: str
     missing_bytes: int = 0
     size_bytes: int = 0
+    # Bytes of its stream the cloud received (and kept a while) before this piece.
+    received_before_bytes: int = 0
 
 
 @dataclass(slots=True)
 class _Stream:
     next_offset: int = 0
+    received_bytes: int = 0  # the sizes of its pieces so far
+    trimmed_bytes: int = 0  # those of its oldest pieces, let go (a stream trims in order)
 
 
 @dataclass(slots=True)
@@ -75,6 +88,8 @@ class LogSnapshot:
     last_seq: int
     trimmed_bytes: int
     attempts: tuple[int, ...]  # attempts with output, ascending
+    # Per stream: the bytes of its oldest output let go (streams that trimmed some).
+    trimmed_by_stream: Mapping[StreamKey, int] = field(default_factory=dict)
 
 
 class JobLogStore:
@@ -134,7 +149,9 @@ class JobLogStore:
             text=chunk.text,
             missing_bytes=missing,
             size_bytes=size,
+            received_before_bytes=stream.received_bytes,
         )
+        stream.received_bytes += size
         job.pieces.append(piece)
         job.size_bytes += size
         self._size_bytes += size
@@ -159,6 +176,7 @@ class JobLogStore:
             oldest = job.pieces.popleft()
         job.size_bytes -= oldest.size_bytes
         job.trimmed_bytes += oldest.size_bytes
+        job.streams[(oldest.attempt, oldest.node_id)].trimmed_bytes += oldest.size_bytes
         self._size_bytes -= oldest.size_bytes
         self._pieces -= 1
 
@@ -196,7 +214,10 @@ class JobLogStore:
             and (min_attempt is None or piece.attempt >= min_attempt)
             and (node_id is None or piece.node_id == node_id)
         )
-        return LogSnapshot(pieces, job.last_seq, job.trimmed_bytes, attempts)
+        trimmed_by_stream = {
+            key: stream.trimmed_bytes for key, stream in job.streams.items() if stream.trimmed_bytes
+        }
+        return LogSnapshot(pieces, job.last_seq, job.trimmed_bytes, attempts, trimmed_by_stream)
 
     async def wait_for_output(self, job_id: str, after_seq: int, timeout_s: float) -> bool:
         """Wait until the job has output after `after_seq`; False on timeout or `close`."""
@@ -227,13 +248,25 @@ ATTEMPT_MARKER: Final = "[greenfed: attempt {attempt}]\n"
 
 class LogRenderer:
     """Pieces to text. With `prefix`, each line is prefixed by its node (several workers),
-    so a partial line waits for its end; without, text passes through as it came."""
+    so a partial line waits for its end; without, text passes through as it came.
 
-    def __init__(self, *, prefix: bool) -> None:
+    Prefixed, a lone carriage return ends a line too: a progress bar that redraws itself
+    (tqdm) shows as a line per redraw instead of a line that never ends, and a line held
+    open longer than `MAX_OPEN_LINE_CHARS` is shown in parts.
+
+    Output of a stream trimmed before it was rendered (between two reads of a followed
+    log) is marked as the plain read marks what it no longer has; `accounted_bytes` are
+    the bytes of each stream said already (the plain read's marker counts them)."""
+
+    def __init__(
+        self, *, prefix: bool, accounted_bytes: Mapping[StreamKey, int] | None = None
+    ) -> None:
         self._prefix = prefix
         self._partial: dict[StreamKey, str] = {}  # prefix: the unfinished line of a stream
         self._mid_line: set[StreamKey] = set()  # no prefix: streams whose last line is open
         self._attempt: int | None = None
+        # Per stream: the received bytes rendered or accounted for, up to the last piece.
+        self._through_bytes: dict[StreamKey, int] = dict(accounted_bytes or {})
 
     def feed(self, pieces: Iterable[LogPiece]) -> str:
         return "".join(self._render(piece) for piece in pieces)
@@ -246,8 +279,13 @@ class LogRenderer:
         self._attempt = piece.attempt
         key = (piece.attempt, piece.node_id)
         label = f"[{piece.node_id}] " if self._prefix else ""
-        if piece.missing_bytes:
+        trimmed = piece.received_before_bytes - self._through_bytes.get(key, 0)
+        self._through_bytes[key] = piece.received_before_bytes + piece.size_bytes
+        if trimmed > 0 or piece.missing_bytes:
             out.append(self._end_line(key))
+        if trimmed > 0:
+            out.append(label + TRIMMED_MARKER.format(bytes=trimmed))
+        if piece.missing_bytes:
             out.append(label + MISSING_MARKER.format(bytes=piece.missing_bytes))
         if not self._prefix:
             if piece.text:
@@ -258,9 +296,15 @@ class LogRenderer:
             out.append(piece.text)
             return "".join(out)
         lines = (self._partial.pop(key, "") + piece.text).split("\n")
-        if lines[-1]:
-            self._partial[key] = lines[-1]
-        out.extend(f"{label}{line}\n" for line in lines[:-1])
+        for line in lines[:-1]:
+            out.extend(f"{label}{part}\n" for part in _redrawn_parts(line, ended=True))
+        *shown, held = _redrawn_parts(lines[-1], ended=False)
+        if len(held) > MAX_OPEN_LINE_CHARS:
+            shown.append(held)
+            held = ""
+        out.extend(f"{label}{part}\n" for part in shown)
+        if held:
+            self._partial[key] = held
         return "".join(out)
 
     def _end_line(self, key: StreamKey) -> str:
@@ -278,6 +322,20 @@ class LogRenderer:
         return "".join(self._end_line(key) for key in keys)
 
 
+def _redrawn_parts(line: str, *, ended: bool) -> list[str]:
+    """A line (without its newline) split where a lone carriage return starts it over;
+    the empty parts between redraws left out. A final CR is kept: it may be half of a
+    CRLF (the LF in the next chunk). Unless the line `ended`, its last part, maybe
+    empty, is the one still open."""
+    body, final_cr = (line[:-1], "\r") if line.endswith("\r") else (line, "")
+    *redrawn, last = body.split("\r")
+    last += final_cr
+    parts = [part for part in redrawn if part]
+    if not ended or last or not parts:
+        parts.append(last)
+    return parts
+
+
 def last_lines(text: str, count: int) -> str:
     """The last `count` lines of `text` (a final partial line counts as one)."""
     if count <= 0:
@@ -291,7 +349,8 @@ def render_tail(
 ) -> tuple[str, LogRenderer]:
     """The kept output as text (its last `tail_lines` lines), and the renderer that made
     it, to continue with when following."""
-    renderer = LogRenderer(prefix=prefix)
+    # What was trimmed before this snapshot is said once, by the marker at the top.
+    renderer = LogRenderer(prefix=prefix, accounted_bytes=snapshot.trimmed_by_stream)
     text = renderer.feed(snapshot.pieces)
     if finish:
         text += renderer.flush()

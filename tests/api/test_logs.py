@@ -4,16 +4,29 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import aiomqtt
+import msgspec
 import pytest
+from sqlalchemy import update
 
 from cloud.app_keys import INGESTOR, SETTINGS
-from cloud.streams.logs import JobLogStore, LogRenderer, render_tail
+from cloud.store.schema import work as work_table
+from cloud.streams.logs import MAX_OPEN_LINE_CHARS, JobLogStore, LogRenderer, render_tail
 from shared.messages import JobLogChunk, encode
 from shared.settings import parse_mqtt_url
 from shared.topics import Channel, Topics
-from tests.api.support import Api, bearer, deployment_spec, job_spec, problem
+from tests.api.support import (
+    FAST,
+    Api,
+    bearer,
+    deployment_spec,
+    job_spec,
+    problem,
+    running_api,
+)
+from tests.store.databases import DatabaseUnderTest
 from tests.support.waiting import eventually_async
 
 
@@ -205,3 +218,109 @@ async def test_waiting_for_output_wakes_on_the_first_chunk() -> None:
     woke, _ = await asyncio.gather(store.wait_for_output("later", 0, timeout_s=5), first_chunk())
     assert woke
     assert not await store.wait_for_output("later", store.snapshot("later").last_seq, 0.01)
+
+
+async def test_a_gangs_progress_bar_reaches_a_follower_a_line_per_redraw(api: Api) -> None:
+    """A progress bar (tqdm) redraws its line with a carriage return and ends it only when
+    done: prefixed, each redraw is a line of its own, sent once the next one starts."""
+    token = await api.tenant("acme")
+    job_id = await api.submitted(token, job_spec(workers=2))
+    ingest(api, chunk(job_id, "start\n"))
+    response = await api.get(token, f"/v1/jobs/{job_id}/logs?follow=true")
+    assert response.status == 200
+    async with asyncio.timeout(5):
+        assert await response.content.readline() == b"[gpu-a] start\n"
+        offset = 6
+        for step in range(1, 4):
+            bar = f"\r{step}/9 [" + "#" * step + "]"
+            ingest(api, chunk(job_id, bar, offset=offset))
+            offset += len(bar)
+        assert await response.content.readline() == b"[gpu-a] 1/9 [#]\n"
+        assert await response.content.readline() == b"[gpu-a] 2/9 [##]\n"
+    response.close()
+
+
+def test_prefixed_redraws_are_lines_and_a_crlf_split_across_chunks_stays_one() -> None:
+    store = JobLogStore()
+    renderer = LogRenderer(prefix=True)
+    shown = []
+    offset = 0
+    for text in ("\r1/2 [#", " ]\r2/2 [##]\r", "\ndone\r", "\n"):
+        store.append(chunk("j", text, offset=offset))
+        offset += len(text)
+        shown.append(renderer.feed(store.snapshot("j").pieces[-1:]))  # as a follower reads
+    assert shown == ["", "[gpu-a] 1/2 [# ]\n", "[gpu-a] 2/2 [##]\r\n", "[gpu-a] done\r\n"]
+    assert renderer.flush() == ""
+
+
+def test_a_prefixed_line_that_never_ends_is_shown_in_parts_within_a_bound() -> None:
+    """A worker printing without a newline (nor a carriage return) does not make the
+    server hold its output without limit, and what it printed is shown."""
+    store = JobLogStore(bytes_per_job=10 * MAX_OPEN_LINE_CHARS)
+    renderer = LogRenderer(prefix=True)
+    piece_chars = MAX_OPEN_LINE_CHARS // 3
+    shown = ""
+    for n in range(12):
+        store.append(chunk("j", "x" * piece_chars, offset=n * piece_chars))
+        shown += renderer.feed(store.snapshot("j").pieces[-1:])
+    held = renderer.flush()
+    assert len(held) <= len("[gpu-a] \n") + MAX_OPEN_LINE_CHARS
+    assert shown.startswith("[gpu-a] xxx")
+    assert (shown + held).count("x") == 12 * piece_chars
+    assert all(line.startswith("[gpu-a] ") for line in (shown + held).splitlines())
+
+
+async def test_a_follower_is_told_of_output_trimmed_before_it_read_it(
+    database: DatabaseUnderTest,
+) -> None:
+    """A burst past the job's budget (an agent's outbox flushed after a reconnect) between
+    two reads of a follower: the output it never saw is marked, as the plain read does."""
+    tuning = dataclasses.replace(FAST, log_bytes_per_job=4000)
+    async with running_api(database, tuning) as api:
+        token = await api.tenant("acme")
+        job_id = await api.submitted(token, job_spec())
+
+        def line(n: int) -> str:
+            return f"line {n:03d} ".ljust(99, ".") + "\n"  # 100 bytes
+
+        ingest(api, chunk(job_id, line(0)))
+        response = await api.get(token, f"/v1/jobs/{job_id}/logs?follow=true")
+        assert response.status == 200
+        async with asyncio.timeout(5):
+            assert await response.content.readline() == line(0).encode()
+            # No await in between: the follower cannot read until the burst is over.
+            for n in range(1, 101):
+                ingest(api, chunk(job_id, line(n), offset=n * 100))
+            # 40 lines fit the budget (61..100): 1..60, never sent, are 6000 bytes.
+            assert await response.content.readline() == (
+                b"[greenfed: 6000 earlier bytes are no longer kept in the cloud]\n"
+            )
+            assert await response.content.readline() == line(61).encode()
+        response.close()
+        plain = await logs(api, token, job_id)
+        assert plain.splitlines()[0] == (
+            "[greenfed: 6100 earlier bytes are no longer kept in the cloud]"
+        )
+
+
+async def test_the_logs_of_a_job_a_newer_greenfed_wrote_are_served(api: Api) -> None:
+    """During a rolling upgrade a job's stored spec may hold a field this version does
+    not know: its logs are served as its view is, never a 500."""
+    token = await api.tenant("acme")
+    job_id = await api.submitted(token, job_spec(workers=2))
+    record = await api.store.find_work(job_id)
+    assert record is not None
+    spec = {**msgspec.json.decode(record.spec), "a_field_of_a_newer_version": 1}
+    async with api.store._write() as connection:
+        await connection.execute(
+            update(work_table)
+            .where(work_table.c.id == job_id)
+            .values(spec=msgspec.json.encode(spec), version=work_table.c.version + 1)
+        )
+    ingest(api, chunk(job_id, "epoch 1\n"))
+    assert await logs(api, token, job_id) == "[gpu-a] epoch 1\n"
+    response = await api.get(token, f"/v1/jobs/{job_id}/logs?follow=true")
+    assert response.status == 200, await response.text()
+    async with asyncio.timeout(5):
+        assert await response.content.readline() == b"[gpu-a] epoch 1\n"
+    response.close()

@@ -158,3 +158,24 @@ async def test_every_pattern_of_the_document_compiles_under_re2(api: Api) -> Non
     found = set(patterns(document))
     assert len(found) > 5
     assert refused_by_re2(found) == []
+
+
+async def test_every_declared_reply_keeps_its_media_type_and_headers(api: Api) -> None:
+    """Two replies of one status (JSON, or CSV on request: /v1/usage) are both documented:
+    no route's declared media type or header is lost to another of the same status."""
+    document: dict[str, Any] = await (await api.client.get("/openapi.json")).json()
+    lost = []
+    for route in api.app[REGISTERED_ROUTES]:
+        responses = document["paths"][route.path][route.method.lower()]["responses"]
+        for reply in route.replies:
+            response = responses[str(reply.status)]
+            declares_media = reply.body is not None or reply.content_type != "application/json"
+            if declares_media and reply.content_type not in response.get("content", {}):
+                lost.append((route.method, route.path, reply.status, reply.content_type))
+            for header in reply.headers:
+                if header not in response.get("headers", {}):
+                    lost.append((route.method, route.path, reply.status, header))
+    assert lost == []
+    usage = document["paths"]["/v1/usage"]["get"]["responses"]["200"]["content"]
+    assert usage["application/json"]["schema"] == {"$ref": "#/components/schemas/UsageReport"}
+    assert "text/csv" in usage
