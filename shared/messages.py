@@ -319,7 +319,10 @@ class Telemetry(WireStruct, frozen=True, kw_only=True):
     schema_version: SchemaVersion = SCHEMA_VERSION
     node_id: NodeId
     instance_id: str
-    seq: Annotated[int, msgspec.Meta(ge=0, description="Increments by one per sample.")]
+    # At most 2**53 (a sample a millisecond for 285,000 years): the control plane keeps
+    # how far each node's samples were counted (cloud/store/usage.py), and a number
+    # past what its column holds would fail every node's usage flush, not this node's.
+    seq: Annotated[int, msgspec.Meta(ge=0, le=2**53, description="Increments by one per sample.")]
     sampled_at: Timestamp
     interval_s: Annotated[float, msgspec.Meta(gt=0)]
     cpu_utilization_pct: Percent

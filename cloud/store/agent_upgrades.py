@@ -116,23 +116,33 @@ async def select_package_content(connection: AsyncConnection, version: str) -> b
 async def insert_rollout(connection: AsyncConnection, record: AgentRolloutRecord) -> None:
     """Raises `AgentRolloutRunningError` while another rollout runs (one at a time: two
     would ask the same nodes for two versions)."""
-    running = (
-        await connection.execute(
-            select(agent_rollouts.c.rollout_id).where(agent_rollouts.c.phase == ACTIVE_PHASE)
-        )
-    ).first()
+    running = await _running_rollout(connection)
     if running is not None:
-        raise AgentRolloutRunningError(running.rollout_id)
-    await connection.execute(
-        insert(agent_rollouts).values(
-            rollout_id=record.rollout_id,
-            version=record.version,
-            phase=record.phase,
-            created_at=record.created_at,
-            created_by=record.created_by,
-            state=msgspec.json.encode(record.state),
-        )
+        raise AgentRolloutRunningError(running)
+    statement = insert(agent_rollouts).values(
+        rollout_id=record.rollout_id,
+        version=record.version,
+        phase=record.phase,
+        created_at=record.created_at,
+        created_by=record.created_by,
+        state=msgspec.json.encode(record.state),
     )
+    try:
+        # A savepoint: after a refusal the transaction can still read which one runs.
+        async with connection.begin_nested():
+            await connection.execute(statement)
+    except IntegrityError:
+        # Another start got in between the check and the insert (PostgreSQL reads
+        # committed rows; the unique index on running rollouts, v0022, decides).
+        running = await _running_rollout(connection)
+        if running is None:
+            raise
+        raise AgentRolloutRunningError(running) from None
+
+
+async def _running_rollout(connection: AsyncConnection) -> str | None:
+    query = select(agent_rollouts.c.rollout_id).where(agent_rollouts.c.phase == ACTIVE_PHASE)
+    return (await connection.execute(query)).scalar()
 
 
 async def update_rollout(

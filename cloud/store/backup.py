@@ -21,12 +21,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from sqlalchemy import Column, MetaData, Table, inspect, select
+from sqlalchemy import MetaData, Table, inspect, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.types import Boolean, Integer, Numeric
+from sqlalchemy.types import Boolean, Float, Integer, Numeric, TypeEngine
 
 from cloud.store.backup_file import (
     FORMAT,
@@ -193,7 +193,8 @@ async def _snapshot(
         # str(): reflected names are SQLAlchemy's `quoted_name`, a str subclass.
         tables=tuple(
             BackupTable(
-                str(table.name), tuple(BackupColumn(str(c.name), _kind(c)) for c in table.columns)
+                str(table.name),
+                tuple(BackupColumn(str(c.name), value_kind(c.type)) for c in table.columns),
             )
             for table in tables
         ),
@@ -201,14 +202,17 @@ async def _snapshot(
     return header, tables
 
 
-def _kind(column: Column[object]) -> ValueKind:
+def value_kind(column_type: TypeEngine[Any]) -> ValueKind:
     """How a column's values are written: booleans as booleans (SQLite keeps 0 and 1),
-    floats as floats, JSON documents as their text."""
-    if isinstance(column.type, Boolean):
+    floats as floats, JSON documents as their text. A restore checks the file's kinds
+    against those of the schema it makes (cloud/store/restore.py)."""
+    if isinstance(column_type, Boolean):
         return "boolean"
-    if isinstance(column.type, Integer):
+    if isinstance(column_type, Integer):
         return "integer"
-    if isinstance(column.type, Numeric):  # DOUBLE PRECISION, REAL, FLOAT
+    # DOUBLE PRECISION, REAL, FLOAT: a Numeric up to SQLAlchemy 2.0, not from 2.1 on
+    # (where backups said "text" for them, and wrote a NaN as null).
+    if isinstance(column_type, (Float, Numeric)):
         return "float"
     return "text"
 

@@ -41,6 +41,16 @@ Value = str | int | float | bool | None
 Row = Sequence[Value]
 
 _NON_FINITE: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# What both databases' integers hold (SQLite's INTEGER, PostgreSQL's BIGINT).
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+# How the refusal of a value names what its column holds.
+_KIND_WORDS: Final[dict[ValueKind, str]] = {
+    "text": "text",
+    "integer": "a 64-bit integer",
+    "float": "a number",
+    "boolean": "true or false",
+}
 # zlib's default level: a store of 1,000 jobs, 1.8 MB of JSON lines, becomes 111 kB in 13 ms
 # (level 1: 127 kB in 4 ms; 9: 108 kB in 29 ms).
 _COMPRESS_LEVEL: Final = 6
@@ -164,6 +174,25 @@ class BackupWriter:
         self._partial.unlink(missing_ok=True)
 
 
+def _of_kind(value: str | int | float | bool, kind: ValueKind) -> Value:
+    """The value as its column holds it, or None when it is not of the column's kind
+    (a boolean is an int to Python, and neither an integer nor a number here)."""
+    if kind == "text":
+        return value if isinstance(value, str) else None
+    if kind == "boolean":
+        return value if isinstance(value, bool) else None
+    if isinstance(value, bool):
+        return None
+    if kind == "integer":
+        return value if isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX else None
+    if isinstance(value, str):  # a float column's non-finite value, by its name
+        return _NON_FINITE.get(value)
+    try:
+        return float(value)  # 2 written for 2.0
+    except OverflowError:  # an integer no float holds
+        return None
+
+
 def _non_finite(value: Value) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
@@ -187,7 +216,10 @@ class BackupReader:
 
     Blocking (decompression, file I/O): call `next_batch` off the event loop. Every
     damage is a `BackupFormatError`: a wrong CRC, a file cut short, a line that is
-    not what the format puts there, a row of the wrong width, counts that disagree."""
+    not what the format puts there, a row of the wrong width, a value that is not of
+    its column's kind (a restore checks the kinds against the schema,
+    cloud/store/restore.py), counts that disagree. Whether a column may hold null is
+    the database's to enforce: its NOT NULL refuses the row."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -202,7 +234,8 @@ class BackupReader:
             raise
         self._expected = iter(self.header.tables)
         self._table: BackupTable | None = None
-        self._float_columns: list[int] = []
+        self._kinds: tuple[ValueKind, ...] = ()  # the current table's, column by column
+        self._read_as: Mapping[str, Mapping[str, ValueKind]] = {}
         self._rows: dict[str, int] = {}
         self.trailer: BackupTrailer | None = None
 
@@ -236,6 +269,11 @@ class BackupReader:
                 f"that made it ({header.greenfed_version})"
             )
         return header
+
+    def read_as(self, kinds: Mapping[str, Mapping[str, ValueKind]]) -> None:
+        """Check values against these kinds (table -> column -> kind: the schema's, which a
+        restore has checked the header against) rather than the header's."""
+        self._read_as = kinds
 
     def next_batch(self, max_rows: int) -> tuple[BackupTable, list[Row]] | None:
         """Up to `max_rows` rows of the current table (a table may come in several
@@ -277,9 +315,12 @@ class BackupReader:
             )
         self._table = expected
         self._rows[name] = 0
-        self._float_columns = [i for i, c in enumerate(expected.columns) if c.kind == "float"]
+        kinds = self._read_as.get(name, {})
+        self._kinds = tuple(kinds.get(column.name, column.kind) for column in expected.columns)
 
     def _row(self, values: list[Value]) -> Row:
+        """The row with each value checked against its column's kind (a value of another
+        kind would be stored as it is by SQLite, and fail every later read of it)."""
         table = self._table
         if table is None:
             raise BackupFormatError(f"{self.path}: a row before the first table")
@@ -288,17 +329,18 @@ class BackupReader:
                 f"{self.path}: a row of {table.name} with {len(values)} values, not "
                 f"{len(table.columns)}"
             )
-        for index in self._float_columns:
+        for index, kind in enumerate(self._kinds):
             value = values[index]
-            if isinstance(value, int) and not isinstance(value, bool):
-                values[index] = float(value)
-            elif isinstance(value, str):
-                if value not in _NON_FINITE:
-                    raise BackupFormatError(
-                        f"{self.path}: {table.name}.{table.columns[index].name} holds "
-                        f"{value!r}, not a number"
-                    )
-                values[index] = _NON_FINITE[value]
+            if value is None:
+                continue
+            read = _of_kind(value, kind)
+            if read is None:
+                shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:57]}..."
+                raise BackupFormatError(
+                    f"{self.path}: {table.name}.{table.columns[index].name} holds {shown}, "
+                    f"not {_KIND_WORDS[kind]}"
+                )
+            values[index] = read
         self._rows[table.name] += 1
         return values
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -57,14 +57,15 @@ class LeadershipLease(ABC):
 
 
 class PostgresLease(LeadershipLease):
-    def __init__(self, connection: AsyncConnection, key: int) -> None:
+    def __init__(self, connection: AsyncConnection, key: int, backend_pid: int) -> None:
         self._connection: AsyncConnection | None = connection
         self._key = key
+        self._backend_pid = backend_pid  # the server session that holds the lock
         self._lock = asyncio.Lock()  # one statement at a time on the connection
 
     @property
     def held(self) -> bool:
-        return self._connection is not None
+        return self._connection is not None and not self._connection.invalidated
 
     @property
     def key(self) -> int:
@@ -72,29 +73,53 @@ class PostgresLease(LeadershipLease):
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
-        """A transaction on the lock's own session: it commits only while we lead."""
+        """A transaction on the lock's own session: it commits only while we lead.
+
+        Whatever ends the session (the server, the network, a task cancelled in the
+        middle of a statement, which SQLAlchemy answers by invalidating the connection)
+        loses the lease: the same `AsyncConnection` would otherwise reconnect on its
+        next statement, to a session without the lock, and commit as the leader beside
+        the replica that takes the lock next."""
         async with self._lock:
-            connection = self._live()
+            connection = await self._live()
             try:
                 async with connection.begin():
                     yield connection
-            except DBAPIError as error:
-                if error.connection_invalidated:
-                    await self._lose()
-                    raise LeadershipLostError(
-                        "the leader's database session ended; leadership is lost"
-                    ) from error
-                raise
+            except BaseException as error:
+                ended = connection.invalidated or (
+                    isinstance(error, DBAPIError) and error.connection_invalidated
+                )
+                if not ended:
+                    raise
+                await self._lose()
+                if not isinstance(error, Exception):
+                    raise  # a cancellation stays one
+                raise LeadershipLostError(
+                    "the leader's database session ended; leadership is lost"
+                ) from error
 
     async def check(self) -> None:
+        """Also asks the server which session it is: one that is not the session that
+        took the lock (however the connection came to be replaced) has lost it."""
         async with self.transaction() as connection:
-            await connection.execute(text("SELECT 1"))
+            backend_pid = (await connection.execute(select(func.pg_backend_pid()))).scalar()
+        if backend_pid != self._backend_pid:
+            async with self._lock:
+                await self._lose()
+            raise LeadershipLostError(
+                "the leader's database session was replaced; leadership is lost"
+            )
 
     async def release(self) -> None:
         async with self._lock:
             if self._connection is None:
                 return
             connection, self._connection = self._connection, None
+            if connection.invalidated:
+                # The session, and the lock with it, ended already: unlocking would
+                # reconnect to a session that holds nothing.
+                await connection.close()
+                return
             try:
                 await connection.execute(select(func.pg_advisory_unlock(self._key)))
                 await connection.commit()
@@ -104,9 +129,13 @@ class PostgresLease(LeadershipLease):
                 await connection.invalidate()
                 await connection.close()
 
-    def _live(self) -> AsyncConnection:
+    async def _live(self) -> AsyncConnection:
         if self._connection is None:
             raise LeadershipLostError("this process does not hold scheduling leadership")
+        if self._connection.invalidated:
+            # Its next statement would reconnect, to a session without the lock.
+            await self._lose()
+            raise LeadershipLostError("the leader's database session ended; leadership is lost")
         return self._connection
 
     async def _lose(self) -> None:
@@ -142,15 +171,18 @@ class SqliteLease(LeadershipLease):
 async def try_acquire_postgres(engine: AsyncEngine, key: int) -> PostgresLease | None:
     connection = await engine.connect()
     try:
-        acquired = (await connection.execute(select(func.pg_try_advisory_lock(key)))).scalar()
+        locked = (
+            await connection.execute(select(func.pg_try_advisory_lock(key), func.pg_backend_pid()))
+        ).one()
         await connection.commit()
     except BaseException:
         await connection.close()
         raise
+    acquired, backend_pid = locked
     if not acquired:
         await connection.close()
         return None
-    return PostgresLease(connection, key)
+    return PostgresLease(connection, key, int(backend_pid))
 
 
 def leader_lock_path(database_path: Path) -> Path:

@@ -35,8 +35,8 @@ from sqlalchemy import MetaData, column, func, insert, inspect, select, table, t
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from cloud.store.backup import KNOWN_TABLES
-from cloud.store.backup_file import BackupHeader, BackupReader, describe_counts
+from cloud.store.backup import KNOWN_TABLES, value_kind
+from cloud.store.backup_file import BackupHeader, BackupReader, ValueKind, describe_counts
 from cloud.store.engine import (
     WRITE_OPTION,
     DatabaseTarget,
@@ -60,6 +60,15 @@ from cloud.store.schema import CLUSTER_ID_SECRET, schema_version, secrets
 from shared.settings import StoreSettings
 
 _BATCH_ROWS: Final = 500  # rows per INSERT: well under both drivers' parameter limits
+# The kinds a backup's header may give a column of each kind of the schema: a float
+# column's is "text" in backups made with SQLAlchemy 2.1, whose Float is no Numeric
+# (cloud/store/backup.py `value_kind`); their values are numbers all the same.
+_WRITTEN_AS: Final[dict[ValueKind, frozenset[ValueKind]]] = {
+    "text": frozenset({"text"}),
+    "integer": frozenset({"integer"}),
+    "float": frozenset({"float", "text"}),
+    "boolean": frozenset({"boolean"}),
+}
 _IN_USE: Final = (
     "a control plane is scheduling on {target}: stop every greenfed cloud (and greenfed "
     "up) that uses it, then restore"
@@ -138,10 +147,18 @@ async def restore_backup(
                 f"{path}: {target.describe()} refused its rows ({error.orig}): the file was "
                 "changed, or not made by greenfed"
             ) from error
-        except (DBAPIError, sqlite3.Error) as error:
-            detail = str(error.orig) if isinstance(error, DBAPIError) else str(error)
+        except DBAPIError as error:
+            if not _a_data_exception(error):
+                raise StoreUnavailableError(
+                    f"cannot restore into {target.describe()}: {error.orig}"
+                ) from error
+            raise BackupFormatError(
+                f"{path}: {target.describe()} refused its rows ({error.orig}): the file was "
+                "changed, or not made by greenfed"
+            ) from error
+        except sqlite3.Error as error:
             raise StoreUnavailableError(
-                f"cannot restore into {target.describe()}: {detail}"
+                f"cannot restore into {target.describe()}: {error}"
             ) from error
         finally:
             await engine.dispose()
@@ -155,6 +172,15 @@ async def restore_backup(
         replaced=None if before.empty else before,
         elapsed_s=time.perf_counter() - started,
     )
+
+
+def _a_data_exception(error: DBAPIError) -> bool:
+    """A PostgreSQL data exception (SQLSTATE class 22): a value its column cannot hold,
+    found by the server or by asyncpg before sending it (an integer past an `integer`
+    column's 32 bits: "invalid input for query argument"). SQLAlchemy's asyncpg dialect
+    raises these as plain DBAPIErrors, not DataErrors; they are the file's fault."""
+    sqlstate = getattr(error.orig, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith("22")
 
 
 def _check_schema(header: BackupHeader) -> None:
@@ -239,7 +265,7 @@ async def _replace(
     await connection.run_sync(schema_version.create)
     for migration in MIGRATIONS[: header.schema_version]:
         await connection.run_sync(migration.upgrade)  # its schema_version row is in the file
-    await _check_tables(connection, header)
+    reader.read_as(await _check_tables(connection, header))
     loaded: dict[str, int] = {}
     while (batch := await asyncio.to_thread(reader.next_batch, _BATCH_ROWS)) is not None:
         backup_table, rows = batch
@@ -258,26 +284,49 @@ async def _replace(
     return loaded
 
 
-async def _check_tables(connection: AsyncConnection, header: BackupHeader) -> None:
-    """The file's tables and columns must be exactly those of its schema version."""
+async def _check_tables(
+    connection: AsyncConnection, header: BackupHeader
+) -> dict[str, dict[str, ValueKind]]:
+    """The file's tables and columns must be exactly those of its schema version, each
+    column of the kind the schema gives it; the schema's kinds, table by table, which
+    the reader checks every value against (cloud/store/backup_file.py)."""
 
-    def columns(sync: object) -> dict[str, set[str]]:
+    def columns(sync: object) -> dict[str, dict[str, ValueKind]]:
         inspector = inspect(sync)
         present = sorted(KNOWN_TABLES & set(inspector.get_table_names()))
         # One catalog query for every table, not one per table (PostgreSQL).
         found = inspector.get_multi_columns(filter_names=present)
-        return {table: {c["name"] for c in cols} for (_, table), cols in found.items()}
+        return {
+            table: {c["name"]: value_kind(c["type"]) for c in cols}
+            for (_, table), cols in found.items()
+        }
 
     made = await connection.run_sync(columns)
-    written = {t.name: set(t.column_names) for t in header.tables}
-    if made != written:
+    written = {t.name: {c.name: c.kind for c in t.columns} for t in header.tables}
+    if {name: set(cols) for name, cols in made.items()} != {
+        name: set(cols) for name, cols in written.items()
+    }:
         differing = sorted(
-            name for name in made.keys() | written.keys() if made.get(name) != written.get(name)
+            name
+            for name in made.keys() | written.keys()
+            if set(made.get(name, ())) != set(written.get(name, ()))
         )
         raise BackupFormatError(
             f"the backup's tables disagree with schema version {header.schema_version} "
             f"in {', '.join(differing)}: the file was changed, or not made by greenfed"
         )
+    retyped = [
+        f"{name}.{column} ({kind}, where the schema has {made[name][column]})"
+        for name, cols in sorted(written.items())
+        for column, kind in cols.items()
+        if kind not in _WRITTEN_AS[made[name][column]]
+    ]
+    if retyped:
+        raise BackupFormatError(
+            f"the backup's columns disagree with schema version {header.schema_version} "
+            f"in {', '.join(retyped)}: the file was changed, or not made by greenfed"
+        )
+    return made
 
 
 async def _advance_sequences(connection: AsyncConnection) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 
 from cloud.store.jsontype import JsonDocument
@@ -302,6 +303,14 @@ agent_rollouts = Table(
     Column("created_at", Double, nullable=False),
     Column("created_by", Text, nullable=False),
     Column("state", JsonDocument, nullable=False),  # cloud/upgrades/views.py RolloutState
+    # One running rollout at a time (v0022): two would ask the same nodes for two versions.
+    Index(
+        "uq_agent_rollouts_one_running",
+        "phase",
+        unique=True,
+        sqlite_where=text("phase = 'running'"),
+        postgresql_where=text("phase = 'running'"),
+    ),
 )
 
 # Failed join-token redemptions per remote address (v0013): a token bucket every
@@ -344,13 +353,14 @@ usage_hours = Table(
 
 # How far each node's telemetry has been counted (v0005), written in the same
 # transaction as the usage it produced: a restart resumes from here, and the energy
-# counters' differences cover the time it was down.
+# counters' differences cover the time it was down. `seq` is the node's own number,
+# up to 2**53 (BIGINT since v0021).
 usage_marks = Table(
     "usage_marks",
     metadata,
     Column("node_id", Text, primary_key=True),
     Column("instance_id", Text, nullable=False),
-    Column("seq", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
     Column("sampled_at", Double, nullable=False),
     Column("energy_j", JsonDocument, nullable=False),
 )

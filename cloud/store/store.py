@@ -596,11 +596,15 @@ class Store:
         `TokenNotFoundError`, and `LastAdminTokenError` for an admin's last working token."""
         now = self._clock()
         async with self._write() as connection:
+            owner = (await tenant_tokens.select_token(connection, token_id)).tenant_id
+            # The tenant's row first: two revocations of one tenant's tokens (two replicas,
+            # two requests) then count its working tokens one after the other, never both
+            # seeing the other's token still working (PostgreSQL reads committed rows).
+            admin = await tenant_tokens.lock_tenant_tokens(connection, owner)
             record = await tenant_tokens.select_token(connection, token_id, for_update=True)
             if record.revoked_at is not None:
                 return record
-            query = select(tenants.c.admin).where(tenants.c.id == record.tenant_id)
-            if (await connection.execute(query)).scalar_one() and record.works(now):
+            if admin and record.works(now):
                 others = await tenant_tokens.select_tokens(connection, record.tenant_id)
                 if not any(t.works(now) for t in others if t.token_id != token_id):
                     raise LastAdminTokenError(token_id)

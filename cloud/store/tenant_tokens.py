@@ -159,6 +159,17 @@ async def select_token(
     return token_from_row(row)
 
 
+async def lock_tenant_tokens(connection: AsyncConnection, tenant_id: str) -> bool:
+    """Lock the tenant's row until the transaction ends (PostgreSQL; SQLite's writes
+    are serialised anyway), so that what is decided from its tokens' states is decided
+    by one transaction at a time; whether the tenant is an admin.
+
+    FOR NO KEY UPDATE: rows that refer to the tenant (a new token, submitted work) only
+    take a key share lock on it, which this does not block."""
+    query = select(tenants.c.admin).where(tenants.c.id == tenant_id).with_for_update(key_share=True)
+    return bool((await connection.execute(query)).scalar_one())
+
+
 async def select_for_authentication(
     connection: AsyncConnection, token_id: str
 ) -> tuple[str, TokenRecord, TenantRecord] | None:

@@ -321,6 +321,18 @@ def test_utilisation_at_the_bounds_is_accepted(utilization_pct: float) -> None:
     assert decoded.cpu_utilization_pct == utilization_pct
 
 
+def test_a_telemetry_seq_beyond_2_to_the_53_is_rejected() -> None:
+    """The control plane stores how far each node's samples were counted: a number past
+    its column failed every node's usage flush (cloud/store/usage.py)."""
+    payload = as_json(full_telemetry())
+    payload["seq"] = 2**53
+    assert TELEMETRY_DECODER.decode(json.dumps(payload).encode()).seq == 2**53
+    for seq in (2**53 + 1, 2**63, 2**64 - 1):
+        payload["seq"] = seq
+        with pytest.raises(msgspec.ValidationError, match="seq"):
+            TELEMETRY_DECODER.decode(json.dumps(payload).encode())
+
+
 def test_negative_memory_is_rejected_wherever_memory_is_reported() -> None:
     telemetry = as_json(full_telemetry())
     telemetry["memory_used_bytes"] = -1

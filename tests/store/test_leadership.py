@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from cloud.store import LeadershipLostError, PassWrite, open_store
+from cloud.store import LeadershipLostError, PassWrite, Store, open_store
+from cloud.store.leadership import PostgresLease
 from cloud.store.locks import advisory_key
 from shared.settings import StoreSettings
 from tests.store.builders import make_tenant, placement, submit
 from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
+from tests.support.waiting import eventually_async
 
 
 async def test_only_one_of_two_stores_leads_and_release_hands_over(
@@ -108,6 +110,76 @@ async def _leader_session_dies(database: DatabaseUnderTest) -> None:
     finally:
         await leader.close()
         await replica.close()
+
+
+async def test_a_postgresql_leader_cancelled_mid_statement_loses_leadership(
+    tmp_path: Path,
+) -> None:
+    """A leader's statement cancelled in flight (shutdown, a timeout) ends its session,
+    and the lock with it: the lease must not go on committing from a new session while
+    another replica leads (split brain)."""
+    async with postgres_database(tmp_path) as database:
+        leader, replica = [await open_store(database.settings) for _ in range(2)]
+        try:
+            tenant = (await make_tenant(leader, "acme")).tenant
+            work = (await submit(leader, tenant.tenant_id)).work
+            lease = await leader.try_acquire_leadership()
+            assert isinstance(lease, PostgresLease)
+            leader_pid = await _lock_holder(replica, database)
+
+            async def slow_statement() -> None:
+                async with lease.transaction() as connection:
+                    await connection.execute(text("SELECT pg_sleep(30)"))
+
+            async with asyncio.timeout(20), asyncio.TaskGroup() as tasks:
+                statement = tasks.create_task(slow_statement())
+                await eventually_async(
+                    lambda: _runs_pg_sleep(replica, leader_pid),
+                    message="the leader's statement never started",
+                )
+                statement.cancel()
+            assert statement.cancelled()  # the cancellation stays one
+            assert not lease.held
+            with pytest.raises(LeadershipLostError):
+                await lease.check()
+            with pytest.raises(LeadershipLostError):
+                await leader.commit_pass(
+                    PassWrite(placements=(placement(work.work_id, "n1"),)), lease=lease
+                )
+            successor = await replica.try_acquire_leadership()
+            assert successor is not None
+            placed = await replica.commit_pass(
+                PassWrite(placements=(placement(work.work_id, "n2"),)), lease=successor
+            )
+            assert [w.state for w in placed.work] == ["scheduled"]
+            assert set(placed.node_generations) == {"n2"}
+            await successor.release()
+        finally:
+            await leader.close()
+            await replica.close()
+
+
+async def _lock_holder(store: Store, database: DatabaseUnderTest) -> int:
+    """The backend pid of the session that holds the leader's advisory lock."""
+    key = advisory_key(database.settings.database_schema, "leader")
+    async with store._read() as connection:
+        holder = await connection.execute(
+            text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory'"
+                " AND classid = :high AND objid = :low AND objsubid = 1 AND granted"
+            ),
+            {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
+        )
+        return int(holder.scalar_one())
+
+
+async def _runs_pg_sleep(store: Store, pid: int) -> bool:
+    async with store._read() as connection:
+        query = text(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE pid = :pid AND state = 'active' AND query LIKE '%pg_sleep%'"
+        )
+        return bool((await connection.execute(query, {"pid": pid})).scalar_one())
 
 
 async def test_the_sqlite_lock_file_lives_beside_the_database(tmp_path: Path) -> None:

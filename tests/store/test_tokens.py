@@ -4,6 +4,7 @@ changes, the queue cap, and the audit log, on both backends."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -33,6 +34,7 @@ from cloud.store.tokens import issue_token
 from shared.secret_hashes import verify_secret
 from tests.store.builders import make_tenant, submit
 from tests.store.databases import DatabaseUnderTest
+from tests.store.lock_waits import gate
 
 
 class Clock:
@@ -172,6 +174,43 @@ async def test_the_admin_keeps_at_least_one_working_token(timed_store: Store) ->
     acme = await make_tenant(store, "acme")
     (acme_token,) = await store.list_tokens(acme.tenant.tenant_id)
     await store.revoke_token(acme_token.token_id)
+
+
+async def test_two_revocations_at_once_leave_the_admin_a_working_token(
+    database: DatabaseUnderTest,
+) -> None:
+    """Two replicas each revoke one of the admin's two tokens at the same moment: one
+    revocation is refused as the last working token's, whichever comes second."""
+    first, second = [await open_store(database.settings) for _ in range(2)]
+    try:
+        admin = await make_tenant(first, "root", admin=True)
+        tenant_id = admin.tenant.tenant_id
+        await first.create_token(tenant_id, "second")
+        ids = [token.token_id for token in await first.list_tokens(tenant_id)]
+
+        async def both_revoked() -> tuple[object, ...]:
+            return await asyncio.gather(
+                first.revoke_token(ids[0]), second.revoke_token(ids[1]), return_exceptions=True
+            )
+
+        async with asyncio.timeout(20), asyncio.TaskGroup() as tasks:
+            if database.kind == "postgresql":
+                # Both queue behind the gate's lock on the tokens, then go at once.
+                tokens = "SELECT id FROM tenant_tokens WHERE tenant_id = :tenant FOR UPDATE"
+                async with gate(database, tokens, {"tenant": tenant_id}) as until_waiting:
+                    revocations = tasks.create_task(both_revoked())
+                    await until_waiting(2)
+            else:
+                revocations = tasks.create_task(both_revoked())
+        assert sorted(type(result).__name__ for result in revocations.result()) == [
+            "LastAdminTokenError",
+            "TokenRecord",
+        ]
+        now = time.time()
+        assert [t.works(now) for t in await first.list_tokens(tenant_id)].count(True) == 1
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_changes_to_a_tenant_apply_at_once_and_keep_what_is_not_named(

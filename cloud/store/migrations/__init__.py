@@ -34,6 +34,8 @@ from cloud.store.migrations import (
     v0018_fair_share,
     v0019_tenant_lending_limit,
     v0020_node_drain_waiting,
+    v0021_usage_mark_seq_bigint,
+    v0022_one_running_rollout,
 )
 
 
@@ -65,6 +67,8 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(18, "fair_share", v0018_fair_share.upgrade),
     SchemaMigration(19, "tenant_lending_limit", v0019_tenant_lending_limit.upgrade),
     SchemaMigration(20, "node_drain_waiting", v0020_node_drain_waiting.upgrade),
+    SchemaMigration(21, "usage_mark_seq_bigint", v0021_usage_mark_seq_bigint.upgrade),
+    SchemaMigration(22, "one_running_rollout", v0022_one_running_rollout.upgrade),
 )
 
 
