@@ -3,10 +3,12 @@ for its own MQTT credentials, the cluster id and the control plane's public key,
 pins its own sealing key: job secrets are sealed only to it), and node revocation (admin).
 
 What an anonymous caller can learn here: only that a token was refused (401), never
-whether it was unknown, expired, used up or revoked (the log says which). Refused
-tokens are rate-limited per remote address, in the store so that every replica shares
-the budget (cloud/store/enrolment_failures.py): guessing tokens costs time even before
-their 256 random bits make it hopeless, and a valid token is never held up by them.
+whether it was unknown, expired, used up or revoked (the log says which), nor anything
+about the node id it names (the token is judged first: whether an id is in use is told
+only to a caller whose token is redeemable). Refused tokens are rate-limited per remote
+address, in the store so that every replica shares the budget
+(cloud/store/enrolment_failures.py): guessing tokens costs time even before their 256
+random bits make it hopeless, and a valid token is never held up by them.
 """
 
 from __future__ import annotations
@@ -343,6 +345,20 @@ async def enrolment_authority(request: web.Request) -> web.Response:
     return json_response(EnrolmentAuthority(exchange_key=_authority(request.app).exchange_key))
 
 
+async def _token_redeemable(request: web.Request, address: str, body: EnrolRequest) -> bool:
+    """Whether the join token is redeemable now, from reads. One that is not, from an
+    address refused too often, is answered here (429): a flood of guesses never takes
+    the write transaction a redemption takes. One that is not, from an address with
+    budget left, goes on to the redemption, which says why it is refused (for the log)
+    and counts it against the address."""
+    store = request.app[STORE]
+    if await store.join_token_is_redeemable(body.token):
+        return True
+    if await store.enrolment_retry_after_s(address, request.app[ENROLMENT_STATE].failures) > 0:
+        raise await _refused(request, address, JoinTokenError(None), body.node_id)
+    return False
+
+
 async def enrol(request: web.Request) -> web.Response:
     app = request.app
     address = request.remote or "unknown"
@@ -352,6 +368,9 @@ async def enrol(request: web.Request) -> web.Response:
     # account made, nothing may fail before the answer carries the password.
     cluster_id = await store.shared_secret(CLUSTER_ID_SECRET)
     authority = _authority(app)
+    # The token before the node id: a caller without a redeemable token gets the same
+    # 401 (or 429) whatever id it names, so it cannot probe which ids are in use.
+    token_was_redeemable = await _token_redeemable(request, address, body)
     key_proven = (
         body.sealing_public_key is not None
         and body.identity_proof is not None
@@ -362,13 +381,8 @@ async def enrol(request: web.Request) -> web.Response:
             join_token=body.token,
         )
     )
-    _not_anothers(app, body.node_id, body.sealing_public_key, key_proven=key_proven)
-    # An address refused too often: a guess is answered from a read, before the write
-    # transaction a redemption takes (a flood of them must not hold up the store); a
-    # valid token goes on.
-    limited = await store.enrolment_retry_after_s(address, app[ENROLMENT_STATE].failures) > 0
-    if limited and not await store.join_token_is_redeemable(body.token):
-        raise await _refused(request, address, JoinTokenError(None), body.node_id)
+    if token_was_redeemable:
+        _not_anothers(app, body.node_id, body.sealing_public_key, key_proven=key_proven)
     try:
         redemption = await store.redeem_join_token(
             body.token,
@@ -389,6 +403,14 @@ async def enrol(request: web.Request) -> web.Response:
             "its own data directory (greenfed edge enrol there proves its key), or an "
             f"admin revokes it first (greenfed nodes revoke {body.node_id}) to enrol a new one",
         ) from None
+    if not token_was_redeemable:
+        # Redeemed all the same: a use was given back between the read and the redemption
+        # (another enrolment's broker failed). The node id check skipped above, now.
+        try:
+            _not_anothers(app, body.node_id, body.sealing_public_key, key_proven=key_proven)
+        except Problem:
+            await store.release_redemption(redemption)
+            raise
     try:
         credentials = await app[BROKER_ACCOUNTS].provision(body.node_id)
     except ForeignAccountError as error:

@@ -23,17 +23,20 @@ from cloud.broker_accounts import (
     AccountsNotManagedError,
     BrokerAccountError,
     ForeignAccountError,
+    InvalidAccountNameError,
 )
 from cloud.broker_accounts.dynsec_protocol import READER_CHANNELS
 from cloud.broker_accounts.views import MqttAccountCreated, MqttAccountRevoked, MqttAccountSpec
+from shared.problems import InvalidParam
 from shared.settings import parse_mqtt_url
-from shared.topics import Topics
+from shared.topics import Topics, is_valid_node_id
 
 _DECODER: Final = msgspec.json.Decoder(MqttAccountSpec)
 
 
 # What a route answers beyond its success: the same for making and revoking.
 _REFUSALS: Final = (
+    problem_reply(422, "The name can be no account's: one topic level, as a node id"),
     problem_reply(
         409,
         "The name is a node's, the control plane's or an operator's; or the broker's "
@@ -43,12 +46,27 @@ _REFUSALS: Final = (
 )
 
 
+def _invalid_name(name: str, reason: str) -> Problem:
+    """A name no account can have: the caller's mistake, so never the 503 a client
+    retries (whatever the broker, or none, would have said)."""
+    return Problem(
+        422,
+        "invalid-mqtt-account-name",
+        "Invalid MQTT account name",
+        f"name: {reason}",
+        (InvalidParam("name", reason),),
+    )
+
+
 @contextlib.contextmanager
 def _broker_refusals(name: str) -> Iterator[None]:
-    """The account seam's errors as problems: a name some other account holds, accounts
-    made by hand (409), a broker that did not answer (503)."""
+    """The account seam's errors as problems: a name no account can have (422), a name
+    some other account holds, accounts made by hand (409), a broker that did not answer
+    (503)."""
     try:
         yield
+    except InvalidAccountNameError as error:
+        raise _invalid_name(name, str(error)) from None
     except ForeignAccountError:
         raise Problem(
             409,
@@ -94,6 +112,9 @@ async def create_account(request: web.Request) -> web.Response:
 
 async def revoke_account(request: web.Request) -> web.Response:
     name = request.match_info["name"]
+    # Checked here, as the body's name is by its decoder: the path is the boundary.
+    if not is_valid_node_id(name):
+        raise _invalid_name(name, str(InvalidAccountNameError(name)))
     with _broker_refusals(name):
         await request.app[BROKER_ACCOUNTS].revoke_reader(name)
     await request.app[STORE].record_audit(audit_entry(request, "mqtt_account.revoke", name))

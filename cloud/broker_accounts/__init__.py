@@ -17,6 +17,7 @@ from cloud.broker_accounts.accounts import (
     BrokerAccountError,
     BrokerAccounts,
     ForeignAccountError,
+    InvalidAccountNameError,
     ManualAccounts,
     NodeCredentials,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "BrokerAccountError",
     "BrokerAccounts",
     "ForeignAccountError",
+    "InvalidAccountNameError",
     "ManualAccounts",
     "NodeCredentials",
     "broker_accounts_from",

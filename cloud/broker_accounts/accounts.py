@@ -22,6 +22,19 @@ class ForeignAccountError(BrokerAccountError):
     (the control plane's own, an operator's): it is never taken over."""
 
 
+class InvalidAccountNameError(BrokerAccountError):
+    """The name can be no account's: a broker username is one topic level (a node id's
+    shape), or it would become a wildcard in its ACLs. The caller's mistake, never the
+    broker's: retrying it changes nothing."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"{name!r} is not a valid topic level, so no account's name: a letter or "
+            "digit, then up to 127 letters, digits, '.', '_' or '-'"
+        )
+        self.name = name
+
+
 class AccountsNotManagedError(BrokerAccountError):
     """This control plane does not manage the broker's accounts (`broker_accounts =
     "none"`): the operator makes them by hand."""
@@ -52,11 +65,12 @@ class BrokerAccounts(ABC):
         """Create (or reset the password of, and re-enable) a third party's read-only
         account: every node's telemetry and births, never `desired`, no publishing.
         Raises `BrokerAccountError` (`ForeignAccountError` for a name some other account
-        holds)."""
+        holds, `InvalidAccountNameError` for a name no account can have)."""
 
     @abstractmethod
     async def revoke_reader(self, name: str) -> None:
-        """Disable a reader's account (its connection is dropped). Idempotent."""
+        """Disable a reader's account (its connection is dropped). Idempotent; raises
+        `BrokerAccountError` (`InvalidAccountNameError` for a name no account can have)."""
 
     async def close(self) -> None:  # noqa: B027 (optional: most hold nothing)
         """Release whatever connection the implementation holds."""

@@ -27,6 +27,7 @@ from cloud.broker_accounts.accounts import (
     BrokerAccountError,
     BrokerAccounts,
     ForeignAccountError,
+    InvalidAccountNameError,
     NodeCredentials,
 )
 from cloud.broker_accounts.dynsec_protocol import (
@@ -305,7 +306,7 @@ class DynamicSecurityAccounts(BrokerAccounts):
 def _check_node_id(node_id: str) -> None:
     # A wildcard or a slash in a username would become a wildcard in its ACLs.
     if not is_valid_node_id(node_id):
-        raise BrokerAccountError(f"node id {node_id!r} is not a valid topic level")
+        raise InvalidAccountNameError(node_id)
 
 
 def _names(commands: tuple[Command, ...]) -> str:

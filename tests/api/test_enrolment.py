@@ -278,6 +278,48 @@ async def test_a_join_token_cannot_take_the_id_of_a_node_the_registry_knows(api:
     assert response.status == 200, await response.text()
 
 
+@pytest.mark.parametrize("require_enrolment", [False, True])
+async def test_a_refused_token_learns_nothing_about_node_ids(
+    database: DatabaseUnderTest, accounts: RecordingAccounts, require_enrolment: bool
+) -> None:
+    """A node id the control plane knows (a live node; an enrolled one) and one it does
+    not get the same refusal for a token that does not work, and both count against the
+    address's budget: no caller without a token can probe which node ids exist."""
+    async with enrolment_api(database, accounts, require_enrolment=require_enrolment) as api:
+        key = _sealing_key()
+        if require_enrolment:
+            created = await create_token(api)
+            response = await enrol(api, created["token"], "edge-1", sealing_public_key=key)
+            assert response.status == 200, await response.text()
+        api.app[INGESTOR].handle(*_birth_payload("edge-1", key))
+        assert api.app[REGISTRY].get("edge-1") is not None
+        refusals = set()
+        for node_id in ("edge-1", "never-seen") * 5:  # the address's ten refusals
+            body = await problem(await enrol(api, "gfj_guess", node_id), 401)
+            refusals.add((body["type"], body["detail"]))
+        assert len(refusals) == 1
+        for node_id in ("edge-1", "never-seen"):
+            await problem(await enrol(api, "gfj_guess", node_id), 429)
+
+
+async def test_a_token_redeemable_only_by_its_redemption_still_cannot_take_a_known_id(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A use given back (another enrolment's broker failed) between the read that judges
+    the token and its redemption: the node id check comes after, and gives the use back."""
+    api.app[INGESTOR].handle(*_birth_payload("edge-1", _sealing_key()))
+    created = await create_token(api)
+
+    async def read_before_the_use_was_given_back(token: str) -> bool:
+        return False
+
+    monkeypatch.setattr(api.store, "join_token_is_redeemable", read_before_the_use_was_given_back)
+    body = await problem(await enrol(api, created["token"], "edge-1"), 409)
+    assert body["type"].endswith("/node-id-in-use")
+    assert not await api.store.is_enrolled("edge-1")
+    assert (await enrol(api, created["token"], "edge-2")).status == 200  # its one use kept
+
+
 async def test_an_enrolled_nodes_public_key_alone_does_not_enrol_its_id_again(
     api: Api, accounts: RecordingAccounts
 ) -> None:

@@ -4,9 +4,13 @@ embedded broker and on Mosquitto, are tested in tests/integration/)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
-from tests.api.support import Api, bearer, problem
+from shared.settings import CloudSettings
+from tests.api.support import Api, bearer, problem, running_api
+from tests.store.databases import DatabaseUnderTest
 
 pytestmark = pytest.mark.parametrize("database", ["sqlite"], indirect=True)
 
@@ -33,3 +37,21 @@ async def test_accounts_are_admin_only_and_checked(api: Api) -> None:
     refused = await problem(response, 409)
     assert refused["type"].endswith("/mqtt-accounts-not-managed")
     assert "by hand" in refused["detail"]
+
+
+@pytest.mark.parametrize("broker_accounts", ["none", "dynamic-security"])
+async def test_revoking_a_name_no_account_can_have_is_a_422_not_a_retry(
+    database: DatabaseUnderTest, broker_accounts: Literal["none", "dynamic-security"]
+) -> None:
+    """A 503 with Retry-After tells a client to try again, forever: a name that is no
+    topic level is the caller's mistake, refused as such whoever manages the accounts."""
+    cloud = CloudSettings(invalid_log_interval_s=0, broker_accounts=broker_accounts)
+    async with running_api(database, cloud=cloud) as api:
+        for name in ("a+b", "%23", "%C3%A9x", "a" * 200, "-leading-dash"):
+            response = await api.client.delete(
+                f"/v1/mqtt/accounts/{name}", headers=bearer(api.admin_token)
+            )
+            refused = await problem(response, 422)
+            assert "Retry-After" not in response.headers
+            assert refused["type"].endswith("/invalid-mqtt-account-name")
+            assert refused["invalid_params"][0]["name"] == "name"

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from cloud.broker_accounts import BrokerAccountError, broker_accounts_from
+from cloud.broker_accounts import (
+    BrokerAccountError,
+    InvalidAccountNameError,
+    broker_accounts_from,
+)
 from cloud.broker_accounts.dynamic_security import DynamicSecurityAccounts
 from shared.settings import CloudSettings, MqttSettings, Settings
 from tests.support.broker_accounts import (
@@ -117,10 +121,18 @@ async def test_an_account_without_the_admin_role_gets_a_timeout_that_says_why(
     await check_a_node_cannot_send_account_commands(mosquitto[1], accounts)
 
 
-async def test_invalid_node_ids_never_reach_the_broker(accounts: DynamicSecurityAccounts) -> None:
-    for node_id in ("a/b", "+", "#", ""):
-        with pytest.raises(BrokerAccountError, match="not a valid topic level"):
-            await accounts.provision(node_id)
+async def test_invalid_names_never_reach_the_broker(accounts: DynamicSecurityAccounts) -> None:
+    """Refused with their own error type: the caller's mistake, which the API answers
+    with a 4xx, not the broker being away (503, retried)."""
+    for name in ("a/b", "+", "#", "", "a+b", "éx", "a" * 200):
+        for change in (
+            accounts.provision,
+            accounts.revoke,
+            accounts.provision_reader,
+            accounts.revoke_reader,
+        ):
+            with pytest.raises(InvalidAccountNameError, match="not a valid topic level"):
+                await change(name)
 
 
 def test_the_setting_chooses_the_implementation() -> None:
