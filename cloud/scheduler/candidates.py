@@ -30,6 +30,7 @@ from .filters import (
     static_filters,
     untolerated_mask,
 )
+from .mig import kept_off_profiles
 from .model import TrainingJob
 from .policy import Policy
 from .scoring import (
@@ -232,10 +233,16 @@ class CandidateCache:
         self._static_verdicts: dict[Hashable, tuple[CodeArray, dict[FilterName, int], int]] = {}
 
     def shape_id(self, shape: WorkShape) -> int:
-        """A small int for the shape's static key: hashed once per job, not per lookup."""
-        found = self._ids.get(shape.static_key)
+        """A small int for the shape's static key: hashed once per job, not per lookup.
+        The slice profiles its tenant's quota keeps it off (mig.py) are part of it: two
+        tenants' otherwise equal work may pass the filter ``model`` on different pools."""
+        key = shape.static_key
+        kept_off = kept_off_profiles(shape.work, self.snapshot.tenants)
+        if kept_off:
+            key = (*key, kept_off)
+        found = self._ids.get(key)
         if found is None:
-            found = self._ids[shape.static_key] = len(self._ids)
+            found = self._ids[key] = len(self._ids)
         return found
 
     def candidates(self, shape: WorkShape, shape_id: int) -> list[KindCandidates]:

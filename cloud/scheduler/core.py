@@ -525,7 +525,50 @@ class Scheduler:
             chosen.stmt.discard()
             job.reset()
             chosen = self._attempt(job, preempt=preempt)
-        return chosen
+        return self._at_gang_pace(job, chosen)
+
+    def _at_gang_pace(self, job: JobContext, attempt: _Attempt) -> _Attempt:
+        """A whole gang spread over speed classes with every member's expected end the
+        gang's: it runs in lockstep at its slowest member's pace (speed_mixing.py), so
+        a fast member's accelerators free when the slowest member's do, and reservations
+        and deadline rescues must plan on that. Where a member, held that long, would
+        take what a reservation on its node keeps, the gang waits (an empty attempt)."""
+        ends = [p.expected_end for p in attempt.placements if p.expected_end is not None]
+        if len(attempt.placements) < job.shape.members or len(set(ends)) < 2:
+            return attempt
+        gang_end = max(ends)
+        index = self.snapshot.nodes.index
+        aligned = []
+        overrun = False
+        for placement in attempt.placements:
+            if placement.expected_end is not None and placement.expected_end < gang_end:
+                placement = dataclasses.replace(placement, expected_end=gang_end)
+                node = index[placement.node_id]
+                slack_before = self._reservation_slack(placement, node)
+                attempt.stmt.restate(placement, node)
+                slack_after = self._reservation_slack(placement, node)
+                overrun = overrun or any(
+                    after < min(before, 0)
+                    for before, after in zip(slack_before, slack_after, strict=True)
+                )
+            aligned.append(placement)
+        attempt.placements = aligned
+        if overrun:
+            attempt.stmt.discard()
+            job.reset()
+            return _Attempt(Statement(self.state))
+        return attempt
+
+    def _reservation_slack(self, placement: Placement, node: int) -> tuple[int, int, int]:
+        """What reservations on ``node`` leave to work running past their start, of the
+        placement's pool, host memory and CPU cores (backfill.py)."""
+        state = self.state
+        k = state.column_of(placement, node)
+        return (
+            state.reservation_slack_accelerators[k].item(node),
+            state.reservation_slack_host_memory_bytes.item(node),
+            state.reservation_slack_accelerators[CPU_COLUMN].item(node),
+        )
 
     def _admissions(self, job: JobContext) -> dict[int, Admission]:
         if governs(self.state, job.shape.work):
@@ -689,6 +732,7 @@ class Scheduler:
             declared_shape=work.declared_shape if isinstance(work, TrainingJob) else None,
             checkpointing=checkpointing,
             deadline_bound=deadline_bound,
+            min_available=work.min_available if isinstance(work, InferenceDeployment) else 0,
         )
         stmt.allocate(placement, choice.node)
         return placement

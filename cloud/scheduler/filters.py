@@ -21,7 +21,7 @@ from shared.taints import TaintEffect
 
 from .arrays import BoolArray, CodeArray, FloatArray, IntArray, read_only
 from .extensions import Candidates, LatencyEstimator, estimate_latency
-from .mig import accepted_models, restricts_models
+from .mig import accepted_models, kept_off_profiles, restricts_models
 from .model import ISOLATION_RANK, InferenceDeployment, TrainingJob
 from .shape import WorkShape
 from .snapshot import CPU_COLUMN, SITE_INDEX, NodeTable, Snapshot
@@ -122,8 +122,10 @@ def static_filters(
             reject("sealing", nodes.receives_secrets)
     reject("kind", columns.capacity > 0)
     reject("count", columns.capacity >= shape.accelerators)
-    if restricts_models(work):
-        reject("model", np.isin(columns.model_code, accepted_models(work, columns.models)))
+    kept_off = kept_off_profiles(work, snapshot.tenants)
+    if restricts_models(work, kept_off):
+        accepted = accepted_models(work, columns.models, kept_off)
+        reject("model", np.isin(columns.model_code, accepted))
     if shape.memory_bytes:
         reject("memory", columns.memory_bytes >= shape.memory_bytes)
     provider_rank = np.zeros(n, dtype=np.int64)

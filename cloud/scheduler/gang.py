@@ -447,6 +447,8 @@ def members_per_node(job: JobContext, option: Option, *, preempt: bool) -> IntAr
     lower = shape.rank + 1
     if preempt and lower < PRIORITY_LEVELS:
         available = available + state.evictable_accelerators[option.k][lower:][:, nodes].sum(axis=0)
+        if option.k == CPU_COLUMN:  # the cores GPU/NPU work holds beside its devices
+            available = available + state.evictable_cpu_cores[lower:][:, nodes].sum(axis=0)
     members: IntArray = available // shape.accelerators
     if shape.max_per_node is not None:
         members = np.minimum(members, shape.max_per_node)

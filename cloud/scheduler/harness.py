@@ -131,7 +131,6 @@ class SimulatedCluster:
     # -- one scheduling pass --------------------------------------------------------
 
     def schedule(self) -> Plan:
-        queued = dict(self.queue)
         plan = schedule(self.snapshot(), self.policy)
         self.plans.append(plan)
         for preemption in plan.preemptions:
@@ -143,17 +142,10 @@ class SimulatedCluster:
             by_work.setdefault(placement.work_id, []).append(placement)
         for work_id, placements in by_work.items():
             self._start(work_id, placements)
-        for pending in plan.pending:
-            work = queued.get(pending.work_id)
-            if pending.members_placed and isinstance(work, InferenceDeployment):
-                # The rest of a partly placed deployment stays queued.
-                self.queue[pending.work_id] = dataclasses.replace(
-                    work, replicas=pending.members_needed, min_replicas=1
-                )
         return plan
 
-    def _start(self, work_id: str, placements: Iterable[Placement]) -> None:
-        work = self.queue.pop(work_id, None)
+    def _start(self, work_id: str, placements: Sequence[Placement]) -> None:
+        work = self._dequeue(work_id, len(placements))
         runtimes = []
         for placement in placements:
             self.running[placement.allocation_id] = placement.to_allocation()
@@ -165,6 +157,18 @@ class SimulatedCluster:
             known = [r for r in runtimes if r is not None]
             if known:
                 self._ends[work_id] = self.now + max(known)
+
+    def _dequeue(self, work_id: str, started: int) -> Work | None:
+        """Take ``started`` members of the queued work out of the queue: a job whole; a
+        deployment's replicas not started stay queued (the rest of a partly placed one,
+        and replicas evicted in the same pass, merged into its entry by ``_requeue``)."""
+        work = self.queue.pop(work_id, None)
+        if isinstance(work, InferenceDeployment) and work.replicas > started:
+            # Any further replica helps a deployment that runs some already.
+            self.queue[work_id] = dataclasses.replace(
+                work, replicas=work.replicas - started, min_replicas=1
+            )
+        return work
 
     def _stop(self, alloc: Allocation, kind: EventKind, *, requeue: bool) -> None:
         """Stop one allocation; a training gang stops whole."""

@@ -5,10 +5,14 @@ quota, a tenant with a quota of 7 GPUs could hold 7 slices (one GPU's worth) and
 nothing else. So where a tenant's quotas name a profile, its slices of that profile
 count against that profile's quota alone (``ClusterState.mig_usage``), and work
 asking for the profile (``mig_profile``) is admitted by it, not by the gpu quota.
-A slice quota is the tenant's own: no cohort borrowing or lending, and no eviction
-makes room under it (its own lower-priority slices are not preempted for it); work
-over it waits, pending for quota. A tenant whose quotas name no profile counts a
-slice as one GPU, as before.
+Slices of such a profile are the quota's alone: the tenant's work that does not ask
+for the profile is kept off them (mig.py, filter ``model``), since it is admitted by
+the gpu quota while the slices would count against the profile's, and so would be
+held under neither. A slice quota is the tenant's own: no cohort borrowing or lending,
+no reclaiming what the cohort borrowed of the gpu quota, and no eviction makes room
+under it (its own lower-priority slices are not preempted for it); work over it
+waits, pending for quota. A tenant whose quotas name no profile counts a slice as one
+GPU, as before.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from .quota import Admission, QuotaState
 from .shape import WorkShape
 from .state import ClusterState
 
-WITHIN: Final = Admission("nominal", 0, None)
+# Admitted by the slice quota (``mig_block`` before each member), not by a kind's: no
+# borrowing and no reclaim rights over the cohort's GPU borrowers.
+WITHIN: Final = Admission("slices", 0, None)
 
 
 def governs(state: ClusterState, work: Work) -> bool:

@@ -108,6 +108,9 @@ class Placement:
     # (``Allocation``'s fields of the same names).
     checkpointing: bool = False
     deadline_bound: bool = False
+    # Its deployment's disruption budget (``Allocation.min_available``), carried into
+    # ``to_allocation`` so that what runs from a plan keeps it; 0 for training.
+    min_available: int = 0
 
     @property
     def reshaped(self) -> str | None:
@@ -144,6 +147,7 @@ class Placement:
             cpu_cores=self.cpu_cores,
             checkpointing=self.checkpointing,
             deadline_bound=self.deadline_bound,
+            min_available=self.min_available,
         )
 
     def explain(self) -> str:

@@ -17,7 +17,9 @@ Who may be evicted for a job J:
 Training never evicts p0 inference, and nothing placed in this pass is evicted.
 What is short may be accelerators of J's kind, host memory, the CPU cores a GPU job
 asks for beside its accelerators, or several; host memory and cores can also be freed
-by evicting lower-priority work of another kind on the node. Reclaiming a borrower's
+by evicting lower-priority work of another kind on the node. The CPU pool is one pool:
+a CPU job or deployment is made room for by evicting CPU work and GPU/NPU work that
+holds cores beside its devices alike. Reclaiming a borrower's
 work frees its accelerators, host memory and cores alike. A reservation keeps its
 accelerators, host memory and cores from victims' replacements.
 Victims are taken in order (lowest priority, then latest started; when J
@@ -52,8 +54,8 @@ from .statement import Statement
 _VICTIM_SETS_COMPARED = 16
 
 Victim = tuple[Held, PreemptionReason]
-# A victim being considered, and whether it holds accelerators of the job's kind
-# (otherwise it is only evicted for its host memory).
+# A victim being considered, and whether evicting it frees some of the job's pool column
+# (``Preemptor._frees``; otherwise it is only evicted for its host memory or cores).
 _Candidate = tuple[Held, PreemptionReason, bool]
 
 
@@ -124,6 +126,9 @@ class Preemptor:
             k = option.k
             if any(state.evictable_accelerators_total[k][level] for level in lower):
                 return True
+            # A CPU member's cores: also those GPU/NPU work holds beside its devices.
+            if k == CPU_COLUMN and any(state.evictable_cpu_cores_total[level] for level in lower):
+                return True
             if self._borrowers(job, k, admissions[k]):
                 return True
         return False
@@ -151,6 +156,8 @@ class Preemptor:
         releasable = free.copy()
         if lower < PRIORITY_LEVELS:
             releasable += state.evictable_accelerators[k][lower:][:, nodes].sum(axis=0)
+            if k == CPU_COLUMN:  # the cores GPU/NPU work holds beside its devices
+                releasable += state.evictable_cpu_cores[lower:][:, nodes].sum(axis=0)
         borrowers = self._borrowers(job, k, admission)
         reclaimable = self._reclaimable(job, k, borrowers) if borrowers else None
         if reclaimable is not None:
@@ -295,7 +302,7 @@ class Preemptor:
         cpu_free: int = state.free[CPU_COLUMN].item(node) if cpu_need else 0
         pool: list[tuple[tuple[int, int, float, str], _Candidate]] = []
         for alloc in state.node_allocs.get(node, {}).values():
-            same_kind = self._column(alloc) == k
+            same_kind = self._frees(alloc, k) > 0
             if (
                 not same_kind
                 and not (host_need and alloc.host_memory_bytes)
@@ -324,7 +331,7 @@ class Preemptor:
             ) and self.budget.allows(alloc, taken):
                 chosen.append(candidate)
                 taken[alloc.work_id] = taken.get(alloc.work_id, 0) + 1
-                freed += alloc.accelerators if same_kind else 0
+                freed += self._frees(alloc, k)
                 host_freed += alloc.host_memory_bytes
                 cpu_freed += cores
         if free + freed < need or host_free + host_freed < host_need:
@@ -333,7 +340,7 @@ class Preemptor:
             return None
         for candidate in reversed(list(chosen)):  # reprieve, most valuable first
             alloc, _, same_kind = candidate
-            accelerators = alloc.accelerators if same_kind else 0
+            accelerators = self._frees(alloc, k)
             cores = self._cores(alloc) if cpu_need else 0
             if (
                 free + freed - accelerators >= need
@@ -368,9 +375,9 @@ class Preemptor:
         start: float = state.reservation_start_s[option.k].item(node)
         if end > start:
             gain = sum(
-                a.accelerators
-                for a, _, same_kind in chosen
-                if same_kind and (a.expected_end is None or a.expected_end > start)
+                self._frees(a, option.k)
+                for a, _, _ in chosen
+                if a.expected_end is None or a.expected_end > start
             )
             slack: int = state.reservation_slack_accelerators[option.k].item(node)
             if slack + gain < shape.accelerators:
@@ -443,6 +450,12 @@ class Preemptor:
         accelerators, or its accelerators when they are the CPU pool's."""
         held = alloc.accelerators if self._column(alloc) == CPU_COLUMN else 0
         return held + alloc.cpu_cores
+
+    def _frees(self, alloc: Held, k: int) -> int:
+        """What evicting ``alloc`` frees of pool column ``k``: its accelerators where they
+        are that pool's, and, in the CPU pool, the cores it holds beside its devices."""
+        freed = alloc.accelerators if self._column(alloc) == k else 0
+        return (freed + alloc.cpu_cores) if k == CPU_COLUMN else freed
 
     def _column(self, alloc: Held) -> int:
         """The pool column ``alloc`` holds: what evicting it frees."""

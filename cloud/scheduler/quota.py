@@ -28,7 +28,9 @@ from .hierarchy import EMPTY_COHORTS, Cohort, CohortTree, UsageOf, tree_of
 from .model import KINDS, Tenant
 from .state import ClusterState
 
-AdmissionMode = Literal["unmanaged", "nominal", "borrow", "reclaim", "denied"]
+# "slices": work asking for a MIG profile its tenant has a quota for, admitted by that
+# quota (mig_quota.py), which is never borrowed, lent or reclaimed.
+AdmissionMode = Literal["unmanaged", "nominal", "borrow", "reclaim", "denied", "slices"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ class Admission:
 
     @property
     def admitted(self) -> bool:
-        return self.mode in ("unmanaged", "nominal", "borrow")
+        return self.mode in ("unmanaged", "nominal", "borrow", "slices")
 
 
 _UNMANAGED: Final = Admission("unmanaged", 0, None)
@@ -211,7 +213,7 @@ class QuotaBook:
         Denied: down to the quota and the cohort's total, but never below what the tenant
         held when the pass started: a lowered quota is no reason to evict."""
         record = self.tenants.get(tenant)
-        if record is None or mode in ("unmanaged", "nominal", "borrow"):
+        if record is None or mode in ("unmanaged", "nominal", "borrow", "slices"):
             return 0
         k = state.column_kinds[column]
         if self.tree is not None and self.tree.manages(tenant):

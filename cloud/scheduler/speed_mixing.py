@@ -18,7 +18,9 @@ expected end (a deployment) never frees its devices in this estimate; quota, hos
 memory and reservations are left out, as in ``gang.speed_classes``: it is an
 estimate of when to stop waiting, not a promise. A refused mix leaves the gang
 pending for capacity, its explanation saying which class it waits for
-(``speed_class_note``).
+(``speed_class_note``). A kept mix has every member's expected end the gang's (the
+slowest member's): that is when a fast member's accelerators free, for reservations
+and deadline rescues alike (``Scheduler._at_gang_pace``).
 """
 
 from __future__ import annotations

@@ -40,6 +40,28 @@ class Statement:
         self.evicted.append(TentativeEviction(alloc, node, reason))
         self._undo.append((False, alloc, node))
 
+    def restate(self, alloc: Held, node: int) -> None:
+        """Replace this statement's allocation of ``alloc``'s id with ``alloc``: the same
+        member on the same node, with other facts (a gang's end, known once every member
+        is placed). The state and the undo log are as if it had been allocated so."""
+        index = next(
+            (
+                i
+                for i, (was_allocation, held, _) in enumerate(self._undo)
+                if was_allocation and held.allocation_id == alloc.allocation_id
+            ),
+            None,
+        )
+        if index is None:
+            raise KeyError(alloc.allocation_id)
+        self.state.evict(alloc.allocation_id)
+        self.state.allocate(alloc, node)
+        self._undo[index] = (True, alloc, node)
+        self.allocated = [
+            (alloc, node) if held.allocation_id == alloc.allocation_id else (held, where)
+            for held, where in self.allocated
+        ]
+
     def mark(self) -> int:
         """A savepoint: ``rollback_to`` it undoes only what was applied after it."""
         return len(self._undo)

@@ -40,7 +40,7 @@ from shared.messages import AcceleratorKind
 
 from .arrays import BoolArray, IntArray
 from .hierarchy import tree_of
-from .mig import accepted_models, restricts_models, wanted_models_text
+from .mig import accepted_models, kept_off_profiles, restricts_models, wanted_models_text
 from .mig_quota import slices_beyond_quota
 from .model import ISOLATION_RANK, KIND_INDEX, KINDS, Tenant, TrainingJob, Work
 from .plan import NeverFits
@@ -90,7 +90,8 @@ class FleetFit:
 
     def _sharing(self, snapshot: Snapshot) -> FleetFit:
         """A judge of `snapshot`, the same nodes as this one's, that remembers the shapes
-        this one judged: where a member could fit depends on neither time nor quotas."""
+        this one judged: where a member could fit depends on neither time nor quotas (but
+        for the slice profiles a tenant's quota keeps its work off, which are in the key)."""
         fit = FleetFit(snapshot)
         fit._members = self._members
         return fit
@@ -115,9 +116,10 @@ class FleetFit:
             and (work.deadline <= snapshot.now)
         ):
             return NeverFits("deadline", f"{_iso(work.deadline)} has passed")
-        key = _member_key(work)
+        kept_off = kept_off_profiles(work, snapshot.tenants)
+        key = _member_key(work, kept_off)
         if key not in self._members:
-            self._members[key] = _members(snapshot, work)
+            self._members[key] = _members(snapshot, work, kept_off)
         members = self._members[key]
         if not isinstance(members, _Members):
             return members
@@ -142,9 +144,11 @@ class FleetFit:
         return found
 
 
-def _member_key(work: Work) -> Hashable:
-    """Everything `_members` reads of the work."""
+def _member_key(work: Work, kept_off: frozenset[str]) -> Hashable:
+    """Everything `_members` reads of the work, and the slice profiles its tenant's
+    quota keeps it off (mig.py)."""
     common = (
+        kept_off,
         work.sites,
         work.accelerator_models,
         work.mig_profile,
@@ -165,8 +169,11 @@ def _member_key(work: Work) -> Hashable:
     return ("inference", *common, work.accepted_kinds, work.accelerators_per_replica)
 
 
-def _members(snapshot: Snapshot, work: Work) -> _Members | NeverFits | None:
-    """Where one member could ever fit, or why nowhere (None: nothing to judge by)."""
+def _members(
+    snapshot: Snapshot, work: Work, kept_off: frozenset[str]
+) -> _Members | NeverFits | None:
+    """Where one member could ever fit, or why nowhere (None: nothing to judge by);
+    ``kept_off``: the slice profiles its tenant's quota keeps it off (mig.py)."""
     training = isinstance(work, TrainingJob)
     table = snapshot.nodes
     eligible = table.runs_training if training else np.ones(len(table), dtype=np.bool_)
@@ -209,14 +216,13 @@ def _members(snapshot: Snapshot, work: Work) -> _Members | NeverFits | None:
     usable = {c: mask & (table.kinds[c].capacity >= need) for c, mask in usable.items()}
     if not _any(usable):
         return NeverFits(count_field, f"no node has {need} {kinds}; the largest has {largest}")
-    if restricts_models(work):
+    if restricts_models(work, kept_off):
         for c, mask in usable.items():
             pools = table.kinds[c]
-            usable[c] = mask & np.isin(pools.model_code, accepted_models(work, pools.models))
+            accepted = accepted_models(work, pools.models, kept_off)
+            usable[c] = mask & np.isin(pools.model_code, accepted)
         if not _any(usable):
-            field = "accelerator_models" if work.accelerator_models else "mig_profile"
-            models = wanted_models_text(work)
-            return NeverFits(field, f"no node has {need} {kinds} of model {models}")
+            return _no_model(work, need, kinds, kept_off)
     if work.memory_bytes:
         most = int(_most(usable, lambda c: table.kinds[c].memory_bytes))
         usable = {
@@ -356,6 +362,21 @@ def _deadline_or_gang(snapshot: Snapshot, work: TrainingJob, members: _Members) 
             f"at once (on {int(np.count_nonzero(per_node))} nodes); the gang has {work.workers}",
         )
     return None
+
+
+def _no_model(work: Work, need: int, kinds: str, kept_off: frozenset[str]) -> NeverFits:
+    """No pool with room for a member is of a model the work may take."""
+    if work.accelerator_models or work.mig_profile is not None:
+        field = "accelerator_models" if work.accelerator_models else "mig_profile"
+        models = wanted_models_text(work)
+        return NeverFits(field, f"no node has {need} {kinds} of model {models}")
+    # Only slices its tenant's quota keeps for work asking for their profile would do.
+    profiles = ", ".join(sorted(kept_off))
+    return NeverFits(
+        "mig_profile",
+        f"no node has {need} {kinds} other than MIG slices of {profiles}, which tenant "
+        f"{work.tenant}'s slice quota keeps for work asking for that profile (mig_profile)",
+    )
 
 
 def _beyond_quota(snapshot: Snapshot, work: Work, tenant: Tenant, total: int) -> NeverFits | None:

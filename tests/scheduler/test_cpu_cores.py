@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cloud.scheduler import Policy, Tenant
 
-from .builders import NOW, gpu_node, job, nodes_of, plan_for, running
+from .builders import NOW, deployment, gpu_node, job, nodes_of, plan_for, running
 
 # n1: 8 GPUs, 16 cores; CPU work holds 12 cores until NOW+3600.
 NODES = [gpu_node("n1", 8, cpu_cores=16)]
@@ -72,6 +72,35 @@ def test_a_cpu_job_waits_for_cores_held_beside_gpus() -> None:
     (reservation,) = plan.reservations
     assert (reservation.accelerator_kind, reservation.start_at) == ("cpu", NOW + 1800)
     assert reservation.accelerators == (8,)
+
+
+def test_a_cpu_job_evicts_lower_priority_gpu_work_for_the_cores_beside_its_gpus() -> None:
+    # p2 GPU work holds all 16 cores beside its GPU: the cores are the CPU pool's, so a
+    # p0 CPU job evicts it for them as a p0 GPU job asking for cores would.
+    low = [running("low", "n1", 1, priority="p2", expected_end=NOW + 36000, cpu_cores=16)]
+    plan = plan_for(NODES, [job("cpu-p0", 4, accelerator_kind="cpu", priority="p0")], low)
+    assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("low", "priority")]
+    assert nodes_of(plan, "cpu-p0") == ["n1"]
+
+
+def test_a_cpu_deployment_evicts_lower_priority_gpu_work_for_its_cores() -> None:
+    low = [running("low", "n1", 1, priority="p2", expected_end=NOW + 36000, cpu_cores=16)]
+    serve = deployment("serve", kinds=("cpu",), sites=("cloud",), priority="p0")
+    plan = plan_for(NODES, [serve], low)
+    assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("low", "priority")]
+    assert nodes_of(plan, "serve") == ["n1"]
+
+
+def test_a_cpu_job_evicts_only_what_its_cores_need() -> None:
+    # Two p2 GPU jobs hold 8 cores each: a 6-core CPU job evicts one of them (the latest
+    # started), not both.
+    low = [
+        running("early", "n1", 1, priority="p2", started_at=NOW - 900, cpu_cores=8),
+        running("late", "n1", 1, priority="p2", started_at=NOW - 60, cpu_cores=8),
+    ]
+    plan = plan_for(NODES, [job("cpu-p0", 6, accelerator_kind="cpu", priority="p0")], low)
+    assert [p.allocation_id for p in plan.preemptions] == ["late"]
+    assert nodes_of(plan, "cpu-p0") == ["n1"]
 
 
 def test_reclaim_frees_a_borrowers_cores() -> None:

@@ -156,6 +156,26 @@ def test_statement_rolls_back_to_a_mark_and_keeps_earlier_changes() -> None:
     assert set(state.allocations) == {"r0", "r1"}
 
 
+def test_a_restated_member_is_what_the_state_holds_and_is_undone_like_any() -> None:
+    snap = snapshot([gpu_node("n0"), gpu_node("n1")], allocations=[running("r1", "n1", 2)])
+    state = ClusterState(snap)
+    free_before = [f.copy() for f in state.free]
+    stmt = Statement(state)
+    stmt.allocate(running("m0", "n0", 4, tenant="t", expected_end=NOW + 1800), 0)
+    stmt.evict("r1", "priority")
+    stmt.allocate(running("m1", "n1", 4, tenant="t", expected_end=NOW + 3600), 1)
+    stmt.restate(running("m0", "n0", 4, tenant="t", expected_end=NOW + 3600), 0)
+    assert state.allocations["m0"].expected_end == NOW + 3600
+    assert [(a.allocation_id, a.expected_end) for a, _ in stmt.allocated] == [
+        ("m0", NOW + 3600),
+        ("m1", NOW + 3600),
+    ]
+    assert int(state.free[0][0]) == 4
+    stmt.discard()
+    assert set(state.allocations) == {"r1"}
+    assert all(np.array_equal(a, b) for a, b in zip(free_before, state.free, strict=True))
+
+
 def test_a_member_whose_quota_cannot_be_released_leaves_nothing_behind() -> None:
     # T (nominal 2, no cohort) runs a p2 replica. D wants 3 replicas, accepts 1: the
     # second fits by evicting T's own p2 work, the third cannot be brought within quota.
@@ -227,7 +247,8 @@ def test_gang_mixes_classes_rather_than_run_slower() -> None:
     # V100s could, at less than half the pace.
     plan = plan_for(nodes, [job("gang", 1, workers=5)])
     assert sorted(nodes_of(plan, "gang")) == ["a100"] + ["h100"] * 4
-    assert {p.expected_end for p in plan.placements} == {NOW + 3600.0 / 2.5, NOW + 3600.0}
+    # In lockstep at the A100's pace: the H100 workers end with the gang.
+    assert {p.expected_end for p in plan.placements} == {NOW + 3600.0}
 
 
 def test_one_speed_class_among_many_faster_nodes() -> None:

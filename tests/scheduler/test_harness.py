@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cloud.scheduler import Node
 from cloud.scheduler.harness import FakeClock, SimulatedCluster
 
 from .builders import NOW, deployment, edge_node, gpu_node, job
@@ -85,3 +86,46 @@ def test_rest_of_a_partial_deployment_stays_queued() -> None:
     sim.schedule()
     assert sorted(a.node_id for a in sim.running.values()) == ["e0", "e1"]
     assert sim.queue["d"].replicas == 1  # type: ignore[union-attr]
+
+
+def test_a_replica_evicted_while_its_deployment_places_the_rest_stays_queued() -> None:
+    # Pass 1: one of two replicas runs (one GPU node). Pass 2: a p0 job evicts it from
+    # n1 while the new node n0 takes the queued replica: the evicted one is queued
+    # again, not dropped with the entry the placed replica came from.
+    def node(node_id: str, pool: str) -> Node:
+        return gpu_node(node_id, 1, labels={"pool": pool})
+
+    sim = SimulatedCluster([node("n1", "b")], clock=FakeClock(NOW))
+    sim.submit(
+        deployment(
+            "serve", replicas=2, min_replicas=1, priority="p2", kinds=("gpu",), sites=("cloud",)
+        )
+    )
+    sim.schedule()
+    sim.add_node(node("n0", "a"))
+    sim.submit(job("train", 1, priority="p0", node_selector={"pool": "b"}, duration_s=3600))
+    plan = sim.schedule()
+    assert [(p.work_id, p.node_id) for p in plan.preemptions] == [("serve", "n1")]
+    assert sim.queue["serve"].replicas == 1  # type: ignore[union-attr]
+    sim.advance(3600)  # the job ends and frees n1
+    sim.schedule()
+    serving = sorted(a.node_id for a in sim.running.values() if a.work_id == "serve")
+    assert serving == ["n0", "n1"]
+    assert "serve" not in sim.queue
+
+
+def test_running_replicas_keep_their_deployments_disruption_budget() -> None:
+    sim = SimulatedCluster([gpu_node("n0", 1), gpu_node("n1", 1)], clock=FakeClock(NOW))
+    sim.submit(
+        deployment(
+            "serve", replicas=2, min_available=2, priority="p2", kinds=("gpu",), sites=("cloud",)
+        )
+    )
+    sim.schedule()
+    assert [a.min_available for a in sim.running.values()] == [2, 2]
+    sim.submit(job("train", 1, priority="p0"))
+    plan = sim.schedule()
+    assert plan.preemptions == ()
+    pending = plan.pending_for("train")
+    assert pending is not None
+    assert pending.code in ("capacity", "reserved")

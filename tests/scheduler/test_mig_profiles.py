@@ -159,3 +159,62 @@ def test_without_a_slice_quota_a_slice_counts_as_a_gpu() -> None:
     assert pending.code == "quota"
     assert pending.quota is not None
     assert (pending.quota.kind, pending.quota.usage) == ("gpu", 1)
+
+
+def test_work_without_a_profile_never_takes_slices_its_tenants_slice_quota_governs() -> None:
+    # Quotas of 4 GPUs and 2 slices: jobs without a mig_profile are admitted by the gpu
+    # quota, so they may take whole GPUs only; slices they held would count against
+    # the slice quota, which never admitted them, and so be held under neither quota.
+    tenants = [Tenant(name="team-a", nominal={"gpu": 4}, mig_nominal={"1g.10gb": 2})]
+    whole_busy = dataclasses.replace(
+        running("other", "n1", 4, tenant="team-b", preemptible=False), accelerator_model=WHOLE
+    )
+    queue = [job(f"j{i}", 4, submitted_at=i) for i in range(3)]
+    plan = plan_for([mig_node(whole=4, slices=14)], queue, [whole_busy], tenants)
+    assert plan.placements == ()
+    for waiting in ("j0", "j1", "j2"):
+        pending = plan.pending_for(waiting)
+        assert pending is not None
+        assert pending.code in ("capacity", "reserved")
+
+
+def test_work_only_slices_of_a_governed_profile_could_hold_is_unschedulable() -> None:
+    tenants = [Tenant(name="team-a", nominal={"gpu": 4}, mig_nominal={"1g.10gb": 2})]
+    plan = plan_for([mig_node(whole=0, slices=14)], [job("j", 4)], tenants=tenants)
+    assert plan.placements == ()
+    pending = plan.pending_for("j")
+    assert pending is not None
+    assert pending.code == "unschedulable"
+    assert pending.never_fits is not None
+    assert pending.never_fits.field == "mig_profile"
+    assert "slice quota keeps for work asking for that profile" in pending.message
+
+
+def test_a_tenant_without_a_slice_quota_still_serves_from_slices() -> None:
+    # The rule is the slice quota's: another tenant's work may take any slice.
+    tenants = [
+        Tenant(name="team-a", nominal={"gpu": 4}, mig_nominal={"1g.10gb": 2}),
+        Tenant(name="team-b", nominal={"gpu": 4}),
+    ]
+    plan = plan_for([mig_node(whole=0, slices=7)], [job("b", 4, tenant="team-b")], tenants=tenants)
+    assert [(p.work_id, p.accelerator_model) for p in plan.placements] == [("b", SLICE)]
+
+
+def test_slice_work_reclaims_nothing_from_the_cohorts_gpu_borrowers() -> None:
+    # Slice quotas are not lent or borrowed: a p2 slice job of a tenant that lends no
+    # GPU quota has no claim on p0 work another tenant borrowed from a third.
+    node = mig_node(whole=0, slices=7)
+    tenants = [
+        Tenant(name="team-a", cohort="lab", nominal={"gpu": 0}, mig_nominal={"1g.10gb": 7}),
+        Tenant(name="team-b", cohort="lab", nominal={"gpu": 0}),
+        Tenant(name="team-c", cohort="lab", nominal={"gpu": 8}),
+    ]
+    borrowed = on_slices("b-p0", 7, tenant="team-b", priority="p0")
+    plan = plan_for(
+        [node], [job("a-slice", 1, mig_profile="1g.10gb", priority="p2")], [borrowed], tenants
+    )
+    assert plan.preemptions == ()
+    assert plan.placements == ()
+    pending = plan.pending_for("a-slice")
+    assert pending is not None
+    assert pending.code == "capacity"
