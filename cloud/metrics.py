@@ -200,7 +200,7 @@ class DeploymentReplicasCollector(Collector):
         replicas = GaugeMetricFamily(
             "greenfed_deployment_replicas",
             "Placed deployments' replicas: desired (the spec, or the autoscaler's count) and "
-            "serving (on nodes that report serving figures); the leader's only",
+            "serving (replicas their online nodes report ready); the leader's only",
             labels=["deployment", "tenant", "state"],
         )
         for deployment_id, (tenant, desired, serving) in sorted(

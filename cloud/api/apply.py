@@ -43,8 +43,8 @@ from cloud.api.work import (
     accepted_spec,
     check_admissible,
 )
-from cloud.app_keys import REGISTRY, SCHEDULER, STORE
-from cloud.loop.dry_run import dry_run_explanation
+from cloud.app_keys import REGISTRY, SCHEDULER, SETTINGS, STORE
+from cloud.loop.dry_run import dry_run_explanation, dry_run_fair_share
 from cloud.scheduler import DEFAULT_POLICY
 from cloud.store import (
     IllegalTransitionError,
@@ -85,6 +85,7 @@ async def _placement(
     policy = await app[SCHEDULER].current_policy() if SCHEDULER in app else DEFAULT_POLICY
     store = await app[STORE].load_snapshot()
     nodes = app[REGISTRY].nodes()
+    fair_share = await dry_run_fair_share(app[STORE], app[SETTINGS].scheduling, app.get(SCHEDULER))
     explanation = await asyncio.to_thread(
         dry_run_explanation,
         time.time(),
@@ -94,6 +95,7 @@ async def _placement(
         kind=collection.store_kind,
         spec=spec,
         policy=policy,
+        fair_share=fair_share,
     )
     waits_for = tuple(dependency.job for dependency in spec.depends_on)
     message = (

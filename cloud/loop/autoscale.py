@@ -6,20 +6,27 @@ decision:
 1. the observed value per ready replica (requests per second, or the worst p95
    latency) against the target gives a recommendation, ``ceil(ready × observed /
    target)``; within ``tolerance`` of the target it is the current desired count;
-2. stabilisation, as the HPA does it: scaling up takes the *lowest* recommendation of
+2. the carbon ladder (``max_replicas_by_carbon``, as Azure's carbon-aware KEDA
+   operator): at or above a threshold of the grid intensity where the replicas run,
+   the recommendation is at most its cap, never below ``min_replicas``, and not capped
+   while the p95 latency breaks the deployment's ``latency_slo_ms``;
+3. stabilisation, as the HPA does it: scaling up takes the *lowest* recommendation of
    the last ``scale_up_stabilization_s`` (0: the newest), scaling down the *highest*
    of the last ``scale_down_stabilization_s``, and only once recommendations have been
    seen for that long (a new leader does not scale down on its first look);
-3. at most ``max_step`` replicas per decision, within ``min_replicas..max_replicas``;
-4. the carbon ladder (``max_replicas_by_carbon``, as Azure's carbon-aware KEDA
-   operator): at or above a threshold of the grid intensity where the replicas run,
-   at most its cap, never below ``min_replicas`` and lifted while the p95 latency
-   breaks the deployment's ``latency_slo_ms``.
+4. at most ``max_step`` replicas per decision, within ``min_replicas..max_replicas``.
+
+The cap is part of the recommendation, not a last word on the decision: a dirty grid
+scales a deployment down as a fall in load does, a step at a time and after the window
+(applied last, it took ten replicas to two at once, on a new leader's first look too).
+While a breach of the SLO lifts the cap, its uncapped recommendation stays in the
+scale-down window: the replicas it added stay for the window, instead of going at the
+next pass that meets the SLO (which flapped them every pass).
 
 No figures (no replica reports serving yet): no decision. An absurd figure never
 raises (the pass's scheduler runs after this): a recommendation past
 `RECOMMENDATION_CEILING`, or infinite (nodes' figures added up past the largest
-float), counts as the ceiling, and step 3 takes the deployment towards
+float), counts as the ceiling, and step 4 takes the deployment towards
 ``max_replicas``, ``max_step`` at a time, as for a real surge. Ignoring it instead
 would leave a deployment that is truly swamped unscaled on a guess that its figures
 are wrong, and telemetry already refuses figures no node could measure
@@ -44,7 +51,7 @@ RECOMMENDATION_CEILING = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class ServingLoad:
-    ready_replicas: int  # replicas whose node reports serving figures
+    ready_replicas: int  # replicas reported ready on online nodes that send serving figures
     requests_per_s: float  # over all of them
     p95_latency_ms: float | None  # the worst replica's
 
@@ -135,10 +142,17 @@ class Autoscaler:
                 if wanted_replicas >= RECOMMENDATION_CEILING
                 else math.ceil(wanted_replicas)
             )
+        breaching = (
+            latency_slo_ms is not None
+            and load.p95_latency_ms is not None
+            and load.p95_latency_ms > latency_slo_ms
+        )
+        cap = None if breaching else carbon_cap(spec, intensity_g_per_kwh)
+        capped = recommendation if cap is None else min(recommendation, cap)
         history = self._history.get(work_id)
         if history is None:
             history = self._history[work_id] = _History(now_s, deque())
-        history.recommendations.append((now_s, recommendation))
+        history.recommendations.append((now_s, capped))
         horizon_s = max(spec.scale_up_stabilization_s, spec.scale_down_stabilization_s)
         while history.recommendations and now_s - history.recommendations[0][0] > horizon_s:
             history.recommendations.popleft()
@@ -147,22 +161,12 @@ class Autoscaler:
             return [r for t, r in history.recommendations if now_s - t <= window_s]
 
         wanted = desired
-        if recommendation > desired:
+        if capped > desired:
             wanted = max(desired, min(within(spec.scale_up_stabilization_s)))
-        elif recommendation < desired and (
-            now_s - history.first_seen_s >= spec.scale_down_stabilization_s
-        ):
+        elif capped < desired and now_s - history.first_seen_s >= spec.scale_down_stabilization_s:
             wanted = min(desired, max(within(spec.scale_down_stabilization_s)))
         wanted = max(desired - spec.max_step, min(desired + spec.max_step, wanted))
         wanted = max(spec.min_replicas, min(spec.max_replicas, wanted))
-        breaching = (
-            latency_slo_ms is not None
-            and load.p95_latency_ms is not None
-            and load.p95_latency_ms > latency_slo_ms
-        )
-        cap = None if breaching else carbon_cap(spec, intensity_g_per_kwh)
-        if cap is not None:
-            wanted = min(wanted, cap)
         if wanted == desired:
             return None
         unit = "requests/s" if metric == "requests_per_s" else "ms p95"

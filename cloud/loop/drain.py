@@ -6,6 +6,10 @@ is replaced before it stops: its deployment may hold that many replicas more (th
 surge) until as many replicas as it wants serve on other nodes; then the replicas on
 the draining node are given back. A deployment with nowhere else to go keeps its
 replica there (the drain waits, as a Kubernetes drain waits on a disruption budget).
+A replacement serves once its node reports that replica ready (`serving_load`), not
+when it is placed: one placed beside another replica of the deployment would count
+at once, and the drain would stop the draining node's replica with nothing to take
+over its requests.
 
 A deployment with a `min_available` (its disruption budget) lets the drain go on as
 soon as that many replicas serve elsewhere: the ones on the draining node are given

@@ -77,24 +77,49 @@ class FairShareLedger:
             for name, row in rows.items()
         }
 
+    @property
+    def loaded(self) -> bool:
+        """Whether `load` ran: until then the ledger knows no tenant's past."""
+        return self._loaded is not None
+
     def applied(self, inputs: PassInputs, now: float) -> PassInputs:
         """``inputs`` with the cohort tree and every tenant's decayed usage as of ``now``,
         after adding what the snapshot's allocations hold."""
+        usage = self._advanced(inputs, now)
+        # Replaced, never changed in place: a dry run (`preview`) or `persist` reading
+        # the previous one meanwhile reads a whole pass's figures.
+        self._usage = usage
         if self._loaded:
+            self._loaded = {}  # folded into `usage`
+        return self._with_usage(inputs, usage, now)
+
+    def preview(self, inputs: PassInputs, now: float) -> PassInputs:
+        """``inputs`` as `applied` would make them now, with the accumulators left as
+        they are: a dry run sees what a pass would, and counts nothing."""
+        return self._with_usage(inputs, self._advanced(inputs, now), now)
+
+    def _advanced(self, inputs: PassInputs, now: float) -> dict[str, DecayedUsage]:
+        """Every tenant's accumulator advanced to ``now`` (a new dict)."""
+        loaded, usage = self._loaded, dict(self._usage)
+        if loaded:
             # What happened while no leader counted is unknown: decayed, nothing added.
             zero = [0] * len(KINDS)
-            for name, usage in self._loaded.items():
-                self._usage[name] = usage.advanced(now, zero, self._half_life_s)
-            self._loaded = {}
+            for name, loaded_usage in loaded.items():
+                usage[name] = loaded_usage.advanced(now, zero, self._half_life_s)
         held = held_by_tenant(inputs.snapshot.allocations)
         nothing = [0] * len(KINDS)
-        for name in set(self._usage) | set(held):
-            before = self._usage.get(name) or DecayedUsage.empty(now)
-            self._usage[name] = before.advanced(now, held.get(name, nothing), self._half_life_s)
+        for name in set(usage) | set(held):
+            before = usage.get(name) or DecayedUsage.empty(now)
+            usage[name] = before.advanced(now, held.get(name, nothing), self._half_life_s)
+        return usage
+
+    def _with_usage(
+        self, inputs: PassInputs, usage: Mapping[str, DecayedUsage], now: float
+    ) -> PassInputs:
         past = {
             name: average
-            for name, usage in sorted(self._usage.items())
-            if any(average := usage.average(now, self._half_life_s))
+            for name, tenant_usage in sorted(usage.items())
+            if any(average := tenant_usage.average(now, self._half_life_s))
         }
         snapshot = inputs.snapshot
         if past or self._cohorts:

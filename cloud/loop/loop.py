@@ -334,6 +334,11 @@ class SchedulingLoop:
         green = await self._green_inputs(self._registry.nodes())
         return build_policy(self._settings.policy, green)
 
+    def leading_fair_share(self) -> FairShareLedger | None:
+        """The fair-share ledger this replica's passes use, while it leads and once it has
+        loaded what the previous leader wrote (a dry run's: cloud/loop/dry_run.py)."""
+        return self.fair_share if self.leading.is_set() and self.fair_share.loaded else None
+
     # ---- one pass ----------------------------------------------------------------------
 
     def work_record(self, work_id: str) -> WorkRecord | None:

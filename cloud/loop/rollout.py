@@ -8,10 +8,14 @@ canary replica, the baseline's from nodes that serve only the deployment's model
 A canary replica serves the new model only once its node reports the new model's
 sha256 for it: until the download and the swap are done the agent goes on serving the
 old model, ready, and its figures are the old model's. So a canary node's samples
-count, and the node counts as serving, only while every canary replica on it reports
-the canary model's sha256, and only samples taken wholly after the watch first saw it
-do (the one that spans the swap is part old model); the hold starts again whenever a
-canary node is not serving the new model.
+count, and the node counts as serving, only while it is online and every canary
+replica on it reports the canary model's sha256 (from the node's current agent
+instance), and only samples taken wholly after the watch first saw it do (the one that
+spans the swap is part old model); the hold starts again whenever a canary node is not
+serving the new model. The registry keeps an offline node's last report and sample: a
+canary that crashed its node must not go on counting as healthy on them. When the
+watch starts (again) on a node, only a sample it has not seen yet makes the node count
+as serving, not one from before the node went away.
 
 Gates, breached means rolled back at once:
 
@@ -38,6 +42,7 @@ import msgspec
 
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.desired import canary_members
+from cloud.loop.scaling import current_report
 from cloud.store import AllocationRecord, NewEvent, WorkRecord
 from cloud.work.specs import DeploymentSpec
 from cloud.work.views import ROLLOUT_EVENT
@@ -53,16 +58,34 @@ class RolloutVerdict:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class _OnNewModel:
+    """A canary node the watch sees on the new model."""
+
+    # When the watch first saw it, on the node's clock (its report's `reported_at`),
+    # which its samples' `sampled_at` is compared with.
+    since_s: float
+    # (agent instance, telemetry seq) of its sample the watch had already seen then,
+    # which says nothing of the node since (None: none).
+    seen_sample: tuple[str, int] | None
+
+    def counts(self, telemetry: Telemetry) -> bool:
+        """Whether a sample of the node is the new model's, taken since the watch began."""
+        if telemetry.sampled_at - telemetry.interval_s < self.since_s:
+            return False  # taken before the swap, or spanning it: part old model
+        seen = self.seen_sample
+        return seen is None or telemetry.instance_id != seen[0] or telemetry.seq > seen[1]
+
+
 @dataclass(slots=True)
 class _Watch:
     model_id: str
     serving_since_s: float | None = None
-    # Canary nodes on the new model: when the watch first saw it, on the node's clock
-    # (its report's `reported_at`), which its samples' `sampled_at` is compared with.
-    on_new_model_since: dict[str, float] = field(default_factory=dict)
+    on_new_model: dict[str, _OnNewModel] = field(default_factory=dict)  # by canary node
     requests: int = 0
     errors: int = 0
-    seen: set[tuple[str, int]] = field(default_factory=set)  # (node, telemetry seq)
+    # (node, agent instance, telemetry seq): a restarted agent numbers from 0 again.
+    seen: set[tuple[str, str, int]] = field(default_factory=set)
     # Σ p95 × requests and Σ requests over the samples with a p95, canary and baseline.
     canary_latency: tuple[float, int] = (0.0, 0)
     baseline_latency: tuple[float, int] = (0.0, 0)
@@ -92,10 +115,19 @@ def _samples(
         telemetry = record.telemetry if record is not None else None
         if sample is None or telemetry is None:
             continue
-        key = (node_id, telemetry.seq)
+        key = (node_id, telemetry.instance_id, telemetry.seq)
         new = key not in watch.seen
         watch.seen.add(key)
         yield node_id, telemetry, sample, new
+
+
+def _seen_sample(watch: _Watch, record: NodeRecord) -> tuple[str, int] | None:
+    """(agent instance, seq) of the node's latest sample if the watch has seen it."""
+    telemetry = record.telemetry
+    if telemetry is None:
+        return None
+    key = (record.node_id, telemetry.instance_id, telemetry.seq)
+    return (telemetry.instance_id, telemetry.seq) if key in watch.seen else None
 
 
 def _update_failed(reason: str) -> bool:
@@ -135,14 +167,15 @@ class RolloutWatch:
         chosen = canary_members(spec, members)
         canary_nodes = {m.node_id for m in members if m.member_index in chosen}
         baseline_nodes = {m.node_id for m in members} - canary_nodes
-        # Canary nodes where a canary replica still serves another model (or says nothing).
+        # Canary nodes not serving the new model: gone, offline, or a canary replica on
+        # them still serves another model (or says nothing).
         not_swapped: set[str] = set()
         reported_at: dict[str, float] = {}
         for member in members:
             if member.member_index not in chosen:
                 continue
             record = nodes.get(member.node_id)
-            report = record.replica_report(work_id, member.member_index) if record else None
+            report = current_report(record, work_id, member.member_index)
             if record is None or record.reported is None or report is None:
                 not_swapped.add(member.node_id)
                 continue
@@ -153,21 +186,26 @@ class RolloutWatch:
                     "rolled-back",
                     f"canary replica {member.member_index} failed: {report.reason or 'no reason'}",
                 )
-            if canary_sha256 is None or report.model_sha256 != canary_sha256:
+            if (
+                record.state != "online"
+                or canary_sha256 is None
+                or report.model_sha256 != canary_sha256
+            ):
                 not_swapped.add(member.node_id)
             reported_at[member.node_id] = record.reported.reported_at
         for node_id in canary_nodes:
             if node_id in not_swapped:
-                watch.on_new_model_since.pop(node_id, None)
-            else:
-                watch.on_new_model_since.setdefault(node_id, reported_at[node_id])
+                watch.on_new_model.pop(node_id, None)
+            elif node_id not in watch.on_new_model:
+                watch.on_new_model[node_id] = _OnNewModel(
+                    reported_at[node_id], _seen_sample(watch, nodes[node_id])
+                )
         serving = 0
         for node_id, telemetry, sample, new in _samples(watch, work_id, canary_nodes, nodes):
-            since_s = watch.on_new_model_since.get(node_id)
-            # A sample counts once its whole interval is on the new model; one taken
-            # before, or spanning the swap, is the old model's (still marked seen, so it
-            # never counts later).
-            if since_s is None or telemetry.sampled_at - telemetry.interval_s < since_s:
+            on_new_model = watch.on_new_model.get(node_id)
+            # A sample that is not the new model's is still marked seen, so it never
+            # counts later.
+            if on_new_model is None or not on_new_model.counts(telemetry):
                 continue
             serving += 1
             if new:

@@ -8,6 +8,7 @@ those not yet running go first, then the highest replica numbers.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -18,6 +19,29 @@ from cloud.loop.autoscale import ScaleDecision, ServingLoad
 from cloud.store import AllocationRecord, NewEvent, PlacementWrite, WorkRecord
 from cloud.work.specs import DeploymentSpec
 from cloud.work.views import SCALED_EVENT
+from shared.messages import ReportedDeployment
+
+
+def current_report(
+    record: NodeRecord | None, deployment_id: str, member_index: int
+) -> ReportedDeployment | None:
+    """What the node's current agent instance last said of one replica (None: nothing).
+    The registry keeps a node's report when a new agent instance starts, until that one
+    reports: the old one's speaks for runs now gone."""
+    reported = record.reported if record is not None else None
+    if record is None or reported is None or reported.instance_id != record.status.instance_id:
+        return None
+    return record.replica_report(deployment_id, member_index)
+
+
+def replica_ready(record: NodeRecord | None, deployment_id: str, member_index: int) -> bool:
+    """Whether one replica serves now: its node is online (an offline node's record keeps
+    its last report and sample) and its current agent instance reports the replica
+    ready."""
+    if record is None or record.state != "online":
+        return False
+    report = current_report(record, deployment_id, member_index)
+    return report is not None and report.state == "ready"
 
 
 def serving_load(
@@ -25,16 +49,24 @@ def serving_load(
     allocations: Sequence[AllocationRecord],
     nodes: Mapping[str, NodeRecord],
 ) -> ServingLoad | None:
-    """What the deployment's online nodes last said of its serving (None: nothing yet)."""
+    """What the deployment's ready replicas last said of its serving (None: none ready,
+    or none of their nodes sent figures yet).
+
+    Readiness is per replica, not per node: a replacement placed on a node that already
+    serves another replica is not ready until its own report says so. A node's figures
+    are those of all its replicas of the deployment, and count once with its ready ones:
+    the autoscaler divides the rate by the ready replicas."""
+    ready_on_node = Counter(
+        a.node_id
+        for a in allocations
+        if replica_ready(nodes.get(a.node_id), deployment_id, a.member_index)
+    )
     rate, worst_p95, ready = 0.0, None, 0
-    for node_id in sorted({a.node_id for a in allocations}):
-        record = nodes.get(node_id)
-        if record is None or record.state != "online":
-            continue
-        sample = record.serving_sample(deployment_id)
+    for node_id in sorted(ready_on_node):
+        sample = nodes[node_id].serving_sample(deployment_id)
         if sample is None:
-            continue
-        ready += sum(1 for a in allocations if a.node_id == node_id)
+            continue  # no figures yet: its load is unknown, so are its replicas
+        ready += ready_on_node[node_id]
         rate += sample.requests_per_s
         if sample.latency_p95_ms is not None:
             worst_p95 = max(worst_p95 or 0.0, sample.latency_p95_ms)

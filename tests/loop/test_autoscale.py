@@ -9,9 +9,12 @@ import msgspec
 import pytest
 
 from cloud.loop.autoscale import RECOMMENDATION_CEILING, Autoscaler, ServingLoad, carbon_cap
+from cloud.loop.scaling import serving_load
 from cloud.work.specs import AutoscaleSpec, CarbonCapSpec, DeploymentSpec
 from shared.errors import FieldError
 from shared.messages import TELEMETRY_DECODER
+from tests.loop.builders import allocation, node
+from tests.loop.test_disruption_budget import ready_on
 
 
 def rule(**fields: Any) -> AutoscaleSpec:
@@ -105,6 +108,69 @@ def test_the_carbon_ladder_caps_replicas_unless_latency_breaks_its_slo() -> None
     )  # fmt: skip
     assert breaking is not None
     assert breaking.to_replicas == 8
+
+
+def test_the_rate_per_replica_is_over_the_replicas_that_serve() -> None:
+    # Two replicas on "a", one of them still starting; "b" went offline with its last
+    # sample and report kept. The rate "a" serves is its one ready replica's.
+    members = tuple(
+        allocation("detector", i, node_id, (f"gpu{i}",), kind="inference")
+        for i, node_id in enumerate(("a", "a", "b"))
+    )
+    nodes = {
+        "a": ready_on("a", members[:1]),
+        "b": ready_on("b", members, state="offline"),
+    }
+    assert serving_load("detector", members, nodes) == ServingLoad(1, 1.0, None)
+    assert serving_load("detector", members, {"a": node("a")}) is None  # nothing ready
+
+
+DIRTY_GRID_CAP = (CarbonCapSpec(above_g_per_kwh=400.0, max_replicas=2),)
+
+
+def test_a_carbon_cap_scales_down_a_step_at_a_time_after_the_window() -> None:
+    # Ten replicas on target when the grid turns dirty: the cap scales them down as a
+    # fall in load would, not to 2 at once (nor on a new leader's first look).
+    spec = rule(
+        min_replicas=1, max_replicas=10, max_step=2, scale_down_stabilization_s=300.0,
+        max_replicas_by_carbon=DIRTY_GRID_CAP,
+    )  # fmt: skip
+    scaler = Autoscaler()
+    on_target = rps(1_000.0, ready=10)
+    assert scaler.decide("d", spec, 10, on_target, now_s=0.0, intensity_g_per_kwh=500.0) is None
+    assert scaler.decide("d", spec, 10, on_target, now_s=150.0, intensity_g_per_kwh=500.0) is None
+    replicas, steps = 10, []
+    for now_s in (300.0, 305.0, 310.0, 315.0, 320.0):
+        decision = scaler.decide(
+            "d", spec, replicas, rps(100.0 * replicas, ready=replicas), now_s=now_s,
+            intensity_g_per_kwh=500.0,
+        )  # fmt: skip
+        if decision is not None:
+            assert "capped at 2 while the grid is at 500 gCO2/kWh" in decision.reason
+            replicas = decision.to_replicas
+        steps.append(replicas)
+    assert steps == [8, 6, 4, 2, 2]
+
+
+def test_a_latency_breach_that_lifted_the_cap_holds_the_replicas_through_the_window() -> None:
+    # 400 requests/s: 2 replicas break the 50 ms SLO (which lifts the cap of 2), 4 meet
+    # it. The replicas go up once and stay for the scale-down window, not flap each pass.
+    spec = rule(
+        min_replicas=1, max_replicas=10, max_step=2, scale_down_stabilization_s=300.0,
+        max_replicas_by_carbon=DIRTY_GRID_CAP,
+    )  # fmt: skip
+    scaler = Autoscaler()
+    replicas, history = 2, []
+    for now_s in range(0, 300, 5):
+        p95_ms = 80.0 if replicas <= 2 else 30.0
+        decision = scaler.decide(
+            "d", spec, replicas, rps(400.0, ready=replicas, p95=p95_ms), now_s=float(now_s),
+            intensity_g_per_kwh=500.0, latency_slo_ms=50.0,
+        )  # fmt: skip
+        if decision is not None:
+            replicas = decision.to_replicas
+        history.append(replicas)
+    assert history == [4] * len(history)
 
 
 def test_the_spec_names_the_field_at_fault() -> None:

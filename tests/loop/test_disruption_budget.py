@@ -16,7 +16,7 @@ from cloud.scheduler import Plan, Policy, schedule
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.work.convert import spec_of
 from cloud.work.specs import CanarySpec, DeploymentSpec
-from shared.messages import DeploymentSample, Telemetry
+from shared.messages import DeploymentSample, ReportedDeployment, Telemetry
 
 from .builders import allocation, node, work
 
@@ -56,12 +56,22 @@ def deployment(
     return record, spec, members
 
 
+def ready_on(node_id: str, members: tuple[AllocationRecord, ...], **fields: object) -> NodeRecord:
+    """A node that reports its replicas of `members` ready and serves them."""
+    reports = tuple(
+        ReportedDeployment(deployment_id=m.work_id, replica=m.member_index, state="ready")
+        for m in members
+        if m.node_id == node_id
+    )
+    return serving(node(node_id, deployments=reports, **fields), "detector")  # type: ignore[arg-type]
+
+
 def drain(
     replicas: int, min_available: int | None, placed_on: tuple[str, ...], serving_on: set[str]
 ) -> DrainPlan:
     record, spec, members = deployment(replicas, min_available, placed_on)
     nodes = {
-        node_id: serving(node(node_id), "detector") if node_id in serving_on else node(node_id)
+        node_id: ready_on(node_id, members) if node_id in serving_on else node(node_id)
         for node_id in {*placed_on, "spare"}
     }
     return plan_drain({"detector": record}, {"detector": members}, {"detector": spec}, nodes, {"a"})
@@ -102,6 +112,52 @@ def test_without_a_budget_the_drain_says_it_waits_for_the_replacements() -> None
             "waiting: detector has 1 of 2 replicas serving elsewhere; its replacements start first"
         ]
     }
+
+
+def test_a_replacement_beside_a_serving_replica_counts_only_once_it_reports_ready() -> None:
+    # Replica 1 serves on "b"; the drain's replacement (replica 2) is placed on "b" too.
+    # "b" sends serving figures (replica 1's), but replica 2 has not started: the drain
+    # waits, and goes on once "b" reports replica 2 ready.
+    record = work(
+        "detector", kind="inference", state="running", replicas=2, max_replicas_per_node=2
+    )
+    spec = spec_of(record)
+    assert isinstance(spec, DeploymentSpec)
+    members = (
+        allocation("detector", 0, "a", ("gpu0",), kind="inference"),
+        allocation("detector", 1, "b", ("gpu0",), kind="inference"),
+        allocation("detector", 2, "b", ("gpu1",), kind="inference"),
+    )
+    starting = ready_on("b", members[:2])
+    nodes = {"a": ready_on("a", members), "b": starting}
+    plan = plan_drain({"detector": record}, {"detector": members}, {"detector": spec}, nodes, {"a"})
+    assert plan.releases == []
+    assert plan.waiting == {
+        "a": [
+            "waiting: detector has 1 of 2 replicas serving elsewhere; its replacements start first"
+        ]
+    }
+    nodes["b"] = ready_on("b", members)
+    plan = plan_drain({"detector": record}, {"detector": members}, {"detector": spec}, nodes, {"a"})
+    (release,) = plan.releases
+    assert [(a.member_index, a.node_id) for a in release.allocations] == [(1, "b"), (2, "b")]
+
+
+def test_a_replica_on_an_offline_node_or_reported_by_a_gone_agent_does_not_serve() -> None:
+    # The registry keeps an offline node's last report and sample, and a node's report
+    # when a new agent instance starts: neither says the replica serves now.
+    record, spec, members = deployment(2, None, ("a", "b", "spare"))
+    restarted = ready_on("spare", members)
+    restarted = dataclasses.replace(
+        restarted, status=msgspec.structs.replace(restarted.status, instance_id="i2")
+    )
+    for spare in (ready_on("spare", members, state="offline"), restarted):
+        nodes = {"a": ready_on("a", members), "b": ready_on("b", members), "spare": spare}
+        plan = plan_drain(
+            {"detector": record}, {"detector": members}, {"detector": spec}, nodes, {"a"}
+        )
+        assert plan.releases == []
+        assert plan.surge == {"detector": 1}
 
 
 def test_a_canary_leaves_min_available_replicas_on_the_deployments_model() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,9 +13,9 @@ import aiohttp
 import msgspec
 import pytest
 
-from cloud.app_keys import SETTINGS
+from cloud.app_keys import REGISTRY, SCHEDULER, SETTINGS
 from tests.store.databases import DatabaseUnderTest
-from tests.support.control_plane import fleet, work
+from tests.support.control_plane import FAST_LOOP, fleet, work
 from tests.support.onnx_models import failing_at_run, mlp
 from tests.support.processes import run_greenfed
 from tests.support.waiting import eventually, eventually_async
@@ -185,3 +186,69 @@ async def test_a_healthy_canary_is_promoted_to_every_replica_after_its_hold(
             f"/v1/deployments/{deployment_id}/rollout/promote", headers=headers
         )
         assert late.status == 409
+
+
+async def test_a_canary_whose_node_went_offline_is_not_promoted(
+    database: DatabaseUnderTest, mosquitto_root: tuple[str, str]
+) -> None:
+    # The canary's agent stops right after the swap (say, the new model crashed it). The
+    # registry keeps the node's last report and sample; within the node-lost grace its
+    # replica stays placed, and the rollout must not be promoted on those figures.
+    hold_s = 8.0
+    scheduling = msgspec.structs.replace(FAST_LOOP, node_lost_grace_s=120.0)
+    async with fleet(database, mosquitto_root, edge_nodes=2, scheduling=scheduling) as running:
+        api = running.api
+        token = await api.tenant("acme")
+        first = await api.model(token)
+        second = await api.model(token, mlp(seed=11), name="mlp-v2")
+        new_sha = (await (await api.get(token, f"/v1/models/{second}")).json())["sha256"]
+        spec = {"name": "risk", "model_id": first, "replicas": 2}
+        deployment_id = await api.submitted(token, spec, collection="deployments")
+        await serving(api, token, deployment_id, 2)
+        started = await api.client.patch(
+            f"/v1/deployments/{deployment_id}",
+            json={"model_id": second, "rollout": {"canary_replicas": 1, "hold_s": hold_s}},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert started.status == 200, await started.text()
+        body: dict[str, Any] = {}
+
+        async def swapped() -> bool:
+            body.update(await work(api, token, deployment_id, "deployments"))
+            return any(r.get("model_sha256") == new_sha for r in body["replica_states"])
+
+        await eventually_async(swapped, timeout_s=40, message=lambda: str(body))
+        canary = next(r for r in body["replica_states"] if r.get("model_sha256") == new_sha)
+        record = api.app[REGISTRY].get(canary["node_id"])
+        assert record is not None
+
+        def sampled_on_the_new_model() -> bool:
+            # A sample taken wholly after the swap: the rollout's hold has started.
+            telemetry, reported = record.telemetry, record.reported
+            return (
+                telemetry is not None
+                and reported is not None
+                and telemetry.sampled_at - telemetry.interval_s >= reported.reported_at
+                and record.serving_sample(deployment_id) is not None
+            )
+
+        await eventually(sampled_on_the_new_model, timeout_s=20, message="no sample since")
+        await running.stop_agent(canary["node_id"])
+        stopped_at = time.monotonic()
+
+        async def offline() -> bool:
+            node = await (await api.get(api.admin_token, f"/v1/nodes/{canary['node_id']}")).json()
+            return bool(node["state"] == "offline")
+
+        await eventually_async(offline, timeout_s=20, message="the canary's node stays online")
+        # Pass after pass, for longer than the hold: no verdict, the rollout waits.
+        loop = api.app[SCHEDULER]
+        while time.monotonic() - stopped_at < hold_s + 4.0:
+            loop.wake()
+            async with asyncio.timeout(10):
+                await loop.wait_for_pass()
+            outcomes = {event["outcome"] for event in await rollout_events(api, deployment_id)}
+            assert outcomes <= {"started"}, outcomes
+        after = await work(api, token, deployment_id, "deployments")
+        assert after["spec"]["canary"] is not None
+        assert after["spec"]["model_id"] == first

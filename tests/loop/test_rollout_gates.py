@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 
 from cloud.fleet.registry import NodeRecord
@@ -150,3 +152,59 @@ def test_without_the_canary_models_sha256_no_canary_counts_as_serving_it() -> No
     for seq in (1, 50, 100):
         verdict = watch.judge("d", SPEC, MEMBERS, nodes(seq), T0 + seq, canary_sha256=None)
         assert verdict is None
+
+
+def offline(record: NodeRecord) -> NodeRecord:
+    """`record` gone offline: the registry keeps its last report and sample."""
+    return dataclasses.replace(record, state="offline", offline_reason="connection-lost")
+
+
+def test_a_canary_whose_node_went_offline_is_not_promoted_on_its_last_figures() -> None:
+    watch = RolloutWatch()
+    assert judge(watch, nodes(1), T0) is None  # the hold starts
+    # The canary crashes its node right after its first sample.
+    gone = {**nodes(2), "canary-node": offline(nodes(1)["canary-node"])}
+    assert judge(watch, gone, T0 + 10) is None
+    assert judge(watch, gone, T0 + 60) is None
+    # Back online with the same agent: the sample from before it went away says
+    # nothing of the canary since.
+    back = {**nodes(3), "canary-node": nodes(1)["canary-node"]}
+    assert judge(watch, back, T0 + 61) is None
+    assert judge(watch, back, T0 + 80) is None
+    # Its next sample starts the hold again.
+    assert judge(watch, nodes(4), T0 + 81) is None
+    assert judge(watch, nodes(5), T0 + 90) is None
+    verdict = judge(watch, nodes(6), T0 + 91)
+    assert verdict is not None
+    assert verdict.outcome == "promoted"
+
+
+def test_a_restarted_canary_agent_counts_once_it_reports_the_new_model_itself() -> None:
+    watch = RolloutWatch()
+    assert judge(watch, nodes(1), T0) is None
+    # The canary's agent restarts (instance i2) and samples from 0 again; the registry
+    # keeps the previous instance's report until the new one reports.
+    fleet = nodes(2)
+    before = fleet["canary-node"]
+    assert before.telemetry is not None
+    restarted = dataclasses.replace(
+        before,
+        status=msgspec.structs.replace(before.status, instance_id="i2"),
+        decoded_telemetry=msgspec.structs.replace(before.telemetry, instance_id="i2", seq=1),
+        telemetry_seq=1,
+    )
+    fleet["canary-node"] = restarted
+    assert judge(watch, fleet, T0 + 10) is None
+    assert judge(watch, fleet, T0 + 20) is None
+    # It reports the new model: its samples count from then on.
+    assert restarted.reported is not None
+    fleet["canary-node"] = dataclasses.replace(
+        restarted,
+        reported=msgspec.structs.replace(restarted.reported, instance_id="i2", reported_at=T0),
+        decoded_telemetry=msgspec.structs.replace(before.telemetry, instance_id="i2", seq=2),
+        telemetry_seq=2,
+    )
+    assert judge(watch, fleet, T0 + 21) is None
+    verdict = judge(watch, fleet, T0 + 31)
+    assert verdict is not None
+    assert verdict.outcome == "promoted"
