@@ -271,6 +271,11 @@ class SchedulingLoop:
                     self._published_from = None
                     self._last_full_pass = None
                     self.queue.forget_pending()
+                    # What this process counted ends here: another leader counts from
+                    # now on, and leading again starts from what it wrote.
+                    self.fair_share = FairShareLedger(
+                        self._settings.fair_share_half_life_s, self._settings.cohorts
+                    )
 
     async def _lead(self, lease: LeadershipLease) -> None:
         if self._settings.startup_settle_s:

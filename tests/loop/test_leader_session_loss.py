@@ -6,6 +6,7 @@ documents without end."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from sqlalchemy import text
 from structlog.testing import capture_logs
 
 from cloud.app_keys import SCHEDULER
+from cloud.loop.inputs import build_inputs
+from cloud.store import StoreSnapshot
+from cloud.store.fair_share import FairShareRow
 from cloud.store.locks import advisory_key
 from tests.api.support import running_api
 from tests.store.databases import postgres_database
@@ -49,3 +53,43 @@ async def test_an_idle_leader_whose_lock_session_died_stops_leading(tmp_path: Pa
             )
         # And it leads again, on a session of its own, once it takes the lock anew.
         await eventually(loop.leading.is_set, timeout_s=15, message="it never led again")
+
+
+async def test_leading_again_starts_from_the_fair_share_usage_another_leader_wrote(
+    tmp_path: Path,
+) -> None:
+    """A leader that lost the lock and takes it again counts fair share from what the
+    store holds then (what the leader in between wrote), not from what it had counted
+    before: its old accumulators would hide every tenant's usage in between."""
+    async with (
+        postgres_database(tmp_path) as database,
+        running_api(database, scheduling=FAST_LOOP) as api,
+    ):
+        loop = api.app[SCHEDULER]
+        await eventually(loop.leading_fair_share, timeout_s=10, message="it never led")
+        # What another leader counted while this one did not lead.
+        now = time.time()
+        await api.store.put_fair_share_usage(
+            [FairShareRow(tenant="busy", accelerator_seconds={"gpu": 3600.0}, as_of=now)]
+        )
+        key = advisory_key(database.settings.database_schema, "leader")
+        async with api.store._write() as connection:
+            await connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks"
+                    " WHERE locktype = 'advisory' AND classid = :high AND objid = :low"
+                    " AND objsubid = 1 AND granted"
+                ),
+                {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
+            )
+        await eventually(lambda: not loop.leading.is_set(), timeout_s=10, message="still leads")
+
+        def counts_busy() -> bool:
+            ledger = loop.leading_fair_share()
+            if ledger is None:
+                return False
+            empty = StoreSnapshot(tenants=(), work=(), allocations=(), node_generations={})
+            seen = ledger.preview(build_inputs(time.time(), [], empty), time.time())
+            return "busy" in seen.snapshot.past_usage
+
+        await eventually(counts_busy, timeout_s=20, message="its old accumulators hid it")
