@@ -66,7 +66,9 @@ async def test_leading_again_starts_from_the_fair_share_usage_another_leader_wro
         running_api(database, scheduling=FAST_LOOP) as api,
     ):
         loop = api.app[SCHEDULER]
-        await eventually(loop.leading_fair_share, timeout_s=10, message="it never led")
+        await eventually(
+            lambda: loop.leading_fair_share() is not None, timeout_s=10, message="it never led"
+        )
         # What another leader counted while this one did not lead.
         now = time.time()
         await api.store.put_fair_share_usage(
