@@ -3,12 +3,15 @@
 `Authorization: Bearer gf_<id>_<secret>` is checked by `Store.check_token` (hashed
 tokens, a short cache). A missing or unknown token is a 401 with `WWW-Authenticate:
 Bearer`; a revoked token, or one rotated out (its overlap over), is a 401 that says
-so; an admin-only route asked by another tenant is a 403. The tenant is then
-available to handlers as `request[TENANT]`, and every handler scopes what it reads
-and writes to it.
+so (naming no other token); a secret left unchecked because its token id had a flood
+of guesses is a 429 to retry; an admin-only route asked by another tenant is a 403.
+The tenant is then available to handlers as `request[TENANT]`, and every handler
+scopes what it reads and writes to it.
 """
 
 from __future__ import annotations
+
+import math
 
 from aiohttp import web
 
@@ -17,6 +20,7 @@ from cloud.api.query import UNDECODABLE_REASON, is_clean_text
 from cloud.api.routes import ROUTE_ACCESS, Handler
 from cloud.app_keys import STORE, TENANT
 from cloud.store import Authenticated, StoreUnavailableError, TenantRecord, TokenRefused
+from cloud.store.tenant_tokens import TokenThrottled
 from shared.clock import utc_from_epoch
 from shared.problems import InvalidParam
 
@@ -71,6 +75,8 @@ async def authenticated_tenant(request: web.Request, token: str) -> TenantRecord
     verdict = await request.app[STORE].check_token(token)
     if isinstance(verdict, TokenRefused):
         raise _refused(verdict)
+    if isinstance(verdict, TokenThrottled):
+        raise _throttled(verdict)
     if not isinstance(verdict, Authenticated):
         raise invalid_token()
     return verdict.tenant
@@ -107,11 +113,10 @@ def _refused(verdict: TokenRefused) -> Problem:
     if token.revoked_at is not None:
         why = f"was revoked at {utc_from_epoch(token.revoked_at).isoformat()}"
     else:
+        # Not its replacement's id: whoever still holds a rotated-out token may be the
+        # one it was rotated away from, and needs no id to aim guesses at.
         ended = utc_from_epoch(token.expires_at or 0.0).isoformat()
-        why = (
-            f"was rotated (replaced by token {token.replaced_by}) and revoked when its "
-            f"overlap ended at {ended}"
-        )
+        why = f"was rotated and revoked when its overlap ended at {ended}"
     return Problem(
         401,
         "token-revoked",
@@ -122,6 +127,20 @@ def _refused(verdict: TokenRefused) -> Problem:
                 f'{_REALM}, error="invalid_token", error_description="the token was revoked"'
             )
         },
+    )
+
+
+def _throttled(verdict: TokenThrottled) -> Problem:
+    """A secret not checked: its token id had too many lately (a flood of guesses, or a
+    secret new to this replica during one). Not a refusal: the right secret is accepted
+    when asked again."""
+    retry_after_s = max(1, math.ceil(verdict.retry_after_s))
+    return Problem(
+        429,
+        "too-many-attempts",
+        "Too many attempts",
+        f"too many secrets for this token's id lately; retry in {retry_after_s} s",
+        headers={"Retry-After": str(retry_after_s)},
     )
 
 

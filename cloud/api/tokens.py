@@ -138,8 +138,8 @@ async def revoke_token(request: web.Request) -> web.Response:
             409,
             "last-admin-token",
             "Last admin token",
-            f"token {record.token_id} is the admin's last working token: rotate it, or "
-            "create another first",
+            f"token {record.token_id} is the admin's last working token (a rotated one "
+            "works only until its overlap ends): rotate it, or create another first",
         ) from None
     return json_response(token_view(revoked, owner.name, time.time()))
 

@@ -156,9 +156,11 @@ from cloud.store.tenant_tokens import (
     Authenticated,
     CreatedToken,
     RotatedToken,
+    ScryptBudget,
     TokenCheck,
     TokenRecord,
     TokenRefused,
+    TokenThrottled,
 )
 from cloud.store.tenants import TokenCache, change_tenant, insert_tenant
 from cloud.store.tokens import issue_token, parse_token
@@ -258,11 +260,10 @@ class Store:
         self._clock = clock
         self._ids = IdGenerator()
         self._tokens = TokenCache(settings.token_cache_s)
+        self._scrypt_budget = ScryptBudget()
         self._submissions = GroupCommit(self._commit_submissions)
         # (token, cache epoch) -> its verification in flight (`check_token`).
-        self._verifying: dict[
-            tuple[str, int], asyncio.Future[Authenticated | TokenRefused | None]
-        ] = {}
+        self._verifying: dict[tuple[str, int], asyncio.Future[TokenCheck]] = {}
         # scrypt's own threads: verifications never take the default pool's threads
         # (the store's SQLite work, file reads) from the rest of the control plane.
         self._scrypt = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scrypt")
@@ -461,12 +462,14 @@ class Store:
 
     async def check_token(self, token: str) -> TokenCheck:
         """What a bearer token is worth: `Authenticated` (its tenant), `TokenRefused`
-        (ours and its secret right, but revoked or past its rotation overlap), or None
-        (malformed, unknown, wrong secret).
+        (ours and its secret right, but revoked or past its rotation overlap),
+        `TokenThrottled` (its id has had as many scrypts lately as it may: ask again
+        later), or None (malformed, unknown, wrong secret).
 
         One indexed lookup by the token id, then a constant-time scrypt check (off the
-        event loop); verdicts are cached for `store.token_cache_s`, and a token's use
-        is recorded (`last_used_at`) when it is verified afresh.
+        event loop, within the id's `ScryptBudget`); verdicts are cached for
+        `store.token_cache_s`, and a token's use is recorded (`last_used_at`) when it is
+        verified afresh.
         """
         parsed = parse_token(token)
         if parsed is None:
@@ -483,32 +486,38 @@ class Store:
             key = (token, self._tokens.epoch)
             verifying = self._verifying.get(key)
             if verifying is None:
-                verifying = asyncio.ensure_future(self._verify_token(token_id, token, secret, now))
+                verifying = asyncio.ensure_future(self._verify_token(token_id, token, secret))
                 self._verifying[key] = verifying
                 verifying.add_done_callback(lambda _: self._verifying.pop(key, None))
             verdict = await asyncio.shield(verifying)
-            if verdict is None:
-                return None
+            if verdict is None or isinstance(verdict, TokenThrottled):
+                return verdict
         if isinstance(verdict, Authenticated) and not verdict.token.works(now):
             return TokenRefused(verdict.token)  # its overlap ended while it was cached
         return verdict
 
-    async def _verify_token(
-        self, token_id: str, token: str, secret: str, now: float
-    ) -> Authenticated | TokenRefused | None:
+    async def _verify_token(self, token_id: str, token: str, secret: str) -> TokenCheck:
         epoch = self._tokens.epoch  # a revocation from here on: not cached
-        async with self._read() as connection:
-            found = await tenant_tokens.select_for_authentication(connection, token_id)
+        found = await self._authentication_row(token_id)
         if found is None:
             return None
-        secret_hash, record, tenant = found
         if not self._tokens.known_good(token_id, token):
-            if self._tokens.throttled(token_id):
-                return None  # a flood of wrong secrets for this id: no scrypt for them
+            turn = self._scrypt_budget.claim(token_id)
+            if isinstance(turn, TokenThrottled):
+                return turn  # a flood of secrets for this id: ask again, unchecked
+            if turn > 0:
+                await asyncio.sleep(turn)  # the id's next turn
+                # Read the row again: the token may have been revoked while it waited.
+                epoch = self._tokens.epoch
+                found = await self._authentication_row(token_id)
+                if found is None:
+                    return None
+            secret_hash = found[0]
             loop = asyncio.get_running_loop()
             if not await loop.run_in_executor(self._scrypt, verify_secret, secret, secret_hash):
-                self._tokens.wrong_secret(token_id)
                 return None
+        _, record, tenant = found
+        now = self._clock()
         verdict: Authenticated | TokenRefused
         if record.works(now):
             async with self._write(notify=False) as connection:
@@ -518,6 +527,12 @@ class Store:
             verdict = TokenRefused(record)
         self._tokens.put(token_id, token, verdict, epoch)
         return verdict
+
+    async def _authentication_row(
+        self, token_id: str
+    ) -> tuple[str, TokenRecord, TenantRecord] | None:
+        async with self._read() as connection:
+            return await tenant_tokens.select_for_authentication(connection, token_id)
 
     async def authenticate(self, token: str) -> TenantRecord | None:
         """The tenant of a token that works now, or None (see `check_token`)."""
@@ -593,7 +608,8 @@ class Store:
     async def revoke_token(self, token_id: str, *, audit: NewAudit | None = None) -> TokenRecord:
         """Refuse the token from now on (in this process at once, in others within
         `store.token_cache_s`); revoking twice keeps the first time. Raises
-        `TokenNotFoundError`, and `LastAdminTokenError` for an admin's last working token."""
+        `TokenNotFoundError`, and `LastAdminTokenError` for an admin's last working token:
+        one that works while no other of the tenant's will keep working."""
         now = self._clock()
         async with self._write() as connection:
             owner = (await tenant_tokens.select_token(connection, token_id)).tenant_id
@@ -605,8 +621,10 @@ class Store:
             if record.revoked_at is not None:
                 return record
             if admin and record.works(now):
+                # Only a token with no end counts: one rotated works only until its
+                # overlap ends, and the admin would be locked out then.
                 others = await tenant_tokens.select_tokens(connection, record.tenant_id)
-                if not any(t.works(now) for t in others if t.token_id != token_id):
+                if not any(t.lasts(now) for t in others if t.token_id != token_id):
                     raise LastAdminTokenError(token_id)
             await tenant_tokens.mark_revoked(connection, token_id, now)
             if audit is not None:

@@ -9,8 +9,10 @@ all that is stored of it (cloud/store/tokens.py).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from sqlalchemy import Row, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -51,6 +53,11 @@ class TokenRecord:
     def works(self, now: float) -> bool:
         return self.state(now) in ("active", "rotated")
 
+    def lasts(self, now: float) -> bool:
+        """Works with no end set: neither revoked nor rotated (a rotated token works only
+        until its overlap ends)."""
+        return self.state(now) == "active"
+
 
 @dataclass(frozen=True, slots=True)
 class CreatedToken:
@@ -78,9 +85,81 @@ class TokenRefused:
     token: TokenRecord
 
 
-# What a bearer token is worth: a tenant, a refusal with its reason, or None (malformed,
-# unknown, or a wrong secret: indistinguishable to the caller).
-TokenCheck = Authenticated | TokenRefused | None
+@dataclass(frozen=True, slots=True)
+class TokenThrottled:
+    """A secret left unchecked for now: its token id has had as many scrypts lately as
+    it may (`ScryptBudget`). Neither accepted nor refused: ask again after
+    `retry_after_s`."""
+
+    retry_after_s: float
+
+
+# What a bearer token is worth: a tenant, a refusal with its reason, "ask again later",
+# or None (malformed, unknown, or a wrong secret: indistinguishable to the caller).
+TokenCheck = Authenticated | TokenRefused | TokenThrottled | None
+
+# Secrets that this process has not verified before, per token id: the first
+# FREE_SCRYPTS_PER_WINDOW in a window are hashed at once; past them, one may start every
+# THROTTLED_SCRYPT_INTERVAL_S, and one that would wait longer than MAX_TURN_WAIT_S for
+# its turn is throttled (429) unchecked.
+FREE_SCRYPTS_PER_WINDOW: Final = 10
+SCRYPT_WINDOW_S: Final = 60.0
+THROTTLED_SCRYPT_INTERVAL_S: Final = 2.0
+MAX_TURN_WAIT_S: Final = 2.0
+_BUDGET_ENTRIES: Final = 4096
+
+
+@dataclass(slots=True)
+class _Spent:
+    window_start: float  # monotonic
+    scrypts: int  # started in this window
+    next_turn_at: float  # past the free ones: when the next may start
+
+
+class ScryptBudget:
+    """How much scrypt work the secrets of one token id may cost this process.
+
+    Token ids are not secret, so anyone may send secrets for one, and each secret the
+    process has not verified before costs a scrypt. Past the free ones, the id gets a
+    turn every THROTTLED_SCRYPT_INTERVAL_S: a flood of guesses costs ten scrypts a minute
+    and one every two seconds, not one per request. A secret is never refused for the
+    flood, only told to ask again (`TokenThrottled`): the owner's secret, new to a
+    restarted or another replica, is verified at its next free turn, so guesses cannot
+    refuse the owner. (While a flood takes every turn, the owner waits with it: only a
+    rate limit in front of the control plane tells the two apart.)
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._spent: dict[str, _Spent] = {}
+
+    def claim(self, token_id: str) -> float | TokenThrottled:
+        """A scrypt for one of the id's secrets: the seconds to wait before starting it
+        (0: at once), or `TokenThrottled` when no turn is free within MAX_TURN_WAIT_S."""
+        now = self._clock()
+        spent = self._spent.get(token_id)
+        if spent is None or now - spent.window_start >= SCRYPT_WINDOW_S:
+            spent = _Spent(window_start=now, scrypts=0, next_turn_at=now)
+            self._spent[token_id] = spent
+            self._forget_old(now)
+        if spent.scrypts < FREE_SCRYPTS_PER_WINDOW:
+            spent.scrypts += 1
+            return 0.0
+        turn_at = max(now, spent.next_turn_at)
+        if turn_at - now > MAX_TURN_WAIT_S:
+            return TokenThrottled(retry_after_s=turn_at - MAX_TURN_WAIT_S - now)
+        spent.scrypts += 1
+        spent.next_turn_at = turn_at + THROTTLED_SCRYPT_INTERVAL_S
+        return turn_at - now
+
+    def _forget_old(self, now: float) -> None:
+        if len(self._spent) <= _BUDGET_ENTRIES:
+            return
+        self._spent = {
+            token_id: spent
+            for token_id, spent in self._spent.items()
+            if now - spent.window_start < SCRYPT_WINDOW_S or spent.next_turn_at > now
+        }
 
 
 def _float(value: Any) -> float | None:

@@ -28,10 +28,6 @@ from shared.work_literals import PriorityClass
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 CACHE_ENTRIES: Final = 4096
-# Wrong secrets for one token id before its unknown secrets are refused without a
-# scrypt, for the rest of the window.
-MAX_WRONG_SECRETS: Final = 10
-WRONG_SECRET_WINDOW_S: Final = 60.0
 FIRST_TOKEN_NAME: Final = "initial"
 
 
@@ -175,10 +171,8 @@ class TokenCache:
 
     It also remembers, beyond `ttl_s`, the digest of each token id's secret once it was
     verified (`known_good`: a token's secret never changes, so a digest match needs no
-    scrypt once its row has been read again), and counts wrong secrets per token id: token
-    ids are not secret, so past `MAX_WRONG_SECRETS` in `WRONG_SECRET_WINDOW_S`
-    a secret it has never accepted is refused without a scrypt (`throttled`), and a
-    flood of wrong secrets costs the control plane hashes, not seconds of CPU.
+    scrypt once its row has been read again; the scrypts of other secrets are rationed,
+    cloud/store/tenant_tokens.py `ScryptBudget`).
     """
 
     def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -186,7 +180,6 @@ class TokenCache:
         self._clock = clock
         self._entries: OrderedDict[str, _Verified] = OrderedDict()
         self._known_good: OrderedDict[str, bytes] = OrderedDict()
-        self._wrong: dict[str, tuple[float, int]] = {}  # token id -> (window start, count)
         self.epoch = 0
 
     def get(self, token_id: str, token: str) -> TokenCheck:
@@ -221,27 +214,6 @@ class TokenCache:
         """This token's secret was verified for its id before (no scrypt needed)."""
         digest = self._known_good.get(token_id)
         return digest is not None and hmac.compare_digest(digest, _digest(token))
-
-    def wrong_secret(self, token_id: str) -> None:
-        now = self._clock()
-        start, count = self._wrong.get(token_id, (now, 0))
-        if now - start >= WRONG_SECRET_WINDOW_S:
-            start, count = now, 0
-        self._wrong[token_id] = (start, count + 1)
-        if len(self._wrong) > CACHE_ENTRIES:
-            self._wrong = {
-                key: value
-                for key, value in self._wrong.items()
-                if now - value[0] < WRONG_SECRET_WINDOW_S
-            }
-
-    def throttled(self, token_id: str) -> bool:
-        """Too many wrong secrets for this token id lately to spend a scrypt on another."""
-        found = self._wrong.get(token_id)
-        if found is None:
-            return False
-        start, count = found
-        return count >= MAX_WRONG_SECRETS and self._clock() - start < WRONG_SECRET_WINDOW_S
 
     def forget(self, token_id: str) -> None:
         self.epoch += 1

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cloud.store.tenants import MAX_WRONG_SECRETS
+from cloud.store.tenant_tokens import FREE_SCRYPTS_PER_WINDOW
 from shared.secret_hashes import verify_secret
 from tests.api.support import Api, bearer, problem
 from tests.support.waiting import eventually_async
@@ -99,7 +99,9 @@ async def test_a_rotated_token_works_during_its_overlap_and_is_refused_after(api
 
     await eventually_async(old_refused, timeout_s=15, interval_s=0.2)
     found = await refused_as_revoked(api, acme)
-    assert f"was rotated (replaced by token {new['id']})" in found["detail"]
+    assert f"the bearer token {initial['id']} ('initial') was rotated" in found["detail"]
+    # Whoever still holds the old token learns nothing of the new one, not even its id.
+    assert new["id"] not in found["detail"]
     assert (await api.get(new["token"], "/v1/jobs")).status == 200
     listed = {t["id"]: t["state"] for t in await tokens(api, new["token"])}
     assert listed == {initial["id"]: "expired", new["id"]: "active"}
@@ -161,11 +163,49 @@ async def test_the_admin_manages_any_tenants_tokens_and_keeps_one_of_its_own(api
     assert audit["items"][1]["detail"] == {"tenant": "acme", "name": "deploy"}
 
 
+async def test_the_admin_cannot_revoke_its_new_token_while_the_old_one_only_overlaps(
+    api: Api,
+) -> None:
+    (old,) = await tokens(api, api.admin_token)
+    rotated = await api.client.post(
+        f"/v1/tokens/{old['id']}/rotate", json={"overlap_s": 600}, headers=bearer(api.admin_token)
+    )
+    assert rotated.status == 201, await rotated.text()
+    new = (await rotated.json())["token"]
+    # The old one stops working when its overlap ends: it is no spare for the new one.
+    refused = await api.client.delete(f"/v1/tokens/{new['id']}", headers=bearer(api.admin_token))
+    assert (await problem(refused, 409))["type"].endswith("/last-admin-token")
+    revoked = await api.client.delete(f"/v1/tokens/{old['id']}", headers=bearer(new["token"]))
+    assert revoked.status == 200, await revoked.text()
+    assert (await api.get(new["token"], "/v1/tenants")).status == 200
+
+
 async def new_token(api: Api, owner: str, name: str) -> dict[str, Any]:
     created = await api.client.post("/v1/tokens", json={"name": name}, headers=bearer(owner))
     assert created.status == 201, await created.text()
     token: dict[str, Any] = await created.json()
     return token
+
+
+async def test_guesses_at_a_token_id_leave_its_secret_accepted_where_it_is_new(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A replica that has not verified the token yet (restarted, or another one), with a
+    # flood of guesses at its id: the owner is told to retry, never refused, and is
+    # accepted at the id's next free turn.
+    acme = await api.tenant("acme")
+    ci = await new_token(api, acme, "ci")  # made here, never verified here
+    secret = ci["token"].split("_", 2)[2]
+    guesses = [f"gf_{ci['id']}_{attempt:0{len(secret)}d}" for attempt in range(40)]
+    answers = await asyncio.gather(*(api.get(guess, "/v1/jobs") for guess in guesses))
+    assert 429 in {answer.status for answer in answers}
+
+    async def accepted() -> bool:
+        response = await api.get(ci["token"], "/v1/jobs")
+        assert response.status in (200, 429), await response.text()
+        return response.status == 200
+
+    await eventually_async(accepted, timeout_s=15, interval_s=0.5)
 
 
 async def test_a_token_revoked_while_it_is_first_verified_is_refused_at_once(
@@ -203,8 +243,8 @@ async def test_a_token_revoked_while_it_is_first_verified_is_refused_at_once(
 async def test_a_flood_of_wrong_secrets_for_a_token_id_costs_few_scrypts(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Token ids are not secret (lists, audit, 401 details): wrong secrets for one must
-    # not each cost a scrypt, and the token's own secret keeps working meanwhile.
+    # Token ids are not secret (lists, audit): wrong secrets for one must not each cost a
+    # scrypt, and the token's own secret keeps working meanwhile.
     acme = await api.tenant("acme")
     ci = await new_token(api, acme, "ci")
     assert (await api.get(ci["token"], "/v1/jobs")).status == 200
@@ -218,9 +258,19 @@ async def test_a_flood_of_wrong_secrets_for_a_token_id_costs_few_scrypts(
 
     monkeypatch.setattr("cloud.store.store.verify_secret", counted)
     secret = ci["token"].split("_", 2)[2]
-    for attempt in range(40):
-        wrong = f"gf_{ci['id']}_{str(attempt % 10) * len(secret)}"
+    for attempt in range(FREE_SCRYPTS_PER_WINDOW):
+        wrong = f"gf_{ci['id']}_{attempt:0{len(secret)}d}"
         await problem(await api.get(wrong, "/v1/jobs"), 401)
-    assert scrypts <= MAX_WRONG_SECRETS
+    # Past the free ones, a burst of guesses at once: a turn now, one waiting for the
+    # next, the rest told to retry unchecked (never refused as wrong unchecked).
+    burst = [f"gf_{ci['id']}_{attempt:0{len(secret)}d}" for attempt in range(10, 40)]
+    answers = await asyncio.gather(*(api.get(wrong, "/v1/jobs") for wrong in burst))
+    statuses = [answer.status for answer in answers]
+    assert set(statuses) == {401, 429}, statuses
+    assert scrypts <= FREE_SCRYPTS_PER_WINDOW + 2
+    throttled = answers[statuses.index(429)]
+    found = await problem(throttled, 429)
+    assert found["type"].endswith("/too-many-attempts")
+    assert int(throttled.headers["Retry-After"]) >= 1
     api.store._tokens.forget(ci["id"])  # as when its cache entry expires
     assert (await api.get(ci["token"], "/v1/jobs")).status == 200

@@ -30,7 +30,15 @@ from cloud.store import (
 )
 from cloud.store.migrate import migrate
 from cloud.store.migrations import MIGRATIONS
-from cloud.store.tokens import issue_token
+from cloud.store.tenant_tokens import (
+    FREE_SCRYPTS_PER_WINDOW,
+    MAX_TURN_WAIT_S,
+    SCRYPT_WINDOW_S,
+    THROTTLED_SCRYPT_INTERVAL_S,
+    ScryptBudget,
+    TokenThrottled,
+)
+from cloud.store.tokens import issue_token, parse_token
 from shared.secret_hashes import verify_secret
 from tests.store.builders import make_tenant, submit
 from tests.store.databases import DatabaseUnderTest
@@ -174,6 +182,67 @@ async def test_the_admin_keeps_at_least_one_working_token(timed_store: Store) ->
     acme = await make_tenant(store, "acme")
     (acme_token,) = await store.list_tokens(acme.tenant.tenant_id)
     await store.revoke_token(acme_token.token_id)
+
+
+async def test_a_rotated_token_is_no_spare_for_the_admins_last_lasting_one(
+    timed_store: Store, clock: Clock
+) -> None:
+    """A rotated token works only until its overlap ends: were the admin to revoke its
+    replacement meanwhile, it would be locked out then."""
+    store = timed_store
+    admin = await store.bootstrap_admin()
+    assert admin is not None
+    (first,) = await store.list_tokens(admin.tenant.tenant_id)
+    second = await store.rotate_token(first.token_id, overlap_s=3600)
+    with pytest.raises(LastAdminTokenError):
+        await store.revoke_token(second.new.record.token_id)
+    third = await store.rotate_token(second.new.record.token_id, overlap_s=3600)
+    with pytest.raises(LastAdminTokenError):  # two in their overlap: still no spare
+        await store.revoke_token(third.new.record.token_id)
+    # The rotated ones may go early: the newest keeps working after every overlap.
+    await store.revoke_token(first.token_id)
+    await store.revoke_token(second.new.record.token_id)
+    clock.now += 3600
+    assert await store.authenticate(third.new.token) == admin.tenant
+
+
+async def test_guesses_at_a_token_id_cannot_lock_its_owner_out_of_a_fresh_replica(
+    database: DatabaseUnderTest,
+) -> None:
+    """Token ids are not secret. A replica that has not verified a token's secret yet
+    (restarted, or another one) and has had guesses at its id still accepts the secret."""
+    writer = await open_store(database.settings)
+    try:
+        acme = await make_tenant(writer, "acme")
+    finally:
+        await writer.close()
+    parsed = parse_token(acme.token)
+    assert parsed is not None
+    token_id, secret = parsed
+    replica = await open_store(database.settings)
+    try:
+        for guess in range(FREE_SCRYPTS_PER_WINDOW):
+            wrong = f"{guess:0{len(secret)}d}"
+            assert await replica.check_token(f"gf_{token_id}_{wrong}") is None
+        assert await replica.authenticate(acme.token) == acme.tenant
+    finally:
+        await replica.close()
+
+
+def test_past_its_free_scrypts_a_token_id_gets_a_turn_at_a_time() -> None:
+    clock = Clock()
+    budget = ScryptBudget(clock)
+    assert [budget.claim("a") for _ in range(FREE_SCRYPTS_PER_WINDOW)] == [0.0] * 10
+    assert budget.claim("a") == 0.0  # the first turn, at once
+    assert budget.claim("a") == THROTTLED_SCRYPT_INTERVAL_S  # waits for the next one
+    throttled = budget.claim("a")  # nothing free soon enough: ask again, unchecked
+    assert isinstance(throttled, TokenThrottled)
+    assert throttled.retry_after_s == 2 * THROTTLED_SCRYPT_INTERVAL_S - MAX_TURN_WAIT_S
+    assert budget.claim("b") == 0.0  # another id has its own budget
+    clock.now += throttled.retry_after_s
+    assert budget.claim("a") == MAX_TURN_WAIT_S  # as told: a turn, within the wait
+    clock.now += SCRYPT_WINDOW_S
+    assert budget.claim("a") == 0.0  # a new window, free ones again
 
 
 async def test_two_revocations_at_once_leave_the_admin_a_working_token(
