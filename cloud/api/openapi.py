@@ -52,6 +52,10 @@ _ERRORS: Final = {
         "The admin did cloud.destructive_actions_per_minute revocations, drains and "
         "cancellations in the last minute: confirm with Greenfed-Confirm: bulk"
     ),
+    429: (
+        "Too many attempts at this bearer token's secret not yet verified here: "
+        "try again after Retry-After seconds"
+    ),
     500: "Internal error",
     409: (
         "Ambiguous reference: the name or id prefix matches several (listed in the detail; "
@@ -213,7 +217,7 @@ def _operation(
     responses: dict[str, object] = dict(_responses(route.replies, schemas))
     errors: list[int] = [500]
     if route.access != "public":
-        errors.append(401)
+        errors += [401, 429]  # 429: Store.check_token's scrypt budget per token id
     if route.access in ("admin", "signed"):  # signed: a signature that is not ours
         errors.append(403)
     if "{" in route.path:
