@@ -4,11 +4,14 @@
 (`application/octet-stream`), streamed to disk and refused past
 `cloud.max_model_bytes`; the file is checked with `onnx.checker`, described (opset,
 inputs, outputs) and stored by its sha256. A deployment names a model by its id.
+Uploads in progress are bounded, per tenant (429) and overall (503), and checked on a
+pool of their own, never on the one the scheduling loop's passes use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from typing import Annotated, Final
 
@@ -22,8 +25,9 @@ from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import MODEL_BLOBS, MODEL_URL_SIGNER, STORE
-from cloud.models.blobs import ModelTooLargeError
-from cloud.models.inspect import InvalidModelError, inspect_model
+from cloud.models.blobs import BlobStore, ModelTooLargeError, StagedBlob
+from cloud.models.checking import UploadsBusyError
+from cloud.models.inspect import InvalidModelError, ModelInfo
 from cloud.models.views import ModelList, ModelView, TensorView
 from cloud.store import ModelRecord, ModelTensor, NewModel
 from shared.clock import utc_from_epoch
@@ -95,25 +99,16 @@ async def upload_model(request: web.Request) -> web.Response:
             "accepted (cloud.max_model_bytes)"
         )
     try:
-        staged = await blobs.stage(request.content.iter_chunked(_CHUNK_BYTES))
-    except ModelTooLargeError as error:
-        raise payload_too_large(str(error)) from None
-    try:
-        if staged.size_bytes == 0:
-            raise InvalidModelError("the body is empty")
-        info = await asyncio.to_thread(inspect_model, staged.path)
-    except InvalidModelError as error:
-        await blobs.discard(staged.path)
+        with blobs.checks.upload_slot(tenant.tenant_id):
+            staged, info = await _stage_and_check(blobs, request)
+    except UploadsBusyError as error:
         raise Problem(
-            422,
-            "invalid-model",
-            "Not a valid ONNX model",
+            429 if error.per_tenant else 503,
+            "too-many-uploads",
+            "Too many uploads in progress",
             str(error),
-            (InvalidParam("$", str(error)),),
+            headers={"Retry-After": str(error.retry_after_s)},
         ) from None
-    except BaseException:
-        await blobs.discard(staged.path)
-        raise
     await blobs.keep(staged)
     record = await request.app[STORE].create_model(
         tenant.tenant_id,
@@ -129,6 +124,32 @@ async def upload_model(request: web.Request) -> web.Response:
     response = json_response(_view(record), status=201)
     response.headers["Location"] = f"/v1/models/{record.model_id}"
     return response
+
+
+async def _stage_and_check(blobs: BlobStore, request: web.Request) -> tuple[StagedBlob, ModelInfo]:
+    """The body on disk and the model's description; raises a 413 or 422 problem (and
+    keeps nothing) where it is too large or not a model."""
+    try:
+        staged = await blobs.stage(request.content.iter_chunked(_CHUNK_BYTES))
+    except ModelTooLargeError as error:
+        raise payload_too_large(str(error)) from None
+    try:
+        if staged.size_bytes == 0:
+            raise InvalidModelError("the body is empty")
+        info = await blobs.checks.inspect(staged.path)
+    except InvalidModelError as error:
+        await blobs.discard(staged.path)
+        raise Problem(
+            422,
+            "invalid-model",
+            "Not a valid ONNX model",
+            str(error),
+            (InvalidParam("$", str(error)),),
+        ) from None
+    except BaseException:
+        await blobs.discard(staged.path)
+        raise
+    return staged, info
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -203,6 +224,13 @@ async def get_model_blob(request: web.Request) -> web.StreamResponse:
 
 
 _PROBLEM_REPLY = problem_reply(422, "Not a valid ONNX model; detail says why")
+_BUSY_REPLIES: Final = tuple(
+    dataclasses.replace(problem_reply(status, description), headers=("Retry-After",))
+    for status, description in (
+        (429, "The tenant has as many uploads in progress as it may: retry after one ends"),
+        (503, "The server has as many uploads in progress as it checks: retry later"),
+    )
+)
 
 ROUTES: Final = (
     Route(
@@ -215,7 +243,11 @@ ROUTES: Final = (
         query=UploadQuery,
         body=bytes,
         body_media_type="application/octet-stream",
-        replies=(Reply(201, "The model, checked and described", ModelView), _PROBLEM_REPLY),
+        replies=(
+            Reply(201, "The model, checked and described", ModelView),
+            _PROBLEM_REPLY,
+            *_BUSY_REPLIES,
+        ),
     ),
     Route(
         "GET",

@@ -3,7 +3,8 @@
 An upload is streamed to a temporary file beside the store (same file system),
 hashed and counted as it arrives, refused as soon as it passes the size limit, and
 renamed into place only once it is complete and accepted: a reader never sees half
-a file, and two uploads of the same bytes share one.
+a file, and two uploads of the same bytes share one. Uploads in progress are bounded
+and checked on a pool of their own (`checks`, cloud/models/checking.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import tempfile
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from cloud.models.checking import ModelChecks
 
 _FLUSH_BYTES = 1 << 20  # write to disk (off the event loop) in pieces of about this much
 
@@ -32,9 +35,10 @@ class StagedBlob:
 
 
 class BlobStore:
-    def __init__(self, root: Path, max_bytes: int) -> None:
+    def __init__(self, root: Path, max_bytes: int, checks: ModelChecks | None = None) -> None:
         self.root = root
         self.max_bytes = max_bytes
+        self.checks = checks if checks is not None else ModelChecks()
 
     def path(self, sha256: str) -> Path:
         return self.root / "sha256" / sha256[:2] / f"{sha256}.onnx"

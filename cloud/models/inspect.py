@@ -17,9 +17,12 @@ inside a field, or whose lengths and varints do not add up, is not a model.
 
 Kept in memory as they are: every field that is not a tensor payload (names, docs,
 shapes, attributes) and the indices of sparse tensors (the checker reads them to
-check their range). Tensors the uploader already stored externally are passed to
-the checker as they were (a placeholder stands in for any payload they also carry,
-which the checker refuses either way), so such models fare exactly as before.
+check their range); together at most `MAX_SKELETON_BYTES`, and the whole file at most
+`MAX_FIELDS` fields, so that one check's memory and CPU are bounded whatever is sent.
+
+A tensor the uploader stored as external data (anywhere: initializers, attributes,
+subgraphs, sparse tensors) is refused: agents download the one .onnx file, and the
+checker would look the named file up relative to the control plane's directory.
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ _MAX_NESTING: Final = 64  # messages inside messages (graphs in If/Loop nodes, .
 _WINDOW_BYTES: Final = 1 << 16  # read ahead this much when scanning keys and lengths
 _COUNT_BYTES: Final = 1 << 20  # count packed varints this much at a time
 _UNREAD_LOCATION: Final = "#greenfed-unread"  # '#': the checker does not open it
+# The skeleton (every field but the tensors' values) is held in memory about twice
+# while it is checked: bounded, so one check's memory does not grow with the file.
+MAX_SKELETON_BYTES: Final = 64 << 20
+# The scan is Python, about 2 us a field, and the parsed skeleton about 80 bytes a field
+# (measured: 10 million small fields, 17 s and 850 MiB): far more than a large
+# transformer's graph has, and what docs/deploy.md sizes the control plane's pod for.
+MAX_FIELDS: Final = 10_000_000
 
 
 class InvalidModelError(ValueError):
@@ -85,12 +95,22 @@ def inspect_model(path: Path) -> ModelInfo:
         with path.open("rb") as file:
             skeleton = _skeleton(file)
         model = onnx.ModelProto.FromString(skeleton.model_bytes)
+    except InvalidModelError:
+        raise
     except _MalformedError as error:
         raise InvalidModelError(f"not an ONNX model: {error}") from None
     except Exception as error:  # protobuf's DecodeError, OSError: not a model at all
         raise InvalidModelError(f"not an ONNX model: {error or type(error).__name__}") from None
     if skeleton.payload_faults:
         raise InvalidModelError(f"the ONNX checker rejected it: {skeleton.payload_faults[0]}")
+    # Described now and the parsed copy let go before the checker parses its own (the
+    # skeleton may be MAX_SKELETON_BYTES); the checker's verdict still comes first.
+    described: ModelInfo | InvalidModelError
+    try:
+        described = _describe(model)
+    except InvalidModelError as error:
+        described = error
+    del model
     try:
         onnx.checker.check_model(skeleton.model_bytes)
     except onnx.checker.ValidationError as error:
@@ -100,6 +120,12 @@ def inspect_model(path: Path) -> ModelInfo:
         raise InvalidModelError(
             "the ONNX checker rejected it: a name in the model is not valid UTF-8"
         ) from None
+    if isinstance(described, InvalidModelError):
+        raise described
+    return described
+
+
+def _describe(model: onnx.ModelProto) -> ModelInfo:
     opsets = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
     if not opsets:
         raise InvalidModelError("it imports no default-domain opset")
@@ -122,15 +148,29 @@ def _skeleton(file: BinaryIO) -> _Skeleton:
     size = file.seek(0, 2)
     if size > _PROTOBUF_MAX_BYTES:
         raise _MalformedError(
-            f"{size} bytes is over protobuf's 2 GiB limit (store the weights as external data)"
+            f"{size} bytes is over protobuf's 2 GiB limit (a model served here is one file)"
         )
     scanner = _Scanner(_Wire(file, size))
-    model_bytes = scanner.message(onnx.ModelProto.DESCRIPTOR, size, depth=0)
+    model_buffer = scanner.message(onnx.ModelProto.DESCRIPTOR, size, depth=0)
+    model_bytes = bytes(model_buffer)  # the checker takes bytes only
+    del model_buffer
     return _Skeleton(model_bytes, tuple(scanner.payload_faults))
 
 
 class _MalformedError(Exception):
     pass
+
+
+def _refuse_external_data(tensor: TensorProto) -> None:
+    """Data in another file is refused: agents download the one .onnx file (such a model
+    could never be served), and looking the file up here would tell the uploader which
+    files the control plane can read."""
+    if tensor.data_location == TensorProto.EXTERNAL:
+        raise InvalidModelError(
+            f"tensor {tensor.name!r} keeps its values in another file (external data); "
+            "upload one self-contained .onnx file (onnx.save with "
+            "save_as_external_data=False)"
+        )
 
 
 # Wire types (https://protobuf.dev/programming-guides/encoding/).
@@ -200,33 +240,67 @@ class _Scanner:
     def __init__(self, wire: _Wire) -> None:
         self.wire = wire
         self.payload_faults: list[str] = []
+        self.skeleton_bytes = 0  # what the skeleton holds so far, all messages together
+        self.fields = 0  # fields read so far, payload values included
 
-    def message(self, descriptor: Descriptor, end: int, depth: int) -> bytes:
+    def message(self, descriptor: Descriptor, end: int, depth: int) -> bytearray:
         """The message from here to `end`, with the payloads of its tensors left out."""
         if depth > _MAX_NESTING:
             raise _MalformedError(f"messages are nested more than {_MAX_NESTING} deep")
         nested = _tensor_holding_fields(descriptor)
         wire = self.wire
-        parts: list[bytes] = []
+        # One growing buffer, not a list of parts: a field of a few bytes would cost
+        # ten times its size as a bytes object of its own.
+        body = bytearray()
         while wire.pos < end:
             key_start = wire.pos
             field, wire_type = self._key(end)
             child = nested.get(field) if wire_type == _LENGTH else None
             if child is None:
                 self._skip_value(field, wire_type, end)
-                parts.append(wire.read(key_start, wire.pos))
+                value = self._read_kept(key_start, wire.pos)
+                if (descriptor, field) == _SPARSE_INDICES:  # kept whole, so checked here
+                    _refuse_external_data(onnx.SparseTensorProto.FromString(value).indices)
+                body += value
                 continue
             key = wire.read(key_start, wire.pos)
             length = wire.length(end)
             child_end = wire.pos + length
             if child is TensorProto.DESCRIPTOR:
-                body = self.tensor(child_end)
+                child_body = self.tensor(child_end)
             else:
-                body = self.message(child, child_end, depth + 1)
-            parts += (key, _varint(len(body)), body)
-        return b"".join(parts)
+                child_body = self.message(child, child_end, depth + 1)
+            body += self._keep(key + _varint(len(child_body)))
+            body += child_body
+            del child_body  # before the next child is read
+        return body
+
+    def _read_kept(self, start: int, end: int) -> bytes:
+        """The file's bytes from `start` to `end`, counted (before they are read)
+        against the skeleton's bound."""
+        self._count_kept(end - start)
+        return self.wire.read(start, end)
+
+    def _keep(self, part: bytes) -> bytes:
+        """`part`, counted against the skeleton's bound."""
+        self._count_kept(len(part))
+        return part
+
+    def _count_kept(self, size_bytes: int) -> None:
+        self.skeleton_bytes += size_bytes
+        if self.skeleton_bytes > MAX_SKELETON_BYTES:
+            raise InvalidModelError(
+                f"its graph, less the tensors' values, is over {MAX_SKELETON_BYTES} bytes "
+                "(names, doc strings, attributes, shapes); that is not a model served here"
+            )
 
     def _key(self, end: int) -> tuple[int, int]:
+        self.fields += 1
+        if self.fields > MAX_FIELDS:
+            raise InvalidModelError(
+                f"it has more than {MAX_FIELDS} protobuf fields (write repeated values "
+                "packed, as onnx does); that is not a model served here"
+            )
         start = self.wire.pos
         key = self.wire.varint(end)
         field, wire_type = key >> 3, key & 7
@@ -257,10 +331,11 @@ class _Scanner:
         else:
             raise _MalformedError(f"a group ends at byte {wire.pos} unopened")
 
-    def tensor(self, end: int) -> bytes:
+    def tensor(self, end: int) -> bytearray:
         """A TensorProto's fields less its payload, marked as stored elsewhere."""
         wire = self.wire
-        header: list[tuple[int, bytes]] = []
+        header = bytearray()  # every field but the payload
+        kept = bytearray()  # those, less any `external_data`: the skeleton marks its own
         counts = dict.fromkeys(_PAYLOAD_FIELDS, 0)  # values in each repeated payload field
         raw_data_bytes = 0  # raw_data is a singular field: its last occurrence counts
         while wire.pos < end:
@@ -270,7 +345,10 @@ class _Scanner:
             if kind is None or (wire_type != _LENGTH and wire_type != kind):
                 # Not a payload, or a wire type protobuf keeps as an unknown field.
                 self._skip_value(field, wire_type, end)
-                header.append((field, wire.read(key_start, wire.pos)))
+                part = self._read_kept(key_start, wire.pos)
+                header += part
+                if field != _EXTERNAL_DATA:
+                    kept += part
             elif wire_type != _LENGTH:  # one unpacked number
                 self._skip_value(field, wire_type, end)
                 counts[field] += 1
@@ -284,19 +362,17 @@ class _Scanner:
             else:  # packed numbers
                 length = wire.length(end)
                 counts[field] += self._packed_count(field, kind, length)
-        header_bytes = b"".join(part for _, part in header)
-        parsed = TensorProto.FromString(header_bytes)
+        parsed = TensorProto.FromString(header)
+        del header
+        _refuse_external_data(parsed)
         present = [f for f, count in counts.items() if count] + (
             [_RAW_DATA] if raw_data_bytes else []
         )
-        if parsed.data_location == TensorProto.EXTERNAL:
-            # As uploaded; one value per payload field keeps the checker's verdict.
-            return header_bytes + b"".join(_PLACEHOLDERS[f] for f in sorted(present))
         fault = _payload_fault(parsed, present, counts, raw_data_bytes)
         if fault is not None:
             self.payload_faults.append(fault)
-        kept = b"".join(part for field, part in header if field != _EXTERNAL_DATA)
-        return kept + _STORED_ELSEWHERE
+        kept += self._keep(_STORED_ELSEWHERE)
+        return kept
 
     def _packed_count(self, field: int, kind: int, length: int) -> int:
         wire = self.wire
@@ -371,15 +447,6 @@ _PAYLOAD_FIELDS: Final = {  # field number: the wire type of one value
 }
 _FIELD_NAMES: Final = {
     number: TensorProto.DESCRIPTOR.fields_by_number[number].name for number in _PAYLOAD_FIELDS
-}
-_PLACEHOLDERS: Final = {
-    _FLOAT_DATA: b"\x25\0\0\0\0",
-    _INT32_DATA: b"\x28\0",
-    _STRING_DATA: b"\x32\0",
-    _INT64_DATA: b"\x38\0",
-    _RAW_DATA: b"\x4a\x01\0",
-    _DOUBLE_DATA: b"\x51" + b"\0" * 8,
-    _UINT64_DATA: b"\x58\0",
 }
 _STORED_ELSEWHERE: Final[bytes] = (
     bytes([_DATA_LOCATION << 3 | _VARINT, TensorProto.EXTERNAL])

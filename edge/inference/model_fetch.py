@@ -3,8 +3,11 @@
 
 A download is streamed into `<sha256>.part`, resumed from where a broken transfer
 stopped (an HTTP Range request), retried with backoff, verified against the sha256
-the cloud announced, and only then renamed into place: a cached file is always a
-whole, verified model. Files a running deployment uses are pinned and never evicted.
+the cloud announced, flushed to disk and only then renamed into place; the `.part` of
+a fetch that gives up is deleted. A cached file is verified again (size, sha256) the
+first time each agent process uses it, since a power cut or a bad disk can still
+damage it; a damaged one is deleted and downloaded again. The bound counts `.part`
+files too. Files a running deployment uses, and downloads under way, are never evicted.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ class ModelCache:
         self._retry_base_s = retry_base_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=30.0)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._fetching: set[str] = set()  # sha256s whose fetch is under way: never evicted
+        # Files this process checked against their sha256, as they were then: not hashed
+        # again on each load, unless the file has changed since.
+        self._verified: dict[str, _Fingerprint] = {}
         self._log = get_logger("greenfed.inference.cache")
         self.downloads = 0
         self.resumed = 0
@@ -76,37 +83,83 @@ class ModelCache:
         lock = self._locks.setdefault(sha256, asyncio.Lock())
         async with lock:
             path = self.path(sha256)
-            if await asyncio.to_thread(path.is_file):
-                await asyncio.to_thread(os.utime, path)  # most recently used
+            if await asyncio.to_thread(self._use_cached, sha256, size_bytes):
                 return path
             await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
-            why = ""
-            for attempt in range(self._attempts):
-                try:
-                    await self._download(session, url, sha256, most_bytes)
-                    break
-                except (aiohttp.ClientError, TimeoutError, OSError, _Retryable) as failure:
-                    why = str(failure) or type(failure).__name__
-                    self._log.warning(
-                        "model download failed", sha256=sha256[:12], attempt=attempt + 1,
-                        error=why,
-                    )  # fmt: skip
-                    if attempt + 1 < self._attempts:
-                        if on_retry is not None:
-                            on_retry(f"download attempt {attempt + 1} failed ({why}); retrying")
-                        await asyncio.sleep(min(RETRY_MAX_S, self._retry_base_s * 2**attempt))
-            else:
-                raise ModelFetchError(
-                    f"could not download the model after {self._attempts} attempts: {why}"
-                )
-            await self._verify_and_keep(sha256)
+            self._fetching.add(sha256)
+            try:
+                await self._download_with_retries(session, url, sha256, most_bytes, on_retry)
+                await self._verify_and_keep(sha256)
+            except ModelFetchError:
+                # Given up: nothing would resume it. (A cancelled fetch keeps its part for
+                # the next try; eviction bounds it.)
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(self._part(sha256).unlink)
+                raise
+            finally:
+                self._fetching.discard(sha256)
         await asyncio.to_thread(self._evict, {sha256, *pinned})
         return self.path(sha256)
+
+    def _part(self, sha256: str) -> Path:
+        return self.directory / f"{sha256}.part"
+
+    def _use_cached(self, sha256: str, size_bytes: int | None) -> bool:
+        """Whether the cached file is there and is the model (then marked most recently
+        used); a damaged one is deleted. Blocking: its sha256 is read once per process
+        and file (a model of gigabytes takes seconds), again only if the file changed."""
+        path = self.path(sha256)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return False
+        if size_bytes is not None and stat.st_size != size_bytes:
+            why = f"it has {stat.st_size} bytes, the model {size_bytes}"
+        elif self._verified.get(sha256) == _fingerprint(stat):
+            why = ""
+        else:
+            actual, _ = file_sha256(path)
+            why = "" if actual == sha256 else f"its sha256 is {actual[:16]}…"
+        if not why:
+            os.utime(path)  # most recently used
+            self._verified[sha256] = _fingerprint(path.stat())
+            return True
+        self._log.warning("cached model damaged: downloading it again", sha256=sha256[:12], why=why)
+        self._verified.pop(sha256, None)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return False
+
+    async def _download_with_retries(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        sha256: str,
+        most_bytes: int,
+        on_retry: Callable[[str], None] | None,
+    ) -> None:
+        why = ""
+        for attempt in range(self._attempts):
+            try:
+                await self._download(session, url, sha256, most_bytes)
+                return
+            except (aiohttp.ClientError, TimeoutError, OSError, _Retryable) as failure:
+                why = str(failure) or type(failure).__name__
+                self._log.warning(
+                    "model download failed", sha256=sha256[:12], attempt=attempt + 1, error=why
+                )
+                if attempt + 1 < self._attempts:
+                    if on_retry is not None:
+                        on_retry(f"download attempt {attempt + 1} failed ({why}); retrying")
+                    await asyncio.sleep(min(RETRY_MAX_S, self._retry_base_s * 2**attempt))
+        raise ModelFetchError(
+            f"could not download the model after {self._attempts} attempts: {why}"
+        )
 
     async def _download(
         self, session: aiohttp.ClientSession, url: str, sha256: str, most_bytes: int
     ) -> None:
-        part = self.directory / f"{sha256}.part"
+        part = self._part(sha256)
         have = await asyncio.to_thread(lambda: part.stat().st_size if part.exists() else 0)
         headers = {"Range": f"bytes={have}-"} if have else {}
         async with session.get(url, headers=headers, timeout=self._timeout) as response:
@@ -138,30 +191,61 @@ class ModelCache:
                 )
 
     async def _verify_and_keep(self, sha256: str) -> None:
-        part = self.directory / f"{sha256}.part"
-
+        """Raises `ModelFetchError` where the file is not the model (the caller deletes it)."""
+        part = self._part(sha256)
         actual, _ = await asyncio.to_thread(file_sha256, part)
         if actual != sha256:
-            with contextlib.suppress(FileNotFoundError):
-                await asyncio.to_thread(part.unlink)
             raise ModelFetchError(
                 f"checksum mismatch: the file has sha256 {actual[:16]}…, the registry "
                 f"says {sha256[:16]}…"
             )
+        # On disk before the rename, and the rename on disk after it: after a power cut
+        # the cache holds the whole model or none (a damaged file is caught on a hit too).
+        await asyncio.to_thread(_sync_file, part)
         await asyncio.to_thread(os.replace, part, self.path(sha256))
+        await asyncio.to_thread(_sync_file, self.directory)
+        stat = await asyncio.to_thread(self.path(sha256).stat)
+        self._verified[sha256] = _fingerprint(stat)
 
     def _evict(self, pinned: set[str]) -> None:
-        files = [
-            (entry.stat().st_mtime, entry)
-            for entry in self.directory.glob("*.onnx")
-            if entry.stem not in pinned
-        ]
-        total = sum(entry.stat().st_size for entry in self.directory.glob("*.onnx"))
-        for _, entry in sorted(files):
+        """Deletes the least recently used files, `.part` ones too, until the cache is
+        within its bound; never a pinned model's nor one being fetched."""
+        entries: list[tuple[float, int, Path]] = []  # modified at, bytes, file
+        for entry in self.directory.iterdir():
+            if entry.suffix not in (".onnx", ".part"):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                stat = entry.stat()
+                entries.append((stat.st_mtime, stat.st_size, entry))
+        total = sum(size for _, size, _ in entries)
+        for _, size, entry in sorted(entries):
             if total <= self.max_bytes:
                 break
-            size = entry.stat().st_size
+            # Asked each time: a fetch may start while this runs (in a thread).
+            if entry.stem in pinned or entry.stem in self._fetching:
+                continue
             with contextlib.suppress(FileNotFoundError):
                 entry.unlink()
                 total -= size
-                self._log.info("model evicted from the cache", sha256=entry.stem[:12])
+                self._verified.pop(entry.stem, None)
+                self._log.info(
+                    "model evicted from the cache", sha256=entry.stem[:12], file=entry.name
+                )
+
+
+_Fingerprint = tuple[int, int, int]  # inode, bytes, modified at (ns)
+
+
+def _fingerprint(stat: os.stat_result) -> _Fingerprint:
+    """Changes when the file is replaced or written (a write sets its modified time)."""
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _sync_file(path: Path) -> None:
+    """fsync: the file's bytes (or a directory's entries) on disk. Read-only opening is
+    enough on Linux, and the only way to open a directory."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

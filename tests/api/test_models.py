@@ -3,9 +3,14 @@ downloadable with Range; bad files refused with the reason; tenants kept apart."
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import os
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
+import aiohttp
 import onnx
 import pytest
 
@@ -165,3 +170,111 @@ async def test_a_spec_never_sets_a_canary_so_another_tenants_model_stays_out(api
         assert body["invalid_params"][0]["name"] == "$.canary", (method, path)
     listed = await api.get(mallory, "/v1/deployments")
     assert (await listed.json())["items"] == []
+
+
+class BlockedChecks:
+    """Holds every model check (the checker call in it) until released, counting those
+    under way, as a slow check of a large model would."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.released = threading.Event()
+        self.changed = asyncio.Event()  # set on each check started or upload answered
+        self.entered = 0
+        self.most_at_once = 0
+        self._running = 0
+        self._lock = threading.Lock()
+        real_check = onnx.checker.check_model
+
+        def blocked_check(*args: Any, **kwargs: Any) -> None:
+            with self._lock:
+                self._running += 1
+                self.most_at_once = max(self.most_at_once, self._running)
+            self.loop.call_soon_threadsafe(self._entered)
+            self.released.wait(30)
+            with self._lock:
+                self._running -= 1
+            real_check(*args, **kwargs)
+
+        monkeypatch.setattr(onnx.checker, "check_model", blocked_check)
+
+    def _entered(self) -> None:
+        self.entered += 1
+        self.changed.set()
+
+    async def until(self, condition: Any) -> None:
+        async with asyncio.timeout(20):
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+@pytest.fixture
+async def blocked_checks(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[BlockedChecks]:
+    checks = BlockedChecks(monkeypatch)
+    yield checks
+    checks.released.set()
+
+
+async def test_uploads_being_checked_never_hold_the_threads_scheduling_passes_run_on(
+    api: Api, blocked_checks: BlockedChecks
+) -> None:
+    """A scheduling pass runs on asyncio's default pool: uploads, however many and
+    however slow their checks, leave it free (checks have a small pool of their own),
+    and those past the bound are refused at once with Retry-After."""
+    default_pool_threads = min(32, (os.cpu_count() or 1) + 4)  # asyncio's own choice
+    tokens = [await api.tenant(f"tenant-{index}") for index in range(default_pool_threads)]
+    uploads = [
+        asyncio.create_task(
+            api.client.post("/v1/models?name=m", data=mlp(), headers=bearer(token) | OCTETS)
+        )
+        for token in tokens
+    ]
+    for upload_task in uploads:
+        upload_task.add_done_callback(lambda _: blocked_checks.changed.set())
+    try:
+        # Every upload's check holds a default-pool thread (as before), or two checks run
+        # and the uploads past the bound of four are answered.
+        def settled() -> bool:
+            answered = sum(task.done() for task in uploads)
+            return blocked_checks.entered == default_pool_threads or (
+                blocked_checks.entered >= 2 and answered >= default_pool_threads - 4
+            )
+
+        await blocked_checks.until(settled)
+        async with asyncio.timeout(5):
+            await asyncio.to_thread(lambda: None)  # what a scheduling pass does
+    finally:
+        blocked_checks.released.set()
+        answers: list[aiohttp.ClientResponse] = await asyncio.gather(*uploads)
+    statuses = sorted(answer.status for answer in answers)
+    assert statuses == [201] * 4 + [503] * (default_pool_threads - 4)
+    refused = next(answer for answer in answers if answer.status == 503)
+    assert refused.headers["Retry-After"] == "10"
+    assert (await refused.json())["type"].endswith("/too-many-uploads")
+    assert blocked_checks.most_at_once <= 2
+    staging = api.database.settings.resolved_data_dir() / "models" / "staging"
+    assert not any(staging.iterdir())
+
+
+async def test_a_tenant_with_its_share_of_uploads_in_progress_is_told_to_retry(
+    api: Api, blocked_checks: BlockedChecks
+) -> None:
+    vision, other = await api.tenant("vision"), await api.tenant("other")
+
+    def post(token: str) -> Any:
+        return api.client.post("/v1/models?name=m", data=mlp(), headers=bearer(token) | OCTETS)
+
+    first_two = [asyncio.create_task(post(vision)) for _ in range(2)]
+    try:
+        await blocked_checks.until(lambda: blocked_checks.entered == 2)
+        async with asyncio.timeout(10):
+            third = await post(vision)
+        refused = await problem(third, 429)
+        assert refused["type"].endswith("/too-many-uploads")
+        assert third.headers["Retry-After"] == "10"
+        another_tenants = asyncio.create_task(post(other))  # its own share: waits its turn
+    finally:
+        blocked_checks.released.set()
+    assert [answer.status for answer in await asyncio.gather(*first_two)] == [201, 201]
+    assert (await another_tenants).status == 201

@@ -16,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from cloud.models import inspect as inspect_module
 from cloud.models.inspect import InvalidModelError, ModelInfo, _tensor, inspect_model
 from cloud.store import ModelTensor
 from tests.support.onnx_models import broken_graph, mlp
@@ -166,16 +167,6 @@ W = np.arange(6, dtype=np.float32).reshape(3, 2)
         ),
         pytest.param(model_with([], sparse=[sparse_initializer([1, 5])]), id="sparse"),
         pytest.param(model_with([], sparse=[sparse_initializer([5, 1])]), id="sparse-unsorted"),
-        pytest.param(model_with([external("w", "weights.bin")]), id="external-missing-file"),
-        pytest.param(model_with([external("w", "/etc/passwd")]), id="external-absolute"),
-        pytest.param(model_with([external("w", "#in-memory")]), id="external-hash"),
-        pytest.param(
-            model_with([external("w", "#m", raw_data=b"12345678")]), id="external-and-raw"
-        ),
-        pytest.param(
-            model_with([external("w", "#m", float_data=[1.0], int64_data=[3])]),
-            id="external-and-two-fields",
-        ),
         pytest.param(
             model_with([numpy_helper.from_array(W, "w")], ir_version=3), id="ir3-not-input"
         ),
@@ -185,6 +176,68 @@ def test_models_get_the_verdict_loading_them_whole_gave(tmp_path: Path, body: by
     path = tmp_path / "model.onnx"
     path.write_bytes(body)
     assert_same_verdict(path)
+
+
+def sparse_with_external(part: str) -> onnx.SparseTensorProto:
+    sparse = sparse_initializer([1, 5])
+    tensor = sparse.values if part == "values" else sparse.indices
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="pyproject.toml")
+    return sparse
+
+
+def constant_of(tensor: TensorProto) -> list[onnx.NodeProto]:
+    return [
+        helper.make_node("Constant", [], ["c"], value=tensor),
+        helper.make_node("Identity", ["x"], ["y"]),
+    ]
+
+
+def if_with_external_in_branch() -> bytes:
+    node = if_node_with_initializer_in_branch()
+    branch = node.attribute[0].g
+    branch.initializer[0].CopyFrom(external("c", "pyproject.toml"))
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Constant", [], ["flag"], value=numpy_helper.from_array(np.array(True))
+            ),
+            node,
+        ],
+        "if",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(model_with([external("w", "pyproject.toml")]), id="file-that-exists"),
+        pytest.param(model_with([external("w", "weights.bin")]), id="missing-file"),
+        pytest.param(model_with([external("w", "/etc/passwd")]), id="absolute"),
+        pytest.param(model_with([external("w", "#in-memory")]), id="hash"),
+        pytest.param(model_with([external("w", "#m", raw_data=b"12345678")]), id="and-raw"),
+        pytest.param(model_with([], constant_of(external("c", "pyproject.toml"))), id="attribute"),
+        pytest.param(if_with_external_in_branch(), id="subgraph"),
+        pytest.param(model_with([], sparse=[sparse_with_external("values")]), id="sparse-values"),
+        pytest.param(model_with([], sparse=[sparse_with_external("indices")]), id="sparse-indices"),
+    ],
+)
+def test_tensors_stored_as_external_data_are_refused_whatever_files_exist(
+    tmp_path: Path, body: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agents download the one .onnx file; and whether a named file exists where
+    the control plane runs must not decide the answer (that would tell a tenant)."""
+    monkeypatch.chdir(Path(__file__).parents[2])  # where pyproject.toml exists
+    path = tmp_path / "model.onnx"
+    path.write_bytes(body)
+    with pytest.raises(InvalidModelError, match=r"keeps its values in another file"):
+        inspect_model(path)
 
 
 def test_the_mlp_is_described(tmp_path: Path) -> None:
@@ -405,3 +458,54 @@ def test_a_whole_big_model_written_by_onnx_gets_the_same_description(tmp_path: P
     write_big_model(path, 8 * MiB)
     assert isinstance(assert_same_verdict(path), ModelInfo)
     assert onnx.load(str(path)).graph.initializer[0].raw_data == bytes(8 * MiB)
+
+
+def model_with_doc_string(doc_bytes: int) -> bytes:
+    """A model whose bulk is a node's doc string: kept in memory as it is checked."""
+    node = helper.make_node("Identity", ["x"], ["y"], doc_string="A" * doc_bytes)
+    return model_with([], [node])
+
+
+def test_a_model_whose_graph_alone_is_over_the_bound_is_refused_without_reading_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory for a check is bounded by the skeleton's bound, not by the upload's size."""
+    monkeypatch.setattr(inspect_module, "MAX_SKELETON_BYTES", 1 * MiB, raising=False)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model_with_doc_string(1 * MiB - 4096))
+    assert isinstance(assert_same_verdict(path), ModelInfo)
+    path.write_bytes(model_with_doc_string(16 * MiB))
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidModelError, match=r"less the tensors' values, is over 1048576"):
+            inspect_model(path)
+        _, peak_traced = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak_traced < 4 * MiB
+    # Tensor values do not count: 8 MiB of weights pass under a 1 MiB bound.
+    write_big_model(path, 8 * MiB)
+    assert isinstance(inspect_model(path), ModelInfo)
+
+
+def test_a_model_of_too_many_fields_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan is Python: its CPU time is bounded by a count of fields, payload values
+    written one by one included (onnx packs them)."""
+    monkeypatch.setattr(inspect_module, "MAX_FIELDS", 10_000, raising=False)
+    header = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[20_000])
+    unpacked = header.SerializeToString() + b"".join(b"\x25" + bytes(4) for _ in range(20_000))
+    model = onnx.ModelProto.FromString(model_with([]))
+    graph = model.graph.SerializeToString() + b"\x2a" + _varint(len(unpacked)) + unpacked
+    model.ClearField("graph")
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString() + b"\x3a" + _varint(len(graph)) + graph)
+    assert isinstance(verdict(inspect_by_loading, path), ModelInfo)  # a model, if odd
+    with pytest.raises(InvalidModelError, match=r"more than 10000 protobuf fields"):
+        inspect_model(path)
+    packed = numpy_helper.from_array(np.zeros(20_000, np.float32), "w")
+    packed.float_data.extend(np.zeros(20_000, np.float32).tolist())
+    packed.ClearField("raw_data")
+    path.write_bytes(model_with([packed]))
+    assert isinstance(inspect_model(path), ModelInfo)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from edge.inference import model_fetch
 from edge.inference.batching import Batcher, QueueFull, Unavailable
 from edge.inference.model_fetch import ModelCache, ModelFetchError
 from edge.inference.server import read_npy, write_npy
@@ -27,6 +28,7 @@ from edge.inference.session import (
     provider_options,
 )
 from edge.inference.stats import ServingStats, render_prometheus
+from shared.file_digests import file_sha256
 from tests.support.onnx_models import mlp, mlp_reference
 
 pytestmark = pytest.mark.timeout(30)
@@ -217,15 +219,17 @@ async def test_a_full_queue_refuses_at_once(tmp_path: Path) -> None:
 
 
 class FlakyServer:
-    """Serves one file; the first answer breaks off half-way, like a dropped link."""
+    """Serves one file; the first answers (one unless told) break off half-way, like a
+    dropped link."""
 
     def __init__(self, body: bytes) -> None:
         self.body = body
         self.ranges: list[str | None] = []
+        self.broken_answers = 1
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.ranges.append(request.headers.get("Range"))
-        if len(self.ranges) == 1:
+        if len(self.ranges) <= self.broken_answers:
             response = web.StreamResponse(headers={"Content-Length": str(len(self.body))})
             await response.prepare(request)
             await response.write(self.body[: len(self.body) // 2])
@@ -291,19 +295,110 @@ def part_files(directory: Path) -> list[Path]:
     return list(directory.glob("*.part"))
 
 
-def test_the_cache_evicts_least_recently_used_files_but_never_pinned_ones(
-    tmp_path: Path,
+async def test_a_cached_file_that_is_not_the_model_is_downloaded_again(
+    served: tuple[str, FlakyServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = ModelCache(tmp_path, max_bytes=250)
-    for age, name in enumerate(("old", "pinned", "new")):
-        path = tmp_path / f"{name}.onnx"
-        path.write_bytes(b"\0" * 100)
-        os.utime(path, (1000 + age, 1000 + age))
-    cache._evict({"new", "pinned"})
-    assert sorted(p.stem for p in tmp_path.glob("*.onnx")) == ["new", "pinned"]
-    cache.max_bytes = 50
-    cache._evict({"pinned"})
-    assert sorted(p.stem for p in tmp_path.glob("*.onnx")) == ["pinned"]
+    """A power cut or a bad disk can leave a cached file cut short or changed: it is
+    checked (size, sha256) the first time an agent process uses it and replaced; the
+    loads after that do not read a model of gigabytes again."""
+    url, server = served
+    server.broken_answers = 0
+    sha = hashlib.sha256(server.body).hexdigest()
+    size = len(server.body)
+    cached = tmp_path / f"{sha}.onnx"
+    hashed: list[str] = []
+
+    def counting_file_sha256(path: Path) -> tuple[str, int]:
+        hashed.append(path.name)
+        return file_sha256(path)
+
+    monkeypatch.setattr(model_fetch, "file_sha256", counting_file_sha256)
+    async with aiohttp.ClientSession() as http:
+        cached.write_bytes(server.body[:100])  # cut short, left by an earlier process
+        cache = ModelCache(tmp_path, max_bytes=10**6)
+        assert (await cache.fetch(http, url, sha)).read_bytes() == server.body
+        assert len(server.ranges) == 1  # downloaded again, whole
+        hashed.clear()
+        for _ in range(3):
+            assert await cache.fetch(http, url, sha, size_bytes=size) == cached
+        assert hashed == []  # verified when downloaded: not hashed on each load
+        assert len(server.ranges) == 1
+
+        cached.write_bytes(bytes(size))  # the right size, other bytes
+        restarted = ModelCache(tmp_path, max_bytes=10**6)
+        assert (await restarted.fetch(http, url, sha, size_bytes=size)).read_bytes() == (
+            server.body
+        )
+        assert len(server.ranges) == 2
+        hashed.clear()
+        assert await restarted.fetch(http, url, sha, size_bytes=size) == cached
+        assert hashed == []
+
+        cached.write_bytes(server.body[:-1])  # the announced size tells, without a hash
+        again = ModelCache(tmp_path, max_bytes=10**6)
+        assert (await again.fetch(http, url, sha, size_bytes=size)).read_bytes() == server.body
+        assert len(server.ranges) == 3
+        assert not part_files(tmp_path)
+
+
+async def test_a_download_that_gives_up_leaves_no_part_file(
+    served: tuple[str, FlakyServer], tmp_path: Path
+) -> None:
+    url, server = served
+    server.broken_answers = 10**6  # the link drops half-way, every time
+    cache = ModelCache(tmp_path, max_bytes=10**6, attempts=2, retry_base_s=0.01)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(ModelFetchError, match="after 2 attempts"):
+            await cache.fetch(http, url, hashlib.sha256(server.body).hexdigest())
+    assert len(server.ranges) == 2
+    assert not part_files(tmp_path)
+
+
+async def test_part_files_count_against_the_bound_but_not_one_being_written(
+    unused_tcp_port: int, tmp_path: Path
+) -> None:
+    """A `.part` left by a download given up in an earlier process is evicted like a
+    model, the oldest first; one that a fetch is resuming now stays, oldest or not."""
+    slow_body, fast_body = os.urandom(100_000), os.urandom(40_000)
+    requested, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        assert request.headers["Range"] == "bytes=50000-"
+        requested.set()
+        await release.wait()
+        return web.Response(status=206, body=slow_body[50_000:])
+
+    async def fast(request: web.Request) -> web.Response:
+        return web.Response(body=fast_body)
+
+    app = web.Application()
+    app.router.add_get("/slow", slow)
+    app.router.add_get("/fast", fast)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
+    base = f"http://127.0.0.1:{unused_tcp_port}"
+    slow_sha = hashlib.sha256(slow_body).hexdigest()
+    resumed = tmp_path / f"{slow_sha}.part"
+    resumed.write_bytes(slow_body[:50_000])
+    os.utime(resumed, (500, 500))  # the oldest file of all
+    stale = tmp_path / f"{'e' * 64}.part"  # a download an earlier process gave up
+    stale.write_bytes(bytes(40_000))
+    os.utime(stale, (1000, 1000))
+    cache = ModelCache(tmp_path, max_bytes=110_000)
+    try:
+        async with aiohttp.ClientSession() as http, asyncio.TaskGroup() as tasks:
+            slow_fetch = tasks.create_task(cache.fetch(http, f"{base}/slow", slow_sha))
+            await requested.wait()
+            # 130 000 bytes on disk with the fast model, over the bound of 110 000.
+            await cache.fetch(http, f"{base}/fast", hashlib.sha256(fast_body).hexdigest())
+            assert not stale.exists()
+            assert resumed.stat().st_size == 50_000
+            release.set()
+        assert slow_fetch.result().read_bytes() == slow_body
+    finally:
+        release.set()
+        await runner.cleanup()
 
 
 # ---- .npy bodies -----------------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""Where uploaded models are checked: a thread pool of their own, and a bound on the
+uploads in progress.
+
+The check (`cloud/models/inspect.py`) is Python: seconds of CPU for a file of many
+small fields. On asyncio's default pool it would hold the threads the scheduling
+loop's passes run on (`cloud/loop/loop.py`), and a tenant's burst of uploads would
+stall scheduling for every tenant; on a small pool of its own it only waits for other
+checks. The bound on uploads being received or checked, overall and per tenant, keeps
+that wait short and the staged files few (each up to `cloud.max_model_bytes` on disk);
+past it an upload is refused at once, to be retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Final
+
+from cloud.models.inspect import ModelInfo, inspect_model
+
+CHECK_THREADS: Final = 2  # checks run at once; the others wait their turn
+MAX_UPLOADS: Final = 4  # received or being checked, all tenants together
+MAX_UPLOADS_PER_TENANT: Final = 2
+RETRY_AFTER_S: Final = 10  # about one check of a large model
+
+
+class UploadsBusyError(Exception):
+    """No upload slot is free; `per_tenant`: the tenant holds its share (else the
+    server is at its bound). The message says which, for the uploader."""
+
+    def __init__(self, message: str, *, per_tenant: bool) -> None:
+        super().__init__(message)
+        self.per_tenant = per_tenant
+        self.retry_after_s = RETRY_AFTER_S
+
+
+class ModelChecks:
+    def __init__(
+        self,
+        *,
+        threads: int = CHECK_THREADS,
+        max_uploads: int = MAX_UPLOADS,
+        max_uploads_per_tenant: int = MAX_UPLOADS_PER_TENANT,
+    ) -> None:
+        # Threads start on the first check and end with this object (the app's blob
+        # store, cloud/app.py) or the process: no shutdown to call.
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="model-check")
+        self.max_uploads = max_uploads
+        self.max_uploads_per_tenant = max_uploads_per_tenant
+        self._uploads: Counter[str] = Counter()  # tenant id: uploads in progress
+
+    @contextlib.contextmanager
+    def upload_slot(self, tenant_id: str) -> Iterator[None]:
+        """Hold an upload slot for the block; raises `UploadsBusyError` when none is free."""
+        if self._uploads[tenant_id] >= self.max_uploads_per_tenant:
+            raise UploadsBusyError(
+                f"this tenant already has {self.max_uploads_per_tenant} uploads being "
+                "received or checked; retry when one is done",
+                per_tenant=True,
+            )
+        if self._uploads.total() >= self.max_uploads:
+            raise UploadsBusyError(
+                f"{self.max_uploads} uploads are being received or checked; retry later",
+                per_tenant=False,
+            )
+        self._uploads[tenant_id] += 1
+        try:
+            yield
+        finally:
+            self._uploads[tenant_id] -= 1
+            if not self._uploads[tenant_id]:
+                del self._uploads[tenant_id]
+
+    async def inspect(self, path: Path) -> ModelInfo:
+        """`inspect_model` on this pool; raises `InvalidModelError` with the reason."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, inspect_model, path)
