@@ -34,9 +34,12 @@ from shared.topics import Topics, is_valid_node_id
 _DECODER: Final = msgspec.json.Decoder(MqttAccountSpec)
 
 
-# What a route answers beyond its success: the same for making and revoking.
+# What a route answers beyond its success: the same for making and revoking, but for
+# a name no account can have (a 422 on the body's field, a 404 for the path's).
+_NAME_REFUSAL: Final = problem_reply(
+    422, "The name can be no account's: one topic level, as a node id"
+)
 _REFUSALS: Final = (
-    problem_reply(422, "The name can be no account's: one topic level, as a node id"),
     problem_reply(
         409,
         "The name is a node's, the control plane's or an operator's; or the broker's "
@@ -112,9 +115,16 @@ async def create_account(request: web.Request) -> web.Response:
 
 async def revoke_account(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    # Checked here, as the body's name is by its decoder: the path is the boundary.
+    # Checked here: the path is the boundary. A name no account can have names no
+    # account: a 404, as for a node id that cannot be one (never the 503 a client
+    # retries, whatever the broker, or none, would have said).
     if not is_valid_node_id(name):
-        raise _invalid_name(name, str(InvalidAccountNameError(name)))
+        raise Problem(
+            404,
+            "mqtt-account-not-found",
+            "No such MQTT account",
+            f"no account can be named {name[:200]!r}: {InvalidAccountNameError(name)}",
+        )
     with _broker_refusals(name):
         await request.app[BROKER_ACCOUNTS].revoke_reader(name)
     await request.app[STORE].record_audit(audit_entry(request, "mqtt_account.revoke", name))
@@ -132,6 +142,7 @@ ROUTES: Final = (
         body=MqttAccountSpec,
         replies=(
             Reply(201, "The account and its password, shown once", MqttAccountCreated),
+            _NAME_REFUSAL,
             *_REFUSALS,
         ),
     ),
@@ -144,6 +155,7 @@ ROUTES: Final = (
         "mqtt",
         replies=(
             Reply(200, "Disabled (also when there was none)", MqttAccountRevoked),
+            problem_reply(404, "A name no account can have: not one topic level"),
             *_REFUSALS,
         ),
     ),

@@ -40,7 +40,7 @@ async def test_accounts_are_admin_only_and_checked(api: Api) -> None:
 
 
 @pytest.mark.parametrize("broker_accounts", ["none", "dynamic-security"])
-async def test_revoking_a_name_no_account_can_have_is_a_422_not_a_retry(
+async def test_revoking_a_name_no_account_can_have_is_a_404_not_a_retry(
     database: DatabaseUnderTest, broker_accounts: Literal["none", "dynamic-security"]
 ) -> None:
     """A 503 with Retry-After tells a client to try again, forever: a name that is no
@@ -51,7 +51,6 @@ async def test_revoking_a_name_no_account_can_have_is_a_422_not_a_retry(
             response = await api.client.delete(
                 f"/v1/mqtt/accounts/{name}", headers=bearer(api.admin_token)
             )
-            refused = await problem(response, 422)
+            refused = await problem(response, 404)
             assert "Retry-After" not in response.headers
-            assert refused["type"].endswith("/invalid-mqtt-account-name")
-            assert refused["invalid_params"][0]["name"] == "name"
+            assert refused["type"].endswith("/mqtt-account-not-found")

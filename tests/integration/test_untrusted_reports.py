@@ -197,7 +197,7 @@ async def test_a_lying_node_changes_nothing_and_every_lie_is_counted(
                 Telemetry(
                     node_id=liar,
                     instance_id=instance_id,
-                    seq=2**62,
+                    seq=2**52,  # within the wire's bound (2**53), far ahead of time
                     sampled_at=liar_view["telemetry"]["sampled_at"],
                     interval_s=0.2,
                     cpu_utilization_pct=1.0,
