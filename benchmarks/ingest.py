@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud.fleet.ingest import DIGEST_CHANNEL, Ingestor
 from cloud.fleet.registry import NodeRegistry
+from cloud.green.window import static_carbon_g_per_kwh, static_price_per_mwh
 from cloud.signals.grid import GridSignals
 from cloud.store import (
     AllocationRecord,
@@ -88,6 +89,9 @@ from sim_devices.profiles import get_profile
 
 TICK_S = 0.01
 SAMPLE_INTERVAL_S = 0.05
+# Waits without anything new after which a replica that has not heard every node's
+# last sample stops waiting for it (and reports it missing).
+SETTLE_QUIET_WAITS = 3
 # How often a replica reads every node's latest figures, as a Prometheus scrape of its
 # /metrics does (the accelerator gauges): what another replica relayed is decoded then.
 READ_FIGURES_EVERY_S = 15.0
@@ -156,18 +160,21 @@ def telemetry(node_id: str, seq: int, sampled_at: float | None = None) -> bytes:
 
 
 def telemetry_messages(
-    topics: Topics, nodes: int, rounds: int, *, spaced: bool = False
+    topics: Topics, nodes: int, rounds: int, *, spaced: bool = False, pace_s: float | None = None
 ) -> list[tuple[str, bytes]]:
     """Samples 1..`rounds` of `nodes` nodes with their topics, a round of every node's at
-    a time. Each is stamped when it is made, or with `spaced` an interval after the one
-    before from now on: then no counter grows faster than its power, however fast the
-    rounds are made (usage metering refuses a counter that does: cloud/usage/meter.py)."""
+    a time. Each is stamped when it is made; with `spaced` an interval after the one
+    before from now on (then no counter grows faster than its power, however fast the
+    rounds are made: usage metering refuses a counter that does, cloud/usage/meter.py);
+    with `pace_s` that many seconds after the one before, from now on: the pace at which
+    a publisher will send them (round k about k · `pace_s` after it starts)."""
     ids = node_ids(nodes)
     start_s = time.time()
+    step_s = SAMPLE_INTERVAL_S if spaced else pace_s
     return [
         (
             topics.node(node_id, Channel.TELEMETRY),
-            telemetry(node_id, seq, start_s + seq * SAMPLE_INTERVAL_S if spaced else None),
+            telemetry(node_id, seq, None if step_s is None else start_s + seq * step_s),
         )
         for seq in range(1, rounds + 1)
         for node_id in ids
@@ -191,7 +198,11 @@ def publish(
     topics = Topics(root)
     total = int(rate * seconds)
     per_node = -(-total // nodes)
-    payloads = telemetry_messages(topics, nodes, per_node)[:total]
+    # Stamped at the pace they will be sent: with few nodes, samples stamped as they are
+    # encoded (all within milliseconds) would have their counters outrun their power,
+    # and a metering replica would refuse them (`usage_implausible`) and meter each one
+    # by one, which no real fleet makes it do.
+    payloads = telemetry_messages(topics, nodes, per_node, pace_s=nodes / rate)[:total]
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)  # type: ignore[attr-defined]
     client.max_queued_messages_set(0)
     if endpoint.username:  # a broker that requires a login: mqtt://user:password@host
@@ -230,6 +241,12 @@ async def metering(
         lease = await store.try_acquire_leadership()
         assert lease is not None
         accountant = Accountant(store, registry, UsageSettings())
+        # Read once per process (the shipped traces, about 0.4 s of CPU): a leader has
+        # read them for its first pass long before it flushes usage, so they are read
+        # here, before the run, not in its first flush (which, held to a twentieth of a
+        # core, would stall the replica for seconds and count as metering).
+        static_carbon_g_per_kwh()
+        static_price_per_mwh()
         now = time.time()
         allocations = tuple(
             AllocationRecord(
@@ -534,11 +551,22 @@ async def _replica(
         await asyncio.to_thread(go.wait)
         cpu_before, wall_before = time.process_time(), time.perf_counter()
         await asyncio.to_thread(done.wait)
-        # Settled: nothing new for 1 s, and every replica's last digest merged.
+        # Settled: nothing new for 1 s, and every replica's last digest merged: every
+        # node's last sample here, or nothing new for three such waits in a row (a
+        # replica held to a share of a core, catching up on what queued for it while it
+        # metered, may send its last digest seconds after the others went quiet).
+        quiet = 0
         while True:
             before = (received, ingestor.stats.ingested[DIGEST_CHANNEL])
             await asyncio.sleep(1.0 + 2 * settings.digest_interval_s)
-            if (received, ingestor.stats.ingested[DIGEST_CHANNEL]) == before:
+            if (received, ingestor.stats.ingested[DIGEST_CHANNEL]) != before:
+                quiet = 0
+                continue
+            quiet += 1
+            if quiet >= SETTLE_QUIET_WAITS or all(
+                (record := registry.get(node_id)) is not None and record.telemetry_seq == seq
+                for node_id, seq in expected.items()
+            ):
                 break
         cpu_s = time.process_time() - cpu_before
         wall_s = time.perf_counter() - wall_before
