@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections import Counter
-from collections.abc import Iterator
 from typing import Final
 
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply
+from cloud.tenant_slots import TenantSlots
 
 RETRY_AFTER_S: Final = 5
 
@@ -25,38 +24,30 @@ STREAM_REFUSALS: Final[tuple[Reply, ...]] = tuple(
 
 class StreamLimits:
     def __init__(self, *, max_streams: int, max_per_tenant: int) -> None:
-        self._max_streams = max_streams
-        self._max_per_tenant = max_per_tenant
-        self._open: Counter[str] = Counter()
+        self._slots = TenantSlots(most=max_streams, most_per_tenant=max_per_tenant)
 
     @property
     def open_streams(self) -> int:
-        return sum(self._open.values())
+        return self._slots.held
 
-    @contextlib.contextmanager
-    def slot(self, tenant_id: str) -> Iterator[None]:
+    def slot(self, tenant_id: str) -> contextlib.AbstractContextManager[None]:
         """Hold a stream slot for the block, or raise a 429 problem (the tenant has its
         share open) or a 503 (the server has its limit open) when none is free."""
-        if self._open[tenant_id] >= self._max_per_tenant:
-            raise Problem(
+        return self._slots.slot(tenant_id, self._refused)
+
+    def _refused(self, per_tenant: bool) -> Problem:
+        if per_tenant:
+            return Problem(
                 429,
                 "too-many-streams",
                 "Too many open streams",
-                f"this tenant already has {self._max_per_tenant} open streams; close one",
+                f"this tenant already has {self._slots.most_per_tenant} open streams; close one",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
-        if self.open_streams >= self._max_streams:
-            raise Problem(
-                503,
-                "too-many-streams",
-                "Too many open streams",
-                "the server is at its stream limit; retry later",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
-        self._open[tenant_id] += 1
-        try:
-            yield
-        finally:
-            self._open[tenant_id] -= 1
-            if not self._open[tenant_id]:
-                del self._open[tenant_id]
+        return Problem(
+            503,
+            "too-many-streams",
+            "Too many open streams",
+            "the server is at its stream limit; retry later",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )

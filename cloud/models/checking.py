@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
 from cloud.models.inspect import ModelInfo, inspect_model
+from cloud.tenant_slots import TenantSlots
 
 CHECK_THREADS: Final = 2  # checks run at once; the others wait their turn
 MAX_UPLOADS: Final = 4  # received or being checked, all tenants together
@@ -49,31 +48,23 @@ class ModelChecks:
         # Threads start on the first check and end with this object (the app's blob
         # store, cloud/app.py) or the process: no shutdown to call.
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="model-check")
-        self.max_uploads = max_uploads
-        self.max_uploads_per_tenant = max_uploads_per_tenant
-        self._uploads: Counter[str] = Counter()  # tenant id: uploads in progress
+        self._uploads = TenantSlots(most=max_uploads, most_per_tenant=max_uploads_per_tenant)
 
-    @contextlib.contextmanager
-    def upload_slot(self, tenant_id: str) -> Iterator[None]:
+    def upload_slot(self, tenant_id: str) -> contextlib.AbstractContextManager[None]:
         """Hold an upload slot for the block; raises `UploadsBusyError` when none is free."""
-        if self._uploads[tenant_id] >= self.max_uploads_per_tenant:
-            raise UploadsBusyError(
-                f"this tenant already has {self.max_uploads_per_tenant} uploads being "
+        return self._uploads.slot(tenant_id, self._busy)
+
+    def _busy(self, per_tenant: bool) -> UploadsBusyError:
+        if per_tenant:
+            return UploadsBusyError(
+                f"this tenant already has {self._uploads.most_per_tenant} uploads being "
                 "received or checked; retry when one is done",
                 per_tenant=True,
             )
-        if self._uploads.total() >= self.max_uploads:
-            raise UploadsBusyError(
-                f"{self.max_uploads} uploads are being received or checked; retry later",
-                per_tenant=False,
-            )
-        self._uploads[tenant_id] += 1
-        try:
-            yield
-        finally:
-            self._uploads[tenant_id] -= 1
-            if not self._uploads[tenant_id]:
-                del self._uploads[tenant_id]
+        return UploadsBusyError(
+            f"{self._uploads.most} uploads are being received or checked; retry later",
+            per_tenant=False,
+        )
 
     async def inspect(self, path: Path) -> ModelInfo:
         """`inspect_model` on this pool; raises `InvalidModelError` with the reason."""
