@@ -10,16 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 from structlog.testing import capture_logs
 
 from cloud.app_keys import SCHEDULER
 from cloud.loop.inputs import build_inputs
 from cloud.store import StoreSnapshot
 from cloud.store.fair_share import FairShareRow
-from cloud.store.locks import advisory_key
 from tests.api.support import running_api
 from tests.store.databases import postgres_database
+from tests.store.leader_lock import end_leader_session
 from tests.support.control_plane import FAST_LOOP
 from tests.support.waiting import eventually
 
@@ -33,18 +32,9 @@ async def test_an_idle_leader_whose_lock_session_died_stops_leading(tmp_path: Pa
     ):
         loop = api.app[SCHEDULER]
         await eventually(loop.leading.is_set, timeout_s=10, message="it never led")
-        key = advisory_key(database.settings.database_schema, "leader")
+        schema = database.settings.database_schema
         with capture_logs() as logs:
-            async with api.store._write() as connection:
-                killed = await connection.execute(
-                    text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_locks"
-                        " WHERE locktype = 'advisory' AND classid = :high AND objid = :low"
-                        " AND objsubid = 1 AND granted"
-                    ),
-                    {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
-                )
-                assert killed.scalars().all() == [True]
+            assert await end_leader_session(api.store, schema) == [True]
             # No work, no nodes: its passes have nothing to commit.
             await eventually(
                 lambda: any(line["event"] == "scheduling leadership lost" for line in logs),
@@ -74,16 +64,7 @@ async def test_leading_again_starts_from_the_fair_share_usage_another_leader_wro
         await api.store.put_fair_share_usage(
             [FairShareRow(tenant="busy", accelerator_seconds={"gpu": 3600.0}, as_of=now)]
         )
-        key = advisory_key(database.settings.database_schema, "leader")
-        async with api.store._write() as connection:
-            await connection.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks"
-                    " WHERE locktype = 'advisory' AND classid = :high AND objid = :low"
-                    " AND objsubid = 1 AND granted"
-                ),
-                {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
-            )
+        await end_leader_session(api.store, database.settings.database_schema)
 
         def counts_busy() -> bool:
             ledger = loop.leading_fair_share()

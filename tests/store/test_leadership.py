@@ -11,10 +11,10 @@ from sqlalchemy import text
 
 from cloud.store import LeadershipLostError, PassWrite, Store, open_store
 from cloud.store.leadership import PostgresLease
-from cloud.store.locks import advisory_key
 from shared.settings import StoreSettings
 from tests.store.builders import make_tenant, placement, submit
 from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
+from tests.store.leader_lock import end_leader_session, leader_lock_holder
 from tests.support.waiting import eventually_async
 
 
@@ -85,16 +85,7 @@ async def _leader_session_dies(database: DatabaseUnderTest) -> None:
         work = (await submit(leader, tenant.tenant_id)).work
         lease = await leader.try_acquire_leadership()
         assert lease is not None
-        key = advisory_key(database.settings.database_schema, "leader")
-        async with replica._write() as connection:
-            killed = await connection.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND classid = :high AND objid = :low AND objsubid = 1 AND granted"
-                ),
-                {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
-            )
-            assert killed.scalars().all() == [True]
+        assert await end_leader_session(replica, database.settings.database_schema) == [True]
         with pytest.raises(LeadershipLostError):
             await leader.commit_pass(
                 PassWrite(placements=(placement(work.work_id, "n1"),)), lease=lease
@@ -161,16 +152,7 @@ async def test_a_postgresql_leader_cancelled_mid_statement_loses_leadership(
 
 async def _lock_holder(store: Store, database: DatabaseUnderTest) -> int:
     """The backend pid of the session that holds the leader's advisory lock."""
-    key = advisory_key(database.settings.database_schema, "leader")
-    async with store._read() as connection:
-        holder = await connection.execute(
-            text(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory'"
-                " AND classid = :high AND objid = :low AND objsubid = 1 AND granted"
-            ),
-            {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
-        )
-        return int(holder.scalar_one())
+    return await leader_lock_holder(store, database.settings.database_schema)
 
 
 async def _runs_pg_sleep(store: Store, pid: int) -> bool:
