@@ -26,8 +26,14 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
     # The rename itself is durable only once the directory is.
     with contextlib.suppress(OSError):
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        sync_to_disk(path.parent)
+
+
+def sync_to_disk(path: Path) -> None:
+    """fsync: a file's bytes, or a directory's entries (a rename in it), on disk.
+    Read-only opening is enough on Linux, and the only way to open a directory."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
+from edge.atomic_files import sync_to_disk
 from shared.file_digests import file_sha256
 from shared.lean_logs import get_logger
 
@@ -201,9 +202,9 @@ class ModelCache:
             )
         # On disk before the rename, and the rename on disk after it: after a power cut
         # the cache holds the whole model or none (a damaged file is caught on a hit too).
-        await asyncio.to_thread(_sync_file, part)
+        await asyncio.to_thread(sync_to_disk, part)
         await asyncio.to_thread(os.replace, part, self.path(sha256))
-        await asyncio.to_thread(_sync_file, self.directory)
+        await asyncio.to_thread(sync_to_disk, self.directory)
         stat = await asyncio.to_thread(self.path(sha256).stat)
         self._verified[sha256] = _fingerprint(stat)
 
@@ -239,13 +240,3 @@ _Fingerprint = tuple[int, int, int]  # inode, bytes, modified at (ns)
 def _fingerprint(stat: os.stat_result) -> _Fingerprint:
     """Changes when the file is replaced or written (a write sets its modified time)."""
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-
-
-def _sync_file(path: Path) -> None:
-    """fsync: the file's bytes (or a directory's entries) on disk. Read-only opening is
-    enough on Linux, and the only way to open a directory."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
