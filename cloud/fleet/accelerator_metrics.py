@@ -55,6 +55,18 @@ def _number(value: float) -> str:
     return _go_number(value)
 
 
+# Every float from 2**52 up is a whole number already.
+_WHOLE_FROM = 2.0**52
+
+
+def _whole_millijoules(energy_j: float) -> float:
+    """A counter in whole mJ, as dcgm-exporter writes it. One too large to round is
+    written as it is (1e306 J is an infinity of mJ): `round` would raise on it, and one
+    node's sample would fail every scrape of the fleet."""
+    energy_mj = energy_j * 1000.0
+    return float(round(energy_mj)) if energy_mj < _WHOLE_FROM else energy_mj
+
+
 # The label on every DCGM_FI_* series of greenfed's; a real dcgm-exporter's have none.
 EXPORTER_LABEL = "exporter"
 EXPORTER = "greenfed"
@@ -261,7 +273,7 @@ class AcceleratorMetrics:
                             f"DCGM_FI_DEV_GPU_TEMP{labels} {number(sample.temperature_c)}\n"
                         )
                     if sample.energy_j is not None:
-                        energy_mj = round(sample.energy_j * 1000.0)
+                        energy_mj = _whole_millijoules(sample.energy_j)
                         gpu_energy.append(
                             f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{labels} {number(energy_mj)}\n"
                         )

@@ -55,6 +55,10 @@ MAX_HOST_MEMORY_BYTES = 1 << 52  # 4 PiB
 MAX_DEPLOYMENT_SAMPLES = 1024
 MAX_REPORTED_ENTRIES = 4096
 MAX_RATE_PER_S = 1e9
+# An energy counter counts from its agent's start (edge/discovery/): a century of the
+# most a device may draw (`max_accelerator_power_w`) is beyond any real counter, and
+# keeps its mJ (x 1000, /metrics) and sums finite.
+MAX_ENERGY_COUNTER_AGE_S = 100 * 365.25 * 86400.0
 MAX_LATENCY_MS = 1e9
 MAX_BATCH_SIZE = 1e6
 MIN_TEMPERATURE_C = -273.15
@@ -308,20 +312,32 @@ def _check_telemetry(telemetry: Telemetry, limits: PlausibilityLimits, now_s: fl
         )
     power_limit_w = limits.max_accelerator_power_w
     memory_limit = limits.max_accelerator_memory_bytes
+    energy_limit_j = power_limit_w * MAX_ENERGY_COUNTER_AGE_S
+    # A device named twice would count twice in every sum of power (a zone's, a node's).
+    seen_ids: set[str] = set()
     for index, accelerator in enumerate(telemetry.accelerators):
         # The usual sample passes these tests at once; the checks below name what fails
         # (building their field paths for every sample costs more than the tests).
+        accelerator_id = accelerator.id
         power_w, temperature_c = accelerator.power_w, accelerator.temperature_c
+        energy_j = accelerator.energy_j
+        repeated = accelerator_id in seen_ids
+        seen_ids.add(accelerator_id)
         if (
-            len(accelerator.id) <= MAX_TEXT_CHARS
+            not repeated
+            and len(accelerator_id) <= MAX_TEXT_CHARS
             and (power_w is None or power_w <= power_limit_w)
             and accelerator.memory_used_bytes <= memory_limit
             and (temperature_c is None or MIN_TEMPERATURE_C <= temperature_c <= MAX_TEMPERATURE_C)
+            and (energy_j is None or energy_j <= energy_limit_j)
         ):
             continue
         at = f"$.accelerators[{index}]"
-        _text(f"{at}.id", accelerator.id)
+        _text(f"{at}.id", accelerator_id)
+        if repeated:
+            _fail(sample, f"{at}.id", f"{accelerator_id!r} appears twice")
         _at_most(sample, f"{at}.power_w", power_w, power_limit_w)
+        _at_most(sample, f"{at}.energy_j", energy_j, energy_limit_j)
         _at_most(sample, f"{at}.memory_used_bytes", accelerator.memory_used_bytes, memory_limit)
         if temperature_c is not None and not (
             MIN_TEMPERATURE_C <= temperature_c <= MAX_TEMPERATURE_C
@@ -333,9 +349,23 @@ def _check_telemetry(telemetry: Telemetry, limits: PlausibilityLimits, now_s: fl
             "$.deployments",
             f"{len(telemetry.deployments)} samples > {MAX_DEPLOYMENT_SAMPLES}",
         )
+    # Requests, errors and rejections since the previous sample: at most MAX_RATE_PER_S
+    # over the longest interval a sample may cover. JSON integers have no size, and one
+    # of 10**400 would break every sum and float of them (tenants' /metrics, rollouts).
+    count_limit = MAX_RATE_PER_S * limits.max_telemetry_interval_s
     for index, deployment in enumerate(telemetry.deployments):
         at = f"$.deployments[{index}]"
         _text(f"{at}.deployment_id", deployment.deployment_id)
+        for name in ("requests", "errors", "rejected"):
+            _at_most(sample, f"{at}.{name}", getattr(deployment, name), count_limit)
+        # An error is a request answered with one; a rejection is not a request
+        # (edge/inference/stats.py).
+        if deployment.errors > deployment.requests:
+            _fail(
+                sample,
+                f"{at}.errors",
+                f"{deployment.errors} errors > {deployment.requests} requests",
+            )
         _at_most(sample, f"{at}.requests_per_s", deployment.requests_per_s, MAX_RATE_PER_S)
         for name in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"):
             _at_most(sample, f"{at}.{name}", getattr(deployment, name), MAX_LATENCY_MS)

@@ -3,6 +3,7 @@ names, types, units and labels for GPUs, `greenfed_accelerator_*` for NPUs and C
 
 from __future__ import annotations
 
+import math
 import re
 
 import msgspec
@@ -184,6 +185,22 @@ def test_a_gpu_has_dcgm_exporters_names_labels_and_units() -> None:
     assert found["DCGM_FI_DEV_POWER_USAGE"] == [(GPU_LABELS, 312.5)]  # W
     assert found["DCGM_FI_DEV_GPU_TEMP"] == [(GPU_LABELS, 64.0)]  # C
     assert found["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == [(GPU_LABELS, 1234568.0)]  # mJ
+
+
+def test_a_counter_too_large_for_millijoules_is_written_and_the_scrape_still_answers() -> None:
+    """Ingestion refuses such a counter (cloud/fleet/plausibility.py); the text must not
+    depend on that, or one node's sample would fail every scrape of the fleet."""
+    registry = fleet_registry()
+    registry.apply_status(birth("odd-node", (A100,), site="cloud", zone="DE"))
+    huge = AcceleratorSample(id="gpu1", utilization_pct=1.0, memory_used_bytes=0, energy_j=1e306)
+    registry.apply_telemetry(telemetry("odd-node", (huge,)))
+
+    found = series(scrape(registry))
+
+    energy_mj = {
+        labels["node"]: value for labels, value in found["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    }
+    assert energy_mj == {"gpu-node": 1234568.0, "odd-node": math.inf}
 
 
 def test_every_gpu_series_has_dcgm_exporters_type() -> None:

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from cloud.fleet.plausibility import (
+    MAX_RATE_PER_S,
     Implausible,
     PlausibilityLimits,
     check_event,
@@ -19,6 +20,7 @@ from cloud.fleet.plausibility import (
     without_illegal_transitions,
 )
 from shared.messages import (
+    TELEMETRY_DECODER,
     Accelerator,
     AcceleratorSample,
     DeploymentSample,
@@ -162,8 +164,56 @@ def test_the_limits_come_from_the_settings() -> None:
     assert "max_accelerators_per_node (4)" in violation.detail
 
 
+def busy_gpu(accelerator_id: str) -> AcceleratorSample:
+    return AcceleratorSample(
+        id=accelerator_id, utilization_pct=90.0, memory_used_bytes=2**34, power_w=380.0
+    )
+
+
+def serving(**changes: Any) -> DeploymentSample:
+    base = DeploymentSample(
+        deployment_id="d1", requests=10, errors=1, rejected=2, requests_per_s=2.0
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
 def test_a_real_sample_is_plausible() -> None:
     assert check_telemetry(sample(), LIMITS, NOW_S) is None
+
+
+def test_the_largest_real_figures_are_plausible() -> None:
+    """A 10 kW device's counter after a century, and a billion requests a second over
+    the longest interval a sample may cover, every one failed, and as many refused."""
+    century_s = 100 * 365.25 * 86400.0
+    most_requests = int(MAX_RATE_PER_S * LIMITS.max_telemetry_interval_s)
+    accelerators = tuple(
+        AcceleratorSample(
+            id=f"gpu{index}",
+            utilization_pct=100.0,
+            memory_used_bytes=2**34,
+            energy_j=LIMITS.max_accelerator_power_w * century_s,
+        )
+        for index in range(8)
+    )
+    deployments = (serving(requests=most_requests, errors=most_requests, rejected=most_requests),)
+    assert (
+        check_telemetry(sample(accelerators=accelerators, deployments=deployments), LIMITS, NOW_S)
+        is None
+    )
+
+
+def test_serving_counts_from_the_wire_are_refused_before_any_sum_overflows() -> None:
+    """JSON integers have no size, and msgspec decodes them up to Python's 4,300 digits;
+    a float of 10**400 raises wherever it is used (the tenants' /metrics, the canary
+    gate)."""
+    payload = msgspec.json.encode(sample()).replace(b'"requests":10', b'"requests":1' + b"0" * 400)
+    decoded = TELEMETRY_DECODER.decode(payload)
+    assert decoded.deployments[0].requests == 10**400
+
+    violation = check_telemetry(decoded, LIMITS, NOW_S)
+
+    assert violation is not None
+    assert (violation.reason, violation.field) == (Implausible.SAMPLE, "$.deployments[0].requests")
 
 
 @pytest.mark.parametrize(
@@ -204,6 +254,44 @@ def test_a_real_sample_is_plausible() -> None:
             },
             Implausible.SAMPLE,
             "$.deployments[0].requests_per_s",
+        ),
+        (
+            {
+                "accelerators": (
+                    AcceleratorSample(
+                        id="gpu0", utilization_pct=1.0, memory_used_bytes=1, energy_j=1e306
+                    ),
+                )
+            },
+            Implausible.SAMPLE,
+            "$.accelerators[0].energy_j",
+        ),
+        (
+            # One announced GPU named twice, so that it would count twice in every sum.
+            {"accelerators": (busy_gpu("gpu0"), busy_gpu("gpu1"), busy_gpu("gpu0"))},
+            Implausible.SAMPLE,
+            "$.accelerators[2].id",
+        ),
+        (
+            {"deployments": (serving(requests=10**400),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].requests",
+        ),
+        (
+            {"deployments": (serving(errors=10**400),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].errors",
+        ),
+        (
+            {"deployments": (serving(rejected=10**400),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].rejected",
+        ),
+        # An error is a request answered with one (edge/inference/stats.py).
+        (
+            {"deployments": (serving(requests=3, errors=4),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].errors",
         ),
     ],
 )

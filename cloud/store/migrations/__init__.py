@@ -36,6 +36,7 @@ from cloud.store.migrations import (
     v0020_node_drain_waiting,
     v0021_usage_mark_seq_bigint,
     v0022_one_running_rollout,
+    v0023_work_name_index,
 )
 
 
@@ -69,6 +70,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(20, "node_drain_waiting", v0020_node_drain_waiting.upgrade),
     SchemaMigration(21, "usage_mark_seq_bigint", v0021_usage_mark_seq_bigint.upgrade),
     SchemaMigration(22, "one_running_rollout", v0022_one_running_rollout.upgrade),
+    SchemaMigration(23, "work_name_index", v0023_work_name_index.upgrade),
 )
 
 
