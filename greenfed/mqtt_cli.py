@@ -22,9 +22,10 @@ def _created_lines(created: MqttAccountCreated) -> str:
     return (
         f"MQTT account {created.username} ({created.role}); its password, shown this once:\n"
         f"  {created.password}\n"
-        f"it may read {', '.join(created.topics)} and nothing else; for example:\n"
+        f"it may read {', '.join(created.topics)} and nothing else, connecting with the "
+        f"client id {created.client_id} (the broker refuses any other); for example:\n"
         f"  mosquitto_sub -h {host} -p {port}{tls} -u {created.username} -P '<password>' "
-        f"-t '{created.topics[0]}' -v\n"
+        f"-i '{created.client_id}' -t '{created.topics[0]}' -v\n"
     )
 
 

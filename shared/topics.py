@@ -103,6 +103,12 @@ class Topics:
         whose node ids coincide do not take each other's sessions over."""
         return f"greenfed-agent-{node_id}@{self.root}"
 
+    def reader_client_id(self, name: str) -> str:
+        """The client id a telemetry reader's account (a third party's, `greenfed mqtt
+        accounts create`) is bound to: its own, so that it can never log in with an
+        agent's and take that agent's session over."""
+        return f"greenfed-reader-{name}@{self.root}"
+
     def all_nodes(self, channel: Channel) -> str:
         """The subscription filter for one channel of every node."""
         return f"{self.nodes_prefix}+/{channel.value}"

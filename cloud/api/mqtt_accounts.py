@@ -102,10 +102,13 @@ async def create_account(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS].mqtt
     topics = Topics(settings.topic_root)
     endpoint = parse_mqtt_url(settings.url)
-    assert credentials.password is not None  # the seam makes one, or refuses
+    # The seam makes both, or refuses.
+    assert credentials.password is not None
+    assert credentials.client_id is not None
     created = MqttAccountCreated(
         username=credentials.username,
         password=credentials.password,
+        client_id=credentials.client_id,
         role=spec.role,
         topics=tuple(f"{topics.nodes_prefix}+/{channel.value}" for channel in READER_CHANNELS),
         broker=f"{'mqtts' if endpoint.tls else 'mqtt'}://{endpoint.host}:{endpoint.port}",

@@ -42,10 +42,13 @@ class AccountsNotManagedError(BrokerAccountError):
 
 @dataclass(frozen=True, slots=True)
 class NodeCredentials:
-    """What a node connects with. `password` is None where accounts are managed by hand."""
+    """What a node (or a telemetry reader) connects with. `password` is None where
+    accounts are managed by hand; `client_id`: the one client id the account may use,
+    where the broker binds one."""
 
     username: str
     password: str | None
+    client_id: str | None = None
 
 
 class BrokerAccounts(ABC):

@@ -45,6 +45,7 @@ from cloud.broker_accounts.dynsec_protocol import (
     node_client_id,
     node_role_acls,
     node_role_name,
+    reader_client_id,
     reader_role_acls,
 )
 from shared.mqtt import MqttSession, instance_client_id
@@ -112,20 +113,30 @@ class DynamicSecurityAccounts(BrokerAccounts):
         password = secrets.token_urlsafe(PASSWORD_BYTES)
         role_ref = (RoleRef(rolename=TELEMETRY_READER_ROLE),)
         acls = reader_role_acls(self._topics)
+        # Bound to a client id of its own, as a node's account is: unbound, a reader
+        # could log in with an agent's client id and so disconnect that agent.
+        client_id = reader_client_id(self._topics, name)
         await self._run(
             purpose,
             (
                 Command(command="createRole", rolename=TELEMETRY_READER_ROLE, acls=acls),
                 Command(command="modifyRole", rolename=TELEMETRY_READER_ROLE, acls=acls),
-                Command(command="createClient", username=name, password=password, roles=role_ref),
+                Command(
+                    command="createClient",
+                    username=name,
+                    password=password,
+                    clientid=client_id,
+                    roles=role_ref,
+                ),
                 Command(command="setClientPassword", username=name, password=password),
-                Command(command="modifyClient", username=name, roles=role_ref),
+                # The client may exist from a release that bound no client id.
+                Command(command="modifyClient", username=name, clientid=client_id, roles=role_ref),
                 Command(command="enableClient", username=name),
             ),
             tolerated=ALREADY_EXISTS_ERRORS,
         )
-        _log.info("broker reader account provisioned", username=name)
-        return NodeCredentials(username=name, password=password)
+        _log.info("broker reader account provisioned", username=name, client_id=client_id)
+        return NodeCredentials(username=name, password=password, client_id=client_id)
 
     async def revoke_reader(self, name: str) -> None:
         _check_node_id(name)
@@ -171,7 +182,7 @@ class DynamicSecurityAccounts(BrokerAccounts):
             tolerated=ALREADY_EXISTS_ERRORS,
         )
         _log.info("broker account provisioned", node_id=node_id, role=role)
-        return NodeCredentials(username=node_id, password=password)
+        return NodeCredentials(username=node_id, password=password, client_id=client_id)
 
     async def revoke(self, node_id: str) -> None:
         _check_node_id(node_id)

@@ -141,6 +141,12 @@ def node_client_id(topics: Topics, node_id: str) -> str:
     return topics.agent_client_id(node_id)
 
 
+def reader_client_id(topics: Topics, name: str) -> str:
+    """The one client id a telemetry reader's account may connect with (shown when it
+    is made): no reader can then log in with an agent's."""
+    return topics.reader_client_id(name)
+
+
 # What an agent publishes: every channel but `desired`, which only the control plane writes.
 NODE_CHANNELS = tuple(
     channel for channel, spec in CHANNEL_SPECS.items() if spec.direction == "agent to cloud"

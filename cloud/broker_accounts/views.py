@@ -22,6 +22,8 @@ class MqttAccountCreated(msgspec.Struct, frozen=True, kw_only=True):
 
     username: str
     password: str
+    # The one client id the account may connect with (the broker refuses any other).
+    client_id: str
     role: str
     # What it may subscribe to, and where the broker is as the control plane reaches it.
     topics: tuple[str, ...]

@@ -21,6 +21,7 @@ from tests.support.broker_accounts import (
     AccountsBroker,
     assert_refused_login,
     check_a_node_cannot_send_account_commands,
+    check_a_reader_cannot_take_an_agents_client_id,
     check_a_telemetry_reader_reads_telemetry_and_births_only,
     check_nodes_are_confined_to_their_own_topics,
     check_revoke_drops_the_node_and_reprovision_restores_it,
@@ -64,6 +65,12 @@ async def test_a_telemetry_reader_reads_telemetry_and_births_only(
     mosquitto: tuple[MosquittoProcess, AccountsBroker], accounts: DynamicSecurityAccounts
 ) -> None:
     await check_a_telemetry_reader_reads_telemetry_and_births_only(mosquitto[1], accounts)
+
+
+async def test_a_reader_cannot_take_an_agents_client_id(
+    mosquitto: tuple[MosquittoProcess, AccountsBroker], accounts: DynamicSecurityAccounts
+) -> None:
+    await check_a_reader_cannot_take_an_agents_client_id(mosquitto[1], accounts)
 
 
 async def test_revoke_drops_the_node_and_reprovisioning_gives_it_a_new_password(

@@ -19,6 +19,7 @@ from tests.support.broker_accounts import (
     AccountsBroker,
     assert_refused_login,
     check_a_node_cannot_send_account_commands,
+    check_a_reader_cannot_take_an_agents_client_id,
     check_a_telemetry_reader_reads_telemetry_and_births_only,
     check_nodes_are_confined_to_their_own_topics,
     check_revoke_drops_the_node_and_reprovision_restores_it,
@@ -82,6 +83,12 @@ async def test_a_telemetry_reader_reads_telemetry_and_births_only(
     embedded: tuple[EmbeddedBroker, AccountsBroker], accounts: DynamicSecurityAccounts
 ) -> None:
     await check_a_telemetry_reader_reads_telemetry_and_births_only(embedded[1], accounts)
+
+
+async def test_a_reader_cannot_take_an_agents_client_id(
+    embedded: tuple[EmbeddedBroker, AccountsBroker], accounts: DynamicSecurityAccounts
+) -> None:
+    await check_a_reader_cannot_take_an_agents_client_id(embedded[1], accounts)
 
 
 async def test_revoke_drops_the_node_and_reprovisioning_gives_it_a_new_password(
@@ -172,8 +179,10 @@ async def check_the_mqtt_quick_start(broker: AccountsBroker, api: str, data_dir:
     )
     assert code == 0, err
     password = out.splitlines()[1].strip()
-    assert "-u dashboard -P '<password>' -t 'greenfed/v1/nodes/+/telemetry'" in out
-    async with broker.client("dashboard", password) as subscriber:
+    client_id = "greenfed-reader-dashboard@greenfed"
+    telemetry = "greenfed/v1/nodes/+/telemetry"
+    assert f"-u dashboard -P '<password>' -i '{client_id}' -t '{telemetry}'" in out
+    async with broker.client("dashboard", password, client_id=client_id) as subscriber:
         granted = await subscriber.subscribe(
             [("greenfed/v1/nodes/+/telemetry", 0), ("greenfed/v1/nodes/+/desired", 1)]
         )

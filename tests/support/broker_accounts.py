@@ -15,6 +15,7 @@ from cloud.broker_accounts.dynamic_security import DynamicSecurityAccounts
 from cloud.broker_accounts.dynsec_protocol import (
     COMMANDS_ENCODER,
     CONTROL_TOPIC,
+    RESPONSE_TOPIC,
     Command,
     CommandBatch,
     node_client_id,
@@ -53,8 +54,9 @@ class AccountsBroker:
         return self.client(self.admin.username, self.admin.password)
 
     def node_client(self, credentials: NodeCredentials) -> aiomqtt.Client:
-        """As the node's agent connects: a node's account takes no other client id."""
-        client_id = node_client_id(self.topics, credentials.username)
+        """As the account's holder connects (a node's agent, a telemetry reader): with
+        the one client id the account takes."""
+        client_id = credentials.client_id or node_client_id(self.topics, credentials.username)
         return self.client(credentials.username, credentials.password, client_id=client_id)
 
 
@@ -175,22 +177,46 @@ async def check_a_node_cannot_send_account_commands(
         await agent.publish(own_status, b"after", qos=1)
         assert await collect_until(cloud, own_status) == [own_status]
     await assert_refused_login(broker, "node-y", "anything")
-    reader = await accounts.provision_reader("reader-n")
-    as_reader = DynamicSecurityAccounts(
+    await _create_plain_account(broker, "plain-n", "plain-password")
+    as_plain = DynamicSecurityAccounts(
         MqttSettings(
             url=broker.admin.url,
-            username=reader.username,
-            password=reader.password,
+            username="plain-n",
+            password="plain-password",
             topic_root=broker.admin.topic_root,
         ),
         timeout_s=2,
     )
     try:
         with pytest.raises(BrokerAccountError, match=r"did not answer.*admin role"):
-            await as_reader.provision("node-y")
+            await as_plain.provision("node-y")
     finally:
-        await as_reader.close()
+        await as_plain.close()
     await assert_refused_login(broker, "node-y", "anything")
+
+
+async def _create_plain_account(broker: AccountsBroker, username: str, password: str) -> None:
+    """An account with no role and no client id bound (as an operator might make by
+    hand), through the admin's own dynamic-security commands."""
+    batch = CommandBatch(
+        (
+            Command(
+                command="createClient",
+                username=username,
+                password=password,
+                correlation_data=username,
+            ),
+        )
+    )
+    async with broker.admin_client() as admin:
+        await admin.subscribe(RESPONSE_TOPIC, qos=1)
+        await admin.publish(CONTROL_TOPIC, COMMANDS_ENCODER.encode(batch), qos=1)
+        async with asyncio.timeout(10):
+            async for message in admin.messages:
+                if username.encode() in bytes(message.payload):
+                    break
+    async with broker.client(username, password):
+        pass
 
 
 async def check_a_telemetry_reader_reads_telemetry_and_births_only(
@@ -234,3 +260,31 @@ async def check_a_telemetry_reader_reads_telemetry_and_births_only(
     for taken in ("node-t", broker.admin.username or ""):
         with pytest.raises(BrokerAccountError):
             await accounts.provision_reader(taken)
+
+
+async def check_a_reader_cannot_take_an_agents_client_id(
+    broker: AccountsBroker, accounts: BrokerAccounts
+) -> None:
+    """A broker disconnects the older of two connections with one client id: a
+    telemetry reader (a third party's account) that could log in with an agent's client
+    id could knock that agent offline again and again. It may use only its own."""
+    node = await accounts.provision("node-k")
+    reader = await accounts.provision_reader("dashboards")
+    agents_id = node_client_id(broker.topics, node.username)
+    status = broker.topics.node("node-k", Channel.STATUS)
+    async with broker.admin_client() as cloud, broker.node_client(node) as agent:
+        await cloud.subscribe(status, qos=1)
+        with pytest.raises(MqttConnectError) as refused:
+            async with broker.client(reader.username, reader.password, client_id=agents_id):
+                pass
+        assert is_auth_failure(refused.value), refused.value
+        # The agent's session was never taken over: it still publishes.
+        await agent.publish(status, b"still here", qos=1)
+        assert await collect_until(cloud, status) == [status]
+    # With its own client id the reader logs in.
+    assert reader.client_id == broker.topics.reader_client_id("dashboards")
+    async with broker.client(
+        reader.username, reader.password, client_id=reader.client_id
+    ) as subscriber:
+        telemetry = f"{broker.topics.nodes_prefix}+/telemetry"
+        assert _codes(await subscriber.subscribe(telemetry, 0)) == [0]
