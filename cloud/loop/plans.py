@@ -14,7 +14,8 @@ The core decides counts ("2 GPUs on node a"); the store records which devices
   no longer be met on any registered node (unless its spec says `on_deadline_missed:
   keep`), cancelled when a dependency can no longer hold; work waiting for its
   dependencies gets their sentence as its pending reason; a preempted job keeps
-  "preempted by X (reason)" as its reason until it is placed again.
+  "preempted by X (reason)" as its reason until it is placed again (X: the preemptor's
+  id, or "another tenant's p0 work" where it is another tenant's).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from cloud.store import (
     WorkRecord,
 )
 from cloud.work.convert import spec_of
-from cloud.work.explain import explanations_for_moves
+from cloud.work.explain import explanations_for_moves, work_named
 from cloud.work.specs import TrainingJobSpec
 from shared.work_literals import WorkState
 
@@ -79,7 +80,9 @@ def _preempted(
         record = inputs.records[work_id]
         members = inputs.allocations.get(work_id, ())
         victim_ids = {victim.allocation_id for victim in victims}
-        by = ", ".join(sorted({victim.preempted_by for victim in victims}))
+        by = ", ".join(
+            sorted({_preemptor_named(victim.preempted_by, record, inputs) for victim in victims})
+        )
         why = ", ".join(sorted({victim.reason for victim in victims}))
         reason = f"{PREEMPTED_BY}{by} ({why})"
         remaining = [m for m in members if m.allocation_id not in victim_ids]
@@ -92,6 +95,18 @@ def _preempted(
             kept[work_id] = [as_new_allocation(m) for m in remaining]
             freed.update(victim_ids)
     return evictions, kept, freed
+
+
+def _preemptor_named(preempted_by: str, victim: WorkRecord, inputs: PassInputs) -> str:
+    """The preemptor as the victim's reason names it: by its id within the tenant, as
+    "another tenant's p0 work" across tenants (a tenant learns nothing of another's
+    work; the reason is shown to the victim's tenant and goes out in its events)."""
+    preemptor = inputs.records.get(preempted_by)
+    return work_named(
+        preempted_by,
+        same_tenant=preemptor is not None and preemptor.tenant_id == victim.tenant_id,
+        priority=None if preemptor is None else preemptor.priority,
+    )
 
 
 def _missed_deadlines(plan: Plan, inputs: PassInputs) -> dict[str, str]:

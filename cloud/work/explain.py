@@ -7,7 +7,9 @@ item the pass decided something about; the loop passes the result as
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from types import MappingProxyType
+from typing import NamedTuple
 
 from cloud.green.migration import JobMove
 from cloud.scheduler.plan import Pending, Placement, Plan, Preemption, Reservation, ScoreBreakdown
@@ -29,6 +31,7 @@ from cloud.work.explanation import (
 )
 from shared.clock import utc_from_epoch
 from shared.errors import json_path
+from shared.work_literals import PriorityClass
 
 
 def _score(breakdown: ScoreBreakdown) -> NodeScoreView:
@@ -134,19 +137,77 @@ def _placed_message(placements: Sequence[Placement]) -> str:
     return f"Placed {len(placements)} {noun}{plural} on {nodes}{reshaped}.{capped}"
 
 
-def _victims_message(victims: Sequence[Preemption]) -> str:
-    """E.g. `` It preempted job-a on gpu-1 (priority).``: what made room for the work."""
+def work_named(work_id: str, *, same_tenant: bool, priority: PriorityClass | None) -> str:
+    """How a preemption names the work on its other side to a tenant: by its id within
+    the tenant; across tenants (or where the other side is unknown) as "another tenant's
+    p0 work", since a tenant learns nothing of another's work (cloud/api/scope.py: it is
+    a 404, like work that does not exist) and the priority is what explains the
+    preemption. The stored reason and the explanation are the same for every viewer,
+    the admin included."""
+    if same_tenant:
+        return work_id
+    return "another tenant's work" if priority is None else f"another tenant's {priority} work"
+
+
+class WorkOwner(NamedTuple):
+    """Whose a preemptor is, to tell a victim of another tenant's work from one of its own."""
+
+    tenant: str  # as the scheduler names it (Placement.tenant, Preemption.tenant)
+    priority: PriorityClass
+
+
+def _same_tenant(preemption: Preemption, preemptor: WorkOwner | None) -> bool:
+    return preemptor is not None and preemptor.tenant == preemption.tenant
+
+
+def _victim_named(victim: Preemption, preemptor: WorkOwner | None) -> str:
+    same = _same_tenant(victim, preemptor)
+    return work_named(victim.work_id, same_tenant=same, priority=victim.priority)
+
+
+def _preemptor_named(lost: Preemption, preemptor: WorkOwner | None) -> str:
+    same = _same_tenant(lost, preemptor)
+    priority = None if preemptor is None else preemptor.priority
+    return work_named(lost.preempted_by, same_tenant=same, priority=priority)
+
+
+def _victims_message(victims: Sequence[Preemption], preemptor: WorkOwner | None) -> str:
+    """E.g. `` It preempted job-a on gpu-1 (priority).``: what made room for the work
+    (another tenant's work by its priority, not its id: `work_named`)."""
     if not victims:
         return ""
     by_work: dict[str, list[Preemption]] = {}
     for victim in victims:
-        by_work.setdefault(victim.work_id, []).append(victim)
+        by_work.setdefault(_victim_named(victim, preemptor), []).append(victim)
     each = ", ".join(
-        f"{work_id} on {', '.join(sorted({v.node_id for v in lost}))} "
+        f"{named} on {', '.join(sorted({v.node_id for v in lost}))} "
         f"({', '.join(sorted({v.reason for v in lost}))})"
-        for work_id, lost in sorted(by_work.items())
+        for named, lost in sorted(by_work.items())
     )
     return f" It preempted {each}."
+
+
+def _lost_view(lost: Preemption, preemptor: WorkOwner | None) -> PreemptionView:
+    """What the work lost, in its own explanation."""
+    same = _same_tenant(lost, preemptor)
+    return PreemptionView(
+        node_id=lost.node_id,
+        reason=lost.reason,
+        preempted_by=lost.preempted_by if same else None,
+        another_tenant=not same,
+    )
+
+
+def _victim_view(victim: Preemption, preemptor: WorkOwner | None) -> PreemptionView:
+    """What the work evicted, in the preemptor's explanation."""
+    same = _same_tenant(victim, preemptor)
+    return PreemptionView(
+        node_id=victim.node_id,
+        reason=victim.reason,
+        preempted_by=victim.preempted_by,
+        work_id=victim.work_id if same else None,
+        another_tenant=not same,
+    )
 
 
 def explain_work(
@@ -155,26 +216,26 @@ def explain_work(
     pending: Pending | None,
     preemptions: Sequence[Preemption] = (),
     victims: Sequence[Preemption] = (),
+    owners: Mapping[str, WorkOwner] = MappingProxyType({}),
 ) -> Explanation | None:
     """The explanation of one work item's part of a pass; None when nothing was decided.
     `preemptions`: what the work lost; `victims`: what it evicted to make room (the
-    preemptor lists them, e.g. ``It preempted job-a on gpu-1 (priority).``)."""
+    preemptor lists them, e.g. ``It preempted job-a on gpu-1 (priority).``); `owners`:
+    the tenant and priority of each work id the pass placed (every preemptor), which
+    decide whether the other side of a preemption is named by its id (`work_named`)."""
     decided_at = utc_from_epoch(now)
     members = tuple(_placement(p) for p in sorted(placements, key=lambda p: p.member))
-    evicted = tuple(
-        PreemptionView(node_id=p.node_id, reason=p.reason, preempted_by=p.preempted_by)
-        for p in preemptions
-    ) + tuple(
-        PreemptionView(
-            node_id=p.node_id, reason=p.reason, preempted_by=p.preempted_by, work_id=p.work_id
-        )
+    evicted = tuple(_lost_view(p, owners.get(p.preempted_by)) for p in preemptions) + tuple(
+        _victim_view(p, owners.get(p.preempted_by))
         for p in sorted(victims, key=lambda p: (p.work_id, p.node_id, p.allocation_id))
     )
+    # Every victim names this work as its preemptor.
+    this_work = owners.get(victims[0].preempted_by) if victims else None
     if pending is not None:
         outcome: Outcome = "partial" if placements else "pending"
         return Explanation(
             outcome=outcome,
-            message=pending.message + _victims_message(victims),
+            message=pending.message + _victims_message(victims, this_work),
             decided_at=decided_at,
             placements=members,
             pending=_pending(pending),
@@ -183,13 +244,15 @@ def explain_work(
     if placements:
         return Explanation(
             outcome="placed",
-            message=_placed_message(placements) + _victims_message(victims),
+            message=_placed_message(placements) + _victims_message(victims, this_work),
             decided_at=decided_at,
             placements=members,
             preemptions=evicted,
         )
     if preemptions:
-        by = ", ".join(sorted({p.preempted_by for p in preemptions}))
+        by = ", ".join(
+            sorted({_preemptor_named(p, owners.get(p.preempted_by)) for p in preemptions})
+        )
         reasons = ", ".join(sorted({p.reason for p in preemptions}))
         return Explanation(
             outcome="preempted",
@@ -213,6 +276,8 @@ def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -
         preemptions.setdefault(preemption.work_id, []).append(preemption)
         victims.setdefault(preemption.preempted_by, []).append(preemption)
     pending = {item.work_id: item for item in plan.pending}
+    # Every preemptor is placed in the pass that evicts for it.
+    owners = {p.work_id: WorkOwner(p.tenant, p.priority) for p in plan.placements}
     documents: dict[str, bytes] = {}
     decided = {*placements, *preemptions, *pending}
     for work_id in decided if work_ids is None else decided.intersection(work_ids):
@@ -222,6 +287,7 @@ def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -
             pending.get(work_id),
             preemptions.get(work_id, ()),
             victims.get(work_id, ()),
+            owners,
         )
         if explanation is not None:
             documents[work_id] = encode_explanation(explanation)

@@ -107,10 +107,16 @@ class PendingView(msgspec.Struct, frozen=True, kw_only=True):
 class PreemptionView(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     reason: str  # priority, reclaim, quota, deadline
-    preempted_by: str  # the work id that needed the room
+    # The work id that needed the room; None in a victim's own explanation where that
+    # was another tenant's work (a tenant learns nothing of another's work).
+    preempted_by: str | None
     # The work evicted: set in the preemptor's explanation, which lists its victims
-    # (a victim's own lists what it lost, with `preempted_by`).
+    # (a victim's own lists what it lost, with `preempted_by`); None there too where
+    # the victim was another tenant's.
     work_id: str | None = None
+    # The other side (the victim in a preemptor's list, the preemptor in a victim's)
+    # is another tenant's work: its id is left out, the message gives its priority.
+    another_tenant: bool = False
 
 
 class Explanation(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,6 +18,7 @@ from cloud.loop.plans import translate
 from cloud.loop.reports import agent_outcomes
 from cloud.scheduler import Plan, Preemption, Snapshot, schedule
 from cloud.scheduler.model import KIND_INDEX
+from cloud.scheduler.plan import PreemptionReason
 from cloud.store import StoreSnapshot
 from cloud.work.retries import MAX_BACKOFF_S, Retry, after_failure
 from edge.inference.replicas import check_assignment
@@ -399,9 +400,10 @@ def test_a_deployment_runs_when_every_replica_is_ready_and_fails_with_a_replica(
 def test_a_preempted_replica_leaves_the_others_serving_and_a_preempted_gang_goes_whole() -> None:
     deployment = work("dep-1", kind="inference", state="running", replicas=2)
     job = work("job-1", state="running")
+    urgent = work("urgent", state="pending")  # the same tenant's: its reason names it
     store = StoreSnapshot(
         tenants=(),
-        work=(deployment, job),
+        work=(deployment, job, urgent),
         allocations=(
             allocation("dep-1", 0, "a", ("gpu0",), kind="inference"),
             allocation("dep-1", 1, "b", ("gpu0",), kind="inference"),
@@ -438,6 +440,46 @@ def test_a_preempted_replica_leaves_the_others_serving_and_a_preempted_gang_goes
     assert kept.work_id == "dep-1"
     assert [(a.member_index, a.node_id) for a in kept.allocations] == [(0, "a")]
     assert translation.evicted == 2
+
+
+@pytest.mark.parametrize("reason", ["priority", "reclaim", "deadline"])
+def test_a_victim_of_another_tenants_work_is_not_told_its_id(reason: PreemptionReason) -> None:
+    # Another tenant's work is a 404 to a tenant: its id must not turn up in the
+    # victim's reason either (nor in the work.state event the reason goes out in).
+    victim = work("job-1", state="running")
+    mine = dataclasses.replace(work("mine", state="pending"), priority="p0")
+    theirs = dataclasses.replace(mine, work_id="theirs", tenant_id="t2")
+    store = StoreSnapshot(
+        tenants=(),
+        work=(victim, mine, theirs),
+        allocations=(allocation("job-1", 0, "a", ("gpu0",)),),
+        node_generations={},
+    )
+    inputs = build_inputs(0.0, [node("a")], store)
+
+    def reason_given(preempted_by: str) -> str:
+        preemption = Preemption(
+            allocation_id="job-1/0",
+            work_id="job-1",
+            node_id="a",
+            tenant="t1",
+            priority="p1",
+            reason=reason,
+            preempted_by=preempted_by,
+        )
+        plan = Plan(
+            now=0.0,
+            placements=(),
+            preemptions=(preemption,),
+            pending=(),
+            reservations=(),
+            order=(),
+        )
+        (eviction,) = translate(plan, inputs, {}).write.evictions
+        return eviction.reason
+
+    assert reason_given("theirs") == f"preempted by another tenant's p0 work ({reason})"
+    assert reason_given("mine") == f"preempted by mine ({reason})"
 
 
 def test_a_placed_deployment_short_of_replicas_is_queued_for_the_missing_ones() -> None:

@@ -29,7 +29,9 @@ def test_the_preemptor_lists_its_victims() -> None:
     plan = plan_for(
         [gpu_node("n0", 4)],
         [job("urgent", 4, priority="p0")],
-        [running("batch-0", "n0", 4, work_id="batch", priority="p2")],
+        # The same tenant's: across tenants neither side is named by its id
+        # (tests/api/test_preemption_tenancy.py).
+        [running("batch-0", "n0", 4, work_id="batch", priority="p2", tenant="team-a")],
     )
     assert nodes_of(plan, "urgent") == ["n0"]
     documents = explanations_for_plan(plan)
