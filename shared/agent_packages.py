@@ -44,6 +44,8 @@ _METADATA = re.compile(r"[^/]+\.dist-info/METADATA")
 MAX_PACKAGE_BYTES: Final = 64 * 1024 * 1024
 _MAX_MEMBERS: Final = 20_000
 _MAX_UNPACKED_BYTES: Final = 512 * 1024 * 1024
+# A wheel's METADATA is a few kB (its README at most): read whole, so read only if small.
+_MAX_METADATA_BYTES: Final = 1024 * 1024
 
 
 class PackageError(ValueError):
@@ -115,7 +117,10 @@ def _unreadable() -> tuple[type[BaseException], ...]:
     """What zipfile raises for an archive it cannot read: a bad directory, a compression
     method it does not know (NotImplementedError), an encrypted member (RuntimeError),
     data cut short (EOFError) or corrupt (zlib.error), a read that fails (OSError), a
-    member name flagged UTF-8 that is not (UnicodeDecodeError)."""
+    member name flagged UTF-8 that is not (UnicodeDecodeError, a ValueError), an offset
+    before the file's start (ValueError: a negative seek in memory), a header cut short
+    (struct.error). PackageError is a ValueError too: callers let it through first."""
+    import struct
     import zipfile
     import zlib
 
@@ -126,7 +131,8 @@ def _unreadable() -> tuple[type[BaseException], ...]:
         RuntimeError,
         EOFError,
         zlib.error,
-        UnicodeDecodeError,
+        ValueError,
+        struct.error,
     )
 
 
@@ -142,11 +148,29 @@ def _check_members(wheel: zipfile.ZipFile) -> None:
         name = PurePosixPath(member.filename)
         if name.is_absolute() or ".." in name.parts or "\\" in member.filename:
             raise PackageError(f"the wheel's member {member.filename[:120]!r} leaves its root")
+        if not name.parts:  # ".", "./" or "": the root itself, which is no file of it
+            raise PackageError(f"the wheel's member {member.filename[:120]!r} names its root")
         if (member.external_attr >> 16) & 0o170000 == 0o120000:
             raise PackageError(f"the wheel's member {member.filename[:120]!r} is a link")
         total += member.file_size
         if total > _MAX_UNPACKED_BYTES:
             raise PackageError(f"the wheel unpacks to more than {_MAX_UNPACKED_BYTES} bytes")
+
+
+def _metadata_text(wheel: zipfile.ZipFile) -> str:
+    """The wheel's one *.dist-info/METADATA, refused unless small: the size a member
+    declares bounds what zipfile inflates of it, so a small upload whose METADATA would
+    inflate to gigabytes is refused before any of it is read."""
+    members = [member for member in wheel.infolist() if _METADATA.fullmatch(member.filename)]
+    if len(members) != 1:
+        raise PackageError("a wheel has exactly one *.dist-info/METADATA")
+    (member,) = members
+    if member.file_size > _MAX_METADATA_BYTES:
+        raise PackageError(
+            f"the wheel's METADATA is {member.file_size} bytes, more than {_MAX_METADATA_BYTES}"
+        )
+    with wheel.open(member) as file:
+        return file.read(_MAX_METADATA_BYTES).decode("utf-8", errors="replace")
 
 
 def wheel_version(source: IO[bytes]) -> str:
@@ -159,22 +183,16 @@ def wheel_version(source: IO[bytes]) -> str:
 
     try:
         with zipfile.ZipFile(source) as wheel:
-            metadata_names = [
-                name
-                for name in wheel.namelist()
-                if re.fullmatch(r"[^/]+\.dist-info/METADATA", name)
-            ]
-            if len(metadata_names) != 1:
-                raise PackageError("a wheel has exactly one *.dist-info/METADATA")
-            metadata = email.parser.Parser().parsestr(
-                wheel.read(metadata_names[0]).decode("utf-8", errors="replace"), headersonly=True
-            )
-            # Every member checked and read once: what an agent could not unpack is
+            # Every member checked first, from the sizes the archive declares, before
+            # any is inflated; then each read once: what an agent could not unpack is
             # refused here, not signed and sent to agents that would fail on it.
             _check_members(wheel)
+            metadata = email.parser.Parser().parsestr(_metadata_text(wheel), headersonly=True)
             broken = wheel.testzip()
             if broken is not None:
                 raise PackageError(f"the wheel's member {broken[:120]!r} is corrupt")
+    except PackageError:
+        raise
     except _unreadable() as error:
         raise PackageError(f"not a wheel: {error}") from None
     name = (metadata.get("Name") or "").strip()
@@ -216,6 +234,8 @@ def unpack_wheel(path: Path, target: Path) -> None:
         each noted in `made` to be fsynced (which makes its entries durable)."""
         missing = []
         while directory not in made:
+            if directory == directory.parent:  # past the filesystem's root: never ours
+                raise PackageError(f"{directory} is not inside the unpacked root")
             missing.append(directory)
             directory = directory.parent
         for each in reversed(missing):
@@ -237,7 +257,7 @@ def unpack_wheel(path: Path, target: Path) -> None:
             for member in wheel.infolist():
                 name = PurePosixPath(member.filename)
                 destination = (resolved / name).resolve()
-                if not destination.is_relative_to(resolved):
+                if destination == resolved or not destination.is_relative_to(resolved):
                     raise PackageError(
                         f"the wheel's member {member.filename[:120]!r} leaves its root"
                     )
@@ -259,7 +279,7 @@ def unpack_wheel(path: Path, target: Path) -> None:
         os.rename(partial, target)
     except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
-        if isinstance(error, _unreadable()):
+        if isinstance(error, _unreadable()) and not isinstance(error, PackageError):
             raise PackageError(f"the wheel could not be unpacked: {error}") from None
         raise
     fsync_directory(target.parent)

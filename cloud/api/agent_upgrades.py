@@ -241,24 +241,31 @@ async def get_rollout(request: web.Request) -> web.Response:
     return json_response(rollout_view(await _rollout(request)))
 
 
+def _rollout_over(record: AgentRolloutRecord) -> Problem:
+    return Problem(
+        409,
+        "agent-rollout-over",
+        "Rollout over",
+        f"rollout {record.rollout_id} has {record.phase} already",
+    )
+
+
 async def cancel_rollout(request: web.Request) -> web.Response:
     record = await _rollout(request)
     if record.phase != "running":
-        raise Problem(
-            409,
-            "agent-rollout-over",
-            "Rollout over",
-            f"rollout {record.rollout_id} has {record.phase} already",
-        )
+        raise _rollout_over(record)
     state = msgspec.structs.replace(
         record.state, finished_at=time.time(), detail="cancelled by an admin"
     )
-    await request.app[STORE].save_agent_rollout(
+    cancelled = await request.app[STORE].save_agent_rollout(
         record.rollout_id,
         "cancelled",
         state,
+        from_phase="running",
         audit=audit_entry(request, "agent_rollout.cancel", record.rollout_id),
     )
+    if not cancelled:  # the loop ended it since it was read
+        raise _rollout_over(await _rollout(request))
     return json_response(rollout_view(dataclasses.replace(record, phase="cancelled", state=state)))
 
 

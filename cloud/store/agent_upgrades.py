@@ -146,13 +146,24 @@ async def _running_rollout(connection: AsyncConnection) -> str | None:
 
 
 async def update_rollout(
-    connection: AsyncConnection, rollout_id: str, phase: RolloutPhase, state: RolloutState
-) -> None:
-    await connection.execute(
+    connection: AsyncConnection,
+    rollout_id: str,
+    phase: RolloutPhase,
+    state: RolloutState,
+    *,
+    from_phase: RolloutPhase,
+) -> bool:
+    """Whether the rollout was still in `from_phase` and is now in `phase`. Two writers
+    each read a rollout before they write it (the loop moving it on, an admin cancelling
+    it): whichever commits second finds the phase it read gone and changes nothing, so
+    neither undoes the other. On PostgreSQL the second waits for the first's row lock,
+    then checks its condition against the committed row."""
+    result = await connection.execute(
         update(agent_rollouts)
-        .where(agent_rollouts.c.rollout_id == rollout_id)
+        .where(agent_rollouts.c.rollout_id == rollout_id, agent_rollouts.c.phase == from_phase)
         .values(phase=phase, state=msgspec.json.encode(state))
     )
+    return result.rowcount == 1
 
 
 async def select_latest_rollout_head(connection: AsyncConnection) -> tuple[str, str] | None:

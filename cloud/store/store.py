@@ -1237,14 +1237,19 @@ class Store:
         phase: RolloutPhase,
         state: RolloutState,
         *,
+        from_phase: RolloutPhase,
         audit: NewAudit | None = None,
-    ) -> None:
+    ) -> bool:
         """The loop's progress (nobody is told: it made it), or an admin's cancel (audited,
-        the loop is woken)."""
+        the loop is woken); only if the rollout is still in `from_phase`, the phase it
+        was read in: False (and nothing written) once another writer changed it."""
         async with self._write(notify=audit is not None) as connection:
-            await agent_upgrades.update_rollout(connection, rollout_id, phase, state)
-            if audit is not None:
+            saved = await agent_upgrades.update_rollout(
+                connection, rollout_id, phase, state, from_phase=from_phase
+            )
+            if saved and audit is not None:
                 await insert_audit(connection, audit, self._clock())
+        return saved
 
     async def list_agent_rollouts(self, *, limit: int = 50) -> tuple[AgentRolloutRecord, ...]:
         async with self._read() as connection:

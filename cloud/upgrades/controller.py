@@ -5,6 +5,7 @@ gets a new generation, so its document goes out again (cloud/loop/loop.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import structlog
@@ -12,7 +13,7 @@ import structlog
 from cloud.fleet.registry import NodeRecord
 from cloud.models.signing import ModelUrlSigner
 from cloud.store import Store
-from cloud.store.agent_upgrades import AgentPackageRecord
+from cloud.store.agent_upgrades import AgentPackageRecord, AgentRolloutRecord
 from cloud.upgrades.packages import agent_upgrade
 from cloud.upgrades.rollout import advance, asked_nodes
 from shared.messages import AgentUpgrade
@@ -75,18 +76,10 @@ class UpgradeController:
         phase, state = rollout.phase, rollout.state
         on_their_way = any(n.state == "upgrading" for n in state.nodes.values())
         if phase == "running" or (phase == "halted" and on_their_way):
-            phase, state = advance(rollout.rollout_id, rollout.version, phase, state, nodes, now)
-            if (phase, state) != (rollout.phase, rollout.state):
-                await self._store.save_agent_rollout(rollout.rollout_id, phase, state)
-                if (phase, state.current_wave) != (rollout.phase, rollout.state.current_wave):
-                    self._log.info(
-                        "agent rollout moved",
-                        rollout_id=rollout.rollout_id,
-                        version=rollout.version,
-                        phase=phase,
-                        wave=state.current_wave,
-                        detail=state.detail,
-                    )
+            moved = await self._moved_on(rollout, nodes, now)
+            if moved is None:
+                return {}
+            rollout, phase, state = moved, moved.phase, moved.state
             on_their_way = any(n.state == "upgrading" for n in state.nodes.values())
         settled = phase != "running" and not on_their_way
         self._settled = (rollout.rollout_id, phase) if settled else None
@@ -101,6 +94,33 @@ class UpgradeController:
             health_timeout_s=state.rules.health_timeout_s,
         )
         return dict.fromkeys(asked_nodes(phase, state), upgrade)
+
+    async def _moved_on(
+        self, rollout: AgentRolloutRecord, nodes: Mapping[str, NodeRecord], now: float
+    ) -> AgentRolloutRecord | None:
+        """The rollout moved on by what the nodes' births say, and saved. If it left the
+        phase it was read in meanwhile (an admin cancelled it), that stands: the rollout
+        as the store has it now (None: gone), which the next pass goes on from."""
+        phase, state = advance(
+            rollout.rollout_id, rollout.version, rollout.phase, rollout.state, nodes, now
+        )
+        if (phase, state) == (rollout.phase, rollout.state):
+            return rollout
+        saved = await self._store.save_agent_rollout(
+            rollout.rollout_id, phase, state, from_phase=rollout.phase
+        )
+        if not saved:
+            return await self._store.agent_rollout(rollout.rollout_id)
+        if (phase, state.current_wave) != (rollout.phase, rollout.state.current_wave):
+            self._log.info(
+                "agent rollout moved",
+                rollout_id=rollout.rollout_id,
+                version=rollout.version,
+                phase=phase,
+                wave=state.current_wave,
+                detail=state.detail,
+            )
+        return dataclasses.replace(rollout, phase=phase, state=state)
 
     async def _package(self, version: str) -> AgentPackageRecord | None:
         if version not in self._packages:

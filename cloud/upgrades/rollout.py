@@ -2,17 +2,20 @@
 stored state and the registry's view of the nodes (the loop drives them:
 cloud/upgrades/controller.py).
 
-Waves: the canaries first (`canary_percent` of the nodes, at least one), then waves that
-double in size, as AWS IoT Greengrass's exponential rollouts and Kubernetes' surge do:
-a bad version meets few nodes, a good one reaches thousands in a handful of waves.
-Which nodes are canaries is a stable hash of (rollout, node), so a rollout samples the
-fleet rather than its alphabet.
+Waves: the canaries first (`canary_percent` of the nodes to upgrade, at least one), then
+waves that double in size, as AWS IoT Greengrass's exponential rollouts and Kubernetes'
+surge do: a bad version meets few nodes, a good one reaches thousands in a handful of
+waves. Which nodes are canaries is a stable hash of (rollout, node), so a rollout
+samples the fleet rather than its alphabet.
 
 A node in a started wave is `upgraded` once its birth says it runs the version, and
 `failed` once its birth reports this rollout's upgrade did not take (it could not be
 fetched, checked or installed; or the new version did not announce itself and the
 agent rolled back: edge/upgrade/), or when the wave's bound passes without either.
-A node that cannot upgrade itself is `skipped` at the start and never counts.
+A node that cannot upgrade itself is `skipped` at the start and never counts. A node that
+runs the version already is `upgraded` from the start, in no wave (`ALREADY_ON_VERSION`):
+it was not asked, so it never counts in a wave's failed share (where it would hide the
+failures of the nodes that were).
 
 As soon as more than `max_failure_share` of a wave's nodes failed, the rollout halts: no
 further wave starts, the failed nodes are no longer asked (the ones that upgraded stay
@@ -26,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 import msgspec
 
@@ -38,6 +42,11 @@ from cloud.upgrades.views import (
     RolloutState,
     WaveView,
 )
+
+# The wave of a node that ran the version before the rollout started: none. Counted in
+# the canaries' wave, ten such nodes and one failed canary would be a 9 % failed share,
+# under the usual bound, and the next wave would start.
+ALREADY_ON_VERSION: Final = -1
 
 
 def wave_sizes(nodes: int, canary_percent: float) -> list[int]:
@@ -82,7 +91,7 @@ def new_rollout(
         record = nodes.get(node_id)
         if record is not None and record.status.agent_version == rules.version:
             placed[node_id] = RolloutNode(
-                wave=0, state="upgraded", detail="ran it already", changed_at=now
+                wave=ALREADY_ON_VERSION, state="upgraded", detail="ran it already", changed_at=now
             )
             continue
         why = cannot_upgrade(record)

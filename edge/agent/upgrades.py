@@ -57,6 +57,16 @@ class UpgradeOptions:
     request_restart: Callable[[], None]
 
 
+def _running_version(versions: VersionsDir, trial_version: str) -> str | None:
+    """The version a failed trial of `trial_version` goes back to: this one, the version
+    that runs (None: the installed one). Not `active.json`'s: it can name a version the
+    supervisor did not run (its files could not be trusted, so the installed one runs),
+    even the version now on trial, which a rollback would then start again."""
+    if __version__ == trial_version or not versions.is_installed(__version__):
+        return None
+    return __version__
+
+
 class AgentUpgrades(AgentModule):
     name = "upgrades"
 
@@ -199,7 +209,7 @@ class AgentUpgrades(AgentModule):
             Trial(
                 version=upgrade.version,
                 rollout_id=upgrade.rollout_id,
-                previous=versions.active(),
+                previous=_running_version(versions, upgrade.version),
                 health_timeout_s=upgrade.health_timeout_s,
             )
         )

@@ -161,7 +161,7 @@ class Supervisor:
             return child.wait()
         self._stop_child(child)
         self._roll_back(trial, outcome)
-        return self._run(trial.previous)
+        return self._run(_version_before(trial))
 
     def _trial(self) -> Trial | None:
         """The version on trial to start now, if any."""
@@ -202,15 +202,16 @@ class Supervisor:
         # active.json still names the version before the trial (staging one leaves it
         # alone), so every later start runs that version even if nothing else is written.
         self._attempt("end the trial", self.versions.end_trial)
-        if self.versions.active() != trial.previous:
+        previous = _version_before(trial)
+        if self.versions.active() != previous:
             self._attempt(
-                f"make {trial.previous or 'the installed version'} active again",
-                lambda: self.versions.set_active(trial.previous),
+                f"make {previous or 'the installed version'} active again",
+                lambda: self.versions.set_active(previous),
             )
         self._record(trial.version, trial.rollout_id, outcome, detail)
         self._log(
             f"greenfed supervisor: agent {trial.version} rolled back to "
-            f"{trial.previous or 'the installed version'}: {detail}"
+            f"{previous or 'the installed version'}: {detail}"
         )
 
     def _run(self, version: str | None) -> int:
@@ -363,6 +364,13 @@ class Supervisor:
         if child is not None and child.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signum)
+
+
+def _version_before(trial: Trial) -> str | None:
+    """The version a failed trial goes back to (None: the installed one): the one its
+    record names, unless that is the version on trial itself, which an older agent wrote
+    when it ran the installed version while `active.json` named the new one."""
+    return None if trial.previous == trial.version else trial.previous
 
 
 def replace_with_supervisor(versions_dir: Path, arguments: Sequence[str]) -> NoReturn:

@@ -5,15 +5,19 @@ tests/e2e/test_agent_upgrade.py."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import time
 import zipfile
 from typing import Any
 
 import pytest
 
-from cloud.app_keys import REGISTRY, SIGNING_KEY
+from cloud.app_keys import MODEL_URL_SIGNER, REGISTRY, SIGNING_KEY
+from cloud.store.agent_upgrades import AgentRolloutRecord
+from cloud.upgrades.controller import UpgradeController
 from shared.agent_packages import PackageFacts, verify_package_signature
-from shared.messages import HostInfo, NodeStatus
+from shared.messages import AgentUpgradeReport, HostInfo, NodeStatus
 from tests.api.support import Api, bearer, problem
 
 WHEEL = "application/octet-stream"
@@ -29,7 +33,13 @@ def wheel_bytes(version: str = "9.0.0", *, name: str = "greenfed") -> bytes:
     return buffer.getvalue()
 
 
-def register(api: Api, node_id: str, *, self_upgrade: bool = True) -> None:
+def register(
+    api: Api,
+    node_id: str,
+    *,
+    self_upgrade: bool = True,
+    agent_upgrade: AgentUpgradeReport | None = None,
+) -> None:
     api.app[REGISTRY].apply_status(
         NodeStatus(
             node_id=node_id,
@@ -51,6 +61,7 @@ def register(api: Api, node_id: str, *, self_upgrade: bool = True) -> None:
             started_at=1.0,
             sent_at=1.0,
             self_upgrade=self_upgrade,
+            agent_upgrade=agent_upgrade,
         )
     )
 
@@ -135,6 +146,56 @@ async def test_one_rollout_at_a_time_and_a_cancelled_one_asks_nobody(api: Api) -
     actions = [entry["action"] for entry in audit["items"]]
     for action in ("agent_package.publish", "agent_rollout.create", "agent_rollout.cancel"):
         assert action in actions
+
+
+async def test_a_cancel_that_meets_a_rollout_the_loop_ended_meanwhile_is_a_409(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin's cancel reads a running rollout; before it writes, the loop halts it
+    (its canaries rolled back). The rollout stays halted, as the loop recorded it, and
+    the admin is told so rather than that it was cancelled."""
+    for node_id in ("n1", "n2", "n3"):
+        register(api, node_id)
+    assert (await publish(api, wheel_bytes("9.0.0"))).status == 201
+    rollout = await (await start(api, version="9.0.0", canary_percent=34)).json()
+    rollout_id = rollout["rollout_id"]
+    store = api.store
+    read = store.agent_rollout
+    halts: list[str] = []
+
+    async def read_then_halted(wanted: str) -> AgentRolloutRecord | None:
+        record = await read(wanted)
+        if not halts:
+            halts.append(wanted)
+            for node_id, entry in rollout["nodes"].items():
+                if entry["state"] == "upgrading":
+                    report = AgentUpgradeReport(
+                        version="9.0.0",
+                        rollout_id=rollout_id,
+                        outcome="rolled-back",
+                        detail="exited 1",
+                        at=time.time(),
+                    )
+                    register(api, node_id, agent_upgrade=report)
+            controller = UpgradeController(store, api.app[MODEL_URL_SIGNER])
+            nodes = {node.node_id: node for node in api.app[REGISTRY].nodes()}
+            await controller.step(nodes, time.time())
+        return record
+
+    monkeypatch.setattr(store, "agent_rollout", read_then_halted)
+    async with asyncio.timeout(20):
+        response = await api.client.post(
+            f"/v1/agent-rollouts/{rollout_id}/cancel", headers=bearer(api.admin_token)
+        )
+    assert halts == [rollout_id]
+    body = await problem(response, 409)
+    assert body["type"].endswith("agent-rollout-over")
+    assert "halted" in body["detail"]
+    after = await read(rollout_id)
+    assert after is not None
+    assert (after.phase, after.state.detail) == ("halted", "wave 1: 2 of 2 nodes failed")
+    audit = await (await api.get(api.admin_token, "/v1/audit")).json()
+    assert "agent_rollout.cancel" not in [entry["action"] for entry in audit["items"]]
 
 
 @pytest.mark.parametrize("sig", ["", "0" * 64, "zz", "%FF", "f" * 1000])

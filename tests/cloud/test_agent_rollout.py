@@ -158,6 +158,24 @@ def test_nodes_that_cannot_upgrade_are_skipped_and_those_on_the_version_count_as
     assert "old-n000" not in asked_nodes("running", state)
 
 
+def test_nodes_on_the_version_already_do_not_dilute_the_canaries_failures() -> None:
+    """Half the fleet runs the version already (an earlier rollout was cancelled): the
+    canaries are a share of the others, and a canary that rolls back halts the rollout
+    as it would in a fleet without those nodes."""
+    records = fleet(10) | {f"done-{k}": v for k, v in fleet(10, version=NEW).items()}
+    rules = RolloutRequest(version=NEW, canary_percent=10, max_failure_share=0.2)
+    state = new_rollout(ROLLOUT, rules, records, records, now=0.0)
+    (canary,) = upgrading(state)
+    assert [wave.nodes for wave in waves_of(state)] == [1, 2, 4, 3]
+    rolled_back(records, canary)
+    phase, state = advance(ROLLOUT, NEW, "running", state, records, 1.0)
+    assert (phase, state.detail) == ("halted", "wave 1: 1 of 1 nodes failed")
+    assert upgrading(state) == []
+    done = {node_id for node_id in records if node_id.startswith("done-")}
+    assert {state.nodes[node_id].state for node_id in done} == {"upgraded"}
+    assert asked_nodes(phase, state) == done  # they keep the version they run
+
+
 def test_a_cancelled_rollout_asks_nobody() -> None:
     records = fleet(3)
     state = new_rollout(

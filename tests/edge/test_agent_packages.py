@@ -3,7 +3,9 @@ plane signed it, and unpacks only inside its own directory."""
 
 from __future__ import annotations
 
+import io
 import stat
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -145,7 +147,20 @@ def _with_compression_method(content: bytes, member: str, method: int) -> bytes:
     return bytes(data)
 
 
-@pytest.mark.parametrize("damage", ["unknown compression", "corrupt data", "undecodable name"])
+def _with_central_directory_moved(content: bytes, by_bytes: int) -> bytes:
+    """`content` (a zip) whose end record says its central directory starts `by_bytes`
+    later than it does: every member's offset comes out before the file's start."""
+    data = bytearray(content)
+    end = data.rfind(b"PK\x05\x06")
+    offset = int.from_bytes(data[end + 16 : end + 20], "little")
+    data[end + 16 : end + 20] = (offset + by_bytes).to_bytes(4, "little")
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["unknown compression", "corrupt data", "undecodable name", "central directory moved"],
+)
 def test_a_wheel_zipfile_cannot_read_is_refused_as_a_package_error(
     tmp_path: Path, damage: str
 ) -> None:
@@ -163,6 +178,8 @@ def test_a_wheel_zipfile_cannot_read_is_refused_as_a_package_error(
         content = _with_compression_method(content, "greenfed/__init__.py", 99)
     elif damage == "undecodable name":  # a 500 at POST /v1/agent-packages
         content = _with_undecodable_name(content, b"init")
+    elif damage == "central directory moved":  # a negative seek: a 500 too
+        content = _with_central_directory_moved(content, 200)
     else:
         start = content.find(b"greenfed/__init__.py") + len("greenfed/__init__.py")
         content = (
@@ -175,3 +192,37 @@ def test_a_wheel_zipfile_cannot_read_is_refused_as_a_package_error(
         inspect_wheel_bytes(content)
     with pytest.raises(PackageError):
         unpack_wheel(path, tmp_path / "unpacked")
+
+
+def test_a_small_upload_whose_metadata_inflates_is_refused_before_it_is_read() -> None:
+    """What the control plane reads of an upload before any limit is its METADATA: a
+    few hundred kB that inflate to gigabytes must not be inflated to be refused."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("greenfed/__init__.py", "")
+        with archive.open("greenfed-1.2.3.dist-info/METADATA", "w") as metadata:
+            metadata.write(b"Metadata-Version: 2.1\nName: greenfed\nVersion: 1.2.3\n\n")
+            for _ in range(64):
+                metadata.write(b" " * (1 << 20))
+    content = buffer.getvalue()
+    assert len(content) < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(PackageError, match="METADATA"):
+            inspect_wheel_bytes(content)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak_bytes < 8 << 20
+
+
+@pytest.mark.parametrize("name", [".", "./", "greenfed/..", ""])
+def test_a_member_that_names_the_root_itself_is_refused(tmp_path: Path, name: str) -> None:
+    """A member with no name of its own would be the unpacked root: never signed, and an
+    agent given one refuses it (it does not climb past its root looking for it)."""
+    path = wheel(tmp_path / "a.whl", extra=(zipfile.ZipInfo(name),))
+    with pytest.raises(PackageError):
+        inspect_wheel_bytes(path.read_bytes())
+    with pytest.raises(PackageError):
+        unpack_wheel(path, tmp_path / "site")
+    assert not (tmp_path / "site").exists()

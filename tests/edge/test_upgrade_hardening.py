@@ -343,6 +343,26 @@ def test_a_trial_whose_previous_version_is_not_a_name_goes_back_to_the_installed
     assert fleet.versions.trial() is None
 
 
+def test_a_trial_whose_previous_version_is_its_own_goes_back_to_the_installed_one(
+    tmp_path: Path,
+) -> None:
+    """A record naming the version on trial as the one to go back to (what an agent
+    running the installed version while `active.json` named the new one wrote): a failed
+    trial is not started again as its own rollback."""
+    fleet = Fleet(tmp_path)
+    fleet.install("2.0", "crash")
+    fleet.versions.set_active("2.0")
+    fleet.versions.start_trial(trial("2.0", previous="2.0"))
+    assert fleet.supervisor().round() == 0
+    assert fleet.started() == ["2.0", "installed"]
+    assert fleet.versions.trial() is None
+    assert fleet.versions.active() is None
+    failure = fleet.versions.failure()
+    assert failure is not None
+    assert (failure.version, failure.outcome) == ("2.0", "rolled-back")
+    assert any("rolled back to the installed version" in line for line in fleet.lines)
+
+
 def test_a_record_naming_a_path_for_a_version_is_no_version(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path)
     fleet.install("1.0", "healthy")
