@@ -156,6 +156,13 @@ class ApiClient:
             f"{_reason(error)}; {_hint(self.target)}"
         )
 
+    def _not_greenfed(self, method: str, path: str, what: str) -> CliError:
+        """A 2xx answer that is not greenfed's: the URL is likely not greenfed's API."""
+        return CliError(
+            f"the API at {self.target.api} ({_from(self.target)}) answered {method} {path} "
+            f"with {what}, not greenfed's JSON; {_hint(self.target)}"
+        )
+
     def _refused(self, status: int, body: bytes) -> CliError:
         text = _problem_text(status, body)
         if status == 401:
@@ -203,6 +210,10 @@ class ApiClient:
                 payload = await response.read()
                 if response.status >= 300:
                     raise self._refused(response.status, payload)
+                # greenfed's API never answers the CLI with a web page; a web server, an
+                # SPA fallback, a captive portal or a misrouted ingress does, with 200.
+                if response.content_type == "text/html":
+                    raise self._not_greenfed(method, path, "a web page (text/html)")
                 return response.status, payload
         except aiohttp.ClientConnectorCertificateError as error:
             raise CliError(
@@ -227,7 +238,10 @@ class ApiClient:
 
     async def get(self, path: str, decode: type[T], params: Mapping[str, str] | None = None) -> T:
         _, payload = await self.call("GET", path, params=params)
-        return msgspec.json.decode(payload, type=decode)
+        try:
+            return msgspec.json.decode(payload, type=decode)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise self._not_greenfed("GET", path, f"something else ({error})") from None
 
     async def stream(
         self, path: str, params: Mapping[str, str] | None = None

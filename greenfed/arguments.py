@@ -5,16 +5,24 @@ exit statuses."""
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
-
 from greenfed.data_dir_lock import DataDirInUse
-from shared.errors import MqttAuthError
-from shared.settings import ConfigError, Settings, load_settings, parse_mqtt_url
+from shared.errors import FieldError, MqttAuthError, dotted_path
+from shared.settings import (
+    ENV_PREFIX,
+    ENV_SEPARATOR,
+    ConfigError,
+    Settings,
+    load_settings,
+    parse_mqtt_url,
+    with_overrides,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -45,6 +53,9 @@ def port(text: str) -> int:
 
 def positive_float(text: str) -> float:
     value = float(text)
+    # float() reads "inf" and "nan" too; NaN passes any comparison's `not`.
+    if not math.isfinite(value):
+        raise _invalid_value(f"{value} is not a finite number")
     if value <= 0:
         raise _invalid_value(f"{value} must be > 0")
     return value
@@ -142,35 +153,55 @@ def add_settings_options(parser: argparse.ArgumentParser, *, mqtt: bool = True) 
     parser.add_argument("--log-format", choices=LOG_FORMATS)
 
 
+# The settings the options of add_settings_options (and a command's own: --api-host,
+# --api-port, --telemetry-interval) set: (option, its attribute in args, section, key).
+_SETTING_OPTIONS: Final = (
+    ("--mqtt-url", "mqtt_url", "mqtt", "url"),
+    ("--api-host", "api_host", "cloud", "api_host"),
+    ("--api-port", "api_port", "cloud", "api_port"),
+    ("--telemetry-interval", "telemetry_interval", "agent", "telemetry_interval_s"),
+    ("--log-level", "log_level", "log", "level"),
+    ("--log-format", "log_format", "log", "format"),
+)
+
+
 def settings_from_options(
-    args: argparse.Namespace, *, default_log_level: str | None = None
+    args: argparse.Namespace,
+    *,
+    default_log_level: str | None = None,
+    fleet_reports_here: bool = False,
 ) -> Settings:
-    """Settings from --config and GREENFED_* variables, then the command-line flags on top."""
-    settings = load_settings(args.config)
-    replace = msgspec.structs.replace
-    if getattr(args, "mqtt_url", None):
-        settings = replace(settings, mqtt=replace(settings.mqtt, url=args.mqtt_url))
-    cloud_changes = {
-        key: value
-        for key, value in (
-            ("api_host", getattr(args, "api_host", None)),
-            ("api_port", getattr(args, "api_port", None)),
-        )
-        if value is not None
-    }
-    if cloud_changes:
-        settings = replace(settings, cloud=replace(settings.cloud, **cloud_changes))
-    interval = getattr(args, "telemetry_interval", None)
-    if interval is not None:
-        settings = replace(settings, agent=replace(settings.agent, telemetry_interval_s=interval))
-    log_changes: dict[str, Any] = {}
-    if args.log_level or default_log_level:
-        log_changes["level"] = args.log_level or default_log_level
-    if args.log_format:
-        log_changes["format"] = args.log_format
-    if log_changes:
-        settings = replace(settings, log=replace(settings.log, **log_changes))
+    """Settings from --config and GREENFED_* variables, then the command-line flags on top,
+    checked as the file's values are (a ConfigError names the option). With
+    `fleet_reports_here` (`greenfed up`: its agents report to the control plane of these
+    same settings), agent settings that control plane would refuse are refused too."""
+    overrides: dict[str, dict[str, Any]] = {}
+    origins: dict[str, str] = {}
+    for option, attribute, section, key in _SETTING_OPTIONS:
+        value = getattr(args, attribute, None)
+        if value is not None:
+            overrides.setdefault(section, {})[key] = value
+            origins[f"{section}.{key}"] = option
+    if default_log_level and "level" not in overrides.get("log", {}):
+        overrides.setdefault("log", {})["level"] = default_log_level
+    settings = with_overrides(load_settings(args.config), overrides, origins)
+    if fleet_reports_here:
+        try:
+            settings.check_fleet_reports_here()
+        except FieldError as error:
+            key = dotted_path(error.path)
+            origin = origins.get(key) or _origin_of(args, key)
+            raise ConfigError(f"{origin}: {key}: {error.reason}", key=key) from None
     return settings
+
+
+def _origin_of(args: argparse.Namespace, key: str) -> str:
+    """Where a setting no option set came from, in load_settings' words."""
+    section, _, name = key.partition(".")
+    variable = f"{ENV_PREFIX}{section.upper()}{ENV_SEPARATOR}{name.upper()}"
+    if variable in os.environ:
+        return f"environment variable {variable}"
+    return str(args.config) if args.config is not None else "defaults"
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -65,7 +65,12 @@ def _configure_logging(settings: Settings) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     # People watch `greenfed up` in a terminal: the summary lines, not every agent's log.
-    settings = settings_from_options(args, default_log_level=None if args.log_level else "warning")
+    # Its simulated fleet reports to its own control plane, held to that one's limits.
+    settings = settings_from_options(
+        args,
+        default_log_level=None if args.log_level else "warning",
+        fleet_reports_here=True,
+    )
     _configure_logging(settings)
     # Refused at once, before the control plane's imports take their seconds.
     with data_dir_lock(settings.store.resolved_data_dir(), "up"):
@@ -118,18 +123,19 @@ def cmd_edge_discover(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from shared.runtime import run_main
-    from sim_devices.fleet import load_fleet, scale_fleet
+    from sim_devices.fleet import load_sized_fleet
     from sim_devices.main import run_sim
     from sim_devices.processes import run_sim_processes
 
     settings = settings_from_options(args, default_log_level=None if args.log_level else "warning")
     _configure_logging(settings)
-    fleet = load_fleet(args.fleet)
-    if args.sim is not None:
-        fleet = scale_fleet(fleet, args.sim)
-    if args.shard is None and args.processes > 1:
+    fleet = load_sized_fleet(args.fleet, args.sim)
+    # At most one process per node: one without a node of its own would have nothing
+    # to run and end at once, and a child that ends stops the whole fleet.
+    processes = max(1, min(args.processes, fleet.node_count))
+    if args.shard is None and processes > 1:
         return run_main(
-            lambda stop: run_sim_processes(args.argv, args.processes, stop, args.connect_rate)
+            lambda stop: run_sim_processes(args.argv, processes, stop, args.connect_rate)
         )
     return run_main(
         lambda stop: run_sim(
@@ -576,7 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="split the fleet over N processes, each with its own event loop (default 1; "
-        "one process carries a few thousand agents)",
+        "one process carries a few thousand agents; never more processes than nodes)",
     )
     # One process's share of a split fleet (what --processes starts).
     sim.add_argument("--shard", type=_shard, metavar="I/N", help=argparse.SUPPRESS)

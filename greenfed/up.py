@@ -43,7 +43,7 @@ from shared.runtime import run_until_stopped
 from shared.settings import MqttSettings, Settings, parse_mqtt_url
 from shared.token_files import metrics_token_path, read_token_file
 from shared.topics import Channel, Topics
-from sim_devices.fleet import Fleet, SimNodeSpec, expand_fleet, load_fleet, scale_fleet
+from sim_devices.fleet import Fleet, SimNodeSpec, expand_fleet, load_sized_fleet
 from sim_devices.runner import SimulatedFleet
 
 DEFAULT_BROKER_PORT = 1883
@@ -151,9 +151,7 @@ async def _pin_sealing_keys(app: web.Application, sealing_public_keys: Mapping[s
 
 
 async def run_up(settings: Settings, options: UpOptions, stop: asyncio.Event) -> int:
-    fleet = load_fleet(options.fleet_file)
-    if options.sim_nodes is not None:
-        fleet = scale_fleet(fleet, options.sim_nodes)
+    fleet = load_sized_fleet(options.fleet_file, options.sim_nodes)
     async with _broker(options, "127.0.0.1", settings) as settings:
         mqtt_url = settings.mqtt.url
         app = create_app(settings)
@@ -210,9 +208,11 @@ def _print_banner(
     # own (never the control plane's, which may do everything).
     subscribe = f"mosquitto_sub -h {host} -p {port} -t '{topics.all_nodes(Channel.TELEMETRY)}'"
     if not external and settings.mqtt.password:
+        # The account may connect only with its own client id (cloud/broker_accounts/).
+        login = f" -u dashboard -P PASSWORD -i {topics.reader_client_id('dashboard')} -t "
         subscribe = (
             "greenfed mqtt accounts create dashboard   (a read-only account; then "
-            f"{subscribe.replace(' -t ', ' -u dashboard -P PASSWORD -t ')})"
+            f"{subscribe.replace(' -t ', login)})"
         )
     lines = [
         f"greenfed up: {node_count} simulated nodes, "

@@ -6,6 +6,7 @@ typo is an error that names the key, never a silently ignored setting.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -86,7 +87,18 @@ def parse_mqtt_url(url: str) -> MqttEndpoint:
 
 
 class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
+    """A table of settings. Its checks run in `__post_init__`; a section with checks of
+    its own calls this one first, so a non-finite number is named before anything else
+    compares with it."""
+
+    def __post_init__(self) -> None:
+        # msgspec's bounds let `inf` through wherever a key has no upper one (and NaN
+        # where it has none at all): a time of `inf` crashed `greenfed cloud`, and a
+        # telemetry interval of `inf` made births every control plane refuses.
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise FieldError(name, "must be a finite number")
 
 
 class MqttSettings(Section, frozen=True, kw_only=True):
@@ -113,6 +125,7 @@ class MqttSettings(Section, frozen=True, kw_only=True):
 
     # Checks across a value's type raise a FieldError naming the key.
     def __post_init__(self) -> None:
+        super().__post_init__()
         try:
             parse_mqtt_url(self.url)
         except ValueError as error:
@@ -195,6 +208,7 @@ class AgentSettings(Section, frozen=True, kw_only=True):
     hidden_paths: Annotated[tuple[str, ...], msgspec.Meta(max_length=64)] = ()
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         low, high = self.worker_uid_range
         if low > high:
             raise FieldError("worker_uid_range", f"[{low}, {high}] is empty: the first is larger")
@@ -290,6 +304,7 @@ class CloudSettings(Section, frozen=True, kw_only=True):
     destructive_actions_per_minute: Annotated[int, msgspec.Meta(ge=0)] = 10
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
             raise FieldError(
                 "public_url", f"{self.public_url!r} must start with http:// or https://"
@@ -408,6 +423,7 @@ class SchedulingSettings(Section, frozen=True, kw_only=True):
     cohorts: dict[str, CohortSettings] = {}
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_cohort_tree(self.cohorts)
 
 
@@ -427,7 +443,7 @@ ForecasterSetting = Literal[
 EmissionFactorSetting = Literal["lifecycle", "direct"]
 
 
-class StaticZoneSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class StaticZoneSettings(Section, frozen=True, kw_only=True):
     """One row of `[signals] static_table`: `{ carbon_g_per_kwh = 120, price_per_mwh = 45 }`."""
 
     carbon_g_per_kwh: Annotated[float, msgspec.Meta(ge=0)]
@@ -472,6 +488,7 @@ class SignalSettings(Section, frozen=True, kw_only=True):
     carbonaware_signal_type: Literal["average", "marginal"] = "marginal"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.providers:
             raise FieldError("providers", "name at least one provider")
         if len(set(self.providers)) != len(self.providers):
@@ -532,6 +549,7 @@ class StoreSettings(Section, frozen=True, kw_only=True):
     leader_poll_interval_s: PositiveFloat = 2.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.database_url:
             scheme = self.database_url.partition("://")[0].lower()
             if "://" not in self.database_url or scheme not in DATABASE_URL_SCHEMES:
@@ -578,6 +596,21 @@ class Settings(Section, frozen=True, kw_only=True):
     store: StoreSettings = StoreSettings()
     scheduling: SchedulingSettings = SchedulingSettings()
     usage: UsageSettings = UsageSettings()
+
+    def check_fleet_reports_here(self) -> None:
+        """Checks for a command whose agents report to the control plane of these same
+        settings (`greenfed up`): a FieldError naming the agent's key its control plane
+        would refuse in every birth. Not part of validation: an edge agent's file has a
+        `[cloud]` table of defaults, not the limits of the control plane it reports to."""
+        interval_s = self.agent.telemetry_interval_s
+        low_s, high_s = self.cloud.min_telemetry_interval_s, self.cloud.max_telemetry_interval_s
+        if not low_s <= interval_s <= high_s:
+            raise FieldError(
+                ("agent", "telemetry_interval_s"),
+                f"{interval_s} s is outside [cloud.min_telemetry_interval_s, "
+                f"cloud.max_telemetry_interval_s] = [{low_s}, {high_s}]: the control plane "
+                "would refuse every node's birth and telemetry",
+            )
 
 
 def _describe(error: msgspec.ValidationError) -> tuple[FieldPath, str]:
@@ -689,6 +722,30 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"environment variable {name}: {error}", key=error.key) from None
         overrides.setdefault(section, {})[key] = _env_value(raw, field_type)
     return overrides
+
+
+def with_overrides(
+    settings: Settings,
+    overrides: Mapping[str, Mapping[str, Any]],
+    origins: Mapping[str, str],
+) -> Settings:
+    """`settings` with `overrides` (`{section: {key: value}}`: command-line options) on
+    top, validated again as a file's values are. A refused value is a ConfigError that
+    names the key and where it came from: `origins` maps `section.key` to that (the
+    option), "settings" for a key it does not name."""
+    if not overrides:
+        return settings
+    raw: dict[str, Any] = msgspec.to_builtins(settings)
+    for section, values in overrides.items():
+        raw[section] = {**raw[section], **values}
+    try:
+        return msgspec.convert(raw, Settings)
+    except msgspec.ValidationError as error:
+        key_path, reason = _describe(error)
+        key_path = _name_mapping_keys(raw, key_path, reason)
+        key = dotted_path(key_path)
+        origin = origins.get(dotted_path(key_path[:2]), "settings")
+        raise ConfigError(f"{origin}: {key or 'settings'}: {reason}", key=key or None) from None
 
 
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:

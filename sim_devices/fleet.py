@@ -23,7 +23,9 @@ from typing import Annotated
 
 import msgspec
 
+from shared.errors import FieldError, dotted_path
 from shared.messages import NodeTaint, Site
+from shared.placement_names import placement_error
 from shared.settings import ConfigError
 from shared.taints import parse_taint
 from shared.topics import is_valid_node_id
@@ -48,6 +50,11 @@ class FleetGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError(f"profile: unknown device profile {self.profile!r}; known: {known}")
         if not is_valid_node_id(f"{self.name}-{max(self.count, 1)}"):
             raise ValueError(f"name: {self.name!r} cannot prefix a node id")
+        # What enrolment and every birth would refuse (cloud/fleet/plausibility.py), as
+        # the agent's own settings do: `greenfed up` would fail enrolling the node.
+        invalid = placement_error(self.zone, self.region, self.labels, prefix="")
+        if invalid is not None:
+            raise FieldError(*invalid)
 
 
 class Fleet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -80,19 +87,51 @@ def load_fleet(path: Path | None = None) -> Fleet:
     """Read a fleet file; None reads the default fleet shipped with greenfed."""
     if path is None:
         text = resources.files("sim_devices").joinpath("fleets/default.toml").read_text("utf-8")
-        source = "default fleet"
     else:
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"fleet file {path} does not exist") from None
-        source = str(path)
+        except OSError as error:  # a directory, no permission, an I/O error
+            raise ConfigError(
+                f"fleet file {path} cannot be read: {error.strerror or error}"
+            ) from None
+        except UnicodeDecodeError as error:
+            line = error.object[: error.start].count(b"\n") + 1
+            raise ConfigError(
+                f"fleet file {path} is not UTF-8 text (line {line}): TOML files are UTF-8"
+            ) from None
+    source = _source(path)
     try:
         return msgspec.convert(tomllib.loads(text), Fleet)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source} is not valid TOML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: TOML nested too deeply to read") from None
     except msgspec.ValidationError as error:
-        raise ConfigError(f"{source}: {error}") from None
+        refused = FieldError.from_msgspec(error)
+        field = dotted_path(refused.path)
+        raise ConfigError(
+            f"{source}: {field}: {refused.reason}" if field else f"{source}: {refused.reason}"
+        ) from None
+
+
+def load_sized_fleet(path: Path | None, node_count: int | None) -> Fleet:
+    """`load_fleet(path)` scaled to `node_count` nodes (`--sim N`); None: as it is."""
+    fleet = load_fleet(path)
+    if node_count is None:
+        return fleet
+    if fleet.node_count == 0:
+        if node_count == 0:
+            return fleet
+        raise ConfigError(
+            f"{_source(path)}: cannot scale to {node_count} nodes (--sim): the fleet has no nodes"
+        )
+    return scale_fleet(fleet, node_count)
+
+
+def _source(path: Path | None) -> str:
+    return "default fleet" if path is None else str(path)
 
 
 def scale_fleet(fleet: Fleet, node_count: int) -> Fleet:

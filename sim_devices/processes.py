@@ -53,6 +53,13 @@ class _Child:
             else:
                 print(line, flush=True)
 
+    def stopped_cleanly(self, code: int) -> bool:
+        """Whether exit status `code` ends a clean stop. Ctrl-C reaches the children too:
+        one may have stopped, said its stopped line and be on its way out, its stop
+        handlers gone (asyncio.run restores the default ones), when our SIGTERM kills it.
+        Nothing is lost then: what it sent is said. Read once its output has ended."""
+        return code == 0 or (code == -signal.SIGTERM and self.telemetry_sent is not None)
+
     async def stop(self) -> int:
         """SIGTERM, sent again every `_SIGTERM_AGAIN_S` until the child exits; killed
         after `_CHILD_EXIT_GRACE_S`. A busy child used to miss one (asyncio's signal
@@ -86,6 +93,16 @@ def child_arguments(
     ]
 
 
+def child_command(argv: list[str], shard: int, processes: int, connects_per_s: float) -> list[str]:
+    """The program and arguments a child runs: `greenfed sim` with this interpreter."""
+    return [
+        sys.executable,
+        "-m",
+        "greenfed.cli",
+        *child_arguments(argv, shard, processes, connects_per_s),
+    ]
+
+
 async def run_sim_processes(
     argv: list[str], processes: int, stop: asyncio.Event, connects_per_s: float = 200.0
 ) -> int:
@@ -96,10 +113,7 @@ async def run_sim_processes(
     try:
         for shard in range(processes):
             process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "greenfed.cli",
-                *child_arguments(argv, shard, processes, connects_per_s),
+                *child_command(argv, shard, processes, connects_per_s),
                 stdout=asyncio.subprocess.PIPE,
             )
             children.append(_Child(process))
@@ -139,4 +153,11 @@ async def run_sim_processes(
                 flush=True,
             )
     # Stopped by us: SIGTERM, which each child takes as a normal stop (exit 0).
-    return next((code for code in codes if code != 0), 0)
+    return next(
+        (
+            code
+            for child, code in zip(children, codes, strict=True)
+            if not child.stopped_cleanly(code)
+        ),
+        0,
+    )

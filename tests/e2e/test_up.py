@@ -210,6 +210,8 @@ async def test_up_with_its_embedded_broker_serves_third_party_subscribers(tmp_pa
             async with aiomqtt.Client("127.0.0.1", broker_port):
                 pass
         assert "greenfed mqtt accounts create dashboard" in up.stdout
+        client_id = "greenfed-reader-dashboard@greenfed"
+        assert f"-u dashboard -P PASSWORD -i {client_id} -t" in up.stdout
         assert "-u greenfed-cloud" not in up.stdout
         code, out, err = await run_greenfed(
             ["mqtt", "accounts", "create", "dashboard", "--api", api, "--token-file",
@@ -219,7 +221,11 @@ async def test_up_with_its_embedded_broker_serves_third_party_subscribers(tmp_pa
         username, password = "dashboard", out.splitlines()[1].strip()
         async with (
             aiomqtt.Client(
-                "127.0.0.1", broker_port, username=username, password=password
+                "127.0.0.1",
+                broker_port,
+                username=username,
+                password=password,
+                identifier=client_id,
             ) as subscriber,
             asyncio.timeout(10),
         ):

@@ -7,6 +7,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from shared.errors import FieldError
@@ -352,3 +353,67 @@ def test_without_a_node_id_the_host_name_is_made_into_a_valid_one(
     resolved = load_settings(None, NO_ENV).agent.resolved_node_id()
     assert resolved == expected
     assert is_valid_node_id(resolved)
+
+
+def _float_keys() -> list[str]:
+    """Every `section.key` whose value is a number with a fraction (float, or float or
+    None), from the settings' own types: a key added later is covered by itself."""
+    keys = []
+    settings = msgspec.inspect.type_info(Settings)
+    assert isinstance(settings, msgspec.inspect.StructType)
+    for section in settings.fields:
+        assert isinstance(section.type, msgspec.inspect.StructType)
+        for field in section.type.fields:
+            kinds = (
+                field.type.types
+                if isinstance(field.type, msgspec.inspect.UnionType)
+                else [field.type]
+            )
+            if any(isinstance(kind, msgspec.inspect.FloatType) for kind in kinds):
+                keys.append(f"{section.name}.{field.name}")
+    return keys
+
+
+FLOAT_KEYS = _float_keys()
+
+
+def test_the_float_keys_are_found() -> None:
+    assert {"store.busy_timeout_s", "agent.telemetry_interval_s", "mqtt.digest_interval_s"} <= set(
+        FLOAT_KEYS
+    )
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_a_float_key_refuses_a_value_that_is_not_a_finite_number(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    # `busy_timeout_s = inf` once crashed `greenfed cloud` with a traceback, and
+    # `telemetry_interval_s = inf` made births no control plane accepts.
+    section, _, name = key.partition(".")
+    path = write_config(tmp_path, f"[{section}]\n{name} = {value}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, NO_ENV)
+    assert caught.value.key == key
+    assert str(caught.value).startswith(f"{path}: {key}: ")
+
+
+@pytest.mark.parametrize("key", ["carbon_g_per_kwh", "price_per_mwh"])
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_a_static_table_row_refuses_a_value_that_is_not_a_finite_number(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    row = {"carbon_g_per_kwh": "120", "price_per_mwh": "45", key: value}
+    cells = ", ".join(f"{name} = {cell}" for name, cell in row.items())
+    path = write_config(tmp_path, f"[signals.static_table]\nDE = {{ {cells} }}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, NO_ENV)
+    assert caught.value.key == f"signals.static_table.DE.{key}"
+
+
+def test_an_infinite_value_from_the_environment_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, {"GREENFED_STORE__BUSY_TIMEOUT_S": "inf"})
+    message = str(caught.value)
+    assert "store.busy_timeout_s: must be a finite number" in message
+    assert "GREENFED_STORE__BUSY_TIMEOUT_S" in message

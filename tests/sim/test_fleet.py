@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from shared.settings import ConfigError
 from shared.topics import is_valid_node_id
-from sim_devices.fleet import Fleet, FleetGroup, expand_fleet, load_fleet, scale_fleet
+from sim_devices.fleet import (
+    Fleet,
+    FleetGroup,
+    expand_fleet,
+    load_fleet,
+    load_sized_fleet,
+    scale_fleet,
+)
 
 DEFAULT_FLEET = load_fleet()
 
@@ -139,6 +146,71 @@ def test_a_fleet_file_that_is_not_toml_is_a_clear_error(tmp_path: Path) -> None:
     path = write_fleet(tmp_path, "[[group]\nname =")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_fleet(path)
+
+
+def test_a_fleet_file_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_bytes(b"\xff\xfe[[group]]\n")  # UTF-16, as some editors save
+    with pytest.raises(ConfigError) as caught:
+        load_fleet(path)
+    assert (
+        str(caught.value) == f"fleet file {path} is not UTF-8 text (line 1): TOML files are UTF-8"
+    )
+
+
+def test_a_directory_as_the_fleet_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_fleet(tmp_path)
+    assert str(caught.value) == f"fleet file {tmp_path} cannot be read: Is a directory"
+
+
+@pytest.mark.parametrize(
+    ("placement", "field"),
+    [
+        ('labels = { "bad key!" = "x" }', "group[0].labels"),
+        ('labels = { city = "=1+1" }', "group[0].labels.city"),
+    ],
+)
+def test_labels_the_control_plane_would_refuse_are_an_error_naming_the_file_and_field(
+    tmp_path: Path, placement: str, field: str
+) -> None:
+    # Enrolment and births refuse them (shared/placement_names.py): `greenfed up` used to
+    # fail enrolling the node with a traceback.
+    path = write_fleet(
+        tmp_path, GROUP_TOML.format(name="pi", profile="raspberry-pi-5", count=1) + placement
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_fleet(path)
+    assert str(caught.value).startswith(f"{path}: {field}: label ")
+
+
+@pytest.mark.parametrize("field", ["zone", "region"])
+def test_a_zone_or_region_the_control_plane_would_refuse_is_an_error_naming_it(
+    tmp_path: Path, field: str
+) -> None:
+    text = GROUP_TOML.format(name="pi", profile="raspberry-pi-5", count=1)
+    text = text.replace(f'{field} = "', f'{field} = "-')  # must start with a letter or digit
+    path = write_fleet(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_fleet(path)
+    assert str(caught.value).startswith(f"{path}: group[0].{field}: ")
+
+
+@pytest.mark.parametrize(
+    "text", ["group = []\n", GROUP_TOML.format(name="pi", profile="raspberry-pi-5", count=0)]
+)
+def test_scaling_a_fleet_file_without_nodes_is_an_error_naming_the_file(
+    tmp_path: Path, text: str
+) -> None:
+    path = write_fleet(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_sized_fleet(path, 3)
+    assert str(caught.value) == f"{path}: cannot scale to 3 nodes (--sim): the fleet has no nodes"
+
+
+def test_a_sized_fleet_is_the_file_scaled_or_as_it_is() -> None:
+    assert load_sized_fleet(None, None) == DEFAULT_FLEET
+    assert load_sized_fleet(None, 7) == scale_fleet(DEFAULT_FLEET, 7)
 
 
 @given(node_count=st.integers(min_value=0, max_value=2000))

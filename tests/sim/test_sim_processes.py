@@ -122,3 +122,68 @@ async def test_a_fleet_split_over_processes_comes_online_once_and_stops_cleanly(
         await eventually(
             lambda: all(r.state == "offline" for r in cloud.registry.nodes()), timeout_s=10
         )
+
+
+@pytest.mark.e2e
+async def test_a_fleet_smaller_than_its_processes_runs_one_process_per_node_until_stopped(
+    broker: BrokerUnderTest, topic_root: str, tmp_path: Path
+) -> None:
+    # A process with no node of its own has nothing to run and would end at once, and a
+    # child that ends stops the fleet: `--sim 2 --processes 4` used to stop by itself.
+    suffix = topic_root.removeprefix("gftest-")[:8]
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(
+        f'[[group]]\nname = "pi-{suffix}"\nprofile = "raspberry-pi-5"\ncount = 2\n'
+        'site = "edge"\nzone = "DE"\nregion = "europe-west3"\n'
+    )
+    expected = {spec.node_id for spec in expand_fleet(load_fleet(fleet_file))}
+    async with running_ingestion(mqtt_settings(broker.url, topic_root)) as cloud:
+        sim = GreenfedProcess(
+            [
+                "sim",
+                "--fleet",
+                str(fleet_file),
+                "--mqtt-url",
+                broker.url,
+                "--processes",
+                "4",
+                "--telemetry-interval",
+                "0.2",
+                "--log-level",
+                "error",
+            ],
+            tmp_path,
+            greenfed_env(GREENFED_MQTT__TOPIC_ROOT=topic_root),
+        )
+        async with sim:
+
+            def online() -> set[str]:
+                return {r.node_id for r in cloud.registry.nodes() if r.state == "online"}
+
+            assert sim.process is not None
+            process = sim.process
+
+            def ended() -> bool:
+                return process.returncode is not None
+
+            await eventually(
+                lambda: (online() == expected and "(2 processes)" in sim.stdout) or ended(),
+                timeout_s=40,
+                message=lambda: f"online {sorted(online())}; {sim.stdout}{sim.stderr[-2000:]}",
+            )
+            # Still running a few telemetry rounds later, until stopped.
+            await eventually(
+                lambda: (
+                    ended()
+                    or all(
+                        (r.telemetry.seq if r.telemetry else 0) >= 3 for r in cloud.registry.nodes()
+                    )
+                ),
+                timeout_s=20,
+            )
+            assert not ended(), sim.stdout + sim.stderr[-2000:]
+            code, _ = await sim.stop(timeout_s=20)
+            assert code == 0, sim.stderr[-2000:]
+        stopped = STOPPED.search(sim.stdout)
+        assert stopped is not None, sim.stdout
+        assert int(stopped[1]) == len(expected)
