@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Final
 
 DEFAULT_REGISTRY: Final = "docker.io"
+# Docker Hub's older name, which runtimes read as docker.io.
+LEGACY_DEFAULT_REGISTRY: Final = "index.docker.io"
 
 
 def registry_of(image: str) -> str:
@@ -28,3 +30,22 @@ def qualified(image: str) -> str:
     if "/" in image:
         return f"{DEFAULT_REGISTRY}/{image}"
     return f"{DEFAULT_REGISTRY}/library/{image}"
+
+
+def repository_of(image: str) -> str:
+    """The repository a reference names, spelled one way whatever way the reference
+    spells it: its tag and digest dropped (a runtime's store finds one image by tag,
+    `:latest` left out or not, or by digest), its registry spelled out, lower-case and
+    Docker Hub's long forms as `docker.io/library/...`. A registry gives every tag
+    and digest of a repository to whoever it gives one: what tenants are told apart by."""
+    name = image.partition("@")[0]
+    tag_at = name.rfind(":")
+    if tag_at > name.rfind("/"):  # a ':' in the registry's component is its port
+        name = name[:tag_at]
+    registry, _, path = qualified(name).partition("/")
+    registry = registry.lower()
+    if registry == LEGACY_DEFAULT_REGISTRY:
+        registry = DEFAULT_REGISTRY
+    if registry == DEFAULT_REGISTRY and "/" not in path:
+        path = f"library/{path}"
+    return f"{registry}/{path}"

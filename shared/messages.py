@@ -19,7 +19,7 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.11"
+SCHEMA_VERSION = "1.12"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -516,6 +516,16 @@ class DesiredTraining(WireStruct, frozen=True, kw_only=True):
             )
         ),
     ] = None
+    has_secrets: Annotated[
+        bool,
+        msgspec.Meta(
+            description=(
+                "The job has secrets (secret_env or a registry password; 1.12): without "
+                "`sealed_secrets` the worker does not start. Absent (an older control "
+                "plane): only `secret_names` says so."
+            )
+        ),
+    ] = False
 
 
 class AgentUpgrade(WireStruct, frozen=True, kw_only=True):

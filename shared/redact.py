@@ -26,9 +26,13 @@ _SECRET_COMPOUNDS: Final = frozenset(
 _NOT_SECRET_SUFFIXES: Final = ("_file", "_path", "_ttl_s", "_id", "_count", "_s")
 _WORD_SPLIT: Final = re.compile(r"[_\-.\s]+|(?<=[a-z])(?=[A-Z])")
 
-# scheme://user:password@ -> scheme://user:***@ (the password may hold anything but '@',
-# '/' and whitespace; a password with '@' would have to be percent-encoded in a URL).
-_URL_PASSWORD: Final = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)[^@/\s]+@")
+# scheme://user:password@ -> scheme://user:***@. The password ends at the last '@' before
+# the host: base64 passwords hold '/' (SQLAlchemy and the database drivers take them
+# unencoded) and an unencoded '@' leaves the host after the last one (urllib's reading).
+# It never spans whitespace or another URL's "://" (a URL inside a query keeps its own
+# host). Masking too much (a URL with no password but a port, then '@' in its path)
+# costs a reader some text; masking too little would print a secret.
+_URL_PASSWORD: Final = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?:(?!://)\S)+@")
 # "Bearer abc..." anywhere in text (an Authorization header copied into a message).
 _BEARER: Final = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
 

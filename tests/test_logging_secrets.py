@@ -84,10 +84,35 @@ def test_what_is_not_a_secret_is_left_alone(restore_logging: None) -> None:
         ("mqtt://user@host", "mqtt://user@host"),
         ("mqtt://host:1883", "mqtt://host:1883"),
         ("http://a:b@h/p?q=mqtt://c:d@e", "http://a:***@h/p?q=mqtt://c:***@e"),
+        # Base64 passwords hold '/': it ends at the '@' before the host, as SQLAlchemy
+        # (and every client that takes such a URL) reads it.
+        (
+            "postgresql+asyncpg://greenfed:Zm9v/YmFy+cXV4=@db:5432/greenfed",
+            "postgresql+asyncpg://greenfed:***@db:5432/greenfed",
+        ),
+        ("mqtt://node:Zm9v/YmFy@broker:1883", "mqtt://node:***@broker:1883"),
+        ("mqtt://node:/leading@broker", "mqtt://node:***@broker"),
+        # An unencoded '@' in the password: the host is after the last one (urllib's reading).
+        ("mqtt://node:p@ss/w@broker:1883", "mqtt://node:***@broker:1883"),
+        ("see mqtt://u:a/b@h:1883 and x@y", "see mqtt://u:***@h:1883 and x@y"),
     ],
 )
 def test_redact_url_masks_only_the_password(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def test_a_password_with_a_slash_is_masked_in_every_logged_line(restore_logging: None) -> None:
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    password = "Zm9v/YmFy+cXV4="
+    log = structlog.get_logger("greenfed.test")
+    log.info("store", url=f"postgresql+asyncpg://greenfed:{password}@db:5432/greenfed")
+    log.info(f"cannot connect to mqtt://node:{password}@broker:1883")
+    text = out.getvalue()
+    assert password not in text
+    assert "Zm9v" not in text  # nor the part before the '/'
+    assert "db:5432/greenfed" in text
+    assert "broker:1883" in text
 
 
 @pytest.mark.parametrize(

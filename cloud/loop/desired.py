@@ -22,14 +22,24 @@ the agent reports the replica failed, saying so.
 
 The agent instance a document is issued for (`for_instance`) is not decided here: the
 publisher sets it as it signs, from the registry at that moment (cloud/loop/publisher.py).
+
+**A document fits the broker's packets** (`DESIRED_MAX_BYTES`): one that did not would
+never reach its node, and the publisher refuses to send it. Where a node's work adds up
+to more, the jobs the node does not report yet give way, the newest submission first:
+their secrets are withheld (the worker refuses to start, saying why, and the attempt
+fails with that reason), and where that is not enough they are left out (an assignment
+the node never acknowledges: requeued, cloud/loop/unacknowledged.py). Both are logged,
+naming the jobs. A job the node reports is kept as it is: its worker may be running.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 import msgspec
+import structlog
 
 from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import node_workers
@@ -40,10 +50,27 @@ from cloud.store import AllocationRecord, ModelRecord, WorkRecord
 from cloud.work.convert import spec_of
 from cloud.work.specs import DeploymentSpec, TrainingJobSpec
 from shared.images import qualified
-from shared.messages import AgentUpgrade, DesiredDeployment, DesiredState, DesiredTraining
+from shared.messages import (
+    AgentUpgrade,
+    DesiredDeployment,
+    DesiredState,
+    DesiredTraining,
+    encode,
+)
 from shared.settings import SchedulingSettings
 
 ADDRESS_LABEL = "greenfed.io/address"
+
+# The largest signed `desired` payload that goes out. greenfed's brokers take packets of
+# at most 1 MiB (max_packet_size 1048576 in deploy/mosquitto/ and deploy/compose/), and
+# a packet holds the topic and its header too; over that, the broker drops the
+# publisher's connection.
+DESIRED_MAX_BYTES: Final = 1024 * 1024 - 4 * 1024
+# What the publisher adds to a document as it signs it: the signature (88 characters in
+# place of null) and the agent instance it is issued for.
+SIGNING_ROOM_BYTES: Final = 1024
+
+_log = structlog.get_logger("greenfed.loop.desired")
 
 
 def node_address(record: NodeRecord | None) -> str:
@@ -108,6 +135,9 @@ def _training(
         image=None if spec.image is None else qualified(spec.image),
         image_pull_policy=spec.image_pull_policy,
         secret_names=tuple(sorted(spec.secret_env)),
+        # A registry password names no variable: without this the node could not tell
+        # a job whose secrets were withheld from one that has none.
+        has_secrets=spec.has_secrets,
         sealed_secrets=(
             secrets.sealed(
                 spec,
@@ -185,6 +215,7 @@ def desired_document(
     cluster_id: str | None = None,
     secrets: SecretRelease | None = None,
     agent_upgrade: AgentUpgrade | None = None,
+    max_bytes: int = DESIRED_MAX_BYTES - SIGNING_ROOM_BYTES,
 ) -> DesiredState:
     """Everything stored for `node_id`; `allocations` maps every work id to all of its
     allocations (a gang's other nodes decide this node's ranks); `models` the registry's
@@ -192,7 +223,8 @@ def desired_document(
     the store's (generations count within it: an agent adopts a new one's sequence);
     `secrets` seals jobs' secrets to the node (None: none are sent, the agent refuses
     such workers); `agent_upgrade` the agent version the node is asked to run
-    (cloud/upgrades/)."""
+    (cloud/upgrades/); `max_bytes` the most the document may encode to, unsigned (the
+    newest work the node does not run gives way, see above)."""
     training: list[DesiredTraining] = []
     deployments: list[DesiredDeployment] = []
     for work_id, members in sorted(allocations.items()):
@@ -216,7 +248,7 @@ def desired_document(
             _replica(record, spec, member, models or {}, signer, member.member_index in canary)
             for member in here
         )
-    return DesiredState(
+    document = DesiredState(
         node_id=node_id,
         generation=generation,
         deployments=tuple(deployments),
@@ -225,3 +257,73 @@ def desired_document(
         cluster_id=cluster_id,
         agent_upgrade=agent_upgrade,
     )
+    return _within(document, max_bytes, records=records, node=nodes.get(node_id))
+
+
+def _within(
+    document: DesiredState,
+    max_bytes: int,
+    *,
+    records: Mapping[str, WorkRecord],
+    node: NodeRecord | None,
+) -> DesiredState:
+    """`document`, or where it encodes to more than `max_bytes` one that does not: the
+    training entries the node does not report give way, newest submission first, their
+    secrets withheld, then the entries themselves left out."""
+    size = len(encode(document))
+    if size <= max_bytes:
+        return document
+    training = list(document.training)
+    # The document is its entries' encodings joined by commas: sizes change by theirs.
+    sizes = [len(encode(entry)) for entry in training]
+    unreported = [
+        index
+        for index, entry in enumerate(training)
+        if node is None or node.training_report(entry.job_id, entry.attempt) is None
+    ]
+    newest_first = sorted(
+        unreported,
+        key=lambda index: (_submitted_at(records, training[index].job_id), training[index].job_id),
+        reverse=True,
+    )
+    withheld: list[str] = []
+    for index in newest_first:
+        if size <= max_bytes:
+            break
+        entry = training[index]
+        if entry.sealed_secrets is None:
+            continue
+        training[index] = msgspec.structs.replace(entry, sealed_secrets=None)
+        lighter = len(encode(training[index]))
+        size -= sizes[index] - lighter
+        sizes[index] = lighter
+        withheld.append(entry.job_id)
+    left_out: list[int] = []
+    for index in newest_first:
+        if size <= max_bytes:
+            break
+        left_out.append(index)
+        comma = 1 if len(left_out) < len(training) else 0  # none once no entry is left
+        size -= sizes[index] + comma
+    left_out_ids = [training[index].job_id for index in left_out]
+    if withheld_ids := [job_id for job_id in withheld if job_id not in left_out_ids]:
+        _log.warning(
+            "secrets withheld: the node's desired document would exceed its size limit",
+            node_id=document.node_id,
+            job_ids=withheld_ids,
+            limit_bytes=max_bytes,
+        )
+    if left_out_ids:
+        _log.warning(
+            "training jobs left out of the node's desired document: it would exceed its size limit",
+            node_id=document.node_id,
+            job_ids=left_out_ids,
+            limit_bytes=max_bytes,
+        )
+    kept = tuple(entry for index, entry in enumerate(training) if index not in left_out)
+    return msgspec.structs.replace(document, training=kept)
+
+
+def _submitted_at(records: Mapping[str, WorkRecord], work_id: str) -> float:
+    record = records.get(work_id)
+    return record.submitted_at if record is not None else 0.0

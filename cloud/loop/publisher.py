@@ -42,6 +42,13 @@ retained document again. Each message is checked:
 Repairs go through the same queue as documents (one pending message per node), so a
 flood of forgeries makes at most one publication per node per round. The first sweep
 ends (`swept`) when no retained document has come for `sweep_quiet_s`.
+
+**Oversized documents are not sent.** A signed payload over `max_payload_bytes`
+(`DESIRED_MAX_BYTES`: greenfed's brokers take packets of at most 1 MiB and drop a client
+that sends a bigger one, with every other node's documents in flight) is logged, counted
+(`oversized_total`) and dropped: the node keeps the document it has, and is sent the
+next one that fits. The loop builds documents within the limit (cloud/loop/desired.py),
+so this is the last guard, not the way work gives way.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ import msgspec
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cloud.loop.desired import DESIRED_MAX_BYTES
 from cloud.store.schema import CLUSTER_ID_SECRET
 from shared.desired_signature import DesiredSignatureError, sign_desired, verify_desired
 from shared.logs import RateLimitedLog
@@ -91,16 +99,19 @@ class DesiredPublisher:
         client_id: str | None = None,
         sweep_quiet_s: float = 1.0,
         sweep_interval_s: float = SWEEP_INTERVAL_S,
+        max_payload_bytes: int = DESIRED_MAX_BYTES,
     ) -> None:
         """`cluster_id`: the store's (documents of any other are stale); `sweep_quiet_s`:
         how long without a retained document ends a sweep; `sweep_interval_s`: how often
-        every retained document is read back and checked."""
+        every retained document is read back and checked; `max_payload_bytes`: the
+        largest signed document that is sent."""
         self._topics = Topics(settings.topic_root)
         self._signing_key = signing_key
         self._public_key = signing_key.public_key()
         self.cluster_id = cluster_id
         self._sweep_quiet_s = sweep_quiet_s
         self._sweep_interval_s = sweep_interval_s
+        self._max_payload_bytes = max_payload_bytes
         self._sweep_activity = asyncio.Event()
         self._log = structlog.get_logger("greenfed.loop.publisher")
         self._repair_log = RateLimitedLog(self._log, _REPAIR_LOG_INTERVAL_S)
@@ -130,6 +141,8 @@ class DesiredPublisher:
         self.repaired_total = 0
         # Documents sent again because the node's current agent instance changed.
         self.rebound_total = 0
+        # Documents not sent: their payload was over `max_payload_bytes`.
+        self.oversized_total = 0
         self.sweeps_total = 0
         # Takes documents that go elsewhere than the broker (a cluster's nodes: cloud/
         # clusters/runtime.py); True: taken. None: every document goes to the broker.
@@ -314,7 +327,13 @@ class DesiredPublisher:
             await self._queued.wait()
             self._queued.clear()
             batch, self._queue = self._queue, {}
-            payloads = {node_id: self._payload(node_id, doc) for node_id, doc in batch.items()}
+            payloads: dict[str, bytes] = {}
+            for node_id, document in batch.items():
+                payload = self._payload(node_id, document)
+                if document is not None and len(payload) > self._max_payload_bytes:
+                    self._drop_oversized(node_id, document, len(payload))
+                else:
+                    payloads[node_id] = payload
             for node_id, payload in payloads.items():
                 # Noted before publishing: the copy may come back before the publish returns.
                 self._published[node_id] = payload
@@ -332,8 +351,23 @@ class DesiredPublisher:
                     )
                 )
             except BaseException:
-                for node_id, document in batch.items():
-                    self._queue.setdefault(node_id, document)
+                for node_id in payloads:
+                    self._queue.setdefault(node_id, batch[node_id])
                 self._queued.set()
                 raise
-            self.published_total += sum(1 for document in batch.values() if document is not None)
+            self.published_total += sum(1 for node_id in payloads if batch[node_id] is not None)
+
+    def _drop_oversized(self, node_id: str, document: DesiredState, payload_bytes: int) -> None:
+        """Not sent: the broker would drop the connection, and every other node's
+        documents with it. Nor sent again (a new connection, a new agent instance, a
+        repair): the node keeps what it has until a document that fits comes."""
+        if self._latest.get(node_id) is document:
+            del self._latest[node_id]
+        self.oversized_total += 1
+        self._log.error(
+            "desired document not sent: larger than the broker takes",
+            node_id=node_id,
+            generation=document.generation,
+            payload_bytes=payload_bytes,
+            limit_bytes=self._max_payload_bytes,
+        )

@@ -96,7 +96,10 @@ WorkId = Annotated[
 # Plain variables: at most this many per job (a job array's tasks get theirs among them).
 MAX_ENV_VARIABLES: Final = 1024
 # Secrets: at most this many per job, each value and all of them together at most this
-# many bytes (UTF-8) of plaintext; a registry password at most its own limit.
+# many bytes of plaintext as it is sealed into a node's `desired` document (UTF-8,
+# JSON-escaped: a control character takes 6 bytes there), so that a job's secrets alone
+# never outgrow that document (cloud/loop/desired.py); a registry password at most its
+# own limit.
 MAX_SECRETS: Final = 256
 MAX_SECRET_BYTES: Final = 64 * 1024
 MAX_REGISTRY_PASSWORD_BYTES: Final = 4096
@@ -410,7 +413,8 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
             max_length=MAX_SECRETS,
             description=(
                 "Secret variables for every worker: encrypted at rest, sealed to the node "
-                "that runs the worker, shown by name only. At most 64 KiB of values."
+                "that runs the worker, shown by name only. At most 64 KiB of values, "
+                "JSON-escaped."
             ),
         ),
     ] = {}
@@ -577,10 +581,12 @@ def check_submitted_secrets(spec: TrainingJobSpec) -> None:
             )
     total = 0
     for name, value in spec.secret_env.items():
-        size = len(value.encode())
+        size = len(msgspec.json.encode(value)) - len('""')  # as sealed: JSON-escaped
         if size > MAX_SECRET_BYTES:
             raise FieldError(
-                ("secret_env", name), f"has {size} bytes; a value has at most {MAX_SECRET_BYTES}"
+                ("secret_env", name),
+                f"has {size} bytes JSON-escaped (a control character takes 6); a value "
+                f"has at most {MAX_SECRET_BYTES}",
             )
         total += size
         if total > MAX_SECRET_BYTES:

@@ -23,7 +23,8 @@ lines for one worker are built here and run by the wrapper (edge/training/wrappe
   gets the limits as its own flags and is asked after the run whether it killed the
   container for memory.
 
-Nothing here runs a process: building command lines is pure; `find_runtime` probes.
+Nothing here runs a process but `find_runtime`, which probes, and `local_names`, which
+asks the store what an image reference finds: building command lines is pure.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ class ContainerRuntime:
         config = [f"--config={Path(auth_path).parent}"] if auth_path else []
         return [self.binary, *config, "pull", image]
 
+    def names_argv(self, image: str) -> list[str]:
+        """Prints every name (tags, then digests) of the local image `image` finds, one
+        a line; fails when it finds none."""
+        names = "{{range .RepoTags}}{{println .}}{{end}}{{range .RepoDigests}}{{println .}}{{end}}"
+        return [*self._global, "image", "inspect", "--format", names, image]
+
     def auth_file_name(self) -> str:
         """docker reads `config.json` in the directory it is given; podman any file."""
         return "config.json" if self.name == "docker" else "auth.json"
@@ -126,6 +133,9 @@ class ContainerRuntime:
         ]
         if self.name == "podman" and cgroup_parent is not None:
             argv.append(f"--cgroup-parent={cgroup_parent}")
+            # The leaf holds the worker's processes, but podman gives its container a
+            # group of its own below it, with podman's default (2048) unless told.
+            argv.append(f"--pids-limit={pids if pids is not None else -1}")
         else:  # docker: its daemon's cgroups, held by its own flags
             if memory_bytes is not None:
                 argv += [f"--memory={memory_bytes}", f"--memory-swap={memory_bytes}"]
@@ -172,6 +182,25 @@ def pull_needed(policy: ImagePullPolicy) -> tuple[bool, bool]:
     if policy == "always":
         return False, True
     return True, True
+
+
+def local_names(runtime: ContainerRuntime, image: str, env: Mapping[str, str]) -> list[str]:
+    """The names of the image in the runtime's store that `image` finds (none: it finds
+    none, or the runtime does not answer). Blocking: it asks the runtime."""
+    try:
+        done = subprocess.run(
+            runtime.names_argv(image),
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if done.returncode != 0:
+        return []
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
 def _ulimits() -> list[str]:

@@ -30,7 +30,7 @@ from typing import Final
 from edge.atomic_files import write_atomically
 from edge.sandbox.bubblewrap import SHARED_TMP_DIRS, drop_privileges, sandbox_argv
 from edge.sandbox.cgroups import RunGroups, WorkerLimits
-from edge.sandbox.containers import ContainerRuntime, auth_file, pull_needed
+from edge.sandbox.containers import ContainerRuntime, auth_file, local_names, pull_needed
 from edge.sandbox.devices import DeviceNode, assigned_device_nodes, device_rules
 from edge.sandbox.image_owners import ImageOwners
 from edge.sandbox.probe import NodeIsolation
@@ -44,7 +44,7 @@ from edge.training.environment import (
     process_environment,
 )
 from edge.training.launch_plan import LaunchPlan, PrepareStep, ProcessPlan
-from shared.images import qualified, registry_of
+from shared.images import qualified, registry_of, repository_of
 from shared.messages import Accelerator, DesiredTraining, IsolationLevel
 from shared.sealing import SealedSecrets
 from shared.worker_env import DEFAULT_VARIABLES
@@ -55,6 +55,9 @@ ISOLATION_RANK: Final[Mapping[IsolationLevel, int]] = {
     "user": 1,
     "sandbox": 2,
 }
+# The most a cgroup's pids.max takes (PID_MAX_LIMIT on 64-bit kernels): no more
+# processes can exist at once, so a higher limit is no limit and is written as this.
+KERNEL_PIDS_MAX: Final = 4_194_304
 RUN_DIR_MODE: Final = 0o711  # others may pass through to their own work directory only
 WORK_DIR_MODE: Final = 0o700
 # What a sandbox replaces with its own besides the shared temporary directories
@@ -189,11 +192,7 @@ class Sandbox:
             and spec.image_pull_policy == "never"
             and self._image_owners.others_than(qualified(spec.image), spec.tenant)
         ):
-            return (
-                f"image {spec.image} was pulled to this node with another tenant's registry "
-                "credentials, and image_pull_policy never would run it without asking the "
-                "registry: use if-not-present or always"
-            )
+            return _pulled_by_others_reason(spec.image)
         if spec.image and isolation.runtime is None:
             return (
                 "the job runs in an image and this node has no container runtime "
@@ -234,6 +233,11 @@ class Sandbox:
             why = working_dir_refusal(Path(real), self._private, sandboxed=self._sandboxed)
             if why:
                 raise WorkerSpecError(why)
+        runtime = self.isolation.runtime if spec.image else None
+        pulled_by_others = self._pulled_by_others(spec, runtime)
+        if pulled_by_others and spec.image_pull_policy == "never":
+            assert spec.image is not None
+            raise WorkerSpecError(_pulled_by_others_reason(spec.image))
         refused = refused_secret_names(secrets.env)
         if refused and self.isolation.switches_user:
             raise WorkerSpecError(
@@ -261,7 +265,6 @@ class Sandbox:
             for local in range(count)
         ]
         groups = self._groups(spec, name, devices)
-        runtime = self.isolation.runtime if spec.image else None
         processes = tuple(
             self._process(
                 spec,
@@ -276,7 +279,7 @@ class Sandbox:
             )
             for local in range(count)
         )
-        prepare, credentials = self._image_steps(spec, secrets, name, runtime)
+        prepare, credentials = self._image_steps(spec, secrets, name, runtime, pulled_by_others)
         cleanup = (
             tuple(tuple(runtime.remove_argv(f"greenfed-{name}-w{i}")) for i in range(count))
             if runtime is not None
@@ -340,7 +343,7 @@ class Sandbox:
                 cgroup_parent=groups.container_parents[local] if groups else None,
                 memory_bytes=memory_bytes,
                 cpu_cores=process_cores(spec),
-                pids=spec.pids_limit or self._default_pids,
+                pids=self._pids(spec),
                 gpus=[a for a in self._inventory if a.id in accelerators and a.kind == "gpu"],
                 devices=devices,
             )
@@ -395,6 +398,7 @@ class Sandbox:
             memory_peak_file=groups.memory_peak_file(local) if groups else None,
             oom_query=(),
             memory_limit_bytes=memory_bytes,
+            sandboxed=level == "sandbox",
         )
 
     # ---- pieces of a plan ------------------------------------------------------------
@@ -450,18 +454,23 @@ class Sandbox:
             return None
         return spec.host_memory_bytes * (spec.processes if spec.launch == "per-node" else 1)
 
+    def _pids(self, spec: DesiredTraining) -> int:
+        """The processes and threads one worker's leaf holds: launched per node, the
+        node's processes of the gang together."""
+        per_node = spec.processes if spec.launch == "per-node" else 1
+        return min((spec.pids_limit or self._default_pids) * per_node, KERNEL_PIDS_MAX)
+
     def _groups(
         self, spec: DesiredTraining, name: str, devices: Sequence[Sequence[DeviceNode]]
     ) -> RunGroups | None:
         cgroups = self.isolation.cgroups
         if cgroups is None:
             return None
-        per_node = spec.processes if spec.launch == "per-node" else 1
         limits = [
             WorkerLimits(
                 memory_bytes=self._memory_bytes(spec),
                 cpu_cores=process_cores(spec),
-                pids=(spec.pids_limit or self._default_pids) * per_node,
+                pids=self._pids(spec),
                 # A container's runtime keeps its own device rules (and refuses a
                 # parent that allows less than they do).
                 device_rules=None if spec.image else device_rules(nodes),
@@ -470,12 +479,33 @@ class Sandbox:
         ]
         return cgroups.create_run(name, limits)
 
+    def _pulled_by_others(self, spec: DesiredTraining, runtime: ContainerRuntime | None) -> bool:
+        """Whether the image `spec` names may have come here on another tenant's registry
+        credentials (edge/sandbox/image_owners.py). Blocking: it may ask the runtime.
+
+        A digest finds an image in the runtime's store whatever repository the reference
+        names (podman runs `localhost/any@sha256:<d>` from an image it holds as
+        `ghcr.io/acme/private:2`): one the store holds under no name of the named
+        repository is owned as its names are."""
+        if spec.image is None or runtime is None:
+            return False
+        image = qualified(spec.image)
+        if self._image_owners.others_than(image, spec.tenant):
+            return True
+        if "@" not in image:
+            return False
+        names = local_names(runtime, image, DEFAULT_VARIABLES)
+        if any(repository_of(held) == repository_of(image) for held in names):
+            return False
+        return any(self._image_owners.others_than(held, spec.tenant) for held in names)
+
     def _image_steps(
         self,
         spec: DesiredTraining,
         secrets: SealedSecrets,
         name: str,
         runtime: ContainerRuntime | None,
+        pulled_by_others: bool,
     ) -> tuple[tuple[PrepareStep, ...], tuple[str, ...]]:
         """(the steps that make the image present, the credential files they use)."""
         if runtime is None or spec.image is None:
@@ -486,7 +516,7 @@ class Sandbox:
         auth_path: str | None = None
         registry = secrets.registry
         check, pull = pull_needed(spec.image_pull_policy)
-        if self._image_owners.others_than(image, spec.tenant):
+        if pulled_by_others:
             check, pull = False, True  # the registry decides, on this job's credentials
         if registry is not None:
             self._image_owners.record(image, spec.tenant)
@@ -510,3 +540,12 @@ class Sandbox:
             error=error,
         )
         return (step,), credentials
+
+
+def _pulled_by_others_reason(image: str) -> str:
+    return (
+        f"image {image} was pulled to this node with another tenant's registry "
+        "credentials (its repository, or the image its digest finds), and "
+        "image_pull_policy never would run it without asking the registry: use "
+        "if-not-present or always"
+    )

@@ -48,6 +48,10 @@ class ProcessPlan(TypedDict):
     # memory: this prints "true" then.
     oom_query: Sequence[str]
     memory_limit_bytes: int | None
+    # Its own process is a sandbox's outer bubblewrap, which a SIGTERM kills, and the
+    # sandbox with it (--die-with-parent): a stop's SIGTERM goes to the rest of its
+    # cgroup only. Absent: false.
+    sandboxed: NotRequired[bool]
 
 
 class LaunchPlan(TypedDict):

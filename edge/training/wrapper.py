@@ -96,21 +96,39 @@ class _Log:
 
 
 def _copy(output: IO[bytes], log: _Log, label: bytes, last: list[bytes]) -> None:
-    """Everything a process prints, to the log; `label` before each line (if any)."""
-    pending = b""
+    """Everything a process prints, to the log; `label` before each line (if any).
+
+    A labelled line is held until its end, but never more than READ_CHUNK_BYTES of it:
+    the wrapper runs as root outside the worker's memory limit, and the log rotates
+    only between writes, so a line that never ends is written in labelled pieces."""
+    pending = b""  # the start of a line: no line break in it
     while chunk := os.read(output.fileno(), READ_CHUNK_BYTES):
         if chunk.strip():
             last[:] = [chunk.strip().splitlines()[-1]]
         if not label:
             log.write(chunk)
             continue
-        pending += chunk
-        lines = pending.split(b"\n")
-        pending = lines.pop()
-        if lines:
-            log.write(b"".join(label + line + b"\n" for line in lines))
+        *ended, rest = chunk.split(b"\n")  # only what is new can hold a line's end
+        if ended:
+            ended[0] = pending + ended[0]
+            log.write(b"".join(label + line + b"\n" for line in ended))
+            pending = rest
+        else:
+            pending += rest
+        while len(pending) >= READ_CHUNK_BYTES:
+            cut = _character_boundary(pending, READ_CHUNK_BYTES)
+            log.write(label + pending[:cut] + b"\n")
+            pending = pending[cut:]
     if label and pending:
         log.write(label + pending + b"\n")
+
+
+def _character_boundary(data: bytes, at: int) -> int:
+    """`at`, or up to 3 bytes before it where a UTF-8 character would be cut there."""
+    cut = at
+    while cut > at - 3 and cut < len(data) and data[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return cut
 
 
 class _Wakeups:
@@ -258,7 +276,7 @@ class _Supervisor:
                 if first_failure is not None:
                     rank = self.plan["processes"][first_failure]["rank"]
                     self.log.say(f"rank {rank} failed: stopping the others")
-                self._signal_everything(signal.SIGTERM, live.values())
+                self._terminate(live.values())
                 terminate_by = time.monotonic() + self.plan["grace_period_s"]
             timeout_s = None
             if terminate_by is not None and not self.killed_by_us:
@@ -269,14 +287,30 @@ class _Supervisor:
             self.wakeups.wait(timeout_s)
         return first_failure
 
-    def _signal_everything(self, signum: int, processes: Iterable[subprocess.Popen[bytes]]) -> None:
+    def _terminate(self, processes: Iterable[subprocess.Popen[bytes]]) -> None:
+        """SIGTERM to the worker's processes (their process groups, everything in their
+        cgroups), never to a sandbox's outer bubblewrap: it would die of it, and its
+        sandbox at once with it (--die-with-parent), grace period or not. The job in
+        the sandbox is in the same cgroup (a sandbox always has one) and gets it there;
+        the sandbox's init ignores it (a PID namespace's init takes from outside only
+        the signals it handles) and ends when the job does."""
+        outer_bubblewraps = {
+            started.pid
+            for planned, started in zip(self.plan["processes"], self.processes, strict=False)
+            if planned.get("sandboxed", False)
+        }
         for process in processes:
-            _signal_group(process.pid, signum)
-        cgroups.signal_all(self.plan["cgroup_dirs"], signum)
+            if process.pid not in outer_bubblewraps:
+                _signal_group(process.pid, signal.SIGTERM)
+        for pid in cgroups.pids_in(self.plan["cgroup_dirs"]) - outer_bubblewraps:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
 
     def _kill_everything(self) -> None:
         self.killed_by_us = True
-        self._signal_everything(signal.SIGKILL, self.processes)
+        for process in self.processes:
+            _signal_group(process.pid, signal.SIGKILL)
+        cgroups.signal_all(self.plan["cgroup_dirs"], signal.SIGKILL)
 
     # ---- after -------------------------------------------------------------------------
 

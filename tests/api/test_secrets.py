@@ -209,6 +209,10 @@ async def test_one_tenants_ciphertext_is_a_plaintext_to_another(api: Api) -> Non
     ("fields", "name"),
     [
         ({"secret_env": {"BIG": "x" * 70_000}}, "$.secret_env.BIG"),
+        # Counted as they are sealed into a node's document, JSON-escaped: a control
+        # character is 6 bytes there ("\u0001"), so 20,000 of them are 120,000 bytes.
+        ({"secret_env": {"BLOB": "\x01" * 20_000}}, "$.secret_env.BLOB"),
+        ({"secret_env": {"A": "\x01" * 8_000, "B": "\x01" * 8_000}}, "$.secret_env.B"),
         ({"secret_env": {"RANK": "0"}}, "$.secret_env.RANK"),
         # Would reach the worker as an argument (edge/sandbox/root_env.py): refused at
         # submission, not only by the agent that would start it.
@@ -225,6 +229,18 @@ async def test_bad_secrets_are_refused_naming_the_field(
     body = await problem(await api.submit(token, job_spec(**fields)), 422)
     assert body["invalid_params"][0]["name"] == name
     assert "x" * 100 not in str(body)
+
+
+async def test_secret_values_of_plain_text_up_to_the_limit_are_taken(api: Api) -> None:
+    token = await api.tenant("acme")
+    limit = 64 * 1024
+    await api.submitted(
+        token, job_spec(secret_env={"A": "x" * (limit // 2), "B": "y" * (limit // 2)})
+    )
+    body = await problem(
+        await api.submit(token, job_spec(secret_env={"A": "x" * (limit - 1) + "\n"})), 422
+    )
+    assert body["invalid_params"][0]["name"] == "$.secret_env.A"  # "\n" is 2 bytes sent
 
 
 async def test_the_cli_shows_secret_names_never_their_values(

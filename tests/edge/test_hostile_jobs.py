@@ -28,7 +28,7 @@ from edge.sandbox.cgroups import discover_layout
 from edge.training.process import ProcessRun
 from edge.training.runs import RejectedRun, TrainingRun
 from shared.messages import Accelerator
-from shared.sealing import SealedSecrets, public_key_text, seal
+from shared.sealing import RegistryCredentials, SealedSecrets, public_key_text, seal
 from tests.support.inventory import nvidia_gpus
 from tests.support.sandboxed_node import (
     SETTINGS_PASSWORD,
@@ -215,6 +215,19 @@ async def test_a_fork_bomb_is_stopped_by_the_pids_limit(node: SandboxedNode) -> 
     assert status.finished
 
 
+async def test_a_gang_launched_per_node_starts_at_the_largest_pids_limit(
+    sandbox_node: SandboxedNode,
+) -> None:
+    # Its leaf holds the processes of the whole node: more than the kernel's most.
+    node = sandbox_node
+    spec = node.worker(
+        "echo ran", pids_limit=4_194_304, processes=2, world_size=2, launch="per-node"
+    )
+    status, output = await node.run(spec)
+    assert (status.state, status.reason) == ("succeeded", ""), output
+    assert "ran" in output
+
+
 async def test_memory_past_the_limit_ends_the_attempt_saying_so(node: SandboxedNode) -> None:
     spec = node.worker(
         "echo allocating; exec dd if=/dev/zero of=/dev/null bs=256M count=1",
@@ -241,6 +254,53 @@ async def test_a_gang_of_two_on_one_node_runs_two_processes_ranked_0_and_1(
         ["[rank", "1]", "rank=1", "local=1"],
     ]
     assert all("world=2" in line for line in lines)
+
+
+# ---- stopping ----------------------------------------------------------------------------
+
+
+async def _stop_once_up(
+    node: SandboxedNode, script: str, grace_period_s: float
+) -> tuple[float, str]:
+    """Run `script` (it says "up" once its SIGTERM trap is set) and stop it: (how long the
+    stop took in seconds, what the job printed)."""
+    spec = node.worker(script, grace_period_s=grace_period_s)
+    run = node.prepare(spec)
+    task = asyncio.create_task(run.run())
+    await eventually(lambda: _state(run) == "running" and "up" in node.output(spec), timeout_s=30)
+    started = time.monotonic()
+    await asyncio.wait_for(run.stop("preempted"), grace_period_s + 30)
+    elapsed = time.monotonic() - started
+    await asyncio.wait_for(task, 30)
+    assert _state(run) == "stopped"
+    assert node.cgroup_dirs_left() == []
+    return elapsed, node.output(spec)
+
+
+async def test_a_stopped_job_gets_sigterm_and_time_to_save_a_checkpoint(
+    node: SandboxedNode,
+) -> None:
+    # In a sandbox the SIGTERM must reach the job, never bubblewrap's outer process:
+    # that one dies of it, and the sandbox with it (--die-with-parent).
+    script = (
+        "trap 'echo got-TERM; sleep 1; echo checkpoint-saved; exit 0' TERM; "
+        "echo up; while :; do sleep 0.1; done"
+    )
+    elapsed, output = await _stop_once_up(node, script, grace_period_s=30.0)
+    assert "got-TERM" in output, output
+    assert "checkpoint-saved" in output, output
+    assert 1.0 <= elapsed < 25  # the second it took, not the whole grace period
+
+
+async def test_a_job_ignoring_sigterm_is_killed_once_its_grace_period_is_over(
+    node: SandboxedNode,
+) -> None:
+    script = "trap '' TERM; echo up; while :; do sleep 0.1; done"
+    elapsed, _ = await _stop_once_up(node, script, grace_period_s=2.0)
+    assert 2.0 <= elapsed < 20
+    assert node.setup.users is not None
+    uid = node.setup.users.for_tenant("tenant-a").uid
+    await eventually(lambda: not node.processes_of(uid), message="the job's processes stayed")
 
 
 # ---- devices ----------------------------------------------------------------------------
@@ -434,6 +494,24 @@ async def test_a_container_job_runs_as_its_user_in_its_image_with_its_limits(
     assert hungry.job_id not in listed.stdout
 
 
+async def test_a_container_may_run_as_many_processes_as_its_pids_limit_says(
+    sandbox_node: SandboxedNode, test_image: str
+) -> None:
+    # More than podman's own default (2048), which held containers below the job's.
+    node = sandbox_node
+    spec = node.worker(
+        "i=0; while [ $i -lt 2100 ]; do sleep 60 & i=$((i+1)); done; echo spawned $i; "
+        "kill $(jobs -p)",
+        image=test_image,
+        image_pull_policy="never",
+        pids_limit=2200,
+    )
+    status, output = await node.run(spec, timeout_s=50)
+    assert "can't fork" not in output, output[-300:]
+    assert "spawned 2100" in output, output[-300:]
+    assert status.state == "succeeded", status.reason
+
+
 async def test_an_image_that_is_not_there_is_a_clear_reason(
     sandbox_node: SandboxedNode, test_image: str
 ) -> None:
@@ -448,3 +526,69 @@ async def test_an_image_that_is_not_there_is_a_clear_reason(
     status, _ = await node.run(unreachable, timeout_s=120)
     assert status.state == "failed"
     assert status.reason.startswith("image 127.0.0.1:9/greenfed/absent:1 could not be pulled: ")
+
+
+PRIVATE_REPOSITORY = "localhost/greenfed-test/private"
+
+
+async def test_an_image_another_tenants_credentials_pulled_runs_for_no_one_else_by_any_name(
+    sandbox_node: SandboxedNode, test_image: str
+) -> None:
+    node = sandbox_node
+    podman = shutil.which("podman") or "podman"
+    # tenant-a's private image, as its credentials would have pulled it (no registry is
+    # reachable here: the test's own image under that name stands in for it).
+    await asyncio.to_thread(
+        subprocess.run, [podman, "tag", test_image, PRIVATE_REPOSITORY], check=True
+    )
+    try:
+        pulled = node.worker(
+            "echo ran", tenant="tenant-a", image=PRIVATE_REPOSITORY, has_secrets=True
+        )
+        credentials = RegistryCredentials(registry="localhost", username="ci", password="pw")
+        sealed = seal(
+            SealedSecrets(registry=credentials),
+            public_key_text(node.setup.sealing_key),
+            node_id="node-1",
+            job_id=pulled.job_id,
+            attempt=pulled.attempt,
+        )
+        # Its pull fails (no registry), once its credentials were used.
+        await node.run(msgspec.structs.replace(pulled, sealed_secrets=sealed), timeout_s=120)
+        inspected = await asyncio.to_thread(
+            subprocess.run,
+            [podman, "image", "inspect", "--format", "{{.Digest}}", PRIVATE_REPOSITORY],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        digest = inspected.stdout.strip()
+        # The store finds it by its tag spelled out, and by its digest under any name.
+        for reference in (
+            f"{PRIVATE_REPOSITORY}:latest",
+            f"{PRIVATE_REPOSITORY}@{digest}",
+            f"localhost/greenfed-test/elsewhere@{digest}",
+        ):
+            spec = node.worker(
+                "echo RAN-IN-ANOTHER-TENANTS-IMAGE",
+                tenant="tenant-b",
+                image=reference,
+                image_pull_policy="never",
+            )
+            status, output = await node.run(spec, timeout_s=120)
+            assert "RAN-IN-ANOTHER-TENANTS-IMAGE" not in output, reference
+            assert status.state != "succeeded", reference
+            assert "another tenant's registry credentials" in status.reason, status.reason
+        # Its own tenant names it as it likes.
+        mine = node.worker(
+            "echo ran-in-my-image",
+            tenant="tenant-a",
+            image=f"{PRIVATE_REPOSITORY}:latest",
+            image_pull_policy="never",
+        )
+        status, output = await node.run(mine, timeout_s=120)
+        assert status.state == "succeeded", (status.reason, output)
+    finally:
+        await asyncio.to_thread(
+            subprocess.run, [podman, "untag", test_image, PRIVATE_REPOSITORY], check=False
+        )

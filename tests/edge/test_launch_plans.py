@@ -260,3 +260,114 @@ def test_docker_hub_credentials_are_under_the_key_docker_reads_too() -> None:
     written = json.loads(auth_file("docker.io", "ci", "pw"))["auths"]
     assert set(written) == {"docker.io", "https://index.docker.io/v1/"}
     assert set(json.loads(auth_file("ghcr.io", "ci", "pw"))["auths"]) == {"ghcr.io"}
+
+
+DIGEST = "sha256:" + "5e" * 32
+
+
+@pytest.mark.parametrize(
+    ("pulled_as", "named_as"),
+    [
+        ("ghcr.io/acme/private", "ghcr.io/acme/private:latest"),
+        ("ghcr.io/acme/private:latest", "ghcr.io/acme/private"),
+        ("ghcr.io/acme/private:2", f"ghcr.io/acme/private@{DIGEST}"),
+        ("ghcr.io/acme/private:2", f"ghcr.io/acme/private:3@{DIGEST}"),
+        ("ghcr.io/acme/private:2", "ghcr.io/acme/private:3"),
+        ("ghcr.io/acme/private:2", "GHCR.io/acme/private:2"),
+        ("acme/private", "docker.io/acme/private:latest"),
+        ("acme/private:2", "index.docker.io/acme/private:2"),
+        ("python", "docker.io/python:latest"),
+        ("docker.io/library/python:3.12", "library/python:3.12"),
+        ("localhost:5000/private", "localhost:5000/private:latest"),
+    ],
+)
+def test_an_image_another_tenants_credentials_pulled_is_theirs_however_it_is_spelled(
+    tmp_path: Path, pulled_as: str, named_as: str
+) -> None:
+    # The runtime's store runs one image for every spelling of its reference (an added
+    # ':latest', its digest, Docker Hub's long forms), and a registry gives a repository's
+    # tags and digests to whoever may pull one of them: the repository is what is owned.
+    owners = ImageOwners(tmp_path / "image-owners.json")
+    box = Sandbox(
+        NodeIsolation("none", "test", runtime=PODMAN, runtime_note="podman"),
+        inventory=GPUS,
+        work_root=tmp_path / "work",
+        credentials_dir=tmp_path / "credentials",
+        users=WorkUsers(),
+        image_owners=owners,
+    )
+    credentials = RegistryCredentials(registry="", username="ci", password=SECRET)
+    plan_of(
+        box,
+        worker(job_id="A", image=pulled_as, secret_names=()),
+        SealedSecrets(registry=credentials),
+    )
+    theirs = worker(job_id="C", tenant="globex", image=named_as, secret_names=())
+    (step,) = plan_of(box, theirs, SealedSecrets())["prepare"]
+    assert step["check"] == ()  # never from the store unasked: pulled, on globex's own
+    assert step["run"]
+    assert not [arg for arg in step["run"] if arg.startswith("--authfile")]
+    never = worker(job_id="D", tenant="globex", image=named_as, image_pull_policy="never")
+    assert "another tenant's registry credentials" in box.refusal(never)
+    # acme's own spelling of it is acme's, as it asks.
+    mine = worker(job_id="E", image=named_as, secret_names=())
+    (own,) = plan_of(box, mine, SealedSecrets())["prepare"]
+    assert own["check"]
+
+
+def test_images_remembered_before_an_upgrade_are_still_known_by_any_spelling(
+    tmp_path: Path,
+) -> None:
+    # What an older agent wrote: references as the jobs spelled them.
+    path = tmp_path / "image-owners.json"
+    path.write_text(json.dumps({"ghcr.io/acme/private": ["acme"]}), encoding="utf-8")
+    owners = ImageOwners(path)
+    assert owners.others_than("ghcr.io/acme/private:latest", "globex") == ["acme"]
+    assert owners.others_than(f"ghcr.io/acme/private@{DIGEST}", "globex") == ["acme"]
+    assert owners.others_than("ghcr.io/acme/public:latest", "globex") == []
+
+
+def _runtime_holding(tmp_path: Path, *names: str) -> ContainerRuntime:
+    """podman as far as an image's names go: every reference finds an image of `names`."""
+    binary = tmp_path / "podman"
+    binary.write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(names) + "\n", encoding="utf-8")
+    binary.chmod(0o755)
+    return ContainerRuntime(name="podman", binary=str(binary), version="4.3.1", has_init=True)
+
+
+@pytest.mark.parametrize(
+    ("held_as", "pulled_again"),
+    [
+        (("ghcr.io/acme/private:2", f"ghcr.io/acme/private@{DIGEST}"), True),
+        (("ghcr.io/acme/private:2", f"docker.io/library/anything@{DIGEST}"), False),
+        ((), False),
+    ],
+)
+def test_a_digest_finds_another_tenants_image_under_any_name_and_is_pulled_again(
+    tmp_path: Path, held_as: tuple[str, ...], pulled_again: bool
+) -> None:
+    # podman runs `anything@sha256:<d>` from the image it holds as ghcr.io/acme/private:2.
+    owners = ImageOwners()
+    owners.record("ghcr.io/acme/private:2", "acme")
+    runtime = _runtime_holding(tmp_path, *held_as)
+    box = Sandbox(
+        NodeIsolation("none", "test", runtime=runtime, runtime_note="podman"),
+        inventory=GPUS,
+        work_root=tmp_path / "work",
+        credentials_dir=tmp_path / "credentials",
+        users=WorkUsers(),
+        image_owners=owners,
+    )
+    named = f"anything@{DIGEST}"
+    theirs = worker(job_id="C", tenant="globex", image=named, secret_names=())
+    (step,) = plan_of(box, theirs, SealedSecrets())["prepare"]
+    assert (step["check"] == ()) == pulled_again
+    never = worker(job_id="D", tenant="globex", image=named, image_pull_policy="never")
+    if pulled_again:
+        with pytest.raises(WorkerSpecError, match="another tenant's registry credentials"):
+            plan_of(box, never, SealedSecrets())
+    else:
+        assert plan_of(box, never, SealedSecrets())["prepare"][0]["check"]
+    # acme's own job finds its own image.
+    mine = worker(job_id="E", image=named, secret_names=())
+    assert plan_of(box, mine, SealedSecrets())["prepare"][0]["check"]

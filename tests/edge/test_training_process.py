@@ -234,6 +234,33 @@ async def test_the_log_is_bounded_and_keeps_the_newest_output(tmp_path: Path) ->
     assert tail_lines(run.log_path, 1)[0].startswith("line 039999 ")
 
 
+async def test_a_gangs_output_without_line_breaks_is_bounded_like_any_other(
+    tmp_path: Path,
+) -> None:
+    # Labelled output waits for a line's end: a rank that never prints one must not
+    # grow the wrapper (root, outside the worker's memory limit) or one log file.
+    script = (
+        "import sys\n"
+        "for _ in range(8): sys.stdout.buffer.write(b'x' * 1024 * 1024); sys.stdout.flush()\n"
+        "print(f'\\nend {sys.argv[0]}', flush=True)\n"
+    )
+    max_log_bytes = 256 * 1024
+    desired = spec(script, processes=2, rank=0, world_size=2)
+    run = prepare(tmp_path, desired, max_log_bytes=max_log_bytes)
+    await asyncio.wait_for(run.run(), 60)
+    assert run.status.state == "succeeded", run.status.reason
+    parts = list(run.log_path.parent.glob(f"{run.log_path.name}*"))
+    piece_bytes = 64 * 1024 + len("[rank 0] \n")  # what the wrapper writes at once
+    assert all(part.stat().st_size <= max_log_bytes + 2 * piece_bytes for part in parts)
+    lines = tail_lines(run.log_path, 1000)
+    assert all(len(line) < piece_bytes for line in lines)
+    assert all(line.startswith(("[rank 0] ", "[rank 1] ")) for line in lines)
+    # The line that ends the last to finish is kept whole, after its long run of x.
+    ends = [line for line in lines if "end" in line]
+    assert ends, lines[-3:]
+    assert set(ends) <= {"[rank 0] end -c", "[rank 1] end -c"}
+
+
 def test_bounded_log_rotates_and_tails_across_both_parts(tmp_path: Path) -> None:
     path = tmp_path / "job.log"
     with BoundedLog(path, max_bytes=1024) as log:

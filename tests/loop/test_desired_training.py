@@ -22,8 +22,9 @@ from cloud.store import AllocationRecord, WorkRecord
 from cloud.work.convert import spec_of
 from cloud.work.specs import TrainingJobSpec, encode_spec
 from shared.messages import DesiredTraining, encode
-from shared.sealing import SealedSecretsError, open_sealed, public_key_text
+from shared.sealing import SealedSecrets, SealedSecretsError, open_sealed, public_key_text
 from shared.settings import SchedulingSettings
+from shared.worker_secrets import open_worker_secrets
 from tests.loop.builders import allocation, node, work
 
 SETTINGS = SchedulingSettings()
@@ -222,3 +223,71 @@ def test_a_node_without_a_usable_key_gets_names_but_no_secrets_and_a_warning() -
         record, members(("a", ("gpu0",))), {"a": keyed("a", X25519PrivateKey.generate())}
     ).values()
     assert unsealed.sealed_secrets is None
+
+
+def registry_only(keys: SecretsAtRest) -> WorkRecord:
+    """A job whose one secret is its registry password (no secret_env), as stored."""
+    record = work(
+        "job-1",
+        attempts=3,
+        image="ghcr.io/acme/private-trainer:2",
+        registry_auth={"username": "ci", "password": PASSWORD},
+    )
+    plain = spec_of(record)
+    assert isinstance(plain, TrainingJobSpec)
+    encrypted = keys.encrypt_spec(plain, tenant_id=record.tenant_id)
+    return dataclasses.replace(record, spec=encode_spec(encrypted))
+
+
+@pytest.mark.parametrize("cause", ["secrets key replaced", "node key unknown"])
+def test_a_job_whose_only_secret_is_its_registry_password_does_not_start_without_it(
+    cause: str,
+) -> None:
+    """docs/store.md: with its secrets withheld a job's worker refuses to start, saying
+    why; a registry password is one of them, though no variable is named."""
+    keys = SecretsAtRest(os.urandom(KEY_BYTES))
+    record = registry_only(keys)
+    node_key = X25519PrivateKey.generate()
+    if cause == "secrets key replaced":  # a store restored without its key
+        nodes = {"a": keyed("a", node_key)}
+        release = SecretRelease(SecretsAtRest(os.urandom(KEY_BYTES)), log_interval_s=0.0)
+    else:
+        nodes = {"a": keyed("a", None)}
+        release = SecretRelease(keys, log_interval_s=0.0)
+    with capture_logs():
+        (entry,) = entries(record, members(("a", ("gpu0",))), nodes, secrets=release).values()
+    assert (entry.secret_names, entry.sealed_secrets) == ((), None)
+    assert entry.has_secrets
+    with pytest.raises(SealedSecretsError) as refused:
+        open_worker_secrets(entry, node_key, "a")
+    reason = str(refused.value)
+    assert "sealing key" in reason  # the node's, unknown to the control plane
+    assert "secrets key" in reason  # the control plane's, replaced
+    assert PASSWORD not in reason
+
+
+def test_the_registry_password_reaches_the_node_that_can_open_it() -> None:
+    keys = SecretsAtRest(os.urandom(KEY_BYTES))
+    node_key = X25519PrivateKey.generate()
+    (entry,) = entries(
+        registry_only(keys),
+        members(("a", ("gpu0",))),
+        {"a": keyed("a", node_key)},
+        secrets=SecretRelease(keys),
+    ).values()
+    assert entry.has_secrets
+    opened = open_worker_secrets(entry, node_key, "a")
+    assert opened.registry is not None
+    assert opened.registry.password == PASSWORD
+
+
+def test_a_job_without_secrets_starts_with_none() -> None:
+    (entry,) = entries(work("job-1"), members(("a", ("gpu0",))), {"a": node("a")}).values()
+    assert not entry.has_secrets
+    assert open_worker_secrets(entry, None, "a") == SealedSecrets()
+    # A document of an older control plane says nothing of secrets: as before, a worker
+    # that names none starts with none.
+    older = msgspec.json.decode(
+        msgspec.json.encode({"job_id": "job-1", "command": ["x"]}), type=DesiredTraining
+    )
+    assert open_worker_secrets(older, None, "a") == SealedSecrets()

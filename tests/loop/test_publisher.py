@@ -9,10 +9,11 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
+from structlog.testing import capture_logs
 
 from cloud.loop.publisher import DesiredPublisher
 from greenfed.broker import EmbeddedBroker
-from shared.messages import DESIRED_DECODER, DesiredState
+from shared.messages import DESIRED_DECODER, DesiredState, DesiredTraining
 from shared.tasks import stop_task
 from shared.topics import Channel, Topics
 from tests.support.brokers import MosquittoProcess, free_port
@@ -101,6 +102,69 @@ async def test_every_node_s_newest_document_is_back_after_a_broker_restart_that_
         await mosquitto.start()
         await eventually(publisher.connected.is_set, timeout_s=15)
         assert await retained(mosquitto.url, "republish", expected=0, wait_s=1.0) == {}
+    finally:
+        await stop_task(task)
+        await mosquitto.stop()
+
+
+def oversized(node_id: str, generation: int, payload_bytes: int) -> DesiredState:
+    """A document whose payload is over `payload_bytes` (a job's big command)."""
+    big = DesiredTraining(job_id="big", command=("python", "-c", "x" * payload_bytes))
+    return DesiredState(node_id=node_id, generation=generation, issued_at=1.0, training=(big,))
+
+
+async def test_a_document_over_the_limit_is_not_sent_and_every_other_is() -> None:
+    async with EmbeddedBroker(port=0) as broker:
+        settings = mqtt_settings(broker.url, "oversized")
+        publisher = DesiredPublisher(
+            settings, signing_key=TEST_SIGNING_KEY, cluster_id="c1", max_payload_bytes=4096
+        )
+        task = asyncio.create_task(publisher.run())
+        try:
+            await eventually(publisher.connected.is_set, timeout_s=10)
+            with capture_logs() as logs:
+                publisher.submit(oversized("n1", 1, 8000))
+                publisher.submit(document("n2", 1))
+                await eventually(lambda: publisher.published_total == 1, timeout_s=10)
+            assert publisher.oversized_total == 1
+            (refused,) = [log for log in logs if log["log_level"] == "error"]
+            assert refused["node_id"] == "n1"
+            assert refused["payload_bytes"] > refused["limit_bytes"] == 4096
+            assert await retained(broker.url, "oversized", expected=2, wait_s=1.0) == {"n2": 1}
+            # Nothing of it comes back: not on the next connection, nor for the node's
+            # next document, which goes out as ever.
+            publisher.submit(document("n1", 2))
+            await eventually(lambda: publisher.published_total == 2, timeout_s=10)
+            assert await retained(broker.url, "oversized", expected=2) == {"n1": 2, "n2": 1}
+            assert publisher.oversized_total == 1
+        finally:
+            await stop_task(task)
+
+
+async def test_a_document_the_broker_would_refuse_breaks_no_other_node_s(tmp_path: Path) -> None:
+    """greenfed's own Mosquitto configuration (max_packet_size 1048576): a bigger packet
+    made the broker drop the publisher, which sent it again on every connection, and no
+    node got a document any more."""
+    mosquitto = MosquittoProcess(tmp_path)
+    with mosquitto.config.open("a") as config:
+        config.write("max_packet_size 1048576\n")  # as deploy/mosquitto/mosquitto.conf
+    await mosquitto.start()
+    settings = mqtt_settings(mosquitto.url, "packets")
+    publisher = DesiredPublisher(settings, signing_key=TEST_SIGNING_KEY, cluster_id="c1")
+    task = asyncio.create_task(publisher.run())
+    try:
+        with capture_logs() as logs:
+            await eventually(publisher.connected.is_set, timeout_s=10)
+            publisher.submit(oversized("n1", 1, 1024 * 1024))
+            publisher.submit(document("n2", 1))
+            assert await retained(mosquitto.url, "packets", expected=1) == {"n2": 1}
+            publisher.submit(document("n2", 2))
+            await eventually(lambda: publisher.published_total == 2, timeout_s=10)
+            assert await retained(mosquitto.url, "packets", expected=1) == {"n2": 2}
+        assert publisher.oversized_total == 1
+        # One connection all along: the broker never had a reason to drop it.
+        assert [log["event"] for log in logs].count("mqtt connected") == 1
+        assert publisher.connected.is_set()
     finally:
         await stop_task(task)
         await mosquitto.stop()

@@ -412,7 +412,7 @@ def test_nested_structs_are_frozen() -> None:
 def test_schema_version_is_always_encoded_even_when_left_at_its_default(
     message: WireStruct,
 ) -> None:
-    assert as_json(message)["schema_version"] == SCHEMA_VERSION == "1.11"
+    assert as_json(message)["schema_version"] == SCHEMA_VERSION == "1.12"
 
 
 def test_fields_left_at_their_defaults_are_still_written_on_the_wire() -> None:
