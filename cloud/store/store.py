@@ -1301,30 +1301,32 @@ class Store:
 
     # ---- live accounting (cloud/store/usage.py) -----------------------------------------
 
-    async def write_usage(self, write: UsageWrite, *, lease: LeadershipLease) -> None:
+    async def write_usage(self, write: UsageWrite, *, lease: LeadershipLease) -> list[UsageHour]:
         """One accounting flush as one transaction, under the scheduling lease (raises
         `LeadershipLostError`): usage added, marks moved, counterfactuals and events
-        recorded together."""
+        recorded together. Returns the rows as added (`usage.add_usage`)."""
         self._check_lease_is_ours(lease)
         if isinstance(lease, PostgresLease):
             async with lease.transaction() as connection:
-                await self._apply_usage(connection, write)
+                added = await self._apply_usage(connection, write)
         else:
             await lease.check()
             async with self._write(notify=False) as connection:
-                await self._apply_usage(connection, write)
+                added = await self._apply_usage(connection, write)
         if write.events:
             self._committed()
+        return added
 
-    async def _apply_usage(self, connection: AsyncConnection, write: UsageWrite) -> None:
+    async def _apply_usage(self, connection: AsyncConnection, write: UsageWrite) -> list[UsageHour]:
         now = self._clock()
         backend = self.backend
-        await usage.add_usage(connection, backend, write.rows, now)
+        added = await usage.add_usage(connection, backend, write.rows, now)
         await usage.put_marks(connection, backend, write.marks)
         await usage.put_counterfactuals(connection, backend, write.counterfactuals)
         if write.events:
             rows = [event_row(event, now) for event in write.events]
             await append_events(connection, self._context, rows, returning=False)
+        return added
 
     async def usage_marks(self) -> dict[str, UsageMark]:
         async with self._read() as connection:

@@ -10,6 +10,7 @@ leadership cannot add what the new leader counts again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,16 +107,64 @@ def _upsert_usage(backend: Backend) -> Any:
     )
 
 
+UsageKey = tuple[str, int, str, float]  # work id, member index, node id, hour start
+
+
+def usage_key(row: UsageHour) -> UsageKey:
+    return (row.work_id, row.member_index, row.node_id, row.hour_start)
+
+
+def as_added(row: UsageHour, held_currency: str) -> UsageHour:
+    """What `row` adds to its hour row, whose currency is `held_currency` (`_upsert_usage`'s
+    rule): everything where the currencies agree; else its energy and emissions and no
+    cost, under the hour row's currency, flagged as priced by fallback."""
+    if row.currency == held_currency:
+        return row
+    return dataclasses.replace(row, cost=0.0, currency=held_currency, fallback=True)
+
+
+def added_to(held: UsageHour, row: UsageHour) -> UsageHour:
+    """The hour row `held` once `row` (of the same key) is added to it, by the rule the
+    store adds by (`_upsert_usage`): for figures told before the write commits."""
+    added = as_added(row, held.currency)
+    return dataclasses.replace(
+        held,
+        energy_j=held.energy_j + added.energy_j,
+        measured_j=held.measured_j + added.measured_j,
+        gap_s=held.gap_s + added.gap_s,
+        gco2_g=held.gco2_g + added.gco2_g,
+        cost=held.cost + added.cost,
+        counterfactual_gco2_g=None
+        if held.counterfactual_gco2_g is None or added.counterfactual_gco2_g is None
+        else held.counterfactual_gco2_g + added.counterfactual_gco2_g,
+        fallback=held.fallback or added.fallback,
+    )
+
+
 async def add_usage(
     connection: AsyncConnection, backend: Backend, rows: Sequence[UsageHour], at: float
-) -> None:
-    """One statement, executed for every row (compiled once, whatever the batch)."""
+) -> list[UsageHour]:
+    """One statement, executed for every row (compiled once, whatever the batch). Returns
+    the rows as added (`as_added`, in the order given): a row priced in another currency
+    than its hour row's first adds no cost, which a count of what was added (the usage
+    counters on /metrics) must not count either."""
     if not rows:
-        return
-    ordered = sorted(rows, key=lambda r: (r.work_id, r.member_index, r.node_id, r.hour_start))
-    await connection.execute(
-        _upsert_usage(backend), [{**_usage_values(row), "updated_at": at} for row in ordered]
+        return []
+    ordered = sorted(rows, key=usage_key)
+    c = usage_hours.c
+    statement = _upsert_usage(backend).returning(
+        c.work_id, c.member_index, c.node_id, c.hour_start, c.currency
     )
+    result = await connection.execute(
+        statement, [{**_usage_values(row), "updated_at": at} for row in ordered]
+    )
+    held = {
+        (found.work_id, int(found.member_index), found.node_id, float(found.hour_start)): (
+            found.currency
+        )
+        for found in result
+    }
+    return [as_added(row, held.get(usage_key(row), row.currency)) for row in rows]
 
 
 def _usage_values(row: UsageHour) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from cloud.store import (
     UsageQuery,
     UsageWrite,
 )
+from cloud.store.usage import added_to, usage_key
 from cloud.usage.meter import (
     MeteredAllocation,
     NodeMark,
@@ -90,7 +91,9 @@ class AccountingStats:
 
 @dataclass(slots=True)
 class TenantTotals:
-    """What has been counted for one (tenant id, zone, currency), for /metrics."""
+    """What has been counted for one (tenant id, zone, currency), for /metrics: the rows
+    as the store added them (`Store.write_usage`), so that a leader starting again, which
+    counts from the store's totals, moves no counter back."""
 
     energy_j: float = 0.0
     gco2_g: float = 0.0
@@ -464,11 +467,7 @@ class Accountant:
         work's counterfactuals (before the first pass, so that it can add new ones)."""
         del lease  # reads need none; it is checked by every flush
         marks = await self._store.usage_marks()
-        self.totals = {}
-        for total in await self._store.usage_totals():
-            self.totals[(total.tenant_id, total.zone, total.currency)] = TenantTotals(
-                total.energy_j, total.gco2_g, total.cost, total.avoided_gco2_g
-            )
+        await self._load_totals()
         known = await self._store.counterfactuals(sorted(self._active_work))
         self._state = _LeaderState(
             marks={
@@ -478,6 +477,14 @@ class Accountant:
             counterfactuals=known,
         )
         self._log.info("usage metering started", nodes_marked=len(marks))
+
+    async def _load_totals(self) -> None:
+        """The counters of /metrics from everything the store holds."""
+        self.totals = {}
+        for total in await self._store.usage_totals():
+            self.totals[(total.tenant_id, total.zone, total.currency)] = TenantTotals(
+                total.energy_j, total.gco2_g, total.cost, total.avoided_gco2_g
+            )
 
     async def run(self, lease: LeadershipLease) -> None:
         """Meter while `lease` is held: `begin` (retried while the store is unavailable),
@@ -550,7 +557,7 @@ class Accountant:
                 rows=rows, marks=marks, counterfactuals=new_counterfactuals, events=finals
             )
             attempt = _Attempt(write, pending, dirty, new_counterfactuals)
-            await self._store.write_usage(write, lease=lease)
+            added = await self._store.write_usage(write, lease=lease)
         except LeadershipLostError:
             raise
         except Exception as error:
@@ -566,6 +573,7 @@ class Accountant:
                 self._keep(state, pending, dirty, new_counterfactuals)
             return
         self._written(state, write)
+        self._count(added)
         self.stats.last_flush_ms = (time.perf_counter() - started) * 1000.0
 
     @staticmethod
@@ -582,17 +590,22 @@ class Accountant:
         state.new_counterfactuals = new_counterfactuals + state.new_counterfactuals
 
     def _written(self, state: _LeaderState, write: UsageWrite) -> None:
-        """What a committed flush leaves behind: final figures told, totals moved on."""
+        """What a committed flush leaves behind: final figures told (the totals move on
+        by what the store added: `_count`)."""
         for event in write.events:
             if event.work_id is not None:
                 self._ending.pop(event.work_id, None)
                 state.counterfactuals.pop(event.work_id, None)
                 state.without_counterfactual.discard(event.work_id)
-        for row in write.rows:
-            key = (row.tenant_id, row.zone, row.currency)
-            self.totals.setdefault(key, TenantTotals()).add(row)
         self.stats.flushes += 1
         self.stats.rows_written += len(write.rows)
+
+    def _count(self, added: Iterable[UsageHour]) -> None:
+        """The totals moved on by the rows as the store added them: an hour priced in
+        another currency than its row's first adds no cost there, so none here."""
+        for row in added:
+            key = (row.tenant_id, row.zone, row.currency)
+            self.totals.setdefault(key, TenantTotals()).add(row)
 
     async def _settle(self, state: _LeaderState, attempt: _Attempt) -> None:
         """Whether a flush whose answer was lost committed, from the marks it wrote
@@ -609,6 +622,8 @@ class Accountant:
             first.sampled_at,
         ):
             self._written(state, attempt.write)
+            # What the store added went with the answer: the totals are read again.
+            await self._load_totals()
             self._log.info("usage flush with a lost answer had committed")
         else:
             self._keep(state, attempt.pending, attempt.dirty, attempt.new_counterfactuals)
@@ -640,9 +655,15 @@ class Accountant:
         stored = await self._store.usage(UsageQuery(work_ids=[work_id for work_id, _ in due]))
         events = []
         for work_id, ending in due:
-            mine = [r for r in stored if r.work_id == work_id]
-            mine.extend(r for r in rows if r.work_id == work_id)
-            summary = usage_summary(mine)
+            # The hour rows as this flush leaves them, added by the store's own rule: the
+            # final figures say what the work's view will.
+            mine = {usage_key(r): r for r in stored if r.work_id == work_id}
+            for row in rows:
+                if row.work_id == work_id:
+                    key = usage_key(row)
+                    held = mine.get(key)
+                    mine[key] = row if held is None else added_to(held, row)
+            summary = usage_summary(mine.values())
             events.append(
                 NewEvent(
                     kind=USAGE_EVENT,

@@ -27,10 +27,17 @@ step is counted as if the node had not said it (the next source down), and the d
 is named in `implausible`.
 
 An allocation gets its own devices' energy, prorated by how much of the step it
-held them, plus a host share the way the energy model (`cloud.green.energy`) adds
-one: the node's CPU energy × a / (devices of its kind on the node), or, on a node
-that reports no CPU, ``host_overhead_ratio`` of the devices' energy. CPU work gets
-the CPU's energy × its cores / the CPU's cores.
+held them, plus a share of the host's. The node's CPU energy is shared once, never
+more than measured: CPU work gets the CPU's energy × its cores / the CPU's cores,
+and what CPU work leaves is the host of the node's other devices, every kind's
+alike: an allocation of ``a`` of them gets that rest × a / (devices of every kind
+but the CPU on the node). Cores and devices count for the part of the step they
+were held; more held than the node has (which a consistent inventory never shows)
+are scaled down to what it has. On a node that reports no CPU the host share is
+``host_overhead_ratio`` of the devices' energy. On a node with one kind of
+accelerator and no CPU work this is the energy model's host share
+(`cloud.green.energy`); that model, an estimate for ranking candidates, gives each
+kind the whole CPU (docs/green.md).
 
 A sample older than the mark (a replay, a retained or duplicated copy, a restarted
 control plane seeing what it already counted) yields nothing and keeps the mark.
@@ -123,6 +130,7 @@ class NodeProfile(msgspec.Struct, frozen=True):
     cpu_ids: tuple[str, ...]
     cpu_cores: int  # each CPU's compute units, at least 1
     pool_sizes: Mapping[str, int]  # kind -> devices of that kind
+    hosted_devices: int  # devices of every kind but the CPU: what the host serves
 
 
 def profile_of(inventory: NodeStatus) -> NodeProfile:
@@ -136,6 +144,7 @@ def profile_of(inventory: NodeStatus) -> NodeProfile:
         tuple(a.id for a in cpus),
         sum(max(1, a.compute_units) for a in cpus),
         pool_sizes,
+        len(inventory.accelerators) - len(cpus),
     )
 
 
@@ -148,6 +157,7 @@ class _NodeEnergy(msgspec.Struct, frozen=True):
     has_cpu: bool
     cpu_cores: int  # each CPU's compute units, at least 1
     pool_sizes: Mapping[str, int]  # kind -> devices of that kind
+    hosted_devices: int  # devices of every kind but the CPU
 
 
 def _node_energy(profile: NodeProfile, devices: Mapping[str, _DeviceEnergy]) -> _NodeEnergy:
@@ -163,6 +173,7 @@ def _node_energy(profile: NodeProfile, devices: Mapping[str, _DeviceEnergy]) -> 
         bool(profile.cpu_ids),
         profile.cpu_cores,
         profile.pool_sizes,
+        profile.hosted_devices,
     )
 
 
@@ -265,13 +276,50 @@ def _held(allocation: MeteredAllocation, start_s: float, end_s: float) -> tuple[
     return max(start_s, allocation.started_at_s), min(end_s, ended)
 
 
+# How a span's CPU energy is shared: the part of it per core of CPU work and per
+# device of another kind (`_host_parts`).
+_HostParts = tuple[float, float]
+_NO_HOST_PARTS: _HostParts = (0.0, 0.0)
+
+
+def _host_parts(
+    allocations: Sequence[MeteredAllocation], node: _NodeEnergy, start_s: float, end_s: float
+) -> _HostParts:
+    """CPU work gets its cores' part of the CPU; the rest is the host of every other
+    device, whatever its kind. So the shares add up to at most the CPU's energy: giving
+    each kind's devices the whole CPU (the energy model's estimate) would bill it once
+    per kind, and once more to CPU work. Cores and devices count for the part of
+    [start, end) they were held; more than the node has are scaled down to what it has."""
+    cores, devices = node.cpu_cores, node.hosted_devices
+    if not node.has_cpu or cores <= 0:
+        return _NO_HOST_PARTS
+    span_s = end_s - start_s
+    cores_held = devices_held = 0.0
+    for allocation in allocations:
+        held_start_s, held_end_s = _held(allocation, start_s, end_s)
+        if held_end_s <= held_start_s:
+            continue
+        part = (held_end_s - held_start_s) / span_s
+        if allocation.accelerator_kind == "cpu":
+            cores_held += min(allocation.accelerators, cores) * part
+        elif node.pool_sizes.get(allocation.accelerator_kind, 0):
+            devices_held += min(allocation.accelerators, devices) * part
+    per_core = 1.0 / max(cores, cores_held)
+    left = 1.0 - min(cores_held, cores) / cores
+    per_device = left / max(devices, devices_held) if devices else 0.0
+    return per_core, per_device
+
+
 def _share(
-    allocation: MeteredAllocation, node: _NodeEnergy, host_overhead_ratio: float
+    allocation: MeteredAllocation,
+    node: _NodeEnergy,
+    host_overhead_ratio: float,
+    host_parts: _HostParts,
 ) -> _DeviceEnergy:
-    """The allocation's energy over the whole step, had it held its devices throughout."""
+    """The allocation's energy over the whole step, had it held its devices throughout;
+    `host_parts`: the step's (`_host_parts`)."""
     if allocation.accelerator_kind == "cpu":
-        cores = node.cpu_cores
-        part = min(1.0, allocation.accelerators / cores) if cores else 0.0
+        part = min(allocation.accelerators, node.cpu_cores) * host_parts[0]
         return node.cpu_j * part, node.cpu_measured_j * part
     devices = node.devices
     device_j = device_measured_j = 0.0
@@ -284,8 +332,10 @@ def _share(
         return device_j * (1.0 + host_overhead_ratio), device_measured_j * (
             1.0 + host_overhead_ratio
         )
-    pool = node.pool_sizes.get(allocation.accelerator_kind, 0)
-    part = allocation.accelerators / pool if pool else 0.0
+    # An allocation of a kind the node has none of is served by no host.
+    if not node.pool_sizes.get(allocation.accelerator_kind, 0):
+        return device_j, device_measured_j
+    part = min(allocation.accelerators, node.hosted_devices) * host_parts[1]
     return device_j + node.cpu_j * part, device_measured_j + node.cpu_measured_j * part
 
 
@@ -380,11 +430,12 @@ def meter(
         if gap_s > step_gap_s:
             step_gap_s = gap_s
     node = _node_energy(profile, devices)
+    host_parts = _host_parts(allocations, node, start_s, end_s)
     increments: list[Increment] = []
     for allocation in allocations:
         held_start_s, held_end_s = _held(allocation, start_s, end_s)
         if held_end_s > held_start_s:
-            whole_j, whole_measured_j = _share(allocation, node, host_overhead_ratio)
+            whole_j, whole_measured_j = _share(allocation, node, host_overhead_ratio, host_parts)
             part = (held_end_s - held_start_s) / step_s
             increments.append(
                 Increment(
@@ -427,11 +478,12 @@ def _gap_increments(
         for a, _ in profile.devices
     }
     node = _node_energy(profile, modelled)
+    host_parts = _host_parts(allocations, node, start_s, end_s)
     result = []
     for allocation in allocations:
         held_start_s, held_end_s = _held(allocation, start_s, end_s)
         if held_end_s > held_start_s:
-            whole_j, _ = _share(allocation, node, host_overhead_ratio)
+            whole_j, _ = _share(allocation, node, host_overhead_ratio, host_parts)
             held_s = held_end_s - held_start_s
             result.append(
                 Increment(

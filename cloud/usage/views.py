@@ -30,8 +30,12 @@ class MemberUsage(msgspec.Struct, frozen=True, kw_only=True):
     accelerator_kind: str
     energy_kwh: float
     gco2eq_g: float
-    cost: float
-    currency: str
+    # In the one currency its hours were priced in; None (see `costs`) when they differ
+    # (a zone's prices lost for a while, the static table's dollars instead).
+    cost: float | None
+    currency: str | None
+    # Per currency; defaulted: a CLI of this version still reads a server that sent none.
+    costs: dict[str, float] = msgspec.field(default_factory=dict)
     measured_share: float | None  # of the energy, from counters or power samples
     gap_filled_s: float
 
@@ -64,6 +68,8 @@ def usage_summary(rows: Iterable[UsageHour]) -> WorkUsage:
     member_views = []
     for (member_index, node_id), mine in sorted(members.items()):
         energy_j = sum(r.energy_j for r in mine)
+        costs = _costs(mine)
+        cost, currency = _in_one_currency(costs)
         member_views.append(
             MemberUsage(
                 member_index=member_index,
@@ -72,8 +78,9 @@ def usage_summary(rows: Iterable[UsageHour]) -> WorkUsage:
                 accelerator_kind=mine[0].accelerator_kind,
                 energy_kwh=energy_j / J_PER_KWH,
                 gco2eq_g=sum(r.gco2_g for r in mine),
-                cost=sum(r.cost for r in mine),
-                currency=mine[0].currency,
+                cost=cost,
+                currency=currency,
+                costs=costs,
                 measured_share=_share(sum(r.measured_j for r in mine), energy_j),
                 gap_filled_s=sum(r.gap_s for r in mine),
             )
@@ -82,24 +89,39 @@ def usage_summary(rows: Iterable[UsageHour]) -> WorkUsage:
     return _totals(every, tuple(member_views))
 
 
-def _totals(rows: Sequence[UsageHour], members: tuple[MemberUsage, ...] = ()) -> WorkUsage:
-    energy_j = sum(r.energy_j for r in rows)
+def _costs(rows: Iterable[UsageHour]) -> dict[str, float]:
+    """The rows' cost per currency (amounts in different currencies are never summed)."""
     costs: dict[str, float] = {}
     for row in rows:
         costs[row.currency] = costs.get(row.currency, 0.0) + row.cost
+    return dict(sorted(costs.items()))
+
+
+def _in_one_currency(costs: dict[str, float]) -> tuple[float | None, str | None]:
+    """(cost, currency) where `costs` has one currency (0.0 and None where it has none);
+    (None, None) where it has several: their amounts are in `costs`."""
+    if len(costs) == 1:
+        ((currency, cost),) = costs.items()
+        return cost, currency
+    return (0.0, None) if not costs else (None, None)
+
+
+def _totals(rows: Sequence[UsageHour], members: tuple[MemberUsage, ...] = ()) -> WorkUsage:
+    energy_j = sum(r.energy_j for r in rows)
+    costs = _costs(rows)
+    cost, currency = _in_one_currency(costs)
     with_baseline = [r for r in rows if r.counterfactual_gco2_g is not None]
     avoided = (
         sum((r.counterfactual_gco2_g or 0.0) - r.gco2_g for r in with_baseline)
         if with_baseline
         else None
     )
-    single = next(iter(costs)) if len(costs) == 1 else None
     return WorkUsage(
         energy_kwh=energy_j / J_PER_KWH,
         gco2eq_g=sum(r.gco2_g for r in rows),
-        cost=costs[single] if single is not None else (0.0 if not costs else None),
-        currency=single,
-        costs=dict(sorted(costs.items())),
+        cost=cost,
+        currency=currency,
+        costs=costs,
         avoided_gco2eq_g=avoided,
         measured_share=_share(sum(r.measured_j for r in rows), energy_j),
         gap_filled_s=sum(r.gap_s for r in rows),

@@ -310,10 +310,10 @@ async def test_metering_stopped_during_a_flush_keeps_that_flushs_usage(
         writing, release = asyncio.Event(), asyncio.Event()
         write_usage = store.write_usage
 
-        async def slow_write(*args: object, **kwargs: object) -> None:
+        async def slow_write(*args: object, **kwargs: object) -> list[UsageHour]:
             writing.set()
             await release.wait()
-            await write_usage(*args, **kwargs)  # type: ignore[arg-type]
+            return await write_usage(*args, **kwargs)  # type: ignore[arg-type]
 
         store.write_usage = slow_write  # type: ignore[method-assign]
         metering = asyncio.create_task(accountant.run(lease))
@@ -573,3 +573,87 @@ async def test_an_hour_priced_in_two_currencies_never_sums_them(
         assert [(t.currency, t.cost) for t in await store.usage_totals()] == [("EUR", 0.5)]
     finally:
         await store.close()
+
+
+def grid_without_prices(now: float) -> GridSignals:
+    """DE's prices lost: the static table's dollars price its usage from now on."""
+    series = ZoneSeries(
+        zone="DE", start_s=T0 - T0 % HOUR_S, carbon_g_per_kwh=np.array(CARBON),
+        price_per_mwh=np.full(len(CARBON), np.nan), currency="EUR",
+    )  # fmt: skip
+    return GridSignals(now_s=now, zones={"DE": series})
+
+
+async def counted_and_stored(
+    accountant: Accountant, store: object
+) -> tuple[dict[tuple[str, str, str], list[float]], dict[tuple[str, str, str], list[float]]]:
+    """Per (tenant id, zone, currency): (energy, cost), as /metrics counts it and as the
+    store holds it (what a restarted leader counts from)."""
+    counted = {key: [t.energy_j, t.cost] for key, t in accountant.totals.items()}
+    stored = {
+        (t.tenant_id, t.zone, t.currency): [t.energy_j, t.cost]
+        for t in await store.usage_totals()  # type: ignore[attr-defined]
+    }
+    return counted, stored
+
+
+async def test_the_cost_counters_count_only_what_the_store_keeps(
+    database: DatabaseUnderTest,
+) -> None:
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        feed(accountant, [T0 + INTERVAL_S * k for k in range(7)], clock)
+        await accountant.flush(lease)  # type: ignore[arg-type]  # priced in EUR
+        accountant.note_pass(snapshot(), grid_without_prices(clock.now))
+        feed(accountant, [T0 + INTERVAL_S * k for k in range(7, 13)], clock)
+        # The same hour priced in dollars: its row keeps its euros and drops the dollars.
+        await accountant.flush(lease)  # type: ignore[arg-type]
+        counted, stored = await counted_and_stored(accountant, store)
+        assert set(counted) == set(stored) == {("t1", "DE", "EUR")}
+        assert counted[("t1", "DE", "EUR")] == pytest.approx(stored[("t1", "DE", "EUR")])
+        # A leader starting again counts from the store: no counter goes back.
+        await accountant.begin(lease)  # type: ignore[arg-type]
+        (again,) = (await counted_and_stored(accountant, store))[0].values()
+        assert again == pytest.approx(counted[("t1", "DE", "EUR")])
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+
+
+async def test_the_final_figures_are_the_ones_the_store_keeps(
+    database: DatabaseUnderTest,
+) -> None:
+    # The job's last usage, priced in dollars, is written with its final figures: they
+    # must say what its view will say, not count the dollars its row drops.
+    clock = Clock()
+    accountant, store, lease = await start(database, clock)
+    try:
+        work = WorkRecord(
+            work_id="job-1", tenant_id="t1", kind="training", spec=b"{}", priority="p1",
+            state="running", state_reason=None, attempts=1, submitted_at=T0, updated_at=T0,
+            idempotency_key=None, version=1,
+        )  # fmt: skip
+        running = StoreSnapshot(
+            tenants=(), work=(work,), allocations=snapshot().allocations, node_generations={}
+        )
+        accountant.note_pass(running, grid(clock.now))
+        feed(accountant, [T0 + INTERVAL_S * k for k in range(7)], clock)
+        await accountant.flush(lease)  # type: ignore[arg-type]  # priced in EUR
+        accountant.note_pass(running, grid_without_prices(clock.now))
+        feed(accountant, [T0 + INTERVAL_S * k for k in range(7, 11)], clock)
+        clock.now = T0 + 105
+        empty = StoreSnapshot(tenants=(), work=(), allocations=(), node_generations={})
+        accountant.note_pass(empty, grid_without_prices(clock.now))  # the job ended
+        feed(accountant, [T0 + 110, T0 + 150], clock)  # its final figures are due
+        await accountant.flush(lease)  # type: ignore[arg-type]
+
+        events = await store.list_events(tenant_id=None, work_id="job-1")  # type: ignore[attr-defined]
+        (final,) = [e for e in events if e.kind == "work.usage"]
+        told = msgspec.json.decode(final.payload)["usage"]
+        stored = usage_summary(await store.usage(UsageQuery(work_ids=["job-1"])))  # type: ignore[attr-defined]
+        assert told["costs"] == pytest.approx(stored.costs)
+        assert set(stored.costs) == {"EUR"}
+        assert told["energy_kwh"] == pytest.approx(stored.energy_kwh)
+        assert told["fallback"] is stored.fallback is True
+    finally:
+        await store.close()  # type: ignore[attr-defined]

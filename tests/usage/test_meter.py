@@ -261,10 +261,53 @@ def test_allocations_get_their_own_devices_their_share_of_the_host_and_of_the_st
     got = {
         i.allocation.work_id: i for i in meter(node, reading, mark, [first, second, cpu_work])[0]
     }
-    assert got["job-1"].energy_j == pytest.approx(30_000.0 + 8_000.0 / 2)
-    assert got["job-2"].energy_j == pytest.approx((10_000.0 + 8_000.0 / 2) / 2)
+    # The CPU work held 8 of the 32 cores for a quarter of the step, 2 on average: what
+    # it leaves of the CPU, 30/32, is the GPUs' host, half each.
+    gpus_host_j = 8_000.0 * (1 - 2 / 32) / 2
+    assert got["job-1"].energy_j == pytest.approx(30_000.0 + gpus_host_j)
+    assert got["job-2"].energy_j == pytest.approx((10_000.0 + gpus_host_j) / 2)
     assert (got["job-2"].start_s, got["job-2"].end_s) == (T0 + 50, T0 + 100)
     assert got["job-3"].energy_j == pytest.approx(8_000.0 * 8 / 32 / 4)
+
+
+def test_the_hosts_energy_is_billed_once_over_every_kind_and_the_cpu_work() -> None:
+    # A GPU, an NPU and a 32-core CPU; over 10 s the node measured 4,700 J in all.
+    npu = Accelerator(
+        id="npu0", kind="npu", vendor="x", model="y", memory_bytes=8 * GIB, compute_units=8,
+        idle_power_w=5.0, max_power_w=20.0,
+    )  # fmt: skip
+    node = birth(GPU, npu, CPU)
+    mark = NodeMark("i1", 1, T0, {"gpu0": 0.0, "npu0": 0.0, "cpu0": 0.0})
+    reading = sample(T0 + 10, 2, energy={"gpu0": 3_000.0, "npu0": 100.0, "cpu0": 1_600.0})
+    on_gpu = job(ids=("gpu0",))
+    on_npu = MeteredAllocation(
+        work_id="job-2", member_index=0, tenant_id="t2", node_id="n1", accelerator_kind="npu",
+        accelerators=1, accelerator_ids=("npu0",), work_kind="training", started_at_s=T0,
+    )  # fmt: skip
+    on_cpu = MeteredAllocation(
+        work_id="job-3", member_index=0, tenant_id="t3", node_id="n1", accelerator_kind="cpu",
+        accelerators=16, accelerator_ids=(), work_kind="training", started_at_s=T0,
+    )  # fmt: skip
+
+    def billed(allocations: list[MeteredAllocation]) -> dict[str, float]:
+        increments, _ = meter(node, reading, mark, allocations)
+        return {i.allocation.work_id: i.energy_j for i in increments}
+
+    # CPU work gets its cores' part of the CPU; the rest is the host of every device,
+    # whatever its kind.
+    got = billed([on_gpu, on_npu, on_cpu])
+    assert got == pytest.approx({"job-1": 3_000.0 + 400.0, "job-2": 100.0 + 400.0, "job-3": 800.0})
+    assert sum(got.values()) == pytest.approx(4_700.0)
+    # Without CPU work the devices share the whole CPU; each is billed its half once.
+    got = billed([on_gpu, on_npu])
+    assert got == pytest.approx({"job-1": 3_000.0 + 800.0, "job-2": 100.0 + 800.0})
+    # CPU work holding every core gets the whole CPU, and the devices none of it.
+    whole = MeteredAllocation(
+        work_id="job-3", member_index=0, tenant_id="t3", node_id="n1", accelerator_kind="cpu",
+        accelerators=32, accelerator_ids=(), work_kind="training", started_at_s=T0,
+    )  # fmt: skip
+    got = billed([on_gpu, on_npu, whole])
+    assert got == pytest.approx({"job-1": 3_000.0, "job-2": 100.0, "job-3": 1_600.0})
 
 
 def grid(carbon: list[float], price_per_mwh: list[float], currency: str = "EUR") -> GridSignals:

@@ -7,10 +7,11 @@ device's energy from its counter's difference, else its power sample over the st
 to `POWER_SAMPLE_REACH` intervals, the rest modelled as a gap), else the model, a
 counter or power sample believed only up to `PLAUSIBLE_POWER_FACTOR` times the device's
 announced maximum power; an
-allocation's own devices prorated by the time it held them, plus the CPU's energy × its
-share of the pool's devices (or `host_overhead_ratio` of its devices' where no CPU
-reports); a gap between agent instances filled by the model; every increment split at
-the hour boundaries of both clocks.
+allocation's own devices prorated by the time it held them, plus its part of the CPU's
+energy: CPU work its cores' part, and what CPU work leaves shared by every other device,
+whatever its kind (or `host_overhead_ratio` of its devices' where no CPU reports), so
+that no joule of the CPU is billed twice; a gap between agent instances filled by the
+model; every increment split at the hour boundaries of both clocks.
 """
 
 from __future__ import annotations
@@ -184,24 +185,52 @@ def _device_energy(
     return _modelled_w(device, sample, limit) * step_s, 0.0, max(0.0, step_s - reach_s)
 
 
+def _held_part(allocation: MeteredAllocation, start_s: float, end_s: float) -> float:
+    """How much of [start, end) the allocation held its devices (0 to 1)."""
+    held_start = max(start_s, allocation.started_at_s)
+    held_end = min(end_s, allocation.ended_at_s if allocation.ended_at_s is not None else end_s)
+    return max(0.0, held_end - held_start) / (end_s - start_s)
+
+
 def _allocation_energy(
     allocation: MeteredAllocation,
+    allocations: Sequence[MeteredAllocation],
     devices: Sequence[Accelerator],
     energy: Mapping[str, tuple[float, float]],
     host_overhead_ratio: float,
+    start_s: float,
+    end_s: float,
 ) -> tuple[float, float]:
-    """(joules, measured) had the allocation held its devices the whole step."""
+    """(joules, measured) had the allocation held its devices the whole of [start, end),
+    which `allocations` (this one among them) share."""
     cpus = [d for d in devices if d.kind == "cpu"]
     cpu = [sum(energy[d.id][k] for d in cpus) for k in (0, 1)]
+    cores = sum(max(1, d.compute_units) for d in cpus)
+    hosted = len(devices) - len(cpus)  # every kind's devices but the CPU
+    kinds = {d.kind for d in devices}
+    # Held on average over the span; no allocation counts for more than the node has.
+    cores_held = sum(
+        min(a.accelerators, cores) * _held_part(a, start_s, end_s)
+        for a in allocations
+        if a.accelerator_kind == "cpu"
+    )
+    devices_held = sum(
+        min(a.accelerators, hosted) * _held_part(a, start_s, end_s)
+        for a in allocations
+        if a.accelerator_kind != "cpu" and a.accelerator_kind in kinds
+    )
     if allocation.accelerator_kind == "cpu":
-        cores = sum(max(1, d.compute_units) for d in cpus)
-        part = min(1.0, allocation.accelerators / cores) if cores else 0.0
+        # Its cores' part of the CPU (of the cores held, where they are more).
+        part = min(allocation.accelerators, cores) / max(cores, cores_held) if cores else 0.0
         return cpu[0] * part, cpu[1] * part
     own = [sum(energy[i][k] for i in allocation.accelerator_ids if i in energy) for k in (0, 1)]
     if not cpus:
         return own[0] * (1.0 + host_overhead_ratio), own[1] * (1.0 + host_overhead_ratio)
-    pool = len([d for d in devices if d.kind == allocation.accelerator_kind])
-    part = allocation.accelerators / pool if pool else 0.0
+    if allocation.accelerator_kind not in kinds:
+        return own[0], own[1]
+    # What CPU work leaves of the CPU, shared by every device of every other kind.
+    left = 1.0 - min(cores_held, cores) / cores
+    part = left * min(allocation.accelerators, hosted) / max(hosted, devices_held)
     return own[0] + cpu[0] * part, own[1] + cpu[1] * part
 
 
@@ -223,7 +252,9 @@ def _spread(
         held_end = min(end_s, allocation.ended_at_s if allocation.ended_at_s is not None else end_s)
         if held_end <= held_start:
             continue
-        joules, measured = _allocation_energy(allocation, devices, energy, host_overhead_ratio)
+        joules, measured = _allocation_energy(
+            allocation, allocations, devices, energy, host_overhead_ratio, start_s, end_s
+        )
         part = (held_end - held_start) / span_s
         gap = held_end - held_start if gap_s is None else gap_s * part
         rows.append((allocation.work_id, held_start, held_end, joules * part, measured * part, gap))
@@ -311,6 +342,74 @@ def test_meter_follows_its_rules(case: Case) -> None:
     for row, expected in zip(rows, expected_rows, strict=True):
         assert row[3:] == pytest.approx(expected[3:], rel=1e-12, abs=1e-9)
     assert new_mark == expected_mark
+
+
+SharedNode = tuple[NodeStatus, Telemetry, NodeMark, list[MeteredAllocation]]
+
+
+@st.composite
+def shared_nodes(draw: st.DrawFn) -> SharedNode:
+    """A node with a CPU whose devices' counters all moved over one 10 s step, and work
+    that shares it: every other device held by at most one allocation, CPU work holding
+    any number of cores (more than there are, too), each for any part of the step."""
+    others = draw(st.lists(st.sampled_from(["cpu1", "gpu0", "gpu1", "gpu2", "npu0"]), unique=True))
+    ids = ["cpu0", *others]
+    inventory = NodeStatus(
+        node_id="n1", state="online", instance_id="i1", agent_version="t", site="cloud",
+        zone="DE", region="r",
+        host=HostInfo(hostname="h", os="Linux", arch="x86_64", cpu_logical_cores=32,
+                      memory_total_bytes=64 * GIB),
+        accelerators=tuple(_device(i, *DEVICES[i]) for i in ids),
+        telemetry_interval_s=10.0, started_at=T0, sent_at=T0,
+    )  # fmt: skip
+    telemetry = Telemetry(
+        node_id="n1", instance_id="i1", seq=2, sampled_at=T0 + 10.0, interval_s=10.0,
+        cpu_utilization_pct=10.0, memory_used_bytes=GIB, memory_total_bytes=64 * GIB,
+        accelerators=tuple(
+            AcceleratorSample(
+                id=i, utilization_pct=50.0, memory_used_bytes=0,
+                energy_j=draw(st.floats(0.0, 3000.0)),  # at most 300 W: believed
+            )
+            for i in ids
+        ),
+    )  # fmt: skip
+    mark = NodeMark("i1", 1, T0, dict.fromkeys(ids, 0.0))
+    held_from = st.floats(T0 - 10.0, T0 + 9.0)
+    allocations = []
+    owners: dict[tuple[int, AcceleratorKind], list[str]] = {}
+    for device_id in ids:
+        kind = DEVICES[device_id][0]
+        owner = draw(st.none() | st.integers(0, 2))
+        if kind != "cpu" and owner is not None:
+            owners.setdefault((owner, kind), []).append(device_id)
+    for (owner, kind), own in sorted(owners.items()):
+        allocations.append(
+            MeteredAllocation(
+                work_id=f"w{owner}{kind}", member_index=0, tenant_id="t", node_id="n1",
+                accelerator_kind=kind, accelerators=len(own), accelerator_ids=tuple(own),
+                work_kind="training", started_at_s=draw(held_from),
+                ended_at_s=draw(st.none() | st.floats(T0 + 1.0, T0 + 20.0)),
+            )
+        )  # fmt: skip
+    for number in range(draw(st.integers(0, 3))):
+        allocations.append(
+            MeteredAllocation(
+                work_id=f"c{number}", member_index=0, tenant_id="t", node_id="n1",
+                accelerator_kind="cpu", accelerators=draw(st.integers(1, 60)),
+                accelerator_ids=(), work_kind="training", started_at_s=draw(held_from),
+                ended_at_s=draw(st.none() | st.floats(T0 + 1.0, T0 + 20.0)),
+            )
+        )  # fmt: skip
+    return inventory, telemetry, mark, allocations
+
+
+@settings(max_examples=300, deadline=None)
+@given(node=shared_nodes())
+def test_no_more_is_billed_than_the_node_measured(node: SharedNode) -> None:
+    inventory, telemetry, mark, allocations = node
+    increments, _ = meter(inventory, telemetry, mark, allocations)
+    measured_j = sum(s.energy_j or 0.0 for s in telemetry.accelerators)
+    assert sum(i.energy_j for i in increments) <= measured_j * (1 + 1e-12) + 1e-9
 
 
 ALLOCATION = MeteredAllocation(
