@@ -27,6 +27,7 @@ from shared.errors import (
 )
 from shared.messages import AcceleratorKind, NodeTaint, Site
 from shared.placement_names import placement_error
+from shared.redact import redact_url
 from shared.taints import MAX_TAINTS, parse_taint
 from shared.topics import (
     DEFAULT_TOPIC_ROOT,
@@ -64,18 +65,25 @@ class MqttEndpoint(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def parse_mqtt_url(url: str) -> MqttEndpoint:
-    """`mqtt://[user[:password]@]host[:port]` or `mqtts://...` (TLS, default port 8883)."""
+    """`mqtt://[user[:password]@]host[:port]` or `mqtts://...` (TLS, default port 8883).
+    An error shows the URL with its password masked: it goes to a terminal or a journal."""
     parts = urlsplit(url)
+    shown = redact_url(url)
     if parts.scheme not in ("mqtt", "mqtts"):
-        raise ValueError(f"MQTT url {url!r} must start with mqtt:// or mqtts://")
+        raise ValueError(f"MQTT url {shown!r} must start with mqtt:// or mqtts://")
     if not parts.hostname:
-        raise ValueError(f"MQTT url {url!r} has no host")
+        raise ValueError(f"MQTT url {shown!r} has no host")
     if parts.path not in ("", "/") or parts.query:
-        raise ValueError(f"MQTT url {url!r} must not have a path or query")
+        because = (
+            " (a '/', '?' or '#' in the password must be percent-encoded: %2F, %3F, %23)"
+            if parts.password is None and "@" in url
+            else ""
+        )
+        raise ValueError(f"MQTT url {shown!r} must not have a path or query{because}")
     try:
         port = parts.port
     except ValueError:
-        raise ValueError(f"MQTT url {url!r} has an invalid port") from None
+        raise ValueError(f"MQTT url {shown!r} has an invalid port") from None
     tls = parts.scheme == "mqtts"
     return MqttEndpoint(
         host=parts.hostname,
@@ -215,6 +223,17 @@ class AgentSettings(Section, frozen=True, kw_only=True):
         for path in self.hidden_paths:
             if not path.startswith("/"):
                 raise FieldError("hidden_paths", f"{path!r} must be an absolute path")
+        # Below each cgroup hierarchy's mount (edge/sandbox/cgroups.py): a '..' would
+        # make the workers' "cgroups" plain directories elsewhere, no limit applied while
+        # the node still reports them.
+        if any(part in ("..", ".") for part in self.cgroup_root.split("/")) or "\x00" in (
+            self.cgroup_root
+        ):
+            raise FieldError(
+                "cgroup_root",
+                f"{self.cgroup_root!r} must be a path below each cgroup hierarchy, "
+                "without '.' or '..'",
+            )
         if self.node_id and not is_valid_node_id(self.node_id):
             raise FieldError(
                 "node_id",

@@ -222,6 +222,35 @@ def test_a_bad_mqtt_url_is_rejected_naming_the_key(tmp_path: Path, url: str) -> 
         load_settings(None, {"GREENFED_MQTT__URL": url})
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mqtt://greenfed-cloud:plainSecretPw@broker.example:99999",  # a bad port
+        "mqtt://greenfed-cloud:plainSecretPw@broker.example:1883/x",  # a path
+        "http://greenfed-cloud:plainSecretPw@broker.example:1883",  # a scheme
+        "mqtt://greenfed-cloud:Zm9v/plainSecretPw@broker.example:1883",  # '/' unencoded
+    ],
+)
+def test_a_bad_mqtt_urls_password_is_never_shown(tmp_path: Path, url: str) -> None:
+    path = write_config(tmp_path, f'[mqtt]\nurl = "{url}"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, NO_ENV)
+    assert "mqtt.url" in str(caught.value)
+    assert "plainSecretPw" not in str(caught.value)
+    assert "greenfed-cloud:***@" in str(caught.value)
+
+
+def test_a_password_with_an_unencoded_slash_is_named_as_the_cause() -> None:
+    with pytest.raises(ValueError, match="must be percent-encoded"):
+        parse_mqtt_url("mqtt://u:Zm9v/YmFy@broker:1883")
+
+
+@pytest.mark.parametrize("root", ["../../tmp/cgroups", "greenfed/../x", "./greenfed"])
+def test_a_cgroup_root_outside_the_hierarchies_is_refused_naming_the_key(root: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape("agent.cgroup_root")):
+        load_settings(None, {"GREENFED_AGENT__CGROUP_ROOT": root})
+
+
 def test_an_invalid_topic_root_is_rejected_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=re.escape("mqtt.topic_root")):
         load_settings(None, {"GREENFED_MQTT__TOPIC_ROOT": "a/b"})
