@@ -767,6 +767,26 @@ def with_overrides(
         raise ConfigError(f"{origin}: {key or 'settings'}: {reason}", key=key or None) from None
 
 
+def read_toml_file(path: Path, kind: str = "config file") -> dict[str, Any]:
+    """A TOML file's tables, or a `ConfigError` that says what is wrong with the file
+    (`kind` names it: "config file", "fleet file")."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{kind} {path} does not exist") from None
+    except OSError as error:  # a directory, no permission, an I/O error
+        raise ConfigError(f"{kind} {path} cannot be read: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        line = error.object[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{kind} {path} is not UTF-8 text (line {line}): TOML files are UTF-8"
+        ) from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{kind} {path} is not valid TOML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{kind} {path}: TOML nested too deeply to read") from None
+
+
 def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     """Read the TOML file (if any), apply environment overrides, validate everything."""
     environ = os.environ if environ is None else environ
@@ -774,23 +794,7 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
     source = "defaults"
     if path is not None:
         source = str(path)
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except OSError as error:  # a directory, no permission, an I/O error
-            raise ConfigError(
-                f"config file {path} cannot be read: {error.strerror or error}"
-            ) from None
-        except UnicodeDecodeError as error:
-            line = error.object[: error.start].count(b"\n") + 1
-            raise ConfigError(
-                f"config file {path} is not UTF-8 text (line {line}): TOML files are UTF-8"
-            ) from None
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
-        except RecursionError:
-            raise ConfigError(f"config file {path}: TOML nested too deeply to read") from None
+        raw = read_toml_file(path)
     overrides = env_overrides(environ)
     for section, values in overrides.items():
         current = raw.get(section, {})

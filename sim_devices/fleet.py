@@ -26,7 +26,7 @@ import msgspec
 from shared.errors import FieldError, dotted_path
 from shared.messages import NodeTaint, Site
 from shared.placement_names import placement_error
-from shared.settings import ConfigError
+from shared.settings import ConfigError, read_toml_file
 from shared.taints import parse_taint
 from shared.topics import is_valid_node_id
 from sim_devices.profiles import PROFILES, DeviceProfile
@@ -86,28 +86,13 @@ class SimNodeSpec:
 def load_fleet(path: Path | None = None) -> Fleet:
     """Read a fleet file; None reads the default fleet shipped with greenfed."""
     if path is None:
-        text = resources.files("sim_devices").joinpath("fleets/default.toml").read_text("utf-8")
+        shipped = resources.files("sim_devices").joinpath("fleets/default.toml")
+        raw = tomllib.loads(shipped.read_text("utf-8"))
     else:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"fleet file {path} does not exist") from None
-        except OSError as error:  # a directory, no permission, an I/O error
-            raise ConfigError(
-                f"fleet file {path} cannot be read: {error.strerror or error}"
-            ) from None
-        except UnicodeDecodeError as error:
-            line = error.object[: error.start].count(b"\n") + 1
-            raise ConfigError(
-                f"fleet file {path} is not UTF-8 text (line {line}): TOML files are UTF-8"
-            ) from None
+        raw = read_toml_file(path, "fleet file")
     source = _source(path)
     try:
-        return msgspec.convert(tomllib.loads(text), Fleet)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{source} is not valid TOML: {error}") from None
-    except RecursionError:
-        raise ConfigError(f"{source}: TOML nested too deeply to read") from None
+        return msgspec.convert(raw, Fleet)
     except msgspec.ValidationError as error:
         refused = FieldError.from_msgspec(error)
         field = dotted_path(refused.path)
