@@ -425,6 +425,10 @@ def create_app(
         on_log=job_logs.append,
         # The live list: accounting joins it when scheduling starts.
         telemetry_listeners=ingestor.telemetry_listeners,
+        # Each attempt is recorded before a cluster runs it: none is ever submitted twice.
+        claim_submission=lambda cluster, job_id, attempt: app[STORE].claim_cluster_submission(
+            cluster, job_id, attempt
+        ),
     )
     enrolment.install(app)
     # enrolment first: its /v1/nodes/enrolled and /v1/nodes/join-tokens before /v1/nodes/{node_id}

@@ -1,12 +1,14 @@
 """Clusters with schedulers of their own as places to run (docs/backends.md): an admin
 registers a Slurm cluster (`POST /v1/clusters`, audited `cluster.add`), lists them with
 how each is doing, and removes one (`DELETE /v1/clusters/{name}`, audited
-`cluster.remove`; refused while greenfed's jobs run there). A registered cluster's
+`cluster.remove`; refused while greenfed's jobs run or wait in its queue there). A
+registered cluster's
 machines are nodes `<cluster>.<machine>` in `GET /v1/nodes` at once."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Final
 
 import msgspec
@@ -24,6 +26,8 @@ from cloud.store.clusters import ClusterRecord
 from cloud.store.errors import ClusterExistsError, ClusterNotFoundError
 
 _SPEC_DECODER: Final = msgspec.json.Decoder(ClusterSpec)
+# How many of the jobs that keep a cluster from being removed its refusal names.
+_JOBS_NAMED: Final = 10
 
 
 def _not_found(name: str) -> Problem:
@@ -85,21 +89,37 @@ async def get_cluster(request: web.Request) -> web.Response:
     return json_response(request.app[CLUSTERS].view(record))
 
 
+def _refuse_while_busy(name: str, live: Mapping[tuple[str, int], str]) -> None:
+    """409 while greenfed's jobs run there, wait in its queue or are being submitted:
+    removed, the cluster would still run a waiting one later, orphaned, while greenfed
+    placed it again elsewhere."""
+    if not live:
+        return
+    running = sum(state == "running" for state in live.values())
+    job_ids = sorted({job_id for job_id, _ in live})
+    named = ", ".join(job_ids[:_JOBS_NAMED]) + (", ..." if len(job_ids) > _JOBS_NAMED else "")
+    raise Problem(
+        409,
+        "cluster-busy",
+        "Cluster busy",
+        f"{len(live)} of greenfed's jobs are on cluster {name!r} ({running} running, "
+        f"{len(live) - running} waiting in its queue or being submitted): {named}; "
+        "cancel them first",
+    )
+
+
 async def remove_cluster(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     store = request.app[STORE]
     fleet = request.app[CLUSTERS]
     record = await _record(request, name)
     bridge = fleet.bridge(name)
-    if bridge is not None and bridge.health.jobs_running:
-        raise Problem(
-            409,
-            "cluster-busy",
-            "Cluster busy",
-            f"{bridge.health.jobs_running} of greenfed's jobs run on cluster {name!r}: "
-            "cancel them (or drain its nodes) first",
-        )
+    # Nothing new starts there from here on: what is live now is all there can be.
+    if bridge is not None:
+        bridge.hold_submissions(True)
+    removed = False
     try:
+        _refuse_while_busy(name, bridge.live_jobs() if bridge is not None else {})
         await store.remove_cluster(
             name,
             audit=audit_entry(
@@ -111,8 +131,12 @@ async def remove_cluster(request: web.Request) -> web.Response:
                 region=record.spec.region,
             ),
         )
+        removed = True
     except ClusterNotFoundError:
         raise _not_found(name) from None
+    finally:
+        if bridge is not None and not removed:
+            bridge.hold_submissions(False)
     await fleet.adopt(await store.list_clusters())
     return json_response(fleet.view(record))
 
@@ -159,7 +183,7 @@ ROUTES: Final = (
         replies=(
             Reply(200, "The removed cluster", ClusterView),
             problem_reply(404, "No such cluster"),
-            problem_reply(409, "greenfed's jobs run there"),
+            problem_reply(409, "greenfed's jobs run or wait in its queue there"),
         ),
     ),
 )

@@ -76,6 +76,9 @@ class GangMember:
     processes: int  # workers (tasks) on it
     accelerators: int  # accelerators of `accelerator_type` it holds
     cpus: int  # CPU cores it holds (0: the cluster's default)
+    # Host memory its workers hold together, as greenfed's scheduler counted it there
+    # (0: none asked, the cluster's default).
+    host_memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,9 @@ The scheduling loop's documents for those nodes come here instead of the broker
 
 - groups the documents' training entries by job and attempt into gangs, one cluster
   job each (cloud/clusters/backend.py `GangRequest`), and submits those the cluster
-  does not have (the back-end adopts a job of the same name: nothing runs twice);
+  does not have (the back-end adopts a job of the same name: nothing runs twice), each
+  claimed in the store first: an attempt submitted before, by an earlier run or another
+  replica, is never submitted again, even where the cluster has forgotten it;
 - cancels greenfed's cluster jobs that no document names any more;
 - reports every entry's state in the node's `reported` document, as an agent would
   (pending in the cluster's queue is `starting`, with the cluster's reason), so the
@@ -23,8 +25,11 @@ The scheduling loop's documents for those nodes come here instead of the broker
 
 While the cluster does not answer, nothing is submitted or cancelled, the last known
 states stand (work keeps running there) and the nodes stay online but tainted: the
-loop neither places there nor resubmits anything blindly. A job that vanished from the
-cluster (deleted behind greenfed's back) ends `failed`, saying so.
+loop neither places there nor resubmits anything blindly. While only the cluster's
+history does not answer (slurmdbd), the cluster is reached all the same and jobs gone
+from its live listing keep their last known states until it does. A job that vanished
+from the cluster (deleted behind greenfed's back, or forgotten by a cluster that keeps
+no history) ends `failed`, saying so.
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ import dataclasses
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 import structlog
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -81,6 +86,9 @@ MAX_RETRY_INTERVAL_S: Final = 60.0
 FAST_REFRESH_INTERVAL_S: Final = 0.25
 FAST_REFRESH_FOR_S: Final = 30.0
 HISTORY_INTERVAL_S: Final = 300.0
+# How soon a history that could not be read is asked again (a slurmdbd that does not
+# answer may take the commands' whole timeout each time).
+HISTORY_RETRY_INTERVAL_S: Final = 30.0
 # How long after one of greenfed's jobs ended its GPUs still count as its own, not as the
 # cluster's other work (Slurm completes a job, epilog included, before freeing them).
 LINGER_S: Final = 30.0
@@ -134,6 +142,16 @@ class ClusterHealth:
     jobs_running: int = 0
 
 
+@runtime_checkable
+class ReadsHistory(Protocol):
+    """A back-end that can list live jobs while the cluster's history does not answer
+    (Slurm's accounting is slurmdbd, apart from slurmctld): it says why the last
+    `jobs(include_ended=True)` listed the live ones alone ("": the history was read)."""
+
+    @property
+    def history_error(self) -> str: ...
+
+
 def _complete_utf8(data: bytes) -> tuple[str, int]:
     """The text of `data` up to its last whole UTF-8 character, and the bytes used: a
     character split across two reads is decoded whole with the next."""
@@ -167,6 +185,7 @@ class ClusterBridge:
         telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
         sealing_key: X25519PrivateKey | None = None,
         max_time_limit_s: float | None = None,
+        claim_submission: Callable[[str, int], Awaitable[bool]] | None = None,
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -175,7 +194,10 @@ class ClusterBridge:
         scheduling loop has made (None: documents are handed over by hand, tests of the
         bridge alone); no cluster job is cancelled for want of a document until a whole
         pass has run since the bridge started (its documents are handed over again
-        then: a restarted control plane adopts what runs, never cancels it)."""
+        then: a restarted control plane adopts what runs, never cancels it);
+        `claim_submission(job_id, attempt)`: records for good, before the cluster is asked,
+        that the attempt is submitted; False where it was already (the store's
+        `claim_cluster_submission`; None: this run's memory alone, tests of the bridge)."""
         self.name = name
         self.backend = backend
         self._registry = registry
@@ -193,11 +215,18 @@ class ClusterBridge:
         self._sealing_key = sealing_key
         # The longest a job may run there (the registration's; None: as estimates say).
         self._max_time_limit_s = max_time_limit_s
+        self._claim_submission = claim_submission
+        # Attempts this run claimed: one whose submission did not reach the cluster is
+        # submitted again (the back-end adopts it by name where it did after all).
+        self._claimed: set[tuple[str, int]] = set()
         self._sealing_public_key = public_key_text(sealing_key) if sealing_key is not None else None
         # How much of each job's output went to the log store, by (job, attempt).
         self._log_offsets: dict[tuple[str, int], int] = {}
         self._log_done: set[tuple[str, int]] = set()
         self._history_read_at: float | None = None
+        # Why the history could not be read, until it is again ("": it was), and when.
+        self._history_error = ""
+        self._history_failed_at: float | None = None
         # Live jobs missing from the live listing: their end is read from the history.
         self._ended_unseen: set[tuple[str, int]] = set()
         self._passes_at_start = loop_passes() if loop_passes is not None else 0
@@ -213,9 +242,15 @@ class ClusterBridge:
         self._documents: dict[str, DesiredState] = {}
         self._jobs: dict[tuple[str, int], ClusterJob] = {}
         # Jobs greenfed submitted (or adopted) this run: one that vanishes is reported.
+        # "": submitted before this run, not seen since (whichever job of its name the
+        # cluster lists is adopted; where its history has none, it vanished).
         self._submitted: dict[tuple[str, int], str] = {}
         self._vanished: dict[tuple[str, int], float] = {}
         self._refused: dict[tuple[str, int], str] = {}
+        # Attempts the cluster is being asked to run right now (no job id yet), and
+        # whether new ones wait (the cluster is being removed: `hold_submissions`).
+        self._submitting: set[tuple[str, int]] = set()
+        self._holding = False
         # Energy the cluster measured (Slurm's ConsumedEnergy): each job's last reading,
         # the GPUs it is shared over, and each GPU's cumulative counter, which its samples
         # carry as an agent's carry NVML's (cloud/usage/meter.py: measured, not modelled).
@@ -282,7 +317,7 @@ class ClusterBridge:
             history = self._history_due()
             jobs = await self.backend.jobs(include_ended=history)
             if history:
-                self._history_read_at = self._clock()
+                history = self._history_answered()
             self._reached(capacity, jobs, with_history=history)
         except (ClusterUnreachable, ClusterRefused) as error:
             self._unreachable(str(error))
@@ -309,11 +344,34 @@ class ClusterBridge:
         """Whether this step reads the cluster's history (slow: slurmdbd) too: at the
         first step (a restarted control plane adopts what ended meanwhile), when a job
         greenfed submitted is missing from the live listing, and every few minutes."""
+        now = self._clock()
+        if (
+            self._history_failed_at is not None
+            and now - self._history_failed_at < HISTORY_RETRY_INTERVAL_S
+        ):
+            return False
         if self._history_read_at is None:
             return True
         if self._ended_unseen:
             return True
-        return self._clock() - self._history_read_at > HISTORY_INTERVAL_S
+        return now - self._history_read_at > HISTORY_INTERVAL_S
+
+    def _history_answered(self) -> bool:
+        """Whether the history was read with the listing just taken. Where it was not
+        (slurmdbd away, slurmctld answering), the cluster is still reached: the jobs
+        missing from its live listing keep their last known state until it is."""
+        error = self.backend.history_error if isinstance(self.backend, ReadsHistory) else ""
+        now = self._clock()
+        if error:
+            self._history_error = error
+            self._history_failed_at = now
+            return False
+        if self._history_error:
+            _log.info("cluster history read again", cluster=self.name)
+        self._history_error = ""
+        self._history_failed_at = None
+        self._history_read_at = now
+        return True
 
     def _unreachable(self, error: str) -> None:
         if self.health.reachable or not self.health.last_error:
@@ -329,7 +387,12 @@ class ClusterBridge:
         now = self._clock()
         self.health.reachable = True
         self.health.last_contact_at = now
-        self.health.last_error = ""
+        self.health.last_error = (
+            "the cluster's job history could not be read (jobs gone from its live listing "
+            f"keep their last known state until it is): {self._history_error}"[:1000]
+            if self._history_error
+            else ""
+        )
         self.health.pending_jobs = capacity.pending_jobs
         self._capacity = capacity
         self._map_machines(capacity)
@@ -337,7 +400,7 @@ class ClusterBridge:
         for job in sorted(jobs, key=lambda j: int(j.backend_id) if j.backend_id.isdigit() else 0):
             key = (job.job_id, job.attempt)
             submitted = self._submitted.get(key)
-            if submitted is not None and job.backend_id != submitted:
+            if submitted and job.backend_id != submitted:
                 # Not the job greenfed submitted (or adopted) for that attempt: another
                 # of that name (a user's, faking greenfed's name and comment) never
                 # stands in for it, whatever its state.
@@ -662,6 +725,7 @@ class ClusterBridge:
                     processes=training.processes,
                     accelerators=sum(1 for a in training.accelerator_ids if a.startswith("gpu")),
                     cpus=training.cpu_cores or 0,
+                    host_memory_bytes=(training.host_memory_bytes or 0) * training.processes,
                 )
                 for node_id, training in entries
             ),
@@ -691,10 +755,12 @@ class ClusterBridge:
     async def _reconcile(self) -> None:
         gangs = self._gangs()
         for key, gang in gangs.items():
-            if key in self._jobs or key in self._refused or key in self._vanished:
-                if key in self._jobs:
-                    self._submitted.setdefault(key, self._jobs[key].backend_id)
+            if key in self._jobs:
+                if not self._submitted.get(key):
+                    self._submitted[key] = self._jobs[key].backend_id
                 continue
+            if key in self._submitted or key in self._refused or key in self._vanished:
+                continue  # submitted once: what became of it is the cluster's to say
             if not self._documents_current(gang):
                 continue
             gang = self._with_hints(gang)
@@ -703,22 +769,13 @@ class ClusterBridge:
             except SealedSecretsError as error:
                 self._refused[key] = f"its secrets do not open: {error}"
                 continue
-            try:
-                backend_id = await self.backend.submit(gang)
-            except ClusterRefused as error:
-                _log.warning(
-                    "cluster refused a job", cluster=self.name, key=gang.key, error=str(error)
-                )
-                self._refused[key] = str(error)
+            if self._holding:
                 continue
-            self._submitted[key] = backend_id
-            self._jobs[key] = ClusterJob(
-                backend_id=backend_id,
-                job_id=gang.job_id,
-                attempt=gang.attempt,
-                state="pending",
-                submitted_at=self._clock(),
-            )
+            self._submitting.add(key)
+            try:
+                await self._submit(key, gang)
+            finally:
+                self._submitting.discard(key)
         named = {
             (training.job_id, training.attempt)
             for document in self._documents.values()
@@ -742,6 +799,53 @@ class ClusterBridge:
                     reason="cancelled by greenfed",
                     finished_at=self._clock(),
                 )
+
+    async def _submit(self, key: tuple[str, int], gang: GangRequest) -> None:
+        if not await self._claim(key):
+            return
+        try:
+            backend_id = await self.backend.submit(gang)
+        except ClusterRefused as error:
+            _log.warning("cluster refused a job", cluster=self.name, key=gang.key, error=str(error))
+            self._refused[key] = str(error)
+            return
+        self._submitted[key] = backend_id
+        self._jobs[key] = ClusterJob(
+            backend_id=backend_id,
+            job_id=gang.job_id,
+            attempt=gang.attempt,
+            state="pending",
+            submitted_at=self._clock(),
+        )
+
+    async def _claim(self, key: tuple[str, int]) -> bool:
+        """Whether the attempt may be submitted now: claimed in the store first, so that
+        no later run submits it again. One claimed before this run (a restart, another
+        replica that led) was submitted and is no longer listed: its end is looked for in
+        the cluster's history, and where none is there it vanished."""
+        if self._claim_submission is None or key in self._claimed:
+            return True
+        try:
+            claimed = await self._claim_submission(*key)
+        except Exception as error:  # the store away: not submitted, asked at the next step
+            _log.warning(
+                "cluster job not submitted: its submission could not be recorded",
+                cluster=self.name,
+                key=key,
+                error=str(error)[:300],
+            )
+            return False
+        if claimed:
+            self._claimed.add(key)
+            return True
+        _log.warning(
+            "cluster job submitted before and no longer listed: not submitted again",
+            cluster=self.name,
+            key=key,
+        )
+        self._submitted[key] = ""
+        self._ended_unseen.add(key)
+        return False
 
     def _with_hints(self, gang: GangRequest) -> GangRequest:
         """The gang with its job's priority, and a time limit no later than its deadline
@@ -819,6 +923,7 @@ class ClusterBridge:
             | self._job_energy_j.keys()
             | self._energy_devices.keys()
             | self._ended_unseen
+            | self._claimed
             | self._jobs.keys()
         )
         for key in tracked - named:
@@ -833,6 +938,7 @@ class ClusterBridge:
             self._job_energy_j.pop(key, None)
             self._energy_devices.pop(key, None)
             self._ended_unseen.discard(key)
+            self._claimed.discard(key)
             # Back with the next listing while the cluster still lists it (not as
             # greenfed's submission: never reported vanished, never followed).
             self._jobs.pop(key, None)
@@ -902,7 +1008,14 @@ class ClusterBridge:
         job = self._jobs.get(key)
         if job is None:
             return ReportedTraining(
-                job_id=training.job_id, attempt=training.attempt, state="starting"
+                job_id=training.job_id,
+                attempt=training.attempt,
+                state="starting",
+                reason=(
+                    f"submitted to cluster {self.name} before: looking for it in its history"
+                    if key in self._submitted
+                    else ""
+                ),
             )
         if job.state == "pending":
             state = "starting"
@@ -940,3 +1053,18 @@ class ClusterBridge:
 
     def job_of(self, job_id: str, attempt: int) -> ClusterJob | None:
         return self._jobs.get((job_id, attempt))
+
+    def hold_submissions(self, holding: bool) -> None:
+        """Submit nothing new while `holding` (a removal checks `live_jobs`, then forgets
+        the cluster: nothing may start in between)."""
+        self._holding = holding
+
+    def live_jobs(self) -> dict[tuple[str, int], str]:
+        """greenfed's attempts the cluster runs (`running`), holds in its queue
+        (`pending`) or is being asked to run right now (`submitting`), as last known: a
+        job waiting there runs later, whatever greenfed has decided meanwhile."""
+        live: dict[tuple[str, int], str] = {
+            key: job.state for key, job in self._jobs.items() if _live(job)
+        }
+        live.update((key, "submitting") for key in self._submitting if key not in live)
+        return live

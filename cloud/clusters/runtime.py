@@ -4,13 +4,15 @@ remove them here or on another replica (the store is read again every few second
 
 Every replica runs every bridge: each sees the clusters' machines as nodes. Only the
 scheduling leader hands documents over (cloud/loop/publisher.py `diverted`), so only
-it submits and cancels cluster jobs.
+it submits and cancels cluster jobs, each attempt claimed in the store first
+(`claim_submission`): the next leader, or this one restarted, never submits it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -100,8 +102,12 @@ class ClusterFleet:
         on_log: Callable[[JobLogChunk], None] | None = None,
         telemetry_listeners: Sequence[Callable[[Telemetry], None]] = (),
         backend_factory: Callable[[ClusterSpec, str], ClusterBackend] = backend_of,
+        claim_submission: Callable[[str, str, int], Awaitable[bool]] | None = None,
     ) -> None:
+        """`claim_submission(cluster, job_id, attempt)`: the store's
+        `claim_cluster_submission` (None: each bridge's memory alone)."""
         self._registry = registry
+        self._claim_submission = claim_submission
         self._notify = notify
         self._loop_passes = loop_passes
         self._work_hints = work_hints
@@ -178,6 +184,11 @@ class ClusterFleet:
             telemetry_listeners=self._telemetry_listeners,
             sealing_key=self._sealing_key if spec.accepts_secrets else None,
             max_time_limit_s=spec.slurm.max_time_limit_s,
+            claim_submission=(
+                functools.partial(self._claim_submission, spec.name)
+                if self._claim_submission is not None
+                else None
+            ),
             refresh_interval_s=spec.refresh_interval_s,
         )
         task = asyncio.create_task(bridge.run(), name=f"cluster-{spec.name}")

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Annotated, Final, Literal
 
 import msgspec
+import yarl
 
 from shared.accelerators import ACCELERATORS
 from shared.errors import FieldError
@@ -60,7 +61,12 @@ class SlurmAccessSpec(_Body, frozen=True, kw_only=True):
     slurm_conf: _PATH = ""  # where the commands run; empty: their default
     bin_dir: _PATH = ""  # where the commands are; empty: on the PATH
     # Output files and default working directory, on the cluster's shared filesystem.
-    work_dir: Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^/[^\x00]*$")] = "/tmp"
+    # A job's working_dir rule (no whitespace or control characters: `scontrol -o` prints
+    # `StdOut=<path>` among its `Key=Value` pairs), and no `%` or `\`, which Slurm
+    # expands in `--output` (`%j`) or takes as "expand nothing".
+    work_dir: Annotated[
+        str, msgspec.Meta(max_length=4096, pattern=r"^/[^\s\x00-\x1f\x7f-\x9f%\\]*$(?!\n)")
+    ] = "/tmp"
     account: Annotated[str, msgspec.Meta(max_length=128)] = ""
     qos: dict[_PRIORITY, _SLURM_NAME] = {}  # greenfed priority -> QOS
     nice: dict[_PRIORITY, Annotated[int, msgspec.Meta(ge=-10000, le=10000)]] = {}
@@ -93,6 +99,8 @@ class ClusterSpec(_Body, frozen=True, kw_only=True):
                 "a cluster is reached through its slurmrestd or through its commands "
                 "(slurm.ssh, slurm.slurm_conf), not both",
             )
+        if self.slurm.rest_url and (problem := rest_url_problem(self.slurm.rest_url)):
+            raise FieldError("slurm.rest_url", problem)
         if (self.slurm.rest_token or self.slurm.rest_user) and not self.slurm.rest_url:
             field = "slurm.rest_token" if self.slurm.rest_token else "slurm.rest_user"
             raise FieldError(field, "only with slurm.rest_url (a slurmrestd to present it to)")
@@ -102,6 +110,27 @@ class ClusterSpec(_Body, frozen=True, kw_only=True):
                     f"gres_models.{type_name}",
                     f"{model!r} is not an accelerator model greenfed knows",
                 )
+
+
+def rest_url_problem(rest_url: str) -> str:
+    """Why slurmrestd cannot be reached at `rest_url` (its pattern checked: a socket
+    path or `http[s]://` and no path); "": it can be tried. Read as aiohttp reads it."""
+    if rest_url.startswith("unix:"):
+        return ""
+    # The reasons leave the URL out: one that holds a password must not be repeated.
+    try:
+        url = yarl.URL(rest_url)
+    except ValueError as error:  # "Port out of range 0-65535", "Invalid IPv6 URL"
+        return f"not a URL: {error}"
+    if not url.host:
+        return "names no host"
+    if url.port is None or not 1 <= url.port <= 65535:
+        return "the port is 1 to 65535"
+    if url.user is not None or url.password is not None:
+        return "no credentials in the URL: they are rest_user and rest_token"
+    if "?" in rest_url or "#" in rest_url:  # even empty: the request paths follow it
+        return "http[s]://host:port, nothing after it"
+    return ""
 
 
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):

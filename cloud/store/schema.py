@@ -415,3 +415,15 @@ node_drain_waiting = Table(
     Column("node_id", Text, primary_key=True),
     Column("waiting", JsonDocument, nullable=False),
 )
+
+# Each attempt greenfed submitted to a cluster (v0024, cloud/clusters/bridge.py): claimed
+# before the cluster is asked to run it, so that no control plane, restarted or another
+# replica, ever submits it again (a cluster without accounting forgets an ended job).
+cluster_submissions = Table(
+    "cluster_submissions",
+    metadata,
+    Column("work_id", Text, ForeignKey("work.id", ondelete="CASCADE"), primary_key=True),
+    Column("attempt", Integer, primary_key=True, autoincrement=False),
+    Column("cluster", Text, nullable=False),
+    Column("claimed_at", Double, nullable=False),
+)

@@ -1195,6 +1195,15 @@ class Store:
         async with self._read() as connection:
             return await clusters.select_clusters(connection)
 
+    async def claim_cluster_submission(self, cluster: str, work_id: str, attempt: int) -> bool:
+        """Record, before a cluster is asked to run it, that an attempt is submitted
+        there; False where it was already (by this process, an earlier one or another
+        replica): it is never submitted again (cloud/clusters/bridge.py)."""
+        async with self._write(notify=False) as connection:
+            return await clusters.claim_submission(
+                connection, self.backend, cluster, work_id, attempt, self._clock()
+            )
+
     async def remove_cluster(self, name: str, *, audit: NewAudit) -> ClusterRecord:
         """Forget a cluster (audited); raises `ClusterNotFoundError`."""
         async with self._write() as connection:

@@ -382,3 +382,110 @@ async def test_a_job_that_just_ended_does_not_leave_its_gpus_to_others(
     clock[0] += 60.0
     await bridge.step()
     assert busy() == ["gpu0"]  # the job long over: it holds nothing there
+
+
+class Claims:
+    """The store's record of submitted attempts (`claim_cluster_submission`), in memory."""
+
+    def __init__(self) -> None:
+        self.claimed: set[tuple[str, int]] = set()
+        self.away = False
+
+    async def claim(self, job_id: str, attempt: int) -> bool:
+        if self.away:
+            raise ConnectionError("the store does not answer")
+        if (job_id, attempt) in self.claimed:
+            return False
+        self.claimed.add((job_id, attempt))
+        return True
+
+
+def claiming_bridge_of(
+    cluster: MemoryCluster, registry: NodeRegistry, claims: Claims
+) -> ClusterBridge:
+    return ClusterBridge(
+        "lab",
+        cluster,
+        registry,
+        ClusterPlacement("DE", "europe-west3"),
+        claim_submission=claims.claim,
+    )
+
+
+async def test_an_attempt_submitted_before_a_restart_is_never_submitted_again(
+    cluster: MemoryCluster,
+) -> None:
+    claims = Claims()
+    bridge = claiming_bridge_of(cluster, NodeRegistry(max_nodes=10), claims)
+    bridge.accept(document("lab.n1", training()))
+    await bridge.step()
+    await bridge.step()
+    assert len(cluster.submitted) == 1
+    # The control plane restarts; meanwhile the job ended and the cluster, keeping no
+    # history, forgot it.
+    cluster.jobs_held.clear()
+    registry = NodeRegistry(max_nodes=10)
+    restarted = claiming_bridge_of(cluster, registry, claims)
+    restarted.accept(document("lab.n1", training()))
+    await restarted.step()  # the nodes announced
+    await restarted.step()  # the attempt found submitted before
+    (entry,) = reported(registry, "lab.n1")
+    assert entry.state == "starting"
+    assert "submitted to cluster lab before" in entry.reason
+    await restarted.step()
+    assert len(cluster.submitted) == 1
+    (entry,) = reported(registry, "lab.n1")
+    assert entry.state == "failed"
+    assert "disappeared from cluster lab" in entry.reason
+
+
+async def test_a_submission_the_store_cannot_record_waits_for_it(cluster: MemoryCluster) -> None:
+    claims = Claims()
+    claims.away = True
+    registry = NodeRegistry(max_nodes=10)
+    bridge = claiming_bridge_of(cluster, registry, claims)
+    bridge.accept(document("lab.n1", training()))
+    await bridge.step()
+    await bridge.step()
+    assert cluster.submitted == []
+    assert [entry.state for entry in reported(registry, "lab.n1")] == ["starting"]
+    claims.away = False
+    await bridge.step()
+    assert len(cluster.submitted) == 1
+
+
+async def test_a_submission_that_did_not_reach_the_cluster_is_made_again(
+    cluster: MemoryCluster,
+) -> None:
+    claims = Claims()
+    registry = NodeRegistry(max_nodes=10)
+    bridge = claiming_bridge_of(cluster, registry, claims)
+    bridge.accept(document("lab.n1", training()))
+    await bridge.step()
+    submit = cluster.submit
+
+    async def unreachable(gang: GangRequest) -> str:
+        raise ClusterUnreachable("sbatch did not finish within 20 s")
+
+    cluster.submit = unreachable  # type: ignore[method-assign]
+    await bridge.step()
+    assert cluster.submitted == []
+    cluster.submit = submit  # type: ignore[method-assign]
+    await bridge.step()
+    await bridge.step()
+    assert len(cluster.submitted) == 1  # this run claimed it: submitted once it can be
+    assert [entry.state for entry in reported(registry, "lab.n1")] == ["running"]
+
+
+async def test_a_bridge_held_for_a_removal_submits_nothing_new(cluster: MemoryCluster) -> None:
+    registry = NodeRegistry(max_nodes=10)
+    bridge = bridge_of(cluster, registry)
+    bridge.accept(document("lab.n1", training()))
+    await bridge.step()  # the nodes announced
+    bridge.hold_submissions(True)
+    await bridge.step()
+    assert (cluster.submitted, bridge.live_jobs()) == ([], {})
+    bridge.hold_submissions(False)  # the removal refused
+    await bridge.step()
+    assert len(cluster.submitted) == 1
+    assert bridge.live_jobs() == {(JOB, 1): "pending"}

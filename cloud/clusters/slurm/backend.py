@@ -4,7 +4,8 @@ commands on a login node (cloud/clusters/slurm/commands.py).
 - capacity: `scontrol -o show node` (GPUs by GRES type, what Slurm allocated, drained
   and down nodes) and the length of the pending queue (`squeue -h -t PD`);
 - jobs: `scontrol -o show job` (live jobs and those that ended within the cluster's
-  `MinJobAge`) and, where the cluster keeps accounting, `sacct` for older ones; only
+  `MinJobAge`) and, where the cluster keeps accounting, `sacct` for older ones (while
+  slurmdbd does not answer, the live ones alone, `history_error` saying why); only
   jobs named `gf-<job id>-<attempt>` with greenfed's comment, owned by the account
   greenfed runs the commands as (its uid, from `id -u` once), are greenfed's: `scontrol`
   lists every user's jobs, and any user can name and comment a job as greenfed does;
@@ -34,6 +35,7 @@ from cloud.clusters.backend import (
     ClusterCapacity,
     ClusterJob,
     ClusterRefused,
+    ClusterUnreachable,
     GangRequest,
     job_key,
 )
@@ -81,6 +83,8 @@ class SlurmBackend(ClusterBackend):
         self._options = options
         # None: not known yet whether the cluster keeps accounting (sacct answers).
         self._accounting: bool | None = None
+        # Why the last read of the accounting failed ("": it did not).
+        self._history_error = ""
         # None: not known yet whether it gathers energy (an AcctGatherEnergyType).
         self._gathers_energy: bool | None = None
         self._energy_read_at = -ENERGY_INTERVAL_S
@@ -103,6 +107,13 @@ class SlurmBackend(ClusterBackend):
                 )
             self._account_uid = int(answer)
         return self._account_uid
+
+    @property
+    def history_error(self) -> str:
+        """Why the last `jobs(include_ended=True)` could not read the cluster's accounting
+        (slurmdbd away while slurmctld answers: only live jobs were listed); "": it could,
+        or the cluster keeps none."""
+        return self._history_error
 
     @property
     def interface(self) -> str:
@@ -149,7 +160,7 @@ class SlurmBackend(ClusterBackend):
                     "sacct", "-X", "-P", "-n", "-o", "JobID,ConsumedEnergyRaw",
                     "-j", ",".join(running),
                 )  # fmt: skip
-            except ClusterRefused as error:
+            except (ClusterRefused, ClusterUnreachable) as error:  # slurmdbd's, not slurmctld's
                 _log.info("job energy not read", detail=str(error)[:200])
             else:
                 self._energy_j = energy_of_live_jobs(text)
@@ -174,13 +185,27 @@ class SlurmBackend(ClusterBackend):
                 "sacct", "-X", "-P", "-n", "-S", since, f"--user={account_uid}",
                 "-o", ",".join(SACCT_FIELDS),
             )  # fmt: skip
-        except ClusterRefused as error:  # no slurmdbd: scontrol's window is all there is
+        except ClusterUnreachable as error:
+            # slurmctld answered the listing just before: slurmdbd is away, not the
+            # cluster. Its history is not read this time (the bridge waits for it).
+            return self._history_unread(error)
+        except ClusterRefused as error:
+            if self._accounting:  # it answered before: slurmdbd's trouble, not none kept
+                return self._history_unread(error)
+            # No slurmdbd: scontrol's window is all there is.
             if self._accounting is None:
                 _log.info("the cluster keeps no job accounting", detail=str(error)[:200])
             self._accounting = False
             return ()
         self._accounting = True
+        self._history_error = ""
         return accounted_jobs(text)
+
+    def _history_unread(self, error: Exception) -> tuple[ClusterJob, ...]:
+        if not self._history_error:
+            _log.warning("cluster job accounting not read", detail=str(error)[:300])
+        self._history_error = str(error)[:500] or type(error).__name__
+        return ()
 
     async def submit(self, gang: GangRequest) -> str:
         # A job of that name Slurm still knows (live, or ended within MinJobAge) is this

@@ -4,11 +4,12 @@ greenfed.
 
 - pending: PENDING, CONFIGURING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED, RESV_DEL_HOLD (in
   the cluster's queue; the reason says why: Resources, Priority, QOS limits, a requeue);
-- running: RUNNING, COMPLETING, SIGNALING, STAGE_OUT, SUSPENDED, RESIZING (it holds its
-  nodes; a suspended job too, and the reason says so);
+- running: RUNNING, COMPLETING, SIGNALING, STAGE_OUT, SUSPENDED, STOPPED, RESIZING (it
+  holds its nodes; a suspended or SIGSTOPped job too, and the reason says so);
 - succeeded: COMPLETED with exit code 0;
 - failed: FAILED, NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY, TIMEOUT, DEADLINE (the reason
-  names which);
+  names which, and keeps Slurm's beside an exit code; a job Slurm could not launch says
+  so, with no exit code);
 - stopped: CANCELLED, PREEMPTED, REVOKED, SPECIAL_EXIT (the cluster, or someone on it,
   stopped it: greenfed decides what follows, as for any stopped worker).
 """
@@ -34,8 +35,13 @@ _PENDING: Final = frozenset(
     {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 )
 _RUNNING: Final = frozenset(
-    {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "RESIZING"}
+    {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED", "RESIZING"}
 )
+# Running jobs whose state says more than "running": both still hold their allocation.
+_HELD: Final = {
+    "SUSPENDED": "suspended by the cluster",
+    "STOPPED": "stopped (SIGSTOP) on the cluster",
+}
 _FAILED: Final = {
     "FAILED": "the job exited non-zero",
     "NODE_FAIL": "a node of the job failed",
@@ -44,11 +50,25 @@ _FAILED: Final = {
     "TIMEOUT": "the job reached its time limit",
     "DEADLINE": "the job reached its deadline",
 }
+# Slurm's reasons for a job it never started: its ExitCode then holds a Slurm error
+# number read as a wait status (`0:53`), no code of the job's.
+_NOT_LAUNCHED: Final = {"JobLaunchFailure": "the cluster could not launch the job"}
+# Slurm's reasons that only repeat what the exit code says.
+_SAID_BY_EXIT_CODE: Final = frozenset({"NonZeroExitCode"})
 _STOPPED: Final = {
     "CANCELLED": "cancelled on the cluster",
     "PREEMPTED": "preempted by the cluster's scheduler",
     "REVOKED": "revoked (run on another cluster of a federation)",
     "SPECIAL_EXIT": "held after a special exit",
+}
+# A node in an active reservation runs only jobs that ask for it (`--reservation`), which
+# greenfed's never do: one placed there would wait in the queue. Slurm 22.05 says
+# MAINTENANCE for a maintenance one (`IDLE+MAINTENANCE+RESERVED`, in `scontrol` and
+# slurmrestd alike); MAINT is that flag's short name.
+_IN_RESERVATION: Final = {
+    "MAINT": "in a maintenance reservation",
+    "MAINTENANCE": "in a maintenance reservation",
+    "RESERVED": "in a reservation greenfed's jobs do not ask for",
 }
 # gf-<job id>-<attempt>: the name greenfed gives each attempt it submits.
 _JOB_NAME: Final = re.compile(r"^gf-(?P<job>[0-9A-Z]{26})-(?P<attempt>[0-9]{1,9})$")
@@ -217,12 +237,16 @@ def node_of(line: str) -> ClusterNode | None:
 
 
 def node_unavailable(state: str, reason: str) -> str:
-    """Why a node in that state (`IDLE+DRAIN`, `DOWN*`) takes no new work; "": it does."""
+    """Why a node in that state (`IDLE+DRAIN`, `DOWN*`, `IDLE+RESERVED`) takes no new
+    work; "": it does."""
     flags = set(state.upper().rstrip("*").split("+"))
     if flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}:
         return state.lower() + (f": {reason}" if reason else "")
     if "*" in state or flags & {"FUTURE", "POWERED_DOWN", "POWERING_DOWN", "UNKNOWN", ""}:
         return state.lower() or "unknown"
+    for flag, why in _IN_RESERVATION.items():
+        if flag in flags:
+            return f"{state.lower()}: {why}"
     return ""
 
 
@@ -242,16 +266,25 @@ def job_state(slurm_state: str, reason: str, exit_code: int | None) -> tuple[Clu
         detail = "requeued by the cluster" if requeued else ""
         return "pending", "; ".join(part for part in (detail, why) if part)
     if base in _RUNNING:
-        return "running", "suspended by the cluster" if base == "SUSPENDED" else why
+        return "running", _HELD.get(base, why)
     if base == "COMPLETED":
         return ("succeeded", "") if not exit_code else ("failed", f"exit code {exit_code}")
+    if base in _FAILED and why in _NOT_LAUNCHED:
+        return "failed", f"{_NOT_LAUNCHED[why]} ({why})"
     if base == "FAILED" and exit_code:
-        return "failed", f"exit code {exit_code}"
+        beside = "" if why in _SAID_BY_EXIT_CODE else why
+        return "failed", "; ".join(part for part in (f"exit code {exit_code}", beside) if part)
     if base in _FAILED:
         return "failed", "; ".join(part for part in (_FAILED[base], why) if part)
     if base in _STOPPED:
         return "stopped", _STOPPED[base]
     return "failed", f"unknown Slurm state {slurm_state!r}"
+
+
+def launched_exit_code(slurm_reason: str, exit_code: int | None) -> int | None:
+    """A job's exit code as read, or None where Slurm's reason says it never launched
+    the job (what its exit code field holds then is Slurm's, not the job's)."""
+    return None if slurm_reason in _NOT_LAUNCHED else exit_code
 
 
 def _exit_code(text: str) -> int | None:
@@ -299,8 +332,9 @@ def job_of(
         return None
     if not comment_matches(fields.get("Comment", ""), identity):
         return None
-    exit_code = _exit_code(fields.get("ExitCode", ""))
-    state, reason = job_state(fields.get("JobState", ""), fields.get("Reason", ""), exit_code)
+    slurm_reason = fields.get("Reason", "")
+    exit_code = launched_exit_code(slurm_reason, _exit_code(fields.get("ExitCode", "")))
+    state, reason = job_state(fields.get("JobState", ""), slurm_reason, exit_code)
     return cluster_job(
         backend_id,
         identity,

@@ -4,7 +4,8 @@ speak (cloud/clusters/slurm/rest_dialects.py), chosen at the first contact:
 
 - capacity: `GET /slurm/<v>/nodes` and the pending jobs of `GET /slurm/<v>/jobs`;
 - jobs: that same listing (live jobs and those that ended within `MinJobAge`) and, where
-  slurmrestd serves the accounting plugin, `GET /slurmdb/<v>/jobs` for older ones; only
+  slurmrestd serves the accounting plugin, `GET /slurmdb/<v>/jobs` for older ones (while
+  that fails, the live ones alone, `history_error` saying why); only
   those of the account greenfed asks as (`AccountIdentity`: both list every user's
   jobs, and any user can name and comment a job as greenfed does);
 - submit: `POST /slurm/<v>/job/submit` with the job description of the commands
@@ -34,6 +35,7 @@ from cloud.clusters.backend import (
     ClusterCapacity,
     ClusterJob,
     ClusterRefused,
+    ClusterUnreachable,
     GangRequest,
 )
 from cloud.clusters.slurm.backend import (
@@ -120,6 +122,8 @@ class SlurmRestBackend(ClusterBackend):
         self._options = options
         self._dialect: RestDialect | None = dialect_of(version) if version else None
         self._accounting: bool | None = None
+        # Why the last read of the accounting failed ("": it did not).
+        self._history_error = ""
         self._listing: tuple[float, list[Any]] | None = None
         # Jobs whose reported output file is not the one greenfed asked for (logged once).
         self._foreign_output: set[str] = set()
@@ -156,6 +160,13 @@ class SlurmRestBackend(ClusterBackend):
                 pins_machines=self._dialect.pins_machines,
             )
         return self._dialect
+
+    @property
+    def history_error(self) -> str:
+        """Why the last `jobs(include_ended=True)` could not read the accounting (slurmdbd
+        away while slurmctld answers: only live jobs were listed); "": it could, or
+        slurmrestd serves none."""
+        return self._history_error
 
     @property
     def interface(self) -> str:
@@ -230,12 +241,20 @@ class SlurmRestBackend(ClusterBackend):
             answer = await self._client.request(
                 "GET", dialect.accounting_path, params={"start_time": since}
             )
-        except ClusterRefused as error:  # no accounting plugin, no slurmdbd
+        except ClusterUnreachable as error:
+            # The live listing was just answered: slurmdbd is away, not the cluster. The
+            # history is not read this time (the bridge waits for it).
+            return self._history_unread(error)
+        except ClusterRefused as error:
+            if self._accounting:  # it answered before: slurmdbd's trouble, not none kept
+                return self._history_unread(error)
+            # No accounting plugin, no slurmdbd.
             if self._accounting is None:
                 _log.info("slurmrestd serves no job accounting", detail=str(error)[:200])
             self._accounting = False
             return ()
         self._accounting = True
+        self._history_error = ""
         raw_jobs = answer.get("jobs")
         if not isinstance(raw_jobs, list):
             return ()
@@ -245,6 +264,12 @@ class SlurmRestBackend(ClusterBackend):
             if isinstance(raw, dict) and account.owns_accounted(raw)
         )
         return tuple(job for job in found if job is not None)
+
+    def _history_unread(self, error: Exception) -> tuple[ClusterJob, ...]:
+        if not self._history_error:
+            _log.warning("slurmrestd job accounting not read", detail=str(error)[:300])
+        self._history_error = str(error)[:500] or type(error).__name__
+        return ()
 
     async def submit(self, gang: GangRequest) -> str:
         dialect = await self.dialect()

@@ -83,6 +83,12 @@ class SlurmRestClient:
             ) as response:
                 data = await _body(response)
                 status = response.status
+        except aiohttp.InvalidURL as error:
+            # A registration kept from before its URL was checked (cloud/clusters/views.py).
+            why = error.__cause__ or error.description or "not a URL"
+            raise ClusterUnreachable(
+                f"slurm.rest_url is no URL slurmrestd answers at: {why}"
+            ) from None
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise ClusterUnreachable(
                 f"slurmrestd at {self.access.url}: {error or type(error).__name__}"

@@ -5,10 +5,11 @@ slurmrestd serves its API in versions (`openapi/v0.0.38`, `v0.0.41`, ...), a few
 Slurm release, each retired after some releases. greenfed speaks two shapes:
 
 - **v0.0.38** (Slurm 22.05 and 23.02): a job description of flat fields (`environment`
-  an object, `gres`, `time_limit` in minutes); states and times as plain values; a job's
-  `exit_code` a raw wait status. It has **no field naming a job's machines**
-  (`required_nodes` is a "Disabled key", `#SBATCH` lines in the script are ignored):
-  Slurm picks them within the partition (`pins_machines` False; docs/backends.md).
+  an object, `gres`, `time_limit` in minutes, `memory_per_node` in MiB); states and
+  times as plain values; a job's `exit_code` a raw wait status. It has **no field
+  naming a job's machines** (`required_nodes` is a "Disabled key", `#SBATCH` lines in
+  the script are ignored): Slurm picks them within the partition (`pins_machines`
+  False; docs/backends.md).
 - **v0.0.41 to v0.0.45** (Slurm 24.05 to 26.05: the generated data parser, one shape):
   the script inside the job, `required_nodes`, `tres_per_node`, `environment` a list of
   `NAME=value`, numbers as `{"set", "infinite", "number"}`, states as lists, exit codes
@@ -34,6 +35,7 @@ from cloud.clusters.slurm.records import (
     gres_counts,
     job_identity,
     job_state,
+    launched_exit_code,
     node_unavailable,
 )
 from cloud.clusters.slurm.script import SlurmJobShape
@@ -100,10 +102,9 @@ class RestDialect:
         if found is None:
             return None
         backend_id, identity = found
-        exit_code = self.exit_code(raw.get("exit_code"))
-        state, reason = job_state(
-            self.state_text(raw.get("job_state")), _text(raw.get("state_reason")), exit_code
-        )
+        slurm_reason = _text(raw.get("state_reason"))
+        exit_code = launched_exit_code(slurm_reason, self.exit_code(raw.get("exit_code")))
+        state, reason = job_state(self.state_text(raw.get("job_state")), slurm_reason, exit_code)
         output = _expanded(_text(raw.get("standard_output")), backend_id, _text(raw.get("name")))
         return cluster_job(
             backend_id, identity, state, reason, exit_code,
@@ -120,10 +121,9 @@ class RestDialect:
         if found is None:
             return None
         state_of, times = _mapping(raw.get("state")), _mapping(raw.get("time"))
-        exit_code = self.accounted_exit_code(raw.get("exit_code"))
-        state, reason = job_state(
-            self.state_text(state_of.get("current")), _text(state_of.get("reason")), exit_code
-        )
+        slurm_reason = _text(state_of.get("reason"))
+        exit_code = launched_exit_code(slurm_reason, self.accounted_exit_code(raw.get("exit_code")))
+        state, reason = job_state(self.state_text(state_of.get("current")), slurm_reason, exit_code)
         return cluster_job(
             *found, state, reason, exit_code,
             nodes=_text(raw.get("nodes")),
@@ -168,6 +168,8 @@ class V0038(RestDialect):
         if shape.gpu_type is not None:
             job["gres"] = f"gpu:{shape.gpu_type}:{shape.gpus_per_node}"
         _common_options(job, shape)
+        if shape.memory_per_node_mib is not None:
+            job["memory_per_node"] = shape.memory_per_node_mib  # MiB
         if shape.time_limit_min is not None:
             job["time_limit"] = shape.time_limit_min
         return {"script": script, "job": job}
@@ -218,6 +220,12 @@ class V0041(RestDialect):
         if shape.gpu_type is not None:
             job["tres_per_node"] = f"gres/gpu:{shape.gpu_type}:{shape.gpus_per_node}"
         _common_options(job, shape)
+        if shape.memory_per_node_mib is not None:
+            job["memory_per_node"] = {
+                "set": True,
+                "infinite": False,
+                "number": shape.memory_per_node_mib,  # MiB
+            }
         if shape.time_limit_min is not None:
             job["time_limit"] = {"set": True, "infinite": False, "number": shape.time_limit_min}
         return {"job": job}

@@ -2,7 +2,8 @@
 
 A gang is one job: `--nodes` and `--nodelist` (the nodes greenfed chose), tasks per
 node (one per worker; one per node for `launch = "per-node"`), `--gres=gpu:<type>:<n>`,
-`--time` from the job's estimate or deadline. Its name is `gf-<job id>-<attempt>`: a
+`--mem` (the host memory greenfed counted its workers on a node to hold), `--time` from
+the job's estimate or deadline. Its name is `gf-<job id>-<attempt>`: a
 control plane that restarts between `sbatch` and knowing its id finds it by that name
 and adopts it instead of submitting it again.
 
@@ -28,6 +29,7 @@ from typing import Final
 from cloud.clusters.backend import GangRequest
 from shared.worker_env import DEFAULT_VARIABLES
 
+_MIB: Final = 1 << 20
 # Each task: greenfed's variables from Slurm's, then the job's command.
 _TASK_LAUNCHER: Final = (
     'per_node="$1"; shift; '
@@ -70,6 +72,7 @@ class SlurmJobShape:
     gpu_type: str | None
     gpus_per_node: int
     cpus_per_task: int | None
+    memory_per_node_mib: int | None  # None: the cluster's default
     time_limit_min: int | None
     output: str  # Slurm's file name pattern (`%j`: the job id)
     working_dir: str
@@ -94,6 +97,7 @@ def job_shape(gang: GangRequest, options: SubmitOptions) -> SlurmJobShape:
     # Equal on every node for every gang greenfed places today (docs/backends.md).
     tasks_per_node = max(tasks)
     cpus = max(member.cpus for member in members)
+    host_memory_bytes = max(member.host_memory_bytes for member in members)
     return SlurmJobShape(
         name=gang.key,
         comment=comment_prefix(gang.job_id, gang.attempt) + gang.tenant,
@@ -104,6 +108,9 @@ def job_shape(gang: GangRequest, options: SubmitOptions) -> SlurmJobShape:
         gpu_type=gang.accelerator_type,
         gpus_per_node=max(member.accelerators for member in members),
         cpus_per_task=max(1, cpus // tasks_per_node) if cpus else None,
+        # Slurm's memory unit is the MiB: part of one is a whole one, never less than
+        # greenfed counted.
+        memory_per_node_mib=math.ceil(host_memory_bytes / _MIB) if host_memory_bytes else None,
         time_limit_min=(
             max(1, math.ceil(gang.time_limit_s / 60)) if gang.time_limit_s is not None else None
         ),
@@ -137,6 +144,8 @@ def sbatch_arguments(gang: GangRequest, options: SubmitOptions) -> list[str]:
         arguments.append(f"--gres=gpu:{shape.gpu_type}:{shape.gpus_per_node}")
     if shape.cpus_per_task is not None:
         arguments.append(f"--cpus-per-task={shape.cpus_per_task}")
+    if shape.memory_per_node_mib is not None:
+        arguments.append(f"--mem={shape.memory_per_node_mib}M")
     if shape.time_limit_min is not None:
         arguments.append(f"--time={shape.time_limit_min}")
     if shape.account:

@@ -37,6 +37,7 @@ from cloud.store.migrations import (
     v0021_usage_mark_seq_bigint,
     v0022_one_running_rollout,
     v0023_work_name_index,
+    v0024_cluster_submissions,
 )
 
 
@@ -71,6 +72,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(21, "usage_mark_seq_bigint", v0021_usage_mark_seq_bigint.upgrade),
     SchemaMigration(22, "one_running_rollout", v0022_one_running_rollout.upgrade),
     SchemaMigration(23, "work_name_index", v0023_work_name_index.upgrade),
+    SchemaMigration(24, "cluster_submissions", v0024_cluster_submissions.upgrade),
 )
 
 
