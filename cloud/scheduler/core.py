@@ -570,15 +570,18 @@ class Scheduler:
             state.reservation_slack_accelerators[CPU_COLUMN].item(node),
         )
 
-    def _admissions(self, job: JobContext) -> dict[int, Admission]:
+    def _admissions(self, job: JobContext, placed: int = 0) -> dict[int, Admission]:
+        """The next member's admission per kind, ``placed`` of the job's members being
+        placed in this attempt already."""
         if governs(self.state, job.shape.work):
             # Its slices count against its profile's quota alone (mig_block, _attempt).
             return {o.k: WITHIN for o in job.options}
         tenant, need = job.shape.work.tenant, job.shape.accelerators
+        work_need = need * _members_needed(job.shape, placed)
         admit, state = self.quota.admit, self.state
-        return {o.k: admit(state, tenant, o.k, need) for o in job.options}
+        return {o.k: admit(state, tenant, o.k, need, work_need) for o in job.options}
 
-    def _cores_admission(self, job: JobContext) -> Admission | None:
+    def _cores_admission(self, job: JobContext, placed: int = 0) -> Admission | None:
         """The CPU cores a GPU/NPU member holds beside its accelerators, against its
         tenant's ``cpu`` quota; None where the tenant has none (the cores are then
         capacity only, see ``ClusterState.cores_charged``)."""
@@ -586,7 +589,8 @@ class Scheduler:
         tenant = shape.work.tenant
         if not shape.cpu_cores or tenant not in self.state.cores_charged:
             return None
-        return self.quota.admit(self.state, tenant, CPU_COLUMN, shape.cpu_cores)
+        work_cores = shape.cpu_cores * _members_needed(shape, placed)
+        return self.quota.admit(self.state, tenant, CPU_COLUMN, shape.cpu_cores, work_cores)
 
     def _attempt(
         self, job: JobContext, *, preempt: bool, anchor: Domains | None = None
@@ -605,8 +609,8 @@ class Scheduler:
                 break
             # Everything this member changes (victims, its allocation) comes after this.
             savepoint = stmt.mark()
-            admissions = self._admissions(job)
-            cores = self._cores_admission(job)
+            admissions = self._admissions(job, len(attempt.placements))
+            cores = self._cores_admission(job, len(attempt.placements))
             cores_over = cores is not None and not cores.admitted
             # Cores over the cpu quota deny the member whichever kind it would take.
             admitted = [] if cores_over else [k for k, a in admissions.items() if a.admitted]
@@ -1007,6 +1011,13 @@ def _fastest_run_s(job: JobContext) -> float:
     """The job's run time on its fastest candidate node (inf with none)."""
     runs = [float(option.runtime_s.min()) for option in job.options if option.runtime_s.size]
     return min(runs, default=math.inf)
+
+
+def _members_needed(shape: WorkShape, placed: int) -> int:
+    """The members, the next one included, without which the work cannot be placed: a
+    gang's every worker, a deployment's replicas up to its ``min_replicas`` (those
+    beyond are admitted one by one). Quota judges reclaim on them all (quota.py)."""
+    return max(1, shape.min_members - placed)
 
 
 def _mean_score(attempt: _Attempt) -> float:

@@ -104,7 +104,7 @@ class Preemptor:
     def _borrowers(self, job: JobContext, k: int, admission: Admission) -> set[str]:
         """Tenants J may reclaim from: borrowing in J's cohort (or, in a cohort tree,
         under what lends to J's side), J within nominal."""
-        if admission.mode not in ("nominal", "reclaim"):
+        if not admission.may_reclaim:
             return set()
         return self.quota.reclaimable(self.state, job.shape.work.tenant, k)
 

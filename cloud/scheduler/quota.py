@@ -4,7 +4,10 @@ Rules (Kueue-like, per accelerator kind):
 
 * within its nominal quota a tenant is always admitted; if its cohort is
   over-committed because others borrowed, the owner *reclaims*: borrowers'
-  work is evicted until the cohort fits its nominal total again;
+  work is evicted until the cohort fits its nominal total again. Reclaim is judged
+  on the work as a whole (the members it cannot be placed without), not on one
+  member: a gang whose first worker is within nominal but whose whole is not
+  borrows, and takes nothing back;
 * beyond nominal it may *borrow* idle cohort capacity, up to its borrowing limit
   and only while the cohort as a whole stays within its nominal total;
 * otherwise it is denied (the only remedy is to evict its own lower-priority
@@ -56,14 +59,25 @@ class Admission:
     # tenant's own lower-priority work (denied).
     shortfall: int
     quota: QuotaState | None
+    # False where this member is within nominal but the work it belongs to is not:
+    # such work borrows as a whole, so it may not take back what the cohort lent.
+    work_within_nominal: bool = True
 
     @property
     def admitted(self) -> bool:
         return self.mode in ("unmanaged", "nominal", "borrow", "slices")
 
+    @property
+    def may_reclaim(self) -> bool:
+        """Whether borrowers' work may be evicted for this member (reason ``reclaim``)."""
+        return self.work_within_nominal and self.mode in ("nominal", "reclaim")
+
 
 _UNMANAGED: Final = Admission("unmanaged", 0, None)
 _NOMINAL: Final = Admission("nominal", 0, None)
+# This member is within nominal, the rest of its work is not: admitted where the
+# cohort has room, but nothing is reclaimed for it.
+_NOMINAL_MEMBER_ONLY: Final = Admission("nominal", 0, None, work_within_nominal=False)
 _BORROW: Final = Admission("borrow", 0, None)
 
 
@@ -138,12 +152,24 @@ class QuotaBook:
             if its_cohort == cohort and other != tenant and self.is_borrowing(state, other, column)
         }
 
-    def admit(self, state: ClusterState, tenant: str, column: int, amount: int) -> Admission:
+    def admit(
+        self,
+        state: ClusterState,
+        tenant: str,
+        column: int,
+        amount: int,
+        work_amount: int | None = None,
+    ) -> Admission:
+        """Admission of one member's ``amount``. ``work_amount``: what the work still
+        needs before it can be placed, this member's ``amount`` included (by default
+        that alone). The tenant reclaims only while it stays within nominal with all of
+        it: a gang of 2 × 2 under a nominal 2 borrows, though its first worker fits."""
         nominals = self._nominal.get(tenant)
         if nominals is None:
             return _UNMANAGED
+        work_amount = amount if work_amount is None else max(amount, work_amount)
         if self.tree is not None and self.tree.manages(tenant):
-            return self._admit_in_tree(self.tree, state, tenant, column, amount)
+            return self._admit_in_tree(self.tree, state, tenant, column, amount, work_amount)
         k = state.column_kinds[column]
         kind = KINDS[k]
         usage = state.usage(tenant, column)
@@ -154,9 +180,10 @@ class QuotaBook:
         cohort_excess = cohort_usage + amount - cohort_nominal
         mode: AdmissionMode
         shortfall = 0
-        if usage + amount <= nominal:
-            if cohort is None or cohort_excess <= 0:
-                return _NOMINAL
+        work_within = usage + work_amount <= nominal
+        if usage + amount <= nominal and (cohort is None or cohort_excess <= 0):
+            return _NOMINAL if work_within else _NOMINAL_MEMBER_ONLY
+        if work_within:
             mode, shortfall = "reclaim", cohort_excess
         elif cohort is None:
             mode, shortfall = "denied", usage + amount - nominal
@@ -181,15 +208,23 @@ class QuotaBook:
         return Admission(mode, shortfall, quota)
 
     def _admit_in_tree(
-        self, tree: CohortTree, state: ClusterState, tenant: str, column: int, amount: int
+        self,
+        tree: CohortTree,
+        state: ClusterState,
+        tenant: str,
+        column: int,
+        amount: int,
+        work_amount: int,
     ) -> Admission:
         k = state.column_kinds[column]
         usage = state.usage(tenant, column)
         nominal = self._nominal[tenant][k]
         check = tree.check(tenant, k, amount, _usage_of(state, column))
-        within = usage + amount <= nominal
+        within = usage + work_amount <= nominal  # the whole work: see ``admit``
         if check.own_excess <= 0 and check.path_excess <= 0:
-            return _NOMINAL if within else _BORROW
+            if within:
+                return _NOMINAL
+            return _NOMINAL_MEMBER_ONLY if usage + amount <= nominal else _BORROW
         mode: AdmissionMode = "reclaim" if within else "denied"
         shortfall = check.path_excess if within else max(check.own_excess, check.path_excess)
         limit = self._limit[tenant][k]

@@ -161,6 +161,42 @@ def test_nothing_is_reclaimed_when_no_level_borrows() -> None:
     assert pending.code == "quota"
 
 
+@pytest.mark.parametrize("other_nominal", [0, 2])
+def test_a_gang_beyond_its_tenants_nominal_quota_reclaims_nothing_in_a_tree(
+    other_nominal: int,
+) -> None:
+    # org ── lab ── a (6), b (2)
+    #     └─ other ── d (other_nominal, holding nothing: with 2, org has room for
+    #                    b's first worker and only the node is short)
+    # One node of 8: a holds 7, borrowing 1 of b's with a preemptible job of 3. b's gang
+    # of 2 × 2 is beyond its nominal 2 as a whole: it may borrow, never reclaim, though
+    # its first worker alone would be within nominal.
+    tenants = [
+        Tenant(name="a", cohort="lab", nominal={"gpu": 6}),
+        Tenant(name="b", cohort="lab", nominal={"gpu": 2}),
+        Tenant(name="d", cohort="other", nominal={"gpu": other_nominal}),
+    ]
+    cohorts = [Cohort(name="lab", parent="org"), Cohort(name="other", parent="org")]
+    held = [
+        running("a-fixed", "n0", 4, tenant="a", priority="p1", preemptible=False),
+        running("a-job", "n0", 3, tenant="a", priority="p1"),
+    ]
+    node = [gpu_node("n0")]
+    gang = job("b-gang", 2, workers=2, tenant="b")
+    plan = _plan([gang], cohorts, allocations=held, tenants=tenants, nodes=node)
+    assert plan.preemptions == ()
+    assert plan.placements == ()
+    pending = plan.pending_for("b-gang")
+    assert pending is not None
+    if other_nominal == 0:  # org's total is the node's: quota stops the first worker
+        assert pending.message.startswith("Over quota: tenant b uses 0 GPU (nominal 2")
+    # Within its nominal, the same gang takes back what a borrowed.
+    within = job("b-within", 1, workers=2, tenant="b")
+    plan = _plan([within], cohorts, allocations=held, tenants=tenants, nodes=node)
+    assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("a-job", "reclaim")]
+    assert _placed(plan) == ["b-within"]
+
+
 def test_work_beyond_what_the_tree_could_ever_lend_is_unschedulable() -> None:
     cohorts = [
         Cohort(name="research", parent="org", borrowing_limit={"gpu": 4}),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cloud.scheduler import Allocation, Policy, Snapshot, Tenant, Work, schedule
 from cloud.scheduler.plan import Plan
 
@@ -193,3 +195,103 @@ def test_max_running_still_places_the_missing_replicas_of_a_running_deployment()
     )
     plan = schedule(snapshot, Policy())
     assert [p.work_id for p in plan.placements] == ["d"]
+
+
+# One node of 8 GPUs. In cohort lab, a (nominal 6) holds 7: 4 that cannot be evicted
+# and a preemptible job of 3, which borrows 1 of b's nominal 2.
+LAB_NODE = [gpu_node("n0")]
+A_BORROWS_ONE = [
+    running("a-fixed", "n0", 4, tenant="a", priority="p1", preemptible=False),
+    running("a-job", "n0", 3, tenant="a", priority="p1"),
+]
+
+
+def _lab(idle_nominal: int) -> list[Tenant]:
+    """a and b, and c holding nothing with ``idle_nominal``: with 0 the cohort's total is
+    the node's 8, so b's first GPUs are a reclaim; with 2 the cohort has room for them
+    and only the node is short (the preemption search reclaims there)."""
+    return [
+        Tenant(name="a", cohort="lab", nominal={"gpu": 6}),
+        Tenant(name="b", cohort="lab", nominal={"gpu": 2}),
+        Tenant(name="c", cohort="lab", nominal={"gpu": idle_nominal}),
+    ]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_work_beyond_its_tenants_nominal_quota_reclaims_nothing(workers: int) -> None:
+    # b asks for 4 GPUs, as one worker or as a gang of 2 × 2: beyond its nominal 2
+    # either way, so it may only borrow, and a's work is no reclaim of b's. A gang's
+    # first worker alone (2 of nominal 2) must not make it a reclaim.
+    gang = job("b-4", 4 // workers, workers=workers, tenant="b")
+    plan = plan_for(LAB_NODE, [gang], A_BORROWS_ONE, _lab(0))
+    assert plan.preemptions == ()
+    assert plan.placements == ()
+    pending = plan.pending_for("b-4")
+    assert pending is not None
+    assert pending.code == "quota"
+    assert pending.message.startswith("Over quota: tenant b uses 0 GPU (nominal 2")
+    assert "asks for 4 more" in pending.message
+
+
+def test_a_gang_beyond_nominal_reclaims_nothing_where_only_the_node_is_short() -> None:
+    # The cohort has room for the first worker (9 of 10), not the node: the search for
+    # victims must not take a's job as a reclaim for it either.
+    gang = job("b-4", 2, workers=2, tenant="b")
+    plan = plan_for(LAB_NODE, [gang], A_BORROWS_ONE, _lab(2))
+    assert plan.preemptions == ()
+    assert plan.placements == ()
+    assert plan.pending_for("b-4") is not None
+
+
+@pytest.mark.parametrize("idle_nominal", [0, 2])
+def test_a_gang_within_its_tenants_nominal_quota_reclaims_from_a_borrower(
+    idle_nominal: int,
+) -> None:
+    # 2 × 1 is within b's nominal 2: its second worker takes back what a borrowed.
+    plan = plan_for(
+        LAB_NODE, [job("b-2", 1, workers=2, tenant="b")], A_BORROWS_ONE, _lab(idle_nominal)
+    )
+    assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("a-job", "reclaim")]
+    assert len(plan.placements_for("b-2")) == 2
+
+
+def test_a_deployment_whose_min_replicas_exceed_nominal_reclaims_nothing() -> None:
+    # min_replicas 3 of 1 GPU each: it cannot run within b's nominal 2, so it reclaims
+    # nothing (it would have evicted a's 3 for 2 replicas, then borrowed for the third).
+    held = [
+        running("a-fixed", "n0", 5, tenant="a", priority="p1", preemptible=False),
+        running("a-job", "n0", 3, tenant="a", priority="p1"),
+    ]
+    serving = deployment(
+        "b-serve",
+        replicas=4,
+        min_replicas=3,
+        tenant="b",
+        priority="p1",
+        kinds=("gpu",),
+        sites=("cloud",),
+        max_replicas_per_node=4,  # all on the one node
+    )
+    plan = plan_for(LAB_NODE, [serving], held, _lab(0))
+    assert plan.preemptions == ()
+    assert plan.placements == ()
+    pending = plan.pending_for("b-serve")
+    assert pending is not None
+    assert pending.code == "quota"
+
+
+def test_a_deployment_reclaims_for_the_replicas_it_needs_within_nominal() -> None:
+    # min_replicas 1: each replica within b's nominal 2 may take back what a borrowed.
+    serving = deployment(
+        "b-serve",
+        replicas=2,
+        min_replicas=1,
+        tenant="b",
+        priority="p1",
+        kinds=("gpu",),
+        sites=("cloud",),
+        max_replicas_per_node=4,  # all on the one node
+    )
+    plan = plan_for(LAB_NODE, [serving], A_BORROWS_ONE, _lab(0))
+    assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("a-job", "reclaim")]
+    assert len(plan.placements_for("b-serve")) == 2
