@@ -7,8 +7,10 @@ split that way fails its own requests, never the batcher. One run is in flight a
 time per deployment; while it runs the next batch fills.
 The queue is bounded: past `max_queue` waiting requests a new one is refused at once
 (`QueueFull`, the endpoint's 429) instead of waiting without bound. `swap` changes
-the model between two runs, so an update never fails a request; `drain` stops
-accepting and waits for what was accepted.
+the model for the requests that come after it; each one already queued runs on the
+model it was checked against (and only with requests checked against the same one), so
+an update never fails a request, even when the new model takes other shapes or cannot
+be batched. `drain` stops accepting and waits for what was accepted.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class _Request:
     feeds: Mapping[str, np.ndarray]
     rows: int
     enqueued_at: float
+    model: LoadedModel  # the one its feeds were checked against: the one it runs on
     stackable: _Stackable = ()
     input_bytes: int = 0
     done: asyncio.Future[tuple[LoadedModel, list[np.ndarray]]] = field(
@@ -101,7 +104,8 @@ class Batcher:
         return len(self._queue)
 
     def swap(self, model: LoadedModel) -> LoadedModel:
-        """Use `model` from the next run on; returns the one it replaces."""
+        """Use `model` for the requests from now on (those queued keep theirs); returns
+        the one it replaces."""
         previous, self.model = self.model, model
         self._run_s = 1.0  # measure the new model afresh
         self._inline_rows = self._inline_bytes = 0
@@ -111,9 +115,11 @@ class Batcher:
         self.max_batch_size, self.max_queue_delay_s = max_batch_size, max_queue_delay_s
 
     async def infer(
-        self, feeds: Mapping[str, np.ndarray], rows: int
+        self, feeds: Mapping[str, np.ndarray], rows: int, *, model: LoadedModel | None = None
     ) -> tuple[LoadedModel, list[np.ndarray]]:
-        """The model that ran the request, and the request's rows of every output."""
+        """The model that ran the request, and the request's rows of every output.
+        `model`: the one `feeds` were checked against (by default the current one), which
+        runs the request even if another is swapped in while it waits."""
         if rows < 1:
             # Splitting a stacked run gives every request at least one row: one counted
             # as having none would take another request's (check_feeds refuses them).
@@ -127,6 +133,7 @@ class Batcher:
             feeds,
             rows,
             time.perf_counter(),
+            model or self.model,
             stackable=_stackable(feeds),
             input_bytes=sum(value.nbytes for value in feeds.values()),
         )
@@ -159,10 +166,11 @@ class Batcher:
 
     async def _collect(self) -> list[_Request]:
         first = self._queue[0]
-        model = self.model
-        limit = self.max_batch_size if model.batchable else 1
+        # Sized for the model the batch runs on, the first request's: one swapped in
+        # while the batch fills runs only the requests checked against it.
+        limit = self.max_batch_size if first.model.batchable else 1
         deadline = first.enqueued_at + self.max_queue_delay_s
-        while self._rows_ready(limit, first.stackable) < limit and limit > 1:
+        while self._rows_ready(limit, first) < limit and limit > 1:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 break
@@ -171,14 +179,15 @@ class Batcher:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except TimeoutError:
                 break
-        # Only requests shaped like the first can be stacked with it; the others keep
-        # their place in the queue, and the next batch starts with the first of them.
+        # Only requests shaped like the first, for the same model, can be stacked with
+        # it; the others keep their place in the queue, and the next batch starts with
+        # the first of them.
         batch = [self._queue.popleft()]
         rows = first.rows
         left: deque[_Request] = deque()
         while self._queue and rows < limit:
             request = self._queue.popleft()
-            if request.stackable == first.stackable and rows + request.rows <= limit:
+            if _stacks_with(first, request) and rows + request.rows <= limit:
                 batch.append(request)
                 rows += request.rows
             else:
@@ -188,10 +197,10 @@ class Batcher:
         self._queued_rows -= rows
         return batch
 
-    def _rows_ready(self, limit: int, stackable: _Stackable) -> int:
+    def _rows_ready(self, limit: int, first: _Request) -> int:
         rows = 0
         for request in self._queue:
-            if request.stackable != stackable:
+            if not _stacks_with(first, request):
                 continue
             rows += request.rows
             if rows >= limit:
@@ -213,8 +222,14 @@ class Batcher:
             and input_bytes <= self._inline_bytes
         )
 
+    def _measured(self, elapsed_s: float, rows: int, input_bytes: int) -> None:
+        """Counts a run of the current model in the estimates `_runs_inline` uses."""
+        self._run_s = elapsed_s if self._run_s == 1.0 else 0.8 * self._run_s + 0.2 * elapsed_s
+        if elapsed_s < INLINE_RUN_S and input_bytes >= self._inline_bytes:
+            self._inline_rows, self._inline_bytes = rows, input_bytes
+
     async def _run(self, batch: list[_Request]) -> None:
-        model = self.model
+        model = batch[0].model  # every request of the batch was checked against it
         live = [request for request in batch if not request.done.cancelled()]
         if not live:
             return
@@ -234,9 +249,8 @@ class Batcher:
             else:
                 outputs = await asyncio.to_thread(model.run, feeds)
             elapsed = time.perf_counter() - started
-            self._run_s = elapsed if self._run_s == 1.0 else 0.8 * self._run_s + 0.2 * elapsed
-            if elapsed < INLINE_RUN_S and input_bytes >= self._inline_bytes:
-                self._inline_rows, self._inline_bytes = rows, input_bytes
+            if model is self.model:  # a model swapped out says nothing of the new one
+                self._measured(elapsed, rows, input_bytes)
             if len(live) == 1:
                 parts = [outputs]
             else:
@@ -251,6 +265,12 @@ class Batcher:
             self.stats.observe(finished - request.enqueued_at)
             if not request.done.done():
                 request.done.set_result((model, part))
+
+
+def _stacks_with(first: _Request, request: _Request) -> bool:
+    """Whether `request` can run in one stacked run with `first`: the same model, and
+    inputs that agree on everything but the batch axis."""
+    return request.model is first.model and request.stackable == first.stackable
 
 
 def _check_stacked(model: LoadedModel, outputs: list[np.ndarray], rows: int) -> None:

@@ -4,10 +4,13 @@
 A download is streamed into `<sha256>.part`, resumed from where a broken transfer
 stopped (an HTTP Range request), retried with backoff, verified against the sha256
 the cloud announced, flushed to disk and only then renamed into place; the `.part` of
-a fetch that gives up is deleted. A cached file is verified again (size, sha256) the
-first time each agent process uses it, since a power cut or a bad disk can still
-damage it; a damaged one is deleted and downloaded again. The bound counts `.part`
-files too. Files a running deployment uses, and downloads under way, are never evicted.
+a fetch that gives up is deleted. A resumed download that fails its checksum is
+downloaded once more from its first byte, since the bytes kept from before may be the
+damaged ones (written but not on disk before a power cut). A cached file is verified
+again (size, sha256) the first time each agent process uses it, since a power cut or a
+bad disk can still damage it; a damaged one is deleted and downloaded again. The bound
+counts `.part` files too. Files a running deployment uses, and downloads under way, are
+never evicted.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ RETRY_MAX_S = 30.0
 
 class ModelFetchError(RuntimeError):
     """The model could not be fetched or is not the announced file; says why."""
+
+
+class _ChecksumMismatch(ModelFetchError):
+    """The downloaded file is not the model the registry announced."""
 
 
 class _Retryable(Exception):
@@ -89,8 +96,23 @@ class ModelCache:
             await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
             self._fetching.add(sha256)
             try:
-                await self._download_with_retries(session, url, sha256, most_bytes, on_retry)
-                await self._verify_and_keep(sha256)
+                resumed = await self._download_with_retries(
+                    session, url, sha256, most_bytes, on_retry
+                )
+                try:
+                    await self._verify_and_keep(sha256)
+                except _ChecksumMismatch as mismatch:
+                    if not resumed:
+                        raise
+                    # Only a whole download tells a damaged `.part` from a wrong model.
+                    self._log.warning(
+                        "resumed model download is damaged: downloading it whole",
+                        sha256=sha256[:12],
+                        error=str(mismatch),
+                    )
+                    await asyncio.to_thread(self._part(sha256).unlink, missing_ok=True)
+                    await self._download_with_retries(session, url, sha256, most_bytes, on_retry)
+                    await self._verify_and_keep(sha256)
             except ModelFetchError:
                 # Given up: nothing would resume it. (A cancelled fetch keeps its part for
                 # the next try; eviction bounds it.)
@@ -138,12 +160,12 @@ class ModelCache:
         sha256: str,
         most_bytes: int,
         on_retry: Callable[[str], None] | None,
-    ) -> None:
+    ) -> bool:
+        """Whether the `.part` downloaded holds bytes of an earlier transfer (resumed)."""
         why = ""
         for attempt in range(self._attempts):
             try:
-                await self._download(session, url, sha256, most_bytes)
-                return
+                return await self._download(session, url, sha256, most_bytes)
             except (aiohttp.ClientError, TimeoutError, OSError, _Retryable) as failure:
                 why = str(failure) or type(failure).__name__
                 self._log.warning(
@@ -159,13 +181,14 @@ class ModelCache:
 
     async def _download(
         self, session: aiohttp.ClientSession, url: str, sha256: str, most_bytes: int
-    ) -> None:
+    ) -> bool:
+        """Whether the `.part` it leaves holds bytes of an earlier transfer (resumed)."""
         part = self._part(sha256)
         have = await asyncio.to_thread(lambda: part.stat().st_size if part.exists() else 0)
         headers = {"Range": f"bytes={have}-"} if have else {}
         async with session.get(url, headers=headers, timeout=self._timeout) as response:
             if response.status == 416:  # the part file is already whole (or longer)
-                return
+                return have > 0
             if response.status not in (200, 206):
                 body = (await response.text())[:300]
                 answer = f"the control plane answered {response.status}: {body}"
@@ -190,13 +213,15 @@ class ModelCache:
                     f"the download is longer than the model can be ({most_bytes} bytes: its "
                     "size in the signed document, or the model cache's): stopped"
                 )
+            return resume
 
     async def _verify_and_keep(self, sha256: str) -> None:
-        """Raises `ModelFetchError` where the file is not the model (the caller deletes it)."""
+        """Raises `_ChecksumMismatch` where the file is not the model (the caller deletes
+        it, or downloads it whole once more if it was resumed)."""
         part = self._part(sha256)
         actual, _ = await asyncio.to_thread(file_sha256, part)
         if actual != sha256:
-            raise ModelFetchError(
+            raise _ChecksumMismatch(
                 f"checksum mismatch: the file has sha256 {actual[:16]}…, the registry "
                 f"says {sha256[:16]}…"
             )

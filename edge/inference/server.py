@@ -52,24 +52,64 @@ def _feeds_from_json(raw: bytes, model: LoadedModel) -> dict[str, np.ndarray]:
         document = _JSON_BODY.decode(raw)
     except msgspec.DecodeError as error:
         raise ValueError(f"the body is not a JSON object: {error}") from None
+    except RecursionError:  # msgspec's guard against a stack overflow: '[' * 3000
+        raise ValueError("the body is not a JSON object: it is nested too deeply") from None
     inputs = document.get("inputs")
     if not isinstance(inputs, dict):
         raise ValueError('the body must be {"inputs": {"<input name>": <nested list>}}')
     dtypes = {spec.name: spec.dtype for spec in model.inputs}
-    feeds = {}
-    for name, value in inputs.items():
-        dtype = dtypes.get(name, np.float32)
-        try:
-            # A number beyond float32's range would become infinity, with only a warning.
-            with np.errstate(over="raise"):
-                feeds[name] = np.asarray(value, dtype=dtype)
-        except (OverflowError, FloatingPointError) as error:  # -1 into uint8, 1e39 into float32
+    return {
+        name: _json_array(name, value, dtypes.get(name, np.dtype(np.float32)))
+        for name, value in inputs.items()
+    }
+
+
+# What a JSON array holds, by the kind of numpy dtype it is read as without a target.
+_JSON_KINDS: Final = {
+    "b": "booleans",
+    "i": "numbers",
+    "u": "numbers",
+    "f": "numbers",
+    "U": "strings",
+    "O": "nulls or objects",
+}
+
+
+def _json_array(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
+    """One input's decoded JSON as an array of `dtype`, or ValueError: only numbers
+    (true and false for a bool input), each one the dtype holds (a float to its
+    precision, an integer exactly). numpy's own conversion to `dtype` would take null
+    as NaN, "1" as 1.0 and truncate 1.5 to 1, silently."""
+    try:
+        parsed = np.asarray(value)
+    except (ValueError, TypeError) as error:  # ragged, or more than numpy's 64 dimensions
+        raise ValueError(f"{name}: not a rectangular array of numbers ({error})") from None
+    wanted = "b" if dtype.kind == "b" else "iuf"
+    kind = parsed.dtype.kind
+    if kind == "O" and wanted != "b" and all(type(item) in (int, float) for item in parsed.flat):
+        # An integer beyond 64 bits, which numpy keeps as a Python int (and its fellow
+        # numbers with it): numbers still, and the conversion below says whether the
+        # dtype holds them.
+        kind = "f"
+    if kind not in wanted and parsed.size:  # `[]` reads as float64: check_feeds refuses it
+        takes = "true or false" if wanted == "b" else "numbers"
+        held = _JSON_KINDS.get(parsed.dtype.kind, "other values")
+        raise ValueError(f"{name}: {dtype.name} takes {takes}, not {held}")
+    try:
+        # A number beyond a float's range would become infinity, with only a warning.
+        with np.errstate(over="raise", invalid="raise"):
+            array = parsed.astype(dtype, copy=False)
+    except (OverflowError, FloatingPointError) as error:  # 2**64 into int64, 1e39 into float32
+        raise ValueError(f"{name}: a number does not fit {dtype.name} ({error})") from None
+    if dtype.kind in "iu":
+        # Integer casts wrap (-1 into uint8 is 255) and truncate (1.5 is 1) silently.
+        changed = array != parsed
+        if changed.any():
+            number = parsed[changed].flat[0]
             raise ValueError(
-                f"{name}: a number does not fit {np.dtype(dtype).name} ({error})"
-            ) from None
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"{name}: not a rectangular array of numbers ({error})") from None
-    return feeds
+                f"{name}: a number does not fit {dtype.name} ({number} is not a {dtype.name} value)"
+            )
+    return array
 
 
 def _feeds_from_npy(raw: bytes, model: LoadedModel) -> dict[str, np.ndarray]:
@@ -118,15 +158,21 @@ def read_npy(raw: bytes) -> np.ndarray:
             shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
         else:
             raise ValueError(f".npy format version {version[0]}.{version[1]} is not read")
-    except (ValueError, TypeError, SyntaxError, EOFError) as error:
-        raise ValueError(f"the body is not a .npy array: {error}") from None
+    except Exception as error:
+        # numpy's reader evaluates the header as a Python literal: hostile text raises
+        # whatever its tokenizer or parser raises (tokenize.TokenError for a header cut
+        # short), none of which is more than a malformed body.
+        why = error.args[0] if error.args and isinstance(error.args[0], str) else error
+        raise ValueError(f"the body is not a .npy array: {why}") from None
     return _npy_data(raw, stream.tell(), dtype, shape, fortran_order)
 
 
 def _npy_data(
     raw: bytes, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...], fortran_order: bool
 ) -> np.ndarray:
-    """The array a .npy header describes, from the body's bytes after the header."""
+    """The array a .npy header describes, from the body's bytes after the header, in
+    this machine's byte order: a big-endian array of an input's type is that input, and
+    ONNX Runtime reads native order only."""
     if dtype.hasobject:
         raise ValueError("the body is not a .npy array: object arrays are refused")
     # Python integers: a declared shape cannot overflow into a small count.
@@ -136,11 +182,13 @@ def _npy_data(
             f"the body is not a .npy array: its header declares shape {list(shape)} of "
             f"{dtype.name} ({count * dtype.itemsize} bytes), its data has {len(raw) - offset}"
         )
+    native = dtype.newbyteorder("=")
     try:
         if count == 0:
-            return np.empty(shape, dtype=dtype)
+            return np.empty(shape, dtype=native)
         array = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)
-        return array.reshape(shape, order="F" if fortran_order else "C")
+        array = array.reshape(shape, order="F" if fortran_order else "C")
+        return array if dtype.isnative else array.astype(native)
     except (ValueError, TypeError, OverflowError) as error:  # a dimension numpy refuses
         raise ValueError(f"the body is not a .npy array: {error}") from None
 
@@ -164,7 +212,8 @@ async def infer(request: web.Request) -> web.StreamResponse:
     deployment_id = request.match_info["deployment"]
     runtime = request.app[RUNTIME]
     # The replica whose turn it is (a deployment may have several here, a canary's
-    # model beside the current one): the request is read and checked against its model.
+    # model beside the current one): the request is read and checked against its model,
+    # and runs on that model even if an update is swapped in meanwhile.
     batcher = runtime.next_batcher(deployment_id)
     if batcher is None:
         replica = runtime.serving(deployment_id)
@@ -185,7 +234,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
     except ValueError as error:
         return _problem(400, "Invalid input", str(error))
     try:
-        used, outputs = await batcher.infer(feeds, rows)
+        used, outputs = await batcher.infer(feeds, rows, model=model)
     except QueueFull as error:
         return _problem(429, "Too many requests", str(error), **{"Retry-After": "1"})
     except Unavailable as error:

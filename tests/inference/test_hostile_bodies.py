@@ -1,7 +1,8 @@
 """The agent's inference endpoint (edge/inference/server.py) answers bodies it cannot
 use with a 400 that says why, never a 500 and never an allocation larger than the body:
-numbers that do not fit the input's dtype, .npy headers that declare more data than
-they carry, zip archives, requests without rows."""
+numbers that do not fit the input's dtype, values that are not numbers, JSON nested
+deeper than a decoder goes, .npy headers cut short or that declare more data than they
+carry, zip archives, requests without rows."""
 
 from __future__ import annotations
 
@@ -33,7 +34,12 @@ Client = TestClient[web.Request, web.Application]
 JSON = {"Content-Type": "application/json"}
 NPY = {"Content-Type": "application/x-npy"}
 # Identity models x[batch, 4] -> y, served under these deployment ids.
-DTYPES = {"f32": TensorProto.FLOAT, "i64": TensorProto.INT64, "u8": TensorProto.UINT8}
+DTYPES = {
+    "f32": TensorProto.FLOAT,
+    "i64": TensorProto.INT64,
+    "u8": TensorProto.UINT8,
+    "bool": TensorProto.BOOL,
+}
 
 
 @pytest.fixture
@@ -108,6 +114,66 @@ async def test_json_numbers_that_do_not_fit_the_inputs_dtype_are_refused(
     assert words in await refused(client, deployment_id, body, JSON)
 
 
+@pytest.mark.parametrize(
+    ("deployment_id", "values", "words"),
+    [
+        # Each was silently converted: null to NaN, "1" to 1.0, 1.5 to 1, 255.9 to 255.
+        ("f32", "null, null, null, null", "float32 takes numbers, not nulls"),
+        ("f32", '"1", "2", "3", "nan"', "float32 takes numbers, not strings"),
+        ("f32", "true, false, true, false", "float32 takes numbers, not booleans"),
+        ("i64", "1.5, 2.9, -0.5, 3", "a number does not fit int64"),
+        ("u8", "255.9, 0.5, 1, 1", "a number does not fit uint8"),
+        ("i64", "9223372036854775808, 1, 2, 3", "a number does not fit int64"),  # 2**63
+        ("bool", "1, 0, 1, 0", "bool takes true or false, not numbers"),
+    ],
+    ids=[
+        "null-float32",
+        "strings-float32",
+        "booleans-float32",
+        "fraction-int64",
+        "fraction-uint8",
+        "2**63-int64",
+        "numbers-bool",
+    ],
+)
+async def test_json_values_the_inputs_dtype_cannot_hold_are_refused(
+    client: Client, deployment_id: str, values: str, words: str
+) -> None:
+    body = b'{"inputs": {"x": [[' + values.encode() + b"]]}}"
+    assert words in await refused(client, deployment_id, body, JSON)
+
+
+@pytest.mark.parametrize(
+    ("deployment_id", "values"),
+    [
+        ("f32", [[1, 0.5, -2.25, 2**100]]),  # 2**100: beyond int64, a float32
+        ("i64", [[1, 2.0, -3, 4]]),
+        ("i64", [[-(2**63), 2**63 - 1, 2**53 + 1, 0]]),  # exactly, not through a float
+        ("u8", [[0, 255, 1.0, 7]]),
+        ("bool", [[True, False, True, False]]),
+    ],
+    ids=["float32", "whole-floats-int64", "int64-extremes", "uint8", "bool"],
+)
+async def test_json_values_the_inputs_dtype_holds_are_served_exactly(
+    client: Client, deployment_id: str, values: list[list[object]]
+) -> None:
+    answer = await client.post(f"/v1/infer/{deployment_id}", json={"inputs": {"x": values}})
+    assert answer.status == 200, await answer.text()
+    assert (await answer.json())["outputs"]["y"] == values
+
+
+@pytest.mark.parametrize(
+    ("depth", "words"),
+    [
+        (3000, "the body is not a JSON object"),  # past the decoder's recursion limit
+        (100, "not a rectangular array of numbers"),  # past numpy's 64 dimensions
+    ],
+)
+async def test_json_nested_too_deeply_is_refused(client: Client, depth: int, words: str) -> None:
+    body = b'{"inputs": {"x": ' + b"[" * depth + b"1" + b"]" * depth + b"}}"
+    assert words in await refused(client, "f32", body, JSON)
+
+
 def npz_archive() -> bytes:
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w") as members:
@@ -142,6 +208,32 @@ async def test_npy_bodies_that_declare_what_they_do_not_carry_are_refused(
     client: Client, body: bytes, words: str
 ) -> None:
     assert words in await refused(client, "f32", body, NPY)
+
+
+def npy_bytes(header: str, *, version: int = 1) -> bytes:
+    """A .npy body with `header` as it is (no padding, no data): format 1.0 or 2.0."""
+    length = len(header).to_bytes(2 if version == 1 else 4, "little")
+    return b"\x93NUMPY" + bytes([version, 0]) + length + header.encode("latin1")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        npy_bytes("{'descr': '<f4', 'fortran_order': False,\n"),
+        npy_bytes("{'descr': '<f4', 'shape': (2,\n", version=2),
+    ],
+    ids=["v1-cut-short", "v2-cut-short"],
+)
+async def test_npy_headers_cut_short_are_refused(client: Client, body: bytes) -> None:
+    """numpy's header reader raised its tokenizer's error for these: a 500."""
+    assert "the body is not a .npy array" in await refused(client, "f32", body, NPY)
+
+
+async def test_a_big_endian_npy_body_of_the_inputs_type_is_served(client: Client) -> None:
+    x = np.arange(8, dtype=">f4").reshape(2, 4)
+    answer = await client.post("/v1/infer/f32", data=write_npy(x), headers=NPY)
+    assert answer.status == 200, await answer.text()
+    assert (await answer.json())["outputs"]["y"] == x.tolist()
 
 
 async def test_npy_bodies_numpy_writes_in_other_layouts_are_still_served(client: Client) -> None:

@@ -341,6 +341,31 @@ async def test_a_cached_file_that_is_not_the_model_is_downloaded_again(
         assert not part_files(tmp_path)
 
 
+async def test_a_resumed_download_that_fails_its_checksum_is_downloaded_again_whole(
+    served: tuple[str, FlakyServer], tmp_path: Path
+) -> None:
+    """A `.part` whose bytes are damaged (written but not on disk before a power cut):
+    resuming after them cannot give the model, so the whole file is downloaded once more
+    before the fetch gives up; a model that is wrong even then is not fetched again."""
+    url, server = served
+    server.broken_answers = 0
+    sha = hashlib.sha256(server.body).hexdigest()
+    (tmp_path / f"{sha}.part").write_bytes(bytes(100))  # zeros, not the model's bytes
+    cache = ModelCache(tmp_path, max_bytes=10**6)
+    async with aiohttp.ClientSession() as http:
+        path = await cache.fetch(http, url, sha, size_bytes=len(server.body))
+        assert path.read_bytes() == server.body
+        assert server.ranges == ["bytes=100-", None]
+        assert not part_files(tmp_path)
+
+        wrong = "0" * 64  # the registry's sha256 that no download matches
+        (tmp_path / f"{wrong}.part").write_bytes(bytes(100))
+        with pytest.raises(ModelFetchError, match="checksum mismatch"):
+            await cache.fetch(http, url, wrong)
+        assert server.ranges[2:] == ["bytes=100-", None]
+        assert not part_files(tmp_path)
+
+
 async def test_a_download_that_gives_up_leaves_no_part_file(
     served: tuple[str, FlakyServer], tmp_path: Path
 ) -> None:
