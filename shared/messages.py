@@ -19,7 +19,7 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
-SCHEMA_VERSION = "1.12"
+SCHEMA_VERSION = "1.13"
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -295,22 +295,52 @@ class AcceleratorSample(WireStruct, frozen=True, kw_only=True):
     ) = None
 
 
+# Upper bounds no node's real serving figures come near (a billion requests a second, a
+# day's latency, a million requests a batch): the autoscaler and the rollout gates
+# multiply and divide by them, so telemetry with a sample beyond them (1e308
+# requests/s) is refused as it comes in rather than overflowing there.
+RequestsPerSecond = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+LatencyMs = Annotated[float, msgspec.Meta(ge=0, le=86_400_000)]
+MeanBatchSize = Annotated[float, msgspec.Meta(ge=0, le=1_000_000)]
+RejectedCount = Annotated[int, msgspec.Meta(ge=0, description="Refused with 429 (queue full).")]
+
+
+class ReplicaSample(WireStruct, frozen=True, kw_only=True):
+    """One replica's part of its deployment's serving figures on this node (1.13): a
+    canary rollout judges a canary replica apart from a replica of the current model
+    beside it."""
+
+    replica: Annotated[int, msgspec.Meta(ge=0, description="Replica number.")]
+    requests: NonNegativeInt
+    errors: NonNegativeInt
+    rejected: RejectedCount
+    requests_per_s: RequestsPerSecond
+    latency_p50_ms: LatencyMs | None = None
+    latency_p95_ms: LatencyMs | None = None
+    latency_p99_ms: LatencyMs | None = None
+    mean_batch_size: MeanBatchSize | None = None
+
+
 class DeploymentSample(WireStruct, frozen=True, kw_only=True):
-    """Serving figures of one deployment on this node since the previous sample (1.2)."""
+    """Serving figures of one deployment on this node since the previous sample (1.2):
+    all its replicas here together, each request counted once."""
 
     deployment_id: str
     requests: NonNegativeInt
     errors: NonNegativeInt
-    rejected: Annotated[int, msgspec.Meta(ge=0, description="Refused with 429 (queue full).")]
-    # Upper bounds no node's real figures come near (a billion requests a second, a
-    # day's latency, a million requests a batch): the autoscaler and the rollout gates
-    # multiply and divide by them, so telemetry with a sample beyond them (1e308
-    # requests/s) is refused as it comes in rather than overflowing there.
-    requests_per_s: Annotated[float, msgspec.Meta(ge=0, le=1e9)]
-    latency_p50_ms: Annotated[float, msgspec.Meta(ge=0, le=86_400_000)] | None = None
-    latency_p95_ms: Annotated[float, msgspec.Meta(ge=0, le=86_400_000)] | None = None
-    latency_p99_ms: Annotated[float, msgspec.Meta(ge=0, le=86_400_000)] | None = None
-    mean_batch_size: Annotated[float, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    rejected: RejectedCount
+    requests_per_s: RequestsPerSecond
+    latency_p50_ms: LatencyMs | None = None
+    latency_p95_ms: LatencyMs | None = None
+    latency_p99_ms: LatencyMs | None = None
+    mean_batch_size: MeanBatchSize | None = None
+    replicas: Annotated[
+        tuple[ReplicaSample, ...],
+        msgspec.Meta(
+            description="The same figures per replica on this node (1.13); empty: not "
+            "sampled per replica (an older agent)."
+        ),
+    ] = ()
 
 
 class Telemetry(WireStruct, frozen=True, kw_only=True):

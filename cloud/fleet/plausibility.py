@@ -28,9 +28,11 @@ from enum import StrEnum
 import msgspec
 
 from shared.messages import (
+    DeploymentSample,
     JobLogChunk,
     NodeEvent,
     NodeStatus,
+    ReplicaSample,
     ReportedState,
     ReportedTraining,
     Telemetry,
@@ -54,6 +56,8 @@ MAX_COMPUTE_UNITS = 1 << 20
 MAX_HOST_MEMORY_BYTES = 1 << 52  # 4 PiB
 MAX_DEPLOYMENT_SAMPLES = 1024
 MAX_REPORTED_ENTRIES = 4096
+# A node samples the replicas it serves, and reports at most MAX_REPORTED_ENTRIES.
+MAX_REPLICA_SAMPLES = MAX_REPORTED_ENTRIES
 MAX_RATE_PER_S = 1e9
 # An energy counter counts from its agent's start (edge/discovery/): a century of the
 # most a device may draw (`max_accelerator_power_w`) is beyond any real counter, and
@@ -353,23 +357,59 @@ def _check_telemetry(telemetry: Telemetry, limits: PlausibilityLimits, now_s: fl
     # over the longest interval a sample may cover. JSON integers have no size, and one
     # of 10**400 would break every sum and float of them (tenants' /metrics, rollouts).
     count_limit = MAX_RATE_PER_S * limits.max_telemetry_interval_s
+    replica_samples = sum(len(deployment.replicas) for deployment in telemetry.deployments)
+    if replica_samples > MAX_REPLICA_SAMPLES:
+        _fail(
+            Implausible.FIELD_TOO_LONG,
+            "$.deployments",
+            f"{replica_samples} replica samples > {MAX_REPLICA_SAMPLES}",
+        )
     for index, deployment in enumerate(telemetry.deployments):
         at = f"$.deployments[{index}]"
         _text(f"{at}.deployment_id", deployment.deployment_id)
-        for name in ("requests", "errors", "rejected"):
-            _at_most(sample, f"{at}.{name}", getattr(deployment, name), count_limit)
-        # An error is a request answered with one; a rejection is not a request
-        # (edge/inference/stats.py).
-        if deployment.errors > deployment.requests:
+        _serving_figures(at, deployment, count_limit)
+        _replica_figures(at, deployment, count_limit)
+
+
+def _serving_figures(
+    at: str, figures: DeploymentSample | ReplicaSample, count_limit: float
+) -> None:
+    sample = Implausible.SAMPLE
+    for name in ("requests", "errors", "rejected"):
+        _at_most(sample, f"{at}.{name}", getattr(figures, name), count_limit)
+    # An error is a request answered with one; a rejection is not a request
+    # (edge/inference/stats.py).
+    if figures.errors > figures.requests:
+        _fail(sample, f"{at}.errors", f"{figures.errors} errors > {figures.requests} requests")
+    _at_most(sample, f"{at}.requests_per_s", figures.requests_per_s, MAX_RATE_PER_S)
+    for name in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"):
+        _at_most(sample, f"{at}.{name}", getattr(figures, name), MAX_LATENCY_MS)
+    _at_most(sample, f"{at}.mean_batch_size", figures.mean_batch_size, MAX_BATCH_SIZE)
+
+
+def _replica_figures(at: str, deployment: DeploymentSample, count_limit: float) -> None:
+    """Each replica's figures are part of the deployment's (edge/inference/stats.py): a
+    replica named twice, or replicas that together answered more than their deployment,
+    would count requests twice in a canary's gates."""
+    seen: set[int] = set()
+    for index, replica in enumerate(deployment.replicas):
+        if replica.replica in seen:
             _fail(
-                sample,
-                f"{at}.errors",
-                f"{deployment.errors} errors > {deployment.requests} requests",
+                Implausible.SAMPLE,
+                f"{at}.replicas[{index}].replica",
+                f"replica {replica.replica} appears twice",
             )
-        _at_most(sample, f"{at}.requests_per_s", deployment.requests_per_s, MAX_RATE_PER_S)
-        for name in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms"):
-            _at_most(sample, f"{at}.{name}", getattr(deployment, name), MAX_LATENCY_MS)
-        _at_most(sample, f"{at}.mean_batch_size", deployment.mean_batch_size, MAX_BATCH_SIZE)
+        seen.add(replica.replica)
+        _serving_figures(f"{at}.replicas[{index}]", replica, count_limit)
+    for name in ("requests", "errors", "rejected"):
+        together = sum(getattr(replica, name) for replica in deployment.replicas)
+        if together > getattr(deployment, name):
+            _fail(
+                Implausible.SAMPLE,
+                f"{at}.replicas",
+                f"its replicas' {name} ({together}) > the deployment's "
+                f"({getattr(deployment, name)})",
+            )
 
 
 def check_reported(

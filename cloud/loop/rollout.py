@@ -2,8 +2,12 @@
 rolled back.
 
 Each pass reads the deployment's nodes' latest serving samples (each counted once,
-by node and telemetry sequence number). Canary figures come from nodes that serve a
-canary replica, the baseline's from nodes that serve only the deployment's model.
+by node and telemetry sequence number). Canary figures are the canary replicas' own,
+the baseline's those of the deployment's other replicas, whether or not they share a
+node (one edge box, or `max_replicas_per_node` above 1): an agent sends each
+replica's figures within its deployment's (`ReplicaSample`, schema 1.13). An older
+agent sends only the deployment's: its node counts wholly as canary when it serves a
+canary replica, as baseline otherwise.
 
 A canary replica serves the new model only once its node reports the new model's
 sha256 for it: until the download and the swap are done the agent goes on serving the
@@ -46,7 +50,7 @@ from cloud.loop.scaling import current_report
 from cloud.store import AllocationRecord, NewEvent, WorkRecord
 from cloud.work.specs import DeploymentSpec
 from cloud.work.views import ROLLOUT_EVENT
-from shared.messages import DeploymentSample, Telemetry
+from shared.messages import DeploymentSample, ReplicaSample, Telemetry
 
 Outcome = Literal["promoted", "rolled-back"]
 P95_FLOOR_MS = 5.0  # the baseline p95 a canary's is compared with is at least this
@@ -121,6 +125,26 @@ def _samples(
         yield node_id, telemetry, sample, new
 
 
+def _split_by_replica(
+    sample: DeploymentSample,
+    node_id: str,
+    node_of_member: Mapping[int, str],
+    canary_members: frozenset[int],
+    *,
+    canary_node: bool,
+) -> tuple[list[DeploymentSample | ReplicaSample], list[DeploymentSample | ReplicaSample]]:
+    """A node's sample of the work as (the canary's figures, the other replicas')."""
+    if not sample.replicas:  # an agent before 1.13: one sample for all its replicas
+        return ([sample], []) if canary_node else ([], [sample])
+    canary: list[DeploymentSample | ReplicaSample] = []
+    baseline: list[DeploymentSample | ReplicaSample] = []
+    for replica in sample.replicas:
+        if node_of_member.get(replica.replica) != node_id:
+            continue  # not placed there (any more): a withdrawn replica's last figures
+        (canary if replica.replica in canary_members else baseline).append(replica)
+    return canary, baseline
+
+
 def _seen_sample(watch: _Watch, record: NodeRecord) -> tuple[str, int] | None:
     """(agent instance, seq) of the node's latest sample if the watch has seen it."""
     telemetry = record.telemetry
@@ -165,8 +189,8 @@ class RolloutWatch:
         if watch is None or watch.model_id != canary.model_id:
             watch = self._watches[work_id] = _Watch(canary.model_id)
         chosen = canary_members(spec, members)
+        node_of_member = {m.member_index: m.node_id for m in members}
         canary_nodes = {m.node_id for m in members if m.member_index in chosen}
-        baseline_nodes = {m.node_id for m in members} - canary_nodes
         # Canary nodes not serving the new model: gone, offline, or a canary replica on
         # them still serves another model (or says nothing).
         not_swapped: set[str] = set()
@@ -201,23 +225,30 @@ class RolloutWatch:
                     reported_at[node_id], _seen_sample(watch, nodes[node_id])
                 )
         serving = 0
-        for node_id, telemetry, sample, new in _samples(watch, work_id, canary_nodes, nodes):
-            on_new_model = watch.on_new_model.get(node_id)
-            # A sample that is not the new model's is still marked seen, so it never
-            # counts later.
+        member_nodes = set(node_of_member.values())
+        for node_id, telemetry, sample, new in _samples(watch, work_id, member_nodes, nodes):
+            canary_node = node_id in canary_nodes
+            canary_figures, baseline_figures = _split_by_replica(
+                sample, node_id, node_of_member, chosen, canary_node=canary_node
+            )
+            on_new_model = watch.on_new_model.get(node_id) if canary_node else None
+            # A canary's figures that are not the new model's are still marked seen, so
+            # they never count later.
             if on_new_model is None or not on_new_model.counts(telemetry):
+                canary_figures = []
+            else:
+                serving += 1
+            if not new:
                 continue
-            serving += 1
-            if new:
-                watch.requests += sample.requests
-                watch.errors += sample.errors
+            for figures in canary_figures:
+                watch.requests += figures.requests
+                watch.errors += figures.errors
                 watch.canary_latency = _add_latency(
-                    watch.canary_latency, sample.latency_p95_ms, sample.requests
+                    watch.canary_latency, figures.latency_p95_ms, figures.requests
                 )
-        for _, _, sample, new in _samples(watch, work_id, baseline_nodes, nodes):
-            if new:
+            for figures in baseline_figures:
                 watch.baseline_latency = _add_latency(
-                    watch.baseline_latency, sample.latency_p95_ms, sample.requests
+                    watch.baseline_latency, figures.latency_p95_ms, figures.requests
                 )
         if watch.requests >= canary.min_requests:
             rate = watch.errors / watch.requests

@@ -17,6 +17,9 @@ or a canary rollout's replica with the new model beside one with the current mod
   in turn (passing over a full queue while another has room): the control plane splits
   a deployment's traffic evenly over its replicas, and a canary's share is its share of
   the replicas.
+- Each replica keeps its own serving figures, which also count in its deployment's:
+  telemetry sends the deployment's with every replica's beside them, so a canary
+  rollout judges a canary apart from the current model's replica on the same node.
 - Everything a replica does runs in its own task; a corrupt model, a checksum mismatch
   or a provider that will not load fails that replica with the reason and never
   disturbs the others.
@@ -51,7 +54,7 @@ class ServedReplica:
     """One replica of a deployment on this node: its model, on its accelerators."""
 
     desired: DesiredDeployment
-    stats: ServingStats  # its deployment's on this node, shared with its siblings here
+    stats: ServingStats  # its own, counted in its deployment's on this node too
     state: ReplicaState = "starting"
     reason: str = ""
     provider: str | None = None
@@ -64,7 +67,8 @@ class ServedReplica:
 @dataclass(slots=True)
 class ServedDeployment:
     """A deployment's replicas on this node, by replica number. Their figures are added
-    up: telemetry and `/metrics` count per deployment and node."""
+    up in `stats`: `/metrics` counts per deployment and node, and telemetry sends that
+    sum with each replica's own figures."""
 
     stats: ServingStats
     replicas: dict[int, ServedReplica] = field(default_factory=dict)
@@ -85,6 +89,19 @@ class ServedDeployment:
         self.turns += 1
         in_turn = ready[first:] + ready[:first]
         return next((b for b in in_turn if b.queued < b.max_queue), in_turn[0])
+
+    def sample(self, latency_scale: float) -> DeploymentSample:
+        """The deployment's figures since the previous sample, with each replica's taken
+        at the same moment (a replica withdrawn since is in the deployment's only)."""
+        replicas = tuple(
+            replica.stats.replica_sample(number, latency_scale)
+            for number, replica in sorted(self.replicas.items())
+        )
+        return self.stats.sample(latency_scale, replicas)
+
+    def new_replica(self, desired: DesiredDeployment) -> ServedReplica:
+        stats = ServingStats(desired.deployment_id, counts_in=self.stats)
+        return ServedReplica(desired, stats)
 
 
 def _placement(desired: DesiredDeployment) -> tuple[object, ...]:
@@ -149,7 +166,7 @@ class InferenceRuntime:
 
     def samples(self) -> tuple[DeploymentSample, ...]:
         return tuple(
-            deployment.stats.sample(self._latency_scale)
+            deployment.sample(self._latency_scale)
             for _, deployment in sorted(self._deployments.items())
         )
 
@@ -182,7 +199,7 @@ class InferenceRuntime:
     ) -> None:
         current = deployment.replicas.get(number)
         if current is None:
-            current = ServedReplica(desired, deployment.stats)
+            current = deployment.new_replica(desired)
             deployment.replicas[number] = current
             self._start(current, desired)
         elif _placement(desired) != _placement(current.desired) or (

@@ -1,13 +1,19 @@
-"""Serving figures per deployment: counters for the agent's `/metrics`, and a window
-of recent latencies and batch sizes for each telemetry sample."""
+"""Serving figures per deployment and per replica: counters for the agent's `/metrics`,
+and a window of recent latencies and batch sizes for each telemetry sample.
+
+Each replica on a node keeps its own figures, which also count in its deployment's
+there: telemetry carries the deployment's (every request once, whichever replica
+answered) with each replica's beside them, so that a canary rollout tells a canary
+replica from a replica of the current model on the same node."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from shared.messages import DeploymentSample
+from shared.messages import DeploymentSample, ReplicaSample
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _WINDOW = 8192  # latencies kept between two samples, at most
@@ -17,10 +23,34 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """What one telemetry sample says, of a deployment or of one of its replicas."""
+
+    requests: int
+    errors: int
+    rejected: int
+    requests_per_s: float
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    latency_p99_ms: float | None
+    mean_batch_size: float | None
+
+
 class ServingStats:
-    def __init__(self, deployment_id: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        deployment_id: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        counts_in: ServingStats | None = None,
+    ) -> None:
+        """`counts_in`: the deployment's figures on this node, for a replica's: whatever
+        the replica records is recorded there too (and stays there once the replica is
+        withdrawn: a counter never goes back)."""
         self.deployment_id = deployment_id
         self._clock = clock
+        self._counts_in = counts_in
         # Totals since the deployment started here (the agent's /metrics).
         self.requests_total = 0
         self.errors_total = 0
@@ -37,28 +67,69 @@ class ServingStats:
         self.requests_total += 1
         self.latency_sum_s += latency_s
         self._latencies_ms.append(latency_s * 1000.0)
+        if self._counts_in is not None:
+            self._counts_in.observe(latency_s)
 
     def error(self) -> None:
         self.requests_total += 1
         self.errors_total += 1
+        if self._counts_in is not None:
+            self._counts_in.error()
 
     def rejected(self) -> None:
         self.rejected_total += 1
+        if self._counts_in is not None:
+            self._counts_in.rejected()
 
     def batch(self, size: int) -> None:
         self.batches_by_size[size] += 1
         self._batch_sizes.append(size)
+        if self._counts_in is not None:
+            self._counts_in.batch(size)
 
-    def sample(self, latency_scale: float = 1.0) -> DeploymentSample:
-        """What happened since the previous sample; starts the next window."""
+    def sample(
+        self, latency_scale: float = 1.0, replicas: tuple[ReplicaSample, ...] = ()
+    ) -> DeploymentSample:
+        """What happened since the previous sample, with `replicas`' own figures (taken
+        at the same moment); starts the next window."""
+        figures = self._next_window(latency_scale)
+        return DeploymentSample(
+            deployment_id=self.deployment_id,
+            requests=figures.requests,
+            errors=figures.errors,
+            rejected=figures.rejected,
+            requests_per_s=figures.requests_per_s,
+            latency_p50_ms=figures.latency_p50_ms,
+            latency_p95_ms=figures.latency_p95_ms,
+            latency_p99_ms=figures.latency_p99_ms,
+            mean_batch_size=figures.mean_batch_size,
+            replicas=replicas,
+        )
+
+    def replica_sample(self, replica: int, latency_scale: float = 1.0) -> ReplicaSample:
+        """A replica's figures since the previous sample; starts the next window."""
+        figures = self._next_window(latency_scale)
+        return ReplicaSample(
+            replica=replica,
+            requests=figures.requests,
+            errors=figures.errors,
+            rejected=figures.rejected,
+            requests_per_s=figures.requests_per_s,
+            latency_p50_ms=figures.latency_p50_ms,
+            latency_p95_ms=figures.latency_p95_ms,
+            latency_p99_ms=figures.latency_p99_ms,
+            mean_batch_size=figures.mean_batch_size,
+        )
+
+    def _next_window(self, latency_scale: float) -> _Window:
+        """The figures since the previous sample; starts the next window."""
         now = self._clock()
         elapsed = max(now - self._window_started, 1e-9)
         requests0, errors0, rejected0 = self._window
         requests = self.requests_total - requests0
         ordered = sorted(v * latency_scale for v in self._latencies_ms)
         batches = self._batch_sizes
-        sample = DeploymentSample(
-            deployment_id=self.deployment_id,
+        window = _Window(
             requests=requests,
             errors=self.errors_total - errors0,
             rejected=self.rejected_total - rejected0,
@@ -72,7 +143,7 @@ class ServingStats:
         self._window_started = now
         self._latencies_ms.clear()
         self._batch_sizes = []
-        return sample
+        return window
 
     def recent_latencies_ms(self) -> list[float]:
         return sorted(self._latencies_ms)

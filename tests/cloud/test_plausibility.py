@@ -10,6 +10,7 @@ import pytest
 
 from cloud.fleet.plausibility import (
     MAX_RATE_PER_S,
+    MAX_REPLICA_SAMPLES,
     Implausible,
     PlausibilityLimits,
     check_event,
@@ -28,6 +29,7 @@ from shared.messages import (
     JobLogChunk,
     NodeEvent,
     NodeStatus,
+    ReplicaSample,
     ReportedState,
     ReportedTraining,
     Telemetry,
@@ -177,8 +179,32 @@ def serving(**changes: Any) -> DeploymentSample:
     return msgspec.structs.replace(base, **changes)
 
 
+def part(replica: int, **changes: Any) -> ReplicaSample:
+    """One replica's part of `serving()`'s figures (schema 1.13)."""
+    base = ReplicaSample(replica=replica, requests=5, errors=0, rejected=1, requests_per_s=1.0)
+    return msgspec.structs.replace(base, **changes)
+
+
 def test_a_real_sample_is_plausible() -> None:
     assert check_telemetry(sample(), LIMITS, NOW_S) is None
+
+
+def test_a_sample_with_each_replicas_figures_is_plausible() -> None:
+    """A canary beside the current model: together they answered the deployment's 10
+    requests; a replica withdrawn since the previous sample left some out."""
+    replicas = (part(0, errors=1), part(1, rejected=0))
+    assert check_telemetry(sample(deployments=(serving(replicas=replicas),)), LIMITS, NOW_S) is None
+    withdrawn = (part(1, rejected=0),)
+    assert (
+        check_telemetry(sample(deployments=(serving(replicas=withdrawn),)), LIMITS, NOW_S) is None
+    )
+
+
+def test_more_replica_samples_than_a_node_reports_replicas_are_refused() -> None:
+    many = tuple(part(n, requests=0, rejected=0) for n in range(MAX_REPLICA_SAMPLES + 1))
+    violation = check_telemetry(sample(deployments=(serving(replicas=many),)), LIMITS, NOW_S)
+    assert violation is not None
+    assert (violation.reason, violation.field) == (Implausible.FIELD_TOO_LONG, "$.deployments")
 
 
 def test_the_largest_real_figures_are_plausible() -> None:
@@ -292,6 +318,38 @@ def test_serving_counts_from_the_wire_are_refused_before_any_sum_overflows() -> 
             {"deployments": (serving(requests=3, errors=4),)},
             Implausible.SAMPLE,
             "$.deployments[0].errors",
+        ),
+        # A replica's figures are part of its deployment's: one named twice, or more
+        # than the deployment answered, would count requests twice in a canary's gates.
+        (
+            {"deployments": (serving(replicas=(part(0), part(0))),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].replicas[1].replica",
+        ),
+        (
+            {"deployments": (serving(replicas=(part(0), part(1, requests=6))),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].replicas",
+        ),
+        (
+            {"deployments": (serving(replicas=(part(0, errors=2),)),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].replicas",
+        ),
+        (
+            {"deployments": (serving(replicas=(part(0, requests=10**400),)),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].replicas[0].requests",
+        ),
+        (
+            {"deployments": (serving(replicas=(part(0, errors=6),)),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].replicas[0].errors",
+        ),
+        (
+            {"deployments": (serving(replicas=(part(0, latency_p95_ms=1e300),)),)},
+            Implausible.SAMPLE,
+            "$.deployments[0].replicas[0].latency_p95_ms",
         ),
     ],
 )

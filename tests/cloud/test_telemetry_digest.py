@@ -234,7 +234,7 @@ def relayed_digest(
     """A digest as a replica sends it, with each entry's index and sample chosen freely."""
     return msgspec.json.encode(
         {
-            "schema_version": "1.12",
+            "schema_version": "1.13",
             "replica_id": replica_id,
             "sent_at": sent_at,
             "nodes": [node_id for node_id, _, _, _ in entries],

@@ -225,6 +225,72 @@ async def test_the_nodes_endpoint_hands_requests_to_its_replicas_in_turn(
         assert [s.requests_total for s in runtime.stats()] == [9]
 
 
+def replica_requests(runtime: InferenceRuntime) -> list[tuple[str, int, list[tuple[int, int]]]]:
+    """Each deployment's telemetry sample: its requests, and each replica's."""
+    return [
+        (s.deployment_id, s.requests, [(r.replica, r.requests) for r in s.replicas])
+        for s in runtime.samples()
+    ]
+
+
+async def test_telemetry_samples_each_replica_on_a_node_within_its_deployment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A canary beside the current model on one node: the control plane judges the
+    canary on its own figures, so each replica's come within the deployment's, and the
+    deployment's count each request once."""
+    CudaBuild(monkeypatch)
+    current, canary = mlp(seed=CURRENT_SEED), mlp(seed=CANARY_SEED)
+    async with (
+        model_registry(current, canary) as registry,
+        node_runtime(tmp_path) as runtime,
+        TestClient(TestServer(inference_app(runtime))) as client,
+    ):
+        runtime.apply([replica(0, registry, canary, "gpu0"), replica(1, registry, current, "gpu1")])
+        await eventually(lambda: [r.state for r in runtime.reported()] == ["ready", "ready"])
+        runtime.samples()  # the window starts now
+
+        async def infer() -> None:
+            answer = await client.post("/v1/infer/d1", json={"inputs": {"x": X.tolist()}})
+            assert answer.status == 200, await answer.text()
+
+        for _ in range(6):
+            await infer()
+        (sample,) = runtime.samples()
+        assert (sample.requests, [(r.replica, r.requests) for r in sample.replicas]) == (
+            6,
+            [(0, 3), (1, 3)],
+        )
+        for figures in sample.replicas:
+            assert figures.latency_p95_ms is not None
+            assert figures.mean_batch_size == 1.0
+
+        runtime.apply([replica(1, registry, current, "gpu1")])  # the canary rolled back
+        for _ in range(3):
+            await infer()
+        assert replica_requests(runtime) == [("d1", 3, [(1, 3)])]
+        # The agent's /metrics counts on per deployment, the withdrawn replica's too.
+        assert [s.requests_total for s in runtime.stats()] == [9]
+
+
+def test_a_replicas_figures_are_its_own_and_count_in_its_deployments() -> None:
+    deployment = ServingStats("d1")
+    canary, current = (ServingStats("d1", counts_in=deployment) for _ in range(2))
+    for _ in range(10):
+        canary.observe(0.040)
+        current.observe(0.002)
+    canary.error()
+    current.rejected()
+    canary_sample, current_sample = canary.replica_sample(0), current.replica_sample(1)
+    assert (canary_sample.replica, canary_sample.requests, canary_sample.errors) == (0, 11, 1)
+    assert canary_sample.latency_p95_ms == pytest.approx(40.0)
+    assert (current_sample.replica, current_sample.requests, current_sample.rejected) == (1, 10, 1)
+    assert current_sample.latency_p95_ms == pytest.approx(2.0)
+    together = deployment.sample(replicas=(canary_sample, current_sample))
+    assert (together.requests, together.errors, together.rejected) == (21, 1, 1)
+    assert together.replicas == (canary_sample, current_sample)
+
+
 async def test_a_full_replica_is_passed_over_while_another_has_room(tmp_path: Path) -> None:
     path = tmp_path / "m.onnx"
     path.write_bytes(mlp())

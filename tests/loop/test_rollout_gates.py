@@ -10,7 +10,13 @@ from cloud.fleet.registry import NodeRecord
 from cloud.loop.rollout import RolloutVerdict, RolloutWatch
 from cloud.store import AllocationRecord
 from cloud.work.specs import CanarySpec, DeploymentSpec
-from shared.messages import DeploymentSample, ReportedDeployment, ReportedState, Telemetry
+from shared.messages import (
+    DeploymentSample,
+    ReplicaSample,
+    ReportedDeployment,
+    ReportedState,
+    Telemetry,
+)
 from tests.usage.test_accountant import T0, birth
 
 SPEC = DeploymentSpec(
@@ -208,3 +214,92 @@ def test_a_restarted_canary_agent_counts_once_it_reports_the_new_model_itself() 
     verdict = judge(watch, fleet, T0 + 31)
     assert verdict is not None
     assert verdict.outcome == "promoted"
+
+
+# One edge box serving both replicas: the canary (0) beside the current model's (1).
+ONE_BOX = (replica(0, "edge-box"), replica(1, "edge-box"))
+
+
+def figures(number: int, *, requests: int = 50, errors: int = 0, p95_ms: float) -> ReplicaSample:
+    return ReplicaSample(
+        replica=number, requests=requests, errors=errors, rejected=0,
+        requests_per_s=float(requests), latency_p95_ms=p95_ms,
+    )  # fmt: skip
+
+
+def edge_box(seq: int, *replicas: ReplicaSample, per_replica: bool = True) -> NodeRecord:
+    """The box after sample `seq`: the deployment's figures are its replicas' together
+    (p95 the worst's, as a merged window's comes near), each replica's within them
+    unless `per_replica` is off (an agent before schema 1.13)."""
+    record = node("edge-box", seq)
+    assert record.telemetry is not None
+    assert record.reported is not None
+    sample = DeploymentSample(
+        deployment_id="d",
+        requests=sum(r.requests for r in replicas),
+        errors=sum(r.errors for r in replicas),
+        rejected=0,
+        requests_per_s=sum(r.requests_per_s for r in replicas),
+        latency_p95_ms=max(r.latency_p95_ms or 0.0 for r in replicas),
+        replicas=replicas if per_replica else (),
+    )
+    reported = (
+        ReportedDeployment(deployment_id="d", replica=0, state="ready", model_sha256=NEW_SHA),
+        ReportedDeployment(deployment_id="d", replica=1, state="ready", model_sha256=OLD_SHA),
+    )
+    return dataclasses.replace(
+        record,
+        decoded_telemetry=msgspec.structs.replace(record.telemetry, deployments=(sample,)),
+        reported=msgspec.structs.replace(record.reported, deployments=reported),
+    )
+
+
+def judge_box(watch: RolloutWatch, box: NodeRecord, now_s: float) -> RolloutVerdict | None:
+    return watch.judge("d", SPEC, ONE_BOX, {"edge-box": box}, now_s, canary_sha256=NEW_SHA)
+
+
+def test_a_slow_canary_beside_a_current_replica_on_its_node_is_rolled_back() -> None:
+    """The canary is judged against the other replica though both share one node."""
+    box = edge_box(1, figures(0, p95_ms=40.0), figures(1, p95_ms=10.0))
+    verdict = judge_box(RolloutWatch(), box, T0)
+    assert verdict is not None
+    assert verdict.outcome == "rolled-back"
+    assert "canary p95 40.0 ms is 4.0× the other replicas'" in verdict.reason
+
+
+def test_a_failing_canary_beside_a_current_replica_is_judged_on_its_own_requests() -> None:
+    # 10 errors in the canary's 50 requests: 20 %, not 10 % of the node's 100.
+    box = edge_box(1, figures(0, errors=10, p95_ms=10.0), figures(1, p95_ms=10.0))
+    verdict = judge_box(RolloutWatch(), box, T0)
+    assert verdict is not None
+    assert verdict.outcome == "rolled-back"
+    assert "canary error rate 20.0% over 50 requests" in verdict.reason
+
+
+def test_a_healthy_canary_beside_a_current_replica_is_promoted_on_its_own_requests() -> None:
+    watch = RolloutWatch()
+    for seq, now_s in ((1, T0), (2, T0 + 9)):
+        box = edge_box(seq, figures(0, p95_ms=11.0), figures(1, p95_ms=10.0))
+        assert judge_box(watch, box, now_s) is None
+    # A withdrawn replica's last figures (no longer placed there) are no baseline.
+    box = edge_box(
+        3, figures(0, p95_ms=11.0), figures(1, p95_ms=10.0), figures(7, requests=1000, p95_ms=0.1)
+    )
+    verdict = judge_box(watch, box, T0 + 10)
+    assert verdict is not None
+    assert verdict.outcome == "promoted"
+    assert "0 errors in 150 requests" in verdict.reason  # the canary's, not the node's 300
+
+
+def test_an_older_agent_without_replica_figures_is_judged_by_node_as_before() -> None:
+    """Its node serves a canary replica, so all its figures are the canary's, and with
+    no other node there is no baseline to compare its latency with."""
+    watch = RolloutWatch()
+    for seq, now_s in ((1, T0), (2, T0 + 9)):
+        box = edge_box(seq, figures(0, p95_ms=40.0), figures(1, p95_ms=10.0), per_replica=False)
+        assert judge_box(watch, box, now_s) is None
+    box = edge_box(3, figures(0, p95_ms=40.0), figures(1, p95_ms=10.0), per_replica=False)
+    verdict = judge_box(watch, box, T0 + 10)
+    assert verdict is not None
+    assert verdict.outcome == "promoted"
+    assert "0 errors in 300 requests" in verdict.reason

@@ -20,6 +20,7 @@ from shared.messages import (
     TELEMETRY_DECODER,
     Accelerator,
     AcceleratorSample,
+    DeploymentSample,
     DesiredDeployment,
     DesiredState,
     DesiredTraining,
@@ -27,6 +28,7 @@ from shared.messages import (
     JobLogChunk,
     NodeEvent,
     NodeStatus,
+    ReplicaSample,
     ReportedState,
     Telemetry,
     WireStruct,
@@ -118,6 +120,30 @@ def full_telemetry() -> Telemetry:
                 energy_j=1234.5,
             ),
             AcceleratorSample(id="cpu0", utilization_pct=0.0, memory_used_bytes=0),
+        ),
+        deployments=(
+            DeploymentSample(
+                deployment_id="resnet50",
+                requests=12,
+                errors=1,
+                rejected=2,
+                requests_per_s=2.4,
+                latency_p50_ms=3.0,
+                latency_p95_ms=9.5,
+                latency_p99_ms=11.0,
+                mean_batch_size=1.5,
+                replicas=(
+                    ReplicaSample(
+                        replica=0,
+                        requests=4,
+                        errors=1,
+                        rejected=2,
+                        requests_per_s=0.8,
+                        latency_p95_ms=11.0,
+                    ),
+                    ReplicaSample(replica=1, requests=8, errors=0, rejected=0, requests_per_s=1.6),
+                ),
+            ),
         ),
     )
 
@@ -213,6 +239,19 @@ def test_unknown_fields_inside_nested_structs_are_ignored_too() -> None:
     assert STATUS_DECODER.decode(json.dumps(status).encode()) == full_status()
     assert TELEMETRY_DECODER.decode(json.dumps(telemetry).encode()) == full_telemetry()
     assert DESIRED_DECODER.decode(json.dumps(desired).encode()) == full_desired()
+
+
+def test_a_serving_sample_from_an_agent_before_1_13_has_no_replica_figures() -> None:
+    """Such an agent samples each deployment as a whole (cloud/loop/rollout.py judges
+    its node as one)."""
+    payload = as_json(full_telemetry())
+    del payload["deployments"][0]["replicas"]
+    payload["schema_version"] = "1.12"
+
+    decoded = TELEMETRY_DECODER.decode(json.dumps(payload).encode())
+
+    assert decoded.deployments[0].replicas == ()
+    assert decoded.deployments[0].requests == 12
 
 
 def test_a_status_from_an_agent_that_predates_the_defaulted_fields_still_decodes() -> None:
@@ -412,7 +451,7 @@ def test_nested_structs_are_frozen() -> None:
 def test_schema_version_is_always_encoded_even_when_left_at_its_default(
     message: WireStruct,
 ) -> None:
-    assert as_json(message)["schema_version"] == SCHEMA_VERSION == "1.12"
+    assert as_json(message)["schema_version"] == SCHEMA_VERSION == "1.13"
 
 
 def test_fields_left_at_their_defaults_are_still_written_on_the_wire() -> None:
