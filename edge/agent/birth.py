@@ -39,6 +39,7 @@ import msgspec
 from edge.agent.context import AgentContext
 from edge.agent.device_health import DeviceHealth
 from edge.agent.module import AgentModule
+from edge.agent.spool import CLOCK_STEP_TOLERANCE_S
 from edge.discovery import DiscoveryResult
 from shared import __version__
 from shared.logs import RateLimitedLog
@@ -122,6 +123,7 @@ class Birth(AgentModule):
         *,
         telemetry_interval_s: float,
         started_at: float,
+        started_monotonic_s: float,
         announced: asyncio.Event,
         runs_training: bool,
         health: DeviceHealth | None = None,
@@ -132,7 +134,9 @@ class Birth(AgentModule):
         answer_wait_s: float = ANSWER_WAIT_S,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`announced` is set once the first birth has been published (and stays set);
+        """`started_at` and `started_monotonic_s`: the wall and monotonic clocks when the
+        agent started (each birth says when that was by the wall clock as it reads then);
+        `announced` is set once the first birth has been published (and stays set);
         `runs_training` is advertised so the scheduler never sends training here in vain;
         the inventory carries `health`, and a new birth goes out when `health_changed`;
         `upgrades` says whether this agent can upgrade itself and what became of the
@@ -149,6 +153,7 @@ class Birth(AgentModule):
         self._discovery = discovery
         self._telemetry_interval_s = telemetry_interval_s
         self._started_at = started_at
+        self._started_monotonic_s = started_monotonic_s
         self._announced = announced
         self._pacer = pacer or ReannouncePacer(REANNOUNCE_MIN_INTERVAL_S, REANNOUNCE_MAX_INTERVAL_S)
         self._answer_wait_s = answer_wait_s
@@ -333,6 +338,7 @@ class Birth(AgentModule):
     def _status(self, *, offline_reason: OfflineReason | None) -> bytes:
         identity = self._context.identity
         enrolment = self._execution.enrolment
+        sent_at = self._context.wall_clock()
         return encode(
             NodeStatus(
                 node_id=identity.node_id,
@@ -347,8 +353,8 @@ class Birth(AgentModule):
                 host=self._discovery.host,
                 accelerators=self._health.inventory(self._discovery.accelerators),
                 telemetry_interval_s=self._telemetry_interval_s,
-                started_at=self._started_at,
-                sent_at=self._context.wall_clock(),
+                started_at=self._started_at_by(sent_at),
+                sent_at=sent_at,
                 runs_training=self._runs_training,
                 taints=identity.taints,
                 isolation=self._execution.isolation,
@@ -362,6 +368,21 @@ class Birth(AgentModule):
                 agent_upgrade=self._upgrades.report() if self._upgrades is not None else None,
             )
         )
+
+    def _started_at_by(self, now_s: float) -> float:
+        """When the agent started, by the wall clock that reads `now_s` now (never later).
+
+        The time it has been running is counted on the monotonic clock, so a wall clock
+        stepped since (a board that booted with a wrong clock, then NTP) moves the start
+        with it: a start read off a clock that was ahead would otherwise lie in the
+        future for ever after, and the control plane refuses such a birth
+        (`clock_skew`). Drift smaller than `CLOCK_STEP_TOLERANCE_S` (NTP slewing) leaves
+        it as it was, so births do not change it for nothing. The control plane tells
+        agent instances apart by the instance id, never by `started_at`."""
+        running_s = max(0.0, self._monotonic() - self._started_monotonic_s)
+        if abs(now_s - running_s - self._started_at) > CLOCK_STEP_TOLERANCE_S:
+            self._started_at = now_s - running_s
+        return min(self._started_at, now_s)
 
     def _identity_proof(self) -> str | None:
         """The proof for this instance: made once (an X25519 agreement), kept."""

@@ -161,7 +161,9 @@ class Agent:
     async def run(self) -> None:
         """Discover, then keep the node connected until cancelled."""
         log = self._context.log
+        # Both clocks: a birth's `started_at` follows the wall clock if it is stepped.
         started_at = self._context.wall_clock()
+        started_monotonic_s = time.monotonic()
         discovery = await asyncio.to_thread(discover_all, self._probes)
         self.discovery = discovery
         for probe_name, error in discovery.failed_probes:
@@ -184,6 +186,7 @@ class Agent:
             training_launcher=self._training_launcher,
             inference_options=self._inference_options,
             started_at=started_at,
+            started_monotonic_s=started_monotonic_s,
             announced=self.announced,
             control_plane_public_key=self._control_plane_public_key,
             state=self._state,

@@ -81,6 +81,7 @@ def build_agent_modules(
     training_launcher: LauncherFactory | None,
     inference_options: InferenceOptions,
     started_at: float,
+    started_monotonic_s: float,
     announced: asyncio.Event,
     control_plane_public_key: VerifyKey | None,
     state: AgentStateFiles | None,
@@ -122,6 +123,7 @@ def build_agent_modules(
         discovery,
         telemetry_interval_s=telemetry_interval_s,
         started_at=started_at,
+        started_monotonic_s=started_monotonic_s,
         announced=announced,
         runs_training=launcher is not None,
         health=health,
@@ -158,7 +160,9 @@ def build_agent_modules(
             health=health,
             health_changed=health_changed,
         ),
-        job_logs=JobLogShipper(context, reconciler, output_waiting, outbox),
+        job_logs=JobLogShipper(
+            context, reconciler, output_waiting, outbox, max_payload_bytes=max_payload_bytes
+        ),
         outbox=outbox,
         inbox=Inbox({desired.topic: desired.on_message, birth.status_topic: birth.on_status}),
         upgrades=upgrades,

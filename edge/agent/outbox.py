@@ -29,8 +29,8 @@ class Outbox(AgentModule):
     def __init__(self, context: AgentContext, spool: Spool) -> None:
         self._context = context
         self._spool = spool
+        # Set when the spool may hold something the connection has not sent yet.
         self._filled = asyncio.Event()
-        self._filled.set()  # whatever a previous run left in the spool goes first
         self._said_goodbye = False
 
     def raise_event(self, kind: EventKind, subject: str | None = None, detail: str = "") -> None:
@@ -55,6 +55,11 @@ class Outbox(AgentModule):
     def _append(self, channel: Channel, payload: bytes) -> None:
         self._spool.append(channel, payload)
         self._context.counters.outbox_dropped = self._spool.dropped
+        self._filled.set()
+
+    async def on_connect(self, client: aiomqtt.Client) -> None:
+        # What is spooled goes out on every new connection: what a previous agent left,
+        # and what was in flight (never acknowledged) when the last connection dropped.
         self._filled.set()
 
     async def run(self, client: aiomqtt.Client) -> None:

@@ -15,8 +15,12 @@ record is idempotent for the cloud (events by `event_id`, log chunks by offset).
 
 Bounds: past `max_bytes` the oldest records are dropped (whole segments on disk),
 and a record older than `max_age_s` when its turn comes is dropped unsent; both
-are counted (`dropped`, `expired`). `MemorySpool` keeps the same rules in memory
-for agents without a state directory (simulated fleets, tests).
+are counted (`dropped`, `expired`). A record's age is counted on the monotonic clock
+when this process spooled it, so that a wall clock stepped since (a board without a
+real-time clock that booted days behind, then NTP) neither expires what was spooled
+a moment ago nor keeps what is too old; a record an earlier agent spooled can only be
+aged by the wall time in its header. `MemorySpool` keeps the same rules in memory for
+agents without a state directory (simulated fleets, tests).
 
 A full or read-only disk (or one out of inodes) never stops the agent: a record that
 cannot be written is lost and counted (`dropped`, `write_errors`), and the next append
@@ -32,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,7 +52,14 @@ _HEADER = struct.Struct("<IBd")  # payload bytes, channel code, spooled at (unix
 _CODES = {Channel.EVENTS: 1, Channel.LOGS: 2}
 _CHANNELS = {code: channel for channel, code in _CODES.items()}
 _SUFFIX = ".seg"
+# How far the wall clock may move from the monotonic one before it counts as stepped (NTP
+# correcting a wrong clock), not slewed: a record's monotonic time is then worked out from
+# a new reading of the difference (and a birth's `started_at` moves, edge/agent/birth.py).
+CLOCK_STEP_TOLERANCE_S = 1.0
 _log = get_logger("greenfed.outbox")
+# Where a record lies in its spool, in the order records are appended: (segment number,
+# byte offset) on disk, (0, number appended before it) in memory.
+Position = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +98,55 @@ class Spool(Protocol):
     def close(self) -> None: ...
 
 
+class RecordAges:
+    """How old a record is, for `max_age_s`: by the monotonic clock if this process
+    spooled it, else by the wall clock (the time in its header).
+
+    No monotonic time is kept per record: the wall clock's lead over the monotonic one
+    changes only when the wall clock is stepped, so one entry per change (from the first
+    record spooled after it) gives each record's monotonic time from its wall time."""
+
+    def __init__(
+        self, max_age_s: float, clock: Callable[[], float], monotonic: Callable[[], float]
+    ) -> None:
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._monotonic = monotonic
+        # (position of the first record it holds for, wall clock minus monotonic clock)
+        self._leads: deque[tuple[Position, float]] = deque()
+
+    def spooled(self, position: Position, spooled_at: float) -> None:
+        """The record at `position` was spooled just now, at `spooled_at` (wall clock)."""
+        lead_s = spooled_at - self._monotonic()
+        if not self._leads or abs(lead_s - self._leads[-1][1]) > CLOCK_STEP_TOLERANCE_S:
+            self._leads.append((position, lead_s))
+
+    def expired(self, position: Position, record: Record) -> bool:
+        """Whether `record`, at `position`, is older than `max_age_s`. Records are asked
+        about in the order they were spooled: what is before `position` is let go."""
+        leads = self._leads
+        while len(leads) > 1 and leads[1][0] <= position:
+            leads.popleft()
+        if not leads or position < leads[0][0]:  # an earlier agent spooled it
+            return record.spooled_at < self._clock() - self._max_age_s
+        spooled_monotonic_s = record.spooled_at - leads[0][1]
+        return spooled_monotonic_s < self._monotonic() - self._max_age_s
+
+
 class MemorySpool:
-    def __init__(self, *, max_bytes: int, max_age_s: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        max_age_s: float,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._records: deque[Record] = deque()
+        self._appended = 0  # records ever appended: the next one's position
         self._bytes = 0
         self._max_bytes = max_bytes
-        self._max_age_s = max_age_s
+        self._ages = RecordAges(max_age_s, clock, monotonic)
         self._clock = clock
         self.dropped = 0
         self.expired = 0
@@ -102,18 +157,20 @@ class MemorySpool:
 
     def append(self, channel: Channel, payload: bytes) -> None:
         record = Record(channel, payload, self._clock())
+        self._ages.spooled((0, self._appended), record.spooled_at)
         self._records.append(record)
+        self._appended += 1
         self._bytes += record.size
         while self._bytes > self._max_bytes and len(self._records) > 1:
             self._bytes -= self._records.popleft().size
             self.dropped += 1
 
     def peek(self) -> Record | None:
-        oldest_s = self._clock() - self._max_age_s
-        while self._records and self._records[0].spooled_at < oldest_s:
-            self._bytes -= self._records.popleft().size
+        records = self._records
+        while records and self._ages.expired((0, self._appended - len(records)), records[0]):
+            self._bytes -= records.popleft().size
             self.expired += 1
-        return self._records[0] if self._records else None
+        return records[0] if records else None
 
     def take(self, record: Record) -> None:
         if self._records and self._records[0] is record:
@@ -134,11 +191,12 @@ class DiskSpool:
         max_bytes: int,
         max_age_s: float,
         clock: Callable[[], float],
+        monotonic: Callable[[], float] = time.monotonic,
         segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         self._directory = directory
         self._max_bytes = max_bytes
-        self._max_age_s = max_age_s
+        self._ages = RecordAges(max_age_s, clock, monotonic)
         self._clock = clock
         # Bytes are bounded by dropping whole segments: keep several within the bound.
         self._segment_bytes = max(4096, min(segment_bytes, max_bytes // 4))
@@ -198,7 +256,8 @@ class DiskSpool:
         return sum(self._sizes.values()) - self._read_offset
 
     def append(self, channel: Channel, payload: bytes) -> None:
-        record = _HEADER.pack(len(payload), _CODES[channel], self._clock()) + payload
+        spooled_at = self._clock()
+        record = _HEADER.pack(len(payload), _CODES[channel], spooled_at) + payload
         written = self._sizes[self._write_segment]
         if written and written + len(record) > self._segment_bytes:
             started = self._roll_over()
@@ -222,6 +281,7 @@ class DiskSpool:
             self._reopen_writer()
             return
         self._failing = False
+        self._ages.spooled((self._write_segment, self._sizes[self._write_segment]), spooled_at)
         self._sizes[self._write_segment] += len(record)
         while self.pending_bytes > self._max_bytes and self._read_segment < self._write_segment:
             self._drop_read_segment()
@@ -229,13 +289,13 @@ class DiskSpool:
     # -- reading -------------------------------------------------------------------
 
     def peek(self) -> Record | None:
-        oldest_s = self._clock() - self._max_age_s
         while True:
             if self._peeked is None:
                 self._peeked = self._read()
                 if self._peeked is None:
                     return None
-            if self._peeked.spooled_at >= oldest_s:
+            # A record peeked lies at the read cursor (anything that moves it lets it go).
+            if not self._ages.expired((self._read_segment, self._read_offset), self._peeked):
                 return self._peeked
             self.expired += 1
             self.take(self._peeked)

@@ -34,6 +34,7 @@ class AgentStateFiles:
         self._last_write_ok: dict[str, bool] = {}
         self._lock = threading.Lock()
         self.write_errors = 0
+        self.read_errors = 0
 
     @property
     def outbox_dir(self) -> Path:
@@ -81,7 +82,15 @@ class AgentStateFiles:
             return True
 
     def _read(self, name: str) -> bytes | None:
+        """The file's bytes; None when there is none, or when it cannot be read."""
         try:
             return (self.directory / name).read_bytes()
         except FileNotFoundError:
+            return None
+        except OSError as error:
+            # A failing disk (EIO), a permission or a directory where the file should be
+            # must not stop the agent at every start: it goes on as if nothing was kept,
+            # and the broker's retained documents reconcile it.
+            self.read_errors += 1
+            _log.warning("agent state not read", file=name, error=str(error))
             return None

@@ -65,13 +65,9 @@ class OutputBuffer:
         """Offset in the worker's output of the first byte not taken yet."""
         return self._offset
 
-    def take(self, max_bytes: int = SHIP_MAX_BYTES) -> tuple[int, bytes, int] | None:
-        """(offset, data, dropped bytes before it) of the next chunk, or None if nothing
-        waits (or only the start of a character whose rest is not read yet).
-
-        Chunks end at a line break when one is near, so lines are not split across them,
-        and never inside a UTF-8 character.
-        """
+    def peek(self, max_bytes: int = SHIP_MAX_BYTES) -> tuple[int, bytes, int] | None:
+        """What `take(max_bytes)` would return now, left waiting: the agent sees whether
+        the chunk fits in a message before it takes it."""
         if not self._pending:
             return None
         size = min(len(self._pending), max_bytes)
@@ -86,12 +82,23 @@ class OutputBuffer:
             size = _character_start(self._pending, size)
             if size == 0:
                 return None
-        data = bytes(self._pending[:size])
+        return self._offset, bytes(self._pending[:size]), self._dropped
+
+    def take(self, max_bytes: int = SHIP_MAX_BYTES) -> tuple[int, bytes, int] | None:
+        """(offset, data, dropped bytes before it) of the next chunk, or None if nothing
+        waits (or only the start of a character whose rest is not read yet).
+
+        Chunks end at a line break when one is near, so lines are not split across them,
+        and never inside a UTF-8 character.
+        """
+        chunk = self.peek(max_bytes)
+        if chunk is None:
+            return None
+        size = len(chunk[1])
         del self._pending[:size]
-        offset, dropped = self._offset, self._dropped
         self._offset += size
         self._dropped = 0
-        return offset, data, dropped
+        return chunk
 
 
 def _is_continuation(byte: int) -> bool:

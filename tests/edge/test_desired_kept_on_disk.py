@@ -1,6 +1,7 @@
 """The applied `desired` document kept in the agent's state directory, on the real
 Mosquitto: written before it is applied, so that an agent restarted without its broker
-never restores a document older than what ran; written again when a save failed."""
+never restores a document older than what ran; written again when a save failed; one
+that cannot be read back is passed over for the broker's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from edge.agent import Agent
-from edge.agent.state_files import DESIRED_FILE
+from edge.agent.state_files import DESIRED_FILE, AgentStateFiles
 from edge.atomic_files import write_atomically
 from edge.training.runs import TrainingLauncher, TrainingRun
 from shared.messages import DESIRED_DECODER, Accelerator, DesiredState, DesiredTraining
@@ -149,3 +150,51 @@ async def test_a_worker_starts_only_once_the_document_listing_it_is_on_disk(
         await publish_desired(url, topic_root, document(agent, 2, "first", "second"))
         await eventually(lambda: running_jobs(agent) == {"first", "second"})
     assert witnesses[-1].on_disk_at_start == {"first": 1, "second": 2}
+
+
+def test_a_saved_document_that_cannot_be_read_is_counted_and_passed_over(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / DESIRED_FILE).mkdir()  # whatever is there, it cannot be read as a file
+    state = AgentStateFiles(tmp_path)
+    assert state.load_desired() is None
+    assert state.read_errors == 1
+
+
+@pytest.mark.parametrize("cause", ["failing disk", "not a file"])
+async def test_an_agent_whose_saved_document_cannot_be_read_applies_the_brokers(
+    mosquitto_root: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cause: str,
+) -> None:
+    """A failing SD card (EIO) or a damaged state directory must not stop the agent at
+    every start: it goes on without the saved copy, and the retained document on the
+    broker reconciles."""
+    url, topic_root = mosquitto_root
+    state_dir = tmp_path / "state"
+    saved = state_dir / DESIRED_FILE
+    if cause == "not a file":
+        saved.mkdir(parents=True)
+    else:
+        state_dir.mkdir()
+        saved.write_bytes(b"{}")
+        read_bytes = Path.read_bytes
+
+        def failing_read(path: Path) -> bytes:
+            if path == saved:
+                raise OSError(errno.EIO, "Input/output error", str(path))
+            return read_bytes(path)
+
+        monkeypatch.setattr(Path, "read_bytes", failing_read)
+    agent = simulated_agent(
+        NODE, mqtt_settings(url, topic_root), "v100-8x", trains=True, state_dir=state_dir
+    )
+    async with running(agent) as task:
+        await eventually(
+            lambda: agent.announced.is_set() or task.done(),
+            message="the agent never announced itself",
+        )
+        assert not task.done(), f"the agent ended: {task.exception()!r}"
+        await publish_desired(url, topic_root, document(agent, 1, "after"))
+        await eventually(lambda: running_jobs(agent) == {"after"})

@@ -17,11 +17,22 @@ SpoolFactory = Callable[..., Spool]
 
 
 class Clock:
+    """The node's wall clock (called) and its monotonic clock (`monotonic`): `advance`
+    moves both, as time passing does; setting `now` steps the wall clock alone."""
+
     def __init__(self) -> None:
         self.now = 1_000.0
+        self.monotonic_now = 50.0
 
     def __call__(self) -> float:
         return self.now
+
+    def monotonic(self) -> float:
+        return self.monotonic_now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.monotonic_now += seconds
 
 
 def drain(spool: Spool) -> list[bytes]:
@@ -36,12 +47,15 @@ def drain(spool: Spool) -> list[bytes]:
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> SpoolFactory:
     def build(*, max_bytes: int = 1 << 20, max_age_s: float = 3600.0, clock: Clock) -> Spool:
         if request.param == "memory":
-            return MemorySpool(max_bytes=max_bytes, max_age_s=max_age_s, clock=clock)
+            return MemorySpool(
+                max_bytes=max_bytes, max_age_s=max_age_s, clock=clock, monotonic=clock.monotonic
+            )
         return DiskSpool(
             tmp_path / "outbox",
             max_bytes=max_bytes,
             max_age_s=max_age_s,
             clock=clock,
+            monotonic=clock.monotonic,
             segment_bytes=4096,
         )
 
@@ -79,11 +93,80 @@ def test_records_too_old_when_their_turn_comes_are_dropped_unsent(make: SpoolFac
     clock = Clock()
     spool = make(max_age_s=60.0, clock=clock)
     spool.append(Channel.EVENTS, b"old")
-    clock.now += 50
+    clock.advance(50)
     spool.append(Channel.EVENTS, b"recent")
-    clock.now += 20  # "old" is 70 s old, "recent" 20 s
+    clock.advance(20)  # "old" is 70 s old, "recent" 20 s
     assert drain(spool) == [b"recent"]
     assert spool.expired == 1
+
+
+DAY_S = 86_400.0
+
+
+def test_a_clock_stepped_forward_does_not_expire_what_was_just_spooled(
+    make: SpoolFactory,
+) -> None:
+    """A board that booted with its clock days behind (no RTC), then NTP: what the
+    agent spooled a moment before the step is not days old."""
+    clock = Clock()
+    spool = make(max_age_s=60.0, clock=clock)
+    spool.append(Channel.EVENTS, b"before the step")
+    clock.now += 10 * DAY_S
+    spool.append(Channel.EVENTS, b"after the step")
+    clock.advance(30)
+    assert drain(spool) == [b"before the step", b"after the step"]
+    assert spool.expired == 0
+
+
+def test_a_clock_stepped_back_does_not_keep_what_is_too_old(make: SpoolFactory) -> None:
+    clock = Clock()
+    spool = make(max_age_s=60.0, clock=clock)
+    spool.append(Channel.EVENTS, b"old")
+    clock.advance(70)
+    clock.now -= DAY_S  # by the wall clock alone, "old" would be spooled tomorrow
+    spool.append(Channel.EVENTS, b"recent")
+    assert drain(spool) == [b"recent"]
+    assert spool.expired == 1
+
+
+def test_what_an_earlier_agent_spooled_is_aged_by_the_wall_clock(tmp_path: Path) -> None:
+    """The monotonic clock of another process (or another boot) says nothing."""
+    clock = Clock()
+
+    def open_spool() -> DiskSpool:
+        return DiskSpool(
+            tmp_path, max_bytes=1 << 20, max_age_s=60.0, clock=clock, monotonic=clock.monotonic
+        )
+
+    spool = open_spool()
+    spool.append(Channel.EVENTS, b"old")
+    clock.advance(50)
+    spool.append(Channel.EVENTS, b"recent")
+    spool.close()
+    clock.now += 20  # "old" is 70 s old by the wall clock; the next agent's clock starts
+    clock.monotonic_now = 0.0
+    again = open_spool()
+    again.append(Channel.EVENTS, b"new")
+    assert drain(again) == [b"recent", b"new"]
+    assert again.expired == 1
+    again.close()
+
+
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_without_a_monotonic_clock_given_the_process_one_is_used(tmp_path: Path, kind: str) -> None:
+    """As the agent builds its spools: the wall clock it is given, stepped here, and the
+    process's own monotonic clock, which no step moves."""
+    clock = Clock()
+    spool: Spool
+    if kind == "disk":
+        spool = DiskSpool(tmp_path, max_bytes=1 << 20, max_age_s=60.0, clock=clock)
+    else:
+        spool = MemorySpool(max_bytes=1 << 20, max_age_s=60.0, clock=clock)
+    spool.append(Channel.EVENTS, b"just now")
+    clock.now += 10 * DAY_S
+    assert drain(spool) == [b"just now"]
+    assert spool.expired == 0
+    spool.close()
 
 
 def test_a_record_dropped_while_it_was_being_sent_is_not_taken_twice(
