@@ -89,7 +89,12 @@ def _companions_text(settings: Settings, *, restoring: bool) -> str:
 
 
 def _when(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds")
+    """The time as a date, or as its number where no date holds it: a restore's output
+    comes after its commit, and must not fail there (the reader refuses such a header)."""
+    try:
+        return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):  # past time_t, or the years datetime holds
+        return f"{epoch_s!r} (epoch seconds)"
 
 
 def _size(size_bytes: int) -> str:

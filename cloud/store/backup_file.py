@@ -27,12 +27,14 @@ import math
 import os
 import zlib
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Final, Literal
+from typing import IO, Any, Final, Literal
 
 import msgspec
 
 from cloud.store.errors import BackupFormatError
+from shared.agent_packages import MAX_PACKAGE_BYTES
 
 FORMAT: Final = "greenfed-store-backup"
 FORMAT_VERSION: Final = 1
@@ -54,6 +56,10 @@ _KIND_WORDS: Final[dict[ValueKind, str]] = {
 # zlib's default level: a store of 1,000 jobs, 1.8 MB of JSON lines, becomes 111 kB in 13 ms
 # (level 1: 127 kB in 4 ms; 9: 108 kB in 29 ms).
 _COMPRESS_LEVEL: Final = 6
+
+
+# table -> JSON column -> the decoder each of its documents must pass (cloud/store/restore.py).
+DocumentDecoders = Mapping[str, Mapping[str, msgspec.json.Decoder[Any]]]
 
 
 class BackupColumn(msgspec.Struct, frozen=True):
@@ -106,6 +112,12 @@ _format_decoder = msgspec.json.Decoder(_FormatOnly)
 # A header names every table and column: a few kB. A first line longer than this (or
 # none) is not one, and reading on would only spend memory on whatever the file is.
 _MAX_HEADER_BYTES: Final = 1 << 20
+# The longest row a store keeps is an agent package of the largest size the API takes
+# (MAX_PACKAGE_BYTES, 64 MiB) as base64: 85.3 MiB. Every other row is a few MiB at
+# most (its documents come in request bodies of at most 1 MiB). Twice the package: a
+# line past this was not written by greenfed, and reading it whole (a few MB of gzip
+# can hold gigabytes) would only exhaust memory.
+MAX_ROW_BYTES: Final = 2 * 4 * math.ceil(MAX_PACKAGE_BYTES / 3)
 
 
 def looks_like_backup(path: Path) -> bool:
@@ -193,6 +205,23 @@ def _of_kind(value: str | int | float | bool, kind: ValueKind) -> Value:
         return None
 
 
+def _shown(value: Value) -> str:
+    """The value as a refusal shows it: its repr, cut short."""
+    shown = repr(value)
+    return shown if len(shown) <= 60 else f"{shown[:57]}..."
+
+
+def _a_date(epoch_s: float) -> bool:
+    """Whether a UTC datetime holds these epoch seconds (years 1 to 9999)."""
+    if not math.isfinite(epoch_s):
+        return False
+    try:
+        datetime.fromtimestamp(epoch_s, UTC)
+    except (OverflowError, ValueError, OSError):  # past time_t, or the years datetime holds
+        return False
+    return True
+
+
 def _non_finite(value: Value) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
@@ -216,10 +245,12 @@ class BackupReader:
 
     Blocking (decompression, file I/O): call `next_batch` off the event loop. Every
     damage is a `BackupFormatError`: a wrong CRC, a file cut short, a line that is
-    not what the format puts there, a row of the wrong width, a value that is not of
-    its column's kind (a restore checks the kinds against the schema,
-    cloud/store/restore.py), counts that disagree. Whether a column may hold null is
-    the database's to enforce: its NOT NULL refuses the row."""
+    not what the format puts there or longer than any greenfed writes, a header's
+    created_at that is no date, a row of the wrong width, a value that is not of its
+    column's kind (a restore checks the kinds against the schema,
+    cloud/store/restore.py), a JSON document the store could not read back (the
+    restore gives the decoders), counts that disagree. Whether a column may hold null
+    is the database's to enforce: its NOT NULL refuses the row."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -236,22 +267,32 @@ class BackupReader:
         self._table: BackupTable | None = None
         self._kinds: tuple[ValueKind, ...] = ()  # the current table's, column by column
         self._read_as: Mapping[str, Mapping[str, ValueKind]] = {}
+        self._documents: DocumentDecoders = {}
+        # The current table's JSON columns: (index, the decoder its documents must pass).
+        self._table_documents: tuple[tuple[int, msgspec.json.Decoder[Any]], ...] = ()
         self._rows: dict[str, int] = {}
         self.trailer: BackupTrailer | None = None
 
     def close(self) -> None:
         self._file.close()
 
-    def _readline(self) -> bytes:
+    def _readline(self, max_bytes: int) -> bytes:
+        """The next line, refused past `max_bytes` (with its newline) without reading on."""
         try:
-            return self._file.readline()
+            line = self._file.readline(max_bytes + 1)
         except (OSError, EOFError, zlib.error) as error:
             # gzip says "Compressed file ended before the end-of-stream marker was
             # reached", "CRC check failed", "Not a gzipped file".
             raise BackupFormatError(f"{self.path}: damaged: {error}") from None
+        if len(line) > max_bytes:
+            raise BackupFormatError(
+                f"{self.path}: a line longer than {max_bytes:,} bytes, more than greenfed "
+                "writes: the file was changed, or not made by greenfed"
+            )
+        return line
 
     def _read_header(self) -> BackupHeader:
-        line = self._readline()
+        line = self._readline(_MAX_HEADER_BYTES)
         if not line.startswith(b"{"):
             raise BackupFormatError(f"{self.path} is not a greenfed store backup")
         try:
@@ -268,12 +309,24 @@ class BackupReader:
                 f"reads formats up to {FORMAT_VERSION}: restore it with the newer greenfed "
                 f"that made it ({header.greenfed_version})"
             )
+        if not _a_date(header.created_at):
+            # A restore shows when the backup was taken; past the dates Python holds,
+            # showing it would fail after the restore had committed.
+            raise BackupFormatError(
+                f"{self.path}: its header's created_at {header.created_at!r} is no date "
+                "(UTC epoch seconds): the file was changed, or not made by greenfed"
+            )
         return header
 
-    def read_as(self, kinds: Mapping[str, Mapping[str, ValueKind]]) -> None:
+    def read_as(
+        self, kinds: Mapping[str, Mapping[str, ValueKind]], documents: DocumentDecoders
+    ) -> None:
         """Check values against these kinds (table -> column -> kind: the schema's, which a
-        restore has checked the header against) rather than the header's."""
+        restore has checked the header against) rather than the header's, and each JSON
+        column's documents with its decoder (table -> column -> decoder: how the store
+        reads them back)."""
         self._read_as = kinds
+        self._documents = documents
 
     def next_batch(self, max_rows: int) -> tuple[BackupTable, list[Row]] | None:
         """Up to `max_rows` rows of the current table (a table may come in several
@@ -283,7 +336,7 @@ class BackupReader:
             return None
         rows: list[Row] = []
         while len(rows) < max_rows:
-            line = self._readline()
+            line = self._readline(MAX_ROW_BYTES)
             if not line:
                 raise BackupFormatError(f"{self.path} ends before its trailer: it is truncated")
             try:
@@ -317,6 +370,12 @@ class BackupReader:
         self._rows[name] = 0
         kinds = self._read_as.get(name, {})
         self._kinds = tuple(kinds.get(column.name, column.kind) for column in expected.columns)
+        documents = self._documents.get(name, {})
+        self._table_documents = tuple(
+            (index, documents[column.name])
+            for index, column in enumerate(expected.columns)
+            if column.name in documents
+        )
 
     def _row(self, values: list[Value]) -> Row:
         """The row with each value checked against its column's kind (a value of another
@@ -335,12 +394,24 @@ class BackupReader:
                 continue
             read = _of_kind(value, kind)
             if read is None:
-                shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:57]}..."
                 raise BackupFormatError(
-                    f"{self.path}: {table.name}.{table.columns[index].name} holds {shown}, "
-                    f"not {_KIND_WORDS[kind]}"
+                    f"{self.path}: {table.name}.{table.columns[index].name} holds "
+                    f"{_shown(value)}, not {_KIND_WORDS[kind]}"
                 )
             values[index] = read
+        for index, decoder in self._table_documents:
+            document = values[index]
+            if not isinstance(document, str):  # null (a value of another kind: refused above)
+                continue
+            try:
+                decoder.decode(document)
+            except msgspec.DecodeError as error:  # its ValidationError too
+                first = table.columns[0].name
+                raise BackupFormatError(
+                    f"{self.path}: {table.name}.{table.columns[index].name} in row "
+                    f"{self._rows[table.name] + 1} ({first} {_shown(values[0])}) is not what "
+                    f"greenfed keeps there ({error}): the file was changed"
+                ) from None
         self._rows[table.name] += 1
         return values
 

@@ -7,8 +7,9 @@ Ctrl-C) leaves the database as it was, a store that `force` was replacing includ
    `flock` beside the file; PostgreSQL: the leader's advisory lock, tried), and one that
    starts meanwhile waits for the restore before it migrates (SQLite: the write lock,
    PostgreSQL: the migration lock);
-2. what is there: a database holding any row is refused unless `force`, and what a
-   forced restore replaces is described;
+2. what is there: a database a newer greenfed migrated is refused (`force` or not: its
+   tables this greenfed does not know would stay behind), one holding any row is
+   refused unless `force`, and what a forced restore replaces is described;
 3. greenfed's tables dropped, made again at the backup's schema version by the
    migrations up to it, and the rows loaded table by table;
 4. the remaining migrations, as `open_store` would apply them to the old database: a
@@ -17,7 +18,9 @@ Ctrl-C) leaves the database as it was, a store that `force` was replacing includ
    came with their numbers), and the cluster id checked against the header's.
 
 Rows are inserted through untyped columns: each value reaches the driver as the file
-has it (a JSON document as text, which PostgreSQL's `json` takes as it is).
+has it (a JSON document as text, which PostgreSQL's `json` takes as it is), once the
+reader has checked it: of its column's kind, and a JSON document as the store reads it
+back (`JSON_DOCUMENTS`).
 """
 
 from __future__ import annotations
@@ -31,12 +34,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import msgspec
 from sqlalchemy import MetaData, column, func, insert, inspect, select, table, text
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from cloud.fleet.envelope import CLAIM_DECODER, ENVELOPE_DECODER
 from cloud.store.backup import KNOWN_TABLES, value_kind
-from cloud.store.backup_file import BackupHeader, BackupReader, ValueKind, describe_counts
+from cloud.store.backup_file import (
+    BackupHeader,
+    BackupReader,
+    DocumentDecoders,
+    ValueKind,
+    describe_counts,
+)
 from cloud.store.engine import (
     WRITE_OPTION,
     DatabaseTarget,
@@ -57,7 +68,10 @@ from cloud.store.locks import advisory_key, current_namespace
 from cloud.store.migrate import applied_version, apply_migration
 from cloud.store.migrations import MIGRATIONS
 from cloud.store.schema import CLUSTER_ID_SECRET, schema_version, secrets
+from cloud.upgrades.views import STATE_DECODER
+from shared.messages import AcceleratorKind
 from shared.settings import StoreSettings
+from shared.work_literals import PriorityClass
 
 _BATCH_ROWS: Final = 500  # rows per INSERT: well under both drivers' parameter limits
 # The kinds a backup's header may give a column of each kind of the schema: a float
@@ -68,6 +82,44 @@ _WRITTEN_AS: Final[dict[ValueKind, frozenset[ValueKind]]] = {
     "integer": frozenset({"integer"}),
     "float": frozenset({"float", "text"}),
     "boolean": frozenset({"boolean"}),
+}
+
+# How the store reads each JSON column back: a restore decodes every document so, and a
+# file changed by hand is refused rather than restored into a store that then fails to
+# read it (SQLite checks only some of these columns to be JSON at all, PostgreSQL's
+# `json` checks syntax, not shape). The decoders are those of the modules named.
+# Documents the store keeps opaque (a spec, a payload, an explanation, an audit detail)
+# must be JSON objects, as it checks when it writes them (rows.py `check_json_object`);
+# so must a cluster's spec, which the store keeps even where today's rules refuse it
+# (clusters.py `_readable_records`).
+_OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_COUNTS: Final = msgspec.json.Decoder(dict[str, int])
+_COUNTS_PER_KIND: Final = msgspec.json.Decoder(dict[AcceleratorKind, int])
+_STRINGS: Final = msgspec.json.Decoder(tuple[str, ...])
+_LABELS: Final = msgspec.json.Decoder(dict[str, str])
+_AMOUNTS: Final = msgspec.json.Decoder(dict[str, float])
+_TENSORS: Final = msgspec.json.Decoder(list[tuple[str, str, list[int | str | None]]])
+JSON_DOCUMENTS: Final[DocumentDecoders] = {
+    "tenants": {  # rows.py `tenant_from_row`
+        "quotas": _COUNTS,
+        "borrowing_limit": _COUNTS_PER_KIND,
+        "allowed_priorities": msgspec.json.Decoder(tuple[PriorityClass, ...]),
+        "lending_limit": _COUNTS_PER_KIND,
+    },
+    "audit_log": {"detail": _OBJECT},
+    "work": {"spec": _OBJECT, "explanation": _OBJECT},
+    "allocations": {"accelerator_ids": _STRINGS},  # rows.py `allocation_from_row`
+    "events": {"payload": _OBJECT},
+    "models": {"inputs": _TENSORS, "outputs": _TENSORS},  # models.py
+    "join_tokens": {"labels": _LABELS, "envelope": ENVELOPE_DECODER},  # enrolment.py
+    "enrolled_nodes": {"envelope": ENVELOPE_DECODER},
+    "clusters": {"spec": _OBJECT},
+    "agent_rollouts": {"state": STATE_DECODER},  # agent_upgrades.py
+    "usage_marks": {"energy_j": _AMOUNTS},  # usage.py
+    "usage_counterfactuals": {"zone_factors": _AMOUNTS},
+    "fair_share_usage": {"accelerator_seconds": _AMOUNTS},  # fair_share.py
+    "node_admin": {"taints": _STRINGS, "labels": _LABELS, "approved": CLAIM_DECODER},
+    "node_drain_waiting": {"waiting": _STRINGS},  # drain_waiting.py
 }
 _IN_USE: Final = (
     "a control plane is scheduling on {target}: stop every greenfed cloud (and greenfed "
@@ -113,11 +165,11 @@ async def restore_backup(
 ) -> RestoreReport:
     """Restore the backup at `path` into the database `settings` name.
 
-    Raises `BackupFormatError` (not a backup, damaged, truncated), `SchemaTooNewError`
-    (taken by a newer greenfed), `SchemaMismatchError` (another build's migrations),
-    `RestoreTargetNotEmptyError` (without `force`), `StoreInUseError` (a control plane
-    is scheduling there), `StoreUnavailableError`; after any of them the database is as
-    it was.
+    Raises `BackupFormatError` (not a backup, damaged, truncated, changed by hand),
+    `SchemaTooNewError` (taken by a newer greenfed, or the database migrated by one),
+    `SchemaMismatchError` (another build's migrations), `RestoreTargetNotEmptyError`
+    (without `force`), `StoreInUseError` (a control plane is scheduling there),
+    `StoreUnavailableError`; after any of them the database is as it was.
     """
     started = time.perf_counter()
     reader = await asyncio.to_thread(BackupReader, path)
@@ -135,6 +187,7 @@ async def restore_backup(
                     if target.backend == "postgresql":
                         await _postgres_locks(connection, engine, target)
                     before = await survey(connection)
+                    _check_target_schema(before, target)
                     if not before.empty and not force:
                         raise RestoreTargetNotEmptyError(target.describe(), before.describe())
                     rows = await _replace(connection, reader, clock)
@@ -196,6 +249,18 @@ def _check_schema(header: BackupHeader) -> None:
         raise SchemaMismatchError(
             f"the backup's migrations {list(header.migrations)} are not this greenfed's "
             f"{list(ours)}: it was taken by another build"
+        )
+
+
+def _check_target_schema(before: StoreContents, target: DatabaseTarget) -> None:
+    """Refuse a database a newer greenfed migrated, as `open_store` does, `force` or not:
+    the restore would rewrite it at this greenfed's version and leave the tables it does
+    not know behind, for the newer greenfed's migrations to find already there."""
+    if before.schema_version is not None and before.schema_version > len(MIGRATIONS):
+        raise SchemaTooNewError(
+            f"{target.describe()} is at schema version {before.schema_version}, but this "
+            f"greenfed knows versions up to {len(MIGRATIONS)}: it was upgraded by a newer "
+            "greenfed. Restore with that version (or newer), or into an empty database"
         )
 
 
@@ -265,7 +330,7 @@ async def _replace(
     await connection.run_sync(schema_version.create)
     for migration in MIGRATIONS[: header.schema_version]:
         await connection.run_sync(migration.upgrade)  # its schema_version row is in the file
-    reader.read_as(await _check_tables(connection, header))
+    reader.read_as(await _check_tables(connection, header), JSON_DOCUMENTS)
     loaded: dict[str, int] = {}
     while (batch := await asyncio.to_thread(reader.next_batch, _BATCH_ROWS)) is not None:
         backup_table, rows = batch

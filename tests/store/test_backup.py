@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from sqlalchemy import MetaData, inspect, select, text
 
+from cloud.fleet.envelope import NodeClaim
 from cloud.store import (
     Actor,
     NewAudit,
@@ -31,6 +32,7 @@ from cloud.store import (
 )
 from cloud.store.backup import take_backup
 from cloud.store.backup_file import (
+    MAX_ROW_BYTES,
     BackupColumn,
     BackupHeader,
     BackupReader,
@@ -45,12 +47,15 @@ from cloud.store.errors import (
     RestoreTargetNotEmptyError,
     StoreInUseError,
 )
+from cloud.store.fair_share import FairShareRow
+from cloud.store.jsontype import JsonDocument
 from cloud.store.migrate import migrate
 from cloud.store.migrations import MIGRATIONS
 from cloud.store.node_admin import NodeAdminRecord
-from cloud.store.restore import restore_backup
+from cloud.store.restore import JSON_DOCUMENTS, restore_backup
 from cloud.store.schema import CLUSTER_ID_SECRET, metadata
 from cloud.store.tokens import issue_token
+from shared.agent_packages import MAX_PACKAGE_BYTES
 from tests.store.builders import make_tenant, placement, submit
 from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
 
@@ -117,6 +122,8 @@ async def fill(store: Store) -> dict[str, str]:
                     placement(second_job.work_id, "gpu-3"),
                 ),
                 events=(NewEvent(kind="work.explained", payload=b'{"score": 0.5}'),),
+                explanations={second_job.work_id: b'{"nodes": 3}'},
+                drain_waiting={"gpu-3": (first.work_id,)},
             ),
             lease=lease,
         )
@@ -131,6 +138,10 @@ async def fill(store: Store) -> dict[str, str]:
     await store.revoke_node("gpu-2")
     await store.put_node_admin(NodeAdminRecord("gpu-3", cordoned=True, taints=("a=b:NoSchedule",)))
     await store.record_event(NewEvent(kind="agent.note", payload=b'{"x": 1.5}', event_id="e-1"))
+    await store.set_first_claims(
+        {"gpu-1": NodeClaim(site="edge", zone="z1", region="r1", runs_training=True)}
+    )
+    await store.put_fair_share_usage([FairShareRow("acme", {"gpu": 12.5}, 1.0)])
     return {
         "cluster_id": await store.shared_secret(CLUSTER_ID_SECRET),
         "token": second.token,
@@ -332,6 +343,129 @@ async def test_a_newer_damaged_or_foreign_file_changes_nothing(
     assert [t.name for t in await _tenants(database)] == ["kept"]
 
 
+async def test_a_store_a_newer_greenfed_made_is_refused_even_when_forced(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    """As `open_store` refuses it: the restore would rewrite it at this greenfed's version
+    and leave the newer greenfed's tables behind, for its next migration to trip on."""
+    source = sqlite_database(tmp_path / "source")
+    async with await open_store(source.settings) as store:
+        await make_tenant(store, "from-backup")
+    backup = tmp_path / "store.backup"
+    await take_backup(source.settings, backup, greenfed_version="test")
+    newer = len(MIGRATIONS) + 1
+    async with await open_store(database.settings):
+        pass
+    engine = create_store_engine(database.settings)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(text("CREATE TABLE future_things (id TEXT PRIMARY KEY)"))
+            await connection.execute(text("INSERT INTO future_things VALUES ('precious')"))
+            await connection.execute(
+                text(
+                    "INSERT INTO schema_version (version, name, applied_at) "
+                    "VALUES (:version, 'future_things', 1.0)"
+                ),
+                {"version": newer},
+            )
+    finally:
+        await engine.dispose()
+
+    for force in (False, True):
+        with pytest.raises(SchemaTooNewError, match=f"schema version {newer}"):
+            await restore_backup(database.settings, backup, force=force)
+    engine = create_store_engine(database.settings)
+    try:
+        async with engine.connect() as connection:
+            version = await connection.execute(text("SELECT max(version) FROM schema_version"))
+            assert version.scalar() == newer
+            kept = await connection.execute(text("SELECT id FROM future_things"))
+            assert kept.scalars().all() == ["precious"]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_header_created_at_no_date_holds_is_refused_and_changes_nothing(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    """`greenfed store restore` shows when the backup was taken: it must be a date."""
+    async with await open_store(database.settings) as store:
+        await make_tenant(store, "kept")
+    good = tmp_path / "good.backup"
+    await take_backup(database.settings, good, greenfed_version="test")
+    lines = gzip.decompress(good.read_bytes()).splitlines(keepends=True)
+    header = msgspec.json.decode(lines[0])
+    for created_at in (1e300, -1e300, 1e18, 253402300800.0):
+        odd = tmp_path / f"{created_at}.backup"
+        odd.write_bytes(
+            gzip.compress(
+                msgspec.json.encode({**header, "created_at": created_at})
+                + b"\n"
+                + b"".join(lines[1:])
+            )
+        )
+        with pytest.raises(BackupFormatError, match="created_at"):
+            await restore_backup(database.settings, odd, force=True)
+    assert [t.name for t in await _tenants(database)] == ["kept"]
+
+
+async def test_a_header_longer_than_any_backup_has_is_refused_unread(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    """A header names tables and columns: a few kB, never a MiB."""
+    async with await open_store(database.settings) as store:
+        await make_tenant(store, "kept")
+    good = tmp_path / "good.backup"
+    await take_backup(database.settings, good, greenfed_version="test")
+    lines = gzip.decompress(good.read_bytes()).splitlines(keepends=True)
+
+    header = msgspec.json.decode(lines[0])
+    long_header = tmp_path / "long-header.backup"
+    long_header.write_bytes(
+        gzip.compress(
+            msgspec.json.encode({**header, "greenfed_version": "9" * (2 << 20)})
+            + b"\n"
+            + b"".join(lines[1:])
+        )
+    )
+    with pytest.raises(BackupFormatError, match=r"line longer than 1,048,576 bytes"):
+        await restore_backup(database.settings, long_header, force=True)
+    assert [t.name for t in await _tenants(database)] == ["kept"]
+
+
+async def test_a_row_longer_than_any_store_keeps_is_refused_unread(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    """A few hundred kB of gzip can hold a line of gigabytes: reading it whole would
+    exhaust memory while the restore holds the write lock."""
+    async with await open_store(database.settings) as store:
+        await make_tenant(store, "kept")
+    good = tmp_path / "good.backup"
+    await take_backup(database.settings, good, greenfed_version="test")
+    lines = gzip.decompress(good.read_bytes()).splitlines(keepends=True)
+    # A row of spaces past the bound, as gzip members of one compressed 16 MiB block.
+    start = lines.index(b'{"table":"tenants"}\n')
+    block_bytes = 16 << 20
+    blocks = MAX_ROW_BYTES // block_bytes + 1
+    block = gzip.compress(b" " * block_bytes, compresslevel=9)
+    bomb = tmp_path / "bomb.backup"
+    with bomb.open("wb") as file:
+        file.write(gzip.compress(b"".join(lines[: start + 1]) + b"["))
+        for _ in range(blocks):
+            file.write(block)
+        file.write(gzip.compress(b"]\n" + b"".join(lines[start + 1 :])))
+    assert bomb.stat().st_size < 2 << 20
+    with pytest.raises(BackupFormatError, match=rf"line longer than {MAX_ROW_BYTES:,} bytes"):
+        await restore_backup(database.settings, bomb, force=True)
+    assert [t.name for t in await _tenants(database)] == ["kept"]
+
+
+def test_the_longest_row_a_store_keeps_fits_in_a_backups_line() -> None:
+    """An agent package of the largest size the API takes, as its row's base64."""
+    package_row_bytes = 4 * math.ceil(MAX_PACKAGE_BYTES / 3) + 1024
+    assert package_row_bytes < MAX_ROW_BYTES
+
+
 class ChangedBackup:
     """A good backup's lines, to make copies with one value (or one column's kind) changed."""
 
@@ -398,6 +532,94 @@ async def test_a_value_not_of_its_columns_kind_is_refused_and_changes_nothing(
             snapshot = await store.load_snapshot()
             assert [w.attempts for w in snapshot.work] == [0], case
             assert [t.name for t in snapshot.tenants] == ["kept"], case
+
+
+async def test_a_json_document_the_store_cannot_read_is_refused_and_changes_nothing(
+    database: DatabaseUnderTest, tmp_path: Path
+) -> None:
+    """SQLite checks only some JSON columns to be JSON at all, PostgreSQL's `json` checks
+    syntax and not shape: a document changed by hand would be restored, and the store
+    would then fail every read of it (GET /v1/tenants a 500)."""
+    async with await open_store(database.settings) as store:
+        await fill(store)
+    before = await every_row(database)
+    good = tmp_path / "good.backup"
+    await take_backup(database.settings, good, greenfed_version="test")
+    backup = ChangedBackup(good)
+    changed = [
+        ("tenants", "quotas", "{gpu: eight"),  # no JSON: SQLite would keep it
+        ("tenants", "quotas", "[1]"),  # JSON of another shape: PostgreSQL would keep it
+        ("tenants", "quotas", '{"gpu": "eight"}'),
+        ("events", "payload", "[]"),  # the store keeps payloads opaque, but objects
+    ]
+    for table, column, document in changed:
+        with pytest.raises(BackupFormatError, match=rf"{table}.{column} in row 1 \(") as refused:
+            await restore_backup(
+                database.settings, backup.with_value(table, column, document), force=True
+            )
+        assert "the file was changed" in str(refused.value), document
+        assert await every_row(database) == before, document
+    async with await open_store(database.settings) as store:
+        assert {t.name for t in await store.list_tenants()} == {"admin", "acme"}
+
+
+async def test_each_json_column_takes_only_what_the_store_reads_back(tmp_path: Path) -> None:
+    """The reader with the restore's decoders, on one changed document at a time."""
+    source = sqlite_database(tmp_path / "source")
+    async with await open_store(source.settings) as store:
+        await fill(store)
+    good = tmp_path / "good.backup"
+    await take_backup(source.settings, good, greenfed_version="test")
+    backup = ChangedBackup(good)
+    assert _read_whole(good) > 0
+    changed = {
+        "tenants.borrowing_limit": ['{"quantum": 1}', '{"gpu": 1.5}'],
+        "tenants.allowed_priorities": ['["p9"]', '"p0"'],
+        "tenants.lending_limit": ["null", "{}}"],
+        "allocations.accelerator_ids": ["[0, 1]"],
+        "events.payload": ['{"x": 1', "1"],
+        "work.spec": ['"a spec"', '{"command": ["python",]}'],
+        "work.explanation": ["[]"],
+        "audit_log.detail": ["true"],
+        "join_tokens.labels": ['{"a": 1}'],
+        "enrolled_nodes.envelope": ["[]"],
+        "node_admin.taints": ['{"a": "b"}'],
+        "node_admin.labels": ['["a"]'],
+        "node_admin.approved": ['{"site": "moon", "zone": "z", "region": "r"}'],
+        "fair_share_usage.accelerator_seconds": ['{"gpu": "many"}'],
+        "node_drain_waiting.waiting": ["[1]"],
+    }
+    for where, documents in changed.items():
+        table, column = where.split(".")
+        for document in documents:
+            with pytest.raises(BackupFormatError, match=rf"{where} in row 1 \("):
+                _read_whole(backup.with_value(table, column, document))
+
+
+def _read_whole(path: Path) -> int:
+    """Every row of the backup, read as a restore reads it; how many."""
+    reader = BackupReader(path)
+    try:
+        reader.read_as({}, JSON_DOCUMENTS)
+        rows = 0
+        while (batch := reader.next_batch(100)) is not None:
+            rows += len(batch[1])
+        return rows
+    finally:
+        reader.close()
+
+
+def test_every_json_column_is_decoded_as_the_store_reads_it() -> None:
+    """A JSON column added later needs its decoder in the restore's map."""
+    json_columns = {
+        f"{table.name}.{column.name}"
+        for table in metadata.sorted_tables
+        for column in table.columns
+        if isinstance(column.type, JsonDocument)
+    }
+    assert {
+        f"{table}.{column}" for table, columns in JSON_DOCUMENTS.items() for column in columns
+    } == json_columns
 
 
 async def test_a_backup_whose_header_gives_text_for_float_columns_still_restores(
