@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -235,6 +236,21 @@ def summary(rows: Sequence[Row]) -> dict[str, object]:
     }
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why a file could not be written at `path` (None: it could, as far as can be told
+    without writing it: an existing file is left as it is until the run ends)."""
+    if path.is_dir():
+        return "is a directory"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory" if parent.exists() else f"{parent} does not exist"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "is not writable"
+    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel")
@@ -247,6 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the generated workload: default, or trace (cloud/eval/trace_shaped.py)",
     )
     args = parser.parse_args(argv)
+    if args.json is not None:
+        # The document is written when every scenario has run: a path it cannot be
+        # written to must stop the run now, not throw away minutes (or hours) of it.
+        problem = _unwritable(args.json)
+        if problem is not None:
+            parser.error(f"--json {args.json}: {problem}")
     todo = scenarios(args.short, args.generator)
     began = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:

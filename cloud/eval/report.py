@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -110,7 +111,10 @@ def table(
             elif header == "tCO2eq":
                 text = pattern.format(value / 1e6)
             elif header == "cost":
-                text = f"{pattern.format(value)} {result.currency}"
+                # NaN: no price was known for the zones the work ran in (accounting.py).
+                text = (
+                    f"{pattern.format(value)} {result.currency}" if math.isfinite(value) else "n/a"
+                )
             elif attribute in ("wait_mean_s", "wait_p95_s"):
                 text = _duration(value)
             elif header == "CO2 vs first":
@@ -194,8 +198,9 @@ def as_json(
     bound: Bound | None = None,
     inference_bound: InferenceBound | None = None,
 ) -> str:
-    """A list, one object per policy; with the optimum (both bounds), each also carries
-    it and the shares of its saving the policy achieved: `of_optimum_training` (also,
+    """A list, one object per policy (a figure that could not be computed, such as the
+    cost where no price was known, is null); with the optimum (both bounds), each also
+    carries it and the shares of its saving the policy achieved: `of_optimum_training` (also,
     as before, `of_optimum`) against `optimum_training_gco2`, `of_optimum_inference`
     against `optimum_inference_gco2` and `of_optimum_total` against
     `optimum_total_gco2` (their sum); a share is null where the first policy leaves no
@@ -212,8 +217,18 @@ def as_json(
             item["of_optimum_training"] = shares.training
             item["of_optimum_inference"] = shares.inference
             item["of_optimum_total"] = shares.total
-        items.append(item)
-    return json.dumps(items, indent=2)
+        items.append({key: _json_value(value) for key, value in item.items()})
+    # NaN and Infinity are no JSON (RFC 8259): a strict reader refuses the whole document.
+    return json.dumps(items, indent=2, allow_nan=False)
+
+
+def _json_value(value: object) -> object:
+    """A figure nobody could compute (a cost without any price: NaN) is null in JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_value(inner) for key, inner in value.items()}
+    return value
 
 
 def pyplot() -> ModuleType:

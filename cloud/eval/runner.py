@@ -22,6 +22,7 @@ from cloud.green.latency import ServingLatency, default_latency_estimator
 from cloud.green.policies import policy_spec
 from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.scheduler import Node
+from cloud.signals.datasets import HourlyTrace, load_traces
 from cloud.signals.forecast import DEFAULT_FORECASTER, forecaster_named
 from cloud.signals.grid import GridSignals
 from cloud.signals.trace import TraceProvider
@@ -134,12 +135,15 @@ def build_scenario(options: EvalOptions) -> Scenario:
 
 def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOptions) -> None:
     """Refuse a scenario the traces cannot account: a fleet zone without a series
-    (unless `allow_missing_zones`), or an evaluated period the series do not cover."""
+    (unless `allow_missing_zones`; a file with no value at all is none), an evaluated
+    period the series do not cover, or an hour in it at which the simulator would find
+    no value to plan with."""
     where = options.carbon_dir or "the shipped traces"
     missing = [zone for zone in zones if zone not in provider.zones]
     if missing and not options.allow_missing_zones:
         raise ValueError(
-            f"fleet zone {missing[0]} has no carbon series in {where} "
+            f"fleet zone {missing[0]} has no carbon series in {where}"
+            f"{_empty_file(missing[0], options)} "
             f"(have {', '.join(provider.zones)}); add one, or allow missing zones to "
             "account their work with the conservative fallback"
         )
@@ -159,6 +163,52 @@ def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOpt
                 f"the evaluated period runs past the end of the {zone} series "
                 f"({_day(trace.end_s)}): shorten --days or start earlier"
             )
+        _check_values_in_reach(provider, trace, options)
+
+
+def _empty_file(zone: str, options: EvalOptions) -> str:
+    """Where the zone has a file after all (with no value in it), the words that say so."""
+    trace = load_traces(options.carbon_dir).get(zone)
+    return "" if trace is None else f" ({trace.source} has no carbon intensity in it)"
+
+
+def _check_values_in_reach(
+    provider: TraceProvider, trace: HourlyTrace, options: EvalOptions
+) -> None:
+    """Every evaluated hour needs a recorded value within the hours the simulator looks
+    back (its history, or the forecaster's lookback when longer); without one it has no
+    grid for the zone there, and the run would stop in the middle with a traceback."""
+    config = sim_config(options, options.policies[0])
+    lookback_hours = max(config.history_hours, forecaster_named(config.forecaster).lookback_hours)
+    carbon = trace.carbon(provider.emission_factor)
+    hour_numbers = np.arange(carbon.size)
+    last_value = np.maximum.accumulate(np.where(np.isfinite(carbon), hour_numbers, -1))
+    first = trace.hour_index(config.start_s)
+    last = min(trace.hour_index(config.end_s), carbon.size - 1)
+    hours, known = hour_numbers[first : last + 1], last_value[first : last + 1]
+    blind = hours[(known < 0) | (hours - known >= lookback_hours)]
+    if blind.size == 0:
+        return
+    hour = int(blind[0])
+    at = _hour(trace.start_s + hour * HOUR_S)
+    if last_value[hour] < 0:
+        first_value = int(np.argmax(np.isfinite(carbon)))
+        raise ValueError(
+            f"the {trace.zone} series ({trace.source}) has no carbon intensity at or before "
+            f"{at}, which the evaluated period needs (its first value is at "
+            f"{_hour(trace.start_s + first_value * HOUR_S)}): start later, or fill the file"
+        )
+    raise ValueError(
+        f"the {trace.zone} series ({trace.source}) has no carbon intensity in the "
+        f"{lookback_hours} hours up to {at}, within the evaluated period (the simulator "
+        f"looks back that far for a value; the last is at "
+        f"{_hour(trace.start_s + int(last_value[hour]) * HOUR_S)}): evaluate another "
+        "period, or fill the gap in the file"
+    )
+
+
+def _hour(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, tz=UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def _day(epoch_s: float) -> str:
@@ -186,6 +236,21 @@ def serving_latency(scenario: Scenario, start_s: float) -> ServingLatency:
     )
 
 
+def sim_config(options: EvalOptions, policy: str) -> SimConfig:
+    return SimConfig(
+        start_s=options.start_s,
+        days=options.days,
+        policy=policy_spec(policy),
+        energy=options.energy,
+        forecaster=options.forecaster,
+        min_saving=options.min_saving,
+        migration=options.migration,
+        power_capping=options.power_capping,
+        room_making=options.room_making,
+        patience_s=options.patience_s,
+    )
+
+
 def run_eval(
     options: EvalOptions,
     *,
@@ -197,18 +262,7 @@ def run_eval(
     results: list[PolicyResult] = []
     outcomes: list[SimOutcome] = []
     for name in options.policies:
-        config = SimConfig(
-            start_s=options.start_s,
-            days=options.days,
-            policy=policy_spec(name),
-            energy=options.energy,
-            forecaster=options.forecaster,
-            min_saving=options.min_saving,
-            migration=options.migration,
-            power_capping=options.power_capping,
-            room_making=options.room_making,
-            patience_s=options.patience_s,
-        )
+        config = sim_config(options, name)
         began = time.perf_counter()
         outcome = Simulation(
             config, scenario.nodes, scenario.workload, scenario.provider, latency

@@ -13,7 +13,8 @@ telemetry.
   ``gco2 = kWh × mean intensity``, ``cost = kWh × mean price / 1000``. For a
   constant power this is exactly ∫ P(t)·I(t) dt. A zone without a recorded
   series gets the conservative fallback of ``window.window_means`` and the
-  record is flagged ``fallback``.
+  record is flagged ``fallback``; where nothing at all is known (no zone has a
+  price), the cost is NaN, unknown, and reports show it so.
 * The **counterfactual** of a job is what the ``fifo-binpack`` baseline would
   have chosen at submission on the same cluster state (running work and the
   queue ahead of it): its nodes and start (now, or its reservation's start when
@@ -116,7 +117,11 @@ def account(
     carbon = window_means(recorded, fleet, nodes, start, end, "carbon")
     price = window_means(recorded, fleet, nodes, start, end, "price", currency=currency)
     gco2 = kwh * carbon.values
+    # A price nobody knows (no zone of the grid has one, nor the static table) stays
+    # NaN, never 0: a free hour would flatter the policy. It is flagged like any other
+    # fallback, and reports show the cost as unknown.
     cost = kwh * price.values / 1000.0
+    unknown = ~np.isfinite(carbon.values) | ~np.isfinite(price.values)
     zones = table.zones
     return [
         UsageAccount(
@@ -125,7 +130,7 @@ def account(
             totals=Totals(float(kwh[i]), float(gco2[i]), float(cost[i])),
             currency=currency,
             measured=bool(measured[i]),
-            fallback=bool(carbon.fallback[i] or price.fallback[i]),
+            fallback=bool(carbon.fallback[i] or price.fallback[i] or unknown[i]),
         )
         for i, usage in enumerate(usages)
     ]

@@ -19,7 +19,8 @@ energy, and whether the trade is worth it depends on where the job runs:
   it lands there).
 
 The share with the lowest energy-plus-time cost wins when it saves at least
-``min_saving`` of the uncapped cost. A gang gets one share for all its members (it
+``min_saving`` of the uncapped cost (of its size, where prices below zero make it
+negative). A gang gets one share for all its members (it
 runs at its slowest member's pace). A cap is never chosen where the longer run would
 miss the job's deadline (less ``safety_margin_s``) or run into a reservation held on
 one of its nodes (backfill promised to end before it), nor below a device's lowest
@@ -244,7 +245,7 @@ class PowerCapper:
                 uncapped_cost = best_cost = cost
             elif cost < best_cost:
                 best_share, best_cost = share, cost
-        if best_share == 1.0 or not best_cost <= (1.0 - self.min_saving) * uncapped_cost:
+        if best_share == 1.0 or not best_cost <= self._worth_capping(uncapped_cost):
             return []
         capped_end = start + run_s / capped_throughput(best_share)
         return [
@@ -255,6 +256,14 @@ class PowerCapper:
             )
             for m in members
         ]
+
+    def _worth_capping(self, uncapped_cost: float) -> float:
+        """The most a capped run may cost: ``min_saving`` of the uncapped cost's size
+        less. Below zero (paid to draw power) ``(1 − min_saving) · cost`` would lie
+        above the cost itself, and any saving at all would pass."""
+        if uncapped_cost >= 0:
+            return (1.0 - self.min_saving) * uncapped_cost
+        return (1.0 + self.min_saving) * uncapped_cost
 
     def _member_power_w(
         self, snapshot: Snapshot, members: Sequence[_Member], share: float

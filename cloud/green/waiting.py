@@ -15,7 +15,8 @@ when:
 * a group of its candidates (one zone, one run time) will have room for the whole
   gang at some t ≤ the patience, counted from the expected ends of the training
   running there (inference never ends) and this pass's own placements and
-  deferrals, where it would emit E_then ≤ (1 − ``min_saving``) · E_now.
+  deferrals, where it would emit E_then ≤ E_now − ``min_saving`` · |E_now| (the
+  absolute value for prices below zero).
 
 It then defers to the earliest such t with the least E_then. At t the scheduler asks
 again: the freed node now fits, so the job starts there (or, if another job took
@@ -119,14 +120,19 @@ class CapacityWaiter:
             return None  # nothing fits now (the job waits anyway), or nothing to wait for
         start, expected_then, zone, option, runtime = best
         saving = best_now - expected_then
-        if start <= now or saving < self.min_saving * best_now or saving <= 0:
+        # Against the size of the reference, as temporal shifting judges: at negative
+        # prices `min_saving * best_now` is below zero and any saving would pass. A
+        # reference of 0 has no share to save (and nothing to divide by).
+        if start <= now or best_now == 0 or saving <= 0:
+            return None
+        if saving < self.min_saving * abs(best_now):
             return None
         quantity, unit = saving_words(self.objective, self.currency)
         return Deferral(
             start_at=start,
             latest_start=latest,
             zone=zone,
-            saving_fraction=saving / best_now,
+            saving_fraction=saving / abs(best_now),
             expected_now=best_now,
             expected_then=expected_then,
             quantity=quantity,

@@ -39,7 +39,8 @@ from cloud.signals.model import (
     SignalType,
     SignalUnavailable,
 )
-from cloud.signals.units import Clock, as_utc, iso_z, parse_utc, system_clock
+from cloud.signals.provider_time import provider_time
+from cloud.signals.units import Clock, as_utc, iso_z, system_clock
 from shared.clock import utc_from_epoch
 
 LATEST_WINDOW = timedelta(hours=2)
@@ -107,7 +108,7 @@ class CarbonAwareSdkProvider:
     async def latest(self, zone: str) -> GridReading:
         now = utc_from_epoch(self._clock())
         rows = [
-            (parse_utc(row.time), row.rating)
+            (provider_time(row.time, provider=self._name), row.rating)
             for row in await self._emissions(zone, now - LATEST_WINDOW, now)
             if row.rating is not None and math.isfinite(row.rating) and row.rating >= 0
         ]
@@ -125,7 +126,7 @@ class CarbonAwareSdkProvider:
     async def history(self, zone: str, start: datetime, end: datetime) -> list[GridReading]:
         start, end = as_utc(start), as_utc(end)
         rows = [
-            (parse_utc(row.time), row.rating, False)
+            (provider_time(row.time, provider=self._name), row.rating, False)
             for row in await self._emissions(zone, start, end)
         ]
         return [
@@ -154,15 +155,15 @@ class CarbonAwareSdkProvider:
         if not forecasts:
             return None
         first = forecasts[0]
-        rows = [
-            (parse_utc(point.timestamp), point.value, True)
+        timed = [
+            (provider_time(point.timestamp, provider=self._name), point)
             for point in first.forecast_data
-            if start <= parse_utc(point.timestamp) < end
         ]
+        rows = [(at, point.value, True) for at, point in timed if start <= at < end]
         return Forecast(
             zone=zone,
             issued_at=(
-                parse_utc(first.generated_at)
+                provider_time(first.generated_at, provider=self._name)
                 if first.generated_at
                 else utc_from_epoch(self._clock())
             ),

@@ -13,8 +13,9 @@ carbon file with the same prefix: DE's prices are those of the DE-LU bidding zon
 A file is checked as it is read, since one bad row would spoil every series built on
 it: a carbon intensity outside 0 to 10,000 gCO2eq/kWh, a price beyond ±100,000 per MWh
 (`model.MAX_CARBON_G_PER_KWH`, `MAX_ABS_PRICE_PER_MWH`) or a zone's rows more than
-`MAX_TRACE_SPAN_YEARS` apart are a `DatasetError` naming the file and line. An empty
-cell is a missing hour.
+`MAX_TRACE_SPAN_YEARS` apart are a `DatasetError` naming the file and line, and so are
+a cell that holds text that is no number (`NaN` included) and an hour with two rows
+(naming both). Only an empty cell is a missing hour.
 """
 
 from __future__ import annotations
@@ -167,18 +168,28 @@ def _rows(entry: Traversable) -> Iterator[dict[str, str]]:
     return (row for _, row in _numbered_rows(entry))
 
 
-def _number(text: str | None) -> float:
+def _number(entry: Traversable, line: int, row: dict[str, str], column: str) -> float:
+    """The cell's number, NaN for an empty one (a missing hour). Text that is no number
+    (`#N/A`, a typo, a spreadsheet's `NaN`) is a DatasetError: read as a missing hour, it
+    would be filled from the hour before and nobody would know the file is damaged."""
+    text = row.get(column)
     if text is None or not text.strip():
         return math.nan
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        return math.nan
+        value = math.nan
+    if math.isnan(value):
+        raise DatasetError(
+            f"{entry.name}: line {line}: {column} is {text!r}, not a number (leave the cell "
+            "empty where there is no value)"
+        )
+    return value
 
 
 def _carbon_cell(entry: Traversable, line: int, row: dict[str, str], column: str) -> float:
     """The cell's intensity, NaN where it has none; a DatasetError for one no grid has."""
-    value = _number(row.get(column))
+    value = _number(entry, line, row, column)
     if math.isnan(value) or plausible_carbon(value):
         return value
     raise DatasetError(
@@ -189,7 +200,7 @@ def _carbon_cell(entry: Traversable, line: int, row: dict[str, str], column: str
 
 
 def _price_cell(entry: Traversable, line: int, row: dict[str, str]) -> float:
-    value = _number(row[PRICE_COLUMN])
+    value = _number(entry, line, row, PRICE_COLUMN)
     if math.isnan(value) or plausible_price(value):
         return value
     raise DatasetError(
@@ -212,6 +223,35 @@ def _check_span(entry: Traversable, times: list[float], lines: list[int]) -> Non
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Where a row was read: errors about rows name the file and line."""
+
+    file: str
+    line: int
+
+
+def _check_each_hour_once(times: list[float], origins: list[_Origin]) -> None:
+    """Refuse a zone with two rows for one hour (in one file or two), naming both: the
+    dense arrays hold one value an hour, and keeping either would hide the other."""
+    first_row_of_hour: dict[int, int] = {}
+    for row, at_s in enumerate(times):
+        hour = math.floor(at_s / HOUR_S)
+        first = first_row_of_hour.setdefault(hour, row)
+        if first == row:
+            continue
+        earlier, later = origins[first], origins[row]
+        where = (
+            f"{earlier.file}: lines {earlier.line} and {later.line}"
+            if earlier.file == later.file
+            else f"{earlier.file}: line {earlier.line} and {later.file}: line {later.line}"
+        )
+        raise DatasetError(
+            f"{where}: both hold the hour from {utc_from_epoch(hour * HOUR_S):%Y-%m-%d %H:%M} "
+            "UTC; a trace has one row an hour"
+        )
+
+
 @dataclass(slots=True)
 class _ZoneRows:
     times: list[float]
@@ -219,6 +259,7 @@ class _ZoneRows:
     direct: list[float]
     estimated: list[bool]
     files: list[str]
+    origins: list[_Origin]
 
 
 def _read_carbon_file(entry: Traversable, into: dict[str, _ZoneRows]) -> str:
@@ -229,9 +270,10 @@ def _read_carbon_file(entry: Traversable, into: dict[str, _ZoneRows]) -> str:
     try:
         for line, row in _numbered_rows(entry):
             zone = row[ZONE_COLUMN].strip()
-            rows = into.setdefault(zone, _ZoneRows([], [], [], [], []))
+            rows = into.setdefault(zone, _ZoneRows([], [], [], [], [], []))
             at_s = parse_utc(row[TIME_COLUMN]).timestamp()
             rows.times.append(at_s)
+            rows.origins.append(_Origin(entry.name, line))
             rows.lifecycle.append(_carbon_cell(entry, line, row, LCA_COLUMN))
             rows.direct.append(_carbon_cell(entry, line, row, DIRECT_COLUMN))
             rows.estimated.append(row.get(ESTIMATED_COLUMN, "").strip().lower() == "true")
@@ -268,16 +310,19 @@ def read_traces(directory: Traversable) -> dict[str, HourlyTrace]:
             prefix_zone[match.group("prefix")] = _read_carbon_file(entry, zone_rows)
     if not zone_rows:
         raise DatasetError(f"{directory}: no <ZONE>_<YEAR>_hourly.csv carbon files")
-    price_rows: dict[str, tuple[list[float], list[float]]] = {}
+    price_rows: dict[str, tuple[list[float], list[float], list[_Origin]]] = {}
     for entry in entries:
         match = _PRICE_FILE.match(entry.name)
         if not match or match.group("prefix") not in prefix_zone:
             continue
-        times, prices = price_rows.setdefault(prefix_zone[match.group("prefix")], ([], []))
+        times, prices, origins = price_rows.setdefault(
+            prefix_zone[match.group("prefix")], ([], [], [])
+        )
         try:
             for line, row in _numbered_rows(entry):
                 times.append(parse_utc(row[TIME_COLUMN]).timestamp())
                 prices.append(_price_cell(entry, line, row))
+                origins.append(_Origin(entry.name, line))
         except DatasetError:
             raise
         except (KeyError, ValueError) as error:
@@ -290,12 +335,14 @@ def read_traces(directory: Traversable) -> dict[str, HourlyTrace]:
                 f"{', '.join(rows.files)}: zone {zone}'s rows span more than "
                 f"{MAX_TRACE_SPAN_YEARS} years"
             )
+        _check_each_hour_once(rows.times, rows.origins)
         start_s = math.floor(min(rows.times) / HOUR_S) * HOUR_S
         hours = math.floor((max(rows.times) - start_s) / HOUR_S) + 1
         lifecycle = _dense(rows.times, rows.lifecycle, start_s, hours)
         direct = _dense(rows.times, rows.direct, start_s, hours)
         estimated = _dense(rows.times, (float(e) for e in rows.estimated), start_s, hours) == 1.0
-        price_times, prices = price_rows.get(zone, ([], []))
+        price_times, prices, price_origins = price_rows.get(zone, ([], [], []))
+        _check_each_hour_once(price_times, price_origins)
         price = _dense(price_times, prices, start_s, hours)
         for array in (lifecycle, direct, estimated, price):
             _read_only(array)

@@ -40,7 +40,8 @@ from cloud.signals.model import (
     SignalAuthError,
     SignalUnavailable,
 )
-from cloud.signals.units import Clock, as_utc, iso_z, parse_utc, system_clock
+from cloud.signals.provider_time import provider_time
+from cloud.signals.units import Clock, as_utc, iso_z, system_clock
 from shared.clock import utc_from_epoch
 
 DEFAULT_BASE_URL = "https://api.electricitymaps.com/v3"
@@ -112,7 +113,7 @@ class ElectricityMapsProvider:
             return None
         return GridReading(
             zone=zone,
-            at=parse_utc(point.datetime),
+            at=provider_time(point.datetime, provider=self._name),
             carbon_g_per_kwh=float(value),
             signal_type="average",
             source=self._name,
@@ -181,13 +182,18 @@ class ElectricityMapsProvider:
         if response is None:
             return None
         points = [
-            ForecastPoint(at=parse_utc(p.datetime), carbon_g_per_kwh=float(p.carbon_intensity))
+            ForecastPoint(
+                at=provider_time(p.datetime, provider=self._name),
+                carbon_g_per_kwh=float(p.carbon_intensity),
+            )
             for p in response.forecast
             if p.carbon_intensity is not None and math.isfinite(p.carbon_intensity)
         ]
         return Forecast(
             zone=zone,
-            issued_at=parse_utc(response.updated_at) if response.updated_at else now,
+            issued_at=provider_time(response.updated_at, provider=self._name)
+            if response.updated_at
+            else now,
             signal_type="average",
             points=[p for p in points if start <= p.at < end],
             source=self._name,

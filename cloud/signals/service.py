@@ -232,6 +232,18 @@ class SignalService:
             self._log.info(
                 "signals.forecast_unavailable", provider=provider.name, zone=zone, error=str(error)
             )
+        except Exception as error:
+            # A client bug in reading its forecast (a time it could not parse, say) must
+            # not cost the zone the good history we already have: the same as above, but
+            # a warning, one line per provider and kind of error per interval (a bug
+            # repeats on every zone at every refresh).
+            self._limited_log.warning(
+                f"forecast_crashed:{provider.name}:{type(error).__name__}",
+                "signals.forecast_crashed",
+                provider=provider.name,
+                zone=zone[:100],
+                error=f"{type(error).__name__}: {error}"[:500],
+            )
         if forecast is not None:
             points = [p for p in forecast.points if plausible_carbon(p.carbon_g_per_kwh)]
             dropped += len(forecast.points) - len(points)
@@ -299,7 +311,9 @@ class SignalService:
             # One question per (provider, zone) at a time: concurrent snapshots share it.
             async with self._asking(key):
                 cached = self._answers.get(key)
-                if cached is not None and now_s - cached.fetched_at_s < self._ttl_s:
+                # Fresh only when asked at or before now: a replayed trace's clock jumps
+                # back a year at New Year, and an answer from "the future" is not young.
+                if cached is not None and 0.0 <= now_s - cached.fetched_at_s < self._ttl_s:
                     self._answers.move_to_end(key)
                     return cached, True
                 if self.blocked_until_s(provider.name) is not None:
@@ -383,10 +397,9 @@ class SignalService:
             source = answer.provider if live else f"{answer.provider} (last good)"
             try:
                 return self._assemble(answer, now_s, stale=stale, source=source)
-            except SignalUnavailable as error:
-                self._log.warning("signals.unusable_answer", zone=zone, error=str(error))
-            except ValueError as error:
-                # Values no series may hold (ZoneSeries refuses them). This zone falls
+            except (SignalUnavailable, ValueError) as error:
+                # Values no series may hold (ZoneSeries refuses them), or none at or
+                # before now (SignalUnavailable; the clock went back). This zone falls
                 # back like one without an answer; the snapshot's other zones must not
                 # fail with it, and the answer must not come back as the last good one.
                 self._forget(answer)

@@ -55,7 +55,13 @@ class TraceProvider:
         perfect_forecast: bool = False,
         name: str = "trace",
     ) -> None:
-        self._traces: Mapping[str, HourlyTrace] = load_traces(directory)
+        # A zone whose column holds no value at all is no series: it is left out like a
+        # zone without a file (an evaluation may then allow it as a missing zone).
+        self._traces: Mapping[str, HourlyTrace] = {
+            zone: trace
+            for zone, trace in load_traces(directory).items()
+            if np.isfinite(trace.carbon(emission_factor)).any()
+        }
         self._emission_factor: EmissionFactor = emission_factor
         self._clock = clock or replay_clock(TRACE_YEAR)
         self._perfect_forecast = perfect_forecast

@@ -40,7 +40,8 @@ import msgspec
 from cloud.signals.hourly import hourly_means
 from cloud.signals.http_client import HttpSource
 from cloud.signals.model import Forecast, ForecastPoint, GridReading, SignalUnavailable
-from cloud.signals.units import Clock, as_utc, parse_utc, system_clock
+from cloud.signals.provider_time import provider_time
+from cloud.signals.units import Clock, as_utc, system_clock
 from shared.clock import utc_from_epoch
 
 DEFAULT_BASE_URL = "https://api.carbonintensity.org.uk"
@@ -174,7 +175,7 @@ class UkCarbonIntensityProvider:
             if value is not None:
                 return GridReading(
                     zone=zone,
-                    at=parse_utc(slot.start),
+                    at=provider_time(slot.start, provider=self._name),
                     carbon_g_per_kwh=value,
                     signal_type="average",
                     source=self._name,
@@ -197,7 +198,7 @@ class UkCarbonIntensityProvider:
             chunk_start = chunk_end
         rows = []
         for slot in slots:
-            at = parse_utc(slot.start)
+            at = provider_time(slot.start, provider=self._name)
             if start <= at < end:
                 value, estimated = self._value(slot)
                 rows.append((at, value, estimated))
@@ -222,10 +223,9 @@ class UkCarbonIntensityProvider:
             f"intensity/{origin}/fw48h",
             f"regional/intensity/{origin}/fw48h/regionid/{{region}}",
         )
+        timed = [(provider_time(slot.start, provider=self._name), slot) for slot in slots]
         rows = [
-            (parse_utc(slot.start), _valid(slot.intensity.forecast), True)
-            for slot in slots
-            if start <= parse_utc(slot.start) < end
+            (at, _valid(slot.intensity.forecast), True) for at, slot in timed if start <= at < end
         ]
         return Forecast(
             zone=zone,

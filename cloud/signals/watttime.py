@@ -48,11 +48,11 @@ from cloud.signals.model import (
     SignalUnavailable,
     plausible_carbon,
 )
+from cloud.signals.provider_time import provider_time
 from cloud.signals.units import (
     G_PER_KWH_PER_LB_PER_MWH,
     Clock,
     as_utc,
-    parse_utc,
     system_clock,
 )
 from shared.clock import utc_from_epoch
@@ -200,7 +200,7 @@ class WattTimeProvider:
             if not plausible_carbon(value):
                 dropped += 1
                 continue
-            points.append((parse_utc(point.point_time), value))
+            points.append((provider_time(point.point_time, provider=self._name), value))
         if dropped:
             _log.warning(
                 "signals.implausible_points_dropped",
@@ -283,7 +283,7 @@ class WattTimeProvider:
         generated = response.meta.generated_at
         return Forecast(
             zone=zone,
-            issued_at=parse_utc(generated) if generated else now,
+            issued_at=provider_time(generated, provider=self._name) if generated else now,
             signal_type="marginal",
             points=[ForecastPoint(at=h.hour, carbon_g_per_kwh=h.value) for h in hours],
             source=self._name,

@@ -145,3 +145,37 @@ def test_the_optimum_and_missing_zones_on_the_command_line(
     code, out, _ = run(capsys, *args, "--allow-missing-zones")
     assert code == 0
     assert "fallback" in out.splitlines()[1]
+
+
+def test_a_cost_no_price_can_tell_is_shown_unknown_and_is_null_in_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Carbon series only, for zones no static table prices: nothing says what power cost.
+    fleet, workload = write_scenario(tmp_path)
+    carbon = tmp_path / "carbon"
+    carbon.mkdir()
+    for prefix, zone in (("CA-ON", "CA-ON"), ("US-CAL-CISO", "US-CAL-CISO"), ("DE-LU", "DE")):
+        text = (shipped_data() / f"{prefix}_2023_hourly.csv").read_text(encoding="utf-8")
+        (carbon / f"XX{prefix}_2023_hourly.csv").write_text(
+            text.replace(f",{zone},", f",XX-{zone},"), encoding="utf-8"
+        )
+    renamed = fleet.read_text(encoding="utf-8").replace('zone = "', 'zone = "XX-')
+    fleet.write_text(renamed, encoding="utf-8")
+    args = ["--days", "1", "--fleet", str(fleet), "--workload", str(workload)]
+    args += ["--policies", "fifo-binpack", "--no-optimum", "--carbon-dir", str(carbon)]
+    code, out, _ = run(capsys, *args)
+    assert code == 0
+    header, _, row = out.splitlines()[1:4]
+    cost = row[: header.index("cost") + len("cost")].split()[-1]  # cells are right-aligned
+    assert cost == "n/a"
+    assert "nan" not in row
+    code, out, _ = run(capsys, *args, "--json")
+    assert code == 0
+
+    def no_constants(token: str) -> object:
+        raise AssertionError(f"{token} is not JSON (RFC 8259)")
+
+    (result,) = json.loads(out, parse_constant=no_constants)
+    assert result["cost"] is None
+    assert result["fallback_records"] > 0  # accounted without a price, and counted
+    assert result["gco2"] > 0

@@ -55,3 +55,22 @@ def test_the_short_matrix_holds_the_bound_the_slos_and_the_deadlines(
     assert summary["worst_turnaround_ratio"] >= summary["median_turnaround_ratio"] > 0
     assert "| fleet | start |" in done.stdout
     assert "median_co2_cut" in done.stdout
+
+
+@pytest.mark.parametrize("where", ["no/such/dir/matrix.json", "."])
+def test_a_json_path_it_cannot_write_is_refused_before_any_scenario_runs(
+    tmp_path: Path, where: str
+) -> None:
+    target = tmp_path / where
+    done = subprocess.run(
+        [sys.executable, "benchmarks/green_matrix.py", "--short", "--json", str(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,  # before: every scenario ran first, then the write failed
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--json" in done.stderr
+    assert str(target) in done.stderr
+    assert "| fleet | start |" not in done.stdout  # no scenario ran

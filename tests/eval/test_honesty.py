@@ -3,8 +3,10 @@ traces do not cover, and work that never starts are errors or reported, never hi
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
-from datetime import date
+from collections.abc import Callable
+from datetime import date, datetime
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +66,69 @@ def test_a_fleet_zone_without_a_series_is_an_error_unless_allowed_and_then_count
     assert "fallback" in header.split()
     assert str(result.fallback_records) in row.split()
     shutil.rmtree(carbon)
+
+
+def carbon_dir_with_empty_hours(tmp_path: Path, empty: Callable[[datetime], bool]) -> Path:
+    """The fleet's three zones, with DE's carbon cells empty in the hours `empty` picks."""
+    directory = tmp_path / "carbon"
+    directory.mkdir()
+    for name in ("CA-ON_2023_hourly.csv", "US-CAL-CISO_2023_hourly.csv", "DE-LU_2023_hourly.csv"):
+        lines = (shipped_data() / name).read_text(encoding="utf-8").splitlines()
+        if name.startswith("DE-LU"):
+            for index, line in enumerate(lines[1:], start=1):
+                cells = line.split(",")
+                if empty(datetime.fromisoformat(cells[0])):
+                    cells[4] = cells[5] = ""  # both carbon intensity columns
+                    lines[index] = ",".join(cells)
+        (directory / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("start", "days", "empty", "message"),
+    [
+        # The first 200 hours have no value: none at or before the evaluated start.
+        (
+            date(2023, 1, 1),
+            1.0,
+            lambda at: at < datetime(2023, 1, 9, 8),
+            "DE series \\(DE-LU_2023_hourly.csv\\) has no carbon intensity at or before "
+            "2023-01-01 00:00",
+        ),
+        # Ten empty days within the period: longer than any forecaster looks back.
+        (
+            date(2023, 3, 1),
+            14.0,
+            lambda at: datetime(2023, 3, 4) <= at < datetime(2023, 3, 14),
+            "DE series \\(DE-LU_2023_hourly.csv\\) has no carbon intensity in the .* hours "
+            "up to 2023-03-1",
+        ),
+    ],
+)
+def test_a_zone_without_a_value_when_the_simulator_needs_one_is_an_error(
+    tmp_path: Path, start: date, days: float, empty: Callable[[datetime], bool], message: str
+) -> None:
+    fleet, workload = write_scenario(tmp_path)
+    carbon = carbon_dir_with_empty_hours(tmp_path, empty)
+    options = EvalOptions(start=start, days=days, fleet=fleet, workload=workload, carbon_dir=carbon)
+    with pytest.raises(ValueError, match=message):
+        build_scenario(options)
+
+
+def test_a_zone_with_no_value_at_all_is_missing_and_may_be_allowed(tmp_path: Path) -> None:
+    fleet, workload = write_scenario(tmp_path)
+    carbon = carbon_dir_with_empty_hours(tmp_path, lambda at: True)
+    options = EvalOptions(
+        days=1, fleet=fleet, workload=workload, carbon_dir=carbon, policies=("fifo-binpack",)
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"fleet zone DE has no carbon series in .* \(DE-LU_2023_hourly.csv has no carbon",
+    ):
+        build_scenario(options)
+    report = run_eval(dataclasses.replace(options, allow_missing_zones=True))
+    (result,) = report.results
+    assert result.fallback_records > 0
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@ the fifo-binpack counterfactual."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from cloud.green.accounting import (
@@ -97,6 +99,15 @@ def test_an_unrecorded_zone_is_flagged_and_not_cheap() -> None:
     [record] = account([usage(node_id="c")], fleet, RECORDED, EnergyModel())
     assert record.fallback
     assert record.totals.gco2 >= record.totals.kwh * 500.0
+
+
+def test_a_cost_without_any_price_is_unknown_and_flagged() -> None:
+    unpriced = grid(series("NOWHERE", [100.0] * 72, price=[math.nan] * 72))
+    fleet = snapshot([gpu_server("c", "NOWHERE")])
+    [record] = account([usage(node_id="c")], fleet, unpriced, EnergyModel())
+    assert record.totals.gco2 == pytest.approx(record.totals.kwh * 100.0)
+    assert math.isnan(record.totals.cost)  # not 0: no hour is free for want of a price
+    assert record.fallback
 
 
 def test_usage_on_an_unknown_node_is_an_error() -> None:

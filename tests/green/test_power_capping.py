@@ -18,7 +18,7 @@ from cloud.scheduler import Node, Plan, Policy, Reservation, Snapshot, TrainingJ
 from cloud.signals.grid import GridSignals
 from shared.accelerators import capped_throughput
 
-from .builders import HOUR, T0, flat, gpu_server, grid, running_on
+from .builders import HOUR, T0, flat, gpu_server, grid, running_on, series
 
 LATENCY = default_latency_estimator({"r"})
 FIFO = Policy(weights={"packing": 1.0, "speed": 0.5})
@@ -192,6 +192,28 @@ def test_the_pass_rule_caps_under_green_and_never_under_the_baseline() -> None:
     assert build_power_capper("fifo-binpack", inputs) is None
     off = dataclasses.replace(inputs, power_capping=False)
     assert build_power_capper("green", off) is None
+
+
+def test_with_negative_prices_a_small_saving_is_still_no_reason_to_cap() -> None:
+    # Power paid for at -50 per MWh for the uncapped run's 4 hours, and at `late` after:
+    # a capped run, longer, is paid more for the hours it runs into.
+    snap, plan = placed([gpu_server("dirty", "DIRTY")], [job(duration_h=4.0)])
+
+    def cap_at(late: float, min_saving: float) -> float | None:
+        prices = [-50.0] * 4 + [late] * 68
+        signals = grid(series("DIRTY", [600.0] * 72, price=prices))
+        capper = PowerCapper(signals=signals, objective="price", min_saving=min_saving)
+        return capper.cap(snap, plan).placements[0].power_limit_w
+
+    assert cap_at(-50.0, 0.0) is None  # less energy at a negative price only costs
+    assert cap_at(-5000.0, 0.03) is not None  # a large saving: capped
+    # Where a cap first saves anything at all, it saves far less than the 3 % asked.
+    no_cap, cap = -50.0, -5000.0
+    for _ in range(60):
+        middle = (no_cap + cap) / 2
+        no_cap, cap = (no_cap, middle) if cap_at(middle, 0.0) is not None else (middle, cap)
+    assert cap_at(cap, 0.0) is not None
+    assert cap_at(cap, 0.03) is None  # before: any saving passed (1 - 0.03) × a cost < 0
 
 
 def test_settings_are_checked() -> None:

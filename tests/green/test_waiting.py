@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from cloud.green.energy import EnergyModel
 from cloud.green.policies import GreenInputs, build_policy
 from cloud.green.waiting import CapacityWaiter
@@ -82,6 +84,30 @@ def test_a_small_saving_is_not_worth_a_wait() -> None:
     waiter = CapacityWaiter(grid(CLEAN, nearly), EnergyModel(), 1800.0)
     plan = schedule(cluster(600.0, [job()]), Policy(start_advisor=waiter, patience_s=1800.0))
     assert [p.node_id for p in plan.placements] == ["dirty"]
+
+
+def test_with_negative_prices_a_small_saving_is_still_not_worth_a_wait() -> None:
+    def held(clean_price: float, dirty_price: float) -> list[tuple[float, float, float]]:
+        signals = grid(
+            flat("CLEAN", 100.0, price=clean_price), flat("DIRTY", 100.0, price=dirty_price)
+        )
+        waiter = CapacityWaiter(signals, EnergyModel(), 1800.0, objective="price")
+        plan = schedule(cluster(600.0, [job()]), Policy(start_advisor=waiter, patience_s=1800.0))
+        return [
+            (p.deferral.saving_fraction, p.deferral.expected_now, p.deferral.expected_then)
+            for p in plan.pending
+            if p.deferral is not None
+        ]
+
+    # The clean node 1 % cheaper than the free one, whichever side of zero: no wait.
+    assert held(49.5, 50.0) == []
+    assert held(-50.5, -50.0) == []  # before: held, with a saving "fraction" of -1 %
+    # Paid 60 % more for the same run by waiting: a saving, and its fraction, are positive.
+    ((fraction, now, then),) = held(-80.0, -50.0)
+    assert now < 0
+    assert then < now
+    assert fraction == pytest.approx((now - then) / abs(now))
+    assert fraction == pytest.approx(0.6)
 
 
 def test_the_green_policy_waits_and_the_baseline_never_does() -> None:

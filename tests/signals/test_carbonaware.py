@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 import aiohttp
@@ -25,6 +26,9 @@ class FakeCarbonAwareSdk:
     def __init__(self) -> None:
         self.queries: list[tuple[str, dict[str, str]]] = []
         self.delay_s = 0.0
+        # Where one time is not in the documented format: "time" (an emissions row),
+        # "timestamp" (a forecast point) or "generatedAt" (the forecast's).
+        self.malformed_time_in: set[str] = set()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -69,6 +73,8 @@ class FakeCarbonAwareSdk:
             )
             at += timedelta(minutes=30)
             index += 1
+        if "time" in self.malformed_time_in:
+            rows[len(rows) // 2]["time"] = "10:30 yesterday"
         return web.json_response(rows)
 
     async def forecast(self, request: web.Request) -> web.Response:
@@ -95,11 +101,16 @@ class FakeCarbonAwareSdk:
             }
             for i in range(36)
         ]
+        if "timestamp" in self.malformed_time_in:
+            points[len(points) // 2]["timestamp"] = "10:30 tomorrow"
+        generated_at = stamp(utc(2025, 5, 1, 10, 5))
+        if "generatedAt" in self.malformed_time_in:
+            generated_at = "just now"
         return web.json_response(
             [
                 {
                     "requestedAt": stamp(NOW),
-                    "generatedAt": stamp(utc(2025, 5, 1, 10, 5)),
+                    "generatedAt": generated_at,
                     "location": location,
                     "dataStartAt": request.query["dataStartAt"],
                     "dataEndAt": request.query["dataEndAt"],
@@ -205,3 +216,28 @@ async def test_an_unknown_location_and_a_slow_server_are_unavailable(
         fake.delay_s = 1.0
         with pytest.raises(SignalUnavailable, match="timed out"):
             await provider(session, url, timeout_s=0.1).latest("NL")
+
+
+ASK: dict[str, Callable[[CarbonAwareSdkProvider], Awaitable[object]]] = {
+    "latest": lambda sdk: sdk.latest("NL"),
+    "history": lambda sdk: sdk.history("NL", utc(2025, 5, 1, 0), utc(2025, 5, 1, 6)),
+    "forecast": lambda sdk: sdk.forecast("NL", utc(2025, 5, 1, 11), utc(2025, 5, 1, 14)),
+}
+
+
+@pytest.mark.parametrize(
+    ("where", "ask"),
+    [
+        ("time", "latest"),
+        ("time", "history"),
+        ("timestamp", "forecast"),
+        ("generatedAt", "forecast"),
+    ],
+)
+async def test_a_time_not_in_the_documented_format_is_unavailable(
+    session: aiohttp.ClientSession, fake: FakeCarbonAwareSdk, where: str, ask: str
+) -> None:
+    fake.malformed_time_in = {where}
+    async with serve(fake.app()) as url:
+        with pytest.raises(SignalUnavailable, match="unexpected format"):
+            await ASK[ask](provider(session, url))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
@@ -13,6 +14,7 @@ from aiohttp import web
 from cloud.signals.datasets import EmissionFactor
 from cloud.signals.electricitymaps import ElectricityMapsProvider
 from cloud.signals.model import SignalAuthError, SignalRateLimited, SignalUnavailable
+from cloud.signals.service import SignalService
 
 from .support import FakeClock, serve, utc
 
@@ -39,6 +41,8 @@ class FakeElectricityMaps:
         self.past_range_forbidden = False
         self.status_override: tuple[int, dict[str, str]] | None = None
         self.delay_s = 0.0
+        # Endpoints whose body carries one time not in the documented format.
+        self.malformed_time_in: set[str] = set()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -48,6 +52,16 @@ class FakeElectricityMaps:
 
     def handler(self, name: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
+            response = await answer(request)
+            if name not in self.malformed_time_in or not isinstance(response, web.Response):
+                return response
+            assert response.text is not None
+            body = json.loads(response.text)
+            points = body.get("history") or body.get("data") or body.get("forecast") or [body]
+            points[len(points) // 2]["datetime"] = "2025-05-01T18:00:00.000Zjunk"
+            return web.json_response(body, status=response.status)
+
+        async def answer(request: web.Request) -> web.StreamResponse:
             self.queries.append((name, dict(request.query)))
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
@@ -240,3 +254,40 @@ async def test_a_slow_server_times_out(
     async with serve(fake.app()) as url:
         with pytest.raises(SignalUnavailable, match="timed out"):
             await provider(session, url, timeout_s=0.1).latest("DE")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "ask"),
+    [
+        ("latest", lambda em: em.latest("DE")),
+        ("history", lambda em: em.history("DE", utc(2025, 5, 1), utc(2025, 5, 1, 11))),
+        ("past-range", lambda em: em.history("DE", utc(2025, 4, 20), utc(2025, 4, 25))),
+        ("forecast", lambda em: em.forecast("DE", utc(2025, 5, 1, 11), utc(2025, 5, 3))),
+    ],
+)
+async def test_a_time_not_in_the_documented_format_is_unavailable(
+    session: aiohttp.ClientSession,
+    fake: FakeElectricityMaps,
+    endpoint: str,
+    ask: Callable[[ElectricityMapsProvider], Awaitable[object]],
+) -> None:
+    fake.malformed_time_in = {endpoint}
+    async with serve(fake.app()) as url:
+        with pytest.raises(SignalUnavailable, match="unexpected format"):
+            await ask(provider(session, url))
+
+
+async def test_a_malformed_forecast_keeps_the_zones_live_history(
+    session: aiohttp.ClientSession, fake: FakeElectricityMaps
+) -> None:
+    fake.malformed_time_in = {"forecast"}
+    clock = FakeClock(NOW.timestamp())
+    async with serve(fake.app()) as url:
+        em = provider(session, url)
+        signals = SignalService(
+            [em], clock=clock, history_hours=3, horizon_hours=2, forecaster="persistence"
+        )
+        series = (await signals.snapshot(["DE"])).zones["DE"]
+    assert (series.source, series.stale) == ("electricitymaps", False)
+    assert series.carbon_at(NOW.timestamp()) == 323.0  # the recorded 10:00 value
+    assert series.carbon_at(NOW.timestamp() + 3600) == 323.0  # ours, not the provider's

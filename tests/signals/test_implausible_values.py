@@ -294,3 +294,60 @@ async def test_a_snapshot_with_one_broken_zone_still_serves_the_others() -> None
     grid = await signals.snapshot(["DE", "XX"])
     assert provider.history_calls == asked + 2  # asked afresh for both zones
     assert grid.zones["XX"].source == "junk"  # 13 was an hour ago: usable again
+
+
+@pytest.mark.parametrize("lifecycle", ["#N/A", "4O1", "NaN", "nan", "12,5"])
+def test_a_carbon_cell_that_is_no_number_is_refused_naming_the_file_and_line(
+    tmp_path: Path, lifecycle: str
+) -> None:
+    rows = [carbon_row(at) for at in hours_of_2023(4)]
+    rows[1] = carbon_row("2023-01-01 01:00:00", lifecycle=f'"{lifecycle}"')
+    write_trace(tmp_path, rows)
+    with pytest.raises(DatasetError) as refused:
+        read_traces(tmp_path)  # before: read as a missing hour, and carried over
+    assert str(refused.value).startswith("XX_2023_hourly.csv: line 3: ")
+    assert repr(lifecycle) in str(refused.value)
+    assert "not a number" in str(refused.value)
+
+
+@pytest.mark.parametrize("price", ["4 2", "NaN", "n/a"])
+def test_a_price_cell_that_is_no_number_is_refused_naming_the_file_and_line(
+    tmp_path: Path, price: str
+) -> None:
+    write_trace(tmp_path, [carbon_row(at) for at in hours_of_2023(3)])
+    (tmp_path / "XX_electricity_prices_2023.csv").write_text(
+        f"Datetime (UTC),Price (USD/MWh)\n2023-01-01 00:00:00,40\n2023-01-01 01:00:00,{price}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(
+        DatasetError, match=r"^XX_electricity_prices_2023\.csv: line 3: .*not a number"
+    ):
+        read_traces(tmp_path)
+
+
+def test_an_hour_written_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    rows = [carbon_row(at) for at in hours_of_2023(4)]
+    rows.append(carbon_row("2023-01-01 01:00:00", lifecycle="5"))  # line 6, as line 3
+    write_trace(tmp_path, rows)
+    with pytest.raises(DatasetError, match=r"^XX_2023_hourly\.csv: lines 3 and 6: .*01:00"):
+        read_traces(tmp_path)  # before: the last row won, silently
+
+
+def test_an_hour_in_two_files_of_a_zone_is_refused_naming_both(tmp_path: Path) -> None:
+    write_trace(tmp_path, [carbon_row(at) for at in hours_of_2023(3)])
+    write_trace(tmp_path, [carbon_row("2023-01-01 02:30:00")], name="XX_2024_hourly.csv")
+    with pytest.raises(
+        DatasetError,
+        match=r"^XX_2023_hourly\.csv: line 4 and XX_2024_hourly\.csv: line 2: .*02:00",
+    ):
+        read_traces(tmp_path)
+
+
+def test_a_price_hour_written_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    write_trace(tmp_path, [carbon_row(at) for at in hours_of_2023(3)])
+    (tmp_path / "XX_electricity_prices_2023.csv").write_text(
+        "Datetime (UTC),Price (USD/MWh)\n2023-01-01 00:00:00,40\n2023-01-01 00:00:00,41\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(DatasetError, match=r"^XX_electricity_prices_2023\.csv: lines 2 and 3: "):
+        read_traces(tmp_path)

@@ -9,13 +9,13 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from cloud.signals.model import (
     Forecast,
     ForecastPoint,
     GridReading,
     SignalAuthError,
-    SignalError,
     SignalRateLimited,
     SignalType,
     SignalUnavailable,
@@ -55,7 +55,7 @@ class FakeProvider:
         self.price = price
         self.calls: Counter[str] = Counter()
         self.error: Exception | None = None
-        self.forecast_error: SignalError | None = None
+        self.forecast_error: Exception | None = None
         self.lag_hours = 0  # how far behind the current hour its data ends
 
     @property
@@ -286,6 +286,25 @@ async def test_a_failed_forecast_keeps_the_history(clock: FakeClock) -> None:
     np.testing.assert_array_equal(series.carbon_g_per_kwh[3:], [100.0, 100.0])
 
 
+async def test_a_crashing_forecast_keeps_the_history_and_is_logged_once_a_while(
+    clock: FakeClock,
+) -> None:
+    provider = FakeProvider("live", clock, forecast_hours=5)
+    provider.forecast_error = ValueError("Invalid isoformat string: 'junk'")
+    signals = service([provider], clock, cache_ttl_s=0)
+    with capture_logs() as logs:
+        for _ in range(3):
+            series = (await signals.snapshot(["DE", "ZA"])).zones["DE"]
+            assert (series.source, series.stale) == ("live", False)
+            np.testing.assert_array_equal(series.carbon_g_per_kwh[3:], [100.0, 100.0])
+    assert provider.calls["forecast"] == 6
+    crashed = [log for log in logs if log["event"] == "signals.forecast_crashed"]
+    assert len(crashed) == 1  # six failures, one line
+    assert crashed[0]["provider"] == "live"
+    assert "junk" in crashed[0]["error"]
+    assert "exc_info" not in crashed[0]
+
+
 async def test_a_rate_limited_forecast_blocks_the_provider_but_keeps_its_history(
     clock: FakeClock,
 ) -> None:
@@ -346,3 +365,31 @@ async def test_latest_goes_through_the_chain_with_staleness_and_static_price(
 def test_the_service_refuses_duplicate_providers(clock: FakeClock) -> None:
     with pytest.raises(ValueError, match="unique"):
         service([FakeProvider("a", clock), FakeProvider("a", clock)], clock)
+
+
+async def test_an_answer_fetched_after_now_is_not_fresh(clock: FakeClock) -> None:
+    # A replayed trace wraps at New Year: the signals clock jumps back a year. The
+    # answer cached on 31 December is not "younger than the TTL" at 1 January.
+    provider = FakeProvider("live", clock)
+    signals = service([provider], clock)
+    await signals.snapshot(["DE"])
+    clock.advance(-120 * 24 * HOUR_S)
+    series = (await signals.snapshot(["DE"])).zones["DE"]
+    assert provider.calls["history"] == 2
+    assert (series.source, series.stale) == ("live", False)
+    assert series.carbon_at(clock()) == 100.0
+
+
+async def test_an_answer_that_makes_no_series_is_forgotten(clock: FakeClock) -> None:
+    provider = FakeProvider("live", clock)
+    static = StaticProvider(
+        {"DE": StaticEntry(carbon_g_per_kwh=400.0)}, use_builtin=False, clock=clock
+    )
+    signals = service([provider], clock, static=static)
+    await signals.snapshot(["DE"])
+    provider.error = SignalUnavailable("down")
+    clock.advance(-120 * 24 * HOUR_S)  # every cached reading now lies after "now"
+    assert (await signals.snapshot(["DE"])).zones["DE"].source == "static (fallback)"
+    # Not kept as the zone's last good value: no reading from the future is reported.
+    assert signals.newest_reading_s("DE") is None
+    assert signals.state_entries == 0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 
 import aiohttp
@@ -59,6 +60,7 @@ class FakeCarbonIntensity:
     def __init__(self) -> None:
         self.paths: list[str] = []
         self.rate_limited = False
+        self.malformed_time = False  # one slot's "from" not in the documented format
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -83,7 +85,14 @@ class FakeCarbonIntensity:
                 return web.json_response(
                     {"error": "slow"}, status=429, headers={"Retry-After": "5"}
                 )
-            return await handler(request)
+            response = await handler(request)
+            if not self.malformed_time or not isinstance(response, web.Response):
+                return response
+            assert response.text is not None
+            body = json.loads(response.text)
+            slots = list(slots_in(body))
+            slots[len(slots) // 2]["from"] = "half past ten"
+            return web.json_response(body)
 
         app.middlewares.append(record)
         return app
@@ -132,6 +141,18 @@ class FakeCarbonIntensity:
             slot(at, 90.0, regional=True) for at in half_hours(start, start + timedelta(hours=48))
         ]
         return web.json_response({"data": self.region(request, slots)})
+
+
+def slots_in(body: object) -> Iterator[dict[str, object]]:
+    """Every half-hour slot in a response, however deep the regional nesting puts it."""
+    if isinstance(body, dict):
+        if "from" in body:
+            yield body
+        for value in body.values():
+            yield from slots_in(value)
+    elif isinstance(body, list):
+        for item in body:
+            yield from slots_in(item)
 
 
 @pytest.fixture
@@ -234,3 +255,30 @@ async def test_unknown_zones_and_rate_limits(
         with pytest.raises(SignalRateLimited) as limited:
             await provider(session, url).latest("GB")
     assert limited.value.retry_after_s == 5.0
+
+
+ASK: dict[str, Callable[[UkCarbonIntensityProvider, str], Awaitable[object]]] = {
+    "latest": lambda uk, zone: uk.latest(zone),
+    "history": lambda uk, zone: uk.history(zone, utc(2025, 5, 1, 0), utc(2025, 5, 1, 6)),
+    "forecast": lambda uk, zone: uk.forecast(zone, utc(2025, 5, 1, 11), utc(2025, 5, 2)),
+}
+
+
+@pytest.mark.parametrize(
+    ("zone", "ask"),
+    [
+        ("GB", "latest"),
+        ("GB-13", "latest"),
+        ("GB", "history"),
+        ("GB-13", "history"),
+        ("GB", "forecast"),
+        ("GB-2", "forecast"),
+    ],
+)
+async def test_a_time_not_in_the_documented_format_is_unavailable(
+    session: aiohttp.ClientSession, fake: FakeCarbonIntensity, zone: str, ask: str
+) -> None:
+    fake.malformed_time = True
+    async with serve(fake.app()) as url:
+        with pytest.raises(SignalUnavailable, match="unexpected format"):
+            await ASK[ask](provider(session, url), zone)

@@ -54,6 +54,9 @@ class FakeWattTime:
         self.queries: list[tuple[str, dict[str, str]]] = []
         self.units = "lbs_co2_per_mwh"
         self.rate_limited = False
+        # Where one time is not in the documented format: "forecast", "historical"
+        # (a point's point_time) or "generated_at" (the meta's).
+        self.malformed_time_in: set[str] = set()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -98,19 +101,27 @@ class FakeWattTime:
             {"point_time": iso(start + timedelta(minutes=5 * i)), "value": 1000.0 + i}
             for i in range(count)
         ]
-        return web.json_response({"data": data, "meta": meta(self.units)})
+        return self.answer("forecast", data)
+
+    def answer(self, endpoint: str, data: list[dict[str, object]]) -> web.Response:
+        about = meta(self.units)
+        if endpoint in self.malformed_time_in:
+            data[len(data) // 2]["point_time"] = "2025-05-01T10:30:00+00:00junk"
+        if "generated_at" in self.malformed_time_in:
+            about["generated_at"] = "yesterday"
+        return web.json_response({"data": data, "meta": about})
 
     async def historical(self, request: web.Request) -> web.Response:
         start = datetime.fromisoformat(request.query["start"])
         end = datetime.fromisoformat(request.query["end"])
-        data = []
+        data: list[dict[str, object]] = []
         at = start
         while at < end:
             # 5-minute points; every point at minute 5 is null, hour 03:00 entirely missing.
             if at.hour != 3:
                 data.append({"point_time": iso(at), "value": None if at.minute == 5 else 800.0})
             at += timedelta(minutes=5)
-        return web.json_response({"data": data, "meta": meta(self.units)})
+        return self.answer("historical", data)
 
     async def signal_index(self, request: web.Request) -> web.Response:
         data = [{"point_time": iso(utc(2025, 5, 1, 10)), "value": 73.0}]
@@ -267,6 +278,22 @@ async def test_rate_limiting_reports_retry_after(
         with pytest.raises(SignalRateLimited) as limited:
             await provider(session, url, clock).latest("CAISO_NORTH")
     assert limited.value.retry_after_s == 42.0
+
+
+@pytest.mark.parametrize("where", ["forecast", "historical", "generated_at"])
+async def test_a_time_not_in_the_documented_format_is_unavailable(
+    session: aiohttp.ClientSession, fake: FakeWattTime, clock: FakeClock, where: str
+) -> None:
+    fake.malformed_time_in = {where}
+    async with serve(fake.app()) as url:
+        watttime = provider(session, url, clock)
+        asked = (
+            watttime.history("CAISO_NORTH", utc(2025, 5, 1, 8), utc(2025, 5, 1, 11))
+            if where == "historical"
+            else watttime.forecast("CAISO_NORTH", utc(2025, 5, 1, 11), utc(2025, 5, 1, 14))
+        )
+        with pytest.raises(SignalUnavailable, match="unexpected format"):
+            await asked
 
 
 def test_jwt_expiry_is_read_from_the_claims() -> None:
