@@ -1,6 +1,7 @@
 """The OpenAPI document is exact (issue 25): Schemathesis, with every check it has
 (`--checks all`: status codes, content types, headers, response schemas, schema-valid
-requests accepted and schema-violating ones refused, Allow on 405, authentication),
+requests accepted and schema-violating ones refused, Allow on 405, authentication; all
+but `use_after_free`, since DELETE cancels work and keeps it readable),
 finds no disagreement between `/openapi.json` and what the API does, as the admin and
 as a tenant.
 
@@ -105,6 +106,11 @@ async def schemathesis(served: Served, token: str, workdir: Path) -> tuple[int, 
         f"{served.base_url}/openapi.json",
         "--checks",
         "all",
+        # DELETE on a job or deployment cancels it, and it stays readable with its
+        # history (docs/rest.md): not the removal this check expects. Its stateful
+        # phase reached it only in some runs (cancel after a suspend, then explain).
+        "--exclude-checks",
+        "use_after_free",
         "--header",
         f"Authorization: Bearer {token}",
         "--seed",
