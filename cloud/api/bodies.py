@@ -150,23 +150,35 @@ def decode_body(raw: bytes, decoder: msgspec.json.Decoder[T]) -> T:
     # is due. Refused once, the body is read again with such numbers as ints; what is
     # still wrong then is the error to report.
     try:
+        untyped = msgspec.json.decode(raw)
+    except msgspec.ValidationError:
+        # Untyped decoding refuses a number past a float's range too, but at "$[...]":
+        # the typed decoding's error names the field that holds it.
+        raise _invalid(refused) from None
+    except msgspec.DecodeError as error:
+        # Typed decoding stops at the first value of the wrong type: JSON may break later.
+        raise _malformed(error) from None
+    except RecursionError:  # untyped decoding walks whatever nesting it is sent
+        raise _too_deep() from None
+    try:
         relaxed: T = msgspec.convert(
-            _integral_as_int(msgspec.json.decode(raw)),
+            _integral_as_int(untyped),
             decoder.type,
             strict=decoder.strict,
             dec_hook=decoder.dec_hook,
         )
     except msgspec.ValidationError as error:
         refused = error
-    except msgspec.DecodeError as error:
-        # Typed decoding stops at the first value of the wrong type: JSON may break later.
-        raise _malformed(error) from None
-    except RecursionError:  # untyped decoding walks whatever nesting it is sent
+    except RecursionError:  # converting walks the nesting too
         raise _too_deep() from None
     else:
         return relaxed
-    name, reason = describe_error(refused)
-    raise invalid_body(name, reason) from None
+    raise _invalid(refused) from None
+
+
+def _invalid(error: msgspec.ValidationError) -> Problem:
+    name, reason = describe_error(error)
+    return invalid_body(name, reason)
 
 
 async def read_json(request: web.Request, decoder: msgspec.json.Decoder[T]) -> T:

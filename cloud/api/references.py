@@ -56,11 +56,25 @@ async def dependencies_by_id(request: web.Request, spec: SpecT) -> SpecT:
             if problem.slug != AMBIGUOUS:
                 raise
             raise invalid_body(f"$.depends_on[{index}].job", problem.detail) from None
+        if job_id != dependency.job:
+            await _refuse_array(request, f"$.depends_on[{index}].job", dependency.job, job_id)
         resolved.append(msgspec.structs.replace(dependency, job=job_id))
     try:
         return msgspec.structs.replace(spec, depends_on=tuple(resolved))
     except FieldError as error:  # one job named twice: by its name and by its id, say
         raise invalid_body(json_path(error.path), error.reason) from None
+
+
+async def _refuse_array(request: web.Request, field: str, reference: str, job_id: str) -> None:
+    """A 422 on `field` where `reference` (a name) resolved to a job array: the array is
+    no job to wait for, and "no job <array id>" would name an id the caller never sent."""
+    tasks = await request.app[STORE].array_tasks(tenant_of(request).tenant_id, job_id)
+    if tasks:
+        raise invalid_body(
+            field,
+            f"{reference!r} names job array {job_id}, which is no job; "
+            f"name one of its tasks ({job_id}_{tasks[0].index})",
+        )
 
 
 async def work_id_of(

@@ -518,6 +518,8 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
     if not result.created:
         return await _replay(request, collection, tenant, record, spec, document, key)
     body = collection.detail(record, spec, tenant.name, ())
+    if spec.depends_on:  # new work: nothing waits for it yet, so only then is there any
+        body = await _with_dependencies(request, tenant, record, body)
     response = json_response(body, status=201)
     response.headers["Location"] = f"{collection.path()}/{record.work_id}"
     return response
@@ -542,10 +544,23 @@ async def _replay(
             "use a new key for a different submission",
         )
     allocations = await request.app[STORE].work_allocations(tenant.tenant_id, record.work_id)
-    body = collection.detail(record, spec, tenant.name, allocations)
+    body = await _with_dependencies(
+        request, tenant, record, collection.detail(record, spec, tenant.name, allocations)
+    )
     response = json_response(body, status=200)
     response.headers["Location"] = f"{collection.path()}/{record.work_id}"
     return response
+
+
+async def _with_dependencies(
+    request: web.Request, tenant: TenantRecord, record: WorkRecord, body: JobView | DeploymentView
+) -> JobView | DeploymentView:
+    """`body` with what the work waits for and (a job) what waits for it, as a GET shows
+    it: a submission's answer is the work as GET shows it (docs/rest.md)."""
+    waits_for, needed_by = await dependency_views(request, tenant, record)
+    if isinstance(body, JobView):
+        return msgspec.structs.replace(body, waits_for=waits_for, needed_by=needed_by)
+    return msgspec.structs.replace(body, waits_for=waits_for)
 
 
 def _same_submission(record: WorkRecord, kind: WorkKind, spec: WorkSpec, document: bytes) -> bool:

@@ -139,3 +139,44 @@ async def test_a_job_shows_what_it_waits_for_and_what_waits_for_it(api: Api) -> 
     assert inputs.dependencies.waiting[report].message == (
         f"Waiting for job {prepare} to end (now pending), job {train} to fail (now pending)."
     )
+
+
+async def test_the_201_of_a_submission_shows_its_dependencies_as_get_does(api: Api) -> None:
+    """docs/rest.md: the 201 carries the work as GET shows it, the jobs it waits for
+    included; and the job it waits for shows it as needed_by from then on."""
+    token = await api.tenant("vision")
+    prepare = await api.submitted(token, job_spec(name="prepare"))
+    created = await api.submit(token, job_spec(name="train", depends_on=[after(prepare)]))
+    assert created.status == 201, await created.text()
+    body = await created.json()
+    shown = await (await api.get(token, f"/v1/jobs/{body['id']}")).json()
+    assert body["waits_for"] == shown["waits_for"]
+    assert [(d["id"], d["condition"], d["verdict"]) for d in body["waits_for"]] == [
+        (prepare, "succeeded", "waits")
+    ]
+    assert body["needed_by"] == shown["needed_by"] == []
+
+    model = await api.model(token)
+    serving = await api.submit(
+        token, deployment_spec(model, depends_on=[after(prepare)]), collection="deployments"
+    )
+    assert serving.status == 201, await serving.text()
+    body = await serving.json()
+    shown = await (await api.get(token, f"/v1/deployments/{body['id']}")).json()
+    assert body["waits_for"] == shown["waits_for"]
+    assert [d["id"] for d in body["waits_for"]] == [prepare]
+
+
+async def test_a_retried_submission_shows_what_waits_for_it_now(api: Api) -> None:
+    """An Idempotency-Key retry answers with the job as it is now: a job submitted since
+    that waits for it is in its needed_by, as GET shows."""
+    token = await api.tenant("vision")
+    spec = job_spec(name="prepare")
+    prepare = await api.submitted(token, spec, key="prepare-1")
+    train = await api.submitted(token, job_spec(name="train", depends_on=[after(prepare)]))
+    retried = await api.submit(token, spec, key="prepare-1")
+    assert retried.status == 200, await retried.text()
+    body = await retried.json()
+    shown = await (await api.get(token, f"/v1/jobs/{prepare}")).json()
+    assert body["needed_by"] == shown["needed_by"]
+    assert [(d["id"], d["condition"]) for d in body["needed_by"]] == [(train, "succeeded")]

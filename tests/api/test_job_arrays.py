@@ -209,6 +209,23 @@ async def test_the_arrays_name_names_the_array_not_one_of_its_tasks(api: Api) ->
     assert (await (await api.get(token, "/v1/jobs/sweep")).json())["id"] in (array_id, single)
 
 
+async def test_a_dependency_on_an_arrays_name_is_refused_pointing_to_its_tasks(
+    api: Api,
+) -> None:
+    """An array's name names the array, which is no job to wait for: the 422 says so in
+    the user's terms, not as "no job" with an id they never sent."""
+    token = await api.tenant("vision")
+    array_id = await api.submitted(token, job_spec(name="sweep", array="2-5"))
+    name, reason = await refused(api, token, job_spec(name="after", depends_on=[{"job": "sweep"}]))
+    assert name == "$.depends_on[0].job"
+    assert reason == (
+        f"'sweep' names job array {array_id}, which is no job; name one of its tasks ({array_id}_2)"
+    )
+    # One of its tasks is a job like any other.
+    waits = job_spec(name="after", depends_on=[{"job": f"{array_id}_3"}])
+    assert (await api.submit(token, waits)).status == 201
+
+
 async def test_an_array_with_the_key_of_a_deployment_is_a_409_not_a_crash(api: Api) -> None:
     token = await api.tenant("vision")
     model = await api.model(token)

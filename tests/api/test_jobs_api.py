@@ -240,6 +240,9 @@ _BAD_BODIES = [
     (encode(job_spec(env={"CUDA_VISIBLE_DEVICES": "0"})), 422, "$.env"),
     (encode(job_spec(score_weights={"carbn": 1.0})), 422, "$.score_weights"),
     (encode(job_spec(kind="deployment")), 422, "$.kind"),
+    # Past a float's range: refused by any decoding, named by the typed one.
+    (b'{"name": "x", "command": ["a"], "memory_gib": 1e400}', 422, "$.memory_gib"),
+    (b'{"name": "x", "command": ["a"], "workers": 1e400}', 422, "$.workers"),
 ]
 
 
