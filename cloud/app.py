@@ -42,6 +42,7 @@ from cloud.api import (
 )
 from cloud.api.auth import auth_middleware, store_errors_middleware
 from cloud.api.bodies import MAX_REQUEST_BYTES
+from cloud.api.bulk_actions import DESTRUCTIVE_LOCKS, ActorLocks
 from cloud.api.http_timeouts import TimedAppRunner, body_timeout_middleware
 from cloud.api.problems import problem_middleware
 from cloud.api.routes import add_routes, refuse_other_methods
@@ -410,6 +411,7 @@ def create_app(
     app[STREAMS] = StreamLimits(
         max_streams=tuning.max_streams, max_per_tenant=tuning.max_streams_per_tenant
     )
+    app[DESTRUCTIVE_LOCKS] = ActorLocks()
     app[STOPPING] = asyncio.Event()
     app[BACKGROUND_TASKS] = []
     app[BROKER_ACCOUNTS] = broker_accounts_from(settings)

@@ -14,6 +14,7 @@ import asyncio
 import codecs
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -784,6 +785,11 @@ async def list_tenants(client: ApiClient, *, output: Output) -> int:
     )
 
 
+# A count is ASCII digits: str.isdigit() also takes "²" (which int() refuses) and "٣"
+# (which it reads as 3), neither of which a person means as a quota.
+_COUNT: Final = re.compile(r"[0-9]+")
+
+
 def parse_counts(option: str, values: list[str], *, slices: bool = False) -> dict[str, int]:
     """`gpu=8` (repeatable, or comma-separated) to {"gpu": 8}; with ``slices``, also MIG
     slices per profile (`mig-1g.10gb=7`)."""
@@ -793,7 +799,8 @@ def parse_counts(option: str, values: list[str], *, slices: bool = False) -> dic
             kind, _, number = item.partition("=")
             kind = kind.strip()
             known = kind in ("gpu", "npu", "cpu") or (slices and is_quota_resource(kind))
-            if not known or not number.strip().isdigit():
+            number = number.strip()
+            if not known or _COUNT.fullmatch(number) is None:
                 kinds = (
                     "gpu, npu, cpu or mig-1g.10gb (a MIG profile)" if slices else "gpu, npu or cpu"
                 )

@@ -9,7 +9,10 @@ A confirmed action is recorded with `"confirmed": "bulk"` in its audit detail.
 
 The count is read from the audit log, where each such action is recorded in the same
 transaction as the action itself: every replica counts the same actions, and one that
-failed never counts. Two requests racing at the limit may both pass; the guard is for
+failed never counts. Within one replica an admin's unconfirmed actions take turns (a
+lock per admin held from the count to the action's commit), so parallel requests stop
+at the limit as requests in turn do. Across replicas nothing is shared but the log:
+requests racing on different replicas may each pass at the limit; the guard is for
 runaway loops, not for a precise quota.
 
 A handler opts in with `@destructive("node.revoke")`; the OpenAPI document reads the
@@ -18,6 +21,8 @@ mark (`destructive_action_of`) to document the header and the 428.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -43,14 +48,34 @@ WINDOW_S: Final = 60.0
 _MARK: Final = "__greenfed_destructive_action__"
 
 
+class ActorLocks:
+    """One lock per admin, for its unconfirmed destructive actions (the module doc).
+    Kept for the app's life: there are a few admins, not a growing set of names."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def of(self, actor: str) -> asyncio.Lock:
+        lock = self._locks.get(actor)
+        if lock is None:
+            lock = self._locks[actor] = asyncio.Lock()
+        return lock
+
+
+DESTRUCTIVE_LOCKS = web.AppKey("destructive_locks", ActorLocks)
+
+
 def destructive(action: DestructiveAction) -> Callable[[Handler], Handler]:
     """Guard a handler that does `action` (see the module doc)."""
 
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
         async def guarded(request: web.Request) -> web.StreamResponse:
-            await require_confirmation(request, action)
-            return await handler(request)
+            # Held from the count to the commit: otherwise parallel requests all read
+            # the same count below the limit and all pass.
+            async with _counted_in_turn(request):
+                await require_confirmation(request, action)
+                return await handler(request)
 
         setattr(guarded, _MARK, action)
         return guarded
@@ -61,6 +86,15 @@ def destructive(action: DestructiveAction) -> Callable[[Handler], Handler]:
 def destructive_action_of(handler: Handler) -> DestructiveAction | None:
     action: DestructiveAction | None = getattr(handler, _MARK, None)
     return action
+
+
+def _counted_in_turn(request: web.Request) -> contextlib.AbstractAsyncContextManager[None]:
+    """The caller's lock where the limit may refuse it: an admin without the header.
+    Confirmed actions and tenants' own cancellations are never counted against it."""
+    caller = tenant_of(request)
+    if not caller.admin or CONFIRM_HEADER in request.headers:
+        return contextlib.nullcontext()
+    return request.app[DESTRUCTIVE_LOCKS].of(caller.name)
 
 
 def _confirmed(request: web.Request) -> bool:

@@ -101,7 +101,10 @@ UsageOf = Callable[[str], int]  # tenant name -> what it holds of the kind
 
 
 class CohortTree:
-    """The tree over the tenants that have a configured cohort above them."""
+    """The tree over the tenants that have a configured cohort above them.
+
+    Tenants and cohorts are separate namespaces: a tenant may share a cohort's name, so
+    every lookup says which kind it wants and never falls back to the other."""
 
     def __init__(self, tenants: Mapping[str, Tenant], cohorts: Mapping[str, Cohort]) -> None:
         parent_of = {name: c.parent for name, c in cohorts.items()}
@@ -123,17 +126,19 @@ class CohortTree:
             t.cohort for t in tenants.values() if t.cohort is not None and t.lending_limit
         }
         self.cohort_names: frozenset[str] = frozenset(tree_cohorts)
-        self.children: dict[str, list[str]] = {name: [] for name in tree_cohorts}
+        # Per cohort, its children of each kind, kept apart (the class docstring).
+        self._subcohorts: dict[str, list[str]] = {name: [] for name in tree_cohorts}
+        self._members: dict[str, list[str]] = {name: [] for name in tree_cohorts}
         self.tenant_names: frozenset[str] = frozenset(
             t.name for t in tenants.values() if t.cohort in tree_cohorts
         )
         for name, parent in sorted(parent_of.items()):
             if parent is not None:
-                self.children[parent].append(name)
+                self._subcohorts[parent].append(name)
         nodes: dict[str, _Node] = {}
         for name in sorted(self.tenant_names):
             tenant = tenants[name]
-            self.children[tenant.cohort].append(name)  # type: ignore[index]
+            self._members[tenant.cohort].append(name)  # type: ignore[index]
             nodes[name] = _Node(
                 name=name,
                 is_tenant=True,
@@ -156,7 +161,8 @@ class CohortTree:
         if found is not None:
             return found
         record = cohorts.get(name) or Cohort(name=name)
-        children = [self.node(child, cohorts) for child in self.children[name]]
+        children = [self._cohort_node(child, cohorts) for child in self._subcohorts[name]]
+        children += [self._tenant_nodes[member] for member in self._members[name]]
         nominal = tuple(
             record.nominal.get(kind, sum(child.nominal[k] for child in children))
             for k, kind in enumerate(KINDS)
@@ -172,11 +178,15 @@ class CohortTree:
         self._cohort_nodes[name] = node
         return node
 
-    def node(self, name: str, cohorts: Mapping[str, Cohort] | None = None) -> _Node:
-        tenant = self._tenant_nodes.get(name)
-        if tenant is not None:
-            return tenant
-        return self._cohort_node(name, cohorts or {})
+    def node(self, cohort: str) -> _Node:
+        """The cohort named ``cohort`` (never a tenant of that name)."""
+        return self._cohort_nodes[cohort]
+
+    def _children(self, cohort: str) -> list[_Node]:
+        return [
+            *(self._cohort_nodes[name] for name in self._subcohorts[cohort]),
+            *(self._tenant_nodes[name] for name in self._members[cohort]),
+        ]
 
     def _ancestors(self, tenant: str) -> tuple[str, ...]:
         found: list[str] = []
@@ -198,20 +208,20 @@ class CohortTree:
     # -- the rule ---------------------------------------------------------------
 
     def committed(
-        self, name: str, k: int, usage_of: UsageOf, extra: Mapping[str, int] | None = None
+        self, node: _Node, k: int, usage_of: UsageOf, extra: Mapping[str, int] | None = None
     ) -> int:
-        """What ``name`` holds of kind ``k`` for its parent's accounting, before what it
+        """What ``node`` holds of kind ``k`` for its parent's accounting, before what it
         keeps back unlent; ``extra``: amounts added to tenants' usage."""
-        node = self.node(name)
         if node.is_tenant:
-            return usage_of(name) + (extra or {}).get(name, 0)
-        return sum(self._contribution(child, k, usage_of, extra) for child in self.children[name])
+            return usage_of(node.name) + (extra or {}).get(node.name, 0)
+        return sum(
+            self._contribution(child, k, usage_of, extra) for child in self._children(node.name)
+        )
 
     def _contribution(
-        self, name: str, k: int, usage_of: UsageOf, extra: Mapping[str, int] | None
+        self, node: _Node, k: int, usage_of: UsageOf, extra: Mapping[str, int] | None
     ) -> int:
-        node = self.node(name)
-        committed = self.committed(name, k, usage_of, extra)
+        committed = self.committed(node, k, usage_of, extra)
         kept_back = node.nominal[k] - committed - node.lending_limit[k]
         return committed + max(0, kept_back)
 
@@ -226,7 +236,7 @@ class CohortTree:
         ancestors = self.path[tenant]
         for i, cohort in enumerate(ancestors):
             record = self._cohort_nodes[cohort]
-            committed = self.committed(cohort, k, usage_of, extra)
+            committed = self.committed(record, k, usage_of, extra)
             is_root = i == len(ancestors) - 1
             limit = record.nominal[k] + (0 if is_root else record.borrowing_limit[k])
             excess = committed - limit
@@ -238,12 +248,12 @@ class CohortTree:
             path_excess=path_excess,
             blocking=blocking if path_excess > 0 else None,
             cohort=shown,
-            cohort_committed=self.committed(shown, k, usage_of),
+            cohort_committed=self.committed(self._cohort_nodes[shown], k, usage_of),
             cohort_nominal=self._cohort_nodes[shown].nominal[k],
         )
 
-    def borrowing(self, name: str, k: int, usage_of: UsageOf) -> bool:
-        return self.committed(name, k, usage_of) > self.node(name).nominal[k]
+    def borrowing(self, node: _Node, k: int, usage_of: UsageOf) -> bool:
+        return self.committed(node, k, usage_of) > node.nominal[k]
 
     def lenders_reclaim_from(self, tenant: str, k: int, usage_of: UsageOf) -> set[str]:
         """Tenants whose work ``tenant`` may reclaim: in its tree, borrowing themselves or
@@ -254,11 +264,14 @@ class CohortTree:
         for other in self.tenant_names:
             if other == tenant or self.root_of(other) != self.root_of(tenant):
                 continue
-            chain = (other, *self.path[other])
-            for name in chain:
-                if name in ours:
+            chain = (
+                self._tenant_nodes[other],
+                *(self._cohort_nodes[cohort] for cohort in self.path[other]),
+            )
+            for node in chain:
+                if not node.is_tenant and node.name in ours:
                     break
-                if self.borrowing(name, k, usage_of):
+                if self.borrowing(node, k, usage_of):
                     found.add(other)
                     break
         return found

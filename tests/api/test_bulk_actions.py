@@ -96,6 +96,21 @@ async def test_past_the_limit_an_admin_must_confirm_and_the_refusal_is_audited(
     assert wrong["invalid_params"][0]["name"] == "Greenfed-Confirm"
 
 
+async def test_parallel_unconfirmed_cancellations_stop_at_the_limit(api: Api) -> None:
+    # A script cancelling many jobs at once gets no more past the guard than one
+    # cancelling them in turn: the limit, then 428s.
+    token = await api.tenant("initech")
+    jobs = [await api.submitted(token, job_spec(name=f"job-{n}")) for n in range(12)]
+    admin = bearer(api.admin_token)
+    replies = await asyncio.gather(
+        *(api.client.delete(f"/v1/jobs/{job}", headers=admin) for job in jobs)
+    )
+    statuses = sorted(reply.status for reply in replies)
+    assert statuses == [200] * LIMIT + [428] * (len(jobs) - LIMIT)
+    cancelled = await audit(api, "?action=work.cancel")
+    assert len(cancelled) == LIMIT
+
+
 async def test_a_tenant_cancelling_its_own_work_is_not_held_to_the_limit(api: Api) -> None:
     token = await api.tenant("acme")
     for number in range(LIMIT + 2):

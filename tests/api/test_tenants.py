@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import stat
 
+from cloud.app_keys import REGISTRY
 from shared.token_files import admin_token_path
 from tests.api.support import Api, bearer, job_spec, problem, running_api
+from tests.loop.builders import node
 from tests.store.databases import DatabaseUnderTest
 
 
@@ -77,3 +79,16 @@ async def test_the_first_start_writes_the_admin_token_for_its_owner_only(
         tenants = await second.store.list_tenants()
         assert [t.name for t in tenants if t.admin] == ["admin"]
         assert (await second.get(token, "/v1/tenants")).status == 200
+
+
+async def test_a_tenant_named_like_a_cohort_does_not_lift_another_tenants_limit(
+    api: Api,
+) -> None:
+    # alice lends all of her 2 GPU: her cohort lab holds at most 2, so a 4-GPU job can
+    # never run. A tenant named "lab" (in another cohort) is not the cohort lab.
+    alice = await api.tenant("alice", cohort="lab", quotas={"gpu": 2}, lending_limit={"gpu": 2})
+    await api.tenant("lab", cohort="x", quotas={"gpu": 0}, lending_limit={"gpu": 0})
+    api.app[REGISTRY].apply_status(node("gpu-a", gpus=4).status)
+    response = await api.submit(alice, job_spec(accelerators_per_worker=4))
+    found = await problem(response, 422)
+    assert "at most 2 GPU" in found["detail"], found

@@ -221,6 +221,60 @@ def test_a_cycle_of_parents_is_refused_naming_the_setting() -> None:
     assert refused.value.field in ("cohorts.org.parent", "cohorts.research.parent")
 
 
+@pytest.mark.parametrize("other_name", ["lab-team", "lab"])
+def test_a_tenant_named_like_a_cohort_does_not_change_another_tenants_admission(
+    other_name: str,
+) -> None:
+    # org (2) ── lab ── alice (4)
+    #     └───────────── other_name (0)
+    # Tenants and cohorts are named apart: a tenant called "lab" is not the cohort lab,
+    # so alice's 4 GPU still count against org's 2 and her job waits.
+    tenants = [
+        Tenant(name="alice", cohort="lab", nominal={"gpu": 4}),
+        Tenant(name=other_name, cohort="org"),
+    ]
+    cohorts = [Cohort(name="org", nominal={"gpu": 2}), Cohort(name="lab", parent="org")]
+    plan = _plan([job("alice-4", 4, tenant="alice")], cohorts, tenants=tenants)
+    assert plan.placements == ()
+    assert plan.pending_for("alice-4") is not None
+
+
+@pytest.mark.parametrize("other_name", ["lab-team", "lab"])
+def test_a_tenant_named_like_a_lending_cohort_does_not_lift_its_limit(
+    other_name: str,
+) -> None:
+    # No cohort records: lab is in the tree because alice lends only part of her quota,
+    # so lab's nominal is her 2 and she may hold at most 2, whatever another tenant
+    # (in cohort x) is called.
+    tenants = [
+        Tenant(name="alice", cohort="lab", nominal={"gpu": 2}, lending_limit={"gpu": 2}),
+        Tenant(name=other_name, cohort="x", nominal={"gpu": 0}, lending_limit={"gpu": 0}),
+    ]
+    plan = _plan([job("alice-4", 4, tenant="alice")], [], tenants=tenants)
+    assert plan.placements == ()
+    assert plan.pending_for("alice-4") is not None
+
+
+def test_reclaim_tells_a_tenant_from_a_cohort_of_the_same_name() -> None:
+    # org ── research ── a (8), prod (8)   (a tenant named like the other cohort)
+    #     └─ prod ────── c (16)
+    # The tenant "prod" borrowed prod's idle GPUs; c asks for its nominal 16 and
+    # reclaims from it, as from any borrower below the cohort they share.
+    tenants = [TENANTS[0], Tenant(name="prod", cohort="research", nominal={"gpu": 8}), TENANTS[2]]
+    borrowed = [
+        running(f"p-run{i}", f"n{i}", 8, tenant="prod", priority="p2", work_id=f"p-run{i}")
+        for i in range(3)
+    ]
+    plan = _plan(
+        [job("c0", 8, workers=2, tenant="c", priority="p2")],
+        _tree(),
+        allocations=borrowed,
+        tenants=tenants,
+    )
+    assert _placed(plan) == ["c0"]
+    assert {p.reason for p in plan.preemptions} == {"reclaim"}
+
+
 # ---- fair share ------------------------------------------------------------------------
 
 
