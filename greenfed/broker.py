@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -22,10 +23,16 @@ import structlog
 from amqtt.broker import Broker
 from amqtt.contexts import Action
 from amqtt.errors import AMQTTError, MQTTError, NoDataError
-from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.utils import gen_client_id
 
 from cloud.broker_accounts.dynsec_protocol import CONTROL_TOPIC, RESPONSE_TOPIC
+from greenfed.broker_connections import (
+    MAX_QUEUED_MESSAGES,
+    ClientConnection,
+    DeliveryLimit,
+    DeliveryTasks,
+    abort_connection,
+)
 from greenfed.embedded_accounts import AccountsAuthPlugin, EmbeddedAccounts
 from greenfed.ports import PortInUse, free_tcp_port, port_is_free
 
@@ -38,15 +45,6 @@ _log = structlog.get_logger("greenfed.broker")
 
 class BrokerPortInUse(PortInUse):
     pass
-
-
-def _abort_connection(handler: Any) -> None:
-    """Close a client's TCP connection at once (amqtt's stream adapter; others are left to
-    amqtt)."""
-    stream = getattr(getattr(handler, "writer", None), "_writer", None)
-    transport = getattr(stream, "transport", None)
-    if transport is not None and not transport.is_closing():
-        transport.abort()
 
 
 # The QoS of the publish being handled (a client's, in its connection's task).
@@ -69,11 +67,22 @@ class _Amqtt(Broker):  # type: ignore[misc]
     Topic checks run for every publish and every delivery. amqtt's plugin manager
     would spawn a task and a gather per check; `_topic_filtering` asks the accounts
     table directly instead (a cached dictionary lookup).
+
+    Each connection is a `ClientConnection` (keep-alive, a bound on what waits for one
+    client), and a new connection with a client id ends the old one.
     """
 
-    def __init__(self, config: dict[str, Any], accounts: EmbeddedAccounts | None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        accounts: EmbeddedAccounts | None,
+        delivery_limit: DeliveryLimit,
+    ) -> None:
         super().__init__(config)
         self._accounts = accounts
+        self._delivery_limit = delivery_limit
+        # amqtt's own keeps every finished delivery behind one stuck on a slow client.
+        self._tasks_queue = DeliveryTasks()
 
     async def shutdown(self) -> None:
         """amqtt's shutdown drops each client's connection, then stops listening: a client
@@ -90,7 +99,7 @@ class _Amqtt(Broker):  # type: ignore[misc]
             await super().shutdown()
         finally:
             for handler in (*handlers, *(h for _, h in self._sessions.values())):
-                _abort_connection(handler)
+                abort_connection(handler)
 
     async def _initialize_client_session(
         self, reader: Any, writer: Any, remote_address: str, remote_port: int
@@ -102,7 +111,7 @@ class _Amqtt(Broker):  # type: ignore[misc]
         session's username and will, and either took the connection over, whoever sent
         it, refused or anonymous. A refused login now touches no session."""
         try:
-            handler, session = await BrokerProtocolHandler.init_from_connect(
+            handler, session = await ClientConnection.init_from_connect(
                 reader, writer, self.plugins_manager
             )
         except AMQTTError as error:
@@ -121,8 +130,10 @@ class _Amqtt(Broker):  # type: ignore[misc]
                 await handler.mqtt_connack_authorize(False)
             await writer.close()
             raise MQTTError("not authorized")
+        handler.delivery_limit = self._delivery_limit
         if session.clean_session:
             if session.client_id:
+                await self._end_connection_taken_over(session.client_id)
                 await self._delete_session(session.client_id)
             else:
                 session.client_id = gen_client_id()
@@ -141,10 +152,33 @@ class _Amqtt(Broker):  # type: ignore[misc]
             session.parent = 1
         else:
             session.parent = 0
-        delay = self.config.get("timeout-disconnect-delay", 0)
-        if session.keep_alive > 0 and isinstance(delay, int):
-            session.keep_alive += delay
+        # amqtt's reader waits `keep_alive` seconds for each packet; MQTT 3.1.1 (3.1.2.10)
+        # drops a client after one and a half keep-alive periods of silence, not one.
+        if session.keep_alive > 0:
+            session.keep_alive = math.ceil(session.keep_alive * 1.5)
         return handler, session
+
+    async def _end_connection_taken_over(self, client_id: str) -> None:
+        """A client id has one connection. amqtt deleted the live session of a clean-session
+        CONNECT's client id but left its connection open, still publishing, and published
+        its will whenever that connection ended: after the new connection's birth, so a
+        connected node looked offline. As Mosquitto does: the old connection's will now (it
+        ended without DISCONNECT), before the new CONNACK and so before the new birth; then
+        the old connection is closed."""
+        previous = self._sessions.get(client_id)
+        if previous is None:
+            return
+        session, handler = previous
+        if not session.transitions.is_connected():
+            return
+        if session.will_flag:
+            session.will_flag = False  # amqtt's disconnect path, which runs next, would resend
+            will = (session.will_topic, session.will_message, session.will_qos)
+            await self._broadcast_message(session, *will)
+            if session.will_retain:
+                await self.retain_message(session, *will)
+        abort_connection(handler)
+        await handler.stop()
 
     async def _topic_filtering(self, session: Any, topic: str, action: Action) -> bool:
         if self._accounts is None:
@@ -218,15 +252,19 @@ class EmbeddedBroker:
         accounts_file: Path | None = None,
         admin_username: str = DEFAULT_ADMIN_USERNAME,
         admin_password: str | None = None,
+        max_queued_messages: int = MAX_QUEUED_MESSAGES,
     ) -> None:
         """`port=0` picks a free port. With `accounts_file` every client must log in;
         `admin_username`/`admin_password` is the control plane's account, which may do
-        everything (`admin_password` is required then)."""
+        everything (`admin_password` is required then). A client that does not keep up
+        has at most `max_queued_messages` waiting for it; QoS 0 ones past that are
+        dropped (`dropped_messages`)."""
         self.host = host
         self.port = port or free_tcp_port(host)
         self.accounts: EmbeddedAccounts | None = None
         self._accounts_file = accounts_file
         self._admin = (admin_username, admin_password)
+        self._delivery_limit = DeliveryLimit(max_queued_messages)
         if accounts_file is not None and not admin_password:
             raise ValueError("an embedded broker with accounts needs an admin_password")
         self._config: dict[str, Any] = {
@@ -248,6 +286,11 @@ class EmbeddedBroker:
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
+    @property
+    def dropped_messages(self) -> int:
+        """QoS 0 messages not delivered to a client that did not keep up, since creation."""
+        return self._delivery_limit.dropped_messages
+
     async def start(self) -> None:
         if not port_is_free(self.host, self.port):
             raise BrokerPortInUse(
@@ -266,7 +309,7 @@ class EmbeddedBroker:
             )
             plugin = f"{AccountsAuthPlugin.__module__}.{AccountsAuthPlugin.__qualname__}"
             config = {**config, "plugins": {plugin: {"accounts": self.accounts}}}
-        self._broker = _Amqtt(config, self.accounts)
+        self._broker = _Amqtt(config, self.accounts, self._delivery_limit)
         await self._broker.start()
 
     async def stop(self) -> None:
