@@ -134,7 +134,10 @@ class SimulatedFleet:
 
     async def run(self) -> None:
         """Run every agent until cancelled; cancelling stops them all with a goodbye.
-        `stopped` is set once every agent has ended (their counts are final then)."""
+        `stopped` is set once every agent has ended (their counts are final then). A
+        fleet of no agents runs until cancelled too: returning at once would end what
+        it runs beside (`greenfed up --sim 0` serves a broker and a control plane for
+        real nodes alone)."""
         self.stopped.clear()
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -148,6 +151,8 @@ class SimulatedFleet:
                             await asyncio.sleep(self._connect_gap_s)
                     if agents:
                         await asyncio.wait(agents)
+                    else:
+                        await asyncio.Event().wait()  # nothing to run: until cancelled
                 finally:
                     await _stop(agents)
         finally:

@@ -4,17 +4,23 @@ real browser (the system's Chromium, driven by Playwright) next to `greenfed up`
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.typedefs import Handler
 from playwright.async_api import Browser, Page, Request, Route, async_playwright, expect
 
 from cloud.api.auth import auth_middleware
@@ -415,3 +421,370 @@ async def test_the_dashboard_shows_the_fleet_the_work_and_the_zones(tmp_path: Pa
         code, _ = await up.stop(signal.SIGINT)
         assert code == 0, up.stderr
     assert problems == []
+
+
+# ---- what the page makes of the API's answers: a fake API at the seam, a real browser ---
+#
+# The control plane's own answers, shaped as the API shapes them, with the states a
+# test needs set directly (sixty jobs queued in front of three running ones, usage that
+# moves after the end, amounts in two currencies) instead of waiting for a fleet to get
+# there. Each refresh is asked for by changing the fragment (the page refreshes on
+# `hashchange`), so nothing waits for the five-second timer.
+
+FAKE_TOKEN = "gf_0123456789abcdef_fake"
+FAKE_ZONE = "DE"
+FAKE_NODE = "cloud-h100-0"
+# What a listing leaves out of a job's or deployment's view (JobSummary against JobView).
+DETAIL_ONLY = ("nodes", "allocations", "usage", "replica_states", "spec", "idempotency_key")
+
+
+def _at(seconds_ago: float = 0.0) -> str:
+    moment = datetime.now(UTC) - timedelta(seconds=seconds_ago)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class FakeApi:
+    """The endpoints the dashboard reads, over work the test edits in place."""
+
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)  # path and query of each /v1 call
+
+    def add_job(self, state: str, *, node: str | None = None, **fields: Any) -> dict[str, Any]:
+        """A job newer than every one before it (ids sort as ULIDs do: newest last)."""
+        index = len(self.jobs)
+        job_id = f"01JFAKE{index:019d}"
+        placed = state in ("scheduled", "running")
+        job: dict[str, Any] = {
+            "id": job_id,
+            "name": f"job-{index}",
+            "tenant": "acme",
+            "priority": "p2",
+            "state": state,
+            "reason": None,
+            "attempts": 1 if placed else 0,
+            "version": 1,
+            "submitted_at": _at(3600 - index),
+            "updated_at": _at(),
+            "kind": "training",
+            "workers": 1,
+            "accelerators_per_worker": 2,
+            "accelerator_kind": "gpu",
+            "nodes": [node] if placed and node else [],
+            "allocations": (
+                [{"member": 0, "node_id": node, "accelerators": 2}] if placed and node else []
+            ),
+            "usage": None,
+        }
+        job.update(fields)
+        self.jobs[job_id] = job
+        return job
+
+    def change(self, job: dict[str, Any], **fields: Any) -> None:
+        """A change the API versions (a state change, say)."""
+        job.update(fields, version=job["version"] + 1, updated_at=_at())
+
+    def add_event(self, kind: str, work_id: str) -> None:
+        self.events.append(
+            {
+                "seq": len(self.events) + 1,
+                "kind": kind,
+                "work_id": work_id,
+                "at": _at(),
+                "payload": {"work_id": work_id},
+                "tenant": "acme",
+            }
+        )
+
+    def detail_requests(self, job: dict[str, Any]) -> int:
+        return self.requests.count(f"/v1/jobs/{job['id']}")
+
+    # ---- the endpoints
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._bearer_only])
+        add_routes(app, ui.ROUTES)
+        app.router.add_get("/v1/nodes", self._nodes)
+        app.router.add_get("/v1/signals", self._signals)
+        app.router.add_get("/v1/jobs", self._list_jobs)
+        app.router.add_get("/v1/jobs/{id}", self._job)
+        app.router.add_get("/v1/deployments", self._list_deployments)
+        app.router.add_get("/v1/events", self._events)
+        return app
+
+    @web.middleware
+    async def _bearer_only(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith("/v1/"):
+            return await handler(request)
+        self.requests.append(request.path_qs)
+        if request.headers.get("Authorization") != f"Bearer {FAKE_TOKEN}":
+            return web.json_response({"title": "Unauthorized", "detail": "no"}, status=401)
+        return await handler(request)
+
+    async def _nodes(self, request: web.Request) -> web.Response:
+        node = {
+            "node_id": FAKE_NODE,
+            "state": "online",
+            "offline_reason": None,
+            "site": "cloud",
+            "zone": FAKE_ZONE,
+            "accelerators": [{"kind": "gpu", "model": "H100"}] * 8,
+            "accelerator_counts": {"gpu": 8},
+            "power_w": 2000.0,
+            "accelerator_utilization_pct": 50.0,
+            "last_seen_at": _at(),
+        }
+        return web.json_response({"items": [node], "count": 1, "total": 1, "next_cursor": None})
+
+    async def _signals(self, request: web.Request) -> web.Response:
+        zone = {
+            "zone": FAKE_ZONE,
+            "carbon_g_per_kwh": 300.0,
+            "next_24h_min_carbon_g_per_kwh": 200.0,
+            "next_24h_max_carbon_g_per_kwh": 400.0,
+            "next_24h_cleanest_hour": _at(),
+            "price_per_mwh": 80.0,
+            "currency": "EUR",
+            "stale": False,
+        }
+        return web.json_response({"zones": [zone]})
+
+    def _listing(self, request: web.Request, work: dict[str, dict[str, Any]]) -> web.Response:
+        """As `GET /v1/jobs` lists: newest first, `state` a comma-separated filter, a page
+        of `limit` and the cursor of the next (older) page."""
+        states = request.query.get("state")
+        limit = int(request.query.get("limit", "50"))
+        cursor = request.query.get("cursor")
+        ordered = sorted(work.values(), key=lambda item: str(item["id"]), reverse=True)
+        if states is not None:
+            ordered = [item for item in ordered if item["state"] in states.split(",")]
+        if cursor is not None:
+            ordered = [item for item in ordered if str(item["id"]) < cursor]
+        page = ordered[:limit]
+        summaries = [{k: v for k, v in item.items() if k not in DETAIL_ONLY} for item in page]
+        next_cursor = page[-1]["id"] if len(ordered) > limit else None
+        body = {"items": summaries, "count": len(summaries), "next_cursor": next_cursor}
+        return web.json_response(body)
+
+    async def _list_jobs(self, request: web.Request) -> web.Response:
+        return self._listing(request, self.jobs)
+
+    async def _list_deployments(self, request: web.Request) -> web.Response:
+        return self._listing(request, {})
+
+    async def _job(self, request: web.Request) -> web.Response:
+        job = self.jobs.get(request.match_info["id"])
+        if job is None:
+            return web.json_response({"title": "Not found"}, status=404)
+        return web.json_response(job)
+
+    async def _events(self, request: web.Request) -> web.Response:
+        """`GET /v1/events?follow=false`: the stored events after `after` (or recorded at
+        or after `since`), as server-sent events, and the end of the stream."""
+        assert request.query.get("follow") == "false", request.path_qs
+        after = request.query.get("after")
+        since = request.query.get("since")
+        chosen = self.events
+        if after is not None:
+            chosen = [event for event in chosen if event["seq"] > int(after)]
+        elif since is not None:
+            chosen = [event for event in chosen if _parse(event["at"]) >= _parse(since)]
+        else:
+            chosen = []
+        text = "retry: 2000\n\n" + "".join(
+            f"id: {event['seq']}\nevent: {event['kind']}\ndata: {json.dumps(event)}\n\n"
+            for event in chosen
+        )
+        return web.Response(text=text, content_type="text/event-stream")
+
+
+def _parse(moment: str) -> datetime:
+    return datetime.fromisoformat(moment.replace("Z", "+00:00"))
+
+
+@asynccontextmanager
+async def fake_dashboard(fake: FakeApi) -> AsyncIterator[tuple[Page, list[str]]]:
+    """The dashboard in a real browser over `fake`, signed in; (page, page errors)."""
+    chromium = require_tool("chromium", "chromium")
+    async with TestServer(fake.app()) as server, browser_session(chromium) as browser:
+        context = await browser.new_context(locale="en-US")
+        page = await context.new_page()
+        page.set_default_timeout(BROWSER_TIMEOUT_MS)
+        problems: list[str] = []
+        _watch(page, problems, [])
+        await page.goto(str(server.make_url(f"/ui#token={FAKE_TOKEN}")))
+        await expect(page.locator("#dashboard")).to_be_visible()
+        yield page, problems
+        await context.close()
+
+
+async def _refresh_now(page: Page) -> None:
+    """Ask the page for a refresh at once (it refreshes on every `hashchange`)."""
+    await page.evaluate("location.hash = 'refresh-' + Date.now() + Math.random()")
+
+
+def _usage(energy_kwh: float, **fields: Any) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "energy_kwh": energy_kwh,
+        "gco2eq_g": energy_kwh * 300,
+        "cost": 0.0,
+        "currency": None,
+        "costs": {},
+        "avoided_gco2eq_g": None,
+        "measured_share": 1.0,
+        "gap_filled_s": 0.0,
+        "fallback": False,
+        "members": [],
+    }
+    usage.update(fields)
+    return usage
+
+
+@pytest.mark.timeout(60)
+async def test_the_cards_and_zones_count_live_work_behind_a_long_queue() -> None:
+    """Three jobs run, sixty newer ones wait: the cards and the zone count all of them,
+    and the table says it shows only the newest."""
+    fake = FakeApi()
+    for _ in range(3):
+        fake.add_job("running", node=FAKE_NODE)
+    for _ in range(60):
+        fake.add_job("pending")
+    async with fake_dashboard(fake) as (page, problems):
+        await expect(page.locator("#card-work")).to_have_text("3 running")
+        await expect(page.locator("#card-work-detail")).to_have_text(
+            "60 waiting · 63 live jobs · 0 live deployments"
+        )
+        allocated = page.locator(f'#zones tr[data-zone="{FAKE_ZONE}"] [data-allocated]')
+        await expect(allocated).to_have_attribute("data-allocated", "6")
+        await expect(page.locator("#work tbody tr[data-work-id]")).to_have_count(50)
+        await expect(page.locator("#work .notice")).to_be_visible()
+        await expect(page.locator("#work .notice")).to_contain_text("Showing the newest 50 of 63")
+    assert problems == []
+
+
+@pytest.mark.timeout(60)
+async def test_finished_work_shows_its_usage_until_the_final_figures() -> None:
+    """Usage is metered after the end without a new version: the row follows it until
+    the `work.usage` event gives the final figures, and is then kept as it is."""
+    fake = FakeApi()
+    job = fake.add_job("running", node=FAKE_NODE, usage=_usage(1.0))
+    sentinel = fake.add_job("pending", name="sentinel-0")
+    async with fake_dashboard(fake) as (page, problems):
+        row = page.locator(f'#work tr[data-work-id="{job["id"]}"]')
+        energy = row.locator("td").nth(5)
+        await expect(energy).to_have_text("1 kWh")
+
+        fake.change(job, state="cancelled", usage=_usage(1.2))
+        await _refresh_now(page)
+        await expect(row).to_have_attribute("data-state", "cancelled")
+        await expect(energy).to_have_text("1.2 kWh")
+
+        job["usage"] = _usage(1.5)  # the node's last samples, metered after the end
+        await _refresh_now(page)
+        await expect(energy).to_have_text("1.5 kWh")
+
+        job["usage"] = _usage(1.6)
+        fake.add_event("work.usage", job["id"])
+        await _refresh_now(page)
+        await expect(energy).to_have_text("1.6 kWh")
+
+        # Final: not asked again. The sentinel's new name says a refresh is done: one
+        # after the event, then one more to count the requests over.
+        sentinel["name"] = "sentinel-1"
+        await _refresh_now(page)
+        await expect(page.locator("#work")).to_contain_text("sentinel-1")
+        asked = fake.detail_requests(job)
+        job["usage"] = _usage(9.0)
+        sentinel["name"] = "sentinel-2"
+        await _refresh_now(page)
+        await expect(page.locator("#work")).to_contain_text("sentinel-2")
+        await expect(energy).to_have_text("1.6 kWh")
+        assert fake.detail_requests(job) == asked
+    assert problems == []
+
+
+@pytest.mark.timeout(60)
+async def test_work_priced_in_two_currencies_shows_each_and_totals_each() -> None:
+    fake = FakeApi()
+    two = fake.add_job(
+        "running", node=FAKE_NODE, usage=_usage(1.0, costs={"EUR": 0.42, "USD": 0.1})
+    )
+    one = fake.add_job(
+        "running", node=FAKE_NODE, usage=_usage(1.0, cost=1.0, currency="EUR", costs={"EUR": 1.0})
+    )
+    # A server older than `costs` sends `cost` and `currency` alone.
+    older = {k: v for k, v in _usage(1.0, cost=0.5, currency="EUR").items() if k != "costs"}
+    legacy = fake.add_job("running", node=FAKE_NODE, usage=older)
+    async with fake_dashboard(fake) as (page, problems):
+        cost = {
+            item["id"]: page.locator(f'#work tr[data-work-id="{item["id"]}"] td').nth(7)
+            for item in (two, one, legacy)
+        }
+        await expect(cost[two["id"]]).to_have_text("€0.42 + $0.10")
+        await expect(cost[one["id"]]).to_have_text("€1.00")
+        await expect(cost[legacy["id"]]).to_have_text("€0.50")
+        await expect(page.locator("#card-avoided-detail")).to_contain_text("€1.92 + $0.10")
+    assert problems == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "pasted",
+    ["gf_…", "gf_0123456789abcdef_wrong\u200b", "gf_0123456789abcdef_wr\nong", "gf_ab cd"],
+)
+async def test_a_pasted_token_with_a_character_no_token_has_is_refused_at_once(
+    pasted: str,
+) -> None:
+    """Not sent (a browser cannot put it in a header): the sign-in form says what is
+    wrong, for a token pasted into it or given in the link's fragment."""
+    fake = FakeApi()
+    chromium = require_tool("chromium", "chromium")
+    problems: list[str] = []
+    async with TestServer(fake.app()) as server, browser_session(chromium) as browser:
+        # A password input drops line breaks from what is pasted: only the link has them.
+        if "\n" not in pasted:
+            page = await browser.new_page()
+            _watch(page, problems, [])
+            await page.goto(str(server.make_url("/ui")))
+            await expect(page.locator("#token-form")).to_be_visible(timeout=BROWSER_TIMEOUT_MS)
+            await page.evaluate(
+                "t => { document.getElementById('token-input').value = t; }", pasted
+            )
+            await page.click("#token-form button")
+            await expect(page.locator("#signin-error")).to_contain_text("That is not a token")
+            await expect(page.locator("#token-form")).to_be_visible()
+            await expect(page.locator("#status")).not_to_contain_text("Cannot reach")
+            assert await page.evaluate("sessionStorage.getItem('greenfed.token')") is None
+
+        linked = await browser.new_page()
+        _watch(linked, problems, [])
+        await linked.goto(str(server.make_url("/ui")) + "#token=" + quote(pasted))
+        await expect(linked.locator("#signin-error")).to_contain_text("That is not a token")
+        assert await linked.evaluate("sessionStorage.getItem('greenfed.token')") is None
+        assert "token" not in linked.url
+    assert fake.requests == []
+    assert problems == []
+
+
+@pytest.mark.timeout(60)
+async def test_an_outage_keeps_the_work_shown_and_never_claims_there_is_none() -> None:
+    fake = FakeApi()
+    job = fake.add_job("pending", name="still-here")
+    async with fake_dashboard(fake) as (page, problems):
+        row = page.locator(f'#work tr[data-work-id="{job["id"]}"]')
+        await expect(row).to_be_visible()
+
+        async def refuse(route: Route) -> None:
+            await route.abort("connectionrefused")
+
+        await page.route("**/v1/**", refuse)
+        await _refresh_now(page)
+        await expect(page.locator("#status")).to_have_text(
+            "Cannot reach the control plane, retrying…"
+        )
+        await expect(page.locator("#work .notice")).to_contain_text("Could not load")
+        await expect(page.locator("#work")).not_to_contain_text("No jobs or deployments yet.")
+        await expect(row).to_be_visible()
+    # The browser reports each refused request as a console error: those are expected.
+    assert [problem for problem in problems if "ERR_CONNECTION_REFUSED" not in problem] == []

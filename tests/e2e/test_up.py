@@ -9,6 +9,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
+import aiohttp
 import aiomqtt
 import jsonschema
 import pytest
@@ -348,3 +349,37 @@ async def test_a_second_up_on_a_busy_port_or_data_directory_fails_in_one_line(
         assert code == 0, up.stderr
     with data_dir_lock(data_dir, "test"):
         pass
+
+
+@pytest.mark.timeout(60)
+async def test_up_with_no_simulated_nodes_serves_until_stopped(tmp_path: Path) -> None:
+    """`--sim 0`: the broker and the control plane alone, for real nodes to enrol with,
+    until Ctrl-C."""
+    broker_port, api_port = free_port(), free_port()
+    api = f"http://127.0.0.1:{api_port}"
+    data_dir = tmp_path / "data"
+    args = ["up", "--sim", "0", "--broker-port", str(broker_port), "--api-port", str(api_port)]
+    env = greenfed_env(GREENFED_STORE__DATA_DIR=str(data_dir))
+    async with GreenfedProcess(args, tmp_path, env) as up:
+        assert up.process is not None
+
+        async def ready() -> bool:
+            assert up.process is not None
+            assert up.process.returncode is None, up.stdout + up.stderr
+            try:
+                await get_json(f"{api}/readyz")
+            except (OSError, aiohttp.ClientError):  # not up yet, or not subscribed yet (503)
+                return False
+            return True
+
+        await eventually_async(ready, timeout_s=30, message=lambda: up.stderr[-2000:])
+        assert "greenfed up: 0 simulated nodes" in up.stdout
+        token = _admin_token(data_dir)
+        assert token is not None
+        nodes = await get_json(f"{api}/v1/nodes", token)
+        assert isinstance(nodes, dict)
+        assert nodes["total"] == 0
+        assert up.process.returncode is None, up.stdout + up.stderr
+        code, _ = await up.stop(signal.SIGINT)
+        assert code == 0, up.stderr
+        assert "greenfed stopped" in up.stdout

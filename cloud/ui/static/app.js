@@ -7,8 +7,26 @@ const REFRESH_MS = 5000;
 const NODE_PAGE_SIZE = 1000;
 const MAX_NODE_PAGES = 10;
 const MAX_NODE_ROWS = 500;
-const WORK_PAGE_SIZE = 50;
-const TERMINAL_STATES = new Set(["succeeded", "failed", "cancelled"]);
+// Live work is read whole, however much of it waits in the queue: the cards and the
+// zones count all of it. Finished work only fills the table, the newest of it.
+const LIVE_STATES = ["pending", "scheduled", "running"];
+const FINISHED_STATES = ["succeeded", "failed", "cancelled"];
+const TERMINAL_STATES = new Set(FINISHED_STATES);
+const PLACED_STATES = new Set(["scheduled", "running"]); // hold accelerators somewhere
+const LIVE_PAGE_SIZE = 1000;
+const MAX_LIVE_PAGES = 10;
+const WORK_ROWS = 50; // per collection (jobs, deployments), newest first
+// Finished work whose final figures (its `work.usage` event) never come is read again
+// for this long after it ended, then kept: a control plane that meters nothing, or one
+// restarted meanwhile, sends none. The event comes usage.final_delay_s (30 s) and a
+// flush (10 s) after the end by default.
+const FINAL_USAGE_WAIT_MS = 10 * 60 * 1000;
+// Printable ASCII without spaces, as every token is (gf_...). A pasted "…" or zero-width
+// space cannot go into a header at all: fetch would throw before sending anything.
+const TOKEN_SHAPE = /^[\x21-\x7e]+$/;
+const NOT_A_TOKEN =
+  "That is not a token: it has a space, a line break or a character outside ASCII " +
+  "(such as “…”). Copy it again.";
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 class ApiError extends Error {
@@ -20,24 +38,28 @@ class ApiError extends Error {
 
 // ---- the token: from the URL fragment (never sent to a server) into this tab's storage
 
+// Whether the fragment held something that is no token (then nothing is stored).
 function takeTokenFromFragment() {
   const fragment = new URLSearchParams(location.hash.slice(1));
   const token = fragment.get("token");
-  if (token === null) return;
+  if (token === null) return false;
   fragment.delete("token");
   const rest = fragment.toString();
   // Out of the address bar and the history entry too.
   history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
-  if (token.trim()) sessionStorage.setItem(TOKEN_KEY, token.trim());
+  if (!token.trim()) return false;
+  if (!TOKEN_SHAPE.test(token.trim())) return true;
+  sessionStorage.setItem(TOKEN_KEY, token.trim());
+  return false;
 }
 
 const storedToken = () => sessionStorage.getItem(TOKEN_KEY);
 
-async function api(path) {
+async function api(path, accept = "application/json") {
   const token = storedToken();
   if (!token) throw new ApiError(401, "no token");
   const response = await fetch(path, {
-    headers: { Authorization: `Bearer ${token}`, Accept: "application/json" },
+    headers: { Authorization: `Bearer ${token}`, Accept: accept },
     cache: "no-store",
     credentials: "omit",
   });
@@ -51,7 +73,7 @@ async function api(path) {
     }
     throw new ApiError(response.status, detail);
   }
-  return response.json();
+  return accept === "application/json" ? response.json() : response.text();
 }
 
 // ---- loading
@@ -72,27 +94,182 @@ async function loadNodes() {
   return { items, total };
 }
 
-// Views of finished work do not change: kept while their version stays the same.
-const workDetails = new Map();
+async function listPages(collection, states, pageSize, maxPages) {
+  const items = [];
+  let cursor = null;
+  for (let page = 0; page < maxPages; page += 1) {
+    const query = new URLSearchParams({ state: states.join(","), limit: String(pageSize) });
+    if (cursor) query.set("cursor", cursor);
+    const body = await api(`/v1/${collection}?${query}`);
+    items.push(...body.items);
+    cursor = body.next_cursor;
+    if (!cursor) return { items, complete: true };
+  }
+  return { items, complete: false };
+}
 
-async function loadWork(collection) {
-  const list = await api(`/v1/${collection}?limit=${WORK_PAGE_SIZE}`);
-  return Promise.all(
-    list.items.map(async (summary) => {
-      const cached = workDetails.get(summary.id);
-      if (cached && cached.version === summary.version && TERMINAL_STATES.has(summary.state)) {
-        return cached;
-      }
-      try {
-        const detail = await api(`/v1/${collection}/${encodeURIComponent(summary.id)}`);
-        workDetails.set(summary.id, detail);
-        return detail;
-      } catch (error) {
-        if (error instanceof ApiError && error.status === 404) return summary;
-        throw error;
-      }
-    }),
+const newestFirst = (items) => [...items].sort((a, b) => b.submitted_at.localeCompare(a.submitted_at));
+
+// One collection's summaries: all its live work and its newest finished work. The first
+// WORK_ROWS of them (newest first) are its rows in the table.
+async function listWork(collection) {
+  const [live, finished] = await Promise.all([
+    listPages(collection, LIVE_STATES, LIVE_PAGE_SIZE, MAX_LIVE_PAGES),
+    listPages(collection, FINISHED_STATES, WORK_ROWS, 1),
+  ]);
+  // Read a moment apart, work that ended meanwhile is in both: its newer view counts.
+  const byId = new Map();
+  for (const item of [...live.items, ...finished.items]) {
+    const seen = byId.get(item.id);
+    if (!seen || item.version > seen.version) byId.set(item.id, item);
+  }
+  const items = newestFirst(byId.values());
+  return {
+    collection,
+    items,
+    rows: new Set(items.slice(0, WORK_ROWS).map((item) => item.id)),
+    liveComplete: live.complete,
+    moreFinished: !finished.complete,
+  };
+}
+
+// Usage goes on being metered after work ends (its node's last samples) without a new
+// version: finished work's view is read again until the API has said its figures are
+// final, then kept while its version stays the same. id -> {detail, final}.
+const workDetails = new Map();
+// Work whose `work.usage` event (its final figures) has been read, and the id of the
+// last event read, to go on from.
+const finalUsage = new Set();
+let eventsReadTo = null;
+
+function usageIsFinal(summary) {
+  if (!TERMINAL_STATES.has(summary.state)) return false;
+  if (summary.attempts === 0) return true; // never placed: nothing was metered
+  if (finalUsage.has(summary.id)) return true;
+  return Date.now() - Date.parse(summary.updated_at) > FINAL_USAGE_WAIT_MS;
+}
+
+function keptDetail(summary) {
+  const cached = workDetails.get(summary.id);
+  return cached?.final && cached.detail.version === summary.version ? cached.detail : null;
+}
+
+// Read the `work.usage` events that came since the last look (one request for all the
+// finished rows that wait for theirs); a failure only means they are read again.
+async function readFinalUsage(listings) {
+  const waiting = listings
+    .flatMap((listing) => listing.items.filter((item) => listing.rows.has(item.id)))
+    .filter((item) => TERMINAL_STATES.has(item.state) && !usageIsFinal(item) && !keptDetail(item));
+  if (!waiting.length) {
+    eventsReadTo = null; // the next to wait starts from its own end
+    return;
+  }
+  const query = new URLSearchParams({ follow: "false" });
+  if (eventsReadTo !== null) query.set("after", eventsReadTo);
+  else query.set("since", waiting.map((item) => item.updated_at).sort()[0]);
+  let stream;
+  try {
+    stream = await api(`/v1/events?${query}`, "text/event-stream");
+  } catch {
+    return;
+  }
+  for (const message of stream.split("\n\n")) {
+    const fields = { data: [] };
+    for (const line of message.split("\n")) {
+      const colon = line.indexOf(":");
+      if (colon <= 0) continue;
+      const name = line.slice(0, colon);
+      const value = line.slice(colon + 1).replace(/^ /, "");
+      if (name === "data") fields.data.push(value);
+      else fields[name] = value;
+    }
+    if (fields.id !== undefined) eventsReadTo = fields.id;
+    if (fields.event !== "work.usage") continue;
+    try {
+      const workId = JSON.parse(fields.data.join("\n")).work_id;
+      if (workId) finalUsage.add(workId);
+    } catch {
+      // not an event view: nothing learnt from it
+    }
+  }
+}
+
+async function detailOf(collection, summary) {
+  const kept = keptDetail(summary);
+  if (kept) return kept;
+  // Decided before reading: a view read after the final figures were told holds them.
+  const final = usageIsFinal(summary);
+  try {
+    const detail = await api(`/v1/${collection}/${encodeURIComponent(summary.id)}`);
+    workDetails.set(summary.id, { detail, final: final && detail.version === summary.version });
+    return detail;
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 404) return summary;
+    throw error;
+  }
+}
+
+// The full view of the table's rows, and of placed work (where it holds accelerators);
+// the rest of the queue is counted from its summary.
+// Placed work beyond the table's rows is read in full for the zones' load: at most this
+// many per collection and refresh (newest first), a few requests at a time, so that an
+// open dashboard never sends the control plane thousands of reads every refresh.
+const MAX_PLACED_DETAILS = 500;
+const DETAIL_REQUESTS_AT_ONCE = 8;
+
+async function mapAtMost(items, atOnce, read) {
+  const results = new Array(items.length);
+  let next = 0;
+  async function worker() {
+    while (next < items.length) {
+      const index = next++;
+      results[index] = await read(items[index]);
+    }
+  }
+  await Promise.all(Array.from({ length: Math.min(atOnce, items.length) }, worker));
+  return results;
+}
+
+async function withDetails(listing) {
+  let placed = 0;
+  let capped = false;
+  const wanted = new Set();
+  for (const summary of listing.items) {
+    if (listing.rows.has(summary.id)) wanted.add(summary.id);
+    else if (PLACED_STATES.has(summary.state)) {
+      if (placed < MAX_PLACED_DETAILS) {
+        placed += 1;
+        wanted.add(summary.id);
+      } else capped = true;
+    }
+  }
+  const items = await mapAtMost(listing.items, DETAIL_REQUESTS_AT_ONCE, (summary) =>
+    wanted.has(summary.id) ? detailOf(listing.collection, summary) : summary,
   );
+  return { ...listing, items, liveComplete: listing.liveComplete && !capped };
+}
+
+// Both collections, each settled on its own (one failing leaves the other shown).
+async function loadWork() {
+  const listed = await Promise.allSettled([listWork("jobs"), listWork("deployments")]);
+  await readFinalUsage(listed.filter((r) => r.status === "fulfilled").map((r) => r.value));
+  return Promise.allSettled(
+    listed.map((result) =>
+      result.status === "fulfilled" ? withDetails(result.value) : Promise.reject(result.reason),
+    ),
+  );
+}
+
+// What the page shows of the collections that loaded (null: neither did).
+function combineWork(listings) {
+  const loaded = listings.filter(Boolean);
+  if (!loaded.length) return null;
+  return {
+    items: loaded.flatMap((listing) => listing.items),
+    rows: loaded.flatMap((listing) => listing.items.filter((item) => listing.rows.has(item.id))),
+    liveComplete: loaded.every((listing) => listing.liveComplete),
+    moreFinished: loaded.some((listing) => listing.moreFinished),
+  };
 }
 
 // ---- formatting
@@ -221,6 +398,19 @@ function tenantLoadByZone(work, zoneOf) {
   return load;
 }
 
+// A usage's cost per currency, by currency (amounts in different currencies are never
+// summed): `costs`, or from a server older than it, `cost` in `currency`.
+function costsOf(usage) {
+  if (usage.costs && typeof usage.costs === "object") {
+    return Object.entries(usage.costs)
+      .filter(([, amount]) => isNumber(amount))
+      .sort(([a], [b]) => a.localeCompare(b));
+  }
+  return isNumber(usage.cost) && usage.currency ? [[usage.currency, usage.cost]] : [];
+}
+
+const formatCosts = (costs) => costs.map(([currency, amount]) => formatMoney(amount, currency)).join(" + ");
+
 function usageTotals(work) {
   const totals = { avoided: 0, emitted: 0, energy: 0, reported: 0, costs: new Map() };
   for (const item of work) {
@@ -230,8 +420,8 @@ function usageTotals(work) {
     if (isNumber(usage.avoided_gco2eq_g)) totals.avoided += usage.avoided_gco2eq_g;
     if (isNumber(usage.gco2eq_g)) totals.emitted += usage.gco2eq_g;
     if (isNumber(usage.energy_kwh)) totals.energy += usage.energy_kwh;
-    if (isNumber(usage.cost) && usage.currency) {
-      totals.costs.set(usage.currency, (totals.costs.get(usage.currency) ?? 0) + usage.cost);
+    for (const [currency, amount] of costsOf(usage)) {
+      totals.costs.set(currency, (totals.costs.get(currency) ?? 0) + amount);
     }
   }
   return totals;
@@ -275,17 +465,18 @@ function renderCards(nodes, work) {
     for (const id of ["nodes", "accelerators", "power"]) setCard(id, "–", "");
   }
   if (work) {
+    const live = work.filter((item) => !TERMINAL_STATES.has(item.state));
     const states = {};
-    for (const item of work) states[item.state] = (states[item.state] ?? 0) + 1;
-    const jobs = work.filter((item) => item.kind === "training").length;
+    for (const item of live) states[item.state] = (states[item.state] ?? 0) + 1;
+    const jobs = live.filter((item) => item.kind === "training").length;
     const waiting = (states.pending ?? 0) + (states.scheduled ?? 0);
     setCard(
       "work",
       `${states.running ?? 0} running`,
-      `${waiting} waiting · ${plural(jobs, "job")} · ${plural(work.length - jobs, "deployment")}`,
+      `${waiting} waiting · ${plural(jobs, "live job")} · ${plural(live.length - jobs, "live deployment")}`,
     );
     const totals = usageTotals(work);
-    const costs = [...totals.costs].map(([currency, cost]) => formatMoney(cost, currency)).join(" + ");
+    const costs = formatCosts([...totals.costs].sort(([a], [b]) => a.localeCompare(b)));
     setCard(
       "avoided",
       totals.reported ? formatGrams(totals.avoided) : "–",
@@ -378,8 +569,7 @@ function shape(item) {
 function renderWork(section, work, nodes) {
   const body = section.querySelector("tbody");
   const zoneOf = nodeZones(nodes?.items ?? []);
-  const sorted = [...work].sort((a, b) => b.submitted_at.localeCompare(a.submitted_at));
-  const rows = sorted.map((item) => {
+  const rows = newestFirst(work.rows).map((item) => {
     const usage = item.usage && typeof item.usage === "object" ? item.usage : null;
     const measured = usage && isNumber(usage.measured_share)
       ? `${integerFormat.format(usage.measured_share * 100)} % measured${usage.fallback ? ", rest estimated" : ""}`
@@ -394,12 +584,24 @@ function renderWork(section, work, nodes) {
       h("td", {}, placement(item, zoneOf)),
       h("td", { class: "num", title: measured }, usage ? formatEnergy(usage.energy_kwh) : "–"),
       h("td", { class: "num" }, usage ? formatGrams(usage.gco2eq_g) : "–"),
-      h("td", { class: "num" }, usage ? formatMoney(usage.cost, usage.currency) : "–"),
+      h("td", { class: "num" }, usage ? formatCosts(costsOf(usage)) || "–" : "–"),
       h("td", { class: "num good" }, usage ? formatGrams(usage.avoided_gco2eq_g) : "–"),
       h("td", { class: "num muted", title: item.submitted_at }, formatAgo(item.submitted_at)),
     );
   });
   body.replaceChildren(...(rows.length ? rows : [emptyRow(10, "No jobs or deployments yet.")]));
+}
+
+// Says so where the table is not all there is (as the fleet's does).
+function workNotice(work) {
+  const notes = [];
+  if (work.rows.length < work.items.length || work.moreFinished) {
+    const of = `${work.items.length}${work.moreFinished ? "+" : ""}`;
+    const left = work.moreFinished ? " (older finished ones are left out)" : "";
+    notes.push(`Showing the newest ${work.rows.length} of ${of} jobs and deployments${left}.`);
+  }
+  if (!work.liveComplete) notes.push("Only the newest live ones are counted.");
+  return notes.join(" ") || null;
 }
 
 function acceleratorText(node) {
@@ -460,6 +662,8 @@ function setStatus(text, isError = false) {
 
 let timer = null;
 let generation = 0;
+// The token whose work the table shows: kept through an outage, never shown to another.
+let workShownFor = null;
 
 function schedule() {
   clearTimeout(timer);
@@ -468,18 +672,25 @@ function schedule() {
 
 async function refresh() {
   clearTimeout(timer);
-  if (!storedToken()) {
+  const token = storedToken();
+  if (!token) {
     showSignIn();
+    return;
+  }
+  if (!TOKEN_SHAPE.test(token)) {
+    forgetToken(NOT_A_TOKEN);
     return;
   }
   if (document.hidden) return; // picked up again on visibilitychange
   const started = (generation += 1);
-  const results = await Promise.allSettled([
+  const [nodesResult, signalsResult, workResults] = await Promise.allSettled([
     loadNodes(),
     api("/v1/signals"),
-    loadWork("jobs"),
-    loadWork("deployments"),
+    loadWork(),
   ]);
+  // loadWork settles each collection itself; should it throw anyway, both failed.
+  const workSettled = workResults.status === "fulfilled" ? workResults.value : [workResults, workResults];
+  const results = [nodesResult, signalsResult, ...workSettled];
   if (started !== generation) return; // a newer refresh (or a new token) took over
   const rejected = results.find(
     (result) => result.status === "rejected" && result.reason instanceof ApiError && result.reason.status === 401,
@@ -489,16 +700,25 @@ async function refresh() {
     return;
   }
   const [nodes, signals, jobs, deployments] = results.map((r) => (r.status === "fulfilled" ? r.value : null));
-  const work = jobs || deployments ? [...(jobs ?? []), ...(deployments ?? [])] : null;
-  const known = new Set((work ?? []).map((item) => item.id));
-  for (const id of workDetails.keys()) if (!known.has(id)) workDetails.delete(id);
+  const work = combineWork([jobs, deployments]);
+  if (work) {
+    const known = new Set(work.items.map((item) => item.id));
+    for (const id of workDetails.keys()) if (!known.has(id)) workDetails.delete(id);
+    for (const id of finalUsage) if (!known.has(id)) finalUsage.delete(id);
+  }
 
   showDashboard();
-  renderCards(nodes, work);
-  renderZones(sections.zones(), signals, nodes, work);
+  renderCards(nodes, work?.items ?? null);
+  renderZones(sections.zones(), signals, nodes, work?.items ?? null);
   notice(sections.zones(), failure(results[1]));
-  renderWork(sections.work(), work ?? [], nodes);
-  notice(sections.work(), failure(results[2]) ?? failure(results[3]));
+  if (work) {
+    renderWork(sections.work(), work, nodes);
+    workShownFor = token;
+  } else if (workShownFor !== token) {
+    sections.work().querySelector("tbody").replaceChildren(); // another token's: gone
+  } // else the rows stay as last loaded: not knowing now is not having none
+  const workNotes = new Set([failure(results[2]), failure(results[3]), work ? workNotice(work) : null]);
+  notice(sections.work(), [...workNotes].filter(Boolean).join(" ") || null);
   if (nodes) renderNodes(sections.nodes(), nodes);
   else {
     sections.nodes().querySelector("tbody").replaceChildren();
@@ -532,31 +752,43 @@ function forgetToken(message) {
   generation += 1;
   sessionStorage.removeItem(TOKEN_KEY);
   workDetails.clear();
+  finalUsage.clear();
+  eventsReadTo = null;
+  workShownFor = null;
+  sections.work().querySelector("tbody").replaceChildren();
   showSignIn(message);
 }
 
+// A token from the fragment, then a refresh; something that is no token replaces the
+// stored one (it was meant to) and the form says why.
+function refreshWithFragment(refused = takeTokenFromFragment()) {
+  if (refused) forgetToken(NOT_A_TOKEN);
+  else refresh();
+}
+
 function start() {
-  takeTokenFromFragment();
+  const refused = takeTokenFromFragment();
   document.getElementById("token-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const input = document.getElementById("token-input");
     const token = input.value.trim();
     input.value = "";
     if (!token) return;
+    if (!TOKEN_SHAPE.test(token)) {
+      showSignIn(NOT_A_TOKEN);
+      return;
+    }
     sessionStorage.setItem(TOKEN_KEY, token);
     setStatus("Loading…");
     refresh();
   });
   document.getElementById("forget-token").addEventListener("click", () => forgetToken());
-  window.addEventListener("hashchange", () => {
-    takeTokenFromFragment();
-    refresh();
-  });
+  window.addEventListener("hashchange", () => refreshWithFragment());
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) refresh();
   });
-  if (storedToken()) setStatus("Loading…");
-  refresh();
+  if (storedToken() && !refused) setStatus("Loading…");
+  refreshWithFragment(refused);
 }
 
 start();
