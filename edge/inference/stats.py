@@ -8,6 +8,7 @@ replica from a replica of the current model on the same node."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -94,32 +95,13 @@ class ServingStats:
         at the same moment); starts the next window."""
         figures = self._next_window(latency_scale)
         return DeploymentSample(
-            deployment_id=self.deployment_id,
-            requests=figures.requests,
-            errors=figures.errors,
-            rejected=figures.rejected,
-            requests_per_s=figures.requests_per_s,
-            latency_p50_ms=figures.latency_p50_ms,
-            latency_p95_ms=figures.latency_p95_ms,
-            latency_p99_ms=figures.latency_p99_ms,
-            mean_batch_size=figures.mean_batch_size,
-            replicas=replicas,
+            deployment_id=self.deployment_id, replicas=replicas, **dataclasses.asdict(figures)
         )
 
     def replica_sample(self, replica: int, latency_scale: float = 1.0) -> ReplicaSample:
         """A replica's figures since the previous sample; starts the next window."""
         figures = self._next_window(latency_scale)
-        return ReplicaSample(
-            replica=replica,
-            requests=figures.requests,
-            errors=figures.errors,
-            rejected=figures.rejected,
-            requests_per_s=figures.requests_per_s,
-            latency_p50_ms=figures.latency_p50_ms,
-            latency_p95_ms=figures.latency_p95_ms,
-            latency_p99_ms=figures.latency_p99_ms,
-            mean_batch_size=figures.mean_batch_size,
-        )
+        return ReplicaSample(replica=replica, **dataclasses.asdict(figures))
 
     def _next_window(self, latency_scale: float) -> _Window:
         """The figures since the previous sample; starts the next window."""
