@@ -370,6 +370,8 @@ def create_app(
         assignments=AssignmentIndex(),
         shared_group=settings.mqtt.shared_group,
         digest_interval_s=settings.mqtt.digest_interval_s,
+        # The link is proven as often as liveness looks (cloud/fleet/link_probe.py).
+        link_probe_interval_s=settings.cloud.liveness_check_interval_s,
     )
     app = web.Application(
         middlewares=[
@@ -384,8 +386,13 @@ def create_app(
     app[REGISTRY] = registry
     app[NODE_PAGES] = NodePages(registry)
     app[DRAIN_WAITING] = node_admin.StoredDrainWaiting()
+    # Judged by what the link is proven to carry, not by being subscribed: a half-open
+    # link stays subscribed until the keep-alive gives it up.
     app[LIVENESS] = Liveness(
-        registry, LivenessSettings.of(settings), link_up=ingestor.subscribed.is_set
+        registry,
+        LivenessSettings.of(settings),
+        link_up=ingestor.link_probe.is_up,
+        proven_until_s=ingestor.link_probe.proven_until_s,
     )
     app[INGESTOR] = ingestor
     app[BROKER_OUTAGES] = broker_outages

@@ -74,6 +74,7 @@ from cloud.fleet.digest import (
     TelemetryDigest,
 )
 from cloud.fleet.early_samples import EarlySamples
+from cloud.fleet.link_probe import LinkProbe
 from cloud.fleet.node_text import printable_event, printable_reported, printable_status
 from cloud.fleet.plausibility import (
     Implausible,
@@ -194,13 +195,15 @@ class Ingestor:
         assignments: AssignmentIndex | None = None,
         shared_group: str = "",
         digest_interval_s: float = 1.0,
+        link_probe_interval_s: float = 1.0,
     ) -> None:
         """`limits`: plausibility bounds (`PlausibilityLimits.of(settings.cloud)`);
         timestamps are judged by the registry's wall clock. `assignments`: who runs
         what, to gate log chunks and audit reports; None trusts every node about any
         work (tests of ingestion alone). `shared_group` (`mqtt.shared_group`): take
         telemetry through this shared subscription and exchange digests every
-        `digest_interval_s` (cloud/fleet/digest.py); "": every sample, no digests."""
+        `digest_interval_s` (cloud/fleet/digest.py); "": every sample, no digests.
+        `link_probe_interval_s`: how often the session proves its link (`link_probe`)."""
         self.registry = registry
         self.topics = topics
         self.stats = IngestStats()
@@ -241,6 +244,11 @@ class Ingestor:
         )
         # Set while subscribed to every channel: the cloud's readiness.
         self.subscribed = asyncio.Event()
+        # Whether, and until when, this session is known to hear the broker: liveness
+        # judges silence by it (cloud/fleet/link_probe.py).
+        self.link_probe = LinkProbe(
+            topics, interval_s=link_probe_interval_s, monotonic=registry.monotonic
+        )
         # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all.
         self.admits_node: Callable[[str], bool] | None = None
         # The sealing key a node was pinned to at enrolment (cloud/fleet/enrolled.py);
@@ -387,12 +395,15 @@ class Ingestor:
 
     def _parse(self, topic: str, payload: bytes | bytearray) -> NodeTopic | None:
         """A topic not seen lately: a node's (then remembered), the digest's (then
-        merged), or neither (counted)."""
+        merged), the link probe's (then taken as its echo), or none of these (counted)."""
         try:
             parsed = self.topics.parse(topic)
         except TopicError as error:
             if topic == self._digest_topic and self.shared_group:
                 self.handle_digest(payload)
+                return None
+            if topic == self.link_probe.topic:
+                self.link_probe.echoed(payload)
                 return None
             self._reject("unknown", InvalidReason.BAD_TOPIC, topic, str(error))
             return None
@@ -697,6 +708,8 @@ class Ingestor:
             await client.subscribe(topic_filter, qos=CHANNEL_SPECS[channel].qos)
         if group:
             await client.subscribe(self._digest_topic, qos=0)
+        # After the channels: a probe's echo comes after the retained messages they bring.
+        await client.subscribe(self.link_probe.topic, qos=0)
         self._log.info("ingestion subscribed", root=self.topics.root, shared_group=group or None)
         self.subscribed.set()
         # Owned here: it lives and dies with this connection.
@@ -706,12 +719,15 @@ class Ingestor:
             else None
         )
         try:
-            # Messages arrive through handle_message (the session's sink); iterating
-            # only waits here and raises when the connection drops.
-            async for message in client.messages:
-                if isinstance(message.payload, bytes | bytearray):
-                    self.handle_message(message.topic.value, message.payload)
+            # A probe that cannot be sent ends the connection: unproven, the link would
+            # hold every judgment of the fleet until the keep-alive gave it up.
+            async with asyncio.TaskGroup() as connection:
+                connection.create_task(self.link_probe.run(client), name="link-probe")
+                connection.create_task(self._read(client), name="mqtt-read")
+        except* aiomqtt.MqttError as lost:
+            raise lost.exceptions[0] from None
         finally:
+            self.link_probe.lost()
             self.subscribed.clear()
             if digests is not None:
                 await cancel_and_wait([digests])
@@ -719,6 +735,13 @@ class Ingestor:
                 if failed and digests.exception() is not None:
                     # A publish failed: the connection is going; this loop raises too.
                     self._log.warning("digest publishing stopped", error=str(digests.exception()))
+
+    async def _read(self, client: aiomqtt.Client) -> None:
+        """Messages arrive through handle_message (the session's sink); iterating only
+        waits here, and raises when the connection drops."""
+        async for message in client.messages:
+            if isinstance(message.payload, bytes | bytearray):
+                self.handle_message(message.topic.value, message.payload)
 
     async def _publish_digests(self, client: aiomqtt.Client) -> None:
         """Every `digest_interval_s`, what this replica heard since the last digest."""

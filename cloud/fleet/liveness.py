@@ -24,12 +24,18 @@ control plane's event loop stalls (a long collection, a starved CPU), the livene
 timer runs late: the time it was late is time in which nobody could be heard (what
 the nodes sent waits in the socket), so it is not counted in any node's silence, and
 that round judges nobody, leaving ingestion a round to read what waited. While the
-control plane is itself cut off from the broker (``link_up`` false: ingestion is
-not subscribed), every node falls silent at once, and that is no evidence about any
-of them: no node is declared offline or lost. When the link comes back, every
-node's silence is counted from that moment (a fresh staleness deadline and a fresh
-grace period), so the agents that kept working through a broker outage are not
-restarted because of it.
+control plane is itself cut off from the broker, every node falls silent at once, and
+that is no evidence about any of them. Its link is proven, not assumed: ingestion
+sends itself a probe every `liveness_check_interval_s` (cloud/fleet/link_probe.py),
+so a link that stalls without closing (half-open) is known within a few probes, long
+before the MQTT client's keep-alive gives it up. Silence is judged only up to when the
+link was last proven (``proven_until_s``: the newest probe that came back was sent
+then), so no node is stale for what may still wait in a stalled link; while no probe
+comes back (``link_up`` false), no node is declared offline or lost. When the link comes
+back, every node's silence is counted from that moment (a fresh staleness deadline and
+a fresh grace period), so the agents that kept working through a broker outage are not
+restarted because of it. No setting has to outrun the link's detection:
+`node_lost_grace_s` and the staleness deadlines may be as short as the fleet needs.
 
 Settings keep their keys for users: `[cloud] staleness_intervals`,
 `[cloud] liveness_check_interval_s` and `[scheduling] node_lost_grace_s`
@@ -106,12 +112,17 @@ class Liveness:
         *,
         monotonic: Callable[[], float] | None = None,
         link_up: Callable[[], bool] = lambda: True,
+        proven_until_s: Callable[[], float] | None = None,
     ) -> None:
+        """``link_up``: whether the control plane hears the broker now (a probe came
+        back lately, `LinkProbe.is_up`); ``proven_until_s``: until when (``monotonic``)
+        what the broker took has reached the control plane (`LinkProbe.proven_until_s`);
+        None: always now."""
         self._registry = registry
         self.settings = settings or LivenessSettings()
         self._monotonic = monotonic or registry.monotonic
-        # Whether the control plane hears the broker now (ingestion subscribed).
         self._link_up = link_up
+        self._proven_until_s = proven_until_s
         self._was_up = True
         self._ever_heard = False
         # When the link last came back (monotonic): silence before it does not count.
@@ -146,6 +157,13 @@ class Liveness:
                 self._log.info("broker link back: every node gets a fresh grace period")
         self._ever_heard = True
         return True
+
+    def _judged_at_s(self, now_s: float) -> float:
+        """When silence is judged up to: now, or when the link was last proven if that is
+        earlier (what nodes sent since may still wait in a stalled link). Never goes back."""
+        if self._proven_until_s is None:
+            return now_s
+        return min(now_s, self._proven_until_s())
 
     def is_stale(self, record: NodeRecord, now_s: float) -> bool:
         """No telemetry for longer than `staleness_intervals` of the node's interval,
@@ -201,6 +219,7 @@ class Liveness:
         now_s = self._monotonic()
         if not self.listening(now_s):
             return []
+        now_s = self._judged_at_s(now_s)  # silence counts only as far as the link is proven
         registry = self._registry
         if self._due_version != registry.version:
             # A birth, a node back online, a changed interval, ...: every online node
@@ -261,10 +280,13 @@ class Liveness:
         """Of the nodes ``holding`` work, those lost: unavailable in the pass's view of
         the fleet (``nodes``) for `node_lost_grace_s`. Node id -> why. Called once
         per pass by the leader, whose calls start and stop the grace clocks. None while
-        the broker link is down."""
+        the broker link is down; the clocks run only as far as the link is proven."""
         now_s = self._monotonic()
         if not self.listening(now_s):
             return {}
+        # A clock starts when a pass sees the node unavailable, and runs only as far as
+        # the link is proven: never ahead of the time that really passed.
+        judged_s = self._judged_at_s(now_s)
         held = set(holding)
         lost: dict[str, str] = {}
         for node_id in sorted(held):
@@ -273,7 +295,7 @@ class Liveness:
                 self._unavailable_since.pop(node_id, None)
                 continue
             since_s = self._unavailable_since.setdefault(node_id, now_s)
-            if now_s - since_s >= self.settings.node_lost_grace_s:
+            if judged_s - since_s >= self.settings.node_lost_grace_s:
                 if record is None:
                     lost[node_id] = "not seen by this control plane"
                 else:

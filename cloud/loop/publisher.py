@@ -4,7 +4,9 @@ The loop hands documents over and never waits for the broker: a scheduling pass 
 not stall while MQTT reconnects. Documents that could not be published stay queued
 (a newer one for the same node replaces them) and go out on the next connection;
 retained delivery means an agent that was offline gets its latest document when it
-subscribes.
+subscribes. No more publishes are outstanding than paho keeps unacknowledged (`IN_FLIGHT`),
+so that each one's timeout covers a round trip, not the backlog queued ahead of it (a
+fleet's documents over a WAN link); only what was not acknowledged is queued again.
 
 On every (re)connection the newest document of every node goes out again: a broker
 that restarted without persistence (or lost its retained messages any other way)
@@ -87,6 +89,9 @@ SWEEP_INTERVAL_S: Final = 300.0
 # Documents published to one node whose copy has not come back yet, at most.
 _ECHOES_KEPT: Final = 8
 _REPAIR_LOG_INTERVAL_S: Final = 10.0
+# QoS 1 messages paho keeps unacknowledged (its `max_inflight_messages`, 20 by default):
+# no more publishes than that are outstanding at once (`DesiredPublisher._send`).
+IN_FLIGHT: Final = 20
 
 
 class DesiredPublisher:
@@ -321,41 +326,72 @@ class DesiredPublisher:
         return sign_desired(document, self._signing_key)
 
     async def _publish(self, client: aiomqtt.Client) -> None:
-        qos = CHANNEL_SPECS[Channel.DESIRED].qos
-        retain = CHANNEL_SPECS[Channel.DESIRED].retained
         while True:
             await self._queued.wait()
             self._queued.clear()
             batch, self._queue = self._queue, {}
-            payloads: dict[str, bytes] = {}
-            for node_id, document in batch.items():
-                payload = self._payload(node_id, document)
-                if document is not None and len(payload) > self._max_payload_bytes:
-                    self._drop_oversized(node_id, document, len(payload))
-                else:
-                    payloads[node_id] = payload
-            for node_id, payload in payloads.items():
-                # Noted before publishing: the copy may come back before the publish returns.
-                self._published[node_id] = payload
-                self._echoes.setdefault(node_id, deque(maxlen=_ECHOES_KEPT)).append(payload)
-            try:
-                await asyncio.gather(
-                    *(
-                        client.publish(
-                            self._topics.node(node_id, Channel.DESIRED),
-                            payload,
-                            qos=qos,
-                            retain=retain,
-                        )
-                        for node_id, payload in payloads.items()
-                    )
-                )
-            except BaseException:
-                for node_id in payloads:
-                    self._queue.setdefault(node_id, batch[node_id])
-                self._queued.set()
-                raise
-            self.published_total += sum(1 for node_id in payloads if batch[node_id] is not None)
+            await self._publish_batch(client, batch)
+
+    async def _publish_batch(
+        self, client: aiomqtt.Client, batch: dict[str, DesiredState | None]
+    ) -> None:
+        payloads: dict[str, bytes] = {}
+        for node_id, document in batch.items():
+            payload = self._payload(node_id, document)
+            if document is not None and len(payload) > self._max_payload_bytes:
+                self._drop_oversized(node_id, document, len(payload))
+            else:
+                payloads[node_id] = payload
+        for node_id, payload in payloads.items():
+            # Noted before publishing: the copy may come back before the publish returns.
+            self._published[node_id] = payload
+            self._echoes.setdefault(node_id, deque(maxlen=_ECHOES_KEPT)).append(payload)
+        sent: set[str] = set()
+
+        def acknowledged(node_id: str) -> None:
+            sent.add(node_id)
+            if batch[node_id] is not None:
+                self.published_total += 1
+
+        try:
+            await self._send(client, payloads, acknowledged)
+        except BaseException:
+            # What did not go out goes on the next connection, unless newer was queued.
+            for node_id in payloads.keys() - sent:
+                self._queue.setdefault(node_id, batch[node_id])
+            self._queued.set()
+            raise
+
+    async def _send(
+        self,
+        client: aiomqtt.Client,
+        payloads: dict[str, bytes],
+        acknowledged: Callable[[str], None],
+    ) -> None:
+        """Publish every node's payload, telling `acknowledged` of each node whose payload
+        the broker took; raise the first failure.
+
+        No more are handed to paho than its window of unacknowledged messages
+        (`IN_FLIGHT`): each publish times out `connect_timeout_s` after it is called, and
+        one queued behind thousands (a fleet's documents on a new connection, over a WAN)
+        would time out waiting for its turn, drop the connection and have everything sent
+        again, for ever. In the window, a timeout covers about one round trip."""
+        qos = CHANNEL_SPECS[Channel.DESIRED].qos
+        retain = CHANNEL_SPECS[Channel.DESIRED].retained
+        waiting = iter(payloads.items())
+
+        async def send_in_turn() -> None:
+            for node_id, payload in waiting:  # shared: each payload is taken once
+                topic = self._topics.node(node_id, Channel.DESIRED)
+                await client.publish(topic, payload, qos=qos, retain=retain)
+                acknowledged(node_id)
+
+        try:
+            async with asyncio.TaskGroup() as senders:
+                for _ in range(min(IN_FLIGHT, len(payloads))):
+                    senders.create_task(send_in_turn())
+        except* aiomqtt.MqttError as failed:
+            raise failed.exceptions[0] from None
 
     def _drop_oversized(self, node_id: str, document: DesiredState, payload_bytes: int) -> None:
         """Not sent: the broker would drop the connection, and every other node's

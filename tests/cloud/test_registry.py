@@ -803,6 +803,77 @@ def test_a_node_that_speaks_after_the_outage_stays_online(
     assert state_of(registry, "n1") == ("online", None)
 
 
+class ProvenLink:
+    """The control plane's link as its probes prove it (cloud/fleet/link_probe.py), as a
+    test sets it: whether one came back lately, and when the newest that did was sent."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.up = True
+        self.proven_until_s = clock.monotonic()
+
+    def is_up(self) -> bool:
+        return self.up
+
+    def proven(self) -> float:
+        return self.proven_until_s
+
+
+def test_silence_after_the_link_was_last_proven_is_no_node_s(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    """A link that stalls without closing still counts as up until its probes are
+    missed, but nothing anyone sent after the newest probe that came back has reached
+    the control plane: that time is in no node's silence, and no grace clock runs
+    through it, however short the node's telemetry interval."""
+    link = ProvenLink(clock)
+    liveness = Liveness(
+        registry,
+        LivenessSettings(staleness_intervals=3.0, node_lost_grace_s=1.0),
+        link_up=link.is_up,
+        proven_until_s=link.proven,
+    )
+    registry.apply_status(status("n1", telemetry_interval_s=0.1))  # stale after 0.3 s
+    registry.apply_status(status("n2"))
+    registry.apply_status(will("n2"))  # offline before the stall
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {}  # n2's grace clock starts
+    clock.advance(0.2)
+    link.proven_until_s = clock.monotonic()  # the last probe that comes back, sent now
+    clock.advance(2.8)  # the link stalled: far past n1's deadline and n2's grace
+    assert liveness.expire_stale() == []
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {}
+    assert state_of(registry, "n1") == ("online", None)
+    # The link carries again, with what waited in it: nothing from n1.
+    clock.advance(0.5)
+    link.proven_until_s = clock.monotonic() - 0.1
+    assert liveness.expire_stale() == [NodeStateChange("n1", "offline", "telemetry-stale")]
+    assert liveness.lost_nodes(["n1", "n2"], by_id(registry)) == {"n2": "offline: connection-lost"}
+
+
+def test_a_grace_period_is_never_shorter_than_the_time_that_passed(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    """The link is proven up to a probe interval late: a node's grace clock starts when a
+    pass sees it unavailable, not at the proof before."""
+    link = ProvenLink(clock)
+    liveness = Liveness(
+        registry,
+        LivenessSettings(node_lost_grace_s=5.0),
+        link_up=link.is_up,
+        proven_until_s=link.proven,
+    )
+    registry.apply_status(status("n1"))
+    clock.advance(10.0)
+    link.proven_until_s = clock.monotonic() - 0.9
+    registry.apply_status(will("n1"))
+    assert liveness.lost_nodes(["n1"], by_id(registry)) == {}  # its clock starts now
+    clock.advance(4.95)
+    link.proven_until_s = clock.monotonic()
+    assert liveness.lost_nodes(["n1"], by_id(registry)) == {}
+    clock.advance(0.05)
+    link.proven_until_s = clock.monotonic()
+    assert liveness.lost_nodes(["n1"], by_id(registry)) == {"n1": "offline: connection-lost"}
+
+
 def cause_of(registry: NodeRegistry, node_id: str = "n1") -> str | None:
     record = registry.get(node_id)
     assert record is not None

@@ -14,9 +14,10 @@ from structlog.testing import capture_logs
 from cloud.loop.publisher import DesiredPublisher
 from greenfed.broker import EmbeddedBroker
 from shared.messages import DESIRED_DECODER, DesiredState, DesiredTraining
+from shared.settings import parse_mqtt_url
 from shared.tasks import stop_task
 from shared.topics import Channel, Topics
-from tests.support.brokers import MosquittoProcess, free_port
+from tests.support.brokers import BrokerUnderTest, MosquittoProcess, free_port
 from tests.support.fleet import TEST_SIGNING_KEY, mqtt_settings
 from tests.support.waiting import eventually
 
@@ -168,3 +169,103 @@ async def test_a_document_the_broker_would_refuse_breaks_no_other_node_s(tmp_pat
     finally:
         await stop_task(task)
         await mosquitto.stop()
+
+
+class LatencyProxy:
+    """A TCP proxy that delays every byte by `delay_s` each way, throughput unlimited: a
+    WAN link whose round trip is 2 x `delay_s`."""
+
+    def __init__(self, target_url: str, delay_s: float) -> None:
+        endpoint = parse_mqtt_url(target_url)
+        self._target = (endpoint.host, endpoint.port)
+        self._delay_s = delay_s
+        self._server: asyncio.Server | None = None
+        self._sockets: set[asyncio.StreamWriter] = set()
+        self._links: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"mqtt://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aenter__(self) -> LatencyProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for socket in self._sockets:
+            socket.transport.abort()  # every link then ends on its own
+        async with asyncio.timeout(10):
+            await asyncio.gather(*self._links, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link = asyncio.current_task()
+        assert link is not None
+        self._links.add(link)
+        self._sockets.add(writer)
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self._target)
+            self._sockets.add(upstream_writer)
+            async with asyncio.TaskGroup() as pumps:
+                pumps.create_task(self._pump(reader, upstream_writer))
+                pumps.create_task(self._pump(upstream_reader, writer))
+        except* OSError:
+            pass  # a side went away: so does the link
+        finally:
+            writer.transport.abort()
+            self._links.discard(link)
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        """Each chunk goes on `delay_s` after it was read, in order; the end too."""
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due_s, chunk = await chunks.get()
+                await asyncio.sleep(due_s - loop.time())
+                if not chunk:
+                    sink.transport.abort()
+                    return
+                sink.write(chunk)
+
+        async with asyncio.TaskGroup() as delivery:
+            delivery.create_task(deliver())
+            while True:
+                chunk = await source.read(65536)
+                chunks.put_nowait((loop.time() + self._delay_s, chunk))
+                if not chunk:
+                    return
+
+
+async def test_a_backlog_longer_than_the_publish_timeout_goes_out_over_a_slow_link(
+    broker: BrokerUnderTest, topic_root: str
+) -> None:
+    """paho keeps 20 QoS 1 messages unacknowledged; each publish times out
+    `connect_timeout_s` after it was called. 1,000 documents take 50 round trips of
+    50 ms, longer than that 2 s: sent all at once, the last ones timed out, the
+    connection was dropped and everything went out again, for ever. Each must wait for
+    its turn before its timeout starts."""
+    documents = 1000
+    async with LatencyProxy(broker.url, delay_s=0.025) as slow_link:
+        settings = mqtt_settings(slow_link.url, topic_root, connect_timeout_s=2.0)
+        publisher = DesiredPublisher(settings, signing_key=TEST_SIGNING_KEY, cluster_id="c1")
+        for index in range(documents):
+            publisher.submit(document(f"n{index}", 1))
+        with capture_logs() as logs:
+            task = asyncio.create_task(publisher.run())
+            try:
+                await eventually(
+                    lambda: publisher.published_total == documents,
+                    timeout_s=30,
+                    message=lambda: f"{publisher.published_total} of {documents} published",
+                )
+            finally:
+                await stop_task(task)
+        # On the first connection: nothing timed out, nothing was sent twice.
+        events = [log["event"] for log in logs]
+        assert events.count("mqtt connected") == 1
+        assert "mqtt connection lost" not in events
+    assert len(await retained(broker.url, topic_root, expected=documents)) == documents
