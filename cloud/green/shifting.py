@@ -209,7 +209,13 @@ class WindowShifter:
                     best = (window.start_s, zones[code], option, runtime)
         start, zone, option, runtime = best
         reference = best_now if math.isfinite(best_now) else any_now
-        if not (math.isfinite(reference) and math.isfinite(best_then)) or start <= now:
+        # A price of exactly 0 now (negative ones are real) leaves no share to save: the
+        # minimum saving is a share of it, and waiting is never worth it by that rule.
+        if (
+            not (math.isfinite(reference) and math.isfinite(best_then))
+            or start <= now
+            or reference == 0
+        ):
             return None
         saving = reference - best_then
         if saving <= self.min_saving * abs(reference) or saving <= 0:

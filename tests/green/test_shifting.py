@@ -131,6 +131,17 @@ def test_jobs_without_flexibility_or_small_savings_start_now() -> None:
     assert schedule(snapshot(nodes, [flexible]), shifter_policy(almost_flat)).placements
 
 
+def test_a_price_of_zero_now_is_no_reason_to_wait_for_a_negative_one() -> None:
+    # Free power now, paid-for-taking later (negative prices are real): a saving is no
+    # share of nothing, so the job starts (it divided by zero before).
+    prices = series("X", [100.0] * 72, price=[0.0] * 6 + [-40.0] * 4 + [0.0] * 62)
+    flexible = job(deadline=T0 + 24 * HOUR)
+    shifter = WindowShifter(grid(prices), EnergyModel(), objective="price", min_saving=0.1)
+    plan = schedule(snapshot([gpu_server("n", "X")], [flexible]), Policy(start_advisor=shifter))
+    assert plan.placements
+    assert not plan.deferrals
+
+
 def test_at_the_latest_safe_start_it_starts_regardless() -> None:
     # The clean window comes after the latest start (deadline 8 h, 2 h run, 1 h margin).
     flexible = job(deadline=T0 + 8 * HOUR)
