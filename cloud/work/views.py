@@ -15,7 +15,12 @@ from cloud.work.array_views import JobArrayView
 from cloud.work.explanation import Explanation
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.clock import utc_from_epoch
-from shared.messages import TRAINING_RUN_LIVE_STATES, AcceleratorKind
+from shared.messages import (
+    TRAINING_RUN_LIVE_STATES,
+    AcceleratorKind,
+    DeploymentSample,
+    ReplicaSample,
+)
 from shared.mig_profiles import QUOTA_RESOURCE_PATTERN
 from shared.work_literals import AllocationState, DependencyCondition, PriorityClass, WorkState
 
@@ -128,7 +133,8 @@ class JobView(JobSummary, frozen=True, kw_only=True):
 
 
 class ServingView(msgspec.Struct, frozen=True, kw_only=True):
-    """The node's latest serving figures for the deployment (one telemetry interval)."""
+    """A replica's latest serving figures (one telemetry interval): its own, or where
+    its agent predates 1.13, those of the deployment's replicas on its node together."""
 
     interval_s: float
     requests_per_s: float
@@ -397,9 +403,18 @@ def replica_views(
     for allocation in allocations:
         node = registry.get(allocation.node_id)
         entry = node.replica_report(deployment_id, allocation.member_index) if node else None
-        sample = node.serving_sample(deployment_id) if node else None
+        deployment = node.serving_sample(deployment_id) if node else None
+        sample: DeploymentSample | ReplicaSample | None = deployment
         telemetry = node.telemetry if node is not None else None
         serving = None
+        if deployment is not None and deployment.replicas:
+            # An agent of 1.13 or later sends each replica's own figures: this one's,
+            # not those of every replica of the deployment on its node together (none:
+            # it served nothing in that interval).
+            sample = next(
+                (own for own in deployment.replicas if own.replica == allocation.member_index),
+                None,
+            )
         if telemetry is not None and sample is not None:
             serving = ServingView(
                 interval_s=telemetry.interval_s,
