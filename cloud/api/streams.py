@@ -41,7 +41,9 @@ class StreamLimits:
                 429,
                 "too-many-streams",
                 "Too many open streams",
-                f"this tenant already has {self._slots.most_per_tenant} open streams; close one",
+                f"this tenant has its share of open streams (at most "
+                f"{self._slots.most_per_tenant}; fewer while the server is nearly at its "
+                "limit, the last one kept for a tenant with none open); close one",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         return Problem(

@@ -57,8 +57,9 @@ class ModelChecks:
     def _busy(self, per_tenant: bool) -> UploadsBusyError:
         if per_tenant:
             return UploadsBusyError(
-                f"this tenant already has {self._uploads.most_per_tenant} uploads being "
-                "received or checked; retry when one is done",
+                f"this tenant has its share of uploads being received or checked (at most "
+                f"{self._uploads.most_per_tenant}; fewer while the server is nearly at its "
+                "bound, the last one kept for a tenant with none); retry when one is done",
                 per_tenant=True,
             )
         return UploadsBusyError(
