@@ -16,10 +16,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from sqlalchemy import update
 
 from cloud.clusters.backend import ClusterUnreachable
 from cloud.clusters.slurm.rest_client import SlurmRestAccess, SlurmRestClient
 from cloud.clusters.views import SPEC_DECODER
+from cloud.store.schema import clusters
 from tests.api.support import Api, bearer, problem
 
 pytestmark = pytest.mark.timeout(60)
@@ -96,3 +98,27 @@ async def test_a_malformed_rest_url_kept_from_before_names_the_key_when_used() -
         await client.close()
     assert "slurm.rest_url" in str(refused.value)
     assert "Port out of range" in str(refused.value)
+
+
+async def test_a_registration_todays_rules_refuse_can_still_be_removed(api: Api) -> None:
+    # As an earlier greenfed stored it: a work_dir Slurm cuts at its space. It is listed
+    # nowhere (the control plane logs it and says to remove it), and removing it works.
+    admin = bearer(api.admin_token)
+    created = await api.client.post("/v1/clusters", json=registration(), headers=admin)
+    assert created.status == 201, await created.text()
+    stored = msgspec.json.decode(
+        msgspec.json.encode(SPEC_DECODER.decode(msgspec.json.encode(registration())))
+    )
+    stored["slurm"]["work_dir"] = "/scratch/with space"
+    async with api.store._engine.begin() as connection:
+        await connection.execute(
+            update(clusters)
+            .where(clusters.c.name == "lab")
+            .values(spec=msgspec.json.encode(stored))
+        )
+    assert (await api.client.get("/v1/clusters/lab", headers=admin)).status == 404
+
+    removed = await api.client.delete("/v1/clusters/lab", headers=admin)
+    assert removed.status == 200, await removed.text()
+    assert (await removed.json())["spec"]["name"] == "lab"
+    assert (await api.client.delete("/v1/clusters/lab", headers=admin)).status == 404
