@@ -127,18 +127,18 @@ class CohortTree:
         }
         self.cohort_names: frozenset[str] = frozenset(tree_cohorts)
         # Per cohort, its children of each kind, kept apart (the class docstring).
-        self._subcohorts: dict[str, list[str]] = {name: [] for name in tree_cohorts}
-        self._members: dict[str, list[str]] = {name: [] for name in tree_cohorts}
+        subcohorts: dict[str, list[str]] = {name: [] for name in tree_cohorts}
+        members: dict[str, list[str]] = {name: [] for name in tree_cohorts}
         self.tenant_names: frozenset[str] = frozenset(
             t.name for t in tenants.values() if t.cohort in tree_cohorts
         )
         for name, parent in sorted(parent_of.items()):
             if parent is not None:
-                self._subcohorts[parent].append(name)
+                subcohorts[parent].append(name)
         nodes: dict[str, _Node] = {}
         for name in sorted(self.tenant_names):
             tenant = tenants[name]
-            self._members[tenant.cohort].append(name)  # type: ignore[index]
+            members[tenant.cohort].append(name)  # type: ignore[index]
             nodes[name] = _Node(
                 name=name,
                 is_tenant=True,
@@ -151,18 +151,30 @@ class CohortTree:
             )
         self._tenant_nodes = nodes
         self._cohort_nodes: dict[str, _Node] = {}
+        # Each cohort's children, sub-cohorts then member tenants, made once: `committed`
+        # walks them for every quota decision.
+        self._children: dict[str, list[_Node]] = {}
         for name in sorted(tree_cohorts):
-            self._cohort_node(name, cohorts)
+            self._cohort_node(name, cohorts, subcohorts, members)
         # Per tenant: its ancestors, nearest first.
         self.path: dict[str, tuple[str, ...]] = {name: self._ancestors(name) for name in nodes}
 
-    def _cohort_node(self, name: str, cohorts: Mapping[str, Cohort]) -> _Node:
+    def _cohort_node(
+        self,
+        name: str,
+        cohorts: Mapping[str, Cohort],
+        subcohorts: Mapping[str, list[str]],
+        members: Mapping[str, list[str]],
+    ) -> _Node:
         found = self._cohort_nodes.get(name)
         if found is not None:
             return found
         record = cohorts.get(name) or Cohort(name=name)
-        children = [self._cohort_node(child, cohorts) for child in self._subcohorts[name]]
-        children += [self._tenant_nodes[member] for member in self._members[name]]
+        children = [
+            self._cohort_node(child, cohorts, subcohorts, members) for child in subcohorts[name]
+        ]
+        children += [self._tenant_nodes[member] for member in members[name]]
+        self._children[name] = children
         nominal = tuple(
             record.nominal.get(kind, sum(child.nominal[k] for child in children))
             for k, kind in enumerate(KINDS)
@@ -181,12 +193,6 @@ class CohortTree:
     def node(self, cohort: str) -> _Node:
         """The cohort named ``cohort`` (never a tenant of that name)."""
         return self._cohort_nodes[cohort]
-
-    def _children(self, cohort: str) -> list[_Node]:
-        return [
-            *(self._cohort_nodes[name] for name in self._subcohorts[cohort]),
-            *(self._tenant_nodes[name] for name in self._members[cohort]),
-        ]
 
     def _ancestors(self, tenant: str) -> tuple[str, ...]:
         found: list[str] = []
@@ -215,7 +221,7 @@ class CohortTree:
         if node.is_tenant:
             return usage_of(node.name) + (extra or {}).get(node.name, 0)
         return sum(
-            self._contribution(child, k, usage_of, extra) for child in self._children(node.name)
+            self._contribution(child, k, usage_of, extra) for child in self._children[node.name]
         )
 
     def _contribution(
