@@ -418,7 +418,7 @@ def create_app(
     app[STREAMS] = StreamLimits(
         max_streams=tuning.max_streams, max_per_tenant=tuning.max_streams_per_tenant
     )
-    app[DESTRUCTIVE_LOCKS] = ActorLocks()
+    app[DESTRUCTIVE_LOCKS] = ActorLocks(asyncio.Lock)
     app[STOPPING] = asyncio.Event()
     app[BACKGROUND_TASKS] = []
     app[BROKER_ACCOUNTS] = broker_accounts_from(settings)

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Final, Literal
 
@@ -48,20 +49,9 @@ WINDOW_S: Final = 60.0
 _MARK: Final = "__greenfed_destructive_action__"
 
 
-class ActorLocks:
-    """One lock per admin, for its unconfirmed destructive actions (the module doc).
-    Kept for the app's life: there are a few admins, not a growing set of names."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    def of(self, actor: str) -> asyncio.Lock:
-        lock = self._locks.get(actor)
-        if lock is None:
-            lock = self._locks[actor] = asyncio.Lock()
-        return lock
-
-
+# One lock per admin, for its unconfirmed destructive actions (the module doc), kept
+# for the app's life: there are a few admins, not a growing set of names.
+ActorLocks = defaultdict[str, asyncio.Lock]
 DESTRUCTIVE_LOCKS = web.AppKey("destructive_locks", ActorLocks)
 
 
@@ -94,7 +84,7 @@ def _counted_in_turn(request: web.Request) -> contextlib.AbstractAsyncContextMan
     caller = tenant_of(request)
     if not caller.admin or CONFIRM_HEADER in request.headers:
         return contextlib.nullcontext()
-    return request.app[DESTRUCTIVE_LOCKS].of(caller.name)
+    return request.app[DESTRUCTIVE_LOCKS][caller.name]
 
 
 def _confirmed(request: web.Request) -> bool:

@@ -245,7 +245,10 @@ class PowerCapper:
                 uncapped_cost = best_cost = cost
             elif cost < best_cost:
                 best_share, best_cost = share, cost
-        if best_share == 1.0 or not best_cost <= self._worth_capping(uncapped_cost):
+        # At least ``min_saving`` of the uncapped cost's size less: below zero (paid to
+        # draw power) ``(1 − min_saving) · cost`` would lie above the cost itself.
+        worth_capping = uncapped_cost - self.min_saving * abs(uncapped_cost)
+        if best_share == 1.0 or not best_cost <= worth_capping:
             return []
         capped_end = start + run_s / capped_throughput(best_share)
         return [
@@ -256,14 +259,6 @@ class PowerCapper:
             )
             for m in members
         ]
-
-    def _worth_capping(self, uncapped_cost: float) -> float:
-        """The most a capped run may cost: ``min_saving`` of the uncapped cost's size
-        less. Below zero (paid to draw power) ``(1 − min_saving) · cost`` would lie
-        above the cost itself, and any saving at all would pass."""
-        if uncapped_cost >= 0:
-            return (1.0 - self.min_saving) * uncapped_cost
-        return (1.0 + self.min_saving) * uncapped_cost
 
     def _member_power_w(
         self, snapshot: Snapshot, members: Sequence[_Member], share: float
