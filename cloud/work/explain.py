@@ -225,12 +225,12 @@ def explain_work(
     decide whether the other side of a preemption is named by its id (`work_named`)."""
     decided_at = utc_from_epoch(now)
     members = tuple(_placement(p) for p in sorted(placements, key=lambda p: p.member))
-    evicted = tuple(_lost_view(p, owners.get(p.preempted_by)) for p in preemptions) + tuple(
-        _victim_view(p, owners.get(p.preempted_by))
-        for p in sorted(victims, key=lambda p: (p.work_id, p.node_id, p.allocation_id))
-    )
     # Every victim names this work as its preemptor.
     this_work = owners.get(victims[0].preempted_by) if victims else None
+    evicted = tuple(_lost_view(p, owners.get(p.preempted_by)) for p in preemptions) + tuple(
+        _victim_view(p, this_work)
+        for p in sorted(victims, key=lambda p: (p.work_id, p.node_id, p.allocation_id))
+    )
     if pending is not None:
         outcome: Outcome = "partial" if placements else "pending"
         return Explanation(
