@@ -165,6 +165,13 @@ class ClusterBackend(ABC):
         return ""
 
     @property
+    def history_error(self) -> str:
+        """Why the last `jobs(include_ended=True)` listed the live jobs alone, where a
+        back-end can while the cluster's history does not answer (Slurm's accounting is
+        slurmdbd, apart from slurmctld); "": the history was read."""
+        return ""
+
+    @property
     def pins_machines(self) -> bool | None:
         """Whether a job runs on the machines greenfed chose (False: the cluster picks
         them within the partition; None: not known yet)."""

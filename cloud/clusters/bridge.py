@@ -41,7 +41,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol, runtime_checkable
+from typing import Final
 
 import structlog
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -142,16 +142,6 @@ class ClusterHealth:
     jobs_running: int = 0
 
 
-@runtime_checkable
-class ReadsHistory(Protocol):
-    """A back-end that can list live jobs while the cluster's history does not answer
-    (Slurm's accounting is slurmdbd, apart from slurmctld): it says why the last
-    `jobs(include_ended=True)` listed the live ones alone ("": the history was read)."""
-
-    @property
-    def history_error(self) -> str: ...
-
-
 def _complete_utf8(data: bytes) -> tuple[str, int]:
     """The text of `data` up to its last whole UTF-8 character, and the bytes used: a
     character split across two reads is decoded whole with the next."""
@@ -225,7 +215,6 @@ class ClusterBridge:
         self._log_done: set[tuple[str, int]] = set()
         self._history_read_at: float | None = None
         # Why the history could not be read, until it is again ("": it was), and when.
-        self._history_error = ""
         self._history_failed_at: float | None = None
         # Live jobs missing from the live listing: their end is read from the history.
         self._ended_unseen: set[tuple[str, int]] = set()
@@ -360,15 +349,12 @@ class ClusterBridge:
         """Whether the history was read with the listing just taken. Where it was not
         (slurmdbd away, slurmctld answering), the cluster is still reached: the jobs
         missing from its live listing keep their last known state until it is."""
-        error = self.backend.history_error if isinstance(self.backend, ReadsHistory) else ""
         now = self._clock()
-        if error:
-            self._history_error = error
+        if self.backend.history_error:
             self._history_failed_at = now
             return False
-        if self._history_error:
+        if self._history_failed_at is not None:
             _log.info("cluster history read again", cluster=self.name)
-        self._history_error = ""
         self._history_failed_at = None
         self._history_read_at = now
         return True
@@ -387,10 +373,11 @@ class ClusterBridge:
         now = self._clock()
         self.health.reachable = True
         self.health.last_contact_at = now
+        history_error = self.backend.history_error
         self.health.last_error = (
             "the cluster's job history could not be read (jobs gone from its live listing "
-            f"keep their last known state until it is): {self._history_error}"[:1000]
-            if self._history_error
+            f"keep their last known state until it is): {history_error}"[:1000]
+            if history_error
             else ""
         )
         self.health.pending_jobs = capacity.pending_jobs
