@@ -69,7 +69,7 @@ class JobLogShipper(AgentModule):
             log_chunk = self._log_chunk(run, offset, data, dropped)
             payload_bytes = len(encode(log_chunk))
             if payload_bytes <= self._max_payload_bytes:
-                run.output.take(max_bytes)  # the very chunk peeked
+                run.output.consume(len(data))  # the very chunk peeked
                 return log_chunk
             max_bytes = len(data) * self._max_payload_bytes // payload_bytes
             if max_bytes == 0:

@@ -92,13 +92,15 @@ class OutputBuffer:
         and never inside a UTF-8 character.
         """
         chunk = self.peek(max_bytes)
-        if chunk is None:
-            return None
-        size = len(chunk[1])
+        if chunk is not None:
+            self.consume(len(chunk[1]))
+        return chunk
+
+    def consume(self, size: int) -> None:
+        """Let the first `size` waiting bytes go: a chunk `peek` returned, now shipped."""
         del self._pending[:size]
         self._offset += size
         self._dropped = 0
-        return chunk
 
 
 def _is_continuation(byte: int) -> bool:
