@@ -12,7 +12,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Set
 from pathlib import Path
 
 
@@ -56,9 +56,10 @@ def pids_in(directories: Iterable[str]) -> set[int]:
     return found
 
 
-def signal_all(directories: Iterable[str], signum: int) -> int:
-    """Send `signum` to every process in the groups; how many there were."""
-    pids = pids_in(directories)
+def signal_all(directories: Iterable[str], signum: int, *, sparing: Set[int] = frozenset()) -> int:
+    """Send `signum` to every process in the groups but those `sparing` names; how many
+    there were."""
+    pids = pids_in(directories) - sparing
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)

@@ -302,9 +302,7 @@ class _Supervisor:
         for process in processes:
             if process.pid not in outer_bubblewraps:
                 _signal_group(process.pid, signal.SIGTERM)
-        for pid in cgroups.pids_in(self.plan["cgroup_dirs"]) - outer_bubblewraps:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
+        cgroups.signal_all(self.plan["cgroup_dirs"], signal.SIGTERM, sparing=outer_bubblewraps)
 
     def _kill_everything(self) -> None:
         self.killed_by_us = True
