@@ -149,6 +149,9 @@ def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOpt
         )
     start_s = options.start_s
     end_s = start_s + options.days * 86400.0
+    # The hours the simulator looks back: its history, or the forecaster's when longer.
+    config = sim_config(options, options.policies[0])
+    lookback_hours = max(config.history_hours, forecaster_named(config.forecaster).lookback_hours)
     for zone in zones:
         if zone in missing:
             continue
@@ -163,7 +166,7 @@ def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOpt
                 f"the evaluated period runs past the end of the {zone} series "
                 f"({_day(trace.end_s)}): shorten --days or start earlier"
             )
-        _check_values_in_reach(provider, trace, options)
+        _check_values_in_reach(provider, trace, config.start_s, config.end_s, lookback_hours)
 
 
 def _empty_file(zone: str, options: EvalOptions) -> str:
@@ -173,18 +176,20 @@ def _empty_file(zone: str, options: EvalOptions) -> str:
 
 
 def _check_values_in_reach(
-    provider: TraceProvider, trace: HourlyTrace, options: EvalOptions
+    provider: TraceProvider,
+    trace: HourlyTrace,
+    start_s: float,
+    end_s: float,
+    lookback_hours: int,
 ) -> None:
-    """Every evaluated hour needs a recorded value within the hours the simulator looks
-    back (its history, or the forecaster's lookback when longer); without one it has no
-    grid for the zone there, and the run would stop in the middle with a traceback."""
-    config = sim_config(options, options.policies[0])
-    lookback_hours = max(config.history_hours, forecaster_named(config.forecaster).lookback_hours)
+    """Every evaluated hour (`start_s` to `end_s`) needs a recorded value within the
+    `lookback_hours` the simulator looks back; without one it has no grid for the zone
+    there, and the run would stop in the middle with a traceback."""
     carbon = trace.carbon(provider.emission_factor)
     hour_numbers = np.arange(carbon.size)
     last_value = np.maximum.accumulate(np.where(np.isfinite(carbon), hour_numbers, -1))
-    first = trace.hour_index(config.start_s)
-    last = min(trace.hour_index(config.end_s), carbon.size - 1)
+    first = trace.hour_index(start_s)
+    last = min(trace.hour_index(end_s), carbon.size - 1)
     hours, known = hour_numbers[first : last + 1], last_value[first : last + 1]
     blind = hours[(known < 0) | (hours - known >= lookback_hours)]
     if blind.size == 0:
