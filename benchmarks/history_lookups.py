@@ -38,14 +38,12 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import insert, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from benchmarks.store_bench import DEFAULT_POSTGRES_URL, drop_schema
 from cloud.store import NewTenant, Store, open_store
 from cloud.store.schema import events, work
 from shared.settings import StoreSettings
 
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 _ROWS_PER_INSERT = 5_000
 _DAY_S = 86_400.0
 
@@ -159,15 +157,6 @@ async def one_backend(settings: StoreSettings, args: argparse.Namespace) -> dict
         }
     finally:
         await store.close()
-
-
-async def drop_schema(url: str, schema: str) -> None:
-    engine = create_async_engine(make_url(url).set(drivername="postgresql+asyncpg"))
-    try:
-        async with engine.begin() as connection:
-            await connection.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-    finally:
-        await engine.dispose()
 
 
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
