@@ -9,7 +9,7 @@ agent adds a field.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -20,6 +20,9 @@ from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
 # the major part always equals the topic version.
 SCHEMA_VERSION = "1.13"
+# The most a cgroup's pids.max takes (PID_MAX_LIMIT on 64-bit kernels): no more
+# processes can exist at once, so no pids limit is larger.
+KERNEL_PIDS_MAX: Final = 4_194_304
 
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
@@ -504,7 +507,7 @@ class DesiredTraining(WireStruct, frozen=True, kw_only=True):
             int,
             msgspec.Meta(
                 ge=1,
-                le=4_194_304,
+                le=KERNEL_PIDS_MAX,
                 description="Processes and threads each worker may have (1.8); null: the node's.",
             ),
         ]

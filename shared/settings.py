@@ -25,7 +25,7 @@ from shared.errors import (
     UnknownFieldError,
     dotted_path,
 )
-from shared.messages import AcceleratorKind, NodeTaint, Site
+from shared.messages import KERNEL_PIDS_MAX, AcceleratorKind, NodeTaint, Site
 from shared.placement_names import placement_error
 from shared.redact import redact_url
 from shared.taints import MAX_TAINTS, parse_taint
@@ -202,7 +202,7 @@ class AgentSettings(Section, frozen=True, kw_only=True):
         Annotated[int, msgspec.Meta(ge=1, le=4_294_967_293)],
     ] = (70000, 79999)
     # Processes and threads a worker may have when its job sets no pids_limit.
-    worker_pids_limit: Annotated[int, msgspec.Meta(ge=16, le=4_194_304)] = 4096
+    worker_pids_limit: Annotated[int, msgspec.Meta(ge=16, le=KERNEL_PIDS_MAX)] = 4096
     # Host memory all workers together leave to the agent and the system.
     reserved_memory_mib: Annotated[int, msgspec.Meta(ge=0)] = 512
     # Where worker cgroups are made; empty: under the agent's own cgroup where it may

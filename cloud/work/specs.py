@@ -27,7 +27,7 @@ import msgspec
 from cloud.work.array_ranges import MAX_ARRAY_INDEX, MAX_ARRAY_TASKS, MAX_ARRAY_TEXT, parse_array
 from shared.errors import FieldError, json_path
 from shared.images import registry_of
-from shared.messages import AcceleratorKind, ImagePullPolicy, LaunchMode, Site
+from shared.messages import KERNEL_PIDS_MAX, AcceleratorKind, ImagePullPolicy, LaunchMode, Site
 from shared.mig_profiles import MIG_PROFILE_PATTERN
 from shared.root_sensitive_env import is_root_sensitive
 from shared.taints import CORDON_TAINT_KEY
@@ -460,7 +460,7 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
         ),
     ] = "per-worker"
     pids_limit: Annotated[
-        Annotated[int, msgspec.Meta(ge=16, le=4_194_304)] | None,
+        Annotated[int, msgspec.Meta(ge=16, le=KERNEL_PIDS_MAX)] | None,
         msgspec.Meta(description="Processes and threads per worker; null: the node's default."),
     ] = None
     grace_period_s: Annotated[

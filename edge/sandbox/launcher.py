@@ -45,7 +45,7 @@ from edge.training.environment import (
 )
 from edge.training.launch_plan import LaunchPlan, PrepareStep, ProcessPlan
 from shared.images import qualified, registry_of, repository_of
-from shared.messages import Accelerator, DesiredTraining, IsolationLevel
+from shared.messages import KERNEL_PIDS_MAX, Accelerator, DesiredTraining, IsolationLevel
 from shared.sealing import SealedSecrets
 from shared.worker_env import DEFAULT_VARIABLES
 
@@ -55,9 +55,6 @@ ISOLATION_RANK: Final[Mapping[IsolationLevel, int]] = {
     "user": 1,
     "sandbox": 2,
 }
-# The most a cgroup's pids.max takes (PID_MAX_LIMIT on 64-bit kernels): no more
-# processes can exist at once, so a higher limit is no limit and is written as this.
-KERNEL_PIDS_MAX: Final = 4_194_304
 RUN_DIR_MODE: Final = 0o711  # others may pass through to their own work directory only
 WORK_DIR_MODE: Final = 0o700
 # What a sandbox replaces with its own besides the shared temporary directories
