@@ -39,6 +39,7 @@ from cloud.clusters.backend import (
     GangRequest,
     job_key,
 )
+from cloud.clusters.slurm.accounting_reads import AccountingReads
 from cloud.clusters.slurm.commands import SlurmCommands
 from cloud.clusters.slurm.records import (
     SACCT_FIELDS,
@@ -81,10 +82,7 @@ class SlurmBackend(ClusterBackend):
     def __init__(self, commands: SlurmCommands, options: SubmitOptions) -> None:
         self._commands = commands
         self._options = options
-        # None: not known yet whether the cluster keeps accounting (sacct answers).
-        self._accounting: bool | None = None
-        # Why the last read of the accounting failed ("": it did not).
-        self._history_error = ""
+        self._accounting = AccountingReads("sacct")
         # None: not known yet whether it gathers energy (an AcctGatherEnergyType).
         self._gathers_energy: bool | None = None
         self._energy_read_at = -ENERGY_INTERVAL_S
@@ -113,7 +111,7 @@ class SlurmBackend(ClusterBackend):
         """Why the last `jobs(include_ended=True)` could not read the cluster's accounting
         (slurmdbd away while slurmctld answers: only live jobs were listed); "": it could,
         or the cluster keeps none."""
-        return self._history_error
+        return self._accounting.history_error
 
     @property
     def interface(self) -> str:
@@ -144,7 +142,7 @@ class SlurmBackend(ClusterBackend):
         """Running jobs with what the cluster measured they used, where it gathers energy
         (read every ENERGY_INTERVAL_S; the last reading stands between)."""
         running = [job.backend_id for job in live if job.state == "running"]
-        if not running or self._accounting is False:
+        if not running or self._accounting.kept_none:
             return live
         if self._gathers_energy is None:
             config = await self._commands.run("scontrol", "show", "config")
@@ -175,7 +173,7 @@ class SlurmBackend(ClusterBackend):
         """greenfed's jobs in the cluster's accounting; () where it keeps none. Asked for
         the account's own by its uid: without `--user`, an operator account (root, the
         SlurmUser) would be answered with every user's."""
-        if self._accounting is False:
+        if self._accounting.kept_none:
             return ()
         since = time.strftime(
             "%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - ACCOUNTING_WINDOW_S)
@@ -185,27 +183,11 @@ class SlurmBackend(ClusterBackend):
                 "sacct", "-X", "-P", "-n", "-S", since, f"--user={account_uid}",
                 "-o", ",".join(SACCT_FIELDS),
             )  # fmt: skip
-        except ClusterUnreachable as error:
-            # slurmctld answered the listing just before: slurmdbd is away, not the
-            # cluster. Its history is not read this time (the bridge waits for it).
-            return self._history_unread(error)
-        except ClusterRefused as error:
-            if self._accounting:  # it answered before: slurmdbd's trouble, not none kept
-                return self._history_unread(error)
-            # No slurmdbd: scontrol's window is all there is.
-            if self._accounting is None:
-                _log.info("the cluster keeps no job accounting", detail=str(error)[:200])
-            self._accounting = False
+        except (ClusterUnreachable, ClusterRefused) as error:  # slurmdbd's (accounting_reads)
+            self._accounting.failed(error)
             return ()
-        self._accounting = True
-        self._history_error = ""
+        self._accounting.answered()
         return accounted_jobs(text)
-
-    def _history_unread(self, error: Exception) -> tuple[ClusterJob, ...]:
-        if not self._history_error:
-            _log.warning("cluster job accounting not read", detail=str(error)[:300])
-        self._history_error = str(error)[:500] or type(error).__name__
-        return ()
 
     async def submit(self, gang: GangRequest) -> str:
         # A job of that name Slurm still knows (live, or ended within MinJobAge) is this

@@ -38,6 +38,7 @@ from cloud.clusters.backend import (
     ClusterUnreachable,
     GangRequest,
 )
+from cloud.clusters.slurm.accounting_reads import AccountingReads
 from cloud.clusters.slurm.backend import (
     ACCOUNTING_WINDOW_S,
     expected_output,
@@ -121,9 +122,7 @@ class SlurmRestBackend(ClusterBackend):
         self._client = client
         self._options = options
         self._dialect: RestDialect | None = dialect_of(version) if version else None
-        self._accounting: bool | None = None
-        # Why the last read of the accounting failed ("": it did not).
-        self._history_error = ""
+        self._accounting = AccountingReads("slurmrestd")
         self._listing: tuple[float, list[Any]] | None = None
         # Jobs whose reported output file is not the one greenfed asked for (logged once).
         self._foreign_output: set[str] = set()
@@ -166,7 +165,7 @@ class SlurmRestBackend(ClusterBackend):
         """Why the last `jobs(include_ended=True)` could not read the accounting (slurmdbd
         away while slurmctld answers: only live jobs were listed); "": it could, or
         slurmrestd serves none."""
-        return self._history_error
+        return self._accounting.history_error
 
     @property
     def interface(self) -> str:
@@ -234,27 +233,17 @@ class SlurmRestBackend(ClusterBackend):
         self, dialect: RestDialect, account: AccountIdentity
     ) -> tuple[ClusterJob, ...]:
         """greenfed's jobs in the cluster's accounting; () where slurmrestd serves none."""
-        if self._accounting is False:
+        if self._accounting.kept_none:
             return ()
         since = dialect.accounting_since(ACCOUNTING_WINDOW_S, time.time())
         try:
             answer = await self._client.request(
                 "GET", dialect.accounting_path, params={"start_time": since}
             )
-        except ClusterUnreachable as error:
-            # The live listing was just answered: slurmdbd is away, not the cluster. The
-            # history is not read this time (the bridge waits for it).
-            return self._history_unread(error)
-        except ClusterRefused as error:
-            if self._accounting:  # it answered before: slurmdbd's trouble, not none kept
-                return self._history_unread(error)
-            # No accounting plugin, no slurmdbd.
-            if self._accounting is None:
-                _log.info("slurmrestd serves no job accounting", detail=str(error)[:200])
-            self._accounting = False
+        except (ClusterUnreachable, ClusterRefused) as error:  # slurmdbd's (accounting_reads)
+            self._accounting.failed(error)
             return ()
-        self._accounting = True
-        self._history_error = ""
+        self._accounting.answered()
         raw_jobs = answer.get("jobs")
         if not isinstance(raw_jobs, list):
             return ()
@@ -264,12 +253,6 @@ class SlurmRestBackend(ClusterBackend):
             if isinstance(raw, dict) and account.owns_accounted(raw)
         )
         return tuple(job for job in found if job is not None)
-
-    def _history_unread(self, error: Exception) -> tuple[ClusterJob, ...]:
-        if not self._history_error:
-            _log.warning("slurmrestd job accounting not read", detail=str(error)[:300])
-        self._history_error = str(error)[:500] or type(error).__name__
-        return ()
 
     async def submit(self, gang: GangRequest) -> str:
         dialect = await self.dialect()
