@@ -50,14 +50,17 @@ async def dependencies_by_id(request: web.Request, spec: SpecT) -> SpecT:
         return spec
     resolved = []
     for index, dependency in enumerate(spec.depends_on):
+        field = f"$.depends_on[{index}].job"
         try:
-            job_id = await work_id_of(request, "training", "job", dependency.job, any_tenant=False)
+            job_id, is_array = await _resolve(
+                request, "training", "job", dependency.job, any_tenant=False
+            )
         except Problem as problem:
             if problem.slug != AMBIGUOUS:
                 raise
-            raise invalid_body(f"$.depends_on[{index}].job", problem.detail) from None
-        if job_id != dependency.job:
-            await _refuse_array(request, f"$.depends_on[{index}].job", dependency.job, job_id)
+            raise invalid_body(field, problem.detail) from None
+        if is_array:
+            await _refuse_array(request, field, dependency.job, job_id)
         resolved.append(msgspec.structs.replace(dependency, job=job_id))
     try:
         return msgspec.structs.replace(spec, depends_on=tuple(resolved))
@@ -66,15 +69,14 @@ async def dependencies_by_id(request: web.Request, spec: SpecT) -> SpecT:
 
 
 async def _refuse_array(request: web.Request, field: str, reference: str, job_id: str) -> None:
-    """A 422 on `field` where `reference` (a name) resolved to a job array: the array is
+    """A 422 on `field`, where `reference` (a name) resolved to a job array: the array is
     no job to wait for, and "no job <array id>" would name an id the caller never sent."""
     tasks = await request.app[STORE].array_tasks(tenant_of(request).tenant_id, job_id)
-    if tasks:
-        raise invalid_body(
-            field,
-            f"{reference!r} names job array {job_id}, which is no job; "
-            f"name one of its tasks ({job_id}_{tasks[0].index})",
-        )
+    example = f" ({job_id}_{tasks[0].index})" if tasks else ""
+    raise invalid_body(
+        field,
+        f"{reference!r} names job array {job_id}, which is no job; name one of its tasks{example}",
+    )
 
 
 async def work_id_of(
@@ -82,12 +84,20 @@ async def work_id_of(
 ) -> str:
     """The id `reference` names among the caller's work of `kind` (with `any_tenant`,
     the admin's reach: every tenant's)."""
+    work_id, _ = await _resolve(request, kind, noun, reference, any_tenant=any_tenant)
+    return work_id
+
+
+async def _resolve(
+    request: web.Request, kind: WorkKind, noun: str, reference: str, *, any_tenant: bool
+) -> tuple[str, bool]:
+    """`work_id_of`'s answer, and whether it is a job array's id found by its name."""
     if is_full_id(reference):
-        return reference
+        return reference, False
     if kind == "training":  # ARRAYID_7: task 7 of a job array
         task = await task_id_of(request, reference, any_tenant=any_tenant)
         if task is not None:
-            return task
+            return task, False
     caller = tenant_of(request)
     scope = None if any_tenant and caller.admin else caller.tenant_id
     store = request.app[STORE]
@@ -98,7 +108,7 @@ async def work_id_of(
     newest = () if active else await store.work_matching(scope, kind, name=reference, limit=1)
     array_id = array_named(active or newest) if kind == "training" else None
     if array_id is not None:
-        return array_id
+        return array_id, True
     found = by_name(reference, active, newest)
     prefix = as_id_prefix(reference)
     if found is None and prefix is not None:
@@ -108,7 +118,7 @@ async def work_id_of(
         found = by_prefix(reference, matches)
     if isinstance(found, Ambiguous):
         raise ambiguous_problem(noun, found)
-    return reference if found is None else found.work_id
+    return (reference if found is None else found.work_id), False
 
 
 def ambiguous_problem(noun: str, ambiguous: Ambiguous) -> Problem:
