@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any, Final
 from greenfed.data_dir_lock import DataDirInUse
 from shared.errors import FieldError, MqttAuthError, dotted_path
 from shared.settings import (
-    ENV_PREFIX,
-    ENV_SEPARATOR,
     ConfigError,
     Settings,
+    env_overrides,
     load_settings,
     parse_mqtt_url,
-    with_overrides,
+    setting_origin,
 )
 
 if TYPE_CHECKING:
@@ -184,24 +183,20 @@ def settings_from_options(
             origins[f"{section}.{key}"] = option
     if default_log_level and "level" not in overrides.get("log", {}):
         overrides.setdefault("log", {})["level"] = default_log_level
-    settings = with_overrides(load_settings(args.config), overrides, origins)
+    settings = load_settings(args.config, options=overrides, option_names=origins)
     if fleet_reports_here:
         try:
             settings.check_fleet_reports_here()
         except FieldError as error:
             key = dotted_path(error.path)
-            origin = origins.get(key) or _origin_of(args, key)
+            origin = setting_origin(
+                key,
+                source="defaults" if args.config is None else str(args.config),
+                env=env_overrides(os.environ),
+                options=origins,
+            )
             raise ConfigError(f"{origin}: {key}: {error.reason}", key=key) from None
     return settings
-
-
-def _origin_of(args: argparse.Namespace, key: str) -> str:
-    """Where a setting no option set came from, in load_settings' words."""
-    section, _, name = key.partition(".")
-    variable = f"{ENV_PREFIX}{section.upper()}{ENV_SEPARATOR}{name.upper()}"
-    if variable in os.environ:
-        return f"environment variable {variable}"
-    return str(args.config) if args.config is not None else "defaults"
 
 
 def run_command(args: argparse.Namespace) -> int:

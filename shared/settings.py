@@ -743,28 +743,29 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return overrides
 
 
-def with_overrides(
-    settings: Settings,
-    overrides: Mapping[str, Mapping[str, Any]],
-    origins: Mapping[str, str],
-) -> Settings:
-    """`settings` with `overrides` (`{section: {key: value}}`: command-line options) on
-    top, validated again as a file's values are. A refused value is a ConfigError that
-    names the key and where it came from: `origins` maps `section.key` to that (the
-    option), "settings" for a key it does not name."""
-    if not overrides:
-        return settings
-    raw: dict[str, Any] = msgspec.to_builtins(settings)
-    for section, values in overrides.items():
-        raw[section] = {**raw[section], **values}
-    try:
-        return msgspec.convert(raw, Settings)
-    except msgspec.ValidationError as error:
-        key_path, reason = _describe(error)
-        key_path = _name_mapping_keys(raw, key_path, reason)
-        key = dotted_path(key_path)
-        origin = origins.get(dotted_path(key_path[:2]), "settings")
-        raise ConfigError(f"{origin}: {key or 'settings'}: {reason}", key=key or None) from None
+def env_variable(section: str, key: str) -> str:
+    """The environment variable that sets `section.key`."""
+    return f"{ENV_PREFIX}{section.upper()}{ENV_SEPARATOR}{key.upper()}"
+
+
+def setting_origin(
+    key: str,
+    *,
+    source: str,
+    env: Mapping[str, Mapping[str, Any]],
+    options: Mapping[str, str],
+) -> str:
+    """Where the value at the dotted `key` came from: the command-line option that set
+    it (`options` maps `section.key` to it), the environment variable (`env`, as
+    `env_overrides` read them), or else `source` (the file, or "defaults")."""
+    section, _, rest = key.partition(".")
+    field_name = rest.partition(".")[0]
+    option = options.get(f"{section}.{field_name}")
+    if option is not None:
+        return option
+    if field_name in env.get(section, {}):
+        return f"environment variable {env_variable(section, field_name)}"
+    return source
 
 
 def read_toml_file(path: Path, kind: str = "config file") -> dict[str, Any]:
@@ -787,8 +788,17 @@ def read_toml_file(path: Path, kind: str = "config file") -> dict[str, Any]:
         raise ConfigError(f"{kind} {path}: TOML nested too deeply to read") from None
 
 
-def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Read the TOML file (if any), apply environment overrides, validate everything."""
+def load_settings(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    option_names: Mapping[str, str] | None = None,
+) -> Settings:
+    """Read the TOML file (if any), apply environment overrides and then `options`
+    (`{section: {key: value}}`: command-line options, each named in `option_names` by
+    its `section.key`), and validate everything once. A refused value is a ConfigError
+    that names the key and where it came from."""
     environ = os.environ if environ is None else environ
     raw: dict[str, Any] = {}
     source = "defaults"
@@ -796,21 +806,17 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
         source = str(path)
         raw = read_toml_file(path)
     overrides = env_overrides(environ)
-    for section, values in overrides.items():
-        current = raw.get(section, {})
-        if not isinstance(current, dict):
-            raise ConfigError(f"{source}: key {section} must be a table", key=section)
-        raw[section] = {**current, **values}
+    for layer in (overrides, options or {}):
+        for section, values in layer.items():
+            current = raw.get(section, {})
+            if not isinstance(current, dict):
+                raise ConfigError(f"{source}: key {section} must be a table", key=section)
+            raw[section] = {**current, **values}
     try:
         return msgspec.convert(raw, Settings)
     except msgspec.ValidationError as error:
         key_path, reason = _describe(error)
         key_path = _name_mapping_keys(raw, key_path, reason)
-        origin = source
-        section = str(key_path[0]) if key_path else ""
-        top_field = str(key_path[1]) if len(key_path) > 1 else ""
-        if top_field in overrides.get(section, {}):
-            origin = f"environment variable {ENV_PREFIX}{section.upper()}{ENV_SEPARATOR}"
-            origin += top_field.upper()
         key = dotted_path(key_path)
+        origin = setting_origin(key, source=source, env=overrides, options=option_names or {})
         raise ConfigError(f"{origin}: {key or 'settings'}: {reason}", key=key or None) from None
