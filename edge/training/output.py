@@ -77,9 +77,9 @@ class OutputBuffer:
                 size = newline + 1
             else:
                 # A chunk of less than one character (max_bytes < 4) is cut inside it.
-                size = _character_start(self._pending, size) or size
+                size = character_start(self._pending, size) or size
         elif not self._ended:
-            size = _character_start(self._pending, size)
+            size = character_start(self._pending, size)
             if size == 0:
                 return None
         return self._offset, bytes(self._pending[:size]), self._dropped
@@ -119,7 +119,7 @@ def _character_length(lead: int) -> int:
     return 1
 
 
-def _character_start(data: bytearray, cut: int) -> int:
+def character_start(data: bytes | bytearray, cut: int) -> int:
     """`cut`, or the start of the UTF-8 character it would cut in two (at the end of
     `data`: one not whole yet). Bytes that are not UTF-8 keep the cut where it is."""
     if cut < len(data) and not _is_continuation(data[cut]):

@@ -44,6 +44,7 @@ from typing import IO, cast
 from edge.sandbox import cgroup_files as cgroups
 from edge.training.launch_plan import ExitStatus, LaunchPlan, PrepareStep, Started
 from edge.training.logs import BoundedLog
+from edge.training.output import character_start
 
 READ_CHUNK_BYTES = 64 * 1024
 # After the processes exit, what they printed last is read for at most this long.
@@ -116,19 +117,11 @@ def _copy(output: IO[bytes], log: _Log, label: bytes, last: list[bytes]) -> None
         else:
             pending += rest
         while len(pending) >= READ_CHUNK_BYTES:
-            cut = _character_boundary(pending, READ_CHUNK_BYTES)
+            cut = character_start(pending, READ_CHUNK_BYTES)
             log.write(label + pending[:cut] + b"\n")
             pending = pending[cut:]
     if label and pending:
         log.write(label + pending + b"\n")
-
-
-def _character_boundary(data: bytes, at: int) -> int:
-    """`at`, or up to 3 bytes before it where a UTF-8 character would be cut there."""
-    cut = at
-    while cut > at - 3 and cut < len(data) and data[cut] & 0xC0 == 0x80:
-        cut -= 1
-    return cut
 
 
 class _Wakeups:
