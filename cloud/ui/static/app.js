@@ -78,34 +78,32 @@ async function api(path, accept = "application/json") {
 
 // ---- loading
 
-async function loadNodes() {
+// Up to `maxPages` pages of a listing (`params` and a cursor); `last` is the last page's
+// body, `complete` whether the listing ended within them.
+async function readPages(path, params, maxPages) {
   const items = [];
   let cursor = null;
-  let total = 0;
-  for (let page = 0; page < MAX_NODE_PAGES; page += 1) {
-    const query = new URLSearchParams({ limit: String(NODE_PAGE_SIZE) });
+  let last = null;
+  for (let page = 0; page < maxPages; page += 1) {
+    const query = new URLSearchParams(params);
     if (cursor) query.set("cursor", cursor);
-    const body = await api(`/v1/nodes?${query}`);
-    items.push(...body.items);
-    total = body.total;
-    cursor = body.next_cursor;
-    if (!cursor) break;
+    last = await api(`${path}?${query}`);
+    items.push(...last.items);
+    cursor = last.next_cursor;
+    if (!cursor) return { items, last, complete: true };
   }
-  return { items, total };
+  return { items, last, complete: false };
+}
+
+async function loadNodes() {
+  const { items, last } = await readPages("/v1/nodes", { limit: String(NODE_PAGE_SIZE) }, MAX_NODE_PAGES);
+  return { items, total: last ? last.total : 0 };
 }
 
 async function listPages(collection, states, pageSize, maxPages) {
-  const items = [];
-  let cursor = null;
-  for (let page = 0; page < maxPages; page += 1) {
-    const query = new URLSearchParams({ state: states.join(","), limit: String(pageSize) });
-    if (cursor) query.set("cursor", cursor);
-    const body = await api(`/v1/${collection}?${query}`);
-    items.push(...body.items);
-    cursor = body.next_cursor;
-    if (!cursor) return { items, complete: true };
-  }
-  return { items, complete: false };
+  const params = { state: states.join(","), limit: String(pageSize) };
+  const { items, complete } = await readPages(`/v1/${collection}`, params, maxPages);
+  return { items, complete };
 }
 
 const newestFirst = (items) => [...items].sort((a, b) => b.submitted_at.localeCompare(a.submitted_at));
