@@ -187,20 +187,8 @@ def pull_needed(policy: ImagePullPolicy) -> tuple[bool, bool]:
 def local_names(runtime: ContainerRuntime, image: str, env: Mapping[str, str]) -> list[str]:
     """The names of the image in the runtime's store that `image` finds (none: it finds
     none, or the runtime does not answer). Blocking: it asks the runtime."""
-    try:
-        done = subprocess.run(
-            runtime.names_argv(image),
-            env=dict(env),
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if done.returncode != 0:
-        return []
-    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    answer = _answer(runtime.names_argv(image), env)
+    return [line.strip() for line in answer.splitlines() if line.strip()]
 
 
 def _ulimits() -> list[str]:
@@ -300,7 +288,7 @@ def _probe(
     if done.returncode != 0:
         return f"{name} does not work here: {_last_line(done.stderr or done.stdout)}"
     if name == "podman" and not oci_runtime and hybrid_cgroups:
-        default = _output([binary, "info", "--format", "{{.Host.OCIRuntime.Name}}"]).strip()
+        default = _answer([binary, "info", "--format", "{{.Host.OCIRuntime.Name}}"]).strip()
         if default == "crun":
             if shutil.which("runc") is None:
                 return (
@@ -321,13 +309,20 @@ def _probe(
     return runtime
 
 
-def _output(argv: list[str]) -> str:
+def _answer(argv: list[str], env: Mapping[str, str] | None = None) -> str:
+    """What a probe printed, or "" where it failed or did not answer in time."""
     try:
-        return subprocess.run(
-            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
-        ).stdout
+        done = subprocess.run(
+            argv,
+            env=None if env is None else dict(env),
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
+    return done.stdout if done.returncode == 0 else ""
 
 
 def _last_line(text: str) -> str:
