@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from cloud.fleet.registry import NodeRegistry
+from cloud.usage.metrics import announced_samples, believed_node_power_w
 
 
 def fleet_summary_line(registry: NodeRegistry) -> str:
@@ -17,7 +18,8 @@ def fleet_summary_line(registry: NodeRegistry) -> str:
     for record in online:
         kinds.update(accelerator.kind for accelerator in record.status.accelerators)
         if record.telemetry is not None:
-            power_w += sum(s.power_w or 0.0 for s in record.telemetry.accelerators)
+            samples = announced_samples(record.status, record.telemetry)
+            power_w += believed_node_power_w(samples) or 0.0
     parts = [
         f"fleet: {len(online)}/{len(records)} online",
         f"cloud {sites['cloud']}, edge {sites['edge']}",

@@ -107,18 +107,23 @@ def summary_state_fields(record: NodeRecord) -> dict[str, object]:
 
 
 def summary_sample_fields(record: NodeRecord) -> dict[str, object]:
-    """`SAMPLE_FIELDS`: its latest sample, and when it was last heard."""
+    """`SAMPLE_FIELDS`: its latest sample (of the devices it announced, their power as
+    metering believes it), and when it was last heard."""
+    # Imported here, not above: the CLI loads this module for its REST types, and the
+    # metering rule brings the scheduling loop and the store with it.
+    from cloud.usage.metrics import announced_samples, believed_node_power_w
+
     power_w: float | None = None
     utilization_pct: float | None = None
     telemetry = record.telemetry
-    if telemetry is not None and telemetry.accelerators:
-        powers = [s.power_w for s in telemetry.accelerators if s.power_w is not None]
-        power_w = round(sum(powers), 2) if powers else None
+    samples = [] if telemetry is None else announced_samples(record.status, telemetry)
+    if samples:
+        node_power_w = believed_node_power_w(samples)
+        power_w = None if node_power_w is None else round(node_power_w, 2)
         # Average over accelerators other than the host CPU when there are any.
-        kinds = {accelerator.id: accelerator.kind for accelerator in record.status.accelerators}
-        devices = [s for s in telemetry.accelerators if kinds.get(s.id) != "cpu"] or list(
-            telemetry.accelerators
-        )
+        devices = [sample for device, sample in samples if device.kind != "cpu"] or [
+            sample for _, sample in samples
+        ]
         utilization_pct = round(sum([s.utilization_pct for s in devices]) / len(devices), 2)
     return {
         "power_w": power_w,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import ColumnElement, Double, Table, bindparam, func, literal_column, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -102,34 +103,92 @@ async def raise_generations(
     return result
 
 
+# Not `at`: SQLAlchemy keeps a column's own name for the VALUES clause's parameter.
+_AT_PARAMETER: Final = "b_at"
+# Below any time: what an empty log's "last event time" counts as.
+_BEFORE_ANY_TIME: Final = literal_column("-1e308", Double)
+
+
+class AppendedEvent(NamedTuple):
+    """Where an appended event went in the log: its sequence number, and the time it
+    was stamped with (`at`: never earlier than the event before it)."""
+
+    seq: int
+    at: float
+
+
+def _never_before_the_last_event(backend: Backend) -> ColumnElement[float]:
+    """The row's own `at`, or the log's last `at` where that is later.
+
+    Evaluated inside the INSERT, under the event-log lock (PostgreSQL's advisory lock,
+    SQLite's write lock), so it reads the last event committed before this one took its
+    sequence number: event times never go backwards in sequence order, whatever the
+    clocks of the replicas said. That is what lets `?since=TIME` start at the newest
+    event before TIME and miss nothing.
+    """
+    # Each used once, without bound parameters of their own: SQLAlchemy repeats the
+    # VALUES expression for every row of a multi-row INSERT, and asyncpg numbers the
+    # parameters. max(seq) is read from the primary key's index.
+    own_at = bindparam(_AT_PARAMETER, type_=Double)
+    last_seq = select(func.max(events.c.seq)).scalar_subquery()
+    last_at = select(events.c.at).where(events.c.seq == last_seq).scalar_subquery()
+    later = func.greatest if backend == "postgresql" else func.max  # SQLite's max(a, b)
+    result: ColumnElement[float] = later(own_at, func.coalesce(last_at, _BEFORE_ANY_TIME))
+    return result
+
+
+@functools.cache
+def _append_statement(backend: Backend) -> Insert:
+    """Built once per backend: its SQL is then compiled once, not checked each time."""
+    return insert_ignoring(backend, events, ["event_id"]).values(
+        at=_never_before_the_last_event(backend)
+    )
+
+
+def _with_non_decreasing_times(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as parameters of the stamping INSERT, each `at` at least the one before:
+    the rows of one multi-row VALUES all compare with the same last event."""
+    parameters: list[dict[str, Any]] = []
+    floor = float("-inf")
+    for row in rows:
+        values = {key: value for key, value in row.items() if key != "at"}
+        floor = max(floor, float(row["at"]))
+        values[_AT_PARAMETER] = floor
+        parameters.append(values)
+    return parameters
+
+
 async def append_events(
     connection: AsyncConnection,
     context: StoreContext,
     rows: Sequence[Mapping[str, Any]],
     *,
     returning: bool = True,
-) -> list[int]:
-    """Append events (rows of `events` without `seq`); returns the new sequence numbers
-    (with `returning=False` an empty list, and one round trip fewer).
+) -> list[AppendedEvent]:
+    """Append events (rows of `events` without `seq`); returns where they went, in
+    sequence order (with `returning=False` an empty list, and one round trip fewer).
 
     A row whose `event_id` is already in the log is dropped (agents resend events
-    until the broker acknowledges them). Call this last in a transaction: on
-    PostgreSQL it takes a transaction lock so that sequence numbers are assigned in
-    commit order, which is what lets a reader resume after a sequence number without
-    missing a transaction that committed late.
+    until the broker acknowledges them). A row's `at` is raised to the last event's
+    where the clock that made it is behind (see `_never_before_the_last_event`). Call
+    this last in a transaction: on PostgreSQL it takes a transaction lock so that
+    sequence numbers are assigned in commit order, which is what lets a reader resume
+    after a sequence number without missing a transaction that committed late.
     """
     if not rows:
         return []
     if context.backend == "postgresql":
         await connection.execute(select(func.pg_advisory_xact_lock(context.events_lock_key)))
     # One cached statement; SQLAlchemy batches many rows into multi-row VALUES itself.
-    plain = insert_ignoring(context.backend, events, ["event_id"])
+    plain = _append_statement(context.backend)
+    parameters = _with_non_decreasing_times(rows)
     if not returning:
-        await connection.execute(plain, [dict(row) for row in rows])
+        await connection.execute(plain, parameters)
         return []
-    statement = plain.returning(events.c.seq)
+    statement = plain.returning(events.c.seq, events.c.at)
     if len(rows) == 1:
-        seqs = (await connection.execute(statement, dict(rows[0]))).scalars().all()
+        result = await connection.execute(statement, parameters[0])
     else:
-        seqs = (await connection.execute(statement, [dict(row) for row in rows])).scalars().all()
-    return sorted(int(seq) for seq in seqs)
+        result = await connection.execute(statement, parameters)
+    appended = [AppendedEvent(int(row.seq), float(row.at)) for row in result]
+    return sorted(appended)

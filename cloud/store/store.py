@@ -1416,19 +1416,18 @@ class Store:
 
     async def record_event(self, event: NewEvent) -> EventRecord | None:
         """Append one event; None when its `event_id` was recorded before (a resend)."""
-        now = self._clock()
-        row = event_row(event, now)
+        row = event_row(event, self._clock())
         async with self._write() as connection:
-            seqs = await append_events(connection, self._context, [row])
-        if not seqs:
+            appended = await append_events(connection, self._context, [row])
+        if not appended:
             return None
         return EventRecord(
-            seq=seqs[0],
+            seq=appended[0].seq,
             tenant_id=event.tenant_id,
             work_id=event.work_id,
             kind=event.kind,
             payload=event.payload,
-            at=now,
+            at=appended[0].at,
             event_id=event.event_id,
         )
 

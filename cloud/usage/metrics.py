@@ -22,7 +22,7 @@ from cloud.green.energy import J_PER_KWH
 from cloud.signals.grid import HOUR_S
 from cloud.usage.accountant import Accountant
 from cloud.usage.meter import believed_power_w
-from shared.messages import NodeStatus, Telemetry
+from shared.messages import Accelerator, AcceleratorSample, NodeStatus, Telemetry
 
 
 class UsageCollector(Collector):
@@ -151,7 +151,7 @@ class GridCollector(Collector):
 
 class ZonePower:
     """`greenfed_zone_power_watts`, the load's power by zone: online nodes' accelerators'
-    power in their latest samples, as metering believes it (`_node_power_w`), summed
+    power in their latest samples, as metering believes it (`believed_node_power_w`), summed
     from the samples a scrape takes on the event loop (cloud/fleet/accelerator_metrics.py
     `online_samples`) in the scrape's worker thread (cloud/metrics.py
     `MetricsRegistries.fleet_exposition_chunks`): the sum reads every device of the
@@ -166,7 +166,9 @@ class ZonePower:
         # as a walk of `NodeRegistry.nodes()`.
         for status, telemetry in sorted(samples, key=_node_id):
             zone = status.zone
-            watts[zone] = watts.get(zone, 0.0) + _node_power_w(status, telemetry)
+            watts[zone] = watts.get(zone, 0.0) + (
+                believed_node_power_w(announced_samples(status, telemetry)) or 0.0
+            )
         power = GaugeMetricFamily(
             "greenfed_zone_power_watts",
             "Power of online nodes' accelerators in their latest samples, by zone",
@@ -179,17 +181,27 @@ class ZonePower:
         return generate_latest(registry)
 
 
-def _node_power_w(status: NodeStatus, telemetry: Telemetry) -> float:
-    """A node's devices' power as usage metering believes it (cloud/usage/meter.py
-    `believed_power_w`): a node may not inflate its zone's power beyond what its devices
-    can draw, nor count a device it did not announce."""
+def announced_samples(
+    status: NodeStatus, telemetry: Telemetry
+) -> list[tuple[Accelerator, AcceleratorSample]]:
+    """The node's latest samples of the devices its birth announced, each with its
+    device: a sample of any other device is the node's word alone, and counts nowhere
+    (not in metering, the zone's power, nor the node's own view)."""
     devices = {accelerator.id: accelerator for accelerator in status.accelerators}
-    total_w = 0.0
-    for sample in telemetry.accelerators:
-        device = devices.get(sample.id)
-        if device is not None and sample.power_w is not None:
-            total_w += believed_power_w(device, sample) or 0.0
-    return total_w
+    return [
+        (devices[sample.id], sample) for sample in telemetry.accelerators if sample.id in devices
+    ]
+
+
+def believed_node_power_w(
+    samples: Sequence[tuple[Accelerator, AcceleratorSample]],
+) -> float | None:
+    """The power of a node's announced devices (`announced_samples`) as usage metering
+    believes it (cloud/usage/meter.py `believed_power_w`): a node may not inflate its
+    power beyond what its devices can draw. None where no device gave a figure."""
+    believed = [believed_power_w(device, sample) for device, sample in samples]
+    known_w = [power_w for power_w in believed if power_w is not None]
+    return sum(known_w) if known_w else None
 
 
 def _node_id(sample: tuple[NodeStatus, Telemetry]) -> str:

@@ -235,7 +235,7 @@ def test_a_summary_averages_the_devices_but_the_host_cpu_and_sums_every_power() 
                         id=a.id,
                         utilization_pct=shares[a.id],
                         memory_used_bytes=0,
-                        power_w=100.5 if a.kind == "cpu" else 200.125,
+                        power_w=60.5 if a.kind == "cpu" else 200.125,
                     )
                     for a in record.status.accelerators
                 ),
@@ -244,6 +244,6 @@ def test_a_summary_averages_the_devices_but_the_host_cpu_and_sums_every_power() 
     listed = msgspec.json.decode(served(NodePages(registry)))
     by_id = {item["node_id"]: item for item in listed["items"]}
     assert by_id["gpu-node"]["accelerator_utilization_pct"] == 20.0
-    assert by_id["gpu-node"]["power_w"] == 500.75  # 100.5 + 2 x 200.125
+    assert by_id["gpu-node"]["power_w"] == 460.75  # 60.5 + 2 x 200.125
     assert by_id["cpu-node"]["accelerator_utilization_pct"] == 90.0
-    assert by_id["cpu-node"]["power_w"] == 100.5
+    assert by_id["cpu-node"]["power_w"] == 60.5

@@ -25,7 +25,12 @@ def test_a_line_that_never_ends_is_cut_between_characters() -> None:
     reader_fd, writer_fd = os.pipe()
     collected = _Collected()
     with os.fdopen(reader_fd, "rb", buffering=0) as reader:
-        feeder = threading.Thread(target=lambda: (os.write(writer_fd, text), os.close(writer_fd)))
+
+        def feed() -> None:
+            os.write(writer_fd, text)
+            os.close(writer_fd)
+
+        feeder = threading.Thread(target=feed)
         feeder.start()
         _copy(cast(IO[bytes], reader), cast(_Log, collected), label, [])
         feeder.join(timeout=10)
