@@ -5,6 +5,7 @@
 | what enrolment asks of a broker | `accounts.py` (`BrokerAccounts`) |
 | how Mosquitto (or the embedded broker) is told | `dynamic_security.py` |
 | the commands and a node's ACLs, on the wire | `dynsec_protocol.py` |
+| whether an account already there is this fleet's own | `ownership.py` |
 | the operator manages accounts by hand | `accounts.py` (`ManualAccounts`) |
 | a third party's read-only account, over REST | `views.py`, cloud/api/mqtt_accounts.py |
 | which one a control plane uses | `broker_accounts_from` below |

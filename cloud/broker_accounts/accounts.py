@@ -19,7 +19,8 @@ class BrokerAccountError(RuntimeError):
 
 class ForeignAccountError(BrokerAccountError):
     """The broker has an account of that name that greenfed did not make for the node
-    (the control plane's own, an operator's): it is never taken over."""
+    (or reader) under this topic root (the control plane's own, an operator's, another
+    fleet's on the same broker): it is never taken over."""
 
 
 class InvalidAccountNameError(BrokerAccountError):

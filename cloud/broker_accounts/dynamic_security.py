@@ -10,7 +10,9 @@ subscribes to the same response topic, so replies to others are ignored by id.
 
 Provisioning is idempotent: a node's role and client are created if missing, then
 set to their wanted state (ACLs, role, client id, new password, enabled) whatever they
-were.
+were, but only once the account of that name, if there is one, proved to be this fleet's
+(`ownership.py`). Role names carry the topic root (`dynsec_protocol.role_for_root`),
+so that fleets sharing a broker keep to their own.
 """
 
 from __future__ import annotations
@@ -37,16 +39,18 @@ from cloud.broker_accounts.dynsec_protocol import (
     NOT_FOUND_CLIENT_ERROR,
     RESPONSE_TOPIC,
     RESPONSES_DECODER,
-    TELEMETRY_READER_ROLE,
     Command,
     CommandBatch,
     Response,
     RoleRef,
-    node_client_id,
     node_role_acls,
-    node_role_name,
-    reader_client_id,
     reader_role_acls,
+)
+from cloud.broker_accounts.ownership import (
+    OwnAccount,
+    foreign_reason,
+    own_node_account,
+    own_reader_account,
 )
 from shared.mqtt import MqttSession, instance_client_id
 from shared.settings import MqttSettings, parse_mqtt_url
@@ -81,46 +85,43 @@ class DynamicSecurityAccounts(BrokerAccounts):
         # unacknowledged publishes (aiomqtt warns past 10).
         self._in_flight = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
 
-    async def _refuse_foreign_account(
-        self, node_id: str, purpose: str, *, role: str | None = None
-    ) -> None:
-        """A node id is its broker username, so a join token must never reach an account
-        greenfed did not make for that node (the control plane's own, an operator's
-        `admin`): any account of that name holding other roles (than the node's, or
-        `role`) is refused."""
-        if node_id == self._settings.username:
-            raise ForeignAccountError(f"{purpose}: {node_id!r} is the control plane's account")
+    async def _refuse_foreign_account(self, name: str, purpose: str, own: OwnAccount) -> None:
+        """Raise `ForeignAccountError` unless the account `name` is missing or proves to
+        be `own` (ownership.py): a join token must never reach another's account."""
+        if name == self._username():
+            raise ForeignAccountError(f"{purpose}: {name!r} is the control plane's account")
         (found,) = await self._run(
             purpose,
-            (Command(command="getClient", username=node_id),),
+            (Command(command="getClient", username=name),),
             tolerated=frozenset({NOT_FOUND_CLIENT_ERROR}),
         )
         if found.data is None:
             return
-        roles = {ref.rolename for ref in found.data.client.roles}
-        expected = role or node_role_name(node_id)
-        if roles - {expected}:
-            whose = "a greenfed telemetry reader's" if role else "a greenfed node's"
+        reason = foreign_reason(found.data.client, own)
+        if reason is not None:
             raise ForeignAccountError(
-                f"{purpose}: the broker's account {node_id!r} is not {whose} "
-                f"(roles {', '.join(sorted(roles))})"
+                f"{purpose}: the broker's account {name!r} is not {own.whose} of topic root "
+                f"{self._topics.root!r}: {reason}"
             )
 
     async def provision_reader(self, name: str) -> NodeCredentials:
         _check_node_id(name)
         purpose = f"provisioning reader {name!r}"
-        await self._refuse_foreign_account(name, purpose, role=TELEMETRY_READER_ROLE)
+        own = own_reader_account(self._topics, name)
+        await self._refuse_foreign_account(name, purpose, own)
         password = secrets.token_urlsafe(PASSWORD_BYTES)
-        role_ref = (RoleRef(rolename=TELEMETRY_READER_ROLE),)
+        # This root's role: a reader made by a release that shared one role between
+        # roots moves to it here (modifyClient), and the shared one is left alone.
+        role_ref = (RoleRef(rolename=own.role),)
         acls = reader_role_acls(self._topics)
         # Bound to a client id of its own, as a node's account is: unbound, a reader
         # could log in with an agent's client id and so disconnect that agent.
-        client_id = reader_client_id(self._topics, name)
+        client_id = own.client_id
         await self._run(
             purpose,
             (
-                Command(command="createRole", rolename=TELEMETRY_READER_ROLE, acls=acls),
-                Command(command="modifyRole", rolename=TELEMETRY_READER_ROLE, acls=acls),
+                Command(command="createRole", rolename=own.role, acls=acls),
+                Command(command="modifyRole", rolename=own.role, acls=acls),
                 Command(
                     command="createClient",
                     username=name,
@@ -141,7 +142,7 @@ class DynamicSecurityAccounts(BrokerAccounts):
     async def revoke_reader(self, name: str) -> None:
         _check_node_id(name)
         purpose = f"revoking reader {name!r}"
-        await self._refuse_foreign_account(name, purpose, role=TELEMETRY_READER_ROLE)
+        await self._refuse_foreign_account(name, purpose, own_reader_account(self._topics, name))
         await self._run(
             purpose,
             (Command(command="disableClient", username=name),),
@@ -151,19 +152,21 @@ class DynamicSecurityAccounts(BrokerAccounts):
 
     async def provision(self, node_id: str) -> NodeCredentials:
         _check_node_id(node_id)
-        await self._refuse_foreign_account(node_id, f"provisioning node {node_id!r}")
-        role = node_role_name(node_id)
+        purpose = f"provisioning node {node_id!r}"
+        own = own_node_account(self._topics, node_id)
+        await self._refuse_foreign_account(node_id, purpose, own)
+        role = own.role
         password = secrets.token_urlsafe(PASSWORD_BYTES)
         role_ref = (RoleRef(rolename=role),)
         acls = node_role_acls(self._topics, node_id)
         # Only the node's agent's client id: no other account can log in with it and so
         # disconnect the agent (and publish its will).
-        client_id = node_client_id(self._topics, node_id)
+        client_id = own.client_id
         await self._run(
-            f"provisioning node {node_id!r}",
+            purpose,
             (
                 Command(command="createRole", rolename=role, acls=acls),
-                # The role may exist from an older release or topic root: set its ACLs.
+                # The role may exist from an older release: set its ACLs.
                 Command(command="modifyRole", rolename=role, acls=acls),
                 Command(
                     command="createClient",
@@ -186,10 +189,13 @@ class DynamicSecurityAccounts(BrokerAccounts):
 
     async def revoke(self, node_id: str) -> None:
         _check_node_id(node_id)
-        await self._refuse_foreign_account(node_id, f"revoking node {node_id!r}")
+        purpose = f"revoking node {node_id!r}"
+        await self._refuse_foreign_account(
+            node_id, purpose, own_node_account(self._topics, node_id)
+        )
         # The broker drops the node's connections at once and refuses its next login.
         await self._run(
-            f"revoking node {node_id!r}",
+            purpose,
             (Command(command="disableClient", username=node_id),),
             tolerated=frozenset({NOT_FOUND_CLIENT_ERROR}),
         )

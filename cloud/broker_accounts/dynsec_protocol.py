@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from shared.topics import CHANNEL_SPECS, Channel, Topics
+from shared.topics import CHANNEL_SPECS, DEFAULT_TOPIC_ROOT, Channel, Topics
 
 CONTROL_TOPIC = "$CONTROL/dynamic-security/v1"
 RESPONSE_TOPIC = f"{CONTROL_TOPIC}/response"
@@ -97,10 +97,18 @@ class CommandBatch(msgspec.Struct, frozen=True):
     commands: tuple[Command, ...]
 
 
+class GroupRef(msgspec.Struct, frozen=True, omit_defaults=True):
+    groupname: str
+    priority: int = -1
+
+
 class ClientInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     username: str
     clientid: str | None = None
     roles: tuple[RoleRef, ...] = ()
+    # Mosquitto's groups, whose roles apply to the client without being in `roles`;
+    # the embedded broker has none.
+    groups: tuple[GroupRef, ...] = ()
     disabled: bool = False
 
 
@@ -129,8 +137,22 @@ COMMANDS_DECODER = msgspec.json.Decoder(CommandBatch)
 RESPONSES_DECODER = msgspec.json.Decoder(ResponseBatch)
 
 
-def node_role_name(node_id: str) -> str:
+def role_for_root(topics: Topics, unscoped_name: str) -> str:
+    """A role's name under `topics.root`: the default root keeps the names of releases
+    that had one role of each name for every root; any other root's carry it after an
+    '@' (as client ids do, and never part of a node id or a root), so that two fleets on
+    one broker neither share a role nor rewrite each other's."""
+    if topics.root == DEFAULT_TOPIC_ROOT:
+        return unscoped_name
+    return f"{unscoped_name}@{topics.root}"
+
+
+def unscoped_node_role_name(node_id: str) -> str:
     return f"greenfed-node-{node_id}"
+
+
+def node_role_name(topics: Topics, node_id: str) -> str:
+    return role_for_root(topics, unscoped_node_role_name(node_id))
 
 
 def node_client_id(topics: Topics, node_id: str) -> str:
@@ -182,9 +204,13 @@ def node_role_acls(topics: Topics, node_id: str) -> tuple[Acl, ...]:
 
 
 # A third party's read-only account (`greenfed mqtt accounts create NAME`): every node's
-# telemetry and births, nothing else; it publishes nothing.
-TELEMETRY_READER_ROLE = "greenfed-telemetry-reader"
+# telemetry and births under its root, nothing else; it publishes nothing.
+UNSCOPED_READER_ROLE = "greenfed-telemetry-reader"
 READER_CHANNELS = (Channel.TELEMETRY, Channel.STATUS)
+
+
+def reader_role_name(topics: Topics) -> str:
+    return role_for_root(topics, UNSCOPED_READER_ROLE)
 
 
 def reader_role_acls(topics: Topics) -> tuple[Acl, ...]:

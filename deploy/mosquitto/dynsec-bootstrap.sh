@@ -14,11 +14,21 @@
 #   GREENFED_CLOUD_PASSWORD_FILE  a file holding it instead (greenfed-mosquitto-dynsec.service
 #                            hands it over as a systemd credential)
 #   GREENFED_TOPIC_ROOT      [mqtt] topic_root (default greenfed)
+#
+# Several fleets (topic roots) on one broker: run it once per root, each with a
+# control-plane account of its own (GREENFED_CLOUD_USER).
 set -eu
 
 user="${GREENFED_CLOUD_USER:-greenfed-cloud}"
 root="${GREENFED_TOPIC_ROOT:-greenfed}"
-role=greenfed-control-plane
+# The default root keeps the name it always had; another root's role carries the root,
+# as the control plane names node roles (cloud/broker_accounts/dynsec_protocol.py
+# role_for_root), so that a second root's bootstrap does not find its role taken.
+if [ "$root" = greenfed ]; then
+    role=greenfed-control-plane
+else
+    role="greenfed-control-plane@$root"
+fi
 
 ctrl() {
     if [ -t 0 ]; then  # a person at a terminal: mosquitto_ctrl may ask for a password
