@@ -3,7 +3,9 @@
 # (`python -m build`), with --wheelhouse the wheels of everything the edge agent needs
 # (dist/wheelhouse/, for installing devices with no package index:
 # `deploy/edge/install.sh --source dist/greenfed-<version>-py3-none-any.whl`), and
-# SHA256SUMS of every file. The version is pyproject.toml's, the only place it is set.
+# SHA256SUMS of those files. The version is pyproject.toml's, the only place it is set.
+# DIR may hold earlier releases and anything else: they stay, and only the files this
+# build makes replace those of the same names.
 #
 #   deploy/release.sh [--out DIR] [--wheelhouse]
 set -euo pipefail
@@ -22,14 +24,24 @@ python="${PYTHON:-python3}"
 "$python" -m build --version >/dev/null 2>&1 || {
   echo "python -m build is missing: pip install build" >&2; exit 2;
 }
-rm -rf "$out"
-mkdir -p "$out"
-"$python" -m build --sdist --wheel --outdir "$out" "$repo" >&2
-wheel="$(ls "$out"/greenfed-*.whl)"
+# Built apart, so that nothing of DIR is read or removed: this build's files are then
+# moved in one by one, SHA256SUMS last.
+work="$(mktemp -d "${TMPDIR:-/tmp}/greenfed-release.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+build="$work/dist"
+"$python" -m build --sdist --wheel --outdir "$build" "$repo" >&2
+wheel="$(ls "$build"/greenfed-*.whl)"
 if [ "$wheelhouse" -eq 1 ]; then
   # The agent's wheel with its edge extra and every dependency, as binary wheels for
   # this platform and Python (build one wheelhouse per device platform).
-  "$python" -m pip download --quiet --only-binary=:all: --dest "$out/wheelhouse" "$wheel[edge]" >&2
+  "$python" -m pip download --quiet --only-binary=:all: --dest "$build/wheelhouse" "$wheel[edge]" >&2
 fi
-(cd "$out" && find . -type f ! -name SHA256SUMS -printf '%P\n' | sort | xargs sha256sum > SHA256SUMS)
+(cd "$build" && find . -type f -printf '%P\n' | sort > "$work/files")
+(cd "$build" && xargs -d '\n' sha256sum < "$work/files" > SHA256SUMS)
+echo SHA256SUMS >> "$work/files"
+mkdir -p "$out"
+while IFS= read -r file; do
+  mkdir -p "$out/$(dirname "$file")"
+  mv -f "$build/$file" "$out/$file"
+done < "$work/files"
 echo "$out"

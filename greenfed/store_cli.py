@@ -80,12 +80,25 @@ def _companions_text(settings: Settings, *, restoring: bool) -> str:
         else "NOT in the backup: keep copies of these with it, stored apart from it:"
     ]
     for companion in companion_files(settings):
-        state = ""
-        if not companion.path.exists():
-            state = "  (MISSING)" if restoring and companion.always else "  (none here)"
-        lines.append(f"  {companion.what:<16}{companion.path}{state}")
+        lines.append(
+            f"  {companion.what:<16}{companion.path}{_presence(companion, restoring=restoring)}"
+        )
         lines.append(f"  {'':<16}{companion.why}")
     return "\n".join(lines) + "\n"
+
+
+def _presence(companion: CompanionFile, *, restoring: bool) -> str:
+    """What the line says after a companion's path: nothing where it is there."""
+    try:
+        present = companion.path.exists()
+    except OSError as error:
+        # A data directory this user may not look into (the control plane's image run
+        # with another --user, docs/deploy.md): the backup is made all the same, and
+        # the files are listed by where the control plane keeps them.
+        return f"  (cannot check: {error.strerror or error})"
+    if present:
+        return ""
+    return "  (MISSING)" if restoring and companion.always else "  (none here)"
 
 
 def _when(epoch_s: float) -> str:

@@ -254,7 +254,7 @@ def test_the_service_monitor_scrapes_every_replica() -> None:
     monitor = the("ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     spec = monitor["spec"]
-    assert set(spec) == {"selector", "endpoints"}
+    assert set(spec) == {"selector", "endpoints", "jobLabel"}
     service = the("Service")
     assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = spec["endpoints"]
