@@ -87,3 +87,6 @@ ENROLLED_NODES = web.AppKey("enrolled_nodes", EnrolledNodes)
 TENANT = web.RequestKey("tenant", TenantRecord)
 # Set when an admin confirmed a bulk destructive action (cloud/api/bulk_actions.py).
 BULK_CONFIRMED = web.RequestKey("bulk_confirmed", bool)
+# The destructive action an admin past the limit has not confirmed: `audit_entry` stops
+# it where it would be recorded, being done (cloud/api/bulk_actions.py).
+BULK_UNCONFIRMED = web.RequestKey("bulk_unconfirmed", str)

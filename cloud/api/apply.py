@@ -12,8 +12,8 @@
   work now (cloud/loop/dry_run.py).
 
 Names are the tenant's own: the admin applies in its own tenant too. An update is in
-the audit log (`work.update`) and in the events (`work.updated`, `work.changed`);
-nothing of a dry run is.
+the audit log (`work.update`) and is a `work.updated` event (a queued job's names the
+fields that changed); nothing of a dry run is.
 """
 
 from __future__ import annotations

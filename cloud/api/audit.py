@@ -21,11 +21,20 @@ from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response
 from cloud.api.query import comma_list, comma_list_pattern, parse_query
 from cloud.api.routes import Reply, Route
-from cloud.app_keys import BULK_CONFIRMED, STORE
+from cloud.app_keys import BULK_CONFIRMED, BULK_UNCONFIRMED, STORE
 from cloud.store import Actor, AuditQuery, NewAudit
 from cloud.store.audit import MAX_PAGE
 
 _DETAIL: Final = msgspec.json.Encoder()
+
+
+class UnconfirmedAction(Exception):
+    """A destructive action an admin past the limit did not confirm, stopped where it
+    would be recorded, done (cloud/api/bulk_actions.py answers the 428)."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.target = target
 
 
 def audit_entry(
@@ -33,6 +42,8 @@ def audit_entry(
 ) -> NewAudit:
     """What the caller is about to do, for the store to record with it. An empty
     `target`: the id of what the action creates (the store fills it in)."""
+    if request.get(BULK_UNCONFIRMED) == action:  # past the limit unconfirmed: not done
+        raise UnconfirmedAction(target)
     caller = tenant_of(request)
     if request.get(BULK_CONFIRMED):  # past the limit on purpose (cloud/api/bulk_actions.py)
         detail = {**detail, "confirmed": "bulk"}

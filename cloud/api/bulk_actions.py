@@ -7,6 +7,11 @@ them in any minute; past that, each one more is refused with a 428 problem that 
 how to confirm (`Greenfed-Confirm: bulk`), and the refusal is audited (`bulk.refused`).
 A confirmed action is recorded with `"confirmed": "bulk"` in its audit detail.
 
+Only an action that would be done is held to it: past the limit the handler still
+runs, so that what it cannot do is the 404 or 409 it is within the limit (a job that
+does not exist or has ended, an ambiguous name), and it is stopped where it records
+the action (`audit_entry`, cloud/api/audit.py), its target resolved and nothing done.
+
 The count is read from the audit log, where each such action is recorded in the same
 transaction as the action itself: every replica counts the same actions, and one that
 failed never counts. Within one replica an admin's unconfirmed actions take turns (a
@@ -31,11 +36,11 @@ from typing import Final, Literal
 
 from aiohttp import web
 
-from cloud.api.audit import audit_entry
+from cloud.api.audit import UnconfirmedAction, audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.problems import Problem
 from cloud.api.routes import Handler
-from cloud.app_keys import BULK_CONFIRMED, SETTINGS, STORE
+from cloud.app_keys import BULK_CONFIRMED, BULK_UNCONFIRMED, SETTINGS, STORE
 from cloud.store import AuditQuery
 from shared.problems import CONFIRM_HEADER, CONFIRM_VALUE, InvalidParam
 
@@ -64,8 +69,16 @@ def destructive(action: DestructiveAction) -> Callable[[Handler], Handler]:
             # Held from the count to the commit: otherwise parallel requests all read
             # the same count below the limit and all pass.
             async with _counted_in_turn(request):
-                await require_confirmation(request, action)
-                return await handler(request)
+                done = await _done_past_limit(request)
+                if done is None:
+                    return await handler(request)
+                request[BULK_UNCONFIRMED] = action
+                try:
+                    return await handler(request)
+                except UnconfirmedAction as stopped:
+                    raise await _confirmation_required(
+                        request, action, stopped.target, done
+                    ) from None
 
         setattr(guarded, _MARK, action)
         return guarded
@@ -102,38 +115,44 @@ def _confirmed(request: web.Request) -> bool:
     return True
 
 
-async def require_confirmation(request: web.Request, action: DestructiveAction) -> None:
-    """Pass, or raise the 428 (audited) when an admin is past the limit unconfirmed.
-    Tenants cancelling their own work are not held to it."""
+async def _done_past_limit(request: web.Request) -> int | None:
+    """The caller's destructive actions in the last minute when it is an admin past the
+    limit without the confirmation, else None (the action may go ahead). Tenants
+    cancelling their own work are not held to it."""
     confirmed = _confirmed(request)  # a bad header is a 400 whoever sends it
     caller = tenant_of(request)
     if not caller.admin:
-        return
+        return None
     if confirmed:
         request[BULK_CONFIRMED] = True  # audit_entry records it with the action
-        return
+        return None
     limit = request.app[SETTINGS].cloud.destructive_actions_per_minute
-    store = request.app[STORE]
-    done = 0
-    if limit > 0:
-        recent = await store.list_audit(
-            AuditQuery(
-                since=time.time() - WINDOW_S,
-                actor=caller.name,
-                actions=DESTRUCTIVE_ACTIONS,
-                limit=limit,
-            )
+    if limit <= 0:
+        return 0  # every one needs the confirmation
+    recent = await request.app[STORE].list_audit(
+        AuditQuery(
+            since=time.time() - WINDOW_S,
+            actor=caller.name,
+            actions=DESTRUCTIVE_ACTIONS,
+            limit=limit,
         )
-        done = len(recent.items)
-        if done < limit:
-            return
-    target = next(iter(request.match_info.values()), "")
-    await store.record_audit(
+    )
+    done = len(recent.items)
+    return done if done >= limit else None
+
+
+async def _confirmation_required(
+    request: web.Request, action: DestructiveAction, target: str, done: int
+) -> Problem:
+    """The 428 for `action` on `target`, once its refusal is audited."""
+    caller = tenant_of(request)
+    limit = request.app[SETTINGS].cloud.destructive_actions_per_minute
+    await request.app[STORE].record_audit(
         audit_entry(
             request, "bulk.refused", target, refused=action, in_last_minute=done, limit=limit
         )
     )
-    raise Problem(
+    return Problem(
         428,
         "confirmation-required",
         "Confirmation required",

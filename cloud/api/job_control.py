@@ -13,7 +13,8 @@ What each action does to the job (the store's side is cloud/store/job_control.py
 - requeue (scheduled or running work): stopped and queued again, as on a preemption (a
   job that checkpoints resumes, others start over); never uses up `store.max_attempts`;
 - PATCH (pending and never placed): a new priority, resources, deadline or start window,
-  checked as a submission is.
+  checked as a submission is; what it sends that the job already has changes nothing
+  (the job keeps its version, and no event or audit entry names it).
 
 Anything else is a 409 problem whose detail says why and what to do instead. The admin
 may control any tenant's job. Every action is in the audit log and the event stream
@@ -47,6 +48,7 @@ from cloud.api.work import (
 from cloud.app_keys import STORE
 from cloud.store import NewAudit, TenantRecord, WorkRecord
 from cloud.store.states import PLACED_STATES, HoldKind
+from cloud.work.spec_changes import spec_changes
 from cloud.work.specs import (
     TRAINING_DECODER,
     Deadline,
@@ -286,7 +288,9 @@ async def update_job(request: web.Request) -> web.Response:
     raw = await read_body(request)
     body = decode_body(raw, _UPDATE_DECODER)
 
-    async def update(caller: TenantRecord, owner: TenantRecord, record: WorkRecord) -> WorkRecord:
+    async def update(
+        caller: TenantRecord, owner: TenantRecord, record: WorkRecord
+    ) -> WorkRecord | None:
         _JOB_CHANGES.check(body)  # once the job is known to be there
         if record.state != "pending" or record.attempts > 0:
             ran = "is " + record.state if record.state != "pending" else "has run before"
@@ -299,7 +303,11 @@ async def update_job(request: web.Request) -> web.Response:
             )
         given = _given(body)
         # Read exactly: the fields a newer greenfed wrote would be lost, stored again.
-        spec = _patched(exact_spec(TRAINING_DECODER, record), given)
+        stored = exact_spec(TRAINING_DECODER, record)
+        spec = _patched(stored, given)
+        changed = tuple(change.field for change in spec_changes(stored, spec))
+        if not changed:
+            return None  # what was sent is what the job has: no new version, no event
         if "deadline" in given and given["deadline"] is not None:
             _check_times_as_sent(raw, spec)
         _check_priority(owner, spec.priority)
@@ -309,10 +317,10 @@ async def update_job(request: web.Request) -> web.Response:
             raise refused
         return await request.app[STORE].update_queued(
             owner.tenant_id, record.work_id, spec=encode_spec(spec), priority=spec.priority,
-            changed_fields=tuple(given), actor=caller.name, expected_version=record.version,
+            changed_fields=changed, actor=caller.name, expected_version=record.version,
             audit=audit_entry(
                 request, "work.update", record.work_id, tenant=owner.name, kind=JOBS.noun,
-                changes=given,
+                changes={name: value for name, value in given.items() if name in changed},
             ),
         )  # fmt: skip
 
@@ -384,7 +392,8 @@ ROUTES: Final = (
             "Only a job that is pending and has never been placed; checked as a submission "
             "is (a 422 names the field at fault, a 403 a priority class the tenant may not "
             "use). A `work.updated` event names the fields that changed; the audit log "
-            "records the change (`work.update`)."
+            "records the change (`work.update`). Fields sent as the job has them change "
+            "nothing: with no other, the job is answered as it is (same version, no event)."
         ),
         replies=(
             Reply(200, "The job with its new spec", JobView),

@@ -102,14 +102,17 @@ async def _resolve(
     scope = None if any_tenant and caller.admin else caller.tenant_id
     store = request.app[STORE]
     found: WorkRecord | Ambiguous | None = None
-    active = await store.work_matching(
-        scope, kind, name=reference, active_only=True, limit=SHOWN_CANDIDATES + 1
+    # Each job array once: an array of more tasks than are read must not hide the other
+    # live work of its name (that would pick the array, unasked).
+    live = await store.live_work_named(scope, kind, reference, limit=SHOWN_CANDIDATES + 1)
+    active, arrays = live.work, live.arrays
+    newest = (
+        () if active or arrays else await store.work_matching(scope, kind, name=reference, limit=1)
     )
-    newest = () if active else await store.work_matching(scope, kind, name=reference, limit=1)
-    array_id = array_named(active or newest) if kind == "training" else None
+    array_id = array_named(active, arrays, newest)
     if array_id is not None:
         return array_id, True
-    found = by_name(reference, active, newest)
+    found = by_name(reference, active, newest, arrays)
     prefix = as_id_prefix(reference)
     if found is None and prefix is not None:
         matches = await store.work_matching(
@@ -122,13 +125,20 @@ async def _resolve(
 
 
 def ambiguous_problem(noun: str, ambiguous: Ambiguous) -> Problem:
-    listed = ", ".join(
-        f"{record.work_id} ({record.state}, submitted {_at(record.submitted_at)})"
+    listed = [
+        (record.work_id, f"{record.state}, submitted {_at(record.submitted_at)}")
         for record in ambiguous.candidates
-    )
-    more = " and more" if len(ambiguous.candidates) >= SHOWN_CANDIDATES else ""
+    ] + [
+        (
+            array.array_id,
+            f"job array, {array.live_tasks} tasks not ended, submitted {_at(array.submitted_at)}",
+        )
+        for array in ambiguous.arrays
+    ]
+    shown = ", ".join(f"{work_id} ({about})" for work_id, about in sorted(listed, reverse=True))
+    more = " and more" if len(listed) >= SHOWN_CANDIDATES else ""
     reason = (
-        f"{ambiguous.by} {ambiguous.reference!r} matches several {noun}s: {listed}{more}; "
+        f"{ambiguous.by} {ambiguous.reference!r} matches several {noun}s: {shown}{more}; "
         "use an id (or a longer prefix of one)"
     )
     return Problem(

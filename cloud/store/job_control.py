@@ -12,7 +12,7 @@ and changing a queued job (cloud/api/job_control.py decides what is allowed and 
   higher). Unlike a preemption it never fails the job: `work.requeues` counts these
   placements apart, and `store.max_attempts` does not count them.
 - A queued job (pending, never placed) may get a new spec and priority; a `work.updated`
-  event names the fields that changed.
+  event names the fields that changed (none changed: nothing is written).
 
 Every change bumps the work's version (a pass planned before it is planned again) and
 is recorded in the audit log with the change itself, in one transaction.
@@ -197,12 +197,16 @@ async def update_queued(
     audit: NewAudit | None,
 ) -> WorkRecord:
     """Replace the spec and priority of the tenant's queued work (pending and never
-    placed: nothing of it runs anywhere). Raises `WorkNotFoundError`,
-    `VersionConflictError`, and `IllegalTransitionError` for work placed before."""
+    placed: nothing of it runs anywhere); `changed_fields` names what differs (the
+    caller compares), and with none nothing is written: the work is returned as it is.
+    Raises `WorkNotFoundError`, `VersionConflictError`, and `IllegalTransitionError`
+    for work placed before."""
     check_json_object(spec, "spec")
     record = await _locked(connection, tenant_id, work_id, expected_version)
     if record.state != "pending" or record.attempts > 0:
         raise IllegalTransitionError(work_id, record.state, record.state)
+    if not changed_fields:
+        return record  # no version, no event, no audit entry for a change of nothing
     now = context.clock()
     if audit is not None:
         await insert_audit(connection, audit, now)

@@ -182,7 +182,7 @@ from cloud.store.work import (
     select_work,
     select_work_by_idempotency_key,
 )
-from cloud.store.work_lookup import select_work_matching
+from cloud.store.work_lookup import LiveNamed, select_live_named, select_work_matching
 from cloud.upgrades.views import RolloutPhase, RolloutState
 from shared.secret_hashes import verify_secret
 from shared.settings import StoreSettings
@@ -821,6 +821,14 @@ class Store:
                 active_only=active_only,
                 limit=limit,
             )
+
+    async def live_work_named(
+        self, tenant_id: str | None, kind: WorkKind, name: str, *, limit: int
+    ) -> LiveNamed:
+        """The tenant's live work (`None`: every tenant's) of `kind` with this name, each
+        job array once (cloud/store/work_lookup.py)."""
+        async with self._read() as connection:
+            return await select_live_named(connection, tenant_id, kind, name, limit=limit)
 
     async def list_work(
         self,
