@@ -83,7 +83,7 @@ from cloud.event_loop_lag import EventLoopLag, EventLoopLagCollector
 from cloud.fleet import node_admin
 from cloud.fleet.assignments import AssignmentIndex, refresh_forever
 from cloud.fleet.inference_metrics import InferenceCollector, InferenceCounters
-from cloud.fleet.ingest import Ingestor
+from cloud.fleet.ingest import Ingestor, non_node_accounts_of
 from cloud.fleet.liveness import Liveness, LivenessSettings
 from cloud.fleet.node_pages import NodePages
 from cloud.fleet.outage import BrokerOutageJudge
@@ -372,6 +372,7 @@ def create_app(
         digest_interval_s=settings.mqtt.digest_interval_s,
         # The link is proven as often as liveness looks (cloud/fleet/link_probe.py).
         link_probe_interval_s=settings.cloud.liveness_check_interval_s,
+        non_node_accounts=non_node_accounts_of(settings.mqtt.username),
     )
     app = web.Application(
         middlewares=[

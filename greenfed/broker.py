@@ -23,6 +23,7 @@ import structlog
 from amqtt.broker import Broker
 from amqtt.contexts import Action
 from amqtt.errors import AMQTTError, MQTTError, NoDataError
+from amqtt.mqtt.disconnect import DisconnectPacket
 from amqtt.utils import gen_client_id
 
 from cloud.broker_accounts.dynsec_protocol import CONTROL_TOPIC, RESPONSE_TOPIC
@@ -53,6 +54,14 @@ _publish_qos: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 )
 
 
+def _is_publish_topic(topic: str | None) -> bool:
+    """The rules amqtt applies to a PUBLISH's topic before the ACLs: not empty, no
+    wildcard, no `$` topic (those are the broker's own)."""
+    if not topic:
+        return False
+    return "+" not in topic and "#" not in topic and not topic.startswith("$")
+
+
 class _Amqtt(Broker):  # type: ignore[misc]
     """amqtt's broker with its retained-message replay fixed, our ACLs, and the
     dynamic-security control topic.
@@ -64,7 +73,7 @@ class _Amqtt(Broker):  # type: ignore[misc]
     messages for its own subscriptions; skipping the others also means no await
     happens inside that loop for a clean session.
 
-    Topic checks run for every publish and every delivery. amqtt's plugin manager
+    Topic checks run for every publish, every will and every delivery. amqtt's plugin manager
     would spawn a task and a gather per check; `_topic_filtering` asks the accounts
     table directly instead (a cached dictionary lookup).
 
@@ -171,14 +180,42 @@ class _Amqtt(Broker):  # type: ignore[misc]
         session, handler = previous
         if not session.transitions.is_connected():
             return
-        if session.will_flag:
-            session.will_flag = False  # amqtt's disconnect path, which runs next, would resend
-            will = (session.will_topic, session.will_message, session.will_qos)
-            await self._broadcast_message(session, *will)
-            if session.will_retain:
-                await self.retain_message(session, *will)
+        await self._publish_will(session)
         abort_connection(handler)
         await handler.stop()
+
+    async def _handle_disconnect(
+        self, client_session: Any, handler: Any, disconnect_waiter: asyncio.Future[Any]
+    ) -> None:
+        # amqtt's own publishes the will of a connection that ended without DISCONNECT
+        # unchecked: send it here, checked, and leave amqtt none to send.
+        if not isinstance(disconnect_waiter.result(), DisconnectPacket):
+            await self._publish_will(client_session)
+        await super()._handle_disconnect(client_session, handler, disconnect_waiter)
+
+    async def _publish_will(self, session: Any) -> None:
+        """Every will goes out here, at most once, and only where its client may publish:
+        the ACLs a PUBLISH gets. Unchecked, any account (a node's, a reader's) could
+        register a retained will on another node's status or desired topic and drop its
+        connection, or connect again with its client id to end the old one at once: a
+        publish anywhere. As Mosquitto 2.0 does (context__send_will): the CONNECT is
+        accepted and the will checked when it is due, so rights changed since count."""
+        if not session.will_flag:
+            return
+        session.will_flag = False
+        topic, message, qos = session.will_topic, session.will_message, session.will_qos
+        if not _is_publish_topic(topic) or not await self._topic_filtering(
+            session, topic, Action.PUBLISH
+        ):
+            _log.warning(
+                "embedded broker dropped a will its client may not publish",
+                username=session.username,
+                topic=topic,
+            )
+            return
+        await self._broadcast_message(session, topic, message, qos)
+        if session.will_retain:
+            await self.retain_message(session, topic, message, qos)
 
     async def _topic_filtering(self, session: Any, topic: str, action: Action) -> bool:
         if self._accounts is None:

@@ -27,7 +27,10 @@ reach a terminal. Telemetry holds none and is not looked at.
 
 A birth of a node id that is not enrolled is counted as `not_enrolled` and dropped;
 one that proves the enrolment certificate it shows is remembered for an admin to
-re-admit (cloud/fleet/unenrolled.py).
+re-admit (cloud/fleet/unenrolled.py). So is every message of a node id that is a broker
+account of another kind (`non_node_accounts_of`: the control plane's own MQTT username,
+the telemetry reader deploy/mosquitto/greenfed.acl once named), enrolled or not: an ACL
+file gives every account a node's rights under its own name.
 
 Who may say what about work (with an `AssignmentIndex`, cloud/fleet/assignments.py):
 a log chunk is kept only if its node runs that attempt of the job (held a few seconds
@@ -115,6 +118,12 @@ MAX_PARSED_TOPICS = 65_536
 # How digests' samples are counted (`IngestStats`, /metrics' `channel` label).
 DIGEST_CHANNEL = "digest"
 
+# The telemetry reader's account that deploy/mosquitto/greenfed.acl named, in the agents'
+# password file, until readers had a listener of their own: Mosquitto applies an ACL
+# file's `pattern` lines to every account, so a broker set up so lets it publish as the
+# node of that name.
+SHIPPED_READER_USERNAME = "greenfed-reader"
+
 IngestedMessage = NodeStatus | Telemetry | ReportedState | NodeEvent | JobLogChunk
 
 # Status first, so that retained births are known before the first telemetry.
@@ -153,7 +162,8 @@ class InvalidReason(StrEnum):
     WRONG_ATTEMPT = Assignment.WRONG_ATTEMPT.value
     # A `reported` entry going backwards (e.g. succeeded -> running) within one instance.
     ILLEGAL_TRANSITION = "illegal_transition"
-    # A node id that is not enrolled (cloud.require_enrolment) or was revoked.
+    # A node id that is not enrolled (cloud.require_enrolment), was revoked, or is a
+    # broker account of another kind (`non_node_accounts_of`).
     NOT_ENROLLED = "not_enrolled"
     # A relayed sample that is not the node, instance or sequence number its digest's
     # index names for it (cloud/fleet/digest.py).
@@ -161,6 +171,15 @@ class InvalidReason(StrEnum):
     # A birth kept without its sealing key: not a key, or not the one pinned at enrolment.
     SEALING_KEY_INVALID = SealingKeyRefusal.INVALID.value
     SEALING_KEY_MISMATCH = SealingKeyRefusal.MISMATCH.value
+
+
+def non_node_accounts_of(control_plane_username: str | None) -> frozenset[str]:
+    """Broker accounts of another kind, whose names are never a node's id: the control
+    plane's own MQTT username and the reader deploy/mosquitto once shipped."""
+    names = {SHIPPED_READER_USERNAME}
+    if control_plane_username:
+        names.add(control_plane_username)
+    return frozenset(names)
 
 
 class IngestStats:
@@ -196,6 +215,7 @@ class Ingestor:
         shared_group: str = "",
         digest_interval_s: float = 1.0,
         link_probe_interval_s: float = 1.0,
+        non_node_accounts: Iterable[str] = (),
     ) -> None:
         """`limits`: plausibility bounds (`PlausibilityLimits.of(settings.cloud)`);
         timestamps are judged by the registry's wall clock. `assignments`: who runs
@@ -203,7 +223,9 @@ class Ingestor:
         work (tests of ingestion alone). `shared_group` (`mqtt.shared_group`): take
         telemetry through this shared subscription and exchange digests every
         `digest_interval_s` (cloud/fleet/digest.py); "": every sample, no digests.
-        `link_probe_interval_s`: how often the session proves its link (`link_probe`)."""
+        `link_probe_interval_s`: how often the session proves its link (`link_probe`).
+        `non_node_accounts`: broker accounts of another kind, whose messages as a node
+        are all dropped, as not admitted (`non_node_accounts_of` names them)."""
         self.registry = registry
         self.topics = topics
         self.stats = IngestStats()
@@ -249,8 +271,10 @@ class Ingestor:
         self.link_probe = LinkProbe(
             topics, interval_s=link_probe_interval_s, monotonic=registry.monotonic
         )
-        # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all.
+        # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all but
+        # `non_node_accounts`, which never are.
         self.admits_node: Callable[[str], bool] | None = None
+        self.non_node_accounts = frozenset(non_node_accounts)
         # The sealing key a node was pinned to at enrolment (cloud/fleet/enrolled.py);
         # None (here or from it): trust the key its birth announces.
         self.pinned_sealing_key: Callable[[str], str | None] | None = None
@@ -298,6 +322,16 @@ class Ingestor:
                 InvalidReason.OVERSIZED,
                 topic,
                 f"{len(payload)} bytes > {self._max_payload_bytes}",
+            )
+            return
+        if channel in DECODERS and parsed.node_id in self.non_node_accounts:
+            # Broker accounts of another kind: whatever the broker let one of them say as
+            # a node (an ACL file's `pattern` lines), it is never one, nor re-admitted.
+            self._reject(
+                channel,
+                InvalidReason.NOT_ENROLLED,
+                topic,
+                f"{parsed.node_id} (not a node's account)",
             )
             return
         if (

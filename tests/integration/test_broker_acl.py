@@ -1,6 +1,7 @@
 """deploy/mosquitto/greenfed.acl on a real Mosquitto: each agent writes only its own
 channels (logs included) and reads only its own `desired`; the control plane reads
-and writes everything; third-party readers see status and telemetry only."""
+and writes everything. Third-party readers log in on a listener of their own
+(greenfed-readers.acl): tests/deploy/test_acl_reader_rights.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.support.brokers import MosquittoProcess, make_password_file
 pytestmark = pytest.mark.timeout(60)
 
 ACL = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "greenfed.acl"
-USERS = ("greenfed-cloud", "greenfed-reader", "orin-1", "orin-2")
+USERS = ("greenfed-cloud", "orin-1", "orin-2")
 
 
 @pytest.fixture
@@ -50,11 +51,9 @@ async def test_each_party_reads_and_writes_only_what_the_acl_allows(
     nodes = "greenfed/v1/nodes"
     async with (
         client(broker, "greenfed-cloud") as cloud,
-        client(broker, "greenfed-reader") as reader,
         client(broker, "orin-1") as agent,
     ):
         await cloud.subscribe(f"{nodes}/#", qos=1)
-        await reader.subscribe(f"{nodes}/#", qos=1)
         await agent.subscribe(f"{nodes}/+/desired", qos=1)
 
         # The control plane writes desired state; each agent reads only its own.
@@ -79,29 +78,24 @@ async def test_each_party_reads_and_writes_only_what_the_acl_allows(
         ]
         assert received.count(f"{nodes}/orin-1/desired") == 1  # the cloud's own, only
 
-        # Third-party readers: status and telemetry, never desired state or logs.
-        seen = await collect(reader, f"{nodes}/orin-1/telemetry")
-        assert {t.rsplit("/", 1)[1] for t in seen} == {"status", "telemetry"}
-
 
 async def test_only_the_control_plane_writes_and_reads_replicas_digests(
     broker: MosquittoProcess,
 ) -> None:
     """Replicas share telemetry (`$share/...`, cloud/fleet/digest.py) under these ACLs:
     the cloud's shared subscription gets the samples, its digests reach its replicas,
-    and a digest from an agent or a reader reaches no one."""
+    and a digest from an agent reaches no one (nor one from a reader:
+    tests/deploy/test_acl_reader_rights.py)."""
     nodes, digest = "greenfed/v1/nodes", "greenfed/v1/cloud/telemetry-digest"
     async with (
         client(broker, "greenfed-cloud") as cloud,
         aiomqtt.Client(
             "127.0.0.1", broker.port, username="greenfed-cloud", password="pw", identifier="cloud-2"
         ) as replica,
-        client(broker, "greenfed-reader") as reader,
         client(broker, "orin-1") as agent,
     ):
         await cloud.subscribe(f"$share/replicas/{nodes}/+/telemetry", qos=1)
         await replica.subscribe(digest, qos=1)
-        await reader.subscribe("greenfed/v1/#", qos=1)
         await agent.subscribe(digest, qos=1)
         await agent.subscribe(f"{nodes}/orin-1/desired", qos=1)
 
@@ -109,7 +103,6 @@ async def test_only_the_control_plane_writes_and_reads_replicas_digests(
         assert await collect(cloud, f"{nodes}/orin-1/telemetry") == [f"{nodes}/orin-1/telemetry"]
 
         await agent.publish(digest, b"forged", qos=1)
-        await reader.publish(digest, b"forged", qos=1)
         await cloud.publish(digest, b"real", qos=1)
         payloads: list[bytes] = []
         async with asyncio.timeout(10):
@@ -119,10 +112,7 @@ async def test_only_the_control_plane_writes_and_reads_replicas_digests(
                 if message.payload == b"real":
                     break
         assert payloads == [b"real"]
-        # Neither the agent nor the reader sees the digests (a sentinel each shows that
-        # everything before it was delivered or dropped).
+        # The agent does not see the digests (a sentinel shows that everything before it
+        # was delivered or dropped).
         await cloud.publish(f"{nodes}/orin-1/desired", b"{}", qos=1)
         assert await collect(agent, f"{nodes}/orin-1/desired") == [f"{nodes}/orin-1/desired"]
-        await agent.publish(f"{nodes}/orin-1/status", b"{}", qos=1)
-        seen = await collect(reader, f"{nodes}/orin-1/status")
-        assert digest not in seen
