@@ -6,7 +6,9 @@ Bearer`; a revoked token, or one rotated out (its overlap over), is a 401 that s
 so (naming no other token); a secret left unchecked because its token id had a flood
 of guesses is a 429 to retry; an admin-only route asked by another tenant is a 403.
 The tenant is then available to handlers as `request[TENANT]`, and every handler
-scopes what it reads and writes to it.
+scopes what it reads and writes to it; the token it was accepted with as
+`request[CALLER_TOKEN]` (its record as verified, perhaps `store.token_cache_s` old: what
+must know its state now reads it afresh, as managing tokens does).
 """
 
 from __future__ import annotations
@@ -19,12 +21,21 @@ from cloud.api.problems import Problem
 from cloud.api.query import UNDECODABLE_REASON, is_clean_text
 from cloud.api.routes import ROUTE_ACCESS, Handler
 from cloud.app_keys import STORE, TENANT
-from cloud.store import Authenticated, StoreUnavailableError, TenantRecord, TokenRefused
+from cloud.store import (
+    Authenticated,
+    StoreUnavailableError,
+    TenantRecord,
+    TokenRecord,
+    TokenRefused,
+)
 from cloud.store.tenant_tokens import TokenThrottled
 from shared.clock import utc_from_epoch
 from shared.problems import InvalidParam
 
 _REALM = 'Bearer realm="greenfed"'
+
+# The bearer token a request was accepted with (set by the auth middleware with TENANT).
+CALLER_TOKEN = web.RequestKey("caller_token", TokenRecord)
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -62,16 +73,17 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             "send the header Authorization: Bearer <token>",
             headers={"WWW-Authenticate": _REALM},
         )
-    tenant = await authenticated_tenant(request, token)
-    if access == "admin" and not tenant.admin:
+    caller = await authenticated(request, token)
+    if access == "admin" and not caller.tenant.admin:
         raise Problem(403, "admin-only", "Forbidden", "this operation needs an admin token")
-    request[TENANT] = tenant
+    request[TENANT] = caller.tenant
+    request[CALLER_TOKEN] = caller.token
     return await handler(request)
 
 
-async def authenticated_tenant(request: web.Request, token: str) -> TenantRecord:
-    """The tenant of a bearer token; a 401 problem for a token that is not (or no
-    longer) valid."""
+async def authenticated(request: web.Request, token: str) -> Authenticated:
+    """The tenant and record of a bearer token; a 401 problem for a token that is not (or
+    no longer) valid."""
     verdict = await request.app[STORE].check_token(token)
     if isinstance(verdict, TokenRefused):
         raise _refused(verdict)
@@ -79,7 +91,13 @@ async def authenticated_tenant(request: web.Request, token: str) -> TenantRecord
         raise _throttled(verdict)
     if not isinstance(verdict, Authenticated):
         raise invalid_token()
-    return verdict.tenant
+    return verdict
+
+
+async def authenticated_tenant(request: web.Request, token: str) -> TenantRecord:
+    """The tenant of a bearer token; a 401 problem for a token that is not (or no
+    longer) valid."""
+    return (await authenticated(request, token)).tenant
 
 
 async def still_authorised(request: web.Request) -> bool:
@@ -157,3 +175,7 @@ async def store_errors_middleware(request: web.Request, handler: Handler) -> web
 
 def tenant_of(request: web.Request) -> TenantRecord:
     return request[TENANT]
+
+
+def caller_token_of(request: web.Request) -> TokenRecord:
+    return request[CALLER_TOKEN]

@@ -2,9 +2,9 @@
 msgspec types their handlers decode and encode (never a hand-maintained copy).
 
 Schemas come from `msgspec.json.schema_components`; query parameters are the fields
-of each route's query Struct; the error answers every route can give (401, 403, 404,
-400/413/415/422 for bodies, 428 for bulk destructive actions) are added from the route's
-access level, path, query and body.
+of each route's query Struct; the error answers every route can give (400 for a query
+parameter it does not take, 401, 403, 404, 413/415/422 for bodies, 428 for bulk
+destructive actions) are added from the route's access level, path, query and body.
 
 The document says what the API holds requests to, as far as a JSON Schema can: a query
 parameter is never null and its text has no control characters (`parse_query`'s rule),
@@ -41,7 +41,7 @@ _PATH_PARAMETER = re.compile(r"\{(?P<name>[^}:]+)\}")
 EXTRA_TYPES: Final = (WorkStateChanged,)
 
 _ERRORS: Final = {
-    400: "Bad request: malformed JSON, a bad query parameter or header",
+    400: "Bad request: malformed JSON, a bad or unknown query parameter, or a bad header",
     401: "Missing or invalid bearer token",
     403: "Not allowed for this tenant",
     404: "Not found (also another tenant's id, or an unknown ?tenant=)",
@@ -225,9 +225,10 @@ def _operation(
     if by_reference:
         errors.append(409)
     if route.body is not None:
-        errors += [400, 413, 415, 422]
-    if route.query is not None or headers:
-        errors.append(400)
+        errors += [413, 415, 422]  # 400 too (malformed JSON): every route has it
+    # Every route: a query parameter it does not take (one that declares no query takes
+    # none: cloud/api/routes.py), besides a bad one, a bad header or malformed JSON.
+    errors.append(400)
     if route.query is not None and "tenant" in _field_names(route.query):
         errors += [403, 404]  # another tenant's, for a tenant; no such tenant, for the admin
     if destructive:

@@ -1,4 +1,6 @@
 """Query strings parsed into typed Structs; a bad or unknown parameter is a 400 naming it.
+A route that declares no query refuses every parameter so (`refuse_undeclared`, applied
+by `cloud.api.routes.add_routes`): one it ignored would let `?dry_run=true` cancel for real.
 
 Values are checked as text before they are typed: percent-encoded bytes that are not
 UTF-8 (yarl decodes them to U+FFFD) and control characters (NUL, which PostgreSQL
@@ -122,11 +124,16 @@ def _invalid_param(refused: FieldError) -> InvalidParam:
     return InvalidParam(dotted_path(refused.path), refused.reason)
 
 
+def _shown(name: str) -> str:
+    """A parameter's name as an answer may quote it (control characters escaped)."""
+    return name if is_clean_text(name) else name.encode("unicode_escape").decode()
+
+
 def parse_query(request: web.Request, query_type: type[QueryT]) -> QueryT:
     query = request.query
     raw: dict[str, str] = {}
     for name, value in query.items():  # every occurrence, repeats included
-        shown = name if is_clean_text(name) else name.encode("unicode_escape").decode()
+        shown = _shown(name)
         if name in raw:
             raise invalid_query(InvalidParam(shown, "given more than once"))
         if not (is_clean_text(name) and is_clean_text(value)):
@@ -143,6 +150,18 @@ def parse_query(request: web.Request, query_type: type[QueryT]) -> QueryT:
         return msgspec.convert(values, query_type, strict=True)
     except msgspec.ValidationError as error:
         raise invalid_query(_invalid_param(FieldError.from_msgspec(error))) from None
+
+
+def refuse_undeclared(request: web.Request, taken: frozenset[str] = frozenset()) -> None:
+    """For a route that declares no query: a 400 naming each parameter but those in
+    `taken` (which its handler reads itself, as a signed download's `sig`), each once."""
+    refused: dict[str, InvalidParam] = {}
+    for name in request.query:
+        if name not in taken and name not in refused:
+            reason = "unknown parameter" if is_clean_text(name) else UNDECODABLE_REASON
+            refused[name] = InvalidParam(_shown(name), reason)
+    if refused:
+        raise invalid_query(*refused.values())
 
 
 def comma_list_pattern(allowed: Sequence[str]) -> str:

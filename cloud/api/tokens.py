@@ -6,6 +6,11 @@ lists never show it. Rotating makes a new token under the same name while the ol
 one keeps working for an overlap (default an hour), after which it is refused as
 revoked; revoking refuses it at once. Every change is in the audit log. Another
 tenant's token is not found (404), like one that does not exist.
+
+Only an `active` token manages tokens: one rotated out still works for everything else
+during its overlap, but may only revoke itself (a 403 otherwise). Rotating a leaked token
+is meant to shut its holder out; were it allowed to make a token with no end, or to
+revoke its replacement, the rotation would protect nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from cloud.access.views import (
     token_view,
 )
 from cloud.api.audit import audit_entry
-from cloud.api.auth import tenant_of
+from cloud.api.auth import caller_token_of, tenant_of
 from cloud.api.bodies import decode_body, json_response, read_body
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
@@ -53,6 +58,27 @@ def _not_found(token_id: str) -> Problem:
     return Problem(404, "token-not-found", "Token not found", f"no token {token_id[:32]!r}")
 
 
+async def _refuse_unless_caller_active(request: web.Request, *, revoking: str = "") -> None:
+    """A 403 unless the caller's own token is `active` now; a token revoking itself
+    (`revoking` its id) may whatever its state."""
+    caller_token_id = caller_token_of(request).token_id
+    if revoking == caller_token_id:
+        return
+    # Read afresh: the verdict that let the request in may be store.token_cache_s old,
+    # from before another replica rotated the token.
+    current = await request.app[STORE].get_token(caller_token_id)
+    state = "revoked" if current is None else current.state(time.time())
+    if state != "active":
+        raise Problem(
+            403,
+            "caller-token-not-active",
+            "Forbidden",
+            f"the bearer token {caller_token_id} is {state}: only an active token may "
+            "create, rotate or revoke tokens (a rotated one may revoke only itself); use "
+            "its replacement",
+        )
+
+
 async def _owned(request: web.Request) -> tuple[TenantRecord, TokenRecord]:
     """The token of the path and its tenant, if the caller may manage it (else 404)."""
     token_id = request.match_info["token_id"]
@@ -70,6 +96,7 @@ async def _owned(request: web.Request) -> tuple[TenantRecord, TokenRecord]:
 
 async def create_token(request: web.Request) -> web.Response:
     query = parse_query(request, TokenQuery)
+    await _refuse_unless_caller_active(request)
     body = decode_body(await read_body(request), _CREATE)
     owner = await scoped_tenant(request, query.tenant, admin_sees_all=False)
     if owner is None:
@@ -96,6 +123,7 @@ async def list_tokens(request: web.Request) -> web.Response:
 
 
 async def rotate_token(request: web.Request) -> web.Response:
+    await _refuse_unless_caller_active(request)
     owner, record = await _owned(request)
     # The body is optional: without one, the default overlap.
     body = (
@@ -127,6 +155,7 @@ async def rotate_token(request: web.Request) -> web.Response:
 
 
 async def revoke_token(request: web.Request) -> web.Response:
+    await _refuse_unless_caller_active(request, revoking=request.match_info["token_id"])
     owner, record = await _owned(request)
     audit = audit_entry(request, "token.revoke", record.token_id, tenant=owner.name)
     try:
@@ -145,6 +174,7 @@ async def revoke_token(request: web.Request) -> web.Response:
 
 
 _TENANT_DOC: Final = "The admin: `?tenant=NAME` acts on that tenant's tokens."
+_CALLER_NOT_ACTIVE_DOC: Final = "The caller's own token is not active (rotated out, in its overlap)"
 
 ROUTES: Final = (
     Route(
@@ -159,7 +189,11 @@ ROUTES: Final = (
         description=_TENANT_DOC,
         replies=(
             Reply(201, "The token and its secret", TokenCreated),
-            problem_reply(403, "Another tenant's tokens, asked by a tenant that is not the admin"),
+            problem_reply(
+                403,
+                "Another tenant's tokens, asked by a tenant that is not the admin. "
+                + _CALLER_NOT_ACTIVE_DOC,
+            ),
         ),
     ),
     Route(
@@ -184,6 +218,7 @@ ROUTES: Final = (
         body_required=False,  # without one, the default overlap
         replies=(
             Reply(201, "The new token (with its secret) and the old one", TokenRotated),
+            problem_reply(403, _CALLER_NOT_ACTIVE_DOC),
             problem_reply(409, "The token was already rotated or revoked"),
         ),
     ),
@@ -196,6 +231,7 @@ ROUTES: Final = (
         "tokens",
         replies=(
             Reply(200, "The revoked token", TokenView),
+            problem_reply(403, _CALLER_NOT_ACTIVE_DOC + ", and the token is not itself"),
             problem_reply(409, "The admin's last working token"),
         ),
     ),

@@ -105,6 +105,7 @@ ROUTES: Final = (
             "#token=...) and calls the API with it from the browser."
         ),
         replies=(Reply(200, "The page", str, "text/html"), _NOT_MODIFIED),
+        ignores_query=True,
     ),
     Route(
         "GET",
@@ -114,6 +115,7 @@ ROUTES: Final = (
         "public",
         "ui",
         replies=(Reply(308, "To /ui", headers=("Location",)),),
+        ignores_query=True,
     ),
     Route(
         "GET",
@@ -123,5 +125,6 @@ ROUTES: Final = (
         "public",
         "ui",
         replies=(Reply(200, "The file", str, "*/*"), _NOT_MODIFIED),
+        ignores_query=True,
     ),
 )
