@@ -3,8 +3,8 @@ training CO2 a schedule with perfect knowledge could emit for the same scenario.
 
 A linear program over job × node pool × hour, solved by HiGHS (``scipy.optimize.
 linprog``). ``x[j, p, h]`` is the accelerator-hours job ``j`` runs on pool ``p`` (the
-fleet's training nodes grouped by zone, model, speed, power, taints and labels) in
-hour ``h``:
+fleet's training nodes' GPU pools, every pool column of the snapshot, MIG slices
+included, grouped by zone, model, speed, power, taints and labels) in hour ``h``:
 
     minimise   Σ x[j,p,m,h] · kW[p,m] · I[zone(p), h]                 (gCO2eq)
     such that  Σ_{p,m,h} x[j,p,m,h] · speed[p,m] = work[j]            every job is done
@@ -23,6 +23,8 @@ under that cap, host share and PUE included, as the policies' usage is accounted
 per worker; the same in each of a job's alternative gang shapes, whose pools it may
 use too);
 ``inference[p, h]`` is the least any evaluated policy's deployments held there.
+A job some policy ran must have a pool here (``BoundUnavailable`` otherwise): left out,
+its emissions would count against that policy and not against the optimum.
 
 A job's window runs from its submission to the latest of: its own slack (its
 deadline; its latest start plus its run on the slowest pool it may use) and the
@@ -72,7 +74,8 @@ KWH_PER_WH = 1.0 / 1000.0
 
 
 class BoundUnavailable(RuntimeError):
-    """The program could not be solved (SciPy missing, or HiGHS gave up)."""
+    """The program could not be solved (SciPy missing, or HiGHS gave up), or would leave
+    out a job some policy ran."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +92,7 @@ class Bound:
 @dataclass(frozen=True, slots=True)
 class _Pool:
     nodes: tuple[int, ...]  # snapshot rows
+    column: int  # the snapshot's pool column: a node's whole GPUs, or its slices of one profile
     accelerators: int
     speed: float
     kw: float  # one accelerator, host share and PUE included
@@ -96,48 +100,78 @@ class _Pool:
     # (speed, kW) at the default power limit and at each power-capping share allowed
     modes: tuple[tuple[float, float], ...] = ()
 
+    @property
+    def accelerators_per_node(self) -> int:
+        return self.accelerators // len(self.nodes)
+
 
 def _pools(snapshot: Snapshot, energy: EnergyModel) -> list[_Pool]:
-    """The training nodes' GPU pools grouped by everything placement and energy see."""
+    """The training nodes' GPU pools grouped by everything placement and energy see.
+
+    Every GPU pool column counts, not only each node's first: the scheduler places work
+    on all of a node's pools of the kind (snapshot.py), so a node with MIG slices beside
+    whole GPUs offers both, each with its own count, speed and power. Without the slices
+    a policy that ran work on them could emit less than the optimum."""
     table = snapshot.nodes
-    gpus = table.kind("gpu")
-    rows = np.flatnonzero((gpus.capacity > 0) & table.runs_training)
-    kw = energy.member_power_w(snapshot, "gpu", rows, 1, energy.training_utilisation) / 1000.0
-    groups: dict[Hashable, list[tuple[int, float]]] = {}
-    for row, power_kw in zip(rows.tolist(), kw.tolist(), strict=True):
-        key = (
-            int(table.site_code[row]),
-            int(table.zone_code[row]),
-            int(gpus.model_code[row]),
-            int(gpus.capacity[row]),
-            float(gpus.relative_speed[row]),
-            round(power_kw, 9),
-            tuple(table.taint_matrix[row].tolist()),
-            tuple(int(codes[row]) for codes in table.label_codes.values()),
+    groups: dict[tuple[int, Hashable], list[tuple[int, float]]] = {}
+    for column in table.kind_columns[KIND_INDEX["gpu"]]:
+        gpus = table.kinds[column]
+        rows = np.flatnonzero((gpus.capacity > 0) & table.runs_training)
+        kw = (
+            energy.member_power_w(
+                snapshot, "gpu", rows, 1, energy.training_utilisation, column=column
+            )
+            / 1000.0
         )
-        groups.setdefault(key, []).append((row, power_kw))
-    return [
-        _Pool(
-            nodes=tuple(row for row, _ in members),
-            accelerators=int(gpus.capacity[members[0][0]]) * len(members),
-            speed=float(gpus.relative_speed[members[0][0]]),
-            kw=members[0][1],
-            representative=members[0][0],
-            modes=_power_modes(snapshot, energy, members[0][0]),
+        for row, power_kw in zip(rows.tolist(), kw.tolist(), strict=True):
+            # What the static filters read (filters.static_filters), so that one node of
+            # a pool passes for a job exactly when all of them do.
+            traits = (
+                int(table.site_code[row]),
+                int(table.zone_code[row]),
+                int(gpus.model_code[row]),
+                int(gpus.capacity[row]),
+                int(gpus.memory_bytes[row]),
+                float(gpus.relative_speed[row]),
+                round(power_kw, 9),
+                bool(table.healthy[row]),
+                bool(table.approved[row]),
+                int(table.isolation_rank[row]),
+                bool(table.runs_containers[row]),
+                bool(table.receives_secrets[row]),
+                tuple(table.taint_matrix[row].tolist()),
+                tuple(int(codes[row]) for codes in table.label_codes.values()),
+            )
+            groups.setdefault((column, traits), []).append((row, power_kw))
+    pools = []
+    for (column, _), members in sorted(
+        groups.items(), key=lambda item: (item[1][0][0], item[0][0])
+    ):
+        first = members[0][0]
+        gpus = table.kinds[column]
+        pools.append(
+            _Pool(
+                nodes=tuple(row for row, _ in members),
+                column=column,
+                accelerators=int(gpus.capacity[first]) * len(members),
+                speed=float(gpus.relative_speed[first]),
+                kw=members[0][1],
+                representative=first,
+                modes=_power_modes(snapshot, energy, column, first),
+            )
         )
-        for _, members in sorted(groups.items(), key=lambda item: item[1][0][0])
-    ]
+    return pools
 
 
 def _power_modes(
-    snapshot: Snapshot, energy: EnergyModel, row: int
+    snapshot: Snapshot, energy: EnergyModel, column: int, row: int
 ) -> tuple[tuple[float, float], ...]:
-    """(speed, kW of one accelerator) of node ``row``'s GPUs at their default power
-    limit and held to each power-capping share its model allows."""
-    gpus = snapshot.nodes.kind("gpu")
+    """(speed, kW of one accelerator) of node ``row``'s GPUs in pool ``column`` at their
+    default power limit and held to each power-capping share its model allows."""
+    gpus = snapshot.nodes.kinds[column]
     speed = float(gpus.relative_speed[row])
     max_power_w = float(gpus.max_power_w[row])
-    lowest = lowest_power_share(snapshot.nodes.model_at(KIND_INDEX["gpu"], row))
+    lowest = lowest_power_share(snapshot.nodes.model_at(column, row))
     shares = [1.0]
     if max_power_w > 0:
         shares += [share for share in ALL_POWER_SHARES if share >= lowest]
@@ -149,6 +183,7 @@ def _power_modes(
             np.array([row]),
             1,
             energy.training_utilisation,
+            column=column,
             power_limit_w=None if share == 1.0 else share * max_power_w,
         )
         modes.append((speed * capped_throughput(share), float(power_w[0]) / 1000.0))
@@ -157,17 +192,26 @@ def _power_modes(
 
 def _eligible(snapshot: Snapshot, spec: TrainingSpec, pools: Sequence[_Pool]) -> list[int]:
     """The pools the job may use: the scheduler's own static filters, without the
-    deadline and windows (which only say when, and a late run is still a run). A job
+    deadline and windows (which only say when, and a late run is still a run), on each
+    pool's own column, as the scheduler asks them (a job without a ``mig_profile`` may
+    take MIG slices, one with one only that profile's: scheduler/mig.py). A job
     with alternative gang shapes (flexible shapes) may use the pools of any of them: a
     1×8 job that may run as 2×4 also fits 4-GPU servers, so every policy's schedule
-    stays a feasible point. Its work is the same in every shape (the same total)."""
+    stays a feasible point. Its work is the same in every shape (the same total).
+    No tenant's slice quota keeps it off a profile here: that only makes the bound
+    lower, never higher."""
     job = dataclasses.replace(training_job(spec, snapshot.now), deadline=None, max_delay_s=None)
+    columns = sorted({pool.column for pool in pools})
     usable: set[int] = set()
     for shaped in (job, *(job.reshaped(shape) for shape in job.alternative_shapes)):
-        static = static_filters(snapshot, make_shape(shaped, Policy()), KIND_INDEX["gpu"], None)
-        usable.update(
-            i for i, pool in enumerate(pools) if static.codes[pool.representative] == PASS
-        )
+        shape = make_shape(shaped, Policy())
+        for column in columns:
+            codes = static_filters(snapshot, shape, column, None).codes
+            usable.update(
+                i
+                for i, pool in enumerate(pools)
+                if pool.column == column and codes[pool.representative] == PASS
+            )
     return sorted(usable)
 
 
@@ -207,23 +251,35 @@ def _inference_load(
     hours: int,
 ) -> FloatArray:
     """Per pool and hour: the accelerator-hours the evaluated policies' deployments
-    held there, the least over the policies (what training could have had at most)."""
-    pool_of_row = {row: i for i, pool in enumerate(pools) for row in pool.nodes}
+    held there, the least over the policies (what training could have had at most).
+
+    A usage names its node, not which of the node's GPU pools it held: on a node with
+    several (MIG slices beside whole GPUs) it counts in the one pool that could hold
+    it, and in none where more than one could (less held: the bound only lower)."""
+    pools_of_row: dict[int, list[int]] = {}
+    for i, pool in enumerate(pools):
+        for row in pool.nodes:
+            pools_of_row.setdefault(row, []).append(i)
     least = np.full((len(pools), hours), np.inf)
     for outcome in outcomes:
         held = np.zeros((len(pools), hours))
         for usage in outcome.usages:
             if usage.work_id in outcome.jobs or usage.accelerator_kind != "gpu":
                 continue
-            pool = pool_of_row.get(snapshot.nodes.index.get(usage.node_id, -1))
-            if pool is None:
+            could_hold = [
+                i
+                for i in pools_of_row.get(snapshot.nodes.index.get(usage.node_id, -1), [])
+                if pools[i].accelerators_per_node >= usage.accelerators
+            ]
+            if len(could_hold) != 1:
                 continue
+            held_in = could_hold[0]
             first = max(0, math.floor((usage.start_s - origin_s) / HOUR_S))
             last = min(hours, math.ceil((usage.end_s - origin_s) / HOUR_S))
             for hour in range(first, last):
                 begin = origin_s + hour * HOUR_S
                 overlap = min(usage.end_s, begin + HOUR_S) - max(usage.start_s, begin)
-                held[pool, hour] += max(0.0, overlap) / HOUR_S * usage.accelerators
+                held[held_in, hour] += max(0.0, overlap) / HOUR_S * usage.accelerators
         least = np.minimum(least, held)
     return np.where(np.isfinite(least), least, 0.0)
 
@@ -255,6 +311,7 @@ def optimum(
     snapshot = Snapshot.build(now=origin_s, nodes=nodes)
     pools = _pools(snapshot, energy)
     eligible = {spec.id: _eligible(snapshot, spec, pools) for spec in workload.training}
+    _check_every_run_job_has_a_pool(workload, outcomes, eligible)
     windows = _windows(workload, outcomes, pools, eligible)
     latest = max((end for _, end in windows.values()), default=origin_s)  # no training: none
     hours = max(1, math.ceil((latest - origin_s) / HOUR_S))
@@ -274,6 +331,7 @@ def optimum(
     kw: list[np.ndarray] = []
     zone_of: list[np.ndarray] = []
     work: list[float] = []
+    # A job with no pool that no policy ran either: in no policy's emissions, nor here.
     solvable = [spec for spec in workload.training if eligible[spec.id]]
     for j, spec in enumerate(solvable):
         start, window_end = windows[spec.id]
@@ -345,6 +403,26 @@ def optimum(
         solve_s=time.perf_counter() - began,
         gpu_hours_by_zone=by_zone,
     )
+
+
+def _check_every_run_job_has_a_pool(
+    workload: Workload, outcomes: Sequence[SimOutcome], eligible: Mapping[str, list[int]]
+) -> None:
+    """Refuse an optimum that would leave out a job some policy ran: its emissions would
+    count against that policy and not against the optimum, which could then come out
+    above the policy. The optimum's pools allow what placement allows, so this is a
+    fleet the outcomes were not simulated on, or a placement rule the bound lacks."""
+    for spec in workload.training:
+        if eligible[spec.id]:
+            continue
+        for outcome in outcomes:
+            record = outcome.jobs.get(spec.id)
+            if record is not None and record.first_start_s is not None:
+                raise BoundUnavailable(
+                    f"job {spec.id} ({spec.workers}×{spec.gpus_per_worker} GPUs) ran under "
+                    f"{outcome.config.policy.name} on {', '.join(record.nodes) or 'a node'}, "
+                    "but the optimum has no GPU pool it may use"
+                )
 
 
 def hourly_carbon(

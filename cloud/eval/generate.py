@@ -203,6 +203,10 @@ def _mean_arrival_factor() -> float:
     return sum(week) / len(week)
 
 
+class NoTrainingCapacity(ValueError):
+    """The fleet has no cloud GPU: there is no load to scale generated training to."""
+
+
 def cloud_gpu_throughput(nodes: Sequence[Node]) -> float:
     """Σ count × relative speed over the cloud GPU pools (reference-GPU equivalents)."""
     return sum(
@@ -239,6 +243,11 @@ def generate_workload(
     params = params or WorkloadParams()
     rng = random.Random(seed)
     capacity = cloud_gpu_throughput(nodes)
+    if not capacity > 0:
+        raise NoTrainingCapacity(
+            "the fleet has no cloud GPU to generate training work for (its offered load is a "
+            "share of the cloud GPUs)"
+        )
     mean_work_gpu_s = _mean_gpus(params.gangs) * mean_duration_s(params)
     mean_rate_per_s = params.target_load * capacity / mean_work_gpu_s
     peak_rate = mean_rate_per_s / _mean_arrival_factor() * 1.5

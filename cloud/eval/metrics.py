@@ -306,7 +306,8 @@ def _counterfactuals(
     baseline = total(account(usages, fleet, recorded, energy, currency=currency))
     actual_by_work = by_work(accounts)
     actual = Totals()
-    for work_id in covered:
+    # In a fixed order: a float sum depends on it, and a set's order on the hash seed.
+    for work_id in sorted(covered):
         actual = actual + actual_by_work.get(work_id, Totals())
     return baseline, baseline - actual
 

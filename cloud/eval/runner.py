@@ -29,7 +29,7 @@ from cloud.signals.trace import TraceProvider
 
 from .bound import Bound, optimum
 from .fleet import load_fleet_nodes
-from .generate import WorkloadParams, generate_workload
+from .generate import NoTrainingCapacity, WorkloadParams, generate_workload
 from .inference_bound import InferenceBound, inference_optimum
 from .metrics import PolicyResult, evaluate, hourly_gpu_load, recorded_signals
 from .simulation import HOUR_S, SimConfig, SimOutcome, Simulation
@@ -111,26 +111,36 @@ def build_scenario(options: EvalOptions) -> Scenario:
     nodes = tuple(load_fleet_nodes(options.fleet))
     if options.workload is not None:
         workload = load_workload(options.workload)
-    elif options.generator == "trace":
-        workload = generate_trace_shaped(
+    else:
+        try:
+            workload = _generated_workload(options, nodes)
+        except NoTrainingCapacity as error:
+            raise ValueError(
+                f"{options.fleet or 'the default fleet'}: {error}; give the evaluation a "
+                "workload of its own with --workload"
+            ) from None
+    provider = TraceProvider(options.carbon_dir, perfect_forecast=options.perfect_forecast)
+    check_traces(provider, zones_of(nodes), options)
+    recorded = recorded_signals(provider, (node.zone for node in nodes))
+    return Scenario(nodes, workload, provider, recorded)
+
+
+def _generated_workload(options: EvalOptions, nodes: Sequence[Node]) -> Workload:
+    if options.generator == "trace":
+        return generate_trace_shaped(
             nodes,
             start_s=options.start_s,
             days=options.days,
             seed=options.seed,
             target_load=options.target_load,
         )
-    else:
-        workload = generate_workload(
-            nodes,
-            start_s=options.start_s,
-            days=options.days,
-            seed=options.seed,
-            params=WorkloadParams(target_load=options.target_load),
-        )
-    provider = TraceProvider(options.carbon_dir, perfect_forecast=options.perfect_forecast)
-    check_traces(provider, zones_of(nodes), options)
-    recorded = recorded_signals(provider, (node.zone for node in nodes))
-    return Scenario(nodes, workload, provider, recorded)
+    return generate_workload(
+        nodes,
+        start_s=options.start_s,
+        days=options.days,
+        seed=options.seed,
+        params=WorkloadParams(target_load=options.target_load),
+    )
 
 
 def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOptions) -> None:

@@ -14,8 +14,9 @@ A file is checked as it is read, since one bad row would spoil every series buil
 it: a carbon intensity outside 0 to 10,000 gCO2eq/kWh, a price beyond ±100,000 per MWh
 (`model.MAX_CARBON_G_PER_KWH`, `MAX_ABS_PRICE_PER_MWH`) or a zone's rows more than
 `MAX_TRACE_SPAN_YEARS` apart are a `DatasetError` naming the file and line, and so are
-a cell that holds text that is no number (`NaN` included) and an hour with two rows
-(naming both). Only an empty cell is a missing hour.
+a cell that holds text that is no number (`NaN` included), a time that is none, a row
+shorter than the header, a carbon file's row whose `Zone Id` is empty or not the file's
+one zone, and an hour with two rows (naming both). Only an empty cell is a missing hour.
 """
 
 from __future__ import annotations
@@ -156,11 +157,22 @@ def _read_only(array: npt.NDArray[np.generic]) -> None:
 
 
 def _numbered_rows(entry: Traversable) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV file: errors name the line people see in an editor."""
+    """(line number, row) of a CSV file: errors name the line people see in an editor.
+
+    A row with fewer fields than the header (a line cut short) is a DatasetError naming
+    the first column it lacks: the csv module would give that column None, which is no
+    text, and read as an empty cell it would pass for a missing hour."""
     # newline="" as the csv module wants: the shipped files end lines with CRLF.
     with io.TextIOWrapper(entry.open("rb"), encoding="utf-8", newline="") as handle:
         reader = csv.DictReader(handle)
         for row in reader:
+            missing = [column for column, text in row.items() if text is None]
+            if missing:
+                header = reader.fieldnames or ()
+                raise DatasetError(
+                    f"{entry.name}: line {reader.line_num}: no {missing[0]} cell: the row "
+                    f"has {len(header) - len(missing)} of the header's {len(header)} fields"
+                )
             yield reader.line_num, row
 
 
@@ -208,6 +220,19 @@ def _price_cell(entry: Traversable, line: int, row: dict[str, str]) -> float:
         f"-{MAX_ABS_PRICE_PER_MWH:,.0f} to {MAX_ABS_PRICE_PER_MWH:,.0f} per MWh (leave the "
         "cell empty where there is no value)"
     )
+
+
+def _time_cell(entry: Traversable, line: int, row: dict[str, str]) -> float:
+    """The row's hour (epoch seconds); a DatasetError naming the line for text that is
+    no time."""
+    text = row[TIME_COLUMN]
+    try:
+        return parse_utc(text).timestamp()
+    except ValueError:
+        raise DatasetError(
+            f"{entry.name}: line {line}: {TIME_COLUMN} is {text!r}, not an ISO 8601 time "
+            "such as 2023-06-01 13:00:00 (UTC unless it gives an offset)"
+        ) from None
 
 
 def _check_span(entry: Traversable, times: list[float], lines: list[int]) -> None:
@@ -263,30 +288,46 @@ class _ZoneRows:
 
 
 def _read_carbon_file(entry: Traversable, into: dict[str, _ZoneRows]) -> str:
-    """Read one carbon file; returns its zone id."""
-    zone = ""
-    times: list[float] = []
-    lines: list[int] = []
+    """Read one carbon file; returns its zone id.
+
+    A file holds one zone: the price file of its prefix is attached to that zone, so a
+    row of another zone (or none) is a DatasetError naming its line and both ids, not a
+    zone of its own that would take the prices."""
+    zone, zone_line = "", 0
+    rows = _ZoneRows([], [], [], [], [], [])
     try:
         for line, row in _numbered_rows(entry):
-            zone = row[ZONE_COLUMN].strip()
-            rows = into.setdefault(zone, _ZoneRows([], [], [], [], [], []))
-            at_s = parse_utc(row[TIME_COLUMN]).timestamp()
-            rows.times.append(at_s)
+            row_zone = row[ZONE_COLUMN].strip()
+            if not row_zone:
+                raise DatasetError(
+                    f"{entry.name}: line {line}: {ZONE_COLUMN} is empty; each row names its zone"
+                )
+            if not zone:
+                zone, zone_line = row_zone, line
+            elif row_zone != zone:
+                raise DatasetError(
+                    f"{entry.name}: line {line}: {ZONE_COLUMN} is {row_zone!r}, but line "
+                    f"{zone_line} has {zone!r}; a file holds the rows of one zone"
+                )
+            rows.times.append(_time_cell(entry, line, row))
             rows.origins.append(_Origin(entry.name, line))
             rows.lifecycle.append(_carbon_cell(entry, line, row, LCA_COLUMN))
             rows.direct.append(_carbon_cell(entry, line, row, DIRECT_COLUMN))
             rows.estimated.append(row.get(ESTIMATED_COLUMN, "").strip().lower() == "true")
-            times.append(at_s)
-            lines.append(line)
     except DatasetError:
         raise
     except (KeyError, ValueError) as error:
         raise DatasetError(f"{entry.name}: not in the Electricity Maps format ({error})") from None
     if not zone:
         raise DatasetError(f"{entry.name}: no rows")
-    _check_span(entry, times, lines)
-    into[zone].files.append(entry.name)
+    _check_span(entry, rows.times, [origin.line for origin in rows.origins])
+    zone_rows = into.setdefault(zone, _ZoneRows([], [], [], [], [], []))
+    zone_rows.times += rows.times
+    zone_rows.lifecycle += rows.lifecycle
+    zone_rows.direct += rows.direct
+    zone_rows.estimated += rows.estimated
+    zone_rows.origins += rows.origins
+    zone_rows.files.append(entry.name)
     return zone
 
 
@@ -304,10 +345,19 @@ def read_traces(directory: Traversable) -> dict[str, HourlyTrace]:
     entries = sorted((e for e in directory.iterdir() if e.is_file()), key=lambda e: e.name)
     zone_rows: dict[str, _ZoneRows] = {}
     prefix_zone: dict[str, str] = {}
+    prefix_file: dict[str, str] = {}
     for entry in entries:
         match = _CARBON_FILE.match(entry.name)
         if match:
-            prefix_zone[match.group("prefix")] = _read_carbon_file(entry, zone_rows)
+            prefix, zone = match.group("prefix"), _read_carbon_file(entry, zone_rows)
+            # The prefix's price files go to one zone: its carbon files must agree on it.
+            known = prefix_zone.setdefault(prefix, zone)
+            if known != zone:
+                raise DatasetError(
+                    f"{prefix_file[prefix]} has zone {known!r} and {entry.name} {zone!r}: the "
+                    f"files of prefix {prefix} hold one zone, whose prices they share"
+                )
+            prefix_file.setdefault(prefix, entry.name)
     if not zone_rows:
         raise DatasetError(f"{directory}: no <ZONE>_<YEAR>_hourly.csv carbon files")
     price_rows: dict[str, tuple[list[float], list[float], list[_Origin]]] = {}
@@ -320,7 +370,7 @@ def read_traces(directory: Traversable) -> dict[str, HourlyTrace]:
         )
         try:
             for line, row in _numbered_rows(entry):
-                times.append(parse_utc(row[TIME_COLUMN]).timestamp())
+                times.append(_time_cell(entry, line, row))
                 prices.append(_price_cell(entry, line, row))
                 origins.append(_Origin(entry.name, line))
         except DatasetError:
