@@ -13,7 +13,7 @@ import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import unquote, urlsplit
 
 import msgspec
@@ -150,6 +150,12 @@ class MqttSettings(Section, frozen=True, kw_only=True):
             raise FieldError("shared_group", str(error)) from None
 
 
+# Node ids that are fixed routes under /v1/nodes/ of the control plane's API: a node so
+# named could be neither viewed nor changed there (GET /v1/nodes/enrolled is the list of
+# enrolled nodes). The agent refuses them, and so does enrolment; a test reads the API's
+# route table to keep this whole.
+RESERVED_NODE_IDS: Final = frozenset({"enrol", "enrolled", "join-tokens", "readmit", "unenrolled"})
+
 OUTBOX_MAX_BYTES = 64 * 1024 * 1024
 OUTBOX_MAX_AGE_S = 7 * 86_400.0
 
@@ -238,6 +244,10 @@ class AgentSettings(Section, frozen=True, kw_only=True):
             raise FieldError(
                 "node_id",
                 f"{self.node_id!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (one topic level)",
+            )
+        if self.node_id in RESERVED_NODE_IDS:
+            raise FieldError(
+                "node_id", f"{self.node_id!r} is reserved: it names a route of the REST API"
             )
         for text in self.taints:
             try:

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
-from cloud.api.bodies import json_response, read_json
+from cloud.api.bodies import invalid_body, json_response, read_json
 from cloud.api.bulk_actions import destructive
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
@@ -57,6 +57,7 @@ from cloud.fleet.enrolment_views import (
     sealing_key_fingerprint,
 )
 from cloud.fleet.envelope import NodeEnvelope
+from cloud.fleet.node_admin import apply_one
 from cloud.fleet.unenrolled import UnenrolledNodes
 from cloud.loop.publisher import CLUSTER_ID_SECRET
 from cloud.store import Store
@@ -68,9 +69,10 @@ from cloud.store.enrolment import (
 )
 from cloud.store.enrolment_failures import FailureBudget
 from cloud.store.errors import JoinTokenError, JoinTokenUnknownError, NodeAlreadyEnrolledError
+from cloud.store.node_admin import without_approval
 from shared.clock import utc_from_epoch
 from shared.logs import RateLimitedLog
-from shared.settings import parse_mqtt_url
+from shared.settings import RESERVED_NODE_IDS, parse_mqtt_url
 from shared.tasks import stop_task
 from shared.topics import Channel, is_valid_node_id
 
@@ -316,27 +318,40 @@ async def _refused(
     )
 
 
+def _announced_key(app: web.Application, node_id: str) -> tuple[bool, str | None]:
+    """Whether a node the store has not enrolled uses `node_id`, and the sealing key it
+    announces: one in the registry (a cluster without `cloud.require_enrolment`), or
+    one knocking with a proven certificate after a store loss (not revoked since)."""
+    record = app[REGISTRY].get(node_id)
+    if record is not None:
+        return True, record.status.sealing_public_key
+    knocking = app[ENROLMENT_STATE].unenrolled.get(node_id)
+    if knocking is not None and not app[ENROLLED_NODES].is_revoked(node_id):
+        return True, knocking.certificate.sealing_public_key
+    return False, None
+
+
 def _not_anothers(
     app: web.Application, node_id: str, sealing_public_key: str | None, *, key_proven: bool
 ) -> None:
-    """Refuse to enrol a node id the registry knows, unless the enrolling node proves it
-    is that node: it holds the sealing key that node's births announce (`key_proven`:
-    the key alone is public). Else a join token could take the id of a live node that
-    has not enrolled (a cluster without `cloud.require_enrolment`), and the real node
-    could never enrol."""
-    record = app[REGISTRY].get(node_id)
-    if record is None:
+    """Refuse to enrol a node id in use (`_announced_key`), unless the enrolling node
+    proves it is that node: it holds the sealing key that node's births announce
+    (`key_proven`: the key alone is public). Else a join token could take the id of a
+    live node that has not enrolled, or of a knocking node waiting to be re-admitted
+    (resetting its broker password), and the real node could never enrol."""
+    in_use, announced = _announced_key(app, node_id)
+    if not in_use:
         return
-    announced = record.status.sealing_public_key
     if key_proven and announced is not None and announced == sealing_public_key:
         return
     raise Problem(
         409,
         "node-id-in-use",
         "Node id in use",
-        f"a node {node_id!r} is known to the control plane already and this enrolment "
-        "does not prove it holds the sealing key its births announce: enrol from that node "
-        "(greenfed edge enrol there), or choose another node id",
+        f"a node {node_id!r} is known to the control plane already (live, or knocking to be "
+        "re-admitted: greenfed nodes unenrolled) and this enrolment does not prove it holds "
+        "the sealing key its births announce: enrol from that node (greenfed edge enrol "
+        "there), re-admit it, or choose another node id",
     )
 
 
@@ -363,6 +378,9 @@ async def enrol(request: web.Request) -> web.Response:
     app = request.app
     address = request.remote or "unknown"
     body = await read_json(request, _ENROL_DECODER)
+    if body.node_id in RESERVED_NODE_IDS:
+        # GET /v1/nodes/{node_id} would reach that route instead of the node.
+        raise invalid_body("$.node_id", "is reserved: it names a route under /v1/nodes/")
     store = app[STORE]
     # What can fail without side effects first: once the token is spent and the
     # account made, nothing may fail before the answer carries the password.
@@ -437,7 +455,12 @@ async def enrol(request: web.Request) -> web.Response:
     await store.set_enrolled_username(body.node_id, credentials.username)
     envelope = redemption.node.envelope or NodeEnvelope()
     app[ENROLLED_NODES].enrolled(body.node_id, body.sealing_public_key, envelope)
-    if app[REGISTRY].judge_again([body.node_id]):
+    registry = app[REGISTRY]
+    # What the store cleared of its approval, here at once (other replicas within 2 s).
+    approval, approval_changed = redemption.approval, False
+    if approval.changed and approval.after is not None:
+        approval_changed = apply_one(registry, approval.after)
+    if registry.judge_again([body.node_id]) or approval_changed:
         app[INGESTOR].notify_change()
     settings = app[SETTINGS]
     defaults = redemption.token.defaults
@@ -495,15 +518,24 @@ async def revoke_node(request: web.Request) -> web.Response:
     app = request.app
     node_id = request.match_info["node_id"]
     store = app[STORE]
+    registry = app[REGISTRY]
+    # A knocking node (refused as not enrolled after a store loss, proving a certificate
+    # of ours) is revocable too: its revoked row keeps `readmit` from admitting it.
     known = is_valid_node_id(node_id) and (
-        await store.get_enrolled_node(node_id) is not None or app[REGISTRY].get(node_id) is not None
+        registry.get(node_id) is not None
+        or app[ENROLMENT_STATE].unenrolled.get(node_id) is not None
+        or await store.get_enrolled_node(node_id) is not None
     )
     if not known:
         raise Problem(404, "node-not-found", "Node not found", f"no node {node_id!r}")
     # Refused here first: whatever the broker says, this control plane ingests nothing more.
     record = await store.revoke_node(node_id, audit=audit_entry(request, "node.revoke", node_id))
     app[ENROLLED_NODES].revoked(node_id)
-    if app[REGISTRY].forget(node_id):
+    # Its approval went with it in the store; here at once (other replicas within 2 s).
+    admin = registry.admin.get(node_id)
+    if admin is not None:
+        apply_one(registry, without_approval(admin, same_device=False))
+    if registry.forget(node_id):
         app[INGESTOR].notify_change()
     try:
         await app[BROKER_ACCOUNTS].revoke(node_id)

@@ -2,9 +2,11 @@
 what they enrolled as, the kubelet certificate-approval model.
 
 A node enrols with a join token. The token, or the node where the token says nothing,
-fixes its site, zone and region; the token may also fix what work it runs (training,
-inference or both) and an inventory ceiling (accelerators per kind, accepted models,
-memory per accelerator). That is the node's `NodeEnvelope`, kept with its enrolment.
+fixes its site, zone and region; the token may also fix labels, what work it runs
+(training, inference or both) and an inventory ceiling (accelerators per kind, accepted
+models, memory per accelerator). That is the node's `NodeEnvelope`, kept with its
+enrolment. Its labels are not judged: they are laid over what the node's births declare
+(cloud/fleet/well_known_labels.py), which may add labels but not change or drop these.
 Its first birth is recorded as its approved `NodeClaim` too: from then on it may not
 move (site, zone, region), take up training, nor (where the envelope sets no ceiling)
 announce more accelerators or memory without an admin's approval.
@@ -44,6 +46,9 @@ class NodeEnvelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     site: Site | None = None
     zone: str | None = None
     region: str | None = None
+    # The join token's labels: the node carries them whatever its births declare (empty
+    # for a token without labels, and in envelopes stored before they were kept).
+    labels: dict[str, str] = {}
     work: WorkKinds = "any"
     # Accelerators per kind at most (a kind not named: none); empty: no ceiling.
     max_accelerators: dict[AcceleratorKind, int] = {}

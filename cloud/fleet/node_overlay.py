@@ -40,9 +40,10 @@ def effective_taints(record: NodeRecord) -> tuple[NodeTaint, ...]:
 
 
 def effective_labels(record: NodeRecord) -> dict[str, str]:
-    """The agent's labels, the admin's over them, and the well-known ones over both
-    (cloud/fleet/well_known_labels.py)."""
-    return node_labels(record.status, None if record.admin is None else record.admin.labels)
+    """The agent's labels, its join token's over them, the admin's over those, and the
+    well-known ones over all (cloud/fleet/well_known_labels.py)."""
+    admin_labels = None if record.admin is None else record.admin.labels
+    return node_labels(record.status, admin_labels, record.enrolled_labels)
 
 
 def taint_text(taint: NodeTaint) -> str:

@@ -169,6 +169,8 @@ class NodeRecord:
     # What its birth says beyond what it enrolled (or was approved) as: while not empty it
     # is `pending-approval` and takes no new work (cloud/fleet/envelope.py).
     awaiting_approval: tuple[str, ...] = ()
+    # The labels its join token fixed (its envelope's): laid over its births' labels.
+    enrolled_labels: Mapping[str, str] = field(default_factory=dict)
     # Its accelerators with the speed and power the control plane takes for them: the
     # model table's, unless an admin trusts the node's own (cloud/fleet/envelope.py).
     believed_accelerators: tuple[Accelerator, ...] = ()
@@ -508,7 +510,9 @@ class NodeRegistry:
             record.status.accelerators, admin is not None and admin.trust_figures
         )
         approved = admin.approved if admin is not None else None
-        verdict = judge(record.status, self.envelope_of(record.node_id), approved)
+        envelope = self.envelope_of(record.node_id)
+        record.enrolled_labels = envelope.labels if envelope is not None else {}
+        verdict = judge(record.status, envelope, approved)
         if verdict == record.awaiting_approval:
             return False
         record.awaiting_approval = verdict

@@ -41,7 +41,7 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     site: Site
     zone: str
     region: str
-    labels: dict[str, str]  # the agent's, with an admin's laid over
+    labels: dict[str, str]  # the agent's, its join token's over them, an admin's over both
     taints: tuple[str, ...] = ()  # `key=value:Effect`, the agent's and an admin's
     cordoned: bool = False  # an admin stopped new work from landing here
     draining: bool = False  # ... and is moving its work elsewhere

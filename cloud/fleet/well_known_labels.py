@@ -11,6 +11,10 @@ zone`` and ``kubernetes.io/hostname``):
   ``reserved_label_error``), so a node cannot lie its way into a zone by a label.
 - ``rack``, ``block``: where the operator sets them, an admin label (``greenfed nodes set
   NODE --label rack=r1``) winning over the agent's (its settings file); absent otherwise.
+
+Every other label is the agent's, with its join token's over them (what it enrolled
+as, kept in its envelope: its births may add labels, never change or drop the token's)
+and an admin's over both.
 """
 
 from __future__ import annotations
@@ -65,10 +69,17 @@ def derived_labels(status: NodeStatus) -> dict[str, str]:
     return labels
 
 
-def node_labels(status: NodeStatus, admin_labels: Mapping[str, str] | None) -> dict[str, str]:
-    """The node's labels as selectors see them: the agent's, then the admin's over them,
-    then the derived well-known ones over both."""
+def node_labels(
+    status: NodeStatus,
+    admin_labels: Mapping[str, str] | None,
+    enrolled_labels: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The node's labels as selectors see them: the agent's, then its join token's over
+    them (`enrolled_labels`, what it enrolled as: its births may add labels, never change
+    or drop these), then the admin's, then the derived well-known ones over all."""
     labels = dict(status.labels)
+    if enrolled_labels:
+        labels.update(enrolled_labels)
     if admin_labels:
         labels.update(admin_labels)
     labels.update(derived_labels(status))

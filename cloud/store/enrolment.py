@@ -6,6 +6,11 @@ use under the write lock (SQLite's `BEGIN IMMEDIATE`, PostgreSQL's `SELECT ... F
 UPDATE` on the token's row), so N concurrent redemptions of a one-use token give
 exactly one enrolment. A revoked node keeps its row with `revoked_at` set: it is
 refused until it enrols again with a new token.
+
+What a node is approved as (cloud/store/node_admin.py) belongs to the device that
+earned it: revoking an id, or enrolling a device under an id that is revoked or was
+never enrolled, clears it in the same transaction (`without_approval`), so a new device
+is held to its own join token and its own first birth.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from cloud.store.errors import (
     JoinTokenUsedUpError,
     NodeAlreadyEnrolledError,
 )
+from cloud.store.node_admin import ApprovalReset, reset_approval, restore_approval
 from cloud.store.schema import enrolled_nodes, join_tokens
 from cloud.store.sql import insert_ignoring
 
@@ -114,6 +120,8 @@ class Redemption:
     token: JoinTokenRecord
     node: EnrolledNodeRecord
     previous: EnrolledNodeRecord | None  # the node's revoked row it replaced, if any
+    # What the node is approved as, before and after the enrolment cleared it.
+    approval: ApprovalReset
 
 
 def token_sha256(token: str) -> str:
@@ -219,13 +227,15 @@ async def mark_join_token_revoked(
 def node_envelope(token: JoinTokenRecord, requested: NodeDefaults) -> NodeEnvelope:
     """What a node enrolled with `token` may be: the token's site, zone and region, else
     what the node asked for (neither: not fixed here; its first birth's count then,
-    cloud/fleet/envelope.py); the token's limits."""
+    cloud/fleet/envelope.py); the token's labels (the node's own are its births' to
+    declare) and limits."""
     defaults = token.defaults
     return msgspec.structs.replace(
         token.limits or NodeEnvelope(),
         site=defaults.site or requested.site,
         zone=defaults.zone or requested.zone,
         region=defaults.region or requested.region,
+        labels=dict(defaults.labels),
     )
 
 
@@ -247,8 +257,9 @@ async def redeem(
     given, and fixing what it may be: `node_envelope`), or raise (nothing changed):
     `JoinTokenUnknownError`, `...ExpiredError`, `...UsedUpError`, `...RevokedError`,
     `NodeAlreadyEnrolledError` (the node id is enrolled, and this is not that node
-    enrolling again with the sealing key it enrolled with, proven: `key_proven`). Call
-    inside a write transaction."""
+    enrolling again with the sealing key it enrolled with, proven: `key_proven`). What
+    the node is approved as is cleared with it (cloud/store/node_admin.py
+    `without_approval`). Call inside a write transaction."""
     query = (
         select(join_tokens)
         .where(join_tokens.c.token_sha256 == token_sha256(token))
@@ -298,6 +309,9 @@ async def redeem(
         await connection.execute(
             update(enrolled_nodes).where(enrolled_nodes.c.node_id == node_id).values(**values)
         )
+    # Enrolled and unrevoked, past the check above: the same device, its key proven.
+    same_device = previous is not None and previous.active
+    approval = await reset_approval(connection, node_id, now, same_device=same_device)
     # The guard repeats the check in SQL: a use is never counted past max_uses.
     await connection.execute(
         update(join_tokens)
@@ -315,12 +329,13 @@ async def redeem(
         created_by=record.created_by,
         limits=record.limits,
     )
-    return Redemption(used, node, previous)
+    return Redemption(used, node, previous, approval)
 
 
 async def release(connection: AsyncConnection, redemption: Redemption) -> None:
     """Undo a redemption whose credentials could not be provisioned: the use is given
-    back and the node is as it was before."""
+    back and the node is as it was before, its approval included."""
+    await restore_approval(connection, redemption.approval)
     await connection.execute(
         update(join_tokens)
         .where(join_tokens.c.id == redemption.token.token_id, join_tokens.c.uses > 0)
@@ -380,8 +395,8 @@ async def mark_node_revoked(
     connection: AsyncConnection, backend: Backend, node_id: str, now: float
 ) -> EnrolledNodeRecord:
     """Revoke the node's identity (idempotently: a second revocation keeps the first
-    time). A node that never enrolled (enrolment off) gets a revoked row, so that it is
-    refused too."""
+    time), and what it is approved as with it. A node that never enrolled (enrolment
+    off, or knocking after a store loss) gets a revoked row, so that it is refused too."""
     await connection.execute(
         insert_ignoring(backend, enrolled_nodes, ["node_id"]).values(
             node_id=node_id, enrolled_at=now, join_token_id=None, revoked_at=now, username=None
@@ -392,6 +407,7 @@ async def mark_node_revoked(
         .where(enrolled_nodes.c.node_id == node_id, enrolled_nodes.c.revoked_at.is_(None))
         .values(revoked_at=now)
     )
+    await reset_approval(connection, node_id, now, same_device=False)
     revoked = await select_enrolled_node(connection, node_id)
     assert revoked is not None
     return revoked

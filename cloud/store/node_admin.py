@@ -4,10 +4,11 @@ approved as (table `node_admin`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import msgspec
-from sqlalchemy import select
+from sqlalchemy import Row, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.fleet.envelope import CLAIM_DECODER, NodeClaim
@@ -58,21 +59,22 @@ async def put_node_admin(
     )
 
 
+def _record_from_row(row: Row[Any]) -> NodeAdminRecord:
+    return NodeAdminRecord(
+        node_id=row.node_id,
+        cordoned=bool(row.cordoned),
+        draining=bool(row.draining),
+        taints=_TAINTS.decode(row.taints),
+        labels=_LABELS.decode(row.labels),
+        updated_at=float(row.updated_at),
+        approved=None if row.approved is None else CLAIM_DECODER.decode(row.approved),
+        trust_figures=bool(row.trust_figures),
+    )
+
+
 async def select_node_admin(connection: AsyncConnection) -> dict[str, NodeAdminRecord]:
     rows = await connection.execute(select(node_admin))
-    return {
-        row.node_id: NodeAdminRecord(
-            node_id=row.node_id,
-            cordoned=bool(row.cordoned),
-            draining=bool(row.draining),
-            taints=_TAINTS.decode(row.taints),
-            labels=_LABELS.decode(row.labels),
-            updated_at=float(row.updated_at),
-            approved=None if row.approved is None else CLAIM_DECODER.decode(row.approved),
-            trust_figures=bool(row.trust_figures),
-        )
-        for row in rows
-    }
+    return {row.node_id: _record_from_row(row) for row in rows}
 
 
 async def set_first_claims(
@@ -98,3 +100,67 @@ async def set_first_claims(
             where=node_admin.c.approved.is_(None),
         )
         await connection.execute(statement)
+
+
+def without_approval(record: NodeAdminRecord, *, same_device: bool) -> NodeAdminRecord:
+    """What is left of a node's approval once its id is revoked or enrolled again.
+
+    An approval was earned by a device: another device under the id (a revoked id or one
+    never enrolled, enrolled now) keeps neither the approved claim nor trusted figures,
+    else it would inherit what an admin approved of the old one, past its own join
+    token. The same device enrolling again (its sealing key proven) keeps an admin's
+    approval and trusted figures; a claim its first birth set is recorded anew from its
+    next birth, against the new token's envelope (which may move it)."""
+    if not same_device:
+        return replace(record, approved=None, trust_figures=False)
+    if record.approved is None or record.approved.by_admin:
+        return record
+    return replace(record, approved=None)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalReset:
+    """A node's settings before and after `reset_approval` (None: it had none)."""
+
+    before: NodeAdminRecord | None
+    after: NodeAdminRecord | None
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+async def reset_approval(
+    connection: AsyncConnection, node_id: str, now: float, *, same_device: bool
+) -> ApprovalReset:
+    """Apply `without_approval` to the node's stored settings (call inside the write
+    transaction that revokes or enrols the id); the rest of them stay."""
+    query = select(node_admin).where(node_admin.c.node_id == node_id)
+    row = (await connection.execute(query)).first()
+    if row is None:
+        return ApprovalReset(None, None)
+    before = _record_from_row(row)
+    after = without_approval(before, same_device=same_device)
+    if after == before:
+        return ApprovalReset(before, before)
+    after = replace(after, updated_at=now)
+    await _write_approval(connection, after)
+    return ApprovalReset(before, after)
+
+
+async def restore_approval(connection: AsyncConnection, reset: ApprovalReset) -> None:
+    """Undo `reset_approval` (an enrolment undone): the approval as it was before."""
+    if reset.changed and reset.before is not None:
+        await _write_approval(connection, reset.before)
+
+
+async def _write_approval(connection: AsyncConnection, record: NodeAdminRecord) -> None:
+    await connection.execute(
+        update(node_admin)
+        .where(node_admin.c.node_id == record.node_id)
+        .values(
+            approved=None if record.approved is None else msgspec.json.encode(record.approved),
+            trust_figures=record.trust_figures,
+            updated_at=record.updated_at,
+        )
+    )
