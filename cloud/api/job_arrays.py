@@ -8,8 +8,11 @@ like any other (hold, requeue, logs, cancel by its id); `ARRAYID_7` names task 7
 wherever a job's id is taken (`task_id_of`, used by cloud/api/references.py).
 
 Each task's spec is the submitted spec with `array_task` (its array, index and the
-throttle) and the GREENFED_ARRAY_* variables in its env; `submitted_form` undoes that,
-so a retry with the same Idempotency-Key compares like with like.
+throttle) and the GREENFED_ARRAY_* variables in its env. The first task holds the
+Idempotency-Key and the digest of its spec as submitted: a retry's first task, made again
+under the array's id, is compared with that digest (a PATCH may have changed the task
+since); where the digest cannot tell, `submitted_form` undoes what the task adds, so the
+retry compares like with like.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from cloud.store import (
 )
 from cloud.store.ids import IdGenerator
 from cloud.store.job_arrays import ArrayTaskRecord
+from cloud.store.records import submitted_as
 from cloud.work.array_ranges import parse_array, split_task_name
 from cloud.work.array_views import (
     ArrayTaskView,
@@ -172,7 +176,7 @@ async def submit_array(
         ) from None
     first = result.work
     earlier = _submitted_task(first)  # the key may be a deployment's, or a single job's
-    if not result.created and (earlier is None or submitted_form(earlier) != spec):
+    if not result.created and (earlier is None or not _same_array(first, earlier, spec)):
         raise Problem(
             409,
             "idempotency-key-reused",
@@ -186,6 +190,17 @@ async def submit_array(
     response = json_response(array_view(found, tenant.name), status=201 if result.created else 200)
     response.headers["Location"] = f"/v1/jobs/{earlier.array_task.array_id}"
     return response
+
+
+def _same_array(first: WorkRecord, earlier: TrainingJobSpec, spec: TrainingJobSpec) -> bool:
+    """Whether `spec` is the array submission whose first task is `first` (its spec
+    `earlier`): the retry's first task is made again under that array's id and compared
+    with the digest of the task as submitted; where the digest cannot tell, the task's
+    submitted form with the retry."""
+    assert earlier.array_task is not None
+    _, retried_first = task_specs(spec, earlier.array_task.array_id)[0]
+    verdict = submitted_as(first, encode_spec(retried_first))
+    return submitted_form(earlier) == spec if verdict is None else verdict
 
 
 def array_view(tasks: tuple[ArrayTaskRecord, ...], tenant: str) -> JobView:

@@ -58,6 +58,7 @@ from cloud.store import (
     WorkNotFoundError,
     WorkRecord,
 )
+from cloud.store.records import submitted_as
 from cloud.usage.views import usage_summary
 from cloud.work.convert import check_convertible, spec_of
 from cloud.work.explanation import decode_explanation
@@ -544,9 +545,9 @@ async def _replay(
             "use a new key for a different submission",
         )
     allocations = await request.app[STORE].work_allocations(tenant.tenant_id, record.work_id)
-    body = await _with_dependencies(
-        request, tenant, record, collection.detail(record, spec, tenant.name, allocations)
-    )
+    # The work as it is now: its stored spec, which a PATCH or an apply may have changed.
+    shown = collection.detail(record, _spec(collection, record), tenant.name, allocations)
+    body = await _with_dependencies(request, tenant, record, shown)
     response = json_response(body, status=200)
     response.headers["Location"] = f"{collection.path()}/{record.work_id}"
     return response
@@ -564,11 +565,16 @@ async def _with_dependencies(
 
 
 def _same_submission(record: WorkRecord, kind: WorkKind, spec: WorkSpec, document: bytes) -> bool:
-    """A retry carries the same spec. Compared decoded when the bytes differ, so a spec
-    stored by an older greenfed (without fields added since, which decode to their
-    defaults) still matches its retry after an upgrade."""
+    """A retry carries the spec submitted with the key: its digest is kept with the work
+    (store v25), so a retry after a PATCH or an apply changed the spec still matches.
+    Where the digest cannot tell, compared with the spec as stored, decoded when the
+    bytes differ, so a spec stored by an older greenfed (without fields added since,
+    which decode to their defaults) still matches its retry after an upgrade."""
     if record.kind != kind:
         return False
+    verdict = submitted_as(record, document)
+    if verdict is not None:
+        return verdict
     if record.spec == document:
         return True
     try:

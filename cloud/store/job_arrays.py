@@ -2,7 +2,8 @@
 to its array and index by `array_tasks`.
 
 An array is submitted as one transaction (`insert_array`): all its tasks or none, so a
-201 means every task is committed. Its idempotency key is held by its first task; a
+201 means every task is committed. Its idempotency key is held by its first task (with
+the digest of that task's spec as submitted, `WorkRecord.submitted_spec_sha256`); a
 retry gets that task back, which names its array. The tenant's `max_queued` counts
 tasks: an array that does not fit whole is refused whole.
 """

@@ -8,10 +8,13 @@ straight into its own msgspec types.
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final, TypeVar
+
+import msgspec
 
 from cloud.store.states import HoldKind
 from shared.messages import AcceleratorKind
@@ -160,6 +163,36 @@ class WorkRecord:
     # placements a person's requeue or suspend ended (not counted by `max_attempts`).
     hold: HoldKind | None = None
     requeues: int = 0
+    # Submitted with an idempotency key: `submitted_spec_digest` of the spec as submitted,
+    # which a retry is compared with (`spec` changes with a PATCH or an apply); None: no
+    # key, or stored before store v25.
+    submitted_spec_sha256: str | None = None
+
+
+def submitted_spec_digest(document: bytes) -> str:
+    """The SHA-256 (hex) of a spec document as a JSON value: keys sorted first, so the
+    same spec encoded with its objects' keys in another order has the same digest."""
+    canonical = msgspec.json.encode(msgspec.json.decode(document), order="sorted")
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def submitted_as(record: WorkRecord, document: bytes) -> bool | None:
+    """Whether `document` (a retry's spec, as the store would keep it) is the spec
+    `record` was submitted with, where its digest can tell: None where it cannot, and the
+    retry is compared with the spec as stored (stored before store v25, or a spec still
+    as submitted, which a decoded comparison matches across an upgrade that added
+    fields to specs: their bytes differ then, the specs do not)."""
+    submitted = record.submitted_spec_sha256
+    if submitted is None:
+        return None
+    if submitted_spec_digest(document) == submitted:
+        return True
+    try:
+        unchanged = submitted_spec_digest(record.spec) == submitted
+    except msgspec.DecodeError:
+        return False
+    # Changed since (a PATCH, an apply): only the digest knows what was submitted.
+    return None if unchanged else False
 
 
 @dataclass(frozen=True, slots=True)

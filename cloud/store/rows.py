@@ -115,6 +115,7 @@ def work_from_row(row: Row[Any]) -> WorkRecord:
         not_before=None if row.not_before is None else float(row.not_before),
         hold=parse_hold(row.hold),
         requeues=int(row.requeues),
+        submitted_spec_sha256=row.submitted_spec_sha256,
     )
 
 

@@ -124,6 +124,10 @@ work = Table(
     # placements a person's requeue or suspend ended (v0016, cloud/store/job_control.py).
     Column("hold", Text, nullable=True),
     Column("requeues", Integer, nullable=False, server_default="0"),
+    # Work submitted with an idempotency key: the SHA-256 (hex) of its spec as submitted,
+    # which a retry is compared with once a PATCH or an apply has changed `spec` (v0025,
+    # `records.submitted_spec_digest`). NULL: no key, or stored before v0025.
+    Column("submitted_spec_sha256", Text, nullable=True),
     UniqueConstraint("tenant_id", "idempotency_key", name="uq_work_idempotency_key"),
     Index("ix_work_tenant", "tenant_id", "id"),
     Index("ix_work_state", "state", "priority", "id"),

@@ -19,6 +19,7 @@ from cloud.store.records import (
     SubmitResult,
     WorkPage,
     WorkRecord,
+    submitted_spec_digest,
 )
 from cloud.store.rows import allocation_from_row, work_from_row
 from cloud.store.schema import WORK_RECORD_COLUMNS, allocations, tenants, work
@@ -179,6 +180,9 @@ def _pending_record(item: NewWork, now: float) -> WorkRecord:
         updated_at=now,
         idempotency_key=item.idempotency_key,
         version=1,
+        submitted_spec_sha256=(
+            None if item.idempotency_key is None else submitted_spec_digest(item.spec)
+        ),
     )
 
 
@@ -198,6 +202,7 @@ def _work_values(record: WorkRecord) -> dict[str, Any]:
         "updated_at": record.updated_at,
         "idempotency_key": record.idempotency_key,
         "version": 1,
+        "submitted_spec_sha256": record.submitted_spec_sha256,
     }
 
 

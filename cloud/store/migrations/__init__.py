@@ -38,6 +38,7 @@ from cloud.store.migrations import (
     v0022_one_running_rollout,
     v0023_work_name_index,
     v0024_cluster_submissions,
+    v0025_submitted_spec_digest,
 )
 
 
@@ -73,6 +74,7 @@ MIGRATIONS: Final[tuple[SchemaMigration, ...]] = (
     SchemaMigration(22, "one_running_rollout", v0022_one_running_rollout.upgrade),
     SchemaMigration(23, "work_name_index", v0023_work_name_index.upgrade),
     SchemaMigration(24, "cluster_submissions", v0024_cluster_submissions.upgrade),
+    SchemaMigration(25, "submitted_spec_digest", v0025_submitted_spec_digest.upgrade),
 )
 
 
