@@ -401,19 +401,21 @@ def create_app(
         ingestor, accelerator_metrics=settings.cloud.accelerator_metrics
     )
     assignments = ingestor.assignments
+
+    def tenant_of(work_id: str) -> str:
+        return app[ACCOUNTANT].tenant_of(work_id) if ACCOUNTANT in app else ""
+
     serving_counters = InferenceCounters(
         lambda node_id, deployment_id: (
             assignments is None or assignments.holds("replica", node_id, deployment_id)
-        )
+        ),
+        tenant_of=tenant_of,
     )
     ingestor.telemetry_listeners.append(serving_counters.observe)
-    app[METRICS].tenants.register(
-        InferenceCollector(
-            serving_counters,
-            registry,
-            lambda work_id: app[ACCOUNTANT].tenant_of(work_id) if ACCOUNTANT in app else "",
-        )
-    )
+    if assignments is not None:
+        # A deployment's series go a linger after its last replica leaves.
+        serving_counters.follow(assignments)
+    app[METRICS].tenants.register(InferenceCollector(serving_counters, registry, tenant_of))
     app[JOB_LOGS] = job_logs
     app[TUNING] = tuning
     app[STREAMS] = StreamLimits(

@@ -5,12 +5,21 @@ rejections since the previous sample: ingestion adds them to plain counters here
 the counters survive a replica's restart, not the control plane's, as Prometheus
 expects of counters). Rates and latency quantiles are the latest sample's, per
 replica; a deployment's quantile is its worst replica's (what an SLO sees).
+
+**A deployment's series last as long as it is placed, and `ENDED_LINGER_S` more**
+(`follow`): then a few scrapes see its last counts, and the samples its replicas still
+ship as they stop (counted as long: cloud/fleet/assignments.py) add to them. Its tenant
+label stays the tenant it served for. `MAX_DEPLOYMENTS` bounds the table (ids come
+from the wire); a deployment that ended makes way for a new one before its linger ends,
+so only the deployments placed at once can fill it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -18,9 +27,15 @@ from prometheus_client.registry import Collector
 from cloud.fleet.registry import NodeRegistry
 from shared.messages import Telemetry
 
+if TYPE_CHECKING:
+    from cloud.fleet.assignments import AssignmentIndex
+
 QUANTILES = (("0.5", "latency_p50_ms"), ("0.95", "latency_p95_ms"), ("0.99", "latency_p99_ms"))
-# A deployment id comes from the wire: at most this many are tracked.
+# A deployment id comes from the wire: at most this many are tracked (read at call time).
 MAX_DEPLOYMENTS = 10_000
+# How long a deployment no longer placed keeps its series: as long as the assignment index
+# lets its withdrawn replicas' samples count (its `linger_s`).
+ENDED_LINGER_S: Final = 300.0
 
 
 @dataclass(slots=True)
@@ -29,17 +44,70 @@ class _Counts:
     errors: int = 0
     rejected: int = 0
     nodes: set[str] = field(default_factory=set)
+    # Its tenant, as soon as it is known: the accountant forgets cancelled work, and a
+    # new label set (tenant="") would start the counters again from zero.
+    tenant: str = ""
 
 
 class InferenceCounters:
     """A telemetry listener (`Ingestor.telemetry_listeners`)."""
 
-    def __init__(self, holds: Callable[[str, str], bool] = lambda node_id, work_id: True) -> None:
+    def __init__(
+        self,
+        holds: Callable[[str, str], bool] = lambda node_id, work_id: True,
+        *,
+        tenant_of: Callable[[str], str] = lambda work_id: "",
+        linger_s: float = ENDED_LINGER_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`holds(node id, deployment id)`: whether the node serves some of it (a node
         counts only its own replicas' requests: another deployment's figures, or made-up
-        ids filling the table, are not its to give)."""
+        ids filling the table, are not its to give); `tenant_of`: a deployment's tenant
+        name ("" when not known here), noted as it serves; `linger_s`: how long the
+        counters of a deployment no longer placed are kept."""
         self.by_deployment: dict[str, _Counts] = {}
         self._holds = holds
+        self._tenant_of = tenant_of
+        self._linger_s = linger_s
+        self._monotonic = monotonic
+        # Deployments counted here that are no longer placed: when each left (monotonic),
+        # oldest first.
+        self._ended: dict[str, float] = {}
+
+    def follow(self, index: AssignmentIndex) -> None:
+        """Keep the counters of the deployments `index` places (and `linger_s` more)."""
+
+        def updated() -> None:
+            if self.by_deployment:  # most fleets serve nothing: no walk of the index
+                self.keep_placed(
+                    {work_id for kind, _, work_id, _ in index.current if kind == "replica"}
+                )
+
+        index.listeners.append(updated)
+
+    def keep_placed(self, placed: Collection[str]) -> None:
+        """`placed`: every deployment with a replica placed now. The counters of any other
+        are dropped once it has been gone `linger_s`."""
+        now = self._monotonic()
+        for deployment_id in self.by_deployment:
+            if deployment_id in placed:
+                self._ended.pop(deployment_id, None)
+            elif deployment_id not in self._ended:
+                self._ended[deployment_id] = now
+        while self._ended:
+            deployment_id, ended = next(iter(self._ended.items()))
+            if now - ended < self._linger_s:
+                break
+            self._drop_oldest_ended()
+
+    def _drop_oldest_ended(self) -> bool:
+        """Make room: drop the deployment that ended first; False when none has."""
+        if not self._ended:
+            return False
+        deployment_id = next(iter(self._ended))
+        del self._ended[deployment_id]
+        del self.by_deployment[deployment_id]
+        return True
 
     def observe(self, telemetry: Telemetry) -> None:
         for sample in telemetry.deployments:
@@ -47,9 +115,11 @@ class InferenceCounters:
                 continue
             counts = self.by_deployment.get(sample.deployment_id)
             if counts is None:
-                if len(self.by_deployment) >= MAX_DEPLOYMENTS:
-                    continue
+                if len(self.by_deployment) >= MAX_DEPLOYMENTS and not self._drop_oldest_ended():
+                    continue  # as many placed as the table holds
                 counts = self.by_deployment[sample.deployment_id] = _Counts()
+            if not counts.tenant:
+                counts.tenant = self._tenant_of(sample.deployment_id)
             counts.requests += sample.requests
             counts.errors += sample.errors
             counts.rejected += sample.rejected
@@ -89,7 +159,8 @@ class InferenceCollector(Collector):
             labels=[*labels, "quantile"],
         )
         for deployment_id, counts in sorted(self._counters.by_deployment.items()):
-            key = [deployment_id, self._tenant_of(deployment_id)]
+            counts.tenant = self._tenant_of(deployment_id) or counts.tenant
+            key = [deployment_id, counts.tenant]
             families["requests"].add_metric(key, counts.requests)
             families["errors"].add_metric(key, counts.errors)
             families["rejected"].add_metric(key, counts.rejected)

@@ -38,7 +38,8 @@ Telemetry from the current instance keeps it current, and brings the node back o
 whatever took it offline: a copied will cannot keep a running agent's node offline.
 Listeners (`instance_listeners`) hear of every change of a node's current instance:
 the publisher answers the new instance's birth with the node's `desired` document,
-issued for it (cloud/loop/publisher.py).
+issued for it (cloud/loop/publisher.py). Others (`forget_listeners`) hear of every node
+the registry forgets: the publisher keeps nothing of it and clears its document.
 """
 
 from __future__ import annotations
@@ -306,6 +307,9 @@ class NodeRegistry:
         # Called with (node id, instance id) when a node's current agent instance changes,
         # a new node's first included. Must be quick and must not raise.
         self.instance_listeners: list[Callable[[str, str], None]] = []
+        # Called with the node id when a node is forgotten (`forget`): revoked, or no
+        # longer admitted. Must be quick and must not raise.
+        self.forget_listeners: list[Callable[[str], None]] = []
         # Times a node was claimed by two agent instances at once: a birth held back as a
         # candidate, or a node won back from an instance that never proved itself
         # (greenfed_node_instance_conflicts_total).
@@ -524,6 +528,8 @@ class NodeRegistry:
         removed = self._records.pop(node_id, None) is not None
         if removed:
             self.version += 1
+            for listener in self.forget_listeners:
+                listener(node_id)
         return removed
 
     def apply_telemetry(self, telemetry: Telemetry) -> Rejection | NodeStateChange | None:

@@ -45,6 +45,13 @@ Repairs go through the same queue as documents (one pending message per node), s
 flood of forgeries makes at most one publication per node per round. The first sweep
 ends (`swept`) when no retained document has come for `sweep_quiet_s`.
 
+**A node the registry forgets leaves** (`drop`: revoked, or no longer admitted): the
+publisher keeps nothing of it, clears its retained document once (an empty payload,
+which agents take as nothing to apply) and hands it nothing more, whatever generation
+the store gives it, until the node is born again (enrolled anew). Otherwise every
+revoked node's last document would stay on the broker, and go out again on every
+connection, for the life of the process.
+
 **Oversized documents are not sent.** A signed payload over `max_payload_bytes`
 (`DESIRED_MAX_BYTES`: greenfed's brokers take packets of at most 1 MiB and drop a client
 that sends a bigger one, with every other node's documents in flight) is logged, counted
@@ -136,6 +143,8 @@ class DesiredPublisher:
         # on this connection whose copy has not come back yet, oldest first.
         self._published: dict[str, bytes] = {}
         self._echoes: dict[str, deque[bytes]] = {}
+        # Nodes the registry forgot: nothing goes out to them until they are born again.
+        self._dropped: set[str] = set()
         # The agent instance a node's document is issued for (`follow_instances`).
         self._instance_of: Callable[[str], str | None] = lambda node_id: None
         self._binds = False
@@ -158,13 +167,24 @@ class DesiredPublisher:
 
     def follow_instances(self, registry: NodeRegistry) -> None:
         """Issue every document for the node's current agent instance in `registry`, and
-        send it again when that instance changes."""
+        send it again when that instance changes; `drop` the nodes it forgets."""
         self._instance_of = registry.current_instance
         self._binds = True
         registry.instance_listeners.append(self._instance_changed)
+        registry.forget_listeners.append(self.drop)
 
     def is_current(self, node_id: str, generation: int) -> bool:
-        return self._generations.get(node_id, -1) >= generation
+        """Whether the loop need not hand over the node's document of `generation`."""
+        return node_id in self._dropped or self._generations.get(node_id, -1) >= generation
+
+    def drop(self, node_id: str) -> None:
+        """The node left the fleet (the registry forgot it): keep nothing of it, clear its
+        retained document once, and send it nothing more until it is born again."""
+        self._dropped.add(node_id)
+        for table in (self._latest, self._generations, self._published, self._echoes):
+            table.pop(node_id, None)
+        self._queue[node_id] = None  # replaces a document of its still waiting to go out
+        self._queued.set()
 
     def forget(self) -> None:
         """Leadership changed hands: the next leader republishes everything it has."""
@@ -191,6 +211,8 @@ class DesiredPublisher:
         return True
 
     def submit(self, document: DesiredState) -> None:
+        if document.node_id in self._dropped:
+            return  # it left the fleet
         if self.diverted is not None and self.diverted(document):
             self._generations[document.node_id] = document.generation
             return
@@ -201,6 +223,8 @@ class DesiredPublisher:
 
     def _instance_changed(self, node_id: str, instance_id: str) -> None:
         """The registry took a new agent instance for the node: answer its birth."""
+        # A node it forgot is born again (enrolled anew): the loop hands it its documents.
+        self._dropped.discard(node_id)
         document = self._latest.get(node_id)
         if document is None:
             return
@@ -352,6 +376,11 @@ class DesiredPublisher:
             sent.add(node_id)
             if batch[node_id] is not None:
                 self.published_total += 1
+            elif node_id not in self._latest:
+                # Cleared: nothing to remember (`_is_ours` reads b"" for a node it does not
+                # hold), or every node ever cleared would stay here.
+                self._published.pop(node_id, None)
+                self._echoes.pop(node_id, None)
 
         try:
             await self._send(client, payloads, acknowledged)
