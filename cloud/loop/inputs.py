@@ -17,7 +17,9 @@ released or resumed; its reason stays the one the hold gave ("held by alice").
 Pending work with dependencies (`depends_on`) is queued only once every one holds; work
 still waiting for its jobs, or whose dependency can no longer hold (the loop cancels
 it), is held back (`dependencies`, decided by cloud/work/dependencies.py); so are the
-tasks of a job array beyond its throttle (cloud/work/array_throttle.py).
+tasks of a job array at its throttle (cloud/work/array_throttle.py). An array with room
+for fewer tasks than it has ready is queued whole, with its cap (`Snapshot.array_caps`):
+the core places no more than the room, of the tasks it can place.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from cloud.loop.nodes import NodeViews, pool_model
 from cloud.scheduler import Allocation, InferenceDeployment, Snapshot, Tenant, Work
 from cloud.store import AllocationRecord, StoreSnapshot, WorkRecord
 from cloud.store.states import PLACED_STATES
-from cloud.work.array_throttle import ArrayTaskCache, throttled, with_throttled
+from cloud.work.array_throttle import ArrayTaskCache, array_throttles, with_throttled
 from cloud.work.convert import (
     allocation_from_record,
     running_limits,
@@ -158,10 +160,10 @@ def build_inputs(
         # takes nothing the scheduler could give away; the loop decides when it is lost.
         if allocation.node_id in nodes and allocation.work_id in works
     ]
-    # Tasks of a job array beyond its throttle wait like work waiting for its jobs.
-    dependencies = with_throttled(
-        resolve(store.dependencies), throttled(store.work, now, cache.array_tasks)
-    )
+    # Tasks of a job array at its throttle wait like work waiting for its jobs; an array
+    # with room for some of its ready tasks is queued whole, with its cap for the core.
+    throttles = array_throttles(store.work, now, cache.array_tasks)
+    dependencies = with_throttled(resolve(store.dependencies), throttles.waiting)
     queue = []
     for record in store.work:
         work = works.get(record.work_id)
@@ -192,6 +194,7 @@ def build_inputs(
         tenants=tenants,
         running_limits=running_limits(store.tenants),
         tables=views.tables,
+        array_caps=throttles.caps,
     )
     return PassInputs(
         snapshot=snapshot,

@@ -16,6 +16,7 @@ statement.py        tentative changes that commit or roll back as one unit
 queue_order.py      which job goes next (priority, DRF share, submission)
 fair_share.py       shares with decayed past usage, level by level in the tree
 quota.py            whether a tenant may take more (nominal, borrow, reclaim)
+array_cap.py        how many of a job array's tasks a pass may place (its throttle)
 hierarchy.py        the cohort tree: borrowing and lending limits at every level
 filters.py          which nodes are feasible, and why the others are not
 windows.py          start-time windows in node local time
@@ -31,6 +32,7 @@ harness.py          simulated time driving the core (tests, simulator)
 ==================  ==========================================================
 """
 
+from .array_cap import ArrayCap
 from .core import Scheduler, schedule
 from .extensions import (
     Booking,
@@ -77,6 +79,7 @@ __all__ = [
     "KINDS",
     "AcceleratorPool",
     "Allocation",
+    "ArrayCap",
     "Booking",
     "Candidates",
     "CapacityValue",

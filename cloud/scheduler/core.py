@@ -2,6 +2,8 @@
 
 For each job in queue order (queue_order.py):
 
+0. a tenant at its ``max_running``, or a job array whose throttle this pass has
+   used up (array_cap.py), keeps the job waiting (code ``quota``), evicting nothing;
 1. candidates: static filters per accepted kind (filters.py, cached per shape);
 2. plain attempt: members one by one, each within quota (quota.py), on the best
    valid node (gang.py, candidates.py), all inside one Statement;
@@ -47,6 +49,7 @@ from types import MappingProxyType
 import numpy as np
 
 from . import explain
+from .array_cap import ArrayCapBook
 from .arrays import IntArray
 from .backfill import Slot, earliest_slot, may_free_up, reserve
 from .candidates import CandidateCache
@@ -119,6 +122,7 @@ class Scheduler:
         self.cache = CandidateCache(snapshot, policy, self.state)
         self.preemptor = Preemptor(self.state, self.quota)
         self.fleet = FleetFit(snapshot)  # whether work could ever run here
+        self.arrays = ArrayCapBook(snapshot.array_caps)  # job array throttles
         self.queue = QueueOrder(
             snapshot.queue,
             self.state,
@@ -181,7 +185,7 @@ class Scheduler:
     # -- one job ----------------------------------------------------------------
 
     def _decide(self, work: Work) -> None:
-        if self._over_running_limit(work):
+        if self._over_running_limit(work) or self._over_array_throttle(work):
             return
         never = self.fleet.never_fits(work)
         alternatives: list[TrainingJob] = []
@@ -745,6 +749,7 @@ class Scheduler:
         attempt.stmt.commit()
         work = job.shape.work
         self._placements.extend(attempt.placements)
+        self.arrays.note_placed(work.work_id)
         if self.policy.start_advisor is not None:
             nodes = self.state.snapshot.nodes
             self._bookings.extend(
@@ -962,6 +967,29 @@ class Scheduler:
                 code="quota",
                 message=explain.running_limit(work.tenant, running, limit),
                 nodes_total=state.snapshot.node_count,
+                rejections=MappingProxyType({}),
+                fitting_nodes=0,
+                members_needed=make_shape(work, self.policy).members,
+                members_placed=0,
+            )
+        )
+        return True
+
+    def _over_array_throttle(self, work: Work) -> bool:
+        """A task of a job array that this pass already placed as many tasks of as its
+        throttle allows waits (code ``quota``, array_cap.py); nothing is evicted for it.
+        Its siblings that could not be placed took no slot."""
+        cap = self.arrays.full(work.work_id)
+        if cap is None:
+            return False
+        self._pending.append(
+            Pending(
+                work_id=work.work_id,
+                tenant=work.tenant,
+                priority=work.priority,
+                code="quota",
+                message=explain.array_throttle(cap.array_id, cap.throttle, self.arrays.placed(cap)),
+                nodes_total=self.state.snapshot.node_count,
                 rejections=MappingProxyType({}),
                 fitting_nodes=0,
                 members_needed=make_shape(work, self.policy).members,

@@ -6,7 +6,7 @@ reservation, retry time) are built by the core; this module only words them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, Literal
 
@@ -30,6 +30,7 @@ _HOOK_LABELS: Final[Mapping[HookKind, str]] = {
     "start-advisor": "start advisor",
 }
 _DETAIL_CHARS: Final = 200  # of the error's text, so that the sentence stays one line
+_SHOWN_TASKS: Final = 8  # of a job array's placed tasks, named in its throttle's reason
 
 
 def _kinds(shape: WorkShape) -> str:
@@ -172,6 +173,20 @@ def running_limit(tenant: str, running: int, limit: int) -> str:
     return (
         f"Over quota: tenant {tenant} runs {running} {items}, its max_running of {limit}; "
         "this waits until one of them ends."
+    )
+
+
+def array_throttle(array_id: str, throttle: int, placed: Sequence[int]) -> str:
+    """E.g. ``Array 01J… places at most 2 of its tasks at once (%2): 2 placed (tasks 0,
+    3); this task waits its turn.`` `placed`: the indices of its placed tasks, ascending
+    (the first few are named). Said by the loop while the array is at its throttle
+    (cloud/work/array_throttle.py) and by the core to a task its pass had no slot for."""
+    shown = ", ".join(str(index) for index in placed[:_SHOWN_TASKS])
+    more = ", …" if len(placed) > _SHOWN_TASKS else ""
+    which = f" (tasks {shown}{more})" if placed else ""
+    return (
+        f"Array {array_id} places at most {throttle} of its tasks at once (%{throttle}): "
+        f"{len(placed)} placed{which}; this task waits its turn."
     )
 
 

@@ -27,6 +27,7 @@ from shared.accelerators import capped_speed
 from shared.clock import utc_from_epoch
 from shared.messages import AcceleratorKind, IsolationLevel, Site
 
+from .array_cap import ArrayCap
 from .arrays import BoolArray, FloatArray, IntArray, read_only
 from .fair_share import NO_PAST_USAGE, PastUsage
 from .hierarchy import EMPTY_COHORTS, Cohort, cohort_map
@@ -191,6 +192,22 @@ class NodeTable:
         return pools.models[code] if code >= 0 else ""
 
 
+def _array_cap_map(caps: Sequence[ArrayCap]) -> Mapping[str, ArrayCap]:
+    """Caps by array id, in id order, each with its placed indices and tasks in order."""
+    ordered = sorted(caps, key=lambda cap: cap.array_id)
+    _require_unique("job array", [cap.array_id for cap in ordered])
+    return MappingProxyType(
+        {
+            cap.array_id: dataclasses.replace(
+                cap,
+                placed=tuple(sorted(cap.placed)),
+                tasks=MappingProxyType(dict(sorted(cap.tasks.items()))),
+            )
+            for cap in ordered
+        }
+    )
+
+
 def _tenant_map(tenants: Sequence[Tenant]) -> Mapping[str, Tenant]:
     """Tenants by name, in name order (each name once)."""
     _require_unique("tenant", [t.name for t in tenants])
@@ -215,6 +232,10 @@ class Snapshot:
     # Tenant -> its decayed past usage per kind (fair_share.py), added to what it holds
     # now when the queue is ordered by fair share.
     past_usage: PastUsage = field(default_factory=lambda: NO_PAST_USAGE)
+    # Job array id -> its throttle, for arrays with more tasks queued than the pass may
+    # place (array_cap.py); arrays without a throttle, or with room for them all, are not
+    # here.
+    array_caps: Mapping[str, ArrayCap] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def build(
@@ -230,6 +251,7 @@ class Snapshot:
         cohorts: Sequence[Cohort] = (),
         past_usage: PastUsage | None = None,
         utilisation: Mapping[str, Sequence[float]] | None = None,
+        array_caps: Sequence[ArrayCap] = (),
     ) -> Snapshot:
         """Canonicalise (sort by id) and columnise the inputs.
 
@@ -265,6 +287,7 @@ class Snapshot:
             running_limits=MappingProxyType(dict(sorted((running_limits or {}).items()))),
             cohorts=cohort_map(cohorts),
             past_usage=MappingProxyType(dict(sorted((past_usage or {}).items()))),
+            array_caps=_array_cap_map(array_caps),
         )
 
     @property
@@ -305,6 +328,7 @@ class Snapshot:
             running_limits=self.running_limits,
             cohorts=self.cohorts,
             past_usage=self.past_usage,
+            array_caps=self.array_caps,
         )
 
 

@@ -1,13 +1,20 @@
 """How many tasks of a job array may be placed at once: its throttle (`array = "0-99%10"`).
 
-The scheduling loop asks `throttled` on every pass with the work it read
-(cloud/loop/inputs.py). An array with a throttle of N and P tasks placed (scheduled or
-running) offers the scheduler only its N - P lowest pending tasks; the others wait,
-like work waiting for its dependencies (pending reason code `dependency`), with a
-reason that names the throttle and the tasks holding it. So the scheduler never sees
-more of an array than it may place, and never places more than N of its tasks at once.
+The scheduling loop asks `array_throttles` on every pass with the work it read
+(cloud/loop/inputs.py). Of an array with a throttle of N and P tasks placed (scheduled
+or running):
 
-Held, suspended or backing-off tasks are pending but not queued: they take no slot.
+- at its throttle (P >= N), every ready task waits, like work waiting for its
+  dependencies (pending reason code `dependency`), with a reason that names the
+  throttle and the tasks holding it; the scheduler does not see them;
+- with room for fewer tasks than it has ready, every ready task is queued with the
+  array's cap (cloud/scheduler/array_cap.py): the core places at most N - P of them in
+  the pass, lowest index first of those it can place. A task it cannot place (its start
+  window is closed, no node fits it, its start is deferred) takes no slot, so it holds
+  back none of the others.
+
+So no more than N of its tasks are placed at once. Held, suspended or backing-off tasks
+are pending but not queued: they take no slot.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from typing import Final
 
 import msgspec
 
+from cloud.scheduler import ArrayCap
+from cloud.scheduler.explain import array_throttle
 from cloud.store.records import DependencyRecord, WorkRecord
 from cloud.store.states import PLACED_STATES
 from cloud.work.dependencies import Resolution, Waiting
@@ -94,12 +103,26 @@ def queueable(record: WorkRecord, now: float) -> bool:
     return record.not_before is None or record.not_before <= now
 
 
-def throttled(
+@dataclass(frozen=True, slots=True)
+class ArrayThrottles:
+    """What the throttles of the job arrays among one pass's work do to it."""
+
+    # Ready tasks of arrays at their throttle: kept out of the queue, and why.
+    waiting: Mapping[str, Waiting]
+    # Arrays with room for some tasks and more of them ready: the core's cap.
+    caps: tuple[ArrayCap, ...]
+
+
+NOTHING_THROTTLED: Final = ArrayThrottles(MappingProxyType({}), ())
+
+
+def array_throttles(
     records: Iterable[WorkRecord], now: float, cache: ArrayTaskCache | None = None
-) -> Mapping[str, Waiting]:
-    """Pending tasks of arrays at their throttle: work id -> why it is not queued.
+) -> ArrayThrottles:
+    """The throttles of the arrays among `records` (one pass's work, every state).
     `cache`: the loop's, kept from pass to pass (the caller retains its entries)."""
     waiting: dict[str, Waiting] = {}
+    caps: list[ArrayCap] = []
     for array_id, (throttle, tasks) in _tasks_by_array(records, cache or ArrayTaskCache()).items():
         placed = sorted(
             (task for task in tasks if task.record.state in PLACED_STATES),
@@ -108,17 +131,21 @@ def throttled(
         ready = sorted(
             (task for task in tasks if queueable(task.record, now)), key=lambda task: task.index
         )
-        held_back = ready[max(0, throttle - len(placed)) :]
-        if not held_back:
+        slots = throttle - len(placed)
+        if len(ready) <= slots:
+            continue  # room for every one of them: nothing to cap
+        if slots > 0:
+            caps.append(
+                ArrayCap(
+                    array_id=array_id,
+                    throttle=throttle,
+                    placed=tuple(task.index for task in placed),
+                    tasks={task.record.work_id: task.index for task in ready},
+                )
+            )
             continue
-        shown = ", ".join(str(task.index) for task in placed[:_SHOWN_PLACED])
-        more = ", …" if len(placed) > _SHOWN_PLACED else ""
-        which = f" (tasks {shown}{more})" if placed else ""
-        message = (
-            f"Array {array_id} places at most {throttle} of its tasks at once (%{throttle}): "
-            f"{len(placed)} placed{which}; this task waits its turn."
-        )
-        for task in held_back:
+        message = array_throttle(array_id, throttle, [task.index for task in placed])
+        for task in ready:
             waiting[task.record.work_id] = Waiting(
                 message=message,
                 waiting_for=tuple(
@@ -133,7 +160,9 @@ def throttled(
                     for position, sibling in enumerate(placed[:_SHOWN_PLACED])
                 ),
             )
-    return waiting
+    if not waiting and not caps:
+        return NOTHING_THROTTLED
+    return ArrayThrottles(MappingProxyType(waiting), tuple(caps))
 
 
 def with_throttled(resolution: Resolution, waiting: Mapping[str, Waiting]) -> Resolution:

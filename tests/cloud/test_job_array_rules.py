@@ -12,7 +12,7 @@ import pytest
 from cloud.api.job_arrays import submitted_form, task_specs
 from cloud.store import WorkRecord
 from cloud.work.array_ranges import parse_array, split_task_name, task_name
-from cloud.work.array_throttle import ArrayTaskCache, throttled
+from cloud.work.array_throttle import NOTHING_THROTTLED, ArrayTaskCache, array_throttles
 from cloud.work.array_views import array_state
 from cloud.work.specs import TrainingJobSpec, encode_spec
 from shared.errors import FieldError
@@ -108,31 +108,45 @@ def _tasks(states: list[WorkState], throttle: str = "%2") -> list[WorkRecord]:
     ]
 
 
-def test_the_throttle_offers_only_the_free_slots_lowest_index_first() -> None:
-    records = _tasks(["succeeded", "running", "pending", "pending", "pending"])
-    waiting = throttled(records, now=0.0)
-    assert sorted(waiting) == ["task-3", "task-4"]  # task-2 takes the one free slot
+def test_an_array_at_its_throttle_keeps_its_ready_tasks_out_of_the_queue() -> None:
+    records = _tasks(["succeeded", "running", "scheduled", "pending", "pending"])
+    throttles = array_throttles(records, now=0.0)
+    waiting = throttles.waiting
+    assert sorted(waiting) == ["task-3", "task-4"]
     assert waiting["task-3"].message == (
-        f"Array {ARRAY} places at most 2 of its tasks at once (%2): 1 placed (tasks 1); "
+        f"Array {ARRAY} places at most 2 of its tasks at once (%2): 2 placed (tasks 1, 2); "
         "this task waits its turn."
     )
-    assert [(d.job_id, d.condition) for d in waiting["task-3"].waiting_for] == [("task-1", "ended")]
-    # Two placed: nothing more; none placed: the two lowest pending.
-    assert sorted(throttled(_tasks(["running", "scheduled", "pending"]), now=0.0)) == ["task-2"]
-    assert sorted(throttled(_tasks(["pending"] * 4), now=0.0)) == ["task-2", "task-3"]
+    assert [(d.job_id, d.condition) for d in waiting["task-3"].waiting_for] == [
+        ("task-1", "ended"),
+        ("task-2", "ended"),
+    ]
+    assert throttles.caps == ()
+
+
+def test_an_array_with_room_offers_every_ready_task_with_its_cap() -> None:
+    # One placed, one slot: every ready task is queued, the core places at most one
+    # (cloud/scheduler/array_cap.py), whichever of them it can place.
+    throttles = array_throttles(_tasks(["succeeded", "running", "pending", "pending"]), now=0.0)
+    assert throttles.waiting == {}
+    (cap,) = throttles.caps
+    assert (cap.array_id, cap.throttle, cap.placed, cap.slots) == (ARRAY, 2, (1,), 1)
+    assert cap.tasks == {"task-2": 2, "task-3": 3}
+    # Room for every ready task: nothing to cap.
+    assert array_throttles(_tasks(["running", "pending"]), now=0.0).caps == ()
 
 
 def test_held_or_backing_off_tasks_take_no_slot_and_no_throttle_holds_nothing() -> None:
     records = _tasks(["pending", "pending", "pending"])
     records[0] = replace(records[0], hold="held")
     records[1] = replace(records[1], not_before=60.0)  # a retry's backoff
-    assert throttled(records, now=0.0) == {}  # only task-2 is queueable: it has a slot
-    assert throttled(_tasks(["pending"] * 4, throttle=""), now=0.0) == {}
+    assert array_throttles(records, now=0.0) == NOTHING_THROTTLED  # only task-2 is queueable
+    assert array_throttles(_tasks(["pending"] * 4, throttle=""), now=0.0) == NOTHING_THROTTLED
 
 
 def test_the_cache_reads_a_spec_again_only_when_its_record_changed() -> None:
     cache = ArrayTaskCache()
-    records = _tasks(["pending"] * 3)
-    assert sorted(throttled(records, 0.0, cache)) == ["task-2"]
+    records = _tasks(["running", "running", "pending"])
+    assert sorted(array_throttles(records, 0.0, cache).waiting) == ["task-2"]
     cache.retain({"task-0"})
-    assert sorted(throttled(records, 0.0, cache)) == ["task-2"]
+    assert sorted(array_throttles(records, 0.0, cache).waiting) == ["task-2"]
