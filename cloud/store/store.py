@@ -1339,6 +1339,7 @@ class Store:
         backend = self.backend
         added = await usage.add_usage(connection, backend, write.rows, now)
         await usage.put_marks(connection, backend, write.marks)
+        await usage.delete_marks(connection, write.departed)
         await usage.put_counterfactuals(connection, backend, write.counterfactuals)
         if write.events:
             rows = [event_row(event, now) for event in write.events]
@@ -1352,6 +1353,12 @@ class Store:
     async def counterfactuals(self, work_ids: Sequence[str]) -> dict[str, CounterfactualRecord]:
         async with self._read() as connection:
             return await usage.select_counterfactuals(connection, work_ids)
+
+    async def untold_work(self, since_s: float, told_event_id_prefix: str) -> dict[str, str]:
+        """Work id -> tenant id of work with usage since `since_s` whose final figures
+        were not told (`usage.select_untold_work`)."""
+        async with self._read() as connection:
+            return await usage.select_untold_work(connection, since_s, told_event_id_prefix)
 
     async def usage(self, query: UsageQuery) -> list[UsageHour]:
         async with self._read() as connection:

@@ -2,7 +2,8 @@
 has been counted, and each work item's counterfactual.
 
 A flush adds to the hour rows (`INSERT ... ON CONFLICT DO UPDATE SET x = x + new`) and
-moves the nodes' marks in the same transaction, under the scheduling lease: what was
+moves the nodes' marks (deleting those of nodes that left the fleet) in the same
+transaction, under the scheduling lease: what was
 counted and the record of having counted it never part, and a replica that lost
 leadership cannot add what the new leader counts again.
 """
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from sqlalchemy import ColumnElement, and_, case, func, select, true
+from sqlalchemy import ColumnElement, Text, and_, case, delete, func, literal, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.engine import Backend
 from cloud.store.records import NewEvent
-from cloud.store.schema import usage_counterfactuals, usage_hours, usage_marks
+from cloud.store.schema import events, usage_counterfactuals, usage_hours, usage_marks
 from cloud.store.sql import chunks, dialect_insert
 
 _COUNTERS = msgspec.json.Decoder(dict[str, float])
@@ -76,6 +77,9 @@ class UsageWrite:
     marks: Sequence[UsageMark] = ()
     counterfactuals: Sequence[CounterfactualRecord] = ()
     events: Sequence[NewEvent] = ()  # e.g. the final figures of work that ended
+    # Nodes that left the fleet, their last usage in `rows` or written before: their
+    # marks are deleted.
+    departed: Sequence[str] = ()
 
 
 def _upsert_usage(backend: Backend) -> Any:
@@ -114,10 +118,13 @@ def usage_key(row: UsageHour) -> UsageKey:
     return (row.work_id, row.member_index, row.node_id, row.hour_start)
 
 
-def as_added(row: UsageHour, held_currency: str) -> UsageHour:
+def as_added(row: UsageHour, held_currency: str, *, held_counterfactual: bool = True) -> UsageHour:
     """What `row` adds to its hour row, whose currency is `held_currency` (`_upsert_usage`'s
     rule): everything where the currencies agree; else its energy and emissions and no
-    cost, under the hour row's currency, flagged as priced by fallback."""
+    cost, under the hour row's currency, flagged as priced by fallback. Its counterfactual
+    only where the hour row keeps one (`held_counterfactual`: NULL + x stays NULL)."""
+    if not held_counterfactual and row.counterfactual_gco2_g is not None:
+        row = dataclasses.replace(row, counterfactual_gco2_g=None)
     if row.currency == held_currency:
         return row
     return dataclasses.replace(row, cost=0.0, currency=held_currency, fallback=True)
@@ -126,7 +133,7 @@ def as_added(row: UsageHour, held_currency: str) -> UsageHour:
 def added_to(held: UsageHour, row: UsageHour) -> UsageHour:
     """The hour row `held` once `row` (of the same key) is added to it, by the rule the
     store adds by (`_upsert_usage`): for figures told before the write commits."""
-    added = as_added(row, held.currency)
+    added = as_added(row, held.currency, held_counterfactual=held.counterfactual_gco2_g is not None)
     return dataclasses.replace(
         held,
         energy_j=held.energy_j + added.energy_j,
@@ -146,25 +153,35 @@ async def add_usage(
 ) -> list[UsageHour]:
     """One statement, executed for every row (compiled once, whatever the batch). Returns
     the rows as added (`as_added`, in the order given): a row priced in another currency
-    than its hour row's first adds no cost, which a count of what was added (the usage
-    counters on /metrics) must not count either."""
+    than its hour row's first adds no cost, and one whose hour row has no counterfactual
+    adds none, which a count of what was added (the usage counters on /metrics) must not
+    count either."""
     if not rows:
         return []
     ordered = sorted(rows, key=usage_key)
     c = usage_hours.c
     statement = _upsert_usage(backend).returning(
-        c.work_id, c.member_index, c.node_id, c.hour_start, c.currency
+        c.work_id, c.member_index, c.node_id, c.hour_start, c.currency, c.counterfactual_gco2_g
     )
     result = await connection.execute(
         statement, [{**_usage_values(row), "updated_at": at} for row in ordered]
     )
+    # The hour rows as they stand now: one without a counterfactual had none before
+    # either, or the row added none.
     held = {
         (found.work_id, int(found.member_index), found.node_id, float(found.hour_start)): (
-            found.currency
+            found.currency,
+            found.counterfactual_gco2_g is not None,
         )
         for found in result
     }
-    return [as_added(row, held.get(usage_key(row), row.currency)) for row in rows]
+    added = []
+    for row in rows:
+        currency, counterfactual = held.get(
+            usage_key(row), (row.currency, row.counterfactual_gco2_g is not None)
+        )
+        added.append(as_added(row, currency, held_counterfactual=counterfactual))
+    return added
 
 
 def _usage_values(row: UsageHour) -> dict[str, Any]:
@@ -226,6 +243,12 @@ def _mark_rows(marks: Sequence[UsageMark]) -> list[dict[str, Any]]:
     ]
 
 
+async def delete_marks(connection: AsyncConnection, node_ids: Sequence[str]) -> None:
+    """Forget the marks of nodes that left the fleet (revoked), their last usage counted."""
+    for batch in chunks(sorted(set(node_ids))):
+        await connection.execute(delete(usage_marks).where(usage_marks.c.node_id.in_(batch)))
+
+
 async def select_marks(connection: AsyncConnection) -> dict[str, UsageMark]:
     rows = await connection.execute(select(usage_marks))
     return {
@@ -281,6 +304,24 @@ async def select_counterfactuals(
                 else _FACTORS.decode(row.zone_factors),
             )
     return result
+
+
+async def select_untold_work(
+    connection: AsyncConnection, since_s: float, told_event_id_prefix: str
+) -> dict[str, str]:
+    """Work id -> tenant id of the work with usage in hours starting at or after
+    `since_s` and no event `told_event_id_prefix + work id` (its final figures, not
+    told yet): a range of the hour index, and a look-up of the events' unique ids."""
+    c = usage_hours.c
+    told = (
+        select(events.c.seq)
+        .where(events.c.event_id == literal(told_event_id_prefix, Text) + c.work_id)
+        .exists()
+    )
+    rows = await connection.execute(
+        select(c.work_id, c.tenant_id).where(c.hour_start >= since_s, ~told).distinct()
+    )
+    return {row.work_id: row.tenant_id for row in rows}
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,13 +392,19 @@ class UsageTotal:
     energy_j: float
     gco2_g: float
     cost: float
-    avoided_gco2_g: float  # over the rows that have a counterfactual
+    # Over the rows that have a counterfactual: the baseline's emissions, and the work's.
+    counterfactual_gco2_g: float
+    gco2_with_counterfactual_g: float
+
+    @property
+    def avoided_gco2_g(self) -> float:
+        return self.counterfactual_gco2_g - self.gco2_with_counterfactual_g
 
 
 async def select_totals(connection: AsyncConnection) -> list[UsageTotal]:
     """Everything ever counted, per tenant, zone and currency (the metrics' start)."""
     c = usage_hours.c
-    avoided = func.sum(c.counterfactual_gco2_g - c.gco2_g)
+    compared = case((c.counterfactual_gco2_g.is_not(None), c.gco2_g), else_=0.0)
     rows = await connection.execute(
         select(
             c.tenant_id,
@@ -366,7 +413,8 @@ async def select_totals(connection: AsyncConnection) -> list[UsageTotal]:
             func.sum(c.energy_j),
             func.sum(c.gco2_g),
             func.sum(c.cost),
-            avoided,
+            func.sum(c.counterfactual_gco2_g),
+            func.sum(compared),
         ).group_by(c.tenant_id, c.zone, c.currency)
     )
     return [
@@ -377,7 +425,8 @@ async def select_totals(connection: AsyncConnection) -> list[UsageTotal]:
             energy_j=float(row[3] or 0.0),
             gco2_g=float(row[4] or 0.0),
             cost=float(row[5] or 0.0),
-            avoided_gco2_g=float(row[6] or 0.0),
+            counterfactual_gco2_g=float(row[6] or 0.0),
+            gco2_with_counterfactual_g=float(row[7] or 0.0),
         )
         for row in rows
     ]

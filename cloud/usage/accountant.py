@@ -19,8 +19,12 @@ usage, batched, while this process leads scheduling.
   was in memory when a process died is counted again by the next leader from the
   marks (the energy counters' differences span the outage; without counters the
   model fills it, flagged as a gap).
-- Work that ended gets its final figures as a `work.usage` event once its node's
-  last telemetry had time to arrive (`usage.final_delay_s`).
+- Work that held an allocation gets its final figures as a `work.usage` event once it
+  ended (running then, or waiting again after a preemption) and its node's last
+  telemetry had time to arrive (`usage.final_delay_s`); a leader starting finds the
+  work that ran and an earlier leader did not tell (`begin`).
+- A node the registry let go (revoked) is metered to the end of its allocations, then
+  its mark is deleted with a flush and nothing of it is kept (`_departures`).
 
 Only the leader meters; another replica's `observe` returns at once. Where replicas
 share the telemetry (`mqtt.shared_group`), the leader hears the samples it took and the
@@ -42,7 +46,7 @@ import structlog
 
 from cloud.fleet.registry import NodeRegistry
 from cloud.green.energy import EnergyModel
-from cloud.signals.grid import GridSignals
+from cloud.signals.grid import HOUR_S, GridSignals
 from cloud.store import (
     CounterfactualRecord,
     LeadershipLease,
@@ -73,6 +77,9 @@ from shared.messages import Telemetry
 from shared.settings import UsageSettings
 
 USAGE_EVENT = "work.usage"
+# How far back a leader starting looks for work whose final figures were not told (an
+# earlier leader stopped before they were due): hours of usage rows, by their index.
+UNTOLD_LOOKBACK_S = 24 * 3600.0
 # Held samples metered by a flush between two yields to the event loop.
 _METERED_BETWEEN_YIELDS = 500
 
@@ -93,19 +100,27 @@ class AccountingStats:
 class TenantTotals:
     """What has been counted for one (tenant id, zone, currency), for /metrics: the rows
     as the store added them (`Store.write_usage`), so that a leader starting again, which
-    counts from the store's totals, moves no counter back."""
+    counts from the store's totals, moves no counter back. Every figure only grows: the
+    emissions avoided, which may be negative, are the difference of two of them."""
 
     energy_j: float = 0.0
     gco2_g: float = 0.0
     cost: float = 0.0
-    avoided_gco2_g: float = 0.0
+    # Over the usage that has a counterfactual: the baseline's emissions, and the work's.
+    counterfactual_gco2_g: float = 0.0
+    gco2_with_counterfactual_g: float = 0.0
+
+    @property
+    def avoided_gco2_g(self) -> float:
+        return self.counterfactual_gco2_g - self.gco2_with_counterfactual_g
 
     def add(self, row: UsageHour) -> None:
         self.energy_j += row.energy_j
         self.gco2_g += row.gco2_g
         self.cost += row.cost
         if row.counterfactual_gco2_g is not None:
-            self.avoided_gco2_g += row.counterfactual_gco2_g - row.gco2_g
+            self.counterfactual_gco2_g += row.counterfactual_gco2_g
+            self.gco2_with_counterfactual_g += row.gco2_g
 
 
 @dataclass(slots=True)
@@ -118,9 +133,20 @@ class _Ending:
 class _LeaderState:
     marks: dict[str, NodeMark]
     counterfactuals: dict[str, CounterfactualRecord]
+    # Nodes whose marks were read from the store at `begin` and that the registry has not
+    # held since (not heard of yet after a restart): never taken for departed.
+    unheard: set[str]
     dirty: set[str] = field(default_factory=set)
     pending: Pieces = field(default_factory=dict)  # metered since the last flush
     new_counterfactuals: list[CounterfactualRecord] = field(default_factory=list)
+    # Decided by a pass, accepted by the next flush unless the store holds an earlier
+    # decision (`_settle_proposed`): the first decision stands.
+    proposed: dict[str, CounterfactualRecord] = field(default_factory=dict)
+    # Nodes the registry let go (revoked): still holding allocations (`leaving`), or
+    # their marks to be deleted by the next flush (`departed`, `_departures`).
+    leaving: set[str] = field(default_factory=set)
+    departed: set[str] = field(default_factory=set)
+    registry_version: int = -1  # the registry's when `_departures` last looked at every mark
     # Nodes whose latest sample waits for the next flush to be metered (coalesced): the
     # sample itself, or None where it is the registry's latest (relayed, still encoded).
     held: dict[str, Telemetry | None] = field(default_factory=dict)
@@ -187,6 +213,12 @@ class Accountant:
         self._ended: dict[tuple[str, int, str], MeteredAllocation] = {}
         self._work_tenants: dict[str, str] = {}  # work id -> tenant id, active work
         self._active_work: set[str] = set()
+        # Active work that has held an allocation (here, or before a restart: it has usage
+        # and no final figures): its end gets final figures, wherever it then was.
+        self._ran: set[str] = set()
+        # Work id -> tenant id of work with usage and no final figures, read by `begin`;
+        # the next pass tells which of it ended.
+        self._untold: dict[str, str] | None = None
         self._ending: dict[str, _Ending] = {}
         self._grid = GridSignals(now_s=0.0, zones={})
         # The signals' clock minus ours: a replayed trace runs in its own year, and an
@@ -279,15 +311,22 @@ class Accountant:
             # step's start).
             state.marks[node_id] = mark_of(telemetry, mark)
             state.dirty.add(node_id)
+            state.unheard.discard(node_id)
             self._note_counters(state, node_id, telemetry)
             return
         record = self._registry.get(node_id)
-        if record is None:
-            return
-        status = record.status
         profile = self._profiles.get(node_id)
-        if profile is None or profile.inventory is not status:
-            profile = self._profiles[node_id] = profile_of(status)
+        if record is not None:
+            status = record.status
+            if profile is None or profile.inventory is not status:
+                profile = self._profiles[node_id] = profile_of(status)
+            power_limits_w = held_power_limits_w(record.reported, allocations or ())
+        elif profile is not None:
+            # Revoked since it took this sample (held for the flush): its last usage is
+            # still counted, on the inventory it was metered by.
+            status, power_limits_w = profile.inventory, {}
+        else:
+            return
         increments, new_mark = meter(
             status,
             telemetry,
@@ -295,7 +334,7 @@ class Accountant:
             allocations or (),
             host_overhead_ratio=self._energy.host_overhead_ratio,
             max_gap_s=self._settings.max_gap_s,
-            power_limits_w=held_power_limits_w(record.reported, allocations or ()),
+            power_limits_w=power_limits_w,
             implausible=self._implausible,
             profile=profile,
         )
@@ -308,6 +347,7 @@ class Accountant:
         assert new_mark is not None
         state.marks[node_id] = new_mark
         state.dirty.add(node_id)
+        state.unheard.discard(node_id)
         self._note_counters(state, node_id, telemetry, refused=refused)
         zone = status.zone
         for increment in increments:
@@ -374,8 +414,14 @@ class Accountant:
     # ---- from the scheduling loop -----------------------------------------------------------
 
     def needs_counterfactual(self, work_id: str) -> bool:
+        """Whether a pass that places the work should decide its counterfactual: none is
+        known here (one the store holds is recalled by the next flush, and stands)."""
         state = self._state
-        return state is not None and work_id not in state.counterfactuals
+        return (
+            state is not None
+            and work_id not in state.counterfactuals
+            and work_id not in state.proposed
+        )
 
     def note_pass(
         self,
@@ -393,9 +439,7 @@ class Accountant:
         if state is not None:
             for decided in counterfactuals:
                 if decided.work_id not in state.counterfactuals:
-                    state.counterfactuals[decided.work_id] = decided
-                    state.new_counterfactuals.append(decided)
-                    state.without_counterfactual.discard(decided.work_id)
+                    state.proposed.setdefault(decided.work_id, decided)
         live: dict[tuple[str, int, str], MeteredAllocation] = {}
         previous = {
             (a.work_id, a.member_index, a.node_id): a
@@ -452,29 +496,53 @@ class Accountant:
             for node_id, allocations in by_node.items()
             if any(a.ended_at_s is not None for a in allocations)
         }
+        self._note_endings(store, now)
+
+    def _note_endings(self, store: StoreSnapshot, now: float) -> None:
+        """Work that ran and is no longer active waits for its final figures: whether it
+        was placed when it ended or waited again (preempted, requeued, suspended)."""
         active = {record.work_id for record in store.work}
-        self._work_tenants = {record.work_id: record.tenant_id for record in store.work}
+        tenants, self._work_tenants = (
+            self._work_tenants,
+            {record.work_id: record.tenant_id for record in store.work},
+        )
+        self._ran.update(allocation.work_id for allocation in store.allocations)
+        if self._untold is not None:  # the first pass since `begin`
+            for work_id, tenant_id in self._untold.items():
+                if work_id in active:
+                    self._ran.add(work_id)
+                else:  # ended while no leader could tell it
+                    self._ending.setdefault(work_id, _Ending(tenant_id, now))
+            self._untold = None
         for work_id in self._active_work - active:
-            tenant = next((a.tenant_id for a in previous.values() if a.work_id == work_id), None)
-            if tenant is not None:
-                self._ending[work_id] = _Ending(tenant, now)
+            last_tenant_id = tenants.get(work_id)
+            if work_id in self._ran and last_tenant_id is not None:
+                self._ending[work_id] = _Ending(last_tenant_id, now)
+        self._ran &= active
         self._active_work = active
 
     # ---- leading and flushing --------------------------------------------------------------
 
     async def begin(self, lease: LeadershipLease) -> None:
-        """Start metering as the leader: read the marks, the totals and the active
-        work's counterfactuals (before the first pass, so that it can add new ones)."""
+        """Start metering as the leader: read the marks, the totals, the active work's
+        counterfactuals (before the first pass, so that it can add new ones) and the work
+        whose final figures an earlier leader did not tell."""
         del lease  # reads need none; it is checked by every flush
         marks = await self._store.usage_marks()
         await self._load_totals()
-        known = await self._store.counterfactuals(sorted(self._active_work))
+        since_s = self._clock() - UNTOLD_LOOKBACK_S
+        untold = await self._store.untold_work(since_s - since_s % HOUR_S, f"{USAGE_EVENT}:")
+        # Those of work that ran before (placed again, it keeps them: the first decision
+        # stands) and of the work the last pass saw.
+        known = await self._store.counterfactuals(sorted(self._active_work | untold.keys()))
+        self._untold = untold
         self._state = _LeaderState(
             marks={
                 node_id: NodeMark(m.instance_id, m.seq, m.sampled_at, m.energy_j)
                 for node_id, m in marks.items()
             },
             counterfactuals=known,
+            unheard=set(marks),
         )
         self._log.info("usage metering started", nodes_marked=len(marks))
 
@@ -483,7 +551,11 @@ class Accountant:
         self.totals = {}
         for total in await self._store.usage_totals():
             self.totals[(total.tenant_id, total.zone, total.currency)] = TenantTotals(
-                total.energy_j, total.gco2_g, total.cost, total.avoided_gco2_g
+                total.energy_j,
+                total.gco2_g,
+                total.cost,
+                total.counterfactual_gco2_g,
+                total.gco2_with_counterfactual_g,
             )
 
     async def run(self, lease: LeadershipLease) -> None:
@@ -534,6 +606,8 @@ class Accountant:
                 self._log.warning("usage flush failed: store unavailable", error=str(error))
                 return
         await self.meter_held()
+        self._departures(state)
+        departed = sorted(state.departed)
         pending, state.pending = state.pending, {}
         dirty, state.dirty = state.dirty, set()
         new_counterfactuals, state.new_counterfactuals = state.new_counterfactuals, []
@@ -542,6 +616,7 @@ class Accountant:
         moved = [(node_id, m) for node_id in dirty if (m := state.marks.get(node_id)) is not None]
         attempt: _Attempt | None = None
         try:  # from here to the commit: what fails keeps the usage for the next flush
+            new_counterfactuals += await self._settle_proposed(state)
             await self._recall_counterfactuals(state, pending)
             rows = price_pieces(
                 pending,
@@ -554,7 +629,11 @@ class Accountant:
             marks = await asyncio.to_thread(_usage_marks, moved)
             finals = await self._final_events(rows)
             write = UsageWrite(
-                rows=rows, marks=marks, counterfactuals=new_counterfactuals, events=finals
+                rows=rows,
+                marks=marks,
+                counterfactuals=new_counterfactuals,
+                events=finals,
+                departed=departed,
             )
             attempt = _Attempt(write, pending, dirty, new_counterfactuals)
             added = await self._store.write_usage(write, lease=lease)
@@ -590,15 +669,51 @@ class Accountant:
         state.new_counterfactuals = new_counterfactuals + state.new_counterfactuals
 
     def _written(self, state: _LeaderState, write: UsageWrite) -> None:
-        """What a committed flush leaves behind: final figures told (the totals move on
-        by what the store added: `_count`)."""
+        """What a committed flush leaves behind: final figures told, departed nodes let
+        go (the totals move on by what the store added: `_count`)."""
         for event in write.events:
             if event.work_id is not None:
                 self._ending.pop(event.work_id, None)
                 state.counterfactuals.pop(event.work_id, None)
                 state.without_counterfactual.discard(event.work_id)
+        for node_id in write.departed:
+            state.departed.discard(node_id)
+            if self._registry.get(node_id) is not None:
+                # Back meanwhile (enrolled again): its mark is written again.
+                state.dirty.add(node_id)
+                continue
+            state.marks.pop(node_id, None)
+            state.held.pop(node_id, None)
+            state.dirty.discard(node_id)
+            state.each_sample.discard(node_id)
+            self._profiles.pop(node_id, None)
+            self._warned_implausible.discard(node_id)
         self.stats.flushes += 1
         self.stats.rows_written += len(write.rows)
+
+    def _departures(self, state: _LeaderState) -> None:
+        """Nodes the registry let go (revoked) whose last usage is written: their marks
+        go with the next flush. One that still holds an allocation is counted to its end
+        first (`leaving`), one whose newest mark is not written yet waits for the flush
+        that writes it, and one the registry has not held since this leader began is
+        never taken for departed (not heard of yet, after a restart). Every mark is looked
+        at when the registry's membership or states changed, else only the leaving."""
+        registry = self._registry
+        looked_at: Iterable[str] = state.leaving
+        if registry.version != state.registry_version:
+            state.registry_version = registry.version
+            looked_at = state.marks
+        leaving: set[str] = set()
+        for node_id in list(looked_at):
+            if registry.get(node_id) is not None:
+                state.unheard.discard(node_id)
+            elif node_id in state.unheard or node_id not in state.marks:
+                continue
+            elif self._by_node.get(node_id) or node_id in state.dirty or node_id in state.held:
+                leaving.add(node_id)
+            else:
+                state.departed.add(node_id)
+        state.leaving = leaving
 
     def _count(self, added: Iterable[UsageHour]) -> None:
         """The totals moved on by the rows as the store added them: an hour priced in
@@ -627,6 +742,32 @@ class Accountant:
             self._log.info("usage flush with a lost answer had committed")
         else:
             self._keep(state, attempt.pending, attempt.dirty, attempt.new_counterfactuals)
+
+    async def _settle_proposed(self, state: _LeaderState) -> list[CounterfactualRecord]:
+        """The counterfactuals passes decided, accepted (and returned, to be written)
+        unless the work has one already: the first decision stands, and one an earlier
+        leader decided is read from the store (after a restart or a failover this process
+        knows none of the work it did not price yet). What fails leaves them proposed."""
+        if not state.proposed:
+            return []
+        decided = dict(state.proposed)
+        unknown = [
+            work_id
+            for work_id in decided
+            if work_id not in state.counterfactuals and work_id not in state.without_counterfactual
+        ]
+        stored = await self._store.counterfactuals(sorted(unknown)) if unknown else {}
+        accepted = []
+        for work_id, record in decided.items():
+            state.proposed.pop(work_id, None)
+            first = state.counterfactuals.get(work_id) or stored.get(work_id)
+            if first is not None:
+                state.counterfactuals[work_id] = first
+                continue
+            state.counterfactuals[work_id] = record
+            state.without_counterfactual.discard(work_id)
+            accepted.append(record)
+        return accepted
 
     async def _recall_counterfactuals(self, state: _LeaderState, pending: Pieces) -> None:
         """The counterfactuals of work in `pending` that this process does not hold: an

@@ -5,8 +5,12 @@ fleet's).
 
 Usage counters are the store's totals (read when this process began to lead) plus
 every flush since, per tenant, zone and currency; a replica that does not lead
-exports none. The grid is the leader's latest pass's: the recorded value of the
-current hour, never a forecast.
+exports none. Each only grows, as a Prometheus counter must (`increase()` reads a drop
+as a restart): the emissions avoided, negative where the work emitted more than the
+carbon-agnostic baseline would have, are the difference of two of them,
+`greenfed_usage_counterfactual_emissions_grams_total` minus
+`greenfed_usage_emissions_with_counterfactual_grams_total`. The grid is the leader's
+latest pass's: the recorded value of the current hour, never a forecast.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from shared.messages import Accelerator, AcceleratorSample, NodeStatus, Telemetr
 
 
 class UsageCollector(Collector):
-    """Per tenant and zone: energy, emissions, emissions avoided and cost."""
+    """Per tenant and zone: energy, emissions, cost, and the baseline's emissions and the
+    work's over the usage that has a counterfactual (their difference: emissions avoided)."""
 
     def __init__(self, accountant: Accountant) -> None:
         self._accountant = accountant
@@ -42,9 +47,16 @@ class UsageCollector(Collector):
             "Emissions of tenants' work at the recorded grid intensity, gCO2eq",
             labels=labels,
         )
-        avoided = CounterMetricFamily(
-            "greenfed_usage_avoided_emissions_grams",
-            "Emissions the carbon-agnostic baseline's placement would have added, gCO2eq",
+        counterfactual = CounterMetricFamily(
+            "greenfed_usage_counterfactual_emissions_grams",
+            "Emissions the carbon-agnostic baseline's placement would have had for the usage "
+            "that has a counterfactual, gCO2eq",
+            labels=labels,
+        )
+        with_counterfactual = CounterMetricFamily(
+            "greenfed_usage_emissions_with_counterfactual_grams",
+            "Emissions of tenants' usage that has a counterfactual (the baseline's emissions "
+            "minus these are the emissions avoided), gCO2eq",
             labels=labels,
         )
         cost = CounterMetricFamily(
@@ -55,18 +67,21 @@ class UsageCollector(Collector):
         by_tenant_zone: dict[tuple[str, str], list[float]] = {}
         for (tenant_id, zone, currency), totals in sorted(self._accountant.totals.items()):
             tenant = names.get(tenant_id, tenant_id)
-            sums = by_tenant_zone.setdefault((tenant, zone), [0.0, 0.0, 0.0])
+            sums = by_tenant_zone.setdefault((tenant, zone), [0.0, 0.0, 0.0, 0.0])
             sums[0] += totals.energy_j / J_PER_KWH
             sums[1] += totals.gco2_g
-            sums[2] += totals.avoided_gco2_g
+            sums[2] += totals.counterfactual_gco2_g
+            sums[3] += totals.gco2_with_counterfactual_g
             cost.add_metric([tenant, zone, currency], totals.cost)
-        for (tenant, zone), (kwh, gco2, saved) in sorted(by_tenant_zone.items()):
+        for (tenant, zone), (kwh, gco2, baseline, compared) in sorted(by_tenant_zone.items()):
             energy.add_metric([tenant, zone], kwh)
             emissions.add_metric([tenant, zone], gco2)
-            avoided.add_metric([tenant, zone], saved)
+            counterfactual.add_metric([tenant, zone], baseline)
+            with_counterfactual.add_metric([tenant, zone], compared)
         yield energy
         yield emissions
-        yield avoided
+        yield counterfactual
+        yield with_counterfactual
         yield cost
 
 

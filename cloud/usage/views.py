@@ -234,7 +234,9 @@ def usage_csv(report: UsageReport) -> str:
         for column in columns:
             value = getattr(row, column)
             if isinstance(value, float):
-                values.append(f"{value:.6g}")
+                # The shortest text that reads back as the same number, as the JSON
+                # answer writes it: sums of the CSV are the JSON's to the last digit.
+                values.append(repr(value))
             elif value is None:
                 values.append("")
             else:

@@ -69,7 +69,16 @@ SUPPLEMENT = (
     ("greenfed_inference_rejected_total", {"deployment": "d-1", "tenant": "acme"}, 1.0),
     ("greenfed_usage_energy_kwh_total", {"tenant": "acme", "zone": "DE"}, 2.5),
     ("greenfed_usage_emissions_grams_total", {"tenant": "acme", "zone": "DE"}, 900.0),
-    ("greenfed_usage_avoided_emissions_grams_total", {"tenant": "acme", "zone": "DE"}, 100.0),
+    (
+        "greenfed_usage_counterfactual_emissions_grams_total",
+        {"tenant": "acme", "zone": "DE"},
+        800.0,
+    ),
+    (
+        "greenfed_usage_emissions_with_counterfactual_grams_total",
+        {"tenant": "acme", "zone": "DE"},
+        700.0,
+    ),
     (
         "greenfed_usage_cost_total",
         {"tenant": "acme", "zone": "DE", "currency": "EUR"},

@@ -67,7 +67,11 @@ def test_tenants_usage_the_grid_and_the_load_by_zone() -> None:
     tenant_zone = {"tenant": "acme", "zone": "DE"}
     assert found["greenfed_usage_energy_kwh_total"] == [(tenant_zone, 2.0)]
     assert found["greenfed_usage_emissions_grams_total"] == [(tenant_zone, 840.0)]
-    assert found["greenfed_usage_avoided_emissions_grams_total"] == [(tenant_zone, 160.0)]
+    # Emissions avoided: the baseline's minus the work's, over the usage that has one.
+    assert found["greenfed_usage_counterfactual_emissions_grams_total"] == [(tenant_zone, 1000.0)]
+    assert found["greenfed_usage_emissions_with_counterfactual_grams_total"] == [
+        (tenant_zone, 840.0)
+    ]
     assert found["greenfed_usage_cost_total"] == [({**tenant_zone, "currency": "EUR"}, 0.19)]
     assert found["greenfed_grid_carbon_intensity_grams_per_kwh"] == [
         ({"zone": "DE", "signal_type": "average"}, 420.0)
