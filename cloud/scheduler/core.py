@@ -959,20 +959,7 @@ class Scheduler:
         running = state.running_work(work.tenant)
         if running < limit or state.holds(work.tenant, work.work_id):
             return False
-        self._pending.append(
-            Pending(
-                work_id=work.work_id,
-                tenant=work.tenant,
-                priority=work.priority,
-                code="quota",
-                message=explain.running_limit(work.tenant, running, limit),
-                nodes_total=state.snapshot.node_count,
-                rejections=MappingProxyType({}),
-                fitting_nodes=0,
-                members_needed=make_shape(work, self.policy).members,
-                members_placed=0,
-            )
-        )
+        self._wait_for_quota(work, explain.running_limit(work.tenant, running, limit))
         return True
 
     def _over_array_throttle(self, work: Work) -> bool:
@@ -982,13 +969,21 @@ class Scheduler:
         cap = self.arrays.full(work.work_id)
         if cap is None:
             return False
+        self._wait_for_quota(
+            work, explain.array_throttle(cap.array_id, cap.throttle, self.arrays.placed(cap))
+        )
+        return True
+
+    def _wait_for_quota(self, work: Work, message: str) -> None:
+        """`work` waits this pass for a limit of its tenant or array (code ``quota``),
+        before any node was looked at."""
         self._pending.append(
             Pending(
                 work_id=work.work_id,
                 tenant=work.tenant,
                 priority=work.priority,
                 code="quota",
-                message=explain.array_throttle(cap.array_id, cap.throttle, self.arrays.placed(cap)),
+                message=message,
                 nodes_total=self.state.snapshot.node_count,
                 rejections=MappingProxyType({}),
                 fitting_nodes=0,
@@ -996,7 +991,6 @@ class Scheduler:
                 members_placed=0,
             )
         )
-        return True
 
     def _reserve(self, job: JobContext, members: int) -> Reservation | None:
         # The first blocked jobs in queue order reserve. Jobs whose capacity never frees
