@@ -2,14 +2,18 @@
 
 Here and only here: the base URL (`--api`, then `GREENFED_API`, then
 http://127.0.0.1:8700), token discovery (`--token`, then `GREENFED_TOKEN`, then
-`--token-file`, then the admin token file of this machine's data directory), time
-limits, and turning problem+json errors and unreachable APIs into one `CliError` line.
+`--token-file`, then the admin token file of this machine's data directory), both
+checked before anything is sent, time limits (streams' too: a control plane that
+accepts the connection and never answers, or a stream that falls silent, is given up),
+and turning problem+json errors and unreachable APIs into one `CliError` line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +24,25 @@ import msgspec
 
 from greenfed.arguments import EXIT_AUTH, EXIT_FAILURE, EXIT_USAGE
 from shared.problems import CONFIRM_HEADER, CONFIRM_VALUE, ProblemBody
-from shared.token_files import read_token_file
+from shared.token_files import MalformedTokenFile, read_token_file, token_problem
 
 DEFAULT_API: Final = "http://127.0.0.1:8700"
+# The longest a command waits for an answer; a stream's answer must start within it too.
 TIMEOUT_S: Final = 30.0
+CONNECT_S: Final = 10.0
+# The event stream sends a keep-alive comment after this long without an event (the
+# server's `heartbeat_s`, cloud/api/tuning.py, not imported: the CLI loads none of the
+# server; a test keeps them equal); one silent for SILENT_HEARTBEATS of them is dead: a
+# hung control plane, or a connection a proxy or NAT dropped without a word.
+EVENT_HEARTBEAT_S: Final = 15.0
+SILENT_HEARTBEATS: Final = 3
+# The problems that say a value of the request is invalid, naming it (a query parameter,
+# a field of the body, a header, a name in the path): values the command line or a spec
+# file gave, so a usage error (exit 2). Other refusals (a file that is no ONNX model)
+# are the command's failure (1), as docs/cli.md's "Exit status and messages" says.
+_INVALID_VALUE_PROBLEMS: Final = frozenset(
+    {"invalid-query", "invalid-body", "invalid-header", "invalid-mqtt-account-name"}
+)
 
 T = TypeVar("T")
 
@@ -63,8 +82,12 @@ def resolve_target(
     else:
         url, api_source = DEFAULT_API, "the default"
     url = url.rstrip("/")
+    _check_api_url(url, api_source)
 
     def target(token: str | None, token_source: str) -> Target:
+        problem = None if token is None else token_problem(token)
+        if problem is not None:
+            raise CliError(f"the token from {token_source} {problem}", EXIT_AUTH)
         return Target(url, token, token_source, api_source)
 
     if token:
@@ -74,14 +97,18 @@ def resolve_target(
     if token_file is not None:
         try:
             found = read_token_file(token_file)
+        except MalformedTokenFile as error:
+            raise CliError(f"--token-file {error}", EXIT_AUTH) from None
         except OSError as error:
             raise CliError(f"cannot read --token-file {token_file}: {error.strerror}") from None
         if found is None:
             raise CliError(f"--token-file {token_file} does not exist or is empty", EXIT_USAGE)
-        return target(found, str(token_file))
+        return target(found, f"--token-file {token_file}")
     default = default_token_file()
     try:
         found = read_token_file(default)
+    except MalformedTokenFile as error:
+        raise CliError(f"the admin token file {error}", EXIT_AUTH) from None
     except OSError:
         found = None
     if found is not None:
@@ -89,13 +116,38 @@ def resolve_target(
     return target(None, "")
 
 
-def _problem_text(status: int, body: bytes) -> str:
+def _check_api_url(url: str, source: str) -> None:
+    """An http or https URL, or a usage error naming where it came from: aiohttp would
+    take `127.0.0.1:8700` for a path and fail with words that do not say why."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return
+    hint = f"; did you mean http://{url}?" if "://" not in url else ""
+    raise CliError(
+        f"{source} {url!r} is not the URL of an API: it needs http:// or https:// "
+        f"(e.g. {DEFAULT_API}){hint}",
+        EXIT_USAGE,
+    )
+
+
+def _problem(body: bytes) -> ProblemBody | None:
     try:
-        problem = msgspec.json.decode(body, type=ProblemBody)
+        return msgspec.json.decode(body, type=ProblemBody)
     except msgspec.MsgspecError:
+        return None
+
+
+def _problem_text(status: int, body: bytes, problem: ProblemBody | None) -> str:
+    if problem is None:
         return f"HTTP {status}: {body.decode(errors='replace')[:300]}"
     detail = problem.detail or problem.title
     return f"{problem.title} ({status}): {detail}" if detail != problem.title else detail
+
+
+def _invalid_value(problem: ProblemBody | None) -> bool:
+    """Whether the API refused a value of the request (its problem type's last segment,
+    https://greenfed.dev/problems/invalid-query)."""
+    return problem is not None and problem.type.rsplit("/", 1)[-1] in _INVALID_VALUE_PROBLEMS
 
 
 def _from(target: Target) -> str:
@@ -138,7 +190,14 @@ class ApiClient:
         headers = {"Accept": "application/json"}
         if target.token:
             headers["Authorization"] = f"Bearer {target.token}"
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s or 10.0))
+        # `timeout_s` None: no overall limit (a command that watches or follows for long),
+        # yet an answer that does not come, or stops coming, is still given up.
+        self._answer_s = TIMEOUT_S if timeout_s is None else timeout_s
+        self._timeout = aiohttp.ClientTimeout(
+            total=timeout_s,
+            connect=min(CONNECT_S, self._answer_s),
+            sock_read=TIMEOUT_S if timeout_s is None else None,
+        )
         connector = None if ssl_context is None else aiohttp.TCPConnector(ssl=ssl_context)
         self._session = aiohttp.ClientSession(
             headers=headers, timeout=self._timeout, connector=connector
@@ -164,7 +223,8 @@ class ApiClient:
         )
 
     def _refused(self, status: int, body: bytes) -> CliError:
-        text = _problem_text(status, body)
+        problem = _problem(body)
+        text = _problem_text(status, body, problem)
         if status == 401:
             if self.target.token is None:
                 return CliError(
@@ -181,6 +241,8 @@ class ApiClient:
             )
         if status == 403:
             return CliError(text, EXIT_AUTH, status=status)
+        if _invalid_value(problem):
+            return CliError(text, EXIT_USAGE, status=status)
         return CliError(text, status=status)
 
     async def call(
@@ -244,13 +306,41 @@ class ApiClient:
             raise self._not_greenfed("GET", path, f"something else ({error})") from None
 
     async def stream(
-        self, path: str, params: Mapping[str, str] | None = None
+        self, path: str, params: Mapping[str, str] | None = None, *, heartbeats: bool = False
     ) -> AsyncIterator[bytes]:
+        """A long answer, chunk by chunk as it comes, until the server ends it. It must
+        start within the client's answer time, as any answer. `heartbeats`: the server
+        sends something at least every EVENT_HEARTBEAT_S (the event stream's keep-alive
+        comments), so a stream silent for SILENT_HEARTBEATS of them is given up. Without
+        (a quiet job's output has nothing to say for hours), each such silence asks the
+        API for GET /healthz instead, and a control plane that does not answer is given
+        up."""
+        silence_s = SILENT_HEARTBEATS * EVENT_HEARTBEAT_S
         try:
-            async with self._session.get(self.target.api + path, params=params) as response:
+            # The session's limits are for whole answers; a stream has none of its own.
+            request = self._session.get(
+                self.target.api + path,
+                params=params,
+                timeout=aiohttp.ClientTimeout(total=None, connect=min(CONNECT_S, self._answer_s)),
+            )
+            async with asyncio.timeout(self._answer_s):
+                response = await request
+            async with response:
                 if response.status >= 300:
-                    raise self._refused(response.status, await response.read())
-                async for chunk in response.content.iter_any():
+                    async with asyncio.timeout(self._answer_s):
+                        refusal = await response.read()
+                    raise self._refused(response.status, refusal)
+                while True:
+                    try:
+                        async with asyncio.timeout(silence_s):
+                            chunk = await response.content.readany()
+                    except TimeoutError:
+                        if heartbeats:
+                            raise
+                        await self.call("GET", "/healthz")  # a CliError when it is not there
+                        continue
+                    if not chunk:
+                        return
                     yield chunk
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise self._unreachable(error) from None

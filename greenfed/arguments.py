@@ -43,15 +43,27 @@ def _invalid_value(message: str) -> Exception:
     return ArgumentTypeError(message)
 
 
+def _whole_number(text: str) -> int:
+    """argparse names a type function in its message for a ValueError ("invalid
+    positive_int value"): a sentence instead."""
+    try:
+        return int(text)
+    except ValueError:
+        raise _invalid_value(f"{text!r} is not a whole number") from None
+
+
 def port(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text)
     if not 0 <= value <= 65535:
         raise _invalid_value(f"{value} is not a TCP port")
     return value
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise _invalid_value(f"{text!r} is not a number") from None
     # float() reads "inf" and "nan" too; NaN passes any comparison's `not`.
     if not math.isfinite(value):
         raise _invalid_value(f"{value} is not a finite number")
@@ -61,14 +73,14 @@ def positive_float(text: str) -> float:
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text)
     if value < 1:
         raise _invalid_value(f"{value} must be >= 1")
     return value
 
 
 def non_negative_int(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text)
     if value < 0:
         raise _invalid_value(f"{value} must be >= 0")
     return value
@@ -117,6 +129,9 @@ def size_bytes_argument(text: str) -> int:
         raise _invalid_value(
             f"{text!r} is not a size: a number and B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
         ) from None
+    # float() reads "inf" and "nan" too, and a number too large for a float is inf.
+    if not math.isfinite(value):
+        raise _invalid_value(f"{text!r} is not a finite size")
     if value < 1:
         raise _invalid_value(f"{text!r} must be at least 1 byte")
     return int(value)

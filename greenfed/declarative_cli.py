@@ -51,7 +51,17 @@ def _cmd_events(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"greenfed: --since: {error}", file=sys.stderr)
         return EXIT_USAGE
-    kinds = tuple(k for given in args.kind or () for k in given.split(",") if k)
+    from greenfed.event_stream import EVENT_FAMILIES, EVENT_KINDS
+
+    kinds = tuple(k.strip() for given in args.kind or () for k in given.split(",") if k.strip())
+    unknown = [kind for kind in kinds if kind not in (*EVENT_KINDS, *EVENT_FAMILIES)]
+    if unknown:
+        known = ", ".join((*EVENT_KINDS, *EVENT_FAMILIES))
+        print(
+            f"greenfed: --kind: no event is of kind {unknown[0]!r}; the kinds are {known}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return run_client(
         args,
         lambda client: declarative_commands.events(

@@ -14,6 +14,19 @@ if TYPE_CHECKING:
     from greenfed.api_client import ApiClient
 
 _DECODER: Final = msgspec.json.Decoder(EventView)
+# The kinds of event the control plane records (a state change; a hold, a change of spec,
+# scaling, a canary rollout, final usage), and `work` for all of them: what
+# `greenfed events --kind` takes (tests/cli/test_cli_review5_events_cancel.py keeps it
+# the server's).
+EVENT_KINDS: Final = (
+    "work.state",
+    "work.hold",
+    "work.updated",
+    "work.scaled",
+    "work.rollout",
+    "work.usage",
+)
+EVENT_FAMILIES: Final = ("work",)
 
 
 def _message(block: bytes) -> EventView | None:
@@ -25,7 +38,7 @@ def _message(block: bytes) -> EventView | None:
 async def events(client: ApiClient, params: Mapping[str, str]) -> AsyncIterator[EventView]:
     """Each event of the stream, in order, until the server ends it."""
     pending = b""
-    async for chunk in client.stream("/v1/events", params):
+    async for chunk in client.stream("/v1/events", params, heartbeats=True):
         pending += chunk.replace(b"\r\n", b"\n")
         *blocks, pending = pending.split(b"\n\n")
         for block in blocks:

@@ -84,18 +84,12 @@ async def patch(client: ApiClient, job_id: str, body: dict[str, object], *, outp
     import msgspec
 
     from cloud.work.views import JobView
-    from greenfed.api_client import CliError
     from greenfed.arguments import EXIT_OK
     from greenfed.output import emit
 
-    try:
-        _, payload = await client.call(
-            "PATCH", f"/v1/jobs/{job_id}", body=msgspec.json.encode(body)
-        )
-    except CliError as error:
-        if error.status == 422:  # a value given on the command line (the field is named)
-            raise CliError(str(error), EXIT_USAGE, status=error.status) from None
-        raise
+    # A value the API refuses (422, naming the field) is a usage error, as for every
+    # command (greenfed/api_client.py).
+    _, payload = await client.call("PATCH", f"/v1/jobs/{job_id}", body=msgspec.json.encode(body))
 
     def said() -> None:
         job = msgspec.json.decode(payload, type=JobView)

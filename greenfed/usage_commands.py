@@ -26,7 +26,10 @@ def parse_when(text: str, *, now: datetime | None = None) -> datetime:
     now = now or datetime.now(UTC)
     relative = _RELATIVE.match(text.strip())
     if relative:
-        return now - timedelta(seconds=int(relative[1]) * _UNIT_S[relative[2]])
+        try:
+            return now - timedelta(seconds=int(relative[1]) * _UNIT_S[relative[2]])
+        except OverflowError:  # before the year 1, or more seconds than a timedelta holds
+            raise ValueError(f"{text!r} is further back than any date") from None
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:

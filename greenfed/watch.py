@@ -8,6 +8,10 @@ nothing that happens while drawing is missed. Whatever the stream says (or when 
 be read, and for nodes, whose changes it does not carry), the command draws again every
 `POLL_S` seconds. A terminal is cleared before each drawing; into a file or pipe the
 drawings follow one another.
+
+One job or deployment is watched by its id: a name or an id prefix is resolved once,
+before the first drawing, so the watch stays with that work when another of the name is
+submitted meanwhile (the name would then be ambiguous, or mean the new one).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import msgspec
@@ -35,7 +40,7 @@ def add_watch(
     parser: argparse.ArgumentParser,
     *,
     events: bool = True,
-    ended: Callable[[ApiClient, argparse.Namespace], Awaitable[bool]] | None = None,
+    ended: WatchedWork | None = None,
 ) -> None:
     """`-w/--watch` on a command whose handler draws once (set before this is called)."""
     draw_once: Handler = parser.get_default("handler")
@@ -67,10 +72,12 @@ async def watch(
     draw_once: Handler,
     *,
     events: bool,
-    ended: Callable[[ApiClient, argparse.Namespace], Awaitable[bool]] | None,
+    ended: WatchedWork | None,
 ) -> int:
     import sys
 
+    if ended is not None:
+        args = await ended.pinned(client, args)
     changed = asyncio.Event()
 
     async def listen() -> None:
@@ -88,7 +95,7 @@ async def watch(
             while True:
                 changed.clear()
                 # Asked before drawing: the last drawing shows the job as it ended.
-                finished = ended is not None and await ended(client, args)
+                finished = ended is not None and await ended.has_ended(client, args)
                 if sys.stdout.isatty():
                     sys.stdout.write(_CLEAR)
                 # The command's own drawing, with its own client, off this loop.
@@ -104,18 +111,30 @@ async def watch(
                 listener.cancel()
 
 
-def work_ended(collection: str) -> Callable[[ApiClient, argparse.Namespace], Awaitable[bool]]:
-    """Whether the job (`collection` "jobs") or deployment `args.id` has ended
-    (succeeded, failed or cancelled)."""
+@dataclass(frozen=True, slots=True)
+class WatchedWork:
+    """One job (`collection` "jobs") or deployment ("deployments") watched until it has
+    ended (succeeded, failed or cancelled)."""
 
-    async def ended(client: ApiClient, args: argparse.Namespace) -> bool:
-        view = await client.get(f"/v1/{collection}/{args.id}", _StateOnly)
+    collection: str
+
+    async def pinned(self, client: ApiClient, args: argparse.Namespace) -> argparse.Namespace:
+        """`args` with `id` the work's own id, whatever named it (a name, a prefix)."""
+        view = await client.get(f"/v1/{self.collection}/{args.id}", _StateOnly)
+        return argparse.Namespace(**{**vars(args), "id": view.id})
+
+    async def has_ended(self, client: ApiClient, args: argparse.Namespace) -> bool:
+        view = await client.get(f"/v1/{self.collection}/{args.id}", _StateOnly)
         return view.state in _ENDED
 
-    return ended
+
+def work_ended(collection: str) -> WatchedWork:
+    """`--watch` on `greenfed job ID` ("jobs") or `greenfed deployment ID` ("deployments")."""
+    return WatchedWork(collection)
 
 
 class _StateOnly(msgspec.Struct, frozen=True):
-    """A job's or deployment's view (or a job array's summary), read for its state."""
+    """A job's or deployment's view (or a job array's summary), read for its id and state."""
 
+    id: str
     state: str

@@ -26,7 +26,9 @@ from greenfed.arguments import (
 from greenfed.output import ACTION_FORMATS, LISTING_FORMATS, add_output_options, output_of
 
 if TYPE_CHECKING:
-    from greenfed.api_client import ApiClient, Target
+    from datetime import datetime
+
+    from greenfed.api_client import ApiClient, CliError, Target
 
 
 def add_client_options(
@@ -77,7 +79,8 @@ def run_client(
     *,
     timeout_s: float | None = 30.0,
 ) -> int:
-    """Run `action` with a client; a `CliError` is one line on stderr and its exit code."""
+    """Run `action` with a client; a `CliError` is one line on stderr and its exit code,
+    also when it ended one of the action's task groups (a watch, a followed log)."""
     from greenfed.api_client import ApiClient, CliError
 
     async def main() -> int:
@@ -87,10 +90,30 @@ def run_client(
     try:
         return asyncio.run(main())
     except CliError as error:
-        print(f"greenfed: {error}", file=sys.stderr)
-        return error.exit_code
+        return _said(error)
+    except BaseExceptionGroup as group:
+        refusals, others = group.split(CliError)
+        if refusals is None or others is not None:
+            raise  # something else failed too: not hidden behind a line
+        return _said(_first_of(refusals))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _said(error: CliError) -> int:
+    print(f"greenfed: {error}", file=sys.stderr)
+    return error.exit_code
+
+
+def _first_of(group: BaseExceptionGroup[CliError]) -> CliError:
+    """The first `CliError` of a group of them (which may nest groups)."""
+    from greenfed.api_client import CliError
+
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, CliError)
+    return first
 
 
 # -- commands ------------------------------------------------------------------
@@ -316,16 +339,16 @@ def cmd_load(args: argparse.Namespace) -> int:
 def cmd_usage(args: argparse.Namespace) -> int:
     from greenfed import usage_commands
 
-    try:
-        request = usage_commands.UsageRequest(
-            since=usage_commands.parse_when(args.since) if args.since else None,
-            until=usage_commands.parse_when(args.until) if args.until else None,
-            by=args.by,
-            tenant=args.tenant,
-        )
-    except ValueError as error:
-        print(f"greenfed: {error}", file=sys.stderr)
-        return EXIT_USAGE
+    moments: dict[str, datetime | None] = {}
+    for option, given in (("--since", args.since), ("--until", args.until)):
+        try:
+            moments[option] = usage_commands.parse_when(given) if given else None
+        except ValueError as error:
+            print(f"greenfed: {option}: {error}", file=sys.stderr)
+            return EXIT_USAGE
+    request = usage_commands.UsageRequest(
+        since=moments["--since"], until=moments["--until"], by=args.by, tenant=args.tenant
+    )
     return run_client(args, lambda client: usage_commands.usage(client, request, output_of(args)))
 
 

@@ -712,14 +712,29 @@ async def cancel(
         try:
             _, payload = await client.call("DELETE", path + work_id, headers=headers)
         except CliError as error:
-            if error.status == 404 and path == "/v1/jobs/":
-                continue  # perhaps a deployment
+            if error.status == 404:
+                continue  # perhaps a deployment; or neither
             raise
         noun = "job" if path == "/v1/jobs/" else "deployment"
         line = f"{noun} {work_id} {msgspec.json.decode(payload)['state']}\n"
         emit(output, payload, functools.partial(output.out.write, line))
         return EXIT_OK
-    raise AssertionError("unreachable")
+    raise CliError(not_found_text(work_id), status=404)
+
+
+# The shortest id prefix the API takes (cloud/work/lookup.py's MIN_PREFIX, not imported:
+# it would load the store into every command).
+MIN_ID_PREFIX: Final = 4
+
+
+def not_found_text(reference: str) -> str:
+    """What a reference that names neither a job nor a deployment was looked for as."""
+    if len(reference) < MIN_ID_PREFIX:
+        return (
+            f"no job or deployment is named {reference!r}, and an id prefix needs at least "
+            f"{MIN_ID_PREFIX} characters"
+        )
+    return f"no job or deployment has the id, the name or an id starting with {reference!r}"
 
 
 async def logs(
@@ -730,8 +745,9 @@ async def logs(
     tail: int | None,
     attempt: int | None,
     node: str | None,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,  # default: sys.stdout as it is then, not at import
 ) -> int:
+    out = out or sys.stdout
     params = {"follow": "true" if follow else "false"}
     if tail is not None:
         params["tail"] = str(tail)

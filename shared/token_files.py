@@ -38,10 +38,36 @@ def write_secret(path: Path, secret: str) -> None:
     os.replace(temporary, path)
 
 
+class MalformedTokenFile(ValueError):
+    """A token file that does not hold text (a ValueError, as the decoding error it
+    replaces was: its callers see the same kind of failure, now with a sentence)."""
+
+
+def token_problem(token: str) -> str | None:
+    """Why `token` cannot be a bearer token, or None when it can: a token is one line of
+    printable ASCII without spaces (an HTTP header carries it; a line break in it would be
+    refused there as an attempt at header injection). The sentence never quotes the
+    token: a secret."""
+    if not token:
+        return "is empty"
+    if "\n" in token or "\r" in token:
+        return "holds more than one line (a token is one line)"
+    if not all("!" <= character <= "~" for character in token):
+        return "holds a space or a character other than printable ASCII (a token has neither)"
+    return None
+
+
 def read_token_file(path: Path) -> str | None:
-    """The token in a token file, or None when there is no such file."""
+    """The text of a token file without surrounding whitespace, or None when there is no
+    such file or it is empty; `token_problem` says whether it is a token. Raises
+    `MalformedTokenFile` for a file that is not UTF-8 text, OSError for one that cannot
+    be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedTokenFile(f"{path} is not a token file: it is not text") from None
     return text.strip() or None

@@ -10,6 +10,7 @@ sent every `heartbeat_s` so that idle connections survive proxies.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -182,6 +183,11 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             if not query.follow:
                 await response.write_eof()
                 return response
+            # When something was last sent: a stream of one work's events (`work_id`) among
+            # other work's hears nothing for as long as that work is quiet, and a client
+            # takes a stream silent for a few heartbeats for dead (greenfed/api_client.py).
+            loop = asyncio.get_running_loop()
+            sent_at = loop.time()
             while not feed.closed:
                 batch = await feed.take(tuning.heartbeat_s)
                 # Its token asked again before anything is sent (a cached verdict: a
@@ -191,6 +197,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
                     break
                 if batch is None:
                     await response.write(b": keep-alive\n\n")
+                    sent_at = loop.time()
                     continue
                 if feed.overflowed:
                     feed.reset()
@@ -207,6 +214,10 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
                 if fresh:
                     await response.write(await names.messages(fresh))
                     last = fresh[-1].seq
+                    sent_at = loop.time()
+                elif loop.time() - sent_at >= tuning.heartbeat_s:
+                    await response.write(b": keep-alive\n\n")
+                    sent_at = loop.time()
         except ConnectionResetError:  # the client went away
             pass
         return response

@@ -40,7 +40,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cloud.fleet.envelope import CLAIM_DECODER, ENVELOPE_DECODER
-from cloud.store.backup import KNOWN_TABLES, value_kind
+from cloud.store.backup import KNOWN_TABLES, reflect_tables, value_kind
 from cloud.store.backup_file import (
     BackupHeader,
     BackupReader,
@@ -322,8 +322,8 @@ async def _replace(
     header = reader.header
     existing = MetaData()
     await connection.run_sync(
-        lambda sync: existing.reflect(
-            sync, only=sorted(KNOWN_TABLES & set(inspect(sync).get_table_names()))
+        lambda sync: reflect_tables(
+            sync, existing, sorted(KNOWN_TABLES & set(inspect(sync).get_table_names()))
         )
     )
     await connection.run_sync(existing.drop_all)
