@@ -283,6 +283,8 @@ async def test_enrol_keeps_the_agents_own_placement_unless_the_token_sets_it(
             "max_accelerators": {"gpu": 8, "cpu": 2},
             "accelerator_models": ["NVIDIA H100 80GB HBM3"],
             "max_accelerator_memory_bytes": 80 * 1024**3,
+            # The token's labels, which the node is held to ("rack" is its own).
+            "labels": {"pool": "training"},
         }
 
 
