@@ -398,6 +398,7 @@ def cmd_bench_scheduler(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from cloud.eval.bound import BoundUnavailable
     from cloud.eval.report import as_json, describe, optimum_line, plot, table
     from cloud.eval.runner import EvalOptions, build_scenario, run_eval
     from cloud.eval.simulation import HookFailedInEvaluation
@@ -440,6 +441,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         report = run_eval(options, scenario=scenario)
     except HookFailedInEvaluation as error:
         print(f"greenfed: the evaluation stopped: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except BoundUnavailable as error:
+        # The policies' figures without the bound they are measured against would pass
+        # for a complete result: nothing is printed but why.
+        print(
+            f"greenfed: the offline optimum is unavailable: {error} "
+            "(--no-optimum evaluates the policies without it)",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE
     if args.json:
         print(as_json(report.results, report.bound, report.inference_bound))

@@ -17,7 +17,11 @@ held to any share of it on the power-capping curve the device allows (0.4 to 0.8
 ``cloud.green.power_capping.ALL_POWER_SHARES``: more than the policies use), each
 at its own pace ``speed[p, m]`` (the pool's speed × ``capped_throughput``) and draw
 ``kW[p, m]``: one accelerator's power at the energy model's training utilisation
-under that cap, host share and PUE included, as the policies' usage is accounted;
+under that cap, host share and PUE included, as the policies' usage is accounted
+(a MIG slice's pool at the slice's own speed and power, as the simulation runs and
+accounts work on slices). Modes that a mix of the pool's others beats (as much work
+from no more accelerator-hours at no more power) are left out: the optimum is the
+same, from a smaller program;
 ``I`` is the *recorded* hourly intensity (the accounting's, fallbacks included);
 ``work[j]`` is the job's reference accelerator-hours (duration × workers × GPUs
 per worker; the same in each of a job's alternative gang shapes, whose pools it may
@@ -26,16 +30,21 @@ use too);
 A job some policy ran must have a pool here (``BoundUnavailable`` otherwise): left out,
 its emissions would count against that policy and not against the optimum.
 
-A job's window runs from its submission to the latest of: its own slack (its
-deadline; its latest start plus its run on the slowest pool it may use) and the
-latest finish of the job under any evaluated policy. Every evaluated policy's
-schedule is therefore a feasible point, so no policy can emit less than the bound,
-and the bound is the optimum *over the same service*, not an unreachable one that
-would hold every job for the cleanest week.
+A job's window on a pool runs from its submission to the latest of: the latest finish
+of the job under any evaluated policy, its deadline, and its latest start (its
+submission where it has none) plus its run on that pool at the pool's slowest power
+mode. Every evaluated policy's schedule is therefore a feasible point (or, where it
+capped power at a mode left out, beaten by one), so no policy can emit less than the
+bound, and the bound is the optimum *over the same service*, not an unreachable one
+that would hold every job for the cleanest week: a slow pool's long run (a MIG
+1g.10gb slice's is seven times an A100's) opens no late hours on the fast pools, where
+no run the job was promised would still be going.
 
 A job never runs on more accelerators at once than it has (its width, the same in
 each of its shapes): without that row a job could run at full width in every pool and
 power mode of an hour together, finishing in a few clean hours what takes it a day.
+Nor, in the hour its window on a pool ends, on more of that pool than the part of the
+hour left, over all its power modes together.
 
 Relaxed (each makes the bound lower, never higher): work is divisible (a job may run
 on any number of its accelerators up to its width, split across pools and hours,
@@ -59,7 +68,7 @@ from cloud.green.energy import EnergyModel
 from cloud.green.power_capping import ALL_POWER_SHARES
 from cloud.green.window import window_means
 from cloud.scheduler import Node, Snapshot
-from cloud.scheduler.arrays import FloatArray
+from cloud.scheduler.arrays import FloatArray, IntArray
 from cloud.scheduler.filters import PASS, static_filters
 from cloud.scheduler.model import KIND_INDEX
 from cloud.scheduler.policy import Policy
@@ -99,10 +108,6 @@ class _Pool:
     representative: int
     # (speed, kW) at the default power limit and at each power-capping share allowed
     modes: tuple[tuple[float, float], ...] = ()
-
-    @property
-    def accelerators_per_node(self) -> int:
-        return self.accelerators // len(self.nodes)
 
 
 def _pools(snapshot: Snapshot, energy: EnergyModel) -> list[_Pool]:
@@ -190,6 +195,35 @@ def _power_modes(
     return tuple(modes)
 
 
+def _efficient_modes(
+    modes: Sequence[tuple[float, float]],
+) -> tuple[tuple[float, float], ...]:
+    """The power modes (speed, kW) no mix of the others beats: the vertices of the upper
+    concave hull of the modes and (0, 0) in the (kW, speed) plane, kW ascending.
+
+    A mode under that hull is beaten by a mix of its neighbours on it (or by one of
+    them and idling): as much work or more from no more accelerator-hours at no more
+    power, in every hour, so that an optimum never needs it. On the shipped curve an
+    A100 (host share included) loses 0.8 of its limit (2 % less power for 2 % less
+    speed, where a mix of 0.7 and the default does better) and 0.4 (less work per kWh
+    than 0.5). Exact only where every mode of a job on a pool has the same window (no
+    ``start_by``) and no more of an hour than the pool's window leaves (the partial
+    hours' rows)."""
+    hull: list[tuple[float, float]] = [(0.0, 0.0)]
+    for speed, kw in sorted(modes, key=lambda mode: (mode[1], -mode[0])):
+        if speed <= hull[-1][0]:
+            continue  # no faster than a mode that draws no more
+        while len(hull) >= 2:
+            (speed_a, kw_a), (speed_b, kw_b) = hull[-2], hull[-1]
+            # On or under the chord from the one before it to this one: a mix of those.
+            if (speed_b - speed_a) * (kw - kw_a) <= (speed - speed_a) * (kw_b - kw_a):
+                hull.pop()
+            else:
+                break
+        hull.append((speed, kw))
+    return tuple(hull[1:])
+
+
 def _eligible(snapshot: Snapshot, spec: TrainingSpec, pools: Sequence[_Pool]) -> list[int]:
     """The pools the job may use: the scheduler's own static filters, without the
     deadline and windows (which only say when, and a late run is still a run), on each
@@ -215,31 +249,37 @@ def _eligible(snapshot: Snapshot, spec: TrainingSpec, pools: Sequence[_Pool]) ->
     return sorted(usable)
 
 
-def _windows(
-    workload: Workload,
-    outcomes: Sequence[SimOutcome],
-    pools: Sequence[_Pool],
-    eligible: Mapping[str, list[int]],
-) -> dict[str, tuple[float, float]]:
-    """Per job: (submission, latest end), as the module docstring says."""
-    windows: dict[str, tuple[float, float]] = {}
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """When a job may run (module docstring): from its submission to, on each pool,
+    the latest of ``served_s`` and ``run_from_s`` plus its run on that pool."""
+
+    start_s: float  # its submission
+    served_s: float  # the latest any evaluated policy finished it; its deadline
+    run_from_s: float  # its latest start; its submission where it has none
+
+    def end_s(self, spec: TrainingSpec, pool: _Pool) -> float:
+        """The end of its window on ``pool``: its run there at the pool's slowest power
+        mode, from its latest start, may end later than any policy ended it."""
+        slowest = min(speed for speed, _ in pool.modes)
+        return max(self.served_s, self.run_from_s + spec.duration_s / slowest)
+
+
+def _windows(workload: Workload, outcomes: Sequence[SimOutcome]) -> dict[str, _Window]:
+    """Per job: its window, as the module docstring says."""
+    windows: dict[str, _Window] = {}
     first = outcomes[0]
     for spec in workload.training:
         record = first.jobs[spec.id]
         start = record.submitted_s
-        end = start
+        served = start
         for outcome in outcomes:
             done = outcome.jobs[spec.id].finish_s
-            end = max(end, done if done is not None else outcome.stopped_s)
-        slowest = min(
-            (speed for i in eligible[spec.id] for speed, _ in pools[i].modes), default=1.0
-        )
-        run_s = spec.duration_s / slowest
+            served = max(served, done if done is not None else outcome.stopped_s)
         if record.deadline_s is not None:
-            end = max(end, record.deadline_s)
-        if record.latest_start_s is not None:
-            end = max(end, record.latest_start_s + run_s)
-        windows[spec.id] = (start, max(end, start + run_s))
+            served = max(served, record.deadline_s)
+        run_from = record.latest_start_s if record.latest_start_s is not None else start
+        windows[spec.id] = _Window(start, served, max(start, run_from))
     return windows
 
 
@@ -252,28 +292,26 @@ def _inference_load(
 ) -> FloatArray:
     """Per pool and hour: the accelerator-hours the evaluated policies' deployments
     held there, the least over the policies (what training could have had at most).
-
-    A usage names its node, not which of the node's GPU pools it held: on a node with
-    several (MIG slices beside whole GPUs) it counts in the one pool that could hold
-    it, and in none where more than one could (less held: the bound only lower)."""
-    pools_of_row: dict[int, list[int]] = {}
+    A usage counts in the pool it names (its node's pool of its model: MIG slices or
+    whole GPUs)."""
+    table = snapshot.nodes
+    pool_at: dict[tuple[int, int], int] = {}  # (snapshot row, pool column) -> pool
     for i, pool in enumerate(pools):
         for row in pool.nodes:
-            pools_of_row.setdefault(row, []).append(i)
+            pool_at[(row, pool.column)] = i
     least = np.full((len(pools), hours), np.inf)
     for outcome in outcomes:
         held = np.zeros((len(pools), hours))
         for usage in outcome.usages:
             if usage.work_id in outcome.jobs or usage.accelerator_kind != "gpu":
                 continue
-            could_hold = [
-                i
-                for i in pools_of_row.get(snapshot.nodes.index.get(usage.node_id, -1), [])
-                if pools[i].accelerators_per_node >= usage.accelerators
-            ]
-            if len(could_hold) != 1:
+            node_row = table.index.get(usage.node_id)
+            if node_row is None:
                 continue
-            held_in = could_hold[0]
+            column = table.column_of(node_row, "gpu", usage.accelerator_model)
+            held_in = pool_at.get((node_row, column))
+            if held_in is None:
+                continue  # a node that trains nothing
             first = max(0, math.floor((usage.start_s - origin_s) / HOUR_S))
             last = min(hours, math.ceil((usage.end_s - origin_s) / HOUR_S))
             for hour in range(first, last):
@@ -312,8 +350,15 @@ def optimum(
     pools = _pools(snapshot, energy)
     eligible = {spec.id: _eligible(snapshot, spec, pools) for spec in workload.training}
     _check_every_run_job_has_a_pool(workload, outcomes, eligible)
-    windows = _windows(workload, outcomes, pools, eligible)
-    latest = max((end for _, end in windows.values()), default=origin_s)  # no training: none
+    windows = _windows(workload, outcomes)
+    latest = max(  # no training: none
+        (
+            windows[spec.id].end_s(spec, pools[p])
+            for spec in workload.training
+            for p in eligible[spec.id]
+        ),
+        default=origin_s,
+    )
     hours = max(1, math.ceil((latest - origin_s) / HOUR_S))
     hour_starts = origin_s + HOUR_S * np.arange(hours, dtype=np.float64)
     intensity = hourly_carbon(
@@ -334,14 +379,19 @@ def optimum(
     # A job with no pool that no policy ran either: in no policy's emissions, nor here.
     solvable = [spec for spec in workload.training if eligible[spec.id]]
     for j, spec in enumerate(solvable):
-        start, window_end = windows[spec.id]
+        window = windows[spec.id]
+        start = window.start_s
         accelerators = spec.workers * spec.gpus_per_worker
         work.append(spec.duration_s / HOUR_S * accelerators)
         latest_start = start_by.get(spec.id) if start_by is not None else None
         first = math.floor((start - origin_s) / HOUR_S)
         for p in eligible[spec.id]:
             pool = pools[p]
-            for mode_speed, mode_kw in pool.modes:
+            # With ``start_by`` a slower mode has a longer window than the faster ones
+            # that beat it elsewhere: all of them stay.
+            modes = pool.modes if start_by is not None else _efficient_modes(pool.modes)
+            window_end = window.end_s(spec, pool)
+            for mode_speed, mode_kw in modes:
                 end = window_end
                 if latest_start is not None:
                     end = max(start, latest_start) + spec.duration_s / mode_speed
@@ -370,18 +420,25 @@ def optimum(
         (np.ones(n), (np.concatenate(pool_hour), columns)), shape=(len(pools) * hours, n)
     )
     widths = np.concatenate(upper)
+    jobs_of = np.concatenate(job_of)
+    pool_hours = np.concatenate(pool_hour)
     # A job's own width: one row per job and hour of its window, over every pool and
     # power mode (the hour's share of the window, as each variable's own bound).
-    job_hours, job_hour_row = np.unique(
-        np.concatenate(job_of) * hours + np.concatenate(pool_hour) % hours, return_inverse=True
-    )
+    job_hours, job_hour_row = np.unique(jobs_of * hours + pool_hours % hours, return_inverse=True)
     width = np.zeros(job_hours.size)
     np.maximum.at(width, job_hour_row, widths)
     a_width = coo_matrix((np.ones(n), (job_hour_row, columns)), shape=(job_hours.size, n))
+    partial_row, partial_member, partial_width = _partial_hours(
+        jobs_of * len(pools) * hours + pool_hours, widths, width[job_hour_row]
+    )
+    a_partial = coo_matrix(
+        (np.ones(partial_member.size), (partial_row, partial_member)),
+        shape=(partial_width.size, n),
+    )
     result = linprog(
         c,
-        A_ub=vstack([a_ub, a_width]).tocsr(),
-        b_ub=np.concatenate([np.maximum(capacity, 0.0).ravel(), width]),
+        A_ub=vstack([a_ub, a_width, a_partial]).tocsr(),
+        b_ub=np.concatenate([np.maximum(capacity, 0.0).ravel(), width, partial_width]),
         A_eq=a_eq.tocsr(),
         b_eq=np.array(work),
         bounds=np.column_stack([np.zeros(n), widths]),
@@ -399,10 +456,33 @@ def optimum(
         kwh=float(np.concatenate(kw) @ x),
         jobs=len(solvable),
         variables=n,
-        constraints=len(solvable) + len(pools) * hours + job_hours.size,
+        constraints=len(solvable) + len(pools) * hours + job_hours.size + partial_width.size,
         solve_s=time.perf_counter() - began,
         gpu_hours_by_zone=by_zone,
     )
+
+
+def _partial_hours(
+    job_pool_hour: IntArray, widths: FloatArray, job_width: FloatArray
+) -> tuple[IntArray, IntArray, FloatArray]:
+    """Rows ``Σ_m x[j,p,m,h] ≤ accelerators[j] · in_window[j,p,h]`` for each job, pool
+    and hour where the job's window on that pool covers less of the hour than its width
+    row allows (its window ends there, on another pool later): without them, each of
+    the pool's power modes would bring its own share of that hour.
+
+    ``job_pool_hour``: each variable's (job, pool, hour) as one number; ``widths``: its
+    own bound; ``job_width``: its job and hour's width row's bound. Returns each member
+    variable's row, the member variables, and each row's bound."""
+    keys, key_row = np.unique(job_pool_hour, return_inverse=True)
+    key_width = np.zeros(keys.size)
+    np.maximum.at(key_width, key_row, widths)
+    modes = np.bincount(key_row, minlength=keys.size)
+    job_key_width = np.zeros(keys.size)
+    job_key_width[key_row] = job_width
+    needed = (key_width < job_key_width) & (modes > 1)
+    row_of_key = np.cumsum(needed) - 1
+    members = np.flatnonzero(needed[key_row])
+    return row_of_key[key_row[members]], members, key_width[needed]
 
 
 def _check_every_run_job_has_a_pool(

@@ -9,7 +9,8 @@ itself. Deferred and windowed jobs get a pass at their retry time too, so every
 decision is revisited at least hourly as forecasts change.
 
 Placements start at once; a training gang runs for its expected run time on its
-slowest node (``duration_s / relative_speed``, longer where the policy caps its GPUs' power:
+slowest node (``duration_s / relative_speed`` of the pool it holds there, a MIG slice's
+own where it holds slices; longer where the policy caps its GPUs' power:
 ``cloud.green.power_capping``); preempted work stops and is
 queued again with its original submission time. A job that saves checkpoints
 keeps its progress up to the newest one and resumes with what is left (plus
@@ -21,10 +22,10 @@ evaluated period; the run then drains (passes continue) until every training
 job has finished, so every policy does the same work. Inference is counted
 within the evaluated period only.
 
-Measured per run: usage records (accounted by ``cloud.green.accounting`` against
-the *recorded* signals), queue waits, deadline misses, SLO violations per
-deployment-hour, deferrals and, per job, the ``fifo-binpack`` counterfactual at
-submission.
+Measured per run: usage records, each naming the pool it held (accounted by
+``cloud.green.accounting`` at that pool's power, against the *recorded* signals),
+queue waits, deadline misses, SLO violations per deployment-hour, deferrals and, per
+job, the ``fifo-binpack`` counterfactual at submission.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ DAY_S = 24 * HOUR_S
 # Order of events at the same instant: work that ends frees capacity first.
 _FINISH, _RETIRE, _SUBMIT, _WAKE = 0, 1, 2, 3
 EventKind = Literal[0, 1, 2, 3]
+# One pool of one node: (node id, accelerator kind, pool model).
+_PoolKey = tuple[str, str, str]
 
 
 class HookFailedInEvaluation(RuntimeError):
@@ -165,6 +168,7 @@ class ReplicaRun:
     accelerators: int
     start_s: float
     end_s: float | None = None
+    accelerator_model: str = ""  # its pool's (``Allocation.accelerator_model``)
 
 
 @dataclass(slots=True)
@@ -211,7 +215,7 @@ class Simulation:
         self._sequence = 0
         self.now = config.start_s
         self.running: dict[str, Allocation] = {}
-        self._busy: dict[tuple[str, str], int] = {}  # (node, kind) -> accelerators in use
+        self._busy: dict[_PoolKey, int] = {}  # accelerators in use per pool
         self._node_view: dict[str, Node] = dict(self._base_nodes)
         self.queue: dict[str, Work] = {}
         self._training_specs = {spec.id: spec for spec in workload.training}
@@ -359,15 +363,21 @@ class Simulation:
         record.left_s = 0.0
         self._outstanding_training -= 1
 
+    def _pool_key(self, alloc: Allocation) -> _PoolKey:
+        """The pool ``alloc`` holds, as ``_busy`` counts it."""
+        node = self._base_nodes[alloc.node_id]
+        pool = pool_of(node, alloc.accelerator_kind, alloc.accelerator_model)
+        return (alloc.node_id, pool.kind, pool.model)
+
     def _hold(self, alloc: Allocation) -> None:
         self.running[alloc.allocation_id] = alloc
-        key = (alloc.node_id, alloc.accelerator_kind)
+        key = self._pool_key(alloc)
         self._busy[key] = self._busy.get(key, 0) + alloc.accelerators
         self._refresh_node(alloc.node_id)
 
     def _release(self, alloc: Allocation) -> None:
         del self.running[alloc.allocation_id]
-        key = (alloc.node_id, alloc.accelerator_kind)
+        key = self._pool_key(alloc)
         self._busy[key] -= alloc.accelerators
         self._refresh_node(alloc.node_id)
         if alloc.work_kind == "training":
@@ -383,6 +393,7 @@ class Simulation:
                     end_s=self.now,
                     utilisation=self.config.energy.training_utilisation,
                     power_limit_w=alloc.power_limit_w,
+                    accelerator_model=alloc.accelerator_model,
                 )
             )
         else:
@@ -392,15 +403,17 @@ class Simulation:
     def _refresh_node(self, node_id: str) -> None:
         self._node_view[node_id] = self._view_of(node_id, self._busy)
 
-    def _view_of(self, node_id: str, busy: dict[tuple[str, str], int]) -> Node:
+    def _view_of(self, node_id: str, busy: dict[_PoolKey, int]) -> Node:
         """Pool utilisation as telemetry would report it: the busy share of the pool
-        at the utilisation work drives it to."""
+        at the utilisation work drives it to (a node's slices and whole GPUs apart)."""
         base = self._base_nodes[node_id]
         drive = self.config.energy.training_utilisation
         pools = tuple(
             dataclasses.replace(
                 pool,
-                utilisation=min(1.0, busy.get((node_id, pool.kind), 0) / pool.count * drive),
+                utilisation=min(
+                    1.0, busy.get((node_id, pool.kind, pool.model), 0) / pool.count * drive
+                ),
             )
             if pool.count
             else pool
@@ -520,7 +533,7 @@ class Simulation:
         for placement in plan.placements:
             allocation = placement.to_allocation()
             allocations.append(allocation)
-            key = (allocation.node_id, allocation.accelerator_kind)
+            key = self._pool_key(allocation)
             busy[key] = busy.get(key, 0) + allocation.accelerators
         for node_id in {placement.node_id for placement in plan.placements}:
             views[node_id] = self._view_of(node_id, busy)
@@ -597,6 +610,7 @@ class Simulation:
                     accelerator_kind=placement.accelerator_kind,
                     accelerators=placement.accelerators,
                     start_s=self.now,
+                    accelerator_model=placement.accelerator_model,
                 )
                 self._replicas[alloc.allocation_id] = run
                 self.replica_runs.append(run)
@@ -621,8 +635,13 @@ class Simulation:
             self._push(end, _FINISH, f"{work.work_id}#{generation}")
 
     def _pace(self, placement: Placement) -> float:
-        """The relative speed a placement runs at: its pool's, slower under a power cap."""
-        pool = pool_of(self._base_nodes[placement.node_id], placement.accelerator_kind)
+        """The relative speed a placement runs at: its pool's (a MIG slice's own, as the
+        scheduler's ``expected_end`` already has it), slower under a power cap."""
+        pool = pool_of(
+            self._base_nodes[placement.node_id],
+            placement.accelerator_kind,
+            placement.accelerator_model,
+        )
         return capped_speed(pool.relative_speed, placement.power_limit_w, pool.max_power_w)
 
     def _preempt(self, victim: Allocation) -> None:
@@ -700,7 +719,7 @@ class Simulation:
         worst = 0.0
         for alloc in replicas:
             node = self._base_nodes[alloc.node_id]
-            pool = pool_of(node, alloc.accelerator_kind)
+            pool = pool_of(node, alloc.accelerator_kind, alloc.accelerator_model)
             network = float(self._latency.network_ms((node.region,), mix)[0])
             response = float(
                 self._latency.response_ms(
@@ -727,7 +746,7 @@ class Simulation:
         usages = []
         for number, run in enumerate(self.replica_runs):
             node = self._base_nodes[run.node_id]
-            pool = pool_of(node, run.accelerator_kind)
+            pool = pool_of(node, run.accelerator_kind, run.accelerator_model)
             usages.extend(
                 replica_usages(
                     run.spec,
@@ -742,8 +761,11 @@ class Simulation:
         return usages
 
 
-def pool_of(node: Node, kind: str) -> AcceleratorPool:
-    return next(pool for pool in node.pools if pool.kind == kind)
+def pool_of(node: Node, kind: str, model: str = "") -> AcceleratorPool:
+    """``node``'s pool of ``kind`` and ``model``; its first pool of the kind where the
+    model is empty or not there (``NodeTable.column_of``'s rule)."""
+    pools = [pool for pool in node.pools if pool.kind == kind]
+    return next((pool for pool in pools if model and pool.model == model), pools[0])
 
 
 def serving_replicas(spec: InferenceSpec, rate: float) -> int:
@@ -783,6 +805,7 @@ def replica_usages(
                 start_s=at,
                 end_s=stop,
                 utilisation=min(1.0, rate / serving_replicas(spec, rate) * service_s),
+                accelerator_model=pool.model,
             )
         )
         at = stop

@@ -5,9 +5,12 @@ Pure functions over usage records, the energy model and recorded signals; the
 simulator uses them now, the control plane will feed them its allocations and
 telemetry.
 
-* A ``Usage`` is one allocation (gang worker or replica) on one node over
-  [start_s, end_s) at a mean utilisation. When telemetry measured its energy
-  (NVML energy counters, RAPL), ``measured_energy_j`` replaces the model.
+* A ``Usage`` is one allocation (gang worker or replica) on one pool of one node
+  over [start_s, end_s) at a mean utilisation. Its pool is the node's pool of its
+  kind and ``accelerator_model`` (MIG slices beside whole GPUs are pools of their
+  own, each with its own power), as the scheduler's placement names it. When
+  telemetry measured its energy (NVML energy counters, RAPL),
+  ``measured_energy_j`` replaces the model.
 * Emissions and cost use the **recorded** intensity and price of the node's zone
   averaged over the interval (never the forecast the scheduler decided on):
   ``gco2 = kWh × mean intensity``, ``cost = kWh × mean price / 1000``. For a
@@ -60,6 +63,10 @@ class Usage:
     utilisation: float  # mean busy share of its accelerators over the interval, 0..1
     measured_energy_j: float | None = None  # from telemetry; replaces the model
     power_limit_w: float | None = None  # each device's power cap (power capping); None: none
+    # The model of the node's pool it held (``Allocation.accelerator_model``): on a node
+    # with several pools of the kind (MIG slices beside whole GPUs) each draws its own
+    # power; "" (or a model no longer there) for the node's first pool of the kind.
+    accelerator_model: str = ""
 
     def __post_init__(self) -> None:
         if self.end_s < self.start_s:
@@ -144,25 +151,31 @@ def _node_rows(usages: Sequence[Usage], fleet: Snapshot) -> IntArray:
 
 
 def modelled_kwh(usages: Sequence[Usage], fleet: Snapshot, energy: EnergyModel) -> FloatArray:
-    """The energy model's kWh of each usage (measured energy ignored)."""
+    """The energy model's kWh of each usage (measured energy ignored), at the power of
+    the pool it held."""
     nodes = _node_rows(usages, fleet)
     span_s = np.array([u.end_s - u.start_s for u in usages], dtype=np.float64)
+    table = fleet.nodes
+    columns = np.array(
+        [
+            table.column_of(int(node), u.accelerator_kind, u.accelerator_model)
+            for u, node in zip(usages, nodes.tolist(), strict=True)
+        ],
+        dtype=np.int64,
+    )
     kwh = np.zeros(len(usages))
-    for kind in ("gpu", "npu", "cpu"):
-        rows = np.array([i for i, u in enumerate(usages) if u.accelerator_kind == kind])
-        if rows.size == 0:
-            continue
+    for column in np.unique(columns).tolist():
+        rows = np.flatnonzero(columns == column)
+        held = [usages[i] for i in rows.tolist()]
         power_w = energy.member_power_w(
             fleet,
-            kind,
+            table.kinds[column].kind,
             nodes[rows],
-            np.array([usages[i].accelerators for i in rows]),
-            np.array([usages[i].utilisation for i in rows]),
+            np.array([u.accelerators for u in held]),
+            np.array([u.utilisation for u in held]),
+            column=column,
             power_limit_w=np.array(
-                [
-                    np.nan if usages[i].power_limit_w is None else usages[i].power_limit_w
-                    for i in rows
-                ]
+                [np.nan if u.power_limit_w is None else u.power_limit_w for u in held]
             ),
         )
         kwh[rows] = power_w * span_s[rows] / J_PER_KWH
@@ -199,6 +212,7 @@ class CounterfactualMember:
     accelerator_kind: AcceleratorKind
     accelerators: int
     runtime_s: float | None  # None: long-running (a replica)
+    accelerator_model: str = ""  # its pool's (``Usage.accelerator_model``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +262,7 @@ def _choice(snapshot: Snapshot, plan: Plan, work: Work) -> Counterfactual | None
                     accelerator_kind=p.accelerator_kind,
                     accelerators=p.accelerators,
                     runtime_s=None if p.expected_end is None else p.expected_end - p.start_at,
+                    accelerator_model=p.accelerator_model,
                 )
                 for p in placements
             ),
@@ -306,6 +321,7 @@ def counterfactual_usages(
                 start_s=choice.start_s,
                 end_s=max(stop, choice.start_s),
                 utilisation=busy,
+                accelerator_model=member.accelerator_model,
             )
         )
     return usages

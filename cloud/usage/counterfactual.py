@@ -52,6 +52,7 @@ def _actual_usages(work: Work, plan: Plan, energy: EnergyModel, now: float) -> l
                 end_s=now + max(0.0, runtime_s),
                 utilisation=_busy(work, energy),
                 power_limit_w=placement.power_limit_w,  # a capped run: longer, less power
+                accelerator_model=placement.accelerator_model,  # a MIG slice's own power
             )
         )
     return usages
