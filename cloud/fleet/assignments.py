@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Final, Literal
 
 import structlog
 
@@ -59,9 +59,14 @@ def assignment_keys(
     return keys
 
 
+# How long an ended assignment still counts (its node may still ship its last output
+# and samples): the default of `AssignmentIndex(linger_s=)`.
+LINGER_S: Final = 300.0
+
+
 class AssignmentIndex:
     def __init__(
-        self, *, linger_s: float = 300.0, monotonic: Callable[[], float] = time.monotonic
+        self, *, linger_s: float = LINGER_S, monotonic: Callable[[], float] = time.monotonic
     ) -> None:
         self._linger_s = linger_s
         self._monotonic = monotonic

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cloud.fleet.assignments import LINGER_S as ASSIGNMENT_LINGER_S
 from cloud.fleet.registry import NodeRegistry
 from shared.messages import Telemetry
 
@@ -35,7 +36,7 @@ QUANTILES = (("0.5", "latency_p50_ms"), ("0.95", "latency_p95_ms"), ("0.99", "la
 MAX_DEPLOYMENTS = 10_000
 # How long a deployment no longer placed keeps its series: as long as the assignment index
 # lets its withdrawn replicas' samples count (its `linger_s`).
-ENDED_LINGER_S: Final = 300.0
+ENDED_LINGER_S: Final = ASSIGNMENT_LINGER_S
 
 
 @dataclass(slots=True)
