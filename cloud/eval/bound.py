@@ -75,6 +75,7 @@ from cloud.scheduler.policy import Policy
 from cloud.scheduler.shape import make_shape
 from cloud.signals.grid import GridSignals
 from shared.accelerators import capped_throughput, lowest_power_share
+from shared.mig_profiles import mig_profile_of
 
 from .simulation import HOUR_S, SimOutcome
 from .workload import TrainingSpec, Workload, training_job
@@ -172,13 +173,17 @@ def _power_modes(
     snapshot: Snapshot, energy: EnergyModel, column: int, row: int
 ) -> tuple[tuple[float, float], ...]:
     """(speed, kW of one accelerator) of node ``row``'s GPUs in pool ``column`` at their
-    default power limit and held to each power-capping share its model allows."""
+    default power limit and held to each power-capping share its model allows. MIG
+    slices run at their default only: no policy caps them (``cloud.green.power_capping``:
+    NVML limits the whole GPU), so offering caps there would credit the optimum with
+    savings no schedule can make."""
     gpus = snapshot.nodes.kinds[column]
     speed = float(gpus.relative_speed[row])
     max_power_w = float(gpus.max_power_w[row])
-    lowest = lowest_power_share(snapshot.nodes.model_at(column, row))
+    model = snapshot.nodes.model_at(column, row)
+    lowest = lowest_power_share(model)
     shares = [1.0]
-    if max_power_w > 0:
+    if max_power_w > 0 and mig_profile_of(model) is None:
         shares += [share for share in ALL_POWER_SHARES if share >= lowest]
     modes = []
     for share in shares:

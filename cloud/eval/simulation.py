@@ -10,8 +10,8 @@ decision is revisited at least hourly as forecasts change.
 
 Placements start at once; a training gang runs for its expected run time on its
 slowest node (``duration_s / relative_speed`` of the pool it holds there, a MIG slice's
-own where it holds slices; longer where the policy caps its GPUs' power:
-``cloud.green.power_capping``); preempted work stops and is
+own where it holds slices; longer where the policy caps its GPUs' power, never a
+slice's, as live: ``cloud.green.power_capping``); preempted work stops and is
 queued again with its original submission time. A job that saves checkpoints
 keeps its progress up to the newest one and resumes with what is left (plus
 ``restart_s``); under a policy that migrates, the policy's ``Migrator`` looks

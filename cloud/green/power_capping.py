@@ -24,10 +24,13 @@ negative). A gang gets one share for all its members (it
 runs at its slowest member's pace). A cap is never chosen where the longer run would
 miss the job's deadline (less ``safety_margin_s``) or run into a reservation held on
 one of its nodes (backfill promised to end before it), nor below a device's lowest
-allowed limit (``shared.accelerators.lowest_power_share``); and nothing is capped in
-a pass that leaves a job with a deadline or a latest start waiting for capacity
-(capped runs hold GPUs longer, and a 14-day evaluation showed one such job start past
-its latest start because of it, where the baseline missed nothing).
+allowed limit (``shared.accelerators.lowest_power_share``), nor on MIG slices (NVML
+limits power per physical GPU: a slice's cap would hold its sibling slices, other
+tenants' work among them, too; a gang with a member on slices runs uncapped whole);
+and nothing is capped in a pass that leaves a job with a deadline or a latest start
+waiting for capacity (capped runs hold GPUs longer, and a 14-day evaluation showed
+one such job start past its latest start because of it, where the baseline missed
+nothing).
 
 So the cleanest capacity, which work competes for, is rarely capped, and the dirty
 overflow almost always is. Only new placements are capped: a moved or
@@ -53,6 +56,7 @@ from shared.accelerators import (
     capped_throughput,
     lowest_power_share,
 )
+from shared.mig_profiles import mig_profile_of
 
 from .energy import J_PER_KWH, EnergyModel
 from .shifting import Objective
@@ -199,6 +203,8 @@ class PowerCapper:
             if row is None:
                 return []
             column = table.column_of(row, "gpu", placement.accelerator_model)
+            if mig_profile_of(table.model_at(column, row)) is not None:
+                return []  # a slice has no power limit of its own: its GPU's holds them all
             max_power_w = float(table.kinds[column].max_power_w[row])
             if not max_power_w > 0:
                 return []  # no power figure: nothing to cap against

@@ -1,8 +1,10 @@
 """NVIDIA GPU power limits through NVML: the hardware side of carbon-aware power
 capping (edge/training/power_limits.py decides which GPU is held to what, and when).
 
-NVML limits power per physical GPU, so a MIG instance is capped through its parent,
-and every instance on that parent with it. An asked limit is clamped into the
+NVML limits power per physical GPU: a limit set through a MIG instance is its
+parent's, and holds every instance on it. So the agent never asks one for a run on
+MIG instances (power_limits.py); restoring the default through an instance stays,
+for a parent that an agent of an older version capped. An asked limit is clamped into the
 device's constraints (nvmlDeviceGetPowerManagementLimitConstraints). NVML lets only
 root set a limit (NoPermission otherwise), and a limit does not survive a driver
 unload or a reboot. Every failure becomes a PowerLimitUnavailable saying why, for

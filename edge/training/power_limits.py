@@ -2,11 +2,18 @@
 
 The cloud may ask that a worker's GPUs run under a lower power limit for its run
 (`DesiredTraining.power_limit_w`). Each run holds its GPUs from before it starts
-until it ends (succeeded, failed, stopped, withdrawn, lost); every physical GPU (a
-MIG instance's parent: NVML limits whole GPUs) is held to the lowest limit asked by
-the runs on it, and a GPU that no capped run uses any more gets its default back. A
-run that asks no limit does not lift another's. The hardware is behind the
-GpuPowerControl seam (edge/probes.py: NVML, or a simulated node), called in a thread.
+until it ends (succeeded, failed, stopped, withdrawn, lost); every GPU is held to
+the lowest limit asked by the runs on it, and a GPU that no capped run uses any more
+gets its default back (a MIG instance's parent too, capped by an agent of an older
+version: NVML limits whole GPUs). A run that asks no limit does not lift another's.
+The hardware is behind the GpuPowerControl seam (edge/probes.py: NVML, or a
+simulated node), called in a thread.
+
+No limit is ever set for a run on MIG instances: their parent's limit would hold
+every instance on it, other tenants' work among them. The scheduler never asks one
+(cloud/green/power_capping.py), but a control plane of an older version may: the
+run goes on at the default, reports nothing capped and says why, and the agent logs
+it once.
 
 A limit that cannot be set (no permission, no NVML, not supported) never stops a
 worker: it runs at the default, its report says why (`power_limit_note`), and the
@@ -38,6 +45,10 @@ from shared.messages import Accelerator, DesiredTraining
 NOT_APPLIED = "power limit not applied: {why}"
 NO_POWER_CONTROL = "this node cannot set GPU power limits"
 NO_GPU = "the worker has no GPU"
+ON_MIG_SLICES = (
+    "the worker runs on MIG slices, which share their GPU's power limit with the "
+    "other work on that GPU"
+)
 
 log = get_logger("greenfed.training.power")
 
@@ -60,6 +71,7 @@ class _Hold:
     asked_w: float | None  # None: the run asks no limit, but reports what its GPUs get
     gpu_ids: tuple[str, ...]  # physical GPUs
     status: RunStatus
+    refused: str = ""  # why the asked limit is never applied ("": it is, where it can be)
 
 
 class PowerLimits:
@@ -76,6 +88,9 @@ class PowerLimits:
         self._physical_by_accelerator = {
             a.id: physical_gpu_id(a) for a in inventory if a.kind == "gpu"
         }
+        self._mig_instance_ids = frozenset(
+            a.id for a in inventory if a.kind == "gpu" and a.parent_id is not None
+        )
         # Any one accelerator of each physical GPU: what the control addresses it by.
         self._gpus: dict[str, Accelerator] = {}
         for accelerator in inventory:
@@ -90,7 +105,8 @@ class PowerLimits:
         self._capped: set[str] = set()  # set by greenfed and not yet restored
         self._saved_capped: set[str] = set()  # as the file says
         self._loaded = False  # `_capped` read from the file (at the first settle)
-        self._logged: set[str] = set()
+        self._logged: set[str] = set()  # in the settling thread
+        self._mig_refusal_logged = False  # on the event loop
         self._lock = asyncio.Lock()
 
     def hold(self, spec: DesiredTraining, status: RunStatus) -> None:
@@ -103,8 +119,26 @@ class PowerLimits:
                 if accelerator_id in self._physical_by_accelerator
             )
         )
-        if gpu_ids or spec.power_limit_w is not None:
+        if spec.power_limit_w is not None and self._mig_instance_ids.intersection(
+            spec.accelerator_ids
+        ):
+            self._refuse_on_mig_slices(spec)
+            # Held without a limit: its report says why none is applied.
+            self._holds[id(status)] = _Hold(None, gpu_ids, status, refused=ON_MIG_SLICES)
+        elif gpu_ids or spec.power_limit_w is not None:
             self._holds[id(status)] = _Hold(spec.power_limit_w, gpu_ids, status)
+
+    def _refuse_on_mig_slices(self, spec: DesiredTraining) -> None:
+        if self._mig_refusal_logged:
+            return
+        self._mig_refusal_logged = True
+        log.warning(
+            "GPU power limit not applied",
+            job_id=spec.job_id,
+            accelerators=sorted(self._mig_instance_ids.intersection(spec.accelerator_ids)),
+            limit_w=spec.power_limit_w,
+            why=ON_MIG_SLICES,
+        )
 
     def release(self, status: RunStatus) -> None:
         """The run of `status` has ended (idempotent); its report keeps the limit it ran
@@ -148,6 +182,8 @@ class PowerLimits:
         return targets
 
     def _reported(self, hold: _Hold) -> tuple[float | None, str]:
+        if hold.refused:
+            return None, NOT_APPLIED.format(why=hold.refused)
         held_w = [self._applied_w[gpu_id] for gpu_id in hold.gpu_ids if gpu_id in self._applied_w]
         limit_w = max(held_w) if held_w else None
         if hold.asked_w is None:

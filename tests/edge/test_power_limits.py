@@ -290,11 +290,11 @@ async def test_a_gpu_capped_for_a_worker_that_ended_while_no_agent_ran_gets_its_
 async def test_workers_sharing_a_gpu_hold_it_to_the_lowest_limit_asked_while_they_run(
     tmp_path: Path, fake_nvml: FakeNvml, inventory: tuple[Accelerator, ...]
 ) -> None:
-    parent = fake_nvml.gpus[1]  # three MIG instances, one worker on each
+    parent = fake_nvml.gpus[0]  # a whole GPU the three workers share
     go_high, go_low, go_free = tmp_path / "go-high", tmp_path / "go-low", tmp_path / "go-free"
-    high = worker(go_high, "high", gpus=("gpu1-mig0",), limit_w=300.0)
-    low = worker(go_low, "low", gpus=("gpu1-mig1",), limit_w=200.0)
-    free = worker(go_free, "free", gpus=("gpu1-mig2",), limit_w=None)
+    high = worker(go_high, "high", gpus=("gpu0",), limit_w=300.0)
+    low = worker(go_low, "low", gpus=("gpu0",), limit_w=200.0)
+    free = worker(go_free, "free", gpus=("gpu0",), limit_w=None)
 
     def held_w() -> dict[str, float | None]:
         return {r.job_id: r.power_limit_w for r in training.reported() if r.state == "running"}
@@ -320,7 +320,7 @@ async def test_workers_sharing_a_gpu_hold_it_to_the_lowest_limit_asked_while_the
         for go in (go_high, go_low, go_free):
             let_go(go)
     assert parent.limits_set_mw == [300_000, 200_000, 300_000, 400_000]
-    assert fake_nvml.gpus[0].limits_set_mw == []
+    assert fake_nvml.gpus[1].limits_set_mw == []
 
 
 # -- when no limit can be set --------------------------------------------------------
@@ -337,7 +337,7 @@ async def test_without_permission_the_worker_runs_at_the_default_and_says_why(
         gpu.failing["nvmlDeviceSetPowerManagementLimit"] = pynvml.NVMLError_NoPermission
     expected_note = f"power limit not applied: {NO_PERMISSION}"
     async with agent(tmp_path, inventory, NvmlPowerControl()) as training:
-        training.apply([worker(go, "a"), worker(go, "b", gpus=("gpu1-mig0",), limit_w=200.0)])
+        training.apply([worker(go, "a"), worker(go, "b", gpus=("gpu0",), limit_w=200.0)])
         await state_is(training, "running", "a")
         await state_is(training, "running", "b")
         await eventually(lambda: all(r.power_limit_note for r in training.reported()))

@@ -131,3 +131,23 @@ def test_a_job_a_policy_ran_where_the_optimum_has_no_pool_is_an_error(
             scenario.recorded,
             mig_report.options.energy,
         )
+
+
+def test_the_optimum_offers_slices_no_power_cap_and_whole_gpus_their_caps(
+    mig_report: EvalReport,
+) -> None:
+    """No policy caps a MIG slice (NVML's limit is the whole GPU's, so it would hold the
+    sibling slices too): an optimum that could would credit itself savings no schedule
+    can make, and read every policy's share too low."""
+    from cloud.eval.bound import _pools
+    from cloud.green.energy import EnergyModel
+    from cloud.scheduler import Snapshot
+
+    scenario = mig_report.scenario
+    snapshot = Snapshot.build(now=0.0, nodes=scenario.nodes)
+    pools = _pools(snapshot, EnergyModel())
+    slices = [p for p in pools if "MIG" in snapshot.nodes.model_at(p.column, p.representative)]
+    whole = [p for p in pools if p not in slices]
+    assert slices and whole
+    assert all(len(pool.modes) == 1 for pool in slices)
+    assert all(len(pool.modes) > 1 for pool in whole)
