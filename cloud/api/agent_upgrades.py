@@ -18,6 +18,7 @@ from aiohttp import web
 from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import json_response, payload_too_large, read_json
+from cloud.api.credential_minting import ADMIN_MINTING_REFUSAL, refuse_unless_caller_active
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import MODEL_URL_SIGNER, REGISTRY, SIGNING_KEY, STORE
@@ -56,7 +57,12 @@ def _rollout_not_found(rollout_id: str) -> Problem:
     )
 
 
+# Code every node runs as the agent outlives any overlap as a credential does, and more.
+_PUBLISHING_AGENTS: Final = "publish or roll out agent versions"
+
+
 async def publish_package(request: web.Request) -> web.Response:
+    await refuse_unless_caller_active(request, _PUBLISHING_AGENTS)
     if request.content_type not in _WHEEL_MEDIA_TYPES:
         raise Problem(
             415,
@@ -171,6 +177,7 @@ def rollout_view(record: AgentRolloutRecord) -> RolloutView:
 
 
 async def create_rollout(request: web.Request) -> web.Response:
+    await refuse_unless_caller_active(request, _PUBLISHING_AGENTS)
     rules = await read_json(request, _REQUEST_DECODER)
     store = request.app[STORE]
     if await store.agent_package(rules.version) is None:
@@ -284,6 +291,7 @@ ROUTES: Final = (
         body_media_type="application/octet-stream",
         replies=(
             Reply(201, "The package, signed", PackageView),
+            ADMIN_MINTING_REFUSAL,
             problem_reply(409, "That version is published already"),
             problem_reply(422, "Not a greenfed wheel; detail says why"),
         ),
@@ -325,6 +333,7 @@ ROUTES: Final = (
         body=RolloutRequest,
         replies=(
             Reply(201, "The rollout, its canaries asked already", RolloutView),
+            ADMIN_MINTING_REFUSAL,
             _NO_PACKAGE,
             problem_reply(409, "A rollout is running already, or there are no nodes"),
             problem_reply(422, "A named node is unknown"),

@@ -28,6 +28,7 @@ from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import invalid_body, json_response, read_json
 from cloud.api.bulk_actions import destructive
+from cloud.api.credential_minting import ADMIN_MINTING_REFUSAL, refuse_unless_caller_active
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import (
@@ -78,6 +79,8 @@ from shared.topics import Channel, is_valid_node_id
 
 _CREATE_DECODER: Final = msgspec.json.Decoder(JoinTokenCreate)
 _ENROL_DECODER: Final = msgspec.json.Decoder(EnrolRequest)
+# What only an active token may do here (cloud/api/credential_minting.py), as refused.
+_CREATING_JOIN_TOKENS: Final = "create join tokens"
 _log = structlog.get_logger("greenfed.enrolment")
 
 
@@ -201,6 +204,8 @@ def enrolled_node_view(record: EnrolledNodeRecord) -> EnrolledNodeView:
 
 
 async def create_join_token(request: web.Request) -> web.Response:
+    # A join token enrols nodes, each with a broker account: a credential.
+    await refuse_unless_caller_active(request, _CREATING_JOIN_TOKENS)
     body = await read_json(request, _CREATE_DECODER)
     settings = request.app[SETTINGS]
     ttl_s = body.ttl_s if body.ttl_s is not None else settings.cloud.join_token_ttl_s
@@ -513,6 +518,19 @@ async def list_enrolled_nodes(request: web.Request) -> web.Response:
     return json_response(EnrolledNodeList(items=views, count=len(views)))
 
 
+def _foreign_account_left_alone(node_id: str, error: ForeignAccountError) -> Problem:
+    """A revoked node whose name is a broker account greenfed did not make for it."""
+    return Problem(
+        409,
+        "foreign-broker-account",
+        "Broker account not greenfed's",
+        f"node {node_id!r} is revoked in the control plane (it ingests nothing more from "
+        f"it), but the MQTT broker's account {node_id!r} is not a greenfed node's of this "
+        f"fleet ({error}), so it was left untouched: disable it on the broker by hand if "
+        "it should not connect",
+    )
+
+
 @destructive("node.revoke")  # bulk revocations need a confirmation
 async def revoke_node(request: web.Request) -> web.Response:
     app = request.app
@@ -539,6 +557,10 @@ async def revoke_node(request: web.Request) -> web.Response:
         app[INGESTOR].notify_change()
     try:
         await app[BROKER_ACCOUNTS].revoke(node_id)
+    except ForeignAccountError as error:
+        # Never a retry: the account is not ours, and asking again changes nothing.
+        _log.warning("node revoked; broker account left alone", node_id=node_id, error=str(error))
+        raise _foreign_account_left_alone(node_id, error) from None
     except BrokerAccountError as error:
         raise Problem(
             503,
@@ -561,7 +583,7 @@ ROUTES: Final = (
         "admin",
         "enrolment",
         body=JoinTokenCreate,
-        replies=(Reply(201, "The token and its limits", JoinTokenCreated),),
+        replies=(Reply(201, "The token and its limits", JoinTokenCreated), ADMIN_MINTING_REFUSAL),
     ),
     Route(
         "GET",
@@ -633,6 +655,11 @@ ROUTES: Final = (
         "enrolment",
         replies=(
             Reply(200, "The node's revoked identity", EnrolledNodeView),
+            problem_reply(
+                409,
+                "Revoked here, but the broker's account of that name is not greenfed's: "
+                "left untouched",
+            ),
             problem_reply(503, "Revoked here, but the broker did not disable the account"),
         ),
     ),

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from cloud.api.audit import audit_entry
 from cloud.api.bodies import json_response, read_json
+from cloud.api.credential_minting import ADMIN_MINTING_REFUSAL, refuse_unless_caller_active
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import BROKER_ACCOUNTS, SETTINGS, STORE
@@ -32,6 +33,8 @@ from shared.settings import parse_mqtt_url
 from shared.topics import Topics, is_valid_node_id
 
 _DECODER: Final = msgspec.json.Decoder(MqttAccountSpec)
+# What only an active token may do here (cloud/api/credential_minting.py), as refused.
+_CREATING_ACCOUNTS: Final = "create MQTT accounts"
 
 
 # What a route answers beyond its success: the same for making and revoking, but for
@@ -62,7 +65,7 @@ def _invalid_name(name: str, reason: str) -> Problem:
 
 
 @contextlib.contextmanager
-def _broker_refusals(name: str) -> Iterator[None]:
+def _broker_refusals(name: str, *, revoking: bool = False) -> Iterator[None]:
     """The account seam's errors as problems: a name no account can have (422), a name
     some other account holds, accounts made by hand (409), a broker that did not answer
     (503)."""
@@ -71,12 +74,14 @@ def _broker_refusals(name: str) -> Iterator[None]:
     except InvalidAccountNameError as error:
         raise _invalid_name(name, str(error)) from None
     except ForeignAccountError:
+        # Never the 503 a client retries: the account stays another's whatever it asks.
+        advice = "it was left untouched" if revoking else "choose another name"
         raise Problem(
             409,
             "mqtt-account-taken",
             "MQTT account name taken",
             f"the MQTT broker's account {name!r} is a node's, the control plane's or an "
-            "operator's: choose another name",
+            f"operator's, not a greenfed reader's: {advice}",
         ) from None
     except AccountsNotManagedError as error:
         raise Problem(
@@ -93,6 +98,7 @@ def _broker_refusals(name: str) -> Iterator[None]:
 
 
 async def create_account(request: web.Request) -> web.Response:
+    await refuse_unless_caller_active(request, _CREATING_ACCOUNTS)
     spec = await read_json(request, _DECODER)
     with _broker_refusals(spec.name):
         credentials = await request.app[BROKER_ACCOUNTS].provision_reader(spec.name)
@@ -128,7 +134,7 @@ async def revoke_account(request: web.Request) -> web.Response:
             "No such MQTT account",
             f"no account can be named {name[:200]!r}: {InvalidAccountNameError(name)}",
         )
-    with _broker_refusals(name):
+    with _broker_refusals(name, revoking=True):
         await request.app[BROKER_ACCOUNTS].revoke_reader(name)
     await request.app[STORE].record_audit(audit_entry(request, "mqtt_account.revoke", name))
     return json_response(MqttAccountRevoked(username=name, revoked=True))
@@ -145,6 +151,7 @@ ROUTES: Final = (
         body=MqttAccountSpec,
         replies=(
             Reply(201, "The account and its password, shown once", MqttAccountCreated),
+            ADMIN_MINTING_REFUSAL,
             _NAME_REFUSAL,
             *_REFUSALS,
         ),

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from cloud.api.audit import audit_entry
 from cloud.api.bodies import PatchFields, invalid_body, json_response, read_json
+from cloud.api.credential_minting import ADMIN_MINTING_REFUSAL, refuse_unless_caller_active
 from cloud.api.fair_share import fair_share_views
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.routes import Reply, Route
@@ -36,6 +37,8 @@ from cloud.work.views import (
     tenant_view,
 )
 
+# What only an active token may do here (cloud/api/credential_minting.py), as refused.
+_CREATING_TENANTS: Final = "create tenants (each comes with its own token)"
 _CREATE_DECODER: Final = msgspec.json.Decoder(TenantCreate)
 _UPDATE_DECODER: Final = msgspec.json.Decoder(TenantUpdate)
 # Every field may be given as null (removing a cohort or a cap): any one given is a change.
@@ -45,6 +48,8 @@ _TENANT_CHANGES: Final = PatchFields(
 
 
 async def create_tenant(request: web.Request) -> web.Response:
+    # A tenant comes with a bearer token (an admin's, perhaps): a credential.
+    await refuse_unless_caller_active(request, _CREATING_TENANTS)
     body = await read_json(request, _CREATE_DECODER)
     new = NewTenant(
         name=body.name,
@@ -147,6 +152,7 @@ ROUTES: Final = (
         body=TenantCreate,
         replies=(
             Reply(201, "The tenant and its bearer token", TenantCreated),
+            ADMIN_MINTING_REFUSAL,
             problem_reply(409, "A tenant of that name exists"),
         ),
     ),

@@ -10,7 +10,8 @@ tenant's token is not found (404), like one that does not exist.
 Only an `active` token manages tokens: one rotated out still works for everything else
 during its overlap, but may only revoke itself (a 403 otherwise). Rotating a leaked token
 is meant to shut its holder out; were it allowed to make a token with no end, or to
-revoke its replacement, the rotation would protect nothing.
+revoke its replacement, the rotation would protect nothing. The same rule keeps it from
+minting any other credential (cloud/api/credential_minting.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from cloud.access.views import (
 from cloud.api.audit import audit_entry
 from cloud.api.auth import caller_token_of, tenant_of
 from cloud.api.bodies import decode_body, json_response, read_body
+from cloud.api.credential_minting import CALLER_NOT_ACTIVE_DOC, refuse_unless_caller_active
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
@@ -54,6 +56,10 @@ class TokenQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     tenant: TenantParameter = None
 
 
+# What only an active token may do here (cloud/api/credential_minting.py), as refused.
+_MANAGING_TOKENS: Final = "create, rotate or revoke tokens (a rotated one may revoke only itself)"
+
+
 def _not_found(token_id: str) -> Problem:
     return Problem(404, "token-not-found", "Token not found", f"no token {token_id[:32]!r}")
 
@@ -61,22 +67,9 @@ def _not_found(token_id: str) -> Problem:
 async def _refuse_unless_caller_active(request: web.Request, *, revoking: str = "") -> None:
     """A 403 unless the caller's own token is `active` now; a token revoking itself
     (`revoking` its id) may whatever its state."""
-    caller_token_id = caller_token_of(request).token_id
-    if revoking == caller_token_id:
+    if revoking == caller_token_of(request).token_id:
         return
-    # Read afresh: the verdict that let the request in may be store.token_cache_s old,
-    # from before another replica rotated the token.
-    current = await request.app[STORE].get_token(caller_token_id)
-    state = "revoked" if current is None else current.state(time.time())
-    if state != "active":
-        raise Problem(
-            403,
-            "caller-token-not-active",
-            "Forbidden",
-            f"the bearer token {caller_token_id} is {state}: only an active token may "
-            "create, rotate or revoke tokens (a rotated one may revoke only itself); use "
-            "its replacement",
-        )
+    await refuse_unless_caller_active(request, _MANAGING_TOKENS)
 
 
 async def _owned(request: web.Request) -> tuple[TenantRecord, TokenRecord]:
@@ -174,7 +167,6 @@ async def revoke_token(request: web.Request) -> web.Response:
 
 
 _TENANT_DOC: Final = "The admin: `?tenant=NAME` acts on that tenant's tokens."
-_CALLER_NOT_ACTIVE_DOC: Final = "The caller's own token is not active (rotated out, in its overlap)"
 
 ROUTES: Final = (
     Route(
@@ -192,7 +184,7 @@ ROUTES: Final = (
             problem_reply(
                 403,
                 "Another tenant's tokens, asked by a tenant that is not the admin. "
-                + _CALLER_NOT_ACTIVE_DOC,
+                + CALLER_NOT_ACTIVE_DOC,
             ),
         ),
     ),
@@ -218,7 +210,7 @@ ROUTES: Final = (
         body_required=False,  # without one, the default overlap
         replies=(
             Reply(201, "The new token (with its secret) and the old one", TokenRotated),
-            problem_reply(403, _CALLER_NOT_ACTIVE_DOC),
+            problem_reply(403, CALLER_NOT_ACTIVE_DOC),
             problem_reply(409, "The token was already rotated or revoked"),
         ),
     ),
@@ -231,7 +223,7 @@ ROUTES: Final = (
         "tokens",
         replies=(
             Reply(200, "The revoked token", TokenView),
-            problem_reply(403, _CALLER_NOT_ACTIVE_DOC + ", and the token is not itself"),
+            problem_reply(403, CALLER_NOT_ACTIVE_DOC + ", and the token is not itself"),
             problem_reply(409, "The admin's last working token"),
         ),
     ),
