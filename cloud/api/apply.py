@@ -53,8 +53,9 @@ from cloud.store import (
     VersionConflictError,
     WorkRecord,
 )
+from cloud.store.work_lookup import NamedArray
 from cloud.work.apply_views import ApplyView, DryRunView
-from cloud.work.lookup import SHOWN_CANDIDATES, Ambiguous
+from cloud.work.lookup import SHOWN_CANDIDATES, Ambiguous, by_name
 from cloud.work.spec_changes import (
     IN_PLACE_DEPLOYMENT_FIELDS,
     QUEUED_JOB_FIELDS,
@@ -154,21 +155,37 @@ def _refused(slug: str, title: str, detail: str, fields: tuple[str, ...] = ()) -
 async def _named(
     request: web.Request, collection: Collection[SpecT], tenant: TenantRecord, name: str
 ) -> tuple[WorkRecord | None, WorkRecord | None]:
-    """(the live work of that name, else None; the newest ended one, else None)."""
+    """(the live work of that name, else None; the newest ended one, else None). A job
+    array's tasks are one match, as everywhere a name is taken (cloud/work/lookup.py):
+    the name of a live array is a 409 naming it once, however many tasks it has."""
     store = request.app[STORE]
-    live = await store.work_matching(
-        tenant.tenant_id,
-        collection.store_kind,
-        name=name,
-        active_only=True,
-        limit=SHOWN_CANDIDATES + 1,
+    live = await store.live_work_named(
+        tenant.tenant_id, collection.store_kind, name, limit=SHOWN_CANDIDATES + 1
     )
-    if len(live) > 1:
-        raise ambiguous_problem(collection.noun, Ambiguous(name, "name", live))
-    if live:
-        return live[0], None
+    found = by_name(name, live.work, (), live.arrays)
+    if isinstance(found, Ambiguous):
+        raise ambiguous_problem(collection.noun, found)
+    if found is not None:
+        return found, None
+    if live.arrays:
+        raise _array_named(name, live.arrays[0])
     newest = await store.work_matching(tenant.tenant_id, collection.store_kind, name=name, limit=1)
     return None, newest[0] if newest else None
+
+
+def _array_named(name: str, array: NamedArray) -> Problem:
+    """The 409 of applying the name of a live job array: apply takes single jobs, and
+    the array's tasks are changed one by one (PATCH /v1/jobs/ARRAYID_INDEX)."""
+    tasks = "1 task" if array.live_tasks == 1 else f"{array.live_tasks} tasks"
+    detail = (
+        f"job {name} is job array {array.array_id} ({tasks} not ended), "
+        "which apply does not change: cancel it (greenfed cancel "
+        f"{array.array_id}) and apply again, apply it under a new name, or change its "
+        f"tasks one by one (PATCH /v1/jobs/{array.array_id}_INDEX)"
+    )
+    return Problem(
+        409, "job-array", "A job array is not applied", detail, (InvalidParam("id", detail),)
+    )
 
 
 def _view(
@@ -468,7 +485,8 @@ def _routes(collection: Collection[SpecT], dry_run: Handler, apply: Handler) -> 
                 problem_reply(403, "The priority class is not allowed for this tenant"),
                 problem_reply(
                     409,
-                    "The live work cannot take the change, or several live items have the name",
+                    "The live work cannot take the change, several live items have the name, "
+                    "or the name is a live job array's",
                 ),
                 problem_reply(429, "The tenant's pending work is at its max_queued"),
             ),

@@ -26,7 +26,7 @@ from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import invalid_body, json_response
 from cloud.api.problems import Problem
-from cloud.api.refusals import new_dependencies, queue_full
+from cloud.api.refusals import idempotency_key_reused, new_dependencies, queue_full
 from cloud.api.stored_specs import shown_spec, spec_unreadable
 from cloud.app_keys import STORE
 from cloud.secrets.redaction import redacted
@@ -177,13 +177,10 @@ async def submit_array(
     first = result.work
     earlier = _submitted_task(first)  # the key may be a deployment's, or a single job's
     if not result.created and (earlier is None or not _same_array(first, earlier, spec)):
-        raise Problem(
-            409,
-            "idempotency-key-reused",
-            "Idempotency-Key reused",
-            f"Idempotency-Key {key!r} was used for another request body ({first.work_id}); "
-            "use a new key for a different submission",
-        )
+        # The key's work is seen where this retry's would be: an array's by its id.
+        task = None if earlier is None else earlier.array_task
+        shown = first.work_id if task is None else task.array_id
+        raise idempotency_key_reused(key, first, f"/v1/jobs/{shown}", same_kind=earlier is not None)
     assert earlier is not None  # created: one of the tasks just made
     assert earlier.array_task is not None
     found = await store.array_tasks(tenant.tenant_id, earlier.array_task.array_id)

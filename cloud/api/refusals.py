@@ -130,6 +130,34 @@ def queue_full(tenant: TenantRecord, error: QueueFullError, then: str) -> Proble
     )
 
 
+def idempotency_key_reused(
+    key: str | None, earlier: WorkRecord, shown_at: str, *, same_kind: bool
+) -> Problem:
+    """The 409 of a retry whose body is not what its Idempotency-Key was first used with
+    (`earlier`, seen at the path `shown_at`; `same_kind`: of the kind the retry asks for).
+
+    Work stored before store v25 keeps no digest of its spec as submitted: a retry is
+    compared with its spec as stored, which a PATCH or an apply may have changed since.
+    A difference then proves nothing either way, and the retry is no proof of being the
+    original either: it is refused (never answered with work that may be another
+    submission's), saying why and how to find out instead of "another request body"."""
+    if same_kind and earlier.submitted_spec_sha256 is None:
+        detail = (
+            f"Idempotency-Key {key!r} was used for {earlier.work_id}, stored before greenfed "
+            "kept what each key was submitted with (store schema 25); its spec as it is now "
+            "differs from this body, which is either another submission or the same one "
+            f"changed since by a PATCH or an apply: nothing tells which. GET {shown_at} to "
+            "see whether it is this submission (then it was accepted: do not submit it "
+            "again); else use a new key"
+        )
+    else:
+        detail = (
+            f"Idempotency-Key {key!r} was used for another request body ({earlier.work_id}); "
+            "use a new key for a different submission"
+        )
+    return Problem(409, "idempotency-key-reused", "Idempotency-Key reused", detail)
+
+
 def new_dependencies(spec: WorkSpec) -> tuple[NewDependency, ...]:
     return tuple(NewDependency(d.job, d.condition) for d in spec.depends_on)
 

@@ -35,6 +35,7 @@ from cloud.api.query import RFC3339_PATTERN, comma_list, comma_list_pattern, par
 from cloud.api.references import dependencies_by_id, work_id_of
 from cloud.api.refusals import (
     dependency_views,
+    idempotency_key_reused,
     new_dependencies,
     queue_full,
     refused_dependencies,
@@ -537,12 +538,11 @@ async def _replay(
 ) -> web.Response:
     """A retry with the same Idempotency-Key: the original (200), or 409 for another body."""
     if not _same_submission(record, collection.store_kind, spec, document):
-        raise Problem(
-            409,
-            "idempotency-key-reused",
-            "Idempotency-Key reused",
-            f"Idempotency-Key {key!r} was used for another request body ({record.work_id}); "
-            "use a new key for a different submission",
+        raise idempotency_key_reused(
+            key,
+            record,
+            f"{collection.path()}/{record.work_id}",
+            same_kind=_submitted_alone(record, collection),
         )
     allocations = await request.app[STORE].work_allocations(tenant.tenant_id, record.work_id)
     # The work as it is now: its stored spec, which a PATCH or an apply may have changed.
@@ -551,6 +551,20 @@ async def _replay(
     response = json_response(body, status=200)
     response.headers["Location"] = f"{collection.path()}/{record.work_id}"
     return response
+
+
+def _submitted_alone(record: WorkRecord, collection: Collection[SpecT]) -> bool:
+    """Whether `record` was submitted as one item of `collection`, as the retry asks: a
+    key first used for the other collection, or for a job array (its first task holds
+    the key), was used for another submission, whatever became of the work since."""
+    if record.kind != collection.store_kind:
+        return False
+    if record.kind != "training":
+        return True
+    try:
+        return _JOB_SHOWN.decode(record.spec).array_task is None
+    except msgspec.DecodeError:  # unreadable here: nothing tells what it was submitted as
+        return True
 
 
 async def _with_dependencies(
