@@ -18,8 +18,13 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
-from shared.settings import StoreSettings
-from shared.token_files import metrics_token_path, read_token_file, write_secret
+from shared.settings import ConfigError, StoreSettings
+from shared.token_files import (
+    MalformedTokenFile,
+    metrics_token_path,
+    read_token_file,
+    write_secret,
+)
 
 if TYPE_CHECKING:  # loaded by the app, which has the store anyway
     from cloud.store import Store
@@ -27,6 +32,8 @@ if TYPE_CHECKING:  # loaded by the app, which has the store anyway
 SECRET_NAME: Final = "metrics-scrape-token"
 # Told apart from tenants' `gf_<id>_<secret>` bearer tokens at a glance.
 TOKEN_PREFIX: Final = "gfm_"
+# The setting that says where the token file is (`<store.data_dir>/metrics-token`).
+SETTING: Final = "store.data_dir"
 
 
 async def bootstrap_scrape_token(store: Store, settings: StoreSettings) -> str:
@@ -38,16 +45,27 @@ async def bootstrap_scrape_token(store: Store, settings: StoreSettings) -> str:
 
 
 def _write_if_changed(path: Path, token: str) -> None:
+    """Write the token unless the file holds it already. A file there that is not text is
+    a ConfigError naming the setting (the command line prints it as one line): it is no
+    token file of ours, and `store.data_dir` may point at a directory of someone else's,
+    so it is not overwritten."""
     log = structlog.get_logger("greenfed.cloud")
     try:
         if read_token_file(path) == token:
             return
         write_secret(path, token)
+    except MalformedTokenFile as error:
+        raise ConfigError(
+            f"{SETTING}: {error}; remove it and the control plane writes the metrics "
+            "scrape token there at its next start",
+            key=SETTING,
+        ) from None
     except OSError as error:
         # Not fatal: the tenant series stay served to admin tokens.
         log.warning(
-            "could not write the metrics scrape token",
+            "could not read or write the metrics scrape token file",
             metrics_token_file=str(path),
+            setting=SETTING,
             error=str(error),
         )
         return

@@ -141,7 +141,8 @@ def add_declarative_commands(commands: Any) -> None:
         help="only these kinds, comma-separated or repeated (work.state; work: every work.*)",
     )
     events.add_argument("--since", help="ISO 8601 time or a time ago (30m, 24h, 7d)")
-    add_client_options(events, formats=("table", "json"))
+    # A stream of lines: no `wide` table to widen.
+    add_client_options(events, formats=("table", "json", "yaml"))
     events.set_defaults(handler=_cmd_events)
 
     _with_dry_run(commands.choices["submit"])

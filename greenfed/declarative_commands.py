@@ -22,7 +22,7 @@ from cloud.work.apply_views import ApplyView, DryRunView
 from cloud.work.specs import TrainingJobSpec, WorkSpec, encode_spec
 from cloud.work.views import EventView
 from greenfed.arguments import EXIT_OK
-from greenfed.output import Output, emit
+from greenfed.output import Output, emit, yaml_text
 from greenfed.spec_files import (
     SUFFIXES,
     SpecFileError,
@@ -210,7 +210,8 @@ async def events(
     output: Output,
 ) -> int:
     """The events (`follow`: then each new one as it comes), one line each; `-o json`:
-    one JSON object (an EventView) a line."""
+    one JSON object (an EventView) a line; `-o yaml`: one YAML document each, opened by
+    `---` so that a stream that never ends can be read one event at a time."""
     from greenfed.event_stream import events as event_stream
     from greenfed.event_stream import matches
 
@@ -226,6 +227,8 @@ async def events(
             continue
         if output.format == "json":
             output.out.write(_EVENT_LINE.encode(event).decode() + "\n")
+        elif output.format == "yaml":
+            output.out.write("---\n" + yaml_text(event))
         else:
             output.out.write(_event_line(event))
         output.out.flush()

@@ -41,7 +41,7 @@ from greenfed.ports import port_is_free
 from shared.redact import redact_url
 from shared.runtime import run_until_stopped
 from shared.settings import MqttSettings, Settings, parse_mqtt_url
-from shared.token_files import metrics_token_path, read_token_file
+from shared.token_files import MalformedTokenFile, metrics_token_path, read_token_file
 from shared.topics import Channel, Topics
 from sim_devices.fleet import Fleet, SimNodeSpec, expand_fleet, load_sized_fleet
 from sim_devices.runner import SimulatedFleet
@@ -253,6 +253,8 @@ def _token_note(path: Path) -> str:
         token = read_token_file(path)
     except OSError as error:
         return f" (cannot read it: {error.strerror})"
+    except MalformedTokenFile as error:
+        return f" (cannot serve: {error})"
     if token is None:
         return " (not there: the admin was created earlier and its token file removed)"
     return "   (the CLI reads it by itself)"

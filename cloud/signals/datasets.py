@@ -15,7 +15,7 @@ it: a carbon intensity outside 0 to 10,000 gCO2eq/kWh, a price beyond ±100,000 
 (`model.MAX_CARBON_G_PER_KWH`, `MAX_ABS_PRICE_PER_MWH`) or a zone's rows more than
 `MAX_TRACE_SPAN_YEARS` apart are a `DatasetError` naming the file and line, and so are
 a cell that holds text that is no number (`NaN` included), a time that is none, a row
-shorter than the header, a carbon file's row whose `Zone Id` is empty or not the file's
+shorter or longer than the header, a carbon file's row whose `Zone Id` is empty or not the file's
 one zone, and an hour with two rows (naming both). Only an empty cell is a missing hour.
 """
 
@@ -161,14 +161,24 @@ def _numbered_rows(entry: Traversable) -> Iterator[tuple[int, dict[str, str]]]:
 
     A row with fewer fields than the header (a line cut short) is a DatasetError naming
     the first column it lacks: the csv module would give that column None, which is no
-    text, and read as an empty cell it would pass for a missing hour."""
+    text, and read as an empty cell it would pass for a missing hour. A row with more
+    fields than the header is one too: the csv module files the extra ones under the key
+    None, where nothing reads them, and a stray comma has shifted which value is in which
+    column."""
     # newline="" as the csv module wants: the shipped files end lines with CRLF.
     with io.TextIOWrapper(entry.open("rb"), encoding="utf-8", newline="") as handle:
         reader = csv.DictReader(handle)
         for row in reader:
+            header = reader.fieldnames or ()
+            extra = row.pop(None, None)  # the fields past the header's (restkey None)
+            if extra:
+                raise DatasetError(
+                    f"{entry.name}: line {reader.line_num}: the row has "
+                    f"{len(header) + len(extra)} fields, more than the header's "
+                    f"{len(header)} (a value with a comma in it goes in double quotes)"
+                )
             missing = [column for column, text in row.items() if text is None]
             if missing:
-                header = reader.fieldnames or ()
                 raise DatasetError(
                     f"{entry.name}: line {reader.line_num}: no {missing[0]} cell: the row "
                     f"has {len(header) - len(missing)} of the header's {len(header)} fields"
