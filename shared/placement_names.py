@@ -51,6 +51,11 @@ def placement_error(
                 f"at most {MAX_PLACEMENT_CHARS} characters, starting and ending with a "
                 "letter or digit",
             )
+    return label_error(labels, prefix=prefix)
+
+
+def label_error(labels: Mapping[str, str], *, prefix: str = "$.") -> tuple[str, str] | None:
+    """(the field at fault, what is wrong with it) or None when every label is valid."""
     for key, value in labels.items():
         if _LABEL_KEY.match(key) is None:
             return (

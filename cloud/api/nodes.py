@@ -25,6 +25,12 @@ from cloud.fleet.views import NodeDetail, NodeList, node_detail
 from cloud.fleet.well_known_labels import ADMIN_LABEL_KEY_PATTERN, reserved_label_error
 from cloud.store import NodeAdminRecord
 from shared.messages import AcceleratorKind, NodeState, Site
+from shared.placement_names import (
+    LABEL_VALUE_PATTERN,
+    MAX_LABEL_KEY_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    label_error,
+)
 from shared.taints import MAX_TAINTS, TAINT_EFFECTS, parse_taint
 
 MAX_PAGE_SIZE = 10_000
@@ -131,11 +137,17 @@ class NodeAdminUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                     str,
                     msgspec.Meta(
                         min_length=1,
-                        max_length=253,
+                        max_length=MAX_LABEL_KEY_CHARS,
                         extra_json_schema={"pattern": ADMIN_LABEL_KEY_PATTERN},
                     ),
                 ],
-                Annotated[str, msgspec.Meta(max_length=253)],
+                Annotated[
+                    str,
+                    msgspec.Meta(
+                        max_length=MAX_LABEL_VALUE_CHARS,
+                        extra_json_schema={"pattern": LABEL_VALUE_PATTERN},
+                    ),
+                ],
             ],
             msgspec.Meta(max_length=64),
         ]
@@ -257,6 +269,10 @@ async def update_node(request: web.Request) -> web.Response:
         for key in body.labels:
             if (reserved := reserved_label_error(key)) is not None:
                 raise invalid_body(f"$.labels.{key}", reserved)
+        # The grammar every other part holds labels to (agent, enrolment, births): what
+        # an admin sets is shown to every tenant and exported, as a node's own labels are.
+        if (fault := label_error(body.labels)) is not None:
+            raise invalid_body(*fault)
         record = replace(record, labels=body.labels)
     return await _store_admin(
         request, record, "node.update", taints=list(record.taints), labels=dict(record.labels)

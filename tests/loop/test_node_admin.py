@@ -85,6 +85,20 @@ async def test_admin_taints_and_labels_fence_a_node_beside_its_agents(
         )
         assert bad.status == 422
         assert (await bad.json())["invalid_params"][0]["name"] == "$.taints[1]"
+        # Labels follow the grammar the agent's and enrolment's do: what an admin sets is
+        # shown to every tenant and exported, so no formula, control sequence or odd key.
+        for labels, field in (
+            ({"pool": "=HYPERLINK(1)"}, "$.labels.pool"),
+            ({"pool": "\x1b[2Jred"}, "$.labels.pool"),
+            ({"pool": " lead"}, "$.labels.pool"),
+            ({"=evil key": "x"}, "$.labels"),
+            ({"a\nb": "x"}, "$.labels"),
+        ):
+            refused = await api.client.patch(
+                "/v1/nodes/orin-1", json={"labels": labels}, headers=headers
+            )
+            assert refused.status == 422, labels
+            assert (await refused.json())["invalid_params"][0]["name"] == field, labels
         fenced = await api.client.patch(
             "/v1/nodes/orin-1",
             json={"taints": ["dedicated=risk:NoSchedule"], "labels": {"pool": "risk"}},
