@@ -24,7 +24,14 @@ usage, batched, while this process leads scheduling.
   telemetry had time to arrive (`usage.final_delay_s`); a leader starting finds the
   work that ran and an earlier leader did not tell (`begin`).
 - A node the registry let go (revoked) is metered to the end of its allocations, then
-  its mark is deleted with a flush and nothing of it is kept (`_departures`).
+  its mark is deleted with a flush and nothing of it is kept (`_departures`). A mark
+  read at `begin` whose node the registry never held since is kept (not heard of yet
+  after a restart) unless the store says the node is revoked: looked up at `begin` and
+  hourly after (`_sweep_revoked`), so that the marks of nodes revoked while no leader
+  saw them leave go too.
+- /metrics' usage counters (`totals`) are this process's own counts, from zero when it
+  started, exported only while it leads: summed across replicas (the dashboards'
+  `sum(increase())`) each row counts once through failovers, fail-backs and restarts.
 
 Only the leader meters; another replica's `observe` returns at once. Where replicas
 share the telemetry (`mqtt.shared_group`), the leader hears the samples it took and the
@@ -38,7 +45,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -82,6 +89,12 @@ USAGE_EVENT = "work.usage"
 UNTOLD_LOOKBACK_S = 24 * 3600.0
 # Held samples metered by a flush between two yields to the event loop.
 _METERED_BETWEEN_YIELDS = 500
+# How often a leader asks the store which of the nodes it holds marks of, and has not
+# heard since it began, are revoked: revoked while unheard, the registry never held them
+# to let go, and their marks would stay for ever.
+REVOKED_SWEEP_INTERVAL_S = 3600.0
+
+UsageTotalsKey = tuple[str, str, str]  # tenant id, zone, currency
 
 
 @dataclass(slots=True)
@@ -99,9 +112,9 @@ class AccountingStats:
 @dataclass(slots=True)
 class TenantTotals:
     """What has been counted for one (tenant id, zone, currency), for /metrics: the rows
-    as the store added them (`Store.write_usage`), so that a leader starting again, which
-    counts from the store's totals, moves no counter back. Every figure only grows: the
-    emissions avoided, which may be negative, are the difference of two of them."""
+    as the store added them (`Store.write_usage`), so that the counters count what the
+    store keeps. Every figure only grows: the emissions avoided, which may be negative,
+    are the difference of two of them."""
 
     energy_j: float = 0.0
     gco2_g: float = 0.0
@@ -121,6 +134,19 @@ class TenantTotals:
         if row.counterfactual_gco2_g is not None:
             self.counterfactual_gco2_g += row.counterfactual_gco2_g
             self.gco2_with_counterfactual_g += row.gco2_g
+
+    def add_growth(self, before: TenantTotals, after: TenantTotals) -> None:
+        """Add how far the store's totals moved from `before` to `after` (never less than
+        nothing: the store's sums may round differently from these)."""
+        self.energy_j += max(0.0, after.energy_j - before.energy_j)
+        self.gco2_g += max(0.0, after.gco2_g - before.gco2_g)
+        self.cost += max(0.0, after.cost - before.cost)
+        self.counterfactual_gco2_g += max(
+            0.0, after.counterfactual_gco2_g - before.counterfactual_gco2_g
+        )
+        self.gco2_with_counterfactual_g += max(
+            0.0, after.gco2_with_counterfactual_g - before.gco2_with_counterfactual_g
+        )
 
 
 @dataclass(slots=True)
@@ -158,6 +184,8 @@ class _LeaderState:
     # A flush whose commit's answer was lost (the store went away during it): whether
     # it committed is read from the marks it wrote, before the next flush writes.
     unknown: _Attempt | None = None
+    # When `unheard` was last checked for revoked nodes (`_sweep_revoked`), our clock.
+    revoked_swept_at_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -225,7 +253,17 @@ class Accountant:
         # interval is priced at the grid's hour that corresponds to it.
         self._grid_offset_s = 0.0
         self.tenant_names: dict[str, str] = {}
-        self.totals: dict[tuple[str, str, str], TenantTotals] = {}
+        # /metrics' usage counters (`UsageCollector`): this process's counts while it
+        # leads, none while it does not. A demoted replica's would be stale, and its
+        # store totals at the next term would jump by what other leaders counted
+        # meanwhile (read by `increase()` as usage, counted twice in the sum).
+        self.totals: dict[UsageTotalsKey, TenantTotals] = {}
+        # What this process counted in all its terms as leader, from zero when it started
+        # (a restart is a counter reset to Prometheus): a term goes on from the last.
+        self._counted: dict[UsageTotalsKey, TenantTotals] = {}
+        # The store's totals as this term knows them: a flush whose answer was lost but
+        # that committed is counted by how far they moved (only the leader writes them).
+        self._stored: dict[UsageTotalsKey, TenantTotals] = {}
         self.stats = AccountingStats()
         self.started = asyncio.Event()  # set while metering (marks loaded)
         self._log = structlog.get_logger("greenfed.usage")
@@ -524,12 +562,14 @@ class Accountant:
     # ---- leading and flushing --------------------------------------------------------------
 
     async def begin(self, lease: LeadershipLease) -> None:
-        """Start metering as the leader: read the marks, the totals, the active work's
-        counterfactuals (before the first pass, so that it can add new ones) and the work
-        whose final figures an earlier leader did not tell."""
+        """Start metering as the leader: read the marks (and which of their nodes are
+        revoked), the totals, the active work's counterfactuals (before the first pass,
+        so that it can add new ones) and the work whose final figures an earlier leader
+        did not tell. The usage counters are exported from now on."""
         del lease  # reads need none; it is checked by every flush
         marks = await self._store.usage_marks()
-        await self._load_totals()
+        revoked = await self._revoked(marks)
+        stored = await self._store_totals()
         since_s = self._clock() - UNTOLD_LOOKBACK_S
         untold = await self._store.untold_work(since_s - since_s % HOUR_S, f"{USAGE_EVENT}:")
         # Those of work that ran before (placed again, it keeps them: the first decision
@@ -542,21 +582,66 @@ class Accountant:
                 for node_id, m in marks.items()
             },
             counterfactuals=known,
-            unheard=set(marks),
+            # A revoked node's mark is let go (`_departures`) even if never heard again.
+            unheard=set(marks) - revoked,
+            revoked_swept_at_s=self._clock(),
         )
-        self._log.info("usage metering started", nodes_marked=len(marks))
+        self._stored = stored
+        # Every series the store has usage of, from zero where this process counted none
+        # yet: `increase()` counts a series' first flush only from a sample before it.
+        for key in stored:
+            self._counted.setdefault(key, TenantTotals())
+        self.totals = self._counted
+        self._log.info(
+            "usage metering started", nodes_marked=len(marks), marks_of_revoked=len(revoked)
+        )
 
-    async def _load_totals(self) -> None:
-        """The counters of /metrics from everything the store holds."""
+    def _stop_leading(self) -> None:
+        """What this process kept as the leader that another leader now owns: the usage
+        counters leave /metrics (the new leader's count from here on)."""
+        self._state = None
         self.totals = {}
-        for total in await self._store.usage_totals():
-            self.totals[(total.tenant_id, total.zone, total.currency)] = TenantTotals(
+        self._stored = {}
+
+    async def _store_totals(self) -> dict[UsageTotalsKey, TenantTotals]:
+        return {
+            (total.tenant_id, total.zone, total.currency): TenantTotals(
                 total.energy_j,
                 total.gco2_g,
                 total.cost,
                 total.counterfactual_gco2_g,
                 total.gco2_with_counterfactual_g,
             )
+            for total in await self._store.usage_totals()
+        }
+
+    async def _revoked(self, node_ids: Collection[str]) -> set[str]:
+        """Those of `node_ids` whose enrolment the store holds revoked (refused until
+        they enrol again with a new token)."""
+        if not node_ids:
+            return set()
+        return {
+            record.node_id
+            for record in await self._store.list_enrolled_nodes()
+            if not record.active and record.node_id in node_ids
+        }
+
+    async def _sweep_revoked(self, state: _LeaderState) -> None:
+        """Every `REVOKED_SWEEP_INTERVAL_S`: the unheard marks of nodes revoked since
+        `begin` are looked at by `_departures` (a node revoked while the registry did
+        not hold it never left it). A store that does not answer is asked again by the
+        next flush."""
+        now = self._clock()
+        if not state.unheard or now - state.revoked_swept_at_s < REVOKED_SWEEP_INTERVAL_S:
+            return
+        try:
+            revoked = await self._revoked(state.unheard)
+        except StoreUnavailableError as error:
+            self._log.warning("revoked nodes' marks not swept: store unavailable", error=str(error))
+            return
+        state.revoked_swept_at_s = now
+        state.unheard -= revoked
+        state.leaving |= revoked
 
     async def run(self, lease: LeadershipLease) -> None:
         """Meter while `lease` is held: `begin` (retried while the store is unavailable),
@@ -590,7 +675,7 @@ class Accountant:
                     if flushing is not None and not flushing.done():
                         await asyncio.wait([flushing])  # the one under way ends first
                     await self.flush(lease)
-            self._state = None
+            self._stop_leading()
             self.started.clear()
 
     async def flush(self, lease: LeadershipLease) -> None:
@@ -606,6 +691,7 @@ class Accountant:
                 self._log.warning("usage flush failed: store unavailable", error=str(error))
                 return
         await self.meter_held()
+        await self._sweep_revoked(state)
         self._departures(state)
         departed = sorted(state.departed)
         pending, state.pending = state.pending, {}
@@ -716,11 +802,21 @@ class Accountant:
         state.leaving = leaving
 
     def _count(self, added: Iterable[UsageHour]) -> None:
-        """The totals moved on by the rows as the store added them: an hour priced in
-        another currency than its row's first adds no cost there, so none here."""
+        """The counters and the store's totals moved on by the rows as the store added
+        them: an hour priced in another currency than its row's first adds no cost
+        there, so none here."""
         for row in added:
             key = (row.tenant_id, row.zone, row.currency)
-            self.totals.setdefault(key, TenantTotals()).add(row)
+            self._counted.setdefault(key, TenantTotals()).add(row)
+            self._stored.setdefault(key, TenantTotals()).add(row)
+
+    def _count_moved(self, stored: dict[UsageTotalsKey, TenantTotals]) -> None:
+        """The counters moved on by how far the store's totals did since this leader
+        last knew them: only the leader writes usage, so by what its own flush added."""
+        for key, after in stored.items():
+            before = self._stored.get(key, TenantTotals())
+            self._counted.setdefault(key, TenantTotals()).add_growth(before, after)
+        self._stored = stored
 
     async def _settle(self, state: _LeaderState, attempt: _Attempt) -> None:
         """Whether a flush whose answer was lost committed, from the marks it wrote
@@ -728,6 +824,8 @@ class Accountant:
         done, else its usage goes back in front of what was metered since. Written
         twice, a flush would count its usage twice; dropped, not at all."""
         stored = await self._store.usage_marks()
+        # Read before anything changes here: should it fail, the next flush asks again.
+        stored_totals = await self._store_totals()
         first = attempt.write.marks[0]
         found = stored.get(first.node_id)
         state.unknown = None
@@ -737,8 +835,8 @@ class Accountant:
             first.sampled_at,
         ):
             self._written(state, attempt.write)
-            # What the store added went with the answer: the totals are read again.
-            await self._load_totals()
+            # What the store added went with the answer: how far its totals moved.
+            self._count_moved(stored_totals)
             self._log.info("usage flush with a lost answer had committed")
         else:
             self._keep(state, attempt.pending, attempt.dirty, attempt.new_counterfactuals)

@@ -3,11 +3,14 @@
 the grid each zone is on and where the load runs (`GridCollector` and `ZonePower`, the
 fleet's).
 
-Usage counters are the store's totals (read when this process began to lead) plus
-every flush since, per tenant, zone and currency; a replica that does not lead
-exports none. Each only grows, as a Prometheus counter must (`increase()` reads a drop
-as a restart): the emissions avoided, negative where the work emitted more than the
-carbon-agnostic baseline would have, are the difference of two of them,
+Usage counters are what this process wrote as the scheduling leader, per tenant, zone
+and currency, from zero when it started (a restart reads as a counter reset) and on
+from there each time it leads again; a replica exports them only while it leads (one
+that lost leadership drops them). Summed across replicas, as the dashboards'
+`sum(increase())` does, every hour row counts once: no replica's counter moves by what
+another leader counted. Each only grows, as a Prometheus counter must (`increase()`
+reads a drop as a restart): the emissions avoided, negative where the work emitted more
+than the carbon-agnostic baseline would have, are the difference of two of them,
 `greenfed_usage_counterfactual_emissions_grams_total` minus
 `greenfed_usage_emissions_with_counterfactual_grams_total`. The grid is the leader's
 latest pass's: the recorded value of the current hour, never a forecast.
