@@ -281,7 +281,9 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
         collectors.append(
             (
                 metrics.fleet,
-                GridCollector(accountant, app[REGISTRY], app[SIGNALS].newest_reading_s),
+                GridCollector(
+                    accountant, app[REGISTRY], app[SIGNALS].newest_reading_s, loop.leading
+                ),
             )
         )
     # Summed from the scrape's samples in its worker thread (cloud/usage/metrics.py).

@@ -18,6 +18,7 @@ latest pass's: the recorded value of the current hour, never a forecast.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -97,14 +98,22 @@ class GridCollector(Collector):
         accountant: Accountant,
         registry: NodeRegistry,
         newest_reading_s: Callable[[str], float | None],
+        leading: asyncio.Event | None = None,
     ) -> None:
         """`newest_reading_s`: on the clock of the signal service's snapshots
-        (`SignalService.newest_reading_s`)."""
+        (`SignalService.newest_reading_s`); `leading`: set while this process holds
+        scheduling leadership (`SchedulingLoop.leading`), None where it always does."""
         self._accountant = accountant
         self._registry = registry
         self._newest_reading_s = newest_reading_s
+        self._leading = leading
 
     def collect(self) -> Iterator[Metric]:
+        # The grid and the allocations are the leader's latest pass's: a replica that
+        # lost leadership would go on exporting them as they stood, summed beside the new
+        # leader's by the dashboards and a stale signal's alert held firing.
+        if self._leading is not None and not self._leading.is_set():
+            return
         yield from self._grid()
         yield from self._load()
 

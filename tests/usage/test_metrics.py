@@ -3,6 +3,8 @@ cloud/fleet/inference_metrics.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
@@ -80,6 +82,20 @@ def test_tenants_usage_the_grid_and_the_load_by_zone() -> None:
     assert found["greenfed_grid_signal_stale"] == [({"zone": "DE"}, 1.0)]
     assert found["greenfed_grid_signal_age_seconds"] == [({"zone": "DE"}, 1800.0)]
     assert found["greenfed_zone_accelerators_allocated"] == [({"zone": "DE", "kind": "gpu"}, 1.0)]
+
+    # A replica that lost leadership exports none of the leader's grid and load: kept,
+    # its last pass's allocations would be summed beside the new leader's, and a stale
+    # signal's alert held firing. Leading again, they are back.
+    leading = asyncio.Event()
+    follower = CollectorRegistry()
+    follower.register(GridCollector(accountant, node_registry, lambda zone: T0, leading))
+    assert not {
+        name for name in samples(follower) if name.startswith(("greenfed_grid_", "greenfed_zone_"))
+    }
+    leading.set()
+    assert samples(follower)["greenfed_zone_accelerators_allocated"] == [
+        ({"zone": "DE", "kind": "gpu"}, 1.0)
+    ]
 
 
 def serving(node_id: str, seq: int, requests: int, p95_ms: float) -> Telemetry:
