@@ -31,7 +31,7 @@ from cloud.api.bodies import invalid_body, json_response, read_body
 from cloud.api.problems import Problem, problem_reply
 from cloud.api.query import parse_query
 from cloud.api.references import ambiguous_problem, dependencies_by_id
-from cloud.api.refusals import new_dependencies, queue_full, refused_now
+from cloud.api.refusals import job_array_refused, new_dependencies, queue_full, refused_now
 from cloud.api.routes import Handler, Reply, Route
 from cloud.api.stored_specs import exact_spec, known_spec, shown_spec
 from cloud.api.work import (
@@ -183,9 +183,7 @@ def _array_named(name: str, array: NamedArray) -> Problem:
         f"{array.array_id}) and apply again, apply it under a new name, or change its "
         f"tasks one by one (PATCH /v1/jobs/{array.array_id}_INDEX)"
     )
-    return Problem(
-        409, "job-array", "A job array is not applied", detail, (InvalidParam("id", detail),)
-    )
+    return job_array_refused("A job array is not applied", detail)
 
 
 def _view(

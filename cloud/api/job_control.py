@@ -214,6 +214,16 @@ async def suspend_job(request: web.Request) -> web.Response:
     return await _control(request, "suspended", suspend)
 
 
+def _queued_how(record: WorkRecord) -> str:
+    """What a pending job needs to be queued: a held or suspended one is out of the
+    queue, and only lifting its hold queues it again."""
+    if record.hold == "held":
+        return "a held one is out of the queue: release it to queue it again"
+    if record.hold == "suspended":
+        return "a suspended one is out of the queue: resume it to queue it again"
+    return "a pending one is in the queue already"
+
+
 async def requeue_job(request: web.Request) -> web.Response:
     """Stop a scheduled or running job and queue it again, as a preemption would."""
 
@@ -223,7 +233,7 @@ async def requeue_job(request: web.Request) -> web.Response:
                 "not-placed",
                 "Only a scheduled or running job can be requeued",
                 f"job {record.work_id} is {_state_words(record)}: only a scheduled or "
-                "running job can be requeued; a pending one is in the queue already",
+                f"running job can be requeued; {_queued_how(record)}",
             )
         then = "resumes from its newest checkpoint" if _checkpoints(record) else "starts over"
         result = await request.app[STORE].requeue_placed(
@@ -371,7 +381,7 @@ _ACTION_ROUTES: Final = tuple(
         ),
         replies=(
             Reply(200, "The job as it now is", JobView),
-            problem_reply(409, refusal + ", or had already finished"),
+            problem_reply(409, refusal + ", had already finished, or is a job array (`job-array`)"),
         ),
     )
     for action, handler, summary, refusal in _ACTIONS
@@ -398,7 +408,11 @@ ROUTES: Final = (
         replies=(
             Reply(200, "The job with its new spec", JobView),
             problem_reply(403, "The priority class is not allowed for this tenant"),
-            problem_reply(409, "The job has started (or ended): cancel and resubmit"),
+            problem_reply(
+                409,
+                "The job has started (or ended): cancel and resubmit; or the id is a job "
+                "array's (`job-array`): change its tasks one by one",
+            ),
         ),
     ),
 )

@@ -37,6 +37,7 @@ from cloud.work.dependencies import Verdict, loop_from, verdict
 from cloud.work.specs import WorkSpec
 from cloud.work.views import DependencyView
 from shared.errors import json_path
+from shared.problems import InvalidParam
 from shared.work_literals import DependencyCondition, spec_kind_of
 
 # Work ids a loop search reads at most: a chain longer than this is not searched further.
@@ -128,6 +129,13 @@ def queue_full(tenant: TenantRecord, error: QueueFullError, then: str) -> Proble
         f"tenant {tenant.name} has {error.queued} pending jobs and deployments, its "
         f"max_queued of {error.max_queued}: {then}",
     )
+
+
+def job_array_refused(title: str, detail: str) -> Problem:
+    """The 409 (`job-array`) of a job array's id or name where only one job is taken
+    (cloud/api/job_arrays.py): the array is many jobs, so the detail says which one to
+    name instead, or what takes the whole array. It names the path's `id` as at fault."""
+    return Problem(409, "job-array", title, detail, (InvalidParam("id", detail),))
 
 
 def idempotency_key_reused(

@@ -36,6 +36,7 @@ from cloud.api.references import dependencies_by_id, work_id_of
 from cloud.api.refusals import (
     dependency_views,
     idempotency_key_reused,
+    job_array_refused,
     new_dependencies,
     queue_full,
     refused_dependencies,
@@ -344,15 +345,43 @@ async def find(
 ) -> tuple[TenantRecord, WorkRecord]:
     """The caller's work of this collection (with `any_tenant`, the admin's reach: any
     tenant's) and the tenant it belongs to, or a 404 problem. `work_id` may be a name or
-    an id prefix too (cloud/api/references.py)."""
+    an id prefix too (cloud/api/references.py). A job array's id or name is a 409 that
+    says to name one of its tasks: the array is many jobs, not one."""
+    reference = work_id
     work_id = await work_id_of(
-        request, collection.store_kind, collection.noun, work_id, any_tenant=any_tenant
+        request, collection.store_kind, collection.noun, reference, any_tenant=any_tenant
     )
     tenant = await owner_of(request, work_id) if any_tenant else tenant_of(request)
     record = await request.app[STORE].get_work(tenant.tenant_id, work_id)
+    if record is None and collection is JOBS:  # a job array's id names no job
+        await _refuse_array(request, reference, work_id, any_tenant=any_tenant)
     if record is None or record.kind != collection.store_kind:
         raise not_found(collection, work_id)
     return tenant, record
+
+
+async def _refuse_array(
+    request: web.Request, reference: str, array_id: str, *, any_tenant: bool
+) -> None:
+    """The 409 of naming the caller's job array (with `any_tenant`, the admin's reach:
+    any tenant's) where this route acts on one job; nothing when `array_id` is no such
+    array (another tenant's array stays not found)."""
+    caller = tenant_of(request)
+    scope = None if any_tenant and caller.admin else caller.tenant_id
+    tasks = await request.app[STORE].array_tasks(scope, array_id)
+    if not tasks:
+        return
+    route = request.match_info.route.resource
+    path = route.canonical if route is not None else "/v1/jobs/{id}"  # e.g. /v1/jobs/{id}/hold
+    named = "a job array" if reference == array_id else f"job array {array_id}"
+    count = "1 task" if len(tasks) == 1 else f"{len(tasks)} tasks"
+    one_task = path.replace("{id}", f"{array_id}_{tasks[0].index}")
+    detail = (
+        f"job {reference} is {named} ({count}), not one job: {request.method} {path} acts "
+        f"on one task, by its id or ARRAYID_INDEX (e.g. {request.method} {one_task}); or "
+        f"cancel the whole array (DELETE /v1/jobs/{array_id})"
+    )
+    raise job_array_refused("A job array is not one job", detail)
 
 
 # ---- handlers ----------------------------------------------------------------------------

@@ -185,7 +185,9 @@ async def test_a_task_takes_every_per_job_action_by_its_task_name(api: Api) -> N
     task = await (await api.get(token, f"/v1/jobs/{array_id}_2")).json()
     assert (task["priority"], task["spec"]["env"]["GREENFED_ARRAY_TASK_ID"]) == ("p2", "2")
     # Per-job actions take a task, not the array.
-    assert (await api.client.post(f"/v1/jobs/{array_id}/hold", headers=bearer(token))).status == 404
+    refused = await api.client.post(f"/v1/jobs/{array_id}/hold", headers=bearer(token))
+    assert refused.status == 409
+    assert (await refused.json())["type"].endswith("/job-array")
 
 
 async def test_the_arrays_name_names_the_array_not_one_of_its_tasks(api: Api) -> None:
