@@ -6,7 +6,9 @@ agent's unless the node runs unisolated: edge/sandbox/users.py), a work director
 its own that only that user can enter, its cgroup with the job's limits
 (edge/sandbox/cgroups.py), the environment built from nothing but the job's
 (edge/training/environment.py), and the command line: the job's command as it is
-(isolation `none`), behind `setpriv` (`user`), in a bubblewrap sandbox (`sandbox`,
+(isolation `none`), behind `setpriv` (`user`; in a mount and IPC namespace of its own
+with private temporary directories where the node can make one,
+edge/sandbox/private_tmp.py), in a bubblewrap sandbox (`sandbox`,
 edge/sandbox/bubblewrap.py), or in a container of the job's image with the node's
 runtime (edge/sandbox/containers.py). The devices it may use are only those it was
 given (edge/sandbox/devices.py).
@@ -22,6 +24,7 @@ import os
 import pwd
 import shutil
 import stat
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,7 @@ from edge.sandbox.cgroups import RunGroups, WorkerLimits
 from edge.sandbox.containers import ContainerRuntime, auth_file, local_names, pull_needed
 from edge.sandbox.devices import DeviceNode, assigned_device_nodes, device_rules
 from edge.sandbox.image_owners import ImageOwners
+from edge.sandbox.private_tmp import PrivateTmp
 from edge.sandbox.probe import NodeIsolation
 from edge.sandbox.root_env import env_argv, refused_secret_names, split_environment
 from edge.sandbox.users import WorkUser, WorkUsers
@@ -82,15 +86,22 @@ class PrivatePaths:
         return any(path == p or path in p.parents for p in (*self.directories, *self.files))
 
 
-def working_dir_refusal(working_dir: Path, private: PrivatePaths, *, sandboxed: bool) -> str:
+def working_dir_refusal(
+    working_dir: Path,
+    private: PrivatePaths,
+    *,
+    replaced_tmp_dirs: Sequence[str] = (),
+    sandboxed: bool = False,
+) -> str:
     """Why a job may not work in `working_dir` (a normalized absolute path; "" when it
     may). A sandbox binds it writable into its view: one that holds what the sandbox
     hides or replaces (the agent's private files, /proc, /dev, /sys, the shared
     temporary directories; `/` or `/var/lib`, say) would bring the host's back, and
     one inside /proc, /sys or /dev would lay the host's over the sandbox's own. The
     same job is refused the same way on every node, sandboxed or not; only inside the
-    shared temporary directories, which a sandbox replaces with its own, does it
-    matter whether this node sandboxes."""
+    shared temporary directories that this node's workers get their own of
+    (`replaced_tmp_dirs`: a sandbox's, or private ones at `user`), which hide the
+    host's, does it matter which node it is."""
     if private.contains(working_dir):
         return f"working_dir {working_dir} is inside the agent's private files"
     held = ["the agent's private files"] if private.held_by(working_dir) else []
@@ -105,12 +116,16 @@ def working_dir_refusal(working_dir: Path, private: PrivatePaths, *, sandboxed: 
             f"working_dir {working_dir} holds what a sandbox hides or replaces "
             f"({', '.join(held)}): name a directory that holds none of it"
         )
-    inside = [*SYSTEM_DIRS, *(SHARED_TMP_DIRS if sandboxed else ())]
-    for replaced in inside:
+    for replaced in (*SYSTEM_DIRS, *replaced_tmp_dirs):
         if Path(replaced) in working_dir.parents:
+            if replaced in SYSTEM_DIRS or sandboxed:
+                return (
+                    f"working_dir {working_dir} is inside {replaced}, which a sandbox "
+                    "replaces with its own"
+                )
             return (
-                f"working_dir {working_dir} is inside {replaced}, which a sandbox "
-                "replaces with its own"
+                f"working_dir {working_dir} is inside {replaced}, which every worker on "
+                "this node gets a private one of"
             )
     return ""
 
@@ -165,6 +180,26 @@ class Sandbox:
         self._default_pids = default_pids
         self._dev_root = dev_root
         self._image_owners = image_owners or ImageOwners()
+        self._replaced_tmp_dirs = self._own_tmp_dirs()
+
+    def _own_tmp_dirs(self) -> tuple[str, ...]:
+        """The shared temporary directories each worker gets its own of: a sandbox's
+        (edge/sandbox/bubblewrap.py); at `user`, those of the host's that a private
+        namespace can cover (edge/sandbox/private_tmp.py), never one that holds the
+        work directories, which the worker could no longer reach."""
+        if self.isolation.level == "sandbox":
+            return SHARED_TMP_DIRS
+        if self.isolation.level != "user" or not self.isolation.private_tmp:
+            return ()
+        work_root = Path(os.path.realpath(self._work_root))
+        return tuple(
+            directory
+            for directory in SHARED_TMP_DIRS
+            if os.path.isdir(directory)
+            and not os.path.islink(directory)
+            and Path(directory) != work_root
+            and Path(directory) not in work_root.parents
+        )
 
     @property
     def level(self) -> IsolationLevel:
@@ -202,13 +237,12 @@ class Sandbox:
             if ".." in working_dir.parts:
                 return f"working_dir {spec.working_dir} has a '..' in it: name the directory"
             return working_dir_refusal(
-                Path(os.path.normpath(working_dir)), self._private, sandboxed=self._sandboxed
+                Path(os.path.normpath(working_dir)),
+                self._private,
+                replaced_tmp_dirs=self._replaced_tmp_dirs,
+                sandboxed=self.isolation.level == "sandbox",
             )
         return ""
-
-    @property
-    def _sandboxed(self) -> bool:
-        return self.isolation.level == "sandbox"
 
     def plan(
         self, spec: DesiredTraining, secrets: SealedSecrets, *, name: str, started_file: Path
@@ -227,7 +261,12 @@ class Sandbox:
                     f"working_dir {spec.working_dir} goes through a symbolic link (to {real}): "
                     "name the directory itself"
                 )
-            why = working_dir_refusal(Path(real), self._private, sandboxed=self._sandboxed)
+            why = working_dir_refusal(
+                Path(real),
+                self._private,
+                replaced_tmp_dirs=self._replaced_tmp_dirs,
+                sandboxed=self.isolation.level == "sandbox",
+            )
             if why:
                 raise WorkerSpecError(why)
         runtime = self.isolation.runtime if spec.image else None
@@ -307,7 +346,9 @@ class Sandbox:
         runtime: ContainerRuntime | None,
         container: str,
     ) -> ProcessPlan:
-        # A sandbox's and a container's /tmp are their own; elsewhere /tmp is shared.
+        # A sandbox's and a container's /tmp are their own; elsewhere TMPDIR is in the
+        # work directory, on disk (at `user`, even where /tmp is the worker's own: a
+        # tmpfs, which holds what is written there in memory).
         own_tmp = runtime is not None or self.isolation.level == "sandbox"
         env = process_environment(
             spec,
@@ -374,7 +415,12 @@ class Sandbox:
                 moved_env=moved,
             )
         elif level == "user":
-            argv = [*drop_privileges(user), *env_argv(moved, chdir=cwd), *spec.command]
+            argv = [
+                *self._private_tmp_argv(memory_bytes),
+                *drop_privileges(user),
+                *env_argv(moved, chdir=cwd),
+                *spec.command,
+            ]
         else:  # the agent's own user: nothing is run as another
             argv, root_env = list(spec.command), env
         if level in ("sandbox", "user"):
@@ -445,6 +491,19 @@ class Sandbox:
                     os.close(work_fd)
         finally:
             os.close(run_fd)
+
+    def _private_tmp_argv(self, memory_bytes: int | None) -> list[str]:
+        """What gives a worker at `user` its own temporary directories and IPC, as root
+        before the privilege drop (nothing where the node cannot: the host's are
+        shared then). Sized by the worker's memory limit, which holds what it writes
+        there anyway."""
+        if not self._replaced_tmp_dirs:
+            return []
+        # A host's mounted message queue file system would create queues in its IPC
+        # namespace, not the worker's.
+        mqueue_dir = "/dev/mqueue" if os.path.ismount("/dev/mqueue") else None
+        private = PrivateTmp(self._replaced_tmp_dirs, mqueue_dir, memory_bytes)
+        return private.argv(sys.executable)
 
     def _memory_bytes(self, spec: DesiredTraining) -> int | None:
         if spec.host_memory_bytes is None:

@@ -6,7 +6,9 @@ Three mechanisms, each tried for real rather than assumed:
 - cgroups: a hierarchy with the memory and pids controllers where the workers' root
   group can be made (edge/sandbox/cgroups.py);
 - namespaces: bubblewrap is installed and a trial sandbox starts (a kernel or a
-  container the agent runs in may forbid them).
+  container the agent runs in may forbid them). At `user`, a mount and an IPC
+  namespace of their own with private temporary directories
+  (edge/sandbox/private_tmp.py) where a trial of those works.
 
 `agent.isolation` then picks the level (shared.messages.IsolationLevel): `auto` the
 strongest available (`sandbox` needs all three, `user` the first two); `sandbox` or
@@ -24,11 +26,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from edge.sandbox.cgroups import CgroupError, WorkerCgroups, discover_layout
 from edge.sandbox.containers import ContainerRuntime, find_runtime
+from edge.sandbox.private_tmp import PrivateTmp
 from shared.messages import IsolationLevel, ResourceLimit
 
 TRIAL_TIMEOUT_S: Final = 10.0
@@ -45,6 +49,8 @@ class NodeIsolation:
     bubblewrap: str | None = None  # its path, when the sandbox uses it
     runtime: ContainerRuntime | None = None
     runtime_note: str = ""
+    # At `user`: each worker gets its own /tmp, /var/tmp, /dev/shm and IPC namespace.
+    private_tmp: bool = False
 
     @property
     def limits(self) -> tuple[ResourceLimit, ...]:
@@ -100,6 +106,22 @@ def bubblewrap_works() -> tuple[str | None, str]:
     return path, ""
 
 
+def private_tmp_works() -> str:
+    """Why workers at `user` cannot get private temporary directories and IPC here (""
+    when a trial gets them)."""
+    trial = [*PrivateTmp(("/tmp",), size_bytes=1024 * 1024).argv(sys.executable), "/bin/true"]
+    try:
+        done = subprocess.run(
+            trial, capture_output=True, text=True, timeout=TRIAL_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"cannot start a trial ({error})"
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        return detail[-1] if detail else f"exit code {done.returncode}"
+    return ""
+
+
 def worker_cgroups(root: str, workers_memory_bytes: int | None) -> tuple[WorkerCgroups | None, str]:
     """The workers' groups, made and limited; (None, why) when they cannot be."""
     layout = discover_layout()
@@ -142,9 +164,32 @@ def probe_isolation(
     if setting == "sandbox":
         missing.append(bubblewrap_missing)
     if not missing:
-        note = "a user of their own, cgroup limits"
-        if bubblewrap_missing:
-            note += f"; no sandbox: {bubblewrap_missing}"
-        return NodeIsolation("user", note, cgroups, None, runtime, runtime_note)
+        return _user_level(cgroups, bubblewrap_missing, runtime, runtime_note)
     note = f"cannot isolate work: {'; '.join(missing)}; fix that {NONE_FIX}"
     return NodeIsolation("unavailable", note, cgroups, None, runtime, runtime_note)
+
+
+def _user_level(
+    cgroups: WorkerCgroups | None,
+    bubblewrap_missing: str,
+    runtime: ContainerRuntime | None,
+    runtime_note: str,
+) -> NodeIsolation:
+    note = "a user of their own, cgroup limits"
+    private_tmp_missing = private_tmp_works()
+    if private_tmp_missing:
+        # Then what a job leaves in the host's /tmp, /dev/shm or SysV IPC outlives it.
+        note += f"; shared /tmp, /dev/shm and IPC: {private_tmp_missing}"
+    else:
+        note += ", private /tmp, /var/tmp, /dev/shm and IPC"
+    if bubblewrap_missing:
+        note += f"; no sandbox: {bubblewrap_missing}"
+    return NodeIsolation(
+        "user",
+        note,
+        cgroups,
+        None,
+        runtime,
+        runtime_note,
+        private_tmp=not private_tmp_missing,
+    )

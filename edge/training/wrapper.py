@@ -192,6 +192,8 @@ class _Supervisor:
             )
         except OSError as error:
             return f"{step['error']}: {error}"
+        except ValueError as error:  # a NUL byte: no program can be given it
+            return f"{step['error']}: {_unpassable(error)}"
         assert process.stdout is not None
         reader = threading.Thread(target=_copy, args=(process.stdout, self.log, b"", last))
         reader.start()
@@ -231,6 +233,9 @@ class _Supervisor:
             except (OSError, subprocess.SubprocessError) as error:
                 self._kill_everything()
                 return f"cannot start: {error}"
+            except ValueError as error:  # a NUL byte: no program can be given it
+                self._kill_everything()
+                return f"cannot start: {_unpassable(error)}"
         notice = Started(started_at=time.time(), process_groups=[p.pid for p in self.processes])
         Path(self.plan["started_file"]).write_text(json.dumps(notice), encoding="utf-8")
         _tell_the_agent_it_started()
@@ -362,6 +367,13 @@ def _tell_the_agent_it_started() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
+
+
+def _unpassable(error: ValueError) -> str:
+    """Why a command line or environment could not be handed to a program: the kernel
+    takes them as C strings, which a NUL byte would cut short (a job's command, env or
+    secret_env may hold one)."""
+    return f"its command or environment holds what no program can be given ({error})"
 
 
 def _signal_group(pid: int, signum: int) -> None:
