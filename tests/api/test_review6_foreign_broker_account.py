@@ -5,7 +5,6 @@ real Mosquitto with its dynamic security plugin, both store backends."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,35 +12,27 @@ from typing import Any
 import pytest
 from aiohttp import ClientResponse
 
-from shared.settings import CloudSettings, MqttSettings
+from shared.settings import CloudSettings
 from tests.api.support import Api, bearer, problem, running_api
 from tests.store.databases import DatabaseUnderTest
 from tests.support.broker_accounts import AccountsBroker
-from tests.support.brokers import DynamicSecurity, MosquittoProcess
-from tests.support.dynsec_operator import client_info, operator_commands
+from tests.support.dynsec_operator import (
+    OPERATOR,
+    client_info,
+    operated_mosquitto,
+    operator_commands,
+)
 from tests.support.enrolled_fleet import enrol, join_token
 
 pytestmark = pytest.mark.timeout(60)
 
-CLOUD_USER, CLOUD_PASSWORD = "greenfed-cloud", "cloud-password"
-OPERATOR = DynamicSecurity()
 OPS_PASSWORD = "ops-secret"
 
 
 @pytest.fixture
 async def mosquitto(tmp_path: Path) -> AsyncIterator[AccountsBroker]:
-    process = MosquittoProcess(tmp_path, dynamic_security=OPERATOR)
-    await process.start()
-    try:
-        root = f"gftest-{uuid.uuid4().hex[:12]}"
-        await process.bootstrap_control_plane(CLOUD_USER, CLOUD_PASSWORD, root)
-        yield AccountsBroker(
-            MqttSettings(
-                url=process.url, username=CLOUD_USER, password=CLOUD_PASSWORD, topic_root=root
-            )
-        )
-    finally:
-        await process.stop()
+    async with operated_mosquitto(tmp_path) as broker:
+        yield broker
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ clients' own role lists do not show."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,31 +20,25 @@ from shared.topics import DEFAULT_TOPIC_ROOT, Topics
 from tests.api.support import Api, running_api
 from tests.store.databases import DatabaseUnderTest
 from tests.support.broker_accounts import AccountsBroker
-from tests.support.brokers import DynamicSecurity, MosquittoProcess
-from tests.support.dynsec_operator import client_info, operator_commands
+from tests.support.dynsec_operator import (
+    CLOUD_PASSWORD,
+    CLOUD_USER,
+    OPERATOR,
+    client_info,
+    operated_mosquitto,
+    operator_commands,
+)
 from tests.support.enrolled_fleet import join_token
 
 pytestmark = pytest.mark.timeout(60)
 
-CLOUD_USER, CLOUD_PASSWORD = "greenfed-cloud", "cloud-password"
-OPERATOR = DynamicSecurity()
 OPS_PASSWORD = "ops-secret"
 
 
 @pytest.fixture
 async def mosquitto(tmp_path: Path) -> AsyncIterator[AccountsBroker]:
-    process = MosquittoProcess(tmp_path, dynamic_security=OPERATOR)
-    await process.start()
-    try:
-        root = f"gftest-{uuid.uuid4().hex[:12]}"
-        await process.bootstrap_control_plane(CLOUD_USER, CLOUD_PASSWORD, root)
-        yield AccountsBroker(
-            MqttSettings(
-                url=process.url, username=CLOUD_USER, password=CLOUD_PASSWORD, topic_root=root
-            )
-        )
-    finally:
-        await process.stop()
+    async with operated_mosquitto(tmp_path) as broker:
+        yield broker
 
 
 @pytest.fixture

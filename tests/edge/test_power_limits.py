@@ -20,7 +20,7 @@ from edge.discovery.nvidia import NvidiaProbe
 from edge.discovery.nvidia_power import NO_PERMISSION, NvmlPowerControl
 from edge.probes import GpuPowerControl
 from edge.training import power_limits as power_limits_module
-from edge.training.power_limits import PowerLimits
+from edge.training.power_limits import ON_MIG_SLICES, PowerLimits
 from edge.training.reconcile import TrainingReconciler
 from edge.training.runs import RunStatus
 from shared.messages import Accelerator, DesiredTraining, ReportedTraining
@@ -403,3 +403,82 @@ async def test_a_limit_on_a_worker_without_a_gpu_is_not_applied_and_says_why(
         assert await limits.settle()
     assert status.power_limit_note == "power limit not applied: the worker has no GPU"
     assert [gpu.limits_set_mw for gpu in fake_nvml.gpus] == [[], []]
+
+
+# MIG slices: NVML limits power per physical GPU, so the parent's limit would hold its
+# sibling instances, other tenants' work among them, too. A control plane of an older
+# version may still ask: the worker runs at the default, reports nothing capped and says
+# why, and the agent logs it once.
+REFUSED_NOTE = f"power limit not applied: {ON_MIG_SLICES}"
+
+
+async def test_a_limit_asked_for_mig_slices_is_never_applied_to_their_gpu(
+    tmp_path: Path,
+    fake_nvml: FakeNvml,
+    inventory: tuple[Accelerator, ...],
+    go: Path,
+    captured_log: CapturingLogger,
+) -> None:
+    whole, mig_parent = fake_nvml.gpus
+    async with agent(tmp_path, inventory, NvmlPowerControl()) as training:
+        # An older control plane caps two tenants' workers on slices, and one on a
+        # whole GPU; a third tenant's worker on a sibling slice asks nothing.
+        training.apply(
+            [
+                worker(go, "slice-a", gpus=("gpu1-mig0",), limit_w=200.0),
+                worker(go, "slice-b", gpus=("gpu1-mig1",), limit_w=150.0),
+                worker(go, "sibling", gpus=("gpu1-mig2",), limit_w=None),
+                worker(go, "whole", gpus=("gpu0",), limit_w=250.0),
+            ]
+        )
+        for job_id in ("slice-a", "slice-b", "sibling", "whole"):
+            await state_is(training, "running", job_id)
+        # One settle brings every held GPU to what is asked and tells every run.
+        await eventually(lambda: report(training, "whole").power_limit_w == 250.0)
+        for job_id in ("slice-a", "slice-b"):
+            reported = report(training, job_id)
+            assert (reported.power_limit_w, reported.power_limit_note) == (None, REFUSED_NOTE)
+        sibling = report(training, "sibling")
+        assert (sibling.power_limit_w, sibling.power_limit_note) == (None, "")
+        assert mig_parent.limits_set_mw == []  # the sibling's GPU runs at its default
+        assert mig_parent.power_limit_mw == 400_000
+        assert whole.power_limit_mw == 250_000  # a whole GPU is still capped
+        let_go(go)
+        for job_id in ("slice-a", "slice-b", "sibling", "whole"):
+            await state_is(training, "succeeded", job_id)
+        await eventually(lambda: whole.power_limit_mw == 400_000)
+    assert mig_parent.limits_set_mw == []
+    refusals = [
+        call.kwargs
+        for call in captured_log.calls
+        if call.method_name == "warning" and call.kwargs.get("why") == ON_MIG_SLICES
+    ]
+    assert len(refusals) == 1  # said once, for the first such worker
+    assert refusals[0]["limit_w"] in (200.0, 150.0)
+
+
+async def test_a_gpu_an_older_agent_capped_for_a_slice_gets_its_default_back(
+    tmp_path: Path, fake_nvml: FakeNvml, inventory: tuple[Accelerator, ...], go: Path
+) -> None:
+    mig_parent = fake_nvml.gpus[1]
+    # An agent of an older version capped the parent for a worker on a slice, and said
+    # so in its file; the worker runs on (taken back, or started again: the same ask).
+    mig_parent.power_limit_mw = 200_000
+    (tmp_path / "power_limits.json").write_bytes(msgspec.json.encode(["gpu1"]))
+    async with agent(tmp_path, inventory, NvmlPowerControl()) as training:
+        training.apply([worker(go, "slice-a", gpus=("gpu1-mig0",), limit_w=200.0)])
+        await state_is(training, "running", "slice-a")
+        # Settled: the report says what the GPU is held to, or why it is not.
+        await eventually(
+            lambda: (
+                report(training, "slice-a").power_limit_w is not None
+                or report(training, "slice-a").power_limit_note != ""
+            )
+        )
+        reported = report(training, "slice-a")
+        assert (reported.power_limit_w, reported.power_limit_note) == (None, REFUSED_NOTE)
+        assert mig_parent.power_limit_mw == 400_000
+        let_go(go)
+        await state_is(training, "succeeded", "slice-a")
+    assert mig_parent.limits_set_mw == [400_000]
+    assert msgspec.json.decode((tmp_path / "power_limits.json").read_bytes()) == []

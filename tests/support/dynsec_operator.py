@@ -5,12 +5,40 @@ any command of the plugin's (groups included, which greenfed never sends), as JS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from typing import Any
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Final
 
 from cloud.broker_accounts.dynsec_protocol import CONTROL_TOPIC, RESPONSE_TOPIC
+from shared.settings import MqttSettings
 from tests.support.broker_accounts import AccountsBroker
+from tests.support.brokers import DynamicSecurity, MosquittoProcess
+
+CLOUD_USER: Final = "greenfed-cloud"
+CLOUD_PASSWORD: Final = "cloud-password"
+# The broker's own admin (not greenfed's), as an operator who set it up holds it.
+OPERATOR: Final = DynamicSecurity()
+
+
+@contextlib.asynccontextmanager
+async def operated_mosquitto(tmp_path: Path) -> AsyncIterator[AccountsBroker]:
+    """A Mosquitto with dynamic security whose operator (`OPERATOR`) let the control
+    plane (`CLOUD_USER`) manage its accounts under a topic root of its own."""
+    process = MosquittoProcess(tmp_path, dynamic_security=OPERATOR)
+    await process.start()
+    try:
+        root = f"gftest-{uuid.uuid4().hex[:12]}"
+        await process.bootstrap_control_plane(CLOUD_USER, CLOUD_PASSWORD, root)
+        yield AccountsBroker(
+            MqttSettings(
+                url=process.url, username=CLOUD_USER, password=CLOUD_PASSWORD, topic_root=root
+            )
+        )
+    finally:
+        await process.stop()
 
 
 async def operator_commands(
