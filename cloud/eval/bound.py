@@ -28,7 +28,11 @@ per worker; the same in each of a job's alternative gang shapes, whose pools it 
 use too);
 ``inference[p, h]`` is the least any evaluated policy's deployments held there.
 A job some policy ran must have a pool here (``BoundUnavailable`` otherwise): left out,
-its emissions would count against that policy and not against the optimum.
+its emissions would count against that policy and not against the optimum. A job no
+policy started (its deadline passed before any node could meet it) is left out, as it
+is of every policy's emissions. One that some policy left unfinished (never started, or
+still running when the run stopped draining) is done here in full: that policy did less
+of the work, and ``Bound.unequal_work`` says why no share is measured against the bound.
 
 A job's window on a pool runs from its submission to the latest of: the latest finish
 of the job under any evaluated policy, its deadline, and its latest start (its
@@ -77,7 +81,7 @@ from cloud.signals.grid import GridSignals
 from shared.accelerators import capped_throughput, lowest_power_share
 from shared.mig_profiles import mig_profile_of
 
-from .simulation import HOUR_S, SimOutcome
+from .simulation import DAY_S, HOUR_S, SimOutcome
 from .workload import TrainingSpec, Workload, training_job
 
 KWH_PER_WH = 1.0 / 1000.0
@@ -97,6 +101,9 @@ class Bound:
     constraints: int
     solve_s: float
     gpu_hours_by_zone: dict[str, float] = field(default_factory=dict)  # where it ran the work
+    # Why no policy's training compares with it ("" where every one does): a job it
+    # does that some policy left unfinished, so that policy did less of the work.
+    unequal_work: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +261,33 @@ def _eligible(snapshot: Snapshot, spec: TrainingSpec, pools: Sequence[_Pool]) ->
     return sorted(usable)
 
 
+def jobs_that_cannot_finish_by(
+    workload: Workload,
+    nodes: Sequence[Node],
+    energy: EnergyModel,
+    origin_s: float,
+    by_s: float,
+) -> list[tuple[TrainingSpec, float]]:
+    """The training jobs that cannot finish by ``by_s`` even if started at their
+    submission (``origin_s`` + offset) on the fastest pool they may use (the optimum's
+    pools and filters), at its default power: each with that run's seconds. A job no
+    pool may hold is none of them: no policy runs any of it."""
+    snapshot = Snapshot.build(now=origin_s, nodes=nodes)
+    pools = _pools(snapshot, energy)
+    if not pools:
+        return []
+    slowest = min(pool.speed for pool in pools)
+    late = []
+    for spec in workload.training:
+        submitted_s = origin_s + spec.submit_offset_s
+        if submitted_s + spec.duration_s / slowest <= by_s:
+            continue  # done in time wherever it runs: no need to ask the filters
+        speeds = [pools[p].speed for p in _eligible(snapshot, spec, pools)]
+        if speeds and submitted_s + spec.duration_s / max(speeds) > by_s:
+            late.append((spec, spec.duration_s / max(speeds)))
+    return late
+
+
 @dataclass(frozen=True, slots=True)
 class _Window:
     """When a job may run (module docstring): from its submission to, on each pool,
@@ -271,10 +305,13 @@ class _Window:
 
 
 def _windows(workload: Workload, outcomes: Sequence[SimOutcome]) -> dict[str, _Window]:
-    """Per job: its window, as the module docstring says."""
+    """Per job the simulations submitted (none after the period): its window, as the
+    module docstring says."""
     windows: dict[str, _Window] = {}
     first = outcomes[0]
     for spec in workload.training:
+        if spec.id not in first.jobs:
+            continue
         record = first.jobs[spec.id]
         start = record.submitted_s
         served = start
@@ -353,15 +390,21 @@ def optimum(
     origin_s = outcomes[0].config.start_s
     snapshot = Snapshot.build(now=origin_s, nodes=nodes)
     pools = _pools(snapshot, energy)
-    eligible = {spec.id: _eligible(snapshot, spec, pools) for spec in workload.training}
-    _check_every_run_job_has_a_pool(workload, outcomes, eligible)
+    # The jobs the simulations submitted: none after the period (simulation.py).
+    submitted = [spec for spec in workload.training if spec.id in outcomes[0].jobs]
+    eligible = {spec.id: _eligible(snapshot, spec, pools) for spec in submitted}
+    _check_every_run_job_has_a_pool(submitted, outcomes, eligible)
+    # A job with no pool, or one no policy started (its deadline passed before any node
+    # could meet it): in no policy's emissions, nor here.
+    solvable = [
+        spec
+        for spec in submitted
+        if eligible[spec.id]
+        and any(outcome.jobs[spec.id].first_start_s is not None for outcome in outcomes)
+    ]
     windows = _windows(workload, outcomes)
     latest = max(  # no training: none
-        (
-            windows[spec.id].end_s(spec, pools[p])
-            for spec in workload.training
-            for p in eligible[spec.id]
-        ),
+        (windows[spec.id].end_s(spec, pools[p]) for spec in solvable for p in eligible[spec.id]),
         default=origin_s,
     )
     hours = max(1, math.ceil((latest - origin_s) / HOUR_S))
@@ -381,8 +424,6 @@ def optimum(
     kw: list[np.ndarray] = []
     zone_of: list[np.ndarray] = []
     work: list[float] = []
-    # A job with no pool that no policy ran either: in no policy's emissions, nor here.
-    solvable = [spec for spec in workload.training if eligible[spec.id]]
     for j, spec in enumerate(solvable):
         window = windows[spec.id]
         start = window.start_s
@@ -413,8 +454,17 @@ def optimum(
                 zone_of.append(
                     np.full(span.size, int(snapshot.nodes.zone_code[pool.representative]))
                 )
+    unequal = _unequal_work(solvable, outcomes)
     if not cost:
-        return Bound(gco2=0.0, kwh=0.0, jobs=0, variables=0, constraints=0, solve_s=0.0)
+        return Bound(
+            gco2=0.0,
+            kwh=0.0,
+            jobs=0,
+            variables=0,
+            constraints=0,
+            solve_s=0.0,
+            unequal_work=unequal,
+        )
     c = np.concatenate(cost)
     n = c.size
     columns = np.arange(n)
@@ -464,6 +514,7 @@ def optimum(
         constraints=len(solvable) + len(pools) * hours + job_hours.size + partial_width.size,
         solve_s=time.perf_counter() - began,
         gpu_hours_by_zone=by_zone,
+        unequal_work=unequal,
     )
 
 
@@ -490,14 +541,42 @@ def _partial_hours(
     return row_of_key[key_row[members]], members, key_width[needed]
 
 
+def _unequal_work(specs: Sequence[TrainingSpec], outcomes: Sequence[SimOutcome]) -> str:
+    """Why the policies' training does not compare with the optimum's, which does every
+    one of ``specs`` in full: the first job some policy left unfinished, naming it and
+    the policy ("" where every policy finished every one). Such a policy emitted for
+    less work, and could come out below the optimum (its share over 100 %, or below 0)."""
+    for spec in specs:
+        for outcome in outcomes:
+            record = outcome.jobs[spec.id]
+            if record.finish_s is not None:
+                continue
+            config = outcome.config
+            what = (
+                "never started"
+                if record.first_start_s is None
+                else (
+                    "had not finished when the run stopped draining, "
+                    f"{config.max_drain_s / DAY_S:g} days after the period"
+                )
+            )
+            return (
+                f"job {spec.id} {what} under {config.policy.name}: that policy did less of "
+                "the work than the optimum"
+            )
+    return ""
+
+
 def _check_every_run_job_has_a_pool(
-    workload: Workload, outcomes: Sequence[SimOutcome], eligible: Mapping[str, list[int]]
+    specs: Sequence[TrainingSpec],
+    outcomes: Sequence[SimOutcome],
+    eligible: Mapping[str, list[int]],
 ) -> None:
     """Refuse an optimum that would leave out a job some policy ran: its emissions would
     count against that policy and not against the optimum, which could then come out
     above the policy. The optimum's pools allow what placement allows, so this is a
     fleet the outcomes were not simulated on, or a placement rule the bound lacks."""
-    for spec in workload.training:
+    for spec in specs:
         if eligible[spec.id]:
             continue
         for outcome in outcomes:
@@ -547,8 +626,9 @@ def baseline_start_by(outcome: SimOutcome) -> dict[str, float]:
 
 def share_of_optimum(baseline_gco2: float, policy_gco2: float, bound: Bound) -> float | None:
     """How much of the optimum's training saving over the baseline a policy achieved
-    (1.0: all of it); None when the optimum saves nothing."""
+    (1.0: all of it); None when the optimum saves nothing, or when some policy did less
+    of the work than the optimum (``Bound.unequal_work``)."""
     possible = baseline_gco2 - bound.gco2
-    if possible <= 0:
+    if possible <= 0 or bound.unequal_work:
         return None
     return (baseline_gco2 - policy_gco2) / possible

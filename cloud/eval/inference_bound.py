@@ -232,7 +232,8 @@ def inference_optimum(
     hours = max(1, math.ceil((config.end_s - origin_s) / HOUR_S - 1e-9))
     snapshot = Snapshot.build(now=origin_s, nodes=nodes)
     table = snapshot.nodes
-    specs = list(workload.inference)
+    # The deployments the simulations submitted: none after the period (simulation.py).
+    specs = [spec for spec in workload.inference if spec.id in outcomes[0].deployments]
     eligible: dict[tuple[str, str], set[int]] = {
         (spec.id, kind): eligible_rows(snapshot, spec, kind, latency, origin_s)
         for spec in specs

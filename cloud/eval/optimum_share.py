@@ -13,8 +13,11 @@ Two bounds, each a relaxation that no evaluated policy can beat: training's
   every policy's total.
 
 No policy exceeds 100 % of any of them. A share is None where the baseline leaves no
-room to save (it already emits what the bound does). "Baseline" is the first policy
-listed, as for "CO2 vs first".
+room to save (it already emits what the bound does), and the training and total shares
+are None where some policy left a job unfinished that the training bound does in full
+(``Bound.unequal_work`` says which): that policy emitted for less work than the bound,
+and its share, or any other measured over that baseline, would not compare.
+"Baseline" is the first policy listed, as for "CO2 vs first".
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ _NO_ROOM = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class OptimumShares:
-    training: float | None  # None: the optimum saves nothing over the baseline
+    training: float | None  # None: the optimum saves nothing over the baseline, or
+    # some policy did less of the work than it (Bound.unequal_work; so the total too)
     inference: float | None
     total: float | None
 
@@ -58,8 +62,11 @@ def optimum_shares(
 ) -> OptimumShares:
     """``result``'s shares of the optimum's saving over ``results[0]``."""
     baseline = results[0]
+    inference = _share(baseline.inference_gco2, result.inference_gco2, inference_bound.gco2)
+    if bound.unequal_work:
+        return OptimumShares(training=None, inference=inference, total=None)
     return OptimumShares(
         training=_share(baseline.training_gco2, result.training_gco2, bound.gco2),
-        inference=_share(baseline.inference_gco2, result.inference_gco2, inference_bound.gco2),
+        inference=inference,
         total=_share(baseline.gco2, result.gco2, total_reference_gco2(bound, inference_bound)),
     )

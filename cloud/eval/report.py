@@ -79,7 +79,8 @@ def table(
     column appears when any usage was accounted without a recorded series; with the
     optimum (both bounds), "of optimum (training)", "(inference)" and "(total)" are
     the shares of its CO2 saving over the first policy that each policy achieved
-    (optimum_share.py). "temporal" and
+    (optimum_share.py; "-" where there is none: the training and total ones where some
+    policy left a job unfinished, which ``optimum_line`` says). "temporal" and
     "capacity" count the jobs held back by temporal shifting and those that waited for
     capacity; "migrated", "capped" and "reshaped" the jobs moved while running, run
     under a power cap and run in one of their alternative gang shapes."""
@@ -162,9 +163,20 @@ def describe(report: EvalReport) -> str:
         f"{options.days:g} days from {options.start.isoformat()} UTC; "
         f"{len(scenario.nodes)} nodes ({options.fleet or 'default fleet'}); "
         f"workload {source}: {len(workload.training)} training jobs "
-        f"({flexible} flexible), {len(workload.inference)} inference deployments; "
+        f"({flexible} flexible), {len(workload.inference)} inference deployments"
+        f"{_after_period(scenario.training_after_period, scenario.inference_after_period)}; "
         f"carbon {options.carbon_dir or 'shipped 2023 traces'} "
         f"({_forecasts(options.perfect_forecast, options.forecaster)})"
+    )
+
+
+def _after_period(training: int, inference: int) -> str:
+    """The words for the work a workload file submits after the period (left out)."""
+    if not training and not inference:
+        return ""
+    return (
+        f" (left out, submitted after the period: {training} training jobs, "
+        f"{inference} inference deployments)"
     )
 
 
@@ -190,6 +202,7 @@ def optimum_line(
         f"{inference_bound.variables:,} variables, solved in {inference_bound.solve_s:.1f} s); "
         f"total {total_reference_gco2(bound, inference_bound) / 1e6:.3f} tCO2eq against "
         f"{baseline.gco2 / 1e6:.3f} tCO2eq"
+        + (f"; no training or total share: {bound.unequal_work}" if bound.unequal_work else "")
     )
 
 
@@ -204,7 +217,8 @@ def as_json(
     as before, `of_optimum`) against `optimum_training_gco2`, `of_optimum_inference`
     against `optimum_inference_gco2` and `of_optimum_total` against
     `optimum_total_gco2` (their sum); a share is null where the first policy leaves no
-    room to save."""
+    room to save, and the training and total ones where some policy left a job
+    unfinished: `optimum_unequal_work` then says which (otherwise null)."""
     items = []
     for result in results:
         item = result.as_json()
@@ -217,6 +231,7 @@ def as_json(
             item["of_optimum_training"] = shares.training
             item["of_optimum_inference"] = shares.inference
             item["of_optimum_total"] = shares.total
+            item["optimum_unequal_work"] = bound.unequal_work or None
         items.append({key: _json_value(value) for key, value in item.items()})
     # NaN and Infinity are no JSON (RFC 8259): a strict reader refuses the whole document.
     return json.dumps(items, indent=2, allow_nan=False)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -24,17 +25,17 @@ from cloud.green.waiting import DEFAULT_PATIENCE_S
 from cloud.scheduler import Node
 from cloud.signals.datasets import HourlyTrace, load_traces
 from cloud.signals.forecast import DEFAULT_FORECASTER, forecaster_named
-from cloud.signals.grid import GridSignals
+from cloud.signals.grid import FloatArray, GridSignals
 from cloud.signals.trace import TraceProvider
 
-from .bound import Bound, optimum
+from .bound import Bound, jobs_that_cannot_finish_by, optimum
 from .fleet import load_fleet_nodes
 from .generate import NoTrainingCapacity, WorkloadParams, generate_workload
 from .inference_bound import InferenceBound, inference_optimum
 from .metrics import PolicyResult, evaluate, hourly_gpu_load, recorded_signals
-from .simulation import HOUR_S, SimConfig, SimOutcome, Simulation
+from .simulation import DAY_S, HOUR_S, SimConfig, SimOutcome, Simulation
 from .trace_shaped import generate_trace_shaped
-from .workload import Workload, load_workload, traffic_weights
+from .workload import Workload, load_workload, traffic_weights, within_period
 
 DEFAULT_POLICIES = ("fifo-binpack", "spread", "green", "balanced")
 # The generated workload's shape: generate.py's mix, or trace_shaped.py's.
@@ -92,9 +93,12 @@ class EvalOptions:
 @dataclass(frozen=True, slots=True)
 class Scenario:
     nodes: tuple[Node, ...]
-    workload: Workload
+    workload: Workload  # the work submitted within the evaluated period
     provider: TraceProvider
     recorded: GridSignals
+    # A workload file's work submitted after the period, left out (the header says so).
+    training_after_period: int = 0
+    inference_after_period: int = 0
 
 
 @dataclass(slots=True)
@@ -110,19 +114,30 @@ class EvalReport:
 def build_scenario(options: EvalOptions) -> Scenario:
     nodes = tuple(load_fleet_nodes(options.fleet))
     if options.workload is not None:
-        workload = load_workload(options.workload)
+        given = load_workload(options.workload)
     else:
         try:
-            workload = _generated_workload(options, nodes)
+            given = _generated_workload(options, nodes)
         except NoTrainingCapacity as error:
             raise ValueError(
                 f"{options.fleet or 'the default fleet'}: {error}; give the evaluation a "
                 "workload of its own with --workload"
             ) from None
+    # The simulation submits nothing after the period: left out here, the optimum, the
+    # header and a dumped workload count the same work as the policies do.
+    workload = within_period(given, options.days * DAY_S)
     provider = TraceProvider(options.carbon_dir, perfect_forecast=options.perfect_forecast)
     check_traces(provider, zones_of(nodes), options)
+    check_jobs_can_finish(nodes, workload, options)
     recorded = recorded_signals(provider, (node.zone for node in nodes))
-    return Scenario(nodes, workload, provider, recorded)
+    return Scenario(
+        nodes,
+        workload,
+        provider,
+        recorded,
+        training_after_period=len(given.training) - len(workload.training),
+        inference_after_period=len(given.inference) - len(workload.inference),
+    )
 
 
 def _generated_workload(options: EvalOptions, nodes: Sequence[Node]) -> Workload:
@@ -146,8 +161,10 @@ def _generated_workload(options: EvalOptions, nodes: Sequence[Node]) -> Workload
 def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOptions) -> None:
     """Refuse a scenario the traces cannot account: a fleet zone without a series
     (unless `allow_missing_zones`; a file with no value at all is none), an evaluated
-    period the series do not cover, or an hour in it at which the simulator would find
-    no value to plan with."""
+    period the series do not cover, or an hour in it, or in the drain after it, at which
+    the simulator would find no carbon intensity to plan with, or the accounting no
+    price (where the zone has prices: a zone without any is accounted with the
+    conservative fallback, and flagged)."""
     where = options.carbon_dir or "the shipped traces"
     missing = [zone for zone in zones if zone not in provider.zones]
     if missing and not options.allow_missing_zones:
@@ -162,6 +179,7 @@ def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOpt
     # The hours the simulator looks back: its history, or the forecaster's when longer.
     config = sim_config(options, options.policies[0])
     lookback_hours = max(config.history_hours, forecaster_named(config.forecaster).lookback_hours)
+    reach = _Reach(config.start_s, config.end_s, config.max_drain_s, lookback_hours)
     for zone in zones:
         if zone in missing:
             continue
@@ -176,7 +194,32 @@ def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOpt
                 f"the evaluated period runs past the end of the {zone} series "
                 f"({_day(trace.end_s)}): shorten --days or start earlier"
             )
-        _check_values_in_reach(provider, trace, config.start_s, config.end_s, lookback_hours)
+        _check_values_in_reach(
+            trace, trace.carbon(provider.emission_factor), "carbon intensity", reach
+        )
+        if np.isfinite(trace.price_per_mwh).any():
+            _check_values_in_reach(trace, trace.price_per_mwh, "price", reach)
+
+
+def check_jobs_can_finish(nodes: Sequence[Node], workload: Workload, options: EvalOptions) -> None:
+    """Refuse a training job that cannot finish before the run stops draining, even
+    started at its submission on the fastest pool it may use: every policy would leave
+    it unfinished, each having done a different part of its work, which no figure
+    could then compare (the optimum does all of it)."""
+    config = sim_config(options, options.policies[0])
+    drain_end_s = config.end_s + config.max_drain_s
+    late = jobs_that_cannot_finish_by(workload, nodes, options.energy, config.start_s, drain_end_s)
+    if not late:
+        return
+    spec, run_s = late[0]
+    others = f" (and {len(late) - 1} more)" if len(late) > 1 else ""
+    raise ValueError(
+        f"training job {spec.id}{others} cannot finish before the evaluation stops draining at "
+        f"{_hour(drain_end_s)}, {config.max_drain_s / DAY_S:g} days after the period: "
+        f"submitted at {_hour(config.start_s + spec.submit_offset_s)}, it runs "
+        f"{run_s / DAY_S:.1f} days even on the fastest pool it may use; shorten it, or "
+        "evaluate a longer period"
+    )
 
 
 def _empty_file(zone: str, options: EvalOptions) -> str:
@@ -185,40 +228,65 @@ def _empty_file(zone: str, options: EvalOptions) -> str:
     return "" if trace is None else f" ({trace.source} has no carbon intensity in it)"
 
 
+@dataclass(frozen=True, slots=True)
+class _Reach:
+    """The hours the simulator and the accounting read a zone's values at, and how far
+    back the simulator looks for one."""
+
+    start_s: float  # the evaluated period's
+    end_s: float
+    max_drain_s: float  # the run drains at most this long after it
+    lookback_hours: int
+
+
 def _check_values_in_reach(
-    provider: TraceProvider,
     trace: HourlyTrace,
-    start_s: float,
-    end_s: float,
-    lookback_hours: int,
+    values: FloatArray,
+    quantity: Literal["carbon intensity", "price"],
+    reach: _Reach,
 ) -> None:
-    """Every evaluated hour (`start_s` to `end_s`) needs a recorded value within the
-    `lookback_hours` the simulator looks back; without one it has no grid for the zone
-    there, and the run would stop in the middle with a traceback."""
-    carbon = trace.carbon(provider.emission_factor)
-    hour_numbers = np.arange(carbon.size)
-    last_value = np.maximum.accumulate(np.where(np.isfinite(carbon), hour_numbers, -1))
-    first = trace.hour_index(start_s)
-    last = min(trace.hour_index(end_s), carbon.size - 1)
+    """Every evaluated hour, and every hour of the series in the drain after them, needs
+    a recorded value (of `quantity`: "carbon intensity" or "price") within the
+    `lookback_hours` the simulator looks back; without one the simulator has no grid
+    for the zone there and would stop in the middle with a traceback, and the
+    accounting would carry a value over a gap longer than anything that looks back."""
+    hour_numbers = np.arange(values.size)
+    last_value = np.maximum.accumulate(np.where(np.isfinite(values), hour_numbers, -1))
+    first = trace.hour_index(reach.start_s)
+    last = min(trace.hour_index(reach.end_s + reach.max_drain_s), values.size - 1)
     hours, known = hour_numbers[first : last + 1], last_value[first : last + 1]
-    blind = hours[(known < 0) | (hours - known >= lookback_hours)]
+    blind = hours[(known < 0) | (hours - known >= reach.lookback_hours)]
     if blind.size == 0:
         return
     hour = int(blind[0])
-    at = _hour(trace.start_s + hour * HOUR_S)
+    hour_s = trace.start_s + hour * HOUR_S
+    at = _hour(hour_s)
+    where = (
+        "within the evaluated period"
+        if hour_s < reach.end_s
+        else (
+            "after the evaluated period, while the run may still be draining, up to "
+            f"{reach.max_drain_s / DAY_S:g} days after it"
+        )
+    )
+    if quantity == "price":
+        series = f"the {trace.zone} price file (the one beside {trace.source})"
+        remedy = ", or remove the price file to account the zone's cost with the fallback"
+    else:
+        series = f"the {trace.zone} series ({trace.source})"
+        remedy = ""
     if last_value[hour] < 0:
-        first_value = int(np.argmax(np.isfinite(carbon)))
+        first_value = int(np.argmax(np.isfinite(values)))
         raise ValueError(
-            f"the {trace.zone} series ({trace.source}) has no carbon intensity at or before "
-            f"{at}, which the evaluated period needs (its first value is at "
+            f"{series} has no {quantity} at or before {at} ({where}; its first value is at "
             f"{_hour(trace.start_s + first_value * HOUR_S)}): start later, or fill the file"
+            f"{remedy}"
         )
     raise ValueError(
-        f"the {trace.zone} series ({trace.source}) has no carbon intensity in the "
-        f"{lookback_hours} hours up to {at}, within the evaluated period (the simulator "
-        f"looks back that far for a value; the last is at "
+        f"{series} has no {quantity} in the {reach.lookback_hours} hours up to {at} "
+        f"({where}; the simulator looks back that far for a value, and the last is at "
         f"{_hour(trace.start_s + int(last_value[hour]) * HOUR_S)}): evaluate another "
-        "period, or fill the gap in the file"
+        f"period, or fill the gap in the file{remedy}"
     )
 
 

@@ -18,9 +18,12 @@ keeps its progress up to the newest one and resumes with what is left (plus
 after every pass that preempted nothing for running jobs to move to cleaner
 capacity, which stop and resume at once on their new nodes. A pass is the live
 loop's: ``cloud.green.pass_rule.schedule_then_move``. Submissions stop after the
-evaluated period; the run then drains (passes continue) until every training
-job has finished, so every policy does the same work. Inference is counted
-within the evaluated period only.
+evaluated period (work submitted later is never submitted); the run then drains
+(passes continue) until every training job has finished, so every policy does the
+same work, or until ``max_drain_s`` after the period, when what still runs stops
+(the runner refuses a job that could not finish by then, and the optimum's shares
+are withheld where one did not: bound.py). Inference is counted within the
+evaluated period only.
 
 Measured per run: usage records, each naming the pool it held (accounted by
 ``cloud.green.accounting`` at that pool's power, against the *recorded* signals),
@@ -81,6 +84,7 @@ from .workload import (
     requests_per_s,
     traffic_weights,
     training_job,
+    within_period,
 )
 
 HOUR_S = 3600.0
@@ -253,13 +257,12 @@ class Simulation:
     def run(self) -> SimOutcome:
         config = self.config
         start, end = config.start_s, config.end_s
-        for spec in self._workload.training:
-            if spec.submit_offset_s < config.days * DAY_S:
-                self._push(start + spec.submit_offset_s, _SUBMIT, "t:" + spec.id)
-                self._outstanding_training += 1
-        for inference in self._workload.inference:
-            if inference.start_offset_s < config.days * DAY_S:
-                self._push(start + inference.start_offset_s, _SUBMIT, "i:" + inference.id)
+        submitted = within_period(self._workload, config.days * DAY_S)
+        for spec in submitted.training:
+            self._push(start + spec.submit_offset_s, _SUBMIT, "t:" + spec.id)
+            self._outstanding_training += 1
+        for inference in submitted.inference:
+            self._push(start + inference.start_offset_s, _SUBMIT, "i:" + inference.id)
         hour = math.floor(start / HOUR_S) * HOUR_S + HOUR_S
         self._push(start, _WAKE)
         self._wakes.add(start)

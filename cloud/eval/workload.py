@@ -156,6 +156,16 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     tenants: tuple[TenantSpec, ...] = ()
 
 
+def within_period(workload: Workload, period_s: float) -> Workload:
+    """The work submitted within the first ``period_s`` seconds: what the simulation
+    submits (submissions stop at the end of the evaluated period)."""
+    return msgspec.structs.replace(
+        workload,
+        training=tuple(spec for spec in workload.training if spec.submit_offset_s < period_s),
+        inference=tuple(spec for spec in workload.inference if spec.start_offset_s < period_s),
+    )
+
+
 def traffic_profile(local_hour: float) -> float:
     """Share of the daily peak at a local hour (0.25 at 04:00, 1.0 at 16:00)."""
     return 0.25 + 0.75 * (1.0 - math.cos(2.0 * math.pi * (local_hour - 4.0) / 24.0)) / 2.0
