@@ -11,7 +11,12 @@ usage, batched, while this process leads scheduling.
   a counter refused as implausible, another agent instance, an allocation that ended
   and waits to be counted to its end. The increments wait in memory.
 - After every pass the scheduling loop hands it the allocations, the tenants, the
-  grid and the counterfactuals of work it placed (`note_pass`).
+  grid and the counterfactuals of work it placed (`note_pass`). Each term as leader
+  starts from the store: what the accountant knew in an earlier term is let go when it
+  stops leading (`_stop_leading`; another leader may have ended, placed and metered
+  work meanwhile), and until the term's first pass tells the allocations, samples are
+  held and no mark moves (`_hold_until_allocations`): a mark moved then would skip a
+  span that the allocations it did not know yet ran in.
 - Every `usage.flush_interval_s` one transaction, under the scheduling lease, adds
   the priced increments to the hourly rows and moves the nodes' marks
   (`Store.write_usage`). Telemetry is counted only past a node's stored mark, so a
@@ -230,7 +235,12 @@ class Accountant:
         self._energy = energy or EnergyModel()
         self._clock = clock
         self._state: _LeaderState | None = None  # set while leading, marks loaded
+        # What a term as leader learns from its passes, from nothing at each term
+        # (`_stop_leading`): the allocations as the latest pass left them, per node.
         self._by_node: dict[str, list[MeteredAllocation]] = {}
+        # Whether a pass of this term told the allocations (`note_pass`): until then no
+        # sample is metered (`_hold_until_allocations`).
+        self._knows_allocations = False
         # Each metered node's inventory as metering needs it, until its next birth.
         self._profiles: dict[str, NodeProfile] = {}
         # Nodes holding an allocation that ended, which their samples retire: every
@@ -238,7 +248,6 @@ class Accountant:
         self._ended_on: set[str] = set()
         self._implausible: list[str] = []  # the meter's, for the sample being metered
         self._warned_implausible: set[str] = set()  # nodes logged once
-        self._ended: dict[tuple[str, int, str], MeteredAllocation] = {}
         self._work_tenants: dict[str, str] = {}  # work id -> tenant id, active work
         self._active_work: set[str] = set()
         # Active work that has held an allocation (here, or before a restart: it has usage
@@ -307,11 +316,30 @@ class Accountant:
             else:
                 state.held[node_id] = telemetry
             return
+        if not self._knows_allocations:
+            self._hold_until_allocations(state, node_id, telemetry, mark)
+            return
         held = state.held.pop(node_id, None)
-        if held is not None and held.instance_id != telemetry.instance_id:
-            # The last of the instance before this one: its counters end there.
+        if held is not None:
+            # Counted up to the held sample first: it may be the last of the instance
+            # before this one (its counters end there), or one held before the term's
+            # first pass whose own step this sample (without counters, or a node's first)
+            # would not cover.
             self._meter(state, node_id, held)
         self._meter(state, node_id, telemetry)
+
+    def _hold_until_allocations(
+        self, state: _LeaderState, node_id: str, telemetry: Telemetry, mark: NodeMark | None
+    ) -> None:
+        """A sample that comes before the term's first pass told the allocations (the
+        coalescing ones are held anyway): the latest is held, metered once they are known.
+        Metered now, it would move the mark past a span counted for nothing (a node whose
+        allocations are not known yet holds none). A node without counters then gets the
+        span up to its latest sample from the model, flagged as a gap."""
+        if is_replay(telemetry, mark):
+            self.stats.replays += 1
+        else:
+            state.held[node_id] = telemetry
 
     def relayed(self, node_id: str, instance_id: str) -> bool:
         """Another replica's sample of the node was applied to the registry by its
@@ -406,9 +434,10 @@ class Accountant:
     async def meter_held(self) -> None:
         """Meter every held node's latest sample (each flush does first), a few hundred
         at a time between yields: 10,000 nodes take about 80 ms, not to be spent at once
-        on the event loop."""
+        on the event loop. Nothing before the term's first pass told the allocations:
+        they wait for it (`_hold_until_allocations`)."""
         state = self._state
-        if state is None:
+        if state is None or not self._knows_allocations:
             return
         held, state.held = state.held, {}
         for count, (node_id, sample) in enumerate(held.items(), start=1):
@@ -467,8 +496,10 @@ class Accountant:
         grid: GridSignals,
         counterfactuals: Sequence[CounterfactualRecord] = (),
     ) -> None:
-        """The allocations, tenants, grid and new counterfactuals after a pass."""
+        """The allocations, tenants, grid and new counterfactuals after a pass (its
+        snapshot: the store's state as this term's leader read it)."""
         now = self._clock()
+        self._knows_allocations = True
         self._grid = grid
         if grid.zones:
             self._grid_offset_s = grid.now_s - now
@@ -598,10 +629,25 @@ class Accountant:
 
     def _stop_leading(self) -> None:
         """What this process kept as the leader that another leader now owns: the usage
-        counters leave /metrics (the new leader's count from here on)."""
+        counters leave /metrics (the new leader's count from here on), and what it knew
+        of the allocations and the work goes. Another leader may end, place and meter
+        work meanwhile: kept, an allocation that ended there would be billed again here,
+        to the next term's first pass, on top of what ran in its place. The next term
+        starts from the store (its marks and untold work at `begin`, its first pass)."""
         self._state = None
         self.totals = {}
         self._stored = {}
+        self._knows_allocations = False
+        self._by_node = {}
+        self._profiles = {}
+        self._ended_on = set()
+        self._implausible = []
+        self._warned_implausible = set()
+        self._work_tenants = {}
+        self._active_work = set()
+        self._ran = set()
+        self._untold = None
+        self._ending = {}
 
     async def _store_totals(self) -> dict[UsageTotalsKey, TenantTotals]:
         return {

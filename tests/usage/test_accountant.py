@@ -346,6 +346,9 @@ async def test_a_flush_moves_the_mark_of_every_node_with_a_new_sample(
             registry.apply_status(msgspec.structs.replace(birth(clock.now), node_id=node_id))
         accountant = Accountant(store, registry, UsageSettings(), clock=clock)
         await accountant.begin(lease)
+        # The term's first pass: nothing runs anywhere (until a pass says so, no mark moves).
+        nothing = StoreSnapshot(tenants=(), work=(), allocations=(), node_generations={})
+        accountant.note_pass(nothing, grid(clock.now))
         for step in range(2):
             clock.now = T0 + INTERVAL_S * step
             for node_id in node_ids:
