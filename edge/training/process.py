@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -83,6 +84,18 @@ RUNTIME_EXIT_REASONS: Final = {
     127: "the command was not found in the image",
 }
 GIB: Final = 1024**3
+# What a full disk makes of the worker's start or end: this node's fault, not the job's.
+# Such a run is reported `stopped` (the control plane places the job again, within
+# `store.max_attempts`), never `failed` (which uses up the job's own `max_retries`).
+FULL_DISK_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+STATUS_NOT_RECORDED_REASON: Final = "the greenfed wrapper could not record the worker's exit status"
+# What the wrapper says on its standard error (a traceback, a status it could not
+# write): to the agent's log, at most this much of it per worker, each line cut to
+# WRAPPER_LINE_CHARS; after the wrapper exits, its last words are read for this long.
+WRAPPER_STDERR_LOGGED_BYTES: Final = 16 * 1024
+WRAPPER_LINE_CHARS: Final = 500
+WRAPPER_STDERR_GRACE_S: Final = 2.0
+WRAPPER_STDERR_CHUNK_BYTES: Final = 4096
 # Logs of runs the reconciler is done with that stay on disk for people to read.
 KEPT_FINISHED_LOGS: Final = 8
 
@@ -188,6 +201,9 @@ class ProcessRun:
         self._process: asyncio.subprocess.Process | None = None  # None: not our child
         self._exited: asyncio.Task[int] | None = None
         self._started_notice: asyncio.Future[bytes] | None = None  # our child's "started"
+        self._wrapper_stderr: asyncio.Future[None] | None = None  # read into the agent's log
+        self._wrapper_last_line = ""  # the last line the wrapper wrote on its stderr
+        self._wrapper_logged_bytes = 0
         self._stop_reason: str | None = None
         self._finished = asyncio.Event()
         self._log = get_logger("greenfed.training").bind(job_id=spec.job_id, attempt=spec.attempt)
@@ -220,6 +236,9 @@ class ProcessRun:
                 self._log.info("training worker left running", pid=self.pid)
             raise
         finally:
+            if self._wrapper_stderr is not None and not self._wrapper_stderr.done():
+                self._wrapper_stderr.cancel()  # the wrapper lives on: nobody reads it now
+                await asyncio.wait({self._wrapper_stderr})
             if self.status.finished:
                 self.output.end()  # no more of it: what waits for the rest of a character goes
             self._finished.set()
@@ -236,7 +255,11 @@ class ProcessRun:
         try:
             plan = await asyncio.to_thread(self._make_plan)
         except (WorkerSpecError, WorkUserError, CgroupError, OSError) as error:
-            self.status.mark_finished("failed", None, f"cannot start: {error}")
+            if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
+                # Its work directory, say, on a full disk: the job may run elsewhere.
+                self.status.mark_finished("stopped", None, f"cannot start on this node: {error}")
+            else:
+                self.status.mark_finished("failed", None, f"cannot start: {error}")
             return False
         if self._stop_reason is not None:  # withdrawn while it was being prepared
             await asyncio.to_thread(
@@ -266,7 +289,8 @@ class ProcessRun:
                 stdin=asyncio.subprocess.PIPE,
                 # One line, "started", as soon as its processes are: `running` at once.
                 stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
+                # What goes wrong with the wrapper itself: to this agent's log.
+                stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
             )
         except OSError as error:
@@ -282,6 +306,10 @@ class ProcessRun:
         self._exited = asyncio.ensure_future(self._process.wait())
         assert self._process.stdout is not None
         self._started_notice = asyncio.ensure_future(self._process.stdout.readline())
+        assert self._process.stderr is not None
+        self._wrapper_stderr = asyncio.ensure_future(
+            self._read_wrapper_stderr(self._process.stderr)
+        )
         pid = self._process.pid
         self._record = WorkerRecord(
             job_id=self.spec.job_id,
@@ -330,6 +358,26 @@ class ProcessRun:
         with contextlib.suppress(ConnectionError, OSError):
             await stdin.wait_closed()
 
+    async def _read_wrapper_stderr(self, stream: asyncio.StreamReader) -> None:
+        """Until the wrapper closes it (it exits): each line to the agent's log while
+        the bound lasts, the last one kept (the reason, should the wrapper fail)."""
+        pending = b""
+        while chunk := await stream.read(WRAPPER_STDERR_CHUNK_BYTES):
+            *lines, pending = (pending + chunk).split(b"\n")
+            pending = pending[:WRAPPER_STDERR_CHUNK_BYTES]  # a line that never ends: its start
+            for line in lines:
+                self._wrapper_said(line)
+        self._wrapper_said(pending)
+
+    def _wrapper_said(self, line: bytes) -> None:
+        text = line.decode("utf-8", "replace").strip()[:WRAPPER_LINE_CHARS]
+        if not text:
+            return
+        self._wrapper_last_line = text
+        if self._wrapper_logged_bytes < WRAPPER_STDERR_LOGGED_BYTES:
+            self._wrapper_logged_bytes += len(text)
+            self._log.warning("training worker's wrapper said", line=text)
+
     def _running(self) -> bool:
         if self._process is not None:
             return self._process.returncode is None
@@ -366,6 +414,15 @@ class ProcessRun:
         started = _started_at(self.files.started_path)
         if started is not None:
             self.status.mark_running(at=started)
+        elif self._said_started():
+            # No started file (a full disk): the wrapper's "started" line is as good.
+            self.status.mark_running()
+
+    def _said_started(self) -> bool:
+        notice = self._started_notice
+        if notice is None or not notice.done() or notice.cancelled():
+            return False
+        return notice.exception() is None and notice.result() == b"started\n"
 
     def _read_output(self) -> bool:
         data = self._tail.read()
@@ -374,6 +431,8 @@ class ProcessRun:
         return bool(data)
 
     async def _finish(self) -> None:
+        if self._wrapper_stderr is not None:  # its last words, before they are judged
+            await asyncio.wait({self._wrapper_stderr}, timeout=WRAPPER_STDERR_GRACE_S)
         stop_reason = self._stop_reason
         if stop_reason is None:  # an earlier agent may have stopped it, then ended
             stop_reason = read_stop_reason(self.files.stop_path)
@@ -403,6 +462,10 @@ class ProcessRun:
             returncode = self._process.returncode if self._process is not None else None
             if stop_requested:
                 self.status.mark_finished("stopped", returncode, stop_reason or "")
+            elif returncode is not None and returncode > 0:
+                # The wrapper's own exit (it exits 0 once the status is recorded), which
+                # says nothing of the worker's: a fault of this node, not the job's.
+                self.status.mark_finished("stopped", None, self._wrapper_failure(returncode))
             elif returncode is not None:
                 state, reason = describe_exit(returncode, stop_requested=False)
                 self.status.mark_finished(state, returncode, reason)
@@ -413,6 +476,15 @@ class ProcessRun:
             state=self.status.state,
             exit_code=self.status.exit_code,
             reason=self.status.reason,
+        )
+
+    def _wrapper_failure(self, returncode: int) -> str:
+        said = self._wrapper_last_line or "it gave no reason"
+        if returncode == wrapper.STATUS_NOT_RECORDED_EXIT_CODE:
+            return f"{STATUS_NOT_RECORDED_REASON}: {said}"
+        return (
+            f"the greenfed wrapper failed (exit code {returncode}) before it recorded "
+            f"the worker's exit status: {said}"
         )
 
     def _save_record(self) -> None:

@@ -21,7 +21,12 @@ says "started" once on its standard output and closes it). The wrapper:
    file, where an agent started later collects it.
 
 SIGTERM and SIGINT are the agent's "stop"; the wrapper never dies of them itself, so
-the status is always written.
+the status is always written. A full disk costs output, never the run: the log drops
+what it cannot write, the started file is only a fallback (the "started" line is what
+the agent that started the wrapper goes by), and an exit status that cannot be written
+after a few tries ends the wrapper with `STATUS_NOT_RECORDED_EXIT_CODE`, the error on
+its standard error, which the agent reports as this node's fault, not the job's. The
+wrapper exits 0 whenever it recorded the status: any other exit is its own failure.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, cast
 
@@ -53,12 +58,49 @@ CLEANUP_TIMEOUT_S = 60.0
 # Peak memory this close to the limit counts as having reached it (page granularity).
 LIMIT_REACHED_MARGIN_BYTES = 64 * 1024
 SIGKILL_CODES = (-signal.SIGKILL, 128 + signal.SIGKILL)
+# The wrapper's exit code when the worker's exit status could not be written (a full
+# disk): the agent (edge/training/process.py) reads the error from its standard error.
+# sysexits' EX_IOERR: neither Python (1, 2, 120) nor a signal (128 + n) exits with it.
+STATUS_NOT_RECORDED_EXIT_CODE = 74
+# A full disk may get room back (the clean-up just removed the work directory, a log
+# rotated elsewhere): the status is tried again after each of these, then given up.
+EXIT_STATUS_RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0)
 
 
 def write_exit_status(path: Path, status: ExitStatus) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(status), encoding="utf-8")
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(json.dumps(status), encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)  # a part of it takes room and says nothing
+        raise
+
+
+def record_exit_status(
+    path: Path, status: ExitStatus, *, pause: Callable[[float], None] = time.sleep
+) -> OSError | None:
+    """Write the status, trying again for a moment while the disk refuses it; the
+    last error when it never could (None: written)."""
+    for delay_s in EXIT_STATUS_RETRY_DELAYS_S:
+        try:
+            write_exit_status(path, status)
+            return None
+        except OSError:
+            pause(delay_s)
+    try:
+        write_exit_status(path, status)
+    except OSError as error:
+        return error
+    return None
+
+
+def tell_the_agent(text: str) -> None:
+    """A line on standard error, which the agent that started the wrapper logs (gone,
+    it hears nothing: the wrapper outlives it)."""
+    with contextlib.suppress(OSError):
+        os.write(sys.stderr.fileno(), f"{text}\n".encode(errors="replace"))
 
 
 def _exit_status(
@@ -80,15 +122,20 @@ def _exit_status(
 
 
 class _Log:
-    """The bounded log, shared by the readers of every process."""
+    """The bounded log, shared by the readers of every process; None: it could not be
+    opened (a disk out of space or inodes), and the output goes nowhere."""
 
-    def __init__(self, log: BoundedLog) -> None:
+    def __init__(self, log: BoundedLog | None) -> None:
         self._log = log
         self._lock = threading.Lock()
 
     def write(self, data: bytes) -> None:
-        # A full disk loses output, never the job: the pipes are always drained.
-        with self._lock, contextlib.suppress(OSError):
+        # A full disk loses output, never the job: the pipes are always drained. A
+        # rotation that could not open the new file leaves the log closed (ValueError
+        # from then on): the rest of the output is lost, the worker runs on.
+        if self._log is None:
+            return
+        with self._lock, contextlib.suppress(OSError, ValueError):
             self._log.write(data)
             self._log.flush()
 
@@ -236,8 +283,9 @@ class _Supervisor:
             except ValueError as error:  # a NUL byte: no program can be given it
                 self._kill_everything()
                 return f"cannot start: {_unpassable(error)}"
-        notice = Started(started_at=time.time(), process_groups=[p.pid for p in self.processes])
-        Path(self.plan["started_file"]).write_text(json.dumps(notice), encoding="utf-8")
+        self._write_started_file(
+            Started(started_at=time.time(), process_groups=[p.pid for p in self.processes])
+        )
         _tell_the_agent_it_started()
         label_output = self.plan["label_output"]
         for planned, started in zip(self.plan["processes"], self.processes, strict=True):
@@ -249,6 +297,18 @@ class _Supervisor:
             reader.start()
             self.readers.append(reader)
         return ""
+
+    def _write_started_file(self, notice: Started) -> None:
+        """For an agent started later, and what it kills should the wrapper be gone;
+        the agent that started the wrapper goes by its "started" line. A disk that
+        refuses it costs only that: the processes run on."""
+        path = Path(self.plan["started_file"])
+        try:
+            path.write_text(json.dumps(notice), encoding="utf-8")
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)  # half a notice is none: never a wrong one
+            tell_the_agent(f"greenfed wrapper: cannot write the started file {path}: {error}")
 
     def wait(self) -> int | None:
         """Until every process has ended; the index of the first to fail (None: none)."""
@@ -447,11 +507,27 @@ def _arguments(argv: Sequence[str]) -> tuple[Path, int, Path]:
         sys.exit("usage: wrapper.py --log PATH --max-log-bytes N --exit-file PATH")
 
 
+def _open_log(path: Path, max_bytes: int) -> BoundedLog | None:
+    try:
+        return BoundedLog(path, max_bytes)
+    except OSError as error:  # a disk out of space or inodes: the run goes on without
+        tell_the_agent(f"greenfed wrapper: cannot open the log {path}: {error}")
+        return None
+
+
+def _outcome(status: ExitStatus) -> str:
+    """How the worker ended, in a few words, for the agent's log."""
+    if status["error"]:
+        return status["error"]
+    return f"exit code {status['returncode']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     log_path, max_log_bytes, exit_file = _arguments(sys.argv[1:] if argv is None else argv)
     # Before anything else: a stop that comes early is a stop, never the wrapper's death.
     wakeups = _Wakeups()
-    with BoundedLog(log_path, max_log_bytes) as bounded:
+    bounded = _open_log(log_path, max_log_bytes)
+    with bounded if bounded is not None else contextlib.nullcontext():
         log = _Log(bounded)
         try:
             # From the agent, which built it (edge/sandbox/launcher.py): not checked again.
@@ -461,7 +537,16 @@ def main(argv: list[str] | None = None) -> int:
             status = _exit_status(None, error=f"bad launch plan: {error}")
         else:
             status = supervise(plan, log, wakeups)
-    write_exit_status(exit_file, status)
+    not_recorded = record_exit_status(exit_file, status)
+    if not_recorded is not None:
+        # Two lines: what the worker did, for the agent's log; the error last, which
+        # the agent gives as the reason.
+        tell_the_agent(
+            f"greenfed wrapper: the worker ended ({_outcome(status)}), "
+            f"but its exit status could not be written to {exit_file}:"
+        )
+        tell_the_agent(str(not_recorded))
+        return STATUS_NOT_RECORDED_EXIT_CODE
     return 0
 
 
