@@ -260,10 +260,7 @@ async def _shows_usage_and_never_markup(
     await expect(cells.nth(6)).to_have_text("300 g")
     await expect(cells.nth(7)).to_have_text("€0.42")
     await expect(cells.nth(8)).to_have_text("1.5 kg")
-    await expect(page.locator("#card-avoided")).to_have_text("1.5 kg")
-    await expect(page.locator("#card-avoided-detail")).to_have_text(
-        "CO₂eq · emitted 300 g · 1.5 kWh · €0.42"
-    )
+    # The cards are GET /v1/usage's totals, not the rows' (test_review6_usage_cards.py).
     await expect(row.locator(".nodes-list")).to_have_text(MARKUP)
     await expect(row.locator(".state .badge")).to_have_attribute("title", MARKUP)
     assert await page.locator("#work img").count() == 0
@@ -385,6 +382,7 @@ async def test_the_dashboard_shows_the_fleet_the_work_and_the_zones(tmp_path: Pa
                 f"{api}/v1/signals",
                 f"{api}/v1/jobs",
                 f"{api}/v1/jobs/{job_id}",
+                f"{api}/v1/usage",
             }
             for request in api_calls:
                 assert (await request.all_headers())["authorization"] == f"Bearer {token}"
@@ -449,6 +447,7 @@ class FakeApi:
 
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    usage_totals: list[dict[str, Any]] = field(default_factory=list)  # GET /v1/usage
     requests: list[str] = field(default_factory=list)  # path and query of each /v1 call
 
     def add_job(self, state: str, *, node: str | None = None, **fields: Any) -> dict[str, Any]:
@@ -511,6 +510,7 @@ class FakeApi:
         app.router.add_get("/v1/jobs/{id}", self._job)
         app.router.add_get("/v1/deployments", self._list_deployments)
         app.router.add_get("/v1/events", self._events)
+        app.router.add_get("/v1/usage", self._usage)
         return app
 
     @web.middleware
@@ -578,6 +578,13 @@ class FakeApi:
         if job is None:
             return web.json_response({"title": "Not found"}, status=404)
         return web.json_response(job)
+
+    async def _usage(self, request: web.Request) -> web.Response:
+        """`GET /v1/usage` (grouped by tenant, as the page asks): one row per currency."""
+        rows = [{"tenant": "acme", **total} for total in self.usage_totals]
+        return web.json_response(
+            {"group_by": ["tenant"], "rows": rows, "totals": self.usage_totals}
+        )
 
     async def _events(self, request: web.Request) -> web.Response:
         """`GET /v1/events?follow=false`: the stored events after `after` (or recorded at
@@ -716,6 +723,12 @@ async def test_work_priced_in_two_currencies_shows_each_and_totals_each() -> Non
     # A server older than `costs` sends `cost` and `currency` alone.
     older = {k: v for k, v in _usage(1.0, cost=0.5, currency="EUR").items() if k != "costs"}
     legacy = fake.add_job("running", node=FAKE_NODE, usage=older)
+    # The card: the API's totals, one row per currency (never summed across them).
+    fake.usage_totals = [
+        {"currency": currency, "cost": cost, "energy_kwh": 1.5, "gco2eq_g": 450.0,
+         "avoided_gco2eq_g": None, "measured_share": 1.0, "fallback": False}
+        for currency, cost in (("EUR", 1.92), ("USD", 0.1))
+    ]  # fmt: skip
     async with fake_dashboard(fake) as (page, problems):
         cost = {
             item["id"]: page.locator(f'#work tr[data-work-id="{item["id"]}"] td').nth(7)

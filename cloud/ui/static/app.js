@@ -8,7 +8,8 @@ const NODE_PAGE_SIZE = 1000;
 const MAX_NODE_PAGES = 10;
 const MAX_NODE_ROWS = 500;
 // Live work is read whole, however much of it waits in the queue: the cards and the
-// zones count all of it. Finished work only fills the table, the newest of it.
+// zones count all of it. Finished work only fills the table, the newest of it; the usage
+// card is the API's own totals (GET /v1/usage), never a sum of the rows loaded.
 const LIVE_STATES = ["pending", "scheduled", "running"];
 const FINISHED_STATES = ["succeeded", "failed", "cancelled"];
 const TERMINAL_STATES = new Set(FINISHED_STATES);
@@ -247,6 +248,26 @@ async function withDetails(listing) {
   return { ...listing, items, liveComplete: listing.liveComplete && !capped };
 }
 
+// The caller's usage over all time (every tenant's for the admin), one row per currency,
+// as `GET /v1/usage` totals it: one request, whose answer is a row per tenant and
+// currency. The table's rows are only the newest finished work: their sum is no total.
+// Read at most once a minute per token: the API sums every hour row the caller has to
+// answer, which grows with history, and usage moves by a flush at a time anyway.
+const USAGE_REFRESH_MS = 60000;
+let usageRead = null; // { token, at, rows } of the last good read
+
+async function loadUsageTotals() {
+  const token = storedToken();
+  if (usageRead && usageRead.token === token && Date.now() - usageRead.at < USAGE_REFRESH_MS) {
+    return usageRead.rows;
+  }
+  const report = await api("/v1/usage");
+  if (!Array.isArray(report?.totals)) throw new Error("usage totals missing from the answer");
+  const rows = report.totals.filter((row) => row && typeof row === "object");
+  usageRead = { token, at: Date.now(), rows };
+  return rows;
+}
+
 // Both collections, each settled on its own (one failing leaves the other shown).
 async function loadWork() {
   const listed = await Promise.allSettled([listWork("jobs"), listWork("deployments")]);
@@ -409,17 +430,17 @@ function costsOf(usage) {
 
 const formatCosts = (costs) => costs.map(([currency, amount]) => formatMoney(amount, currency)).join(" + ");
 
-function usageTotals(work) {
-  const totals = { avoided: 0, emitted: 0, energy: 0, reported: 0, costs: new Map() };
-  for (const item of work) {
-    const usage = item.usage;
-    if (!usage || typeof usage !== "object") continue;
-    totals.reported += 1;
-    if (isNumber(usage.avoided_gco2eq_g)) totals.avoided += usage.avoided_gco2eq_g;
-    if (isNumber(usage.gco2eq_g)) totals.emitted += usage.gco2eq_g;
-    if (isNumber(usage.energy_kwh)) totals.energy += usage.energy_kwh;
-    for (const [currency, amount] of costsOf(usage)) {
-      totals.costs.set(currency, (totals.costs.get(currency) ?? 0) + amount);
+// The totals rows of `GET /v1/usage` (one per currency) as one card: grams and kWh add
+// up across them, money stays per currency. Emissions avoided stay unknown (null) while
+// no row has a counterfactual to compare with.
+function usageTotals(rows) {
+  const totals = { avoided: null, emitted: 0, energy: 0, costs: new Map() };
+  for (const row of rows) {
+    if (isNumber(row.avoided_gco2eq_g)) totals.avoided = (totals.avoided ?? 0) + row.avoided_gco2eq_g;
+    if (isNumber(row.gco2eq_g)) totals.emitted += row.gco2eq_g;
+    if (isNumber(row.energy_kwh)) totals.energy += row.energy_kwh;
+    if (isNumber(row.cost) && typeof row.currency === "string" && row.currency) {
+      totals.costs.set(row.currency, (totals.costs.get(row.currency) ?? 0) + row.cost);
     }
   }
   return totals;
@@ -428,6 +449,26 @@ function usageTotals(work) {
 function setCard(id, value, detail) {
   document.getElementById(`card-${id}`).textContent = value;
   document.getElementById(`card-${id}-detail`).textContent = detail ?? "";
+}
+
+// The usage card from the settled read of `GET /v1/usage`: a failed read says so (a 0
+// or the last figure would read as current).
+function renderUsageCard(result) {
+  if (result.status === "rejected") {
+    setCard("avoided", "–", `unavailable: ${result.reason?.message ?? result.reason}`);
+    return;
+  }
+  if (!result.value.length) {
+    setCard("avoided", "–", "no usage reported yet");
+    return;
+  }
+  const totals = usageTotals(result.value);
+  const costs = formatCosts([...totals.costs].sort(([a], [b]) => a.localeCompare(b)));
+  setCard(
+    "avoided",
+    formatGrams(totals.avoided),
+    `CO₂eq · emitted ${formatGrams(totals.emitted)} · ${formatEnergy(totals.energy)}${costs ? ` · ${costs}` : ""}`,
+  );
 }
 
 function renderCards(nodes, work) {
@@ -473,18 +514,8 @@ function renderCards(nodes, work) {
       `${states.running ?? 0} running`,
       `${waiting} waiting · ${plural(jobs, "live job")} · ${plural(live.length - jobs, "live deployment")}`,
     );
-    const totals = usageTotals(work);
-    const costs = formatCosts([...totals.costs].sort(([a], [b]) => a.localeCompare(b)));
-    setCard(
-      "avoided",
-      totals.reported ? formatGrams(totals.avoided) : "–",
-      totals.reported
-        ? `CO₂eq · emitted ${formatGrams(totals.emitted)} · ${formatEnergy(totals.energy)}${costs ? ` · ${costs}` : ""}`
-        : "no usage reported yet",
-    );
   } else {
     setCard("work", "–", "");
-    setCard("avoided", "–", "");
   }
 }
 
@@ -681,14 +712,15 @@ async function refresh() {
   }
   if (document.hidden) return; // picked up again on visibilitychange
   const started = (generation += 1);
-  const [nodesResult, signalsResult, workResults] = await Promise.allSettled([
+  const [nodesResult, signalsResult, workResults, usageResult] = await Promise.allSettled([
     loadNodes(),
     api("/v1/signals"),
     loadWork(),
+    loadUsageTotals(),
   ]);
   // loadWork settles each collection itself; should it throw anyway, both failed.
   const workSettled = workResults.status === "fulfilled" ? workResults.value : [workResults, workResults];
-  const results = [nodesResult, signalsResult, ...workSettled];
+  const results = [nodesResult, signalsResult, ...workSettled, usageResult];
   if (started !== generation) return; // a newer refresh (or a new token) took over
   const rejected = results.find(
     (result) => result.status === "rejected" && result.reason instanceof ApiError && result.reason.status === 401,
@@ -707,6 +739,7 @@ async function refresh() {
 
   showDashboard();
   renderCards(nodes, work?.items ?? null);
+  renderUsageCard(usageResult);
   renderZones(sections.zones(), signals, nodes, work?.items ?? null);
   notice(sections.zones(), failure(results[1]));
   if (work) {
@@ -751,6 +784,7 @@ function forgetToken(message) {
   sessionStorage.removeItem(TOKEN_KEY);
   workDetails.clear();
   finalUsage.clear();
+  usageRead = null;
   eventsReadTo = null;
   workShownFor = null;
   sections.work().querySelector("tbody").replaceChildren();
@@ -760,6 +794,7 @@ function forgetToken(message) {
 // A token from the fragment, then a refresh; something that is no token replaces the
 // stored one (it was meant to) and the form says why.
 function refreshWithFragment(refused = takeTokenFromFragment()) {
+  usageRead = null; // asked for now: every figure afresh
   if (refused) forgetToken(NOT_A_TOKEN);
   else refresh();
 }
