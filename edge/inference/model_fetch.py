@@ -2,7 +2,9 @@
 `<dir>/<sha256>.onnx`, bounded in bytes, least recently used first out.
 
 A download is streamed into `<sha256>.part`, resumed from where a broken transfer
-stopped (an HTTP Range request), retried with backoff, verified against the sha256
+stopped (an HTTP Range request), retried with backoff (the count of failed attempts
+starts again after one that added bytes: a slow or flaky link that makes progress is
+never given up on, however long the model takes), verified against the sha256
 the cloud announced, flushed to disk and only then renamed into place; the `.part` of
 a fetch that gives up is deleted. A resumed download that fails its checksum is
 downloaded once more from its first byte, since the bytes kept from before may be the
@@ -29,10 +31,15 @@ from shared.lean_logs import get_logger
 
 _CHUNK_BYTES = 1 << 20
 # A control plane that restarts or a link that drops is waited out (about two
-# minutes in all); a refusal (bad signature, unknown model) or a wrong file is not.
+# minutes of attempts that add no byte); a refusal (bad signature, unknown model) or a
+# wrong file is not.
 ATTEMPTS = 8
 RETRY_BASE_S = 0.5
 RETRY_MAX_S = 30.0
+# How long a connection may take to open, or a transfer may go without a byte, before
+# the attempt counts as failed. A transfer that keeps going has no time limit: a model
+# of gigabytes over a slow uplink takes hours.
+STALL_TIMEOUT_S = 30.0
 
 
 class ModelFetchError(RuntimeError):
@@ -41,6 +48,11 @@ class ModelFetchError(RuntimeError):
 
 class _ChecksumMismatch(ModelFetchError):
     """The downloaded file is not the model the registry announced."""
+
+
+class ModelUnreachable(ModelFetchError):
+    """Every attempt failed for a reason that may pass (the control plane unreachable,
+    restarting or busy): worth fetching again later, unlike a refusal or a wrong file."""
 
 
 class _Retryable(Exception):
@@ -53,15 +65,20 @@ class ModelCache:
         directory: Path,
         max_bytes: int,
         *,
-        timeout_s: float = 300.0,
+        timeout_s: float = STALL_TIMEOUT_S,
         attempts: int = ATTEMPTS,
         retry_base_s: float = RETRY_BASE_S,
     ) -> None:
+        """`timeout_s`: the longest wait for a connection, or for the next bytes of a
+        transfer (never for a whole transfer). `attempts`: how many failed ones in a row,
+        none of them adding a byte, before a fetch gives up."""
         self.directory = directory
         self.max_bytes = max_bytes
         self._attempts = attempts
         self._retry_base_s = retry_base_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=30.0)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeout_s, sock_connect=timeout_s, sock_read=timeout_s
+        )
         self._locks: dict[str, asyncio.Lock] = {}
         self._fetching: set[str] = set()  # sha256s whose fetch is under way: never evicted
         # Files this process checked against their sha256, as they were then: not hashed
@@ -84,7 +101,9 @@ class ModelCache:
         size_bytes: int | None = None,
     ) -> Path:
         """The verified file, downloading it unless cached; evicts others to stay in bounds.
-        `on_retry(why)` is told about each failed attempt that will be retried.
+        `on_retry(why)` is told about each failed attempt that will be retried. Raises
+        `ModelUnreachable` where the attempts ran out (worth a fetch later), another
+        `ModelFetchError` where the answer was final (a refusal, a wrong file).
         `size_bytes`: the size the signed `desired` document gives it; a download is
         stopped as soon as it is longer (else at the cache's size), not once on disk."""
         most_bytes = min(size_bytes, self.max_bytes) if size_bytes is not None else self.max_bytes
@@ -161,30 +180,48 @@ class ModelCache:
         most_bytes: int,
         on_retry: Callable[[str], None] | None,
     ) -> bool:
-        """Whether the `.part` downloaded holds bytes of an earlier transfer (resumed)."""
-        why = ""
-        for attempt in range(self._attempts):
+        """Whether the `.part` downloaded holds bytes of an earlier transfer (resumed).
+        Gives up after `attempts` failures in a row; one that made the `.part` grow starts
+        the count (and the backoff) again."""
+        attempt = 0
+        failures = 0  # in a row, counted from the last attempt that added bytes
+        while True:
+            attempt += 1
+            before = await asyncio.to_thread(self._part_size, sha256)
             try:
                 return await self._download(session, url, sha256, most_bytes)
             except (aiohttp.ClientError, TimeoutError, OSError, _Retryable) as failure:
                 why = str(failure) or type(failure).__name__
-                self._log.warning(
-                    "model download failed", sha256=sha256[:12], attempt=attempt + 1, error=why
+            if await asyncio.to_thread(self._part_size, sha256) > before:
+                failures = 0  # a slow or flaky link, making progress: not a dead one
+            failures += 1
+            self._log.warning(
+                "model download failed",
+                sha256=sha256[:12],
+                attempt=attempt,
+                failures_in_a_row=failures,
+                error=why,
+            )
+            if failures >= self._attempts:
+                raise ModelUnreachable(
+                    f"could not download the model after {attempt} attempts: {why}"
                 )
-                if attempt + 1 < self._attempts:
-                    if on_retry is not None:
-                        on_retry(f"download attempt {attempt + 1} failed ({why}); retrying")
-                    await asyncio.sleep(min(RETRY_MAX_S, self._retry_base_s * 2**attempt))
-        raise ModelFetchError(
-            f"could not download the model after {self._attempts} attempts: {why}"
-        )
+            if on_retry is not None:
+                on_retry(f"download attempt {attempt} failed ({why}); retrying")
+            await asyncio.sleep(min(RETRY_MAX_S, self._retry_base_s * 2 ** (failures - 1)))
+
+    def _part_size(self, sha256: str) -> int:
+        try:
+            return self._part(sha256).stat().st_size
+        except FileNotFoundError:
+            return 0
 
     async def _download(
         self, session: aiohttp.ClientSession, url: str, sha256: str, most_bytes: int
     ) -> bool:
         """Whether the `.part` it leaves holds bytes of an earlier transfer (resumed)."""
         part = self._part(sha256)
-        have = await asyncio.to_thread(lambda: part.stat().st_size if part.exists() else 0)
+        have = await asyncio.to_thread(self._part_size, sha256)
         headers = {"Range": f"bytes={have}-"} if have else {}
         async with session.get(url, headers=headers, timeout=self._timeout) as response:
             if response.status == 416:  # the part file is already whole (or longer)

@@ -23,19 +23,29 @@ or a canary rollout's replica with the new model beside one with the current mod
 - Everything a replica does runs in its own task; a corrupt model, a checksum mismatch
   or a provider that will not load fails that replica with the reason and never
   disturbs the others.
+- A model that cannot be downloaded for now (the control plane unreachable or busy
+  until the fetch's attempts ran out) does not fail its replica: it stays `starting`
+  (an update: the old model keeps serving), says why, and is fetched again after a
+  capped, jittered backoff, or at once when a desired document is applied (the same
+  generation too: the retained one an agent gets on reconnecting). A node restored
+  offline serves once the control plane is back, and never reports a replica failed
+  that the control plane would fail its deployment for.
+- A withdrawn replica's deployment answers `503` (being removed) until the replica's
+  accepted requests are answered, not `404` at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from edge.inference.batching import Batcher
-from edge.inference.model_fetch import ModelCache, ModelFetchError
+from edge.inference.model_fetch import ModelCache, ModelFetchError, ModelUnreachable
 from edge.inference.replicas import check_assignment
 from edge.inference.session import LoadedModel, ModelLoadError
 from edge.inference.stats import ServingStats
@@ -47,6 +57,12 @@ from shared.messages import (
     ReplicaState,
     ReportedDeployment,
 )
+
+# Between fetches of a model that could not be downloaded (each fetch itself tries for
+# about two minutes): doubling from the base up to the cap, with jitter so that a fleet
+# whose control plane comes back does not fetch all at once.
+DOWNLOAD_RETRY_BASE_S = 30.0
+DOWNLOAD_RETRY_MAX_S = 300.0
 
 
 @dataclass(slots=True)
@@ -62,6 +78,9 @@ class ServedReplica:
     loading: asyncio.Task[None] | None = None
     runner: asyncio.Task[None] | None = None
     loaded_sha256: str | None = None
+    # Set while waiting to fetch an unreachable model again: applying a desired
+    # document wakes it (the control plane may be back).
+    download_retry: asyncio.Event | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +145,8 @@ class InferenceRuntime:
         max_queue: int = 256,
         latency_scale: float = 1.0,
         intra_op_threads: int = 0,
+        download_retry_base_s: float = DOWNLOAD_RETRY_BASE_S,
+        download_retry_max_s: float = DOWNLOAD_RETRY_MAX_S,
     ) -> None:
         self._inventory = tuple(inventory)
         self._cache = cache
@@ -136,6 +157,10 @@ class InferenceRuntime:
         self._threads = intra_op_threads
         self._deployments: dict[str, ServedDeployment] = {}
         self._draining: set[asyncio.Task[None]] = set()
+        # Withdrawn replicas still answering their accepted requests, by deployment.
+        self._removing: dict[str, int] = {}
+        self._download_retry_base_s = download_retry_base_s
+        self._download_retry_max_s = download_retry_max_s
         self._tasks: asyncio.TaskGroup | None = None
         self._http: aiohttp.ClientSession | None = None
         self._log = get_logger("greenfed.inference")
@@ -155,6 +180,11 @@ class InferenceRuntime:
             return None
         number = min(deployment.replicas) if replica is None else replica
         return deployment.replicas.get(number)
+
+    def being_removed(self, deployment_id: str) -> bool:
+        """Whether a withdrawn replica of the deployment is still answering the requests
+        it accepted (a deployment no longer desired here is `503` until then)."""
+        return deployment_id in self._removing
 
     def next_batcher(self, deployment_id: str) -> Batcher | None:
         """The batcher of the replica that answers the deployment's next request here."""
@@ -209,6 +239,8 @@ class InferenceRuntime:
             self._start(current, desired)  # load beside the old model, then swap
         else:
             current.desired = desired
+            if current.download_retry is not None:
+                current.download_retry.set()  # fetch the model again now
             if current.batcher is not None:
                 current.batcher.configure(
                     max_batch_size=desired.max_batch_size,
@@ -227,19 +259,25 @@ class InferenceRuntime:
         assert self._tasks is not None
         if served.loading is not None:
             served.loading.cancel()
+        deployment_id = served.desired.deployment_id
+        self._removing[deployment_id] = self._removing.get(deployment_id, 0) + 1
         task = self._tasks.create_task(self._drain(served))
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
 
     async def _drain(self, served: ServedReplica) -> None:
-        if served.batcher is not None:
-            await served.batcher.drain()
-        if served.runner is not None:
-            served.runner.cancel()
+        deployment_id = served.desired.deployment_id
+        try:
+            if served.batcher is not None:
+                await served.batcher.drain()
+            if served.runner is not None:
+                served.runner.cancel()
+        finally:
+            left = self._removing.pop(deployment_id, 1) - 1
+            if left:
+                self._removing[deployment_id] = left
         self._log.info(
-            "replica removed",
-            deployment_id=served.desired.deployment_id,
-            replica=served.desired.replica,
+            "replica removed", deployment_id=deployment_id, replica=served.desired.replica
         )
 
     def _is_current(self, served: ServedReplica) -> bool:
@@ -247,9 +285,8 @@ class InferenceRuntime:
         return self.serving(served.desired.deployment_id, served.desired.replica) is served
 
     async def _load(self, served: ServedReplica, desired: DesiredDeployment) -> None:
-        deployment_id, number = desired.deployment_id, desired.replica
         try:
-            model = await self._prepare(served, desired)
+            model, desired = await self._prepare_when_reachable(served, desired)
         except asyncio.CancelledError:
             raise
         except (ModelFetchError, ModelLoadError, ValueError) as error:
@@ -257,10 +294,13 @@ class InferenceRuntime:
             return
         except Exception as error:  # a bug or a driver crash: this replica only
             self._log.exception(
-                "replica failed to load", deployment_id=deployment_id, replica=number
+                "replica failed to load",
+                deployment_id=desired.deployment_id,
+                replica=desired.replica,
             )
             self._fail(served, desired, f"{type(error).__name__}: {error}")
             return
+        deployment_id, number = desired.deployment_id, desired.replica
         if not self._is_current(served):
             return  # withdrawn while loading
         if served.batcher is None:
@@ -293,6 +333,55 @@ class InferenceRuntime:
             sha256=model.sha256[:12],
         )
         self._on_change()
+
+    async def _prepare_when_reachable(
+        self, served: ServedReplica, desired: DesiredDeployment
+    ) -> tuple[LoadedModel, DesiredDeployment]:
+        """The loaded model, and the desired replica it was loaded for. A model that
+        cannot be downloaded for now is fetched again after a backoff, or as soon as a
+        desired document is applied, for as long as the replica is desired here: a
+        node cut off from its control plane must not fail what it will serve once the
+        control plane is back."""
+        waits = 0
+        while True:
+            try:
+                return await self._prepare(served, desired), desired
+            except ModelUnreachable as error:
+                delay_s = random.uniform(0.5, 1.0) * min(
+                    self._download_retry_max_s, self._download_retry_base_s * 2**waits
+                )
+                waits += 1
+                await self._wait_to_fetch_again(served, desired, str(error), delay_s)
+            # A document applied meanwhile may carry another URL for the same model
+            # (another placement would have restarted this task).
+            desired = served.desired
+
+    async def _wait_to_fetch_again(
+        self, served: ServedReplica, desired: DesiredDeployment, why: str, delay_s: float
+    ) -> None:
+        retry = f"{why}; fetching it again in {delay_s:.0f} s, or once a desired state arrives"
+        self._log.warning(
+            "model unreachable: replica waits",
+            deployment_id=desired.deployment_id,
+            replica=desired.replica,
+            reason=why,
+            retry_in_s=round(delay_s, 1),
+        )
+        if served.batcher is not None and served.loaded_sha256 is not None:
+            # An update waiting for its model: the old model keeps serving.
+            served.reason = f"update to {desired.model_sha256 or '?'} waits: {retry}"
+        else:
+            served.state, served.reason = "starting", retry
+        self._on_change()
+        wake = asyncio.Event()
+        served.download_retry = wake
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay_s):
+                    await wake.wait()
+        finally:
+            if served.download_retry is wake:
+                served.download_retry = None
 
     def _fail(self, served: ServedReplica, desired: DesiredDeployment, reason: str) -> None:
         self._log.warning(

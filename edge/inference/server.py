@@ -3,13 +3,15 @@
 - `POST /v1/infer/{deployment}` with JSON `{"inputs": {"x": [[...], ...]}}` answers
   `{"outputs": {"y": [[...]]}, "model_sha256": ..., "provider": ...}`; with a raw
   `.npy` body (`Content-Type: application/x-npy`, models with one input) and
-  `Accept: application/x-npy` it answers the first output as `.npy`.
+  `Accept: application/x-npy` it answers the first output as `.npy`, or `406` where
+  that output is not an array of numbers (strings, maps, sequences: JSON only).
 - Inputs are checked against the model (names, dtypes, shapes): a clear `400`.
 - Several replicas of a deployment on this node (a canary's beside the current
   model's) answer at its one endpoint, taking turns; `model_sha256` says which model
   answered.
 - A full queue (every ready replica's) is `429` with `Retry-After`; a deployment not
-  (yet) served here is `404`, one being removed `503`.
+  (yet) served here is `404`, one being removed (its accepted requests still being
+  answered) `503` with `Retry-After`.
 - `GET /metrics` (Prometheus text) and `GET /healthz`.
 
 Errors are `application/problem+json`, like the control plane's.
@@ -18,9 +20,11 @@ Errors are `application/problem+json`, like the control plane's.
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import re
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Any, Final, cast
 
 import msgspec
 import numpy as np
@@ -58,8 +62,16 @@ def _feeds_from_json(raw: bytes, model: LoadedModel) -> dict[str, np.ndarray]:
     if not isinstance(inputs, dict):
         raise ValueError('the body must be {"inputs": {"<input name>": <nested list>}}')
     dtypes = {spec.name: spec.dtype for spec in model.inputs}
+    # Looking for true and false among numbers costs a pass over every value in Python:
+    # only where the body has them at all (a string holding the word too, at worst).
+    may_hold_booleans = b"true" in raw or b"false" in raw
     return {
-        name: _json_array(name, value, dtypes.get(name, np.dtype(np.float32)))
+        name: _json_array(
+            name,
+            value,
+            dtypes.get(name, np.dtype(np.float32)),
+            may_hold_booleans=may_hold_booleans,
+        )
         for name, value in inputs.items()
     }
 
@@ -75,11 +87,14 @@ _JSON_KINDS: Final = {
 }
 
 
-def _json_array(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
+def _json_array(
+    name: str, value: object, dtype: np.dtype[Any], *, may_hold_booleans: bool = True
+) -> np.ndarray:
     """One input's decoded JSON as an array of `dtype`, or ValueError: only numbers
     (true and false for a bool input), each one the dtype holds (a float to its
     precision, an integer exactly). numpy's own conversion to `dtype` would take null
-    as NaN, "1" as 1.0 and truncate 1.5 to 1, silently."""
+    as NaN, "1" as 1.0, true as 1 and truncate 1.5 to 1, silently.
+    `may_hold_booleans`: False where the JSON text has no true or false at all."""
     try:
         parsed = np.asarray(value)
     except (ValueError, TypeError) as error:  # ragged, or more than numpy's 64 dimensions
@@ -95,6 +110,9 @@ def _json_array(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
         takes = "true or false" if wanted == "b" else "numbers"
         held = _JSON_KINDS.get(parsed.dtype.kind, "other values")
         raise ValueError(f"{name}: {dtype.name} takes {takes}, not {held}")
+    if wanted != "b" and may_hold_booleans and _holds_a_boolean(value, parsed.ndim):
+        # numpy reads true and false among numbers as 1 and 0, into a number array.
+        raise ValueError(f"{name}: {dtype.name} takes numbers, not true or false")
     try:
         # A number beyond a float's range would become infinity, with only a warning.
         with np.errstate(over="raise", invalid="raise"):
@@ -110,6 +128,17 @@ def _json_array(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
                 f"{name}: a number does not fit {dtype.name} ({number} is not a {dtype.name} value)"
             )
     return array
+
+
+def _holds_a_boolean(value: object, ndim: int) -> bool:
+    """Whether decoded JSON, nested lists `ndim` deep (numpy read them as a rectangular
+    array), holds true or false. Iterated in C (chain, map, set): a loop in Python over a
+    body of millions of numbers would hold the event loop for seconds."""
+    items: Iterable[object] = (value,)
+    for _ in range(ndim):
+        # Every level above the numbers is a list: numpy found the array rectangular.
+        items = itertools.chain.from_iterable(cast("Iterable[Iterable[object]]", items))
+    return bool in set(map(type, items))
 
 
 def _feeds_from_npy(raw: bytes, model: LoadedModel) -> dict[str, np.ndarray]:
@@ -193,8 +222,17 @@ def _npy_data(
         raise ValueError(f"the body is not a .npy array: {error}") from None
 
 
+def _numbers_only(output: object) -> bool:
+    """Whether a model's output has a .npy form without pickling: an array of numbers
+    or booleans, not one of Python objects (strings, or a sequence of maps)."""
+    return isinstance(output, np.ndarray) and not output.dtype.hasobject
+
+
 def write_npy(array: np.ndarray) -> bytes:
-    """Format 1.0 .npy bytes of a C-contiguous copy of `array` (what np.save writes)."""
+    """Format 1.0 .npy bytes of a C-contiguous copy of `array` (what np.save writes).
+    An array of objects has none (its bytes are pointers): ValueError."""
+    if array.dtype.hasobject:
+        raise ValueError("an array of Python objects has no .npy form without pickling")
     array = np.ascontiguousarray(array)
     header = f"{{'descr': '{array.dtype.str}', 'fortran_order': False, 'shape': {array.shape!r}, }}"
     padding = 64 - (10 + len(header) + 1) % 64
@@ -217,6 +255,11 @@ async def infer(request: web.Request) -> web.StreamResponse:
     batcher = runtime.next_batcher(deployment_id)
     if batcher is None:
         replica = runtime.serving(deployment_id)
+        if replica is None and runtime.being_removed(deployment_id):
+            # Withdrawn, its accepted requests still being answered: the client may
+            # find it on another node (or here again) in a moment.
+            detail = f"deployment {deployment_id} is being removed from this node"
+            return _problem(503, "Deployment being removed", detail, **{"Retry-After": "1"})
         state = "not served on this node" if replica is None else f"{replica.state}"
         detail = f"deployment {deployment_id} is {state}"
         if replica is not None and replica.reason:
@@ -241,8 +284,18 @@ async def infer(request: web.Request) -> web.StreamResponse:
         return _problem(503, "Deployment being removed", str(error), **{"Retry-After": "1"})
     except Exception as error:  # the model failed on this input
         return _problem(500, "Inference failed", f"{type(error).__name__}: {error}")
-    if NPY in request.headers.get("Accept", ""):
-        return web.Response(body=write_npy(outputs[0]), content_type=NPY)
+    accepted = request.headers.get("Accept", "")
+    if NPY in accepted:
+        if _numbers_only(outputs[0]):
+            return web.Response(body=write_npy(outputs[0]), content_type=NPY)
+        if "application/json" not in accepted:
+            name = used.output_names[0]
+            return _problem(
+                406,
+                "Not acceptable",
+                f"output {name} is not an array of numbers (strings, maps or sequences): "
+                "it has no .npy form; ask for JSON (Accept: application/json)",
+            )
     body = {
         "outputs": {
             name: value.tolist() for name, value in zip(used.output_names, outputs, strict=True)
