@@ -21,7 +21,16 @@ The scheduling loop's documents for those nodes come here instead of the broker
 - cancels greenfed's cluster jobs that no document names any more;
 - reports every entry's state in the node's `reported` document, as an agent would
   (pending in the cluster's queue is `starting`, with the cluster's reason), so the
-  loop's lifecycle rules (cloud/loop/reports.py) apply unchanged.
+  loop's lifecycle rules (cloud/loop/reports.py) apply unchanged. A job waiting on a
+  machine that takes no work (drained, down, its partition not up: the back-end's
+  `unavailable`) for `unstartable_grace_s` would wait there for ever: it is reported
+  `stopped`, saying why, so the loop places it elsewhere (as a node's loss, never one
+  of the job's own retries), and its cluster job is cancelled when its document drops
+  it.
+
+Only the GPUs of greenfed's jobs the cluster runs are sampled busy (what the energy
+model bills at full power); those a job waiting in the cluster's queue was placed on
+stay claimed in the birth (nothing else is placed on them) but idle.
 
 While the cluster does not answer, nothing is submitted or cancelled, the last known
 states stand (work keeps running there) and the nodes stay online but tainted: the
@@ -92,6 +101,10 @@ HISTORY_RETRY_INTERVAL_S: Final = 30.0
 # How long after one of greenfed's jobs ended its GPUs still count as its own, not as the
 # cluster's other work (Slurm completes a job, epilog included, before freeing them).
 LINGER_S: Final = 30.0
+# How many refreshes a waiting job's machine must take no work before the job is given
+# up there (a state read once may be a moment's: a node registering again after a
+# slurmctld restart is `not responding` for a few seconds): a minute at the default.
+UNSTARTABLE_GRACE_REFRESHES: Final = 12
 CLUSTER_LABEL: Final = "greenfed.io/cluster"
 UNREACHABLE_TAINT: Final = "greenfed.io/cluster-unreachable"
 UNAVAILABLE_TAINT: Final = "greenfed.io/cluster-node-unavailable"
@@ -177,6 +190,7 @@ class ClusterBridge:
         max_time_limit_s: float | None = None,
         claim_submission: Callable[[str, int], Awaitable[bool]] | None = None,
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
+        unstartable_grace_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`partitions`: those greenfed may use (empty: every one); `notify`: tells the
@@ -187,7 +201,10 @@ class ClusterBridge:
         then: a restarted control plane adopts what runs, never cancels it);
         `claim_submission(job_id, attempt)`: records for good, before the cluster is asked,
         that the attempt is submitted; False where it was already (the store's
-        `claim_cluster_submission`; None: this run's memory alone, tests of the bridge)."""
+        `claim_cluster_submission`; None: this run's memory alone, tests of the bridge);
+        `unstartable_grace_s`: how long a job waits in the cluster's queue on a machine
+        that takes no work before it is reported `stopped` (None:
+        UNSTARTABLE_GRACE_REFRESHES refreshes)."""
         self.name = name
         self.backend = backend
         self._registry = registry
@@ -220,6 +237,11 @@ class ClusterBridge:
         self._ended_unseen: set[tuple[str, int]] = set()
         self._passes_at_start = loop_passes() if loop_passes is not None else 0
         self._refresh_interval_s = refresh_interval_s
+        self._unstartable_grace_s = (
+            unstartable_grace_s
+            if unstartable_grace_s is not None
+            else UNSTARTABLE_GRACE_REFRESHES * refresh_interval_s
+        )
         self._clock = clock
         self._instance_id = f"cluster-{uuid.uuid4().hex}"
         self._prefix = f"{name}."
@@ -236,6 +258,11 @@ class ClusterBridge:
         self._submitted: dict[tuple[str, int], str] = {}
         self._vanished: dict[tuple[str, int], float] = {}
         self._refused: dict[tuple[str, int], str] = {}
+        # Jobs waiting in the cluster's queue on a machine that takes no work: since when
+        # (seen so at every refresh since), and those given up there (why, and when):
+        # reported `stopped` while they still wait, never `starting` again.
+        self._unstartable_since: dict[tuple[str, int], float] = {}
+        self._given_up: dict[tuple[str, int], tuple[str, float]] = {}
         # Attempts the cluster is being asked to run right now (no job id yet), and
         # whether new ones wait (the cluster is being removed: `hold_submissions`).
         self._submitting: set[tuple[str, int]] = set()
@@ -308,6 +335,7 @@ class ClusterBridge:
             if history:
                 history = self._history_answered()
             self._reached(capacity, jobs, with_history=history)
+            self._judge_waiting()
         except (ClusterUnreachable, ClusterRefused) as error:
             self._unreachable(str(error))
         except Exception as error:
@@ -364,6 +392,8 @@ class ClusterBridge:
             _log.warning("cluster unreachable", cluster=self.name, error=error[:300])
         self.health.reachable = False
         self.health.last_error = error[:1000]
+        # What the cluster said of its machines before is not known to hold since.
+        self._unstartable_since.clear()
 
     def _reached(
         self, capacity: ClusterCapacity, jobs: tuple[ClusterJob, ...], *, with_history: bool
@@ -453,10 +483,13 @@ class ClusterBridge:
     # -- nodes -------------------------------------------------------------------------
 
     def _held_accelerators(self, node_id: str) -> tuple[set[str], set[str]]:
-        """(held, claimed) accelerator ids on that node: those greenfed's documents give
-        its live work, and those plus the ones of its jobs that ended within LINGER_S
-        (the cluster may still show them allocated while it completes the job: they are
-        not others' work)."""
+        """(held, claimed) accelerator ids on that node: those of greenfed's jobs the
+        cluster runs (sampled busy: what the energy model bills), and those greenfed's
+        documents give its live or not yet submitted work plus the ones of its jobs that
+        ended within LINGER_S (the birth's: nothing else is placed on them; the cluster
+        may still show an ended job's allocated while it completes it: they are not
+        others' work). A job waiting in the cluster's queue holds no GPU there: it is
+        not billed for one."""
         document = self._documents.get(node_id)
         if document is None:
             return set(), set()
@@ -467,8 +500,9 @@ class ClusterBridge:
             key = (training.job_id, training.attempt)
             job = self._jobs.get(key)
             if job is None or _live(job) or key not in self._submitted:
-                held.update(training.accelerator_ids)
                 claimed.update(training.accelerator_ids)
+                if job is not None and job.state == "running":
+                    held.update(training.accelerator_ids)
             elif job.finished_at is not None and now - job.finished_at < LINGER_S:
                 claimed.update(training.accelerator_ids)
         return held, claimed
@@ -911,6 +945,8 @@ class ClusterBridge:
             | self._energy_devices.keys()
             | self._ended_unseen
             | self._claimed
+            | self._unstartable_since.keys()
+            | self._given_up.keys()
             | self._jobs.keys()
         )
         for key in tracked - named:
@@ -926,6 +962,8 @@ class ClusterBridge:
             self._energy_devices.pop(key, None)
             self._ended_unseen.discard(key)
             self._claimed.discard(key)
+            self._unstartable_since.pop(key, None)
+            self._given_up.pop(key, None)
             # Back with the next listing while the cluster still lists it (not as
             # greenfed's submission: never reported vanished, never followed).
             self._jobs.pop(key, None)
@@ -945,13 +983,60 @@ class ClusterBridge:
         passes = self._loop_passes
         return passes is None or passes() >= self._passes_at_start + 2
 
-    def _report(self) -> None:
-        now = self._clock()
+    def _chosen_machines(self) -> dict[tuple[str, int], set[str]]:
+        """The machines the loop placed each attempt on, by its documents."""
         chosen: dict[tuple[str, int], set[str]] = {}
         for node_id, document in self._documents.items():
             for training in document.training:
                 machine = node_id.removeprefix(self._prefix)
                 chosen.setdefault((training.job_id, training.attempt), set()).add(machine)
+        return chosen
+
+    def _judge_waiting(self) -> None:
+        """Give up on the jobs that have waited in the cluster's queue for
+        `unstartable_grace_s` on a machine that takes no work (drained, down, its
+        partition not up): the cluster would hold them there for ever, and the loop
+        places them elsewhere only once they are reported `stopped`. Not where the
+        cluster picks the machines itself (it runs the job on another one)."""
+        if self.backend.pins_machines is False:
+            return
+        now = self._clock()
+        for key, machines in self._chosen_machines().items():
+            if key in self._given_up:
+                continue
+            job = self._jobs.get(key)
+            waiting = job is not None and job.state == "pending"
+            why = self._why_unstartable(machines) if waiting else ""
+            if not why:
+                self._unstartable_since.pop(key, None)
+                continue
+            since = self._unstartable_since.setdefault(key, now)
+            if now - since < self._unstartable_grace_s:
+                continue
+            _log.warning(
+                "cluster job given up: its machine takes no work",
+                cluster=self.name,
+                job_id=key[0],
+                attempt=key[1],
+                reason=why,
+            )
+            self._given_up[key] = (why, now)
+
+    def _why_unstartable(self, machines: set[str]) -> str:
+        """Why a job placed on `machines` cannot start there ("": it may)."""
+        for machine in sorted(machines):
+            mapped = self._machines.get(self.node_id(machine))
+            if mapped is not None and mapped[0].unavailable:
+                return (
+                    f"machine {machine} of cluster {self.name} takes no work "
+                    f"({mapped[0].unavailable[:300]}): the job waiting in its queue cannot "
+                    "start there"
+                )
+        return ""
+
+    def _report(self) -> None:
+        now = self._clock()
+        chosen = self._chosen_machines()
         for node_id, document in self._documents.items():
             if node_id not in self._births:
                 continue
@@ -993,6 +1078,15 @@ class ClusterBridge:
                 finished_at=self._vanished[key],
             )
         job = self._jobs.get(key)
+        if job is not None and job.state == "pending" and key in self._given_up:
+            why, given_up_at = self._given_up[key]
+            return ReportedTraining(
+                job_id=training.job_id,
+                attempt=training.attempt,
+                state="stopped",
+                reason=why[:1000],
+                finished_at=given_up_at,
+            )
         if job is None:
             return ReportedTraining(
                 job_id=training.job_id,

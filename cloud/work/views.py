@@ -20,8 +20,10 @@ from shared.messages import (
     AcceleratorKind,
     DeploymentSample,
     ReplicaSample,
+    TrainingRunState,
 )
 from shared.mig_profiles import QUOTA_RESOURCE_PATTERN
+from shared.printable import printable
 from shared.work_literals import AllocationState, DependencyCondition, PriorityClass, WorkState
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
@@ -51,6 +53,11 @@ class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
     power_limit_held_w: float | None = None
     power_limit_note: str = ""
     power_limit_reported: bool = False  # the node has reported this worker's limit
+    # What its node last reported of the worker while it is live (training): `starting`
+    # or `running` (null: nothing reported yet), and what it said of it ("": nothing);
+    # a cluster's node says why the job waits in the cluster's own queue.
+    worker_state: TrainingRunState | None = None
+    worker_reason: str = ""
 
 
 def allocation_view(record: AllocationRecord) -> AllocationView:
@@ -374,9 +381,10 @@ def worker_views(
     allocations: Sequence[AllocationView],
     registry: NodeRegistry,
 ) -> tuple[AllocationView, ...]:
-    """Each training worker with the power limit its node reports holding its GPUs
-    to for the job's current attempt (what a node says of another attempt is not
-    read, as in cloud/loop/reports.py)."""
+    """Each training worker with what its node reports of it for the job's current
+    attempt while it is live: its state and reason (a cluster's: why the job waits in
+    its queue), and the power limit it holds its GPUs to (what a node says of another
+    attempt is not read, as in cloud/loop/reports.py)."""
     views = []
     for view in allocations:
         node = registry.get(view.node_id)
@@ -390,6 +398,9 @@ def worker_views(
                 power_limit_held_w=entry.power_limit_w,
                 power_limit_note=entry.power_limit_note,
                 power_limit_reported=True,
+                worker_state=entry.state,
+                # A cluster's words come straight from its bridge, not through ingestion.
+                worker_reason=printable(entry.reason),
             )
         )
     return tuple(views)

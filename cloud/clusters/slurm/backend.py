@@ -2,7 +2,9 @@
 commands on a login node (cloud/clusters/slurm/commands.py).
 
 - capacity: `scontrol -o show node` (GPUs by GRES type, what Slurm allocated, drained
-  and down nodes) and the length of the pending queue (`squeue -h -t PD`);
+  and down nodes), the partitions' states (`scontrol -a -o show partition`: a machine
+  none of whose partitions is up takes no work) and the length of the pending queue
+  (`squeue -h -t PD`);
 - jobs: `scontrol -o show job` (live jobs and those that ended within the cluster's
   `MinJobAge`) and, where the cluster keeps accounting, `sacct` for older ones (while
   slurmdbd does not answer, the live ones alone, `history_error` saying why); only
@@ -49,7 +51,9 @@ from cloud.clusters.slurm.records import (
     is_slurm_job_id,
     jobs_of,
     nodes_of,
+    partition_states,
     slurm_lines,
+    with_partition_states,
 )
 from cloud.clusters.slurm.script import (
     SubmitOptions,
@@ -120,6 +124,9 @@ class SlurmBackend(ClusterBackend):
 
     async def capacity(self) -> ClusterCapacity:
         nodes = nodes_of(await self._commands.run("scontrol", "-o", "show", "node"))
+        # `-a`: hidden partitions too (a machine's record names them all the same).
+        partitions = await self._commands.run("scontrol", "-a", "-o", "show", "partition")
+        nodes = with_partition_states(nodes, partition_states(partitions))
         pending = await self._commands.run("squeue", "-h", "-t", "PD", "-o", "%i")
         return ClusterCapacity(nodes=nodes, pending_jobs=len(pending.split()))
 

@@ -1,6 +1,11 @@
-"""Slurm's records read into the back-end's terms: nodes (`scontrol -o show node`), jobs
-(`scontrol -o show job`, `sacct -P`), and what Slurm's job states and reasons mean to
-greenfed.
+"""Slurm's records read into the back-end's terms: nodes (`scontrol -o show node`, with
+the states of their partitions from `scontrol -o show partition`), jobs (`scontrol -o
+show job`, `sacct -P`), and what Slurm's job states and reasons mean to greenfed.
+
+A partition that is not UP (DOWN, INACTIVE: nothing in it starts; DRAIN: it takes no
+new job) is left to the end of each of its machines' partitions, so that greenfed
+places work on a machine through one that is up where it has one; a machine none of
+whose partitions is up takes no work (`unavailable`, saying which partitions).
 
 - pending: PENDING, CONFIGURING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED, RESV_DEL_HOLD (in
   the cluster's queue; the reason says why: Resources, Priority, QOS limits, a requeue);
@@ -253,6 +258,39 @@ def node_unavailable(state: str, reason: str) -> str:
 def nodes_of(text: str) -> tuple[ClusterNode, ...]:
     found = (readable(node_of, line, "node") for line in slurm_lines(text))
     return tuple(node for node in found if node is not None)
+
+
+def partition_states(text: str) -> dict[str, str]:
+    """`scontrol -a -o show partition` -> {partition: its state (`UP`, `DOWN`, `DRAIN`,
+    `INACTIVE`)}; a record without a name is left out."""
+    states: dict[str, str] = {}
+    for line in slurm_lines(text):
+        fields = key_values(line)
+        if fields and fields.get("PartitionName"):
+            states[fields["PartitionName"]] = fields.get("State", "").upper()
+    return states
+
+
+def with_partition_states(
+    nodes: Iterable[ClusterNode], states: Mapping[str, str]
+) -> tuple[ClusterNode, ...]:
+    """The machines with their partitions that are up first (Slurm's order kept among
+    each), and those none of whose partitions is up marked unavailable, saying which. A
+    partition the listing does not name (one created since) is taken to be up."""
+    marked = []
+    for node in nodes:
+        down = {p: states[p] for p in node.partitions if states.get(p, "UP") != "UP"}
+        if not down:
+            marked.append(node)
+            continue
+        partitions = tuple(p for p in node.partitions if p not in down) + tuple(down)
+        unavailable = node.unavailable
+        if len(down) == len(node.partitions) and not unavailable:
+            unavailable = "partition " + ", ".join(
+                f"{name} {state.lower() or 'unknown'}" for name, state in down.items()
+            )
+        marked.append(dataclasses.replace(node, partitions=partitions, unavailable=unavailable))
+    return tuple(marked)
 
 
 def job_state(slurm_state: str, reason: str, exit_code: int | None) -> tuple[ClusterJobState, str]:

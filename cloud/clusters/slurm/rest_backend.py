@@ -2,7 +2,9 @@
 `slurmrestd` (cloud/clusters/slurm/rest_client.py), in the best OpenAPI version both
 speak (cloud/clusters/slurm/rest_dialects.py), chosen at the first contact:
 
-- capacity: `GET /slurm/<v>/nodes` and the pending jobs of `GET /slurm/<v>/jobs`;
+- capacity: `GET /slurm/<v>/nodes`, the partitions' states (`GET /slurm/<v>/partitions`:
+  a machine none of whose partitions is up takes no work) and the pending jobs of
+  `GET /slurm/<v>/jobs`;
 - jobs: that same listing (live jobs and those that ended within `MinJobAge`) and, where
   slurmrestd serves the accounting plugin, `GET /slurmdb/<v>/jobs` for older ones (while
   that fails, the live ones alone, `history_error` saying why); only
@@ -44,7 +46,7 @@ from cloud.clusters.slurm.backend import (
     expected_output,
     read_local_output,
 )
-from cloud.clusters.slurm.records import is_slurm_job_id, readable
+from cloud.clusters.slurm.records import is_slurm_job_id, readable, with_partition_states
 from cloud.clusters.slurm.rest_client import SlurmRestAccess, SlurmRestClient
 from cloud.clusters.slurm.rest_dialects import (
     SPOKEN_VERSIONS,
@@ -127,6 +129,8 @@ class SlurmRestBackend(ClusterBackend):
         # Jobs whose reported output file is not the one greenfed asked for (logged once).
         self._foreign_output: set[str] = set()
         self._account = account_identity(client.access)
+        # Whether the partitions' listing was refused last time (logged once until read).
+        self._partitions_refused = False
 
     def account(self) -> AccountIdentity:
         """Whose jobs are greenfed's; raises `ClusterRefused` where that cannot be told
@@ -198,6 +202,7 @@ class SlurmRestBackend(ClusterBackend):
             )
             if node is not None
         ) if isinstance(raw_nodes, list) else ()  # fmt: skip
+        nodes = with_partition_states(nodes, await self._partition_states(dialect))
         listing = await self._job_listing(reuse=False)
         self._listing = (time.monotonic(), listing)
         pending = sum(
@@ -207,6 +212,28 @@ class SlurmRestBackend(ClusterBackend):
             and dialect.state_text(raw.get("job_state")).startswith("PENDING")
         )
         return ClusterCapacity(nodes=nodes, pending_jobs=pending)
+
+    async def _partition_states(self, dialect: RestDialect) -> dict[str, str]:
+        """Each partition's state; {} (every partition taken to be up, as before greenfed
+        read them) where slurmrestd refuses the listing (a proxy that lets only some
+        paths through): the machines' own states still say which take no work."""
+        try:
+            answer = await self._client.request("GET", dialect.partitions_path)
+        except ClusterRefused as error:
+            if not self._partitions_refused:
+                _log.warning("slurm partition states not read", error=str(error)[:300])
+            self._partitions_refused = True
+            return {}
+        self._partitions_refused = False
+        raw_partitions = answer.get("partitions")
+        if not isinstance(raw_partitions, list):
+            return {}
+        found = (
+            readable(dialect.partition_state, raw, "partition")
+            for raw in raw_partitions
+            if isinstance(raw, dict)
+        )
+        return dict(state for state in found if state is not None)
 
     async def jobs(self, *, include_ended: bool = True) -> tuple[ClusterJob, ...]:
         dialect = await self.dialect()

@@ -59,6 +59,7 @@ class RestDialect:
         self.version = version
         self.jobs_path = f"/slurm/{version}/jobs"
         self.nodes_path = f"/slurm/{version}/nodes"
+        self.partitions_path = f"/slurm/{version}/partitions"
         self.submit_path = f"/slurm/{version}/job/submit"
         self.accounting_path = f"/slurmdb/{version}/jobs"
 
@@ -94,6 +95,17 @@ class RestDialect:
 
     def node_state(self, raw: Json) -> str:
         """The node's state as `scontrol` writes it (`IDLE+DRAIN`)."""
+        raise NotImplementedError
+
+    def partition_state(self, raw: Json) -> tuple[str, str] | None:
+        """(name, state as `scontrol` writes it: `UP`, `DOWN`, `DRAIN`, `INACTIVE`) of a
+        partition of `GET /slurm/<version>/partitions`; None: no name."""
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            return None
+        return name, self.partition_state_text(raw).upper()
+
+    def partition_state_text(self, raw: Json) -> str:
         raise NotImplementedError
 
     def job(self, raw: Json) -> ClusterJob | None:
@@ -177,6 +189,9 @@ class V0038(RestDialect):
     def node_state(self, raw: Json) -> str:
         return "+".join([_text(raw.get("state")).upper(), *_strings(raw.get("state_flags"))])
 
+    def partition_state_text(self, raw: Json) -> str:
+        return _text(raw.get("state"))  # "UP"
+
     def accounting_since(self, window_s: float, now: float) -> str:
         # Its query parser takes Slurm's own time words, not a Unix time (nor a colon).
         return f"now-{max(1, math.ceil(window_s / 86400))}days"
@@ -232,6 +247,9 @@ class V0041(RestDialect):
 
     def node_state(self, raw: Json) -> str:
         return "+".join(_strings(raw.get("state")))
+
+    def partition_state_text(self, raw: Json) -> str:
+        return "+".join(_strings(_mapping(raw.get("partition")).get("state")))  # ["UP"]
 
     def exit_code(self, value: Any) -> int | None:
         """`{"status": [...], "return_code": N, "signal": {"id": N}}`; a signal as a
