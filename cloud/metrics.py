@@ -88,6 +88,14 @@ class ControlPlaneCollector(Collector):
         for (channel, reason), count in sorted(stats.invalid.items()):
             invalid.add_metric([channel, reason], count)
         yield invalid
+        # Not a client's fault: a message the control plane failed to handle is a bug,
+        # which would otherwise show only in the log.
+        yield CounterMetricFamily(
+            "greenfed_mqtt_ingest_failures",
+            "MQTT messages whose handling raised (a bug in the control plane, logged as "
+            "'ingestion failed')",
+            value=stats.failures,
+        )
         yield CounterMetricFamily(
             "greenfed_node_instance_conflicts",
             "Times a node was claimed by two agent instances at once (a birth held back "

@@ -32,6 +32,7 @@ import msgspec
 
 from shared.accelerators import ACCELERATORS, AcceleratorFacts, nvidia_gpu_facts
 from shared.messages import Accelerator, AcceleratorKind, NodeStatus, Site
+from shared.mig_profiles import COMPUTE_SLICES, compute_sevenths, mig_profile_of
 
 KINDS: Final[tuple[AcceleratorKind, ...]] = ("gpu", "npu", "cpu")
 WorkKinds = Literal["training", "inference", "any"]
@@ -224,7 +225,7 @@ def trusted_speed_and_power(
     facts = _facts(parent.model if parent is not None else accelerator.model)
     if facts is None:
         return None, None, None
-    share = 1.0 if parent is None else _share_of_gpu(accelerator, parent, facts)
+    share = 1.0 if not accelerator.parent_id else _share_of_gpu(accelerator, parent, facts)
     table_speed = facts.relative_speed
     claimed = accelerator.relative_speed
     if table_speed is None:
@@ -240,11 +241,19 @@ def trusted_speed_and_power(
     )
 
 
-def _share_of_gpu(instance: Accelerator, gpu: Accelerator, facts: AcceleratorFacts) -> float:
+def _share_of_gpu(instance: Accelerator, gpu: Accelerator | None, facts: AcceleratorFacts) -> float:
+    """A MIG instance's part of its GPU (`facts`: the GPU model's): its compute units
+    against the model's, else its memory against its GPU's, else the compute its MIG
+    profile names. `gpu`: the physical GPU where the node lists it, which an agent never
+    does (docs/mqtt.md): the model table's memory then stands for it."""
     if facts.compute_units and instance.compute_units:
         return min(1.0, instance.compute_units / facts.compute_units)
-    if gpu.memory_bytes > 0:
-        return min(1.0, instance.memory_bytes / gpu.memory_bytes)
+    gpu_memory_bytes = gpu.memory_bytes if gpu is not None else facts.memory_bytes
+    if gpu_memory_bytes and instance.memory_bytes:
+        return min(1.0, instance.memory_bytes / gpu_memory_bytes)
+    profile = mig_profile_of(instance.model)
+    if profile is not None:
+        return compute_sevenths(profile) / COMPUTE_SLICES
     return 1.0
 
 

@@ -26,6 +26,12 @@ power it announced (its kind's default where it announced none) cannot be true: 
 step is counted as if the node had not said it (the next source down), and the device
 is named in `implausible`.
 
+A GPU in MIG mode is announced as its slices (`parent_id` set), and each slice's sample
+repeats the whole GPU's power and counter (docs/mqtt.md): the GPU is metered once, from
+one slice's figures, judged against its slices' maximum power together
+(`SlicedGpu`), and its energy is split among its announced slices by their part of its
+compute. A slice held by no allocation bills its part to no one.
+
 An allocation gets its own devices' energy, prorated by how much of the step it
 held them, plus a share of the host's. The node's CPU energy is shared once, never
 more than measured: CPU work gets the CPU's energy × its cores / the CPU's cores,
@@ -60,6 +66,7 @@ from shared.messages import (
     ReportedState,
     Telemetry,
 )
+from shared.mig_profiles import compute_sevenths, mig_profile_of
 from shared.work_literals import WorkKind
 
 # A step up to this many sample intervals is one sample's (scheduling jitter, a
@@ -120,17 +127,30 @@ class Increment(msgspec.Struct, frozen=True, kw_only=True):
 _DeviceEnergy = tuple[float, float]
 
 
+class SlicedGpu(msgspec.Struct, frozen=True):
+    """A GPU in MIG mode, which its node announces as its slices (MIG instances, each
+    with `parent_id`), never as itself. Every slice's sample carries the whole GPU's
+    power and energy counter, so the GPU is metered once, as `whole`, and its energy is
+    split among its slices."""
+
+    whole: Accelerator  # id: the GPU's; idle and maximum power: its slices' together
+    plausible_w: float  # its slices' `plausible_power_w` together
+    slices: tuple[tuple[Accelerator, float], ...]  # each slice, its share (they sum to 1)
+
+
 class NodeProfile(msgspec.Struct, frozen=True):
     """What metering needs of a node's inventory, worked out once per birth
     (`profile_of`) rather than at every step: a node's devices change only with a new
     birth, and its steps come every few seconds."""
 
     inventory: NodeStatus
-    devices: tuple[tuple[Accelerator, float], ...]  # each device, its `plausible_power_w`
+    # Each device metered on its own (all but MIG slices), its `plausible_power_w`.
+    devices: tuple[tuple[Accelerator, float], ...]
     cpu_ids: tuple[str, ...]
     cpu_cores: int  # each CPU's compute units, at least 1
     pool_sizes: Mapping[str, int]  # kind -> devices of that kind
     hosted_devices: int  # devices of every kind but the CPU: what the host serves
+    sliced_gpus: tuple[SlicedGpu, ...] = ()  # MIG slices, by their GPU
 
 
 def profile_of(inventory: NodeStatus) -> NodeProfile:
@@ -140,12 +160,52 @@ def profile_of(inventory: NodeStatus) -> NodeProfile:
     cpus = [a for a in inventory.accelerators if a.kind == "cpu"]
     return NodeProfile(
         inventory,
-        tuple((a, plausible_power_w(a)) for a in inventory.accelerators),
+        tuple((a, plausible_power_w(a)) for a in inventory.accelerators if a.parent_id is None),
         tuple(a.id for a in cpus),
         sum(max(1, a.compute_units) for a in cpus),
         pool_sizes,
         len(inventory.accelerators) - len(cpus),
+        _sliced_gpus(inventory.accelerators),
     )
+
+
+def _sliced_gpus(accelerators: Sequence[Accelerator]) -> tuple[SlicedGpu, ...]:
+    by_gpu: dict[str, list[Accelerator]] = {}
+    for accelerator in accelerators:
+        if accelerator.parent_id is not None:
+            by_gpu.setdefault(accelerator.parent_id, []).append(accelerator)
+    return tuple(_sliced_gpu(gpu_id, slices) for gpu_id, slices in by_gpu.items())
+
+
+def _sliced_gpu(gpu_id: str, slices: Sequence[Accelerator]) -> SlicedGpu:
+    powers_w = [device_power_w(accelerator) for accelerator in slices]
+    whole = msgspec.structs.replace(
+        slices[0],
+        id=gpu_id,
+        parent_id=None,
+        idle_power_w=sum(idle_w for idle_w, _ in powers_w),
+        max_power_w=sum(max_w for _, max_w in powers_w),
+    )
+    weights = _compute_weights(slices)
+    total = sum(weights)
+    shares = tuple(
+        (accelerator, weight / total) for accelerator, weight in zip(slices, weights, strict=True)
+    )
+    return SlicedGpu(whole, sum(plausible_power_w(accelerator) for accelerator in slices), shares)
+
+
+def _compute_weights(slices: Sequence[Accelerator]) -> list[int]:
+    """Each slice's part of its GPU's compute: its compute units (SMs), else the
+    sevenths its MIG profile names (discovery announces 0 SMs where NVML did not say),
+    else its memory, else all alike. One measure for every slice of the GPU, or none."""
+    if all(accelerator.compute_units > 0 for accelerator in slices):
+        return [accelerator.compute_units for accelerator in slices]
+    profiles = [mig_profile_of(accelerator.model) for accelerator in slices]
+    if all(profile is not None for profile in profiles):
+        return [compute_sevenths(profile) for profile in profiles if profile is not None]
+    if all(accelerator.memory_bytes > 0 for accelerator in slices):
+        return [accelerator.memory_bytes for accelerator in slices]
+    return [1] * len(slices)
 
 
 class _NodeEnergy(msgspec.Struct, frozen=True):
@@ -253,6 +313,81 @@ def _step_energy(
     return _modelled_w(accelerator, sample, limit_w) * step_s, 0.0, gap_s
 
 
+def _sliced_gpu_step(
+    gpu: SlicedGpu,
+    samples: Mapping[str, AcceleratorSample],
+    counters: Mapping[str, float],
+    moved_at_s: Mapping[str, float],
+    marked_s: float,
+    end_s: float,
+    step_s: float,
+    interval_s: float,
+    power_limits_w: Mapping[str, float],
+    implausible: list[str] | None,
+) -> tuple[float, float, float]:
+    """`_step_energy` of a GPU in MIG mode, metered once from one of its slices' samples
+    (`implausible` gets the GPU's id)."""
+    slice_id, sample = _gpu_sample(gpu, samples, counters)
+    return _step_energy(
+        gpu.whole,
+        gpu.plausible_w,
+        sample,
+        counters.get(slice_id),
+        step_s,
+        interval_s,
+        _gpu_limit_w(gpu, power_limits_w),
+        implausible,
+        end_s - moved_at_s.get(slice_id, marked_s),
+    )
+
+
+def _gpu_sample(
+    gpu: SlicedGpu, samples: Mapping[str, AcceleratorSample], counters: Mapping[str, float]
+) -> tuple[str, AcceleratorSample | None]:
+    """The slice whose sample stands for its GPU's (the first with a counter to compare,
+    else the first sampled), and that sample as the GPU's: at its slices' utilisation,
+    weighted by their shares (a slice not sampled counts as idle). ("", None) where no
+    slice was sampled."""
+    chosen_id = ""
+    chosen: AcceleratorSample | None = None
+    utilization_pct = 0.0
+    for accelerator, share in gpu.slices:
+        sample = samples.get(accelerator.id)
+        if sample is None:
+            continue
+        utilization_pct += sample.utilization_pct * share
+        if chosen is None or (
+            not _has_counter(chosen_id, chosen, counters)
+            and _has_counter(accelerator.id, sample, counters)
+        ):
+            chosen_id, chosen = accelerator.id, sample
+    if chosen is None:
+        return chosen_id, None
+    return chosen_id, msgspec.structs.replace(
+        chosen, id=gpu.whole.id, utilization_pct=utilization_pct
+    )
+
+
+def _has_counter(device_id: str, sample: AcceleratorSample, counters: Mapping[str, float]) -> bool:
+    return sample.energy_j is not None and device_id in counters
+
+
+def _gpu_limit_w(gpu: SlicedGpu, power_limits_w: Mapping[str, float]) -> float | None:
+    """The lowest limit the node reports holding any of the GPU's slices to: NVML
+    limits power per physical GPU, so a slice's limit is its whole GPU's."""
+    if not power_limits_w:
+        return None
+    limits_w = [power_limits_w[a.id] for a, _ in gpu.slices if a.id in power_limits_w]
+    return min(limits_w) if limits_w else None
+
+
+def _split(gpu: SlicedGpu, energy: _DeviceEnergy, devices: dict[str, _DeviceEnergy]) -> None:
+    """Each slice's share of its GPU's energy, into `devices`."""
+    joules, measured = energy
+    for accelerator, share in gpu.slices:
+        devices[accelerator.id] = (joules * share, measured * share)
+
+
 def plausible_power_w(accelerator: Accelerator) -> float:
     """The most a device's mean draw over a step may be believed to be, in watts."""
     _, max_w = device_power_w(accelerator)
@@ -268,6 +403,19 @@ def believed_power_w(accelerator: Accelerator, sample: AcceleratorSample) -> flo
     if power_w is None or power_w <= plausible_power_w(accelerator):
         return power_w
     return _modelled_w(accelerator, sample)
+
+
+def believed_gpu_power_w(
+    slices: Sequence[tuple[Accelerator, AcceleratorSample]],
+) -> float | None:
+    """The power of one GPU in MIG mode from its slices' samples, as metering believes
+    it (`SlicedGpu`): every slice's sample repeats the GPU's, which counts once, up to
+    what its slices together can draw; the model's figure at their utilisation where it
+    claims more. None where no slice gave a figure."""
+    power_w = next((s.power_w for _, s in slices if s.power_w is not None), None)
+    if power_w is None or power_w <= sum(plausible_power_w(a) for a, _ in slices):
+        return power_w
+    return sum(_modelled_w(accelerator, sample) for accelerator, sample in slices)
 
 
 def _held(allocation: MeteredAllocation, start_s: float, end_s: float) -> tuple[float, float]:
@@ -429,6 +577,22 @@ def meter(
         devices[accelerator.id] = (joules, measured)
         if gap_s > step_gap_s:
             step_gap_s = gap_s
+    for gpu in profile.sliced_gpus:
+        joules, measured, gap_s = _sliced_gpu_step(
+            gpu,
+            samples,
+            counters,
+            moved_at_s,
+            marked_s,
+            end_s,
+            step_s,
+            interval_s,
+            power_limits_w,
+            implausible,
+        )
+        _split(gpu, (joules, measured), devices)
+        if gap_s > step_gap_s:
+            step_gap_s = gap_s
     node = _node_energy(profile, devices)
     host_parts = _host_parts(allocations, node, start_s, end_s)
     increments: list[Increment] = []
@@ -477,6 +641,10 @@ def _gap_increments(
         a.id: (_modelled_w(a, samples.get(a.id), power_limits_w.get(a.id)) * span_s, 0.0)
         for a, _ in profile.devices
     }
+    for gpu in profile.sliced_gpus:
+        _, sample = _gpu_sample(gpu, samples, {})
+        limit_w = _gpu_limit_w(gpu, power_limits_w)
+        _split(gpu, (_modelled_w(gpu.whole, sample, limit_w) * span_s, 0.0), modelled)
     node = _node_energy(profile, modelled)
     host_parts = _host_parts(allocations, node, start_s, end_s)
     result = []

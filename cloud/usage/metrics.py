@@ -29,7 +29,7 @@ from cloud.fleet.registry import NodeRegistry
 from cloud.green.energy import J_PER_KWH
 from cloud.signals.grid import HOUR_S
 from cloud.usage.accountant import Accountant
-from cloud.usage.meter import believed_power_w
+from cloud.usage.meter import believed_gpu_power_w, believed_power_w
 from shared.messages import Accelerator, AcceleratorSample, NodeStatus, Telemetry
 
 
@@ -225,8 +225,17 @@ def believed_node_power_w(
 ) -> float | None:
     """The power of a node's announced devices (`announced_samples`) as usage metering
     believes it (cloud/usage/meter.py `believed_power_w`): a node may not inflate its
-    power beyond what its devices can draw. None where no device gave a figure."""
-    believed = [believed_power_w(device, sample) for device, sample in samples]
+    power beyond what its devices can draw. The MIG slices of one GPU each repeat the
+    GPU's power: it counts once (`believed_gpu_power_w`). None where no device gave a
+    figure."""
+    believed: list[float | None] = []
+    slices_by_gpu: dict[str, list[tuple[Accelerator, AcceleratorSample]]] = {}
+    for device, sample in samples:
+        if device.parent_id is None:
+            believed.append(believed_power_w(device, sample))
+        else:
+            slices_by_gpu.setdefault(device.parent_id, []).append((device, sample))
+    believed.extend(believed_gpu_power_w(slices) for slices in slices_by_gpu.values())
     known_w = [power_w for power_w in believed if power_w is not None]
     return sum(known_w) if known_w else None
 
