@@ -49,17 +49,38 @@ class Piece:
     gap_s: float
 
 
-def _boundaries(start: float, end: float, offset_s: float) -> list[float]:
-    """Hour starts within (start, end), of our clock and of the grid's (a replayed trace
-    runs `offset_s` ahead: its hour starts where `t + offset_s` is a whole hour, at
-    whole hours + `-offset_s mod 1 h` of ours): within a piece both hours are constant."""
-    cuts: list[float] = []
-    for shift in (0.0, (-offset_s) % HOUR_S):
-        hour = math.floor((start - shift) / HOUR_S) * HOUR_S + shift + HOUR_S
-        while hour < end:
-            cuts.append(hour)
-            hour += HOUR_S
-    return sorted(set(cuts)) if len(cuts) > 1 else cuts
+def _hour(instant_s: float, clock_ahead_s: float) -> int:
+    """The hour (since the epoch) that `instant_s` reads on a clock `clock_ahead_s` ahead
+    of ours (0: ours), the reading a float sum as every reader of the grid computes it."""
+    return math.floor((instant_s + clock_ahead_s) / HOUR_S)
+
+
+def _hour_begins(hour: int, clock_ahead_s: float) -> float:
+    """The first instant that reads `hour` on a clock `clock_ahead_s` ahead of ours.
+    `hour × 1 h − clock_ahead_s` rounded to our floats can read a hair before that hour
+    (or its float neighbour below already read it) where the other clock's floats are
+    finer or coarser than ours (a grid clock decades away, an ahead not a whole number
+    of our floats): moved by a float at a time until it is the first, so every instant
+    of a piece reads one hour of each clock. Readings only grow with the instant, so
+    this ends, after a few steps for any offset within centuries."""
+    instant_s = hour * HOUR_S - clock_ahead_s
+    while _hour(instant_s, clock_ahead_s) < hour:
+        instant_s = math.nextafter(instant_s, math.inf)
+    while _hour(before_s := math.nextafter(instant_s, -math.inf), clock_ahead_s) >= hour:
+        instant_s = before_s
+    return instant_s
+
+
+def _hour_starts(start: float, end: float, offset_s: float) -> list[float]:
+    """The instants within (start, end) where our hour or the grid's begins (a replayed
+    trace's clock runs `offset_s` ahead of ours): within a piece both hours are constant."""
+    cuts: set[float] = set()
+    for clock_ahead_s in (0.0, offset_s):
+        hour = _hour(start, clock_ahead_s) + 1
+        while (begins_s := _hour_begins(hour, clock_ahead_s)) < end:
+            cuts.add(begins_s)
+            hour += 1
+    return sorted(cuts)
 
 
 PieceKey = tuple[str, int, str, int, int]  # work, member, node, our hour, the grid's hour
@@ -76,19 +97,22 @@ def accumulate(pieces: Pieces, item: Priced, offset_s: float) -> None:
     span = end - start
     if span <= 0:
         return
+    # `_hour` of both ends, written out: every sample metered passes here.
     our_hour = math.floor(start / HOUR_S)
     grid_hour = math.floor((start + offset_s) / HOUR_S)
-    if end <= (our_hour + 1) * HOUR_S and end + offset_s <= (grid_hour + 1) * HOUR_S:
-        # The usual step, a few seconds within one hour of both clocks.
+    if math.floor(end / HOUR_S) == our_hour and (
+        math.floor((end + offset_s) / HOUR_S) == grid_hour
+    ):
+        # The usual step, a few seconds within one hour of both clocks (readings only
+        # grow with the instant, so every instant between reads the same hours).
         _put(pieces, item, our_hour, grid_hour, start, end, increment.energy_j,
              increment.measured_j, increment.gap_s)  # fmt: skip
         return
-    cuts = _boundaries(start, end, offset_s)
+    cuts = _hour_starts(start, end, offset_s)
     for piece_start, piece_end in itertools.pairwise([start, *cuts, end]):
         part = (piece_end - piece_start) / span
-        _put(pieces, item, math.floor(piece_start / HOUR_S),
-             math.floor((piece_start + offset_s) / HOUR_S), piece_start, piece_end,
-             increment.energy_j * part, increment.measured_j * part,
+        _put(pieces, item, _hour(piece_start, 0.0), _hour(piece_start, offset_s),
+             piece_start, piece_end, increment.energy_j * part, increment.measured_j * part,
              increment.gap_s * part)  # fmt: skip
 
 
