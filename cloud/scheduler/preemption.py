@@ -3,9 +3,10 @@
 Who may be evicted for a job J:
 
 * preemptible work of strictly lower priority than J (reason ``priority``);
-* preemptible work of *borrowers* (cohort tenants above their nominal quota) when
-  J is within its own nominal quota: the owner reclaims what it lent, whatever
-  the borrowers' priority (reason ``reclaim``);
+* preemptible work of *borrowers* (cohort tenants above their nominal quota with
+  the work they held when the pass started, quota.py) when J is within its own
+  nominal quota: the owner reclaims what it lent, whatever the borrowers' priority
+  (reason ``reclaim``);
 * to bring J's tenant back within its quota: the tenant's own lower-priority
   work (reason ``quota``).
 * in a *deadline rescue* (``Policy.deadline_preemption``; core.py starts one when
@@ -103,7 +104,8 @@ class Preemptor:
 
     def _borrowers(self, job: JobContext, k: int, admission: Admission) -> set[str]:
         """Tenants J may reclaim from: borrowing in J's cohort (or, in a cohort tree,
-        under what lends to J's side), J within nominal."""
+        under what lends to J's side) with the work they held before the pass, J within
+        nominal."""
         if not admission.may_reclaim:
             return set()
         return self.quota.reclaimable(self.state, job.shape.work.tenant, k)

@@ -4,7 +4,10 @@ Rules (Kueue-like, per accelerator kind):
 
 * within its nominal quota a tenant is always admitted; if its cohort is
   over-committed because others borrowed, the owner *reclaims*: borrowers'
-  work is evicted until the cohort fits its nominal total again. Reclaim is judged
+  work is evicted until the cohort fits its nominal total again. A borrower is above
+  its nominal quota with the work it held when the pass started (``is_borrowing``):
+  what it placed in this pass is never evicted, so it makes none of its older work
+  reclaimable; the owner waits, and the next pass reclaims that work. Reclaim is judged
   on the work as a whole (the members it cannot be placed without), not on one
   member: a gang whose first worker is within nominal but whose whole is not
   borrows, and takes nothing back;
@@ -27,9 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from shared.mig_profiles import mig_profile_of
+
 from .hierarchy import EMPTY_COHORTS, Cohort, CohortTree, UsageOf, tree_of
-from .model import KINDS, Tenant
-from .state import ClusterState
+from .model import KINDS, Held, Tenant
+from .state import CPU_KIND, ClusterState
 
 # "slices": work asking for a MIG profile its tenant has a quota for, admitted by that
 # quota (mig_quota.py), which is never borrowed, lent or reclaimed.
@@ -115,6 +120,13 @@ class QuotaBook:
             if start is None
             else {name: list(usage) for name, usage in start.tenant_usage.items()}
         )
+        self._knows_start = start is not None
+        # Per tenant, the allocations it held when the pass started: built on the first
+        # reclaim that needs to know which of them were evicted since.
+        self._start_allocs: dict[str, list[Held]] | None = None
+        # held_before_pass's answers, per (tenant, kind index), for one state version.
+        self._held_before: dict[tuple[str, int], int] = {}
+        self._held_before_version = -1
 
     # ``column`` below is a pool column of the snapshot (snapshot.py): quota is per
     # kind, whichever of the kind's pools the accelerators are in.
@@ -129,8 +141,61 @@ class QuotaBook:
         return None if nominal is None else nominal[kind_code]
 
     def is_borrowing(self, state: ClusterState, tenant: str, column: int) -> bool:
-        nominal = self.nominal(tenant, state.column_kinds[column])
-        return nominal is not None and state.usage(tenant, column) > nominal
+        """Whether ``tenant`` borrows, for reclaim: judged on the work it held when the
+        pass started and still holds. What it placed in this pass is never evicted, so
+        counting it would let a reclaim fall on the older work within its nominal quota
+        (the reclaiming job waits instead, and the next pass reclaims the new work)."""
+        kind_code = state.column_kinds[column]
+        nominal = self.nominal(tenant, kind_code)
+        if nominal is None or state.usage(tenant, column) <= nominal:
+            return False  # cheap first: it holds at least what it held before the pass
+        if self._knows_start and self._held_at_start(tenant, kind_code) <= nominal:
+            return False  # and it held no more when the pass started
+        return self.held_before_pass(state, tenant, column) > nominal
+
+    def _held_at_start(self, tenant: str, kind_code: int) -> int:
+        held = self._start_usage.get(tenant)
+        return held[kind_code] if held is not None else 0
+
+    def held_before_pass(self, state: ClusterState, tenant: str, column: int) -> int:
+        """What ``tenant`` holds of column ``column``'s kind of the work that was running
+        when the pass started: its usage then, less what was evicted since. Without the
+        start state (``start``), everything it holds."""
+        if not self._knows_start:
+            return state.usage(tenant, column)
+        kind_code = state.column_kinds[column]
+        held = self._held_at_start(tenant, kind_code)
+        if not held or not any(state.evictions_by_kind):
+            return held  # nothing was evicted in this pass, not even rolled back
+        # A tree asks for every tenant under its root, level by level: the answers hold
+        # until the state next changes (``change_log`` grows with every change).
+        version = len(state.change_log)
+        if version != self._held_before_version:
+            self._held_before_version = version
+            self._held_before.clear()
+        key = (tenant, kind_code)
+        found = self._held_before.get(key)
+        if found is None:
+            found = held - sum(
+                _charge(state, alloc, kind_code)
+                for alloc in self._allocations_at_start(state).get(tenant, ())
+                if state.allocations.get(alloc.allocation_id) is not alloc
+            )
+            self._held_before[key] = found
+        return found
+
+    def _allocations_at_start(self, state: ClusterState) -> Mapping[str, list[Held]]:
+        if self._start_allocs is None:
+            self._start_allocs = {}
+            for alloc in state.snapshot.allocations:
+                self._start_allocs.setdefault(alloc.tenant, []).append(alloc)
+        return self._start_allocs
+
+    def _held_before_pass_of(self, state: ClusterState, column: int) -> UsageOf:
+        def of(tenant: str) -> int:
+            return self.held_before_pass(state, tenant, column)
+
+        return of
 
     def in_tree(self, tenant: str) -> bool:
         return self.tree is not None and self.tree.manages(tenant)
@@ -140,8 +205,10 @@ class QuotaBook:
         borrowers of its flat cohort, or, in a tree, those under a borrowing node below
         the nearest cohort they share with it."""
         if self.tree is not None and self.tree.manages(tenant):
+            # Borrowing is judged on the work held before the pass, as in a flat cohort
+            # (``is_borrowing``), at every level of the tree.
             return self.tree.lenders_reclaim_from(
-                tenant, state.column_kinds[column], _usage_of(state, column)
+                tenant, state.column_kinds[column], self._held_before_pass_of(state, column)
             )
         cohort = state.cohort_of.get(tenant)
         if cohort is None:
@@ -275,6 +342,23 @@ class QuotaBook:
         # tenant held at the start; but a cohort over its total (quota lowered, or room
         # another eviction just freed) is no room to grow into either.
         return max(0, min(max(over_limit, cohort_excess), usage - held))
+
+
+def _charge(state: ClusterState, alloc: Held, kind_code: int) -> int:
+    """What ``alloc`` counts toward its tenant's usage of kind ``kind_code``, as
+    ``ClusterState`` counts it: its accelerators where they are of the kind (slices
+    under a MIG slice quota count against that quota instead, mig_quota.py), and, for
+    the ``cpu`` kind, the cores beside its devices where the tenant's quota is charged
+    for them."""
+    node = state.snapshot.nodes.index[alloc.node_id]
+    charged = 0
+    if state.column_kinds[state.column_of(alloc, node)] == kind_code:
+        profiles = state.mig_quota_profiles.get(alloc.tenant)
+        if profiles is None or mig_profile_of(alloc.accelerator_model) not in profiles:
+            charged = alloc.accelerators
+    if kind_code == CPU_KIND and alloc.tenant in state.cores_charged:
+        charged += alloc.cpu_cores
+    return charged
 
 
 def _usage_of(state: ClusterState, column: int) -> UsageOf:
