@@ -22,10 +22,11 @@ from cloud.fleet.envelope import claim_of
 from cloud.fleet.node_admin import apply_one
 from cloud.fleet.registry import Approval, NodeFilter, NodeRecord
 from cloud.fleet.views import NodeDetail, NodeList, node_detail
-from cloud.fleet.well_known_labels import ADMIN_LABEL_KEY_PATTERN, reserved_label_error
+from cloud.fleet.well_known_labels import DERIVED_LABEL_KEYS, reserved_label_error
 from cloud.store import NodeAdminRecord
 from shared.messages import AcceleratorKind, NodeState, Site
 from shared.placement_names import (
+    LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
     MAX_LABEL_KEY_CHARS,
     MAX_LABEL_VALUE_CHARS,
@@ -138,7 +139,13 @@ class NodeAdminUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                     msgspec.Meta(
                         min_length=1,
                         max_length=MAX_LABEL_KEY_CHARS,
-                        extra_json_schema={"pattern": ADMIN_LABEL_KEY_PATTERN},
+                        # The grammar every label key follows, less those the node's
+                        # enrolment and birth give (checked by `label_error` and
+                        # `reserved_label_error`, whose messages say why).
+                        extra_json_schema={
+                            "pattern": LABEL_KEY_PATTERN,
+                            "not": {"enum": list(DERIVED_LABEL_KEYS)},
+                        },
                     ),
                 ],
                 Annotated[

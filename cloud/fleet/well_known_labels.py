@@ -31,33 +31,6 @@ OPERATOR_LABEL_KEYS: Final = ("rack", "block")
 WELL_KNOWN_LABEL_KEYS: Final = (*DERIVED_LABEL_KEYS, *OPERATOR_LABEL_KEYS)
 
 
-def _none_of(words: tuple[str, ...]) -> str:
-    """A pattern matching every string but ``words`` (lower-case letters), without
-    lookahead: the document's patterns must compile under RE2 and ECMA alike. Strings
-    of another length, or of a word's length that leave its letters somewhere."""
-    anything = r"[\s\S]"
-    lengths = sorted({len(word) for word in words})
-    parts, shortest = [], 0
-    for length in lengths:
-        if length > shortest:
-            parts.append(f"{anything}{{{shortest},{length - 1}}}")
-        shortest = length + 1
-    parts.append(f"{anything}{{{shortest},}}")
-    for length in lengths:
-        same = [word for word in words if len(word) == length]
-        prefixes = sorted({word[:cut] for word in same for cut in range(length)})
-        for prefix in prefixes:
-            taken = "".join(sorted({w[len(prefix)] for w in same if w.startswith(prefix)}))
-            rest = length - len(prefix) - 1
-            parts.append(f"{prefix}[^{taken}]{anything}{{{rest}}}")
-    return f"^({'|'.join(parts)})$"
-
-
-# The keys an admin may set, for the OpenAPI document (the API checks them with
-# `reserved_label_error`, whose message says why).
-ADMIN_LABEL_KEY_PATTERN: Final = _none_of(DERIVED_LABEL_KEYS)
-
-
 def derived_labels(status: NodeStatus) -> dict[str, str]:
     """The labels read from the birth; a zone or region the node left empty is absent
     (an empty label value would match ``In [""]`` and say nothing)."""
