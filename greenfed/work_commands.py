@@ -240,8 +240,12 @@ def _power_limit_words(allocation: AllocationView) -> str:
 
 
 def _allocations_table(allocations: tuple[AllocationView, ...], *, wide: bool = False) -> Table:
+    """Each member's placement; `worker`: what its node last reported of its worker
+    (training), where any node reported one."""
     table = Table(title="placement", title_justify="left")
-    for column in ("member", "node", "accelerators", "state", "since", "expected end"):
+    reported = any(allocation.worker_state for allocation in allocations)
+    columns = ("member", "node", "accelerators", "state", *(("worker",) if reported else ()))
+    for column in (*columns, "since", "expected end"):
         table.add_column(column)
     for column in ("cpu cores", "host memory", "borrowed", "since (UTC)") if wide else ():
         table.add_column(column)
@@ -253,6 +257,7 @@ def _allocations_table(allocations: tuple[AllocationView, ...], *, wide: bool = 
             allocation.node_id,
             plain(f"{allocation.accelerators} {allocation.accelerator_kind}{ids}{capped}"),
             allocation.state,
+            *((allocation.worker_state or "",) if reported else ()),
             ago(allocation.started_at),
             allocation.expected_end.isoformat(timespec="seconds")
             if allocation.expected_end
@@ -269,6 +274,18 @@ def _allocations_table(allocations: tuple[AllocationView, ...], *, wide: bool = 
             ),
         )
     return table
+
+
+def worker_reason_lines(allocations: tuple[AllocationView, ...]) -> list[Text]:
+    """What each worker's node said of it, whole on a line of its own (a cluster's: why
+    the job waits in its queue), as the node wrote it but printable."""
+    return [
+        Text.assemble(
+            f"worker {allocation.member} ({allocation.node_id}): ", plain(allocation.worker_reason)
+        )
+        for allocation in allocations
+        if allocation.worker_reason
+    ]
 
 
 def replicas_line(work: DeploymentView) -> str:
@@ -492,6 +509,8 @@ def render_work(
         target.print(f"failures: {work.failures}{retry}")
     if work.allocations:
         target.print(_allocations_table(work.allocations, wide=wide))
+        for reason_line in worker_reason_lines(work.allocations):
+            target.print(reason_line)
     if isinstance(work, JobView) and work.array is not None:
         target.print(_array_tasks_table(work.array, wide=wide))
     if work.usage is not None:

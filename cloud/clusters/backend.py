@@ -31,10 +31,28 @@ from typing import Final, Literal
 # `pending`: accepted by the cluster, waiting in its own queue).
 ClusterJobState = Literal["pending", "running", "succeeded", "failed", "stopped"]
 
+# Why a job waits in the cluster's own queue, as greenfed acts on it: `turn`, it waits
+# its turn (resources, priority, a dependency, a begin time, a limit: the cluster starts
+# it in time, never given up for it); `cannot_start`, it cannot start where it is (its
+# machines or its partition take no work, or the partition does not allow its shape:
+# it would wait there for ever, and the bridge gives it up after a grace).
+QueueWait = Literal["turn", "cannot_start"]
+
+# Whether one of a machine's partitions takes work: `up`; `drain` (it takes no new job),
+# `down` and `inactive` (nothing in it starts); `unknown`: a state the back-end cannot
+# read, taken as not up.
+PartitionAvailability = Literal["up", "drain", "down", "inactive", "unknown"]
+
 # The most accelerators of one type a machine is believed to have (the largest have 8
 # or 16): each becomes an entry of the node's birth, so a count past this is a broken
 # record, its accelerators left out, not hundreds of thousands built every refresh.
 MAX_ACCELERATORS_PER_NODE: Final = 256
+
+
+def partitions_not_up(down: Mapping[str, PartitionAvailability]) -> str:
+    """Why a machine takes no work through those partitions, for people
+    (`partition gpu down, old inactive`)."""
+    return "partition " + ", ".join(f"{name} {state}" for name, state in down.items())
 
 
 class ClusterUnreachable(RuntimeError):
@@ -57,8 +75,18 @@ class ClusterNode:
     # resource): how many the node has, and how many the cluster has allocated.
     accelerators: Mapping[str, int] = field(default_factory=dict)
     allocated: Mapping[str, int] = field(default_factory=dict)
-    # Why no new work should land there (drained, down), for people; "": schedulable.
+    # Why no new work should land there (drained, down, none of its partitions up), for
+    # people; "": schedulable.
     unavailable: str = ""
+    # Each of its partitions' availability, as the cluster last said; one not named
+    # (not read, created since) takes work. The bridge judges a machine by the partitions
+    # greenfed may use there, not by all of them.
+    partition_availability: Mapping[str, PartitionAvailability] = field(default_factory=dict)
+
+    def takes_work_in(self, partition: str) -> bool:
+        """Whether a job submitted through that partition may start on the machine (as
+        far as the partition goes: `unavailable` says the rest)."""
+        return self.partition_availability.get(partition, "up") == "up"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +151,9 @@ class ClusterJob:
     attempt: int
     state: ClusterJobState
     reason: str = ""  # the cluster's reason (a pending reason, why it failed), for people
+    # A pending job's: whether it waits its turn or cannot start where it is (None: not
+    # pending, or the back-end cannot tell: taken as waiting its turn).
+    queue_wait: QueueWait | None = None
     exit_code: int | None = None
     nodes: tuple[str, ...] = ()
     submitted_at: float | None = None

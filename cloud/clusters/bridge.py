@@ -7,8 +7,9 @@ left out and counted), the zone and region of its partition, `runs_training`, la
 naming the cluster, partition and machine. The scheduler places work on those nodes
 like on any other: filters, scores, quotas, gangs, the green terms, explanations.
 GPUs the cluster has given to other work are shown unhealthy ("in use by the cluster's
-other jobs"), so nothing is placed on them; a drained or down machine, and every
-machine while the cluster does not answer, carries a `NoSchedule` taint saying why.
+other jobs"), so nothing is placed on them; a drained or down machine, one none of
+whose partitions greenfed may use is up, and every machine while the cluster does not
+answer, carries a `NoSchedule` taint saying why.
 
 The scheduling loop's documents for those nodes come here instead of the broker
 (`accept`, from cloud/loop/publisher.py). Each pass of `reconcile`:
@@ -22,15 +23,19 @@ The scheduling loop's documents for those nodes come here instead of the broker
 - reports every entry's state in the node's `reported` document, as an agent would
   (pending in the cluster's queue is `starting`, with the cluster's reason), so the
   loop's lifecycle rules (cloud/loop/reports.py) apply unchanged. A job waiting on a
-  machine that takes no work (drained, down, its partition not up: the back-end's
-  `unavailable`) for `unstartable_grace_s` would wait there for ever: it is reported
-  `stopped`, saying why, so the loop places it elsewhere (as a node's loss, never one
-  of the job's own retries), and its cluster job is cancelled when its document drops
-  it.
+  machine that takes no work (drained, down, none of its usable partitions up: the
+  taint above), or whose pending reason says it cannot start where it is (the
+  back-end's `queue_wait`: its partition down, its machines not available), for
+  `unstartable_grace_s` would wait there for ever: it is reported `stopped`, saying
+  why, so the loop places it elsewhere (as a node's loss, never one of the job's own
+  retries), and its cluster job is cancelled when its document drops it.
 
 Only the GPUs of greenfed's jobs the cluster runs are sampled busy (what the energy
 model bills at full power); those a job waiting in the cluster's queue was placed on
-stay claimed in the birth (nothing else is placed on them) but idle.
+stay claimed in the birth (nothing else is placed on them) but draw nothing of
+greenfed's: sampled at 0 W with an energy counter that does not move, so usage metering
+bills such a job no GPU energy until the cluster runs it, whatever the gaps between
+samples (its share of the machine's modelled host draw aside).
 
 While the cluster does not answer, nothing is submitted or cancelled, the last known
 states stand (work keeps running there) and the nodes stay online but tainted: the
@@ -65,6 +70,7 @@ from cloud.clusters.backend import (
     ClusterUnreachable,
     GangMember,
     GangRequest,
+    partitions_not_up,
 )
 from cloud.clusters.gres import accelerator_facts
 from cloud.fleet.registry import NodeRegistry, Rejection
@@ -509,24 +515,38 @@ class ClusterBridge:
 
     def _map_machines(self, capacity: ClusterCapacity) -> None:
         """Which node each usable machine is, in which partition (before reconciling:
-        gangs are formed on them)."""
+        gangs are formed on them): the first greenfed may use that is up, else the first
+        it may use, the machine then taking no work (`_usable`)."""
         skipped: list[str] = []
         machines: dict[str, tuple[ClusterNode, str]] = {}
         for machine in capacity.nodes:
-            partition = next(
-                (p for p in machine.partitions if not self._partitions or p in self._partitions),
-                None,
-            )
-            if partition is None:
+            usable = [
+                p for p in machine.partitions if not self._partitions or p in self._partitions
+            ]
+            if not usable:
                 continue
             node_id = self.node_id(machine.name)
             if not is_valid_node_id(node_id):  # a name no topic level can hold
                 skipped.append(machine.name[:128])
                 continue
-            machines[node_id] = (machine, partition)
+            machines[node_id] = self._usable(machine, usable)
         self._machines = machines
         self.health.nodes = len(machines)
         self.health.skipped_machines = tuple(skipped)
+
+    @staticmethod
+    def _usable(machine: ClusterNode, usable: list[str]) -> tuple[ClusterNode, str]:
+        """The machine as greenfed may use it, and the partition work goes through. A
+        machine whose partitions greenfed may use are none of them up takes no work
+        (`unavailable`, saying which), though another of its partitions is: a job placed
+        there would wait in a partition that starts nothing."""
+        up = [p for p in usable if machine.takes_work_in(p)]
+        if up:
+            return machine, up[0]
+        if not machine.unavailable:
+            down = {p: machine.partition_availability.get(p, "unknown") for p in usable}
+            machine = dataclasses.replace(machine, unavailable=partitions_not_up(down))
+        return machine, usable[0]
 
     def _announce(self) -> None:
         """A birth for every machine (again where anything changed), telemetry for all."""
@@ -552,7 +572,7 @@ class ClusterBridge:
                 self._births[node_id] = status
                 self._registry.apply_status(status)
             self._seq[node_id] += 1
-            sample = self._sample(node_id, status, held)
+            sample = self._sample(node_id, status, held, claimed - held)
             if not isinstance(self._registry.apply_telemetry(sample), Rejection):
                 for listener in self._telemetry_listeners:
                     listener(sample)
@@ -668,7 +688,25 @@ class ClusterBridge:
             ),
         )
 
-    def _sample(self, node_id: str, status: NodeStatus, held: set[str]) -> Telemetry:
+    def _sample(
+        self, node_id: str, status: NodeStatus, held: set[str], waiting: set[str]
+    ) -> Telemetry:
+        """`held`: the GPUs of greenfed's jobs the cluster runs (busy); `waiting`: those
+        claimed for its work that does not run (waiting in the cluster's queue or to be
+        submitted, or just ended), on which greenfed draws nothing (`_drawing_nothing`).
+        The machine's CPU is not sampled: its host share is modelled."""
+        samples = [
+            self._drawing_nothing(node_id, accelerator.id)
+            if accelerator.id in waiting
+            else AcceleratorSample(
+                id=accelerator.id,
+                utilization_pct=100.0 if accelerator.id in held else 0.0,
+                memory_used_bytes=0,
+                energy_j=self._device_energy_j.get((node_id, accelerator.id)),
+            )
+            for accelerator in status.accelerators
+            if accelerator.kind != "cpu"
+        ]
         return Telemetry(
             node_id=node_id,
             instance_id=self._instance_id,
@@ -678,16 +716,22 @@ class ClusterBridge:
             cpu_utilization_pct=0.0,
             memory_used_bytes=0,
             memory_total_bytes=status.host.memory_total_bytes,
-            accelerators=tuple(
-                AcceleratorSample(
-                    id=accelerator.id,
-                    utilization_pct=100.0 if accelerator.id in held else 0.0,
-                    memory_used_bytes=0,
-                    energy_j=self._device_energy_j.get((node_id, accelerator.id)),
-                )
-                for accelerator in status.accelerators
-                if accelerator.kind != "cpu"
-            ),
+            accelerators=tuple(samples),
+        )
+
+    def _drawing_nothing(self, node_id: str, device: str) -> AcceleratorSample:
+        """A device greenfed holds nothing on: 0 W, and an energy counter that does not
+        move (the one the cluster's measured energy keeps, else 0). Usage metering then
+        bills the work placed there nothing while it waits, gaps between samples
+        included (a refresh that took long, a cluster that did not answer): a counter's
+        difference covers them, where the energy model would fill them at the device's
+        idle power (cloud/usage/meter.py)."""
+        return AcceleratorSample(
+            id=device,
+            utilization_pct=0.0,
+            memory_used_bytes=0,
+            power_w=0.0,
+            energy_j=self._device_energy_j.get((node_id, device), 0.0),
         )
 
     # -- work --------------------------------------------------------------------------
@@ -994,19 +1038,15 @@ class ClusterBridge:
 
     def _judge_waiting(self) -> None:
         """Give up on the jobs that have waited in the cluster's queue for
-        `unstartable_grace_s` on a machine that takes no work (drained, down, its
-        partition not up): the cluster would hold them there for ever, and the loop
-        places them elsewhere only once they are reported `stopped`. Not where the
-        cluster picks the machines itself (it runs the job on another one)."""
-        if self.backend.pins_machines is False:
-            return
+        `unstartable_grace_s` where they cannot start (`_why_unstartable`): the cluster
+        would hold them there for ever, and the loop places them elsewhere only once
+        they are reported `stopped`."""
         now = self._clock()
         for key, machines in self._chosen_machines().items():
             if key in self._given_up:
                 continue
             job = self._jobs.get(key)
-            waiting = job is not None and job.state == "pending"
-            why = self._why_unstartable(machines) if waiting else ""
+            why = self._why_unstartable(job, machines) if job is not None else ""
             if not why:
                 self._unstartable_since.pop(key, None)
                 continue
@@ -1022,16 +1062,28 @@ class ClusterBridge:
             )
             self._given_up[key] = (why, now)
 
-    def _why_unstartable(self, machines: set[str]) -> str:
-        """Why a job placed on `machines` cannot start there ("": it may)."""
-        for machine in sorted(machines):
-            mapped = self._machines.get(self.node_id(machine))
-            if mapped is not None and mapped[0].unavailable:
-                return (
-                    f"machine {machine} of cluster {self.name} takes no work "
-                    f"({mapped[0].unavailable[:300]}): the job waiting in its queue cannot "
-                    "start there"
-                )
+    def _why_unstartable(self, job: ClusterJob, machines: set[str]) -> str:
+        """Why a job waiting in the cluster's queue, placed on `machines`, cannot start
+        there ("": it may, or it runs): one of them takes no work (not where the cluster
+        picks the machines itself: it runs the job on others), or the cluster's own
+        pending reason says so (its partition down, its machines not available).
+        Resources, priority and the like wait their turn: never given up for."""
+        if job.state != "pending":
+            return ""
+        if self.backend.pins_machines is not False:
+            for machine in sorted(machines):
+                mapped = self._machines.get(self.node_id(machine))
+                if mapped is not None and mapped[0].unavailable:
+                    return (
+                        f"machine {machine} of cluster {self.name} takes no work "
+                        f"({mapped[0].unavailable[:300]}): the job waiting in its queue "
+                        "cannot start there"
+                    )
+        if job.queue_wait == "cannot_start":
+            return (
+                f"cluster {self.name} cannot start the job where it waits in its queue "
+                f"({job.reason[:300]})"
+            )
         return ""
 
     def _report(self) -> None:

@@ -5,7 +5,15 @@ show job`, `sacct -P`), and what Slurm's job states and reasons mean to greenfed
 A partition that is not UP (DOWN, INACTIVE: nothing in it starts; DRAIN: it takes no
 new job) is left to the end of each of its machines' partitions, so that greenfed
 places work on a machine through one that is up where it has one; a machine none of
-whose partitions is up takes no work (`unavailable`, saying which partitions).
+whose partitions is up takes no work (`unavailable`, saying which partitions). Each
+machine carries its partitions' availability, by which the bridge judges it for the
+partitions greenfed may use there.
+
+A pending job's reason says whether it waits its turn or cannot start where it is
+(`QueueWait`): PartitionDown, PartitionInactive, PartitionNodeLimit, PartitionTimeLimit,
+PartitionConfig and ReqNodeNotAvail (its machines or partition take no work, or the
+partition does not allow its shape) cannot start; every other reason (Resources,
+Priority, Dependency, BeginTime, a QOS or association limit, a hold) waits its turn.
 
 - pending: PENDING, CONFIGURING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED, RESV_DEL_HOLD (in
   the cluster's queue; the reason says why: Resources, Priority, QOS limits, a requeue);
@@ -33,6 +41,9 @@ from cloud.clusters.backend import (
     ClusterJob,
     ClusterJobState,
     ClusterNode,
+    PartitionAvailability,
+    QueueWait,
+    partitions_not_up,
 )
 from cloud.clusters.slurm.script import comment_prefix
 
@@ -74,6 +85,28 @@ _IN_RESERVATION: Final = {
     "MAINT": "in a maintenance reservation",
     "MAINTENANCE": "in a maintenance reservation",
     "RESERVED": "in a reservation greenfed's jobs do not ask for",
+}
+# Slurm's pending reasons that say a job cannot start where it is: nothing of its
+# partition starts (down, inactive), the partition does not allow its shape (nodes, time
+# limit, configuration), or the machines it asks for take no work (drained, down, in a
+# reservation). Only the reason's name counts: `scontrol` writes its detail after it
+# (`ReqNodeNotAvail,_UnavailableNodes:node07`). Any other reason waits its turn.
+_CANNOT_START: Final = frozenset(
+    {
+        "PartitionDown",
+        "PartitionInactive",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "PartitionConfig",
+        "ReqNodeNotAvail",
+    }
+)
+_REASON_NAME: Final = re.compile(r"[A-Za-z]*")
+_PARTITION_AVAILABILITY: Final[Mapping[str, PartitionAvailability]] = {
+    "UP": "up",
+    "DRAIN": "drain",
+    "DOWN": "down",
+    "INACTIVE": "inactive",
 }
 # gf-<job id>-<attempt>: the name greenfed gives each attempt it submits.
 _JOB_NAME: Final = re.compile(r"^gf-(?P<job>[0-9A-Z]{26})-(?P<attempt>[0-9]{1,9})$")
@@ -271,26 +304,45 @@ def partition_states(text: str) -> dict[str, str]:
     return states
 
 
+def partition_availability(state: str) -> PartitionAvailability:
+    """A partition's availability from its state as `scontrol` writes it (`UP`, `DOWN`,
+    `DRAIN`, `INACTIVE`); any other (or none) is `unknown`, taken as not up."""
+    return _PARTITION_AVAILABILITY.get(state.upper(), "unknown")
+
+
 def with_partition_states(
     nodes: Iterable[ClusterNode], states: Mapping[str, str]
 ) -> tuple[ClusterNode, ...]:
-    """The machines with their partitions that are up first (Slurm's order kept among
-    each), and those none of whose partitions is up marked unavailable, saying which. A
-    partition the listing does not name (one created since) is taken to be up."""
+    """The machines with their partitions' availability, those that are up first
+    (Slurm's order kept among each), and those none of whose partitions is up marked
+    unavailable, saying which. A partition the listing does not name (one created since)
+    is taken to be up."""
     marked = []
     for node in nodes:
-        down = {p: states[p] for p in node.partitions if states.get(p, "UP") != "UP"}
-        if not down:
-            marked.append(node)
-            continue
+        availability = {
+            p: partition_availability(states[p]) for p in node.partitions if p in states
+        }
+        down = {p: state for p, state in availability.items() if state != "up"}
         partitions = tuple(p for p in node.partitions if p not in down) + tuple(down)
         unavailable = node.unavailable
-        if len(down) == len(node.partitions) and not unavailable:
-            unavailable = "partition " + ", ".join(
-                f"{name} {state.lower() or 'unknown'}" for name, state in down.items()
+        if down and len(down) == len(node.partitions) and not unavailable:
+            unavailable = partitions_not_up(down)
+        marked.append(
+            dataclasses.replace(
+                node,
+                partitions=partitions,
+                unavailable=unavailable,
+                partition_availability=availability,
             )
-        marked.append(dataclasses.replace(node, partitions=partitions, unavailable=unavailable))
+        )
     return tuple(marked)
+
+
+def queue_wait(slurm_reason: str) -> QueueWait:
+    """Whether a pending job with Slurm's reason waits its turn or cannot start where
+    it is (`_CANNOT_START`)."""
+    name = _REASON_NAME.match(slurm_reason)
+    return "cannot_start" if name is not None and name[0] in _CANNOT_START else "turn"
 
 
 def job_state(slurm_state: str, reason: str, exit_code: int | None) -> tuple[ClusterJobState, str]:
@@ -379,6 +431,7 @@ def job_of(
         state,
         reason,
         exit_code,
+        slurm_reason=slurm_reason,
         nodes=fields.get("NodeList", ""),
         submitted_at=_time(fields.get("SubmitTime", "")),
         started_at=_time(fields.get("StartTime", "")),
@@ -394,6 +447,7 @@ def cluster_job(
     reason: str,
     exit_code: int | None,
     *,
+    slurm_reason: str,
     nodes: str,
     submitted_at: float | None,
     started_at: float | None,
@@ -402,7 +456,8 @@ def cluster_job(
 ) -> ClusterJob:
     """A job as Slurm reported it (its commands or slurmrestd): an exit code only once it
     ended, a start only once it left the queue, an end only once it ended (Slurm gives
-    expected times before), its node list expanded (`(null)`, `None assigned`: none)."""
+    expected times before), its node list expanded (`(null)`, `None assigned`: none);
+    pending, whether it waits its turn (`queue_wait`, from Slurm's own reason)."""
     ended = state in ("succeeded", "failed", "stopped")
     listed = nodes and nodes not in ("(null)", "None assigned")
     return ClusterJob(
@@ -411,6 +466,7 @@ def cluster_job(
         attempt=identity[1],
         state=state,
         reason=reason,
+        queue_wait=queue_wait(slurm_reason) if state == "pending" else None,
         exit_code=exit_code if state in ("succeeded", "failed") else None,
         nodes=tuple(expand_hostlist(nodes)) if listed else (),
         submitted_at=submitted_at,

@@ -120,6 +120,7 @@ class RestDialect:
         output = _expanded(_text(raw.get("standard_output")), backend_id, _text(raw.get("name")))
         return cluster_job(
             backend_id, identity, state, reason, exit_code,
+            slurm_reason=slurm_reason,
             nodes=_text(raw.get("nodes")),
             submitted_at=self.time(raw.get("submit_time")),
             started_at=self.time(raw.get("start_time")),
@@ -138,6 +139,7 @@ class RestDialect:
         state, reason = job_state(self.state_text(state_of.get("current")), slurm_reason, exit_code)
         return cluster_job(
             *found, state, reason, exit_code,
+            slurm_reason=slurm_reason,
             nodes=_text(raw.get("nodes")),
             submitted_at=self.time(times.get("submission")),
             started_at=self.time(times.get("start")),
