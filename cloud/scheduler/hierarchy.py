@@ -262,25 +262,30 @@ class CohortTree:
         return self.committed(node, k, usage_of) > node.nominal[k]
 
     def lenders_reclaim_from(self, tenant: str, k: int, usage_of: UsageOf) -> set[str]:
-        """Tenants whose work ``tenant`` may reclaim: in its tree, borrowing themselves or
-        under a cohort that borrows, below the nearest cohort they share with ``tenant``
-        (a cohort reclaims what it lent, never what its own members share)."""
-        ours = set(self.path[tenant])
-        found: set[str] = set()
-        for other in self.tenant_names:
-            if other == tenant or self.root_of(other) != self.root_of(tenant):
-                continue
-            chain = (
-                self._tenant_nodes[other],
-                *(self._cohort_nodes[cohort] for cohort in self.path[other]),
-            )
-            for node in chain:
-                if not node.is_tenant and node.name in ours:
-                    break
-                if self.borrowing(node, k, usage_of):
-                    found.add(other)
-                    break
-        return found
+        """Tenants whose work ``tenant`` may reclaim (``reclaims_from``)."""
+        return {
+            other for other in self.tenant_names if self.reclaims_from(tenant, other, k, usage_of)
+        }
+
+    def reclaims_from(self, tenant: str, other: str, k: int, usage_of: UsageOf) -> bool:
+        """Whether ``tenant`` may reclaim ``other``'s work: in its tree, ``other`` borrows
+        or is under a cohort that borrows, below the nearest cohort they share (a cohort
+        reclaims what it lent, never what its own members share)."""
+        if other == tenant or not self.manages(other):
+            return False
+        if self.root_of(other) != self.root_of(tenant):
+            return False
+        ours = self.path[tenant]
+        chain = (
+            self._tenant_nodes[other],
+            *(self._cohort_nodes[cohort] for cohort in self.path[other]),
+        )
+        for node in chain:
+            if not node.is_tenant and node.name in ours:
+                return False
+            if self.borrowing(node, k, usage_of):
+                return True
+        return False
 
     def ceiling(self, tenant: str, k: int) -> int:
         """The most of kind ``k`` the tenant could hold with nothing else running."""

@@ -24,7 +24,11 @@ holds cores beside its devices alike. Reclaiming a borrower's
 work frees its accelerators, host memory and cores alike. A reservation keeps its
 accelerators, host memory and cores from victims' replacements.
 Victims are taken in order (lowest priority, then latest started; when J
-reclaims, the borrowers' work first) until the member fits; a reprieve pass then
+reclaims, the borrowers' work first) until the member fits. As in Kueue, a borrower's
+work is reclaimed only while the borrower, less the victims chosen before, still
+borrows: down to its nominal quota (a last victim larger than what is left above it
+aside), the rest of its work going only for a reason of its own (a lower priority), so
+a member that needs more waits or takes another node. A reprieve pass then
 gives back every victim that turned out unnecessary, most valuable first, so the
 set is minimal. Among nodes, the one with the fewest victims (whole gangs count
 once), then the least important victims, then the fewest evicted accelerators
@@ -34,6 +38,7 @@ never loses replicas below its `min_available` (disruption_budget.py).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,7 +50,7 @@ from .filters import placement_conflicts
 from .gang import JobContext, Option
 from .model import PRIORITY_LEVELS, PRIORITY_RANK, Held
 from .plan import PreemptionReason
-from .quota import Admission, AdmissionMode, QuotaBook
+from .quota import Admission, AdmissionMode, QuotaBook, charge
 from .snapshot import CPU_COLUMN
 from .state import ClusterState
 from .statement import Statement
@@ -89,6 +94,9 @@ class Preemptor:
         # `other_reasons` off only the rescue's own victims are eligible.
         self.deadline_rescue = False
         self.other_reasons = True
+        # Per (tenant, pool column): its largest allocation when the pass started, the
+        # most one victim of it frees (``_reclaim_cap``); built on first use.
+        self._largest: dict[tuple[str, int], int] | None = None
 
     def _protected(self, job: JobContext, alloc: Held) -> bool:
         return (
@@ -209,12 +217,15 @@ class Preemptor:
         else:
             order = np.lexsort((positions, host_deficit[positions], deficit))
         eligible = self._eligible(job, k, borrowers)
+        # A borrower at its nominal quota keeps the rest of its work but for a reason of
+        # the work's own (a lower priority): ``_on_node`` asks this then.
+        unreclaimed = self._eligible(job, k, set()) if borrowers else eligible
         best: VictimSet | None = None
         compared = 0
         # Walk on past nodes where no victim set works (reservations), until enough
         # sets have been compared.
         for position in positions[order].tolist():
-            found = self._on_node(job, option, position, eligible)
+            found = self._on_node(job, option, position, eligible, unreclaimed)
             if found is None:
                 continue
             if best is None or found.cost < best.cost:
@@ -228,7 +239,10 @@ class Preemptor:
         self, job: JobContext, k: int, borrowers: set[str]
     ) -> tuple[IntArray, IntArray, IntArray]:
         """Per node: borrowers' evictable accelerators of kind ``k``, and their host
-        memory and CPU cores beside them, not already counted as lower priority."""
+        memory and CPU cores beside them, not already counted as lower priority. A
+        borrower's accelerators count up to what one member could reclaim of them on a
+        node (``_reclaim_cap``), so nodes where it would have to go below its nominal
+        quota are not searched."""
         n = self.state.snapshot.node_count
         accelerators = np.zeros(n, dtype=np.int64)
         host = np.zeros(n, dtype=np.int64)
@@ -238,13 +252,15 @@ class Preemptor:
         host_by_tenant = self.state.evictable_host_by_tenant
         cores_by_tenant = self.state.evictable_cores_by_tenant
         for tenant in sorted(borrowers):
+            cap = self._reclaim_cap(job, k, tenant)
+            own = accelerators if cap is None else np.zeros(n, dtype=np.int64)
             for rank in range(job.shape.rank + 1):
                 for inference in (False, True):
                     if training and inference and rank == 0:
                         continue  # training never evicts p0 inference
                     key = (tenant, k, rank, inference)
                     found = (
-                        (by_tenant.get(key), accelerators),
+                        (by_tenant.get(key), own),
                         (host_by_tenant.get(key), host),
                         (cores_by_tenant.get(key), cores),
                     )
@@ -254,7 +270,29 @@ class Preemptor:
                             total[where] += np.fromiter(
                                 held.values(), dtype=np.int64, count=len(held)
                             )
+            if cap is not None:
+                accelerators += np.minimum(own, cap)
         return accelerators, host, cores
+
+    def _reclaim_cap(self, job: JobContext, k: int, tenant: str) -> int | None:
+        """At most what one member reclaims of column ``k`` from ``tenant`` on a node:
+        while it borrows (``QuotaBook.still_reclaimable``), so its excess over its nominal
+        quota less one, plus one last victim, at most its largest allocation. None where
+        victims and quota are counted apart (the CPU pool's cores beside devices, slices
+        under a slice quota) or, in a tree, a cohort's may not shrink with its members'."""
+        state = self.state
+        if k == CPU_COLUMN or tenant in state.mig_quota_profiles:
+            return None
+        excess = self.quota.excess_over_nominal(state, job.shape.work.tenant, k, tenant)
+        if excess is None:
+            return None
+        if self._largest is None:
+            self._largest = {}
+            index = state.snapshot.nodes.index
+            for alloc in state.snapshot.allocations:
+                key = (alloc.tenant, state.column_of(alloc, index[alloc.node_id]))
+                self._largest[key] = max(self._largest.get(key, 0), alloc.accelerators)
+        return max(0, excess - 1 + self._largest.get((tenant, k), 0))
 
     def _first_evictable_rank(self, job: JobContext) -> int:
         """The highest priority rank whose work the job may evict: lower priorities
@@ -293,6 +331,7 @@ class Preemptor:
         option: Option,
         position: int,
         eligible: Callable[[Held], PreemptionReason | None],
+        unreclaimed: Callable[[Held], PreemptionReason | None],
     ) -> VictimSet | None:
         state = self.state
         shape = job.shape
@@ -314,12 +353,17 @@ class Preemptor:
             reason = eligible(alloc)
             if reason is not None:
                 pool.append((victim_key(alloc, reason), (alloc, reason, same_kind)))
-        pool.sort(key=lambda entry: entry[0])
+        heapq.heapify(pool)  # in victim order; a borrower's work may come back later
         chosen: list[_Candidate] = []
         taken: dict[str, int] = {}  # replicas chosen per deployment (disruption budgets)
+        # Per borrower, what its victims chosen so far release of the job's kind (gangs
+        # whole): it is reclaimed only down to its nominal quota.
+        reclaimed: dict[str, int] = {}
+        reclaimed_ids: set[str] = set()
         freed = host_freed = cpu_freed = 0
-        for _, candidate in pool:
-            alloc, _, same_kind = candidate
+        while pool:
+            _, candidate = heapq.heappop(pool)
+            alloc, reason, same_kind = candidate
             short = free + freed < need
             host_short = host_free + host_freed < host_need
             cpu_short = cpu_free + cpu_freed < cpu_need
@@ -331,6 +375,17 @@ class Preemptor:
                 or (host_short and alloc.host_memory_bytes)
                 or (cpu_short and cores)
             ) and self.budget.allows(alloc, taken):
+                if reason == "reclaim":
+                    if not self.quota.still_reclaimable(
+                        state, job.shape.work.tenant, k, alloc.tenant, reclaimed
+                    ):
+                        # Down to its nominal quota: the rest goes only for a lower priority.
+                        other_reason = unreclaimed(alloc)
+                        if other_reason is not None:
+                            demoted = (alloc, other_reason, same_kind)
+                            heapq.heappush(pool, (victim_key(alloc, other_reason), demoted))
+                        continue
+                    self._count_reclaimed(alloc, k, reclaimed, reclaimed_ids)
                 chosen.append(candidate)
                 taken[alloc.work_id] = taken.get(alloc.work_id, 0) + 1
                 freed += self._frees(alloc, k)
@@ -365,6 +420,18 @@ class Preemptor:
         least_rank = min(PRIORITY_RANK[a.priority] for a, _ in victims.values())
         cost = (units, -least_rank, sum(a.accelerators for a, _ in victims.values()), node)
         return VictimSet(option, position, node, tuple(victims.values()), cost)
+
+    def _count_reclaimed(
+        self, alloc: Held, k: int, reclaimed: dict[str, int], counted_ids: set[str]
+    ) -> None:
+        """Add what reclaiming ``alloc`` releases of column ``k``'s kind to its tenant's
+        entry in ``reclaimed``: the whole gang it takes down, each member once."""
+        for sibling in self.state.siblings(alloc):
+            if sibling.allocation_id not in counted_ids:
+                counted_ids.add(sibling.allocation_id)
+                reclaimed[alloc.tenant] = reclaimed.get(alloc.tenant, 0) + charge(
+                    self.state, sibling, k
+                )
 
     def _keeps_reservations(
         self, job: JobContext, option: Option, position: int, node: int, chosen: list[_Candidate]
@@ -415,7 +482,12 @@ class Preemptor:
         (reclaim) or the tenant's own lower-priority work (denied) until quota holds."""
         state = self.state
         tenant = job.shape.work.tenant
-        if self.quota.violation(state, tenant, k, mode) <= 0:
+        held_before = self._held_before_attempt(stmt, tenant, k)
+
+        def violation() -> int:
+            return self.quota.violation(state, tenant, k, mode, held_before_work=held_before)
+
+        if violation() <= 0:
             return True
         reason: PreemptionReason
         if mode == "reclaim":
@@ -437,15 +509,29 @@ class Preemptor:
             reason = "quota"
         pool.sort(key=lambda alloc: victim_key(alloc, reason))
         for alloc in pool:
-            if self.quota.violation(state, tenant, k, mode) <= 0:
+            if violation() <= 0:
                 break
             if alloc.allocation_id not in state.allocations or not self.budget.allows(alloc):
                 continue  # already gone with its gang, or its deployment is at its budget
-            if mode == "reclaim" and alloc.tenant not in self.quota.reclaimable(state, tenant, k):
-                continue
+            if mode == "reclaim" and not self.quota.still_reclaimable(
+                state, tenant, k, alloc.tenant, {}
+            ):
+                continue  # down to its nominal quota already
             for sibling in state.siblings(alloc):
                 stmt.evict(sibling.allocation_id, reason)
-        return self.quota.violation(state, tenant, k, mode) <= 0
+        return violation() <= 0
+
+    def _held_before_attempt(self, stmt: Statement, tenant: str, k: int) -> int:
+        """What ``tenant`` held of column ``k``'s kind before the attempt in ``stmt``: its
+        usage less the job's members placed in it, plus its own work evicted in it."""
+        state = self.state
+        placed = sum(charge(state, alloc, k) for alloc, _ in stmt.allocated)
+        given_back = sum(
+            charge(state, eviction.allocation, k)
+            for eviction in stmt.evicted
+            if eviction.allocation.tenant == tenant
+        )
+        return state.usage(tenant, k) - placed + given_back
 
     def _cores(self, alloc: Held) -> int:
         """CPU cores evicting ``alloc`` gives back: those it holds beside its

@@ -4,7 +4,8 @@ Rules (Kueue-like, per accelerator kind):
 
 * within its nominal quota a tenant is always admitted; if its cohort is
   over-committed because others borrowed, the owner *reclaims*: borrowers'
-  work is evicted until the cohort fits its nominal total again. A borrower is above
+  work is evicted until the cohort fits its nominal total again, each borrower's only
+  down to its nominal quota (``still_reclaimable``). A borrower is above
   its nominal quota with the work it held when the pass started (``is_borrowing``):
   what it placed in this pass is never evicted, so it makes none of its older work
   reclaimable; the owner waits, and the next pass reclaims that work. Reclaim is judged
@@ -16,8 +17,10 @@ Rules (Kueue-like, per accelerator kind):
 * otherwise it is denied (the only remedy is to evict its own lower-priority
   work, see preemption.py), and never more of it than the job takes: a tenant that
   holds more than its quota when the pass starts (its quota was lowered) is brought
-  back to what it held then, not below. Lowering a quota evicts nothing by itself;
-  only reclaim by the cohort's owners may.
+  back to what it held then, not below; or to what it held before the job, where
+  others evicted some of its work in the pass (room so freed is none to grow back
+  into). Lowering a quota evicts nothing by itself; only reclaim by the cohort's owners
+  may.
 
 Tenants without a ``Tenant`` record are unmanaged and always admitted. Tenants under a
 configured cohort tree follow the same rules level by level (hierarchy.py): borrowing,
@@ -219,6 +222,48 @@ class QuotaBook:
             if its_cohort == cohort and other != tenant and self.is_borrowing(state, other, column)
         }
 
+    def still_reclaimable(
+        self,
+        state: ClusterState,
+        tenant: str,
+        column: int,
+        other: str,
+        given_back: Mapping[str, int],
+    ) -> bool:
+        """Whether ``tenant`` may reclaim one more allocation of ``other``'s once the
+        victims already chosen are gone (``given_back``: per tenant, what they release of
+        column ``column``'s kind). As in Kueue, a borrower's work is reclaimed only while
+        the borrower, less those victims, still borrows (in a tree: it or a cohort below
+        the one it shares with ``tenant``): so down to its nominal quota, which only a
+        last victim larger than what is left above it crosses."""
+
+        def held(name: str) -> int:
+            return self.held_before_pass(state, name, column) - given_back.get(name, 0)
+
+        if self.tree is not None and self.tree.manages(tenant):
+            return self.tree.reclaims_from(tenant, other, state.column_kinds[column], held)
+        nominal = self.nominal(other, state.column_kinds[column])
+        return (
+            nominal is not None
+            and other != tenant
+            and state.cohort_of.get(other) is not None
+            and state.cohort_of.get(other) == state.cohort_of.get(tenant)
+            and held(other) > nominal
+        )
+
+    def excess_over_nominal(
+        self, state: ClusterState, tenant: str, column: int, other: str
+    ) -> int | None:
+        """How far ``other`` is above its nominal quota of column ``column``'s kind, with
+        the work it held before the pass, as ``tenant`` reclaims from it (a flat cohort);
+        None in a tree, where what a cohort above it borrows need not shrink with it."""
+        if self.tree is not None and self.tree.manages(tenant):
+            return None
+        nominal = self.nominal(other, state.column_kinds[column])
+        if nominal is None:
+            return None
+        return self.held_before_pass(state, other, column) - nominal
+
     def admit(
         self,
         state: ClusterState,
@@ -309,26 +354,35 @@ class QuotaBook:
         )
         return Admission(mode, shortfall, quota)
 
-    def violation(self, state: ClusterState, tenant: str, column: int, mode: AdmissionMode) -> int:
+    def violation(
+        self,
+        state: ClusterState,
+        tenant: str,
+        column: int,
+        mode: AdmissionMode,
+        *,
+        held_before_work: int,
+    ) -> int:
         """Accelerators still to release after a tentative placement made under ``mode``.
 
-        Denied: down to the quota and the cohort's total, but never below what the tenant
-        held when the pass started: a lowered quota is no reason to evict."""
+        Denied: down to the quota and the cohort's total, but not below what the tenant
+        held when the pass started or, if less, before the work being placed
+        (``held_before_work``): its own evictions make room for that work and no more (a
+        lowered quota is no reason to evict), and room that others freed by evicting its
+        work in this pass is none to grow back into."""
         record = self.tenants.get(tenant)
         if record is None or mode in ("unmanaged", "nominal", "borrow", "slices"):
             return 0
         k = state.column_kinds[column]
+        held = min(self._held_at_start(tenant, k), held_before_work)
         if self.tree is not None and self.tree.manages(tenant):
             check = self.tree.check(tenant, k, 0, _usage_of(state, column))
             if mode == "reclaim":
                 return max(0, check.path_excess)
-            # A lowered quota is no reason to evict: never below what it held at the start.
-            held = self._start_usage.get(tenant, [0] * len(KINDS))[k]
             usage = state.usage(tenant, column)
             return max(0, min(max(check.own_excess, check.path_excess), usage - held))
         usage = state.usage(tenant, column)
         nominal = self._nominal[tenant][k]
-        held = self._start_usage.get(tenant, [0] * len(KINDS))[k]
         cohort = record.cohort
         if cohort is None:
             return max(0, usage - max(nominal, held))
@@ -339,9 +393,14 @@ class QuotaBook:
         limit = record.borrowing_limit.get(KINDS[k])
         over_limit = usage - (nominal + limit) if limit is not None else 0
         # As in a tree: a lowered quota is no reason to evict, so never below what the
-        # tenant held at the start; but a cohort over its total (quota lowered, or room
+        # tenant held (``held``); but a cohort over its total (quota lowered, or room
         # another eviction just freed) is no room to grow into either.
         return max(0, min(max(over_limit, cohort_excess), usage - held))
+
+
+def charge(state: ClusterState, alloc: Held, column: int) -> int:
+    """What ``alloc`` counts toward its tenant's usage of pool column ``column``'s kind."""
+    return _charge(state, alloc, state.column_kinds[column])
 
 
 def _charge(state: ClusterState, alloc: Held, kind_code: int) -> int:
