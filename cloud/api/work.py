@@ -46,7 +46,7 @@ from cloud.api.routes import Handler, Reply, RequestHeader, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
 from cloud.api.stored_specs import exact_spec, known_spec, shown_spec
 from cloud.app_keys import REGISTRY, SECRETS_AT_REST, STORE
-from cloud.loop.rollout import rollout_event, settled_spec
+from cloud.loop.rollout import ROLLOUT_MIN_REPLICAS, rollout_event, settled_spec
 from cloud.loop.scaling import scaled_spec
 from cloud.secrets.redaction import redacted
 from cloud.store import (
@@ -972,8 +972,12 @@ class RolloutRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 def _canary(spec: DeploymentSpec, model_id: str, rollout: RolloutRequest) -> CanarySpec:
-    if spec.replicas < 2:
-        raise invalid_body("$.rollout", "a canary needs at least 2 replicas (one keeps the model)")
+    if spec.replicas < ROLLOUT_MIN_REPLICAS:
+        raise invalid_body(
+            "$.rollout",
+            f"a canary needs at least {ROLLOUT_MIN_REPLICAS} replicas (one keeps the model); "
+            f"the deployment would have {spec.replicas}",
+        )
     if rollout.canary_replicas is not None and rollout.canary_share is not None:
         raise invalid_body("$.rollout", "give canary_replicas or canary_share, not both")
     if rollout.canary_replicas is not None:
@@ -1061,7 +1065,12 @@ async def update_deployment(request: web.Request) -> web.Response:
         _DEPLOYMENT_CHANGES.check(body)  # once the deployment is known to be there
         # Exactly, or not at all: the spec is stored again, and a tolerant read would
         # drop the fields a newer greenfed wrote.
-        spec = exact_spec(DEPLOYMENTS.decoder, record)
+        stored = exact_spec(DEPLOYMENTS.decoder, record)
+        if body.model_id is None and body.rollout is not None:
+            raise invalid_body("$.rollout", "a rollout needs the new model_id")
+        # The count first: a new canary is checked against the replicas it will run on,
+        # and one in progress comes down with them (scaled_spec).
+        spec = _scaled(stored, body)
         if body.model_id is not None:
             if await store.get_model(tenant.tenant_id, body.model_id) is None:
                 raise invalid_body(
@@ -1074,11 +1083,9 @@ async def update_deployment(request: web.Request) -> web.Response:
                 )
             else:
                 spec = msgspec.structs.replace(spec, model_id=body.model_id, canary=None)
-        elif body.rollout is not None:
-            raise invalid_body("$.rollout", "a rollout needs the new model_id")
         if body.batching is not None:
             spec = msgspec.structs.replace(spec, batching=body.batching)
-        spec = _scaled(spec, body)
+        spec, ended = _rollout_ended(stored, spec, body, tenant.name)
         updated = await store.update_spec(
             tenant.tenant_id,
             record.work_id,
@@ -1097,10 +1104,30 @@ async def update_deployment(request: web.Request) -> web.Response:
                 else None
             ),
         )
+        if ended is not None:
+            outcome, reason = ended
+            await store.record_event(rollout_event(record, stored, outcome, reason))
         allocations = await store.work_allocations(tenant.tenant_id, record.work_id)
         return json_response(DEPLOYMENTS.detail(updated, spec, tenant.name, allocations))
 
     return await _change_live_work(request, DEPLOYMENTS, "updated", update, any_tenant=True)
+
+
+def _rollout_ended(
+    stored: DeploymentSpec, updated: DeploymentSpec, body: DeploymentUpdate, by: str
+) -> tuple[DeploymentSpec, tuple[str, str] | None]:
+    """`updated`, and how the update ends the rollout `stored` had, if it does, as
+    (outcome, reason) for its `work.rollout` event: a new model replaces it (with a
+    canary of its own or none), and a deployment scaled below 2 replicas has no room
+    for one (rolled back, as the loop does when the autoscaler scales it so)."""
+    if stored.canary is None:
+        return updated, None
+    if body.model_id is not None:
+        return updated, ("superseded", f"replaced by a model update by {by}")
+    if updated.canary is not None and updated.replicas < ROLLOUT_MIN_REPLICAS:
+        reason = f"scaled to {updated.replicas} replica"
+        return settled_spec(updated, "rolled-back"), ("rolled-back", reason)
+    return updated, None
 
 
 def _given(body: DeploymentUpdate) -> dict[str, object]:

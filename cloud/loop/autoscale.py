@@ -23,6 +23,12 @@ While a breach of the SLO lifts the cap, its uncapped recommendation stays in th
 scale-down window: the replicas it added stay for the window, instead of going at the
 next pass that meets the SLO (which flapped them every pass).
 
+Idle under a latency target (no request since the last samples, so no p95 to
+measure): the recommendation is ``min_replicas``, as a request rate of 0 recommends
+the fewest; the cap, the window and ``max_step`` then apply as ever. Without it a
+deployment scaled up for a burst kept every replica, on a dirty grid too, until
+traffic came back. A p95 missing while requests are served says nothing: no decision.
+
 No figures (no replica reports serving yet): no decision. An absurd figure never
 raises (the pass's scheduler runs after this): a recommendation past
 `RECOMMENDATION_CEILING`, or infinite (nodes' figures added up past the largest
@@ -84,6 +90,42 @@ def _observed(spec: AutoscaleSpec, load: ServingLoad) -> tuple[str, float, float
     return "p95_latency_ms", load.p95_latency_ms, spec.target_p95_latency_ms
 
 
+def _recommendation(
+    spec: AutoscaleSpec, desired: int, load: ServingLoad
+) -> tuple[str, float, float, int] | None:
+    """(metric, observed value per ready replica, target, recommended replicas); None:
+    nothing measured to decide on."""
+    if _idle_on_latency(spec, load):
+        assert spec.target_p95_latency_ms is not None
+        return "p95_latency_ms", 0.0, spec.target_p95_latency_ms, spec.min_replicas
+    observed = _observed(spec, load)
+    if observed is None:
+        return None
+    metric, value, target = observed
+    ratio = value / target
+    if math.isnan(ratio):
+        return None  # not a measurement (telemetry never decodes to one)
+    if abs(ratio - 1.0) <= spec.tolerance:
+        return metric, value, target, desired
+    wanted_replicas = load.ready_replicas * ratio  # inf where it overflowed
+    # math.ceil(inf) raises, and one deployment's figures must not stop the pass (the
+    # deployment step runs before the scheduler): a figure that no replica count meets
+    # asks for the most, as a surge does.
+    if wanted_replicas >= RECOMMENDATION_CEILING:
+        return metric, value, target, RECOMMENDATION_CEILING
+    return metric, value, target, math.ceil(wanted_replicas)
+
+
+def _idle_on_latency(spec: AutoscaleSpec, load: ServingLoad) -> bool:
+    """Scaled on latency, and no replica answered a request since its last sample: an
+    idle replica measures no p95 (edge/inference/stats.py)."""
+    return (
+        spec.target_p95_latency_ms is not None
+        and load.p95_latency_ms is None
+        and load.requests_per_s == 0.0
+    )
+
+
 def carbon_cap(spec: AutoscaleSpec, intensity_g_per_kwh: float | None) -> int | None:
     """The ladder's cap at this intensity (None: no step applies)."""
     if intensity_g_per_kwh is None:
@@ -123,25 +165,10 @@ class Autoscaler:
         """A change of `desired` (the spec's replicas now), or None."""
         if load is None or load.ready_replicas == 0:
             return None
-        observed = _observed(spec, load)
-        if observed is None:
+        recommended = _recommendation(spec, desired, load)
+        if recommended is None:
             return None
-        metric, value, target = observed
-        ratio = value / target
-        if math.isnan(ratio):
-            return None  # not a measurement (telemetry never decodes to one)
-        if abs(ratio - 1.0) <= spec.tolerance:
-            recommendation = desired
-        else:
-            wanted_replicas = load.ready_replicas * ratio  # inf where it overflowed
-            # math.ceil(inf) raises, and one deployment's figures must not stop the pass
-            # (the deployment step runs before the scheduler): a figure that no replica
-            # count meets asks for the most, as a surge does.
-            recommendation = (
-                RECOMMENDATION_CEILING
-                if wanted_replicas >= RECOMMENDATION_CEILING
-                else math.ceil(wanted_replicas)
-            )
+        metric, value, target, recommendation = recommended
         breaching = (
             latency_slo_ms is not None
             and load.p95_latency_ms is not None
@@ -169,11 +196,17 @@ class Autoscaler:
         wanted = max(spec.min_replicas, min(spec.max_replicas, wanted))
         if wanted == desired:
             return None
-        unit = "requests/s" if metric == "requests_per_s" else "ms p95"
-        reason = (
-            f"{value:.3g} {unit} per replica against a target of {target:.3g}: "
-            f"{recommendation} recommended"
-        )
+        if _idle_on_latency(spec, load):
+            reason = (
+                f"no requests, so no p95 against a target of {target:.3g} ms: "
+                f"{recommendation} (min_replicas) recommended"
+            )
+        else:
+            unit = "requests/s" if metric == "requests_per_s" else "ms p95"
+            reason = (
+                f"{value:.3g} {unit} per replica against a target of {target:.3g}: "
+                f"{recommendation} recommended"
+            )
         if cap is not None and cap < recommendation:
             reason += f", capped at {cap} while the grid is at {intensity_g_per_kwh:.0f} gCO2/kWh"
         return ScaleDecision(

@@ -164,11 +164,17 @@ def canary_members(spec: DeploymentSpec, members: Sequence[AllocationRecord]) ->
     """The replicas that serve a rollout's new model: the lowest replica numbers, at
     least one replica, and at least the deployment's `min_available`, always keeping
     the deployment's model (a canary that fails takes no more than the budget allows;
-    with no room for a canary the rollout waits for more replicas)."""
+    with no room for a canary the rollout waits for more replicas).
+
+    Kept within the spec's count as well as the placed replicas: a deployment scaled
+    down still holds its surplus until the pass gives it back, and a canary counted
+    from those would take all but one of the replicas that remain. A deployment of one
+    replica has no canary: its rollout is ended (cloud/loop/rollout.py)."""
     keep = max(1, spec.min_available or 0)
-    if spec.canary is None or len(members) <= keep:
+    room = min(len(members), spec.replicas) - keep
+    if spec.canary is None or room <= 0:
         return frozenset()
-    count = min(spec.canary.replicas, len(members) - keep)
+    count = min(spec.canary.replicas, room)
     return frozenset(sorted(m.member_index for m in members)[:count])
 
 

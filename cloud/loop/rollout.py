@@ -33,7 +33,16 @@ Gates, breached means rolled back at once:
   busy host is its whole p95), so a gate on it rolled healthy canaries back.
 
 Promoted when every canary replica has served the new model, without a breach, for
-`hold_s`. The watch lives in the leader's memory; a new leader starts the hold again.
+`hold_s`, and the canary has answered at least `min_requests`: the gates judge only
+what the canary answered, so a canary that got no traffic has shown nothing (a model
+failing every request would otherwise pass the hold unseen and go to every replica).
+Until then it holds, waiting for traffic (`RolloutWatch.waiting`), for as long as it
+takes; a person may promote it by hand. The watch lives in the leader's memory; a new
+leader starts the hold again.
+
+A rollout left with fewer than 2 replicas (scaled down by hand or by the autoscaler)
+has no replica to compare with and none that keeps the deployment's model: it is rolled
+back ("scaled to 1 replica").
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ from cloud.work.views import ROLLOUT_EVENT
 from shared.messages import DeploymentSample, ReplicaSample, Telemetry
 
 Outcome = Literal["promoted", "rolled-back"]
+# The fewest replicas a rollout runs on: a canary and one that keeps the model.
+ROLLOUT_MIN_REPLICAS = 2
 P95_FLOOR_MS = 5.0  # the baseline p95 a canary's is compared with is at least this
 
 
@@ -93,6 +104,8 @@ class _Watch:
     # Σ p95 × requests and Σ requests over the samples with a p95, canary and baseline.
     canary_latency: tuple[float, int] = (0.0, 0)
     baseline_latency: tuple[float, int] = (0.0, 0)
+    # Why the latest judgement decided nothing yet, for a person (None: not judged).
+    waiting: str | None = None
 
 
 def _add_latency(
@@ -170,6 +183,12 @@ class RolloutWatch:
         for work_id in set(self._watches) - keep:
             del self._watches[work_id]
 
+    def waiting(self, work_id: str) -> str | None:
+        """What the rollout waits for after its latest judgement that decided nothing
+        ("waiting for traffic: 3 of 20 requests"); None: not watched, or decided."""
+        watch = self._watches.get(work_id)
+        return watch.waiting if watch is not None else None
+
     def judge(
         self,
         work_id: str,
@@ -188,6 +207,9 @@ class RolloutWatch:
         watch = self._watches.get(work_id)
         if watch is None or watch.model_id != canary.model_id:
             watch = self._watches[work_id] = _Watch(canary.model_id)
+        watch.waiting = None
+        if spec.replicas < ROLLOUT_MIN_REPLICAS:
+            return RolloutVerdict("rolled-back", f"scaled to {spec.replicas} replica")
         chosen = canary_members(spec, members)
         node_of_member = {m.member_index: m.node_id for m in members}
         canary_nodes = {m.node_id for m in members if m.member_index in chosen}
@@ -271,16 +293,25 @@ class RolloutWatch:
                 )
         if serving < len(canary_nodes) or not canary_nodes:
             watch.serving_since_s = None
+            watch.waiting = "waiting for the canary replicas to serve the new model"
             return None
         if watch.serving_since_s is None:
             watch.serving_since_s = now_s
-        if now_s - watch.serving_since_s >= canary.hold_s:
-            return RolloutVerdict(
-                "promoted",
-                f"healthy on {len(chosen)} canary replica(s) for {canary.hold_s:g} s "
-                f"({watch.errors} errors in {watch.requests} requests)",
+        held_s = now_s - watch.serving_since_s
+        if watch.requests < canary.min_requests:
+            # No gate has judged anything yet: without traffic a broken model looks healthy.
+            watch.waiting = (
+                f"waiting for traffic: {watch.requests} of {canary.min_requests} requests"
             )
-        return None
+            return None
+        if held_s < canary.hold_s:
+            watch.waiting = f"holding: {held_s:.0f} of {canary.hold_s:g} s"
+            return None
+        return RolloutVerdict(
+            "promoted",
+            f"healthy on {len(chosen)} canary replica(s) for {canary.hold_s:g} s "
+            f"({watch.errors} errors in {watch.requests} requests)",
+        )
 
 
 def settled_spec(spec: DeploymentSpec, outcome: str) -> DeploymentSpec:

@@ -17,7 +17,7 @@ from cloud.fleet.registry import NodeRecord
 from cloud.loop.allocations import as_new_allocation
 from cloud.loop.autoscale import ScaleDecision, ServingLoad
 from cloud.store import AllocationRecord, NewEvent, PlacementWrite, WorkRecord
-from cloud.work.specs import DeploymentSpec
+from cloud.work.specs import CanarySpec, DeploymentSpec
 from cloud.work.views import SCALED_EVENT
 from shared.messages import ReportedDeployment
 
@@ -75,14 +75,30 @@ def serving_load(
 
 def scaled_spec(spec: DeploymentSpec, replicas: int) -> DeploymentSpec:
     """The spec with `replicas`; a partial-placement floor or a disruption budget
-    (`min_available`) above it comes down with it: scaling is not a disruption."""
+    (`min_available`) above it comes down with it: scaling is not a disruption. So does
+    a rollout's canary, in proportion (`scaled_canary`)."""
     floor, budget = spec.min_replicas, spec.min_available
+    canary = spec.canary
     return msgspec.structs.replace(
         spec,
         replicas=replicas,
         min_replicas=None if floor is None else min(floor, replicas),
         min_available=None if budget is None else min(budget, replicas),
+        canary=None if canary is None else scaled_canary(canary, spec.replicas, replicas),
     )
+
+
+def scaled_canary(canary: CanarySpec, from_replicas: int, to_replicas: int) -> CanarySpec:
+    """A rollout's canary once its deployment goes from `from_replicas` to `to_replicas`:
+    on fewer, down in proportion (rounded down, at least one), so that it never serves a
+    larger share than was asked (2 of 6 on 3 replicas is 1, not 2 of 3); on more, as it
+    is (its share only falls). Always below `to_replicas` where 2 or more remain (one
+    keeps the model); with fewer the rollout ends (cloud/loop/rollout.py)."""
+    if to_replicas >= from_replicas:
+        return canary
+    count = max(1, canary.replicas * to_replicas // from_replicas)
+    count = max(1, min(count, to_replicas - 1))
+    return msgspec.structs.replace(canary, replicas=count)
 
 
 def scaled_event(record: WorkRecord, decision: ScaleDecision) -> NewEvent:
