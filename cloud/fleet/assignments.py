@@ -12,8 +12,9 @@ worker the cloud has just withdrawn (finished, preempted, moved), and still repo
 its outcome until it applies the next document.
 
 `HeldForConfirmation` is where a message that names an assignment the index does not
-know (yet) waits a few seconds for the next update: a log chunk of a worker placed by
-another replica's pass, say. Bounded per node and in all.
+know (yet) waits a few seconds for the next update: a log chunk or a `reported` entry of
+work placed by another replica's pass, say. It is refused only at an update, so never by
+an index that has not been reloaded since the message came. Bounded per node and in all.
 """
 
 from __future__ import annotations
@@ -161,7 +162,9 @@ class _Held:
 class HeldForConfirmation:
     """Messages that name an assignment the index does not know yet, waiting for an
     update that confirms it (then `confirmed` runs, in arrival order) or for `hold_s` to
-    pass (then `refused` runs, with the index's verdict). Full: refused at once."""
+    pass (then `refused` runs at the index's next update, with its verdict: a replica
+    that does not lead reloads the index only every few seconds, and until it has, its
+    "no" may only mean "not yet"). Full: refused at once."""
 
     def __init__(
         self,
@@ -189,13 +192,15 @@ class HeldForConfirmation:
         confirmed: Callable[[], None],
         refused: Callable[[Assignment], None],
     ) -> None:
-        """Run `confirmed` now if the index knows `key`, else hold it."""
-        node_id = key[1]
-        self._settle(node_id)  # what waited for the same key goes first
+        """Run `confirmed` now if the index knows `key`, else hold it. Nothing held is
+        settled here: the index changes only by an update, which settles everything held
+        (so what waited for the same key has gone first), and a message held too long is
+        refused only by an update's verdict."""
         verdict = self._index.assignment(key)
         if verdict is Assignment.ASSIGNED:
             confirmed()
             return
+        node_id = key[1]
         queue = self._held.setdefault(node_id, deque())
         if len(queue) >= self._max_per_node or self._total >= self._max_total:
             if not queue:

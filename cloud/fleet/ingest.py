@@ -35,10 +35,11 @@ file gives every account a node's rights under its own name.
 Who may say what about work (with an `AssignmentIndex`, cloud/fleet/assignments.py):
 a log chunk is kept only if its node runs that attempt of the job (held a few seconds
 when the index does not know it yet, then dropped as `not_assigned` or
-`wrong_attempt`); a `reported` entry about work not assigned to its node is counted
-the same way (the scheduling loop reads only entries of the node's own allocations,
-cloud/loop/reports.py), and one that goes backwards within an agent instance
-(`illegal_transition`) is replaced by what that instance said before.
+`wrong_attempt`); a `reported` entry about work not assigned to its node is held and
+counted the same way (the report itself is kept: the scheduling loop reads only entries
+of the node's own allocations, cloud/loop/reports.py), and one that goes backwards
+within an agent instance (`illegal_transition`) is replaced by what that instance said
+before.
 
 Replicas that share telemetry (`mqtt.shared_group`, cloud/fleet/digest.py) each take
 a share of the samples through one shared subscription and merge the others' digests
@@ -115,6 +116,13 @@ from shared.topics import CHANNEL_SPECS, Channel, NodeTopic, TopicError, Topics
 # Topics parsed lately, kept to skip parsing (a node has five): cleared when full.
 MAX_PARSED_TOPICS = 65_536
 
+# How many `reported` entries the index does not know may wait for its next update (a
+# replica that does not lead learns of new placements from the store every 2 s), apart
+# from the log chunks' budget: a report names all of its node's work, many times more
+# entries than a node has log streams. Past these, an entry is judged at once.
+MAX_HELD_REPORTED_PER_NODE = 256
+MAX_HELD_REPORTED = 16_384
+
 # How digests' samples are counted (`IngestStats`, /metrics' `channel` label).
 DIGEST_CHANNEL = "digest"
 
@@ -171,6 +179,10 @@ class InvalidReason(StrEnum):
     # A birth kept without its sealing key: not a key, or not the one pinned at enrolment.
     SEALING_KEY_INVALID = SealingKeyRefusal.INVALID.value
     SEALING_KEY_MISMATCH = SealingKeyRefusal.MISMATCH.value
+
+
+def _nothing() -> None:
+    """An entry the index confirms: the report was applied already."""
 
 
 def non_node_accounts_of(control_plane_username: str | None) -> frozenset[str]:
@@ -238,6 +250,15 @@ class Ingestor:
         self._limits = limits or PlausibilityLimits()
         self.assignments = assignments
         self._held = HeldForConfirmation(assignments) if assignments is not None else None
+        self._held_reported = (
+            HeldForConfirmation(
+                assignments,
+                max_per_node=MAX_HELD_REPORTED_PER_NODE,
+                max_total=MAX_HELD_REPORTED,
+            )
+            if assignments is not None
+            else None
+        )
         self._early = EarlySamples(monotonic=registry.monotonic)
         # Called (with nothing) whenever a node's state changed or it reported: the
         # scheduling loop's trigger. Must be quick and must not raise.
@@ -634,22 +655,33 @@ class Ingestor:
             return outcome
         for entry in undone:
             self._reject(Channel.REPORTED, InvalidReason.ILLEGAL_TRANSITION, topic, entry)
-        if self.assignments is not None:
-            # Counted only, judged at once (the scheduling loop already acts on nothing
-            # but allocated entries): holding them would spend the per-node budget that
-            # log chunks need (cloud/fleet/assignments.py HeldForConfirmation).
-            node_id = reported.node_id
-            keys: list[AssignmentKey] = [
-                ("training", node_id, t.job_id, t.attempt) for t in reported.training
-            ]
-            keys += [("replica", node_id, d.deployment_id, d.replica) for d in reported.deployments]
-            for key in keys:
-                verdict = self.assignments.assignment(key)
-                if verdict is not Assignment.ASSIGNED:
-                    kind, _, work_id, number = key
-                    what = f"{work_id} {'attempt' if kind == 'training' else 'replica'} {number}"
-                    self._reject(Channel.REPORTED, InvalidReason(verdict.value), topic, what)
+        self._audit_reported(reported, topic)
         return None
+
+    def _audit_reported(self, reported: ReportedState, topic: str) -> None:
+        """Count the entries about work not assigned to the node. Only counted (the
+        scheduling loop acts on nothing but allocated entries), and only once the index
+        has been updated since: work the leader placed a moment ago is not yet in the
+        index of a replica that does not lead."""
+        index, held = self.assignments, self._held_reported
+        if index is None or held is None:
+            return
+        node_id = reported.node_id
+        keys: list[AssignmentKey] = [
+            ("training", node_id, t.job_id, t.attempt) for t in reported.training
+        ]
+        keys += [("replica", node_id, d.deployment_id, d.replica) for d in reported.deployments]
+        for key in keys:
+            if index.assignment(key) is not Assignment.ASSIGNED:
+                held.offer(key, confirmed=_nothing, refused=self._counter_of_reported(key, topic))
+
+    def _counter_of_reported(self, key: AssignmentKey, topic: str) -> Callable[[Assignment], None]:
+        """What counts a `reported` entry found not assigned."""
+        kind, _, work_id, number = key
+        what = f"{work_id} {'attempt' if kind == 'training' else 'replica'} {number}"
+        return lambda verdict: self._reject(
+            Channel.REPORTED, InvalidReason(verdict.value), topic, what
+        )
 
     def _log_chunk(self, chunk: JobLogChunk, topic: str) -> None:
         """Keep a chunk only from a node that runs that attempt of the job (counted as
