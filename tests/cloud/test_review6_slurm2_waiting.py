@@ -196,8 +196,10 @@ def rest_job(version: str, state: str, reason: str) -> ClusterJob:
     [
         ("PartitionDown", "cannot_start"),
         ("PartitionInactive", "cannot_start"),
-        ("PartitionNodeLimit", "cannot_start"),
-        ("PartitionTimeLimit", "cannot_start"),
+        # The job's own request: every machine of the partition refuses it alike.
+        ("PartitionNodeLimit", "turn"),
+        ("PartitionTimeLimit", "turn"),
+        ("PartitionConfig", "turn"),
         ("ReqNodeNotAvail", "cannot_start"),
         ("Resources", "turn"),
         ("Priority", "turn"),

@@ -86,21 +86,15 @@ _IN_RESERVATION: Final = {
     "MAINTENANCE": "in a maintenance reservation",
     "RESERVED": "in a reservation greenfed's jobs do not ask for",
 }
-# Slurm's pending reasons that say a job cannot start where it is: nothing of its
-# partition starts (down, inactive), the partition does not allow its shape (nodes, time
-# limit, configuration), or the machines it asks for take no work (drained, down, in a
-# reservation). Only the reason's name counts: `scontrol` writes its detail after it
-# (`ReqNodeNotAvail,_UnavailableNodes:node07`). Any other reason waits its turn.
-_CANNOT_START: Final = frozenset(
-    {
-        "PartitionDown",
-        "PartitionInactive",
-        "PartitionNodeLimit",
-        "PartitionTimeLimit",
-        "PartitionConfig",
-        "ReqNodeNotAvail",
-    }
-)
+# Slurm's pending reasons that say a job cannot start where it is because of the place:
+# nothing of its partition starts (down, inactive), or the machines it asks for take no
+# work (drained, down, in a reservation). Only the reason's name counts: `scontrol` writes
+# its detail after it (`ReqNodeNotAvail,_UnavailableNodes:node07`). Any other reason waits
+# its turn, those of the job's own request among them (PartitionNodeLimit,
+# PartitionTimeLimit, PartitionConfig: every machine of the partition would refuse it
+# alike, so placing it again elsewhere there would churn submissions for ever; it waits
+# with Slurm's reason shown, `worker_reason`).
+_CANNOT_START: Final = frozenset({"PartitionDown", "PartitionInactive", "ReqNodeNotAvail"})
 _REASON_NAME: Final = re.compile(r"[A-Za-z]*")
 _PARTITION_AVAILABILITY: Final[Mapping[str, PartitionAvailability]] = {
     "UP": "up",
