@@ -181,6 +181,10 @@ class _LeaderState:
     # Nodes whose latest sample waits for the next flush to be metered (coalesced): the
     # sample itself, or None where it is the registry's latest (relayed, still encoded).
     held: dict[str, Telemetry | None] = field(default_factory=dict)
+    # Before the term's first pass: the last sample of a node's earlier agent instance,
+    # held beside the new instance's (`held`), which it is metered before: its counters
+    # cover the span up to the restart exactly (`_hold_until_allocations`).
+    held_before: dict[str, Telemetry] = field(default_factory=dict)
     # Nodes metered sample by sample: their latest metered sample lacked a device's
     # energy counter (power samples are integrated one by one) or had one refused.
     each_sample: set[str] = field(default_factory=set)
@@ -319,6 +323,9 @@ class Accountant:
         if not self._knows_allocations:
             self._hold_until_allocations(state, node_id, telemetry, mark)
             return
+        before = state.held_before.pop(node_id, None)
+        if before is not None:
+            self._meter(state, node_id, before)
         held = state.held.pop(node_id, None)
         if held is not None:
             # Counted up to the held sample first: it may be the last of the instance
@@ -338,8 +345,13 @@ class Accountant:
         span up to its latest sample from the model, flagged as a gap."""
         if is_replay(telemetry, mark):
             self.stats.replays += 1
-        else:
-            state.held[node_id] = telemetry
+            return
+        earlier = state.held.get(node_id)
+        if earlier is not None and earlier.instance_id != telemetry.instance_id:
+            # The agent restarted: its earlier instance's last sample is kept, else its
+            # measured span up to the restart would be replaced by the model's guess.
+            state.held_before[node_id] = earlier
+        state.held[node_id] = telemetry
 
     def relayed(self, node_id: str, instance_id: str) -> bool:
         """Another replica's sample of the node was applied to the registry by its
@@ -439,6 +451,10 @@ class Accountant:
         state = self._state
         if state is None or not self._knows_allocations:
             return
+        before, state.held_before = state.held_before, {}
+        for node_id, last in before.items():  # a few: agents restarted before the pass
+            if not is_replay(last, state.marks.get(node_id)):
+                self._meter(state, node_id, last)
         held, state.held = state.held, {}
         for count, (node_id, sample) in enumerate(held.items(), start=1):
             telemetry = sample
@@ -816,6 +832,7 @@ class Accountant:
                 continue
             state.marks.pop(node_id, None)
             state.held.pop(node_id, None)
+            state.held_before.pop(node_id, None)
             state.dirty.discard(node_id)
             state.each_sample.discard(node_id)
             self._profiles.pop(node_id, None)

@@ -4,6 +4,8 @@
 - Samples that come before the term's first pass are counted for the allocations that
   pass tells, from the previous leader's mark: none of the span since its last flush is
   lost (a node without counters gets it from the model, flagged as a gap).
+- An agent that restarts before that pass keeps its earlier instance's last sample: its
+  counters cover the span up to the restart, measured, not modelled.
 - A replica that leads again knows nothing of its earlier term: work that another leader
   saw end is not billed again, and what ran in its place gets the node's energy.
 """
@@ -13,15 +15,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import msgspec
 import pytest
 
 from cloud.fleet.registry import NodeRegistry
 from cloud.store import LeadershipLease, Store, StoreSnapshot, UsageQuery, open_store
 from cloud.usage.accountant import Accountant
 from cloud.usage.views import WorkUsage, usage_summary
+from shared.messages import Telemetry
 from shared.settings import UsageSettings
 from tests.store.databases import DatabaseUnderTest
-from tests.usage.test_accountant import T0, Clock, birth, expected_kwh, feed, grid, snapshot
+from tests.usage.test_accountant import (
+    POWER_W,
+    T0,
+    Clock,
+    birth,
+    expected_kwh,
+    feed,
+    grid,
+    reading,
+    snapshot,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,3 +162,55 @@ async def test_a_replica_leading_again_bills_only_what_ran_in_its_new_term(
     finally:
         await store_b.close()
         await store_a.close()
+
+
+def restarted(at_s: float) -> Telemetry:
+    """n1's agent as instance i2, started at T0+605: its energy counter from 0 there."""
+    sample = reading(at_s)
+    (device,) = sample.accelerators
+    return msgspec.structs.replace(
+        sample,
+        instance_id="i2",
+        seq=round(at_s - T0),
+        accelerators=(msgspec.structs.replace(device, energy_j=POWER_W * (at_s - (T0 + 605))),),
+    )
+
+
+@pytest.mark.parametrize("pass_first", [True, False], ids=["pass-first", "samples-first"])
+async def test_an_agent_restarted_before_the_first_pass_is_measured_to_its_restart(
+    database: DatabaseUnderTest, pass_first: bool
+) -> None:
+    clock = Clock()
+    store = await open_store(database.settings, clock=clock)
+    try:
+        lease = await leadership(store)
+        first = accountant_of(store, clock)
+        await first.begin(lease)
+        first.note_pass(running("job-1", T0), grid(clock.now))
+        feed(first, [T0 + 10 * i for i in range(31)], clock, counter=True)
+        await first.flush(lease)
+        await lease.release()
+
+        clock.now = T0 + 600
+        lease = await leadership(store)
+        second = accountant_of(store, clock)
+        await second.begin(lease)
+        if pass_first:
+            second.note_pass(running("job-1", T0), grid(clock.now))
+        second.observe(reading(T0 + 600))  # instance i1's last sample
+        clock.now = T0 + 610
+        second.observe(restarted(clock.now))  # the agent restarted: i2's first
+        if not pass_first:
+            second.note_pass(running("job-1", T0), grid(clock.now))
+        for at_s in range(620, 900, 10):
+            clock.now = T0 + at_s
+            second.observe(restarted(clock.now))
+        await second.flush(lease)
+        used = await usage_of(store, "job-1")
+        # The same either way: i1's counters to T0+600, i2's from its start.
+        assert used.energy_kwh == pytest.approx(expected_kwh(T0, T0 + 890), rel=1e-6)
+        assert used.gap_filled_s == 0.0
+        assert used.measured_share == 1.0
+        await lease.release()
+    finally:
+        await store.close()
