@@ -42,12 +42,14 @@ from cloud.api.work import (
     SpecT,
     accepted_spec,
     check_admissible,
+    rollout_after_update,
 )
 from cloud.app_keys import REGISTRY, SCHEDULER, SETTINGS, STORE
 from cloud.loop.dry_run import dry_run_explanation, dry_run_fair_share
 from cloud.scheduler import DEFAULT_POLICY
 from cloud.store import (
     IllegalTransitionError,
+    NewEvent,
     QueueFullError,
     TenantRecord,
     VersionConflictError,
@@ -322,6 +324,17 @@ async def _admitted(
     return kept
 
 
+def _with_rollout(
+    record: WorkRecord, stored: WorkSpec, kept: WorkSpec, by: str
+) -> tuple[WorkSpec, NewEvent | None]:
+    """A deployment's rollout in progress as the kept spec leaves it, and its
+    `work.rollout` event where that ends it: as a PATCH of the same change would."""
+    if isinstance(stored, DeploymentSpec) and isinstance(kept, DeploymentSpec):
+        new_model = kept.model_id != stored.model_id
+        return rollout_after_update(record, stored, kept, new_model=new_model, by=by)
+    return kept, None
+
+
 async def _update(
     request: web.Request,
     collection: Collection[SpecT],
@@ -402,6 +415,7 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
         # Read exactly: an update stores the spec again, and must lose none of its fields.
         stored = exact_spec(collection.decoder, live)
         kept = await _admitted(request, collection, tenant, live, stored, spec, changes)
+        kept, rollout_ended = _with_rollout(live, stored, kept, tenant.name)
         if query.dry_run:
             view = _view(
                 live, collection, spec, action="updated", dry_run=True, changes=changes,
@@ -412,6 +426,8 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
             updated = await _update(request, collection, tenant, live, kept, changes)
         except (VersionConflictError, IllegalTransitionError):
             continue  # it changed meanwhile (placed, ended): look again
+        if rollout_ended is not None:
+            await request.app[STORE].record_event(rollout_ended)
         view = _view(
             updated, collection, spec, action="updated", dry_run=False, changes=changes,
             message=f"{noun} {name} ({updated.work_id}) changed: {fields}",

@@ -47,12 +47,13 @@ from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
 from cloud.api.stored_specs import exact_spec, known_spec, shown_spec
 from cloud.app_keys import REGISTRY, SECRETS_AT_REST, STORE
 from cloud.loop.rollout import ROLLOUT_MIN_REPLICAS, rollout_event, settled_spec
-from cloud.loop.scaling import scaled_spec
+from cloud.loop.scaling import scaled_canary, scaled_spec
 from cloud.secrets.redaction import redacted
 from cloud.store import (
     TERMINAL_STATES,
     AllocationRecord,
     IllegalTransitionError,
+    NewEvent,
     QueueFullError,
     TenantRecord,
     UsageQuery,
@@ -1085,7 +1086,9 @@ async def update_deployment(request: web.Request) -> web.Response:
                 spec = msgspec.structs.replace(spec, model_id=body.model_id, canary=None)
         if body.batching is not None:
             spec = msgspec.structs.replace(spec, batching=body.batching)
-        spec, ended = _rollout_ended(stored, spec, body, tenant.name)
+        spec, rollout_ended = rollout_after_update(
+            record, stored, spec, new_model=body.model_id is not None, by=tenant.name
+        )
         updated = await store.update_spec(
             tenant.tenant_id,
             record.work_id,
@@ -1104,30 +1107,37 @@ async def update_deployment(request: web.Request) -> web.Response:
                 else None
             ),
         )
-        if ended is not None:
-            outcome, reason = ended
-            await store.record_event(rollout_event(record, stored, outcome, reason))
+        if rollout_ended is not None:
+            await store.record_event(rollout_ended)
         allocations = await store.work_allocations(tenant.tenant_id, record.work_id)
         return json_response(DEPLOYMENTS.detail(updated, spec, tenant.name, allocations))
 
     return await _change_live_work(request, DEPLOYMENTS, "updated", update, any_tenant=True)
 
 
-def _rollout_ended(
-    stored: DeploymentSpec, updated: DeploymentSpec, body: DeploymentUpdate, by: str
-) -> tuple[DeploymentSpec, tuple[str, str] | None]:
-    """`updated`, and how the update ends the rollout `stored` had, if it does, as
-    (outcome, reason) for its `work.rollout` event: a new model replaces it (with a
-    canary of its own or none), and a deployment scaled below 2 replicas has no room
-    for one (rolled back, as the loop does when the autoscaler scales it so)."""
+def rollout_after_update(
+    record: WorkRecord, stored: DeploymentSpec, updated: DeploymentSpec, *, new_model: bool, by: str
+) -> tuple[DeploymentSpec, NewEvent | None]:
+    """`updated` with what becomes of the rollout `stored` (the spec of `record`) had, and
+    the `work.rollout` event to record once it is stored, where the update ends it: the
+    one step of PATCH /v1/deployments/{id} and of apply by name (cloud/api/apply.py). A
+    new model replaces it, superseded (`updated` keeps the canary of its own, or none);
+    else it goes on at the new count, in proportion (`scaled_canary`), and a deployment
+    left below 2 replicas has no room for one (rolled back, as the loop does when the
+    autoscaler scales it so)."""
     if stored.canary is None:
         return updated, None
-    if body.model_id is not None:
-        return updated, ("superseded", f"replaced by a model update by {by}")
-    if updated.canary is not None and updated.replicas < ROLLOUT_MIN_REPLICAS:
-        reason = f"scaled to {updated.replicas} replica"
-        return settled_spec(updated, "rolled-back"), ("rolled-back", reason)
-    return updated, None
+    if new_model:
+        reason = f"replaced by a model update by {by}"
+        return updated, rollout_event(record, stored, "superseded", reason)
+    canary = scaled_canary(stored.canary, stored.replicas, updated.replicas)
+    kept = msgspec.structs.replace(updated, canary=canary)
+    if kept.replicas < ROLLOUT_MIN_REPLICAS:
+        reason = f"scaled to {kept.replicas} replica"
+        return settled_spec(kept, "rolled-back"), rollout_event(
+            record, stored, "rolled-back", reason
+        )
+    return kept, None
 
 
 def _given(body: DeploymentUpdate) -> dict[str, object]:

@@ -85,7 +85,10 @@ def not_in_place(changes: tuple[FieldChange, ...], allowed: frozenset[str]) -> t
 def applied_in_place(stored: DeploymentSpec, applied: DeploymentSpec) -> DeploymentSpec:
     """The applied deployment as it is kept once only in-place fields differ: under
     autoscale its current count (within the applied bounds), and its canary unless the
-    model changed (a new model ends a rollout, as a PATCH of model_id alone does).
+    model changed (a new model ends a rollout, as a PATCH of model_id alone does): as
+    stored, which the API then brings to the kept count, or ends, as it does for a
+    PATCH (cloud/api/work.py `rollout_after_update`). A canary in the applied spec is
+    never taken: a rollout is asked with a PATCH, and is greenfed's to keep.
     Raises `FieldError` where the kept count breaks a rule of the applied spec."""
     replicas = applied.replicas
     scale = applied.autoscale
