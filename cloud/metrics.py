@@ -167,11 +167,16 @@ class SchedulingCollector(Collector):
             ),
         ):
             yield CounterMetricFamily(f"greenfed_scheduling_{name}", help_text, value=value)
-        yield GaugeMetricFamily(
+        last_pass = GaugeMetricFamily(
             "greenfed_scheduling_last_pass_seconds",
-            "Duration of the latest scheduling pass",
-            value=stats.last_pass_ms / 1000.0,
+            "Duration of the leader's latest scheduling pass (no series on a replica that "
+            "does not lead)",
         )
+        # A former leader's last pass is no pass of the cluster's: the dashboards take
+        # the max across replicas, which would show it for as long as that replica runs.
+        if self._loop.leading.is_set():
+            last_pass.add_metric([], stats.last_pass_ms / 1000.0)
+        yield last_pass
         yield from self._queue()
 
     def _queue(self) -> Iterator[Metric]:

@@ -25,7 +25,7 @@ from types import TracebackType
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.errors import LeadershipLostError
 
@@ -168,8 +168,10 @@ class SqliteLease(LeadershipLease):
         os.close(fd)
 
 
-async def try_acquire_postgres(engine: AsyncEngine, key: int) -> PostgresLease | None:
-    connection = await engine.connect()
+async def try_acquire_postgres(connection: AsyncConnection, key: int) -> PostgresLease | None:
+    """Take the lock on `connection` (a new session of the caller's): the lease keeps
+    the connection; when another session holds the lock, or asking fails, it is closed.
+    The caller connects, so that it says what a database it cannot reach means."""
     try:
         locked = (
             await connection.execute(select(func.pg_try_advisory_lock(key), func.pg_backend_pid()))

@@ -16,8 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from types import TracebackType
 
+import structlog
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from cloud.fleet.envelope import NodeClaim
@@ -190,6 +192,7 @@ from shared.tasks import stop_task
 from shared.work_literals import AllocationState, PriorityClass, WorkKind, WorkState
 
 _IDEMPOTENCY_KEY_MAX = 255
+_log = structlog.get_logger("greenfed.store")
 
 
 async def open_store(settings: StoreSettings, *, clock: Callable[[], float] = time.time) -> Store:
@@ -213,17 +216,20 @@ async def open_store(settings: StoreSettings, *, clock: Callable[[], float] = ti
             )
     except (DBAPIError, OSError, TimeoutError, sqlite3.Error) as error:
         await engine.dispose()
-        if isinstance(error, DBAPIError) and error.orig is not None:
-            detail = str(error.orig)  # the driver's words, e.g. 'role "x" does not exist'
-        else:
-            detail = f"{type(error).__name__}: {error}"
         raise StoreUnavailableError(
-            f"{setting}: cannot use the database {target.describe()}: {detail}"
+            f"{setting}: cannot use the database {target.describe()}: {_driver_words(error)}"
         ) from error
     except BaseException:  # SchemaTooNewError and the like: refuse, leaving nothing open
         await engine.dispose()
         raise
     return Store(engine, target, settings, namespace=namespace, report=report, clock=clock)
+
+
+def _driver_words(error: BaseException) -> str:
+    """What went wrong, as the driver put it (e.g. 'role "x" does not exist')."""
+    if isinstance(error, DBAPIError) and error.orig is not None:
+        return str(error.orig)
+    return f"{type(error).__name__}: {error}"
 
 
 class Store:
@@ -366,7 +372,7 @@ class Store:
 
     async def _notify_change(self) -> None:
         with self._connection_errors():
-            async with self._autocommit.connect() as connection:
+            async with self._connected(self._autocommit) as connection:
                 await notify_change(connection, self._change_channel, self._origin)
 
     @contextlib.asynccontextmanager
@@ -378,7 +384,7 @@ class Store:
         # lock with sleeps of up to 100 ms. Other processes still meet the busy timeout.
         async with self._write_queue:
             with self._connection_errors():
-                async with self._writer.begin() as connection:
+                async with self._connected(self._writer) as connection, connection.begin():
                     yield connection
         if notify:
             self._committed()  # reached only when the transaction committed
@@ -386,8 +392,31 @@ class Store:
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
         with self._connection_errors():
-            async with self._engine.connect() as connection:
+            async with self._connected(self._engine) as connection:
                 yield connection
+
+    @contextlib.asynccontextmanager
+    async def _connected(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+        """A connection of `engine` (from its pool, or made now), closed after the block."""
+        async with contextlib.AsyncExitStack() as stack:
+            with self._connect_errors():
+                connection = await stack.enter_async_context(engine.connect())
+            yield connection
+
+    @contextlib.contextmanager
+    def _connect_errors(self) -> Iterator[None]:
+        """Not getting a connection is `StoreUnavailableError`, whatever kept it: refused
+        or timed out (a server restarting, a failover), a server starting up or shutting
+        down, a database closed to connections, a SQLite file that cannot be opened, a
+        pool whose connections are all taken for its whole wait (connects hanging in an
+        outage). Nothing was read or written, and the next call connects again."""
+        try:
+            yield
+        # OSError: TimeoutError too; SQLAlchemy's own TimeoutError: the pool's wait.
+        except (DBAPIError, OSError, PoolTimeoutError) as error:
+            raise StoreUnavailableError(
+                f"cannot connect to {self.target.describe()}: {_driver_words(error)}; retry"
+            ) from error
 
     @contextlib.contextmanager
     def _connection_errors(self) -> Iterator[None]:
@@ -870,7 +899,7 @@ class Store:
         """The tenant's work and where it runs, as of one moment (a single read
         transaction: never a running job with the allocations of its next attempt)."""
         with self._connection_errors():
-            async with self._snapshot_reader.connect() as connection, connection.begin():
+            async with self._connected(self._snapshot_reader) as connection, connection.begin():
                 record = await select_work(connection, work_id, tenant_id)
                 if record is None:
                     return None
@@ -1461,7 +1490,7 @@ class Store:
         cost when thousands of items are queued.
         """
         with self._connection_errors():
-            async with self._snapshot_reader.connect() as connection, connection.begin():
+            async with self._connected(self._snapshot_reader) as connection, connection.begin():
                 tenant_rows = await connection.execute(select(tenants).order_by(tenants.c.name))
                 tenant_records = tuple(tenant_from_row(row) for row in tenant_rows)
                 work_records = await select_active_work(
@@ -1479,7 +1508,7 @@ class Store:
         """Every allocation and the attempt its work is on, in one consistent read: who
         runs what (cloud/fleet/assignments.py), without reading the whole queue."""
         with self._connection_errors():
-            async with self._snapshot_reader.connect() as connection, connection.begin():
+            async with self._connected(self._snapshot_reader) as connection, connection.begin():
                 allocation_records = await select_allocations(connection)
                 placed = select(allocations.c.work_id)
                 query = select(work.c.id, work.c.attempts).where(work.c.id.in_(placed))
@@ -1613,10 +1642,14 @@ class Store:
     # ---- leadership --------------------------------------------------------------------
 
     async def try_acquire_leadership(self) -> LeadershipLease | None:
-        """Become the scheduling leader if nobody is; None when another process leads."""
+        """Become the scheduling leader if nobody is; None when another process leads.
+        Raises `StoreUnavailableError` when the database cannot be asked (PostgreSQL)."""
         lease: LeadershipLease | None
         if self.target.backend == "postgresql":
-            lease = await try_acquire_postgres(self._engine, self._leader_key)
+            with self._connection_errors():
+                with self._connect_errors():
+                    connection = await self._engine.connect()
+                lease = await try_acquire_postgres(connection, self._leader_key)
         else:
             assert self.target.sqlite_path is not None
             lease = try_acquire_sqlite(self.target.sqlite_path)
@@ -1640,10 +1673,16 @@ class Store:
     async def leadership(
         self, *, poll_interval_s: float | None = None
     ) -> AsyncIterator[LeadershipLease]:
-        """Wait until this process leads (polling), hold it for the block, then hand it on."""
+        """Wait until this process leads (polling), hold it for the block, then hand it on.
+        A database that cannot be reached (restarting, failing over) leads nobody here:
+        the poll goes on, and takes the lock once the database is back."""
         interval = poll_interval_s or self._settings.leader_poll_interval_s
         while True:
-            lease = await self.try_acquire_leadership()
+            try:
+                lease = await self.try_acquire_leadership()
+            except StoreUnavailableError as error:
+                _log.warning("leadership poll failed: store unavailable", error=str(error))
+                lease = None
             if lease is not None:
                 break
             # Polling: the lock lives in the database or the kernel, nothing to wait on here.
