@@ -148,6 +148,7 @@ def test_the_optimum_offers_slices_no_power_cap_and_whole_gpus_their_caps(
     pools = _pools(snapshot, EnergyModel())
     slices = [p for p in pools if "MIG" in snapshot.nodes.model_at(p.column, p.representative)]
     whole = [p for p in pools if p not in slices]
-    assert slices and whole
+    assert slices
+    assert whole
     assert all(len(pool.modes) == 1 for pool in slices)
     assert all(len(pool.modes) > 1 for pool in whole)
