@@ -372,6 +372,7 @@ def create_app(
         assignments=AssignmentIndex(),
         shared_group=settings.mqtt.shared_group,
         digest_interval_s=settings.mqtt.digest_interval_s,
+        keepalive_s=settings.mqtt.keepalive_s,
         # The link is proven as often as liveness looks (cloud/fleet/link_probe.py).
         link_probe_interval_s=settings.cloud.liveness_check_interval_s,
         non_node_accounts=non_node_accounts_of(settings.mqtt.username),
@@ -396,6 +397,8 @@ def create_app(
         LivenessSettings.of(settings),
         link_up=ingestor.link_probe.is_up,
         proven_until_s=ingestor.link_probe.proven_until_s,
+        # Nor by a stalled replica's share of the telemetry (cloud/fleet/digest.py).
+        relayed_until_s=ingestor.digest_peers.relayed_until_s,
     )
     app[INGESTOR] = ingestor
     app[BROKER_OUTAGES] = broker_outages

@@ -11,6 +11,14 @@ node, agent instance and sequence number, on `{root}/v1/cloud/telemetry-digest`.
 replica subscribes to that topic (not shared) and merges the others' digests into its
 registry (`Ingestor.handle_digest`).
 
+A replica's digests are also what tells the others that its share of the telemetry has
+reached them (`DigestPeers`): it sends one every interval even when it heard nothing (a
+heartbeat), a last one when it stops cleanly, and its MQTT will says the same goodbye
+when the broker gives it up. While a replica that was sending is silent (a GC pause, a
+frozen VM, a half-open link: the broker keeps handing it its share until its keep-alive
+runs out), the nodes of its share are silent to everyone else too, and that is no
+evidence about them (cloud/fleet/liveness.py).
+
 Merging costs a replica less than taking the samples itself, or the replicas would add
 no capacity: each replica applies each sample's index entry to the registry and keeps
 its bytes undecoded (`RelayedDigest`, `NodeRegistry.apply_relayed`) until its figures
@@ -44,6 +52,8 @@ replica can relay only what a node could have said itself.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Annotated, Final
 
 import msgspec
@@ -57,6 +67,9 @@ DIGEST_ENVELOPE_BYTES: Final = 1024
 # What the index adds to each sample at most beyond its node id and encoded instance id:
 # quotes, commas and a sequence number.
 _INDEX_ENTRY_BYTES: Final = 32
+# Replicas whose heartbeats are tracked at most (a fleet runs a few): ids past these
+# are not waited for, as an earlier version's are not.
+MAX_DIGEST_PEERS: Final = 256
 
 _IndexedId = Annotated[str, msgspec.Meta(max_length=256)]
 _Seq = Annotated[int, msgspec.Meta(ge=0)]
@@ -72,6 +85,17 @@ class _DigestIndex(WireStruct, frozen=True, kw_only=True):
     nodes: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
     instances: Annotated[tuple[_IndexedId, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
     seqs: Annotated[tuple[_Seq, ...], msgspec.Meta(max_length=MAX_DIGEST_SAMPLES)] = ()
+    # The last message of the replica's digest for an interval: everything it accepted
+    # before `sent_at` has been relayed. A replica that sets it sends one every interval,
+    # empty or not, so that its silence means something (`DigestPeers`); an earlier
+    # version's never does, and is not waited for.
+    heartbeat: bool = False
+    # With `heartbeat`: how long before it was sent the replica's own link was last
+    # proven (cloud/fleet/link_probe.py). What the broker handed it since may still wait
+    # unread (a replica back from a stall sends a heartbeat before it read its backlog).
+    unproven_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # The replica takes no more telemetry (it stops, or the broker gave it up: its will).
+    goodbye: bool = False
 
 
 class TelemetryDigest(_DigestIndex, frozen=True, kw_only=True):
@@ -108,6 +132,9 @@ class _OutgoingDigest(WireStruct, frozen=True, kw_only=True):
     instances: list[str]
     seqs: list[int]
     samples: list[msgspec.Raw]
+    heartbeat: bool
+    unproven_s: float
+    goodbye: bool
 
 
 DIGEST_DECODER: Final = msgspec.json.Decoder(TelemetryDigest)
@@ -118,11 +145,20 @@ class DigestBuilder:
     """Gathers the latest sample this replica accepted of each node (a dictionary store
     per sample, with the bytes it came in) and cuts digests from them."""
 
-    def __init__(self, replica_id: str, *, max_payload_bytes: int) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        *,
+        max_payload_bytes: int,
+        unproven_s: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        """`unproven_s`: how long ago this replica's link was last proven
+        (`LinkProbe.unproven_s`); +inf: never, and its digests vouch for nothing."""
         self.replica_id = replica_id
+        self._unproven_s = unproven_s
         self._max_payload_bytes = max_payload_bytes
         self._latest: dict[str, tuple[Telemetry, bytes | None]] = {}
-        self.published = 0  # digest messages
+        self.published = 0  # digest messages with samples (heartbeats not counted)
         self.published_samples = 0
         # How this replica's own digests begin, `{"schema_version":...,"replica_id":"...",`:
         # the broker hands them back to it, and telling them by these bytes spares
@@ -141,10 +177,11 @@ class DigestBuilder:
         """Whether `payload` is a digest this builder made (its replica id, as encoded)."""
         return payload.startswith(self._own_prefix)
 
-    def take(self, now_s: float) -> list[bytes]:
-        """The digests of what was heard since the last call (none when nothing was),
-        each at most `max_payload_bytes` beyond its envelope (a sample larger than that
-        alone goes alone)."""
+    def take(self, now_s: float, *, goodbye: bool = False) -> list[bytes]:
+        """The digest of what was heard since the last call (none when nothing was: then
+        send a `heartbeat`), in messages of at most `max_payload_bytes` beyond their
+        envelope (a sample larger than that alone goes alone). `goodbye`: the last digest
+        of this replica, which takes no more telemetry."""
         latest, self._latest = self._latest, {}
         if not latest:
             return []
@@ -161,15 +198,28 @@ class DigestBuilder:
             if chunk.samples and (
                 chunk.size + entry_bytes > budget or len(chunk.samples) >= MAX_DIGEST_SAMPLES
             ):
-                messages.append(self._encode(chunk, now_s))
+                messages.append(self._encode(chunk, now_s, heartbeat=False))
                 chunk = _Chunk()
             chunk.add(node_id, instance_id, telemetry.seq, encoded, entry_bytes)
-        messages.append(self._encode(chunk, now_s))
+        # Only the last message proves the interval relayed: a replica that has read the
+        # first of several has not yet got the samples of the others.
+        messages.append(self._encode(chunk, now_s, heartbeat=True, goodbye=goodbye))
         self.published += len(messages)
         self.published_samples += len(latest)
         return messages
 
-    def _encode(self, chunk: _Chunk, now_s: float) -> bytes:
+    def heartbeat(self, now_s: float, *, goodbye: bool = False) -> bytes:
+        """The digest of an interval in which nothing was heard: empty, but it proves
+        this replica relayed its share. `goodbye`: it takes no more telemetry; also the
+        MQTT will the broker publishes for it when it gives the connection up."""
+        return self._encode(_Chunk(), now_s, heartbeat=True, goodbye=goodbye)
+
+    def _encode(
+        self, chunk: _Chunk, now_s: float, *, heartbeat: bool = False, goodbye: bool = False
+    ) -> bytes:
+        unproven_s = self._unproven_s() if heartbeat else 0.0
+        if not math.isfinite(unproven_s):  # never proven: nothing to vouch for yet
+            heartbeat, unproven_s = False, 0.0
         return ENCODER.encode(
             _OutgoingDigest(
                 replica_id=self.replica_id,
@@ -178,8 +228,53 @@ class DigestBuilder:
                 instances=chunk.instances,
                 seqs=chunk.seqs,
                 samples=chunk.samples,
+                heartbeat=heartbeat,
+                unproven_s=max(unproven_s, 0.0),
+                goodbye=goodbye,
             )
         )
+
+
+class DigestPeers:
+    """Until when the other replicas have relayed their share of the telemetry: when
+    (local monotonic time) each one's latest heartbeat arrived, less how long its own
+    link was unproven then (`unproven_s`).
+
+    A replica is waited for once it sent a heartbeat, until it says goodbye or has
+    relayed nothing for `quiet_limit_s` (twice `mqtt.keepalive_s`: by then the broker
+    gave it up and hands its share to the others, even if its will was lost). Receive
+    times, not `sent_at`: no replica's clock is trusted to judge another's silence."""
+
+    def __init__(self, *, quiet_limit_s: float, monotonic: Callable[[], float]) -> None:
+        if not quiet_limit_s > 0:
+            raise ValueError("quiet_limit_s must be > 0")
+        self.quiet_limit_s = quiet_limit_s
+        self._monotonic = monotonic
+        self._relayed_s: dict[str, float] = {}
+
+    def heard(self, digest: RelayedDigest) -> None:
+        """A digest of another replica (not this one's own) arrived."""
+        replica_id = digest.replica_id
+        if digest.goodbye:
+            self._relayed_s.pop(replica_id, None)
+            return
+        known = self._relayed_s.get(replica_id)
+        if not digest.heartbeat or (known is None and len(self._relayed_s) >= MAX_DIGEST_PEERS):
+            return
+        relayed_s = self._monotonic() - digest.unproven_s
+        self._relayed_s[replica_id] = relayed_s if known is None else max(known, relayed_s)
+
+    def relayed_until_s(self) -> float:
+        """The earliest of the replicas waited for (+inf: none is): what the broker
+        handed any of them before then has reached this replica."""
+        oldest_s = self._monotonic() - self.quiet_limit_s
+        gone = [replica for replica, at_s in self._relayed_s.items() if at_s < oldest_s]
+        for replica_id in gone:
+            del self._relayed_s[replica_id]
+        return min(self._relayed_s.values(), default=math.inf)
+
+    def __len__(self) -> int:
+        return len(self._relayed_s)
 
 
 class _Chunk:

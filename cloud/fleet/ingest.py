@@ -46,7 +46,9 @@ a share of the samples through one shared subscription and merge the others' dig
 (`handle_digest`), checked like the samples themselves (a replica that does not meter
 checks each sample's index entry at once and the sample when it is read,
 `_open_relayed`); births, reports, events and logs stay unshared: every replica needs
-them, and they are few.
+them, and they are few. Each replica's digests also say until when its share has been
+relayed (`digest_peers`; heartbeats, a goodbye on a clean stop and as its will), so that
+liveness does not take a stalled replica's share for the nodes' own silence.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from cloud.fleet.digest import (
     DIGEST_ENVELOPE_BYTES,
     RELAYED_DIGEST_DECODER,
     DigestBuilder,
+    DigestPeers,
     RelayedDigest,
     TelemetryDigest,
 )
@@ -125,6 +128,9 @@ MAX_HELD_REPORTED = 16_384
 
 # How digests' samples are counted (`IngestStats`, /metrics' `channel` label).
 DIGEST_CHANNEL = "digest"
+# How long a replica that stops may spend on its last digest: less than an owner waits
+# before cancelling it again (shared.tasks.RECANCEL_INTERVAL_S).
+GOODBYE_TIMEOUT_S = 1.0
 
 # The telemetry reader's account that deploy/mosquitto/greenfed.acl named, in the agents'
 # password file, until readers had a listener of their own: Mosquitto applies an ACL
@@ -226,6 +232,7 @@ class Ingestor:
         assignments: AssignmentIndex | None = None,
         shared_group: str = "",
         digest_interval_s: float = 1.0,
+        keepalive_s: float = MqttSettings().keepalive_s,
         link_probe_interval_s: float = 1.0,
         non_node_accounts: Iterable[str] = (),
     ) -> None:
@@ -235,6 +242,8 @@ class Ingestor:
         work (tests of ingestion alone). `shared_group` (`mqtt.shared_group`): take
         telemetry through this shared subscription and exchange digests every
         `digest_interval_s` (cloud/fleet/digest.py); "": every sample, no digests.
+        `keepalive_s` (`mqtt.keepalive_s`, every replica's): a replica whose digests
+        stopped for twice this is no longer waited for (`digest_peers`).
         `link_probe_interval_s`: how often the session proves its link (`link_probe`).
         `non_node_accounts`: broker accounts of another kind, whose messages as a node
         are all dropped, as not admitted (`non_node_accounts_of` names them)."""
@@ -281,17 +290,23 @@ class Ingestor:
         self._parsed: dict[str, NodeTopic] = {}
         self._digest_interval_s = digest_interval_s
         self._digest_topic = topics.telemetry_digest
-        # What this replica heard, for the others (only while sharing).
-        self.digest = DigestBuilder(
-            f"replica-{uuid.uuid4().hex}", max_payload_bytes=max_payload_bytes
-        )
-        # Set while subscribed to every channel: the cloud's readiness.
-        self.subscribed = asyncio.Event()
         # Whether, and until when, this session is known to hear the broker: liveness
         # judges silence by it (cloud/fleet/link_probe.py).
         self.link_probe = LinkProbe(
             topics, interval_s=link_probe_interval_s, monotonic=registry.monotonic
         )
+        # What this replica heard, for the others (only while sharing), and how far its
+        # link is proven: they judge silence no further (`digest_peers`).
+        self.digest = DigestBuilder(
+            f"replica-{uuid.uuid4().hex}",
+            max_payload_bytes=max_payload_bytes,
+            unproven_s=self.link_probe.unproven_s,
+        )
+        # Until when the other replicas have relayed their share: liveness judges silence
+        # only that far (cloud/fleet/liveness.py).
+        self.digest_peers = DigestPeers(quiet_limit_s=2 * keepalive_s, monotonic=registry.monotonic)
+        # Set while subscribed to every channel: the cloud's readiness.
+        self.subscribed = asyncio.Event()
         # Which node ids may be ingested at all (cloud/fleet/enrolled.py); None: all but
         # `non_node_accounts`, which never are.
         self.admits_node: Callable[[str], bool] | None = None
@@ -487,6 +502,7 @@ class Ingestor:
         )
         if relayed is None or relayed.replica_id == self.digest.replica_id:
             return
+        self.digest_peers.heard(relayed)
         if relayed.indexed:
             self._merge_relayed(relayed)
             return
@@ -745,10 +761,18 @@ class Ingestor:
         return f"instance {message.instance_id[:64]!r}, current {str(current)[:64]!r}"
 
     def session(self, settings: MqttSettings, client_id: str) -> MqttSession:
-        """An MQTT session that delivers every message straight to `handle_message`."""
+        """An MQTT session that delivers every message straight to `handle_message`;
+        while sharing telemetry, its will is this replica's goodbye digest: the broker
+        says it when it gives the connection up, and stops handing it telemetry."""
+        will = (
+            aiomqtt.Will(self._digest_topic, self.digest.heartbeat(time.time(), goodbye=True))
+            if self.shared_group
+            else None
+        )
         return MqttSession(
             settings,
             client_id=client_id,
+            will=will,
             message_sink=self.handle_message,
             logger=structlog.get_logger("greenfed.cloud.mqtt"),
         )
@@ -801,6 +825,23 @@ class Ingestor:
                 if failed and digests.exception() is not None:
                     # A publish failed: the connection is going; this loop raises too.
                     self._log.warning("digest publishing stopped", error=str(digests.exception()))
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # stopping, not a lost link
+                    await self._say_goodbye(client)
+
+    async def _say_goodbye(self, client: aiomqtt.Client) -> None:
+        """The last digest of a replica that stops: what it heard since the previous
+        one, and that the others need not wait for more (a clean DISCONNECT drops the
+        will that would say so)."""
+        try:
+            async with asyncio.timeout(GOODBYE_TIMEOUT_S):
+                now_s = time.time()
+                last = self.digest.take(now_s, goodbye=True)
+                for payload in last or [self.digest.heartbeat(now_s, goodbye=True)]:
+                    await client.publish(self._digest_topic, payload, qos=0)
+        except (aiomqtt.MqttError, TimeoutError) as error:
+            # The others stop waiting for this replica after twice the keep-alive.
+            self._log.warning("last digest not sent", error=str(error) or type(error).__name__)
 
     async def _read(self, client: aiomqtt.Client) -> None:
         """Messages arrive through handle_message (the session's sink); iterating only
@@ -810,8 +851,11 @@ class Ingestor:
                 self.handle_message(message.topic.value, message.payload)
 
     async def _publish_digests(self, client: aiomqtt.Client) -> None:
-        """Every `digest_interval_s`, what this replica heard since the last digest."""
+        """Every `digest_interval_s`, what this replica heard since the last digest, or a
+        heartbeat: the others judge nodes' silence only as far as it proves this
+        replica's share relayed (cloud/fleet/liveness.py)."""
         while True:
             await asyncio.sleep(self._digest_interval_s)
-            for payload in self.digest.take(time.time()):
+            now_s = time.time()
+            for payload in self.digest.take(now_s) or [self.digest.heartbeat(now_s)]:
                 await client.publish(self._digest_topic, payload, qos=0)

@@ -82,6 +82,11 @@ class LinkProbe:
         broker took before then has reached the control plane."""
         return self._proven_until_s
 
+    def unproven_s(self) -> float:
+        """How long ago the newest probe that came back was sent (+inf: none has): what
+        the broker took since may not have reached the control plane yet."""
+        return self._monotonic() - self._proven_until_s
+
     def echoed(self, payload: bytes | bytearray) -> None:
         """A message on the probe's topic. Only a probe sent on this connection and not
         back yet proves anything (its sequence number); the probes sent before it that

@@ -37,6 +37,18 @@ a fresh grace period), so the agents that kept working through a broker outage a
 restarted because of it. No setting has to outrun the link's detection:
 `node_lost_grace_s` and the staleness deadlines may be as short as the fleet needs.
 
+Nor on another replica's silence, where replicas share telemetry (`mqtt.shared_group`):
+the broker hands each replica its share of the samples, and one that stalls (a GC pause,
+a frozen VM, a half-open link) keeps receiving its share until the broker gives it up
+(1.5 `mqtt.keepalive_s`), relaying none of it. Each replica's digests say until when its
+share has been relayed (a heartbeat every digest interval, less how long its own link was
+unproven then: back from a stall, it has not read its backlog yet; cloud/fleet/digest.py
+`DigestPeers`), so silence is judged only up to the earliest latest heartbeat of the
+replicas that send them (``relayed_until_s``), as it is up to the link's proof. A replica
+that said goodbye (a clean stop, or its will when the broker gave it up) or has been
+silent for twice the keep-alive is waited for no more; one of an earlier version, which
+sends no heartbeats, never was.
+
 Settings keep their keys for users: `[cloud] staleness_intervals`,
 `[cloud] liveness_check_interval_s` and `[scheduling] node_lost_grace_s`
 (docs/configuration.md); `LivenessSettings.of` gathers them.
@@ -113,16 +125,20 @@ class Liveness:
         monotonic: Callable[[], float] | None = None,
         link_up: Callable[[], bool] = lambda: True,
         proven_until_s: Callable[[], float] | None = None,
+        relayed_until_s: Callable[[], float] | None = None,
     ) -> None:
         """``link_up``: whether the control plane hears the broker now (a probe came
         back lately, `LinkProbe.is_up`); ``proven_until_s``: until when (``monotonic``)
         what the broker took has reached the control plane (`LinkProbe.proven_until_s`);
-        None: always now."""
+        ``relayed_until_s``: until when the other replicas that share telemetry have
+        relayed their share (`DigestPeers.relayed_until_s`, +inf: no replica is waited
+        for); None: always now."""
         self._registry = registry
         self.settings = settings or LivenessSettings()
         self._monotonic = monotonic or registry.monotonic
         self._link_up = link_up
         self._proven_until_s = proven_until_s
+        self._relayed_until_s = relayed_until_s
         self._was_up = True
         self._ever_heard = False
         # When the link last came back (monotonic): silence before it does not count.
@@ -159,11 +175,16 @@ class Liveness:
         return True
 
     def _judged_at_s(self, now_s: float) -> float:
-        """When silence is judged up to: now, or when the link was last proven if that is
-        earlier (what nodes sent since may still wait in a stalled link). Never goes back."""
-        if self._proven_until_s is None:
-            return now_s
-        return min(now_s, self._proven_until_s())
+        """When silence is judged up to: now, or if earlier when the link was last proven
+        (what nodes sent since may still wait in a stalled link) or when the other
+        replicas last relayed their share (a stalled one may hold what nodes sent since).
+        Never goes back."""
+        judged_s = now_s
+        if self._proven_until_s is not None:
+            judged_s = min(judged_s, self._proven_until_s())
+        if self._relayed_until_s is not None:
+            judged_s = min(judged_s, self._relayed_until_s())
+        return judged_s
 
     def is_stale(self, record: NodeRecord, now_s: float) -> bool:
         """No telemetry for longer than `staleness_intervals` of the node's interval,
