@@ -33,11 +33,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from shared.mig_profiles import mig_profile_of
-
 from .hierarchy import EMPTY_COHORTS, Cohort, CohortTree, UsageOf, tree_of
 from .model import KINDS, Held, Tenant
-from .state import CPU_KIND, ClusterState
+from .state import ClusterState
 
 # "slices": work asking for a MIG profile its tenant has a quota for, admitted by that
 # quota (mig_quota.py), which is never borrowed, lent or reclaimed.
@@ -180,7 +178,7 @@ class QuotaBook:
         found = self._held_before.get(key)
         if found is None:
             found = held - sum(
-                _charge(state, alloc, kind_code)
+                state.charge(alloc, kind_code)
                 for alloc in self._allocations_at_start(state).get(tenant, ())
                 if state.allocations.get(alloc.allocation_id) is not alloc
             )
@@ -400,24 +398,7 @@ class QuotaBook:
 
 def charge(state: ClusterState, alloc: Held, column: int) -> int:
     """What ``alloc`` counts toward its tenant's usage of pool column ``column``'s kind."""
-    return _charge(state, alloc, state.column_kinds[column])
-
-
-def _charge(state: ClusterState, alloc: Held, kind_code: int) -> int:
-    """What ``alloc`` counts toward its tenant's usage of kind ``kind_code``, as
-    ``ClusterState`` counts it: its accelerators where they are of the kind (slices
-    under a MIG slice quota count against that quota instead, mig_quota.py), and, for
-    the ``cpu`` kind, the cores beside its devices where the tenant's quota is charged
-    for them."""
-    node = state.snapshot.nodes.index[alloc.node_id]
-    charged = 0
-    if state.column_kinds[state.column_of(alloc, node)] == kind_code:
-        profiles = state.mig_quota_profiles.get(alloc.tenant)
-        if profiles is None or mig_profile_of(alloc.accelerator_model) not in profiles:
-            charged = alloc.accelerators
-    if kind_code == CPU_KIND and alloc.tenant in state.cores_charged:
-        charged += alloc.cpu_cores
-    return charged
+    return state.charge(alloc, state.column_kinds[column])
 
 
 def _usage_of(state: ClusterState, column: int) -> UsageOf:

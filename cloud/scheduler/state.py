@@ -195,6 +195,29 @@ class ClusterState:
         """The pool column ``alloc`` holds on node index ``node``."""
         return self.snapshot.nodes.column_of(node, alloc.accelerator_kind, alloc.accelerator_model)
 
+    def slice_quota_profile(self, alloc: Held) -> str | None:
+        """The MIG profile whose slice quota ``alloc`` counts against instead of its
+        kind's (mig_quota.py), or None: not slices, or none its tenant has a quota of."""
+        profiles = self.mig_quota_profiles.get(alloc.tenant)
+        if not profiles:
+            return None
+        profile = mig_profile_of(alloc.accelerator_model)
+        return profile if profile is not None and profile in profiles else None
+
+    def charge(self, alloc: Held, kind_code: int) -> int:
+        """What ``alloc`` counts toward its tenant's usage of kind ``kind_code``, as
+        `_index` counts it: its accelerators where they are of the kind (not slices under
+        a slice quota), and, for the ``cpu`` kind, the cores beside its devices where the
+        tenant's quota is charged for them."""
+        node = self.snapshot.nodes.index[alloc.node_id]
+        charged = 0
+        of_the_kind = self.column_kinds[self.column_of(alloc, node)] == kind_code
+        if of_the_kind and self.slice_quota_profile(alloc) is None:
+            charged = alloc.accelerators
+        if kind_code == CPU_KIND and alloc.tenant in self.cores_charged:
+            charged += alloc.cpu_cores
+        return charged
+
     def _index(self, alloc: Held, node: int, sign: int, *, evictable: bool) -> None:
         k = self.column_of(alloc, node)
         aid = alloc.allocation_id
@@ -220,8 +243,8 @@ class ClusterState:
         kind_code = self.column_kinds[k]
         kind_amount = amount
         if self.mig_quota_profiles and alloc.tenant in self.mig_quota_profiles:
-            profile = mig_profile_of(alloc.accelerator_model)
-            if profile is not None and profile in self.mig_quota_profiles[alloc.tenant]:
+            profile = self.slice_quota_profile(alloc)
+            if profile is not None:
                 slices = (alloc.tenant, profile)
                 self.mig_usage[slices] = self.mig_usage.get(slices, 0) + amount
                 kind_amount = 0  # counted against its profile's quota, not as GPUs
