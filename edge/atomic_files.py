@@ -1,7 +1,8 @@
 """Replacing a file atomically: written beside, flushed to disk, renamed, and the
 rename made durable, so a crash leaves the old file or the new one, never half of
-either. The agent's state files (edge/agent/state_files.py) and the GPUs held to a
-power limit (edge/training/power_limits.py) are written this way."""
+either. The agent's state files (edge/agent/state_files.py), the GPUs held to a
+power limit (edge/training/power_limits.py) and a worker's exit status
+(edge/training/wrapper.py) are written this way."""
 
 from __future__ import annotations
 

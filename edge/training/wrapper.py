@@ -44,8 +44,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, cast
 
-# What a worker's start waits for: the standard library and the cgroups' file
-# operations only (a serialization library's import would double the wrapper's start).
+# What a worker's start waits for: the standard library, atomic file writes and the
+# cgroups' file operations only (a serialization library's import would double the
+# wrapper's start).
+from edge.atomic_files import write_atomically
 from edge.sandbox import cgroup_files as cgroups
 from edge.training.launch_plan import ExitStatus, LaunchPlan, PrepareStep, Started
 from edge.training.logs import BoundedLog
@@ -68,14 +70,7 @@ EXIT_STATUS_RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0)
 
 
 def write_exit_status(path: Path, status: ExitStatus) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
-        temporary.write_text(json.dumps(status), encoding="utf-8")
-        os.replace(temporary, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)  # a part of it takes room and says nothing
-        raise
+    write_atomically(path, json.dumps(status).encode("utf-8"))
 
 
 def record_exit_status(
