@@ -10,10 +10,10 @@ machine carries its partitions' availability, by which the bridge judges it for 
 partitions greenfed may use there.
 
 A pending job's reason says whether it waits its turn or cannot start where it is
-(`QueueWait`): PartitionDown, PartitionInactive, PartitionNodeLimit, PartitionTimeLimit,
-PartitionConfig and ReqNodeNotAvail (its machines or partition take no work, or the
-partition does not allow its shape) cannot start; every other reason (Resources,
-Priority, Dependency, BeginTime, a QOS or association limit, a hold) waits its turn.
+(`QueueWait`): PartitionDown, PartitionInactive and ReqNodeNotAvail (its machines or
+partition take no work) cannot start; every other reason (Resources, Priority,
+Dependency, BeginTime, a QOS or association limit, a hold, and those of the job's own
+request, PartitionNodeLimit, PartitionTimeLimit, PartitionConfig) waits its turn.
 
 - pending: PENDING, CONFIGURING, REQUEUED, REQUEUE_HOLD, REQUEUE_FED, RESV_DEL_HOLD (in
   the cluster's queue; the reason says why: Resources, Priority, QOS limits, a requeue);
