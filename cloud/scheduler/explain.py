@@ -30,7 +30,9 @@ _HOOK_LABELS: Final[Mapping[HookKind, str]] = {
     "start-advisor": "start advisor",
 }
 _DETAIL_CHARS: Final = 200  # of the error's text, so that the sentence stays one line
-_SHOWN_TASKS: Final = 8  # of a job array's placed tasks, named in its throttle's reason
+# Of a job array's placed tasks, named in its throttle's reason and waited for in its
+# `waiting_for` (cloud/work/array_throttle.py): the same tasks.
+SHOWN_TASKS: Final = 8
 
 
 def _kinds(shape: WorkShape) -> str:
@@ -181,8 +183,8 @@ def array_throttle(array_id: str, throttle: int, placed: Sequence[int]) -> str:
     3); this task waits its turn.`` `placed`: the indices of its placed tasks, ascending
     (the first few are named). Said by the loop while the array is at its throttle
     (cloud/work/array_throttle.py) and by the core to a task its pass had no slot for."""
-    shown = ", ".join(str(index) for index in placed[:_SHOWN_TASKS])
-    more = ", …" if len(placed) > _SHOWN_TASKS else ""
+    shown = ", ".join(str(index) for index in placed[:SHOWN_TASKS])
+    more = ", …" if len(placed) > SHOWN_TASKS else ""
     which = f" (tasks {shown}{more})" if placed else ""
     return (
         f"Array {array_id} places at most {throttle} of its tasks at once (%{throttle}): "

@@ -27,7 +27,7 @@ from typing import Final
 import msgspec
 
 from cloud.scheduler import ArrayCap
-from cloud.scheduler.explain import array_throttle
+from cloud.scheduler.explain import SHOWN_TASKS, array_throttle
 from cloud.store.records import DependencyRecord, WorkRecord
 from cloud.store.states import PLACED_STATES
 from cloud.work.dependencies import Resolution, Waiting
@@ -36,7 +36,6 @@ from cloud.work.specs import ArrayTaskSpec
 # The canonical spec encoding writes every field: a task's holds this, other work's
 # `"array_task":null` (or, written by an older greenfed, nothing).
 _TASK_MARK: Final = b'"array_task":{'
-_SHOWN_PLACED: Final = 8
 
 
 class _ArrayTaskOf(msgspec.Struct, frozen=True):
@@ -157,7 +156,7 @@ def array_throttles(
                         job_state=sibling.record.state,
                         job_reason=sibling.record.state_reason,
                     )
-                    for position, sibling in enumerate(placed[:_SHOWN_PLACED])
+                    for position, sibling in enumerate(placed[:SHOWN_TASKS])
                 ),
             )
     if not waiting and not caps:
