@@ -96,8 +96,7 @@ def scaled_canary(canary: CanarySpec, from_replicas: int, to_replicas: int) -> C
     keeps the model); with fewer the rollout ends (cloud/loop/rollout.py)."""
     if to_replicas >= from_replicas:
         return canary
-    count = max(1, canary.replicas * to_replicas // from_replicas)
-    count = max(1, min(count, to_replicas - 1))
+    count = max(1, min(canary.replicas * to_replicas // from_replicas, to_replicas - 1))
     return msgspec.structs.replace(canary, replicas=count)
 
 
