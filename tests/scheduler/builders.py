@@ -12,6 +12,7 @@ from cloud.scheduler import (
     AcceleratorPool,
     Allocation,
     Candidates,
+    Cohort,
     InferenceDeployment,
     Node,
     Plan,
@@ -251,3 +252,52 @@ class LatencyByRegion:
         per_region = np.array([self.ms.get(region, 0.0) for region in nodes.regions])
         result: FloatArray = per_region[nodes.region_code[candidates.nodes]]
         return result
+
+
+def plan_on_npus(
+    nodes_npus: Sequence[int],
+    queue: Sequence[Work],
+    allocations: Sequence[Allocation],
+    tenants: Sequence[Tenant],
+    cohorts: Sequence[Cohort] = (),
+    labels: dict[int, dict[str, str]] | None = None,
+) -> Plan:
+    """The plan of a fleet of edge nodes with `nodes_npus` NPUs each (`labels` by index)."""
+    snapshot = Snapshot.build(
+        now=NOW,
+        nodes=[
+            edge_node(f"e{i}", count=count, labels=(labels or {}).get(i))
+            for i, count in enumerate(nodes_npus)
+        ],
+        allocations=allocations,
+        queue=queue,
+        tenants=tenants,
+        cohorts=cohorts,
+    )
+    return schedule(snapshot, Policy())
+
+
+def npu_replica(
+    allocation_id: str,
+    node_id: str,
+    npus: int = 1,
+    *,
+    tenant: str,
+    priority: PriorityClass,
+    started_at: float = NOW - 600,
+    preemptible: bool = True,
+) -> Allocation:
+    """An NPU replica already running (the reclaim tests' shape)."""
+    return running(
+        allocation_id,
+        node_id,
+        npus,
+        kind="npu",
+        tenant=tenant,
+        priority=priority,
+        work_id=allocation_id.split("/")[0],
+        work_kind="inference",
+        expected_end=None,
+        started_at=started_at,
+        preemptible=preemptible,
+    )

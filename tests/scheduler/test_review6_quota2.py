@@ -15,62 +15,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from cloud.scheduler import Allocation, Cohort, Plan, Policy, Snapshot, Tenant, Work, schedule
+from cloud.scheduler import Allocation, Cohort, Plan, Tenant, Work
 from shared.messages import AcceleratorKind
 from shared.work_literals import PriorityClass
 
-from .builders import NOW, deployment, edge_node, running
+from .builders import NOW, deployment, npu_replica, plan_on_npus
 
 PRIORITIES: tuple[PriorityClass, ...] = ("p0", "p1", "p2")
 TREE = [Cohort(name="left", parent="org"), Cohort(name="right", parent="org")]
-
-
-def _plan(
-    nodes_npus: Sequence[int],
-    queue: Sequence[Work],
-    allocations: Sequence[Allocation],
-    tenants: Sequence[Tenant],
-    cohorts: Sequence[Cohort] = (),
-    labels: dict[int, dict[str, str]] | None = None,
-) -> Plan:
-    snapshot = Snapshot.build(
-        now=NOW,
-        nodes=[
-            edge_node(f"e{i}", count=count, labels=(labels or {}).get(i))
-            for i, count in enumerate(nodes_npus)
-        ],
-        allocations=allocations,
-        queue=queue,
-        tenants=tenants,
-        cohorts=cohorts,
-    )
-    return schedule(snapshot, Policy())
-
-
-def _serving(
-    allocation_id: str,
-    node_id: str,
-    npus: int = 1,
-    *,
-    tenant: str,
-    priority: PriorityClass,
-    started_at: float = NOW - 600,
-    preemptible: bool = True,
-) -> Allocation:
-    """An NPU replica already running: the shape every scenario here uses."""
-    return running(
-        allocation_id,
-        node_id,
-        npus,
-        kind="npu",
-        tenant=tenant,
-        priority=priority,
-        work_id=allocation_id.split("/")[0],
-        work_kind="inference",
-        expected_end=None,
-        started_at=started_at,
-        preemptible=preemptible,
-    )
 
 
 def _npus_after(plan: Plan, held: Sequence[Allocation], tenants: Sequence[str]) -> int:
@@ -100,10 +52,10 @@ def test_a_borrower_whose_work_was_reclaimed_does_not_grow_back_into_the_room(
         Tenant(name="c", cohort="right" if tree else "left", nominal={"npu": 0}),
     ]
     held = [
-        _serving("c-old/0", "e0", tenant="c", priority="p2"),
+        npu_replica("c-old/0", "e0", tenant="c", priority="p2"),
         # Unmanaged, lower priority: something c could evict, so c's job gets an
         # attempt with preemption (where over-quota members are placed and fixed).
-        _serving("x/0", "e2", tenant="x", priority="p2"),
+        npu_replica("x/0", "e2", tenant="x", priority="p2"),
     ]
     queue = [
         deployment(
@@ -116,7 +68,7 @@ def test_a_borrower_whose_work_was_reclaimed_does_not_grow_back_into_the_room(
         ),
         deployment("c-new", tenant="c", priority="p0", kinds=("npu",), submitted_at=NOW - 10),
     ]
-    plan = _plan([2, 1, 1], queue, held, tenants, TREE if tree else [])
+    plan = plan_on_npus([2, 1, 1], queue, held, tenants, TREE if tree else [])
     assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("c-old/0", "reclaim")]
     assert [p.work_id for p in plan.placements] == ["o-job"]
     pending = plan.pending_for("c-new")
@@ -134,9 +86,9 @@ def test_a_borrower_whose_work_a_higher_priority_evicted_does_not_grow_back() ->
         Tenant(name="c", cohort="lab", nominal={"npu": 0}, borrowing_limit={"npu": 1}),
     ]
     held = [
-        _serving("c-old/0", "e0", tenant="c", priority="p2"),
-        _serving("o-old/0", "e1", tenant="o", priority="p0", preemptible=False),
-        _serving("x/0", "e4", tenant="x", priority="p2"),
+        npu_replica("c-old/0", "e0", tenant="c", priority="p2"),
+        npu_replica("o-old/0", "e1", tenant="o", priority="p0", preemptible=False),
+        npu_replica("x/0", "e4", tenant="x", priority="p2"),
     ]
     queue = [
         deployment(
@@ -150,7 +102,7 @@ def test_a_borrower_whose_work_a_higher_priority_evicted_does_not_grow_back() ->
         deployment("o-job", tenant="o", priority="p0", kinds=("npu",), submitted_at=NOW - 20),
         deployment("c-new", tenant="c", priority="p1", kinds=("npu",), submitted_at=NOW - 10),
     ]
-    plan = _plan([1, 1, 1, 1, 1], queue, held, tenants, labels={0: {"pool": "ops"}})
+    plan = plan_on_npus([1, 1, 1, 1, 1], queue, held, tenants, labels={0: {"pool": "ops"}})
     assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("c-old/0", "priority")]
     assert sorted(p.work_id for p in plan.placements) == ["o-job", "ops-job"]
     pending = plan.pending_for("c-new")
@@ -167,12 +119,12 @@ def test_a_lowered_quota_still_lets_a_job_take_the_place_of_the_tenants_own_work
         Tenant(name="b", cohort="lab", nominal={"npu": 2}),
     ]
     held = [
-        _serving("a-keep/0", "e0", tenant="a", priority="p0"),
-        _serving("a-keep2/0", "e1", tenant="a", priority="p1"),
-        _serving("a-low/0", "e2", tenant="a", priority="p2"),
+        npu_replica("a-keep/0", "e0", tenant="a", priority="p0"),
+        npu_replica("a-keep2/0", "e1", tenant="a", priority="p1"),
+        npu_replica("a-low/0", "e2", tenant="a", priority="p2"),
     ]
     queue = [deployment("a-new", tenant="a", priority="p0", kinds=("npu",))]
-    plan = _plan([1, 1, 1, 1], queue, held, tenants)
+    plan = plan_on_npus([1, 1, 1, 1], queue, held, tenants)
     assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("a-low/0", "quota")]
     assert [p.work_id for p in plan.placements] == ["a-new"]
     assert _npus_after(plan, held, ("a",)) == 3
@@ -190,11 +142,11 @@ def test_one_member_does_not_reclaim_a_borrower_below_its_nominal_quota(tree: bo
         Tenant(name="b", cohort="left", nominal={"npu": 1}),
         Tenant(name="d", cohort="right" if tree else "left", nominal={"npu": 2}),
     ]
-    held = [_serving(f"b{i}/0", "e0", tenant="b", priority="p0") for i in range(2)]
+    held = [npu_replica(f"b{i}/0", "e0", tenant="b", priority="p0") for i in range(2)]
     queue = [
         deployment("d-job", tenant="d", priority="p2", kinds=("npu",), accelerators_per_replica=2)
     ]
-    plan = _plan([2, 1], queue, held, tenants, TREE if tree else [])
+    plan = plan_on_npus([2, 1], queue, held, tenants, TREE if tree else [])
     assert plan.preemptions == ()
     assert plan.placements == ()
     pending = plan.pending_for("d-job")
@@ -211,15 +163,15 @@ def test_reclaim_finds_a_node_where_the_borrowers_excess_is_enough() -> None:
         Tenant(name="d", cohort="lab", nominal={"npu": 2}),
     ]
     held = [
-        _serving("b0/0", "e0", tenant="b", priority="p0"),
-        _serving("b1/0", "e0", tenant="b", priority="p0"),
-        _serving("b2/0", "e1", tenant="b", priority="p0"),
-        _serving("z/0", "e1", tenant="z", priority="p1"),
+        npu_replica("b0/0", "e0", tenant="b", priority="p0"),
+        npu_replica("b1/0", "e0", tenant="b", priority="p0"),
+        npu_replica("b2/0", "e1", tenant="b", priority="p0"),
+        npu_replica("z/0", "e1", tenant="z", priority="p1"),
     ]
     queue = [
         deployment("d-job", tenant="d", priority="p0", kinds=("npu",), accelerators_per_replica=2)
     ]
-    plan = _plan([2, 2], queue, held, tenants)
+    plan = plan_on_npus([2, 2], queue, held, tenants)
     assert [(p.work_id, p.node_id) for p in plan.placements] == [("d-job", "e1")]
     assert sorted((p.allocation_id, p.reason) for p in plan.preemptions) == [
         ("b2/0", "reclaim"),
@@ -238,13 +190,13 @@ def test_a_last_victim_larger_than_the_borrowers_excess_is_still_reclaimed() -> 
         Tenant(name="d", cohort="lab", nominal={"npu": 2}),
     ]
     held = [
-        _serving("big/0", "e0", 2, tenant="b", priority="p0"),
-        _serving("small/0", "e1", tenant="b", priority="p0"),
+        npu_replica("big/0", "e0", 2, tenant="b", priority="p0"),
+        npu_replica("small/0", "e1", tenant="b", priority="p0"),
     ]
     queue = [
         deployment("d-job", tenant="d", priority="p2", kinds=("npu",), accelerators_per_replica=2)
     ]
-    plan = _plan([2, 1], queue, held, tenants)
+    plan = plan_on_npus([2, 1], queue, held, tenants)
     assert [(p.work_id, p.node_id) for p in plan.placements] == [("d-job", "e0")]
     assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("big/0", "reclaim")]
 
@@ -258,13 +210,13 @@ def test_a_borrowers_work_beyond_its_excess_goes_only_for_a_lower_priority() -> 
         Tenant(name="d", cohort="lab", nominal={"npu": 2}),
     ]
     held = [
-        _serving("b0/0", "e0", tenant="b", priority="p2", started_at=NOW - 600),
-        _serving("b1/0", "e0", tenant="b", priority="p2", started_at=NOW - 300),
+        npu_replica("b0/0", "e0", tenant="b", priority="p2", started_at=NOW - 600),
+        npu_replica("b1/0", "e0", tenant="b", priority="p2", started_at=NOW - 300),
     ]
     queue = [
         deployment("d-job", tenant="d", priority="p1", kinds=("npu",), accelerators_per_replica=2)
     ]
-    plan = _plan([2], queue, held, tenants)
+    plan = plan_on_npus([2], queue, held, tenants)
     assert [p.work_id for p in plan.placements] == ["d-job"]
     # The latest started goes first, as reclaim; the other is b's within its quota.
     assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [
@@ -308,7 +260,7 @@ def _random_scenario(
                     continue  # the pass starts within every quota
                 usage[tenant] += npus
             held.append(
-                _serving(
+                npu_replica(
                     f"run-{node}-{free}/0",
                     f"e{node}",
                     npus,
@@ -353,7 +305,7 @@ def test_quotas_hold_and_reclaim_stops_at_nominal_over_random_cohorts(tree: bool
     reclaims = denied_placements = 0
     for case in range(600):
         nodes, queue, held, tenants, cohorts = _random_scenario(rng, tree=tree)
-        plan = _plan(nodes, queue, held, tenants, cohorts)
+        plan = plan_on_npus(nodes, queue, held, tenants, cohorts)
         context = (case, nodes, held, queue, plan.preemptions, plan.placements)
         names = [t.name for t in tenants]
         by_id = {a.allocation_id: a for a in held}

@@ -15,63 +15,18 @@ from cloud.scheduler import (
     Allocation,
     Cohort,
     Node,
-    Plan,
-    Policy,
     Scheduler,
     Snapshot,
     Tenant,
     Work,
-    schedule,
 )
 from cloud.scheduler.hierarchy import CohortTree
 from shared.messages import AcceleratorKind
 from shared.work_literals import PriorityClass
 
-from .builders import GIB, NOW, deployment, edge_node, running
+from .builders import GIB, NOW, deployment, npu_replica, plan_on_npus, running
 
 PRIORITIES: tuple[PriorityClass, ...] = ("p0", "p1", "p2")
-
-
-def _plan(
-    nodes_npus: Sequence[int],
-    queue: Sequence[Work],
-    allocations: Sequence[Allocation],
-    tenants: Sequence[Tenant],
-    cohorts: Sequence[Cohort] = (),
-) -> Plan:
-    snapshot = Snapshot.build(
-        now=NOW,
-        nodes=[edge_node(f"e{i}", count=count) for i, count in enumerate(nodes_npus)],
-        allocations=allocations,
-        queue=queue,
-        tenants=tenants,
-        cohorts=cohorts,
-    )
-    return schedule(snapshot, Policy())
-
-
-def _serving(
-    allocation_id: str,
-    node_id: str,
-    npus: int = 1,
-    *,
-    tenant: str,
-    priority: PriorityClass,
-    started_at: float = NOW - 600,
-) -> Allocation:
-    """An NPU replica already running: the shape every scenario here uses."""
-    return running(
-        allocation_id,
-        node_id,
-        npus,
-        kind="npu",
-        tenant=tenant,
-        priority=priority,
-        work_id=allocation_id.split("/")[0],
-        work_kind="inference",
-        expected_end=None,
-        started_at=started_at,
-    )
 
 
 # The reviewer's repro: b holds its nominal 1 NPU (p0); its p1 deployment borrows d's
@@ -85,7 +40,7 @@ TREE_TENANTS = [
     Tenant(name="d", cohort="other", nominal={"npu": 1}),
 ]
 TREE = [Cohort(name="lab", parent="org"), Cohort(name="other", parent="org")]
-B_OLD = _serving("b-old/0", "e0", tenant="b", priority="p0")
+B_OLD = npu_replica("b-old/0", "e0", tenant="b", priority="p0")
 QUEUE = [
     deployment("b-new", tenant="b", priority="p1", kinds=("npu",), submitted_at=NOW - 20),
     deployment("d-job", tenant="d", priority="p2", kinds=("npu",), submitted_at=NOW - 10),
@@ -98,7 +53,7 @@ QUEUE = [
 def test_work_placed_in_the_pass_does_not_make_older_work_within_nominal_reclaimable(
     tenants: list[Tenant], cohorts: list[Cohort]
 ) -> None:
-    first = _plan([1, 1], QUEUE, [B_OLD], tenants, cohorts)
+    first = plan_on_npus([1, 1], QUEUE, [B_OLD], tenants, cohorts)
     assert [(p.work_id, p.borrowed) for p in first.placements] == [("b-new", True)]
     assert first.preemptions == ()  # b-old is within b's nominal quota: it stays
     pending = first.pending_for("d-job")
@@ -108,8 +63,8 @@ def test_work_placed_in_the_pass_does_not_make_older_work_within_nominal_reclaim
     assert pending.quota.mode == "reclaim"
 
     # The next pass: b-new is running borrowed capacity now, and is what d takes back.
-    b_new = _serving("b-new/0", "e1", tenant="b", priority="p1", started_at=NOW)
-    second = _plan([1, 1], QUEUE[1:], [B_OLD, b_new], tenants, cohorts)
+    b_new = npu_replica("b-new/0", "e1", tenant="b", priority="p1", started_at=NOW)
+    second = plan_on_npus([1, 1], QUEUE[1:], [B_OLD, b_new], tenants, cohorts)
     assert [(p.allocation_id, p.reason) for p in second.preemptions] == [("b-new/0", "reclaim")]
     assert [(p.work_id, p.node_id) for p in second.placements] == [("d-job", "e1")]
 
@@ -123,14 +78,14 @@ def test_work_evicted_earlier_in_the_pass_no_longer_counts_as_borrowed() -> None
         Tenant(name="d", cohort="lab", nominal={"npu": 1}),
     ]
     held = [
-        _serving("b-keep/0", "e0", tenant="b", priority="p0"),
-        _serving("b-low/0", "e1", tenant="b", priority="p2"),
+        npu_replica("b-keep/0", "e0", tenant="b", priority="p0"),
+        npu_replica("b-low/0", "e1", tenant="b", priority="p2"),
     ]
     queue = [
         deployment("b-high", tenant="b", priority="p1", kinds=("npu",), submitted_at=NOW - 20),
         deployment("d-job", tenant="d", priority="p2", kinds=("npu",), submitted_at=NOW - 10),
     ]
-    plan = _plan([1, 1], queue, held, tenants)
+    plan = plan_on_npus([1, 1], queue, held, tenants)
     assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("b-low/0", "priority")]
     assert [p.work_id for p in plan.placements] == ["b-high"]
     pending = plan.pending_for("d-job")
@@ -142,11 +97,11 @@ def test_a_tenant_borrowing_before_the_pass_is_still_reclaimed_from() -> None:
     # b borrowed d's NPU before the pass: d, within nominal, takes it back at once,
     # the least important of b's work, whichever node it is on.
     held = [
-        _serving("b-old/0", "e0", tenant="b", priority="p0"),
-        _serving("b-borrowed/0", "e1", tenant="b", priority="p1"),
+        npu_replica("b-old/0", "e0", tenant="b", priority="p0"),
+        npu_replica("b-borrowed/0", "e1", tenant="b", priority="p1"),
     ]
     queue = [deployment("d-job", tenant="d", priority="p2", kinds=("npu",))]
-    plan = _plan([1, 1], queue, held, FLAT_TENANTS)
+    plan = plan_on_npus([1, 1], queue, held, FLAT_TENANTS)
     assert [(p.allocation_id, p.reason) for p in plan.preemptions] == [("b-borrowed/0", "reclaim")]
     assert [p.work_id for p in plan.placements] == ["d-job"]
 
@@ -175,7 +130,7 @@ def _random_scenario(
         for slot in range(count):
             if rng.random() < 0.6:
                 held.append(
-                    _serving(
+                    npu_replica(
                         f"run-{node}-{slot}/0",
                         f"e{node}",
                         tenant=rng.choice(names),
@@ -228,7 +183,7 @@ def test_reclaim_only_takes_from_tenants_that_borrowed_before_the_pass(tree: boo
     reclaims = 0
     for case in range(400):
         nodes, queue, held, tenants, cohorts = _random_scenario(rng, tree=tree)
-        plan = _plan(nodes, queue, held, tenants, cohorts)
+        plan = plan_on_npus(nodes, queue, held, tenants, cohorts)
         nominal = {t.name: t.nominal.get("npu", 0) for t in tenants}
         reclaimed = {p.allocation_id for p in plan.preemptions if p.reason == "reclaim"}
         for preemption in plan.preemptions:
