@@ -48,6 +48,7 @@ from cloud.app_keys import REGISTRY, SCHEDULER, SETTINGS, STORE
 from cloud.loop.dry_run import dry_run_explanation, dry_run_fair_share
 from cloud.scheduler import DEFAULT_POLICY
 from cloud.store import (
+    TERMINAL_STATES,
     IllegalTransitionError,
     NewEvent,
     QueueFullError,
@@ -173,6 +174,13 @@ async def _named(
         raise _array_named(name, live.arrays[0])
     newest = await store.work_matching(tenant.tenant_id, collection.store_kind, name=name, limit=1)
     return None, newest[0] if newest else None
+
+
+def _created_meanwhile(ended: WorkRecord | None) -> bool:
+    """Whether the "newest" work of the name is live after all: created by a concurrent
+    apply between `_named`'s two reads. Taken as ended, it would give a second creation
+    key, and the name two jobs; the caller looks again instead."""
+    return ended is not None and ended.state not in TERMINAL_STATES
 
 
 def _array_named(name: str, array: NamedArray) -> Problem:
@@ -385,6 +393,8 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
     noun = collection.noun
     for _ in range(_CHANGE_RETRIES):
         live, ended = await _named(request, collection, tenant, name)
+        if live is None and _created_meanwhile(ended):
+            continue
         if live is None:
             if ended is not None and known_spec(collection.decoder, ended) == spec:
                 view = _view(

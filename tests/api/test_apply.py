@@ -7,9 +7,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from aiohttp import ClientResponse
 
-from cloud.app_keys import REGISTRY
+from cloud.app_keys import REGISTRY, STORE
 from tests.api.support import Api, bearer, deployment_spec, job_spec, one_pass, problem
 from tests.loop.builders import node
 
@@ -193,6 +194,37 @@ async def test_applies_of_one_name_at_once_create_it_once(api: Api) -> None:
     assert again.status == 200, await again.text()
     detail = await (await api.get(token, f"/v1/jobs/{ids.pop()}")).json()
     assert detail["idempotency_key"] is None  # the control plane's own key is not shown
+
+
+async def test_an_apply_created_between_its_two_lookups_is_not_created_again(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apply reads the name's live work, then its newest work. A job another apply
+    creates between the two reads is live, not ended: taken as ended, it gave a second
+    creation key, and the name two jobs (seen in CI: two 201s, then every apply a 409
+    naming both). The late apply finds the job and updates it."""
+    token = await api.tenant("acme")
+    store = api.app[STORE]
+    read_live = store.live_work_named
+    other: list[ClientResponse] = []
+    raced = asyncio.Event()
+
+    async def racing_read(*args: Any, **kwargs: Any) -> Any:
+        found = await read_live(*args, **kwargs)
+        if not raced.is_set():  # the other apply commits its job right after this read
+            raced.set()
+            first = job_spec(name="nightly", priority="p2")
+            other.append(await _put(api, token, "jobs", first))
+        return found
+
+    monkeypatch.setattr(store, "live_work_named", racing_read)
+    late = await _put(api, token, "jobs", job_spec(name="nightly", priority="p1"))
+    assert other[0].status == 201, await other[0].text()
+    assert late.status == 200, await late.text()
+    assert (await late.json())["action"] == "updated"
+    assert (await late.json())["id"] == (await other[0].json())["id"]
+    listed = await (await api.get(token, "/v1/jobs?state=pending")).json()
+    assert [item["name"] for item in listed["items"]] == ["nightly"]
 
 
 async def test_applying_a_queued_job_refuses_what_patch_refuses(api: Api) -> None:
