@@ -426,7 +426,8 @@ class Ingestor:
             return decoder.decode(payload)
         except msgspec.ValidationError as error:
             self._reject(channel, InvalidReason.SCHEMA_VIOLATION, topic, str(error))
-        except msgspec.DecodeError as error:
+        # RecursionError: msgspec's guard against a stack overflow ('{"x":' + '[' * 3000).
+        except (msgspec.DecodeError, RecursionError) as error:
             self._reject(channel, InvalidReason.MALFORMED_JSON, topic, str(error))
         return None
 
@@ -615,7 +616,7 @@ class Ingestor:
         counted as `not_enrolled`: nothing more is counted here)."""
         try:
             status = STATUS_DECODER.decode(payload)
-        except msgspec.DecodeError:  # ValidationError included
+        except (msgspec.DecodeError, RecursionError):  # ValidationError included; too deep
             return
         if status.node_id == node_id and self._implausible(status) is None:
             offer(printable_status(status), bytes(payload))

@@ -234,12 +234,14 @@ class Birth(AgentModule):
         if self._stopping or self._is_ours(received):
             return
         self._context.counters.births_superseded += 1
+        # Before anything looks into the payload: whatever it holds, it is not our birth,
+        # and no way it fails to decode may keep the birth from going out again.
+        self._superseded = True
+        self._wake.set()
         what = self._describe(received)
         self._superseded_log.warning(
             what, "birth superseded on the status topic: announcing this instance again", found=what
         )
-        self._superseded = True
-        self._wake.set()
 
     def _is_ours(self, payload: bytes) -> bool:
         if payload in self._echoes:
@@ -253,7 +255,7 @@ class Birth(AgentModule):
             return "cleared"
         try:
             status: NodeStatus = STATUS_DECODER.decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # msgspec's guard: nested too deeply
             return "unreadable"
         if status.instance_id != self._context.instance_id:
             return f"{status.state} status of another instance"
