@@ -8,7 +8,6 @@ the wheel at the signed URL their `desired` document gives."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Final
 
@@ -273,7 +272,10 @@ async def cancel_rollout(request: web.Request) -> web.Response:
     )
     if not cancelled:  # the loop ended it since it was read
         raise _rollout_over(await _rollout(request))
-    return json_response(rollout_view(dataclasses.replace(record, phase="cancelled", state=state)))
+    # The store kept the nodes' progress the loop saved since `record` was read (only
+    # when and why it ended come from `state`); nothing writes a cancelled rollout, so
+    # reading it again shows what was stored.
+    return json_response(rollout_view(await _rollout(request)))
 
 
 _NO_PACKAGE = problem_reply(404, "No such agent version is published")

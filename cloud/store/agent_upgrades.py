@@ -155,15 +155,51 @@ async def update_rollout(
 ) -> bool:
     """Whether the rollout was still in `from_phase` and is now in `phase`. Two writers
     each read a rollout before they write it (the loop moving it on, an admin cancelling
-    it): whichever commits second finds the phase it read gone and changes nothing, so
-    neither undoes the other. On PostgreSQL the second waits for the first's row lock,
-    then checks its condition against the committed row."""
+    it): neither undoes the other. The loop's save finds a cancel that committed first
+    (the phase it read is gone) and changes nothing. A cancel takes only when and why
+    the rollout ended from `state` (`_cancel`), so progress the loop saved after the
+    cancel read the rollout stands. On PostgreSQL the second writer waits for the
+    first's row lock, then checks its condition against the committed row."""
+    if phase == "cancelled":
+        return await _cancel(connection, rollout_id, state, from_phase=from_phase)
     result = await connection.execute(
         update(agent_rollouts)
         .where(agent_rollouts.c.rollout_id == rollout_id, agent_rollouts.c.phase == from_phase)
         .values(phase=phase, state=msgspec.json.encode(state))
     )
     return result.rowcount == 1
+
+
+async def _cancel(
+    connection: AsyncConnection,
+    rollout_id: str,
+    ended: RolloutState,
+    *,
+    from_phase: RolloutPhase,
+) -> bool:
+    """Cancel the rollout as the store holds it now: its nodes' states, wave and timings
+    are the loop's to write, and may have moved since the admin's request read them
+    while the phase stayed `running`; only `ended`'s finished_at and detail are taken.
+    Read and written under the row's lock (FOR UPDATE on PostgreSQL; on SQLite the
+    write transaction holds the database's one write lock from BEGIN IMMEDIATE)."""
+    stored = (
+        await connection.execute(
+            select(agent_rollouts.c.phase, agent_rollouts.c.state)
+            .where(agent_rollouts.c.rollout_id == rollout_id)
+            .with_for_update()
+        )
+    ).first()
+    if stored is None or stored.phase != from_phase:
+        return False
+    state = msgspec.structs.replace(
+        STATE_DECODER.decode(stored.state), finished_at=ended.finished_at, detail=ended.detail
+    )
+    await connection.execute(
+        update(agent_rollouts)
+        .where(agent_rollouts.c.rollout_id == rollout_id)
+        .values(phase="cancelled", state=msgspec.json.encode(state))
+    )
+    return True
 
 
 async def select_latest_rollout_head(connection: AsyncConnection) -> tuple[str, str] | None:
