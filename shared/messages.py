@@ -616,7 +616,8 @@ class DesiredState(WireStruct, frozen=True, kw_only=True):
             description=(
                 "The agent instance the document was issued for (1.9): the node's current "
                 "birth as the control plane saw it when it signed; empty: it knew none. An "
-                "agent that has applied nothing yet applies only a document issued for "
+                "agent that has applied nothing from the broker since it started (nothing, or "
+                "only the document kept on its disk) applies only a document issued for "
                 "itself. Null: a control plane older than 1.9."
             ),
         ),

@@ -11,20 +11,26 @@ This is the agent's boundary with whoever can publish on the broker. In order:
    and nothing in them is applied. Without a key (a node not enrolled) nothing is
    applied at all;
 2. the addressee: a document for another node is rejected;
-3. the instance it was issued for (`for_instance`, 1.9). An agent that has applied
-   nothing yet (it started without a state directory, or lost it: reimaged) has no
-   generation to hold a replay to, so it applies only a document issued for its own
-   instance, which the control plane sends when it takes this instance's birth; a
-   document issued for another instance (the retained one from before our birth, or an
-   old one re-published by anyone with broker access) is ignored and counted
-   (`desired_not_for_this_instance`). A document without `for_instance` comes from a
-   control plane older than 1.9 and is applied as before, unless this agent has already
-   seen that its control plane binds documents. An agent that has applied a document
-   goes by generations (4.) and applies a newer one whoever it was issued for: it is
-   the control plane's newest word for the node. Either way, a document issued for
-   another instance that is not older than what was applied tells the birth module
-   (edge/agent/birth.py) that the control plane has not taken this instance's birth
-   yet; one issued for this instance, that it has;
+3. the instance it was issued for (`for_instance`, 1.9). Until it has applied a
+   document from the broker, an agent applies only a document issued for its own
+   instance, which the control plane sends when it takes this instance's birth. An
+   agent that has applied nothing (it started without a state directory, or lost it:
+   reimaged) has no generation to hold a replay to; one that restored its document
+   from disk has one, but the control plane may have issued and superseded documents
+   for the earlier instance meanwhile: one of those re-published by anyone with broker
+   access is newer than the disk's and would run work cancelled since. So a document
+   issued for another instance (the retained one from before our birth, or an old one
+   re-published) is ignored, and counted (`desired_not_for_this_instance`) unless it is
+   the document already applied or older; an agent running its document from disk
+   goes on with it until the answer comes, seconds later. A document without
+   `for_instance` comes from a control plane older than 1.9 and is applied as before
+   (by generations, 4.), unless this agent has applied nothing and has already seen
+   that its control plane binds documents. An agent that has applied a document from
+   the broker goes by generations (4.) and applies a newer one whoever it was issued
+   for: it is the control plane's newest word for the node. Either way, a document
+   issued for another instance that is not older than what was applied tells the birth
+   module (edge/agent/birth.py) that the control plane has not taken this instance's
+   birth yet; one issued for this instance, that it has;
 4. (cluster id, generation): within one cluster an older generation is ignored (it
    arrived late); a document of another cluster that was issued later than the one
    applied is adopted with its generation sequence, however low, so a control plane
@@ -36,9 +42,10 @@ An applied document is kept, as it arrived, in the agent's state directory
 never older than what runs (unless the disk refuses the write: the document is then
 written when it comes again). An agent that starts applies it from there (`restore`,
 through the same checks: signature with today's key, addressee) before it connects,
-so its deployments serve again without the broker; the retained document the broker
-sends on connecting then reconciles by generation: the same generation changes
-nothing, a newer one applies the changes only.
+so its deployments serve again without the broker. The retained document the broker
+sends on connecting was issued for the instance before: it changes nothing (3.), and
+the control plane's answer to this instance's birth reconciles by generation: the same
+generation changes nothing, a newer one applies the changes only.
 """
 
 from __future__ import annotations
@@ -115,9 +122,12 @@ class DesiredStateApplier(AgentModule):
         self._saved: bytes | None = None  # the document on disk, as written
         self._birth = birth
         self._upgrades = upgrades
-        # Whether a document was applied (from disk or the broker): until one is, only a
-        # document issued for this instance is (see 3. above).
+        # Whether a document was applied (from disk or the broker): until one is, a
+        # document issued for no instance is ignored once bound ones were seen (3.).
         self._applied_any = False
+        # Whether a document from the broker was applied: until one is, only a document
+        # issued for this instance is (3.); the one restored from disk does not count.
+        self._applied_from_broker = False
         # Whether a document bound to an instance has arrived: the control plane binds.
         self._seen_bound = False
         self._binding_log = RateLimitedLog(context.log, REJECTION_LOG_INTERVAL_S)
@@ -205,20 +215,37 @@ class DesiredStateApplier(AgentModule):
         if bound == self._context.instance_id:
             self._birth.answered()
             return True
-        if not self._older_than_applied(desired):
+        older = self._older_than_applied(desired)
+        if not older:
             self._birth.unanswered()
-        if self._applied_any:
+        if self._applied_from_broker:
             return True
-        self._not_for_us(desired, f"issued for agent instance {bound[:64]!r}")
+        # To an agent running from disk, the document it runs come again (the retained
+        # one after a restart), or an older one, would change nothing: not worth a word.
+        if not older and not self._runs_already(desired):
+            self._not_for_us(desired, f"issued for agent instance {bound[:64]!r}")
         return False
+
+    def _runs_already(self, desired: DesiredState) -> bool:
+        """Whether `desired` is the generation applied (of the same cluster)."""
+        reported = self._reported
+        return (
+            self._applied_any
+            and desired.cluster_id == reported.observed_cluster_id
+            and desired.generation == reported.observed_generation
+        )
 
     def _not_for_us(self, desired: DesiredState, why: str) -> None:
         self._context.counters.desired_not_for_this_instance += 1
         self._binding_log.warning(
             "not-for-this-instance",
-            "desired state ignored until the control plane answers this instance's birth: "
-            "this agent has applied nothing yet",
+            "desired state ignored until the control plane answers this instance's birth",
             why=why,
+            meanwhile=(
+                "the document kept on disk runs"
+                if self._applied_any
+                else "this agent has applied nothing yet"
+            ),
             generation=desired.generation,
         )
 
@@ -226,8 +253,9 @@ class DesiredStateApplier(AgentModule):
         self, desired: DesiredState, payload: bytes, *, from_disk: bool = False
     ) -> bool:
         """Apply `desired` unless it is misaddressed, not issued for this instance while
-        nothing was applied yet, or older than what was applied. `from_disk`: the
-        document this node applied before it stopped (issued for an earlier instance)."""
+        nothing came from the broker yet (3.), or older than what was applied.
+        `from_disk`: the document this node applied before it stopped (issued for an
+        earlier instance)."""
         if desired.node_id != self._context.identity.node_id:
             self._reject("addressee", f"addressed to {desired.node_id}")
             return False
@@ -249,6 +277,8 @@ class DesiredStateApplier(AgentModule):
         reported.observed_generation = desired.generation
         self._applied_issued_at = desired.issued_at
         self._applied_any = True
+        if not from_disk:
+            self._applied_from_broker = True
         self._training.apply(desired.training)
         await self._inference.apply(desired.deployments)
         if self._upgrades is not None:

@@ -1,6 +1,7 @@
 """The agent's side of births and replays (edge/agent/birth.py, edge/agent/desired.py),
 on a real broker: an agent keeps its own birth on its `status`, and an agent that has
-applied nothing yet applies only a `desired` document issued for its own instance."""
+applied nothing from the broker yet applies only a `desired` document issued for its own
+instance."""
 
 from __future__ import annotations
 
@@ -166,9 +167,12 @@ async def test_once_it_has_seen_bound_documents_a_fresh_agent_ignores_unbound_on
         assert running_jobs(agent) == set()
 
 
-async def test_an_agent_restored_from_disk_applies_newer_documents_whoever_they_were_for(
+async def test_an_agent_restored_from_disk_waits_for_a_document_issued_for_itself(
     broker: BrokerUnderTest, topic_root: str, tmp_path: Path
 ) -> None:
+    """A newer document issued for the instance before may be a superseded one that
+    someone re-published: the document on disk runs until the control plane answers this
+    instance's birth; from then on newer documents apply whoever they were issued for."""
     settings = mqtt_settings(broker.url, topic_root)
     topic = Topics(topic_root).node("v100-1", Channel.DESIRED)
     first = simulated_agent("v100-1", settings, "v100-8x", trains=True, state_dir=tmp_path)
@@ -180,8 +184,14 @@ async def test_an_agent_restored_from_disk_applies_newer_documents_whoever_they_
     async with running(second):
         await eventually(lambda: second.observed_generation == 2)  # from disk
         await publish(broker.url, topic, signed(document(3, first.instance_id, "kept", "more")))
+        await eventually(lambda: second.counters.desired_not_for_this_instance == 1)
+        assert running_jobs(second) == {"kept"}
+
+        await publish(broker.url, topic, signed(document(3, second.instance_id, "kept", "more")))
         await eventually(lambda: running_jobs(second) == {"kept", "more"})
-        assert second.counters.desired_not_for_this_instance == 0
+        await publish(broker.url, topic, signed(document(4, first.instance_id, "more")))
+        await eventually(lambda: running_jobs(second) == {"more"})
+        assert second.counters.desired_not_for_this_instance == 1
 
 
 async def test_an_unanswered_birth_is_announced_again(
