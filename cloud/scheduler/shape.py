@@ -15,6 +15,7 @@ from shared.work_literals import WorkKind
 
 from .model import KIND_INDEX, PRIORITY_RANK, InferenceDeployment, TrainingJob, Work
 from .policy import Policy
+from .self_anti_affinity import keeps_members_apart
 
 StaticKey = tuple[Hashable, ...]
 
@@ -32,7 +33,7 @@ class WorkShape:
     host_memory_bytes: int
     cpu_cores: int  # from the node's CPU pool beside the accelerators (GPU/NPU training)
     duration_s: float | None  # on the reference accelerator; None = long-running
-    max_per_node: int | None  # members of this work one node may hold
+    max_per_node: int | None  # members of this work one node may hold; None = no limit
     static_key: StaticKey  # everything the static filters depend on, except the kind
     builtin_weights: tuple[float, float, float, float]  # packing, load, speed, preference
     spread_weight: float
@@ -79,7 +80,7 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
             host_memory_bytes=work.host_memory_bytes,
             cpu_cores=work.cpus_per_worker,
             duration_s=work.duration_s,
-            max_per_node=None,
+            max_per_node=_apart_cap(work, None),
             static_key=("training", work.accelerators_per_worker, *common, *timing, *containment),
             builtin_weights=weights,
             spread_weight=0.0,
@@ -110,7 +111,7 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
         host_memory_bytes=work.host_memory_bytes,
         cpu_cores=0,
         duration_s=None,
-        max_per_node=work.max_replicas_per_node,
+        max_per_node=_apart_cap(work, work.max_replicas_per_node),
         static_key=(
             "inference",
             work.accelerators_per_replica,
@@ -122,3 +123,12 @@ def make_shape(work: Work, policy: Policy) -> WorkShape:
         builtin_weights=weights,
         spread_weight=policy.weight(work, "spread"),
     )
+
+
+def _apart_cap(work: Work, declared: int | None) -> int | None:
+    """Members per node: 1 for work that keeps its own members apart, whatever else it
+    declares, so that counts of what fits (reservations, speed classes, explanations)
+    see what the anti-affinity filter will allow, not one member per free slice."""
+    if keeps_members_apart(work):
+        return 1
+    return declared
