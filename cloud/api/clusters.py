@@ -22,7 +22,7 @@ from cloud.api.routes import Reply, Route
 from cloud.app_keys import CLUSTERS, SECRETS_AT_REST, STORE
 from cloud.clusters.credentials import sealed
 from cloud.clusters.views import MAX_CLUSTERS, ClusterList, ClusterSpec, ClusterView
-from cloud.store.clusters import ClusterRecord
+from cloud.store.clusters import ClusterRecord, TooManyClustersError
 from cloud.store.errors import ClusterExistsError, ClusterNotFoundError
 
 _SPEC_DECODER: Final = msgspec.json.Decoder(ClusterSpec)
@@ -37,11 +37,6 @@ def _not_found(name: str) -> Problem:
 async def add_cluster(request: web.Request) -> web.Response:
     spec = await read_json(request, _SPEC_DECODER)
     store = request.app[STORE]
-    registered = await store.list_clusters()
-    if len(registered) >= MAX_CLUSTERS:
-        raise Problem(
-            409, "too-many-clusters", "Too many clusters", f"at most {MAX_CLUSTERS} clusters"
-        )
     record = ClusterRecord(
         spec=sealed(spec, request.app[SECRETS_AT_REST]),
         created_at=time.time(),
@@ -58,7 +53,12 @@ async def add_cluster(request: web.Request) -> web.Response:
                 zone=spec.zone,
                 region=spec.region,
             ),
+            max_clusters=MAX_CLUSTERS,  # counted where it is added: a burst keeps to it
         )
+    except TooManyClustersError as error:
+        raise Problem(
+            409, "too-many-clusters", "Too many clusters", f"at most {error.max_clusters} clusters"
+        ) from None
     except ClusterExistsError:
         raise Problem(
             409,

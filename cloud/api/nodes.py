@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Annotated, Final
 
 import msgspec
 from aiohttp import web
 
-from cloud.access.views import AuditAction
 from cloud.api.audit import audit_entry
 from cloud.api.auth import tenant_of
 from cloud.api.bodies import PatchFields, decode_body, invalid_body, json_response, read_body
@@ -23,7 +22,8 @@ from cloud.fleet.node_admin import apply_one
 from cloud.fleet.registry import Approval, NodeFilter, NodeRecord
 from cloud.fleet.views import NodeDetail, NodeList, node_detail
 from cloud.fleet.well_known_labels import DERIVED_LABEL_KEYS, reserved_label_error
-from cloud.store import NodeAdminRecord
+from cloud.store import KEEP, NewAudit, NodeAdminRecord
+from cloud.store.node_admin import NodeAdminChanges
 from shared.messages import AcceleratorKind, NodeState, Site
 from shared.placement_names import (
     LABEL_KEY_PATTERN,
@@ -174,44 +174,49 @@ def _known(request: web.Request) -> str:
 
 
 async def _store_admin(
-    request: web.Request, record: NodeAdminRecord, action: AuditAction, **detail: object
+    request: web.Request,
+    node_id: str,
+    changes: NodeAdminChanges,
+    audit: Callable[[NodeAdminRecord], NewAudit],
 ) -> web.Response:
-    audit = audit_entry(request, action, record.node_id, **detail)
-    stored = await request.app[STORE].put_node_admin(record, audit=audit)
+    """Apply `changes` to the node's settings as stored now (another admin's change a
+    moment ago is kept: never the registry's copy written back whole), audited as
+    `audit` makes the entry from the record as stored."""
+    stored = await request.app[STORE].change_node_admin(node_id, changes, audit=audit)
     registry = request.app[REGISTRY]
-    if apply_one(registry, stored):
+    held = registry.admin.get(node_id)
+    # Concurrent changes may answer out of commit order: the newer record stays.
+    if (held is None or held.updated_at <= stored.updated_at) and apply_one(registry, stored):
         request.app[INGESTOR].notify_change()  # the next pass sees it now
-    found = registry.get(record.node_id)
+    found = registry.get(node_id)
     assert found is not None
     return json_response(node_detail(found, _drain_waiting(request, found)))
 
 
-def _current(request: web.Request, node_id: str) -> NodeAdminRecord:
-    return request.app[REGISTRY].admin.get(node_id) or NodeAdminRecord(node_id=node_id)
+def _audited(audit: NewAudit) -> Callable[[NodeAdminRecord], NewAudit]:
+    """An entry whose detail does not depend on the record as stored."""
+    return lambda _stored: audit
 
 
 async def cordon_node(request: web.Request) -> web.Response:
     node_id = _known(request)
-    return await _store_admin(
-        request, replace(_current(request, node_id), cordoned=True), "node.cordon"
-    )
+    audit = audit_entry(request, "node.cordon", node_id)
+    return await _store_admin(request, node_id, NodeAdminChanges(cordoned=True), _audited(audit))
 
 
 async def uncordon_node(request: web.Request) -> web.Response:
     node_id = _known(request)
-    return await _store_admin(
-        request,
-        replace(_current(request, node_id), cordoned=False, draining=False),
-        "node.uncordon",
-    )
+    audit = audit_entry(request, "node.uncordon", node_id)
+    changes = NodeAdminChanges(cordoned=False, draining=False)
+    return await _store_admin(request, node_id, changes, _audited(audit))
 
 
 @destructive("node.drain")
 async def drain_node(request: web.Request) -> web.Response:
     node_id = _known(request)
-    return await _store_admin(
-        request, replace(_current(request, node_id), cordoned=True, draining=True), "node.drain"
-    )
+    audit = audit_entry(request, "node.drain", node_id)  # past the bulk limit: stops here
+    changes = NodeAdminChanges(cordoned=True, draining=True)
+    return await _store_admin(request, node_id, changes, _audited(audit))
 
 
 class NodeApproval(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -244,21 +249,22 @@ async def approve_node(request: web.Request) -> web.Response:
     found = request.app[REGISTRY].get(node_id)
     assert found is not None
     claim = msgspec.structs.replace(claim_of(found.status), by_admin=True)
-    return await _store_admin(
+    audit = audit_entry(
         request,
-        replace(_current(request, node_id), approved=claim, trust_figures=body.trust_figures),
         "node.approve",
+        node_id,
         differences=list(found.awaiting_approval),
         approved=msgspec.to_builtins(claim),
         trust_figures=body.trust_figures,
     )
+    changes = NodeAdminChanges(approved=claim, trust_figures=body.trust_figures)
+    return await _store_admin(request, node_id, changes, _audited(audit))
 
 
 async def update_node(request: web.Request) -> web.Response:
     node_id = _known(request)
     body = decode_body(await read_body(request), _ADMIN_UPDATE)
     _NODE_CHANGES.check(body)
-    record = _current(request, node_id)
     if body.taints is not None:
         for number, text in enumerate(body.taints):
             try:
@@ -271,7 +277,6 @@ async def update_node(request: web.Request) -> web.Response:
                     f"taint {text[:100]!r}: key=value:Effect, the value printable ASCII "
                     "without spaces, nothing around it",
                 )
-        record = replace(record, taints=body.taints)
     if body.labels is not None:
         for key in body.labels:
             if (reserved := reserved_label_error(key)) is not None:
@@ -280,10 +285,17 @@ async def update_node(request: web.Request) -> web.Response:
         # an admin sets is shown to every tenant and exported, as a node's own labels are.
         if (fault := label_error(body.labels)) is not None:
             raise invalid_body(*fault)
-        record = replace(record, labels=body.labels)
-    return await _store_admin(
-        request, record, "node.update", taints=list(record.taints), labels=dict(record.labels)
+    changes = NodeAdminChanges(
+        taints=KEEP if body.taints is None else body.taints,
+        labels=KEEP if body.labels is None else body.labels,
     )
+
+    def audit(stored: NodeAdminRecord) -> NewAudit:
+        # As stored: a list or map this PATCH left out may have changed a moment ago.
+        taints, labels = list(stored.taints), dict(stored.labels)
+        return audit_entry(request, "node.update", node_id, taints=taints, labels=labels)
+
+    return await _store_admin(request, node_id, changes, audit)
 
 
 _ADMIN_REPLIES = (Reply(200, "The node, with what the admin set", NodeDetail),)

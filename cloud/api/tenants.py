@@ -20,6 +20,7 @@ from cloud.api.scope import tenant_not_found
 from cloud.app_keys import STORE
 from cloud.store import (
     KEEP,
+    NewAudit,
     NewTenant,
     TenantChanges,
     TenantExistsError,
@@ -103,7 +104,7 @@ async def _named(request: web.Request) -> TenantRecord:
 
 async def update_tenant(request: web.Request) -> web.Response:
     body = await read_json(request, _UPDATE_DECODER)
-    before = await _named(request)
+    found = await _named(request)
     _TENANT_CHANGES.check(body)
     changes = TenantChanges(
         quotas=KEEP if body.quotas is msgspec.UNSET else body.quotas,
@@ -118,14 +119,20 @@ async def update_tenant(request: web.Request) -> web.Response:
         max_queued=KEEP if body.max_queued is msgspec.UNSET else body.max_queued,
         lending_limit=KEEP if body.lending_limit is msgspec.UNSET else body.lending_limit,
     )
-    old = tenant_fields_of(before)
-    new = tenant_fields_of(changes.applied_to(before))
-    changed = {name: {"from": old[name], "to": new[name]} for name in old if old[name] != new[name]}
-    audit = audit_entry(request, "tenant.update", before.name, **changed)
+
+    def audit(before: TenantRecord, after: TenantRecord) -> NewAudit:
+        # From the tenant as the store locked it, not as read above: a PATCH that
+        # committed in between is this one's "from".
+        old, new = tenant_fields_of(before), tenant_fields_of(after)
+        changed = {
+            name: {"from": old[name], "to": new[name]} for name in old if old[name] != new[name]
+        }
+        return audit_entry(request, "tenant.update", before.name, **changed)
+
     try:
-        after = await request.app[STORE].update_tenant(before.tenant_id, changes, audit=audit)
+        after = await request.app[STORE].update_tenant(found.tenant_id, changes, audit=audit)
     except TenantNotFoundError:
-        raise tenant_not_found(before.name) from None
+        raise tenant_not_found(found.name) from None
     except ValueError as error:
         raise invalid_body("$", str(error)) from None
     return json_response(tenant_view(after))

@@ -8,15 +8,23 @@ from typing import Any
 
 import msgspec
 import structlog
-from sqlalchemy import Row, delete, insert, select
+from sqlalchemy import Row, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.clusters.views import SPEC_DECODER, ClusterSpec
 from cloud.store.engine import Backend
-from cloud.store.errors import ClusterExistsError, ClusterNotFoundError
+from cloud.store.errors import ClusterExistsError, ClusterNotFoundError, StoreError
 from cloud.store.schema import cluster_submissions, clusters
 from cloud.store.sql import insert_ignoring
+
+
+class TooManyClustersError(StoreError):
+    """A registration past the cap on registered clusters; nothing was added."""
+
+    def __init__(self, max_clusters: int) -> None:
+        super().__init__(f"at most {max_clusters} clusters")
+        self.max_clusters = max_clusters
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +80,16 @@ def _removed_record(row: Row[Any]) -> ClusterRecord:
         return ClusterRecord(spec, float(row.created_at), row.created_by)
 
 
-async def insert_cluster(connection: AsyncConnection, record: ClusterRecord) -> None:
+async def insert_cluster(
+    connection: AsyncConnection, record: ClusterRecord, *, max_clusters: int
+) -> None:
+    """Add a registration unless `max_clusters` are registered (`TooManyClustersError`)
+    or one of its name is (`ClusterExistsError`). Call holding the clusters lock
+    (`Store.add_cluster`): counted and added in one step, a burst of registrations
+    cannot each count the same registrations below the cap."""
+    count = (await connection.execute(select(func.count()).select_from(clusters))).scalar_one()
+    if count >= max_clusters:
+        raise TooManyClustersError(max_clusters)
     try:
         await connection.execute(
             insert(clusters).values(

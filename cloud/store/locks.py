@@ -13,7 +13,8 @@ from typing import Final, Literal
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-LockPurpose = Literal["migrate", "leader", "events"]
+# "clusters": registrations counted against their cap and added as one step.
+LockPurpose = Literal["migrate", "leader", "events", "clusters"]
 DEFAULT_NAMESPACE: Final = "public"
 
 

@@ -13,8 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.fleet.envelope import CLAIM_DECODER, NodeClaim
 from cloud.store.engine import Backend
+from cloud.store.records import KEEP, Keep
 from cloud.store.schema import node_admin
-from cloud.store.sql import dialect_insert, upsert
+from cloud.store.sql import dialect_insert, insert_ignoring, upsert
 
 _TAINTS = msgspec.json.Decoder(tuple[str, ...])
 _LABELS = msgspec.json.Decoder(dict[str, str])
@@ -35,28 +36,74 @@ class NodeAdminRecord:
     trust_figures: bool = False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeAdminChanges:
+    """What one admin action changes on a node (`Store.change_node_admin`); `KEEP` leaves
+    a field as it is stored, whatever another action changed since the caller looked."""
+
+    cordoned: bool | Keep = KEEP
+    draining: bool | Keep = KEEP
+    taints: tuple[str, ...] | Keep = KEEP
+    labels: Mapping[str, str] | Keep = KEEP
+    approved: NodeClaim | Keep | None = KEEP
+    trust_figures: bool | Keep = KEEP
+
+    def applied_to(self, record: NodeAdminRecord) -> NodeAdminRecord:
+        changed = {
+            name: value
+            for name in ("cordoned", "draining", "taints", "labels", "approved", "trust_figures")
+            if (value := getattr(self, name)) is not KEEP
+        }
+        return replace(record, **changed)
+
+
+def _row_values(record: NodeAdminRecord) -> dict[str, Any]:
+    return {
+        "node_id": record.node_id,
+        "cordoned": record.cordoned,
+        "draining": record.draining,
+        "taints": msgspec.json.encode(record.taints),
+        "labels": msgspec.json.encode(dict(record.labels)),
+        "updated_at": record.updated_at,
+        "approved": None if record.approved is None else msgspec.json.encode(record.approved),
+        "trust_figures": record.trust_figures,
+    }
+
+
 async def put_node_admin(
     connection: AsyncConnection, backend: Backend, record: NodeAdminRecord
 ) -> None:
+    await connection.execute(upsert(backend, node_admin, _row_values(record), ["node_id"]))
+
+
+async def change_node_admin(
+    connection: AsyncConnection,
+    backend: Backend,
+    node_id: str,
+    changes: NodeAdminChanges,
+    now: float,
+) -> NodeAdminRecord:
+    """Apply `changes` to the node's stored settings under its row lock (call inside a
+    write transaction); the record as stored.
+
+    The row is read here, locked, rather than taken from what the caller saw: two admin
+    actions at once (a cordon and a PATCH of labels) each keep the other's change. A
+    node with no row yet gets one with nothing set first, so that there is a row to
+    lock (PostgreSQL; SQLite's writers are one at a time anyway)."""
+    default = _row_values(NodeAdminRecord(node_id=node_id, updated_at=now))
+    await connection.execute(insert_ignoring(backend, node_admin, ["node_id"]).values(default))
+    query = select(node_admin).where(node_admin.c.node_id == node_id).with_for_update()
+    row = (await connection.execute(query)).one()
+    before = _record_from_row(row)
+    # Never before the stored time (a clock stepped back): the newest write is the
+    # newest record wherever records are compared by time (cloud/api/nodes.py).
+    after = replace(changes.applied_to(before), updated_at=max(now, before.updated_at))
+    values = _row_values(after)
+    del values["node_id"]
     await connection.execute(
-        upsert(
-            backend,
-            node_admin,
-            {
-                "node_id": record.node_id,
-                "cordoned": record.cordoned,
-                "draining": record.draining,
-                "taints": msgspec.json.encode(record.taints),
-                "labels": msgspec.json.encode(dict(record.labels)),
-                "updated_at": record.updated_at,
-                "approved": None
-                if record.approved is None
-                else msgspec.json.encode(record.approved),
-                "trust_figures": record.trust_figures,
-            },
-            ["node_id"],
-        )
+        update(node_admin).where(node_admin.c.node_id == node_id).values(values)
     )
+    return after
 
 
 def _record_from_row(row: Row[Any]) -> NodeAdminRecord:

@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from cloud.clusters.views import MAX_CLUSTERS
 from cloud.fleet.envelope import NodeClaim
 from cloud.store import (
     agent_upgrades,
@@ -104,7 +105,7 @@ from cloud.store.leadership import (
 from cloud.store.locks import advisory_key, current_namespace
 from cloud.store.migrate import MigrationReport, migrate
 from cloud.store.models import insert_model, list_model_page, model_from_row, select_model
-from cloud.store.node_admin import NodeAdminRecord
+from cloud.store.node_admin import NodeAdminChanges, NodeAdminRecord
 from cloud.store.records import (
     AllocationRecord,
     CommitResult,
@@ -274,6 +275,7 @@ class Store:
         # (the store's SQLite work, file reads) from the rest of the control plane.
         self._scrypt = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scrypt")
         self._leader_key = advisory_key(namespace, "leader")
+        self._clusters_key = advisory_key(namespace, "clusters")
         self._leases: set[LeadershipLease] = set()
         self._context = StoreContext(
             backend=target.backend,
@@ -451,15 +453,21 @@ class Store:
         return CreatedTenant(record, token)
 
     async def update_tenant(
-        self, tenant_id: str, changes: TenantChanges, *, audit: NewAudit | None = None
+        self,
+        tenant_id: str,
+        changes: TenantChanges,
+        *,
+        audit: Callable[[TenantRecord, TenantRecord], NewAudit] | None = None,
     ) -> TenantRecord:
         """Change a tenant's quotas, caps, cohort or priority classes; the scheduling
-        loop applies them from its next pass. Raises `TenantNotFoundError`, ValueError."""
+        loop applies them from its next pass. Raises `TenantNotFoundError`, ValueError.
+        `audit` makes the entry from the tenant before and after, as read under its row
+        lock (a change committed a moment ago is the "before"), in the same transaction."""
         now = self._clock()
         async with self._write() as connection:
-            _, after = await change_tenant(connection, tenant_id, changes)
+            before, after = await change_tenant(connection, tenant_id, changes)
             if audit is not None:
-                await insert_audit(connection, audit, now)
+                await insert_audit(connection, audit(before, after), now)
         self._tokens.forget_tenant(tenant_id)  # its cached record is stale
         self.tenant_changes += 1
         return after
@@ -1222,10 +1230,16 @@ class Store:
 
     # ---- clusters (cloud/store/clusters.py) ---------------------------------------------
 
-    async def add_cluster(self, record: ClusterRecord, *, audit: NewAudit) -> None:
-        """Register a cluster (audited); raises `ClusterExistsError`."""
+    async def add_cluster(
+        self, record: ClusterRecord, *, audit: NewAudit, max_clusters: int = MAX_CLUSTERS
+    ) -> None:
+        """Register a cluster (audited) unless `max_clusters` are; raises
+        `ClusterExistsError`, `TooManyClustersError`."""
         async with self._write() as connection:
-            await clusters.insert_cluster(connection, record)
+            if self.backend == "postgresql":
+                # Every registration counts under this lock (SQLite: its one writer).
+                await connection.execute(select(func.pg_advisory_xact_lock(self._clusters_key)))
+            await clusters.insert_cluster(connection, record, max_clusters=max_clusters)
             await insert_audit(connection, audit, record.created_at)
 
     async def list_clusters(self) -> tuple[ClusterRecord, ...]:
@@ -1320,12 +1334,32 @@ class Store:
     async def put_node_admin(
         self, record: NodeAdminRecord, *, audit: NewAudit | None = None
     ) -> NodeAdminRecord:
-        """Replace what an admin set on one node; the record as stored (its time set)."""
+        """Replace what an admin set on one node; the record as stored (its time set).
+        A change of some fields, where others may change at once: `change_node_admin`."""
         stored = replace(record, updated_at=self._clock())
         async with self._write() as connection:
             await node_admin.put_node_admin(connection, self.backend, stored)
             if audit is not None:
                 await insert_audit(connection, audit, stored.updated_at)
+        return stored
+
+    async def change_node_admin(
+        self,
+        node_id: str,
+        changes: NodeAdminChanges,
+        *,
+        audit: Callable[[NodeAdminRecord], NewAudit] | None = None,
+    ) -> NodeAdminRecord:
+        """Change what an admin set on one node, read and written under its row lock (a
+        concurrent change is kept, never overwritten); the record as stored. `audit`
+        makes the entry from that record, recorded in the same transaction."""
+        now = self._clock()
+        async with self._write() as connection:
+            stored = await node_admin.change_node_admin(
+                connection, self.backend, node_id, changes, now
+            )
+            if audit is not None:
+                await insert_audit(connection, audit(stored), now)
         return stored
 
     async def set_first_claims(self, claims: Mapping[str, NodeClaim]) -> None:
