@@ -76,7 +76,9 @@ def load_enrolment_proof(
     try:
         head = certificate_head(certificate)
         load_public_key(head.exchange_key)
-    except (CertificateError, SealingKeyError) as error:
+    # RecursionError: a payload nested too deeply for msgspec (certificate_head reads it
+    # unverified; the control plane's enrolment answer is where it came from).
+    except (CertificateError, SealingKeyError, RecursionError) as error:
         _log.warning("enrolment certificate invalid", path=str(path), error=str(error))
         return None
     if head.node_id != node_id or head.sealing_public_key != public_key_text(sealing_key):

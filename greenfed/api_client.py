@@ -23,6 +23,7 @@ import aiohttp
 import msgspec
 
 from greenfed.arguments import EXIT_AUTH, EXIT_FAILURE, EXIT_USAGE
+from shared.errors import MSGSPEC_DECODE_ERRORS
 from shared.problems import CONFIRM_HEADER, CONFIRM_VALUE, ProblemBody
 from shared.token_files import MalformedTokenFile, read_token_file, token_problem
 
@@ -133,7 +134,7 @@ def _check_api_url(url: str, source: str) -> None:
 def _problem(body: bytes) -> ProblemBody | None:
     try:
         return msgspec.json.decode(body, type=ProblemBody)
-    except msgspec.MsgspecError:
+    except MSGSPEC_DECODE_ERRORS:  # nested too deeply included
         return None
 
 
@@ -302,7 +303,7 @@ class ApiClient:
         _, payload = await self.call("GET", path, params=params)
         try:
             return msgspec.json.decode(payload, type=decode)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except MSGSPEC_DECODE_ERRORS as error:  # nested too deeply included
             raise self._not_greenfed("GET", path, f"something else ({error})") from None
 
     async def stream(

@@ -40,6 +40,7 @@ from greenfed.api_client import ApiClient, CliError, Target
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
 from shared.enrolment_certificate import enrolment_proof
 from shared.enrolment_marker import EnrolmentMarker, read_marker
+from shared.errors import MSGSPEC_DECODE_ERRORS
 from shared.sealing import SealingKeyError, load_public_key, public_key_text
 from shared.settings import ConfigError, load_settings
 from shared.token_files import write_secret
@@ -200,7 +201,7 @@ async def _identity_proof(
         _, payload = await client.call("GET", "/v1/nodes/enrol")
         authority = msgspec.json.decode(payload, type=EnrolmentAuthority)
         exchange_key = load_public_key(authority.exchange_key)
-    except (CliError, msgspec.DecodeError, SealingKeyError):
+    except (CliError, *MSGSPEC_DECODE_ERRORS, SealingKeyError):
         return None
     return enrolment_proof(sealing_key, exchange_key, node_id=node_id, join_token=token)
 
@@ -271,7 +272,7 @@ async def enrol(
         _, payload = await client.call("POST", "/v1/nodes/enrol", body=body)
     try:
         enrolment = msgspec.json.decode(payload, type=Enrolment)
-    except msgspec.DecodeError as error:  # ValidationError included
+    except MSGSPEC_DECODE_ERRORS as error:  # ValidationError and nested too deeply included
         raise CliError(f"{api} answered the enrolment with something else: {error}") from None
     document = merged_settings(existing, enrolment, ca)
     marker = EnrolmentMarker(api, enrolment.cluster_id, enrolment.node_id)

@@ -24,6 +24,13 @@ PathSegment: TypeAlias = str | int | EllipsisType
 does not report (it writes `$.score_weights[...]`)."""
 FieldPath: TypeAlias = tuple[PathSegment, ...]
 
+MSGSPEC_DECODE_ERRORS: Final = (msgspec.DecodeError, RecursionError)
+"""What decoding bytes from another party with msgspec raises for bytes it cannot take:
+`DecodeError` (its `ValidationError` included) and `RecursionError`, msgspec's guard
+against a stack overflow on nesting too deep (`{"x":` then 3,000 `[`), which no decoder
+type prevents: a field the type ignores, or an untyped one, is walked all the same.
+Caught where such bytes are decoded, too deep is malformed there, not a crash."""
+
 
 def _step(segment: PathSegment) -> str:
     if segment is ...:

@@ -52,6 +52,7 @@ from cloud.broker_accounts.ownership import (
     own_node_account,
     own_reader_account,
 )
+from shared.errors import MSGSPEC_DECODE_ERRORS
 from shared.mqtt import MqttSession, instance_client_id
 from shared.settings import MqttSettings, parse_mqtt_url
 from shared.tasks import cancel_and_wait
@@ -301,7 +302,7 @@ class DynamicSecurityAccounts(BrokerAccounts):
             return
         try:
             batch = RESPONSES_DECODER.decode(payload)
-        except msgspec.DecodeError:  # ValidationError included
+        except MSGSPEC_DECODE_ERRORS:  # nested too deeply included: it would end _serve
             _log.warning("undecodable dynamic-security reply", bytes=len(payload))
             return
         if not batch.responses or batch.responses[0].correlation_data is None:

@@ -6,7 +6,8 @@ Mapping (the same for every provider):
 * 429 → `SignalRateLimited`, with `Retry-After` read as seconds or an HTTP date
 * 400, 404 → `SignalUnavailable` (unknown zone or region, or no data for it)
 * 5xx, any other non-2xx, timeouts, connection errors and bodies that do not
-  match the documented format → `SignalUnavailable`
+  match the documented format (JSON nested too deeply to read among them)
+  → `SignalUnavailable`
 
 Bodies are decoded straight into frozen msgspec Structs that mirror the
 provider's documented JSON, so a renamed field is an error here, not a silent
@@ -24,6 +25,7 @@ import msgspec
 
 from cloud.signals.model import SignalAuthError, SignalRateLimited, SignalUnavailable
 from cloud.signals.units import Clock, system_clock
+from shared.errors import MSGSPEC_DECODE_ERRORS
 
 T = TypeVar("T")
 
@@ -97,7 +99,7 @@ class HttpSource:
             return None
         try:
             return decoder.decode(body)
-        except msgspec.DecodeError as error:
+        except MSGSPEC_DECODE_ERRORS as error:  # nested too deeply included
             raise SignalUnavailable(
                 f"{self.provider}: {path} answered in an unexpected format: {error}"
             ) from None

@@ -103,7 +103,7 @@ def jwt_expiry_s(token: str) -> float | None:
     payload = parts[1] + "=" * (-len(parts[1]) % 4)
     try:
         claims = json.loads(base64.urlsafe_b64decode(payload))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     expiry = claims.get("exp") if isinstance(claims, dict) else None
     return float(expiry) if isinstance(expiry, int | float) else None

@@ -110,7 +110,7 @@ def _token_user(token: str) -> str:
         return ""
     try:
         payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, binascii.Error):
+    except (ValueError, binascii.Error, RecursionError):  # RecursionError: nested too deeply
         return ""
     user = payload.get("sun") if isinstance(payload, dict) else None
     return user if isinstance(user, str) else ""

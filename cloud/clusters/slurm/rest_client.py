@@ -97,7 +97,7 @@ class SlurmRestClient:
             raise ClusterRefused(f"slurmrestd answered {path} with over {MAX_ANSWER_BYTES} bytes")
         try:
             answer = json.loads(data) if data else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
             answer = None
         if not isinstance(answer, dict):
             message = data[:300].decode(errors="replace").strip()
