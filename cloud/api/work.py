@@ -46,6 +46,7 @@ from cloud.api.routes import Handler, Reply, RequestHeader, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
 from cloud.api.stored_specs import exact_spec, known_spec, shown_spec
 from cloud.app_keys import REGISTRY, SECRETS_AT_REST, STORE
+from cloud.loop.inputs import backing_off
 from cloud.loop.rollout import ROLLOUT_MIN_REPLICAS, rollout_event, settled_spec
 from cloud.loop.scaling import scaled_canary, scaled_spec
 from cloud.secrets.redaction import redacted
@@ -64,7 +65,7 @@ from cloud.store import (
 from cloud.store.records import submitted_as
 from cloud.usage.views import usage_summary
 from cloud.work.convert import check_convertible, spec_of
-from cloud.work.explanation import decode_explanation
+from cloud.work.explanation import Explanation, PendingView, decode_explanation
 from cloud.work.specs import (
     DEPLOYMENT_DECODER,
     TRAINING_DECODER,
@@ -807,20 +808,63 @@ async def _explain(request: web.Request, collection: Collection[SpecT]) -> web.R
             message = "The stored explanation could not be read by this greenfed version."
     elif found.work.state_reason:
         message = found.work.state_reason
-    if found.work.state == "pending" and found.work.hold is not None:
+    explained_at = None if found.explained_at is None else utc_from_epoch(found.explained_at)
+    record = found.work
+    if record.state == "pending" and record.hold is not None:
         # Out of the queue until a person lifts the hold: the scheduler's last word on it
         # (made before) no longer says why it waits; the hold's reason does.
-        explanation, message = None, found.work.state_reason or found.work.hold
+        explanation, message = None, record.state_reason or record.hold
+    elif backing_off(record, time.time()):
+        # Out of the queue until its retry may be placed: no pass explains it meanwhile.
+        explanation = _backoff_explanation(record)
+        message, explained_at = explanation.message, explanation.decided_at
+    elif (
+        record.state == "pending"
+        and explanation is not None
+        and explanation.outcome in _PLACED_OUTCOMES
+    ):
+        # Back in the queue since the pass that placed it (requeued, its node lost, a
+        # failure retried): that pass's word no longer holds, the reason does, until a
+        # pass explains it again (one that finds it waiting as it did before it was
+        # placed writes no new explanation, only a reason that changed).
+        explanation, message, explained_at = None, record.state_reason or message, None
     body = ExplainView(
-        id=found.work.work_id,
+        id=record.work_id,
         kind=collection.spec_kind,
-        state=found.work.state,
-        reason=found.work.state_reason,
-        explained_at=None if found.explained_at is None else utc_from_epoch(found.explained_at),
+        state=record.state,
+        reason=record.state_reason,
+        explained_at=explained_at,
         message=message,
         explanation=explanation,
     )
     return json_response(body)
+
+
+# What a pass explains of work it placed (all or some of it, or moved it).
+_PLACED_OUTCOMES: Final = frozenset({"placed", "partial", "moved"})
+
+
+def _backoff_explanation(record: WorkRecord) -> Explanation:
+    """Why a job that failed waits (code `backoff`): its retry policy
+    (cloud/work/retries.py) queues it again at `not_before`. Decided when it failed, the
+    last change to the record."""
+    assert record.not_before is not None
+    retry_at = utc_from_epoch(record.not_before)
+    reason = (record.state_reason or "it failed").removesuffix(".")
+    return Explanation(
+        outcome="pending",
+        message=f"Waiting out its retry backoff until {retry_at:%Y-%m-%dT%H:%M:%SZ}: {reason}.",
+        decided_at=utc_from_epoch(record.updated_at),
+        pending=PendingView(
+            code="backoff",
+            nodes_total=0,
+            fitting_nodes=0,
+            rejections={},
+            members_needed=0,
+            members_placed=0,
+            retry_at=retry_at,
+        ),
+    )
 
 
 # aiohttp handlers per collection (distinct functions: routes are declared per handler).
