@@ -20,7 +20,11 @@ Passes run when something happens (a commit by this process's API, a node state
 change, an agent report), debounced, and at least every `scheduling.interval_s`
 (or sooner when a start window opens or a deferral ends). Only the leader runs
 passes: the store's leadership (an advisory lock on PostgreSQL, a file lock on
-SQLite) decides, and every commit is checked against it.
+SQLite) decides, and every commit is checked against it, and so is every pass as it
+starts. Its publisher asks too (`LeaseConfirmation`): before documents go out (at most
+about once a second) and at once when another leader's newer document appears on a node,
+so that a leader whose lock was taken over while it was paused stops at once instead of
+overwriting the new leader's documents with its older ones until its next pass.
 """
 
 from __future__ import annotations
@@ -159,6 +163,62 @@ def unexplained(explained: Mapping[str, object], store: StoreSnapshot) -> list[s
     return [work_id for work_id in list(explained) if work_id not in active]
 
 
+class LeaseConfirmation:
+    """Answers the desired publisher's "does this process still lead?" from the lease,
+    while the loop leads (`SchedulingLoop._lead` runs `run` beside the passes; its
+    `LeadershipLostError` ends them).
+
+    The check runs in this task, never the asker's: the publisher's tasks are cancelled
+    whenever its broker connection drops, and a PostgreSQL lease check cancelled in the
+    middle of its statement ends the lock's session (cloud/store/leadership.py), which
+    would hand leadership away over an MQTT blip. Askers that come while a check is under
+    way get the next one: it started after they asked."""
+
+    def __init__(self, lease: LeadershipLease) -> None:
+        self._lease = lease
+        self._asked = asyncio.Event()
+        self._answer: asyncio.Future[bool] | None = None  # the next check's
+        self._ended = False
+        self._log = structlog.get_logger("greenfed.loop")
+
+    async def still_leading(self) -> bool:
+        """False once the lease is lost, or once the loop stopped leading under it."""
+        if self._ended:
+            return False
+        if self._answer is None:
+            self._answer = asyncio.get_running_loop().create_future()
+            self._asked.set()
+        # Shielded: an asker cancelled while it waits leaves the answer to the others.
+        return await asyncio.shield(self._answer)
+
+    async def run(self) -> None:
+        """Check the lease whenever asked; raise `LeadershipLostError` once it is lost."""
+        checking: asyncio.Future[bool] | None = None
+        try:
+            while True:
+                await self._asked.wait()
+                self._asked.clear()
+                checking, self._answer = self._answer, None
+                if checking is None:
+                    continue
+                try:
+                    await self._lease.check()
+                except LeadershipLostError:
+                    checking.set_result(False)
+                    raise
+                except Exception as error:
+                    # The session answered (an error of the server's, not a lost session):
+                    # it still holds the lock. The next pass's check and commits decide.
+                    self._log.warning("leadership check failed", error=str(error))
+                checking.set_result(True)
+                checking = None
+        finally:
+            self._ended = True
+            for waiting in (checking, self._answer):
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(False)
+
+
 @dataclass(slots=True)
 class LoopStats:
     passes: int = 0
@@ -278,6 +338,21 @@ class SchedulingLoop:
                     )
 
     async def _lead(self, lease: LeadershipLease) -> None:
+        """Lead until cancelled or the lease is lost (`LeadershipLostError`): found by a
+        pass, or by the publisher's asking (`LeaseConfirmation`), which ends the pass or
+        the wait under way at once."""
+        confirmation = LeaseConfirmation(lease)
+        self._publisher.confirm_leading = confirmation.still_leading
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(confirmation.run(), name="leadership-confirmation")
+                await self._lead_passes(lease)
+        except* LeadershipLostError as lost:
+            raise lost.exceptions[0] from None
+        finally:
+            self._publisher.confirm_leading = None
+
+    async def _lead_passes(self, lease: LeadershipLease) -> None:
         if self._settings.startup_settle_s:
             # Retained births arrive within moments of subscribing; a first pass before
             # them would see holes in the fleet (and count their nodes as lost sooner).
@@ -316,6 +391,7 @@ class SchedulingLoop:
             await self._wait_for_trigger()
 
     async def _wait_for_trigger(self) -> None:
+        waiting_since = self._monotonic()
         timeout_s = self._settings.interval_s
         if self._retry_at is not None:
             timeout_s = max(0.0, min(timeout_s, self._retry_at - self._clock()))
@@ -329,7 +405,14 @@ class SchedulingLoop:
             # trigger waits only the debounce.
             since_pass_s = self._monotonic() - self._last_pass_end
             busy_s = 2 * self.stats.last_pass_ms / 1000.0 - since_pass_s
-            gap_s = max(self._settings.debounce_s, busy_s)
+            # But never past when the pass would have run without the trigger: the
+            # duration is wall time, database waits included (the API shares the
+            # database too), so a pass the process spent paused in (SIGSTOP, a frozen VM,
+            # a long collection) counts the pause, and twice a 30 s pause left jobs
+            # pending on idle nodes for a minute against "a pass at least every
+            # interval_s".
+            due_in_s = max(0.0, timeout_s - (self._monotonic() - waiting_since))
+            gap_s = min(max(self._settings.debounce_s, busy_s), due_in_s)
             if gap_s:
                 await asyncio.sleep(gap_s)
 

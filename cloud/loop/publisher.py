@@ -34,7 +34,10 @@ retained document again. Each message is checked:
 - on a node whose document this publisher holds (the scheduling leader holds every
   node's that ever had a generation: with or without work), anything other than what
   it last published there (a replay of an older document, a forged one, a cleared
-  topic) is replaced with the newest document at once;
+  topic) is replaced with the newest document at once, except a valid document of this
+  cluster with a newer generation: only a leader publishes that, so this process may no
+  longer lead (its lock taken over while it was paused). That one is left, and the
+  leadership is checked at once (`confirm_leading`, below);
 - on any other node, a document that is not this cluster's (another cluster id after a
   store reset, unsigned, or not verifiable with our key) is cleared with an empty
   retained payload. A valid document of this cluster there is the leader's business:
@@ -44,6 +47,14 @@ retained document again. Each message is checked:
 Repairs go through the same queue as documents (one pending message per node), so a
 flood of forgeries makes at most one publication per node per round. The first sweep
 ends (`swept`) when no retained document has come for `sweep_quiet_s`.
+
+**Only a leader's documents go out.** While the scheduling loop leads it gives the
+publisher `confirm_leading`, which asks its lease. The publisher asks before documents
+(its own or repairs) go out, at most once per `leadership_check_interval_s`, and at once
+when a newer document of ours appears on a node it holds. Answered no, it forgets every
+document (`forget`) and sends only clears: a leader that was paused (SIGSTOP, a frozen
+VM) while its lock went to another replica would otherwise have replaced the new
+leader's documents with its own older ones, again and again, until its next pass.
 
 **A node the registry forgets leaves** (`drop`: revoked, or no longer admitted): the
 publisher keeps nothing of it, clears its retained document once (an empty payload,
@@ -64,8 +75,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 import aiomqtt
@@ -96,6 +108,8 @@ SWEEP_INTERVAL_S: Final = 300.0
 # Documents published to one node whose copy has not come back yet, at most.
 _ECHOES_KEPT: Final = 8
 _REPAIR_LOG_INTERVAL_S: Final = 10.0
+# Documents go out at most this long after the lease was last found held.
+LEADERSHIP_CHECK_INTERVAL_S: Final = 1.0
 # QoS 1 messages paho keeps unacknowledged (its `max_inflight_messages`, 20 by default):
 # no more publishes than that are outstanding at once (`DesiredPublisher._send`).
 IN_FLIGHT: Final = 20
@@ -112,11 +126,13 @@ class DesiredPublisher:
         sweep_quiet_s: float = 1.0,
         sweep_interval_s: float = SWEEP_INTERVAL_S,
         max_payload_bytes: int = DESIRED_MAX_BYTES,
+        leadership_check_interval_s: float = LEADERSHIP_CHECK_INTERVAL_S,
     ) -> None:
         """`cluster_id`: the store's (documents of any other are stale); `sweep_quiet_s`:
         how long without a retained document ends a sweep; `sweep_interval_s`: how often
         every retained document is read back and checked; `max_payload_bytes`: the
-        largest signed document that is sent."""
+        largest signed document that is sent; `leadership_check_interval_s`: how long a
+        `confirm_leading` answer serves documents that go out."""
         self._topics = Topics(settings.topic_root)
         self._signing_key = signing_key
         self._public_key = signing_key.public_key()
@@ -124,6 +140,7 @@ class DesiredPublisher:
         self._sweep_quiet_s = sweep_quiet_s
         self._sweep_interval_s = sweep_interval_s
         self._max_payload_bytes = max_payload_bytes
+        self._leadership_check_interval_s = leadership_check_interval_s
         self._sweep_activity = asyncio.Event()
         self._log = structlog.get_logger("greenfed.loop.publisher")
         self._repair_log = RateLimitedLog(self._log, _REPAIR_LOG_INTERVAL_S)
@@ -148,6 +165,11 @@ class DesiredPublisher:
         # The agent instance a node's document is issued for (`follow_instances`).
         self._instance_of: Callable[[str], str | None] = lambda node_id: None
         self._binds = False
+        # The leader's lease, asked before documents go out (`confirm_leading`); when it
+        # last answered yes (monotonic), and whether a newer document of ours was seen.
+        self._confirm_leading: Callable[[], Awaitable[bool]] | None = None
+        self._confirmed_at: float | None = None
+        self._superseded = False
         self.published_total = 0
         # Retained documents of another cluster (or unsigned, or forged) cleared.
         self.stale_cleared_total = 0
@@ -164,6 +186,20 @@ class DesiredPublisher:
         # Set once the first connection's sweep of retained documents has finished.
         self.swept = asyncio.Event()
         self.connected = self._session.connected
+
+    @property
+    def confirm_leading(self) -> Callable[[], Awaitable[bool]] | None:
+        """Whether this process still leads: set by the scheduling loop while it leads
+        (cloud/loop/loop.py `LeaseConfirmation`), None otherwise (a replica that does not
+        lead sends clears only, which need no lease)."""
+        return self._confirm_leading
+
+    @confirm_leading.setter
+    def confirm_leading(self, confirm: Callable[[], Awaitable[bool]] | None) -> None:
+        # Another lease: what the last one answered says nothing of it.
+        self._confirm_leading = confirm
+        self._confirmed_at = None
+        self._superseded = False
 
     def follow_instances(self, registry: NodeRegistry) -> None:
         """Issue every document for the node's current agent instance in `registry`, and
@@ -187,9 +223,11 @@ class DesiredPublisher:
         self._queued.set()
 
     def forget(self) -> None:
-        """Leadership changed hands: the next leader republishes everything it has."""
+        """Leadership changed hands: the next leader republishes everything it has, and
+        none of this one's documents still queued goes out (clears do: any replica's)."""
         self._generations.clear()
         self._latest.clear()
+        self._queue = {node_id: None for node_id, doc in self._queue.items() if doc is None}
 
     def resend(self, matching: Callable[[str], bool]) -> None:
         """Forget what was handed over for the nodes `matching` names: the loop's next
@@ -302,6 +340,17 @@ class DesiredPublisher:
         # it replaces the repair in the queue.
         latest = self._latest.get(node_id)
         if latest is not None:
+            if received and self._supersedes(received, latest):
+                # Another leader's: ask the lease (`_publish`) instead of overwriting it.
+                self._superseded = True
+                self._queued.set()
+                self._repair_log.warning(
+                    "superseded",
+                    "newer desired of this cluster seen: does this replica still lead?",
+                    node_id=node_id,
+                    last_published_generation=latest.generation,
+                )
+                return
             self._repair(node_id, latest, "not the newest document" if received else "cleared")
             return
         if not received:
@@ -313,6 +362,19 @@ class DesiredPublisher:
             stale_because = error.reason
         if stale_because is not None:
             self._repair(node_id, None, stale_because)
+
+    def _supersedes(self, payload: bytes, latest: DesiredState) -> bool:
+        """Whether `payload` is a document of this cluster, signed with our key, newer
+        than `latest` for its node: one that only a leader publishes."""
+        try:
+            document = verify_desired(payload, self._public_key)
+        except DesiredSignatureError:
+            return False
+        return (
+            document.cluster_id == self.cluster_id
+            and document.node_id == latest.node_id
+            and document.generation > latest.generation
+        )
 
     def _is_ours(self, node_id: str, payload: bytes) -> bool:
         """What we published coming back (a copy, or the retained one sent again)."""
@@ -353,8 +415,37 @@ class DesiredPublisher:
         while True:
             await self._queued.wait()
             self._queued.clear()
+            if not await self._still_leading():
+                self._log.warning("desired documents not sent: this replica no longer leads")
+                self.forget()  # clears still go out
             batch, self._queue = self._queue, {}
             await self._publish_batch(client, batch)
+
+    async def _still_leading(self) -> bool:
+        """Ask `confirm_leading` when a newer document of ours was seen, or before
+        documents go out unless it said yes within `leadership_check_interval_s`."""
+        while True:
+            confirm = self._confirm_leading
+            if confirm is None or not (self._superseded or self._documents_unconfirmed()):
+                return True
+            self._superseded = False
+            asked_at = time.monotonic()
+            leading = await confirm()
+            if confirm is self._confirm_leading:
+                if leading:
+                    self._confirmed_at = asked_at
+                return leading
+            # The loop stopped leading under that lease meanwhile (and forgot its
+            # documents), and may lead under another already: that one is asked.
+
+    def _documents_unconfirmed(self) -> bool:
+        """Documents wait to go out, and the lease was not found held lately."""
+        confirmed_at = self._confirmed_at
+        if confirmed_at is not None and (
+            time.monotonic() - confirmed_at < self._leadership_check_interval_s
+        ):
+            return False
+        return any(document is not None for document in self._queue.values())
 
     async def _publish_batch(
         self, client: aiomqtt.Client, batch: dict[str, DesiredState | None]
@@ -385,9 +476,12 @@ class DesiredPublisher:
         try:
             await self._send(client, payloads, acknowledged)
         except BaseException:
-            # What did not go out goes on the next connection, unless newer was queued.
+            # What did not go out goes on the next connection, unless newer was queued, or
+            # leadership was lost meanwhile (`forget`: a document no longer ours to send).
             for node_id in payloads.keys() - sent:
-                self._queue.setdefault(node_id, batch[node_id])
+                document = batch[node_id]
+                if document is None or node_id in self._latest:
+                    self._queue.setdefault(node_id, document)
             self._queued.set()
             raise
 
