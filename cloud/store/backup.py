@@ -7,6 +7,15 @@ transaction in WAL mode (its snapshot holds from its first read to its end while
 writer goes on: in WAL neither waits for the other); on PostgreSQL a REPEATABLE READ,
 READ ONLY transaction, the snapshot `pg_dump` takes too.
 
+A PostgreSQL snapshot does not cover a migration, though: a table an `ALTER ... TYPE`
+rewrites after the snapshot was taken reads as empty in it (the rewritten rows are
+newer than the snapshot). So a backup holds the migrations' advisory lock shared from
+before its snapshot to its end: a migration (another replica, a newer greenfed starting)
+waits for the backup, and a backup for a running migration; a restore takes the lock
+exclusively, so it and a backup wait for each other alike. Backups never wait for each
+other. SQLite needs no such lock: a
+migration is a write like any other there, invisible to a read transaction begun before.
+
 The tables are read as the database has them (reflected), so a database at any schema
 version this greenfed knows can be backed up; the rows go into the portable file of
 cloud/store/backup_file.py, which a restore reads into either backend.
@@ -24,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import MetaData, Table, inspect, select
+from sqlalchemy import MetaData, Table, func, inspect, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, SAWarning
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -43,6 +52,7 @@ from cloud.store.backup_file import (
 )
 from cloud.store.engine import DatabaseTarget, build_engine, resolve_database
 from cloud.store.errors import NotAStoreError, StoreError, StoreUnavailableError
+from cloud.store.locks import advisory_key, current_namespace
 from cloud.store.migrate import applied_version
 from cloud.store.migrations import MIGRATIONS
 from cloud.store.schema import CLUSTER_ID_SECRET, metadata, schema_version, secrets
@@ -109,14 +119,17 @@ async def take_backup(
     writer: BackupWriter | None = None
     rows: dict[str, int] = {}
     try:
-        async with engine.connect() as connection, connection.begin():
-            header, tables = await _snapshot(connection, target, greenfed_version, clock())
-            writer = await asyncio.to_thread(BackupWriter, path, header)
-            for table in tables:
-                name = str(table.name)
-                rows[name] = await _copy_table(connection, table, writer)
-                if on_table is not None:
-                    await on_table(name, rows[name])
+        async with engine.connect() as connection:
+            if target.backend == "postgresql":
+                await _keep_migrations_out(connection, target)
+            async with connection.begin():
+                header, tables = await _snapshot(connection, target, greenfed_version, clock())
+                writer = await asyncio.to_thread(BackupWriter, path, header)
+                for table in tables:
+                    name = str(table.name)
+                    rows[name] = await _copy_table(connection, table, writer)
+                    if on_table is not None:
+                        await on_table(name, rows[name])
         size_bytes = await asyncio.to_thread(writer.finish)
     except (DBAPIError, sqlite3.Error) as error:
         detail = str(error.orig) if isinstance(error, DBAPIError) else str(error)
@@ -128,6 +141,19 @@ async def take_backup(
             writer.discard()  # failed or cancelled before finish(): no partial file stays
         await engine.dispose()
     return BackupReport(path, size_bytes, header, rows, time.perf_counter() - started)
+
+
+async def _keep_migrations_out(connection: AsyncConnection, target: DatabaseTarget) -> None:
+    """Take the migrations' lock shared, for the session, and commit: the snapshot is taken
+    by the next transaction's first statement, once no migration runs. Taken in that
+    transaction instead, the lock would be waited for after its snapshot was taken. The
+    session holds the lock until its connection closes: the engine is disposed when the
+    backup ends, however it ends."""
+    namespace = target.schema or await current_namespace(connection)
+    await connection.execute(
+        select(func.pg_advisory_lock_shared(advisory_key(namespace, "migrate")))
+    )
+    await connection.commit()
 
 
 def check_backup_path(path: Path, target: DatabaseTarget) -> None:

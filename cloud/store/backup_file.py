@@ -10,6 +10,10 @@ A gzip stream of JSON lines:
 3. the trailer (`BackupTrailer`): the rows of each table, so that a file cut short
    (a full disk, a copy interrupted) is refused rather than half restored.
 
+The trailer is the last line and the gzip stream ends with it: a reader reads on to the
+stream's end, where gzip checks the CRC32 and length of all it decompressed, and refuses
+anything after it.
+
 Values are JSON scalars: text (a JSON document as its exact text), integers, floats
 (a non-finite one as "NaN", "Infinity" or "-Infinity": JSON has none), booleans, null.
 Rows are the database's as they are: secrets at rest stay ciphertext. The keys that
@@ -35,6 +39,7 @@ import msgspec
 
 from cloud.store.errors import BackupFormatError
 from shared.agent_packages import MAX_PACKAGE_BYTES
+from shared.errors import MSGSPEC_DECODE_ERRORS
 
 FORMAT: Final = "greenfed-store-backup"
 FORMAT_VERSION: Final = 1
@@ -127,7 +132,7 @@ def looks_like_backup(path: Path) -> bool:
         with gzip.open(path, "rb") as stream:
             line = stream.readline(_MAX_HEADER_BYTES)
         return _format_decoder.decode(line).format == FORMAT
-    except (OSError, EOFError, zlib.error, msgspec.DecodeError):
+    except (OSError, EOFError, zlib.error, *MSGSPEC_DECODE_ERRORS):
         return False
 
 
@@ -244,8 +249,9 @@ class BackupReader:
     """Reads a backup file: the header at once, then each table's rows in batches.
 
     Blocking (decompression, file I/O): call `next_batch` off the event loop. Every
-    damage is a `BackupFormatError`: a wrong CRC, a file cut short, a line that is
-    not what the format puts there or longer than any greenfed writes, a header's
+    damage is a `BackupFormatError`: a wrong CRC or length, a file cut short, anything
+    after the trailer (another file appended), a line that is not what the format puts
+    there (JSON nested too deep included) or longer than any greenfed writes, a header's
     created_at that is no date, a row of the wrong width, a value that is not of its
     column's kind (a restore checks the kinds against the schema,
     cloud/store/restore.py), a JSON document the store could not read back (the
@@ -281,9 +287,7 @@ class BackupReader:
         try:
             line = self._file.readline(max_bytes + 1)
         except (OSError, EOFError, zlib.error) as error:
-            # gzip says "Compressed file ended before the end-of-stream marker was
-            # reached", "CRC check failed", "Not a gzipped file".
-            raise BackupFormatError(f"{self.path}: damaged: {error}") from None
+            raise self._damaged(error) from None
         if len(line) > max_bytes:
             raise BackupFormatError(
                 f"{self.path}: a line longer than {max_bytes:,} bytes, more than greenfed "
@@ -291,13 +295,19 @@ class BackupReader:
             )
         return line
 
+    def _damaged(self, error: OSError | EOFError | zlib.error) -> BackupFormatError:
+        # gzip says "Compressed file ended before the end-of-stream marker was
+        # reached", "CRC check failed ...", "Incorrect length of data produced",
+        # "Not a gzipped file".
+        return BackupFormatError(f"{self.path}: damaged: {error}")
+
     def _read_header(self) -> BackupHeader:
         line = self._readline(_MAX_HEADER_BYTES)
         if not line.startswith(b"{"):
             raise BackupFormatError(f"{self.path} is not a greenfed store backup")
         try:
             header = _header_decoder.decode(line)
-        except msgspec.DecodeError as error:
+        except MSGSPEC_DECODE_ERRORS as error:
             raise BackupFormatError(
                 f"{self.path} is not a greenfed store backup ({error})"
             ) from None
@@ -341,7 +351,7 @@ class BackupReader:
                 raise BackupFormatError(f"{self.path} ends before its trailer: it is truncated")
             try:
                 item = _line_decoder.decode(line)
-            except msgspec.DecodeError as error:
+            except MSGSPEC_DECODE_ERRORS as error:
                 raise BackupFormatError(f"{self.path}: a damaged line ({error})") from None
             if isinstance(item, list):
                 rows.append(self._row(item))
@@ -405,7 +415,7 @@ class BackupReader:
                 continue
             try:
                 decoder.decode(document)
-            except msgspec.DecodeError as error:  # its ValidationError too
+            except MSGSPEC_DECODE_ERRORS as error:  # its ValidationError too
                 first = table.columns[0].name
                 raise BackupFormatError(
                     f"{self.path}: {table.name}.{table.columns[index].name} in row "
@@ -427,8 +437,25 @@ class BackupReader:
             raise BackupFormatError(
                 f"{self.path}: the trailer counts {trailer.rows}, the file holds {self._rows}"
             )
+        self._check_end()
         self.trailer = trailer
         self._table = None
+
+    def _check_end(self) -> None:
+        """The file must end with the trailer's line. Reading on to the end is what makes
+        gzip check the CRC32 and length of all it decompressed (a flipped bit can inflate
+        to other rows that parse, a hash changed in one character, and only the CRC sees
+        it) and refuse a footer cut short; whatever follows (another file appended, a
+        second backup) is refused too, rather than left unread."""
+        try:
+            after = self._file.read(1)  # one byte: an appended file is not decompressed
+        except (OSError, EOFError, zlib.error) as error:
+            raise self._damaged(error) from None
+        if after:
+            raise BackupFormatError(
+                f"{self.path}: data after its trailer: the file was changed, or had "
+                "another appended to it"
+            )
 
 
 # The tables people ask about first, with the words they use for them.

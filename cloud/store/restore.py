@@ -6,7 +6,9 @@ Ctrl-C) leaves the database as it was, a store that `force` was replacing includ
 1. the locks: no control plane may be scheduling on the database (SQLite: the leader's
    `flock` beside the file; PostgreSQL: the leader's advisory lock, tried), and one that
    starts meanwhile waits for the restore before it migrates (SQLite: the write lock,
-   PostgreSQL: the migration lock);
+   PostgreSQL: the migration lock, which a running backup holds shared: the restore
+   waits for it). An API-only replica holds neither lock and is not seen: the
+   operator stops it (docs/operations.md);
 2. what is there: a database a newer greenfed migrated is refused (`force` or not: its
    tables this greenfed does not know would stay behind), one holding any row is
    refused unless `force`, and what a forced restore replaces is described;
