@@ -9,6 +9,9 @@ msgspec reports its own refusals (an unknown, missing or mistyped field) and whe
 the document a `__post_init__` error happened only as text, so `FieldError.from_msgspec`
 reads that text, here and nowhere else. An error our `__post_init__` raised keeps its
 typed path and reason; only the location msgspec adds in front of it is read from text.
+
+A string that does not match its type's `pattern` msgspec refuses by quoting the regex,
+which tells a person nothing; `worded_pattern` gives a pattern the words that replace it.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ class FieldError(ValueError):
             return UnknownFieldError((*location, match.group("field")), message)
         if match := _MISSING.match(message):
             return MissingFieldError((*location, match.group("field")), message)
-        return FieldError(location, f"{message} (a key)" if in_key else message)
+        reason = _worded(message)
+        return FieldError(location, f"{reason} (a key)" if in_key else reason)
 
 
 class UnknownFieldError(FieldError):
@@ -110,6 +114,33 @@ _LOCATION: Final = re.compile(r" - at `(?P<key>key` in `)?\$(?P<path>[^`]*)`$")
 _STEP: Final = re.compile(r"\.(?P<field>[^.\[`]+)|\[(?P<index>\d+|\.\.\.)\]")
 _UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
 _MISSING: Final = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+
+
+# msgspec's refusal of a string that does not match its pattern: "Expected `str`
+# matching regex <repr of the pattern>".
+_PATTERN_REFUSAL: Final = "Expected `str` matching regex "
+# Said of a pattern no `worded_pattern` gave words: still no regex.
+UNWORDED_PATTERN_REASON: Final = "not in the form this field takes"
+_PATTERN_REASONS: Final[dict[str, str]] = {}  # msgspec's refusal -> the words shown instead
+
+
+def worded_pattern(pattern: str, reason: str) -> str:
+    """`pattern`, for a `msgspec.Meta(pattern=...)`, with `reason`: what
+    `FieldError.from_msgspec` says of a value that does not match it, in place of the
+    regex ("must be letters, digits, ..."). A pattern has one reason: the same pattern
+    given other words (two types that share it) is a mistake, refused at import."""
+    refusal = f"{_PATTERN_REFUSAL}{pattern!r}"
+    known = _PATTERN_REASONS.setdefault(refusal, reason)
+    if known != reason:
+        raise ValueError(f"pattern {pattern!r} already has the words {known!r}")
+    return pattern
+
+
+def _worded(message: str) -> str:
+    """msgspec's reason, with a pattern's words in place of the regex it quotes."""
+    if not message.startswith(_PATTERN_REFUSAL):
+        return message
+    return _PATTERN_REASONS.get(message, UNWORDED_PATTERN_REASON)
 
 
 def _segment(step: re.Match[str]) -> PathSegment:

@@ -19,13 +19,14 @@ their names); the schema bounds each value loosely enough for its stored form.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
 import msgspec
 
 from cloud.work.array_ranges import MAX_ARRAY_INDEX, MAX_ARRAY_TASKS, MAX_ARRAY_TEXT, parse_array
-from shared.errors import FieldError, json_path
+from shared.errors import FieldError, json_path, worded_pattern
 from shared.images import registry_of
 from shared.messages import KERNEL_PIDS_MAX, AcceleratorKind, ImagePullPolicy, LaunchMode, Site
 from shared.mig_profiles import MIG_PROFILE_PATTERN
@@ -45,23 +46,41 @@ from shared.worker_env import ARRAY_VARIABLES, RUNNER_VARIABLES
 GIB: Final = 1024**3
 
 # "(?!\n)": Python's $ also matches before a final newline; JSON Schema's (ECMA) never does.
+# Each pattern is worded (shared/errors.py): a refusal says what it takes, not the regex.
+_NAME_PATTERN: Final = worded_pattern(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
+    "must be letters, digits, '.', '_' and '-', starting with a letter or digit; at most "
+    "128 characters",
+)
 Name = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
+        pattern=_NAME_PATTERN,
         description="Letters, digits, '.', '_' and '-'; at most 128 characters.",
     ),
 ]
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=253)]
-EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$(?!\n)")]
+EnvName = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=worded_pattern(
+            r"^[A-Za-z_][A-Za-z0-9_]{0,255}$(?!\n)",
+            "must be a variable name: letters, digits and '_', not starting with a digit; "
+            "at most 256 characters",
+        ),
+        description="A variable name: letters, digits and '_', not starting with a digit.",
+    ),
+]
 GroupName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Gib = Annotated[float, msgspec.Meta(ge=0, le=1024 * 1024, description="Gibibytes (2**30 bytes).")]
 Weight = Annotated[float, msgspec.Meta(ge=0, le=1e6)]
 MigProfile = Annotated[
     str,
     msgspec.Meta(
-        pattern=MIG_PROFILE_PATTERN,
+        pattern=worded_pattern(
+            MIG_PROFILE_PATTERN, "must be a MIG profile: <1-7>g.<memory>gb, e.g. 1g.10gb"
+        ),
         description=(
             "Each accelerator is a MIG slice of this profile (e.g. 1g.10gb), never a whole "
             "GPU; GPUs only."
@@ -72,7 +91,10 @@ Seconds = Annotated[float, msgspec.Meta(ge=0)]
 StartWindowText = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-3]):[0-5][0-9]$(?!\n)",
+        pattern=worded_pattern(
+            r"^([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-3]):[0-5][0-9]$(?!\n)",
+            "must be HH:MM-HH:MM, two 24-hour times, e.g. 20:00-06:00",
+        ),
         description=(
             "HH:MM-HH:MM in the node's local time, e.g. 20:00-06:00 (may wrap midnight); "
             "the job starts only inside it."
@@ -88,7 +110,10 @@ Deadline = Annotated[
 WorkId = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
+        pattern=worded_pattern(
+            r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
+            "must be an id as greenfed gives them (a ULID: 26 digits and upper-case letters)",
+        ),
         description="A job's id (a ULID), as POST /v1/jobs returned it.",
     ),
 ]
@@ -116,6 +141,9 @@ _REGISTRY: Final = rf"{_DOMAIN_LABEL}(?:\.{_DOMAIN_LABEL})*(?::[0-9]{{1,5}})?"
 _PATH_COMPONENT: Final = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG: Final = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _DIGEST: Final = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_IMAGE: Final = (
+    rf"(?:{_REGISTRY}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?"
+)
 # Nodes get it with its registry spelled out (shared/images.py `qualified`, at most 18
 # characters more) within the wire's 512 (shared/messages.py DesiredTraining.image).
 _IMAGE_MAX_CHARS: Final = 512 - len("docker.io/library/")
@@ -124,10 +152,9 @@ ImageReference = Annotated[
     msgspec.Meta(
         min_length=1,
         max_length=_IMAGE_MAX_CHARS,
-        pattern=(
-            rf"^(?:{_REGISTRY}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-            rf"(?::{_TAG})?(?:@{_DIGEST})?$(?!\n)"
-        ),
+        # Published, but checked by TrainingJobSpec (`image_reference_fault`), which can
+        # say which part is wrong where a pattern only says "no".
+        extra_json_schema={"pattern": rf"^{_IMAGE}$(?!\n)"},
         description=(
             "An OCI image reference, [registry[:port]/]path[:tag][@digest], e.g. "
             "ghcr.io/acme/trainer:2.1; without a registry, docker.io."
@@ -139,10 +166,53 @@ RegistryHost = Annotated[
     str,
     msgspec.Meta(
         max_length=260,
-        pattern=rf"^{_REGISTRY}$(?!\n)",
+        pattern=worded_pattern(
+            rf"^{_REGISTRY}$(?!\n)",
+            "must be a registry's host name, with a port or not, e.g. ghcr.io or localhost:5000",
+        ),
         description="Host[:port] of a registry, e.g. ghcr.io.",
     ),
 ]
+
+
+def image_reference_fault(image: str) -> str | None:
+    """None for a well-formed image reference; else why not, naming the part at fault
+    where it can be told (upper case in the path is the usual mistake)."""
+    if re.fullmatch(_IMAGE, image):
+        return None
+    return (
+        "not an OCI image reference ([registry[:port]/]path[:tag][@digest]): "
+        + _image_part_at_fault(image)
+    )
+
+
+def _image_part_at_fault(image: str) -> str:
+    if any(character.isspace() or not character.isprintable() for character in image):
+        return "it holds whitespace or a control character"
+    name, at_sign, digest = image.partition("@")
+    if at_sign and re.fullmatch(_DIGEST, digest) is None:
+        return "the digest after '@' must be <algorithm>:<hex digits>, e.g. sha256:<64 hex>"
+    head, slash, last = name.rpartition("/")
+    last, colon, tag = last.partition(":")  # past the last '/': a registry's port is not
+    if colon and re.fullmatch(_TAG, tag) is None:
+        return (
+            "the tag after ':' must be letters, digits, '_', '.' and '-', not starting "
+            "with '.' or '-'; at most 128 characters"
+        )
+    parts = [*head.split("/"), last] if slash else [last]
+    # The first part names a registry where a runtime reads it so (shared/images.py).
+    if slash and registry_of(name) == parts[0]:
+        if re.fullmatch(_REGISTRY, parts[0]) is None:
+            return "the registry must be a host name, with a port or not, e.g. ghcr.io:443"
+        parts = parts[1:]
+    if "" in parts:
+        return "the path has an empty part ('//', or a '/' at an end)"
+    if any(part != part.lower() for part in parts):
+        return "the path must be lower case"
+    return (
+        "each part of the path between '/' must be lower-case letters and digits, "
+        "joined by '.', '_', '__' or '-'"
+    )
 
 
 class SpecStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -154,7 +224,7 @@ class SpecStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 JobReference = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
+        pattern=_NAME_PATTERN,
         description="A job's id (a ULID), or the name or a unique id prefix of one of the "
         "tenant's jobs: replaced by its id at submission.",
     ),
@@ -278,7 +348,13 @@ class RegistryAuthSpec(SpecStruct, frozen=True, kw_only=True):
     # a terminal escape sequence; no registry login holds one.
     username: Annotated[
         str,
-        msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$(?!\n)"),
+        msgspec.Meta(
+            min_length=1,
+            max_length=256,
+            pattern=worded_pattern(
+                r"^[^\x00-\x1f\x7f-\x9f]+$(?!\n)", "must be printable: no control characters"
+            ),
+        ),
     ]
     password: Annotated[
         str,
@@ -424,7 +500,12 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
         Annotated[
             str,
             msgspec.Meta(
-                min_length=1, max_length=4096, pattern=r"^[^\s\x00-\x1f\x7f-\x9f]+$(?!\n)"
+                min_length=1,
+                max_length=4096,
+                pattern=worded_pattern(
+                    r"^[^\s\x00-\x1f\x7f-\x9f]+$(?!\n)",
+                    "must have no whitespace or control characters",
+                ),
             ),
         ]
         | None
@@ -512,6 +593,8 @@ class TrainingJobSpec(SpecStruct, frozen=True, kw_only=True):
     ] = None
 
     def __post_init__(self) -> None:
+        if self.image is not None and (fault := image_reference_fault(self.image)):
+            raise FieldError("image", fault)
         if self.array is not None:
             parse_array(self.array)  # a FieldError on `array` says what is wrong
         array_variables = sorted(ARRAY_VARIABLES.intersection(self.env))
