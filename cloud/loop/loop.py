@@ -140,9 +140,11 @@ def fresh_explanations(
 ) -> dict[str, bytes]:
     """Explanations worth writing: every placement and preemption, and pending work
     whose reason changed since the last one this leader wrote (work waiting for its
-    dependencies included); `explained` (what was written, by work id) is updated."""
-    wanted = {placement.work_id for placement in plan.placements}
-    wanted.update(preemption.work_id for preemption in plan.preemptions)
+    dependencies included); `explained` (the pending wording written, by work id) is
+    updated: placed and preempted work leaves it."""
+    placed_or_preempted = {placement.work_id for placement in plan.placements}
+    placed_or_preempted.update(preemption.work_id for preemption in plan.preemptions)
+    wanted = set(placed_or_preempted)
     for pending in plan.pending:
         key = (pending.code, pending.message, pending.members_placed)
         if explained.get(pending.work_id) != key:
@@ -154,6 +156,11 @@ def fresh_explanations(
         if explained.get(work_id) != key:
             explanations[work_id] = explanation_for_waiting(plan.now, waiting)
         explained[work_id] = key
+    # Their stored explanation is now this placement or preemption: back in the queue
+    # (requeued, its node lost, a failure retried at once), the first pass that finds
+    # it waiting writes why, even in the words it waited in before it was placed.
+    for work_id in placed_or_preempted:
+        explained.pop(work_id, None)
     return explanations
 
 
@@ -545,11 +552,12 @@ class SchedulingLoop:
             translation = translate(decision.plan, inputs, explanations, decision.moves)
             return inputs, decision, counterfactuals, translation
 
-        # What this leader wrote, updated by `decide` in a copy: a pass cancelled while
-        # its thread runs (leadership lost) leaves the loop's own untouched.
+        # What this leader wrote, updated by `decide` in a copy and taken once written: a
+        # pass cancelled while its thread runs (leadership lost) or whose commit raised
+        # (all or nothing: a version conflict, plan again) leaves the loop's own
+        # untouched, so the next pass writes what this one could not.
         explained = self._explained.copy()
         inputs, decision, counterfactuals, translation = await asyncio.to_thread(decide)
-        self._explained = explained
         await self.fair_share.persist(self._store, move_check)
         if not decision.plan.undecided:
             self._last_full_pass = move_check
@@ -560,8 +568,13 @@ class SchedulingLoop:
         for move in translation.moves:
             self._log.info("work moved", work_id=move.work_id, reason=move.explain())
         pass_write = translation.write
-        if translation.changes_work or pass_write.pending_reasons or pass_write.explanations:
+        writes = bool(
+            translation.changes_work or pass_write.pending_reasons or pass_write.explanations
+        )
+        if writes:
             await self._commit(pass_write, lease, inputs.records)
+        self._explained = explained
+        if writes:
             self.stats.placed += translation.placed
             self.stats.evicted += translation.evicted
             self.stats.migrated += len(translation.moves)
