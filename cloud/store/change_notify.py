@@ -18,6 +18,14 @@ its own listeners, so it skips its own notifications. While the listening connec
 is down, notifications are lost; the reconnect loop wakes the listeners once after
 every reconnect, and the interval poll covers the gap. SQLite has no such channel:
 there, commits of other processes are seen only by polling.
+
+The same connection marks the replica as running: it holds the schema's "replica"
+advisory lock in shared mode (cloud/store/locks.py) for as long as it is open, taken
+again on every reconnect, so that a restore, which tries that lock exclusively, sees
+every replica, API-only ones included, and refuses to replace the store under them.
+Shared, the replicas never wait for each other, and no other lock (migrations,
+backups, leadership) uses that key. While the connection is down (the database
+restarting) the replica is not seen.
 """
 
 from __future__ import annotations
@@ -150,7 +158,8 @@ def listener_connector(
 class ChangeListener:
     """LISTENs on `channel` over one connection, reconnecting with capped, jittered
     backoff when it drops, and calls `on_change()` when another process committed.
-    `on_change` must be quick and must not raise (the store's commit listeners are)."""
+    `on_change` must be quick and must not raise (the store's commit listeners are).
+    With `replica_lock_key`, the connection holds that advisory lock shared first."""
 
     def __init__(
         self,
@@ -159,6 +168,7 @@ class ChangeListener:
         origin: str,
         on_change: Callable[[], None],
         *,
+        replica_lock_key: int | None = None,
         reconnect_initial_s: float = 0.1,
         reconnect_max_s: float = 5.0,
         check_interval_s: float = 30.0,
@@ -167,10 +177,12 @@ class ChangeListener:
         self._connect = connect
         self._origin = origin
         self._on_change = on_change
+        self._replica_lock_key = replica_lock_key
         self._backoff = Backoff(reconnect_initial_s, reconnect_max_s)
         self._check_interval_s = check_interval_s
         self._log = structlog.get_logger("greenfed.store")
-        # Set while LISTEN holds; the server process that listens (tests end it).
+        # Set while LISTEN (and the replica lock) holds; the server process that listens
+        # (tests end it).
         self.listening = asyncio.Event()
         self.backend_pid: int | None = None
         self.connects = 0  # LISTENs that took, the first one included
@@ -202,6 +214,14 @@ class ChangeListener:
         """Returns when the connection is lost; raises when it fails a check."""
         lost = asyncio.Event()
         connection.add_termination_listener(lambda _connection: lost.set())
+        if self._replica_lock_key is not None:
+            # Session-level: held until this connection closes, the server releasing it
+            # when it is cut. It waits only while a restore holds it (for its one
+            # transaction); bounded, so a connection cut meanwhile is retried.
+            async with asyncio.timeout(self._check_interval_s):
+                await connection.execute(
+                    "SELECT pg_advisory_lock_shared($1)", self._replica_lock_key
+                )
         await connection.add_listener(self.channel, self._notified)
         self.connects += 1
         self.backend_pid = connection.get_server_pid()

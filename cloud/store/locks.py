@@ -14,7 +14,10 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 # "clusters": registrations counted against their cap and added as one step.
-LockPurpose = Literal["migrate", "leader", "events", "clusters"]
+# "replica": held shared by every running control plane (its change listener's
+# connection, cloud/store/change_notify.py) and tried exclusively by a restore, which
+# refuses to replace a store that one of them serves (cloud/store/restore.py).
+LockPurpose = Literal["migrate", "leader", "events", "clusters", "replica"]
 DEFAULT_NAMESPACE: Final = "public"
 
 

@@ -3,12 +3,13 @@
 All in one transaction, so a restore that fails (a damaged file, a database error,
 Ctrl-C) leaves the database as it was, a store that `force` was replacing included:
 
-1. the locks: no control plane may be scheduling on the database (SQLite: the leader's
-   `flock` beside the file; PostgreSQL: the leader's advisory lock, tried), and one that
-   starts meanwhile waits for the restore before it migrates (SQLite: the write lock,
-   PostgreSQL: the migration lock, which a running backup holds shared: the restore
-   waits for it). An API-only replica holds neither lock and is not seen: the
-   operator stops it (docs/operations.md);
+1. the locks: no control plane may be running on the database (SQLite: the leader's
+   `flock` beside the file; PostgreSQL: the leader's advisory lock and the replicas'
+   one, which every running replica holds shared, API-only ones included
+   (cloud/store/change_notify.py), both tried), and one that starts meanwhile waits for
+   the restore before it migrates (SQLite: the write lock, PostgreSQL: the migration
+   lock, which a running backup holds shared: the restore waits for it). `force` never
+   overrides these: it replaces a store's rows, not one a control plane serves;
 2. what is there: a database a newer greenfed migrated is refused (`force` or not: its
    tables this greenfed does not know would stay behind), one holding any row is
    refused unless `force`, and what a forced restore replaces is described;
@@ -127,6 +128,11 @@ _IN_USE: Final = (
     "a control plane is scheduling on {target}: stop every greenfed cloud (and greenfed "
     "up) that uses it, then restore"
 )
+_SERVED: Final = (
+    "a control plane (an API replica or the scheduling leader) runs on {target}: stop "
+    "every greenfed cloud (and greenfed up) that uses it, API-only replicas included, "
+    "then restore"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +176,7 @@ async def restore_backup(
     Raises `BackupFormatError` (not a backup, damaged, truncated, changed by hand),
     `SchemaTooNewError` (taken by a newer greenfed, or the database migrated by one),
     `SchemaMismatchError` (another build's migrations), `RestoreTargetNotEmptyError`
-    (without `force`), `StoreInUseError` (a control plane is scheduling there),
+    (without `force`), `StoreInUseError` (a control plane runs there, `force` or not),
     `StoreUnavailableError`; after any of them the database is as it was.
     """
     started = time.perf_counter()
@@ -294,6 +300,11 @@ async def _postgres_locks(
     leader = advisory_key(namespace, "leader")
     if not (await connection.execute(select(func.pg_try_advisory_xact_lock(leader)))).scalar():
         raise StoreInUseError(_IN_USE.format(target=target.describe()))
+    # Exclusive, against every running replica's shared hold; a replica that starts or
+    # reconnects meanwhile waits for the restore's commit.
+    replicas = advisory_key(namespace, "replica")
+    if not (await connection.execute(select(func.pg_try_advisory_xact_lock(replicas)))).scalar():
+        raise StoreInUseError(_SERVED.format(target=target.describe()))
 
 
 async def survey(connection: AsyncConnection) -> StoreContents:

@@ -349,7 +349,9 @@ class Store:
 
     def listen_for_changes(self, *, connect_timeout_s: float = 10.0) -> None:
         """PostgreSQL: call the commit listeners when another process (a replica)
-        committed, too, until `close()`. SQLite: nothing to listen to (no-op)."""
+        committed, too, until `close()`; meanwhile the listening connection marks this
+        process as a running replica, which a restore refuses to replace the store
+        under. SQLite: nothing to listen to (no-op)."""
         if self.target.backend != "postgresql" or self._change_listening is not None:
             return
         self.change_listener = ChangeListener(
@@ -357,6 +359,8 @@ class Store:
             self._change_channel,
             self._origin,
             self._tell_listeners,
+            # A restore refuses the store while this replica runs (cloud/store/restore.py).
+            replica_lock_key=advisory_key(self._namespace, "replica"),
         )
         self._change_listening = asyncio.create_task(
             self.change_listener.run(), name="store-change-listener"
