@@ -98,6 +98,7 @@ from cloud.fleet.plausibility import (
     without_illegal_transitions,
 )
 from cloud.fleet.registry import NodeRegistry, NodeStateChange, Rejection
+from shared.errors import MSGSPEC_DECODE_ERRORS
 from shared.logs import RateLimitedLog
 from shared.messages import (
     EVENT_DECODER,
@@ -426,8 +427,7 @@ class Ingestor:
             return decoder.decode(payload)
         except msgspec.ValidationError as error:
             self._reject(channel, InvalidReason.SCHEMA_VIOLATION, topic, str(error))
-        # RecursionError: msgspec's guard against a stack overflow ('{"x":' + '[' * 3000).
-        except (msgspec.DecodeError, RecursionError) as error:
+        except MSGSPEC_DECODE_ERRORS as error:  # too deep ('{"x":' + '[' * 3000) included
             self._reject(channel, InvalidReason.MALFORMED_JSON, topic, str(error))
         return None
 
@@ -616,7 +616,7 @@ class Ingestor:
         counted as `not_enrolled`: nothing more is counted here)."""
         try:
             status = STATUS_DECODER.decode(payload)
-        except (msgspec.DecodeError, RecursionError):  # ValidationError included; too deep
+        except MSGSPEC_DECODE_ERRORS:  # ValidationError and nesting too deep included
             return
         if status.node_id == node_id and self._implausible(status) is None:
             offer(printable_status(status), bytes(payload))

@@ -19,6 +19,7 @@ from cloud.store.sql import dialect_insert, insert_ignoring, upsert
 
 _TAINTS = msgspec.json.Decoder(tuple[str, ...])
 _LABELS = msgspec.json.Decoder(dict[str, str])
+_TIME_STEP_S = 1e-6  # a change's time is at least this after the one it follows
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,12 @@ async def change_node_admin(
     before = _record_from_row(row)
     # Never before the stored time (a clock stepped back): the newest write is the
     # newest record wherever records are compared by time (cloud/api/nodes.py).
-    after = replace(changes.applied_to(before), updated_at=max(now, before.updated_at))
+    # Strictly after the change it follows (the clock was read before the row's lock): the
+    # registry keeps the newest of concurrent answers by this time, and a tie let the
+    # older one win.
+    after = replace(
+        changes.applied_to(before), updated_at=max(now, before.updated_at + _TIME_STEP_S)
+    )
     values = _row_values(after)
     del values["node_id"]
     await connection.execute(

@@ -22,7 +22,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from cloud.clusters.views import MAX_CLUSTERS
 from cloud.fleet.envelope import NodeClaim
 from cloud.store import (
     agent_upgrades,
@@ -1235,7 +1234,7 @@ class Store:
     # ---- clusters (cloud/store/clusters.py) ---------------------------------------------
 
     async def add_cluster(
-        self, record: ClusterRecord, *, audit: NewAudit, max_clusters: int = MAX_CLUSTERS
+        self, record: ClusterRecord, *, audit: NewAudit, max_clusters: int
     ) -> None:
         """Register a cluster (audited) unless `max_clusters` are; raises
         `ClusterExistsError`, `TooManyClustersError`."""

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import aiomqtt
-import msgspec
 
 from edge.agent.context import AgentContext
 from edge.agent.device_health import DeviceHealth
@@ -42,6 +41,7 @@ from edge.agent.module import AgentModule
 from edge.agent.spool import CLOCK_STEP_TOLERANCE_S
 from edge.discovery import DiscoveryResult
 from shared import __version__
+from shared.errors import MSGSPEC_DECODE_ERRORS
 from shared.logs import RateLimitedLog
 from shared.messages import (
     STATUS_DECODER,
@@ -255,7 +255,7 @@ class Birth(AgentModule):
             return "cleared"
         try:
             status: NodeStatus = STATUS_DECODER.decode(payload)
-        except (msgspec.DecodeError, RecursionError):  # msgspec's guard: nested too deeply
+        except MSGSPEC_DECODE_ERRORS:  # nesting too deep included
             return "unreadable"
         if status.instance_id != self._context.instance_id:
             return f"{status.state} status of another instance"

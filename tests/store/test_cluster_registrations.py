@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 from sqlalchemy import update
 
-from cloud.clusters.views import ClusterSpec, SlurmAccessSpec
+from cloud.clusters.views import MAX_CLUSTERS, ClusterSpec, SlurmAccessSpec
 from cloud.store import Store, TenantRecord
 from cloud.store.audit import Actor, NewAudit
 from cloud.store.clusters import ClusterRecord
@@ -23,7 +23,9 @@ def _audit(tenant: TenantRecord, action: str, target: str) -> NewAudit:
 async def _register(store: Store, tenant: TenantRecord, name: str) -> None:
     spec = ClusterSpec(name=name, zone="DE", region="eu-central", slurm=SlurmAccessSpec())
     record = ClusterRecord(spec=spec, created_at=1.0, created_by=tenant.tenant_id)
-    await store.add_cluster(record, audit=_audit(tenant, "cluster.add", name))
+    await store.add_cluster(
+        record, audit=_audit(tenant, "cluster.add", name), max_clusters=MAX_CLUSTERS
+    )
 
 
 async def test_a_registration_todays_rules_refuse_is_left_out_not_fatal(
