@@ -16,10 +16,10 @@ import msgspec
 from rich.table import Table
 
 from cloud.access.views import AuditList, TokenCreated, TokenList, TokenRotated, TokenView
-from greenfed.api_client import ApiClient
+from greenfed.api_client import ApiClient, path_segment
 from greenfed.arguments import EXIT_OK
 from greenfed.output import Output, emit
-from greenfed.work_commands import ago, at_utc, console, plain
+from greenfed.work_commands import ago, at_utc, console, get_and_show, plain
 
 _SHOWN_ONCE: Final = "token (shown only now, keep it secret)"
 _STATE_STYLE: Final = {"active": "green", "rotated": "yellow", "expired": "dim", "revoked": "red"}
@@ -70,11 +70,14 @@ def render_tokens(tokens: TokenList, output: Output) -> None:
 
 
 async def list_tokens(client: ApiClient, *, tenant: str | None, output: Output) -> int:
-    _, payload = await client.call("GET", "/v1/tokens", params=_tenant_params(tenant))
-    emit(
-        output, payload, lambda: render_tokens(msgspec.json.decode(payload, type=TokenList), output)
+    return await get_and_show(
+        client,
+        "/v1/tokens",
+        TokenList,
+        lambda tokens: render_tokens(tokens, output),
+        output=output,
+        params=_tenant_params(tenant),
     )
-    return EXIT_OK
 
 
 def _made(token: TokenView, secret: str) -> str:
@@ -85,18 +88,15 @@ def _made(token: TokenView, secret: str) -> str:
 
 
 async def create_token(client: ApiClient, name: str, *, tenant: str | None, output: Output) -> int:
-    _, payload = await client.call(
+    reply = await client.ask(
         "POST",
         "/v1/tokens",
+        TokenCreated,
         params=_tenant_params(tenant),
         body=msgspec.json.encode({"name": name}),
     )
-
-    def said() -> None:
-        created = msgspec.json.decode(payload, type=TokenCreated)
-        output.out.write(_made(created, created.token))
-
-    emit(output, payload, said)
+    created = reply.value
+    emit(output, reply.payload, lambda: output.out.write(_made(created, created.token)))
     return EXIT_OK
 
 
@@ -104,13 +104,14 @@ async def rotate_token(
     client: ApiClient, token_id: str, *, overlap_s: float | None, output: Output
 ) -> int:
     body = None if overlap_s is None else msgspec.json.encode({"overlap_s": overlap_s})
-    _, payload = await client.call("POST", f"/v1/tokens/{token_id}/rotate", body=body)
-    emit(output, payload, lambda: output.out.write(_rotated_lines(payload)))
+    reply = await client.ask(
+        "POST", f"/v1/tokens/{path_segment(token_id)}/rotate", TokenRotated, body=body
+    )
+    emit(output, reply.payload, lambda: output.out.write(_rotated_lines(reply.value)))
     return EXIT_OK
 
 
-def _rotated_lines(payload: bytes) -> str:
-    rotated = msgspec.json.decode(payload, type=TokenRotated)
+def _rotated_lines(rotated: TokenRotated) -> str:
     old = rotated.replaced
     until = f"until {at_utc(old.expires_at)}" if old.state == "rotated" else "no more (overlap 0)"
     return (
@@ -120,16 +121,16 @@ def _rotated_lines(payload: bytes) -> str:
 
 
 async def revoke_token(client: ApiClient, token_id: str, *, output: Output) -> int:
-    _, payload = await client.call("DELETE", f"/v1/tokens/{token_id}")
+    reply = await client.ask("DELETE", f"/v1/tokens/{path_segment(token_id)}", TokenView)
 
     def said() -> None:
-        token = msgspec.json.decode(payload, type=TokenView)
+        token = reply.value
         output.out.write(
             f"token {token.id} ({token.name}) of tenant {token.tenant} revoked at "
             f"{at_utc(token.revoked_at)}\n"
         )
 
-    emit(output, payload, said)
+    emit(output, reply.payload, said)
     return EXIT_OK
 
 
@@ -176,11 +177,14 @@ async def list_audit(
         )
         if value is not None
     }
-    _, payload = await client.call("GET", "/v1/audit", params=params)
-    emit(
-        output, payload, lambda: render_audit(msgspec.json.decode(payload, type=AuditList), output)
+    return await get_and_show(
+        client,
+        "/v1/audit",
+        AuditList,
+        lambda entries: render_audit(entries, output),
+        output=output,
+        params=params,
     )
-    return EXIT_OK
 
 
 def render_audit(entries: AuditList, output: Output) -> None:

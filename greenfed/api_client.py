@@ -5,7 +5,9 @@ http://127.0.0.1:8700), token discovery (`--token`, then `GREENFED_TOKEN`, then
 `--token-file`, then the admin token file of this machine's data directory), both
 checked before anything is sent, time limits (streams' too: a control plane that
 accepts the connection and never answers, or a stream that falls silent, is given up),
-and turning problem+json errors and unreachable APIs into one `CliError` line.
+decoding answers into their types (an answer that is not greenfed's JSON is one line,
+never a traceback), quoting references into paths (`path_segment`), and turning
+problem+json errors and unreachable APIs into one `CliError` line.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final, TypeVar
+from typing import BinaryIO, Final, Generic, TypeVar
 
 import aiohttp
 import msgspec
 
 from greenfed.arguments import EXIT_AUTH, EXIT_FAILURE, EXIT_USAGE
 from shared.errors import MSGSPEC_DECODE_ERRORS
+from shared.printable import printable
 from shared.problems import CONFIRM_HEADER, CONFIRM_VALUE, ProblemBody
 from shared.token_files import MalformedTokenFile, read_token_file, token_problem
 
@@ -44,6 +47,13 @@ SILENT_HEARTBEATS: Final = 3
 _INVALID_VALUE_PROBLEMS: Final = frozenset(
     {"invalid-query", "invalid-body", "invalid-header", "invalid-mqtt-account-name"}
 )
+# What decoding an answer into its type raises for one that is not greenfed's: bytes that
+# are no JSON (an empty body among them), too deep, or JSON of another shape.
+_UNLIKE_ITS_TYPE: Final = (*MSGSPEC_DECODE_ERRORS, msgspec.ValidationError)
+# The media types of greenfed's streams: a job's output and the event stream.
+_STREAM_MEDIA_TYPES: Final = frozenset({"text/plain", "text/event-stream"})
+# The most of a refusal that is no problem (a proxy's words) a message quotes.
+_QUOTED_CHARACTERS: Final = 200
 
 T = TypeVar("T")
 
@@ -82,8 +92,8 @@ def resolve_target(
         url, api_source = environ["GREENFED_API"].strip(), "GREENFED_API"
     else:
         url, api_source = DEFAULT_API, "the default"
-    url = url.rstrip("/")
     _check_api_url(url, api_source)
+    url = url.rstrip("/")
 
     def target(token: str | None, token_source: str) -> Target:
         problem = None if token is None else token_problem(token)
@@ -91,9 +101,11 @@ def resolve_target(
             raise CliError(f"the token from {token_source} {problem}", EXIT_AUTH)
         return Target(url, token, token_source, api_source)
 
-    if token:
+    # Given is given, empty too: `--token "$SECRET"` with a secret that was not set must
+    # not fall through to the admin token file and run the command as this machine's admin.
+    if token is not None:
         return target(token, "--token")
-    if environ.get("GREENFED_TOKEN"):
+    if "GREENFED_TOKEN" in environ:
         return target(environ["GREENFED_TOKEN"].strip(), "GREENFED_TOKEN")
     if token_file is not None:
         try:
@@ -118,17 +130,61 @@ def resolve_target(
 
 
 def _check_api_url(url: str, source: str) -> None:
-    """An http or https URL, or a usage error naming where it came from: aiohttp would
-    take `127.0.0.1:8700` for a path and fail with words that do not say why."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme in ("http", "https") and parts.netloc:
-        return
-    hint = f"; did you mean http://{url}?" if "://" not in url else ""
-    raise CliError(
-        f"{source} {url!r} is not the URL of an API: it needs http:// or https:// "
-        f"(e.g. {DEFAULT_API}){hint}",
-        EXIT_USAGE,
-    )
+    """An http or https URL naming a host (and a port, if any, that is one), or a usage
+    error naming where it came from and what is wrong: aiohttp would take
+    `127.0.0.1:8700` for a path, `http://[::1` or a port past 65535 for a traceback, and
+    `http://user:pw@host` for credentials it cannot send beside the bearer token."""
+    problem = _api_url_problem(url)
+    if problem is not None:
+        raise CliError(f"{source} {_without_password(url)!r} {problem}", EXIT_USAGE)
+
+
+def _without_password(url: str) -> str:
+    """`url` as a message may show it: a password in it is a secret, as a token is."""
+    scheme, separator, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    user_info, at, host = authority.rpartition("@")
+    if not at or ":" not in user_info:
+        return url
+    return f"{scheme}{separator}{user_info.partition(':')[0]}:***@{host}{slash}{path}"
+
+
+def _api_url_problem(url: str) -> str | None:
+    not_api = "is not the URL of an API:"
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as error:  # a broken IPv6 address ("http://[::1")
+        return f"is not a valid URL ({error})"
+    if parts.scheme not in ("http", "https"):
+        hint = f"; did you mean http://{url}?" if "://" not in url else ""
+        return f"{not_api} it needs http:// or https:// (e.g. {DEFAULT_API}){hint}"
+    if parts.username is not None or parts.password is not None:
+        return (
+            f"{not_api} a user or password in it is not allowed (the API takes a bearer "
+            "token: --token, GREENFED_TOKEN or --token-file)"
+        )
+    if not parts.hostname:
+        return f"{not_api} it names no host (e.g. {DEFAULT_API})"
+    _, bracket, after_address = parts.netloc.rpartition("]")  # an IPv6 address holds ":"
+    _, colon, port_text = (after_address if bracket else parts.netloc).rpartition(":")
+    if colon and port_text:  # "host:" is the scheme's port, as urllib takes it
+        if not (port_text.isascii() and port_text.isdigit()):
+            return f"{not_api} its port {port_text!r} is not a number"
+        if not 1 <= int(port_text) <= 65535:
+            return f"{not_api} port {port_text} is out of range (1-65535)"
+    if parts.query or parts.fragment:
+        return f"{not_api} a query or fragment in it is not allowed"
+    return None
+
+
+def path_segment(reference: str) -> str:
+    """`reference` (a job's or deployment's id, name or id prefix, a token's id, a
+    tenant's name) as one segment of a path: quoted, so that a slash, `?` or `#` in it
+    stays in it and never reaches another route. `.`, `..` and an empty reference would
+    be swallowed by the path itself (`/v1/jobs/..` is `/v1/`): refused, naming nothing."""
+    if reference in ("", ".", ".."):
+        raise CliError(f"{reference!r} names nothing: no job, deployment or other", EXIT_USAGE)
+    return urllib.parse.quote(reference, safe="")
 
 
 def _problem(body: bytes) -> ProblemBody | None:
@@ -138,11 +194,19 @@ def _problem(body: bytes) -> ProblemBody | None:
         return None
 
 
-def _problem_text(status: int, body: bytes, problem: ProblemBody | None) -> str:
+def _problem_text(status: int, body: bytes, content_type: str, problem: ProblemBody | None) -> str:
+    """A problem's words, printable on one line (they may be anyone's: a proxy's, a
+    control plane's of another version); an answer that is no problem, as its status and
+    first line (text), or its status and what it is (a proxy's HTML page, bytes)."""
     if problem is None:
-        return f"HTTP {status}: {body.decode(errors='replace')[:300]}"
-    detail = problem.detail or problem.title
-    return f"{problem.title} ({status}): {detail}" if detail != problem.title else detail
+        first_line = body.decode(errors="replace").strip().split("\n", 1)[0].strip()
+        textual = content_type.startswith("text/") or content_type.endswith("json")
+        if first_line and textual and content_type != "text/html":
+            return f"HTTP {status}: {printable(first_line[:_QUOTED_CHARACTERS])}"
+        return f"HTTP {status} ({content_type or 'no content type'}, {len(body)} bytes)"
+    title = printable(problem.title)
+    detail = printable(problem.detail) or title
+    return f"{title} ({status}): {detail}" if detail != title else detail
 
 
 def _invalid_value(problem: ProblemBody | None) -> bool:
@@ -175,6 +239,16 @@ def _hint(target: Target) -> str:
         "is greenfed up or greenfed cloud running? If it serves elsewhere, "
         "set GREENFED_API to its URL (greenfed up prints the export line) or pass --api"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Reply(Generic[T]):
+    """A 2xx answer: its status, its bytes as they came (what `-o json|yaml` prints) and
+    what they hold, decoded into the type the command expects."""
+
+    status: int
+    payload: bytes
+    value: T
 
 
 class ApiClient:
@@ -216,16 +290,18 @@ class ApiClient:
             f"{_reason(error)}; {_hint(self.target)}"
         )
 
-    def _not_greenfed(self, method: str, path: str, what: str) -> CliError:
+    def _not_greenfed(
+        self, method: str, path: str, what: str, expected: str = "greenfed's JSON"
+    ) -> CliError:
         """A 2xx answer that is not greenfed's: the URL is likely not greenfed's API."""
         return CliError(
             f"the API at {self.target.api} ({_from(self.target)}) answered {method} {path} "
-            f"with {what}, not greenfed's JSON; {_hint(self.target)}"
+            f"with {what}, not {expected}; {_hint(self.target)}"
         )
 
-    def _refused(self, status: int, body: bytes) -> CliError:
+    def _refused(self, status: int, body: bytes, content_type: str) -> CliError:
         problem = _problem(body)
-        text = _problem_text(status, body, problem)
+        text = _problem_text(status, body, content_type, problem)
         if status == 401:
             if self.target.token is None:
                 return CliError(
@@ -272,7 +348,7 @@ class ApiClient:
             ) as response:
                 payload = await response.read()
                 if response.status >= 300:
-                    raise self._refused(response.status, payload)
+                    raise self._refused(response.status, payload, response.content_type)
                 # greenfed's API never answers the CLI with a web page; a web server, an
                 # SPA fallback, a captive portal or a misrouted ingress does, with 200.
                 if response.content_type == "text/html":
@@ -286,10 +362,37 @@ class ApiClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise self._unreachable(error) from None
 
-    async def upload(self, path: str, file: Path, params: Mapping[str, str]) -> bytes:
+    def decode(self, method: str, path: str, payload: bytes, reply_type: type[T]) -> T:
+        """The answer to `method path` as `reply_type`; one that is not (another API's
+        JSON, an empty body, no JSON at all, too deep) is one line saying so."""
+        try:
+            return msgspec.json.decode(payload, type=reply_type)
+        except _UNLIKE_ITS_TYPE as error:
+            # msgspec's words may quote the answer's (a key): printable.
+            what = "an empty body" if not payload.strip() else f"something else ({error})"
+            what = printable(what)
+            raise self._not_greenfed(method, path, what) from None
+
+    async def ask(
+        self,
+        method: str,
+        path: str,
+        reply_type: type[T],
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply[T]:
+        """`call`, its answer decoded into `reply_type` (`decode`)."""
+        status, payload = await self.call(method, path, params=params, body=body, headers=headers)
+        return Reply(status, payload, self.decode(method, path, payload, reply_type))
+
+    async def upload(
+        self, path: str, file: Path, params: Mapping[str, str], reply_type: type[T]
+    ) -> Reply[T]:
         """POST a file as the raw body, streamed from disk, with no overall time limit."""
         with file.open("rb") as stream:
-            _, payload = await self.call(
+            status, payload = await self.call(
                 "POST",
                 path,
                 params=params,
@@ -297,14 +400,10 @@ class ApiClient:
                 headers={"Content-Type": "application/octet-stream"},
                 client_timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
             )
-        return payload
+        return Reply(status, payload, self.decode("POST", path, payload, reply_type))
 
     async def get(self, path: str, decode: type[T], params: Mapping[str, str] | None = None) -> T:
-        _, payload = await self.call("GET", path, params=params)
-        try:
-            return msgspec.json.decode(payload, type=decode)
-        except MSGSPEC_DECODE_ERRORS as error:  # nested too deeply included
-            raise self._not_greenfed("GET", path, f"something else ({error})") from None
+        return (await self.ask("GET", path, decode, params=params)).value
 
     async def stream(
         self, path: str, params: Mapping[str, str] | None = None, *, heartbeats: bool = False
@@ -330,7 +429,16 @@ class ApiClient:
                 if response.status >= 300:
                     async with asyncio.timeout(self._answer_s):
                         refusal = await response.read()
-                    raise self._refused(response.status, refusal)
+                    raise self._refused(response.status, refusal, response.content_type)
+                # A stream is a job's output or the event stream; an answer of another
+                # kind (another API's JSON, a web page) is not greenfed's.
+                if response.content_type not in _STREAM_MEDIA_TYPES:
+                    raise self._not_greenfed(
+                        "GET",
+                        path,
+                        response.content_type or "no content type",
+                        "greenfed's text/plain or text/event-stream",
+                    )
                 while True:
                     try:
                         async with asyncio.timeout(silence_s):

@@ -220,6 +220,11 @@ def run_command(args: argparse.Namespace) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
+    except KeyboardInterrupt:
+        # Ctrl-C where the command did not handle it (a backup, an evaluation, a
+        # benchmark): what the client commands answer, with no traceback. What the
+        # command was writing is its to discard as it unwinds (a backup's partial file).
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         raise  # main() handles it, wherever it happens
     except ConfigError as error:

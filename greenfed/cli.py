@@ -355,12 +355,18 @@ def cmd_edge_enrol(args: argparse.Namespace) -> int:
 
 def duration_s(text: str) -> float:
     """`90`, `90s`, `30m`, `1h`, `2d`: seconds."""
+    import math
+
     units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
     number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
     try:
         value = float(number) * units[unit]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (90s, 30m, 1h, 2d)") from None
+    # float() reads "inf" (and "1e400" as inf), which JSON would carry as null: the
+    # default lifetime, not the one asked for.
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite duration")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return value

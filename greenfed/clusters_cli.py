@@ -7,14 +7,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any, Final, TextIO
-from urllib.parse import quote
 
 import msgspec
 from rich.table import Table
 from rich.text import Text
 
 from cloud.clusters.views import ClusterList, ClusterSpec, ClusterView
-from greenfed.api_client import ApiClient, CliError
+from greenfed.api_client import ApiClient, CliError, path_segment
 from greenfed.arguments import EXIT_OK, EXIT_USAGE
 from greenfed.output import Output, emit
 from greenfed.work_commands import act_and_say, ago, at_utc, console, plain
@@ -102,8 +101,8 @@ def _via(cluster: ClusterView) -> str:
 
 
 async def add_cluster(client: ApiClient, spec: ClusterSpec, *, output: Output) -> int:
-    _, payload = await client.call("POST", "/v1/clusters", body=msgspec.json.encode(spec))
-    cluster = msgspec.json.decode(payload, type=ClusterView)
+    body = msgspec.json.encode(spec)
+    cluster = (await client.ask("POST", "/v1/clusters", ClusterView, body=body)).value
     emit(
         output,
         cluster,
@@ -180,7 +179,7 @@ async def remove_cluster(client: ApiClient, name: str, *, output: Output) -> int
     return await act_and_say(
         client,
         "DELETE",
-        f"/v1/clusters/{quote(name, safe='')}",
+        f"/v1/clusters/{path_segment(name)}",
         ClusterView,
         lambda cluster: f"cluster {cluster.spec.name} removed; its nodes left the registry",
         output=output,

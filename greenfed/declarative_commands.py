@@ -128,7 +128,7 @@ async def apply(
     diff: bool = False,
 ) -> int:
     """PUT each spec by name; `dry_run`: what would be done (`diff`: as a diff)."""
-    from greenfed.api_client import CliError
+    from greenfed.api_client import CliError, path_segment
 
     status = EXIT_OK
     answers: list[ApplyView] = []
@@ -136,14 +136,13 @@ async def apply(
         base, _ = _collection(spec)
         params = {"dry_run": "true"} if dry_run else None
         try:
-            _, payload = await client.call(
-                "PUT", f"{base}/{spec.name}", params=params, body=encode_spec(spec)
-            )
+            path = f"{base}/{path_segment(spec.name)}"
+            reply = await client.ask("PUT", path, ApplyView, params=params, body=encode_spec(spec))
         except CliError as error:
             print(f"greenfed: {source}: {error}", file=sys.stderr)
             status = status or error.exit_code
             continue
-        view = msgspec.json.decode(payload, type=ApplyView)
+        view = reply.value
         answers.append(view)
         if output.format in ("table", "wide"):
             output.out.write(_diff(view) if diff else _said(view))
@@ -172,14 +171,14 @@ async def dry_run(client: ApiClient, spec: WorkSpec, *, output: Output) -> int:
     """`greenfed submit --dry-run`: checked by the server and placed in a pass that
     commits nothing."""
     base, noun = _collection(spec)
-    _, payload = await client.call("POST", f"{base}/dry-run", body=encode_spec(spec))
+    reply = await client.ask("POST", f"{base}/dry-run", DryRunView, body=encode_spec(spec))
 
     def said() -> None:
-        view = msgspec.json.decode(payload, type=DryRunView)
+        view = reply.value
         message = printable(view.message)
         output.out.write(f"{noun} {view.name} (dry run, nothing submitted): {message}\n")
 
-    emit(output, payload, said)
+    emit(output, reply.payload, said)
     return EXIT_OK
 
 
@@ -211,7 +210,9 @@ async def events(
 ) -> int:
     """The events (`follow`: then each new one as it comes), one line each; `-o json`:
     one JSON object (an EventView) a line; `-o yaml`: one YAML document each, opened by
-    `---` so that a stream that never ends can be read one event at a time."""
+    `---` so that a stream that never ends can be read one event at a time. A followed
+    stream the control plane ends (it stops, or the token was revoked) is a failure."""
+    from greenfed.api_client import CliError
     from greenfed.event_stream import events as event_stream
     from greenfed.event_stream import matches
 
@@ -232,4 +233,10 @@ async def events(
         else:
             output.out.write(_event_line(event))
         output.out.flush()
+    if follow:
+        # A followed stream has no end of its own (Ctrl-C ends it): the control plane
+        # ended it, and a script must not take that for done.
+        raise CliError(
+            "the control plane ended the event stream (stopping, or the token was revoked)"
+        )
     return EXIT_OK

@@ -37,7 +37,7 @@ from edge.enrolment_proof import FILE_NAME as CERTIFICATE_FILE
 from edge.enrolment_proof import certificate_path, save_certificate
 from edge.sealing_key import load_or_create_sealing_key, sealing_key_path
 from greenfed.api_client import ApiClient, CliError, Target
-from greenfed.arguments import EXIT_OK, EXIT_USAGE
+from greenfed.arguments import EXIT_AUTH, EXIT_OK, EXIT_USAGE
 from shared.enrolment_certificate import enrolment_proof
 from shared.enrolment_marker import EnrolmentMarker, read_marker
 from shared.errors import MSGSPEC_DECODE_ERRORS
@@ -269,7 +269,20 @@ async def enrol(
                 **own_placement(existing),
             }
         )
-        _, payload = await client.call("POST", "/v1/nodes/enrol", body=body)
+        try:
+            _, payload = await client.call("POST", "/v1/nodes/enrol", body=body)
+        except CliError as error:
+            if error.status != 401:
+                raise
+            # The client has no bearer token to blame: the credential here is the join
+            # token in the body, and a 401 is the API refusing it (which is all it says,
+            # cloud/api/enrolment.py: an anonymous caller learns nothing more).
+            raise CliError(
+                "the join token was refused: it is unknown, expired, used up or revoked; "
+                "ask an admin for a new one (greenfed nodes join-token create)",
+                EXIT_AUTH,
+                status=401,
+            ) from None
     try:
         enrolment = msgspec.json.decode(payload, type=Enrolment)
     except MSGSPEC_DECODE_ERRORS as error:  # ValidationError and nested too deeply included

@@ -51,22 +51,21 @@ _CLEAR: Final = "none"  # `--deadline none`, `--window none`: drop it
 
 
 async def control(client: ApiClient, job_id: str, action: str, *, output: Output) -> int:
-    import msgspec
-
     from cloud.work.views import JobView
+    from greenfed.api_client import path_segment
     from greenfed.arguments import EXIT_OK
     from greenfed.output import emit
     from shared.printable import printable
 
-    _, payload = await client.call("POST", f"/v1/jobs/{job_id}/{action}")
+    reply = await client.ask("POST", f"/v1/jobs/{path_segment(job_id)}/{action}", JobView)
 
     def said() -> None:
-        job = msgspec.json.decode(payload, type=JobView)
+        job = reply.value
         state = f"{job.state} ({job.hold})" if job.hold else job.state
         reason = f": {printable(job.reason)}" if job.reason else ""
         output.out.write(f"job {job.id} {ACTIONS[action][1]}, now {state}{reason}\n")
 
-    emit(output, payload, said)
+    emit(output, reply.payload, said)
     return EXIT_OK
 
 
@@ -84,19 +83,22 @@ async def patch(client: ApiClient, job_id: str, body: dict[str, object], *, outp
     import msgspec
 
     from cloud.work.views import JobView
+    from greenfed.api_client import path_segment
     from greenfed.arguments import EXIT_OK
     from greenfed.output import emit
 
     # A value the API refuses (422, naming the field) is a usage error, as for every
     # command (greenfed/api_client.py).
-    _, payload = await client.call("PATCH", f"/v1/jobs/{job_id}", body=msgspec.json.encode(body))
+    reply = await client.ask(
+        "PATCH", f"/v1/jobs/{path_segment(job_id)}", JobView, body=msgspec.json.encode(body)
+    )
 
     def said() -> None:
-        job = msgspec.json.decode(payload, type=JobView)
+        job = reply.value
         changed = ", ".join(sorted(body))
         output.out.write(f"job {job.id} changed ({changed}), version {job.version}\n")
 
-    emit(output, payload, said)
+    emit(output, reply.payload, said)
     return EXIT_OK
 
 

@@ -29,7 +29,7 @@ import msgspec
 
 from cloud.models.views import ModelView, TensorView
 from cloud.work.views import DeploymentView
-from greenfed.api_client import ApiClient, CliError
+from greenfed.api_client import ApiClient, CliError, path_segment
 from greenfed.arguments import EXIT_OK
 
 _CURVE = re.compile(r"^(?:(ramp|diurnal):)?(\d+(?:\.\d+)?)(?:-(\d+(?:\.\d+)?))?$")
@@ -101,8 +101,11 @@ async def drive_load(
     duration_s: float,
     out: TextIO = sys.stdout,
 ) -> int:
-    deployment = await client.get(f"/v1/deployments/{deployment_id}", DeploymentView)
-    model = await client.get(f"/v1/models/{deployment.model_id}", ModelView)
+    path = f"/v1/deployments/{path_segment(deployment_id)}"
+    deployment = await client.get(path, DeploymentView)
+    if deployment.model_id is None:
+        raise CliError(f"deployment {deployment.id} names no model: nothing to send it")
+    model = await client.get(f"/v1/models/{path_segment(deployment.model_id)}", ModelView)
     body = msgspec.json.encode({"inputs": sample_inputs(model.inputs)})
     endpoints: list[str] = []
     seconds: list[_Second] = []
@@ -110,7 +113,7 @@ async def drive_load(
 
     async def refresh() -> None:
         nonlocal endpoints
-        current = await client.get(f"/v1/deployments/{deployment_id}", DeploymentView)
+        current = await client.get(path, DeploymentView)
         endpoints = [r.endpoint for r in current.replica_states if r.endpoint]
 
     async def one(http: aiohttp.ClientSession, url: str, stats: _Second) -> None:

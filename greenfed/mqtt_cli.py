@@ -4,12 +4,10 @@ broker, through a running control plane's REST API (admin); each prints as `-o` 
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 import msgspec
 
 from cloud.broker_accounts.views import MqttAccountCreated, MqttAccountRevoked
-from greenfed.api_client import ApiClient
+from greenfed.api_client import ApiClient, path_segment
 from greenfed.arguments import EXIT_OK
 from greenfed.output import Output, emit
 from greenfed.work_commands import act_and_say
@@ -31,8 +29,7 @@ def _created_lines(created: MqttAccountCreated) -> str:
 
 async def create_account(client: ApiClient, name: str, role: str, *, output: Output) -> int:
     body = msgspec.json.encode({"name": name, "role": role})
-    _, payload = await client.call("POST", "/v1/mqtt/accounts", body=body)
-    created = msgspec.json.decode(payload, type=MqttAccountCreated)
+    created = (await client.ask("POST", "/v1/mqtt/accounts", MqttAccountCreated, body=body)).value
     emit(output, created, lambda: output.out.write(_created_lines(created)))
     return EXIT_OK
 
@@ -41,7 +38,7 @@ async def revoke_account(client: ApiClient, name: str, *, output: Output) -> int
     return await act_and_say(
         client,
         "DELETE",
-        f"/v1/mqtt/accounts/{quote(name, safe='')}",
+        f"/v1/mqtt/accounts/{path_segment(name)}",
         MqttAccountRevoked,
         lambda revoked: f"MQTT account {revoked.username} disabled; its connections were dropped",
         output=output,

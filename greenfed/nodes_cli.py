@@ -8,7 +8,6 @@ import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Final, TextIO
-from urllib.parse import quote
 
 import msgspec
 from rich.table import Table
@@ -26,7 +25,7 @@ from cloud.fleet.enrolment_views import (
 )
 from cloud.fleet.envelope import NodeEnvelope
 from cloud.fleet.views import NodeDetail, NodeList, NodeSummary
-from greenfed.api_client import ApiClient, bulk_confirmation
+from greenfed.api_client import ApiClient, bulk_confirmation, path_segment
 from greenfed.arguments import EXIT_FAILURE, EXIT_OK
 from greenfed.output import Output, emit
 from greenfed.work_commands import ago, at_utc, console, plain
@@ -176,8 +175,11 @@ def _within_hour(moment: datetime) -> bool:
 
 
 async def create_join_token(client: ApiClient, body: JoinTokenCreate, *, output: Output) -> int:
-    _, payload = await client.call("POST", "/v1/nodes/join-tokens", body=msgspec.json.encode(body))
-    created = msgspec.json.decode(payload, type=JoinTokenCreated)
+    created = (
+        await client.ask(
+            "POST", "/v1/nodes/join-tokens", JoinTokenCreated, body=msgspec.json.encode(body)
+        )
+    ).value
     emit(
         output,
         created,
@@ -247,8 +249,8 @@ async def list_join_tokens(client: ApiClient, *, output: Output) -> int:
 
 
 async def revoke_join_token(client: ApiClient, token_id: str, *, output: Output) -> int:
-    _, payload = await client.call("DELETE", f"/v1/nodes/join-tokens/{quote(token_id, safe='')}")
-    token = msgspec.json.decode(payload, type=JoinTokenView)
+    path = f"/v1/nodes/join-tokens/{path_segment(token_id)}"
+    token = (await client.ask("DELETE", path, JoinTokenView)).value
     emit(
         output,
         token,
@@ -262,12 +264,13 @@ async def revoke_join_token(client: ApiClient, token_id: str, *, output: Output)
 async def revoke_node(
     client: ApiClient, node_id: str, *, output: Output, confirm_bulk: bool = False
 ) -> int:
-    _, payload = await client.call(
+    reply = await client.ask(
         "POST",
-        f"/v1/nodes/{quote(node_id, safe='')}/revoke",
+        f"/v1/nodes/{path_segment(node_id)}/revoke",
+        EnrolledNodeView,
         headers=bulk_confirmation(confirm_bulk),
     )
-    node = msgspec.json.decode(payload, type=EnrolledNodeView)
+    node = reply.value
     emit(
         output,
         node,
@@ -289,13 +292,13 @@ async def set_node(
     confirm_bulk: bool = False,
 ) -> int:
     """`cordon`, `uncordon`, `drain` (POST) or `set` (PATCH taints and labels)."""
-    path = f"/v1/nodes/{quote(node_id, safe='')}"
+    path = f"/v1/nodes/{path_segment(node_id)}"
     if action == "set":
-        _, payload = await client.call("PATCH", path, body=msgspec.json.encode(body or {}))
+        reply = await client.ask("PATCH", path, NodeDetail, body=msgspec.json.encode(body or {}))
     else:
         headers = bulk_confirmation(confirm_bulk)
-        _, payload = await client.call("POST", f"{path}/{action}", headers=headers)
-    node = msgspec.json.decode(payload, type=NodeDetail)
+        reply = await client.ask("POST", f"{path}/{action}", NodeDetail, headers=headers)
+    node = reply.value
     state = "cordoned: no new work lands there" if node.cordoned else "schedulable"
     if node.draining:
         state = "draining: cordoned, its work moving elsewhere"
@@ -310,10 +313,10 @@ async def approve_node(
     client: ApiClient, node_id: str, *, trust_figures: bool, output: Output
 ) -> int:
     body = msgspec.json.encode({"trust_figures": trust_figures})
-    _, payload = await client.call(
-        "POST", f"/v1/nodes/{quote(node_id, safe='')}/approve", body=body
+    reply = await client.ask(
+        "POST", f"/v1/nodes/{path_segment(node_id)}/approve", NodeDetail, body=body
     )
-    node = msgspec.json.decode(payload, type=NodeDetail)
+    node = reply.value
     figures = "its own" if node.trusted_figures else "the model table's"
     emit(
         output,
@@ -426,8 +429,7 @@ async def readmit_nodes(
     """`greenfed nodes readmit`: enrol nodes again as their certificates say; fails
     (exit 1) when a named node was not re-admitted."""
     body = msgspec.json.encode({"all": True} if every else {"node_ids": node_ids})
-    _, payload = await client.call("POST", "/v1/nodes/readmit", body=body)
-    result = msgspec.json.decode(payload, type=ReadmitResult)
+    result = (await client.ask("POST", "/v1/nodes/readmit", ReadmitResult, body=body)).value
 
     def said() -> None:
         out = output.out

@@ -21,6 +21,8 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final, TextIO
 
+import msgspec
+
 from cloud.work.views import DeploymentView, EventView, ReplicaView
 from greenfed.arguments import EXIT_OK
 from shared.printable import printable
@@ -30,6 +32,12 @@ if TYPE_CHECKING:
 
 POLL_S: Final = 2.0
 _ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class _Work(msgspec.Struct, frozen=True):
+    """The id of the work a reference (an id, a name, an id prefix) names."""
+
+    id: str
 
 
 def _at(moment: datetime) -> str:
@@ -65,9 +73,10 @@ async def deployment_logs(
     replica: int | None,
     out: TextIO = sys.stdout,
 ) -> int:
+    from greenfed.api_client import path_segment
     from greenfed.event_stream import events
 
-    view = await client.get(f"/v1/deployments/{reference}", DeploymentView)
+    view = await client.get(f"/v1/deployments/{path_segment(reference)}", DeploymentView)
     lines: deque[str] = deque(maxlen=tail if tail is not None else None)
     last_seq = 0
     if replica is None:
@@ -98,7 +107,9 @@ async def deployment_logs(
         try:
             while True:
                 await asyncio.sleep(POLL_S)  # a node's report is not an event: polled
-                current = await client.get(f"/v1/deployments/{view.id}", DeploymentView)
+                current = await client.get(
+                    f"/v1/deployments/{path_segment(view.id)}", DeploymentView
+                )
                 at = datetime.now(UTC)
                 for each in current.replica_states:
                     key = _replica_key(each)
@@ -133,17 +144,18 @@ async def logs(
     """A job's output, or (the reference names no job, or `--replica` is given) a
     deployment's replica log."""
     from greenfed import work_commands
-    from greenfed.api_client import CliError
+    from greenfed.api_client import CliError, path_segment
 
     if replica is None:
         try:
-            await client.call("GET", f"/v1/jobs/{reference}")
+            job = await client.get(f"/v1/jobs/{path_segment(reference)}", _Work)
         except CliError as error:
             if error.status != 404:
                 raise
         else:
+            # The job the reference named, by its own id: the one just found.
             return await work_commands.logs(
-                client, reference, follow=follow, tail=tail, attempt=attempt, node=node
+                client, job.id, follow=follow, tail=tail, attempt=attempt, node=node
             )
     try:
         return await deployment_logs(client, reference, follow=follow, tail=tail, replica=replica)

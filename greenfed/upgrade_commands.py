@@ -9,13 +9,12 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
-from urllib.parse import quote
 
 import msgspec
 from rich.table import Table
 
 from cloud.upgrades.views import PackageList, PackageView, RolloutList, RolloutView
-from greenfed.api_client import ApiClient, CliError
+from greenfed.api_client import ApiClient, CliError, path_segment
 from greenfed.arguments import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from greenfed.output import Output, emit
 from greenfed.work_commands import at_utc, console, get_and_show, plain
@@ -52,11 +51,11 @@ def render_packages(packages: PackageList, out: TextIO, *, wide: bool = False) -
 async def publish_package(client: ApiClient, wheel: Path, *, output: Output) -> int:
     if not await asyncio.to_thread(wheel.is_file):
         raise CliError(f"{wheel}: no such file", EXIT_USAGE)
-    payload = await client.upload("/v1/agent-packages", wheel, {})
-    package = msgspec.json.decode(payload, type=PackageView)
+    reply = await client.upload("/v1/agent-packages", wheel, {}, PackageView)
+    package = reply.value
     emit(
         output,
-        payload,
+        reply.payload,
         lambda: output.out.write(
             f"agent {package.version} published (sha256 {package.sha256}, "
             f"{package.size_bytes} bytes, signed); roll it out with "
@@ -158,9 +157,11 @@ async def start_rollout(client: ApiClient, args: argparse.Namespace, *, output: 
         "health_timeout_s": args.health_timeout,
         "wave_timeout_s": args.wave_timeout,
     }
-    _, payload = await client.call("POST", "/v1/agent-rollouts", body=msgspec.json.encode(body))
-    rollout = msgspec.json.decode(payload, type=RolloutView)
-    emit(output, payload, lambda: output.out.write(_progress(rollout) + "\n"))
+    reply = await client.ask(
+        "POST", "/v1/agent-rollouts", RolloutView, body=msgspec.json.encode(body)
+    )
+    rollout = reply.value
+    emit(output, reply.payload, lambda: output.out.write(_progress(rollout) + "\n"))
     if not args.watch:
         return EXIT_OK
     return await watch_rollout(client, rollout.rollout_id, output=output)
@@ -170,7 +171,7 @@ async def watch_rollout(client: ApiClient, rollout_id: str, *, output: Output) -
     """Print each change until the rollout is over; exit 0 only if it succeeded."""
     last = ""
     while True:
-        rollout = await client.get(f"/v1/agent-rollouts/{quote(rollout_id, safe='')}", RolloutView)
+        rollout = await client.get(f"/v1/agent-rollouts/{path_segment(rollout_id)}", RolloutView)
         line = _progress(rollout)
         if line != last and output.format in ("table", "wide"):
             output.out.write(line + "\n")
@@ -192,13 +193,13 @@ async def show_rollouts(client: ApiClient, args: argparse.Namespace, *, output: 
             lambda rollouts: render_rollouts(rollouts, output.out, wide=output.wide),
             output=output,
         )
-    path = f"/v1/agent-rollouts/{quote(args.rollout, safe='')}"
+    path = f"/v1/agent-rollouts/{path_segment(args.rollout)}"
     if args.cancel:
-        _, payload = await client.call("POST", f"{path}/cancel")
+        reply = await client.ask("POST", f"{path}/cancel", RolloutView)
     elif args.watch:
         return await watch_rollout(client, args.rollout, output=output)
     else:
-        _, payload = await client.call("GET", path)
-    rollout = msgspec.json.decode(payload, type=RolloutView)
-    emit(output, payload, lambda: render_rollout(rollout, output.out, wide=output.wide))
+        reply = await client.ask("GET", path, RolloutView)
+    rollout = reply.value
+    emit(output, reply.payload, lambda: render_rollout(rollout, output.out, wide=output.wide))
     return EXIT_OK

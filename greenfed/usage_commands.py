@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 
@@ -124,17 +123,12 @@ async def usage(client: ApiClient, request: UsageRequest, output: Output) -> int
         params["tenant"] = request.tenant
     if output.format == "csv":
         params["format"] = "csv"
-    _, payload = await client.call("GET", "/v1/usage", params=params)
     if output.format == "csv":
-        output.out.write(payload.decode())
+        _, payload = await client.call("GET", "/v1/usage", params=params)
+        output.out.write(payload.decode(errors="replace"))
         if not payload.endswith(b"\n"):
             output.out.write("\n")
         return EXIT_OK
-    emit(
-        output,
-        payload,
-        lambda: render_usage(
-            msgspec.json.decode(payload, type=UsageReport), output.out, wide=output.wide
-        ),
-    )
+    reply = await client.ask("GET", "/v1/usage", UsageReport, params=params)
+    emit(output, reply.payload, lambda: render_usage(reply.value, output.out, wide=output.wide))
     return EXIT_OK

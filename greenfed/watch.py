@@ -118,13 +118,18 @@ class WatchedWork:
 
     collection: str
 
+    def _path(self, args: argparse.Namespace) -> str:
+        from greenfed.api_client import path_segment
+
+        return f"/v1/{self.collection}/{path_segment(args.id)}"
+
     async def pinned(self, client: ApiClient, args: argparse.Namespace) -> argparse.Namespace:
         """`args` with `id` the work's own id, whatever named it (a name, a prefix)."""
-        view = await client.get(f"/v1/{self.collection}/{args.id}", _StateOnly)
+        view = await client.get(self._path(args), _StateOnly)
         return argparse.Namespace(**{**vars(args), "id": view.id})
 
     async def has_ended(self, client: ApiClient, args: argparse.Namespace) -> bool:
-        view = await client.get(f"/v1/{self.collection}/{args.id}", _StateOnly)
+        view = await client.get(self._path(args), _StateOnly)
         return view.state in _ENDED
 
 

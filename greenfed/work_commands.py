@@ -45,7 +45,7 @@ from cloud.work.views import (
     TenantList,
     TenantView,
 )
-from greenfed.api_client import ApiClient, CliError, bulk_confirmation
+from greenfed.api_client import ApiClient, CliError, Reply, bulk_confirmation, path_segment
 from greenfed.arguments import EXIT_OK
 from greenfed.output import WIDE_COLUMNS, Output, emit
 from greenfed.usage_commands import usage_line
@@ -86,8 +86,7 @@ async def act_and_say(
     output: Output,
 ) -> int:
     """One request whose reply is printed as `-o json|yaml` asks, or as one line for people."""
-    _, payload = await client.call(method, path)
-    reply = msgspec.json.decode(payload, type=reply_type)
+    reply = (await client.ask(method, path, reply_type)).value
     emit(output, reply, lambda: output.out.write(said(reply) + "\n"))
     return EXIT_OK
 
@@ -103,8 +102,8 @@ async def get_and_show(
 ) -> int:
     """One GET whose reply is printed as `-o json|yaml` asks (the API's own bytes), or
     as `show` prints it for people (a table, honouring `output.wide`)."""
-    _, payload = await client.call("GET", path, params=params)
-    emit(output, payload, lambda: show(msgspec.json.decode(payload, type=reply_type)))
+    reply = await client.ask("GET", path, reply_type, params=params)
+    emit(output, reply.payload, lambda: show(reply.value))
     return EXIT_OK
 
 
@@ -607,15 +606,16 @@ async def submit(
     training = isinstance(spec, TrainingJobSpec)
     path = "/v1/jobs" if training else "/v1/deployments"
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-    status, payload = await client.call("POST", path, body=encode_spec(spec), headers=headers)
+    view_type: type[JobView | DeploymentView] = JobView if training else DeploymentView
+    reply = await client.ask("POST", path, view_type, body=encode_spec(spec), headers=headers)
 
     def said() -> None:
-        work = msgspec.json.decode(payload, type=JobView if training else DeploymentView)
+        work = reply.value
         noun = "job" if training else "deployment"
-        verb = "submitted" if status == 201 else "already submitted (same Idempotency-Key)"
+        verb = "submitted" if reply.status == 201 else "already submitted (same Idempotency-Key)"
         output.out.write(f"{noun} {work.id} {verb}: {work.name}, {work.state}\n")
 
-    emit(output, payload, said)
+    emit(output, reply.payload, said)
     return EXIT_OK
 
 
@@ -645,79 +645,88 @@ async def list_work(
     tenant: str | None = None,
 ) -> int:
     """`tenant`: the admin's pick, a tenant's name or `*` for every tenant's."""
-    path = "/v1/jobs" if kind == "training" else "/v1/deployments"
     params = _list_params(state, priority, limit, cursor, tenant)
-    _, payload = await client.call("GET", path, params=params)
-
-    def table() -> None:
-        asked = bool(tenant)
-        if kind == "training":
-            jobs = msgspec.json.decode(payload, type=JobList)
-            render_jobs(jobs, output.out, tenants=asked, wide=output.wide)
-        else:
-            listing = msgspec.json.decode(payload, type=DeploymentList)
-            render_deployments(listing, output.out, tenants=asked, wide=output.wide)
-
-    emit(output, payload, table)
-    return EXIT_OK
+    asked = bool(tenant)
+    if kind == "training":
+        return await get_and_show(
+            client,
+            "/v1/jobs",
+            JobList,
+            lambda jobs: render_jobs(jobs, output.out, tenants=asked, wide=output.wide),
+            output=output,
+            params=params,
+        )
+    return await get_and_show(
+        client,
+        "/v1/deployments",
+        DeploymentList,
+        lambda listing: render_deployments(listing, output.out, tenants=asked, wide=output.wide),
+        output=output,
+        params=params,
+    )
 
 
 async def show_work(client: ApiClient, kind: SpecKind, work_id: str, *, output: Output) -> int:
-    base = ("/v1/jobs/" if kind == "training" else "/v1/deployments/") + work_id
-    (_, payload), (_, explained) = await asyncio.gather(
-        client.call("GET", base), _explanation(client, base)
-    )
+    base = ("/v1/jobs/" if kind == "training" else "/v1/deployments/") + path_segment(work_id)
+    view_type: type[JobView | DeploymentView] = JobView if kind == "training" else DeploymentView
+    # Both at once; a failure of either cancels the other (run_client says the first).
+    async with asyncio.TaskGroup() as requests:
+        asked = requests.create_task(client.ask("GET", base, view_type))
+        explaining = requests.create_task(_explanation(client, base))
+    work, explained = asked.result(), explaining.result()
 
     def shown() -> None:
-        work = msgspec.json.decode(payload, type=JobView if kind == "training" else DeploymentView)
-        explain = None if explained is None else msgspec.json.decode(explained, type=ExplainView)
-        render_work(work, explain, output.out, wide=output.wide)
+        explain = None if explained is None else explained.value
+        render_work(work.value, explain, output.out, wide=output.wide)
 
     # The work as the API answers it, with its explanation under `explain` (a job
-    # array has none of its own: each task has its own).
-    combined = msgspec.json.decode(payload)
-    combined["explain"] = None if explained is None else msgspec.json.decode(explained)
+    # array has none of its own: each task has its own). Both are JSON objects: decoded
+    # into their views above.
+    combined = msgspec.json.decode(work.payload)
+    combined["explain"] = None if explained is None else msgspec.json.decode(explained.payload)
     emit(output, combined, shown)
     return EXIT_OK
 
 
-async def _explanation(client: ApiClient, base: str) -> tuple[int, bytes | None]:
+async def _explanation(client: ApiClient, base: str) -> Reply[ExplainView] | None:
     """The work's explanation; None for a job array's id, which names no single job (a
     404 of the work itself is the GET's to report)."""
     try:
-        return await client.call("GET", base + "/explain")
+        return await client.ask("GET", base + "/explain", ExplainView)
     except CliError as error:
         if error.status == 404:
-            return 404, None
+            return None
         raise
 
 
 async def scale(client: ApiClient, deployment_id: str, replicas: int, *, output: Output) -> int:
     """`PATCH {"replicas": N}`: more are placed by the next pass, fewer given back."""
-    _, payload = await client.call(
+    reply = await client.ask(
         "PATCH",
-        f"/v1/deployments/{deployment_id}",
+        f"/v1/deployments/{path_segment(deployment_id)}",
+        DeploymentView,
         body=msgspec.json.encode({"replicas": replicas}),
     )
-
-    def said() -> None:
-        work = msgspec.json.decode(payload, type=DeploymentView)
-        output.out.write(f"deployment {work.id} scaled to {work.replicas} replica(s)\n")
-
-    emit(output, payload, said)
+    work = reply.value
+    emit(
+        output,
+        reply.payload,
+        lambda: output.out.write(f"deployment {work.id} scaled to {work.replicas} replica(s)\n"),
+    )
     return EXIT_OK
 
 
 async def end_rollout(client: ApiClient, deployment_id: str, action: str, *, output: Output) -> int:
     """`promote` or `abort` a deployment's canary rollout."""
-    _, payload = await client.call("POST", f"/v1/deployments/{deployment_id}/rollout/{action}")
+    path = f"/v1/deployments/{path_segment(deployment_id)}/rollout/{action}"
+    reply = await client.ask("POST", path, DeploymentView)
 
     def said() -> None:
-        work = msgspec.json.decode(payload, type=DeploymentView)
+        work = reply.value
         done = "promoted" if action == "promote" else "rolled back"
         output.out.write(f"deployment {work.id}: rollout {done}, serving {work.model_id}\n")
 
-    emit(output, payload, said)
+    emit(output, reply.payload, said)
     return EXIT_OK
 
 
@@ -727,18 +736,26 @@ async def cancel(
     """Cancel a job, or a deployment (the id says which only to the server);
     `confirm_bulk`: an admin's cancellation past the per-minute limit goes ahead."""
     headers = bulk_confirmation(confirm_bulk)
+    segment = path_segment(work_id)
     for path in ("/v1/jobs/", "/v1/deployments/"):
         try:
-            _, payload = await client.call("DELETE", path + work_id, headers=headers)
+            reply = await client.ask("DELETE", path + segment, _Cancelled, headers=headers)
         except CliError as error:
             if error.status == 404:
                 continue  # perhaps a deployment; or neither
             raise
         noun = "job" if path == "/v1/jobs/" else "deployment"
-        line = f"{noun} {work_id} {msgspec.json.decode(payload)['state']}\n"
-        emit(output, payload, functools.partial(output.out.write, line))
+        line = f"{noun} {work_id} {reply.value.state}\n"
+        emit(output, reply.payload, functools.partial(output.out.write, line))
         return EXIT_OK
     raise CliError(not_found_text(work_id), status=404)
+
+
+class _Cancelled(msgspec.Struct, frozen=True):
+    """What `cancel` says of the work the API answers with (a job's, an array's or a
+    deployment's view)."""
+
+    state: str
 
 
 # The shortest id prefix the API takes (cloud/work/lookup.py's MIN_PREFIX, not imported:
@@ -766,6 +783,8 @@ async def logs(
     node: str | None,
     out: TextIO | None = None,  # default: sys.stdout as it is then, not at import
 ) -> int:
+    """The job's output; `follow`: then its new output as it comes, until the job has
+    ended (exit status 0) or the control plane ends the stream before (a failure)."""
     out = out or sys.stdout
     params = {"follow": "true" if follow else "false"}
     if tail is not None:
@@ -774,14 +793,43 @@ async def logs(
         params["attempt"] = str(attempt)
     if node is not None:
         params["node"] = node
+    if follow:
+        # Followed, and its end asked, by its id: by the time it ends, the name (or
+        # prefix) it was given may mean another job.
+        job_id = (await client.get(f"/v1/jobs/{path_segment(job_id)}", _JobState)).id
     # A chunk may end inside a UTF-8 character: the decoder keeps it for the next one.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    async for chunk in client.stream(f"/v1/jobs/{job_id}/logs", params):
+    async for chunk in client.stream(f"/v1/jobs/{path_segment(job_id)}/logs", params):
         out.write(decoder.decode(chunk))
         out.flush()
     out.write(decoder.decode(b"", final=True))
     out.flush()
+    if follow:
+        await _check_followed_job_ended(client, job_id)
     return EXIT_OK
+
+
+class _JobState(msgspec.Struct, frozen=True):
+    """A job's view, read for its id and state."""
+
+    id: str
+    state: str
+
+
+_JOB_ENDED_STATES: Final = frozenset({"succeeded", "failed", "cancelled"})
+
+
+async def _check_followed_job_ended(client: ApiClient, job_id: str) -> None:
+    """After a followed log's stream: the control plane ends it once the job has ended,
+    but also when it stops or the token is revoked, and only the first may pass for
+    success (`greenfed logs $J -f && next`). With the token revoked, asking is refused:
+    that refusal is what is said."""
+    job = await client.get(f"/v1/jobs/{path_segment(job_id)}", _JobState)
+    if job.state not in _JOB_ENDED_STATES:
+        raise CliError(
+            "the control plane ended the log stream before the job ended "
+            "(stopping, or the token was revoked)"
+        )
 
 
 async def list_models(client: ApiClient, *, limit: int, cursor: str | None, output: Output) -> int:
@@ -797,16 +845,16 @@ async def list_models(client: ApiClient, *, limit: int, cursor: str | None, outp
 
 
 async def upload_model(client: ApiClient, file: Path, name: str, *, output: Output) -> int:
-    payload = await client.upload("/v1/models", file, {"name": name})
+    reply = await client.upload("/v1/models", file, {"name": name}, ModelView)
 
     def said() -> None:
-        model = msgspec.json.decode(payload, type=ModelView)
+        model = reply.value
         output.out.write(
             f"model {model.id} uploaded: {model.name}, opset {model.opset}, "
             f"{model.size_bytes} bytes, sha256 {model.sha256[:16]}…\n"
         )
 
-    emit(output, payload, said)
+    emit(output, reply.payload, said)
     return EXIT_OK
 
 
@@ -872,16 +920,16 @@ async def create_tenant(
         body["cohort"] = cohort
     if priorities:
         body["allowed_priorities"] = list(priorities)
-    _, payload = await client.call("POST", "/v1/tenants", body=msgspec.json.encode(body))
+    reply = await client.ask("POST", "/v1/tenants", TenantCreated, body=msgspec.json.encode(body))
 
     def said() -> None:
-        created = msgspec.json.decode(payload, type=TenantCreated)
+        created = reply.value
         output.out.write(
             f"tenant {created.name} created ({created.id})\n"
             f"token (shown only now, keep it secret): {created.token}\n"
         )
 
-    emit(output, payload, said)
+    emit(output, reply.payload, said)
     return EXIT_OK
 
 
@@ -889,15 +937,14 @@ async def set_tenant(
     client: ApiClient, name: str, changes: dict[str, object], *, output: Output
 ) -> int:
     """`PATCH /v1/tenants/{name}` with what was given; the tenant as it is now."""
-    _, payload = await client.call(
-        "PATCH", f"/v1/tenants/{name}", body=msgspec.json.encode(changes)
+    reply = await client.ask(
+        "PATCH", f"/v1/tenants/{path_segment(name)}", TenantView, body=msgspec.json.encode(changes)
     )
-    emit(output, payload, lambda: output.out.write(_changed_line(payload)))
+    emit(output, reply.payload, lambda: output.out.write(_changed_line(reply.value)))
     return EXIT_OK
 
 
-def _changed_line(payload: bytes) -> str:
-    tenant = msgspec.json.decode(payload, type=TenantView)
+def _changed_line(tenant: TenantView) -> str:
     caps = ", ".join(
         f"{what} {'unlimited' if value is None else value}"
         for what, value in (("max running", tenant.max_running), ("max queued", tenant.max_queued))

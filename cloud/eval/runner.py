@@ -113,6 +113,10 @@ class EvalReport:
 
 def build_scenario(options: EvalOptions) -> Scenario:
     nodes = tuple(load_fleet_nodes(options.fleet))
+    provider = TraceProvider(options.carbon_dir, perfect_forecast=options.perfect_forecast)
+    # Before the workload: a period the traces do not cover is refused at once, not
+    # after generating its work (`--days 100000` is centuries of it).
+    check_traces(provider, zones_of(nodes), options)
     if options.workload is not None:
         given = load_workload(options.workload)
     else:
@@ -126,8 +130,6 @@ def build_scenario(options: EvalOptions) -> Scenario:
     # The simulation submits nothing after the period: left out here, the optimum, the
     # header and a dumped workload count the same work as the policies do.
     workload = within_period(given, options.days * DAY_S)
-    provider = TraceProvider(options.carbon_dir, perfect_forecast=options.perfect_forecast)
-    check_traces(provider, zones_of(nodes), options)
     check_jobs_can_finish(nodes, workload, options)
     recorded = recorded_signals(provider, (node.zone for node in nodes))
     return Scenario(

@@ -13,11 +13,12 @@ import msgspec
 import pytest
 
 from cloud.clusters.views import ClusterList, ClusterSpec, ClusterView
-from cloud.fleet.views import NodeList, node_summary
+from cloud.fleet.views import NodeDetail, NodeList, node_summary
 from cloud.upgrades.views import RolloutList, RolloutRequest, RolloutView
 from cloud.work.array_views import ArrayTaskView, JobArrayView
 from cloud.work.specs import TrainingJobSpec, describe_error
 from cloud.work.views import DeploymentList, EventView, JobList, ReplicaView
+from greenfed.api_client import Reply
 from greenfed.clusters_cli import render_clusters
 from greenfed.declarative_commands import _event_line
 from greenfed.nodes_cli import render_table, set_node
@@ -325,8 +326,9 @@ async def test_greenfed_nodes_set_prints_taints_as_printable_text() -> None:
     }
 
     class Client:
-        async def call(self, *_: object, **__: object) -> tuple[int, bytes]:
-            return 200, msgspec.json.encode(detail)
+        async def ask(self, *_: object, **__: object) -> Reply[NodeDetail]:
+            payload = msgspec.json.encode(detail)
+            return Reply(200, payload, msgspec.json.decode(payload, type=NodeDetail))
 
     out = io.StringIO()
     await set_node(Client(), "evil-1", "set", body={}, output=Output(out=out))  # type: ignore[arg-type]
