@@ -15,6 +15,7 @@ import msgspec
 
 from shared.agent_packages import AGENT_VERSION_PATTERN, MAX_PACKAGE_BYTES
 from shared.enrolment_certificate import MAX_CERTIFICATE_CHARS
+from shared.errors import worded_pattern
 from shared.taints import MAX_TAINT_KEY_CHARS, MAX_TAINT_VALUE_CHARS, MAX_TAINTS, TaintEffect
 
 # Bumped in its minor part whenever a defaulted field is added to any v1 payload;
@@ -24,12 +25,20 @@ SCHEMA_VERSION = "1.13"
 # processes can exist at once, so no pids limit is larger.
 KERNEL_PIDS_MAX: Final = 4_194_304
 
+# Each pattern is worded (shared/errors.py): a refusal says what it takes, not the regex.
+# A name's (cloud/work/specs.py words the same pattern the same way: a pattern has one
+# wording, and other words for it are refused at import).
+# "(?!\n)": Python's $ also matches before a final newline; ECMA's never does.
+NAME_PATTERN: Final = worded_pattern(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
+    "must be letters, digits, '.', '_' and '-', starting with a letter or digit; at most "
+    "128 characters",
+)
 # Node ids become MQTT topic levels, so the MQTT wildcards and separators are banned.
 NodeId = Annotated[
     str,
     msgspec.Meta(
-        # "(?!\n)": Python's $ also matches before a final newline; ECMA's never does.
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
+        pattern=NAME_PATTERN,
         description="Unique node id; a single MQTT topic level (no '/', '+', '#').",
     ),
 ]
@@ -41,14 +50,24 @@ Timestamp = Annotated[float, msgspec.Meta(ge=0, description="Seconds since the U
 SchemaVersion = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^1\.[0-9]+$(?!\n)",
+        pattern=worded_pattern(r"^1\.[0-9]+$(?!\n)", "must be 1.<minor>, e.g. 1.13"),
         description="major.minor; the major part always equals the topic version (1).",
     ),
 ]
 
 # NVML's form (`nvmlPciInfo_t.busId`), or empty; shared with discovery, which leaves out
 # what does not fit rather than have the birth refused.
-PCI_BUS_ID_PATTERN = r"^([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])?$(?!\n)"
+PCI_BUS_ID_PATTERN = worded_pattern(
+    r"^([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])?$(?!\n)",
+    "must be a PCI address as NVML writes it, domain:bus:device.function "
+    "(00000000:3B:00.0), or empty",
+)
+# A version field (here, and the rollouts an admin asks for: cloud/upgrades/views.py).
+AGENT_VERSION_FIELD_PATTERN: Final = worded_pattern(
+    f"^{AGENT_VERSION_PATTERN}$(?!\\n)",
+    "must be a version: letters, digits, '.', '+', '!', '_' and '-', starting with a digit; "
+    "at most 64 characters, e.g. 1.4.0",
+)
 
 Site = Literal["cloud", "edge"]
 AcceleratorKind = Literal["gpu", "npu", "cpu"]
@@ -565,7 +584,7 @@ class AgentUpgrade(WireStruct, frozen=True, kw_only=True):
     """The agent version a node is asked to run (1.11, `greenfed nodes upgrade`): a
     package the control plane serves and signed (shared/agent_packages.py)."""
 
-    version: Annotated[str, msgspec.Meta(pattern=f"^{AGENT_VERSION_PATTERN}$(?!\\n)")]
+    version: Annotated[str, msgspec.Meta(pattern=AGENT_VERSION_FIELD_PATTERN)]
     rollout_id: Annotated[
         str,
         msgspec.Meta(
@@ -575,7 +594,14 @@ class AgentUpgrade(WireStruct, frozen=True, kw_only=True):
         ),
     ]
     url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
-    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$(?!\n)")]
+    sha256: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=worded_pattern(
+                r"^[0-9a-f]{64}$(?!\n)", "must be a sha256: 64 lower-case hex digits"
+            )
+        ),
+    ]
     size_bytes: Annotated[int, msgspec.Meta(ge=1, le=MAX_PACKAGE_BYTES)]
     signature: Annotated[
         str,

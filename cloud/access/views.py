@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Final, Literal
 import msgspec
 
 from shared.clock import utc_from_epoch
+from shared.errors import worded_pattern
 
 if TYPE_CHECKING:  # the CLI decodes these types without the database stack
     from cloud.store import AuditRecord, TokenRecord
@@ -18,7 +19,11 @@ TokenState = Literal["active", "rotated", "expired", "revoked"]
 TokenName = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$(?!\n)",
+        pattern=worded_pattern(
+            r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$(?!\n)",
+            "must be letters, digits, '.', '_' and '-', starting with a letter or digit; at "
+            "most 64 characters",
+        ),
         description="A label: letters, digits, '.', '_' and '-' (e.g. ci, laptop).",
     ),
 ]

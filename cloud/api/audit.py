@@ -24,6 +24,7 @@ from cloud.api.routes import Reply, Route
 from cloud.app_keys import BULK_CONFIRMED, BULK_UNCONFIRMED, STORE
 from cloud.store import Actor, AuditQuery, NewAudit
 from cloud.store.audit import MAX_PAGE
+from shared.errors import worded_pattern
 
 _DETAIL: Final = msgspec.json.Encoder()
 
@@ -80,7 +81,12 @@ class AuditListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     cursor: (
         Annotated[
             str,
-            msgspec.Meta(pattern=r"^[0-9]{1,18}$", description="The previous page's next_cursor."),
+            msgspec.Meta(
+                pattern=worded_pattern(
+                    r"^[0-9]{1,18}$", "must be a page's next_cursor: 1 to 18 digits"
+                ),
+                description="The previous page's next_cursor.",
+            ),
         ]
         | None
     ) = None

@@ -30,27 +30,26 @@ from cloud.models.checking import UploadsBusyError
 from cloud.models.inspect import InvalidModelError, ModelInfo
 from cloud.models.views import ModelList, ModelView, TensorView
 from cloud.store import ModelRecord, ModelTensor, NewModel
+from cloud.work.specs import Name
 from shared.clock import utc_from_epoch
+from shared.errors import worded_pattern
 from shared.problems import InvalidParam
 
 ONNX_MEDIA_TYPES: Final = ("application/octet-stream", "application/onnx")
 _CHUNK_BYTES = 1 << 16
 SHA256_HEADER: Final = "X-Greenfed-SHA256"  # hex sha256 of the whole file
 
-MODEL_ID_PATTERN: Final = r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)"
+# Worded as every greenfed id (cloud/work/specs.py WorkId): one pattern, one wording.
+MODEL_ID_PATTERN: Final = worded_pattern(
+    r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
+    "must be an id as greenfed gives them (a ULID: 26 digits and upper-case letters)",
+)
 ModelId = Annotated[str, msgspec.Meta(pattern=MODEL_ID_PATTERN)]
 _MODEL_ID = re.compile(MODEL_ID_PATTERN)
-ModelName = Annotated[
-    str,
-    msgspec.Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$(?!\n)",
-        description="Letters, digits, '.', '_' and '-'; at most 128 characters.",
-    ),
-]
 
 
 class UploadQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: ModelName
+    name: Name  # a spec's name, in its words
 
 
 class ModelListQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

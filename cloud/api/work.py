@@ -93,7 +93,7 @@ from cloud.work.views import (
     worker_views,
 )
 from shared.clock import utc_from_epoch
-from shared.errors import FieldError, json_path
+from shared.errors import FieldError, json_path, worded_pattern
 from shared.problems import InvalidParam
 from shared.work_literals import (
     PRIORITY_CLASSES,
@@ -108,7 +108,16 @@ from shared.work_literals import (
 MAX_PAGE_SIZE: Final = 1000
 IDEMPOTENCY_KEY_MAX: Final = 255
 _IDEMPOTENCY_KEY: Final = re.compile("[\x20-\x7e]+")
-_ID = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)")]
+# Worded as every greenfed id (cloud/work/specs.py WorkId): one pattern, one wording.
+_ID = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=worded_pattern(
+            r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
+            "must be an id as greenfed gives them (a ULID: 26 digits and upper-case letters)",
+        )
+    ),
+]
 _CHANGE_RETRIES: Final = 5
 
 SpecT = TypeVar("SpecT", TrainingJobSpec, DeploymentSpec)

@@ -9,21 +9,41 @@ from typing import Annotated, Final, Literal
 import msgspec
 import yarl
 
+from cloud.fleet.enrolment_views import Zone
 from shared.accelerators import ACCELERATORS
-from shared.errors import FieldError
-from shared.placement_names import MAX_PLACEMENT_CHARS, ZONE_PATTERN
+from shared.errors import FieldError, worded_pattern
 
 MAX_CLUSTERS: Final = 64
 # A cluster's name prefixes its nodes' ids (`<cluster>.<machine>`): one topic level's
 # characters, no dot (the separator).
-CLUSTER_NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,62}$(?!\n)"
+# Each pattern is worded (shared/errors.py): a refusal says what it takes, not the regex.
+CLUSTER_NAME_PATTERN: Final = worded_pattern(
+    r"^[a-z0-9][a-z0-9_-]{0,62}$(?!\n)",
+    "must be lower-case letters, digits, '_' and '-' (no '.'), starting with a letter or "
+    "digit; at most 63 characters",
+)
 _NAME = Annotated[str, msgspec.Meta(pattern=CLUSTER_NAME_PATTERN)]
-_ZONE = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=MAX_PLACEMENT_CHARS, pattern=ZONE_PATTERN)
-]
 # Absolute paths, or empty where that means the default.
-_PATH = Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^(/[^\x00]*)?$")]
-_SLURM_NAME = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\s,=|]+$")]
+_PATH = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=4096,
+        pattern=worded_pattern(
+            r"^(/[^\x00]*)?$",
+            "must be an absolute path (starting with '/') without NUL characters, or empty",
+        ),
+    ),
+]
+_SLURM_NAME = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=128,
+        pattern=worded_pattern(
+            r"^[^\s,=|]+$", "must be a Slurm name: no whitespace, ',', '=' or '|'"
+        ),
+    ),
+]
 _PRIORITY = Literal["p0", "p1", "p2"]
 # An accelerator model greenfed knows (shared/accelerators.py); checked in ClusterSpec.
 _MODEL = Annotated[
@@ -38,8 +58,8 @@ class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 class PartitionPlacement(_Body, frozen=True, kw_only=True):
     """Where a partition's machines are, where it differs from the cluster's."""
 
-    zone: _ZONE
-    region: _ZONE
+    zone: Zone
+    region: Zone
 
 
 class SlurmAccessSpec(_Body, frozen=True, kw_only=True):
@@ -48,15 +68,36 @@ class SlurmAccessSpec(_Body, frozen=True, kw_only=True):
 
     # unix:/path/to/slurmrestd.socket (rest_auth/local) or http[s]://host:port (JWT).
     rest_url: Annotated[
-        str, msgspec.Meta(max_length=4096, pattern=r"^(unix:/[^\x00]+|https?://[^\s/]+/?)?$")
+        str,
+        msgspec.Meta(
+            max_length=4096,
+            pattern=worded_pattern(
+                r"^(unix:/[^\x00]+|https?://[^\s/]+/?)?$",
+                "must be unix:/<socket path>, or http[s]://host[:port] with no path",
+            ),
+        ),
     ] = ""
-    rest_user: Annotated[str, msgspec.Meta(max_length=128, pattern=r"^[^\s:]*$")] = ""
+    rest_user: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=128,
+            pattern=worded_pattern(r"^[^\s:]*$", "must have no whitespace or ':'"),
+        ),
+    ] = ""
     # A JWT for rest_auth/jwt: a secret (encrypted at rest, shown masked).
     rest_token: Annotated[str, msgspec.Meta(max_length=16384)] = ""
 
     # [user@]host: never an option of ssh's own (no leading "-").
     ssh: Annotated[
-        str, msgspec.Meta(max_length=256, pattern=r"^([A-Za-z0-9._][A-Za-z0-9._@:-]*)?$")
+        str,
+        msgspec.Meta(
+            max_length=256,
+            pattern=worded_pattern(
+                r"^([A-Za-z0-9._][A-Za-z0-9._@:-]*)?$",
+                "must be [user@]host: letters, digits, '.', '_', '@', ':' and '-', starting "
+                "with a letter, digit, '.' or '_'",
+            ),
+        ),
     ] = ""
     slurm_conf: _PATH = ""  # where the commands run; empty: their default
     bin_dir: _PATH = ""  # where the commands are; empty: on the PATH
@@ -65,7 +106,15 @@ class SlurmAccessSpec(_Body, frozen=True, kw_only=True):
     # `StdOut=<path>` among its `Key=Value` pairs), and no `%` or `\`, which Slurm
     # expands in `--output` (`%j`) or takes as "expand nothing".
     work_dir: Annotated[
-        str, msgspec.Meta(max_length=4096, pattern=r"^/[^\s\x00-\x1f\x7f-\x9f%\\]*$(?!\n)")
+        str,
+        msgspec.Meta(
+            max_length=4096,
+            pattern=worded_pattern(
+                r"^/[^\s\x00-\x1f\x7f-\x9f%\\]*$(?!\n)",
+                "must be an absolute path (starting with '/') with no whitespace, control "
+                "characters, '%' or '\\'",
+            ),
+        ),
     ] = "/tmp"
     account: Annotated[str, msgspec.Meta(max_length=128)] = ""
     qos: dict[_PRIORITY, _SLURM_NAME] = {}  # greenfed priority -> QOS
@@ -79,8 +128,8 @@ class ClusterSpec(_Body, frozen=True, kw_only=True):
 
     name: _NAME
     kind: Literal["slurm"] = "slurm"
-    zone: _ZONE
-    region: _ZONE
+    zone: Zone
+    region: Zone
     partitions: Annotated[
         dict[_SLURM_NAME, PartitionPlacement | None], msgspec.Meta(max_length=256)
     ] = {}

@@ -17,7 +17,7 @@ import msgspec
 
 # The wire contract's node id (one topic level; no trailing newline either).
 from cloud.fleet.envelope import NodeEnvelope, WorkKinds
-from shared.errors import FieldError
+from shared.errors import FieldError, worded_pattern
 from shared.messages import AcceleratorKind, NodeId, Site
 from shared.placement_names import (
     LABEL_KEY_PATTERN,
@@ -30,14 +30,43 @@ from shared.placement_names import (
 from shared.sealing import is_valid_public_key
 
 JOIN_TOKEN_MAX_USES: Final = 10_000
-_ZONE = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=MAX_PLACEMENT_CHARS, pattern=ZONE_PATTERN)
+# Each pattern is worded (shared/errors.py): a refusal says what it takes, not the regex.
+# A zone or region: a cluster's too (cloud/clusters/views.py), so worded here once.
+Zone = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_PLACEMENT_CHARS,
+        pattern=worded_pattern(
+            ZONE_PATTERN,
+            "must be a zone or region name: letters, digits, '.', '_', ':', '/' and '-', "
+            f"starting and ending with a letter or digit; at most {MAX_PLACEMENT_CHARS} "
+            "characters",
+        ),
+    ),
 ]
 _LABEL_KEY = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY_CHARS, pattern=LABEL_KEY_PATTERN)
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_LABEL_KEY_CHARS,
+        pattern=worded_pattern(
+            LABEL_KEY_PATTERN,
+            "must be a label key: letters, digits, '.', '_', '/' and '-', starting and "
+            f"ending with a letter or digit; at most {MAX_LABEL_KEY_CHARS} characters",
+        ),
+    ),
 ]
 _LABEL_VALUE = Annotated[
-    str, msgspec.Meta(max_length=MAX_LABEL_VALUE_CHARS, pattern=LABEL_VALUE_PATTERN)
+    str,
+    msgspec.Meta(
+        max_length=MAX_LABEL_VALUE_CHARS,
+        pattern=worded_pattern(
+            LABEL_VALUE_PATTERN,
+            "must be printable text, not starting with '=', '+', '-', '@' or whitespace; "
+            f"at most {MAX_LABEL_VALUE_CHARS} characters",
+        ),
+    ),
 ]
 Labels = Annotated[dict[_LABEL_KEY, _LABEL_VALUE], msgspec.Meta(max_length=64)]
 _MODEL = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -52,8 +81,8 @@ class JoinTokenCreate(_Body, frozen=True, kw_only=True):
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=366 * 86400)] | None = None
     uses: Annotated[int, msgspec.Meta(ge=1, le=JOIN_TOKEN_MAX_USES)] = 1
     site: Site | None = None
-    zone: _ZONE | None = None
-    region: _ZONE | None = None
+    zone: Zone | None = None
+    region: Zone | None = None
     labels: Labels = {}
     # What nodes enrolled with it may be beyond site, zone and region (a birth outside
     # it waits for an admin's approval; cloud/fleet/envelope.py).
@@ -113,8 +142,8 @@ class EnrolRequest(_Body, frozen=True, kw_only=True):
     node_id: NodeId
     # Used only where the token names none (the admin's choice wins).
     site: Site | None = None
-    zone: _ZONE | None = None
-    region: _ZONE | None = None
+    zone: Zone | None = None
+    region: Zone | None = None
     labels: Labels = {}
     sealing_public_key: (
         Annotated[

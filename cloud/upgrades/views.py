@@ -6,8 +6,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from shared.agent_packages import AGENT_VERSION_PATTERN
-from shared.messages import NodeId
+from shared.messages import AGENT_VERSION_FIELD_PATTERN, NodeId
 
 RolloutPhase = Literal["running", "succeeded", "halted", "cancelled"]
 ACTIVE_PHASE: Final = "running"
@@ -18,7 +17,8 @@ ACTIVE_PHASE: Final = "running"
 NodeUpgradeState = Literal["waiting", "upgrading", "upgraded", "failed", "skipped"]
 MAX_ROLLOUT_NODES: Final = 100_000
 
-Version = Annotated[str, msgspec.Meta(pattern=f"^{AGENT_VERSION_PATTERN}$(?!\\n)")]
+# The wire's version pattern, and so its words (a pattern has one wording).
+Version = Annotated[str, msgspec.Meta(pattern=AGENT_VERSION_FIELD_PATTERN)]
 
 
 class PackageView(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,6 +15,7 @@ from cloud.work.array_views import JobArrayView
 from cloud.work.explanation import Explanation
 from cloud.work.specs import DeploymentSpec, Name, TrainingJobSpec
 from shared.clock import utc_from_epoch
+from shared.errors import worded_pattern
 from shared.messages import (
     TRAINING_RUN_LIVE_STATES,
     AcceleratorKind,
@@ -223,7 +224,15 @@ KindCounts = Annotated[
 ]
 Quotas = Annotated[
     dict[
-        Annotated[str, msgspec.Meta(pattern=QUOTA_RESOURCE_PATTERN)],
+        Annotated[
+            str,
+            msgspec.Meta(
+                pattern=worded_pattern(
+                    QUOTA_RESOURCE_PATTERN,
+                    "must be gpu, npu, cpu or mig-<MIG profile>, e.g. mig-1g.10gb",
+                )
+            ),
+        ],
         Annotated[int, msgspec.Meta(ge=0, le=1_000_000)],
     ],
     msgspec.Meta(
@@ -252,7 +261,11 @@ class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     name: Annotated[
         str,
         msgspec.Meta(
-            pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$(?!\n)",
+            pattern=worded_pattern(
+                r"^[a-z0-9][a-z0-9._-]{0,62}$(?!\n)",
+                "must be lower-case letters, digits, '.', '_' and '-', starting with a letter "
+                "or digit; at most 63 characters",
+            ),
             description="Lower-case letters, digits, '.', '_' and '-'.",
         ),
     ]
