@@ -3,6 +3,15 @@
 Integration tests run against the embedded broker always and against the real
 Mosquitto (127.0.0.1:1883) when reachable; CI sets GREENFED_TEST_REQUIRE_SERVICES=1
 so an unreachable Mosquitto fails the run instead of being skipped.
+
+Property tests run without Hypothesis's per-example deadline (200 ms by default): the
+suite runs on two shared, loaded cores in CI, where an example that takes 100 ms alone
+takes 300 ms beside other work, and a deadline failure there says nothing about the code.
+The profile is loaded here, before any test module is imported, because a test's own
+`@settings(...)` takes every value it does not name from the profile loaded when the
+decorator runs; tests/test_review7_hypothesis_deadlines.py keeps tests from setting a
+deadline again. Everything else (max_examples, ...) stays as Hypothesis loaded it (its
+`ci` profile where a CI variable is set), and `--hypothesis-profile` still overrides.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+from hypothesis import settings
 
 from greenfed.broker import EmbeddedBroker
 from tests.store.databases import DatabaseUnderTest, postgres_database, sqlite_database
@@ -23,6 +33,9 @@ from tests.support.brokers import (
     require_or_skip,
     tcp_reachable,
 )
+
+settings.register_profile("greenfed", deadline=None)
+settings.load_profile("greenfed")
 
 # The real Slurm cluster of the Slurm tests (`slurm`, one per session, started on first use).
 pytest_plugins = ("tests.support.slurm",)
