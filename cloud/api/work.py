@@ -65,7 +65,7 @@ from cloud.store import (
 from cloud.store.records import submitted_as
 from cloud.usage.views import usage_summary
 from cloud.work.convert import check_convertible, spec_of
-from cloud.work.explanation import Explanation, PendingView, decode_explanation
+from cloud.work.explanation import Explanation, decode_explanation, not_looked_at
 from cloud.work.specs import (
     DEPLOYMENT_DECODER,
     TRAINING_DECODER,
@@ -860,19 +860,11 @@ def _backoff_explanation(record: WorkRecord) -> Explanation:
     assert record.not_before is not None
     retry_at = utc_from_epoch(record.not_before)
     reason = (record.state_reason or "it failed").removesuffix(".")
-    return Explanation(
-        outcome="pending",
-        message=f"Waiting out its retry backoff until {retry_at:%Y-%m-%dT%H:%M:%SZ}: {reason}.",
-        decided_at=utc_from_epoch(record.updated_at),
-        pending=PendingView(
-            code="backoff",
-            nodes_total=0,
-            fitting_nodes=0,
-            rejections={},
-            members_needed=0,
-            members_placed=0,
-            retry_at=retry_at,
-        ),
+    return not_looked_at(
+        "backoff",
+        f"Waiting out its retry backoff until {retry_at:%Y-%m-%dT%H:%M:%SZ}: {reason}.",
+        utc_from_epoch(record.updated_at),
+        retry_at=retry_at,
     )
 
 

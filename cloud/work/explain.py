@@ -28,6 +28,7 @@ from cloud.work.explanation import (
     TermScoreView,
     WaitingForView,
     encode_explanation,
+    not_looked_at,
 )
 from shared.clock import utc_from_epoch
 from shared.errors import json_path
@@ -297,24 +298,12 @@ def explanations_for_plan(plan: Plan, work_ids: Collection[str] | None = None) -
 def explanation_for_waiting(now: float, waiting: Waiting) -> bytes:
     """The encoded `Explanation` of pending work waiting for its dependencies (code
     `dependency`): the scheduler did not look at it."""
+    waiting_for = tuple(
+        WaitingForView(job=d.job_id, condition=d.condition, job_state=d.job_state)
+        for d in waiting.waiting_for
+    )
     return encode_explanation(
-        Explanation(
-            outcome="pending",
-            message=waiting.message,
-            decided_at=utc_from_epoch(now),
-            pending=PendingView(
-                code="dependency",
-                nodes_total=0,
-                fitting_nodes=0,
-                rejections={},
-                members_needed=0,
-                members_placed=0,
-                waiting_for=tuple(
-                    WaitingForView(job=d.job_id, condition=d.condition, job_state=d.job_state)
-                    for d in waiting.waiting_for
-                ),
-            ),
-        )
+        not_looked_at("dependency", waiting.message, utc_from_epoch(now), waiting_for=waiting_for)
     )
 
 

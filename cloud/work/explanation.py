@@ -130,6 +130,33 @@ class Explanation(msgspec.Struct, frozen=True, kw_only=True):
     preemptions: tuple[PreemptionView, ...] = ()
 
 
+def not_looked_at(
+    code: str,
+    message: str,
+    decided_at: datetime,
+    *,
+    retry_at: datetime | None = None,
+    waiting_for: tuple[WaitingForView, ...] = (),
+) -> Explanation:
+    """Why pending work waits where the scheduler did not look at it (its dependencies,
+    its retry backoff): no node counted, no member needed or placed."""
+    return Explanation(
+        outcome="pending",
+        message=message,
+        decided_at=decided_at,
+        pending=PendingView(
+            code=code,
+            nodes_total=0,
+            fitting_nodes=0,
+            rejections={},
+            members_needed=0,
+            members_placed=0,
+            retry_at=retry_at,
+            waiting_for=waiting_for,
+        ),
+    )
+
+
 EXPLANATION_DECODER: Final = msgspec.json.Decoder(Explanation)
 EXPLANATION_ENCODER: Final = msgspec.json.Encoder()
 
