@@ -47,9 +47,6 @@ SILENT_HEARTBEATS: Final = 3
 _INVALID_VALUE_PROBLEMS: Final = frozenset(
     {"invalid-query", "invalid-body", "invalid-header", "invalid-mqtt-account-name"}
 )
-# What decoding an answer into its type raises for one that is not greenfed's: bytes that
-# are no JSON (an empty body among them), too deep, or JSON of another shape.
-_UNLIKE_ITS_TYPE: Final = (*MSGSPEC_DECODE_ERRORS, msgspec.ValidationError)
 # The media types of greenfed's streams: a job's output and the event stream.
 _STREAM_MEDIA_TYPES: Final = frozenset({"text/plain", "text/event-stream"})
 # The most of a refusal that is no problem (a proxy's words) a message quotes.
@@ -367,7 +364,7 @@ class ApiClient:
         JSON, an empty body, no JSON at all, too deep) is one line saying so."""
         try:
             return msgspec.json.decode(payload, type=reply_type)
-        except _UNLIKE_ITS_TYPE as error:
+        except MSGSPEC_DECODE_ERRORS as error:  # ValidationError is a DecodeError
             # msgspec's words may quote the answer's (a key): printable.
             what = "an empty body" if not payload.strip() else f"something else ({error})"
             what = printable(what)

@@ -784,7 +784,9 @@ async def logs(
     out: TextIO | None = None,  # default: sys.stdout as it is then, not at import
 ) -> int:
     """The job's output; `follow`: then its new output as it comes, until the job has
-    ended (exit status 0) or the control plane ends the stream before (a failure)."""
+    ended (exit status 0) or the control plane ends the stream before (a failure).
+    `job_id`: the job's own id (its caller resolved the name or prefix once): by the
+    time a followed job ends, the name may mean another job."""
     out = out or sys.stdout
     params = {"follow": "true" if follow else "false"}
     if tail is not None:
@@ -793,10 +795,6 @@ async def logs(
         params["attempt"] = str(attempt)
     if node is not None:
         params["node"] = node
-    if follow:
-        # Followed, and its end asked, by its id: by the time it ends, the name (or
-        # prefix) it was given may mean another job.
-        job_id = (await client.get(f"/v1/jobs/{path_segment(job_id)}", _JobState)).id
     # A chunk may end inside a UTF-8 character: the decoder keeps it for the next one.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     async for chunk in client.stream(f"/v1/jobs/{path_segment(job_id)}/logs", params):
