@@ -30,20 +30,15 @@ from cloud.models.checking import UploadsBusyError
 from cloud.models.inspect import InvalidModelError, ModelInfo
 from cloud.models.views import ModelList, ModelView, TensorView
 from cloud.store import ModelRecord, ModelTensor, NewModel
-from cloud.work.specs import Name
+from cloud.work.specs import ID_PATTERN, Name
 from shared.clock import utc_from_epoch
-from shared.errors import worded_pattern
 from shared.problems import InvalidParam
 
 ONNX_MEDIA_TYPES: Final = ("application/octet-stream", "application/onnx")
 _CHUNK_BYTES = 1 << 16
 SHA256_HEADER: Final = "X-Greenfed-SHA256"  # hex sha256 of the whole file
 
-# Worded as every greenfed id (cloud/work/specs.py WorkId): one pattern, one wording.
-MODEL_ID_PATTERN: Final = worded_pattern(
-    r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
-    "must be an id as greenfed gives them (a ULID: 26 digits and upper-case letters)",
-)
+MODEL_ID_PATTERN: Final = ID_PATTERN
 ModelId = Annotated[str, msgspec.Meta(pattern=MODEL_ID_PATTERN)]
 _MODEL_ID = re.compile(MODEL_ID_PATTERN)
 

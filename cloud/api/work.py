@@ -68,6 +68,7 @@ from cloud.work.convert import check_convertible, spec_of
 from cloud.work.explanation import Explanation, decode_explanation, not_looked_at
 from cloud.work.specs import (
     DEPLOYMENT_DECODER,
+    ID_PATTERN,
     TRAINING_DECODER,
     AutoscaleSpec,
     BatchingSpec,
@@ -93,7 +94,7 @@ from cloud.work.views import (
     worker_views,
 )
 from shared.clock import utc_from_epoch
-from shared.errors import FieldError, json_path, worded_pattern
+from shared.errors import FieldError, json_path
 from shared.problems import InvalidParam
 from shared.work_literals import (
     PRIORITY_CLASSES,
@@ -108,16 +109,7 @@ from shared.work_literals import (
 MAX_PAGE_SIZE: Final = 1000
 IDEMPOTENCY_KEY_MAX: Final = 255
 _IDEMPOTENCY_KEY: Final = re.compile("[\x20-\x7e]+")
-# Worded as every greenfed id (cloud/work/specs.py WorkId): one pattern, one wording.
-_ID = Annotated[
-    str,
-    msgspec.Meta(
-        pattern=worded_pattern(
-            r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
-            "must be an id as greenfed gives them (a ULID: 26 digits and upper-case letters)",
-        )
-    ),
-]
+_ID = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
 _CHANGE_RETRIES: Final = 5
 
 SpecT = TypeVar("SpecT", TrainingJobSpec, DeploymentSpec)

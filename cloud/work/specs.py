@@ -107,14 +107,15 @@ Deadline = Annotated[
     msgspec.Meta(tz=True, description="RFC 3339 time by which the job must have finished."),
 ]
 
+# Every id greenfed gives (jobs, deployments, models): one pattern, one wording.
+ID_PATTERN: Final = worded_pattern(
+    r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
+    "must be an id as greenfed gives them (a ULID: 26 digits and upper-case letters)",
+)
 WorkId = Annotated[
     str,
     msgspec.Meta(
-        pattern=worded_pattern(
-            r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$(?!\n)",
-            "must be an id as greenfed gives them (a ULID: 26 digits and upper-case letters)",
-        ),
-        description="A job's id (a ULID), as POST /v1/jobs returned it.",
+        pattern=ID_PATTERN, description="A job's id (a ULID), as POST /v1/jobs returned it."
     ),
 ]
 
