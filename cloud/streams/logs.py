@@ -1,9 +1,10 @@
 """Training output in the cloud: the latest output of each job, in memory, bounded.
 
 Agents ship each worker's new output on the `logs` MQTT channel (`JobLogChunk`, at most
-one chunk per worker per second, QoS 0). Ingestion hands every chunk to
-`JobLogStore.append`; `GET /v1/jobs/{id}/logs` reads and follows it. The full output
-stays in the worker's log file on its node: this is a tail for people, not an archive.
+one chunk per worker per second, QoS 1: a chunk may arrive twice). Ingestion hands every
+chunk to `JobLogStore.append`; `GET /v1/jobs/{id}/logs` reads and follows it. The full
+output stays in the worker's log file on its node: this is a tail for people, not an
+archive.
 
 Bounds: the newest `bytes_per_job` of each job (over all its attempts and nodes), at
 most `total_bytes` and `max_jobs` in all (the jobs that were quiet longest go first).
@@ -13,11 +14,19 @@ most `bytes_per_job / PIECE_OVERHEAD_BYTES` of them (at least `MIN_PIECES_PER_JO
 store `total_bytes / PIECE_OVERHEAD_BYTES`; many tiny chunks are trimmed as surely as a
 few large ones. An empty chunk that says nothing new (no gap before it) is not kept.
 
-Gaps: a chunk's `offset` is where its text starts in the worker's output. When it is
-past the end of what arrived before (lost chunks, output the agent dropped, or output
-from before this process started), a marker line says how many bytes are missing.
-Offsets count the worker's raw bytes and the text has undecodable bytes replaced, so
-the count is approximate when the output is not valid UTF-8.
+Gaps and copies: a chunk's `offset` is where its text starts in the worker's output,
+in raw bytes. When it is past the end of what arrived before (lost chunks, output the
+agent dropped, or output from before this process started), a marker line says how
+many bytes are missing; a chunk within what arrived (a copy delivered again) is not
+kept. The agent replaces each undecodable byte sequence (1 to 3 raw bytes) by U+FFFD,
+3 bytes in UTF-8, so the raw length of a chunk with replacements is known only within
+bounds, and so is the end of what arrived (`_Stream.end_min_offset`/`end_max_offset`).
+What holds: for valid UTF-8 output both are exact, and so are gaps and copies. Past
+output that is not, no chunk is lost for it: a chunk whose place is uncertain is a copy
+only if it starts where (or before) the newest kept chunk did, as a resent one does.
+A gap is marked only where output is certainly missing: right after a chunk with k
+replacements, one of up to 2k bytes can go unsaid, or its count be short by as much;
+the next kept chunk of valid UTF-8 makes the end exact again.
 
 Trimmed output: each piece knows how many bytes of its stream the cloud received before
 it (`received_before_bytes`), and a snapshot how many of each stream's oldest it let go
@@ -45,6 +54,8 @@ MIN_PIECES_PER_JOB: Final = 64
 # for its end: past it, the line is shown in parts, so a follower's memory stays bounded
 # (however long a line a worker prints) and the output reaches it.
 MAX_OPEN_LINE_CHARS: Final = 64 * 1024
+# What the agent puts for undecodable output: 3 bytes in UTF-8 for 1 to 3 raw bytes.
+REPLACEMENT_CHARACTER: Final = "\ufffd"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +74,11 @@ class LogPiece:
 
 @dataclass(slots=True)
 class _Stream:
-    next_offset: int = 0
+    # Bounds on where the output that arrived ends, in the worker's raw bytes: equal
+    # unless text had undecodable bytes replaced (their raw length is not known).
+    end_min_offset: int = 0
+    end_max_offset: int = 0
+    newest_start_offset: int = -1  # where the newest kept chunk starts; -1: none yet
     received_bytes: int = 0  # the sizes of its pieces so far
     trimmed_bytes: int = 0  # those of its oldest pieces, let go (a stream trims in order)
 
@@ -136,10 +151,13 @@ class JobLogStore:
         key = (chunk.attempt, chunk.node_id)
         stream = job.streams.setdefault(key, _Stream())
         size = len(chunk.text.encode())
-        missing = max(0, chunk.offset - stream.next_offset, chunk.dropped_bytes)
-        if chunk.offset + size <= stream.next_offset and (size or not missing):
-            return  # a copy of output already here, or an empty chunk that says nothing
-        stream.next_offset = max(stream.next_offset, chunk.offset + size)
+        raw_min_bytes = size - 2 * chunk.text.count(REPLACEMENT_CHARACTER)
+        missing = max(0, chunk.offset - stream.end_max_offset, chunk.dropped_bytes)
+        if size == 0 and not missing:
+            return  # an empty chunk that says nothing
+        if size and _is_copy(stream, chunk.offset, raw_min_bytes, size):
+            return
+        _note_arrived(stream, chunk.offset, raw_min_bytes, size)
         self._seq += 1
         job.last_seq = self._seq
         piece = LogPiece(
@@ -239,6 +257,31 @@ class JobLogStore:
         self._first_output.set()
         for job in self._jobs.values():
             job.notify()
+
+
+def _is_copy(stream: _Stream, offset: int, raw_min_bytes: int, raw_max_bytes: int) -> bool:
+    """Whether a chunk at `offset`, of `raw_min_bytes` to `raw_max_bytes` raw bytes,
+    holds only output already here (a copy delivered again)."""
+    if offset + raw_max_bytes <= stream.end_min_offset:
+        return True  # it certainly ends within what arrived
+    if offset + raw_min_bytes > stream.end_max_offset:
+        return False  # it certainly brings output past what arrived (overlap or not)
+    # Undecodable bytes left it uncertain. One agent's chunks follow each other without
+    # overlap, so new output starts past the newest chunk's start; a copy repeats it.
+    return offset <= stream.newest_start_offset
+
+
+def _note_arrived(stream: _Stream, offset: int, raw_min_bytes: int, raw_max_bytes: int) -> None:
+    """A chunk at `offset`, of `raw_min_bytes` to `raw_max_bytes` raw bytes, is kept."""
+    if offset >= stream.end_min_offset:
+        # One agent's chunks follow each other: the output before ended at this chunk's
+        # start (or earlier, a gap), so the uncertainty left by replaced bytes ends here.
+        stream.end_min_offset = offset + raw_min_bytes
+        stream.end_max_offset = offset + raw_max_bytes
+    else:  # it overlaps what arrived: an agent that took a worker over resent from before
+        stream.end_min_offset = max(stream.end_min_offset, offset + raw_min_bytes)
+        stream.end_max_offset = max(stream.end_max_offset, offset + raw_max_bytes)
+    stream.newest_start_offset = max(stream.newest_start_offset, offset)
 
 
 MISSING_MARKER: Final = "[greenfed: {bytes} bytes of output missing here]\n"
