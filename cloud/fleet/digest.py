@@ -58,20 +58,49 @@ from typing import Annotated, Final
 
 import msgspec
 
+from cloud.fleet.plausibility import MAX_TEXT_CHARS
 from shared.messages import ENCODER, SCHEMA_VERSION, SchemaVersion, Telemetry, WireStruct
 
 # Samples in one digest message at most; a digest of more nodes is split.
 MAX_DIGEST_SAMPLES: Final = 1024
-# The envelope around the samples: what a digest may exceed `mqtt.max_payload_bytes` by.
+# The envelope around the samples: every field but the samples and their index.
 DIGEST_ENVELOPE_BYTES: Final = 1024
 # What the index adds to each sample at most beyond its node id and encoded instance id:
 # quotes, commas and a sequence number.
 _INDEX_ENTRY_BYTES: Final = 32
+# The wire's bounds on what a sample's index entry holds: a node id's characters never
+# need escaping (shared.messages.NAME_PATTERN); an instance id's may (plausibility bounds
+# only its length), and `\u001f` is the longest any character encodes to, longer than
+# UTF-8's 4 bytes (no birth's instance id, and so no accepted sample's, holds a control
+# character, but the bound does not have to rest on that); the sequence number's is
+# shared.messages.Telemetry.seq's.
+MAX_NODE_ID_CHARS: Final = 128
+MAX_INSTANCE_ID_CHARS: Final = MAX_TEXT_CHARS
+_MAX_ENCODED_CHAR_BYTES: Final = len(b"\\u001f")
+MAX_SEQ: Final = 2**53
+# The longest index entry a sample can have: what a digest relaying a sample as large as
+# `mqtt.max_payload_bytes` on its own exceeds that by, beside its envelope.
+MAX_INDEX_ENTRY_BYTES: Final = (
+    MAX_NODE_ID_CHARS
+    + _MAX_ENCODED_CHAR_BYTES * MAX_INSTANCE_ID_CHARS
+    + len(str(MAX_SEQ))
+    + _INDEX_ENTRY_BYTES
+)
 # Replicas whose heartbeats are tracked at most (a fleet runs a few): ids past these
 # are not waited for, as an earlier version's are not.
 MAX_DIGEST_PEERS: Final = 256
 
-_IndexedId = Annotated[str, msgspec.Meta(max_length=256)]
+
+def max_digest_bytes(max_payload_bytes: int) -> int:
+    """The largest digest message a replica sends (and so takes from another).
+
+    `DigestBuilder.take` fills a message with samples and their index entries up to
+    `max_payload_bytes`, but a sample as large as that (a node may send one) goes alone,
+    and its index entry comes on top of it."""
+    return max_payload_bytes + DIGEST_ENVELOPE_BYTES + MAX_INDEX_ENTRY_BYTES
+
+
+_IndexedId = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 _Seq = Annotated[int, msgspec.Meta(ge=0)]
 
 
@@ -180,8 +209,9 @@ class DigestBuilder:
     def take(self, now_s: float, *, goodbye: bool = False) -> list[bytes]:
         """The digest of what was heard since the last call (none when nothing was: then
         send a `heartbeat`), in messages of at most `max_payload_bytes` beyond their
-        envelope (a sample larger than that alone goes alone). `goodbye`: the last digest
-        of this replica, which takes no more telemetry."""
+        envelope (a sample larger than that with its index entry goes alone: at most
+        `max_digest_bytes`). `goodbye`: the last digest of this replica, which takes no
+        more telemetry."""
         latest, self._latest = self._latest, {}
         if not latest:
             return []
@@ -201,11 +231,18 @@ class DigestBuilder:
                 messages.append(self._encode(chunk, now_s, heartbeat=False))
                 chunk = _Chunk()
             chunk.add(node_id, instance_id, telemetry.seq, encoded, entry_bytes)
+        self.published += len(messages) + 1
+        self.published_samples += len(latest)
         # Only the last message proves the interval relayed: a replica that has read the
         # first of several has not yet got the samples of the others.
-        messages.append(self._encode(chunk, now_s, heartbeat=True, goodbye=goodbye))
-        self.published += len(messages)
-        self.published_samples += len(latest)
+        if chunk.size <= budget:
+            messages.append(self._encode(chunk, now_s, heartbeat=True, goodbye=goodbye))
+            return messages
+        # A sample over the budget went alone, in the one kind of message that can pass
+        # `max_payload_bytes + DIGEST_ENVELOPE_BYTES` (what an earlier version takes at
+        # most): the heartbeat (or goodbye) follows on its own, never refused with it.
+        messages.append(self._encode(chunk, now_s))
+        messages.append(self.heartbeat(now_s, goodbye=goodbye))
         return messages
 
     def heartbeat(self, now_s: float, *, goodbye: bool = False) -> bytes:

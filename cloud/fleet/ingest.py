@@ -73,12 +73,12 @@ from cloud.fleet.assignments import (
 )
 from cloud.fleet.digest import (
     DIGEST_DECODER,
-    DIGEST_ENVELOPE_BYTES,
     RELAYED_DIGEST_DECODER,
     DigestBuilder,
     DigestPeers,
     RelayedDigest,
     TelemetryDigest,
+    max_digest_bytes,
 )
 from cloud.fleet.early_samples import EarlySamples
 from cloud.fleet.link_probe import LinkProbe
@@ -493,7 +493,7 @@ class Ingestor:
         are read (`NodeRecord.telemetry`), checked then; the digest listeners get those
         `relayed_wanted` asks for, decoded at once."""
         channel, topic = DIGEST_CHANNEL, self._digest_topic
-        if len(payload) > self._max_payload_bytes + DIGEST_ENVELOPE_BYTES:
+        if len(payload) > max_digest_bytes(self._max_payload_bytes):
             self._reject(channel, InvalidReason.OVERSIZED, topic, f"{len(payload)} bytes")
             return
         if self.digest.is_own(payload):

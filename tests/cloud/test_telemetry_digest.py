@@ -11,6 +11,7 @@ from cloud.fleet.digest import (
     RELAYED_DIGEST_DECODER,
     DigestBuilder,
     TelemetryDigest,
+    max_digest_bytes,
 )
 from cloud.fleet.ingest import DIGEST_CHANNEL, Ingestor, InvalidReason
 from cloud.fleet.registry import NodeRegistry
@@ -146,7 +147,7 @@ def test_a_digest_relays_only_what_the_node_could_have_said_itself(
     [
         (b"{not json", InvalidReason.MALFORMED_JSON),
         (b'{"replica_id": "x", "sent_at": 1.0, "samples": [{"node_id": 3}]}', None),
-        (b"x" * (MAX_PAYLOAD_BYTES + 2048), InvalidReason.OVERSIZED),
+        (b"x" * (max_digest_bytes(MAX_PAYLOAD_BYTES) + 1), InvalidReason.OVERSIZED),
     ],
 )
 def test_a_malformed_digest_is_counted_and_changes_nothing(
