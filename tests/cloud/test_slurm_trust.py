@@ -79,6 +79,9 @@ class FakeCommands(SlurmCommands):
         self.calls.append(argv)
         return self.answers.get(argv[0], "")
 
+    async def run_bytes(self, *argv: str, stdin: bytes | None = None) -> bytes:
+        return (await self.run(*argv, stdin=stdin)).encode()
+
 
 # ---- 1: a working_dir cannot forge records -------------------------------------------
 

@@ -227,10 +227,12 @@ class SlurmBackend(ClusterBackend):
         if path is None:
             return b""
         if self._commands.access.ssh:
-            text = await self._commands.run(
+            # The bytes as `dd` read them: decoding here would turn a character cut at
+            # `limit` (or any byte that is not UTF-8) into U+FFFD, 3 bytes long, and the
+            # caller's offset would move by what it was given, not by what the file holds.
+            return await self._commands.run_bytes(
                 "sh", "-c", _REMOTE_READ, "sh", str(offset), path, str(limit)
             )
-            return text.encode()
         return await read_local_output(path, offset, limit)
 
 

@@ -84,9 +84,15 @@ class SlurmCommands:
         ]
 
     async def run(self, *argv: str, stdin: bytes | None = None) -> str:
-        """The command's standard output; raises `ClusterUnreachable` when the command
-        cannot be run or the controller does not answer, `ClusterRefused` when it says
-        no."""
+        """The command's standard output as text (a byte that is not UTF-8 replaced);
+        raises as `run_bytes` does."""
+        return (await self.run_bytes(*argv, stdin=stdin)).decode(errors="replace")
+
+    async def run_bytes(self, *argv: str, stdin: bytes | None = None) -> bytes:
+        """The command's standard output as it printed it (a job's output file: offsets
+        count its bytes, and a UTF-8 character cut by a read must stay cut); raises
+        `ClusterUnreachable` when the command cannot be run or the controller does not
+        answer, `ClusterRefused` when it says no."""
         conf = self.access.slurm_conf
         if conf and not self.access.ssh and not await asyncio.to_thread(os.path.isfile, conf):
             # The commands would retry reading it for a minute before saying so.
@@ -119,7 +125,7 @@ class SlurmCommands:
             ) from None
         message = err.decode(errors="replace").strip()
         if process.returncode == 0:
-            return out.decode(errors="replace")
+            return out
         if process.returncode == 255 and self.access.ssh:  # ssh's own failure
             raise ClusterUnreachable(f"ssh {self.access.ssh}: {message[:500]}")
         if any(marker in message for marker in UNREACHABLE_MARKERS):

@@ -24,7 +24,10 @@ request, PartitionNodeLimit, PartitionTimeLimit, PartitionConfig) waits its turn
   names which, and keeps Slurm's beside an exit code; a job Slurm could not launch says
   so, with no exit code);
 - stopped: CANCELLED, PREEMPTED, REVOKED, SPECIAL_EXIT (the cluster, or someone on it,
-  stopped it: greenfed decides what follows, as for any stopped worker).
+  stopped it: greenfed decides what follows, as for any stopped worker); and a job the
+  cluster requeued although greenfed asked it not to (its restart count above 0:
+  slurmrestd v0.0.38 ignores `"requeue": false`), which would otherwise start again
+  from its beginning behind greenfed's back (`requeued_job_state`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ _PENDING: Final = frozenset(
 _RUNNING: Final = frozenset(
     {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED", "RESIZING"}
 )
+# What a job requeued by the cluster says (its state word, or its restart count).
+REQUEUED_BY_CLUSTER: Final = "requeued by the cluster"
 # Running jobs whose state says more than "running": both still hold their allocation.
 _HELD: Final = {
     "SUSPENDED": "suspended by the cluster",
@@ -347,7 +352,7 @@ def job_state(slurm_state: str, reason: str, exit_code: int | None) -> tuple[Clu
     why = "" if reason in ("", "None", "(null)") else reason
     if base in _PENDING:
         requeued = base.startswith("REQUEUE") or any(w.startswith("REQUEUE") for w in words)
-        detail = "requeued by the cluster" if requeued else ""
+        detail = REQUEUED_BY_CLUSTER if requeued else ""
         return "pending", "; ".join(part for part in (detail, why) if part)
     if base in _RUNNING:
         return "running", _HELD.get(base, why)
@@ -363,6 +368,29 @@ def job_state(slurm_state: str, reason: str, exit_code: int | None) -> tuple[Clu
     if base in _STOPPED:
         return "stopped", _STOPPED[base]
     return "failed", f"unknown Slurm state {slurm_state!r}"
+
+
+def requeued_job_state(
+    state: ClusterJobState, reason: str, restarts: int
+) -> tuple[ClusterJobState, str]:
+    """greenfed's state of a job Slurm has requeued `restarts` times (its `restart_cnt`),
+    read as `state` and `reason` from its state word. greenfed submits every job not to
+    be requeued (`--no-requeue`, `"requeue": false`: greenfed decides what a failure
+    leads to), yet slurmrestd v0.0.38 ignores that and an admin's `scontrol requeue`
+    overrides it: such a job, pending again or running again from its beginning, is
+    `stopped`, so the loop decides what follows (and the back-end cancels it: nothing
+    runs twice). One that ended since keeps its end, the requeue said beside a stop."""
+    if restarts <= 0 or state in ("succeeded", "failed"):
+        return state, reason
+    requeued = f"{REQUEUED_BY_CLUSTER} (restarts: {restarts})"
+    beside = reason if state == "stopped" else ""  # pending or running: Slurm's own words
+    return "stopped", "; ".join(part for part in (requeued, beside) if part)
+
+
+def held_after_requeue(state: ClusterJobState, restarts: int) -> bool:
+    """Whether Slurm still holds a job it requeued (`state` read from its state word):
+    pending again or running again, never to be left there (`requeued_job_state`)."""
+    return restarts > 0 and state in ("pending", "running")
 
 
 def launched_exit_code(slurm_reason: str, exit_code: int | None) -> int | None:

@@ -16,6 +16,13 @@ speak (cloud/clusters/slurm/rest_dialects.py), chosen at the first contact:
 - cancel: `DELETE /slurm/<v>/job/<id>`; output: the job's `standard_output` file, read
   on this host (a login node, or one mounting the cluster's shared filesystem), where it
   is the file greenfed asked for, not a link (as the commands transport).
+
+An answer without the list its API documents (`{}`, `{"jobs": null}`: a proxy's page, a
+broken slurmrestd) is the cluster not answering usably (`UnreadableAnswer`), never "no
+jobs" or "no machines": a job missing from such a listing would be taken for one that
+vanished. A job Slurm requeued although greenfed asked it not to (v0.0.38 ignores
+`"requeue": false`) is read `stopped` and cancelled here, as `--no-requeue` would have
+ended it: the loop decides what follows, and nothing runs twice.
 """
 
 from __future__ import annotations
@@ -60,6 +67,22 @@ from cloud.clusters.slurm.script import SubmitOptions, batch_script, job_shape
 _LISTING_REUSE_S: Final = 2.0
 
 _log = structlog.get_logger("greenfed.clusters.slurm")
+
+
+class UnreadableAnswer(ClusterUnreachable):
+    """slurmrestd answered without the list its API documents: as good as no answer
+    (the bridge keeps the last known states and taints the cluster's machines)."""
+
+
+def _listed(answer: Mapping[str, Any], key: str, path: str) -> list[Any]:
+    """The answer's `key` list (empty is an answer: none there); raises
+    `UnreadableAnswer` where it has none."""
+    listed = answer.get(key)
+    if not isinstance(listed, list):
+        raise UnreadableAnswer(
+            f"slurmrestd answered {path} without its {key!r} list: {str(answer)[:200]}"
+        )
+    return listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +154,8 @@ class SlurmRestBackend(ClusterBackend):
         self._account = account_identity(client.access)
         # Whether the partitions' listing was refused last time (logged once until read).
         self._partitions_refused = False
+        # Requeued jobs whose cancel failed (logged once; asked again at each listing).
+        self._requeued_not_cancelled: set[str] = set()
 
     def account(self) -> AccountIdentity:
         """Whose jobs are greenfed's; raises `ClusterRefused` where that cannot be told
@@ -187,21 +212,14 @@ class SlurmRestBackend(ClusterBackend):
             if time.monotonic() - taken_at < _LISTING_REUSE_S:
                 return jobs
         answer = await self._client.request("GET", dialect.jobs_path)
-        listed = answer.get("jobs")
-        return listed if isinstance(listed, list) else []
+        return _listed(answer, "jobs", dialect.jobs_path)
 
     async def capacity(self) -> ClusterCapacity:
         dialect = await self.dialect()
         answer = await self._client.request("GET", dialect.nodes_path)
-        raw_nodes = answer.get("nodes")
-        nodes = tuple(
-            node
-            for node in (
-                readable(dialect.node, raw, "node")
-                for raw in raw_nodes if isinstance(raw, dict)
-            )
-            if node is not None
-        ) if isinstance(raw_nodes, list) else ()  # fmt: skip
+        raw_nodes = _listed(answer, "nodes", dialect.nodes_path)
+        found = (readable(dialect.node, raw, "node") for raw in raw_nodes if isinstance(raw, dict))
+        nodes = tuple(node for node in found if node is not None)
         nodes = with_partition_states(nodes, await self._partition_states(dialect))
         listing = await self._job_listing(reuse=False)
         self._listing = (time.monotonic(), listing)
@@ -239,15 +257,12 @@ class SlurmRestBackend(ClusterBackend):
         dialect = await self.dialect()
         account = self.account()
         listing = await self._job_listing(reuse=True)
-        live = tuple(
-            job
-            for job in (
-                readable(dialect.job, raw, "job")
-                for raw in listing
-                if isinstance(raw, dict) and account.owns_live(raw)
-            )
-            if job is not None
-        )
+        owned = [raw for raw in listing if isinstance(raw, dict) and account.owns_live(raw)]
+        read = [(raw, readable(dialect.job, raw, "job")) for raw in owned]
+        live = tuple(job for _, job in read if job is not None)
+        for raw, job in read:
+            if job is not None and readable(dialect.held_after_requeue, raw, "job"):
+                await self._cancel_requeued(job)
         if not include_ended:
             return live
         known = {job.backend_id for job in live}
@@ -255,6 +270,29 @@ class SlurmRestBackend(ClusterBackend):
             job for job in await self._accounted(dialect, account) if job.backend_id not in known
         )
         return live + older
+
+    async def _cancel_requeued(self, job: ClusterJob) -> None:
+        """Cancel a job Slurm requeued and still holds (read `stopped`): left there, it
+        would start again from its beginning beside the attempt the loop places next.
+        A failed cancel is asked again at the next listing (the job is still held)."""
+        try:
+            await self.cancel(job)
+        except (ClusterUnreachable, ClusterRefused) as error:
+            if job.backend_id not in self._requeued_not_cancelled:
+                _log.warning(
+                    "slurm job requeued by the cluster not cancelled",
+                    slurm_job_id=job.backend_id,
+                    error=str(error)[:300],
+                )
+            self._requeued_not_cancelled.add(job.backend_id)
+            return
+        self._requeued_not_cancelled.discard(job.backend_id)
+        _log.warning(
+            "slurm job requeued by the cluster: cancelled",
+            job_id=job.job_id,
+            attempt=job.attempt,
+            slurm_job_id=job.backend_id,
+        )
 
     async def _accounted(
         self, dialect: RestDialect, account: AccountIdentity
@@ -267,13 +305,13 @@ class SlurmRestBackend(ClusterBackend):
             answer = await self._client.request(
                 "GET", dialect.accounting_path, params={"start_time": since}
             )
+            # An answer without its list is unreachable (taken as not read this time),
+            # never "no accounting kept" nor "no jobs there".
+            raw_jobs = _listed(answer, "jobs", dialect.accounting_path)
         except (ClusterUnreachable, ClusterRefused) as error:  # slurmdbd's (accounting_reads)
             self._accounting.failed(error)
             return ()
         self._accounting.answered()
-        raw_jobs = answer.get("jobs")
-        if not isinstance(raw_jobs, list):
-            return ()
         found = (
             readable(dialect.accounted_job, raw, "accounted job")
             for raw in raw_jobs

@@ -9,7 +9,9 @@ Slurm release, each retired after some releases. greenfed speaks two shapes:
   times as plain values; a job's `exit_code` a raw wait status. It has **no field
   naming a job's machines** (`required_nodes` is a "Disabled key", `#SBATCH` lines in
   the script are ignored): Slurm picks them within the partition (`pins_machines`
-  False; docs/backends.md).
+  False; docs/backends.md). It ignores `"requeue": false` too (every job it submits
+  may be requeued): a job with a `restart_cnt` is read as `stopped`, requeued by the
+  cluster (records.py `requeued_job_state`), and cancelled (rest_backend.py).
 - **v0.0.41 to v0.0.45** (Slurm 24.05 to 26.05: the generated data parser, one shape):
   the script inside the job, `required_nodes`, `tres_per_node`, `environment` a list of
   `NAME=value`, numbers as `{"set", "infinite", "number"}`, states as lists, exit codes
@@ -33,10 +35,12 @@ from cloud.clusters.slurm.records import (
     cluster_job,
     comment_matches,
     gres_counts,
+    held_after_requeue,
     job_identity,
     job_state,
     launched_exit_code,
     node_unavailable,
+    requeued_job_state,
 )
 from cloud.clusters.slurm.script import SlurmJobShape
 
@@ -116,17 +120,35 @@ class RestDialect:
         backend_id, identity = found
         slurm_reason = _text(raw.get("state_reason"))
         exit_code = launched_exit_code(slurm_reason, self.exit_code(raw.get("exit_code")))
-        state, reason = job_state(self.state_text(raw.get("job_state")), slurm_reason, exit_code)
+        listed_state, listed_reason = job_state(
+            self.state_text(raw.get("job_state")), slurm_reason, exit_code
+        )
+        restarts = self.restarts(raw)
+        state, reason = requeued_job_state(listed_state, listed_reason, restarts)
+        # Held again after a requeue, the job has not ended: its times are Slurm's
+        # expectations (a pending job's start, a running one's end), never reported.
+        held = held_after_requeue(listed_state, restarts)
         output = _expanded(_text(raw.get("standard_output")), backend_id, _text(raw.get("name")))
         return cluster_job(
             backend_id, identity, state, reason, exit_code,
             slurm_reason=slurm_reason,
             nodes=_text(raw.get("nodes")),
             submitted_at=self.time(raw.get("submit_time")),
-            started_at=self.time(raw.get("start_time")),
-            ended_at=self.time(raw.get("end_time")),
+            started_at=None if listed_state == "pending" else self.time(raw.get("start_time")),
+            ended_at=None if held else self.time(raw.get("end_time")),
             output_path=output or None,
         )  # fmt: skip
+
+    def restarts(self, raw: Json) -> int:
+        """How often Slurm requeued a live job (`restart_cnt`, both shapes)."""
+        return _int(raw.get("restart_cnt"))
+
+    def held_after_requeue(self, raw: Json) -> bool:
+        """Whether Slurm requeued a live job greenfed submitted not to be, and still
+        holds it (pending or running again): the back-end cancels it, as Slurm would
+        have ended it had it kept to `"requeue": false` (v0.0.38 does not)."""
+        listed_state, _ = job_state(self.state_text(raw.get("job_state")), "", None)
+        return held_after_requeue(listed_state, self.restarts(raw))
 
     def accounted_job(self, raw: Json) -> ClusterJob | None:
         """A job in the cluster's accounting (`GET /slurmdb/<version>/jobs`)."""

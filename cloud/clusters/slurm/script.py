@@ -3,7 +3,8 @@
 A gang is one job: `--nodes` and `--nodelist` (the nodes greenfed chose), tasks per
 node (one per worker; one per node for `launch = "per-node"`), `--gres=gpu:<type>:<n>`,
 `--mem` (the host memory greenfed counted its workers on a node to hold), `--time` from
-the job's estimate or deadline. Its name is `gf-<job id>-<attempt>`: a
+the job's estimate or deadline, `--chdir` (the job's working_dir; a relative one under
+the registration's work_dir). Its name is `gf-<job id>-<attempt>`: a
 control plane that restarts between `sbatch` and knowing its id finds it by that name
 and adopts it instead of submitting it again.
 
@@ -21,12 +22,13 @@ cluster's administrators and by the account greenfed submits with).
 from __future__ import annotations
 
 import math
+import posixpath
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from cloud.clusters.backend import GangRequest
+from cloud.clusters.backend import ClusterRefused, GangRequest
 from shared.worker_env import DEFAULT_VARIABLES
 
 _MIB: Final = 1 << 20
@@ -91,6 +93,25 @@ def output_file(options: SubmitOptions, key: str, slurm_job_id: str = "%j") -> s
     return f"{options.work_dir.rstrip('/')}/{key}-{slurm_job_id}.out"
 
 
+def cluster_working_dir(working_dir: str | None, work_dir: str) -> str:
+    """Where a job runs on the cluster (`--chdir`, slurmrestd's `current_working_directory`):
+    its own absolute `working_dir`; a relative one under the registration's `work_dir`;
+    none, `work_dir` itself. `sbatch` and slurmrestd would resolve a relative one against
+    their own working directory (the control plane's, or the daemon's): nothing the job's
+    author can know. Raises `ClusterRefused` for a relative one where `work_dir` is not an
+    absolute path to put it under."""
+    if not working_dir:
+        return work_dir
+    if working_dir.startswith("/"):
+        return working_dir
+    if not work_dir.startswith("/"):
+        raise ClusterRefused(
+            f"the relative working_dir {working_dir[:200]!r} has no place on the cluster: "
+            f"its registration's work_dir {work_dir[:200]!r} is not an absolute path"
+        )
+    return posixpath.join(work_dir, working_dir)
+
+
 def job_shape(gang: GangRequest, options: SubmitOptions) -> SlurmJobShape:
     members = gang.members
     tasks = {1 if gang.per_node else member.processes for member in members}
@@ -115,7 +136,7 @@ def job_shape(gang: GangRequest, options: SubmitOptions) -> SlurmJobShape:
             max(1, math.ceil(gang.time_limit_s / 60)) if gang.time_limit_s is not None else None
         ),
         output=output_file(options, gang.key),
-        working_dir=gang.working_dir or options.work_dir,
+        working_dir=cluster_working_dir(gang.working_dir, options.work_dir),
         account=options.account,
         qos=options.qos.get(gang.priority, ""),
         nice=options.nice.get(gang.priority),
