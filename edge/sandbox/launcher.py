@@ -130,24 +130,47 @@ def working_dir_refusal(
     return ""
 
 
-def reachable_by(directory: Path, user: WorkUser) -> bool:
-    """Whether `user` may enter `directory` by its path: search permission on it and on
-    every directory above it, as the kernel checks it for that uid and gid."""
-    path = Path(os.path.abspath(directory))
+def _may_search(info: os.stat_result, user: WorkUser) -> bool:
+    """Whether `user` has search permission on the directory `info` describes, as the
+    kernel checks it for that uid and gid."""
+    if info.st_uid == user.uid:
+        search = stat.S_IXUSR
+    elif info.st_gid == user.gid:
+        search = stat.S_IXGRP
+    else:
+        search = stat.S_IXOTH
+    return bool(info.st_mode & search)
+
+
+def unreachable_reason(working_dir: str, user: WorkUser) -> str:
+    """Why `user` could not enter `working_dir` (an absolute path without '..') itself,
+    in no more words than it could find out on its own ("" when it could).
+
+    The agent (root) looks for it, and the reason goes back to the job's tenant: each
+    directory from `/` down is looked at only once the user may search the one above
+    it, so what lies behind a directory closed to the user (whether a name exists
+    there, where a link there leads) is never told. A link is refused (bound into a
+    sandbox as written, it could lay a directory the sandbox hides back over its empty
+    stand-in): told by what the link itself says, which the user may read."""
+    path = Path(os.path.normpath(working_dir))
     for step in (*reversed(path.parents), path):
         try:
-            info = os.stat(step)
+            info = os.lstat(step)
         except OSError:
-            return False
-        if info.st_uid == user.uid:
-            search = stat.S_IXUSR
-        elif info.st_gid == user.gid:
-            search = stat.S_IXGRP
-        else:
-            search = stat.S_IXOTH
-        if not info.st_mode & search:
-            return False
-    return True
+            return f"working_dir {working_dir} does not exist on this node"
+        if stat.S_ISLNK(info.st_mode):
+            return (
+                f"working_dir {working_dir} goes through a symbolic link ({step} leads to "
+                f"{os.readlink(step)}): name the directory itself"
+            )
+        if not stat.S_ISDIR(info.st_mode):
+            return f"working_dir {working_dir} does not exist on this node"
+        if not _may_search(info, user):
+            return (
+                f"working_dir {working_dir} is not a directory the job's user "
+                f"(uid {user.uid}) may enter"
+            )
+    return ""
 
 
 class Sandbox:
@@ -222,7 +245,7 @@ class Sandbox:
         if (
             spec.image
             and spec.image_pull_policy == "never"
-            and self._image_owners.others_than(qualified(spec.image), spec.tenant)
+            and self._image_owners.owned_by_others(qualified(spec.image), spec.tenant)
         ):
             return _pulled_by_others_reason(spec.image)
         if spec.image and isolation.runtime is None:
@@ -250,23 +273,9 @@ class Sandbox:
         """The plan for `spec`'s processes, with their work directories and cgroups
         made. Blocking. Raises WorkerSpecError (and OSError, CgroupError) with the
         reason the worker cannot start."""
+        user = self._user(spec)
         if spec.working_dir and not spec.image:
-            if not Path(spec.working_dir).is_dir():
-                raise WorkerSpecError(f"working_dir {spec.working_dir} does not exist on this node")
-            # Bound into a sandbox as written: through a link (one a job left there, say)
-            # it could lay a directory the sandbox hides back over its empty stand-in.
-            real = os.path.realpath(spec.working_dir)
-            if real != os.path.normpath(spec.working_dir):
-                raise WorkerSpecError(
-                    f"working_dir {spec.working_dir} goes through a symbolic link (to {real}): "
-                    "name the directory itself"
-                )
-            why = working_dir_refusal(
-                Path(real),
-                self._private,
-                replaced_tmp_dirs=self._replaced_tmp_dirs,
-                sandboxed=self.isolation.level == "sandbox",
-            )
+            why = self._working_dir_problem(spec.working_dir, user)
             if why:
                 raise WorkerSpecError(why)
         runtime = self.isolation.runtime if spec.image else None
@@ -280,15 +289,6 @@ class Sandbox:
                 f"secret {refused[0]} has a name that changes what the programs starting the "
                 "worker as root do: its value would have to be an argument others can read; "
                 "rename the secret"
-            )
-        user = self._user(spec)
-        # The agent (root) changes into it for the worker: it must be a directory the
-        # worker's user could reach itself, not one behind a parent closed to it.
-        own_dir = spec.working_dir and not spec.image and self.isolation.switches_user
-        if own_dir and not reachable_by(Path(str(spec.working_dir)), user):
-            raise WorkerSpecError(
-                f"working_dir {spec.working_dir} is not a directory the job's user "
-                f"(uid {user.uid}) may enter"
             )
         count = process_count(spec)
         run_dir = self._work_root / name
@@ -331,6 +331,31 @@ class Sandbox:
             remove_paths=(str(run_dir), *credentials),
             remove_after_prepare=credentials,
             label_output=count > 1,
+        )
+
+    def _working_dir_problem(self, working_dir: str, user: WorkUser) -> str:
+        """Why the worker cannot work in the job's `working_dir` on this node ("" when it
+        can): missing, through a link, closed to the job's user, or where a sandbox
+        hides or replaces what is there."""
+        if self.isolation.switches_user:
+            # The worker enters it as its user: one behind a directory closed to that
+            # user is refused before anything behind it is looked at.
+            why = unreachable_reason(working_dir, user)
+        elif not Path(working_dir).is_dir():
+            why = f"working_dir {working_dir} does not exist on this node"
+        elif (real := os.path.realpath(working_dir)) != os.path.normpath(working_dir):
+            # Refused at every level, as unreachable_reason says why.
+            why = (
+                f"working_dir {working_dir} goes through a symbolic link (to {real}): "
+                "name the directory itself"
+            )
+        else:
+            why = ""
+        return why or working_dir_refusal(
+            Path(os.path.normpath(working_dir)),
+            self._private,
+            replaced_tmp_dirs=self._replaced_tmp_dirs,
+            sandboxed=self.isolation.level == "sandbox",
         )
 
     def _process(
@@ -546,14 +571,14 @@ class Sandbox:
         if spec.image is None or runtime is None:
             return False
         image = qualified(spec.image)
-        if self._image_owners.others_than(image, spec.tenant):
+        if self._image_owners.owned_by_others(image, spec.tenant):
             return True
         if "@" not in image:
             return False
         names = local_names(runtime, image, DEFAULT_VARIABLES)
         if any(repository_of(held) == repository_of(image) for held in names):
             return False
-        return any(self._image_owners.others_than(held, spec.tenant) for held in names)
+        return any(self._image_owners.owned_by_others(held, spec.tenant) for held in names)
 
     def _image_steps(
         self,
@@ -600,8 +625,8 @@ class Sandbox:
 
 def _pulled_by_others_reason(image: str) -> str:
     return (
-        f"image {image} was pulled to this node with another tenant's registry "
-        "credentials (its repository, or the image its digest finds), and "
-        "image_pull_policy never would run it without asking the registry: use "
-        "if-not-present or always"
+        f"image {image} may have been pulled to this node with another tenant's registry "
+        "credentials (its repository, or the image its digest finds; or this node has "
+        "forgotten whose), and image_pull_policy never would run it without asking the "
+        "registry: use if-not-present or always"
     )
