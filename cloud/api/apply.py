@@ -381,14 +381,31 @@ async def _update(
     )
 
 
+async def _as_stored(request: web.Request, given: SpecT, stored: SpecT) -> SpecT:
+    """`given` with its `depends_on` by id, as `stored` (the spec of the work of its
+    name) holds them: a name keeps the id it had when that work was created, though a
+    newer job of the name exists now (re-applying an unchanged file is no change); any
+    other name means the job it names today."""
+    return await dependencies_by_id(request, given, stored=stored.depends_on)
+
+
+async def _same_as_ended(
+    request: web.Request, collection: Collection[SpecT], ended: WorkRecord, given: SpecT
+) -> bool:
+    """Whether `given` is the spec of the ended work of its name, read as `_as_stored`
+    reads it for live work."""
+    stored = known_spec(collection.decoder, ended)
+    return stored is not None and await _as_stored(request, given, stored) == stored
+
+
 async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     query = parse_query(request, DryRunQuery)
     tenant = tenant_of(request)
     name = request.match_info["id"]
-    spec = accepted_spec(request, collection, await read_body(request), tenant)
-    _refuse_array(spec, "apply")
-    spec = await dependencies_by_id(request, spec)  # by id, as stored specs hold them
-    if spec.name != name:
+    # As sent: `depends_on` may name jobs; each path below resolves them (_as_stored).
+    given = accepted_spec(request, collection, await read_body(request), tenant)
+    _refuse_array(given, "apply")
+    if given.name != name:
         raise invalid_body("$.name", f"must be {name!r}, the name in the path")
     noun = collection.noun
     for _ in range(_CHANGE_RETRIES):
@@ -396,9 +413,9 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
         if live is None and _created_meanwhile(ended):
             continue
         if live is None:
-            if ended is not None and known_spec(collection.decoder, ended) == spec:
+            if ended is not None and await _same_as_ended(request, collection, ended, given):
                 view = _view(
-                    ended, collection, spec, action="unchanged", dry_run=query.dry_run,
+                    ended, collection, given, action="unchanged", dry_run=query.dry_run,
                     message=f"{noun} {name} ({ended.work_id}) already {ended.state} with "
                     "this spec; submit it to run it again",
                 )  # fmt: skip
@@ -408,11 +425,14 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
             # character keeps it apart from every Idempotency-Key a client may send).
             basis = ended.work_id if ended is not None else "-"
             creation_key = f"{OWN_IDEMPOTENCY_PREFIX}apply:{collection.store_kind}:{name}:{basis}"
+            spec = await dependencies_by_id(request, given)  # new work: today's jobs
             created = await _create(request, collection, tenant, spec, query.dry_run, creation_key)
             if created is None:
                 continue  # another apply created it: look again (unchanged, or update)
             return created
-        changes = spec_changes(shown_spec(collection.decoder, live), spec)
+        shown = shown_spec(collection.decoder, live)
+        spec = await _as_stored(request, given, shown)
+        changes = spec_changes(shown, spec)
         if not changes:
             view = _view(
                 live, collection, spec, action="unchanged", dry_run=query.dry_run,

@@ -10,6 +10,7 @@ are a 409 listing them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final, TypeVar
 
 import msgspec
@@ -30,7 +31,7 @@ from cloud.work.lookup import (
     by_prefix,
     is_full_id,
 )
-from cloud.work.specs import DeploymentSpec, TrainingJobSpec
+from cloud.work.specs import DependencySpec, DeploymentSpec, TrainingJobSpec
 from shared.clock import utc_from_epoch
 from shared.errors import FieldError, json_path
 from shared.problems import InvalidParam
@@ -40,32 +41,92 @@ AMBIGUOUS: Final = "ambiguous-reference"
 SpecT = TypeVar("SpecT", TrainingJobSpec, DeploymentSpec)
 
 
-async def dependencies_by_id(request: web.Request, spec: SpecT) -> SpecT:
+async def dependencies_by_id(
+    request: web.Request, spec: SpecT, *, stored: Sequence[DependencySpec] = ()
+) -> SpecT:
     """`spec` with each `depends_on` job named by its id: a name or an id prefix is
     resolved among the tenant's training jobs as a path's `{id}` is (a spec applied
     from a directory names the jobs it waits for, whose ids it cannot know). What
     matches nothing is left for the dependency checks to refuse; several matches, or a
-    job named twice once resolved, are a 422 on that dependency."""
+    job named twice once resolved, are a 422 on that dependency.
+
+    `stored`: the `depends_on` of the work `spec` is applied to again. A name its job
+    bears there keeps that job's id (`_kept_ids`): the name meant that job when the
+    work was created, and a newer run of the name since is another job, not a change
+    of the file."""
     if all(is_full_id(dependency.job) for dependency in spec.depends_on):
         return spec
+    kept_ids = await _kept_ids(request, spec.depends_on, stored)
     resolved = []
     for index, dependency in enumerate(spec.depends_on):
         field = f"$.depends_on[{index}].job"
-        try:
-            job_id, is_array = await _resolve(
-                request, "training", "job", dependency.job, any_tenant=False
-            )
-        except Problem as problem:
-            if problem.slug != AMBIGUOUS:
-                raise
-            raise invalid_body(field, problem.detail) from None
-        if is_array:
-            await _refuse_array(request, field, dependency.job, job_id)
+        job_id = kept_ids.get(index)
+        if job_id is None:
+            job_id = await _resolved_dependency(request, field, dependency.job)
         resolved.append(msgspec.structs.replace(dependency, job=job_id))
     try:
         return msgspec.structs.replace(spec, depends_on=tuple(resolved))
     except FieldError as error:  # one job named twice: by its name and by its id, say
         raise invalid_body(json_path(error.path), error.reason) from None
+
+
+async def _resolved_dependency(request: web.Request, field: str, reference: str) -> str:
+    """The id of the training job `reference` names today (a 422 on `field` where it
+    names several, or a job array)."""
+    try:
+        job_id, is_array = await _resolve(request, "training", "job", reference, any_tenant=False)
+    except Problem as problem:
+        if problem.slug != AMBIGUOUS:
+            raise
+        raise invalid_body(field, problem.detail) from None
+    if is_array:
+        await _refuse_array(request, field, reference, job_id)
+    return job_id
+
+
+class _Named(msgspec.Struct, frozen=True):
+    """The one field of a stored spec that `_kept_ids` reads."""
+
+    name: str | None = None
+
+
+_NAMED: Final = msgspec.json.Decoder(_Named)
+
+
+async def _kept_ids(
+    request: web.Request, given: Sequence[DependencySpec], stored: Sequence[DependencySpec]
+) -> dict[int, str]:
+    """Per position of `given` whose job is a reference, not an id: the id of the
+    `stored` dependency whose job bears that name (the one at the same position, else
+    the only one), as the work was created with it. A name no stored job bears (another
+    dependency, added or renamed) is resolved as for new work."""
+    if not stored:
+        return {}
+    records = await request.app[STORE].tenant_work(
+        tenant_of(request).tenant_id, [dependency.job for dependency in stored]
+    )
+    names = [_name_of(records.get(dependency.job)) for dependency in stored]
+    kept: dict[int, str] = {}
+    for index, dependency in enumerate(given):
+        if is_full_id(dependency.job):
+            continue
+        bearing = [position for position, name in enumerate(names) if name == dependency.job]
+        if index in bearing:
+            kept[index] = stored[index].job
+        elif len(bearing) == 1:
+            kept[index] = stored[bearing[0]].job
+    return kept
+
+
+def _name_of(record: WorkRecord | None) -> str | None:
+    """The name of a stored training job; None for none (gone, another tenant's, not a
+    training job, or a spec this version cannot read)."""
+    if record is None or record.kind != "training":
+        return None
+    try:
+        return _NAMED.decode(record.spec).name
+    except msgspec.DecodeError:
+        return None
 
 
 async def _refuse_array(request: web.Request, field: str, reference: str, job_id: str) -> None:
