@@ -19,7 +19,7 @@ from cloud.api.problems import Problem
 from cloud.api.query import parse_query
 from cloud.api.routes import Reply, Route
 from cloud.app_keys import REGISTRY, SIGNALS
-from cloud.signals.grid import HOUR_S, ZoneSeries
+from cloud.signals.grid import HOUR_S, ZoneSeries, extended_values
 from cloud.signals.model import SignalType
 from shared.clock import utc_from_epoch
 
@@ -80,21 +80,19 @@ def _price(value: float) -> float | None:
 
 def _summary_fields(series: ZoneSeries, now_s: float, nodes: int) -> dict[str, object]:
     current_hour = int((now_s - series.start_s) // HOUR_S)
-    ahead = series.carbon_g_per_kwh[current_hour : current_hour + SUMMARY_HORIZON_H]
-    if ahead.size == 0:  # the series ends before now: persistence, as scoring assumes
-        ahead = series.carbon_g_per_kwh[-1:]
-        cleanest_s = now_s - now_s % HOUR_S
-    else:
-        cleanest_s = series.start_s + (current_hour + int(np.argmin(ahead))) * HOUR_S
-    index = min(max(current_hour, 0), series.carbon_g_per_kwh.size - 1)
+    # Past the series' end, its last day repeated, as scoring assumes (cloud.signals.grid).
+    hours = np.arange(current_hour, current_hour + SUMMARY_HORIZON_H)
+    ahead = extended_values(series.carbon_g_per_kwh, hours)
+    cleanest_s = series.start_s + (current_hour + int(np.argmin(ahead))) * HOUR_S
+    index = int(hours[0])
     return {
         "zone": series.zone,
         "signal_type": series.signal_type,
         "source": series.source,
         "stale": series.stale,
         "currency": series.currency,
-        "carbon_g_per_kwh": round(float(series.carbon_g_per_kwh[index]), 2),
-        "price_per_mwh": _price(series.price_per_mwh[index]),
+        "carbon_g_per_kwh": round(float(ahead[0]), 2),
+        "price_per_mwh": _price(extended_values(series.price_per_mwh, [index])[0]),
         "next_24h_min_carbon_g_per_kwh": round(float(ahead.min()), 2),
         "next_24h_max_carbon_g_per_kwh": round(float(ahead.max()), 2),
         "next_24h_cleanest_hour": utc_from_epoch(cleanest_s),

@@ -24,7 +24,7 @@ import numpy as np
 
 from cloud.scheduler import Snapshot
 from cloud.scheduler.arrays import BoolArray, FloatArray, IntArray
-from cloud.signals.grid import GridSignals, ZoneSeries
+from cloud.signals.grid import GridSignals, ZoneSeries, extended_values, integral_beyond_h
 from cloud.signals.static import builtin_static_table
 
 Quantity = Literal["carbon", "price"]
@@ -34,9 +34,9 @@ HOUR_S = 3600.0
 
 class ZoneWindows:
     """Time-weighted window means of one ``ZoneSeries``, with the same semantics
-    (hourly steps; the first / last value held outside the series) but built for
-    many small calls: one cumulative sum per quantity, then a handful of numpy
-    operations per call."""
+    (hourly steps; the first value held before the series, its last day repeated past
+    it: ``cloud.signals.grid``) but built for many small calls: one cumulative sum per
+    quantity, then a handful of numpy operations per call."""
 
     __slots__ = ("_carbon", "_carbon_knots", "_hours", "_price", "_price_knots", "series")
 
@@ -57,7 +57,7 @@ class ZoneWindows:
         if offset.size and offset.min() < 0:
             result = result + np.minimum(offset, 0.0) * values[0]
         if offset.size and offset.max() > self._hours:
-            result = result + np.maximum(offset - self._hours, 0.0) * values[-1]
+            result = result + integral_beyond_h(values, offset - self._hours)
         return result
 
     def mean(self, quantity: Quantity, start_s: FloatArray, end_s: FloatArray) -> FloatArray:
@@ -75,9 +75,8 @@ class ZoneWindows:
         if positive.all():
             result: FloatArray = total / span_h
             return result
-        offset = (start - self.series.start_s) // HOUR_S
-        hour = np.minimum(np.maximum(offset, 0), self._hours - 1).astype(np.int64)
-        return np.where(positive, total / np.where(positive, span_h, 1.0), values[hour])
+        at_start = extended_values(values, (start - self.series.start_s) // HOUR_S)
+        return np.where(positive, total / np.where(positive, span_h, 1.0), at_start)
 
 
 class GridWindows:

@@ -5,9 +5,12 @@ simulator) freezes what it knows into a `GridSignals`: per zone, hourly values
 from some point in the past through the forecast horizon. Scores then ask for
 time-weighted means over a job's run window, vectorised over candidate nodes.
 
-Beyond the last known hour a series holds its last value (persistence); before
-its first hour, its first value. Unknown zones have no series: callers decide
-what that means (the carbon term uses a documented fallback intensity).
+Beyond the last known hour a series repeats its last day (`CYCLE_HOURS`, or all of
+it where it is shorter): a seasonal-naive extension, so that a window reaching past the
+forecast horizon (a job that runs for days) is scored by the zone's daily cycle, not by
+whichever hour of the day the horizon happened to end on. Before its first hour it holds
+its first value. Unknown zones have no series: callers decide what that means (the
+carbon term uses a documented fallback intensity).
 """
 
 from __future__ import annotations
@@ -24,6 +27,33 @@ from cloud.signals.model import SignalType
 FloatArray = npt.NDArray[np.float64]
 
 HOUR_S = 3600.0
+# The period a series repeats beyond its last hour: one day, the grid's strongest cycle.
+CYCLE_HOURS = 24
+
+
+def extended_values(values: FloatArray, hours: npt.ArrayLike) -> FloatArray:
+    """``values`` at hour indices ``hours``, extended as the module docstring says:
+    the first value before index 0, the last day repeated past the end."""
+    index = np.asarray(hours, dtype=np.int64)
+    period = min(CYCLE_HOURS, values.size)
+    past = index - values.size
+    cycled = values.size - period + np.mod(past, period)
+    result: FloatArray = values[np.where(index < 0, 0, np.where(past >= 0, cycled, index))]
+    return result
+
+
+def integral_beyond_h(values: FloatArray, excess_h: FloatArray) -> FloatArray:
+    """∫ value dt in value·hours over the first ``excess_h`` hours (>= 0) past the end
+    of ``values``, which repeat their last day there (`extended_values`)."""
+    period = min(CYCLE_HOURS, values.size)
+    cycle = values[values.size - period :]
+    cycle_knots = np.concatenate(([0.0], np.cumsum(cycle)))
+    excess = np.maximum(np.asarray(excess_h, dtype=np.float64), 0.0)
+    whole = np.floor(excess / period)
+    rest = excess - whole * period
+    step = np.minimum(rest.astype(np.int64), period - 1)
+    result: FloatArray = whole * cycle_knots[-1] + cycle_knots[step] + (rest - step) * cycle[step]
+    return result
 
 
 def _read_only(values: npt.ArrayLike) -> FloatArray:
@@ -75,11 +105,12 @@ class ZoneSeries:
         return bool(np.all(np.isfinite(self.price_per_mwh)))
 
     def _integral(self, knots: FloatArray, values: FloatArray, at_s: FloatArray) -> FloatArray:
-        """∫ value dt from start_s to at_s, extending the first/last value outside the series."""
+        """∫ value dt from start_s to at_s, the series extended outside its hours as the
+        module docstring says."""
         offset = at_s - self.start_s
         inside = np.interp(offset, np.arange(knots.size) * HOUR_S, knots)
         before = np.minimum(offset, 0.0) * values[0]
-        after = np.maximum(offset - values.size * HOUR_S, 0.0) * values[-1]
+        after = HOUR_S * integral_beyond_h(values, (offset - values.size * HOUR_S) / HOUR_S)
         result: FloatArray = inside + before + after
         return result
 
@@ -108,8 +139,7 @@ class ZoneSeries:
         if np.any(span < 0):
             raise ValueError("a window must not end before it starts")
         total = self._integral(knots, values, end) - self._integral(knots, values, start)
-        hour = np.clip(((start - self.start_s) // HOUR_S).astype(np.int64), 0, values.size - 1)
-        at_start = values[hour]
+        at_start = extended_values(values, (start - self.start_s) // HOUR_S)
         result: FloatArray = np.where(span > 0, total / np.where(span > 0, span, 1.0), at_start)
         return result
 

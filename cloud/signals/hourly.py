@@ -4,8 +4,7 @@ Providers report 5-minute (WattTime), half-hour (UK Carbon Intensity) or hourly
 (Electricity Maps) values. greenfed scores on hours, so each hour becomes the mean
 of the values that fall in it. An hour without any value stays missing (NaN):
 nothing here invents a number. Only `fill_forward`, used where a dense array is
-unavoidable (`ZoneSeries`), carries the last known value over a gap, the same
-persistence rule `ZoneSeries` applies beyond its ends.
+unavoidable (`ZoneSeries`), carries the last known value over a gap.
 """
 
 from __future__ import annotations
