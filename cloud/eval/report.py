@@ -69,6 +69,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def _change(gco2: float, first_gco2: float) -> str:
+    """The "CO2 vs first" cell: the change from the first policy's CO2; "-" where that
+    emitted none, "n/a" where either is unknown (NaN)."""
+    if not (math.isfinite(gco2) and math.isfinite(first_gco2)):
+        return "n/a"
+    return f"{(gco2 - first_gco2) / first_gco2:+.1%}" if first_gco2 else "-"
+
+
 def table(
     results: Sequence[PolicyResult],
     bound: Bound | None = None,
@@ -110,7 +118,9 @@ def table(
                 }[attribute]
                 text = "-" if share is None else f"{share:.0%}"
             elif header == "tCO2eq":
-                text = pattern.format(value / 1e6)
+                # NaN: no carbon intensity was known for a zone (the runner refuses
+                # that; never printed as a figure should it get through).
+                text = pattern.format(value / 1e6) if math.isfinite(value) else "n/a"
             elif header == "cost":
                 # NaN: no price was known for the zones the work ran in (accounting.py).
                 text = (
@@ -119,7 +129,7 @@ def table(
             elif attribute in ("wait_mean_s", "wait_p95_s"):
                 text = _duration(value)
             elif header == "CO2 vs first":
-                text = f"{(value - first) / first:+.1%}" if first else "-"
+                text = _change(value, first)
             else:
                 text = pattern.format(value)
             row.append(text)

@@ -22,6 +22,7 @@ from cloud.green.energy import EnergyModel
 from cloud.green.latency import ServingLatency, default_latency_estimator
 from cloud.green.policies import policy_spec
 from cloud.green.waiting import DEFAULT_PATIENCE_S
+from cloud.green.window import static_carbon_g_per_kwh
 from cloud.scheduler import Node
 from cloud.signals.datasets import HourlyTrace, load_traces
 from cloud.signals.forecast import DEFAULT_FORECASTER, forecaster_named
@@ -162,11 +163,12 @@ def _generated_workload(options: EvalOptions, nodes: Sequence[Node]) -> Workload
 
 def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOptions) -> None:
     """Refuse a scenario the traces cannot account: a fleet zone without a series
-    (unless `allow_missing_zones`; a file with no value at all is none), an evaluated
-    period the series do not cover, or an hour in it, or in the drain after it, at which
-    the simulator would find no carbon intensity to plan with, or the accounting no
-    price (where the zone has prices: a zone without any is accounted with the
-    conservative fallback, and flagged)."""
+    (unless `allow_missing_zones`; a file with no value at all is none; even then, one
+    that no fallback can account), an evaluated period the series do not cover, a
+    series that ends before the drain after the period may, or an hour in the period
+    or the drain at which the simulator would find no carbon intensity to plan with, or
+    the accounting no price (where the zone has prices: a zone without any is accounted
+    with the conservative fallback, and flagged)."""
     where = options.carbon_dir or "the shipped traces"
     missing = [zone for zone in zones if zone not in provider.zones]
     if missing and not options.allow_missing_zones:
@@ -176,6 +178,7 @@ def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOpt
             f"(have {', '.join(provider.zones)}); add one, or allow missing zones to "
             "account their work with the conservative fallback"
         )
+    _check_fallback_exists(missing, [zone for zone in zones if zone not in missing], where)
     start_s = options.start_s
     end_s = start_s + options.days * 86400.0
     # The hours the simulator looks back: its history, or the forecaster's when longer.
@@ -196,11 +199,54 @@ def check_traces(provider: TraceProvider, zones: Sequence[str], options: EvalOpt
                 f"the evaluated period runs past the end of the {zone} series "
                 f"({_day(trace.end_s)}): shorten --days or start earlier"
             )
+        _check_series_outlasts_drain(trace, reach)
         _check_values_in_reach(
             trace, trace.carbon(provider.emission_factor), "carbon intensity", reach
         )
         if np.isfinite(trace.price_per_mwh).any():
             _check_values_in_reach(trace, trace.price_per_mwh, "price", reach)
+
+
+def _check_fallback_exists(
+    missing: Sequence[str], with_series: Sequence[str], where: Path | str
+) -> None:
+    """Refuse an allowed missing zone that the conservative fallback cannot account
+    either: the fallback is the highest of the fleet's recorded series over the hour and
+    the zone's entry in the static table, so a zone with no entry in a fleet where no
+    zone has a series has no carbon intensity at all, and the optimum's program and
+    every CO2 figure would be NaN."""
+    if with_series:
+        return
+    static = static_carbon_g_per_kwh()
+    unaccountable = [zone for zone in missing if zone not in static]
+    if unaccountable:
+        raise ValueError(
+            f"fleet zone {unaccountable[0]} has no carbon series in {where} and no entry in "
+            "the static table, and no other fleet zone has a series: no fallback can account "
+            "its CO2; add a series for it"
+        )
+
+
+def _check_series_outlasts_drain(trace: HourlyTrace, reach: _Reach) -> None:
+    """Refuse a series that ends before the run may stop draining: the accounting and the
+    optimum would hold its last hour's values for every hour after it (up to
+    `max_drain_s`), silently, as figures they never recorded. The whole drain is asked
+    for, as with a gap in it, since how long a policy drains is known only once it ran."""
+    drain_end_s = reach.end_s + reach.max_drain_s
+    if drain_end_s <= trace.end_s:
+        return
+    latest_end_s = trace.end_s - reach.max_drain_s
+    remedy = (
+        f", or evaluate a period that ends by {_hour(latest_end_s)}"
+        if latest_end_s > trace.start_s
+        else " (the series is shorter than the drain)"
+    )
+    raise ValueError(
+        f"the {trace.zone} series ({trace.source}) ends with the hour from "
+        f"{_hour(trace.end_s - HOUR_S)}, and after the evaluated period the run may still be "
+        f"draining, up to {reach.max_drain_s / DAY_S:g} days after it, until "
+        f"{_hour(drain_end_s)}: extend the file up to then{remedy}"
+    )
 
 
 def check_jobs_can_finish(nodes: Sequence[Node], workload: Workload, options: EvalOptions) -> None:

@@ -166,7 +166,9 @@ def _numbered_rows(entry: Traversable) -> Iterator[tuple[int, dict[str, str]]]:
     None, where nothing reads them, and a stray comma has shifted which value is in which
     column."""
     # newline="" as the csv module wants: the shipped files end lines with CRLF.
-    with io.TextIOWrapper(entry.open("rb"), encoding="utf-8", newline="") as handle:
+    # utf-8-sig: a file saved with a byte-order mark (a spreadsheet's "CSV UTF-8") would
+    # otherwise have it in its first column's name, and no time column.
+    with io.TextIOWrapper(entry.open("rb"), encoding="utf-8-sig", newline="") as handle:
         reader = csv.DictReader(handle)
         for row in reader:
             header = reader.fieldnames or ()
