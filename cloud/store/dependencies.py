@@ -23,20 +23,27 @@ from shared.work_literals import DEPENDENCY_CONDITIONS, DependencyCondition
 async def insert_dependencies(
     connection: AsyncConnection, work_id: str, dependencies: Sequence[NewDependency]
 ) -> None:
-    if not dependencies:
-        return
-    await connection.execute(
-        work_dependencies.insert(),
-        [
-            {
-                "work_id": work_id,
-                "position": position,
-                "job_id": dependency.job_id,
-                "condition": dependency.condition,
-            }
-            for position, dependency in enumerate(dependencies)
-        ],
-    )
+    await insert_dependencies_of(connection, [(work_id, dependencies)])
+
+
+async def insert_dependencies_of(
+    connection: AsyncConnection,
+    dependencies_by_work: Sequence[tuple[str, Sequence[NewDependency]]],
+) -> None:
+    """The dependency rows of many work items (a job array's tasks) as one batched
+    insert per chunk of rows, not one statement per item."""
+    rows = [
+        {
+            "work_id": work_id,
+            "position": position,
+            "job_id": dependency.job_id,
+            "condition": dependency.condition,
+        }
+        for work_id, dependencies in dependencies_by_work
+        for position, dependency in enumerate(dependencies)
+    ]
+    for rows_part in chunks(rows):
+        await connection.execute(work_dependencies.insert(), rows_part)
 
 
 def _parse_condition(text: str) -> DependencyCondition:

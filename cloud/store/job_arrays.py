@@ -2,24 +2,26 @@
 to its array and index by `array_tasks`.
 
 An array is submitted as one transaction (`insert_array`): all its tasks or none, so a
-201 means every task is committed. Its idempotency key is held by its first task (with
-the digest of that task's spec as submitted, `WorkRecord.submitted_spec_sha256`); a
-retry gets that task back, which names its array. The tenant's `max_queued` counts
-tasks: an array that does not fit whole is refused whole.
+201 means every task is committed. Its idempotency key is held by its first task, which
+also keeps the digest of its spec as submitted (`WorkRecord.submitted_spec_sha256`,
+with or without a key); a retry gets that task back, which names its array. The
+tenant's `max_queued` counts tasks: an array that does not fit whole is refused whole.
+Every task keeps its own dependency rows, written in one batch (the API bounds their
+number: cloud/api/job_arrays.py `MAX_ARRAY_DEPENDENCY_ROWS`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import and_, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from cloud.store.changes import state_event_row
-from cloud.store.dependencies import insert_dependencies
+from cloud.store.dependencies import insert_dependencies_of
 from cloud.store.errors import QueueFullError, TenantNotFoundError
-from cloud.store.records import SubmitResult, WorkRecord
+from cloud.store.records import SubmitResult, WorkRecord, submitted_spec_digest
 from cloud.store.rows import work_from_row
 from cloud.store.schema import WORK_RECORD_COLUMNS, array_tasks, work
 from cloud.store.sql import StoreContext, append_events, chunks
@@ -77,11 +79,12 @@ async def insert_array(
     if cap is not None and count + len(tasks) > cap:
         return QueueFullError(tenant_id, cap, count)
     records = [_pending_record(task.work, now) for task in tasks]
+    records[0] = _with_submitted_digest(records[0])
     for records_part in chunks(records):
         await connection.execute(insert(work), [_work_values(record) for record in records_part])
-    for task in tasks:
-        if task.work.dependencies:
-            await insert_dependencies(connection, task.work.work_id, task.work.dependencies)
+    await insert_dependencies_of(
+        connection, [(task.work.work_id, task.work.dependencies) for task in tasks]
+    )
     rows = [
         {
             "array_id": array_id,
@@ -96,6 +99,16 @@ async def insert_array(
     events = [state_event_row(record, None, now) for record in records]
     await append_events(connection, context, events, returning=False)  # last: it locks
     return SubmitResult(records[0], True)
+
+
+def _with_submitted_digest(first: WorkRecord) -> WorkRecord:
+    """The first task keeps the digest of its spec as submitted even without a key: the
+    array's view shows the spec submitted, which a PATCH of any task does not change,
+    and finds a task still as submitted by it (cloud/api/job_arrays.py). One digest per
+    array, not one per task."""
+    if first.submitted_spec_sha256 is not None:
+        return first
+    return replace(first, submitted_spec_sha256=submitted_spec_digest(first.spec))
 
 
 async def select_array_tasks(
