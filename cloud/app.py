@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import aiohttp
+import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
@@ -113,10 +114,12 @@ from cloud.usage.accountant import Accountant
 from cloud.usage.metrics import GridCollector, UsageCollector, ZonePower
 from shared.mqtt import instance_client_id
 from shared.settings import ConfigError, Settings
-from shared.tasks import stop_task
+from shared.tasks import stop_task, stop_tasks
 from shared.topics import Topics
 
 __all__ = ["MAX_REQUEST_BYTES", "create_app", "serving"]
+
+_log = structlog.get_logger("greenfed.cloud")
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -148,9 +151,8 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         app[METRICS].fleet.unregister(lag_collector)
-        for task in tasks:
-            # Cancellation is the expected end; any other failure surfaces here.
-            await stop_task(task)
+        # Cancellation is the expected end; any other failure surfaces here.
+        await stop_tasks(tasks)
 
 
 async def _signal_service(app: web.Application) -> AsyncIterator[None]:
@@ -315,8 +317,7 @@ async def _scheduling(app: web.Application) -> AsyncIterator[None]:
             registry.unregister(collector)
         if zone_power is not None:
             metrics.sampled.remove(zone_power)
-        for task in reversed(tasks):
-            await stop_task(task)
+        await stop_tasks(reversed(tasks))
 
 
 async def _clusters(app: web.Application) -> AsyncIterator[None]:
@@ -333,8 +334,13 @@ async def _clusters(app: web.Application) -> AsyncIterator[None]:
         await stop_task(task)
 
 
-async def _close_broker_accounts(app: web.Application) -> None:
-    await app[BROKER_ACCOUNTS].close()
+async def _broker_accounts(app: web.Application) -> AsyncIterator[None]:
+    """Closes the accounts' broker connection after every other context has ended: a
+    context, not an `on_cleanup` hook, which aiohttp would skip once a context failed."""
+    try:
+        yield
+    finally:
+        await app[BROKER_ACCOUNTS].close()
 
 
 async def _end_streams(app: web.Application) -> None:
@@ -410,11 +416,17 @@ def create_app(
     def tenant_of(work_id: str) -> str:
         return app[ACCOUNTANT].tenant_of(work_id) if ACCOUNTANT in app else ""
 
+    def leads_scheduling() -> bool:
+        return SCHEDULER in app and app[SCHEDULER].leading.is_set()
+
     serving_counters = InferenceCounters(
         lambda node_id, deployment_id: (
             assignments is None or assignments.holds("replica", node_id, deployment_id)
         ),
         tenant_of=tenant_of,
+        # Without a shared group every replica takes every sample: only the leader counts
+        # the requests, so that their sum across replicas counts each once.
+        counting=None if settings.mqtt.shared_group else leads_scheduling,
     )
     ingestor.telemetry_listeners.append(serving_counters.observe)
     if assignments is not None:
@@ -474,6 +486,7 @@ def create_app(
     add_routes(app, ui.ROUTES)
     refuse_other_methods(app)
     openapi.publish(app)
+    app.cleanup_ctx.append(_broker_accounts)  # first in, last out
     app.cleanup_ctx.append(_signal_service)
     app.cleanup_ctx.append(_secrets_key)  # before the store takes submissions
     app.cleanup_ctx.append(_signing_key)
@@ -483,7 +496,6 @@ def create_app(
     app.cleanup_ctx.append(_scheduling)
     app.cleanup_ctx.append(_background)
     app.on_shutdown.append(_end_streams)
-    app.on_cleanup.append(_close_broker_accounts)
     return app
 
 
@@ -504,5 +516,25 @@ async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[w
         site = web.TCPSite(runner, host, port)
         await site.start()
         yield runner
-    finally:
+    except BaseException as ending:
+        await _clean_up_after(runner, ending)
+        raise
+    await runner.cleanup()
+
+
+async def _clean_up_after(runner: web.AppRunner, ending: BaseException) -> None:
+    """Clean up while `ending` leaves the block: it stays what the command reports.
+
+    A refused broker login fails every MQTT session (ingestion, the publisher) and each
+    cleanup context re-raises its own task's copy; raised over `ending`, aiohttp's
+    CleanupError of them ended the command with exit status 1 and tracebacks, not the
+    one line and status 3 of docs/configuration.md [mqtt]. A failure of another kind
+    is logged; one of the same kind is the same failure again.
+    """
+    try:
         await runner.cleanup()
+    except Exception as error:
+        failures = error.exceptions if isinstance(error, web.CleanupError) else [error]
+        for failure in failures:
+            if type(failure) is not type(ending):
+                _log.warning("cleanup failed too", exc_info=failure)

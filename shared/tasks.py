@@ -14,6 +14,8 @@ import contextlib
 from collections.abc import Iterable
 from typing import Any
 
+from shared.lean_logs import get_logger
+
 # Longer than a stopping agent's goodbye (edge.agent.module.GOODBYE_TIMEOUT_S), so a second
 # cancellation never cuts a clean goodbye short.
 RECANCEL_INTERVAL_S = 1.5
@@ -41,3 +43,23 @@ async def stop_task(task: asyncio.Task[Any], timeout_s: float = 5.0) -> None:
     if task.done():
         with contextlib.suppress(asyncio.CancelledError):
             task.result()
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], timeout_s: float = 5.0) -> None:
+    """Stop `tasks` one after the other as `stop_task` does, every one of them even when
+    one failed (those after it would otherwise run on, unowned); then re-raise the first
+    failure. A later failure of another kind is logged, one of the same kind is the same
+    failure again (a refused broker login fails every session of the process)."""
+    failures: list[tuple[str, Exception]] = []
+    for task in tasks:
+        try:
+            await stop_task(task, timeout_s)
+        except Exception as failure:
+            failures.append((task.get_name(), failure))
+    if not failures:
+        return
+    (_, first), *others = failures
+    for name, other in others:
+        if type(other) is not type(first):
+            get_logger("greenfed").warning("task failed too", task=name, exc_info=other)
+    raise first

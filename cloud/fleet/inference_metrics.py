@@ -6,6 +6,15 @@ the counters survive a replica's restart, not the control plane's, as Prometheus
 expects of counters). Rates and latency quantiles are the latest sample's, per
 replica; a deployment's quantile is its worst replica's (what an SLO sees).
 
+**Summed across control-plane replicas, the counters count no request twice.** With
+a shared subscription (`mqtt.shared_group`) each replica takes its share of the samples
+and counts it. Without one every replica takes every sample, so only the scheduling
+leader counts (`counting`): from zero when its process started, on from there each time
+it leads again, and exported only while it leads (a replica that lost leadership drops
+them: the new leader counts from then on), as the usage counters are
+(cloud/usage/metrics.py). The rates and quantiles, read from the registry, are every
+replica's.
+
 **A deployment's series last as long as it is placed, and `ENDED_LINGER_S` more**
 (`follow`): then a few scrapes see its last counts, and the samples its replicas still
 ship as they stop (counted as long: cloud/fleet/assignments.py) add to them. Its tenant
@@ -58,17 +67,22 @@ class InferenceCounters:
         holds: Callable[[str, str], bool] = lambda node_id, work_id: True,
         *,
         tenant_of: Callable[[str], str] = lambda work_id: "",
+        counting: Callable[[], bool] | None = None,
         linger_s: float = ENDED_LINGER_S,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """`holds(node id, deployment id)`: whether the node serves some of it (a node
         counts only its own replicas' requests: another deployment's figures, or made-up
         ids filling the table, are not its to give); `tenant_of`: a deployment's tenant
-        name ("" when not known here), noted as it serves; `linger_s`: how long the
-        counters of a deployment no longer placed are kept."""
+        name ("" when not known here), noted as it serves; `counting`: whether the
+        requests in the samples this replica takes now are its to count and export (where
+        every replica takes every sample: while it leads scheduling), None where they
+        always are; `linger_s`: how long the counters of a deployment no longer placed
+        are kept."""
         self.by_deployment: dict[str, _Counts] = {}
         self._holds = holds
         self._tenant_of = tenant_of
+        self._counting = counting
         self._linger_s = linger_s
         self._monotonic = monotonic
         # Deployments counted here that are no longer placed: when each left (monotonic),
@@ -110,7 +124,15 @@ class InferenceCounters:
         del self.by_deployment[deployment_id]
         return True
 
+    def counting(self) -> bool:
+        """Whether this replica counts (and exports) the requests of the samples it takes
+        now: the counters then go on from where they stood when it last did."""
+        return self._counting is None or self._counting()
+
     def observe(self, telemetry: Telemetry) -> None:
+        # The deployment and its nodes are followed all the same: the rates and quantiles
+        # are every replica's to export.
+        counting = self.counting()
         for sample in telemetry.deployments:
             if not self._holds(telemetry.node_id, sample.deployment_id):
                 continue
@@ -121,9 +143,10 @@ class InferenceCounters:
                 counts = self.by_deployment[sample.deployment_id] = _Counts()
             if not counts.tenant:
                 counts.tenant = self._tenant_of(sample.deployment_id)
-            counts.requests += sample.requests
-            counts.errors += sample.errors
-            counts.rejected += sample.rejected
+            if counting:
+                counts.requests += sample.requests
+                counts.errors += sample.errors
+                counts.rejected += sample.rejected
             counts.nodes.add(telemetry.node_id)
 
 
@@ -159,12 +182,16 @@ class InferenceCollector(Collector):
             "Latency quantiles of a deployment: its worst replica's latest sample",
             labels=[*labels, "quantile"],
         )
+        # Another replica counts these requests now (the leader, where every replica
+        # takes every sample): exported here too, they would be summed twice.
+        counting = self._counters.counting()
         for deployment_id, counts in sorted(self._counters.by_deployment.items()):
             counts.tenant = self._tenant_of(deployment_id) or counts.tenant
             key = [deployment_id, counts.tenant]
-            families["requests"].add_metric(key, counts.requests)
-            families["errors"].add_metric(key, counts.errors)
-            families["rejected"].add_metric(key, counts.rejected)
+            if counting:
+                families["requests"].add_metric(key, counts.requests)
+                families["errors"].add_metric(key, counts.errors)
+                families["rejected"].add_metric(key, counts.rejected)
             samples = [
                 sample
                 for node_id in sorted(counts.nodes)
