@@ -31,12 +31,12 @@ import msgspec
 import psutil
 
 from edge.sandbox.probe import NodeIsolation, probe_isolation
-from edge.sandbox.setup import workers_memory_bytes
+from edge.sandbox.setup import workers_memory_bytes, workers_work_root
 from edge.upgrade.versions import DIRECTORY_NAME, stat_problem
 from shared.desired_signature import PublicKeyError, load_public_key
 from shared.enrolment_marker import read_marker
-from shared.mqtt import MqttSession, is_auth_failure
-from shared.settings import Settings
+from shared.mqtt import MqttSession, check_tls_files, is_auth_failure
+from shared.settings import ConfigError, Settings
 from shared.topics import Topics
 
 Verdict = Literal["ok", "warn", "skip", "FAIL"]
@@ -145,6 +145,16 @@ async def check_broker(
     # dynamic-security accounts are) refuses any other id: log in as the agent when
     # it is not running; beside a running agent that would take its session over.
     running = agent_runs()
+    try:
+        check_tls_files(mqtt)
+    except ConfigError as error:  # its message names the setting and the file
+        return Check(
+            "broker",
+            "FAIL",
+            str(error),
+            "put the file there (a missing bind-mount source or Secret key makes none), "
+            "or correct the setting",
+        )
     session = MqttSession(
         msgspec.structs.replace(mqtt, connect_timeout_s=TIMEOUT_S),
         client_id=(
@@ -313,6 +323,61 @@ def check_isolation(settings: Settings, isolation: NodeIsolation | None) -> Chec
     return Check("isolation", "FAIL", f"training refused: {isolation.note}", ISOLATION_FIX)
 
 
+WORK_DIR_FIX = (
+    "set agent.work_dir to a directory on a filesystem of its own (a partition, volume "
+    "or size-limited mount; with quotas per worker uid if tenants must not fill it for "
+    "each other) and add it to the unit's ReadWritePaths"
+)
+
+
+def filesystem_of(path: Path, *, stat_path: Callable[[Path], os.stat_result] = os.stat) -> int:
+    """The device id of the filesystem `path` is on, or would be made on: the nearest
+    directory of it that exists (the work root is made with the first job)."""
+    for candidate in (path, *path.parents):
+        try:
+            return stat_path(candidate).st_dev
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(path)
+
+
+def check_work_dir(
+    settings: Settings,
+    isolation: NodeIsolation | None,
+    *,
+    stat_path: Callable[[Path], os.stat_result] = os.stat,
+) -> Check:
+    """Whether a job filling its work directory fills the agent's disk too: nothing
+    limits what a worker writes there, and a full data directory costs the agent its
+    state and outbox writes and turns every other job away (docs/isolation.md)."""
+    if isolation is None:
+        return Check("work-dir", "skip", "this node runs no training (agent.training_enabled)")
+    agent = settings.agent
+    try:
+        work_root = workers_work_root(agent)
+    except ConfigError as error:
+        return Check("work-dir", "FAIL", str(error), "set agent.work_dir to a directory of its own")
+    if isolation.level not in ("sandbox", "user"):
+        return Check("work-dir", "skip", f"isolation {isolation.level}: workers are not contained")
+    data_dir = agent.resolved_data_dir()
+    try:
+        shared = filesystem_of(work_root, stat_path=stat_path) == filesystem_of(
+            data_dir, stat_path=stat_path
+        )
+    except OSError as error:
+        return Check("work-dir", "warn", f"{work_root}: cannot be checked ({error})", WORK_DIR_FIX)
+    if shared:
+        return Check(
+            "work-dir",
+            "warn",
+            f"{work_root} is on the filesystem of the data directory {data_dir}: a job that "
+            "fills its work directory fills the agent's disk, whose state and outbox "
+            "writes then fail, and no other job can start here",
+            WORK_DIR_FIX,
+        )
+    return Check("work-dir", "ok", f"{work_root}, on a filesystem apart from the data directory")
+
+
 def check_containers(isolation: NodeIsolation | None) -> Check:
     """Whether work that names an image can run here, and what this host needs of the
     runtime (crun refuses hybrid cgroup hosts; an init so containers stop on SIGTERM)."""
@@ -385,6 +450,7 @@ async def run_checks(
         nvml,
         check_power_limits(settings, gpus),
         check_isolation(settings, isolation),
+        await asyncio.to_thread(check_work_dir, settings, isolation),
         check_containers(isolation),
         await asyncio.to_thread(check_onnxruntime, gpus),
         await check_clock(api_url),

@@ -21,6 +21,7 @@ from shared.enrolment_certificate import (
     certificate_head,
     identity_proof,
 )
+from shared.key_files import make_private_dir
 from shared.lean_logs import get_logger
 from shared.sealing import SealingKeyError, load_public_key, public_key_text
 from shared.settings import AgentSettings
@@ -38,7 +39,7 @@ def certificate_path(settings: AgentSettings) -> Path:
 
 def save_certificate(path: Path, certificate: str) -> None:
     """Write it atomically (it is public: no secret in it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)  # the agent's state directory: the sealing key's too
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(certificate + "\n", encoding="ascii")
     os.replace(partial, path)

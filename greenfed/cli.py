@@ -60,6 +60,14 @@ def _configure_logging(settings: Settings) -> None:
     configure_logging(settings.log.level, settings.log.format)
 
 
+def _check_tls_files(settings: Settings) -> None:
+    """A missing or broken mqtt.tls_* file is one configuration error line (exit 2)
+    before the app starts, not a traceback from each of its MQTT clients."""
+    from shared.mqtt import check_tls_files
+
+    check_tls_files(settings.mqtt)
+
+
 # -- commands ------------------------------------------------------------------
 
 
@@ -72,16 +80,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         fleet_reports_here=True,
     )
     _configure_logging(settings)
+    _check_tls_files(settings)
     # Refused at once, before the control plane's imports take their seconds.
     with data_dir_lock(settings.store.resolved_data_dir(), "up"):
         check_api_port(settings.cloud.api_host, settings.cloud.api_port)
-        from greenfed.up import UpOptions, run_up
+        from greenfed.up import UpOptions, external_mqtt_url, run_up
         from shared.runtime import run_main
 
         options = UpOptions(
             sim_nodes=args.sim,
             fleet_file=args.fleet,
-            external_mqtt_url=args.mqtt_url,
+            # mqtt.url set anywhere (file, environment, flag) names the broker to use.
+            external_mqtt_url=external_mqtt_url(
+                settings, config_file=args.config, mqtt_url_option=args.mqtt_url
+            ),
             broker_port=args.broker_port,
         )
         return run_main(lambda stop: run_up(settings, options, stop))
@@ -90,6 +102,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_cloud(args: argparse.Namespace) -> int:
     settings = settings_from_options(args)
     _configure_logging(settings)
+    _check_tls_files(settings)
     # Replicas may share a data directory; a `greenfed up` on it may not (and v.v.).
     with data_dir_lock(settings.store.resolved_data_dir(), "cloud", exclusive=False):
         check_api_port(settings.cloud.api_host, settings.cloud.api_port)

@@ -19,7 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from shared.settings import ConfigError
+
 LOCK_FILE_NAME: Final = "greenfed.lock"
+SETTING: Final = "store.data_dir"
 
 
 class DataDirInUse(Exception):
@@ -39,15 +42,14 @@ class DataDirInUse(Exception):
 @contextlib.contextmanager
 def data_dir_lock(data_dir: Path, command: str, *, exclusive: bool = True) -> Iterator[Path]:
     """Hold the lock of `data_dir` for the block (``exclusive``, or shared with other
-    shared holders), or raise `DataDirInUse` at once.
+    shared holders), or raise `DataDirInUse` at once (`ConfigError`: a directory that
+    cannot be made or written).
 
     `command` ("up", "cloud") is written into the lock file with the process id, so the
     next process's message can say who holds it.
     """
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # as the store creates it
     path = data_dir / LOCK_FILE_NAME
-    # os.open's descriptors are not inherited: a worker process never keeps the lock.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock_file(path)
     try:
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
@@ -58,6 +60,27 @@ def data_dir_lock(data_dir: Path, command: str, *, exclusive: bool = True) -> It
         yield path
     finally:
         os.close(fd)  # and with it the lock
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file's descriptor, its directory made first (as the store makes it); a
+    directory that cannot be made or written is a `ConfigError` naming the setting."""
+    data_dir = path.parent
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:  # a file of that name (mkdir's own words: "File exists")
+        raise ConfigError(f"{SETTING}: {data_dir} is not a directory", key=SETTING) from None
+    except OSError as error:  # under /proc, no permission
+        raise ConfigError(
+            f"{SETTING}: cannot create {data_dir}: {error.strerror or error}", key=SETTING
+        ) from None
+    try:
+        # os.open's descriptors are not inherited: a worker process never keeps the lock.
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:  # a read-only directory or filesystem
+        raise ConfigError(
+            f"{SETTING}: cannot open {path}: {error.strerror or error}", key=SETTING
+        ) from None
 
 
 def _holder(fd: int) -> str:

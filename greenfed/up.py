@@ -1,14 +1,15 @@
 """`greenfed up`: broker, control plane and a simulated fleet in one process.
 
-The single-machine default: with no `--mqtt-url` an embedded broker starts on
-`--broker-port` (or, if that port is taken and was not asked for explicitly, a
-free one, which is printed).
+The single-machine default: where nothing sets `mqtt.url` (`--mqtt-url`,
+GREENFED_MQTT__URL, the config file) an embedded broker starts on `--broker-port` (or,
+if that port is taken and was not asked for explicitly, a free one, which is printed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -40,7 +41,13 @@ from greenfed.broker import DEFAULT_ADMIN_USERNAME, EmbeddedBroker
 from greenfed.ports import port_is_free
 from shared.redact import redact_url
 from shared.runtime import run_until_stopped
-from shared.settings import MqttSettings, Settings, parse_mqtt_url
+from shared.settings import (
+    MqttSettings,
+    Settings,
+    env_overrides,
+    parse_mqtt_url,
+    read_toml_file,
+)
 from shared.token_files import MalformedTokenFile, metrics_token_path, read_token_file
 from shared.topics import Channel, Topics
 from sim_devices.fleet import Fleet, SimNodeSpec, expand_fleet, load_sized_fleet
@@ -63,6 +70,26 @@ class UpOptions:
     external_mqtt_url: str | None
     broker_port: int | None
     connects_per_s: float = 200.0
+
+
+def external_mqtt_url(
+    settings: Settings,
+    *,
+    config_file: Path | None,
+    mqtt_url_option: str | None,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """The broker to use instead of starting the embedded one: `mqtt.url` wherever it
+    was set (`--mqtt-url`, GREENFED_MQTT__URL or the config file's `[mqtt] url`), even
+    to the default address a local Mosquitto listens on; None where nothing set it."""
+    environ = os.environ if environ is None else environ
+    file_mqtt = read_toml_file(config_file).get("mqtt", {}) if config_file is not None else {}
+    given = (
+        mqtt_url_option is not None
+        or "url" in env_overrides(environ).get("mqtt", {})
+        or (isinstance(file_mqtt, dict) and "url" in file_mqtt)
+    )
+    return settings.mqtt.url if given else None
 
 
 @contextlib.asynccontextmanager

@@ -75,9 +75,24 @@ def load_key(path: Path, *, setting: str, parse: Callable[[bytes], KeyT]) -> Key
         raise ConfigError(f"{setting}: {path}: {error}", key=setting) from None
 
 
+def make_private_dir(directory: Path) -> None:
+    """Make `directory` (and its parents) if it is missing, then readable by its owner
+    only (0700): what `greenfed edge doctor` holds the agent's state directory to. The
+    mode is set again after mkdir, whose mode the umask may mask. A directory that was
+    already there is left as it is: it may be one the operator made, and shares."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o700)
+    except FileExistsError:
+        if not directory.is_dir():
+            raise  # as mkdir(exist_ok=True) does: a file is in the way
+        return
+    os.chmod(directory, 0o700)
+
+
 def _create(path: Path, setting: str, data: bytes) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path.parent)
     except OSError as error:
         raise ConfigError(f"{setting}: cannot create {path.parent}: {error}", key=setting) from None
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")

@@ -32,13 +32,19 @@ from paho.mqtt.enums import MQTTErrorCode
 from shared.backoff import Backoff
 from shared.errors import MqttAuthError
 from shared.lean_logs import EventLogger, get_logger
-from shared.settings import MqttSettings, parse_mqtt_url
+from shared.settings import ConfigError, MqttSettings, parse_mqtt_url
 
 # CONNACK codes that mean "your credentials are wrong", in MQTT 3.1.1 (4, 5) and
 # as paho 2.x reports them through MQTT 5 reason codes (134, 135).
 _AUTH_FAILURE_CODES = frozenset({4, 5, 134, 135})
 
-__all__ = ["MqttAuthError", "MqttSession", "build_tls_context", "is_auth_failure"]
+__all__ = [
+    "MqttAuthError",
+    "MqttSession",
+    "build_tls_context",
+    "check_tls_files",
+    "is_auth_failure",
+]
 
 SessionBody = Callable[[aiomqtt.Client], Awaitable[None]]
 # (topic, payload) of one received message.
@@ -224,14 +230,66 @@ class _PacketReads:
         return MQTTErrorCode.MQTT_ERR_SUCCESS if rc == MQTTErrorCode.MQTT_ERR_AGAIN else rc
 
 
+def uses_tls(settings: MqttSettings) -> bool:
+    """Whether a client of `settings` connects with TLS (an mqtts:// url, or a CA file)."""
+    return parse_mqtt_url(settings.url).tls or bool(settings.tls_ca_file)
+
+
+def check_tls_files(settings: MqttSettings) -> None:
+    """Build the TLS context once, as a command starts, so that a CA, certificate or key
+    file that cannot be read or parsed stops it with a `ConfigError` naming the setting
+    and the file, rather than failing every connection attempt later (a Compose bind
+    mount of a missing file makes a directory; a Secret may lack the key)."""
+    if uses_tls(settings):
+        build_tls_context(settings)
+
+
 def build_tls_context(settings: MqttSettings) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=settings.tls_ca_file)
+    """The client's TLS context; a file it names that cannot be used is a `ConfigError`.
+
+    Built anew for every connection, so a renewed certificate is taken up on reconnect.
+    """
+    try:
+        context = ssl.create_default_context(cafile=settings.tls_ca_file)
+    except OSError as error:  # ssl.SSLError included: a file that holds no certificate
+        raise _tls_file_error("mqtt.tls_ca_file", settings.tls_ca_file, error) from None
     if settings.tls_cert_file:
-        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+        # load_cert_chain's error does not say which of its two files failed: open
+        # each first, so that a missing or unreadable one is named.
+        _check_readable("mqtt.tls_cert_file", settings.tls_cert_file)
+        if settings.tls_key_file:
+            _check_readable("mqtt.tls_key_file", settings.tls_key_file)
+        try:
+            context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+        except OSError as error:
+            files = settings.tls_cert_file
+            if settings.tls_key_file:
+                files = f"{files} with mqtt.tls_key_file {settings.tls_key_file}"
+            raise ConfigError(
+                f"mqtt.tls_cert_file: {files}: not a PEM certificate and its private key ({error})",
+                key="mqtt.tls_cert_file",
+            ) from None
     if settings.tls_insecure:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+def _check_readable(setting: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise _tls_file_error(setting, path, error) from None
+
+
+def _tls_file_error(setting: str, path: str | None, error: OSError) -> ConfigError:
+    """`mqtt.tls_ca_file: /etc/greenfed/ca.crt: No such file or directory`."""
+    if isinstance(error, ssl.SSLError):
+        reason = f"not a PEM certificate ({error})"
+    else:
+        reason = error.strerror or str(error)
+    return ConfigError(f"{setting}: {path}: {reason}", key=setting)
 
 
 def is_auth_failure(error: aiomqtt.MqttError) -> bool:
@@ -267,6 +325,7 @@ class MqttSession:
         `_deliver_to`)."""
         self._settings = settings
         self._endpoint = parse_mqtt_url(settings.url)
+        check_tls_files(settings)  # a bad file stops the caller now, not each reconnect
         self._client_id = client_id
         self._will = will
         self._max_queued_incoming = max_queued_incoming
@@ -295,7 +354,7 @@ class MqttSession:
         """A client with this session's endpoint, credentials and TLS, not connected yet
         (`run` makes one per connection; `greenfed edge doctor` one to try)."""
         kwargs: dict[str, Any] = {}
-        if self._endpoint.tls or self._settings.tls_ca_file:
+        if uses_tls(self._settings):
             kwargs["tls_context"] = build_tls_context(self._settings)
             kwargs["tls_insecure"] = self._settings.tls_insecure
         client = aiomqtt.Client(

@@ -160,6 +160,35 @@ OUTBOX_MAX_BYTES = 64 * 1024 * 1024
 OUTBOX_MAX_AGE_S = 7 * 86_400.0
 
 
+# Work directories' home under the data directory when agent.work_dir is empty.
+DEFAULT_WORK_SUBDIR: Final = "work"
+
+
+def work_dir_problem(work_dir: str, data_dir: str) -> str | None:
+    """Why `work_dir` cannot hold workers' work directories (None: it can). The agent
+    makes it 0711 and removes what jobs leave in it, and a sandbox hides it: it must
+    name a directory of its own, never one that holds the agent's files. Judged here
+    as written, and by real paths when the agent starts (edge/sandbox/setup.py)."""
+    if "\x00" in work_dir or not work_dir.startswith("/"):
+        return f"{work_dir!r} must be an absolute path"
+    path = Path(work_dir)
+    if any(part in (".", "..") for part in work_dir.split("/")) or path == Path("/"):
+        return f"{work_dir!r} must name a directory below /, without '.' or '..'"
+    data = Path(data_dir).expanduser() if data_dir else None
+    if data is None or not data.is_absolute():
+        return None  # the data directory is judged where it is known (relative: cwd)
+    data = Path(os.path.normpath(data))
+    if path == data or path in data.parents:
+        return f"{work_dir!r} holds the agent's data directory {str(data)!r}: name another"
+    default = data / DEFAULT_WORK_SUBDIR
+    if data in path.parents and path != default and default not in path.parents:
+        return (
+            f"{work_dir!r} is inside the agent's data directory {str(data)!r}, beside its "
+            f"private files: name a directory outside it (or leave it empty: {default})"
+        )
+    return None
+
+
 class AgentSettings(Section, frozen=True, kw_only=True):
     node_id: str = ""  # empty: the host name
     site: Site = "edge"
@@ -173,6 +202,11 @@ class AgentSettings(Section, frozen=True, kw_only=True):
     telemetry_jitter_ratio: Annotated[float, msgspec.Meta(ge=0, le=0.5)] = 0.1
     probes: tuple[Literal["cpu", "nvidia", "npu"], ...] = ("cpu", "nvidia", "npu")
     data_dir: str = ""  # empty: $XDG_DATA_HOME/greenfed/agent, else ~/.local/share/greenfed/agent
+    # Where training workers' work directories (each one's HOME) are made: an absolute
+    # path, best on a filesystem of its own, since nothing limits what a job writes
+    # there and a full data directory costs the agent its state and outbox
+    # (docs/isolation.md). Empty: data_dir/work.
+    work_dir: str = ""
     training_enabled: bool | None = None  # None: nodes with site = "cloud" run training
     max_job_log_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
     # The local inference endpoint (POST /v1/infer/{deployment}), started with the
@@ -229,6 +263,10 @@ class AgentSettings(Section, frozen=True, kw_only=True):
         for path in self.hidden_paths:
             if not path.startswith("/"):
                 raise FieldError("hidden_paths", f"{path!r} must be an absolute path")
+        if self.work_dir:
+            problem = work_dir_problem(self.work_dir, self.data_dir)
+            if problem is not None:
+                raise FieldError("work_dir", problem)
         # Below each cgroup hierarchy's mount (edge/sandbox/cgroups.py): a '..' would
         # make the workers' "cgroups" plain directories elsewhere, no limit applied while
         # the node still reports them.
@@ -276,6 +314,13 @@ class AgentSettings(Section, frozen=True, kw_only=True):
         environ = os.environ if environ is None else environ
         base = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
         return Path(base) / "greenfed" / "agent"
+
+    def resolved_work_dir(self, environ: Mapping[str, str] | None = None) -> Path:
+        """Where workers' work directories are made, as configured; the agent uses it
+        through edge/sandbox/setup.py's workers_work_root."""
+        if self.work_dir:
+            return Path(self.work_dir)
+        return self.resolved_data_dir(environ) / DEFAULT_WORK_SUBDIR
 
     def resolved_node_id(self) -> str:
         if self.node_id:
@@ -377,9 +422,14 @@ def _check_cohort_tree(cohorts: Mapping[str, CohortSettings]) -> None:
         parent = cohorts[name].parent
         while parent is not None:
             if parent in seen:
-                # Raised inside validation: msgspec reports it at `scheduling`.
-                raise ValueError(
-                    f"cohorts.{name}.parent: parents form a cycle: " + " -> ".join([*seen, parent])
+                # A FieldError, not a plain ValueError: msgspec reports where in the
+                # document it was raised (`scheduling`), and load_settings needs the whole
+                # path to name the key and the file or variable that set it. The name is
+                # quoted where a dot would split it, as `_name_mapping_keys` quotes keys.
+                shown = name if _BARE_KEY.match(name) else f'"{name}"'
+                raise FieldError(
+                    ("cohorts", shown, "parent"),
+                    "parents form a cycle: " + " -> ".join([*seen, parent]),
                 )
             seen.append(parent)
             parent = cohorts[parent].parent if parent in cohorts else None

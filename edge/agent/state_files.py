@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from edge.atomic_files import write_atomically
+from shared.key_files import make_private_dir
 from shared.lean_logs import get_logger
 
 _log = get_logger("greenfed.agent.state")
@@ -25,7 +26,8 @@ POWER_LIMITS_FILE = "power_limits.json"
 class AgentStateFiles:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        # Private: a worker must not read what the agent keeps (`greenfed edge doctor`).
+        make_private_dir(directory)
         # Saves run in threads: the newest payload of each file is written, whichever
         # thread gets there last, one write at a time.
         self._newest: dict[str, bytes] = {}

@@ -23,14 +23,14 @@ from edge.sandbox.probe import NodeIsolation, probe_isolation
 from edge.sandbox.users import WorkUsers
 from edge.sealing_key import load_or_create_sealing_key, sealing_key_path
 from shared.messages import Accelerator
-from shared.settings import Settings
+from shared.settings import AgentSettings, ConfigError, Settings, work_dir_problem
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 MIB: Final = 1024**2
 # Under the agent's data directory (edge/training/process.py and the agent's modules).
-WORK_DIR: Final = "work"
+# Workers' work directories are elsewhere: agent.work_dir (AgentSettings.resolved_work_dir).
 JOBS_DIR: Final = "jobs"
 CREDENTIALS_DIR: Final = "credentials"
 PRIVATE_SUBDIRS: Final = ("state", JOBS_DIR, "models", CREDENTIALS_DIR)
@@ -45,12 +45,14 @@ class TrainingSetup:
     sealing_key: X25519PrivateKey
     private: PrivatePaths
     data_dir: Path
+    # Where workers' work directories are made (agent.work_dir; default data_dir/work).
+    work_root: Path
 
     def sandbox(self, inventory: tuple[Accelerator, ...], default_pids: int) -> Sandbox:
         return Sandbox(
             self.isolation,
             inventory=inventory,
-            work_root=self.data_dir / WORK_DIR,
+            work_root=self.work_root,
             credentials_dir=self.data_dir / CREDENTIALS_DIR,
             users=self.users,
             private=self.private,
@@ -71,10 +73,32 @@ def secure_data_dir(data_dir: Path) -> None:
                 os.chmod(path, mode)
 
 
+def workers_work_root(agent: AgentSettings) -> Path:
+    """Where workers' work directories are made: `agent.work_dir`, else data_dir/work
+    as it always was. One the operator names is used by its real path (it may be a
+    link to another disk): a sandbox hides it by that path and must find each work
+    directory below it to make its parents passable (edge/sandbox/bubblewrap.py).
+    Raises ConfigError naming agent.work_dir for one that holds the agent's files
+    once links are followed (the settings judged only the text)."""
+    if not agent.work_dir:
+        return agent.resolved_work_dir()
+    root = os.path.realpath(agent.resolved_work_dir())
+    problem = work_dir_problem(root, os.path.realpath(agent.resolved_data_dir()))
+    if problem is not None:
+        raise ConfigError(f"agent.work_dir: {problem}", key="agent.work_dir")
+    return Path(root)
+
+
 def private_paths(settings: Settings, config_path: Path | None) -> PrivatePaths:
     """What workers must never see: the data directory, the settings file, the broker
-    credentials' files, and what the operator adds (`agent.hidden_paths`)."""
-    directories = [settings.agent.resolved_data_dir()]
+    credentials' files, and what the operator adds (`agent.hidden_paths`). Work
+    directories kept outside the data directory (`agent.work_dir`) are hidden as the
+    default ones inside it are: a sandbox sees its own work directory, no other's."""
+    data_dir = settings.agent.resolved_data_dir()
+    directories = [data_dir]
+    work_root = workers_work_root(settings.agent)
+    if not work_root.resolve().is_relative_to(data_dir.resolve()):
+        directories.append(work_root)
     files = [config_path] if config_path is not None else []
     for name in (settings.mqtt.tls_key_file, settings.mqtt.tls_cert_file):
         if name:
@@ -120,4 +144,5 @@ def set_up_training(settings: Settings, config_path: Path | None) -> TrainingSet
         sealing_key=load_or_create_sealing_key(sealing_key_path(agent)),
         private=private_paths(settings, config_path),
         data_dir=data_dir,
+        work_root=workers_work_root(agent),
     )

@@ -86,6 +86,7 @@ async def test_a_healthy_node_passes_every_check(
         "nvml": "skip",  # the nvidia probe is off
         "power-limits": "skip",  # so no GPUs to cap
         "isolation": "skip",  # an edge node: it runs no training
+        "work-dir": "skip",  # nor any training worker's work directory
         "containers": "skip",
         "onnxruntime": "ok",
         "clock": "ok",
@@ -162,6 +163,7 @@ def test_the_command_prints_one_line_per_check_and_fails_on_a_failure(
         ["skip", "nvml"],
         ["skip", "power-limits"],
         ["skip", "isolation"],
+        ["skip", "work-dir"],
         ["skip", "containers"],
         ["ok", "onnxruntime"],
         ["skip", "clock"],
