@@ -134,7 +134,7 @@ def make_node(
         sandbox = Sandbox(
             setup.isolation,
             inventory=inventory,
-            work_root=setup.data_dir / "work",
+            work_root=setup.work_root,
             credentials_dir=setup.data_dir / "credentials",
             users=setup.users,
             private=setup.private,
