@@ -72,6 +72,29 @@ def _deliver_to(client: aiomqtt.Client, sink: MessageSink) -> None:
     _PacketReads.install(client._client, sink)
 
 
+def _guard_disconnect_after_cancelled_connect(client: aiomqtt.Client) -> None:
+    """Drop paho's disconnect callback once the connect it answers was cancelled.
+
+    aiomqtt 2.x's `_on_disconnect` reads `self._connected.exception()` without asking
+    whether that future was cancelled first; a session stopped while connecting (a
+    refused login ends every session at once) cancels it, and the socket's last read
+    then raises `CancelledError` inside an event-loop callback, which asyncio logs as a
+    traceback after the command's one line. Nothing waits on that disconnect then.
+    """
+    paho = client._client
+    on_disconnect = paho.on_disconnect
+    if on_disconnect is None or not isinstance(getattr(client, "_connected", None), asyncio.Future):
+        return  # another aiomqtt: its own callback, as it is
+
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        connected = getattr(client, "_connected", None)  # aiomqtt makes a new one per try
+        if isinstance(connected, asyncio.Future) and connected.cancelled():
+            return
+        on_disconnect(*args, **kwargs)
+
+    paho.on_disconnect = guarded
+
+
 # MQTT 3.1.1 PUBLISH with QoS 0, whatever its DUP and RETAIN flags: `command & mask`.
 _PUBLISH_QOS0_MASK = 0xF6
 _PUBLISH_QOS0 = 0x30
@@ -372,6 +395,7 @@ class MqttSession:
         )
         if self._message_sink is not None:
             _deliver_to(client, self._message_sink)
+        _guard_disconnect_after_cancelled_connect(client)
         return client
 
     def _took_new_credentials(self) -> bool:
