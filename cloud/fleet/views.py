@@ -9,6 +9,7 @@ import msgspec
 from cloud.fleet.node_overlay import effective_labels, effective_taints, taint_text
 from cloud.fleet.outage import Outage, OutageCause, OutageEnd
 from cloud.fleet.registry import Approval, NodeRecord
+from cloud.fleet.secret_receivers import receives_secrets
 from shared.clock import utc_from_epoch
 from shared.messages import (
     Accelerator,
@@ -64,8 +65,9 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     isolation_note: str = ""
     resource_limits: tuple[ResourceLimit, ...] = ()
     container_runtimes: tuple[str, ...] = ()
-    # Its birth announces a sealing key the control plane accepts, and it is approved:
-    # secrets may go to it.
+    # Its birth announces a sealing key the control plane accepts, it is approved, and it
+    # keeps tenants apart (isolation user or sandbox; a registered cluster, where it was
+    # registered with accepts_secrets): the scheduler seals secrets to it.
     receives_secrets: bool = False
     # pending-approval: its birth says more than it enrolled (or was approved) as, in
     # `approval_differences`; it takes no new work until an admin approves it.
@@ -162,7 +164,7 @@ def summary_birth_fields(record: NodeRecord) -> dict[str, object]:
         "isolation_note": status.isolation_note,
         "resource_limits": status.resource_limits,
         "container_runtimes": status.container_runtimes,
-        "receives_secrets": status.sealing_public_key is not None and not record.awaiting_approval,
+        "receives_secrets": receives_secrets(record),
         "approval": record.approval,
         "approval_differences": record.awaiting_approval,
         "trusted_figures": record.admin is not None and record.admin.trust_figures,

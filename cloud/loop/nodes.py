@@ -33,6 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cloud.fleet.envelope import runs_training
 from cloud.fleet.node_overlay import effective_labels, effective_taints
 from cloud.fleet.registry import NodeRecord
+from cloud.fleet.secret_receivers import receives_secrets
 from cloud.scheduler import AcceleratorPool, Node, NodeTableCache, Taint
 from shared.messages import Accelerator, AcceleratorKind, Telemetry, common_providers
 
@@ -173,9 +174,7 @@ def _scheduler_node(record: NodeRecord) -> tuple[Node, tuple[tuple[str, ...], ..
         # An agent older than schema 1.8 runs workers as its own user: "none".
         isolation=status.isolation or "none",
         runs_containers=bool(status.container_runtimes),
-        # The key as the boundary let it through (cloud/fleet/ingest.py), to a node
-        # inside what it enrolled as.
-        receives_secrets=status.sealing_public_key is not None and not record.awaiting_approval,
+        receives_secrets=receives_secrets(record),
         approved=not record.awaiting_approval,
         taints=tuple(Taint(t.key, t.value, t.effect) for t in effective_taints(record)),
     )

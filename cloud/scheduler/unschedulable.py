@@ -8,16 +8,16 @@ grow; the core gives work that is queued anyway (opted out, or the fleet shrank)
 pending code ``unschedulable`` with this exact cause, never "waiting for capacity".
 
 Judged against every node of the snapshot at the work's sites, healthy or not (a node
-that is down may come back), on what does not change while work runs, in this order:
-for training, a node that isolates its workers as well as the job asks, with a
-container runtime when it names an image, with a usable sealing key when it has secrets;
-a pool of an accepted kind, with enough accelerators for one member, of an accepted
-model, with enough memory each; host memory and CPU cores for one member on such a
-node; a training job's deadline on the fastest such pool; the whole gang on all such
-nodes together; members kept apart by their own anti-affinity on as many such nodes
-(self_anti_affinity.py); the gang within what the tenant's quota and its cohort could ever give
-it. Labels, taints and start windows are not judged: an operator changes them without
-the fleet changing.
+that is down may come back), on what does not change while work runs, in this order: for
+training, a node that isolates its workers as well as the job asks, with a container
+runtime when it names an image, with a usable sealing key and tenants kept apart
+(isolation user or sandbox) when it has secrets; a pool of an accepted kind, with enough
+accelerators for one member, of an accepted model, with enough memory each; host memory
+and CPU cores for one member on such a node; a training job's deadline on the fastest
+such pool; the whole gang on all such nodes together; members kept apart by their own
+anti-affinity on as many such nodes (self_anti_affinity.py); the gang within what the
+tenant's quota and its cohort could ever give it. Labels, taints and start windows are
+not judged: an operator changes them without the fleet changing.
 
 Nothing registered at one of the work's sites is nothing to judge by (a node may
 register there), with the one exception the API has always made: training only at
@@ -276,7 +276,8 @@ _ISOLATION_NAMES: dict[int, str] = {rank: name for name, rank in ISOLATION_RANK.
 
 def _containing(table: NodeTable, work: TrainingJob, at_sites: BoolArray) -> BoolArray | NeverFits:
     """The nodes of `at_sites` that contain the job's workers as it asks: isolation at
-    least as strong, a container runtime for an image, a sealing key for secrets."""
+    least as strong, a container runtime for an image, for secrets a sealing key and
+    tenants kept apart."""
     sites = ", ".join(work.sites)
     best = int(table.isolation_rank[at_sites].max())
     nodes = at_sites & (table.isolation_rank >= ISOLATION_RANK[work.isolation])
@@ -303,14 +304,34 @@ def _containing(table: NodeTable, work: TrainingJob, at_sites: BoolArray) -> Boo
             )
         held.append("runs containers")
     if work.has_secrets:
-        nodes &= table.receives_secrets
-        if not nodes.any():
+        receiving = nodes & table.receives_secrets
+        if not receiving.any():
             return NeverFits(
                 "has_secrets",
-                f"no node at {sites}{_that(held)} can receive sealed secrets (none announces "
-                "the sealing key it enrolled with)",
+                f"no node at {sites}{_that(held)} can receive sealed secrets "
+                f"({_why_no_secrets(table, nodes)})",
             )
+        nodes = receiving
     return nodes
+
+
+def _why_no_secrets(table: NodeTable, nodes: BoolArray) -> str:
+    """Why none of `nodes` receives secrets: a node needs the sealing key it enrolled with
+    and to keep tenants apart (cloud/loop/nodes.py `receives_secrets`). The table does not
+    say which nodes have a key, but one at isolation none receives no secrets with one."""
+    at_none = nodes & (table.isolation_rank == ISOLATION_RANK["none"])
+    if not at_none.any():
+        return "none announces the sealing key it enrolled with"
+    if np.array_equal(at_none, nodes):
+        return (
+            "each isolates as none, where every tenant's workers run as one user who could "
+            "read them: a node needs isolation user or sandbox and the sealing key it "
+            "enrolled with; a registered cluster needs accepts_secrets"
+        )
+    return (
+        "those at isolation user or sandbox announce no sealing key they enrolled with, "
+        "and the others isolate as none, where every tenant's workers run as one user"
+    )
 
 
 def _that(qualities: list[str]) -> str:

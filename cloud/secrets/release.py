@@ -9,7 +9,8 @@ when it is not a key or not the one pinned at enrolment).
 
 Nothing is released, and the worker's node refuses to start it saying why, when the node
 has no usable key or the secrets do not open (the secrets key was replaced): that is
-logged once per interval, naming the node and the job, never a value.
+logged once per interval for each node and reason (the node's refusal sends its operator
+to this log), naming the node and the job, never a value.
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ from shared.logs import RateLimitedLog
 from shared.sealing import RegistryCredentials, SealedSecrets, SealingKeyError, seal
 
 LOG_INTERVAL_S: Final = 60.0
+# The rate limiter keeps a time for each (reason, node) it logged; past this many it is
+# replaced by a fresh one, so a fleet's churn of nodes over months cannot grow it.
+LOG_KEYS_MAX: Final = 10_000
 
 
 class SecretRelease:
     def __init__(self, at_rest: SecretsAtRest, *, log_interval_s: float = LOG_INTERVAL_S) -> None:
         self._at_rest = at_rest
-        self._log = RateLimitedLog(structlog.get_logger("greenfed.secrets"), log_interval_s)
+        self._logger = structlog.get_logger("greenfed.secrets")
+        self._log_interval_s = log_interval_s
+        self._log = RateLimitedLog(self._logger, log_interval_s)
+        self._log_keys: set[str] = set()
 
     def sealed(
         self,
@@ -51,7 +58,7 @@ class SecretRelease:
         if not spec.has_secrets:
             return None
         if public_key is None:
-            self._log.warning(
+            self._withheld(
                 "no-key",
                 "secrets withheld: the node has no usable sealing key",
                 node_id=node_id,
@@ -61,17 +68,28 @@ class SecretRelease:
         try:
             plaintext = self.plaintext(spec, tenant_id=tenant_id)
         except SecretNotOpenedError as error:
-            self._log.warning(
+            self._withheld(
                 "not-opened", "secrets withheld", node_id=node_id, job_id=job_id, error=str(error)
             )
             return None
         try:
             return seal(plaintext, public_key, node_id=node_id, job_id=job_id, attempt=attempt)
         except (SealingKeyError, ValueError) as error:
-            self._log.warning(
+            self._withheld(
                 "not-sealed", "secrets withheld", node_id=node_id, job_id=job_id, error=str(error)
             )
             return None
+
+    def _withheld(self, reason: str, event: str, /, *, node_id: str, **fields: object) -> None:
+        """Logs a withheld release, limited per reason and node: one node's withheld job
+        must not hide another node's, whose operator is told this log says why."""
+        key = f"{reason}/{node_id}"
+        if key not in self._log_keys and len(self._log_keys) >= LOG_KEYS_MAX:
+            # Forgetting when each node last logged costs at most one early line per node.
+            self._log = RateLimitedLog(self._logger, self._log_interval_s)
+            self._log_keys.clear()
+        self._log_keys.add(key)
+        self._log.warning(key, event, node_id=node_id, **fields)
 
     def plaintext(self, spec: TrainingJobSpec, *, tenant_id: str) -> SealedSecrets:
         """The stored spec's secrets opened: what the node's workers get."""

@@ -129,8 +129,10 @@ def test_a_node_is_counted_under_the_first_filter_that_rejects_it() -> None:
             {"image": "x", "has_secrets": True},
             NeverFits(
                 "has_secrets",
-                "no node at cloud that runs containers can receive sealed secrets (none "
-                "announces the sealing key it enrolled with)",
+                "no node at cloud that runs containers can receive sealed secrets (each "
+                "isolates as none, where every tenant's workers run as one user who could "
+                "read them: a node needs isolation user or sandbox and the sealing key it "
+                "enrolled with; a registered cluster needs accepts_secrets)",
             ),
         ),
         (
@@ -138,8 +140,10 @@ def test_a_node_is_counted_under_the_first_filter_that_rejects_it() -> None:
             {"has_secrets": True},
             NeverFits(
                 "has_secrets",
-                "no node at cloud can receive sealed secrets (none announces the sealing key "
-                "it enrolled with)",
+                "no node at cloud can receive sealed secrets (each isolates as none, where "
+                "every tenant's workers run as one user who could read them: a node needs "
+                "isolation user or sandbox and the sealing key it enrolled with; a registered "
+                "cluster needs accepts_secrets)",
             ),
         ),
     ],
