@@ -4,6 +4,7 @@ cost and emissions avoided, read from `GET /v1/usage` and the work's `usage`."""
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
@@ -54,11 +55,12 @@ def _share(value: float | None) -> str:
 
 def usage_line(usage: WorkUsage) -> str:
     """One line for `greenfed job`: energy, emissions, cost, avoided, measured share."""
-    cost = (
-        _amount(usage.cost, usage.currency or "")
-        if usage.currency is not None
-        else " + ".join(_amount(v, c) for c, v in usage.costs.items())
-    )
+    if usage.currency is not None:
+        cost = _amount(usage.cost, usage.currency)
+    elif usage.costs:
+        cost = " + ".join(_amount(v, c) for c, v in usage.costs.items())
+    else:  # nothing priced yet
+        cost = _amount(None, "")
     parts = [
         _amount(usage.energy_kwh, "kWh"),
         f"{_amount(usage.gco2eq_g, 'g')}CO2eq",
@@ -74,9 +76,23 @@ def usage_line(usage: WorkUsage) -> str:
     return "usage: " + " · ".join(parts) + (f"  ({'; '.join(flags)})" if flags else "")
 
 
-def render_usage(report: UsageReport, out: TextIO, *, wide: bool = False) -> None:
+def hour_floor(moment: datetime) -> datetime:
+    """The start of `moment`'s UTC hour: usage is kept per hour, and the API keeps the
+    hours that start at or after `from`, so `--since 30m` taken as it is would leave out
+    the hour under way."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def period_note(since: datetime) -> str:
+    """What `greenfed usage` says of the period it asked for (`since`: its hour)."""
+    return f"usage since {since:%Y-%m-%d %H:%M} UTC (rounded down to the hour)"
+
+
+def render_usage(
+    report: UsageReport, out: TextIO, *, wide: bool = False, title: str = "usage"
+) -> None:
     """`wide`: also whether a fallback grid value priced a row."""
-    table = Table(title="usage", title_justify="left")
+    table = Table(title=title, title_justify="left")
     keys = list(report.group_by)
     for column in (*keys, "energy", "emissions", "avoided", "cost", "measured"):
         table.add_column(column, justify="left" if column in keys else "right")
@@ -115,8 +131,14 @@ class UsageRequest:
 async def usage(client: ApiClient, request: UsageRequest, output: Output) -> int:
     """`-o csv`: the API's CSV as it came; else as `output` asks (`greenfed.output`)."""
     params = {"group_by": request.by}
+    title = "usage"
     if request.since is not None:
-        params["from"] = request.since.isoformat()
+        since = hour_floor(request.since)
+        params["from"] = since.isoformat()
+        if since != request.since:
+            title = period_note(since)
+            if output.format not in ("table", "wide"):  # the document itself stays the API's
+                print(f"greenfed: {title}", file=sys.stderr)
     if request.until is not None:
         params["to"] = request.until.isoformat()
     if request.tenant is not None:
@@ -130,5 +152,9 @@ async def usage(client: ApiClient, request: UsageRequest, output: Output) -> int
             output.out.write("\n")
         return EXIT_OK
     reply = await client.ask("GET", "/v1/usage", UsageReport, params=params)
-    emit(output, reply.payload, lambda: render_usage(reply.value, output.out, wide=output.wide))
+    emit(
+        output,
+        reply.payload,
+        lambda: render_usage(reply.value, output.out, wide=output.wide, title=title),
+    )
     return EXIT_OK

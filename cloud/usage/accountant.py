@@ -82,11 +82,15 @@ from cloud.usage.meter import (
     mark_of,
     meter,
     profile_of,
+    silent_increments,
+    silent_mark,
+    silent_samples,
 )
 from cloud.usage.pricing import Pieces, Priced, accumulate, merge, price_pieces
 from cloud.usage.views import usage_summary
 from shared.messages import Telemetry
 from shared.settings import UsageSettings
+from shared.work_literals import WorkKind
 
 USAGE_EVENT = "work.usage"
 # How far back a leader starting looks for work whose final figures were not told (an
@@ -469,6 +473,81 @@ class Accountant:
             if count % _METERED_BETWEEN_YIELDS == 0:
                 await asyncio.sleep(0)
 
+    def _fill_silent_ends(self, state: _LeaderState) -> None:
+        """Allocations that ended `usage.final_delay_s` ago (their final figures fall due)
+        on a node whose samples have not counted them to their end: it stopped reporting,
+        or never did. The model fills the rest, flagged as a gap (`_fill_silence`), so a
+        node that suppresses its telemetry does not make its tenants' work free."""
+        if not self._knows_allocations or not self._ended_on:
+            return
+        due_by_s = self._clock() - self._settings.final_delay_s
+        for node_id in list(self._ended_on):
+            allocations = self._by_node.get(node_id, [])
+            ends_s = [
+                a.ended_at_s
+                for a in allocations
+                if a.ended_at_s is not None and a.ended_at_s <= due_by_s
+            ]
+            if ends_s:
+                self._fill_silence(state, node_id, allocations, max(ends_s))
+
+    def _fill_silence(
+        self,
+        state: _LeaderState,
+        node_id: str,
+        allocations: Sequence[MeteredAllocation],
+        end_s: float,
+    ) -> None:
+        """Count the node's allocations from its mark (or, without one, their start) to
+        `end_s` by the model, move its mark there, and let go those that ended by then.
+        A node the leader has no inventory of cannot be modelled: its allocations wait
+        (`note_pass` lets them go after `usage.max_gap_s`)."""
+        mark = state.marks.get(node_id)
+        if mark is not None:
+            start_s = mark.sampled_at_s
+        else:
+            start_s = min(a.started_at_s for a in allocations)
+        start_s = max(start_s, end_s - self._settings.max_gap_s)
+        if end_s > start_s:
+            record = self._registry.get(node_id)
+            profile = self._profiles.get(node_id)
+            if record is not None:
+                if profile is None or profile.inventory is not record.status:
+                    profile = self._profiles[node_id] = profile_of(record.status)
+                power_limits_w = held_power_limits_w(record.reported, allocations)
+                last = record.telemetry
+            elif profile is not None:  # revoked since: the inventory it was metered by
+                power_limits_w, last = {}, None
+            else:
+                return
+            samples = silent_samples(profile, last, allocations, self._assumed_utilisation_pct)
+            increments = silent_increments(
+                profile,
+                samples,
+                allocations,
+                start_s,
+                end_s,
+                host_overhead_ratio=self._energy.host_overhead_ratio,
+                power_limits_w=power_limits_w,
+            )
+            for increment in increments:
+                accumulate(
+                    state.pending, Priced(increment, profile.inventory.zone), self._grid_offset_s
+                )
+            state.marks[node_id] = silent_mark(mark, end_s)
+            state.dirty.add(node_id)
+            # Its next sample has no counters to compare with: metered on its own.
+            state.each_sample.add(node_id)
+        self._retire_ended(node_id, end_s)
+
+    @property
+    def _assumed_utilisation_pct(self) -> dict[WorkKind, float]:
+        """What the energy model takes work to run at, per kind, where no sample says."""
+        return {
+            "training": self._energy.training_utilisation * 100.0,
+            "inference": self._energy.inference_utilisation * 100.0,
+        }
+
     def _refused(self, node_id: str) -> None:
         """Count a sample's implausible figures; say so once per node (a node that lies
         or whose counters broke would say it with every sample)."""
@@ -753,6 +832,7 @@ class Accountant:
                 self._log.warning("usage flush failed: store unavailable", error=str(error))
                 return
         await self.meter_held()
+        self._fill_silent_ends(state)
         await self._sweep_revoked(state)
         self._departures(state)
         departed = sorted(state.departed)

@@ -664,3 +664,63 @@ def _gap_increments(
                 )
             )
     return result
+
+
+def silent_samples(
+    profile: NodeProfile,
+    last: Telemetry | None,
+    allocations: Sequence[MeteredAllocation],
+    assumed_utilisation_pct: Mapping[WorkKind, float],
+) -> dict[str, AcceleratorSample]:
+    """What the model takes a node that fell silent to have run at: its last sample's
+    utilisation (as a gap before a sample takes that sample's), and where it never
+    sampled a device, the utilisation the energy model assumes of the work holding it
+    (`assumed_utilisation_pct`), the busiest of the node's work for its CPU. Modelled at
+    idle, a node that never reports would bill its tenants' work as next to nothing."""
+    samples = {sample.id: sample for sample in last.accelerators} if last is not None else {}
+    assumed: dict[str, float] = {}
+    busiest_pct = 0.0
+    for allocation in allocations:
+        utilisation_pct = assumed_utilisation_pct.get(allocation.work_kind, 0.0)
+        busiest_pct = max(busiest_pct, utilisation_pct)
+        for device_id in allocation.accelerator_ids:
+            assumed[device_id] = max(assumed.get(device_id, 0.0), utilisation_pct)
+    for cpu_id in profile.cpu_ids:  # CPU work's cores are not pinned: the whole CPU
+        assumed.setdefault(cpu_id, busiest_pct)
+    for device_id, utilisation_pct in assumed.items():
+        if device_id not in samples:
+            samples[device_id] = AcceleratorSample(
+                id=device_id, utilization_pct=utilisation_pct, memory_used_bytes=0
+            )
+    return samples
+
+
+def silent_increments(
+    profile: NodeProfile,
+    samples: Mapping[str, AcceleratorSample],
+    allocations: Sequence[MeteredAllocation],
+    start_s: float,
+    end_s: float,
+    *,
+    host_overhead_ratio: float = 0.1,
+    power_limits_w: Mapping[str, float] | None = None,
+) -> list[Increment]:
+    """The model's energy over [start, end) of a node that said nothing of it (its
+    allocations there ended, and no sample came to count them to their end): a gap,
+    as between two samples, counted in `gap_s` (`samples`: `silent_samples`)."""
+    if end_s <= start_s:
+        return []
+    return _gap_increments(
+        profile, samples, allocations, start_s, end_s, host_overhead_ratio, power_limits_w or {}
+    )
+
+
+def silent_mark(mark: NodeMark | None, counted_until_s: float) -> NodeMark:
+    """The node's mark once the model counted it to `counted_until_s` for lack of
+    samples: a later sample counts only the time after. Its counters are dropped: their
+    difference at the next sample would span the modelled time too, counted twice; that
+    sample's step is measured by its power instead. Without a mark, an instance no agent
+    has: the next sample is a new instance's, whose first interval starts no earlier."""
+    if mark is None:
+        return NodeMark("", 0, counted_until_s, {})
+    return NodeMark(mark.instance_id, mark.seq, counted_until_s, {})
