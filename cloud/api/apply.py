@@ -42,6 +42,7 @@ from cloud.api.work import (
     SpecT,
     accepted_spec,
     check_admissible,
+    check_priority,
     rollout_after_update,
 )
 from cloud.app_keys import REGISTRY, SCHEDULER, SETTINGS, STORE
@@ -132,6 +133,7 @@ def _refuse_array(spec: WorkSpec, doing: str) -> None:
 async def _dry_run(request: web.Request, collection: Collection[SpecT]) -> web.Response:
     tenant = tenant_of(request)
     spec = accepted_spec(request, collection, await read_body(request), tenant)
+    check_priority(tenant, spec.priority)  # a dry run is of new work
     _refuse_array(spec, "a dry run")
     spec = await dependencies_by_id(request, spec)
     await check_admissible(request, spec, tenant)
@@ -425,6 +427,7 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
             # character keeps it apart from every Idempotency-Key a client may send).
             basis = ended.work_id if ended is not None else "-"
             creation_key = f"{OWN_IDEMPOTENCY_PREFIX}apply:{collection.store_kind}:{name}:{basis}"
+            check_priority(tenant, given.priority)  # new work: its class is new
             spec = await dependencies_by_id(request, given)  # new work: today's jobs
             created = await _create(request, collection, tenant, spec, query.dry_run, creation_key)
             if created is None:
@@ -439,6 +442,9 @@ async def _apply(request: web.Request, collection: Collection[SpecT]) -> web.Res
                 message=f"{noun} {name} ({live.work_id}) unchanged",
             )  # fmt: skip
             return json_response(view)
+        if any(change.field == "priority" for change in changes):
+            # Only a new class is asked about: the one the work has, it keeps.
+            check_priority(tenant, spec.priority)
         if isinstance(spec, DeploymentSpec) and any(c.field == "model_id" for c in changes):
             await check_admissible(request, spec, tenant)  # the new model is the tenant's
         fields = ", ".join(change.field for change in changes)

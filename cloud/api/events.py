@@ -26,7 +26,7 @@ from cloud.api.routes import Reply, RequestHeader, Route
 from cloud.api.scope import TenantParameter, scoped_tenant, tenant_names
 from cloud.api.streams import STREAM_REFUSALS
 from cloud.app_keys import EVENT_HUB, STORE, STREAMS, TUNING
-from cloud.store import EventRecord, Store
+from cloud.store import EventRecord
 from cloud.work.views import EventView
 from shared.clock import utc_from_epoch
 from shared.problems import InvalidParam
@@ -130,17 +130,27 @@ class _Names:
 
 
 async def _catch_up(
-    store: Store,
+    request: web.Request,
     tenant_id: str | None,
     after: int,
-    page_size: int,
     response: web.StreamResponse,
     names: _Names,
     work_id: str | None = None,
-) -> int:
+) -> int | None:
     """Send the tenant's (every tenant's, for None) stored events after `after` (of
-    `work_id` only, if given); the last id sent."""
+    `work_id` only, if given); the last id sent, or None once the stream has ended
+    because its token was revoked meanwhile."""
+    store = request.app[STORE]
+    page_size = request.app[TUNING].event_page_size
+    first_page = True
     while True:
+        # A long backlog takes as long as its reader does: its token is asked again
+        # before each further page, so that a revoked token's stream ends here too and
+        # sends nothing after it (not only in the follow loop).
+        if not first_page and not await still_authorised(request):
+            await response.write_eof()
+            return None
+        first_page = False
         page = await store.list_events(
             tenant_id=tenant_id, after_seq=after, limit=page_size, work_id=work_id
         )
@@ -177,9 +187,10 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             await response.write(f"retry: {RETRY_MS}\n\n".encode())
             # Subscribed first, then caught up: what commits meanwhile is queued, and
             # what the catch-up also read is skipped below by its sequence number.
-            last = await _catch_up(
-                store, scope_id, after, tuning.event_page_size, response, names, query.work_id
-            )
+            caught_up = await _catch_up(request, scope_id, after, response, names, query.work_id)
+            if caught_up is None:  # the token was revoked: the stream has ended
+                return response
+            last = caught_up
             if not query.follow:
                 await response.write_eof()
                 return response
@@ -201,10 +212,12 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
                     continue
                 if feed.overflowed:
                     feed.reset()
-                    last = await _catch_up(
-                        store, scope_id, last, tuning.event_page_size, response, names,
-                        query.work_id,
-                    )  # fmt: skip
+                    caught_up = await _catch_up(
+                        request, scope_id, last, response, names, query.work_id
+                    )
+                    if caught_up is None:  # the token was revoked: the stream has ended
+                        break
+                    last = caught_up
                     continue
                 fresh = [
                     event

@@ -41,9 +41,9 @@ from cloud.api.stored_specs import exact_spec, shown_spec
 from cloud.api.work import (
     JOBS,
     _change_live_work,
-    _check_priority,
     _check_schedulable,
     _check_times_as_sent,
+    check_priority,
 )
 from cloud.app_keys import STORE
 from cloud.store import NewAudit, TenantRecord, WorkRecord
@@ -320,7 +320,8 @@ async def update_job(request: web.Request) -> web.Response:
             return None  # what was sent is what the job has: no new version, no event
         if "deadline" in given and given["deadline"] is not None:
             _check_times_as_sent(raw, spec)
-        _check_priority(owner, spec.priority)
+        if "priority" in changed:  # the class it has, it keeps (check_priority)
+            check_priority(owner, spec.priority)
         _check_schedulable(spec)
         refused = await refused_now(request, spec, owner, time.time())
         if refused is not None:

@@ -418,7 +418,10 @@ def _check_schedulable(spec: WorkSpec) -> None:
     raise invalid_body(json_path(refused.path) if on_spec_field else "$", refused.reason)
 
 
-def _check_priority(tenant: TenantRecord, priority: PriorityClass) -> None:
+def check_priority(tenant: TenantRecord, priority: PriorityClass) -> None:
+    """A 403 unless the tenant may use `priority`: asked of a class when it is new to the
+    work (a submission, an update that changes it), never of the class work already
+    has, which it keeps when the tenant's allowed_priorities drop it (docs/rest.md)."""
     if priority not in tenant.allowed_priorities:
         allowed = ", ".join(tenant.allowed_priorities)
         reason = f"priority class {priority} is not allowed for this tenant (allowed: {allowed})"
@@ -464,11 +467,13 @@ def accepted_spec(
     request: web.Request, collection: Collection[SpecT], raw: bytes, tenant: TenantRecord
 ) -> SpecT:
     """The body as a submission takes it, in its stored form, with every check of the
-    spec alone that a submission makes (dry runs and apply: cloud/api/apply.py)."""
+    spec alone that a submission makes (dry runs and apply: cloud/api/apply.py) but its
+    priority class's: the caller asks `check_priority` where the class is new (new work,
+    or live work's changed class), so that re-applying the file of work whose class the
+    tenant may no longer use is "unchanged", not refused."""
     decoded = decode_body(raw, collection.decoder)
     _check_times_as_sent(raw, decoded)
     spec = _stored_form(request, decoded, tenant)
-    _check_priority(tenant, spec.priority)
     _check_schedulable(spec)
     return spec
 
@@ -508,7 +513,7 @@ async def _submit(request: web.Request, collection: Collection[SpecT]) -> web.Re
     decoded = decode_body(raw, collection.decoder)
     _check_times_as_sent(raw, decoded)
     spec = _stored_form(request, decoded, tenant)
-    _check_priority(tenant, spec.priority)
+    check_priority(tenant, spec.priority)
     _check_schedulable(spec)
     spec = await dependencies_by_id(request, spec)  # names of jobs it waits for: their ids
     store = request.app[STORE]
@@ -1124,7 +1129,7 @@ async def update_deployment(request: web.Request) -> web.Response:
         if body.batching is not None:
             spec = msgspec.structs.replace(spec, batching=body.batching)
         spec, rollout_ended = rollout_after_update(
-            record, stored, spec, new_model=body.model_id is not None, by=tenant.name
+            record, stored, spec, new_model=body.model_id is not None, by=caller.name
         )
         updated = await store.update_spec(
             tenant.tenant_id,
