@@ -13,7 +13,12 @@ does not look up). The checker then checks the skeleton's graph, nodes, types an
 tensor headers; what it would have checked of the payloads (one value field, of the
 right kind for the data type, holding enough values for the shape) is checked here
 from the counted payload sizes, with the checker's own messages. A file that ends
-inside a field, or whose lengths and varints do not add up, is not a model.
+inside a field, or whose lengths and varints do not add up, is not a model. Nor is one
+that writes a singular field holding a tensor twice in one message (an attribute's `t`
+or `sparse_tensor`, a sparse tensor's `values`): protobuf would merge the two into one
+tensor (dims appended, the last `raw_data` kept) whose payloads were counted apart, and
+no ONNX writer does it. Other fields written twice are merged in the skeleton as in the
+file, so the checker sees what a whole load would.
 
 Kept in memory as they are: every field that is not a tensor payload (names, docs,
 shapes, attributes) and the indices of sparse tensors (the checker reads them to
@@ -161,6 +166,22 @@ class _MalformedError(Exception):
     pass
 
 
+def _refuse_second_occurrence(
+    descriptor: Descriptor, field: int, seen: set[int], key_start: int
+) -> None:
+    """Protobuf merges two occurrences of a singular field into one tensor (dims
+    appended, the last raw_data kept), while each was counted alone here: the merged
+    payload would go unchecked, so a second occurrence is refused rather than merged."""
+    if field in seen:
+        name = descriptor.fields_by_number[field].name
+        raise InvalidModelError(
+            f"{descriptor.name}.{name} is written twice in one message (again at byte "
+            f"{key_start}); protobuf would merge the two into one tensor, which is not "
+            "checked here; write it once, as onnx.save does"
+        )
+    seen.add(field)
+
+
 def _refuse_external_data(tensor: TensorProto) -> None:
     """Data in another file is refused: agents download the one .onnx file (such a model
     could never be served), and looking the file up here would tell the uploader which
@@ -248,6 +269,8 @@ class _Scanner:
         if depth > _MAX_NESTING:
             raise _MalformedError(f"messages are nested more than {_MAX_NESTING} deep")
         nested = _tensor_holding_fields(descriptor)
+        merging = _merging_tensor_fields(descriptor)
+        merging_seen: set[int] = set()  # at most the few fields of `merging`
         wire = self.wire
         # One growing buffer, not a list of parts: a field of a few bytes would cost
         # ten times its size as a bytes object of its own.
@@ -256,6 +279,8 @@ class _Scanner:
             key_start = wire.pos
             field, wire_type = self._key(end)
             child = nested.get(field) if wire_type == _LENGTH else None
+            if child is not None and field in merging:
+                _refuse_second_occurrence(descriptor, field, merging_seen, key_start)
             if child is None:
                 self._skip_value(field, wire_type, end)
                 value = self._read_kept(key_start, wire.pos)
@@ -417,6 +442,37 @@ def _tensor_holding_fields(descriptor: Descriptor) -> dict[int, Descriptor]:
         if child is TensorProto.DESCRIPTOR or _reaches_tensor(child, frozenset({descriptor})):
             fields[field.number] = child
     return fields
+
+
+@cache
+def _merging_tensor_fields(descriptor: Descriptor) -> frozenset[int]:
+    """The singular fields of `descriptor` whose second occurrence protobuf would merge
+    into the first one's tensor: singular fields all the way down to a TensorProto (a
+    repeated field on the way keeps each occurrence's tensors apart)."""
+    return _singular_paths_to_tensor(descriptor, frozenset())
+
+
+def _singular_paths_to_tensor(
+    descriptor: Descriptor, seen: frozenset[Descriptor]
+) -> frozenset[int]:
+    if descriptor in seen:
+        return frozenset()
+    return frozenset(
+        number
+        for number, child in _tensor_holding_fields(descriptor).items()
+        if not _is_repeated(descriptor.fields_by_number[number])
+        and (
+            child is TensorProto.DESCRIPTOR or _singular_paths_to_tensor(child, seen | {descriptor})
+        )
+    )
+
+
+def _is_repeated(field: Any) -> bool:
+    """Newer protobuf has `is_repeated` (and drops `label`); older has only `label`."""
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is not None:
+        return bool(is_repeated)
+    return bool(field.label == field.LABEL_REPEATED)
 
 
 def _reaches_tensor(descriptor: Descriptor, seen: frozenset[Descriptor]) -> bool:
