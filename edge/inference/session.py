@@ -8,12 +8,15 @@ event loop.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from shared.lean_logs import get_logger
 
 # ONNX Runtime's type strings -> numpy dtypes (the ones a served model may take).
 ORT_DTYPES: Mapping[str, np.dtype[Any]] = {
@@ -66,6 +69,14 @@ class TensorSpec:
     name: str
     dtype: np.dtype[Any]
     shape: tuple[int | None, ...]  # None: any size (a symbolic or unknown dimension)
+    # Per axis, the name the model gives a free dimension ('' where it gives none): axes
+    # that share a name, in one input or several, must have the same size.
+    dim_names: tuple[str, ...] = ()
+
+    @property
+    def least_bytes(self) -> int:
+        """What one value of this input takes at the least (every free dimension 1)."""
+        return math.prod(d or 1 for d in self.shape) * self.dtype.itemsize  # no overflow
 
     def describe(self) -> str:
         dims = ", ".join("?" if d is None else str(d) for d in self.shape)
@@ -112,6 +123,7 @@ class LoadedModel:
         if not self._failure and usable and isinstance(usable[0], tuple):
             self._failure = _runs_elsewhere(self.session, *usable[0])
         self.inputs = tuple(self._spec(i) for i in self.session.get_inputs())
+        _refuse_unsendable_inputs(self.inputs)
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.batchable = _batchable(self.session.get_inputs(), self.session.get_outputs())
 
@@ -121,7 +133,8 @@ class LoadedModel:
         if dtype is None:
             raise ModelLoadError(f"input {node.name!r} has type {node.type}, which is not served")
         shape = tuple(d if isinstance(d, int) and d > 0 else None for d in node.shape)
-        return TensorSpec(node.name, dtype, shape)
+        dim_names = tuple(d if isinstance(d, str) else "" for d in node.shape)
+        return TensorSpec(node.name, dtype, shape, dim_names)
 
     @property
     def fallback(self) -> str:
@@ -141,14 +154,46 @@ class LoadedModel:
         return [np.asarray(output) for output in outputs]
 
     def warm_up(self, batch: int = 1) -> None:
-        """One run on zeros, so the first request does not pay for lazy initialisation."""
+        """One run on zeros, so the first request does not pay for lazy initialisation.
+
+        Best effort: a model that loaded is served whether or not this run works. Zeros
+        with every free dimension `batch` are not a valid input for every model (an
+        unpadded 3x3 convolution on a 1x1 image), so a model with free dimensions
+        beyond the first axis is not warmed up at all, and a run that fails anyway is
+        logged, not raised: real requests say whether the model works."""
+        log = get_logger("greenfed.inference").bind(sha256=self.sha256[:12])
+        if any(None in spec.shape[1:] for spec in self.inputs):
+            log.debug("warm-up skipped: an input has free dimensions beyond its first axis")
+            return
         feeds = {
             spec.name: np.zeros(
                 tuple(batch if d is None else d for d in spec.shape), dtype=spec.dtype
             )
             for spec in self.inputs
         }
-        self.run(feeds)
+        try:
+            self.run(feeds)
+        except Exception as error:  # ORT raises its own exception types
+            log.warning("warm-up run failed; serving the model anyway", why=str(error))
+
+
+def _refuse_unsendable_inputs(inputs: Sequence[TensorSpec]) -> None:
+    """ModelLoadError if the inputs' fixed dimensions alone take more bytes than a
+    request may carry: no request could run such a model, and the warm-up would
+    allocate all of it (a 77-byte model declaring float32[65536, 65536] is 16 GiB)."""
+    # Imported here: the server imports this module.
+    from edge.inference.server import MAX_REQUEST_BYTES
+
+    total_bytes = sum(spec.least_bytes for spec in inputs)
+    if total_bytes <= MAX_REQUEST_BYTES:
+        return
+    largest = max(inputs, key=lambda spec: spec.least_bytes)
+    raise ModelLoadError(
+        f"the inputs take {total_bytes / 2**20:.0f} MiB at the least (free dimensions "
+        f"counted as 1; {largest.describe()} alone {largest.least_bytes / 2**20:.0f} MiB), "
+        f"more than a request may carry ({MAX_REQUEST_BYTES / 2**20:.0f} MiB): no request "
+        "could run this model"
+    )
 
 
 def _runs_elsewhere(session: Any, provider: str, asked: Mapping[str, object]) -> str:
@@ -192,8 +237,11 @@ def _free(dimension: object) -> bool:
 
 
 def check_feeds(model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> int:
-    """The batch size of a request (its first axis, or 1), or ValueError saying what
-    does not match the model's inputs or that the request has no rows."""
+    """The batch size of a request, or ValueError saying what does not match the model's
+    inputs, that the request has no rows, or that sizes the model says are one differ.
+    The batch size is the first axis of the inputs whose first dimension is free (they
+    must agree), or 1 where there are none: a fixed first axis (bias[4]) or a scalar
+    is not a batch."""
     expected = {spec.name: spec for spec in model.inputs}
     if set(feeds) != set(expected):
         missing = sorted(set(expected) - set(feeds))
@@ -204,16 +252,10 @@ def check_feeds(model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> int:
     batch: int | None = None
     for name, value in feeds.items():
         spec = expected[name]
-        if value.dtype != spec.dtype:
-            raise ValueError(f"{name}: dtype {value.dtype.name}, the model takes {spec.dtype.name}")
-        if value.ndim != len(spec.shape) or any(
-            want is not None and have != want
-            for have, want in zip(value.shape, spec.shape, strict=True)
-        ):
-            raise ValueError(
-                f"{name}: shape {list(value.shape)}, the model takes {spec.describe()}"
-            )
-        size = int(value.shape[0]) if value.ndim else 1
+        _check_input(spec, value)
+        if not spec.shape or spec.shape[0] is not None:
+            continue  # a scalar or a fixed first axis: checked above, not a batch
+        size = int(value.shape[0])
         if size == 0:
             # No rows to answer: counted as one, such a request stacked with another
             # would be handed that request's first row of every output.
@@ -221,7 +263,39 @@ def check_feeds(model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> int:
         if batch is not None and size != batch:
             raise ValueError("inputs disagree on the batch size (their first axis)")
         batch = size
+    _check_named_dimensions(model.inputs, feeds)
     return batch or 1
+
+
+def _check_input(spec: TensorSpec, value: np.ndarray) -> None:
+    if value.dtype != spec.dtype:
+        raise ValueError(
+            f"{spec.name}: dtype {value.dtype.name}, the model takes {spec.dtype.name}"
+        )
+    if value.ndim != len(spec.shape) or any(
+        want is not None and have != want
+        for have, want in zip(value.shape, spec.shape, strict=True)
+    ):
+        raise ValueError(
+            f"{spec.name}: shape {list(value.shape)}, the model takes {spec.describe()}"
+        )
+
+
+def _check_named_dimensions(inputs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray]) -> None:
+    """ValueError if axes the model gives one name (a[N, S] and b[N, S]) differ in size:
+    ONNX Runtime would fail the run, or compute with sizes the model says cannot be."""
+    first_seen: dict[str, tuple[str, int]] = {}  # dimension name -> (input, its size)
+    for spec in inputs:
+        shape = feeds[spec.name].shape
+        for dim_name, size in zip(spec.dim_names, shape, strict=False):
+            if not dim_name:
+                continue
+            seen = first_seen.setdefault(dim_name, (spec.name, int(size)))
+            if seen[1] != size:
+                raise ValueError(
+                    f"dimension {dim_name!r} is {seen[1]} in {seen[0]} but {size} in "
+                    f"{spec.name}: the model says they are the same size"
+                )
 
 
 def split(outputs: Sequence[np.ndarray], sizes: Sequence[int]) -> list[list[np.ndarray]]:
