@@ -12,7 +12,9 @@ damaged ones (written but not on disk before a power cut). A cached file is veri
 again (size, sha256) the first time each agent process uses it, since a power cut or a
 bad disk can still damage it; a damaged one is deleted and downloaded again. The bound
 counts `.part` files too. Files a running deployment uses, and downloads under way, are
-never evicted.
+never evicted: the runtime pins a model (`pin`, `unpin`) while a replica loads or serves
+it, and eviction asks for the pins as it deletes, not as they were when the download
+that evicts began (a deployment that arrived meanwhile would lose its file).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -81,6 +85,12 @@ class ModelCache:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._fetching: set[str] = set()  # sha256s whose fetch is under way: never evicted
+        # Models in use (served or being loaded), each pin counted: never evicted. The
+        # lock makes "not pinned, so delete it" one step for eviction, which runs in a
+        # thread: a model pinned meanwhile is found cached and then opened, never deleted
+        # in between.
+        self._pins: Counter[str] = Counter()
+        self._pins_lock = threading.Lock()
         # Files this process checked against their sha256, as they were then: not hashed
         # again on each load, unless the file has changed since.
         self._verified: dict[str, _Fingerprint] = {}
@@ -91,6 +101,18 @@ class ModelCache:
     def path(self, sha256: str) -> Path:
         return self.directory / f"{sha256}.onnx"
 
+    def pin(self, sha256: str) -> None:
+        """Keeps the model's file (and its `.part`) out of eviction until `unpin`ned as
+        many times: pin before fetching a model to load, for as long as it is used."""
+        with self._pins_lock:
+            self._pins[sha256] += 1
+
+    def unpin(self, sha256: str) -> None:
+        with self._pins_lock:
+            self._pins[sha256] -= 1
+            if self._pins[sha256] <= 0:
+                del self._pins[sha256]
+
     async def fetch(
         self,
         session: aiohttp.ClientSession,
@@ -100,7 +122,9 @@ class ModelCache:
         on_retry: Callable[[str], None] | None = None,
         size_bytes: int | None = None,
     ) -> Path:
-        """The verified file, downloading it unless cached; evicts others to stay in bounds.
+        """The verified file, downloading it unless cached; evicts others to stay in bounds,
+        never a `pin`ned one nor one in `pinned` (kept for this eviction only; a model to
+        be loaded is `pin`ned before its fetch instead, since a download may take hours).
         `on_retry(why)` is told about each failed attempt that will be retried. Raises
         `ModelUnreachable` where the attempts ran out (worth a fetch later), another
         `ModelFetchError` where the answer was final (a refusal, a wrong file).
@@ -272,7 +296,8 @@ class ModelCache:
 
     def _evict(self, pinned: set[str]) -> None:
         """Deletes the least recently used files, `.part` ones too, until the cache is
-        within its bound; never a pinned model's nor one being fetched."""
+        within its bound; never a pinned model's (`pinned` or `pin`) nor one being
+        fetched. Over the bound where the rest is in use."""
         entries: list[tuple[float, int, Path]] = []  # modified at, bytes, file
         for entry in self.directory.iterdir():
             if entry.suffix not in (".onnx", ".part"):
@@ -284,16 +309,23 @@ class ModelCache:
         for _, size, entry in sorted(entries):
             if total <= self.max_bytes:
                 break
-            # Asked each time: a fetch may start while this runs (in a thread).
-            if entry.stem in pinned or entry.stem in self._fetching:
+            if entry.stem in pinned or not self._unlink_unless_in_use(entry):
                 continue
-            with contextlib.suppress(FileNotFoundError):
+            total -= size
+            self._verified.pop(entry.stem, None)
+            self._log.info("model evicted from the cache", sha256=entry.stem[:12], file=entry.name)
+
+    def _unlink_unless_in_use(self, entry: Path) -> bool:
+        """Whether `entry` was deleted: not while its model is pinned or being fetched,
+        asked at the moment of deleting (a fetch or a pin may come while eviction runs)."""
+        with self._pins_lock:
+            if entry.stem in self._pins or entry.stem in self._fetching:
+                return False
+            try:
                 entry.unlink()
-                total -= size
-                self._verified.pop(entry.stem, None)
-                self._log.info(
-                    "model evicted from the cache", sha256=entry.stem[:12], file=entry.name
-                )
+            except FileNotFoundError:
+                return False
+            return True
 
 
 _Fingerprint = tuple[int, int, int]  # inode, bytes, modified at (ns)

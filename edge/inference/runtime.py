@@ -32,6 +32,12 @@ or a canary rollout's replica with the new model beside one with the current mod
   that the control plane would fail its deployment for.
 - A withdrawn replica's deployment answers `503` (being removed) until the replica's
   accepted requests are answered, not `404` at once.
+- A replica that failed, or whose update failed (its old model serving on), is loaded
+  again once a desired document differs from the one it failed with (a fresh model URL,
+  say); the same document again is not retried: a refusal, a wrong file or a provider
+  that will not load is final for it.
+- The model cache never evicts the model a replica serves or is loading (pinned for as
+  long), whichever download evicts and whenever it began.
 """
 
 from __future__ import annotations
@@ -78,6 +84,9 @@ class ServedReplica:
     loading: asyncio.Task[None] | None = None
     runner: asyncio.Task[None] | None = None
     loaded_sha256: str | None = None
+    # The last load failed while an older model went on serving: like a failed replica,
+    # it is loaded again once a different desired document arrives.
+    update_failed: bool = False
     # Set while waiting to fetch an unreachable model again: applying a desired
     # document wakes it (the control plane may be back).
     download_retry: asyncio.Event | None = None
@@ -233,7 +242,7 @@ class InferenceRuntime:
             deployment.replicas[number] = current
             self._start(current, desired)
         elif _placement(desired) != _placement(current.desired) or (
-            current.state == "failed" and desired != current.desired
+            (current.state == "failed" or current.update_failed) and desired != current.desired
         ):
             current.desired = desired
             self._start(current, desired)  # load beside the old model, then swap
@@ -251,6 +260,7 @@ class InferenceRuntime:
         assert self._tasks is not None
         if served.loading is not None:
             served.loading.cancel()
+        served.update_failed = False
         served.loading = self._tasks.create_task(
             self._load(served, desired), name=f"load-{desired.deployment_id}-{desired.replica}"
         )
@@ -259,6 +269,9 @@ class InferenceRuntime:
         assert self._tasks is not None
         if served.loading is not None:
             served.loading.cancel()
+        if served.loaded_sha256 is not None:
+            # Its session is in memory until drained; the file may go.
+            self._cache.unpin(served.loaded_sha256)
         deployment_id = served.desired.deployment_id
         self._removing[deployment_id] = self._removing.get(deployment_id, 0) + 1
         task = self._tasks.create_task(self._drain(served))
@@ -285,6 +298,21 @@ class InferenceRuntime:
         return self.serving(served.desired.deployment_id, served.desired.replica) is served
 
     async def _load(self, served: ServedReplica, desired: DesiredDeployment) -> None:
+        # Pinned from before the fetch until the model serves (then pinned as loaded) or
+        # the load ends: another replica's download must not evict the file meanwhile.
+        # (Placement includes the sha256: this task loads that one model whatever the
+        # documents applied meanwhile.)
+        loading_sha256 = desired.model_sha256
+        if loading_sha256 is None:
+            await self._load_pinned(served, desired)
+            return
+        self._cache.pin(loading_sha256)
+        try:
+            await self._load_pinned(served, desired)
+        finally:
+            self._cache.unpin(loading_sha256)
+
+    async def _load_pinned(self, served: ServedReplica, desired: DesiredDeployment) -> None:
         try:
             model, desired = await self._prepare_when_reachable(served, desired)
         except asyncio.CancelledError:
@@ -322,6 +350,9 @@ class InferenceRuntime:
                 max_queue_delay_s=desired.max_queue_delay_ms / 1000.0,
             )
             self.swaps += 1
+        self._cache.pin(model.sha256)  # for as long as it serves
+        if served.loaded_sha256 is not None:
+            self._cache.unpin(served.loaded_sha256)
         served.loaded_sha256 = model.sha256
         served.state, served.provider, served.reason = "ready", model.provider, model.fallback
         self._log.info(
@@ -393,6 +424,7 @@ class InferenceRuntime:
         if served.batcher is not None and served.loaded_sha256 is not None:
             # An update that failed: the old model keeps serving, the reason is reported.
             served.reason = f"update to {desired.model_sha256 or '?'} failed: {reason}"
+            served.update_failed = True
         else:
             served.state, served.reason = "failed", reason
         self._on_change()
@@ -407,14 +439,6 @@ class InferenceRuntime:
             )
         if self._http is None:
             self._http = aiohttp.ClientSession()
-        # Never evicted: the models replicas serve, and those they are loading (a
-        # sibling's download must not push out the file this one is about to open).
-        pinned = {
-            sha256
-            for replica in self._replicas()
-            for sha256 in (replica.loaded_sha256, replica.desired.model_sha256)
-            if sha256
-        }
 
         def retrying(why: str) -> None:
             if served.state == "starting" and self._is_current(served):
@@ -425,7 +449,6 @@ class InferenceRuntime:
             self._http,
             desired.model_url,
             desired.model_sha256,
-            pinned,
             on_retry=retrying,
             size_bytes=desired.model_size_bytes,
         )
