@@ -3,8 +3,12 @@ others to join them, up to `max_batch_size` requests (counted in rows) per model
 
 Only requests whose inputs agree on every dimension but the first are stacked into one
 run; each gets its own rows of every output back, and a run whose outputs cannot be
-split that way fails its own requests, never the batcher. One run is in flight at a
-time per deployment; while it runs the next batch fills.
+split that way fails its own requests, never the batcher. A stacked run that fails
+(one client's token id beyond an embedding table fails the whole run) runs each of its
+requests on its own, so that only the one at fault fails; values the model refuses
+(ONNX Runtime's INVALID_ARGUMENT for a request run alone) are the client's error
+(`InvalidInput`, the endpoint's 400), not counted as the model's. One run is in flight
+at a time per deployment; while it runs the next batch fills.
 The queue is bounded: past `max_queue` waiting requests a new one is refused at once
 (`QueueFull`, the endpoint's 429) instead of waiting without bound. `swap` changes
 the model for the requests that come after it; each one already queued runs on the
@@ -35,6 +39,12 @@ class QueueFull(RuntimeError):
 
 class Unavailable(RuntimeError):
     """The deployment is being removed: no new requests."""
+
+
+class InvalidInput(ValueError):
+    """The model refused a request's values, run on their own (ONNX Runtime's
+    INVALID_ARGUMENT: an index beyond a table, a size a reshape cannot take): the
+    client's error, not the model's, so not counted as one."""
 
 
 class OutputsNotBatched(RuntimeError):
@@ -233,38 +243,84 @@ class Batcher:
         live = [request for request in batch if not request.done.cancelled()]
         if not live:
             return
+        if len(live) == 1:
+            await self._run_alone(model, live[0])
+            return
         rows = sum(request.rows for request in live)
-        input_bytes = sum(request.input_bytes for request in live)
         try:
-            if len(live) == 1:
-                feeds = live[0].feeds
-            else:
-                feeds = {
-                    name: np.concatenate([request.feeds[name] for request in live])
-                    for name in live[0].feeds
-                }
-            started = time.perf_counter()
-            if self._runs_inline(rows, input_bytes):
-                outputs = model.run(feeds)
-            else:
-                outputs = await asyncio.to_thread(model.run, feeds)
-            elapsed = time.perf_counter() - started
-            if model is self.model:  # a model swapped out says nothing of the new one
-                self._measured(elapsed, rows, input_bytes)
-            if len(live) == 1:
-                parts = [outputs]
-            else:
-                _check_stacked(model, outputs, rows)
-                parts = split(outputs, [request.rows for request in live])
+            feeds = {
+                name: np.concatenate([request.feeds[name] for request in live])
+                for name in live[0].feeds
+            }
+            input_bytes = sum(request.input_bytes for request in live)
+            outputs = await self._run_model(model, feeds, rows, input_bytes)
+        except Exception:
+            # One request's values can fail the whole run (ONNX Runtime refuses the run,
+            # not a row): failing every request stacked with it would let one client
+            # fail the others' requests, and count as the model's errors (a canary's
+            # error rate aborts its rollout). Each runs on its own instead.
+            for request in live:
+                if not request.done.done():
+                    await self._run_alone(model, request)
+            return
+        try:
+            _check_stacked(model, outputs, rows)
+            parts = split(outputs, [request.rows for request in live])
         except Exception as error:
+            # The model's outputs do not follow the batch axis: every stacked run of it
+            # fails so, whoever sends what; the reason says how to deploy it instead.
             self._fail(live, error)
             return
-        self.stats.batch(len(live))
+        self._answer(model, live, parts)
+
+    async def _run_alone(self, model: LoadedModel, request: _Request) -> None:
+        """Runs one request on its own and answers it, or fails it: with InvalidInput
+        where the model refuses its values (not counted as the model's error)."""
+        try:
+            outputs = await self._run_model(model, request.feeds, request.rows, request.input_bytes)
+        except Exception as error:
+            if _refuses_input(error):
+                if not request.done.done():
+                    request.done.set_exception(
+                        InvalidInput(f"the model refuses this request's values: {error}")
+                    )
+            else:
+                self._fail([request], error)
+            return
+        self._answer(model, [request], [outputs])
+
+    async def _run_model(
+        self, model: LoadedModel, feeds: Mapping[str, np.ndarray], rows: int, input_bytes: int
+    ) -> list[np.ndarray]:
+        """One model run, on the event loop where it is measured to be that fast, in a
+        thread otherwise; a run of the current model counts in the estimates."""
+        started = time.perf_counter()
+        if self._runs_inline(rows, input_bytes):
+            outputs = model.run(feeds)
+        else:
+            outputs = await asyncio.to_thread(model.run, feeds)
+        elapsed = time.perf_counter() - started
+        if model is self.model:  # a model swapped out says nothing of the new one
+            self._measured(elapsed, rows, input_bytes)
+        return outputs
+
+    def _answer(
+        self, model: LoadedModel, requests: list[_Request], parts: list[list[np.ndarray]]
+    ) -> None:
+        """Hands each request of one run its rows of every output."""
+        self.stats.batch(len(requests))
         finished = time.perf_counter()
-        for request, part in zip(live, parts, strict=True):
+        for request, part in zip(requests, parts, strict=True):
             self.stats.observe(finished - request.enqueued_at)
             if not request.done.done():
                 request.done.set_result((model, part))
+
+
+def _refuses_input(error: Exception) -> bool:
+    """Whether a run failed on the values it was given: ONNX Runtime's InvalidArgument
+    (told by name: ONNX Runtime is imported only where a model is served)."""
+    kind = type(error)
+    return kind.__name__ == "InvalidArgument" and kind.__module__.startswith("onnxruntime")
 
 
 def _stacks_with(first: _Request, request: _Request) -> bool:

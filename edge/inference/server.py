@@ -5,11 +5,14 @@
   `.npy` body (`Content-Type: application/x-npy`, models with one input) and
   `Accept: application/x-npy` it answers the first output as `.npy`, or `406` where
   that output is not an array of numbers (strings, maps, sequences: JSON only).
-- Inputs are checked against the model (names, dtypes, shapes): a clear `400`.
+- Inputs are checked against the model (names, dtypes, shapes): a clear `400`; so are
+  values the model refuses when run on them alone (ONNX Runtime's INVALID_ARGUMENT, a
+  token id beyond an embedding table), which are not counted as the model's errors.
 - Several replicas of a deployment on this node (a canary's beside the current
   model's) answer at its one endpoint, taking turns; `model_sha256` says which model
   answered.
-- A full queue (every ready replica's) is `429` with `Retry-After`; a deployment not
+- A full queue (every ready replica's), or request bodies already taking
+  `BODY_BUDGET_BYTES`, is `429` with `Retry-After`; a deployment not
   (yet) served here is `404`, one being removed (its accepted requests still being
   answered) `503` with `Retry-After`.
 - `GET /metrics` (Prometheus text) and `GET /healthz`.
@@ -19,18 +22,19 @@ Errors are `application/problem+json`, like the control plane's.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import itertools
 import math
 import re
-from collections.abc import Iterable
-from typing import Any, Final, cast
+from collections.abc import Callable, Iterable
+from typing import Any, Final, ParamSpec, TypeVar, cast
 
 import msgspec
 import numpy as np
 from aiohttp import web
 
-from edge.inference.batching import QueueFull, Unavailable
+from edge.inference.batching import Batcher, InvalidInput, QueueFull, Unavailable
 from edge.inference.runtime import InferenceRuntime
 from edge.inference.session import LoadedModel, check_feeds
 from edge.inference.stats import render_prometheus
@@ -38,8 +42,45 @@ from shared.problems import PROBLEM_CONTENT_TYPE, ProblemBody
 
 NPY: Final = "application/x-npy"
 MAX_REQUEST_BYTES: Final = 64 * 1024 * 1024
-RUNTIME = web.AppKey("runtime", InferenceRuntime)
+# Request bodies held at once (being read, decoded, queued or run), in bytes at most. The
+# queue bound counts requests, not bytes: without this one, a few dozen clients each
+# sending a body near MAX_REQUEST_BYTES make the agent hold gigabytes, and an edge
+# device (4-8 GiB for the agent, its jobs and every deployment) is killed for memory.
+# Four of the largest bodies at once still leaves room for a burst of small ones.
+BODY_BUDGET_BYTES: Final = 4 * MAX_REQUEST_BYTES
+# A body or answer larger than this is decoded, checked or encoded in a thread: in JSON
+# that is a pass over every number, seconds for a body near MAX_REQUEST_BYTES, during
+# which the event loop (every deployment, /healthz, the agent's MQTT) would wait. In a
+# thread it waits for one step at most (msgspec's decode and numpy's conversions each
+# hold the GIL while they run: under a second for such a body).
+OFF_LOOP_BYTES: Final = 1024 * 1024
+# Replicas tried for one request: the one picked may be withdrawn while the body is read.
+_REPLICA_TRIES: Final = 3
 _JSON_BODY = msgspec.json.Decoder(dict[str, Any])
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class BodyBudget:
+    """Bytes of request bodies the endpoint may hold at once: a body takes its share
+    (its Content-Length) before it is read, and gives it back once answered."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.in_use_bytes = 0
+
+    def try_take(self, size_bytes: int) -> bool:
+        if self.in_use_bytes + size_bytes > self.capacity_bytes:
+            return False
+        self.in_use_bytes += size_bytes
+        return True
+
+    def give_back(self, size_bytes: int) -> None:
+        self.in_use_bytes -= size_bytes
+
+
+RUNTIME = web.AppKey("runtime", InferenceRuntime)
+BODY_BUDGET = web.AppKey("body_budget", BodyBudget)
 
 
 def _problem(status: int, title: str, detail: str, **headers: str) -> web.Response:
@@ -254,40 +295,109 @@ async def infer(request: web.Request) -> web.StreamResponse:
     # and runs on that model even if an update is swapped in meanwhile.
     batcher = runtime.next_batcher(deployment_id)
     if batcher is None:
-        replica = runtime.serving(deployment_id)
-        if replica is None and runtime.being_removed(deployment_id):
-            # Withdrawn, its accepted requests still being answered: the client may
-            # find it on another node (or here again) in a moment.
-            detail = f"deployment {deployment_id} is being removed from this node"
-            return _problem(503, "Deployment being removed", detail, **{"Retry-After": "1"})
-        state = "not served on this node" if replica is None else f"{replica.state}"
-        detail = f"deployment {deployment_id} is {state}"
-        if replica is not None and replica.reason:
-            detail += f": {replica.reason}"
-        return _problem(404, "Deployment not served here", detail)
-    model = batcher.model
-    raw = await request.read()
-    try:
-        feeds = (
-            _feeds_from_npy(raw, model)
-            if request.content_type == NPY
-            else _feeds_from_json(raw, model)
+        return _not_served(runtime, deployment_id)
+    # Taken before the body is read: a body being read is memory already. One without a
+    # Content-Length (chunked) may be as large as any.
+    declared = request.content_length
+    body_bytes = MAX_REQUEST_BYTES if declared is None else min(declared, MAX_REQUEST_BYTES)
+    budget = request.app[BODY_BUDGET]
+    if not budget.try_take(body_bytes):
+        detail = (
+            f"request bodies being handled take {budget.in_use_bytes} bytes "
+            f"(at most {budget.capacity_bytes}); this one declares {body_bytes}"
         )
-        rows = check_feeds(model, feeds)
-    except ValueError as error:
-        return _problem(400, "Invalid input", str(error))
+        return _problem(429, "Too many requests", detail, **{"Retry-After": "1"})
     try:
-        used, outputs = await batcher.infer(feeds, rows, model=model)
-    except QueueFull as error:
-        return _problem(429, "Too many requests", str(error), **{"Retry-After": "1"})
-    except Unavailable as error:
-        return _problem(503, "Deployment being removed", str(error), **{"Retry-After": "1"})
-    except Exception as error:  # the model failed on this input
-        return _problem(500, "Inference failed", f"{type(error).__name__}: {error}")
+        raw = await request.read()
+        return await _answer(request, runtime, deployment_id, batcher, raw)
+    finally:
+        budget.give_back(body_bytes)
+
+
+def _not_served(runtime: InferenceRuntime, deployment_id: str) -> web.Response:
+    """The 404 of a deployment with no ready replica here, or the 503 of one withdrawn
+    whose accepted requests are still being answered."""
+    replica = runtime.serving(deployment_id)
+    if replica is None and runtime.being_removed(deployment_id):
+        # Withdrawn, its accepted requests still being answered: the client may
+        # find it on another node (or here again) in a moment.
+        detail = f"deployment {deployment_id} is being removed from this node"
+        return _problem(503, "Deployment being removed", detail, **{"Retry-After": "1"})
+    state = "not served on this node" if replica is None else f"{replica.state}"
+    detail = f"deployment {deployment_id} is {state}"
+    if replica is not None and replica.reason:
+        detail += f": {replica.reason}"
+    return _problem(404, "Deployment not served here", detail)
+
+
+async def _answer(
+    request: web.Request,
+    runtime: InferenceRuntime,
+    deployment_id: str,
+    batcher: Batcher,
+    raw: bytes,
+) -> web.Response:
+    checked: tuple[LoadedModel, dict[str, np.ndarray], int] | None = None
+    for _ in range(_REPLICA_TRIES):
+        model = batcher.model
+        if checked is None or checked[0].inputs != model.inputs:
+            try:
+                feeds, rows = await _off_loop_if(
+                    len(raw) > OFF_LOOP_BYTES, _checked_feeds, raw, request.content_type, model
+                )
+            except ValueError as error:
+                return _problem(400, "Invalid input", str(error))
+        else:
+            feeds, rows = checked[1], checked[2]
+        checked = (model, feeds, rows)
+        try:
+            used, outputs = await batcher.infer(feeds, rows, model=model)
+        except Unavailable as error:
+            # The replica was withdrawn while the body was read (a scale-down, a canary's
+            # replica removed): a sibling still ready here answers instead.
+            sibling = runtime.next_batcher(deployment_id)
+            if sibling is None or sibling is batcher:
+                return _problem(503, "Deployment being removed", str(error), **{"Retry-After": "1"})
+            batcher = sibling
+            continue
+        except QueueFull as error:
+            return _problem(429, "Too many requests", str(error), **{"Retry-After": "1"})
+        except InvalidInput as error:  # values the model refuses: the client's error
+            return _problem(400, "Invalid input", str(error))
+        except Exception as error:  # the model failed on this input
+            return _problem(500, "Inference failed", f"{type(error).__name__}: {error}")
+        return await _response(request, used, outputs)
+    detail = f"deployment {deployment_id}: its replicas here were withdrawn while answering"
+    return _problem(503, "Deployment being removed", detail, **{"Retry-After": "1"})
+
+
+def _checked_feeds(
+    raw: bytes, content_type: str, model: LoadedModel
+) -> tuple[dict[str, np.ndarray], int]:
+    """A body's inputs, checked against `model`, and its rows; ValueError says why not."""
+    feeds = _feeds_from_npy(raw, model) if content_type == NPY else _feeds_from_json(raw, model)
+    return feeds, check_feeds(model, feeds)
+
+
+async def _off_loop_if(
+    large: bool, work: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+) -> _T:
+    """`work` in a thread where it is `large`, on the loop otherwise (a hand-over to a
+    thread costs more than decoding a small body)."""
+    if large:
+        return await asyncio.to_thread(work, *args, **kwargs)
+    return work(*args, **kwargs)
+
+
+async def _response(
+    request: web.Request, used: LoadedModel, outputs: list[np.ndarray]
+) -> web.Response:
+    large = sum(output.nbytes for output in outputs) > OFF_LOOP_BYTES
     accepted = request.headers.get("Accept", "")
     if NPY in accepted:
         if _numbers_only(outputs[0]):
-            return web.Response(body=write_npy(outputs[0]), content_type=NPY)
+            body = await _off_loop_if(large, write_npy, outputs[0])
+            return web.Response(body=body, content_type=NPY)
         if "application/json" not in accepted:
             name = used.output_names[0]
             return _problem(
@@ -296,14 +406,19 @@ async def infer(request: web.Request) -> web.StreamResponse:
                 f"output {name} is not an array of numbers (strings, maps or sequences): "
                 "it has no .npy form; ask for JSON (Accept: application/json)",
             )
-    body = {
+    body = await _off_loop_if(large, _json_answer, used, outputs)
+    return web.Response(body=body, content_type="application/json")
+
+
+def _json_answer(used: LoadedModel, outputs: list[np.ndarray]) -> bytes:
+    answer = {
         "outputs": {
             name: value.tolist() for name, value in zip(used.output_names, outputs, strict=True)
         },
         "model_sha256": used.sha256,
         "provider": used.provider,
     }
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    return msgspec.json.encode(answer)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -318,6 +433,7 @@ async def healthz(request: web.Request) -> web.Response:
 def inference_app(runtime: InferenceRuntime) -> web.Application:
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     app[RUNTIME] = runtime
+    app[BODY_BUDGET] = BodyBudget(BODY_BUDGET_BYTES)
     app.router.add_post("/v1/infer/{deployment}", infer)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
