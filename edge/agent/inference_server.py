@@ -61,6 +61,13 @@ _NO_ROOM_RESPONSE: Final = (
     b"Connection: close\r\n"
     b"Content-Length: " + str(len(_NO_ROOM_BODY)).encode() + b"\r\n\r\n" + _NO_ROOM_BODY
 )
+# A refused connection is read (and what it sends dropped) this long after its 503, so
+# that a client still sending its request sees the answer, not a reset: closed with
+# unread data, a socket is reset, and a client that writes its whole body before
+# reading (most blocking ones) loses the 503. At most this many drain at once; past
+# that a refused connection is closed at once (a flood keeps no files that way).
+_REFUSED_DRAIN_S: Final = 2.0
+_MAX_REFUSED_DRAINING: Final = 64
 # At most one "connection limit reached" warning this often.
 _FULL_LOG_INTERVAL_S = 60.0
 # On stop, aiohttp's wait for each connection's handler (twice, the second time after
@@ -181,6 +188,7 @@ class _ConnectionGuard:
         self.limit = limits.connection_limit()
         self.open = 0
         self.refused = 0
+        self.draining = 0  # refused connections read until their client closes
         self._full_logged_at_s: float | None = None
 
     def __call__(self) -> asyncio.Protocol:
@@ -221,13 +229,13 @@ class _GuardedConnection(asyncio.Protocol):
         self._limits = limits
         self._handler: RequestHandler | None = None  # None: refused
         self._timeouts: ReadTimeouts | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None  # a refused one's
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         handler = self._guard.admit()
         if handler is None:
-            transport.write(_NO_ROOM_RESPONSE)
-            transport.close()
+            self._refuse(transport)
             return
         self._handler = handler
         handler.connection_made(transport)
@@ -239,7 +247,23 @@ class _GuardedConnection(asyncio.Protocol):
         )
         self._timeouts.opened()
 
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        """Answer 503, then read what the client still sends until it closes (or for
+        `_REFUSED_DRAIN_S`): a client still sending its request gets the answer."""
+        transport.write(_NO_ROOM_RESPONSE)
+        guard = self._guard
+        if guard.draining >= _MAX_REFUSED_DRAINING or not transport.can_write_eof():
+            transport.close()
+            return
+        guard.draining += 1
+        transport.write_eof()
+        self._drain_timer = asyncio.get_running_loop().call_later(_REFUSED_DRAIN_S, transport.abort)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._drain_timer is not None:  # a refused connection, drained
+            self._drain_timer.cancel()
+            self._drain_timer = None
+            self._guard.draining -= 1
         if self._handler is None or self._timeouts is None:
             return
         self._timeouts.closed()

@@ -208,6 +208,29 @@ async def test_connections_past_the_limit_are_refused_at_once(tmp_path: Path) ->
             writer.close()
 
 
+async def test_a_refused_client_still_sending_its_body_reads_the_503(tmp_path: Path) -> None:
+    """Closed with its request unread, a socket is reset: a blocking client that writes
+    its whole 4 MB body before reading lost the 503 to ConnectionResetError (9 in 10)."""
+    import socket
+
+    body_bytes = 4_000_000
+    async with serving(tmp_path, limits={"max_connections": 1}) as (_, url):
+        _, held = await raw_connection(url)
+        host, port = url.removeprefix("http://").split(":")
+
+        def post_then_read() -> bytes:
+            with socket.create_connection((host, int(port)), timeout=ANSWER_S) as client:
+                head = b"POST /v1/infer/x HTTP/1.1\r\nHost: a\r\n"
+                client.sendall(head + b"Content-Length: %d\r\n\r\n" % body_bytes)
+                client.sendall(b"a" * body_bytes)
+                return client.recv(64)
+
+        for _ in range(3):
+            answer = await asyncio.to_thread(post_then_read)
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+        held.close()
+
+
 def test_by_default_the_endpoint_holds_a_quarter_of_the_agents_files_at_most() -> None:
     import resource
 
