@@ -38,6 +38,13 @@ _LABEL_KEY: Final = re.compile(LABEL_KEY_PATTERN)
 _LABEL_VALUE: Final = re.compile(LABEL_VALUE_PATTERN)
 
 
+# The cluster a registered cluster's node belongs to: declared by the control plane's
+# bridge only (cloud/clusters/bridge.py). A node's own placement may not hold it (agent
+# settings, births: `placement_error`), for a node of a cluster registered with
+# accepts_secrets is sealed secrets at isolation "none" (cloud/fleet/secret_receivers.py).
+CLUSTER_LABEL: Final = "greenfed.io/cluster"
+
+
 def placement_error(
     zone: str, region: str, labels: Mapping[str, str], *, prefix: str = "$."
 ) -> tuple[str, str] | None:
@@ -51,6 +58,11 @@ def placement_error(
                 f"at most {MAX_PLACEMENT_CHARS} characters, starting and ending with a "
                 "letter or digit",
             )
+    if CLUSTER_LABEL in labels:
+        return (
+            f"{prefix}labels.{CLUSTER_LABEL}",
+            "reserved for the nodes of the clusters greenfed registers: a node may not declare it",
+        )
     return label_error(labels, prefix=prefix)
 
 

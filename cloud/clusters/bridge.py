@@ -89,6 +89,7 @@ from shared.messages import (
     Telemetry,
     TrainingRunState,
 )
+from shared.placement_names import CLUSTER_LABEL
 from shared.sealing import SealedSecretsError, public_key_text
 from shared.topics import is_valid_node_id
 from shared.worker_secrets import open_worker_secrets
@@ -111,7 +112,6 @@ LINGER_S: Final = 30.0
 # up there (a state read once may be a moment's: a node registering again after a
 # slurmctld restart is `not responding` for a few seconds): a minute at the default.
 UNSTARTABLE_GRACE_REFRESHES: Final = 12
-CLUSTER_LABEL: Final = "greenfed.io/cluster"
 UNREACHABLE_TAINT: Final = "greenfed.io/cluster-unreachable"
 UNAVAILABLE_TAINT: Final = "greenfed.io/cluster-node-unavailable"
 OTHER_WORK: Final = "in use by the cluster's other jobs"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from cloud.clusters.bridge import CLUSTER_LABEL
 from cloud.fleet.registry import NodeRecord
 from cloud.scheduler.model import ISOLATION_RANK
 from shared.messages import IsolationLevel
+from shared.placement_names import CLUSTER_LABEL
 
 # The least isolation a node keeps its workers at to be sealed a job's secrets: "user"
 # runs each worker as a user of its own, so no other tenant's worker reads them.
@@ -26,10 +26,12 @@ def receives_secrets(record: NodeRecord) -> bool:
     if status.sealing_public_key is None or record.awaiting_approval:
         return False
     if CLUSTER_LABEL in status.labels:
-        # A registered cluster's node says "none" (every job runs under the account
-        # greenfed submits with), but it announces a key only where an admin registered
-        # the cluster with `accepts_secrets`, and the key is the control plane's: the
-        # bridge opens the secrets, no agent does (docs/backends.md).
+        # Only the bridge declares it: an agent's birth that does is refused at the
+        # boundary (cloud/fleet/plausibility.py). A registered cluster's node says
+        # "none" (every job runs under the account greenfed submits with), but it
+        # announces a key only where an admin registered the cluster with
+        # `accepts_secrets`, and the key is the control plane's: the bridge opens the
+        # secrets, no agent does (docs/backends.md).
         return True
     # An agent older than schema 1.8 runs workers as its own user: "none".
     isolation = status.isolation or "none"
