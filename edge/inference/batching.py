@@ -5,9 +5,12 @@ Only requests whose inputs agree on every dimension but the first are stacked in
 run; each gets its own rows of every output back, and a run whose outputs cannot be
 split that way fails its own requests, never the batcher. A stacked run that fails
 (one client's token id beyond an embedding table fails the whole run) runs each of its
-requests on its own, so that only the one at fault fails; values the model refuses
-(ONNX Runtime's INVALID_ARGUMENT for a request run alone) are the client's error
-(`InvalidInput`, the endpoint's 400), not counted as the model's. One run is in flight
+requests on its own, so that only the one at fault fails; values a working model refuses
+(ONNX Runtime's INVALID_ARGUMENT for a request run alone, on a model that has run before:
+`LoadedModel.has_run`) are the client's error (`InvalidInput`, the endpoint's 400), not
+counted as the model's. A model that has never run is failing itself (a Gather of a
+column its input does not have refuses every input): its failures count, and a canary of
+it is rolled back. One run is in flight
 at a time per deployment; while it runs the next batch fills.
 The queue is bounded: past `max_queue` waiting requests a new one is refused at once
 (`QueueFull`, the endpoint's 429) instead of waiting without bound. `swap` changes
@@ -275,11 +278,12 @@ class Batcher:
 
     async def _run_alone(self, model: LoadedModel, request: _Request) -> None:
         """Runs one request on its own and answers it, or fails it: with InvalidInput
-        where the model refuses its values (not counted as the model's error)."""
+        where a model that has run before refuses its values (not counted as the
+        model's error)."""
         try:
             outputs = await self._run_model(model, request.feeds, request.rows, request.input_bytes)
         except Exception as error:
-            if _refuses_input(error):
+            if _refuses_input(error) and model.has_run:
                 if not request.done.done():
                     request.done.set_exception(
                         InvalidInput(f"the model refuses this request's values: {error}")

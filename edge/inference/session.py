@@ -100,6 +100,10 @@ class LoadedModel:
         options.intra_op_num_threads = intra_op_threads
         self.requested_provider = provider or CPU
         self._failure = ""  # why the requested provider could not be used, if it failed
+        # Whether a run of it has worked (its warm-up, or a request): until one has, a run
+        # it refuses is the model's failure, not a client's values (edge/inference/
+        # batching.py), so a model that fails on every input still fails its canary.
+        self.has_run = False
         wanted: list[Any] = []
         if provider is not None and provider != CPU:
             extra = provider_options(provider, accelerator_kind, device_index)
@@ -151,6 +155,7 @@ class LoadedModel:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         outputs = self.session.run(list(self.output_names), dict(feeds))
+        self.has_run = True
         return [np.asarray(output) for output in outputs]
 
     def warm_up(self, batch: int = 1) -> None:

@@ -37,6 +37,7 @@ from edge.inference.session import LoadedModel, check_feeds
 from edge.inference.stats import ServingStats
 from shared.messages import DesiredDeployment
 from tests.inference.onnx_shapes import identity
+from tests.support.onnx_models import failing_at_run
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(30)
@@ -73,6 +74,7 @@ def served(
     path = tmp_path / f"{name}.onnx"
     path.write_bytes(body)
     model = LoadedModel(path, hashlib.sha256(body).hexdigest(), None)
+    model.warm_up()
     replica = ServedReplica(DesiredDeployment(deployment_id="d"), ServingStats("d"), state="ready")
     replica.batcher = Batcher(
         model, replica.stats, max_batch_size=max_batch_size, max_queue_delay_s=delay_s
@@ -115,6 +117,23 @@ async def endpoint(
 
 
 # ---- one client's bad values --------------------------------------------------------------
+
+
+async def test_a_model_that_refuses_every_input_fails_as_the_models_error(
+    tmp_path: Path,
+) -> None:
+    """The same InvalidArgument from a model none of whose runs has worked (its warm-up
+    failed too) is the model's failure: a 500, counted, so a canary of it is rolled back
+    (tests/loop/test_rollout.py)."""
+    replica = served(tmp_path, "failing", failing_at_run(), max_batch_size=1)
+    async with endpoint(tmp_path, replica) as (_, _, client):
+        with running(replica):
+            answer = await asyncio.wait_for(
+                client.post("/v1/infer/d", json={"inputs": {"x": [[1.0, 2.0, 3.0, 4.0]]}}),
+                ANSWER_S,
+            )
+    assert answer.status == 500
+    assert replica.stats.errors_total == 1
 
 
 async def test_a_token_id_beyond_the_table_fails_its_own_request_only_as_a_400(
