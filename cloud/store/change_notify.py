@@ -155,6 +155,28 @@ def listener_connector(
     return connect
 
 
+# How long a stopping listener waits for the server to end its session.
+_CLOSE_TIMEOUT_S = 2.0
+
+
+async def _close_releasing_locks(connection: asyncpg.Connection) -> None:
+    """Ends the listener's session so that the server has let go of its locks (the
+    replica lock) when this returns: a graceful close waits for the server to end the
+    session, whose exit releases them; cutting the socket would leave them held until
+    the server notices, and a restore right after a replica stopped was refused. A
+    connection that does not answer in time (or already dropped) is cut."""
+    if connection.is_closed():
+        return
+    try:
+        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+            await connection.close()
+    except asyncio.CancelledError:
+        connection.terminate()
+        raise
+    except Exception:  # a connection that broke meanwhile: nothing is held on it any more
+        connection.terminate()
+
+
 class ChangeListener:
     """LISTENs on `channel` over one connection, reconnecting with capped, jittered
     backoff when it drops, and calls `on_change()` when another process committed.
@@ -208,7 +230,7 @@ class ChangeListener:
             finally:
                 self.listening.clear()
                 self.backend_pid = None
-                connection.terminate()
+                await _close_releasing_locks(connection)
 
     async def _listen(self, connection: asyncpg.Connection) -> None:
         """Returns when the connection is lost; raises when it fails a check."""
