@@ -13,16 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cloud.models.inspect import InvalidModelError, ModelInfo, inspect_model
-from tests.cloud.test_model_inspect import assert_same_verdict
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+from tests.cloud.test_model_inspect import _varint, assert_same_verdict
 
 
 def length_field(number: int, payload: bytes) -> bytes:
