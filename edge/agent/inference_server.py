@@ -105,19 +105,11 @@ class EndpointLimits:
 
 
 def _problem(status: int, title: str, detail: str, **headers: str) -> web.Response:
-    """A problem+json answer, as the endpoint's own (edge/inference/server.py)."""
-    import msgspec
-    from aiohttp import web
+    """The endpoint's own problem+json answer; imported when a request is answered, by
+    when the endpoint (aiohttp, numpy) is loaded anyway."""
+    from edge.inference.server import problem_response
 
-    from shared.problems import PROBLEM_CONTENT_TYPE, ProblemBody
-
-    body = ProblemBody(type="about:blank", title=title, status=status, detail=detail)
-    return web.Response(
-        status=status,
-        body=msgspec.json.encode(body),
-        content_type=PROBLEM_CONTENT_TYPE,
-        headers=headers,
-    )
+    return problem_response(status, title, detail, **headers)
 
 
 class _RequestsInFlight:

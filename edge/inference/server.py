@@ -83,7 +83,9 @@ RUNTIME = web.AppKey("runtime", InferenceRuntime)
 BODY_BUDGET = web.AppKey("body_budget", BodyBudget)
 
 
-def _problem(status: int, title: str, detail: str, **headers: str) -> web.Response:
+def problem_response(status: int, title: str, detail: str, **headers: str) -> web.Response:
+    """A problem+json answer of the endpoint (and of its connections: edge/agent/
+    inference_server.py)."""
     body = ProblemBody(type="about:blank", title=title, status=status, detail=detail)
     response = web.Response(
         status=status, body=msgspec.json.encode(body), content_type=PROBLEM_CONTENT_TYPE
@@ -306,7 +308,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
             f"request bodies being handled take {budget.in_use_bytes} bytes "
             f"(at most {budget.capacity_bytes}); this one declares {body_bytes}"
         )
-        return _problem(429, "Too many requests", detail, **{"Retry-After": "1"})
+        return problem_response(429, "Too many requests", detail, **{"Retry-After": "1"})
     try:
         raw = await request.read()
         return await _answer(request, runtime, deployment_id, batcher, raw)
@@ -322,12 +324,12 @@ def _not_served(runtime: InferenceRuntime, deployment_id: str) -> web.Response:
         # Withdrawn, its accepted requests still being answered: the client may
         # find it on another node (or here again) in a moment.
         detail = f"deployment {deployment_id} is being removed from this node"
-        return _problem(503, "Deployment being removed", detail, **{"Retry-After": "1"})
+        return problem_response(503, "Deployment being removed", detail, **{"Retry-After": "1"})
     state = "not served on this node" if replica is None else f"{replica.state}"
     detail = f"deployment {deployment_id} is {state}"
     if replica is not None and replica.reason:
         detail += f": {replica.reason}"
-    return _problem(404, "Deployment not served here", detail)
+    return problem_response(404, "Deployment not served here", detail)
 
 
 async def _answer(
@@ -346,7 +348,7 @@ async def _answer(
                     len(raw) > OFF_LOOP_BYTES, _checked_feeds, raw, request.content_type, model
                 )
             except ValueError as error:
-                return _problem(400, "Invalid input", str(error))
+                return problem_response(400, "Invalid input", str(error))
         else:
             feeds, rows = checked[1], checked[2]
         checked = (model, feeds, rows)
@@ -357,18 +359,20 @@ async def _answer(
             # replica removed): a sibling still ready here answers instead.
             sibling = runtime.next_batcher(deployment_id)
             if sibling is None or sibling is batcher:
-                return _problem(503, "Deployment being removed", str(error), **{"Retry-After": "1"})
+                return problem_response(
+                    503, "Deployment being removed", str(error), **{"Retry-After": "1"}
+                )
             batcher = sibling
             continue
         except QueueFull as error:
-            return _problem(429, "Too many requests", str(error), **{"Retry-After": "1"})
+            return problem_response(429, "Too many requests", str(error), **{"Retry-After": "1"})
         except InvalidInput as error:  # values the model refuses: the client's error
-            return _problem(400, "Invalid input", str(error))
+            return problem_response(400, "Invalid input", str(error))
         except Exception as error:  # the model failed on this input
-            return _problem(500, "Inference failed", f"{type(error).__name__}: {error}")
+            return problem_response(500, "Inference failed", f"{type(error).__name__}: {error}")
         return await _response(request, used, outputs)
     detail = f"deployment {deployment_id}: its replicas here were withdrawn while answering"
-    return _problem(503, "Deployment being removed", detail, **{"Retry-After": "1"})
+    return problem_response(503, "Deployment being removed", detail, **{"Retry-After": "1"})
 
 
 def _checked_feeds(
@@ -400,7 +404,7 @@ async def _response(
             return web.Response(body=body, content_type=NPY)
         if "application/json" not in accepted:
             name = used.output_names[0]
-            return _problem(
+            return problem_response(
                 406,
                 "Not acceptable",
                 f"output {name} is not an array of numbers (strings, maps or sequences): "
